@@ -1,0 +1,1 @@
+"""The device's HTTP face: admin API, boarding webhook receiver, metrics."""

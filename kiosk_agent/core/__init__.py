@@ -1,0 +1,1 @@
+"""The agent: configuration, platform registry, sale flows, journal, recovery and lifecycle."""

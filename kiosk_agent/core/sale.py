@@ -1,0 +1,125 @@
+"""What a trigger asks for and what the machine answers: the contract between platforms and flows.
+
+A platform (MDB, GPIO, serial line, kiosk app) never talks to the payment service. It turns its
+hardware's trigger into a ``SaleRequest`` and hands the sale runner a ``Dispenser`` that knows how
+to make *this* machine give out the goods. The flow decides when money may move; the dispenser
+says what really came out.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import Protocol
+
+
+class Flow(enum.StrEnum):
+    CHARGE_CARD = "charge_card"
+    AUTHORIZE_CAPTURE = "authorize_capture"
+    ENROLL = "enroll"
+
+
+class DispenseStatus(enum.StrEnum):
+    VENDED = "vended"  # the machine confirmed the product came out
+    FAILED = "failed"  # the machine reported a failed dispense
+    CANCELLED = "cancelled"  # the customer or controller ended the session before a vend
+    TIMEOUT = "timeout"  # no result within the vend timeout: treated as not dispensed
+
+
+@dataclass(frozen=True, slots=True)
+class DispenseOutcome:
+    status: DispenseStatus
+    # What was actually dispensed, in cents. For a card-first (pre-authorized) session this is
+    # the price of the product the customer then chose, which may be below the authorized funds.
+    vended_cents: int = 0
+    product: str | None = None
+    detail: str = ""
+
+    @property
+    def dispensed(self) -> bool:
+        return self.status is DispenseStatus.VENDED
+
+
+@dataclass(frozen=True, slots=True)
+class SaleRequest:
+    """One customer's purchase, as a trigger sees it. Amounts are integer cents."""
+
+    source: str  # the platform instance that asked, e.g. "mdb:front"
+    flow: Flow
+    amount_cents: int  # the price, or for card-first sessions the most the machine may vend
+    product: str | None = None
+    terminal: str | None = None  # device_id; None: the configured default terminal
+    email: str | None = None  # where to mail the receipt, if the customer gave one
+    # enroll only: start this billing plan on the vaulted card
+    plan: dict[str, str] | None = None
+    metadata: dict[str, str] = field(default_factory=dict)
+
+
+class Dispenser(Protocol):
+    """Implemented by each platform for each sale: drive the machine, report what came out."""
+
+    async def dispense(self, authorized_cents: int) -> DispenseOutcome:
+        """Allow the machine to vend up to ``authorized_cents`` and wait for its result.
+
+        Must return (never raise) within the platform's vend timeout; an exception is treated as
+        ``TIMEOUT``. Money is captured only for a ``VENDED`` outcome.
+        """
+        ...
+
+    async def deny(self, reason: str) -> None:
+        """Tell the machine not to vend (declined, card error, busy). Must not raise."""
+        ...
+
+
+class SaleState(enum.StrEnum):
+    """Where a sale stands; the journal stores these values."""
+
+    STARTED = "started"
+    READING_CARD = "reading_card"
+    AUTHORIZING = "authorizing"
+    CHARGING = "charging"
+    DISPENSING = "dispensing"
+    CAPTURING = "capturing"
+    REVERSING = "reversing"  # void or refund under way
+    ENROLLING = "enrolling"
+    COMPLETED = "completed"  # paid and dispensed (or enrolled)
+    DECLINED = "declined"  # no money moved
+    CANCELLED = "cancelled"  # no money moved
+    FAILED = "failed"  # no money moved (device fault, expiry, error before a charge)
+    REVERSED = "reversed"  # money moved and was given back
+    ATTENTION = "attention"  # could not be decided: a person must look
+
+    @property
+    def final(self) -> bool:
+        return self in _FINAL
+
+
+_FINAL = frozenset(
+    {
+        SaleState.COMPLETED,
+        SaleState.DECLINED,
+        SaleState.CANCELLED,
+        SaleState.FAILED,
+        SaleState.REVERSED,
+        SaleState.ATTENTION,
+    }
+)
+
+
+@dataclass(frozen=True, slots=True)
+class SaleEvent:
+    """One step of one sale, published on the agent's event bus (live views, health, metrics).
+
+    Carries no card data: at most the card brand and last four digits.
+    """
+
+    sale_id: str
+    order_id: str
+    source: str
+    state: SaleState
+    amount_cents: int
+    captured_cents: int = 0
+    product: str | None = None
+    terminal: str | None = None
+    message: str = ""
+    at: float = 0.0  # time.time()

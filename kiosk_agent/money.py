@@ -1,0 +1,91 @@
+"""Money, in one place: integer cents inside, the interface's units only at its edges.
+
+The service speaks three units (choices.md): integer cents for charges and terminal calls,
+two-place dollar strings for billing plans and hosted pages, and JSON numbers in dollars in
+reporting. Everything here converts exactly through ``Decimal``; a float never holds money.
+"""
+
+from __future__ import annotations
+
+import re
+from decimal import ROUND_HALF_UP, Decimal, InvalidOperation
+
+CENT = Decimal("0.01")
+_PRICE_TEXT = re.compile(r"^\$?\s*(\d{1,9})(?:\.(\d{1,2}))?$")
+
+
+class MoneyError(ValueError):
+    """A value that is not an exact amount of money."""
+
+
+def dollars_to_cents(value: str | Decimal | int) -> int:
+    """``"12.50"`` or ``Decimal("12.5")`` -> 1250; sub-cent precision is refused, not rounded."""
+    if isinstance(value, (bool, float)):
+        raise MoneyError(f"expected a decimal string or Decimal, got {type(value).__name__}")
+    try:
+        amount = Decimal(value) if not isinstance(value, Decimal) else value
+    except InvalidOperation:
+        raise MoneyError(f"not an amount: {value!r}") from None
+    if not amount.is_finite():
+        raise MoneyError(f"not an amount: {value!r}")
+    cents = amount * 100
+    if cents != cents.to_integral_value():
+        raise MoneyError(f"{value!r} has more than two decimal places")
+    return int(cents)
+
+
+def cents_to_dollars(cents: int) -> str:
+    """1250 -> ``"12.50"``: the interface's two-place dollar string."""
+    return f"{cents_to_decimal(cents):.2f}"
+
+
+def cents_to_decimal(cents: int) -> Decimal:
+    if isinstance(cents, bool) or not isinstance(cents, int):
+        raise MoneyError(f"expected integer cents, got {type(cents).__name__}")
+    return (Decimal(cents) / 100).quantize(CENT)
+
+
+def reported_dollars_to_cents(value: int | float | str | Decimal) -> int:
+    """Reporting sends dollars as a JSON number; parse it as text so 0.1 stays 10 cents.
+
+    This is the one place a float may arrive (from JSON); it is turned into text at once and
+    rounded half-up to the cent, never used for arithmetic.
+    """
+    if isinstance(value, bool):
+        raise MoneyError("expected an amount, got a boolean")
+    text = repr(value) if isinstance(value, float) else str(value)
+    try:
+        amount = Decimal(text)
+    except InvalidOperation:
+        raise MoneyError(f"not an amount: {value!r}") from None
+    return int((amount * 100).quantize(Decimal(1), rounding=ROUND_HALF_UP))
+
+
+def parse_price(value: object) -> int:
+    """A configured price: a string like ``"2.50"`` / ``"$2.50"`` or an integer of cents.
+
+    Floats are refused: ``2.5`` in YAML is ambiguous between dollars and a typo, and money
+    must be exact.
+    """
+    if isinstance(value, bool):
+        raise MoneyError("expected an amount like \"2.50\", got a boolean")
+    if isinstance(value, int):
+        if value < 0:
+            raise MoneyError(f"expected a positive amount, got {value}")
+        return value
+    if isinstance(value, float):
+        raise MoneyError(f'expected an amount like "{value:.2f}", got {value!r}')
+    if isinstance(value, str):
+        match = _PRICE_TEXT.match(value.strip())
+        if match is None:
+            raise MoneyError(f'expected an amount like "2.50", got {value!r}')
+        whole, frac = match.group(1), (match.group(2) or "").ljust(2, "0")
+        return int(whole) * 100 + int(frac)
+    raise MoneyError(f'expected an amount like "2.50", got {type(value).__name__}')
+
+
+def format_cents(cents: int, currency: str = "USD") -> str:
+    """For people: 1250 -> ``"$12.50"`` (other currencies: ``"12.50 EUR"``)."""
+    sign = "-" if cents < 0 else ""
+    text = cents_to_dollars(abs(cents))
+    return f"{sign}${text}" if currency == "USD" else f"{sign}{text} {currency}"

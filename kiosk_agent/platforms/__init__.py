@@ -1,0 +1,1 @@
+"""Hardware and trigger platforms, one module each, each with a voluptuous PLATFORM_SCHEMA."""

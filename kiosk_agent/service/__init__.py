@@ -1,0 +1,1 @@
+"""The payment service seen from the client: models, transport and one client per interface."""
