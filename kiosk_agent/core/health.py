@@ -1,0 +1,367 @@
+"""One model of the agent's health, fed by everyone and read by the admin API, upstream and doctor.
+
+Producers push what they observe (`report_link` from serial platforms, `report_terminal` from the
+terminal checker, `record_sale` from the sale event bus); readers take an immutable `snapshot()`.
+Nothing here holds card data or secrets: terminals by device id, sales by count and cents.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import datetime as dt
+import enum
+import logging
+import time
+from collections.abc import Sequence
+from typing import Any, Protocol
+
+import voluptuous as vol
+from pydantic import BaseModel, ConfigDict
+
+from kiosk_agent.core.sale import SaleEvent, SaleState
+
+_LOGGER = logging.getLogger(__name__)
+
+# Link states a platform may report; anything else is shown as given and counted as unhealthy.
+LINK_HEALTHY_STATES = frozenset({"connected", "open", "ready", "ok", "up"})
+
+HEALTH_SCHEMA = vol.Schema(
+    {
+        # How often the checker lists the terminals and pings each one (seconds).
+        vol.Optional("ping_interval", default=60.0): vol.All(
+            vol.Coerce(float), vol.Range(min=1.0, max=86400.0)
+        ),
+        # A ping slower than this counts as "terminal offline" (seconds).
+        vol.Optional("ping_timeout", default=10.0): vol.All(
+            vol.Coerce(float), vol.Range(min=0.5, max=300.0)
+        ),
+        # Warn when the API key expires sooner than this (seconds).
+        vol.Optional("key_warning", default=86400.0): vol.All(
+            vol.Coerce(float), vol.Range(min=0.0)
+        ),
+    }
+)
+
+
+class Status(enum.StrEnum):
+    OK = "ok"  # everything reports healthy
+    DEGRADED = "degraded"  # sales may still work, someone should look
+    DOWN = "down"  # no sale can succeed (service unreachable or no terminal online)
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+
+class TerminalHealth(_Model):
+    device_id: str
+    name: str | None = None
+    online: bool | None = None  # None: not checked yet
+    connected: bool | None = None
+    latency_ms: float | None = None
+    last_ping_at: float | None = None  # time.time() of the last answered ping
+    checked_at: float | None = None
+    detail: str = ""
+
+
+class LinkHealth(_Model):
+    name: str
+    state: str
+    detail: str = ""
+    since: float  # time.time() when the link entered this state
+    healthy: bool
+
+
+class ServiceHealth(_Model):
+    reachable: bool | None = None  # None: not checked yet
+    checked_at: float | None = None
+    detail: str = ""
+    key_expires_at: float | None = None  # Unix time; None: unknown or never expires
+    key_expires_in_s: float | None = None
+
+
+class SalesHealth(_Model):
+    open: int = 0
+    attention: int = 0
+    today_count: int = 0  # completed sales since local midnight
+    today_amount_cents: int = 0
+
+
+class HealthSnapshot(_Model):
+    version: str
+    status: Status
+    problems: list[str]
+    started_at: float
+    uptime_s: float
+    at: float
+    terminals: list[TerminalHealth]
+    links: list[LinkHealth]
+    service: ServiceHealth
+    sales: SalesHealth
+
+
+class Health:
+    """The agent's health, updated in place by its parts; read through `snapshot()`."""
+
+    def __init__(self, version: str, *, key_warning: float = 86400.0) -> None:
+        self.version = version
+        self.key_warning = key_warning
+        self._started_wall = time.time()
+        self._started_mono = time.monotonic()
+        self._terminals: dict[str, TerminalHealth] = {}
+        self._links: dict[str, LinkHealth] = {}
+        self._service = ServiceHealth()
+        self._open_sales: set[str] = set()
+        self._attention_sales: set[str] = set()
+        self._today: dt.date = dt.date.today()
+        self._today_count = 0
+        self._today_cents = 0
+
+    # --- producers ---------------------------------------------------------------------------
+
+    def report_link(self, name: str, state: str, detail: str = "") -> None:
+        """A serial (or other) link changed state, e.g. ``("mdb:front", "disconnected", "...")``."""
+        previous = self._links.get(name)
+        since = previous.since if previous is not None and previous.state == state else time.time()
+        if previous is None or previous.state != state:
+            _LOGGER.info("link %s: %s %s", name, state, detail)
+        self._links[name] = LinkHealth(
+            name=name, state=state, detail=detail, since=since, healthy=state in LINK_HEALTHY_STATES
+        )
+
+    def report_terminal(
+        self,
+        device_id: str,
+        *,
+        online: bool | None,
+        connected: bool | None = None,
+        latency_ms: float | None = None,
+        name: str | None = None,
+        detail: str = "",
+        pinged: bool = False,
+    ) -> None:
+        """What a terminal list or ping said; ``pinged`` marks an answered ping (sets last ping)."""
+        now = time.time()
+        previous = self._terminals.get(device_id)
+        self._terminals[device_id] = TerminalHealth(
+            device_id=device_id,
+            name=name if name is not None else (previous.name if previous else None),
+            online=online,
+            connected=connected
+            if connected is not None
+            else (previous.connected if previous is not None else None),
+            latency_ms=latency_ms if pinged else (previous.latency_ms if previous else None),
+            last_ping_at=now if pinged else (previous.last_ping_at if previous else None),
+            checked_at=now,
+            detail=detail,
+        )
+
+    def report_service(self, reachable: bool, detail: str = "") -> None:
+        self._service = self._service.model_copy(
+            update={"reachable": reachable, "checked_at": time.time(), "detail": detail}
+        )
+
+    def report_key_expiry(self, expires_at: float | None) -> None:
+        """When the payments API key expires (Unix time), as the credentials store knows it."""
+        self._service = self._service.model_copy(update={"key_expires_at": expires_at})
+
+    def record_sale(self, event: SaleEvent) -> None:
+        """Follow one step of a sale from the agent's event bus."""
+        self._roll_day()
+        if not event.state.final:
+            self._open_sales.add(event.sale_id)
+            return
+        self._open_sales.discard(event.sale_id)
+        if event.state is SaleState.ATTENTION:
+            self._attention_sales.add(event.sale_id)
+        else:
+            self._attention_sales.discard(event.sale_id)
+        if event.state is SaleState.COMPLETED:
+            self._today_count += 1
+            self._today_cents += event.captured_cents or event.amount_cents
+
+    def set_sales(
+        self,
+        *,
+        open_ids: Sequence[str] = (),
+        attention_ids: Sequence[str] = (),
+        today_count: int | None = None,
+        today_amount_cents: int | None = None,
+    ) -> None:
+        """Seed the sales figures from the journal on start (a restart must not reset them)."""
+        self._roll_day()
+        self._open_sales = set(open_ids)
+        self._attention_sales = set(attention_ids)
+        if today_count is not None:
+            self._today_count = today_count
+        if today_amount_cents is not None:
+            self._today_cents = today_amount_cents
+
+    async def follow_sales(self, events: Any) -> None:
+        """Consume an `EventBus[SaleEvent]` until cancelled (run as a task by the agent)."""
+        async with events.subscribe() as queue:
+            while True:
+                self.record_sale(await queue.get())
+
+    # --- readers -----------------------------------------------------------------------------
+
+    @property
+    def uptime(self) -> float:
+        return time.monotonic() - self._started_mono
+
+    def snapshot(self) -> HealthSnapshot:
+        self._roll_day()
+        now = time.time()
+        service = self._service
+        if service.key_expires_at is not None:
+            service = service.model_copy(
+                update={"key_expires_in_s": round(service.key_expires_at - now, 3)}
+            )
+        terminals = sorted(self._terminals.values(), key=lambda t: t.device_id)
+        links = sorted(self._links.values(), key=lambda link: link.name)
+        sales = SalesHealth(
+            open=len(self._open_sales),
+            attention=len(self._attention_sales),
+            today_count=self._today_count,
+            today_amount_cents=self._today_cents,
+        )
+        status, problems = self._judge(service, terminals, links, sales)
+        return HealthSnapshot(
+            version=self.version,
+            status=status,
+            problems=problems,
+            started_at=self._started_wall,
+            uptime_s=round(self.uptime, 3),
+            at=now,
+            terminals=terminals,
+            links=links,
+            service=service,
+            sales=sales,
+        )
+
+    def _judge(
+        self,
+        service: ServiceHealth,
+        terminals: list[TerminalHealth],
+        links: list[LinkHealth],
+        sales: SalesHealth,
+    ) -> tuple[Status, list[str]]:
+        problems: list[str] = []
+        down = False
+        if service.reachable is False:
+            problems.append(f"service unreachable: {service.detail}".rstrip(": "))
+            down = True
+        if service.key_expires_in_s is not None and service.key_expires_in_s < self.key_warning:
+            problems.append(f"API key expires in {int(service.key_expires_in_s)} s")
+        checked = [t for t in terminals if t.online is not None]
+        for terminal in checked:
+            if not terminal.online:
+                problems.append(f"terminal {terminal.device_id} offline {terminal.detail}".strip())
+        if checked and not any(t.online for t in checked):
+            down = True
+        for link in links:
+            if not link.healthy:
+                problems.append(f"link {link.name} {link.state} {link.detail}".strip())
+        if sales.attention:
+            problems.append(f"{sales.attention} sale(s) need attention")
+        if down:
+            return Status.DOWN, problems
+        return (Status.DEGRADED if problems else Status.OK), problems
+
+    def _roll_day(self) -> None:
+        today = dt.date.today()
+        if today != self._today:
+            self._today, self._today_count, self._today_cents = today, 0, 0
+
+
+class TerminalApi(Protocol):
+    """The part of the service client's terminal API the checker uses."""
+
+    async def list(self) -> Sequence[Any]: ...
+
+    async def ping(self, device_id: str) -> Any: ...
+
+
+class HealthChecker:
+    """Lists the terminals and pings the configured ones on an interval, feeding `Health`."""
+
+    def __init__(
+        self,
+        health: Health,
+        terminals: TerminalApi,
+        device_ids: Sequence[str] = (),
+        *,
+        interval: float = 60.0,
+        timeout: float = 10.0,
+    ) -> None:
+        self._health = health
+        self._terminals = terminals
+        # Empty: ping every terminal the service lists.
+        self._device_ids = list(device_ids)
+        self._interval = interval
+        self._timeout = timeout
+        self._task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        if self._task is None:
+            self._task = asyncio.create_task(self._run(), name="health-checker")
+
+    async def stop(self) -> None:
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+    async def _run(self) -> None:
+        while True:
+            await self.check_once()
+            await asyncio.sleep(self._interval)
+
+    async def check_once(self) -> None:
+        """One round: the terminal list (service reachability), then a ping per terminal."""
+        try:
+            async with asyncio.timeout(self._timeout):
+                listed = await self._terminals.list()
+        except Exception as err:  # noqa: BLE001 - any failure means "not reachable"; say which
+            self._health.report_service(False, _describe(err))
+            return
+        self._health.report_service(True)
+        wanted = self._device_ids or [str(t.device_id) for t in listed]
+        by_id = {str(t.device_id): t for t in listed}
+        for device_id in wanted:
+            await self._check_terminal(device_id, by_id.get(device_id))
+
+    async def _check_terminal(self, device_id: str, listed: Any) -> None:
+        if listed is None:
+            self._health.report_terminal(
+                device_id, online=False, detail="not listed by the service"
+            )
+            return
+        name = getattr(listed, "name", None)
+        connected = getattr(listed, "connected", None)
+        try:
+            async with asyncio.timeout(self._timeout):
+                answer = await self._terminals.ping(device_id)
+        except Exception as err:  # noqa: BLE001
+            self._health.report_terminal(
+                device_id, online=False, connected=connected, name=name, detail=_describe(err)
+            )
+            return
+        online = bool(getattr(answer, "online", False))
+        self._health.report_terminal(
+            device_id,
+            online=online,
+            connected=connected,
+            name=name,
+            latency_ms=getattr(answer, "latency_ms", None),
+            detail="" if online else "ping: terminal offline",
+            pinged=True,
+        )
+
+
+def _describe(err: BaseException) -> str:
+    if isinstance(err, TimeoutError):
+        return "timed out"
+    return f"{type(err).__name__}: {err}" if str(err) else type(err).__name__

@@ -1,0 +1,118 @@
+import asyncio
+import time
+
+import pytest
+import voluptuous as vol
+
+from kiosk_agent.core.events import EventBus
+from kiosk_agent.core.health import (
+    HEALTH_SCHEMA,
+    Health,
+    HealthSnapshot,
+    Status,
+)
+from kiosk_agent.core.sale import SaleEvent, SaleState
+
+
+def _event(sale_id: str, state: SaleState, amount: int = 250, captured: int = 0) -> SaleEvent:
+    return SaleEvent(
+        sale_id=sale_id,
+        order_id=f"o-{sale_id}",
+        source="virtual:test",
+        state=state,
+        amount_cents=amount,
+        captured_cents=captured,
+    )
+
+
+def test_a_fresh_agent_is_ok_and_reports_its_version() -> None:
+    snapshot = Health("1.2.3").snapshot()
+    assert isinstance(snapshot, HealthSnapshot)
+    assert snapshot.version == "1.2.3"
+    assert snapshot.status is Status.OK
+    assert snapshot.problems == []
+    assert snapshot.uptime_s >= 0
+
+
+def test_a_lost_serial_link_degrades_and_names_the_link() -> None:
+    health = Health("1")
+    health.report_link("mdb:front", "connected")
+    first_since = health.snapshot().links[0].since
+    health.report_link("mdb:front", "connected")
+    assert health.snapshot().links[0].since == first_since  # same state keeps its start time
+
+    health.report_link("mdb:front", "disconnected", "port vanished")
+    snapshot = health.snapshot()
+    assert snapshot.status is Status.DEGRADED
+    assert snapshot.links[0].healthy is False
+    assert snapshot.problems == ["link mdb:front disconnected port vanished"]
+
+
+def test_terminals_keep_their_last_ping_across_failed_checks() -> None:
+    health = Health("1")
+    health.report_terminal("SIM-0001", online=True, connected=True, latency_ms=12.0, pinged=True)
+    pinged_at = health.snapshot().terminals[0].last_ping_at
+    assert pinged_at is not None
+    health.report_terminal("SIM-0001", online=False, detail="timed out")
+    terminal = health.snapshot().terminals[0]
+    assert terminal.last_ping_at == pinged_at
+    assert terminal.latency_ms == 12.0
+    assert terminal.connected is True
+    # the only terminal is offline: no sale can succeed
+    assert health.snapshot().status is Status.DOWN
+
+
+def test_unreachable_service_is_down() -> None:
+    health = Health("1")
+    health.report_service(False, "ServiceUnreachableError")
+    snapshot = health.snapshot()
+    assert snapshot.status is Status.DOWN
+    assert snapshot.problems == ["service unreachable: ServiceUnreachableError"]
+
+
+def test_key_expiry_soon_is_a_problem() -> None:
+    health = Health("1", key_warning=3600)
+    health.report_key_expiry(time.time() + 60)
+    snapshot = health.snapshot()
+    assert snapshot.service.key_expires_in_s is not None
+    assert 0 < snapshot.service.key_expires_in_s <= 60
+    assert snapshot.status is Status.DEGRADED
+
+
+def test_sales_are_counted_open_attention_and_today() -> None:
+    health = Health("1")
+    health.record_sale(_event("a", SaleState.STARTED))
+    health.record_sale(_event("b", SaleState.STARTED))
+    health.record_sale(_event("c", SaleState.STARTED))
+    assert health.snapshot().sales.open == 3
+    health.record_sale(_event("a", SaleState.COMPLETED, amount=300, captured=250))
+    health.record_sale(_event("b", SaleState.DECLINED))
+    health.record_sale(_event("c", SaleState.ATTENTION))
+    sales = health.snapshot().sales
+    assert (sales.open, sales.attention, sales.today_count, sales.today_amount_cents) == (
+        0,
+        1,
+        1,
+        250,
+    )
+    assert health.snapshot().status is Status.DEGRADED
+
+
+async def test_follow_sales_reads_the_event_bus() -> None:
+    health = Health("1")
+    bus: EventBus[SaleEvent] = EventBus()
+    task = asyncio.create_task(health.follow_sales(bus))
+    while bus.subscriber_count == 0:
+        await asyncio.sleep(0)
+    bus.publish(_event("a", SaleState.COMPLETED, amount=125))
+    for _ in range(10):
+        await asyncio.sleep(0)
+    task.cancel()
+    assert health.snapshot().sales.today_amount_cents == 125
+
+
+def test_schema_defaults_and_refuses_nonsense() -> None:
+    defaults = {"ping_interval": 60.0, "ping_timeout": 10.0, "key_warning": 86400.0}
+    assert HEALTH_SCHEMA({}) == defaults
+    with pytest.raises(vol.Invalid, match="ping_interval"):
+        HEALTH_SCHEMA({"ping_interval": 0})
