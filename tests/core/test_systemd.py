@@ -1,0 +1,115 @@
+import asyncio
+import os
+import socket
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from kiosk_agent.core.systemd import (
+    SystemdLifecycle,
+    SystemdNotifier,
+    Watchdog,
+    watchdog_interval,
+)
+
+
+@pytest.fixture
+def notify_socket(tmp_path: Path) -> Iterator[tuple[str, socket.socket]]:
+    """A real unix datagram socket standing in for systemd's notify socket."""
+    path = str(tmp_path / "notify")
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    server.bind(path)
+    server.settimeout(2)
+    yield path, server
+    server.close()
+
+
+def _received(server: socket.socket) -> list[str]:
+    return server.recv(4096).decode().split("\n")
+
+
+def test_ready_status_and_stopping_reach_the_socket(notify_socket) -> None:
+    path, server = notify_socket
+    notifier = SystemdNotifier.from_env({"NOTIFY_SOCKET": path})
+    assert notifier.enabled
+    assert notifier.ready("3 terminals")
+    assert _received(server) == ["READY=1", "STATUS=3 terminals"]
+    notifier.status("two\nlines")
+    assert _received(server) == ["STATUS=two lines"]
+    notifier.stopping()
+    assert _received(server) == ["STOPPING=1"]
+    notifier.close()
+
+
+def test_abstract_namespace_socket() -> None:
+    name = f"kiosk-agent-test-{os.getpid()}"
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    server.bind("\0" + name)
+    server.settimeout(2)
+    try:
+        notifier = SystemdNotifier(f"@{name}")
+        notifier.watchdog()
+        assert _received(server) == ["WATCHDOG=1"]
+        notifier.close()
+    finally:
+        server.close()
+
+
+def test_without_systemd_everything_is_a_quiet_no_op() -> None:
+    notifier = SystemdNotifier.from_env({})
+    assert not notifier.enabled
+    assert notifier.ready() is False
+    assert watchdog_interval({}) is None
+
+
+def test_a_vanished_socket_does_not_raise(tmp_path: Path) -> None:
+    notifier = SystemdNotifier(str(tmp_path / "gone"))
+    assert notifier.watchdog() is False
+
+
+def test_watchdog_interval_is_half_of_watchdog_sec() -> None:
+    assert watchdog_interval({"WATCHDOG_USEC": "30000000"}) == 15.0
+    assert watchdog_interval({"WATCHDOG_USEC": "30000000", "WATCHDOG_PID": "1"}) is None
+    assert watchdog_interval({"WATCHDOG_USEC": "soon"}) is None
+
+
+def test_watchdog_is_withheld_on_lag_or_ill_health(notify_socket) -> None:
+    path, server = notify_socket
+    healthy = True
+    dog = Watchdog(SystemdNotifier(path), 1.0, max_lag=0.5, is_healthy=lambda: healthy)
+    assert dog.beat(0.01)
+    assert _received(server) == ["WATCHDOG=1"]
+    assert not dog.beat(0.9)
+    healthy = False
+    assert not dog.beat(0.0)
+    assert (dog.fed, dog.withheld) == (1, 2)
+    server.settimeout(0.05)
+    with pytest.raises(TimeoutError):
+        server.recv(4096)
+
+
+async def test_lifecycle_feeds_while_the_loop_runs_and_stops_when_blocked(notify_socket) -> None:
+    path, server = notify_socket
+    server.setblocking(False)
+    env = {"NOTIFY_SOCKET": path, "WATCHDOG_USEC": "100000"}  # WatchdogSec=0.1 -> feed every 50 ms
+    lifecycle = SystemdLifecycle(environ=env)
+    await lifecycle.start("ready")
+    await asyncio.sleep(0.3)
+    assert lifecycle.watchdog is not None
+    fed = lifecycle.watchdog.fed
+    assert fed >= 3
+    time.sleep(0.2)  # block the loop: the next beat sees the lag and withholds
+    await asyncio.sleep(0.06)
+    assert lifecycle.watchdog.withheld >= 1
+    await lifecycle.stop()
+    messages = []
+    while True:
+        try:
+            messages.append(server.recv(4096).decode())
+        except BlockingIOError:
+            break
+    assert messages[0] == "READY=1\nSTATUS=ready"
+    assert messages[-1] == "STOPPING=1"
+    assert messages.count("WATCHDOG=1") == lifecycle.watchdog.fed
