@@ -1,0 +1,141 @@
+"""The platform registry: which module handles a trigger's ``platform:``.
+
+Bundled platforms live in ``kiosk_agent.platforms.<name>`` and are found by name; third-party
+packages add theirs through the ``kiosk_agent.platforms`` entry-point group, Home Assistant style.
+A platform module provides ``PLATFORM_SCHEMA`` (extending ``core.config.PLATFORM_SCHEMA``) and
+``async def async_setup_platform(agent, config) -> PlatformInstance``.
+"""
+
+from __future__ import annotations
+
+import difflib
+import importlib
+import pkgutil
+from functools import cache
+from importlib import metadata
+from types import ModuleType
+from typing import TYPE_CHECKING, Any, Protocol
+
+from kiosk_agent.core.config import ConfigError, Position, locate, validate
+
+if TYPE_CHECKING:
+    from kiosk_agent.core.agent import Agent
+
+ENTRY_POINT_GROUP = "kiosk_agent.platforms"
+BUNDLED_PACKAGE = "kiosk_agent.platforms"
+# Modules in the platforms package that are shared code, not platforms.
+_NOT_PLATFORMS = frozenset({"serial", "base", "common"})
+
+
+class PlatformInstance(Protocol):
+    """What ``async_setup_platform`` returns: one running trigger."""
+
+    name: str
+
+    async def stop(self) -> None: ...
+
+    def status(self) -> dict[str, Any]: ...
+
+
+class PlatformSetup(Protocol):
+    async def __call__(self, agent: Agent, config: dict[str, Any]) -> PlatformInstance: ...
+
+
+class PlatformNotFound(LookupError):
+    def __init__(self, name: str, known: list[str], reason: str = "") -> None:
+        self.name = name
+        self.known = known
+        close = difflib.get_close_matches(name, known, n=1)
+        hint = f"; did you mean {close[0]!r}?" if close else ""
+        why = f" ({reason})" if reason else ""
+        super().__init__(
+            f"unknown platform {name!r}{why}; known platforms: {', '.join(known) or 'none'}{hint}"
+        )
+
+
+def _entry_points() -> dict[str, metadata.EntryPoint]:
+    return {ep.name: ep for ep in metadata.entry_points(group=ENTRY_POINT_GROUP)}
+
+
+def _bundled_modules() -> list[str]:
+    package = importlib.import_module(BUNDLED_PACKAGE)
+    return sorted(
+        info.name
+        for info in pkgutil.iter_modules(package.__path__)
+        if not info.name.startswith("_") and info.name not in _NOT_PLATFORMS
+    )
+
+
+def bundled_platforms() -> list[str]:
+    """Bundled modules that really are platforms (shared helpers in the package are skipped)."""
+    names = []
+    for name in _bundled_modules():
+        try:
+            module = importlib.import_module(f"{BUNDLED_PACKAGE}.{name}")
+        except Exception:  # noqa: BLE001, S112 - a broken module is not offered as a choice
+            continue
+        if hasattr(module, "async_setup_platform"):
+            names.append(name)
+    return names
+
+
+def known_platforms() -> list[str]:
+    return sorted(set(bundled_platforms()) | set(_entry_points()))
+
+
+@cache
+def get_platform(name: str) -> ModuleType:
+    """The module for platform ``name``: bundled first, then the entry-point group."""
+    if name in _bundled_modules():
+        module = importlib.import_module(f"{BUNDLED_PACKAGE}.{name}")
+    else:
+        entry = _entry_points().get(name)
+        if entry is None:
+            raise PlatformNotFound(name, known_platforms())
+        loaded = entry.load()
+        if not isinstance(loaded, ModuleType):
+            raise PlatformNotFound(name, known_platforms(), "its entry point is not a module")
+        module = loaded
+    if not hasattr(module, "PLATFORM_SCHEMA") or not hasattr(module, "async_setup_platform"):
+        raise PlatformNotFound(
+            name, known_platforms(), "the module lacks PLATFORM_SCHEMA or async_setup_platform"
+        )
+    return module
+
+
+def validate_trigger(
+    trigger: Any, raw: Any, prefix: list[Any]
+) -> tuple[dict[str, Any] | None, list[ConfigError]]:
+    """Check one trigger entry against its platform's schema; located errors, never a raise."""
+    default = locate(raw, prefix, None) or Position("?", 0)
+    name = str(trigger.get("platform"))
+    try:
+        module = get_platform(name)
+    except PlatformNotFound as err:
+        where = locate(raw, [*prefix, "platform"], default)
+        assert where is not None
+        return None, [ConfigError(where.file, where.line, _path(prefix, "platform"), str(err))]
+    except Exception as err:  # noqa: BLE001 - a broken third-party platform must not hide other mistakes
+        where = locate(raw, [*prefix, "platform"], default)
+        assert where is not None
+        return None, [
+            ConfigError(
+                where.file,
+                where.line,
+                _path(prefix, "platform"),
+                f"platform {name!r} failed to load: {type(err).__name__}: {err}",
+            )
+        ]
+    value, errors = validate(module.PLATFORM_SCHEMA, trigger, raw, prefix, default)
+    return value, errors
+
+
+def _path(prefix: list[Any], key: str) -> str:
+    from kiosk_agent.core.config import format_path
+
+    return format_path([*prefix, key])
+
+
+def setup_function(name: str) -> PlatformSetup:
+    setup: PlatformSetup = get_platform(name).async_setup_platform
+    return setup
