@@ -1,0 +1,107 @@
+"""Typed errors of the payment service, one per way a call can end badly.
+
+Every error derives :class:`ServiceError`, so a caller that only wants "did it work" catches one
+class, and a caller that must decide (retry? reconcile? tell the customer?) catches the precise
+one. ``status`` is the HTTP status when there was an answer; ``error`` and ``description`` are the
+service's own ``error`` / ``error_description`` when its body carried them.
+"""
+
+from __future__ import annotations
+
+
+class ServiceError(Exception):
+    """Base of every error raised by the service client."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        status: int | None = None,
+        error: str | None = None,
+        description: str | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.message = message
+        self.status = status
+        self.error = error
+        self.description = description
+
+    def __str__(self) -> str:
+        parts = [self.message]
+        if self.error and self.error not in self.message:
+            parts.append(f"[{self.error}]")
+        if self.description and self.description not in self.message:
+            parts.append(f"({self.description})")
+        return " ".join(parts)
+
+
+class BadRequestError(ServiceError):
+    """400: the service refused the request as given (fix the request, do not retry)."""
+
+
+class AuthenticationError(ServiceError):
+    """401: missing, invalid or expired credentials that a refresh could not repair."""
+
+
+class NotFoundError(ServiceError):
+    """404: the resource does not exist (or was deleted)."""
+
+
+class ConflictError(ServiceError):
+    """409: the resource's state forbids the call (``terminal_busy``, ``not_cancellable``)."""
+
+
+class RateLimitedError(ServiceError):
+    """429 that outlasted the client's patience; ``retry_after`` is in seconds when known."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        retry_after: float | None = None,
+        status: int | None = 429,
+        error: str | None = None,
+        description: str | None = None,
+    ) -> None:
+        super().__init__(message, status=status, error=error, description=description)
+        self.retry_after = retry_after
+
+
+class ServerError(ServiceError):
+    """5xx: the service failed. After a POST the outcome is unknown: reconcile, never re-send."""
+
+
+class ServiceUnreachableError(ServiceError):
+    """No answer (network error, timeout). After a POST the outcome is unknown: reconcile."""
+
+
+class InvalidResponseError(ServiceError):
+    """The service answered, but not as the interface promises; ``field`` names what was wrong.
+
+    ``field`` is a dotted path into the body (``"terminals.0.capabilities"``), or ``"<body>"`` when
+    the body itself was not JSON (an HTML error page, a truncated answer).
+    """
+
+    def __init__(self, message: str, *, field: str, status: int | None = None) -> None:
+        super().__init__(message, status=status)
+        self.field = field
+
+
+class CredentialsError(ServiceError):
+    """The stored credentials cannot be read or written (corrupt or unwritable file)."""
+
+
+STATUS_ERRORS: dict[int, type[ServiceError]] = {
+    400: BadRequestError,
+    401: AuthenticationError,
+    404: NotFoundError,
+    409: ConflictError,
+    429: RateLimitedError,
+}
+
+
+def error_class_for(status: int) -> type[ServiceError]:
+    """The error class of an HTTP error status (other 4xx -> ServiceError, 5xx -> ServerError)."""
+    if status >= 500:
+        return ServerError
+    return STATUS_ERRORS.get(status, ServiceError)

@@ -1,0 +1,339 @@
+"""Models of the payments interface: keys, charges, vault, billing plans, hosted pages.
+
+Amounts follow choices.md: integer cents for charge, capture and void-or-refund; decimal dollars
+(``Decimal``) for billing plans, hosted pages and scheduled payments.
+"""
+
+from __future__ import annotations
+
+import enum
+from datetime import datetime
+from decimal import Decimal
+from typing import Any
+
+from pydantic import AliasChoices, Field, field_serializer, field_validator, model_validator
+
+from kiosk_agent.service.models.common import (
+    Dollars,
+    RequestDollars,
+    ServiceModel,
+    Tolerant,
+    YesNo,
+)
+
+
+class ApiKeySet(ServiceModel):
+    """The answer of an API key refresh."""
+
+    api_key: str
+    public_key: str
+    refresh_token: str
+    api_key_expires_at: int
+    refresh_token_expires_at: int
+
+    def __repr__(self) -> str:  # never show the secrets, even in a debugger
+        return f"ApiKeySet(api_key_expires_at={self.api_key_expires_at})"
+
+
+class ChargeResultCode(enum.StrEnum):
+    APPROVED = "A"
+    RETRY = "B"
+    DECLINED = "C"
+
+
+class StoredCredentialType(enum.StrEnum):
+    CUSTOMER = "C"  # customer present
+    MERCHANT = "M"  # merchant-initiated
+
+
+class ChargeRequest(ServiceModel):
+    """The body of ``POST /api/v1/charge``. ``amount`` is integer cents.
+
+    Charge either an ``account_token`` or a vaulted ``payment_account_uuid``; the latter is a
+    stored-credential charge and must say ``cof`` and ``cof_sched``.
+    """
+
+    mid: str
+    amount: int = Field(gt=0)
+    account_token: str | None = None
+    payment_account_uuid: str | None = None
+    expiration: str | None = None  # MMYY
+    currency: str = "USD"
+    capture: YesNo = True  # Y: authorize and capture; N: authorize only
+    vault: YesNo | None = None
+    order_id: str | None = None
+    cvn: str | None = None
+    cof: StoredCredentialType | None = None
+    cof_sched: YesNo | None = None
+    cof_perm: YesNo | None = None
+    terminal_id: str | None = None
+    user_identifier: str | None = None
+    vault_holder_id: str | None = None
+    name: str | None = None
+    address1: str | None = None
+    address2: str | None = None
+    city: str | None = None
+    region: str | None = None
+    country: str | None = None
+    account_zip: str | None = None
+    phone: str | None = None
+    email: str | None = None
+
+    @field_validator("amount", mode="before")
+    @classmethod
+    def _integer_cents(cls, value: Any) -> Any:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ValueError("amount must be integer cents (use kiosk_agent.money to convert)")
+        return value
+
+    @model_validator(mode="after")
+    def _one_account(self) -> ChargeRequest:
+        if (self.account_token is None) == (self.payment_account_uuid is None):
+            raise ValueError("give exactly one of account_token and payment_account_uuid")
+        if self.payment_account_uuid is not None and (self.cof is None or self.cof_sched is None):
+            raise ValueError(
+                "a stored-credential charge (payment_account_uuid) needs cof (C or M) and cof_sched"
+            )
+        return self
+
+    @field_serializer("capture", "vault", "cof_sched", "cof_perm")
+    def _wire_flag(self, value: bool | None) -> str | None:
+        return None if value is None else ("Y" if value else "N")
+
+    def to_wire(self) -> dict[str, Any]:
+        """The JSON body: unset optional fields left out, flags as Y/N."""
+        return self.model_dump(mode="json", exclude_none=True)
+
+
+class ChargeResult(ServiceModel):
+    """The answer of charge and capture (and a charge-card interaction's result)."""
+
+    result: Tolerant[ChargeResultCode]
+    trans_id: str
+    order_id: str | None = None
+    auth_code: str | None = None
+    amount: int | None = None  # cents
+    currency: str = "USD"
+    mid: str | None = None
+    resp_code: str | None = Field(
+        default=None, validation_alias=AliasChoices("resp_code", "respcode")
+    )
+    resp_text: str | None = Field(
+        default=None, validation_alias=AliasChoices("resp_text", "resptext")
+    )
+    resp_proc: str | None = Field(
+        default=None, validation_alias=AliasChoices("resp_proc", "respproc")
+    )
+    respstat: str | None = None
+    vault_id: int | str | None = None
+    payment_account_uuid: str | None = None
+
+    @property
+    def approved(self) -> bool:
+        return self.result == ChargeResultCode.APPROVED
+
+
+class VoidOrRefundResult(ServiceModel):
+    """The answer of ``POST /api/v1/void-or-refund``; every field is required by the interface."""
+
+    result: str
+    trans_id: str
+    resp_code: str
+    resp_text: str
+    resp_proc: str
+    user_identifier: str
+    mid: str
+    amount: int
+    currency: str
+    order_id: str
+    auth_code: str
+
+    @property
+    def voided(self) -> bool:
+        return "void" in self.resp_text.lower()
+
+    @property
+    def refunded(self) -> bool:
+        return "refund" in self.resp_text.lower()
+
+
+class Surcharge(ServiceModel):
+    surcharge: bool
+    surcharge_amount: int  # cents
+    surcharge_percent: str
+
+
+class VaultAccountType(enum.IntEnum):
+    CREDIT = 1
+    DEBIT = 2
+    CHECKING = 3
+    SAVINGS = 4
+
+
+class VaultPaymentAccount(ServiceModel):
+    """A vault payment account: every field present; id integer, the rest strings (some null)."""
+
+    id: int
+    vaults_id: str
+    uuid: str
+    mid: str
+    account_token: str
+    card_brand_id: str
+    vault_account_type_id: str
+    name: str
+    nickname: str | None
+    last_four: str
+    expiration: str | None
+    account_zip: str
+    address1: str
+    address2: str | None
+    city: str
+    region: str
+    country: str
+    email: str
+    phone: str
+    custom_06: str | None
+    custom_07: str | None
+    custom_08: str | None
+    custom_09: str | None
+    custom_10: str | None
+    entry_class: str | None
+    is_deleted: str
+    is_default: str
+    updated: str
+    updated_by: str
+    created: str
+    created_by: str
+    profile_id: str | None
+    ach_acct_type_id: str | None
+    product_id: str
+
+    @property
+    def deleted(self) -> bool:
+        return self.is_deleted == "1"
+
+    def __repr__(self) -> str:  # the account token is a secret stand-in for the card
+        return f"VaultPaymentAccount(uuid={self.uuid!r}, last_four={self.last_four!r})"
+
+
+class BillingPlanStatus(enum.StrEnum):
+    ACTIVE = "ACTIVE"
+    PAUSED = "PAUSED"
+    CANCELLED = "CANCELLED"
+    COMPLETED = "COMPLETED"
+
+
+class ScheduledPaymentStatus(enum.StrEnum):
+    PENDING = "PENDING"
+    PROCESSING = "PROCESSING"
+    COMPLETED = "COMPLETED"
+    FAILED = "FAILED"
+    SKIPPED = "SKIPPED"
+    PARTIAL = "PARTIAL"
+
+
+class ScheduledPayment(ServiceModel):
+    id: int
+    payment_number: int
+    payment_date: datetime
+    amount_scheduled: Dollars
+    amount_paid: Dollars
+    amount_remaining: Dollars
+    payment_status: Tolerant[ScheduledPaymentStatus]
+
+
+class BillingPlan(ServiceModel):
+    id: int
+    name: str
+    description: str | None
+    mid: str
+    payment_account_uuid: str
+    status: Tolerant[BillingPlanStatus]
+    rrule_pattern: str
+    amount: Dollars
+    scheduled_payments: list[ScheduledPayment]
+
+
+class BillingPlanRequest(ServiceModel):
+    """The body of ``POST /api/v1/billing_plans``; ``amount`` in dollars, sent as ``"12.50"``."""
+
+    name: str
+    description: str
+    mid: str
+    payment_account_uuid: str
+    amount: RequestDollars
+    rrule_pattern: str
+
+    @field_serializer("amount")
+    def _two_places(self, value: Decimal) -> str:
+        return f"{value:.2f}"
+
+
+class HostedPageOptionName(enum.StrEnum):
+    CUSTOM_01 = "custom_01"
+    CUSTOM_02 = "custom_02"
+    CUSTOM_03 = "custom_03"
+    CUSTOM_04 = "custom_04"
+    CUSTOM_05 = "custom_05"
+    INVOICE_ID = "invoice_id"
+    ADDRESS = "address"
+    PHONE = "phone"
+    EMAIL = "email"
+
+
+class HostedPageOption(ServiceModel):
+    name: HostedPageOptionName | None = None
+    value: str | None = None
+    is_readonly: bool | None = None
+    is_required: bool | None = None
+
+
+class HostedPage(ServiceModel):
+    """A hosted payment page to create or edit. Amounts in dollars (sent as two-place strings)."""
+
+    name: str | None = None
+    cc_mid: str | None = None
+    ach_mid: str | None = None
+    name_on_account: str | None = None
+    amount: RequestDollars | None = None
+    lock_amount: bool | None = None
+    disable_after_payment: bool | None = None
+    hpp_options: list[HostedPageOption] | None = None
+    min_amount: RequestDollars | None = None
+    max_amount: RequestDollars | None = None
+
+    @model_validator(mode="after")
+    def _range_only_unlocked(self) -> HostedPage:
+        if self.lock_amount and (self.min_amount is not None or self.max_amount is not None):
+            raise ValueError("min_amount and max_amount are valid only when lock_amount is false")
+        return self
+
+    @field_serializer("amount", "min_amount", "max_amount")
+    def _two_places(self, value: Decimal | None) -> str | None:
+        return None if value is None else f"{value:.2f}"
+
+    def to_wire(self) -> dict[str, Any]:
+        return self.model_dump(mode="json", exclude_none=True)
+
+
+class HostedPageLink(ServiceModel):
+    """The answer of page creation: the link a customer pays on."""
+
+    url: str
+
+    @property
+    def hpp_client_id(self) -> str:
+        return hpp_client_id_from_url(self.url)
+
+
+def hpp_client_id_from_url(url: str) -> str:
+    """The page's id for edits: the last path segment of the url that creation returned."""
+    path = url.split("?", 1)[0].split("#", 1)[0].rstrip("/")
+    client_id = path.rsplit("/", 1)[-1]
+    if not client_id or "://" in client_id or client_id.endswith(":"):
+        raise ValueError(f"no hosted page id in url {url!r}")
+    return client_id
+
+
+class ReceiptSent(ServiceModel):
+    sent: bool

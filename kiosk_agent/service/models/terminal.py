@@ -1,0 +1,136 @@
+"""Models of the terminal interface: readers, their capabilities and card-present interactions."""
+
+from __future__ import annotations
+
+import enum
+from datetime import datetime
+from typing import Any
+
+from pydantic import Field
+
+from kiosk_agent.service.models.common import ServiceModel, Tolerant
+from kiosk_agent.service.models.payments import ChargeResult
+
+
+class Capabilities(ServiceModel):
+    """What a reader can do; the authority, not the device model."""
+
+    signature_capture: bool = False
+    receipt_printing: bool = False
+
+
+class Terminal(ServiceModel):
+    device_id: str
+    name: str | None = None
+    vendor: str | None = None
+    model: str | None = None
+    online: bool
+    connected: bool = False
+    last_seen_at: datetime | None = None
+    capabilities: Capabilities = Field(default_factory=Capabilities)
+
+
+class TerminalList(ServiceModel):
+    terminals: list[Terminal]
+
+
+class TerminalConnection(ServiceModel):
+    """The answer of connect and disconnect."""
+
+    device_id: str
+    connected: bool
+
+
+class PingResult(ServiceModel):
+    device_id: str
+    online: bool
+    latency_ms: float | None = None
+
+
+class InteractionKind(enum.StrEnum):
+    READ_CARD = "read_card"
+    CHARGE_CARD = "charge_card"
+
+    @property
+    def path(self) -> str:
+        """The path segment of this kind's status endpoint (``read-card``/``charge-card``)."""
+        return self.value.replace("_", "-")
+
+
+class InteractionStatus(enum.StrEnum):
+    PENDING = "pending"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    EXPIRED = "expired"
+    CANCELLED = "cancelled"
+
+    @property
+    def final(self) -> bool:
+        return self is not InteractionStatus.PENDING
+
+
+class StageError(ServiceModel):
+    """A device-side problem in one stage of an interaction (fatal when status is failed)."""
+
+    stage: str
+    code: str
+    message: str | None = None
+
+
+class ReadCardResult(ServiceModel):
+    """A read-card interaction's result: the payment account token to charge."""
+
+    token: str
+    card_brand_id: int | str | None = None
+    last_four: str | None = None
+    expiration: str | None = None
+
+    def __repr__(self) -> str:  # the token stands in for the card: never print it
+        return f"ReadCardResult(last_four={self.last_four!r})"
+
+
+class InteractionAccepted(ServiceModel):
+    """The 202 answer of read-card and charge-card."""
+
+    interaction_id: str
+    status: Tolerant[InteractionStatus] = InteractionStatus.PENDING
+
+
+class Interaction(ServiceModel):
+    """An interaction record, as the status endpoints and the WebSocket send it."""
+
+    interaction_id: str
+    device_id: str | None = None
+    kind: Tolerant[InteractionKind] | None = None
+    status: Tolerant[InteractionStatus]
+    created_at: datetime | None = None
+    expires_at: datetime | None = None
+    result: dict[str, Any] | None = None
+    stage_errors: list[StageError] = Field(default_factory=list)
+
+    @property
+    def finished(self) -> bool:
+        """Anything but pending; an unknown status counts as finished (the service moved on)."""
+        return self.status != InteractionStatus.PENDING
+
+    @property
+    def read_card_result(self) -> ReadCardResult | None:
+        """The typed result of a succeeded read-card, else None."""
+        if self.result is None or self.status != InteractionStatus.SUCCEEDED:
+            return None
+        return ReadCardResult.model_validate(self.result)
+
+    @property
+    def charge_result(self) -> ChargeResult | None:
+        """The typed result of a succeeded charge-card, else None."""
+        if self.result is None or self.status != InteractionStatus.SUCCEEDED:
+            return None
+        return ChargeResult.model_validate(self.result)
+
+
+class WsToken(ServiceModel):
+    token: str
+    expires_at: int | float | None = None
+
+    def __repr__(self) -> str:
+        return "WsToken(<hidden>)"
