@@ -1,0 +1,281 @@
+"""Reporting: transactions, deposits, chargebacks, adjustments, the ORDS page and typed filters.
+
+Reporting sends amounts as JSON numbers in dollars. They are turned into exact ``Decimal`` dollars
+through ``kiosk_agent.money`` on the way in (never kept as floats), and every record has an
+``amount_cents`` for arithmetic.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+from datetime import datetime
+from decimal import Decimal
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from kiosk_agent.money import reported_dollars_to_cents
+from kiosk_agent.service.models.common import Dollars, ServiceModel, Tolerant
+
+__all__ = [
+    "DATE_FIELDS",
+    "Adjustment",
+    "AdjustmentFilter",
+    "Chargeback",
+    "ChargebackFilter",
+    "ChargebackStatus",
+    "Deposit",
+    "DepositFilter",
+    "Page",
+    "PageLink",
+    "QueryFilter",
+    "ReportKind",
+    "ReportRecord",
+    "TransStatus",
+    "Transaction",
+    "TransactionFilter",
+]
+
+
+class ReportRecord(ServiceModel):
+    """What every reporting record has: an amount in dollars, exact."""
+
+    amount: Dollars
+
+    @property
+    def amount_cents(self) -> int:
+        return reported_dollars_to_cents(self.amount)
+
+
+class TransStatus(enum.IntEnum):
+    """``trans_status_id`` of a reported transaction."""
+
+    AUTHORIZED = 1
+    CAPTURED = 2
+    SETTLED = 3
+    VOIDED = 4
+    REFUND = 5  # the refund's own row
+    DECLINED = 6
+    RETRY = 7
+    PARTIALLY_REFUNDED = 8
+    REFUNDED = 9
+
+    @classmethod
+    def parse(cls, text: str) -> TransStatus:
+        """``"3"``, ``"settled"`` or ``"SETTLED"`` -> SETTLED."""
+        text = text.strip()
+        if text.isdigit():
+            try:
+                return cls(int(text))
+            except ValueError:
+                pass
+        else:
+            try:
+                return cls[text.upper().replace("-", "_").replace(" ", "_")]
+            except KeyError:
+                pass
+        known = ", ".join(f"{s.value}={s.name.lower()}" for s in cls)
+        raise ValueError(f"unknown transaction status {text!r} (known: {known})")
+
+
+class Transaction(ReportRecord):
+    trans_id: str
+    mid: str | None = None
+    order_id: str | None = None
+    trans_date: datetime | None = None
+    settlement_date: datetime | None = None
+    trans_status_id: int | None = None
+    result: str | None = None
+    resp_code: str | None = None
+    resp_text: str | None = None
+    auth_code: str | None = None
+    avs_resp: str | None = None
+    cvv_resp: str | None = None
+    account_token: str | None = None
+    card_brand_id: int | None = None
+    card_number: str | None = None  # masked by the service
+    expiration: str | None = None
+    name: str | None = None
+    batch_id: str | None = None
+    funded_batch_id: str | None = None
+    funding_master_id: str | None = None
+    related_trans_id: str | None = None
+    terminal_id: str | None = None
+    user_identifier: str | None = None
+    vault_id: int | None = None
+    # Interchange figures are rates and per-item fees, kept exact but not rounded to cents.
+    interchange_per_item: Decimal | None = None
+    interchange_rate: Decimal | None = None
+
+    @property
+    def status(self) -> TransStatus | None:
+        if self.trans_status_id is None:
+            return None
+        try:
+            return TransStatus(self.trans_status_id)
+        except ValueError:
+            return None
+
+
+class Deposit(ReportRecord):
+    deposit_id: str
+    mid: str | None = None
+    deposit_date: datetime | None = None
+    transaction_count: int | None = None
+    batch_id: str | None = None
+    funding_master_id: str | None = None
+    status: str | None = None
+
+
+class ChargebackStatus(enum.StrEnum):
+    OPEN = "OPEN"
+    WON = "WON"
+    LOST = "LOST"
+
+
+class Chargeback(ReportRecord):
+    chargeback_id: str
+    mid: str | None = None
+    trans_id: str | None = None
+    case_number: str | None = None
+    reason_code: str | None = None
+    reason_text: str | None = None
+    chargeback_date: datetime | None = None
+    status: Tolerant[ChargebackStatus] | None = None
+    card_brand_id: int | None = None
+    card_number: str | None = None  # masked by the service
+
+
+class Adjustment(ReportRecord):
+    adjustment_id: str
+    mid: str | None = None
+    adjustment_date: datetime | None = None
+    category: str | None = None
+    description: str | None = None
+    funding_master_id: str | None = None
+
+
+class PageLink(ServiceModel):
+    rel: str
+    href: str
+
+
+class Page(ServiceModel):
+    """One ORDS page. ``items`` stay raw dicts; the iterators type them one at a time."""
+
+    items: list[dict[str, Any]]
+    has_more: bool = Field(default=False, alias="hasMore")
+    limit: int | None = None
+    offset: int | None = None
+    count: int | None = None
+    links: list[PageLink] = Field(default_factory=list)
+
+    @property
+    def next_href(self) -> str | None:
+        return next((link.href for link in self.links if link.rel == "next"), None)
+
+
+def _q_value(value: object) -> str:
+    if isinstance(value, Decimal):
+        return str(value)  # a JSON number, written exactly (json.dumps would need a float)
+    if isinstance(value, enum.Enum):
+        value = value.value
+    return json.dumps(value)
+
+
+class QueryFilter(BaseModel):
+    """Attribute equalities, combined with AND, serialised to the ORDS ``q`` JSON object.
+
+    Subclasses declare only attributes the service really filters on, so a typo is a
+    validation error here instead of a 400 from the service.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    def to_q(self) -> str | None:
+        """The ``q`` text, or None when no attribute is set (no filter at all)."""
+        fields = self.model_dump(exclude_none=True)
+        if not fields:
+            return None
+        return "{" + ",".join(f"{json.dumps(k)}:{_q_value(v)}" for k, v in fields.items()) + "}"
+
+
+class TransactionFilter(QueryFilter):
+    mid: str | None = None
+    trans_id: str | None = None
+    order_id: str | None = None
+    trans_status_id: TransStatus | None = None
+    # Dollars, compared exactly; pass a Decimal or a two-place string such as "12.50".
+    amount: Decimal | None = None
+    batch_id: str | None = None
+    funded_batch_id: str | None = None
+    funding_master_id: str | None = None
+    related_trans_id: str | None = None
+    terminal_id: str | None = None
+    auth_code: str | None = None
+    result: str | None = None
+    user_identifier: str | None = None
+
+
+class DepositFilter(QueryFilter):
+    mid: str | None = None
+    deposit_id: str | None = None
+    batch_id: str | None = None
+    funding_master_id: str | None = None
+    status: str | None = None
+
+
+class ChargebackFilter(QueryFilter):
+    mid: str | None = None
+    chargeback_id: str | None = None
+    trans_id: str | None = None
+    case_number: str | None = None
+    reason_code: str | None = None
+    status: ChargebackStatus | None = None
+
+
+class AdjustmentFilter(QueryFilter):
+    mid: str | None = None
+    adjustment_id: str | None = None
+    category: str | None = None
+    funding_master_id: str | None = None
+
+
+class ReportKind(enum.StrEnum):
+    """The four reporting collections, by their path segment."""
+
+    TRANSACTIONS = "transactions"
+    DEPOSITS = "deposits"
+    CHARGEBACKS = "chargebacks"
+    ADJUSTMENTS = "adjustments"
+
+    @property
+    def model(self) -> type[ReportRecord]:
+        return _KIND_MODELS[self]
+
+    @property
+    def filter(self) -> type[QueryFilter]:
+        return _KIND_FILTERS[self]
+
+
+_KIND_MODELS: dict[ReportKind, type[ReportRecord]] = {
+    ReportKind.TRANSACTIONS: Transaction,
+    ReportKind.DEPOSITS: Deposit,
+    ReportKind.CHARGEBACKS: Chargeback,
+    ReportKind.ADJUSTMENTS: Adjustment,
+}
+_KIND_FILTERS: dict[ReportKind, type[QueryFilter]] = {
+    ReportKind.TRANSACTIONS: TransactionFilter,
+    ReportKind.DEPOSITS: DepositFilter,
+    ReportKind.CHARGEBACKS: ChargebackFilter,
+    ReportKind.ADJUSTMENTS: AdjustmentFilter,
+}
+
+# Which date field of each record the command line's --since/--until compare against.
+DATE_FIELDS: dict[ReportKind, str] = {
+    ReportKind.TRANSACTIONS: "trans_date",
+    ReportKind.DEPOSITS: "deposit_date",
+    ReportKind.CHARGEBACKS: "chargeback_date",
+    ReportKind.ADJUSTMENTS: "adjustment_date",
+}
