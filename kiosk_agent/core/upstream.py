@@ -1,0 +1,456 @@
+"""Upstream status: a heartbeat over HTTP POST and over MQTT with Home Assistant discovery.
+
+Each heartbeat is built from `Health.snapshot()` through an allow-list of fields, so a report can
+only carry what the health model holds (counts, cents, states, device ids), never a card number,
+token or key. Every sink has its own bounded queue: what could not be sent while the network was
+down is sent, oldest first, once it is back; when the queue is full the oldest report is dropped
+and counted, because the newest state is the one an operator needs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import socket
+import time
+from collections import deque
+from typing import Any, Protocol
+
+import aiohttp
+import aiomqtt
+import voluptuous as vol
+
+from kiosk_agent.core.health import Health, HealthSnapshot
+
+_LOGGER = logging.getLogger(__name__)
+
+ONLINE = "online"
+OFFLINE = "offline"
+
+_seconds = vol.All(vol.Coerce(float), vol.Range(min=0.05, max=86400.0))
+
+HTTP_SCHEMA = vol.Schema(
+    {
+        vol.Required("url"): vol.All(str, vol.Match(r"^https?://", msg="expected an http(s) URL")),
+        # Sent as a bearer token; use !secret. Never logged.
+        vol.Optional("token"): str,
+        vol.Optional("timeout", default=10.0): _seconds,
+    }
+)
+
+MQTT_SCHEMA = vol.Schema(
+    {
+        vol.Required("host"): str,
+        vol.Optional("port", default=1883): vol.All(int, vol.Range(min=1, max=65535)),
+        vol.Optional("username"): str,
+        vol.Optional("password"): str,
+        vol.Optional("topic_prefix", default="kiosk-agent"): str,
+        # Home Assistant's discovery prefix; false turns discovery off.
+        vol.Optional("discovery_prefix", default="homeassistant"): vol.Any(str, False),
+        vol.Optional("keepalive", default=60): vol.All(int, vol.Range(min=5, max=3600)),
+        vol.Optional("reconnect_interval", default=5.0): _seconds,
+    }
+)
+
+UPSTREAM_SCHEMA = vol.Schema(
+    {
+        # How this unit is named upstream; default: the host name.
+        vol.Optional("device_id"): vol.All(str, vol.Match(r"^[A-Za-z0-9_-]+$")),
+        vol.Optional("interval", default=60.0): _seconds,
+        vol.Optional("queue_size", default=500): vol.All(int, vol.Range(min=1, max=100000)),
+        vol.Optional("http"): HTTP_SCHEMA,
+        vol.Optional("mqtt"): MQTT_SCHEMA,
+    }
+)
+
+
+def build_report(device_id: str, snapshot: HealthSnapshot) -> dict[str, Any]:
+    """The heartbeat body: the health snapshot's fields, nothing else."""
+    return {
+        "device_id": device_id,
+        "version": snapshot.version,
+        "status": str(snapshot.status),
+        "problems": snapshot.problems,
+        "at": snapshot.at,
+        "uptime_s": snapshot.uptime_s,
+        "service": snapshot.service.model_dump(mode="json"),
+        "sales": snapshot.sales.model_dump(mode="json"),
+        "terminals": [t.model_dump(mode="json") for t in snapshot.terminals],
+        "terminals_online": sum(1 for t in snapshot.terminals if t.online),
+        "links": [link.model_dump(mode="json") for link in snapshot.links],
+    }
+
+
+class ReportQueue:
+    """Bounded FIFO of reports not yet sent; drops the oldest when full and counts it."""
+
+    def __init__(self, size: int) -> None:
+        self._items: deque[dict[str, Any]] = deque()
+        self._size = size
+        self.dropped = 0
+
+    def put(self, report: dict[str, Any]) -> None:
+        if len(self._items) >= self._size:
+            self._items.popleft()
+            self.dropped += 1
+        self._items.append(report)
+
+    def peek(self) -> dict[str, Any] | None:
+        return self._items[0] if self._items else None
+
+    def pop(self) -> None:
+        self._items.popleft()
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+
+class Sink(Protocol):
+    name: str
+    queue: ReportQueue
+    sent: int
+    failures: int
+    last_sent_at: float | None
+    last_error: str
+
+    def wake(self) -> None: ...
+
+    async def start(self) -> None: ...
+
+    async def stop(self) -> None: ...
+
+
+class _SinkBase:
+    name = "sink"
+
+    def __init__(self, queue_size: int) -> None:
+        self.queue = ReportQueue(queue_size)
+        self.sent = 0
+        self.failures = 0
+        self.last_sent_at: float | None = None
+        self.last_error = ""
+        self._wakeup = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+
+    def wake(self) -> None:
+        self._wakeup.set()
+
+    async def start(self) -> None:
+        self._task = asyncio.create_task(self._run(), name=f"upstream-{self.name}")
+
+    async def stop(self) -> None:
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+    async def _run(self) -> None:
+        raise NotImplementedError
+
+    def _sent_one(self) -> None:
+        self.queue.pop()
+        self.sent += 1
+        self.last_sent_at = time.time()
+        self.last_error = ""
+
+    def _failed(self, error: str) -> None:
+        self.failures += 1
+        if error != self.last_error:
+            _LOGGER.warning("upstream %s: %s (%d queued)", self.name, error, len(self.queue))
+        self.last_error = error
+
+
+class HttpSink(_SinkBase):
+    """POSTs each report as JSON; anything but a 2xx keeps it queued for the next heartbeat."""
+
+    name = "http"
+
+    def __init__(self, conf: dict[str, Any], queue_size: int) -> None:
+        super().__init__(queue_size)
+        self._url: str = conf["url"]
+        self._timeout = aiohttp.ClientTimeout(total=conf.get("timeout", 10.0))
+        self._headers = {"Content-Type": "application/json"}
+        if conf.get("token"):
+            self._headers["Authorization"] = f"Bearer {conf['token']}"
+        self._session: aiohttp.ClientSession | None = None
+
+    async def start(self) -> None:
+        self._session = aiohttp.ClientSession(timeout=self._timeout, headers=self._headers)
+        await super().start()
+
+    async def stop(self) -> None:
+        await super().stop()
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    async def _run(self) -> None:
+        while True:
+            await self._wakeup.wait()
+            self._wakeup.clear()
+            await self.flush()
+
+    async def flush(self) -> None:
+        assert self._session is not None
+        while (report := self.queue.peek()) is not None:
+            try:
+                async with self._session.post(self._url, data=json.dumps(report)) as response:
+                    if response.status >= 300:
+                        self._failed(f"HTTP {response.status} from {self._url}")
+                        return
+            except (aiohttp.ClientError, TimeoutError, OSError) as err:
+                self._failed(f"{type(err).__name__} posting to {self._url}")
+                return
+            self._sent_one()
+
+
+class MqttSink(_SinkBase):
+    """Keeps one MQTT connection; announces the unit to Home Assistant; publishes reports.
+
+    The last will marks the unit offline when the connection drops without a goodbye; a clean
+    stop publishes ``offline`` itself.
+    """
+
+    name = "mqtt"
+
+    def __init__(self, conf: dict[str, Any], queue_size: int, device_id: str, version: str):
+        super().__init__(queue_size)
+        self._conf = conf
+        self.device_id = device_id
+        self._version = version
+        self.base_topic = f"{conf.get('topic_prefix', 'kiosk-agent')}/{device_id}"
+        self.availability_topic = f"{self.base_topic}/availability"
+        self.state_topic = f"{self.base_topic}/state"
+        self.connected = False
+        self.connects = 0
+        self._client: aiomqtt.Client | None = None
+
+    def _new_client(self) -> aiomqtt.Client:
+        return aiomqtt.Client(
+            self._conf["host"],
+            self._conf.get("port", 1883),
+            username=self._conf.get("username"),
+            password=self._conf.get("password"),
+            identifier=f"kiosk-agent-{self.device_id}",
+            keepalive=self._conf.get("keepalive", 60),
+            will=aiomqtt.Will(self.availability_topic, OFFLINE, qos=1, retain=True),
+            timeout=10,
+        )
+
+    async def _run(self) -> None:
+        retry = self._conf.get("reconnect_interval", 5.0)
+        while True:
+            try:
+                async with self._new_client() as client:
+                    self._client = client
+                    await self._announce(client)
+                    self.connected = True
+                    self.connects += 1
+                    await self._serve(client)
+            except aiomqtt.MqttError as err:
+                self._failed(f"broker {self._conf['host']}:{self._conf.get('port', 1883)}: {err}")
+            finally:
+                self.connected = False
+                self._client = None
+            await asyncio.sleep(retry)
+
+    async def _serve(self, client: aiomqtt.Client) -> None:
+        """Flush on every wake-up until the connection is lost (then raise MqttError)."""
+        lost = asyncio.ensure_future(_until_disconnected(client))
+        try:
+            while True:
+                await self._flush(client)
+                woken = asyncio.ensure_future(self._wakeup.wait())
+                await asyncio.wait({woken, lost}, return_when=asyncio.FIRST_COMPLETED)
+                if lost.done():
+                    woken.cancel()
+                    lost.result()
+                self._wakeup.clear()
+        finally:
+            lost.cancel()
+
+    async def _announce(self, client: aiomqtt.Client) -> None:
+        for topic, config in discovery_messages(
+            self.device_id, self._version, self.state_topic, self.availability_topic,
+            self._conf.get("discovery_prefix", "homeassistant"),
+        ):
+            await client.publish(topic, json.dumps(config), qos=1, retain=True)
+        await client.publish(self.availability_topic, ONLINE, qos=1, retain=True)
+
+    async def _flush(self, client: aiomqtt.Client) -> None:
+        while (report := self.queue.peek()) is not None:
+            await client.publish(self.state_topic, json.dumps(report), qos=1, retain=True)
+            self._sent_one()
+
+    async def stop(self) -> None:
+        client = self._client
+        if client is not None and self.connected:
+            # A clean goodbye: the broker does not send the will on a normal DISCONNECT.
+            with contextlib.suppress(aiomqtt.MqttError, TimeoutError):
+                async with asyncio.timeout(2):
+                    await client.publish(self.availability_topic, OFFLINE, qos=1, retain=True)
+        await super().stop()
+
+
+async def _until_disconnected(client: aiomqtt.Client) -> None:
+    # The message iterator is aiomqtt's one public way to hear that the link dropped.
+    async for _ in client.messages:
+        pass
+    raise aiomqtt.MqttError("connection closed")
+
+
+def discovery_messages(
+    device_id: str,
+    version: str,
+    state_topic: str,
+    availability_topic: str,
+    prefix: str | bool,
+) -> list[tuple[str, dict[str, Any]]]:
+    """Home Assistant MQTT discovery: one device with sensors and a status binary sensor."""
+    if not prefix:
+        return []
+    device = {
+        "identifiers": [f"kiosk_agent_{device_id}"],
+        "name": f"Kiosk {device_id}",
+        "manufacturer": "kiosk-agent",
+        "model": "kiosk-agent",
+        "sw_version": version,
+    }
+    common = {
+        "state_topic": state_topic,
+        "availability_topic": availability_topic,
+        "payload_available": ONLINE,
+        "payload_not_available": OFFLINE,
+        "device": device,
+    }
+    sensors: list[tuple[str, str, dict[str, Any]]] = [
+        ("status", "Status", {"value_template": "{{ value_json.status }}"}),
+        (
+            "uptime",
+            "Uptime",
+            {
+                "value_template": "{{ value_json.uptime_s | int }}",
+                "unit_of_measurement": "s",
+                "device_class": "duration",
+                "entity_category": "diagnostic",
+            },
+        ),
+        (
+            "terminals_online",
+            "Terminals online",
+            {"value_template": "{{ value_json.terminals_online }}", "state_class": "measurement"},
+        ),
+        (
+            "sales_today",
+            "Sales today",
+            {"value_template": "{{ value_json.sales.today_count }}", "state_class": "total"},
+        ),
+        (
+            "sales_today_amount",
+            "Sales today amount",
+            {
+                # cents on the wire (exact), dollars for people
+                "value_template": "{{ (value_json.sales.today_amount_cents / 100) | round(2) }}",
+                "unit_of_measurement": "USD",
+                "device_class": "monetary",
+            },
+        ),
+        (
+            "open_sales",
+            "Open sales",
+            {"value_template": "{{ value_json.sales.open }}", "state_class": "measurement"},
+        ),
+        (
+            "attention_sales",
+            "Sales needing attention",
+            {"value_template": "{{ value_json.sales.attention }}", "state_class": "measurement"},
+        ),
+    ]
+    messages: list[tuple[str, dict[str, Any]]] = []
+    for key, name, extra in sensors:
+        messages.append(
+            (
+                f"{prefix}/sensor/{device_id}/{key}/config",
+                {"name": name, "unique_id": f"kiosk_agent_{device_id}_{key}", **common, **extra},
+            )
+        )
+    messages.append(
+        (
+            f"{prefix}/binary_sensor/{device_id}/problem/config",
+            {
+                "name": "Problem",
+                "unique_id": f"kiosk_agent_{device_id}_problem",
+                "device_class": "problem",
+                "value_template": "{{ 'OFF' if value_json.status == 'ok' else 'ON' }}",
+                **common,
+            },
+        )
+    )
+    return messages
+
+
+class Upstream:
+    """The `upstream:` component: a heartbeat every `interval` to each configured sink."""
+
+    def __init__(self, agent: Any, conf: dict[str, Any]) -> None:
+        conf = UPSTREAM_SCHEMA(conf)
+        self._health: Health = agent.health
+        self.device_id: str = conf.get("device_id") or _host_id()
+        self._interval: float = conf["interval"]
+        self.sinks: list[Sink] = []
+        if "http" in conf:
+            self.sinks.append(HttpSink(conf["http"], conf["queue_size"]))
+        if "mqtt" in conf:
+            self.sinks.append(
+                MqttSink(conf["mqtt"], conf["queue_size"], self.device_id, self._health.version)
+            )
+        self._task: asyncio.Task[None] | None = None
+        self.heartbeats = 0
+
+    async def start(self) -> None:
+        for sink in self.sinks:
+            await sink.start()
+        self._task = asyncio.create_task(self._run(), name="upstream-heartbeat")
+
+    async def stop(self) -> None:
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        for sink in self.sinks:
+            await sink.stop()
+
+    async def _run(self) -> None:
+        while True:
+            self.heartbeat()
+            await asyncio.sleep(self._interval)
+
+    def heartbeat(self) -> dict[str, Any]:
+        """Queue one report on every sink and wake them; returns the report."""
+        report = build_report(self.device_id, self._health.snapshot())
+        for sink in self.sinks:
+            sink.queue.put(report)
+            sink.wake()
+        self.heartbeats += 1
+        return report
+
+    def stats(self) -> dict[str, dict[str, float]]:
+        """Per-sink counters for metrics and the admin API."""
+        return {
+            sink.name: {
+                "sent": sink.sent,
+                "queued": len(sink.queue),
+                "dropped": sink.queue.dropped,
+                "failures": sink.failures,
+                "last_sent_at": sink.last_sent_at or 0.0,
+            }
+            for sink in self.sinks
+        }
+
+
+def _host_id() -> str:
+    return "".join(c if c.isalnum() or c in "-_" else "_" for c in socket.gethostname())

@@ -1,0 +1,310 @@
+"""Heartbeats against real receivers: an aiohttp endpoint and a Mosquitto broker started here.
+
+A TCP proxy between the agent and each receiver plays the unreliable network: cutting it drops
+the connection without a goodbye, as a pulled cable would.
+"""
+
+import asyncio
+import contextlib
+import json
+import shutil
+import socket
+import subprocess
+import time
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import aiomqtt
+import pytest
+import voluptuous as vol
+from aiohttp import web
+
+from kiosk_agent.core.health import Health
+from kiosk_agent.core.upstream import (
+    UPSTREAM_SCHEMA,
+    ReportQueue,
+    Upstream,
+    build_report,
+    discovery_messages,
+)
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@pytest.fixture(scope="session")
+def mosquitto(tmp_path_factory: pytest.TempPathFactory) -> Iterator[int]:
+    """A real Mosquitto broker on an ephemeral loopback port for the whole run."""
+    binary = shutil.which("mosquitto") or "/usr/sbin/mosquitto"
+    if not Path(binary).exists():
+        pytest.fail("mosquitto is not installed (./dev test installs it)")
+    port = _free_port()
+    conf = tmp_path_factory.mktemp("mosquitto") / "mosquitto.conf"
+    conf.write_text(f"listener {port} 127.0.0.1\nallow_anonymous true\npersistence false\n")
+    proc = subprocess.Popen(
+        [binary, "-c", str(conf)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
+    deadline = time.monotonic() + 10
+    while True:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+            break
+        except OSError:
+            if time.monotonic() > deadline or proc.poll() is not None:
+                proc.kill()
+                pytest.fail("mosquitto did not start")
+            time.sleep(0.05)
+    yield port
+    proc.terminate()
+    proc.wait(5)
+
+
+class TcpProxy:
+    """Forwards 127.0.0.1:<port> to a target; `cut()` aborts every connection and refuses more."""
+
+    def __init__(self, target_port: int) -> None:
+        self.target_port = target_port
+        self.port = _free_port()
+        self._server: asyncio.Server | None = None
+        self._writers: set[asyncio.StreamWriter] = set()
+
+    async def open(self) -> None:
+        self._server = await asyncio.start_server(self._handle, "127.0.0.1", self.port)
+
+    async def cut(self) -> None:
+        if self._server is not None:
+            self._server.close()
+            self._server = None
+        for writer in list(self._writers):
+            writer.transport.abort()
+        self._writers.clear()
+
+    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        up_reader, up_writer = await asyncio.open_connection("127.0.0.1", self.target_port)
+        self._writers.update({writer, up_writer})
+
+        async def pipe(src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
+            with contextlib.suppress(OSError):
+                while data := await src.read(65536):
+                    dst.write(data)
+                    await dst.drain()
+            dst.transport.abort()
+
+        await asyncio.gather(pipe(reader, up_writer), pipe(up_reader, writer))
+
+
+async def _until(predicate: Any, timeout: float = 5.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError("condition not reached in time")
+        await asyncio.sleep(0.02)
+
+
+def _agent(version: str = "9.9.9") -> SimpleNamespace:
+    health = Health(version)
+    health.report_terminal("SIM-0001", online=True, connected=True, latency_ms=8.0, pinged=True)
+    return SimpleNamespace(health=health)
+
+
+# --- the report ---------------------------------------------------------------------------------
+
+
+def test_report_carries_health_and_nothing_secret() -> None:
+    agent = _agent()
+    agent.health.report_link("mdb:front", "connected")
+    report = build_report("unit-1", agent.health.snapshot())
+    assert report["device_id"] == "unit-1"
+    assert report["status"] == "ok"
+    assert report["terminals_online"] == 1
+    assert report["links"][0]["name"] == "mdb:front"
+    assert set(report) == {
+        "device_id", "version", "status", "problems", "at", "uptime_s", "service", "sales",
+        "terminals", "terminals_online", "links",
+    }
+    text = json.dumps(report)
+    for word in ("api_key", "token", "secret", "password", "card_number"):
+        assert word not in text
+
+
+def test_queue_drops_the_oldest_and_counts() -> None:
+    queue = ReportQueue(2)
+    for n in range(5):
+        queue.put({"n": n})
+    assert len(queue) == 2
+    assert queue.dropped == 3
+    assert queue.peek() == {"n": 3}
+
+
+def test_schema_names_the_bad_field() -> None:
+    with pytest.raises(vol.Invalid, match="url"):
+        UPSTREAM_SCHEMA({"http": {"url": "ftp://x"}})
+    conf = UPSTREAM_SCHEMA({"mqtt": {"host": "broker"}})
+    assert conf["mqtt"]["port"] == 1883
+    assert conf["interval"] == 60.0
+
+
+def test_discovery_describes_one_device_with_sensors_and_status() -> None:
+    messages = discovery_messages("unit-1", "1.0", "k/unit-1/state", "k/unit-1/availability", "ha")
+    topics = [topic for topic, _ in messages]
+    assert "ha/binary_sensor/unit-1/problem/config" in topics
+    assert "ha/sensor/unit-1/sales_today_amount/config" in topics
+    identifiers = {json.dumps(config["device"]["identifiers"]) for _, config in messages}
+    assert identifiers == {'["kiosk_agent_unit-1"]'}
+    assert all(config["availability_topic"] == "k/unit-1/availability" for _, config in messages)
+    assert discovery_messages("unit-1", "1.0", "s", "a", False) == []
+
+
+# --- HTTP ---------------------------------------------------------------------------------------
+
+
+class HttpReceiver:
+    def __init__(self) -> None:
+        self.bodies: list[dict[str, Any]] = []
+        self.auth: list[str | None] = []
+        self.port = _free_port()
+        self._runner: web.AppRunner | None = None
+
+    async def _post(self, request: web.Request) -> web.Response:
+        self.bodies.append(await request.json())
+        self.auth.append(request.headers.get("Authorization"))
+        return web.json_response({"ok": True})
+
+    async def up(self) -> None:
+        app = web.Application()
+        app.router.add_post("/heartbeat", self._post)
+        self._runner = web.AppRunner(app)
+        await self._runner.setup()
+        await web.TCPSite(self._runner, "127.0.0.1", self.port).start()
+
+    async def down(self) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None
+
+
+@pytest.fixture
+async def receiver() -> AsyncIterator[HttpReceiver]:
+    receiver = HttpReceiver()
+    await receiver.up()
+    yield receiver
+    await receiver.down()
+
+
+async def test_http_heartbeat_queues_while_down_and_catches_up(receiver: HttpReceiver) -> None:
+    conf = {
+        "device_id": "unit-7",
+        "interval": 3600,
+        "queue_size": 2,
+        "http": {"url": f"http://127.0.0.1:{receiver.port}/heartbeat", "token": "s3cr3t"},
+    }
+    upstream = Upstream(_agent(), conf)
+    await upstream.start()  # the first heartbeat goes out at once
+    try:
+        await _until(lambda: len(receiver.bodies) == 1)
+        assert receiver.auth == ["Bearer s3cr3t"]
+        assert receiver.bodies[0]["device_id"] == "unit-7"
+
+        await receiver.down()
+        missed = [upstream.heartbeat() for _ in range(3)]
+        sink = upstream.sinks[0]
+        await _until(lambda: sink.failures >= 1)
+        assert upstream.stats()["http"]["dropped"] == 1
+
+        await receiver.up()
+        latest = upstream.heartbeat()  # the next heartbeat flushes what was kept
+        await _until(lambda: len(receiver.bodies) == 3)
+        # the queue holds two: the oldest ones gave way; the rest arrive in order
+        kept = [*missed, latest][-2:]
+        assert [b["at"] for b in receiver.bodies[1:]] == [r["at"] for r in kept]
+        assert upstream.stats()["http"]["queued"] == 0
+    finally:
+        await upstream.stop()
+
+
+# --- MQTT ---------------------------------------------------------------------------------------
+
+
+class Observer:
+    """A second MQTT client that records what the broker hands out."""
+
+    def __init__(self, port: int) -> None:
+        self.port = port
+        self.messages: list[tuple[str, str, bool]] = []
+        self._task: asyncio.Task[None] | None = None
+        self.subscribed = asyncio.Event()
+
+    async def start(self, *topics: str) -> None:
+        self._task = asyncio.create_task(self._run(topics))
+        await asyncio.wait_for(self.subscribed.wait(), 5)
+
+    async def _run(self, topics: tuple[str, ...]) -> None:
+        async with aiomqtt.Client("127.0.0.1", self.port) as client:
+            for topic in topics:
+                await client.subscribe(topic, qos=1)
+            self.subscribed.set()
+            async for message in client.messages:
+                payload = message.payload
+                text = payload.decode() if isinstance(payload, bytes) else str(payload)
+                self.messages.append((str(message.topic), text, message.retain))
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+
+    def on(self, topic: str) -> list[str]:
+        return [payload for t, payload, _ in self.messages if t == topic]
+
+
+@pytest.mark.mqtt
+async def test_mqtt_discovery_heartbeat_last_will_and_catch_up(mosquitto: int) -> None:
+    proxy = TcpProxy(mosquitto)
+    await proxy.open()
+    observer = Observer(mosquitto)
+    await observer.start("kiosk-agent/unit-9/#", "homeassistant/+/unit-9/#")
+    conf = {
+        "device_id": "unit-9",
+        "interval": 3600,
+        "queue_size": 2,
+        "mqtt": {"host": "127.0.0.1", "port": proxy.port, "reconnect_interval": 0.1},
+    }
+    upstream = Upstream(_agent(), conf)
+    availability = "kiosk-agent/unit-9/availability"
+    state = "kiosk-agent/unit-9/state"
+    await upstream.start()
+    try:
+        await _until(lambda: len(observer.on(state)) == 1)
+        assert observer.on(availability) == ["online"]
+        problem = json.loads(observer.on("homeassistant/binary_sensor/unit-9/problem/config")[0])
+        assert problem["state_topic"] == state
+        assert problem["device"]["sw_version"] == "9.9.9"
+        assert json.loads(observer.on(state)[0])["terminals_online"] == 1
+
+        # Pull the cable: the broker publishes the last will.
+        await proxy.cut()
+        await _until(lambda: observer.on(availability)[-1:] == ["offline"])
+        missed = [upstream.heartbeat() for _ in range(3)]
+        sink = upstream.sinks[0]
+        await _until(lambda: sink.failures >= 1)
+        assert sink.queue.dropped == 1
+
+        # The network comes back: online again, and the kept reports arrive oldest first.
+        await proxy.open()
+        await _until(lambda: len(observer.on(state)) == 3)
+        assert observer.on(availability)[-1] == "online"
+        assert [json.loads(p)["at"] for p in observer.on(state)[1:]] == [
+            r["at"] for r in missed[1:]
+        ]
+    finally:
+        await upstream.stop()
+    # A clean stop says goodbye itself.
+    await _until(lambda: observer.on(availability)[-1:] == ["offline"])
+    await observer.stop()
+    await proxy.cut()
