@@ -1,0 +1,232 @@
+"""The simulator as one aiohttp server: base, reporting and WebSocket addresses on one port.
+
+```python
+sim = SimServer(SimOptions(port=0, time_scale=50, seed=1, transactions=200))
+await sim.start()
+sim.base_url, sim.reporting_url, sim.ws_url, sim.ready_info()
+await sim.stop()
+```
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import importlib
+import logging
+import random
+import time
+from collections.abc import Callable
+from types import ModuleType
+from typing import Any
+
+from aiohttp import web
+
+from kiosk_agent.sim import auth as sim_auth
+from kiosk_agent.sim.auth import Auth
+from kiosk_agent.sim.clock import VirtualClock
+from kiosk_agent.sim.context import SimContext, SimOptions
+from kiosk_agent.sim.http import error_middleware, json_response
+from kiosk_agent.sim.ledger import Ledger, deposit_resource
+from kiosk_agent.sim.ratelimit import DEFAULT_RATE_LIMIT, RateLimit, RateLimiter
+from kiosk_agent.sim.store import Store
+
+__all__ = ["SimContext", "SimOptions", "SimServer"]
+
+_LOGGER = logging.getLogger(__name__)
+
+OAUTH_CLIENT_ID = "sim_client"
+OAUTH_CLIENT_SECRET = "sim_secret"
+# Modules built alongside this one; each exposes ``setup(app, ctx)``.
+_OPTIONAL_MODULES = ("oauth", "reporting", "boarding")
+CONTEXT_KEY = web.AppKey("sim_context", SimContext)
+# Real seconds between saves of the virtual clock, so a restart never runs time backwards.
+_CLOCK_CHECKPOINT_S = 1.0
+# The largest request body the server reads at all; JSON handlers refuse far smaller ones.
+_CLIENT_MAX_SIZE = 1024 * 1024
+
+
+class SimServer:
+    def __init__(self, options: SimOptions | None = None) -> None:
+        self.options = options or SimOptions()
+        self._runner: web.AppRunner | None = None
+        self._port = 0
+        self._checkpoint: asyncio.Task[None] | None = None
+        self.ctx: SimContext | None = None
+        self.app: web.Application | None = None
+
+    # -- addresses -------------------------------------------------------------------------
+    @property
+    def port(self) -> int:
+        return self._port
+
+    @property
+    def base_url(self) -> str:
+        return f"http://{self._url_host}:{self._port}"
+
+    @property
+    def reporting_url(self) -> str:
+        return self.base_url
+
+    @property
+    def ws_url(self) -> str:
+        return f"ws://{self._url_host}:{self._port}"
+
+    @property
+    def _url_host(self) -> str:
+        host = self.options.host
+        if host in ("0.0.0.0", ""):  # noqa: S104 - naming the wildcard, not binding it
+            return "127.0.0.1"
+        return f"[{host}]" if ":" in host else host
+
+    def ready_info(self) -> dict[str, Any]:
+        """The ``READY`` json: addresses and the seeded credentials."""
+        return {
+            "base_url": self.base_url,
+            "reporting_url": self.reporting_url,
+            "ws_url": self.ws_url,
+            "api_key": sim_auth.API_KEY,
+            "refresh_token": sim_auth.REFRESH_TOKEN,
+            "isv_api_key": sim_auth.ISV_API_KEY,
+            "mid": sim_auth.MID,
+            "isv_mids": list(sim_auth.ISV_MIDS),
+            "client_id": OAUTH_CLIENT_ID,
+            "client_secret": OAUTH_CLIENT_SECRET,
+        }
+
+    # -- lifecycle -------------------------------------------------------------------------
+    async def start(self) -> None:
+        if self._runner is not None:
+            raise RuntimeError("simulator already started")
+        self.ctx = build_context(self.options)
+        self.app = build_app(self.ctx)
+        self._runner = web.AppRunner(self.app, access_log=None, handle_signals=False)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, self.options.host, self.options.port)
+        try:
+            await site.start()
+        except OSError:
+            await self._runner.cleanup()
+            self._runner = None
+            self.ctx.store.close()
+            raise
+        self._port = _bound_port(self._runner)
+        if self.ctx.store.persistent:
+            self._checkpoint = asyncio.create_task(_checkpoint_clock(self.ctx))
+        _LOGGER.info("Simulator listening on %s", self.base_url)
+
+    async def stop(self) -> None:
+        if self._runner is None:
+            return
+        if self._checkpoint is not None:
+            self._checkpoint.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._checkpoint
+            self._checkpoint = None
+        await self._runner.cleanup()
+        self._runner = None
+        if self.ctx is not None:
+            _save_clock(self.ctx)
+            self.ctx.store.close()
+
+    async def __aenter__(self) -> SimServer:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.stop()
+
+
+def build_context(options: SimOptions) -> SimContext:
+    store = Store(options.data_dir)
+    # A restarted simulator continues from where its virtual clock stood, never earlier.
+    start = max(time.time(), float(store.get_meta("clock", 0.0)))
+    clock = VirtualClock(options.time_scale, start=start)
+    limit = RateLimit.parse(options.rate_limit) if options.rate_limit else DEFAULT_RATE_LIMIT
+    return SimContext(
+        options=options,
+        clock=clock,
+        store=store,
+        ledger=Ledger(store, clock),
+        auth=Auth(store, clock),
+        rate_limiter=RateLimiter(limit),
+        rng=random.Random(options.seed),
+    )
+
+
+def build_app(ctx: SimContext) -> web.Application:
+    app = web.Application(middlewares=[error_middleware], client_max_size=_CLIENT_MAX_SIZE)
+    app[CONTEXT_KEY] = ctx
+    for setup in _module_setups():
+        setup(app, ctx)
+    app.router.add_post("/sim/settle", _settle)
+    app.router.add_get("/sim/stats", _stats)
+    return app
+
+
+def _module_setups() -> list[Callable[[web.Application, SimContext], None]]:
+    setups = []
+    for name in _OPTIONAL_MODULES:
+        module = _optional_module(name)
+        if module is not None:
+            setups.append(module.setup)
+    return setups
+
+
+def _optional_module(name: str) -> ModuleType | None:
+    # Until every simulator module has landed, a missing one is skipped rather than fatal.
+    qualified = f"kiosk_agent.sim.{name}"
+    try:
+        return importlib.import_module(qualified)
+    except ModuleNotFoundError as err:
+        if err.name != qualified:
+            raise
+        return None
+
+
+async def _settle(request: web.Request) -> web.Response:
+    """Test helper: settle the open batch now (no auth, like a sandbox's test helpers)."""
+    ctx = request.app[CONTEXT_KEY]
+    settled, deposits = ctx.ledger.settle_open_batch()
+    return json_response(
+        {"settled": settled, "deposits": [deposit_resource(row) for row in deposits]}
+    )
+
+
+async def _stats(request: web.Request) -> web.Response:
+    """Test helper: WebSocket push delays (real ms) and counts, for benchmarks."""
+    ctx = request.app[CONTEXT_KEY]
+    delays = sorted(ctx.push_stats.delays)
+    return json_response(
+        {
+            "pushes": len(delays),
+            "push_p50_ms": _percentile_ms(delays, 0.50),
+            "push_p99_ms": _percentile_ms(delays, 0.99),
+            "transactions": ctx.ledger.count(),
+        }
+    )
+
+
+def _percentile_ms(ordered: list[float], share: float) -> float | None:
+    if not ordered:
+        return None
+    index = min(len(ordered) - 1, round(share * (len(ordered) - 1)))
+    return round(ordered[index] * 1000, 3)
+
+
+def _bound_port(runner: web.AppRunner) -> int:
+    for address in runner.addresses:
+        if isinstance(address, tuple) and len(address) >= 2:
+            return int(address[1])
+    raise RuntimeError("simulator has no bound TCP address")
+
+
+async def _checkpoint_clock(ctx: SimContext) -> None:
+    while True:
+        await asyncio.sleep(_CLOCK_CHECKPOINT_S)
+        _save_clock(ctx)
+
+
+def _save_clock(ctx: SimContext) -> None:
+    with contextlib.suppress(Exception):
+        ctx.store.set_meta("clock", ctx.clock.time())
