@@ -19,6 +19,7 @@ from typing import Any, Protocol
 import voluptuous as vol
 from pydantic import BaseModel, ConfigDict
 
+from kiosk_agent.core.config import register_section
 from kiosk_agent.core.sale import SaleEvent, SaleState
 
 _LOGGER = logging.getLogger(__name__)
@@ -42,6 +43,8 @@ HEALTH_SCHEMA = vol.Schema(
         ),
     }
 )
+
+register_section("health", HEALTH_SCHEMA)
 
 
 class Status(enum.StrEnum):

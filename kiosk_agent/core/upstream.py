@@ -22,6 +22,7 @@ import aiohttp
 import aiomqtt
 import voluptuous as vol
 
+from kiosk_agent.core.config import register_section
 from kiosk_agent.core.health import Health, HealthSnapshot
 
 _LOGGER = logging.getLogger(__name__)
@@ -64,6 +65,8 @@ UPSTREAM_SCHEMA = vol.Schema(
         vol.Optional("mqtt"): MQTT_SCHEMA,
     }
 )
+
+register_section("upstream", UPSTREAM_SCHEMA)
 
 
 def build_report(device_id: str, snapshot: HealthSnapshot) -> dict[str, Any]:
@@ -274,7 +277,10 @@ class MqttSink(_SinkBase):
 
     async def _announce(self, client: aiomqtt.Client) -> None:
         for topic, config in discovery_messages(
-            self.device_id, self._version, self.state_topic, self.availability_topic,
+            self.device_id,
+            self._version,
+            self.state_topic,
+            self.availability_topic,
             self._conf.get("discovery_prefix", "homeassistant"),
         ):
             await client.publish(topic, json.dumps(config), qos=1, retain=True)
