@@ -1,0 +1,526 @@
+"""The agent as the cashless device of a vending machine controller, through an MDB adapter.
+
+``MdbCashless`` turns the adapter's lines (``mdb_protocol``) into sales: a vend request starts a
+sale whose ``Dispenser`` approves (``C,VEND``) or denies (``C,STOP``) and then waits for the
+controller's vend result. Two modes:
+
+- selection first: the customer chooses, the controller asks for the price, the card pays it;
+- card first: the agent keeps a sale waiting for a card for ``max_funds``; once authorized it opens
+  a session (``C,START,<funds>``), the customer chooses, and only the chosen price is captured.
+
+Anything that ends a session without a confirmed vend (cancel, controller reset or disable, lost
+adapter, no vend result in time) returns an outcome that is not ``VENDED``, so the flow gives the
+money back.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import enum
+import logging
+from dataclasses import dataclass, field
+from typing import Any
+
+import voluptuous as vol
+
+from kiosk_agent.core.config import PLATFORM_SCHEMA as BASE_PLATFORM_SCHEMA
+from kiosk_agent.core.config import positive_float, positive_price
+from kiosk_agent.core.sale import DispenseOutcome, DispenseStatus, Flow, SaleRequest
+from kiosk_agent.platforms import mdb_protocol as wire
+from kiosk_agent.platforms.base import (
+    SaleStarter,
+    describe_start_failure,
+    instance_name,
+    link_reporter,
+)
+from kiosk_agent.platforms.serial import SerialLink, SerialSettings, StateHandler
+
+_LOGGER = logging.getLogger(__name__)
+
+
+class Mode(enum.StrEnum):
+    SELECTION_FIRST = "selection_first"
+    CARD_FIRST = "card_first"
+
+
+def _address(value: Any) -> int:
+    try:
+        number = int(value, 0) if isinstance(value, str) else int(value)
+    except (TypeError, ValueError):
+        raise vol.Invalid(f"expected an MDB address like 0x10, got {value!r}") from None
+    if number not in (0x10, 0x60):
+        raise vol.Invalid(f"cashless devices use MDB address 0x10 or 0x60, got {value!r}")
+    return number
+
+
+_MDB_SCHEMA = BASE_PLATFORM_SCHEMA.extend(
+    {
+        vol.Required("port"): vol.All(str, vol.Length(min=1)),
+        vol.Optional("baudrate", default=115200): vol.All(int, vol.Range(min=1200)),
+        vol.Optional("mode", default=Mode.SELECTION_FIRST.value): vol.In([m.value for m in Mode]),
+        vol.Optional("address", default=0x10): _address,
+        vol.Optional("amount_unit", default=wire.AmountUnit.DOLLARS.value): vol.In(
+            [u.value for u in wire.AmountUnit]
+        ),
+        # card first: the most a customer may spend in one session
+        vol.Optional("max_funds"): positive_price,
+        # the controller must report the vend result within this (seconds)
+        vol.Optional("vend_timeout", default=30.0): positive_float,
+        # card first: how long an open session waits for a selection (seconds)
+        vol.Optional("session_timeout", default=60.0): positive_float,
+        vol.Optional("silence_timeout"): positive_float,
+        vol.Optional("probe"): str,
+        vol.Optional("reconnect_max", default=30.0): positive_float,
+    }
+)
+
+
+def check_modes(config: dict[str, Any]) -> dict[str, Any]:
+    if config["mode"] == Mode.CARD_FIRST.value:
+        if "max_funds" not in config:
+            raise vol.Invalid("card_first mode needs max_funds", path=["max_funds"])
+        if config["flow"] != Flow.AUTHORIZE_CAPTURE.value:
+            raise vol.Invalid(
+                "card_first mode needs flow: authorize_capture (only the chosen price is captured)",
+                path=["flow"],
+            )
+    return config
+
+
+PLATFORM_SCHEMA = vol.All(_MDB_SCHEMA, check_modes)
+
+
+@dataclass(slots=True)
+class MdbOptions:
+    source: str = "mdb"
+    mode: Mode = Mode.SELECTION_FIRST
+    flow: Flow = Flow.AUTHORIZE_CAPTURE
+    terminal: str | None = None
+    address: int = 0x10
+    unit: wire.AmountUnit = wire.AmountUnit.DOLLARS
+    max_funds_cents: int = 0
+    vend_timeout: float = 30.0
+    session_timeout: float = 60.0
+    card_first_pause: float = 0.2  # between one card-first sale ending and the next starting
+
+    @classmethod
+    def from_config(cls, config: dict[str, Any], source: str) -> MdbOptions:
+        return cls(
+            source=source,
+            mode=Mode(config["mode"]),
+            flow=Flow(config["flow"]),
+            terminal=config.get("terminal"),
+            address=config["address"],
+            unit=wire.AmountUnit(config["amount_unit"]),
+            max_funds_cents=config.get("max_funds", 0),
+            vend_timeout=config["vend_timeout"],
+            session_timeout=config["session_timeout"],
+        )
+
+
+@dataclass(slots=True)
+class MdbStats:
+    vend_requests: int = 0
+    sales_started: int = 0
+    approved: int = 0
+    denied: int = 0
+    vended: int = 0
+    vend_failed: int = 0
+    cancelled: int = 0
+    timeouts: int = 0
+    unknown_lines: int = 0
+    last_unknown: str = ""
+    outcomes: dict[str, int] = field(default_factory=dict)
+
+
+class _Phase(enum.Enum):
+    AUTHORIZING = "authorizing"  # the sale is reading the card / authorizing
+    SELECTING = "selecting"  # card first: session open, waiting for the customer's choice
+    VENDING = "vending"  # approved, waiting for the vend result
+    ENDED = "ended"
+
+
+class MdbSession:
+    """One sale on the machine; the sale runner's ``Dispenser`` for it."""
+
+    def __init__(self, device: MdbCashless, request: SaleRequest) -> None:
+        self.device = device
+        self.request = request
+        self.phase = _Phase.AUTHORIZING
+        self.sale_id: str | None = None
+        self.abort_reason: str | None = None
+        self.selection: asyncio.Future[wire.VendRequested] = asyncio.Future()
+        self.result: asyncio.Future[DispenseOutcome] = asyncio.Future()
+        self.vend_cents = request.amount_cents
+        self.product = request.product
+
+    # -- Dispenser ---------------------------------------------------------------------------
+
+    async def dispense(self, authorized_cents: int) -> DispenseOutcome:
+        if self.abort_reason is not None:
+            return self._end(DispenseStatus.CANCELLED, self.abort_reason)
+        if self.device.options.mode is Mode.CARD_FIRST:
+            chosen = await self._open_session(authorized_cents)
+            if chosen is not None:
+                return chosen
+        elif authorized_cents < self.vend_cents:
+            self.device.send(wire.deny_vend())
+            return self._end(
+                DispenseStatus.CANCELLED,
+                f"authorized {authorized_cents} cents, below the price {self.vend_cents}",
+            )
+        return await self._vend()
+
+    async def deny(self, reason: str) -> None:
+        if self.phase is _Phase.ENDED:
+            return
+        self.device.stats.denied += 1
+        self.device.send(wire.deny_vend())
+        _LOGGER.info("%s: vend denied (%s)", self.device.options.source, reason)
+        self._end(DispenseStatus.CANCELLED, f"denied: {reason}")
+
+    # -- steps -------------------------------------------------------------------------------
+
+    async def _open_session(self, funds_cents: int) -> DispenseOutcome | None:
+        """Card first: offer the funds and wait for a selection within them; None when chosen."""
+        self.phase = _Phase.SELECTING
+        self.device.send(wire.start_session(funds_cents, self.device.options.unit))
+        try:
+            choice = await asyncio.wait_for(
+                asyncio.shield(self.selection), self.device.options.session_timeout
+            )
+        except TimeoutError:
+            self.device.send(wire.deny_vend())
+            return self._end(DispenseStatus.CANCELLED, "session timeout: nothing selected")
+        if self.abort_reason is not None:
+            return self._end(DispenseStatus.CANCELLED, self.abort_reason)
+        if choice.amount_cents > funds_cents:
+            self.device.send(wire.deny_vend())
+            return self._end(
+                DispenseStatus.CANCELLED,
+                f"selection {choice.product} costs {choice.amount_cents} cents, "
+                f"above the {funds_cents} authorized",
+            )
+        self.vend_cents, self.product = choice.amount_cents, choice.product
+        return None
+
+    async def _vend(self) -> DispenseOutcome:
+        self.phase = _Phase.VENDING
+        self.device.stats.approved += 1
+        if not self.device.send(wire.approve_vend(self.vend_cents, self.device.options.unit)):
+            return self._end(DispenseStatus.CANCELLED, "adapter not connected: vend not approved")
+        try:
+            return await asyncio.wait_for(
+                asyncio.shield(self.result), self.device.options.vend_timeout
+            )
+        except TimeoutError:
+            self.device.stats.timeouts += 1
+            return self._end(
+                DispenseStatus.TIMEOUT,
+                f"no vend result within {self.device.options.vend_timeout:g}s",
+            )
+
+    # -- driven by the adapter's lines -------------------------------------------------------
+
+    def on_selection(self, request: wire.VendRequested) -> bool:
+        if self.phase is not _Phase.SELECTING or self.selection.done():
+            return False
+        self.selection.set_result(request)
+        return True
+
+    def on_vend_result(self, status: DispenseStatus, detail: str) -> bool:
+        if self.phase is not _Phase.VENDING:
+            return False
+        self._end(status, detail)
+        return True
+
+    def abort(self, reason: str) -> None:
+        """The controller ended the session (reset, disable, cancel, lost adapter)."""
+        if self.phase is _Phase.ENDED:
+            return
+        self.abort_reason = reason
+        if self.phase is _Phase.AUTHORIZING:
+            self.device.cancel_sale(self)
+        elif self.phase is _Phase.SELECTING and not self.selection.done():
+            self.selection.set_result(wire.VendRequested(0, ""))
+        elif self.phase is _Phase.VENDING:
+            self._end(DispenseStatus.CANCELLED, reason)
+
+    def _end(self, status: DispenseStatus, detail: str) -> DispenseOutcome:
+        if self.result.done():
+            return self.result.result()
+        self.phase = _Phase.ENDED
+        vended = self.vend_cents if status is DispenseStatus.VENDED else 0
+        outcome = DispenseOutcome(status, vended, self.product, detail)
+        self.result.set_result(outcome)
+        self.device.count_outcome(outcome)
+        return outcome
+
+
+class MdbCashless:
+    """The cashless device: one adapter link, at most one session at a time."""
+
+    def __init__(
+        self,
+        sales: SaleStarter,
+        settings: SerialSettings,
+        options: MdbOptions,
+        *,
+        on_link_state: StateHandler | None = None,
+    ) -> None:
+        self.sales = sales
+        self.options = options
+        self.name = options.source
+        self.stats = MdbStats()
+        self.controller_status: wire.ControllerStatus | None = None
+        # the controller has a session open (a vend request or IDLE since the last ENABLED)
+        self._controller_session = False
+        self.session: MdbSession | None = None
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._stopping = False
+        self.link = SerialLink(
+            options.source,
+            settings,
+            self.handle_line,
+            on_state=on_link_state,
+            on_connected=self._on_connected,
+        )
+        self.link_states: list[str] = []
+
+    async def start(self) -> None:
+        await self.link.start()
+
+    async def stop(self) -> None:
+        self._stopping = True
+        if self.session is not None:
+            self.session.abort("agent stopping")
+        for task in list(self._tasks):
+            task.cancel()
+        for task in list(self._tasks):
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        await self.link.stop()
+
+    def status(self) -> dict[str, Any]:
+        return {
+            "link": self.link.status(),
+            "controller": self.controller_status.value if self.controller_status else None,
+            "mode": self.options.mode.value,
+            "session": self.session.phase.value if self.session else None,
+            "vend_requests": self.stats.vend_requests,
+            "approved": self.stats.approved,
+            "denied": self.stats.denied,
+            "outcomes": dict(self.stats.outcomes),
+            "unknown_lines": self.stats.unknown_lines,
+        }
+
+    def send(self, line: str) -> bool:
+        return self.link.write_line(line)
+
+    def count_outcome(self, outcome: DispenseOutcome) -> None:
+        key = outcome.status.value
+        self.stats.outcomes[key] = self.stats.outcomes.get(key, 0) + 1
+
+    # -- lines from the adapter ----------------------------------------------------------------
+
+    def handle_line(self, line: str) -> None:
+        try:
+            message = wire.parse_adapter_line(line, self.options.unit)
+        except wire.ProtocolError as err:
+            self.stats.unknown_lines += 1
+            self.stats.last_unknown = line[:80]
+            _LOGGER.warning("%s: ignored line: %s", self.name, err)
+            return
+        match message:
+            case wire.StatusChanged():
+                self._on_status(message)
+            case wire.VendRequested():
+                self._on_vend_request(message)
+            case wire.VendSucceeded():
+                self._on_vend_result(DispenseStatus.VENDED, "vend success")
+            case wire.VendFailed():
+                self._on_vend_result(DispenseStatus.FAILED, f"vend failed ({message.code})")
+            case wire.AdapterError():
+                self._on_adapter_error(message)
+            case wire.Chatter():
+                _LOGGER.debug("%s: %s", self.name, message.line)
+
+    def _on_status(self, message: wire.StatusChanged) -> None:
+        status = message.status
+        previous, self.controller_status = self.controller_status, status
+        session = self.session
+        if status in (wire.ControllerStatus.INACTIVE, wire.ControllerStatus.DISABLED):
+            self._controller_session = False
+            _LOGGER.info("%s: controller %s", self.name, status.value)
+            if session is not None:
+                _LOGGER.warning("%s: controller %s mid-session", self.name, status.value)
+                session.abort(f"controller {status.value.lower()} mid-session")
+        elif status is wire.ControllerStatus.IDLE:
+            self._controller_session = True
+        elif status is wire.ControllerStatus.ENABLED:
+            if not self._controller_session and previous is status:
+                # Some controllers repeat ENABLED while nothing happens: not a session end.
+                _LOGGER.debug("%s: controller enabled again (repeat)", self.name)
+            else:
+                _LOGGER.info("%s: controller enabled", self.name)
+            ended = self._controller_session
+            self._controller_session = False
+            if session is not None and ended:
+                session.abort("session ended by the controller")
+            elif session is None:
+                self._maybe_start_card_first()
+
+    def _on_vend_request(self, message: wire.VendRequested) -> None:
+        self.stats.vend_requests += 1
+        self._controller_session = True
+        session = self.session
+        if session is not None:
+            if session.on_selection(message):
+                return
+            _LOGGER.warning(
+                "%s: vend request for %s during a session (%s): denied",
+                self.name,
+                message.product,
+                session.phase.value,
+            )
+            self.stats.denied += 1
+            self.send(wire.deny_vend())
+            return
+        if self.options.mode is Mode.CARD_FIRST:
+            _LOGGER.warning("%s: vend request before any card (card-first): denied", self.name)
+            self.stats.denied += 1
+            self.send(wire.deny_vend())
+            return
+        request = SaleRequest(
+            source=self.options.source,
+            flow=self.options.flow,
+            amount_cents=message.amount_cents,
+            product=message.product,
+            terminal=self.options.terminal,
+        )
+        self._begin(request)
+
+    def _on_vend_result(self, status: DispenseStatus, detail: str) -> None:
+        if self.session is None or not self.session.on_vend_result(status, detail):
+            _LOGGER.warning("%s: %s with no vend pending: ignored", self.name, detail)
+
+    def _on_adapter_error(self, message: wire.AdapterError) -> None:
+        _LOGGER.warning("%s: adapter error %s", self.name, message.text)
+        session = self.session
+        if session is not None and session.phase is _Phase.SELECTING:
+            session.abort(f"adapter refused the session: {message.text}")
+
+    async def _on_connected(self) -> None:
+        if self.session is not None:
+            self.session.abort("adapter reconnected")
+        self.controller_status = None
+        self._controller_session = False
+        for line in wire.setup_commands(self.options.address):
+            self.send(line)
+
+    # -- sales -------------------------------------------------------------------------------
+
+    def _maybe_start_card_first(self) -> None:
+        if (
+            self.options.mode is Mode.CARD_FIRST
+            and self.session is None
+            and not self._stopping
+            and self.controller_status is wire.ControllerStatus.ENABLED
+        ):
+            request = SaleRequest(
+                source=self.options.source,
+                flow=self.options.flow,
+                amount_cents=self.options.max_funds_cents,
+                terminal=self.options.terminal,
+            )
+            self._begin(request)
+
+    def _begin(self, request: SaleRequest) -> None:
+        session = MdbSession(self, request)
+        self.session = session
+        task = asyncio.create_task(self._run_sale(session), name=f"{self.name}:sale")
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _run_sale(self, session: MdbSession) -> None:
+        try:
+            try:
+                sale = await self.sales.start(session.request, session)
+            except Exception as err:  # noqa: BLE001 - busy terminal, agent stopping: the machine hears no
+                _LOGGER.warning(
+                    "%s: sale not started: %s", self.name, describe_start_failure(err)
+                )
+                await session.deny(describe_start_failure(err))
+                return
+            self.stats.sales_started += 1
+            session.sale_id = sale.sale_id
+            if session.abort_reason is not None and session.phase is _Phase.AUTHORIZING:
+                self.cancel_sale(session)
+            final = await sale.result()
+            _LOGGER.info(
+                "%s: sale %s %s (%s)", self.name, final.sale_id, final.state.value, final.message
+            )
+            if not session.result.done():
+                # The flow ended without dispensing (declined, card error): the machine must know.
+                await session.deny(final.message or final.state.value)
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            _LOGGER.exception("%s: sale task failed", self.name)
+            await session.deny("internal error")
+        finally:
+            if self.session is session:
+                self.session = None
+            if self.options.mode is Mode.CARD_FIRST and not self._stopping:
+                await asyncio.sleep(self.options.card_first_pause)
+                self._maybe_start_card_first()
+
+    def cancel_sale(self, session: MdbSession) -> None:
+        if session.sale_id is None:
+            return  # not started yet: _run_sale cancels once it has the id
+        task = asyncio.create_task(self._cancel(session.sale_id))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _cancel(self, sale_id: str) -> None:
+        try:
+            await self.sales.cancel(sale_id)
+        except Exception as err:  # noqa: BLE001 - the sale may have ended meanwhile
+            _LOGGER.warning("%s: could not cancel sale %s: %s", self.name, sale_id, err)
+
+
+def serial_settings(config: dict[str, Any]) -> SerialSettings:
+    return SerialSettings(
+        port=config["port"],
+        baudrate=config.get("baudrate", 115200),
+        silence_timeout=config.get("silence_timeout"),
+        probe=config.get("probe"),
+        reconnect_max=config.get("reconnect_max", 30.0),
+    )
+
+
+class MdbPlatform:
+    """The platform instance the agent keeps for a ``platform: mdb`` trigger."""
+
+    def __init__(self, device: MdbCashless) -> None:
+        self.device = device
+        self.name = device.name
+
+    async def stop(self) -> None:
+        await self.device.stop()
+
+    def status(self) -> dict[str, Any]:
+        return self.device.status()
+
+
+async def async_setup_platform(agent: Any, config: dict[str, Any]) -> MdbPlatform:
+    source = instance_name(config, "mdb")
+    device = MdbCashless(
+        agent.sales,
+        serial_settings(config),
+        MdbOptions.from_config(config, source),
+        on_link_state=link_reporter(agent, source),
+    )
+    await device.start()
+    return MdbPlatform(device)

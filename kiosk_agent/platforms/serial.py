@@ -1,0 +1,363 @@
+"""The one serial base every line-based platform stands on.
+
+Modelled on zigpy's ``serial.py`` (a transport that waits for the port to really close, takes
+``socket://host:port`` URLs, and is told when the link is lost) and aioesphomeapi's reconnect logic
+(states, capped exponential backoff with jitter). A ``SerialLink`` owns one port for the life of a
+platform: it opens it, splits what arrives into bounded lines, reconnects by itself when the
+adapter vanishes (and finds it again under another name: configure a ``/dev/serial/by-id`` path or
+a glob), restarts a link that falls silent, and reports every state change.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import enum
+import glob
+import logging
+import random
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import serial
+import serial_asyncio_fast
+
+_LOGGER = logging.getLogger(__name__)
+
+_GLOB_CHARS = frozenset("*?[")
+
+
+class LinkState(enum.StrEnum):
+    CONNECTING = "connecting"
+    CONNECTED = "connected"
+    DISCONNECTED = "disconnected"  # lost or not found; a reconnect is scheduled
+    CLOSED = "closed"  # stopped on purpose
+
+
+@dataclass(slots=True)
+class SerialSettings:
+    port: str  # a path, a glob (/dev/ttyUSB*), a by-id symlink, or socket://host:port
+    baudrate: int = 115200
+    max_line: int = 512  # longer runs without a line end are garbage and are dropped
+    reconnect_min: float = 0.05  # first retry delay, seconds
+    reconnect_max: float = 30.0  # backoff cap, seconds
+    # No byte for this long while connected: send the probe, then after as long again reconnect.
+    silence_timeout: float | None = None
+    probe: str | None = None  # a line the device always answers (keeps quiet links honest)
+    line_end: str = "\n"
+
+
+@dataclass(slots=True)
+class LinkStats:
+    lines: int = 0
+    dropped: int = 0  # garbage, overlong or undecodable input
+    connects: int = 0
+    reconnects: int = 0
+    last_error: str = ""
+    connected_at: float | None = None
+    last_rx_at: float | None = None
+    history: list[tuple[float, LinkState]] = field(default_factory=list)
+
+
+LineHandler = Callable[[str], None]
+StateHandler = Callable[[LinkState, str], None]
+ConnectedHandler = Callable[[], Awaitable[None]]
+
+
+def resolve_port(port: str) -> str | None:
+    """The port to open now: URLs as given, globs to their first match, paths as configured.
+
+    Paths are kept as written (a by-id symlink is reopened through the link each time, so an adapter
+    that comes back as ttyUSB1 instead of ttyUSB0 is found again).
+    """
+    if "://" in port:
+        return port
+    if _GLOB_CHARS & set(port):
+        matches = sorted(glob.glob(port))
+        return matches[0] if matches else None
+    return port
+
+
+def backoff_delay(attempt: int, minimum: float, maximum: float) -> float:
+    """Capped exponential backoff with +-25% jitter, so a fleet does not retry in step."""
+    base = min(maximum, minimum * (2 ** min(attempt, 30)))
+    return float(max(minimum, min(maximum, base * random.uniform(0.75, 1.25))))
+
+
+class _LineProtocol(asyncio.Protocol):
+    """Bytes -> bounded, decoded lines. Never raises into the transport."""
+
+    def __init__(self, link: SerialLink) -> None:
+        self._link = link
+        self._buffer = bytearray()
+        self._discarding = False  # inside an overlong run: skip up to the next line end
+        self.transport: asyncio.BaseTransport | None = None
+        self.lost: asyncio.Future[Exception | None] = asyncio.get_running_loop().create_future()
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport
+
+    def data_received(self, data: bytes) -> None:
+        self._link.stats.last_rx_at = time.monotonic()
+        self._link.activity.set()
+        self._buffer += data
+        end = self._link.settings.line_end.encode()
+        while True:
+            index = self._buffer.find(end)
+            if index < 0:
+                break
+            raw = bytes(self._buffer[:index])
+            del self._buffer[: index + len(end)]
+            if self._discarding:
+                self._discarding = False
+                continue
+            self._link.handle_raw_line(raw)
+        if len(self._buffer) > self._link.settings.max_line:
+            self._link.drop(f"no line end within {self._link.settings.max_line} bytes")
+            self._buffer.clear()
+            self._discarding = True
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self._buffer and not self._discarding:
+            self._link.drop("partial line at disconnect")
+        self._buffer.clear()
+        if not self.lost.done():
+            self.lost.set_result(exc)
+
+
+class SerialLink:
+    """One serial port, kept open: lines in, lines out, reconnect and watchdog built in."""
+
+    def __init__(
+        self,
+        name: str,
+        settings: SerialSettings,
+        on_line: LineHandler,
+        *,
+        on_state: StateHandler | None = None,
+        on_connected: ConnectedHandler | None = None,
+    ) -> None:
+        self.name = name
+        self.settings = settings
+        self.stats = LinkStats()
+        self.activity = asyncio.Event()
+        self._on_line = on_line
+        self._on_state = on_state
+        self._on_connected = on_connected
+        self._state = LinkState.CLOSED
+        self._protocol: _LineProtocol | None = None
+        self._task: asyncio.Task[None] | None = None
+        self._connected = asyncio.Event()
+        self._stopping = False
+        self.port_in_use: str | None = None
+
+    # -- public ------------------------------------------------------------------------------
+
+    @property
+    def state(self) -> LinkState:
+        return self._state
+
+    @property
+    def stopping(self) -> bool:
+        return self._stopping
+
+    @property
+    def connected(self) -> bool:
+        return self._state is LinkState.CONNECTED
+
+    async def start(self) -> None:
+        if self._task is not None:
+            return
+        self._stopping = False
+        self._task = asyncio.create_task(self._run(), name=f"serial:{self.name}")
+
+    async def stop(self) -> None:
+        """Close the port and wait until it is really closed (so the next open finds it free)."""
+        self._stopping = True
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        await self._close_transport()
+        self._set_state(LinkState.CLOSED, "stopped")
+
+    async def wait_connected(self) -> None:
+        await self._connected.wait()
+
+    def write_line(self, line: str) -> bool:
+        """Send one line; False (and a log line) when the link is down: the caller decides."""
+        protocol = self._protocol
+        transport = protocol.transport if protocol is not None else None
+        if not self.connected or transport is None or transport.is_closing():
+            _LOGGER.warning("%s: not connected, cannot send %r", self.name, line)
+            return False
+        assert isinstance(transport, asyncio.WriteTransport)
+        transport.write((line + self.settings.line_end).encode("ascii", "replace"))
+        return True
+
+    def status(self) -> dict[str, Any]:
+        return {
+            "state": self._state.value,
+            "port": self.settings.port,
+            "port_in_use": self.port_in_use,
+            "lines": self.stats.lines,
+            "dropped": self.stats.dropped,
+            "reconnects": self.stats.reconnects,
+            "last_error": self.stats.last_error,
+        }
+
+    # -- called by the protocol ----------------------------------------------------------------
+
+    def handle_raw_line(self, raw: bytes) -> None:
+        raw = raw.rstrip(b"\r")
+        if not raw:
+            return
+        if len(raw) > self.settings.max_line:
+            self.drop(f"line of {len(raw)} bytes, longer than {self.settings.max_line}")
+            return
+        try:
+            text = raw.decode("ascii")
+        except UnicodeDecodeError:
+            self.drop(f"not ASCII: {raw[:40]!r}")
+            return
+        if not text.isprintable():
+            self.drop(f"control characters: {raw[:40]!r}")
+            return
+        self.stats.lines += 1
+        try:
+            self._on_line(text)
+        except Exception:
+            # A handler bug must not take the link down; the line is lost, and said so.
+            _LOGGER.exception("%s: handler failed on line %r", self.name, text)
+
+    def drop(self, why: str) -> None:
+        self.stats.dropped += 1
+        _LOGGER.warning("%s: dropped input (%s)", self.name, why)
+
+    # -- the reconnect loop --------------------------------------------------------------------
+
+    async def _run(self) -> None:
+        attempt = 0
+        while not self._stopping:
+            if attempt == 0:  # while retrying the state stays DISCONNECTED: one report per outage
+                self._set_state(LinkState.CONNECTING, self.settings.port)
+            try:
+                await self._open()
+            except (OSError, serial.SerialException, ValueError) as err:
+                self.stats.last_error = str(err)
+                delay = backoff_delay(
+                    attempt, self.settings.reconnect_min, self.settings.reconnect_max
+                )
+                attempt += 1
+                self._set_state(
+                    LinkState.DISCONNECTED, f"cannot open {self.settings.port}: {err}"
+                )
+                await asyncio.sleep(delay)
+                continue
+            attempt = 0
+            why = await self._serve()
+            await self._close_transport()
+            if self.stopping:
+                return
+            self.stats.reconnects += 1
+            self._set_state(LinkState.DISCONNECTED, why)
+
+    async def _open(self) -> None:
+        port = resolve_port(self.settings.port)
+        if port is None:
+            raise OSError(f"no port matches {self.settings.port}")
+        loop = asyncio.get_running_loop()
+        protocol = _LineProtocol(self)
+        await serial_asyncio_fast.create_serial_connection(
+            loop, lambda: protocol, port, baudrate=self.settings.baudrate
+        )
+        self._protocol = protocol
+        self.port_in_use = port
+        self.stats.connects += 1
+        self.stats.connected_at = time.monotonic()
+        self.stats.last_rx_at = time.monotonic()
+
+    async def _serve(self) -> str:
+        """Stay connected until the link is lost or falls silent; return why it ended."""
+        protocol = self._protocol
+        assert protocol is not None
+        # Let connection_made run before anything is written.
+        await asyncio.sleep(0)
+        self._set_state(LinkState.CONNECTED, self.port_in_use or self.settings.port)
+        if self._on_connected is not None:
+            try:
+                await self._on_connected()
+            except Exception:
+                _LOGGER.exception("%s: on_connected failed", self.name)
+        watchdog = asyncio.create_task(self._watchdog())
+        waiters: set[asyncio.Future[Any]] = {protocol.lost, watchdog}
+        try:
+            done, _ = await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            watchdog.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await watchdog
+        if protocol.lost in done:
+            exc = protocol.lost.result()
+            why = f"link lost: {exc}" if exc else "link closed by the device"
+        else:
+            why = watchdog.result() if not watchdog.cancelled() else "watchdog"
+        self.stats.last_error = why
+        return why
+
+    async def _watchdog(self) -> str:
+        timeout = self.settings.silence_timeout
+        if timeout is None:
+            await asyncio.Event().wait()  # no watchdog: wait for the link to be lost
+        assert timeout is not None
+        probed = False
+        while True:
+            self.activity.clear()
+            try:
+                await asyncio.wait_for(self.activity.wait(), timeout)
+                probed = False
+                continue
+            except TimeoutError:
+                pass
+            if self.settings.probe and not probed:
+                probed = True
+                self.write_line(self.settings.probe)
+                continue
+            return f"silent for {timeout * (2 if self.settings.probe else 1):.1f}s"
+
+    async def _close_transport(self) -> None:
+        protocol, self._protocol = self._protocol, None
+        if protocol is None:
+            return
+        transport = protocol.transport
+        if transport is not None and not transport.is_closing():
+            transport.close()
+        if transport is not None:
+            # pyserial-asyncio-fast closes the fd in an executor and only then calls
+            # connection_lost: waiting for it is waiting for the port to be free again.
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(asyncio.shield(protocol.lost), 5)
+
+    def _set_state(self, state: LinkState, detail: str) -> None:
+        changed = state is not self._state
+        self._state = state
+        if state is LinkState.CONNECTED:
+            self._connected.set()
+        else:
+            self._connected.clear()
+        if not changed:
+            return
+        self.stats.history.append((time.monotonic(), state))
+        del self.stats.history[:-50]
+        log = _LOGGER.info if state in (LinkState.CONNECTED, LinkState.CLOSED) else _LOGGER.warning
+        if state is LinkState.CONNECTING:
+            log = _LOGGER.debug
+        log("%s: serial link %s (%s)", self.name, state.value, detail)
+        if self._on_state is not None:
+            try:
+                self._on_state(state, detail)
+            except Exception:
+                _LOGGER.exception("%s: state handler failed", self.name)

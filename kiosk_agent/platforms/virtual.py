@@ -1,0 +1,507 @@
+"""A virtual vending machine controller behind a virtual MDB adapter, on a pseudo-terminal.
+
+It speaks the adapter's text protocol (``mdb_protocol``) on the master side of a pty, so the agent's
+``mdb`` platform talks to it exactly as to a USB adapter: through a real serial port. Customers are
+scripted (``await controller.customer("A1", fail=True)``) or random, and the controller's quirks
+are played on demand: a reset mid-session, repeated enables, a vend result that never comes,
+garbage on the line, the adapter unplugged and plugged back (under another name).
+
+As a platform (``platform: virtual``) it starts the controller with random customers and an ``mdb``
+platform on its port, so ``config/demo.yaml`` runs with no hardware at all.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import enum
+import logging
+import os
+import random
+import tty
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import voluptuous as vol
+
+from kiosk_agent.core.config import PLATFORM_SCHEMA as BASE_PLATFORM_SCHEMA
+from kiosk_agent.core.config import positive_float, positive_price
+from kiosk_agent.core.sale import Flow
+from kiosk_agent.platforms import mdb_protocol as wire
+from kiosk_agent.platforms.base import instance_name, link_reporter
+from kiosk_agent.platforms.mdb import MdbCashless, MdbOptions, Mode, check_modes
+from kiosk_agent.platforms.serial import SerialSettings
+
+_LOGGER = logging.getLogger(__name__)
+
+_ABORTED = -1  # what a pending answer resolves to when the session is torn down
+
+Status = wire.ControllerStatus
+
+
+class VisitOutcome(enum.StrEnum):
+    VENDED = "vended"  # approved and dispensed
+    FAILED = "failed"  # approved, the machine failed to dispense (c,ERR,VEND 3)
+    NO_RESULT = "no_result"  # approved, the controller never reported the result (quirk)
+    DENIED = "denied"  # the agent answered C,STOP
+    WALKED_AWAY = "walked_away"  # the customer gave up before an answer
+    ABORTED = "aborted"  # reset, disable or unplug mid-session
+
+
+@dataclass(slots=True)
+class Visit:
+    """One customer at the machine, as the controller saw it."""
+
+    number: int
+    product: str | None
+    price_cents: int
+    outcome: VisitOutcome | None = None
+    approved_cents: int | None = None
+    funds_cents: int | None = None  # card first: what the session offered
+
+
+@dataclass(slots=True)
+class _Pty:
+    master: int
+    slave: int
+    name: str
+
+
+@dataclass(slots=True)
+class ControllerOptions:
+    products: dict[str, int] = field(default_factory=lambda: {"A1": 150, "A2": 250, "B1": 325})
+    unit: wire.AmountUnit = wire.AmountUnit.DOLLARS
+    dispense_time: float = 0.02  # seconds the machine takes to drop the product
+    enable_delay: float = 0.01  # controller poll latency after C,1 or a reset
+    patience: float = 60.0  # how long a customer waits for approve/deny
+    link_path: Path | None = None  # a by-id style symlink kept pointing at the current pty
+
+
+class VirtualController:
+    def __init__(
+        self, options: ControllerOptions | None = None, *, seed: int | None = None
+    ) -> None:
+        self.options = options or ControllerOptions()
+        self.status = Status.INACTIVE
+        self.visits: list[Visit] = []
+        self.received: list[str] = []  # every line the agent sent, for tests and the live view
+        self.unexpected: list[str] = []
+        self._rng = random.Random(seed)
+        self._pty: _Pty | None = None
+        self._buffer = bytearray()
+        self._answer: asyncio.Future[int | None] | None = None  # C,VEND amount, or None for no
+        self._session_funds: asyncio.Future[int | None] | None = None  # card first: C,START
+        self._in_session = False
+        self._visit_lock = asyncio.Lock()
+        self._enabled = asyncio.Event()
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._number = 0
+        self._last_name: str | None = None
+        self._epoch = 0  # bumped by every reset/unplug: a vend in flight across one is lost
+
+    # -- the port --------------------------------------------------------------------------------
+
+    @property
+    def port(self) -> str:
+        """Where the agent opens the adapter: the symlink if configured, else the pty itself."""
+        if self.options.link_path is not None:
+            return str(self.options.link_path)
+        assert self._pty is not None, "controller not started"
+        return self._pty.name
+
+    @property
+    def pty_name(self) -> str | None:
+        return self._pty.name if self._pty else None
+
+    @property
+    def plugged(self) -> bool:
+        return self._pty is not None
+
+    async def start(self) -> None:
+        self.plug()
+
+    async def stop(self) -> None:
+        for task in list(self._tasks):
+            task.cancel()
+        for task in list(self._tasks):
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        self.unplug()
+
+    def plug(self) -> None:
+        """Plug the adapter in: a new pty with a new /dev/pts name (like USB re-enumeration)."""
+        if self._pty is not None:
+            return
+        master, slave = os.openpty()
+        if os.ttyname(slave) == self._last_name:
+            # The kernel reuses the freed number; a re-enumerated USB adapter rarely does.
+            spare = (master, slave)
+            master, slave = os.openpty()
+            os.close(spare[0])
+            os.close(spare[1])
+        self._last_name = os.ttyname(slave)
+        tty.setraw(slave)  # no echo, no line editing: a serial line, not a terminal
+        os.set_blocking(master, False)
+        self._pty = _Pty(master, slave, os.ttyname(slave))
+        self._buffer.clear()
+        asyncio.get_running_loop().add_reader(master, self._read_ready)
+        if self.options.link_path is not None:
+            temporary = self.options.link_path.with_name(self.options.link_path.name + ".new")
+            with contextlib.suppress(FileNotFoundError):
+                temporary.unlink()
+            temporary.symlink_to(self._pty.name)
+            temporary.replace(self.options.link_path)
+        _LOGGER.debug("virtual adapter plugged in at %s", self._pty.name)
+
+    def unplug(self) -> None:
+        """Pull the USB cable: the pty disappears and the agent's reads fail."""
+        pty_, self._pty = self._pty, None
+        if pty_ is None:
+            return
+        asyncio.get_running_loop().remove_reader(pty_.master)
+        os.close(pty_.master)
+        os.close(pty_.slave)
+        if self.options.link_path is not None:
+            with contextlib.suppress(FileNotFoundError):
+                self.options.link_path.unlink()
+        self._abort_session()
+        self.status = Status.INACTIVE
+        self._enabled.clear()
+        _LOGGER.debug("virtual adapter unplugged")
+
+    def send(self, line: str) -> None:
+        self.send_raw((line + "\n").encode("ascii"))
+
+    def send_raw(self, data: bytes) -> None:
+        """Anything on the wire, garbage included."""
+        if self._pty is None:
+            return
+        try:
+            os.write(self._pty.master, data)
+        except (BlockingIOError, OSError) as err:
+            _LOGGER.debug("virtual adapter write dropped: %s", err)
+
+    def _read_ready(self) -> None:
+        assert self._pty is not None
+        try:
+            data = os.read(self._pty.master, 4096)
+        except OSError:
+            return
+        self._buffer += data
+        while (index := self._buffer.find(b"\n")) >= 0:
+            line = self._buffer[:index].decode("ascii", "replace").strip()
+            del self._buffer[: index + 1]
+            if line:
+                self._on_agent_line(line)
+
+    # -- the agent's commands ------------------------------------------------------------------
+
+    def _on_agent_line(self, line: str) -> None:
+        self.received.append(line)
+        del self.received[:-1000]
+        try:
+            command = wire.parse_agent_line(line, self.options.unit)
+        except wire.ProtocolError:
+            self.unexpected.append(line)
+            self.send("c,ERR,unknown command")
+            return
+        verb = command.verb
+        if verb == "0":
+            self._abort_session()
+            self._set_status(Status.INACTIVE)
+        elif verb == "SETCONF":
+            self.send("r,ACK")
+        elif verb == "1":
+            self.send("c,1")
+            self._schedule(self._enable())
+        elif verb == "STATUS":
+            self.send(wire.status_line(self.status))
+        elif verb == "VEND":
+            self._answer_vend(command.amount_cents)
+        elif verb == "STOP":
+            self._answer_vend(None)
+        elif verb == "START":
+            self._open_session(command.amount_cents or 0)
+
+    def _answer_vend(self, amount: int | None) -> None:
+        if self._answer is not None and not self._answer.done():
+            self._answer.set_result(amount)
+        elif amount is None and self._in_session:
+            # The agent closed an open session nobody used (card first: session timeout).
+            if self._session_funds is not None and not self._session_funds.done():
+                self._session_funds.set_result(None)
+            self._in_session = False
+            self._set_status(Status.ENABLED)
+        elif amount is not None:
+            self.unexpected.append(f"C,VEND with no vend request ({amount})")
+
+    def _open_session(self, funds: int) -> None:
+        if self.status is not Status.ENABLED or self._in_session:
+            self.send("c,ERR,START -1")
+            return
+        self._in_session = True
+        self.send(wire.status_line(Status.IDLE, funds, self.options.unit))
+        if self._session_funds is None or self._session_funds.done():
+            self._session_funds = asyncio.get_running_loop().create_future()
+        self._session_funds.set_result(funds)
+
+    async def _enable(self) -> None:
+        await asyncio.sleep(self.options.enable_delay)
+        if self.status is Status.INACTIVE:
+            self._set_status(Status.DISABLED)
+        await asyncio.sleep(self.options.enable_delay)
+        self._set_status(Status.ENABLED)
+
+    def _set_status(self, status: Status) -> None:
+        self.status = status
+        if status is Status.ENABLED:
+            self._enabled.set()
+        else:
+            self._enabled.clear()
+        self.send(wire.status_line(status))
+
+    # -- quirks on demand ----------------------------------------------------------------------
+
+    def reset(self) -> None:
+        """The controller resets (power blip, service mode): any session is gone."""
+        self._abort_session()
+        self._set_status(Status.INACTIVE)
+        self._schedule(self._enable())
+
+    def disable(self) -> None:
+        self._abort_session()
+        self._set_status(Status.DISABLED)
+
+    def enable(self) -> None:
+        self._set_status(Status.ENABLED)
+
+    def repeat_enable(self, times: int = 3) -> None:
+        for _ in range(times):
+            self.send(wire.status_line(Status.ENABLED))
+
+    def _abort_session(self) -> None:
+        self._epoch += 1
+        self._in_session = False
+        for future in (self._answer, self._session_funds):
+            if future is not None and not future.done():
+                future.set_result(_ABORTED)
+
+    # -- customers -----------------------------------------------------------------------------
+
+    async def wait_enabled(self) -> None:
+        await self._enabled.wait()
+
+    async def customer(
+        self,
+        product: str,
+        *,
+        fail: bool = False,
+        no_result: bool = False,
+        walk_away_after: float | None = None,
+    ) -> Visit:
+        """Selection first: choose ``product``, wait for the agent's answer, take the goods."""
+        async with self._visit_lock:
+            await self.wait_enabled()
+            visit = self._new_visit(product)
+            self._in_session = True
+            try:
+                await self._sell(visit, fail=fail, no_result=no_result, patience=walk_away_after)
+            finally:
+                self._in_session = False
+            return visit
+
+    async def card_first_customer(
+        self, product: str | None, *, fail: bool = False, wait: float = 60.0
+    ) -> Visit:
+        """Card first: wait for the agent to open a session, then choose (None: walk away)."""
+        async with self._visit_lock:
+            visit = self._new_visit(product)
+            loop = asyncio.get_running_loop()
+            if self._session_funds is None or (self._session_funds.done() and not self._in_session):
+                self._session_funds = loop.create_future()
+            try:
+                funds = await asyncio.wait_for(asyncio.shield(self._session_funds), wait)
+                if funds is None or funds == _ABORTED:
+                    visit.outcome = VisitOutcome.ABORTED
+                    return visit
+                visit.funds_cents = funds
+                if product is None:
+                    visit.outcome = VisitOutcome.WALKED_AWAY
+                    self._in_session = False
+                    self._set_status(Status.ENABLED)
+                    return visit
+                await self._sell(visit, fail=fail, no_result=False, patience=None)
+            finally:
+                self._in_session = False
+                self._session_funds = None
+            return visit
+
+    def _new_visit(self, product: str | None) -> Visit:
+        self._number += 1
+        price = self.options.products[product] if product is not None else 0
+        visit = Visit(self._number, product, price)
+        self.visits.append(visit)
+        return visit
+
+    async def _sell(
+        self, visit: Visit, *, fail: bool, no_result: bool, patience: float | None
+    ) -> None:
+        assert visit.product is not None
+        epoch = self._epoch
+        self._answer = asyncio.get_running_loop().create_future()
+        self.send(wire.vend_request_line(visit.price_cents, visit.product, self.options.unit))
+        try:
+            amount = await asyncio.wait_for(
+                asyncio.shield(self._answer), patience or self.options.patience
+            )
+        except TimeoutError:
+            visit.outcome = VisitOutcome.WALKED_AWAY
+            self._set_status(Status.ENABLED)  # the controller ends the session
+            return
+        if amount == _ABORTED:
+            visit.outcome = VisitOutcome.ABORTED
+            return
+        if amount is None:
+            visit.outcome = VisitOutcome.DENIED
+            self._set_status(Status.ENABLED)
+            return
+        visit.approved_cents = amount
+        await asyncio.sleep(self.options.dispense_time)
+        if self._epoch != epoch:
+            visit.outcome = VisitOutcome.ABORTED
+        elif no_result:
+            visit.outcome = VisitOutcome.NO_RESULT  # the controller says nothing at all
+        elif fail:
+            visit.outcome = VisitOutcome.FAILED
+            self.send(wire.VEND_FAILED_LINE)
+            self._set_status(Status.ENABLED)
+        else:
+            visit.outcome = VisitOutcome.VENDED
+            self.send(wire.VEND_SUCCESS_LINE)
+            self.send(wire.status_line(Status.IDLE))
+            self._set_status(Status.ENABLED)
+
+    async def random_customers(
+        self,
+        count: int | None = None,
+        *,
+        card_first: bool = False,
+        gap: tuple[float, float] = (0.5, 2.0),
+        fail_rate: float = 0.1,
+        walk_away_rate: float = 0.05,
+    ) -> None:
+        """Customers forever (or ``count`` of them): random products, some failures, some leave."""
+        served = 0
+        products = sorted(self.options.products)
+        while count is None or served < count:
+            await asyncio.sleep(self._rng.uniform(*gap))
+            product: str | None = self._rng.choice(products)
+            fail = self._rng.random() < fail_rate
+            if card_first:
+                if self._rng.random() < walk_away_rate:
+                    product = None
+                await self.card_first_customer(product, fail=fail)
+            else:
+                assert product is not None
+                await self.customer(product, fail=fail)
+            served += 1
+
+    def _schedule(self, coro: Any) -> None:
+        task: asyncio.Task[None] = asyncio.create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    def tally(self) -> dict[str, int]:
+        counts: dict[str, int] = {}
+        for visit in self.visits:
+            key = visit.outcome.value if visit.outcome else "open"
+            counts[key] = counts.get(key, 0) + 1
+        return counts
+
+
+# -- as a platform ---------------------------------------------------------------------------------
+
+
+def _products(value: Any) -> dict[str, int]:
+    if not isinstance(value, dict) or not value:
+        raise vol.Invalid("expected a map of product code to price, like {A1: \"1.50\"}")
+    return {str(code): positive_price(price) for code, price in value.items()}
+
+
+_VIRTUAL_SCHEMA = BASE_PLATFORM_SCHEMA.extend(
+    {
+        vol.Optional("products", default={"A1": "1.50", "A2": "2.50", "B1": "3.25"}): _products,
+        vol.Optional("mode", default=Mode.SELECTION_FIRST.value): vol.In([m.value for m in Mode]),
+        vol.Optional("max_funds", default="5.00"): positive_price,
+        vol.Optional("customers", default=True): bool,  # random customers keep coming
+        vol.Optional("gap", default=[1.0, 3.0]): vol.All(
+            [positive_float], vol.Length(min=2, max=2)
+        ),
+        vol.Optional("fail_rate", default=0.1): vol.All(vol.Coerce(float), vol.Range(0, 1)),
+        vol.Optional("walk_away_rate", default=0.05): vol.All(vol.Coerce(float), vol.Range(0, 1)),
+        vol.Optional("dispense_time", default=0.5): positive_float,
+        vol.Optional("vend_timeout", default=30.0): positive_float,
+        vol.Optional("seed"): int,
+    }
+)
+PLATFORM_SCHEMA = vol.All(_VIRTUAL_SCHEMA, check_modes)
+
+
+class VirtualPlatform:
+    """A virtual machine plus the agent's cashless device on it: a whole vending machine."""
+
+    def __init__(self, name: str, controller: VirtualController, device: MdbCashless) -> None:
+        self.name = name
+        self.controller = controller
+        self.device = device
+        self._customers: asyncio.Task[None] | None = None
+
+    def start_customers(self, **kwargs: Any) -> None:
+        self._customers = asyncio.create_task(self.controller.random_customers(**kwargs))
+
+    async def stop(self) -> None:
+        if self._customers is not None:
+            self._customers.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._customers
+        await self.device.stop()
+        await self.controller.stop()
+
+    def status(self) -> dict[str, Any]:
+        return {**self.device.status(), "virtual": self.controller.tally()}
+
+
+async def async_setup_platform(agent: Any, config: dict[str, Any]) -> VirtualPlatform:
+    source = instance_name(config, "vending")
+    mode = Mode(config["mode"])
+    controller = VirtualController(
+        ControllerOptions(products=config["products"], dispense_time=config["dispense_time"]),
+        seed=config.get("seed"),
+    )
+    await controller.start()
+    options = MdbOptions(
+        source=source,
+        mode=mode,
+        flow=Flow(config["flow"]),
+        terminal=config.get("terminal"),
+        max_funds_cents=config["max_funds"],
+        vend_timeout=config["vend_timeout"],
+    )
+    device = MdbCashless(
+        agent.sales,
+        SerialSettings(port=controller.port, reconnect_max=2.0),
+        options,
+        on_link_state=link_reporter(agent, source),
+    )
+    await device.start()
+    platform = VirtualPlatform(source, controller, device)
+    if config["customers"]:
+        platform.start_customers(
+            card_first=mode is Mode.CARD_FIRST,
+            gap=tuple(config["gap"]),
+            fail_rate=config["fail_rate"],
+            walk_away_rate=config["walk_away_rate"],
+        )
+    return platform
+

@@ -1,0 +1,139 @@
+"""The platforms' test rig: a virtual vending machine on a real pty, and the agent's side.
+
+``CardDesk`` plays ``agent.sales`` for the protocol-layer tests: it follows the authorize/capture
+contract of ``core/sale.py`` (read a card, approve or decline by the amount's cents like the
+simulator, dispense, capture or give back) without a payment service, so the serial protocol is
+tested on its own. End-to-end tests use the real Agent and simulator instead.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+from dataclasses import dataclass, field
+
+from kiosk_agent.core.sale import (
+    DispenseOutcome,
+    Dispenser,
+    DispenseStatus,
+    SaleEvent,
+    SaleRequest,
+    SaleState,
+)
+from kiosk_agent.platforms.mdb import MdbCashless, MdbOptions, Mode
+from kiosk_agent.platforms.serial import SerialSettings
+from kiosk_agent.platforms.virtual import VirtualController
+
+
+class TerminalBusy(Exception):
+    pass
+
+
+@dataclass
+class DeskSale:
+    sale_id: str
+    request: SaleRequest
+    outcome: DispenseOutcome | None = None
+    final: asyncio.Future[SaleEvent] = field(default_factory=asyncio.Future)
+    cancelled: bool = False
+
+    async def result(self) -> SaleEvent:
+        return await self.final
+
+
+class CardDesk:
+    """One terminal: one sale at a time, a card after ``card_time``; ``..02`` cents decline."""
+
+    def __init__(self, card_time: float = 0.005) -> None:
+        self.card_time = card_time
+        self.sales: list[DeskSale] = []
+        self._ids = itertools.count(1)
+        self._busy = False
+        self._waiting: dict[str, asyncio.Task[None]] = {}
+
+    async def start(self, request: SaleRequest, dispenser: Dispenser) -> DeskSale:
+        if self._busy:
+            raise TerminalBusy("terminal busy with another sale")
+        self._busy = True
+        sale = DeskSale(f"sale-{next(self._ids)}", request)
+        self.sales.append(sale)
+        task = asyncio.create_task(self._run(sale, dispenser))
+        self._waiting[sale.sale_id] = task
+        return sale
+
+    async def cancel(self, sale_id: str) -> None:
+        task = self._waiting.get(sale_id)
+        if task is not None:
+            task.cancel()
+
+    async def _run(self, sale: DeskSale, dispenser: Dispenser) -> None:
+        request = sale.request
+        try:
+            try:
+                await asyncio.sleep(self.card_time)  # the card at the terminal
+            except asyncio.CancelledError:
+                sale.cancelled = True
+                self._finish(sale, SaleState.CANCELLED, 0, "cancelled")
+                return
+            finally:
+                self._waiting.pop(sale.sale_id, None)
+            if request.amount_cents % 100 == 2:
+                await dispenser.deny("declined")
+                self._finish(sale, SaleState.DECLINED, 0, "declined")
+                return
+            outcome = await dispenser.dispense(request.amount_cents)
+            sale.outcome = outcome
+            if outcome.status is DispenseStatus.VENDED:
+                self._finish(sale, SaleState.COMPLETED, outcome.vended_cents, "captured")
+            else:
+                self._finish(sale, SaleState.REVERSED, 0, f"voided: {outcome.detail}")
+        finally:
+            self._busy = False
+
+    def _finish(self, sale: DeskSale, state: SaleState, captured: int, message: str) -> None:
+        sale.final.set_result(
+            SaleEvent(
+                sale_id=sale.sale_id,
+                order_id=sale.sale_id,
+                source=sale.request.source,
+                state=state,
+                amount_cents=sale.request.amount_cents,
+                captured_cents=captured,
+                product=sale.request.product,
+                message=message,
+            )
+        )
+
+    async def settled(self) -> list[SaleEvent]:
+        return [await sale.result() for sale in self.sales]
+
+
+@dataclass
+class Machine:
+    controller: VirtualController
+    device: MdbCashless
+    desk: CardDesk
+    link_states: list[str]
+
+    async def ready(self) -> None:
+        await asyncio.wait_for(self.device.link.wait_connected(), 5)
+        await asyncio.wait_for(self.controller.wait_enabled(), 5)
+
+
+async def make_machine(
+    controller: VirtualController, *, mode: Mode = Mode.SELECTION_FIRST, **options: object
+) -> Machine:
+    desk = CardDesk()
+    states: list[str] = []
+    device = MdbCashless(
+        desk,
+        SerialSettings(port=controller.port, reconnect_min=0.02, reconnect_max=0.2),
+        MdbOptions(source="mdb:test", mode=mode, max_funds_cents=500, **options),  # type: ignore[arg-type]
+        on_link_state=lambda state, detail: states.append(state.value),
+    )
+    await device.start()
+    machine = Machine(controller, device, desk, states)
+    await machine.ready()
+    return machine
+
+
