@@ -1,0 +1,336 @@
+"""The boarding webhook receiver: verify, de-duplicate durably, keep each merchant's latest state.
+
+A delivery is answered 2xx only after its event is committed to SQLite (WAL, synchronous=FULL),
+so an accepted event survives a crash or a power cut; a failure to commit answers 503 and the
+sender retries. The idempotency key is the table's unique key, so duplicates are dropped across
+restarts. Concurrent deliveries share one commit (group commit): throughput grows with the
+sender's concurrency while each answer still waits for its own fsync.
+
+Signature checking, parsing and the out-of-order merchant reducer are the service client's
+(`kiosk_agent.service.webhooks`); this module adds the durable store and the HTTP face.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import sqlite3
+import time
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import voluptuous as vol
+from aiohttp import web
+
+from kiosk_agent.core.config import register_section
+from kiosk_agent.service.webhooks import (
+    MerchantEvent,
+    MerchantStateReducer,
+    WebhookEvent,
+    WebhookPayloadError,
+    WebhookSignatureError,
+    describe,
+    parse_event,
+    verify,
+)
+
+_LOGGER = logging.getLogger(__name__)
+
+DEFAULT_MAX_BODY = 64 * 1024
+
+WEBHOOKS_SCHEMA = vol.Schema(
+    {
+        # The shared secret that signs deliveries; use !secret.
+        vol.Required("secret"): vol.All(str, vol.Length(min=8)),
+        # Loopback by default: put a TLS reverse proxy or tunnel in front to expose it.
+        vol.Optional("host", default="127.0.0.1"): str,
+        vol.Optional("port", default=8126): vol.All(int, vol.Range(min=0, max=65535)),
+        vol.Optional("path", default="/webhooks/boarding"): vol.All(str, vol.Match(r"^/")),
+        # SQLite file of received events (relative paths: next to the configuration).
+        vol.Optional("store", default="webhooks.db"): str,
+        vol.Optional("max_body", default=DEFAULT_MAX_BODY): vol.All(
+            int, vol.Range(min=1024, max=16 * 1024 * 1024)
+        ),
+    }
+)
+
+register_section("webhooks", WEBHOOKS_SCHEMA)
+
+_SCHEMA_SQL = """
+CREATE TABLE IF NOT EXISTS webhook_events (
+    seq INTEGER PRIMARY KEY AUTOINCREMENT,
+    idempotency_key TEXT NOT NULL UNIQUE,
+    received_at REAL NOT NULL,
+    event_type TEXT,
+    merchant_id INTEGER,
+    body BLOB
+)
+"""
+
+
+@dataclass(slots=True)
+class _Write:
+    key: str
+    event_type: str | None
+    merchant_id: int | None
+    body: bytes | None
+    done: asyncio.Future[bool]
+    discard: bool = False
+
+
+class SqliteIdempotencyStore:
+    """Received webhook events on disk, unique by idempotency key.
+
+    Implements the service client's ``IdempotencyStore`` protocol (``add``/``discard``) and
+    `record`, which keeps the event's body with its key in the same commit.
+    """
+
+    def __init__(self, path: Path | str) -> None:
+        self.path = Path(path)
+        self._db: sqlite3.Connection | None = None
+        self._pending: list[_Write] = []
+        self._kick = asyncio.Event()
+        self._writer: asyncio.Task[None] | None = None
+        self._inflight: set[asyncio.Future[bool]] = set()
+        self.commits = 0
+
+    def open(self) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        fresh = not self.path.exists()
+        # One writer task uses the connection, from a worker thread, one batch at a time.
+        self._db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
+        if fresh:
+            os.chmod(self.path, 0o600)
+        self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.execute("PRAGMA synchronous=FULL")  # an accepted event survives power loss
+        self._db.execute(_SCHEMA_SQL)
+        self._writer = asyncio.create_task(self._write_loop(), name="webhook-store")
+
+    async def close(self) -> None:
+        writer, self._writer = self._writer, None
+        if writer is not None:
+            await self._drain()
+            writer.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await writer
+        if self._db is not None:
+            self._db.close()
+            self._db = None
+
+    async def _drain(self) -> None:
+        """Let every write already submitted reach the disk before closing."""
+        if self._inflight:
+            await asyncio.gather(*self._inflight, return_exceptions=True)
+
+    # -- the IdempotencyStore protocol ------------------------------------------------------
+
+    async def add(self, key: str) -> bool:
+        return await self._submit(_Write(key, None, None, None, self._future()))
+
+    async def discard(self, key: str) -> None:
+        await self._submit(_Write(key, None, None, None, self._future(), discard=True))
+
+    # -- events ------------------------------------------------------------------------------
+
+    async def record(self, key: str, event: WebhookEvent, body: bytes) -> bool:
+        """Commit the event under its key; True when new, False for a duplicate."""
+        merchant_id = event.merchant_id if isinstance(event, MerchantEvent) else None
+        return await self._submit(_Write(key, event.event_type, merchant_id, body, self._future()))
+
+    def bodies(self) -> Iterator[bytes]:
+        """Every stored event body, in arrival order (for rebuilding state on start)."""
+        assert self._db is not None
+        rows = self._db.execute(
+            "SELECT body FROM webhook_events WHERE body IS NOT NULL ORDER BY seq"
+        )
+        for (body,) in rows:
+            yield bytes(body)
+
+    def __len__(self) -> int:
+        assert self._db is not None
+        return int(self._db.execute("SELECT count(*) FROM webhook_events").fetchone()[0])
+
+    # -- group commit ------------------------------------------------------------------------
+
+    @staticmethod
+    def _future() -> asyncio.Future[bool]:
+        return asyncio.get_running_loop().create_future()
+
+    async def _submit(self, write: _Write) -> bool:
+        if self._writer is None:
+            raise RuntimeError("the webhook store is not open")
+        self._pending.append(write)
+        self._inflight.add(write.done)
+        write.done.add_done_callback(self._inflight.discard)
+        self._kick.set()
+        return await write.done
+
+    async def _write_loop(self) -> None:
+        while True:
+            await self._kick.wait()
+            self._kick.clear()
+            batch, self._pending = self._pending, []
+            if not batch:
+                continue
+            try:
+                results = await asyncio.to_thread(self._commit, batch)
+            except sqlite3.Error as err:
+                for write in batch:
+                    if not write.done.done():
+                        write.done.set_exception(err)
+                continue
+            for write, result in zip(batch, results, strict=True):
+                if not write.done.done():
+                    write.done.set_result(result)
+
+    def _commit(self, batch: list[_Write]) -> list[bool]:
+        db = self._db
+        assert db is not None
+        results: list[bool] = []
+        now = time.time()
+        db.execute("BEGIN IMMEDIATE")
+        try:
+            for write in batch:
+                if write.discard:
+                    db.execute("DELETE FROM webhook_events WHERE idempotency_key = ?", (write.key,))
+                    results.append(True)
+                    continue
+                cursor = db.execute(
+                    "INSERT OR IGNORE INTO webhook_events"
+                    " (idempotency_key, received_at, event_type, merchant_id, body)"
+                    " VALUES (?, ?, ?, ?, ?)",
+                    (write.key, now, write.event_type, write.merchant_id, write.body),
+                )
+                results.append(cursor.rowcount == 1)
+            db.execute("COMMIT")
+        except BaseException:
+            db.execute("ROLLBACK")
+            raise
+        self.commits += 1
+        return results
+
+
+class WebhookReceiver:
+    """The `webhooks:` component: an aiohttp endpoint for boarding webhook deliveries."""
+
+    def __init__(self, agent: Any, conf: dict[str, Any]) -> None:
+        conf = WEBHOOKS_SCHEMA(conf)
+        self._secret: str = conf["secret"]
+        self._host: str = conf["host"]
+        self._port: int = conf["port"]
+        self.path: str = conf["path"]
+        self._max_body: int = conf["max_body"]
+        self.store = SqliteIdempotencyStore(_resolve(agent, conf["store"]))
+        self.reducer = MerchantStateReducer()
+        self.outcomes: Counter[str] = Counter()
+        self._runner: web.AppRunner | None = None
+        self.port: int | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://{self._host}:{self.port}{self.path}"
+
+    def app(self) -> web.Application:
+        # aiohttp refuses a larger body with 413 before it is read into memory.
+        app = web.Application(client_max_size=self._max_body)
+        app.router.add_post(self.path, self.handle)
+        return app
+
+    async def start(self) -> None:
+        self.store.open()
+        self._replay()
+        self._runner = web.AppRunner(self.app(), access_log=None)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, self._host, self._port)
+        await site.start()
+        server = site._server  # the bound port, when configured as 0
+        sockets = getattr(server, "sockets", None) or []
+        self.port = sockets[0].getsockname()[1] if sockets else self._port
+        _LOGGER.info("boarding webhooks on %s", self.url)
+
+    async def stop(self) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None
+        await self.store.close()
+
+    def _replay(self) -> None:
+        """Rebuild each merchant's state from the stored events (order does not matter)."""
+        count = 0
+        for body in self.store.bodies():
+            try:
+                self.reducer.apply(parse_event(body))
+                count += 1
+            except WebhookPayloadError as err:  # stored by an older version, say
+                _LOGGER.warning("skipping a stored webhook event: %s", err)
+        if count:
+            merchants = len(self.reducer.states())
+            _LOGGER.info("rebuilt %d merchant(s) from %d stored event(s)", merchants, count)
+
+    async def handle(self, request: web.Request) -> web.Response:
+        try:
+            body = await request.read()
+        except web.HTTPRequestEntityTooLarge:
+            return self._refuse(
+                413, "too_large", f"body above the {self._max_body} byte limit"
+            )
+        try:
+            verify(body, request.headers.get("X-Webhook-Signature-256"), self._secret)
+        except WebhookSignatureError as err:
+            return self._refuse(401, "invalid_signature", str(err))
+        try:
+            event = parse_event(body)
+        except WebhookPayloadError as err:
+            return self._refuse(400, "malformed", str(err), field=err.field)
+        try:
+            new = await self.store.record(event.idempotency_key, event, body)
+        except sqlite3.Error as err:
+            # Not committed, so not accepted: the sender retries later.
+            _LOGGER.error("cannot store webhook %s: %s", event.envelope.metadata.webhook_id, err)
+            self.outcomes["store_error"] += 1
+            return web.json_response({"error": "unavailable"}, status=503)
+        if not new:
+            self.outcomes["duplicate"] += 1
+            return web.json_response({"status": "duplicate"})
+        changed = self.reducer.apply(event)
+        self.outcomes["accepted"] += 1
+        _LOGGER.info("webhook accepted: %s%s", describe(event), "" if changed else " (no change)")
+        return web.json_response({"status": "accepted"})
+
+    def _refuse(self, status: int, error: str, detail: str, **extra: str) -> web.Response:
+        self.outcomes[error] += 1
+        _LOGGER.warning("webhook refused (%d %s): %s", status, error, detail)
+        return web.json_response({"error": error, "detail": detail, **extra}, status=status)
+
+    def merchants(self) -> list[dict[str, Any]]:
+        """Each merchant's latest state, for the admin API and the command line."""
+        rows = []
+        for merchant_id, state in sorted(self.reducer.states().items()):
+            status = state.status
+            rows.append(
+                {
+                    "merchant_id": merchant_id,
+                    "status_id": state.status_id,
+                    "status": status.api_name if status is not None else None,
+                    "deleted": state.deleted,
+                    "mid": state.mid,
+                    "dba_name": state.dba_name,
+                    "reason": str(state.reason) if state.reason is not None else None,
+                    "trigger": str(state.trigger) if state.trigger is not None else None,
+                    "changed_at": state.changed_at.isoformat() if state.changed_at else None,
+                    "event_type": state.event_type,
+                    "var_complete": state.var is not None,
+                }
+            )
+        return rows
+
+
+def _resolve(agent: Any, relative: str) -> Path:
+    config = getattr(agent, "config", None)
+    resolve = getattr(config, "resolve", None)
+    return Path(resolve(relative)) if callable(resolve) else Path(relative)

@@ -1,0 +1,226 @@
+"""The boarding webhook receiver over real HTTP with its SQLite store on disk."""
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import aiohttp
+import pytest
+
+from kiosk_agent.admin.webhooks import SqliteIdempotencyStore, WebhookReceiver
+from kiosk_agent.service.webhooks import MemoryIdempotencyStore, parse_event, sign
+
+SECRET = "whsec_test_secret"
+
+
+def envelope(
+    key: str,
+    *,
+    merchant_id: int = 42,
+    status_id: int = 2,
+    event_type: str = "merchant.sent_for_signature",
+    at: str = "2026-11-22T10:00:00.000Z",
+    reason: str = "sent_for_signature",
+    mid: str | None = None,
+) -> dict[str, Any]:
+    return {
+        "event_type": event_type,
+        "source_id": str(merchant_id),
+        "timestamp": at,
+        "payload": {
+            "merchant_id": merchant_id,
+            "mid": mid,
+            "rep_code_id": 7,
+            "customer_id": 9,
+            "dba_name": "Corner Snacks",
+            "merchant_status_id": status_id,
+            "external_crm_id": None,
+            "custom_01": None,
+            "trigger": "system",
+            "reason": reason,
+            "timestamp": at.replace("Z", "+00:00"),
+        },
+        "metadata": {"webhook_id": f"wh-{key}", "attempt": 1, "idempotency_key": key},
+    }
+
+
+def signed(body: dict[str, Any] | bytes, secret: str = SECRET) -> tuple[bytes, dict[str, str]]:
+    raw = body if isinstance(body, bytes) else json.dumps(body).encode()
+    headers = {"X-Webhook-Signature-256": sign(raw, secret), "Content-Type": "application/json"}
+    if isinstance(body, dict):
+        headers["X-Idempotency-Key"] = body["metadata"]["idempotency_key"]
+    return raw, headers
+
+
+class Harness:
+    def __init__(self, store: Path) -> None:
+        self.store = store
+        self.receiver: WebhookReceiver | None = None
+        self.session = aiohttp.ClientSession()
+
+    async def start(self, **conf: Any) -> WebhookReceiver:
+        agent = SimpleNamespace()
+        conf = {"secret": SECRET, "port": 0, "store": str(self.store), **conf}
+        self.receiver = WebhookReceiver(agent, conf)
+        await self.receiver.start()
+        return self.receiver
+
+    async def restart(self) -> WebhookReceiver:
+        assert self.receiver is not None
+        await self.receiver.stop()
+        return await self.start()
+
+    async def post(self, raw: bytes, headers: dict[str, str]) -> tuple[int, dict[str, Any]]:
+        assert self.receiver is not None
+        async with self.session.post(self.receiver.url, data=raw, headers=headers) as response:
+            return response.status, await response.json()
+
+    async def deliver(self, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+        return await self.post(*signed(body))
+
+    async def close(self) -> None:
+        if self.receiver is not None:
+            await self.receiver.stop()
+        await self.session.close()
+
+
+@pytest.fixture
+async def harness(tmp_path: Path) -> AsyncIterator[Harness]:
+    harness = Harness(tmp_path / "webhooks.db")
+    yield harness
+    await harness.close()
+
+
+async def test_an_event_is_accepted_and_sets_the_merchant_state(harness: Harness) -> None:
+    receiver = await harness.start()
+    assert await harness.deliver(envelope("k1")) == (200, {"status": "accepted"})
+    [merchant] = receiver.merchants()
+    assert merchant["merchant_id"] == 42
+    assert merchant["status"] == "sent_for_signature"
+    assert merchant["dba_name"] == "Corner Snacks"
+    assert len(receiver.store) == 1
+    assert oct(harness.store.stat().st_mode & 0o777) == "0o600"
+
+
+async def test_duplicates_are_answered_2xx_and_applied_once(harness: Harness) -> None:
+    receiver = await harness.start()
+    first = envelope("k1", status_id=3, event_type="merchant.signed", reason="signed")
+    assert (await harness.deliver(first))[1] == {"status": "accepted"}
+    retry = {**first, "metadata": {**first["metadata"], "attempt": 2}}
+    assert await harness.deliver(retry) == (200, {"status": "duplicate"})
+    assert len(receiver.store) == 1
+    assert receiver.outcomes == {"accepted": 1, "duplicate": 1}
+
+
+async def test_reordered_events_keep_the_latest_state(harness: Harness) -> None:
+    receiver = await harness.start()
+    boarded = envelope(
+        "k-boarded", status_id=5, event_type="merchant.boarded", reason="boarded",
+        at="2026-11-22T12:00:00.000Z", mid="999000000042",
+    )
+    sent = envelope("k-sent", status_id=2, at="2026-11-22T10:00:00.000Z")
+    assert (await harness.deliver(boarded))[0] == 200
+    assert (await harness.deliver(sent))[0] == 200  # older, arrives late: stored, not applied
+    [merchant] = receiver.merchants()
+    assert (merchant["status"], merchant["mid"]) == ("boarded", "999000000042")
+    assert len(receiver.store) == 2
+
+
+async def test_forged_deliveries_are_refused_and_not_stored(harness: Harness) -> None:
+    receiver = await harness.start()
+    raw, headers = signed(envelope("k1"), secret="not-the-secret")
+    status, answer = await harness.post(raw, headers)
+    assert (status, answer["error"]) == (401, "invalid_signature")
+    assert "does not match" in answer["detail"]
+    raw, headers = signed(envelope("k2"))
+    tampered = raw.replace(b"Corner Snacks", b"Evil Snacks!!")
+    assert (await harness.post(tampered, headers))[0] == 401
+    del headers["X-Webhook-Signature-256"]
+    status, answer = await harness.post(raw, headers)
+    assert status == 401
+    assert "missing" in answer["detail"]
+    assert len(receiver.store) == 0
+    assert receiver.merchants() == []
+
+
+async def test_malformed_deliveries_are_refused_naming_the_field(harness: Harness) -> None:
+    receiver = await harness.start()
+    status, answer = await harness.post(*signed(b"{not json"))
+    assert (status, answer["error"], answer["field"]) == (400, "malformed", "<body>")
+    broken = envelope("k1")
+    del broken["metadata"]["webhook_id"]
+    status, answer = await harness.post(*signed(broken))
+    assert status == 400
+    assert answer["field"] == "metadata.webhook_id"
+    no_status = envelope("k2")
+    del no_status["payload"]["merchant_status_id"]
+    status, answer = await harness.post(*signed(no_status))
+    assert (status, answer["field"]) == (400, "payload.merchant_status_id")
+    assert len(receiver.store) == 0
+
+
+async def test_oversized_deliveries_are_refused(harness: Harness) -> None:
+    receiver = await harness.start(max_body=2048)
+    big = envelope("k1")
+    big["payload"]["custom_01"] = "x" * 4096
+    status, answer = await harness.post(*signed(big))
+    assert (status, answer["error"]) == (413, "too_large")
+    assert len(receiver.store) == 0
+    assert (await harness.deliver(envelope("k2")))[0] == 200  # still serving
+
+
+async def test_unknown_reasons_and_event_types_are_acknowledged(harness: Harness) -> None:
+    receiver = await harness.start()
+    odd = envelope("k1", status_id=4, event_type="merchant.in_underwriting", reason="moon_phase")
+    assert (await harness.deliver(odd))[0] == 200
+    assert receiver.merchants()[0]["reason"] == "status_changed"
+    future = envelope("k2", event_type="payment.settled")
+    assert await harness.deliver(future) == (200, {"status": "accepted"})
+    assert receiver.merchants()[0]["status"] == "in_underwriting"
+
+
+async def test_dedupe_and_state_survive_a_restart(harness: Harness) -> None:
+    await harness.start()
+    live = envelope("k-live", status_id=6, event_type="merchant.live", reason="live",
+                    at="2026-11-22T13:00:00.000Z", mid="999000000042")
+    assert (await harness.deliver(live))[1] == {"status": "accepted"}
+    receiver = await harness.restart()
+    assert receiver.merchants()[0]["status"] == "live"
+    assert await harness.deliver(live) == (200, {"status": "duplicate"})
+    # an older event delivered after the restart still cannot move the state back
+    assert (await harness.deliver(envelope("k-old", at="2026-11-22T09:00:00.000Z")))[0] == 200
+    assert receiver.merchants()[0]["status"] == "live"
+
+
+async def test_concurrent_deliveries_share_commits_and_none_is_lost(harness: Harness) -> None:
+    receiver = await harness.start()
+    bodies = [envelope(f"k{n}", merchant_id=n) for n in range(120)]
+    deliveries = [harness.deliver(b) for b in bodies] + [harness.deliver(b) for b in bodies[:30]]
+    answers = await asyncio.gather(*deliveries)
+    statuses = [answer["status"] for _, answer in answers]
+    assert statuses.count("accepted") == 120
+    assert statuses.count("duplicate") == 30
+    assert len(receiver.store) == 120
+    assert len(receiver.merchants()) == 120
+    assert receiver.store.commits < 150  # concurrent deliveries were committed together
+
+
+async def test_sqlite_store_speaks_the_idempotency_store_protocol(tmp_path: Path) -> None:
+    store = SqliteIdempotencyStore(tmp_path / "keys.db")
+    store.open()
+    try:
+        assert await store.add("a") is True
+        assert await store.add("a") is False
+        await store.discard("a")
+        assert await store.add("a") is True
+        event = parse_event(json.dumps(envelope("b")).encode())
+        assert await store.record("b", event, b"{}") is True
+        assert await store.record("b", event, b"{}") is False
+    finally:
+        await store.close()
+    # same answers as the in-memory store
+    memory = MemoryIdempotencyStore()
+    assert [await memory.add("a"), await memory.add("a")] == [True, False]
