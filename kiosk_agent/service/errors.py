@@ -87,6 +87,10 @@ class InvalidResponseError(ServiceError):
         self.field = field
 
 
+class InvalidServerResponseError(InvalidResponseError, ServerError):
+    """A 5xx whose body is not the interface's JSON (a proxy's HTML 502 page): both at once."""
+
+
 class CredentialsError(ServiceError):
     """The stored credentials cannot be read or written (corrupt or unwritable file)."""
 

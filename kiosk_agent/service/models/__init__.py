@@ -12,6 +12,7 @@ from kiosk_agent.service.models.common import (
 from kiosk_agent.service.models.payments import (
     ApiKeySet,
     BillingPlan,
+    BillingPlanCreated,
     BillingPlanRequest,
     BillingPlanStatus,
     ChargeRequest,
@@ -26,6 +27,7 @@ from kiosk_agent.service.models.payments import (
     ScheduledPaymentStatus,
     StoredCredentialType,
     Surcharge,
+    VaultAccountRequest,
     VaultAccountType,
     VaultPaymentAccount,
     VoidOrRefundResult,
@@ -48,12 +50,12 @@ from kiosk_agent.service.models.terminal import (
 )
 
 __all__ = [  # noqa: RUF022  (reporting and boarding names are importable by name too)
-    "ApiKeySet", "BillingPlan", "BillingPlanRequest", "BillingPlanStatus", "Capabilities",
-    "ChargeRequest", "ChargeResult", "ChargeResultCode", "ErrorBody", "HostedPage",
+    "ApiKeySet", "BillingPlan", "BillingPlanCreated", "BillingPlanRequest", "BillingPlanStatus",
+    "Capabilities", "ChargeRequest", "ChargeResult", "ChargeResultCode", "ErrorBody", "HostedPage",
     "HostedPageLink", "HostedPageOption", "HostedPageOptionName", "hpp_client_id_from_url",
     "Interaction", "InteractionAccepted", "InteractionKind", "InteractionStatus", "is_known",
     "PingResult", "ReadCardResult", "ReceiptSent", "ScheduledPayment", "ScheduledPaymentStatus",
     "ServiceModel", "StageError", "StoredCredentialType", "Surcharge", "Terminal",
-    "TerminalConnection", "TerminalList", "Tolerant", "VaultAccountType", "VaultPaymentAccount",
-    "VoidOrRefundResult", "WsToken",
+    "TerminalConnection", "TerminalList", "Tolerant", "VaultAccountRequest", "VaultAccountType",
+    "VaultPaymentAccount", "VoidOrRefundResult", "WsToken",
 ]

@@ -53,8 +53,8 @@ class ChargeRequest(ServiceModel):
     stored-credential charge and must say ``cof`` and ``cof_sched``.
     """
 
-    mid: str
     amount: int = Field(gt=0)
+    mid: str | None = None  # None: the client's merchant
     account_token: str | None = None
     payment_account_uuid: str | None = None
     expiration: str | None = None  # MMYY
@@ -333,6 +333,35 @@ def hpp_client_id_from_url(url: str) -> str:
     if not client_id or "://" in client_id or client_id.endswith(":"):
         raise ValueError(f"no hosted page id in url {url!r}")
     return client_id
+
+
+class VaultAccountRequest(ServiceModel):
+    """The body that creates a vault payment account."""
+
+    mid: str | None = None  # None: the client's merchant
+    account_token: str
+    name: str
+    account_zip: str
+    address1: str
+    city: str
+    region: str
+    country: str
+    email: str
+    phone: str
+    nickname: str | None = None
+    address2: str | None = None
+    expiration: str | None = None
+    is_default: str | None = None
+
+    def __repr__(self) -> str:
+        return f"VaultAccountRequest(name={self.name!r})"
+
+    def to_wire(self) -> dict[str, Any]:
+        return self.model_dump(mode="json", exclude_none=True)
+
+
+class BillingPlanCreated(ServiceModel):
+    id: int
 
 
 class ReceiptSent(ServiceModel):

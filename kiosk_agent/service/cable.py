@@ -1,0 +1,244 @@
+"""Waiting for a card-present interaction: ActionCable WebSocket first, polling as the fallback.
+
+``InteractionHandle.wait()``:
+
+1. takes a fresh single-use token (``POST /api/ws-token``), connects ``{ws_url}/cable?token=``,
+   waits for ``welcome``, subscribes to ``terminal_job:<interaction_id>`` and reads records until
+   one is no longer pending. Server pings (every 3 s) prove the socket is alive; silence for
+   :data:`STALE_AFTER` seconds counts as a drop.
+2. when the socket is refused or drops it reconnects with capped backoff, asking the status
+   endpoint between attempts (the interaction may have finished meanwhile); after
+   :data:`MAX_SOCKET_ATTEMPTS` failures, a rejected subscription or a ``disconnect`` that forbids
+   reconnecting, it polls the status endpoint instead.
+3. the status endpoint has the final word: a finished record seen on the socket is confirmed by
+   one GET, and when the interaction's lifetime (3 minutes) has passed, what the endpoint says is
+   returned as it is.
+
+The client is aiohttp's, not the ``websockets`` package: it rides the transport's one session
+(same connector, timeouts and shutdown), so there is a single HTTP stack to reason about.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import random
+from datetime import datetime
+from typing import TYPE_CHECKING, Any
+
+import aiohttp
+
+from kiosk_agent.service.errors import ServiceError
+from kiosk_agent.service.models.terminal import Interaction, InteractionKind
+from kiosk_agent.service.parsing import parse_interaction
+
+if TYPE_CHECKING:
+    from kiosk_agent.service.terminal import TerminalClient
+
+_LOGGER = logging.getLogger(__name__)
+
+INTERACTION_LIFETIME = 180.0  # seconds, when a record does not say
+STALE_AFTER = 10.0  # seconds without any frame (the server pings every 3 s)
+MAX_SOCKET_ATTEMPTS = 4  # socket failures before polling for the rest of the wait
+RECONNECT_BASE = 0.1  # seconds, doubled per failure
+RECONNECT_MAX = 2.0
+EXPIRY_GRACE = 2.0  # seconds past the lifetime before the status endpoint's answer is final
+
+
+class SocketUnavailable(Exception):
+    """The WebSocket could not be used this time; ``retry`` says whether another try may work."""
+
+    def __init__(self, reason: str, *, retry: bool = True) -> None:
+        super().__init__(reason)
+        self.retry = retry
+
+
+class InteractionHandle:
+    """A started read-card or charge-card: its ids, and :meth:`wait` for its outcome."""
+
+    def __init__(
+        self,
+        terminal: TerminalClient,
+        *,
+        device_id: str,
+        kind: InteractionKind,
+        interaction_id: str,
+        order_id: str | None = None,
+    ) -> None:
+        self._terminal = terminal
+        self.device_id = device_id
+        self.kind = kind
+        self.interaction_id = interaction_id
+        self.order_id = order_id
+        self.last: Interaction | None = None
+        loop = asyncio.get_running_loop()
+        self._started = loop.time()
+        self._expiry = self._started + INTERACTION_LIFETIME + EXPIRY_GRACE
+        # how the wait went (diagnostics, tests, benchmarks)
+        self.socket_connects = 0
+        self.socket_failures = 0
+        self.polls = 0
+        self.via: str | None = None  # "websocket" or "polling": who saw the end first
+
+    def __repr__(self) -> str:
+        return (
+            f"InteractionHandle({self.kind.value} {self.interaction_id} on {self.device_id}, "
+            f"status={self.last.status if self.last else 'pending'})"
+        )
+
+    @property
+    def identifier(self) -> str:
+        """The ActionCable channel identifier (JSON text, sent and matched verbatim)."""
+        return json.dumps({"channel": f"terminal_job:{self.interaction_id}"})
+
+    async def wait(self, timeout: float | None = None) -> Interaction:  # noqa: ASYNC109 (contract)
+        """The interaction once it is no longer pending (or its lifetime is over).
+
+        ``timeout`` (seconds) bounds the wait; past it, ``TimeoutError`` (the interaction goes on
+        on the service's side: call ``wait`` again, or cancel it).
+        """
+        if self.last is not None and self.last.finished:
+            return self.last
+        try:
+            async with asyncio.timeout(timeout):
+                return await self._wait()
+        except TimeoutError:
+            raise TimeoutError(
+                f"{self.kind.value} {self.interaction_id} still pending after {timeout} s"
+            ) from None
+
+    async def refresh(self) -> Interaction:
+        """Ask the status endpoint now."""
+        record = await self._terminal.get_interaction(
+            self.device_id, self.kind, self.interaction_id
+        )
+        self._note(record)
+        self.polls += 1
+        return record
+
+    # -- the wait ------------------------------------------------------------------------------
+
+    async def _wait(self) -> Interaction:
+        if self._terminal.settings.websocket:
+            record = await self._wait_on_socket()
+            if record is not None:
+                return record
+        return await self._poll()
+
+    async def _wait_on_socket(self) -> Interaction | None:
+        """The finished record, or None to poll for the rest of the wait."""
+        loop = asyncio.get_running_loop()
+        while self.socket_failures < MAX_SOCKET_ATTEMPTS:
+            remaining = self._expiry - loop.time()
+            if remaining <= 0:
+                return None
+            try:
+                async with asyncio.timeout(remaining):
+                    record = await self._follow_socket()
+            except SocketUnavailable as exc:
+                self.socket_failures += 1
+                _LOGGER.debug("%s: WebSocket unavailable: %s", self.interaction_id, exc)
+                if not exc.retry:
+                    return None
+            except TimeoutError:
+                return None  # lifetime over: the status endpoint decides
+            else:
+                self.via = "websocket"
+                return await self._confirm(record)
+            # Between attempts the interaction may have finished: ask once, then back off.
+            polled = await self.refresh()
+            if polled.finished:
+                self.via = "polling"
+                return polled
+            ceiling = min(RECONNECT_MAX, RECONNECT_BASE * 2.0 ** (self.socket_failures - 1))
+            await asyncio.sleep(ceiling * random.uniform(0.5, 1.0))
+        return None
+
+    async def _poll(self) -> Interaction:
+        loop = asyncio.get_running_loop()
+        interval = self._terminal.settings.poll_interval
+        while True:
+            record = await self.refresh()
+            if record.finished or loop.time() >= self._expiry:
+                self.via = self.via or "polling"
+                return record
+            await asyncio.sleep(min(interval, max(0.0, self._expiry - loop.time())))
+
+    async def _confirm(self, record: Interaction) -> Interaction:
+        """The status endpoint's record when it can be had; the socket's when it cannot."""
+        try:
+            confirmed = await self.refresh()
+        except ServiceError as exc:
+            _LOGGER.warning(
+                "%s: status check failed, using the socket's record: %s", self.interaction_id, exc
+            )
+            return record
+        return confirmed if confirmed.finished else record
+
+    async def _follow_socket(self) -> Interaction:
+        """One socket session: the first finished record, or SocketUnavailable."""
+        terminal = self._terminal
+        token = await terminal.ws_token()
+        url = f"{terminal.settings.websocket_base}/cable"
+        try:
+            ws = await terminal.session.ws_connect(
+                url, params={"token": token}, autoping=True, heartbeat=None
+            )
+        except aiohttp.WSServerHandshakeError as exc:
+            raise SocketUnavailable(f"refused with HTTP {exc.status}") from None
+        except (aiohttp.ClientError, OSError) as exc:
+            raise SocketUnavailable(f"cannot connect: {type(exc).__name__}") from None
+        self.socket_connects += 1
+        async with ws:
+            return await self._read_socket(ws)
+
+    async def _read_socket(self, ws: aiohttp.ClientWebSocketResponse) -> Interaction:
+        identifier = self.identifier
+        subscribed = False
+        while True:
+            frame = await self._next_frame(ws)
+            kind = frame.get("type")
+            if kind == "welcome" and not subscribed:
+                await ws.send_str(json.dumps({"command": "subscribe", "identifier": identifier}))
+                subscribed = True
+            elif kind == "reject_subscription":
+                raise SocketUnavailable("subscription rejected", retry=False)
+            elif kind == "disconnect":
+                reconnect = frame.get("reconnect") is not False
+                reason = f"server disconnect: {frame.get('reason')}"
+                raise SocketUnavailable(reason, retry=reconnect)
+            elif frame.get("identifier") == identifier and "message" in frame:
+                record = parse_interaction(frame["message"], what="interaction over WebSocket")
+                self._note(record)
+                if record.finished:
+                    return record
+            # ping, confirm_subscription and anything new: nothing to do but keep reading
+
+    async def _next_frame(self, ws: aiohttp.ClientWebSocketResponse) -> dict[str, Any]:
+        try:
+            message = await ws.receive(timeout=STALE_AFTER)
+        except TimeoutError:
+            raise SocketUnavailable(f"no frame for {STALE_AFTER:g} s") from None
+        if message.type is not aiohttp.WSMsgType.TEXT:
+            raise SocketUnavailable(f"socket {message.type.name.lower()}")
+        try:
+            frame = json.loads(message.data)
+        except json.JSONDecodeError:
+            raise SocketUnavailable("a frame that is not JSON") from None
+        if not isinstance(frame, dict):
+            raise SocketUnavailable("a frame that is not a JSON object")
+        return frame
+
+    def _note(self, record: Interaction) -> None:
+        """Keep the latest record and learn the real lifetime from it."""
+        self.last = record
+        lifetime = _lifetime(record.created_at, record.expires_at)
+        if lifetime is not None:
+            self._expiry = self._started + lifetime + EXPIRY_GRACE
+
+
+def _lifetime(created: datetime | None, expires: datetime | None) -> float | None:
+    if created is None or expires is None:
+        return None
+    return max(0.0, (expires - created).total_seconds())

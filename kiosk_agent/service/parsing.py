@@ -1,0 +1,131 @@
+"""From the service's bytes to models, with every bad answer turned into InvalidResponseError.
+
+A wrong type, a missing field, an HTML page or a truncated body must reach the caller as one
+typed error that names the field, never as a KeyError or AttributeError deep inside a flow.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from typing import Any, TypeVar
+
+from pydantic import BaseModel, TypeAdapter, ValidationError
+
+from kiosk_agent.service.errors import InvalidResponseError
+from kiosk_agent.service.models.payments import ChargeResult
+from kiosk_agent.service.models.terminal import (
+    Interaction,
+    InteractionKind,
+    InteractionStatus,
+    ReadCardResult,
+)
+
+M = TypeVar("M", bound=BaseModel)
+T = TypeVar("T")
+
+BODY = "<body>"  # the field name of a body that is not JSON at all
+_SNIPPET = 60
+
+
+def decode_json(body: bytes, *, what: str, content_type: str = "") -> Any:
+    """The JSON value of a response body, or InvalidResponseError naming ``<body>``."""
+    try:
+        return json.loads(body)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise InvalidResponseError(
+            f"{what}: expected JSON, got {describe_body(body, content_type)} ({exc})", field=BODY
+        ) from None
+
+
+def describe_body(body: bytes, content_type: str = "") -> str:
+    """A short, safe description of a body for an error message (no long text echoed)."""
+    if not body:
+        return "an empty body"
+    head = body[:_SNIPPET].decode("utf-8", "replace").strip().replace("\n", " ")
+    if b"<html" in body[:512].lower() or "html" in content_type:
+        kind = "an HTML page"
+    else:
+        kind = f"{len(body)} bytes of {content_type or 'text'}"
+    return f"{kind} starting {head!r}"
+
+
+def parse(model: type[M], data: Any, *, what: str, prefix: str = "") -> M:
+    """Validate decoded JSON into ``model``; a bad answer names its field."""
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        raise invalid_response(exc, data, what=what, prefix=prefix) from None
+
+
+def parse_json(model: type[M], body: bytes, *, what: str) -> M:
+    """Validate raw JSON bytes into ``model`` in one pass (the fast path for big pages)."""
+    try:
+        return model.model_validate_json(body)
+    except ValidationError as exc:
+        if any(error["type"] == "json_invalid" for error in exc.errors()):
+            decode_json(body, what=what)  # raises with a description of the body
+        data = json.loads(body)
+        raise invalid_response(exc, data, what=what) from None
+
+
+def parse_with(adapter: TypeAdapter[T], data: Any, *, what: str, prefix: str = "") -> T:
+    try:
+        return adapter.validate_python(data)
+    except ValidationError as exc:
+        raise invalid_response(exc, data, what=what, prefix=prefix) from None
+
+
+def invalid_response(
+    exc: ValidationError, data: Any, *, what: str, prefix: str = ""
+) -> InvalidResponseError:
+    """The first validation problem as an InvalidResponseError with a dotted field path."""
+    first = exc.errors(include_input=False, include_url=False)[0]
+    path = field_path(first["loc"], data, missing=first["type"] == "missing")
+    if prefix:
+        path = f"{prefix}.{path}" if path else prefix
+    field = path or BODY
+    got = _type_at(data, path[len(prefix) + 1 :] if prefix else path)
+    more = f" (and {exc.error_count() - 1} more)" if exc.error_count() > 1 else ""
+    return InvalidResponseError(f"{what}: field {field!r}: {first['msg']}{got}{more}", field=field)
+
+
+def field_path(loc: Sequence[int | str], data: Any, *, missing: bool = False) -> str:
+    """The dotted path of a pydantic error location in the data, without union/model tags."""
+    parts: list[str] = []
+    node = data
+    for index, item in enumerate(loc):
+        in_dict = isinstance(node, dict) and item in node
+        in_list = isinstance(node, list) and isinstance(item, int) and 0 <= item < len(node)
+        if in_dict or in_list:
+            node = node[item]
+        elif missing and index == len(loc) - 1 and isinstance(node, dict):
+            node = None  # the field that is not there
+        else:
+            continue  # a union member or model name pydantic adds to the location
+        parts.append(str(item))
+    return ".".join(parts)
+
+
+def _type_at(data: Any, path: str) -> str:
+    node = data
+    for part in path.split(".") if path else []:
+        if isinstance(node, dict) and part in node:
+            node = node[part]
+        elif isinstance(node, list) and part.isdigit() and int(part) < len(node):
+            node = node[int(part)]
+        else:
+            return ""
+    # the type only, never the value: it could be a token
+    return f", got {type(node).__name__}" if path else ""
+
+
+def parse_interaction(data: Any, *, what: str) -> Interaction:
+    """An interaction record, with a succeeded one's result checked against its kind's model."""
+    interaction = parse(Interaction, data, what=what)
+    if interaction.status == InteractionStatus.SUCCEEDED:
+        if interaction.kind == InteractionKind.READ_CARD:
+            parse(ReadCardResult, interaction.result, what=what, prefix="result")
+        elif interaction.kind == InteractionKind.CHARGE_CARD:
+            parse(ChargeResult, interaction.result, what=what, prefix="result")
+    return interaction

@@ -1,0 +1,57 @@
+"""The client's side of the service's per-credential rate limit: a token bucket that also obeys
+``Retry-After``.
+
+Every terminal call made with one credential goes through the same limiter, so eight readers and
+a field tech's CLI cannot together trip the service's limit; when the service still answers 429,
+its ``Retry-After`` pauses everyone, not just the caller that saw it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+
+
+class RateLimiter:
+    """Token bucket: ``rate`` requests per second with bursts of ``burst``; FIFO for waiters."""
+
+    def __init__(
+        self, rate: float, burst: int, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        self.rate = rate
+        self.burst = burst
+        self._clock = clock
+        self._tokens = float(burst)
+        self._updated = clock()
+        self._paused_until = 0.0
+        self._lock = asyncio.Lock()
+
+    async def acquire(self) -> None:
+        """Wait for the right to send one request."""
+        async with self._lock:  # one waiter at a time keeps the order of arrival
+            while (delay := self._take()) > 0:  # noqa: ASYNC110 (a timed wait, not an event)
+                await asyncio.sleep(delay)
+
+    def pause(self, seconds: float) -> None:
+        """The service said Retry-After: nobody sends for ``seconds``, then the bucket refills."""
+        now = self._clock()
+        self._paused_until = max(self._paused_until, now + seconds)
+        self._tokens = 0.0
+        self._updated = self._paused_until
+
+    @property
+    def paused_for(self) -> float:
+        return max(0.0, self._paused_until - self._clock())
+
+    def _take(self) -> float:
+        """Take a token and return 0, or return how long to wait for one."""
+        now = self._clock()
+        if now < self._paused_until:
+            return self._paused_until - now
+        self._tokens = min(float(self.burst), self._tokens + (now - self._updated) * self.rate)
+        self._updated = now
+        if self._tokens >= 1.0:
+            self._tokens -= 1.0
+            return 0.0
+        return (1.0 - self._tokens) / self.rate

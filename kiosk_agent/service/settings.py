@@ -1,0 +1,62 @@
+"""Where the service is and who we are to it: the settings every service client starts from."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
+
+
+class ServiceSettings(BaseModel):
+    """Addresses, credentials and tuning of the service client.
+
+    Secrets are ``SecretStr``: ``repr``, logs and diagnostics show ``'**********'``.
+    ``credentials_path`` is where a rotated API key and refresh token are kept; when the file
+    exists it wins over ``api_key``/``refresh_token`` (those were only the first provisioning).
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    base_url: str
+    api_key: SecretStr
+    mid: str
+    reporting_url: str | None = None  # default: base_url
+    ws_url: str | None = None  # default: base_url with ws/wss
+    refresh_token: SecretStr | None = None
+    isv: bool = False  # an ISV key acting for ``mid``: mid travels with every terminal call
+    client_id: str | None = None
+    client_secret: SecretStr | None = None
+    credentials_path: Path | None = None
+
+    # tuning
+    timeout: float = Field(default=30.0, gt=0)  # seconds for one whole request
+    connect_timeout: float = Field(default=10.0, gt=0)
+    max_retries: int = Field(default=4, ge=0)  # retries of a retry-safe call
+    backoff_base: float = Field(default=0.2, gt=0)  # first retry delay, doubled each time
+    backoff_max: float = Field(default=5.0, gt=0)
+    rate_limit: float = Field(default=20.0, gt=0)  # terminal requests per second, per credential
+    rate_burst: int = Field(default=40, ge=1)
+    rate_limit_patience: float = Field(default=60.0, gt=0)  # how long to ride out 429s, seconds
+    poll_interval: float = Field(default=0.25, gt=0)  # interaction polling when not on WebSocket
+    websocket: bool = True  # False: wait for interactions by polling only
+
+    @model_validator(mode="after")
+    def _trim_urls(self) -> ServiceSettings:
+        for name in ("base_url", "reporting_url", "ws_url"):
+            value = getattr(self, name)
+            if value is not None:
+                object.__setattr__(self, name, value.rstrip("/"))
+        if not self.base_url.startswith(("http://", "https://")):
+            raise ValueError(f"base_url must start with http:// or https://, got {self.base_url!r}")
+        return self
+
+    @property
+    def reporting_base(self) -> str:
+        return self.reporting_url or self.base_url
+
+    @property
+    def websocket_base(self) -> str:
+        if self.ws_url:
+            return self.ws_url
+        scheme, rest = self.base_url.split("://", 1)
+        return f"{'wss' if scheme == 'https' else 'ws'}://{rest}"

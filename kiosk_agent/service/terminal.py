@@ -1,0 +1,173 @@
+"""The terminal interface: card readers, their sessions, and card-present interactions.
+
+``read_card`` and ``charge_card`` answer at once with an :class:`InteractionHandle`; its
+``wait()`` follows the interaction over the ActionCable WebSocket (see ``cable.py``). Starting an
+interaction is never re-POSTed blindly: a lost 202 raises ``ServiceUnreachableError`` and the
+caller reconciles (the charge-card ``order_id`` is made here for that).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+from urllib.parse import quote
+
+import aiohttp
+
+from kiosk_agent.service.cable import InteractionHandle
+from kiosk_agent.service.models.terminal import (
+    Interaction,
+    InteractionAccepted,
+    InteractionKind,
+    PingResult,
+    Terminal,
+    TerminalConnection,
+    TerminalList,
+    WsToken,
+)
+from kiosk_agent.service.parsing import parse_interaction
+from kiosk_agent.service.payments import new_order_id, require_cents
+from kiosk_agent.service.settings import ServiceSettings
+from kiosk_agent.service.transport import Transport
+
+_BASE = "/api/terminal"
+
+
+def _device(device_id: str) -> str:
+    return f"{_BASE}/{quote(device_id, safe='')}"
+
+
+class TerminalClient:
+    def __init__(self, transport: Transport) -> None:
+        self._transport = transport
+
+    @property
+    def settings(self) -> ServiceSettings:
+        return self._transport.settings
+
+    @property
+    def session(self) -> aiohttp.ClientSession:
+        return self._transport.session
+
+    async def list(self) -> list[Terminal]:
+        """Every terminal with its capabilities (the authority on signature and printing)."""
+        answer = await self._transport.request_model(
+            TerminalList, "GET", _BASE, what="list terminals"
+        )
+        return answer.terminals
+
+    async def connect(self, device_id: str) -> TerminalConnection:
+        return await self._transport.request_model(
+            TerminalConnection,
+            "POST",
+            f"{_device(device_id)}/connect",
+            retry_safe=True,  # connecting a connected terminal changes nothing
+            what=f"connect {device_id}",
+        )
+
+    async def disconnect(self, device_id: str) -> TerminalConnection:
+        return await self._transport.request_model(
+            TerminalConnection,
+            "DELETE",
+            f"{_device(device_id)}/disconnect",
+            what=f"disconnect {device_id}",
+        )
+
+    async def ping(self, device_id: str) -> PingResult:
+        return await self._transport.request_model(
+            PingResult,
+            "POST",
+            f"{_device(device_id)}/ping",
+            retry_safe=True,
+            what=f"ping {device_id}",
+        )
+
+    async def read_card(
+        self, device_id: str, amount: int, confirm_amount: bool = False
+    ) -> InteractionHandle:
+        """Ask the reader for a card; ``wait()`` gives its token (then charge it by payments)."""
+        body = {"amount": require_cents(amount), "confirm_amount": confirm_amount}
+        return await self._start(device_id, InteractionKind.READ_CARD, body, order_id=None)
+
+    async def charge_card(
+        self,
+        device_id: str,
+        amount: int,
+        *,
+        order_id: str | None = None,
+        capture_signature: bool | None = None,
+        print_receipt: bool | None = None,
+        email: str | None = None,
+    ) -> InteractionHandle:
+        """Read, charge and optionally sign, print and mail in one interaction."""
+        order_id = order_id or new_order_id()
+        body: dict[str, Any] = {"amount": require_cents(amount), "order_id": order_id}
+        for name, value in (
+            ("capture_signature", capture_signature),
+            ("print_receipt", print_receipt),
+            ("email", email),
+        ):
+            if value is not None:
+                body[name] = value
+        return await self._start(device_id, InteractionKind.CHARGE_CARD, body, order_id=order_id)
+
+    async def get_interaction(
+        self, device_id: str, kind: InteractionKind | str, interaction_id: str
+    ) -> Interaction:
+        """The status endpoint: the final word on an interaction."""
+        kind = InteractionKind(kind)
+        what = f"{kind.value} {interaction_id} status"
+        data = await self._transport.request(
+            "GET",
+            f"{_device(device_id)}/{kind.path}/{quote(interaction_id, safe='')}",
+            what=what,
+        )
+        return parse_interaction(data, what=what)
+
+    async def cancel(self, device_id: str, interaction_id: str) -> None:
+        """Cancel a pending read-card (anything else: ``ConflictError`` not_cancellable)."""
+        await self._transport.request(
+            "DELETE",
+            f"{_device(device_id)}/cancel/{quote(interaction_id, safe='')}",
+            what=f"cancel {interaction_id}",
+        )
+
+    async def print_receipt(self, device_id: str, trans_id: str, copies: int | None = None) -> Any:
+        """Print on the reader; ``BadRequestError`` capability_unsupported when it cannot print."""
+        body: dict[str, Any] = {"trans_id": trans_id}
+        if copies is not None:
+            body["copies"] = copies
+        return await self._transport.request(
+            "POST", f"{_device(device_id)}/print-receipt", json=body, what=f"print {trans_id}"
+        )
+
+    async def ws_token(self) -> str:
+        """A fresh single-use WebSocket token (60 s)."""
+        answer = await self._transport.request_model(
+            WsToken, "POST", "/api/ws-token", retry_safe=True, what="WebSocket token"
+        )
+        return answer.token
+
+    async def _start(
+        self,
+        device_id: str,
+        kind: InteractionKind,
+        body: dict[str, Any],
+        *,
+        order_id: str | None,
+    ) -> InteractionHandle:
+        accepted = await self._transport.request_model(
+            InteractionAccepted,
+            "POST",
+            f"{_device(device_id)}/{kind.path}",
+            json=body,
+            retry_safe=False,  # a second POST would start a second interaction
+            what=f"{kind.value} on {device_id}",
+        )
+        return InteractionHandle(
+            self,
+            device_id=device_id,
+            kind=kind,
+            interaction_id=accepted.interaction_id,
+            order_id=order_id,
+        )
+

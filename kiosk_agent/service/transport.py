@@ -1,0 +1,429 @@
+"""One aiohttp session for the whole service: auth, key refresh, OAuth, ISV mid, retries, limits.
+
+Retry rules, because money moves on some of these calls:
+
+* A request that never left (connection refused) or that the service refused before doing
+  anything (429, 401 before a refresh) is always safe to send again.
+* GET, PUT and DELETE are idempotent: retried after 5xx and network errors, with capped
+  exponential backoff and jitter.
+* A POST that may have been processed (a lost answer, a 5xx) is never sent again blind: the caller
+  gets ``ServiceUnreachableError``/``ServerError`` and reconciles by ``order_id``. Only POSTs that
+  are safe to repeat (the key refresh with the same token, a WebSocket token) opt in.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import logging
+import random
+import time
+from collections.abc import Mapping
+from typing import Any, TypeVar
+
+import aiohttp
+from pydantic import BaseModel
+
+from kiosk_agent.service.credentials import (
+    ApiCredentials,
+    ApiKeyManager,
+    CredentialStore,
+)
+from kiosk_agent.service.errors import (
+    AuthenticationError,
+    CredentialsError,
+    InvalidServerResponseError,
+    RateLimitedError,
+    ServiceError,
+    ServiceUnreachableError,
+    error_class_for,
+)
+from kiosk_agent.service.models.common import ErrorBody
+from kiosk_agent.service.models.payments import ApiKeySet
+from kiosk_agent.service.parsing import BODY, decode_json, describe_body, parse, parse_json
+from kiosk_agent.service.ratelimit import RateLimiter
+from kiosk_agent.service.settings import ServiceSettings
+
+_LOGGER = logging.getLogger(__name__)
+
+M = TypeVar("M", bound=BaseModel)
+
+OAUTH_TOKEN_PATH = "/ords/sprint/oauth/token"  # noqa: S105 (a path, not a secret)
+REFRESH_PATH = "/api/v1/api_keys/refresh"
+# Terminal endpoints share the service's per-credential rate limit.
+_RATE_LIMITED_PREFIXES = ("/api/terminal", "/api/ws-token")
+_IDEMPOTENT_METHODS = frozenset({"GET", "HEAD", "PUT", "DELETE", "OPTIONS"})
+
+
+class Auth(enum.Enum):
+    API_KEY = "api_key"  # payments and terminal: the (refreshed) payments API key
+    OAUTH = "oauth"  # reporting and boarding: the client-credentials access token
+    NONE = "none"
+
+
+class MidPlacement(enum.Enum):
+    """Where an ISV key's merchant mid travels (only when ``settings.isv``)."""
+
+    QUERY = "query"
+    BODY = "body"  # send_receipt
+    NONE = "none"
+
+
+class Transport:
+    """The shared HTTP layer under every service client."""
+
+    def __init__(
+        self, settings: ServiceSettings, *, session: aiohttp.ClientSession | None = None
+    ) -> None:
+        self.settings = settings
+        self._session = session
+        self._own_session = session is None
+        self.store = (
+            CredentialStore(settings.credentials_path) if settings.credentials_path else None
+        )
+        self.keys = ApiKeyManager(self._initial_credentials(), self._refresh_keys, self.store)
+        self.limiter = RateLimiter(settings.rate_limit, settings.rate_burst)
+        self.oauth = OAuthTokens(self)
+        self.rate_limited_count = 0  # 429 answers seen (diagnostics)
+
+    def _initial_credentials(self) -> ApiCredentials:
+        settings = self.settings
+        if self.store is not None:
+            try:
+                saved = self.store.load()
+            except CredentialsError as exc:
+                _LOGGER.error("%s; falling back to the configured API key", exc)
+                saved = None
+            if saved is not None:
+                return saved
+        refresh = settings.refresh_token.get_secret_value() if settings.refresh_token else None
+        return ApiCredentials(api_key=settings.api_key.get_secret_value(), refresh_token=refresh)
+
+    # -- lifecycle -----------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        if self._session is None:
+            timeout = aiohttp.ClientTimeout(
+                total=self.settings.timeout, sock_connect=self.settings.connect_timeout
+            )
+            self._session = aiohttp.ClientSession(timeout=timeout, raise_for_status=False)
+
+    async def close(self) -> None:
+        if self._session is not None and self._own_session:
+            await self._session.close()
+        self._session = None
+
+    @property
+    def session(self) -> aiohttp.ClientSession:
+        if self._session is None:
+            raise RuntimeError("the service client is not started (use `async with`)")
+        return self._session
+
+    # -- requests ------------------------------------------------------------------------------
+
+    def url(self, path: str) -> str:
+        """An absolute URL for a path on the base address (absolute URLs pass through)."""
+        if path.startswith(("http://", "https://")):
+            return path
+        return f"{self.settings.base_url}{path}"
+
+    def reporting_url(self, path: str) -> str:
+        return f"{self.settings.reporting_base}{path}"
+
+    async def request(
+        self,
+        method: str,
+        path: str,
+        *,
+        json: Mapping[str, Any] | None = None,
+        params: Mapping[str, str | int] | None = None,
+        auth: Auth = Auth.API_KEY,
+        mid: MidPlacement = MidPlacement.QUERY,
+        retry_safe: bool | None = None,
+        rate_limited: bool | None = None,
+        what: str | None = None,
+    ) -> Any:
+        """Send one call and return its decoded JSON (None for an empty body).
+
+        ``path`` is relative to the base address, or an absolute URL (reporting, boarding).
+        ``retry_safe`` defaults to True for GET/PUT/DELETE; ``rate_limited`` to True for
+        terminal endpoints.
+        """
+        label = what or f"{method} {path.split('?', 1)[0]}"
+        _status, body, content_type = await self.send(
+            method,
+            path,
+            json=json,
+            params=params,
+            auth=auth,
+            mid=mid,
+            retry_safe=retry_safe,
+            rate_limited=rate_limited,
+            what=label,
+        )
+        if not body.strip():
+            return None
+        return decode_json(body, what=label, content_type=content_type)
+
+    async def request_model(
+        self, model: type[M], method: str, path: str, *, what: str | None = None, **kwargs: Any
+    ) -> M:
+        """Like :meth:`request`, validated straight from the bytes into ``model``."""
+        label = what or f"{method} {path.split('?', 1)[0]}"
+        _status, body, _ctype = await self.send(method, path, what=label, **kwargs)
+        return parse_json(model, body, what=label)
+
+    async def oauth_request(
+        self,
+        method: str,
+        url: str,
+        *,
+        json: Mapping[str, Any] | None = None,
+        params: Mapping[str, str | int] | None = None,
+        what: str | None = None,
+    ) -> Any:
+        """A reporting or boarding call with the OAuth access token; decoded JSON back."""
+        return await self.request(
+            method,
+            url,
+            json=json,
+            params=params,
+            auth=Auth.OAUTH,
+            mid=MidPlacement.NONE,
+            rate_limited=False,
+            what=what,
+        )
+
+    async def send(
+        self,
+        method: str,
+        path: str,
+        *,
+        json: Mapping[str, Any] | None = None,
+        params: Mapping[str, str | int] | None = None,
+        data: Mapping[str, str] | None = None,
+        headers: Mapping[str, str] | None = None,
+        auth: Auth = Auth.API_KEY,
+        mid: MidPlacement = MidPlacement.QUERY,
+        retry_safe: bool | None = None,
+        rate_limited: bool | None = None,
+        what: str = "",
+    ) -> tuple[int, bytes, str]:
+        """The retry loop: (status, body, content type) of a 2xx, or a typed ServiceError."""
+        method = method.upper()
+        url = self.url(path)
+        what = what or f"{method} {path}"
+        if retry_safe is None:
+            retry_safe = method in _IDEMPOTENT_METHODS
+        if rate_limited is None:
+            rate_limited = path.startswith(_RATE_LIMITED_PREFIXES)
+        json, params = self._place_mid(auth, mid, json, params)
+        settings = self.settings
+        attempt = 0
+        renewed = False
+        patience_ends = time.monotonic() + settings.rate_limit_patience
+        while True:
+            if rate_limited:
+                await self.limiter.acquire()
+            call_headers = dict(headers or {})
+            token = await self._bearer(auth)
+            if token is not None:
+                call_headers["Authorization"] = f"Bearer {token}"
+            try:
+                async with self.session.request(
+                    method, url, json=json, params=params, data=data, headers=call_headers
+                ) as resp:
+                    body = await resp.read()
+                    status, content_type = resp.status, resp.content_type
+                    retry_after = resp.headers.get("Retry-After")
+            except aiohttp.ClientConnectorError as exc:
+                # Never reached the service: safe to send again whatever the method.
+                if attempt < settings.max_retries:
+                    attempt += 1
+                    await asyncio.sleep(self._backoff(attempt))
+                    continue
+                raise ServiceUnreachableError(f"{what}: cannot connect: {exc}") from exc
+            except (aiohttp.ClientError, TimeoutError) as exc:
+                if retry_safe and attempt < settings.max_retries:
+                    attempt += 1
+                    await asyncio.sleep(self._backoff(attempt))
+                    continue
+                outcome = "" if retry_safe else "; outcome unknown: reconcile before retrying"
+                raise ServiceUnreachableError(
+                    f"{what}: no answer ({type(exc).__name__}: {exc}){outcome}"
+                ) from exc
+            _LOGGER.debug("%s -> %s (%d bytes)", what, status, len(body))
+
+            if 200 <= status < 300:
+                return status, body, content_type
+            if status == 401 and auth is not Auth.NONE and not renewed:
+                renewed = True  # refused before any work was done: renew once and resend
+                await self._renew(auth, token)
+                continue
+            if status == 429:
+                self.rate_limited_count += 1
+                delay = _retry_after_seconds(retry_after) or self._backoff(attempt + 1)
+                self.limiter.pause(delay)
+                if time.monotonic() + delay < patience_ends:
+                    attempt += 1
+                    if not rate_limited:
+                        await asyncio.sleep(delay)
+                    continue
+                raise self._status_error(status, body, content_type, what, retry_after)
+            if status >= 500 and retry_safe and attempt < settings.max_retries:
+                attempt += 1
+                await asyncio.sleep(self._backoff(attempt))
+                continue
+            raise self._status_error(status, body, content_type, what, retry_after)
+
+    # -- pieces of the loop --------------------------------------------------------------------
+
+    def _place_mid(
+        self,
+        auth: Auth,
+        mid: MidPlacement,
+        json: Mapping[str, Any] | None,
+        params: Mapping[str, str | int] | None,
+    ) -> tuple[Mapping[str, Any] | None, Mapping[str, str | int] | None]:
+        if not self.settings.isv or auth is not Auth.API_KEY or mid is MidPlacement.NONE:
+            return json, params
+        if mid is MidPlacement.BODY:
+            return {**(json or {}), "mid": self.settings.mid}, params
+        return json, {**(params or {}), "mid": self.settings.mid}
+
+    async def _bearer(self, auth: Auth) -> str | None:
+        if auth is Auth.API_KEY:
+            return await self.keys.valid_key()
+        if auth is Auth.OAUTH:
+            return await self.oauth.token()
+        return None
+
+    async def _renew(self, auth: Auth, stale: str | None) -> None:
+        if auth is Auth.API_KEY:
+            await self.keys.refresh(stale_key=stale)
+        elif auth is Auth.OAUTH:
+            self.oauth.invalidate(stale)
+
+    def _backoff(self, attempt: int) -> float:
+        """Capped exponential backoff with jitter: retries of many clients do not line up."""
+        settings = self.settings
+        ceiling: float = min(settings.backoff_max, settings.backoff_base * 2.0 ** (attempt - 1))
+        return ceiling * random.uniform(0.5, 1.0)
+
+    def _status_error(
+        self, status: int, body: bytes, content_type: str, what: str, retry_after: str | None
+    ) -> ServiceError:
+        error_body: ErrorBody | None = None
+        try:
+            data = decode_json(body, what=what, content_type=content_type) if body else None
+            if isinstance(data, dict):
+                error_body = ErrorBody.model_validate(
+                    {k: v for k, v in data.items() if isinstance(v, str)}
+                )
+        except ServiceError:
+            if status >= 500:
+                return InvalidServerResponseError(
+                    f"{what}: HTTP {status} with {describe_body(body, content_type)}",
+                    field=BODY,
+                    status=status,
+                )
+        code = error_body.error if error_body else None
+        description = error_body.error_description if error_body else None
+        message = f"{what}: HTTP {status}"
+        if status == 429:
+            return RateLimitedError(
+                f"{message}: rate limited longer than {self.settings.rate_limit_patience:g} s",
+                retry_after=_retry_after_seconds(retry_after),
+                error=code,
+                description=description,
+            )
+        if error_body is None and body:
+            description = describe_body(body, content_type)
+        return error_class_for(status)(
+            message, status=status, error=code, description=description
+        )
+
+    async def _refresh_keys(self, api_key: str, refresh_token: str) -> ApiKeySet:
+        """POST the refresh: current key as bearer, refresh token as ``token`` (choices.md)."""
+        _, body, _ = await self.send(
+            "POST",
+            REFRESH_PATH,
+            json={"token": refresh_token},
+            headers={"Authorization": f"Bearer {api_key}"},
+            auth=Auth.NONE,
+            retry_safe=True,  # the same token again: the service answers the same or refuses
+            rate_limited=False,
+            what="refresh API key",
+        )
+        return parse_json(ApiKeySet, body, what="refresh API key")
+
+
+class OAuthTokens:
+    """The client-credentials access token for reporting and boarding, fetched once per life."""
+
+    def __init__(self, transport: Transport) -> None:
+        self._transport = transport
+        self._token: str | None = None
+        self._expires = 0.0
+        self._lock = asyncio.Lock()
+        self.fetch_count = 0
+
+    async def token(self) -> str:
+        if self._token is not None and time.monotonic() < self._expires:
+            return self._token
+        async with self._lock:  # one fetch however many callers arrive at once
+            if self._token is not None and time.monotonic() < self._expires:
+                return self._token
+            return await self._fetch()
+
+    def invalidate(self, stale: str | None) -> None:
+        if stale is None or stale == self._token:
+            self._token = None
+
+    async def _fetch(self) -> str:
+        settings = self._transport.settings
+        if not settings.client_id or settings.client_secret is None:
+            raise AuthenticationError(
+                "reporting and boarding need client_id and client_secret in the service settings"
+            )
+        basic = aiohttp.BasicAuth(settings.client_id, settings.client_secret.get_secret_value())
+        _, body, _ = await self._transport.send(
+            "POST",
+            self._transport.reporting_url(OAUTH_TOKEN_PATH),
+            data={"grant_type": "client_credentials"},
+            headers={"Authorization": basic.encode()},
+            auth=Auth.NONE,
+            retry_safe=True,  # asking for a token twice costs nothing
+            rate_limited=False,
+            what="OAuth token",
+        )
+        answer = parse(_OAuthAnswer, decode_json(body, what="OAuth token"), what="OAuth token")
+        lifetime = float(answer.expires_in)
+        # renew a little early: 10 % of the lifetime, at most a minute
+        self._expires = time.monotonic() + lifetime - min(60.0, lifetime * 0.1)
+        self._token = answer.access_token
+        self.fetch_count += 1
+        return answer.access_token
+
+
+class _OAuthAnswer(BaseModel):
+    access_token: str
+    token_type: str = "bearer"  # noqa: S105 (the scheme's name)
+    expires_in: int = 3600
+
+
+def _retry_after_seconds(value: str | None) -> float | None:
+    """Retry-After as seconds (the service sends seconds; an HTTP date is read as well)."""
+    if not value:
+        return None
+    try:
+        return max(0.0, float(value))
+    except ValueError:
+        pass
+    from email.utils import parsedate_to_datetime
+
+    try:
+        moment: float = parsedate_to_datetime(value).timestamp()
+    except (TypeError, ValueError):
+        return None
+    return max(0.0, moment - time.time())
