@@ -1,0 +1,254 @@
+"""The Agent: one process on the kiosk that owns the service client, the journal, the sale runner,
+the event bus, the health model, the platforms and the components.
+
+Start order: journal, service client, terminals, recovery (in the background, holding the
+terminals it works on), platforms, components, then systemd READY. Stop order is the reverse,
+and a running sale is finished or safely parked in the journal before anything else goes away.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from kiosk_agent import __version__
+from kiosk_agent.core.config import Config
+from kiosk_agent.core.events import EventBus
+from kiosk_agent.core.flows import INTERACTION_LIFETIME, SaleRunner, SaleSettings
+from kiosk_agent.core.health import Health, HealthChecker
+from kiosk_agent.core.journal import Journal
+from kiosk_agent.core.receipts import ReceiptSettings
+from kiosk_agent.core.recovery import Recovery
+from kiosk_agent.core.registry import PlatformInstance
+from kiosk_agent.core.sale import SaleEvent
+from kiosk_agent.core.systemd import SystemdLifecycle
+from kiosk_agent.service.client import ServiceClient
+from kiosk_agent.service.errors import ServiceError
+from kiosk_agent.service.models import Terminal
+from kiosk_agent.service.settings import ServiceSettings
+
+_LOGGER = logging.getLogger(__name__)
+
+
+class Component(Protocol):
+    """A section's component (admin, upstream, webhooks): built as ``Factory(agent, conf)``."""
+
+    async def start(self) -> None: ...
+
+    async def stop(self) -> None: ...
+
+
+PlatformSetup = Callable[["Agent", dict[str, Any]], Awaitable[PlatformInstance]]
+ComponentFactory = Callable[["Agent", Any], Component]
+
+
+@dataclass(slots=True)
+class _PendingPlatform:
+    setup: PlatformSetup
+    conf: dict[str, Any]
+
+
+def service_settings_from_config(config: Config) -> ServiceSettings:
+    """ServiceSettings for a configured real service (not the embedded simulator)."""
+    conf = dict(config["service"])
+    if "simulator" in conf:
+        raise ValueError("a simulator configuration has no fixed endpoints; start the simulator")
+    credentials = conf.pop("credentials_path", None)
+    journal_dir = config.resolve(config["journal"]["path"]).parent
+    return ServiceSettings(
+        **conf,
+        credentials_path=config.resolve(credentials) if credentials else journal_dir / "keys.json",
+    )
+
+
+def sale_settings_from_config(config: Config, mid: str) -> SaleSettings:
+    sales = config["sales"]
+    receipts = config["receipts"]
+    simulator = config["service"].get("simulator")
+    time_scale = float(simulator["time_scale"]) if simulator else 1.0
+    return SaleSettings(
+        mid=mid,
+        terminals={t["device_id"]: t.get("name", "") for t in config["terminals"]},
+        retries=sales["retries"],
+        card_timeout=sales["card_timeout"],
+        vend_timeout=sales["vend_timeout"],
+        currency=sales["currency"],
+        interaction_lifetime=INTERACTION_LIFETIME / time_scale,
+        stop_timeout=sales.get("stop_timeout", 30.0),
+        receipts=ReceiptSettings(print=receipts["print"], email=receipts["email"]),
+    )
+
+
+class Agent:
+    """The running agent. Platforms use ``agent.sales``, ``agent.events`` and ``agent.health``."""
+
+    def __init__(
+        self,
+        config: Config,
+        service_settings: ServiceSettings,
+        *,
+        version: str = __version__,
+        systemd: SystemdLifecycle | None = None,
+    ) -> None:
+        self.config = config
+        self.version = version
+        self.settings = sale_settings_from_config(config, service_settings.mid)
+        self.service = ServiceClient(service_settings)
+        self.journal = Journal(config.resolve(config["journal"]["path"]))
+        self.events: EventBus[SaleEvent] = EventBus()
+        health_conf = config.get("health")
+        self.health = Health(
+            version, key_warning=health_conf["key_warning"] if health_conf else 86400.0
+        )
+        self._checker = (
+            HealthChecker(
+                self.health,
+                self.service.terminal,
+                list(self.settings.terminals),
+                interval=health_conf["ping_interval"],
+                timeout=health_conf["ping_timeout"],
+            )
+            if health_conf
+            else None
+        )
+        self.sales = SaleRunner(
+            service=self.service,
+            journal=self.journal,
+            events=self.events,
+            settings=self.settings,
+            capabilities=self.can_print,
+        )
+        self.recovery = Recovery(
+            service=self.service,
+            journal=self.journal,
+            events=self.events,
+            settings=self.settings,
+            runner=self.sales,
+        )
+        self.platforms: list[PlatformInstance] = []
+        self.components: list[Component] = []
+        self._pending_platforms: list[_PendingPlatform] = []
+        self._pending_components: list[tuple[ComponentFactory, Any]] = []
+        self._terminals: dict[str, Terminal] = {}
+        self._tasks: list[asyncio.Task[Any]] = []
+        self._systemd = systemd
+        self.started = False
+        self.ready_at: float | None = None
+        self.stopped = asyncio.Event()
+
+    # -- wiring (by app.py, before start) --------------------------------------------------------
+
+    def add_platform(self, setup: PlatformSetup, conf: dict[str, Any]) -> None:
+        self._pending_platforms.append(_PendingPlatform(setup, conf))
+
+    def add_component(self, factory: ComponentFactory, conf: Any) -> None:
+        self._pending_components.append((factory, conf))
+
+    # -- lifecycle -------------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        started = time.monotonic()
+        self.journal.open()
+        await self.service.start()
+        await self.refresh_terminals()
+        open_ids = [r.sale_id for r in self.journal.open_sales()]
+        count, cents = self.journal.today()
+        self.health.set_sales(
+            open_ids=open_ids,
+            attention_ids=[r.sale_id for r in self.journal.attention_sales()],
+            today_count=count,
+            today_amount_cents=cents,
+        )
+        self._tasks.append(asyncio.create_task(self.health.follow_sales(self.events)))
+        self.recovery.start()
+        if self._checker is not None:
+            self._checker.start()
+        for pending in self._pending_platforms:
+            name = pending.conf.get("name") or pending.conf.get("platform")
+            try:
+                self.platforms.append(await pending.setup(self, pending.conf))
+            except Exception:
+                # one broken trigger must not keep the others (or recovery) from running
+                _LOGGER.exception("platform %s failed to start", name)
+                self.health.report_link(str(name), "failed", "setup failed; see the log")
+        for factory, conf in self._pending_components:
+            component = factory(self, conf)
+            await component.start()
+            self.components.append(component)
+        if self._systemd is not None:
+            await self._systemd.start(f"ready: {len(self.platforms)} trigger(s)")
+        self.started = True
+        self.ready_at = time.monotonic()
+        _LOGGER.info(
+            "agent %s ready in %.0f ms: %d trigger(s), %d component(s), %d open sale(s)",
+            self.version,
+            (self.ready_at - started) * 1000,
+            len(self.platforms),
+            len(self.components),
+            len(open_ids),
+        )
+
+    async def stop(self) -> None:
+        """Stop: no new triggers, finish or park the running sale, then everything else."""
+        if self._systemd is not None:
+            await self._systemd.stop()
+        for platform in reversed(self.platforms):
+            with contextlib.suppress(Exception):
+                await platform.stop()
+        await self.sales.stop()
+        await self.recovery.stop()
+        if self._checker is not None:
+            await self._checker.stop()
+        for component in reversed(self.components):
+            try:
+                await component.stop()
+            except Exception:
+                _LOGGER.exception("component %s failed to stop", type(component).__name__)
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await self.service.close()
+        self.journal.close()
+        self.started = False
+        self.stopped.set()
+
+    async def __aenter__(self) -> Agent:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
+
+    # -- terminals -------------------------------------------------------------------------------
+
+    async def refresh_terminals(self) -> None:
+        """Learn the terminals' capabilities; a failure is reported, not fatal."""
+        try:
+            listed = await self.service.terminal.list()
+        except ServiceError as err:
+            _LOGGER.warning("cannot list the terminals: %s", err)
+            self.health.report_service(False, str(err))
+            return
+        self.health.report_service(True)
+        self._terminals = {t.device_id: t for t in listed}
+        for device_id, name in self.settings.terminals.items():
+            terminal = self._terminals.get(device_id)
+            if terminal is None:
+                _LOGGER.warning("configured terminal %s is not known to the service", device_id)
+                self.health.report_terminal(device_id, online=False, name=name, detail="unknown")
+            else:
+                self.health.report_terminal(
+                    device_id, online=terminal.online, connected=terminal.connected, name=name
+                )
+
+    async def can_print(self, device_id: str) -> bool:
+        """Whether the terminal prints receipts: its capabilities say, not its model."""
+        if device_id not in self._terminals:
+            await self.refresh_terminals()
+        terminal = self._terminals.get(device_id)
+        return terminal is not None and terminal.capabilities.receipt_printing

@@ -1,0 +1,343 @@
+"""The durable journal: every sale and every step, on disk before the call it leads to.
+
+SQLite in WAL mode with ``synchronous=FULL``: a step is committed (fsynced) before the flow makes
+the external call the step announces, so after a crash or a power cut the journal always says
+what might have happened, and recovery can find out what did. Writes are synchronous on purpose:
+each is one small transaction (about a millisecond on flash), and ordering is then trivially
+right.
+
+Nothing here ever holds a card number, a card token, an API key or a secret: sales carry the
+locally made ``order_id``, the service's ``interaction_id`` and ``trans_id``, amounts, states, and
+at most the card brand and the last four digits.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import json
+import sqlite3
+import time
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from kiosk_agent.core.sale import SaleState
+
+SCHEMA_VERSION = 1
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS sales (
+    sale_id          TEXT PRIMARY KEY,
+    order_id         TEXT NOT NULL UNIQUE,
+    source           TEXT NOT NULL,
+    flow             TEXT NOT NULL,
+    terminal         TEXT NOT NULL,
+    product          TEXT,
+    amount_cents     INTEGER NOT NULL,
+    currency         TEXT NOT NULL DEFAULT 'USD',
+    state            TEXT NOT NULL,
+    attempt          INTEGER NOT NULL DEFAULT 1,
+    interaction_id   TEXT,
+    interaction_kind TEXT,
+    trans_id         TEXT,
+    authorized_cents INTEGER NOT NULL DEFAULT 0,
+    vended_cents     INTEGER NOT NULL DEFAULT 0,
+    captured_cents   INTEGER NOT NULL DEFAULT 0,
+    reversed_cents   INTEGER NOT NULL DEFAULT 0,
+    reverse_trans_id TEXT,
+    card_brand       TEXT,
+    last_four        TEXT,
+    vault_uuid       TEXT,
+    plan_id          TEXT,
+    message          TEXT NOT NULL DEFAULT '',
+    created_at       REAL NOT NULL,
+    updated_at       REAL NOT NULL,
+    finished_at      REAL
+);
+CREATE INDEX IF NOT EXISTS sales_state ON sales(state);
+CREATE INDEX IF NOT EXISTS sales_created ON sales(created_at);
+CREATE TABLE IF NOT EXISTS steps (
+    id       INTEGER PRIMARY KEY AUTOINCREMENT,
+    sale_id  TEXT NOT NULL REFERENCES sales(sale_id),
+    at       REAL NOT NULL,
+    step     TEXT NOT NULL,
+    state    TEXT NOT NULL,
+    detail   TEXT NOT NULL DEFAULT '{}'
+);
+CREATE INDEX IF NOT EXISTS steps_sale ON steps(sale_id);
+"""
+
+_FINAL_STATES = tuple(s.value for s in SaleState if s.final)
+
+
+@dataclass(frozen=True, slots=True)
+class SaleRecord:
+    """One row of the sales table."""
+
+    sale_id: str
+    order_id: str
+    source: str
+    flow: str
+    terminal: str
+    amount_cents: int
+    state: SaleState
+    product: str | None = None
+    currency: str = "USD"
+    attempt: int = 1
+    interaction_id: str | None = None
+    interaction_kind: str | None = None
+    trans_id: str | None = None
+    authorized_cents: int = 0
+    vended_cents: int = 0
+    captured_cents: int = 0
+    reversed_cents: int = 0
+    reverse_trans_id: str | None = None
+    card_brand: str | None = None
+    last_four: str | None = None
+    vault_uuid: str | None = None
+    plan_id: str | None = None
+    message: str = ""
+    created_at: float = 0.0
+    updated_at: float = 0.0
+    finished_at: float | None = None
+
+    def attempt_order_id(self, attempt: int | None = None) -> str:
+        """The order_id sent for one attempt: the sale's own for the first, suffixed after."""
+        n = self.attempt if attempt is None else attempt
+        return self.order_id if n <= 1 else f"{self.order_id}-{n}"
+
+    def all_order_ids(self) -> list[str]:
+        return [self.attempt_order_id(n) for n in range(1, self.attempt + 1)]
+
+    def as_dict(self) -> dict[str, Any]:
+        data = dataclasses.asdict(self)
+        data["state"] = self.state.value
+        return data
+
+
+@dataclass(frozen=True, slots=True)
+class StepRecord:
+    sale_id: str
+    at: float
+    step: str
+    state: SaleState
+    detail: dict[str, Any]
+
+
+_COLUMNS = tuple(f.name for f in dataclasses.fields(SaleRecord))
+_UPDATABLE = frozenset(_COLUMNS) - {"sale_id", "order_id", "created_at"}
+# Keys that must never reach the journal, whatever a caller passes in a step's detail.
+_FORBIDDEN_DETAIL = frozenset(
+    {"token", "account_token", "api_key", "refresh_token", "card_number", "secret", "password"}
+)
+
+
+class JournalError(Exception):
+    """The journal cannot be opened or written."""
+
+
+class Journal:
+    """The sales journal on disk. Open once per process; every write is its own transaction."""
+
+    def __init__(self, path: Path | str) -> None:
+        self.path = Path(path)
+        self._db: sqlite3.Connection | None = None
+
+    # -- lifecycle -------------------------------------------------------------------------------
+
+    def open(self) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
+            db.row_factory = sqlite3.Row
+            db.execute("PRAGMA journal_mode=WAL")
+            # FULL: a committed step survives a power cut, not only a process crash.
+            db.execute("PRAGMA synchronous=FULL")
+            db.execute("PRAGMA foreign_keys=ON")
+            db.execute("PRAGMA busy_timeout=5000")
+            db.executescript(_SCHEMA)
+            db.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
+        except sqlite3.Error as err:
+            raise JournalError(f"cannot open the journal at {self.path}: {err}") from err
+        self._db = db
+        self.path.chmod(0o600)
+
+    def close(self) -> None:
+        if self._db is not None:
+            self._db.close()
+            self._db = None
+
+    @property
+    def db(self) -> sqlite3.Connection:
+        if self._db is None:
+            raise JournalError("the journal is not open")
+        return self._db
+
+    # -- writes ----------------------------------------------------------------------------------
+
+    def create(self, sale: SaleRecord, detail: Mapping[str, Any] | None = None) -> SaleRecord:
+        """Write a new sale and its first step in one transaction."""
+        now = time.time()
+        sale = dataclasses.replace(sale, created_at=now, updated_at=now)
+        row = sale.as_dict()
+        names = ", ".join(_COLUMNS)
+        marks = ", ".join(f":{c}" for c in _COLUMNS)
+        with self._transaction() as db:
+            db.execute(f"INSERT INTO sales ({names}) VALUES ({marks})", row)  # noqa: S608
+            self._insert_step(db, sale.sale_id, now, "created", sale.state, detail)
+        return sale
+
+    def record(
+        self,
+        sale: SaleRecord,
+        step: str,
+        state: SaleState | None = None,
+        detail: Mapping[str, Any] | None = None,
+        **changes: Any,
+    ) -> SaleRecord:
+        """Write one step (and the sale's new fields) durably; return the updated sale."""
+        unknown = set(changes) - _UPDATABLE
+        if unknown:
+            raise ValueError(f"not journal fields: {', '.join(sorted(unknown))}")
+        now = time.time()
+        new_state = state or sale.state
+        if new_state.final and sale.finished_at is None:
+            changes.setdefault("finished_at", now)
+        updated = dataclasses.replace(sale, state=new_state, updated_at=now, **changes)
+        assignments = {k: getattr(updated, k) for k in (*changes, "state", "updated_at")}
+        assignments["state"] = new_state.value
+        sql = ", ".join(f"{k} = :{k}" for k in assignments)
+        with self._transaction() as db:
+            db.execute(
+                f"UPDATE sales SET {sql} WHERE sale_id = :sale_id",  # noqa: S608
+                {**assignments, "sale_id": sale.sale_id},
+            )
+            self._insert_step(db, sale.sale_id, now, step, new_state, detail)
+        return updated
+
+    def _insert_step(
+        self,
+        db: sqlite3.Connection,
+        sale_id: str,
+        at: float,
+        step: str,
+        state: SaleState,
+        detail: Mapping[str, Any] | None,
+    ) -> None:
+        clean = {k: v for k, v in (detail or {}).items() if k not in _FORBIDDEN_DETAIL}
+        db.execute(
+            "INSERT INTO steps (sale_id, at, step, state, detail) VALUES (?, ?, ?, ?, ?)",
+            (sale_id, at, step, state.value, json.dumps(clean, default=str, sort_keys=True)),
+        )
+
+    class _Tx:
+        def __init__(self, db: sqlite3.Connection) -> None:
+            self.db = db
+
+        def __enter__(self) -> sqlite3.Connection:
+            self.db.execute("BEGIN IMMEDIATE")
+            return self.db
+
+        def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
+            self.db.execute("ROLLBACK" if exc_type else "COMMIT")
+
+    def _transaction(self) -> Journal._Tx:
+        return Journal._Tx(self.db)
+
+    # -- reads -----------------------------------------------------------------------------------
+
+    def get(self, sale_id: str) -> SaleRecord | None:
+        row = self.db.execute("SELECT * FROM sales WHERE sale_id = ?", (sale_id,)).fetchone()
+        return None if row is None else _record(row)
+
+    def by_order_id(self, order_id: str) -> SaleRecord | None:
+        row = self.db.execute("SELECT * FROM sales WHERE order_id = ?", (order_id,)).fetchone()
+        return None if row is None else _record(row)
+
+    def open_sales(self) -> list[SaleRecord]:
+        """Sales not in a final state: what a crash left behind (or what is running now)."""
+        marks = ", ".join("?" for _ in _FINAL_STATES)
+        rows = self.db.execute(
+            f"SELECT * FROM sales WHERE state NOT IN ({marks}) ORDER BY created_at",  # noqa: S608
+            _FINAL_STATES,
+        )
+        return [_record(r) for r in rows]
+
+    def attention_sales(self) -> list[SaleRecord]:
+        return self.query(states=[SaleState.ATTENTION])
+
+    def query(
+        self,
+        *,
+        since: float | None = None,
+        until: float | None = None,
+        states: list[SaleState] | None = None,
+        limit: int | None = None,
+    ) -> list[SaleRecord]:
+        """Sales newest first, filtered by creation time and state."""
+        where: list[str] = []
+        args: list[Any] = []
+        if since is not None:
+            where.append("created_at >= ?")
+            args.append(since)
+        if until is not None:
+            where.append("created_at < ?")
+            args.append(until)
+        if states:
+            where.append(f"state IN ({', '.join('?' for _ in states)})")
+            args.extend(s.value for s in states)
+        sql = "SELECT * FROM sales"
+        if where:
+            sql += " WHERE " + " AND ".join(where)
+        sql += " ORDER BY created_at DESC, rowid DESC"
+        if limit is not None:
+            sql += " LIMIT ?"
+            args.append(limit)
+        return [_record(r) for r in self.db.execute(sql, args)]
+
+    def steps(self, sale_id: str) -> list[StepRecord]:
+        rows = self.db.execute(
+            "SELECT * FROM steps WHERE sale_id = ? ORDER BY id", (sale_id,)
+        ).fetchall()
+        return [
+            StepRecord(
+                r["sale_id"], r["at"], r["step"], SaleState(r["state"]), json.loads(r["detail"])
+            )
+            for r in rows
+        ]
+
+    def today(self, now: float | None = None) -> tuple[int, int]:
+        """(count, cents) of the sales completed since local midnight."""
+        current = dt.datetime.fromtimestamp(now if now is not None else time.time())
+        midnight = current.replace(hour=0, minute=0, second=0, microsecond=0).timestamp()
+        row = self.db.execute(
+            "SELECT COUNT(*), COALESCE(SUM(captured_cents), 0) FROM sales "
+            "WHERE state = ? AND finished_at >= ?",
+            (SaleState.COMPLETED.value, midnight),
+        ).fetchone()
+        return int(row[0]), int(row[1])
+
+    def prune(self, keep_days: int, now: float | None = None) -> int:
+        """Delete finished sales older than ``keep_days``; open and attention sales are kept."""
+        cutoff = (now if now is not None else time.time()) - keep_days * 86400
+        keep = (SaleState.ATTENTION.value, *[s.value for s in SaleState if not s.final])
+        marks = ", ".join("?" for _ in keep)
+        with self._transaction() as db:
+            old = f"SELECT sale_id FROM sales WHERE created_at < ? AND state NOT IN ({marks})"  # noqa: S608
+            db.execute(f"DELETE FROM steps WHERE sale_id IN ({old})", (cutoff, *keep))  # noqa: S608
+            cursor = db.execute(
+                f"DELETE FROM sales WHERE sale_id IN ({old})",  # noqa: S608
+                (cutoff, *keep),
+            )
+        return cursor.rowcount
+
+    def __iter__(self) -> Iterator[SaleRecord]:
+        return iter(self.query())
+
+
+def _record(row: sqlite3.Row) -> SaleRecord:
+    data = {k: row[k] for k in row.keys()}  # noqa: SIM118 - sqlite3.Row is not a mapping
+    data["state"] = SaleState(data["state"])
+    return SaleRecord(**data)

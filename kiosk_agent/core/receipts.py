@@ -1,0 +1,68 @@
+"""Receipts after a paid sale: printed on the terminal when it can print, mailed when an address
+is known. A receipt is a courtesy: its failure is noted, never turned into a failed sale.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from kiosk_agent.service.errors import ServiceError
+
+if TYPE_CHECKING:
+    from kiosk_agent.service.client import ServiceClient
+
+_LOGGER = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class ReceiptSettings:
+    """``print``: auto (when the terminal's capabilities say it prints), always or never."""
+
+    print: str = "auto"
+    email: bool = True
+
+
+async def send_receipts(
+    service: ServiceClient,
+    device_id: str,
+    trans_id: str,
+    email: str | None,
+    settings: ReceiptSettings,
+    can_print: Callable[[str], Awaitable[bool]] | None,
+) -> list[str]:
+    """Print and/or mail the receipt; return notes for the journal (never the address)."""
+    notes: list[str] = []
+    if await _should_print(device_id, settings, can_print):
+        try:
+            await service.terminal.print_receipt(device_id, trans_id)
+            notes.append("receipt printed")
+        except ServiceError as err:
+            _LOGGER.warning("receipt for %s not printed: %s", trans_id, err)
+            notes.append(f"receipt not printed: {err}")
+    if settings.email and email:
+        try:
+            await service.payments.send_receipt(trans_id, email)
+            notes.append("receipt mailed")
+        except ServiceError as err:
+            _LOGGER.warning("receipt for %s not mailed: %s", trans_id, err)
+            notes.append(f"receipt not mailed: {err}")
+    return notes
+
+
+async def _should_print(
+    device_id: str, settings: ReceiptSettings, can_print: Callable[[str], Awaitable[bool]] | None
+) -> bool:
+    if settings.print == "never":
+        return False
+    if settings.print == "always":
+        return True
+    if can_print is None:
+        return False
+    try:
+        return await can_print(device_id)
+    except ServiceError as err:
+        _LOGGER.info("capabilities of %s unknown, not printing: %s", device_id, err)
+        return False

@@ -1,0 +1,109 @@
+"""Finding out what really happened to a charge, from the service's own records.
+
+Used after a lost answer (by the flows) and after a crash (by recovery): a charge is never sent
+again blind. Reporting is asked by the locally made ``order_id`` (or by ``trans_id``); when
+reporting cannot answer, the lookup says *unknown* and the caller marks the sale for attention
+rather than guessing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from kiosk_agent.service.errors import ServiceError
+from kiosk_agent.service.models import Transaction, TransactionFilter, TransStatus
+
+if TYPE_CHECKING:
+    from kiosk_agent.service.client import ServiceClient
+
+_LOGGER = logging.getLogger(__name__)
+
+# Rows that mean money was taken and is still held.
+_HELD = frozenset({TransStatus.AUTHORIZED, TransStatus.CAPTURED, TransStatus.SETTLED})
+_REVERSED = frozenset({TransStatus.VOIDED, TransStatus.REFUNDED})
+
+
+@dataclass(frozen=True, slots=True)
+class ChargeLookup:
+    """What reporting knows about the charges made under a sale's order ids."""
+
+    unknown: bool = False  # reporting could not be asked: decide nothing
+    approved: bool = False  # a charge holding money exists
+    trans_id: str | None = None
+    amount_cents: int | None = None
+    reversed: bool = False  # a charge existed and was already given back
+
+
+@dataclass(frozen=True, slots=True)
+class TransactionLookup:
+    """What reporting knows about one transaction."""
+
+    known: bool = False
+    authorized: bool = False  # authorized, not captured
+    captured: bool = False  # captured or settled
+    reversed: bool = False  # voided or refunded
+    reverse_trans_id: str | None = None
+    amount_cents: int | None = None
+
+
+class Reconciler:
+    def __init__(self, service: ServiceClient, mid: str) -> None:
+        self.service = service
+        self.mid = mid
+
+    async def _rows(self, query: TransactionFilter) -> list[Transaction] | None:
+        try:
+            return [row async for row in self.service.reporting.transactions(query)]
+        except ServiceError as err:
+            _LOGGER.warning("reporting lookup failed: %s", err)
+            return None
+
+    async def find_charge(
+        self, order_ids: list[str], wait_until: float | None = None
+    ) -> ChargeLookup:
+        """The charge made under any of ``order_ids``, if one holds money.
+
+        ``wait_until`` (Unix time): a charge-card interaction may still be running on the
+        terminal; its charge can only appear once the interaction's lifetime has passed.
+        """
+        if wait_until is not None:
+            delay = wait_until - time.time()
+            if delay > 0:
+                await asyncio.sleep(delay)
+        reversed_seen = False
+        for order_id in order_ids:
+            rows = await self._rows(TransactionFilter(order_id=order_id))
+            if rows is None:
+                return ChargeLookup(unknown=True)
+            for row in rows:
+                status = row.status
+                if status in _HELD:
+                    return ChargeLookup(
+                        approved=True, trans_id=row.trans_id, amount_cents=row.amount_cents
+                    )
+                if status in _REVERSED:
+                    reversed_seen = True
+        return ChargeLookup(reversed=reversed_seen)
+
+    async def transaction_state(self, trans_id: str) -> TransactionLookup:
+        rows = await self._rows(TransactionFilter(trans_id=trans_id))
+        if not rows:
+            return TransactionLookup()
+        row = rows[0]
+        status = row.status
+        reverse_id = None
+        if status in _REVERSED or status is TransStatus.PARTIALLY_REFUNDED:
+            related = await self._rows(TransactionFilter(related_trans_id=trans_id)) or []
+            reverse_id = related[0].trans_id if related else trans_id
+        return TransactionLookup(
+            known=True,
+            authorized=status is TransStatus.AUTHORIZED,
+            captured=status in (TransStatus.CAPTURED, TransStatus.SETTLED),
+            reversed=status in _REVERSED,
+            reverse_trans_id=reverse_id,
+            amount_cents=row.amount_cents,
+        )

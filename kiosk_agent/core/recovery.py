@@ -1,0 +1,267 @@
+"""Recovery: on start, every sale a crash (or a stop) left open is driven to an end.
+
+The journal's last step says what might have happened; the service says what did. The rules:
+
+- nothing was sent yet, or only a card read: no money moved, the sale FAILED;
+- a charge whose answer was lost is looked up (the interaction's status, then reporting by
+  ``order_id``) before anything is sent again;
+- money taken whose dispense was not confirmed is voided or refunded (REVERSED);
+- a confirmed dispense whose capture was interrupted is captured (COMPLETED);
+- what cannot be decided is marked ATTENTION and reported, never guessed.
+
+While a sale is being recovered its terminal refuses new sales.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import defaultdict
+from typing import TYPE_CHECKING
+
+from kiosk_agent.core.events import EventBus
+from kiosk_agent.core.flows import SaleRunner, SaleSettings, SaleSteps
+from kiosk_agent.core.journal import Journal, SaleRecord
+from kiosk_agent.core.sale import Flow, SaleEvent, SaleState
+from kiosk_agent.service.errors import ServiceError
+from kiosk_agent.service.models import (
+    ChargeResultCode,
+    Interaction,
+    InteractionKind,
+    InteractionStatus,
+)
+
+if TYPE_CHECKING:
+    from kiosk_agent.service.client import ServiceClient
+
+_LOGGER = logging.getLogger(__name__)
+
+
+class Recovery:
+    """Finishes the open sales of the journal; run once per start, in the background."""
+
+    def __init__(
+        self,
+        *,
+        service: ServiceClient,
+        journal: Journal,
+        events: EventBus[SaleEvent],
+        settings: SaleSettings,
+        runner: SaleRunner,
+    ) -> None:
+        self.service = service
+        self.journal = journal
+        self.events = events
+        self.settings = settings
+        self.runner = runner
+        self.results: list[SaleEvent] = []
+        self._task: asyncio.Task[list[SaleEvent]] | None = None
+
+    def start(self) -> list[SaleRecord]:
+        """Block the terminals of open sales and start finishing them; return those sales."""
+        open_sales = self.journal.open_sales()
+        by_terminal: dict[str, list[SaleRecord]] = defaultdict(list)
+        for record in open_sales:
+            by_terminal[record.terminal].append(record)
+            self.runner.block(record.terminal, f"recovering sale {record.sale_id}")
+        if open_sales:
+            _LOGGER.warning("recovering %d open sale(s) from the journal", len(open_sales))
+        self._task = asyncio.create_task(self._run(by_terminal), name="recovery")
+        return open_sales
+
+    async def wait(self) -> list[SaleEvent]:
+        """Until every open sale found on start has ended."""
+        if self._task is None:
+            return []
+        return await asyncio.shield(self._task)
+
+    async def stop(self) -> None:
+        if self._task is not None and not self._task.done():
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+
+    async def _run(self, by_terminal: dict[str, list[SaleRecord]]) -> list[SaleEvent]:
+        results = await asyncio.gather(
+            *(self._terminal(device, records) for device, records in by_terminal.items())
+        )
+        self.results = [event for events in results for event in events]
+        return self.results
+
+    async def _terminal(self, device: str, records: list[SaleRecord]) -> list[SaleEvent]:
+        events = []
+        try:
+            for record in records:
+                steps = SaleSteps(
+                    record,
+                    service=self.service,
+                    journal=self.journal,
+                    events=self.events,
+                    settings=self.settings,
+                )
+                try:
+                    events.append(await self.recover(steps))
+                except ServiceError as err:
+                    events.append(
+                        steps.finish(
+                            SaleState.ATTENTION,
+                            "recovery.error",
+                            f"recovery could not decide: {err}",
+                        )
+                    )
+        finally:
+            self.runner.unblock(device)
+        return events
+
+    async def recover(self, steps: SaleSteps) -> SaleEvent:
+        """Drive one open sale to an end."""
+        record = steps.record
+        steps.step("recovery.start", detail={"state": record.state.value})
+        state = record.state
+        if state is SaleState.STARTED:
+            return steps.finish(SaleState.FAILED, "recovery.done", "interrupted before any payment")
+        if state is SaleState.READING_CARD:
+            await self._cancel_read(steps)
+            return steps.finish(
+                SaleState.FAILED,
+                "recovery.done",
+                "interrupted while reading the card; no money moved",
+            )
+        if state is SaleState.ENROLLING:
+            return steps.finish(
+                SaleState.ATTENTION,
+                "recovery.undecided",
+                "interrupted while saving the card; the vault or plan may exist",
+            )
+        if state is SaleState.CHARGING:
+            return await self._charging(steps)
+        if state is SaleState.AUTHORIZING:
+            return await self._held_or_none(steps, "interrupted during the authorization")
+        if state is SaleState.DISPENSING:
+            return await self._held_or_none(steps, "interrupted before the dispense was confirmed")
+        if state is SaleState.CAPTURING:
+            return await self._capturing(steps)
+        if state is SaleState.REVERSING:
+            return await self._reversing(steps)
+        return steps.finish(SaleState.ATTENTION, "recovery.undecided", f"unknown state {state}")
+
+    async def _cancel_read(self, steps: SaleSteps) -> None:
+        if steps.record.interaction_id is None:
+            return
+        try:
+            await self.service.terminal.cancel(steps.device, steps.record.interaction_id)
+        except ServiceError as err:
+            _LOGGER.info("sale %s: read-card not cancelled: %s", steps.record.sale_id, err)
+
+    async def _charging(self, steps: SaleSteps) -> SaleEvent:
+        """A charge-card was (maybe) sent: its interaction, then reporting, say what happened."""
+        record = steps.record
+        if record.trans_id is not None:
+            return await steps.reverse("interrupted after the charge, before the dispense")
+        if record.interaction_id is not None and record.flow == Flow.CHARGE_CARD:
+            interaction = await self._final_interaction(steps)
+            if interaction is not None:
+                return await self._charge_interaction_ended(steps, interaction)
+        return await self._held_or_none(
+            steps,
+            "interrupted while the charge was sent",
+            wait_until=record.updated_at + self.settings.interaction_lifetime * 1.05 + 1.0,
+        )
+
+    async def _final_interaction(self, steps: SaleSteps) -> Interaction | None:
+        """The interaction's final record, polling while it is pending (up to its lifetime)."""
+        deadline = time.monotonic() + self.settings.card_wait
+        pause = max(0.1, min(2.0, self.settings.interaction_lifetime / 100))
+        while True:
+            interaction = await steps.interaction_status(InteractionKind.CHARGE_CARD)
+            if interaction is None:
+                return None
+            if interaction.finished or time.monotonic() > deadline:
+                return interaction if interaction.finished else None
+            await asyncio.sleep(pause)
+
+    async def _charge_interaction_ended(
+        self, steps: SaleSteps, interaction: Interaction
+    ) -> SaleEvent:
+        if interaction.status == InteractionStatus.SUCCEEDED:
+            result = interaction.charge_result
+            if result is not None and result.result == ChargeResultCode.APPROVED:
+                cents = result.amount or steps.record.amount_cents
+                steps.step(
+                    "recovery.charged",
+                    trans_id=result.trans_id,
+                    authorized_cents=cents,
+                    captured_cents=cents,
+                )
+                return await steps.reverse("charged while the agent was down; not dispensed")
+            if result is not None and result.result == ChargeResultCode.DECLINED:
+                return steps.finish(SaleState.DECLINED, "recovery.done", "the card was declined")
+            return steps.finish(
+                SaleState.FAILED, "recovery.done", "the card asked to retry; the customer is gone"
+            )
+        if interaction.status == InteractionStatus.CANCELLED:
+            return steps.finish(SaleState.CANCELLED, "recovery.done", "cancelled on the terminal")
+        return steps.finish(
+            SaleState.FAILED,
+            "recovery.done",
+            f"the charge ended {interaction.status}; no money moved",
+        )
+
+    async def _held_or_none(
+        self, steps: SaleSteps, why: str, wait_until: float | None = None
+    ) -> SaleEvent:
+        """Money may be held: reverse it when reporting shows it, FAILED when it shows none."""
+        record = steps.record
+        if record.trans_id is not None:
+            return await steps.reverse(why)
+        lookup = await steps.reconciler.find_charge(record.all_order_ids(), wait_until=wait_until)
+        if lookup.unknown:
+            return steps.finish(
+                SaleState.ATTENTION,
+                "recovery.undecided",
+                f"{why}; reporting cannot say whether money was taken",
+            )
+        if lookup.approved:
+            steps.step(
+                "recovery.found",
+                trans_id=lookup.trans_id,
+                authorized_cents=lookup.amount_cents or record.amount_cents,
+            )
+            return await steps.reverse(f"{why}; the charge was found in reporting")
+        if lookup.reversed:
+            return steps.finish(SaleState.REVERSED, "recovery.done", f"{why}; already given back")
+        return steps.finish(SaleState.FAILED, "recovery.done", f"{why}; no charge was made")
+
+    async def _capturing(self, steps: SaleSteps) -> SaleEvent:
+        """The dispense was confirmed; the capture was (maybe) sent: make sure it happened."""
+        record = steps.record
+        assert record.trans_id is not None
+        lookup = await steps.reconciler.transaction_state(record.trans_id)
+        if lookup.captured:
+            return steps.finish(
+                SaleState.COMPLETED,
+                "recovery.done",
+                "dispensed and captured before the interruption",
+                captured_cents=lookup.amount_cents or record.vended_cents,
+            )
+        if lookup.authorized:
+            return await steps.capture(record.vended_cents or record.authorized_cents)
+        return steps.finish(
+            SaleState.ATTENTION,
+            "recovery.undecided",
+            "dispensed, but the authorization is neither capturable nor captured",
+        )
+
+    async def _reversing(self, steps: SaleSteps) -> SaleEvent:
+        record = steps.record
+        assert record.trans_id is not None
+        lookup = await steps.reconciler.transaction_state(record.trans_id)
+        if lookup.reversed:
+            return steps.finish(
+                SaleState.REVERSED,
+                "recovery.done",
+                f"{record.message}; given back",
+                reverse_trans_id=lookup.reverse_trans_id,
+                reversed_cents=lookup.amount_cents or 0,
+            )
+        return await steps.reverse(record.message or "interrupted while giving the money back")
