@@ -1,0 +1,84 @@
+"""Masks card numbers, bearer tokens, API keys and secrets in any text: the last safety net.
+
+Code must not log secrets in the first place; this catches what slips through (an exception that
+echoes a request, a third-party library's debug line). Card numbers are recognised as 13-19 digit
+runs, with or without spaces or dashes, that pass the Luhn check, so order ids and timestamps are
+left alone. The first six and last four digits stay visible (PCI DSS allows that much).
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+
+MASK = "[REDACTED]"
+
+# 13-19 digits, optionally grouped by single spaces or dashes; not part of a longer number.
+_CARD = re.compile(r"(?<![\d-])\d(?:[ -]?\d){12,18}(?![\d-])")
+_BEARER = re.compile(r"(?i)\b(bearer|basic)\s+[A-Za-z0-9._~+/=-]+")
+_SECRET_WORDS = (  # noqa: S105 (names of secrets, not secrets)
+    r"api[_-]?key|refresh[_-]?token|access[_-]?token|token|client[_-]?secret|secret|password|"
+    r"passwd|authorization|account[_-]?token|cvn|cvv|card[_-]?number|webhook[_-]?secret"
+)
+# "key": "value" / 'key': 'value' (JSON, Python reprs)
+_QUOTED = re.compile(
+    rf"""(?ix)(["']?(?:[\w-]*?(?:{_SECRET_WORDS}))["']?\s*[:=]\s*)(["'])(?:(?!\2).)*\2"""
+)
+# key=value / key: value (query strings, form bodies, log text)
+_PLAIN = re.compile(
+    rf"(?i)(\b(?:[\w-]*?(?:{_SECRET_WORDS}))\s*[=:]\s*)"
+    rf"(?![\"'\s]|(?:bearer|basic)\s|\[REDACTED\])[^\s&,;)}}\]]+"
+)
+
+
+def luhn_valid(digits: str) -> bool:
+    total = 0
+    for index, char in enumerate(reversed(digits)):
+        value = ord(char) - 48
+        if index % 2:
+            value *= 2
+            if value > 9:
+                value -= 9
+        total += value
+    return total % 10 == 0
+
+
+def _mask_card(match: re.Match[str]) -> str:
+    text = match.group(0)
+    digits = re.sub(r"[ -]", "", text)
+    if not luhn_valid(digits):
+        return text
+    return f"{digits[:6]}{'*' * (len(digits) - 10)}{digits[-4:]}"
+
+
+def redact(text: str) -> str:
+    """``text`` with card numbers, bearer/basic credentials and secret values masked."""
+    if not text:
+        return text
+    text = _BEARER.sub(lambda m: f"{m.group(1)} {MASK}", text)
+    text = _QUOTED.sub(lambda m: f"{m.group(1)}{m.group(2)}{MASK}{m.group(2)}", text)
+    text = _PLAIN.sub(lambda m: f"{m.group(1)}{MASK}", text)
+    return _CARD.sub(_mask_card, text)
+
+
+class RedactingFilter(logging.Filter):
+    """A logging filter that redacts the final message (and exception text) of every record.
+
+    Attach it to handlers: ``handler.addFilter(RedactingFilter())``. The record's message is
+    formatted once here and its args cleared, so no formatter sees the raw values afterwards.
+    """
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        try:
+            message = record.getMessage()
+        except (TypeError, ValueError):  # a bad format string must not lose the record
+            message = f"{record.msg!r} {record.args!r}"
+        record.msg = redact(message)
+        record.args = None
+        if record.exc_info and record.exc_info[1] is not None and not record.exc_text:
+            record.exc_text = redact(logging.Formatter().formatException(record.exc_info))
+        elif record.exc_text:
+            record.exc_text = redact(record.exc_text)
+        if record.stack_info:
+            record.stack_info = redact(record.stack_info)
+        return True

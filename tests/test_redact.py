@@ -1,0 +1,109 @@
+"""redact() masks what must never reach a log; RedactingFilter applies it to every record."""
+
+from __future__ import annotations
+
+import io
+import logging
+
+import pytest
+
+from kiosk_agent.redact import MASK, RedactingFilter, luhn_valid, redact
+
+VISA = "4111111111111111"  # a Luhn-valid test number
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        f"card {VISA} approved",
+        "card 4111 1111 1111 1111 approved",
+        "card 4111-1111-1111-1111 approved",
+        "amex 378282246310005 approved",  # 15 digits
+        "card 6011000990139424",
+    ],
+)
+def test_card_numbers_are_masked_to_first_six_and_last_four(text: str) -> None:
+    masked = redact(text)
+    digits = "".join(c for c in text if c.isdigit())
+    assert digits not in masked.replace(" ", "").replace("-", "")
+    assert f"{digits[:6]}{'*' * (len(digits) - 10)}{digits[-4:]}" in masked
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "order 1234567890123 failed",  # 13 digits, not Luhn-valid
+        "at 1732262400123 ms",
+        "trans_id 100000000000000001",
+        "amount 1250 cents",
+    ],
+)
+def test_numbers_that_are_not_cards_stay(text: str) -> None:
+    assert redact(text) == text
+
+
+def test_luhn() -> None:
+    assert luhn_valid(VISA)
+    assert not luhn_valid("4111111111111112")
+
+
+@pytest.mark.parametrize(
+    ("text", "secret"),
+    [
+        ("Authorization: Bearer sim_api_key.abc-123", "sim_api_key.abc-123"),
+        ("authorization=Basic c2ltX2NsaWVudDpzaW1fc2VjcmV0", "c2ltX2NsaWVudDpzaW1fc2VjcmV0"),
+        ('{"api_key": "key_live_1", "amount": 100}', "key_live_1"),
+        ('{"refresh_token":"rt_9"}', "rt_9"),
+        ("{'client_secret': 'sim_secret'}", "sim_secret"),
+        ("GET /cable?token=wst_123&x=1", "wst_123"),
+        ("refresh_token=rt_1 api_key=k_2", "rt_1"),
+        ("x-api-key: k_3", "k_3"),
+        ("password=hunter2", "hunter2"),
+        ('{"account_token": "tok_abc"}', "tok_abc"),
+    ],
+)
+def test_secrets_in_key_value_and_json_forms_are_masked(text: str, secret: str) -> None:
+    masked = redact(text)
+    assert secret not in masked
+    assert MASK in masked
+
+
+def test_neighbouring_fields_survive() -> None:
+    masked = redact('{"api_key": "k1", "mid": "999000000001", "api_key_expires_at": 17}')
+    assert '"mid": "999000000001"' in masked
+    assert '"api_key_expires_at": 17' in masked
+    assert redact("GET /x?token=t1&mid=42") == f"GET /x?token={MASK}&mid=42"
+
+
+def _logger_with_filter() -> tuple[logging.Logger, io.StringIO]:
+    stream = io.StringIO()
+    handler = logging.StreamHandler(stream)
+    handler.addFilter(RedactingFilter())
+    logger = logging.getLogger("test_redact")
+    logger.handlers = [handler]
+    logger.propagate = False
+    logger.setLevel(logging.DEBUG)
+    return logger, stream
+
+
+def test_filter_masks_arguments_and_exceptions() -> None:
+    logger, stream = _logger_with_filter()
+    logger.info("charging %s with %s", VISA, "Bearer abc.def")
+    try:
+        raise ValueError(f"bad card {VISA} token=xyz")
+    except ValueError:
+        logger.exception("failed")
+    out = stream.getvalue()
+    assert VISA not in out
+    assert "abc.def" not in out
+    assert "xyz" not in out
+    assert "411111******1111" in out
+    assert "ValueError" in out
+
+
+def test_filter_keeps_a_record_with_a_bad_format_string() -> None:
+    logger, stream = _logger_with_filter()
+    logger.info("two %s %s", VISA)  # one argument short
+    out = stream.getvalue()
+    assert out  # logged, not lost
+    assert VISA not in out
