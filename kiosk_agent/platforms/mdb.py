@@ -276,6 +276,8 @@ class MdbCashless:
         self.controller_status: wire.ControllerStatus | None = None
         # the controller has a session open (a vend request or IDLE since the last ENABLED)
         self._controller_session = False
+        # a vend request that came while the previous sale was still capturing
+        self._queued: wire.VendRequested | None = None
         self.session: MdbSession | None = None
         self._tasks: set[asyncio.Task[None]] = set()
         self._stopping = False
@@ -352,6 +354,7 @@ class MdbCashless:
         session = self.session
         if status in (wire.ControllerStatus.INACTIVE, wire.ControllerStatus.DISABLED):
             self._controller_session = False
+            self._queued = None
             _LOGGER.info("%s: controller %s", self.name, status.value)
             if session is not None:
                 _LOGGER.warning("%s: controller %s mid-session", self.name, status.value)
@@ -366,6 +369,7 @@ class MdbCashless:
                 _LOGGER.info("%s: controller enabled", self.name)
             ended = self._controller_session
             self._controller_session = False
+            self._queued = None  # a queued request's session is over too
             if session is not None and ended:
                 session.abort("session ended by the controller")
             elif session is None:
@@ -377,6 +381,10 @@ class MdbCashless:
         session = self.session
         if session is not None:
             if session.on_selection(message):
+                return
+            if session.phase is _Phase.ENDED and self.options.mode is Mode.SELECTION_FIRST:
+                # The machine is done with the last customer; the last sale is still capturing.
+                self._queued = message
                 return
             _LOGGER.warning(
                 "%s: vend request for %s during a session (%s): denied",
@@ -392,6 +400,9 @@ class MdbCashless:
             self.stats.denied += 1
             self.send(wire.deny_vend())
             return
+        self._begin_selection(message)
+
+    def _begin_selection(self, message: wire.VendRequested) -> None:
         request = SaleRequest(
             source=self.options.source,
             flow=self.options.flow,
@@ -416,6 +427,7 @@ class MdbCashless:
             self.session.abort("adapter reconnected")
         self.controller_status = None
         self._controller_session = False
+        self._queued = None
         for line in wire.setup_commands(self.options.address):
             self.send(line)
 
@@ -472,6 +484,9 @@ class MdbCashless:
         finally:
             if self.session is session:
                 self.session = None
+            queued, self._queued = self._queued, None
+            if queued is not None and not self._stopping:
+                self._begin_selection(queued)
             if self.options.mode is Mode.CARD_FIRST and not self._stopping:
                 await asyncio.sleep(self.options.card_first_pause)
                 self._maybe_start_card_first()

@@ -1,0 +1,226 @@
+"""The serial base: lines, garbage, socket:// URLs, globs, reconnect with backoff, the watchdog."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import tty
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from kiosk_agent.platforms.serial import (
+    LinkState,
+    SerialLink,
+    SerialSettings,
+    backoff_delay,
+    resolve_port,
+)
+
+
+class LineServer:
+    """A TCP 'adapter' for socket:// links: sends what it is told, records what it hears."""
+
+    def __init__(self) -> None:
+        self.heard: list[str] = []
+        self.writers: list[asyncio.StreamWriter] = []
+        self.connections = 0
+        self.server: asyncio.Server | None = None
+
+    async def start(self) -> str:
+        self.server = await asyncio.start_server(self._client, "127.0.0.1", 0)
+        port = self.server.sockets[0].getsockname()[1]
+        return f"socket://127.0.0.1:{port}"
+
+    async def _client(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.connections += 1
+        self.writers.append(writer)
+        while line := await reader.readline():
+            text = line.decode().strip()
+            self.heard.append(text)
+            if text == "PING":
+                writer.write(b"PONG\n")
+
+    def send(self, data: bytes) -> None:
+        self.writers[-1].write(data)
+
+    def drop_clients(self) -> None:
+        for writer in self.writers:
+            writer.close()
+
+    async def stop(self) -> None:
+        self.drop_clients()
+        assert self.server is not None
+        self.server.close()
+        await self.server.wait_closed()
+
+
+@pytest.fixture
+async def line_server() -> AsyncIterator[LineServer]:
+    server = LineServer()
+    yield server
+    await server.stop()
+
+
+async def _until(predicate, timeout: float = 3.0) -> None:  # type: ignore[no-untyped-def]
+    async with asyncio.timeout(timeout):
+        while not predicate():
+            await asyncio.sleep(0.005)
+
+
+async def test_socket_url_lines_both_ways(line_server: LineServer) -> None:
+    url = await line_server.start()
+    lines: list[str] = []
+    link = SerialLink("test", SerialSettings(port=url), lines.append)
+    await link.start()
+    try:
+        await asyncio.wait_for(link.wait_connected(), 3)
+        assert link.write_line("hello")
+        await _until(lambda: line_server.heard == ["hello"])
+        line_server.send(b"one\r\ntwo\nthr")
+        line_server.send(b"ee\n")
+        await _until(lambda: len(lines) == 3)
+        assert lines == ["one", "two", "three"]
+    finally:
+        await link.stop()
+    assert link.state is LinkState.CLOSED
+    assert not link.write_line("after stop")
+
+
+async def test_garbage_is_counted_and_dropped(line_server: LineServer) -> None:
+    url = await line_server.start()
+    lines: list[str] = []
+    link = SerialLink("test", SerialSettings(port=url, max_line=32), lines.append)
+    await link.start()
+    try:
+        await asyncio.wait_for(link.wait_connected(), 3)
+        line_server.send(b"\xc3\xa9t\xc3\xa9\n")  # not ASCII
+        line_server.send(b"bell\x07\n")  # control character
+        line_server.send(b"x" * 100)  # overlong, no line end yet
+        line_server.send(b"tail of the overlong run\nok\n")
+        await _until(lambda: lines == ["ok"])
+        assert link.stats.dropped == 3
+        assert link.connected
+    finally:
+        await link.stop()
+
+
+async def test_handler_errors_do_not_break_the_link(line_server: LineServer) -> None:
+    url = await line_server.start()
+    seen: list[str] = []
+
+    def handler(line: str) -> None:
+        seen.append(line)
+        if line == "boom":
+            raise RuntimeError("handler bug")
+
+    link = SerialLink("test", SerialSettings(port=url), handler)
+    await link.start()
+    try:
+        await asyncio.wait_for(link.wait_connected(), 3)
+        line_server.send(b"boom\nstill here\n")
+        await _until(lambda: seen == ["boom", "still here"])
+        assert link.connected
+    finally:
+        await link.stop()
+
+
+async def test_reconnects_when_the_far_end_goes_away(line_server: LineServer) -> None:
+    url = await line_server.start()
+    states: list[LinkState] = []
+    connects = 0
+
+    async def on_connected() -> None:
+        nonlocal connects
+        connects += 1
+
+    link = SerialLink(
+        "test",
+        SerialSettings(port=url, reconnect_min=0.01, reconnect_max=0.05),
+        lambda line: None,
+        on_state=lambda state, detail: states.append(state),
+        on_connected=on_connected,
+    )
+    await link.start()
+    try:
+        await asyncio.wait_for(link.wait_connected(), 3)
+        line_server.drop_clients()
+        await _until(lambda: connects == 2)
+        assert link.stats.reconnects == 1
+        assert states == [
+            LinkState.CONNECTING,
+            LinkState.CONNECTED,
+            LinkState.DISCONNECTED,
+            LinkState.CONNECTING,
+            LinkState.CONNECTED,
+        ]
+    finally:
+        await link.stop()
+
+
+async def test_watchdog_probes_then_reconnects_a_silent_link(line_server: LineServer) -> None:
+    url = await line_server.start()
+    answered = SerialLink(
+        "answered", SerialSettings(port=url, silence_timeout=0.05, probe="PING"), lambda _: None
+    )
+    silent = SerialLink(
+        "silent", SerialSettings(port=url, silence_timeout=0.05, reconnect_min=0.01),
+        lambda _: None,
+    )
+    await answered.start()
+    await silent.start()
+    try:
+        await _until(lambda: silent.stats.reconnects >= 1)
+        assert "silent for" in silent.stats.last_error
+        assert answered.stats.reconnects == 0
+        assert "PING" in line_server.heard
+    finally:
+        await answered.stop()
+        await silent.stop()
+
+
+async def test_port_that_is_missing_is_retried_with_backoff(tmp_path: Path) -> None:
+    port = tmp_path / "ttyUSB*"
+    states: list[tuple[LinkState, str]] = []
+    link = SerialLink(
+        "usb",
+        SerialSettings(port=str(port), reconnect_min=0.01, reconnect_max=0.02),
+        lambda _: None,
+        on_state=lambda state, detail: states.append((state, detail)),
+    )
+    await link.start()
+    try:
+        await _until(lambda: len(states) >= 2)
+        await asyncio.sleep(0.05)
+        # one report per outage, however many attempts fail
+        assert [s for s, _ in states] == [LinkState.CONNECTING, LinkState.DISCONNECTED]
+        assert "no port matches" in states[-1][1]
+        # the adapter appears (a pty linked under a name the glob matches)
+        master, slave = os.openpty()
+        tty.setraw(slave)
+        (tmp_path / "ttyUSB3").symlink_to(os.ttyname(slave))
+        await asyncio.wait_for(link.wait_connected(), 3)
+        assert link.port_in_use == str(tmp_path / "ttyUSB3")
+        os.write(master, b"hi\n")
+    finally:
+        await link.stop()
+        os.close(master)
+        os.close(slave)
+
+
+def test_resolve_port_keeps_urls_and_paths_and_expands_globs(tmp_path: Path) -> None:
+    (tmp_path / "ttyACM1").touch()
+    (tmp_path / "ttyACM0").touch()
+    assert resolve_port("socket://127.0.0.1:5000") == "socket://127.0.0.1:5000"
+    assert resolve_port("/dev/serial/by-id/usb-x") == "/dev/serial/by-id/usb-x"
+    assert resolve_port(str(tmp_path / "ttyACM*")) == str(tmp_path / "ttyACM0")
+    assert resolve_port(str(tmp_path / "ttyUSB*")) is None
+
+
+def test_backoff_grows_and_is_capped() -> None:
+    delays = [backoff_delay(n, 0.1, 5.0) for n in range(12)]
+    assert 0.075 <= delays[0] <= 0.125
+    assert 0.6 <= delays[3] <= 1.0
+    assert all(d <= 5.0 for d in delays)
+    assert delays[-1] >= 3.75
