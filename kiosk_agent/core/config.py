@@ -108,6 +108,16 @@ class SecretValue(str):
         return "SecretValue('***')"
 
 
+class _Unresolved(SecretValue):
+    """What a failed !secret / !env_var / !include leaves behind: already reported, so the
+    schema's complaint about the same key would only repeat the mistake."""
+
+    __slots__ = ()
+
+
+UNRESOLVED = _Unresolved("")
+
+
 class _Context:
     """What every file of one configuration shares: its directory, secrets, and the errors."""
 
@@ -195,20 +205,20 @@ def _construct_sequence(loader: _Loader, node: yaml.SequenceNode) -> NodeList:
     return result
 
 
-def _construct_secret(loader: _Loader, node: yaml.Node) -> SecretValue | None:
+def _construct_secret(loader: _Loader, node: yaml.Node) -> SecretValue:
     name = str(loader.construct_scalar(node)).strip()  # type: ignore[arg-type]
     value = loader.context.secret(name, loader.position(node))
-    return None if value is None else SecretValue(value)
+    return UNRESOLVED if value is None else SecretValue(value)
 
 
-def _construct_env_var(loader: _Loader, node: yaml.Node) -> SecretValue | None:
+def _construct_env_var(loader: _Loader, node: yaml.Node) -> SecretValue:
     if isinstance(node, yaml.SequenceNode):
         parts = [str(p) for p in loader.construct_sequence(node)]
     else:
         parts = str(loader.construct_scalar(node)).split(None, 1)  # type: ignore[arg-type]
     if not parts:
         loader.context.error(loader.position(node), "!env_var needs a variable name")
-        return None
+        return UNRESOLVED
     name, default = parts[0], (parts[1] if len(parts) > 1 else None)
     value = os.environ.get(name, default)
     if value is None:
@@ -217,7 +227,7 @@ def _construct_env_var(loader: _Loader, node: yaml.Node) -> SecretValue | None:
             f"!env_var {name}: the environment variable is not set and no default is given",
             f"set {name} or write `!env_var {name} default`",
         )
-        return None
+        return UNRESOLVED
     return SecretValue(value)
 
 
@@ -227,8 +237,10 @@ def _construct_include(loader: _Loader, node: yaml.Node) -> Any:
     where = loader.position(node)
     if target == loader.file_path.resolve():
         loader.context.error(where, f"!include {name}: a file cannot include itself")
-        return None
-    return _load_file(target, loader.context, where)
+        return UNRESOLVED
+    before = len(loader.context.errors)
+    loaded = _load_file(target, loader.context, where)
+    return UNRESOLVED if len(loader.context.errors) > before else loaded
 
 
 _Loader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
@@ -602,9 +614,14 @@ def validate(
     try:
         return schema(value), []
     except vol.MultipleInvalid as err:
-        return None, [explain(e, data, prefix, default, schema) for e in err.errors]
+        found = err.errors
     except vol.Invalid as err:
-        return None, [explain(err, data, prefix, default, schema)]
+        found = [err]
+    return None, [
+        explain(e, data, prefix, default, schema)
+        for e in found
+        if not isinstance(_value_at(data, prefix + list(e.path)), _Unresolved)
+    ]
 
 
 def _inline_secrets(node: Any, path: list[Any]) -> Iterator[tuple[list[Any], Position | None]]:
