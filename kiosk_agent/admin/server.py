@@ -1,0 +1,484 @@
+"""The admin API: the device's face for remote operators (aiohttp, bearer tokens, loopback).
+
+Routes (all need ``Authorization: Bearer <token>``; POSTs need an ``admin`` token):
+
+    GET  /api/status                     version, status, uptime, problems
+    GET  /api/health                     the full health snapshot
+    GET  /api/sales[?since&until&state&limit]    the local sales journal, newest first
+    GET  /api/sales/{sale_id}            one sale with its steps
+    GET  /api/reports/{kind}[?format=json|csv&limit&<filter>=...]   streamed from reporting
+    GET  /api/terminals                  the service's terminal list
+    POST /api/terminals/{device_id}/{ping|connect|disconnect|test-print}
+    GET  /api/boarding/merchants         merchant states from the webhook receiver
+    GET  /metrics                        Prometheus text format
+
+Tokens are compared in constant time, never logged, and come from the configuration through
+``!secret``. Reports are streamed page by page from the service's async iterators, so a pull of
+any size keeps one page in memory. A report never carries a card token (``account_token``).
+"""
+
+from __future__ import annotations
+
+import csv
+import datetime as dt
+import hmac
+import io
+import json
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
+from typing import Any
+
+import voluptuous as vol
+from aiohttp import web
+from pydantic import BaseModel, ValidationError
+
+from kiosk_agent.admin.metrics import (
+    CONTENT_TYPE,
+    MetricsWriter,
+    write_health,
+    write_upstream,
+    write_webhooks,
+)
+from kiosk_agent.core.config import register_section
+from kiosk_agent.core.sale import SaleState
+from kiosk_agent.service.errors import (
+    AuthenticationError,
+    BadRequestError,
+    ConflictError,
+    NotFoundError,
+    RateLimitedError,
+    ServiceError,
+    ServiceUnreachableError,
+)
+from kiosk_agent.service.models.reporting import ReportKind
+
+_LOGGER = logging.getLogger(__name__)
+
+READ = "read"
+ADMIN = "admin"
+
+TOKEN_SCHEMA = vol.Schema(
+    {
+        vol.Required("name"): str,
+        # Use !secret; at least 24 characters so it cannot be guessed over the network.
+        vol.Required("token"): vol.All(str, vol.Length(min=24, msg="use at least 24 characters")),
+        vol.Optional("role", default=ADMIN): vol.In([READ, ADMIN]),
+    }
+)
+
+ADMIN_SCHEMA = vol.Schema(
+    {
+        # Loopback by default: reach it over SSH or a VPN, or bind another address on purpose.
+        vol.Optional("host", default="127.0.0.1"): str,
+        vol.Optional("port", default=8124): vol.All(int, vol.Range(min=0, max=65535)),
+        vol.Required("tokens"): vol.All([TOKEN_SCHEMA], vol.Length(min=1)),
+        # Let Prometheus scrape /metrics without a token (it still sees no secrets).
+        vol.Optional("metrics_public", default=False): bool,
+    }
+)
+
+register_section("admin", ADMIN_SCHEMA)
+
+# Fields a report never leaves the device with.
+REPORT_EXCLUDE = frozenset({"account_token"})
+MAX_REPORT_LIMIT = 100_000
+MAX_SALES_LIMIT = 10_000
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+class AdminServer:
+    """The `admin:` component."""
+
+    def __init__(self, agent: Any, conf: dict[str, Any]) -> None:
+        conf = ADMIN_SCHEMA(conf)
+        self.agent = agent
+        self._host: str = conf["host"]
+        self._port: int = conf["port"]
+        self._tokens: list[tuple[str, bytes, str]] = [
+            (t["name"], t["token"].encode(), t["role"]) for t in conf["tokens"]
+        ]
+        self._metrics_public: bool = conf["metrics_public"]
+        self._runner: web.AppRunner | None = None
+        self.port: int | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://{self._host}:{self.port}"
+
+    def app(self) -> web.Application:
+        app = web.Application(middlewares=[self._auth_middleware, _error_middleware])
+        router = app.router
+        router.add_get("/api/status", self.status)
+        router.add_get("/api/health", self.health)
+        router.add_get("/api/sales", self.sales)
+        router.add_get("/api/sales/{sale_id}", self.sale)
+        router.add_get("/api/reports/{kind}", self.report)
+        router.add_get("/api/terminals", self.terminals)
+        router.add_post("/api/terminals/{device_id}/{action}", self.terminal_action)
+        router.add_get("/api/boarding/merchants", self.merchants)
+        router.add_get("/metrics", self.metrics)
+        return app
+
+    async def start(self) -> None:
+        self._runner = web.AppRunner(self.app(), access_log=None)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, self._host, self._port)
+        await site.start()
+        sockets = getattr(site._server, "sockets", None) or []
+        self.port = sockets[0].getsockname()[1] if sockets else self._port
+        _LOGGER.info("admin API on %s", self.url)
+
+    async def stop(self) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None
+
+    # -- auth --------------------------------------------------------------------------------
+
+    def _role_for(self, header: str | None) -> str | None:
+        if not header or not header.startswith("Bearer "):
+            return None
+        presented = header[len("Bearer ") :].strip().encode()
+        role = None
+        for _name, token, token_role in self._tokens:
+            # compare against every token, so timing says nothing about which one (if any) matched
+            if hmac.compare_digest(presented, token):
+                role = token_role
+        return role
+
+    @web.middleware
+    async def _auth_middleware(self, request: web.Request, handler: Handler) -> web.StreamResponse:
+        if request.path == "/metrics" and self._metrics_public:
+            return await handler(request)
+        role = self._role_for(request.headers.get("Authorization"))
+        if role is None:
+            _LOGGER.warning("admin API: refused %s %s from %s: no valid token",
+                            request.method, request.path, request.remote)
+            return _error(
+                401, "unauthorized", "send Authorization: Bearer <token> with a configured token",
+                headers={"WWW-Authenticate": 'Bearer realm="kiosk-agent"'},
+            )
+        if request.method != "GET" and role != ADMIN:
+            return _error(403, "forbidden", "this token may only read; actions need an admin token")
+        return await handler(request)
+
+    # -- status and health -------------------------------------------------------------------
+
+    async def status(self, request: web.Request) -> web.Response:
+        snapshot = self.agent.health.snapshot()
+        return web.json_response(
+            {
+                "version": snapshot.version,
+                "status": str(snapshot.status),
+                "problems": snapshot.problems,
+                "uptime_s": snapshot.uptime_s,
+                "sales": snapshot.sales.model_dump(mode="json"),
+                "terminals_online": sum(1 for t in snapshot.terminals if t.online),
+                "terminals": len(snapshot.terminals),
+            }
+        )
+
+    async def health(self, request: web.Request) -> web.Response:
+        return web.json_response(self.agent.health.snapshot().model_dump(mode="json"))
+
+    # -- the journal -------------------------------------------------------------------------
+
+    async def sales(self, request: web.Request) -> web.Response:
+        journal = self._journal()
+        query = request.query
+        states = [_sale_state(s) for s in query.getall("state", [])]
+        records = journal.query(
+            since=_time_param(query, "since"),
+            until=_time_param(query, "until"),
+            states=states or None,
+            limit=_int_param(query, "limit", 100, MAX_SALES_LIMIT),
+        )
+        return web.json_response({"sales": [r.as_dict() for r in records]})
+
+    async def sale(self, request: web.Request) -> web.Response:
+        journal = self._journal()
+        sale_id = request.match_info["sale_id"]
+        record = journal.get(sale_id)
+        if record is None:
+            return _error(404, "not_found", f"no sale {sale_id!r} in the journal")
+        steps = [
+            {"at": s.at, "step": s.step, "state": s.state.value, "detail": s.detail}
+            for s in journal.steps(sale_id)
+        ]
+        return web.json_response({"sale": record.as_dict(), "steps": steps})
+
+    def _journal(self) -> Any:
+        journal = getattr(self.agent, "journal", None)
+        if journal is None:
+            raise web.HTTPServiceUnavailable(
+                text=json.dumps({"error": "unavailable", "detail": "the journal is not open"}),
+                content_type="application/json",
+            )
+        return journal
+
+    # -- reports -----------------------------------------------------------------------------
+
+    async def report(self, request: web.Request) -> web.StreamResponse:
+        name = request.match_info["kind"]
+        try:
+            kind = ReportKind(name)
+        except ValueError:
+            known = ", ".join(k.value for k in ReportKind)
+            return _error(404, "unknown_report", f"no report {name!r}; known: {known}")
+        query = request.query
+        fmt = query.get("format", "json")
+        if fmt not in ("json", "csv"):
+            return _error(400, "bad_parameter", f"format must be json or csv, got {fmt!r}")
+        limit = _int_param(query, "limit", None, MAX_REPORT_LIMIT)
+        filter_values = {k: v for k, v in query.items() if k not in ("format", "limit")}
+        try:
+            filters = kind.filter.model_validate(filter_values) if filter_values else None
+        except ValidationError as err:
+            first = err.errors()[0]
+            field = ".".join(str(p) for p in first["loc"])
+            known = ", ".join(kind.filter.model_fields)
+            message = f"{kind.value} filter {field!r}: {first['msg']} (filters: {known})"
+            return _error(400, "bad_filter", message)
+        records = self._service().reporting.records(kind, filters, limit=limit)
+        # The first page decides the status: a service error becomes a clear answer, not a
+        # half-written stream.
+        first_record = await anext(records, None)
+        response = web.StreamResponse(
+            headers={
+                "Content-Type": "text/csv; charset=utf-8" if fmt == "csv" else "application/json",
+                "Content-Disposition": f'inline; filename="{kind.value}.{fmt}"',
+            }
+        )
+        await response.prepare(request)
+        rows = _report_rows(first_record, records)
+        writer = _write_csv if fmt == "csv" else _write_json
+        # An error after this point cannot change the status; the stream is cut short instead,
+        # so the client sees an incomplete body rather than a silently truncated report.
+        await writer(response, kind, rows)
+        await response.write_eof()
+        return response
+
+    def _service(self) -> Any:
+        service = getattr(self.agent, "service", None)
+        if service is None:
+            raise web.HTTPServiceUnavailable(
+                text=json.dumps({"error": "unavailable", "detail": "no service client"}),
+                content_type="application/json",
+            )
+        return service
+
+    # -- terminals ---------------------------------------------------------------------------
+
+    async def terminals(self, request: web.Request) -> web.Response:
+        listed = await self._service().terminal.list()
+        return web.json_response({"terminals": [t.model_dump(mode="json") for t in listed]})
+
+    async def terminal_action(self, request: web.Request) -> web.Response:
+        device_id = request.match_info["device_id"]
+        action = request.match_info["action"]
+        terminal = self._service().terminal
+        if action == "ping":
+            answer = await terminal.ping(device_id)
+            self.agent.health.report_terminal(
+                device_id, online=answer.online, latency_ms=answer.latency_ms, pinged=True,
+                detail="" if answer.online else "ping: terminal offline",
+            )
+            return web.json_response(answer.model_dump(mode="json"))
+        if action == "connect":
+            return web.json_response((await terminal.connect(device_id)).model_dump(mode="json"))
+        if action == "disconnect":
+            return web.json_response(
+                (await terminal.disconnect(device_id)).model_dump(mode="json")
+            )
+        if action == "test-print":
+            return await self._test_print(request, device_id)
+        actions = "ping, connect, disconnect, test-print"
+        return _error(404, "unknown_action", f"no action {action!r}; use {actions}")
+
+    async def _test_print(self, request: web.Request, device_id: str) -> web.Response:
+        listed = {t.device_id: t for t in await self._service().terminal.list()}
+        if device_id not in listed:
+            return _error(404, "unknown_terminal", f"the service lists no terminal {device_id!r}")
+        if not listed[device_id].capabilities.receipt_printing:
+            return _error(
+                400, "capability_unsupported", f"terminal {device_id} cannot print receipts"
+            )
+        body = await _json_body(request)
+        trans_id = body.get("trans_id") or self._last_trans_id()
+        if not trans_id:
+            return _error(
+                409, "nothing_to_print", "no sale with a transaction yet; send {\"trans_id\": ...}"
+            )
+        await self._service().terminal.print_receipt(device_id, str(trans_id))
+        return web.json_response({"device_id": device_id, "printed": True, "trans_id": trans_id})
+
+    def _last_trans_id(self) -> str | None:
+        journal = getattr(self.agent, "journal", None)
+        if journal is None:
+            return None
+        for record in journal.query(states=[SaleState.COMPLETED], limit=20):
+            if record.trans_id:
+                return str(record.trans_id)
+        return None
+
+    # -- boarding and metrics ----------------------------------------------------------------
+
+    async def merchants(self, request: web.Request) -> web.Response:
+        receiver = _component(self.agent, "WebhookReceiver")
+        if receiver is None:
+            return _error(404, "not_configured", "the webhooks: section is not configured")
+        return web.json_response({"merchants": receiver.merchants()})
+
+    async def metrics(self, request: web.Request) -> web.Response:
+        writer = MetricsWriter()
+        write_health(writer, self.agent.health.snapshot())
+        upstream = _component(self.agent, "Upstream")
+        if upstream is not None:
+            write_upstream(writer, upstream.stats())
+        receiver = _component(self.agent, "WebhookReceiver")
+        if receiver is not None:
+            write_webhooks(writer, receiver.outcomes)
+        return web.Response(body=writer.text().encode(), headers={"Content-Type": CONTENT_TYPE})
+
+
+# -- helpers ---------------------------------------------------------------------------------
+
+
+def _component(agent: Any, class_name: str) -> Any:
+    """A sibling component (built by app.py), found by class name on ``agent.components``."""
+    components = getattr(agent, "components", None) or []
+    if isinstance(components, dict):
+        components = components.values()
+    return next((c for c in components if type(c).__name__ == class_name), None)
+
+
+def _error(
+    status: int, error: str, detail: str, headers: dict[str, str] | None = None
+) -> web.Response:
+    return web.json_response({"error": error, "detail": detail}, status=status, headers=headers)
+
+
+_SERVICE_STATUS: list[tuple[type[ServiceError], int]] = [
+    (BadRequestError, 400),
+    (NotFoundError, 404),
+    (ConflictError, 409),
+    (RateLimitedError, 429),
+    (AuthenticationError, 502),  # our credentials, not the operator's request
+    (ServiceUnreachableError, 504),
+]
+
+
+@web.middleware
+async def _error_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+    try:
+        return await handler(request)
+    except _BadParameter as err:
+        return _error(400, "bad_parameter", str(err))
+    except ServiceError as err:
+        status = next((code for cls, code in _SERVICE_STATUS if isinstance(err, cls)), 502)
+        return _error(status, err.error or type(err).__name__, f"payment service: {err}")
+
+
+class _BadParameter(ValueError):
+    pass
+
+
+def _int_param(query: Any, name: str, default: int | None, maximum: int) -> int | None:
+    raw = query.get(name)
+    if raw is None:
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise _BadParameter(f"{name} must be a whole number, got {raw!r}") from None
+    if not 1 <= value <= maximum:
+        raise _BadParameter(f"{name} must be 1..{maximum}, got {value}")
+    return value
+
+
+def _time_param(query: Any, name: str) -> float | None:
+    """Unix seconds or an ISO 8601 date/time (local time when it has no offset)."""
+    raw = query.get(name)
+    if raw is None:
+        return None
+    try:
+        return float(raw)
+    except ValueError:
+        pass
+    try:
+        return dt.datetime.fromisoformat(raw.replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        raise _BadParameter(
+            f"{name} must be Unix seconds or an ISO date like 2026-11-22, got {raw!r}"
+        ) from None
+
+
+def _sale_state(raw: str) -> SaleState:
+    try:
+        return SaleState(raw)
+    except ValueError:
+        known = ", ".join(s.value for s in SaleState)
+        raise _BadParameter(f"state must be one of {known}, got {raw!r}") from None
+
+
+async def _json_body(request: web.Request) -> dict[str, Any]:
+    if not request.can_read_body:
+        return {}
+    try:
+        body = await request.json()
+    except ValueError:
+        raise _BadParameter("the body is not JSON") from None
+    if not isinstance(body, dict):
+        raise _BadParameter("the body must be a JSON object")
+    return body
+
+
+def report_row(record: BaseModel) -> dict[str, Any]:
+    """One report record as plain JSON values, with exact cents, without card tokens."""
+    row = record.model_dump(mode="json", exclude=set(REPORT_EXCLUDE))
+    cents = getattr(record, "amount_cents", None)
+    if cents is not None:
+        row["amount_cents"] = cents
+    return row
+
+
+async def _report_rows(
+    first: BaseModel | None, rest: AsyncIterator[BaseModel]
+) -> AsyncIterator[dict[str, Any]]:
+    if first is None:
+        return
+    yield report_row(first)
+    async for record in rest:
+        yield report_row(record)
+
+
+def report_columns(kind: ReportKind) -> list[str]:
+    fields = [f for f in kind.model.model_fields if f not in REPORT_EXCLUDE]
+    return [*fields, "amount_cents"]
+
+
+async def _write_json(
+    response: web.StreamResponse, kind: ReportKind, rows: AsyncIterator[dict[str, Any]]
+) -> None:
+    await response.write(b"[")
+    separator = b""
+    async for row in rows:
+        await response.write(separator + json.dumps(row).encode())
+        separator = b",\n"
+    await response.write(b"]\n")
+
+
+async def _write_csv(
+    response: web.StreamResponse, kind: ReportKind, rows: AsyncIterator[dict[str, Any]]
+) -> None:
+    columns = report_columns(kind)
+    await response.write(_csv_line(columns))
+    async for row in rows:
+        await response.write(_csv_line("" if row.get(c) is None else row[c] for c in columns))
+
+
+def _csv_line(values: Iterable[Any]) -> bytes:
+    buffer = io.StringIO()
+    csv.writer(buffer).writerow(list(values))
+    return buffer.getvalue().encode()

@@ -1,0 +1,80 @@
+"""A real agent on the simulator, with the admin API and the webhook receiver on loopback."""
+
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from kiosk_agent.app import load_agent
+
+ADMIN_TOKEN = "admin-token-0123456789abcdef"
+READ_TOKEN = "read-token-0123456789abcdefgh"
+WEBHOOK_SECRET = "whsec_0123456789"
+
+CONFIG = """
+service:
+  simulator: {time_scale: 50}
+terminals:
+  - device_id: SIM-0001
+    name: front
+  - device_id: SIM-0007
+    name: printer
+journal: {path: journal.db}
+health: {ping_interval: 3600}
+admin:
+  port: 0
+  tokens:
+    - {name: ops, token: !secret admin_token}
+    - {name: grafana, token: !secret read_token, role: read}
+webhooks:
+  port: 0
+  secret: !secret webhook_secret
+"""
+
+
+def write_config(directory: Path, extra: str = "") -> Path:
+    (directory / "secrets.yaml").write_text(
+        f"admin_token: {ADMIN_TOKEN}\nread_token: {READ_TOKEN}\nwebhook_secret: {WEBHOOK_SECRET}\n"
+    )
+    (directory / "secrets.yaml").chmod(0o600)
+    path = directory / "config.yaml"
+    path.write_text(CONFIG + extra)
+    return path
+
+
+@pytest.fixture
+async def agent(tmp_path: Path, sim_settings: Any) -> AsyncIterator[Any]:
+    agent = load_agent(write_config(tmp_path), sim_settings, systemd=False)
+    await agent.start()
+    yield agent
+    await agent.stop()
+
+
+def _component(agent: Any, class_name: str) -> Any:
+    return next(c for c in agent.components if type(c).__name__ == class_name)
+
+
+@pytest.fixture
+def admin_server(agent: Any) -> Any:
+    return _component(agent, "AdminServer")
+
+
+@pytest.fixture
+def webhook_receiver(agent: Any) -> Any:
+    return _component(agent, "WebhookReceiver")
+
+
+@pytest.fixture
+def admin_headers() -> dict[str, str]:
+    return {"Authorization": f"Bearer {ADMIN_TOKEN}"}
+
+
+@pytest.fixture
+def read_headers() -> dict[str, str]:
+    return {"Authorization": f"Bearer {READ_TOKEN}"}
+
+
+@pytest.fixture
+def webhook_secret() -> str:
+    return WEBHOOK_SECRET
