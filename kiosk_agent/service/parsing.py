@@ -33,8 +33,9 @@ def decode_json(body: bytes, *, what: str, content_type: str = "") -> Any:
     try:
         return json.loads(body)
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        got = describe_body(body, content_type)
         raise InvalidResponseError(
-            f"{what}: expected JSON, got {describe_body(body, content_type)} ({exc})", field=BODY
+            f"{what}: field {BODY!r}: expected JSON, got {got} ({exc})", field=BODY
         ) from None
 
 
@@ -85,7 +86,9 @@ def invalid_response(
     if prefix:
         path = f"{prefix}.{path}" if path else prefix
     field = path or BODY
-    got = _type_at(data, path[len(prefix) + 1 :] if prefix else path)
+    got = _type_at(data, path[len(prefix) + 1 :] if prefix else path) if path else ""
+    if not path:
+        got = f", got {type(data).__name__}"
     more = f" (and {exc.error_count() - 1} more)" if exc.error_count() > 1 else ""
     return InvalidResponseError(f"{what}: field {field!r}: {first['msg']}{got}{more}", field=field)
 

@@ -14,6 +14,7 @@ Retry rules, because money moves on some of these calls:
 from __future__ import annotations
 
 import asyncio
+import base64
 import enum
 import logging
 import random
@@ -386,12 +387,13 @@ class OAuthTokens:
             raise AuthenticationError(
                 "reporting and boarding need client_id and client_secret in the service settings"
             )
-        basic = aiohttp.BasicAuth(settings.client_id, settings.client_secret.get_secret_value())
+        pair = f"{settings.client_id}:{settings.client_secret.get_secret_value()}"
+        basic = "Basic " + base64.b64encode(pair.encode()).decode("ascii")
         _, body, _ = await self._transport.send(
             "POST",
             self._transport.reporting_url(OAUTH_TOKEN_PATH),
             data={"grant_type": "client_credentials"},
-            headers={"Authorization": basic.encode()},
+            headers={"Authorization": basic},
             auth=Auth.NONE,
             retry_safe=True,  # asking for a token twice costs nothing
             rate_limited=False,

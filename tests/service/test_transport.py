@@ -1,0 +1,248 @@
+"""The transport against a scripted server: typed errors naming the field for every bad
+answer, retries only where a retry is safe, 401 renewal, 429 with Retry-After, ISV mid."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+
+import pytest
+from scripted_server import ScriptedServer, drop_connection, json_reply, raw_reply
+
+from kiosk_agent.service.client import ServiceClient
+from kiosk_agent.service.errors import (
+    AuthenticationError,
+    BadRequestError,
+    ConflictError,
+    InvalidResponseError,
+    InvalidServerResponseError,
+    NotFoundError,
+    RateLimitedError,
+    ServerError,
+    ServiceUnreachableError,
+)
+from kiosk_agent.service.models import ChargeRequest
+from kiosk_agent.service.settings import ServiceSettings
+
+TERMINALS = "/api/terminal"
+ONE_TERMINAL = {"terminals": [{"device_id": "SIM-0001", "online": True, "connected": False}]}
+KEY_SET = {
+    "api_key": "key-2",
+    "public_key": "pub",
+    "refresh_token": "refresh-2",
+    "api_key_expires_at": int(time.time()) + 3600,
+    "refresh_token_expires_at": int(time.time()) + 86400,
+}
+
+
+async def test_html_502_page_is_a_server_error_naming_the_body(
+    scripted: ScriptedServer, scripted_settings: ServiceSettings
+) -> None:
+    page = b"<html><head><title>502 Bad Gateway</title></head><body>nginx</body></html>"
+    scripted.script("GET", TERMINALS, raw_reply(page, status=502, content_type="text/html"))
+    async with ServiceClient(scripted_settings) as svc:
+        with pytest.raises(InvalidServerResponseError) as caught:
+            await svc.terminal.list()
+    assert isinstance(caught.value, ServerError)  # retry logic sees a 5xx
+    assert caught.value.field == "<body>"
+    assert caught.value.status == 502
+    assert "HTML page" in str(caught.value)
+    assert scripted.count("GET", TERMINALS) == 1 + scripted_settings.max_retries  # GET: retried
+
+
+@pytest.mark.parametrize(
+    ("body", "field", "words"),
+    [
+        (b'{"terminals": [{"device_id": "SIM-0001", "onl', "<body>", "expected JSON"),
+        (b"", "<body>", "expected JSON"),
+        (b'{"terminals": [{"device_id": 7, "online": true}]}', "terminals.0.device_id", "string"),
+        (b'{"terminals": [{"device_id": "A", "online": "maybe"}]}', "terminals.0.online", "bool"),
+        (b'{"terminals": [{"device_id": "A"}]}', "terminals.0.online", "required"),
+        (b'{"terminals": {"device_id": "A"}}', "terminals", "list"),
+        (b'{"items": []}', "terminals", "required"),
+        (b"[1, 2]", "<body>", "object, got list"),
+        (b"<html>OK</html>", "<body>", "HTML page"),
+    ],
+)
+async def test_bad_answers_name_the_field(
+    scripted: ScriptedServer,
+    scripted_settings: ServiceSettings,
+    body: bytes,
+    field: str,
+    words: str,
+) -> None:
+    scripted.script("GET", TERMINALS, raw_reply(body))
+    async with ServiceClient(scripted_settings) as svc:
+        with pytest.raises(InvalidResponseError) as caught:
+            await svc.terminal.list()
+    assert caught.value.field == field
+    assert words in str(caught.value)
+    assert field in str(caught.value)
+
+
+async def test_status_errors_are_typed_with_the_service_error_code(
+    scripted: ScriptedServer, scripted_settings: ServiceSettings
+) -> None:
+    scripted.script("POST", "/api/terminal/SIM-0001/read-card",
+                    json_reply({"error": "terminal_busy"}, status=409))
+    scripted.script("GET", "/api/v1/vault_payment_accounts/nope",
+                    json_reply({"error": "not_found", "error_description": "no account"}, 404))
+    plain_400 = raw_reply(b"oops", status=400, content_type="text/plain")
+    scripted.script("POST", "/api/v1/capture", plain_400)
+    async with ServiceClient(scripted_settings) as svc:
+        with pytest.raises(ConflictError) as busy:
+            await svc.terminal.read_card("SIM-0001", 100)
+        with pytest.raises(NotFoundError) as missing:
+            await svc.vault.get("nope")
+        with pytest.raises(BadRequestError) as bad:
+            await svc.payments.capture("t-1")
+    assert busy.value.error == "terminal_busy"
+    assert missing.value.description == "no account"
+    assert bad.value.status == 400
+    assert "oops" in str(bad.value)
+
+
+async def test_idempotent_get_is_retried_after_5xx_and_drops(
+    scripted: ScriptedServer, scripted_settings: ServiceSettings
+) -> None:
+    scripted.script(
+        "GET", TERMINALS, json_reply({}, status=503), drop_connection, json_reply(ONE_TERMINAL)
+    )
+    async with ServiceClient(scripted_settings) as svc:
+        terminals = await svc.terminal.list()
+    assert [t.device_id for t in terminals] == ["SIM-0001"]
+    assert scripted.count("GET", TERMINALS) == 3
+
+
+async def test_charge_is_never_re_posted_after_a_lost_answer(
+    scripted: ScriptedServer, scripted_settings: ServiceSettings
+) -> None:
+    scripted.script("POST", "/api/v1/charge", drop_connection)
+    request = ChargeRequest(amount=100, account_token="9412345678901111", order_id="o-1")
+    async with ServiceClient(scripted_settings) as svc:
+        with pytest.raises(ServiceUnreachableError, match="outcome unknown"):
+            await svc.payments.charge(request)
+    assert scripted.count("POST", "/api/v1/charge") == 1
+
+
+async def test_charge_is_never_re_posted_after_a_5xx(
+    scripted: ScriptedServer, scripted_settings: ServiceSettings
+) -> None:
+    scripted.script("POST", "/api/v1/charge", json_reply({"error": "boom"}, status=500))
+    request = ChargeRequest(amount=100, account_token="9412345678901111")
+    async with ServiceClient(scripted_settings) as svc:
+        with pytest.raises(ServerError):
+            await svc.payments.charge(request)
+    assert scripted.count("POST", "/api/v1/charge") == 1
+
+
+async def test_refused_connection_is_unreachable_after_retries() -> None:
+    settings = ServiceSettings(
+        base_url="http://127.0.0.1:9", api_key="k", mid="1", backoff_base=0.01, max_retries=2
+    )
+    async with ServiceClient(settings) as svc:
+        with pytest.raises(ServiceUnreachableError, match="cannot connect"):
+            await svc.terminal.list()
+
+
+async def test_429_pauses_for_retry_after_then_succeeds(
+    scripted: ScriptedServer, scripted_settings: ServiceSettings
+) -> None:
+    limited = json_reply({"error": "rate_limited"}, status=429, headers={"Retry-After": "0.2"})
+    scripted.script("POST", "/api/terminal/SIM-0001/read-card", limited,
+                    json_reply({"interaction_id": "i-1", "status": "pending"}, status=202))
+    async with ServiceClient(scripted_settings) as svc:
+        started = time.monotonic()
+        handle = await svc.terminal.read_card("SIM-0001", 100)
+        waited = time.monotonic() - started
+        assert svc.transport.rate_limited_count == 1
+    assert handle.interaction_id == "i-1"
+    assert waited >= 0.2
+    assert scripted.count("POST", "/api/terminal/SIM-0001/read-card") == 2  # 429: not processed
+
+
+async def test_429_beyond_patience_is_rate_limited_error(scripted: ScriptedServer) -> None:
+    server = scripted
+    settings = ServiceSettings(
+        base_url=server.url, api_key="k", mid="1", rate_limit_patience=0.5
+    )
+    server.script("GET", TERMINALS,
+                  json_reply({"error": "rate_limited"}, status=429, headers={"Retry-After": "1"}))
+    async with ServiceClient(settings) as svc:
+        with pytest.raises(RateLimitedError) as caught:
+            await svc.terminal.list()
+    assert caught.value.retry_after == 1.0
+    assert caught.value.error == "rate_limited"
+
+
+async def test_401_refreshes_the_key_once_and_resends(
+    scripted: ScriptedServer, scripted_settings: ServiceSettings
+) -> None:
+    scripted.script("GET", TERMINALS, json_reply({"error": "invalid_token"}, 401),
+                    json_reply(ONE_TERMINAL))
+    scripted.script("POST", "/api/v1/api_keys/refresh", json_reply(KEY_SET))
+    async with ServiceClient(scripted_settings) as svc:
+        await svc.terminal.list()
+        assert svc.transport.keys.api_key == "key-2"
+        assert svc.transport.keys.refresh_count == 1
+    refresh = next(r for r in scripted.requests if r.path == "/api/v1/api_keys/refresh")
+    assert refresh.headers["Authorization"] == "Bearer key-1"
+    refresh_body = scripted.bodies[scripted.requests.index(refresh)]
+    assert json.loads(refresh_body) == {"token": "refresh-1"}
+    last = [r for r in scripted.requests if r.path == TERMINALS][-1]
+    assert last.headers["Authorization"] == "Bearer key-2"
+
+
+async def test_401_after_a_refresh_is_an_authentication_error(
+    scripted: ScriptedServer, scripted_settings: ServiceSettings
+) -> None:
+    scripted.script("GET", TERMINALS, json_reply({"error": "invalid_token"}, 401))
+    scripted.script("POST", "/api/v1/api_keys/refresh", json_reply({"error": "spent"}, 401))
+    async with ServiceClient(scripted_settings) as svc:
+        with pytest.raises(AuthenticationError):
+            await svc.terminal.list()
+    assert scripted.count("POST", "/api/v1/api_keys/refresh") == 1
+
+
+async def test_isv_mid_goes_in_the_query_and_in_the_body_for_receipts(
+    scripted: ScriptedServer,
+) -> None:
+    settings = ServiceSettings(base_url=scripted.url, api_key="isv", mid="999000000002", isv=True)
+    scripted.script("GET", TERMINALS, json_reply(ONE_TERMINAL))
+    scripted.script("POST", "/api/v1/send_receipt", json_reply({"sent": True}))
+    async with ServiceClient(settings) as svc:
+        await svc.terminal.list()
+        await svc.payments.send_receipt("t-1", "a@example.com")
+    listed = next(r for r in scripted.requests if r.path == TERMINALS)
+    assert listed.query["mid"] == "999000000002"
+    receipt = next(r for r in scripted.requests if r.path == "/api/v1/send_receipt")
+    assert "mid" not in receipt.query
+    body = json.loads(scripted.bodies[scripted.requests.index(receipt)])
+    assert body == {"trans_id": "t-1", "email": "a@example.com", "mid": "999000000002"}
+
+
+async def test_oauth_token_is_fetched_once_under_concurrency_and_sent_as_bearer(
+    scripted: ScriptedServer, scripted_settings: ServiceSettings
+) -> None:
+    token = {"access_token": "oat-1", "token_type": "bearer", "expires_in": 3600}
+    scripted.script("POST", "/ords/sprint/oauth/token", json_reply(token))
+    scripted.script("GET", "/ords/sprint/api/3p/v1/transactions", json_reply({"items": []}))
+    async with ServiceClient(scripted_settings) as svc:
+        url = svc.transport.reporting_url("/ords/sprint/api/3p/v1/transactions")
+        calls = (svc.transport.oauth_request("GET", url) for _ in range(10))
+        answers = await asyncio.gather(*calls)
+        assert svc.transport.oauth.fetch_count == 1
+    assert answers == [{"items": []}] * 10
+    token_call = next(r for r in scripted.requests if r.path == "/ords/sprint/oauth/token")
+    assert token_call.headers["Authorization"].startswith("Basic ")
+    assert scripted.bodies[scripted.requests.index(token_call)] == b"grant_type=client_credentials"
+    calls = [r for r in scripted.requests if r.path.endswith("/transactions")]
+    assert {r.headers["Authorization"] for r in calls} == {"Bearer oat-1"}
+
+
+async def test_secrets_never_appear_in_settings_repr(scripted_settings: ServiceSettings) -> None:
+    text = repr(scripted_settings)
+    assert "key-1" not in text
+    assert "refresh-1" not in text
+    assert "secret'" not in text
