@@ -1,0 +1,119 @@
+"""The journal on disk: WAL, one transaction per step, queries for the CLI, recovery and health."""
+
+from __future__ import annotations
+
+import sqlite3
+import stat
+import time
+from pathlib import Path
+
+import pytest
+
+from kiosk_agent.core.journal import Journal, SaleRecord
+from kiosk_agent.core.sale import SaleState
+
+
+@pytest.fixture
+def journal(tmp_path: Path) -> Journal:
+    opened = Journal(tmp_path / "var" / "journal.db")
+    opened.open()
+    yield opened
+    opened.close()
+
+
+def new_sale(n: int, **fields: object) -> SaleRecord:
+    base = dict(
+        sale_id=f"s{n}",
+        order_id=f"KA{n:06d}",
+        source="virtual:front",
+        flow="charge_card",
+        terminal="SIM-0001",
+        amount_cents=250,
+        state=SaleState.STARTED,
+    )
+    base.update(fields)
+    return SaleRecord(**base)  # type: ignore[arg-type]
+
+
+def test_the_file_is_private_and_in_wal_mode(journal: Journal) -> None:
+    assert stat.S_IMODE(journal.path.stat().st_mode) == 0o600
+    assert journal.db.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+    assert journal.db.execute("PRAGMA synchronous").fetchone()[0] == 2  # FULL
+
+
+def test_a_step_is_visible_to_another_connection_as_soon_as_it_returns(journal: Journal) -> None:
+    sale = journal.create(new_sale(1))
+    sale = journal.record(
+        sale, "charge_card.request", SaleState.CHARGING, detail={"order_id": sale.order_id}
+    )
+    other = sqlite3.connect(journal.path)  # what a crash would leave: only committed rows
+    state, steps = other.execute(
+        "SELECT state, (SELECT COUNT(*) FROM steps WHERE sale_id = 's1') FROM sales"
+    ).fetchone()
+    other.close()
+    assert (state, steps) == ("charging", 2)
+
+
+def test_record_returns_the_updated_sale_and_keeps_every_step(journal: Journal) -> None:
+    sale = journal.create(new_sale(1))
+    sale = journal.record(sale, "charge_card.accepted", interaction_id="ix-1")
+    sale = journal.record(
+        sale, "completed", SaleState.COMPLETED, trans_id="T1", captured_cents=250, message="paid"
+    )
+    assert journal.get("s1") == sale
+    assert sale.finished_at is not None
+    assert [s.step for s in journal.steps("s1")] == ["created", "charge_card.accepted", "completed"]
+    assert journal.by_order_id("KA000001") == sale
+
+
+def test_secret_detail_keys_never_reach_the_file(journal: Journal) -> None:
+    sale = journal.create(new_sale(1))
+    journal.record(sale, "read_card.done", detail={"token": "tok_secret_card", "last_four": "4242"})
+    journal.close()
+    assert b"tok_secret_card" not in journal.path.read_bytes()
+    journal.open()
+    assert journal.steps("s1")[-1].detail == {"last_four": "4242"}
+
+
+def test_unknown_fields_are_refused(journal: Journal) -> None:
+    sale = journal.create(new_sale(1))
+    with pytest.raises(ValueError, match="not journal fields: card_number"):
+        journal.record(sale, "oops", card_number="4111111111111111")
+
+
+def test_open_and_attention_sales_for_recovery_and_health(journal: Journal) -> None:
+    first = journal.create(new_sale(1))
+    journal.record(first, "charge_card.request", SaleState.CHARGING)
+    second = journal.create(new_sale(2))
+    journal.record(second, "reverse.failed", SaleState.ATTENTION)
+    third = journal.create(new_sale(3))
+    journal.record(third, "completed", SaleState.COMPLETED, captured_cents=175)
+    assert [s.sale_id for s in journal.open_sales()] == ["s1"]
+    assert [s.sale_id for s in journal.attention_sales()] == ["s2"]
+    assert journal.today() == (1, 175)
+
+
+def test_query_filters_by_time_and_state_newest_first(journal: Journal) -> None:
+    for n in range(1, 5):
+        sale = journal.create(new_sale(n))
+        if n % 2 == 0:
+            journal.record(sale, "completed", SaleState.COMPLETED)
+    assert [s.sale_id for s in journal.query()] == ["s4", "s3", "s2", "s1"]
+    assert [s.sale_id for s in journal.query(states=[SaleState.COMPLETED])] == ["s4", "s2"]
+    assert journal.query(since=time.time() + 60) == []
+    assert len(journal.query(limit=3)) == 3
+
+
+def test_prune_keeps_open_and_attention_sales(journal: Journal) -> None:
+    done = journal.create(new_sale(1))
+    journal.record(done, "completed", SaleState.COMPLETED)
+    attention = journal.create(new_sale(2))
+    journal.record(attention, "x", SaleState.ATTENTION)
+    journal.create(new_sale(3))
+    assert journal.prune(keep_days=1, now=time.time() + 2 * 86400) == 1
+    assert {s.sale_id for s in journal.query()} == {"s2", "s3"}
+
+
+def test_retry_attempts_get_their_own_order_ids() -> None:
+    sale = new_sale(7, attempt=3)
+    assert sale.all_order_ids() == ["KA000007", "KA000007-2", "KA000007-3"]
