@@ -91,6 +91,7 @@ class CardDesk:
             self._busy = False
 
     def _finish(self, sale: DeskSale, state: SaleState, captured: int, message: str) -> None:
+        assert not sale.final.done(), f"{sale.sale_id} finished twice"
         sale.final.set_result(
             SaleEvent(
                 sale_id=sale.sale_id,

@@ -1,0 +1,385 @@
+"""Any line-based serial device, described in the configuration instead of in code.
+
+Regular expressions map the lines the device sends to events, templates give the lines the agent
+answers with::
+
+    - platform: serial_line
+      name: locker
+      port: /dev/serial/by-id/usb-FTDI_FT232R-if00-port0
+      init: ["HELLO"]                                   # sent on every (re)connect
+      vend_request: '^REQ (?P<product>\\w+) (?P<price>\\d+\\.\\d\\d)$'
+      dispense_ok: '^DONE'
+      dispense_failed: '^FAIL (?P<reason>.*)$'
+      cancel: '^ABORT'                                  # optional
+      approve: 'OPEN {product}'
+      deny: 'NO {reason}'
+
+``vend_request`` must have a ``price`` group (``price_unit``: dollars like ``2.50``, or cents);
+``product`` is optional. Templates may use ``{product}``, ``{price}`` (as the device wrote it),
+``{cents}``, ``{amount}`` (two-place dollars) and, in ``deny``, ``{reason}``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import re
+import string
+from dataclasses import dataclass
+from typing import Any
+
+import voluptuous as vol
+
+from kiosk_agent.core.config import PLATFORM_SCHEMA as BASE_PLATFORM_SCHEMA
+from kiosk_agent.core.config import positive_float
+from kiosk_agent.core.sale import DispenseOutcome, DispenseStatus, Flow, SaleRequest
+from kiosk_agent.money import MoneyError, cents_to_dollars, dollars_to_cents
+from kiosk_agent.platforms.base import (
+    SaleStarter,
+    describe_start_failure,
+    instance_name,
+    link_reporter,
+)
+from kiosk_agent.platforms.serial import SerialLink, SerialSettings, StateHandler
+
+_LOGGER = logging.getLogger(__name__)
+
+_TEMPLATE_FIELDS = frozenset({"product", "price", "cents", "amount", "reason"})
+
+
+def _regex(*required_groups: str) -> Any:
+    def validate(value: Any) -> re.Pattern[str]:
+        if not isinstance(value, str):
+            raise vol.Invalid(f"expected a regular expression, got {type(value).__name__}")
+        try:
+            pattern = re.compile(value)
+        except re.error as err:
+            raise vol.Invalid(f"not a valid regular expression ({err}): {value!r}") from None
+        missing = [g for g in required_groups if g not in pattern.groupindex]
+        if missing:
+            raise vol.Invalid(f"the expression needs a named group (?P<{missing[0]}>...)")
+        return pattern
+
+    return validate
+
+
+def _template(value: Any) -> str:
+    if not isinstance(value, str):
+        raise vol.Invalid(f"expected a text template, got {type(value).__name__}")
+    try:
+        fields = {name for _, name, _, _ in string.Formatter().parse(value) if name is not None}
+    except ValueError as err:
+        raise vol.Invalid(f"not a valid template ({err}): {value!r}") from None
+    unknown = sorted(f for f in fields if f not in _TEMPLATE_FIELDS)
+    if unknown:
+        raise vol.Invalid(
+            f"unknown template field {{{unknown[0]}}}; known: "
+            + ", ".join(f"{{{f}}}" for f in sorted(_TEMPLATE_FIELDS))
+        )
+    return value
+
+
+PLATFORM_SCHEMA = BASE_PLATFORM_SCHEMA.extend(
+    {
+        vol.Required("port"): vol.All(str, vol.Length(min=1)),
+        vol.Optional("baudrate", default=9600): vol.All(int, vol.Range(min=300)),
+        vol.Optional("init", default=[]): [str],
+        vol.Required("vend_request"): _regex("price"),
+        vol.Optional("price_unit", default="dollars"): vol.In(["dollars", "cents"]),
+        vol.Required("dispense_ok"): _regex(),
+        vol.Optional("dispense_failed"): _regex(),
+        vol.Optional("cancel"): _regex(),
+        vol.Required("approve"): _template,
+        vol.Optional("deny"): _template,
+        vol.Optional("vend_timeout", default=30.0): positive_float,
+        vol.Optional("line_end", default="\n"): vol.In(["\n", "\r\n", "\r"]),
+        vol.Optional("silence_timeout"): positive_float,
+        vol.Optional("probe"): str,
+        vol.Optional("reconnect_max", default=30.0): positive_float,
+    }
+)
+
+
+@dataclass(slots=True)
+class LineRules:
+    vend_request: re.Pattern[str]
+    dispense_ok: re.Pattern[str]
+    approve: str
+    dispense_failed: re.Pattern[str] | None = None
+    cancel: re.Pattern[str] | None = None
+    deny: str | None = None
+    price_unit: str = "dollars"
+    init: tuple[str, ...] = ()
+
+    @classmethod
+    def from_config(cls, config: dict[str, Any]) -> LineRules:
+        return cls(
+            vend_request=config["vend_request"],
+            dispense_ok=config["dispense_ok"],
+            approve=config["approve"],
+            dispense_failed=config.get("dispense_failed"),
+            cancel=config.get("cancel"),
+            deny=config.get("deny"),
+            price_unit=config.get("price_unit", "dollars"),
+            init=tuple(config.get("init", ())),
+        )
+
+    def price_cents(self, text: str) -> int:
+        try:
+            if self.price_unit == "cents":
+                if not text.isdigit():
+                    raise MoneyError("expected whole cents")
+                return int(text)
+            return dollars_to_cents(text)
+        except MoneyError as err:
+            raise ValueError(f"bad price {text!r}: {err}") from None
+
+
+def template_fields(
+    product: str | None, price_text: str, cents: int, reason: str = ""
+) -> dict[str, str]:
+    return {
+        "product": product or "",
+        "price": price_text,
+        "cents": str(cents),
+        "amount": cents_to_dollars(cents),
+        "reason": reason,
+    }
+
+
+class _Vend:
+    """One sale on the device; its Dispenser."""
+
+    def __init__(self, device: SerialLineDevice, request: SaleRequest, price_text: str) -> None:
+        self.device = device
+        self.request = request
+        self.price_text = price_text
+        self.sale_id: str | None = None
+        self.vending = False
+        self.cancelled: str | None = None
+        self.result: asyncio.Future[DispenseOutcome] = asyncio.Future()
+
+    def fields(self, reason: str = "") -> dict[str, str]:
+        return template_fields(self.request.product, self.price_text, self.request.amount_cents,
+                               reason)
+
+    async def dispense(self, authorized_cents: int) -> DispenseOutcome:
+        if self.cancelled is not None:
+            return self._end(DispenseStatus.CANCELLED, self.cancelled)
+        self.vending = True
+        if not self.device.send(self.device.rules.approve.format(**self.fields())):
+            return self._end(DispenseStatus.CANCELLED, "device not connected: not approved")
+        try:
+            return await asyncio.wait_for(asyncio.shield(self.result), self.device.vend_timeout)
+        except TimeoutError:
+            return self._end(
+                DispenseStatus.TIMEOUT, f"no dispense result within {self.device.vend_timeout:g}s"
+            )
+
+    async def deny(self, reason: str) -> None:
+        if self.result.done():
+            return
+        if self.device.rules.deny is not None:
+            self.device.send(self.device.rules.deny.format(**self.fields(reason)))
+        self._end(DispenseStatus.CANCELLED, f"denied: {reason}")
+
+    def _end(self, status: DispenseStatus, detail: str) -> DispenseOutcome:
+        if not self.result.done():
+            vended = self.request.amount_cents if status is DispenseStatus.VENDED else 0
+            self.result.set_result(DispenseOutcome(status, vended, self.request.product, detail))
+        return self.result.result()
+
+
+class SerialLineDevice:
+    def __init__(
+        self,
+        sales: SaleStarter,
+        settings: SerialSettings,
+        rules: LineRules,
+        *,
+        source: str,
+        flow: Flow = Flow.CHARGE_CARD,
+        terminal: str | None = None,
+        vend_timeout: float = 30.0,
+        on_link_state: StateHandler | None = None,
+    ) -> None:
+        self.sales = sales
+        self.rules = rules
+        self.name = source
+        self.flow = flow
+        self.terminal = terminal
+        self.vend_timeout = vend_timeout
+        self.vend: _Vend | None = None
+        self.unmatched = 0
+        self.outcomes: dict[str, int] = {}
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._queued: _Vend | None = None  # a request that came while the last sale settled
+        self.link = SerialLink(
+            source, settings, self.handle_line, on_state=on_link_state,
+            on_connected=self._on_connected,
+        )
+
+    async def start(self) -> None:
+        await self.link.start()
+
+    async def stop(self) -> None:
+        self._queued = None
+        if self.vend is not None:
+            self._cancel_vend("agent stopping")
+        for task in list(self._tasks):
+            task.cancel()
+        for task in list(self._tasks):
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        await self.link.stop()
+
+    def status(self) -> dict[str, Any]:
+        return {
+            "link": self.link.status(),
+            "vending": self.vend is not None,
+            "outcomes": dict(self.outcomes),
+            "unmatched_lines": self.unmatched,
+        }
+
+    def send(self, line: str) -> bool:
+        return self.link.write_line(line)
+
+    async def _on_connected(self) -> None:
+        for line in self.rules.init:
+            self.send(line)
+
+    def handle_line(self, line: str) -> None:
+        rules = self.rules
+        if match := rules.vend_request.search(line):
+            self._on_vend_request(match)
+        elif rules.dispense_ok.search(line):
+            self._on_result(DispenseStatus.VENDED, "dispensed")
+        elif rules.dispense_failed is not None and (match := rules.dispense_failed.search(line)):
+            reason = match.groupdict().get("reason") or line
+            self._on_result(DispenseStatus.FAILED, f"dispense failed: {reason}")
+        elif rules.cancel is not None and rules.cancel.search(line):
+            self._queued = None
+            if self.vend is not None:
+                self._cancel_vend("cancelled by the device")
+        else:
+            self.unmatched += 1
+            _LOGGER.debug("%s: line matches no rule: %r", self.name, line[:80])
+
+    def _on_vend_request(self, match: re.Match[str]) -> None:
+        groups = match.groupdict()
+        try:
+            cents = self.rules.price_cents(groups["price"])
+        except ValueError as err:
+            _LOGGER.warning("%s: vend request ignored: %s", self.name, err)
+            self.unmatched += 1
+            return
+        request = SaleRequest(
+            source=self.name,
+            flow=self.flow,
+            amount_cents=cents,
+            product=groups.get("product"),
+            terminal=self.terminal,
+        )
+        vend = _Vend(self, request, groups["price"])
+        if self.vend is not None and self.vend.result.done():
+            # The device is done with the last customer; that sale is still being settled.
+            self._queued = vend
+            return
+        if self.vend is not None:
+            _LOGGER.warning("%s: vend request while a sale runs: denied", self.name)
+            if self.rules.deny is not None:
+                fields = template_fields(groups.get("product"), groups["price"], cents, "busy")
+                self.send(self.rules.deny.format(**fields))
+            return
+        self._begin(vend)
+
+    def _begin(self, vend: _Vend) -> None:
+        self.vend = vend
+        task = asyncio.create_task(self._run_sale(vend))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    def _on_result(self, status: DispenseStatus, detail: str) -> None:
+        vend = self.vend
+        if vend is None or not vend.vending:
+            _LOGGER.warning("%s: %s with no dispense pending: ignored", self.name, detail)
+            return
+        vend._end(status, detail)
+
+    def _cancel_vend(self, reason: str) -> None:
+        vend = self.vend
+        if vend is None:
+            return
+        vend.cancelled = reason
+        if vend.vending:
+            vend._end(DispenseStatus.CANCELLED, reason)
+        elif vend.sale_id is not None:
+            task = asyncio.create_task(self._cancel_sale(vend.sale_id))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+
+    async def _cancel_sale(self, sale_id: str) -> None:
+        try:
+            await self.sales.cancel(sale_id)
+        except Exception as err:  # noqa: BLE001 - the sale may have ended meanwhile
+            _LOGGER.warning("%s: could not cancel sale %s: %s", self.name, sale_id, err)
+
+    async def _run_sale(self, vend: _Vend) -> None:
+        try:
+            try:
+                sale = await self.sales.start(vend.request, vend)
+            except Exception as err:  # noqa: BLE001 - busy terminal, agent stopping: device hears no
+                await vend.deny(describe_start_failure(err))
+                return
+            vend.sale_id = sale.sale_id
+            if vend.cancelled is not None and not vend.vending:
+                await self._cancel_sale(sale.sale_id)
+            final = await sale.result()
+            _LOGGER.info("%s: sale %s %s", self.name, final.sale_id, final.state.value)
+            if not vend.result.done():
+                await vend.deny(final.message or final.state.value)
+            status = vend.result.result().status.value
+            self.outcomes[status] = self.outcomes.get(status, 0) + 1
+        finally:
+            if self.vend is vend:
+                self.vend = None
+            queued, self._queued = self._queued, None
+            if queued is not None:
+                self._begin(queued)
+
+
+class SerialLinePlatform:
+    def __init__(self, device: SerialLineDevice) -> None:
+        self.device = device
+        self.name = device.name
+
+    async def stop(self) -> None:
+        await self.device.stop()
+
+    def status(self) -> dict[str, Any]:
+        return self.device.status()
+
+
+async def async_setup_platform(agent: Any, config: dict[str, Any]) -> SerialLinePlatform:
+    source = instance_name(config, "serial")
+    settings = SerialSettings(
+        port=config["port"],
+        baudrate=config["baudrate"],
+        line_end=config["line_end"],
+        silence_timeout=config.get("silence_timeout"),
+        probe=config.get("probe"),
+        reconnect_max=config["reconnect_max"],
+    )
+    device = SerialLineDevice(
+        agent.sales,
+        settings,
+        LineRules.from_config(config),
+        source=source,
+        flow=Flow(config["flow"]),
+        terminal=config.get("terminal"),
+        vend_timeout=config["vend_timeout"],
+        on_link_state=link_reporter(agent, source),
+    )
+    await device.start()
+    return SerialLinePlatform(device)
