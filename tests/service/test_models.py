@@ -1,0 +1,88 @@
+"""Models: extra fields kept, unknown enum values kept as text, money exact, wire shapes."""
+
+from __future__ import annotations
+
+from decimal import Decimal
+
+import pytest
+
+from kiosk_agent.service.models import (
+    BillingPlan,
+    BillingPlanRequest,
+    BillingPlanStatus,
+    ChargeResult,
+    HostedPage,
+    HostedPageLink,
+    Interaction,
+    InteractionStatus,
+    ScheduledPaymentStatus,
+    is_known,
+)
+
+
+def test_charge_result_reads_both_spellings_and_keeps_extras() -> None:
+    short = ChargeResult.model_validate(
+        {"result": "A", "trans_id": "1", "respcode": "00", "resptext": "Approval", "new": 1}
+    )
+    long = ChargeResult.model_validate({"result": "A", "trans_id": "1", "resp_code": "00"})
+    assert short.resp_code == long.resp_code == "00"
+    assert short.resp_text == "Approval"
+    assert short.model_extra == {"new": 1}
+
+
+def test_unknown_status_is_kept_as_text() -> None:
+    record = Interaction.model_validate({"interaction_id": "i", "status": "paused_by_operator"})
+    assert record.status == "paused_by_operator"
+    assert not is_known(record.status)
+    assert record.finished  # the service moved on from pending
+    known = Interaction.model_validate({"interaction_id": "i", "status": "pending"})
+    assert known.status is InteractionStatus.PENDING
+    assert is_known(known.status)
+
+
+def test_billing_plan_doubles_become_exact_decimals() -> None:
+    plan = BillingPlan.model_validate(
+        {
+            "id": 1, "name": "n", "description": None, "mid": "m", "payment_account_uuid": "u",
+            "status": "ACTIVE", "rrule_pattern": "x", "amount": "12.10",
+            "scheduled_payments": [
+                {
+                    "id": 1, "payment_number": 1, "payment_date": "2026-12-01T00:00:00.000Z",
+                    "amount_scheduled": 12.1, "amount_paid": 0.0, "amount_remaining": 12.1,
+                    "payment_status": "ON_HOLD",
+                }
+            ],
+        }
+    )
+    payment = plan.scheduled_payments[0]
+    assert plan.amount == Decimal("12.10")
+    assert payment.amount_scheduled == Decimal("12.1")  # not 12.0999999999999996447...
+    assert payment.payment_status == "ON_HOLD"
+    assert plan.status is BillingPlanStatus.ACTIVE
+    assert ScheduledPaymentStatus.PENDING == "PENDING"
+
+
+def test_dollar_amounts_we_send_are_exact_two_place_strings() -> None:
+    request = BillingPlanRequest(
+        name="n", description="d", mid="m", payment_account_uuid="u", amount="12.5",  # type: ignore[arg-type]
+        rrule_pattern="x",
+    )
+    assert request.model_dump(mode="json")["amount"] == "12.50"
+    with pytest.raises(ValueError, match="float"):
+        HostedPage(name="p", amount=12.5)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="two decimal places"):
+        HostedPage(name="p", amount="12.505")  # type: ignore[arg-type]
+
+
+def test_hosted_page_range_only_when_amount_unlocked() -> None:
+    with pytest.raises(ValueError, match="lock_amount"):
+        HostedPage(name="p", lock_amount=True, min_amount="1.00")  # type: ignore[arg-type]
+    page = HostedPage(name="p", lock_amount=False, min_amount="1", max_amount="20")  # type: ignore[arg-type]
+    assert page.to_wire() == {
+        "name": "p", "lock_amount": False, "min_amount": "1.00", "max_amount": "20.00"
+    }
+
+
+def test_hpp_client_id_is_the_last_path_segment() -> None:
+    link = HostedPageLink(url="https://pay.example.com/hpp/abc123?x=1")
+    assert link.hpp_client_id == "abc123"
