@@ -1,0 +1,76 @@
+"""Helpers for the agent's tests: scripted dispensers, configs and settings for the simulator."""
+
+from __future__ import annotations
+
+import asyncio
+import textwrap
+from pathlib import Path
+from typing import Any
+
+from kiosk_agent.core.sale import DispenseOutcome, DispenseStatus
+from kiosk_agent.service.settings import ServiceSettings
+
+# Large enough that a card arrives in ~5 ms and an interaction expires in under a second.
+TIME_SCALE = 300
+
+
+class ScriptedDispenser:
+    """A machine that answers as told and remembers what it was asked."""
+
+    def __init__(
+        self,
+        status: DispenseStatus = DispenseStatus.VENDED,
+        vended_cents: int = 0,
+        delay: float = 0.0,
+    ) -> None:
+        self.status = status
+        self.vended_cents = vended_cents
+        self.delay = delay
+        self.authorized: list[int] = []
+        self.denied: list[str] = []
+        self.started = asyncio.Event()
+
+    async def dispense(self, authorized_cents: int) -> DispenseOutcome:
+        self.authorized.append(authorized_cents)
+        self.started.set()
+        if self.delay:
+            await asyncio.sleep(self.delay)
+        return DispenseOutcome(self.status, vended_cents=self.vended_cents, product="A1")
+
+    async def deny(self, reason: str) -> None:
+        self.denied.append(reason)
+
+
+def settings_for(sim: Any) -> ServiceSettings:
+    info = sim.ready_info()
+    return ServiceSettings(
+        base_url=info["base_url"],
+        reporting_url=info["reporting_url"],
+        ws_url=info["ws_url"],
+        api_key=info["api_key"],
+        refresh_token=info["refresh_token"],
+        mid=info["mid"],
+        client_id=info["client_id"],
+        client_secret=info["client_secret"],
+    )
+
+
+def write_config(directory: Path, extra: str = "", time_scale: float = TIME_SCALE) -> Path:
+    path = directory / "config.yaml"
+    path.write_text(
+        textwrap.dedent(
+            f"""\
+            service:
+              simulator: {{time_scale: {time_scale}}}
+            terminals:
+              - device_id: SIM-0001
+                name: front
+              - device_id: SIM-0007
+                name: printer
+            journal: {{path: journal.db}}
+            sales: {{retries: 2, vend_timeout: 2, stop_timeout: 2}}
+            """
+        )
+        + textwrap.dedent(extra)
+    )
+    return path

@@ -1,0 +1,44 @@
+"""Fixtures for the agent's tests: a real Agent on the real simulator, and scripted dispensers."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from agent_helpers import TIME_SCALE, settings_for, write_config
+
+from kiosk_agent.app import build_agent
+from kiosk_agent.core.agent import Agent
+from kiosk_agent.core.config import load_config
+
+AgentFactory = Callable[..., Awaitable[Agent]]
+
+
+@pytest.fixture
+async def agent_factory(sim_factory: Any, tmp_path: Path) -> AsyncIterator[AgentFactory]:
+    """Start Agents on one simulator (time scale TIME_SCALE), stopped at the end."""
+    agents: list[Agent] = []
+    sims: list[Any] = []
+
+    async def make(extra: str = "", sim: Any = None, directory: Path | None = None) -> Agent:
+        if sim is None:
+            if not sims:
+                sims.append(await sim_factory(time_scale=TIME_SCALE, seed=1, transactions=0))
+            sim = sims[0]
+        config = load_config(write_config(directory or tmp_path, extra))
+        agent = build_agent(config, settings_for(sim), systemd=False)
+        await agent.start()
+        agents.append(agent)
+        return agent
+
+    yield make
+    for agent in reversed(agents):
+        if agent.started:
+            await agent.stop()
+
+
+@pytest.fixture
+async def agent(agent_factory: AgentFactory) -> Agent:
+    return await agent_factory()

@@ -1,0 +1,225 @@
+"""Every sale flow and outcome, through the real simulator over HTTP and WebSocket.
+
+Card outcomes follow the simulator's cents: ..01 retry (B), ..02 declined (C), ..05 no card
+(expires), ..07 device fault; anything else approved.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+from agent_helpers import ScriptedDispenser
+
+from kiosk_agent.core.agent import Agent
+from kiosk_agent.core.flows import TerminalBusy
+from kiosk_agent.core.sale import DispenseStatus, Flow, SaleEvent, SaleRequest, SaleState
+from kiosk_agent.service.models import TransactionFilter, TransStatus
+
+
+def request(cents: int, flow: Flow = Flow.CHARGE_CARD, **fields: Any) -> SaleRequest:
+    return SaleRequest(source="test:front", flow=flow, amount_cents=cents, **fields)
+
+
+async def sell(agent: Agent, cents: int, dispenser: ScriptedDispenser, **fields: Any) -> SaleEvent:
+    sale = await agent.sales.start(request(cents, **fields), dispenser)
+    return await asyncio.wait_for(sale.result(), 10)
+
+
+async def ledger(agent: Agent, order_id: str) -> list[Any]:
+    """What the service itself recorded under an order id (its reporting interface)."""
+    query = TransactionFilter(order_id=order_id)
+    return [t async for t in agent.service.reporting.transactions(query)]
+
+
+async def test_charge_card_approved_dispenses_and_keeps_the_money(agent: Agent) -> None:
+    machine = ScriptedDispenser()
+    event = await sell(agent, 250, machine)
+    assert event.state is SaleState.COMPLETED
+    assert event.captured_cents == 250
+    assert machine.authorized == [250]
+    sale = agent.journal.get(event.sale_id)
+    assert sale is not None
+    assert sale.trans_id
+    [row] = await ledger(agent, sale.order_id)
+    assert row.status in (TransStatus.CAPTURED, TransStatus.SETTLED)
+    assert row.amount_cents == 250
+
+
+async def test_charge_card_declined_denies_the_vend(agent: Agent) -> None:
+    machine = ScriptedDispenser()
+    event = await sell(agent, 302, machine)
+    assert event.state is SaleState.DECLINED
+    assert machine.authorized == []
+    assert len(machine.denied) == 1
+
+
+async def test_charge_card_retry_answer_is_asked_again_up_to_the_limit(agent: Agent) -> None:
+    machine = ScriptedDispenser()
+    event = await sell(agent, 401, machine)
+    assert event.state is SaleState.DECLINED
+    sale = agent.journal.get(event.sale_id)
+    assert sale is not None
+    assert sale.attempt == 3
+    steps = [s.step for s in agent.journal.steps(event.sale_id)]
+    assert steps.count("charge_card.request") == 3
+    assert machine.authorized == []
+
+
+async def test_no_card_presented_expires_and_fails(agent: Agent) -> None:
+    machine = ScriptedDispenser()
+    event = await sell(agent, 105, machine)
+    assert event.state is SaleState.FAILED
+    assert "no card" in event.message
+    assert machine.denied
+
+
+async def test_device_fault_fails_without_money(agent: Agent) -> None:
+    machine = ScriptedDispenser()
+    event = await sell(agent, 107, machine)
+    assert event.state is SaleState.FAILED
+    assert "fault" in event.message
+    sale = agent.journal.get(event.sale_id)
+    assert sale is not None
+    assert await ledger(agent, sale.order_id) == []
+
+
+async def test_charge_card_failed_dispense_gives_the_money_back(agent: Agent) -> None:
+    machine = ScriptedDispenser(DispenseStatus.FAILED)
+    event = await sell(agent, 250, machine)
+    assert event.state is SaleState.REVERSED
+    assert "voided" in event.message
+    sale = agent.journal.get(event.sale_id)
+    assert sale is not None
+    [row] = await ledger(agent, sale.order_id)
+    assert row.status is TransStatus.VOIDED
+
+
+async def test_authorize_capture_captures_what_was_vended(agent: Agent) -> None:
+    machine = ScriptedDispenser(vended_cents=175)
+    event = await sell(agent, 300, machine, flow=Flow.AUTHORIZE_CAPTURE)
+    assert event.state is SaleState.COMPLETED
+    assert event.captured_cents == 175
+    assert machine.authorized == [300]
+    sale = agent.journal.get(event.sale_id)
+    assert sale is not None
+    assert sale.last_four
+    [row] = await ledger(agent, sale.order_id)
+    assert row.status is TransStatus.CAPTURED
+    assert row.amount_cents == 175
+
+
+@pytest.mark.parametrize(
+    ("status", "delay"),
+    [(DispenseStatus.FAILED, 0.0), (DispenseStatus.CANCELLED, 0.0), (DispenseStatus.VENDED, 5.0)],
+    ids=["dispense-failed", "cancelled-at-machine", "vend-timeout"],
+)
+async def test_authorize_capture_voids_when_nothing_was_vended(
+    agent: Agent, status: DispenseStatus, delay: float
+) -> None:
+    machine = ScriptedDispenser(status, delay=delay)  # vend_timeout is 2 s in the test config
+    event = await sell(agent, 300, machine, flow=Flow.AUTHORIZE_CAPTURE)
+    assert event.state is SaleState.REVERSED
+    sale = agent.journal.get(event.sale_id)
+    assert sale is not None
+    [row] = await ledger(agent, sale.order_id)
+    assert row.status is TransStatus.VOIDED
+
+
+async def test_authorize_capture_declined(agent: Agent) -> None:
+    event = await sell(agent, 302, ScriptedDispenser(), flow=Flow.AUTHORIZE_CAPTURE)
+    assert event.state is SaleState.DECLINED
+
+
+async def test_customer_cancel_during_card_read(agent: Agent) -> None:
+    machine = ScriptedDispenser()
+    sale = await agent.sales.start(request(105, Flow.AUTHORIZE_CAPTURE), machine)
+    await asyncio.sleep(0.05)
+    assert await agent.sales.cancel(sale.sale_id)
+    event = await asyncio.wait_for(sale.result(), 10)
+    assert event.state is SaleState.CANCELLED
+    assert machine.authorized == []
+
+
+async def test_a_busy_terminal_refuses_at_once_with_a_reason(agent: Agent) -> None:
+    machine = ScriptedDispenser(delay=0.3)
+    first = await agent.sales.start(request(250), machine)
+    with pytest.raises(TerminalBusy) as caught:
+        await agent.sales.start(request(250), ScriptedDispenser())
+    assert first.sale_id in caught.value.reason
+    other = await agent.sales.start(request(250, terminal="printer"), ScriptedDispenser())
+    assert (await first.result()).state is SaleState.COMPLETED
+    assert (await other.result()).state is SaleState.COMPLETED
+
+
+async def test_enroll_vaults_the_card_and_starts_a_plan(agent: Agent) -> None:
+    plan = {
+        "name": "locker-monthly",
+        "amount": "9.99",
+        "rrule": "DTSTART:20270101T000000Z\nRRULE:FREQ=MONTHLY;INTERVAL=1",
+    }
+    event = await sell(
+        agent,
+        100,
+        ScriptedDispenser(),
+        flow=Flow.ENROLL,
+        email="c@example.com",
+        plan=plan,
+        metadata={
+            "name": "Pat",
+            "phone": "5550100",
+            "account_zip": "12345",
+            "address1": "1 Main",
+            "city": "Town",
+            "region": "NY",
+        },
+    )
+    assert event.state is SaleState.COMPLETED, event.message
+    sale = agent.journal.get(event.sale_id)
+    assert sale is not None
+    assert sale.vault_uuid
+    assert sale.plan_id
+    created = await agent.service.plans.get(int(sale.plan_id))
+    assert created.payment_account_uuid == sale.vault_uuid
+
+
+async def test_receipt_printed_when_the_terminal_can_print(agent: Agent) -> None:
+    event = await sell(agent, 250, ScriptedDispenser(), terminal="SIM-0007", email="c@example.com")
+    assert event.state is SaleState.COMPLETED
+    notes = [
+        s.detail.get("note") for s in agent.journal.steps(event.sale_id) if s.step == "receipt"
+    ]
+    assert notes == ["receipt printed", "receipt mailed"]
+
+
+async def test_every_step_is_published_in_order(agent: Agent) -> None:
+    async with agent.events.subscribe() as queue:
+        event = await sell(agent, 250, ScriptedDispenser())
+        states = []
+        while not queue.empty():
+            seen = queue.get_nowait()
+            if seen.sale_id == event.sale_id:
+                states.append(seen.state)
+    assert states[0] is SaleState.STARTED
+    assert SaleState.CHARGING in states
+    assert SaleState.DISPENSING in states
+    assert states[-1] is SaleState.COMPLETED
+
+
+async def test_no_card_token_or_key_in_the_journal_file(agent: Agent) -> None:
+    event = await sell(agent, 300, ScriptedDispenser(), flow=Flow.AUTHORIZE_CAPTURE)
+    await sell(agent, 250, ScriptedDispenser())
+    sale = agent.journal.get(event.sale_id)
+    assert sale is not None
+    assert sale.interaction_id is not None
+    read = await agent.service.terminal.get_interaction(
+        sale.terminal, "read_card", sale.interaction_id
+    )
+    card = read.read_card_result
+    assert card is not None
+    secrets = [card.token, agent.service.settings.api_key.get_secret_value()]
+    db = agent.journal.path
+    raw = db.read_bytes() + db.with_name(db.name + "-wal").read_bytes()
+    for secret in secrets:
+        assert secret.encode() not in raw
