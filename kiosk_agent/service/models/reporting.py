@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import enum
 import json
+from collections.abc import Iterator
 from datetime import datetime
 from decimal import Decimal
-from typing import Any
+from typing import Annotated, Any, Generic, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
 from kiosk_agent.money import reported_dollars_to_cents
 from kiosk_agent.service.models.common import Dollars, ServiceModel, Tolerant
@@ -46,6 +47,17 @@ class ReportRecord(ServiceModel):
     @property
     def amount_cents(self) -> int:
         return reported_dollars_to_cents(self.amount)
+
+
+ItemT = TypeVar("ItemT")
+
+
+def _id_text(value: object) -> object:
+    # The interface does not type these ids; services send numbers or text. Kept as text.
+    return str(value) if isinstance(value, int) and not isinstance(value, bool) else value
+
+
+RecordId = Annotated[str, BeforeValidator(_id_text)]
 
 
 class TransStatus(enum.IntEnum):
@@ -108,6 +120,10 @@ class Transaction(ReportRecord):
     interchange_per_item: Decimal | None = None
     interchange_rate: Decimal | None = None
 
+    def __repr_args__(self) -> Iterator[tuple[str | None, Any]]:
+        # The account token stands in for the card: keep it out of reprs and so out of logs.
+        return ((k, v) for k, v in super().__repr_args__() if k != "account_token")
+
     @property
     def status(self) -> TransStatus | None:
         if self.trans_status_id is None:
@@ -119,7 +135,7 @@ class Transaction(ReportRecord):
 
 
 class Deposit(ReportRecord):
-    deposit_id: str
+    deposit_id: RecordId
     mid: str | None = None
     deposit_date: datetime | None = None
     transaction_count: int | None = None
@@ -135,7 +151,7 @@ class ChargebackStatus(enum.StrEnum):
 
 
 class Chargeback(ReportRecord):
-    chargeback_id: str
+    chargeback_id: RecordId
     mid: str | None = None
     trans_id: str | None = None
     case_number: str | None = None
@@ -148,7 +164,7 @@ class Chargeback(ReportRecord):
 
 
 class Adjustment(ReportRecord):
-    adjustment_id: str
+    adjustment_id: RecordId
     mid: str | None = None
     adjustment_date: datetime | None = None
     category: str | None = None
@@ -161,10 +177,14 @@ class PageLink(ServiceModel):
     href: str
 
 
-class Page(ServiceModel):
-    """One ORDS page. ``items`` stay raw dicts; the iterators type them one at a time."""
+class Page(ServiceModel, Generic[ItemT]):
+    """One ORDS page of ``ItemT`` records (``Page[Transaction]``), validated in one pass."""
 
-    items: list[dict[str, Any]]
+    # Cache only keys while parsing: values (ids, dates) are unique per record, and caching
+    # them would grow the parser's cache with the pull instead of keeping memory flat.
+    model_config = ConfigDict(cache_strings="keys")
+
+    items: list[ItemT]
     has_more: bool = Field(default=False, alias="hasMore")
     limit: int | None = None
     offset: int | None = None
