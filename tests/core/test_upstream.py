@@ -124,8 +124,17 @@ def test_report_carries_health_and_nothing_secret() -> None:
     assert report["terminals_online"] == 1
     assert report["links"][0]["name"] == "mdb:front"
     assert set(report) == {
-        "device_id", "version", "status", "problems", "at", "uptime_s", "service", "sales",
-        "terminals", "terminals_online", "links",
+        "device_id",
+        "version",
+        "status",
+        "problems",
+        "at",
+        "uptime_s",
+        "service",
+        "sales",
+        "terminals",
+        "terminals_online",
+        "links",
     }
     text = json.dumps(report)
     for word in ("api_key", "token", "secret", "password", "card_number"):

@@ -1,0 +1,135 @@
+"""`kiosk-agent doctor` and `kiosk-agent health`, run in-process against the simulator."""
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from kiosk_agent.app import load_agent
+from kiosk_agent.cli import build_parser
+from kiosk_agent.cli.fleet import format_health
+
+ADMIN_TOKEN = "doctor-admin-token-0123456789"
+
+
+async def run_cli(*argv: str) -> int:
+    args = build_parser(argv[0]).parse_args(list(argv))
+    return int(await args.handler(args))
+
+
+def write_config(directory: Path, body: str, secrets: dict[str, str] | None = None) -> Path:
+    if secrets:
+        (directory / "secrets.yaml").write_text(
+            "".join(f"{key}: {value}\n" for key, value in secrets.items())
+        )
+        (directory / "secrets.yaml").chmod(0o600)
+    path = directory / "config.yaml"
+    path.write_text(body)
+    return path
+
+
+def endpoint_config(directory: Path, sim: Any, terminals: str, extra: str = "") -> Path:
+    info = sim.ready_info()
+    body = f"""
+service:
+  base_url: {info["base_url"]}
+  reporting_url: {info["reporting_url"]}
+  ws_url: {info["ws_url"]}
+  api_key: !secret api_key
+  refresh_token: !secret refresh_token
+  mid: "{info["mid"]}"
+  client_id: {info["client_id"]}
+  client_secret: !secret client_secret
+  credentials_path: keys.json
+terminals:
+{terminals}
+journal: {{path: journal.db}}
+{extra}
+"""
+    secrets = {
+        "api_key": info["api_key"],
+        "refresh_token": info["refresh_token"],
+        "client_secret": info["client_secret"],
+        "admin_token": ADMIN_TOKEN,
+    }
+    return write_config(directory, body, secrets)
+
+
+async def test_doctor_names_each_config_mistake_and_fails(tmp_path: Path, capsys) -> None:
+    path = write_config(tmp_path, "service: {simulator: {}}\nterminals: []\nadmin: {prot: 1}\n")
+    assert await run_cli("doctor", "--config", str(path)) == 1
+    out = capsys.readouterr().out
+    assert "[FAIL] config:" in out
+    assert "fix: correct each line below" in out
+    assert "terminals" in out
+    assert "check(s) failed: config" in out
+
+
+async def test_doctor_with_a_missing_config_file(tmp_path: Path, capsys) -> None:
+    assert await run_cli("doctor", "--config", str(tmp_path / "nope.yaml")) == 1
+    assert "does not exist" in capsys.readouterr().out
+
+
+async def test_doctor_reports_an_unplugged_serial_adapter(tmp_path: Path, sim, capsys) -> None:
+    gone = "/dev/serial/by-id/usb-missing-adapter-if00"
+    triggers = f"triggers:\n  - platform: mdb\n    name: front\n    port: {gone}\n"
+    path = endpoint_config(tmp_path, sim, "  - device_id: SIM-0001", triggers)
+    assert await run_cli("doctor", "--config", str(path)) == 1
+    out = capsys.readouterr().out
+    assert f"[FAIL] serial port front: {gone} is not present" in out
+    assert "fix: plug the adapter in" in out
+    assert "[PASS] journal" in out
+
+
+async def test_doctor_reports_an_unreachable_service(tmp_path: Path, sim, capsys) -> None:
+    path = endpoint_config(tmp_path, sim, "  - device_id: SIM-0001")
+    await sim.stop()
+    assert await run_cli("doctor", "--config", str(path), "--timeout", "2") == 1
+    out = capsys.readouterr().out
+    assert "[FAIL] service: not reachable" in out
+    assert "fix: check the network" in out
+
+
+def test_health_is_readable_for_people() -> None:
+    snapshot = {
+        "version": "1.0",
+        "status": "degraded",
+        "uptime_s": 3725,
+        "service": {"reachable": True, "key_expires_in_s": 7200},
+        "sales": {"today_count": 3, "today_amount_cents": 1250, "open": 0, "attention": 1},
+        "terminals": [{"device_id": "SIM-0001", "online": False, "detail": "timed out"}],
+        "links": [{"name": "mdb:front", "state": "connected", "healthy": True, "detail": ""}],
+        "problems": ["1 sale(s) need attention"],
+    }
+    text = format_health(snapshot)
+    assert "status:   DEGRADED  (version 1.0, up 1h 2m)" in text
+    assert "key expires in 2h 0m" in text
+    assert "today 3 for $12.50" in text
+    assert "SIM-0001     OFFLINE  timed out" in text
+    assert "problem:  1 sale(s) need attention" in text
+
+
+async def test_health_from_a_running_agent(tmp_path: Path, sim, sim_settings, capsys) -> None:
+    admin = "admin:\n  port: 0\n  tokens:\n    - {name: ops, token: !secret admin_token}\n"
+    path = endpoint_config(tmp_path, sim, "  - device_id: SIM-0001", admin)
+    agent = load_agent(path, sim_settings, systemd=False)
+    await agent.start()
+    try:
+        server = next(c for c in agent.components if type(c).__name__ == "AdminServer")
+        rc = await run_cli("health", "--url", server.url, "--token", ADMIN_TOKEN, "--json")
+        snapshot = json.loads(capsys.readouterr().out)
+        assert snapshot["version"] == agent.version
+        assert rc == (0 if snapshot["status"] == "ok" else 1)
+        assert await run_cli("health", "--url", server.url, "--token", "wrong" * 6) == 2
+        assert "refused the token" in capsys.readouterr().err
+    finally:
+        await agent.stop()
+    assert await run_cli("health", "--url", server.url, "--token", ADMIN_TOKEN) == 2
+    assert "cannot reach the agent" in capsys.readouterr().err
+
+
+async def test_health_needs_a_token_or_a_config(monkeypatch: pytest.MonkeyPatch, capsys) -> None:
+    monkeypatch.delenv("KIOSK_AGENT_TOKEN", raising=False)
+    assert await run_cli("health", "--url", "http://127.0.0.1:9") == 2
+    assert "--token" in capsys.readouterr().err
