@@ -5,13 +5,22 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+from aiohttp import web
 
 from kiosk_agent.sim.auth import Auth
 from kiosk_agent.sim.clock import VirtualClock
 from kiosk_agent.sim.ledger import Ledger
 from kiosk_agent.sim.ratelimit import RateLimiter
 from kiosk_agent.sim.store import Store
+
+if TYPE_CHECKING:
+    from kiosk_agent.sim.hpp import HostedPages
+    from kiosk_agent.sim.payments import Payments
+    from kiosk_agent.sim.plans import BillingPlans
+    from kiosk_agent.sim.terminal import Terminals
+    from kiosk_agent.sim.vault import Vault
 
 
 @dataclass(slots=True)
@@ -55,3 +64,18 @@ class SimContext:
     push_stats: PushStats = field(default_factory=PushStats)
     # Modules keep their own service objects here by name (e.g. "webhooks").
     extras: dict[str, Any] = field(default_factory=dict)
+    # Set by each module's setup(); other modules use them (the terminal charges through
+    # payments, payments vaults through the vault).
+    payments: Payments = field(init=False)
+    vault: Vault = field(init=False)
+    plans: BillingPlans = field(init=False)
+    hosted_pages: HostedPages = field(init=False)
+    terminals: Terminals = field(init=False)
+
+
+CONTEXT_KEY = web.AppKey("sim_context", SimContext)
+
+
+def sim_context(request: web.Request) -> SimContext:
+    """The simulator a request arrived at."""
+    return request.app[CONTEXT_KEY]

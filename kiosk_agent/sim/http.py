@@ -89,7 +89,7 @@ async def read_json(request: web.Request, max_bytes: int = MAX_BODY_BYTES) -> Bo
     if len(raw) > max_bytes:
         raise bad_request(f"body is over the limit of {max_bytes} bytes")
     try:
-        data = json.loads(raw)
+        data = json.loads(raw.decode("utf-8"))
     except UnicodeDecodeError:
         raise bad_request("body is not UTF-8 text") from None
     except json.JSONDecodeError as err:

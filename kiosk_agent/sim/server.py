@@ -23,9 +23,10 @@ from typing import Any
 from aiohttp import web
 
 from kiosk_agent.sim import auth as sim_auth
+from kiosk_agent.sim import cable, hpp, payments, plans, terminal, vault
 from kiosk_agent.sim.auth import Auth
 from kiosk_agent.sim.clock import VirtualClock
-from kiosk_agent.sim.context import SimContext, SimOptions
+from kiosk_agent.sim.context import CONTEXT_KEY, SimContext, SimOptions
 from kiosk_agent.sim.http import error_middleware, json_response
 from kiosk_agent.sim.ledger import Ledger, deposit_resource
 from kiosk_agent.sim.ratelimit import DEFAULT_RATE_LIMIT, RateLimit, RateLimiter
@@ -39,7 +40,6 @@ OAUTH_CLIENT_ID = "sim_client"
 OAUTH_CLIENT_SECRET = "sim_secret"
 # Modules built alongside this one; each exposes ``setup(app, ctx)``.
 _OPTIONAL_MODULES = ("oauth", "reporting", "boarding")
-CONTEXT_KEY = web.AppKey("sim_context", SimContext)
 # Real seconds between saves of the virtual clock, so a restart never runs time backwards.
 _CLOCK_CHECKPOINT_S = 1.0
 # The largest request body the server reads at all; JSON handlers refuse far smaller ones.
@@ -165,7 +165,9 @@ def build_app(ctx: SimContext) -> web.Application:
 
 
 def _module_setups() -> list[Callable[[web.Application, SimContext], None]]:
-    setups = []
+    setups: list[Callable[[web.Application, SimContext], None]] = [
+        payments.setup, vault.setup, plans.setup, hpp.setup, terminal.setup, cable.setup,
+    ]  # fmt: skip
     for name in _OPTIONAL_MODULES:
         module = _optional_module(name)
         if module is not None:

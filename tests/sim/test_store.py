@@ -51,7 +51,12 @@ def test_page_filters_and_reports_more() -> None:
 def test_a_failed_transaction_leaves_nothing() -> None:
     store = Store()
     store.create("CREATE TABLE t (id INTEGER PRIMARY KEY)")
-    with pytest.raises(RuntimeError), store.transaction():
-        store.execute("INSERT INTO t (id) VALUES (1)")
-        raise RuntimeError("boom")
+
+    def insert_then_fail() -> None:
+        with store.transaction():
+            store.execute("INSERT INTO t (id) VALUES (1)")
+            raise RuntimeError("boom")
+
+    with pytest.raises(RuntimeError):
+        insert_then_fail()
     assert store.rows("SELECT * FROM t") == []
