@@ -224,6 +224,8 @@ class MerchantUpdate(ServiceModel):
     legal_name: str | None = None
     external_crm_id: str | None = None
     custom_01: str | None = None
+    rep_code_id: int | None = None
+    customer_id: int | None = None
 
     def to_body(self) -> dict[str, Any]:
         body = self.model_dump(exclude_none=True)
