@@ -43,7 +43,8 @@ STALE_AFTER = 10.0  # seconds without any frame (the server pings every 3 s)
 MAX_SOCKET_ATTEMPTS = 4  # socket failures before polling for the rest of the wait
 RECONNECT_BASE = 0.1  # seconds, doubled per failure
 RECONNECT_MAX = 2.0
-EXPIRY_GRACE = 2.0  # seconds past the lifetime before the status endpoint's answer is final
+EXPIRY_GRACE = 2.0
+PROTOCOLS = ("actioncable-v1-json",)  # seconds past the lifetime before the status endpoint's answer is final
 
 
 class SocketUnavailable(Exception):
@@ -183,7 +184,7 @@ class InteractionHandle:
         url = f"{terminal.settings.websocket_base}/cable"
         try:
             ws = await terminal.session.ws_connect(
-                url, params={"token": token}, autoping=True, heartbeat=None
+                url, params={"token": token}, protocols=PROTOCOLS, autoping=True, heartbeat=None
             )
         except aiohttp.WSServerHandshakeError as exc:
             raise SocketUnavailable(f"refused with HTTP {exc.status}") from None

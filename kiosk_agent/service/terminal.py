@@ -123,13 +123,18 @@ class TerminalClient:
         )
         return parse_interaction(data, what=what)
 
-    async def cancel(self, device_id: str, interaction_id: str) -> None:
-        """Cancel a pending read-card (anything else: ``ConflictError`` not_cancellable)."""
-        await self._transport.request(
-            "DELETE",
-            f"{_device(device_id)}/cancel/{quote(interaction_id, safe='')}",
-            what=f"cancel {interaction_id}",
+    async def cancel(self, device_id: str, interaction_id: str) -> Interaction | None:
+        """Cancel a pending read-card (anything else: ``ConflictError`` not_cancellable).
+
+        The cancelled record when the service sends it back.
+        """
+        what = f"cancel {interaction_id}"
+        data = await self._transport.request(
+            "DELETE", f"{_device(device_id)}/cancel/{quote(interaction_id, safe='')}", what=what
         )
+        if isinstance(data, dict) and "interaction_id" in data:
+            return parse_interaction(data, what=what)
+        return None
 
     async def print_receipt(self, device_id: str, trans_id: str, copies: int | None = None) -> Any:
         """Print on the reader; ``BadRequestError`` capability_unsupported when it cannot print."""

@@ -1,0 +1,119 @@
+"""InteractionHandle.wait(): the ActionCable WebSocket first, reconnecting when it drops, and
+polling when it is refused or told not to come back; the status endpoint has the final word."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+from typing import Any
+
+import pytest
+
+from kiosk_agent.service.client import ServiceClient
+from kiosk_agent.service.models import InteractionStatus
+from kiosk_agent.sim.cable import CABLE_KEY
+from kiosk_agent.sim.server import SimServer
+
+READER = "SIM-0002"
+
+
+def settings_for(sim: SimServer, base: Any, **changes: Any) -> Any:
+    urls = {"base_url": sim.base_url, "ws_url": sim.ws_url, "reporting_url": sim.base_url}
+    return base.model_copy(update={**urls, **changes})
+
+
+def drop_sockets(sim: SimServer, *, reconnect: bool) -> int:
+    """The server ends every cable connection with an ActionCable ``disconnect``."""
+    assert sim.app is not None
+    connections = list(sim.app[CABLE_KEY].connections)
+    for connection in connections:
+        connection.disconnect("test_drop", reconnect=reconnect)
+    return len(connections)
+
+
+async def wait_for_socket(sim: SimServer) -> None:
+    assert sim.app is not None
+    for _ in range(200):
+        if sim.app[CABLE_KEY].connections:
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError("the client never connected its WebSocket")
+
+
+async def test_wait_follows_the_websocket(service: ServiceClient) -> None:
+    handle = await service.terminal.charge_card(READER, 1000)
+    interaction = await handle.wait(timeout=10)
+    assert interaction.status is InteractionStatus.SUCCEEDED
+    assert handle.via == "websocket"
+    assert handle.socket_connects == 1
+    assert handle.polls == 1  # the status endpoint confirmed the socket's word
+
+
+async def test_socket_dropped_mid_wait_reconnects(sim_factory: Any, sim_settings: Any) -> None:
+    sim = await sim_factory(time_scale=3)  # the card comes after 0.5 real seconds
+    async with ServiceClient(settings_for(sim, sim_settings)) as svc:
+        handle = await svc.terminal.charge_card(READER, 1000)
+        waiting = asyncio.create_task(handle.wait(timeout=10))
+        await wait_for_socket(sim)
+        assert drop_sockets(sim, reconnect=True) == 1
+        interaction = await waiting
+    assert interaction.status is InteractionStatus.SUCCEEDED
+    assert handle.socket_failures == 1
+    assert handle.socket_connects == 2
+    assert handle.via == "websocket"
+
+
+async def test_disconnect_without_reconnect_falls_back_to_polling(
+    sim_factory: Any, sim_settings: Any
+) -> None:
+    sim = await sim_factory(time_scale=3)
+    settings = settings_for(sim, sim_settings, poll_interval=0.05)
+    async with ServiceClient(settings) as svc:
+        handle = await svc.terminal.charge_card(READER, 1000)
+        waiting = asyncio.create_task(handle.wait(timeout=10))
+        await wait_for_socket(sim)
+        drop_sockets(sim, reconnect=False)
+        interaction = await waiting
+    assert interaction.status is InteractionStatus.SUCCEEDED
+    assert handle.socket_connects == 1
+    assert handle.via == "polling"
+    assert handle.polls >= 2
+
+
+async def test_refused_socket_falls_back_to_polling(sim: SimServer, sim_settings: Any) -> None:
+    with socket.socket() as closed:  # a port that was free a moment ago: nothing listens there
+        closed.bind(("127.0.0.1", 0))
+        port = closed.getsockname()[1]
+    settings = sim_settings.model_copy(
+        update={"ws_url": f"ws://127.0.0.1:{port}", "poll_interval": 0.05}
+    )
+    async with ServiceClient(settings) as svc:
+        handle = await svc.terminal.read_card(READER, 700)
+        interaction = await handle.wait(timeout=10)
+    assert interaction.status is InteractionStatus.SUCCEEDED
+    assert handle.socket_connects == 0
+    assert handle.via == "polling"
+
+
+async def test_polling_only_when_the_websocket_is_switched_off(
+    sim: SimServer, sim_settings: Any
+) -> None:
+    settings = sim_settings.model_copy(update={"websocket": False, "poll_interval": 0.02})
+    async with ServiceClient(settings) as svc:
+        handle = await svc.terminal.charge_card(READER, 1002)
+        interaction = await handle.wait(timeout=10)
+    assert interaction.charge_result is not None
+    assert interaction.charge_result.result == "C"
+    assert handle.socket_connects == 0
+    assert handle.via == "polling"
+
+
+async def test_wait_timeout_leaves_the_interaction_running(
+    sim_factory: Any, sim_settings: Any
+) -> None:
+    sim = await sim_factory(time_scale=3)
+    async with ServiceClient(settings_for(sim, sim_settings)) as svc:
+        handle = await svc.terminal.read_card(READER, 600)
+        with pytest.raises(TimeoutError, match=handle.interaction_id):
+            await handle.wait(timeout=0.1)
+        assert (await handle.wait(timeout=10)).status is InteractionStatus.SUCCEEDED

@@ -1,0 +1,127 @@
+"""The terminal interface against the simulator: readers, sessions and interactions whose
+outcome is chosen by the amount's cents (..01 retry, ..02 declined, ..05 no card, ..07 fault)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from kiosk_agent.service.client import ServiceClient
+from kiosk_agent.service.errors import BadRequestError, ConflictError, NotFoundError
+from kiosk_agent.service.models import ChargeRequest, ChargeResultCode, InteractionStatus
+
+READER = "SIM-0001"  # captures signatures, does not print
+PRINTER = "SIM-0007"  # prints, does not capture signatures
+
+
+async def test_list_reports_capabilities_per_terminal(service: ServiceClient) -> None:
+    terminals = {t.device_id: t for t in await service.terminal.list()}
+    assert len(terminals) == 8
+    assert terminals[READER].capabilities.signature_capture
+    assert not terminals[READER].capabilities.receipt_printing
+    assert terminals[PRINTER].capabilities.receipt_printing
+    assert sum(t.capabilities.receipt_printing for t in terminals.values()) == 2
+
+
+async def test_connect_ping_disconnect(service: ServiceClient) -> None:
+    assert (await service.terminal.connect(READER)).connected
+    ping = await service.terminal.ping(READER)
+    assert ping.online
+    assert ping.device_id == READER
+    assert not (await service.terminal.disconnect(READER)).connected
+
+
+async def test_read_card_then_charge_the_token(service: ServiceClient) -> None:
+    handle = await service.terminal.read_card(READER, 1500, confirm_amount=True)
+    interaction = await handle.wait(timeout=10)
+    assert interaction.status is InteractionStatus.SUCCEEDED
+    card = interaction.read_card_result
+    assert card is not None
+    assert card.last_four is not None
+    assert card.token not in repr(card)  # the token never shows in a repr
+    charged = await service.payments.charge(
+        ChargeRequest(amount=1500, account_token=card.token, expiration=card.expiration)
+    )
+    assert charged.approved
+
+
+@pytest.mark.parametrize(
+    ("amount", "code"),
+    [(1000, ChargeResultCode.APPROVED), (1001, ChargeResultCode.RETRY),
+     (1002, ChargeResultCode.DECLINED)],
+)
+async def test_charge_card_outcomes(
+    service: ServiceClient, amount: int, code: ChargeResultCode
+) -> None:
+    handle = await service.terminal.charge_card(READER, amount, order_id=f"o-{amount}")
+    assert handle.order_id == f"o-{amount}"
+    interaction = await handle.wait(timeout=10)
+    assert interaction.status is InteractionStatus.SUCCEEDED  # a decline is not a failure
+    result = interaction.charge_result
+    assert result is not None
+    assert result.result is code
+    assert result.order_id == f"o-{amount}"
+
+
+async def test_device_fault_is_failed_with_stage_errors(service: ServiceClient) -> None:
+    interaction = await (await service.terminal.charge_card(READER, 1007)).wait(timeout=10)
+    assert interaction.status is InteractionStatus.FAILED
+    assert interaction.stage_errors[0].code == "device_fault"
+    assert interaction.charge_result is None
+
+
+async def test_missing_capability_is_a_non_fatal_stage_error(service: ServiceClient) -> None:
+    handle = await service.terminal.charge_card(PRINTER, 1200, capture_signature=True)
+    interaction = await handle.wait(timeout=10)
+    assert interaction.status is InteractionStatus.SUCCEEDED
+    assert [e.code for e in interaction.stage_errors] == ["capability_unsupported"]
+
+
+async def test_no_card_expires_within_the_lifetime(sim_factory: Any, sim_settings: Any) -> None:
+    fast = await sim_factory(time_scale=1000)  # 3 minutes last 0.18 s
+    settings = sim_settings.model_copy(
+        update={"base_url": fast.base_url, "ws_url": fast.ws_url, "reporting_url": fast.base_url}
+    )
+    async with ServiceClient(settings) as svc:
+        interaction = await (await svc.terminal.read_card(READER, 1005)).wait(timeout=10)
+    assert interaction.status is InteractionStatus.EXPIRED
+
+
+async def test_busy_terminal_cancel_and_status(sim_factory: Any, sim_settings: Any) -> None:
+    slow = await sim_factory(time_scale=1)  # the card comes after 1.5 s
+    settings = sim_settings.model_copy(
+        update={"base_url": slow.base_url, "ws_url": slow.ws_url, "reporting_url": slow.base_url}
+    )
+    async with ServiceClient(settings) as svc:
+        handle = await svc.terminal.read_card(READER, 900)
+        with pytest.raises(ConflictError) as busy:
+            await svc.terminal.charge_card(READER, 900)
+        assert busy.value.error == "terminal_busy"
+        status = await svc.terminal.get_interaction(READER, "read_card", handle.interaction_id)
+        assert status.status is InteractionStatus.PENDING
+        cancelled = await svc.terminal.cancel(READER, handle.interaction_id)
+        assert cancelled is not None
+        assert cancelled.status is InteractionStatus.CANCELLED
+        assert (await handle.wait(timeout=5)).status is InteractionStatus.CANCELLED
+        with pytest.raises(ConflictError) as again:
+            await svc.terminal.cancel(READER, handle.interaction_id)
+        assert again.value.error == "not_cancellable"
+        with pytest.raises(NotFoundError):
+            await svc.terminal.get_interaction(READER, "read_card", "no-such-interaction")
+
+
+async def test_print_receipt_only_where_the_terminal_prints(service: ServiceClient) -> None:
+    charged = await (await service.terminal.charge_card(PRINTER, 800)).wait(timeout=10)
+    assert charged.charge_result is not None
+    trans_id = charged.charge_result.trans_id
+    printed = await service.terminal.print_receipt(PRINTER, trans_id)
+    assert printed["printed"] is True
+    with pytest.raises(BadRequestError) as refused:
+        await service.terminal.print_receipt(READER, trans_id)
+    assert refused.value.error == "capability_unsupported"
+
+
+async def test_amounts_are_integer_cents(service: ServiceClient) -> None:
+    with pytest.raises(TypeError):
+        await service.terminal.read_card(READER, 12.5)  # type: ignore[arg-type]
