@@ -150,7 +150,7 @@ class _Generator:
         elif roll < 0.10:
             self._answer(row, "A", "00", "Voided", S.VOIDED)
         elif moment >= self.open_from:
-            status = S.AUTHORIZED if roll < 0.22 else S.CAPTURED
+            status = S.AUTHORIZED if roll < 0.30 else S.CAPTURED
             self._answer(row, "A", "00", "Approval", status)
         else:
             self._answer(row, "A", "00", "Approval", S.SETTLED)
