@@ -8,7 +8,7 @@ from typing import Any
 import aiohttp
 import pytest
 
-from kiosk_agent.core.sale import DispenseOutcome, DispenseStatus, Flow, SaleRequest
+from kiosk_agent.core.sale import DispenseOutcome, DispenseStatus, Flow, SaleRequest, SaleState
 from kiosk_agent.service.webhooks import sign
 
 ADMIN_TOKEN = "admin-token-0123456789abcdef"  # as in conftest's secrets.yaml
@@ -51,6 +51,58 @@ async def test_every_route_refuses_a_missing_or_wrong_token(api: Any) -> None:
         assert response.status == 401  # the Bearer scheme is required
 
 
+async def test_a_read_token_reads_but_cannot_act(api: Any) -> None:
+    async with api.get("/api/status", headers=READER) as response:
+        assert response.status == 200
+        status = await response.json()
+    assert status["version"]
+    assert status["terminals"] == 2
+    async with api.post("/api/terminals/SIM-0001/ping", headers=READER) as response:
+        assert response.status == 403
+        assert "admin token" in (await response.json())["detail"]
+
+
+async def test_health_and_metrics_show_terminals_and_sales(agent: Any, api: Any) -> None:
+    final = await _sell(agent, 250)
+    assert final.state is SaleState.COMPLETED
+    async with api.get("/api/health", headers=ADMIN) as response:
+        health = await response.json()
+    assert {t["device_id"] for t in health["terminals"]} == {"SIM-0001", "SIM-0007"}
+    assert health["sales"]["today_count"] == 1
+    assert health["sales"]["today_amount_cents"] == 250
+    async with api.get("/metrics", headers=READER) as response:
+        assert response.headers["Content-Type"].startswith("text/plain; version=0.0.4")
+        text = await response.text()
+    assert "kiosk_agent_sales_today_amount_cents 250" in text
+    assert 'kiosk_agent_terminal_online{device_id="SIM-0001"} 1' in text
+    assert "kiosk_agent_webhooks_total" in text
+
+
+async def test_the_sales_journal_with_filters_and_steps(agent: Any, api: Any) -> None:
+    done = await _sell(agent, 300)
+    declined = await _sell(agent, 402)  # ..02: the card is declined
+    assert declined.state is SaleState.DECLINED
+    async with api.get("/api/sales", headers=READER) as response:
+        sales = (await response.json())["sales"]
+    assert [s["amount_cents"] for s in sales] == [402, 300]
+    async with api.get("/api/sales?state=completed", headers=READER) as response:
+        [completed] = (await response.json())["sales"]
+    assert completed["sale_id"] == done.sale_id
+    async with api.get(f"/api/sales/{done.sale_id}", headers=READER) as response:
+        detail = await response.json()
+    assert detail["sale"]["captured_cents"] == 300
+    assert detail["steps"][-1]["state"] == "completed"
+    text = json.dumps(detail)
+    assert "account_token" not in text
+    async with api.get("/api/sales?state=paid", headers=READER) as response:
+        assert response.status == 400
+        assert "state must be one of" in (await response.json())["detail"]
+    async with api.get("/api/sales?since=yesterday", headers=READER) as response:
+        assert response.status == 400
+    async with api.get("/api/sales/nope", headers=READER) as response:
+        assert response.status == 404
+
+
 async def test_reports_stream_as_json_and_csv_with_filters(api: Any) -> None:
     async with api.get("/api/reports/transactions?limit=30", headers=READER) as response:
         assert response.status == 200
@@ -85,6 +137,29 @@ async def test_report_mistakes_are_named(api: Any) -> None:
         assert response.status == 400
     async with api.get("/api/reports/deposits?limit=0", headers=READER) as response:
         assert response.status == 400
+
+
+async def test_terminal_actions(agent: Any, api: Any) -> None:
+    async with api.post("/api/terminals/SIM-0001/ping", headers=ADMIN) as response:
+        pong = await response.json()
+    assert pong["online"] is True
+    assert agent.health.snapshot().terminals[0].last_ping_at is not None
+    async with api.post("/api/terminals/SIM-0001/connect", headers=ADMIN) as response:
+        assert (await response.json())["connected"] is True
+    async with api.post("/api/terminals/SIM-0001/test-print", headers=ADMIN) as response:
+        assert response.status == 400
+        assert "cannot print" in (await response.json())["detail"]
+    async with api.post("/api/terminals/SIM-0007/test-print", headers=ADMIN) as response:
+        assert response.status == 409  # no sale to print yet
+    await _sell(agent, 150)
+    async with api.post("/api/terminals/SIM-0007/test-print", headers=ADMIN) as response:
+        assert response.status == 200
+        assert (await response.json())["printed"] is True
+    async with api.post("/api/terminals/SIM-0001/explode", headers=ADMIN) as response:
+        assert response.status == 404
+    async with api.post("/api/terminals/NOPE-9/ping", headers=ADMIN) as response:
+        assert response.status in (400, 404)
+        assert "payment service" in (await response.json())["detail"]
 
 
 async def test_boarding_merchants_from_the_webhook_receiver(
