@@ -1,0 +1,107 @@
+"""The ActionCable endpoint over a real WebSocket."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import aiohttp
+
+from kiosk_agent.sim.server import SimServer
+
+from .sim_api import Api
+
+
+def identifier(interaction_id: str) -> str:
+    return json.dumps({"channel": f"terminal_job:{interaction_id}"})
+
+
+async def open_cable(api: Api, sim: SimServer, key: str | None = None) -> Any:
+    _, issued = await api.post("/api/ws-token", key=key)
+    ws = await api.http.ws_connect(f"{sim.ws_url}/cable?token={issued['token']}")
+    assert (await ws.receive_json(timeout=2))["type"] == "welcome"
+    return ws
+
+
+async def receive_message(ws: Any) -> dict[str, Any]:
+    """The next frame that is not a ping."""
+    while True:
+        frame = await ws.receive_json(timeout=5)
+        if frame.get("type") != "ping":
+            return dict(frame)
+
+
+async def test_subscribe_then_every_change_is_pushed(api: Api, sim: SimServer) -> None:
+    ws = await open_cable(api, sim)
+    _, started = await api.post("/api/terminal/SIM-0001/charge-card", {"amount": 800})
+    ident = identifier(started["interaction_id"])
+    await ws.send_json({"command": "subscribe", "identifier": ident})
+    assert await receive_message(ws) == {"type": "confirm_subscription", "identifier": ident}
+    current = await receive_message(ws)
+    assert current["identifier"] == ident
+    assert current["message"]["status"] in ("pending", "succeeded")
+    final = current if current["message"]["status"] != "pending" else await receive_message(ws)
+    assert final["message"]["status"] == "succeeded"
+    assert final["message"]["result"]["result"] == "A"
+    assert final["message"]["interaction_id"] == started["interaction_id"]
+    await ws.close()
+
+
+async def test_a_finished_interaction_is_still_seen_after_subscribing(
+    api: Api, sim: SimServer
+) -> None:
+    _, started = await api.post("/api/terminal/SIM-0002/read-card", {"amount": 1007})
+    assert sim.ctx is not None
+    await sim.ctx.clock.sleep(2)  # past the card delay: the device fault already happened
+    ws = await open_cable(api, sim)
+    ident = identifier(started["interaction_id"])
+    await ws.send_json({"command": "subscribe", "identifier": ident})
+    assert (await receive_message(ws))["type"] == "confirm_subscription"
+    record = (await receive_message(ws))["message"]
+    assert record["status"] == "failed"
+    await ws.close()
+
+
+async def test_unknown_or_foreign_interactions_are_rejected(api: Api, sim: SimServer) -> None:
+    _, started = await api.post(
+        "/api/terminal/SIM-0003/read-card",
+        {"amount": 100},
+        key="sim_isv_key",
+        params={"mid": "999000000002"},
+    )
+    ws = await open_cable(api, sim)  # the merchant key of 999000000001
+    for ident in (identifier("nope"), identifier(started["interaction_id"]), "not json"):
+        await ws.send_json({"command": "subscribe", "identifier": ident})
+        assert await receive_message(ws) == {"type": "reject_subscription", "identifier": ident}
+    await ws.send_str("garbage that is not JSON")  # ignored; the connection stays up
+    await ws.send_json({"command": "subscribe", "identifier": identifier("nope")})
+    assert (await receive_message(ws))["type"] == "reject_subscription"
+    await ws.close()
+
+
+async def test_pings_every_three_seconds(api: Api, sim: SimServer) -> None:
+    ws = await open_cable(api, sim)
+    frame = await ws.receive_json(timeout=4)
+    assert frame["type"] == "ping"
+    assert isinstance(frame["message"], int)
+    await ws.close()
+
+
+async def test_missing_token_is_refused(api: Api, sim: SimServer) -> None:
+    async with api.http.get(f"{sim.base_url}/cable") as resp:
+        assert resp.status == 401
+
+
+async def test_stopping_the_server_says_disconnect(sim_factory: Any, http: Any) -> None:
+    sim = await sim_factory()
+    api = Api(http, sim.base_url, "sim_api_key")
+    ws = await open_cable(api, sim)
+    await sim.stop()
+    frame = await ws.receive(timeout=2)
+    assert frame.type == aiohttp.WSMsgType.TEXT
+    assert json.loads(frame.data) == {
+        "type": "disconnect",
+        "reason": "server_restart",
+        "reconnect": True,
+    }
+    await ws.close()
