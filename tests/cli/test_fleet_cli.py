@@ -85,7 +85,7 @@ async def test_doctor_reports_an_unplugged_serial_adapter(tmp_path: Path, sim, c
 async def test_doctor_reports_an_unreachable_service(tmp_path: Path, sim, capsys) -> None:
     path = endpoint_config(tmp_path, sim, "  - device_id: SIM-0001")
     await sim.stop()
-    assert await run_cli("doctor", "--config", str(path), "--timeout", "2") == 1
+    assert await run_cli("doctor", "--config", str(path), "--timeout", "0.5") == 1
     out = capsys.readouterr().out
     assert "[FAIL] service: not reachable" in out
     assert "fix: check the network" in out

@@ -8,6 +8,7 @@ from kiosk_agent.core.events import EventBus
 from kiosk_agent.core.health import (
     HEALTH_SCHEMA,
     Health,
+    HealthChecker,
     HealthSnapshot,
     Status,
 )
@@ -116,3 +117,42 @@ def test_schema_defaults_and_refuses_nonsense() -> None:
     assert HEALTH_SCHEMA({}) == defaults
     with pytest.raises(vol.Invalid, match="ping_interval"):
         HEALTH_SCHEMA({"ping_interval": 0})
+
+
+async def test_checker_pings_the_simulators_terminals(service) -> None:
+    await service.terminal.connect("SIM-0002")
+    health = Health("1")
+    checker = HealthChecker(health, service.terminal, ["SIM-0001", "SIM-0002", "NOPE-1"])
+    await checker.check_once()
+    snapshot = health.snapshot()
+    assert snapshot.service.reachable is True
+    by_id = {t.device_id: t for t in snapshot.terminals}
+    assert by_id["SIM-0001"].online is True
+    assert by_id["SIM-0001"].last_ping_at is not None
+    assert by_id["SIM-0002"].connected is True
+    assert by_id["NOPE-1"].online is False
+    assert by_id["NOPE-1"].detail == "not listed by the service"
+    assert snapshot.status is Status.DEGRADED
+
+
+async def test_checker_says_the_service_is_unreachable(sim, service) -> None:
+    await sim.stop()
+    health = Health("1")
+    await HealthChecker(health, service.terminal, ["SIM-0001"], timeout=0.3).check_once()
+    snapshot = health.snapshot()
+    assert snapshot.service.reachable is False
+    assert snapshot.status is Status.DOWN
+
+
+async def test_checker_runs_in_the_background(service) -> None:
+    health = Health("1")
+    checker = HealthChecker(health, service.terminal, ["SIM-0003"], interval=0.05)
+    checker.start()
+    try:
+        for _ in range(100):
+            if health.snapshot().terminals:
+                break
+            await asyncio.sleep(0.02)
+    finally:
+        await checker.stop()
+    assert health.snapshot().terminals[0].device_id == "SIM-0003"
