@@ -43,8 +43,8 @@ STALE_AFTER = 10.0  # seconds without any frame (the server pings every 3 s)
 MAX_SOCKET_ATTEMPTS = 4  # socket failures before polling for the rest of the wait
 RECONNECT_BASE = 0.1  # seconds, doubled per failure
 RECONNECT_MAX = 2.0
-EXPIRY_GRACE = 2.0
-PROTOCOLS = ("actioncable-v1-json",)  # seconds past the lifetime before the status endpoint's answer is final
+EXPIRY_GRACE = 2.0  # seconds past the lifetime before the status endpoint's answer is final
+PROTOCOLS = ("actioncable-v1-json",)
 
 
 class SocketUnavailable(Exception):

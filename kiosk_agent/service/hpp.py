@@ -5,6 +5,7 @@ from __future__ import annotations
 from urllib.parse import quote
 
 from kiosk_agent.service.models.payments import HostedPage, HostedPageLink, hpp_client_id_from_url
+from kiosk_agent.service.parsing import parse
 from kiosk_agent.service.transport import MidPlacement, Transport
 
 _PATH = "/api/v1/hpp"
@@ -30,16 +31,17 @@ class HostedPagesClient:
             what=f"create hosted page {page.name!r}",
         )
 
-    async def edit(self, page_id_or_url: str, changes: HostedPage) -> None:
+    async def edit(self, page_id_or_url: str, changes: HostedPage) -> HostedPageLink | None:
         """Change the fields set in ``changes``; the rest keep their value. cc_mid is fixed."""
         if changes.cc_mid is not None:
             raise ValueError("cc_mid cannot be changed after a hosted page is created")
         client_id = (
             hpp_client_id_from_url(page_id_or_url) if "/" in page_id_or_url else page_id_or_url
         )
-        await self._transport.request(
-            "PUT",
-            f"{_PATH}/{quote(client_id, safe='')}",
-            json=changes.to_wire(),
-            what=f"edit hosted page {client_id}",
+        what = f"edit hosted page {client_id}"
+        data = await self._transport.request(
+            "PUT", f"{_PATH}/{quote(client_id, safe='')}", json=changes.to_wire(), what=what
         )
+        if isinstance(data, dict) and "url" in data:
+            return parse(HostedPageLink, data, what=what)
+        return None

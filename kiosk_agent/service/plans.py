@@ -5,6 +5,7 @@ from __future__ import annotations
 from decimal import Decimal
 
 from kiosk_agent.service.models.payments import BillingPlan, BillingPlanCreated, BillingPlanRequest
+from kiosk_agent.service.parsing import parse
 from kiosk_agent.service.rrule import validate_rrule
 from kiosk_agent.service.transport import MidPlacement, Transport
 
@@ -52,8 +53,11 @@ class PlansClient:
             BillingPlan, "GET", f"{_PATH}/{int(plan_id)}", what=f"get billing plan {plan_id}"
         )
 
-    async def cancel(self, plan_id: int) -> None:
-        """Cancel: status CANCELLED, every pending scheduled payment SKIPPED."""
-        await self._transport.request(
-            "DELETE", f"{_PATH}/{int(plan_id)}", what=f"cancel billing plan {plan_id}"
-        )
+    async def cancel(self, plan_id: int) -> BillingPlan | None:
+        """Cancel: status CANCELLED, every pending scheduled payment SKIPPED.
+
+        The cancelled plan when the service sends it back.
+        """
+        what = f"cancel billing plan {plan_id}"
+        data = await self._transport.request("DELETE", f"{_PATH}/{int(plan_id)}", what=what)
+        return parse(BillingPlan, data, what=what) if isinstance(data, dict) and data else None

@@ -6,6 +6,7 @@ from typing import Any
 from urllib.parse import quote
 
 from kiosk_agent.service.models.payments import VaultAccountRequest, VaultPaymentAccount
+from kiosk_agent.service.parsing import parse
 from kiosk_agent.service.transport import MidPlacement, Transport
 
 _PATH = "/api/v1/vault_payment_accounts"
@@ -48,10 +49,15 @@ class VaultClient:
             what=f"update vault payment account {account_uuid}",
         )
 
-    async def delete(self, account_uuid: str) -> None:
-        """Soft-delete the account (``is_deleted`` 1); it then reads back as not found."""
-        await self._transport.request(
-            "DELETE",
-            f"{_PATH}/{quote(account_uuid, safe='')}",
-            what=f"delete vault payment account {account_uuid}",
+    async def delete(self, account_uuid: str) -> VaultPaymentAccount | None:
+        """Soft-delete the account (``is_deleted`` 1); it then reads back as not found.
+
+        The deleted record when the service sends it back.
+        """
+        what = f"delete vault payment account {account_uuid}"
+        data = await self._transport.request(
+            "DELETE", f"{_PATH}/{quote(account_uuid, safe='')}", what=what
         )
+        if isinstance(data, dict) and data:
+            return parse(VaultPaymentAccount, data, what=what)
+        return None
