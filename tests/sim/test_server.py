@@ -1,6 +1,17 @@
+import asyncio
+import json
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
 import aiohttp
 
 from kiosk_agent.sim.server import SimServer
+
+from .sim_api import Api
+from .test_vault import ACCOUNT
 
 
 async def test_ready_info_names_addresses_and_seeded_credentials(sim: SimServer) -> None:
@@ -27,3 +38,62 @@ async def test_settle_helper_answers_settled_and_deposits(sim: SimServer) -> Non
         assert resp.status == 200
         body = await resp.json()
     assert set(body) == {"settled", "deposits"}
+
+
+async def test_a_restart_on_the_data_dir_loses_nothing(sim_factory: Any, tmp_path: Path) -> None:
+    first = await sim_factory(data_dir=tmp_path, time_scale=1000)
+    async with aiohttp.ClientSession() as http:
+        api = Api(http, first.base_url, "sim_api_key")
+        sale = await api.charge(1234, order_id="persist-1")
+        _, keys = await api.post("/api/v1/api_keys/refresh", {"token": "sim_refresh_token"})
+        _, account = await api.post("/api/v1/vault_payment_accounts", ACCOUNT)
+        _, pending = await api.post("/api/terminal/SIM-0001/read-card", {"amount": 1005})
+        await first.stop()
+
+        second = await sim_factory(data_dir=tmp_path, time_scale=1000)
+        api = Api(http, second.base_url, keys["api_key"])
+        assert second.ctx is not None
+        assert second.ctx.ledger.get(sale["trans_id"])["amount_cents"] == 1234
+        assert (await api.charge(1234, order_id="persist-1"))["trans_id"] == sale["trans_id"]
+        assert (await api.get(f"/api/v1/vault_payment_accounts/{account['uuid']}"))[0] == 200
+        status, body = await api.post(
+            "/api/v1/api_keys/refresh", {"token": "sim_refresh_token"}, key="sim_api_key"
+        )
+        assert (status, body["error"]) == (401, "invalid_grant")
+        # the interaction left pending carries on and expires on the restored clock
+        path = f"/api/terminal/SIM-0001/read-card/{pending['interaction_id']}"
+        for _ in range(100):
+            _, record = await api.get(path)
+            if record["status"] != "pending":
+                break
+            await asyncio.sleep(0.01)
+        assert record["status"] == "expired"
+
+
+async def test_kiosk_agent_sim_prints_ready_and_stops_on_sigterm(tmp_path: Path) -> None:
+    process = await asyncio.create_subprocess_exec(
+        str(Path(sys.executable).with_name("kiosk-agent")),
+        *("sim", "--port", "0", "--time-scale", "10", "--transactions", "20"),
+        *("--data-dir", str(tmp_path)),
+        stdout=asyncio.subprocess.PIPE,
+    )
+    try:
+        assert process.stdout is not None
+        line = (await asyncio.wait_for(process.stdout.readline(), 20)).decode()
+        assert line.startswith("READY "), line
+        info = json.loads(line[len("READY ") :])
+        async with aiohttp.ClientSession() as http:
+            api = Api(http, info["base_url"], info["api_key"])
+            status, body = await api.get("/api/terminal")
+            assert (status, len(body["terminals"])) == (200, 8)
+    finally:
+        process.send_signal(signal.SIGTERM)
+        assert await asyncio.wait_for(process.wait(), 10) == 0
+    assert (tmp_path / "sim.db").exists()
+
+
+def test_kiosk_agent_sim_refuses_a_bad_rate_limit() -> None:
+    command = [str(Path(sys.executable).with_name("kiosk-agent")), "sim", "--rate-limit", "fast"]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=20, check=False)
+    assert done.returncode == 2
+    assert "R/S" in done.stderr
