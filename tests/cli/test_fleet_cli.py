@@ -4,6 +4,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import pytest
 
 from kiosk_agent.app import load_agent
@@ -133,3 +134,52 @@ async def test_health_needs_a_token_or_a_config(monkeypatch: pytest.MonkeyPatch,
     monkeypatch.delenv("KIOSK_AGENT_TOKEN", raising=False)
     assert await run_cli("health", "--url", "http://127.0.0.1:9") == 2
     assert "--token" in capsys.readouterr().err
+
+
+async def test_doctor_passes_on_a_healthy_unit(tmp_path: Path, sim, service, capsys) -> None:
+    handle = await service.terminal.charge_card("SIM-0001", 125)
+    charge = (await handle.wait(timeout=10)).charge_result
+    assert charge is not None
+    trans_id = charge.trans_id
+    terminals = "  - device_id: SIM-0001\n  - device_id: SIM-0007"
+    path = endpoint_config(tmp_path, sim, terminals)
+    argv = ("doctor", "--config", str(path), "--test-print", "--trans-id", trans_id)
+    assert await run_cli(*argv) == 0
+    out = capsys.readouterr().out
+    for line in (
+        "[PASS] config:",
+        "[PASS] service: reachable, 8 terminal(s) listed",
+        "[PASS] terminal SIM-0001: listed",
+        "[PASS] ping SIM-0001:",
+        "[SKIP] test print SIM-0001: this terminal has no printer",
+        f"[PASS] test print SIM-0007: printed transaction {trans_id}",
+    ):
+        assert line in out
+    assert "all " in out
+
+
+async def test_doctor_finds_an_offline_reader_and_a_wrong_device_id(
+    tmp_path: Path, sim, capsys
+) -> None:
+    base = sim.ready_info()["base_url"]
+    async with aiohttp.ClientSession() as http, http.post(
+        f"{base}/sim/terminals/SIM-0002/offline"
+    ) as response:
+        assert response.status == 200
+    terminals = "  - device_id: SIM-0002\n  - device_id: SIM-0O01"
+    path = endpoint_config(tmp_path, sim, terminals)
+    assert await run_cli("doctor", "--config", str(path)) == 1
+    out = capsys.readouterr().out
+    assert "[FAIL] ping SIM-0002: the terminal is offline" in out
+    assert "fix: power-cycle the reader" in out
+    assert "[FAIL] terminal SIM-0O01: not listed by the service" in out
+    assert "fix: fix the device_id in the config (the service lists: SIM-0001" in out
+
+
+async def test_doctor_with_the_embedded_simulator(tmp_path: Path, capsys) -> None:
+    body = "service:\n  simulator: {time_scale: 50}\nterminals:\n  - device_id: SIM-0003\n"
+    path = write_config(tmp_path, body)
+    assert await run_cli("doctor", "--config", str(path)) == 0
+    out = capsys.readouterr().out
+    assert "[PASS] service: embedded simulator started" in out
+    assert "[PASS] ping SIM-0003" in out
