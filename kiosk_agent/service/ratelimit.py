@@ -12,6 +12,12 @@ import asyncio
 import time
 from collections.abc import Callable
 
+# After a 429 the rate is halved (never below MIN_SHARE of the configured one) and each answer
+# that follows wins back RECOVERY_SHARE of it: the client settles just under a service limit it
+# was not told about, instead of tripping it again after every pause.
+MIN_SHARE = 0.05
+RECOVERY_SHARE = 0.02
+
 
 class RateLimiter:
     """Token bucket: ``rate`` requests per second with bursts of ``burst``; FIFO for waiters."""
@@ -19,6 +25,7 @@ class RateLimiter:
     def __init__(
         self, rate: float, burst: int, clock: Callable[[], float] = time.monotonic
     ) -> None:
+        self.max_rate = rate
         self.rate = rate
         self.burst = burst
         self._clock = clock
@@ -34,11 +41,18 @@ class RateLimiter:
                 await asyncio.sleep(delay)
 
     def pause(self, seconds: float) -> None:
-        """The service said Retry-After: nobody sends for ``seconds``, then the bucket refills."""
+        """The service said Retry-After: nobody sends for ``seconds``, then at a lower rate."""
         now = self._clock()
+        if now >= self._paused_until:  # one 429 storm halves the rate once, not per answer
+            self.rate = max(self.max_rate * MIN_SHARE, self.rate / 2)
         self._paused_until = max(self._paused_until, now + seconds)
         self._tokens = 0.0
         self._updated = self._paused_until
+
+    def succeeded(self) -> None:
+        """An answer that was not a 429: win back some of the rate."""
+        if self.rate < self.max_rate:
+            self.rate = min(self.max_rate, self.rate + self.max_rate * RECOVERY_SHARE)
 
     @property
     def paused_for(self) -> float:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
 
@@ -49,6 +50,10 @@ class ServiceSettings(BaseModel):
         if not self.base_url.startswith(("http://", "https://")):
             raise ValueError(f"base_url must start with http:// or https://, got {self.base_url!r}")
         return self
+
+    def replace(self, **changes: Any) -> ServiceSettings:
+        """A copy with ``changes`` applied and validated (secrets given as text become secret)."""
+        return type(self).model_validate({**self.model_dump(), **changes})
 
     @property
     def reporting_base(self) -> str:

@@ -255,6 +255,8 @@ class Transport:
                 ) from exc
             _LOGGER.debug("%s -> %s (%d bytes)", what, status, len(body))
 
+            if rate_limited and status != 429:
+                self.limiter.succeeded()
             if 200 <= status < 300:
                 return status, body, content_type
             if status == 401 and auth is not Auth.NONE and not renewed:
