@@ -16,10 +16,12 @@ from types import TracebackType
 
 import aiohttp
 
+from kiosk_agent.service.boarding import BoardingClient
 from kiosk_agent.service.hpp import HostedPagesClient
 from kiosk_agent.service.keys import KeysClient
 from kiosk_agent.service.payments import PaymentsClient
 from kiosk_agent.service.plans import PlansClient
+from kiosk_agent.service.reporting import ReportingClient
 from kiosk_agent.service.settings import ServiceSettings
 from kiosk_agent.service.terminal import TerminalClient
 from kiosk_agent.service.transport import Transport
@@ -40,23 +42,8 @@ class ServiceClient:
         self.hpp = HostedPagesClient(self.transport)
         self.terminal = TerminalClient(self.transport)
         self.keys = KeysClient(self.transport)
-        self._attach_reporting_and_boarding()
-
-    def _attach_reporting_and_boarding(self) -> None:
-        # Written alongside this module by another hand; until they land the attributes are
-        # missing rather than the whole client.
-        try:
-            from kiosk_agent.service.reporting import ReportingClient
-        except ImportError:
-            pass
-        else:
-            self.reporting = ReportingClient(self.transport)
-        try:
-            from kiosk_agent.service.boarding import BoardingClient
-        except ImportError:
-            pass
-        else:
-            self.boarding = BoardingClient(self.transport)
+        self.reporting = ReportingClient(self.transport)
+        self.boarding = BoardingClient(self.transport)
 
     async def start(self) -> None:
         await self.transport.start()
