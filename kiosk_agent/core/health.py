@@ -2,7 +2,8 @@
 
 Producers push what they observe (`report_link` from serial platforms, `report_terminal` from the
 terminal checker, `record_sale` from the sale event bus); readers take an immutable `snapshot()`.
-Nothing here holds card data or secrets: terminals by device id, sales by count and cents.
+Nothing here holds card data or secrets: terminals by device id, sales by count and cents; every
+free-text detail (often an exception's message) passes through `redact` on the way in.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from pydantic import BaseModel, ConfigDict
 
 from kiosk_agent.core.config import register_section
 from kiosk_agent.core.sale import SaleEvent, SaleState
+from kiosk_agent.redact import redact
 
 _LOGGER = logging.getLogger(__name__)
 
@@ -120,11 +122,13 @@ class Health:
         self._today: dt.date = dt.date.today()
         self._today_count = 0
         self._today_cents = 0
+        self._fatal: dict[str, str] = {}
 
     # --- producers ---------------------------------------------------------------------------
 
     def report_link(self, name: str, state: str, detail: str = "") -> None:
         """A serial (or other) link changed state, e.g. ``("mdb:front", "disconnected", "...")``."""
+        detail = redact(detail)
         previous = self._links.get(name)
         since = previous.since if previous is not None and previous.state == state else time.time()
         if previous is None or previous.state != state:
@@ -145,6 +149,7 @@ class Health:
         pinged: bool = False,
     ) -> None:
         """What a terminal list or ping said; ``pinged`` marks an answered ping (sets last ping)."""
+        detail = redact(detail)
         now = time.time()
         previous = self._terminals.get(device_id)
         self._terminals[device_id] = TerminalHealth(
@@ -162,8 +167,24 @@ class Health:
 
     def report_service(self, reachable: bool, detail: str = "") -> None:
         self._service = self._service.model_copy(
-            update={"reachable": reachable, "checked_at": time.time(), "detail": detail}
+            update={"reachable": reachable, "checked_at": time.time(), "detail": redact(detail)}
         )
+
+    def report_fatal(self, component: str, reason: str) -> None:
+        """An internal part broke in a way a restart may cure (journal unwritable, a dead task).
+
+        Only these withhold the systemd watchdog; an outside fault (network, terminal offline)
+        does not, because restarting the agent cannot fix it.
+        """
+        self._fatal[component] = redact(reason)
+        _LOGGER.error("fatal: %s: %s", component, reason)
+
+    def clear_fatal(self, component: str) -> None:
+        self._fatal.pop(component, None)
+
+    def alive(self) -> bool:
+        """For the systemd watchdog: False only while an internal part reports itself broken."""
+        return not self._fatal
 
     def report_key_expiry(self, expires_at: float | None) -> None:
         """When the payments API key expires (Unix time), as the credentials store knows it."""
@@ -250,8 +271,8 @@ class Health:
         links: list[LinkHealth],
         sales: SalesHealth,
     ) -> tuple[Status, list[str]]:
-        problems: list[str] = []
-        down = False
+        problems = [f"{name} failed: {reason}" for name, reason in sorted(self._fatal.items())]
+        down = bool(self._fatal)
         if service.reachable is False:
             problems.append(f"service unreachable: {service.detail}".rstrip(": "))
             down = True

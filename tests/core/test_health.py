@@ -156,3 +156,26 @@ async def test_checker_runs_in_the_background(service) -> None:
     finally:
         await checker.stop()
     assert health.snapshot().terminals[0].device_id == "SIM-0003"
+
+
+def test_details_are_redacted_on_the_way_in() -> None:
+    health = Health("1")
+    health.report_service(False, "refused: Authorization: Bearer sk_live_abcdef123456")
+    health.report_link("serial:door", "error", "echoed 4111 1111 1111 1111 back")
+    snapshot = health.snapshot()
+    text = snapshot.model_dump_json()
+    assert "sk_live_abcdef123456" not in text
+    assert "4111 1111 1111 1111" not in text
+    assert "[REDACTED]" in snapshot.service.detail
+
+
+def test_only_internal_failures_make_the_agent_not_alive() -> None:
+    health = Health("1")
+    health.report_service(False, "network down")
+    assert health.alive()  # a restart would not bring the network back
+    health.report_fatal("journal", "disk I/O error")
+    assert not health.alive()
+    assert health.snapshot().status is Status.DOWN
+    assert "journal failed: disk I/O error" in health.snapshot().problems
+    health.clear_fatal("journal")
+    assert health.alive()
