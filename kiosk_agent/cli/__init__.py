@@ -11,11 +11,12 @@ import argparse
 import asyncio
 import importlib
 import sys
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Callable, Coroutine, Sequence
+from typing import Any
 
 from kiosk_agent import __version__
 
-Handler = Callable[[argparse.Namespace], Awaitable[int]]
+Handler = Callable[[argparse.Namespace], Coroutine[Any, Any, int]]
 
 # command name -> module under kiosk_agent.cli that registers it
 COMMAND_MODULES: dict[str, str] = {
