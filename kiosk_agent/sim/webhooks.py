@@ -29,6 +29,7 @@ from aiohttp import web
 from kiosk_agent.sim.clock import VirtualClock, iso_ms
 from kiosk_agent.sim.context import SimContext
 from kiosk_agent.sim.http import json_response
+from kiosk_agent.sim.store import Store
 
 _LOGGER = logging.getLogger(__name__)
 
@@ -111,17 +112,55 @@ class WebhookDispatcher:
         *,
         chaos: bool = False,
         seed: int = 0,
+        store: Store | None = None,
     ) -> None:
         self._clock = clock
         self._url = url
         self._secret = secret
         self._chaos = chaos
-        self._random = random.Random(f"webhooks:{seed}")
-        self.events: list[WebhookEvent] = []
+        self._random = random.Random(f"webhooks:{seed}")  # chaos decisions only
+        self._store = store
         self._queue: asyncio.Queue[WebhookEvent] = asyncio.Queue()
         self._tasks: set[asyncio.Task[None]] = set()
         self._worker: asyncio.Task[None] | None = None
         self._session: aiohttp.ClientSession | None = None
+        self.events: list[WebhookEvent] = self._load()
+
+    def _load(self) -> list[WebhookEvent]:
+        if self._store is None:
+            return []
+        self._store.create(_DDL)
+        return [
+            WebhookEvent(
+                event_type=row["event_type"],
+                source_id=row["source_id"],
+                timestamp=row["timestamp"],
+                payload=json.loads(row["payload"]),
+                webhook_id=row["webhook_id"],
+                idempotency_key=row["idempotency_key"],
+                attempts=row["attempts"],
+                delivered=bool(row["delivered"]),
+                last_status=row["last_status"],
+                last_error=row["last_error"],
+            )
+            for row in self._store.rows("SELECT * FROM webhook_events ORDER BY seq")
+        ]
+
+    def _save(self, event: WebhookEvent) -> None:
+        if self._store is None:
+            return
+        self._store.execute(
+            "INSERT INTO webhook_events (webhook_id, event_type, source_id, timestamp, payload, "
+            "idempotency_key, attempts, delivered, last_status, last_error) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT(webhook_id) DO UPDATE SET "
+            "attempts = excluded.attempts, delivered = excluded.delivered, "
+            "last_status = excluded.last_status, last_error = excluded.last_error",
+            (
+                event.webhook_id, event.event_type, event.source_id, event.timestamp,
+                json.dumps(event.payload), event.idempotency_key, event.attempts,
+                int(event.delivered), event.last_status, event.last_error,
+            ),
+        )  # fmt: skip
 
     @property
     def url(self) -> str | None:
@@ -133,16 +172,14 @@ class WebhookDispatcher:
             source_id=source_id,
             timestamp=iso_ms(self._clock.time()),
             payload=payload,
-            webhook_id=f"wh_{self._random_hex()}",
-            idempotency_key=f"idem_{self._random_hex()}",
+            webhook_id=f"wh_{uuid.uuid4().hex}",
+            idempotency_key=f"idem_{uuid.uuid4().hex}",
         )
         self.events.append(event)
+        self._save(event)
         if self._url is not None:
             self._queue.put_nowait(event)
         return event
-
-    def _random_hex(self) -> str:
-        return uuid.UUID(int=self._random.getrandbits(128), version=4).hex
 
     async def start(self) -> None:
         if self._url is None or self._worker is not None:
@@ -151,6 +188,14 @@ class WebhookDispatcher:
             timeout=aiohttp.ClientTimeout(total=ATTEMPT_TIMEOUT_S)
         )
         self._worker = asyncio.create_task(self._run(), name="sim-webhooks")
+        # Deliveries a stopped simulator left unfinished carry on where they stood.
+        for event in self.events:
+            if event.delivered or event.attempts >= MAX_ATTEMPTS:
+                continue
+            if event.attempts == 0:
+                self._queue.put_nowait(event)
+            else:
+                self._spawn(self._retry(event))
 
     async def stop(self) -> None:
         tasks = [t for t in (self._worker, *self._tasks) if t is not None]
@@ -164,12 +209,6 @@ class WebhookDispatcher:
         if self._session is not None:
             await self._session.close()
             self._session = None
-
-    async def wait_idle(self) -> None:
-        """Wait until every event made so far has finished delivery (tests, shutdown)."""
-        await self._queue.join()
-        while self._tasks:
-            await asyncio.gather(*list(self._tasks), return_exceptions=True)
 
     async def _run(self) -> None:
         while True:
@@ -239,8 +278,25 @@ class WebhookDispatcher:
             event.last_status = status
             event.last_error = None if ok else (error or f"HTTP {status}")
             event.delivered = event.delivered or ok
+            self._save(event)
         return ok
 
+
+_DDL = """
+CREATE TABLE IF NOT EXISTS webhook_events (
+    seq INTEGER PRIMARY KEY AUTOINCREMENT,
+    webhook_id TEXT NOT NULL UNIQUE,
+    event_type TEXT NOT NULL,
+    source_id TEXT NOT NULL,
+    timestamp TEXT NOT NULL,
+    payload TEXT NOT NULL,
+    idempotency_key TEXT NOT NULL,
+    attempts INTEGER NOT NULL,
+    delivered INTEGER NOT NULL,
+    last_status INTEGER,
+    last_error TEXT
+);
+"""
 
 DISPATCHER_KEY = web.AppKey("sim_webhooks", WebhookDispatcher)
 
@@ -267,6 +323,7 @@ def dispatcher_for(ctx: SimContext) -> WebhookDispatcher:
         options.webhook_secret or DEFAULT_SECRET,
         chaos=options.chaos,
         seed=options.seed,
+        store=ctx.store,
     )
     ctx.extras["webhooks"] = dispatcher
     return dispatcher

@@ -219,3 +219,31 @@ async def test_an_unreachable_receiver_is_retried_and_the_simulator_keeps_servin
     assert item["attempts"] >= 2
     assert "Connect" in item["last_error"]
     assert (await boarding.get(MERCHANTS))[0] == 200
+
+
+async def test_a_restart_on_the_data_dir_resumes_unfinished_deliveries(
+    receiver: Receiver, sim_factory, http: aiohttp.ClientSession, tmp_path
+) -> None:
+    receiver.answer = lambda envelope: 500
+    # Time scale 50: the first retry waits 5 simulated seconds, 0.1 s real.
+    first = await start_sim(sim_factory, receiver, time_scale=50, data_dir=tmp_path)
+    merchant_id = await create(await oauth_api(http, first))
+    await until(lambda: len(receiver.deliveries) == 1)
+    await first.stop()
+
+    receiver.answer = lambda envelope: 200
+    second = await start_sim(sim_factory, receiver, time_scale=50, data_dir=tmp_path)
+    await until(lambda: len(receiver.deliveries) == 2)
+
+    resumed = receiver.deliveries[1].envelope
+    assert resumed["source_id"] == str(merchant_id)
+    assert resumed["metadata"]["attempt"] == 2
+    assert resumed["metadata"] == {**receiver.deliveries[0].envelope["metadata"], "attempt": 2}
+    boarding = await oauth_api(http, second)
+    for _ in range(100):  # the receiver logs a delivery just before it answers
+        (item,) = await sim_events(boarding)
+        if item["delivered"]:
+            break
+        await asyncio.sleep(0.01)
+    assert (item["delivered"], item["attempts"]) == (True, 2)
+    assert (await boarding.get(f"{MERCHANTS}/{merchant_id}"))[0] == 200
