@@ -1,0 +1,471 @@
+"""`kiosk-agent terminals|report|payments|vault|plans|hpp|boarding|keys` against the simulator.
+
+Most commands run in-process through the real parser and handler (the simulator shares the test's
+event loop); a few run as a real subprocess to prove the entry point, the exit codes and that no
+traceback ever reaches a person.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import csv
+import io
+import json
+import os
+import re
+import sys
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+
+from kiosk_agent.cli import build_parser
+from kiosk_agent.cli import service as cli
+from kiosk_agent.sim.server import SimServer
+
+SECRET_VALUES = ("sim_api_key", "sim_secret", "sim_refresh_token")
+
+
+@pytest.fixture
+def env(sim: SimServer, monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
+    """Credentials for ``sim`` in the environment, as a tech would export them."""
+    info = sim.ready_info()
+    values = {
+        "KIOSK_BASE_URL": info["base_url"],
+        "KIOSK_API_KEY": info["api_key"],
+        "KIOSK_MID": info["mid"],
+        "KIOSK_CLIENT_ID": info["client_id"],
+        "KIOSK_CLIENT_SECRET": info["client_secret"],
+    }
+    for name in cli.ENVIRONMENT.values():
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.delenv(cli.CONFIG_ENV, raising=False)
+    for name, value in values.items():
+        monkeypatch.setenv(name, value)
+    return values
+
+
+class Ran:
+    def __init__(self, code: int, out: str, err: str) -> None:
+        self.code, self.out, self.err = code, out, err
+
+    def __repr__(self) -> str:
+        return f"Ran(code={self.code}, out={self.out[:400]!r}, err={self.err!r})"
+
+
+async def kiosk(capsys: pytest.CaptureFixture[str], *argv: str) -> Ran:
+    """Run one command in-process, exactly as ``kiosk-agent`` parses and dispatches it."""
+    args = build_parser(argv[0]).parse_args(list(argv))
+    code = await args.handler(args)
+    captured = capsys.readouterr()
+    ran = Ran(code, captured.out, captured.err)
+    for secret in SECRET_VALUES:
+        assert secret not in ran.out + ran.err, ran
+    return ran
+
+
+async def sim_post(sim: SimServer, path: str) -> None:
+    async with aiohttp.ClientSession() as session, session.post(f"{sim.base_url}{path}") as resp:
+        assert resp.status == 200
+
+
+# -- terminals ------------------------------------------------------------------------------------
+
+
+async def test_terminals_lists_every_reader_with_capabilities_and_state(
+    env: dict[str, str], capsys: pytest.CaptureFixture[str], sim: SimServer
+) -> None:
+    ran = await kiosk(capsys, "terminals")
+    assert ran.code == 0, ran
+    lines = ran.out.splitlines()
+    assert lines[0].split()[:5] == ["DEVICE", "NAME", "VENDOR", "MODEL", "ONLINE"]
+    assert sum(line.startswith("SIM-00") for line in lines) == 8
+    assert "all 8 terminals online" in ran.out
+
+    await sim_post(sim, "/sim/terminals/SIM-0003/offline")
+    ran = await kiosk(capsys, "terminals", "--json")
+    listed = {t["device_id"]: t for t in json.loads(ran.out)}
+    assert listed["SIM-0003"]["online"] is False
+    assert listed["SIM-0007"]["capabilities"]["receipt_printing"] is True
+    ran = await kiosk(capsys, "terminals", "list")
+    assert "1 of 8 offline: SIM-0003" in ran.out
+    assert "Fix:" in ran.out
+
+
+async def test_ping_gives_a_verdict_and_a_fix(
+    env: dict[str, str], capsys: pytest.CaptureFixture[str], sim: SimServer
+) -> None:
+    ran = await kiosk(capsys, "terminals", "ping", "SIM-0001")
+    assert ran.code == 0
+    assert ran.out.startswith("OK    SIM-0001 is online")
+
+    await sim_post(sim, "/sim/terminals/SIM-0004/offline")
+    ran = await kiosk(capsys, "terminals", "ping", "SIM-0004")
+    assert ran.code == 1
+    assert ran.out.startswith("DOWN  SIM-0004 does not answer")
+    assert "Fix:" in ran.out
+
+    ran = await kiosk(capsys, "terminals", "ping", "SIM-9999")
+    assert ran.code == 1
+    assert ran.err == (
+        "error: no terminal SIM-9999 on this account; `kiosk-agent terminals` lists them\n"
+    )
+
+
+async def test_connect_opens_a_session_or_says_why_not(
+    env: dict[str, str], capsys: pytest.CaptureFixture[str], sim: SimServer
+) -> None:
+    ran = await kiosk(capsys, "terminals", "connect", "SIM-0002")
+    assert (ran.code, ran.out) == (0, "OK    SIM-0002 session open\n")
+    await sim_post(sim, "/sim/terminals/SIM-0005/offline")
+    ran = await kiosk(capsys, "terminals", "connect", "SIM-0005")
+    assert ran.code == 1
+    assert "SIM-0005 refused the session" in ran.err
+    assert "kiosk-agent terminals ping SIM-0005" in ran.err
+
+
+async def test_test_print_checks_the_capability_before_printing(
+    env: dict[str, str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    ran = await kiosk(capsys, "terminals", "test-print", "SIM-0001")
+    assert ran.code == 1
+    assert "SIM-0001 has no receipt printer" in ran.err
+    assert "Readers that print: SIM-0007, SIM-0008" in ran.err
+
+    charged = await kiosk(capsys, "payments", "charge", "--amount", "1.50",
+                          "--token", "tok_4111111111111111", "--expiration", "1230", "--json")
+    trans_id = json.loads(charged.out)["trans_id"]
+    ran = await kiosk(capsys, "terminals", "test-print", "SIM-0007", "--trans-id", trans_id)
+    assert ran.code == 0
+    assert ran.out == f"OK    SIM-0007 printed the receipt of transaction {trans_id}\n"
+    ran = await kiosk(capsys, "terminals", "test-print", "SIM-0008")  # the latest transaction
+    assert ran.code == 0, ran
+    assert "SIM-0008 printed the receipt" in ran.out
+
+
+# -- reports --------------------------------------------------------------------------------------
+
+
+async def test_report_formats_stream_the_same_records(
+    env: dict[str, str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    table = await kiosk(capsys, "report", "transactions", "--limit", "40", "--page-size", "15")
+    as_csv = await kiosk(capsys, "report", "transactions", "--limit", "40", "--format", "csv")
+    as_json = await kiosk(capsys, "report", "transactions", "--limit", "40", "--format", "json")
+    assert table.code == as_csv.code == as_json.code == 0
+    rows = list(csv.DictReader(io.StringIO(as_csv.out)))
+    records = json.loads(as_json.out)
+    assert len(rows) == len(records) == 40
+    assert len(table.out.splitlines()) == 41
+    assert [r["trans_id"] for r in rows] == [r["trans_id"] for r in records]
+    assert [r["amount"] for r in rows] == [r["amount"] for r in records]  # "12.50", exact
+    assert all("." in r["amount"] and len(r["amount"].split(".")[1]) == 2 for r in rows)
+    assert all("account_token" not in r for r in records)
+    assert "40 transactions in" in as_json.err
+
+
+async def test_report_filters_by_attribute_status_and_time(
+    env: dict[str, str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    settled = await kiosk(capsys, "report", "transactions", "--status", "settled", "--format",
+                          "csv", "--mid", env["KIOSK_MID"])
+    rows = list(csv.DictReader(io.StringIO(settled.out)))
+    assert rows
+    assert {r["status"] for r in rows} == {"settled"}
+    assert {r["mid"] for r in rows} == {env["KIOSK_MID"]}
+
+    one = rows[len(rows) // 2]
+    by_order = await kiosk(capsys, "report", "transactions", "--order-id", one["order_id"],
+                           "--format", "json")
+    assert [r["trans_id"] for r in json.loads(by_order.out)] == [one["trans_id"]]
+
+    day = one["trans_date"][:10]
+    window = await kiosk(capsys, "report", "transactions", "--since", day, "--until", day,
+                         "--format", "csv")
+    dates = {r["trans_date"][:10] for r in csv.DictReader(io.StringIO(window.out))}
+    assert dates == {day}
+
+    cases = await kiosk(capsys, "report", "chargebacks", "--status", "OPEN", "--format", "json")
+    assert {c["status"] for c in json.loads(cases.out)} <= {"OPEN"}
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["report", "transactions", "--status", "bogus"], "--status: unknown transaction status"),
+        (["report", "deposits", "--order-id", "x"], "--order-id does not apply to deposits"),
+        (["report", "adjustments", "--status", "OPEN"], "--status does not apply to adjustments"),
+        (["report", "chargebacks", "--status", "MAYBE"], "--status"),
+        (["report", "transactions", "--since", "yesterday"], "not a date or time: 'yesterday'"),
+        (["report", "transactions", "--since", "2026-11-22", "--until", "2026-11-01"],
+         "--since must be before --until"),
+    ],
+)
+async def test_report_refuses_bad_filters_with_one_line(
+    env: dict[str, str], capsys: pytest.CaptureFixture[str], argv: list[str], message: str
+) -> None:
+    ran = await kiosk(capsys, *argv)
+    assert ran.code == 2
+    assert ran.err.startswith("error: ")
+    assert message in ran.err
+    assert ran.err.count("\n") == 1
+
+
+async def test_a_long_pull_shows_progress_and_stays_streamed(
+    sim_factory: Any, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    sim = await sim_factory(seed=3, transactions=3000)
+    info = sim.ready_info()
+    monkeypatch.setenv("KIOSK_BASE_URL", info["base_url"])
+    monkeypatch.setenv("KIOSK_CLIENT_ID", info["client_id"])
+    monkeypatch.setenv("KIOSK_CLIENT_SECRET", info["client_secret"])
+    monkeypatch.setattr(cli.Progress, "PLAIN_INTERVAL_S", 0.0)
+    ran = await kiosk(capsys, "report", "transactions", "--format", "csv", "--page-size", "1000")
+    assert ran.code == 0
+    assert len(ran.out.splitlines()) == 3001
+    progress = [line for line in ran.err.splitlines() if "/s)" in line]
+    assert progress
+    assert all(re.fullmatch(r"[\d,]+ transactions \([\d,]+/s\)", line) for line in progress)
+    assert ran.err.splitlines()[-1].startswith("3,000 transactions in ")
+    quiet = await kiosk(capsys, "report", "deposits", "--quiet", "--limit", "3")
+    assert quiet.err == ""
+
+
+# -- payments, vault, plans, hosted pages -------------------------------------------------------
+
+
+async def test_charge_capture_void_and_receipt(
+    env: dict[str, str], capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(sys, "stdin", io.StringIO("tok_4111111111111111\n"))
+    auth = await kiosk(capsys, "payments", "charge", "--amount", "2.50", "--token", "-",
+                       "--expiration", "1230", "--auth-only", "--order-id", "cli-auth-1")
+    assert auth.code == 0, auth
+    assert "A (approved)" in auth.out
+    assert "$2.50" in auth.out
+    assert "tok_4111111111111111" not in auth.out
+    trans_id = next(line.split()[1] for line in auth.out.splitlines()
+                    if line.startswith("trans_id"))
+
+    captured = await kiosk(capsys, "payments", "capture", trans_id, "--amount", "2.00", "--json")
+    assert json.loads(captured.out)["amount"] == "$2.00"
+    voided = await kiosk(capsys, "payments", "void", trans_id)
+    assert voided.code == 0
+    assert voided.out.startswith("outcome    voided")
+    again = await kiosk(capsys, "payments", "void", trans_id)
+    assert again.code == 1
+    assert again.err.startswith("error: the service said no:")
+    assert "already" in again.err
+
+    receipt = await kiosk(capsys, "payments", "receipt", trans_id, "--email", "a@example.com")
+    assert (receipt.code, receipt.out) == (0, "receipt sent\n")
+
+    declined = await kiosk(capsys, "payments", "charge", "--amount", "3.02", "--token",
+                           "tok_4111111111111111", "--expiration", "1230")
+    assert declined.code == 1
+    assert "C (declined)" in declined.out
+
+    fee = await kiosk(capsys, "payments", "surcharge", "--amount", "10.00", "--bin", "411111",
+                      "--json")
+    assert set(json.loads(fee.out)) == {"surcharge", "surcharge_amount", "surcharge_percent"}
+
+
+@pytest.mark.parametrize("amount", ["2.555", "-1", "abc", "0", "2,50"])
+async def test_amounts_are_dollar_strings_converted_exactly(
+    env: dict[str, str], capsys: pytest.CaptureFixture[str], amount: str
+) -> None:
+    ran = await kiosk(capsys, "payments", "charge", "--amount", amount, "--token", "t")
+    assert ran.code == 2
+    assert ran.err.startswith("error: amount")
+
+
+async def test_vault_and_plan_lifecycle(
+    env: dict[str, str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    created = await kiosk(
+        capsys, "vault", "create", "--token", "tok_4111111111111111", "--name", "Ann Lee",
+        "--account-zip", "62701", "--address1", "1 Main St", "--city", "Springfield",
+        "--region", "IL", "--country", "US", "--email", "ann@example.com", "--phone",
+        "2175550100", "--expiration", "1230", "--json",
+    )
+    account = json.loads(created.out)
+    assert account["last_four"] == "1111"
+    assert "account_token" not in account
+    uuid = account["uuid"]
+    updated = await kiosk(capsys, "vault", "update", uuid, "--email", "new@example.com", "--json")
+    assert json.loads(updated.out)["email"] == "new@example.com"
+
+    plan = await kiosk(capsys, "plans", "create", "--name", "gym", "--vault-uuid", uuid,
+                       "--amount", "9.99", "--start", "2026-12-01", "--until", "2027-03-01",
+                       "--json")
+    body = json.loads(plan.out)
+    assert body["status"] == "ACTIVE"
+    assert [p["payment_number"] for p in body["scheduled_payments"]] == [1, 2, 3, 4]
+    cancelled = await kiosk(capsys, "plans", "cancel", str(body["id"]))
+    assert "CANCELLED" in cancelled.out
+    assert "SKIPPED" in cancelled.out
+    missing = await kiosk(capsys, "plans", "get", "9999")
+    assert missing.code == 1
+    assert "9999" in missing.err
+
+    deleted = await kiosk(capsys, "vault", "delete", uuid)
+    assert deleted.out == f"deleted vault payment account {uuid}\n"
+    gone = await kiosk(capsys, "vault", "get", uuid)
+    assert gone.code == 1
+    assert "404" in gone.err
+
+
+async def test_hosted_page_create_and_edit(
+    env: dict[str, str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    created = await kiosk(capsys, "hpp", "create", "--name", "Donate", "--amount", "25.00",
+                          "--unlock-amount", "--min-amount", "5", "--max-amount", "100", "--json")
+    page = json.loads(created.out)
+    assert page["url"].endswith(page["page_id"])
+    edited = await kiosk(capsys, "hpp", "edit", page["url"], "--amount", "30")
+    assert edited.code == 0
+    locked = await kiosk(capsys, "hpp", "create", "--name", "x", "--lock-amount", "--min-amount",
+                         "1")
+    assert locked.code == 2
+    assert "min_amount and max_amount are valid only when lock_amount is false" in locked.err
+    nothing = await kiosk(capsys, "hpp", "edit", page["page_id"])
+    assert nothing.code == 2
+
+
+# -- boarding and keys ----------------------------------------------------------------------------
+
+
+async def test_boarding_commands(env: dict[str, str], capsys: pytest.CaptureFixture[str]) -> None:
+    created = await kiosk(capsys, "boarding", "create", "--dba-name", "Corner Snacks", "--json")
+    merchant_id = json.loads(created.out)["merchant_id"]
+    assert json.loads(created.out)["status"] == "new"
+
+    sent = await kiosk(capsys, "boarding", "update", str(merchant_id), "--status",
+                       "sent_for_signature")
+    assert sent.out.startswith("status              sent_for_signature")
+    listed = await kiosk(capsys, "boarding", "merchants", "--status", "sent_for_signature",
+                         "--format", "csv")
+    assert str(merchant_id) in {r["merchant_id"] for r in csv.DictReader(io.StringIO(listed.out))}
+    shown = await kiosk(capsys, "boarding", "merchant", str(merchant_id))
+    assert "Corner Snacks" in shown.out
+
+    refused = await kiosk(capsys, "boarding", "update", str(merchant_id), "--status", "live")
+    assert refused.code == 1
+    assert "merchant_status" in refused.err
+    typo = await kiosk(capsys, "boarding", "update", str(merchant_id), "--status", "aproved")
+    assert typo.code == 2
+    assert typo.err.startswith("error: --status: unknown merchant status 'aproved'")
+
+
+async def test_keys_refresh_saves_the_new_key_before_saying_so(
+    env: dict[str, str], capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+) -> None:
+    monkeypatch.setenv("KIOSK_REFRESH_TOKEN", "sim_refresh_token")
+    refused = await kiosk(capsys, "keys", "refresh")
+    assert refused.code == 2
+    assert "refusing to rotate" in refused.err
+
+    saved = tmp_path / "credentials.json"
+    monkeypatch.setenv("KIOSK_CREDENTIALS_PATH", str(saved))
+    rotated = await kiosk(capsys, "keys", "refresh")
+    assert rotated.code == 0, rotated
+    assert str(saved) in rotated.out
+    assert saved.stat().st_mode & 0o077 == 0
+    stored = json.loads(saved.read_text())
+    assert stored["api_key"] not in rotated.out
+    ping = await kiosk(capsys, "terminals", "ping", "SIM-0001")  # works with the rotated key
+    assert ping.code == 0
+
+
+# -- credentials ----------------------------------------------------------------------------------
+
+
+async def test_credentials_come_from_the_config_file_with_secrets(
+    env: dict[str, str], capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+) -> None:
+    for name in ("KIOSK_API_KEY", "KIOSK_CLIENT_SECRET", "KIOSK_BASE_URL"):
+        monkeypatch.delenv(name)
+    secrets = tmp_path / "secrets.yaml"
+    secrets.write_text("api_key: sim_api_key\nclient_secret: sim_secret\n")
+    secrets.chmod(0o600)
+    config = tmp_path / "agent.yaml"
+    config.write_text(
+        "service:\n"
+        f"  base_url: {env['KIOSK_BASE_URL']}\n"
+        "  api_key: !secret api_key\n"
+        f"  mid: '{env['KIOSK_MID']}'\n"
+        "  client_id: sim_client\n"
+        "  client_secret: !secret client_secret\n"
+        "terminals: [{device_id: SIM-0001, name: front}]\n"
+    )
+    ping = await kiosk(capsys, "terminals", "ping", "SIM-0001", "--config", str(config))
+    assert ping.code == 0, ping
+    monkeypatch.setenv(cli.CONFIG_ENV, str(config))
+    pulled = await kiosk(capsys, "report", "deposits", "--limit", "2", "--format", "csv")
+    assert len(pulled.out.splitlines()) == 3
+
+    secrets.write_text("api_key: sim_api_key\n")
+    broken = await kiosk(capsys, "report", "deposits", "--config", str(config))
+    assert broken.code == 2
+    assert "client_secret" in broken.err
+    assert "agent.yaml:6" in broken.err
+
+
+async def test_missing_credentials_name_the_variables(
+    env: dict[str, str], capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("KIOSK_API_KEY")
+    ran = await kiosk(capsys, "terminals")
+    assert ran.code == 2
+    assert ran.err == (
+        "error: no service credentials: set KIOSK_API_KEY in the environment, or give "
+        "--config FILE with a service: section\n"
+    )
+
+
+def test_no_flag_takes_a_credential() -> None:
+    """Shell history keeps flags: no option of these commands may carry a key or secret."""
+    flags: set[str] = set()
+    parsers = [build_parser(command) for command in ("terminals", "report", "payments", "keys")]
+    while parsers:
+        for action in parsers.pop()._actions:
+            flags.update(action.option_strings)
+            if isinstance(action, argparse._SubParsersAction):
+                parsers.extend(action.choices.values())
+    assert "--amount" in flags
+    assert not [f for f in flags if any(word in f for word in ("key", "secret", "password"))]
+
+
+# -- the real entry point -----------------------------------------------------------------------
+
+
+async def run_process(env: dict[str, str], *argv: str, stdin: bytes = b"") -> Ran:
+    process = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "kiosk_agent", *argv,
+        stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE, env={**os.environ, **env},
+    )
+    out, err = await asyncio.wait_for(process.communicate(stdin), timeout=30)
+    assert process.returncode is not None
+    return Ran(process.returncode, out.decode(), err.decode())
+
+
+async def test_the_installed_command_reports_and_fails_cleanly(env: dict[str, str]) -> None:
+    pulled = await run_process(env, "report", "deposits", "--limit", "3", "--format", "json")
+    assert pulled.code == 0, pulled
+    assert len(json.loads(pulled.out)) == 3
+    wrong_key, unreachable = await asyncio.gather(  # the unreachable one backs off a while
+        run_process({**env, "KIOSK_API_KEY": "wrong"}, "terminals"),
+        run_process({**env, "KIOSK_BASE_URL": "http://127.0.0.1:9"}, "terminals"),
+    )
+    assert (wrong_key.code, unreachable.code) == (3, 4)
+    for ran in (wrong_key, unreachable):
+        assert ran.out == ""
+        assert ran.err.startswith("error: ")
+        assert ran.err.count("\n") == 1
+        assert "Traceback" not in ran.err
+        assert "wrong" not in ran.err  # the key given is never echoed
