@@ -123,10 +123,8 @@ class AdminServer:
     async def start(self) -> None:
         self._runner = web.AppRunner(self.app(), access_log=None)
         await self._runner.setup()
-        site = web.TCPSite(self._runner, self._host, self._port)
-        await site.start()
-        sockets = getattr(site._server, "sockets", None) or []
-        self.port = sockets[0].getsockname()[1] if sockets else self._port
+        await web.TCPSite(self._runner, self._host, self._port).start()
+        self.port = int(self._runner.addresses[0][1])  # the bound port, when configured as 0
         _LOGGER.info("admin API on %s", self.url)
 
     async def stop(self) -> None:

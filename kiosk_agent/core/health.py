@@ -14,13 +14,14 @@ import datetime as dt
 import enum
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 import voluptuous as vol
 from pydantic import BaseModel, ConfigDict
 
 from kiosk_agent.core.config import register_section
+from kiosk_agent.core.events import EventBus
 from kiosk_agent.core.sale import SaleEvent, SaleState
 from kiosk_agent.redact import redact
 
@@ -222,7 +223,7 @@ class Health:
         if today_amount_cents is not None:
             self._today_cents = today_amount_cents
 
-    async def follow_sales(self, events: Any) -> None:
+    async def follow_sales(self, events: EventBus[SaleEvent]) -> None:
         """Consume an `EventBus[SaleEvent]` until cancelled (run as a task by the agent)."""
         async with events.subscribe() as queue:
             while True:
@@ -318,8 +319,11 @@ class HealthChecker:
         *,
         interval: float = 60.0,
         timeout: float = 10.0,
+        key_expiry: Callable[[], float | None] | None = None,
     ) -> None:
         self._health = health
+        # e.g. ``lambda: service.transport.keys.credentials.api_key_expires_at``
+        self._key_expiry = key_expiry
         self._terminals = terminals
         # Empty: ping every terminal the service lists.
         self._device_ids = list(device_ids)
@@ -344,7 +348,9 @@ class HealthChecker:
             await asyncio.sleep(self._interval)
 
     async def check_once(self) -> None:
-        """One round: the terminal list (service reachability), then a ping per terminal."""
+        """One round: the key's expiry, the terminal list (reachability), a ping per terminal."""
+        if self._key_expiry is not None:
+            self._health.report_key_expiry(self._key_expiry())
         try:
             async with asyncio.timeout(self._timeout):
                 listed = await self._terminals.list()

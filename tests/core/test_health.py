@@ -121,11 +121,20 @@ def test_schema_defaults_and_refuses_nonsense() -> None:
 
 async def test_checker_pings_the_simulators_terminals(service) -> None:
     await service.terminal.connect("SIM-0002")
+    await service.keys.refresh()  # a rotated key has an expiry (the seeded one has none)
     health = Health("1")
-    checker = HealthChecker(health, service.terminal, ["SIM-0001", "SIM-0002", "NOPE-1"])
+    checker = HealthChecker(
+        health,
+        service.terminal,
+        ["SIM-0001", "SIM-0002", "NOPE-1"],
+        key_expiry=lambda: service.transport.keys.credentials.api_key_expires_at,
+    )
     await checker.check_once()
     snapshot = health.snapshot()
     assert snapshot.service.reachable is True
+    assert snapshot.service.key_expires_at is not None
+    assert snapshot.service.key_expires_in_s is not None
+    assert snapshot.service.key_expires_in_s > 0
     by_id = {t.device_id: t for t in snapshot.terminals}
     assert by_id["SIM-0001"].online is True
     assert by_id["SIM-0001"].last_ping_at is not None
