@@ -13,7 +13,7 @@ tables are kept here.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from typing import Any
 
 from aiohttp import web
@@ -146,6 +146,7 @@ def parse_q(raw: str | None) -> dict[str, Any]:
 
 Query = Callable[[Mapping[str, Any], int, int], tuple[list[dict[str, Any]], bool]]
 Resource = Callable[[Mapping[str, Any]], dict[str, Any]]
+Handler = Callable[[web.Request], Awaitable[web.Response]]
 
 
 def ords_page(
@@ -172,7 +173,7 @@ def page_params(request: web.Request) -> tuple[int, int]:
     return limit, offset
 
 
-def collection(query: Callable[[SimContext], Query], resource: Resource) -> Any:
+def collection(query: Callable[[SimContext], Query], resource: Resource) -> Handler:
     """An aiohttp handler serving one collection through ``query`` and ``resource``."""
 
     async def handler(request: web.Request) -> web.Response:

@@ -7,8 +7,10 @@ import base64
 
 import aiohttp
 
-from kiosk_agent.sim.oauth import TOKEN_PATH, parse_basic
+from kiosk_agent.sim.clock import VirtualClock
+from kiosk_agent.sim.oauth import TOKEN_PATH, OAuthIssuer, parse_basic
 from kiosk_agent.sim.server import SimServer
+from kiosk_agent.sim.store import Store
 
 from .sim_api import Api
 
@@ -125,3 +127,15 @@ def test_parse_basic_reads_only_well_formed_headers() -> None:
     assert parse_basic("Basic !!!") is None
     assert parse_basic("Basic " + base64.b64encode(b"no-colon").decode()) is None
     assert parse_basic(None) is None
+
+
+def test_a_token_lives_one_simulated_hour(tmp_path) -> None:
+    store = Store(tmp_path)
+    issuer = OAuthIssuer(store, VirtualClock(time_scale=1))
+
+    answer = issuer.issue("sim_client", "sim_secret")
+
+    assert answer["expires_in"] == 3600
+    assert issuer.valid(str(answer["access_token"]))
+    assert not issuer.valid("sim_oauth_made_up")
+    store.close()
