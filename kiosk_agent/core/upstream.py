@@ -14,6 +14,7 @@ import contextlib
 import json
 import logging
 import socket
+import ssl
 import time
 from collections import deque
 from typing import Any, Protocol
@@ -50,6 +51,9 @@ MQTT_SCHEMA = vol.Schema(
         vol.Optional("topic_prefix", default="kiosk-agent"): str,
         # Home Assistant's discovery prefix; false turns discovery off.
         vol.Optional("discovery_prefix", default="homeassistant"): vol.Any(str, False),
+        # TLS to the broker (port 8883 usually); ca_file: a private CA instead of the system's.
+        vol.Optional("tls", default=False): bool,
+        vol.Optional("ca_file"): str,
         vol.Optional("keepalive", default=60): vol.All(int, vol.Range(min=5, max=3600)),
         vol.Optional("reconnect_interval", default=5.0): _seconds,
     }
@@ -241,7 +245,14 @@ class MqttSink(_SinkBase):
             keepalive=self._conf.get("keepalive", 60),
             will=aiomqtt.Will(self.availability_topic, OFFLINE, qos=1, retain=True),
             timeout=10,
+            tls_context=self._tls_context(),
         )
+
+    def _tls_context(self) -> ssl.SSLContext | None:
+        if not self._conf.get("tls"):
+            return None
+        # Verifies the broker's certificate and host name; never turned off.
+        return ssl.create_default_context(cafile=self._conf.get("ca_file"))
 
     async def _run(self) -> None:
         retry = self._conf.get("reconnect_interval", 5.0)

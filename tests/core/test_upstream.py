@@ -6,6 +6,7 @@ the connection without a goodbye, as a pulled cable would.
 
 import asyncio
 import contextlib
+import getpass
 import json
 import shutil
 import socket
@@ -37,15 +38,17 @@ def _free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-@pytest.fixture(scope="session")
-def mosquitto(tmp_path_factory: pytest.TempPathFactory) -> Iterator[int]:
-    """A real Mosquitto broker on an ephemeral loopback port for the whole run."""
+def _start_broker(directory: Path, extra: str = "") -> tuple[subprocess.Popen[bytes], int]:
     binary = shutil.which("mosquitto") or "/usr/sbin/mosquitto"
     if not Path(binary).exists():
         pytest.fail("mosquitto is not installed (./dev test installs it)")
     port = _free_port()
-    conf = tmp_path_factory.mktemp("mosquitto") / "mosquitto.conf"
-    conf.write_text(f"listener {port} 127.0.0.1\nallow_anonymous true\npersistence false\n")
+    conf = directory / "mosquitto.conf"
+    # `user`: when run as root, mosquitto would switch to its own user and lose our temp files
+    conf.write_text(
+        f"listener {port} 127.0.0.1\nallow_anonymous true\npersistence false\n"
+        f"user {getpass.getuser()}\n{extra}"
+    )
     proc = subprocess.Popen(
         [binary, "-c", str(conf)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
     )
@@ -53,15 +56,41 @@ def mosquitto(tmp_path_factory: pytest.TempPathFactory) -> Iterator[int]:
     while True:
         try:
             socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
-            break
+            return proc, port
         except OSError:
             if time.monotonic() > deadline or proc.poll() is not None:
                 proc.kill()
                 pytest.fail("mosquitto did not start")
             time.sleep(0.05)
-    yield port
+
+
+def _stop_broker(proc: subprocess.Popen[bytes]) -> None:
     proc.terminate()
     proc.wait(5)
+
+
+@pytest.fixture(scope="session")
+def mosquitto(tmp_path_factory: pytest.TempPathFactory) -> Iterator[int]:
+    """A real Mosquitto broker on an ephemeral loopback port for the whole run."""
+    proc, port = _start_broker(tmp_path_factory.mktemp("mosquitto"))
+    yield port
+    _stop_broker(proc)
+
+
+def _make_certificates(directory: Path) -> Path:
+    """A throwaway CA and a server certificate for 127.0.0.1 (openssl CLI); returns the CA."""
+
+    def openssl(*args: str) -> None:
+        subprocess.run(["openssl", *args], cwd=directory, check=True, capture_output=True)
+
+    ec = ("-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes")
+    openssl("req", "-x509", *ec, "-keyout", "ca.key", "-out", "ca.crt", "-days", "1",
+            "-subj", "/CN=kiosk-agent test CA")
+    openssl("req", *ec, "-keyout", "server.key", "-out", "server.csr", "-subj", "/CN=127.0.0.1")
+    (directory / "san.ext").write_text("subjectAltName=IP:127.0.0.1\n")
+    openssl("x509", "-req", "-in", "server.csr", "-CA", "ca.crt", "-CAkey", "ca.key",
+            "-CAcreateserial", "-out", "server.crt", "-days", "1", "-extfile", "san.ext")
+    return directory / "ca.crt"
 
 
 class TcpProxy:
@@ -317,3 +346,29 @@ async def test_mqtt_discovery_heartbeat_last_will_and_catch_up(mosquitto: int) -
     await _until(lambda: observer.on(availability)[-1:] == ["offline"])
     await observer.stop()
     await proxy.cut()
+
+
+@pytest.mark.mqtt
+async def test_mqtt_over_tls_verifies_the_broker(tmp_path: Path) -> None:
+    ca = _make_certificates(tmp_path)
+    tls = f"cafile {ca}\ncertfile {tmp_path / 'server.crt'}\nkeyfile {tmp_path / 'server.key'}\n"
+    proc, port = _start_broker(tmp_path, tls)
+    try:
+        mqtt = {"host": "127.0.0.1", "port": port, "tls": True, "reconnect_interval": 0.1}
+        trusted = Upstream(_agent(), {"interval": 3600, "mqtt": {**mqtt, "ca_file": str(ca)}})
+        await trusted.start()
+        try:
+            await _until(lambda: trusted.sinks[0].sent == 1)
+        finally:
+            await trusted.stop()
+        # without the private CA the broker's certificate is refused: nothing is sent
+        untrusted = Upstream(_agent(), {"interval": 3600, "mqtt": mqtt})
+        await untrusted.start()
+        try:
+            await _until(lambda: untrusted.sinks[0].failures >= 1)
+            assert untrusted.sinks[0].sent == 0
+            assert untrusted.stats()["mqtt"]["queued"] == 1
+        finally:
+            await untrusted.stop()
+    finally:
+        _stop_broker(proc)
