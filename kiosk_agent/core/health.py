@@ -23,6 +23,7 @@ from pydantic import BaseModel, ConfigDict
 from kiosk_agent.core.config import register_section
 from kiosk_agent.core.events import EventBus
 from kiosk_agent.core.sale import SaleEvent, SaleState
+from kiosk_agent.money import format_cents
 from kiosk_agent.redact import redact
 
 _LOGGER = logging.getLogger(__name__)
@@ -264,6 +265,19 @@ class Health:
             service=service,
             sales=sales,
         )
+
+    def summary(self) -> str:
+        """One line for `systemctl status`: status, terminals online, today's sales."""
+        snapshot = self.snapshot()
+        online = sum(1 for t in snapshot.terminals if t.online)
+        sales = snapshot.sales
+        text = (
+            f"{snapshot.status}: {online}/{len(snapshot.terminals)} terminal(s) online, "
+            f"{sales.today_count} sale(s) today ({format_cents(sales.today_amount_cents)})"
+        )
+        if snapshot.problems:
+            text += f"; {snapshot.problems[0]}"
+        return text
 
     def _judge(
         self,

@@ -99,8 +99,11 @@ class Watchdog:
         *,
         max_lag: float | None = None,
         is_healthy: Callable[[], bool] = lambda: True,
+        status_text: Callable[[], str] | None = None,
     ) -> None:
         self._notifier = notifier
+        self._status_text = status_text
+        self._last_status = ""
         self._interval = interval
         self._max_lag = max_lag if max_lag is not None else interval
         self._is_healthy = is_healthy
@@ -132,6 +135,7 @@ class Watchdog:
     def beat(self, lag: float) -> bool:
         """Feed the watchdog if `lag` is acceptable and the agent says it is healthy."""
         self.last_lag = lag
+        self._update_status()
         reason = ""
         if lag > self._max_lag:
             reason = f"event loop lag {lag:.3f} s"
@@ -151,6 +155,19 @@ class Watchdog:
         self._notifier.watchdog()
         return True
 
+    def _update_status(self) -> None:
+        """Refresh the line `systemctl status` shows, when it changed."""
+        if self._status_text is None:
+            return
+        try:
+            text = self._status_text()
+        except Exception:
+            _LOGGER.exception("status text failed")
+            return
+        if text != self._last_status:
+            self._last_status = text
+            self._notifier.status(text)
+
 
 class SystemdLifecycle:
     """READY on start (with the watchdog if systemd asked for one), STOPPING on stop."""
@@ -160,12 +177,15 @@ class SystemdLifecycle:
         notifier: SystemdNotifier | None = None,
         *,
         is_healthy: Callable[[], bool] = lambda: True,
+        status_text: Callable[[], str] | None = None,
         environ: Mapping[str, str] | None = None,
     ) -> None:
         self.notifier = notifier or SystemdNotifier.from_env(environ)
         interval = watchdog_interval(environ)
         self.watchdog = (
-            Watchdog(self.notifier, interval, is_healthy=is_healthy) if interval else None
+            Watchdog(self.notifier, interval, is_healthy=is_healthy, status_text=status_text)
+            if interval
+            else None
         )
 
     async def start(self, status: str = "running") -> None:

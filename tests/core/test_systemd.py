@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from kiosk_agent.core.health import Health
 from kiosk_agent.core.systemd import (
     SystemdLifecycle,
     SystemdNotifier,
@@ -113,3 +114,18 @@ async def test_lifecycle_feeds_while_the_loop_runs_and_stops_when_blocked(notify
     assert messages[0] == "READY=1\nSTATUS=ready"
     assert messages[-1] == "STOPPING=1"
     assert messages.count("WATCHDOG=1") == lifecycle.watchdog.fed
+
+
+def test_status_line_follows_the_agent_and_is_sent_only_on_change(notify_socket) -> None:
+    path, server = notify_socket
+    health = Health("1")
+    health.report_terminal("SIM-0001", online=True, pinged=True)
+    dog = Watchdog(SystemdNotifier(path), 1.0, status_text=health.summary)
+    dog.beat(0.0)
+    assert _received(server) == ["STATUS=ok: 1/1 terminal(s) online, 0 sale(s) today ($0.00)"]
+    assert _received(server) == ["WATCHDOG=1"]
+    dog.beat(0.0)  # unchanged: no new STATUS
+    assert _received(server) == ["WATCHDOG=1"]
+    health.report_terminal("SIM-0001", online=False, detail="timed out")
+    dog.beat(0.0)
+    assert _received(server)[0].startswith("STATUS=down: 0/1 terminal(s) online")
