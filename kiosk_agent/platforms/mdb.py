@@ -39,6 +39,10 @@ from kiosk_agent.platforms.serial import SerialLink, SerialSettings, StateHandle
 _LOGGER = logging.getLogger(__name__)
 
 
+# On stop, how long a vend already approved may take to report its result (seconds).
+STOP_GRACE = 5.0
+
+
 class Mode(enum.StrEnum):
     SELECTION_FIRST = "selection_first"
     CARD_FIRST = "card_first"
@@ -295,6 +299,14 @@ class MdbCashless:
 
     async def stop(self) -> None:
         self._stopping = True
+        self._queued = None
+        session = self.session
+        if session is not None and session.phase is _Phase.VENDING:
+            # The product may be dropping right now: hear the result before letting go.
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(
+                    asyncio.shield(session.result), min(self.options.vend_timeout, STOP_GRACE)
+                )
         if self.session is not None:
             self.session.abort("agent stopping")
         for task in list(self._tasks):

@@ -225,6 +225,11 @@ class SerialLineDevice:
 
     async def stop(self) -> None:
         self._queued = None
+        vend = self.vend
+        if vend is not None and vend.vending:
+            # The device may be dispensing right now: hear the result before letting go.
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(asyncio.shield(vend.result), min(self.vend_timeout, 5.0))
         if self.vend is not None:
             self._cancel_vend("agent stopping")
         for task in list(self._tasks):

@@ -283,9 +283,9 @@ class VirtualController:
     def _abort_session(self) -> None:
         self._epoch += 1
         self._in_session = False
-        for future in (self._answer, self._session_funds):
-            if future is not None and not future.done():
-                future.set_result(_ABORTED)
+        # A customer still waiting for a session (card first) just keeps waiting.
+        if self._answer is not None and not self._answer.done():
+            self._answer.set_result(_ABORTED)
 
     # -- customers -----------------------------------------------------------------------------
 

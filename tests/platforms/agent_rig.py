@@ -1,0 +1,51 @@
+"""The real Agent, built from a YAML configuration, on the in-process simulator."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from kiosk_agent.app import build_agent
+from kiosk_agent.core.agent import Agent
+from kiosk_agent.core.config import load_config
+from kiosk_agent.service.settings import ServiceSettings
+
+
+def settings_for(sim: Any, **tuning: Any) -> ServiceSettings:
+    info = sim.ready_info()
+    return ServiceSettings(
+        **tuning,
+        base_url=info["base_url"],
+        reporting_url=info["reporting_url"],
+        ws_url=info["ws_url"],
+        api_key=info["api_key"],
+        refresh_token=info["refresh_token"],
+        mid=info["mid"],
+    )
+
+
+@contextlib.asynccontextmanager
+async def running_agent(
+    tmp_path: Path, settings: Any, triggers: list[dict[str, Any]], *, time_scale: float = 50,
+    sales: dict[str, Any] | None = None,
+) -> AsyncIterator[Agent]:
+    document = {
+        "service": {"simulator": {"time_scale": time_scale}},
+        "terminals": [{"device_id": "SIM-0001", "name": "front"}],
+        "journal": {"path": str(tmp_path / "journal.db")},
+        "receipts": {"print": "never", "email": False},
+        "sales": sales or {"vend_timeout": 5.0},
+        "triggers": triggers,
+    }
+    path = tmp_path / "agent.yaml"
+    path.write_text(yaml.safe_dump(document))
+    agent = build_agent(load_config(path), settings, systemd=False)
+    await agent.start()
+    try:
+        yield agent
+    finally:
+        await agent.stop()

@@ -1,0 +1,124 @@
+"""The platforms with the real Agent and the simulator: real HTTP, WebSocket, SQLite and ptys."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from agent_rig import running_agent, settings_for
+
+from kiosk_agent.core.sale import SaleEvent, SaleState
+from kiosk_agent.platforms.mdb import MdbPlatform
+from kiosk_agent.platforms.virtual import VirtualController, VirtualPlatform, VisitOutcome
+
+
+async def _final_events(agent: Any, count: int, timeout: float = 10.0) -> list[SaleEvent]:
+    finals: list[SaleEvent] = []
+    async with agent.events.subscribe() as queue, asyncio.timeout(timeout):
+        while len(finals) < count:
+            event = await queue.get()
+            if event.state.final:
+                finals.append(event)
+    return finals
+
+
+async def test_mdb_sales_through_the_agent(
+    tmp_path: Path, sim_settings: Any, controller: VirtualController
+) -> None:
+    trigger = {
+        "platform": "mdb",
+        "name": "front",
+        "port": controller.port,
+        "flow": "authorize_capture",
+        "vend_timeout": 5,
+    }
+    async with running_agent(tmp_path, sim_settings, [trigger]) as agent:
+        [platform] = agent.platforms
+        assert isinstance(platform, MdbPlatform)
+        await asyncio.wait_for(controller.wait_enabled(), 5)
+        collector = asyncio.create_task(_final_events(agent, 3))
+        vended = await controller.customer("A2")
+        declined = await controller.customer("D2")  # ..02 cents: the simulator declines
+        failed = await controller.customer("B1", fail=True)
+        completed, refused, reversed_ = await collector
+
+        assert vended.outcome is VisitOutcome.VENDED
+        assert completed.state is SaleState.COMPLETED
+        assert completed.captured_cents == 250
+        assert completed.source == "mdb:front"
+        assert declined.outcome is VisitOutcome.DENIED
+        assert refused.state is SaleState.DECLINED
+        assert failed.outcome is VisitOutcome.FAILED
+        assert reversed_.state is SaleState.REVERSED
+        snapshot = agent.health.snapshot()
+        [link] = [lk for lk in snapshot.links if lk.name == "mdb:front"]
+        assert link.state == "connected"
+        assert platform.status()["outcomes"] == {"vended": 1, "failed": 1, "cancelled": 1}
+
+
+async def test_virtual_platform_card_first(tmp_path: Path, sim_settings: Any) -> None:
+    trigger = {
+        "platform": "virtual",
+        "name": "lobby",
+        "mode": "card_first",
+        "flow": "authorize_capture",
+        "max_funds": "5.00",
+        "customers": False,
+        "dispense_time": 0.01,
+    }
+    async with running_agent(tmp_path, sim_settings, [trigger]) as agent:
+        [platform] = agent.platforms
+        assert isinstance(platform, VirtualPlatform)
+        collector = asyncio.create_task(_final_events(agent, 1))
+        visit = await platform.controller.card_first_customer("A1", wait=10)
+        [final] = await collector
+
+        assert visit.funds_cents == 500
+        assert visit.outcome is VisitOutcome.VENDED
+        assert final.state is SaleState.COMPLETED
+        assert final.amount_cents == 500
+        assert final.captured_cents == 150
+
+
+@pytest.mark.slow  # ~35 s on two shared cores; the protocol-level soak (test_mdb_soak) is fast
+async def test_thousand_sales_through_the_agent_none_lost_none_doubled(
+    tmp_path: Path, sim_factory: Any, controller: VirtualController
+) -> None:
+    sim = await sim_factory(time_scale=1000, rate_limit="100000/1")
+    trigger = {"platform": "mdb", "name": "soak", "port": controller.port,
+               "flow": "authorize_capture"}
+    controller.options.dispense_time = 0.0
+    rng = random.Random(3)
+    count = 1000
+    started = time.monotonic()
+    settings = settings_for(sim, rate_limit=10_000, rate_burst=10_000)
+    async with running_agent(tmp_path, settings, [trigger], time_scale=1000) as agent:
+        await asyncio.wait_for(controller.wait_enabled(), 5)
+        collector = asyncio.create_task(_final_events(agent, count, timeout=120))
+        for _ in range(count):
+            await controller.customer(rng.choice(["A1", "A2", "B1", "D2"]),
+                                      fail=rng.random() < 0.1)
+        finals = await collector
+        journaled = agent.journal.query()
+    elapsed = time.monotonic() - started
+    print(f"{count} sales through the agent in {elapsed:.1f}s")
+    assert len(journaled) == count
+    assert all(record.state.final for record in journaled)
+    assert len(finals) == count
+    assert len({f.sale_id for f in finals}) == count
+    assert len({f.order_id for f in finals}) == count
+    for visit, final in zip(controller.visits, finals, strict=True):
+        assert final.product == visit.product
+        expected = {
+            VisitOutcome.VENDED: SaleState.COMPLETED,
+            VisitOutcome.FAILED: SaleState.REVERSED,
+            VisitOutcome.DENIED: SaleState.DECLINED,
+        }[visit.outcome]  # type: ignore[index]
+        assert final.state is expected, (visit, final)
+        assert final.captured_cents == (
+            visit.price_cents if visit.outcome is VisitOutcome.VENDED else 0
+        )
