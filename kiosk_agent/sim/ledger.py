@@ -62,7 +62,8 @@ CREATE TABLE IF NOT EXISTS transactions (
     currency TEXT NOT NULL DEFAULT 'USD'
 );
 CREATE UNIQUE INDEX IF NOT EXISTS transactions_trans_id ON transactions (trans_id);
-CREATE INDEX IF NOT EXISTS transactions_order_id ON transactions (mid, order_id);
+CREATE INDEX IF NOT EXISTS transactions_order_id ON transactions (order_id, mid);
+CREATE INDEX IF NOT EXISTS transactions_mid ON transactions (mid);
 CREATE INDEX IF NOT EXISTS transactions_status ON transactions (trans_status_id);
 CREATE INDEX IF NOT EXISTS transactions_batch ON transactions (batch_id);
 CREATE INDEX IF NOT EXISTS transactions_funding ON transactions (funding_master_id);
