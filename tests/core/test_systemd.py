@@ -1,6 +1,8 @@
 import asyncio
 import os
+import signal
 import socket
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -129,3 +131,43 @@ def test_status_line_follows_the_agent_and_is_sent_only_on_change(notify_socket)
     health.report_terminal("SIM-0001", online=False, detail="timed out")
     dog.beat(0.0)
     assert _received(server)[0].startswith("STATUS=down: 0/1 terminal(s) online")
+
+
+async def test_kiosk_agent_run_speaks_to_systemd(tmp_path: Path) -> None:
+    """The real command under a stand-in for systemd: READY, a fed watchdog, then STOPPING."""
+    config = tmp_path / "config.yaml"
+    config.write_text(
+        "service:\n  simulator: {time_scale: 50}\n"
+        "terminals:\n  - device_id: SIM-0001\n"
+        "journal: {path: journal.db}\n"
+    )
+    path = str(tmp_path / "notify")
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    server.bind(path)
+    server.setblocking(False)
+    env = {**os.environ, "NOTIFY_SOCKET": path, "WATCHDOG_USEC": "200000"}
+    env.pop("WATCHDOG_PID", None)
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "kiosk_agent", "run", "--config", str(config),
+        env=env, stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE,
+    )
+    loop = asyncio.get_running_loop()
+    messages: list[str] = []
+
+    async def until(text: str) -> None:
+        async with asyncio.timeout(20):
+            while not any(text in m for m in messages):
+                messages.append((await loop.sock_recv(server, 4096)).decode())
+
+    try:
+        await until("READY=1")
+        await until("WATCHDOG=1")
+        proc.send_signal(signal.SIGTERM)
+        await until("STOPPING=1")
+        assert await asyncio.wait_for(proc.wait(), 20) == 0
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+        server.close()
+    assert messages[0].startswith("READY=1")
