@@ -77,6 +77,8 @@ _STATUS_REASONS = {
     MerchantStatus.DECLINED: MerchantReason.DECLINED,
     MerchantStatus.UNKNOWN: MerchantReason.STATUS_CHANGED,
 }
+# Statuses the API may move a merchant out of: an application not yet signed.
+_API_MOVABLE = (MerchantStatus.NEW, MerchantStatus.SENT_FOR_SIGNATURE)
 API_STATUSES = (MerchantStatus.NEW.api_name, MerchantStatus.SENT_FOR_SIGNATURE.api_name)
 TRIGGERS = tuple(trigger.value for trigger in MerchantTrigger)
 
@@ -133,6 +135,9 @@ class Boarding:
     ) -> dict[str, Any]:
         """A PUT: edit fields, then move to ``status`` (``new`` or ``sent_for_signature``)."""
         row = self.get(merchant_id)
+        if status is not None and row["merchant_status_id"] not in _API_MOVABLE:
+            # Checked before any field changes, so a refused PUT changes nothing at all.
+            raise _cannot_move(row, MerchantStatus.from_name(status))
         if fields:
             out_for_signature = row["merchant_status_id"] == MerchantStatus.SENT_FOR_SIGNATURE
             changes = dict(fields)
@@ -152,7 +157,7 @@ class Boarding:
         self, row: dict[str, Any], trigger: MerchantTrigger, *, from_any: bool = False
     ) -> dict[str, Any]:
         current = row["merchant_status_id"]
-        if not from_any and current not in (MerchantStatus.NEW, MerchantStatus.SENT_FOR_SIGNATURE):
+        if not from_any and current not in _API_MOVABLE:
             raise _cannot_move(row, MerchantStatus.SENT_FOR_SIGNATURE)
         resend = current == MerchantStatus.SENT_FOR_SIGNATURE
         # A resend restarts the 30-day wait for a signature.

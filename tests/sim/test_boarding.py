@@ -206,8 +206,10 @@ async def test_moves_the_api_may_not_make_are_409(boarding: Api) -> None:
     code, answer = await put(boarding, merchant_id, merchant_status="sent_for_signature")
 
     assert (code, answer["error"]) == (409, "invalid_status_transition")
-    code, answer = await put(boarding, merchant_id, merchant_status="new")
+    code, answer = await put(boarding, merchant_id, merchant_status="new", dba_name="Renamed")
     assert code == 409
+    _, unchanged = await boarding.get(f"{MERCHANTS}/{merchant_id}")
+    assert unchanged["dba_name"] == "Corner Snacks"  # a refused PUT changes nothing
 
 
 async def test_unsigned_applications_expire_after_30_simulated_days(
