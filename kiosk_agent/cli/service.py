@@ -104,7 +104,10 @@ def first_problem(err: ValidationError) -> str:
 
 
 def _fail(message: str) -> None:
-    print(f"error: {message}", file=sys.stderr)
+    from kiosk_agent.redact import redact
+
+    # Messages are written not to carry secrets; redact is the net under an unexpected one.
+    print(f"error: {redact(message)}", file=sys.stderr)
 
 
 # -- settings ------------------------------------------------------------------------------------
