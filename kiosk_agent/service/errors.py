@@ -25,6 +25,8 @@ class ServiceError(Exception):
         self.status = status
         self.error = error
         self.description = description
+        # set on errors of a charge whose outcome is unknown: the id to reconcile it by
+        self.order_id: str | None = None
 
     def __str__(self) -> str:
         parts = [self.message]

@@ -9,6 +9,7 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
+from kiosk_agent.service.errors import ServerError, ServiceUnreachableError
 from kiosk_agent.service.models.payments import (
     ChargeRequest,
     ChargeResult,
@@ -35,20 +36,24 @@ class PaymentsClient:
     async def charge(self, request: ChargeRequest) -> ChargeResult:
         """Charge (or, with ``capture=False``, authorize) an account token or vaulted account.
 
-        A lost answer raises ``ServiceUnreachableError``; reconcile by ``order_id`` (set on the
-        request you passed, or read it from the error's context via reporting).
+        A lost answer raises ``ServiceUnreachableError`` (a 5xx, ``ServerError``) whose
+        ``order_id`` is the id to reconcile by (interaction status, then reporting).
         """
         body = request.to_wire()
         body.setdefault("mid", self._mid)
         body.setdefault("order_id", request.order_id or new_order_id())
-        return await self._transport.request_model(
-            ChargeResult,
-            "POST",
-            "/api/v1/charge",
-            json=body,
-            mid=MidPlacement.NONE,  # mid is in the body already
-            what=f"charge order {body['order_id']}",
-        )
+        try:
+            return await self._transport.request_model(
+                ChargeResult,
+                "POST",
+                "/api/v1/charge",
+                json=body,
+                mid=MidPlacement.NONE,  # mid is in the body already
+                what=f"charge order {body['order_id']}",
+            )
+        except (ServiceUnreachableError, ServerError) as exc:
+            exc.order_id = body["order_id"]  # the outcome is unknown: reconcile by this id
+            raise
 
     async def capture(self, trans_id: str, amount: int | None = None) -> ChargeResult:
         """Capture an authorization, in full or for ``amount`` cents (at most the authorized)."""

@@ -7,9 +7,11 @@ from decimal import Decimal
 import pytest
 
 from kiosk_agent.service.models import (
+    ApiKeySet,
     BillingPlan,
     BillingPlanRequest,
     BillingPlanStatus,
+    ChargeRequest,
     ChargeResult,
     HostedPage,
     HostedPageLink,
@@ -86,3 +88,21 @@ def test_hosted_page_range_only_when_amount_unlocked() -> None:
 def test_hpp_client_id_is_the_last_path_segment() -> None:
     link = HostedPageLink(url="https://pay.example.com/hpp/abc123?x=1")
     assert link.hpp_client_id == "abc123"
+
+
+def test_repr_hides_tokens_and_keys_at_any_depth() -> None:
+    interaction = Interaction.model_validate(
+        {"interaction_id": "i", "status": "succeeded", "kind": "read_card",
+         "result": {"token": "9412345678901111", "last_four": "1111"}}
+    )  # fmt: skip
+    assert "9412345678901111" not in repr(interaction)
+    assert "1111" in repr(interaction)
+    keys = ApiKeySet(
+        api_key="key-secret", public_key="pub", refresh_token="refresh-secret",
+        api_key_expires_at=1, refresh_token_expires_at=2,
+    )  # fmt: skip
+    assert "secret" not in repr(keys)
+    assert "secret" not in str(keys)
+    request = ChargeRequest(amount=100, account_token="9412345678901111")
+    assert "9412345678901111" not in repr(request)
+    assert request.account_token == "9412345678901111"  # hidden from repr only

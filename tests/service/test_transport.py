@@ -121,8 +121,9 @@ async def test_charge_is_never_re_posted_after_a_lost_answer(
     scripted.script("POST", "/api/v1/charge", drop_connection)
     request = ChargeRequest(amount=100, account_token="9412345678901111", order_id="o-1")
     async with ServiceClient(scripted_settings) as svc:
-        with pytest.raises(ServiceUnreachableError, match="outcome unknown"):
+        with pytest.raises(ServiceUnreachableError, match="outcome unknown") as caught:
             await svc.payments.charge(request)
+    assert caught.value.order_id == "o-1"  # what the caller reconciles by
     assert scripted.count("POST", "/api/v1/charge") == 1
 
 
@@ -132,8 +133,9 @@ async def test_charge_is_never_re_posted_after_a_5xx(
     scripted.script("POST", "/api/v1/charge", json_reply({"error": "boom"}, status=500))
     request = ChargeRequest(amount=100, account_token="9412345678901111")
     async with ServiceClient(scripted_settings) as svc:
-        with pytest.raises(ServerError):
+        with pytest.raises(ServerError) as caught:
             await svc.payments.charge(request)
+    assert caught.value.order_id is not None  # made on the device, sent, and told
     assert scripted.count("POST", "/api/v1/charge") == 1
 
 

@@ -8,6 +8,7 @@ text (:data:`Tolerant`) instead of failing a whole page of results.
 from __future__ import annotations
 
 import enum
+from collections.abc import Iterator
 from decimal import Decimal, InvalidOperation
 from typing import Annotated, Any, TypeVar
 
@@ -70,13 +71,39 @@ def _yes_no(value: Any) -> Any:
 YesNo = Annotated[bool, BeforeValidator(_yes_no)]
 
 
+# Fields whose values stand in for a card or grant access: repr() shows them as hidden, at any
+# depth (an interaction's ``result.token`` too), so a debugger or an f-string cannot leak them.
+SECRET_FIELDS = frozenset(
+    {"token", "account_token", "api_key", "refresh_token", "access_token", "cvn", "public_key"}
+)
+HIDDEN = "<hidden>"
+
+
+def hide_secrets(value: Any) -> Any:
+    """``value`` with every secret field of nested dicts and lists replaced by ``<hidden>``."""
+    if isinstance(value, dict):
+        return {
+            k: HIDDEN if k in SECRET_FIELDS and v is not None else hide_secrets(v)
+            for k, v in value.items()
+        }
+    if isinstance(value, list):
+        return [hide_secrets(item) for item in value]
+    return value
+
+
 class ServiceModel(BaseModel):
-    """Base model: extra fields kept, names as on the wire, assignment validated."""
+    """Base model: extra fields kept, names as on the wire, assignment validated, secrets
+    hidden from repr."""
 
     # hide_input_in_errors: a validation message must never echo a token or card data.
     model_config = ConfigDict(
         extra="allow", populate_by_name=True, validate_assignment=True, hide_input_in_errors=True
     )
+
+    def __repr_args__(self) -> Iterator[tuple[str | None, Any]]:
+        for name, value in super().__repr_args__():
+            secret = name in SECRET_FIELDS and value is not None
+            yield name, HIDDEN if secret else hide_secrets(value)
 
 
 class ErrorBody(ServiceModel):

@@ -31,9 +31,6 @@ class ApiKeySet(ServiceModel):
     api_key_expires_at: int
     refresh_token_expires_at: int
 
-    def __repr__(self) -> str:  # never show the secrets, even in a debugger
-        return f"ApiKeySet(api_key_expires_at={self.api_key_expires_at})"
-
 
 class ChargeResultCode(enum.StrEnum):
     APPROVED = "A"
@@ -212,9 +209,6 @@ class VaultPaymentAccount(ServiceModel):
     def deleted(self) -> bool:
         return self.is_deleted == "1"
 
-    def __repr__(self) -> str:  # the account token is a secret stand-in for the card
-        return f"VaultPaymentAccount(uuid={self.uuid!r}, last_four={self.last_four!r})"
-
 
 class BillingPlanStatus(enum.StrEnum):
     ACTIVE = "ACTIVE"
@@ -352,9 +346,6 @@ class VaultAccountRequest(ServiceModel):
     address2: str | None = None
     expiration: str | None = None
     is_default: str | None = None
-
-    def __repr__(self) -> str:
-        return f"VaultAccountRequest(name={self.name!r})"
 
     def to_wire(self) -> dict[str, Any]:
         return self.model_dump(mode="json", exclude_none=True)

@@ -85,9 +85,6 @@ class ReadCardResult(ServiceModel):
     last_four: str | None = None
     expiration: str | None = None
 
-    def __repr__(self) -> str:  # the token stands in for the card: never print it
-        return f"ReadCardResult(last_four={self.last_four!r})"
-
 
 class InteractionAccepted(ServiceModel):
     """The 202 answer of read-card and charge-card."""
@@ -131,6 +128,3 @@ class Interaction(ServiceModel):
 class WsToken(ServiceModel):
     token: str
     expires_at: int | float | None = None
-
-    def __repr__(self) -> str:
-        return "WsToken(<hidden>)"
