@@ -22,6 +22,7 @@ import pytest
 import voluptuous as vol
 from aiohttp import web
 
+from kiosk_agent.app import load_agent
 from kiosk_agent.core.health import Health
 from kiosk_agent.core.upstream import (
     UPSTREAM_SCHEMA,
@@ -372,3 +373,29 @@ async def test_mqtt_over_tls_verifies_the_broker(tmp_path: Path) -> None:
             await untrusted.stop()
     finally:
         _stop_broker(proc)
+
+
+@pytest.mark.mqtt
+async def test_an_agent_configured_with_upstream_reports_itself(
+    tmp_path: Path, mosquitto: int, sim_settings: Any
+) -> None:
+    config = tmp_path / "config.yaml"
+    config.write_text(
+        "service:\n  simulator: {time_scale: 50}\n"
+        "terminals:\n  - device_id: SIM-0001\n"
+        "journal: {path: journal.db}\n"
+        f"upstream:\n  device_id: store-42\n  mqtt: {{host: 127.0.0.1, port: {mosquitto}}}\n"
+    )
+    observer = Observer(mosquitto)
+    await observer.start("kiosk-agent/store-42/#")
+    agent = load_agent(config, sim_settings, systemd=False)
+    await agent.start()
+    try:
+        await _until(lambda: bool(observer.on("kiosk-agent/store-42/state")))
+        report = json.loads(observer.on("kiosk-agent/store-42/state")[-1])
+        assert report["version"] == agent.version
+        assert [t["device_id"] for t in report["terminals"]] == ["SIM-0001"]
+    finally:
+        await agent.stop()
+    await _until(lambda: observer.on("kiosk-agent/store-42/availability")[-1:] == ["offline"])
+    await observer.stop()
