@@ -25,6 +25,7 @@ import voluptuous as vol
 
 from kiosk_agent.core.config import register_section
 from kiosk_agent.core.health import Health, HealthSnapshot
+from kiosk_agent.redact import redact
 
 _LOGGER = logging.getLogger(__name__)
 
@@ -164,6 +165,7 @@ class _SinkBase:
         self.last_error = ""
 
     def _failed(self, error: str) -> None:
+        error = redact(error)  # a URL or broker message may carry a credential
         self.failures += 1
         if error != self.last_error:
             _LOGGER.warning("upstream %s: %s (%d queued)", self.name, error, len(self.queue))
