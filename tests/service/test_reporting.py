@@ -119,6 +119,12 @@ async def test_filters_travel_as_q_and_every_page_keeps_them(
     )
     assert one.trans_id in {t.trans_id for t in by_amount}
     assert {t.amount for t in by_amount} == {one.amount}
+    tagged = next(t for t in settled if t.custom_01)
+    by_tag = await collect(
+        svc.reporting.transactions(TransactionFilter(custom_01=tagged.custom_01))
+    )
+    assert tagged.trans_id in {t.trans_id for t in by_tag}
+    assert {t.custom_01 for t in by_tag} == {tagged.custom_01}
 
 
 def test_filters_serialise_exactly_and_refuse_unknown_attributes() -> None:

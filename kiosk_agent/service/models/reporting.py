@@ -119,6 +119,17 @@ class Transaction(ReportRecord):
     # Interchange figures are rates and per-item fees, kept exact but not rounded to cents.
     interchange_per_item: Decimal | None = None
     interchange_rate: Decimal | None = None
+    # Merchant-specific fields, free text set at charge time.
+    custom_01: str | None = None
+    custom_02: str | None = None
+    custom_03: str | None = None
+    custom_04: str | None = None
+    custom_05: str | None = None
+    custom_06: str | None = None
+    custom_07: str | None = None
+    custom_08: str | None = None
+    custom_09: str | None = None
+    custom_10: str | None = None
 
     def __repr_args__(self) -> Iterator[tuple[str | None, Any]]:
         # The account token stands in for the card: keep it out of reprs and so out of logs.
@@ -236,6 +247,16 @@ class TransactionFilter(QueryFilter):
     auth_code: str | None = None
     result: str | None = None
     user_identifier: str | None = None
+    custom_01: str | None = None
+    custom_02: str | None = None
+    custom_03: str | None = None
+    custom_04: str | None = None
+    custom_05: str | None = None
+    custom_06: str | None = None
+    custom_07: str | None = None
+    custom_08: str | None = None
+    custom_09: str | None = None
+    custom_10: str | None = None
 
 
 class DepositFilter(QueryFilter):
