@@ -30,6 +30,7 @@ from kiosk_agent.redact import redact
 _LOGGER = logging.getLogger(__name__)
 
 ONLINE = "online"
+MAX_RECONNECT_DELAY = 60.0  # seconds
 OFFLINE = "offline"
 
 _seconds = vol.All(vol.Coerce(float), vol.Range(min=0.05, max=86400.0))
@@ -257,7 +258,8 @@ class MqttSink(_SinkBase):
         return ssl.create_default_context(cafile=self._conf.get("ca_file"))
 
     async def _run(self) -> None:
-        retry = self._conf.get("reconnect_interval", 5.0)
+        first_delay = self._conf.get("reconnect_interval", 5.0)
+        delay = first_delay
         while True:
             try:
                 async with self._new_client() as client:
@@ -265,28 +267,33 @@ class MqttSink(_SinkBase):
                     await self._announce(client)
                     self.connected = True
                     self.connects += 1
+                    delay = first_delay
                     await self._serve(client)
-            except aiomqtt.MqttError as err:
+            except (aiomqtt.MqttError, OSError) as err:
                 self._failed(f"broker {self._conf['host']}:{self._conf.get('port', 1883)}: {err}")
             finally:
                 self.connected = False
                 self._client = None
-            await asyncio.sleep(retry)
+            await asyncio.sleep(delay)
+            # capped exponential backoff: a fleet must not hammer a broker that is down
+            delay = min(delay * 2, max(first_delay, MAX_RECONNECT_DELAY))
 
     async def _serve(self, client: aiomqtt.Client) -> None:
         """Flush on every wake-up until the connection is lost (then raise MqttError)."""
-        lost = asyncio.ensure_future(_until_disconnected(client))
+        lost: asyncio.Future[None] = asyncio.ensure_future(_until_disconnected(client))
+        woken: asyncio.Future[Any] | None = None
         try:
             while True:
                 await self._flush(client)
                 woken = asyncio.ensure_future(self._wakeup.wait())
-                await asyncio.wait({woken, lost}, return_when=asyncio.FIRST_COMPLETED)
+                await asyncio.wait((woken, lost), return_when=asyncio.FIRST_COMPLETED)
                 if lost.done():
-                    woken.cancel()
                     lost.result()
                 self._wakeup.clear()
         finally:
             lost.cancel()
+            if woken is not None:
+                woken.cancel()
 
     async def _announce(self, client: aiomqtt.Client) -> None:
         for topic, config in discovery_messages(
