@@ -29,7 +29,13 @@ from typing import TYPE_CHECKING, Any
 
 import aiohttp
 
-from kiosk_agent.service.errors import ServiceError
+from kiosk_agent.service.errors import (
+    InvalidResponseError,
+    RateLimitedError,
+    ServerError,
+    ServiceError,
+    ServiceUnreachableError,
+)
 from kiosk_agent.service.models.terminal import Interaction, InteractionKind
 from kiosk_agent.service.parsing import parse_interaction
 
@@ -148,8 +154,8 @@ class InteractionHandle:
                 self.via = "websocket"
                 return await self._confirm(record)
             # Between attempts the interaction may have finished: ask once, then back off.
-            polled = await self.refresh()
-            if polled.finished:
+            polled = await self._refresh_through_outages()
+            if polled is not None and polled.finished:
                 self.via = "polling"
                 return polled
             ceiling = min(RECONNECT_MAX, RECONNECT_BASE * 2.0 ** (self.socket_failures - 1))
@@ -160,11 +166,25 @@ class InteractionHandle:
         loop = asyncio.get_running_loop()
         interval = self._terminal.settings.poll_interval
         while True:
-            record = await self.refresh()
-            if record.finished or loop.time() >= self._expiry:
+            record = await self._refresh_through_outages()
+            if record is not None and (record.finished or loop.time() >= self._expiry):
                 self.via = self.via or "polling"
                 return record
             await asyncio.sleep(min(interval, max(0.0, self._expiry - loop.time())))
+
+    async def _refresh_through_outages(self) -> Interaction | None:
+        """The status endpoint's record, or None after a passing outage (before the expiry).
+
+        A network blip, a 5xx or a rate limit while waiting must not end the wait: the
+        interaction goes on at the service, so keep asking until its lifetime is over.
+        """
+        try:
+            return await self.refresh()
+        except (ServiceUnreachableError, ServerError, RateLimitedError) as exc:
+            if asyncio.get_running_loop().time() >= self._expiry:
+                raise
+            _LOGGER.warning("%s: status check failed, will ask again: %s", self.interaction_id, exc)
+            return None
 
     async def _confirm(self, record: Interaction) -> Interaction:
         """The status endpoint's record when it can be had; the socket's when it cannot."""
@@ -180,7 +200,10 @@ class InteractionHandle:
     async def _follow_socket(self) -> Interaction:
         """One socket session: the first finished record, or SocketUnavailable."""
         terminal = self._terminal
-        token = await terminal.ws_token()
+        try:
+            token = await terminal.ws_token()
+        except ServiceError as exc:
+            raise SocketUnavailable(f"no WebSocket token: {exc}") from None
         url = f"{terminal.settings.websocket_base}/cable"
         try:
             ws = await terminal.session.ws_connect(
@@ -210,7 +233,11 @@ class InteractionHandle:
                 reason = f"server disconnect: {frame.get('reason')}"
                 raise SocketUnavailable(reason, retry=reconnect)
             elif frame.get("identifier") == identifier and "message" in frame:
-                record = parse_interaction(frame["message"], what="interaction over WebSocket")
+                try:
+                    record = parse_interaction(frame["message"], what="interaction over WebSocket")
+                except InvalidResponseError as exc:
+                    # the status endpoint decides instead (and names the field if it is bad too)
+                    raise SocketUnavailable(str(exc), retry=False) from None
                 self._note(record)
                 if record.finished:
                     return record

@@ -266,10 +266,11 @@ class Transport:
             if status == 429:
                 self.rate_limited_count += 1
                 delay = _retry_after_seconds(retry_after) or self._backoff(attempt + 1)
-                self.limiter.pause(delay)
                 if time.monotonic() + delay < patience_ends:
                     attempt += 1
-                    if not rate_limited:
+                    if rate_limited:
+                        self.limiter.pause(delay)  # every terminal call waits, not just this one
+                    else:
                         await asyncio.sleep(delay)
                     continue
                 raise self._status_error(status, body, content_type, what, retry_after)

@@ -1,0 +1,100 @@
+"""wait() against a scripted service: bad frames and bad records name the field, and a passing
+outage of the status endpoint does not end the wait."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from aiohttp import web
+from scripted_server import ScriptedServer, json_reply
+
+from kiosk_agent.service.client import ServiceClient
+from kiosk_agent.service.errors import InvalidResponseError
+from kiosk_agent.service.models import InteractionStatus
+from kiosk_agent.service.settings import ServiceSettings
+
+START = "/api/terminal/SIM-0001/charge-card"
+STATUS = "/api/terminal/SIM-0001/charge-card/i-1"
+ACCEPTED = json_reply({"interaction_id": "i-1", "status": "pending"}, status=202)
+CHARGED = {
+    "interaction_id": "i-1", "device_id": "SIM-0001", "kind": "charge_card",
+    "status": "succeeded", "created_at": "2026-11-22T10:15:30.123Z",
+    "expires_at": "2026-11-22T10:18:30.123Z", "stage_errors": [],
+    "result": {"result": "A", "trans_id": "t-1", "amount": 100, "respcode": "00"},
+}  # fmt: skip
+
+
+def cable_with(message: object) -> object:
+    """A /cable endpoint that welcomes, confirms the subscription and sends ``message``."""
+
+    async def cable(request: web.Request) -> web.StreamResponse:
+        ws = web.WebSocketResponse(protocols=("actioncable-v1-json",))
+        await ws.prepare(request)
+        await ws.send_json({"type": "welcome"})
+        subscribe = json.loads((await ws.receive()).data)
+        identifier = subscribe["identifier"]
+        await ws.send_json({"type": "confirm_subscription", "identifier": identifier})
+        await ws.send_json({"identifier": identifier, "message": message})
+        await ws.receive()  # until the client goes
+        return ws
+
+    return cable
+
+
+async def test_bad_socket_record_falls_back_to_the_status_endpoint(
+    scripted: ScriptedServer, scripted_settings: ServiceSettings
+) -> None:
+    scripted.script("POST", START, ACCEPTED)
+    scripted.script("POST", "/api/ws-token", json_reply({"token": "wst", "expires_at": 1}))
+    scripted.script("GET", "/cable", cable_with({"interaction_id": "i-1", "status": 42}))
+    scripted.script("GET", STATUS, json_reply(CHARGED))
+    async with ServiceClient(scripted_settings) as svc:
+        handle = await svc.terminal.charge_card("SIM-0001", 100)
+        interaction = await handle.wait(timeout=5)
+    assert interaction.status is InteractionStatus.SUCCEEDED
+    assert handle.socket_connects == 1
+    assert handle.via == "polling"
+
+
+async def test_bad_record_from_the_status_endpoint_names_the_field(
+    scripted: ScriptedServer, scripted_settings: ServiceSettings
+) -> None:
+    broken = {**CHARGED, "result": {"result": "A"}}  # no trans_id
+    scripted.script("POST", START, ACCEPTED)
+    scripted.script("GET", STATUS, json_reply(broken))
+    settings = scripted_settings.replace(websocket=False)
+    async with ServiceClient(settings) as svc:
+        handle = await svc.terminal.charge_card("SIM-0001", 100)
+        with pytest.raises(InvalidResponseError) as caught:
+            await handle.wait(timeout=5)
+    assert caught.value.field == "result.trans_id"
+
+
+async def test_wait_polls_through_an_outage_of_the_status_endpoint(
+    scripted: ScriptedServer, scripted_settings: ServiceSettings
+) -> None:
+    down = json_reply({"error": "unavailable"}, status=503)
+    scripted.script("POST", START, ACCEPTED)
+    # more 503s in a row than one call retries: the wait itself must carry on
+    scripted.script("GET", STATUS, *[down] * 6, json_reply(CHARGED))
+    settings = scripted_settings.replace(websocket=False, poll_interval=0.01)
+    async with ServiceClient(settings) as svc:
+        handle = await svc.terminal.charge_card("SIM-0001", 100)
+        interaction = await handle.wait(timeout=5)
+    assert interaction.charge_result is not None
+    assert interaction.charge_result.trans_id == "t-1"
+    assert scripted.count("GET", STATUS) == 7
+
+
+async def test_ws_token_refused_falls_back_to_polling(
+    scripted: ScriptedServer, scripted_settings: ServiceSettings
+) -> None:
+    scripted.script("POST", START, ACCEPTED)
+    scripted.script("POST", "/api/ws-token", json_reply({"error": "forbidden"}, status=403))
+    scripted.script("GET", STATUS, json_reply(CHARGED))
+    async with ServiceClient(scripted_settings) as svc:
+        handle = await svc.terminal.charge_card("SIM-0001", 100)
+        interaction = await handle.wait(timeout=5)
+    assert interaction.status is InteractionStatus.SUCCEEDED
+    assert handle.socket_connects == 0
