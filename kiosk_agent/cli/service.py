@@ -354,12 +354,12 @@ async def terminals_connect(args: argparse.Namespace) -> int:
 
 async def terminals_test_print(args: argparse.Namespace) -> int:
     async with open_client(args) as svc:
-        terminal = next((t for t in await svc.terminal.list() if t.device_id == args.device), None)
+        terminals = await svc.terminal.list()
+        terminal = next((t for t in terminals if t.device_id == args.device), None)
         if terminal is None:
             raise _unknown_device(args.device)
         if not terminal.capabilities.receipt_printing:
-            printers = [t.device_id for t in await svc.terminal.list()
-                        if t.capabilities.receipt_printing]
+            printers = [t.device_id for t in terminals if t.capabilities.receipt_printing]
             hint = f" Readers that print: {', '.join(printers)}." if printers else ""
             raise CliError(
                 f"{args.device} has no receipt printer (its capabilities lack receipt_printing); "

@@ -196,6 +196,25 @@ async def test_the_service_refusing_a_filter_is_a_bad_request(service: ServiceCl
         await collect(records)
 
 
+@pytest.mark.parametrize(
+    ("body", "field"),
+    [
+        (b'{"items": [{"trans_id": "1", "amount": "lots"}], "hasMore": false}', "items.0.amount"),
+        (b'{"items": [{"amount": 1.5}], "hasMore": false}', "items.0.trans_id"),
+        (b'{"items": {"trans_id": "1"}, "hasMore": false}', "items"),
+        (b"<html><body>502 Bad Gateway</body></html>", "<body>"),
+        (b'{"items": [{"trans_id": "1", "amount": 1.5}', "<body>"),
+    ],
+)
+def test_a_bad_page_names_the_field(body: bytes, field: str) -> None:
+    from kiosk_agent.service.parsing import parse_json
+
+    with pytest.raises(InvalidResponseError) as caught:
+        parse_json(Page[Transaction], body, what="transactions page")
+    assert caught.value.field == field
+    assert field in str(caught.value)
+
+
 def test_a_next_link_without_an_offset_is_an_invalid_answer() -> None:
     page: Page[Transaction] = Page[Transaction](
         items=[], hasMore=True, links=[PageLink(rel="next", href="http://x/t?limit=5")]
