@@ -129,11 +129,15 @@ async def bench_webhooks(events: int, concurrency: int, directory: Path) -> dict
     accepted_per_s = len(bodies) / elapsed
     bare_per_s = len(bodies) / bare_s
     print(f"webhooks: {len(bodies)} deliveries ({events} unique) at concurrency {concurrency}")
-    print(f"  accepted {accepted_per_s:,.0f}/s   p50 {_p(latencies, 0.5):.2f} ms"
-          f"   p99 {_p(latencies, 0.99):.2f} ms   ({commits} commits)")
+    print(
+        f"  accepted {accepted_per_s:,.0f}/s   p50 {_p(latencies, 0.5):.2f} ms"
+        f"   p99 {_p(latencies, 0.99):.2f} ms   ({commits} commits)"
+    )
     print(f"  bare aiohttp baseline {bare_per_s:,.0f}/s -> ratio {accepted_per_s / bare_per_s:.2f}")
-    print(f"  one at a time: {200 / serial_s:,.0f}/s, p99 {_p(serial_lat, 0.99):.2f} ms "
-          "(each answer waits for its own fsync)")
+    print(
+        f"  one at a time: {200 / serial_s:,.0f}/s, p99 {_p(serial_lat, 0.99):.2f} ms "
+        "(each answer waits for its own fsync)"
+    )
     return {
         "webhook_accepted_per_s": round(accepted_per_s, 1),
         "webhook_p50_ms": round(_p(latencies, 0.5), 3),
@@ -234,9 +238,7 @@ async def bench_heartbeats(count: int) -> dict[str, float]:
     proc, mqtt_port = broker
     try:
         await asyncio.sleep(0.3)
-        mqtt = Upstream(
-            agent, {"interval": 3600, "mqtt": {"host": "127.0.0.1", "port": mqtt_port}}
-        )
+        mqtt = Upstream(agent, {"interval": 3600, "mqtt": {"host": "127.0.0.1", "port": mqtt_port}})
         mqtt_ms = await _heartbeats(mqtt, count, lambda: mqtt.sinks[0].sent)
     finally:
         proc.terminate()

@@ -151,10 +151,16 @@ class AdminServer:
             return await handler(request)
         role = self._role_for(request.headers.get("Authorization"))
         if role is None:
-            _LOGGER.warning("admin API: refused %s %s from %s: no valid token",
-                            request.method, request.path, request.remote)
+            _LOGGER.warning(
+                "admin API: refused %s %s from %s: no valid token",
+                request.method,
+                request.path,
+                request.remote,
+            )
             return _error(
-                401, "unauthorized", "send Authorization: Bearer <token> with a configured token",
+                401,
+                "unauthorized",
+                "send Authorization: Bearer <token> with a configured token",
                 headers={"WWW-Authenticate": 'Bearer realm="kiosk-agent"'},
             )
         if request.method != "GET" and role != ADMIN:
@@ -279,16 +285,17 @@ class AdminServer:
         if action == "ping":
             answer = await terminal.ping(device_id)
             self.agent.health.report_terminal(
-                device_id, online=answer.online, latency_ms=answer.latency_ms, pinged=True,
+                device_id,
+                online=answer.online,
+                latency_ms=answer.latency_ms,
+                pinged=True,
                 detail="" if answer.online else "ping: terminal offline",
             )
             return web.json_response(answer.model_dump(mode="json"))
         if action == "connect":
             return web.json_response((await terminal.connect(device_id)).model_dump(mode="json"))
         if action == "disconnect":
-            return web.json_response(
-                (await terminal.disconnect(device_id)).model_dump(mode="json")
-            )
+            return web.json_response((await terminal.disconnect(device_id)).model_dump(mode="json"))
         if action == "test-print":
             return await self._test_print(request, device_id)
         actions = "ping, connect, disconnect, test-print"
@@ -306,7 +313,7 @@ class AdminServer:
         trans_id = body.get("trans_id") or self._last_trans_id()
         if not trans_id:
             return _error(
-                409, "nothing_to_print", "no sale with a transaction yet; send {\"trans_id\": ...}"
+                409, "nothing_to_print", 'no sale with a transaction yet; send {"trans_id": ...}'
             )
         await self._service().terminal.print_receipt(device_id, str(trans_id))
         return web.json_response({"device_id": device_id, "printed": True, "trans_id": trans_id})

@@ -273,9 +273,7 @@ class WebhookReceiver:
         try:
             body = await request.read()
         except web.HTTPRequestEntityTooLarge:
-            return self._refuse(
-                413, "too_large", f"body above the {self._max_body} byte limit"
-            )
+            return self._refuse(413, "too_large", f"body above the {self._max_body} byte limit")
         try:
             verify(body, request.headers.get("X-Webhook-Signature-256"), self._secret)
         except WebhookSignatureError as err:

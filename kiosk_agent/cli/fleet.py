@@ -32,7 +32,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     )
     doctor.add_argument("--config", "-c", required=True, type=Path, help="configuration file")
     doctor.add_argument(
-        "--test-print", action="store_true",
+        "--test-print",
+        action="store_true",
         help="print a receipt copy on terminals that can (uses the last sale's transaction)",
     )
     doctor.add_argument("--trans-id", help="the transaction to print with --test-print")
@@ -104,14 +105,22 @@ async def doctor_command(args: argparse.Namespace) -> int:
 
 def _check_config(report: Report, path: Path) -> Config | None:
     if not path.exists():
-        report.add("config", Verdict.FAIL, f"{path} does not exist",
-                   "pass the right --config, e.g. /etc/kiosk-agent/config.yaml")
+        report.add(
+            "config",
+            Verdict.FAIL,
+            f"{path} does not exist",
+            "pass the right --config, e.g. /etc/kiosk-agent/config.yaml",
+        )
         return None
     try:
         config = load_config(path)
     except ConfigInvalid as err:
-        report.add("config", Verdict.FAIL, f"{len(err.errors)} mistake(s) in {path}",
-                   "correct each line below, then run `kiosk-agent check-config` again")
+        report.add(
+            "config",
+            Verdict.FAIL,
+            f"{len(err.errors)} mistake(s) in {path}",
+            "correct each line below, then run `kiosk-agent check-config` again",
+        )
         for error in err.errors:
             print(f"       {error}")
         return None
@@ -131,11 +140,19 @@ def _check_serial_ports(report: Report, config: Config) -> None:
             continue
         path = Path(port)
         if not path.exists():
-            report.add(check, Verdict.FAIL, f"{port} is not present",
-                       "plug the adapter in; list /dev/serial/by-id/ and use that stable name")
+            report.add(
+                check,
+                Verdict.FAIL,
+                f"{port} is not present",
+                "plug the adapter in; list /dev/serial/by-id/ and use that stable name",
+            )
         elif not os.access(path, os.R_OK | os.W_OK):
-            report.add(check, Verdict.FAIL, f"{port} exists but this user cannot open it",
-                       "add the service user to the dialout group (usermod -aG dialout USER)")
+            report.add(
+                check,
+                Verdict.FAIL,
+                f"{port} exists but this user cannot open it",
+                "add the service user to the dialout group (usermod -aG dialout USER)",
+            )
         else:
             report.add(check, Verdict.PASS, f"{port} present and accessible")
 
@@ -144,11 +161,19 @@ def _check_journal(report: Report, config: Config) -> None:
     path = config.resolve(config["journal"]["path"])
     directory = path.parent
     if not directory.exists():
-        report.add("journal", Verdict.FAIL, f"directory {directory} does not exist",
-                   f"create it: install -d -o kiosk-agent -m 0700 {directory}")
+        report.add(
+            "journal",
+            Verdict.FAIL,
+            f"directory {directory} does not exist",
+            f"create it: install -d -o kiosk-agent -m 0700 {directory}",
+        )
     elif not os.access(directory, os.W_OK):
-        report.add("journal", Verdict.FAIL, f"{directory} is not writable by this user",
-                   "run doctor as the service user, or chown the state directory")
+        report.add(
+            "journal",
+            Verdict.FAIL,
+            f"{directory} is not writable by this user",
+            "run doctor as the service user, or chown the state directory",
+        )
     else:
         report.add("journal", Verdict.PASS, str(path))
 
@@ -188,12 +213,20 @@ async def _check_terminals(
     try:
         listed = await _timed(service.terminal.list(), args.timeout)
     except AuthenticationError as err:
-        report.add("service", Verdict.FAIL, f"the API key was refused: {err}",
-                   "check api_key/refresh_token in secrets.yaml; `kiosk-agent keys refresh`")
+        report.add(
+            "service",
+            Verdict.FAIL,
+            f"the API key was refused: {err}",
+            "check api_key/refresh_token in secrets.yaml; `kiosk-agent keys refresh`",
+        )
         return
     except (ServiceError, TimeoutError, OSError) as err:
-        report.add("service", Verdict.FAIL, f"not reachable: {_describe(err)}",
-                   "check the network, DNS and base_url; try `curl -I <base_url>`")
+        report.add(
+            "service",
+            Verdict.FAIL,
+            f"not reachable: {_describe(err)}",
+            "check the network, DNS and base_url; try `curl -I <base_url>`",
+        )
         return
     by_id = {t.device_id: t for t in listed}
     report.add("service", Verdict.PASS, f"reachable, {len(listed)} terminal(s) listed")
@@ -202,11 +235,18 @@ async def _check_terminals(
         terminal = by_id.get(device_id)
         if terminal is None:
             known = ", ".join(sorted(by_id)) or "none"
-            report.add(f"terminal {device_id}", Verdict.FAIL, "not listed by the service",
-                       f"fix the device_id in the config (the service lists: {known})")
+            report.add(
+                f"terminal {device_id}",
+                Verdict.FAIL,
+                "not listed by the service",
+                f"fix the device_id in the config (the service lists: {known})",
+            )
             continue
-        report.add(f"terminal {device_id}", Verdict.PASS,
-                   f"listed ({terminal.vendor or '?'} {terminal.model or '?'})")
+        report.add(
+            f"terminal {device_id}",
+            Verdict.PASS,
+            f"listed ({terminal.vendor or '?'} {terminal.model or '?'})",
+        )
         await _ping(report, service, device_id, args.timeout)
         await _test_print(report, config, service, terminal, args)
 
@@ -221,8 +261,12 @@ async def _ping(report: Report, service: Any, device_id: str, within: float) -> 
         report.add(name, Verdict.FAIL, _describe(err), "check the reader's power and network")
         return
     if not answer.online:
-        report.add(name, Verdict.FAIL, "the terminal is offline",
-                   "power-cycle the reader and check its network cable or Wi-Fi")
+        report.add(
+            name,
+            Verdict.FAIL,
+            "the terminal is offline",
+            "power-cycle the reader and check its network cable or Wi-Fi",
+        )
         return
     latency = f"{answer.latency_ms:.0f} ms" if answer.latency_ms is not None else "answered"
     report.add(name, Verdict.PASS, latency)
@@ -242,8 +286,12 @@ async def _test_print(
         return
     trans_id = args.trans_id or _last_trans_id(config)
     if trans_id is None:
-        report.add(name, Verdict.WARN, "no sale in the journal to print",
-                   "pass --trans-id of any transaction of this merchant")
+        report.add(
+            name,
+            Verdict.WARN,
+            "no sale in the journal to print",
+            "pass --trans-id of any transaction of this merchant",
+        )
         return
     try:
         await _timed(service.terminal.print_receipt(terminal.device_id, trans_id), args.timeout)
@@ -334,8 +382,11 @@ def format_health(snapshot: dict[str, Any]) -> str:
         f"status:   {snapshot.get('status', '?').upper()}  (version {snapshot.get('version')}, "
         f"up {_duration(snapshot.get('uptime_s', 0))})",
         f"service:  {_reachable(service.get('reachable'))}"
-        + (f", key expires in {_duration(service['key_expires_in_s'])}"
-           if service.get("key_expires_in_s") is not None else ""),
+        + (
+            f", key expires in {_duration(service['key_expires_in_s'])}"
+            if service.get("key_expires_in_s") is not None
+            else ""
+        ),
         f"sales:    today {sales.get('today_count', 0)} for "
         f"{format_cents(int(sales.get('today_amount_cents', 0)))}, "
         f"open {sales.get('open', 0)}, attention {sales.get('attention', 0)}",
@@ -373,5 +424,3 @@ def _duration(seconds: float) -> str:
     if hours:
         return f"{hours}h {minutes}m"
     return f"{minutes}m {secs}s"
-
-

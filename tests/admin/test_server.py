@@ -33,8 +33,9 @@ async def api(admin_server: Any) -> Any:
 
 
 async def _sell(agent: Any, cents: int) -> Any:
-    request = SaleRequest(source="test", flow=Flow.CHARGE_CARD, amount_cents=cents,
-                          terminal="SIM-0007", product="A1")
+    request = SaleRequest(
+        source="test", flow=Flow.CHARGE_CARD, amount_cents=cents, terminal="SIM-0007", product="A1"
+    )
     sale = await agent.sales.start(request, VendingMachine())
     return await sale.result()
 
@@ -170,15 +171,21 @@ async def test_boarding_merchants_from_the_webhook_receiver(
         {
             "event_type": "merchant.live",
             "timestamp": "2026-11-22T10:00:00.000Z",
-            "payload": {"merchant_id": 5, "mid": "999000000005", "dba_name": "Snacks",
-                        "merchant_status_id": 6, "reason": "live"},
+            "payload": {
+                "merchant_id": 5,
+                "mid": "999000000005",
+                "dba_name": "Snacks",
+                "merchant_status_id": 6,
+                "reason": "live",
+            },
             "metadata": {"webhook_id": "w1", "attempt": 1, "idempotency_key": "i1"},
         }
     ).encode()
     headers = {"X-Webhook-Signature-256": sign(body, webhook_secret)}
-    async with aiohttp.ClientSession() as session, session.post(
-        receiver.url, data=body, headers=headers
-    ) as response:
+    async with (
+        aiohttp.ClientSession() as session,
+        session.post(receiver.url, data=body, headers=headers) as response,
+    ):
         assert response.status == 200
     async with api.get("/api/boarding/merchants", headers=READER) as response:
         [merchant] = (await response.json())["merchants"]

@@ -118,8 +118,12 @@ async def test_duplicates_are_answered_2xx_and_applied_once(harness: Harness) ->
 async def test_reordered_events_keep_the_latest_state(harness: Harness) -> None:
     receiver = await harness.start()
     boarded = envelope(
-        "k-boarded", status_id=5, event_type="merchant.boarded", reason="boarded",
-        at="2026-11-22T12:00:00.000Z", mid="999000000042",
+        "k-boarded",
+        status_id=5,
+        event_type="merchant.boarded",
+        reason="boarded",
+        at="2026-11-22T12:00:00.000Z",
+        mid="999000000042",
     )
     sent = envelope("k-sent", status_id=2, at="2026-11-22T10:00:00.000Z")
     assert (await harness.deliver(boarded))[0] == 200
@@ -184,8 +188,14 @@ async def test_unknown_reasons_and_event_types_are_acknowledged(harness: Harness
 
 async def test_dedupe_and_state_survive_a_restart(harness: Harness) -> None:
     await harness.start()
-    live = envelope("k-live", status_id=6, event_type="merchant.live", reason="live",
-                    at="2026-11-22T13:00:00.000Z", mid="999000000042")
+    live = envelope(
+        "k-live",
+        status_id=6,
+        event_type="merchant.live",
+        reason="live",
+        at="2026-11-22T13:00:00.000Z",
+        mid="999000000042",
+    )
     assert (await harness.deliver(live))[1] == {"status": "accepted"}
     receiver = await harness.restart()
     assert receiver.merchants()[0]["status"] == "live"

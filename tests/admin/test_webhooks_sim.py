@@ -28,8 +28,12 @@ def _free_port() -> int:
 def _settings(sim: Any) -> ServiceSettings:
     info = sim.ready_info()
     return ServiceSettings(
-        base_url=info["base_url"], reporting_url=info["reporting_url"], ws_url=info["ws_url"],
-        api_key=info["api_key"], mid=info["mid"], client_id=info["client_id"],
+        base_url=info["base_url"],
+        reporting_url=info["reporting_url"],
+        ws_url=info["ws_url"],
+        api_key=info["api_key"],
+        mid=info["mid"],
+        client_id=info["client_id"],
         client_secret=info["client_secret"],
     )
 
@@ -52,9 +56,7 @@ async def test_simulator_deliveries_survive_duplicates_reordering_and_a_restart(
     conf = {"secret": SECRET, "port": port, "store": str(tmp_path / "hooks.db")}
     receiver = WebhookReceiver(SimpleNamespace(), conf)
     await receiver.start()
-    sim = await sim_factory(
-        webhook_url=receiver.url, webhook_secret=SECRET, chaos=True, seed=3
-    )
+    sim = await sim_factory(webhook_url=receiver.url, webhook_secret=SECRET, chaos=True, seed=3)
     base = sim.ready_info()["base_url"]
     async with ServiceClient(_settings(sim)) as service, aiohttp.ClientSession() as http:
 

@@ -162,9 +162,10 @@ async def test_doctor_finds_an_offline_reader_and_a_wrong_device_id(
     tmp_path: Path, sim, capsys
 ) -> None:
     base = sim.ready_info()["base_url"]
-    async with aiohttp.ClientSession() as http, http.post(
-        f"{base}/sim/terminals/SIM-0002/offline"
-    ) as response:
+    async with (
+        aiohttp.ClientSession() as http,
+        http.post(f"{base}/sim/terminals/SIM-0002/offline") as response,
+    ):
         assert response.status == 200
     terminals = "  - device_id: SIM-0002\n  - device_id: SIM-0O01"
     path = endpoint_config(tmp_path, sim, terminals)

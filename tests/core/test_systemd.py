@@ -148,8 +148,15 @@ async def test_kiosk_agent_run_speaks_to_systemd(tmp_path: Path) -> None:
     env = {**os.environ, "NOTIFY_SOCKET": path, "WATCHDOG_USEC": "200000"}
     env.pop("WATCHDOG_PID", None)
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "kiosk_agent", "run", "--config", str(config),
-        env=env, stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE,
+        sys.executable,
+        "-m",
+        "kiosk_agent",
+        "run",
+        "--config",
+        str(config),
+        env=env,
+        stdout=asyncio.subprocess.DEVNULL,
+        stderr=asyncio.subprocess.PIPE,
     )
     loop = asyncio.get_running_loop()
     messages: list[str] = []
