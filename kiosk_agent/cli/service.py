@@ -173,9 +173,14 @@ def _service_section(path: Path) -> dict[str, Any]:
             EXIT_USAGE,
         )
     try:
-        return {str(k): v for k, v in ENDPOINT_SCHEMA(dict(section)).items()}
+        values = {str(k): v for k, v in ENDPOINT_SCHEMA(dict(section)).items()}
     except vol.Invalid as err:  # names the key, not the value (it may be a secret)
         raise CliError(f"{path}: service: {err}", EXIT_USAGE) from None
+    if values.get("credentials_path"):
+        # As the agent reads it: relative to the configuration, not to where the tech stands.
+        saved = Path(values["credentials_path"]).expanduser()
+        values["credentials_path"] = saved if saved.is_absolute() else path.parent / saved
+    return values
 
 
 def open_client(args: argparse.Namespace, *, needs: str = "api") -> ServiceClient:

@@ -408,11 +408,23 @@ async def test_credentials_come_from_the_config_file_with_secrets(
     pulled = await kiosk(capsys, "report", "deposits", "--limit", "2", "--format", "csv")
     assert len(pulled.out.splitlines()) == 3
 
+    with config.open("a") as more:
+        more.write("journal: {path: journal.db}\n")
+    rotating = config.read_text().replace(
+        "service:\n", "service:\n  credentials_path: state/credentials.json\n"
+        "  refresh_token: sim_refresh_token\n"
+    )
+    config.write_text(rotating)
+    (tmp_path / "state").mkdir()
+    rotated = await kiosk(capsys, "keys", "refresh", "--config", str(config))
+    assert rotated.code == 0, rotated
+    assert (tmp_path / "state" / "credentials.json").is_file()  # beside the config, not the cwd
+
     secrets.write_text("api_key: sim_api_key\n")
     broken = await kiosk(capsys, "report", "deposits", "--config", str(config))
     assert broken.code == 2
     assert "client_secret" in broken.err
-    assert "agent.yaml:6" in broken.err
+    assert "agent.yaml:8" in broken.err
 
 
 async def test_missing_credentials_name_the_variables(
