@@ -35,7 +35,7 @@ class BillingPlans:
         self._plans = ctx.store.documents("billing_plans")
 
     def create(self, mid: str, fields: dict[str, Any]) -> int:
-        if any(plan["name"] == fields["name"] and plan["mid"] == mid for plan in self._plans.all()):
+        if any(plan["mid"] == mid for plan in self._plans.find("name", fields["name"])):
             raise bad_request(f"a billing plan named {fields['name']!r} exists", "duplicate_name")
         if self._ctx.vault.find(mid, fields["payment_account_uuid"]) is None:
             raise bad_request(

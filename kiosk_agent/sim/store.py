@@ -154,14 +154,13 @@ class Documents:
         self._store = store
         self._table = f"doc_{kind}"
         store.create(
-            f"CREATE TABLE IF NOT EXISTS {self._table} "
-            "(id TEXT PRIMARY KEY, body TEXT NOT NULL, seq INTEGER)"
+            f"CREATE TABLE IF NOT EXISTS {self._table} (id TEXT PRIMARY KEY, body TEXT NOT NULL)"
         )
 
     def put(self, record_id: str | int, body: Mapping[str, Any]) -> None:
+        # An upsert keeps the row's rowid, which therefore orders records by first storage.
         self._store.execute(
-            f"INSERT INTO {self._table} (id, body, seq) VALUES (?, ?, "  # noqa: S608
-            f"(SELECT COALESCE(MAX(seq), 0) + 1 FROM {self._table})) "
+            f"INSERT INTO {self._table} (id, body) VALUES (?, ?) "  # noqa: S608
             "ON CONFLICT(id) DO UPDATE SET body = excluded.body",
             (str(record_id), json.dumps(body)),
         )
@@ -179,7 +178,7 @@ class Documents:
         """Every record, in the order first stored."""
         return [
             dict(json.loads(row["body"]))
-            for row in self._store.rows(f"SELECT body FROM {self._table} ORDER BY seq")  # noqa: S608
+            for row in self._store.rows(f"SELECT body FROM {self._table} ORDER BY rowid")  # noqa: S608
         ]
 
     def find(self, field: str, value: Any) -> list[dict[str, Any]]:
@@ -188,7 +187,7 @@ class Documents:
             raise UnknownFieldError(field)
         sql = (
             f"SELECT body FROM {self._table} "  # noqa: S608
-            f"WHERE json_extract(body, '$.{field}') = ? ORDER BY seq"
+            f"WHERE json_extract(body, '$.{field}') = ? ORDER BY rowid"
         )
         return [dict(json.loads(row["body"])) for row in self._store.rows(sql, (value,))]
 

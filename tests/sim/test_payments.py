@@ -326,3 +326,20 @@ async def test_refreshed_keys_expire_on_virtual_time(sim_factory: Any, http: Any
     assert status == 200
     # the seeded key never expires
     assert (await api.charge(100))["result"] == "A"
+
+
+async def test_isv_send_receipt_names_the_mid_in_the_body(api: Api) -> None:
+    body = {"account_token": "9411111111111111", "expiration": "1230", "amount": 100}
+    _, sale = await api.post("/api/v1/charge", {**body, "mid": "999000000002"}, key=ISV)
+    receipt = {"trans_id": sale["trans_id"], "email": "a@example.com"}
+    status, answer = await api.post("/api/v1/send_receipt", receipt, key=ISV)
+    assert (status, answer["error"]) == (400, "mid_required")
+    status, answer = await api.post(
+        "/api/v1/send_receipt", {**receipt, "mid": "999000000002"}, key=ISV
+    )
+    assert (status, answer) == (200, {"sent": True})
+    # another merchant's transaction is unknown to this one
+    status, answer = await api.post(
+        "/api/v1/send_receipt", {**receipt, "mid": "999000000001"}, key=ISV
+    )
+    assert (status, answer["error"]) == (400, "invalid_trans_id")

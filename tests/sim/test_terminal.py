@@ -256,3 +256,15 @@ async def test_ws_token_expires(sim_factory: Any, http: Any) -> None:
     with pytest.raises(aiohttp.WSServerHandshakeError) as refused:
         await http.ws_connect(f"{sim.ws_url}/cable?token={issued['token']}")
     assert refused.value.status == 401
+
+
+async def test_charge_card_with_a_used_order_id_answers_the_first_charge(
+    api: Api, sim: SimServer
+) -> None:
+    first_id = await start(api, "SIM-0001", "charge-card", {"amount": 990, "order_id": "k-9"})
+    first = await wait_final(api, "SIM-0001", "charge-card", first_id)
+    again_id = await start(api, "SIM-0001", "charge-card", {"amount": 990, "order_id": "k-9"})
+    again = await wait_final(api, "SIM-0001", "charge-card", again_id)
+    assert again["result"] == first["result"]
+    assert sim.ctx is not None
+    assert len(sim.ctx.ledger.find_order("999000000001", "k-9")) == 1
