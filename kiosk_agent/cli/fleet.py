@@ -17,6 +17,7 @@ from collections.abc import Awaitable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import aiohttp
 
@@ -94,6 +95,7 @@ async def doctor_command(args: argparse.Namespace) -> int:
         _check_serial_ports(report, config)
         _check_journal(report, config)
         await _check_service(report, config, args)
+        await _check_upstream(report, config, args.timeout)
     failed = report.failed
     if failed:
         names = ", ".join(c.name for c in failed)
@@ -317,6 +319,62 @@ def _last_trans_id(config: Config) -> str | None:
     finally:
         journal.close()
     return None
+
+
+async def _check_upstream(report: Report, config: Config, within: float) -> None:
+    """Can the heartbeats leave the unit? (Connects only; sends no report.)"""
+    upstream = config.get("upstream")
+    if not upstream:
+        report.add("upstream", Verdict.SKIP, "no upstream: section")
+        return
+    if "http" in upstream:
+        url = upstream["http"]["url"]
+        parts = urlsplit(url)
+        port = parts.port or (443 if parts.scheme == "https" else 80)
+        try:
+            async with asyncio.timeout(within):
+                _, writer = await asyncio.open_connection(parts.hostname, port)
+            writer.close()
+            await writer.wait_closed()
+        except (OSError, TimeoutError) as err:
+            report.add(
+                "upstream http",
+                Verdict.FAIL,
+                f"{parts.hostname}:{port}: {_describe(err)}",
+                "check the URL, DNS and that the firewall lets the unit out",
+            )
+        else:
+            report.add(
+                "upstream http", Verdict.PASS, f"{parts.hostname}:{port} accepts connections"
+            )
+    if "mqtt" in upstream:
+        await _check_mqtt(report, upstream["mqtt"], within)
+
+
+async def _check_mqtt(report: Report, conf: dict[str, Any], within: float) -> None:
+    import aiomqtt
+
+    from kiosk_agent.core.upstream import mqtt_tls_context
+
+    where = f"{conf['host']}:{conf['port']}"
+    try:
+        # Its own client id: reusing the agent's would disconnect the running agent.
+        client = aiomqtt.Client(
+            conf["host"],
+            conf["port"],
+            username=conf.get("username"),
+            password=conf.get("password"),
+            identifier=f"kiosk-agent-doctor-{os.getpid()}",
+            timeout=within,
+            tls_context=mqtt_tls_context(conf),
+        )
+        async with asyncio.timeout(within), client:
+            pass
+    except (aiomqtt.MqttError, OSError, TimeoutError) as err:
+        fix = "check host, port, user and password; with tls: check the CA and the clock"
+        report.add("upstream mqtt", Verdict.FAIL, f"{where}: {_describe(err)}", fix)
+        return
+    report.add("upstream mqtt", Verdict.PASS, f"{where} accepted the connection")
 
 
 def _describe(err: BaseException) -> str:

@@ -248,14 +248,8 @@ class MqttSink(_SinkBase):
             keepalive=self._conf.get("keepalive", 60),
             will=aiomqtt.Will(self.availability_topic, OFFLINE, qos=1, retain=True),
             timeout=10,
-            tls_context=self._tls_context(),
+            tls_context=mqtt_tls_context(self._conf),
         )
-
-    def _tls_context(self) -> ssl.SSLContext | None:
-        if not self._conf.get("tls"):
-            return None
-        # Verifies the broker's certificate and host name; never turned off.
-        return ssl.create_default_context(cafile=self._conf.get("ca_file"))
 
     async def _run(self) -> None:
         first_delay = self._conf.get("reconnect_interval", 5.0)
@@ -319,6 +313,13 @@ class MqttSink(_SinkBase):
                 async with asyncio.timeout(2):
                     await client.publish(self.availability_topic, OFFLINE, qos=1, retain=True)
         await super().stop()
+
+
+def mqtt_tls_context(conf: dict[str, Any]) -> ssl.SSLContext | None:
+    """The TLS context for an `mqtt:` section; it always verifies the broker's certificate."""
+    if not conf.get("tls"):
+        return None
+    return ssl.create_default_context(cafile=conf.get("ca_file"))
 
 
 async def _until_disconnected(client: aiomqtt.Client) -> None:

@@ -1,6 +1,8 @@
 """`kiosk-agent doctor` and `kiosk-agent health`, run in-process against the simulator."""
 
+import asyncio
 import json
+import socket
 from pathlib import Path
 from typing import Any
 
@@ -184,3 +186,25 @@ async def test_doctor_with_the_embedded_simulator(tmp_path: Path, capsys) -> Non
     out = capsys.readouterr().out
     assert "[PASS] service: embedded simulator started" in out
     assert "[PASS] ping SIM-0003" in out
+
+
+async def test_doctor_checks_that_heartbeats_can_leave(tmp_path: Path, sim, capsys) -> None:
+    listener = await asyncio.start_server(lambda r, w: w.close(), "127.0.0.1", 0)
+    open_port = listener.sockets[0].getsockname()[1]
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        closed_port = sock.getsockname()[1]
+    upstream = (
+        "upstream:\n"
+        f"  http: {{url: 'http://127.0.0.1:{open_port}/heartbeat'}}\n"
+        f"  mqtt: {{host: 127.0.0.1, port: {closed_port}}}\n"
+    )
+    path = endpoint_config(tmp_path, sim, "  - device_id: SIM-0001", upstream)
+    try:
+        assert await run_cli("doctor", "--config", str(path), "--timeout", "2") == 1
+    finally:
+        listener.close()
+    out = capsys.readouterr().out
+    assert f"[PASS] upstream http: 127.0.0.1:{open_port} accepts connections" in out
+    assert f"[FAIL] upstream mqtt: 127.0.0.1:{closed_port}:" in out
+    assert "fix: check host, port, user and password" in out
