@@ -9,6 +9,7 @@ from typing import Any
 import aiohttp
 import pytest
 
+from kiosk_agent.service.models.boarding import MerchantCreate, MerchantFilter
 from kiosk_agent.sim.server import SimServer
 
 from .sim_api import Api
@@ -237,3 +238,17 @@ async def test_unsigned_applications_expire_after_30_simulated_days(
     assert last["payload"]["trigger"] == "system"
     status, merchant = await (await oauth_api(http, sim)).get(f"{MERCHANTS}/{merchant_id}")
     assert merchant["merchant_status_id"] == 1
+
+
+async def test_the_service_client_boards_a_merchant(service, sim: SimServer, http) -> None:
+    created = await service.boarding.create(MerchantCreate(dba_name="Client Co"))
+    sent = await service.boarding.update(created.merchant_id, status="sent_for_signature")
+    listed = [m async for m in service.boarding.merchants(MerchantFilter(merchant_status_id=2))]
+
+    assert sent.merchant_status_id == 2
+    assert [m.merchant_id for m in listed] == [created.merchant_id]
+    boarding = await oauth_api(http, sim)
+    assert moves(await events(boarding, created.merchant_id)) == [
+        ("merchant.new", "created"),
+        ("merchant.sent_for_signature", "sent_for_signature"),
+    ]

@@ -10,6 +10,7 @@ from typing import Any
 import aiohttp
 import pytest
 
+from kiosk_agent.service.models.reporting import TransactionFilter
 from kiosk_agent.sim.server import SimServer
 
 from .sim_api import Api
@@ -180,3 +181,15 @@ async def test_data_set_survives_a_restart_on_its_data_dir(
 
     assert after == before
     assert len(after) == 80
+
+
+async def test_the_service_client_reads_every_collection(service, api: Api) -> None:
+    charge = await api.charge(250, order_id="CLIENT-ORDER-1")
+    (found,) = [t async for t in service.reporting.transactions(
+        TransactionFilter(order_id="CLIENT-ORDER-1")
+    )]  # fmt: skip
+    assert (found.trans_id, found.amount_cents) == (charge["trans_id"], 250)
+    everything = [t async for t in service.reporting.transactions(page_size=70)]
+    assert len(everything) == 201  # the data set and the charge
+    assert [d async for d in service.reporting.deposits()]
+    assert [a async for a in service.reporting.adjustments()]
