@@ -29,6 +29,8 @@ _LOGGER = logging.getLogger(__name__)
 # ahead): a one-hour key is refreshed a minute early, a key shortened by a time scale in step.
 REFRESH_SHARE = 0.1
 REFRESH_AHEAD_MAX = 60.0
+NOMINAL_KEY_LIFETIME = 3600.0  # a payments API key lives one hour (pub)
+MAX_PLAUSIBLE_LIFETIME = 2 * 86400.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,14 +49,31 @@ class ApiCredentials:
 
     def refresh_due(self, now: float) -> bool:
         """True when the key expires soon enough that it should be refreshed now."""
-        if self.api_key_expires_at is None:
+        expires = self._local_expiry(now)
+        if expires is None:
             return False
-        life = self.api_key_expires_at - (self.issued_at or now)
-        ahead = min(REFRESH_AHEAD_MAX, max(life, 0.0) * REFRESH_SHARE)
-        return now >= self.api_key_expires_at - ahead
+        ahead = min(REFRESH_AHEAD_MAX, self._lifetime(now) * REFRESH_SHARE)
+        return now >= expires - ahead
 
     def expired(self, now: float) -> bool:
-        return self.api_key_expires_at is not None and now >= self.api_key_expires_at
+        expires = self._local_expiry(now)
+        return expires is not None and now >= expires
+
+    def _lifetime(self, now: float) -> float:
+        # The service's expiry against our clock at issue. A kiosk's clock can be far off (no
+        # RTC before NTP): a lifetime that is negative or absurd means the clocks disagree, and
+        # the key is taken to live its nominal hour from when we got it, so a wrong clock can
+        # neither make every call refresh nor keep a dead key forever (a 401 still renews it).
+        assert self.api_key_expires_at is not None
+        issued = self.issued_at if self.issued_at is not None else now
+        life = self.api_key_expires_at - issued
+        return life if 0 < life <= MAX_PLAUSIBLE_LIFETIME else NOMINAL_KEY_LIFETIME
+
+    def _local_expiry(self, now: float) -> float | None:
+        if self.api_key_expires_at is None:
+            return None
+        issued = self.issued_at if self.issued_at is not None else now
+        return issued + self._lifetime(now)
 
     @classmethod
     def from_key_set(cls, keys: ApiKeySet, now: float) -> ApiCredentials:

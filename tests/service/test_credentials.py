@@ -70,6 +70,17 @@ def test_refresh_is_due_in_the_last_tenth_of_life_at_most_a_minute_early() -> No
     assert not ApiCredentials(api_key="k").refresh_due(now)  # unknown expiry: never
 
 
+def test_a_device_clock_far_off_neither_refreshes_every_call_nor_trusts_a_dead_key() -> None:
+    service_now = 1_800_000_000.0
+    ahead = service_now + 5 * 86400  # the kiosk's clock runs days ahead
+    rotated = ApiCredentials(
+        api_key="k", api_key_expires_at=service_now + 3600, issued_at=ahead
+    )
+    assert not rotated.refresh_due(ahead + 60)  # taken as an hour from when we got it
+    assert rotated.refresh_due(ahead + 3550)
+    assert rotated.expired(ahead + 3601)
+
+
 async def test_rotated_key_is_on_disk_before_it_is_first_used(
     scripted: ScriptedServer, tmp_path: Path
 ) -> None:
