@@ -19,6 +19,7 @@ import logging
 import os
 import random
 import tty
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -94,9 +95,12 @@ class VirtualController:
         self._session_funds: asyncio.Future[int | None] | None = None  # card first: C,START
         self._in_session = False
         self._visit_lock = asyncio.Lock()
+        # live views: called with (what happened, the visit) at each step of a visit
+        self.observers: list[Callable[[str, Visit], None]] = []
         self._enabled = asyncio.Event()
         self._tasks: set[asyncio.Task[None]] = set()
         self._number = 0
+        self.closing = asyncio.Event()  # set: the customer at the machine finishes, no new ones
         self._last_name: str | None = None
         self._epoch = 0  # bumped by every reset/unplug: a vend in flight across one is lost
 
@@ -323,11 +327,12 @@ class VirtualController:
             try:
                 funds = await asyncio.wait_for(asyncio.shield(self._session_funds), wait)
                 if funds is None or funds == _ABORTED:
-                    visit.outcome = VisitOutcome.ABORTED
+                    self._close_visit(visit, VisitOutcome.ABORTED)
                     return visit
                 visit.funds_cents = funds
+                self._notify("session", visit)
                 if product is None:
-                    visit.outcome = VisitOutcome.WALKED_AWAY
+                    self._close_visit(visit, VisitOutcome.WALKED_AWAY)
                     self._in_session = False
                     self._set_status(Status.ENABLED)
                     return visit
@@ -344,40 +349,53 @@ class VirtualController:
         self.visits.append(visit)
         return visit
 
+    def _notify(self, what: str, visit: Visit) -> None:
+        for observer in list(self.observers):
+            try:
+                observer(what, visit)
+            except Exception:
+                _LOGGER.exception("virtual controller observer failed")
+
+    def _close_visit(self, visit: Visit, outcome: VisitOutcome) -> None:
+        visit.outcome = outcome
+        self._notify(outcome.value, visit)
+
     async def _sell(
         self, visit: Visit, *, fail: bool, no_result: bool, patience: float | None
     ) -> None:
         assert visit.product is not None
         epoch = self._epoch
         self._answer = asyncio.get_running_loop().create_future()
+        self._notify("selects", visit)
         self.send(wire.vend_request_line(visit.price_cents, visit.product, self.options.unit))
         try:
             amount = await asyncio.wait_for(
                 asyncio.shield(self._answer), patience or self.options.patience
             )
         except TimeoutError:
-            visit.outcome = VisitOutcome.WALKED_AWAY
+            self._close_visit(visit, VisitOutcome.WALKED_AWAY)
             self._set_status(Status.ENABLED)  # the controller ends the session
             return
         if amount == _ABORTED:
-            visit.outcome = VisitOutcome.ABORTED
+            self._close_visit(visit, VisitOutcome.ABORTED)
             return
         if amount is None:
-            visit.outcome = VisitOutcome.DENIED
+            self._close_visit(visit, VisitOutcome.DENIED)
             self._set_status(Status.ENABLED)
             return
         visit.approved_cents = amount
+        self._notify("approved", visit)
         await asyncio.sleep(self.options.dispense_time)
         if self._epoch != epoch:
-            visit.outcome = VisitOutcome.ABORTED
+            self._close_visit(visit, VisitOutcome.ABORTED)
         elif no_result:
-            visit.outcome = VisitOutcome.NO_RESULT  # the controller says nothing at all
+            self._close_visit(visit, VisitOutcome.NO_RESULT)  # the controller says nothing at all
         elif fail:
-            visit.outcome = VisitOutcome.FAILED
+            self._close_visit(visit, VisitOutcome.FAILED)
             self.send(wire.VEND_FAILED_LINE)
             self._set_status(Status.ENABLED)
         else:
-            visit.outcome = VisitOutcome.VENDED
+            self._close_visit(visit, VisitOutcome.VENDED)
             self.send(wire.VEND_SUCCESS_LINE)
             self.send(wire.status_line(Status.IDLE))
             self._set_status(Status.ENABLED)
@@ -394,8 +412,10 @@ class VirtualController:
         """Customers forever (or ``count`` of them): random products, some failures, some leave."""
         served = 0
         products = sorted(self.options.products)
-        while count is None or served < count:
+        while (count is None or served < count) and not self.closing.is_set():
             await asyncio.sleep(self._rng.uniform(*gap))
+            if self.closing.is_set():
+                return
             product: str | None = self._rng.choice(products)
             fail = self._rng.random() < fail_rate
             if card_first:
@@ -462,6 +482,10 @@ class VirtualPlatform:
 
     async def stop(self) -> None:
         if self._customers is not None:
+            # The customer at the machine finishes (a vend in flight is heard to its end).
+            self.controller.closing.set()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(asyncio.shield(self._customers), 10.0)
             self._customers.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._customers

@@ -1,0 +1,277 @@
+"""`kiosk-agent demo`: the simulator, a virtual vending machine and the agent, with a live view.
+
+Everything runs in this process: the service simulator on a loopback port, the virtual vending
+machine controller on a pseudo-terminal, and the agent configured by ``config/demo.yaml``. The
+view shows customers choosing, cards, approvals and declines, dispenses, voids and receipts with a
+running total; plain lines when standard output is not a terminal. Ctrl-C ends it cleanly;
+``--sales N`` or ``--duration S`` end it by themselves.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import functools
+import logging
+import signal
+import sys
+import tempfile
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any, TextIO
+
+from kiosk_agent.core.config import ConfigInvalid, load_config
+from kiosk_agent.core.sale import SaleEvent, SaleState
+from kiosk_agent.money import format_cents
+
+DEFAULT_CONFIG = Path(__file__).resolve().parents[2] / "config" / "demo.yaml"
+
+_COLOURS = {
+    "dim": "\x1b[2m",
+    "green": "\x1b[32m",
+    "red": "\x1b[31m",
+    "yellow": "\x1b[33m",
+    "cyan": "\x1b[36m",
+    "bold": "\x1b[1m",
+    "reset": "\x1b[0m",
+}
+
+_STATE_COLOUR = {
+    SaleState.COMPLETED: "green",
+    SaleState.DECLINED: "red",
+    SaleState.FAILED: "red",
+    SaleState.ATTENTION: "red",
+    SaleState.REVERSED: "yellow",
+    SaleState.CANCELLED: "yellow",
+}
+
+_STEP_TEXT = {
+    SaleState.STARTED: "sale opened",
+    SaleState.READING_CARD: "present a card",
+    SaleState.AUTHORIZING: "authorizing",
+    SaleState.CHARGING: "charging",
+    SaleState.DISPENSING: "approved: vending",
+    SaleState.CAPTURING: "capturing",
+    SaleState.REVERSING: "giving the money back",
+}
+
+
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    demo = subparsers.add_parser(
+        "demo",
+        help="simulator + virtual vending machine + agent, with a live view (no hardware)",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    demo.add_argument(
+        "--config", type=Path, default=DEFAULT_CONFIG, help="default: config/demo.yaml"
+    )
+    demo.add_argument("--sales", type=int, help="end after this many finished sales")
+    demo.add_argument("--duration", type=float, help="end after this many seconds")
+    demo.add_argument(
+        "--speed", type=float, default=1.0, help="customers and simulated time N times faster"
+    )
+    demo.add_argument("--plain", action="store_true", help="plain lines even on a terminal")
+    demo.set_defaults(handler=demo_command)
+
+
+class LiveView:
+    """What happens at the machine and in the sale, one line each, and a running total."""
+
+    def __init__(self, out: TextIO, *, fancy: bool) -> None:
+        self.out = out
+        self.fancy = fancy
+        self.started = time.monotonic()
+        self.captured_cents = 0
+        self.finished: Counter[SaleState] = Counter()
+        self._status_shown = False
+        self._last_state: dict[str, SaleState] = {}  # a sale's steps repeat a state: show it once
+
+    # -- inputs --------------------------------------------------------------------------------
+
+    def machine(self, source: str, what: str, visit: Any) -> None:
+        if what == "approved":
+            return  # the sale's own "approved: vending" step says it
+        product = visit.product
+        price = format_cents(visit.price_cents)
+        text = {
+            "selects": f"customer #{visit.number} selects {product} ({price})",
+            "session": f"customer #{visit.number}: card accepted, "
+            f"{format_cents(visit.funds_cents or 0)} to spend",
+            "vended": f"{product} dropped into the tray",
+            "failed": f"{product} stuck: the machine reports a failed vend",
+            "denied": f"machine told no: customer #{visit.number} gets nothing",
+            "walked_away": f"customer #{visit.number} walked away",
+            "aborted": f"customer #{visit.number}: session aborted by the machine",
+            "no_result": f"{product}: the machine never reported the result",
+        }.get(what, what)
+        colour = {"vended": "green", "failed": "red", "denied": "red"}.get(what, "cyan")
+        self._line(source, text, colour)
+
+    def sale(self, event: SaleEvent) -> None:
+        if self._last_state.get(event.sale_id) is event.state:
+            return
+        self._last_state[event.sale_id] = event.state
+        if event.state.final:
+            del self._last_state[event.sale_id]
+            self.finished[event.state] += 1
+            self.captured_cents += event.captured_cents
+            text = f"{event.state.value.upper()}: {event.message or ''}".rstrip(": ")
+            self._line(event.source, text, _STATE_COLOUR.get(event.state, "bold"))
+            return
+        step = _STEP_TEXT.get(event.state, event.state.value)
+        detail = f" ({event.message})" if event.message else ""
+        self._line(event.source, f"{step}{detail}", "dim")
+
+    def receipt(self, source: str, note: str) -> None:
+        self._line(source, note, "green" if note.startswith("receipt ") and " not " not in note
+                   else "yellow")
+
+    # -- output --------------------------------------------------------------------------------
+
+    def totals(self) -> str:
+        count = sum(self.finished.values())
+        parts = [f"{count} sale{'s' if count != 1 else ''}"]
+        parts += [f"{n} {state.value}" for state, n in sorted(self.finished.items())]
+        return f"{', '.join(parts)}; captured {format_cents(self.captured_cents)}"
+
+    def summary(self) -> None:
+        self._clear_status()
+        elapsed = time.monotonic() - self.started
+        self.out.write(f"demo ended after {elapsed:.1f}s: {self.totals()}\n")
+        self.out.flush()
+
+    def _line(self, source: str, text: str, colour: str) -> None:
+        stamp = time.strftime("%H:%M:%S")
+        if self.fancy:
+            self._clear_status()
+            c, reset = _COLOURS[colour], _COLOURS["reset"]
+            self.out.write(f"{_COLOURS['dim']}{stamp}{reset} {source:<16} {c}{text}{reset}\n")
+            self.out.write(f"{_COLOURS['bold']}  total: {self.totals()}{reset}")
+            self._status_shown = True
+        else:
+            self.out.write(f"{stamp} {source} {text}\n")
+        self.out.flush()
+
+    def _clear_status(self) -> None:
+        if self._status_shown:
+            self.out.write("\r\x1b[K")
+            self._status_shown = False
+
+
+def _speed_up(config: Any, speed: float, journal: Path) -> None:
+    """Point the journal at a scratch file and scale simulated time and customer pace."""
+    config.data["journal"] = {**config.data["journal"], "path": str(journal)}
+    simulator = config.data["service"].get("simulator")
+    if simulator is not None:
+        simulator["time_scale"] = simulator["time_scale"] * speed
+    for trigger in config.data.get("triggers", []):
+        if trigger.get("platform") != "virtual":
+            continue
+        trigger["gap"] = [g / speed for g in trigger["gap"]]
+        trigger["dispense_time"] = trigger["dispense_time"] / speed
+
+
+async def demo_command(args: argparse.Namespace) -> int:
+    try:
+        config = load_config(args.config)
+    except ConfigInvalid as err:
+        for error in err.errors:
+            print(error, file=sys.stderr)
+        return 1
+    except FileNotFoundError:
+        print(f"no demo configuration at {args.config}", file=sys.stderr)
+        return 1
+    if "simulator" not in config["service"]:
+        print("the demo needs `service: {simulator: ...}` in its configuration", file=sys.stderr)
+        return 1
+    if args.speed <= 0:
+        print("--speed must be above zero", file=sys.stderr)
+        return 2
+    logging.basicConfig(level=logging.ERROR, format="%(levelname)s %(name)s: %(message)s")
+    with tempfile.TemporaryDirectory(prefix="kiosk-demo-") as scratch:
+        _speed_up(config, args.speed, Path(scratch) / "journal.db")
+        return await _run(config, args)
+
+
+async def _run(config: Any, args: argparse.Namespace) -> int:
+    from kiosk_agent.app import build_agent
+    from kiosk_agent.cli.agent import start_simulator
+    from kiosk_agent.platforms.virtual import VirtualPlatform
+
+    view = LiveView(sys.stdout, fancy=sys.stdout.isatty() and not args.plain)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(signum, stop.set)
+    sim, settings = await start_simulator(config["service"]["simulator"])
+    agent = build_agent(config, settings, systemd=False)
+    try:
+        async with agent.events.subscribe() as queue:
+            await agent.start()
+            for platform in agent.platforms:
+                if isinstance(platform, VirtualPlatform):
+                    observer = functools.partial(view.machine, platform.name)
+                    platform.controller.observers.append(observer)
+            await _follow(queue, view, stop, args, agent.journal)
+    finally:
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            loop.remove_signal_handler(signum)
+        await agent.stop()
+        await sim.stop()
+    view.summary()
+    return 0
+
+
+async def _follow(
+    queue: asyncio.Queue[SaleEvent],
+    view: LiveView,
+    stop: asyncio.Event,
+    args: argparse.Namespace,
+    journal: Any,
+) -> None:
+    deadline = None if args.duration is None else time.monotonic() + args.duration
+    stopper = asyncio.create_task(stop.wait())
+    receipts: set[asyncio.Task[None]] = set()
+    try:
+        while not stop.is_set():
+            if args.sales is not None and sum(view.finished.values()) >= args.sales:
+                return
+            timeout = None if deadline is None else max(0.0, deadline - time.monotonic())
+            getter = asyncio.create_task(queue.get())
+            done, _ = await asyncio.wait({getter, stopper}, timeout=timeout,
+                                         return_when=asyncio.FIRST_COMPLETED)
+            if getter not in done:
+                getter.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await getter
+                return  # Ctrl-C or the duration is over
+            event = getter.result()
+            view.sale(event)
+            if event.state is SaleState.COMPLETED:
+                task = asyncio.create_task(_show_receipts(journal, event, view))
+                receipts.add(task)
+                task.add_done_callback(receipts.discard)
+    finally:
+        for task in receipts:
+            task.cancel()
+        stopper.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await stopper
+
+
+async def _show_receipts(journal: Any, event: SaleEvent, view: LiveView) -> None:
+    """Receipts go out after the sale completes and are journaled, not published: look there."""
+    for _ in range(40):
+        notes = [
+            str(step.detail.get("note", ""))
+            for step in journal.steps(event.sale_id)
+            if step.step == "receipt"
+        ]
+        if notes:
+            for note in notes:
+                view.receipt(event.source, note)
+            return
+        await asyncio.sleep(0.05)

@@ -1,0 +1,71 @@
+"""`kiosk-agent demo` as a real subprocess: simulator, virtual machine and agent, clean end."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+DEMO = [sys.executable, "-m", "kiosk_agent", "demo"]
+
+
+def _env() -> dict[str, str]:
+    return {**os.environ, "PYTHONUNBUFFERED": "1"}
+
+
+def test_demo_runs_sales_and_ends_by_itself() -> None:
+    done = subprocess.run(
+        [*DEMO, "--sales", "4", "--speed", "5"],
+        capture_output=True, text=True, timeout=60, env=_env(), check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    out = done.stdout
+    assert "\x1b[" not in out, "plain lines when stdout is not a terminal"
+    assert re.search(r"customer #1 selects \w+ \(\$\d+\.\d\d\)", out)
+    assert "present a card" in out
+    summary = out.strip().splitlines()[-1]
+    assert re.match(r"demo ended after [\d.]+s: 4 sales, .*captured \$\d+\.\d\d$", summary)
+    finals = re.findall(r"(COMPLETED|DECLINED|REVERSED|CANCELLED|FAILED|ATTENTION):", out)
+    assert len(finals) == 4
+    assert "Traceback" not in done.stderr
+
+
+def test_demo_ends_cleanly_on_ctrl_c() -> None:
+    proc = subprocess.Popen(
+        [*DEMO, "--speed", "5"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env=_env(),
+    )
+    try:
+        assert proc.stdout is not None
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:  # wait until the machine has a customer
+            line = proc.stdout.readline()
+            if "selects" in line:
+                break
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, err
+    assert out.strip().splitlines()[-1].startswith("demo ended after")
+    assert "Traceback" not in err
+
+
+def test_demo_with_a_broken_config_names_the_mistake(tmp_path: Path) -> None:
+    broken = tmp_path / "demo.yaml"
+    broken.write_text(
+        "service: {simulator: {time_scale: 10}}\n"
+        "terminals: [{device_id: SIM-0001}]\n"
+        "triggers:\n  - platform: virtual\n    fail_rate: lots\n"
+    )
+    done = subprocess.run(
+        [*DEMO, "--config", str(broken), "--sales", "1"],
+        capture_output=True, text=True, timeout=30, env=_env(), check=False,
+    )
+    assert done.returncode == 1
+    assert "fail_rate" in done.stderr
