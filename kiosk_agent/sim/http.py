@@ -85,9 +85,7 @@ async def read_json(request: web.Request, max_bytes: int = MAX_BODY_BYTES) -> Bo
         )
     if request.content_length is not None and request.content_length > max_bytes:
         raise bad_request(f"body is {request.content_length} bytes; the limit is {max_bytes}")
-    raw = await request.content.read(max_bytes + 1)
-    if len(raw) > max_bytes:
-        raise bad_request(f"body is over the limit of {max_bytes} bytes")
+    raw = await _read_limited(request, max_bytes)
     try:
         data = json.loads(raw.decode("utf-8"))
     except UnicodeDecodeError:
@@ -99,6 +97,18 @@ async def read_json(request: web.Request, max_bytes: int = MAX_BODY_BYTES) -> Bo
     if not isinstance(data, dict):
         raise bad_request(f"body must be a JSON object, got {_json_type(data)}")
     return Body(data)
+
+
+async def _read_limited(request: web.Request, max_bytes: int) -> bytes:
+    """The whole body (a read returns what has arrived, so loop), refusing more than the limit."""
+    chunks: list[bytes] = []
+    size = 0
+    while chunk := await request.content.read(max_bytes + 1 - size):
+        chunks.append(chunk)
+        size += len(chunk)
+        if size > max_bytes:
+            raise bad_request(f"body is over the limit of {max_bytes} bytes")
+    return b"".join(chunks)
 
 
 async def read_optional_json(request: web.Request) -> Body:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import AsyncIterator
 from decimal import Decimal
@@ -104,3 +105,23 @@ async def test_malformed_bodies_are_4xx_never_500(
         ) as resp:
             assert resp.status == 400
     assert (await api.get("/api/terminal"))[0] == 200  # still serving
+
+
+async def test_a_body_arriving_in_pieces_is_read_whole(tiny_server: str) -> None:
+    async def pieces() -> AsyncIterator[bytes]:
+        for part in (b'{"n": ', b" " * 5000, b"42", b" " * 5000, b"}"):
+            yield part
+            await asyncio.sleep(0.01)
+
+    async with aiohttp.ClientSession() as http:
+        headers = {"Content-Type": "application/json"}
+        async with http.post(f"{tiny_server}/echo", data=pieces(), headers=headers) as resp:
+            assert (resp.status, await resp.json()) == (200, {"n": 42})
+
+        async def endless() -> AsyncIterator[bytes]:
+            for _ in range(100):
+                yield b" " * 1024
+
+        async with http.post(f"{tiny_server}/echo", data=endless(), headers=headers) as resp:
+            assert resp.status == 400
+            assert "limit" in (await resp.json())["error_description"]
