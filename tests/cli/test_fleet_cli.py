@@ -208,3 +208,24 @@ async def test_doctor_checks_that_heartbeats_can_leave(tmp_path: Path, sim, caps
     assert f"[PASS] upstream http: 127.0.0.1:{open_port} accepts connections" in out
     assert f"[FAIL] upstream mqtt: 127.0.0.1:{closed_port}:" in out
     assert "fix: check host, port, user and password" in out
+
+
+async def test_health_finds_the_admin_api_in_the_config(
+    tmp_path: Path, sim, sim_settings, capsys
+) -> None:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    admin = f"admin:\n  port: {port}\n  tokens:\n    - {{name: ops, token: !secret admin_token}}\n"
+    path = endpoint_config(tmp_path, sim, "  - device_id: SIM-0001", admin)
+    agent = load_agent(path, sim_settings, systemd=False)
+    await agent.start()
+    try:
+        rc = await run_cli("health", "--config", str(path))
+    finally:
+        await agent.stop()
+    out = capsys.readouterr().out
+    assert out.startswith("status:   OK")
+    assert "terminal: SIM-0001     online" in out
+    assert rc == 0
+    assert ADMIN_TOKEN not in out
