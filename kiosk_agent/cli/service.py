@@ -20,7 +20,7 @@ from decimal import Decimal
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel, SecretStr, ValidationError
 
 from kiosk_agent.money import MoneyError, cents_to_dollars, format_cents, parse_price
 
@@ -74,7 +74,7 @@ def guarded(handler: Handler) -> Handler:
         try:
             return await handler(args)
         except CliError as err:
-            _fail(str(err))
+            _fail(str(err), scrub=False)  # our own words (and the config loader's): no secrets
             return err.code
         except errors.AuthenticationError as err:
             _fail(f"credentials refused: {err}. Check KIOSK_API_KEY / client id and secret.")
@@ -103,11 +103,11 @@ def first_problem(err: ValidationError) -> str:
     return message.removeprefix("Value error, ")
 
 
-def _fail(message: str) -> None:
+def _fail(message: str, *, scrub: bool = True) -> None:
     from kiosk_agent.redact import redact
 
-    # Messages are written not to carry secrets; redact is the net under an unexpected one.
-    print(f"error: {redact(message)}", file=sys.stderr)
+    # The service's words and unexpected errors pass through redact, the net under a slip.
+    print(f"error: {redact(message) if scrub else message}", file=sys.stderr)
 
 
 # -- settings ------------------------------------------------------------------------------------
@@ -154,32 +154,36 @@ def load_settings(config: str | None, *, needs: str = "api") -> ServiceSettings:
 
 
 def _service_section(path: Path) -> dict[str, Any]:
-    import voluptuous as vol
+    """The service settings the agent itself would use with this configuration.
 
-    from kiosk_agent.core.config import ENDPOINT_SCHEMA, load_yaml
+    Read by the agent's own loader, so ``!secret``, the defaults and the place of the rotated key
+    (``credentials_path``, else ``keys.json`` beside the journal) are the same for both.
+    """
+    from kiosk_agent.core.agent import service_settings_from_config
+    from kiosk_agent.core.config import ConfigInvalid, load_config
 
     if not path.is_file():
         raise CliError(f"config file {path} does not exist", EXIT_USAGE)
-    data, errors = load_yaml(path)
-    if errors:
-        raise CliError(str(errors[0]), EXIT_USAGE)
-    section = data.get("service") if isinstance(data, dict) else None
-    if section is None:
-        raise CliError(f"{path}: no service: section", EXIT_USAGE)
-    if isinstance(section, dict) and "simulator" in section:
+    try:
+        config = load_config(path, check_platforms=False)
+    except ConfigInvalid as err:
+        more = len(err.errors) - 1
+        hint = f" (and {more} more: `kiosk-agent check-config {path}`)" if more else ""
+        raise CliError(f"{err.errors[0]}{hint}", EXIT_USAGE) from None
+    if "simulator" in config["service"]:
         raise CliError(
             f"{path}: service: uses the embedded simulator; start `kiosk-agent sim` and point "
             "KIOSK_BASE_URL at it",
             EXIT_USAGE,
         )
     try:
-        values = {str(k): v for k, v in ENDPOINT_SCHEMA(dict(section)).items()}
-    except vol.Invalid as err:  # names the key, not the value (it may be a secret)
-        raise CliError(f"{path}: service: {err}", EXIT_USAGE) from None
-    if values.get("credentials_path"):
-        # As the agent reads it: relative to the configuration, not to where the tech stands.
-        saved = Path(values["credentials_path"]).expanduser()
-        values["credentials_path"] = saved if saved.is_absolute() else path.parent / saved
+        settings = service_settings_from_config(config)
+    except ValidationError as err:
+        raise CliError(f"{path}: service: {first_problem(err)}", EXIT_USAGE) from None
+    values: dict[str, Any] = {}
+    for name in settings.model_fields_set | {"credentials_path"}:
+        value = getattr(settings, name)
+        values[name] = value.get_secret_value() if isinstance(value, SecretStr) else value
     return values
 
 

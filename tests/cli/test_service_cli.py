@@ -390,41 +390,43 @@ async def test_credentials_come_from_the_config_file_with_secrets(
     for name in ("KIOSK_API_KEY", "KIOSK_CLIENT_SECRET", "KIOSK_BASE_URL"):
         monkeypatch.delenv(name)
     secrets = tmp_path / "secrets.yaml"
-    secrets.write_text("api_key: sim_api_key\nclient_secret: sim_secret\n")
+    secrets.write_text(
+        "api_key: sim_api_key\nrefresh_token: sim_refresh_token\nclient_secret: sim_secret\n"
+    )
     secrets.chmod(0o600)
     config = tmp_path / "agent.yaml"
     config.write_text(
         "service:\n"
         f"  base_url: {env['KIOSK_BASE_URL']}\n"
         "  api_key: !secret api_key\n"
+        "  refresh_token: !secret refresh_token\n"
         f"  mid: '{env['KIOSK_MID']}'\n"
         "  client_id: sim_client\n"
         "  client_secret: !secret client_secret\n"
         "terminals: [{device_id: SIM-0001, name: front}]\n"
+        "journal: {path: state/journal.db}\n"
     )
+    (tmp_path / "state").mkdir()
     ping = await kiosk(capsys, "terminals", "ping", "SIM-0001", "--config", str(config))
     assert ping.code == 0, ping
     monkeypatch.setenv(cli.CONFIG_ENV, str(config))
     pulled = await kiosk(capsys, "report", "deposits", "--limit", "2", "--format", "csv")
     assert len(pulled.out.splitlines()) == 3
 
-    with config.open("a") as more:
-        more.write("journal: {path: journal.db}\n")
-    rotating = config.read_text().replace(
-        "service:\n", "service:\n  credentials_path: state/credentials.json\n"
-        "  refresh_token: sim_refresh_token\n"
-    )
-    config.write_text(rotating)
-    (tmp_path / "state").mkdir()
-    rotated = await kiosk(capsys, "keys", "refresh", "--config", str(config))
+    # The rotated key goes where the agent keeps it: keys.json beside the journal.
+    rotated = await kiosk(capsys, "keys", "refresh")
     assert rotated.code == 0, rotated
-    assert (tmp_path / "state" / "credentials.json").is_file()  # beside the config, not the cwd
+    assert (tmp_path / "state" / "keys.json").is_file()
+    # The provisioned pair is stale now; the saved one wins, as it does for the agent.
+    secrets.write_text("api_key: stale\nrefresh_token: spent\nclient_secret: sim_secret\n")
+    again = await kiosk(capsys, "terminals", "ping", "SIM-0002")
+    assert again.code == 0, again
 
-    secrets.write_text("api_key: sim_api_key\n")
+    secrets.write_text("api_key: sim_api_key\nrefresh_token: sim_refresh_token\n")
     broken = await kiosk(capsys, "report", "deposits", "--config", str(config))
     assert broken.code == 2
     assert "client_secret" in broken.err
-    assert "agent.yaml:8" in broken.err
+    assert "agent.yaml:7" in broken.err
 
 
 async def test_missing_credentials_name_the_variables(
