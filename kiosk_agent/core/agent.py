@@ -78,7 +78,7 @@ def sale_settings_from_config(config: Config, mid: str) -> SaleSettings:
         card_timeout=sales["card_timeout"],
         vend_timeout=sales["vend_timeout"],
         currency=sales["currency"],
-        interaction_lifetime=INTERACTION_LIFETIME / time_scale,
+        interaction_lifetime=sales.get("interaction_lifetime", INTERACTION_LIFETIME / time_scale),
         stop_timeout=sales.get("stop_timeout", 30.0),
         receipts=ReceiptSettings(print=receipts["print"], email=receipts["email"]),
     )
@@ -94,12 +94,13 @@ class Agent:
         *,
         version: str = __version__,
         systemd: SystemdLifecycle | None = None,
+        journal: Journal | None = None,
     ) -> None:
         self.config = config
         self.version = version
         self.settings = sale_settings_from_config(config, service_settings.mid)
         self.service = ServiceClient(service_settings)
-        self.journal = Journal(config.resolve(config["journal"]["path"]))
+        self.journal = journal or Journal(config.resolve(config["journal"]["path"]))
         self.events: EventBus[SaleEvent] = EventBus()
         health_conf = config.get("health")
         self.health = Health(

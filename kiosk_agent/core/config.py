@@ -421,6 +421,8 @@ SALES_SCHEMA = vol.Schema(
         # authorize_capture: how long the machine may take to vend (seconds)
         vol.Optional("vend_timeout", default=60.0): positive_float,
         vol.Optional("currency", default="USD"): vol.All(str, vol.Length(min=3, max=3)),
+        # the service's interaction lifetime (3 minutes); only a time-scaled service differs
+        vol.Optional("interaction_lifetime"): positive_float,
         # on stop (SIGTERM), how long a running sale may take to finish before it is parked
         vol.Optional("stop_timeout", default=30.0): positive_float,
     }

@@ -167,8 +167,15 @@ class SaleSteps:
         self.events.publish(event)
         return event
 
-    def finish(self, state: SaleState, name: str, message: str, **changes: Any) -> SaleEvent:
-        self.step(name, state, message, **changes)
+    def finish(
+        self,
+        state: SaleState,
+        name: str,
+        message: str,
+        detail: Mapping[str, Any] | None = None,
+        **changes: Any,
+    ) -> SaleEvent:
+        self.step(name, state, message, detail, **changes)
         log = _LOGGER.warning if state is SaleState.ATTENTION else _LOGGER.info
         log("sale %s %s: %s", self.record.sale_id, state.value, message)
         return event_of(self.record)
@@ -264,14 +271,14 @@ class SaleSteps:
             reversed_cents=amount,
         )
 
-    async def capture(self, cents: int) -> SaleEvent:
+    async def capture(self, cents: int, vend: Mapping[str, Any] | None = None) -> SaleEvent:
         """Capture the vended amount of an authorization (journaled first, reconciled on error)."""
         trans_id = self.record.trans_id
         assert trans_id is not None
         self.step(
             "capture.request",
             SaleState.CAPTURING,
-            detail={"trans_id": trans_id, "cents": cents},
+            detail={"trans_id": trans_id, "cents": cents, **(vend or {})},
             vended_cents=cents,
         )
         try:
@@ -474,7 +481,7 @@ class SaleFlow(SaleSteps):
         self.step("charge_card.lost", detail={"error": str(err)})
         lookup = await self.reconciler.find_charge(
             self.record.all_order_ids(),
-            wait_until=self.record.updated_at + self.settings.interaction_lifetime,
+            wait_until=self.record.updated_at + self.settings.interaction_lifetime * 1.1 + 0.5,
         )
         if lookup.unknown:
             return self.finish(
@@ -501,14 +508,17 @@ class SaleFlow(SaleSteps):
             return await self.reverse("cancelled by the customer after paying")
         self.step("dispense.request", SaleState.DISPENSING, f"vending up to {format_cents(cents)}")
         outcome = await self._dispense(cents)
-        self.step("dispense.result", detail=_outcome_detail(outcome))
         if outcome.dispensed:
+            # the confirmation and the end are one write: no window where the journal knows the
+            # goods came out but still looks like an unconfirmed dispense
             return self.finish(
                 SaleState.COMPLETED,
                 "completed",
                 f"paid {format_cents(cents)} and dispensed",
                 vended_cents=outcome.vended_cents or cents,
+                detail=_outcome_detail(outcome),
             )
+        self.step("dispense.result", detail=_outcome_detail(outcome))
         return await self.reverse(f"dispense {outcome.status.value} {outcome.detail}".strip())
 
     # -- authorize_capture -----------------------------------------------------------------------
@@ -633,8 +643,8 @@ class SaleFlow(SaleSteps):
             "dispense.request", SaleState.DISPENSING, f"vend up to {format_cents(authorized)}"
         )
         outcome = await self._dispense(authorized)
-        self.step("dispense.result", detail=_outcome_detail(outcome))
         if not outcome.dispensed:
+            self.step("dispense.result", detail=_outcome_detail(outcome))
             return await self.reverse(f"dispense {outcome.status.value} {outcome.detail}".strip())
         vended = outcome.vended_cents or authorized
         if vended > authorized:
@@ -643,7 +653,8 @@ class SaleFlow(SaleSteps):
                 "sale %s: vended %d above authorized %d", self.record.sale_id, vended, authorized
             )
             vended = authorized
-        return await self.capture(vended)
+        # capture() journals the confirmed vend (CAPTURING) before it calls the service
+        return await self.capture(vended, _outcome_detail(outcome))
 
     # -- enroll ----------------------------------------------------------------------------------
 

@@ -165,7 +165,8 @@ class Recovery:
         return await self._held_or_none(
             steps,
             "interrupted while the charge was sent",
-            wait_until=record.updated_at + self.settings.interaction_lifetime * 1.05 + 1.0,
+            # a charge-card still running on the terminal may yet charge: wait out its lifetime
+            wait_until=record.updated_at + self.settings.interaction_lifetime * 1.1 + 0.5,
         )
 
     async def _final_interaction(self, steps: SaleSteps) -> Interaction | None:

@@ -1,0 +1,182 @@
+"""SIGKILL the agent at every step of every flow, restart it, and ask the simulator what happened.
+
+The agent runs as a real process (``crash_driver.py``) against a simulator in this process. Each
+driver first recovers what the previous, killed one left open, then starts the next sale and is
+killed right after its Nth journal step (before the call that step announces). The last driver
+only recovers. Then, from the service's own records (reporting) and the machine's vend counter:
+
+- no sale is lost: every sale any process started is in the journal, and ended;
+- no double charge: at most one charge per sale holds or held money;
+- no captured money without a confirmed dispense, and no authorization left hanging.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import sys
+import textwrap
+from pathlib import Path
+from typing import Any
+
+from agent_helpers import settings_for
+
+from kiosk_agent.core.journal import Journal
+from kiosk_agent.core.sale import SaleState
+from kiosk_agent.service.client import ServiceClient
+from kiosk_agent.service.models import TransactionFilter, TransStatus
+
+DRIVER = Path(__file__).with_name("crash_driver.py")
+TIME_SCALE = 300
+CASES = [
+    ("charge_card", 250, "vended"),
+    ("charge_card", 250, "failed"),
+    ("authorize_capture", 300, "vended"),
+    ("authorize_capture", 300, "failed"),
+]
+# journal steps that announce a call to the service
+SERVICE_CALL_STEPS = {
+    "charge_card.request",
+    "read_card.request",
+    "authorize.request",
+    "capture.request",
+    "reverse.request",
+}
+HELD = {TransStatus.AUTHORIZED, TransStatus.CAPTURED, TransStatus.SETTLED}
+CHARGED = HELD | {TransStatus.VOIDED, TransStatus.REFUNDED, TransStatus.PARTIALLY_REFUNDED}
+
+
+def write_config(directory: Path, sim: Any) -> Path:
+    info = sim.ready_info()
+    path = directory / "config.yaml"
+    path.write_text(
+        textwrap.dedent(
+            f"""\
+            service:
+              base_url: {info["base_url"]}
+              reporting_url: {info["reporting_url"]}
+              ws_url: {info["ws_url"]}
+              mid: "{info["mid"]}"
+              api_key: !env_var KIOSK_API_KEY
+              client_id: {info["client_id"]}
+              client_secret: !env_var KIOSK_CLIENT_SECRET
+            terminals: [{{device_id: SIM-0001}}]
+            journal: {{path: journal.db}}
+            sales: {{vend_timeout: 5, interaction_lifetime: {180 / TIME_SCALE}}}
+            """
+        )
+    )
+    return path
+
+
+class Driver:
+    def __init__(self, config: Path, markers: Path, env: dict[str, str]) -> None:
+        self.log = config.with_name("drivers.log")
+        self.config = config
+        self.markers = markers
+        self.env = env
+        self.started_sales: set[str] = set()
+        self.kills = 0
+        self.steps: list[str] = []  # step names of the last driver's sale
+
+    async def run(self, *sale: Any) -> str:
+        """One agent process; 'killed' or 'done'. Kills it with SIGKILL when it says KILLME."""
+        with self.log.open("a") as log:
+            log.write(f"--- driver {' '.join(map(str, sale))}\n")
+            log.flush()
+            proc = await asyncio.create_subprocess_exec(
+                sys.executable,
+                str(DRIVER),
+                str(self.config),
+                str(self.markers),
+                *map(str, sale),
+                stdout=asyncio.subprocess.PIPE,
+                stderr=log,
+                env=self.env,
+            )
+        assert proc.stdout is not None
+        outcome = "done"
+        self.steps = []
+        try:
+            async with asyncio.timeout(30):
+                while line := (await proc.stdout.readline()).decode():
+                    words = line.split()
+                    if words[0] == "STEP":
+                        self.started_sales.add(words[-1])
+                        self.steps.append(words[2])
+                    elif words[0] == "KILLME":
+                        proc.send_signal(signal.SIGKILL)
+                        self.kills += 1
+                        outcome = "killed"
+                        break
+                await proc.wait()
+        except TimeoutError:
+            proc.kill()
+            await proc.wait()
+            raise AssertionError(self.log.read_text()[-3000:]) from None
+        if outcome == "done":
+            assert proc.returncode == 0, self.log.read_text()[-3000:]
+        else:
+            assert proc.returncode == -signal.SIGKILL
+        return outcome
+
+
+async def test_sigkill_at_every_step_loses_no_sale_and_keeps_no_unearned_money(
+    sim_factory: Any, tmp_path: Path
+) -> None:
+    sim = await sim_factory(time_scale=TIME_SCALE, seed=2, transactions=0)
+    info = sim.ready_info()
+    env = {
+        **os.environ,
+        "KIOSK_API_KEY": info["api_key"],
+        "KIOSK_CLIENT_SECRET": info["client_secret"],
+    }
+    markers = tmp_path / "vended.txt"
+    markers.touch()
+    driver = Driver(write_config(tmp_path, sim), markers, env)
+
+    for flow, cents, dispense in CASES:
+        kill_at = 1
+        while await driver.run(flow, cents, dispense, kill_at) == "killed":
+            kill_at += 1
+        steps = driver.steps
+        assert len(steps) > 4, f"{flow}/{dispense} finished after {steps}"
+        # and once more for each call that moves money: killed as its answer arrives
+        for n, step in enumerate(steps, start=1):
+            if step in SERVICE_CALL_STEPS:
+                assert await driver.run(flow, cents, dispense, f"{n}a") == "killed", step
+    assert await driver.run() == "done"  # recovers the last killed sale, if any
+
+    journal = Journal(tmp_path / "journal.db")
+    journal.open()
+    sales = {sale.sale_id: sale for sale in journal.query()}
+    journal.close()
+    vended = {line.split()[0] for line in markers.read_text().splitlines()}
+
+    assert driver.kills >= 30
+    # no sale lost, none left open, none that needed a person
+    assert driver.started_sales <= set(sales)
+    assert [s for s in sales.values() if not s.state.final] == []
+    assert [s.message for s in sales.values() if s.state is SaleState.ATTENTION] == []
+
+    async with ServiceClient(settings_for(sim)) as service:
+        for sale in sales.values():
+            rows = []
+            for order_id in sale.all_order_ids():
+                query = TransactionFilter(order_id=order_id)
+                rows += [r async for r in service.reporting.transactions(query)]
+            charged = [r for r in rows if r.status in CHARGED]
+            held = [r for r in rows if r.status in HELD]
+            why = f"{sale.flow} {sale.state.value} {sale.message!r}: {[r.status for r in rows]}"
+            assert len(charged) <= 1, f"double charge: {why}"
+            assert not [r for r in held if r.status is TransStatus.AUTHORIZED], f"hanging: {why}"
+            if held:
+                assert sale.sale_id in vended, f"money kept without a dispense: {why}"
+                assert sale.state is SaleState.COMPLETED, why
+                assert held[0].amount_cents == sale.captured_cents, why
+            if sale.state is SaleState.COMPLETED:
+                assert held, f"completed without money: {why}"
+            if sale.state is SaleState.REVERSED:
+                assert charged, why
+                assert not held, why
