@@ -2,6 +2,7 @@
 
 import asyncio
 import json
+import sqlite3
 from collections.abc import AsyncIterator
 from pathlib import Path
 from types import SimpleNamespace
@@ -234,3 +235,19 @@ async def test_sqlite_store_speaks_the_idempotency_store_protocol(tmp_path: Path
     # same answers as the in-memory store
     memory = MemoryIdempotencyStore()
     assert [await memory.add("a"), await memory.add("a")] == [True, False]
+
+
+async def test_an_event_that_cannot_be_committed_is_not_acknowledged(harness: Harness) -> None:
+    receiver = await harness.start()
+    # Another process breaks the database under the receiver (a stand-in for a failing disk).
+    other = sqlite3.connect(harness.store)
+    other.execute("ALTER TABLE webhook_events RENAME TO broken")
+    other.commit()
+    status, answer = await harness.deliver(envelope("k1"))
+    assert (status, answer) == (503, {"error": "unavailable"})  # the sender will retry
+    assert receiver.merchants() == []
+    other.execute("ALTER TABLE broken RENAME TO webhook_events")
+    other.commit()
+    other.close()
+    assert await harness.deliver(envelope("k1")) == (200, {"status": "accepted"})
+    assert receiver.outcomes["store_error"] == 1

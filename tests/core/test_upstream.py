@@ -234,8 +234,11 @@ class HttpReceiver:
         self.auth: list[str | None] = []
         self.port = _free_port()
         self._runner: web.AppRunner | None = None
+        self.failing = False  # answer 503, as an overloaded fleet server would
 
     async def _post(self, request: web.Request) -> web.Response:
+        if self.failing:
+            return web.json_response({"error": "overloaded"}, status=503)
         self.bodies.append(await request.json())
         self.auth.append(request.headers.get("Authorization"))
         return web.json_response({"ok": True})
@@ -287,6 +290,24 @@ async def test_http_heartbeat_queues_while_down_and_catches_up(receiver: HttpRec
         # the queue holds two: the oldest ones gave way; the rest arrive in order
         kept = [*missed, latest][-2:]
         assert [b["at"] for b in receiver.bodies[1:]] == [r["at"] for r in kept]
+        assert upstream.stats()["http"]["queued"] == 0
+    finally:
+        await upstream.stop()
+
+
+async def test_http_error_answers_keep_the_report_queued(receiver: HttpReceiver) -> None:
+    url = f"http://127.0.0.1:{receiver.port}/heartbeat"
+    receiver.failing = True
+    upstream = Upstream(_agent(), {"interval": 3600, "http": {"url": url}})
+    await upstream.start()
+    try:
+        sink = upstream.sinks[0]
+        await _until(lambda: sink.failures == 1)
+        assert sink.last_error == f"HTTP 503 from {url}"
+        assert upstream.stats()["http"]["queued"] == 1
+        receiver.failing = False
+        upstream.heartbeat()
+        await _until(lambda: len(receiver.bodies) == 2)
         assert upstream.stats()["http"]["queued"] == 0
     finally:
         await upstream.stop()
