@@ -1,0 +1,170 @@
+"""Recovery on start: every sale left open is finished from what the service really did."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+from agent_helpers import ScriptedDispenser, settings_for
+
+from kiosk_agent.core.journal import Journal, SaleRecord
+from kiosk_agent.core.sale import Flow, SaleRequest, SaleState
+from kiosk_agent.service.client import ServiceClient
+from kiosk_agent.service.models import ChargeRequest, TransactionFilter, TransStatus
+
+
+async def rows(service: ServiceClient, order_id: str) -> list[Any]:
+    query = TransactionFilter(order_id=order_id)
+    return [t async for t in service.reporting.transactions(query)]
+
+
+def leave_open(directory: Path, **fields: Any) -> SaleRecord:
+    """Write a sale as a crashed agent would have left it."""
+    journal = Journal(directory / "journal.db")
+    journal.open()
+    base: dict[str, Any] = {
+        "sale_id": "crashed1",
+        "order_id": "KACRASHED1",
+        "source": "test",
+        "flow": Flow.AUTHORIZE_CAPTURE.value,
+        "terminal": "SIM-0001",
+        "amount_cents": 300,
+        "state": SaleState.STARTED,
+    }
+    state = fields.pop("state")
+    record = journal.create(SaleRecord(**base))
+    record = journal.record(record, "before crash", state, **fields)
+    journal.close()
+    return record
+
+
+async def authorize(service: ServiceClient, order_id: str, capture: bool) -> str:
+    """A real charge on the simulator, as the crashed agent had made it."""
+    handle = await service.terminal.read_card("SIM-0002", 300)
+    card = (await handle.wait(timeout=5)).read_card_result
+    assert card is not None
+    result = await service.payments.charge(
+        ChargeRequest(
+            mid=service.settings.mid,
+            amount=300,
+            account_token=card.token,
+            expiration=card.expiration,
+            capture=capture,
+            order_id=order_id,
+        )
+    )
+    assert result.approved
+    return result.trans_id
+
+
+async def test_a_parked_dispense_is_voided_on_the_next_start(agent_factory: Any) -> None:
+    first = await agent_factory()
+    machine = ScriptedDispenser(delay=30)
+    request = SaleRequest(source="test", flow=Flow.AUTHORIZE_CAPTURE, amount_cents=300)
+    sale = await first.sales.start(request, machine)
+    await asyncio.wait_for(machine.started.wait(), 5)
+    await first.sales.stop(grace=0.05)  # SIGTERM with a machine that never answers: parked
+    await first.stop()
+    parked = first.journal
+    parked.open()
+    record = parked.get(sale.sale_id)
+    assert record is not None
+    assert record.state is SaleState.DISPENSING
+    assert parked.steps(sale.sale_id)[-1].step == "parked"
+    parked.close()
+
+    second = await agent_factory()
+    [event] = await asyncio.wait_for(second.recovery.wait(), 10)
+    assert event.state is SaleState.REVERSED
+    [row] = await rows(second.service, record.order_id)
+    assert row.status is TransStatus.VOIDED
+
+
+async def test_a_confirmed_vend_whose_capture_was_lost_is_captured(
+    agent_factory: Any, sim_factory: Any, tmp_path: Path
+) -> None:
+    sim = await sim_factory(time_scale=300, transactions=0)
+    async with ServiceClient(settings_for(sim)) as service:
+        trans_id = await authorize(service, "KACRASHED1", capture=False)
+    leave_open(
+        tmp_path,
+        state=SaleState.CAPTURING,
+        trans_id=trans_id,
+        authorized_cents=300,
+        vended_cents=175,
+    )
+    agent = await agent_factory(sim=sim)
+    [event] = await asyncio.wait_for(agent.recovery.wait(), 10)
+    assert event.state is SaleState.COMPLETED
+    assert event.captured_cents == 175
+    [row] = await rows(agent.service, "KACRASHED1")
+    assert row.status is TransStatus.CAPTURED
+    assert row.amount_cents == 175
+
+
+async def test_an_interrupted_refund_is_finished_once(
+    agent_factory: Any, sim_factory: Any, tmp_path: Path
+) -> None:
+    sim = await sim_factory(time_scale=300, transactions=0)
+    async with ServiceClient(settings_for(sim)) as service:
+        trans_id = await authorize(service, "KACRASHED1", capture=True)
+        # the void went through, the crash came before the journal heard of it
+        await service.payments.void_or_refund(trans_id)
+    leave_open(
+        tmp_path,
+        state=SaleState.REVERSING,
+        trans_id=trans_id,
+        captured_cents=300,
+        message="dispense failed",
+    )
+    agent = await agent_factory(sim=sim)
+    [event] = await asyncio.wait_for(agent.recovery.wait(), 10)
+    assert event.state is SaleState.REVERSED
+    assert "given back" in event.message
+    [row] = await rows(agent.service, "KACRASHED1")
+    assert row.status is TransStatus.VOIDED
+
+
+async def test_a_charge_that_never_reached_the_service_fails_cleanly(
+    agent_factory: Any, tmp_path: Path
+) -> None:
+    leave_open(tmp_path, state=SaleState.AUTHORIZING)
+    agent = await agent_factory()
+    [event] = await asyncio.wait_for(agent.recovery.wait(), 10)
+    assert event.state is SaleState.FAILED
+    assert "no charge was made" in event.message
+
+
+async def test_what_cannot_be_decided_is_marked_for_attention(
+    agent_factory: Any, sim_factory: Any, tmp_path: Path
+) -> None:
+    leave_open(tmp_path, state=SaleState.AUTHORIZING)
+    sim = await sim_factory(time_scale=300, transactions=0)
+    await sim.stop()  # the service is unreachable: reporting cannot say whether money moved
+    agent = await agent_factory(sim=sim)
+    [event] = await asyncio.wait_for(agent.recovery.wait(), 30)
+    assert event.state is SaleState.ATTENTION
+    assert "reporting cannot say" in event.message
+    assert agent.health.snapshot().sales.attention == 1
+
+
+async def test_an_interrupted_enrollment_asks_for_a_person(
+    agent_factory: Any, tmp_path: Path
+) -> None:
+    leave_open(tmp_path, state=SaleState.ENROLLING)
+    agent = await agent_factory()
+    [event] = await asyncio.wait_for(agent.recovery.wait(), 10)
+    assert event.state is SaleState.ATTENTION
+
+
+async def test_a_terminal_under_recovery_refuses_new_sales(
+    agent_factory: Any, tmp_path: Path
+) -> None:
+    leave_open(tmp_path, state=SaleState.CHARGING, flow=Flow.CHARGE_CARD.value)
+    agent = await agent_factory()
+    reason = agent.sales.busy_reason("SIM-0001")
+    assert reason is not None
+    assert "recovering sale crashed1" in reason
+    await asyncio.wait_for(agent.recovery.wait(), 10)
+    assert agent.sales.busy_reason("SIM-0001") is None
