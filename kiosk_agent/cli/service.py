@@ -15,6 +15,7 @@ import os
 import sys
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
+from dataclasses import dataclass
 from datetime import UTC, date, datetime, timedelta
 from decimal import Decimal
 from pathlib import Path
@@ -226,7 +227,17 @@ def print_record(pairs: Iterable[tuple[str, object]], *, as_json: bool, out: Tex
         print(f"{key:<{width}}  {_text(value)}", file=out)
 
 
+@dataclass(frozen=True, slots=True)
+class Money:
+    """Integer cents in a printed record: ``$2.50`` for people, ``"2.50"`` in JSON."""
+
+    cents: int
+    currency: str = "USD"
+
+
 def _jsonable(value: object) -> object:
+    if isinstance(value, Money):
+        return cents_to_dollars(value.cents)
     if isinstance(value, Decimal):
         return f"{value:.2f}"
     if isinstance(value, datetime | date):
@@ -239,6 +250,8 @@ def _jsonable(value: object) -> object:
 def _text(value: object) -> str:
     if value is None:
         return "-"
+    if isinstance(value, Money):
+        return format_cents(value.cents, value.currency)
     if isinstance(value, bool):
         return "yes" if value else "no"
     if isinstance(value, Decimal):
@@ -734,7 +747,7 @@ def _token(value: str) -> str:
 
 def _charge_lines(result: Any) -> list[tuple[str, object]]:
     verdict = {"A": "approved", "B": "retry", "C": "declined"}.get(str(result.result), "unknown")
-    amount = format_cents(result.amount, result.currency) if result.amount is not None else None
+    amount = Money(result.amount, result.currency) if result.amount is not None else None
     return [
         ("result", f"{result.result} ({verdict})"), ("trans_id", result.trans_id),
         ("order_id", result.order_id), ("amount", amount), ("auth_code", result.auth_code),
@@ -781,7 +794,7 @@ async def payments_void(args: argparse.Namespace) -> int:
     outcome = "voided" if result.voided else "refunded" if result.refunded else result.resp_text
     print_record(
         [("outcome", outcome), ("trans_id", result.trans_id), ("order_id", result.order_id),
-         ("amount", format_cents(result.amount, result.currency)), ("resp_text", result.resp_text)],
+         ("amount", Money(result.amount, result.currency)), ("resp_text", result.resp_text)],
         as_json=wants_json(args), out=sys.stdout,
     )
     return EXIT_OK
@@ -796,7 +809,7 @@ async def payments_surcharge(args: argparse.Namespace) -> int:
             result = await svc.payments.surcharge(cents, card_bin=args.bin)
     print_record(
         [("surcharge", result.surcharge),
-         ("surcharge_amount", format_cents(result.surcharge_amount)),
+         ("surcharge_amount", Money(result.surcharge_amount)),
          ("surcharge_percent", result.surcharge_percent)],
         as_json=wants_json(args), out=sys.stdout,
     )

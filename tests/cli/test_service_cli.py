@@ -15,6 +15,7 @@ import json
 import os
 import re
 import sys
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
@@ -250,7 +251,7 @@ async def test_charge_capture_void_and_receipt(
                     if line.startswith("trans_id"))
 
     captured = await kiosk(capsys, "payments", "capture", trans_id, "--amount", "2.00", "--json")
-    assert json.loads(captured.out)["amount"] == "$2.00"
+    assert json.loads(captured.out)["amount"] == "2.00"
     voided = await kiosk(capsys, "payments", "void", trans_id)
     assert voided.code == 0
     assert voided.out.startswith("outcome    voided")
@@ -269,7 +270,9 @@ async def test_charge_capture_void_and_receipt(
 
     fee = await kiosk(capsys, "payments", "surcharge", "--amount", "10.00", "--bin", "411111",
                       "--json")
-    assert set(json.loads(fee.out)) == {"surcharge", "surcharge_amount", "surcharge_percent"}
+    quoted = json.loads(fee.out)
+    expected = Decimal("10.00") * Decimal(quoted["surcharge_percent"]) / 100
+    assert quoted["surcharge_amount"] == f"{expected:.2f}"  # dollars, exact, like every amount
 
 
 @pytest.mark.parametrize("amount", ["2.555", "-1", "abc", "0", "2,50"])
