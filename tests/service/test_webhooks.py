@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import json
 import random
@@ -367,3 +368,19 @@ async def test_a_delivery_whose_handling_fails_is_taken_again_on_retry() -> None
     retry = await processor.process(body, signed_headers(body))
     assert not retry.duplicate
     assert calls == 2
+
+
+async def test_racing_copies_of_one_delivery_are_taken_once() -> None:
+    handled: list[str] = []
+
+    async def handle(event: Any) -> None:
+        await asyncio.sleep(0)  # let the copies interleave
+        handled.append(event.idempotency_key)
+
+    processor = WebhookProcessor(SECRET, handle=handle)
+    body = body_of(lifecycle()[0])
+    receipts = await asyncio.gather(
+        *(processor.process(body, signed_headers(body)) for _ in range(10))
+    )
+    assert sum(not r.duplicate for r in receipts) == 1
+    assert len(handled) == 1
