@@ -23,7 +23,7 @@ from typing import Any
 from aiohttp import web
 
 from kiosk_agent.sim import auth as sim_auth
-from kiosk_agent.sim import cable, hpp, payments, plans, terminal, vault
+from kiosk_agent.sim import cable, faults, hpp, payments, plans, terminal, vault
 from kiosk_agent.sim.auth import Auth
 from kiosk_agent.sim.clock import VirtualClock
 from kiosk_agent.sim.context import CONTEXT_KEY, SimContext, SimOptions
@@ -167,6 +167,7 @@ def build_app(ctx: SimContext) -> web.Application:
 def _module_setups() -> list[Callable[[web.Application, SimContext], None]]:
     setups: list[Callable[[web.Application, SimContext], None]] = [
         payments.setup, vault.setup, plans.setup, hpp.setup, terminal.setup, cable.setup,
+        faults.setup,
     ]  # fmt: skip
     for name in _OPTIONAL_MODULES:
         module = _optional_module(name)

@@ -120,3 +120,21 @@ async def test_duplicate_name_and_unknown_plan(api: Api) -> None:
     status, body = await api.get(f"{P}/999999")
     assert (status, body["error"]) == (404, "billing_plan_not_found")
     assert (await api.delete(f"{P}/abc"))[0] == 404
+
+
+async def test_a_declined_or_unpayable_payment_fails(sim_factory: Any, http: Any) -> None:
+    sim = await sim_factory(time_scale=86_400 * 10)
+    api = Api(http, sim.base_url, "sim_api_key")
+    dtstart = f"{sim.ctx.clock.now():%Y%m%dT%H%M%S}Z"
+    declined = await make_plan(
+        api, f"DTSTART:{dtstart}\nRRULE:FREQ=DAILY;COUNT=1", name="d", amount="3.02"
+    )
+    orphan = await make_plan(api, f"DTSTART:{dtstart}\nRRULE:FREQ=DAILY;COUNT=1", name="o")
+    # read the stored plan directly: a GET would already charge the due payment
+    uuid = sim.ctx.store.documents("billing_plans").get(orphan)["payment_account_uuid"]
+    await api.delete(f"{V}/{uuid}")
+    await sim.ctx.clock.sleep(86_400)
+    for plan_id in (declined, orphan):
+        _, plan = await api.get(f"{P}/{plan_id}")
+        assert plan["scheduled_payments"][0]["payment_status"] == "FAILED"
+        assert plan["scheduled_payments"][0]["amount_paid"] == 0
