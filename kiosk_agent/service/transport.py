@@ -20,7 +20,7 @@ import logging
 import random
 import time
 from collections.abc import Mapping
-from typing import Any, TypeVar
+from typing import Any, NamedTuple, TypeVar
 
 import aiohttp
 from pydantic import BaseModel
@@ -219,66 +219,79 @@ class Transport:
         if rate_limited is None:
             rate_limited = path.startswith(_RATE_LIMITED_PREFIXES)
         json, params = self._place_mid(auth, mid, json, params)
-        settings = self.settings
         attempt = 0
         renewed = False
-        patience_ends = time.monotonic() + settings.rate_limit_patience
+        patience_ends = time.monotonic() + self.settings.rate_limit_patience
         while True:
             if rate_limited:
                 await self.limiter.acquire()
-            call_headers = dict(headers or {})
             token = await self._bearer(auth)
+            call_headers = dict(headers or {})
             if token is not None:
                 call_headers["Authorization"] = f"Bearer {token}"
+            attempt += 1
             try:
-                async with self.session.request(
-                    method, url, json=json, params=params, data=data, headers=call_headers
-                ) as resp:
-                    body = await resp.read()
-                    status, content_type = resp.status, resp.content_type
-                    retry_after = resp.headers.get("Retry-After")
+                answer = await self._exchange(method, url, json, params, data, call_headers)
             except aiohttp.ClientConnectorError as exc:
-                # Never reached the service: safe to send again whatever the method.
-                if attempt < settings.max_retries:
-                    attempt += 1
-                    await asyncio.sleep(self._backoff(attempt))
+                if await self._backed_off(attempt):  # never reached the service: always safe
                     continue
                 raise ServiceUnreachableError(f"{what}: cannot connect: {exc}") from exc
             except (aiohttp.ClientError, TimeoutError) as exc:
-                if retry_safe and attempt < settings.max_retries:
-                    attempt += 1
-                    await asyncio.sleep(self._backoff(attempt))
+                if retry_safe and await self._backed_off(attempt):
                     continue
                 outcome = "" if retry_safe else "; outcome unknown: reconcile before retrying"
                 raise ServiceUnreachableError(
                     f"{what}: no answer ({type(exc).__name__}: {exc}){outcome}"
                 ) from exc
-            _LOGGER.debug("%s -> %s (%d bytes)", what, status, len(body))
+            _LOGGER.debug("%s -> %s (%d bytes)", what, answer.status, len(answer.body))
 
-            if rate_limited and status != 429:
+            if rate_limited and answer.status != 429:
                 self.limiter.succeeded()
-            if 200 <= status < 300:
-                return status, body, content_type
-            if status == 401 and auth is not Auth.NONE and not renewed:
+            if 200 <= answer.status < 300:
+                return answer.status, answer.body, answer.content_type
+            if answer.status == 401 and auth is not Auth.NONE and not renewed:
                 renewed = True  # refused before any work was done: renew once and resend
                 await self._renew(auth, token)
                 continue
-            if status == 429:
-                self.rate_limited_count += 1
-                delay = _retry_after_seconds(retry_after) or self._backoff(attempt + 1)
-                if time.monotonic() + delay < patience_ends:
-                    attempt += 1
-                    if rate_limited:
-                        self.limiter.pause(delay)  # every terminal call waits, not just this one
-                    else:
-                        await asyncio.sleep(delay)
-                    continue
-                raise self._status_error(status, body, content_type, what, retry_after)
-            if status >= 500 and retry_safe and attempt < settings.max_retries:
-                attempt += 1
-                await asyncio.sleep(self._backoff(attempt))
+            if answer.status == 429 and await self._waited_out(answer, rate_limited, patience_ends):
+                continue  # refused before any work was done: safe for every method
+            if answer.status >= 500 and retry_safe and await self._backed_off(attempt):
                 continue
-            raise self._status_error(status, body, content_type, what, retry_after)
+            raise self._status_error(answer, what)
+
+    async def _exchange(
+        self,
+        method: str,
+        url: str,
+        json: Mapping[str, Any] | None,
+        params: Mapping[str, str | int] | None,
+        data: Mapping[str, str] | None,
+        headers: dict[str, str],
+    ) -> _Answer:
+        async with self.session.request(
+            method, url, json=json, params=params, data=data, headers=headers
+        ) as resp:
+            body = await resp.read()
+            return _Answer(resp.status, body, resp.content_type, resp.headers.get("Retry-After"))
+
+    async def _backed_off(self, attempt: int) -> bool:
+        """Sleep before retry number ``attempt`` and say True, or False when retries are spent."""
+        if attempt > self.settings.max_retries:
+            return False
+        await asyncio.sleep(self._backoff(attempt))
+        return True
+
+    async def _waited_out(self, answer: _Answer, rate_limited: bool, patience_ends: float) -> bool:
+        """Honour a 429's Retry-After when patience allows (True: send again)."""
+        self.rate_limited_count += 1
+        delay = _retry_after_seconds(answer.retry_after) or self._backoff(1)
+        if time.monotonic() + delay >= patience_ends:
+            return False
+        if rate_limited:
+            self.limiter.pause(delay)  # every terminal call waits, not only this one
+        else:
+            await asyncio.sleep(delay)
+        return True
 
     # -- pieces of the loop --------------------------------------------------------------------
 
@@ -314,9 +327,8 @@ class Transport:
         ceiling: float = min(settings.backoff_max, settings.backoff_base * 2.0 ** (attempt - 1))
         return ceiling * random.uniform(0.5, 1.0)
 
-    def _status_error(
-        self, status: int, body: bytes, content_type: str, what: str, retry_after: str | None
-    ) -> ServiceError:
+    def _status_error(self, answer: _Answer, what: str) -> ServiceError:
+        status, body, content_type = answer.status, answer.body, answer.content_type
         error_body: ErrorBody | None = None
         try:
             data = decode_json(body, what=what, content_type=content_type) if body else None
@@ -337,7 +349,7 @@ class Transport:
         if status == 429:
             return RateLimitedError(
                 f"{message}: rate limited longer than {self.settings.rate_limit_patience:g} s",
-                retry_after=_retry_after_seconds(retry_after),
+                retry_after=_retry_after_seconds(answer.retry_after),
                 error=code,
                 description=description,
             )
@@ -360,6 +372,13 @@ class Transport:
             what="refresh API key",
         )
         return parse_json(ApiKeySet, body, what="refresh API key")
+
+
+class _Answer(NamedTuple):
+    status: int
+    body: bytes
+    content_type: str
+    retry_after: str | None
 
 
 class OAuthTokens:
