@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import re
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -31,8 +32,9 @@ def settings_for(sim: Any, **tuning: Any) -> ServiceSettings:
 @contextlib.asynccontextmanager
 async def running_agent(
     tmp_path: Path, settings: Any, triggers: list[dict[str, Any]], *, time_scale: float = 50,
-    sales: dict[str, Any] | None = None,
+    sales: dict[str, Any] | None = None, secrets: dict[str, str] | None = None,
 ) -> AsyncIterator[Agent]:
+    """Values written ``"!secret NAME"`` become real ``!secret`` tags, with ``secrets`` beside."""
     document = {
         "service": {"simulator": {"time_scale": time_scale}},
         "terminals": [{"device_id": "SIM-0001", "name": "front"}],
@@ -42,7 +44,12 @@ async def running_agent(
         "triggers": triggers,
     }
     path = tmp_path / "agent.yaml"
-    path.write_text(yaml.safe_dump(document))
+    text = re.sub(r"'(!secret \w+)'", r"\1", yaml.safe_dump(document))
+    path.write_text(text)
+    if secrets:
+        secrets_path = tmp_path / "secrets.yaml"
+        secrets_path.write_text(yaml.safe_dump(secrets))
+        secrets_path.chmod(0o600)
     agent = build_agent(load_config(path), settings, systemd=False)
     await agent.start()
     try:

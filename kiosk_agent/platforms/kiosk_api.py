@@ -1,0 +1,404 @@
+"""A local HTTP and WebSocket API for the kiosk's own touchscreen app.
+
+The app starts a sale, follows it live and may cancel it; the agent does the payment. Loopback only
+unless configured otherwise; every request carries ``Authorization: Bearer <token>`` (a browser's
+WebSocket may send ``?token=`` instead, since it cannot set headers).
+
+    POST   /api/v1/sales                  {product?, amount?, flow?, terminal?, email?} -> 202
+    GET    /api/v1/sales/{sale_id}        the sale's latest step
+    POST   /api/v1/sales/{sale_id}/cancel -> 202 {cancelled}
+    POST   /api/v1/sales/{sale_id}/dispensed {status: vended|failed, detail?}  (confirm_dispense)
+    GET    /api/v1/sales/{sale_id}/events WebSocket: each step as JSON, closed after the last
+    GET    /api/v1/events                 WebSocket: every step of every sale from this app
+    GET    /api/v1/status                 the platform's status
+
+``amount`` is a string of dollars (``"2.50"``) or integer cents; configured ``products`` give the
+price by name. Bad bodies get 400 with ``{error, field, message}`` naming the field.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import hashlib
+import hmac
+import json
+import logging
+from collections import OrderedDict
+from typing import Any
+
+import voluptuous as vol
+from aiohttp import WSMsgType, web
+
+from kiosk_agent.core.config import PLATFORM_SCHEMA as BASE_PLATFORM_SCHEMA
+from kiosk_agent.core.config import positive_float, positive_price
+from kiosk_agent.core.sale import (
+    DispenseOutcome,
+    DispenseStatus,
+    Flow,
+    SaleEvent,
+    SaleRequest,
+)
+from kiosk_agent.money import MoneyError, cents_to_dollars, parse_price
+from kiosk_agent.platforms.base import instance_name
+
+_LOGGER = logging.getLogger(__name__)
+
+_KEPT_SALES = 500  # latest step of this many recent sales, for GET and late WebSocket joins
+
+
+def _token(value: Any) -> str:
+    if not isinstance(value, str) or len(value) < 16:
+        raise vol.Invalid("expected a token of at least 16 characters (use !secret)")
+    return value
+
+
+def _products(value: Any) -> dict[str, int]:
+    if not isinstance(value, dict):
+        raise vol.Invalid('expected a map of product to price, like {coffee: "2.50"}')
+    return {str(name): positive_price(price) for name, price in value.items()}
+
+
+PLATFORM_SCHEMA = BASE_PLATFORM_SCHEMA.extend(
+    {
+        vol.Required("token"): _token,
+        vol.Optional("host", default="127.0.0.1"): str,
+        vol.Optional("port", default=8765): vol.All(int, vol.Range(min=0, max=65535)),
+        vol.Optional("products", default={}): _products,
+        # only configured products may be sold (no free amounts from the app)
+        vol.Optional("products_only", default=False): bool,
+        # the app confirms what came out (POST .../dispensed); otherwise payment is the product
+        vol.Optional("confirm_dispense", default=False): bool,
+        vol.Optional("vend_timeout", default=60.0): positive_float,
+    }
+)
+
+
+class BadRequest(Exception):
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(f"{field}: {message}")
+        self.field = field
+        self.message = message
+
+
+class AppDispenser:
+    """The app is the machine: it dispenses when told, or payment itself is the product."""
+
+    def __init__(self, confirm: bool, timeout: float) -> None:
+        self.confirm = confirm
+        self.timeout = timeout
+        self.result: asyncio.Future[DispenseOutcome] = asyncio.get_running_loop().create_future()
+        self.waiting = False
+        self.product: str | None = None
+
+    async def dispense(self, authorized_cents: int) -> DispenseOutcome:
+        if not self.confirm:
+            return DispenseOutcome(DispenseStatus.VENDED, authorized_cents, self.product, "paid")
+        self.waiting = True
+        try:
+            outcome = await asyncio.wait_for(asyncio.shield(self.result), self.timeout)
+        except TimeoutError:
+            return DispenseOutcome(DispenseStatus.TIMEOUT, 0, self.product,
+                                   "the app did not confirm the dispense")
+        finally:
+            self.waiting = False
+        if outcome.status is DispenseStatus.VENDED:
+            return dataclasses.replace(outcome, vended_cents=authorized_cents)
+        return outcome
+
+    async def deny(self, reason: str) -> None:
+        # The app follows the sale's steps; a denial is a final step it sees there.
+        _LOGGER.debug("app sale denied: %s", reason)
+
+    def confirm_result(self, status: DispenseStatus, detail: str) -> bool:
+        if not self.waiting or self.result.done():
+            return False
+        self.result.set_result(DispenseOutcome(status, 0, self.product, detail))
+        return True
+
+
+def event_json(event: SaleEvent) -> dict[str, Any]:
+    return {
+        "sale_id": event.sale_id,
+        "order_id": event.order_id,
+        "state": event.state.value,
+        "final": event.state.final,
+        "amount": cents_to_dollars(event.amount_cents),
+        "amount_cents": event.amount_cents,
+        "captured_cents": event.captured_cents,
+        "product": event.product,
+        "terminal": event.terminal,
+        "message": event.message,
+        "at": event.at,
+    }
+
+
+class KioskApi:
+    def __init__(self, agent: Any, config: dict[str, Any]) -> None:
+        self.agent = agent
+        self.config = config
+        self.name = instance_name(config, "kiosk")
+        self._token_digest = hashlib.sha256(config["token"].encode()).digest()
+        self._latest: OrderedDict[str, SaleEvent] = OrderedDict()
+        self._dispensers: dict[str, AppDispenser] = {}
+        self._runner: web.AppRunner | None = None
+        self._follower: asyncio.Task[None] | None = None
+        self._sockets: set[web.WebSocketResponse] = set()
+        self.port = 0
+        self.requests = 0
+        self.rejected = 0
+
+    # -- lifecycle -----------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        app = web.Application(middlewares=[self._auth], client_max_size=64 * 1024)
+        app.router.add_post("/api/v1/sales", self._start_sale)
+        app.router.add_get("/api/v1/sales/{sale_id}", self._get_sale)
+        app.router.add_post("/api/v1/sales/{sale_id}/cancel", self._cancel_sale)
+        app.router.add_post("/api/v1/sales/{sale_id}/dispensed", self._dispensed)
+        app.router.add_get("/api/v1/sales/{sale_id}/events", self._sale_events)
+        app.router.add_get("/api/v1/events", self._all_events)
+        app.router.add_get("/api/v1/status", self._status)
+        self._runner = web.AppRunner(app, access_log=None, handle_signals=False)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, self.config["host"], self.config["port"])
+        await site.start()
+        self.port = int(self._runner.addresses[0][1])
+        self._follower = asyncio.create_task(self._follow())
+        _LOGGER.info("%s: kiosk API on %s:%d", self.name, self.config["host"], self.port)
+
+    async def stop(self) -> None:
+        for ws in list(self._sockets):
+            await ws.close(code=1001, message=b"agent stopping")
+        if self._follower is not None:
+            self._follower.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._follower
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None
+
+    def status(self) -> dict[str, Any]:
+        return {
+            "host": self.config["host"],
+            "port": self.port,
+            "requests": self.requests,
+            "rejected": self.rejected,
+            "live_sockets": len(self._sockets),
+            "sales_known": len(self._latest),
+        }
+
+    async def _follow(self) -> None:
+        async with self.agent.events.subscribe() as queue:
+            while True:
+                event: SaleEvent = await queue.get()
+                if event.source != self.name:
+                    continue
+                self._latest[event.sale_id] = event
+                self._latest.move_to_end(event.sale_id)
+                while len(self._latest) > _KEPT_SALES:
+                    self._latest.popitem(last=False)
+                if event.state.final:
+                    self._dispensers.pop(event.sale_id, None)
+
+    # -- auth ----------------------------------------------------------------------------------
+
+    @web.middleware
+    async def _auth(self, request: web.Request, handler: Any) -> web.StreamResponse:
+        self.requests += 1
+        given = request.headers.get("Authorization", "")
+        token = given[7:] if given.startswith("Bearer ") else request.query.get("token", "")
+        digest = hashlib.sha256(token.encode()).digest()
+        if not token or not hmac.compare_digest(digest, self._token_digest):
+            self.rejected += 1
+            return _error(401, "unauthorized", None, "a valid bearer token is required")
+        try:
+            response: web.StreamResponse = await handler(request)
+        except BadRequest as err:
+            return _error(400, "bad_request", err.field, err.message)
+        return response
+
+    # -- handlers ------------------------------------------------------------------------------
+
+    async def _start_sale(self, request: web.Request) -> web.Response:
+        body = await _json_body(request)
+        sale_request = self._sale_request(body)
+        dispenser = AppDispenser(self.config["confirm_dispense"], self.config["vend_timeout"])
+        dispenser.product = sale_request.product
+        try:
+            sale = await self.agent.sales.start(sale_request, dispenser)
+        except ValueError as err:  # an unknown terminal, a zero amount
+            raise BadRequest("terminal" if "terminal" in str(err) else "amount", str(err)) from None
+        except Exception as err:  # noqa: BLE001 - TerminalBusy, agent stopping: 409 with the reason
+            return _error(409, "terminal_busy", None, str(err))
+        self._dispensers[sale.sale_id] = dispenser
+        return web.json_response(
+            {
+                "sale_id": sale.sale_id,
+                "order_id": sale.order_id,
+                "amount": cents_to_dollars(sale_request.amount_cents),
+                "events": f"/api/v1/sales/{sale.sale_id}/events",
+            },
+            status=202,
+        )
+
+    def _sale_request(self, body: dict[str, Any]) -> SaleRequest:
+        products: dict[str, int] = self.config["products"]
+        product = body.get("product")
+        if product is not None and not isinstance(product, str):
+            raise BadRequest("product", "expected a string")
+        flow = self._flow(body.get("flow"))
+        amount = self._amount(body, product, products, flow)
+        terminal = body.get("terminal", self.config.get("terminal"))
+        if terminal is not None and not isinstance(terminal, str):
+            raise BadRequest("terminal", "expected a device id or terminal name")
+        email = body.get("email")
+        if email is not None and (not isinstance(email, str) or "@" not in email):
+            raise BadRequest("email", "expected an e-mail address")
+        return SaleRequest(
+            source=self.name,
+            flow=flow,
+            amount_cents=amount,
+            product=product,
+            terminal=terminal,
+            email=email,
+        )
+
+    def _flow(self, value: Any) -> Flow:
+        if value is None:
+            return Flow(self.config["flow"])
+        try:
+            return Flow(value)
+        except ValueError:
+            known = ", ".join(f.value for f in Flow)
+            raise BadRequest("flow", f"expected one of {known}, got {value!r}") from None
+
+    def _amount(
+        self, body: dict[str, Any], product: str | None, products: dict[str, int], flow: Flow
+    ) -> int:
+        listed = products.get(product) if product is not None else None
+        if self.config["products_only"] and listed is None:
+            raise BadRequest("product", f"expected one of {', '.join(sorted(products)) or 'none'}")
+        if "amount" not in body:
+            if listed is not None:
+                return listed
+            if flow is Flow.ENROLL:
+                return 0
+            raise BadRequest("amount", "required (or a configured product)")
+        try:
+            cents = parse_price(body["amount"])
+        except MoneyError as err:
+            raise BadRequest("amount", str(err)) from None
+        if listed is not None and cents != listed:
+            price, asked = cents_to_dollars(listed), cents_to_dollars(cents)
+            raise BadRequest("amount", f"{product} costs {price}, not {asked}")
+        if cents <= 0 and flow is not Flow.ENROLL:
+            raise BadRequest("amount", "expected an amount above zero")
+        return cents
+
+    async def _get_sale(self, request: web.Request) -> web.Response:
+        event = self._latest.get(request.match_info["sale_id"])
+        if event is None:
+            return _error(404, "not_found", "sale_id", "no such sale from this kiosk")
+        return web.json_response(event_json(event))
+
+    async def _cancel_sale(self, request: web.Request) -> web.Response:
+        sale_id = request.match_info["sale_id"]
+        if sale_id not in self._latest and sale_id not in self._dispensers:
+            return _error(404, "not_found", "sale_id", "no such sale from this kiosk")
+        dispenser = self._dispensers.get(sale_id)
+        if dispenser is not None:
+            # a sale waiting for the app to dispense: the customer gave up, nothing came out
+            dispenser.confirm_result(DispenseStatus.CANCELLED, "cancelled by the app")
+        cancelled = bool(await self.agent.sales.cancel(sale_id))
+        return web.json_response({"sale_id": sale_id, "cancelled": cancelled}, status=202)
+
+    async def _dispensed(self, request: web.Request) -> web.Response:
+        sale_id = request.match_info["sale_id"]
+        body = await _json_body(request)
+        status_text = body.get("status")
+        if status_text not in ("vended", "failed"):
+            raise BadRequest("status", f'expected "vended" or "failed", got {status_text!r}')
+        detail = body.get("detail", "")
+        if not isinstance(detail, str):
+            raise BadRequest("detail", "expected a string")
+        dispenser = self._dispensers.get(sale_id)
+        if dispenser is None or not dispenser.confirm_result(DispenseStatus(status_text), detail):
+            return _error(409, "not_dispensing", "sale_id", "this sale is not waiting to dispense")
+        return web.json_response({"sale_id": sale_id, "status": status_text}, status=202)
+
+    async def _sale_events(self, request: web.Request) -> web.WebSocketResponse:
+        sale_id = request.match_info["sale_id"]
+        return await self._stream(request, lambda event: event.sale_id == sale_id, sale_id)
+
+    async def _all_events(self, request: web.Request) -> web.WebSocketResponse:
+        return await self._stream(request, lambda event: True, None)
+
+    async def _stream(
+        self, request: web.Request, wanted: Any, sale_id: str | None
+    ) -> web.WebSocketResponse:
+        ws = web.WebSocketResponse(heartbeat=15.0)
+        await ws.prepare(request)
+        self._sockets.add(ws)
+        try:
+            async with self.agent.events.subscribe() as queue:
+                latest = self._latest.get(sale_id) if sale_id else None
+                if latest is not None:
+                    await ws.send_json(event_json(latest))
+                    if latest.state.final:
+                        return ws
+                reader = asyncio.create_task(_drain(ws))
+                try:
+                    while not ws.closed:
+                        getter = asyncio.create_task(queue.get())
+                        done, _ = await asyncio.wait(
+                            {getter, reader}, return_when=asyncio.FIRST_COMPLETED
+                        )
+                        if getter not in done:
+                            getter.cancel()
+                            break
+                        event: SaleEvent = getter.result()
+                        if event.source != self.name or not wanted(event):
+                            continue
+                        await ws.send_json(event_json(event))
+                        if sale_id is not None and event.state.final:
+                            break
+                finally:
+                    reader.cancel()
+                    with contextlib.suppress(asyncio.CancelledError):
+                        await reader
+        finally:
+            self._sockets.discard(ws)
+            await ws.close()
+        return ws
+
+    async def _status(self, request: web.Request) -> web.Response:
+        return web.json_response({"name": self.name, **self.status()})
+
+
+async def _drain(ws: web.WebSocketResponse) -> None:
+    """Read (and ignore) what the app sends, so a close from its side is noticed."""
+    async for message in ws:
+        if message.type in (WSMsgType.CLOSE, WSMsgType.ERROR):
+            break
+
+
+async def _json_body(request: web.Request) -> dict[str, Any]:
+    try:
+        body = await request.json(loads=json.loads)
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise BadRequest("body", f"not JSON: {err}") from None
+    if not isinstance(body, dict):
+        raise BadRequest("body", "expected a JSON object")
+    return body
+
+
+def _error(status: int, error: str, field: str | None, message: str) -> web.Response:
+    return web.json_response({"error": error, "field": field, "message": message}, status=status)
+
+
+async def async_setup_platform(agent: Any, config: dict[str, Any]) -> KioskApi:
+    api = KioskApi(agent, config)
+    await api.start()
+    return api

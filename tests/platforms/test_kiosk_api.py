@@ -1,0 +1,180 @@
+"""The kiosk app's API over real HTTP and WebSocket, with the real Agent on the simulator."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+from agent_rig import running_agent
+
+from kiosk_agent.platforms.kiosk_api import PLATFORM_SCHEMA, KioskApi
+
+TOKEN = "kiosk-app-token-0123456789"
+
+
+class App:
+    """The touchscreen app's side: an aiohttp session with the bearer token."""
+
+    def __init__(self, api: KioskApi, session: aiohttp.ClientSession) -> None:
+        self.api = api
+        self.base = f"http://127.0.0.1:{api.port}/api/v1"
+        self.session = session
+
+    async def post(self, path: str, body: Any, token: str = TOKEN) -> tuple[int, Any]:
+        async with self.session.post(
+            self.base + path, json=body, headers={"Authorization": f"Bearer {token}"}
+        ) as response:
+            return response.status, await response.json()
+
+    async def get(self, path: str) -> tuple[int, Any]:
+        async with self.session.get(
+            self.base + path, headers={"Authorization": f"Bearer {TOKEN}"}
+        ) as response:
+            return response.status, await response.json()
+
+    async def follow(self, sale_id: str) -> list[dict[str, Any]]:
+        steps = []
+        async with self.session.ws_connect(
+            f"{self.base}/sales/{sale_id}/events?token={TOKEN}"
+        ) as ws:
+            async for message in ws:
+                steps.append(message.json())
+        return steps
+
+
+async def _app(tmp_path: Path, sim_settings: Any, **options: Any) -> AsyncIterator[App]:
+    trigger = {"platform": "kiosk_api", "name": "screen", "token": "!secret kiosk_token", "port": 0,
+               "products": {"coffee": "2.50", "tea": "1.75"}, **options}
+    secrets = {"kiosk_token": TOKEN}
+    async with running_agent(tmp_path, sim_settings, [trigger], secrets=secrets) as agent:
+        [api] = agent.platforms
+        assert isinstance(api, KioskApi)
+        async with aiohttp.ClientSession() as session:
+            yield App(api, session)
+
+
+@pytest.fixture
+async def app(tmp_path: Path, sim_settings: Any) -> AsyncIterator[App]:
+    async for a in _app(tmp_path, sim_settings):
+        yield a
+
+
+async def test_start_a_sale_and_follow_it_live(app: App) -> None:
+    status, started = await app.post("/sales", {"product": "coffee"})
+    assert status == 202
+    assert started["amount"] == "2.50"
+
+    steps = await asyncio.wait_for(app.follow(started["sale_id"]), 10)
+    states = [s["state"] for s in steps]
+    assert states[-1] == "completed"
+    assert "charging" in states  # charge_card: the terminal reads and charges in one step
+    assert steps[-1]["captured_cents"] == 250
+    assert steps[-1]["product"] == "coffee"
+
+    status, latest = await app.get(f"/sales/{started['sale_id']}")
+    assert status == 200
+    assert latest["state"] == "completed"
+    # joining after the end gets the final step at once
+    assert [s["state"] for s in await app.follow(started["sale_id"])] == ["completed"]
+
+
+async def test_declined_card_and_free_amount(app: App) -> None:
+    status, started = await app.post("/sales", {"amount": "4.02", "product": "snack"})
+    assert status == 202
+    steps = await asyncio.wait_for(app.follow(started["sale_id"]), 10)
+    assert steps[-1]["state"] == "declined"
+    assert steps[-1]["captured_cents"] == 0
+
+
+async def test_cancel_while_waiting_for_the_card(app: App) -> None:
+    # ..05: no card comes; a read-card (authorize_capture) can be cancelled, a charge-card not
+    status, started = await app.post("/sales", {"amount": 305, "flow": "authorize_capture"})
+    assert status == 202
+    follower = asyncio.create_task(app.follow(started["sale_id"]))
+    await asyncio.sleep(0.1)
+    status, answer = await app.post(f"/sales/{started['sale_id']}/cancel", {})
+    assert status == 202
+    assert answer["cancelled"] is True
+    steps = await asyncio.wait_for(follower, 10)
+    assert steps[-1]["state"] == "cancelled"
+
+
+async def test_busy_terminal_is_409(app: App) -> None:
+    _, first = await app.post("/sales", {"amount": "3.05", "flow": "authorize_capture"})
+    status, second = await app.post("/sales", {"product": "tea"})
+    assert status == 409
+    assert second["error"] == "terminal_busy"
+    await app.post(f"/sales/{first['sale_id']}/cancel", {})
+
+
+@pytest.mark.parametrize(
+    ("body", "field", "message"),
+    [
+        ({"amount": 2.5}, "amount", 'expected an amount like "2.50"'),
+        ({"amount": "abc"}, "amount", "expected an amount like"),
+        ({"product": "coffee", "amount": "3.00"}, "amount", "coffee costs 2.50, not 3.00"),
+        ({}, "amount", "required"),
+        ({"amount": "1.00", "flow": "barter"}, "flow", "expected one of charge_card"),
+        ({"amount": "1.00", "email": "nope"}, "email", "expected an e-mail address"),
+        ({"amount": "1.00", "terminal": "SIM-9999"}, "terminal", "unknown terminal"),
+        ({"product": 7}, "product", "expected a string"),
+        ([1, 2], "body", "expected a JSON object"),
+    ],
+)
+async def test_bad_bodies_name_the_field(app: App, body: Any, field: str, message: str) -> None:
+    status, answer = await app.post("/sales", body)
+    assert status == 400
+    assert answer["field"] == field
+    assert message in answer["message"]
+
+
+async def test_token_is_required(app: App) -> None:
+    status, _answer = await app.post("/sales", {"product": "tea"}, token="wrong-token-0000000000")
+    assert status == 401
+    async with app.session.get(f"{app.base}/status") as response:
+        assert response.status == 401
+    assert app.api.status()["rejected"] == 2
+
+
+async def test_app_confirms_the_dispense(tmp_path: Path, sim_settings: Any) -> None:
+    async for app in _app(tmp_path, sim_settings, confirm_dispense=True,
+                          flow="authorize_capture"):
+        _, vended = await app.post("/sales", {"product": "tea"})
+        async with app.session.ws_connect(
+            f"{app.base}/sales/{vended['sale_id']}/events?token={TOKEN}"
+        ) as ws:
+            async for message in ws:
+                step = message.json()
+                if step["state"] == "dispensing":
+                    status, _ = await app.post(f"/sales/{vended['sale_id']}/dispensed",
+                                               {"status": "vended"})
+                    assert status == 202
+                last = step
+        assert last["state"] == "completed"
+        assert last["captured_cents"] == 175
+
+        _, failed = await app.post("/sales", {"product": "coffee"})
+        async with app.session.ws_connect(
+            f"{app.base}/sales/{failed['sale_id']}/events?token={TOKEN}"
+        ) as ws:
+            async for message in ws:
+                step = message.json()
+                if step["state"] == "dispensing":
+                    await app.post(f"/sales/{failed['sale_id']}/dispensed",
+                                   {"status": "failed", "detail": "cup jammed"})
+                last = step
+        assert last["state"] == "reversed"
+        status, _answer = await app.post(f"/sales/{failed['sale_id']}/dispensed",
+                                        {"status": "vended"})
+        assert status == 409
+
+
+def test_schema_requires_a_real_token_and_loopback_default() -> None:
+    config = PLATFORM_SCHEMA({"platform": "kiosk_api", "token": TOKEN})
+    assert config["host"] == "127.0.0.1"
+    with pytest.raises(Exception, match="at least 16 characters"):
+        PLATFORM_SCHEMA({"platform": "kiosk_api", "token": "short"})
