@@ -294,7 +294,9 @@ class WebhookReceiver:
             return web.json_response({"status": "duplicate"})
         changed = self.reducer.apply(event)
         self.outcomes["accepted"] += 1
-        _LOGGER.info("webhook accepted: %s%s", describe(event), "" if changed else " (no change)")
+        if _LOGGER.isEnabledFor(logging.INFO):  # describe() is not free at thousands per second
+            note = "" if changed else " (no change)"
+            _LOGGER.info("webhook accepted: %s%s", describe(event), note)
         return web.json_response({"status": "accepted"})
 
     def _refuse(self, status: int, error: str, detail: str, **extra: str) -> web.Response:
