@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import enum
 import json
 import os
 import sys
@@ -584,11 +585,13 @@ def record_row(record: BaseModel, column: str) -> object:
         return cents_to_dollars(record.amount_cents)  # type: ignore[attr-defined]
     if column == "status":
         status = getattr(record, "status", None)
-        if isinstance(status, int) and hasattr(status, "name"):
+        if isinstance(status, enum.IntEnum):  # TransStatus, MerchantStatus: by name
             return status.name.lower()
-        if status is None and hasattr(record, "trans_status_id"):
-            return record.trans_status_id
-        return str(status.value if hasattr(status, "value") else status) if status else None
+        if isinstance(status, enum.Enum):
+            return status.value
+        if status is None:  # an id newer than this code: show it as sent
+            return getattr(record, "trans_status_id", getattr(record, "merchant_status_id", None))
+        return status
     return getattr(record, column, None)
 
 
