@@ -1,0 +1,88 @@
+"""The Agent's lifecycle: start, health seeded from the journal, systemd READY, a clean stop."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+from pathlib import Path
+from typing import Any
+
+import pytest
+from agent_helpers import ScriptedDispenser, settings_for, write_config
+
+from kiosk_agent.core.agent import Agent
+from kiosk_agent.core.config import load_config
+from kiosk_agent.core.flows import TerminalBusy, UnknownTerminal
+from kiosk_agent.core.sale import Flow, SaleRequest, SaleState
+from kiosk_agent.core.systemd import SystemdLifecycle, SystemdNotifier
+
+
+def charge(cents: int, **fields: Any) -> SaleRequest:
+    return SaleRequest(source="test", flow=Flow.CHARGE_CARD, amount_cents=cents, **fields)
+
+
+async def test_start_tells_systemd_ready_and_stop_says_stopping(
+    sim_factory: Any, tmp_path: Path
+) -> None:
+    sim = await sim_factory(time_scale=300, transactions=0)
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    listener.bind(str(tmp_path / "notify.sock"))
+    listener.settimeout(5)
+    systemd = SystemdLifecycle(SystemdNotifier(str(tmp_path / "notify.sock")), environ={})
+    config = load_config(write_config(tmp_path))
+    agent = Agent(config, settings_for(sim), systemd=systemd)
+    try:
+        await agent.start()
+        assert listener.recv(1024).decode().startswith("READY=1\nSTATUS=ready")
+        await agent.stop()
+        assert listener.recv(1024) == b"STOPPING=1"
+    finally:
+        listener.close()
+
+
+async def test_health_counts_today_from_the_journal_after_a_restart(
+    agent_factory: Any, sim_factory: Any
+) -> None:
+    sim = await sim_factory(time_scale=300, transactions=0)
+    first = await agent_factory(sim=sim)
+    sale = await first.sales.start(charge(250), ScriptedDispenser())
+    assert (await sale.result()).state is SaleState.COMPLETED
+    await first.stop()
+    second = await agent_factory(sim=sim)
+    sales = second.health.snapshot().sales
+    assert (sales.today_count, sales.today_amount_cents) == (1, 250)
+    terminals = {t.device_id: t for t in second.health.snapshot().terminals}
+    assert terminals["SIM-0001"].online
+
+
+async def test_stop_lets_the_running_sale_finish(agent: Agent) -> None:
+    machine = ScriptedDispenser(delay=0.3)
+    sale = await agent.sales.start(charge(250), machine)
+    await asyncio.wait_for(machine.started.wait(), 5)
+    await agent.stop()
+    record = agent.journal
+    record.open()
+    finished = record.get(sale.sale_id)
+    record.close()
+    assert finished is not None
+    assert finished.state is SaleState.COMPLETED
+
+
+async def test_a_stopping_agent_refuses_new_sales(agent: Agent) -> None:
+    await agent.sales.stop()
+    with pytest.raises(TerminalBusy, match="the agent is stopping"):
+        await agent.sales.start(charge(250), ScriptedDispenser())
+
+
+async def test_terminals_by_name_and_unknown_ones(agent: Agent) -> None:
+    sale = await agent.sales.start(charge(250, terminal="printer"), ScriptedDispenser())
+    assert sale.terminal == "SIM-0007"
+    await sale.result()
+    with pytest.raises(UnknownTerminal, match="configured: SIM-0001 \\(front\\), SIM-0007"):
+        await agent.sales.start(charge(250, terminal="back"), ScriptedDispenser())
+
+
+async def test_a_zero_amount_is_refused_before_anything_is_journaled(agent: Agent) -> None:
+    with pytest.raises(ValueError, match="amount above zero"):
+        await agent.sales.start(charge(0), ScriptedDispenser())
+    assert agent.journal.query() == []
