@@ -59,3 +59,20 @@ async def test_a_429_storm_is_ridden_out(sim_factory: Any, sim_settings: Any) ->
         assert svc.transport.rate_limited_count > 0  # the storm happened
         assert all(answer.online for answer in answers)  # and every call got through
     assert elapsed < 10
+
+
+async def test_oauth_token_is_cached_until_it_expires(sim_factory: Any, sim_settings: Any) -> None:
+    sim = await sim_factory(time_scale=3600)  # a token lives one simulated hour: one real second
+    settings = sim_settings.replace(
+        base_url=sim.base_url, ws_url=sim.ws_url, reporting_url=sim.base_url
+    )
+    url_path = "/ords/sprint/api/3p/v1/transactions"
+    async with ServiceClient(settings) as svc:
+        url = svc.transport.reporting_url(url_path)
+        for _ in range(3):
+            await svc.transport.oauth_request("GET", url, params={"limit": 1})
+        assert svc.transport.oauth.fetch_count == 1
+        await asyncio.sleep(1.1)
+        answer = await svc.transport.oauth_request("GET", url, params={"limit": 1})
+        assert svc.transport.oauth.fetch_count == 2
+    assert len(answer["items"]) == 1
