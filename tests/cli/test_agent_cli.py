@@ -1,0 +1,185 @@
+"""`kiosk-agent run | check-config | sales` as a field tech types them."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from kiosk_agent.cli import main
+from kiosk_agent.cli.agent import parse_since
+from kiosk_agent.core.journal import Journal, SaleRecord
+from kiosk_agent.core.sale import SaleState
+
+GOOD = """\
+service:
+  simulator: {time_scale: 300}
+terminals: [{device_id: SIM-0001, name: front}]
+journal: {path: journal.db}
+"""
+
+
+def write(directory: Path, text: str) -> Path:
+    path = directory / "config.yaml"
+    path.write_text(textwrap.dedent(text))
+    return path
+
+
+def test_check_config_summarises_a_good_file(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = write(tmp_path, GOOD)
+    assert main(["check-config", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert f"{path}: valid" in out
+    assert "embedded simulator (time scale 300)" in out
+    assert "terminals: SIM-0001" in out
+
+
+def test_check_config_prints_every_mistake_and_exits_1(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = write(
+        tmp_path,
+        """\
+        service:
+          base_url: https://pay.example.com
+          api_key: sk_live_inline
+          mid: "1"
+        terminals: [{device_id: SIM-0001}]
+        receipts: {print: sometimes}
+        """,
+    )
+    assert main(["check-config", str(path)]) == 1
+    err = capsys.readouterr().err
+    assert "config.yaml:3: service.api_key: a secret is written inline" in err
+    assert "config.yaml:6: receipts.print: value must be one of" in err
+    assert "2 mistakes in" in err
+    assert "Traceback" not in err
+    assert "sk_live_inline" not in err
+
+
+def fill_journal(directory: Path) -> None:
+    journal = Journal(directory / "journal.db")
+    journal.open()
+    for n, state in enumerate([SaleState.COMPLETED, SaleState.DECLINED, SaleState.COMPLETED]):
+        sale = journal.create(
+            SaleRecord(
+                sale_id=f"s{n}",
+                order_id=f"KA{n}",
+                source="mdb:front",
+                flow="charge_card",
+                terminal="SIM-0001",
+                amount_cents=150 + n,
+                state=SaleState.STARTED,
+            )
+        )
+        journal.record(
+            sale, "end", state, captured_cents=150 + n if state.value == "completed" else 0
+        )
+    journal.close()
+
+
+def test_sales_export_as_csv_and_json_filtered_by_state(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = write(tmp_path, GOOD)
+    fill_journal(tmp_path)
+    assert main(["sales", "--config", str(path), "--format", "csv", "--state", "completed"]) == 0
+    rows = list(csv.DictReader(io.StringIO(capsys.readouterr().out)))
+    assert [(r["order_id"], r["amount"], r["captured"]) for r in rows] == [
+        ("KA2", "1.52", "1.52"),
+        ("KA0", "1.50", "1.50"),
+    ]
+    assert main(["sales", "--config", str(path), "--format", "json", "--since", "1h"]) == 0
+    listed = json.loads(capsys.readouterr().out)
+    assert [s["state"] for s in listed] == ["completed", "declined", "completed"]
+    assert main(["sales", "--config", str(path)]) == 0
+    table = capsys.readouterr().out
+    assert "KA1" in table
+    assert table.rstrip().endswith("3 sales")
+
+
+def test_sales_with_a_bad_since_says_what_it_expected(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = write(tmp_path, GOOD)
+    fill_journal(tmp_path)
+    assert main(["sales", "--config", str(path), "--since", "yesterday"]) == 2
+    assert (
+        '--since: expected an ISO date like "2026-11-01" or "24h"/"7d"' in capsys.readouterr().err
+    )
+
+
+def test_parse_since_relative_and_absolute() -> None:
+    assert parse_since("2h", now=10_000.0) == 10_000.0 - 7200
+    assert parse_since("2026-11-01T00:00:00+00:00") == 1793491200.0
+
+
+def test_run_sells_on_the_embedded_simulator_and_stops_on_sigterm(tmp_path: Path) -> None:
+    path = write(
+        tmp_path,
+        GOOD
+        + textwrap.dedent(
+            """\
+            sales: {interaction_lifetime: 0.6}
+            logging: {format: json}
+            triggers:
+              - platform: virtual
+                name: lobby
+                gap: [0.05, 0.1]
+                fail_rate: 0
+                walk_away_rate: 0
+                dispense_time: 0.05
+                seed: 4
+            """
+        ),
+    )
+    agent = subprocess.Popen(
+        [sys.executable, "-m", "kiosk_agent", "run", "--config", str(path)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        deadline = time.monotonic() + 20
+        completed: list[str] = []
+        while time.monotonic() < deadline and len(completed) < 3:
+            time.sleep(0.2)
+            if (tmp_path / "journal.db").exists():
+                listing = subprocess.run(
+                    [
+                        sys.executable,
+                        "-m",
+                        "kiosk_agent",
+                        "sales",
+                        "--config",
+                        str(path),
+                        "--format",
+                        "json",
+                        "--state",
+                        "completed",
+                    ],
+                    capture_output=True,
+                    text=True,
+                    check=True,
+                )
+                completed = json.loads(listing.stdout)
+        assert len(completed) >= 3
+        agent.send_signal(signal.SIGTERM)
+        _, err = agent.communicate(timeout=20)
+    finally:
+        if agent.poll() is None:
+            agent.kill()
+            agent.wait()
+    assert agent.returncode == 0, err[-2000:]
+    lines = [json.loads(line) for line in err.splitlines() if line.startswith("{")]
+    assert any("ready in" in line["msg"] for line in lines)
