@@ -255,11 +255,14 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
         "--transactions", str(args.transactions), "--rate-limit", "1000000/1",
     )  # fmt: skip
     try:
-        async with aiohttp.ClientSession() as http, http.post(
-            f"{info['base_url']}/api/v1/vault_payment_accounts",
-            json=ACCOUNT,
-            headers={"Authorization": f"Bearer {info['api_key']}"},
-        ) as resp:
+        async with (
+            aiohttp.ClientSession() as http,
+            http.post(
+                f"{info['base_url']}/api/v1/vault_payment_accounts",
+                json=ACCOUNT,
+                headers={"Authorization": f"Bearer {info['api_key']}"},
+            ) as resp,
+        ):
             uuid = (await resp.json())["uuid"]
         get_rps = await simple_gets(info, args.seconds, args.concurrency, uuid)
         mixed_rps = await mixed_load(info, args.seconds, args.concurrency)

@@ -35,8 +35,10 @@ class Fault:
     delay_s: float
 
     def matches(self, request: web.Request) -> bool:
-        return self.remaining > 0 and request.method == self.method and _path_matches(
-            self.path, request.path
+        return (
+            self.remaining > 0
+            and request.method == self.method
+            and _path_matches(self.path, request.path)
         )
 
 

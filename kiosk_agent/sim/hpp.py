@@ -160,7 +160,7 @@ def _amount_field(body: Body, name: str) -> str | None:
     try:
         cents = dollars_to_cents(text)
     except MoneyError as err:
-        raise bad_request(f"field {name!r} must be dollars like \"12.50\": {err}") from None
+        raise bad_request(f'field {name!r} must be dollars like "12.50": {err}') from None
     if cents <= 0:
         raise bad_request(f"field {name!r} must be above zero")
     return cents_to_dollars(cents)
@@ -236,7 +236,7 @@ def render_page(page: dict[str, Any]) -> str:
     extra = "".join(
         f'<label>{esc(o["name"] or "")}<input name="{esc(o["name"] or "")}" '
         f'value="{esc(o["value"] or "")}"{" readonly" if o["is_readonly"] else ""}'
-        f'{" required" if o["is_required"] else ""}></label>'
+        f"{' required' if o['is_required'] else ''}></label>"
         for o in page["hpp_options"]
         if o["name"]
     )
@@ -246,7 +246,7 @@ def render_page(page: dict[str, Any]) -> str:
         f'<label>Amount (USD)<input name="amount" value="{amount}"{readonly} required></label>'
         '<label>Card number<input name="card_number" autocomplete="cc-number" required></label>'
         '<label>Expiration (MMYY)<input name="expiration" autocomplete="cc-exp" required></label>'
-        f"{extra}<button type=\"submit\">Pay</button></form>"
+        f'{extra}<button type="submit">Pay</button></form>'
     )
     return _html(title, form)
 
@@ -264,7 +264,7 @@ def render_receipt(page: dict[str, Any], answer: dict[str, Any]) -> str:
 
 def _html(title: str, body: str) -> str:
     return (
-        f"<!doctype html><html><head><meta charset=\"utf-8\"><title>{title}</title></head>"
+        f'<!doctype html><html><head><meta charset="utf-8"><title>{title}</title></head>'
         f"<body><h1>{title}</h1>{body}</body></html>"
     )
 

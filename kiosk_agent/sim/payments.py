@@ -30,7 +30,7 @@ RESP_PROC = "SIM"
 _EXPIRATION = re.compile(r"^(0[1-9]|1[0-2])\d{2}$")
 _CURRENCY = re.compile(r"^[A-Z]{3}$")
 _EMAIL = re.compile(r"^[^@\s]+@[^@\s]+\.[^@\s]+$")
-# result -> (respcode, resptext, trans_status_id when captured)
+# outcome -> (result, respcode, resptext); the terminal-only outcomes approve here
 _RESPONSES = {
     Outcome.APPROVED: ("A", "00", "Approval"),
     Outcome.RETRY: ("B", "91", "Issuer unavailable, retry"),
@@ -60,42 +60,26 @@ class Payments:
         previous = self._approved_charge(mid, order_id)
         if previous is not None:
             return previous
-        amount = int(fields["amount"])
-        token = str(fields["account_token"])
-        outcome = Outcome.for_cents(amount)
+        outcome = Outcome.for_cents(int(fields["amount"]))
         result, respcode, resptext = _RESPONSES.get(outcome, _RESPONSES[Outcome.APPROVED])
         approved = result == "A"
-        auth_code = f"{self._ctx.rng.randrange(1_000_000):06d}" if approved else ""
-        status = _charge_status(result, capture=fields.get("capture", "Y") == "Y")
-        vaulting = approved and fields.get("vault") == "Y"
-        vault_record = self._vault_from_charge(mid, fields) if vaulting else None
+        vault_record = (
+            self._ctx.vault.create(mid, {**fields, "created_by": "charge"})
+            if approved and fields.get("vault") == "Y"
+            else None
+        )
         row = self._ledger.add(
             {
-                "mid": mid,
-                "order_id": order_id,
-                "account_token": token,
-                "amount_cents": amount,
-                "auth_code": auth_code,
-                "avs_resp": "Y" if fields.get("account_zip") else "",
-                "cvv_resp": "M" if fields.get("cvn") else "",
-                "card_brand_id": cards.brand_of(token),
-                "card_number": cards.masked(token),
-                "expiration": fields.get("expiration"),
-                "name": fields.get("name"),
+                **_charge_row(mid, order_id, fields),
+                "auth_code": f"{self._ctx.rng.randrange(1_000_000):06d}" if approved else "",
                 "resp_code": respcode,
                 "resp_text": resptext,
                 "result": result,
-                "terminal_id": fields.get("terminal_id"),
-                "trans_status_id": status,
-                "user_identifier": fields.get("user_identifier"),
-                "vault_id": fields.get("vault_id") or (vault_record or {}).get("id"),
-                "currency": fields.get("currency", "USD"),
-                "interchange_per_item": "0.10",
-                "interchange_rate": "0.0195",
-                **{name: fields[name] for name in CUSTOM_FIELDS if fields.get(name)},
+                "trans_status_id": _charge_status(result, capture=fields.get("capture") != "N"),
+                "vault_id": (vault_record or {}).get("id") or fields.get("vault_id"),
             }
         )
-        answer = _charge_answer(row, respproc=RESP_PROC)
+        answer = _charge_answer(row)
         if vault_record is not None:
             answer["vault_id"] = vault_record["id"]
             answer["payment_account_uuid"] = vault_record["uuid"]
@@ -111,9 +95,6 @@ class Payments:
             if row["result"] == "A" and row["trans_status_id"] != TransStatus.REFUND:
                 return self._answers.get(row["trans_id"])
         return None
-
-    def _vault_from_charge(self, mid: str, fields: dict[str, Any]) -> dict[str, Any]:
-        return self._ctx.vault.create(mid, {**fields, "created_by": "charge"})
 
     # -- capture, void, refund -------------------------------------------------------------
     def transaction(self, mid: str, trans_id: str) -> dict[str, Any]:
@@ -141,7 +122,7 @@ class Payments:
         captured = self._ledger.update(
             trans_id, trans_status_id=TransStatus.CAPTURED, amount_cents=amount or authorized
         )
-        return _charge_answer(captured, respproc=RESP_PROC)
+        return _charge_answer(captured)
 
     def void_or_refund(
         self, mid: str, trans_id: str, amount: int | None, user_identifier: str
@@ -180,33 +161,35 @@ class Payments:
             )
         refunded_total = int(row["refunded_cents"]) + refund_cents
         full = refunded_total == int(row["amount_cents"])
-        self._ledger.update(
-            row["trans_id"],
-            refunded_cents=refunded_total,
-            trans_status_id=TransStatus.REFUNDED if full else TransStatus.PARTIALLY_REFUNDED,
-        )
-        refund = self._ledger.add(
-            {
-                "mid": row["mid"],
-                "order_id": row["order_id"],
-                "account_token": row["account_token"],
-                "amount_cents": refund_cents,
-                "auth_code": f"{self._ctx.rng.randrange(1_000_000):06d}",
-                "card_brand_id": row["card_brand_id"],
-                "card_number": row["card_number"],
-                "expiration": row["expiration"],
-                "name": row["name"],
-                "related_trans_id": row["trans_id"],
-                "resp_code": "00",
-                "resp_text": "Refunded",
-                "result": "A",
-                "terminal_id": row["terminal_id"],
-                "trans_status_id": TransStatus.REFUND,
-                "user_identifier": user or None,
-                "currency": row["currency"],
-            }
-        )
+        with self._ctx.store.transaction():  # the refund row and the original move together
+            self._ledger.update(
+                row["trans_id"],
+                refunded_cents=refunded_total,
+                trans_status_id=TransStatus.REFUNDED if full else TransStatus.PARTIALLY_REFUNDED,
+            )
+            refund = self._ledger.add(self._refund_row(row, refund_cents, user))
         return _reversal_answer(refund, "Refunded", refund_cents, user)
+
+    def _refund_row(self, row: dict[str, Any], cents: int, user: str) -> dict[str, Any]:
+        return {
+            "mid": row["mid"],
+            "order_id": row["order_id"],
+            "account_token": row["account_token"],
+            "amount_cents": cents,
+            "auth_code": f"{self._ctx.rng.randrange(1_000_000):06d}",
+            "card_brand_id": row["card_brand_id"],
+            "card_number": row["card_number"],
+            "expiration": row["expiration"],
+            "name": row["name"],
+            "related_trans_id": row["trans_id"],
+            "resp_code": "00",
+            "resp_text": "Refunded",
+            "result": "A",
+            "terminal_id": row["terminal_id"],
+            "trans_status_id": TransStatus.REFUND,
+            "user_identifier": user or None,
+            "currency": row["currency"],
+        }
 
 
 def _charge_status(result: str, *, capture: bool) -> TransStatus:
@@ -217,7 +200,30 @@ def _charge_status(result: str, *, capture: bool) -> TransStatus:
     return TransStatus.CAPTURED if capture else TransStatus.AUTHORIZED
 
 
-def _charge_answer(row: dict[str, Any], respproc: str) -> dict[str, Any]:
+def _charge_row(mid: str, order_id: str, fields: dict[str, Any]) -> dict[str, Any]:
+    """The ledger fields a charge takes from its request."""
+    token = str(fields["account_token"])
+    return {
+        "mid": mid,
+        "order_id": order_id,
+        "account_token": token,
+        "amount_cents": int(fields["amount"]),
+        "avs_resp": "Y" if fields.get("account_zip") else "",
+        "cvv_resp": "M" if fields.get("cvn") else "",
+        "card_brand_id": cards.brand_of(token),
+        "card_number": cards.masked(token),
+        "expiration": fields.get("expiration"),
+        "name": fields.get("name"),
+        "terminal_id": fields.get("terminal_id"),
+        "user_identifier": fields.get("user_identifier"),
+        "currency": fields.get("currency", "USD"),
+        "interchange_per_item": "0.10",
+        "interchange_rate": "0.0195",
+        **{name: fields[name] for name in CUSTOM_FIELDS if fields.get(name)},
+    }
+
+
+def _charge_answer(row: dict[str, Any]) -> dict[str, Any]:
     return {
         "result": row["result"],
         "respstat": row["result"],
@@ -229,7 +235,7 @@ def _charge_answer(row: dict[str, Any], respproc: str) -> dict[str, Any]:
         "mid": row["mid"],
         "respcode": row["resp_code"],
         "resptext": row["resp_text"],
-        "respproc": respproc,
+        "respproc": RESP_PROC,
     }
 
 

@@ -166,9 +166,8 @@ class Documents:
         )
 
     def get(self, record_id: str | int) -> dict[str, Any] | None:
-        found = self._store.row(
-            f"SELECT body FROM {self._table} WHERE id = ?", (str(record_id),)  # noqa: S608
-        )
+        sql = f"SELECT body FROM {self._table} WHERE id = ?"  # noqa: S608
+        found = self._store.row(sql, (str(record_id),))
         return None if found is None else dict(json.loads(found["body"]))
 
     def delete(self, record_id: str | int) -> None:

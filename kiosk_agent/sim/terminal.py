@@ -160,9 +160,7 @@ class Terminals:
             )  # fmt: skip
         return {"device_id": device_id, "online": online}
 
-    def print_receipt(
-        self, device_id: str, mid: str, trans_id: str, copies: int
-    ) -> dict[str, Any]:
+    def print_receipt(self, device_id: str, mid: str, trans_id: str, copies: int) -> dict[str, Any]:
         model = self._model(device_id)
         if not model.receipt_printing:
             raise bad_request(
@@ -174,9 +172,7 @@ class Terminals:
         return {"device_id": device_id, "trans_id": trans_id, "copies": copies, "printed": True}
 
     # -- interactions ----------------------------------------------------------------------
-    def start(
-        self, device_id: str, kind: str, mid: str, options: dict[str, Any]
-    ) -> dict[str, Any]:
+    def start(self, device_id: str, kind: str, mid: str, options: dict[str, Any]) -> dict[str, Any]:
         self._require_online(device_id)
         busy = self._busy.get(device_id)
         if busy is not None:
