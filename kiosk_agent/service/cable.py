@@ -49,7 +49,7 @@ STALE_AFTER = 10.0  # seconds without any frame (the server pings every 3 s)
 MAX_SOCKET_ATTEMPTS = 4  # socket failures before polling for the rest of the wait
 RECONNECT_BASE = 0.1  # seconds, doubled per failure
 RECONNECT_MAX = 2.0
-EXPIRY_GRACE = 2.0  # seconds past the lifetime before the status endpoint's answer is final
+EXPIRY_GRACE = 2.0  # at most this long past the lifetime, then the status endpoint's word
 PROTOCOLS = ("actioncable-v1-json",)
 
 
@@ -59,6 +59,10 @@ class SocketUnavailable(Exception):
     def __init__(self, reason: str, *, retry: bool = True) -> None:
         super().__init__(reason)
         self.retry = retry
+
+
+class _LifetimeOver(Exception):
+    """The interaction's lifetime (and grace) passed while following it on the socket."""
 
 
 class InteractionHandle:
@@ -137,19 +141,17 @@ class InteractionHandle:
         """The finished record, or None to poll for the rest of the wait."""
         loop = asyncio.get_running_loop()
         while self.socket_failures < MAX_SOCKET_ATTEMPTS:
-            remaining = self._expiry - loop.time()
-            if remaining <= 0:
+            if loop.time() >= self._expiry:
                 return None
             try:
-                async with asyncio.timeout(remaining):
-                    record = await self._follow_socket()
+                record = await self._follow_socket()
             except SocketUnavailable as exc:
                 self.socket_failures += 1
                 _LOGGER.debug("%s: WebSocket unavailable: %s", self.interaction_id, exc)
                 if not exc.retry:
                     return None
-            except TimeoutError:
-                return None  # lifetime over: the status endpoint decides
+            except _LifetimeOver:
+                return None  # the status endpoint decides
             else:
                 self.via = "websocket"
                 return await self._confirm(record)
@@ -244,9 +246,15 @@ class InteractionHandle:
             # ping, confirm_subscription and anything new: nothing to do but keep reading
 
     async def _next_frame(self, ws: aiohttp.ClientWebSocketResponse) -> dict[str, Any]:
+        # The lifetime is read afresh for every frame: the first record tells the real one.
+        until_expiry = self._expiry - asyncio.get_running_loop().time()
+        if until_expiry <= 0:
+            raise _LifetimeOver
         try:
-            message = await ws.receive(timeout=STALE_AFTER)
+            message = await ws.receive(timeout=min(STALE_AFTER, until_expiry))
         except TimeoutError:
+            if until_expiry < STALE_AFTER:
+                raise _LifetimeOver from None
             raise SocketUnavailable(f"no frame for {STALE_AFTER:g} s") from None
         if message.type is not aiohttp.WSMsgType.TEXT:
             raise SocketUnavailable(f"socket {message.type.name.lower()}")
@@ -263,7 +271,8 @@ class InteractionHandle:
         self.last = record
         lifetime = _lifetime(record.created_at, record.expires_at)
         if lifetime is not None:
-            self._expiry = self._started + lifetime + EXPIRY_GRACE
+            grace = min(EXPIRY_GRACE, lifetime * 0.05)
+            self._expiry = self._started + lifetime + grace
 
 
 def _lifetime(created: datetime | None, expires: datetime | None) -> float | None:

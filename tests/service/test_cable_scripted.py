@@ -3,6 +3,7 @@ outage of the status endpoint does not end the wait."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 
 import pytest
@@ -98,3 +99,23 @@ async def test_ws_token_refused_falls_back_to_polling(
         interaction = await handle.wait(timeout=5)
     assert interaction.status is InteractionStatus.SUCCEEDED
     assert handle.socket_connects == 0
+
+
+async def test_a_silent_socket_ends_at_the_lifetime_with_the_status_endpoints_word(
+    scripted: ScriptedServer, scripted_settings: ServiceSettings
+) -> None:
+    # an interaction that lives 0.3 s, and a socket that never says it ended
+    pending = {**CHARGED, "status": "pending", "result": None,
+               "created_at": "2026-11-22T10:15:30.000Z", "expires_at": "2026-11-22T10:15:30.300Z"}
+    scripted.script("POST", START, ACCEPTED)
+    scripted.script("POST", "/api/ws-token", json_reply({"token": "wst", "expires_at": 1}))
+    scripted.script("GET", "/cable", cable_with(pending))
+    scripted.script("GET", STATUS, json_reply(pending))
+    async with ServiceClient(scripted_settings) as svc:
+        handle = await svc.terminal.charge_card("SIM-0001", 100)
+        started = asyncio.get_running_loop().time()
+        interaction = await handle.wait(timeout=5)
+        waited = asyncio.get_running_loop().time() - started
+    assert interaction.status is InteractionStatus.PENDING  # what the service says, as it is
+    assert 0.25 <= waited < 1.5
+    assert scripted.count("GET", STATUS) >= 1
