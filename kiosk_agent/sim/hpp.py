@@ -17,7 +17,14 @@ from kiosk_agent.money import MoneyError, cents_to_dollars, dollars_to_cents
 from kiosk_agent.sim import cards
 from kiosk_agent.sim.auth import Credential
 from kiosk_agent.sim.context import SimContext, sim_context
-from kiosk_agent.sim.http import Body, bad_request, json_response, not_found, read_json
+from kiosk_agent.sim.http import (
+    ApiError,
+    Body,
+    bad_request,
+    json_response,
+    not_found,
+    read_json,
+)
 
 OPTION_NAMES = frozenset(
     ("custom_01", "custom_02", "custom_03", "custom_04", "custom_05", "invoice_id", "address",
@@ -222,7 +229,13 @@ async def handle_page(request: web.Request) -> web.Response:
 async def handle_pay(request: web.Request) -> web.Response:
     ctx = sim_context(request)
     form = {key: str(value) for key, value in (await request.post()).items()}
-    page, answer = ctx.hosted_pages.pay(request.match_info["hpp_client_id"], form)
+    try:
+        page, answer = ctx.hosted_pages.pay(request.match_info["hpp_client_id"], form)
+    except ApiError as err:  # a person reads this answer: a page, not JSON
+        body = f'<p class="error">{html.escape(err.description)}</p>'
+        return web.Response(
+            text=_html("Payment", body), status=err.status, content_type="text/html"
+        )
     return web.Response(text=render_receipt(page, answer), content_type="text/html")
 
 

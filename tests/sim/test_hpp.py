@@ -79,3 +79,16 @@ async def test_options_are_kept(api: Api) -> None:
     )
     async with api.http.get(url) as resp:
         assert 'value="INV-9" readonly' in await resp.text()
+
+
+async def test_a_bad_form_gets_an_html_answer(api: Api) -> None:
+    url = await create_page(api, min_amount="2.00", max_amount="9.00")
+    form = {"card_number": "4111111111111111", "expiration": "1230", "amount": "10.00"}
+    async with api.http.post(f"{url}/pay", data=form) as resp:
+        assert (resp.status, resp.content_type) == (400, "text/html")
+        assert "outside" in await resp.text()
+    async with api.http.post(
+        f"{url}/pay", data={**form, "card_number": "12", "amount": "3"}
+    ) as resp:
+        assert resp.status == 400
+        assert "card number" in await resp.text()
