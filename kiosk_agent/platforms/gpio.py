@@ -1,0 +1,428 @@
+"""Buttons, relays and drop sensors on GPIO: the simplest kiosk there is.
+
+Each button sells one product at one price. A press starts a sale; once paid, the button's relay
+is pulsed to dispense, and when the button has a drop sensor the sale only counts as dispensed if
+the sensor sees the product fall within ``sensor_timeout`` (otherwise the money is given back).
+
+Lines are reached through libgpiod v2 (the ``gpiod`` package, imported only when a real chip is
+opened) behind the small ``GpioChip`` interface, so tests can use a fake chip.
+
+    - platform: gpio
+      name: coffee-kiosk
+      chip: /dev/gpiochip0
+      buttons:
+        - {line: 17, product: espresso, price: "2.50", relay: 22, sensor: 27}
+        - {line: 18, product: latte, price: "3.20", relay: 23}
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import datetime as dt
+import logging
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import voluptuous as vol
+
+from kiosk_agent.core.config import PLATFORM_SCHEMA as BASE_PLATFORM_SCHEMA
+from kiosk_agent.core.config import positive_float, positive_price
+from kiosk_agent.core.sale import DispenseOutcome, DispenseStatus, Flow, SaleRequest
+from kiosk_agent.platforms.base import SaleStarter, describe_start_failure, instance_name
+
+_LOGGER = logging.getLogger(__name__)
+
+
+# -- the chip interface ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Edge:
+    line: int
+    active: bool  # True: the line became active (a press, a product falling past the sensor)
+    timestamp_ns: int
+
+
+class InputLines(Protocol):
+    """Requested input lines with edge detection; ``fd`` is readable when edges are waiting."""
+
+    @property
+    def fd(self) -> int: ...
+
+    def read_edges(self) -> list[Edge]: ...
+
+    def release(self) -> None: ...
+
+
+class OutputLines(Protocol):
+    def set(self, line: int, active: bool) -> None: ...
+
+    def release(self) -> None: ...
+
+
+class GpioChip(Protocol):
+    def request_inputs(
+        self, lines: list[int], *, active_low: bool, pull_up: bool, debounce_s: float
+    ) -> InputLines: ...
+
+    def request_outputs(self, lines: list[int], *, active_low: bool) -> OutputLines: ...
+
+
+class LibgpiodChip:
+    """A real chip through libgpiod v2."""
+
+    def __init__(self, path: str, consumer: str = "kiosk-agent") -> None:
+        self.path = path
+        self.consumer = consumer
+
+    def request_inputs(
+        self, lines: list[int], *, active_low: bool, pull_up: bool, debounce_s: float
+    ) -> InputLines:
+        import gpiod
+        from gpiod.line import Bias, Direction
+        from gpiod.line import Edge as GpiodEdge
+
+        settings = gpiod.LineSettings(
+            direction=Direction.INPUT,
+            edge_detection=GpiodEdge.BOTH,
+            bias=Bias.PULL_UP if pull_up else Bias.AS_IS,
+            active_low=active_low,
+            debounce_period=dt.timedelta(seconds=debounce_s),
+        )
+        request = gpiod.request_lines(
+            self.path, consumer=self.consumer, config={tuple(lines): settings}
+        )
+        return _LibgpiodInputs(request)
+
+    def request_outputs(self, lines: list[int], *, active_low: bool) -> OutputLines:
+        import gpiod
+        from gpiod.line import Direction, Value
+
+        settings = gpiod.LineSettings(
+            direction=Direction.OUTPUT, active_low=active_low, output_value=Value.INACTIVE
+        )
+        request = gpiod.request_lines(
+            self.path, consumer=self.consumer, config={tuple(lines): settings}
+        )
+        return _LibgpiodOutputs(request)
+
+
+class _LibgpiodInputs:
+    def __init__(self, request: Any) -> None:
+        self._request = request
+
+    @property
+    def fd(self) -> int:
+        return int(self._request.fd)
+
+    def read_edges(self) -> list[Edge]:
+        from gpiod import EdgeEvent
+
+        return [
+            Edge(
+                int(event.line_offset),
+                event.event_type is EdgeEvent.Type.RISING_EDGE,
+                int(event.timestamp_ns),
+            )
+            for event in self._request.read_edge_events()
+        ]
+
+    def release(self) -> None:
+        self._request.release()
+
+
+class _LibgpiodOutputs:
+    def __init__(self, request: Any) -> None:
+        self._request = request
+
+    def set(self, line: int, active: bool) -> None:
+        from gpiod.line import Value
+
+        self._request.set_value(line, Value.ACTIVE if active else Value.INACTIVE)
+
+    def release(self) -> None:
+        self._request.release()
+
+
+# -- configuration --------------------------------------------------------------------------------
+
+_LINE = vol.All(int, vol.Range(min=0, max=1023))
+
+BUTTON_SCHEMA = vol.Schema(
+    {
+        vol.Required("line"): _LINE,
+        vol.Required("product"): vol.All(str, vol.Length(min=1)),
+        vol.Required("price"): positive_price,
+        vol.Required("relay"): _LINE,
+        vol.Optional("pulse"): positive_float,  # seconds the relay is held on
+        vol.Optional("sensor"): _LINE,  # a drop sensor that confirms the dispense
+    }
+)
+
+
+def _unique_lines(config: dict[str, Any]) -> dict[str, Any]:
+    inputs: dict[int, str] = {}
+    for index, button in enumerate(config["buttons"]):
+        for key in ("line", "sensor"):
+            line = button.get(key)
+            if line is None:
+                continue
+            where = f"buttons[{index}].{key}"
+            if line in inputs:
+                raise vol.Invalid(f"line {line} is used twice ({inputs[line]} and {where})",
+                                  path=["buttons", index, key])
+            inputs[line] = where
+    return config
+
+
+PLATFORM_SCHEMA = vol.All(
+    BASE_PLATFORM_SCHEMA.extend(
+        {
+            vol.Optional("chip", default="/dev/gpiochip0"): str,
+            vol.Required("buttons"): vol.All([BUTTON_SCHEMA], vol.Length(min=1)),
+            vol.Optional("buttons_active_low", default=True): bool,  # pressed pulls to ground
+            vol.Optional("pull_up", default=True): bool,
+            vol.Optional("relays_active_low", default=False): bool,
+            vol.Optional("sensors_active_low", default=False): bool,
+            vol.Optional("debounce", default=0.05): positive_float,
+            vol.Optional("pulse", default=0.5): positive_float,
+            vol.Optional("sensor_timeout", default=5.0): positive_float,
+        }
+    ),
+    _unique_lines,
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Button:
+    line: int
+    product: str
+    price_cents: int
+    relay: int
+    pulse: float
+    sensor: int | None = None
+
+
+# -- the platform ---------------------------------------------------------------------------------
+
+
+class _Drop:
+    """One sale's dispense: pulse the relay, then (if there is a sensor) wait to see it fall."""
+
+    def __init__(self, kiosk: GpioKiosk, button: Button) -> None:
+        self.kiosk = kiosk
+        self.button = button
+        self.fell = asyncio.Event()
+        self.watching = False
+
+    async def dispense(self, authorized_cents: int) -> DispenseOutcome:
+        button = self.button
+        self.watching = button.sensor is not None
+        try:
+            await self.kiosk.pulse(button.relay, button.pulse)
+            if button.sensor is None:
+                return DispenseOutcome(DispenseStatus.VENDED, button.price_cents, button.product,
+                                       "relay pulsed")
+            try:
+                await asyncio.wait_for(self.fell.wait(), self.kiosk.sensor_timeout)
+            except TimeoutError:
+                return DispenseOutcome(
+                    DispenseStatus.FAILED, 0, button.product,
+                    f"drop sensor saw nothing within {self.kiosk.sensor_timeout:g}s",
+                )
+            return DispenseOutcome(DispenseStatus.VENDED, button.price_cents, button.product,
+                                   "drop sensor confirmed")
+        finally:
+            self.watching = False
+
+    async def deny(self, reason: str) -> None:
+        _LOGGER.info("%s: %s not dispensed: %s", self.kiosk.name, self.button.product, reason)
+
+
+class GpioKiosk:
+    def __init__(
+        self,
+        sales: SaleStarter,
+        chip: GpioChip,
+        buttons: list[Button],
+        *,
+        source: str,
+        flow: Flow = Flow.CHARGE_CARD,
+        terminal: str | None = None,
+        debounce: float = 0.05,
+        sensor_timeout: float = 5.0,
+        buttons_active_low: bool = True,
+        pull_up: bool = True,
+        relays_active_low: bool = False,
+        sensors_active_low: bool = False,
+    ) -> None:
+        self.sales = sales
+        self.chip = chip
+        self.buttons = {b.line: b for b in buttons}
+        self.sensors = {b.sensor: b for b in buttons if b.sensor is not None}
+        self.name = source
+        self.flow = flow
+        self.terminal = terminal
+        self.debounce = debounce
+        self.sensor_timeout = sensor_timeout
+        self._levels = (buttons_active_low, pull_up, relays_active_low, sensors_active_low)
+        self._last_press: dict[int, int] = {}  # line -> timestamp_ns of the last accepted edge
+        self._drop: _Drop | None = None
+        self._busy = False
+        self._inputs: list[InputLines] = []
+        self._outputs: OutputLines | None = None
+        self._tasks: set[asyncio.Task[None]] = set()
+        self.presses = 0
+        self.ignored_presses = 0
+        self.outcomes: dict[str, int] = {}
+
+    async def start(self) -> None:
+        buttons_low, pull_up, relays_low, sensors_low = self._levels
+        loop = asyncio.get_running_loop()
+        groups = [(list(self.buttons), buttons_low, pull_up)]
+        if self.sensors:
+            groups.append((list(self.sensors), sensors_low, False))
+        for lines, active_low, pull in groups:
+            inputs = self.chip.request_inputs(
+                sorted(lines), active_low=active_low, pull_up=pull, debounce_s=self.debounce
+            )
+            self._inputs.append(inputs)
+            loop.add_reader(inputs.fd, self._edges_ready, inputs)
+        relays = sorted({b.relay for b in self.buttons.values()})
+        self._outputs = self.chip.request_outputs(relays, active_low=relays_low)
+
+    async def stop(self) -> None:
+        loop = asyncio.get_running_loop()
+        for task in list(self._tasks):
+            task.cancel()
+        for task in list(self._tasks):
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        for inputs in self._inputs:
+            loop.remove_reader(inputs.fd)
+            inputs.release()
+        self._inputs.clear()
+        if self._outputs is not None:
+            for relay in {b.relay for b in self.buttons.values()}:
+                self._outputs.set(relay, False)  # never leave a relay energized
+            self._outputs.release()
+            self._outputs = None
+
+    def status(self) -> dict[str, Any]:
+        return {
+            "busy": self._busy,
+            "presses": self.presses,
+            "ignored_presses": self.ignored_presses,
+            "outcomes": dict(self.outcomes),
+        }
+
+    async def pulse(self, relay: int, seconds: float) -> None:
+        assert self._outputs is not None
+        self._outputs.set(relay, True)
+        try:
+            await asyncio.sleep(seconds)
+        finally:
+            self._outputs.set(relay, False)
+
+    # -- edges ---------------------------------------------------------------------------------
+
+    def _edges_ready(self, inputs: InputLines) -> None:
+        try:
+            edges = inputs.read_edges()
+        except OSError as err:
+            _LOGGER.warning("%s: reading GPIO edges failed: %s", self.name, err)
+            return
+        for edge in edges:
+            if not edge.active:
+                continue
+            if edge.line in self.buttons:
+                self._on_press(self.buttons[edge.line], edge.timestamp_ns)
+            elif edge.line in self.sensors and self._drop is not None and self._drop.watching:
+                self._drop.fell.set()
+
+    def _on_press(self, button: Button, timestamp_ns: int) -> None:
+        # The kernel debounces where the chip can; this catches the chips that cannot.
+        last = self._last_press.get(button.line)
+        if last is not None and (timestamp_ns - last) / 1e9 < self.debounce:
+            return  # contact bounce, not a second press
+        self._last_press[button.line] = timestamp_ns
+        self.presses += 1
+        if self._busy:
+            self.ignored_presses += 1
+            _LOGGER.info("%s: %s pressed while a sale runs: ignored", self.name, button.product)
+            return
+        self._busy = True
+        task = asyncio.create_task(self._sell(button))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _sell(self, button: Button) -> None:
+        drop = _Drop(self, button)
+        self._drop = drop
+        request = SaleRequest(
+            source=self.name,
+            flow=self.flow,
+            amount_cents=button.price_cents,
+            product=button.product,
+            terminal=self.terminal,
+            metadata={"button": str(button.line)},
+        )
+        try:
+            try:
+                sale = await self.sales.start(request, drop)
+            except Exception as err:  # noqa: BLE001 - busy terminal, agent stopping: nothing dispensed
+                _LOGGER.warning("%s: sale not started: %s", self.name, describe_start_failure(err))
+                return
+            final = await sale.result()
+            key = final.state.value
+            self.outcomes[key] = self.outcomes.get(key, 0) + 1
+        finally:
+            self._drop = None
+            self._busy = False
+
+
+async def async_setup_platform(agent: Any, config: dict[str, Any]) -> GpioPlatform:
+    return await setup_with_chip(agent, config, LibgpiodChip(config["chip"]))
+
+
+async def setup_with_chip(agent: Any, config: dict[str, Any], chip: GpioChip) -> GpioPlatform:
+    buttons = [
+        Button(
+            line=b["line"],
+            product=b["product"],
+            price_cents=b["price"],
+            relay=b["relay"],
+            pulse=b.get("pulse", config["pulse"]),
+            sensor=b.get("sensor"),
+        )
+        for b in config["buttons"]
+    ]
+    kiosk = GpioKiosk(
+        agent.sales,
+        chip,
+        buttons,
+        source=instance_name(config, "gpio"),
+        flow=Flow(config["flow"]),
+        terminal=config.get("terminal"),
+        debounce=config["debounce"],
+        sensor_timeout=config["sensor_timeout"],
+        buttons_active_low=config["buttons_active_low"],
+        pull_up=config["pull_up"],
+        relays_active_low=config["relays_active_low"],
+        sensors_active_low=config["sensors_active_low"],
+    )
+    await kiosk.start()
+    return GpioPlatform(kiosk)
+
+
+class GpioPlatform:
+    def __init__(self, kiosk: GpioKiosk) -> None:
+        self.kiosk = kiosk
+        self.name = kiosk.name
+
+    async def stop(self) -> None:
+        await self.kiosk.stop()
+
+    def status(self) -> dict[str, Any]:
+        return self.kiosk.status()

@@ -1,0 +1,202 @@
+"""gpio: buttons, relays and drop sensors, on a fake chip (the one thing that cannot exist here)
+driving the real Agent on the simulator."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from agent_rig import running_agent
+
+from kiosk_agent.core.sale import SaleEvent, SaleState
+from kiosk_agent.platforms.gpio import PLATFORM_SCHEMA, Edge, GpioPlatform, setup_with_chip
+
+
+class FakeInputs:
+    def __init__(self, lines: list[int]) -> None:
+        self.lines = lines
+        self._read, self._write = os.pipe()
+        os.set_blocking(self._read, False)
+        self._edges: list[Edge] = []
+
+    @property
+    def fd(self) -> int:
+        return self._read
+
+    def emit(self, line: int, active: bool, at_ns: int) -> None:
+        self._edges.append(Edge(line, active, at_ns))
+        os.write(self._write, b"!")
+
+    def read_edges(self) -> list[Edge]:
+        os.read(self._read, 4096)
+        edges, self._edges = self._edges, []
+        return edges
+
+    def release(self) -> None:
+        os.close(self._read)
+        os.close(self._write)
+
+
+class FakeOutputs:
+    def __init__(self, chip: FakeChip) -> None:
+        self.chip = chip
+
+    def set(self, line: int, active: bool) -> None:
+        self.chip.relays[line] = active
+        self.chip.relay_log.append((line, active))
+        if active and line in self.chip.falls_onto:
+            sensor = self.chip.falls_onto[line]
+            asyncio.get_running_loop().call_later(0.01, self.chip.edge, sensor)
+
+    def release(self) -> None:
+        self.chip.released = True
+
+
+class FakeChip:
+    """The GpioChip interface over pipes: press buttons, watch relays, wire relays to sensors."""
+
+    def __init__(self) -> None:
+        self.inputs: list[FakeInputs] = []
+        self.relays: dict[int, bool] = {}
+        self.relay_log: list[tuple[int, bool]] = []
+        self.falls_onto: dict[int, int] = {}  # relay -> the sensor its product falls past
+        self.released = False
+
+    def request_inputs(
+        self, lines: list[int], *, active_low: bool, pull_up: bool, debounce_s: float
+    ) -> FakeInputs:
+        inputs = FakeInputs(lines)
+        self.inputs.append(inputs)
+        return inputs
+
+    def request_outputs(self, lines: list[int], *, active_low: bool) -> FakeOutputs:
+        self.relays = dict.fromkeys(lines, False)
+        return FakeOutputs(self)
+
+    def edge(self, line: int, active: bool = True, at_ns: int | None = None) -> None:
+        owner = next(i for i in self.inputs if line in i.lines)
+        owner.emit(line, active, time.monotonic_ns() if at_ns is None else at_ns)
+
+    def press(self, line: int, bounces: int = 0) -> None:
+        start = time.monotonic_ns()
+        for n in range(bounces + 1):
+            self.edge(line, True, start + n * 2_000_000)  # 2 ms apart: contact bounce
+            self.edge(line, False, start + n * 2_000_000 + 1_000_000)
+
+    def pulses(self, relay: int) -> int:
+        return self.relay_log.count((relay, True))
+
+
+BUTTONS = [
+    {"line": 17, "product": "espresso", "price": "2.50", "relay": 22, "pulse": 0.02},
+    {"line": 18, "product": "latte", "price": "3.20", "relay": 23, "pulse": 0.02, "sensor": 27},
+    {"line": 19, "product": "water", "price": "1.02", "relay": 24, "pulse": 0.02},  # declined
+]
+
+
+@pytest.fixture
+async def kiosk(
+    tmp_path: Path, sim_settings: Any
+) -> AsyncIterator[tuple[Any, FakeChip, GpioPlatform]]:
+    chip = FakeChip()
+    config = PLATFORM_SCHEMA({"platform": "gpio", "name": "coffee", "buttons": BUTTONS,
+                              "flow": "authorize_capture", "sensor_timeout": 0.3})
+    async with running_agent(tmp_path, sim_settings, []) as agent:
+        platform = await setup_with_chip(agent, config, chip)
+        try:
+            yield agent, chip, platform
+        finally:
+            await platform.stop()
+
+
+async def _next_final(agent: Any, timeout: float = 10) -> SaleEvent:
+    async with agent.events.subscribe() as queue, asyncio.timeout(timeout):
+        while True:
+            event = await queue.get()
+            if event.state.final:
+                return event
+
+
+async def test_press_pays_then_pulses_the_relay(kiosk: Any) -> None:
+    agent, chip, _ = kiosk
+    waiting = asyncio.create_task(_next_final(agent))
+    await asyncio.sleep(0)
+    chip.press(17)
+    final = await waiting
+    assert final.state is SaleState.COMPLETED
+    assert final.product == "espresso"
+    assert final.captured_cents == 250
+    assert chip.relay_log == [(22, True), (22, False)]
+
+
+async def test_contact_bounce_is_one_press(kiosk: Any) -> None:
+    agent, chip, platform = kiosk
+    waiting = asyncio.create_task(_next_final(agent))
+    await asyncio.sleep(0)
+    chip.press(17, bounces=4)
+    await waiting
+    assert platform.status()["presses"] == 1
+    assert chip.pulses(22) == 1
+
+
+async def test_presses_during_a_sale_are_ignored(kiosk: Any) -> None:
+    agent, chip, platform = kiosk
+    waiting = asyncio.create_task(_next_final(agent))
+    await asyncio.sleep(0)
+    chip.press(17)
+    await asyncio.sleep(0.06)  # later than the debounce: a real second press
+    chip.press(18)
+    await waiting
+    assert platform.status()["ignored_presses"] == 1
+    assert chip.pulses(23) == 0
+
+
+async def test_drop_sensor_confirms_or_the_money_goes_back(kiosk: Any) -> None:
+    agent, chip, _ = kiosk
+    chip.falls_onto[23] = 27
+    waiting = asyncio.create_task(_next_final(agent))
+    await asyncio.sleep(0)
+    chip.press(18)
+    confirmed = await waiting
+    assert confirmed.state is SaleState.COMPLETED
+    assert confirmed.captured_cents == 320
+
+    del chip.falls_onto[23]  # the latte gets stuck: the sensor sees nothing
+    waiting = asyncio.create_task(_next_final(agent))
+    await asyncio.sleep(0)
+    chip.press(18)
+    stuck = await waiting
+    assert stuck.state is SaleState.REVERSED
+    assert stuck.captured_cents == 0
+    assert "drop sensor saw nothing" in stuck.message
+
+
+async def test_declined_card_never_touches_the_relay(kiosk: Any) -> None:
+    agent, chip, _ = kiosk
+    waiting = asyncio.create_task(_next_final(agent))
+    await asyncio.sleep(0)
+    chip.press(19)
+    final = await waiting
+    assert final.state is SaleState.DECLINED
+    assert chip.pulses(24) == 0
+
+
+async def test_stop_leaves_every_relay_off(kiosk: Any) -> None:
+    _, chip, platform = kiosk
+    await platform.stop()
+    assert not any(chip.relays.values())
+    assert chip.released
+
+
+def test_schema_refuses_a_line_used_twice() -> None:
+    buttons = [dict(BUTTONS[0]), {**BUTTONS[1], "sensor": 17}]
+    twice = r"line 17 is used twice \(buttons\[0\].line and buttons\[1\].sensor\)"
+    with pytest.raises(Exception, match=twice):
+        PLATFORM_SCHEMA({"platform": "gpio", "buttons": buttons})
+    with pytest.raises(Exception, match="expected an amount"):
+        PLATFORM_SCHEMA({"platform": "gpio", "buttons": [{**BUTTONS[0], "price": 2.5}]})
