@@ -115,10 +115,10 @@ class CredentialStore:
     def save(self, credentials: ApiCredentials) -> None:
         """Write atomically: a crash leaves either the old file or the new one, never half."""
         directory = self.path.parent
-        directory.mkdir(parents=True, exist_ok=True)
         temp = directory / f".{self.path.name}.{os.getpid()}.tmp"
         data = json.dumps(asdict(credentials)).encode()
         try:
+            directory.mkdir(parents=True, exist_ok=True)
             fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
             try:
                 os.fchmod(fd, 0o600)  # O_CREAT's mode is masked by umask; be exact

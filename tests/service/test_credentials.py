@@ -146,3 +146,21 @@ async def test_keys_refresh_on_demand(scripted: ScriptedServer) -> None:
     assert rotated.api_key == "key-3"
     assert rotated.refresh_token == "refresh-3"
     assert rotated.api_key_expires_at is not None
+
+
+async def test_unwritable_store_is_reported_and_the_new_key_still_used(
+    scripted: ScriptedServer, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    blocker = tmp_path / "not-a-directory"
+    blocker.write_text("")
+    scripted.script("POST", "/api/v1/api_keys/refresh", json_reply(key_set(4)))
+    settings = ServiceSettings(
+        base_url=scripted.url, api_key="k", refresh_token="r", mid="1",
+        credentials_path=blocker / "credentials.json",
+    )  # fmt: skip
+    async with ServiceClient(settings) as svc:
+        rotated = await svc.keys.refresh()  # the old refresh token is spent: go on with the new
+    assert rotated.api_key == "key-4"
+    assert "held in memory only" in caplog.text
+    assert "key-4" not in caplog.text
+    assert "refresh-4" not in caplog.text
