@@ -7,6 +7,7 @@ import asyncio
 import contextlib
 import json
 import signal
+import sqlite3
 import sys
 from pathlib import Path
 
@@ -84,8 +85,9 @@ async def run_sim(args: argparse.Namespace) -> int:
     server = SimServer(options_from_args(args))
     try:
         await server.start()
-    except OSError as err:
-        print(f"error: cannot listen on {args.host}:{args.port}: {err}", file=sys.stderr)
+    except (OSError, sqlite3.Error) as err:
+        # a busy port, an unwritable --data-dir, a file there that is not a database
+        print(f"error: cannot start the simulator: {err}", file=sys.stderr)
         return 1
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

@@ -97,3 +97,19 @@ def test_kiosk_agent_sim_refuses_a_bad_rate_limit() -> None:
     done = subprocess.run(command, capture_output=True, text=True, timeout=20, check=False)
     assert done.returncode == 2
     assert "R/S" in done.stderr
+
+
+def test_kiosk_agent_sim_explains_a_data_dir_it_cannot_use(tmp_path: Path) -> None:
+    not_a_dir = tmp_path / "file"
+    not_a_dir.write_text("x")
+    command = [str(Path(sys.executable).with_name("kiosk-agent")), "sim", "--port", "0"]
+    done = subprocess.run(
+        [*command, "--data-dir", str(not_a_dir)],
+        capture_output=True,
+        text=True,
+        timeout=20,
+        check=False,
+    )
+    assert done.returncode == 1
+    assert "cannot start the simulator" in done.stderr
+    assert "Traceback" not in done.stderr
