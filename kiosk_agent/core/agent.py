@@ -95,11 +95,12 @@ class Agent:
         version: str = __version__,
         systemd: SystemdLifecycle | None = None,
         journal: Journal | None = None,
+        service: ServiceClient | None = None,
     ) -> None:
         self.config = config
         self.version = version
         self.settings = sale_settings_from_config(config, service_settings.mid)
-        self.service = ServiceClient(service_settings)
+        self.service = service or ServiceClient(service_settings)
         self.journal = journal or Journal(config.resolve(config["journal"]["path"]))
         self.events: EventBus[SaleEvent] = EventBus()
         health_conf = config.get("health")
@@ -155,6 +156,9 @@ class Agent:
     async def start(self) -> None:
         started = time.monotonic()
         self.journal.open()
+        pruned = self.journal.prune(self.config["journal"]["keep_days"])
+        if pruned:
+            _LOGGER.info("journal: %d finished sale(s) older than the retention removed", pruned)
         await self.service.start()
         await self.refresh_terminals()
         open_ids = [r.sale_id for r in self.journal.open_sales()]

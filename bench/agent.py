@@ -1,0 +1,287 @@
+"""Agent benchmark: trigger latency, sale throughput, idle footprint and start-up time.
+
+    python bench/agent.py [--sales 200] [--idle-seconds 30] [--dir DIR]
+
+- trigger -> first request: from ``agent.sales.start()`` to the charge-card request leaving
+  the client (aiohttp trace), journal on disk with fsync; p50/p99 (target p99 < 20 ms);
+- sales/s through the whole flow with instant card outcomes (simulator time scale 100000, no
+  rate limit), one terminal in sequence and eight in parallel (target >= 20/s);
+- idle RSS and idle CPU of a real ``kiosk-agent run`` process over ``--idle-seconds``
+  (targets < 60 MB, < 1 %);
+- start -> ready: from spawning ``kiosk-agent run`` to its systemd READY=1 (target < 1.5 s).
+
+Baselines measured here, for ratios that do not depend on the machine: one plain HTTP round
+trip to the simulator and one journal commit (fsync).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import socket
+import statistics
+import sys
+import tempfile
+import textwrap
+import time
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+
+from kiosk_agent.core.agent import Agent
+from kiosk_agent.core.config import load_config
+from kiosk_agent.core.journal import Journal, SaleRecord
+from kiosk_agent.core.sale import DispenseOutcome, DispenseStatus, Flow, SaleRequest, SaleState
+from kiosk_agent.service.client import ServiceClient
+from kiosk_agent.service.settings import ServiceSettings
+from kiosk_agent.sim.server import SimOptions, SimServer
+
+TIME_SCALE = 100_000  # a card in 15 microseconds: "instant" outcomes
+TERMINALS = [f"SIM-000{n}" for n in range(1, 9)]
+
+
+class Vend:
+    async def dispense(self, authorized_cents: int) -> DispenseOutcome:
+        return DispenseOutcome(DispenseStatus.VENDED, vended_cents=authorized_cents)
+
+    async def deny(self, reason: str) -> None:
+        return None
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def config_text(info: dict[str, Any]) -> str:
+    terminals = "\n".join(f"  - device_id: {t}" for t in TERMINALS)
+    return (
+        textwrap.dedent(
+            f"""\
+        service:
+          base_url: {info["base_url"]}
+          reporting_url: {info["reporting_url"]}
+          ws_url: {info["ws_url"]}
+          mid: "{info["mid"]}"
+          api_key: !env_var BENCH_API_KEY
+          client_id: {info["client_id"]}
+          client_secret: !env_var BENCH_CLIENT_SECRET
+        journal: {{path: journal.db}}
+        sales: {{interaction_lifetime: {180 / TIME_SCALE}}}
+        logging: {{level: WARNING}}
+        terminals:
+        """
+        )
+        + terminals
+        + "\n"
+    )
+
+
+def settings_for(info: dict[str, Any]) -> ServiceSettings:
+    return ServiceSettings(
+        base_url=info["base_url"],
+        reporting_url=info["reporting_url"],
+        ws_url=info["ws_url"],
+        api_key=info["api_key"],
+        mid=info["mid"],
+        client_id=info["client_id"],
+        client_secret=info["client_secret"],
+        rate_limit=1_000_000,
+        rate_burst=100_000,
+    )
+
+
+async def in_process(info: dict[str, Any], directory: Path, sales: int) -> dict[str, float]:
+    first_request: dict[str, float] = {}
+    trace = aiohttp.TraceConfig()
+
+    async def on_request_start(_s: Any, _ctx: Any, params: aiohttp.TraceRequestStartParams) -> None:
+        if params.url.path.endswith("/charge-card"):
+            first_request.setdefault("t", time.perf_counter())
+
+    trace.on_request_start.append(on_request_start)
+    session = aiohttp.ClientSession(trace_configs=[trace])
+    settings = settings_for(info)
+    config = load_config(directory / "config.yaml")
+    agent = Agent(config, settings, service=ServiceClient(settings, session=session))
+    await agent.start()
+    try:
+        # baselines: one HTTP round trip, one journal commit
+        rtts = []
+        for _ in range(50):
+            started = time.perf_counter()
+            await agent.service.terminal.list()
+            rtts.append(time.perf_counter() - started)
+        commits = journal_commit_times(directory / "baseline.db", 100)
+
+        latencies = []
+        started_all = time.perf_counter()
+        for _ in range(sales):
+            first_request.clear()
+            began = time.perf_counter()
+            sale = await agent.sales.start(_request(250), Vend())
+            event = await sale.result()
+            assert event.state is SaleState.COMPLETED, event.message
+            latencies.append(first_request["t"] - began)
+        sequential = sales / (time.perf_counter() - started_all)
+
+        started_all = time.perf_counter()
+        per_terminal = max(1, sales // len(TERMINALS))
+
+        async def lane(device: str) -> None:
+            for _ in range(per_terminal):
+                sale = await agent.sales.start(_request(250, terminal=device), Vend())
+                assert (await sale.result()).state is SaleState.COMPLETED
+
+        await asyncio.gather(*(lane(t) for t in TERMINALS))
+        parallel = per_terminal * len(TERMINALS) / (time.perf_counter() - started_all)
+    finally:
+        await agent.stop()
+        await session.close()
+    p50 = statistics.median(latencies) * 1000
+    return {
+        "trigger_to_request_p50_ms": round(p50, 2),
+        "trigger_to_request_p99_ms": round(percentile(latencies, 0.99) * 1000, 2),
+        "sales_per_s_one_terminal": round(sequential, 1),
+        "sales_per_s_eight_terminals": round(parallel, 1),
+        "http_rtt_p50_ms": round(statistics.median(rtts) * 1000, 2),
+        "journal_commit_p50_ms": round(statistics.median(commits) * 1000, 3),
+        "trigger_latency_per_http_rtt": round(p50 / (statistics.median(rtts) * 1000), 2),
+        "sale_time_per_journal_commit": round(
+            (1000 / sequential) / (statistics.median(commits) * 1000), 1
+        ),
+    }
+
+
+def _request(cents: int, terminal: str | None = None) -> SaleRequest:
+    return SaleRequest(source="bench", flow=Flow.CHARGE_CARD, amount_cents=cents, terminal=terminal)
+
+
+def journal_commit_times(path: Path, count: int) -> list[float]:
+    journal = Journal(path)
+    journal.open()
+    record = journal.create(
+        SaleRecord(
+            sale_id="b",
+            order_id="B",
+            source="bench",
+            flow="charge_card",
+            terminal="T",
+            amount_cents=1,
+            state=SaleState.STARTED,
+        )
+    )
+    times = []
+    for n in range(count):
+        started = time.perf_counter()
+        record = journal.record(record, f"step{n}")
+        times.append(time.perf_counter() - started)
+    journal.close()
+    return times
+
+
+async def as_a_process(info: dict[str, Any], directory: Path, idle: float) -> dict[str, float]:
+    """Spawn `kiosk-agent run`: time to READY=1, then RSS and CPU while idle."""
+    notify = directory / "notify.sock"
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    listener.bind(str(notify))
+    listener.setblocking(False)
+    env = {
+        **os.environ,
+        "NOTIFY_SOCKET": str(notify),
+        "BENCH_API_KEY": info["api_key"],
+        "BENCH_CLIENT_SECRET": info["client_secret"],
+    }
+    loop = asyncio.get_running_loop()
+    spawned = time.perf_counter()
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "kiosk_agent",
+        "run",
+        "--config",
+        str(directory / "config.yaml"),
+        env=env,
+        stdout=asyncio.subprocess.DEVNULL,
+    )
+    try:
+        while True:
+            message = await asyncio.wait_for(loop.sock_recv(listener, 1024), 30)
+            if message.startswith(b"READY=1"):
+                break
+        ready = time.perf_counter() - spawned
+        await asyncio.sleep(1.0)  # let start-up work settle before measuring idle
+        cpu_before, wall_before = _cpu_seconds(proc.pid), time.perf_counter()
+        await asyncio.sleep(idle)
+        cpu = (_cpu_seconds(proc.pid) - cpu_before) / (time.perf_counter() - wall_before)
+        rss = _rss_mb(proc.pid)
+    finally:
+        proc.terminate()
+        await proc.wait()
+        listener.close()
+    return {
+        "start_to_ready_s": round(ready, 3),
+        "idle_rss_mb": round(rss, 1),
+        "idle_cpu_percent": round(cpu * 100, 3),
+    }
+
+
+def _cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _rss_mb(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+async def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sales", type=int, default=200)
+    parser.add_argument("--idle-seconds", type=float, default=30.0)
+    parser.add_argument("--dir", type=Path, default=None, help="where the journal lives (a disk)")
+    args = parser.parse_args()
+    sim = SimServer(
+        SimOptions(port=0, time_scale=TIME_SCALE, transactions=0, rate_limit="1000000/1")
+    )
+    await sim.start()
+    info = sim.ready_info()
+    try:
+        with tempfile.TemporaryDirectory(prefix="bench-agent-", dir=args.dir) as tmp:
+            directory = Path(tmp)
+            (directory / "config.yaml").write_text(config_text(info))
+            os.environ["BENCH_API_KEY"] = info["api_key"]
+            os.environ["BENCH_CLIENT_SECRET"] = info["client_secret"]
+            figures = await in_process(info, directory, args.sales)
+            process_dir = directory / "process"
+            process_dir.mkdir()
+            (process_dir / "config.yaml").write_text(config_text(info))
+            figures |= await as_a_process(info, process_dir, args.idle_seconds)
+    finally:
+        await sim.stop()
+    targets = {
+        "trigger_to_request_p99_ms": ("<", 20),
+        "sales_per_s_one_terminal": (">=", 20),
+        "idle_rss_mb": ("<", 60),
+        "idle_cpu_percent": ("<", 1),
+        "start_to_ready_s": ("<", 1.5),
+    }
+    for name, value in figures.items():
+        target = targets.get(name)
+        verdict = ""
+        if target:
+            op, limit = target
+            ok = value < limit if op == "<" else value >= limit
+            verdict = f"   (target {op} {limit}: {'ok' if ok else 'MISSED'})"
+        print(f"{name:34} {value}{verdict}")
+    print(json.dumps(figures))
+
+
+if __name__ == "__main__":
+    asyncio.run(main())
