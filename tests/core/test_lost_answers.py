@@ -1,0 +1,159 @@
+"""A live sale whose answer is lost on the way back: reconciled by order_id, never re-sent blind.
+
+A real HTTP proxy sits between the agent and the simulator. It forwards every request, and for
+the chosen call it lets the service act and then cuts the connection instead of answering.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import textwrap
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+from agent_helpers import ScriptedDispenser, settings_for
+from aiohttp import web
+
+from kiosk_agent.app import build_agent
+from kiosk_agent.core.agent import Agent
+from kiosk_agent.core.config import load_config
+from kiosk_agent.core.sale import DispenseStatus, Flow, SaleRequest, SaleState
+from kiosk_agent.service.models import TransactionFilter, TransStatus
+
+
+class AnswerLosingProxy:
+    """Forwards to ``target``; swallows the answer of the first request whose path ends so."""
+
+    def __init__(self, target: str, lose: str) -> None:
+        self.target = target
+        self.lose = lose
+        self.lost = 0
+        self.seen: list[str] = []
+        self._runner: web.AppRunner | None = None
+        self.url = ""
+
+    async def start(self) -> None:
+        self._session = aiohttp.ClientSession()
+        app = web.Application()
+        app.router.add_route("*", "/{tail:.*}", self.forward)
+        self._runner = web.AppRunner(app)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, "127.0.0.1", 0)
+        await site.start()
+        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        self.url = f"http://127.0.0.1:{port}"
+
+    async def stop(self) -> None:
+        await self._session.close()
+        if self._runner is not None:
+            await self._runner.cleanup()
+
+    async def forward(self, request: web.Request) -> web.StreamResponse:
+        body = await request.read()
+        headers = {k: v for k, v in request.headers.items() if k.lower() != "host"}
+        self.seen.append(f"{request.method} {request.path}")
+        async with self._session.request(
+            request.method, self.target + request.path_qs, data=body, headers=headers
+        ) as answer:
+            payload = await answer.read()
+            if request.method == "POST" and request.path.endswith(self.lose) and not self.lost:
+                self.lost += 1
+                assert request.transport is not None
+                request.transport.close()  # the service acted; the agent hears nothing
+                raise asyncio.CancelledError
+            return web.Response(
+                status=answer.status,
+                body=payload,
+                headers={"Content-Type": answer.headers.get("Content-Type", "application/json")},
+            )
+
+
+@pytest.fixture
+async def lossy(
+    sim_factory: Any, tmp_path: Path, request: pytest.FixtureRequest
+) -> AsyncIterator[tuple[Agent, AnswerLosingProxy]]:
+    sim = await sim_factory(time_scale=300, transactions=0)
+    proxy = AnswerLosingProxy(sim.base_url, request.param)
+    await proxy.start()
+    config_path = tmp_path / "config.yaml"
+    config_path.write_text(
+        textwrap.dedent(
+            """\
+            service: {simulator: {time_scale: 300}}
+            terminals: [{device_id: SIM-0001}]
+            journal: {path: journal.db}
+            """
+        )
+    )
+    settings = settings_for(sim).model_copy(
+        update={"base_url": proxy.url, "reporting_url": sim.base_url, "ws_url": sim.ws_url}
+    )
+    agent = build_agent(load_config(config_path), settings, systemd=False)
+    await agent.start()
+    yield agent, proxy
+    await agent.stop()
+    await proxy.stop()
+
+
+async def ledger(agent: Agent, order_id: str) -> list[Any]:
+    query = TransactionFilter(order_id=order_id)
+    return [t async for t in agent.service.reporting.transactions(query)]
+
+
+@pytest.mark.parametrize("lossy", ["/charge-card"], indirect=True)
+async def test_a_lost_charge_card_answer_is_found_and_given_back(
+    lossy: tuple[Agent, AnswerLosingProxy],
+) -> None:
+    agent, proxy = lossy
+    machine = ScriptedDispenser()
+    sale = await agent.sales.start(
+        SaleRequest(source="test", flow=Flow.CHARGE_CARD, amount_cents=250), machine
+    )
+    event = await asyncio.wait_for(sale.result(), 15)
+    assert proxy.lost == 1
+    assert [s for s in proxy.seen if s.endswith("/charge-card")] == [
+        "POST /api/terminal/SIM-0001/charge-card"
+    ]  # never sent twice
+    assert event.state is SaleState.REVERSED
+    assert machine.authorized == []
+    [row] = await ledger(agent, sale.order_id)
+    assert row.status is TransStatus.VOIDED
+
+
+@pytest.mark.parametrize("lossy", ["/api/v1/charge"], indirect=True)
+async def test_a_lost_authorization_answer_is_found_and_voided(
+    lossy: tuple[Agent, AnswerLosingProxy],
+) -> None:
+    agent, proxy = lossy
+    machine = ScriptedDispenser()
+    sale = await agent.sales.start(
+        SaleRequest(source="test", flow=Flow.AUTHORIZE_CAPTURE, amount_cents=300), machine
+    )
+    event = await asyncio.wait_for(sale.result(), 15)
+    assert proxy.lost == 1
+    assert event.state is SaleState.REVERSED
+    assert machine.authorized == []
+    assert machine.denied
+    [row] = await ledger(agent, sale.order_id)
+    assert row.status is TransStatus.VOIDED
+
+
+@pytest.mark.parametrize("lossy", ["/api/v1/capture"], indirect=True)
+async def test_a_lost_capture_answer_is_confirmed_from_reporting(
+    lossy: tuple[Agent, AnswerLosingProxy],
+) -> None:
+    agent, proxy = lossy
+    machine = ScriptedDispenser(DispenseStatus.VENDED, vended_cents=200)
+    sale = await agent.sales.start(
+        SaleRequest(source="test", flow=Flow.AUTHORIZE_CAPTURE, amount_cents=300), machine
+    )
+    event = await asyncio.wait_for(sale.result(), 15)
+    assert proxy.lost == 1
+    assert event.state is SaleState.COMPLETED
+    assert event.captured_cents == 200
+    [row] = await ledger(agent, sale.order_id)
+    assert row.status is TransStatus.CAPTURED
+    assert row.amount_cents == 200
