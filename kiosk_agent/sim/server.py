@@ -12,18 +12,27 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import importlib
 import logging
 import random
 import time
 from collections.abc import Callable
-from types import ModuleType
 from typing import Any
 
 from aiohttp import web
 
 from kiosk_agent.sim import auth as sim_auth
-from kiosk_agent.sim import cable, faults, hpp, payments, plans, terminal, vault
+from kiosk_agent.sim import (
+    boarding,
+    cable,
+    faults,
+    hpp,
+    oauth,
+    payments,
+    plans,
+    reporting,
+    terminal,
+    vault,
+)
 from kiosk_agent.sim.auth import Auth
 from kiosk_agent.sim.clock import VirtualClock
 from kiosk_agent.sim.context import CONTEXT_KEY, SimContext, SimOptions
@@ -36,10 +45,6 @@ __all__ = ["SimContext", "SimOptions", "SimServer"]
 
 _LOGGER = logging.getLogger(__name__)
 
-OAUTH_CLIENT_ID = "sim_client"
-OAUTH_CLIENT_SECRET = "sim_secret"
-# Modules built alongside this one; each exposes ``setup(app, ctx)``.
-_OPTIONAL_MODULES = ("oauth", "reporting", "boarding")
 # Real seconds between saves of the virtual clock, so a restart never runs time backwards.
 _CLOCK_CHECKPOINT_S = 1.0
 # The largest request body the server reads at all; JSON handlers refuse far smaller ones.
@@ -90,29 +95,30 @@ class SimServer:
             "isv_api_key": sim_auth.ISV_API_KEY,
             "mid": sim_auth.MID,
             "isv_mids": list(sim_auth.ISV_MIDS),
-            "client_id": OAUTH_CLIENT_ID,
-            "client_secret": OAUTH_CLIENT_SECRET,
+            "client_id": oauth.CLIENT_ID,
+            "client_secret": oauth.CLIENT_SECRET,
         }
 
     # -- lifecycle -------------------------------------------------------------------------
     async def start(self) -> None:
         if self._runner is not None:
             raise RuntimeError("simulator already started")
-        self.ctx = build_context(self.options)
-        self.app = build_app(self.ctx)
-        self._runner = web.AppRunner(self.app, access_log=None, handle_signals=False)
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, self.options.host, self.options.port)
+        self.ctx = ctx = build_context(self.options)
+        runner: web.AppRunner | None = None
         try:
-            await site.start()
-        except OSError:
-            await self._runner.cleanup()
-            self._runner = None
-            self.ctx.store.close()
+            self.app = build_app(ctx)
+            runner = web.AppRunner(self.app, access_log=None, handle_signals=False)
+            await runner.setup()
+            await web.TCPSite(runner, self.options.host, self.options.port).start()
+        except BaseException:
+            if runner is not None:
+                await runner.cleanup()
+            ctx.store.close()
             raise
-        self._port = _bound_port(self._runner)
-        if self.ctx.store.persistent:
-            self._checkpoint = asyncio.create_task(_checkpoint_clock(self.ctx))
+        self._runner = runner
+        self._port = _bound_port(runner)
+        if ctx.store.persistent:
+            self._checkpoint = asyncio.create_task(_checkpoint_clock(ctx))
         _LOGGER.info("Simulator listening on %s", self.base_url)
 
     async def stop(self) -> None:
@@ -157,34 +163,26 @@ def build_context(options: SimOptions) -> SimContext:
 def build_app(ctx: SimContext) -> web.Application:
     app = web.Application(middlewares=[error_middleware], client_max_size=_CLIENT_MAX_SIZE)
     app[CONTEXT_KEY] = ctx
-    for setup in _module_setups():
+    for setup in _MODULE_SETUPS:
         setup(app, ctx)
     app.router.add_post("/sim/settle", _settle)
     app.router.add_get("/sim/stats", _stats)
     return app
 
 
-def _module_setups() -> list[Callable[[web.Application, SimContext], None]]:
-    setups: list[Callable[[web.Application, SimContext], None]] = [
-        payments.setup, vault.setup, plans.setup, hpp.setup, terminal.setup, cable.setup,
-        faults.setup,
-    ]  # fmt: skip
-    for name in _OPTIONAL_MODULES:
-        module = _optional_module(name)
-        if module is not None:
-            setups.append(module.setup)
-    return setups
-
-
-def _optional_module(name: str) -> ModuleType | None:
-    # Until every simulator module has landed, a missing one is skipped rather than fatal.
-    qualified = f"kiosk_agent.sim.{name}"
-    try:
-        return importlib.import_module(qualified)
-    except ModuleNotFoundError as err:
-        if err.name != qualified:
-            raise
-        return None
+# Every module's setup(app, ctx), in order: later modules use what earlier ones put in ctx.
+_MODULE_SETUPS: tuple[Callable[[web.Application, SimContext], None], ...] = (
+    payments.setup,
+    vault.setup,
+    plans.setup,
+    hpp.setup,
+    terminal.setup,
+    cable.setup,
+    oauth.setup,
+    reporting.setup,
+    boarding.setup,
+    faults.setup,
+)
 
 
 async def _settle(request: web.Request) -> web.Response:

@@ -7,8 +7,9 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+import pytest
 
-from kiosk_agent.sim.server import SimServer
+from kiosk_agent.sim.server import SimOptions, SimServer
 
 from .sim_api import Api
 from .test_vault import ACCOUNT
@@ -113,3 +114,13 @@ def test_kiosk_agent_sim_explains_a_data_dir_it_cannot_use(tmp_path: Path) -> No
     assert done.returncode == 1
     assert "cannot start the simulator" in done.stderr
     assert "Traceback" not in done.stderr
+
+
+async def test_a_busy_port_is_an_error_and_the_server_can_try_again(sim: SimServer) -> None:
+    clash = SimServer(SimOptions(port=sim.port))
+    with pytest.raises(OSError, match="address already in use"):
+        await clash.start()
+    clash.options.port = 0
+    await clash.start()
+    assert clash.port != sim.port
+    await clash.stop()
