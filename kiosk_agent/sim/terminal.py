@@ -198,7 +198,6 @@ class Terminals:
         self._interactions.put(interaction_id, stored)
         self._touch(device_id, connected=True)  # a session is connected automatically
         self._schedule(stored)
-        self._ctx.store.set_meta("clock", now)
         return record
 
     def _schedule(self, stored: dict[str, Any]) -> None:
