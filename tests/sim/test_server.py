@@ -124,3 +124,38 @@ async def test_a_busy_port_is_an_error_and_the_server_can_try_again(sim: SimServ
     await clash.start()
     assert clash.port != sim.port
     await clash.stop()
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["--time-scale", "0"],
+        ["--time-scale", "nan"],
+        ["--transactions", "-5"],
+        ["--port", "70000"],
+        ["--rate-limit", "20/x"],
+    ],
+)
+def test_sim_command_line_refuses_bad_values(
+    argv: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    from kiosk_agent.cli import build_parser
+
+    with pytest.raises(SystemExit) as exited:
+        build_parser("sim").parse_args(["sim", *argv])
+    assert exited.value.code == 2
+    assert argv[0] in capsys.readouterr().err
+
+
+def test_sim_command_line_maps_onto_sim_options(tmp_path: Path) -> None:
+    from kiosk_agent.cli import build_parser
+    from kiosk_agent.cli.sim import options_from_args
+
+    args = build_parser("sim").parse_args(
+        ["sim", "--port", "0", "--time-scale", "60", "--seed", "7", "--transactions", "5",
+         "--rate-limit", "50/1", "--data-dir", str(tmp_path), "--chaos"]
+    )  # fmt: skip
+    assert options_from_args(args) == SimOptions(
+        port=0, time_scale=60, seed=7, transactions=5, rate_limit="50/1", data_dir=tmp_path,
+        chaos=True,
+    )  # fmt: skip
