@@ -721,7 +721,29 @@ def _validate_document(
         if not errors:
             result["triggers"] = checked
     errors.extend(_duplicate_names(result.get("triggers", []), raw))
+    errors.extend(_unknown_terminals(result, raw))
     return result, errors
+
+
+def _unknown_terminals(result: dict[str, Any], raw: Any) -> list[ConfigError]:
+    """A trigger naming a terminal (by device id or name) that ``terminals`` does not list."""
+    terminals = result.get("terminals") or []
+    known = {t["device_id"] for t in terminals} | {t["name"] for t in terminals if t.get("name")}
+    errors = []
+    for index, trigger in enumerate(result.get("triggers") or []):
+        wanted = trigger.get("terminal") if isinstance(trigger, dict) else None
+        if terminals and wanted is not None and wanted not in known:
+            close = difflib.get_close_matches(str(wanted), sorted(known), n=1)
+            errors.append(
+                _located(
+                    raw,
+                    ["triggers", index, "terminal"],
+                    None,
+                    f"unknown terminal {wanted!r}; configured: {', '.join(sorted(known))}",
+                    f"did you mean {close[0]!r}?" if close else "add it under terminals:",
+                )
+            )
+    return errors
 
 
 def _duplicate_names(triggers: list[Any], raw: Any) -> list[ConfigError]:

@@ -274,3 +274,15 @@ def test_secrets_file_mode_is_checked_not_assumed(tmp_path: Path) -> None:
     assert os.stat(secrets).st_mode & 0o040
     path = write(tmp_path, "config.yaml", GOOD.replace("seed: 3", "seed: !secret k"))
     assert any("readable by group or others (mode 640)" in m for m in messages(path))
+
+
+def test_a_trigger_on_an_unconfigured_terminal_is_a_mistake(tmp_path: Path, coin_box: str) -> None:
+    path = write(
+        tmp_path,
+        "config.yaml",
+        GOOD + f"triggers:\n  - platform: {coin_box}\n    price: 100\n    terminal: frnt\n",
+    )
+    assert messages(path) == [
+        "config.yaml:10: triggers[0].terminal: unknown terminal 'frnt'; configured: SIM-0001, "
+        "front (fix: did you mean 'front'?)"
+    ]

@@ -20,6 +20,7 @@ import textwrap
 from pathlib import Path
 from typing import Any
 
+import pytest
 from agent_helpers import settings_for
 
 from kiosk_agent.core.journal import Journal
@@ -122,6 +123,7 @@ class Driver:
         return outcome
 
 
+@pytest.mark.slow
 async def test_sigkill_at_every_step_loses_no_sale_and_keeps_no_unearned_money(
     sim_factory: Any, tmp_path: Path
 ) -> None:
