@@ -366,7 +366,10 @@ class SaleFlow(SaleSteps):
             self.journal.record(self.record, "parked", detail={"reason": "agent stopping"})
             raise
         if event.state is SaleState.COMPLETED and self.record.flow != Flow.ENROLL:
-            await self._receipts()
+            try:
+                await self._receipts()
+            except Exception:  # a receipt never fails a paid sale
+                _LOGGER.exception("sale %s: receipt error", self.record.sale_id)
         return event
 
     async def _deny(self, reason: str) -> None:
@@ -881,6 +884,8 @@ class SaleRunner:
 
 async def _rescue(flow: SaleFlow, err: Exception) -> SaleEvent:
     record = flow.record
+    if record.state.final:  # the sale had ended; what failed came after (and changes nothing)
+        return event_of(record)
     with contextlib.suppress(Exception):
         await flow._deny("internal error")
     if record.trans_id is not None and record.state in (

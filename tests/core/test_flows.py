@@ -223,3 +223,27 @@ async def test_no_card_token_or_key_in_the_journal_file(agent: Agent) -> None:
     raw = db.read_bytes() + db.with_name(db.name + "-wal").read_bytes()
     for secret in secrets:
         assert secret.encode() not in raw
+
+
+class BrokenMachine(ScriptedDispenser):
+    async def dispense(self, authorized_cents: int) -> Any:
+        self.authorized.append(authorized_cents)
+        raise OSError("the controller vanished")
+
+
+async def test_a_dispenser_that_raises_counts_as_not_dispensed(agent: Agent) -> None:
+    event = await sell(agent, 300, BrokenMachine(), flow=Flow.AUTHORIZE_CAPTURE)
+    assert event.state is SaleState.REVERSED
+    assert "the controller vanished" in event.message
+
+
+async def test_a_receipt_failure_never_fails_a_paid_sale(agent_factory: Any) -> None:
+    agent = await agent_factory("receipts: {print: always}\n")
+    event = await sell(agent, 250, ScriptedDispenser())  # SIM-0001 cannot print
+    assert event.state is SaleState.COMPLETED
+    steps = agent.journal.steps(event.sale_id)
+    [note] = [s.detail["note"] for s in steps if s.step == "receipt"]
+    assert note.startswith("receipt not printed")
+    record = agent.journal.get(event.sale_id)
+    assert record is not None
+    assert record.state is SaleState.COMPLETED
