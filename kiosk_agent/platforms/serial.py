@@ -43,6 +43,7 @@ class SerialSettings:
     max_line: int = 512  # longer runs without a line end are garbage and are dropped
     reconnect_min: float = 0.05  # first retry delay, seconds
     reconnect_max: float = 30.0  # backoff cap, seconds
+    appear_poll: float = 0.25  # a missing device node is looked for this often, backoff or not
     # No byte for this long while connected: send the probe, then after as long again reconnect.
     silence_timeout: float | None = None
     probe: str | None = None  # a line the device always answers (keeps quiet links honest)
@@ -251,6 +252,10 @@ class SerialLink:
                 delay = backoff_delay(
                     attempt, self.settings.reconnect_min, self.settings.reconnect_max
                 )
+                if self._port_missing(err):
+                    # Looking for a device node costs nothing: keep looking often, so an adapter
+                    # plugged back in is used at once whatever the backoff has grown to.
+                    delay = min(delay, self.settings.appear_poll)
                 attempt += 1
                 self._set_state(
                     LinkState.DISCONNECTED, f"cannot open {self.settings.port}: {err}"
@@ -264,6 +269,13 @@ class SerialLink:
                 return
             self.stats.reconnects += 1
             self._set_state(LinkState.DISCONNECTED, why)
+
+    def _port_missing(self, err: BaseException) -> bool:
+        if "://" in self.settings.port:
+            return False
+        if isinstance(err, FileNotFoundError) or "no port matches" in str(err):
+            return True
+        return "No such file or directory" in str(err)  # pyserial wraps ENOENT in its own error
 
     async def _open(self) -> None:
         port = resolve_port(self.settings.port)

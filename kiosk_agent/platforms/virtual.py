@@ -60,6 +60,8 @@ class Visit:
     outcome: VisitOutcome | None = None
     approved_cents: int | None = None
     funds_cents: int | None = None  # card first: what the session offered
+    requested_at: float | None = None  # loop time the vend request went out
+    answered_at: float | None = None  # loop time the agent's C,VEND / C,STOP came back
 
 
 @dataclass(slots=True)
@@ -367,6 +369,8 @@ class VirtualController:
         epoch = self._epoch
         self._answer = asyncio.get_running_loop().create_future()
         self._notify("selects", visit)
+        loop = asyncio.get_running_loop()
+        visit.requested_at = loop.time()
         self.send(wire.vend_request_line(visit.price_cents, visit.product, self.options.unit))
         try:
             amount = await asyncio.wait_for(
@@ -376,6 +380,7 @@ class VirtualController:
             self._close_visit(visit, VisitOutcome.WALKED_AWAY)
             self._set_status(Status.ENABLED)  # the controller ends the session
             return
+        visit.answered_at = loop.time()
         if amount == _ABORTED:
             self._close_visit(visit, VisitOutcome.ABORTED)
             return

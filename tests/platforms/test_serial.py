@@ -224,3 +224,27 @@ def test_backoff_grows_and_is_capped() -> None:
     assert 0.6 <= delays[3] <= 1.0
     assert all(d <= 5.0 for d in delays)
     assert delays[-1] >= 3.75
+
+
+async def test_missing_device_is_found_soon_after_it_appears_despite_backoff(
+    tmp_path: Path,
+) -> None:
+    port = tmp_path / "usb-adapter"
+    link = SerialLink(
+        "usb",
+        SerialSettings(port=str(port), reconnect_min=5.0, reconnect_max=30.0, appear_poll=0.02),
+        lambda _: None,
+    )
+    await link.start()
+    master, slave = os.openpty()
+    try:
+        await asyncio.sleep(0.1)  # several looks while the adapter is away
+        tty.setraw(slave)
+        port.symlink_to(os.ttyname(slave))
+        appeared = asyncio.get_running_loop().time()
+        await asyncio.wait_for(link.wait_connected(), 1.0)
+        assert asyncio.get_running_loop().time() - appeared < 0.5
+    finally:
+        await link.stop()
+        os.close(master)
+        os.close(slave)

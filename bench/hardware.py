@@ -1,0 +1,250 @@
+"""Hardware-side figures: vend request -> approve/deny latency, reconnect time, lines per second.
+
+    python bench/hardware.py [--sales 200] [--reconnects 10] [--lines 50000]
+
+Everything real but the card: the simulator over HTTP/WebSocket, the agent with its SQLite
+journal, the mdb platform talking to the virtual vending machine controller over a pty.
+
+1. Latency: from the controller's vend request to the agent's C,VEND / C,STOP, minus the simulated
+   card time (the card is presented 1.5 simulated seconds after the read starts). Baseline in the
+   same process: the same read-card + authorize calls made directly with the service client, so
+   ``latency_ratio`` is what the agent, the journal and the serial link add (machine-independent).
+2. Reconnect: the adapter unplugged for 0.2-3 s, then plugged back under a new pty name behind the
+   same by-id link; the time from replug until the controller is enabled again.
+3. Lines parsed per second: adapter lines through the pty, the serial base and the MDB parser,
+   against the bare parser on the same lines (``lines_ratio``).
+
+The last line is one JSON object with every figure.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import random
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from kiosk_agent.app import build_agent
+from kiosk_agent.core.config import load_config
+from kiosk_agent.platforms import mdb_protocol as wire
+from kiosk_agent.platforms.serial import SerialLink, SerialSettings
+from kiosk_agent.platforms.virtual import ControllerOptions, VirtualController, VisitOutcome
+from kiosk_agent.service.client import ServiceClient
+from kiosk_agent.service.models.payments import ChargeRequest
+from kiosk_agent.service.settings import ServiceSettings
+from kiosk_agent.sim.server import SimOptions, SimServer
+
+# Large, so the simulator's own timer jitter around the card (a few ms at time scale 50) does not
+# count as agent latency; the nominal card time is subtracted either way.
+TIME_SCALE = 1000.0
+CARD_DELAY_SIM_S = 1.5  # choices.md: a card is presented 1.5 simulated seconds after the start
+PRODUCTS = {"A1": 150, "A2": 250, "B1": 325, "D2": 102}  # D2: ..02 cents, declined
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    index = min(len(ordered) - 1, max(0, round(q / 100 * (len(ordered) - 1))))
+    return ordered[index]
+
+
+def settings_for(sim: SimServer) -> ServiceSettings:
+    info = sim.ready_info()
+    # The client's own rate limiter would pace the bench; it is not what is measured here.
+    return ServiceSettings(
+        base_url=info["base_url"], ws_url=info["ws_url"], api_key=info["api_key"],
+        refresh_token=info["refresh_token"], mid=info["mid"],
+        rate_limit=10_000, rate_burst=10_000,
+    )
+
+
+async def bench_latency(sim: SimServer, sales: int, scratch: Path) -> dict[str, float]:
+    card_s = CARD_DELAY_SIM_S / TIME_SCALE
+    controller = VirtualController(ControllerOptions(products=PRODUCTS, dispense_time=0.0))
+    await controller.start()
+    document = {
+        "service": {"simulator": {"time_scale": TIME_SCALE}},
+        "terminals": [{"device_id": "SIM-0001"}],
+        "journal": {"path": str(scratch / "journal.db")},
+        "receipts": {"print": "never", "email": False},
+        "triggers": [{"platform": "mdb", "name": "bench", "port": controller.port,
+                      "flow": "authorize_capture"}],
+    }
+    path = scratch / "bench.yaml"
+    path.write_text(yaml.safe_dump(document))
+    agent = build_agent(load_config(path), settings_for(sim), systemd=False)
+    await agent.start()
+    rng = random.Random(1)
+    try:
+        await asyncio.wait_for(controller.wait_enabled(), 5)
+        for _ in range(sales):
+            await controller.customer(rng.choice(sorted(PRODUCTS)))
+        await asyncio.sleep(0.2)  # the last capture
+    finally:
+        await agent.stop()
+        await controller.stop()
+    answered = [v for v in controller.visits
+                if v.outcome in (VisitOutcome.VENDED, VisitOutcome.DENIED) and v.answered_at]
+    latencies = [
+        ((v.answered_at or 0) - (v.requested_at or 0) - card_s) * 1000 for v in answered
+    ]
+    baseline = await bench_direct_service(sim, max(20, sales // 4))
+    p99 = percentile(latencies, 99)
+    return {
+        "vend_answer_p50_ms": round(percentile(latencies, 50), 2),
+        "vend_answer_p99_ms": round(p99, 2),
+        "vend_answer_max_ms": round(max(latencies), 2),
+        "direct_service_p50_ms": round(percentile(baseline, 50), 2),
+        "latency_ratio": round(statistics.median(latencies) / statistics.median(baseline), 2),
+        "sales": len(latencies),
+    }
+
+
+async def bench_direct_service(sim: SimServer, count: int) -> list[float]:
+    """The same service calls a sale makes before approving, without agent, journal or serial."""
+    card_s = CARD_DELAY_SIM_S / TIME_SCALE
+    times = []
+    async with ServiceClient(settings_for(sim)) as service:
+        for n in range(count):
+            started = time.monotonic()
+            handle = await service.terminal.read_card("SIM-0002", 250)
+            interaction = await handle.wait(timeout=10)
+            card = interaction.read_card_result
+            assert card is not None, interaction
+            await service.payments.charge(ChargeRequest(
+                amount=250, account_token=card.token, expiration=card.expiration,
+                capture=False, order_id=f"BENCH{n:06d}", terminal_id="SIM-0002",
+            ))
+            times.append((time.monotonic() - started - card_s) * 1000)
+    return times
+
+
+async def bench_reconnect(trials: int, scratch: Path) -> dict[str, float]:
+    link_path = scratch / "usb-bench-adapter"
+    controller = VirtualController(ControllerOptions(link_path=link_path))
+    await controller.start()
+    states: list[str] = []
+
+    link_settings = SerialSettings(port=str(link_path))  # the platform's defaults
+    from kiosk_agent.platforms.mdb import MdbCashless, MdbOptions
+
+    class NoSales:
+        async def start(self, request: Any, dispenser: Any) -> Any:
+            raise RuntimeError("no sales in the reconnect bench")
+
+        async def cancel(self, sale_id: str) -> bool:
+            return False
+
+    device = MdbCashless(NoSales(), link_settings, MdbOptions(source="mdb:bench"),
+                         on_link_state=lambda state, detail: states.append(state.value))
+    await device.start()
+    rng = random.Random(2)
+    times = []
+    try:
+        await asyncio.wait_for(controller.wait_enabled(), 5)
+        for _ in range(trials):
+            controller.unplug()
+            await asyncio.sleep(rng.uniform(0.2, 3.0))
+            controller.plug()
+            plugged = time.monotonic()
+            await asyncio.wait_for(controller.wait_enabled(), 30)
+            times.append(time.monotonic() - plugged)
+    finally:
+        await device.stop()
+        await controller.stop()
+    return {
+        "reconnect_p50_s": round(percentile(times, 50), 3),
+        "reconnect_max_s": round(max(times), 3),
+        "reconnects": len(times),
+    }
+
+
+async def bench_lines(count: int) -> dict[str, float]:
+    lines = [wire.vend_request_line(150 + n % 500, f"A{n % 9}") for n in range(count // 2)]
+    lines += [wire.status_line(wire.ControllerStatus.ENABLED)] * (count - len(lines))
+    random.Random(3).shuffle(lines)
+
+    started = time.perf_counter()
+    for line in lines:
+        wire.parse_adapter_line(line)
+    bare_rate = count / (time.perf_counter() - started)
+
+    controller = VirtualController()
+    await controller.start()
+    parsed = 0
+    done = asyncio.Event()
+    progress = asyncio.Event()
+
+    def on_line(line: str) -> None:
+        nonlocal parsed
+        wire.parse_adapter_line(line)
+        parsed += 1
+        progress.set()
+        if parsed == count:
+            done.set()
+
+    link = SerialLink("bench", SerialSettings(port=controller.port), on_line)
+    await link.start()
+    try:
+        await link.wait_connected()
+        started = time.perf_counter()
+        # Feed the pty in small batches, never far ahead of the reader: a pty holds a few KB.
+        for first in range(0, count, 50):
+            batch = lines[first : first + 50]
+            controller.send_raw("".join(line + "\n" for line in batch).encode())
+            while parsed < first - 100:
+                progress.clear()
+                await progress.wait()
+        await asyncio.wait_for(done.wait(), 60)
+        link_rate = count / (time.perf_counter() - started)
+    finally:
+        await link.stop()
+        await controller.stop()
+    return {
+        "lines_per_s": round(link_rate),
+        "parser_lines_per_s": round(bare_rate),
+        "lines_ratio": round(link_rate / bare_rate, 3),
+        "lines_dropped": link.stats.dropped,
+    }
+
+
+async def main(args: argparse.Namespace) -> dict[str, Any]:
+    figures: dict[str, Any] = {}
+    with tempfile.TemporaryDirectory(prefix="bench-hw-") as scratch_dir:
+        scratch = Path(scratch_dir)
+        sim = SimServer(SimOptions(port=0, time_scale=TIME_SCALE, rate_limit="100000/1"))
+        await sim.start()
+        try:
+            figures.update(await bench_latency(sim, args.sales, scratch))
+        finally:
+            await sim.stop()
+        print(f"vend request -> approve/deny, minus card time: p50 "
+              f"{figures['vend_answer_p50_ms']} ms, p99 {figures['vend_answer_p99_ms']} ms "
+              f"(target p99 < 25 ms); direct service calls p50 "
+              f"{figures['direct_service_p50_ms']} ms; ratio {figures['latency_ratio']}")
+        figures.update(await bench_reconnect(args.reconnects, scratch))
+        print(f"reconnect after the adapter comes back: p50 {figures['reconnect_p50_s']} s, "
+              f"max {figures['reconnect_max_s']} s (target < 2 s)")
+    figures.update(await bench_lines(args.lines))
+    print(f"lines parsed: {figures['lines_per_s']}/s through pty + serial base + parser; "
+          f"bare parser {figures['parser_lines_per_s']}/s; ratio {figures['lines_ratio']}")
+    return figures
+
+
+if __name__ == "__main__":
+    logging.basicConfig(level=logging.ERROR)  # the reconnect trials log every unplug
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--sales", type=int, default=200)
+    parser.add_argument("--reconnects", type=int, default=8)
+    parser.add_argument("--lines", type=int, default=50_000)
+    result = asyncio.run(main(parser.parse_args()))
+    json.dump(result, sys.stdout)
+    print()
