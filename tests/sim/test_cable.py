@@ -105,3 +105,17 @@ async def test_stopping_the_server_says_disconnect(sim_factory: Any, http: Any) 
         "reconnect": True,
     }
     await ws.close()
+
+
+async def test_push_delays_are_counted_for_benchmarks(api: Api, sim: SimServer) -> None:
+    ws = await open_cable(api, sim)
+    _, started = await api.post("/api/terminal/SIM-0004/read-card", {"amount": 100})
+    await ws.send_json(
+        {"command": "subscribe", "identifier": identifier(started["interaction_id"])}
+    )
+    while (await receive_message(ws)).get("message", {}).get("status") != "succeeded":
+        pass
+    _, stats = await api.get("/sim/stats")
+    assert stats["pushes"] >= 1
+    assert 0 <= stats["push_p50_ms"] <= stats["push_p99_ms"]
+    await ws.close()

@@ -269,3 +269,10 @@ async def test_charge_card_with_a_used_order_id_answers_the_first_charge(
     assert again["result"] == first["result"]
     assert sim.ctx is not None
     assert len(sim.ctx.ledger.find_order("999000000001", "k-9")) == 1
+
+
+async def test_simultaneous_starts_on_one_terminal_admit_exactly_one(api: Api) -> None:
+    answers = await asyncio.gather(
+        *(api.post(f"{T}/SIM-0008/read-card", {"amount": 1005}) for _ in range(5))
+    )
+    assert sorted(status for status, _ in answers) == [202, 409, 409, 409, 409]
