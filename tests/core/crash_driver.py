@@ -53,6 +53,13 @@ class MarkedJournal(Journal):
     selling = False
     count = 0
 
+    def arm(self, spec: str) -> None:
+        """``"5"``: freeze after step 5; ``"5a"``: freeze when the call after step 5 answers."""
+        self.on_answer = spec.endswith("a")
+        self.kill_at = int(spec.rstrip("a"))
+        self.count = 0
+        self.selling = True
+
     def _announce(self, sale: SaleRecord, step: str) -> None:
         if not self.selling:
             return
@@ -126,16 +133,17 @@ async def main(argv: list[str]) -> int:
     markers = Path(argv[1])
     journal = MarkedJournal(config.resolve(config["journal"]["path"]))
     agent = Agent(config, service_settings_from_config(config), journal=journal)
+    freeze_on_answer(agent, journal)
+    if os.environ.get("CRASH_RECOVERY_KILL"):  # crash again, while recovering
+        journal.arm(os.environ["CRASH_RECOVERY_KILL"])
     await agent.start()
     recovered = await agent.recovery.wait()
+    journal.selling = journal.armed = False
     say("RECOVERED " + json.dumps({e.sale_id: e.state.value for e in recovered}))
     if len(argv) > 2:
         flow, cents, dispense, kill_at = Flow(argv[2]), int(argv[3]), argv[4], argv[5]
         machine = Machine(DispenseStatus(dispense), markers)
-        journal.on_answer = kill_at.endswith("a")
-        journal.kill_at = int(kill_at.rstrip("a"))
-        freeze_on_answer(agent, journal)
-        journal.selling = True
+        journal.arm(kill_at)
         sale = await agent.sales.start(
             SaleRequest(source="crash:driver", flow=flow, amount_cents=cents), machine
         )

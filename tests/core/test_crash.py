@@ -81,7 +81,7 @@ class Driver:
         self.kills = 0
         self.steps: list[str] = []  # step names of the last driver's sale
 
-    async def run(self, *sale: Any) -> str:
+    async def run(self, *sale: Any, recovery_kill: str | None = None) -> str:
         """One agent process; 'killed' or 'done'. Kills it with SIGKILL when it says KILLME."""
         with self.log.open("a") as log:
             log.write(f"--- driver {' '.join(map(str, sale))}\n")
@@ -94,7 +94,7 @@ class Driver:
                 *map(str, sale),
                 stdout=asyncio.subprocess.PIPE,
                 stderr=log,
-                env=self.env,
+                env={**self.env, "CRASH_RECOVERY_KILL": recovery_kill or ""},
             )
         assert proc.stdout is not None
         outcome = "done"
@@ -148,6 +148,15 @@ async def test_sigkill_at_every_step_loses_no_sale_and_keeps_no_unearned_money(
         for n, step in enumerate(steps, start=1):
             if step in SERVICE_CALL_STEPS:
                 assert await driver.run(flow, cents, dispense, f"{n}a") == "killed", step
+    # crashes during recovery itself: killed as the void's / the capture's answer arrives
+    assert await driver.run("charge_card", 250, "failed", 5) == "killed"
+    assert driver.steps[-1] == "dispense.request"
+    assert await driver.run(recovery_kill="2a") == "killed"  # recovery.start, reverse.request
+    assert driver.steps == ["recovery.start", "reverse.request"]
+    assert await driver.run("authorize_capture", 300, "vended", 8) == "killed"
+    assert driver.steps[-1] == "capture.request"
+    assert await driver.run(recovery_kill="2a") == "killed"  # recovery.start, capture.request
+    assert driver.steps == ["recovery.start", "capture.request"]
     assert await driver.run() == "done"  # recovers the last killed sale, if any
 
     journal = Journal(tmp_path / "journal.db")
