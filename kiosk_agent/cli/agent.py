@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from kiosk_agent.core.config import Config, ConfigInvalid, load_config
-from kiosk_agent.core.journal import Journal, SaleRecord
+from kiosk_agent.core.journal import Journal, JournalError, SaleRecord
 from kiosk_agent.core.sale import SaleState
 from kiosk_agent.money import cents_to_dollars, format_cents
 
@@ -112,8 +112,12 @@ async def run_command(args: argparse.Namespace) -> int:
     try:
         await agent.start()
         await stop.wait()
+    except JournalError as err:
+        print(err, file=sys.stderr)  # a read-only disk or a bad path: say so, no traceback
+        return 1
     finally:
-        await agent.stop()
+        if agent.started:
+            await agent.stop()
         if sim is not None:
             await sim.stop()
     return 0
@@ -252,7 +256,11 @@ async def sales_command(args: argparse.Namespace) -> int:
         print(f"no journal at {path} (the agent has not run yet)", file=sys.stderr)
         return 1
     journal = Journal(path)
-    journal.open()
+    try:
+        journal.open()
+    except JournalError as err:
+        print(err, file=sys.stderr)
+        return 1
     try:
         states = [SaleState(s) for s in args.state] if args.state else None
         sales = journal.query(since=since, states=states, limit=args.limit)

@@ -69,6 +69,7 @@ CREATE TABLE IF NOT EXISTS steps (
 CREATE INDEX IF NOT EXISTS steps_sale ON steps(sale_id);
 """
 
+_SIDE = ("-wal", "-shm")
 _FINAL_STATES = tuple(s.value for s in SaleState if s.final)
 
 
@@ -148,8 +149,8 @@ class Journal:
     # -- lifecycle -------------------------------------------------------------------------------
 
     def open(self) -> None:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
         try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
             db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
             db.row_factory = sqlite3.Row
             db.execute("PRAGMA journal_mode=WAL")
@@ -159,10 +160,13 @@ class Journal:
             db.execute("PRAGMA busy_timeout=5000")
             db.executescript(_SCHEMA)
             db.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
-        except sqlite3.Error as err:
+            # the sales are the operator's business: the database and its WAL are private
+            for part in (self.path, *(self.path.with_name(self.path.name + s) for s in _SIDE)):
+                if part.exists():
+                    part.chmod(0o600)
+        except (sqlite3.Error, OSError) as err:
             raise JournalError(f"cannot open the journal at {self.path}: {err}") from err
         self._db = db
-        self.path.chmod(0o600)
 
     def close(self) -> None:
         if self._db is not None:

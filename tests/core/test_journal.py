@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from kiosk_agent.core.journal import Journal, SaleRecord
+from kiosk_agent.core.journal import Journal, JournalError, SaleRecord
 from kiosk_agent.core.sale import SaleState
 
 
@@ -117,3 +117,16 @@ def test_prune_keeps_open_and_attention_sales(journal: Journal) -> None:
 def test_retry_attempts_get_their_own_order_ids() -> None:
     sale = new_sale(7, attempt=3)
     assert sale.all_order_ids() == ["KA000007", "KA000007-2", "KA000007-3"]
+
+
+def test_the_wal_is_private_too(journal: Journal) -> None:
+    journal.create(new_sale(1))
+    wal = journal.path.with_name("journal.db-wal")
+    assert stat.S_IMODE(wal.stat().st_mode) == 0o600
+
+
+def test_an_unwritable_place_is_a_clear_error(tmp_path: Path) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    with pytest.raises(JournalError, match="cannot open the journal at"):
+        Journal(blocker / "journal.db").open()
