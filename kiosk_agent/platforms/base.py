@@ -1,27 +1,16 @@
-"""What every platform needs from the agent, and the one way a platform starts a sale.
+"""What every platform needs from the agent, and the helpers they share.
 
-Platforms depend on the agent only through these small protocols (``agent.sales``,
-``agent.events``, ``agent.health``), so a protocol layer can be driven by the real ``Agent`` or by
-anything else with the same shape.
+Platforms reach the agent only through ``agent.sales`` (start and cancel sales), ``agent.events``
+and ``agent.health``; ``SaleStarter`` is that first contract, so a protocol layer can be driven by
+the real ``SaleRunner`` or by anything else of the same shape.
 """
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Callable
 from typing import Any, Protocol
 
-from kiosk_agent.core.events import EventBus
-from kiosk_agent.core.sale import Dispenser, SaleEvent, SaleRequest
-
-_LOGGER = logging.getLogger(__name__)
-
-
-class SaleHandle(Protocol):
-    @property
-    def sale_id(self) -> str: ...
-
-    async def result(self) -> SaleEvent: ...
+from kiosk_agent.core.sale import Dispenser, SaleRequest
 
 
 class SaleStarter(Protocol):
@@ -30,21 +19,6 @@ class SaleStarter(Protocol):
     async def start(self, request: SaleRequest, dispenser: Dispenser) -> Any: ...
 
     async def cancel(self, sale_id: str) -> Any: ...
-
-
-class LinkReporter(Protocol):
-    def report_link(self, name: str, state: str, detail: str = "") -> None: ...
-
-
-class AgentLike(Protocol):
-    @property
-    def sales(self) -> Any: ...
-
-    @property
-    def events(self) -> EventBus[SaleEvent]: ...
-
-    @property
-    def health(self) -> Any: ...
 
 
 def instance_name(config: dict[str, Any], default: str) -> str:
@@ -65,5 +39,4 @@ def link_reporter(agent: Any, name: str) -> Callable[[Any, str], None]:
 
 def describe_start_failure(err: BaseException) -> str:
     """Why a sale could not start (busy terminal, agent stopping), for logs and the machine."""
-    text = str(err) or type(err).__name__
-    return f"{type(err).__name__}: {text}"
+    return f"{type(err).__name__}: {err or type(err).__name__}"

@@ -295,6 +295,7 @@ class MdbCashless:
         self.link_states: list[str] = []
 
     async def start(self) -> None:
+        self._stopping = False
         await self.link.start()
 
     async def stop(self) -> None:

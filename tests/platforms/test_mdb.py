@@ -213,6 +213,17 @@ async def test_vend_request_before_card_is_denied_in_card_first(
         await machine.device.stop()
 
 
+async def test_quiet_controller_is_probed_not_dropped(controller: VirtualController) -> None:
+    machine = await make_machine(controller, link={"silence_timeout": 0.05, "probe": "C,STATUS"})
+    try:
+        await asyncio.sleep(0.3)
+        assert "C,STATUS" in controller.received
+        assert machine.device.link.stats.reconnects == 0
+        assert (await controller.customer("A1")).outcome is VisitOutcome.VENDED
+    finally:
+        await machine.device.stop()
+
+
 def test_schema_names_the_wrong_field() -> None:
     config = PLATFORM_SCHEMA(
         {"platform": "mdb", "port": "/dev/ttyUSB0", "flow": "authorize_capture"}

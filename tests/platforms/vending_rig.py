@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 from dataclasses import dataclass, field
+from typing import Any
 
 from kiosk_agent.core.sale import (
     DispenseOutcome,
@@ -122,13 +123,19 @@ class Machine:
 
 
 async def make_machine(
-    controller: VirtualController, *, mode: Mode = Mode.SELECTION_FIRST, **options: object
+    controller: VirtualController,
+    *,
+    mode: Mode = Mode.SELECTION_FIRST,
+    link: dict[str, Any] | None = None,
+    **options: object,
 ) -> Machine:
     desk = CardDesk()
     states: list[str] = []
     device = MdbCashless(
         desk,
-        SerialSettings(port=controller.port, reconnect_min=0.02, reconnect_max=0.2),
+        SerialSettings(
+            port=controller.port, reconnect_min=0.02, reconnect_max=0.2, **(link or {})
+        ),
         MdbOptions(source="mdb:test", mode=mode, max_funds_cents=500, **options),  # type: ignore[arg-type]
         on_link_state=lambda state, detail: states.append(state.value),
     )
