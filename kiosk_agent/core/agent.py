@@ -154,6 +154,14 @@ class Agent:
     # -- lifecycle -------------------------------------------------------------------------------
 
     async def start(self) -> None:
+        """Start everything; if any part fails, what already started is stopped again."""
+        try:
+            await self._start()
+        except BaseException:
+            await self.stop()
+            raise
+
+    async def _start(self) -> None:
         started = time.monotonic()
         self.journal.open()
         pruned = self.journal.prune(self.config["journal"]["keep_days"])

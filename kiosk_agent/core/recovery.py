@@ -101,7 +101,8 @@ class Recovery:
                 )
                 try:
                     events.append(await self.recover(steps))
-                except ServiceError as err:
+                except Exception as err:  # a person decides: better than a guess or a stuck sale
+                    _LOGGER.exception("sale %s: recovery failed", record.sale_id)
                     events.append(
                         steps.finish(
                             SaleState.ATTENTION,

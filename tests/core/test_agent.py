@@ -86,3 +86,28 @@ async def test_a_zero_amount_is_refused_before_anything_is_journaled(agent: Agen
     with pytest.raises(ValueError, match="amount above zero"):
         await agent.sales.start(charge(0), ScriptedDispenser())
     assert agent.journal.query() == []
+
+
+class RefusingComponent:
+    """A section whose component cannot start (its port is taken, say)."""
+
+    def __init__(self, agent: Agent, conf: Any) -> None:
+        self.stopped = False
+
+    async def start(self) -> None:
+        raise OSError("address already in use")
+
+    async def stop(self) -> None:
+        self.stopped = True
+
+
+async def test_a_failed_start_leaves_nothing_open(sim_factory: Any, tmp_path: Path) -> None:
+    sim = await sim_factory(time_scale=300, transactions=0)
+    agent = Agent(load_config(write_config(tmp_path)), settings_for(sim))
+    agent.add_component(RefusingComponent, {})
+    with pytest.raises(OSError, match="address already in use"):
+        await agent.start()
+    assert not agent.started
+    assert agent.stopped.is_set()
+    with pytest.raises(Exception, match="not open"):
+        agent.journal.query()
