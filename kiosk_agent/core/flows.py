@@ -807,9 +807,10 @@ class SaleRunner:
         reason = self.busy_reason(device)
         if reason is not None:
             raise TerminalBusy(device, reason)
-        if request.amount_cents < 0 or (
-            request.amount_cents == 0 and request.flow is not Flow.ENROLL
-        ):
+        if isinstance(request.amount_cents, bool) or not isinstance(request.amount_cents, int):
+            raise TypeError(f"amount_cents must be integer cents, got {request.amount_cents!r}")
+        if request.amount_cents <= 0:
+            # enroll too: the terminal shows an amount while it reads the card
             raise ValueError(f"a sale needs an amount above zero, got {request.amount_cents}")
         sale_id, order_id = new_ids()
         record = SaleRecord(
