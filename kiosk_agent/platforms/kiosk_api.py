@@ -33,6 +33,7 @@ from aiohttp import WSMsgType, web
 
 from kiosk_agent.core.config import PLATFORM_SCHEMA as BASE_PLATFORM_SCHEMA
 from kiosk_agent.core.config import positive_float, positive_price
+from kiosk_agent.core.flows import TerminalBusy, UnknownTerminal
 from kiosk_agent.core.sale import (
     DispenseOutcome,
     DispenseStatus,
@@ -228,10 +229,12 @@ class KioskApi:
         dispenser.product = sale_request.product
         try:
             sale = await self.agent.sales.start(sale_request, dispenser)
-        except ValueError as err:  # an unknown terminal, a zero amount
-            raise BadRequest("terminal" if "terminal" in str(err) else "amount", str(err)) from None
-        except Exception as err:  # noqa: BLE001 - TerminalBusy, agent stopping: 409 with the reason
-            return _error(409, "terminal_busy", None, str(err))
+        except TerminalBusy as err:  # another sale, recovery, or the agent stopping
+            return _error(409, "terminal_busy", "terminal", str(err))
+        except UnknownTerminal as err:
+            raise BadRequest("terminal", str(err)) from None
+        except ValueError as err:  # a zero amount
+            raise BadRequest("amount", str(err)) from None
         self._dispensers[sale.sale_id] = dispenser
         return web.json_response(
             {

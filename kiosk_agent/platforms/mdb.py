@@ -154,8 +154,9 @@ class MdbSession:
         self.phase = _Phase.AUTHORIZING
         self.sale_id: str | None = None
         self.abort_reason: str | None = None
-        self.selection: asyncio.Future[wire.VendRequested] = asyncio.Future()
-        self.result: asyncio.Future[DispenseOutcome] = asyncio.Future()
+        loop = asyncio.get_running_loop()
+        self.selection: asyncio.Future[wire.VendRequested] = loop.create_future()
+        self.result: asyncio.Future[DispenseOutcome] = loop.create_future()
         self.vend_cents = request.amount_cents
         self.product = request.product
 
@@ -179,16 +180,27 @@ class MdbSession:
     async def deny(self, reason: str) -> None:
         if self.phase is _Phase.ENDED:
             return
-        self.device.stats.denied += 1
-        self.device.send(wire.deny_vend())
-        _LOGGER.info("%s: vend denied (%s)", self.device.options.source, reason)
+        if self.machine_waiting:
+            self.device.stats.denied += 1
+            self.device.send(wire.deny_vend())
+            _LOGGER.info("%s: vend denied (%s)", self.device.options.source, reason)
         self._end(DispenseStatus.CANCELLED, f"denied: {reason}")
+
+    @property
+    def machine_waiting(self) -> bool:
+        """Whether the controller waits for our answer (else a C,STOP would be out of turn)."""
+        if self.abort_reason is not None:
+            return False  # the controller already ended this session
+        if self.device.options.mode is Mode.CARD_FIRST:
+            return self.phase is _Phase.SELECTING  # before C,START the machine knows nothing
+        return True
 
     # -- steps -------------------------------------------------------------------------------
 
     async def _open_session(self, funds_cents: int) -> DispenseOutcome | None:
         """Card first: offer the funds and wait for a selection within them; None when chosen."""
         self.phase = _Phase.SELECTING
+        self.device.card_first_idle_rounds = 0
         self.device.send(wire.start_session(funds_cents, self.device.options.unit))
         try:
             choice = await asyncio.wait_for(
@@ -282,6 +294,8 @@ class MdbCashless:
         self._controller_session = False
         # a vend request that came while the previous sale was still capturing
         self._queued: wire.VendRequested | None = None
+        # card first: sales in a row that ended before any session opened (for the retry pause)
+        self.card_first_idle_rounds = 0
         self.session: MdbSession | None = None
         self._tasks: set[asyncio.Task[None]] = set()
         self._stopping = False
@@ -501,7 +515,10 @@ class MdbCashless:
             if queued is not None and not self._stopping:
                 self._begin_selection(queued)
             if self.options.mode is Mode.CARD_FIRST and not self._stopping:
-                await asyncio.sleep(self.options.card_first_pause)
+                # A terminal that keeps failing (busy, offline) is retried ever more slowly.
+                pause = min(30.0, self.options.card_first_pause * 2**self.card_first_idle_rounds)
+                self.card_first_idle_rounds += 1
+                await asyncio.sleep(pause)
                 self._maybe_start_card_first()
 
     def cancel_sale(self, session: MdbSession) -> None:

@@ -158,7 +158,7 @@ class _Vend:
         self.sale_id: str | None = None
         self.vending = False
         self.cancelled: str | None = None
-        self.result: asyncio.Future[DispenseOutcome] = asyncio.Future()
+        self.result: asyncio.Future[DispenseOutcome] = asyncio.get_running_loop().create_future()
 
     def fields(self, reason: str = "") -> dict[str, str]:
         return template_fields(self.request.product, self.price_text, self.request.amount_cents,

@@ -6,7 +6,7 @@ import asyncio
 import logging
 
 import pytest
-from vending_rig import Machine, make_machine
+from vending_rig import CardDesk, Machine, make_machine
 
 from kiosk_agent.core.sale import DispenseStatus, SaleState
 from kiosk_agent.platforms.mdb import PLATFORM_SCHEMA, Mode
@@ -196,6 +196,24 @@ async def test_card_first_walk_away_and_session_timeout(controller: VirtualContr
         second = await asyncio.wait_for(machine.desk.sales[1].result(), 2)
         assert second.state is SaleState.REVERSED
         assert "session timeout" in (machine.desk.sales[1].outcome.detail or "")  # type: ignore[union-attr]
+    finally:
+        await machine.device.stop()
+
+
+async def test_card_first_retries_a_busy_terminal_ever_more_slowly(
+    controller: VirtualController,
+) -> None:
+    desk = CardDesk()
+    desk.held_elsewhere = True
+    machine = await make_machine(controller, mode=Mode.CARD_FIRST, desk=desk)
+    try:
+        await asyncio.sleep(1.0)
+        assert 2 <= machine.desk.refused <= 4  # after 0.2, 0.4, 0.8 s: not every 0.2 s
+        assert "C,STOP" not in controller.received  # the machine was never offered anything
+        machine.desk.held_elsewhere = False
+        await _until(lambda: machine.desk.sales, timeout=5)
+        visit = await controller.card_first_customer("A2")
+        assert visit.outcome is VisitOutcome.VENDED
     finally:
         await machine.device.stop()
 

@@ -39,7 +39,7 @@ class DeskSale:
     cancelled: bool = False
 
     async def result(self) -> SaleEvent:
-        return await self.final
+        return await asyncio.shield(self.final)  # like the real Sale: a waiter may give up
 
 
 class CardDesk:
@@ -51,9 +51,12 @@ class CardDesk:
         self._ids = itertools.count(1)
         self._busy = False
         self._waiting: dict[str, asyncio.Task[None]] = {}
+        self.held_elsewhere = False  # another trigger holds the terminal
+        self.refused = 0
 
     async def start(self, request: SaleRequest, dispenser: Dispenser) -> DeskSale:
-        if self._busy:
+        if self._busy or self.held_elsewhere:
+            self.refused += 1
             raise TerminalBusy("terminal busy with another sale")
         self._busy = True
         sale = DeskSale(f"sale-{next(self._ids)}", request)
@@ -127,9 +130,10 @@ async def make_machine(
     *,
     mode: Mode = Mode.SELECTION_FIRST,
     link: dict[str, Any] | None = None,
+    desk: CardDesk | None = None,
     **options: object,
 ) -> Machine:
-    desk = CardDesk()
+    desk = desk or CardDesk()
     states: list[str] = []
     device = MdbCashless(
         desk,
