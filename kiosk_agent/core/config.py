@@ -130,7 +130,10 @@ class _Context:
     def secret(self, name: str, where: Position) -> str | None:
         secrets = self._load_secrets()
         if secrets is None:
-            self.error(where, f"!secret {name}: {self._secrets_error}")
+            fix = None
+            if not self.secrets_path.exists():
+                fix = f"create it with `{name}: ...` (see config/secrets.example.yaml), chmod 600"
+            self.error(where, f"!secret {name}: {self._secrets_error}", fix)
             return None
         if name not in secrets:
             close = difflib.get_close_matches(name, [str(k) for k in secrets], n=1)
