@@ -122,3 +122,29 @@ async def test_thousand_sales_through_the_agent_none_lost_none_doubled(
         assert final.captured_cents == (
             visit.price_cents if visit.outcome is VisitOutcome.VENDED else 0
         )
+
+
+async def test_unplugged_adapter_shows_in_health_and_comes_back(
+    tmp_path: Path, sim_settings: Any, controller: VirtualController
+) -> None:
+    trigger = {"platform": "mdb", "name": "front", "port": controller.port,
+               "flow": "authorize_capture"}
+    async with running_agent(tmp_path, sim_settings, [trigger]) as agent:
+        await asyncio.wait_for(controller.wait_enabled(), 5)
+
+        def link_state() -> str:
+            return next(lk.state for lk in agent.health.snapshot().links if lk.name == "mdb:front")
+
+        controller.unplug()
+        async with asyncio.timeout(3):
+            while link_state() != "disconnected":
+                await asyncio.sleep(0.01)
+        assert any("mdb:front" in problem for problem in agent.health.snapshot().problems)
+
+        controller.plug()
+        await asyncio.wait_for(controller.wait_enabled(), 3)
+        assert link_state() == "connected"
+        collector = asyncio.create_task(_final_events(agent, 1))
+        assert (await controller.customer("A1")).outcome is VisitOutcome.VENDED
+        [final] = await collector
+        assert final.state is SaleState.COMPLETED
