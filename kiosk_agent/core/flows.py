@@ -418,7 +418,7 @@ class SaleFlow(SaleSteps):
                     SaleState.FAILED, "charge_card.busy", f"terminal busy: {err}"
                 )
             except (ServerError, ServiceUnreachableError) as err:
-                return await self._charge_lost(err)
+                return await self._charge_lost(f"the charge's answer was lost ({err})")
             except ServiceError as err:
                 return await self._fail(SaleState.FAILED, "charge_card.refused", f"refused: {err}")
             self.step(
@@ -428,11 +428,8 @@ class SaleFlow(SaleSteps):
             )
             interaction = await self.wait_interaction(handle, InteractionKind.CHARGE_CARD)
             if interaction is None or not interaction.finished:
-                return self.finish(
-                    SaleState.ATTENTION,
-                    "charge_card.unknown",
-                    "the terminal never said how the charge ended; a person must look",
-                )
+                # the terminal went quiet: reporting by order_id says whether it charged
+                return await self._charge_lost("the terminal never said how the charge ended")
             ended = await self._charge_ended(interaction)
             if ended is not None:
                 return ended
@@ -479,9 +476,9 @@ class SaleFlow(SaleSteps):
         )
         return await self._dispense_paid(cents)
 
-    async def _charge_lost(self, err: ServiceError) -> SaleEvent:
-        """The charge-card answer was lost: find out by order_id before anything else."""
-        self.step("charge_card.lost", detail={"error": str(err)})
+    async def _charge_lost(self, why: str) -> SaleEvent:
+        """How the charge ended is unknown: find out by order_id before anything else."""
+        self.step("charge_card.lost", detail={"why": why})
         lookup = await self.reconciler.find_charge(
             self.record.all_order_ids(),
             wait_until=self.record.updated_at + self.settings.interaction_lifetime * 1.1 + 0.5,
@@ -490,7 +487,7 @@ class SaleFlow(SaleSteps):
             return self.finish(
                 SaleState.ATTENTION,
                 "charge_card.unknown",
-                f"the charge's answer was lost ({err}) and reporting cannot say",
+                f"{why}, and reporting cannot say whether it charged",
             )
         if lookup.approved:
             cents = lookup.amount_cents or self.record.amount_cents
@@ -501,8 +498,8 @@ class SaleFlow(SaleSteps):
                 captured_cents=cents,
             )
             await self._deny("payment could not be confirmed in time")
-            return await self.reverse("the charge was found after a lost answer; not dispensed")
-        return await self._fail(SaleState.FAILED, "charge_card.none", f"no charge was made ({err})")
+            return await self.reverse(f"{why}; the charge was found, not dispensed")
+        return await self._fail(SaleState.FAILED, "charge_card.none", f"{why}; no charge was made")
 
     async def _dispense_paid(self, cents: int) -> SaleEvent:
         """Money is taken (charge_card): the dispense is confirmed or the money goes back."""
