@@ -184,9 +184,12 @@ class VirtualController:
         if self._pty is None:
             return
         try:
-            os.write(self._pty.master, data)
-        except (BlockingIOError, OSError) as err:
+            written = os.write(self._pty.master, data)
+        except OSError as err:  # the agent is not reading and the pty is full
             _LOGGER.debug("virtual adapter write dropped: %s", err)
+            return
+        if written < len(data):
+            _LOGGER.debug("virtual adapter wrote %d of %d bytes", written, len(data))
 
     def _read_ready(self) -> None:
         assert self._pty is not None
@@ -253,11 +256,16 @@ class VirtualController:
         self._session_funds.set_result(funds)
 
     async def _enable(self) -> None:
+        """The controller polls the reader and enables it, unless something intervenes."""
+        epoch = self._epoch
         await asyncio.sleep(self.options.enable_delay)
+        if self._epoch != epoch or self._pty is None:
+            return
         if self.status is Status.INACTIVE:
             self._set_status(Status.DISABLED)
         await asyncio.sleep(self.options.enable_delay)
-        self._set_status(Status.ENABLED)
+        if self._epoch == epoch and self._pty is not None:
+            self._set_status(Status.ENABLED)
 
     def _set_status(self, status: Status) -> None:
         self.status = status
