@@ -238,7 +238,10 @@ class SaleSteps:
             except (BadRequestError, ServerError, ServiceUnreachableError) as err:
                 lookup = await self.reconciler.transaction_state(trans_id)
                 if lookup.reversed:
-                    return self._reversed(why, lookup.reverse_trans_id, lookup.amount_cents)
+                    refunded = lookup.reverse_trans_id not in (None, trans_id)
+                    return self._reversed(
+                        why, lookup.reverse_trans_id, lookup.amount_cents, voided=not refunded
+                    )
                 if attempt == 2 or (isinstance(err, BadRequestError) and not lookup.known):
                     return self.finish(
                         SaleState.ATTENTION,

@@ -6,6 +6,7 @@ import asyncio
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 from agent_helpers import ScriptedDispenser, settings_for
 
 from kiosk_agent.core.journal import Journal, SaleRecord
@@ -168,3 +169,27 @@ async def test_a_terminal_under_recovery_refuses_new_sales(
     assert "recovering sale crashed1" in reason
     await asyncio.wait_for(agent.recovery.wait(), 10)
     assert agent.sales.busy_reason("SIM-0001") is None
+
+
+async def test_a_settled_charge_left_undispensed_is_refunded(
+    agent_factory: Any, sim_factory: Any, tmp_path: Path
+) -> None:
+    sim = await sim_factory(time_scale=300, transactions=0)
+    async with ServiceClient(settings_for(sim)) as service:
+        trans_id = await authorize(service, "KACRASHED1", capture=True)
+        async with (
+            aiohttp.ClientSession() as session,
+            session.post(f"{sim.base_url}/sim/settle") as answer,
+        ):
+            assert answer.status == 200
+    leave_open(tmp_path, state=SaleState.DISPENSING, trans_id=trans_id, captured_cents=300)
+    agent = await agent_factory(sim=sim)
+    [event] = await asyncio.wait_for(agent.recovery.wait(), 10)
+    assert event.state is SaleState.REVERSED
+    assert "$3.00 refunded" in event.message
+    record = agent.journal.get("crashed1")
+    assert record is not None
+    assert record.reverse_trans_id not in (None, trans_id)
+    by_id = {row.trans_id: row for row in await rows(agent.service, "KACRASHED1")}
+    assert by_id[trans_id].status is TransStatus.REFUNDED
+    assert by_id[record.reverse_trans_id].status is TransStatus.REFUND
