@@ -247,3 +247,16 @@ async def test_a_receipt_failure_never_fails_a_paid_sale(agent_factory: Any) -> 
     record = agent.journal.get(event.sale_id)
     assert record is not None
     assert record.state is SaleState.COMPLETED
+
+
+async def test_authorize_capture_retry_answers_use_a_new_order_id_each(agent: Agent) -> None:
+    machine = ScriptedDispenser()
+    event = await sell(agent, 401, machine, flow=Flow.AUTHORIZE_CAPTURE)
+    assert event.state is SaleState.DECLINED
+    sale = agent.journal.get(event.sale_id)
+    assert sale is not None
+    assert sale.attempt == 3
+    for order_id in sale.all_order_ids():
+        [row] = await ledger(agent, order_id)
+        assert row.status is TransStatus.RETRY
+    assert machine.authorized == []
