@@ -553,6 +553,11 @@ def _known_keys(path: list[Any], schema: Any) -> list[str]:
     return []
 
 
+def known_keys(schema: Any) -> set[str]:
+    """The top-level keys a (possibly wrapped) voluptuous mapping schema names."""
+    return set(_known_keys(["_"], schema))
+
+
 def explain(
     error: vol.Invalid,
     data: Any,

@@ -16,7 +16,7 @@ from importlib import metadata
 from types import ModuleType
 from typing import TYPE_CHECKING, Any, Protocol
 
-from kiosk_agent.core.config import ConfigError, Position, locate, validate
+from kiosk_agent.core.config import ConfigError, Position, known_keys, locate, validate
 
 if TYPE_CHECKING:
     from kiosk_agent.core.agent import Agent
@@ -127,7 +127,31 @@ def validate_trigger(
             )
         ]
     value, errors = validate(module.PLATFORM_SCHEMA, trigger, raw, prefix, default)
-    return value, errors
+    errors.extend(_unknown_keys(module.PLATFORM_SCHEMA, trigger, raw, prefix, default))
+    return (value if not errors else None), errors
+
+
+def _unknown_keys(
+    schema: Any, trigger: dict[str, Any], raw: Any, prefix: list[Any], default: Position
+) -> list[ConfigError]:
+    """Keys no schema knows. The base schema allows extras so platforms can extend it, which
+    would let a typo (``prise:``) pass silently; so they are checked here."""
+    known = known_keys(schema)
+    if not known:  # a schema that cannot be read this way: trust it
+        return []
+    errors = []
+    for key in trigger:
+        if key in known:
+            continue
+        where = locate(raw, [*prefix, key], default) or default
+        close = difflib.get_close_matches(str(key), sorted(known), n=1)
+        fix = f"did you mean {close[0]!r}?" if close else f"known keys: {', '.join(sorted(known))}"
+        errors.append(
+            ConfigError(
+                where.file, where.line, _path(prefix, str(key)), f"unknown key {key!r}", fix
+            )
+        )
+    return errors
 
 
 def _path(prefix: list[Any], key: str) -> str:

@@ -143,17 +143,19 @@ def test_run_sells_on_the_embedded_simulator_and_stops_on_sigterm(tmp_path: Path
             """
         ),
     )
-    agent = subprocess.Popen(
-        [sys.executable, "-m", "kiosk_agent", "run", "--config", str(path)],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    log = tmp_path / "agent.log"  # a file, not a pipe: a full pipe would stall the agent
+    with log.open("w") as stderr:
+        agent = subprocess.Popen(
+            [sys.executable, "-m", "kiosk_agent", "run", "--config", str(path)],
+            stdout=subprocess.DEVNULL,
+            stderr=stderr,
+        )
     try:
-        deadline = time.monotonic() + 20
+        deadline = time.monotonic() + 30
         completed: list[str] = []
         while time.monotonic() < deadline and len(completed) < 3:
             time.sleep(0.2)
+            assert agent.poll() is None, log.read_text()[-3000:]
             if (tmp_path / "journal.db").exists():
                 listing = subprocess.run(
                     [
@@ -173,13 +175,14 @@ def test_run_sells_on_the_embedded_simulator_and_stops_on_sigterm(tmp_path: Path
                     check=True,
                 )
                 completed = json.loads(listing.stdout)
-        assert len(completed) >= 3
+        assert len(completed) >= 3, log.read_text()[-3000:]
         agent.send_signal(signal.SIGTERM)
-        _, err = agent.communicate(timeout=20)
+        agent.wait(timeout=20)
     finally:
         if agent.poll() is None:
             agent.kill()
             agent.wait()
-    assert agent.returncode == 0, err[-2000:]
+    err = log.read_text()
+    assert agent.returncode == 0, err[-3000:]
     lines = [json.loads(line) for line in err.splitlines() if line.startswith("{")]
     assert any("ready in" in line["msg"] for line in lines)

@@ -286,3 +286,22 @@ def test_a_trigger_on_an_unconfigured_terminal_is_a_mistake(tmp_path: Path, coin
         "config.yaml:10: triggers[0].terminal: unknown terminal 'frnt'; configured: SIM-0001, "
         "front (fix: did you mean 'front'?)"
     ]
+
+
+def test_two_triggers_with_one_name_and_a_misspelt_platform_key(
+    tmp_path: Path, coin_box: str
+) -> None:
+    path = write(
+        tmp_path,
+        "config.yaml",
+        GOOD
+        + f"triggers:\n  - platform: {coin_box}\n    name: lobby\n    price: 100\n"
+        f"  - platform: {coin_box}\n    name: lobby\n    prise: 100\n",
+    )
+    assert messages(path) == [
+        "config.yaml:11: triggers[1].price: required key 'price' is missing "
+        "(fix: add `price: ...`)",
+        "config.yaml:12: triggers[1].name: name 'lobby' is already used by triggers[0] "
+        "(fix: give every trigger its own name)",
+        "config.yaml:13: triggers[1].prise: unknown key 'prise' (fix: did you mean 'price'?)",
+    ]
