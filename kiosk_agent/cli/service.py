@@ -28,6 +28,7 @@ from kiosk_agent.money import MoneyError, cents_to_dollars, format_cents, parse_
 
 if TYPE_CHECKING:
     from kiosk_agent.service.client import ServiceClient
+    from kiosk_agent.service.models.boarding import MerchantStatus
     from kiosk_agent.service.settings import ServiceSettings
 
 # Exit codes (docs/cli.md): 0 fine, 1 the check failed or the service said no, 2 bad input,
@@ -78,6 +79,9 @@ def guarded(handler: Handler) -> Handler:
         except CliError as err:
             _fail(str(err), scrub=False)  # our own words (and the config loader's): no secrets
             return err.code
+        except errors.MissingCredentialsError as err:
+            _fail(str(err), scrub=False)  # our own words: which setting to add
+            return EXIT_USAGE
         except errors.AuthenticationError as err:
             _fail(f"credentials refused: {err}. Check KIOSK_API_KEY / client id and secret.")
             return EXIT_AUTH
@@ -142,9 +146,6 @@ def load_settings(config: str | None, *, needs: str = "api") -> ServiceSettings:
             "--config FILE with a service: section",
             EXIT_USAGE,
         )
-    # Reporting and boarding work without a payments key; settings still want the fields.
-    values.setdefault("api_key", "")
-    values.setdefault("mid", "")
     if isinstance(values.get("isv"), str):
         values["isv"] = values["isv"].strip().lower() in ("1", "true", "yes", "y")
     try:
@@ -182,11 +183,12 @@ def _service_section(path: Path) -> dict[str, Any]:
         settings = service_settings_from_config(config)
     except ValidationError as err:
         raise CliError(f"{path}: service: {first_problem(err)}", EXIT_USAGE) from None
-    values: dict[str, Any] = {}
-    for name in settings.model_fields_set | {"credentials_path"}:
-        value = getattr(settings, name)
-        values[name] = value.get_secret_value() if isinstance(value, SecretStr) else value
-    return values
+    # By the names the settings take (``mid``), so KIOSK_* variables override them one for one.
+    given = settings.model_dump(by_alias=True, exclude_unset=True, exclude_none=True)
+    return {
+        name: value.get_secret_value() if isinstance(value, SecretStr) else value
+        for name, value in given.items()
+    }
 
 
 def open_client(args: argparse.Namespace, *, needs: str = "api") -> ServiceClient:
@@ -1077,15 +1079,28 @@ def _merchant_lines(merchant: Any) -> list[tuple[str, object]]:
     return lines
 
 
+def merchant_status_arg(text: str | None) -> MerchantStatus | int | None:
+    """``--status`` by name (``sent_for_signature``) or id; a typo is shown to its typist."""
+    from kiosk_agent.service.models.boarding import MerchantStatus
+
+    if text is None:
+        return None
+    if text.strip().isdigit():
+        return int(text)
+    try:
+        return MerchantStatus.from_name(text)
+    except ValueError as err:
+        raise CliError(f"--status: {err}", EXIT_USAGE) from None
+
+
 async def boarding_merchants(args: argparse.Namespace) -> int:
     from kiosk_agent.service.models.boarding import MerchantFilter
 
+    status = merchant_status_arg(args.status)
     try:
-        filters = MerchantFilter(mid=args.mid, dba_name=args.dba_name,
-                                 merchant_status_id=args.status)
+        filters = MerchantFilter(mid=args.mid, dba_name=args.dba_name, merchant_status_id=status)
     except ValidationError as err:
-        raise CliError(f"--status: {first_problem(err)}",
-                       EXIT_USAGE) from None
+        raise CliError(f"--status: {first_problem(err)}", EXIT_USAGE) from None
     async with open_client(args, needs="oauth") as svc:
         records = svc.boarding.merchants(filters, page_size=args.page_size, limit=args.limit)
         return await write_records(records, args, "merchants")
@@ -1112,12 +1127,12 @@ async def boarding_create(args: argparse.Namespace) -> int:
 async def boarding_update(args: argparse.Namespace) -> int:
     from kiosk_agent.service.models.boarding import MerchantUpdate
 
+    status = merchant_status_arg(args.status)
     try:
-        changes = MerchantUpdate(merchant_status=args.status, dba_name=args.dba_name,
+        changes = MerchantUpdate(merchant_status=status, dba_name=args.dba_name,
                                  legal_name=args.legal_name, external_crm_id=args.external_crm_id)
     except ValidationError as err:
-        raise CliError(f"--status: {first_problem(err)}",
-                       EXIT_USAGE) from None
+        raise CliError(f"--status: {first_problem(err)}", EXIT_USAGE) from None
     if not changes.to_body():
         raise CliError("nothing to update: give --status or a field", EXIT_USAGE)
     async with open_client(args, needs="oauth") as svc:

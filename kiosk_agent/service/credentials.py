@@ -20,7 +20,12 @@ from collections.abc import Awaitable, Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from kiosk_agent.service.errors import AuthenticationError, CredentialsError, ServiceError
+from kiosk_agent.service.errors import (
+    AuthenticationError,
+    CredentialsError,
+    MissingCredentialsError,
+    ServiceError,
+)
 from kiosk_agent.service.models.payments import ApiKeySet
 
 _LOGGER = logging.getLogger(__name__)
@@ -143,14 +148,21 @@ Refresher = Callable[[str, str], Awaitable[ApiKeySet]]
 
 
 class ApiKeyManager:
-    """Hands out a valid API key, refreshing it once however many callers need it at once."""
+    """Hands out a valid API key, refreshing it once however many callers need it at once.
+
+    ``credentials`` is None when no key is configured (a reporting-only client): asking for a
+    key then raises :class:`MissingCredentialsError` with ``missing``, the message that says
+    what to set.
+    """
 
     def __init__(
         self,
-        credentials: ApiCredentials,
+        credentials: ApiCredentials | None,
         refresher: Refresher,
         store: CredentialStore | None = None,
         clock: Callable[[], float] = time.time,
+        *,
+        missing: str = "no payments API key configured",
     ) -> None:
         self._credentials = credentials
         self._refresher = refresher
@@ -158,15 +170,22 @@ class ApiKeyManager:
         self._clock = clock
         self._lock = asyncio.Lock()
         self.refresh_count = 0
+        self._missing = missing
         self._listeners: list[Callable[[ApiCredentials], None]] = []
 
     @property
+    def configured(self) -> bool:
+        return self._credentials is not None
+
+    @property
     def credentials(self) -> ApiCredentials:
+        if self._credentials is None:
+            raise MissingCredentialsError(self._missing)
         return self._credentials
 
     @property
     def api_key(self) -> str:
-        return self._credentials.api_key
+        return self.credentials.api_key
 
     def on_rotate(self, listener: Callable[[ApiCredentials], None]) -> None:
         """Call ``listener`` with the new credentials after each saved rotation (e.g. health)."""
@@ -174,7 +193,7 @@ class ApiKeyManager:
 
     async def valid_key(self) -> str:
         """The key to send now: refreshed first when it is about to expire."""
-        current = self._credentials
+        current = self.credentials
         if not current.refresh_due(self._clock()) or current.refresh_token is None:
             return current.api_key
         try:
@@ -189,7 +208,7 @@ class ApiKeyManager:
     async def refresh(self, stale_key: str | None = None) -> str:
         """Rotate the key unless another caller already replaced ``stale_key``; the new key."""
         async with self._lock:
-            current = self._credentials
+            current = self.credentials
             if stale_key is not None and current.api_key != stale_key:
                 return current.api_key  # rotated by a concurrent caller while we waited
             if current.refresh_token is None:

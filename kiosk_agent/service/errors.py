@@ -45,6 +45,13 @@ class AuthenticationError(ServiceError):
     """401: missing, invalid or expired credentials that a refresh could not repair."""
 
 
+class MissingCredentialsError(AuthenticationError):
+    """The settings lack what this call needs (no payments API key, no mid, no OAuth client).
+
+    Raised before anything is sent; the message names the setting to add.
+    """
+
+
 class NotFoundError(ServiceError):
     """404: the resource does not exist (or was deleted)."""
 

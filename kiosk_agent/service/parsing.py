@@ -12,6 +12,7 @@ from typing import Any, TypeVar
 
 from pydantic import BaseModel, TypeAdapter, ValidationError
 
+from kiosk_agent.redact import redact
 from kiosk_agent.service.errors import InvalidResponseError
 from kiosk_agent.service.models.payments import ChargeResult
 from kiosk_agent.service.models.terminal import (
@@ -40,14 +41,19 @@ def decode_json(body: bytes, *, what: str, content_type: str = "") -> Any:
 
 
 def describe_body(body: bytes, content_type: str = "") -> str:
-    """A short, safe description of a body for an error message (no long text echoed)."""
+    """A short, safe description of a body for an error message (no long text echoed).
+
+    A body that looks like JSON is described by size only: cut short, it may end inside a token
+    or card number that no pattern would recognise. A proxy's page shows its start, redacted.
+    """
     if not body:
         return "an empty body"
-    head = body[:_SNIPPET].decode("utf-8", "replace").strip().replace("\n", " ")
+    kind = f"{len(body)} bytes of {content_type or 'text'}"
+    if body.lstrip()[:1] in (b"{", b"[", b'"') or "json" in content_type:
+        return kind
+    head = redact(body[:_SNIPPET].decode("utf-8", "replace").strip().replace("\n", " "))
     if b"<html" in body[:512].lower() or "html" in content_type:
         kind = "an HTML page"
-    else:
-        kind = f"{len(body)} bytes of {content_type or 'text'}"
     return f"{kind} starting {head!r}"
 
 

@@ -7,6 +7,13 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
 
+from kiosk_agent.service.errors import MissingCredentialsError
+
+NO_API_KEY = (
+    "no payments API key configured: set service.api_key (KIOSK_API_KEY for the command line); "
+    "payments and terminal calls need it, reporting and boarding use client_id/client_secret"
+)
+
 
 class ServiceSettings(BaseModel):
     """Addresses, credentials and tuning of the service client.
@@ -14,13 +21,19 @@ class ServiceSettings(BaseModel):
     Secrets are ``SecretStr``: ``repr``, logs and diagnostics show ``'**********'``.
     ``credentials_path`` is where a rotated API key and refresh token are kept; when the file
     exists it wins over ``api_key``/``refresh_token`` (those were only the first provisioning).
+
+    ``api_key`` and ``mid`` are needed by payments and terminal calls only: someone who reports
+    or boards with ``client_id``/``client_secret`` leaves them out, and a payments or terminal
+    call then fails at once with :class:`MissingCredentialsError` saying what to set.
     """
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    # hide_input_in_errors: a refused setting may be a key or a secret; never echo it.
+    model_config = ConfigDict(frozen=True, extra="forbid", hide_input_in_errors=True)
 
     base_url: str
-    api_key: SecretStr
-    mid: str
+    api_key: SecretStr | None = None
+    # Given as ``mid=``; read through the ``mid`` property, which says what is missing.
+    configured_mid: str | None = Field(default=None, alias="mid")
     reporting_url: str | None = None  # default: base_url
     ws_url: str | None = None  # default: base_url with ws/wss
     refresh_token: SecretStr | None = None
@@ -51,9 +64,36 @@ class ServiceSettings(BaseModel):
             raise ValueError(f"base_url must start with http:// or https://, got {self.base_url!r}")
         return self
 
+    @model_validator(mode="after")
+    def _no_blank_credentials(self) -> ServiceSettings:
+        # A blank key or mid is a configuration slip, not "not configured": say so now.
+        if self.api_key is not None and not self.api_key.get_secret_value().strip():
+            raise ValueError("api_key is empty: leave it out, or give the payments API key")
+        if self.configured_mid is not None and not self.configured_mid.strip():
+            raise ValueError("mid is empty: leave it out, or give the merchant's mid")
+        return self
+
+    @property
+    def mid(self) -> str:
+        """The merchant the payments key acts for; MissingCredentialsError when not configured."""
+        if self.configured_mid is None:
+            raise MissingCredentialsError(
+                "no merchant mid configured: set service.mid (KIOSK_MID for the command line); "
+                "payments and terminal calls need it"
+            )
+        return self.configured_mid
+
+    @property
+    def payments_api_key(self) -> str:
+        """The configured payments API key; MissingCredentialsError when there is none."""
+        if self.api_key is None:
+            raise MissingCredentialsError(NO_API_KEY)
+        return self.api_key.get_secret_value()
+
     def replace(self, **changes: Any) -> ServiceSettings:
         """A copy with ``changes`` applied and validated (secrets given as text become secret)."""
-        return type(self).model_validate({**self.model_dump(), **changes})
+        current = self.model_dump(by_alias=True, exclude_none=True)
+        return type(self).model_validate({**current, **changes})
 
     @property
     def reporting_base(self) -> str:

@@ -31,19 +31,19 @@ from kiosk_agent.service.credentials import (
     CredentialStore,
 )
 from kiosk_agent.service.errors import (
-    AuthenticationError,
     CredentialsError,
     InvalidServerResponseError,
+    MissingCredentialsError,
     RateLimitedError,
     ServiceError,
     ServiceUnreachableError,
     error_class_for,
 )
-from kiosk_agent.service.models.common import ErrorBody
+from kiosk_agent.service.models.common import ErrorBody, ServiceModel
 from kiosk_agent.service.models.payments import ApiKeySet
 from kiosk_agent.service.parsing import BODY, decode_json, describe_body, parse, parse_json
 from kiosk_agent.service.ratelimit import RateLimiter
-from kiosk_agent.service.settings import ServiceSettings
+from kiosk_agent.service.settings import NO_API_KEY, ServiceSettings
 
 _LOGGER = logging.getLogger(__name__)
 
@@ -82,12 +82,14 @@ class Transport:
         self.store = (
             CredentialStore(settings.credentials_path) if settings.credentials_path else None
         )
-        self.keys = ApiKeyManager(self._initial_credentials(), self._refresh_keys, self.store)
+        self.keys = ApiKeyManager(
+            self._initial_credentials(), self._refresh_keys, self.store, missing=NO_API_KEY
+        )
         self.limiter = RateLimiter(settings.rate_limit, settings.rate_burst)
         self.oauth = OAuthTokens(self)
         self.rate_limited_count = 0  # 429 answers seen (diagnostics)
 
-    def _initial_credentials(self) -> ApiCredentials:
+    def _initial_credentials(self) -> ApiCredentials | None:
         settings = self.settings
         if self.store is not None:
             try:
@@ -97,6 +99,8 @@ class Transport:
                 saved = None
             if saved is not None:
                 return saved
+        if settings.api_key is None:
+            return None  # reporting and boarding only; payments and terminal calls will say so
         refresh = settings.refresh_token.get_secret_value() if settings.refresh_token else None
         return ApiCredentials(api_key=settings.api_key.get_secret_value(), refresh_token=refresh)
 
@@ -406,8 +410,9 @@ class OAuthTokens:
     async def _fetch(self) -> str:
         settings = self._transport.settings
         if not settings.client_id or settings.client_secret is None:
-            raise AuthenticationError(
-                "reporting and boarding need client_id and client_secret in the service settings"
+            raise MissingCredentialsError(
+                "no OAuth client configured: set service.client_id and service.client_secret "
+                "(KIOSK_CLIENT_ID, KIOSK_CLIENT_SECRET); reporting and boarding need them"
             )
         pair = f"{settings.client_id}:{settings.client_secret.get_secret_value()}"
         basic = "Basic " + base64.b64encode(pair.encode()).decode("ascii")
@@ -430,7 +435,7 @@ class OAuthTokens:
         return answer.access_token
 
 
-class _OAuthAnswer(BaseModel):
+class _OAuthAnswer(ServiceModel):
     access_token: str
     token_type: str = "bearer"  # noqa: S105 (the scheme's name)
     expires_in: int = 3600

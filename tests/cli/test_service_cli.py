@@ -444,6 +444,18 @@ async def test_missing_credentials_name_the_variables(
     )
 
 
+async def test_reports_need_only_the_oauth_client(
+    env: dict[str, str], capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("KIOSK_API_KEY")
+    monkeypatch.delenv("KIOSK_MID")
+    settings = cli.load_settings(None, needs="oauth")
+    assert settings.api_key is None  # absent, not an empty string standing in for one
+    ran = await kiosk(capsys, "report", "deposits", "--limit", "2", "--format", "csv")
+    assert ran.code == 0, ran
+    assert len(ran.out.splitlines()) == 3
+
+
 def test_no_flag_takes_a_credential() -> None:
     """Shell history keeps flags: no option of these commands may carry a key or secret."""
     flags: set[str] = set()

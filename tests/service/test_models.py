@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import json
 from decimal import Decimal
+from typing import Any
 
 import pytest
+from pydantic import BaseModel, ValidationError
 
+from kiosk_agent.service.errors import InvalidResponseError
 from kiosk_agent.service.models import (
     ApiKeySet,
     BillingPlan,
@@ -17,9 +21,15 @@ from kiosk_agent.service.models import (
     HostedPageLink,
     Interaction,
     InteractionStatus,
+    MerchantPayload,
+    ReadCardResult,
+    ScheduledPayment,
     ScheduledPaymentStatus,
+    WebhookEnvelope,
     is_known,
 )
+from kiosk_agent.service.models.reporting import Chargeback, Page, Transaction
+from kiosk_agent.service.parsing import parse_json
 
 
 def test_charge_result_reads_both_spellings_and_keeps_extras() -> None:
@@ -106,3 +116,69 @@ def test_repr_hides_tokens_and_keys_at_any_depth() -> None:
     request = ChargeRequest(amount=100, account_token="9412345678901111")
     assert "9412345678901111" not in repr(request)
     assert request.account_token == "9412345678901111"  # hidden from repr only
+
+
+# -- refused values are never echoed -------------------------------------------------------------
+
+CARD = "4111111111111111"
+TOKEN = "tok_9412345678901111"
+
+
+@pytest.mark.parametrize(
+    ("model", "data", "field"),
+    [
+        (Transaction, {"trans_id": "1", "amount": f"{CARD}x"}, "amount"),
+        (Transaction, {"trans_id": "1", "amount": 1, "card_number": int(CARD)}, "card_number"),
+        (Chargeback, {"chargeback_id": 7, "amount": 1, "card_number": [CARD]}, "card_number"),
+        (Page[Transaction], {"items": [{"trans_id": "1", "amount": TOKEN}]}, "items.0.amount"),
+        (ReadCardResult, {"token": {"value": TOKEN}}, "token"),
+        (ScheduledPayment, {
+            "id": 1, "payment_number": 1, "payment_date": "2026-12-01T00:00:00.000Z",
+            "amount_scheduled": 1, "amount_paid": CARD, "amount_remaining": TOKEN,
+            "payment_status": "PENDING",
+        }, "amount_remaining"),
+        (MerchantPayload, {"merchant_id": TOKEN, "merchant_status_id": 1}, "merchant_id"),
+        (WebhookEnvelope, {"event_type": "x", "timestamp": CARD, "metadata": {}}, "timestamp"),
+    ],
+)  # fmt: skip
+def test_a_refused_answer_names_the_field_but_never_echoes_the_value(
+    model: type[BaseModel], data: dict[str, Any], field: str
+) -> None:
+    with pytest.raises(ValidationError) as refused:
+        model.model_validate(data)
+    text = f"{refused.value} {refused.value!r}"
+    assert field.rsplit(".", 1)[-1] in text
+    assert CARD not in text
+    assert TOKEN not in text
+
+    # The client's own parser: a typed error naming the whole path, value still unseen.
+    with pytest.raises(InvalidResponseError) as parsed:
+        parse_json(model, json.dumps(data).encode(), what="answer")
+    assert parsed.value.field == field
+    for shown in (str(parsed.value), repr(parsed.value), str(parsed.value.__context__)):
+        assert CARD not in shown
+        assert TOKEN not in shown
+
+
+def test_refused_request_amounts_say_the_form_expected_not_the_value() -> None:
+    with pytest.raises(ValidationError) as sub_cent:
+        HostedPage(name="p", amount=f"{CARD}.001")  # type: ignore[arg-type]
+    assert "at most two decimal places" in str(sub_cent.value)
+    with pytest.raises(ValidationError) as floating:
+        HostedPage(name="p", amount=float(CARD))  # type: ignore[arg-type]
+    assert "not a float" in str(floating.value)
+    with pytest.raises(ValidationError) as word:
+        BillingPlanRequest(
+            name="n", description="d", mid="m", payment_account_uuid="u", amount=TOKEN,  # type: ignore[arg-type]
+            rrule_pattern="x",
+        )
+    for refused in (sub_cent, floating, word):
+        assert CARD[:12] not in str(refused.value)
+        assert TOKEN not in str(refused.value)
+
+
+def test_a_reported_amount_must_be_a_finite_number() -> None:
+    for bad in ("NaN", "Infinity", "lots", True):
+        with pytest.raises(ValidationError, match="expected an amount in dollars"):
+            Transaction.model_validate({"trans_id": "1", "amount": bad})
+    assert Transaction.model_validate({"trans_id": "1", "amount": 0.1}).amount_cents == 10

@@ -213,6 +213,7 @@ def test_a_bad_page_names_the_field(body: bytes, field: str) -> None:
         parse_json(Page[Transaction], body, what="transactions page")
     assert caught.value.field == field
     assert field in str(caught.value)
+    assert "lots" not in str(caught.value)  # the refused value is never echoed
 
 
 def test_a_next_link_without_an_offset_is_an_invalid_answer() -> None:

@@ -13,7 +13,7 @@ from typing import Annotated, Any
 
 from pydantic import BeforeValidator, Field
 
-from kiosk_agent.service.models.common import ServiceModel, Tolerant
+from kiosk_agent.service.models.common import ServiceModel, Tolerant, invalid
 from kiosk_agent.service.models.reporting import QueryFilter
 
 __all__ = [
@@ -71,7 +71,11 @@ class MerchantStatus(enum.IntEnum):
 def _status_by_name(value: Any) -> Any:
     # People and the wire name statuses ("sent_for_signature"); ids are accepted too.
     if isinstance(value, str) and not value.strip().isdigit():
-        return MerchantStatus.from_name(value)
+        try:
+            return MerchantStatus.from_name(value)
+        except ValueError:
+            known = ", ".join(s.api_name for s in MerchantStatus)
+            raise invalid("merchant_status", f"expected a merchant status ({known})") from None
     return value
 
 

@@ -13,6 +13,7 @@ from decimal import Decimal, InvalidOperation
 from typing import Annotated, Any, TypeVar
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
+from pydantic_core import PydanticCustomError
 
 from kiosk_agent.money import MoneyError, cents_to_decimal, dollars_to_cents
 
@@ -28,18 +29,28 @@ def is_known(value: enum.Enum | str) -> bool:
     return isinstance(value, enum.Enum)
 
 
+# Validation messages name the expected form, never the value: a wrong field may hold a card
+# number or a token, and these messages travel into exceptions, logs and the command line.
+def invalid(kind: str, expected: str) -> PydanticCustomError:
+    """A validation error of type ``kind`` whose message is ``expected`` (no input echoed)."""
+    return PydanticCustomError(kind, expected)
+
+
 def _exact_decimal(value: Any) -> Any:
     # A JSON double (scheduled payments, reporting) becomes Decimal through its shortest text, so
     # 12.1 stays 12.1 and never 12.0999999999999996447286321199499070644378662109375.
     if isinstance(value, bool):
-        raise ValueError("expected an amount, got a boolean")
+        raise invalid("decimal_amount", "expected an amount in dollars, not a boolean")
     if isinstance(value, float):
-        return Decimal(repr(value))
+        value = repr(value)
     if isinstance(value, str):
         try:
-            return Decimal(value)
+            amount = Decimal(value)
         except InvalidOperation:
-            raise ValueError(f"not a decimal amount: {value!r}") from None
+            amount = Decimal("NaN")
+        if not amount.is_finite():
+            raise invalid("decimal_amount", "expected an amount in dollars such as 12.50")
+        return amount
     return value
 
 
@@ -50,11 +61,14 @@ Dollars = Annotated[Decimal, BeforeValidator(_exact_decimal)]
 def _request_dollars(value: Any) -> Any:
     # What we send must be exact: refuse floats and sub-cent amounts instead of rounding them.
     if isinstance(value, float):
-        raise ValueError(f"amount must be a decimal string or Decimal, not the float {value!r}")
+        raise invalid("exact_dollars", 'expected dollars as text or Decimal ("12.50"), not a float')
     try:
         return cents_to_decimal(dollars_to_cents(value))
-    except MoneyError as exc:
-        raise ValueError(str(exc)) from None
+    except MoneyError:
+        raise invalid(
+            "exact_dollars",
+            'expected dollars as text or Decimal with at most two decimal places ("12.50")',
+        ) from None
 
 
 # Dollars we send (billing plans, hosted pages): exact, two places, serialised as ``"12.50"``.

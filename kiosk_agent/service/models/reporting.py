@@ -222,7 +222,8 @@ class QueryFilter(BaseModel):
     validation error here instead of a 400 from the service.
     """
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # hide_input_in_errors: like the service models, a refused value is never echoed back.
+    model_config = ConfigDict(extra="forbid", frozen=True, hide_input_in_errors=True)
 
     def to_q(self) -> str | None:
         """The ``q`` text, or None when no attribute is set (no filter at all)."""
