@@ -27,7 +27,15 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from kiosk_agent.sim.auth import ISV_MIDS
 from kiosk_agent.sim.clock import iso_ms
-from kiosk_agent.sim.ledger import DECIMAL_FIELDS, INT_FIELDS, TEXT_FIELDS
+from kiosk_agent.sim.ledger import (
+    BATCH_IDS,
+    DECIMAL_FIELDS,
+    DEPOSIT_IDS,
+    FUNDING_IDS,
+    INT_FIELDS,
+    TEXT_FIELDS,
+    TRANS_IDS,
+)
 from kiosk_agent.sim.ledger import TransStatus as S
 from kiosk_agent.sim.store import Store
 
@@ -38,16 +46,10 @@ if TYPE_CHECKING:
 
 DAY = 86400.0
 WINDOW_DAYS = 90
-CHUNK_ROWS = 5000
+CHUNK_ROWS = 20_000  # rows per executemany: large, yet a bounded buffer
 MIDS = ISV_MIDS  # the merchant key's MID and the second MID of the ISV key
 META_KEY = "dataset"
 
-# The ledger's id sequences and where they start: the data set reserves blocks from them so
-# that ids made later by live charges and settlements never collide with seeded ones.
-TRANS_ID_SEQ = ("trans_id", 700000000001)
-BATCH_ID_SEQ = ("batch_id", 500001)
-FUNDING_SEQ = ("funding_master_id", 90001)
-DEPOSIT_ID_SEQ = ("deposit_id", 3000001)
 CHARGEBACK_ID_START = 8000001
 ADJUSTMENT_ID_START = 9000001
 
@@ -97,10 +99,10 @@ _ROW_TEMPLATE: dict[str, Any] = {
 class IdBases:
     """First ids of the blocks reserved for one data set."""
 
-    trans_id: int = TRANS_ID_SEQ[1]
-    batch_id: int = BATCH_ID_SEQ[1]
-    funding: int = FUNDING_SEQ[1]
-    deposit_id: int = DEPOSIT_ID_SEQ[1]
+    trans_id: int = TRANS_IDS.start
+    batch_id: int = BATCH_IDS.start
+    funding: int = FUNDING_IDS.start
+    deposit_id: int = DEPOSIT_IDS.start
 
 
 def generate(seed: int, count: int, end: float, ids: IdBases | None = None) -> Iterator[Record]:
@@ -392,15 +394,6 @@ class _Generator:
 
 
 # -- storing ----------------------------------------------------------------------------------
-def reserve_ids(store: Store, sequence: str, start: int, count: int) -> int:
-    """Take ``count`` consecutive ids of one of the store's sequences; returns the first."""
-    key = f"seq:{sequence}"
-    with store.transaction():
-        first = int(store.get_meta(key, start - 1)) + 1
-        store.set_meta(key, first + count - 1)
-    return first
-
-
 def day_aligned_end(now: float) -> float:
     """The data set ends at the last UTC midnight, so one day's simulators agree on it."""
     return (now // DAY) * DAY
@@ -409,14 +402,10 @@ def day_aligned_end(now: float) -> float:
 def seed_into(
     store: Store, ledger: Ledger, tables: ReportTables, seed: int, count: int, end: float
 ) -> dict[str, int]:
-    """Generate the data set into the ledger and report tables; returns counts per kind."""
-    slots = WINDOW_DAYS * len(MIDS)
-    ids = IdBases(
-        trans_id=reserve_ids(store, *TRANS_ID_SEQ, count),
-        batch_id=reserve_ids(store, *BATCH_ID_SEQ, slots),
-        funding=reserve_ids(store, *FUNDING_SEQ, slots),
-        deposit_id=reserve_ids(store, *DEPOSIT_ID_SEQ, slots),
-    )
+    """Generate the data set into the ledger and report tables; returns counts per kind.
+
+    All or nothing: one bulk-load transaction, id blocks included.
+    """
     buffers: dict[Kind, list[dict[str, Any]]] = {
         "transaction": [], "deposit": [], "chargeback": [], "adjustment": [],
     }  # fmt: skip
@@ -427,8 +416,8 @@ def seed_into(
         "adjustment": tables.add_adjustments,
     }
     counts: dict[str, int] = dict.fromkeys(buffers, 0)
-    with store.transaction():
-        for kind, row in generate(seed, count, end, ids):
+    with store.bulk_load(), ledger.bulk_load():
+        for kind, row in generate(seed, count, end, _reserve_ids(store, count)):
             buffer = buffers[kind]
             buffer.append(row)
             counts[kind] += 1
@@ -441,13 +430,25 @@ def seed_into(
     return counts
 
 
+def _reserve_ids(store: Store, count: int) -> IdBases:
+    """Blocks of the ledger's sequences for ``count`` transactions and the window's batches."""
+    slots = WINDOW_DAYS * len(MIDS)
+    return IdBases(
+        trans_id=store.reserve(TRANS_IDS.name, count, TRANS_IDS.start),
+        batch_id=store.reserve(BATCH_IDS.name, slots, BATCH_IDS.start),
+        funding=store.reserve(FUNDING_IDS.name, slots, FUNDING_IDS.start),
+        deposit_id=store.reserve(DEPOSIT_IDS.name, slots, DEPOSIT_IDS.start),
+    )
+
+
 def ensure_seeded(ctx: SimContext, tables: ReportTables) -> None:
     """Seed once per store: a simulator restarted on its data directory keeps its data set."""
     if ctx.store.get_meta(META_KEY) is not None:
         return
     options = ctx.options
     end = day_aligned_end(ctx.clock.time())
-    counts = seed_into(ctx.store, ctx.ledger, tables, options.seed, options.transactions, end)
-    ctx.store.set_meta(
-        META_KEY, {"seed": options.seed, "transactions": options.transactions, "end": end, **counts}
-    )
+    # The mark joins the load's transaction: a data set is either all there and marked, or not.
+    with ctx.store.bulk_load():
+        counts = seed_into(ctx.store, ctx.ledger, tables, options.seed, options.transactions, end)
+        mark = {"seed": options.seed, "transactions": options.transactions, "end": end, **counts}
+        ctx.store.set_meta(META_KEY, mark)

@@ -8,15 +8,32 @@ cents (``amount_cents``) and turned into the reporting interface's dollars only 
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import uuid
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from decimal import Decimal
+from operator import itemgetter
 from typing import Any
 
 from kiosk_agent.money import MoneyError, cents_to_decimal, reported_dollars_to_cents
 from kiosk_agent.sim.clock import VirtualClock, iso_ms
-from kiosk_agent.sim.store import Store, UnknownFieldError
+from kiosk_agent.sim.store import (
+    IdSequence,
+    JsonPage,
+    JsonPager,
+    Store,
+    UnknownFieldError,
+    dollars_sql,
+    json_object_sql,
+)
+
+# The ledger's id sequences. The seeded data set reserves blocks from them, so ids made later
+# by live charges and settlements never collide with seeded ones.
+TRANS_IDS = IdSequence("trans_id", 700000000001)
+BATCH_IDS = IdSequence("batch_id", 500001)
+FUNDING_IDS = IdSequence("funding_master_id", 90001)
+DEPOSIT_IDS = IdSequence("deposit_id", 3000001)
 
 
 class TransStatus(enum.IntEnum):
@@ -61,13 +78,20 @@ CREATE TABLE IF NOT EXISTS transactions (
     refunded_cents INTEGER NOT NULL DEFAULT 0,
     currency TEXT NOT NULL DEFAULT 'USD'
 );
-CREATE UNIQUE INDEX IF NOT EXISTS transactions_trans_id ON transactions (trans_id);
-CREATE INDEX IF NOT EXISTS transactions_order_id ON transactions (order_id, mid);
-CREATE INDEX IF NOT EXISTS transactions_mid ON transactions (mid);
-CREATE INDEX IF NOT EXISTS transactions_status ON transactions (trans_status_id);
-CREATE INDEX IF NOT EXISTS transactions_batch ON transactions (batch_id);
-CREATE INDEX IF NOT EXISTS transactions_funding ON transactions (funding_master_id);
 """
+# Secondary indexes: the lookups of payments (trans_id, order) and the common reporting filters.
+_TRANSACTION_INDEXES = {
+    "transactions_trans_id": "UNIQUE INDEX IF NOT EXISTS transactions_trans_id "
+    "ON transactions (trans_id)",
+    "transactions_order_id": "INDEX IF NOT EXISTS transactions_order_id "
+    "ON transactions (order_id, mid)",
+    "transactions_mid": "INDEX IF NOT EXISTS transactions_mid ON transactions (mid)",
+    "transactions_status": "INDEX IF NOT EXISTS transactions_status "
+    "ON transactions (trans_status_id)",
+    "transactions_batch": "INDEX IF NOT EXISTS transactions_batch ON transactions (batch_id)",
+    "transactions_funding": "INDEX IF NOT EXISTS transactions_funding "
+    "ON transactions (funding_master_id)",
+}
 
 DEPOSIT_FIELDS = (
     "deposit_id", "mid", "deposit_date", "amount", "transaction_count", "batch_id",
@@ -89,17 +113,52 @@ CREATE INDEX IF NOT EXISTS deposits_mid ON deposits (mid);
 _DEPOSIT_COLUMNS = frozenset((*DEPOSIT_FIELDS, "amount_cents"))
 _TRANSACTION_COLUMNS = frozenset((*TEXT_FIELDS, *INT_FIELDS, *DECIMAL_FIELDS, *INTERNAL_FIELDS))
 
+# The resources as SQLite writes them for reporting pages: the same fields, in the same order
+# and with the same values as transaction_resource() and deposit_resource() below.
+TRANSACTION_JSON = json_object_sql(
+    [
+        *((name, name) for name in (*TEXT_FIELDS, *INT_FIELDS)),
+        ("amount", dollars_sql("amount_cents")),
+        *((name, f"json({name})") for name in DECIMAL_FIELDS),
+    ]
+)
+DEPOSIT_JSON = json_object_sql(
+    [
+        *((name, name) for name in DEPOSIT_FIELDS if name != "amount"),
+        ("amount", dollars_sql("amount_cents")),
+    ]
+)
+
 
 class Ledger:
     def __init__(self, store: Store, clock: VirtualClock) -> None:
         self._store = store
         self._clock = clock
         store.create(_TRANSACTIONS_DDL)
+        self._create_indexes()
         store.create(_DEPOSITS_DDL)
+        self._transactions = JsonPager(
+            store, "transactions", "seq", _TRANSACTION_COLUMNS, TRANSACTION_JSON
+        )
+        self._deposits = JsonPager(store, "deposits", "deposit_id", _DEPOSIT_COLUMNS, DEPOSIT_JSON)
+
+    def _create_indexes(self) -> None:
+        # One execute each: Store.create's executescript would commit a bulk load half way.
+        for ddl in _TRANSACTION_INDEXES.values():
+            self._store.execute(f"CREATE {ddl}")
+
+    @contextlib.contextmanager
+    def bulk_load(self) -> Iterator[None]:
+        """Insert many rows without indexes, then index them once: several times faster."""
+        with self._store.transaction():
+            for name in _TRANSACTION_INDEXES:
+                self._store.execute(f"DROP INDEX IF EXISTS {name}")
+            yield
+            self._create_indexes()
 
     # -- writing ---------------------------------------------------------------------------
     def new_trans_id(self) -> str:
-        return str(self._store.next_id("trans_id", start=700000000001))
+        return str(self._store.next_id(*TRANS_IDS))
 
     def add(self, row: Mapping[str, Any]) -> dict[str, Any]:
         """Insert one transaction; ``trans_id`` and ``trans_date`` are filled in when absent."""
@@ -112,30 +171,29 @@ class Ledger:
 
     def add_many(self, rows: Iterable[Mapping[str, Any]]) -> int:
         """Bulk insert (the seeded data set); each row must carry its ``trans_id``."""
-        records = [dict(row) for row in rows]
-        for record in records:
-            record.setdefault("authorized_cents", record.get("amount_cents", 0))
+        records = [
+            row if "authorized_cents" in row else {**row, "authorized_cents": row["amount_cents"]}
+            for row in rows
+        ]
         self._insert(records)
         return len(records)
 
-    def _insert(self, records: list[dict[str, Any]]) -> None:
-        if not records:
-            return
+    def _insert(self, records: list[Mapping[str, Any]]) -> None:
+        # One positional statement per distinct field order: the seeded rows all share one,
+        # so 100,000 of them are one executemany of plain tuples.
+        by_columns: dict[tuple[str, ...], list[Mapping[str, Any]]] = {}
         for record in records:
-            unknown = set(record) - _TRANSACTION_COLUMNS
-            if unknown:
-                raise UnknownFieldError(sorted(unknown)[0])
-        # One statement per distinct column set keeps executemany fast for uniform bulk rows.
-        by_columns: dict[tuple[str, ...], list[dict[str, Any]]] = {}
-        for record in records:
-            by_columns.setdefault(tuple(sorted(record)), []).append(record)
+            by_columns.setdefault(tuple(record), []).append(record)
         with self._store.transaction():
             for columns, group in by_columns.items():
+                unknown = set(columns) - _TRANSACTION_COLUMNS
+                if unknown:
+                    raise UnknownFieldError(sorted(unknown)[0])
                 sql = (
                     f"INSERT INTO transactions ({', '.join(columns)}) "  # noqa: S608
-                    f"VALUES ({', '.join(':' + name for name in columns)})"
+                    f"VALUES ({', '.join('?' * len(columns))})"
                 )
-                self._store.executemany(sql, group)
+                self._store.executemany(sql, map(_values_of(columns), group))
 
     def get(self, trans_id: str) -> dict[str, Any] | None:
         return self._store.row("SELECT * FROM transactions WHERE trans_id = ?", (trans_id,))
@@ -156,6 +214,7 @@ class Ledger:
             f"UPDATE transactions SET {assignments} WHERE trans_id = :trans_id",  # noqa: S608
             {**changes, "trans_id": trans_id},
         )
+        self._transactions.forget_positions()  # the row may now match other filters
         updated = self.get(trans_id)
         if updated is None:
             raise KeyError(trans_id)
@@ -176,6 +235,11 @@ class Ledger:
             limit, offset, order_by="seq",
         )  # fmt: skip
 
+    def query_json(self, filters: Mapping[str, Any], limit: int, offset: int) -> JsonPage:
+        """Like :meth:`query`, the page's items already as the resources' JSON text."""
+        stored = _stored_filters(filters, RESOURCE_FIELDS)
+        return self._transactions.page(stored, limit, offset)
+
     def count(self) -> int:
         found = self._store.row("SELECT COUNT(*) AS n FROM transactions")
         return int(found["n"]) if found else 0
@@ -187,6 +251,12 @@ class Ledger:
             "deposits", _DEPOSIT_COLUMNS, _stored_filters(filters, frozenset(DEPOSIT_FIELDS)),
             limit, offset, order_by="deposit_id",
         )  # fmt: skip
+
+    def query_deposits_json(
+        self, filters: Mapping[str, Any], limit: int, offset: int
+    ) -> JsonPage:
+        stored = _stored_filters(filters, frozenset(DEPOSIT_FIELDS))
+        return self._deposits.page(stored, limit, offset)
 
     def add_deposits(self, rows: Iterable[Mapping[str, Any]]) -> None:
         """Bulk insert deposits (the seeded data set); amounts in ``amount_cents``."""
@@ -217,8 +287,8 @@ class Ledger:
             for row in open_rows:
                 by_mid.setdefault(row["mid"], []).append(row)
             for mid, rows in sorted(by_mid.items()):
-                batch_id = str(self._store.next_id("batch_id", start=500001))
-                funding_master_id = f"FM{self._store.next_id('funding_master_id', start=90001)}"
+                batch_id = str(self._store.next_id(*BATCH_IDS))
+                funding_master_id = f"FM{self._store.next_id(*FUNDING_IDS)}"
                 net = 0
                 for row in rows:
                     is_refund = row["trans_status_id"] == TransStatus.REFUND
@@ -234,7 +304,7 @@ class Ledger:
                         ),
                     )  # fmt: skip
                 deposit = {
-                    "deposit_id": self._store.next_id("deposit_id", start=3000001),
+                    "deposit_id": self._store.next_id(*DEPOSIT_IDS),
                     "mid": mid,
                     "deposit_date": now,
                     "amount_cents": net,
@@ -246,6 +316,8 @@ class Ledger:
                 self.add_deposits([deposit])
                 deposits.append(deposit)
                 settled += len(rows)
+            if settled:
+                self._transactions.forget_positions()
         return settled, deposits
 
 
@@ -263,6 +335,14 @@ def deposit_resource(row: Mapping[str, Any]) -> dict[str, Any]:
     resource = {name: row[name] for name in DEPOSIT_FIELDS if name != "amount"}
     resource["amount"] = cents_to_decimal(int(row["amount_cents"]))
     return resource
+
+
+def _values_of(columns: tuple[str, ...]) -> Callable[[Mapping[str, Any]], tuple[Any, ...]]:
+    """A record's values in ``columns`` order, as a tuple even for a single column."""
+    if len(columns) == 1:
+        (name,) = columns
+        return lambda record: (record[name],)
+    return itemgetter(*columns)
 
 
 def new_order_id() -> str:

@@ -4,6 +4,8 @@
 ``{items, hasMore, limit, offset, count, links}`` (choices.md). ``q`` is a JSON object of attribute
 equalities combined with AND; an unknown attribute or a ``q`` that is not a JSON object is a 400
 naming it. Amounts are served as JSON numbers in dollars, written exactly from integer cents.
+Pages are written by SQLite (:class:`~kiosk_agent.sim.store.JsonPager`): their items never pass
+through Python objects.
 
 Transactions and deposits live in the ledger (every charge, capture, void and refund made in the
 simulator lands there); chargebacks and adjustments only exist in the seeded data set, so their
@@ -21,10 +23,16 @@ from aiohttp import web
 from kiosk_agent.money import MoneyError, cents_to_decimal, reported_dollars_to_cents
 from kiosk_agent.sim import dataset
 from kiosk_agent.sim.context import SimContext
-from kiosk_agent.sim.http import bad_request, json_response, query_int
-from kiosk_agent.sim.ledger import deposit_resource, transaction_resource
+from kiosk_agent.sim.http import bad_request, dumps, query_int
 from kiosk_agent.sim.oauth import require_token
-from kiosk_agent.sim.store import Store, UnknownFieldError
+from kiosk_agent.sim.store import (
+    JsonPage,
+    JsonPager,
+    Store,
+    UnknownFieldError,
+    dollars_sql,
+    json_object_sql,
+)
 
 API_PREFIX = "/ords/sprint/api/3p/v1"
 DEFAULT_LIMIT = 25
@@ -73,6 +81,13 @@ class ReportTables:
     def __init__(self, store: Store) -> None:
         self._store = store
         store.create(_DDL)
+        self._pagers = {
+            table: JsonPager(store, table, "rowid", _stored_columns(fields), _record_json(fields))
+            for table, fields in (
+                ("chargebacks", CHARGEBACK_FIELDS),
+                ("adjustments", ADJUSTMENT_FIELDS),
+            )
+        }
 
     def add_chargebacks(self, rows: Iterable[Mapping[str, Any]]) -> None:
         self._store.executemany(_insert_sql("chargebacks", CHARGEBACK_FIELDS), rows)
@@ -90,6 +105,18 @@ class ReportTables:
     ) -> tuple[list[dict[str, Any]], bool]:
         return self._page("adjustments", ADJUSTMENT_FIELDS, filters, limit, offset)
 
+    def query_chargebacks_json(
+        self, filters: Mapping[str, Any], limit: int, offset: int
+    ) -> JsonPage:
+        stored = _stored_filters(filters, CHARGEBACK_FIELDS)
+        return self._pagers["chargebacks"].page(stored, limit, offset)
+
+    def query_adjustments_json(
+        self, filters: Mapping[str, Any], limit: int, offset: int
+    ) -> JsonPage:
+        stored = _stored_filters(filters, ADJUSTMENT_FIELDS)
+        return self._pagers["adjustments"].page(stored, limit, offset)
+
     def _page(
         self,
         table: str,
@@ -98,16 +125,35 @@ class ReportTables:
         limit: int,
         offset: int,
     ) -> tuple[list[dict[str, Any]], bool]:
-        columns = {*fields, "amount_cents"} - {"amount"}
-        stored = {}
-        for name, value in filters.items():
-            if name not in fields:
-                raise UnknownFieldError(name)
-            if name == "amount":
-                stored["amount_cents"] = reported_dollars_to_cents(value)
-            else:
-                stored[name] = value
-        return self._store.page(table, columns, stored, limit, offset)
+        stored = _stored_filters(filters, fields)
+        return self._store.page(table, _stored_columns(fields), stored, limit, offset)
+
+
+def _stored_columns(fields: tuple[str, ...]) -> frozenset[str]:
+    return frozenset({*fields, "amount_cents"} - {"amount"})
+
+
+def _stored_filters(filters: Mapping[str, Any], fields: tuple[str, ...]) -> dict[str, Any]:
+    """Resource attribute equalities as stored columns: ``amount`` dollars -> ``amount_cents``."""
+    stored = {}
+    for name, value in filters.items():
+        if name not in fields:
+            raise UnknownFieldError(name)
+        if name == "amount":
+            stored["amount_cents"] = reported_dollars_to_cents(value)
+        else:
+            stored[name] = value
+    return stored
+
+
+def _record_json(fields: tuple[str, ...]) -> str:
+    """The SQL writing a row as :func:`record_resource` does."""
+    return json_object_sql(
+        [
+            *((name, name) for name in fields if name != "amount"),
+            ("amount", dollars_sql("amount_cents")),
+        ]
+    )
 
 
 def _insert_sql(table: str, fields: tuple[str, ...]) -> str:
@@ -144,8 +190,7 @@ def parse_q(raw: str | None) -> dict[str, Any]:
     return parsed
 
 
-Query = Callable[[Mapping[str, Any], int, int], tuple[list[dict[str, Any]], bool]]
-Resource = Callable[[Mapping[str, Any]], dict[str, Any]]
+Query = Callable[[Mapping[str, Any], int, int], JsonPage]
 Handler = Callable[[web.Request], Awaitable[web.Response]]
 
 
@@ -167,14 +212,26 @@ def ords_page(
     }
 
 
+_ITEMS_PLACEHOLDER = '{"items":[]'
+
+
+def ords_json(request: web.Request, page: JsonPage, limit: int, offset: int) -> str:
+    """The ORDS collection body around items that SQLite already wrote as a JSON array."""
+    body = ords_page(request, [], page.has_more, limit, offset)
+    body["count"] = page.count
+    text = dumps(body)
+    # ords_page puts items first: the ready-made array takes the empty one's place.
+    return '{"items":' + page.items + text[len(_ITEMS_PLACEHOLDER) :]
+
+
 def page_params(request: web.Request) -> tuple[int, int]:
     limit = query_int(request, "limit", DEFAULT_LIMIT, minimum=1, maximum=MAX_LIMIT)
     offset = query_int(request, "offset", 0, minimum=0)
     return limit, offset
 
 
-def collection(query: Callable[[SimContext], Query], resource: Resource) -> Handler:
-    """An aiohttp handler serving one collection through ``query`` and ``resource``."""
+def collection(query: Callable[[SimContext], Query]) -> Handler:
+    """An aiohttp handler serving one collection through ``query``."""
 
     async def handler(request: web.Request) -> web.Response:
         require_token(request)
@@ -182,13 +239,13 @@ def collection(query: Callable[[SimContext], Query], resource: Resource) -> Hand
         filters = parse_q(request.query.get("q"))
         ctx = request.app[CONTEXT_KEY]
         try:
-            rows, has_more = query(ctx)(filters, limit, offset)
+            page = query(ctx)(filters, limit, offset)
         except UnknownFieldError as err:
             raise bad_request(f"q names unknown attribute {err.name!r}", "invalid_query") from None
         except MoneyError as err:
             raise bad_request(f"q attribute 'amount': {err}", "invalid_query") from None
-        items = [resource(row) for row in rows]
-        return json_response(ords_page(request, items, has_more, limit, offset))
+        body = ords_json(request, page, limit, offset)
+        return web.Response(text=body, content_type="application/json")
 
     return handler
 
@@ -210,16 +267,10 @@ def setup(app: web.Application, ctx: SimContext) -> None:
     app[CONTEXT_KEY] = ctx
     dataset.ensure_seeded(ctx, tables)
     routes = {
-        "transactions": collection(lambda c: c.ledger.query, transaction_resource),
-        "deposits": collection(lambda c: c.ledger.query_deposits, deposit_resource),
-        "chargebacks": collection(
-            lambda c: report_tables(c).query_chargebacks,
-            lambda row: record_resource(row, CHARGEBACK_FIELDS),
-        ),
-        "adjustments": collection(
-            lambda c: report_tables(c).query_adjustments,
-            lambda row: record_resource(row, ADJUSTMENT_FIELDS),
-        ),
+        "transactions": collection(lambda c: c.ledger.query_json),
+        "deposits": collection(lambda c: c.ledger.query_deposits_json),
+        "chargebacks": collection(lambda c: report_tables(c).query_chargebacks_json),
+        "adjustments": collection(lambda c: report_tables(c).query_adjustments_json),
     }
     for name, handler in routes.items():
         app.router.add_get(f"{API_PREFIX}/{name}", handler)

@@ -7,6 +7,10 @@ records where it only needs get/put by id (vault accounts, plans, interactions, 
 
 The simulator runs on one event loop and SQLite answers in microseconds, so calls are made
 directly from handlers rather than through a thread pool.
+
+Reporting pages are the one hot read: :class:`JsonPager` has SQLite build each item's JSON text,
+so a 1,000-row page never becomes Python dicts, and it turns the ORDS ``offset`` of a sequential
+walk into a keyset condition (``key > last key served``) instead of skipping rows.
 """
 
 from __future__ import annotations
@@ -15,11 +19,21 @@ import contextlib
 import json
 import sqlite3
 from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 DB_NAME = "sim.db"
 Params = Sequence[Any] | Mapping[str, Any]
+# Offsets remembered per pager: enough for many clients walking different filters at once.
+_REMEMBERED_POSITIONS = 256
+
+
+class IdSequence(NamedTuple):
+    """A named integer sequence of the store and its first value."""
+
+    name: str
+    start: int
 
 
 class UnknownFieldError(ValueError):
@@ -65,12 +79,41 @@ class Store:
         with self.transaction():
             self._conn.executemany(sql, rows)
 
+    def tuples(self, sql: str, params: Params = ()) -> list[tuple[Any, ...]]:
+        """Plain tuples: the cheapest form when the caller knows the columns."""
+        cursor = self._conn.cursor()
+        cursor.row_factory = None
+        return cursor.execute(sql, params).fetchall()
+
     def rows(self, sql: str, params: Params = ()) -> list[dict[str, Any]]:
-        return [dict(row) for row in self._conn.execute(sql, params)]
+        cursor = self._conn.cursor()
+        # zip over plain tuples: several times cheaper than dict(sqlite3.Row) per row.
+        cursor.row_factory = None
+        found = cursor.execute(sql, params).fetchall()
+        names = [column[0] for column in cursor.description or ()]
+        return [dict(zip(names, values, strict=True)) for values in found]
 
     def row(self, sql: str, params: Params = ()) -> dict[str, Any] | None:
         found = self._conn.execute(sql, params).fetchone()
         return None if found is None else dict(found)
+
+    @contextlib.contextmanager
+    def bulk_load(self) -> Iterator[None]:
+        """One transaction for a large insert, committed without waiting for the disk.
+
+        Only for data that can be made again (the seeded data set): after an OS crash in the
+        middle, the database lacks the data set's ``meta`` mark and it is seeded anew. Nested
+        use joins the outer load.
+        """
+        relax = self.persistent and not self._depth  # SQLite refuses it inside a transaction
+        if relax:
+            self._conn.execute("PRAGMA synchronous=OFF")
+        try:
+            with self.transaction():
+                yield
+        finally:
+            if relax:
+                self._conn.execute("PRAGMA synchronous=NORMAL")
 
     @contextlib.contextmanager
     def transaction(self) -> Iterator[None]:
@@ -107,10 +150,18 @@ class Store:
 
     def next_id(self, sequence: str, start: int = 1) -> int:
         """The next integer of a named sequence (record ids the interface types as integers)."""
+        return self.reserve(sequence, 1, start)
+
+    def reserve(self, sequence: str, count: int, start: int = 1) -> int:
+        """Take ``count`` consecutive integers of a named sequence; returns the first.
+
+        ``start`` is the sequence's first value, used when nothing has been taken yet.
+        """
+        key = f"seq:{sequence}"
         with self.transaction():
-            value = int(self.get_meta(f"seq:{sequence}", start - 1)) + 1
-            self.set_meta(f"seq:{sequence}", value)
-        return value
+            first = int(self.get_meta(key, start - 1)) + 1
+            self.set_meta(key, first + count - 1)
+        return first
 
     def documents(self, kind: str) -> Documents:
         return Documents(self, kind)
@@ -129,20 +180,112 @@ class Store:
         ``table``, ``columns`` and ``order_by`` come from code, never from a request; filter names
         do, so each is checked against ``columns`` before it reaches the SQL text.
         """
-        clauses: list[str] = []
-        params: list[Any] = []
-        for name, value in filters.items():
-            if name not in columns:
-                raise UnknownFieldError(name)
-            if value is None:
-                clauses.append(f"{name} IS NULL")
-            else:
-                clauses.append(f"{name} = ?")
-                params.append(value)
+        clauses, params = equality_clauses(filters, columns)
         where = f" WHERE {' AND '.join(clauses)}" if clauses else ""
         sql = f"SELECT * FROM {table}{where} ORDER BY {order_by} LIMIT ? OFFSET ?"  # noqa: S608
         found = self.rows(sql, [*params, limit + 1, offset])
         return found[:limit], len(found) > limit
+
+
+def equality_clauses(
+    filters: Mapping[str, Any], columns: Collection[str]
+) -> tuple[list[str], list[Any]]:
+    """SQL conditions and parameters for ``filters``; names are checked against ``columns``."""
+    clauses: list[str] = []
+    params: list[Any] = []
+    for name, value in filters.items():
+        if name not in columns:
+            raise UnknownFieldError(name)
+        if value is None:
+            clauses.append(f"{name} IS NULL")
+        else:
+            clauses.append(f"{name} = ?")
+            params.append(value)
+    return clauses, params
+
+
+def json_object_sql(fields: Iterable[tuple[str, str]]) -> str:
+    """``json_object(...)`` of ``(name, SQL expression)`` pairs, in the order given.
+
+    An expression already wrapped in ``json(...)`` is embedded as JSON (a number kept as its
+    exact text); any other is a JSON string, number or null as SQLite holds it.
+    """
+    pairs = ", ".join(f"'{name}', {expression}" for name, expression in fields)
+    return f"json_object({pairs})"
+
+
+def dollars_sql(cents_column: str) -> str:
+    """SQL for integer cents as an exact two-place JSON number of dollars (``-0.50``, ``12.00``).
+
+    Integer arithmetic and text only, never a float: the same value as
+    :func:`kiosk_agent.money.cents_to_decimal`, written where SQLite builds the JSON.
+    """
+    c = cents_column
+    return (
+        f"json(CASE WHEN {c} < 0 THEN '-' ELSE '' END || (abs({c}) / 100) || '.' "
+        f"|| substr('0' || (abs({c}) % 100), -2))"
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class JsonPage:
+    """One page as JSON text: ``items`` is a JSON array built by SQLite."""
+
+    items: str
+    count: int
+    has_more: bool
+
+
+class JsonPager:
+    """Serves one table page by page, each item's JSON text made by SQLite in C.
+
+    ``key`` is a unique integer column that orders the table and only grows (a rowid alias):
+    after serving a page the pager remembers the key of its last row for the offset that
+    follows it, so the next page of a sequential walk is ``key > remembered`` instead of an
+    ``OFFSET`` that steps over every earlier row. Rows appended later sort after every
+    remembered position and leave them right; an update may change which rows match a
+    filter, so the table's owner calls :meth:`forget_positions` whenever it updates rows.
+    """
+
+    def __init__(
+        self, store: Store, table: str, key: str, columns: Collection[str], item_sql: str
+    ) -> None:
+        self._store = store
+        self._table = table
+        self._key = key
+        self._columns = columns
+        self._select = f"SELECT {key}, {item_sql} FROM {table}"  # noqa: S608
+        # (filters, offset) -> key of the last row before that offset
+        self._positions: dict[tuple[tuple[tuple[str, Any], ...], int], int] = {}
+
+    def page(self, filters: Mapping[str, Any], limit: int, offset: int) -> JsonPage:
+        """Rows matching every equality in ``filters`` (stored column names), ``key`` order."""
+        clauses, params = equality_clauses(filters, self._columns)
+        walk = tuple(sorted(filters.items(), key=lambda item: item[0]))
+        after = self._positions.get((walk, offset)) if offset else None
+        if after is not None:
+            clauses.append(f"{self._key} > ?")
+            params.append(after)
+        where = f" WHERE {' AND '.join(clauses)}" if clauses else ""
+        sql = f"{self._select}{where} ORDER BY {self._key} LIMIT ?"
+        params.append(limit + 1)
+        if offset and after is None:
+            sql += " OFFSET ?"
+            params.append(offset)
+        found = self._store.tuples(sql, params)
+        served = found[:limit]
+        if served:
+            self._remember((walk, offset + len(served)), served[-1][0])
+        items = f"[{','.join(item for _, item in served)}]"
+        return JsonPage(items, len(served), len(found) > limit)
+
+    def forget_positions(self) -> None:
+        self._positions.clear()
+
+    def _remember(self, position: tuple[tuple[tuple[str, Any], ...], int], key: int) -> None:
+        if len(self._positions) >= _REMEMBERED_POSITIONS:
+            del self._positions[next(iter(self._positions))]  # the oldest
+        self._positions[position] = key
 
 
 class Documents:

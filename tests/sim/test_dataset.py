@@ -136,6 +136,13 @@ def test_seeding_stores_everything_and_live_ids_follow_it(tmp_path: Path) -> Non
     counts = seed_into(store, ledger, tables, seed=1, count=12_000, end=END)
 
     assert ledger.count() == 12_000 == counts["transaction"]
+    # Loaded without indexes, then indexed once: every index is back, the unique one included.
+    indexes = store.rows("SELECT name FROM sqlite_master WHERE type = 'index'")
+    assert {"transactions_trans_id", "transactions_order_id", "transactions_mid"} <= {
+        row["name"] for row in indexes
+    }
+    first = ledger.query({}, 1, 0)[0][0]
+    assert ledger.find_order(first["mid"], first["order_id"])[0] == first
     rows, _ = ledger.query({}, 1000, 11_500)
     assert len(rows) == 500
     chargebacks, _ = tables.query_chargebacks({}, 1000, 0)
