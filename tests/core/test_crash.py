@@ -29,7 +29,7 @@ from kiosk_agent.service.client import ServiceClient
 from kiosk_agent.service.models import TransactionFilter, TransStatus
 
 DRIVER = Path(__file__).with_name("crash_driver.py")
-TIME_SCALE = 300
+TIME_SCALE = 150  # interactions live 1.2 s: slack for a loaded machine
 CASES = [
     ("charge_card", 250, "vended"),
     ("charge_card", 250, "failed"),
