@@ -34,6 +34,17 @@ def test_demo_runs_sales_and_ends_by_itself() -> None:
     assert "Traceback" not in done.stderr
 
 
+def test_demo_ends_after_duration() -> None:
+    started = time.monotonic()
+    done = subprocess.run(
+        [*DEMO, "--duration", "1.5", "--speed", "5"],
+        capture_output=True, text=True, timeout=60, env=_env(), check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip().splitlines()[-1].startswith("demo ended after")
+    assert time.monotonic() - started < 15
+
+
 def test_demo_ends_cleanly_on_ctrl_c() -> None:
     proc = subprocess.Popen(
         [*DEMO, "--speed", "5"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,

@@ -148,3 +148,40 @@ async def test_unplugged_adapter_shows_in_health_and_comes_back(
         assert (await controller.customer("A1")).outcome is VisitOutcome.VENDED
         [final] = await collector
         assert final.state is SaleState.COMPLETED
+
+
+async def test_controller_reset_mid_vend_voids_through_the_agent(
+    tmp_path: Path, sim_settings: Any, controller: VirtualController
+) -> None:
+    trigger = {"platform": "mdb", "name": "front", "port": controller.port,
+               "flow": "authorize_capture"}
+    async with running_agent(tmp_path, sim_settings, [trigger]) as agent:
+        await asyncio.wait_for(controller.wait_enabled(), 5)
+        controller.options.dispense_time = 0.3
+        collector = asyncio.create_task(_final_events(agent, 1))
+        visit_task = asyncio.create_task(controller.customer("B1"))
+        async with asyncio.timeout(5):
+            while "C,VEND,3.25" not in controller.received:
+                await asyncio.sleep(0.005)
+        controller.reset()
+        visit = await visit_task
+        [final] = await collector
+
+        assert visit.outcome is VisitOutcome.ABORTED
+        assert final.state is SaleState.REVERSED
+        assert final.captured_cents == 0
+        assert "inactive mid-session" in final.message
+
+
+async def test_card_first_session_timeout_voids_through_the_agent(
+    tmp_path: Path, sim_settings: Any, controller: VirtualController
+) -> None:
+    trigger = {"platform": "mdb", "name": "lobby", "port": controller.port, "mode": "card_first",
+               "max_funds": "5.00", "flow": "authorize_capture", "session_timeout": 0.2}
+    async with running_agent(tmp_path, sim_settings, [trigger]) as agent:
+        [final] = await _final_events(agent, 1)
+        assert final.state is SaleState.REVERSED
+        assert final.amount_cents == 500
+        assert "session timeout" in final.message
+        assert "C,START,5.00" in controller.received
+        assert "C,STOP" in controller.received
