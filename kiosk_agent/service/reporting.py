@@ -1,15 +1,18 @@
 """Reporting: transactions, deposits, chargebacks and adjustments as async iterators.
 
-Every collection is an ORDS list (``items``, ``hasMore``, ``links``). The iterators walk it one page
-at a time: a page is fetched, its items are typed and yielded one by one, and only then is the next
-page asked for, so memory stays flat however many pages a pull spans. The next page is the page's
-``links`` ``rel: next`` when present, else ``offset + count`` while ``hasMore`` says so.
+Every collection is an ORDS list (``items``, ``hasMore``, ``links``). The iterators walk it a page
+at a time: a page is fetched and typed, the next one is asked for, and the items are yielded one by
+one while it travels. At most one page is in flight beside the one being read, so memory stays
+flat however many pages a pull spans. The next page is the page's ``links`` ``rel: next`` when
+present, else ``offset + count`` while ``hasMore`` says so.
 """
 
 from __future__ import annotations
 
+import asyncio
+import itertools
 from collections.abc import AsyncIterator
-from typing import TypeVar
+from typing import Any, Generic, TypeVar
 from urllib.parse import parse_qsl, urlsplit
 
 from pydantic import BaseModel
@@ -55,46 +58,89 @@ async def iterate_collection(
 ) -> AsyncIterator[M]:
     """Yield the items of the ORDS collection at ``path`` (on the reporting address) as ``model``.
 
-    One page is in memory at a time. ``limit`` stops after that many items and never asks for
-    more than it needs.
+    While the caller consumes one page the next is already being fetched, so the service's time
+    and ours overlap; never more than that one page ahead, so memory stays flat. ``limit`` stops
+    after that many items and never asks for more than it needs.
     """
     check_page_size(page_size)
     if limit is not None and limit <= 0:
         return
-    url = transport.reporting_url(path)
-    page_model = Page[model]  # type: ignore[valid-type]
-    params: dict[str, str | int] = {"offset": 0}
+    pages = _PageFetcher(transport, path, model)
+    params: dict[str, str | int] = {"offset": 0, "limit": _page_limit(page_size, limit)}
     if q is not None:
         params["q"] = q
+    ahead: asyncio.Task[Page[M]] | None = pages.start(params)
     remaining = limit
-    while True:
-        params["limit"] = min(page_size, remaining) if remaining is not None else page_size
-        page: Page[M] = await transport.request_model(
-            page_model,
+    try:
+        while ahead is not None:
+            page = await ahead
+            ahead = None
+            left = None if remaining is None else remaining - len(page.items)
+            broken: InvalidResponseError | None = None
+            if page.has_more and (left is None or left > 0):
+                try:
+                    params = _following(page, path, params)
+                except InvalidResponseError as exc:
+                    broken = exc  # raised once this page's items are out
+                else:
+                    params["limit"] = _page_limit(page_size, left)
+                    ahead = pages.start(params)  # travels while the caller reads this page
+            for item in itertools.islice(page.items, remaining):
+                yield item
+            if broken is not None:
+                raise broken
+            remaining = left
+            del page  # this page and the one in flight: never more in memory
+    finally:
+        if ahead is not None:  # the caller stopped early: drop the page it will not read
+            ahead.cancel()
+            ahead.add_done_callback(_discard)
+
+
+def _following(page: Page[M], path: str, params: dict[str, str | int]) -> dict[str, str | int]:
+    """The query of the page after ``page``, which says more items remain."""
+    count = page.count if page.count is not None else len(page.items)
+    if count == 0:
+        raise InvalidResponseError(
+            f"{path}: the service says more items remain but sent an empty page",
+            field="hasMore",
+        )
+    return _next_params(page, int(params["offset"]) + count, params)
+
+
+def _discard(task: asyncio.Task[Any]) -> None:
+    # Retrieve the outcome of a page nobody will read, so asyncio does not log it as lost.
+    if not task.cancelled():
+        task.exception()
+
+
+def _page_limit(page_size: int, remaining: int | None) -> int:
+    return page_size if remaining is None else min(page_size, remaining)
+
+
+class _PageFetcher(Generic[M]):
+    """Starts the fetch of one page of a collection as a task (the lookahead)."""
+
+    def __init__(self, transport: Transport, path: str, model: type[M]) -> None:
+        self._transport = transport
+        self._path = path
+        self._url = transport.reporting_url(path)
+        self._page_model: type[Page[M]] = Page[model]  # type: ignore[valid-type]
+
+    def start(self, params: dict[str, str | int]) -> asyncio.Task[Page[M]]:
+        return asyncio.create_task(self._fetch(dict(params)))
+
+    async def _fetch(self, params: dict[str, str | int]) -> Page[M]:
+        return await self._transport.request_model(
+            self._page_model,
             "GET",
-            url,
+            self._url,
             params=params,
             auth=Auth.OAUTH,
             mid=MidPlacement.NONE,
             rate_limited=False,
-            what=f"{path} at offset {params['offset']}",
+            what=f"{self._path} at offset {params['offset']}",
         )
-        for item in page.items:
-            yield item
-            if remaining is not None:
-                remaining -= 1
-                if remaining == 0:
-                    return
-        if not page.has_more:
-            return
-        count = page.count if page.count is not None else len(page.items)
-        if count == 0:
-            raise InvalidResponseError(
-                f"{path}: the service says more items remain but sent an empty page",
-                field="hasMore",
-            )
-        params = _next_params(page, int(params["offset"]) + count, params)
-        del page  # one page in memory at a time
 
 
 def _next_params(

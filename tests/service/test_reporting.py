@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import gc
 import tracemalloc
 from collections.abc import AsyncIterator
@@ -10,7 +12,9 @@ from typing import Any
 
 import aiohttp
 import pytest
+from aiohttp import web
 from pydantic import ValidationError
+from scripted_server import ScriptedServer, json_reply
 
 from kiosk_agent.service.client import ServiceClient, ServiceSettings
 from kiosk_agent.service.errors import BadRequestError, InvalidResponseError
@@ -96,6 +100,59 @@ async def test_a_limit_stops_early_and_never_asks_for_more(
     assert len(urls) == 3
     assert "limit=5" in urls[-1]  # the last page asks only for what is left
     assert await collect(svc.reporting.transactions(limit=0)) == []
+
+
+async def test_the_next_page_travels_while_this_one_is_read_and_never_more(
+    traced: tuple[ServiceClient, list[str]],
+) -> None:
+    svc, urls = traced
+    page_size, pages = 10, 5
+    asked_while_reading: list[int] = []
+    read = 0
+    async for _ in svc.reporting.transactions(page_size=page_size, limit=page_size * pages):
+        if read % page_size == 0:  # the first item of each page: dawdle like a slow consumer
+            await wait_for_requests(urls, min(read // page_size + 2, pages))
+            await asyncio.sleep(0.05)  # time enough for a greedy reader to run further ahead
+            asked_while_reading.append(len(urls))
+        read += 1
+    assert read == page_size * pages
+    # Reading page n, pages up to n + 1 have been asked for: one ahead, never two.
+    assert asked_while_reading == [2, 3, 4, 5, 5]
+    assert len(urls) == pages
+
+
+async def test_a_reader_that_stops_early_leaves_no_page_in_flight(
+    scripted: ScriptedServer, scripted_settings: ServiceSettings
+) -> None:
+    release = asyncio.Event()
+
+    async def slow_page(request: web.Request) -> web.StreamResponse:
+        await release.wait()  # the second page is still on its way when the reader leaves
+        return web.json_response({"items": [], "hasMore": False})
+
+    first = {"items": [{"trans_id": "1", "amount": 1.5}], "hasMore": True, "count": 1}
+    scripted.script("POST", "/ords/sprint/oauth/token", json_reply({"access_token": "t"}))
+    scripted.script("GET", f"{REPORTING_PREFIX}/transactions", json_reply(first), slow_page)
+    try:
+        async with ServiceClient(scripted_settings) as svc:
+            records = svc.reporting.transactions(page_size=1)
+            async with contextlib.aclosing(records):
+                async for _ in records:
+                    while scripted.count("GET", f"{REPORTING_PREFIX}/transactions") < 2:
+                        await asyncio.sleep(0.005)
+                    in_flight = [t for t in asyncio.all_tasks() if "_fetch" in repr(t)]
+                    break
+            assert len(in_flight) == 1
+            await asyncio.wait(in_flight, timeout=2)
+            assert in_flight[0].cancelled()
+    finally:
+        release.set()
+
+
+async def wait_for_requests(urls: list[str], count: int) -> None:
+    async with asyncio.timeout(5):
+        while len(urls) < count:
+            await asyncio.sleep(0.005)
 
 
 async def test_filters_travel_as_q_and_every_page_keeps_them(
