@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import time
 import uuid
@@ -850,7 +851,16 @@ class SaleRunner:
         except Exception as err:
             # A bug must not leave money taken: reverse what was charged, else attention.
             _LOGGER.exception("sale %s: flow error", flow.record.sale_id)
-            return await _rescue(flow, err)
+            try:
+                return await _rescue(flow, err)
+            except Exception:  # the journal itself fails: recovery finishes it on next start
+                _LOGGER.exception("sale %s: cannot end the sale", flow.record.sale_id)
+                ended = dataclasses.replace(
+                    flow.record, state=SaleState.ATTENTION, message=f"error: {err}"
+                )
+                event = event_of(ended)
+                flow.events.publish(event)
+                return event
         finally:
             if self._running.get(device) is flow:
                 del self._running[device]

@@ -188,9 +188,12 @@ class Journal:
         row = sale.as_dict()
         names = ", ".join(_COLUMNS)
         marks = ", ".join(f":{c}" for c in _COLUMNS)
-        with self._transaction() as db:
-            db.execute(f"INSERT INTO sales ({names}) VALUES ({marks})", row)  # noqa: S608
-            self._insert_step(db, sale.sale_id, now, "created", sale.state, detail)
+        try:
+            with self._transaction() as db:
+                db.execute(f"INSERT INTO sales ({names}) VALUES ({marks})", row)  # noqa: S608
+                self._insert_step(db, sale.sale_id, now, "created", sale.state, detail)
+        except sqlite3.Error as err:
+            raise self._write_failed(err) from err
         return sale
 
     def record(
@@ -213,12 +216,15 @@ class Journal:
         assignments = {k: getattr(updated, k) for k in (*changes, "state", "updated_at")}
         assignments["state"] = new_state.value
         sql = ", ".join(f"{k} = :{k}" for k in assignments)
-        with self._transaction() as db:
-            db.execute(
-                f"UPDATE sales SET {sql} WHERE sale_id = :sale_id",  # noqa: S608
-                {**assignments, "sale_id": sale.sale_id},
-            )
-            self._insert_step(db, sale.sale_id, now, step, new_state, detail)
+        try:
+            with self._transaction() as db:
+                db.execute(
+                    f"UPDATE sales SET {sql} WHERE sale_id = :sale_id",  # noqa: S608
+                    {**assignments, "sale_id": sale.sale_id},
+                )
+                self._insert_step(db, sale.sale_id, now, step, new_state, detail)
+        except sqlite3.Error as err:
+            raise self._write_failed(err) from err
         return updated
 
     def _insert_step(
@@ -249,6 +255,10 @@ class Journal:
 
     def _transaction(self) -> Journal._Tx:
         return Journal._Tx(self.db)
+
+    def _write_failed(self, err: sqlite3.Error) -> JournalError:
+        # a full or failing disk: the flow must stop before the call this step announces
+        return JournalError(f"cannot write the journal at {self.path}: {err}")
 
     # -- reads -----------------------------------------------------------------------------------
 

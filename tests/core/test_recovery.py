@@ -193,3 +193,38 @@ async def test_a_settled_charge_left_undispensed_is_refunded(
     by_id = {row.trans_id: row for row in await rows(agent.service, "KACRASHED1")}
     assert by_id[trans_id].status is TransStatus.REFUNDED
     assert by_id[record.reverse_trans_id].status is TransStatus.REFUND
+
+
+class JournalBreakingMachine(ScriptedDispenser):
+    """Vends, while the disk under the journal turns read-only."""
+
+    def __init__(self, journal: Journal) -> None:
+        super().__init__()
+        self.journal = journal
+
+    async def dispense(self, authorized_cents: int) -> Any:
+        self.journal.db.execute("PRAGMA query_only=ON")
+        return await super().dispense(authorized_cents)
+
+
+async def test_a_journal_that_cannot_write_stops_the_flow_before_its_next_call(
+    agent_factory: Any, sim_factory: Any
+) -> None:
+    sim = await sim_factory(time_scale=300, transactions=0)
+    first = await agent_factory(sim=sim)
+    sale = await first.sales.start(
+        SaleRequest(source="test", flow=Flow.CHARGE_CARD, amount_cents=250),
+        JournalBreakingMachine(first.journal),
+    )
+    event = await asyncio.wait_for(sale.result(), 10)
+    assert event.state is SaleState.ATTENTION
+    [row] = await rows(first.service, sale.order_id)
+    assert row.status is TransStatus.CAPTURED  # no void was sent without its journal step
+    first.journal.db.execute("PRAGMA query_only=OFF")
+    await first.stop()
+
+    second = await agent_factory(sim=sim)
+    [recovered] = await asyncio.wait_for(second.recovery.wait(), 10)
+    assert recovered.state is SaleState.REVERSED
+    [row] = await rows(second.service, sale.order_id)
+    assert row.status is TransStatus.VOIDED
