@@ -8,7 +8,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-import pytest
 from agent_rig import running_agent, settings_for
 
 from kiosk_agent.core.sale import SaleEvent, SaleState
@@ -84,7 +83,6 @@ async def test_virtual_platform_card_first(tmp_path: Path, sim_settings: Any) ->
         assert final.captured_cents == 150
 
 
-@pytest.mark.slow  # ~35 s on two shared cores; the protocol-level soak (test_mdb_soak) is fast
 async def test_thousand_sales_through_the_agent_none_lost_none_doubled(
     tmp_path: Path, sim_factory: Any, controller: VirtualController
 ) -> None:
