@@ -29,6 +29,7 @@ from kiosk_agent.sim.auth import ISV_MIDS
 from kiosk_agent.sim.clock import iso_ms
 from kiosk_agent.sim.ledger import (
     BATCH_IDS,
+    CUSTOM_FIELDS,
     DECIMAL_FIELDS,
     DEPOSIT_IDS,
     FUNDING_IDS,
@@ -81,16 +82,16 @@ PRODUCTS = ("A1 Cola", "A2 Water", "B1 Chips", "B4 Candy", "C2 Coffee", "D1 Sand
 Kind = Literal["transaction", "deposit", "chargeback", "adjustment"]
 Record = tuple[Kind, dict[str, Any]]
 
-_ALL_TRANSACTION_COLUMNS = (
-    *TEXT_FIELDS, *INT_FIELDS, *DECIMAL_FIELDS,
-    "amount_cents", "authorized_cents", "refunded_cents", "currency",
+# The columns the data set fills. Every row has all of them, so the ledger's bulk insert is one
+# statement; the rest (custom_02..custom_10, currency) keep their defaults and cost no binding.
+_SEEDED_COLUMNS = (
+    *(name for name in TEXT_FIELDS if name not in CUSTOM_FIELDS[1:]), *INT_FIELDS,
+    *DECIMAL_FIELDS, "amount_cents", "authorized_cents", "refunded_cents",
 )  # fmt: skip
-# Every row has every column, so the ledger's bulk insert uses one statement for all of them.
 _ROW_TEMPLATE: dict[str, Any] = {
-    **dict.fromkeys(_ALL_TRANSACTION_COLUMNS),
+    **dict.fromkeys(_SEEDED_COLUMNS),
     "user_identifier": "portal",
     "refunded_cents": 0,
-    "currency": "USD",
     "interchange_per_item": "0.10",
 }
 
