@@ -3,13 +3,18 @@
 
 Every terminal call made with one credential goes through the same limiter, so eight readers and
 a field tech's CLI cannot together trip the service's limit; when the service still answers 429,
-its ``Retry-After`` pauses everyone, not just the caller that saw it.
+its ``Retry-After`` pauses everyone, not just the caller that saw it. Clients of one process that
+use the same credential (the agent's and the admin API's) share one limiter through
+:func:`shared_limiter`.
 """
 
 from __future__ import annotations
 
 import asyncio
+import hashlib
+import secrets
 import time
+import weakref
 from collections.abc import Callable
 
 # After a 429 the rate is halved (never below MIN_SHARE of the configured one) and each answer
@@ -69,3 +74,38 @@ class RateLimiter:
             self._tokens -= 1.0
             return 0.0
         return (1.0 - self._tokens) / self.rate
+
+
+# The process's limiters by (event loop, service address, credential fingerprint). Weakly held: a
+# limiter lives while a client uses it. The loop is part of the key because the limiter's lock
+# belongs to one event loop.
+_SHARED: weakref.WeakValueDictionary[tuple[asyncio.AbstractEventLoop, str, str], RateLimiter] = (
+    weakref.WeakValueDictionary()
+)
+# Keyed per process, so a fingerprint names a credential here and is useless anywhere else.
+_FINGERPRINT_KEY = secrets.token_bytes(16)
+
+
+def credential_fingerprint(credential: str) -> str:
+    """A keyed digest that identifies ``credential`` within this process without holding it."""
+    digest = hashlib.blake2b(credential.encode(), digest_size=16, key=_FINGERPRINT_KEY)
+    return digest.hexdigest()
+
+
+def shared_limiter(base_url: str, credential: str, rate: float, burst: int) -> RateLimiter:
+    """The limiter of ``credential`` on the service at ``base_url``, made on first use.
+
+    Must be called in the event loop the limiter will serve. The first client of a credential
+    sets ``rate`` and ``burst``: the service has one limit per credential, not one per client.
+    """
+    key = (asyncio.get_running_loop(), base_url, credential_fingerprint(credential))
+    limiter = _SHARED.get(key)
+    if limiter is None:
+        limiter = _SHARED[key] = RateLimiter(rate, burst)
+    return limiter
+
+
+def share_limiter(base_url: str, credential: str, limiter: RateLimiter) -> None:
+    """File ``limiter`` under ``credential`` too: a rotated key keeps its limiter."""
+    key = (asyncio.get_running_loop(), base_url, credential_fingerprint(credential))
+    _SHARED.setdefault(key, limiter)

@@ -42,7 +42,7 @@ from kiosk_agent.service.errors import (
 from kiosk_agent.service.models.common import ErrorBody, ServiceModel
 from kiosk_agent.service.models.payments import ApiKeySet
 from kiosk_agent.service.parsing import BODY, decode_json, describe_body, parse, parse_json
-from kiosk_agent.service.ratelimit import RateLimiter
+from kiosk_agent.service.ratelimit import RateLimiter, share_limiter, shared_limiter
 from kiosk_agent.service.settings import NO_API_KEY, ServiceSettings
 
 _LOGGER = logging.getLogger(__name__)
@@ -85,7 +85,8 @@ class Transport:
         self.keys = ApiKeyManager(
             self._initial_credentials(), self._refresh_keys, self.store, missing=NO_API_KEY
         )
-        self.limiter = RateLimiter(settings.rate_limit, settings.rate_burst)
+        self._limiter: RateLimiter | None = None
+        self.keys.on_rotate(self._keep_limiter)
         self.oauth = OAuthTokens(self)
         self.rate_limited_count = 0  # 429 answers seen (diagnostics)
 
@@ -117,6 +118,23 @@ class Transport:
         if self._session is not None and self._own_session:
             await self._session.close()
         self._session = None
+
+    @property
+    def limiter(self) -> RateLimiter:
+        """The rate limiter of this client's API key, shared by every client of the process
+        that uses the same key on the same service (taken on first use, in the event loop)."""
+        if self._limiter is None:
+            settings = self.settings
+            self._limiter = shared_limiter(
+                settings.base_url, self.keys.api_key, settings.rate_limit, settings.rate_burst
+            )
+        return self._limiter
+
+    def _keep_limiter(self, rotated: ApiCredentials) -> None:
+        # A client that starts later with the rotated key (read from the credentials file)
+        # must find this limiter, not a fresh one.
+        if self._limiter is not None:
+            share_limiter(self.settings.base_url, rotated.api_key, self._limiter)
 
     @property
     def session(self) -> aiohttp.ClientSession:

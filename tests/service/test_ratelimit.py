@@ -1,11 +1,17 @@
-"""The client's rate limiter: bursts, a steady rate after them, and Retry-After pauses."""
+"""The client's rate limiter: bursts, a steady rate after them, Retry-After pauses, and one
+limiter per credential shared by every client of the process."""
 
 from __future__ import annotations
 
 import asyncio
+import gc
+import hashlib
 import time
+import weakref
+from typing import Any
 
-from kiosk_agent.service.ratelimit import RateLimiter
+from kiosk_agent.service.client import ServiceClient, ServiceSettings
+from kiosk_agent.service.ratelimit import RateLimiter, credential_fingerprint
 
 
 async def test_burst_passes_at_once_then_the_rate_holds() -> None:
@@ -27,3 +33,65 @@ async def test_pause_holds_every_caller() -> None:
     await asyncio.gather(*(limiter.acquire() for _ in range(3)))
     assert time.monotonic() - started >= 0.14
     assert limiter.paused_for == 0
+
+
+# -- one limiter per credential in the process ---------------------------------------------------
+
+
+async def test_clients_with_one_credential_share_its_limiter(sim_settings: ServiceSettings) -> None:
+    agent, admin = ServiceClient(sim_settings), ServiceClient(sim_settings)
+    isv = ServiceClient(sim_settings.replace(api_key="sim_isv_key", isv=True))
+    elsewhere = ServiceClient(sim_settings.replace(base_url="http://127.0.0.1:9"))
+    assert agent.transport.limiter is admin.transport.limiter
+    assert isv.transport.limiter is not agent.transport.limiter  # another credential
+    assert elsewhere.transport.limiter is not agent.transport.limiter  # another service
+
+    # Weakly held: once no client uses it, it goes, and the next client starts afresh.
+    shared = weakref.ref(agent.transport.limiter)
+    del agent, admin
+    gc.collect()
+    assert shared() is None
+
+
+async def test_the_credential_is_named_by_a_keyed_digest_not_kept() -> None:
+    fingerprint = credential_fingerprint("sim_api_key")
+    assert fingerprint == credential_fingerprint("sim_api_key")
+    assert fingerprint != credential_fingerprint("sim_isv_key")
+    assert "sim_api_key" not in fingerprint
+    assert hashlib.sha256(b"sim_api_key").hexdigest()[:32] != fingerprint  # salted per process
+
+
+async def test_two_clients_together_stay_under_the_services_limit(
+    sim_factory: Any, sim_settings: ServiceSettings
+) -> None:
+    # The service allows 20/s with bursts of 40 per credential. Each client alone would keep to
+    # 20/s with bursts of 20; two with limiters of their own would send 40/s and hear 429s.
+    sim = await sim_factory(rate_limit="20/1")
+    settings = sim_settings.replace(
+        base_url=sim.base_url, ws_url=sim.ws_url, reporting_url=sim.base_url,
+        rate_limit=20, rate_burst=20,
+    )  # fmt: skip
+    async with ServiceClient(settings) as agent, ServiceClient(settings) as admin:
+        calls = [svc.terminal.ping("SIM-0001") for svc in (agent, admin) for _ in range(25)]
+        answers = await asyncio.gather(*calls)
+        assert all(answer.online for answer in answers)
+        assert agent.transport.rate_limited_count == admin.transport.rate_limited_count == 0
+
+
+async def test_a_pause_one_client_hears_holds_the_other(sim_settings: ServiceSettings) -> None:
+    async with ServiceClient(sim_settings) as agent, ServiceClient(sim_settings) as admin:
+        agent.transport.limiter.pause(0.15)  # the agent's call was answered 429, Retry-After
+        started = time.monotonic()
+        await admin.terminal.list()
+        assert time.monotonic() - started >= 0.14
+
+
+async def test_a_rotated_key_keeps_its_limiter(sim_settings: ServiceSettings) -> None:
+    async with ServiceClient(sim_settings) as first:
+        await first.terminal.list()
+        rotated = await first.keys.refresh()
+        # A client started now finds the rotated key in the credentials file, say.
+        later = ServiceClient(
+            sim_settings.replace(api_key=rotated.api_key, refresh_token=rotated.refresh_token)
+        )
+        assert later.transport.limiter is first.transport.limiter
