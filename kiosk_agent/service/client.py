@@ -7,7 +7,8 @@ async with ServiceClient(settings) as svc:
     interaction = await handle.wait()
 ```
 Every interface client shares one :class:`Transport` (one aiohttp session, one key manager, one
-rate limiter, one OAuth token).
+OAuth token, and the rate limiter of its API key, which every client of the process using that
+key shares). ``api_key`` and ``mid`` may be left out by a client that only reports or boards.
 """
 
 from __future__ import annotations
