@@ -306,7 +306,6 @@ class MdbCashless:
             on_state=on_link_state,
             on_connected=self._on_connected,
         )
-        self.link_states: list[str] = []
 
     async def start(self) -> None:
         self._stopping = False
@@ -322,8 +321,12 @@ class MdbCashless:
                 await asyncio.wait_for(
                     asyncio.shield(session.result), min(self.options.vend_timeout, STOP_GRACE)
                 )
-        if self.session is not None:
-            self.session.abort("agent stopping")
+        session = self.session
+        if session is not None:
+            waiting_for_card = session.phase is _Phase.AUTHORIZING
+            session.abort("agent stopping")
+            if waiting_for_card and session.sale_id is not None:
+                await self._cancel(session.sale_id)  # here, before the tasks are cancelled
         for task in list(self._tasks):
             task.cancel()
         for task in list(self._tasks):
@@ -522,8 +525,8 @@ class MdbCashless:
                 self._maybe_start_card_first()
 
     def cancel_sale(self, session: MdbSession) -> None:
-        if session.sale_id is None:
-            return  # not started yet: _run_sale cancels once it has the id
+        if session.sale_id is None or self._stopping:
+            return  # not started yet: _run_sale cancels once it has the id; stop() cancels itself
         task = asyncio.create_task(self._cancel(session.sale_id))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 
 import pytest
@@ -229,6 +230,20 @@ async def test_vend_request_before_card_is_denied_in_card_first(
         assert visit.outcome is VisitOutcome.DENIED
     finally:
         await machine.device.stop()
+
+
+async def test_stopping_while_the_card_is_read_cancels_the_sale(machine: Machine) -> None:
+    machine.desk.card_time = 5.0
+    visit_task = asyncio.create_task(machine.controller.customer("A1", walk_away_after=1.0))
+    await _until(lambda: machine.desk.sales)
+    await asyncio.wait_for(machine.device.stop(), 1.0)
+
+    final = await asyncio.wait_for(machine.desk.sales[0].result(), 1.0)
+    assert final.state is SaleState.CANCELLED
+    assert machine.device.link.state.value == "closed"
+    visit_task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await visit_task
 
 
 async def test_quiet_controller_is_probed_not_dropped(controller: VirtualController) -> None:
