@@ -126,6 +126,19 @@ class Auth:
             return self._rotate(key, token, now)
         raise ApiError(401, "invalid_grant", "no valid refresh token for this API key")
 
+    def refresh_token_for(self, api_key: str) -> str | None:
+        """The refresh token that rotates ``api_key`` now (unspent, unexpired), if any.
+
+        After the seeded ``sim_refresh_token`` was spent (and kept so by ``--data-dir``), the
+        seeded key has none: the next key of its chain carries the live refresh token.
+        """
+        row = self._store.row(
+            "SELECT token FROM refresh_tokens WHERE api_key = ? AND spent = 0 "
+            "AND (expires_at IS NULL OR expires_at > ?) ORDER BY rowid DESC LIMIT 1",
+            (api_key, self._clock.time()),
+        )
+        return None if row is None else str(row["token"])
+
     def _rotate(self, old_key: str, old_token: str, now: float) -> dict[str, Any]:
         owner = self._store.row("SELECT * FROM api_keys WHERE api_key = ?", (old_key,))
         assert owner is not None

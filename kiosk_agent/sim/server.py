@@ -85,13 +85,20 @@ class SimServer:
         return f"[{host}]" if ":" in host else host
 
     def ready_info(self) -> dict[str, Any]:
-        """The ``READY`` json: addresses and the seeded credentials."""
+        """The ``READY`` json: addresses and the seeded credentials.
+
+        ``refresh_token`` is the one that rotates ``api_key`` now: ``null`` once a simulator
+        restarted on its data directory has already spent ``sim_refresh_token``.
+        """
+        refresh_token: str | None = sim_auth.REFRESH_TOKEN
+        if self.ctx is not None and self._runner is not None:
+            refresh_token = self.ctx.auth.refresh_token_for(sim_auth.API_KEY)
         return {
             "base_url": self.base_url,
             "reporting_url": self.reporting_url,
             "ws_url": self.ws_url,
             "api_key": sim_auth.API_KEY,
-            "refresh_token": sim_auth.REFRESH_TOKEN,
+            "refresh_token": refresh_token,
             "isv_api_key": sim_auth.ISV_API_KEY,
             "mid": sim_auth.MID,
             "isv_mids": list(sim_auth.ISV_MIDS),

@@ -43,6 +43,7 @@ async def test_settle_helper_answers_settled_and_deposits(sim: SimServer) -> Non
 
 async def test_a_restart_on_the_data_dir_loses_nothing(sim_factory: Any, tmp_path: Path) -> None:
     first = await sim_factory(data_dir=tmp_path, time_scale=1000)
+    assert first.ready_info()["refresh_token"] == "sim_refresh_token"
     async with aiohttp.ClientSession() as http:
         api = Api(http, first.base_url, "sim_api_key")
         sale = await api.charge(1234, order_id="persist-1")
@@ -61,6 +62,9 @@ async def test_a_restart_on_the_data_dir_loses_nothing(sim_factory: Any, tmp_pat
             "/api/v1/api_keys/refresh", {"token": "sim_refresh_token"}, key="sim_api_key"
         )
         assert (status, body["error"]) == (401, "invalid_grant")
+        # READY offers no spent token: sim_api_key has no live refresh token any more
+        assert second.ready_info()["refresh_token"] is None
+        assert second.ready_info()["api_key"] == "sim_api_key"
         # the interaction left pending carries on and expires on the restored clock
         path = f"/api/terminal/SIM-0001/read-card/{pending['interaction_id']}"
         for _ in range(100):
