@@ -230,8 +230,13 @@ class SerialLineDevice:
             # The device may be dispensing right now: hear the result before letting go.
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(asyncio.shield(vend.result), min(self.vend_timeout, 5.0))
-        if self.vend is not None:
-            self._cancel_vend("agent stopping")
+        vend = self.vend
+        if vend is not None:
+            vend.cancelled = "agent stopping"
+            if vend.vending:
+                vend._end(DispenseStatus.CANCELLED, "agent stopping")
+            elif vend.sale_id is not None:
+                await self._cancel_sale(vend.sale_id)  # before the tasks are cancelled
         for task in list(self._tasks):
             task.cancel()
         for task in list(self._tasks):

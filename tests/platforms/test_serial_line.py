@@ -7,6 +7,7 @@ generic serial_line platform sells through it over a real pty, no MDB code invol
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import AsyncIterator
 
 import pytest
@@ -127,3 +128,19 @@ def test_schema_errors_name_the_problem() -> None:
         PLATFORM_SCHEMA({**MDB_AS_LINES, "dispense_ok": "(unclosed"})
     with pytest.raises(Exception, match=r"unknown template field \{card\}"):
         PLATFORM_SCHEMA({**MDB_AS_LINES, "approve": "VEND {card}"})
+
+
+async def test_stopping_while_the_card_is_read_cancels_the_sale(
+    device: SerialLineDevice, controller: VirtualController
+) -> None:
+    desk(device).card_time = 5.0
+    visit_task = asyncio.create_task(controller.customer("A1", walk_away_after=1.0))
+    async with asyncio.timeout(2):
+        while not desk(device).sales:
+            await asyncio.sleep(0.005)
+    await asyncio.wait_for(device.stop(), 1.0)
+    final = await asyncio.wait_for(desk(device).sales[0].result(), 1.0)
+    assert final.state is SaleState.CANCELLED
+    visit_task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await visit_task
