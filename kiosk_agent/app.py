@@ -11,7 +11,6 @@ from typing import Any
 
 from kiosk_agent.core.agent import Agent, ComponentFactory, service_settings_from_config
 from kiosk_agent.core.config import Config, load_config
-from kiosk_agent.core.health import Status
 from kiosk_agent.core.registry import setup_function
 from kiosk_agent.core.systemd import SystemdLifecycle
 from kiosk_agent.service.settings import ServiceSettings
@@ -40,7 +39,12 @@ def build_agent(
     settings = service_settings or service_settings_from_config(config)
     agent: Agent
     lifecycle = (
-        SystemdLifecycle(is_healthy=lambda: agent.health.snapshot().status is not Status.DOWN)
+        # Fed while the agent itself works: a network outage or an offline reader is DOWN in
+        # health but a restart would not cure it, so it must not starve the watchdog.
+        SystemdLifecycle(
+            is_healthy=lambda: agent.health.alive(),
+            status_text=lambda: agent.health.summary(),
+        )
         if systemd
         else None
     )

@@ -20,7 +20,7 @@ from kiosk_agent import __version__
 from kiosk_agent.core.config import Config
 from kiosk_agent.core.events import EventBus
 from kiosk_agent.core.flows import INTERACTION_LIFETIME, SaleRunner, SaleSettings
-from kiosk_agent.core.health import Health, HealthChecker
+from kiosk_agent.core.health import HEALTH_SCHEMA, Health, HealthChecker
 from kiosk_agent.core.journal import Journal
 from kiosk_agent.core.receipts import ReceiptSettings
 from kiosk_agent.core.recovery import Recovery
@@ -103,20 +103,16 @@ class Agent:
         self.service = service or ServiceClient(service_settings)
         self.journal = journal or Journal(config.resolve(config["journal"]["path"]))
         self.events: EventBus[SaleEvent] = EventBus()
-        health_conf = config.get("health")
-        self.health = Health(
-            version, key_warning=health_conf["key_warning"] if health_conf else 86400.0
-        )
-        self._checker = (
-            HealthChecker(
-                self.health,
-                self.service.terminal,
-                list(self.settings.terminals),
-                interval=health_conf["ping_interval"],
-                timeout=health_conf["ping_timeout"],
-            )
-            if health_conf
-            else None
+        health_conf = config.get("health") or HEALTH_SCHEMA({})
+        self.health = Health(version, key_warning=health_conf["key_warning"])
+        keys = self.service.transport.keys
+        self._checker = HealthChecker(
+            self.health,
+            self.service.terminal,
+            list(self.settings.terminals),
+            interval=health_conf["ping_interval"],
+            timeout=health_conf["ping_timeout"],
+            key_expiry=lambda: keys.credentials.api_key_expires_at if keys.configured else None,
         )
         self.sales = SaleRunner(
             service=self.service,
@@ -179,8 +175,7 @@ class Agent:
         )
         self._tasks.append(asyncio.create_task(self.health.follow_sales(self.events)))
         self.recovery.start()
-        if self._checker is not None:
-            self._checker.start()
+        self._checker.start()
         for pending in self._pending_platforms:
             name = pending.conf.get("name") or pending.conf.get("platform")
             try:
@@ -215,8 +210,7 @@ class Agent:
                 await platform.stop()
         await self.sales.stop()
         await self.recovery.stop()
-        if self._checker is not None:
-            await self._checker.stop()
+        await self._checker.stop()
         for component in reversed(self.components):
             try:
                 await component.stop()
