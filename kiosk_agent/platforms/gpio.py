@@ -215,9 +215,15 @@ class _Drop:
         self.button = button
         self.fell = asyncio.Event()
         self.watching = False
+        self.dispensing = False
+        self.dispensed = asyncio.Event()  # the dispense step is over, whatever its outcome
+        self.sale_id: str | None = None
 
     async def dispense(self, authorized_cents: int) -> DispenseOutcome:
         button = self.button
+        if self.kiosk.stopping:
+            return DispenseOutcome(DispenseStatus.CANCELLED, 0, button.product, "kiosk stopping")
+        self.dispensing = True
         self.watching = button.sensor is not None
         try:
             await self.kiosk.pulse(button.relay, button.pulse)
@@ -235,6 +241,7 @@ class _Drop:
                                    "drop sensor confirmed")
         finally:
             self.watching = False
+            self.dispensed.set()
 
     async def deny(self, reason: str) -> None:
         _LOGGER.info("%s: %s not dispensed: %s", self.kiosk.name, self.button.product, reason)
@@ -269,6 +276,7 @@ class GpioKiosk:
         self._levels = (buttons_active_low, pull_up, relays_active_low, sensors_active_low)
         self._last_press: dict[int, int] = {}  # line -> timestamp_ns of the last accepted edge
         self._drop: _Drop | None = None
+        self.stopping = False
         self._busy = False
         self._inputs: list[InputLines] = []
         self._outputs: OutputLines | None = None
@@ -293,6 +301,18 @@ class GpioKiosk:
         self._outputs = self.chip.request_outputs(relays, active_low=relays_low)
 
     async def stop(self) -> None:
+        self.stopping = True
+        drop = self._drop
+        if drop is not None and not drop.dispensing and drop.sale_id is not None:
+            # Still waiting for the card: the customer gets nothing from a stopping kiosk.
+            with contextlib.suppress(Exception):
+                await self.sales.cancel(drop.sale_id)
+        elif drop is not None and drop.dispensing:
+            # A relay is pulsing or a sensor is watching: let that finish before letting go.
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(
+                    drop.dispensed.wait(), drop.button.pulse + self.sensor_timeout + 1.0
+                )
         loop = asyncio.get_running_loop()
         for task in list(self._tasks):
             task.cancel()
@@ -374,6 +394,7 @@ class GpioKiosk:
             except Exception as err:  # noqa: BLE001 - busy terminal, agent stopping: nothing dispensed
                 _LOGGER.warning("%s: sale not started: %s", self.name, describe_start_failure(err))
                 return
+            drop.sale_id = sale.sale_id
             final = await sale.result()
             key = final.state.value
             self.outcomes[key] = self.outcomes.get(key, 0) + 1

@@ -200,3 +200,18 @@ def test_schema_refuses_a_line_used_twice() -> None:
         PLATFORM_SCHEMA({"platform": "gpio", "buttons": buttons})
     with pytest.raises(Exception, match="expected an amount"):
         PLATFORM_SCHEMA({"platform": "gpio", "buttons": [{**BUTTONS[0], "price": 2.5}]})
+
+
+async def test_stop_during_a_pulse_lets_the_dispense_finish(kiosk: Any) -> None:
+    agent, chip, platform = kiosk
+    waiting = asyncio.create_task(_next_final(agent))
+    await asyncio.sleep(0)
+    chip.press(17)
+    async with asyncio.timeout(5):
+        while not chip.relays.get(22):
+            await asyncio.sleep(0.001)
+    await platform.stop()  # mid-pulse
+    final = await waiting
+    assert final.state is SaleState.COMPLETED
+    assert chip.relay_log[:2] == [(22, True), (22, False)]  # the pulse ran its full length
+    assert not any(chip.relays.values())
