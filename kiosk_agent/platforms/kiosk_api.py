@@ -170,6 +170,9 @@ class KioskApi:
         _LOGGER.info("%s: kiosk API on %s:%d", self.name, self.config["host"], self.port)
 
     async def stop(self) -> None:
+        for dispenser in self._dispensers.values():
+            # Nobody can confirm through a closed API: nothing counts as dispensed.
+            dispenser.confirm_result(DispenseStatus.CANCELLED, "kiosk API stopping")
         for ws in list(self._sockets):
             await ws.close(code=1001, message=b"agent stopping")
         if self._follower is not None:
