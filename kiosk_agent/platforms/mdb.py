@@ -362,7 +362,7 @@ class MdbCashless:
         except wire.ProtocolError as err:
             self.stats.unknown_lines += 1
             self.stats.last_unknown = line[:80]
-            _LOGGER.warning("%s: ignored line: %s", self.name, err)
+            self.link.noise.warning("%s: ignored line: %s", self.name, err)
             return
         match message:
             case wire.StatusChanged():
