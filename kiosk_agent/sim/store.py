@@ -101,9 +101,10 @@ class Store:
     def bulk_load(self) -> Iterator[None]:
         """One transaction for a large insert, committed without waiting for the disk.
 
-        Only for data that can be made again (the seeded data set): after an OS crash in the
-        middle, the database lacks the data set's ``meta`` mark and it is seeded anew. Nested
-        use joins the outer load.
+        Only for data that can be made again (the seeded data set, loaded on a first start while
+        the database holds nothing else): a process crash rolls it back, so the data set has no
+        ``meta`` mark and is seeded anew; only an OS crash in that window could cost the file.
+        Nested use joins the outer load.
         """
         relax = self.persistent and not self._depth  # SQLite refuses it inside a transaction
         if relax:
