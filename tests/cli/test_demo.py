@@ -80,3 +80,32 @@ def test_demo_with_a_broken_config_names_the_mistake(tmp_path: Path) -> None:
     )
     assert done.returncode == 1
     assert "fail_rate" in done.stderr
+
+
+def test_demo_on_a_terminal_draws_colours_and_a_running_total() -> None:
+    master, slave = os.openpty()
+    proc = subprocess.Popen(
+        [*DEMO, "--sales", "2", "--speed", "5"], stdout=slave, stderr=subprocess.PIPE,
+        env=_env(),
+    )
+    os.close(slave)
+    chunks = []
+    try:
+        while True:
+            try:
+                data = os.read(master, 65536)
+            except OSError:  # EIO: the demo closed its end
+                break
+            if not data:
+                break
+            chunks.append(data)
+        proc.wait(timeout=30)
+    finally:
+        os.close(master)
+        if proc.poll() is None:
+            proc.kill()
+    screen = b"".join(chunks).decode(errors="replace")
+    assert proc.returncode == 0
+    assert "\x1b[1m" in screen  # the bold running total line
+    assert "total: " in screen
+    assert "demo ended after" in screen
