@@ -1,9 +1,10 @@
 """Reporting: transactions, deposits, chargebacks and adjustments as async iterators.
 
 Every collection is an ORDS list (``items``, ``hasMore``, ``links``). The iterators walk it a page
-at a time: a page is fetched and typed, the next one is asked for, and the items are yielded one by
-one while it travels. At most one page is in flight beside the one being read, so memory stays
-flat however many pages a pull spans. The next page is the page's ``links`` ``rel: next`` when
+at a time: a page's paging fields are read first (cheap), the next page is asked for, and only then
+are this page's records built and yielded one by one, so the service's time overlaps ours. At most
+one page is in flight beside the one being read, so memory stays flat however many pages a pull
+spans. The next page is the page's ``links`` ``rel: next`` when
 present, else ``offset + count`` while ``hasMore`` says so.
 """
 
@@ -12,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 from collections.abc import AsyncIterator
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, NamedTuple, TypeVar
 from urllib.parse import parse_qsl, urlsplit
 
 from pydantic import BaseModel
@@ -26,12 +27,14 @@ from kiosk_agent.service.models.reporting import (
     Deposit,
     DepositFilter,
     Page,
+    PageInfo,
     QueryFilter,
     ReportKind,
     ReportRecord,
     Transaction,
     TransactionFilter,
 )
+from kiosk_agent.service.parsing import parse_json
 from kiosk_agent.service.transport import Auth, MidPlacement, Transport
 
 REPORTING_PREFIX = "/ords/sprint/api/3p/v1"
@@ -58,9 +61,10 @@ async def iterate_collection(
 ) -> AsyncIterator[M]:
     """Yield the items of the ORDS collection at ``path`` (on the reporting address) as ``model``.
 
-    While the caller consumes one page the next is already being fetched, so the service's time
-    and ours overlap; never more than that one page ahead, so memory stays flat. ``limit`` stops
-    after that many items and never asks for more than it needs.
+    The next page is asked for as soon as this one's paging fields are read, so the service
+    serves it while this page's records are built and consumed; never more than that one page
+    ahead, so memory stays flat. ``limit`` stops after that many items and never asks for more
+    than it needs.
     """
     check_page_size(page_size)
     if limit is not None and limit <= 0:
@@ -69,22 +73,30 @@ async def iterate_collection(
     params: dict[str, str | int] = {"offset": 0, "limit": _page_limit(page_size, limit)}
     if q is not None:
         params["q"] = q
-    ahead: asyncio.Task[Page[M]] | None = pages.start(params)
+    ahead: asyncio.Task[_RawPage] | None = pages.start(params)
     remaining = limit
     try:
         while ahead is not None:
-            page = await ahead
+            raw = await ahead
             ahead = None
-            left = None if remaining is None else remaining - len(page.items)
+            info = raw.info()
+            page: Page[M] | None = None
+            if info.count is None:  # only the items can tell how many there are
+                page = raw.parse(pages.page_model)
+            count = len(page.items) if page is not None else info.count or 0
+            left = None if remaining is None else remaining - count
             broken: InvalidResponseError | None = None
-            if page.has_more and (left is None or left > 0):
+            if info.has_more and (left is None or left > 0):
                 try:
-                    params = _following(page, path, params)
+                    params = _following(info, count, path, params)
                 except InvalidResponseError as exc:
                     broken = exc  # raised once this page's items are out
                 else:
                     params["limit"] = _page_limit(page_size, left)
-                    ahead = pages.start(params)  # travels while the caller reads this page
+                    ahead = pages.start(params)  # served while this page is built and read
+            if page is None:
+                page = raw.parse(pages.page_model)
+            del raw  # the bytes, once the records are built
             for item in itertools.islice(page.items, remaining):
                 yield item
             if broken is not None:
@@ -97,15 +109,20 @@ async def iterate_collection(
             ahead.add_done_callback(_discard)
 
 
-def _following(page: Page[M], path: str, params: dict[str, str | int]) -> dict[str, str | int]:
-    """The query of the page after ``page``, which says more items remain."""
-    count = page.count if page.count is not None else len(page.items)
+def _page_limit(page_size: int, remaining: int | None) -> int:
+    return page_size if remaining is None else min(page_size, remaining)
+
+
+def _following(
+    info: PageInfo, count: int, path: str, params: dict[str, str | int]
+) -> dict[str, str | int]:
+    """The query of the page after one of ``count`` items that says more items remain."""
     if count == 0:
         raise InvalidResponseError(
             f"{path}: the service says more items remain but sent an empty page",
             field="hasMore",
         )
-    return _next_params(page, int(params["offset"]) + count, params)
+    return _next_params(info, int(params["offset"]) + count, params)
 
 
 def _discard(task: asyncio.Task[Any]) -> None:
@@ -114,8 +131,17 @@ def _discard(task: asyncio.Task[Any]) -> None:
         task.exception()
 
 
-def _page_limit(page_size: int, remaining: int | None) -> int:
-    return page_size if remaining is None else min(page_size, remaining)
+class _RawPage(NamedTuple):
+    """A page's bytes as they came, read in two steps: the paging fields, then the records."""
+
+    body: bytes
+    what: str
+
+    def info(self) -> PageInfo:
+        return parse_json(PageInfo, self.body, what=self.what)
+
+    def parse(self, page_model: type[Page[M]]) -> Page[M]:
+        return parse_json(page_model, self.body, what=self.what)
 
 
 class _PageFetcher(Generic[M]):
@@ -125,26 +151,27 @@ class _PageFetcher(Generic[M]):
         self._transport = transport
         self._path = path
         self._url = transport.reporting_url(path)
-        self._page_model: type[Page[M]] = Page[model]  # type: ignore[valid-type]
+        self.page_model: type[Page[M]] = Page[model]  # type: ignore[valid-type]
 
-    def start(self, params: dict[str, str | int]) -> asyncio.Task[Page[M]]:
+    def start(self, params: dict[str, str | int]) -> asyncio.Task[_RawPage]:
         return asyncio.create_task(self._fetch(dict(params)))
 
-    async def _fetch(self, params: dict[str, str | int]) -> Page[M]:
-        return await self._transport.request_model(
-            self._page_model,
+    async def _fetch(self, params: dict[str, str | int]) -> _RawPage:
+        what = f"{self._path} at offset {params['offset']}"
+        _status, body, _type = await self._transport.send(
             "GET",
             self._url,
             params=params,
             auth=Auth.OAUTH,
             mid=MidPlacement.NONE,
             rate_limited=False,
-            what=f"{self._path} at offset {params['offset']}",
+            what=what,
         )
+        return _RawPage(body, what)
 
 
 def _next_params(
-    page: Page[M], fallback_offset: int, current: dict[str, str | int]
+    page: PageInfo, fallback_offset: int, current: dict[str, str | int]
 ) -> dict[str, str | int]:
     """The query of the next page: from ``links`` ``next`` when given, else the next offset."""
     href = page.next_href

@@ -149,6 +149,31 @@ async def test_a_reader_that_stops_early_leaves_no_page_in_flight(
         release.set()
 
 
+async def test_pages_without_count_or_links_follow_by_their_items(
+    scripted: ScriptedServer, scripted_settings: ServiceSettings
+) -> None:
+    def page(*ids: str, more: bool) -> dict[str, Any]:
+        return {"items": [{"trans_id": i, "amount": "1.00"} for i in ids], "hasMore": more}
+
+    path = f"{REPORTING_PREFIX}/transactions"
+    scripted.script("POST", "/ords/sprint/oauth/token", json_reply({"access_token": "t"}))
+    scripted.script("GET", path, json_reply(page("1", "2", more=True)),
+                    json_reply(page("3", more=True)), json_reply(page(more=True)))
+    got: list[str] = []
+
+    async def read_all(svc: ServiceClient) -> None:
+        async for transaction in svc.reporting.transactions(page_size=2):
+            got.append(transaction.trans_id)
+
+    async with ServiceClient(scripted_settings) as svc:
+        with pytest.raises(InvalidResponseError, match="empty page") as caught:
+            await read_all(svc)
+    assert got == ["1", "2", "3"]  # every record before the broken page is delivered
+    assert caught.value.field == "hasMore"
+    offsets = [r.query["offset"] for r in scripted.requests if r.path == path]
+    assert offsets == ["0", "2", "3"]
+
+
 async def wait_for_requests(urls: list[str], count: int) -> None:
     async with asyncio.timeout(5):
         while len(urls) < count:
