@@ -260,3 +260,22 @@ def test_quiet_log_keeps_a_garbage_flood_out_of_the_log(caplog: pytest.LogCaptur
         for n in range(1000):
             quiet.warning("bad line %d", n)
     assert [r.getMessage() for r in caplog.records] == ["bad line 0", "bad line 1", "bad line 2"]
+
+
+async def test_partial_line_at_disconnect_is_dropped_not_joined(line_server: LineServer) -> None:
+    url = await line_server.start()
+    lines: list[str] = []
+    link = SerialLink("test", SerialSettings(port=url, reconnect_min=0.01), lines.append)
+    await link.start()
+    try:
+        await asyncio.wait_for(link.wait_connected(), 3)
+        line_server.send(b"c,STATUS,EN")  # the cable goes mid-line
+        await asyncio.sleep(0.05)
+        line_server.drop_clients()
+        await _until(lambda: line_server.connections == 2 and link.connected)
+        line_server.send(b"ABLED\nc,STATUS,ENABLED\n")
+        await _until(lambda: len(lines) == 2)
+        assert lines == ["ABLED", "c,STATUS,ENABLED"]  # nothing glued across the reconnect
+        assert link.stats.dropped == 1
+    finally:
+        await link.stop()
