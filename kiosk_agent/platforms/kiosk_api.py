@@ -334,11 +334,13 @@ class KioskApi:
             return _error(409, "not_dispensing", "sale_id", "this sale is not waiting to dispense")
         return web.json_response({"sale_id": sale_id, "status": status_text}, status=202)
 
-    async def _sale_events(self, request: web.Request) -> web.WebSocketResponse:
+    async def _sale_events(self, request: web.Request) -> web.StreamResponse:
         sale_id = request.match_info["sale_id"]
+        if sale_id not in self._latest and sale_id not in self._dispensers:
+            return _error(404, "not_found", "sale_id", "no such sale from this kiosk")
         return await self._stream(request, lambda event: event.sale_id == sale_id, sale_id)
 
-    async def _all_events(self, request: web.Request) -> web.WebSocketResponse:
+    async def _all_events(self, request: web.Request) -> web.StreamResponse:
         return await self._stream(request, lambda event: True, None)
 
     async def _stream(
@@ -349,6 +351,8 @@ class KioskApi:
         self._sockets.add(ws)
         try:
             async with self.agent.events.subscribe() as queue:
+                # Let the follower file steps published before this subscription.
+                await asyncio.sleep(0)
                 latest = self._latest.get(sale_id) if sale_id else None
                 if latest is not None:
                     await ws.send_json(event_json(latest))

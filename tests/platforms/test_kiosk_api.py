@@ -132,6 +132,14 @@ async def test_bad_bodies_name_the_field(app: App, body: Any, field: str, messag
     assert message in answer["message"]
 
 
+async def test_unknown_sale_is_404(app: App) -> None:
+    status, answer = await app.get("/sales/0123456789abcdef")
+    assert status == 404
+    assert answer["field"] == "sale_id"
+    async with app.session.get(f"{app.base}/sales/0123456789abcdef/events?token={TOKEN}") as r:
+        assert r.status == 404
+
+
 async def test_token_is_required(app: App) -> None:
     status, _answer = await app.post("/sales", {"product": "tea"}, token="wrong-token-0000000000")
     assert status == 401
