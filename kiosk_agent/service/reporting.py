@@ -18,6 +18,7 @@ from urllib.parse import parse_qsl, urlsplit
 
 from pydantic import BaseModel
 
+from kiosk_agent.redact import redact
 from kiosk_agent.service.errors import InvalidResponseError
 from kiosk_agent.service.models.reporting import (
     Adjustment,
@@ -180,7 +181,9 @@ def _next_params(
     query: dict[str, str | int] = dict(parse_qsl(urlsplit(href).query, keep_blank_values=True))
     offset = query.get("offset")
     if not isinstance(offset, str) or not offset.isdigit():
-        raise InvalidResponseError(f"next link has no numeric offset: {href!r}", field="links")
+        raise InvalidResponseError(
+            f"next link has no numeric offset: {redact(href)!r}", field="links"
+        )
     # The service's link keeps the filter and the page size; keep ours where it does not.
     for key in ("q", "limit"):
         if key in current and key not in query:

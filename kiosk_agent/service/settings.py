@@ -61,7 +61,8 @@ class ServiceSettings(BaseModel):
             if value is not None:
                 object.__setattr__(self, name, value.rstrip("/"))
         if not self.base_url.startswith(("http://", "https://")):
-            raise ValueError(f"base_url must start with http:// or https://, got {self.base_url!r}")
+            # not echoed: a URL may carry a password (https://user:secret@host)
+            raise ValueError("base_url must start with http:// or https://")
         return self
 
     @model_validator(mode="after")

@@ -84,3 +84,9 @@ def test_a_refused_setting_never_echoes_a_secret() -> None:
     assert "client_secret" in text
     assert "live-key-secret" not in text
     assert "4111" not in text
+
+
+def test_a_refused_address_is_not_echoed_either() -> None:
+    with pytest.raises(ValidationError, match="base_url must start with http") as refused:
+        ServiceSettings(base_url="ftp://tech:hunter2@payments.example.com")
+    assert "hunter2" not in f"{refused.value} {refused.value!r}"
