@@ -212,16 +212,13 @@ def ords_page(
     }
 
 
-_ITEMS_PLACEHOLDER = '{"items":[]'
-
-
 def ords_json(request: web.Request, page: JsonPage, limit: int, offset: int) -> str:
     """The ORDS collection body around items that SQLite already wrote as a JSON array."""
     body = ords_page(request, [], page.has_more, limit, offset)
+    del body["items"]
     body["count"] = page.count
-    text = dumps(body)
-    # ords_page puts items first: the ready-made array takes the empty one's place.
-    return '{"items":' + page.items + text[len(_ITEMS_PLACEHOLDER) :]
+    # items first, as ords_page orders them, then the rest of the members
+    return f'{{"items":{page.items},{dumps(body)[1:]}'
 
 
 def page_params(request: web.Request) -> tuple[int, int]:

@@ -94,8 +94,13 @@ class Store:
         return [dict(zip(names, values, strict=True)) for values in found]
 
     def row(self, sql: str, params: Params = ()) -> dict[str, Any] | None:
-        found = self._conn.execute(sql, params).fetchone()
-        return None if found is None else dict(found)
+        """The first row only (the rest are never read)."""
+        cursor = self._conn.cursor()
+        cursor.row_factory = None
+        values = cursor.execute(sql, params).fetchone()
+        if values is None:
+            return None
+        return dict(zip([column[0] for column in cursor.description], values, strict=True))
 
     @contextlib.contextmanager
     def bulk_load(self) -> Iterator[None]:
