@@ -157,3 +157,24 @@ def test_seeding_stores_everything_and_live_ids_follow_it(tmp_path: Path) -> Non
     assert settled > 0
     assert not {d["batch_id"] for d in new_deposits} & {d["batch_id"] for d in deposits}
     store.close()
+
+
+class FailingTables(ReportTables):
+    def add_chargebacks(self, rows: Any) -> None:
+        raise OSError("disk full")
+
+
+def test_a_seed_that_fails_half_way_leaves_nothing(tmp_path: Path) -> None:
+    store = Store(tmp_path)
+    ledger = Ledger(store, VirtualClock())
+
+    with pytest.raises(OSError, match="disk full"):
+        seed_into(store, ledger, FailingTables(store), seed=1, count=3000, end=END)
+
+    assert ledger.count() == 0
+    assert store.get_meta("seq:trans_id") is None  # the reserved id blocks are given back
+    indexes = store.rows("SELECT name FROM sqlite_master WHERE type = 'index'")
+    assert "transactions_trans_id" in {row["name"] for row in indexes}  # dropped, then restored
+    counts = seed_into(store, ledger, ReportTables(store), seed=1, count=500, end=END)
+    assert ledger.count() == counts["transaction"] == 500
+    store.close()
