@@ -148,7 +148,7 @@ def template_fields(
     }
 
 
-class _Vend:
+class Vend:
     """One sale on the device; its Dispenser."""
 
     def __init__(self, device: SerialLineDevice, request: SaleRequest, price_text: str) -> None:
@@ -166,14 +166,14 @@ class _Vend:
 
     async def dispense(self, authorized_cents: int) -> DispenseOutcome:
         if self.cancelled is not None:
-            return self._end(DispenseStatus.CANCELLED, self.cancelled)
+            return self.end(DispenseStatus.CANCELLED, self.cancelled)
         self.vending = True
         if not self.device.send(self.device.rules.approve.format(**self.fields())):
-            return self._end(DispenseStatus.CANCELLED, "device not connected: not approved")
+            return self.end(DispenseStatus.CANCELLED, "device not connected: not approved")
         try:
             return await asyncio.wait_for(asyncio.shield(self.result), self.device.vend_timeout)
         except TimeoutError:
-            return self._end(
+            return self.end(
                 DispenseStatus.TIMEOUT, f"no dispense result within {self.device.vend_timeout:g}s"
             )
 
@@ -182,9 +182,10 @@ class _Vend:
             return
         if self.device.rules.deny is not None:
             self.device.send(self.device.rules.deny.format(**self.fields(reason)))
-        self._end(DispenseStatus.CANCELLED, f"denied: {reason}")
+        self.end(DispenseStatus.CANCELLED, f"denied: {reason}")
 
-    def _end(self, status: DispenseStatus, detail: str) -> DispenseOutcome:
+    def end(self, status: DispenseStatus, detail: str) -> DispenseOutcome:
+        """Settle the outcome once; later calls (a late result, a cancel) get the same answer."""
         if not self.result.done():
             vended = self.request.amount_cents if status is DispenseStatus.VENDED else 0
             self.result.set_result(DispenseOutcome(status, vended, self.request.product, detail))
@@ -210,11 +211,11 @@ class SerialLineDevice:
         self.flow = flow
         self.terminal = terminal
         self.vend_timeout = vend_timeout
-        self.vend: _Vend | None = None
+        self.vend: Vend | None = None
         self.unmatched = 0
         self.outcomes: dict[str, int] = {}
         self._tasks: set[asyncio.Task[None]] = set()
-        self._queued: _Vend | None = None  # a request that came while the last sale settled
+        self._queued: Vend | None = None  # a request that came while the last sale settled
         self.link = SerialLink(
             source, settings, self.handle_line, on_state=on_link_state,
             on_connected=self._on_connected,
@@ -234,7 +235,7 @@ class SerialLineDevice:
         if vend is not None:
             vend.cancelled = "agent stopping"
             if vend.vending:
-                vend._end(DispenseStatus.CANCELLED, "agent stopping")
+                vend.end(DispenseStatus.CANCELLED, "agent stopping")
             elif vend.sale_id is not None:
                 await self._cancel_sale(vend.sale_id)  # before the tasks are cancelled
         for task in list(self._tasks):
@@ -291,7 +292,7 @@ class SerialLineDevice:
             product=groups.get("product"),
             terminal=self.terminal,
         )
-        vend = _Vend(self, request, groups["price"])
+        vend = Vend(self, request, groups["price"])
         if self.vend is not None and self.vend.result.done():
             # The device is done with the last customer; that sale is still being settled.
             self._queued = vend
@@ -304,7 +305,7 @@ class SerialLineDevice:
             return
         self._begin(vend)
 
-    def _begin(self, vend: _Vend) -> None:
+    def _begin(self, vend: Vend) -> None:
         self.vend = vend
         task = asyncio.create_task(self._run_sale(vend))
         self._tasks.add(task)
@@ -315,7 +316,7 @@ class SerialLineDevice:
         if vend is None or not vend.vending:
             _LOGGER.warning("%s: %s with no dispense pending: ignored", self.name, detail)
             return
-        vend._end(status, detail)
+        vend.end(status, detail)
 
     def _cancel_vend(self, reason: str) -> None:
         vend = self.vend
@@ -323,7 +324,7 @@ class SerialLineDevice:
             return
         vend.cancelled = reason
         if vend.vending:
-            vend._end(DispenseStatus.CANCELLED, reason)
+            vend.end(DispenseStatus.CANCELLED, reason)
         elif vend.sale_id is not None:
             task = asyncio.create_task(self._cancel_sale(vend.sale_id))
             self._tasks.add(task)
@@ -335,7 +336,7 @@ class SerialLineDevice:
         except Exception as err:  # noqa: BLE001 - the sale may have ended meanwhile
             _LOGGER.warning("%s: could not cancel sale %s: %s", self.name, sale_id, err)
 
-    async def _run_sale(self, vend: _Vend) -> None:
+    async def _run_sale(self, vend: Vend) -> None:
         try:
             try:
                 sale = await self.sales.start(vend.request, vend)
