@@ -335,7 +335,11 @@ class VirtualController:
             if self._session_funds is None or (self._session_funds.done() and not self._in_session):
                 self._session_funds = loop.create_future()
             try:
-                funds = await asyncio.wait_for(asyncio.shield(self._session_funds), wait)
+                try:
+                    funds = await asyncio.wait_for(asyncio.shield(self._session_funds), wait)
+                except TimeoutError:  # no session was ever offered: the customer leaves
+                    self._close_visit(visit, VisitOutcome.WALKED_AWAY)
+                    return visit
                 if funds is None or funds == _ABORTED:
                     self._close_visit(visit, VisitOutcome.ABORTED)
                     return visit

@@ -278,3 +278,11 @@ async def _until(predicate, timeout: float = 3.0) -> None:  # type: ignore[no-un
     async with asyncio.timeout(timeout):
         while not predicate():
             await asyncio.sleep(0.005)
+
+
+async def test_card_first_customer_leaves_when_no_session_comes(
+    controller: VirtualController,
+) -> None:
+    visit = await controller.card_first_customer("A1", wait=0.05)  # no agent connected at all
+    assert visit.outcome is VisitOutcome.WALKED_AWAY
+    assert visit.funds_cents is None
