@@ -289,7 +289,7 @@ class JsonPager:
         self._positions.clear()
 
     def _remember(self, position: tuple[tuple[tuple[str, Any], ...], int], key: int) -> None:
-        if len(self._positions) >= _REMEMBERED_POSITIONS:
+        if position not in self._positions and len(self._positions) >= _REMEMBERED_POSITIONS:
             del self._positions[next(iter(self._positions))]  # the oldest
         self._positions[position] = key
 
