@@ -435,13 +435,15 @@ class VirtualController:
                 return
             product: str | None = self._rng.choice(products)
             fail = self._rng.random() < fail_rate
-            if card_first:
-                if self._rng.random() < walk_away_rate:
-                    product = None
-                await self.card_first_customer(product, fail=fail)
-            else:
-                assert product is not None
-                await self.customer(product, fail=fail)
+            try:
+                if card_first:
+                    if self._rng.random() < walk_away_rate:
+                        product = None
+                    await self.card_first_customer(product, fail=fail)
+                elif product is not None:
+                    await self.customer(product, fail=fail)
+            except Exception:  # one odd visit must not empty the shop for the rest of the demo
+                _LOGGER.exception("virtual customer failed")
             served += 1
 
     def _schedule(self, coro: Any) -> None:
