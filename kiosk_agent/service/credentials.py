@@ -208,7 +208,7 @@ class ApiKeyManager:
     async def refresh(self, stale_key: str | None = None) -> str:
         """Rotate the key unless another caller already replaced ``stale_key``; the new key."""
         async with self._lock:
-            current = self.credentials
+            current = await self._latest()
             if stale_key is not None and current.api_key != stale_key:
                 return current.api_key  # rotated by a concurrent caller while we waited
             if current.refresh_token is None:
@@ -224,6 +224,28 @@ class ApiKeyManager:
                 listener(rotated)
             return rotated.api_key
 
+    async def _latest(self) -> ApiCredentials:
+        """Ours, or the saved pair when someone else rotated since we read it.
+
+        Another client on the same file (in this process, or ``kiosk-agent keys refresh`` run
+        beside the agent) may have spent our refresh token: the saved pair holds the live one.
+        """
+        current = self.credentials
+        if self._store is None:
+            return current
+        try:
+            saved = await asyncio.to_thread(self._store.load)
+        except CredentialsError as exc:
+            _LOGGER.warning("%s; going on with the key held in memory", exc)
+            return current
+        if saved is None or saved.api_key == current.api_key or not _newer(saved, current):
+            return current
+        self._credentials = saved
+        _LOGGER.info("API key rotated by another client; taking the saved one")
+        for listener in self._listeners:
+            listener(saved)
+        return saved
+
     def _save_or_log(self, credentials: ApiCredentials) -> None:
         assert self._store is not None
         try:
@@ -232,3 +254,10 @@ class ApiKeyManager:
             # The old refresh token is already spent, so the new pair must still be used; say
             # loudly that a restart would not find it.
             _LOGGER.error("%s; the rotated key is held in memory only", exc)
+
+
+def _newer(saved: ApiCredentials, current: ApiCredentials) -> bool:
+    """True when ``saved`` was issued after ``current`` (provisioned keys have no issue time)."""
+    if saved.issued_at is None:
+        return False
+    return current.issued_at is None or saved.issued_at > current.issued_at

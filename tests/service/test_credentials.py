@@ -164,3 +164,20 @@ async def test_unwritable_store_is_reported_and_the_new_key_still_used(
     assert "held in memory only" in caplog.text
     assert "key-4" not in caplog.text
     assert "refresh-4" not in caplog.text
+
+
+async def test_clients_on_one_credentials_file_never_spend_a_refresh_token_twice(
+    sim_settings: ServiceSettings, tmp_path: Path
+) -> None:
+    # The agent and a tech's `kiosk-agent keys refresh` share the agent's keys file.
+    path = tmp_path / "keys.json"
+    settings = sim_settings.replace(credentials_path=path)
+    async with ServiceClient(settings) as agent, ServiceClient(settings) as tech:
+        first = await agent.keys.refresh()  # spends the provisioned refresh token
+        second = await tech.keys.refresh()  # from the saved pair, not the spent provisioned one
+        third = await agent.keys.refresh()  # and the agent from the tech's
+        assert len({first.api_key, second.api_key, third.api_key}) == 3
+        assert json.loads(path.read_text())["api_key"] == third.api_key
+        assert len(await tech.terminal.list()) == 8  # the tech's key lives until its own expiry
+        # A 401 sends the tech to the file, where the agent's newer key already is.
+        assert await tech.transport.keys.refresh(stale_key=second.api_key) == third.api_key
