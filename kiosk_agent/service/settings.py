@@ -84,13 +84,6 @@ class ServiceSettings(BaseModel):
             )
         return self.configured_mid
 
-    @property
-    def payments_api_key(self) -> str:
-        """The configured payments API key; MissingCredentialsError when there is none."""
-        if self.api_key is None:
-            raise MissingCredentialsError(NO_API_KEY)
-        return self.api_key.get_secret_value()
-
     def replace(self, **changes: Any) -> ServiceSettings:
         """A copy with ``changes`` applied and validated (secrets given as text become secret)."""
         current = self.model_dump(by_alias=True, exclude_none=True)
