@@ -4,8 +4,8 @@ Every collection is an ORDS list (``items``, ``hasMore``, ``links``). The iterat
 at a time: a page's paging fields are read first (cheap), the next page is asked for, and only then
 are this page's records built and yielded one by one, so the service's time overlaps ours. At most
 one page is in flight beside the one being read, so memory stays flat however many pages a pull
-spans. The next page is the page's ``links`` ``rel: next`` when
-present, else ``offset + count`` while ``hasMore`` says so.
+spans. The next page is the page's ``links`` ``rel: next`` when present, else ``offset + count``
+while ``hasMore`` says so.
 """
 
 from __future__ import annotations
@@ -102,7 +102,10 @@ async def iterate_collection(
                 yield item
             if broken is not None:
                 raise broken
-            remaining = left
+            if remaining is not None:
+                remaining -= min(remaining, len(page.items))
+                if remaining == 0:
+                    return  # a page in flight (its count was wrong) is dropped below
             del page  # this page and the one in flight: never more in memory
     finally:
         if ahead is not None:  # the caller stopped early: drop the page it will not read
