@@ -8,6 +8,8 @@ service's own ``error`` / ``error_description`` when its body carried them.
 
 from __future__ import annotations
 
+from kiosk_agent.redact import redact
+
 
 class ServiceError(Exception):
     """Base of every error raised by the service client."""
@@ -23,8 +25,9 @@ class ServiceError(Exception):
         super().__init__(message)
         self.message = message
         self.status = status
-        self.error = error
-        self.description = description
+        # The service's own words may quote what it was sent (a token, a card number).
+        self.error = redact(error) if error else error
+        self.description = redact(description) if description else description
         # set on errors of a charge whose outcome is unknown: the id to reconcile it by
         self.order_id: str | None = None
 

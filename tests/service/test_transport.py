@@ -8,7 +8,6 @@ import json
 import time
 
 import pytest
-from scripted_server import ScriptedServer, drop_connection, json_reply, raw_reply
 
 from kiosk_agent.service.client import ServiceClient
 from kiosk_agent.service.errors import (
@@ -24,6 +23,8 @@ from kiosk_agent.service.errors import (
 )
 from kiosk_agent.service.models import ChargeRequest
 from kiosk_agent.service.settings import ServiceSettings
+
+from .scripted_server import ScriptedServer, drop_connection, json_reply, raw_reply
 
 TERMINALS = "/api/terminal"
 ONE_TERMINAL = {"terminals": [{"device_id": "SIM-0001", "online": True, "connected": False}]}
@@ -101,6 +102,22 @@ async def test_status_errors_are_typed_with_the_service_error_code(
     assert missing.value.description == "no account"
     assert bad.value.status == 400
     assert "oops" in str(bad.value)
+
+
+async def test_a_service_error_quoting_card_data_is_masked(
+    scripted: ScriptedServer, scripted_settings: ServiceSettings
+) -> None:
+    echo = {"error": "invalid_card",
+            "error_description": "card 4111 1111 1111 1111 refused; token=tok_live_secret9"}
+    scripted.script("POST", "/api/v1/charge", json_reply(echo, status=400))
+    async with ServiceClient(scripted_settings) as svc:
+        with pytest.raises(BadRequestError) as refused:
+            await svc.payments.charge(ChargeRequest(amount=100, account_token="tok"))
+    shown = f"{refused.value} {refused.value.description}"
+    assert "411111******1111" in shown  # first six and last four, as PCI DSS allows
+    assert "4111 1111 1111 1111" not in shown
+    assert "tok_live_secret9" not in shown
+    assert refused.value.error == "invalid_card"
 
 
 async def test_idempotent_get_is_retried_after_5xx_and_drops(
