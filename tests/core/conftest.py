@@ -7,11 +7,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from agent_helpers import TIME_SCALE, settings_for, write_config
 
 from kiosk_agent.app import build_agent
 from kiosk_agent.core.agent import Agent
 from kiosk_agent.core.config import load_config
+
+from .agent_helpers import TIME_SCALE, settings_for, write_config
 
 AgentFactory = Callable[..., Awaitable[Agent]]
 

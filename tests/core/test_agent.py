@@ -8,13 +8,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from agent_helpers import ScriptedDispenser, settings_for, write_config
 
 from kiosk_agent.core.agent import Agent
 from kiosk_agent.core.config import load_config
 from kiosk_agent.core.flows import TerminalBusy, UnknownTerminal
 from kiosk_agent.core.sale import Flow, SaleRequest, SaleState
 from kiosk_agent.core.systemd import SystemdLifecycle, SystemdNotifier
+
+from .agent_helpers import ScriptedDispenser, settings_for, write_config
 
 
 def charge(cents: int, **fields: Any) -> SaleRequest:

@@ -21,12 +21,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from agent_helpers import settings_for
 
 from kiosk_agent.core.journal import Journal
 from kiosk_agent.core.sale import SaleState
 from kiosk_agent.service.client import ServiceClient
 from kiosk_agent.service.models import TransactionFilter, TransStatus
+
+from .agent_helpers import settings_for
 
 DRIVER = Path(__file__).with_name("crash_driver.py")
 TIME_SCALE = 150  # interactions live 1.2 s: slack for a loaded machine

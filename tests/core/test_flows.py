@@ -10,12 +10,13 @@ import asyncio
 from typing import Any
 
 import pytest
-from agent_helpers import ScriptedDispenser
 
 from kiosk_agent.core.agent import Agent
 from kiosk_agent.core.flows import TerminalBusy
 from kiosk_agent.core.sale import DispenseStatus, Flow, SaleEvent, SaleRequest, SaleState
 from kiosk_agent.service.models import TransactionFilter, TransStatus
+
+from .agent_helpers import ScriptedDispenser
 
 
 def request(cents: int, flow: Flow = Flow.CHARGE_CARD, **fields: Any) -> SaleRequest:

@@ -14,7 +14,6 @@ from typing import Any
 
 import aiohttp
 import pytest
-from agent_helpers import ScriptedDispenser, settings_for
 from aiohttp import web
 
 from kiosk_agent.app import build_agent
@@ -22,6 +21,8 @@ from kiosk_agent.core.agent import Agent
 from kiosk_agent.core.config import load_config
 from kiosk_agent.core.sale import DispenseStatus, Flow, SaleRequest, SaleState
 from kiosk_agent.service.models import TransactionFilter, TransStatus
+
+from .agent_helpers import ScriptedDispenser, settings_for
 
 
 class AnswerLosingProxy:

@@ -7,12 +7,13 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
-from agent_helpers import ScriptedDispenser, settings_for
 
 from kiosk_agent.core.journal import Journal, SaleRecord
 from kiosk_agent.core.sale import Flow, SaleRequest, SaleState
 from kiosk_agent.service.client import ServiceClient
 from kiosk_agent.service.models import ChargeRequest, TransactionFilter, TransStatus
+
+from .agent_helpers import ScriptedDispenser, settings_for
 
 
 async def rows(service: ServiceClient, order_id: str) -> list[Any]:

@@ -7,9 +7,10 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
-from vending_rig import Machine, make_machine
 
 from kiosk_agent.platforms.virtual import ControllerOptions, VirtualController
+
+from .vending_rig import Machine, make_machine
 
 
 @pytest.fixture

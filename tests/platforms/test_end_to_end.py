@@ -8,11 +8,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-from agent_rig import running_agent, settings_for
-
 from kiosk_agent.core.sale import SaleEvent, SaleState
 from kiosk_agent.platforms.mdb import MdbPlatform
 from kiosk_agent.platforms.virtual import VirtualController, VirtualPlatform, VisitOutcome
+
+from .agent_rig import running_agent, settings_for
 
 
 async def _final_events(agent: Any, count: int, timeout: float = 10.0) -> list[SaleEvent]:

@@ -11,10 +11,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from agent_rig import running_agent
 
 from kiosk_agent.core.sale import SaleEvent, SaleState
 from kiosk_agent.platforms.gpio import PLATFORM_SCHEMA, Edge, GpioPlatform, setup_with_chip
+
+from .agent_rig import running_agent
 
 
 class FakeInputs:

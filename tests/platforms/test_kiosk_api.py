@@ -9,9 +9,10 @@ from typing import Any
 
 import aiohttp
 import pytest
-from agent_rig import running_agent
 
 from kiosk_agent.platforms.kiosk_api import PLATFORM_SCHEMA, KioskApi
+
+from .agent_rig import running_agent
 
 TOKEN = "kiosk-app-token-0123456789"
 

@@ -7,11 +7,12 @@ import contextlib
 import logging
 
 import pytest
-from vending_rig import CardDesk, Machine, make_machine
 
 from kiosk_agent.core.sale import DispenseStatus, SaleState
 from kiosk_agent.platforms.mdb import PLATFORM_SCHEMA, Mode
 from kiosk_agent.platforms.virtual import VirtualController, VisitOutcome
+
+from .vending_rig import CardDesk, Machine, make_machine
 
 
 async def test_selection_first_vend_is_approved_and_captured(machine: Machine) -> None:

@@ -6,10 +6,10 @@ import random
 import time
 from collections import Counter
 
-from vending_rig import make_machine
-
 from kiosk_agent.core.sale import SaleState
 from kiosk_agent.platforms.virtual import VirtualController, VisitOutcome
+
+from .vending_rig import make_machine
 
 CUSTOMERS = 1000
 

@@ -11,12 +11,13 @@ import contextlib
 from collections.abc import AsyncIterator
 
 import pytest
-from vending_rig import CardDesk
 
 from kiosk_agent.core.sale import DispenseStatus, SaleState
 from kiosk_agent.platforms.serial import SerialSettings
 from kiosk_agent.platforms.serial_line import PLATFORM_SCHEMA, LineRules, SerialLineDevice
 from kiosk_agent.platforms.virtual import VirtualController, VisitOutcome
+
+from .vending_rig import CardDesk
 
 MDB_AS_LINES = {
     "platform": "serial_line",

@@ -5,9 +5,10 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 
 import pytest
-from scripted_server import ScriptedServer
 
 from kiosk_agent.service.settings import ServiceSettings
+
+from .scripted_server import ScriptedServer
 
 
 @pytest.fixture

@@ -8,12 +8,13 @@ import json
 
 import pytest
 from aiohttp import web
-from scripted_server import ScriptedServer, json_reply
 
 from kiosk_agent.service.client import ServiceClient
 from kiosk_agent.service.errors import InvalidResponseError
 from kiosk_agent.service.models import InteractionStatus
 from kiosk_agent.service.settings import ServiceSettings
+
+from .scripted_server import ScriptedServer, json_reply
 
 START = "/api/terminal/SIM-0001/charge-card"
 STATUS = "/api/terminal/SIM-0001/charge-card/i-1"

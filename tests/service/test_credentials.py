@@ -12,12 +12,13 @@ from pathlib import Path
 
 import pytest
 from aiohttp import web
-from scripted_server import ScriptedServer, json_reply
 
 from kiosk_agent.service.client import ServiceClient
 from kiosk_agent.service.credentials import ApiCredentials, CredentialStore
 from kiosk_agent.service.errors import CredentialsError
 from kiosk_agent.service.settings import ServiceSettings
+
+from .scripted_server import ScriptedServer, json_reply
 
 TERMINALS = "/api/terminal"
 ONE_TERMINAL = {"terminals": [{"device_id": "SIM-0001", "online": True}]}

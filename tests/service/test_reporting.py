@@ -14,7 +14,6 @@ import aiohttp
 import pytest
 from aiohttp import web
 from pydantic import ValidationError
-from scripted_server import ScriptedServer, json_reply
 
 from kiosk_agent.service.client import ServiceClient, ServiceSettings
 from kiosk_agent.service.errors import BadRequestError, InvalidResponseError
@@ -36,6 +35,8 @@ from kiosk_agent.service.models.reporting import (
 )
 from kiosk_agent.service.reporting import REPORTING_PREFIX, _next_params
 from kiosk_agent.sim.server import SimServer
+
+from .scripted_server import ScriptedServer, json_reply
 
 
 def settings_for(sim: SimServer) -> ServiceSettings:

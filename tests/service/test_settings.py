@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import pytest
 from pydantic import ValidationError
-from scripted_server import ScriptedServer
 
 from kiosk_agent.service.client import ServiceClient, ServiceSettings
 from kiosk_agent.service.errors import AuthenticationError, MissingCredentialsError
 from kiosk_agent.service.models.payments import ChargeRequest
 from kiosk_agent.sim.server import SimServer
+
+from .scripted_server import ScriptedServer
 
 
 def reporting_only(sim: SimServer) -> ServiceSettings:
