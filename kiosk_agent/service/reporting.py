@@ -95,6 +95,7 @@ async def iterate_collection(
                 else:
                     params["limit"] = _page_limit(page_size, left)
                     ahead = pages.start(params)  # served while this page is built and read
+                    await asyncio.sleep(0)  # let it go out before the CPU-bound build below
             if page is None:
                 page = raw.parse(pages.page_model)
             del raw  # the bytes, once the records are built
