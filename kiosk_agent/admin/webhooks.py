@@ -13,7 +13,6 @@ Signature checking, parsing and the out-of-order merchant reducer are the servic
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import os
 import sqlite3
@@ -38,6 +37,7 @@ from kiosk_agent.service.webhooks import (
     parse_event,
     verify,
 )
+from kiosk_agent.tasks import cancel_and_wait
 
 _LOGGER = logging.getLogger(__name__)
 
@@ -115,9 +115,7 @@ class SqliteIdempotencyStore:
         writer, self._writer = self._writer, None
         if writer is not None:
             await self._drain()
-            writer.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await writer
+            await cancel_and_wait(writer)
         if self._db is not None:
             self._db.close()
             self._db = None

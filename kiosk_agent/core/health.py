@@ -9,7 +9,6 @@ free-text detail (often an exception's message) passes through `redact` on the w
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import datetime as dt
 import enum
 import logging
@@ -25,6 +24,7 @@ from kiosk_agent.core.events import EventBus
 from kiosk_agent.core.sale import SaleEvent, SaleState
 from kiosk_agent.money import format_cents
 from kiosk_agent.redact import redact
+from kiosk_agent.tasks import cancel_and_wait
 
 _LOGGER = logging.getLogger(__name__)
 
@@ -351,10 +351,7 @@ class HealthChecker:
 
     async def stop(self) -> None:
         task, self._task = self._task, None
-        if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await cancel_and_wait(task)
 
     async def _run(self) -> None:
         while True:

@@ -31,6 +31,7 @@ from kiosk_agent.service.models import (
     InteractionKind,
     InteractionStatus,
 )
+from kiosk_agent.tasks import cancel_and_wait
 
 if TYPE_CHECKING:
     from kiosk_agent.service.client import ServiceClient
@@ -78,8 +79,7 @@ class Recovery:
 
     async def stop(self) -> None:
         if self._task is not None and not self._task.done():
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
+            await cancel_and_wait(self._task)
 
     async def _run(self, by_terminal: dict[str, list[SaleRecord]]) -> list[SaleEvent]:
         results = await asyncio.gather(

@@ -26,6 +26,7 @@ import voluptuous as vol
 from kiosk_agent.core.config import register_section
 from kiosk_agent.core.health import Health, HealthSnapshot
 from kiosk_agent.redact import redact
+from kiosk_agent.tasks import cancel_and_wait
 
 _LOGGER = logging.getLogger(__name__)
 
@@ -151,10 +152,7 @@ class _SinkBase:
 
     async def stop(self) -> None:
         task, self._task = self._task, None
-        if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await cancel_and_wait(task)
 
     async def _run(self) -> None:
         raise NotImplementedError
@@ -444,10 +442,7 @@ class Upstream:
 
     async def stop(self) -> None:
         task, self._task = self._task, None
-        if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await cancel_and_wait(task)
         for sink in self.sinks:
             await sink.stop()
 

@@ -30,6 +30,7 @@ from kiosk_agent.core.config import PLATFORM_SCHEMA as BASE_PLATFORM_SCHEMA
 from kiosk_agent.core.config import positive_float, positive_price
 from kiosk_agent.core.sale import DispenseOutcome, DispenseStatus, Flow, SaleRequest
 from kiosk_agent.platforms.base import SaleStarter, describe_start_failure, instance_name
+from kiosk_agent.tasks import TaskSet
 
 _LOGGER = logging.getLogger(__name__)
 
@@ -280,7 +281,7 @@ class GpioKiosk:
         self._busy = False
         self._inputs: list[InputLines] = []
         self._outputs: OutputLines | None = None
-        self._tasks: set[asyncio.Task[None]] = set()
+        self._tasks = TaskSet()
         self.presses = 0
         self.ignored_presses = 0
         self.outcomes: dict[str, int] = {}
@@ -314,11 +315,7 @@ class GpioKiosk:
                     drop.dispensed.wait(), drop.button.pulse + self.sensor_timeout + 1.0
                 )
         loop = asyncio.get_running_loop()
-        for task in list(self._tasks):
-            task.cancel()
-        for task in list(self._tasks):
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await self._tasks.cancel_all()
         for inputs in self._inputs:
             loop.remove_reader(inputs.fd)
             inputs.release()
@@ -373,9 +370,7 @@ class GpioKiosk:
             _LOGGER.info("%s: %s pressed while a sale runs: ignored", self.name, button.product)
             return
         self._busy = True
-        task = asyncio.create_task(self._sell(button))
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        self._tasks.spawn(self._sell(button))
 
     async def _sell(self, button: Button) -> None:
         drop = _Drop(self, button)

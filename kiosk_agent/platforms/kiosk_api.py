@@ -19,7 +19,6 @@ price by name. Bad bodies get 400 with ``{error, field, message}`` naming the fi
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import dataclasses
 import hashlib
 import hmac
@@ -43,6 +42,7 @@ from kiosk_agent.core.sale import (
 )
 from kiosk_agent.money import MoneyError, cents_to_dollars, parse_price
 from kiosk_agent.platforms.base import instance_name
+from kiosk_agent.tasks import cancel_and_wait
 
 _LOGGER = logging.getLogger(__name__)
 
@@ -175,10 +175,7 @@ class KioskApi:
             dispenser.confirm_result(DispenseStatus.CANCELLED, "kiosk API stopping")
         for ws in list(self._sockets):
             await ws.close(code=1001, message=b"agent stopping")
-        if self._follower is not None:
-            self._follower.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._follower
+        await cancel_and_wait(self._follower)
         if self._runner is not None:
             await self._runner.cleanup()
             self._runner = None
@@ -375,9 +372,7 @@ class KioskApi:
                         if sale_id is not None and event.state.final:
                             break
                 finally:
-                    reader.cancel()
-                    with contextlib.suppress(asyncio.CancelledError):
-                        await reader
+                    await cancel_and_wait(reader)
         finally:
             self._sockets.discard(ws)
             await ws.close()

@@ -35,6 +35,7 @@ from kiosk_agent.platforms.base import (
     link_reporter,
 )
 from kiosk_agent.platforms.serial import SerialLink, SerialSettings, StateHandler
+from kiosk_agent.tasks import TaskSet
 
 _LOGGER = logging.getLogger(__name__)
 
@@ -297,7 +298,7 @@ class MdbCashless:
         # card first: sales in a row that ended before any session opened (for the retry pause)
         self.card_first_idle_rounds = 0
         self.session: MdbSession | None = None
-        self._tasks: set[asyncio.Task[None]] = set()
+        self._tasks = TaskSet()
         self._stopping = False
         self.link = SerialLink(
             options.source,
@@ -327,11 +328,7 @@ class MdbCashless:
             session.abort("agent stopping")
             if waiting_for_card and session.sale_id is not None:
                 await self._cancel(session.sale_id)  # here, before the tasks are cancelled
-        for task in list(self._tasks):
-            task.cancel()
-        for task in list(self._tasks):
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await self._tasks.cancel_all()
         await self.link.stop()
 
     def status(self) -> dict[str, Any]:
@@ -481,9 +478,7 @@ class MdbCashless:
     def _begin(self, request: SaleRequest) -> None:
         session = MdbSession(self, request)
         self.session = session
-        task = asyncio.create_task(self._run_sale(session), name=f"{self.name}:sale")
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        self._tasks.spawn(self._run_sale(session), name=f"{self.name}:sale")
 
     async def _run_sale(self, session: MdbSession) -> None:
         try:
@@ -527,9 +522,7 @@ class MdbCashless:
     def cancel_sale(self, session: MdbSession) -> None:
         if session.sale_id is None or self._stopping:
             return  # not started yet: _run_sale cancels once it has the id; stop() cancels itself
-        task = asyncio.create_task(self._cancel(session.sale_id))
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        self._tasks.spawn(self._cancel(session.sale_id))
 
     async def _cancel(self, sale_id: str) -> None:
         try:

@@ -24,6 +24,8 @@ from typing import Any
 import serial
 import serial_asyncio_fast
 
+from kiosk_agent.tasks import cancel_and_wait
+
 _LOGGER = logging.getLogger(__name__)
 
 _GLOB_CHARS = frozenset("*?[")
@@ -203,10 +205,7 @@ class SerialLink:
         """Close the port and wait until it is really closed (so the next open finds it free)."""
         self._stopping = True
         task, self._task = self._task, None
-        if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await cancel_and_wait(task)
         await self._close_transport()
         self._set_state(LinkState.CLOSED, "stopped")
 
@@ -334,9 +333,7 @@ class SerialLink:
         try:
             done, _ = await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
         finally:
-            watchdog.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await watchdog
+            await cancel_and_wait(watchdog)
         if protocol.lost in done:
             exc = protocol.lost.result()
             why = f"link lost: {exc}" if exc else "link closed by the device"

@@ -42,6 +42,7 @@ from kiosk_agent.platforms.base import (
     link_reporter,
 )
 from kiosk_agent.platforms.serial import SerialLink, SerialSettings, StateHandler
+from kiosk_agent.tasks import TaskSet
 
 _LOGGER = logging.getLogger(__name__)
 
@@ -214,7 +215,7 @@ class SerialLineDevice:
         self.vend: Vend | None = None
         self.unmatched = 0
         self.outcomes: dict[str, int] = {}
-        self._tasks: set[asyncio.Task[None]] = set()
+        self._tasks = TaskSet()
         self._queued: Vend | None = None  # a request that came while the last sale settled
         self.link = SerialLink(
             source, settings, self.handle_line, on_state=on_link_state,
@@ -238,11 +239,7 @@ class SerialLineDevice:
                 vend.end(DispenseStatus.CANCELLED, "agent stopping")
             elif vend.sale_id is not None:
                 await self._cancel_sale(vend.sale_id)  # before the tasks are cancelled
-        for task in list(self._tasks):
-            task.cancel()
-        for task in list(self._tasks):
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await self._tasks.cancel_all()
         await self.link.stop()
 
     def status(self) -> dict[str, Any]:
@@ -307,9 +304,7 @@ class SerialLineDevice:
 
     def _begin(self, vend: Vend) -> None:
         self.vend = vend
-        task = asyncio.create_task(self._run_sale(vend))
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        self._tasks.spawn(self._run_sale(vend))
 
     def _on_result(self, status: DispenseStatus, detail: str) -> None:
         vend = self.vend
@@ -326,9 +321,7 @@ class SerialLineDevice:
         if vend.vending:
             vend.end(DispenseStatus.CANCELLED, reason)
         elif vend.sale_id is not None:
-            task = asyncio.create_task(self._cancel_sale(vend.sale_id))
-            self._tasks.add(task)
-            task.add_done_callback(self._tasks.discard)
+            self._tasks.spawn(self._cancel_sale(vend.sale_id))
 
     async def _cancel_sale(self, sale_id: str) -> None:
         try:

@@ -33,6 +33,7 @@ from kiosk_agent.platforms import mdb_protocol as wire
 from kiosk_agent.platforms.base import instance_name, link_reporter
 from kiosk_agent.platforms.mdb import MdbCashless, MdbOptions, Mode, check_modes
 from kiosk_agent.platforms.serial import SerialSettings
+from kiosk_agent.tasks import TaskSet, cancel_and_wait
 
 _LOGGER = logging.getLogger(__name__)
 
@@ -100,7 +101,7 @@ class VirtualController:
         # live views: called with (what happened, the visit) at each step of a visit
         self.observers: list[Callable[[str, Visit], None]] = []
         self._enabled = asyncio.Event()
-        self._tasks: set[asyncio.Task[None]] = set()
+        self._tasks = TaskSet()
         self._number = 0
         self.closing = asyncio.Event()  # set: the customer at the machine finishes, no new ones
         self._last_name: str | None = None
@@ -128,11 +129,7 @@ class VirtualController:
         self.plug()
 
     async def stop(self) -> None:
-        for task in list(self._tasks):
-            task.cancel()
-        for task in list(self._tasks):
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await self._tasks.cancel_all()
         self.unplug()
 
     def plug(self) -> None:
@@ -223,7 +220,7 @@ class VirtualController:
             self.send("r,ACK")
         elif verb == "1":
             self.send("c,1")
-            self._schedule(self._enable())
+            self._tasks.spawn(self._enable())
         elif verb == "STATUS":
             self.send(wire.status_line(self.status))
         elif verb == "VEND":
@@ -281,7 +278,7 @@ class VirtualController:
         """The controller resets (power blip, service mode): any session is gone."""
         self._abort_session()
         self._set_status(Status.INACTIVE)
-        self._schedule(self._enable())
+        self._tasks.spawn(self._enable())
 
     def disable(self) -> None:
         self._abort_session()
@@ -446,11 +443,6 @@ class VirtualController:
                 _LOGGER.exception("virtual customer failed")
             served += 1
 
-    def _schedule(self, coro: Any) -> None:
-        task: asyncio.Task[None] = asyncio.create_task(coro)
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
-
     def tally(self) -> dict[str, int]:
         counts: dict[str, int] = {}
         for visit in self.visits:
@@ -505,9 +497,7 @@ class VirtualPlatform:
             self.controller.closing.set()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(asyncio.shield(self._customers), 10.0)
-            self._customers.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._customers
+            await cancel_and_wait(self._customers)
         await self.device.stop()
         await self.controller.stop()
 

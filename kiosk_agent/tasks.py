@@ -1,0 +1,49 @@
+"""Background tasks that an owner starts and, on stop, ends for good.
+
+Stopping always waits for the end: a task cancelled but not awaited may still hold a serial port,
+a socket or a database connection when the next start (or the next test) wants it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Coroutine
+from typing import Any
+
+
+async def cancel_and_wait(task: asyncio.Future[Any] | None) -> None:
+    """Cancel ``task`` (None: nothing to do) and wait until it has ended.
+
+    Its ``CancelledError`` stays here; any other error it ended with is raised.
+    """
+    if task is None:
+        return
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
+
+
+class TaskSet:
+    """Fire-and-forget tasks (a sale, a cancel request), kept so that stop can end them all."""
+
+    def __init__(self) -> None:
+        self._tasks: set[asyncio.Task[Any]] = set()
+
+    def spawn(self, coro: Coroutine[Any, Any, Any], name: str | None = None) -> asyncio.Task[Any]:
+        task = asyncio.create_task(coro, name=name)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return task
+
+    async def cancel_all(self) -> None:
+        """Cancel every task still running, then wait for each to end."""
+        tasks = list(self._tasks)
+        for task in tasks:
+            task.cancel()
+        for task in tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+    def __len__(self) -> int:
+        return len(self._tasks)
