@@ -7,10 +7,13 @@ the real ``SaleRunner`` or by anything else of the same shape.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Any, Generic, Protocol, TypeVar
 
 from kiosk_agent.core.sale import Dispenser, SaleRequest
+
+_LOGGER = logging.getLogger(__name__)
 
 
 class SaleStarter(Protocol):
@@ -40,3 +43,52 @@ def link_reporter(agent: Any, name: str) -> Callable[[Any, str], None]:
 def describe_start_failure(err: BaseException) -> str:
     """Why a sale could not start (busy terminal, agent stopping), for logs and the machine."""
     return f"{type(err).__name__}: {err or type(err).__name__}"
+
+
+async def start_sale(sales: SaleStarter, request: SaleRequest, dispenser: Dispenser) -> Any:
+    """Start a trigger's sale; None when refused at once (busy terminal, agent stopping).
+
+    A refusal is logged and the machine hears no through ``dispenser.deny``.
+    """
+    try:
+        return await sales.start(request, dispenser)
+    except Exception as err:  # noqa: BLE001 - whatever the reason, the machine must hear no
+        why = describe_start_failure(err)
+        _LOGGER.warning("%s: sale not started: %s", request.source, why)
+        await dispenser.deny(why)
+        return None
+
+
+async def request_cancel(sales: SaleStarter, sale_id: str, source: str) -> None:
+    """Ask the runner to cancel a sale; one that ended meanwhile is only logged."""
+    try:
+        await sales.cancel(sale_id)
+    except Exception as err:  # noqa: BLE001 - the sale may have ended meanwhile
+        _LOGGER.warning("%s: could not cancel sale %s: %s", source, sale_id, err)
+
+
+class Device(Protocol):
+    """What a platform drives: a named device with its own stop and health status."""
+
+    name: str
+
+    async def stop(self) -> None: ...
+
+    def status(self) -> dict[str, Any]: ...
+
+
+DeviceT = TypeVar("DeviceT", bound=Device)
+
+
+class DevicePlatform(Generic[DeviceT]):
+    """The platform instance the agent keeps for one device (the ``PlatformInstance`` contract)."""
+
+    def __init__(self, device: DeviceT) -> None:
+        self.device = device
+        self.name = device.name
+
+    async def stop(self) -> None:
+        await self.device.stop()
+
+    def status(self) -> dict[str, Any]:
+        return self.device.status()

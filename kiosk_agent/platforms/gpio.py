@@ -29,7 +29,13 @@ import voluptuous as vol
 from kiosk_agent.core.config import PLATFORM_SCHEMA as BASE_PLATFORM_SCHEMA
 from kiosk_agent.core.config import positive_float, positive_price
 from kiosk_agent.core.sale import DispenseOutcome, DispenseStatus, Flow, SaleRequest
-from kiosk_agent.platforms.base import SaleStarter, describe_start_failure, instance_name
+from kiosk_agent.platforms.base import (
+    DevicePlatform,
+    SaleStarter,
+    instance_name,
+    request_cancel,
+    start_sale,
+)
 from kiosk_agent.tasks import TaskSet
 
 _LOGGER = logging.getLogger(__name__)
@@ -306,8 +312,7 @@ class GpioKiosk:
         drop = self._drop
         if drop is not None and not drop.dispensing and drop.sale_id is not None:
             # Still waiting for the card: the customer gets nothing from a stopping kiosk.
-            with contextlib.suppress(Exception):
-                await self.sales.cancel(drop.sale_id)
+            await request_cancel(self.sales, drop.sale_id, self.name)
         elif drop is not None and drop.dispensing:
             # A relay is pulsing or a sensor is watching: let that finish before letting go.
             with contextlib.suppress(TimeoutError):
@@ -384,10 +389,8 @@ class GpioKiosk:
             metadata={"button": str(button.line)},
         )
         try:
-            try:
-                sale = await self.sales.start(request, drop)
-            except Exception as err:  # noqa: BLE001 - busy terminal, agent stopping: nothing dispensed
-                _LOGGER.warning("%s: sale not started: %s", self.name, describe_start_failure(err))
+            sale = await start_sale(self.sales, request, drop)
+            if sale is None:
                 return
             drop.sale_id = sale.sale_id
             final = await sale.result()
@@ -432,13 +435,5 @@ async def setup_with_chip(agent: Any, config: dict[str, Any], chip: GpioChip) ->
     return GpioPlatform(kiosk)
 
 
-class GpioPlatform:
-    def __init__(self, kiosk: GpioKiosk) -> None:
-        self.kiosk = kiosk
-        self.name = kiosk.name
-
-    async def stop(self) -> None:
-        await self.kiosk.stop()
-
-    def status(self) -> dict[str, Any]:
-        return self.kiosk.status()
+class GpioPlatform(DevicePlatform[GpioKiosk]):
+    """The platform instance the agent keeps for a ``platform: gpio`` trigger."""

@@ -29,10 +29,12 @@ from kiosk_agent.core.config import positive_float, positive_price
 from kiosk_agent.core.sale import DispenseOutcome, DispenseStatus, Flow, SaleRequest
 from kiosk_agent.platforms import mdb_protocol as wire
 from kiosk_agent.platforms.base import (
+    DevicePlatform,
     SaleStarter,
-    describe_start_failure,
     instance_name,
     link_reporter,
+    request_cancel,
+    start_sale,
 )
 from kiosk_agent.platforms.serial import SerialLink, SerialSettings, StateHandler
 from kiosk_agent.tasks import TaskSet
@@ -327,7 +329,8 @@ class MdbCashless:
             waiting_for_card = session.phase is _Phase.AUTHORIZING
             session.abort("agent stopping")
             if waiting_for_card and session.sale_id is not None:
-                await self._cancel(session.sale_id)  # here, before the tasks are cancelled
+                # here, before the tasks are cancelled
+                await request_cancel(self.sales, session.sale_id, self.name)
         await self._tasks.cancel_all()
         await self.link.stop()
 
@@ -482,13 +485,8 @@ class MdbCashless:
 
     async def _run_sale(self, session: MdbSession) -> None:
         try:
-            try:
-                sale = await self.sales.start(session.request, session)
-            except Exception as err:  # noqa: BLE001 - busy terminal, agent stopping: the machine hears no
-                _LOGGER.warning(
-                    "%s: sale not started: %s", self.name, describe_start_failure(err)
-                )
-                await session.deny(describe_start_failure(err))
+            sale = await start_sale(self.sales, session.request, session)
+            if sale is None:
                 return
             self.stats.sales_started += 1
             session.sale_id = sale.sale_id
@@ -522,44 +520,18 @@ class MdbCashless:
     def cancel_sale(self, session: MdbSession) -> None:
         if session.sale_id is None or self._stopping:
             return  # not started yet: _run_sale cancels once it has the id; stop() cancels itself
-        self._tasks.spawn(self._cancel(session.sale_id))
-
-    async def _cancel(self, sale_id: str) -> None:
-        try:
-            await self.sales.cancel(sale_id)
-        except Exception as err:  # noqa: BLE001 - the sale may have ended meanwhile
-            _LOGGER.warning("%s: could not cancel sale %s: %s", self.name, sale_id, err)
+        self._tasks.spawn(request_cancel(self.sales, session.sale_id, self.name))
 
 
-def serial_settings(config: dict[str, Any]) -> SerialSettings:
-    return SerialSettings(
-        port=config["port"],
-        baudrate=config.get("baudrate", 115200),
-        silence_timeout=config.get("silence_timeout"),
-        probe=config.get("probe"),
-        reconnect_max=config.get("reconnect_max", 30.0),
-    )
-
-
-class MdbPlatform:
+class MdbPlatform(DevicePlatform[MdbCashless]):
     """The platform instance the agent keeps for a ``platform: mdb`` trigger."""
-
-    def __init__(self, device: MdbCashless) -> None:
-        self.device = device
-        self.name = device.name
-
-    async def stop(self) -> None:
-        await self.device.stop()
-
-    def status(self) -> dict[str, Any]:
-        return self.device.status()
 
 
 async def async_setup_platform(agent: Any, config: dict[str, Any]) -> MdbPlatform:
     source = instance_name(config, "mdb")
     device = MdbCashless(
         agent.sales,
-        serial_settings(config),
+        SerialSettings.from_config(config),
         MdbOptions.from_config(config, source),
         on_link_state=link_reporter(agent, source),
     )

@@ -17,7 +17,7 @@ import glob
 import logging
 import random
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -50,6 +50,12 @@ class SerialSettings:
     silence_timeout: float | None = None
     probe: str | None = None  # a line the device always answers (keeps quiet links honest)
     line_end: str = "\n"
+
+    @classmethod
+    def from_config(cls, config: Mapping[str, Any]) -> SerialSettings:
+        """From a serial platform's validated configuration; what it omits keeps the default."""
+        tuning = ("baudrate", "line_end", "silence_timeout", "probe", "reconnect_max")
+        return cls(port=config["port"], **{key: config[key] for key in tuning if key in config})
 
 
 @dataclass(slots=True)

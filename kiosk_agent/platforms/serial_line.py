@@ -36,10 +36,12 @@ from kiosk_agent.core.config import positive_float
 from kiosk_agent.core.sale import DispenseOutcome, DispenseStatus, Flow, SaleRequest
 from kiosk_agent.money import MoneyError, cents_to_dollars, dollars_to_cents
 from kiosk_agent.platforms.base import (
+    DevicePlatform,
     SaleStarter,
-    describe_start_failure,
     instance_name,
     link_reporter,
+    request_cancel,
+    start_sale,
 )
 from kiosk_agent.platforms.serial import SerialLink, SerialSettings, StateHandler
 from kiosk_agent.tasks import TaskSet
@@ -238,7 +240,8 @@ class SerialLineDevice:
             if vend.vending:
                 vend.end(DispenseStatus.CANCELLED, "agent stopping")
             elif vend.sale_id is not None:
-                await self._cancel_sale(vend.sale_id)  # before the tasks are cancelled
+                # before the tasks are cancelled
+                await request_cancel(self.sales, vend.sale_id, self.name)
         await self._tasks.cancel_all()
         await self.link.stop()
 
@@ -321,24 +324,16 @@ class SerialLineDevice:
         if vend.vending:
             vend.end(DispenseStatus.CANCELLED, reason)
         elif vend.sale_id is not None:
-            self._tasks.spawn(self._cancel_sale(vend.sale_id))
-
-    async def _cancel_sale(self, sale_id: str) -> None:
-        try:
-            await self.sales.cancel(sale_id)
-        except Exception as err:  # noqa: BLE001 - the sale may have ended meanwhile
-            _LOGGER.warning("%s: could not cancel sale %s: %s", self.name, sale_id, err)
+            self._tasks.spawn(request_cancel(self.sales, vend.sale_id, self.name))
 
     async def _run_sale(self, vend: Vend) -> None:
         try:
-            try:
-                sale = await self.sales.start(vend.request, vend)
-            except Exception as err:  # noqa: BLE001 - busy terminal, agent stopping: device hears no
-                await vend.deny(describe_start_failure(err))
+            sale = await start_sale(self.sales, vend.request, vend)
+            if sale is None:
                 return
             vend.sale_id = sale.sale_id
             if vend.cancelled is not None and not vend.vending:
-                await self._cancel_sale(sale.sale_id)
+                await request_cancel(self.sales, sale.sale_id, self.name)
             final = await sale.result()
             _LOGGER.info("%s: sale %s %s", self.name, final.sale_id, final.state.value)
             if not vend.result.done():
@@ -353,31 +348,15 @@ class SerialLineDevice:
                 self._begin(queued)
 
 
-class SerialLinePlatform:
-    def __init__(self, device: SerialLineDevice) -> None:
-        self.device = device
-        self.name = device.name
-
-    async def stop(self) -> None:
-        await self.device.stop()
-
-    def status(self) -> dict[str, Any]:
-        return self.device.status()
+class SerialLinePlatform(DevicePlatform[SerialLineDevice]):
+    """The platform instance the agent keeps for a ``platform: serial_line`` trigger."""
 
 
 async def async_setup_platform(agent: Any, config: dict[str, Any]) -> SerialLinePlatform:
     source = instance_name(config, "serial")
-    settings = SerialSettings(
-        port=config["port"],
-        baudrate=config["baudrate"],
-        line_end=config["line_end"],
-        silence_timeout=config.get("silence_timeout"),
-        probe=config.get("probe"),
-        reconnect_max=config["reconnect_max"],
-    )
     device = SerialLineDevice(
         agent.sales,
-        settings,
+        SerialSettings.from_config(config),
         LineRules.from_config(config),
         source=source,
         flow=Flow(config["flow"]),
