@@ -19,7 +19,7 @@ from typing import Any, Protocol
 from kiosk_agent import __version__
 from kiosk_agent.core.config import Config
 from kiosk_agent.core.events import EventBus
-from kiosk_agent.core.flows import INTERACTION_LIFETIME, SaleRunner, SaleSettings
+from kiosk_agent.core.flows import INTERACTION_LIFETIME, SaleContext, SaleRunner, SaleSettings
 from kiosk_agent.core.health import HEALTH_SCHEMA, Health, HealthChecker
 from kiosk_agent.core.journal import Journal
 from kiosk_agent.core.receipts import ReceiptSettings
@@ -114,20 +114,11 @@ class Agent:
             timeout=health_conf["ping_timeout"],
             key_expiry=lambda: keys.credentials.api_key_expires_at if keys.configured else None,
         )
-        self.sales = SaleRunner(
-            service=self.service,
-            journal=self.journal,
-            events=self.events,
-            settings=self.settings,
-            capabilities=self.can_print,
+        context = SaleContext(
+            self.service, self.journal, self.events, self.settings, capabilities=self.can_print
         )
-        self.recovery = Recovery(
-            service=self.service,
-            journal=self.journal,
-            events=self.events,
-            settings=self.settings,
-            runner=self.sales,
-        )
+        self.sales = SaleRunner(context)
+        self.recovery = Recovery(context, runner=self.sales)
         self.platforms: list[PlatformInstance] = []
         self.components: list[Component] = []
         self._pending_platforms: list[_PendingPlatform] = []

@@ -121,26 +121,29 @@ def new_ids() -> tuple[str, str]:
     return sale_id, f"KA{sale_id[:18].upper()}"
 
 
+@dataclass(frozen=True, slots=True)
+class SaleContext:
+    """What every sale needs, whether it runs live or is recovered: one per agent."""
+
+    service: ServiceClient
+    journal: Journal
+    events: EventBus[SaleEvent]
+    settings: SaleSettings
+    # whether a terminal prints receipts (from the service's terminal list)
+    capabilities: Callable[[str], Awaitable[bool]] | None = None
+
+
 class SaleSteps:
     """One sale's journal-then-act helpers, shared by the flows and by recovery."""
 
-    def __init__(
-        self,
-        record: SaleRecord,
-        *,
-        service: ServiceClient,
-        journal: Journal,
-        events: EventBus[SaleEvent],
-        settings: SaleSettings,
-        capabilities: Callable[[str], Awaitable[bool]] | None = None,
-    ) -> None:
+    def __init__(self, record: SaleRecord, context: SaleContext) -> None:
         self.record = record
-        self.service = service
-        self.journal = journal
-        self.events = events
-        self.settings = settings
-        self.reconciler = Reconciler(service, settings.mid)
-        self._can_print = capabilities
+        self.context = context
+        self.service = context.service
+        self.journal = context.journal
+        self.events = context.events
+        self.settings = context.settings
+        self.reconciler = Reconciler(context.service, context.settings.mid)
 
     @property
     def device(self) -> str:
@@ -167,6 +170,27 @@ class SaleSteps:
         event = event_of(self.record)
         self.events.publish(event)
         return event
+
+    def charge_found(
+        self,
+        name: str,
+        trans_id: str | None,
+        cents: int | None,
+        *,
+        captured: bool = False,
+        detail: Mapping[str, Any] | None = None,
+    ) -> int:
+        """Journal a charge that holds money: from its answer, or found after a lost one.
+
+        A charge-card captures at once (``captured``), an authorization only holds; an answer
+        without an amount holds the sale's price. Returns the cents held.
+        """
+        cents = cents or self.record.amount_cents
+        held: dict[str, Any] = {"trans_id": trans_id, "authorized_cents": cents}
+        if captured:
+            held["captured_cents"] = cents
+        self.step(name, detail=detail, **held)
+        return cents
 
     def finish(
         self,
@@ -344,13 +368,9 @@ class SaleFlow(SaleSteps):
     """A live sale: the request, the platform's dispenser, and the customer's cancel button."""
 
     def __init__(
-        self,
-        record: SaleRecord,
-        request: SaleRequest,
-        dispenser: Dispenser,
-        **deps: Any,
+        self, record: SaleRecord, request: SaleRequest, dispenser: Dispenser, context: SaleContext
     ) -> None:
-        super().__init__(record, **deps)
+        super().__init__(record, context)
         self.request = request
         self.dispenser = dispenser
         self.cancelled = asyncio.Event()
@@ -470,12 +490,11 @@ class SaleFlow(SaleSteps):
             return await self._fail(
                 SaleState.DECLINED, "charge_card.declined", f"declined ({result.resp_text or 'C'})"
             )
-        cents = result.amount or self.record.amount_cents
-        self.step(
+        cents = self.charge_found(
             "charge_card.approved",
-            trans_id=result.trans_id,
-            authorized_cents=cents,
-            captured_cents=cents,
+            result.trans_id,
+            result.amount,
+            captured=True,
             detail={"trans_id": result.trans_id},
         )
         return await self._dispense_paid(cents)
@@ -494,12 +513,8 @@ class SaleFlow(SaleSteps):
                 f"{why}, and reporting cannot say whether it charged",
             )
         if lookup.approved:
-            cents = lookup.amount_cents or self.record.amount_cents
-            self.step(
-                "charge_card.found",
-                trans_id=lookup.trans_id,
-                authorized_cents=cents,
-                captured_cents=cents,
+            self.charge_found(
+                "charge_card.found", lookup.trans_id, lookup.amount_cents, captured=True
             )
             await self._deny("payment could not be confirmed in time")
             return await self.reverse(f"{why}; the charge was found, not dispensed")
@@ -611,11 +626,10 @@ class SaleFlow(SaleSteps):
             return await self._fail(
                 SaleState.DECLINED, "authorize.declined", f"declined ({result.resp_text or 'C'})"
             )
-        cents = result.amount or amount
-        self.step(
+        cents = self.charge_found(
             "authorize.approved",
-            trans_id=result.trans_id,
-            authorized_cents=cents,
+            result.trans_id,
+            result.amount,
             detail={"trans_id": result.trans_id},
         )
         return await self._vend_authorized(cents)
@@ -630,11 +644,7 @@ class SaleFlow(SaleSteps):
                 f"the authorization's answer was lost ({err}) and reporting cannot say",
             )
         if lookup.approved:
-            self.step(
-                "authorize.found",
-                trans_id=lookup.trans_id,
-                authorized_cents=lookup.amount_cents or self.record.amount_cents,
-            )
+            self.charge_found("authorize.found", lookup.trans_id, lookup.amount_cents)
             await self._deny("payment could not be confirmed in time")
             return await self.reverse("authorization found after a lost answer; not dispensed")
         return await self._fail(SaleState.FAILED, "authorize.none", f"no charge was made ({err})")
@@ -706,7 +716,7 @@ class SaleFlow(SaleSteps):
             trans_id,
             self.request.email,
             self.settings.receipts,
-            self._can_print,
+            self.context.capabilities,
         )
         for note in notes:
             self.journal.record(self.record, "receipt", detail={"note": note})
@@ -766,20 +776,10 @@ class Sale:
 class SaleRunner:
     """Starts sales, one at a time per terminal, and keeps track of them."""
 
-    def __init__(
-        self,
-        *,
-        service: ServiceClient,
-        journal: Journal,
-        events: EventBus[SaleEvent],
-        settings: SaleSettings,
-        capabilities: Callable[[str], Awaitable[bool]] | None = None,
-    ) -> None:
-        self.service = service
-        self.journal = journal
-        self.events = events
-        self.settings = settings
-        self.capabilities = capabilities
+    def __init__(self, context: SaleContext) -> None:
+        self.context = context
+        self.journal = context.journal
+        self.settings = context.settings
         self._running: dict[str, SaleFlow] = {}  # device_id -> the sale on it
         self._tasks: dict[str, Sale] = {}  # sale_id -> sale
         self._blocked: dict[str, str] = {}  # device_id -> why (recovery, stopping)
@@ -826,16 +826,7 @@ class SaleRunner:
             currency=self.settings.currency,
         )
         record = self.journal.create(record, {"source": request.source, "product": request.product})
-        flow = SaleFlow(
-            record,
-            request,
-            dispenser,
-            service=self.service,
-            journal=self.journal,
-            events=self.events,
-            settings=self.settings,
-            capabilities=self.capabilities,
-        )
+        flow = SaleFlow(record, request, dispenser, self.context)
         flow.publish()
         self._running[device] = flow
         task = asyncio.create_task(self._run(device, flow), name=f"sale-{sale_id}")

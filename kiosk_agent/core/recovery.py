@@ -20,9 +20,8 @@ import time
 from collections import defaultdict
 from typing import TYPE_CHECKING
 
-from kiosk_agent.core.events import EventBus
-from kiosk_agent.core.flows import SaleRunner, SaleSettings, SaleSteps
-from kiosk_agent.core.journal import Journal, SaleRecord
+from kiosk_agent.core.flows import SaleContext, SaleRunner, SaleSteps
+from kiosk_agent.core.journal import SaleRecord
 from kiosk_agent.core.sale import Flow, SaleEvent, SaleState
 from kiosk_agent.service.errors import ServiceError
 from kiosk_agent.service.models import (
@@ -34,7 +33,7 @@ from kiosk_agent.service.models import (
 from kiosk_agent.tasks import cancel_and_wait
 
 if TYPE_CHECKING:
-    from kiosk_agent.service.client import ServiceClient
+    pass
 
 _LOGGER = logging.getLogger(__name__)
 
@@ -42,19 +41,11 @@ _LOGGER = logging.getLogger(__name__)
 class Recovery:
     """Finishes the open sales of the journal; run once per start, in the background."""
 
-    def __init__(
-        self,
-        *,
-        service: ServiceClient,
-        journal: Journal,
-        events: EventBus[SaleEvent],
-        settings: SaleSettings,
-        runner: SaleRunner,
-    ) -> None:
-        self.service = service
-        self.journal = journal
-        self.events = events
-        self.settings = settings
+    def __init__(self, context: SaleContext, runner: SaleRunner) -> None:
+        self.context = context
+        self.service = context.service
+        self.journal = context.journal
+        self.settings = context.settings
         self.runner = runner
         self.results: list[SaleEvent] = []
         self._task: asyncio.Task[list[SaleEvent]] | None = None
@@ -92,13 +83,7 @@ class Recovery:
         events = []
         try:
             for record in records:
-                steps = SaleSteps(
-                    record,
-                    service=self.service,
-                    journal=self.journal,
-                    events=self.events,
-                    settings=self.settings,
-                )
+                steps = SaleSteps(record, self.context)
                 try:
                     events.append(await self.recover(steps))
                 except Exception as err:  # a person decides: better than a guess or a stuck sale
@@ -188,12 +173,8 @@ class Recovery:
         if interaction.status == InteractionStatus.SUCCEEDED:
             result = interaction.charge_result
             if result is not None and result.result == ChargeResultCode.APPROVED:
-                cents = result.amount or steps.record.amount_cents
-                steps.step(
-                    "recovery.charged",
-                    trans_id=result.trans_id,
-                    authorized_cents=cents,
-                    captured_cents=cents,
+                steps.charge_found(
+                    "recovery.charged", result.trans_id, result.amount, captured=True
                 )
                 return await steps.reverse("charged while the agent was down; not dispensed")
             if result is not None and result.result == ChargeResultCode.DECLINED:
@@ -224,11 +205,7 @@ class Recovery:
                 f"{why}; reporting cannot say whether money was taken",
             )
         if lookup.approved:
-            steps.step(
-                "recovery.found",
-                trans_id=lookup.trans_id,
-                authorized_cents=lookup.amount_cents or record.amount_cents,
-            )
+            steps.charge_found("recovery.found", lookup.trans_id, lookup.amount_cents)
             return await steps.reverse(f"{why}; the charge was found in reporting")
         if lookup.reversed:
             return steps.finish(SaleState.REVERSED, "recovery.done", f"{why}; already given back")
