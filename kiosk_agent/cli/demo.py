@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import functools
 import logging
 import signal
@@ -25,6 +24,7 @@ from typing import Any, TextIO
 from kiosk_agent.core.config import ConfigInvalid, load_config
 from kiosk_agent.core.sale import SaleEvent, SaleState
 from kiosk_agent.money import format_cents
+from kiosk_agent.tasks import cancel_and_wait
 
 DEFAULT_CONFIG = Path(__file__).resolve().parents[2] / "config" / "demo.yaml"
 
@@ -215,7 +215,7 @@ async def _run(config: Any, args: argparse.Namespace) -> int:
                 if isinstance(platform, VirtualPlatform):
                     observer = functools.partial(view.machine, platform.name)
                     platform.controller.observers.append(observer)
-            await _follow(queue, view, stop, args, agent.journal)
+            await _follow(queue, view, stop, args)
     finally:
         for signum in (signal.SIGINT, signal.SIGTERM):
             loop.remove_signal_handler(signum)
@@ -226,15 +226,10 @@ async def _run(config: Any, args: argparse.Namespace) -> int:
 
 
 async def _follow(
-    queue: asyncio.Queue[SaleEvent],
-    view: LiveView,
-    stop: asyncio.Event,
-    args: argparse.Namespace,
-    journal: Any,
+    queue: asyncio.Queue[SaleEvent], view: LiveView, stop: asyncio.Event, args: argparse.Namespace
 ) -> None:
     deadline = None if args.duration is None else time.monotonic() + args.duration
     stopper = asyncio.create_task(stop.wait())
-    receipts: set[asyncio.Task[None]] = set()
     try:
         while not stop.is_set():
             if args.sales is not None and sum(view.finished.values()) >= args.sales:
@@ -244,34 +239,12 @@ async def _follow(
             done, _ = await asyncio.wait({getter, stopper}, timeout=timeout,
                                          return_when=asyncio.FIRST_COMPLETED)
             if getter not in done:
-                getter.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await getter
+                await cancel_and_wait(getter)
                 return  # Ctrl-C or the duration is over
             event = getter.result()
-            view.sale(event)
-            if event.state is SaleState.COMPLETED:
-                task = asyncio.create_task(_show_receipts(journal, event, view))
-                receipts.add(task)
-                task.add_done_callback(receipts.discard)
+            if event.receipt:
+                view.receipt(event.source, event.message)
+            else:
+                view.sale(event)
     finally:
-        for task in receipts:
-            task.cancel()
-        stopper.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await stopper
-
-
-async def _show_receipts(journal: Any, event: SaleEvent, view: LiveView) -> None:
-    """Receipts go out after the sale completes and are journaled, not published: look there."""
-    for _ in range(40):
-        notes = [
-            str(step.detail.get("note", ""))
-            for step in journal.steps(event.sale_id)
-            if step.step == "receipt"
-        ]
-        if notes:
-            for note in notes:
-                view.receipt(event.source, note)
-            return
-        await asyncio.sleep(0.05)
+        await cancel_and_wait(stopper)

@@ -30,6 +30,7 @@ from kiosk_agent.core.journal import Journal, SaleRecord
 from kiosk_agent.core.receipts import ReceiptSettings, send_receipts
 from kiosk_agent.core.reconcile import Reconciler
 from kiosk_agent.core.sale import (
+    RECEIPT_STEP,
     DispenseOutcome,
     Dispenser,
     DispenseStatus,
@@ -163,11 +164,11 @@ class SaleSteps:
         if message is not None:
             changes["message"] = message
         self.record = self.journal.record(self.record, name, state, detail, **changes)
-        self.publish()
+        self.publish(name)
         return self.record
 
-    def publish(self) -> SaleEvent:
-        event = event_of(self.record)
+    def publish(self, step: str = "") -> SaleEvent:
+        event = event_of(self.record, step)
         self.events.publish(event)
         return event
 
@@ -203,7 +204,7 @@ class SaleSteps:
         self.step(name, state, message, detail, **changes)
         log = _LOGGER.warning if state is SaleState.ATTENTION else _LOGGER.info
         log("sale %s %s: %s", self.record.sale_id, state.value, message)
-        return event_of(self.record)
+        return event_of(self.record, name)
 
     # -- waiting for a card ----------------------------------------------------------------------
 
@@ -349,7 +350,7 @@ class SaleSteps:
         )
 
 
-def event_of(record: SaleRecord) -> SaleEvent:
+def event_of(record: SaleRecord, step: str = "") -> SaleEvent:
     return SaleEvent(
         sale_id=record.sale_id,
         order_id=record.order_id,
@@ -361,6 +362,7 @@ def event_of(record: SaleRecord) -> SaleEvent:
         terminal=record.terminal,
         message=record.message,
         at=record.updated_at or time.time(),
+        step=step,
     )
 
 
@@ -719,7 +721,9 @@ class SaleFlow(SaleSteps):
             self.context.capabilities,
         )
         for note in notes:
-            self.journal.record(self.record, "receipt", detail={"note": note})
+            # journaled, then published as a note on the completed sale (the demo shows it)
+            noted = self.journal.record(self.record, RECEIPT_STEP, detail={"note": note})
+            self.events.publish(dataclasses.replace(event_of(noted, RECEIPT_STEP), message=note))
 
 
 def _outcome_detail(outcome: DispenseOutcome) -> dict[str, Any]:
@@ -827,7 +831,7 @@ class SaleRunner:
         )
         record = self.journal.create(record, {"source": request.source, "product": request.product})
         flow = SaleFlow(record, request, dispenser, self.context)
-        flow.publish()
+        flow.publish("created")
         self._running[device] = flow
         task = asyncio.create_task(self._run(device, flow), name=f"sale-{sale_id}")
         sale = Sale(sale_id, order_id, device, task)
@@ -849,7 +853,7 @@ class SaleRunner:
                 ended = dataclasses.replace(
                     flow.record, state=SaleState.ATTENTION, message=f"error: {err}"
                 )
-                event = event_of(ended)
+                event = event_of(ended, "error")
                 flow.events.publish(event)
                 return event
         finally:

@@ -194,6 +194,8 @@ class Health:
 
     def record_sale(self, event: SaleEvent) -> None:
         """Follow one step of a sale from the agent's event bus."""
+        if event.receipt:
+            return  # a note on a sale already counted
         self._roll_day()
         if not event.state.final:
             self._open_sales.add(event.sale_id)

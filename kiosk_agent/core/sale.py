@@ -106,6 +106,10 @@ _FINAL = frozenset(
 )
 
 
+# The step of a receipt note (printed, mailed, or why not), after a sale completed.
+RECEIPT_STEP = "receipt"
+
+
 @dataclass(frozen=True, slots=True)
 class SaleEvent:
     """One step of one sale, published on the agent's event bus (live views, health, metrics).
@@ -123,3 +127,9 @@ class SaleEvent:
     terminal: str | None = None
     message: str = ""
     at: float = 0.0  # time.time()
+    step: str = ""  # the journal step announced ("charge_card.approved", "receipt", ...)
+
+    @property
+    def receipt(self) -> bool:
+        """A receipt note on a completed sale (``message`` says what): not a second end."""
+        return self.step == RECEIPT_STEP

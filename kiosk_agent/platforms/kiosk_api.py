@@ -194,7 +194,7 @@ class KioskApi:
         async with self.agent.events.subscribe() as queue:
             while True:
                 event: SaleEvent = await queue.get()
-                if event.source != self.name:
+                if event.source != self.name or event.receipt:
                     continue
                 self._latest[event.sale_id] = event
                 self._latest.move_to_end(event.sale_id)
@@ -366,7 +366,7 @@ class KioskApi:
                             getter.cancel()
                             break
                         event: SaleEvent = getter.result()
-                        if event.source != self.name or not wanted(event):
+                        if event.source != self.name or event.receipt or not wanted(event):
                             continue
                         await ws.send_json(event_json(event))
                         if sale_id is not None and event.state.final:

@@ -194,6 +194,19 @@ async def test_receipt_printed_when_the_terminal_can_print(agent: Agent) -> None
     assert notes == ["receipt printed", "receipt mailed"]
 
 
+async def test_receipts_are_published_as_notes_after_the_completion(agent: Agent) -> None:
+    async with agent.events.subscribe() as queue:
+        event = await sell(agent, 250, ScriptedDispenser(), terminal="SIM-0007")
+        seen = []
+        while not queue.empty():
+            step = queue.get_nowait()
+            if step.sale_id == event.sale_id:
+                seen.append(step)
+    completed = [e.step for e in seen if e.state is SaleState.COMPLETED]
+    assert completed == ["completed", "receipt"]
+    assert [e.message for e in seen if e.receipt] == ["receipt printed"]
+
+
 async def test_every_step_is_published_in_order(agent: Agent) -> None:
     async with agent.events.subscribe() as queue:
         event = await sell(agent, 250, ScriptedDispenser())

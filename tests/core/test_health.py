@@ -1,4 +1,5 @@
 import asyncio
+import dataclasses
 import time
 
 import pytest
@@ -12,7 +13,7 @@ from kiosk_agent.core.health import (
     HealthSnapshot,
     Status,
 )
-from kiosk_agent.core.sale import SaleEvent, SaleState
+from kiosk_agent.core.sale import RECEIPT_STEP, SaleEvent, SaleState
 
 
 def _event(sale_id: str, state: SaleState, amount: int = 250, captured: int = 0) -> SaleEvent:
@@ -97,6 +98,15 @@ def test_sales_are_counted_open_attention_and_today() -> None:
         250,
     )
     assert health.snapshot().status is Status.DEGRADED
+
+
+def test_a_receipt_note_is_not_counted_as_a_second_sale() -> None:
+    health = Health("1")
+    completed = _event("a", SaleState.COMPLETED, captured=250)
+    health.record_sale(completed)
+    health.record_sale(dataclasses.replace(completed, step=RECEIPT_STEP, message="receipt printed"))
+    sales = health.snapshot().sales
+    assert (sales.today_count, sales.today_amount_cents) == (1, 250)
 
 
 async def test_follow_sales_reads_the_event_bus() -> None:
