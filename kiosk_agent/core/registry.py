@@ -23,8 +23,9 @@ if TYPE_CHECKING:
 
 ENTRY_POINT_GROUP = "kiosk_agent.platforms"
 BUNDLED_PACKAGE = "kiosk_agent.platforms"
-# Modules in the platforms package that are shared code, not platforms.
-_NOT_PLATFORMS = frozenset({"serial", "base", "common"})
+# Modules in the platforms package that are shared code, not platforms: never imported as
+# candidates (nor offered as "did you mean").
+_NOT_PLATFORMS = frozenset({"base", "serial", "mdb_protocol"})
 
 
 class PlatformInstance(Protocol):
