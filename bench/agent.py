@@ -31,6 +31,7 @@ from typing import Any
 
 import aiohttp
 
+from kiosk_agent.cli.sim import settings_from_ready
 from kiosk_agent.core.agent import Agent
 from kiosk_agent.core.config import load_config
 from kiosk_agent.core.journal import Journal, SaleRecord
@@ -81,17 +82,7 @@ def config_text(info: dict[str, Any]) -> str:
 
 
 def settings_for(info: dict[str, Any]) -> ServiceSettings:
-    return ServiceSettings(
-        base_url=info["base_url"],
-        reporting_url=info["reporting_url"],
-        ws_url=info["ws_url"],
-        api_key=info["api_key"],
-        mid=info["mid"],
-        client_id=info["client_id"],
-        client_secret=info["client_secret"],
-        rate_limit=1_000_000,
-        rate_burst=100_000,
-    )
+    return settings_from_ready(info, rate_limit=1_000_000, rate_burst=100_000)
 
 
 async def in_process(info: dict[str, Any], directory: Path, sales: int) -> dict[str, float]:

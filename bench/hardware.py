@@ -34,6 +34,7 @@ from typing import Any
 import yaml
 
 from kiosk_agent.app import build_agent
+from kiosk_agent.cli.sim import settings_from_ready
 from kiosk_agent.core.config import load_config
 from kiosk_agent.platforms import mdb_protocol as wire
 from kiosk_agent.platforms.serial import SerialLink, SerialSettings
@@ -57,13 +58,8 @@ def percentile(values: list[float], q: float) -> float:
 
 
 def settings_for(sim: SimServer) -> ServiceSettings:
-    info = sim.ready_info()
     # The client's own rate limiter would pace the bench; it is not what is measured here.
-    return ServiceSettings(
-        base_url=info["base_url"], ws_url=info["ws_url"], api_key=info["api_key"],
-        refresh_token=info["refresh_token"], mid=info["mid"],
-        rate_limit=10_000, rate_burst=10_000,
-    )
+    return settings_from_ready(sim.ready_info(), rate_limit=10_000, rate_burst=10_000)
 
 
 async def bench_latency(sim: SimServer, sales: int, scratch: Path) -> dict[str, float]:

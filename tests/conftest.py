@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
-import importlib.util
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import pytest
 
+from kiosk_agent.cli.sim import settings_from_ready
+from kiosk_agent.service.client import ServiceClient
+from kiosk_agent.service.settings import ServiceSettings
 from kiosk_agent.sim.server import SimOptions, SimServer
 
 SimFactory = Callable[..., Awaitable[SimServer]]
@@ -38,34 +40,14 @@ async def sim(sim_factory: SimFactory) -> SimServer:
     return await sim_factory(seed=1)
 
 
-def _service_client_module() -> Any:
-    if importlib.util.find_spec("kiosk_agent.service.client") is None:
-        pytest.skip("kiosk_agent.service.client is not written yet")
-    return importlib.import_module("kiosk_agent.service.client")
-
-
 @pytest.fixture
-def sim_settings(sim: SimServer) -> Any:
+def sim_settings(sim: SimServer) -> ServiceSettings:
     """``ServiceSettings`` for the ``sim`` fixture's merchant key."""
-    client = _service_client_module()
-    info = sim.ready_info()
-    return client.ServiceSettings(
-        base_url=info["base_url"],
-        reporting_url=info["reporting_url"],
-        ws_url=info["ws_url"],
-        api_key=info["api_key"],
-        mid=info["mid"],
-        refresh_token=info["refresh_token"],
-        isv=False,
-        client_id=info["client_id"],
-        client_secret=info["client_secret"],
-        credentials_path=None,
-    )
+    return settings_from_ready(sim.ready_info())
 
 
 @pytest.fixture
-async def service(sim_settings: Any) -> AsyncIterator[Any]:
+async def service(sim_settings: ServiceSettings) -> AsyncIterator[ServiceClient]:
     """A connected ``ServiceClient`` on ``sim``."""
-    client = _service_client_module()
-    async with client.ServiceClient(sim_settings) as svc:
+    async with ServiceClient(sim_settings) as svc:
         yield svc

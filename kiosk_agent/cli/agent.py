@@ -125,7 +125,7 @@ async def run_command(args: argparse.Namespace) -> int:
 
 async def start_simulator(conf: dict[str, Any]) -> tuple[Any, Any]:
     """The embedded simulator (``service: {simulator: ...}``) and the settings to reach it."""
-    from kiosk_agent.service.settings import ServiceSettings
+    from kiosk_agent.cli.sim import settings_from_ready
     from kiosk_agent.sim.server import SimOptions, SimServer
 
     sim = SimServer(
@@ -137,18 +137,7 @@ async def start_simulator(conf: dict[str, Any]) -> tuple[Any, Any]:
         )
     )
     await sim.start()
-    info = sim.ready_info()
-    settings = ServiceSettings(
-        base_url=info["base_url"],
-        reporting_url=info["reporting_url"],
-        ws_url=info["ws_url"],
-        api_key=info["api_key"],
-        refresh_token=info["refresh_token"],
-        mid=info["mid"],
-        client_id=info["client_id"],
-        client_secret=info["client_secret"],
-    )
-    return sim, settings
+    return sim, settings_from_ready(sim.ready_info())
 
 
 # -- sales -------------------------------------------------------------------------------------

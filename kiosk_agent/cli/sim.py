@@ -10,8 +10,11 @@ import math
 import signal
 import sqlite3
 import sys
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
+from kiosk_agent.service.settings import ServiceSettings
 from kiosk_agent.sim.ratelimit import RateLimit
 from kiosk_agent.sim.server import SimOptions, SimServer
 
@@ -85,6 +88,22 @@ def _rate_limit(text: str) -> str:
     except ValueError as err:
         raise argparse.ArgumentTypeError(str(err)) from None
     return text
+
+
+def settings_from_ready(info: Mapping[str, Any], **tuning: Any) -> ServiceSettings:
+    """The client settings that reach a simulator as its merchant, from its READY information
+    (``SimServer.ready_info()``, or the JSON of the ``READY`` line); ``tuning``: other fields."""
+    return ServiceSettings(
+        base_url=info["base_url"],
+        reporting_url=info["reporting_url"],
+        ws_url=info["ws_url"],
+        api_key=info["api_key"],
+        refresh_token=info["refresh_token"],
+        mid=info["mid"],
+        client_id=info["client_id"],
+        client_secret=info["client_secret"],
+        **tuning,
+    )
 
 
 def options_from_args(args: argparse.Namespace) -> SimOptions:

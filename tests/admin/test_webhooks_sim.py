@@ -12,9 +12,9 @@ from typing import Any
 import aiohttp
 
 from kiosk_agent.admin.webhooks import WebhookReceiver
+from kiosk_agent.cli.sim import settings_from_ready
 from kiosk_agent.service.client import ServiceClient
 from kiosk_agent.service.models.boarding import MerchantCreate
-from kiosk_agent.service.settings import ServiceSettings
 
 SECRET = "whsec_sim_end_to_end"
 
@@ -23,19 +23,6 @@ def _free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
-
-
-def _settings(sim: Any) -> ServiceSettings:
-    info = sim.ready_info()
-    return ServiceSettings(
-        base_url=info["base_url"],
-        reporting_url=info["reporting_url"],
-        ws_url=info["ws_url"],
-        api_key=info["api_key"],
-        mid=info["mid"],
-        client_id=info["client_id"],
-        client_secret=info["client_secret"],
-    )
 
 
 async def _all_delivered(http: aiohttp.ClientSession, base_url: str) -> list[dict[str, Any]]:
@@ -57,8 +44,9 @@ async def test_simulator_deliveries_survive_duplicates_reordering_and_a_restart(
     receiver = WebhookReceiver(SimpleNamespace(), conf)
     await receiver.start()
     sim = await sim_factory(webhook_url=receiver.url, webhook_secret=SECRET, chaos=True, seed=3)
-    base = sim.ready_info()["base_url"]
-    async with ServiceClient(_settings(sim)) as service, aiohttp.ClientSession() as http:
+    settings = settings_from_ready(sim.ready_info())
+    base = settings.base_url
+    async with ServiceClient(settings) as service, aiohttp.ClientSession() as http:
 
         async def force(merchant_id: int, status: str) -> None:
             url = f"{base}/sim/merchants/{merchant_id}/status"

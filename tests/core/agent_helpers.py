@@ -7,6 +7,7 @@ import textwrap
 from pathlib import Path
 from typing import Any
 
+from kiosk_agent.cli.sim import settings_from_ready
 from kiosk_agent.core.sale import DispenseOutcome, DispenseStatus
 from kiosk_agent.service.settings import ServiceSettings
 
@@ -42,17 +43,7 @@ class ScriptedDispenser:
 
 
 def settings_for(sim: Any) -> ServiceSettings:
-    info = sim.ready_info()
-    return ServiceSettings(
-        base_url=info["base_url"],
-        reporting_url=info["reporting_url"],
-        ws_url=info["ws_url"],
-        api_key=info["api_key"],
-        refresh_token=info["refresh_token"],
-        mid=info["mid"],
-        client_id=info["client_id"],
-        client_secret=info["client_secret"],
-    )
+    return settings_from_ready(sim.ready_info())
 
 
 def write_config(directory: Path, extra: str = "", time_scale: float = TIME_SCALE) -> Path:

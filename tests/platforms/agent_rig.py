@@ -11,22 +11,14 @@ from typing import Any
 import yaml
 
 from kiosk_agent.app import build_agent
+from kiosk_agent.cli.sim import settings_from_ready
 from kiosk_agent.core.agent import Agent
 from kiosk_agent.core.config import load_config
 from kiosk_agent.service.settings import ServiceSettings
 
 
 def settings_for(sim: Any, **tuning: Any) -> ServiceSettings:
-    info = sim.ready_info()
-    return ServiceSettings(
-        **tuning,
-        base_url=info["base_url"],
-        reporting_url=info["reporting_url"],
-        ws_url=info["ws_url"],
-        api_key=info["api_key"],
-        refresh_token=info["refresh_token"],
-        mid=info["mid"],
-    )
+    return settings_from_ready(sim.ready_info(), **tuning)
 
 
 @contextlib.asynccontextmanager
