@@ -43,6 +43,16 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     sales.set_defaults(handler=sales_command)
 
 
+def load_or_explain(path: Path, **options: Any) -> Config | None:
+    """The configuration at ``path``; None once every mistake is printed to stderr."""
+    try:
+        return load_config(path, **options)
+    except ConfigInvalid as err:
+        for error in err.errors:
+            print(error, file=sys.stderr)
+        return None
+
+
 # -- check-config ------------------------------------------------------------------------------
 
 
@@ -89,11 +99,8 @@ _CORE_SECTIONS = frozenset(
 
 
 async def run_command(args: argparse.Namespace) -> int:
-    try:
-        config = load_config(args.config)
-    except ConfigInvalid as err:
-        for error in err.errors:
-            print(error, file=sys.stderr)
+    config = load_or_explain(args.config)
+    if config is None:
         return 1
     from kiosk_agent.app import build_agent
     from kiosk_agent.core.logging import setup_logging
@@ -230,13 +237,11 @@ def _table(sales: Sequence[SaleRecord]) -> str:
 
 
 async def sales_command(args: argparse.Namespace) -> int:
-    try:
-        config = load_config(args.config, check_platforms=False)
-        since = parse_since(args.since) if args.since else None
-    except ConfigInvalid as err:
-        for error in err.errors:
-            print(error, file=sys.stderr)
+    config = load_or_explain(args.config, check_platforms=False)
+    if config is None:
         return 1
+    try:
+        since = parse_since(args.since) if args.since else None
     except ValueError as err:
         print(err, file=sys.stderr)
         return 2

@@ -21,7 +21,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any, TextIO
 
-from kiosk_agent.core.config import ConfigInvalid, load_config
+from kiosk_agent.cli.agent import load_or_explain, start_simulator
 from kiosk_agent.core.sale import SaleEvent, SaleState
 from kiosk_agent.money import format_cents
 from kiosk_agent.tasks import cancel_and_wait
@@ -175,14 +175,8 @@ def _speed_up(config: Any, speed: float, journal: Path) -> None:
 
 
 async def demo_command(args: argparse.Namespace) -> int:
-    try:
-        config = load_config(args.config)
-    except ConfigInvalid as err:
-        for error in err.errors:
-            print(error, file=sys.stderr)
-        return 1
-    except FileNotFoundError:
-        print(f"no demo configuration at {args.config}", file=sys.stderr)
+    config = load_or_explain(args.config)
+    if config is None:
         return 1
     if "simulator" not in config["service"]:
         print("the demo needs `service: {simulator: ...}` in its configuration", file=sys.stderr)
@@ -198,7 +192,6 @@ async def demo_command(args: argparse.Namespace) -> int:
 
 async def _run(config: Any, args: argparse.Namespace) -> int:
     from kiosk_agent.app import build_agent
-    from kiosk_agent.cli.agent import start_simulator
     from kiosk_agent.platforms.virtual import VirtualPlatform
 
     view = LiveView(sys.stdout, fancy=sys.stdout.isatty() and not args.plain)
