@@ -110,6 +110,11 @@ class SaleSettings:
         known = ", ".join(f"{d} ({n})" if n else d for d, n in self.terminals.items())
         raise UnknownTerminal(f"unknown terminal {wanted!r}; configured: {known}")
 
+    def interaction_over_at(self, since: float) -> float:
+        """When an interaction asked for at ``since`` (Unix time) has surely ended, so that
+        reporting shows any charge it made."""
+        return since + self.interaction_lifetime * 1.1 + 0.5
+
     @property
     def card_wait(self) -> float:
         """How long to wait for a card: the interaction's own lifetime and a margin, at most."""
@@ -177,18 +182,16 @@ class SaleSteps:
         name: str,
         trans_id: str | None,
         cents: int | None,
-        *,
-        captured: bool = False,
         detail: Mapping[str, Any] | None = None,
     ) -> int:
         """Journal a charge that holds money: from its answer, or found after a lost one.
 
-        A charge-card captures at once (``captured``), an authorization only holds; an answer
-        without an amount holds the sale's price. Returns the cents held.
+        A charge-card captures at once, an authorization only holds; an answer without an
+        amount holds the sale's price. Returns the cents held.
         """
         cents = cents or self.record.amount_cents
         held: dict[str, Any] = {"trans_id": trans_id, "authorized_cents": cents}
-        if captured:
+        if self.record.flow == Flow.CHARGE_CARD:
             held["captured_cents"] = cents
         self.step(name, detail=detail, **held)
         return cents
@@ -444,7 +447,7 @@ class SaleFlow(SaleSteps):
                     SaleState.FAILED, "charge_card.busy", f"terminal busy: {err}"
                 )
             except (ServerError, ServiceUnreachableError) as err:
-                return await self._charge_lost(f"the charge's answer was lost ({err})")
+                return await self._answer_lost(f"the charge's answer was lost ({err})")
             except ServiceError as err:
                 return await self._fail(SaleState.FAILED, "charge_card.refused", f"refused: {err}")
             self.step(
@@ -455,7 +458,7 @@ class SaleFlow(SaleSteps):
             interaction = await self.wait_interaction(handle, InteractionKind.CHARGE_CARD)
             if interaction is None or not interaction.finished:
                 # the terminal went quiet: reporting by order_id says whether it charged
-                return await self._charge_lost("the terminal never said how the charge ended")
+                return await self._answer_lost("the terminal never said how the charge ended")
             ended = await self._charge_ended(interaction)
             if ended is not None:
                 return ended
@@ -493,34 +496,31 @@ class SaleFlow(SaleSteps):
                 SaleState.DECLINED, "charge_card.declined", f"declined ({result.resp_text or 'C'})"
             )
         cents = self.charge_found(
-            "charge_card.approved",
-            result.trans_id,
-            result.amount,
-            captured=True,
-            detail={"trans_id": result.trans_id},
+            "charge_card.approved", result.trans_id, result.amount, {"trans_id": result.trans_id}
         )
         return await self._dispense_paid(cents)
 
-    async def _charge_lost(self, why: str) -> SaleEvent:
-        """How the charge ended is unknown: find out by order_id before anything else."""
-        self.step("charge_card.lost", detail={"why": why})
+    async def _answer_lost(self, why: str) -> SaleEvent:
+        """How the charge or authorization ended is unknown: find out by order_id first."""
+        charge_card = self.record.flow == Flow.CHARGE_CARD
+        kind = "charge_card" if charge_card else "authorize"
+        self.step(f"{kind}.lost", detail={"why": why})
+        # a charge-card still running on the terminal may yet charge: wait out its lifetime
+        wait_until = self.settings.interaction_over_at(self.record.updated_at)
         lookup = await self.reconciler.find_charge(
-            self.record.all_order_ids(),
-            wait_until=self.record.updated_at + self.settings.interaction_lifetime * 1.1 + 0.5,
+            self.record.all_order_ids(), wait_until=wait_until if charge_card else None
         )
         if lookup.unknown:
             return self.finish(
                 SaleState.ATTENTION,
-                "charge_card.unknown",
+                f"{kind}.unknown",
                 f"{why}, and reporting cannot say whether it charged",
             )
         if lookup.approved:
-            self.charge_found(
-                "charge_card.found", lookup.trans_id, lookup.amount_cents, captured=True
-            )
+            self.charge_found(f"{kind}.found", lookup.trans_id, lookup.amount_cents)
             await self._deny("payment could not be confirmed in time")
             return await self.reverse(f"{why}; the charge was found, not dispensed")
-        return await self._fail(SaleState.FAILED, "charge_card.none", f"{why}; no charge was made")
+        return await self._fail(SaleState.FAILED, f"{kind}.none", f"{why}; no charge was made")
 
     async def _dispense_paid(self, cents: int) -> SaleEvent:
         """Money is taken (charge_card): the dispense is confirmed or the money goes back."""
@@ -615,7 +615,7 @@ class SaleFlow(SaleSteps):
             try:
                 result = await self.service.payments.charge(request)
             except (ServerError, ServiceUnreachableError) as err:
-                return await self._authorize_lost(err)
+                return await self._answer_lost(f"the authorization's answer was lost ({err})")
             except ServiceError as err:
                 return await self._fail(SaleState.FAILED, "authorize.refused", f"refused: {err}")
             if result.result != ChargeResultCode.RETRY:
@@ -629,27 +629,9 @@ class SaleFlow(SaleSteps):
                 SaleState.DECLINED, "authorize.declined", f"declined ({result.resp_text or 'C'})"
             )
         cents = self.charge_found(
-            "authorize.approved",
-            result.trans_id,
-            result.amount,
-            detail={"trans_id": result.trans_id},
+            "authorize.approved", result.trans_id, result.amount, {"trans_id": result.trans_id}
         )
         return await self._vend_authorized(cents)
-
-    async def _authorize_lost(self, err: ServiceError) -> SaleEvent:
-        self.step("authorize.lost", detail={"error": str(err)})
-        lookup = await self.reconciler.find_charge(self.record.all_order_ids())
-        if lookup.unknown:
-            return self.finish(
-                SaleState.ATTENTION,
-                "authorize.unknown",
-                f"the authorization's answer was lost ({err}) and reporting cannot say",
-            )
-        if lookup.approved:
-            self.charge_found("authorize.found", lookup.trans_id, lookup.amount_cents)
-            await self._deny("payment could not be confirmed in time")
-            return await self.reverse("authorization found after a lost answer; not dispensed")
-        return await self._fail(SaleState.FAILED, "authorize.none", f"no charge was made ({err})")
 
     async def _vend_authorized(self, authorized: int) -> SaleEvent:
         if self.cancelled.is_set():

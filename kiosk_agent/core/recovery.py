@@ -152,7 +152,7 @@ class Recovery:
             steps,
             "interrupted while the charge was sent",
             # a charge-card still running on the terminal may yet charge: wait out its lifetime
-            wait_until=record.updated_at + self.settings.interaction_lifetime * 1.1 + 0.5,
+            wait_until=self.settings.interaction_over_at(record.updated_at),
         )
 
     async def _final_interaction(self, steps: SaleSteps) -> Interaction | None:
@@ -173,9 +173,7 @@ class Recovery:
         if interaction.status == InteractionStatus.SUCCEEDED:
             result = interaction.charge_result
             if result is not None and result.result == ChargeResultCode.APPROVED:
-                steps.charge_found(
-                    "recovery.charged", result.trans_id, result.amount, captured=True
-                )
+                steps.charge_found("recovery.charged", result.trans_id, result.amount)
                 return await steps.reverse("charged while the agent was down; not dispensed")
             if result is not None and result.result == ChargeResultCode.DECLINED:
                 return steps.finish(SaleState.DECLINED, "recovery.done", "the card was declined")
