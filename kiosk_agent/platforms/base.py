@@ -15,6 +15,9 @@ from kiosk_agent.core.sale import Dispenser, SaleRequest
 
 _LOGGER = logging.getLogger(__name__)
 
+# On stop, how long a vend already approved may take to report its result (seconds).
+STOP_GRACE = 5.0
+
 
 class SaleStarter(Protocol):
     """``agent.sales``: start a sale for a trigger; cancel it while it waits for a card."""

@@ -29,6 +29,7 @@ from kiosk_agent.core.config import positive_float, positive_price
 from kiosk_agent.core.sale import DispenseOutcome, DispenseStatus, Flow, SaleRequest
 from kiosk_agent.platforms import mdb_protocol as wire
 from kiosk_agent.platforms.base import (
+    STOP_GRACE,
     DevicePlatform,
     SaleStarter,
     instance_name,
@@ -40,10 +41,6 @@ from kiosk_agent.platforms.serial import SerialLink, SerialSettings, StateHandle
 from kiosk_agent.tasks import TaskSet
 
 _LOGGER = logging.getLogger(__name__)
-
-
-# On stop, how long a vend already approved may take to report its result (seconds).
-STOP_GRACE = 5.0
 
 
 class Mode(enum.StrEnum):

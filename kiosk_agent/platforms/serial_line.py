@@ -36,6 +36,7 @@ from kiosk_agent.core.config import positive_float
 from kiosk_agent.core.sale import DispenseOutcome, DispenseStatus, Flow, SaleRequest
 from kiosk_agent.money import MoneyError, cents_to_dollars, dollars_to_cents
 from kiosk_agent.platforms.base import (
+    STOP_GRACE,
     DevicePlatform,
     SaleStarter,
     instance_name,
@@ -233,7 +234,8 @@ class SerialLineDevice:
         if vend is not None and vend.vending:
             # The device may be dispensing right now: hear the result before letting go.
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(asyncio.shield(vend.result), min(self.vend_timeout, 5.0))
+                grace = min(self.vend_timeout, STOP_GRACE)
+                await asyncio.wait_for(asyncio.shield(vend.result), grace)
         vend = self.vend
         if vend is not None:
             vend.cancelled = "agent stopping"
