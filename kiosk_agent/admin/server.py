@@ -42,6 +42,7 @@ from kiosk_agent.admin.metrics import (
 )
 from kiosk_agent.core.config import register_section
 from kiosk_agent.core.sale import SaleState
+from kiosk_agent.core.web import LocalSite
 from kiosk_agent.service.errors import (
     AuthenticationError,
     BadRequestError,
@@ -94,18 +95,20 @@ class AdminServer:
     def __init__(self, agent: Any, conf: dict[str, Any]) -> None:
         conf = ADMIN_SCHEMA(conf)
         self.agent = agent
-        self._host: str = conf["host"]
-        self._port: int = conf["port"]
+        self._site = LocalSite(conf["host"], conf["port"])
         self._tokens: list[tuple[str, bytes, str]] = [
             (t["name"], _digest(t["token"]), t["role"]) for t in conf["tokens"]
         ]
         self._metrics_public: bool = conf["metrics_public"]
-        self._runner: web.AppRunner | None = None
-        self.port: int | None = None
+
+    @property
+    def port(self) -> int | None:
+        """The bound port, once started (the configured one may be 0: any free port)."""
+        return self._site.port
 
     @property
     def url(self) -> str:
-        return f"http://{self._host}:{self.port}"
+        return self._site.url
 
     def app(self) -> web.Application:
         app = web.Application(middlewares=[self._auth_middleware, _error_middleware])
@@ -122,16 +125,11 @@ class AdminServer:
         return app
 
     async def start(self) -> None:
-        self._runner = web.AppRunner(self.app(), access_log=None)
-        await self._runner.setup()
-        await web.TCPSite(self._runner, self._host, self._port).start()
-        self.port = int(self._runner.addresses[0][1])  # the bound port, when configured as 0
+        await self._site.start(self.app())
         _LOGGER.info("admin API on %s", self.url)
 
     async def stop(self) -> None:
-        if self._runner is not None:
-            await self._runner.cleanup()
-            self._runner = None
+        await self._site.stop()
 
     # -- auth --------------------------------------------------------------------------------
 
@@ -214,13 +212,20 @@ class AdminServer:
         return web.json_response({"sale": record.as_dict(), "steps": steps})
 
     def _journal(self) -> Any:
-        journal = getattr(self.agent, "journal", None)
-        if journal is None:
+        return self._agent_part("journal", "the journal is not open")
+
+    def _service(self) -> Any:
+        return self._agent_part("service", "no service client")
+
+    def _agent_part(self, name: str, missing: str) -> Any:
+        """The agent's ``name`` (journal, service client); 503 saying ``missing`` without one."""
+        part = getattr(self.agent, name, None)
+        if part is None:
             raise web.HTTPServiceUnavailable(
-                text=json.dumps({"error": "unavailable", "detail": "the journal is not open"}),
+                text=json.dumps({"error": "unavailable", "detail": missing}),
                 content_type="application/json",
             )
-        return journal
+        return part
 
     # -- reports -----------------------------------------------------------------------------
 
@@ -263,15 +268,6 @@ class AdminServer:
         await writer(response, kind, rows)
         await response.write_eof()
         return response
-
-    def _service(self) -> Any:
-        service = getattr(self.agent, "service", None)
-        if service is None:
-            raise web.HTTPServiceUnavailable(
-                text=json.dumps({"error": "unavailable", "detail": "no service client"}),
-                content_type="application/json",
-            )
-        return service
 
     # -- terminals ---------------------------------------------------------------------------
 

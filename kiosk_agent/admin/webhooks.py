@@ -27,6 +27,7 @@ import voluptuous as vol
 from aiohttp import web
 
 from kiosk_agent.core.config import register_section
+from kiosk_agent.core.web import LocalSite
 from kiosk_agent.service.webhooks import (
     MerchantEvent,
     MerchantStateReducer,
@@ -219,19 +220,21 @@ class WebhookReceiver:
     def __init__(self, agent: Any, conf: dict[str, Any]) -> None:
         conf = WEBHOOKS_SCHEMA(conf)
         self._secret: str = conf["secret"]
-        self._host: str = conf["host"]
-        self._port: int = conf["port"]
+        self._site = LocalSite(conf["host"], conf["port"])
         self.path: str = conf["path"]
         self._max_body: int = conf["max_body"]
         self.store = SqliteIdempotencyStore(_resolve(agent, conf["store"]))
         self.reducer = MerchantStateReducer()
         self.outcomes: Counter[str] = Counter()
-        self._runner: web.AppRunner | None = None
-        self.port: int | None = None
+
+    @property
+    def port(self) -> int | None:
+        """The bound port, once started (the configured one may be 0: any free port)."""
+        return self._site.port
 
     @property
     def url(self) -> str:
-        return f"http://{self._host}:{self.port}{self.path}"
+        return f"{self._site.url}{self.path}"
 
     def app(self) -> web.Application:
         # aiohttp refuses a larger body with 413 before it is read into memory.
@@ -242,16 +245,11 @@ class WebhookReceiver:
     async def start(self) -> None:
         self.store.open()
         self._replay()
-        self._runner = web.AppRunner(self.app(), access_log=None)
-        await self._runner.setup()
-        await web.TCPSite(self._runner, self._host, self._port).start()
-        self.port = int(self._runner.addresses[0][1])  # the bound port, when configured as 0
+        await self._site.start(self.app())
         _LOGGER.info("boarding webhooks on %s", self.url)
 
     async def stop(self) -> None:
-        if self._runner is not None:
-            await self._runner.cleanup()
-            self._runner = None
+        await self._site.stop()
         await self.store.close()
 
     def _replay(self) -> None:

@@ -40,6 +40,7 @@ from kiosk_agent.core.sale import (
     SaleEvent,
     SaleRequest,
 )
+from kiosk_agent.core.web import LocalSite
 from kiosk_agent.money import MoneyError, cents_to_dollars, parse_price
 from kiosk_agent.platforms.base import instance_name
 from kiosk_agent.tasks import cancel_and_wait
@@ -143,10 +144,9 @@ class KioskApi:
         self._token_digest = hashlib.sha256(config["token"].encode()).digest()
         self._latest: OrderedDict[str, SaleEvent] = OrderedDict()
         self._dispensers: dict[str, AppDispenser] = {}
-        self._runner: web.AppRunner | None = None
+        self._site = LocalSite(config["host"], config["port"])
         self._follower: asyncio.Task[None] | None = None
         self._sockets: set[web.WebSocketResponse] = set()
-        self.port = 0
         self.requests = 0
         self.rejected = 0
 
@@ -161,11 +161,7 @@ class KioskApi:
         app.router.add_get("/api/v1/sales/{sale_id}/events", self._sale_events)
         app.router.add_get("/api/v1/events", self._all_events)
         app.router.add_get("/api/v1/status", self._status)
-        self._runner = web.AppRunner(app, access_log=None, handle_signals=False)
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, self.config["host"], self.config["port"])
-        await site.start()
-        self.port = int(self._runner.addresses[0][1])
+        await self._site.start(app)
         self._follower = asyncio.create_task(self._follow())
         _LOGGER.info("%s: kiosk API on %s:%d", self.name, self.config["host"], self.port)
 
@@ -176,9 +172,12 @@ class KioskApi:
         for ws in list(self._sockets):
             await ws.close(code=1001, message=b"agent stopping")
         await cancel_and_wait(self._follower)
-        if self._runner is not None:
-            await self._runner.cleanup()
-            self._runner = None
+        await self._site.stop()
+
+    @property
+    def port(self) -> int:
+        """The bound port once started (0 before: the configured one may be 0, any free port)."""
+        return self._site.port or 0
 
     def status(self) -> dict[str, Any]:
         return {

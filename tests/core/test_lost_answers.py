@@ -20,6 +20,7 @@ from kiosk_agent.app import build_agent
 from kiosk_agent.core.agent import Agent
 from kiosk_agent.core.config import load_config
 from kiosk_agent.core.sale import DispenseStatus, Flow, SaleRequest, SaleState
+from kiosk_agent.core.web import LocalSite
 from kiosk_agent.service.models import TransactionFilter, TransStatus
 
 from .agent_helpers import ScriptedDispenser, settings_for
@@ -33,24 +34,18 @@ class AnswerLosingProxy:
         self.lose = lose
         self.lost = 0
         self.seen: list[str] = []
-        self._runner: web.AppRunner | None = None
-        self.url = ""
+        self._site = LocalSite("127.0.0.1", 0)
 
     async def start(self) -> None:
         self._session = aiohttp.ClientSession()
         app = web.Application()
         app.router.add_route("*", "/{tail:.*}", self.forward)
-        self._runner = web.AppRunner(app)
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, "127.0.0.1", 0)
-        await site.start()
-        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-        self.url = f"http://127.0.0.1:{port}"
+        await self._site.start(app)
+        self.url = self._site.url
 
     async def stop(self) -> None:
         await self._session.close()
-        if self._runner is not None:
-            await self._runner.cleanup()
+        await self._site.stop()
 
     async def forward(self, request: web.Request) -> web.StreamResponse:
         body = await request.read()

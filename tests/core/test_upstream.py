@@ -31,6 +31,7 @@ from kiosk_agent.core.upstream import (
     build_report,
     discovery_messages,
 )
+from kiosk_agent.core.web import LocalSite
 
 
 def _free_port() -> int:
@@ -232,8 +233,8 @@ class HttpReceiver:
     def __init__(self) -> None:
         self.bodies: list[dict[str, Any]] = []
         self.auth: list[str | None] = []
-        self.port = _free_port()
-        self._runner: web.AppRunner | None = None
+        self.port = _free_port()  # fixed: the receiver goes down and comes back on it
+        self._site = LocalSite("127.0.0.1", self.port)
         self.failing = False  # answer 503, as an overloaded fleet server would
 
     async def _post(self, request: web.Request) -> web.Response:
@@ -246,14 +247,10 @@ class HttpReceiver:
     async def up(self) -> None:
         app = web.Application()
         app.router.add_post("/heartbeat", self._post)
-        self._runner = web.AppRunner(app)
-        await self._runner.setup()
-        await web.TCPSite(self._runner, "127.0.0.1", self.port).start()
+        await self._site.start(app)
 
     async def down(self) -> None:
-        if self._runner is not None:
-            await self._runner.cleanup()
-            self._runner = None
+        await self._site.stop()
 
 
 @pytest.fixture
