@@ -7,7 +7,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from kiosk_agent.service.errors import ServiceError
 
@@ -36,20 +36,22 @@ async def send_receipts(
     """Print and/or mail the receipt; return notes for the journal (never the address)."""
     notes: list[str] = []
     if await _should_print(device_id, settings, can_print):
-        try:
-            await service.terminal.print_receipt(device_id, trans_id)
-            notes.append("receipt printed")
-        except ServiceError as err:
-            _LOGGER.warning("receipt for %s not printed: %s", trans_id, err)
-            notes.append(f"receipt not printed: {err}")
+        printing = service.terminal.print_receipt(device_id, trans_id)
+        notes.append(await _note(printing, "printed", trans_id))
     if settings.email and email:
-        try:
-            await service.payments.send_receipt(trans_id, email)
-            notes.append("receipt mailed")
-        except ServiceError as err:
-            _LOGGER.warning("receipt for %s not mailed: %s", trans_id, err)
-            notes.append(f"receipt not mailed: {err}")
+        mailing = service.payments.send_receipt(trans_id, email)
+        notes.append(await _note(mailing, "mailed", trans_id))
     return notes
+
+
+async def _note(call: Awaitable[Any], done: str, trans_id: str) -> str:
+    """Make one receipt call; the note says how it went."""
+    try:
+        await call
+    except ServiceError as err:
+        _LOGGER.warning("receipt for %s not %s: %s", trans_id, done, err)
+        return f"receipt not {done}: {err}"
+    return f"receipt {done}"
 
 
 async def _should_print(
