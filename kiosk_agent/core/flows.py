@@ -482,19 +482,14 @@ class SaleFlow(SaleSteps):
             )
         if status == InteractionStatus.CANCELLED:
             return await self._fail(SaleState.CANCELLED, "charge_card.cancelled", "cancelled")
-        errors = "; ".join(f"{e.stage}: {e.code}" for e in interaction.stage_errors)
-        return await self._fail(
-            SaleState.FAILED, "charge_card.fault", f"terminal fault ({errors or status})"
-        )
+        return await self._fail(SaleState.FAILED, "charge_card.fault", _fault(interaction))
 
     async def _charged(self, result: ChargeResult) -> SaleEvent | None:
         if result.result == ChargeResultCode.RETRY:
             self.step("charge_card.answer", detail={"result": "B"})
             return None
         if result.result != ChargeResultCode.APPROVED:
-            return await self._fail(
-                SaleState.DECLINED, "charge_card.declined", f"declined ({result.resp_text or 'C'})"
-            )
+            return await self._fail(SaleState.DECLINED, "charge_card.declined", _declined(result))
         cents = self.charge_found(
             "charge_card.approved", result.trans_id, result.amount, {"trans_id": result.trans_id}
         )
@@ -573,12 +568,7 @@ class SaleFlow(SaleSteps):
             )
         card = interaction.read_card_result
         if card is None:
-            errors = "; ".join(f"{e.stage}: {e.code}" for e in interaction.stage_errors)
-            return None, await self._fail(
-                SaleState.FAILED,
-                "read_card.fault",
-                f"terminal fault ({errors or interaction.status})",
-            )
+            return None, await self._fail(SaleState.FAILED, "read_card.fault", _fault(interaction))
         self.step(
             "read_card.done",
             card_brand=None if card.card_brand_id is None else str(card.card_brand_id),
@@ -625,9 +615,7 @@ class SaleFlow(SaleSteps):
         if result.result == ChargeResultCode.RETRY:
             return await self._fail(SaleState.DECLINED, "authorize.retries", "retry limit reached")
         if not result.approved:
-            return await self._fail(
-                SaleState.DECLINED, "authorize.declined", f"declined ({result.resp_text or 'C'})"
-            )
+            return await self._fail(SaleState.DECLINED, "authorize.declined", _declined(result))
         cents = self.charge_found(
             "authorize.approved", result.trans_id, result.amount, {"trans_id": result.trans_id}
         )
@@ -706,6 +694,16 @@ class SaleFlow(SaleSteps):
             # journaled, then published as a note on the completed sale (the demo shows it)
             noted = self.journal.record(self.record, RECEIPT_STEP, detail={"note": note})
             self.events.publish(dataclasses.replace(event_of(noted, RECEIPT_STEP), message=note))
+
+
+def _fault(interaction: Interaction) -> str:
+    """Why a terminal ended an interaction without a result: its stage errors, else its status."""
+    errors = "; ".join(f"{e.stage}: {e.code}" for e in interaction.stage_errors)
+    return f"terminal fault ({errors or interaction.status})"
+
+
+def _declined(result: ChargeResult) -> str:
+    return f"declined ({result.resp_text or 'C'})"
 
 
 def _outcome_detail(outcome: DispenseOutcome) -> dict[str, Any]:
