@@ -47,7 +47,6 @@ class Recovery:
         self.journal = context.journal
         self.settings = context.settings
         self.runner = runner
-        self.results: list[SaleEvent] = []
         self._task: asyncio.Task[list[SaleEvent]] | None = None
 
     def start(self) -> list[SaleRecord]:
@@ -76,8 +75,7 @@ class Recovery:
         results = await asyncio.gather(
             *(self._terminal(device, records) for device, records in by_terminal.items())
         )
-        self.results = [event for events in results for event in events]
-        return self.results
+        return [event for events in results for event in events]
 
     async def _terminal(self, device: str, records: list[SaleRecord]) -> list[SaleEvent]:
         events = []

@@ -16,7 +16,14 @@ from importlib import metadata
 from types import ModuleType
 from typing import TYPE_CHECKING, Any, Protocol
 
-from kiosk_agent.core.config import ConfigError, Position, known_keys, locate, validate
+from kiosk_agent.core.config import (
+    ConfigError,
+    Position,
+    format_path,
+    known_keys,
+    locate,
+    validate,
+)
 
 if TYPE_CHECKING:
     from kiosk_agent.core.agent import Agent
@@ -156,8 +163,6 @@ def _unknown_keys(
 
 
 def _path(prefix: list[Any], key: str) -> str:
-    from kiosk_agent.core.config import format_path
-
     return format_path([*prefix, key])
 
 
