@@ -37,6 +37,7 @@ from aiohttp import web
 from kiosk_agent.admin.webhooks import WebhookReceiver
 from kiosk_agent.core.health import Health
 from kiosk_agent.core.upstream import Upstream, build_report
+from kiosk_agent.core.web import LocalSite
 from kiosk_agent.service.webhooks import sign
 
 SECRET = "bench-webhook-secret"  # noqa: S105 - a throwaway signing key for the bench
@@ -138,14 +139,11 @@ async def _bench_webhooks(
 
     app = web.Application()
     app.router.add_post("/hook", bare)
-    runner = web.AppRunner(app, access_log=None)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-    await load.blast(f"http://127.0.0.1:{port}/hook", bodies[:200], concurrency)  # warm up
-    bare_s, _, _ = await load.blast(f"http://127.0.0.1:{port}/hook", bodies, concurrency)
-    await runner.cleanup()
+    site = LocalSite("127.0.0.1", 0)
+    await site.start(app)
+    await load.blast(f"{site.url}/hook", bodies[:200], concurrency)  # warm up
+    bare_s, _, _ = await load.blast(f"{site.url}/hook", bodies, concurrency)
+    await site.stop()
 
     receiver = WebhookReceiver(
         SimpleNamespace(), {"secret": SECRET, "port": 0, "store": str(directory / "hooks.db")}
@@ -256,14 +254,11 @@ async def bench_heartbeats(count: int) -> dict[str, float]:
 
     app = web.Application()
     app.router.add_post("/hb", receive)
-    runner = web.AppRunner(app, access_log=None)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-    http = Upstream(agent, {"interval": 3600, "http": {"url": f"http://127.0.0.1:{port}/hb"}})
+    site = LocalSite("127.0.0.1", 0)
+    await site.start(app)
+    http = Upstream(agent, {"interval": 3600, "http": {"url": f"{site.url}/hb"}})
     http_ms = await _heartbeats(http, count, lambda: http.sinks[0].sent)
-    await runner.cleanup()
+    await site.stop()
     print(f"heartbeat: over HTTP {http_ms:.3f} ms CPU (includes the local receiver's share)")
     figures["heartbeat_http_cpu_ms"] = round(http_ms, 4)
 
