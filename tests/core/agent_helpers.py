@@ -5,11 +5,8 @@ from __future__ import annotations
 import asyncio
 import textwrap
 from pathlib import Path
-from typing import Any
 
-from kiosk_agent.cli.sim import settings_from_ready
 from kiosk_agent.core.sale import DispenseOutcome, DispenseStatus
-from kiosk_agent.service.settings import ServiceSettings
 
 # Large enough that a card arrives in ~5 ms and an interaction expires in under a second.
 TIME_SCALE = 300
@@ -40,10 +37,6 @@ class ScriptedDispenser:
 
     async def deny(self, reason: str) -> None:
         self.denied.append(reason)
-
-
-def settings_for(sim: Any) -> ServiceSettings:
-    return settings_from_ready(sim.ready_info())
 
 
 def write_config(directory: Path, extra: str = "", time_scale: float = TIME_SCALE) -> Path:

@@ -9,10 +9,11 @@ from typing import Any
 import pytest
 
 from kiosk_agent.app import build_agent
+from kiosk_agent.cli.sim import settings_from_ready
 from kiosk_agent.core.agent import Agent
 from kiosk_agent.core.config import load_config
 
-from .agent_helpers import TIME_SCALE, settings_for, write_config
+from .agent_helpers import TIME_SCALE, write_config
 
 AgentFactory = Callable[..., Awaitable[Agent]]
 
@@ -29,7 +30,7 @@ async def agent_factory(sim_factory: Any, tmp_path: Path) -> AsyncIterator[Agent
                 sims.append(await sim_factory(time_scale=TIME_SCALE, seed=1, transactions=0))
             sim = sims[0]
         config = load_config(write_config(directory or tmp_path, extra))
-        agent = build_agent(config, settings_for(sim), systemd=False)
+        agent = build_agent(config, settings_from_ready(sim.ready_info()), systemd=False)
         await agent.start()
         agents.append(agent)
         return agent

@@ -9,13 +9,14 @@ from typing import Any
 
 import pytest
 
+from kiosk_agent.cli.sim import settings_from_ready
 from kiosk_agent.core.agent import Agent
 from kiosk_agent.core.config import load_config
 from kiosk_agent.core.flows import TerminalBusy, UnknownTerminal
 from kiosk_agent.core.sale import Flow, SaleRequest, SaleState
 from kiosk_agent.core.systemd import SystemdLifecycle, SystemdNotifier
 
-from .agent_helpers import ScriptedDispenser, settings_for, write_config
+from .agent_helpers import ScriptedDispenser, write_config
 
 
 def charge(cents: int, **fields: Any) -> SaleRequest:
@@ -31,7 +32,7 @@ async def test_start_tells_systemd_ready_and_stop_says_stopping(
     listener.settimeout(5)
     systemd = SystemdLifecycle(SystemdNotifier(str(tmp_path / "notify.sock")), environ={})
     config = load_config(write_config(tmp_path))
-    agent = Agent(config, settings_for(sim), systemd=systemd)
+    agent = Agent(config, settings_from_ready(sim.ready_info()), systemd=systemd)
     try:
         await agent.start()
         assert listener.recv(1024).decode().startswith("READY=1\nSTATUS=ready")
@@ -104,7 +105,7 @@ class RefusingComponent:
 
 async def test_a_failed_start_leaves_nothing_open(sim_factory: Any, tmp_path: Path) -> None:
     sim = await sim_factory(time_scale=300, transactions=0)
-    agent = Agent(load_config(write_config(tmp_path)), settings_for(sim))
+    agent = Agent(load_config(write_config(tmp_path)), settings_from_ready(sim.ready_info()))
     agent.add_component(RefusingComponent, {})
     with pytest.raises(OSError, match="address already in use"):
         await agent.start()

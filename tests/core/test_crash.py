@@ -22,12 +22,11 @@ from typing import Any
 
 import pytest
 
+from kiosk_agent.cli.sim import settings_from_ready
 from kiosk_agent.core.journal import Journal
 from kiosk_agent.core.sale import SaleState
 from kiosk_agent.service.client import ServiceClient
 from kiosk_agent.service.models import TransactionFilter, TransStatus
-
-from .agent_helpers import settings_for
 
 DRIVER = Path(__file__).with_name("crash_driver.py")
 TIME_SCALE = 150  # interactions live 1.2 s: slack for a loaded machine
@@ -172,7 +171,7 @@ async def test_sigkill_at_every_step_loses_no_sale_and_keeps_no_unearned_money(
     assert [s for s in sales.values() if not s.state.final] == []
     assert [s.message for s in sales.values() if s.state is SaleState.ATTENTION] == []
 
-    async with ServiceClient(settings_for(sim)) as service:
+    async with ServiceClient(settings_from_ready(sim.ready_info())) as service:
         for sale in sales.values():
             rows = []
             for order_id in sale.all_order_ids():

@@ -17,13 +17,14 @@ import pytest
 from aiohttp import web
 
 from kiosk_agent.app import build_agent
+from kiosk_agent.cli.sim import settings_from_ready
 from kiosk_agent.core.agent import Agent
 from kiosk_agent.core.config import load_config
 from kiosk_agent.core.sale import DispenseStatus, Flow, SaleRequest, SaleState
 from kiosk_agent.core.web import LocalSite
 from kiosk_agent.service.models import TransactionFilter, TransStatus
 
-from .agent_helpers import ScriptedDispenser, settings_for
+from .agent_helpers import ScriptedDispenser
 
 
 class AnswerLosingProxy:
@@ -84,7 +85,7 @@ async def lossy(
             """
         )
     )
-    settings = settings_for(sim).model_copy(
+    settings = settings_from_ready(sim.ready_info()).model_copy(
         update={"base_url": proxy.url, "reporting_url": sim.base_url, "ws_url": sim.ws_url}
     )
     agent = build_agent(load_config(config_path), settings, systemd=False)

@@ -8,12 +8,13 @@ from typing import Any
 
 import aiohttp
 
+from kiosk_agent.cli.sim import settings_from_ready
 from kiosk_agent.core.journal import Journal, SaleRecord
 from kiosk_agent.core.sale import Flow, SaleRequest, SaleState
 from kiosk_agent.service.client import ServiceClient
 from kiosk_agent.service.models import ChargeRequest, TransactionFilter, TransStatus
 
-from .agent_helpers import ScriptedDispenser, settings_for
+from .agent_helpers import ScriptedDispenser
 
 
 async def rows(service: ServiceClient, order_id: str) -> list[Any]:
@@ -87,7 +88,7 @@ async def test_a_confirmed_vend_whose_capture_was_lost_is_captured(
     agent_factory: Any, sim_factory: Any, tmp_path: Path
 ) -> None:
     sim = await sim_factory(time_scale=300, transactions=0)
-    async with ServiceClient(settings_for(sim)) as service:
+    async with ServiceClient(settings_from_ready(sim.ready_info())) as service:
         trans_id = await authorize(service, "KACRASHED1", capture=False)
     leave_open(
         tmp_path,
@@ -109,7 +110,7 @@ async def test_an_interrupted_refund_is_finished_once(
     agent_factory: Any, sim_factory: Any, tmp_path: Path
 ) -> None:
     sim = await sim_factory(time_scale=300, transactions=0)
-    async with ServiceClient(settings_for(sim)) as service:
+    async with ServiceClient(settings_from_ready(sim.ready_info())) as service:
         trans_id = await authorize(service, "KACRASHED1", capture=True)
         # the void went through, the crash came before the journal heard of it
         await service.payments.void_or_refund(trans_id)
@@ -176,7 +177,7 @@ async def test_a_settled_charge_left_undispensed_is_refunded(
     agent_factory: Any, sim_factory: Any, tmp_path: Path
 ) -> None:
     sim = await sim_factory(time_scale=300, transactions=0)
-    async with ServiceClient(settings_for(sim)) as service:
+    async with ServiceClient(settings_from_ready(sim.ready_info())) as service:
         trans_id = await authorize(service, "KACRASHED1", capture=True)
         async with (
             aiohttp.ClientSession() as session,

@@ -11,14 +11,8 @@ from typing import Any
 import yaml
 
 from kiosk_agent.app import build_agent
-from kiosk_agent.cli.sim import settings_from_ready
 from kiosk_agent.core.agent import Agent
 from kiosk_agent.core.config import load_config
-from kiosk_agent.service.settings import ServiceSettings
-
-
-def settings_for(sim: Any, **tuning: Any) -> ServiceSettings:
-    return settings_from_ready(sim.ready_info(), **tuning)
 
 
 @contextlib.asynccontextmanager

@@ -8,11 +8,12 @@ import time
 from pathlib import Path
 from typing import Any
 
+from kiosk_agent.cli.sim import settings_from_ready
 from kiosk_agent.core.sale import SaleEvent, SaleState
 from kiosk_agent.platforms.mdb import MdbPlatform
 from kiosk_agent.platforms.virtual import VirtualController, VirtualPlatform, VisitOutcome
 
-from .agent_rig import running_agent, settings_for
+from .agent_rig import running_agent
 
 
 async def _final_events(agent: Any, count: int, timeout: float = 10.0) -> list[SaleEvent]:
@@ -93,7 +94,7 @@ async def test_thousand_sales_through_the_agent_none_lost_none_doubled(
     rng = random.Random(3)
     count = 1000
     started = time.monotonic()
-    settings = settings_for(sim, rate_limit=10_000, rate_burst=10_000)
+    settings = settings_from_ready(sim.ready_info(), rate_limit=10_000, rate_burst=10_000)
     async with running_agent(tmp_path, settings, [trigger], time_scale=1000) as agent:
         await asyncio.wait_for(controller.wait_enabled(), 5)
         collector = asyncio.create_task(_final_events(agent, count, timeout=120))
