@@ -21,6 +21,7 @@ import asyncio
 import contextlib
 import datetime as dt
 import logging
+from collections import Counter
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -290,7 +291,7 @@ class GpioKiosk:
         self._tasks = TaskSet()
         self.presses = 0
         self.ignored_presses = 0
-        self.outcomes: dict[str, int] = {}
+        self.outcomes: Counter[str] = Counter()  # sale state -> count
 
     async def start(self) -> None:
         buttons_low, pull_up, relays_low, sensors_low = self._levels
@@ -394,8 +395,7 @@ class GpioKiosk:
                 return
             drop.sale_id = sale.sale_id
             final = await sale.result()
-            key = final.state.value
-            self.outcomes[key] = self.outcomes.get(key, 0) + 1
+            self.outcomes[final.state.value] += 1
         finally:
             self._drop = None
             self._busy = False

@@ -19,6 +19,7 @@ import asyncio
 import contextlib
 import enum
 import logging
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -135,7 +136,7 @@ class MdbStats:
     timeouts: int = 0
     unknown_lines: int = 0
     last_unknown: str = ""
-    outcomes: dict[str, int] = field(default_factory=dict)
+    outcomes: Counter[str] = field(default_factory=Counter)  # dispense status -> count
 
 
 class _Phase(enum.Enum):
@@ -270,7 +271,7 @@ class MdbSession:
         vended = self.vend_cents if status is DispenseStatus.VENDED else 0
         outcome = DispenseOutcome(status, vended, self.product, detail)
         self.result.set_result(outcome)
-        self.device.count_outcome(outcome)
+        self.device.stats.outcomes[status.value] += 1
         return outcome
 
 
@@ -346,10 +347,6 @@ class MdbCashless:
 
     def send(self, line: str) -> bool:
         return self.link.write_line(line)
-
-    def count_outcome(self, outcome: DispenseOutcome) -> None:
-        key = outcome.status.value
-        self.stats.outcomes[key] = self.stats.outcomes.get(key, 0) + 1
 
     # -- lines from the adapter ----------------------------------------------------------------
 

@@ -26,6 +26,7 @@ import contextlib
 import logging
 import re
 import string
+from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
@@ -217,7 +218,7 @@ class SerialLineDevice:
         self.vend_timeout = vend_timeout
         self.vend: Vend | None = None
         self.unmatched = 0
-        self.outcomes: dict[str, int] = {}
+        self.outcomes: Counter[str] = Counter()  # dispense status -> count
         self._tasks = TaskSet()
         self._queued: Vend | None = None  # a request that came while the last sale settled
         self.link = SerialLink(
@@ -340,8 +341,7 @@ class SerialLineDevice:
             _LOGGER.info("%s: sale %s %s", self.name, final.sale_id, final.state.value)
             if not vend.result.done():
                 await vend.deny(final.message or final.state.value)
-            status = vend.result.result().status.value
-            self.outcomes[status] = self.outcomes.get(status, 0) + 1
+            self.outcomes[vend.result.result().status.value] += 1
         finally:
             if self.vend is vend:
                 self.vend = None
