@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from typing import Any
 
 
@@ -22,6 +22,28 @@ async def cancel_and_wait(task: asyncio.Future[Any] | None) -> None:
     task.cancel()
     with contextlib.suppress(asyncio.CancelledError):
         await task
+
+
+class BackgroundTask:
+    """One long-running task (a loop, a watchdog) that its owner starts once and stops for good."""
+
+    def __init__(self, run: Callable[[], Coroutine[Any, Any, None]], name: str) -> None:
+        self._run = run
+        self.name = name
+        self._task: asyncio.Task[None] | None = None
+
+    @property
+    def started(self) -> bool:
+        return self._task is not None
+
+    def start(self) -> None:
+        """Start it; a second start while started does nothing."""
+        if self._task is None:
+            self._task = asyncio.create_task(self._run(), name=self.name)
+
+    async def stop(self) -> None:
+        task, self._task = self._task, None
+        await cancel_and_wait(task)
 
 
 class TaskSet:

@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from kiosk_agent.tasks import TaskSet, cancel_and_wait
+from kiosk_agent.tasks import BackgroundTask, TaskSet, cancel_and_wait
 
 
 async def test_cancel_and_wait_returns_once_the_task_has_run_its_cleanup() -> None:
@@ -51,3 +51,25 @@ async def test_task_set_forgets_finished_tasks_and_ends_the_rest() -> None:
     assert slow.cancelled()
     assert slow.get_name() == "slow"
     assert len(tasks) == 0
+
+
+async def test_a_background_task_starts_once_and_stops_for_good() -> None:
+    rounds = 0
+
+    async def heartbeat() -> None:
+        nonlocal rounds
+        while True:
+            rounds += 1
+            await asyncio.sleep(0)
+
+    loop = BackgroundTask(heartbeat, "heartbeat")
+    loop.start()
+    loop.start()  # already started: still one loop
+    assert loop.started
+    await asyncio.sleep(0.01)
+    await loop.stop()
+    assert not loop.started
+    stopped_at = rounds
+    await asyncio.sleep(0.01)
+    assert rounds == stopped_at > 0
+    await loop.stop()  # a second stop is harmless

@@ -24,7 +24,7 @@ from kiosk_agent.core.events import EventBus
 from kiosk_agent.core.sale import SaleEvent, SaleState
 from kiosk_agent.money import format_cents
 from kiosk_agent.redact import redact
-from kiosk_agent.tasks import cancel_and_wait
+from kiosk_agent.tasks import BackgroundTask
 
 _LOGGER = logging.getLogger(__name__)
 
@@ -345,15 +345,13 @@ class HealthChecker:
         self._device_ids = list(device_ids)
         self._interval = interval
         self._timeout = timeout
-        self._task: asyncio.Task[None] | None = None
+        self._loop = BackgroundTask(self._run, "health-checker")
 
     def start(self) -> None:
-        if self._task is None:
-            self._task = asyncio.create_task(self._run(), name="health-checker")
+        self._loop.start()
 
     async def stop(self) -> None:
-        task, self._task = self._task, None
-        await cancel_and_wait(task)
+        await self._loop.stop()
 
     async def _run(self) -> None:
         while True:

@@ -14,7 +14,7 @@ import socket
 import time
 from collections.abc import Callable, Mapping
 
-from kiosk_agent.tasks import cancel_and_wait
+from kiosk_agent.tasks import BackgroundTask
 
 _LOGGER = logging.getLogger(__name__)
 
@@ -108,18 +108,16 @@ class Watchdog:
         self._interval = interval
         self._max_lag = max_lag if max_lag is not None else interval
         self._is_healthy = is_healthy
-        self._task: asyncio.Task[None] | None = None
+        self._loop = BackgroundTask(self._run, "systemd-watchdog")
         self.fed = 0
         self.withheld = 0
         self.last_lag = 0.0
 
     def start(self) -> None:
-        if self._task is None:
-            self._task = asyncio.create_task(self._run(), name="systemd-watchdog")
+        self._loop.start()
 
     async def stop(self) -> None:
-        task, self._task = self._task, None
-        await cancel_and_wait(task)
+        await self._loop.stop()
 
     async def _run(self) -> None:
         while True:

@@ -26,7 +26,7 @@ import voluptuous as vol
 from kiosk_agent.core.config import register_section
 from kiosk_agent.core.health import Health, HealthSnapshot
 from kiosk_agent.redact import redact
-from kiosk_agent.tasks import cancel_and_wait
+from kiosk_agent.tasks import BackgroundTask
 
 _LOGGER = logging.getLogger(__name__)
 
@@ -142,17 +142,16 @@ class _SinkBase:
         self.last_sent_at: float | None = None
         self.last_error = ""
         self._wakeup = asyncio.Event()
-        self._task: asyncio.Task[None] | None = None
+        self._loop = BackgroundTask(self._run, f"upstream-{self.name}")
 
     def wake(self) -> None:
         self._wakeup.set()
 
     async def start(self) -> None:
-        self._task = asyncio.create_task(self._run(), name=f"upstream-{self.name}")
+        self._loop.start()
 
     async def stop(self) -> None:
-        task, self._task = self._task, None
-        await cancel_and_wait(task)
+        await self._loop.stop()
 
     async def _run(self) -> None:
         raise NotImplementedError
@@ -432,17 +431,16 @@ class Upstream:
             self.sinks.append(
                 MqttSink(conf["mqtt"], conf["queue_size"], self.device_id, self._health.version)
             )
-        self._task: asyncio.Task[None] | None = None
+        self._loop = BackgroundTask(self._run, "upstream-heartbeat")
         self.heartbeats = 0
 
     async def start(self) -> None:
         for sink in self.sinks:
             await sink.start()
-        self._task = asyncio.create_task(self._run(), name="upstream-heartbeat")
+        self._loop.start()
 
     async def stop(self) -> None:
-        task, self._task = self._task, None
-        await cancel_and_wait(task)
+        await self._loop.stop()
         for sink in self.sinks:
             await sink.stop()
 

@@ -24,7 +24,7 @@ from typing import Any
 import serial
 import serial_asyncio_fast
 
-from kiosk_agent.tasks import cancel_and_wait
+from kiosk_agent.tasks import BackgroundTask, cancel_and_wait
 
 _LOGGER = logging.getLogger(__name__)
 
@@ -182,7 +182,7 @@ class SerialLink:
         self._on_connected = on_connected
         self._state = LinkState.CLOSED
         self._protocol: _LineProtocol | None = None
-        self._task: asyncio.Task[None] | None = None
+        self._loop = BackgroundTask(self._run, f"serial:{self.name}")
         self._connected = asyncio.Event()
         self._stopping = False
         self.port_in_use: str | None = None
@@ -202,16 +202,15 @@ class SerialLink:
         return self._state is LinkState.CONNECTED
 
     async def start(self) -> None:
-        if self._task is not None:
+        if self._loop.started:
             return
         self._stopping = False
-        self._task = asyncio.create_task(self._run(), name=f"serial:{self.name}")
+        self._loop.start()
 
     async def stop(self) -> None:
         """Close the port and wait until it is really closed (so the next open finds it free)."""
         self._stopping = True
-        task, self._task = self._task, None
-        await cancel_and_wait(task)
+        await self._loop.stop()
         await self._close_transport()
         self._set_state(LinkState.CLOSED, "stopped")
 
