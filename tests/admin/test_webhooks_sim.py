@@ -3,7 +3,6 @@ chaos mode) to the receiver, which is restarted mid-stream; the final merchant s
 what the boarding API says, with every event stored exactly once."""
 
 import asyncio
-import socket
 import time
 from pathlib import Path
 from types import SimpleNamespace
@@ -16,13 +15,9 @@ from kiosk_agent.cli.sim import settings_from_ready
 from kiosk_agent.service.client import ServiceClient
 from kiosk_agent.service.models.boarding import MerchantCreate
 
+from ..helpers import free_port
+
 SECRET = "whsec_sim_end_to_end"
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 async def _all_delivered(http: aiohttp.ClientSession, base_url: str) -> list[dict[str, Any]]:
@@ -39,7 +34,7 @@ async def _all_delivered(http: aiohttp.ClientSession, base_url: str) -> list[dic
 async def test_simulator_deliveries_survive_duplicates_reordering_and_a_restart(
     tmp_path: Path, sim_factory
 ) -> None:
-    port = _free_port()
+    port = free_port()
     conf = {"secret": SECRET, "port": port, "store": str(tmp_path / "hooks.db")}
     receiver = WebhookReceiver(SimpleNamespace(), conf)
     await receiver.start()

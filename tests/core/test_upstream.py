@@ -33,18 +33,14 @@ from kiosk_agent.core.upstream import (
 )
 from kiosk_agent.core.web import LocalSite
 
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+from ..helpers import free_port, until
 
 
 def _start_broker(directory: Path, extra: str = "") -> tuple[subprocess.Popen[bytes], int]:
     binary = shutil.which("mosquitto") or "/usr/sbin/mosquitto"
     if not Path(binary).exists():
         pytest.fail("mosquitto is not installed (./dev test installs it)")
-    port = _free_port()
+    port = free_port()
     conf = directory / "mosquitto.conf"
     # `user`: when run as root, mosquitto would switch to its own user and lose our temp files
     conf.write_text(
@@ -126,7 +122,7 @@ class TcpProxy:
 
     def __init__(self, target_port: int) -> None:
         self.target_port = target_port
-        self.port = _free_port()
+        self.port = free_port()
         self._server: asyncio.Server | None = None
         self._writers: set[asyncio.StreamWriter] = set()
 
@@ -153,14 +149,6 @@ class TcpProxy:
             dst.transport.abort()
 
         await asyncio.gather(pipe(reader, up_writer), pipe(up_reader, writer))
-
-
-async def _until(predicate: Any, timeout: float = 5.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not reached in time")
-        await asyncio.sleep(0.02)
 
 
 def _agent(version: str = "9.9.9") -> SimpleNamespace:
@@ -233,7 +221,7 @@ class HttpReceiver:
     def __init__(self) -> None:
         self.bodies: list[dict[str, Any]] = []
         self.auth: list[str | None] = []
-        self.port = _free_port()  # fixed: the receiver goes down and comes back on it
+        self.port = free_port()  # fixed: the receiver goes down and comes back on it
         self._site = LocalSite("127.0.0.1", self.port)
         self.failing = False  # answer 503, as an overloaded fleet server would
 
@@ -271,19 +259,19 @@ async def test_http_heartbeat_queues_while_down_and_catches_up(receiver: HttpRec
     upstream = Upstream(_agent(), conf)
     await upstream.start()  # the first heartbeat goes out at once
     try:
-        await _until(lambda: len(receiver.bodies) == 1)
+        await until(lambda: len(receiver.bodies) == 1)
         assert receiver.auth == ["Bearer s3cr3t"]
         assert receiver.bodies[0]["device_id"] == "unit-7"
 
         await receiver.down()
         missed = [upstream.heartbeat() for _ in range(3)]
         sink = upstream.sinks[0]
-        await _until(lambda: sink.failures >= 1)
+        await until(lambda: sink.failures >= 1)
         assert upstream.stats()["http"]["dropped"] == 1
 
         await receiver.up()
         latest = upstream.heartbeat()  # the next heartbeat flushes what was kept
-        await _until(lambda: len(receiver.bodies) == 3)
+        await until(lambda: len(receiver.bodies) == 3)
         # the queue holds two: the oldest ones gave way; the rest arrive in order
         kept = [*missed, latest][-2:]
         assert [b["at"] for b in receiver.bodies[1:]] == [r["at"] for r in kept]
@@ -299,12 +287,12 @@ async def test_http_error_answers_keep_the_report_queued(receiver: HttpReceiver)
     await upstream.start()
     try:
         sink = upstream.sinks[0]
-        await _until(lambda: sink.failures == 1)
+        await until(lambda: sink.failures == 1)
         assert sink.last_error == f"HTTP 503 from {url}"
         assert upstream.stats()["http"]["queued"] == 1
         receiver.failing = False
         upstream.heartbeat()
-        await _until(lambda: len(receiver.bodies) == 2)
+        await until(lambda: len(receiver.bodies) == 2)
         assert upstream.stats()["http"]["queued"] == 0
     finally:
         await upstream.stop()
@@ -363,7 +351,7 @@ async def test_mqtt_discovery_heartbeat_last_will_and_catch_up(mosquitto: int) -
     state = "kiosk-agent/unit-9/state"
     await upstream.start()
     try:
-        await _until(lambda: len(observer.on(state)) == 1)
+        await until(lambda: len(observer.on(state)) == 1)
         assert observer.on(availability) == ["online"]
         problem = json.loads(observer.on("homeassistant/binary_sensor/unit-9/problem/config")[0])
         assert problem["state_topic"] == state
@@ -372,15 +360,15 @@ async def test_mqtt_discovery_heartbeat_last_will_and_catch_up(mosquitto: int) -
 
         # Pull the cable: the broker publishes the last will.
         await proxy.cut()
-        await _until(lambda: observer.on(availability)[-1:] == ["offline"])
+        await until(lambda: observer.on(availability)[-1:] == ["offline"])
         missed = [upstream.heartbeat() for _ in range(3)]
         sink = upstream.sinks[0]
-        await _until(lambda: sink.failures >= 1)
+        await until(lambda: sink.failures >= 1)
         assert sink.queue.dropped == 1
 
         # The network comes back: online again, and the kept reports arrive oldest first.
         await proxy.open()
-        await _until(lambda: len(observer.on(state)) == 3)
+        await until(lambda: len(observer.on(state)) == 3)
         assert observer.on(availability)[-1] == "online"
         assert [json.loads(p)["at"] for p in observer.on(state)[1:]] == [
             r["at"] for r in missed[1:]
@@ -388,7 +376,7 @@ async def test_mqtt_discovery_heartbeat_last_will_and_catch_up(mosquitto: int) -
     finally:
         await upstream.stop()
     # A clean stop says goodbye itself.
-    await _until(lambda: observer.on(availability)[-1:] == ["offline"])
+    await until(lambda: observer.on(availability)[-1:] == ["offline"])
     await observer.stop()
     await proxy.cut()
 
@@ -403,14 +391,14 @@ async def test_mqtt_over_tls_verifies_the_broker(tmp_path: Path) -> None:
         trusted = Upstream(_agent(), {"interval": 3600, "mqtt": {**mqtt, "ca_file": str(ca)}})
         await trusted.start()
         try:
-            await _until(lambda: trusted.sinks[0].sent == 1)
+            await until(lambda: trusted.sinks[0].sent == 1)
         finally:
             await trusted.stop()
         # without the private CA the broker's certificate is refused: nothing is sent
         untrusted = Upstream(_agent(), {"interval": 3600, "mqtt": mqtt})
         await untrusted.start()
         try:
-            await _until(lambda: untrusted.sinks[0].failures >= 1)
+            await until(lambda: untrusted.sinks[0].failures >= 1)
             assert untrusted.sinks[0].sent == 0
             assert untrusted.stats()["mqtt"]["queued"] == 1
         finally:
@@ -435,11 +423,11 @@ async def test_an_agent_configured_with_upstream_reports_itself(
     agent = load_agent(config, sim_settings, systemd=False)
     await agent.start()
     try:
-        await _until(lambda: bool(observer.on("kiosk-agent/store-42/state")))
+        await until(lambda: bool(observer.on("kiosk-agent/store-42/state")))
         report = json.loads(observer.on("kiosk-agent/store-42/state")[-1])
         assert report["version"] == agent.version
         assert [t["device_id"] for t in report["terminals"]] == ["SIM-0001"]
     finally:
         await agent.stop()
-    await _until(lambda: observer.on("kiosk-agent/store-42/availability")[-1:] == ["offline"])
+    await until(lambda: observer.on("kiosk-agent/store-42/availability")[-1:] == ["offline"])
     await observer.stop()

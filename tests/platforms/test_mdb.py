@@ -12,6 +12,7 @@ from kiosk_agent.core.sale import DispenseStatus, SaleState
 from kiosk_agent.platforms.mdb import PLATFORM_SCHEMA, Mode
 from kiosk_agent.platforms.virtual import VirtualController, VisitOutcome
 
+from ..helpers import until
 from .vending_rig import CardDesk, Machine, make_machine
 
 
@@ -72,7 +73,7 @@ async def test_no_vend_result_times_out_and_voids(machine: Machine) -> None:
 async def test_controller_reset_while_card_is_read_cancels(machine: Machine) -> None:
     machine.desk.card_time = 1.0
     visit_task = asyncio.create_task(machine.controller.customer("A1"))
-    await _until(lambda: machine.desk.sales)
+    await until(lambda: machine.desk.sales)
     machine.controller.reset()
 
     visit = await asyncio.wait_for(visit_task, 2)
@@ -90,7 +91,7 @@ async def test_controller_reset_while_vending_gives_the_money_back(
 ) -> None:
     machine.controller.options.dispense_time = 0.3
     visit_task = asyncio.create_task(machine.controller.customer("A2"))
-    await _until(lambda: "C,VEND,2.50" in machine.controller.received)
+    await until(lambda: "C,VEND,2.50" in machine.controller.received)
     machine.controller.reset()
 
     visit = await asyncio.wait_for(visit_task, 2)
@@ -106,7 +107,7 @@ async def test_controller_reset_while_vending_gives_the_money_back(
 async def test_controller_disabled_mid_session_aborts(machine: Machine) -> None:
     machine.desk.card_time = 1.0
     visit_task = asyncio.create_task(machine.controller.customer("A1"))
-    await _until(lambda: machine.desk.sales)
+    await until(lambda: machine.desk.sales)
     machine.controller.disable()
 
     visit = await asyncio.wait_for(visit_task, 2)
@@ -119,7 +120,7 @@ async def test_repeated_enable_is_tolerated_even_mid_session(machine: Machine) -
     machine.controller.repeat_enable(5)
     machine.desk.card_time = 0.2
     visit_task = asyncio.create_task(machine.controller.customer("A1"))
-    await _until(lambda: machine.desk.sales)
+    await until(lambda: machine.desk.sales)
 
     visit = await asyncio.wait_for(visit_task, 2)
     assert visit.outcome is VisitOutcome.VENDED
@@ -134,7 +135,7 @@ async def test_garbage_and_partial_lines_are_dropped_not_fatal(
     machine.controller.send_raw(b"\x00\xff\xfe binary noise\n")
     machine.controller.send_raw(b"c,STATUS,VE" + b"X" * 600)  # an overlong run, no line end
     machine.controller.send_raw(b"\nc,STATUS,BOGUS\nhello there\n")
-    await _until(lambda: machine.device.stats.unknown_lines >= 2)
+    await until(lambda: machine.device.stats.unknown_lines >= 2)
 
     assert machine.device.link.stats.dropped >= 2
     assert machine.device.link.connected
@@ -146,7 +147,7 @@ async def test_garbage_and_partial_lines_are_dropped_not_fatal(
 async def test_unplug_and_replug_under_another_name(machine: Machine) -> None:
     first_name = machine.controller.pty_name
     machine.controller.unplug()
-    await _until(lambda: not machine.device.link.connected)
+    await until(lambda: not machine.device.link.connected)
     await asyncio.sleep(0.1)  # a few failed reconnects while the adapter is away
     machine.controller.plug()
     await machine.ready()
@@ -162,7 +163,7 @@ async def test_unplug_and_replug_under_another_name(machine: Machine) -> None:
 async def test_unplug_mid_vend_is_not_captured(machine: Machine) -> None:
     machine.controller.options.dispense_time = 0.2
     visit_task = asyncio.create_task(machine.controller.customer("A2"))
-    await _until(lambda: "C,VEND,2.50" in machine.controller.received)
+    await until(lambda: "C,VEND,2.50" in machine.controller.received)
     machine.controller.unplug()
 
     visit = await asyncio.wait_for(visit_task, 2)
@@ -194,7 +195,7 @@ async def test_card_first_walk_away_and_session_timeout(controller: VirtualContr
         first = await asyncio.wait_for(machine.desk.sales[0].result(), 2)
         assert first.state is SaleState.REVERSED
         # Next session: nobody chooses within session_timeout; the agent closes it.
-        await _until(lambda: len(machine.desk.sales) >= 2)
+        await until(lambda: len(machine.desk.sales) >= 2)
         second = await asyncio.wait_for(machine.desk.sales[1].result(), 2)
         assert second.state is SaleState.REVERSED
         assert "session timeout" in (machine.desk.sales[1].outcome.detail or "")  # type: ignore[union-attr]
@@ -213,7 +214,7 @@ async def test_card_first_retries_a_busy_terminal_ever_more_slowly(
         assert 2 <= machine.desk.refused <= 4  # after 0.2, 0.4, 0.8 s: not every 0.2 s
         assert "C,STOP" not in controller.received  # the machine was never offered anything
         machine.desk.held_elsewhere = False
-        await _until(lambda: machine.desk.sales, timeout=5)
+        await until(lambda: machine.desk.sales, timeout=5)
         visit = await controller.card_first_customer("A2")
         assert visit.outcome is VisitOutcome.VENDED
     finally:
@@ -226,7 +227,7 @@ async def test_vend_request_before_card_is_denied_in_card_first(
     machine = await make_machine(controller, mode=Mode.CARD_FIRST)
     machine.desk.card_time = 5.0
     try:
-        await _until(lambda: machine.desk.sales)
+        await until(lambda: machine.desk.sales)
         visit = await controller.customer("A1")
         assert visit.outcome is VisitOutcome.DENIED
     finally:
@@ -236,7 +237,7 @@ async def test_vend_request_before_card_is_denied_in_card_first(
 async def test_stopping_while_the_card_is_read_cancels_the_sale(machine: Machine) -> None:
     machine.desk.card_time = 5.0
     visit_task = asyncio.create_task(machine.controller.customer("A1", walk_away_after=1.0))
-    await _until(lambda: machine.desk.sales)
+    await until(lambda: machine.desk.sales)
     await asyncio.wait_for(machine.device.stop(), 1.0)
 
     final = await asyncio.wait_for(machine.desk.sales[0].result(), 1.0)
@@ -273,12 +274,6 @@ def test_schema_names_the_wrong_field() -> None:
                          "max_funds": "5.00"})
     with pytest.raises(Exception, match="0x10 or 0x60"):
         PLATFORM_SCHEMA({"platform": "mdb", "port": "/dev/x", "address": "0x33"})
-
-
-async def _until(predicate, timeout: float = 3.0) -> None:  # type: ignore[no-untyped-def]
-    async with asyncio.timeout(timeout):
-        while not predicate():
-            await asyncio.sleep(0.005)
 
 
 async def test_card_first_customer_leaves_when_no_session_comes(

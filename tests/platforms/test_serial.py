@@ -18,6 +18,8 @@ from kiosk_agent.platforms.serial import (
     resolve_port,
 )
 
+from ..helpers import until
+
 
 class LineServer:
     """A TCP 'adapter' for socket:// links: sends what it is told, records what it hears."""
@@ -63,12 +65,6 @@ async def line_server() -> AsyncIterator[LineServer]:
     await server.stop()
 
 
-async def _until(predicate, timeout: float = 3.0) -> None:  # type: ignore[no-untyped-def]
-    async with asyncio.timeout(timeout):
-        while not predicate():
-            await asyncio.sleep(0.005)
-
-
 async def test_socket_url_lines_both_ways(line_server: LineServer) -> None:
     url = await line_server.start()
     lines: list[str] = []
@@ -77,10 +73,10 @@ async def test_socket_url_lines_both_ways(line_server: LineServer) -> None:
     try:
         await asyncio.wait_for(link.wait_connected(), 3)
         assert link.write_line("hello")
-        await _until(lambda: line_server.heard == ["hello"])
+        await until(lambda: line_server.heard == ["hello"])
         line_server.send(b"one\r\ntwo\nthr")
         line_server.send(b"ee\n")
-        await _until(lambda: len(lines) == 3)
+        await until(lambda: len(lines) == 3)
         assert lines == ["one", "two", "three"]
     finally:
         await link.stop()
@@ -99,7 +95,7 @@ async def test_garbage_is_counted_and_dropped(line_server: LineServer) -> None:
         line_server.send(b"bell\x07\n")  # control character
         line_server.send(b"x" * 100)  # overlong, no line end yet
         line_server.send(b"tail of the overlong run\nok\n")
-        await _until(lambda: lines == ["ok"])
+        await until(lambda: lines == ["ok"])
         assert link.stats.dropped == 3
         assert link.connected
     finally:
@@ -120,7 +116,7 @@ async def test_handler_errors_do_not_break_the_link(line_server: LineServer) -> 
     try:
         await asyncio.wait_for(link.wait_connected(), 3)
         line_server.send(b"boom\nstill here\n")
-        await _until(lambda: seen == ["boom", "still here"])
+        await until(lambda: seen == ["boom", "still here"])
         assert link.connected
     finally:
         await link.stop()
@@ -146,7 +142,7 @@ async def test_reconnects_when_the_far_end_goes_away(line_server: LineServer) ->
     try:
         await asyncio.wait_for(link.wait_connected(), 3)
         line_server.drop_clients()
-        await _until(lambda: connects == 2)
+        await until(lambda: connects == 2)
         assert link.stats.reconnects == 1
         assert states == [
             LinkState.CONNECTING,
@@ -171,7 +167,7 @@ async def test_watchdog_probes_then_reconnects_a_silent_link(line_server: LineSe
     await answered.start()
     await silent.start()
     try:
-        await _until(lambda: silent.stats.reconnects >= 1)
+        await until(lambda: silent.stats.reconnects >= 1)
         assert "silent for" in silent.stats.last_error
         assert answered.stats.reconnects == 0
         assert "PING" in line_server.heard
@@ -191,7 +187,7 @@ async def test_port_that_is_missing_is_retried_with_backoff(tmp_path: Path) -> N
     )
     await link.start()
     try:
-        await _until(lambda: len(states) >= 2)
+        await until(lambda: len(states) >= 2)
         await asyncio.sleep(0.05)
         # one report per outage, however many attempts fail
         assert [s for s, _ in states] == [LinkState.CONNECTING, LinkState.DISCONNECTED]
@@ -272,9 +268,9 @@ async def test_partial_line_at_disconnect_is_dropped_not_joined(line_server: Lin
         line_server.send(b"c,STATUS,EN")  # the cable goes mid-line
         await asyncio.sleep(0.05)
         line_server.drop_clients()
-        await _until(lambda: line_server.connections == 2 and link.connected)
+        await until(lambda: line_server.connections == 2 and link.connected)
         line_server.send(b"ABLED\nc,STATUS,ENABLED\n")
-        await _until(lambda: len(lines) == 2)
+        await until(lambda: len(lines) == 2)
         assert lines == ["ABLED", "c,STATUS,ENABLED"]  # nothing glued across the reconnect
         assert link.stats.dropped == 1
     finally:

@@ -1,0 +1,21 @@
+"""Small waiting and port helpers shared by the test folders."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+from collections.abc import Callable
+
+
+async def until(predicate: Callable[[], object], timeout: float = 5.0) -> None:
+    """Wait until ``predicate()`` is true; TimeoutError after ``timeout`` seconds."""
+    async with asyncio.timeout(timeout):
+        while not predicate():
+            await asyncio.sleep(0.005)
+
+
+def free_port() -> int:
+    """A loopback port free right now, for a server that must come back on the same port."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
