@@ -13,12 +13,16 @@ import signal
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kiosk_agent.core.config import Config, ConfigInvalid, load_config
 from kiosk_agent.core.journal import Journal, JournalError, SaleRecord
 from kiosk_agent.core.sale import SaleState
 from kiosk_agent.money import cents_to_dollars, format_cents
+
+if TYPE_CHECKING:
+    from kiosk_agent.service.settings import ServiceSettings
+    from kiosk_agent.sim.server import SimServer
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -130,7 +134,7 @@ async def run_command(args: argparse.Namespace) -> int:
     return 0
 
 
-async def start_simulator(conf: dict[str, Any]) -> tuple[Any, Any]:
+async def start_simulator(conf: dict[str, Any]) -> tuple[SimServer, ServiceSettings]:
     """The embedded simulator (``service: {simulator: ...}``) and the settings to reach it."""
     from kiosk_agent.cli.sim import settings_from_ready
     from kiosk_agent.sim.server import SimOptions, SimServer
