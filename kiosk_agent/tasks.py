@@ -9,7 +9,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import Callable, Coroutine
-from typing import Any
+from typing import Any, TypeVar
+
+T = TypeVar("T")
 
 
 async def cancel_and_wait(task: asyncio.Future[Any] | None) -> None:
@@ -22,6 +24,21 @@ async def cancel_and_wait(task: asyncio.Future[Any] | None) -> None:
     task.cancel()
     with contextlib.suppress(asyncio.CancelledError):
         await task
+
+
+async def next_item(queue: asyncio.Queue[T], *until: asyncio.Future[Any]) -> T | None:
+    """The queue's next item; None when one of ``until`` ends first.
+
+    For queues that never hold None (event subscriptions). An item taken from the queue is
+    returned; a wait given up (``until``, or the caller cancelled) leaves no getter behind.
+    """
+    getter = asyncio.ensure_future(queue.get())
+    try:
+        await asyncio.wait({getter, *until}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        if not getter.done():
+            await cancel_and_wait(getter)
+    return None if getter.cancelled() else getter.result()
 
 
 class BackgroundTask:

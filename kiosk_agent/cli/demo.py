@@ -24,7 +24,7 @@ from typing import Any, TextIO
 from kiosk_agent.cli.agent import load_or_explain, start_simulator
 from kiosk_agent.core.sale import SaleEvent, SaleState
 from kiosk_agent.money import format_cents
-from kiosk_agent.tasks import cancel_and_wait
+from kiosk_agent.tasks import cancel_and_wait, next_item
 
 DEFAULT_CONFIG = Path(__file__).resolve().parents[2] / "config" / "demo.yaml"
 
@@ -221,23 +221,18 @@ async def _run(config: Any, args: argparse.Namespace) -> int:
 async def _follow(
     queue: asyncio.Queue[SaleEvent], view: LiveView, stop: asyncio.Event, args: argparse.Namespace
 ) -> None:
-    deadline = None if args.duration is None else time.monotonic() + args.duration
     stopper = asyncio.create_task(stop.wait())
     try:
-        while not stop.is_set():
-            if args.sales is not None and sum(view.finished.values()) >= args.sales:
-                return
-            timeout = None if deadline is None else max(0.0, deadline - time.monotonic())
-            getter = asyncio.create_task(queue.get())
-            done, _ = await asyncio.wait({getter, stopper}, timeout=timeout,
-                                         return_when=asyncio.FIRST_COMPLETED)
-            if getter not in done:
-                await cancel_and_wait(getter)
-                return  # Ctrl-C or the duration is over
-            event = getter.result()
-            if event.receipt:
-                view.receipt(event.source, event.message)
-            else:
-                view.sale(event)
+        async with asyncio.timeout(args.duration):  # None: until Ctrl-C or --sales
+            while args.sales is None or sum(view.finished.values()) < args.sales:
+                event = await next_item(queue, stopper)
+                if event is None:
+                    return  # Ctrl-C
+                if event.receipt:
+                    view.receipt(event.source, event.message)
+                else:
+                    view.sale(event)
+    except TimeoutError:
+        return  # the duration is over
     finally:
         await cancel_and_wait(stopper)

@@ -43,7 +43,7 @@ from kiosk_agent.core.sale import (
 from kiosk_agent.core.web import LocalSite
 from kiosk_agent.money import MoneyError, cents_to_dollars, parse_price
 from kiosk_agent.platforms.base import instance_name
-from kiosk_agent.tasks import cancel_and_wait
+from kiosk_agent.tasks import cancel_and_wait, next_item
 
 _LOGGER = logging.getLogger(__name__)
 
@@ -357,14 +357,9 @@ class KioskApi:
                 reader = asyncio.create_task(_drain(ws))
                 try:
                     while not ws.closed:
-                        getter = asyncio.create_task(queue.get())
-                        done, _ = await asyncio.wait(
-                            {getter, reader}, return_when=asyncio.FIRST_COMPLETED
-                        )
-                        if getter not in done:
-                            getter.cancel()
-                            break
-                        event: SaleEvent = getter.result()
+                        event = await next_item(queue, reader)
+                        if event is None:
+                            break  # the app closed the socket
                         if event.source != self.name or event.receipt or not wanted(event):
                             continue
                         await ws.send_json(event_json(event))
