@@ -209,6 +209,39 @@ class SaleSteps:
         log("sale %s %s: %s", self.record.sale_id, state.value, message)
         return event_of(self.record, name)
 
+    async def _deny(self, reason: str) -> None:
+        """Tell the machine not to vend; recovery has no machine to tell (SaleFlow does)."""
+
+    async def _fail(self, state: SaleState, name: str, message: str) -> SaleEvent:
+        """End a sale in which no money stays taken, and tell the machine."""
+        event = self.finish(state, name, message)
+        await self._deny(message)
+        return event
+
+    async def settle_by_reporting(
+        self, why: str, kind: str, wait_until: float | None = None
+    ) -> SaleEvent:
+        """Whether a charge was made is unknown (a lost answer, a crash): reporting decides.
+
+        Steps are named ``<kind>.unknown|found|reversed|none``. A charge holding money is given
+        back; when reporting cannot say, a person decides (ATTENTION), nothing is guessed.
+        """
+        lookup = await self.reconciler.find_charge(self.record.all_order_ids(), wait_until)
+        if lookup.unknown:
+            return self.finish(
+                SaleState.ATTENTION,
+                f"{kind}.unknown",
+                f"{why}; reporting cannot say whether money was taken",
+            )
+        if lookup.approved:
+            self.charge_found(f"{kind}.found", lookup.trans_id, lookup.amount_cents)
+            await self._deny("payment could not be confirmed in time")
+            return await self.reverse(f"{why}; the charge was found in reporting, not dispensed")
+        if lookup.reversed:
+            given_back = f"{why}; already given back"
+            return await self._fail(SaleState.REVERSED, f"{kind}.reversed", given_back)
+        return await self._fail(SaleState.FAILED, f"{kind}.none", f"{why}; no charge was made")
+
     # -- waiting for a card ----------------------------------------------------------------------
 
     async def wait_interaction(
@@ -407,11 +440,6 @@ class SaleFlow(SaleSteps):
         except Exception:  # the contract says deny never raises; a broken platform must not
             _LOGGER.exception("sale %s: the dispenser failed to deny", self.record.sale_id)
 
-    async def _fail(self, state: SaleState, name: str, message: str) -> SaleEvent:
-        event = self.finish(state, name, message)
-        await self._deny(message)
-        return event
-
     async def _dispense(self, authorized_cents: int) -> DispenseOutcome:
         """Let the machine vend; an exception or no answer within the vend timeout is TIMEOUT."""
         try:
@@ -502,20 +530,7 @@ class SaleFlow(SaleSteps):
         self.step(f"{kind}.lost", detail={"why": why})
         # a charge-card still running on the terminal may yet charge: wait out its lifetime
         wait_until = self.settings.interaction_over_at(self.record.updated_at)
-        lookup = await self.reconciler.find_charge(
-            self.record.all_order_ids(), wait_until=wait_until if charge_card else None
-        )
-        if lookup.unknown:
-            return self.finish(
-                SaleState.ATTENTION,
-                f"{kind}.unknown",
-                f"{why}, and reporting cannot say whether it charged",
-            )
-        if lookup.approved:
-            self.charge_found(f"{kind}.found", lookup.trans_id, lookup.amount_cents)
-            await self._deny("payment could not be confirmed in time")
-            return await self.reverse(f"{why}; the charge was found, not dispensed")
-        return await self._fail(SaleState.FAILED, f"{kind}.none", f"{why}; no charge was made")
+        return await self.settle_by_reporting(why, kind, wait_until if charge_card else None)
 
     async def _dispense_paid(self, cents: int) -> SaleEvent:
         """Money is taken (charge_card): the dispense is confirmed or the money goes back."""

@@ -190,22 +190,9 @@ class Recovery:
         self, steps: SaleSteps, why: str, wait_until: float | None = None
     ) -> SaleEvent:
         """Money may be held: reverse it when reporting shows it, FAILED when it shows none."""
-        record = steps.record
-        if record.trans_id is not None:
+        if steps.record.trans_id is not None:
             return await steps.reverse(why)
-        lookup = await steps.reconciler.find_charge(record.all_order_ids(), wait_until=wait_until)
-        if lookup.unknown:
-            return steps.finish(
-                SaleState.ATTENTION,
-                "recovery.undecided",
-                f"{why}; reporting cannot say whether money was taken",
-            )
-        if lookup.approved:
-            steps.charge_found("recovery.found", lookup.trans_id, lookup.amount_cents)
-            return await steps.reverse(f"{why}; the charge was found in reporting")
-        if lookup.reversed:
-            return steps.finish(SaleState.REVERSED, "recovery.done", f"{why}; already given back")
-        return steps.finish(SaleState.FAILED, "recovery.done", f"{why}; no charge was made")
+        return await steps.settle_by_reporting(why, "recovery", wait_until)
 
     async def _capturing(self, steps: SaleSteps) -> SaleEvent:
         """The dispense was confirmed; the capture was (maybe) sent: make sure it happened."""
