@@ -18,13 +18,15 @@ import os
 import sqlite3
 import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 import voluptuous as vol
 from aiohttp import web
+from pydantic import BaseModel
 
 from kiosk_agent.core.config import register_section
 from kiosk_agent.core.web import LocalSite
@@ -144,11 +146,7 @@ class SqliteIdempotencyStore:
     def bodies(self) -> Iterator[bytes]:
         """Every stored event body, in arrival order (for rebuilding state on start)."""
         assert self._db is not None
-        rows = self._db.execute(
-            "SELECT body FROM webhook_events WHERE body IS NOT NULL ORDER BY seq"
-        )
-        for (body,) in rows:
-            yield bytes(body)
+        return _stored_bodies(self._db)
 
     def __len__(self) -> int:
         assert self._db is not None
@@ -254,13 +252,7 @@ class WebhookReceiver:
 
     def _replay(self) -> None:
         """Rebuild each merchant's state from the stored events (order does not matter)."""
-        count = 0
-        for body in self.store.bodies():
-            try:
-                self.reducer.apply(parse_event(body))
-                count += 1
-            except WebhookPayloadError as err:  # stored by an older version, say
-                _LOGGER.warning("skipping a stored webhook event: %s", err)
+        count = rebuild_states(self.store.bodies(), self.reducer)
         if count:
             merchants = len(self.reducer.states())
             _LOGGER.info("rebuilt %d merchant(s) from %d stored event(s)", merchants, count)
@@ -301,26 +293,78 @@ class WebhookReceiver:
         return web.json_response({"error": error, "detail": detail, **extra}, status=status)
 
     def merchants(self) -> list[dict[str, Any]]:
-        """Each merchant's latest state, for the admin API and the command line."""
-        rows = []
-        for merchant_id, state in sorted(self.reducer.states().items()):
-            status = state.status
-            rows.append(
-                {
-                    "merchant_id": merchant_id,
-                    "status_id": state.status_id,
-                    "status": status.api_name if status is not None else None,
-                    "deleted": state.deleted,
-                    "mid": state.mid,
-                    "dba_name": state.dba_name,
-                    "reason": str(state.reason) if state.reason is not None else None,
-                    "trigger": str(state.trigger) if state.trigger is not None else None,
-                    "changed_at": state.changed_at.isoformat() if state.changed_at else None,
-                    "event_type": state.event_type,
-                    "var_complete": state.var is not None,
-                }
+        """Each merchant's latest state, for the admin API."""
+        return [row.model_dump(mode="json") for row in merchant_rows(self.reducer)]
+
+
+class MerchantStateRow(BaseModel):
+    """One merchant as the webhooks describe it: the admin API's and the CLI's shape."""
+
+    merchant_id: int
+    status_id: int | None
+    status: str | None
+    deleted: bool
+    mid: str | None
+    dba_name: str | None
+    reason: str | None
+    trigger: str | None
+    changed_at: datetime | None
+    event_type: str | None
+    var_complete: bool
+
+
+def merchant_rows(reducer: MerchantStateReducer) -> list[MerchantStateRow]:
+    rows = []
+    for merchant_id, state in sorted(reducer.states().items()):
+        status = state.status
+        rows.append(
+            MerchantStateRow(
+                merchant_id=merchant_id,
+                status_id=state.status_id,
+                status=status.api_name if status is not None else None,
+                deleted=state.deleted,
+                mid=state.mid,
+                dba_name=state.dba_name,
+                reason=str(state.reason) if state.reason is not None else None,
+                trigger=str(state.trigger) if state.trigger is not None else None,
+                changed_at=state.changed_at,
+                event_type=state.event_type,
+                var_complete=state.var is not None,
             )
-        return rows
+        )
+    return rows
+
+
+def rebuild_states(bodies: Iterable[bytes], reducer: MerchantStateReducer) -> int:
+    """Apply stored event bodies to ``reducer`` (order does not matter); returns how many."""
+    count = 0
+    for body in bodies:
+        try:
+            reducer.apply(parse_event(body))
+            count += 1
+        except WebhookPayloadError as err:  # stored by an older version, say
+            _LOGGER.warning("skipping a stored webhook event: %s", err)
+    return count
+
+
+def read_merchant_states(path: Path) -> list[MerchantStateRow]:
+    """The merchant states a receiver's store holds, read without the receiver (the CLI).
+
+    Opened read-only: safe beside a running agent, since the store is in WAL mode.
+    """
+    db = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+    try:
+        reducer = MerchantStateReducer()
+        rebuild_states(_stored_bodies(db), reducer)
+        return merchant_rows(reducer)
+    finally:
+        db.close()
+
+
+def _stored_bodies(db: sqlite3.Connection) -> Iterator[bytes]:
+    rows = db.execute("SELECT body FROM webhook_events WHERE body IS NOT NULL ORDER BY seq")
+    for (body,) in rows:
+        yield bytes(body)
 
 
 def _resolve(agent: Any, relative: str) -> Path:

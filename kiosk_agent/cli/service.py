@@ -13,6 +13,7 @@ import csv
 import enum
 import json
 import os
+import sqlite3
 import sys
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
@@ -433,6 +434,7 @@ REPORT_COLUMNS: dict[str, tuple[str, ...]] = {
     "adjustments": ("adjustment_id", "adjustment_date", "mid", "amount", "category",
                     "description"),
     "merchants": ("merchant_id", "dba_name", "legal_name", "status", "mid", "updated"),
+    "merchant_states": ("merchant_id", "dba_name", "status", "mid", "reason", "changed_at"),
 }
 # Table widths; longer values are cut with an ellipsis so the stream never waits to align.
 COLUMN_WIDTHS: dict[str, int] = {
@@ -576,6 +578,10 @@ async def write_records(records: AsyncIterator[Any], args: argparse.Namespace, k
             if args.limit is not None and count >= args.limit:
                 break
     finally:
+        # Leaving early (--limit, an error) must not leave a prefetched page in flight.
+        aclose = getattr(records, "aclose", None)
+        if aclose is not None:
+            await aclose()
         writer.finish()
         progress.done(count)
     return EXIT_OK
@@ -1051,6 +1057,11 @@ def _register_boarding(subparsers: Any, common: argparse.ArgumentParser) -> None
     merchants.add_argument("--status", help="new, sent_for_signature, boarded, live ...")
     merchants.add_argument("--mid")
     merchants.add_argument("--dba-name")
+    merchants.add_argument(
+        "--webhooks",
+        action="store_true",
+        help="the state this unit's webhook receiver keeps (its store), not the service's list",
+    )
     merchants.set_defaults(handler=guarded(boarding_merchants))
 
     merchant = actions.add_parser("merchant", parents=[common], help="one merchant")
@@ -1096,6 +1107,8 @@ def merchant_status_arg(text: str | None) -> MerchantStatus | int | None:
 async def boarding_merchants(args: argparse.Namespace) -> int:
     from kiosk_agent.service.models.boarding import MerchantFilter
 
+    if args.webhooks:
+        return await webhook_merchant_states(args)
     status = merchant_status_arg(args.status)
     try:
         filters = MerchantFilter(mid=args.mid, dba_name=args.dba_name, merchant_status_id=status)
@@ -1104,6 +1117,40 @@ async def boarding_merchants(args: argparse.Namespace) -> int:
     async with open_client(args, needs="oauth") as svc:
         records = svc.boarding.merchants(filters, page_size=args.page_size, limit=args.limit)
         return await write_records(records, args, "merchants")
+
+
+async def webhook_merchant_states(args: argparse.Namespace) -> int:
+    """Each merchant's latest state as the receiver's durable store has it (any arrival order)."""
+    rows = stored_merchant_states(args.config or os.environ.get(CONFIG_ENV))
+
+    async def records() -> AsyncIterator[Any]:
+        for row in rows:
+            yield row
+
+    return await write_records(records(), args, "merchant_states")
+
+
+def stored_merchant_states(path: str | None) -> list[Any]:
+    from kiosk_agent.admin.webhooks import WEBHOOKS_SCHEMA, read_merchant_states
+    from kiosk_agent.core.config import ConfigInvalid, load_config
+
+    if not path:
+        raise CliError(
+            f"--webhooks reads the receiver's store: pass --config or set {CONFIG_ENV}", EXIT_USAGE
+        )
+    try:
+        config = load_config(path, check_platforms=False)
+    except ConfigInvalid as err:
+        raise CliError(str(err.errors[0]), EXIT_USAGE) from None
+    if "webhooks" not in config.data:
+        raise CliError(f"{path}: no webhooks: section, so this unit receives none", EXIT_USAGE)
+    store = Path(config.resolve(WEBHOOKS_SCHEMA(config["webhooks"])["store"]))
+    if not store.is_file():
+        raise CliError(f"no webhook store at {store}: the receiver has accepted no event yet")
+    try:
+        return read_merchant_states(store)
+    except sqlite3.Error as err:
+        raise CliError(f"cannot read the webhook store {store}: {err}") from None
 
 
 async def boarding_merchant(args: argparse.Namespace) -> int:

@@ -12,6 +12,7 @@ import aiohttp
 import pytest
 
 from kiosk_agent.admin.webhooks import SqliteIdempotencyStore, WebhookReceiver
+from kiosk_agent.cli import build_parser
 from kiosk_agent.service.webhooks import MemoryIdempotencyStore, parse_event, sign
 
 SECRET = "whsec_test_secret"
@@ -251,3 +252,36 @@ async def test_an_event_that_cannot_be_committed_is_not_acknowledged(harness: Ha
     other.close()
     assert await harness.deliver(envelope("k1")) == (200, {"status": "accepted"})
     assert receiver.outcomes["store_error"] == 1
+
+
+async def test_the_command_line_shows_the_state_the_receiver_kept(
+    harness: Harness, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`kiosk-agent boarding merchants --webhooks` reads the store, even while the agent runs."""
+    await harness.start()
+    boarded = envelope("b", status_id=5, event_type="merchant.boarded", reason="boarded",
+                       at="2026-11-22T11:00:00.000Z", mid="998000000042")
+    sent = envelope("a")  # older, arriving after: must not win
+    for body in (boarded, sent, boarded):
+        status, _ = await harness.post(*signed(body))
+        assert status == 200
+    config = tmp_path / "kiosk.yaml"
+    config.write_text(
+        "service: {simulator: {}}\n"
+        "terminals: [{device_id: SIM-0001}]\n"
+        f"journal: {{path: {tmp_path / 'journal.db'}}}\n"
+        f"webhooks: {{secret: !secret webhook_secret, store: {harness.store}}}\n"
+    )
+    secrets = config.with_name("secrets.yaml")
+    secrets.write_text(f"webhook_secret: {SECRET}\n")
+    secrets.chmod(0o600)
+
+    argv = ["boarding", "merchants", "--webhooks", "--config", str(config), "--format", "json"]
+    args = build_parser("boarding").parse_args(argv)
+    code = await args.handler(args)
+
+    assert code == 0
+    [merchant] = json.loads(capsys.readouterr().out)
+    assert merchant["merchant_id"] == 42
+    assert merchant["status"] == "boarded"
+    assert merchant["mid"] == "998000000042"
