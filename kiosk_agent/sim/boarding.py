@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 from typing import Any
 
 from aiohttp import web
@@ -33,6 +34,7 @@ from kiosk_agent.sim.reporting import ords_page, page_params, parse_q
 from kiosk_agent.sim.store import Store, UnknownFieldError
 from kiosk_agent.sim.webhooks import WebhookDispatcher
 from kiosk_agent.sim.webhooks import setup as setup_webhooks
+from kiosk_agent.tasks import BackgroundTask
 
 MERCHANTS_PATH = "/ords/sprint/api/3p/boarding/v1/merchants"
 SIGNATURE_EXPIRY_S = 30 * 86400.0  # simulated seconds an application may wait for signature
@@ -415,17 +417,13 @@ def setup(app: web.Application, ctx: SimContext) -> None:
     app.router.add_get(MERCHANTS_PATH + "/{merchant_id}", get_merchant)
     app.router.add_put(MERCHANTS_PATH + "/{merchant_id}", update_merchant)
     app.router.add_post("/sim/merchants/{merchant_id}/status", force_status)
-    sweeper: dict[str, asyncio.Task[None]] = {}
+    sweeper = BackgroundTask(functools.partial(_sweep, boarding, ctx.clock), name="sim-sweep")
 
     async def start(_: web.Application) -> None:
-        sweeper["task"] = asyncio.create_task(_sweep(boarding, ctx.clock), name="sim-sweep")
+        sweeper.start()
 
     async def stop(_: web.Application) -> None:
-        task = sweeper.pop("task", None)
-        if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await sweeper.stop()
 
     app.on_startup.append(start)
     app.on_cleanup.append(stop)

@@ -22,6 +22,7 @@ from aiohttp import WSMsgType, web
 from kiosk_agent.sim.auth import Credential
 from kiosk_agent.sim.context import SimContext
 from kiosk_agent.sim.http import ApiError, dumps
+from kiosk_agent.tasks import cancel_and_wait
 
 _LOGGER = logging.getLogger(__name__)
 
@@ -54,10 +55,8 @@ class CableConnection:
             for unsubscribe in self._subscriptions.values():
                 unsubscribe()
             self._subscriptions.clear()
-            pinger.cancel()
             self._outbox.put_nowait(_CLOSE)
-            with contextlib.suppress(asyncio.CancelledError):
-                await pinger
+            await cancel_and_wait(pinger)
             with contextlib.suppress(asyncio.CancelledError, ConnectionError):
                 await writer
 

@@ -40,6 +40,7 @@ from kiosk_agent.sim.http import error_middleware, json_response
 from kiosk_agent.sim.ledger import Ledger, deposit_resource
 from kiosk_agent.sim.ratelimit import DEFAULT_RATE_LIMIT, RateLimit, RateLimiter
 from kiosk_agent.sim.store import Store
+from kiosk_agent.tasks import cancel_and_wait
 
 __all__ = ["SimContext", "SimOptions", "SimServer"]
 
@@ -131,11 +132,8 @@ class SimServer:
     async def stop(self) -> None:
         if self._runner is None:
             return
-        if self._checkpoint is not None:
-            self._checkpoint.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._checkpoint
-            self._checkpoint = None
+        await cancel_and_wait(self._checkpoint)
+        self._checkpoint = None
         await self._runner.cleanup()
         self._runner = None
         if self.ctx is not None:

@@ -13,7 +13,6 @@ are sent twice, so receivers meet the reordering and duplicates the interface wa
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import hashlib
 import hmac
 import json
@@ -30,6 +29,7 @@ from kiosk_agent.sim.clock import VirtualClock, iso_ms
 from kiosk_agent.sim.context import SimContext
 from kiosk_agent.sim.http import json_response
 from kiosk_agent.sim.store import Store
+from kiosk_agent.tasks import BackgroundTask, TaskSet
 
 _LOGGER = logging.getLogger(__name__)
 
@@ -121,8 +121,8 @@ class WebhookDispatcher:
         self._random = random.Random(f"webhooks:{seed}")  # chaos decisions only
         self._store = store
         self._queue: asyncio.Queue[WebhookEvent] = asyncio.Queue()
-        self._tasks: set[asyncio.Task[None]] = set()
-        self._worker: asyncio.Task[None] | None = None
+        self._tasks = TaskSet()  # retries and chaotic deliveries
+        self._worker = BackgroundTask(self._run, name="sim-webhooks")
         self._session: aiohttp.ClientSession | None = None
         self.events: list[WebhookEvent] = self._load()
 
@@ -182,12 +182,12 @@ class WebhookDispatcher:
         return event
 
     async def start(self) -> None:
-        if self._url is None or self._worker is not None:
+        if self._url is None or self._worker.started:
             return
         self._session = aiohttp.ClientSession(
             timeout=aiohttp.ClientTimeout(total=ATTEMPT_TIMEOUT_S)
         )
-        self._worker = asyncio.create_task(self._run(), name="sim-webhooks")
+        self._worker.start()
         # Deliveries a stopped simulator left unfinished carry on where they stood.
         for event in self.events:
             if event.delivered or event.attempts >= MAX_ATTEMPTS:
@@ -195,17 +195,11 @@ class WebhookDispatcher:
             if event.attempts == 0:
                 self._queue.put_nowait(event)
             else:
-                self._spawn(self._retry(event))
+                self._tasks.spawn(self._retry(event))
 
     async def stop(self) -> None:
-        tasks = [t for t in (self._worker, *self._tasks) if t is not None]
-        for task in tasks:
-            task.cancel()
-        for task in tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
-        self._worker = None
-        self._tasks.clear()
+        await self._worker.stop()
+        await self._tasks.cancel_all()
         if self._session is not None:
             await self._session.close()
             self._session = None
@@ -215,18 +209,13 @@ class WebhookDispatcher:
             event = await self._queue.get()
             try:
                 if self._chaos:
-                    self._spawn(self._chaotic(event, duplicate=False))
+                    self._tasks.spawn(self._chaotic(event, duplicate=False))
                     if self._random.random() < CHAOS_DUPLICATE_SHARE:
-                        self._spawn(self._chaotic(event, duplicate=True))
+                        self._tasks.spawn(self._chaotic(event, duplicate=True))
                 elif not await self._attempt(event):
-                    self._spawn(self._retry(event))
+                    self._tasks.spawn(self._retry(event))
             finally:
                 self._queue.task_done()
-
-    def _spawn(self, coro: Any) -> None:
-        task: asyncio.Task[None] = asyncio.create_task(coro)
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
 
     async def _chaotic(self, event: WebhookEvent, *, duplicate: bool) -> None:
         await self._clock.sleep(self._random.uniform(0, CHAOS_MAX_DELAY_S))
