@@ -10,7 +10,8 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from kiosk_agent.service.client import ServiceClient, ServiceSettings
+from kiosk_agent.cli.sim import settings_from_ready
+from kiosk_agent.service.client import ServiceClient
 from kiosk_agent.service.errors import BadRequestError, ConflictError, NotFoundError
 from kiosk_agent.service.models.boarding import (
     Merchant,
@@ -31,18 +32,6 @@ from kiosk_agent.service.webhooks import (
 from kiosk_agent.sim.server import SimServer
 
 SECRET = "whsec_boarding_test"
-
-
-def settings_for(sim: SimServer) -> ServiceSettings:
-    info = sim.ready_info()
-    return ServiceSettings(
-        base_url=info["base_url"],
-        reporting_url=info["reporting_url"],
-        api_key=info["api_key"],
-        mid=info["mid"],
-        client_id=info["client_id"],
-        client_secret=info["client_secret"],
-    )
 
 
 async def test_create_get_and_update_a_merchant(service: ServiceClient) -> None:
@@ -178,7 +167,7 @@ async def test_reordered_and_duplicated_webhooks_end_in_the_services_state(
 ) -> None:
     hook, url = receiver
     sim = await sim_factory(seed=5, webhook_url=url, webhook_secret=SECRET, chaos=True)
-    async with ServiceClient(settings_for(sim)) as svc:
+    async with ServiceClient(settings_from_ready(sim.ready_info())) as svc:
         live = await svc.boarding.create(MerchantCreate(dba_name="Goes Live"))
         await svc.boarding.update(live.merchant_id, status="sent_for_signature")
         await svc.boarding.update(live.merchant_id, status="sent_for_signature")  # resent
@@ -225,7 +214,7 @@ async def test_deliveries_signed_with_another_secret_are_refused(
 ) -> None:
     hook, url = receiver
     sim = await sim_factory(seed=6, webhook_url=url, webhook_secret="not-the-shared-secret")
-    async with ServiceClient(settings_for(sim)) as svc:
+    async with ServiceClient(settings_from_ready(sim.ready_info())) as svc:
         merchant = await svc.boarding.create(MerchantCreate(dba_name="Forged"))
         deadline = asyncio.get_running_loop().time() + 5
         while not hook.refused:

@@ -4,22 +4,20 @@ polling when it is refused or told not to come back; the status endpoint has the
 from __future__ import annotations
 
 import asyncio
-import socket
 from typing import Any
 
 import pytest
 
+from kiosk_agent.cli.sim import settings_from_ready
 from kiosk_agent.service.client import ServiceClient
 from kiosk_agent.service.models import InteractionStatus
+from kiosk_agent.service.settings import ServiceSettings
 from kiosk_agent.sim.cable import CABLE_KEY
 from kiosk_agent.sim.server import SimServer
 
+from ..helpers import free_port, until
+
 READER = "SIM-0002"
-
-
-def settings_for(sim: SimServer, base: Any, **changes: Any) -> Any:
-    urls = {"base_url": sim.base_url, "ws_url": sim.ws_url, "reporting_url": sim.base_url}
-    return base.model_copy(update={**urls, **changes})
 
 
 def drop_sockets(sim: SimServer, *, reconnect: bool) -> int:
@@ -33,11 +31,8 @@ def drop_sockets(sim: SimServer, *, reconnect: bool) -> int:
 
 async def wait_for_socket(sim: SimServer) -> None:
     assert sim.app is not None
-    for _ in range(200):
-        if sim.app[CABLE_KEY].connections:
-            return
-        await asyncio.sleep(0.01)
-    raise AssertionError("the client never connected its WebSocket")
+    connections = sim.app[CABLE_KEY].connections
+    await until(lambda: connections)
 
 
 async def test_wait_follows_the_websocket(service: ServiceClient) -> None:
@@ -49,9 +44,9 @@ async def test_wait_follows_the_websocket(service: ServiceClient) -> None:
     assert handle.polls == 1  # the status endpoint confirmed the socket's word
 
 
-async def test_socket_dropped_mid_wait_reconnects(sim_factory: Any, sim_settings: Any) -> None:
+async def test_socket_dropped_mid_wait_reconnects(sim_factory: Any) -> None:
     sim = await sim_factory(time_scale=3)  # the card comes after 0.5 real seconds
-    async with ServiceClient(settings_for(sim, sim_settings)) as svc:
+    async with ServiceClient(settings_from_ready(sim.ready_info())) as svc:
         handle = await svc.terminal.charge_card(READER, 1000)
         waiting = asyncio.create_task(handle.wait(timeout=10))
         await wait_for_socket(sim)
@@ -63,11 +58,9 @@ async def test_socket_dropped_mid_wait_reconnects(sim_factory: Any, sim_settings
     assert handle.via == "websocket"
 
 
-async def test_disconnect_without_reconnect_falls_back_to_polling(
-    sim_factory: Any, sim_settings: Any
-) -> None:
+async def test_disconnect_without_reconnect_falls_back_to_polling(sim_factory: Any) -> None:
     sim = await sim_factory(time_scale=3)
-    settings = settings_for(sim, sim_settings, poll_interval=0.05)
+    settings = settings_from_ready(sim.ready_info(), poll_interval=0.05)
     async with ServiceClient(settings) as svc:
         handle = await svc.terminal.charge_card(READER, 1000)
         waiting = asyncio.create_task(handle.wait(timeout=10))
@@ -80,13 +73,9 @@ async def test_disconnect_without_reconnect_falls_back_to_polling(
     assert handle.polls >= 2
 
 
-async def test_refused_socket_falls_back_to_polling(sim: SimServer, sim_settings: Any) -> None:
-    with socket.socket() as closed:  # a port that was free a moment ago: nothing listens there
-        closed.bind(("127.0.0.1", 0))
-        port = closed.getsockname()[1]
-    settings = sim_settings.model_copy(
-        update={"ws_url": f"ws://127.0.0.1:{port}", "poll_interval": 0.05}
-    )
+async def test_refused_socket_falls_back_to_polling(sim_settings: ServiceSettings) -> None:
+    nothing_listens = f"ws://127.0.0.1:{free_port()}"
+    settings = sim_settings.replace(ws_url=nothing_listens, poll_interval=0.05)
     async with ServiceClient(settings) as svc:
         handle = await svc.terminal.read_card(READER, 700)
         interaction = await handle.wait(timeout=10)
@@ -96,9 +85,9 @@ async def test_refused_socket_falls_back_to_polling(sim: SimServer, sim_settings
 
 
 async def test_polling_only_when_the_websocket_is_switched_off(
-    sim: SimServer, sim_settings: Any
+    sim_settings: ServiceSettings,
 ) -> None:
-    settings = sim_settings.model_copy(update={"websocket": False, "poll_interval": 0.02})
+    settings = sim_settings.replace(websocket=False, poll_interval=0.02)
     async with ServiceClient(settings) as svc:
         handle = await svc.terminal.charge_card(READER, 1002)
         interaction = await handle.wait(timeout=10)
@@ -108,11 +97,9 @@ async def test_polling_only_when_the_websocket_is_switched_off(
     assert handle.via == "polling"
 
 
-async def test_wait_timeout_leaves_the_interaction_running(
-    sim_factory: Any, sim_settings: Any
-) -> None:
+async def test_wait_timeout_leaves_the_interaction_running(sim_factory: Any) -> None:
     sim = await sim_factory(time_scale=3)
-    async with ServiceClient(settings_for(sim, sim_settings)) as svc:
+    async with ServiceClient(settings_from_ready(sim.ready_info())) as svc:
         handle = await svc.terminal.read_card(READER, 600)
         with pytest.raises(TimeoutError, match=handle.interaction_id):
             await handle.wait(timeout=0.1)

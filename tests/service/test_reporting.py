@@ -15,6 +15,7 @@ import pytest
 from aiohttp import web
 from pydantic import ValidationError
 
+from kiosk_agent.cli.sim import settings_from_ready
 from kiosk_agent.service.client import ServiceClient, ServiceSettings
 from kiosk_agent.service.errors import BadRequestError, InvalidResponseError
 from kiosk_agent.service.models.payments import ChargeRequest
@@ -34,25 +35,12 @@ from kiosk_agent.service.models.reporting import (
     TransStatus,
 )
 from kiosk_agent.service.reporting import REPORTING_PREFIX, _next_params
-from kiosk_agent.sim.server import SimServer
 
 from .scripted_server import ScriptedServer, json_reply
 
 
-def settings_for(sim: SimServer) -> ServiceSettings:
-    info = sim.ready_info()
-    return ServiceSettings(
-        base_url=info["base_url"],
-        reporting_url=info["reporting_url"],
-        api_key=info["api_key"],
-        mid=info["mid"],
-        client_id=info["client_id"],
-        client_secret=info["client_secret"],
-    )
-
-
 @pytest.fixture
-async def traced(sim: SimServer) -> AsyncIterator[tuple[ServiceClient, list[str]]]:
+async def traced(sim_settings: ServiceSettings) -> AsyncIterator[tuple[ServiceClient, list[str]]]:
     """A client on ``sim`` whose session records every reporting URL it asks for."""
     urls: list[str] = []
 
@@ -64,7 +52,7 @@ async def traced(sim: SimServer) -> AsyncIterator[tuple[ServiceClient, list[str]
     trace.on_request_start.append(on_start)
     async with (
         aiohttp.ClientSession(trace_configs=[trace]) as session,
-        ServiceClient(settings_for(sim), session=session) as svc,
+        ServiceClient(sim_settings, session=session) as svc,
     ):
         yield svc, urls
 
@@ -305,7 +293,7 @@ def test_a_next_link_without_an_offset_is_an_invalid_answer() -> None:
 
 async def test_memory_stays_flat_however_many_pages(sim_factory: Any) -> None:
     sim = await sim_factory(seed=2, transactions=3000)
-    async with ServiceClient(settings_for(sim)) as svc:
+    async with ServiceClient(settings_from_ready(sim.ready_info())) as svc:
 
         async def peak_while_reading(limit: int) -> int:
             gc.collect()
