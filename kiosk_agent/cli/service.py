@@ -534,14 +534,13 @@ def parse_moment(text: str | None, *, end: bool) -> datetime | None:
 
 
 async def report(args: argparse.Namespace) -> int:
-    from kiosk_agent.service.models.reporting import DATE_FIELDS, ReportKind
+    from kiosk_agent.service.models.reporting import ReportKind
 
     kind = ReportKind(args.kind)
     filters = build_filter(args.kind, args)
     since, until = parse_moment(args.since, end=False), parse_moment(args.until, end=True)
     if since and until and since >= until:
         raise CliError("--since must be before --until", EXIT_USAGE)
-    date_field = DATE_FIELDS[kind]
     # q filters equalities only, so a time window is applied here, on the stream.
     windowed = since is not None or until is not None
     async with open_client(args, needs="oauth") as svc:
@@ -549,7 +548,7 @@ async def report(args: argparse.Namespace) -> int:
             kind, filters, page_size=args.page_size, limit=None if windowed else args.limit
         )
         if windowed:
-            records = _within(records, date_field, since, until)
+            records = _within(records, kind.date_field, since, until)
         return await write_records(records, args, kind.value)
 
 

@@ -25,6 +25,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
+from kiosk_agent.service.models.reporting import TransStatus as S
 from kiosk_agent.sim.auth import ISV_MIDS
 from kiosk_agent.sim.clock import iso_ms
 from kiosk_agent.sim.ledger import (
@@ -37,7 +38,6 @@ from kiosk_agent.sim.ledger import (
     TEXT_FIELDS,
     TRANS_IDS,
 )
-from kiosk_agent.sim.ledger import TransStatus as S
 from kiosk_agent.sim.store import Store
 
 if TYPE_CHECKING:

@@ -9,7 +9,6 @@ cents (``amount_cents``) and turned into the reporting interface's dollars only 
 from __future__ import annotations
 
 import contextlib
-import enum
 import uuid
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from decimal import Decimal
@@ -17,6 +16,7 @@ from operator import itemgetter
 from typing import Any
 
 from kiosk_agent.money import MoneyError, cents_to_decimal, reported_dollars_to_cents
+from kiosk_agent.service.models.reporting import TransStatus
 from kiosk_agent.sim.clock import VirtualClock, iso_ms
 from kiosk_agent.sim.store import (
     IdSequence,
@@ -34,20 +34,6 @@ TRANS_IDS = IdSequence("trans_id", 700000000001)
 BATCH_IDS = IdSequence("batch_id", 500001)
 FUNDING_IDS = IdSequence("funding_master_id", 90001)
 DEPOSIT_IDS = IdSequence("deposit_id", 3000001)
-
-
-class TransStatus(enum.IntEnum):
-    """``trans_status_id`` values (choices.md)."""
-
-    AUTHORIZED = 1
-    CAPTURED = 2
-    SETTLED = 3
-    VOIDED = 4
-    REFUND = 5  # the refund's own row
-    DECLINED = 6
-    RETRY = 7
-    PARTIALLY_REFUNDED = 8
-    REFUNDED = 9
 
 
 CUSTOM_FIELDS = tuple(f"custom_{n:02d}" for n in range(1, 11))

@@ -13,6 +13,7 @@ from typing import Any
 
 from aiohttp import web
 
+from kiosk_agent.service.models.reporting import TransStatus
 from kiosk_agent.sim import cards
 from kiosk_agent.sim.auth import Credential, bearer_token
 from kiosk_agent.sim.cards import Outcome
@@ -24,7 +25,7 @@ from kiosk_agent.sim.http import (
     json_response,
     read_json,
 )
-from kiosk_agent.sim.ledger import CUSTOM_FIELDS, TransStatus, new_order_id
+from kiosk_agent.sim.ledger import CUSTOM_FIELDS, new_order_id
 
 RESP_PROC = "SIM"
 _EXPIRATION = re.compile(r"^(0[1-9]|1[0-2])\d{2}$")

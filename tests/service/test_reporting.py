@@ -206,6 +206,14 @@ def test_filters_serialise_exactly_and_refuse_unknown_attributes() -> None:
         ChargebackFilter(status="MAYBE")
 
 
+@pytest.mark.parametrize("kind", list(ReportKind))
+def test_each_kind_filters_on_its_records_own_fields(kind: ReportKind) -> None:
+    """A filter attribute is a field of the record it filters, and --since/--until read one."""
+    record_fields = kind.model.model_fields
+    assert set(kind.filter.model_fields) <= set(record_fields)
+    assert kind.date_field in record_fields
+
+
 async def test_a_charge_made_now_is_found_by_its_order_id(service: ServiceClient) -> None:
     """The reconcile path after a lost answer: look the order up in reporting."""
     result = await service.payments.charge(

@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from kiosk_agent.service.models.reporting import TransStatus
 from kiosk_agent.sim.clock import VirtualClock, parse_iso
 from kiosk_agent.sim.dataset import (
     DAY,
@@ -17,7 +18,7 @@ from kiosk_agent.sim.dataset import (
     generate,
     seed_into,
 )
-from kiosk_agent.sim.ledger import Ledger, TransStatus
+from kiosk_agent.sim.ledger import Ledger
 from kiosk_agent.sim.reporting import ReportTables
 from kiosk_agent.sim.store import Store
 

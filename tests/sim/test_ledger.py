@@ -1,13 +1,21 @@
 import json
+from collections.abc import Iterable
 from decimal import Decimal
 
 import pytest
 
 from kiosk_agent.money import MoneyError
+from kiosk_agent.service.models.reporting import ReportKind, TransStatus
 from kiosk_agent.sim.clock import VirtualClock
 from kiosk_agent.sim.dataset import day_aligned_end, seed_into
 from kiosk_agent.sim.http import dumps
-from kiosk_agent.sim.ledger import Ledger, TransStatus, deposit_resource, transaction_resource
+from kiosk_agent.sim.ledger import (
+    DEPOSIT_FIELDS,
+    RESOURCE_FIELDS,
+    Ledger,
+    deposit_resource,
+    transaction_resource,
+)
 from kiosk_agent.sim.reporting import (
     ADJUSTMENT_FIELDS,
     CHARGEBACK_FIELDS,
@@ -20,6 +28,23 @@ from kiosk_agent.sim.store import Store, UnknownFieldError
 @pytest.fixture
 def ledger() -> Ledger:
     return Ledger(Store(), VirtualClock())
+
+
+@pytest.mark.parametrize(
+    ("kind", "served"),
+    [
+        (ReportKind.TRANSACTIONS, RESOURCE_FIELDS),
+        (ReportKind.DEPOSITS, DEPOSIT_FIELDS),
+        (ReportKind.CHARGEBACKS, CHARGEBACK_FIELDS),
+        (ReportKind.ADJUSTMENTS, ADJUSTMENT_FIELDS),
+    ],
+)
+def test_each_record_serves_the_fields_the_client_reads(
+    kind: ReportKind, served: Iterable[str]
+) -> None:
+    # Two lists on purpose: the simulator's are its storage schema (kept in sim.db), the client's
+    # model its reading of the interface. This keeps them naming the same fields.
+    assert set(served) == set(kind.model.model_fields)
 
 
 def test_added_rows_are_served_in_dollars(ledger: Ledger) -> None:

@@ -12,7 +12,7 @@ import json
 from collections.abc import Iterator
 from datetime import datetime
 from decimal import Decimal
-from typing import Annotated, Any, Generic, TypeVar
+from typing import Annotated, Any, Generic, NamedTuple, TypeVar
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
@@ -20,7 +20,6 @@ from kiosk_agent.money import reported_dollars_to_cents
 from kiosk_agent.service.models.common import Dollars, ServiceModel, Tolerant
 
 __all__ = [
-    "DATE_FIELDS",
     "Adjustment",
     "AdjustmentFilter",
     "Chargeback",
@@ -308,30 +307,27 @@ class ReportKind(enum.StrEnum):
 
     @property
     def model(self) -> type[ReportRecord]:
-        return _KIND_MODELS[self]
+        return _KIND_SHAPES[self].model
 
     @property
     def filter(self) -> type[QueryFilter]:
-        return _KIND_FILTERS[self]
+        return _KIND_SHAPES[self].filter
+
+    @property
+    def date_field(self) -> str:
+        """The record's date that the command line's --since/--until compare against."""
+        return _KIND_SHAPES[self].date_field
 
 
-_KIND_MODELS: dict[ReportKind, type[ReportRecord]] = {
-    ReportKind.TRANSACTIONS: Transaction,
-    ReportKind.DEPOSITS: Deposit,
-    ReportKind.CHARGEBACKS: Chargeback,
-    ReportKind.ADJUSTMENTS: Adjustment,
-}
-_KIND_FILTERS: dict[ReportKind, type[QueryFilter]] = {
-    ReportKind.TRANSACTIONS: TransactionFilter,
-    ReportKind.DEPOSITS: DepositFilter,
-    ReportKind.CHARGEBACKS: ChargebackFilter,
-    ReportKind.ADJUSTMENTS: AdjustmentFilter,
-}
+class _KindShape(NamedTuple):
+    model: type[ReportRecord]
+    filter: type[QueryFilter]
+    date_field: str
 
-# Which date field of each record the command line's --since/--until compare against.
-DATE_FIELDS: dict[ReportKind, str] = {
-    ReportKind.TRANSACTIONS: "trans_date",
-    ReportKind.DEPOSITS: "deposit_date",
-    ReportKind.CHARGEBACKS: "chargeback_date",
-    ReportKind.ADJUSTMENTS: "adjustment_date",
+
+_KIND_SHAPES: dict[ReportKind, _KindShape] = {
+    ReportKind.TRANSACTIONS: _KindShape(Transaction, TransactionFilter, "trans_date"),
+    ReportKind.DEPOSITS: _KindShape(Deposit, DepositFilter, "deposit_date"),
+    ReportKind.CHARGEBACKS: _KindShape(Chargeback, ChargebackFilter, "chargeback_date"),
+    ReportKind.ADJUSTMENTS: _KindShape(Adjustment, AdjustmentFilter, "adjustment_date"),
 }
