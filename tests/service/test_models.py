@@ -52,6 +52,18 @@ def test_unknown_status_is_kept_as_text() -> None:
     assert is_known(known.status)
 
 
+def test_a_fault_names_each_failed_stage_or_else_the_status() -> None:
+    failed = Interaction.model_validate(
+        {"interaction_id": "i", "status": "failed", "stage_errors": [
+            {"stage": "read", "code": "card_removed", "message": "removed early"},
+            {"stage": "print", "code": "capability_unsupported"},
+        ]}
+    )  # fmt: skip
+    assert failed.fault == "terminal fault (read: card_removed; print: capability_unsupported)"
+    expired = Interaction.model_validate({"interaction_id": "i", "status": "expired"})
+    assert expired.fault == "terminal fault (expired)"
+
+
 def test_billing_plan_doubles_become_exact_decimals() -> None:
     plan = BillingPlan.model_validate(
         {

@@ -111,6 +111,13 @@ class Interaction(ServiceModel):
         return self.status != InteractionStatus.PENDING
 
     @property
+    def fault(self) -> str:
+        """Why the terminal ended it without a result, for people: each stage error's stage and
+        code, else its status."""
+        errors = "; ".join(f"{e.stage}: {e.code}" for e in self.stage_errors)
+        return f"terminal fault ({errors or self.status})"
+
+    @property
     def read_card_result(self) -> ReadCardResult | None:
         """The typed result of a succeeded read-card, else None."""
         if self.result is None or self.status != InteractionStatus.SUCCEEDED:
