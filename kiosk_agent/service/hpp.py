@@ -5,7 +5,7 @@ from __future__ import annotations
 from urllib.parse import quote
 
 from kiosk_agent.service.models.payments import HostedPage, HostedPageLink, hpp_client_id_from_url
-from kiosk_agent.service.parsing import parse
+from kiosk_agent.service.parsing import parse, sent_back
 from kiosk_agent.service.transport import MidPlacement, Transport
 
 _PATH = "/api/v1/hpp"
@@ -42,6 +42,4 @@ class HostedPagesClient:
         data = await self._transport.request(
             "PUT", f"{_PATH}/{quote(client_id, safe='')}", json=changes.to_wire(), what=what
         )
-        if isinstance(data, dict) and "url" in data:
-            return parse(HostedPageLink, data, what=what)
-        return None
+        return parse(HostedPageLink, data, what=what) if sent_back(data, "url") else None

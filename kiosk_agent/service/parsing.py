@@ -129,6 +129,14 @@ def _type_at(data: Any, path: str) -> str:
     return f", got {type(node).__name__}" if path else ""
 
 
+def sent_back(data: Any, key: str | None = None) -> bool:
+    """Whether an answer that may be empty (DELETE, PUT) carries a record: a non-empty object,
+    holding ``key`` when one is named."""
+    if not isinstance(data, dict) or not data:
+        return False
+    return key is None or key in data
+
+
 def parse_interaction(data: Any, *, what: str) -> Interaction:
     """An interaction record, with a succeeded one's result checked against its kind's model."""
     interaction = parse(Interaction, data, what=what)

@@ -33,6 +33,14 @@ class PaymentsClient:
     def _mid(self) -> str:
         return self._transport.settings.mid
 
+    def _on_transaction(self, trans_id: str, amount: int | None) -> dict[str, Any]:
+        """The body of a call on one transaction (capture, void or refund): in full without
+        ``amount``, else for that many cents."""
+        body: dict[str, Any] = {"trans_id": trans_id, "mid": self._mid}
+        if amount is not None:
+            body["amount"] = require_cents(amount)
+        return body
+
     async def charge(self, request: ChargeRequest) -> ChargeResult:
         """Charge (or, with ``capture=False``, authorize) an account token or vaulted account.
 
@@ -57,14 +65,11 @@ class PaymentsClient:
 
     async def capture(self, trans_id: str, amount: int | None = None) -> ChargeResult:
         """Capture an authorization, in full or for ``amount`` cents (at most the authorized)."""
-        body: dict[str, Any] = {"trans_id": trans_id, "mid": self._mid}
-        if amount is not None:
-            body["amount"] = require_cents(amount)
         return await self._transport.request_model(
             ChargeResult,
             "POST",
             "/api/v1/capture",
-            json=body,
+            json=self._on_transaction(trans_id, amount),
             mid=MidPlacement.NONE,
             what=f"capture {trans_id}",
         )
@@ -73,9 +78,7 @@ class PaymentsClient:
         self, trans_id: str, amount: int | None = None, user_identifier: str | None = None
     ) -> VoidOrRefundResult:
         """Void an unsettled transaction or refund a settled one (partly, with ``amount``)."""
-        body: dict[str, Any] = {"trans_id": trans_id, "mid": self._mid}
-        if amount is not None:
-            body["amount"] = require_cents(amount)
+        body = self._on_transaction(trans_id, amount)
         if user_identifier is not None:
             body["user_identifier"] = user_identifier
         return await self._transport.request_model(

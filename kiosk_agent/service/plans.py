@@ -5,7 +5,7 @@ from __future__ import annotations
 from decimal import Decimal
 
 from kiosk_agent.service.models.payments import BillingPlan, BillingPlanCreated, BillingPlanRequest
-from kiosk_agent.service.parsing import parse
+from kiosk_agent.service.parsing import parse, sent_back
 from kiosk_agent.service.rrule import validate_rrule
 from kiosk_agent.service.transport import MidPlacement, Transport
 
@@ -60,4 +60,4 @@ class PlansClient:
         """
         what = f"cancel billing plan {plan_id}"
         data = await self._transport.request("DELETE", f"{_PATH}/{int(plan_id)}", what=what)
-        return parse(BillingPlan, data, what=what) if isinstance(data, dict) and data else None
+        return parse(BillingPlan, data, what=what) if sent_back(data) else None

@@ -24,7 +24,7 @@ from kiosk_agent.service.models.terminal import (
     TerminalList,
     WsToken,
 )
-from kiosk_agent.service.parsing import parse_interaction
+from kiosk_agent.service.parsing import parse_interaction, sent_back
 from kiosk_agent.service.payments import new_order_id, require_cents
 from kiosk_agent.service.settings import ServiceSettings
 from kiosk_agent.service.transport import Transport
@@ -132,9 +132,7 @@ class TerminalClient:
         data = await self._transport.request(
             "DELETE", f"{_device(device_id)}/cancel/{quote(interaction_id, safe='')}", what=what
         )
-        if isinstance(data, dict) and "interaction_id" in data:
-            return parse_interaction(data, what=what)
-        return None
+        return parse_interaction(data, what=what) if sent_back(data, "interaction_id") else None
 
     async def print_receipt(self, device_id: str, trans_id: str, copies: int | None = None) -> Any:
         """Print on the reader; ``BadRequestError`` capability_unsupported when it cannot print."""

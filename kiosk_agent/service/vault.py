@@ -6,7 +6,7 @@ from typing import Any
 from urllib.parse import quote
 
 from kiosk_agent.service.models.payments import VaultAccountRequest, VaultPaymentAccount
-from kiosk_agent.service.parsing import parse
+from kiosk_agent.service.parsing import parse, sent_back
 from kiosk_agent.service.transport import MidPlacement, Transport
 
 _PATH = "/api/v1/vault_payment_accounts"
@@ -58,6 +58,4 @@ class VaultClient:
         data = await self._transport.request(
             "DELETE", f"{_PATH}/{quote(account_uuid, safe='')}", what=what
         )
-        if isinstance(data, dict) and data:
-            return parse(VaultPaymentAccount, data, what=what)
-        return None
+        return parse(VaultPaymentAccount, data, what=what) if sent_back(data) else None
