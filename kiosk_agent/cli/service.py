@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from datetime import UTC, date, datetime, timedelta
 from decimal import Decimal
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO, TypeVar
 
 from pydantic import BaseModel, SecretStr, ValidationError
 
@@ -31,6 +31,8 @@ if TYPE_CHECKING:
     from kiosk_agent.service.client import ServiceClient
     from kiosk_agent.service.models.boarding import MerchantStatus
     from kiosk_agent.service.settings import ServiceSettings
+
+M = TypeVar("M", bound=BaseModel)
 
 # Exit codes (docs/cli.md): 0 fine, 1 the check failed or the service said no, 2 bad input,
 # 3 credentials refused, 4 service unreachable.
@@ -102,6 +104,19 @@ def guarded(handler: Handler) -> Handler:
             return EXIT_FAILED
 
     return run
+
+
+def given(args: argparse.Namespace, names: Iterable[str]) -> dict[str, Any]:
+    """The options among ``names`` that the command line set."""
+    return {name: value for name in names if (value := getattr(args, name, None)) is not None}
+
+
+def validated(model: type[M], what: str, fields: dict[str, Any]) -> M:
+    """``model`` of ``fields``; refused fields are a usage error that starts with ``what``."""
+    try:
+        return model.model_validate(fields)
+    except ValidationError as err:
+        raise CliError(f"{what}: {first_problem(err)}", EXIT_USAGE) from None
 
 
 def first_problem(err: ValidationError) -> str:
@@ -229,6 +244,11 @@ def print_record(pairs: Iterable[tuple[str, object]], *, as_json: bool, out: Tex
     width = max((len(k) for k, _ in items), default=0)
     for key, value in items:
         print(f"{key:<{width}}  {_text(value)}", file=out)
+
+
+def show(args: argparse.Namespace, pairs: Iterable[tuple[str, object]]) -> None:
+    """One record on stdout, as text or (``--json``) JSON."""
+    print_record(pairs, as_json=wants_json(args), out=sys.stdout)
 
 
 @dataclass(frozen=True, slots=True)
@@ -443,11 +463,9 @@ COLUMN_WIDTHS: dict[str, int] = {
     "transaction_count": 5, "merchant_id": 8,
 }
 DEFAULT_WIDTH = 20
-# --option -> filter attribute
-FILTER_OPTIONS = {
-    "mid": "mid", "order_id": "order_id", "trans_id": "trans_id", "batch_id": "batch_id",
-    "funding_master_id": "funding_master_id", "category": "category", "status": "status",
-}
+# Options that are filter attributes of the same name (--status: see build_filter).
+FILTER_OPTIONS = ("mid", "order_id", "trans_id", "batch_id", "funding_master_id", "category",
+                  "status")
 
 
 def _register_report(subparsers: Any, common: argparse.ArgumentParser) -> None:
@@ -498,8 +516,7 @@ def build_filter(kind: str, args: argparse.Namespace) -> Any:
     from kiosk_agent.service.models.reporting import ReportKind, TransStatus
 
     report_kind = ReportKind(kind)
-    fields = {attr: getattr(args, opt) for opt, attr in FILTER_OPTIONS.items()
-              if getattr(args, opt, None) is not None}
+    fields = given(args, FILTER_OPTIONS)
     if kind == "transactions" and "status" in fields:
         try:
             fields["trans_status_id"] = TransStatus.parse(fields.pop("status"))
@@ -779,13 +796,8 @@ async def payments_charge(args: argparse.Namespace) -> int:
         else:
             fields.update(payment_account_uuid=args.vault_uuid, cof=args.cof or "M",
                           cof_sched=args.scheduled)
-        try:
-            request = ChargeRequest.model_validate(fields)
-        except ValidationError as err:
-            raise CliError(f"charge: {first_problem(err)}",
-                           EXIT_USAGE) from None
-        result = await svc.payments.charge(request)
-    print_record(_charge_lines(result), as_json=wants_json(args), out=sys.stdout)
+        result = await svc.payments.charge(validated(ChargeRequest, "charge", fields))
+    show(args, _charge_lines(result))
     return EXIT_OK if result.approved else EXIT_FAILED
 
 
@@ -793,7 +805,7 @@ async def payments_capture(args: argparse.Namespace) -> int:
     cents = parse_amount(args.amount) if args.amount else None
     async with open_client(args) as svc:
         result = await svc.payments.capture(args.trans_id, cents)
-    print_record(_charge_lines(result), as_json=wants_json(args), out=sys.stdout)
+    show(args, _charge_lines(result))
     return EXIT_OK if result.approved else EXIT_FAILED
 
 
@@ -802,11 +814,10 @@ async def payments_void(args: argparse.Namespace) -> int:
     async with open_client(args) as svc:
         result = await svc.payments.void_or_refund(args.trans_id, cents)
     outcome = "voided" if result.voided else "refunded" if result.refunded else result.resp_text
-    print_record(
-        [("outcome", outcome), ("trans_id", result.trans_id), ("order_id", result.order_id),
-         ("amount", Money(result.amount, result.currency)), ("resp_text", result.resp_text)],
-        as_json=wants_json(args), out=sys.stdout,
-    )
+    show(args, [
+        ("outcome", outcome), ("trans_id", result.trans_id), ("order_id", result.order_id),
+        ("amount", Money(result.amount, result.currency)), ("resp_text", result.resp_text),
+    ])
     return EXIT_OK
 
 
@@ -817,12 +828,10 @@ async def payments_surcharge(args: argparse.Namespace) -> int:
             result = await svc.payments.surcharge(cents, account_token=_token(args.token))
         else:
             result = await svc.payments.surcharge(cents, card_bin=args.bin)
-    print_record(
-        [("surcharge", result.surcharge),
-         ("surcharge_amount", Money(result.surcharge_amount)),
-         ("surcharge_percent", result.surcharge_percent)],
-        as_json=wants_json(args), out=sys.stdout,
-    )
+    show(args, [
+        ("surcharge", result.surcharge), ("surcharge_amount", Money(result.surcharge_amount)),
+        ("surcharge_percent", result.surcharge_percent),
+    ])
     return EXIT_OK
 
 
@@ -863,28 +872,27 @@ def _vault_lines(account: Any) -> list[tuple[str, object]]:
 async def vault_create(args: argparse.Namespace) -> int:
     from kiosk_agent.service.models.payments import VaultAccountRequest
 
-    fields = {f: getattr(args, f) for f in VAULT_FIELDS if getattr(args, f) is not None}
-    request = VaultAccountRequest(account_token=_token(args.token), **fields)
+    request = VaultAccountRequest(account_token=_token(args.token), **given(args, VAULT_FIELDS))
     async with open_client(args) as svc:
         account = await svc.vault.create(request)
-    print_record(_vault_lines(account), as_json=wants_json(args), out=sys.stdout)
+    show(args, _vault_lines(account))
     return EXIT_OK
 
 
 async def vault_get(args: argparse.Namespace) -> int:
     async with open_client(args) as svc:
         account = await svc.vault.get(args.uuid)
-    print_record(_vault_lines(account), as_json=wants_json(args), out=sys.stdout)
+    show(args, _vault_lines(account))
     return EXIT_OK
 
 
 async def vault_update(args: argparse.Namespace) -> int:
-    changes = {f: getattr(args, f) for f in VAULT_FIELDS if getattr(args, f) is not None}
+    changes = given(args, VAULT_FIELDS)
     if not changes:
         raise CliError("nothing to update: give at least one field such as --email", EXIT_USAGE)
     async with open_client(args) as svc:
         account = await svc.vault.update(args.uuid, **changes)
-    print_record(_vault_lines(account), as_json=wants_json(args), out=sys.stdout)
+    show(args, _vault_lines(account))
     return EXIT_OK
 
 
@@ -990,21 +998,17 @@ def _page(args: argparse.Namespace) -> Any:
     def dollars(text: str | None) -> Decimal | None:
         return cents_to_decimal(parse_amount(text)) if text else None
 
-    try:
-        return HostedPage(
-            name=args.name, amount=dollars(args.amount), lock_amount=args.lock_amount,
-            min_amount=dollars(args.min_amount), max_amount=dollars(args.max_amount),
-        )
-    except ValidationError as err:
-        raise CliError(f"page: {first_problem(err)}", EXIT_USAGE) from None
+    return validated(HostedPage, "page", {
+        "name": args.name, "amount": dollars(args.amount), "lock_amount": args.lock_amount,
+        "min_amount": dollars(args.min_amount), "max_amount": dollars(args.max_amount),
+    })
 
 
 async def hpp_create(args: argparse.Namespace) -> int:
     page = _page(args)
     async with open_client(args) as svc:
         link = await svc.hpp.create(page)
-    print_record([("url", link.url), ("page_id", link.hpp_client_id)], as_json=wants_json(args),
-                 out=sys.stdout)
+    show(args, [("url", link.url), ("page_id", link.hpp_client_id)])
     return EXIT_OK
 
 
@@ -1109,10 +1113,8 @@ async def boarding_merchants(args: argparse.Namespace) -> int:
     if args.webhooks:
         return await webhook_merchant_states(args)
     status = merchant_status_arg(args.status)
-    try:
-        filters = MerchantFilter(mid=args.mid, dba_name=args.dba_name, merchant_status_id=status)
-    except ValidationError as err:
-        raise CliError(f"--status: {first_problem(err)}", EXIT_USAGE) from None
+    filters = validated(MerchantFilter, "--status",
+                        {"mid": args.mid, "dba_name": args.dba_name, "merchant_status_id": status})
     async with open_client(args, needs="oauth") as svc:
         records = svc.boarding.merchants(filters, page_size=args.page_size, limit=args.limit)
         return await write_records(records, args, "merchants")
@@ -1155,7 +1157,7 @@ def stored_merchant_states(path: str | None) -> list[Any]:
 async def boarding_merchant(args: argparse.Namespace) -> int:
     async with open_client(args, needs="oauth") as svc:
         merchant = await svc.boarding.get(args.merchant_id)
-    print_record(_merchant_lines(merchant), as_json=wants_json(args), out=sys.stdout)
+    show(args, _merchant_lines(merchant))
     return EXIT_OK
 
 
@@ -1166,7 +1168,7 @@ async def boarding_create(args: argparse.Namespace) -> int:
                              external_crm_id=args.external_crm_id)
     async with open_client(args, needs="oauth") as svc:
         merchant = await svc.boarding.create(request)
-    print_record(_merchant_lines(merchant), as_json=wants_json(args), out=sys.stdout)
+    show(args, _merchant_lines(merchant))
     return EXIT_OK
 
 
@@ -1174,16 +1176,15 @@ async def boarding_update(args: argparse.Namespace) -> int:
     from kiosk_agent.service.models.boarding import MerchantUpdate
 
     status = merchant_status_arg(args.status)
-    try:
-        changes = MerchantUpdate(merchant_status=status, dba_name=args.dba_name,
-                                 legal_name=args.legal_name, external_crm_id=args.external_crm_id)
-    except ValidationError as err:
-        raise CliError(f"--status: {first_problem(err)}", EXIT_USAGE) from None
+    changes = validated(MerchantUpdate, "--status", {
+        "merchant_status": status, "dba_name": args.dba_name, "legal_name": args.legal_name,
+        "external_crm_id": args.external_crm_id,
+    })
     if not changes.to_body():
         raise CliError("nothing to update: give --status or a field", EXIT_USAGE)
     async with open_client(args, needs="oauth") as svc:
         merchant = await svc.boarding.update(args.merchant_id, changes)
-    print_record(_merchant_lines(merchant), as_json=wants_json(args), out=sys.stdout)
+    show(args, _merchant_lines(merchant))
     return EXIT_OK
 
 
