@@ -161,16 +161,8 @@ def page_fields(body: Body, *, creating: bool) -> dict[str, Any]:
 
 
 def _amount_field(body: Body, name: str) -> str | None:
-    text = body.text(name)
-    if text is None:
-        return None
-    try:
-        cents = dollars_to_cents(text)
-    except MoneyError as err:
-        raise bad_request(f'field {name!r} must be dollars like "12.50": {err}') from None
-    if cents <= 0:
-        raise bad_request(f"field {name!r} must be above zero")
-    return cents_to_dollars(cents)
+    cents = body.dollars(name)
+    return None if cents is None else cents_to_dollars(cents)
 
 
 def _options(body: Body) -> list[dict[str, Any]]:

@@ -16,6 +16,8 @@ from typing import Any
 
 from aiohttp import web
 
+from kiosk_agent.money import MoneyError, dollars_to_cents
+
 _LOGGER = logging.getLogger(__name__)
 
 MAX_BODY_BYTES = 64 * 1024
@@ -171,6 +173,24 @@ class Body:
 
     def req_cents(self, name: str) -> int:
         value = self.cents(name, required=True)
+        assert value is not None
+        return value
+
+    def dollars(self, name: str, *, required: bool = False) -> int | None:
+        """A positive amount sent as dollars text (``"12.50"``), as integer cents."""
+        text = self.text(name, required=required)
+        if text is None:
+            return None
+        try:
+            cents = dollars_to_cents(text)
+        except MoneyError as err:
+            raise bad_request(f'field {name!r} must be dollars like "12.50": {err}') from None
+        if cents <= 0:
+            raise bad_request(f"field {name!r} must be above zero, got {text!r}")
+        return cents
+
+    def req_dollars(self, name: str) -> int:
+        value = self.dollars(name, required=True)
         assert value is not None
         return value
 

@@ -263,6 +263,21 @@ def merchant(request: web.Request, credential: Credential, body: Body | None = N
     return credential.resolve_mid(requested or request.query.get("mid"))
 
 
+async def merchant_call(request: web.Request) -> tuple[SimContext, str, Body]:
+    """A call with a JSON body: the simulator, the mid it acts for and the body. The key is
+    checked before the body is read, so a bad key is a 401 whatever the body."""
+    ctx = sim_context(request)
+    credential = ctx.auth.authenticate(request)
+    body = await read_json(request)
+    return ctx, merchant(request, credential, body), body
+
+
+def merchant_of(request: web.Request) -> tuple[SimContext, str]:
+    """A call without a body: the simulator and the mid it acts for (query ``mid``)."""
+    ctx = sim_context(request)
+    return ctx, merchant(request, ctx.auth.authenticate(request))
+
+
 def charge_fields(body: Body, ctx: SimContext, mid: str) -> dict[str, Any]:
     """Validate a charge body into the fields :meth:`Payments.charge` takes."""
     fields: dict[str, Any] = {"amount": body.req_cents("amount")}
@@ -330,27 +345,18 @@ def _check_line_items(body: Body) -> None:
 
 # -- handlers ------------------------------------------------------------------------------
 async def handle_charge(request: web.Request) -> web.Response:
-    ctx = sim_context(request)
-    credential = ctx.auth.authenticate(request)
-    body = await read_json(request)
-    mid = merchant(request, credential, body)
+    ctx, mid, body = await merchant_call(request)
     return json_response(ctx.payments.charge(mid, charge_fields(body, ctx, mid)))
 
 
 async def handle_capture(request: web.Request) -> web.Response:
-    ctx = sim_context(request)
-    credential = ctx.auth.authenticate(request)
-    body = await read_json(request)
-    mid = merchant(request, credential, body)
+    ctx, mid, body = await merchant_call(request)
     trans_id = body.req_text("trans_id")
     return json_response(ctx.payments.capture(mid, trans_id, body.cents("amount")))
 
 
 async def handle_void_or_refund(request: web.Request) -> web.Response:
-    ctx = sim_context(request)
-    credential = ctx.auth.authenticate(request)
-    body = await read_json(request)
-    mid = merchant(request, credential, body)
+    ctx, mid, body = await merchant_call(request)
     answer = ctx.payments.void_or_refund(
         mid, body.req_text("trans_id"), body.cents("amount"), body.text("user_identifier") or ""
     )
@@ -358,9 +364,7 @@ async def handle_void_or_refund(request: web.Request) -> web.Response:
 
 
 async def handle_surcharge(request: web.Request) -> web.Response:
-    ctx = sim_context(request)
-    credential = ctx.auth.authenticate(request)
-    merchant(request, credential)
+    merchant_of(request)  # the key, and the mid it may act for
     raw_amount = request.query.get("amount", "")
     if not raw_amount.isdigit() or int(raw_amount) < 1:
         raise bad_request(f"query parameter 'amount' must be integer cents, got {raw_amount!r}")
@@ -382,10 +386,7 @@ async def handle_surcharge(request: web.Request) -> web.Response:
 
 
 async def handle_send_receipt(request: web.Request) -> web.Response:
-    ctx = sim_context(request)
-    credential = ctx.auth.authenticate(request)
-    body = await read_json(request)
-    mid = merchant(request, credential, body)
+    ctx, mid, body = await merchant_call(request)
     email = body.req_text("email")
     if not _EMAIL.match(email):
         raise bad_request(f"field 'email' is not an e-mail address: {email!r}")

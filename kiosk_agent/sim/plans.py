@@ -17,11 +17,11 @@ from typing import Any
 from aiohttp import web
 from dateutil.rrule import rrule, rrulestr
 
-from kiosk_agent.money import MoneyError, cents_to_decimal, cents_to_dollars, dollars_to_cents
+from kiosk_agent.money import cents_to_decimal, cents_to_dollars
 from kiosk_agent.sim.clock import iso_ms, parse_iso
-from kiosk_agent.sim.context import SimContext, sim_context
-from kiosk_agent.sim.http import bad_request, json_response, not_found, read_json
-from kiosk_agent.sim.payments import merchant
+from kiosk_agent.sim.context import SimContext
+from kiosk_agent.sim.http import bad_request, json_response, not_found
+from kiosk_agent.sim.payments import merchant_call, merchant_of
 
 OPEN_ENDED_AHEAD = 12
 MAX_PAYMENTS = 1000
@@ -215,17 +215,8 @@ def _plan_id(request: web.Request) -> int:
 
 
 async def handle_create(request: web.Request) -> web.Response:
-    ctx = sim_context(request)
-    credential = ctx.auth.authenticate(request)
-    body = await read_json(request)
-    mid = merchant(request, credential, body)
-    amount_text = body.req_text("amount")
-    try:
-        amount_cents = dollars_to_cents(amount_text)
-    except MoneyError as err:
-        raise bad_request(f"field 'amount' must be dollars like \"12.50\": {err}") from None
-    if amount_cents <= 0:
-        raise bad_request(f"field 'amount' must be above zero, got {amount_text!r}")
+    ctx, mid, body = await merchant_call(request)
+    amount_cents = body.req_dollars("amount")
     description = body.text("description", required=False, max_length=1024)
     if "description" not in body.data:
         raise bad_request("missing required field 'description'")
@@ -240,14 +231,12 @@ async def handle_create(request: web.Request) -> web.Response:
 
 
 async def handle_get(request: web.Request) -> web.Response:
-    ctx = sim_context(request)
-    mid = merchant(request, ctx.auth.authenticate(request))
+    ctx, mid = merchant_of(request)
     return json_response(plan_resource(ctx.plans.get(mid, _plan_id(request))))
 
 
 async def handle_cancel(request: web.Request) -> web.Response:
-    ctx = sim_context(request)
-    mid = merchant(request, ctx.auth.authenticate(request))
+    ctx, mid = merchant_of(request)
     return json_response(plan_resource(ctx.plans.cancel(mid, _plan_id(request))))
 
 

@@ -13,9 +13,9 @@ from aiohttp import web
 
 from kiosk_agent.sim import cards
 from kiosk_agent.sim.clock import iso_ms
-from kiosk_agent.sim.context import SimContext, sim_context
-from kiosk_agent.sim.http import Body, bad_request, json_response, not_found, read_json
-from kiosk_agent.sim.payments import merchant
+from kiosk_agent.sim.context import SimContext
+from kiosk_agent.sim.http import Body, bad_request, json_response, not_found
+from kiosk_agent.sim.payments import merchant_call, merchant_of
 
 REQUIRED_FIELDS = (
     "account_token", "name", "account_zip", "address1", "city", "region", "country", "email",
@@ -118,31 +118,23 @@ def _account_fields(body: Body, *, creating: bool) -> dict[str, Any]:
 
 
 async def handle_create(request: web.Request) -> web.Response:
-    ctx = sim_context(request)
-    credential = ctx.auth.authenticate(request)
-    body = await read_json(request)
-    mid = merchant(request, credential, body)
+    ctx, mid, body = await merchant_call(request)
     return json_response(ctx.vault.create(mid, _account_fields(body, creating=True)))
 
 
 async def handle_get(request: web.Request) -> web.Response:
-    ctx = sim_context(request)
-    mid = merchant(request, ctx.auth.authenticate(request))
+    ctx, mid = merchant_of(request)
     return json_response(ctx.vault.get(mid, request.match_info["uuid"]))
 
 
 async def handle_update(request: web.Request) -> web.Response:
-    ctx = sim_context(request)
-    credential = ctx.auth.authenticate(request)
-    body = await read_json(request)
-    mid = merchant(request, credential, body)
+    ctx, mid, body = await merchant_call(request)
     changes = _account_fields(body, creating=False)
     return json_response(ctx.vault.update(mid, request.match_info["uuid"], changes))
 
 
 async def handle_delete(request: web.Request) -> web.Response:
-    ctx = sim_context(request)
-    mid = merchant(request, ctx.auth.authenticate(request))
+    ctx, mid = merchant_of(request)
     return json_response(ctx.vault.delete(mid, request.match_info["uuid"]))
 
 

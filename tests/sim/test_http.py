@@ -12,7 +12,14 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from kiosk_agent.sim.http import dumps, error_middleware, json_response, read_json
+from kiosk_agent.sim.http import (
+    ApiError,
+    Body,
+    dumps,
+    error_middleware,
+    json_response,
+    read_json,
+)
 
 from .sim_api import Api
 
@@ -45,6 +52,23 @@ async def tiny_server() -> AsyncIterator[str]:
     port = runner.addresses[0][1]
     yield f"http://127.0.0.1:{port}"
     await runner.cleanup()
+
+
+@pytest.mark.parametrize(
+    ("sent", "refusal"),
+    [
+        ("12.505", 'must be dollars like "12.50"'),
+        ("0.00", "must be above zero, got '0.00'"),
+        (12.5, "must be a string"),
+    ],
+)
+def test_dollar_fields_become_cents_or_a_400_naming_the_field(sent: Any, refusal: str) -> None:
+    assert Body({"amount": "12.50"}).req_dollars("amount") == 1250
+    assert Body({}).dollars("amount") is None
+    with pytest.raises(ApiError, match=refusal) as caught:
+        Body({"amount": sent}).dollars("amount")
+    assert caught.value.status == 400
+    assert "'amount'" in caught.value.description
 
 
 async def test_an_unexpected_exception_is_a_500_and_serving_goes_on(tiny_server: str) -> None:
