@@ -32,7 +32,8 @@ from typing import Any
 
 import aiohttp
 
-from kiosk_agent.service.client import ServiceClient, ServiceSettings
+from kiosk_agent.cli.sim import parse_ready, settings_from_ready
+from kiosk_agent.service.client import ServiceClient
 from kiosk_agent.service.models import VaultAccountRequest
 from kiosk_agent.service.models.reporting import Page, Transaction
 from kiosk_agent.service.transport import Auth, MidPlacement
@@ -52,14 +53,6 @@ def peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
-def settings_from(info: dict[str, Any], **tuning: Any) -> ServiceSettings:
-    return ServiceSettings(
-        base_url=info["base_url"], reporting_url=info["reporting_url"], ws_url=info["ws_url"],
-        api_key=info["api_key"], refresh_token=info["refresh_token"], mid=info["mid"],
-        client_id=info["client_id"], client_secret=info["client_secret"], **tuning,
-    )  # fmt: skip
-
-
 def start_sim_process(transactions: int) -> tuple[subprocess.Popen[str], dict[str, Any]]:
     command = [
         sys.executable, "-m", "kiosk_agent", "sim", "--port", "0", "--seed", "1",
@@ -68,15 +61,15 @@ def start_sim_process(transactions: int) -> tuple[subprocess.Popen[str], dict[st
     sim = subprocess.Popen(command, stdout=subprocess.PIPE, text=True)
     assert sim.stdout is not None
     for line in sim.stdout:
-        if line.startswith("READY "):
-            return sim, json.loads(line[len("READY ") :])
+        if (info := parse_ready(line)) is not None:
+            return sim, info
     sim.kill()
     raise RuntimeError("the simulator exited before it was ready")
 
 
 async def stream(info: dict[str, Any], wanted: int) -> dict[str, float]:
     samples: list[tuple[int, float]] = []
-    async with ServiceClient(settings_from(info)) as svc:
+    async with ServiceClient(settings_from_ready(info)) as svc:
         count = 0
         started = time.perf_counter()
         cpu_started = time.process_time()
@@ -144,7 +137,7 @@ async def lookahead(info: dict[str, Any], pages: int) -> dict[str, float]:
         trace.on_request_headers_sent.append(delay)
         async with (
             aiohttp.ClientSession(trace_configs=[trace]) as session,
-            ServiceClient(settings_from(info), session=session) as svc,
+            ServiceClient(settings_from_ready(info), session=session) as svc,
         ):
             sequential_s, lookahead_s = await _page_timings(svc, pages)
         speedup = sequential_s / lookahead_s
@@ -181,7 +174,7 @@ async def _page_timings(svc: ServiceClient, pages: int) -> tuple[float, float]:
 
 
 async def overhead(info: dict[str, Any], calls: int) -> dict[str, float]:
-    async with ServiceClient(settings_from(info)) as svc:
+    async with ServiceClient(settings_from_ready(info)) as svc:
         request = VaultAccountRequest(
             account_token="9412345678901111", name="Bench", account_zip="10001",  # noqa: S106
             address1="1 Main St", city="New York", region="NY", country="US",
@@ -232,7 +225,7 @@ async def wait_latency(count: int, *, websocket: bool) -> list[float]:
     await sim.start()
     assert sim.ctx is not None
     terminals = sim.ctx.terminals
-    settings = settings_from(sim.ready_info(), websocket=websocket, rate_limit=1e6)
+    settings = settings_from_ready(sim.ready_info(), websocket=websocket, rate_limit=1e6)
     latencies: list[float] = []
     try:
         async with ServiceClient(settings) as svc:

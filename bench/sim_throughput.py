@@ -32,6 +32,8 @@ from typing import Any
 
 import aiohttp
 
+from kiosk_agent.cli.sim import parse_ready
+
 REPORTING = "/ords/sprint/api/3p/v1/transactions"
 ACCOUNT = {
     "account_token": "9541111111114444", "name": "Bench", "account_zip": "10001",
@@ -65,10 +67,11 @@ async def start_process(*args: str) -> tuple[asyncio.subprocess.Process, dict[st
     )
     assert process.stdout is not None
     line = (await asyncio.wait_for(process.stdout.readline(), 120)).decode()
-    if not line.startswith("READY "):
+    info = parse_ready(line)
+    if info is None:
         process.kill()
         raise SystemExit(f"process did not start: {line!r}")
-    return process, json.loads(line[len("READY ") :])
+    return process, info
 
 
 async def stop_process(process: asyncio.subprocess.Process) -> None:

@@ -19,6 +19,7 @@ from kiosk_agent.sim.ratelimit import RateLimit
 from kiosk_agent.sim.server import SimOptions, SimServer
 
 DEFAULT_PORT = 8990
+READY = "READY "  # the line `kiosk-agent sim` prints once it listens: READY {json}
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -106,6 +107,15 @@ def settings_from_ready(info: Mapping[str, Any], **tuning: Any) -> ServiceSettin
     )
 
 
+def parse_ready(line: str) -> dict[str, Any] | None:
+    """The information of a ``READY {json}`` line (another process's simulator); None for any
+    other line."""
+    if not line.startswith(READY):
+        return None
+    info: dict[str, Any] = json.loads(line[len(READY) :])
+    return info
+
+
 def options_from_args(args: argparse.Namespace) -> SimOptions:
     return SimOptions(
         host=args.host,
@@ -134,7 +144,7 @@ async def run_sim(args: argparse.Namespace) -> int:
     for signum in (signal.SIGTERM, signal.SIGINT):
         with contextlib.suppress(NotImplementedError):
             loop.add_signal_handler(signum, stop.set)
-    print(f"READY {json.dumps(server.ready_info())}", flush=True)
+    print(f"{READY}{json.dumps(server.ready_info())}", flush=True)
     try:
         await stop.wait()
     finally:

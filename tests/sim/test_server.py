@@ -1,5 +1,4 @@
 import asyncio
-import json
 import signal
 import subprocess
 import sys
@@ -9,6 +8,7 @@ from typing import Any
 import aiohttp
 import pytest
 
+from kiosk_agent.cli.sim import parse_ready
 from kiosk_agent.sim.server import SimOptions, SimServer
 
 from .sim_api import Api
@@ -85,8 +85,8 @@ async def test_kiosk_agent_sim_prints_ready_and_stops_on_sigterm(tmp_path: Path)
     try:
         assert process.stdout is not None
         line = (await asyncio.wait_for(process.stdout.readline(), 20)).decode()
-        assert line.startswith("READY "), line
-        info = json.loads(line[len("READY ") :])
+        info = parse_ready(line)
+        assert info is not None, line
         async with aiohttp.ClientSession() as http:
             api = Api(http, info["base_url"], info["api_key"])
             status, body = await api.get("/api/terminal")
