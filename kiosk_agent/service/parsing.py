@@ -10,7 +10,7 @@ import json
 from collections.abc import Sequence
 from typing import Any, TypeVar
 
-from pydantic import BaseModel, TypeAdapter, ValidationError
+from pydantic import BaseModel, ValidationError
 
 from kiosk_agent.redact import redact
 from kiosk_agent.service.errors import InvalidResponseError
@@ -23,7 +23,6 @@ from kiosk_agent.service.models.terminal import (
 )
 
 M = TypeVar("M", bound=BaseModel)
-T = TypeVar("T")
 
 BODY = "<body>"  # the field name of a body that is not JSON at all
 _SNIPPET = 60
@@ -74,13 +73,6 @@ def parse_json(model: type[M], body: bytes, *, what: str) -> M:
             decode_json(body, what=what)  # raises with a description of the body
         data = json.loads(body)
         raise invalid_response(exc, data, what=what) from None
-
-
-def parse_with(adapter: TypeAdapter[T], data: Any, *, what: str, prefix: str = "") -> T:
-    try:
-        return adapter.validate_python(data)
-    except ValidationError as exc:
-        raise invalid_response(exc, data, what=what, prefix=prefix) from None
 
 
 def invalid_response(

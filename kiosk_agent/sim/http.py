@@ -113,13 +113,6 @@ async def _read_limited(request: web.Request, max_bytes: int) -> bytes:
     return b"".join(chunks)
 
 
-async def read_optional_json(request: web.Request) -> Body:
-    """Like :func:`read_json`, but an empty body is an empty object (POSTs with no fields)."""
-    if not request.can_read_body:
-        return Body({})
-    return await read_json(request)
-
-
 class Body:
     """Typed access to a JSON object's fields; every problem is a 400 naming the field."""
 
