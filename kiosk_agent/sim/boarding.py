@@ -19,7 +19,7 @@ from typing import Any
 from aiohttp import web
 
 from kiosk_agent.service.models.boarding import MerchantReason, MerchantStatus, MerchantTrigger
-from kiosk_agent.sim.clock import VirtualClock, iso_ms
+from kiosk_agent.sim.clock import VirtualClock
 from kiosk_agent.sim.context import SimContext
 from kiosk_agent.sim.http import (
     ApiError,
@@ -110,7 +110,7 @@ class Boarding:
     # -- API moves -------------------------------------------------------------------------
     def create(self, fields: dict[str, Any]) -> dict[str, Any]:
         merchant_id = self._store.next_id("merchant_id", start=100001)
-        now = iso_ms(self._clock.time())
+        now = self._clock.iso_now()
         row = {
             "merchant_id": merchant_id,
             "mid": None,
@@ -239,7 +239,7 @@ class Boarding:
 
     # -- plumbing --------------------------------------------------------------------------
     def _save(self, merchant_id: int, changes: dict[str, Any]) -> dict[str, Any]:
-        changes = {**changes, "updated": iso_ms(self._clock.time())}
+        changes = {**changes, "updated": self._clock.iso_now()}
         assignments = ", ".join(f"{name} = :{name}" for name in changes)
         self._store.execute(
             f"UPDATE merchants SET {assignments} WHERE merchant_id = :merchant_id",  # noqa: S608
@@ -262,7 +262,7 @@ class Boarding:
         payload.update(
             trigger=trigger.value,
             reason=reason.value,
-            timestamp=iso_ms(self._clock.time()).replace("Z", "+00:00"),
+            timestamp=self._clock.iso_now().replace("Z", "+00:00"),
             **extra,
         )
         kind = event_type or f"merchant.{status.api_name}"

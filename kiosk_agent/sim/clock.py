@@ -32,6 +32,10 @@ class VirtualClock:
         """Simulated time as an aware UTC datetime."""
         return datetime.fromtimestamp(self.time(), UTC)
 
+    def iso_now(self) -> str:
+        """Simulated time as the interface writes it (ISO 8601 UTC, milliseconds)."""
+        return iso_ms(self.time())
+
     def real_seconds(self, sim_seconds: float) -> float:
         """How long ``sim_seconds`` of simulated time last on the wall clock."""
         return max(0.0, sim_seconds / self.time_scale)

@@ -17,7 +17,7 @@ from typing import Any
 
 from kiosk_agent.money import MoneyError, cents_to_decimal, reported_dollars_to_cents
 from kiosk_agent.service.models.reporting import TransStatus
-from kiosk_agent.sim.clock import VirtualClock, iso_ms
+from kiosk_agent.sim.clock import VirtualClock
 from kiosk_agent.sim.store import (
     IdSequence,
     JsonPage,
@@ -154,7 +154,7 @@ class Ledger:
         """Insert one transaction; ``trans_id`` and ``trans_date`` are filled in when absent."""
         record = dict(row)
         record.setdefault("trans_id", self.new_trans_id())
-        record.setdefault("trans_date", iso_ms(self._clock.time()))
+        record.setdefault("trans_date", self._clock.iso_now())
         record.setdefault("authorized_cents", record.get("amount_cents", 0))
         self._insert([record])
         return self.get(str(record["trans_id"])) or record
@@ -264,7 +264,7 @@ class Ledger:
 
         Returns the number of transactions settled and the new deposit rows.
         """
-        now = iso_ms(self._clock.time())
+        now = self._clock.iso_now()
         deposits: list[dict[str, Any]] = []
         settled = 0
         with self._store.transaction():

@@ -121,7 +121,7 @@ class Terminals:
         state = self._state(device_id)
         state.update(changes)
         if state["online"]:
-            state["last_seen_at"] = iso_ms(self._ctx.clock.time())
+            state["last_seen_at"] = self._ctx.clock.iso_now()
         self._states.put(device_id, state)
         return state
 

@@ -12,7 +12,6 @@ from typing import Any
 from aiohttp import web
 
 from kiosk_agent.sim import cards
-from kiosk_agent.sim.clock import iso_ms
 from kiosk_agent.sim.context import SimContext
 from kiosk_agent.sim.http import Body, bad_request, json_response, not_found
 from kiosk_agent.sim.payments import merchant_call, merchant_of
@@ -39,7 +38,7 @@ class Vault:
 
     def create(self, mid: str, fields: dict[str, Any]) -> dict[str, Any]:
         record_id = self._ctx.store.next_id("vault_account")
-        now = iso_ms(self._ctx.clock.time())
+        now = self._ctx.clock.iso_now()
         token = str(fields["account_token"])
         is_ach = bool(fields.get("entry_class"))
         record: dict[str, Any] = {
@@ -84,7 +83,7 @@ class Vault:
         if "account_token" in changes:
             record["last_four"] = cards.last_four_of(record["account_token"])
             record["card_brand_id"] = str(cards.brand_of(record["account_token"]))
-        record["updated"] = iso_ms(self._ctx.clock.time())
+        record["updated"] = self._ctx.clock.iso_now()
         record["updated_by"] = "api"
         self._accounts.put(account_uuid, record)
         return record
@@ -92,7 +91,7 @@ class Vault:
     def delete(self, mid: str, account_uuid: str) -> dict[str, Any]:
         record = self.get(mid, account_uuid)
         record["is_deleted"] = "1"
-        record["updated"] = iso_ms(self._ctx.clock.time())
+        record["updated"] = self._ctx.clock.iso_now()
         self._accounts.put(account_uuid, record)
         return record
 

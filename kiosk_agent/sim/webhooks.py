@@ -25,7 +25,7 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 
-from kiosk_agent.sim.clock import VirtualClock, iso_ms
+from kiosk_agent.sim.clock import VirtualClock
 from kiosk_agent.sim.context import SimContext
 from kiosk_agent.sim.http import json_response
 from kiosk_agent.sim.store import Store
@@ -170,7 +170,7 @@ class WebhookDispatcher:
         event = WebhookEvent(
             event_type=event_type,
             source_id=source_id,
-            timestamp=iso_ms(self._clock.time()),
+            timestamp=self._clock.iso_now(),
             payload=payload,
             webhook_id=f"wh_{uuid.uuid4().hex}",
             idempotency_key=f"idem_{uuid.uuid4().hex}",
