@@ -16,21 +16,12 @@ from kiosk_agent.service.models.boarding import (
     MerchantUpdate,
 )
 from kiosk_agent.service.parsing import parse
-from kiosk_agent.service.reporting import (
-    DEFAULT_PAGE_SIZE,
-    check_page_size,
-    iterate_collection,
-)
-from kiosk_agent.service.transport import Transport
+from kiosk_agent.service.reporting import CollectionClient
 
 MERCHANTS_PATH = "/ords/sprint/api/3p/boarding/v1/merchants"
 
 
-class BoardingClient:
-    def __init__(self, transport: Transport, *, page_size: int = DEFAULT_PAGE_SIZE) -> None:
-        self._transport = transport
-        self.page_size = check_page_size(page_size)
-
+class BoardingClient(CollectionClient):
     def merchants(
         self,
         filters: MerchantFilter | None = None,
@@ -39,14 +30,7 @@ class BoardingClient:
         limit: int | None = None,
     ) -> AsyncIterator[Merchant]:
         """Every merchant matching ``filters``, one page in memory at a time."""
-        return iterate_collection(
-            self._transport,
-            MERCHANTS_PATH,
-            Merchant,
-            q=filters.to_q() if filters is not None else None,
-            page_size=page_size or self.page_size,
-            limit=limit,
-        )
+        return self._collection(MERCHANTS_PATH, Merchant, filters, page_size, limit)
 
     async def create(self, merchant: MerchantCreate) -> Merchant:
         """Create a merchant (status ``new``; the service emits ``merchant.new``/``created``)."""

@@ -195,12 +195,33 @@ def _next_params(
     return query
 
 
-class ReportingClient:
-    """The four reporting collections; every method returns an async iterator of typed records."""
+class CollectionClient:
+    """What the reporting and boarding clients share: ORDS collections, filtered by ``q``."""
 
     def __init__(self, transport: Transport, *, page_size: int = DEFAULT_PAGE_SIZE) -> None:
         self._transport = transport
         self.page_size = check_page_size(page_size)
+
+    def _collection(
+        self,
+        path: str,
+        model: type[M],
+        filters: QueryFilter | None,
+        page_size: int | None,
+        limit: int | None,
+    ) -> AsyncIterator[M]:
+        return iterate_collection(
+            self._transport,
+            path,
+            model,
+            q=filters.to_q() if filters is not None else None,
+            page_size=page_size or self.page_size,
+            limit=limit,
+        )
+
+
+class ReportingClient(CollectionClient):
+    """The four reporting collections; every method returns an async iterator of typed records."""
 
     def records(
         self,
@@ -260,11 +281,5 @@ class ReportingClient:
         page_size: int | None,
         limit: int | None,
     ) -> AsyncIterator[M]:
-        return iterate_collection(
-            self._transport,
-            f"{REPORTING_PREFIX}/{kind.value}",
-            model,
-            q=filters.to_q() if filters is not None else None,
-            page_size=page_size or self.page_size,
-            limit=limit,
-        )
+        path = f"{REPORTING_PREFIX}/{kind.value}"
+        return self._collection(path, model, filters, page_size, limit)
