@@ -71,10 +71,13 @@ class WebhookPayloadError(WebhookError):
 # -- signature ---------------------------------------------------------------------------------
 
 
+def _digest(raw_body: bytes, secret: str) -> str:
+    return hmac.new(secret.encode(), raw_body, hashlib.sha256).hexdigest()
+
+
 def sign(raw_body: bytes, secret: str) -> str:
     """The ``X-Webhook-Signature-256`` header value for ``raw_body``."""
-    digest = hmac.new(secret.encode(), raw_body, hashlib.sha256).hexdigest()
-    return f"{_SIGNATURE_PREFIX}{digest}"
+    return f"{_SIGNATURE_PREFIX}{_digest(raw_body, secret)}"
 
 
 def verify(raw_body: bytes, signature_header: str | None, secret: str) -> None:
@@ -92,8 +95,7 @@ def verify(raw_body: bytes, signature_header: str | None, secret: str) -> None:
     received = header[len(_SIGNATURE_PREFIX) :].lower()
     if len(received) != _HEX_DIGEST_LENGTH or any(c not in "0123456789abcdef" for c in received):
         raise WebhookSignatureError(f"{SIGNATURE_HEADER} is not a hex SHA-256 digest")
-    expected = hmac.new(secret.encode(), raw_body, hashlib.sha256).hexdigest()
-    if not hmac.compare_digest(expected, received):
+    if not hmac.compare_digest(_digest(raw_body, secret), received):
         raise WebhookSignatureError(f"{SIGNATURE_HEADER} does not match the body")
 
 
