@@ -15,7 +15,7 @@ from decimal import Decimal
 from operator import itemgetter
 from typing import Any
 
-from kiosk_agent.money import MoneyError, cents_to_decimal, reported_dollars_to_cents
+from kiosk_agent.money import cents_to_decimal
 from kiosk_agent.service.models.reporting import TransStatus
 from kiosk_agent.sim.clock import VirtualClock
 from kiosk_agent.sim.store import (
@@ -26,6 +26,9 @@ from kiosk_agent.sim.store import (
     UnknownFieldError,
     dollars_sql,
     json_object_sql,
+    record_json_sql,
+    record_resource,
+    stored_filters,
 )
 
 # The ledger's id sequences. The seeded data set reserves blocks from them, so ids made later
@@ -108,12 +111,7 @@ TRANSACTION_JSON = json_object_sql(
         *((name, f"json({name})") for name in DECIMAL_FIELDS),
     ]
 )
-DEPOSIT_JSON = json_object_sql(
-    [
-        *((name, name) for name in DEPOSIT_FIELDS if name != "amount"),
-        ("amount", dollars_sql("amount_cents")),
-    ]
-)
+DEPOSIT_JSON = record_json_sql(DEPOSIT_FIELDS)
 
 
 class Ledger:
@@ -221,13 +219,13 @@ class Ledger:
         :class:`MoneyError`.
         """
         return self._store.page(
-            "transactions", _TRANSACTION_COLUMNS, _stored_filters(filters, RESOURCE_FIELDS),
+            "transactions", _TRANSACTION_COLUMNS, stored_filters(filters, RESOURCE_FIELDS),
             limit, offset, order_by="seq",
         )  # fmt: skip
 
     def query_json(self, filters: Mapping[str, Any], limit: int, offset: int) -> JsonPage:
         """Like :meth:`query`, the page's items already as the resources' JSON text."""
-        stored = _stored_filters(filters, RESOURCE_FIELDS)
+        stored = stored_filters(filters, RESOURCE_FIELDS)
         return self._transactions.page(stored, limit, offset)
 
     def count(self) -> int:
@@ -238,14 +236,14 @@ class Ledger:
         self, filters: Mapping[str, Any], limit: int, offset: int
     ) -> tuple[list[dict[str, Any]], bool]:
         return self._store.page(
-            "deposits", _DEPOSIT_COLUMNS, _stored_filters(filters, frozenset(DEPOSIT_FIELDS)),
+            "deposits", _DEPOSIT_COLUMNS, stored_filters(filters, frozenset(DEPOSIT_FIELDS)),
             limit, offset, order_by="deposit_id",
         )  # fmt: skip
 
     def query_deposits_json(
         self, filters: Mapping[str, Any], limit: int, offset: int
     ) -> JsonPage:
-        stored = _stored_filters(filters, frozenset(DEPOSIT_FIELDS))
+        stored = stored_filters(filters, frozenset(DEPOSIT_FIELDS))
         return self._deposits.page(stored, limit, offset)
 
     def add_deposits(self, rows: Iterable[Mapping[str, Any]]) -> None:
@@ -322,9 +320,7 @@ def transaction_resource(row: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def deposit_resource(row: Mapping[str, Any]) -> dict[str, Any]:
-    resource = {name: row[name] for name in DEPOSIT_FIELDS if name != "amount"}
-    resource["amount"] = cents_to_decimal(int(row["amount_cents"]))
-    return resource
+    return record_resource(row, DEPOSIT_FIELDS)
 
 
 def _values_of(columns: tuple[str, ...]) -> Callable[[Mapping[str, Any]], tuple[Any, ...]]:
@@ -339,15 +335,3 @@ def new_order_id() -> str:
     return f"SIM-{uuid.uuid4().hex[:16].upper()}"
 
 
-def _stored_filters(filters: Mapping[str, Any], allowed: frozenset[str]) -> dict[str, Any]:
-    stored: dict[str, Any] = {}
-    for name, value in filters.items():
-        if name not in allowed:
-            raise UnknownFieldError(name)
-        if name == "amount":
-            if value is None:
-                raise MoneyError("amount filter must be a number")
-            stored["amount_cents"] = reported_dollars_to_cents(value)
-        else:
-            stored[name] = value
-    return stored

@@ -20,7 +20,7 @@ from typing import Any
 
 from aiohttp import web
 
-from kiosk_agent.money import MoneyError, cents_to_decimal, reported_dollars_to_cents
+from kiosk_agent.money import MoneyError
 from kiosk_agent.sim import dataset
 from kiosk_agent.sim.context import SimContext
 from kiosk_agent.sim.http import bad_request, dumps, query_int
@@ -30,8 +30,8 @@ from kiosk_agent.sim.store import (
     JsonPager,
     Store,
     UnknownFieldError,
-    dollars_sql,
-    json_object_sql,
+    record_json_sql,
+    stored_filters,
 )
 
 API_PREFIX = "/ords/sprint/api/3p/v1"
@@ -82,7 +82,9 @@ class ReportTables:
         self._store = store
         store.create(_DDL)
         self._pagers = {
-            table: JsonPager(store, table, "rowid", _stored_columns(fields), _record_json(fields))
+            table: JsonPager(
+                store, table, "rowid", _stored_columns(fields), record_json_sql(fields)
+            )
             for table, fields in (
                 ("chargebacks", CHARGEBACK_FIELDS),
                 ("adjustments", ADJUSTMENT_FIELDS),
@@ -108,13 +110,13 @@ class ReportTables:
     def query_chargebacks_json(
         self, filters: Mapping[str, Any], limit: int, offset: int
     ) -> JsonPage:
-        stored = _stored_filters(filters, CHARGEBACK_FIELDS)
+        stored = stored_filters(filters, CHARGEBACK_FIELDS)
         return self._pagers["chargebacks"].page(stored, limit, offset)
 
     def query_adjustments_json(
         self, filters: Mapping[str, Any], limit: int, offset: int
     ) -> JsonPage:
-        stored = _stored_filters(filters, ADJUSTMENT_FIELDS)
+        stored = stored_filters(filters, ADJUSTMENT_FIELDS)
         return self._pagers["adjustments"].page(stored, limit, offset)
 
     def _page(
@@ -125,35 +127,12 @@ class ReportTables:
         limit: int,
         offset: int,
     ) -> tuple[list[dict[str, Any]], bool]:
-        stored = _stored_filters(filters, fields)
+        stored = stored_filters(filters, fields)
         return self._store.page(table, _stored_columns(fields), stored, limit, offset)
 
 
 def _stored_columns(fields: tuple[str, ...]) -> frozenset[str]:
     return frozenset({*fields, "amount_cents"} - {"amount"})
-
-
-def _stored_filters(filters: Mapping[str, Any], fields: tuple[str, ...]) -> dict[str, Any]:
-    """Resource attribute equalities as stored columns: ``amount`` dollars -> ``amount_cents``."""
-    stored = {}
-    for name, value in filters.items():
-        if name not in fields:
-            raise UnknownFieldError(name)
-        if name == "amount":
-            stored["amount_cents"] = reported_dollars_to_cents(value)
-        else:
-            stored[name] = value
-    return stored
-
-
-def _record_json(fields: tuple[str, ...]) -> str:
-    """The SQL writing a row as :func:`record_resource` does."""
-    return json_object_sql(
-        [
-            *((name, name) for name in fields if name != "amount"),
-            ("amount", dollars_sql("amount_cents")),
-        ]
-    )
 
 
 def _insert_sql(table: str, fields: tuple[str, ...]) -> str:
@@ -162,13 +141,6 @@ def _insert_sql(table: str, fields: tuple[str, ...]) -> str:
         f"INSERT INTO {table} ({', '.join(columns)}) "  # noqa: S608
         f"VALUES ({', '.join(':' + name for name in columns)})"
     )
-
-
-def record_resource(row: Mapping[str, Any], fields: tuple[str, ...]) -> dict[str, Any]:
-    """A chargeback or adjustment row as served: ``amount`` in dollars."""
-    resource = {name: row.get(name) for name in fields if name != "amount"}
-    resource["amount"] = cents_to_decimal(int(row["amount_cents"]))
-    return resource
 
 
 def parse_q(raw: str | None) -> dict[str, Any]:

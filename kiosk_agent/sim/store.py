@@ -23,6 +23,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
 
+from kiosk_agent.money import MoneyError, cents_to_decimal, reported_dollars_to_cents
+
 DB_NAME = "sim.db"
 Params = Sequence[Any] | Mapping[str, Any]
 # Offsets remembered per pager: enough for many clients walking different filters at once.
@@ -231,6 +233,43 @@ def dollars_sql(cents_column: str) -> str:
         f"json(CASE WHEN {c} < 0 THEN '-' ELSE '' END || (abs({c}) / 100) || '.' "
         f"|| substr('0' || (abs({c}) % 100), -2))"
     )
+
+
+# Reported records (transactions, deposits, chargebacks, adjustments) serve ``amount`` in dollars
+# and store it as integer ``amount_cents``; the three helpers below are that one mapping.
+
+
+def stored_filters(filters: Mapping[str, Any], fields: Collection[str]) -> dict[str, Any]:
+    """Equalities on a record's ``fields`` as stored columns (``amount`` dollars ->
+    ``amount_cents``); another name is an :class:`UnknownFieldError`."""
+    stored: dict[str, Any] = {}
+    for name, value in filters.items():
+        if name not in fields:
+            raise UnknownFieldError(name)
+        if name == "amount":
+            if value is None:
+                raise MoneyError("amount filter must be a number")
+            stored["amount_cents"] = reported_dollars_to_cents(value)
+        else:
+            stored[name] = value
+    return stored
+
+
+def record_json_sql(fields: Iterable[str]) -> str:
+    """The SQL writing a stored row as :func:`record_resource` serves it."""
+    return json_object_sql(
+        [
+            *((name, name) for name in fields if name != "amount"),
+            ("amount", dollars_sql("amount_cents")),
+        ]
+    )
+
+
+def record_resource(row: Mapping[str, Any], fields: Iterable[str]) -> dict[str, Any]:
+    """A stored row as served: its ``fields``, ``amount`` in dollars (Decimal)."""
+    resource = {name: row.get(name) for name in fields if name != "amount"}
+    resource["amount"] = cents_to_decimal(int(row["amount_cents"]))
+    return resource
 
 
 @dataclass(frozen=True, slots=True)

@@ -16,13 +16,8 @@ from kiosk_agent.sim.ledger import (
     deposit_resource,
     transaction_resource,
 )
-from kiosk_agent.sim.reporting import (
-    ADJUSTMENT_FIELDS,
-    CHARGEBACK_FIELDS,
-    ReportTables,
-    record_resource,
-)
-from kiosk_agent.sim.store import Store, UnknownFieldError
+from kiosk_agent.sim.reporting import ADJUSTMENT_FIELDS, CHARGEBACK_FIELDS, ReportTables
+from kiosk_agent.sim.store import Store, UnknownFieldError, record_resource
 
 
 @pytest.fixture
