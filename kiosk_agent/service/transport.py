@@ -172,7 +172,7 @@ class Transport:
         ``retry_safe`` defaults to True for GET/PUT/DELETE; ``rate_limited`` to True for
         terminal endpoints.
         """
-        label = what or f"{method} {path.split('?', 1)[0]}"
+        label = _label(method, path, what)
         _status, body, content_type = await self.send(
             method,
             path,
@@ -192,7 +192,7 @@ class Transport:
         self, model: type[M], method: str, path: str, *, what: str | None = None, **kwargs: Any
     ) -> M:
         """Like :meth:`request`, validated straight from the bytes into ``model``."""
-        label = what or f"{method} {path.split('?', 1)[0]}"
+        label = _label(method, path, what)
         _status, body, _ctype = await self.send(method, path, what=label, **kwargs)
         return parse_json(model, body, what=label)
 
@@ -235,7 +235,7 @@ class Transport:
         """The retry loop: (status, body, content type) of a 2xx, or a typed ServiceError."""
         method = method.upper()
         url = self.url(path)
-        what = what or f"{method} {path}"
+        what = _label(method, path, what)
         if retry_safe is None:
             retry_safe = method in _IDEMPOTENT_METHODS
         if rate_limited is None:
@@ -457,6 +457,12 @@ class _OAuthAnswer(ServiceModel):
     access_token: str
     token_type: str = "bearer"  # noqa: S105 (the scheme's name)
     expires_in: int = 3600
+
+
+def _label(method: str, path: str, what: str | None) -> str:
+    """What a call is named in errors and logs: ``what``, else its method and path, without the
+    query (values such as a filter stay out of messages)."""
+    return what or f"{method} {path.split('?', 1)[0]}"
 
 
 def _retry_after_seconds(value: str | None) -> float | None:
