@@ -1180,7 +1180,7 @@ async def boarding_update(args: argparse.Namespace) -> int:
         "merchant_status": status, "dba_name": args.dba_name, "legal_name": args.legal_name,
         "external_crm_id": args.external_crm_id,
     })
-    if not changes.to_body():
+    if not changes.to_wire():
         raise CliError("nothing to update: give --status or a field", EXIT_USAGE)
     async with open_client(args, needs="oauth") as svc:
         merchant = await svc.boarding.update(args.merchant_id, changes)

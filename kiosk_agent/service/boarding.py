@@ -34,7 +34,7 @@ class BoardingClient(CollectionClient):
 
     async def create(self, merchant: MerchantCreate) -> Merchant:
         """Create a merchant (status ``new``; the service emits ``merchant.new``/``created``)."""
-        body = merchant.model_dump(exclude_none=True)
+        body = merchant.to_wire()
         data = await self._transport.oauth_request("POST", self._url(), json=body)
         return parse(Merchant, data, what="created merchant")
 
@@ -58,7 +58,7 @@ class BoardingClient(CollectionClient):
             changes = MerchantUpdate.model_validate({"merchant_status": status, **fields})
         elif status is not None or fields:
             raise TypeError("pass either a MerchantUpdate or keyword changes, not both")
-        body = changes.to_body()
+        body = changes.to_wire()
         if not body:
             raise ValueError("nothing to update: give a status or at least one field")
         data = await self._transport.oauth_request("PUT", self._url(merchant_id), json=body)

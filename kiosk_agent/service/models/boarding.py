@@ -13,7 +13,7 @@ from typing import Annotated, Any
 
 from pydantic import BeforeValidator, Field
 
-from kiosk_agent.service.models.common import ServiceModel, Tolerant, invalid
+from kiosk_agent.service.models.common import RequestBody, ServiceModel, Tolerant, invalid
 from kiosk_agent.service.models.reporting import QueryFilter
 
 __all__ = [
@@ -193,7 +193,7 @@ class WebhookEnvelope(ServiceModel):
     metadata: WebhookMetadata
 
 
-class MerchantCreate(ServiceModel):
+class MerchantCreate(RequestBody):
     """Fields to create a merchant; anything else the service accepts may be passed as extra."""
 
     dba_name: str
@@ -216,7 +216,7 @@ class MerchantFilter(QueryFilter):
     external_crm_id: str | None = None
 
 
-class MerchantUpdate(ServiceModel):
+class MerchantUpdate(RequestBody):
     """Fields to change on a merchant; only those set are sent.
 
     ``merchant_status`` travels as its name; through the API only ``new`` (retract) and
@@ -231,8 +231,8 @@ class MerchantUpdate(ServiceModel):
     rep_code_id: int | None = None
     customer_id: int | None = None
 
-    def to_body(self) -> dict[str, Any]:
-        body = self.model_dump(exclude_none=True)
+    def to_wire(self) -> dict[str, Any]:
+        body = super().to_wire()
         if self.merchant_status is not None:
             body["merchant_status"] = self.merchant_status.api_name
         return body

@@ -120,6 +120,14 @@ class ServiceModel(BaseModel):
             yield name, HIDDEN if secret else hide_secrets(value)
 
 
+class RequestBody(ServiceModel):
+    """A body we send."""
+
+    def to_wire(self) -> dict[str, Any]:
+        """The JSON body: optional fields not set are left out."""
+        return self.model_dump(mode="json", exclude_none=True)
+
+
 class ErrorBody(ServiceModel):
     """The error body of 400/401/404/409/429 answers: both fields optional."""
 

@@ -15,6 +15,7 @@ from pydantic import AliasChoices, Field, field_serializer, field_validator, mod
 
 from kiosk_agent.service.models.common import (
     Dollars,
+    RequestBody,
     RequestDollars,
     ServiceModel,
     Tolerant,
@@ -43,7 +44,7 @@ class StoredCredentialType(enum.StrEnum):
     MERCHANT = "M"  # merchant-initiated
 
 
-class ChargeRequest(ServiceModel):
+class ChargeRequest(RequestBody):
     """The body of ``POST /api/v1/charge``. ``amount`` is integer cents.
 
     Charge either an ``account_token`` or a vaulted ``payment_account_uuid``; the latter is a
@@ -95,11 +96,7 @@ class ChargeRequest(ServiceModel):
 
     @field_serializer("capture", "vault", "cof_sched", "cof_perm")
     def _wire_flag(self, value: bool | None) -> str | None:
-        return None if value is None else ("Y" if value else "N")
-
-    def to_wire(self) -> dict[str, Any]:
-        """The JSON body: unset optional fields left out, flags as Y/N."""
-        return self.model_dump(mode="json", exclude_none=True)
+        return None if value is None else ("Y" if value else "N")  # on the wire: Y/N
 
 
 class ChargeResult(ServiceModel):
@@ -282,7 +279,7 @@ class HostedPageOption(ServiceModel):
     is_required: bool | None = None
 
 
-class HostedPage(ServiceModel):
+class HostedPage(RequestBody):
     """A hosted payment page to create or edit. Amounts in dollars (sent as two-place strings)."""
 
     name: str | None = None
@@ -306,9 +303,6 @@ class HostedPage(ServiceModel):
     def _two_places(self, value: Decimal | None) -> str | None:
         return None if value is None else f"{value:.2f}"
 
-    def to_wire(self) -> dict[str, Any]:
-        return self.model_dump(mode="json", exclude_none=True)
-
 
 class HostedPageLink(ServiceModel):
     """The answer of page creation: the link a customer pays on."""
@@ -329,7 +323,7 @@ def hpp_client_id_from_url(url: str) -> str:
     return client_id
 
 
-class VaultAccountRequest(ServiceModel):
+class VaultAccountRequest(RequestBody):
     """The body that creates a vault payment account."""
 
     mid: str | None = None  # None: the client's merchant
@@ -346,9 +340,6 @@ class VaultAccountRequest(ServiceModel):
     address2: str | None = None
     expiration: str | None = None
     is_default: str | None = None
-
-    def to_wire(self) -> dict[str, Any]:
-        return self.model_dump(mode="json", exclude_none=True)
 
 
 class BillingPlanCreated(ServiceModel):
