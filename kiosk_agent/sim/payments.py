@@ -278,6 +278,14 @@ def merchant_of(request: web.Request) -> tuple[SimContext, str]:
     return ctx, merchant(request, ctx.auth.authenticate(request))
 
 
+def order_id_field(body: Body) -> str | None:
+    """The ``order_id`` a charge names (None: one is made): up to 64 characters, not blank."""
+    order_id = body.text("order_id", max_length=64)
+    if order_id is not None and not order_id.strip():
+        raise bad_request("field 'order_id' must not be empty")
+    return order_id
+
+
 def charge_fields(body: Body, ctx: SimContext, mid: str) -> dict[str, Any]:
     """Validate a charge body into the fields :meth:`Payments.charge` takes."""
     fields: dict[str, Any] = {"amount": body.req_cents("amount")}
@@ -295,10 +303,7 @@ def charge_fields(body: Body, ctx: SimContext, mid: str) -> dict[str, Any]:
     fields["cof"] = body.choice("cof", ("C", "M"))
     fields["cof_sched"] = body.choice("cof_sched", ("Y", "N"))
     fields["cof_perm"] = body.choice("cof_perm", ("Y",))
-    order_id = body.text("order_id", max_length=64)
-    if order_id is not None and not order_id.strip():
-        raise bad_request("field 'order_id' must not be empty")
-    fields["order_id"] = order_id
+    fields["order_id"] = order_id_field(body)
     _check_line_items(body)
     uuid = body.text("payment_account_uuid")
     if uuid is not None:

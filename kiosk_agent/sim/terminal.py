@@ -31,7 +31,7 @@ from kiosk_agent.sim.http import (
     not_found,
     read_json,
 )
-from kiosk_agent.sim.payments import merchant
+from kiosk_agent.sim.payments import merchant, order_id_field
 
 _LOGGER = logging.getLogger(__name__)
 
@@ -392,10 +392,7 @@ async def handle_start(request: web.Request) -> web.Response:
     if kind == "read_card":
         options["confirm_amount"] = body.flag("confirm_amount")
     else:
-        order_id = body.text("order_id", max_length=64)
-        if order_id is not None and not order_id.strip():
-            raise bad_request("field 'order_id' must not be empty")
-        options["order_id"] = order_id
+        options["order_id"] = order_id_field(body)
         options["capture_signature"] = body.flag("capture_signature")
         options["print_receipt"] = body.flag("print_receipt")
         options["email"] = body.text("email")
