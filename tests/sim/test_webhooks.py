@@ -26,6 +26,7 @@ from kiosk_agent.sim.webhooks import (
     signature_matches,
 )
 
+from ..helpers import until
 from .sim_api import Api
 from .test_oauth import oauth_api
 
@@ -89,13 +90,6 @@ async def start_sim(sim_factory, receiver: Receiver, **options: Any) -> SimServe
     return await sim_factory(
         webhook_url=receiver.url, webhook_secret=SECRET, transactions=10, **options
     )
-
-
-async def until(predicate: Callable[[], bool], timeout: float = 5.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, "condition not met in time"
-        await asyncio.sleep(0.01)
 
 
 async def create(boarding: Api, name: str = "Corner Snacks") -> int:
