@@ -6,7 +6,6 @@ import asyncio
 import hashlib
 import hmac
 import json
-import socket
 import time
 from collections import Counter
 from collections.abc import AsyncIterator, Callable
@@ -26,7 +25,7 @@ from kiosk_agent.sim.webhooks import (
     signature_matches,
 )
 
-from ..helpers import until
+from ..helpers import free_port, until
 from .sim_api import Api
 from .test_oauth import oauth_api
 
@@ -194,12 +193,8 @@ async def test_chaos_duplicates_and_reorders(
 async def test_an_unreachable_receiver_is_retried_and_the_simulator_keeps_serving(
     sim_factory, http: aiohttp.ClientSession
 ) -> None:
-    with socket.socket() as probe:  # a port nothing listens on
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    sim = await sim_factory(
-        webhook_url=f"http://127.0.0.1:{port}/hooks", time_scale=1000, transactions=10
-    )
+    nothing_listens = f"http://127.0.0.1:{free_port()}/hooks"
+    sim = await sim_factory(webhook_url=nothing_listens, time_scale=1000, transactions=10)
     boarding = await oauth_api(http, sim)
 
     await create(boarding)
