@@ -81,6 +81,12 @@ _STATUS_REASONS = {
 }
 # Statuses the API may move a merchant out of: an application not yet signed.
 _API_MOVABLE = (MerchantStatus.NEW, MerchantStatus.SENT_FOR_SIGNATURE)
+# An application back at new (retracted, edited while out, or its signature expired): no
+# signature is awaited any more.
+_BACK_TO_NEW: dict[str, Any] = {
+    "merchant_status_id": int(MerchantStatus.NEW),
+    "signature_sent_at": None,
+}
 API_STATUSES = (MerchantStatus.NEW.api_name, MerchantStatus.SENT_FOR_SIGNATURE.api_name)
 TRIGGERS = tuple(trigger.value for trigger in MerchantTrigger)
 
@@ -145,7 +151,7 @@ class Boarding:
             changes = dict(fields)
             if out_for_signature:
                 # The signer would sign what is no longer true: the application goes back to new.
-                changes.update(merchant_status_id=int(MerchantStatus.NEW), signature_sent_at=None)
+                changes.update(_BACK_TO_NEW)
             row = self._save(merchant_id, changes)
             if out_for_signature:
                 self._emit(row, MerchantReason.UPDATED, MerchantTrigger.API)
@@ -179,10 +185,7 @@ class Boarding:
             return row  # already new: nothing to retract, nothing to announce
         if current != MerchantStatus.SENT_FOR_SIGNATURE:
             raise _cannot_move(row, MerchantStatus.NEW)
-        row = self._save(
-            row["merchant_id"],
-            {"merchant_status_id": int(MerchantStatus.NEW), "signature_sent_at": None},
-        )
+        row = self._save(row["merchant_id"], _BACK_TO_NEW)
         return self._emit(row, MerchantReason.RETRACTED, MerchantTrigger.API)
 
     # -- the service's own moves -----------------------------------------------------------
@@ -230,10 +233,7 @@ class Boarding:
             (int(MerchantStatus.SENT_FOR_SIGNATURE), cutoff),
         )
         for found in expired:
-            row = self._save(
-                found["merchant_id"],
-                {"merchant_status_id": int(MerchantStatus.NEW), "signature_sent_at": None},
-            )
+            row = self._save(found["merchant_id"], _BACK_TO_NEW)
             self._emit(row, MerchantReason.SIGNATURE_EXPIRED, MerchantTrigger.SYSTEM)
         return len(expired)
 
