@@ -25,10 +25,10 @@ OPTIONAL_FIELDS = (
     "vault_account_type_id", "is_default", *(f"custom_{n:02d}" for n in range(6, 11)),
 )  # fmt: skip
 UPDATABLE_FIELDS = frozenset((*REQUIRED_FIELDS, *OPTIONAL_FIELDS))
-_NULLABLE = (
-    "nickname", "expiration", "address2", "entry_class", "profile_id", "ach_acct_type_id",
-    *(f"custom_{n:02d}" for n in range(6, 11)),
-)  # fmt: skip
+# Optional fields held as null until sent (the account type and the default flag have values).
+_NULLABLE = tuple(
+    name for name in OPTIONAL_FIELDS if name not in ("vault_account_type_id", "is_default")
+)
 
 
 class Vault:
