@@ -42,7 +42,7 @@ class PlansClient:
             BillingPlanCreated,
             "POST",
             _PATH,
-            json=request.model_dump(mode="json"),
+            json=request.to_wire(),
             mid=MidPlacement.NONE,
             what=f"create billing plan {name!r}",
         )

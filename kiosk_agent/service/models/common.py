@@ -12,7 +12,7 @@ from collections.abc import Iterator
 from decimal import Decimal, InvalidOperation
 from typing import Annotated, Any, TypeVar
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, PlainSerializer
 from pydantic_core import PydanticCustomError
 
 from kiosk_agent.money import MoneyError, cents_to_decimal, dollars_to_cents
@@ -71,8 +71,14 @@ def _request_dollars(value: Any) -> Any:
         ) from None
 
 
+def _two_places(value: Decimal) -> str:
+    return f"{value:.2f}"
+
+
 # Dollars we send (billing plans, hosted pages): exact, two places, serialised as ``"12.50"``.
-RequestDollars = Annotated[Decimal, BeforeValidator(_request_dollars)]
+RequestDollars = Annotated[
+    Decimal, BeforeValidator(_request_dollars), PlainSerializer(_two_places, return_type=str)
+]
 
 
 def _yes_no(value: Any) -> Any:

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import enum
 from datetime import datetime
-from decimal import Decimal
 from typing import Any
 
 from pydantic import AliasChoices, Field, field_serializer, field_validator, model_validator
@@ -245,7 +244,7 @@ class BillingPlan(ServiceModel):
     scheduled_payments: list[ScheduledPayment]
 
 
-class BillingPlanRequest(ServiceModel):
+class BillingPlanRequest(RequestBody):
     """The body of ``POST /api/v1/billing_plans``; ``amount`` in dollars, sent as ``"12.50"``."""
 
     name: str
@@ -254,10 +253,6 @@ class BillingPlanRequest(ServiceModel):
     payment_account_uuid: str
     amount: RequestDollars
     rrule_pattern: str
-
-    @field_serializer("amount")
-    def _two_places(self, value: Decimal) -> str:
-        return f"{value:.2f}"
 
 
 class HostedPageOptionName(enum.StrEnum):
@@ -298,10 +293,6 @@ class HostedPage(RequestBody):
         if self.lock_amount and (self.min_amount is not None or self.max_amount is not None):
             raise ValueError("min_amount and max_amount are valid only when lock_amount is false")
         return self
-
-    @field_serializer("amount", "min_amount", "max_amount")
-    def _two_places(self, value: Decimal | None) -> str | None:
-        return None if value is None else f"{value:.2f}"
 
 
 class HostedPageLink(ServiceModel):
