@@ -510,7 +510,7 @@ class SaleFlow(SaleSteps):
             )
         if status == InteractionStatus.CANCELLED:
             return await self._fail(SaleState.CANCELLED, "charge_card.cancelled", "cancelled")
-        return await self._fail(SaleState.FAILED, "charge_card.fault", _fault(interaction))
+        return await self._fail(SaleState.FAILED, "charge_card.fault", interaction.fault)
 
     async def _charged(self, result: ChargeResult) -> SaleEvent | None:
         if result.result == ChargeResultCode.RETRY:
@@ -583,7 +583,7 @@ class SaleFlow(SaleSteps):
             )
         card = interaction.read_card_result
         if card is None:
-            return None, await self._fail(SaleState.FAILED, "read_card.fault", _fault(interaction))
+            return None, await self._fail(SaleState.FAILED, "read_card.fault", interaction.fault)
         self.step(
             "read_card.done",
             card_brand=None if card.card_brand_id is None else str(card.card_brand_id),
@@ -709,12 +709,6 @@ class SaleFlow(SaleSteps):
             # journaled, then published as a note on the completed sale (the demo shows it)
             noted = self.journal.record(self.record, RECEIPT_STEP, detail={"note": note})
             self.events.publish(dataclasses.replace(event_of(noted, RECEIPT_STEP), message=note))
-
-
-def _fault(interaction: Interaction) -> str:
-    """Why a terminal ended an interaction without a result: its stage errors, else its status."""
-    errors = "; ".join(f"{e.stage}: {e.code}" for e in interaction.stage_errors)
-    return f"terminal fault ({errors or interaction.status})"
 
 
 def _declined(result: ChargeResult) -> str:
