@@ -18,6 +18,7 @@ import sys
 import tempfile
 import time
 from collections import Counter
+from collections.abc import Coroutine
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -125,9 +126,21 @@ class LiveView:
         detail = f" ({event.message})" if event.message else ""
         self._line(event.source, f"{step}{detail}", "dim")
 
+    def show(self, event: SaleEvent) -> None:
+        if event.receipt:
+            self.receipt(event.source, event.message)
+        else:
+            self.sale(event)
+
+    def note(self, text: str) -> None:
+        self._line("demo", text, "yellow")
+
     def receipt(self, source: str, note: str) -> None:
-        self._line(source, note, "green" if note.startswith("receipt ") and " not " not in note
-                   else "yellow")
+        self._line(
+            source,
+            note,
+            "green" if note.startswith("receipt ") and " not " not in note else "yellow",
+        )
 
     # -- output --------------------------------------------------------------------------------
 
@@ -209,10 +222,14 @@ async def _run(config: Any, args: argparse.Namespace) -> int:
                     observer = functools.partial(view.machine, platform.name)
                     platform.controller.observers.append(observer)
             await _follow(queue, view, stop, args)
+            # A sale under way now is finished or given back: show how, not a bare "told no".
+            view.note("stopping: a sale under way is finished or its money given back")
+            await _show_until_done(agent.stop(), queue, view)
     finally:
         for signum in (signal.SIGINT, signal.SIGTERM):
             loop.remove_signal_handler(signum)
-        await agent.stop()
+        if agent.started:
+            await agent.stop()
         await sim.stop()
     view.summary()
     return 0
@@ -228,11 +245,20 @@ async def _follow(
                 event = await next_item(queue, stopper)
                 if event is None:
                     return  # Ctrl-C
-                if event.receipt:
-                    view.receipt(event.source, event.message)
-                else:
-                    view.sale(event)
+                view.show(event)
     except TimeoutError:
         return  # the duration is over
     finally:
         await cancel_and_wait(stopper)
+
+
+async def _show_until_done(
+    work: Coroutine[Any, Any, None], queue: asyncio.Queue[SaleEvent], view: LiveView
+) -> None:
+    """Show the sale events published while ``work`` (the agent's stop) runs, then the rest."""
+    task = asyncio.ensure_future(work)
+    while (event := await next_item(queue, task)) is not None:
+        view.show(event)
+    await task
+    while not queue.empty():
+        view.show(queue.get_nowait())

@@ -194,6 +194,9 @@ class Agent:
 
     async def stop(self) -> None:
         """Stop: no new triggers, finish or park the running sale, then everything else."""
+        # Closed before the platforms stop one by one: a machine still running must not open
+        # a sale while another one is being stopped.
+        self.sales.close()
         if self._systemd is not None:
             await self._systemd.stop()
         for platform in reversed(self.platforms):

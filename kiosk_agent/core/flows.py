@@ -863,9 +863,13 @@ class SaleRunner:
     def running(self) -> list[SaleRecord]:
         return [flow.record for flow in self._running.values()]
 
+    def close(self) -> None:
+        """Refuse every new sale from now on: the first thing a stop does."""
+        self._stopping = True
+
     async def stop(self, grace: float | None = None) -> None:
         """Refuse new sales, let running ones finish, then park the rest (journaled)."""
-        self._stopping = True
+        self.close()
         tasks = [sale.task for sale in self._tasks.values()]
         if not tasks:
             return

@@ -76,6 +76,28 @@ async def test_a_stopping_agent_refuses_new_sales(agent: Agent) -> None:
         await agent.sales.start(charge(250), ScriptedDispenser())
 
 
+async def test_no_sale_opens_once_a_stop_has_begun(agent: Agent) -> None:
+    """While one machine is being stopped, another that still runs cannot open a sale."""
+    refused: list[str] = []
+
+    class StillRunningMachine:
+        name = "snacks"
+
+        def status(self) -> dict[str, Any]:
+            return {}
+
+        async def stop(self) -> None:
+            # a customer presses a button just as the agent stops the machines one by one
+            try:
+                await agent.sales.start(charge(250), ScriptedDispenser())
+            except TerminalBusy as err:
+                refused.append(err.reason)
+
+    agent.platforms.append(StillRunningMachine())
+    await agent.stop()
+    assert refused == ["the agent is stopping"]
+
+
 async def test_terminals_by_name_and_unknown_ones(agent: Agent) -> None:
     sale = await agent.sales.start(charge(250, terminal="printer"), ScriptedDispenser())
     assert sale.terminal == "SIM-0007"
