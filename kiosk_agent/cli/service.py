@@ -1132,7 +1132,7 @@ async def webhook_merchant_states(args: argparse.Namespace) -> int:
 
 
 def stored_merchant_states(path: str | None) -> list[Any]:
-    from kiosk_agent.admin.webhooks import WEBHOOKS_SCHEMA, read_merchant_states
+    from kiosk_agent.admin.webhooks import read_merchant_states
     from kiosk_agent.core.config import ConfigInvalid, load_config
 
     if not path:
@@ -1145,7 +1145,7 @@ def stored_merchant_states(path: str | None) -> list[Any]:
         raise CliError(str(err.errors[0]), EXIT_USAGE) from None
     if "webhooks" not in config.data:
         raise CliError(f"{path}: no webhooks: section, so this unit receives none", EXIT_USAGE)
-    store = Path(config.resolve(WEBHOOKS_SCHEMA(config["webhooks"])["store"]))
+    store = Path(config.resolve(config["webhooks"]["store"]))  # validated, defaults filled
     if not store.is_file():
         raise CliError(f"no webhook store at {store}: the receiver has accepted no event yet")
     try:
