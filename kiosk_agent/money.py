@@ -11,7 +11,18 @@ import re
 from decimal import ROUND_HALF_UP, Decimal, InvalidOperation
 
 CENT = Decimal("0.01")
-_PRICE_TEXT = re.compile(r"^\$?\s*(\d{1,9})(?:\.(\d{1,2}))?$")
+# The most any amount from outside may be: nine digits of cents ($9,999,999.99). A machine's own
+# ``max_price`` is the real bound; this one keeps parsing, SQLite and the service in range.
+MAX_CENTS = 999_999_999
+# ASCII digits only: ``\d`` would take Arabic-Indic and other Unicode digits.
+_PRICE_TEXT = re.compile(r"\$?[ ]?([0-9]{1,7})(?:\.([0-9]{1,2}))?", re.ASCII)
+# On a wire (MDB adapters, serial devices) an amount is dollars with exactly two places, or
+# whole cents: no sign, exponent, underscore, spaces or other digits, and a bounded length.
+_WIRE_TEXT = {
+    "dollars": re.compile(r"([0-9]{1,7})\.([0-9]{2})", re.ASCII),
+    "cents": re.compile(r"([0-9]{1,9})", re.ASCII),
+}
+_WIRE_EXAMPLE = {"dollars": '"2.50"', "cents": '"250"'}
 
 
 class MoneyError(ValueError):
@@ -61,6 +72,33 @@ def reported_dollars_to_cents(value: int | float | str | Decimal) -> int:
     return int((amount * 100).quantize(Decimal(1), rounding=ROUND_HALF_UP))
 
 
+def parse_wire_amount(text: str, unit: str) -> int:
+    """An amount as a device wrote it: ``"2.50"`` (unit ``dollars``) or ``"250"`` (``cents``).
+
+    One strict grammar for every wire; the match is anchored and bounded, so a hostile line
+    (``1e999990``) costs no more than a short one.
+    """
+    grammar = _WIRE_TEXT.get(unit)
+    if grammar is None:
+        raise MoneyError(f"unknown amount unit {unit!r}")
+    match = grammar.fullmatch(text) if len(text) <= 12 else None
+    if match is None:
+        shown = text if len(text) <= 20 else text[:17] + "..."
+        raise MoneyError(f"expected {unit} like {_WIRE_EXAMPLE[unit]}, got {shown!r}")
+    if unit == "cents":
+        return int(match.group(1))
+    return int(match.group(1)) * 100 + int(match.group(2))
+
+
+def check_cents(cents: int) -> int:
+    """Integer cents within ``0 .. MAX_CENTS``; MoneyError otherwise."""
+    if cents < 0:
+        raise MoneyError(f"expected a positive amount, got {cents}")
+    if cents > MAX_CENTS:
+        raise MoneyError(f"expected at most {cents_to_dollars(MAX_CENTS)}, got more")
+    return cents
+
+
 def parse_price(value: object) -> int:
     """A configured price: a string like ``"2.50"`` / ``"$2.50"`` or an integer of cents.
 
@@ -70,15 +108,14 @@ def parse_price(value: object) -> int:
     if isinstance(value, bool):
         raise MoneyError("expected an amount like \"2.50\", got a boolean")
     if isinstance(value, int):
-        if value < 0:
-            raise MoneyError(f"expected a positive amount, got {value}")
-        return value
+        return check_cents(value)
     if isinstance(value, float):
         raise MoneyError(f'expected an amount like "{value:.2f}", got {value!r}')
     if isinstance(value, str):
-        match = _PRICE_TEXT.match(value.strip())
+        match = _PRICE_TEXT.fullmatch(value.strip()) if len(value) <= 40 else None
         if match is None:
-            raise MoneyError(f'expected an amount like "2.50", got {value!r}')
+            shown = value if len(value) <= 20 else value[:17] + "..."
+            raise MoneyError(f'expected an amount like "2.50", got {shown!r}')
         whole, frac = match.group(1), (match.group(2) or "").ljust(2, "0")
         return int(whole) * 100 + int(frac)
     raise MoneyError(f'expected an amount like "2.50", got {type(value).__name__}')

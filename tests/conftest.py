@@ -6,11 +6,19 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import pytest
+from hypothesis import HealthCheck, settings
 
 from kiosk_agent.cli.sim import settings_from_ready
 from kiosk_agent.service.client import ServiceClient
 from kiosk_agent.service.settings import ServiceSettings
 from kiosk_agent.sim.server import SimOptions, SimServer
+
+# Property tests run on a busy 2-core CI machine: hypothesis's per-example deadline would make
+# them flaky, so time bounds are asserted by the tests themselves, generously.
+settings.register_profile(
+    "kiosk", deadline=None, max_examples=300, suppress_health_check=[HealthCheck.too_slow]
+)
+settings.load_profile("kiosk")
 
 SimFactory = Callable[..., Awaitable[SimServer]]
 

@@ -1,14 +1,19 @@
 import re
+import time
 from decimal import Decimal
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from kiosk_agent.money import (
+    MAX_CENTS,
     MoneyError,
     cents_to_dollars,
     dollars_to_cents,
     format_cents,
     parse_price,
+    parse_wire_amount,
     reported_dollars_to_cents,
 )
 
@@ -53,3 +58,44 @@ def test_format_for_people() -> None:
     assert format_cents(1250) == "$12.50"
     assert format_cents(-300) == "-$3.00"
     assert format_cents(100, "EUR") == "1.00 EUR"
+
+
+# -- properties: every wire amount, generated ----------------------------------------------------
+
+WIRE_TEXT = st.one_of(
+    st.text(max_size=40),
+    st.from_regex(r"[0-9+\-._e ]{0,20}", fullmatch=True),
+    st.from_regex(r"[0-9]{1,12}(\.[0-9]{0,4})?", fullmatch=True),
+)
+
+
+@given(text=WIRE_TEXT, unit=st.sampled_from(["dollars", "cents"]))
+def test_a_wire_amount_is_exact_or_refused_quickly(text: str, unit: str) -> None:
+    started = time.perf_counter()
+    try:
+        cents = parse_wire_amount(text, unit)
+    except MoneyError:
+        pass
+    else:
+        # only plain ASCII digits (and two decimals for dollars) are taken, and mean what they say
+        grammar = r"[0-9]{1,7}\.[0-9]{2}" if unit == "dollars" else r"[0-9]{1,9}"
+        assert re.fullmatch(grammar, text, re.ASCII)
+        assert cents == int(text.replace(".", ""))
+        assert 0 <= cents <= MAX_CENTS
+    assert time.perf_counter() - started < 1.0
+
+
+@given(cents=st.integers(min_value=0, max_value=MAX_CENTS))
+def test_every_amount_round_trips_on_the_wire(cents: int) -> None:
+    assert parse_wire_amount(cents_to_dollars(cents), "dollars") == cents
+    assert parse_wire_amount(str(cents), "cents") == cents
+
+
+@given(value=st.one_of(st.integers(), st.text(max_size=60), st.floats(), st.booleans()))
+def test_a_configured_price_is_in_range_or_refused(value: object) -> None:
+    try:
+        cents = parse_price(value)
+    except MoneyError:
+        return
+    assert isinstance(cents, int)
+    assert 0 <= cents <= MAX_CENTS

@@ -21,7 +21,7 @@ from typing import Any
 import voluptuous as vol
 import yaml
 
-from kiosk_agent.money import MoneyError, parse_price
+from kiosk_agent.money import MoneyError, format_cents, parse_price
 
 SECRETS_FILE = "secrets.yaml"
 
@@ -331,6 +331,45 @@ def _flow(value: Any) -> str:
         ) from None
 
 
+# The most a trigger may ask for unless its ``max_price`` says otherwise (MDB readers have one
+# too): a vend request above it is denied, whatever the wire or the app said.
+DEFAULT_MAX_PRICE_CENTS = 10_000
+
+
+def _configured_prices(config: dict[str, Any], key: str) -> Iterator[tuple[list[Any], Any]]:
+    """``max_funds``, ``buttons[].price`` (each item's) or ``products{}`` (each value)."""
+    if key.endswith("[].price"):
+        items = config.get(key[: -len("[].price")]) or []
+        for index, item in enumerate(items):
+            yield [key[: -len("[].price")], index, "price"], item.get("price")
+    elif key.endswith("{}"):
+        for name, value in (config.get(key[:-2]) or {}).items():
+            yield [key[:-2], name], value
+    else:
+        yield [key], config.get(key)
+
+
+def max_price_check(*prices: str) -> Callable[[dict[str, Any]], dict[str, Any]]:
+    """A voluptuous step: the named configured prices may not exceed the trigger's max_price.
+
+    Every price over it is reported, not only the first.
+    """
+
+    def check(config: dict[str, Any]) -> dict[str, Any]:
+        limit = config["max_price"]
+        errors = [
+            vol.Invalid(f"{format_cents(value)} is above max_price {format_cents(limit)}", path)
+            for key in prices
+            for path, value in _configured_prices(config, key)
+            if isinstance(value, int) and value > limit
+        ]
+        if errors:
+            raise vol.MultipleInvalid(errors)
+        return config
+
+    return check
+
+
 # Every trigger has these; each platform extends it with its own keys.
 PLATFORM_SCHEMA = vol.Schema(
     {
@@ -338,6 +377,7 @@ PLATFORM_SCHEMA = vol.Schema(
         vol.Optional("name"): str,
         vol.Optional("terminal"): str,
         vol.Optional("flow", default="charge_card"): _flow,
+        vol.Optional("max_price", default=DEFAULT_MAX_PRICE_CENTS): positive_price,
     },
     extra=vol.ALLOW_EXTRA,
 )

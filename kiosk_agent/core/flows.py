@@ -35,6 +35,7 @@ from kiosk_agent.core.sale import (
     Dispenser,
     DispenseStatus,
     Flow,
+    PriceAboveMaximum,
     SaleEvent,
     SaleRequest,
     SaleState,
@@ -806,6 +807,11 @@ class SaleRunner:
         if request.amount_cents <= 0:
             # enroll too: the terminal shows an amount while it reads the card
             raise ValueError(f"a sale needs an amount above zero, got {request.amount_cents}")
+        if request.max_cents is not None and request.amount_cents > request.max_cents:
+            raise PriceAboveMaximum(
+                f"{format_cents(request.amount_cents)} is above this machine's max_price"
+                f" {format_cents(request.max_cents)}"
+            )
         sale_id, order_id = new_ids()
         record = SaleRecord(
             sale_id=sale_id,

@@ -53,6 +53,12 @@ class SaleRequest:
     # enroll only: start this billing plan on the vaulted card
     plan: dict[str, str] | None = None
     metadata: dict[str, str] = field(default_factory=dict)
+    # the trigger's ``max_price``: a request above it is refused before anything is journaled
+    max_cents: int | None = None
+
+
+class PriceAboveMaximum(ValueError):
+    """A trigger asked for more than its configured ``max_price``."""
 
 
 class Dispenser(Protocol):

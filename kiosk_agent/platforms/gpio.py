@@ -28,7 +28,7 @@ from typing import Any, Protocol
 import voluptuous as vol
 
 from kiosk_agent.core.config import PLATFORM_SCHEMA as BASE_PLATFORM_SCHEMA
-from kiosk_agent.core.config import positive_float, positive_price
+from kiosk_agent.core.config import max_price_check, positive_float, positive_price
 from kiosk_agent.core.sale import DispenseOutcome, DispenseStatus, Flow, SaleRequest
 from kiosk_agent.platforms.base import (
     DevicePlatform,
@@ -199,6 +199,7 @@ PLATFORM_SCHEMA = vol.All(
         }
     ),
     _unique_lines,
+    max_price_check("buttons[].price"),
 )
 
 
@@ -265,6 +266,7 @@ class GpioKiosk:
         source: str,
         flow: Flow = Flow.CHARGE_CARD,
         terminal: str | None = None,
+        max_cents: int | None = None,
         debounce: float = 0.05,
         sensor_timeout: float = 5.0,
         buttons_active_low: bool = True,
@@ -279,6 +281,7 @@ class GpioKiosk:
         self.name = source
         self.flow = flow
         self.terminal = terminal
+        self.max_cents = max_cents
         self.debounce = debounce
         self.sensor_timeout = sensor_timeout
         self._levels = (buttons_active_low, pull_up, relays_active_low, sensors_active_low)
@@ -387,6 +390,7 @@ class GpioKiosk:
             amount_cents=button.price_cents,
             product=button.product,
             terminal=self.terminal,
+            max_cents=self.max_cents,
             metadata={"button": str(button.line)},
         )
         try:
@@ -424,6 +428,7 @@ async def setup_with_chip(agent: Any, config: dict[str, Any], chip: GpioChip) ->
         source=instance_name(config, "gpio"),
         flow=Flow(config["flow"]),
         terminal=config.get("terminal"),
+        max_cents=config["max_price"],
         debounce=config["debounce"],
         sensor_timeout=config["sensor_timeout"],
         buttons_active_low=config["buttons_active_low"],

@@ -31,7 +31,7 @@ import voluptuous as vol
 from aiohttp import WSMsgType, web
 
 from kiosk_agent.core.config import PLATFORM_SCHEMA as BASE_PLATFORM_SCHEMA
-from kiosk_agent.core.config import positive_float, positive_price
+from kiosk_agent.core.config import max_price_check, positive_float, positive_price
 from kiosk_agent.core.flows import TerminalBusy, UnknownTerminal
 from kiosk_agent.core.sale import (
     DispenseOutcome,
@@ -62,7 +62,7 @@ def _products(value: Any) -> dict[str, int]:
     return {str(name): positive_price(price) for name, price in value.items()}
 
 
-PLATFORM_SCHEMA = BASE_PLATFORM_SCHEMA.extend(
+PLATFORM_SCHEMA = vol.All(BASE_PLATFORM_SCHEMA.extend(
     {
         vol.Required("token"): _token,
         vol.Optional("host", default="127.0.0.1"): str,
@@ -74,7 +74,7 @@ PLATFORM_SCHEMA = BASE_PLATFORM_SCHEMA.extend(
         vol.Optional("confirm_dispense", default=False): bool,
         vol.Optional("vend_timeout", default=60.0): positive_float,
     }
-)
+), max_price_check("products{}"))
 
 
 class BadRequest(Exception):
@@ -265,6 +265,7 @@ class KioskApi:
             product=product,
             terminal=terminal,
             email=email,
+            max_cents=self.config["max_price"],
         )
 
     def _flow(self, value: Any) -> Flow:

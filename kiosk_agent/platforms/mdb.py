@@ -26,7 +26,7 @@ from typing import Any
 import voluptuous as vol
 
 from kiosk_agent.core.config import PLATFORM_SCHEMA as BASE_PLATFORM_SCHEMA
-from kiosk_agent.core.config import positive_float, positive_price
+from kiosk_agent.core.config import max_price_check, positive_float, positive_price
 from kiosk_agent.core.sale import DispenseOutcome, DispenseStatus, Flow, SaleRequest
 from kiosk_agent.platforms import mdb_protocol as wire
 from kiosk_agent.platforms.base import (
@@ -93,7 +93,7 @@ def check_modes(config: dict[str, Any]) -> dict[str, Any]:
     return config
 
 
-PLATFORM_SCHEMA = vol.All(_MDB_SCHEMA, check_modes)
+PLATFORM_SCHEMA = vol.All(_MDB_SCHEMA, check_modes, max_price_check("max_funds"))
 
 
 @dataclass(slots=True)
@@ -105,6 +105,7 @@ class MdbOptions:
     address: int = 0x10
     unit: wire.AmountUnit = wire.AmountUnit.DOLLARS
     max_funds_cents: int = 0
+    max_price_cents: int | None = None
     vend_timeout: float = 30.0
     session_timeout: float = 60.0
     card_first_pause: float = 0.2  # between one card-first sale ending and the next starting
@@ -119,6 +120,7 @@ class MdbOptions:
             address=config["address"],
             unit=wire.AmountUnit(config["amount_unit"]),
             max_funds_cents=config.get("max_funds", 0),
+            max_price_cents=config["max_price"],
             vend_timeout=config["vend_timeout"],
             session_timeout=config["session_timeout"],
         )
@@ -433,6 +435,7 @@ class MdbCashless:
             amount_cents=message.amount_cents,
             product=message.product,
             terminal=self.options.terminal,
+            max_cents=self.options.max_price_cents,
         )
         self._begin(request)
 
@@ -469,6 +472,7 @@ class MdbCashless:
                 flow=self.options.flow,
                 amount_cents=self.options.max_funds_cents,
                 terminal=self.options.terminal,
+                max_cents=self.options.max_price_cents,
             )
             self._begin(request)
 

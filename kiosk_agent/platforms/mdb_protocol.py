@@ -25,9 +25,11 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
-from kiosk_agent.money import MoneyError, cents_to_dollars, dollars_to_cents
+from kiosk_agent.money import MoneyError, cents_to_dollars, parse_wire_amount
 
 VEND_FAILED_CODE = "VEND 3"
+# The longest line worth reading: real adapter lines are under 40 characters.
+MAX_LINE = 200
 
 
 class ProtocolError(ValueError):
@@ -47,18 +49,11 @@ class ControllerStatus(enum.StrEnum):
 
 
 def parse_amount(text: str, unit: AmountUnit) -> int:
-    text = text.strip()
+    """The one wire grammar (``kiosk_agent.money.parse_wire_amount``): ``2.50`` or ``250``."""
     try:
-        if unit is AmountUnit.CENTS:
-            if not text.isdigit():
-                raise MoneyError(f"not whole cents: {text!r}")
-            return int(text)
-        cents = dollars_to_cents(text)
+        return parse_wire_amount(text, unit.value)
     except MoneyError as err:
-        raise ProtocolError(f"bad amount {text!r}: {err}") from None
-    if cents < 0:
-        raise ProtocolError(f"negative amount {text!r}")
-    return cents
+        raise ProtocolError(f"bad amount: {err}") from None
 
 
 def format_amount(cents: int, unit: AmountUnit) -> str:
@@ -112,7 +107,9 @@ AdapterMessage = StatusChanged | VendRequested | VendSucceeded | VendFailed | Ad
 
 def parse_adapter_line(line: str, unit: AmountUnit = AmountUnit.DOLLARS) -> AdapterMessage:
     """One line from the adapter -> a message; ``ProtocolError`` naming the problem otherwise."""
-    parts = [p.strip() for p in line.strip().split(",")]
+    if len(line) > MAX_LINE:
+        raise ProtocolError(f"line too long ({len(line)} characters): {_shown(line)}")
+    parts = line.strip().split(",")
     head = parts[0]
     if head in ("r", "d") or (head == "c" and len(parts) == 2 and parts[1] in ("0", "1")):
         return Chatter(line)
@@ -121,7 +118,7 @@ def parse_adapter_line(line: str, unit: AmountUnit = AmountUnit.DOLLARS) -> Adap
     kind = parts[1].upper()
     if kind == "STATUS":
         return _parse_status(parts[2:], line, unit)
-    if kind == "VEND" and len(parts) >= 3 and parts[2].upper() == "SUCCESS":
+    if kind == "VEND" and len(parts) == 3 and parts[2].upper() == "SUCCESS":
         return VendSucceeded()
     if kind == "ERR":
         text = ",".join(parts[2:])
@@ -136,8 +133,10 @@ def _parse_status(args: list[str], line: str, unit: AmountUnit) -> AdapterMessag
         raise ProtocolError(f"STATUS without a state: {_shown(line)}")
     state = args[0].upper()
     if state == "VEND":
-        if len(args) < 3:
-            raise ProtocolError(f"vend request needs an amount and a product: {_shown(line)}")
+        if len(args) != 3:
+            raise ProtocolError(
+                f"vend request needs exactly an amount and a product: {_shown(line)}"
+            )
         product = args[2]
         if not product:
             raise ProtocolError(f"vend request without a product: {_shown(line)}")
@@ -146,6 +145,8 @@ def _parse_status(args: list[str], line: str, unit: AmountUnit) -> AdapterMessag
         status = ControllerStatus(state)
     except ValueError:
         raise ProtocolError(f"unknown status {_shown(args[0])} in {_shown(line)}") from None
+    if len(args) > 2:
+        raise ProtocolError(f"STATUS {status.value} takes at most one amount: {_shown(line)}")
     funds = parse_amount(args[1], unit) if len(args) > 1 and args[1] else None
     return StatusChanged(status, funds)
 
@@ -183,12 +184,12 @@ class AgentCommand:
 
 
 def parse_agent_line(line: str, unit: AmountUnit = AmountUnit.DOLLARS) -> AgentCommand:
-    parts = [p.strip() for p in line.strip().split(",")]
+    parts = line.strip().split(",")
     if parts[0] != "C" or len(parts) < 2:
         raise ProtocolError(f"not a cashless command: {_shown(line)}")
     verb = parts[1].upper()
     if verb in ("VEND", "START"):
-        if len(parts) < 3:
+        if len(parts) != 3:
             raise ProtocolError(f"{verb} needs an amount: {_shown(line)}")
         return AgentCommand(verb, parse_amount(parts[2], unit))
     if verb in ("0", "1", "STOP", "STATUS"):

@@ -35,7 +35,7 @@ import voluptuous as vol
 from kiosk_agent.core.config import PLATFORM_SCHEMA as BASE_PLATFORM_SCHEMA
 from kiosk_agent.core.config import positive_float
 from kiosk_agent.core.sale import DispenseOutcome, DispenseStatus, Flow, SaleRequest
-from kiosk_agent.money import MoneyError, cents_to_dollars, dollars_to_cents
+from kiosk_agent.money import MoneyError, cents_to_dollars, parse_wire_amount
 from kiosk_agent.platforms.base import (
     STOP_GRACE,
     DevicePlatform,
@@ -132,13 +132,9 @@ class LineRules:
 
     def price_cents(self, text: str) -> int:
         try:
-            if self.price_unit == "cents":
-                if not text.isdigit():
-                    raise MoneyError("expected whole cents")
-                return int(text)
-            return dollars_to_cents(text)
+            return parse_wire_amount(text, self.price_unit)
         except MoneyError as err:
-            raise ValueError(f"bad price {text!r}: {err}") from None
+            raise ValueError(f"bad price: {err}") from None
 
 
 def template_fields(
@@ -207,6 +203,7 @@ class SerialLineDevice:
         source: str,
         flow: Flow = Flow.CHARGE_CARD,
         terminal: str | None = None,
+        max_cents: int | None = None,
         vend_timeout: float = 30.0,
         on_link_state: StateHandler | None = None,
     ) -> None:
@@ -215,6 +212,7 @@ class SerialLineDevice:
         self.name = source
         self.flow = flow
         self.terminal = terminal
+        self.max_cents = max_cents
         self.vend_timeout = vend_timeout
         self.vend: Vend | None = None
         self.unmatched = 0
@@ -294,6 +292,7 @@ class SerialLineDevice:
             amount_cents=cents,
             product=groups.get("product"),
             terminal=self.terminal,
+            max_cents=self.max_cents,
         )
         vend = Vend(self, request, groups["price"])
         if self.vend is not None and self.vend.result.done():
@@ -363,6 +362,7 @@ async def async_setup_platform(agent: Any, config: dict[str, Any]) -> SerialLine
         source=source,
         flow=Flow(config["flow"]),
         terminal=config.get("terminal"),
+        max_cents=config["max_price"],
         vend_timeout=config["vend_timeout"],
         on_link_state=link_reporter(agent, source),
     )

@@ -89,7 +89,9 @@ def test_a_third_party_platform_validates_its_own_keys(tmp_path: Path, coin_box:
         tmp_path, "config.yaml", GOOD + f"triggers:\n  - platform: {coin_box}\n    price: 150\n"
     )
     config = load_config(path)
-    assert config.triggers == [{"platform": "coin_box", "price": 150, "flow": "charge_card"}]
+    assert config.triggers == [
+        {"platform": "coin_box", "price": 150, "flow": "charge_card", "max_price": 10_000}
+    ]
 
 
 def test_an_unknown_platform_names_the_known_ones(tmp_path: Path, coin_box: str) -> None:

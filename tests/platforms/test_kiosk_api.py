@@ -187,3 +187,23 @@ def test_schema_requires_a_real_token_and_loopback_default() -> None:
     assert config["host"] == "127.0.0.1"
     with pytest.raises(Exception, match="at least 16 characters"):
         PLATFORM_SCHEMA({"platform": "kiosk_api", "token": "short"})
+
+
+@pytest.mark.parametrize(
+    ("amount", "error"),
+    [
+        (10**20, "at most"),
+        ("1e2", "expected an amount"),
+        ("1_0.00", "expected an amount"),
+        ("\u0662.\u0665\u0660", "expected an amount"),
+        ("150.00", "above this machine's max_price $100.00"),
+        (15_000, "above this machine's max_price $100.00"),
+    ],
+)
+async def test_hostile_amounts_are_refused_naming_the_field(
+    app: App, amount: Any, error: str
+) -> None:
+    status, body = await app.post("/sales", {"amount": amount})
+    assert status == 400
+    assert body["field"] == "amount"
+    assert error in body["message"]

@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
-import pytest
+import time
 
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from kiosk_agent.money import MAX_CENTS
 from kiosk_agent.platforms import mdb_protocol as wire
 from kiosk_agent.platforms.mdb_protocol import AmountUnit, ControllerStatus
 
@@ -15,7 +20,6 @@ from kiosk_agent.platforms.mdb_protocol import AmountUnit, ControllerStatus
         ("c,STATUS,INACTIVE\r", wire.StatusChanged(ControllerStatus.INACTIVE)),
         ("c,STATUS,IDLE,5.00", wire.StatusChanged(ControllerStatus.IDLE, 500)),
         ("c,STATUS,VEND,2.50,12", wire.VendRequested(250, "12")),
-        ("c,STATUS,VEND,1,5", wire.VendRequested(100, "5")),
         ("c,VEND,SUCCESS", wire.VendSucceeded()),
         ("c,ERR,VEND 3", wire.VendFailed("VEND 3")),
         ("c,ERR,START -1", wire.AdapterError("START -1")),
@@ -34,10 +38,21 @@ def test_adapter_lines(line: str, message: wire.AdapterMessage) -> None:
         ("hello", "not an adapter line"),
         ("c,STATUS", "STATUS without a state"),
         ("c,STATUS,SLEEPING", "unknown status 'SLEEPING'"),
-        ("c,STATUS,VEND,2.50", "needs an amount and a product"),
-        ("c,STATUS,VEND,2.505,A1", "bad amount '2.505'"),
-        ("c,STATUS,VEND,abc,A1", "bad amount 'abc'"),
-        ("c,STATUS,VEND,-1.00,A1", "negative amount"),
+        ("c,STATUS,VEND,2.50", "needs exactly an amount and a product"),
+        ("c,STATUS,VEND,2.50,A1,extra", "needs exactly an amount and a product"),
+        ("c,STATUS,IDLE,5.00,9", "at most one amount"),
+        ("c,STATUS,VEND,2.505,A1", "bad amount: expected dollars like \"2.50\", got '2.505'"),
+        ("c,STATUS,VEND,abc,A1", "bad amount: .* got 'abc'"),
+        ("c,STATUS,VEND,-1.00,A1", "bad amount: .* got '-1.00'"),
+        # the attack review's lines: each was once charged
+        ("c,STATUS,VEND,1e2,A1", "bad amount: .* got '1e2'"),
+        ("c,STATUS,VEND,1_0.00,A1", "bad amount: .* got '1_0.00'"),
+        ("c,STATUS,VEND,\u0662.\u0665\u0660,A1", "bad amount"),
+        ("c,STATUS,VEND,1,5", "bad amount: .* got '1'"),
+        ("c,STATUS,VEND, 1.00,A1", "bad amount"),
+        ("c,STATUS,VEND,+1.00,A1", "bad amount"),
+        ("c,STATUS,VEND,99999999.00,A1", "bad amount"),
+        ("c,STATUS,VEND,1e999990,A1", "bad amount: .* got '1e999990'"),
         ("c,FOO,1", "unknown adapter message 'FOO'"),
     ],
 )
@@ -51,8 +66,10 @@ def test_cents_unit_for_firmwares_that_send_integers() -> None:
         wire.VendRequested(250, "A1")
     )
     assert wire.approve_vend(250, AmountUnit.CENTS) == "C,VEND,250"
-    with pytest.raises(wire.ProtocolError, match="not whole cents"):
+    with pytest.raises(wire.ProtocolError, match="expected cents like"):
         wire.parse_adapter_line("c,STATUS,VEND,2.50,A1", AmountUnit.CENTS)
+    with pytest.raises(wire.ProtocolError, match="expected cents like"):
+        wire.parse_adapter_line("c,STATUS,VEND,9999999999,A1", AmountUnit.CENTS)
 
 
 def test_agent_commands_round_trip() -> None:
@@ -76,3 +93,37 @@ def test_controller_lines_parse_back() -> None:
     assert wire.parse_adapter_line(wire.status_line(ControllerStatus.IDLE, 500)) == (
         wire.StatusChanged(ControllerStatus.IDLE, 500)
     )
+
+
+# -- properties: any line from the adapter ------------------------------------------------------
+
+ADAPTER_LINES = st.one_of(
+    st.text(max_size=300),
+    st.builds(
+        lambda status, amount, product: f"c,STATUS,{status},{amount},{product}",
+        st.sampled_from(["VEND", "IDLE", "ENABLED", "vend"]),
+        st.one_of(st.text(max_size=30), st.from_regex(r"[0-9.e+_-]{0,15}", fullmatch=True)),
+        st.text(max_size=10),
+    ),
+    st.lists(st.sampled_from(["c", "C", "STATUS", "VEND", "ERR", "SUCCESS", "1.00", "A1", ""]),
+             max_size=7).map(",".join),
+)
+
+
+@given(line=ADAPTER_LINES, unit=st.sampled_from(list(AmountUnit)))
+def test_any_adapter_line_is_a_message_or_a_clear_error(line: str, unit: AmountUnit) -> None:
+    started = time.perf_counter()
+    try:
+        message = wire.parse_adapter_line(line, unit)
+    except wire.ProtocolError as err:
+        error = str(err)  # says what was wrong
+        assert error
+    else:
+        if isinstance(message, wire.VendRequested):
+            # a vend request carries an amount written in the one strict grammar
+            amount_text = line.strip().split(",")[3]
+            assert amount_text.isascii()
+            assert amount_text.replace(".", "").isdigit()
+            assert message.amount_cents == int(amount_text.replace(".", ""))
+            assert 0 <= message.amount_cents <= MAX_CENTS
+    assert time.perf_counter() - started < 1.0
