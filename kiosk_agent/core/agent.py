@@ -66,7 +66,9 @@ def service_settings_from_config(config: Config) -> ServiceSettings:
     )
 
 
-def sale_settings_from_config(config: Config, mid: str) -> SaleSettings:
+def sale_settings_from_config(
+    config: Config, mid: str, request_timeout: float = 30.0
+) -> SaleSettings:
     sales = config["sales"]
     receipts = config["receipts"]
     simulator = config["service"].get("simulator")
@@ -80,6 +82,8 @@ def sale_settings_from_config(config: Config, mid: str) -> SaleSettings:
         currency=sales["currency"],
         interaction_lifetime=sales.get("interaction_lifetime", INTERACTION_LIFETIME / time_scale),
         stop_timeout=sales.get("stop_timeout", 30.0),
+        request_timeout=request_timeout,
+        answer_margin=sales.get("answer_margin", 10.0),
         receipts=ReceiptSettings(print=receipts["print"], email=receipts["email"]),
     )
 
@@ -99,7 +103,9 @@ class Agent:
     ) -> None:
         self.config = config
         self.version = version
-        self.settings = sale_settings_from_config(config, service_settings.mid)
+        self.settings = sale_settings_from_config(
+            config, service_settings.mid, service_settings.timeout
+        )
         self.service = service or ServiceClient(service_settings)
         self.journal = journal or Journal(config.resolve(config["journal"]["path"]))
         self.events: EventBus[SaleEvent] = EventBus()

@@ -402,6 +402,8 @@ ENDPOINT_SCHEMA = vol.Schema(
         vol.Optional("client_id"): str,
         vol.Optional("client_secret"): str,
         vol.Optional("credentials_path"): str,
+        # seconds one request may take in all (a money call's deadline starts from it)
+        vol.Optional("timeout"): vol.All(positive_float, vol.Range(max=300)),
     }
 )
 
@@ -468,6 +470,7 @@ SALES_SCHEMA = vol.Schema(
         vol.Optional("interaction_lifetime"): positive_float,
         # on stop (SIGTERM), how long a running sale may take to finish before it is parked
         vol.Optional("stop_timeout", default=30.0): positive_float,
+        vol.Optional("answer_margin", default=10.0): positive_float,
     }
 )
 

@@ -117,8 +117,12 @@ class Recovery:
                 "recovery.undecided",
                 "interrupted while saving the card; the vault or plan may exist",
             )
-        if state is SaleState.CHARGING:
+        if state is SaleState.CHARGING or (
+            state is SaleState.UNRESOLVED and record.flow == Flow.CHARGE_CARD
+        ):
             return await self._charging(steps)
+        if state is SaleState.UNRESOLVED:
+            return await self._held_or_none(steps, "the authorization's answer was lost")
         if state is SaleState.AUTHORIZING:
             return await self._held_or_none(steps, "interrupted during the authorization")
         if state is SaleState.DISPENSING:
@@ -146,22 +150,20 @@ class Recovery:
             interaction = await self._final_interaction(steps)
             if interaction is not None:
                 return await self._charge_interaction_ended(steps, interaction)
-        return await self._held_or_none(
-            steps,
-            "interrupted while the charge was sent",
-            # a charge-card still running on the terminal may yet charge: wait out its lifetime
-            wait_until=self.settings.interaction_over_at(record.updated_at),
-        )
+        # reporting is asked until the charge's journaled deadline: a charge-card still running
+        # on the terminal may yet charge
+        return await self._held_or_none(steps, "interrupted while the charge was sent")
 
     async def _final_interaction(self, steps: SaleSteps) -> Interaction | None:
-        """The interaction's final record, polling while it is pending (up to its lifetime)."""
-        deadline = time.monotonic() + self.settings.card_wait
+        """The interaction's final record, polling while it is pending, until the charge's
+        journaled deadline: a restart never pushes it back."""
+        deadline = steps.answer_deadline()
         pause = max(0.1, min(2.0, self.settings.interaction_lifetime / 100))
         while True:
             interaction = await steps.interaction_status(InteractionKind.CHARGE_CARD)
             if interaction is None:
                 return None
-            if interaction.finished or time.monotonic() > deadline:
+            if interaction.finished or time.time() > deadline:
                 return interaction if interaction.finished else None
             await asyncio.sleep(pause)
 
@@ -186,13 +188,12 @@ class Recovery:
             f"the charge ended {interaction.status}; no money moved",
         )
 
-    async def _held_or_none(
-        self, steps: SaleSteps, why: str, wait_until: float | None = None
-    ) -> SaleEvent:
-        """Money may be held: reverse it when reporting shows it, FAILED when it shows none."""
+    async def _held_or_none(self, steps: SaleSteps, why: str) -> SaleEvent:
+        """Money may be held: reverse it when reporting shows it, FAILED when it shows none
+        (once the money call's deadline has passed)."""
         if steps.record.trans_id is not None:
             return await steps.reverse(why)
-        return await steps.settle_by_reporting(why, "recovery", wait_until)
+        return await steps.settle_by_reporting(why, "recovery")
 
     async def _capturing(self, steps: SaleSteps) -> SaleEvent:
         """The dispense was confirmed; the capture was (maybe) sent: make sure it happened."""
