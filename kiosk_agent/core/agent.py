@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from kiosk_agent import __version__
+from kiosk_agent.core.attention import AttentionSweeper
 from kiosk_agent.core.config import Config
 from kiosk_agent.core.events import EventBus
 from kiosk_agent.core.flows import INTERACTION_LIFETIME, SaleContext, SaleRunner, SaleSettings
@@ -33,6 +34,9 @@ from kiosk_agent.service.models import Terminal
 from kiosk_agent.service.settings import ServiceSettings
 
 _LOGGER = logging.getLogger(__name__)
+
+# While recovery runs, systemd's start timeout is pushed back by this much every 10 s.
+_START_EXTENSION = 30.0
 
 
 class Component(Protocol):
@@ -125,6 +129,7 @@ class Agent:
         )
         self.sales = SaleRunner(context)
         self.recovery = Recovery(context, runner=self.sales)
+        self.attention = AttentionSweeper(context, interval=config["sales"]["attention_recheck"])
         self.platforms: list[PlatformInstance] = []
         self.components: list[Component] = []
         self._pending_platforms: list[_PendingPlatform] = []
@@ -185,8 +190,13 @@ class Agent:
             component = factory(self, conf)
             await component.start()
             self.components.append(component)
+        self.attention.start()
+        ready_text = f"ready: {len(self.platforms)} trigger(s)"
         if self._systemd is not None:
-            await self._systemd.start(f"ready: {len(self.platforms)} trigger(s)")
+            # READY=1 once recovery has finished: outside tools start on a settled journal
+            await self._systemd.start(ready_text, ready=self.recovery.state == "done")
+            if self.recovery.state != "done":
+                self._tasks.append(asyncio.create_task(self._ready_after_recovery(ready_text)))
         self.started = True
         self.ready_at = time.monotonic()
         _LOGGER.info(
@@ -197,6 +207,14 @@ class Agent:
             len(self.components),
             len(open_ids),
         )
+
+    async def _ready_after_recovery(self, ready_text: str) -> None:
+        assert self._systemd is not None
+        recovered = asyncio.ensure_future(self.recovery.wait())
+        while not recovered.done():
+            self._systemd.extend_start(_START_EXTENSION)
+            await asyncio.wait({recovered}, timeout=10)
+        self._systemd.ready(ready_text)
 
     async def stop(self) -> None:
         """Stop: no new triggers, finish or park the running sale, then everything else."""
@@ -210,6 +228,7 @@ class Agent:
                 await platform.stop()
         await self.sales.stop()
         await self.recovery.stop()
+        await self.attention.stop()
         await self._checker.stop()
         for component in reversed(self.components):
             try:

@@ -470,7 +470,12 @@ SALES_SCHEMA = vol.Schema(
         vol.Optional("interaction_lifetime"): positive_float,
         # on stop (SIGTERM), how long a running sale may take to finish before it is parked
         vol.Optional("stop_timeout", default=30.0): positive_float,
-        vol.Optional("answer_margin", default=10.0): positive_float,
+        # how long the service may still commit a money call after the agent gave up on it
+        vol.Optional("answer_margin", default=10.0): vol.All(positive_float, vol.Range(max=600)),
+        # how often sales in ATTENTION are looked at again in reporting (seconds)
+        vol.Optional("attention_recheck", default=300.0): vol.All(
+            positive_float, vol.Range(min=1, max=86400)
+        ),
     }
 )
 

@@ -122,9 +122,16 @@ class SaleRecord:
     def all_order_ids(self) -> list[str]:
         return [self.attempt_order_id(n) for n in range(1, self.attempt + 1)]
 
-    def as_dict(self) -> dict[str, Any]:
+    def row(self) -> dict[str, Any]:
+        """The sale as stored: column name -> SQLite value."""
         data = dataclasses.asdict(self)
         data["state"] = self.state.value
+        return data
+
+    def as_dict(self) -> dict[str, Any]:
+        """The sale for people and APIs: the resolution as an object."""
+        data = self.row()
+        data["resolution"] = json.loads(self.resolution) if self.resolution else None
         return data
 
 
@@ -196,7 +203,7 @@ class Journal:
         """Write a new sale and its first step in one transaction."""
         now = time.time()
         sale = dataclasses.replace(sale, created_at=now, updated_at=now)
-        row = sale.as_dict()
+        row = sale.row()
         names = ", ".join(_COLUMNS)
         marks = ", ".join(f":{c}" for c in _COLUMNS)
         try:

@@ -48,6 +48,26 @@ class Recovery:
         self.settings = context.settings
         self.runner = runner
         self._task: asyncio.Task[list[SaleEvent]] | None = None
+        self.started_at: float | None = None  # Unix time
+        self.finished_at: float | None = None
+        self.found = 0  # open sales found on start
+        self.recovered = 0  # of those, driven to an end
+
+    @property
+    def state(self) -> str:
+        """``idle`` (not started), ``running``, or ``done``: outside tools wait for ``done``."""
+        if self.started_at is None:
+            return "idle"
+        return "done" if self.finished_at is not None else "running"
+
+    def status(self) -> dict[str, object]:
+        return {
+            "state": self.state,
+            "started_at": self.started_at,
+            "finished_at": self.finished_at,
+            "sales_found": self.found,
+            "sales_recovered": self.recovered,
+        }
 
     def start(self) -> list[SaleRecord]:
         """Block the terminals of open sales and start finishing them; return those sales."""
@@ -58,6 +78,12 @@ class Recovery:
             self.runner.block(record.terminal, f"recovering sale {record.sale_id}")
         if open_sales:
             _LOGGER.warning("recovering %d open sale(s) from the journal", len(open_sales))
+        self.started_at = time.time()
+        self.found = len(open_sales)
+        if not open_sales:  # nothing to wait for: ready at once
+            self.finished_at = self.started_at
+            _LOGGER.info("recovery finished: no open sales in the journal")
+            return open_sales
         self._task = asyncio.create_task(self._run(by_terminal), name="recovery")
         return open_sales
 
@@ -75,7 +101,16 @@ class Recovery:
         results = await asyncio.gather(
             *(self._terminal(device, records) for device, records in by_terminal.items())
         )
-        return [event for events in results for event in events]
+        events = [event for events in results for event in events]
+        self.recovered = sum(1 for event in events if event.state.final)
+        self.finished_at = time.time()
+        _LOGGER.info(
+            "recovery finished: %d of %d open sale(s) ended in %.0f ms",
+            self.recovered,
+            self.found,
+            (self.finished_at - (self.started_at or self.finished_at)) * 1000,
+        )
+        return events
 
     async def _terminal(self, device: str, records: list[SaleRecord]) -> list[SaleEvent]:
         events = []

@@ -102,7 +102,7 @@ async def read_json(request: web.Request, max_bytes: int = MAX_BODY_BYTES) -> Bo
 
 
 # Where a body read ahead (by a fault that holds the request) is kept for the handler.
-READ_AHEAD = "sim.body"
+READ_AHEAD = web.RequestKey("sim.body", bytes)
 
 
 async def read_ahead(request: web.Request, max_bytes: int = MAX_BODY_BYTES) -> None:
@@ -113,8 +113,7 @@ async def read_ahead(request: web.Request, max_bytes: int = MAX_BODY_BYTES) -> N
 async def _read_limited(request: web.Request, max_bytes: int) -> bytes:
     """The whole body (a read returns what has arrived, so loop), refusing more than the limit."""
     if READ_AHEAD in request:
-        body: bytes = request[READ_AHEAD]
-        return body
+        return request[READ_AHEAD]
     chunks: list[bytes] = []
     size = 0
     while chunk := await request.content.read(max_bytes + 1 - size):
