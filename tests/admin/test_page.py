@@ -49,7 +49,7 @@ async def test_the_page_and_its_files_are_served_without_a_token(api: Any) -> No
         assert r.headers["X-Frame-Options"] == "DENY"
         html = await r.text()
     assert '<script src="/static/page.js"' in html
-    assert "http://" not in html and "https://" not in html  # nothing fetched from outside
+    assert "//" not in html.replace("<!doctype", "")  # nothing fetched from outside
     for name, kind in (("page.js", "text/javascript"), ("page.css", "text/css")):
         async with api.get(f"/static/{name}") as r:
             assert r.status == 200
@@ -128,9 +128,7 @@ async def test_logout_ends_the_session(api: Any, admin_server: Any) -> None:
         assert r.status == 401
 
 
-async def test_a_stolen_cookie_from_another_agent_is_worthless(
-    api: Any, admin_server: Any
-) -> None:
+async def test_a_stolen_cookie_from_another_agent_is_worthless(api: Any, admin_server: Any) -> None:
     await _login(api, admin_server)
     async with aiohttp.ClientSession(base_url=admin_server.url) as other:
         fake = {"Cookie": f"{COOKIE}=not-a-session"}
@@ -183,7 +181,7 @@ async def test_the_event_stream_is_less_than_a_second_behind(
         sale_delay = time.monotonic() - began
     assert kind == "sale"
     assert (sale["state"], sale["amount"], sale["terminal"]) == ("charging", "$2.50", "SIM-0007")
-    print(f"event stream delay: health {health_delay * 1000:.0f} ms, sale {sale_delay * 1000:.0f} ms")
+    print(f"event stream delay: health {health_delay:.3f} s, sale {sale_delay:.3f} s")
     assert health_delay < 1.0
     assert sale_delay < 1.0
 
