@@ -285,7 +285,7 @@ class StatusPage:
     async def _stream(self, response: web.StreamResponse) -> None:
         last_health: dict[str, Any] | None = None
         quiet_since = time.monotonic()
-        doctor_seen = self.doctor
+        doctor_seen: object = _NOT_SENT  # the first round sends it: the page may hold an old one
         try:
             async with self.agent.events.subscribe() as queue:
                 while not self._closing.is_set():
@@ -453,6 +453,7 @@ def _check_origin(request: web.Request) -> None:
 
 
 _NO_STORE = {"Cache-Control": "no-store"}
+_NOT_SENT = object()
 
 
 def _forbidden(error: str, detail: str) -> web.HTTPForbidden:

@@ -160,6 +160,9 @@ async def test_the_event_stream_is_less_than_a_second_behind(
         kind, first = await anext(stream)
         assert kind == "health"
         assert first["health"]["version"] == agent.version
+        kind, doctor = await anext(stream)
+        assert kind == "doctor"
+        assert set(doctor) >= {"running", "checks"}
         # a health change: a terminal reported offline
         began = time.monotonic()
         agent.health.report_terminal("SIM-0001", online=False, detail="ping: terminal offline")

@@ -11,6 +11,8 @@ const state = {
   results: {}, // key -> {text, ok}: the answer of the last action, shown by its button
   busy: {}, // key -> true while an action is under way
   stream: null,
+  streamHealth: null, // the newest health and doctor the stream brought
+  streamDoctor: null,
   reload: null,
 };
 
@@ -31,6 +33,11 @@ function el(tag, attrs, ...children) {
     node.append(child instanceof Node ? child : document.createTextNode(String(child)));
   }
   return node;
+}
+
+function fill(node, ...children) {
+  // like replaceChildren, with el()'s rules for nested lists and empty values
+  node.replaceChildren(...el("div", {}, ...children).childNodes);
 }
 
 function clock(unix) {
@@ -134,7 +141,12 @@ function begin(session) {
 async function load() {
   const answer = await call("GET", "/api/page");
   if (!answer.ok) return;
-  state.page = answer.data;
+  const fresh = answer.data;
+  // the event stream may have told us something newer while this answer was on its way
+  const streamed = state.streamHealth;
+  if (streamed && streamed.health.at > fresh.health.at) Object.assign(fresh, streamed);
+  if (state.streamDoctor) fresh.doctor = state.streamDoctor;
+  state.page = fresh;
   render();
 }
 
@@ -171,6 +183,7 @@ function follow() {
   });
   stream.addEventListener("health", (event) => {
     const view = JSON.parse(event.data);
+    state.streamHealth = view;
     if (!state.page) return;
     Object.assign(state.page, view);
     renderHealth();
@@ -189,8 +202,9 @@ function follow() {
     reloadSoon();
   });
   stream.addEventListener("doctor", (event) => {
+    state.streamDoctor = JSON.parse(event.data);
     if (!state.page) return;
-    state.page.doctor = JSON.parse(event.data);
+    state.page.doctor = state.streamDoctor;
     renderDoctor();
   });
 }
@@ -322,12 +336,11 @@ function renderService() {
   if (service.key_expires_at) {
     key = `${when(service.key_expires_at)} (in ${duration(service.key_expires_at - Date.now() / 1000)})`;
   }
-  $("service").replaceChildren(
+  fill($("service"),
     el("dt", {}, "service"), el("dd", { class: service.reachable === false ? "bad" : "" }, reachable),
     service.detail ? [el("dt", {}, "detail"), el("dd", {}, service.detail)] : null,
     el("dt", {}, "checked"), el("dd", {}, when(service.checked_at)),
-    el("dt", {}, "API key expires"), el("dd", {}, key),
-  );
+    el("dt", {}, "API key expires"), el("dd", {}, key));
   const links = health.links.map((link) =>
     el("li", { class: link.healthy ? "" : "bad" }, `${link.name}: ${link.state}`,
       link.detail ? ` (${link.detail})` : "", el("span", { class: "muted" }, ` since ${when(link.since)}`)));
@@ -442,7 +455,7 @@ async function runDoctor() {
   renderDoctor();
   try {
     const answer = await call("POST", "/api/doctor", {});
-    if (answer.ok) state.page.doctor = answer.data;
+    if (answer.ok) state.page.doctor = state.streamDoctor = answer.data;
   } finally {
     delete state.busy.doctor;
     renderDoctor();
