@@ -253,3 +253,48 @@ def test_health_notes_name_what_changed() -> None:
     after = {"status": "degraded", "problems": ["b"]}
     assert health_notes(before, after) == ["status ok -> degraded", "problem: b", "cleared: a"]
     assert health_notes(None, after) == []
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        b"[]",
+        b'"token"',
+        b"null",
+        b'{"token": 5}',
+        b'{"token": ""}',
+        b'{"token": ["admin-token-0123456789abcdef"]}',
+        b'{"token": "' + b"a" * 60_000 + b'"}',
+        b"\xff\xfe{not utf-8",
+        b"{" * 5_000,
+    ],
+)
+async def test_hostile_login_bodies_get_a_clear_no(
+    api: Any, admin_server: Any, body: bytes
+) -> None:
+    headers = {**_origin(admin_server), "Content-Type": "application/json"}
+    async with api.post("/session", data=body, headers=headers) as r:
+        assert r.status in (400, 401), await r.text()
+        assert (await r.json())["detail"]
+        assert COOKIE not in r.cookies
+
+
+async def test_too_many_event_streams_are_refused_and_sales_go_on(
+    agent: Any, admin_server: Any
+) -> None:
+    from kiosk_agent.admin.page import MAX_STREAMS
+    from tests.admin.test_server import _sell
+
+    headers = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
+    async with aiohttp.ClientSession(base_url=admin_server.url, headers=headers) as session:
+        streams = [await session.get("/api/events") for _ in range(MAX_STREAMS)]
+        try:
+            assert all(s.status == 200 for s in streams)
+            async with session.get("/api/events") as extra:
+                assert extra.status == 503
+                assert "event streams" in (await extra.json())["detail"]
+            final = await asyncio.wait_for(_sell(agent, 250), 15)
+            assert final.state is SaleState.COMPLETED
+        finally:
+            for stream in streams:
+                stream.close()
