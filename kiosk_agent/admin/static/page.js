@@ -286,7 +286,7 @@ function terminalAction(deviceId, action) {
     const data = answer.data;
     if (action === "ping") {
       return data.online
-        ? { ok: true, text: `${deviceId} answered in ${Math.round(data.latency_ms)} ms` }
+        ? { ok: true, text: `${deviceId} answered` + (data.latency_ms === null ? "" : ` in ${Math.round(data.latency_ms)} ms`) }
         : { ok: false, text: `${deviceId} does not answer: check its power and network` };
     }
     if (action === "connect") {
