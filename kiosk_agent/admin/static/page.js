@@ -344,9 +344,15 @@ function renderService() {
   const links = health.links.map((link) =>
     el("li", { class: link.healthy ? "" : "bad" }, `${link.name}: ${link.state}`,
       link.detail ? ` (${link.detail})` : "", el("span", { class: "muted" }, ` since ${when(link.since)}`)));
-  const platforms = (state.page.platforms || []).map((p) =>
-    el("li", {}, `${p.name}: `, el("span", { class: "muted" },
-      Object.entries(p.status).map(([k, v]) => `${k} ${typeof v === "object" ? JSON.stringify(v) : v}`).join(", "))));
+  const platforms = (state.page.platforms || []).map((p) => {
+    const entries = Object.entries(p.status);
+    const plain = entries.filter(([, v]) => v === null || typeof v !== "object");
+    const nested = entries.filter(([, v]) => v !== null && typeof v === "object");
+    return el("li", {}, el("details", {},
+      el("summary", {}, `${p.name}: `, el("span", { class: "muted" }, plain.map(([k, v]) => `${k} ${v}`).join(", "))),
+      el("dl", { class: "facts" }, nested.map(([k, v]) => [el("dt", {}, k),
+        el("dd", {}, Object.entries(v).map(([kk, vv]) => `${kk} ${typeof vv === "object" ? JSON.stringify(vv) : vv}`).join(", "))]))));
+  });
   const all = [...links, ...platforms];
   $("links").replaceChildren(...(all.length ? all : [el("li", {}, "no serial link or platform")]));
 }
