@@ -7,7 +7,7 @@ cookie instead of a bearer token:
     GET    /                   the page (public: it holds no data and asks to log in)
     GET    /static/{name}      its stylesheet and script (public)
     POST   /session            log in: {"token": ...} -> session cookie; answers {role, csrf}
-    GET    /session            the current session {role, csrf}; 401 without one
+    GET    /session            the current session {role, csrf}; both null without one
     DELETE /session            log out
     GET    /api/page           everything the page shows, in one answer
     GET    /api/events         server-sent events: health changes and sale steps as they happen
@@ -184,8 +184,8 @@ class StatusPage:
 
     async def session(self, request: web.Request) -> web.Response:
         session = self._session(request)
-        if session is None:
-            return _error(401, "unauthorized", "log in with the admin API token")
+        if session is None:  # not an error: the page asks before it shows the login form
+            return web.json_response({"role": None, "csrf": None}, headers=_NO_STORE)
         return web.json_response({"role": session.role, "csrf": session.csrf}, headers=_NO_STORE)
 
     async def logout(self, request: web.Request) -> web.Response:

@@ -59,9 +59,11 @@ async def test_the_page_and_its_files_are_served_without_a_token(api: Any) -> No
 
 
 async def test_data_needs_a_session_or_a_token(api: Any) -> None:
-    for path in ("/api/page", "/api/events", "/api/doctor", "/session"):
+    for path in ("/api/page", "/api/events", "/api/doctor"):
         async with api.get(path) as r:
             assert r.status == 401, path
+    async with api.get("/session") as r:
+        assert await r.json() == {"role": None, "csrf": None}
 
 
 async def test_a_wrong_token_opens_no_session(api: Any, admin_server: Any) -> None:
@@ -298,3 +300,14 @@ async def test_too_many_event_streams_are_refused_and_sales_go_on(
         finally:
             for stream in streams:
                 stream.close()
+
+
+async def test_a_session_ends_after_its_lifetime(api: Any, admin_server: Any) -> None:
+    await _login(api, admin_server)
+    async with api.get("/api/page") as r:
+        assert r.status == 200
+    for session in admin_server.page._sessions.values():
+        session.expires_at = time.time() - 1  # twelve hours later
+    async with api.get("/api/page") as r:
+        assert r.status == 401
+    assert admin_server.page._sessions == {}

@@ -72,6 +72,11 @@ async def _open(browser: Browser, url: str, viewport: dict[str, int], token: str
     urls: list[str] = []
     page.on("request", lambda request: urls.append(request.url))
     page.urls = urls  # type: ignore[attr-defined]
+    # a script error or a blocked resource (the Content-Security-Policy) fails the test
+    errors: list[str] = []
+    page.on("pageerror", lambda error: errors.append(str(error)))
+    page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
+    page.errors = errors  # type: ignore[attr-defined]
     await page.goto(f"{url}/")
     await expect(page.get_by_label("Admin API token")).to_be_visible()
     await page.get_by_label("Admin API token").fill(token)
@@ -153,6 +158,7 @@ async def test_a_tech_logs_in_on_a_phone_and_sees_a_reader_go_offline(
     await _screenshot(page, _screenshot_path(tmp_path, "status-page-phone.png"))
     # the token never travelled in a URL
     assert not [url for url in page.urls if ADMIN_TOKEN in url]  # type: ignore[attr-defined]
+    assert page.errors == []  # type: ignore[attr-defined]
 
 
 async def test_test_print_from_a_laptop(
@@ -185,6 +191,7 @@ async def test_test_print_from_a_laptop(
     await page.get_by_role("button", name="Run doctor checks").click()
     await expect(page.locator("#doctor")).to_contain_text("0 failed", timeout=WAIT_MS)
     await _screenshot(page, _screenshot_path(tmp_path, "status-page-desktop.png"))
+    assert page.errors == []  # type: ignore[attr-defined]
 
 
 async def test_a_read_only_tech_sees_everything_but_no_buttons(

@@ -178,7 +178,8 @@ function follow() {
     if (stream.readyState === EventSource.CLOSED) {
       // refused (session gone?) rather than cut: ask once, then try again
       const answer = await call("GET", "/session");
-      if (answer.ok) setTimeout(follow, 2000);
+      if (answer.ok && answer.data.role) setTimeout(follow, 2000);
+      else showLogin("Your session ended; log in again.");
     }
   });
   stream.addEventListener("health", (event) => {
@@ -475,6 +476,6 @@ document.addEventListener("DOMContentLoaded", async () => {
   $("logout").addEventListener("click", logout);
   $("run-doctor").addEventListener("click", runDoctor);
   const answer = await call("GET", "/session");
-  if (answer.ok) begin(answer.data);
+  if (answer.ok && answer.data.role) begin(answer.data);
   else showLogin("");
 });
