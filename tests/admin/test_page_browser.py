@@ -10,12 +10,13 @@ otherwise they go to the test's temporary directory.
 import os
 import time
 from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import aiohttp
 import pytest
-from playwright.async_api import Browser, Page, async_playwright, expect
+from playwright.async_api import Browser, Page, ViewportSize, async_playwright, expect
 
 from kiosk_agent.app import load_agent
 from kiosk_agent.core.journal import SaleRecord
@@ -33,8 +34,8 @@ CHROMIUM_ARGS = [
     "--disable-sync",
     "--no-first-run",
 ]
-PHONE = {"width": 360, "height": 740}
-DESKTOP = {"width": 1280, "height": 900}
+PHONE: ViewportSize = {"width": 360, "height": 740}
+DESKTOP: ViewportSize = {"width": 1280, "height": 900}
 WAIT_MS = 10_000  # the longest any expectation waits (a busy 2-core machine)
 
 
@@ -65,24 +66,31 @@ def _screenshot_path(tmp_path: Path, name: str) -> Path:
     return directory / name
 
 
-async def _open(browser: Browser, url: str, viewport: dict[str, int], token: str) -> Page:
+@dataclass
+class Seen:
+    """What the browser did besides drawing: every URL it asked for, every error it logged."""
+
+    urls: list[str] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+
+
+async def _open(
+    browser: Browser, url: str, viewport: ViewportSize, token: str
+) -> tuple[Page, Seen]:
     """A fresh browser context at the page, logged in the way a person does it."""
-    context = await browser.new_context(viewport=viewport)  # type: ignore[arg-type]
+    context = await browser.new_context(viewport=viewport)
     page = await context.new_page()
-    urls: list[str] = []
-    page.on("request", lambda request: urls.append(request.url))
-    page.urls = urls  # type: ignore[attr-defined]
+    seen = Seen()
+    page.on("request", lambda request: seen.urls.append(request.url))
     # a script error or a blocked resource (the Content-Security-Policy) fails the test
-    errors: list[str] = []
-    page.on("pageerror", lambda error: errors.append(str(error)))
-    page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
-    page.errors = errors  # type: ignore[attr-defined]
+    page.on("pageerror", lambda error: seen.errors.append(str(error)))
+    page.on("console", lambda m: seen.errors.append(m.text) if m.type == "error" else None)
     await page.goto(f"{url}/")
     await expect(page.get_by_label("Admin API token")).to_be_visible()
     await page.get_by_label("Admin API token").fill(token)
     await page.get_by_role("button", name="Log in").click()
     await expect(page.locator("#board")).to_be_visible()
-    return page
+    return page, seen
 
 
 async def _screenshot(page: Page, path: Path) -> None:
@@ -121,12 +129,13 @@ async def test_a_tech_logs_in_on_a_phone_and_sees_a_reader_go_offline(
 ) -> None:
     await _sell(agent, 250)
     await _attention_sale(agent)
-    page = await _open(browser, admin_server.url, PHONE, ADMIN_TOKEN)
+    page, seen = await _open(browser, admin_server.url, PHONE, ADMIN_TOKEN)
     front = _terminal(page, "SIM-0001")
     await expect(front.locator('[data-field="online"]')).to_have_text("online", timeout=WAIT_MS)
     await expect(page.locator("#live")).to_have_text("live", timeout=WAIT_MS)
     await expect(page.locator("#today")).to_have_text("1 sale(s), $2.50")
     await expect(page.locator("#attention")).to_contain_text("$3.50")
+    assert seen.errors == []
 
     async with aiohttp.ClientSession() as session:
         offline = f"{sim.base_url}/sim/terminals/SIM-0001/offline"
@@ -157,8 +166,8 @@ async def test_a_tech_logs_in_on_a_phone_and_sees_a_reader_go_offline(
         assert box["height"] >= 40, await button.inner_text()
     await _screenshot(page, _screenshot_path(tmp_path, "status-page-phone.png"))
     # the token never travelled in a URL
-    assert not [url for url in page.urls if ADMIN_TOKEN in url]  # type: ignore[attr-defined]
-    assert page.errors == []  # type: ignore[attr-defined]
+    assert not [url for url in seen.urls if ADMIN_TOKEN in url]
+    assert seen.errors == []
 
 
 async def test_test_print_from_a_laptop(
@@ -166,7 +175,7 @@ async def test_test_print_from_a_laptop(
 ) -> None:
     await _sell(agent, 402)  # declined: a line in the history
     await _attention_sale(agent)
-    page = await _open(browser, admin_server.url, DESKTOP, ADMIN_TOKEN)
+    page, seen = await _open(browser, admin_server.url, DESKTOP, ADMIN_TOKEN)
     await expect(page.locator("#live")).to_have_text("live", timeout=WAIT_MS)
     final = await _sell(agent, 250)  # while the page looks: its steps in the live events
     await expect(page.locator("#events")).to_contain_text("$2.50 completed", timeout=WAIT_MS)
@@ -191,25 +200,26 @@ async def test_test_print_from_a_laptop(
     await page.get_by_role("button", name="Run doctor checks").click()
     await expect(page.locator("#doctor")).to_contain_text("0 failed", timeout=WAIT_MS)
     await _screenshot(page, _screenshot_path(tmp_path, "status-page-desktop.png"))
-    assert page.errors == []  # type: ignore[attr-defined]
+    assert seen.errors == []
 
 
 async def test_a_read_only_tech_sees_everything_but_no_buttons(
     browser: Browser, agent: Any, admin_server: Any
 ) -> None:
     await _attention_sale(agent)
-    page = await _open(browser, admin_server.url, PHONE, READ_TOKEN)
+    page, seen = await _open(browser, admin_server.url, PHONE, READ_TOKEN)
     await expect(_terminal(page, "SIM-0007")).to_be_visible(timeout=WAIT_MS)
     await expect(page.get_by_role("button", name="Test print")).to_have_count(0)
     await expect(page.get_by_role("button", name="Resolve")).to_have_count(0)
     await expect(page.get_by_role("button", name="Run doctor checks")).to_be_hidden()
     await expect(page.locator("#attention")).to_contain_text("$3.50")
+    assert seen.errors == []
 
 
 async def test_a_wrong_token_is_refused_on_the_page(
     browser: Browser, agent: Any, admin_server: Any
 ) -> None:
-    context = await browser.new_context(viewport=PHONE)  # type: ignore[arg-type]
+    context = await browser.new_context(viewport=PHONE)
     page = await context.new_page()
     await page.goto(f"{admin_server.url}/")
     await page.get_by_label("Admin API token").fill("not-a-token-but-long-enough-to-try")
@@ -231,10 +241,11 @@ async def test_an_attention_sale_is_resolved_from_the_page(
     if not _has_resolve(admin_server):
         pytest.skip("POST /api/sales/{sale_id}/resolve is not on this branch yet")
     record = await _attention_sale(agent)
-    page = await _open(browser, admin_server.url, PHONE, ADMIN_TOKEN)
+    page, seen = await _open(browser, admin_server.url, PHONE, ADMIN_TOKEN)
     form = page.locator(f'form.resolve[data-sale="{record.sale_id}"]')
     await form.get_by_label("Reversed (given back)").check()
     await form.get_by_label("Why").fill("checked the bank statement: refunded by hand")
     await form.get_by_role("button", name="Resolve").click()
     await expect(page.locator("#attention")).to_contain_text("none", timeout=WAIT_MS)
     assert agent.journal.get(record.sale_id).state is not SaleState.ATTENTION
+    assert seen.errors == []
