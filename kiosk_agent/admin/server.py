@@ -1,6 +1,7 @@
 """The admin API: the device's face for remote operators (aiohttp, bearer tokens, loopback).
 
-Routes (all need ``Authorization: Bearer <token>``; POSTs need an ``admin`` token):
+Routes (all need ``Authorization: Bearer <token>`` or the status page's session; POSTs need an
+``admin`` token; the status page and its own routes are in page.py):
 
     GET  /api/status                     version, status, uptime, problems
     GET  /api/health                     the full health snapshot
@@ -41,6 +42,7 @@ from kiosk_agent.admin.metrics import (
     write_upstream,
     write_webhooks,
 )
+from kiosk_agent.admin.page import StatusPage
 from kiosk_agent.core.attention import NotInAttention, ResolveError, UnknownSale, resolve
 from kiosk_agent.core.config import register_section
 from kiosk_agent.core.sale import SaleState
@@ -104,6 +106,7 @@ class AdminServer:
             (t["name"], _digest(t["token"]), t["role"]) for t in conf["tokens"]
         ]
         self._metrics_public: bool = conf["metrics_public"]
+        self.page = StatusPage(agent, self._role_for)  # the field tech's page at / (page.py)
 
     @property
     def port(self) -> int | None:
@@ -127,6 +130,7 @@ class AdminServer:
         router.add_post("/api/terminals/{device_id}/{action}", self.terminal_action)
         router.add_get("/api/boarding/merchants", self.merchants)
         router.add_get("/metrics", self.metrics)
+        self.page.add_routes(app)
         return app
 
     async def start(self) -> None:
@@ -155,9 +159,12 @@ class AdminServer:
 
     @web.middleware
     async def _auth_middleware(self, request: web.Request, handler: Handler) -> web.StreamResponse:
-        if request.path == "/metrics" and self._metrics_public:
+        if (request.path == "/metrics" and self._metrics_public) or self.page.public(request):
             return await handler(request)
+        # a bearer token, or the status page's session cookie (which checks CSRF and Origin)
         name, role = self._token_for(request.headers.get("Authorization"))
+        if role is None:
+            name, role = "status page", self.page.session_role(request)
         request[CALLER] = name or ""
         if role is None:
             _LOGGER.warning(
