@@ -82,6 +82,22 @@ def positive_price(value: Any) -> int:
     return cents
 
 
+def price_map(value: Any) -> dict[str, int]:
+    """A voluptuous validator: ``{product: price}`` -> cents; every bad price is reported."""
+    if not isinstance(value, dict):
+        raise vol.Invalid('expected a map of product to price, like {coffee: "2.50"}')
+    prices: dict[str, int] = {}
+    errors: list[vol.Invalid] = []
+    for name, amount in value.items():
+        try:
+            prices[str(name)] = positive_price(amount)
+        except vol.Invalid as err:
+            errors.append(vol.Invalid(err.msg, path=[name]))
+    if errors:
+        raise vol.MultipleInvalid(errors)
+    return prices
+
+
 def positive_float(value: Any) -> float:
     """Durations and scales (not money): a number above zero."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
@@ -400,11 +416,11 @@ def explain(
     ):
         fix = 'write the price in quotes, like "2.50", or as integer cents'
     elif message.startswith("expected str"):
-        message = f"expected text, got {_value_at(data, full_path)!r}"
+        message = f"expected text, got {_shown(_value_at(data, full_path))}"
     elif message.startswith("expected int"):
-        message = f"expected a whole number, got {_value_at(data, full_path)!r}"
+        message = f"expected a whole number, got {_shown(_value_at(data, full_path))}"
     elif message.startswith("value must be one of"):
-        message = f"{message}, got {_value_at(data, full_path)!r}"
+        message = f"{message}, got {_shown(_value_at(data, full_path))}"
     return ConfigError(
         where.file if where else "?",
         where.line if where else None,
@@ -412,6 +428,14 @@ def explain(
         message,
         fix,
     )
+
+
+def _shown(value: Any) -> str:
+    """A value as an error may show it: a secret is never shown, long text is cut."""
+    if isinstance(value, SecretValue):
+        return "a value from !secret or !env_var (not shown)"
+    text = repr(value)
+    return text if len(text) <= 80 else f"{text[:77]}..."
 
 
 def _value_at(data: Any, path: list[Any]) -> Any:
@@ -434,15 +458,77 @@ def validate(
     """Validate ``value`` (found at ``prefix`` inside ``data``) and explain every mistake."""
     try:
         return schema(value), []
-    except vol.MultipleInvalid as err:
-        found = err.errors
     except vol.Invalid as err:
-        found = [err]
+        found = _every_invalid(schema, value, err)
     return None, [
         explain(e, data, prefix, default, schema)
         for e in found
         if not isinstance(_value_at(data, prefix + list(e.path)), Unresolved)
     ]
+
+
+def _every_invalid(schema: Any, value: Any, err: vol.Invalid) -> list[vol.Invalid]:
+    """``err``'s mistakes plus those voluptuous skipped in the other items of a list.
+
+    voluptuous stops a list at the first item with a mistake inside it (``buttons[0].price``),
+    so the items after it were never looked at. Each list named in a mistake's path is walked
+    here again, item by item, with the list's own item schema.
+    """
+    found = list(err.errors) if isinstance(err, vol.MultipleInvalid) else [err]
+    lists: list[list[Any]] = []
+    for error in found:
+        path = list(error.path)
+        for depth, step in enumerate(path):
+            where = path[:depth]
+            listed = isinstance(_value_at(value, where), list)
+            if isinstance(step, int) and listed and where not in lists:
+                lists.append(where)
+    for where in lists:
+        item_schema = _item_schema(schema, where)
+        if item_schema is None:
+            continue
+        reported = {
+            e.path[len(where)]
+            for e in found
+            if len(e.path) > len(where) and list(e.path[: len(where)]) == where
+        }
+        for index, item in enumerate(_value_at(value, where)):
+            if index in reported:
+                continue
+            try:
+                item_schema(item)
+            except vol.Invalid as item_err:
+                for e in _every_invalid(item_schema, item, item_err):
+                    found.append(_prefixed(e, [*where, index]))
+    return found
+
+
+def _item_schema(schema: Any, path: list[Any]) -> Callable[[Any], Any] | None:
+    """The validator a schema applies to each item of the list at ``path``, when it has one."""
+    node = _unwrap(schema)
+    for step in path:
+        if isinstance(node, dict):
+            node = _unwrap(
+                next(
+                    (
+                        v
+                        for k, v in node.items()
+                        if getattr(k, "schema", k) == step
+                        or (isinstance(k, type) and isinstance(step, k))
+                    ),
+                    None,
+                )
+            )
+        elif isinstance(node, list) and isinstance(step, int) and len(node) == 1:
+            node = _unwrap(node[0])
+        else:
+            return None
+    if not isinstance(node, list) or len(node) != 1:
+        return None
+    item = node[0]
+    if isinstance(item, (dict, list)):
+        return vol.Schema(item)
+    return item if callable(item) else None
 
 
 def _inline_secrets(node: Any, path: list[Any]) -> Iterator[tuple[list[Any], Position | None]]:

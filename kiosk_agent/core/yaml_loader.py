@@ -197,8 +197,7 @@ def _read_bounded(path: Path, limit: int) -> tuple[str, os.stat_result]:
 _PROBLEMS: list[tuple[str, str, bool]] = [
     (
         "mapping values are not allowed here",
-        "a `key:` where a value was expected (a missing `:` on the line above, a value "
-        "indented under a key that already has one, or a value holding ': ' without quotes)",
+        "a `key:` where a value was expected",
         True,
     ),
     ("could not find expected ':'", "a line inside a mapping that is not `key: value`", True),
@@ -206,6 +205,7 @@ _PROBLEMS: list[tuple[str, str, bool]] = [
     ("did not find expected '-' indicator", "this line does not line up with its list", True),
     ("expected <block end>", "this line does not line up with the block above it", True),
     ("did not find expected node content", "a value is missing or misplaced", True),
+    ("found character '\\t'", "a tab character", False),
     ("that cannot start any token", "a character that cannot start a value", False),
     ("found undefined alias", "an alias (*name) with no anchor (&name) before it", False),
     ("found duplicate anchor", "the same anchor (&name) is defined twice", False),
@@ -220,8 +220,8 @@ _PROBLEMS: list[tuple[str, str, bool]] = [
 ]
 
 _FIXES = {
-    "that cannot start any token": "YAML indents with spaces only; replace tabs with spaces, "
-    "and quote a value starting with @ or `",
+    "found character '\\t'": "YAML indents with spaces only; replace the tab with spaces",
+    "that cannot start any token": "put the value in quotes",
     "found unknown escape character": "use single quotes, or double the backslash",
     "found unexpected end of stream": "close the quote",
     "expected a single document": "keep one document per file",
@@ -236,28 +236,39 @@ def _indent(line: str) -> int:
     return len(line) - len(line.lstrip(" "))
 
 
-def _indentation_hint(text: str, line: int) -> str | None:
-    """Compare a line's indentation with the nearest non-blank line above it (0-based ``line``)."""
+def _indentation_hint(text: str, line: int, column: int) -> str | None:
+    """What probably went wrong at a structural error (0-based ``line``/``column``).
+
+    Compares the line with the nearest non-blank line above it; never quotes either line.
+    """
     lines = text.splitlines()
     if not 0 <= line < len(lines):
         return None
     here = lines[line]
     if "\t" in here[: _indent(here) + 1]:
         return f"line {line + 1} is indented with a tab; YAML indents with spaces only"
+    if ": " in here[:column]:  # `key: value: more`
+        return f"line {line + 1} holds a second ': '; put its value in quotes"
     for above in range(line - 1, -1, -1):
-        stripped = lines[above].strip()
-        if stripped and not stripped.startswith("#"):
-            a, b = _indent(lines[above]), _indent(here)
-            if a == b:
-                return (
-                    f"lines {above + 1} and {line + 1} are both indented {a} spaces; check that "
-                    f"line {above + 1} ends its key with ':' and each value is on its key's line "
-                    f"or indented below it"
-                )
+        stripped = lines[above].split(" #", 1)[0].strip()
+        if not stripped or stripped.startswith("#"):
+            continue
+        a, b = _indent(lines[above]), _indent(here)
+        if b > a and ":" not in stripped and not stripped.startswith("-"):
             return (
-                f"line {line + 1} is indented {b} spaces and line {above + 1} {a}; the keys of "
-                f"one mapping (and the items of one list) start in the same column"
+                f"line {above + 1} has no ':' after its key, so line {line + 1} cannot be "
+                f"indented under it"
             )
+        if a == b:
+            return (
+                f"lines {above + 1} and {line + 1} are both indented {a} spaces; check that "
+                f"line {above + 1} ends its key with ':' and each value is on its key's line "
+                f"or indented below it"
+            )
+        return (
+            f"line {line + 1} is indented {b} spaces and line {above + 1} {a}; the keys of "
+            f"one mapping (and the items of one list) start in the same column"
+        )
     return None
 
 
@@ -265,15 +276,16 @@ def syntax_error(err: yaml.MarkedYAMLError, label: str, text: str) -> ConfigErro
     """A located, plain-words :class:`ConfigError` for a YAML parse error (no quoted content)."""
     mark = err.problem_mark or err.context_mark
     problem = err.problem or ""
+    said = f"{err.context or ''} {problem}"
     explained, indentation = next(
-        ((text_, indent) for key, text_, indent in _PROBLEMS if key in problem),
+        ((text_, indent) for key, text_, indent in _PROBLEMS if key in said),
         (problem or "cannot be parsed", False),
     )
-    fix = next((f for key, f in _FIXES.items() if key in problem), None)
+    fix = next((f for key, f in _FIXES.items() if key in said), None)
     syntax = isinstance(err, (yaml.scanner.ScannerError, yaml.parser.ParserError))
     kind = "YAML syntax" if syntax else "YAML"
     if indentation and mark is not None:
-        fix = _indentation_hint(text, mark.line)
+        fix = _indentation_hint(text, mark.line, mark.column)
     context = err.context_mark
     if (
         context is not None
