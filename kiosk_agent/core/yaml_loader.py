@@ -600,9 +600,11 @@ class _Loader(_Bounded):
 
 
 def _construct_mapping(loader: _Loader, node: yaml.MappingNode) -> NodeDict:
-    loader.flatten_mapping(node)
+    own = {id(key_node) for key_node, _ in node.value}
+    loader.flatten_mapping(node)  # merged (<<) pairs first, so the mapping's own keys win
     result = NodeDict()
     result.position = loader.position(node)
+    own_keys: set[Any] = set()
     for key_node, value_node in node.value:
         key = loader.construct_object(key_node, deep=True)
         where = loader.position(key_node)
@@ -613,8 +615,10 @@ def _construct_mapping(loader: _Loader, node: yaml.MappingNode) -> NodeDict:
                 where, "a list or mapping is used as a key", "keys are names, like `price:`"
             )
             continue
-        if key in result:
-            loader.context.error(where, f"duplicate key {key!r}", "keep only one of them")
+        if id(key_node) in own:
+            if key in own_keys:
+                loader.context.error(where, f"duplicate key {key!r}", "keep only one of them")
+            own_keys.add(key)
         result[key] = loader.construct_object(value_node, deep=True)
         result.key_positions[key] = where
     return result
