@@ -219,6 +219,20 @@ _PROBLEMS: list[tuple[str, str, bool]] = [
     ("could not determine a constructor", "an unknown tag (the `!name` before a value)", False),
 ]
 
+# PyYAML's "while parsing a block collection" -> what a person calls it
+_CONTEXTS = {
+    "block collection": "block",
+    "block mapping": "mapping",
+    "block sequence": "list",
+    "flow mapping": "{ ... } mapping",
+    "flow sequence": "[ ... ] list",
+    "quoted scalar": "quoted string",
+    "simple key": "key",
+    "anchor": "anchor",
+    "alias": "alias",
+    "tag": "tag",
+}
+
 _FIXES = {
     "found character '\\t'": "YAML indents with spaces only; replace the tab with spaces",
     "that cannot start any token": "put the value in quotes",
@@ -294,12 +308,8 @@ def syntax_error(err: yaml.MarkedYAMLError, label: str, text: str) -> ConfigErro
         and err.context
         and err.context.startswith("while ")
     ):
-        what = (
-            err.context[len("while ") :]
-            .replace("scanning", "reading")
-            .replace("parsing", "reading")
-        )
-        explained += f" ({what.split(';')[0]} from line {context.line + 1})"
+        what = next((name for key, name in _CONTEXTS.items() if key in err.context), "block")
+        explained += f" (in the {what} that starts on line {context.line + 1})"
     return ConfigError(
         label,
         mark.line + 1 if mark is not None else None,
