@@ -320,6 +320,24 @@ def syntax_error(err: yaml.MarkedYAMLError, label: str, text: str) -> ConfigErro
     )
 
 
+def _unprintable(text: str, label: str) -> ConfigError | None:
+    """A control character YAML does not allow (PyYAML's reader would raise on it)."""
+    found = yaml.reader.Reader.NON_PRINTABLE.search(text)
+    if found is None:
+        return None
+    before = text[: found.start()]
+    line = before.count("\n") + 1
+    column = found.start() - (before.rfind("\n") + 1) + 1
+    return ConfigError(
+        label,
+        line,
+        "",
+        f"YAML syntax: a control character (U+{ord(found.group()):04X}) that YAML does not allow",
+        "delete it, or write it as an escape (\\x1F) inside double quotes",
+        column,
+    )
+
+
 # --------------------------------------------------------------------------- bounded YAML
 
 
@@ -491,6 +509,13 @@ class _Context:
                 f"refusing to use it. Fix: chmod 600 {path}"
             )
             return None
+        unprintable = _unprintable(text, SECRETS_FILE)
+        if unprintable is not None:
+            self._secrets_error = (
+                f"{path} cannot be read at line {unprintable.line}, column "
+                f"{unprintable.column}: {unprintable.message}"
+            )
+            return None
         loader = _Bounded(text)
         loader.budget = [MAX_VALUES]
         try:
@@ -533,6 +558,10 @@ class _Context:
             self.errors.append(ConfigError(where.file, line, "", message))
             return None
         self.bytes_left -= info.st_size
+        unprintable = _unprintable(text, label)
+        if unprintable is not None:
+            self.errors.append(unprintable)
+            return None
         loader = _Loader(text)
         loader.context = self
         loader.budget = self.budget
