@@ -318,6 +318,20 @@ class Config:
         path = Path(relative).expanduser()
         return path if path.is_absolute() else self.path.parent / path
 
+    def masked(self) -> dict[str, Any]:
+        """The resolved configuration with every secret shown as ``***`` (for ``--show``)."""
+        return dict(_masked(self.data))
+
+
+def _masked(value: Any, key: Any = None) -> Any:
+    if isinstance(value, SecretValue) or (str(key) in SECRET_KEYS and isinstance(value, str)):
+        return "***"
+    if isinstance(value, dict):
+        return {k: _masked(v, k) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_masked(v) for v in value]
+    return value
+
 
 def locate(data: Any, path: list[Any], default: Position | None) -> Position | None:
     """The deepest recorded position along ``path`` inside loaded YAML data."""

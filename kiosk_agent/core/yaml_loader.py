@@ -540,7 +540,7 @@ class _Context:
 
     def load_file(self, path: Path, included_from: Position | None = None) -> Any:
         """Load one file of the configuration; mistakes go to :attr:`errors`, None is returned."""
-        label = self.label(path)
+        label = self.label(path) if included_from else path.name
         where = included_from or Position(label, 1)
         line = where.line if included_from else None
         self.files_read += 1

@@ -303,3 +303,26 @@ def test_numbers_and_dates_that_cannot_be_read_are_located(tmp_path: Path) -> No
         assert error.message == (
             "YAML: a number or date that cannot be read (too long or out of range)"
         )
+
+
+@pytest.mark.parametrize(
+    ("body", "message"),
+    [
+        (HEAD + "journal: !include ../../elsewhere/other.yaml\n", "outside the configuration"),
+        (HEAD + "journal: !include secrets.yaml\n", "the secrets file cannot be included"),
+        (HEAD + "journal: !include config.yaml\n", "include cycle"),
+        (BILLION_LAUGHS + HEAD, "anchors and aliases expand to more than"),
+    ],
+)
+def test_run_refuses_each_attack_at_once(
+    site: Path, body: str, message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = write(site, "config.yaml", body)
+    started = time.monotonic()
+    assert main(["run", "--config", str(path)]) != 0
+    assert time.monotonic() - started < 5
+    err = capsys.readouterr().err
+    assert message in err
+    assert "Traceback" not in err
+    assert SECRET not in err
+    assert "TOPSECRET" not in err
