@@ -435,6 +435,8 @@ def explain(
         message = f"expected a whole number, got {_shown(_value_at(data, full_path))}"
     elif message.startswith("value must be one of"):
         message = f"{message}, got {_shown(_value_at(data, full_path))}"
+    if len(message) > _MESSAGE_CHARS:  # a validator quoting a whole value
+        message = message[: _MESSAGE_CHARS - 3] + "..."
     return ConfigError(
         where.file if where else "?",
         where.line if where else None,
@@ -442,6 +444,9 @@ def explain(
         message,
         fix,
     )
+
+
+_MESSAGE_CHARS = 300
 
 
 def _shown(value: Any) -> str:

@@ -220,3 +220,11 @@ def test_a_mistake_as_json_has_every_field() -> None:
         "fix": "fix it",
     }
     assert str(error) == "config.yaml:3:7: a.b: bad (fix: fix it)"
+
+
+def test_a_long_value_is_cut_in_a_message(tmp_path: Path) -> None:
+    path = write(tmp_path, HEAD + "sales: {card_timeout: " + "x" * 5000 + "}\n")
+    [error] = check_config(path)
+    assert error.path == "sales.card_timeout"
+    assert error.message.startswith("expected a number, got 'xxx")
+    assert len(error.message) == 300
