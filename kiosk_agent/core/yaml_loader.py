@@ -72,7 +72,8 @@ class ConfigError:
                 where += f":{self.column}"
         key = f" {self.path}:" if self.path else ""
         fix = f" (fix: {self.fix})" if self.fix else ""
-        return f"{where}:{key} {self.message}{fix}"
+        # names come from the file: no control character (a terminal escape) reaches a screen
+        return f"{where}:{key} {self.message}{fix}".translate(_CONTROLS)
 
     def as_dict(self) -> dict[str, Any]:
         """For ``--json`` output: every field, None where unknown."""
@@ -84,6 +85,9 @@ class ConfigError:
             "message": self.message,
             "fix": self.fix,
         }
+
+
+_CONTROLS = {c: f"\\x{c:02x}" for c in [*range(0x20), *range(0x7F, 0xA0)]}
 
 
 class ConfigInvalid(Exception):
@@ -584,7 +588,7 @@ class _Context:
 
     def include(self, name: str, including: Path, where: Position) -> Any:
         """The data of ``!include name`` written in ``including``, or UNRESOLVED (reported)."""
-        if not name:
+        if not name or "\x00" in name:
             self.error(where, "!include needs a file name", "write `!include file.yaml`")
             return UNRESOLVED
         target = (including.parent / name).resolve()
@@ -697,7 +701,7 @@ def _construct_env_var(loader: _Loader, node: yaml.Node) -> SecretValue:
         loader.context.error(loader.position(node), "!env_var needs a variable name")
         return UNRESOLVED
     name, default = parts[0], (parts[1] if len(parts) > 1 else None)
-    value = os.environ.get(name, default)
+    value = os.environ.get(name, default) if "\x00" not in name else None
     if value is None:
         loader.context.error(
             loader.position(node),

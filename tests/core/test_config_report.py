@@ -228,3 +228,11 @@ def test_a_long_value_is_cut_in_a_message(tmp_path: Path) -> None:
     assert error.path == "sales.card_timeout"
     assert error.message.startswith("expected a number, got 'xxx")
     assert len(error.message) == 300
+
+
+def test_control_characters_from_the_file_never_reach_the_terminal(tmp_path: Path) -> None:
+    path = write(tmp_path, HEAD + 'journal: !include "a\\0b"\n"\\e[2J\\x9b": 1\n')
+    shown = "\n".join(str(e) for e in check_config(path))
+    assert "config.yaml:4: !include needs a file name" in shown
+    assert "unknown section '\\x1b[2J\\x9b'" in shown
+    assert not any(ord(c) < 0x20 and c != "\n" for c in shown)
