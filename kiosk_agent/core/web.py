@@ -77,6 +77,13 @@ class HttpLimits:
 
 LIMITS = web.AppKey("kiosk_agent.http_limits", HttpLimits)
 
+_LIVE: set[LocalSite] = set()  # sites listening now, for /metrics
+
+
+def live_sites() -> list[LocalSite]:
+    """Every site listening in this process, by name."""
+    return sorted(_LIVE, key=lambda site: site.name)
+
 
 class BodyError(Exception):
     """A request body refused: ``status`` (400, 408, 413, 415), a short ``error`` code, the
@@ -215,8 +222,10 @@ class LocalSite:
         loop = asyncio.get_running_loop()
         self._server = await loop.create_server(self._accept, self.host, self._wanted_port)
         self.port = int(self._server.sockets[0].getsockname()[1])
+        _LIVE.add(self)
 
     async def stop(self) -> None:
+        _LIVE.discard(self)
         server, self._server = self._server, None
         if server is not None:
             server.close()  # no new connections
