@@ -167,7 +167,7 @@ class KioskApi:
         self._latest: OrderedDict[str, SaleEvent] = OrderedDict()
         self._dispensers: dict[str, AppDispenser] = {}
         self._site = LocalSite(
-            config["host"], config["port"], name=f"kiosk_api:{self.name}",
+            config["host"], config["port"], name=self.name,
             limits=HttpLimits.of(agent),
         )
         self._hosts = {*config["allowed_hosts"], config["host"].lower()} - _ANY_ADDRESS
