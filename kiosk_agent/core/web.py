@@ -26,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import resource
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
@@ -223,6 +224,7 @@ class LocalSite:
         self._server = await loop.create_server(self._accept, self.host, self._wanted_port)
         self.port = int(self._server.sockets[0].getsockname()[1])
         _LIVE.add(self)
+        _check_descriptors()
 
     async def stop(self) -> None:
         _LIVE.discard(self)
@@ -295,6 +297,24 @@ class LocalSite:
             return await handler(request)
         finally:
             connection.request_ended()
+
+
+# Descriptors the agent needs besides its servers' connections: journal, serial links, the
+# service's sockets, listening sockets, logs.
+_DESCRIPTOR_RESERVE = 256
+
+
+def _check_descriptors() -> None:
+    """Warn when the servers' caps together do not fit the process's descriptor limit."""
+    soft, _hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    need = sum(site.limits.max_connections for site in _LIVE) + _DESCRIPTOR_RESERVE
+    if soft != resource.RLIM_INFINITY and need > soft:
+        _LOGGER.warning(
+            "the HTTP servers may hold %d descriptors but the limit is %d: lower "
+            "http.max_connections or raise LimitNOFILE= in the unit",
+            need,
+            soft,
+        )
 
 
 def _peer(transport: asyncio.BaseTransport | None) -> str:
