@@ -117,6 +117,9 @@ class _Connection(asyncio.Protocol):
         )
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        if self.closing:  # closed to make room before the connection was even made
+            transport.close()
+            return
         self.transport = transport
         self.handler.connection_made(transport)
 
@@ -135,7 +138,8 @@ class _Connection(asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self._cancel_timer()
         self.site._forget(self)
-        self.handler.connection_lost(exc)
+        if self.transport is not None:  # the handler saw the connection made
+            self.handler.connection_lost(exc)
 
     def request_started(self) -> None:
         self._cancel_timer()
