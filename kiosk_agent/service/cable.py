@@ -10,9 +10,12 @@
    endpoint between attempts (the interaction may have finished meanwhile); after
    :data:`MAX_SOCKET_ATTEMPTS` failures, a rejected subscription or a ``disconnect`` that forbids
    reconnecting, it polls the status endpoint instead.
-3. the status endpoint has the final word: a finished record seen on the socket is confirmed by
-   one GET, and when the interaction's lifetime (3 minutes) has passed, what the endpoint says is
-   returned as it is.
+3. a finished record seen on the socket is the answer, with no GET to confirm it: the interface
+   offers polling *or* the WebSocket (flow rule 2), and both carry the same record (choices.md).
+   A confirming GET cost a request per interaction, and under a rate limit its 429 cost a
+   ``Retry-After`` per sale. The status endpoint is asked only when the socket cannot say: between
+   reconnects, when polling, and once the interaction's lifetime (3 minutes) has passed, when what
+   it says is returned as it is.
 
 The client is aiohttp's, not the ``websockets`` package: it rides the transport's one session
 (same connector, timeouts and shutdown), so there is a single HTTP stack to reason about.
@@ -154,7 +157,7 @@ class InteractionHandle:
                 return None  # the status endpoint decides
             else:
                 self.via = "websocket"
-                return await self._confirm(record)
+                return record
             # Between attempts the interaction may have finished: ask once, then back off.
             polled = await self._refresh_through_outages()
             if polled is not None and polled.finished:
@@ -187,17 +190,6 @@ class InteractionHandle:
                 raise
             _LOGGER.warning("%s: status check failed, will ask again: %s", self.interaction_id, exc)
             return None
-
-    async def _confirm(self, record: Interaction) -> Interaction:
-        """The status endpoint's record when it can be had; the socket's when it cannot."""
-        try:
-            confirmed = await self.refresh()
-        except ServiceError as exc:
-            _LOGGER.warning(
-                "%s: status check failed, using the socket's record: %s", self.interaction_id, exc
-            )
-            return record
-        return confirmed if confirmed.finished else record
 
     async def _follow_socket(self) -> Interaction:
         """One socket session: the first finished record, or SocketUnavailable."""

@@ -304,15 +304,18 @@ class Transport:
         return True
 
     async def _waited_out(self, answer: _Answer, rate_limited: bool, patience_ends: float) -> bool:
-        """Honour a 429's Retry-After when patience allows (True: send again)."""
+        """Honour a 429's Retry-After when patience allows (True: send again).
+
+        An isolated 429 costs only this call its wait; a storm of them holds every terminal
+        call through the shared limiter (see ``ratelimit.py``).
+        """
         self.rate_limited_count += 1
         delay = _retry_after_seconds(answer.retry_after) or self._backoff(1)
         if time.monotonic() + delay >= patience_ends:
             return False
-        if rate_limited:
-            self.limiter.pause(delay)  # every terminal call waits, not only this one
-        else:
-            await asyncio.sleep(delay)
+        if rate_limited and self.limiter.refused(delay):
+            return True  # the limiter holds this call with the others
+        await asyncio.sleep(delay)
         return True
 
     # -- pieces of the loop --------------------------------------------------------------------
