@@ -41,6 +41,7 @@ from kiosk_agent.service.errors import (
 )
 from kiosk_agent.service.models.terminal import Interaction, InteractionKind
 from kiosk_agent.service.parsing import parse_interaction
+from kiosk_agent.service.settings import CallKind
 
 if TYPE_CHECKING:
     from kiosk_agent.service.terminal import TerminalClient
@@ -199,14 +200,19 @@ class InteractionHandle:
         except ServiceError as exc:
             raise SocketUnavailable(f"no WebSocket token: {exc}") from None
         url = f"{terminal.settings.websocket_base}/cable"
+        handshake = terminal.settings.timeouts(CallKind.WEBSOCKET)
         try:
-            ws = await terminal.session.ws_connect(
-                url, params={"token": token}, protocols=PROTOCOLS, autoping=True, heartbeat=None
-            )
+            async with asyncio.timeout(handshake.total):
+                ws = await terminal.session.ws_connect(
+                    url, params={"token": token}, protocols=PROTOCOLS, autoping=True,
+                    heartbeat=None, timeout=aiohttp.ClientWSTimeout(ws_close=handshake.read),
+                )  # fmt: skip
         except aiohttp.WSServerHandshakeError as exc:
             raise SocketUnavailable(f"refused with HTTP {exc.status}") from None
         except (aiohttp.ClientError, OSError) as exc:
             raise SocketUnavailable(f"cannot connect: {type(exc).__name__}") from None
+        except TimeoutError:
+            raise SocketUnavailable(f"no handshake within {handshake.total:g} s") from None
         self.socket_connects += 1
         async with ws:
             return await self._read_socket(ws)
