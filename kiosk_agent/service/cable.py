@@ -27,7 +27,6 @@ import asyncio
 import json
 import logging
 import random
-from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 import aiohttp
@@ -267,13 +266,7 @@ class InteractionHandle:
     def _note(self, record: Interaction) -> None:
         """Keep the latest record and learn the real lifetime from it."""
         self.last = record
-        lifetime = _lifetime(record.created_at, record.expires_at)
+        lifetime = self._terminal.real_lifetime(self._started, record)
         if lifetime is not None:
             grace = min(EXPIRY_GRACE, lifetime * 0.05)
             self._expiry = self._started + lifetime + grace
-
-
-def _lifetime(created: datetime | None, expires: datetime | None) -> float | None:
-    if created is None or expires is None:
-        return None
-    return max(0.0, (expires - created).total_seconds())

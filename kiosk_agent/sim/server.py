@@ -86,7 +86,11 @@ class SimServer:
         return f"[{host}]" if ":" in host else host
 
     def ready_info(self) -> dict[str, Any]:
-        """The ``READY`` json: addresses and the seeded credentials.
+        """The ``READY`` json: addresses, the seeded credentials and the time scale.
+
+        ``time_scale`` and ``interaction_lifetime_s`` (the 3-minute lifetime divided by it, in
+        real seconds) tell a client how long interactions live here
+        (``sales.interaction_lifetime``).
 
         ``refresh_token`` is the one that rotates ``api_key`` now: ``null`` once a simulator
         restarted on its data directory has already spent ``sim_refresh_token``.
@@ -105,6 +109,8 @@ class SimServer:
             "isv_mids": list(sim_auth.ISV_MIDS),
             "client_id": oauth.CLIENT_ID,
             "client_secret": oauth.CLIENT_SECRET,
+            "time_scale": self.options.time_scale,
+            "interaction_lifetime_s": terminal.INTERACTION_LIFETIME_S / self.options.time_scale,
         }
 
     # -- lifecycle -------------------------------------------------------------------------
