@@ -128,6 +128,7 @@ class Faults:
     def __init__(self, seed: int = 0) -> None:
         self.armed: list[Fault] = []
         self.requests = 0  # requests seen outside /sim/ (for benches: requests per sale)
+        self.held = 0  # black-holed requests still held
         self._ids = itertools.count(1)
         self._seed = seed
         self._closing = asyncio.Event()
@@ -200,13 +201,17 @@ class Faults:
 
     async def _hold(self, request: web.Request) -> None:
         """Say nothing until the client hangs up (or the simulator stops)."""
-        while not self._closing.is_set():
-            transport = request.transport
-            if transport is None or transport.is_closing():
-                return
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._closing.wait(), _HOLD_CHECK_S)
-        _cut(request)
+        self.held += 1
+        try:
+            while not self._closing.is_set():
+                transport = request.transport
+                if transport is None or transport.is_closing():
+                    return
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._closing.wait(), _HOLD_CHECK_S)
+            _cut(request)
+        finally:
+            self.held -= 1
 
     # -- the helper endpoints ----------------------------------------------------------------
     async def handle_arm(self, request: web.Request) -> web.Response:

@@ -8,7 +8,11 @@ from typing import Any
 
 import aiohttp
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
+from kiosk_agent.sim.faults import FAULTS, Faults
+from kiosk_agent.sim.http import ApiError, Body
 from kiosk_agent.sim.server import SimServer
 from tests.helpers import until
 
@@ -173,6 +177,9 @@ async def test_a_black_hole_holds_the_call_until_the_client_leaves(
     with pytest.raises(TimeoutError):
         await api.get("/api/terminal", timeout=aiohttp.ClientTimeout(total=0.3))
     assert await hits(api, armed["id"]) == 1
+    assert sim.ctx is not None
+    faults = sim.ctx.extras["faults"]
+    await until(lambda: faults.held == 0, timeout=2)  # the client left: the hold ends
     assert (await api.get("/api/terminal"))[0] == 200  # count 1: spent
     # a request still held when the simulator stops does not hold up its stop
     await arm(api, path="/api/terminal", method="GET", fault="black_hole")
@@ -237,3 +244,35 @@ async def test_requests_are_counted_for_benches(api: Api, sim: SimServer) -> Non
     await api.get("/api/terminal")
     await api.post("/api/terminal/SIM-0001/ping")
     assert (await api.get("/sim/stats"))[1]["requests"] == before + 2
+
+
+FIELD_VALUES = st.one_of(
+    st.none(), st.booleans(), st.integers(-10, 2_000_000), st.floats(allow_nan=True),
+    st.text(max_size=20), st.sampled_from(["/api/*", "/cable*", "*", "GET", "latency"]),
+    st.lists(st.integers(), max_size=2),
+)  # fmt: skip
+BODIES = st.dictionaries(
+    st.sampled_from(
+        ["path", "method", "fault", "count", "share", "delay_s", "retry_after_s", "seed", "x"]
+    ),
+    FIELD_VALUES,
+)
+
+
+@given(BODIES)
+def test_any_fault_body_is_armed_or_a_400_naming_a_field(data: dict[str, Any]) -> None:
+    try:
+        fault = Faults()._parse(Body(data))
+    except ApiError as err:
+        refused: ApiError | None = err
+    else:
+        refused = None
+    if refused is not None:
+        assert refused.status == 400
+        assert "'" in refused.description  # names the field
+        return
+    assert fault.path.startswith("/")
+    assert fault.fault in FAULTS
+    assert fault.share is None or 0 < fault.share <= 1
+    assert fault.remaining is None or fault.remaining >= 1
+    assert 0 <= fault.delay_s <= 60
