@@ -10,9 +10,11 @@ What a 429 costs (:meth:`RateLimiter.refused`):
 
 - an isolated 429 costs its ``Retry-After`` once, to the call that heard it; nobody else waits
   and the rate stays where it is (a service may refuse one call for reasons of its own);
-- :data:`STORM_RUN` 429s in a row, with no other answer between them, are a storm: the limit is
-  real. Every caller then waits out the ``Retry-After`` and the rate is halved (never below
-  :data:`MIN_SHARE` of the configured one);
+- a sustained run is a storm: :data:`STORM_RUN` 429s in a row with no other answer between
+  them, or, with callers interleaved, at least that many within :data:`STORM_WINDOW_S` seconds
+  making up :data:`STORM_SHARE` or more of the answers heard then. The limit is real: every
+  caller waits out the ``Retry-After`` and the rate is halved (never below :data:`MIN_SHARE` of
+  the configured one);
 - once the 429s stop, the lowered rate doubles every :data:`RECOVERY_DOUBLING_S` seconds from
   the last one (or the end of its pause), so the full rate is back within seconds (4.3 s from
   the floor).
@@ -26,9 +28,12 @@ import math
 import secrets
 import time
 import weakref
+from collections import deque
 from collections.abc import Callable
 
 STORM_RUN = 3  # 429 answers in a row that make a storm
+STORM_WINDOW_S = 2.0  # ... or this many 429s within this window,
+STORM_SHARE = 0.5  # ... when they are at least this share of the answers in it
 MIN_SHARE = 0.05  # the lowest rate a storm leaves, as a share of the configured one
 RECOVERY_DOUBLING_S = 1.0  # after the last 429, a lowered rate doubles every this many seconds
 
@@ -49,6 +54,7 @@ class RateLimiter:
         self._floor = rate  # the rate the last storm left
         self._last_refused = -math.inf
         self._run = 0  # 429s heard in a row
+        self._recent: deque[tuple[float, bool]] = deque()  # (when, was a 429) in the window
         self.storms = 0  # diagnostics
 
     @property
@@ -79,7 +85,10 @@ class RateLimiter:
         rate = self._rate_at(now)
         self._run += 1
         self._last_refused = now
-        if self._run < STORM_RUN:
+        self._heard(now, refused=True)
+        refusals = sum(1 for _, refused in self._recent if refused)
+        sustained = refusals >= STORM_RUN and refusals >= STORM_SHARE * len(self._recent)
+        if self._run < STORM_RUN and not sustained:
             self._floor = rate  # a lowered rate does not climb back while 429s still come
             return False
         if now >= self._paused_until:  # one storm halves the rate once, not per answer
@@ -97,6 +106,13 @@ class RateLimiter:
     def succeeded(self) -> None:
         """An answer that was not a 429: a run of 429s is over."""
         self._run = 0
+        self._heard(self._clock(), refused=False)
+
+    def _heard(self, now: float, *, refused: bool) -> None:
+        recent = self._recent
+        recent.append((now, refused))
+        while recent and recent[0][0] < now - STORM_WINDOW_S:
+            recent.popleft()
 
     @property
     def paused_for(self) -> float:

@@ -185,3 +185,30 @@ async def test_a_429_on_each_first_poll_leaves_the_rate_alone(
         assert service.transport.rate_limited_count == 8
         assert (limiter.storms, limiter.rate) == (0, limiter.max_rate)
         assert max(waits) < 0.2 + 0.5  # one Retry-After each, never growing
+
+
+def test_interleaved_429s_that_are_most_answers_are_a_storm_too() -> None:
+    now = [0.0]
+    limiter = RateLimiter(rate=20, burst=40, clock=lambda: now[0])
+    for _ in range(2):  # 429, answer, 429, answer: never 3 in a row, half of all answers
+        assert not limiter.refused(1.0)
+        limiter.succeeded()
+        now[0] += 0.1
+    assert limiter.refused(1.0)  # the third 429 within 2 s, half the answers: a storm
+    assert limiter.storms == 1
+    assert limiter.paused_for == 1.0
+    now[0] += 1.0  # the pause is over: the rate is halved, then climbs back
+    assert limiter.rate == 10
+    now[0] += 1.0
+    assert limiter.rate == 20
+
+
+def test_a_429_now_and_then_among_many_answers_is_not_a_storm() -> None:
+    now = [0.0]
+    limiter = RateLimiter(rate=20, burst=40, clock=lambda: now[0])
+    for _ in range(10):  # one 429 in every five answers, for 5 s
+        assert not limiter.refused(1.0)
+        for _ in range(4):
+            limiter.succeeded()
+        now[0] += 0.5
+    assert (limiter.storms, limiter.rate) == (0, 20)
