@@ -8,8 +8,9 @@
    :data:`STALE_AFTER` seconds counts as a drop.
 2. when the socket is refused or drops it reconnects with capped backoff, asking the status
    endpoint between attempts (the interaction may have finished meanwhile); after
-   :data:`MAX_SOCKET_ATTEMPTS` failures, a rejected subscription or a ``disconnect`` that forbids
-   reconnecting, it polls the status endpoint instead.
+   :data:`MAX_SOCKET_ATTEMPTS` failures, :data:`MAX_EMPTY_SESSIONS` sockets that confirmed the
+   subscription and closed before any record, a rejected subscription or a ``disconnect`` that
+   forbids reconnecting, it polls the status endpoint instead.
 3. a finished record seen on the socket is the answer, with no GET to confirm it: the interface
    offers polling *or* the WebSocket (flow rule 2), and both carry the same record (choices.md).
    A confirming GET cost a request per interaction, and under a rate limit its 429 cost a
@@ -50,6 +51,9 @@ _LOGGER = logging.getLogger(__name__)
 INTERACTION_LIFETIME = 180.0  # seconds, when a record does not say
 STALE_AFTER = 10.0  # seconds without any frame (the server pings every 3 s)
 MAX_SOCKET_ATTEMPTS = 4  # socket failures before polling for the rest of the wait
+# Sockets that confirmed the subscription and then closed before any record: after this many,
+# the service is dropping them on purpose, and reconnecting only costs requests: poll instead.
+MAX_EMPTY_SESSIONS = 2
 RECONNECT_BASE = 0.1  # seconds, doubled per failure
 RECONNECT_MAX = 2.0
 EXPIRY_GRACE = 2.0  # at most this long past the lifetime, then the status endpoint's word
@@ -93,6 +97,7 @@ class InteractionHandle:
         self.socket_connects = 0
         self.socket_failures = 0
         self.polls = 0
+        self.empty_sessions = 0  # confirmed, then closed with no record
         self.via: str | None = None  # "websocket" or "polling": who saw the end first
 
     def __repr__(self) -> str:
@@ -151,7 +156,7 @@ class InteractionHandle:
             except SocketUnavailable as exc:
                 self.socket_failures += 1
                 _LOGGER.debug("%s: WebSocket unavailable: %s", self.interaction_id, exc)
-                if not exc.retry:
+                if not exc.retry or self.empty_sessions >= MAX_EMPTY_SESSIONS:
                     return None
             except _LifetimeOver:
                 return None  # the status endpoint decides
@@ -218,29 +223,40 @@ class InteractionHandle:
 
     async def _read_socket(self, ws: aiohttp.ClientWebSocketResponse) -> Interaction:
         identifier = self.identifier
-        subscribed = False
-        while True:
-            frame = await self._next_frame(ws)
-            kind = frame.get("type")
-            if kind == "welcome" and not subscribed:
-                await ws.send_str(json.dumps({"command": "subscribe", "identifier": identifier}))
-                subscribed = True
-            elif kind == "reject_subscription":
-                raise SocketUnavailable("subscription rejected", retry=False)
-            elif kind == "disconnect":
-                reconnect = frame.get("reconnect") is not False
-                reason = f"server disconnect: {frame.get('reason')}"
-                raise SocketUnavailable(reason, retry=reconnect)
-            elif frame.get("identifier") == identifier and "message" in frame:
-                try:
-                    record = parse_interaction(frame["message"], what="interaction over WebSocket")
-                except InvalidResponseError as exc:
-                    # the status endpoint decides instead (and names the field if it is bad too)
-                    raise SocketUnavailable(str(exc), retry=False) from None
-                self._note(record)
-                if record.finished:
-                    return record
-            # ping, confirm_subscription and anything new: nothing to do but keep reading
+        subscribed = confirmed = heard = False
+        try:
+            while True:
+                frame = await self._next_frame(ws)
+                kind = frame.get("type")
+                if kind == "welcome" and not subscribed:
+                    subscribe = {"command": "subscribe", "identifier": identifier}
+                    await ws.send_str(json.dumps(subscribe))
+                    subscribed = True
+                elif kind == "confirm_subscription":
+                    confirmed = True
+                elif kind == "reject_subscription":
+                    raise SocketUnavailable("subscription rejected", retry=False)
+                elif kind == "disconnect":
+                    reconnect = frame.get("reconnect") is not False
+                    reason = f"server disconnect: {frame.get('reason')}"
+                    raise SocketUnavailable(reason, retry=reconnect)
+                elif frame.get("identifier") == identifier and "message" in frame:
+                    heard = True
+                    try:
+                        record = parse_interaction(
+                            frame["message"], what="interaction over WebSocket"
+                        )
+                    except InvalidResponseError as exc:
+                        # the status endpoint decides instead (and names the field if bad too)
+                        raise SocketUnavailable(str(exc), retry=False) from None
+                    self._note(record)
+                    if record.finished:
+                        return record
+                # ping and anything new: nothing to do but keep reading
+        except SocketUnavailable:
+            if confirmed and not heard:
+                self.empty_sessions += 1
+            raise
 
     async def _next_frame(self, ws: aiohttp.ClientWebSocketResponse) -> dict[str, Any]:
         # The lifetime is read afresh for every frame: the first record tells the real one.

@@ -122,15 +122,29 @@ async def test_a_charge_card_costs_three_requests(service: ServiceClient) -> Non
 
 
 async def test_a_socket_dropped_after_each_confirmation_still_ends_the_wait(
-    service: ServiceClient,
+    sim_factory: Any,
 ) -> None:
-    armed = await sim_call(
-        service, "POST", "/sim/faults", {"fault": "ws_drop_after_confirm", "share": 1}
-    )
-    handle = await service.terminal.charge_card(READER, 1000)
-    interaction = await handle.wait(timeout=10)
+    sim = await sim_factory(time_scale=3)  # the card comes after 0.5 real seconds
+    settings = settings_from_ready(sim.ready_info(), poll_interval=0.05)
+    async with ServiceClient(settings) as service:
+        armed = await sim_call(
+            service, "POST", "/sim/faults", {"fault": "ws_drop_after_confirm", "share": 1}
+        )
+        handle = await service.terminal.charge_card(READER, 1000)
+        interaction = await handle.wait(timeout=10)
+        dropped = await sim_call(service, "DELETE", f"/sim/faults/{armed['id']}")
     assert interaction.status is InteractionStatus.SUCCEEDED
-    assert handle.socket_failures >= 1
-    assert handle.via == "polling"  # the status asked between reconnects had the end
-    dropped = await sim_call(service, "DELETE", f"/sim/faults/{armed['id']}")
-    assert dropped["hits"] == handle.socket_connects
+    assert handle.via == "polling"
+    # two sockets that confirmed and closed with no record: the rest of the wait polls
+    assert handle.socket_connects == handle.empty_sessions == dropped["hits"] == 2
+
+
+async def test_a_socket_dropped_once_after_confirming_is_reconnected(sim_factory: Any) -> None:
+    sim = await sim_factory(time_scale=3)  # the card comes after 0.5 real seconds
+    async with ServiceClient(settings_from_ready(sim.ready_info())) as service:
+        await sim_call(service, "POST", "/sim/faults", {"fault": "ws_drop_after_confirm"})
+        handle = await service.terminal.charge_card(READER, 1000)
+        interaction = await handle.wait(timeout=10)
+    assert interaction.status is InteractionStatus.SUCCEEDED
+    assert (handle.empty_sessions, handle.socket_connects) == (1, 2)
+    assert handle.via == "websocket"
