@@ -68,7 +68,7 @@ async def check_config_command(args: argparse.Namespace) -> int:
             print(error, file=sys.stderr)
         count = len(err.errors)
         print(f"{count} mistake{'s' if count != 1 else ''} in {args.config}", file=sys.stderr)
-        return 1
+        return 2  # a broken config file is bad input (docs/cli.md)
     print(summary(config))
     return 0
 

@@ -46,6 +46,7 @@ from kiosk_agent.sim.http import (
     bad_request,
     json_response,
     not_found,
+    read_ahead,
     read_json,
 )
 
@@ -187,6 +188,9 @@ class Faults:
             await self._hold(request)
             raise asyncio.CancelledError  # nothing is written; the connection goes
         if kind == "delay":
+            # the body is in before the wait: the call is committed late even when the client
+            # has given up (or died) meanwhile, as a slow service would
+            await read_ahead(request)
             await asyncio.sleep(fault.delay_s)
             return await handler(request)
         answer = await _committed(request, handler)

@@ -44,7 +44,7 @@ def test_check_config_summarises_a_good_file(
     assert "terminals: SIM-0001" in out
 
 
-def test_check_config_prints_every_mistake_and_exits_1(
+def test_check_config_prints_every_mistake_and_exits_2(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     path = write(
@@ -58,7 +58,7 @@ def test_check_config_prints_every_mistake_and_exits_1(
         receipts: {print: sometimes}
         """,
     )
-    assert main(["check-config", str(path)]) == 1
+    assert main(["check-config", str(path)]) == 2
     err = capsys.readouterr().err
     assert "config.yaml:3: service.api_key: a secret is written inline" in err
     assert "config.yaml:6: receipts.print: value must be one of" in err
