@@ -111,6 +111,8 @@ class Agent:
             config, service_settings.mid, service_settings.timeout
         )
         self.service = service or ServiceClient(service_settings)
+        # the terminal client warns once when the service's interactions live otherwise
+        self.service.terminal.expected_lifetime = self.settings.interaction_lifetime
         self.journal = journal or Journal(config.resolve(config["journal"]["path"]))
         self.events: EventBus[SaleEvent] = EventBus()
         health_conf = config.get("health") or HEALTH_SCHEMA({})
