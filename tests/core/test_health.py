@@ -123,7 +123,13 @@ async def test_follow_sales_reads_the_event_bus() -> None:
 
 
 def test_schema_defaults_and_refuses_nonsense() -> None:
-    defaults = {"ping_interval": 60.0, "ping_timeout": 10.0, "key_warning": 86400.0}
+    defaults = {
+        "ping_interval": 60.0,
+        "ping_timeout": 10.0,
+        "key_warning": 86400.0,
+        "hold_off": 1.0,
+        "recheck_interval": 1.0,
+    }
     assert HEALTH_SCHEMA({}) == defaults
     with pytest.raises(vol.Invalid, match="ping_interval"):
         HEALTH_SCHEMA({"ping_interval": 0})

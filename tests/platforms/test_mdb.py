@@ -5,14 +5,21 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
+from pathlib import Path
+from typing import Any
 
+import aiohttp
 import pytest
 
+from kiosk_agent.cli.sim import settings_from_ready
+from kiosk_agent.core.agent import Agent
 from kiosk_agent.core.sale import DispenseStatus, SaleState
 from kiosk_agent.platforms.mdb import PLATFORM_SCHEMA, Mode
-from kiosk_agent.platforms.virtual import VirtualController, VisitOutcome
+from kiosk_agent.platforms.virtual import Status, VirtualController, VisitOutcome
 
 from ..helpers import until
+from .agent_rig import running_agent
 from .vending_rig import CardDesk, Machine, make_machine
 
 
@@ -282,3 +289,131 @@ async def test_card_first_customer_leaves_when_no_session_comes(
     visit = await controller.card_first_customer("A1", wait=0.05)  # no agent connected at all
     assert visit.outcome is VisitOutcome.WALKED_AWAY
     assert visit.funds_cents is None
+
+
+# -- out of service, gracefully (the real agent and simulator) ------------------------------------
+
+# Checks every second; out of service after 0.2 s of failing checks, re-checked every 0.1 s.
+QUICK_HEALTH = {"health": {"ping_interval": 1, "hold_off": 0.2, "recheck_interval": 0.1}}
+
+
+async def _sim(sim: Any, method: str, path: str, body: dict[str, Any] | None = None) -> Any:
+    async with aiohttp.ClientSession() as http, http.request(
+        method, f"{sim.base_url}{path}", json=body
+    ) as response:
+        assert response.status == 200, await response.text()
+        return await response.json()
+
+
+def _mdb_trigger(controller: VirtualController, **extra: Any) -> dict[str, Any]:
+    return {"platform": "mdb", "name": "front", "port": controller.port, "vend_timeout": 5,
+            **extra}
+
+
+def _sales_started(agent: Agent) -> int:
+    return len(list(agent.journal))
+
+
+async def test_the_reader_steps_aside_while_the_terminal_is_offline(
+    tmp_path: Path, sim: Any, sim_settings: Any, controller: VirtualController
+) -> None:
+    async with running_agent(
+        tmp_path, sim_settings, [_mdb_trigger(controller)], sections=QUICK_HEALTH
+    ) as agent:
+        [platform] = agent.platforms
+        await asyncio.wait_for(controller.wait_enabled(), 5)
+        assert (await controller.customer("A2")).outcome is VisitOutcome.VENDED
+
+        await _sim(sim, "POST", "/sim/terminals/SIM-0001/offline")
+        # the ping interval is 1 s: within it (and the hold-off) the reader leaves the bus
+        await until(lambda: controller.status is Status.INACTIVE, timeout=3)
+        assert controller.received[-1] == "C,0"
+        state = agent.availability.state("front")
+        assert (state.available, state.reason) == (False, "terminal offline")
+        assert platform.status()["reader"] == "disabled"
+        snapshot = agent.health.snapshot()
+        assert "card payment unavailable on SIM-0001: terminal offline" in snapshot.problems
+        [shown] = snapshot.availability
+        assert (shown.available, shown.changes) == (False, 1)
+
+        # The machine sells for cash now: a customer at it gets no card sale started.
+        started = _sales_started(agent)
+        waiting = asyncio.create_task(controller.customer("A1"))
+        await asyncio.sleep(0.3)
+        assert not waiting.done()
+        assert _sales_started(agent) == started
+
+        back = time.monotonic()
+        await _sim(sim, "POST", "/sim/terminals/SIM-0001/online")
+        visit = await asyncio.wait_for(waiting, 5)  # served once the reader is back
+        assert time.monotonic() - back < 2.0
+        assert visit.outcome is VisitOutcome.VENDED
+        assert agent.availability.state("front").available
+        assert [e.kind for e in agent.event_log.recent()] == ["in_service", "out_of_service"]
+        assert agent.event_log.recent()[1].detail == {"reason": "terminal offline"}
+
+
+async def test_a_sale_in_progress_ends_before_the_reader_steps_aside(
+    tmp_path: Path, sim: Any, controller: VirtualController
+) -> None:
+    # few, quick retries: the unreachable service is noticed within a second or so
+    settings = settings_from_ready(sim.ready_info(), max_retries=1, backoff_base=0.05)
+    controller.options.dispense_time = 1.5  # a slow machine: the outage starts mid-vend
+    async with running_agent(
+        tmp_path, settings, [_mdb_trigger(controller)], sections=QUICK_HEALTH
+    ) as agent:
+        await asyncio.wait_for(controller.wait_enabled(), 5)
+        customer = asyncio.create_task(controller.customer("A2"))
+        await until(lambda: "C,VEND,2.50" in controller.received)
+        # the terminal list stops answering (the sale's own calls still work)
+        await _sim(sim, "POST", "/sim/faults",
+                   {"path": "/api/terminal", "method": "GET", "fault": "unavailable",
+                    "count": 1000})
+        await until(lambda: not agent.availability.state().available, timeout=5)
+        assert agent.availability.state().reason.startswith("service unreachable")
+        assert not customer.done()  # the vend goes on: the reader has not left the bus
+        assert "C,0" not in controller.received[controller.received.index("C,VEND,2.50"):]
+
+        visit = await asyncio.wait_for(customer, 5)
+        assert visit.outcome is VisitOutcome.VENDED
+        # the sale ended: the reader steps aside after it, and its capture went through
+        await until(lambda: controller.status is Status.INACTIVE)
+        [record] = [r for r in agent.journal if r.product == "A2"]
+        await until(lambda: agent.journal.get(record.sale_id).state is SaleState.COMPLETED)
+
+        await _sim(sim, "DELETE", "/sim/faults")
+        await asyncio.wait_for(controller.wait_enabled(), 3)
+
+
+async def test_an_unwritable_journal_takes_the_reader_off_the_bus(
+    tmp_path: Path, sim_settings: Any, controller: VirtualController
+) -> None:
+    async with running_agent(
+        tmp_path, sim_settings, [_mdb_trigger(controller)], sections=QUICK_HEALTH
+    ) as agent:
+        await asyncio.wait_for(controller.wait_enabled(), 5)
+        agent.journal.db.execute("PRAGMA query_only = ON")  # every write now fails
+        await until(lambda: controller.status is Status.INACTIVE, timeout=3)
+        reason = agent.availability.state().reason
+        assert reason.startswith("journal not writable:")
+        assert agent.health.snapshot().journal.writable is False
+        assert agent.event_log.unwritten == 1  # the event itself waits for a writable journal
+
+        agent.journal.db.execute("PRAGMA query_only = OFF")
+        await asyncio.wait_for(controller.wait_enabled(), 3)
+        kinds = [(e.kind, e.id is not None) for e in agent.event_log.recent()]
+        assert kinds == [("in_service", True), ("out_of_service", True)]
+
+
+async def test_a_key_that_cannot_be_refreshed_starts_out_of_service(
+    tmp_path: Path, sim: Any, controller: VirtualController
+) -> None:
+    info = {**sim.ready_info(), "api_key": "revoked-key", "refresh_token": None}
+    settings = settings_from_ready(info)
+    async with running_agent(
+        tmp_path, settings, [_mdb_trigger(controller)], sections=QUICK_HEALTH
+    ) as agent:
+        await until(lambda: "API key" in agent.availability.state().reason, timeout=5)
+        await until(lambda: controller.status is Status.INACTIVE)
+        assert "C,1" not in controller.received  # never joined the bus
+        assert any(p.startswith("API key refused") for p in agent.health.snapshot().problems)
