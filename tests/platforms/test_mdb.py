@@ -9,7 +9,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-import aiohttp
 import pytest
 
 from kiosk_agent.cli.sim import settings_from_ready
@@ -18,7 +17,7 @@ from kiosk_agent.core.sale import DispenseStatus, SaleState
 from kiosk_agent.platforms.mdb import PLATFORM_SCHEMA, Mode
 from kiosk_agent.platforms.virtual import Status, VirtualController, VisitOutcome
 
-from ..helpers import until
+from ..helpers import sim_call, until
 from .agent_rig import running_agent
 from .vending_rig import CardDesk, Machine, make_machine
 
@@ -297,14 +296,6 @@ async def test_card_first_customer_leaves_when_no_session_comes(
 QUICK_HEALTH = {"health": {"ping_interval": 1, "hold_off": 0.2, "recheck_interval": 0.1}}
 
 
-async def _sim(sim: Any, method: str, path: str, body: dict[str, Any] | None = None) -> Any:
-    async with aiohttp.ClientSession() as http, http.request(
-        method, f"{sim.base_url}{path}", json=body
-    ) as response:
-        assert response.status == 200, await response.text()
-        return await response.json()
-
-
 def _mdb_trigger(controller: VirtualController, **extra: Any) -> dict[str, Any]:
     return {"platform": "mdb", "name": "front", "port": controller.port, "vend_timeout": 5,
             **extra}
@@ -324,7 +315,7 @@ async def test_the_reader_steps_aside_while_the_terminal_is_offline(
         await asyncio.wait_for(controller.wait_enabled(), 5)
         assert (await controller.customer("A2")).outcome is VisitOutcome.VENDED
 
-        await _sim(sim, "POST", "/sim/terminals/SIM-0001/offline")
+        await sim_call(sim, "POST", "/sim/terminals/SIM-0001/offline")
         # the ping interval is 1 s: within it (and the hold-off) the reader leaves the bus
         await until(lambda: controller.status is Status.INACTIVE, timeout=3)
         assert controller.received[-1] == "C,0"
@@ -344,7 +335,7 @@ async def test_the_reader_steps_aside_while_the_terminal_is_offline(
         assert _sales_started(agent) == started
 
         back = time.monotonic()
-        await _sim(sim, "POST", "/sim/terminals/SIM-0001/online")
+        await sim_call(sim, "POST", "/sim/terminals/SIM-0001/online")
         visit = await asyncio.wait_for(waiting, 5)  # served once the reader is back
         assert time.monotonic() - back < 2.0
         assert visit.outcome is VisitOutcome.VENDED
@@ -366,7 +357,7 @@ async def test_a_sale_in_progress_ends_before_the_reader_steps_aside(
         customer = asyncio.create_task(controller.customer("A2"))
         await until(lambda: "C,VEND,2.50" in controller.received)
         # the terminal list stops answering (the sale's own calls still work)
-        await _sim(sim, "POST", "/sim/faults",
+        await sim_call(sim, "POST", "/sim/faults",
                    {"path": "/api/terminal", "method": "GET", "fault": "unavailable",
                     "count": 1000})
         await until(lambda: not agent.availability.state().available, timeout=5)
@@ -381,7 +372,7 @@ async def test_a_sale_in_progress_ends_before_the_reader_steps_aside(
         [record] = [r for r in agent.journal if r.product == "A2"]
         await until(lambda: agent.journal.get(record.sale_id).state is SaleState.COMPLETED)
 
-        await _sim(sim, "DELETE", "/sim/faults")
+        await sim_call(sim, "DELETE", "/sim/faults")
         await asyncio.wait_for(controller.wait_enabled(), 3)
 
 
