@@ -73,7 +73,7 @@ class Availability:
         device_ids: Sequence[str],
         *,
         resolve: Callable[[str | None], str] | None = None,
-        hold_off: float = 1.0,
+        hold_off: float = 0.5,
         recheck_interval: float = 1.0,
         log: EventLog | None = None,
         clock: Callable[[], float] = time.monotonic,

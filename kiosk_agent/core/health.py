@@ -51,7 +51,7 @@ HEALTH_SCHEMA = vol.Schema(
         ),
         # Out of service: how long a terminal must stay unusable before the readers step aside
         # (seconds; the checker re-checks every recheck_interval meanwhile). 0: at once.
-        vol.Optional("hold_off", default=1.0): vol.All(
+        vol.Optional("hold_off", default=0.5): vol.All(
             vol.Coerce(float), vol.Range(min=0.0, max=3600.0)
         ),
         # While a terminal is unusable (or in its hold-off), check this often instead of

@@ -127,7 +127,7 @@ def test_schema_defaults_and_refuses_nonsense() -> None:
         "ping_interval": 60.0,
         "ping_timeout": 10.0,
         "key_warning": 86400.0,
-        "hold_off": 1.0,
+        "hold_off": 0.5,
         "recheck_interval": 1.0,
     }
     assert HEALTH_SCHEMA({}) == defaults
