@@ -269,6 +269,17 @@ class Health:
     def clear_fatal(self, component: str) -> None:
         self._fatal.pop(component, None)
 
+    def settling(self) -> list[str]:
+        """What is still starting (a link connecting, a check not made yet); empty: settled.
+
+        A report made before this is empty would show start-up states as problems."""
+        pending = [f"link {n}" for n, link in self._links.items() if link.state == "connecting"]
+        if self._service.reachable is None:
+            pending.append("service check")
+        if self._service.reachable and any(t.online is None for t in self._terminals.values()):
+            pending.append("terminal check")
+        return pending
+
     def alive(self) -> bool:
         """For the systemd watchdog: False only while an internal part reports itself broken."""
         return not self._fatal
