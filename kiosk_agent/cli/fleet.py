@@ -16,6 +16,7 @@ import enum
 import json
 import os
 import sys
+import time
 from collections.abc import Awaitable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -577,6 +578,13 @@ def format_health(snapshot: dict[str, Any]) -> str:
             + (f", ping {latency:.0f} ms" if latency is not None else "")
             + (f"  {terminal['detail']}" if terminal.get("detail") else "")
         )
+    for state in snapshot.get("availability", []):
+        if not state.get("available", True):
+            lines.append(f"card:     {state['device_id']:<12} OUT OF SERVICE since "
+                         f"{time.strftime('%H:%M:%S', time.localtime(state['since']))}: "
+                         f"{state.get('reason', '')}")
+    if snapshot.get("journal", {}).get("writable") is False:
+        lines.append(f"journal:  NOT WRITABLE {snapshot['journal'].get('detail', '')}")
     for link in snapshot.get("links", []):
         mark = "" if link.get("healthy") else "  <-"
         lines.append(f"link:     {link['name']:<12} {link['state']} {link.get('detail', '')}{mark}")

@@ -2,6 +2,7 @@
 
 import asyncio
 import json
+import re
 import socket
 from pathlib import Path
 from types import SimpleNamespace
@@ -112,6 +113,11 @@ def test_health_is_readable_for_people() -> None:
         "terminals": [{"device_id": "SIM-0001", "online": False, "detail": "timed out"}],
         "links": [{"name": "mdb:front", "state": "connected", "healthy": True, "detail": ""}],
         "problems": ["1 sale(s) need attention"],
+        "availability": [
+            {"device_id": "SIM-0001", "available": False, "reason": "terminal offline",
+             "since": 0.0},
+        ],
+        "journal": {"writable": False, "detail": "disk full"},
     }
     text = format_health(snapshot)
     assert "status:   DEGRADED  (version 1.0, up 1h 2m)" in text
@@ -119,6 +125,9 @@ def test_health_is_readable_for_people() -> None:
     assert "today 3 for $12.50" in text
     assert "SIM-0001     OFFLINE  timed out" in text
     assert "problem:  1 sale(s) need attention" in text
+    out_of_service = r"card:     SIM-0001     OUT OF SERVICE since \d\d:\d\d:\d\d: terminal offline"
+    assert re.search(out_of_service, text)
+    assert "journal:  NOT WRITABLE disk full" in text
 
 
 async def test_health_from_a_running_agent(tmp_path: Path, sim, sim_settings, capsys) -> None:
