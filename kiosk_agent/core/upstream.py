@@ -36,7 +36,7 @@ import voluptuous as vol
 from kiosk_agent.core.config import register_section
 from kiosk_agent.core.health import Health, HealthSnapshot
 from kiosk_agent.redact import redact
-from kiosk_agent.tasks import BackgroundTask
+from kiosk_agent.tasks import BackgroundTask, cancel_and_wait
 
 _LOGGER = logging.getLogger(__name__)
 
@@ -570,6 +570,9 @@ class Upstream:
         self._loop = BackgroundTask(self._run, "upstream-heartbeat")
         self.heartbeats = 0
         self.first_report_waited_s: float | None = None
+        # a terminal going out of (or back into) service is reported at once, not next interval
+        self._availability: Any = getattr(agent, "availability", None)
+        self._changed = asyncio.Event()
 
     async def start(self) -> None:
         for sink in self.sinks:
@@ -582,10 +585,23 @@ class Upstream:
             await sink.stop()
 
     async def _run(self) -> None:
-        await self._settle()
+        changes = getattr(self._availability, "changes", None)
+        async with contextlib.AsyncExitStack() as stack:
+            if changes is not None:
+                queue = await stack.enter_async_context(changes.subscribe())
+                follower = asyncio.ensure_future(self._follow(queue))
+                stack.push_async_callback(cancel_and_wait, follower)
+            await self._settle()
+            while True:
+                self._changed.clear()
+                self.heartbeat()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._changed.wait(), self._interval)
+
+    async def _follow(self, queue: asyncio.Queue[Any]) -> None:
         while True:
-            self.heartbeat()
-            await asyncio.sleep(self._interval)
+            await queue.get()
+            self._changed.set()
 
     async def _settle(self) -> None:
         """Before the first report: wait for the links and first checks, or the start grace."""

@@ -21,6 +21,7 @@ import voluptuous as vol
 from aiohttp import web
 
 from kiosk_agent.app import load_agent
+from kiosk_agent.core.availability import Availability
 from kiosk_agent.core.health import Health
 from kiosk_agent.core.upstream import (
     UPSTREAM_SCHEMA,
@@ -532,3 +533,20 @@ async def test_home_assistants_birth_message_brings_the_discovery_again(mosquitt
     finally:
         await upstream.stop()
         await observer.stop()
+
+
+async def test_going_out_of_service_is_reported_at_once() -> None:
+    agent = _agent()
+    agent.availability = Availability(agent.health, ["SIM-0001"], hold_off=0)
+    upstream = Upstream(agent, {"interval": 3600})
+    await upstream.start()
+    try:
+        await until(lambda: upstream.heartbeats == 1)
+        agent.health.report_terminal("SIM-0001", online=False)
+        agent.availability.evaluate()
+        await until(lambda: upstream.heartbeats == 2)  # not an hour later
+        report = upstream.heartbeat()
+        assert report["out_of_service"] == ["SIM-0001"]
+        assert "card payment unavailable on SIM-0001: terminal offline" in report["problems"]
+    finally:
+        await upstream.stop()
