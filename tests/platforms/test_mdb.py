@@ -14,6 +14,7 @@ import pytest
 from kiosk_agent.cli.sim import settings_from_ready
 from kiosk_agent.core.agent import Agent
 from kiosk_agent.core.sale import DispenseStatus, SaleState
+from kiosk_agent.platforms import mdb_protocol as wire
 from kiosk_agent.platforms.mdb import PLATFORM_SCHEMA, Mode
 from kiosk_agent.platforms.virtual import Status, VirtualController, VisitOutcome
 
@@ -408,3 +409,41 @@ async def test_a_key_that_cannot_be_refreshed_starts_out_of_service(
         await until(lambda: controller.status is Status.INACTIVE)
         assert "C,1" not in controller.received  # never joined the bus
         assert any(p.startswith("API key refused") for p in agent.health.snapshot().problems)
+
+
+async def test_a_service_that_never_answers_is_out_of_service_too(
+    tmp_path: Path, sim: Any, controller: VirtualController
+) -> None:
+    settings = settings_from_ready(sim.ready_info(), max_retries=0)
+    health = {"health": {**QUICK_HEALTH["health"], "ping_timeout": 0.5}}
+    async with running_agent(
+        tmp_path, settings, [_mdb_trigger(controller)], sections=health
+    ) as agent:
+        await asyncio.wait_for(controller.wait_enabled(), 5)
+        # every terminal list now hangs 3 s, six times the check timeout
+        await sim_call(sim, "POST", "/sim/faults", {"path": "/api/terminal", "method": "GET",
+                                                  "fault": "delay", "delay_s": 3, "count": 1000})
+        await until(lambda: controller.status is Status.INACTIVE, timeout=5)
+        assert agent.availability.state().reason == "service unreachable: timed out"
+        await sim_call(sim, "DELETE", "/sim/faults")
+        await asyncio.wait_for(controller.wait_enabled(), 3)
+
+
+async def test_a_controller_that_keeps_asking_while_out_of_service_starts_no_sale(
+    tmp_path: Path, sim: Any, sim_settings: Any, controller: VirtualController
+) -> None:
+    async with running_agent(
+        tmp_path, sim_settings, [_mdb_trigger(controller)], sections=QUICK_HEALTH
+    ) as agent:
+        [platform] = agent.platforms
+        await asyncio.wait_for(controller.wait_enabled(), 5)
+        await sim_call(sim, "POST", "/sim/terminals/SIM-0001/offline")
+        await until(lambda: controller.status is Status.INACTIVE, timeout=3)
+        # a controller that did not hear C,0 (or ignores it) floods vend requests
+        for _ in range(50):
+            controller.send(wire.vend_request_line(150, "A1"))
+        await until(lambda: platform.status()["denied_out_of_service"] == 50)
+        assert controller.received.count("C,STOP") == 50
+        assert list(agent.journal) == []
+        await sim_call(sim, "POST", "/sim/terminals/SIM-0001/online")
+        await asyncio.wait_for(controller.wait_enabled(), 3)
