@@ -393,7 +393,8 @@ class DiscoveryOptions:
 
 # The statuses the Status sensor can have (Home Assistant device_class enum options).
 STATUS_OPTIONS = ["ok", "degraded", "down"]
-ORIGIN = {"name": "kiosk-agent", "support_url": "https://github.com/kiosk-agent/kiosk-agent"}
+# Origin info: who published the configs (the project has no public support URL to give).
+ORIGIN = {"name": "kiosk-agent"}
 # Every discovery config of a unit as (component, key): what `fleet forget` clears too.
 DISCOVERY_ENTITIES = [
     ("sensor", "status"),
