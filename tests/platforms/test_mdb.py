@@ -447,3 +447,23 @@ async def test_a_controller_that_keeps_asking_while_out_of_service_starts_no_sal
         assert list(agent.journal) == []
         await sim_call(sim, "POST", "/sim/terminals/SIM-0001/online")
         await asyncio.wait_for(controller.wait_enabled(), 3)
+
+
+async def test_card_first_opens_no_sale_while_out_of_service(
+    tmp_path: Path, sim: Any, sim_settings: Any, controller: VirtualController
+) -> None:
+    trigger = _mdb_trigger(controller, mode="card_first", max_funds="5.00",
+                           flow="authorize_capture")
+    async with running_agent(tmp_path, sim_settings, [trigger], sections=QUICK_HEALTH) as agent:
+        await until(lambda: len(list(agent.journal)) == 1)  # a sale waits for a card
+        await sim_call(sim, "POST", "/sim/terminals/SIM-0001/offline")
+        # the waiting read fails with the terminal; the reader steps aside after that sale
+        await until(lambda: controller.status is Status.INACTIVE, timeout=3)
+        await until(lambda: agent.journal.open_sales() == [])
+        went_out = agent.event_log.recent(1)[0].at
+        await asyncio.sleep(0.5)
+        assert [r for r in agent.journal if r.created_at >= went_out] == []
+
+        await sim_call(sim, "POST", "/sim/terminals/SIM-0001/online")
+        visit = await controller.card_first_customer("A1", wait=5)
+        assert visit.outcome is VisitOutcome.VENDED
