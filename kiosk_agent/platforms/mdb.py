@@ -454,7 +454,8 @@ class MdbCashless:
         session = self.session
         if session is None and not self.available:
             # The controller asked before it heard us leave the bus: no sale can start now.
-            _LOGGER.warning(
+            # (QuietLog: a controller that keeps asking must not flood the log.)
+            self.link.noise.warning(
                 "%s: vend request for %s while out of service: denied (%s)",
                 self.name,
                 message.product,

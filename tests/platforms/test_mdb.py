@@ -443,7 +443,7 @@ async def test_a_controller_that_keeps_asking_while_out_of_service_starts_no_sal
         for _ in range(50):
             controller.send(wire.vend_request_line(150, "A1"))
         await until(lambda: platform.status()["denied_out_of_service"] == 50)
-        assert controller.received.count("C,STOP") == 50
+        await until(lambda: controller.received.count("C,STOP") == 50)
         assert list(agent.journal) == []
         await sim_call(sim, "POST", "/sim/terminals/SIM-0001/online")
         await asyncio.wait_for(controller.wait_enabled(), 3)
@@ -452,13 +452,15 @@ async def test_a_controller_that_keeps_asking_while_out_of_service_starts_no_sal
 async def test_card_first_opens_no_sale_while_out_of_service(
     tmp_path: Path, sim: Any, sim_settings: Any, controller: VirtualController
 ) -> None:
+    # nobody chooses: an open session ends after 0.5 s (the simulator presents a card at once)
     trigger = _mdb_trigger(controller, mode="card_first", max_funds="5.00",
-                           flow="authorize_capture")
+                           flow="authorize_capture", session_timeout=0.5)
     async with running_agent(tmp_path, sim_settings, [trigger], sections=QUICK_HEALTH) as agent:
         await until(lambda: len(list(agent.journal)) == 1)  # a sale waits for a card
         await sim_call(sim, "POST", "/sim/terminals/SIM-0001/offline")
-        # the waiting read fails with the terminal; the reader steps aside after that sale
-        await until(lambda: controller.status is Status.INACTIVE, timeout=3)
+        # that sale ends (the read fails with the terminal, or the open session times out, never
+        # cut short), then the reader steps aside
+        await until(lambda: controller.status is Status.INACTIVE, timeout=5)
         await until(lambda: agent.journal.open_sales() == [])
         went_out = agent.event_log.recent(1)[0].at
         await asyncio.sleep(0.5)
