@@ -42,6 +42,7 @@ import yaml
 
 from kiosk_agent.app import build_agent
 from kiosk_agent.cli.sim import settings_from_ready
+from kiosk_agent.core.agent import Agent
 from kiosk_agent.core.config import load_config
 from kiosk_agent.platforms import mdb_protocol as wire
 from kiosk_agent.platforms.serial import SerialLink, SerialSettings
@@ -69,22 +70,31 @@ def settings_for(sim: SimServer) -> ServiceSettings:
     return settings_from_ready(sim.ready_info(), rate_limit=10_000, rate_burst=10_000)
 
 
-async def bench_latency(sim: SimServer, sales: int, scratch: Path) -> dict[str, float]:
-    card_s = CARD_DELAY_SIM_S / TIME_SCALE
+async def machine_and_agent(
+    sim: SimServer, scratch: Path, name: str, **sections: Any
+) -> tuple[VirtualController, Agent]:
+    """A virtual vending machine and a started agent with an mdb trigger on it (SIM-0001)."""
     controller = VirtualController(ControllerOptions(products=PRODUCTS, dispense_time=0.0))
     await controller.start()
     document = {
         "service": {"simulator": {"time_scale": TIME_SCALE}},
         "terminals": [{"device_id": "SIM-0001"}],
-        "journal": {"path": str(scratch / "journal.db")},
+        "journal": {"path": str(scratch / f"{name}.db")},
         "receipts": {"print": "never", "email": False},
-        "triggers": [{"platform": "mdb", "name": "bench", "port": controller.port,
+        "triggers": [{"platform": "mdb", "name": name, "port": controller.port,
                       "flow": "authorize_capture"}],
+        **sections,
     }
-    path = scratch / "bench.yaml"
+    path = scratch / f"{name}.yaml"
     path.write_text(yaml.safe_dump(document))
     agent = build_agent(load_config(path), settings_for(sim), systemd=False)
     await agent.start()
+    return controller, agent
+
+
+async def bench_latency(sim: SimServer, sales: int, scratch: Path) -> dict[str, float]:
+    card_s = CARD_DELAY_SIM_S / TIME_SCALE
+    controller, agent = await machine_and_agent(sim, scratch, "bench")
     rng = random.Random(1)
     try:
         await asyncio.wait_for(controller.wait_enabled(), 5)
@@ -230,21 +240,9 @@ OOS_PING_INTERVAL = 2.0  # seconds; the agent's default is 60, the figure scales
 
 
 async def bench_out_of_service(sim: SimServer, trials: int, scratch: Path) -> dict[str, float]:
-    controller = VirtualController(ControllerOptions(products=PRODUCTS, dispense_time=0.0))
-    await controller.start()
-    document = {
-        "service": {"simulator": {"time_scale": TIME_SCALE}},
-        "terminals": [{"device_id": "SIM-0001"}],
-        "journal": {"path": str(scratch / "oos.db")},
-        "receipts": {"print": "never", "email": False},
-        "health": {"ping_interval": OOS_PING_INTERVAL},
-        "triggers": [{"platform": "mdb", "name": "oos", "port": controller.port,
-                      "flow": "authorize_capture"}],
-    }
-    path = scratch / "oos.yaml"
-    path.write_text(yaml.safe_dump(document))
-    agent = build_agent(load_config(path), settings_for(sim), systemd=False)
-    await agent.start()
+    controller, agent = await machine_and_agent(
+        sim, scratch, "oos", health={"ping_interval": OOS_PING_INTERVAL}
+    )
     rng = random.Random(2)
     to_disabled: list[float] = []
     to_enabled: list[float] = []

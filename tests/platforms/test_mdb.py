@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -306,14 +307,24 @@ def _sales_started(agent: Agent) -> int:
     return len(list(agent.journal))
 
 
+@contextlib.asynccontextmanager
+async def _serving(
+    tmp_path: Path, settings: Any, controller: VirtualController, **health: Any
+) -> AsyncIterator[Agent]:
+    """The real agent with an mdb trigger on the machine, quick checks; the reader enabled."""
+    sections = {"health": {**QUICK_HEALTH["health"], **health}}
+    async with running_agent(
+        tmp_path, settings, [_mdb_trigger(controller)], sections=sections
+    ) as agent:
+        await asyncio.wait_for(controller.wait_enabled(), 5)
+        yield agent
+
+
 async def test_the_reader_steps_aside_while_the_terminal_is_offline(
     tmp_path: Path, sim: Any, sim_settings: Any, controller: VirtualController
 ) -> None:
-    async with running_agent(
-        tmp_path, sim_settings, [_mdb_trigger(controller)], sections=QUICK_HEALTH
-    ) as agent:
+    async with _serving(tmp_path, sim_settings, controller) as agent:
         [platform] = agent.platforms
-        await asyncio.wait_for(controller.wait_enabled(), 5)
         assert (await controller.customer("A2")).outcome is VisitOutcome.VENDED
 
         await sim_call(sim, "POST", "/sim/terminals/SIM-0001/offline")
@@ -351,10 +362,7 @@ async def test_a_sale_in_progress_ends_before_the_reader_steps_aside(
     # few, quick retries: the unreachable service is noticed within a second or so
     settings = settings_from_ready(sim.ready_info(), max_retries=1, backoff_base=0.05)
     controller.options.dispense_time = 1.5  # a slow machine: the outage starts mid-vend
-    async with running_agent(
-        tmp_path, settings, [_mdb_trigger(controller)], sections=QUICK_HEALTH
-    ) as agent:
-        await asyncio.wait_for(controller.wait_enabled(), 5)
+    async with _serving(tmp_path, settings, controller) as agent:
         customer = asyncio.create_task(controller.customer("A2"))
         await until(lambda: "C,VEND,2.50" in controller.received)
         # the terminal list stops answering (the sale's own calls still work)
@@ -380,10 +388,7 @@ async def test_a_sale_in_progress_ends_before_the_reader_steps_aside(
 async def test_an_unwritable_journal_takes_the_reader_off_the_bus(
     tmp_path: Path, sim_settings: Any, controller: VirtualController
 ) -> None:
-    async with running_agent(
-        tmp_path, sim_settings, [_mdb_trigger(controller)], sections=QUICK_HEALTH
-    ) as agent:
-        await asyncio.wait_for(controller.wait_enabled(), 5)
+    async with _serving(tmp_path, sim_settings, controller) as agent:
         agent.journal.db.execute("PRAGMA query_only = ON")  # every write now fails
         await until(lambda: controller.status is Status.INACTIVE, timeout=3)
         reason = agent.availability.state().reason
@@ -415,11 +420,7 @@ async def test_a_service_that_never_answers_is_out_of_service_too(
     tmp_path: Path, sim: Any, controller: VirtualController
 ) -> None:
     settings = settings_from_ready(sim.ready_info(), max_retries=0)
-    health = {"health": {**QUICK_HEALTH["health"], "ping_timeout": 0.5}}
-    async with running_agent(
-        tmp_path, settings, [_mdb_trigger(controller)], sections=health
-    ) as agent:
-        await asyncio.wait_for(controller.wait_enabled(), 5)
+    async with _serving(tmp_path, settings, controller, ping_timeout=0.5) as agent:
         # every terminal list now hangs 3 s, six times the check timeout
         await sim_call(sim, "POST", "/sim/faults", {"path": "/api/terminal", "method": "GET",
                                                   "fault": "delay", "delay_s": 3, "count": 1000})
@@ -432,11 +433,8 @@ async def test_a_service_that_never_answers_is_out_of_service_too(
 async def test_a_controller_that_keeps_asking_while_out_of_service_starts_no_sale(
     tmp_path: Path, sim: Any, sim_settings: Any, controller: VirtualController
 ) -> None:
-    async with running_agent(
-        tmp_path, sim_settings, [_mdb_trigger(controller)], sections=QUICK_HEALTH
-    ) as agent:
+    async with _serving(tmp_path, sim_settings, controller) as agent:
         [platform] = agent.platforms
-        await asyncio.wait_for(controller.wait_enabled(), 5)
         await sim_call(sim, "POST", "/sim/terminals/SIM-0001/offline")
         await until(lambda: controller.status is Status.INACTIVE, timeout=3)
         # a controller that did not hear C,0 (or ignores it) floods vend requests
