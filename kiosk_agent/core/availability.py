@@ -96,18 +96,26 @@ class Availability:
     # -- reading -------------------------------------------------------------------------------
 
     def device_id(self, terminal: str | None) -> str:
-        """A configured terminal's device id from its id, its name or None (the default)."""
+        """A configured terminal's device id from its id, its name or None (the default).
+
+        Raises ``ValueError`` naming the configured ones when there is no such terminal."""
         if self._resolve is not None:
             return self._resolve(terminal)
         if terminal is None:
+            if not self._tracked:
+                raise ValueError("no terminal is configured")
             return next(iter(self._tracked))
         return terminal
 
     def state(self, terminal: str | None = None) -> TerminalState:
-        device_id = self.device_id(terminal)
+        """The terminal's state; one that is not configured can take no card, and says why."""
+        try:
+            device_id = self.device_id(terminal)
+        except ValueError as err:
+            return TerminalState(str(terminal), False, str(err), 0.0)
         tracked = self._tracked.get(device_id)
         if tracked is None:
-            return TerminalState(device_id, False, "terminal not configured", 0.0)
+            return TerminalState(device_id, False, f"terminal {device_id} is not configured", 0.0)
         return tracked.state
 
     def states(self) -> list[TerminalState]:
@@ -119,10 +127,10 @@ class Availability:
         """Call ``listener`` now with the current state, then at every change.
 
         Returns the function that unsubscribes it."""
-        device_id = self.device_id(terminal)
-        listeners = self._listeners.setdefault(device_id, [])
+        state = self.state(terminal)
+        listeners = self._listeners.setdefault(state.device_id, [])
         listeners.append(listener)
-        self._call(listener, self.state(device_id))
+        self._call(listener, state)
 
         def unsubscribe() -> None:
             if listener in listeners:

@@ -177,3 +177,18 @@ def test_event_details_are_redacted(journal: Journal) -> None:
     log.open()
     event = log.record("out_of_service", "SIM-0001", {"reason": "card 4111111111111111 refused"})
     assert "4111111111111111" not in str(event.detail)
+
+
+def test_a_terminal_that_is_not_configured_takes_no_card_and_says_why(journal: Journal) -> None:
+    availability, _, _ = _make(journal)
+    seen: list[TerminalState] = []
+    availability.subscribe("SIM-0099", seen.append)
+    assert [(s.available, s.reason) for s in seen] == [
+        (False, "terminal SIM-0099 is not configured")
+    ]
+
+    def resolve(name: str | None) -> str:
+        raise ValueError(f"unknown terminal {name!r}; configured: SIM-0001 (front)")
+
+    strict = Availability(Health("1"), ["SIM-0001"], resolve=resolve)
+    assert strict.state("back").reason == "unknown terminal 'back'; configured: SIM-0001 (front)"
