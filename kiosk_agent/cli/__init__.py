@@ -35,6 +35,7 @@ COMMAND_MODULES: dict[str, str] = {
     "keys": "service",
     "doctor": "fleet",
     "health": "fleet",
+    "fleet": "fleet",
 }
 
 
