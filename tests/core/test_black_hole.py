@@ -26,7 +26,7 @@ from .test_slow_service import arm, ledger
 
 T = 2.0  # the service timeout in these tests
 M = 0.5  # sales.answer_margin
-SLACK = 1.0  # scheduling, journal writes and the lookups that answer at once
+SLACK = 1.5  # scheduling, journal writes and the lookups that answer at once
 HELD = {TransStatus.AUTHORIZED, TransStatus.CAPTURED, TransStatus.SETTLED}
 WHOLE_SERVICE = {"path": "/*", "method": "*", "fault": "black_hole", "share": 1}
 
@@ -46,9 +46,7 @@ async def black_hole_agent(agent_factory: Any, sim_factory: Any) -> tuple[Any, A
 
 async def sell(agent: Agent, flow: Flow, machine: ScriptedDispenser) -> tuple[Any, SaleRecord]:
     """One sale to its end; the end must come well before the test's own patience runs out."""
-    sale = await agent.sales.start(
-        SaleRequest(source="test", flow=flow, amount_cents=300), machine
-    )
+    sale = await agent.sales.start(SaleRequest(source="test", flow=flow, amount_cents=300), machine)
     await asyncio.wait_for(sale.result(), 30)
     record = agent.journal.get(sale.sale_id)
     assert record is not None
