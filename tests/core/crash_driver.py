@@ -24,6 +24,7 @@ fsynced) to MARKERS before the machine reports it, as a real machine's counter w
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import logging
 import os
@@ -484,7 +485,9 @@ class Chaos:
                 terminals: [{terminals}]
                 journal: {{path: journal.db}}
                 sales: {{vend_timeout: 5, interaction_lifetime: {180 / opts.time_scale}}}
-                admin: {{port: {self.admin_port}, tokens: [{{name: chaos, token: !env_var KIOSK_ADMIN_TOKEN}}]}}
+                admin:
+                  port: {self.admin_port}
+                  tokens: [{{name: chaos, token: !env_var KIOSK_ADMIN_TOKEN}}]
                 logging: {{level: INFO}}
                 triggers:
                 """
@@ -672,7 +675,7 @@ def judge(
         sale_steps = steps.get(sale.sale_id, [])
         if any(s.step == "recovery.start" for s in sale_steps):
             report.sales_recovered += 1
-        for before, after in zip(sale_steps, sale_steps[1:], strict=False):
+        for before, after in itertools.pairwise(sale_steps):
             # the unpaid-vend window: C,VEND sent (journaled just before) until the vend's
             # result is journaled; a kill inside it voids a vend the machine made
             if before.step == "dispense.request" and not after.step.startswith("recovery"):
