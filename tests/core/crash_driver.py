@@ -235,6 +235,14 @@ MONEY_PATHS = (
     "/api/v1/void-or-refund",
     "/api/terminal/*",
 )
+# the endpoint a journaled money step announces
+STEP_PATHS = {
+    "charge_card.request": "/api/terminal/*",
+    "read_card.request": "/api/terminal/*",
+    "authorize.request": "/api/v1/charge",
+    "capture.request": "/api/v1/capture",
+    "reverse.request": "/api/v1/void-or-refund",
+}
 # fault -> what an older simulator (before the shared fault contract) offers instead
 FAULT_FALLBACK = {
     "slow_answer": "delay",
@@ -544,11 +552,12 @@ class Chaos:
         started = time.monotonic()
         opts = self.options
         while self.report.kills < opts.kills:
-            if opts.faults:
-                await self._arm_faults()
-            agent = await self._start_agent()
             mode = self.rng.choice(KILL_MODES)
-            mode = await self._kill_moment(agent, mode)
+            target = self.rng.choice(sorted(MONEY_STEPS)) if mode == "money" else None
+            if opts.faults:
+                await self._arm_faults(target)
+            agent = await self._start_agent()
+            mode = await self._kill_moment(agent, mode, target)
             self.check_alive()
             agent.kill()
             await agent.proc.wait()
@@ -561,41 +570,42 @@ class Chaos:
         await self.check()
         return self.report
 
-    async def _kill_moment(self, agent: Child, mode: str) -> str:
+    async def _kill_moment(self, agent: Child, mode: str, target: str | None) -> str:
         """Wait for the moment ``mode`` names; the mode really used (a fallback: ``random``)."""
         rng = self.rng
         if mode == "start":
             await asyncio.sleep(rng.uniform(0.0, 0.6))
             return mode
-        wanted = {"recovery": "recovery.", "money": ""}.get(mode)
-        if wanted is not None:
+        if mode in ("recovery", "money"):
+            # recovery: soon after it begins (while it looks things up); money: within
+            # milliseconds of one chosen kind of money call being journaled (so sent, or about to)
+            target = target or "recovery.start"
+            delay = rng.uniform(0.0, 0.3) if mode == "recovery" else rng.uniform(0.0, 0.015)
             try:
                 async with asyncio.timeout(rng.uniform(3.0, 6.0)):
                     while True:
                         words = (await agent.lines.get()).split()
-                        if len(words) < 3 or words[0] != "STEP":
-                            continue
-                        step = words[2]
-                        if (mode == "recovery" and step.startswith(wanted)) or (
-                            mode == "money" and step in MONEY_STEPS
-                        ):
-                            await asyncio.sleep(rng.uniform(0.0, 0.015))
-                            return f"{mode}:{step}"
+                        if len(words) >= 3 and words[0] == "STEP" and words[2] == target:
+                            await asyncio.sleep(delay)
+                            return f"{mode}:{target}"
             except TimeoutError:
                 return "random"
         await asyncio.sleep(rng.uniform(0.3, 3.0))
         return "random"
 
-    async def _arm_faults(self) -> None:
+    async def _arm_faults(self, target: str | None) -> None:
+        """0 to 2 faults on the money calls; mostly on the call the kill aims at, if any."""
         assert self.faults is not None
         rng = self.rng
-        for _ in range(rng.randint(0, 2)):
+        aimed = STEP_PATHS.get(target or "")
+        for _ in range(rng.randint(0, 2) if aimed is None else rng.randint(1, 2)):
             fault = rng.choice(
                 ["slow_answer", "slow_answer", "drop_answer", "server_error",
                  "server_error_after_commit", "unavailable", "delay"]
             )  # fmt: skip
             delay = rng.uniform(*self.options.slow) if fault in ("slow_answer", "delay") else 0.0
-            await self.faults.arm(fault, rng.choice(MONEY_PATHS), delay_s=delay)
+            path = aimed if aimed is not None and rng.random() < 0.7 else rng.choice(MONEY_PATHS)
+            await self.faults.arm(fault, path, delay_s=delay)
 
     async def settle(self) -> None:
         """No more faults or kills: one last agent ends every sale; the machines stop."""
