@@ -20,6 +20,7 @@ import pytest
 
 from kiosk_agent.core.journal import SaleRecord, StepRecord
 from kiosk_agent.core.sale import SaleState
+from kiosk_agent.money import cents_to_dollars
 from kiosk_agent.service.models import Transaction, TransStatus
 from tests.core.crash_driver import Chaos, ChaosOptions, ChaosReport, judge
 
@@ -50,13 +51,14 @@ def _sale(sale_id: str, state: SaleState, **fields: Any) -> SaleRecord:
 
 
 def _steps(sale_id: str, *names: str, at: float = 100.0) -> list[StepRecord]:
-    return [StepRecord(sale_id, at + n, name, SaleState.STARTED, {}) for n, name in enumerate(names)]
+    state = SaleState.STARTED
+    return [StepRecord(sale_id, at + n, name, state, {}) for n, name in enumerate(names)]
 
 
 def _row(order_id: str, status: TransStatus, cents: int = 150) -> Transaction:
     return Transaction.model_validate(
-        {"trans_id": f"t-{order_id}-{status.value}", "order_id": order_id, "amount": f"{cents // 100}.{cents % 100:02d}",
-         "trans_status_id": status.value}
+        {"trans_id": f"t-{order_id}-{status.value}", "order_id": order_id,
+         "amount": cents_to_dollars(cents), "trans_status_id": status.value}
     )  # fmt: skip
 
 
