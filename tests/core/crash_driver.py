@@ -672,6 +672,7 @@ def judge(
     known_orders: set[str] = set()
     report.sales = len(sales)
     kept: dict[str, int] = {}  # sale_id -> cents the service holds for it
+    open_authorizations: set[str] = set()
 
     def violate(kind: str, sale: SaleRecord, text: str) -> None:
         report.violations.append(
@@ -700,6 +701,7 @@ def judge(
         if len(charged) > 1:
             violate("double_charge", sale, f"ledger {statuses}")
         if any(r.status is TransStatus.AUTHORIZED for r in charges):
+            open_authorizations.add(sale.sale_id)
             violate("authorization_open", sale, f"ledger {statuses}")
         if not sale.state.final:
             violate("not_ended", sale, f"ledger {statuses}")
@@ -759,7 +761,7 @@ def judge(
         elif cents and cents != vends[0]["vended_cents"]:
             violate("kept_wrong_amount", sale,
                     f"{cents}c kept for a {vends[0]['vended_cents']}c vend")
-        elif vends and not cents:
+        elif vends and not cents and sale.sale_id not in open_authorizations:
             report.unpaid_vends.append(
                 f"{sale.sale_id} {sale.source} {vends[0]['product']} "
                 f"{vends[0]['vended_cents']}c: {sale.state.value} {sale.message!r} steps: "
