@@ -40,6 +40,7 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+from aiohttp import web
 
 from kiosk_agent.core.agent import Agent, service_settings_from_config
 from kiosk_agent.core.config import load_config
@@ -396,6 +397,87 @@ class SimFaults:
             answer.raise_for_status()
 
 
+class LateCommitProxy:
+    """An HTTP hop in front of the simulator's payments and terminal calls that can make the
+    service *slow to act*: a ``late_commit`` request is read at once, handed to the simulator
+    only ``delay_s`` later, and handed over even when the agent that sent it has died meanwhile,
+    as a real service processes what it received. (The simulator's own ``delay`` waits before
+    reading the request, so a killed agent's request is never processed at all.)"""
+
+    def __init__(self, target: str) -> None:
+        self.target = target.rstrip("/")
+        self.armed: list[tuple[str, float]] = []  # (path pattern, delay_s), each used once
+        self.hits = 0
+        self._runner: web.AppRunner | None = None
+        self._session: aiohttp.ClientSession | None = None
+        self._late: set[asyncio.Task[Any]] = set()
+        self.url = ""
+
+    async def start(self) -> None:
+        app = web.Application(client_max_size=1 << 20)
+        app.router.add_route("*", "/{tail:.*}", self._forward)
+        self._runner = web.AppRunner(app, access_log=None, handle_signals=False)
+        await self._runner.setup()
+        await web.TCPSite(self._runner, "127.0.0.1", 0).start()
+        self.url = f"http://127.0.0.1:{self._runner.addresses[0][1]}"
+        self._session = aiohttp.ClientSession(auto_decompress=False)
+
+    async def stop(self) -> None:
+        for task in self._late:
+            task.cancel()
+        if self._session is not None:
+            await self._session.close()
+        if self._runner is not None:
+            await self._runner.cleanup()
+
+    def arm(self, path: str, delay_s: float) -> None:
+        self.armed.append((path, delay_s))
+
+    def _take(self, request: web.Request) -> float | None:
+        for n, (pattern, delay) in enumerate(self.armed):
+            wanted = pattern[:-1] if pattern.endswith("*") else pattern
+            if request.method == "POST" and (
+                request.path.startswith(wanted) if pattern.endswith("*") else request.path == wanted
+            ):
+                del self.armed[n]
+                self.hits += 1
+                return delay
+        return None
+
+    async def _forward(self, request: web.Request) -> web.StreamResponse:
+        body = await request.read()
+        delay = self._take(request)
+        task = asyncio.create_task(self._send(request, body, delay or 0.0))
+        self._late.add(task)
+        task.add_done_callback(self._late.discard)
+        result = await asyncio.shield(task)
+        if result is None:  # the simulator cut the connection (drop_answer): so do we
+            if request.transport is not None:
+                request.transport.abort()
+            raise asyncio.CancelledError
+        status, headers, answer = result
+        return web.Response(status=status, headers=headers, body=answer)
+
+    async def _send(
+        self, request: web.Request, body: bytes, delay: float
+    ) -> tuple[int, dict[str, str], bytes] | None:
+        if delay:
+            await asyncio.sleep(delay)
+        assert self._session is not None
+        headers = {k: v for k, v in request.headers.items()
+                   if k.lower() not in ("host", "content-length", "transfer-encoding")}
+        try:
+            async with self._session.request(
+                request.method, self.target + request.rel_url.path_qs, data=body,
+                headers=headers,
+            ) as answer:
+                kept = {k: v for k, v in answer.headers.items()
+                        if k.lower() in ("content-type", "retry-after", "content-encoding")}
+                return answer.status, kept, await answer.read()
+        except aiohttp.ClientError:
+            return None
+
+
 class Chaos:
     """Sim, machines and agent as processes; the agent SIGKILLed at random moments, again and
     again; then the simulator's ledger and the machines' records judge the journal."""
@@ -415,6 +497,7 @@ class Chaos:
         self.admin_port = 0
         self.session: aiohttp.ClientSession | None = None
         self.faults: SimFaults | None = None
+        self.proxy: LateCommitProxy | None = None
 
     # -- the processes ---------------------------------------------------------------------------
 
@@ -451,6 +534,8 @@ class Chaos:
             self.machines.append(machine)
             self.records.append(record)
         self.admin_port = _free_port()
+        self.proxy = LateCommitProxy(info["base_url"])
+        await self.proxy.start()
         self._write_config(ports)
         self.session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=5))
         self.faults = SimFaults(self.session, info["base_url"])
@@ -466,6 +551,8 @@ class Chaos:
             await machine.stop()
         if self.session is not None:
             await self.session.close()
+        if self.proxy is not None:
+            await self.proxy.stop()
         if self.sim is not None:
             await self.sim.stop()
 
@@ -483,7 +570,7 @@ class Chaos:
             textwrap.dedent(
                 f"""\
                 service:
-                  base_url: {info["base_url"]}
+                  base_url: {self.proxy.url if self.proxy else info["base_url"]}
                   reporting_url: {info["reporting_url"]}
                   ws_url: {info["ws_url"]}
                   mid: "{info["mid"]}"
@@ -600,17 +687,24 @@ class Chaos:
         aimed = STEP_PATHS.get(target or "")
         for _ in range(rng.randint(0, 2) if aimed is None else rng.randint(1, 2)):
             fault = rng.choice(
-                ["slow_answer", "slow_answer", "drop_answer", "server_error",
+                ["slow_answer", "late_commit", "late_commit", "drop_answer", "server_error",
                  "server_error_after_commit", "unavailable", "delay"]
             )  # fmt: skip
-            delay = rng.uniform(*self.options.slow) if fault in ("slow_answer", "delay") else 0.0
+            delay = rng.uniform(*self.options.slow)
             path = aimed if aimed is not None and rng.random() < 0.7 else rng.choice(MONEY_PATHS)
-            await self.faults.arm(fault, path, delay_s=delay)
+            if fault == "late_commit" and self.proxy is not None:
+                self.proxy.arm(path, delay)
+                self.faults.armed[fault] = self.faults.armed.get(fault, 0) + 1
+            else:
+                slow = fault in ("slow_answer", "delay")
+                await self.faults.arm(fault, path, delay_s=delay if slow else 0.0)
 
     async def settle(self) -> None:
         """No more faults or kills: one last agent ends every sale; the machines stop."""
         assert self.faults is not None
         await self.faults.clear()
+        if self.proxy is not None:
+            self.proxy.armed.clear()
         self.report.faults_armed = dict(self.faults.armed)
         agent = await self._start_agent()
         await self.wait_ready(self.options.settle_timeout)
