@@ -25,6 +25,7 @@ COMMAND_MODULES: dict[str, str] = {
     "check-config": "agent",
     "sales": "agent",
     "demo": "demo",
+    "virtual": "virtual",
     "terminals": "service",
     "report": "service",
     "payments": "service",

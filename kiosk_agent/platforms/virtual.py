@@ -1,7 +1,11 @@
 """A virtual vending machine controller behind a virtual MDB adapter, on a pseudo-terminal.
 
 It speaks the adapter's text protocol (``mdb_protocol``) on the master side of a pty, so the agent's
-``mdb`` platform talks to it exactly as to a USB adapter: through a real serial port. Customers are
+``mdb`` platform talks to it exactly as to a USB adapter: through a real serial port. Or, with
+``ControllerOptions(listen=("127.0.0.1", 0))``, on a TCP port the agent opens as
+``socket://host:port`` (like ser2net): the machine then outlives any number of agent processes,
+which is what ``kiosk-agent virtual`` and the crash tests use. ``VisitRecorder`` writes what the
+machine really did (JSON lines) for a test to hold the agent's journal against. Customers are
 scripted (``await controller.customer("A1", fail=True)``) or random, and the controller's quirks
 are played on demand: a reset mid-session, repeated enables, a vend result that never comes,
 garbage on the line, the adapter unplugged and plugged back (under another name).
@@ -15,14 +19,16 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import enum
+import json
 import logging
 import os
 import random
+import time
 import tty
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import voluptuous as vol
 
@@ -81,6 +87,8 @@ class ControllerOptions:
     enable_delay: float = 0.01  # controller poll latency after C,1 or a reset
     patience: float = 60.0  # how long a customer waits for approve/deny
     link_path: Path | None = None  # a by-id style symlink kept pointing at the current pty
+    # (host, port): serve the adapter on TCP (socket://host:port) instead of a pty; port 0: any
+    listen: tuple[str, int] | None = None
 
 
 class VirtualController:
@@ -94,6 +102,8 @@ class VirtualController:
         self.unexpected: list[str] = []
         self._rng = random.Random(seed)
         self._pty: _Pty | None = None
+        self._server: asyncio.Server | None = None  # listen mode: the adapter on TCP
+        self._client: asyncio.Transport | None = None  # listen mode: the agent connected now
         self._buffer = bytearray()
         self._answer: asyncio.Future[int | None] | None = None  # C,VEND amount, or None for no
         self._session_funds: asyncio.Future[int | None] | None = None  # card first: C,START
@@ -112,11 +122,20 @@ class VirtualController:
 
     @property
     def port(self) -> str:
-        """Where the agent opens the adapter: the symlink if configured, else the pty itself."""
+        """Where the agent opens the adapter: the symlink if configured, else the pty itself (or
+        ``socket://host:port`` in listen mode)."""
+        if self._server is not None:
+            host, port = self._server.sockets[0].getsockname()[:2]
+            return f"socket://{host}:{port}"
         if self.options.link_path is not None:
             return str(self.options.link_path)
         assert self._pty is not None, "controller not started"
         return self._pty.name
+
+    @property
+    def connected(self) -> bool:
+        """Listen mode: an agent has the adapter open now (a pty is always 'connected')."""
+        return self._client is not None if self.options.listen else self._pty is not None
 
     @property
     def pty_name(self) -> str | None:
@@ -124,14 +143,47 @@ class VirtualController:
 
     @property
     def plugged(self) -> bool:
-        return self._pty is not None
+        return self._pty is not None or self._server is not None
 
     async def start(self) -> None:
-        self.plug()
+        if self.options.listen is not None:
+            await self._listen(*self.options.listen)
+        else:
+            self.plug()
 
     async def stop(self) -> None:
         await self._tasks.cancel_all()
+        if self._server is not None:
+            server, self._server = self._server, None
+            server.close()
+            if self._client is not None:
+                self._client.abort()
+            await server.wait_closed()
         self.unplug()
+
+    async def _listen(self, host: str, port: int) -> None:
+        """Listen mode: one agent connection at a time; a newer one replaces the older.
+
+        The agent going away (killed, restarted) is not a reset: the controller keeps its state
+        and a customer waiting for an answer keeps waiting, as behind a real ser2net. What it
+        says while nobody is connected is lost, as on a serial line nobody reads.
+        """
+        loop = asyncio.get_running_loop()
+        self._server = await loop.create_server(lambda: _AdapterSocket(self), host, port)
+        _LOGGER.debug("virtual adapter listening on %s", self.port)
+
+    def _connection_made(self, transport: asyncio.Transport) -> None:
+        if self._client is not None:
+            self._client.abort()
+        self._client = transport
+        self._buffer.clear()
+        _LOGGER.debug("virtual adapter: agent connected")
+
+    def _connection_lost(self, transport: asyncio.Transport) -> None:
+        if self._client is transport:
+            self._client = None
+            self._buffer.clear()
+            _LOGGER.debug("virtual adapter: agent disconnected")
 
     def plug(self) -> None:
         """Plug the adapter in: a new pty with a new /dev/pts name (like USB re-enumeration)."""
@@ -179,6 +231,9 @@ class VirtualController:
 
     def send_raw(self, data: bytes) -> None:
         """Anything on the wire, garbage included."""
+        if self._client is not None:
+            self._client.write(data)
+            return
         if self._pty is None:
             return
         try:
@@ -195,6 +250,10 @@ class VirtualController:
             data = os.read(self._pty.master, 4096)
         except OSError:
             return
+        self.feed(data)
+
+    def feed(self, data: bytes) -> None:
+        """Bytes from the agent, whatever the transport: complete lines are acted on."""
         self._buffer += data
         while (index := self._buffer.find(b"\n")) >= 0:
             line = self._buffer[:index].decode("ascii", "replace").strip()
@@ -257,12 +316,12 @@ class VirtualController:
         """The controller polls the reader and enables it, unless something intervenes."""
         epoch = self._epoch
         await asyncio.sleep(self.options.enable_delay)
-        if self._epoch != epoch or self._pty is None:
+        if self._epoch != epoch or not self.plugged:
             return
         if self.status is Status.INACTIVE:
             self._set_status(Status.DISABLED)
         await asyncio.sleep(self.options.enable_delay)
-        if self._epoch == epoch and self._pty is not None:
+        if self._epoch == epoch and self.plugged:
             self._set_status(Status.ENABLED)
 
     def _set_status(self, status: Status) -> None:
@@ -450,6 +509,93 @@ class VirtualController:
             key = visit.outcome.value if visit.outcome else "open"
             counts[key] = counts.get(key, 0) + 1
         return counts
+
+
+class _AdapterSocket(asyncio.Protocol):
+    def __init__(self, controller: VirtualController) -> None:
+        self.controller = controller
+        self.transport: asyncio.Transport | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self.transport = transport
+        self.controller._connection_made(transport)
+
+    def data_received(self, data: bytes) -> None:
+        if self.transport is self.controller._client:
+            self.controller.feed(data)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self.transport is not None:
+            self.controller._connection_lost(self.transport)
+
+
+# -- the machine's own record --------------------------------------------------------------------
+
+# observer step -> record event; every outcome is followed by one ``session_end`` line
+RECORD_EVENTS = {
+    "selects": "selection",
+    "session": "session_offered",  # card first: the agent opened a session with these funds
+    "approved": "approval",
+    VisitOutcome.DENIED.value: "denial",
+    VisitOutcome.VENDED.value: "dispensed",
+    VisitOutcome.FAILED.value: "dispense_failed",
+}
+
+
+_OUTCOMES = frozenset(outcome.value for outcome in VisitOutcome)
+
+
+class VisitRecorder:
+    """The machine's own record, one JSON object a line, flushed at once (a test reads it live).
+
+    Each line: ``event`` (``selection``, ``session_offered``, ``approval``, ``denial``,
+    ``dispensed``, ``dispense_failed``, ``session_end``), ``machine``, ``visit`` (its number),
+    ``product``, ``price_cents``, ``approved_cents``, ``funds_cents``, ``vended_cents`` (what came
+    out: the price on ``dispensed``, else 0), ``at`` (Unix seconds); ``session_end`` adds
+    ``outcome`` (a ``VisitOutcome``). Amounts are integer cents.
+    """
+
+    def __init__(self, out: IO[str], machine: str) -> None:
+        self.out = out
+        self.machine = machine
+
+    def attach(self, controller: VirtualController) -> None:
+        controller.observers.append(self)
+
+    def __call__(self, what: str, visit: Visit) -> None:
+        event = RECORD_EVENTS.get(what)
+        if event is not None:
+            self.write(event, visit)
+        if what in _OUTCOMES:
+            self.write("session_end", visit, outcome=what)
+
+    def write(self, event: str, visit: Visit, **extra: Any) -> None:
+        dispensed = event == "dispensed" or extra.get("outcome") == VisitOutcome.VENDED.value
+        vended = visit.price_cents if dispensed else 0
+        line = {
+            "event": event,
+            "machine": self.machine,
+            "visit": visit.number,
+            "product": visit.product,
+            "price_cents": visit.price_cents,
+            "approved_cents": visit.approved_cents,
+            "funds_cents": visit.funds_cents,
+            "vended_cents": vended,
+            "at": time.time(),
+            **extra,
+        }
+        self.out.write(json.dumps(line) + "\n")
+        self.out.flush()
+
+
+def read_record(path: Path) -> list[dict[str, Any]]:
+    """A machine's record as written by ``VisitRecorder`` (a torn last line is left out)."""
+    lines: list[dict[str, Any]] = []
+    for text in path.read_text().splitlines():
+        with contextlib.suppress(ValueError):
+            lines.append(json.loads(text))
+    return lines
 
 
 # -- as a platform ---------------------------------------------------------------------------------

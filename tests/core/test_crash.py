@@ -27,6 +27,7 @@ from kiosk_agent.core.journal import Journal
 from kiosk_agent.core.sale import SaleState
 from kiosk_agent.service.client import ServiceClient
 from kiosk_agent.service.models import TransactionFilter, TransStatus
+from tests.core.crash_driver import CHARGED, HELD
 
 DRIVER = Path(__file__).with_name("crash_driver.py")
 TIME_SCALE = 150  # interactions live 1.2 s: slack for a loaded machine
@@ -44,8 +45,6 @@ SERVICE_CALL_STEPS = {
     "capture.request",
     "reverse.request",
 }
-HELD = {TransStatus.AUTHORIZED, TransStatus.CAPTURED, TransStatus.SETTLED}
-CHARGED = HELD | {TransStatus.VOIDED, TransStatus.REFUNDED, TransStatus.PARTIALLY_REFUNDED}
 
 
 def write_config(directory: Path, sim: Any) -> Path:

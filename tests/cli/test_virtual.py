@@ -1,0 +1,97 @@
+"""`kiosk-agent virtual`: the vending machine as its own process, driven here as the agent would."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from kiosk_agent.platforms.virtual import read_record
+
+
+async def _spawn(*args: str) -> asyncio.subprocess.Process:
+    return await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "kiosk_agent", "virtual", *args,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+
+
+async def _line(stream: asyncio.StreamReader, prefix: str) -> str:
+    async with asyncio.timeout(30):
+        while True:
+            line = (await stream.readline()).decode()
+            assert line, f"stream ended before a {prefix!r} line"
+            if line.startswith(prefix):
+                return line.strip()
+
+
+async def test_the_machine_sells_over_a_socket_and_records_what_came_out(tmp_path: Path) -> None:
+    record = tmp_path / "m1.jsonl"
+    proc = await _spawn(
+        "--listen", "socket://127.0.0.1:0", "--name", "m1", "--record", str(record),
+        "--product", "A1=1.50", "--count", "2", "--rate", "50", "--fail-rate", "0",
+        "--dispense-time", "0.01", "--seed", "3",
+    )  # fmt: skip
+    assert proc.stdout is not None
+    try:
+        ready = json.loads((await _line(proc.stdout, "READY "))[len("READY ") :])
+        assert ready["name"] == "m1"
+        host, port = ready["port"].removeprefix("socket://").split(":")
+        # an agent that connects and goes away is not a reset: the machine waits for the next
+        _, first = await asyncio.open_connection(host, int(port))
+        first.close()
+        reader, writer = await asyncio.open_connection(host, int(port))
+        writer.write(b"C,0\nC,SETCONF,mdb-addr=0x10\nC,1\n")
+        answers = iter([b"C,VEND,1.50\n", b"C,STOP\n"])  # approve the first, deny the second
+        heard: list[str] = []
+        async with asyncio.timeout(30):
+            while len([h for h in heard if h.startswith("c,STATUS,VEND")]) < 2:
+                line = (await reader.readline()).decode().strip()
+                heard.append(line)
+                if line.startswith("c,STATUS,VEND"):
+                    writer.write(next(answers))
+        done = json.loads((await _line(proc.stdout, "DONE "))[len("DONE ") :])
+        assert done == {"vended": 1, "denied": 1}
+        assert "c,VEND,SUCCESS" in heard or "c,VEND,SUCCESS" in (
+            (await reader.readline()).decode()
+        )
+        writer.close()
+    finally:
+        proc.terminate()
+        assert await proc.wait() == 0
+
+    events = [(r["event"], r["visit"], r["vended_cents"]) for r in read_record(record)]
+    assert events == [
+        ("selection", 1, 0),
+        ("approval", 1, 0),
+        ("dispensed", 1, 150),
+        ("session_end", 1, 150),
+        ("selection", 2, 0),
+        ("denial", 2, 0),
+        ("session_end", 2, 0),
+    ]
+    lines = read_record(record)
+    assert lines[1]["approved_cents"] == 150
+    assert lines[-1]["outcome"] == "denied"
+    assert all(line["machine"] == "m1" and line["price_cents"] == 150 for line in lines)
+
+
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [
+        (["--product", "A1=1.5x"], "price of A1"),
+        (["--product", "A1"], "expected CODE=PRICE"),
+        (["--listen", "tcp://127.0.0.1:9"], "expected socket://HOST:PORT"),
+        (["--fail-rate", "2"], "must be from 0 to 1"),
+        (["--rate", "0"], "must be a positive number"),
+    ],
+)
+async def test_bad_options_are_named(args: list[str], says: str) -> None:
+    proc = await _spawn(*args)
+    async with asyncio.timeout(30):  # a machine that started would wait for its agent forever
+        _, err = await proc.communicate()
+    assert proc.returncode == 2
+    assert says in err.decode()
