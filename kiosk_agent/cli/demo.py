@@ -1,10 +1,10 @@
 """`kiosk-agent demo`: the simulator, a virtual vending machine and the agent, with a live view.
 
 Everything runs in this process: the service simulator on a loopback port, the virtual vending
-machine controller on a pseudo-terminal, and the agent configured by ``config/demo.yaml``. The
+machine controller on a pseudo-terminal, and the agent configured by config/demo.yaml. The
 view shows customers choosing, cards, approvals and declines, dispenses, voids and receipts with a
-running total; plain lines when standard output is not a terminal. Ctrl-C ends it cleanly;
-``--sales N`` or ``--duration S`` end it by themselves.
+running total; plain lines when standard output is not a terminal, no colours with NO_COLOR set.
+Ctrl-C ends it cleanly; --sales N or --duration S end it by themselves.
 """
 
 from __future__ import annotations
@@ -22,7 +22,19 @@ from collections.abc import Coroutine
 from pathlib import Path
 from typing import Any, TextIO
 
-from kiosk_agent.cli.agent import load_or_explain, start_simulator
+from kiosk_agent.cli.agent import start_simulator
+from kiosk_agent.cli.contract import (
+    EXIT_OK,
+    EXIT_USAGE,
+    CliError,
+    guarded,
+    is_tty,
+    load,
+    options,
+    plural,
+    positive_int,
+    use_colour,
+)
 from kiosk_agent.core.sale import SaleEvent, SaleState
 from kiosk_agent.money import format_cents
 from kiosk_agent.tasks import cancel_and_wait, next_item
@@ -65,25 +77,24 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help="simulator + virtual vending machine + agent, with a live view (no hardware)",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
+        parents=options(json=False),
     )
-    demo.add_argument(
-        "--config", type=Path, default=DEFAULT_CONFIG, help="default: config/demo.yaml"
-    )
-    demo.add_argument("--sales", type=int, help="end after this many finished sales")
+    demo.add_argument("--sales", type=positive_int, help="end after this many finished sales")
     demo.add_argument("--duration", type=float, help="end after this many seconds")
     demo.add_argument(
         "--speed", type=float, default=1.0, help="customers and simulated time N times faster"
     )
     demo.add_argument("--plain", action="store_true", help="plain lines even on a terminal")
-    demo.set_defaults(handler=demo_command)
+    demo.set_defaults(handler=guarded(demo_command))
 
 
 class LiveView:
     """What happens at the machine and in the sale, one line each, and a running total."""
 
-    def __init__(self, out: TextIO, *, fancy: bool) -> None:
+    def __init__(self, out: TextIO, *, fancy: bool, colour: bool | None = None) -> None:
         self.out = out
-        self.fancy = fancy
+        self.fancy = fancy  # a redrawn running total (a terminal)
+        self.colour = fancy if colour is None else colour and fancy
         self.started = time.monotonic()
         self.captured_cents = 0
         self.finished: Counter[SaleState] = Counter()
@@ -123,8 +134,14 @@ class LiveView:
             self._line(event.source, text, _STATE_COLOUR.get(event.state, "bold"))
             return
         step = _STEP_TEXT.get(event.state, event.state.value)
-        detail = f" ({event.message})" if event.message else ""
-        self._line(event.source, f"{step}{detail}", "dim")
+        message = event.message or ""
+        if message.lower().startswith(step.lower()):
+            text = message  # "present a card on ...": says the step already
+        elif message:
+            text = f"{step} ({message})"
+        else:
+            text = step
+        self._line(event.source, text, "dim")
 
     def show(self, event: SaleEvent) -> None:
         if event.receipt:
@@ -146,7 +163,7 @@ class LiveView:
 
     def totals(self) -> str:
         count = sum(self.finished.values())
-        parts = [f"{count} sale{'s' if count != 1 else ''}"]
+        parts = [plural(count, "sale")]
         parts += [f"{n} {state.value}" for state, n in sorted(self.finished.items())]
         return f"{', '.join(parts)}; captured {format_cents(self.captured_cents)}"
 
@@ -160,9 +177,10 @@ class LiveView:
         stamp = time.strftime("%H:%M:%S")
         if self.fancy:
             self._clear_status()
-            c, reset = _COLOURS[colour], _COLOURS["reset"]
-            self.out.write(f"{_COLOURS['dim']}{stamp}{reset} {source:<16} {c}{text}{reset}\n")
-            self.out.write(f"{_COLOURS['bold']}  total: {self.totals()}{reset}")
+            paint = _COLOURS if self.colour else dict.fromkeys(_COLOURS, "")
+            c, reset, dim = paint[colour], paint["reset"], paint["dim"]
+            self.out.write(f"{dim}{stamp}{reset} {source:<16} {c}{text}{reset}\n")
+            self.out.write(f"{paint['bold']}  total: {self.totals()}{reset}")
             self._status_shown = True
         else:
             self.out.write(f"{stamp} {source} {text}\n")
@@ -188,31 +206,37 @@ def _speed_up(config: Any, speed: float, journal: Path) -> None:
 
 
 async def demo_command(args: argparse.Namespace) -> int:
-    config = load_or_explain(args.config)
-    if config is None:
-        return 1
+    config = load(_demo_config(args))
     if "simulator" not in config["service"]:
-        print("the demo needs `service: {simulator: ...}` in its configuration", file=sys.stderr)
-        return 1
+        raise CliError("the demo needs `service: {simulator: ...}` in its configuration",
+                       EXIT_USAGE)
     if args.speed <= 0:
-        print("--speed must be above zero", file=sys.stderr)
-        return 2
+        raise CliError("--speed must be above zero", EXIT_USAGE)
     logging.basicConfig(level=logging.ERROR, format="%(levelname)s %(name)s: %(message)s")
     with tempfile.TemporaryDirectory(prefix="kiosk-demo-") as scratch:
         _speed_up(config, args.speed, Path(scratch) / "journal.db")
         return await _run(config, args)
 
 
+def _demo_config(args: argparse.Namespace) -> Path:
+    """-c/--config, else $KIOSK_CONFIG, else the bundled config/demo.yaml."""
+    from kiosk_agent.cli.contract import optional_config_path
+
+    return optional_config_path(args) or DEFAULT_CONFIG
+
+
 async def _run(config: Any, args: argparse.Namespace) -> int:
     from kiosk_agent.app import build_agent
     from kiosk_agent.platforms.virtual import VirtualPlatform
 
-    view = LiveView(sys.stdout, fancy=sys.stdout.isatty() and not args.plain)
+    view = LiveView(sys.stdout, fancy=is_tty(sys.stdout) and not args.plain,
+                    colour=use_colour(sys.stdout))
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(signum, stop.set)
     sim, settings = await start_simulator(config["service"]["simulator"])
+    view.note(f"simulator listening on {sim.base_url}; Ctrl-C stops the demo")
     agent = build_agent(config, settings, systemd=False)
     try:
         async with agent.events.subscribe() as queue:
@@ -221,7 +245,8 @@ async def _run(config: Any, args: argparse.Namespace) -> int:
                 if isinstance(platform, VirtualPlatform):
                     observer = functools.partial(view.machine, platform.name)
                     platform.controller.observers.append(observer)
-            await _follow(queue, view, stop, args)
+            machines = [p for p in agent.platforms if isinstance(p, VirtualPlatform)]
+            await _follow(queue, view, stop, args, machines)
             # A sale under way now is finished or given back: show how, not a bare "told no".
             view.note("stopping: a sale under way is finished or its money given back")
             await _show_until_done(agent.stop(), queue, view)
@@ -232,19 +257,33 @@ async def _run(config: Any, args: argparse.Namespace) -> int:
             await agent.stop()
         await sim.stop()
     view.summary()
-    return 0
+    return EXIT_OK
 
 
 async def _follow(
-    queue: asyncio.Queue[SaleEvent], view: LiveView, stop: asyncio.Event, args: argparse.Namespace
+    queue: asyncio.Queue[SaleEvent],
+    view: LiveView,
+    stop: asyncio.Event,
+    args: argparse.Namespace,
+    machines: list[Any],
 ) -> None:
+    """Show sale events until Ctrl-C, the duration, or ``--sales N`` sales have ended: once N
+    have started, the machines take no new customer, so the demo ends after exactly N."""
     stopper = asyncio.create_task(stop.wait())
+    started: set[str] = set()
     try:
         async with asyncio.timeout(args.duration):  # None: until Ctrl-C or --sales
-            while args.sales is None or sum(view.finished.values()) < args.sales:
+            while args.sales is None or sum(view.finished.values()) < len(started) or (
+                len(started) < args.sales
+            ):
                 event = await next_item(queue, stopper)
                 if event is None:
                     return  # Ctrl-C
+                if not event.receipt and event.sale_id not in started:
+                    started.add(event.sale_id)
+                    if args.sales is not None and len(started) >= args.sales:
+                        for machine in machines:
+                            machine.controller.closing.set()  # no new customer
                 view.show(event)
     except TimeoutError:
         return  # the duration is over

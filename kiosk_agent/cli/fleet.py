@@ -12,7 +12,6 @@ import asyncio
 import enum
 import json
 import os
-import sys
 from collections.abc import Awaitable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,6 +20,24 @@ from urllib.parse import urlsplit
 
 import aiohttp
 
+from kiosk_agent.cli.contract import (
+    CONFIG_ENV,
+    EXIT_AUTH,
+    EXIT_FAILED,
+    EXIT_OK,
+    EXIT_UNREACHABLE,
+    EXIT_USAGE,
+    STATUS,
+    CliError,
+    guarded,
+    load,
+    named_config,
+    optional_config_path,
+    options,
+    plural,
+    timeout_of,
+    wants_json,
+)
 from kiosk_agent.core.config import Config, ConfigInvalid, load_config
 from kiosk_agent.money import format_cents
 
@@ -28,26 +45,28 @@ TOKEN_ENV = "KIOSK_AGENT_TOKEN"  # noqa: S105 - the variable's name, not a secre
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    # -c/--config, --json and --timeout: the command line's contract (kiosk_agent.cli.contract)
     doctor = subparsers.add_parser(
-        "doctor", help="check this unit: config, serial ports, service, terminals, printing"
+        "doctor", help="check this unit: config, serial ports, service, terminals, printing",
+        parents=options(timeout=True),
     )
-    doctor.add_argument("--config", "-c", required=True, type=Path, help="configuration file")
     doctor.add_argument(
         "--test-print",
         action="store_true",
         help="print a receipt copy on terminals that can (uses the last sale's transaction)",
     )
     doctor.add_argument("--trans-id", help="the transaction to print with --test-print")
-    doctor.add_argument("--timeout", type=float, default=10.0, help="seconds per network check")
-    doctor.set_defaults(handler=doctor_command)
+    doctor.set_defaults(handler=guarded(doctor_command))
 
-    health = subparsers.add_parser("health", help="the health of a running agent (admin API)")
-    source = health.add_mutually_exclusive_group(required=True)
-    source.add_argument("--config", "-c", type=Path, help="read the admin address and token here")
-    source.add_argument("--url", help="admin API address, e.g. http://127.0.0.1:8124")
+    health = subparsers.add_parser(
+        "health", help="the health of a running agent (admin API)",
+        description="Ask a running agent's admin API for its health: its address and token from "
+        "the configuration (-c/--config or $KIOSK_CONFIG), or --url and --token.",
+        parents=options(timeout=True),
+    )
+    health.add_argument("--url", help="admin API address, e.g. http://127.0.0.1:8124")
     health.add_argument("--token", help=f"bearer token (default: ${TOKEN_ENV})")
-    health.add_argument("--json", action="store_true", help="print the raw snapshot")
-    health.set_defaults(handler=health_command)
+    health.set_defaults(handler=guarded(health_command))
 
 
 # -- doctor ------------------------------------------------------------------------------------
@@ -75,13 +94,38 @@ class Check:
 @dataclass(slots=True)
 class Report:
     checks: list[Check] = field(default_factory=list)
+    quiet: bool = False  # --json: the checks are printed once, at the end
 
     def add(self, name: str, verdict: Verdict, detail: str = "", fix: str = "") -> Check:
         check = Check(name, verdict, detail, fix)
         self.checks.append(check)
-        for line in check.lines():
-            print(line, flush=True)
+        if not self.quiet:
+            for line in check.lines():
+                print(line, flush=True)
         return check
+
+    def note(self, line: str) -> None:
+        if not self.quiet:
+            print(line)
+
+    def verdict(self) -> str:
+        failed = self.failed
+        if failed:
+            names = ", ".join(c.name for c in failed)
+            return f"{len(failed)} of {len(self.checks)} checks failed: {names}"
+        if not self.checks:
+            return "nothing checked"
+        skipped = sum(c.verdict is Verdict.SKIP for c in self.checks)
+        ran = len(self.checks) - skipped
+        return f"all {plural(ran, 'check')} passed" + (f", {skipped} skipped" if skipped else "")
+
+    def as_json(self) -> str:
+        return json.dumps({
+            "ok": not self.failed,
+            "verdict": self.verdict(),
+            "checks": [{"name": c.name, "verdict": c.verdict.value, "detail": c.detail,
+                        "fix": c.fix} for c in self.checks],
+        }, indent=2)
 
     @property
     def failed(self) -> list[Check]:
@@ -89,20 +133,21 @@ class Report:
 
 
 async def doctor_command(args: argparse.Namespace) -> int:
-    report = Report()
-    config = _check_config(report, args.config)
+    report = Report(quiet=wants_json(args))
+    args.timeout = timeout_of(args)
+    config = _check_config(report, named_config(args))
     if config is not None:
         _check_serial_ports(report, config)
         _check_journal(report, config)
         await _check_service(report, config, args)
         await _check_upstream(report, config, args.timeout)
-    failed = report.failed
-    if failed:
-        names = ", ".join(c.name for c in failed)
-        print(f"\n{len(failed)} check(s) failed: {names}")
-        return 1
-    print(f"\nall {len(report.checks)} checks passed" if report.checks else "nothing checked")
-    return 0
+    if report.quiet:
+        print(report.as_json())
+    else:
+        print(f"\n{report.verdict()}")
+    if config is None:
+        return EXIT_USAGE  # a broken config file: the same code from every command
+    return EXIT_FAILED if report.failed else EXIT_OK
 
 
 def _check_config(report: Report, path: Path) -> Config | None:
@@ -124,7 +169,7 @@ def _check_config(report: Report, path: Path) -> Config | None:
             "correct each line below, then run `kiosk-agent check-config` again",
         )
         for error in err.errors:
-            print(f"       {error}")
+            report.note(f"       {error}")
         return None
     report.add("config", Verdict.PASS, f"{path} is valid")
     return config
@@ -190,7 +235,7 @@ async def _check_service(report: Report, config: Config, args: argparse.Namespac
             from kiosk_agent.cli.agent import start_simulator
 
             sim, settings = await start_simulator(simulator)
-            report.add("service", Verdict.PASS, "embedded simulator started")
+            report.add("service", Verdict.PASS, f"embedded simulator started at {sim.base_url}")
         else:
             from kiosk_agent.core.agent import service_settings_from_config
 
@@ -387,45 +432,44 @@ def _describe(err: BaseException) -> str:
 
 
 async def health_command(args: argparse.Namespace) -> int:
-    try:
-        url, token = _admin_address(args)
-    except ValueError as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
+    url, token = _admin_address(args)
     headers = {"Authorization": f"Bearer {token}"}
+    within = timeout_of(args)
     try:
         async with (
-            aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as session,
+            STATUS.waiting(f"the agent at {url}", within),
+            aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=within)) as session,
             session.get(f"{url.rstrip('/')}/api/health", headers=headers) as response,
         ):
             if response.status == 401:
-                print("error: the admin API refused the token", file=sys.stderr)
-                return 2
+                raise CliError("the admin API refused the token", EXIT_AUTH)
             if response.status != 200:
-                print(f"error: admin API answered HTTP {response.status}", file=sys.stderr)
-                return 2
+                raise CliError(f"admin API answered HTTP {response.status}")
             snapshot = await response.json()
     except (aiohttp.ClientError, TimeoutError) as err:
-        print(f"error: cannot reach the agent at {url}: {_describe(err)}", file=sys.stderr)
-        print("       is it running? `systemctl status kiosk-agent`", file=sys.stderr)
-        return 2
-    print(json.dumps(snapshot, indent=2) if args.json else format_health(snapshot))
-    return 0 if snapshot.get("status") == "ok" else 1
+        raise CliError(
+            f"cannot reach the agent at {url}: {_describe(err)}",
+            EXIT_UNREACHABLE, ["is it running? `systemctl status kiosk-agent`"],
+        ) from None
+    print(json.dumps(snapshot, indent=2) if wants_json(args) else format_health(snapshot))
+    return EXIT_OK if snapshot.get("status") == "ok" else EXIT_FAILED
 
 
 def _admin_address(args: argparse.Namespace) -> tuple[str, str]:
     token = args.token or os.environ.get(TOKEN_ENV)
     if args.url:
         if not token:
-            raise ValueError(f"give --token or set ${TOKEN_ENV}")
+            raise CliError(f"give --token or set ${TOKEN_ENV}", EXIT_USAGE)
         return args.url, token
-    try:
-        config = load_config(args.config, check_platforms=False)
-    except ConfigInvalid as err:
-        raise ValueError(f"{args.config}: {err.errors[0]}") from None
+    path = optional_config_path(args)
+    if path is None:
+        raise CliError(f"give -c/--config FILE (or set ${CONFIG_ENV}), or --url and --token",
+                       EXIT_USAGE)
+    config = load(path, check_platforms=False)
     admin = config.get("admin")
     if not admin:
-        raise ValueError(f"{args.config} has no admin: section; the agent serves no admin API")
+        raise CliError(f"{path} has no admin: section; the agent serves no admin API",
+                       EXIT_USAGE)
     host = admin["host"] if admin["host"] not in ("0.0.0.0", "::") else "127.0.0.1"  # noqa: S104
     if not token:
         admin_tokens = [t for t in admin["tokens"] if t["role"] == "admin"] or admin["tokens"]

@@ -44,7 +44,7 @@ def test_check_config_summarises_a_good_file(
     assert "terminals: SIM-0001" in out
 
 
-def test_check_config_prints_every_mistake_and_exits_1(
+def test_check_config_prints_every_mistake_and_exits_2(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     path = write(
@@ -58,7 +58,7 @@ def test_check_config_prints_every_mistake_and_exits_1(
         receipts: {print: sometimes}
         """,
     )
-    assert main(["check-config", str(path)]) == 1
+    assert main(["check-config", str(path)]) == 2  # a broken config file: exit 2 everywhere
     err = capsys.readouterr().err
     assert "config.yaml:3: service.api_key: a secret is written inline" in err
     assert "config.yaml:6: receipts.print: value must be one of" in err
@@ -115,7 +115,8 @@ def test_sales_with_a_bad_since_says_what_it_expected(
     fill_journal(tmp_path)
     assert main(["sales", "--config", str(path), "--since", "yesterday"]) == 2
     assert (
-        '--since: expected an ISO date like "2026-11-01" or "24h"/"7d"' in capsys.readouterr().err
+        '--since: expected "2026-11-22", "2026-11-22T10:00:00Z", or back from now: "90m", "24h"'
+        in capsys.readouterr().err
     )
 
 

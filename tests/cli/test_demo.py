@@ -81,7 +81,7 @@ def test_demo_with_a_broken_config_names_the_mistake(tmp_path: Path) -> None:
         [*DEMO, "--config", str(broken), "--sales", "1"],
         capture_output=True, text=True, timeout=30, env=_env(), check=False,
     )
-    assert done.returncode == 1
+    assert done.returncode == 2  # a broken config file: exit 2 everywhere
     assert "fail_rate" in done.stderr
 
 
