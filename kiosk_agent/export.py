@@ -123,7 +123,8 @@ def json_value(value: object) -> object:
 
 
 class CsvExport:
-    """A header line, then one line per record (``\\n`` line ends)."""
+    """A header line, then one line per record (RFC 4180: CRLF line ends, cells quoted as
+    needed)."""
 
     def __init__(self, columns: Sequence[str]) -> None:
         self.columns = tuple(columns)
@@ -156,7 +157,8 @@ class JsonExport:
 
 def _csv_line(cells: Iterable[str]) -> str:
     buffer = io.StringIO()
-    csv.writer(buffer, lineterminator="\n").writerow(list(cells))
+    # RFC 4180 line ends: a CR or LF inside a cell is then quoted, never a row break.
+    csv.writer(buffer, lineterminator="\r\n").writerow(list(cells))
     return buffer.getvalue()
 
 
