@@ -260,8 +260,10 @@ def _explain(err: BaseException) -> tuple[str, int, list[str], bool]:
         return (f"credentials refused: {err}. Check KIOSK_API_KEY / client id and secret.",
                 EXIT_AUTH, [], True)
     if isinstance(err, errors.ServiceUnreachableError):
+        # the transport's own words (what was asked, host and port, the exception's type):
+        # scrubbing would turn "OAuth token: no answer" into "OAuth token: [REDACTED] answer"
         return (f"service unreachable: {err}. Check KIOSK_BASE_URL and the network; "
-                "--timeout gives slow links longer.", EXIT_UNREACHABLE, [], True)
+                "--timeout gives slow links longer.", EXIT_UNREACHABLE, [], False)
     if isinstance(err, errors.ServiceError):
         return f"the service said no: {err}", EXIT_FAILED, [], True
     if isinstance(err, MoneyError | ValueError):

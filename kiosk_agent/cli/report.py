@@ -194,6 +194,7 @@ async def write_records(
     writer = make_writer(fmt, kind, sys.stdout)
     progress = progress or Progress(NOUNS[kind], quiet=args.quiet)
     matched = 0
+    finished = False
     writer.start()
     try:
         async for record in records:
@@ -204,15 +205,19 @@ async def write_records(
             progress.tick(scanned=max(progress.scanned, matched), matched=matched)
             if args.limit is not None and matched >= args.limit:
                 break
+        finished = True
     finally:
         # Leaving early (--limit, an error) must not leave a prefetched page in flight.
         aclose = getattr(records, "aclose", None)
         if aclose is not None:
             await aclose()
-        writer.finish()
-        progress.matched = matched
-        progress.scanned = max(progress.scanned, matched)
-        progress.done()
+        if finished:
+            writer.finish()
+        else:
+            writer.abort()
+    progress.matched = matched
+    progress.scanned = max(progress.scanned, matched)
+    progress.done()  # only a pull that ended well gets a count; a failure gets its error line
     return EXIT_OK
 
 
@@ -245,6 +250,10 @@ class Writer:
     def finish(self) -> None:
         self.out.flush()
 
+    def abort(self) -> None:
+        """The pull failed: what was written stays, visibly unfinished."""
+        self.out.flush()
+
 
 class TableWriter(Writer):
     def start(self) -> None:
@@ -273,18 +282,30 @@ class CsvWriter(Writer):
 
 
 class JsonWriter(Writer):
-    """A JSON array, written as it streams (valid JSON once finished)."""
+    """A JSON array, written as it streams (valid JSON once finished). A pull that fails before
+    its first record prints nothing here (the error is the one JSON answer); one cut short
+    leaves its array open, so no parser takes it for a whole report."""
 
     def start(self) -> None:
         self._export = JsonExport()
-        self.out.write(self._export.start())
+        self._opened = False
 
     def write(self, record: BaseModel) -> None:
+        if not self._opened:
+            self.out.write(self._export.start())
+            self._opened = True
         self.out.write(self._export.row(export_values(self.kind, record)))
 
     def finish(self) -> None:
+        if not self._opened:
+            self.out.write(self._export.start())
         self.out.write(self._export.end())
         super().finish()
+
+    def abort(self) -> None:
+        if self._opened:
+            self.out.write("\n")
+        super().abort()
 
 
 def make_writer(fmt: str, kind: str, out: TextIO) -> Writer:

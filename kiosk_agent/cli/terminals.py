@@ -124,13 +124,15 @@ def _unknown_device(device: str) -> CliError:
 
 
 async def terminals_connect(args: argparse.Namespace) -> int:
-    from kiosk_agent.service.errors import NotFoundError, ServiceError
+    from kiosk_agent.service.errors import NotFoundError, ServiceError, ServiceUnreachableError
 
     async with service_client(args) as svc:
         try:
             connection = await svc.terminal.connect(args.device)
         except NotFoundError:
             raise _unknown_device(args.device) from None
+        except ServiceUnreachableError:
+            raise  # no answer: exit 4 like every command, not a refusal
         except ServiceError as err:
             raise CliError(
                 f"{args.device} refused the session: {err}. Fix: `kiosk-agent terminals ping "
