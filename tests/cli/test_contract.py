@@ -192,7 +192,8 @@ def test_docs_name_every_command_and_only_options_it_takes() -> None:
         assert f"kiosk-agent {' '.join(path)}" in text or (
             f"kiosk-agent {path[0]}" in text and path[-1] in text
         ), f"docs/cli.md does not mention `kiosk-agent {' '.join(path)}`"
-    for line in re.findall(r"^\$ (kiosk-agent .*)$", text, re.M):
+    lines = re.findall(r"^\$ (kiosk-agent .*)$", text, re.M)
+    for line in (part.strip() for found in lines for part in found.split("  $ ")):
         argv = line.split("#")[0].replace("\\", "").split()[1:]
         if not argv or argv[0] in ("sim",):
             continue
