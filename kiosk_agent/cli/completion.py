@@ -25,7 +25,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     parser = subparsers.add_parser(
         "completion",
         help="print a shell completion script (bash, zsh, fish)",
-        description=__doc__,
+        description=__doc__.split(": ", 1)[1],
         formatter_class=argparse.RawDescriptionHelpFormatter,
         parents=options(config=False, json=False),
     )

@@ -75,7 +75,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     demo = subparsers.add_parser(
         "demo",
         help="simulator + virtual vending machine + agent, with a live view (no hardware)",
-        description=__doc__,
+        description=__doc__.split(": ", 1)[1],  # the docstring without its `kiosk-agent demo`
         formatter_class=argparse.RawDescriptionHelpFormatter,
         parents=options(json=False),
     )
@@ -100,10 +100,13 @@ class LiveView:
         self.finished: Counter[SaleState] = Counter()
         self._status_shown = False
         self._last_state: dict[str, SaleState] = {}  # a sale's steps repeat a state: show it once
+        self.customers: Customers | None = None  # --sales N: which sales count
 
     # -- inputs --------------------------------------------------------------------------------
 
     def machine(self, source: str, what: str, visit: Any) -> None:
+        if self.customers is not None:
+            self.customers.customer(source, what, visit.number)
         if what == "approved":
             return  # the sale's own "approved: vending" step says it
         product = visit.product
@@ -128,6 +131,11 @@ class LiveView:
         self._last_state[event.sale_id] = event.state
         if event.state.final:
             del self._last_state[event.sale_id]
+            if self.customers is not None and not self.customers.counts(event.sale_id):
+                # a card-first machine's session opened for a customer who never came
+                self._line(event.source, f"the session waiting for the next customer ended "
+                           f"({event.state.value}; not a sale)", "dim")
+                return
             self.finished[event.state] += 1
             self.captured_cents += event.captured_cents
             text = f"{event.state.value.upper()}: {event.message or ''}".rstrip(": ")
@@ -192,6 +200,66 @@ class LiveView:
             self._status_shown = False
 
 
+class Customers:
+    """``--sales N``: the sales of the first N customers, and no customer after them.
+
+    A sale counts when a customer is in it: the one who selects (selection first: the sale opens
+    after the choice) or takes the session (card first: the machine opens it in advance). Once
+    the N-th customer has come, the machines take no one new; the demo ends when those N sales
+    have ended, so it shows exactly N (a session a card-first machine opened for a next customer
+    who never comes is closed at the stop, and said not to be a sale).
+    """
+
+    def __init__(self, limit: int, machines: list[Any]) -> None:
+        self.limit = limit
+        self.machines = machines
+        self.arrived = 0
+        self.counted: set[str] = set()
+        self.ended: set[str] = set()
+        self._open: dict[str, str] = {}  # machine -> its sale under way
+        self._waiting: Counter[str] = Counter()  # machine -> customers whose sale is to open
+        self._seen: set[tuple[str, int]] = set()  # (machine, customer number)
+
+    def customer(self, source: str, what: str, number: int) -> None:
+        """A machine's observer: a customer chose (selection first) or took the session (card
+        first, then chose: the same customer)."""
+        if what not in ("selects", "session") or (source, number) in self._seen:
+            return
+        if self.arrived >= self.limit:
+            return
+        self._seen.add((source, number))
+        self.arrived += 1
+        sale_id = self._open.get(source)
+        if what == "session" and sale_id is not None and sale_id not in self.counted:
+            self.counted.add(sale_id)
+        else:
+            self._waiting[source] += 1
+        if self.arrived >= self.limit:
+            for machine in self.machines:
+                machine.controller.closing.set()  # no new customer
+
+    def sale(self, event: SaleEvent) -> None:
+        if event.receipt:
+            return
+        if event.sale_id not in self._open.values() and event.sale_id not in self.ended:
+            self._open[event.source] = event.sale_id
+            if self._waiting[event.source]:
+                self._waiting[event.source] -= 1
+                self.counted.add(event.sale_id)
+        if event.state.final:
+            self.ended.add(event.sale_id)
+            if self._open.get(event.source) == event.sale_id:
+                del self._open[event.source]
+
+    def counts(self, sale_id: str) -> bool:
+        return sale_id in self.counted
+
+    @property
+    def done(self) -> bool:
+        waiting = sum(self._waiting.values())
+        return self.arrived >= self.limit and not waiting and self.counted <= self.ended
+
+
 def _speed_up(config: Any, speed: float, journal: Path) -> None:
     """Point the journal at a scratch file and scale simulated time and customer pace."""
     config.data["journal"] = {**config.data["journal"], "path": str(journal)}
@@ -241,12 +309,13 @@ async def _run(config: Any, args: argparse.Namespace) -> int:
     try:
         async with agent.events.subscribe() as queue:
             await agent.start()
-            for platform in agent.platforms:
-                if isinstance(platform, VirtualPlatform):
-                    observer = functools.partial(view.machine, platform.name)
-                    platform.controller.observers.append(observer)
             machines = [p for p in agent.platforms if isinstance(p, VirtualPlatform)]
-            await _follow(queue, view, stop, args, machines)
+            if args.sales is not None:
+                view.customers = Customers(args.sales, machines)
+            for platform in machines:
+                observer = functools.partial(view.machine, platform.name)
+                platform.controller.observers.append(observer)
+            await _follow(queue, view, stop, args)
             # A sale under way now is finished or given back: show how, not a bare "told no".
             view.note("stopping: a sale under way is finished or its money given back")
             await _show_until_done(agent.stop(), queue, view)
@@ -261,29 +330,19 @@ async def _run(config: Any, args: argparse.Namespace) -> int:
 
 
 async def _follow(
-    queue: asyncio.Queue[SaleEvent],
-    view: LiveView,
-    stop: asyncio.Event,
-    args: argparse.Namespace,
-    machines: list[Any],
+    queue: asyncio.Queue[SaleEvent], view: LiveView, stop: asyncio.Event, args: argparse.Namespace
 ) -> None:
-    """Show sale events until Ctrl-C, the duration, or ``--sales N`` sales have ended: once N
-    have started, the machines take no new customer, so the demo ends after exactly N."""
+    """Show sale events until Ctrl-C, the duration, or the sales of ``--sales N`` customers."""
     stopper = asyncio.create_task(stop.wait())
-    started: set[str] = set()
+    customers = view.customers
     try:
         async with asyncio.timeout(args.duration):  # None: until Ctrl-C or --sales
-            while args.sales is None or sum(view.finished.values()) < len(started) or (
-                len(started) < args.sales
-            ):
+            while customers is None or not customers.done:
                 event = await next_item(queue, stopper)
                 if event is None:
                     return  # Ctrl-C
-                if not event.receipt and event.sale_id not in started:
-                    started.add(event.sale_id)
-                    if args.sales is not None and len(started) >= args.sales:
-                        for machine in machines:
-                            machine.controller.closing.set()  # no new customer
+                if customers is not None:
+                    customers.sale(event)
                 view.show(event)
     except TimeoutError:
         return  # the duration is over

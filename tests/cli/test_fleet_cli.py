@@ -186,6 +186,10 @@ async def test_doctor_with_the_embedded_simulator(tmp_path: Path, capsys) -> Non
     out = capsys.readouterr().out
     assert "[PASS] service: embedded simulator started" in out
     assert "[PASS] ping SIM-0003" in out
+    skipped = out.count("[SKIP]")
+    ran = out.count("[PASS]") + out.count("[WARN]")
+    assert skipped  # no serial port, no upstream, no printer
+    assert out.rstrip().endswith(f"all {ran} checks passed, {skipped} skipped")
 
 
 async def test_doctor_checks_that_heartbeats_can_leave(tmp_path: Path, sim, capsys) -> None:

@@ -90,7 +90,9 @@ async def test_terminals_lists_every_reader_with_capabilities_and_state(
     listed = {t["device_id"]: t for t in json.loads(ran.out)}
     assert listed["SIM-0003"]["online"] is False
     assert listed["SIM-0007"]["capabilities"]["receipt_printing"] is True
+    assert ran.code == 1  # a reader offline is a failed check, in JSON too
     ran = await kiosk(capsys, "terminals", "list")
+    assert ran.code == 1
     assert "1 of 8 offline: SIM-0003" in ran.out
     assert "Fix:" in ran.out
 
