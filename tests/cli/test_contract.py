@@ -67,12 +67,17 @@ EXAMPLES: list[tuple[str, ...]] = [
     ("sales", "list", "-c", "{config}"),
     ("doctor", "-c", "{config}"),
     ("health", "--url", "http://127.0.0.1:9", "--token", "t"),
+    ("sim", "trigger", "settle"),
+    ("sim", "trigger", "terminal-offline", "SIM-0003"),
+    ("sim", "trigger", "terminal-online", "SIM-0003"),
+    ("sim", "trigger", "merchant-status", "{merchant_id}", "LIVE"),
     ("keys", "refresh"),  # last: the rotated key is what the later commands would use
 ]
 # The few that print no result take no --json (and refuse it).
 NO_JSON = {("run",), ("demo",), ("sim",), ("completion",)}
-# The ones that read no configuration.
-NO_CONFIG = {("sim",), ("completion",)}
+# The ones that read no configuration (`sim trigger` talks to a simulator by --url).
+NO_CONFIG = {("sim",), ("completion",), *(("sim", "trigger", event) for event in (
+    "settle", "terminal-offline", "terminal-online", "merchant-status"))}
 # Every command that calls the payment service.
 SERVICE_GROUPS = {"terminals", "payments", "vault", "plans", "hpp", "boarding", "report", "keys"}
 PLACEHOLDERS = {"trans_id": "700000000001", "uuid": "u-1", "id": "1", "page_id": "p1",
@@ -151,7 +156,10 @@ def test_every_command_has_the_contract_options_it_needs() -> None:
         name = " ".join(path)
         assert ({"-c", "--config"} <= taken) == (path not in NO_CONFIG), name
         assert ("--json" in taken) == (path not in NO_JSON), name
-        assert ("--timeout" in taken) == (path[0] in SERVICE_GROUPS | {"doctor", "health"}), name
+        calls_out = path[0] in {*SERVICE_GROUPS, "doctor", "health"} or path[:2] == (
+            "sim", "trigger"
+        )
+        assert ("--timeout" in taken) == calls_out, name
 
 
 def test_every_command_that_prints_a_result_has_an_example_here() -> None:
