@@ -248,7 +248,7 @@ async def test_health_and_demo_read_the_config_too(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv(cli.CONFIG_ENV, str(tmp_path / "nowhere.yaml"))
-    for argv in (["health"], ["demo", "--sales", "1"]):
+    for argv in (["health"], ["demo", "--sales", "1"], ["boarding", "merchants", "--webhooks"]):
         code, _out, err = await run(capsys, argv)
         assert code == cli.EXIT_USAGE
         assert "nowhere.yaml" in err
