@@ -1,6 +1,7 @@
 """The admin API: the device's face for remote operators (aiohttp, bearer tokens, loopback).
 
-Routes (all need ``Authorization: Bearer <token>``; POSTs need an ``admin`` token):
+Routes (all need ``Authorization: Bearer <token>`` or the status page's session; POSTs need an
+``admin`` token; the status page and its own routes are in page.py):
 
     GET  /api/status                     version, status, uptime, problems
     GET  /api/health                     the full health snapshot
@@ -19,6 +20,7 @@ any size keeps one page in memory. A report never carries a card token (``accoun
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import hashlib
 import hmac
@@ -38,6 +40,8 @@ from kiosk_agent.admin.metrics import (
     write_upstream,
     write_webhooks,
 )
+from kiosk_agent.admin.page import StatusPage
+from kiosk_agent.core.attention import NotInAttention, ResolveError, UnknownSale, resolve
 from kiosk_agent.core.config import register_section
 from kiosk_agent.core.sale import SaleState
 from kiosk_agent.core.web import LocalSite
@@ -57,6 +61,8 @@ _LOGGER = logging.getLogger(__name__)
 
 READ = "read"
 ADMIN = "admin"
+# the name of the configured token a request presented
+CALLER = web.RequestKey("kiosk_agent.caller", str)
 
 TOKEN_SCHEMA = vol.Schema(
     {
@@ -98,6 +104,7 @@ class AdminServer:
             (t["name"], _digest(t["token"]), t["role"]) for t in conf["tokens"]
         ]
         self._metrics_public: bool = conf["metrics_public"]
+        self.page = StatusPage(agent, self._role_for)  # the field tech's page at / (page.py)
 
     @property
     def port(self) -> int | None:
@@ -115,11 +122,13 @@ class AdminServer:
         router.add_get("/api/health", self.health)
         router.add_get("/api/sales", self.sales)
         router.add_get("/api/sales/{sale_id}", self.sale)
+        router.add_post("/api/sales/{sale_id}/resolve", self.resolve)
         router.add_get("/api/reports/{kind}", self.report)
         router.add_get("/api/terminals", self.terminals)
         router.add_post("/api/terminals/{device_id}/{action}", self.terminal_action)
         router.add_get("/api/boarding/merchants", self.merchants)
         router.add_get("/metrics", self.metrics)
+        self.page.add_routes(app)
         return app
 
     async def start(self) -> None:
@@ -132,21 +141,29 @@ class AdminServer:
     # -- auth --------------------------------------------------------------------------------
 
     def _role_for(self, header: str | None) -> str | None:
+        return self._token_for(header)[1]
+
+    def _token_for(self, header: str | None) -> tuple[str | None, str | None]:
+        """(name, role) of the token presented, or (None, None)."""
         if not header or not header.startswith("Bearer "):
-            return None
+            return None, None
         presented = _digest(header[len("Bearer ") :].strip())
-        role = None
-        for _name, token, token_role in self._tokens:
+        found: tuple[str | None, str | None] = (None, None)
+        for name, token, token_role in self._tokens:
             # compare against every token, so timing says nothing about which one (if any) matched
             if hmac.compare_digest(presented, token):
-                role = token_role
-        return role
+                found = (name, token_role)
+        return found
 
     @web.middleware
     async def _auth_middleware(self, request: web.Request, handler: Handler) -> web.StreamResponse:
-        if request.path == "/metrics" and self._metrics_public:
+        if (request.path == "/metrics" and self._metrics_public) or self.page.public(request):
             return await handler(request)
-        role = self._role_for(request.headers.get("Authorization"))
+        # a bearer token, or the status page's session cookie (which checks CSRF and Origin)
+        name, role = self._token_for(request.headers.get("Authorization"))
+        if role is None:
+            name, role = "status page", self.page.session_role(request)
+        request[CALLER] = name or ""
         if role is None:
             _LOGGER.warning(
                 "admin API: refused %s %s from %s: no valid token",
@@ -177,6 +194,9 @@ class AdminServer:
                 "sales": snapshot.sales.model_dump(mode="json"),
                 "terminals_online": sum(1 for t in snapshot.terminals if t.online),
                 "terminals": len(snapshot.terminals),
+                # outside tools wait for recovery "done" before they judge the money
+                "recovery": self.agent.recovery.status(),
+                "attention": dataclasses.asdict(self.agent.attention.stats),
             }
         )
 
@@ -208,6 +228,25 @@ class AdminServer:
             for s in journal.steps(sale_id)
         ]
         return web.json_response({"sale": record.as_dict(), "steps": steps})
+
+    async def resolve(self, request: web.Request) -> web.Response:
+        """A person's decision on an ATTENTION sale (admin): ``{"as", "why"}``."""
+        journal = self._journal()
+        body = await _json_body(request)
+        as_, why = body.get("as"), body.get("why")
+        if not isinstance(as_, str) or not isinstance(why, str):
+            raise _BadParameter('send {"as": "captured"|"reversed", "why": "what you did"}')
+        who = f"admin API ({request.get(CALLER) or 'token'})"
+        try:
+            sale_id = request.match_info["sale_id"]
+            record = resolve(journal, sale_id, as_, why, who, self.agent.events)
+        except UnknownSale as err:
+            return _error(404, "not_found", str(err))
+        except NotInAttention as err:
+            return _error(409, "not_in_attention", str(err))
+        except ResolveError as err:
+            return _error(400, "invalid_request", str(err))
+        return web.json_response({"sale": record.as_dict()})
 
     def _journal(self) -> Any:
         return self._agent_part("journal", "the journal is not open")

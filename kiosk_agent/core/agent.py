@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from kiosk_agent import __version__
+from kiosk_agent.core.attention import AttentionSweeper
 from kiosk_agent.core.config import Config
 from kiosk_agent.core.events import EventBus
 from kiosk_agent.core.flows import INTERACTION_LIFETIME, SaleContext, SaleRunner, SaleSettings
@@ -33,6 +34,9 @@ from kiosk_agent.service.models import Terminal
 from kiosk_agent.service.settings import ServiceSettings
 
 _LOGGER = logging.getLogger(__name__)
+
+# While recovery runs, systemd's start timeout is pushed back by this much every 10 s.
+_START_EXTENSION = 30.0
 
 
 class Component(Protocol):
@@ -66,7 +70,9 @@ def service_settings_from_config(config: Config) -> ServiceSettings:
     )
 
 
-def sale_settings_from_config(config: Config, mid: str) -> SaleSettings:
+def sale_settings_from_config(
+    config: Config, mid: str, request_timeout: float = 30.0
+) -> SaleSettings:
     sales = config["sales"]
     receipts = config["receipts"]
     simulator = config["service"].get("simulator")
@@ -80,6 +86,8 @@ def sale_settings_from_config(config: Config, mid: str) -> SaleSettings:
         currency=sales["currency"],
         interaction_lifetime=sales.get("interaction_lifetime", INTERACTION_LIFETIME / time_scale),
         stop_timeout=sales.get("stop_timeout", 30.0),
+        request_timeout=request_timeout,
+        answer_margin=sales.get("answer_margin", 10.0),
         receipts=ReceiptSettings(print=receipts["print"], email=receipts["email"]),
     )
 
@@ -99,7 +107,9 @@ class Agent:
     ) -> None:
         self.config = config
         self.version = version
-        self.settings = sale_settings_from_config(config, service_settings.mid)
+        self.settings = sale_settings_from_config(
+            config, service_settings.mid, service_settings.timeout
+        )
         self.service = service or ServiceClient(service_settings)
         self.journal = journal or Journal(config.resolve(config["journal"]["path"]))
         self.events: EventBus[SaleEvent] = EventBus()
@@ -119,6 +129,7 @@ class Agent:
         )
         self.sales = SaleRunner(context)
         self.recovery = Recovery(context, runner=self.sales)
+        self.attention = AttentionSweeper(context, interval=config["sales"]["attention_recheck"])
         self.platforms: list[PlatformInstance] = []
         self.components: list[Component] = []
         self._pending_platforms: list[_PendingPlatform] = []
@@ -179,8 +190,13 @@ class Agent:
             component = factory(self, conf)
             await component.start()
             self.components.append(component)
+        self.attention.start()
+        ready_text = f"ready: {len(self.platforms)} trigger(s)"
         if self._systemd is not None:
-            await self._systemd.start(f"ready: {len(self.platforms)} trigger(s)")
+            # READY=1 once recovery has finished: outside tools start on a settled journal
+            await self._systemd.start(ready_text, ready=self.recovery.state == "done")
+            if self.recovery.state != "done":
+                self._tasks.append(asyncio.create_task(self._ready_after_recovery(ready_text)))
         self.started = True
         self.ready_at = time.monotonic()
         _LOGGER.info(
@@ -191,6 +207,14 @@ class Agent:
             len(self.components),
             len(open_ids),
         )
+
+    async def _ready_after_recovery(self, ready_text: str) -> None:
+        assert self._systemd is not None
+        recovered = asyncio.ensure_future(self.recovery.wait())
+        while not recovered.done():
+            self._systemd.extend_start(_START_EXTENSION)
+            await asyncio.wait({recovered}, timeout=10)
+        self._systemd.ready(ready_text)
 
     async def stop(self) -> None:
         """Stop: no new triggers, finish or park the running sale, then everything else."""
@@ -204,6 +228,7 @@ class Agent:
                 await platform.stop()
         await self.sales.stop()
         await self.recovery.stop()
+        await self.attention.stop()
         await self._checker.stop()
         for component in reversed(self.components):
             try:

@@ -1,29 +1,53 @@
-"""The agent's YAML configuration: loader, core schema, and the errors a field tech can act on.
+"""The agent's YAML configuration: core schema, validation, and the errors a field tech can act on.
 
 Home Assistant style: one YAML file, ``!secret name`` from ``secrets.yaml`` beside it,
-``!env_var NAME [default]``, ``!include other.yaml``, validated by voluptuous. Every mapping
-and list keeps the file and line of each of its entries, so a mistake is reported as
+``!env_var NAME [default]``, ``!include other.yaml`` (read, bounded and confined by
+:mod:`kiosk_agent.core.yaml_loader`), validated by voluptuous. Every mapping and list keeps the
+file and line of each of its entries, so a mistake is reported as
 ``config.yaml:14: triggers[1].price: expected an amount like "2.50", got 2.5`` rather than as a
-traceback, and every mistake in the file is reported at once.
+traceback, and every mistake in the file is reported at once: every item of a list and every
+entry of a price map, not only the first one voluptuous stops at.
 """
 
 from __future__ import annotations
 
-import difflib
 import importlib
-import os
-import stat
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import voluptuous as vol
-import yaml
 
+from kiosk_agent.core.yaml_loader import (
+    SECRETS_FILE as SECRETS_FILE,
+)
+from kiosk_agent.core.yaml_loader import (
+    ConfigError as ConfigError,
+)
+from kiosk_agent.core.yaml_loader import (
+    ConfigInvalid as ConfigInvalid,
+)
+from kiosk_agent.core.yaml_loader import (
+    NodeDict as NodeDict,
+)
+from kiosk_agent.core.yaml_loader import (
+    NodeList as NodeList,
+)
+from kiosk_agent.core.yaml_loader import (
+    Position as Position,
+)
+from kiosk_agent.core.yaml_loader import (
+    SecretValue as SecretValue,
+)
+from kiosk_agent.core.yaml_loader import (
+    Unresolved,
+    suggest,
+)
+from kiosk_agent.core.yaml_loader import (
+    load_yaml as load_yaml,
+)
 from kiosk_agent.money import MoneyError, format_cents, parse_price
-
-SECRETS_FILE = "secrets.yaml"
 
 # Keys whose value must come from !secret or !env_var, never be written inline.
 SECRET_KEYS = frozenset(
@@ -38,259 +62,6 @@ SECTION_OWNERS: dict[str, str] = {
     "upstream": "kiosk_agent.core.upstream",
     "health": "kiosk_agent.core.health",
 }
-
-
-# --------------------------------------------------------------------------- errors
-
-
-@dataclass(frozen=True, slots=True)
-class ConfigError:
-    """One mistake in a configuration, located and explained."""
-
-    file: str
-    line: int | None
-    path: str  # key path like "triggers[1].price"; "" for the whole file
-    message: str
-    fix: str | None = None
-
-    def __str__(self) -> str:
-        where = f"{self.file}:{self.line}" if self.line is not None else self.file
-        key = f" {self.path}:" if self.path else ""
-        fix = f" (fix: {self.fix})" if self.fix else ""
-        return f"{where}:{key} {self.message}{fix}"
-
-
-class ConfigInvalid(Exception):
-    """Raised by :func:`load_config` with every mistake found."""
-
-    def __init__(self, errors: list[ConfigError]) -> None:
-        self.errors = errors
-        super().__init__("\n".join(str(e) for e in errors))
-
-
-# --------------------------------------------------------------------------- YAML with positions
-
-
-@dataclass(frozen=True, slots=True)
-class Position:
-    file: str
-    line: int  # 1-based
-
-
-class NodeDict(dict[Any, Any]):
-    """A mapping that remembers where it, and each of its keys, were written."""
-
-    position: Position | None = None
-    key_positions: dict[Any, Position]
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.key_positions = {}
-
-
-class NodeList(list[Any]):
-    """A list that remembers where it, and each of its items, were written."""
-
-    position: Position | None = None
-    item_positions: list[Position]
-
-    def __init__(self, *args: Any) -> None:
-        super().__init__(*args)
-        self.item_positions = []
-
-
-class SecretValue(str):
-    """A value that came from !secret or !env_var: allowed under a secret key, masked in repr."""
-
-    __slots__ = ()
-
-    def __repr__(self) -> str:
-        return "SecretValue('***')"
-
-
-class _Unresolved(SecretValue):
-    """What a failed !secret / !env_var / !include leaves behind: already reported, so the
-    schema's complaint about the same key would only repeat the mistake."""
-
-    __slots__ = ()
-
-
-UNRESOLVED = _Unresolved("")
-
-
-class _Context:
-    """What every file of one configuration shares: its directory, secrets, and the errors."""
-
-    def __init__(self, root: Path) -> None:
-        self.root = root
-        self.errors: list[ConfigError] = []
-        self._secrets: dict[str, Any] | None = None
-        self._secrets_error: str | None = None
-
-    def secret(self, name: str, where: Position) -> str | None:
-        secrets = self._load_secrets()
-        if secrets is None:
-            fix = None
-            if not self.secrets_path.exists():
-                fix = f"create it with `{name}: ...` (see config/secrets.example.yaml), chmod 600"
-            self.error(where, f"!secret {name}: {self._secrets_error}", fix)
-            return None
-        if name not in secrets:
-            close = difflib.get_close_matches(name, [str(k) for k in secrets], n=1)
-            fix = f"did you mean !secret {close[0]}?" if close else f"add `{name}: ...` to it"
-            self.error(where, f"!secret {name}: not found in {self.secrets_path}", fix)
-            return None
-        return str(secrets[name])
-
-    @property
-    def secrets_path(self) -> Path:
-        return self.root / SECRETS_FILE
-
-    def _load_secrets(self) -> dict[str, Any] | None:
-        if self._secrets is not None or self._secrets_error is not None:
-            return self._secrets
-        path = self.secrets_path
-        try:
-            mode = path.stat().st_mode
-        except FileNotFoundError:
-            self._secrets_error = f"no secrets file at {path}"
-            return None
-        if mode & (stat.S_IRWXG | stat.S_IRWXO):
-            self._secrets_error = (
-                f"{path} is readable by group or others (mode {stat.S_IMODE(mode):o}); "
-                f"refusing to use it. Fix: chmod 600 {path}"
-            )
-            return None
-        try:
-            loaded = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
-        except (OSError, yaml.YAMLError) as err:
-            self._secrets_error = f"cannot read {path}: {err}"
-            return None
-        if not isinstance(loaded, dict):
-            self._secrets_error = f"{path} must be a mapping of name: value"
-            return None
-        self._secrets = loaded
-        return loaded
-
-    def error(self, where: Position, message: str, fix: str | None = None) -> None:
-        self.errors.append(ConfigError(where.file, where.line, "", message, fix))
-
-
-class _Loader(yaml.SafeLoader):
-    """SafeLoader that records positions and understands !secret, !env_var and !include."""
-
-    context: _Context
-    file_label: str
-    file_path: Path
-
-    def position(self, node: yaml.Node) -> Position:
-        return Position(self.file_label, node.start_mark.line + 1)
-
-
-def _construct_mapping(loader: _Loader, node: yaml.MappingNode) -> NodeDict:
-    loader.flatten_mapping(node)
-    result = NodeDict()
-    result.position = loader.position(node)
-    for key_node, value_node in node.value:
-        key = loader.construct_object(key_node, deep=True)
-        where = loader.position(key_node)
-        if key in result:
-            loader.context.error(where, f"duplicate key {key!r}", "keep only one of them")
-        result[key] = loader.construct_object(value_node, deep=True)
-        result.key_positions[key] = where
-    return result
-
-
-def _construct_sequence(loader: _Loader, node: yaml.SequenceNode) -> NodeList:
-    result = NodeList(loader.construct_object(child, deep=True) for child in node.value)
-    result.position = loader.position(node)
-    result.item_positions = [loader.position(child) for child in node.value]
-    return result
-
-
-def _construct_secret(loader: _Loader, node: yaml.Node) -> SecretValue:
-    name = str(loader.construct_scalar(node)).strip()  # type: ignore[arg-type]
-    value = loader.context.secret(name, loader.position(node))
-    return UNRESOLVED if value is None else SecretValue(value)
-
-
-def _construct_env_var(loader: _Loader, node: yaml.Node) -> SecretValue:
-    if isinstance(node, yaml.SequenceNode):
-        parts = [str(p) for p in loader.construct_sequence(node)]
-    else:
-        parts = str(loader.construct_scalar(node)).split(None, 1)  # type: ignore[arg-type]
-    if not parts:
-        loader.context.error(loader.position(node), "!env_var needs a variable name")
-        return UNRESOLVED
-    name, default = parts[0], (parts[1] if len(parts) > 1 else None)
-    value = os.environ.get(name, default)
-    if value is None:
-        loader.context.error(
-            loader.position(node),
-            f"!env_var {name}: the environment variable is not set and no default is given",
-            f"set {name} or write `!env_var {name} default`",
-        )
-        return UNRESOLVED
-    return SecretValue(value)
-
-
-def _construct_include(loader: _Loader, node: yaml.Node) -> Any:
-    name = str(loader.construct_scalar(node)).strip()  # type: ignore[arg-type]
-    target = (loader.file_path.parent / name).resolve()
-    where = loader.position(node)
-    if target == loader.file_path.resolve():
-        loader.context.error(where, f"!include {name}: a file cannot include itself")
-        return UNRESOLVED
-    before = len(loader.context.errors)
-    loaded = _load_file(target, loader.context, where)
-    return UNRESOLVED if len(loader.context.errors) > before else loaded
-
-
-_Loader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
-_Loader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_SEQUENCE_TAG, _construct_sequence)
-_Loader.add_constructor("!secret", _construct_secret)
-_Loader.add_constructor("!env_var", _construct_env_var)
-_Loader.add_constructor("!include", _construct_include)
-
-
-def _load_file(path: Path, context: _Context, included_from: Position | None = None) -> Any:
-    label = path.name if path.parent == context.root else str(path)
-    try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as err:
-        where = included_from or Position(label, 1)
-        context.errors.append(
-            ConfigError(
-                where.file,
-                where.line if included_from else None,
-                "",
-                f"cannot read {path}: {err.strerror}",
-            )
-        )
-        return None
-    loader = _Loader(text)
-    loader.context = context
-    loader.file_label = label
-    loader.file_path = path
-    try:
-        return loader.get_single_data()
-    except yaml.MarkedYAMLError as err:
-        mark = err.problem_mark or err.context_mark
-        line = mark.line + 1 if mark is not None else None
-        context.errors.append(ConfigError(label, line, "", f"YAML syntax: {err.problem or err}"))
-        return None
-    except yaml.YAMLError as err:
-        context.errors.append(ConfigError(label, None, "", f"YAML: {err}"))
-        return None
-    finally:
-        loader.dispose()
-
-
-def load_yaml(path: Path) -> tuple[Any, list[ConfigError]]:
-    """Load a configuration file with positions; return the data and the loading mistakes."""
-    context = _Context(path.parent)
-    data = _load_file(path, context)
-    return data, context.errors
 
 
 # --------------------------------------------------------------------------- validators
@@ -309,6 +80,22 @@ def positive_price(value: Any) -> int:
     if cents <= 0:
         raise vol.Invalid(f"expected an amount above zero, got {value!r}")
     return cents
+
+
+def price_map(value: Any) -> dict[str, int]:
+    """A voluptuous validator: ``{product: price}`` -> cents; every bad price is reported."""
+    if not isinstance(value, dict):
+        raise vol.Invalid('expected a map of product to price, like {coffee: "2.50"}')
+    prices: dict[str, int] = {}
+    errors: list[vol.Invalid] = []
+    for name, amount in value.items():
+        try:
+            prices[str(name)] = positive_price(amount)
+        except vol.Invalid as err:
+            errors.append(vol.Invalid(err.msg, path=[name]))
+    if errors:
+        raise vol.MultipleInvalid(errors)
+    return prices
 
 
 def positive_float(value: Any) -> float:
@@ -402,6 +189,8 @@ ENDPOINT_SCHEMA = vol.Schema(
         vol.Optional("client_id"): str,
         vol.Optional("client_secret"): str,
         vol.Optional("credentials_path"): str,
+        # seconds one request may take in all (a money call's deadline starts from it)
+        vol.Optional("timeout"): vol.All(positive_float, vol.Range(max=300)),
     }
 )
 
@@ -468,6 +257,12 @@ SALES_SCHEMA = vol.Schema(
         vol.Optional("interaction_lifetime"): positive_float,
         # on stop (SIGTERM), how long a running sale may take to finish before it is parked
         vol.Optional("stop_timeout", default=30.0): positive_float,
+        # how long the service may still commit a money call after the agent gave up on it
+        vol.Optional("answer_margin", default=10.0): vol.All(positive_float, vol.Range(max=600)),
+        # how often sales in ATTENTION are looked at again in reporting (seconds)
+        vol.Optional("attention_recheck", default=300.0): vol.All(
+            positive_float, vol.Range(min=1, max=86400)
+        ),
     }
 )
 
@@ -530,6 +325,20 @@ class Config:
         """A path from the configuration, relative to the configuration's directory."""
         path = Path(relative).expanduser()
         return path if path.is_absolute() else self.path.parent / path
+
+    def masked(self) -> dict[str, Any]:
+        """The resolved configuration with every secret shown as ``***`` (for ``--show``)."""
+        return dict(_masked(self.data))
+
+
+def _masked(value: Any, key: Any = None) -> Any:
+    if isinstance(value, SecretValue) or (str(key) in SECRET_KEYS and isinstance(value, str)):
+        return "***"
+    if isinstance(value, dict):
+        return {k: _masked(v, k) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_masked(v) for v in value]
+    return value
 
 
 def locate(data: Any, path: list[Any], default: Position | None) -> Position | None:
@@ -614,9 +423,9 @@ def explain(
     if message.startswith("extra keys not allowed"):
         message = f"unknown key {last!r}"
         known = _known_keys(list(error.path), schema) if schema is not None else []
-        close = difflib.get_close_matches(str(last), known, n=1)
+        close = suggest(str(last), known)
         if close:
-            fix = f"did you mean {close[0]!r}?"
+            fix = f"did you mean {close!r}?"
         elif known:
             fix = f"known keys: {', '.join(sorted(known))}"
     elif message.startswith("required key not provided"):
@@ -629,11 +438,13 @@ def explain(
     ):
         fix = 'write the price in quotes, like "2.50", or as integer cents'
     elif message.startswith("expected str"):
-        message = f"expected text, got {_value_at(data, full_path)!r}"
+        message = f"expected text, got {_shown(_value_at(data, full_path))}"
     elif message.startswith("expected int"):
-        message = f"expected a whole number, got {_value_at(data, full_path)!r}"
+        message = f"expected a whole number, got {_shown(_value_at(data, full_path))}"
     elif message.startswith("value must be one of"):
-        message = f"{message}, got {_value_at(data, full_path)!r}"
+        message = f"{message}, got {_shown(_value_at(data, full_path))}"
+    if len(message) > _MESSAGE_CHARS:  # a validator quoting a whole value
+        message = message[: _MESSAGE_CHARS - 3] + "..."
     return ConfigError(
         where.file if where else "?",
         where.line if where else None,
@@ -641,6 +452,17 @@ def explain(
         message,
         fix,
     )
+
+
+_MESSAGE_CHARS = 300
+
+
+def _shown(value: Any) -> str:
+    """A value as an error may show it: a secret is never shown, long text is cut."""
+    if isinstance(value, SecretValue):
+        return "a value from !secret or !env_var (not shown)"
+    text = repr(value)
+    return text if len(text) <= 80 else f"{text[:77]}..."
 
 
 def _value_at(data: Any, path: list[Any]) -> Any:
@@ -663,15 +485,77 @@ def validate(
     """Validate ``value`` (found at ``prefix`` inside ``data``) and explain every mistake."""
     try:
         return schema(value), []
-    except vol.MultipleInvalid as err:
-        found = err.errors
     except vol.Invalid as err:
-        found = [err]
+        found = _every_invalid(schema, value, err)
     return None, [
         explain(e, data, prefix, default, schema)
         for e in found
-        if not isinstance(_value_at(data, prefix + list(e.path)), _Unresolved)
+        if not isinstance(_value_at(data, prefix + list(e.path)), Unresolved)
     ]
+
+
+def _every_invalid(schema: Any, value: Any, err: vol.Invalid) -> list[vol.Invalid]:
+    """``err``'s mistakes plus those voluptuous skipped in the other items of a list.
+
+    voluptuous stops a list at the first item with a mistake inside it (``buttons[0].price``),
+    so the items after it were never looked at. Each list named in a mistake's path is walked
+    here again, item by item, with the list's own item schema.
+    """
+    found = list(err.errors) if isinstance(err, vol.MultipleInvalid) else [err]
+    lists: list[list[Any]] = []
+    for error in found:
+        path = list(error.path)
+        for depth, step in enumerate(path):
+            where = path[:depth]
+            listed = isinstance(_value_at(value, where), list)
+            if isinstance(step, int) and listed and where not in lists:
+                lists.append(where)
+    for where in lists:
+        item_schema = _item_schema(schema, where)
+        if item_schema is None:
+            continue
+        reported = {
+            e.path[len(where)]
+            for e in found
+            if len(e.path) > len(where) and list(e.path[: len(where)]) == where
+        }
+        for index, item in enumerate(_value_at(value, where)):
+            if index in reported:
+                continue
+            try:
+                item_schema(item)
+            except vol.Invalid as item_err:
+                for e in _every_invalid(item_schema, item, item_err):
+                    found.append(_prefixed(e, [*where, index]))
+    return found
+
+
+def _item_schema(schema: Any, path: list[Any]) -> Callable[[Any], Any] | None:
+    """The validator a schema applies to each item of the list at ``path``, when it has one."""
+    node = _unwrap(schema)
+    for step in path:
+        if isinstance(node, dict):
+            node = _unwrap(
+                next(
+                    (
+                        v
+                        for k, v in node.items()
+                        if getattr(k, "schema", k) == step
+                        or (isinstance(k, type) and isinstance(step, k))
+                    ),
+                    None,
+                )
+            )
+        elif isinstance(node, list) and isinstance(step, int) and len(node) == 1:
+            node = _unwrap(node[0])
+        else:
+            return None
+    if not isinstance(node, list) or len(node) != 1:
+        return None
+    item = node[0]
+    if isinstance(item, (dict, list)):
+        return vol.Schema(item)
+    return item if callable(item) else None
 
 
 def _inline_secrets(node: Any, path: list[Any]) -> Iterator[tuple[list[Any], Position | None]]:
@@ -747,8 +631,8 @@ def _validate_document(
         schema = _SECTIONS.get(key)
         if schema is None:
             known = sorted(core_keys | set(_SECTIONS) | set(SECTION_OWNERS))
-            close = difflib.get_close_matches(str(key), known, n=1)
-            fix = f"did you mean {close[0]!r}?" if close else f"known sections: {', '.join(known)}"
+            close = suggest(str(key), known)
+            fix = f"did you mean {close!r}?" if close else f"known sections: {', '.join(known)}"
             errors.append(_located(raw, [key], top, f"unknown section {key!r}", fix))
             continue
         section, section_errors = validate(
@@ -781,14 +665,14 @@ def _unknown_terminals(result: dict[str, Any], raw: Any) -> list[ConfigError]:
     for index, trigger in enumerate(result.get("triggers") or []):
         wanted = trigger.get("terminal") if isinstance(trigger, dict) else None
         if terminals and wanted is not None and wanted not in known:
-            close = difflib.get_close_matches(str(wanted), sorted(known), n=1)
+            close = suggest(str(wanted), sorted(known))
             errors.append(
                 _located(
                     raw,
                     ["triggers", index, "terminal"],
                     None,
                     f"unknown terminal {wanted!r}; configured: {', '.join(sorted(known))}",
-                    f"did you mean {close[0]!r}?" if close else "add it under terminals:",
+                    f"did you mean {close!r}?" if close else "add it under terminals:",
                 )
             )
     return errors

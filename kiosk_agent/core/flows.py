@@ -23,7 +23,7 @@ import time
 import uuid
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from kiosk_agent.core.events import EventBus
 from kiosk_agent.core.journal import Journal, SaleRecord
@@ -63,6 +63,10 @@ if TYPE_CHECKING:
 
 _LOGGER = logging.getLogger(__name__)
 
+T = TypeVar("T")
+
+_FOUND_CAPTURED = "captured (found in reporting)"
+
 # A read-card or charge-card interaction lives this long on the service (choices.md).
 INTERACTION_LIFETIME = 180.0
 
@@ -93,6 +97,10 @@ class SaleSettings:
     # the service's clock: a simulator with a time scale shortens the interaction lifetime
     interaction_lifetime: float = INTERACTION_LIFETIME
     stop_timeout: float = 30.0
+    # one money call (a charge-card request, an authorization) is given up after this long
+    request_timeout: float = 30.0
+    # how long the service may still commit a call after the agent gave up on it
+    answer_margin: float = 10.0
     receipts: ReceiptSettings = field(default_factory=ReceiptSettings)
 
     @property
@@ -111,10 +119,25 @@ class SaleSettings:
         known = ", ".join(f"{d} ({n})" if n else d for d, n in self.terminals.items())
         raise UnknownTerminal(f"unknown terminal {wanted!r}; configured: {known}")
 
-    def interaction_over_at(self, since: float) -> float:
-        """When an interaction asked for at ``since`` (Unix time) has surely ended, so that
-        reporting shows any charge it made."""
-        return since + self.interaction_lifetime * 1.1 + 0.5
+    def answer_window(self, flow: str) -> float:
+        """Seconds from sending a money call until the service can no longer make it charge.
+
+        The agent gives up on the call after ``request_timeout``; the service may still finish
+        what it received for ``answer_margin`` more. A charge-card may also charge until its
+        interaction expires. Until this has passed, "no charge in reporting" proves nothing.
+        """
+        window = self.request_timeout + self.answer_margin
+        if flow == Flow.CHARGE_CARD:
+            window += self.interaction_lifetime * 1.1
+        return window
+
+    def answer_by(self, flow: str, sent: float | None = None) -> float:
+        """The deadline of a money call sent at ``sent`` (Unix time; default now)."""
+        return (time.time() if sent is None else sent) + self.answer_window(flow)
+
+    def lookup_pause(self, flow: str) -> float:
+        """How often to look again in reporting while a money call may still be answered."""
+        return min(5.0, max(0.2, self.answer_window(flow) / 20))
 
     @property
     def card_wait(self) -> float:
@@ -219,29 +242,68 @@ class SaleSteps:
         await self._deny(message)
         return event
 
-    async def settle_by_reporting(
-        self, why: str, kind: str, wait_until: float | None = None
-    ) -> SaleEvent:
+    async def settle_by_reporting(self, why: str, kind: str) -> SaleEvent:
         """Whether a charge was made is unknown (a lost answer, a crash): reporting decides.
 
-        Steps are named ``<kind>.unknown|found|reversed|none``. A charge holding money is given
-        back; when reporting cannot say, a person decides (ATTENTION), nothing is guessed.
+        The machine is told not to vend first: whatever reporting says, nothing is dispensed on
+        an unconfirmed payment. Then reporting is asked by order_id until the money call's
+        deadline (``answer_by``, written when it was sent): a charge found is given back; "no
+        charge" is believed only once the service can no longer make one. Meanwhile the sale is
+        UNRESOLVED. Steps are named ``<kind>.waiting|unknown|found|reversed|none``; when reporting
+        cannot say after the deadline, a person decides (ATTENTION; the attention sweeper keeps
+        looking), nothing is guessed.
         """
-        lookup = await self.reconciler.find_charge(self.record.all_order_ids(), wait_until)
-        if lookup.unknown:
-            return self.finish(
-                SaleState.ATTENTION,
-                f"{kind}.unknown",
-                f"{why}; reporting cannot say whether money was taken",
-            )
-        if lookup.approved:
-            self.charge_found(f"{kind}.found", lookup.trans_id, lookup.amount_cents)
-            await self._deny("payment could not be confirmed in time")
-            return await self.reverse(f"{why}; the charge was found in reporting, not dispensed")
-        if lookup.reversed:
-            given_back = f"{why}; already given back"
-            return await self._fail(SaleState.REVERSED, f"{kind}.reversed", given_back)
-        return await self._fail(SaleState.FAILED, f"{kind}.none", f"{why}; no charge was made")
+        await self._deny("payment could not be confirmed")
+        deadline = self.answer_deadline()
+        pause = self.settings.lookup_pause(self.record.flow)
+        while True:
+            lookup = await self.reconciler.find_charge(self.record.all_order_ids())
+            if lookup.approved:
+                self.charge_found(f"{kind}.found", lookup.trans_id, lookup.amount_cents)
+                return await self.reverse(f"{why}; the charge was found in reporting, not vended")
+            if lookup.reversed:
+                given_back = f"{why}; already given back"
+                return await self._fail(SaleState.REVERSED, f"{kind}.reversed", given_back)
+            if time.time() >= deadline:
+                if lookup.unknown:
+                    return self.finish(
+                        SaleState.ATTENTION,
+                        f"{kind}.unknown",
+                        f"{why}; reporting cannot say whether money was taken",
+                    )
+                return await self._fail(
+                    SaleState.FAILED, f"{kind}.none", f"{why}; no charge was made"
+                )
+            if self.record.state is not SaleState.UNRESOLVED:
+                self.step(
+                    f"{kind}.waiting",
+                    SaleState.UNRESOLVED,
+                    f"{why}; no charge in reporting yet, looking again until the service can no "
+                    "longer answer",
+                    detail={"answer_by": round(deadline, 3)},
+                )
+            await asyncio.sleep(min(pause, max(0.0, deadline - time.time())))
+
+    async def money_call(self, call: Awaitable[T]) -> T:
+        """A call that may move money, bounded as a whole (retries and 429 waits included) so
+        that its journaled deadline holds; giving up is a lost answer, never a retry."""
+        try:
+            return await asyncio.wait_for(call, self.settings.request_timeout)
+        except TimeoutError as err:
+            raise ServiceUnreachableError(
+                f"no answer within {self.settings.request_timeout:g} s; outcome unknown"
+            ) from err
+
+    def answer_deadline(self) -> float:
+        """When the sale's last money call can no longer be answered (journaled with it)."""
+        if self.record.answer_by is not None:
+            return self.record.answer_by
+        # a journal written before answer_by existed: the last request step's time says
+        sent = self.record.created_at
+        for step in self.journal.steps(self.record.sale_id):
+            if step.step in ("charge_card.request", "authorize.request"):
+                sent = step.at
+        return self.settings.answer_by(self.record.flow, sent)
 
     # -- waiting for a card ----------------------------------------------------------------------
 
@@ -350,26 +412,35 @@ class SaleSteps:
         try:
             result = await self.service.payments.capture(trans_id, amount=cents)
         except ServiceError as err:
+            return await self._capture_unclear(trans_id, cents, err)
+        return self._captured(result, cents)
+
+    async def _capture_unclear(self, trans_id: str, cents: int, err: ServiceError) -> SaleEvent:
+        """The capture answered an error: reporting says whether it went through (a lost answer
+        may have worked); an authorization still open after a server error is captured again."""
+        lookup = await self.reconciler.transaction_state(trans_id)
+        if lookup.captured:
+            return self._completed(lookup.amount_cents or cents, _FOUND_CAPTURED)
+        if not (isinstance(err, (ServerError, ServiceUnreachableError)) and lookup.authorized):
+            return self.finish(
+                SaleState.ATTENTION,
+                "capture.failed",
+                f"dispensed, but the capture failed ({err}); a person must look",
+            )
+        try:
+            result = await self.service.payments.capture(trans_id, amount=cents)
+        except ServiceError as again:
             lookup = await self.reconciler.transaction_state(trans_id)
             if lookup.captured:
-                return self._completed(
-                    lookup.amount_cents or cents, "captured (found in reporting)"
-                )
-            if isinstance(err, (ServerError, ServiceUnreachableError)) and lookup.authorized:
-                try:
-                    result = await self.service.payments.capture(trans_id, amount=cents)
-                except ServiceError as again:
-                    return self.finish(
-                        SaleState.ATTENTION,
-                        "capture.failed",
-                        f"dispensed, but the capture failed twice ({again}); a person must capture",
-                    )
-            else:
-                return self.finish(
-                    SaleState.ATTENTION,
-                    "capture.failed",
-                    f"dispensed, but the capture failed ({err}); a person must look",
-                )
+                return self._completed(lookup.amount_cents or cents, _FOUND_CAPTURED)
+            return self.finish(
+                SaleState.ATTENTION,
+                "capture.failed",
+                f"dispensed, but the capture failed twice ({again}); a person must capture",
+            )
+        return self._captured(result, cents)
+
+    def _captured(self, result: ChargeResult, cents: int) -> SaleEvent:
         if not result.approved:
             return self.finish(
                 SaleState.ATTENTION,
@@ -413,6 +484,7 @@ class SaleFlow(SaleSteps):
         self.request = request
         self.dispenser = dispenser
         self.cancelled = asyncio.Event()
+        self._denied = False
 
     async def run(self) -> SaleEvent:
         try:
@@ -436,6 +508,9 @@ class SaleFlow(SaleSteps):
         return event
 
     async def _deny(self, reason: str) -> None:
+        if self._denied:
+            return  # the machine heard it once (a lost answer denies before reporting decides)
+        self._denied = True
         try:
             await self.dispenser.deny(reason)
         except Exception:  # the contract says deny never raises; a broken platform must not
@@ -466,10 +541,11 @@ class SaleFlow(SaleSteps):
                 SaleState.CHARGING,
                 f"asking for {format_cents(amount)} on {self.device}",
                 detail={"order_id": order_id, "amount_cents": amount},
+                answer_by=self.settings.answer_by(self.record.flow),
             )
             try:
-                handle = await self.service.terminal.charge_card(
-                    self.device, amount, order_id=order_id
+                handle = await self.money_call(
+                    self.service.terminal.charge_card(self.device, amount, order_id=order_id)
                 )
             except ConflictError as err:
                 return await self._fail(
@@ -526,12 +602,9 @@ class SaleFlow(SaleSteps):
 
     async def _answer_lost(self, why: str) -> SaleEvent:
         """How the charge or authorization ended is unknown: find out by order_id first."""
-        charge_card = self.record.flow == Flow.CHARGE_CARD
-        kind = "charge_card" if charge_card else "authorize"
+        kind = "charge_card" if self.record.flow == Flow.CHARGE_CARD else "authorize"
         self.step(f"{kind}.lost", detail={"why": why})
-        # a charge-card still running on the terminal may yet charge: wait out its lifetime
-        wait_until = self.settings.interaction_over_at(self.record.updated_at)
-        return await self.settle_by_reporting(why, kind, wait_until if charge_card else None)
+        return await self.settle_by_reporting(why, kind)
 
     async def _dispense_paid(self, cents: int) -> SaleEvent:
         """Money is taken (charge_card): the dispense is confirmed or the money goes back."""
@@ -607,6 +680,7 @@ class SaleFlow(SaleSteps):
                 SaleState.AUTHORIZING,
                 f"authorizing {format_cents(amount)}",
                 detail={"order_id": order_id, "amount_cents": amount},
+                answer_by=self.settings.answer_by(self.record.flow),
             )
             request = ChargeRequest(
                 mid=self.settings.mid,
@@ -619,7 +693,7 @@ class SaleFlow(SaleSteps):
                 terminal_id=self.device,
             )
             try:
-                result = await self.service.payments.charge(request)
+                result = await self.money_call(self.service.payments.charge(request))
             except (ServerError, ServiceUnreachableError) as err:
                 return await self._answer_lost(f"the authorization's answer was lost ({err})")
             except ServiceError as err:

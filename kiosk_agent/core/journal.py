@@ -25,7 +25,7 @@ from typing import Any
 
 from kiosk_agent.core.sale import SaleState
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS sales (
@@ -54,7 +54,9 @@ CREATE TABLE IF NOT EXISTS sales (
     message          TEXT NOT NULL DEFAULT '',
     created_at       REAL NOT NULL,
     updated_at       REAL NOT NULL,
-    finished_at      REAL
+    finished_at      REAL,
+    answer_by        REAL,
+    resolution       TEXT
 );
 CREATE INDEX IF NOT EXISTS sales_state ON sales(state);
 CREATE INDEX IF NOT EXISTS sales_created ON sales(created_at);
@@ -68,6 +70,9 @@ CREATE TABLE IF NOT EXISTS steps (
 );
 CREATE INDEX IF NOT EXISTS steps_sale ON steps(sale_id);
 """
+
+# Columns added after version 1, with their type: added in place to an older journal on open.
+_ADDED_COLUMNS = {"answer_by": "REAL", "resolution": "TEXT"}
 
 _SIDE = ("-wal", "-shm")
 _FINAL_STATES = tuple(s.value for s in SaleState if s.final)
@@ -103,6 +108,11 @@ class SaleRecord:
     created_at: float = 0.0
     updated_at: float = 0.0
     finished_at: float | None = None
+    # When the service can no longer answer the money call in flight (Unix time): written once,
+    # with the request step. Before it, "no charge in reporting" proves nothing.
+    answer_by: float | None = None
+    # A person's decision on an ATTENTION sale, as JSON {as, why, by, at}.
+    resolution: str | None = None
 
     def attempt_order_id(self, attempt: int | None = None) -> str:
         """The order_id sent for one attempt: the sale's own for the first, suffixed after."""
@@ -112,9 +122,16 @@ class SaleRecord:
     def all_order_ids(self) -> list[str]:
         return [self.attempt_order_id(n) for n in range(1, self.attempt + 1)]
 
-    def as_dict(self) -> dict[str, Any]:
+    def row(self) -> dict[str, Any]:
+        """The sale as stored: column name -> SQLite value."""
         data = dataclasses.asdict(self)
         data["state"] = self.state.value
+        return data
+
+    def as_dict(self) -> dict[str, Any]:
+        """The sale for people and APIs: the resolution as an object."""
+        data = self.row()
+        data["resolution"] = json.loads(self.resolution) if self.resolution else None
         return data
 
 
@@ -159,6 +176,7 @@ class Journal:
             db.execute("PRAGMA foreign_keys=ON")
             db.execute("PRAGMA busy_timeout=5000")
             db.executescript(_SCHEMA)
+            _add_missing_columns(db)
             db.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
             # the sales are the operator's business: the database and its WAL are private
             for part in (self.path, *(self.path.with_name(self.path.name + s) for s in _SIDE)):
@@ -185,7 +203,7 @@ class Journal:
         """Write a new sale and its first step in one transaction."""
         now = time.time()
         sale = dataclasses.replace(sale, created_at=now, updated_at=now)
-        row = sale.as_dict()
+        row = sale.row()
         names = ", ".join(_COLUMNS)
         marks = ", ".join(f":{c}" for c in _COLUMNS)
         try:
@@ -349,6 +367,14 @@ class Journal:
 
     def __iter__(self) -> Iterator[SaleRecord]:
         return iter(self.query())
+
+
+def _add_missing_columns(db: sqlite3.Connection) -> None:
+    """Bring a journal written by an older version up to this schema (columns only ever grow)."""
+    present = {row["name"] for row in db.execute("PRAGMA table_info(sales)")}
+    for name, kind in _ADDED_COLUMNS.items():
+        if name not in present:
+            db.execute(f"ALTER TABLE sales ADD COLUMN {name} {kind}")
 
 
 def _record(row: sqlite3.Row) -> SaleRecord:

@@ -48,6 +48,26 @@ class Recovery:
         self.settings = context.settings
         self.runner = runner
         self._task: asyncio.Task[list[SaleEvent]] | None = None
+        self.started_at: float | None = None  # Unix time
+        self.finished_at: float | None = None
+        self.found = 0  # open sales found on start
+        self.recovered = 0  # of those, driven to an end
+
+    @property
+    def state(self) -> str:
+        """``idle`` (not started), ``running``, or ``done``: outside tools wait for ``done``."""
+        if self.started_at is None:
+            return "idle"
+        return "done" if self.finished_at is not None else "running"
+
+    def status(self) -> dict[str, object]:
+        return {
+            "state": self.state,
+            "started_at": self.started_at,
+            "finished_at": self.finished_at,
+            "sales_found": self.found,
+            "sales_recovered": self.recovered,
+        }
 
     def start(self) -> list[SaleRecord]:
         """Block the terminals of open sales and start finishing them; return those sales."""
@@ -58,6 +78,12 @@ class Recovery:
             self.runner.block(record.terminal, f"recovering sale {record.sale_id}")
         if open_sales:
             _LOGGER.warning("recovering %d open sale(s) from the journal", len(open_sales))
+        self.started_at = time.time()
+        self.found = len(open_sales)
+        if not open_sales:  # nothing to wait for: ready at once
+            self.finished_at = self.started_at
+            _LOGGER.info("recovery finished: no open sales in the journal")
+            return open_sales
         self._task = asyncio.create_task(self._run(by_terminal), name="recovery")
         return open_sales
 
@@ -75,7 +101,16 @@ class Recovery:
         results = await asyncio.gather(
             *(self._terminal(device, records) for device, records in by_terminal.items())
         )
-        return [event for events in results for event in events]
+        events = [event for events in results for event in events]
+        self.recovered = sum(1 for event in events if event.state.final)
+        self.finished_at = time.time()
+        _LOGGER.info(
+            "recovery finished: %d of %d open sale(s) ended in %.0f ms",
+            self.recovered,
+            self.found,
+            (self.finished_at - (self.started_at or self.finished_at)) * 1000,
+        )
+        return events
 
     async def _terminal(self, device: str, records: list[SaleRecord]) -> list[SaleEvent]:
         events = []
@@ -117,8 +152,12 @@ class Recovery:
                 "recovery.undecided",
                 "interrupted while saving the card; the vault or plan may exist",
             )
-        if state is SaleState.CHARGING:
+        if state is SaleState.CHARGING or (
+            state is SaleState.UNRESOLVED and record.flow == Flow.CHARGE_CARD
+        ):
             return await self._charging(steps)
+        if state is SaleState.UNRESOLVED:
+            return await self._held_or_none(steps, "the authorization's answer was lost")
         if state is SaleState.AUTHORIZING:
             return await self._held_or_none(steps, "interrupted during the authorization")
         if state is SaleState.DISPENSING:
@@ -146,22 +185,20 @@ class Recovery:
             interaction = await self._final_interaction(steps)
             if interaction is not None:
                 return await self._charge_interaction_ended(steps, interaction)
-        return await self._held_or_none(
-            steps,
-            "interrupted while the charge was sent",
-            # a charge-card still running on the terminal may yet charge: wait out its lifetime
-            wait_until=self.settings.interaction_over_at(record.updated_at),
-        )
+        # reporting is asked until the charge's journaled deadline: a charge-card still running
+        # on the terminal may yet charge
+        return await self._held_or_none(steps, "interrupted while the charge was sent")
 
     async def _final_interaction(self, steps: SaleSteps) -> Interaction | None:
-        """The interaction's final record, polling while it is pending (up to its lifetime)."""
-        deadline = time.monotonic() + self.settings.card_wait
+        """The interaction's final record, polling while it is pending, until the charge's
+        journaled deadline: a restart never pushes it back."""
+        deadline = steps.answer_deadline()
         pause = max(0.1, min(2.0, self.settings.interaction_lifetime / 100))
         while True:
             interaction = await steps.interaction_status(InteractionKind.CHARGE_CARD)
             if interaction is None:
                 return None
-            if interaction.finished or time.monotonic() > deadline:
+            if interaction.finished or time.time() > deadline:
                 return interaction if interaction.finished else None
             await asyncio.sleep(pause)
 
@@ -186,13 +223,12 @@ class Recovery:
             f"the charge ended {interaction.status}; no money moved",
         )
 
-    async def _held_or_none(
-        self, steps: SaleSteps, why: str, wait_until: float | None = None
-    ) -> SaleEvent:
-        """Money may be held: reverse it when reporting shows it, FAILED when it shows none."""
+    async def _held_or_none(self, steps: SaleSteps, why: str) -> SaleEvent:
+        """Money may be held: reverse it when reporting shows it, FAILED when it shows none
+        (once the money call's deadline has passed)."""
         if steps.record.trans_id is not None:
             return await steps.reverse(why)
-        return await steps.settle_by_reporting(why, "recovery", wait_until)
+        return await steps.settle_by_reporting(why, "recovery")
 
     async def _capturing(self, steps: SaleSteps) -> SaleEvent:
         """The dispense was confirmed; the capture was (maybe) sent: make sure it happened."""

@@ -8,7 +8,6 @@ A platform module provides ``PLATFORM_SCHEMA`` (extending ``core.config.PLATFORM
 
 from __future__ import annotations
 
-import difflib
 import importlib
 import pkgutil
 from functools import cache
@@ -24,6 +23,7 @@ from kiosk_agent.core.config import (
     locate,
     validate,
 )
+from kiosk_agent.core.yaml_loader import suggest
 
 if TYPE_CHECKING:
     from kiosk_agent.core.agent import Agent
@@ -53,8 +53,8 @@ class PlatformNotFound(LookupError):
     def __init__(self, name: str, known: list[str], reason: str = "") -> None:
         self.name = name
         self.known = known
-        close = difflib.get_close_matches(name, known, n=1)
-        hint = f"; did you mean {close[0]!r}?" if close else ""
+        close = suggest(name, known)
+        hint = f"; did you mean {close!r}?" if close else ""
         why = f" ({reason})" if reason else ""
         super().__init__(
             f"unknown platform {name!r}{why}; known platforms: {', '.join(known) or 'none'}{hint}"
@@ -152,8 +152,8 @@ def _unknown_keys(
         if key in known:
             continue
         where = locate(raw, [*prefix, key], default) or default
-        close = difflib.get_close_matches(str(key), sorted(known), n=1)
-        fix = f"did you mean {close[0]!r}?" if close else f"known keys: {', '.join(sorted(known))}"
+        close = suggest(str(key), sorted(known))
+        fix = f"did you mean {close!r}?" if close else f"known keys: {', '.join(sorted(known))}"
         errors.append(
             ConfigError(
                 where.file, where.line, _path(prefix, str(key)), f"unknown key {key!r}", fix

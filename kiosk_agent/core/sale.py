@@ -88,6 +88,9 @@ class SaleState(enum.StrEnum):
     CAPTURING = "capturing"
     REVERSING = "reversing"  # void or refund under way
     ENROLLING = "enrolling"
+    # a money call's answer was lost and reporting shows no charge yet: the service may still
+    # answer it, so the sale looks again until the call's deadline (the journal's answer_by)
+    UNRESOLVED = "unresolved"
     COMPLETED = "completed"  # paid and dispensed (or enrolled)
     DECLINED = "declined"  # no money moved
     CANCELLED = "cancelled"  # no money moved

@@ -184,10 +184,21 @@ class SystemdLifecycle:
             else None
         )
 
-    async def start(self, status: str = "running") -> None:
-        self.notifier.ready(status)
+    async def start(self, status: str = "running", *, ready: bool = True) -> None:
+        """Start feeding the watchdog; READY=1 now, or (``ready=False``) later with ``ready()``."""
+        if ready:
+            self.notifier.ready(status)
+        else:
+            self.notifier.status(status)
         if self.watchdog is not None:
             self.watchdog.start()
+
+    def ready(self, status: str = "running") -> None:
+        self.notifier.ready(status)
+
+    def extend_start(self, seconds: float) -> None:
+        """Ask systemd for more start time (TimeoutStartSec) while recovery runs."""
+        self.notifier.notify(f"EXTEND_TIMEOUT_USEC={int(seconds * 1_000_000)}")
 
     async def stop(self) -> None:
         self.notifier.stopping()

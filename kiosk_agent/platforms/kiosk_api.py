@@ -31,7 +31,7 @@ import voluptuous as vol
 from aiohttp import WSMsgType, web
 
 from kiosk_agent.core.config import PLATFORM_SCHEMA as BASE_PLATFORM_SCHEMA
-from kiosk_agent.core.config import max_price_check, positive_float, positive_price
+from kiosk_agent.core.config import max_price_check, positive_float, price_map
 from kiosk_agent.core.flows import TerminalBusy, UnknownTerminal
 from kiosk_agent.core.sale import (
     DispenseOutcome,
@@ -57,9 +57,7 @@ def _token(value: Any) -> str:
 
 
 def _products(value: Any) -> dict[str, int]:
-    if not isinstance(value, dict):
-        raise vol.Invalid('expected a map of product to price, like {coffee: "2.50"}')
-    return {str(name): positive_price(price) for name, price in value.items()}
+    return price_map(value)  # every bad price is reported, each at its product
 
 
 PLATFORM_SCHEMA = vol.All(BASE_PLATFORM_SCHEMA.extend(

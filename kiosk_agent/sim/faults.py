@@ -20,7 +20,14 @@ from dataclasses import asdict, dataclass
 from aiohttp import web
 
 from kiosk_agent.sim.context import SimContext
-from kiosk_agent.sim.http import Handler, api_error, bad_request, json_response, read_json
+from kiosk_agent.sim.http import (
+    Handler,
+    api_error,
+    bad_request,
+    json_response,
+    read_ahead,
+    read_json,
+)
 
 FAULTS = ("drop_answer", "server_error", "unavailable", "delay")
 METHODS = ("GET", "POST", "PUT", "DELETE")
@@ -76,6 +83,9 @@ class Faults:
                 503, "unavailable", "injected fault: service unavailable", {"Retry-After": "1"}
             )
         if fault.fault == "delay":
+            # the body is in before the wait: the call is committed late even when the client
+            # has given up (or died) meanwhile, as a slow service would
+            await read_ahead(request)
             await asyncio.sleep(fault.delay_s)
             return await handler(request)
         # drop_answer: the work is done, the answer is lost on the way back.

@@ -101,8 +101,19 @@ async def read_json(request: web.Request, max_bytes: int = MAX_BODY_BYTES) -> Bo
     return Body(data)
 
 
+# Where a body read ahead (by a fault that holds the request) is kept for the handler.
+READ_AHEAD = web.RequestKey("sim.body", bytes)
+
+
+async def read_ahead(request: web.Request, max_bytes: int = MAX_BODY_BYTES) -> None:
+    """Read the body now, so the handler can still use it once the client has gone away."""
+    request[READ_AHEAD] = await _read_limited(request, max_bytes)
+
+
 async def _read_limited(request: web.Request, max_bytes: int) -> bytes:
     """The whole body (a read returns what has arrived, so loop), refusing more than the limit."""
+    if READ_AHEAD in request:
+        return request[READ_AHEAD]
     chunks: list[bytes] = []
     size = 0
     while chunk := await request.content.read(max_bytes + 1 - size):

@@ -66,7 +66,7 @@ async def test_doctor_names_each_config_mistake_and_fails(tmp_path: Path, capsys
     assert "[FAIL] config:" in out
     assert "fix: correct each line below" in out
     assert "terminals" in out
-    assert "1 of 1 checks failed: config" in out
+    assert "1 of 1 check failed: config" in out
 
 
 async def test_doctor_with_a_missing_config_file(tmp_path: Path, capsys) -> None:

@@ -10,6 +10,9 @@ from kiosk_agent.core.sale import DispenseOutcome, DispenseStatus
 
 # Large enough that a card arrives in ~5 ms and an interaction expires in under a second.
 TIME_SCALE = 300
+# The agents' service timeout in tests: with ``answer_margin`` 0.5 below, an authorization
+# whose answer was lost is believed uncharged 5.5 s after it was sent.
+REQUEST_TIMEOUT = 5.0
 
 
 class ScriptedDispenser:
@@ -39,7 +42,9 @@ class ScriptedDispenser:
         self.denied.append(reason)
 
 
-def write_config(directory: Path, extra: str = "", time_scale: float = TIME_SCALE) -> Path:
+def write_config(
+    directory: Path, extra: str = "", time_scale: float = TIME_SCALE, answer_margin: float = 0.5
+) -> Path:
     path = directory / "config.yaml"
     path.write_text(
         textwrap.dedent(
@@ -52,7 +57,7 @@ def write_config(directory: Path, extra: str = "", time_scale: float = TIME_SCAL
               - device_id: SIM-0007
                 name: printer
             journal: {{path: journal.db}}
-            sales: {{retries: 2, vend_timeout: 2, stop_timeout: 2}}
+            sales: {{retries: 2, vend_timeout: 2, stop_timeout: 2, answer_margin: {answer_margin}}}
             """
         )
         + textwrap.dedent(extra)

@@ -13,7 +13,7 @@ from kiosk_agent.cli.sim import settings_from_ready
 from kiosk_agent.core.agent import Agent
 from kiosk_agent.core.config import load_config
 
-from .agent_helpers import TIME_SCALE, write_config
+from .agent_helpers import REQUEST_TIMEOUT, TIME_SCALE, write_config
 
 AgentFactory = Callable[..., Awaitable[Agent]]
 
@@ -24,13 +24,24 @@ async def agent_factory(sim_factory: Any, tmp_path: Path) -> AsyncIterator[Agent
     agents: list[Agent] = []
     sims: list[Any] = []
 
-    async def make(extra: str = "", sim: Any = None, directory: Path | None = None) -> Agent:
+    async def make(
+        extra: str = "",
+        sim: Any = None,
+        directory: Path | None = None,
+        answer_margin: float = 0.5,
+        **tuning: Any,
+    ) -> Agent:
         if sim is None:
             if not sims:
                 sims.append(await sim_factory(time_scale=TIME_SCALE, seed=1, transactions=0))
             sim = sims[0]
-        config = load_config(write_config(directory or tmp_path, extra))
-        agent = build_agent(config, settings_from_ready(sim.ready_info()), systemd=False)
+        config = load_config(
+            write_config(directory or tmp_path, extra, answer_margin=answer_margin)
+        )
+        # a short request timeout: a money call's deadline (timeout + answer_margin) stays short
+        tuning.setdefault("timeout", REQUEST_TIMEOUT)
+        settings = settings_from_ready(sim.ready_info(), **tuning)
+        agent = build_agent(config, settings, systemd=False)
         await agent.start()
         agents.append(agent)
         return agent

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import socket
+import time
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +18,7 @@ from kiosk_agent.core.sale import Flow, SaleRequest, SaleState
 from kiosk_agent.core.systemd import SystemdLifecycle, SystemdNotifier
 
 from .agent_helpers import ScriptedDispenser, write_config
+from .test_recovery import leave_open
 
 
 def charge(cents: int, **fields: Any) -> SaleRequest:
@@ -135,3 +137,40 @@ async def test_a_failed_start_leaves_nothing_open(sim_factory: Any, tmp_path: Pa
     assert agent.stopped.is_set()
     with pytest.raises(Exception, match="not open"):
         agent.journal.query()
+
+
+async def test_systemd_hears_ready_only_once_recovery_has_finished(
+    sim_factory: Any, tmp_path: Path
+) -> None:
+    # an authorization whose answer may still come for 1.5 s: recovery must wait for it
+    leave_open(tmp_path, state=SaleState.AUTHORIZING, answer_by=time.time() + 1.5)
+    sim = await sim_factory(time_scale=300, transactions=0)
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    listener.bind(str(tmp_path / "notify.sock"))
+    listener.settimeout(10)
+    systemd = SystemdLifecycle(SystemdNotifier(str(tmp_path / "notify.sock")), environ={})
+    config = load_config(write_config(tmp_path))
+    agent = Agent(config, settings_from_ready(sim.ready_info(), timeout=5), systemd=systemd)
+    try:
+        await agent.start()
+        assert agent.recovery.state == "running"
+        loop = asyncio.get_running_loop()
+
+        async def heard() -> str:  # off the loop: the agent sends from its own tasks
+            return (await loop.run_in_executor(None, listener.recv, 1024)).decode()
+
+        assert [await heard(), await heard()] == [
+            "STATUS=ready: 0 trigger(s)",
+            "EXTEND_TIMEOUT_USEC=30000000",  # more start time while recovery runs
+        ]
+        assert (await heard()).startswith("READY=1")
+        assert agent.recovery.state == "done"
+        record = agent.journal.get("crashed1")
+        assert record is not None
+        assert record.state is SaleState.FAILED
+        assert record.finished_at is not None
+        assert record.answer_by is not None
+        assert record.finished_at >= record.answer_by  # it waited for the deadline
+    finally:
+        await agent.stop()
+        listener.close()

@@ -307,3 +307,30 @@ def test_two_triggers_with_one_name_and_a_misspelt_platform_key(
         "(fix: give every trigger its own name)",
         "config.yaml:13: triggers[1].prise: unknown key 'prise' (fix: did you mean 'price'?)",
     ]
+
+
+def test_masked_shows_the_resolved_config_without_its_secrets(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    write(tmp_path, "secrets.yaml", "api_key: sk_live_123\n", mode=0o600)
+    monkeypatch.setenv("KIOSK_TEST_MID", "999000000001")
+    path = write(
+        tmp_path,
+        "config.yaml",
+        """\
+        service:
+          base_url: https://pay.example.com
+          api_key: !secret api_key
+          mid: !env_var KIOSK_TEST_MID
+        terminals: [{device_id: T1}]
+        """,
+    )
+    shown = load_config(path).masked()
+    assert shown["service"] == {
+        "base_url": "https://pay.example.com",
+        "api_key": "***",
+        "mid": "999000000001",  # from !env_var but not a secret: the schema made it plain text
+        "isv": False,
+    }
+    assert shown["terminals"] == [{"device_id": "T1"}]
+    assert "sk_live_123" not in repr(shown)

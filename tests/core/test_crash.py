@@ -62,9 +62,10 @@ def write_config(directory: Path, sim: Any) -> Path:
               api_key: !env_var KIOSK_API_KEY
               client_id: {info["client_id"]}
               client_secret: !env_var KIOSK_CLIENT_SECRET
+              timeout: 5
             terminals: [{{device_id: SIM-0001}}]
             journal: {{path: journal.db}}
-            sales: {{vend_timeout: 5, interaction_lifetime: {180 / TIME_SCALE}}}
+            sales: {{vend_timeout: 5, answer_margin: 0.5, interaction_lifetime: {180 / TIME_SCALE}}}
             """
         )
     )

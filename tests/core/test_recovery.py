@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 from pathlib import Path
 from typing import Any
 
@@ -132,7 +133,8 @@ async def test_an_interrupted_refund_is_finished_once(
 async def test_a_charge_that_never_reached_the_service_fails_cleanly(
     agent_factory: Any, tmp_path: Path
 ) -> None:
-    leave_open(tmp_path, state=SaleState.AUTHORIZING)
+    # the authorization's deadline has passed: the service can no longer answer it
+    leave_open(tmp_path, state=SaleState.AUTHORIZING, answer_by=time.time() - 1)
     agent = await agent_factory()
     [event] = await asyncio.wait_for(agent.recovery.wait(), 10)
     assert event.state is SaleState.FAILED
@@ -142,7 +144,7 @@ async def test_a_charge_that_never_reached_the_service_fails_cleanly(
 async def test_what_cannot_be_decided_is_marked_for_attention(
     agent_factory: Any, sim_factory: Any, tmp_path: Path
 ) -> None:
-    leave_open(tmp_path, state=SaleState.AUTHORIZING)
+    leave_open(tmp_path, state=SaleState.AUTHORIZING, answer_by=time.time() - 1)
     sim = await sim_factory(time_scale=300, transactions=0)
     await sim.stop()  # the service is unreachable: reporting cannot say whether money moved
     agent = await agent_factory(sim=sim)
@@ -164,7 +166,12 @@ async def test_an_interrupted_enrollment_asks_for_a_person(
 async def test_a_terminal_under_recovery_refuses_new_sales(
     agent_factory: Any, tmp_path: Path
 ) -> None:
-    leave_open(tmp_path, state=SaleState.CHARGING, flow=Flow.CHARGE_CARD.value)
+    leave_open(
+        tmp_path,
+        state=SaleState.CHARGING,
+        flow=Flow.CHARGE_CARD.value,
+        answer_by=time.time() + 1,  # the charge may still be answered for a second
+    )
     agent = await agent_factory()
     reason = agent.sales.busy_reason("SIM-0001")
     assert reason is not None

@@ -1,0 +1,466 @@
+"""The status page for the field tech, served at the admin API's ``/``.
+
+Plain HTML, CSS and a little JavaScript from ``admin/static/`` (package data: no build step,
+nothing fetched from outside). The page reads the same API as everyone else, with a session
+cookie instead of a bearer token:
+
+    GET    /                   the page (public: it holds no data and asks to log in)
+    GET    /static/{name}      its stylesheet and script (public)
+    POST   /session            log in: {"token": ...} -> session cookie; answers {role, csrf}
+    GET    /session            the current session {role, csrf}; both null without one
+    DELETE /session            log out
+    GET    /api/page           everything the page shows, in one answer
+    GET    /api/events         server-sent events: health changes and sale steps as they happen
+    GET    /api/doctor         the last run of the doctor's checks
+    POST   /api/doctor         run them now (admin)
+
+Authentication never puts a token in a URL: the login form posts the token once, and the
+answer sets ``kiosk_session``, an HttpOnly, SameSite=Strict cookie (Secure over HTTPS) naming a
+random session held in memory. A cookie-authenticated request that changes anything must carry
+the session's CSRF token in ``X-CSRF-Token`` and come from the page's own origin (``Origin``);
+the login itself must come from that origin too. Roles are the API's: a session gets the role of
+the token that opened it, and the admin API's auth middleware applies the same rules to both.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import hmac
+import json
+import logging
+import secrets
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+from aiohttp import web
+
+from kiosk_agent.core.doctor import Report, Verdict, check_running
+from kiosk_agent.core.journal import SaleRecord
+from kiosk_agent.core.sale import SaleEvent
+from kiosk_agent.money import format_cents
+from kiosk_agent.tasks import BackgroundTask
+
+_LOGGER = logging.getLogger(__name__)
+
+STATIC_DIR = Path(__file__).parent / "static"
+COOKIE = "kiosk_session"
+CSRF_HEADER = "X-CSRF-Token"
+SESSION_LIFETIME_S = 12 * 3600.0  # one long shift; then log in again
+MAX_SESSIONS = 32  # the oldest session goes when a new one would pass this
+MAX_STREAMS = 16  # event streams open at once; more are refused with 503
+HEALTH_POLL_S = 0.2  # how often a stream looks for a health change (the page is <= 1 s behind)
+KEEPALIVE_S = 10.0  # a comment line on a quiet stream, so a gone client is noticed
+RECENT_SALES = 20
+DOCTOR_WITHIN_S = 10.0
+
+_PUBLIC = frozenset({"/", "/session"})
+_SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
+_CONTENT_TYPES = {".css": "text/css", ".js": "text/javascript", ".html": "text/html"}
+# The page runs nothing but its own script and style, and cannot be framed.
+_PAGE_HEADERS = {
+    "Content-Security-Policy": (
+        "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
+        "connect-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'"
+    ),
+    "X-Frame-Options": "DENY",
+    "X-Content-Type-Options": "nosniff",
+    "Referrer-Policy": "no-referrer",
+    "Cache-Control": "no-store",
+}
+
+RoleFor = Callable[[str | None], str | None]
+
+
+@dataclass(slots=True)
+class _Session:
+    role: str
+    csrf: str
+    expires_at: float
+
+
+class StatusPage:
+    """The page's routes and sessions; the admin API asks it for a cookie's role."""
+
+    def __init__(self, agent: Any, role_for: RoleFor) -> None:
+        self.agent = agent
+        self._role_for = role_for  # the admin API's: "Bearer <token>" -> role or None
+        self._sessions: dict[bytes, _Session] = {}  # by the digest of the cookie's value
+        self._static = {
+            p.name: p.read_bytes() for p in STATIC_DIR.iterdir() if p.suffix in _CONTENT_TYPES
+        }
+        self._closing = asyncio.Event()
+        self._streams = 0
+        self.doctor: Report | None = None
+        self._doctor_task = BackgroundTask(self._run_doctor, "status-page-doctor")
+        self._doctor_done = asyncio.Event()
+
+    def add_routes(self, app: web.Application) -> None:
+        self._closing = asyncio.Event()
+        router = app.router
+        router.add_get("/", self.index)
+        router.add_get("/static/{name}", self.static)
+        router.add_post("/session", self.login)
+        router.add_get("/session", self.session)
+        router.add_delete("/session", self.logout)
+        router.add_get("/api/page", self.overview)
+        router.add_get("/api/events", self.events)
+        router.add_get("/api/doctor", self.doctor_report)
+        router.add_post("/api/doctor", self.run_doctor)
+        app.on_shutdown.append(self._on_shutdown)
+
+    async def _on_shutdown(self, app: web.Application) -> None:
+        self._closing.set()  # open event streams end now, not at the server's shutdown timeout
+        await self._doctor_task.stop()
+
+    # -- authentication ----------------------------------------------------------------------
+
+    def public(self, request: web.Request) -> bool:
+        """Routes that need no token: the page itself, its files, and the login."""
+        return request.path in _PUBLIC or request.path.startswith("/static/")
+
+    def session_role(self, request: web.Request) -> str | None:
+        """The role of the request's session cookie, or None; a cross-site action is refused."""
+        session = self._session(request)
+        if session is None:
+            return None
+        if request.method not in _SAFE_METHODS:
+            _check_origin(request)
+            presented = request.headers.get(CSRF_HEADER, "")
+            if not hmac.compare_digest(presented.encode(), session.csrf.encode()):
+                raise _forbidden("csrf", f"send the session's {CSRF_HEADER} header")
+        return session.role
+
+    def _session(self, request: web.Request) -> _Session | None:
+        value = request.cookies.get(COOKIE)
+        if not value:
+            return None
+        key = _digest(value)
+        session = self._sessions.get(key)
+        if session is None:
+            return None
+        if session.expires_at <= time.time():
+            del self._sessions[key]
+            return None
+        return session
+
+    async def login(self, request: web.Request) -> web.Response:
+        _check_origin(request)
+        if request.content_type != "application/json":
+            return _error(415, "unsupported_media_type", 'send {"token": "..."} as JSON')
+        try:
+            body = await request.json()
+        except ValueError:
+            return _error(400, "bad_parameter", "the body is not JSON")
+        token = body.get("token") if isinstance(body, dict) else None
+        if not isinstance(token, str) or not token.strip():
+            return _error(400, "bad_parameter", 'send {"token": "..."} with the admin API token')
+        role = self._role_for(f"Bearer {token.strip()}")
+        if role is None:
+            _LOGGER.warning("status page: refused a login from %s: no such token", request.remote)
+            return _error(401, "unauthorized", "that token is not configured for this unit")
+        value = secrets.token_urlsafe(32)
+        session = _Session(role, secrets.token_urlsafe(24), time.time() + SESSION_LIFETIME_S)
+        self._forget_expired()
+        while len(self._sessions) >= MAX_SESSIONS:
+            del self._sessions[min(self._sessions, key=lambda k: self._sessions[k].expires_at)]
+        self._sessions[_digest(value)] = session
+        _LOGGER.info("status page: %s session opened from %s", role, request.remote)
+        response = web.json_response({"role": role, "csrf": session.csrf}, headers=_NO_STORE)
+        response.set_cookie(
+            COOKIE,
+            value,
+            max_age=int(SESSION_LIFETIME_S),
+            path="/",
+            httponly=True,
+            samesite="Strict",
+            secure=request.secure,
+        )
+        return response
+
+    async def session(self, request: web.Request) -> web.Response:
+        session = self._session(request)
+        if session is None:  # not an error: the page asks before it shows the login form
+            return web.json_response({"role": None, "csrf": None}, headers=_NO_STORE)
+        return web.json_response({"role": session.role, "csrf": session.csrf}, headers=_NO_STORE)
+
+    async def logout(self, request: web.Request) -> web.Response:
+        if self._session(request) is not None:
+            self.session_role(request)  # logging out is an action: same CSRF rules
+            self._sessions.pop(_digest(request.cookies[COOKIE]), None)
+        response = web.json_response({"logged_out": True}, headers=_NO_STORE)
+        response.del_cookie(COOKIE, path="/")
+        return response
+
+    def _forget_expired(self) -> None:
+        now = time.time()
+        for key in [k for k, s in self._sessions.items() if s.expires_at <= now]:
+            del self._sessions[key]
+
+    # -- the page and its files --------------------------------------------------------------
+
+    async def index(self, request: web.Request) -> web.Response:
+        return self._file("index.html")
+
+    async def static(self, request: web.Request) -> web.Response:
+        name = request.match_info["name"]
+        if name not in self._static or name == "index.html":
+            return _error(404, "not_found", f"no file {name!r}")
+        return self._file(name)
+
+    def _file(self, name: str) -> web.Response:
+        content_type = _CONTENT_TYPES[Path(name).suffix]
+        return web.Response(
+            body=self._static[name],
+            headers={**_PAGE_HEADERS, "Content-Type": f"{content_type}; charset=utf-8"},
+        )
+
+    # -- what the page shows -----------------------------------------------------------------
+
+    async def overview(self, request: web.Request) -> web.Response:
+        """Everything on the page in one answer (the event stream keeps it fresh)."""
+        snapshot = self.agent.health.snapshot().model_dump(mode="json")
+        journal = getattr(self.agent, "journal", None)
+        recent: list[dict[str, Any]] = []
+        open_sales: list[dict[str, Any]] = []
+        attention: list[dict[str, Any]] = []
+        if journal is not None:
+            for record in journal.query(limit=RECENT_SALES):
+                steps = [
+                    {"at": s.at, "step": s.step, "state": s.state.value, "detail": s.detail}
+                    for s in journal.steps(record.sale_id)
+                ]
+                recent.append({**sale_view(record), "steps": steps})
+            open_sales = [sale_view(r) for r in journal.open_sales()]
+            attention = [sale_view(r) for r in journal.attention_sales()]
+        if self.doctor is None:
+            self._doctor_task.start()  # the first look runs the checks once, in the background
+        return web.json_response(
+            {
+                **health_view(snapshot),
+                "platforms": self._platforms(),
+                "recent": recent,
+                "open": open_sales,
+                "attention": attention,
+                "doctor": self._doctor_view(),
+            },
+            headers=_NO_STORE,
+        )
+
+    def _platforms(self) -> list[dict[str, Any]]:
+        platforms = []
+        for platform in getattr(self.agent, "platforms", []):
+            try:
+                status = dict(platform.status())
+            except Exception as err:  # noqa: BLE001 - one platform's status must not break the page
+                status = {"error": f"{type(err).__name__}: {err}"}
+            platforms.append({"name": str(platform.name), "status": _jsonable(status)})
+        return platforms
+
+    # -- live events -------------------------------------------------------------------------
+
+    async def events(self, request: web.Request) -> web.StreamResponse:
+        """Server-sent events: ``health`` (whenever it changes), ``note`` and ``sale`` lines."""
+        if self._streams >= MAX_STREAMS:
+            return _error(503, "busy", f"{MAX_STREAMS} event streams are open already")
+        self._streams += 1
+        try:
+            response = web.StreamResponse(
+                headers={
+                    "Content-Type": "text/event-stream",
+                    "Cache-Control": "no-store",
+                    "X-Accel-Buffering": "no",
+                }
+            )
+            await response.prepare(request)
+            await self._stream(response)
+            return response
+        finally:
+            self._streams -= 1
+
+    async def _stream(self, response: web.StreamResponse) -> None:
+        last_health: dict[str, Any] | None = None
+        quiet_since = time.monotonic()
+        doctor_seen: object = _NOT_SENT  # the first round sends it: the page may hold an old one
+        try:
+            async with self.agent.events.subscribe() as queue:
+                while not self._closing.is_set():
+                    snapshot = self.agent.health.snapshot().model_dump(mode="json")
+                    if _changed(last_health, snapshot):
+                        for line in health_notes(last_health, snapshot):
+                            await _send(response, "note", {"at": snapshot["at"], "text": line})
+                        await _send(response, "health", health_view(snapshot))
+                        last_health, quiet_since = snapshot, time.monotonic()
+                    if self.doctor is not doctor_seen:
+                        doctor_seen = self.doctor
+                        await _send(response, "doctor", self._doctor_view())
+                    try:
+                        async with asyncio.timeout(HEALTH_POLL_S):
+                            event = await queue.get()
+                    except TimeoutError:
+                        event = None
+                    if event is not None:
+                        await _send(response, "sale", sale_event_view(event))
+                        quiet_since = time.monotonic()
+                    elif time.monotonic() - quiet_since > KEEPALIVE_S:
+                        await response.write(b": keepalive\n\n")
+                        quiet_since = time.monotonic()
+        except (ConnectionResetError, ConnectionError):
+            return  # the page went away
+
+    # -- doctor ------------------------------------------------------------------------------
+
+    async def doctor_report(self, request: web.Request) -> web.Response:
+        return web.json_response(self._doctor_view(), headers=_NO_STORE)
+
+    async def run_doctor(self, request: web.Request) -> web.Response:
+        """Run the doctor's checks now (admin); answers when they are done."""
+        if not self._doctor_task.started or self._doctor_done.is_set():
+            await self._doctor_task.stop()
+            self._doctor_done = asyncio.Event()
+            self._doctor_task.start()
+        await self._doctor_done.wait()
+        return web.json_response(self._doctor_view(), headers=_NO_STORE)
+
+    async def _run_doctor(self) -> None:
+        done = self._doctor_done
+        try:
+            self.doctor = await check_running(
+                self.agent.config, self.agent.service, within=DOCTOR_WITHIN_S
+            )
+        except Exception as err:
+            _LOGGER.exception("status page: the doctor's checks failed")
+            report = Report()
+            report.add("doctor", Verdict.FAIL, f"the checks broke: {type(err).__name__}: {err}")
+            report.finished_at = time.time()
+            self.doctor = report
+        finally:
+            done.set()
+
+    def _doctor_view(self) -> dict[str, Any]:
+        running = self._doctor_task.started and not self._doctor_done.is_set()
+        if self.doctor is None:
+            return {"running": running, "checks": [], "failed": 0, "finished_at": None}
+        return {**self.doctor.as_dict(), "running": running}
+
+
+# -- views -------------------------------------------------------------------------------------
+
+
+def sale_view(record: SaleRecord) -> dict[str, Any]:
+    """One journal record for the page: its fields plus amounts written for people."""
+    data = record.as_dict()
+    data["amount"] = format_cents(record.amount_cents, record.currency)
+    data["captured"] = format_cents(record.captured_cents, record.currency)
+    return data
+
+
+def sale_event_view(event: SaleEvent) -> dict[str, Any]:
+    return {
+        "sale_id": event.sale_id,
+        "state": event.state.value,
+        "step": event.step,
+        "terminal": event.terminal,
+        "product": event.product,
+        "source": event.source,
+        "amount": format_cents(event.amount_cents),
+        "message": event.message,
+        "at": event.at or time.time(),
+    }
+
+
+def health_view(snapshot: dict[str, Any]) -> dict[str, Any]:
+    """The health snapshot as the page shows it (the page never does arithmetic on money)."""
+    return {
+        "health": snapshot,
+        "availability": availability(snapshot),
+        "today_amount": format_cents(int(snapshot["sales"]["today_amount_cents"])),
+    }
+
+
+def availability(snapshot: dict[str, Any]) -> dict[str, Any]:
+    """Whether card payment is possible now, and why not.
+
+    The agent's own out-of-service state when its health carries one (``out_of_service``);
+    otherwise judged from the health: no card sale can succeed while the service is
+    unreachable or no terminal is online.
+    """
+    state = snapshot.get("out_of_service")
+    if isinstance(state, dict):
+        active = bool(state.get("active", state.get("out_of_service", False)))
+        return {"available": not active, "reason": str(state.get("reason") or ""), "own": True}
+    if isinstance(state, bool):
+        return {"available": not state, "reason": "", "own": True}
+    reasons = []
+    if snapshot["service"].get("reachable") is False:
+        reasons.append("the payment service is unreachable")
+    checked = [t for t in snapshot["terminals"] if t.get("online") is not None]
+    if checked and not any(t["online"] for t in checked):
+        reasons.append("no terminal is online")
+    return {"available": not reasons, "reason": "; ".join(reasons), "own": False}
+
+
+def health_notes(before: dict[str, Any] | None, after: dict[str, Any]) -> list[str]:
+    """What changed, in words, for the event log: status, problems raised and cleared."""
+    if before is None:
+        return []
+    notes = []
+    if before["status"] != after["status"]:
+        notes.append(f"status {before['status']} -> {after['status']}")
+    old, new = set(before["problems"]), set(after["problems"])
+    notes += [f"problem: {p}" for p in after["problems"] if p not in old]
+    notes += [f"cleared: {p}" for p in before["problems"] if p not in new]
+    return notes
+
+
+def _changed(before: dict[str, Any] | None, after: dict[str, Any]) -> bool:
+    return before is None or _stable(before) != _stable(after)
+
+
+def _stable(snapshot: dict[str, Any]) -> dict[str, Any]:
+    """A snapshot without the fields that move every instant (clock, uptime, key countdown)."""
+    service = {k: v for k, v in snapshot["service"].items() if k != "key_expires_in_s"}
+    skip = {"at", "uptime_s", "service"}
+    return {**{k: v for k, v in snapshot.items() if k not in skip}, "service": service}
+
+
+async def _send(response: web.StreamResponse, event: str, data: dict[str, Any]) -> None:
+    await response.write(f"event: {event}\ndata: {json.dumps(data)}\n\n".encode())
+
+
+def _jsonable(value: Any) -> Any:
+    return json.loads(json.dumps(value, default=str))
+
+
+def _digest(value: str) -> bytes:
+    return hashlib.sha256(value.encode()).digest()
+
+
+def _check_origin(request: web.Request) -> None:
+    """A browser names the page that sent a POST; it must be this server's own."""
+    origin = request.headers.get("Origin")
+    if origin is None:
+        raise _forbidden("origin", "a browser action must carry its Origin")
+    if urlsplit(origin).netloc != request.host:
+        _LOGGER.warning(
+            "status page: refused %s %s from origin %r", request.method, request.path, origin
+        )
+        raise _forbidden("origin", "actions are only taken from this unit's own status page")
+
+
+_NO_STORE = {"Cache-Control": "no-store"}
+_NOT_SENT = object()
+
+
+def _forbidden(error: str, detail: str) -> web.HTTPForbidden:
+    return web.HTTPForbidden(
+        text=json.dumps({"error": error, "detail": detail}), content_type="application/json"
+    )
+
+
+def _error(status: int, error: str, detail: str) -> web.Response:
+    return web.json_response({"error": error, "detail": detail}, status=status, headers=_NO_STORE)

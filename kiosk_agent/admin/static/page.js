@@ -1,0 +1,481 @@
+// The status page's script: log in, read /api/page, follow /api/events, press buttons.
+// No framework and no build step. Every value from the agent goes into the page as text
+// (textContent), never as HTML. Actions send the session's CSRF token in a header.
+"use strict";
+
+const state = {
+  role: null,
+  csrf: null,
+  page: null, // the last /api/page answer, kept fresh by the event stream
+  terminals: {}, // device_id -> the service's terminal record (capabilities), when known
+  results: {}, // key -> {text, ok}: the answer of the last action, shown by its button
+  busy: {}, // key -> true while an action is under way
+  stream: null,
+  streamHealth: null, // the newest health and doctor the stream brought
+  streamDoctor: null,
+  reload: null,
+};
+
+const $ = (id) => document.getElementById(id);
+
+function el(tag, attrs, ...children) {
+  const node = document.createElement(tag);
+  for (const [key, value] of Object.entries(attrs || {})) {
+    if (value === null || value === undefined || value === false) continue;
+    if (key === "class") node.className = value;
+    else if (key === "text") node.textContent = value;
+    else if (key.startsWith("on")) node.addEventListener(key.slice(2), value);
+    else if (value === true) node.setAttribute(key, "");
+    else node.setAttribute(key, String(value));
+  }
+  for (const child of children.flat()) {
+    if (child === null || child === undefined || child === false) continue;
+    node.append(child instanceof Node ? child : document.createTextNode(String(child)));
+  }
+  return node;
+}
+
+function fill(node, ...children) {
+  // like replaceChildren, with el()'s rules for nested lists and empty values
+  node.replaceChildren(...el("div", {}, ...children).childNodes);
+}
+
+function clock(unix) {
+  if (unix === null || unix === undefined) return "-";
+  return new Date(unix * 1000).toLocaleTimeString([], { hour12: false });
+}
+
+function when(unix) {
+  if (unix === null || unix === undefined) return "-";
+  const d = new Date(unix * 1000);
+  const today = new Date().toDateString() === d.toDateString();
+  return today ? clock(unix) : d.toLocaleString([], { hour12: false });
+}
+
+function duration(seconds) {
+  seconds = Math.floor(seconds);
+  if (seconds < 0) return "expired";
+  const d = Math.floor(seconds / 86400), h = Math.floor((seconds % 86400) / 3600);
+  const m = Math.floor((seconds % 3600) / 60), s = seconds % 60;
+  if (d) return `${d}d ${h}h`;
+  if (h) return `${h}h ${m}m`;
+  return `${m}m ${s}s`;
+}
+
+// -- talking to the agent -----------------------------------------------------------------
+
+async function call(method, path, body) {
+  const headers = { Accept: "application/json" };
+  if (method !== "GET") headers["X-CSRF-Token"] = state.csrf || "";
+  if (body !== undefined) headers["Content-Type"] = "application/json";
+  const response = await fetch(path, {
+    method,
+    headers,
+    body: body === undefined ? undefined : JSON.stringify(body),
+    credentials: "same-origin",
+    cache: "no-store",
+  });
+  let data = null;
+  const text = await response.text();
+  try {
+    data = text ? JSON.parse(text) : null;
+  } catch (err) {
+    data = { error: "not_json", detail: text.slice(0, 200) };
+  }
+  if (response.status === 401 && path !== "/session") showLogin("Your session ended; log in again.");
+  return { ok: response.ok, status: response.status, data };
+}
+
+function problemText(answer) {
+  const data = answer.data || {};
+  return data.detail || data.error || `HTTP ${answer.status}`;
+}
+
+// -- log in and out -----------------------------------------------------------------------
+
+function showLogin(message) {
+  if (state.stream) state.stream.close();
+  state.stream = null;
+  $("board").hidden = true;
+  $("logout").hidden = true;
+  $("login").hidden = false;
+  $("login-error").textContent = message || "";
+  $("live").textContent = "offline";
+  $("live").classList.remove("on");
+  $("token").focus();
+}
+
+async function login(event) {
+  event.preventDefault();
+  const token = $("token").value;
+  $("login-error").textContent = "";
+  const answer = await call("POST", "/session", { token });
+  $("token").value = "";
+  if (!answer.ok) {
+    $("login-error").textContent = problemText(answer);
+    return;
+  }
+  begin(answer.data);
+}
+
+async function logout() {
+  await call("DELETE", "/session");
+  state.role = state.csrf = null;
+  showLogin("Logged out.");
+}
+
+function begin(session) {
+  state.role = session.role;
+  state.csrf = session.csrf;
+  document.body.classList.toggle("admin", session.role === "admin");
+  $("login").hidden = true;
+  $("board").hidden = false;
+  $("logout").hidden = false;
+  load();
+  follow();
+  loadTerminals();
+}
+
+// -- reading ------------------------------------------------------------------------------
+
+async function load() {
+  const answer = await call("GET", "/api/page");
+  if (!answer.ok) return;
+  const fresh = answer.data;
+  // the event stream may have told us something newer while this answer was on its way
+  const streamed = state.streamHealth;
+  if (streamed && streamed.health.at > fresh.health.at) Object.assign(fresh, streamed);
+  if (state.streamDoctor) fresh.doctor = state.streamDoctor;
+  state.page = fresh;
+  render();
+}
+
+function reloadSoon() {
+  // sale steps come in bursts: one reload of the lists after the burst
+  clearTimeout(state.reload);
+  state.reload = setTimeout(load, 250);
+}
+
+async function loadTerminals() {
+  const answer = await call("GET", "/api/terminals");
+  if (!answer.ok) return; // capabilities stay "unknown"; the health still shows each terminal
+  state.terminals = {};
+  for (const terminal of answer.data.terminals) state.terminals[terminal.device_id] = terminal;
+  if (state.page) renderTerminals();
+}
+
+function follow() {
+  if (state.stream) state.stream.close();
+  const stream = new EventSource("/api/events");
+  state.stream = stream;
+  stream.addEventListener("open", () => {
+    $("live").textContent = "live";
+    $("live").classList.add("on");
+  });
+  stream.addEventListener("error", async () => {
+    $("live").textContent = "reconnecting";
+    $("live").classList.remove("on");
+    if (stream.readyState === EventSource.CLOSED) {
+      // refused (session gone?) rather than cut: ask once, then try again
+      const answer = await call("GET", "/session");
+      if (answer.ok && answer.data.role) setTimeout(follow, 2000);
+      else showLogin("Your session ended; log in again.");
+    }
+  });
+  stream.addEventListener("health", (event) => {
+    const view = JSON.parse(event.data);
+    state.streamHealth = view;
+    if (!state.page) return;
+    Object.assign(state.page, view);
+    renderHealth();
+  });
+  stream.addEventListener("note", (event) => {
+    const note = JSON.parse(event.data);
+    addEvent(note.at, note.text, /^problem/.test(note.text) ? "bad" : "");
+  });
+  stream.addEventListener("sale", (event) => {
+    const sale = JSON.parse(event.data);
+    const what = [
+      "sale", sale.sale_id.slice(0, 8), sale.terminal || "", sale.amount, sale.state,
+    ].join(" ");
+    addEvent(sale.at, sale.message ? `${what}: ${sale.message}` : what,
+      sale.state === "attention" ? "bad" : "");
+    reloadSoon();
+  });
+  stream.addEventListener("doctor", (event) => {
+    state.streamDoctor = JSON.parse(event.data);
+    if (!state.page) return;
+    state.page.doctor = state.streamDoctor;
+    renderDoctor();
+  });
+}
+
+function addEvent(at, text, css) {
+  const list = $("events");
+  list.prepend(el("li", { class: css }, `${clock(at)} ${text}`));
+  while (list.children.length > 100) list.lastChild.remove();
+}
+
+// -- drawing ------------------------------------------------------------------------------
+
+function render() {
+  renderHealth();
+  renderSales(true);
+  renderDoctor();
+}
+
+function renderHealth() {
+  const page = state.page;
+  const health = page.health;
+  const pill = $("status");
+  pill.textContent = health.status;
+  pill.className = `pill ${health.status}`;
+
+  const available = page.availability;
+  $("available").textContent = available.available ? "Available" : "OUT OF SERVICE";
+  $("available").className = `big ${available.available ? "good" : "bad"}`;
+  $("available-reason").textContent = available.reason;
+
+  $("problems").replaceChildren(
+    ...(health.problems.length
+      ? health.problems.map((p) => el("li", { class: "bad" }, p))
+      : [el("li", { class: "good" }, "none")]),
+  );
+  renderTerminals();
+  renderService();
+  const sales = health.sales;
+  $("today").textContent = `${sales.today_count} sale(s), ${page.today_amount}`;
+  $("footer").textContent =
+    `kiosk-agent ${health.version} · up ${duration(health.uptime_s)} · as of ${clock(health.at)}`;
+}
+
+function result(key) {
+  const r = state.results[key];
+  if (!r) return null;
+  return el("p", { class: `result ${r.ok ? "good" : "bad"}`, role: "status" }, r.text);
+}
+
+function actionButton(key, label, run, disabledReason) {
+  return el("button", {
+    type: "button",
+    class: "admin",
+    "data-action": key,
+    disabled: Boolean(state.busy[key] || disabledReason),
+    title: disabledReason || null,
+    onclick: () => act(key, run),
+  }, state.busy[key] ? `${label}…` : label);
+}
+
+async function act(key, run) {
+  state.busy[key] = true;
+  renderHealth();
+  try {
+    state.results[key] = await run();
+  } catch (err) {
+    state.results[key] = { ok: false, text: `failed: ${err}` };
+  } finally {
+    delete state.busy[key];
+    renderHealth();
+    renderSales(true);
+  }
+}
+
+function terminalAction(deviceId, action) {
+  return async () => {
+    const answer = await call("POST", `/api/terminals/${encodeURIComponent(deviceId)}/${action}`, {});
+    if (!answer.ok) return { ok: false, text: `${deviceId}: ${problemText(answer)}` };
+    const data = answer.data;
+    if (action === "ping") {
+      return data.online
+        ? { ok: true, text: `${deviceId} answered` + (data.latency_ms === null ? "" : ` in ${Math.round(data.latency_ms)} ms`) }
+        : { ok: false, text: `${deviceId} does not answer: check its power and network` };
+    }
+    if (action === "connect") {
+      return { ok: Boolean(data.connected), text: `${deviceId}: session ${data.connected ? "open" : "not open"}` };
+    }
+    return { ok: true, text: `${deviceId} printed transaction ${data.trans_id}` };
+  };
+}
+
+function renderTerminals() {
+  const health = state.page.health;
+  const nodes = health.terminals.map((t) => {
+    const listed = state.terminals[t.device_id];
+    const caps = listed ? listed.capabilities || {} : null;
+    const online = t.online === null ? ["unchecked", "warn"] : t.online ? ["online", "ok"] : ["OFFLINE", "bad"];
+    const capText = caps === null
+      ? "capabilities unknown"
+      : Object.entries(caps).filter(([, v]) => v).map(([k]) => k.replace(/_/g, " ")).join(", ") || "card payments only";
+    const ping = t.last_ping_at
+      ? `${clock(t.last_ping_at)}${t.latency_ms !== null ? ` (${Math.round(t.latency_ms)} ms)` : ""}`
+      : "never";
+    const noPrinter = caps && !caps.receipt_printing ? "this terminal has no printer" : null;
+    const key = (action) => `${t.device_id}:${action}`;
+    return el("div", { class: "terminal", "data-device": t.device_id },
+      el("h3", {}, t.name ? `${t.name} ` : "", el("span", { class: "muted" }, t.device_id),
+        el("span", { class: `badge ${online[1]}`, "data-field": "online" }, online[0])),
+      el("dl", { class: "facts" },
+        el("dt", {}, "session"), el("dd", {}, t.connected ? "connected" : "not connected"),
+        el("dt", {}, "last ping"), el("dd", {}, ping),
+        el("dt", {}, "can"), el("dd", {}, capText),
+        listed && listed.model ? [el("dt", {}, "model"), el("dd", {}, `${listed.vendor || ""} ${listed.model}`)] : null,
+        t.detail ? [el("dt", {}, "detail"), el("dd", { class: "bad" }, t.detail)] : null),
+      el("div", { class: "actions" },
+        actionButton(key("ping"), "Ping", terminalAction(t.device_id, "ping")),
+        actionButton(key("connect"), "Connect", terminalAction(t.device_id, "connect")),
+        actionButton(key("test-print"), "Test print", terminalAction(t.device_id, "test-print"), noPrinter)),
+      ["ping", "connect", "test-print"].map((a) => result(key(a))));
+  });
+  $("terminals").replaceChildren(...(nodes.length ? nodes : [el("p", {}, "no terminal configured")]));
+}
+
+function renderService() {
+  const health = state.page.health;
+  const service = health.service;
+  const reachable = service.reachable === null ? "not checked yet" : service.reachable ? "reachable" : "UNREACHABLE";
+  let key = "unknown (or never expires)";
+  if (service.key_expires_at) {
+    key = `${when(service.key_expires_at)} (in ${duration(service.key_expires_at - Date.now() / 1000)})`;
+  }
+  fill($("service"),
+    el("dt", {}, "service"), el("dd", { class: service.reachable === false ? "bad" : "" }, reachable),
+    service.detail ? [el("dt", {}, "detail"), el("dd", {}, service.detail)] : null,
+    el("dt", {}, "checked"), el("dd", {}, when(service.checked_at)),
+    el("dt", {}, "API key expires"), el("dd", {}, key));
+  const links = health.links.map((link) =>
+    el("li", { class: link.healthy ? "" : "bad" }, `${link.name}: ${link.state}`,
+      link.detail ? ` (${link.detail})` : "", el("span", { class: "muted" }, ` since ${when(link.since)}`)));
+  const platforms = (state.page.platforms || []).map((p) => {
+    const entries = Object.entries(p.status);
+    const plain = entries.filter(([, v]) => v === null || typeof v !== "object");
+    const nested = entries.filter(([, v]) => v !== null && typeof v === "object");
+    return el("li", {}, el("details", {},
+      el("summary", {}, `${p.name}: `, el("span", { class: "muted" }, plain.map(([k, v]) => `${k} ${v}`).join(", "))),
+      el("dl", { class: "facts" }, nested.map(([k, v]) => [el("dt", {}, k),
+        el("dd", {}, Object.entries(v).map(([kk, vv]) => `${kk} ${typeof vv === "object" ? JSON.stringify(vv) : vv}`).join(", "))]))));
+  });
+  const all = [...links, ...platforms];
+  $("links").replaceChildren(...(all.length ? all : [el("li", {}, "no serial link or platform")]));
+}
+
+function saleLine(sale) {
+  return `${when(sale.created_at)} · ${sale.terminal} · ${sale.amount} · ${sale.state}` +
+    (sale.product ? ` · ${sale.product}` : "");
+}
+
+function resolveForm(sale) {
+  const key = `${sale.sale_id}:resolve`;
+  const name = `as-${sale.sale_id}`;
+  const form = el("form", { class: "resolve admin", "data-sale": sale.sale_id },
+    el("fieldset", {},
+      el("legend", { class: "muted" }, "What really happened to the money?"),
+      el("label", { class: "choice" }, el("input", { type: "radio", name, value: "captured", required: true }), "Captured (paid)"),
+      el("label", { class: "choice" }, el("input", { type: "radio", name, value: "reversed" }), "Reversed (given back)")),
+    el("label", { for: `why-${sale.sale_id}` }, "Why"),
+    el("input", { type: "text", id: `why-${sale.sale_id}`, name: "why", required: true, maxlength: 500 }),
+    el("button", { type: "submit", disabled: Boolean(state.busy[key]) }, "Resolve"));
+  form.addEventListener("submit", (event) => {
+    event.preventDefault();
+    const as = form.querySelector(`input[name="${name}"]:checked`).value;
+    const why = form.querySelector("input[name=why]").value.trim();
+    act(key, async () => {
+      const answer = await call("POST", `/api/sales/${encodeURIComponent(sale.sale_id)}/resolve`, { as, why });
+      if (!answer.ok) return { ok: false, text: `${sale.sale_id}: ${problemText(answer)}` };
+      reloadSoon();
+      return { ok: true, text: `${sale.sale_id} resolved as ${as}` };
+    });
+  });
+  return [form, result(key)];
+}
+
+function editing(box) {
+  // a tech typing a reason keeps the form: lists are redrawn around them only when forced
+  return box.contains(document.activeElement) ||
+    [...box.querySelectorAll("input[type=text]")].some((input) => input.value);
+}
+
+function renderSales(force) {
+  if (force || !editing($("attention"))) renderAttention();
+  renderOpenAndRecent();
+}
+
+function renderAttention() {
+  const page = state.page;
+  $("attention").replaceChildren(...(page.attention.length
+    ? page.attention.map((s) => el("div", { class: "sale", "data-sale": s.sale_id },
+      el("p", { class: "bad" }, saleLine(s)),
+      el("p", { class: "muted" }, `sale ${s.sale_id}`, s.trans_id ? ` · transaction ${s.trans_id}` : "", s.message ? ` · ${s.message}` : ""),
+      resolveForm(s)))
+    : [el("p", { class: "good" }, "none")]));
+}
+
+function renderOpenAndRecent() {
+  const page = state.page;
+  // a sale whose steps the tech opened stays open when the list is redrawn
+  const opened = new Set([...$("recent").querySelectorAll("details[open]")].map((d) => d.dataset.sale));
+  $("open").replaceChildren(...(page.open.length
+    ? page.open.map((s) => el("p", { class: "sale" }, saleLine(s)))
+    : [el("p", { class: "muted" }, "none")]));
+  $("recent").replaceChildren(...(page.recent.length
+    ? page.recent.map((s) => el("details", { class: "sale", "data-sale": s.sale_id, open: opened.has(s.sale_id) },
+      el("summary", { class: s.state === "attention" ? "bad" : "" }, saleLine(s)),
+      el("p", { class: "muted" }, `sale ${s.sale_id}`, s.trans_id ? ` · transaction ${s.trans_id}` : "",
+        s.card_brand ? ` · ${s.card_brand} ${s.last_four || ""}` : "", s.message ? ` · ${s.message}` : ""),
+      el("ol", { class: "steps" }, s.steps.map((step) =>
+        el("li", {}, `${clock(step.at)} ${step.step} → ${step.state}`, stepDetail(step.detail))))))
+    : [el("p", { class: "muted" }, "no sale yet")]));
+}
+
+function stepDetail(detail) {
+  if (!detail || !Object.keys(detail).length) return null;
+  const text = detail.message || Object.entries(detail).map(([k, v]) => `${k}=${typeof v === "object" ? JSON.stringify(v) : v}`).join(" ");
+  return el("span", { class: "muted" }, ` ${text.slice(0, 160)}`);
+}
+
+function renderDoctor() {
+  const doctor = state.page.doctor;
+  const box = $("doctor");
+  const button = $("run-doctor");
+  button.disabled = Boolean(doctor.running || state.busy.doctor);
+  button.textContent = button.disabled ? "Checking…" : "Run doctor checks";
+  if (!doctor.finished_at) {
+    box.replaceChildren(el("p", { class: "muted" }, doctor.running ? "checking…" : "not run yet"));
+    return;
+  }
+  const failing = doctor.checks.filter((c) => c.verdict === "FAIL" || c.verdict === "WARN");
+  const rest = doctor.checks.filter((c) => !failing.includes(c));
+  const line = (c) => el("div", { class: "check", "data-check": c.name },
+    el("span", { class: `badge ${{ PASS: "ok", FAIL: "bad", WARN: "warn" }[c.verdict] || ""}` }, c.verdict),
+    ` ${c.name}`, c.detail ? `: ${c.detail}` : "",
+    c.fix ? el("p", { class: "fix" }, `Fix: ${c.fix}`) : null,
+    c.notes.length ? el("ul", {}, c.notes.map((n) => el("li", {}, n))) : null);
+  box.replaceChildren(
+    el("p", { class: failing.length ? "bad" : "good" },
+      `${when(doctor.finished_at)}: ${doctor.failed} failed, ${doctor.checks.length} checked`),
+    ...failing.map(line),
+    rest.length ? el("details", {}, el("summary", {}, `${rest.length} passed or skipped`), rest.map(line)) : null,
+  );
+}
+
+async function runDoctor() {
+  state.busy.doctor = true;
+  renderDoctor();
+  try {
+    const answer = await call("POST", "/api/doctor", {});
+    if (answer.ok) state.page.doctor = state.streamDoctor = answer.data;
+  } finally {
+    delete state.busy.doctor;
+    renderDoctor();
+  }
+}
+
+// -- start --------------------------------------------------------------------------------
+
+document.addEventListener("DOMContentLoaded", async () => {
+  $("login-form").addEventListener("submit", login);
+  $("logout").addEventListener("click", logout);
+  $("run-doctor").addEventListener("click", runDoctor);
+  const answer = await call("GET", "/session");
+  if (answer.ok && answer.data.role) begin(answer.data);
+  else showLogin("");
+});

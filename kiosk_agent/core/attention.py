@@ -1,0 +1,247 @@
+"""Sales in ATTENTION: looked at again on a schedule, ended by themselves once the service's
+records say what happened, or resolved by a person, who is journaled with their reason.
+
+ATTENTION means the agent could not decide (reporting was down, a capture failed twice, a void
+was refused). The truth usually becomes known later, so the sweeper asks reporting again:
+
+- no charge under any of the sale's order ids, after its money call's deadline: FAILED;
+- a charge already given back: REVERSED;
+- a charge or authorization still holding money: captured when the machine confirmed the vend
+  (``vended_cents``), else voided or refunded;
+- reporting still cannot say: left for the next sweep.
+
+A sweep moves money for a sale at most ``MAX_RETRIES`` times; after that only what reporting
+shows is written down, and a person decides with ``kiosk-agent sales resolve``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import sqlite3
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from kiosk_agent.core.flows import SaleContext, SaleSteps, event_of
+from kiosk_agent.core.journal import Journal, JournalError, SaleRecord
+from kiosk_agent.core.sale import Flow, SaleEvent, SaleState
+from kiosk_agent.money import format_cents
+from kiosk_agent.redact import redact
+from kiosk_agent.tasks import BackgroundTask
+
+if TYPE_CHECKING:
+    from kiosk_agent.core.events import EventBus
+
+_LOGGER = logging.getLogger(__name__)
+
+RECHECK_STEP = "attention.recheck"
+RESOLVED_STEP = "attention.resolved"
+MAX_RETRIES = 3  # money calls a sweep may make for one sale, in all
+MAX_WHY = 500
+
+# what a person says happened -> the state it ends the sale in
+RESOLUTIONS = {"captured": SaleState.COMPLETED, "reversed": SaleState.REVERSED}
+
+
+class ResolveError(ValueError):
+    """A resolution that cannot be applied: a bad ``as`` or reason."""
+
+
+class UnknownSale(ResolveError):
+    """No sale by that id, id prefix or order_id."""
+
+
+class NotInAttention(ResolveError):
+    """The sale is not (or no longer) in ATTENTION."""
+
+
+@dataclass(slots=True)
+class SweepStats:
+    sweeps: int = 0
+    ended: int = 0  # ATTENTION sales the sweeper ended by itself
+    errors: int = 0
+    last_sweep_at: float | None = None
+    last_error: str = ""
+
+
+class AttentionSweeper:
+    """Re-examines ATTENTION sales every ``interval`` seconds against reporting."""
+
+    def __init__(self, context: SaleContext, interval: float = 300.0) -> None:
+        self.context = context
+        self.journal = context.journal
+        self.interval = interval
+        self.stats = SweepStats()
+        self._loop = BackgroundTask(self._run, "attention-sweeper")
+
+    def start(self) -> None:
+        self._loop.start()
+
+    async def stop(self) -> None:
+        await self._loop.stop()
+
+    async def _run(self) -> None:
+        while True:  # not at once: on start, recovery goes first
+            await asyncio.sleep(self.interval)
+            await self.sweep()
+
+    async def sweep(self) -> list[SaleEvent]:
+        """One pass over the ATTENTION sales; each one's error is counted, never fatal."""
+        self.stats.sweeps += 1
+        self.stats.last_sweep_at = time.time()
+        ended: list[SaleEvent] = []
+        try:
+            sales = self.journal.attention_sales()
+        except (sqlite3.Error, JournalError) as err:  # a failing disk: health shows it too
+            self._count_error(f"cannot read the journal: {err}")
+            return ended
+        for record in sales:
+            try:
+                event = await self.recheck(SaleSteps(record, self.context))
+            except Exception as err:
+                _LOGGER.exception("sale %s: attention recheck failed", record.sale_id)
+                self._count_error(f"sale {record.sale_id}: {type(err).__name__}: {err}")
+                continue
+            if event is not None and event.state is not SaleState.ATTENTION:
+                self.stats.ended += 1
+                ended.append(event)
+        return ended
+
+    def _count_error(self, text: str) -> None:
+        self.stats.errors += 1
+        self.stats.last_error = text
+
+    async def recheck(self, steps: SaleSteps) -> SaleEvent | None:
+        """Ask the service what became of one ATTENTION sale; its new end, or None."""
+        record = steps.record
+        if record.flow == Flow.ENROLL:
+            return None  # reporting knows charges, not vaults or plans: a person decides
+        retries_left = MAX_RETRIES - _money_retries(self.journal, record.sale_id)
+        if record.trans_id is None:
+            return await self._no_trans_id(steps, retries_left > 0)
+        return await self._with_trans_id(steps, record.trans_id, retries_left > 0)
+
+    async def _no_trans_id(self, steps: SaleSteps, may_move_money: bool) -> SaleEvent | None:
+        lookup = await steps.reconciler.find_charge(steps.record.all_order_ids())
+        if lookup.unknown or not self._still_attention(steps):
+            return None
+        if lookup.approved:
+            if not may_move_money:
+                return None
+            steps.step(RECHECK_STEP, detail={"found": "charge", "trans_id": lookup.trans_id})
+            steps.charge_found("attention.found", lookup.trans_id, lookup.amount_cents)
+            return await steps.reverse("a charge found later in reporting, not vended")
+        if lookup.reversed:
+            return steps.finish(SaleState.REVERSED, "attention.done", "already given back")
+        if time.time() < steps.answer_deadline():
+            return None  # the service may still answer the money call
+        return steps.finish(
+            SaleState.FAILED, "attention.done", "no charge was made (checked in reporting later)"
+        )
+
+    async def _with_trans_id(
+        self, steps: SaleSteps, trans_id: str, may_move_money: bool
+    ) -> SaleEvent | None:
+        record = steps.record
+        lookup = await steps.reconciler.transaction_state(trans_id)
+        if not lookup.known or not self._still_attention(steps):
+            return None
+        if lookup.reversed:
+            return steps.finish(
+                SaleState.REVERSED,
+                "attention.done",
+                "given back (found in reporting)",
+                reverse_trans_id=lookup.reverse_trans_id,
+                reversed_cents=lookup.amount_cents or record.captured_cents,
+            )
+        vended = record.vended_cents
+        if lookup.captured and vended:
+            return steps.finish(
+                SaleState.COMPLETED,
+                "attention.done",
+                f"paid {format_cents(lookup.amount_cents or vended)} (found captured)",
+                captured_cents=lookup.amount_cents or vended,
+            )
+        if not (lookup.captured or lookup.authorized) or not may_move_money:
+            return None
+        action = "capture" if lookup.authorized and vended else "reverse"
+        steps.step(RECHECK_STEP, detail={"found": "held", "action": action})
+        if action == "capture":
+            return await steps.capture(vended)
+        return await steps.reverse("money held without a confirmed vend (found in reporting)")
+
+
+    def _still_attention(self, steps: SaleSteps) -> bool:
+        """Whether nobody resolved the sale while reporting was asked (then: leave it be)."""
+        current = self.journal.get(steps.record.sale_id)
+        if current is None or current.state is not SaleState.ATTENTION:
+            return False
+        steps.record = current
+        return True
+
+
+def _money_retries(journal: Journal, sale_id: str) -> int:
+    return sum(1 for step in journal.steps(sale_id) if step.step == RECHECK_STEP)
+
+
+def resolve(
+    journal: Journal,
+    sale_id: str,
+    as_: str,
+    why: str,
+    by: str,
+    events: EventBus[SaleEvent] | None = None,
+) -> SaleRecord:
+    """A person's decision on an ATTENTION sale: what they did by hand, and why.
+
+    Only journaled (no money moves here): ``captured`` ends the sale COMPLETED, ``reversed`` ends
+    it REVERSED. The reason is kept with the sale, card numbers and secrets masked.
+    """
+    if as_ not in RESOLUTIONS:
+        raise ResolveError(f"--as must be one of {', '.join(RESOLUTIONS)}, got {as_!r}")
+    why = " ".join(why.split())
+    if not why:
+        raise ResolveError("say why: --why TEXT is kept with the sale")
+    if len(why) > MAX_WHY:
+        raise ResolveError(f"--why is {len(why)} characters; at most {MAX_WHY}")
+    record = journal.get(sale_id) or _by_prefix(journal, sale_id)
+    if record.state is not SaleState.ATTENTION:
+        raise NotInAttention(
+            f"sale {record.sale_id} is {record.state.value}, not attention: nothing to resolve"
+        )
+    why = redact(why)
+    resolution = {"as": as_, "why": why, "by": by, "at": round(time.time(), 3)}
+    held = record.vended_cents or record.authorized_cents or record.amount_cents
+    money = (
+        {"captured_cents": record.captured_cents or held}
+        if as_ == "captured"
+        else {"reversed_cents": record.reversed_cents or record.captured_cents or held}
+    )
+    resolved = journal.record(
+        record,
+        RESOLVED_STEP,
+        RESOLUTIONS[as_],
+        detail={"as": as_, "why": why, "by": by},
+        message=f"resolved by {by} as {as_}: {why}",
+        resolution=json.dumps(resolution, sort_keys=True),
+        **money,
+    )
+    _LOGGER.info("sale %s resolved by %s as %s", resolved.sale_id, by, as_)
+    if events is not None:
+        events.publish(event_of(resolved, RESOLVED_STEP))
+    return resolved
+
+
+def _by_prefix(journal: Journal, wanted: str) -> SaleRecord:
+    """A sale named by a unique prefix of its id (as the CLI prints them), or by its order_id."""
+    record = journal.by_order_id(wanted)
+    if record is not None:
+        return record
+    matches = [r for r in journal.attention_sales() if wanted and r.sale_id.startswith(wanted)]
+    if len(matches) == 1:
+        return matches[0]
+    if matches:
+        raise UnknownSale(f"{wanted!r} names {len(matches)} sales; give more of the sale id")
+    raise UnknownSale(f"no sale {wanted!r} in the journal")

@@ -1,0 +1,313 @@
+"""The status page's server side over real HTTP: sessions, CSRF, roles, the event stream, doctor.
+
+The browser itself is exercised in test_page_browser.py; these tests speak HTTP the way a
+browser (or an attacker's page) would.
+"""
+
+import asyncio
+import json
+import time
+from typing import Any
+
+import aiohttp
+import pytest
+
+from kiosk_agent.admin.page import COOKIE, availability, health_notes
+from kiosk_agent.core.sale import SaleEvent, SaleState
+from tests.admin.conftest import ADMIN_TOKEN, READ_TOKEN
+
+
+@pytest.fixture
+async def api(admin_server: Any) -> Any:
+    # unsafe=True: keep cookies for 127.0.0.1 (an IP host), as a browser does
+    async with aiohttp.ClientSession(
+        base_url=admin_server.url, cookie_jar=aiohttp.CookieJar(unsafe=True)
+    ) as session:
+        yield session
+
+
+def _origin(admin_server: Any) -> dict[str, str]:
+    return {"Origin": admin_server.url}
+
+
+async def _login(api: Any, admin_server: Any, token: str = ADMIN_TOKEN) -> str:
+    async with api.post("/session", json={"token": token}, headers=_origin(admin_server)) as r:
+        assert r.status == 200, await r.text()
+        body = await r.json()
+        cookie = r.headers["Set-Cookie"]
+    assert "HttpOnly" in cookie
+    assert "SameSite=Strict" in cookie
+    assert token not in cookie
+    return str(body["csrf"])
+
+
+async def test_the_page_and_its_files_are_served_without_a_token(api: Any) -> None:
+    async with api.get("/") as r:
+        assert r.status == 200
+        assert r.headers["Content-Type"].startswith("text/html")
+        assert "script-src 'self'" in r.headers["Content-Security-Policy"]
+        assert r.headers["X-Frame-Options"] == "DENY"
+        html = await r.text()
+    assert '<script src="/static/page.js"' in html
+    assert "//" not in html.replace("<!doctype", "")  # nothing fetched from outside
+    for name, kind in (("page.js", "text/javascript"), ("page.css", "text/css")):
+        async with api.get(f"/static/{name}") as r:
+            assert r.status == 200
+            assert r.headers["Content-Type"].startswith(kind)
+    async with api.get("/static/nope.js") as r:
+        assert r.status == 404
+
+
+async def test_data_needs_a_session_or_a_token(api: Any) -> None:
+    for path in ("/api/page", "/api/events", "/api/doctor"):
+        async with api.get(path) as r:
+            assert r.status == 401, path
+    async with api.get("/session") as r:
+        assert await r.json() == {"role": None, "csrf": None}
+
+
+async def test_a_wrong_token_opens_no_session(api: Any, admin_server: Any) -> None:
+    headers = _origin(admin_server)
+    async with api.post("/session", json={"token": "x" * 30}, headers=headers) as r:
+        assert r.status == 401
+        assert "not configured" in (await r.json())["detail"]
+        assert COOKIE not in r.cookies
+    async with api.post("/session", json={"tok": 1}, headers=headers) as r:
+        assert r.status == 400
+    async with api.post("/session", data="token=x", headers=headers) as r:
+        assert r.status == 415  # a cross-site form cannot post JSON
+
+
+async def test_a_session_reads_and_acts_with_its_csrf_token(api: Any, admin_server: Any) -> None:
+    csrf = await _login(api, admin_server)
+    async with api.get("/api/page") as r:
+        assert r.status == 200
+        page = await r.json()
+    assert {t["device_id"] for t in page["health"]["terminals"]} == {"SIM-0001", "SIM-0007"}
+    assert page["availability"]["available"] is True
+    assert page["today_amount"] == "$0.00"
+    headers = {**_origin(admin_server), "X-CSRF-Token": csrf}
+    async with api.post("/api/terminals/SIM-0001/ping", headers=headers) as r:
+        assert r.status == 200
+        assert (await r.json())["online"] is True
+
+
+async def test_cross_site_actions_are_refused(api: Any, admin_server: Any) -> None:
+    csrf = await _login(api, admin_server)
+    ping = "/api/terminals/SIM-0001/ping"
+    async with api.post(ping, headers=_origin(admin_server)) as r:
+        assert r.status == 403
+        assert (await r.json())["error"] == "csrf"
+    evil = {"Origin": "http://evil.example", "X-CSRF-Token": csrf}
+    async with api.post(ping, headers=evil) as r:
+        assert r.status == 403
+        assert (await r.json())["error"] == "origin"
+    async with api.post(ping, headers={"X-CSRF-Token": csrf}) as r:
+        assert r.status == 403  # no Origin at all
+    async with api.post("/session", json={"token": ADMIN_TOKEN}, headers=evil) as r:
+        assert r.status == 403  # no login from another site either
+
+
+async def test_a_read_session_reads_but_cannot_act(api: Any, admin_server: Any) -> None:
+    csrf = await _login(api, admin_server, READ_TOKEN)
+    async with api.get("/session") as r:
+        assert (await r.json())["role"] == "read"
+    async with api.get("/api/health") as r:
+        assert r.status == 200
+    headers = {**_origin(admin_server), "X-CSRF-Token": csrf}
+    for path in ("/api/terminals/SIM-0001/ping", "/api/doctor"):
+        async with api.post(path, headers=headers) as r:
+            assert r.status == 403, path
+            assert "admin token" in (await r.json())["detail"]
+
+
+async def test_logout_ends_the_session(api: Any, admin_server: Any) -> None:
+    csrf = await _login(api, admin_server)
+    headers = {**_origin(admin_server), "X-CSRF-Token": csrf}
+    async with api.delete("/session", headers=headers) as r:
+        assert r.status == 200
+    async with api.get("/api/page") as r:
+        assert r.status == 401
+
+
+async def test_a_stolen_cookie_from_another_agent_is_worthless(api: Any, admin_server: Any) -> None:
+    await _login(api, admin_server)
+    async with aiohttp.ClientSession(base_url=admin_server.url) as other:
+        fake = {"Cookie": f"{COOKIE}=not-a-session"}
+        async with other.get("/api/page", headers=fake) as r:
+            assert r.status == 401
+
+
+async def _events(response: Any) -> Any:
+    """Parse server-sent events as they arrive: yields (event, data)."""
+    event, data = "message", ""
+    async for raw in response.content:
+        line = raw.decode().rstrip("\n")
+        if line.startswith("event: "):
+            event = line[len("event: ") :]
+        elif line.startswith("data: "):
+            data = line[len("data: ") :]
+        elif line == "" and data:
+            yield event, json.loads(data)
+            event, data = "message", ""
+
+
+async def test_the_event_stream_is_less_than_a_second_behind(
+    agent: Any, api: Any, admin_server: Any
+) -> None:
+    await _login(api, admin_server)
+    async with api.get("/api/events") as response:
+        assert response.headers["Content-Type"] == "text/event-stream"
+        stream = _events(response)
+        kind, first = await anext(stream)
+        assert kind == "health"
+        assert first["health"]["version"] == agent.version
+        kind, doctor = await anext(stream)
+        assert kind == "doctor"
+        assert set(doctor) >= {"running", "checks"}
+        # a health change: a terminal reported offline
+        began = time.monotonic()
+        agent.health.report_terminal("SIM-0001", online=False, detail="ping: terminal offline")
+        kind, note = await asyncio.wait_for(anext(stream), 1.0)
+        assert (kind, note["text"]) == ("note", "status ok -> degraded")
+        kind, note = await anext(stream)
+        assert note["text"] == "problem: terminal SIM-0001 offline ping: terminal offline"
+        kind, view = await anext(stream)
+        assert kind == "health"
+        health_delay = time.monotonic() - began
+        offline = next(t for t in view["health"]["terminals"] if t["device_id"] == "SIM-0001")
+        assert offline["online"] is False
+        # a sale step
+        began = time.monotonic()
+        agent.events.publish(
+            SaleEvent("s1", "o1", "test", SaleState.CHARGING, 250, terminal="SIM-0007")
+        )
+        kind, sale = await asyncio.wait_for(anext(stream), 1.0)
+        sale_delay = time.monotonic() - began
+    assert kind == "sale"
+    assert (sale["state"], sale["amount"], sale["terminal"]) == ("charging", "$2.50", "SIM-0007")
+    print(f"event stream delay: health {health_delay:.3f} s, sale {sale_delay:.3f} s")
+    assert health_delay < 1.0
+    assert sale_delay < 1.0
+
+
+async def test_an_open_stream_does_not_hold_up_the_agents_stop(
+    tmp_path: Any, sim_settings: Any
+) -> None:
+    from kiosk_agent.app import load_agent
+    from tests.admin.conftest import write_config
+
+    agent = load_agent(write_config(tmp_path), sim_settings, systemd=False)
+    await agent.start()
+    server = next(c for c in agent.components if type(c).__name__ == "AdminServer")
+    headers = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
+    async with (
+        aiohttp.ClientSession() as session,
+        session.get(f"{server.url}/api/events", headers=headers) as response,
+    ):
+        assert response.status == 200
+        began = time.monotonic()
+        await agent.stop()
+        assert time.monotonic() - began < 5.0
+
+
+async def test_doctor_checks_run_from_the_agent_with_their_fixes(
+    agent: Any, api: Any, admin_server: Any, sim: Any
+) -> None:
+    csrf = await _login(api, admin_server)
+    async with aiohttp.ClientSession() as plain:
+        await plain.post(f"{sim.base_url}/sim/terminals/SIM-0001/offline")
+    headers = {**_origin(admin_server), "X-CSRF-Token": csrf}
+    async with api.post("/api/doctor", headers=headers) as r:
+        assert r.status == 200
+        report = await r.json()
+    checks = {c["name"]: c for c in report["checks"]}
+    assert checks["service"]["verdict"] == "PASS"
+    assert checks["ping SIM-0001"]["verdict"] == "FAIL"
+    assert checks["ping SIM-0001"]["fix"] == (
+        "power-cycle the reader and check its network cable or Wi-Fi"
+    )
+    assert checks["ping SIM-0007"]["verdict"] == "PASS"
+    assert report["failed"] == 1
+    async with api.get("/api/doctor") as r:
+        assert (await r.json())["finished_at"] == report["finished_at"]
+
+
+def test_availability_says_why_card_payment_is_off() -> None:
+    snapshot = {
+        "service": {"reachable": True},
+        "terminals": [{"device_id": "A", "online": False}, {"device_id": "B", "online": None}],
+    }
+    assert availability(snapshot) == {
+        "available": False,
+        "reason": "no terminal is online",
+        "own": False,
+    }
+    snapshot["service"]["reachable"] = False
+    assert "unreachable" in availability(snapshot)["reason"]
+    # the agent's own out-of-service state wins when its health carries one
+    own = {**snapshot, "out_of_service": {"active": False, "reason": ""}}
+    assert availability(own)["available"] is True
+
+
+def test_health_notes_name_what_changed() -> None:
+    before = {"status": "ok", "problems": ["a"]}
+    after = {"status": "degraded", "problems": ["b"]}
+    assert health_notes(before, after) == ["status ok -> degraded", "problem: b", "cleared: a"]
+    assert health_notes(None, after) == []
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        b"[]",
+        b'"token"',
+        b"null",
+        b'{"token": 5}',
+        b'{"token": ""}',
+        b'{"token": ["admin-token-0123456789abcdef"]}',
+        b'{"token": "' + b"a" * 60_000 + b'"}',
+        b"\xff\xfe{not utf-8",
+        b"{" * 5_000,
+    ],
+)
+async def test_hostile_login_bodies_get_a_clear_no(
+    api: Any, admin_server: Any, body: bytes
+) -> None:
+    headers = {**_origin(admin_server), "Content-Type": "application/json"}
+    async with api.post("/session", data=body, headers=headers) as r:
+        assert r.status in (400, 401), await r.text()
+        assert (await r.json())["detail"]
+        assert COOKIE not in r.cookies
+
+
+async def test_too_many_event_streams_are_refused_and_sales_go_on(
+    agent: Any, admin_server: Any
+) -> None:
+    from kiosk_agent.admin.page import MAX_STREAMS
+    from tests.admin.test_server import _sell
+
+    headers = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
+    async with aiohttp.ClientSession(base_url=admin_server.url, headers=headers) as session:
+        streams = [await session.get("/api/events") for _ in range(MAX_STREAMS)]
+        try:
+            assert all(s.status == 200 for s in streams)
+            async with session.get("/api/events") as extra:
+                assert extra.status == 503
+                assert "event streams" in (await extra.json())["detail"]
+            final = await asyncio.wait_for(_sell(agent, 250), 15)
+            assert final.state is SaleState.COMPLETED
+        finally:
+            for stream in streams:
+                stream.close()
+
+
+async def test_a_session_ends_after_its_lifetime(api: Any, admin_server: Any) -> None:
+    await _login(api, admin_server)
+    async with api.get("/api/page") as r:
+        assert r.status == 200
+    for session in admin_server.page._sessions.values():
+        session.expires_at = time.time() - 1  # twelve hours later
+    async with api.get("/api/page") as r:
+        assert r.status == 401
+    assert admin_server.page._sessions == {}

@@ -1,0 +1,251 @@
+"""The status page in a real browser: Debian's chromium, driven by Playwright, against a running
+agent on the simulator.
+
+A field tech logs in on a phone, watches a reader go offline in the simulator, reads the doctor's
+fix, and presses "Test print" on a laptop. Set ``KIOSK_AGENT_SCREENSHOTS=docs`` to write the
+screenshots the README shows (docs/status-page-phone.png, docs/status-page-desktop.png);
+otherwise they go to the test's temporary directory.
+"""
+
+import os
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+from playwright.async_api import Browser, Page, ViewportSize, async_playwright, expect
+
+from kiosk_agent.app import load_agent
+from kiosk_agent.core.journal import SaleRecord
+from kiosk_agent.core.sale import SaleEvent, SaleState
+from tests.admin.conftest import ADMIN_TOKEN, CONFIG, READ_TOKEN, write_config
+from tests.admin.test_server import _sell
+
+CHROMIUM = "/usr/bin/chromium"  # Debian's, installed by ./dev test; never a downloaded build
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+]
+PHONE: ViewportSize = {"width": 360, "height": 740}
+DESKTOP: ViewportSize = {"width": 1280, "height": 900}
+WAIT_MS = 10_000  # the longest any expectation waits (a busy 2-core machine)
+
+
+@pytest.fixture
+async def browser() -> AsyncIterator[Browser]:
+    if not Path(CHROMIUM).exists():
+        pytest.fail(f"{CHROMIUM} is missing: `./dev test` installs Debian's chromium (apt-get)")
+    async with async_playwright() as playwright:
+        browser = await playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        yield browser
+        await browser.close()
+
+
+@pytest.fixture
+async def agent(tmp_path: Path, sim_settings: Any) -> AsyncIterator[Any]:
+    """The admin tests' agent, with terminals pinged every second (offline shows within ~1 s)."""
+    path = write_config(tmp_path)
+    path.write_text(CONFIG.replace("ping_interval: 3600", "ping_interval: 1"))
+    agent = load_agent(path, sim_settings, systemd=False)
+    await agent.start()
+    yield agent
+    await agent.stop()
+
+
+def _screenshot_path(tmp_path: Path, name: str) -> Path:
+    where = os.environ.get("KIOSK_AGENT_SCREENSHOTS")
+    directory = Path(__file__).parents[2] / "docs" if where == "docs" else tmp_path
+    return directory / name
+
+
+@dataclass
+class Seen:
+    """What the browser did besides drawing: every URL it asked for, every error it logged."""
+
+    urls: list[str] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+
+
+async def _open(
+    browser: Browser, url: str, viewport: ViewportSize, token: str
+) -> tuple[Page, Seen]:
+    """A fresh browser context at the page, logged in the way a person does it."""
+    context = await browser.new_context(viewport=viewport)
+    page = await context.new_page()
+    seen = Seen()
+    page.on("request", lambda request: seen.urls.append(request.url))
+    # a script error or a blocked resource (the Content-Security-Policy) fails the test
+    page.on("pageerror", lambda error: seen.errors.append(str(error)))
+    page.on("console", lambda m: seen.errors.append(m.text) if m.type == "error" else None)
+    await page.goto(f"{url}/")
+    await expect(page.get_by_label("Admin API token")).to_be_visible()
+    await page.get_by_label("Admin API token").fill(token)
+    await page.get_by_role("button", name="Log in").click()
+    await expect(page.locator("#board")).to_be_visible()
+    return page, seen
+
+
+async def _screenshot(page: Page, path: Path) -> None:
+    await page.evaluate("window.scrollTo(0, 0)")  # the sticky bar stays at the top of the shot
+    await page.screenshot(path=path, full_page=True)
+
+
+def _terminal(page: Page, device_id: str) -> Any:
+    return page.locator(f'.terminal[data-device="{device_id}"]')
+
+
+async def _attention_sale(agent: Any) -> SaleRecord:
+    """A sale the agent could not decide, as the flows leave one: in the journal, in health."""
+    record = agent.journal.create(
+        SaleRecord(
+            sale_id="5a1e-attention",
+            order_id="ka-5a1e",
+            source="mdb:front",
+            flow="charge_card",
+            terminal="SIM-0001",
+            amount_cents=350,
+            product="B4",
+            state=SaleState.CHARGING,
+        )
+    )
+    message = "the charge's outcome is unknown: the service did not answer"
+    record = agent.journal.record(record, "charge.unknown", SaleState.ATTENTION, message=message)
+    agent.health.record_sale(
+        SaleEvent(record.sale_id, record.order_id, record.source, SaleState.ATTENTION, 350)
+    )
+    return record
+
+
+async def test_a_tech_logs_in_on_a_phone_and_sees_a_reader_go_offline(
+    browser: Browser, agent: Any, admin_server: Any, sim: Any, tmp_path: Path
+) -> None:
+    await _sell(agent, 250)
+    await _attention_sale(agent)
+    page, seen = await _open(browser, admin_server.url, PHONE, ADMIN_TOKEN)
+    front = _terminal(page, "SIM-0001")
+    await expect(front.locator('[data-field="online"]')).to_have_text("online", timeout=WAIT_MS)
+    await expect(page.locator("#live")).to_have_text("live", timeout=WAIT_MS)
+    await expect(page.locator("#today")).to_have_text("1 sale(s), $2.50")
+    await expect(page.locator("#attention")).to_contain_text("$3.50")
+    assert seen.errors == []
+
+    async with aiohttp.ClientSession() as session:
+        offline = f"{sim.base_url}/sim/terminals/SIM-0001/offline"
+        async with session.post(offline) as response:
+            assert response.status == 200
+    began = time.monotonic()
+    await expect(front.locator('[data-field="online"]')).to_have_text("OFFLINE", timeout=WAIT_MS)
+    shown_after = time.monotonic() - began
+    print(f"terminal offline in the simulator -> OFFLINE on the page: {shown_after:.2f} s")
+    await expect(page.locator("#events")).to_contain_text("problem: terminal SIM-0001 offline")
+    await expect(page.locator("#problems")).to_contain_text("terminal SIM-0001 offline")
+    assert shown_after < 1.0 + 2.0  # the ping interval (1 s) and the page's share, with slack
+
+    # the doctor's fix for the failing check, on the page
+    await page.get_by_role("button", name="Run doctor checks").click()
+    check = page.locator('[data-check="ping SIM-0001"]')
+    await expect(check).to_contain_text("FAIL", timeout=WAIT_MS)
+    await expect(check.locator(".fix")).to_have_text(
+        "Fix: power-cycle the reader and check its network cable or Wi-Fi"
+    )
+
+    # readable at 360 px: nothing wider than the screen, targets big enough for gloves
+    width = await page.evaluate("document.documentElement.scrollWidth")
+    assert width <= PHONE["width"]
+    for button in await page.locator("button:visible").all():
+        box = await button.bounding_box()
+        assert box is not None
+        assert box["height"] >= 40, await button.inner_text()
+    await _screenshot(page, _screenshot_path(tmp_path, "status-page-phone.png"))
+    # the token never travelled in a URL
+    assert not [url for url in seen.urls if ADMIN_TOKEN in url]
+    assert seen.errors == []
+
+
+async def test_test_print_from_a_laptop(
+    browser: Browser, agent: Any, admin_server: Any, tmp_path: Path
+) -> None:
+    await _sell(agent, 402)  # declined: a line in the history
+    await _attention_sale(agent)
+    page, seen = await _open(browser, admin_server.url, DESKTOP, ADMIN_TOKEN)
+    await expect(page.locator("#live")).to_have_text("live", timeout=WAIT_MS)
+    final = await _sell(agent, 250)  # while the page looks: its steps in the live events
+    await expect(page.locator("#events")).to_contain_text("$2.50 completed", timeout=WAIT_MS)
+    printer = _terminal(page, "SIM-0007")
+    await expect(printer).to_contain_text("receipt printing", timeout=WAIT_MS)
+
+    await printer.get_by_role("button", name="Test print").click()
+    trans_id = agent.journal.get(final.sale_id).trans_id
+    await expect(printer.locator(".result")).to_have_text(
+        f"SIM-0007 printed transaction {trans_id}", timeout=WAIT_MS
+    )
+    # a reader without a printer: the button says so instead of failing later
+    front = _terminal(page, "SIM-0001")
+    await expect(front.get_by_role("button", name="Test print")).to_be_disabled()
+    await front.get_by_role("button", name="Ping").click()
+    await expect(front.locator(".result")).to_contain_text("SIM-0001 answered in", timeout=WAIT_MS)
+
+    # the last sales with their steps
+    history = page.locator(f'#recent details[data-sale="{final.sale_id}"]')
+    await history.locator("summary").click()
+    await expect(history.locator("ol.steps")).to_contain_text("completed")
+    await page.get_by_role("button", name="Run doctor checks").click()
+    await expect(page.locator("#doctor")).to_contain_text("0 failed", timeout=WAIT_MS)
+    await _screenshot(page, _screenshot_path(tmp_path, "status-page-desktop.png"))
+    assert seen.errors == []
+
+
+async def test_a_read_only_tech_sees_everything_but_no_buttons(
+    browser: Browser, agent: Any, admin_server: Any
+) -> None:
+    await _attention_sale(agent)
+    page, seen = await _open(browser, admin_server.url, PHONE, READ_TOKEN)
+    await expect(_terminal(page, "SIM-0007")).to_be_visible(timeout=WAIT_MS)
+    await expect(page.get_by_role("button", name="Test print")).to_have_count(0)
+    await expect(page.get_by_role("button", name="Resolve")).to_have_count(0)
+    await expect(page.get_by_role("button", name="Run doctor checks")).to_be_hidden()
+    await expect(page.locator("#attention")).to_contain_text("$3.50")
+    assert seen.errors == []
+
+
+async def test_a_wrong_token_is_refused_on_the_page(
+    browser: Browser, agent: Any, admin_server: Any
+) -> None:
+    context = await browser.new_context(viewport=PHONE)
+    page = await context.new_page()
+    await page.goto(f"{admin_server.url}/")
+    await page.get_by_label("Admin API token").fill("not-a-token-but-long-enough-to-try")
+    await page.get_by_role("button", name="Log in").click()
+    await expect(page.locator("#login-error")).to_have_text(
+        "that token is not configured for this unit"
+    )
+    await expect(page.locator("#board")).to_be_hidden()
+
+
+def _has_resolve(admin_server: Any) -> bool:
+    routes = admin_server.app().router.routes()
+    return any(r.resource.canonical == "/api/sales/{sale_id}/resolve" for r in routes)
+
+
+async def test_an_attention_sale_is_resolved_from_the_page(
+    browser: Browser, agent: Any, admin_server: Any
+) -> None:
+    if not _has_resolve(admin_server):
+        pytest.skip("POST /api/sales/{sale_id}/resolve is not on this branch yet")
+    record = await _attention_sale(agent)
+    page, seen = await _open(browser, admin_server.url, PHONE, ADMIN_TOKEN)
+    form = page.locator(f'form.resolve[data-sale="{record.sale_id}"]')
+    await form.get_by_label("Reversed (given back)").check()
+    await form.get_by_label("Why").fill("checked the bank statement: refunded by hand")
+    await form.get_by_role("button", name="Resolve").click()
+    await expect(page.locator("#attention")).to_contain_text("none", timeout=WAIT_MS)
+    assert agent.journal.get(record.sale_id).state is not SaleState.ATTENTION
+    assert seen.errors == []

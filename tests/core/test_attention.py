@@ -1,0 +1,139 @@
+"""ATTENTION sales: the sweeper ends them once reporting knows; a person resolves the rest."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from kiosk_agent.core.attention import NotInAttention, ResolveError, UnknownSale, resolve
+from kiosk_agent.core.sale import SaleState
+from kiosk_agent.service.models import TransStatus
+
+from .test_recovery import authorize, leave_open, rows
+
+
+async def attention_sale(agent_factory: Any, tmp_path: Path, **fields: Any) -> Any:
+    """An agent whose journal holds one ATTENTION sale ``crashed1`` (order KACRASHED1)."""
+    leave_open(tmp_path, state=SaleState.ATTENTION, answer_by=time.time() - 1, **fields)
+    return await agent_factory()
+
+
+async def test_an_authorization_vended_and_left_open_is_captured(
+    agent_factory: Any, tmp_path: Path, sim_factory: Any
+) -> None:
+    agent = await attention_sale(agent_factory, tmp_path, vended_cents=250)
+    trans_id = await authorize(agent.service, "KACRASHED1", capture=False)
+    agent.journal.record(agent.journal.get("crashed1"), "test", trans_id=trans_id)
+    [event] = await agent.attention.sweep()
+    assert event.state is SaleState.COMPLETED, event.message
+    assert event.captured_cents == 250
+    [row] = await rows(agent.service, "KACRASHED1")
+    assert row.status is TransStatus.CAPTURED
+    assert agent.attention.stats.ended == 1
+    assert agent.health.snapshot().sales.attention == 0
+
+
+async def test_money_held_without_a_vend_is_given_back(agent_factory: Any, tmp_path: Path) -> None:
+    agent = await attention_sale(agent_factory, tmp_path)
+    trans_id = await authorize(agent.service, "KACRASHED1", capture=False)
+    agent.journal.record(agent.journal.get("crashed1"), "test", trans_id=trans_id)
+    [event] = await agent.attention.sweep()
+    assert event.state is SaleState.REVERSED
+    [row] = await rows(agent.service, "KACRASHED1")
+    assert row.status is TransStatus.VOIDED
+
+
+async def test_a_charge_found_later_by_order_id_is_voided(
+    agent_factory: Any, tmp_path: Path
+) -> None:
+    agent = await attention_sale(agent_factory, tmp_path)  # no trans_id: reporting was down
+    await authorize(agent.service, "KACRASHED1", capture=False)
+    [event] = await agent.attention.sweep()
+    assert event.state is SaleState.REVERSED
+    [row] = await rows(agent.service, "KACRASHED1")
+    assert row.status is TransStatus.VOIDED
+
+
+async def test_no_charge_after_the_deadline_ends_failed(
+    agent_factory: Any, tmp_path: Path
+) -> None:
+    agent = await attention_sale(agent_factory, tmp_path)
+    [event] = await agent.attention.sweep()
+    assert event.state is SaleState.FAILED
+    assert "no charge was made" in event.message
+
+
+async def test_no_charge_before_the_deadline_proves_nothing(
+    agent_factory: Any, tmp_path: Path
+) -> None:
+    leave_open(tmp_path, state=SaleState.ATTENTION, answer_by=time.time() + 60)
+    agent = await agent_factory()
+    assert await agent.attention.sweep() == []
+    record = agent.journal.get("crashed1")
+    assert record is not None
+    assert record.state is SaleState.ATTENTION
+
+
+async def test_an_unreachable_reporting_leaves_the_sale_for_the_next_sweep(
+    agent_factory: Any, sim_factory: Any, tmp_path: Path
+) -> None:
+    leave_open(tmp_path, state=SaleState.ATTENTION, answer_by=time.time() - 1)
+    sim = await sim_factory(time_scale=300, transactions=0)
+    agent = await agent_factory(sim=sim)
+    await sim.stop()
+    assert await agent.attention.sweep() == []
+    record = agent.journal.get("crashed1")
+    assert record is not None
+    assert record.state is SaleState.ATTENTION
+    assert agent.attention.stats.errors == 0  # not an error: reporting cannot say yet
+
+
+async def test_a_person_resolves_an_attention_sale(agent_factory: Any, tmp_path: Path) -> None:
+    agent = await attention_sale(agent_factory, tmp_path, authorized_cents=300, vended_cents=300)
+    resolved = resolve(
+        agent.journal,
+        "crashed1",
+        "captured",
+        "captured in the portal, card 4111 1111 1111 1111",
+        "cli (root)",
+        agent.events,
+    )
+    assert resolved.state is SaleState.COMPLETED
+    assert resolved.captured_cents == 300
+    info = json.loads(resolved.resolution or "{}")
+    assert info["as"] == "captured"
+    assert info["by"] == "cli (root)"
+    assert "4111 1111 1111 1111" not in info["why"]  # card numbers never reach the journal
+    assert agent.journal.steps("crashed1")[-1].step == "attention.resolved"
+    with pytest.raises(NotInAttention, match="completed, not attention"):
+        resolve(agent.journal, "crashed1", "reversed", "again", "cli")
+
+
+@pytest.mark.parametrize(
+    ("sale_id", "as_", "why", "error", "message"),
+    [
+        ("crashed1", "refunded", "x", ResolveError, "one of captured, reversed"),
+        ("crashed1", "reversed", "   ", ResolveError, "say why"),
+        ("crashed1", "reversed", "x" * 501, ResolveError, "at most 500"),
+        ("nosuchsale", "reversed", "x", UnknownSale, "no sale 'nosuchsale'"),
+    ],
+)
+async def test_a_resolution_must_say_what_and_why(
+    agent_factory: Any,
+    tmp_path: Path,
+    sale_id: str,
+    as_: str,
+    why: str,
+    error: type[Exception],
+    message: str,
+) -> None:
+    agent = await attention_sale(agent_factory, tmp_path)
+    with pytest.raises(error, match=message):
+        resolve(agent.journal, sale_id, as_, why, "cli")
+    record = agent.journal.get("crashed1")
+    assert record is not None
+    assert record.state is SaleState.ATTENTION

@@ -1,0 +1,144 @@
+"""Money stays right when the service answers late, loses answers or fails (issue 9's faults).
+
+Each test arms the simulator's fault injection (``/sim/faults``) over real HTTP, or leaves the
+journal as a crash at the worst moment would, and checks the money in the simulator's reporting.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+
+from kiosk_agent.core.agent import Agent
+from kiosk_agent.core.sale import DispenseStatus, Flow, SaleRequest, SaleState
+from kiosk_agent.service.models import TransactionFilter, TransStatus
+
+from .agent_helpers import ScriptedDispenser
+from .test_recovery import authorize, leave_open
+
+
+async def arm(sim: Any, **fault: Any) -> None:
+    async with (
+        aiohttp.ClientSession() as http,
+        http.post(f"{sim.base_url}/sim/faults", json=fault) as answer,
+    ):
+        assert answer.status == 200, await answer.text()
+
+
+async def ledger(agent: Agent, order_id: str) -> list[Any]:
+    query = TransactionFilter(order_id=order_id)
+    return [t async for t in agent.service.reporting.transactions(query)]
+
+
+async def test_an_authorization_answered_after_the_agent_gave_up_is_voided(
+    agent_factory: Any, sim_factory: Any
+) -> None:
+    # The service commits the authorization 3.5 s after it arrives; the agent gives up after
+    # 2 s. "No row yet" must not be taken for "no charge" until 2 s + answer_margin (3 s).
+    sim = await sim_factory(time_scale=300, transactions=0)
+    agent = await agent_factory(sim=sim, timeout=2.0, answer_margin=3.0)
+    await arm(sim, path="/api/v1/charge", fault="delay", delay_s=3.5)
+    machine = ScriptedDispenser()
+    sale = await agent.sales.start(
+        SaleRequest(source="test", flow=Flow.AUTHORIZE_CAPTURE, amount_cents=300), machine
+    )
+    event = await asyncio.wait_for(sale.result(), 20)
+    assert event.state is SaleState.REVERSED, event.message
+    assert machine.authorized == []  # nothing was vended on an unconfirmed payment
+    assert machine.denied
+    [row] = await ledger(agent, sale.order_id)
+    assert row.status is TransStatus.VOIDED
+    steps = [s.step for s in agent.journal.steps(sale.sale_id)]
+    assert "authorize.waiting" in steps
+    assert "authorize.found" in steps
+
+
+async def test_a_lost_authorization_is_believed_uncharged_only_after_its_deadline(
+    agent_factory: Any, sim_factory: Any
+) -> None:
+    sim = await sim_factory(time_scale=300, transactions=0)
+    agent = await agent_factory(sim=sim)
+    await arm(sim, path="/api/v1/charge", fault="server_error")  # a 500, nothing processed
+    machine = ScriptedDispenser()
+    sale = await agent.sales.start(
+        SaleRequest(source="test", flow=Flow.AUTHORIZE_CAPTURE, amount_cents=300), machine
+    )
+    event = await asyncio.wait_for(sale.result(), 20)
+    record = agent.journal.get(sale.sale_id)
+    assert record is not None
+    assert record.answer_by is not None
+    assert event.state is SaleState.FAILED
+    assert record.finished_at is not None
+    assert record.finished_at >= record.answer_by
+    states = [s.state for s in agent.journal.steps(sale.sale_id)]
+    assert SaleState.UNRESOLVED in states
+    assert machine.denied == ["payment could not be confirmed"]  # once, before the lookups
+    assert await ledger(agent, sale.order_id) == []
+
+
+async def test_an_authorization_approved_after_the_restart_is_voided_by_recovery(
+    agent_factory: Any, sim_factory: Any, tmp_path: Path
+) -> None:
+    # Killed just after sending the authorization; the service approves it after the restart.
+    leave_open(tmp_path, state=SaleState.AUTHORIZING, answer_by=time.time() + 4)
+    sim = await sim_factory(time_scale=300, transactions=0)
+    agent = await agent_factory(sim=sim)
+    while (record := agent.journal.get("crashed1")) is None or record.state not in (
+        SaleState.UNRESOLVED,
+        *[s for s in SaleState if s.final],
+    ):
+        await asyncio.sleep(0.02)
+    assert record.state is SaleState.UNRESOLVED  # no row yet proves nothing
+    await authorize(agent.service, "KACRASHED1", capture=False)  # the late approval
+    [event] = await asyncio.wait_for(agent.recovery.wait(), 15)
+    assert event.state is SaleState.REVERSED, event.message
+    [row] = await ledger(agent, "KACRASHED1")
+    assert row.status is TransStatus.VOIDED
+
+
+async def test_restarts_never_push_a_charges_deadline_back(
+    agent_factory: Any, tmp_path: Path
+) -> None:
+    # A crash loop shorter than the charge's window: each start recovers the sale again, and
+    # each must wait only until the deadline journaled with the charge.
+    answer_by = time.time() + 3
+    leave_open(
+        tmp_path, state=SaleState.CHARGING, flow=Flow.CHARGE_CARD.value, answer_by=answer_by
+    )
+    for _ in range(4):
+        agent = await agent_factory()
+        await asyncio.sleep(0.4)
+        await agent.stop()
+    agent = await agent_factory()
+    [event] = await asyncio.wait_for(agent.recovery.wait(), 15)
+    record = agent.journal.get("crashed1")
+    assert record is not None
+    assert record.answer_by == answer_by
+    assert event.state is SaleState.FAILED
+    assert record.finished_at is not None
+    assert answer_by <= record.finished_at < answer_by + 2.0
+    assert agent.sales.busy_reason("SIM-0001") is None
+
+
+async def test_a_capture_whose_retry_lost_its_answer_is_found_captured(
+    agent_factory: Any, sim_factory: Any
+) -> None:
+    # The capture answers 500; its retry goes through but the answer is lost.
+    sim = await sim_factory(time_scale=300, transactions=0)
+    agent = await agent_factory(sim=sim)
+    await arm(sim, path="/api/v1/capture", fault="server_error")
+    await arm(sim, path="/api/v1/capture", fault="drop_answer")
+    machine = ScriptedDispenser(DispenseStatus.VENDED, vended_cents=250)
+    sale = await agent.sales.start(
+        SaleRequest(source="test", flow=Flow.AUTHORIZE_CAPTURE, amount_cents=300), machine
+    )
+    event = await asyncio.wait_for(sale.result(), 20)
+    assert event.state is SaleState.COMPLETED, event.message
+    assert event.captured_cents == 250
+    [row] = await ledger(agent, sale.order_id)
+    assert row.status is TransStatus.CAPTURED
+    assert row.amount_cents == 250
