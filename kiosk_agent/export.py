@@ -61,9 +61,10 @@ SALE_COLUMNS = (
 
 @dataclass(frozen=True, slots=True)
 class Amount:
-    """Integer cents in an export: ``"2.50"`` in CSV and JSON, never a float."""
+    """Integer cents: ``"2.50"`` in CSV and JSON, never a float (``$2.50`` for people)."""
 
     cents: int
+    currency: str = "USD"
 
     def __str__(self) -> str:
         return cents_to_dollars(self.cents)

@@ -29,15 +29,14 @@ import re
 import sys
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
-from dataclasses import dataclass
 from decimal import Decimal
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO, TypeVar
 
 from pydantic import BaseModel, SecretStr, ValidationError
 
-from kiosk_agent.export import HIDDEN_FIELDS, json_value, model_values, plain
-from kiosk_agent.money import MoneyError, cents_to_dollars, format_cents, parse_price
+from kiosk_agent.export import HIDDEN_FIELDS, Amount, json_value, model_values, plain
+from kiosk_agent.money import MoneyError, format_cents, parse_price
 
 if TYPE_CHECKING:
     from kiosk_agent.core.config import Config
@@ -110,13 +109,14 @@ Handler = Callable[[argparse.Namespace], Awaitable[int]]
 # -- options -------------------------------------------------------------------------------------
 
 
-def _positive_seconds(text: str) -> float:
+def positive_number(text: str) -> float:
+    """An argparse ``type``: a finite number above zero (seconds, a time scale)."""
     try:
         value = float(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected seconds, got {text!r}") from None
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
     if not math.isfinite(value) or value <= 0:
-        raise argparse.ArgumentTypeError(f"expected seconds above zero, got {text!r}")
+        raise argparse.ArgumentTypeError(f"must be a positive number, got {text!r}")
     return value
 
 
@@ -137,7 +137,7 @@ def _parent(part: str) -> argparse.ArgumentParser:
         )  # fmt: skip
     else:
         parent.add_argument(
-            "--timeout", metavar="S", type=_positive_seconds, default=argparse.SUPPRESS,
+            "--timeout", metavar="S", type=positive_number, default=argparse.SUPPRESS,
             help=f"seconds each service request may take (default {DEFAULT_TIMEOUT_S:g})",
         )  # fmt: skip
     return parent
@@ -623,17 +623,10 @@ def safe_dump(model: BaseModel) -> dict[str, Any]:
     return {key: json_value(value) for key, value in model_values(model).items()}
 
 
-@dataclass(frozen=True, slots=True)
-class Money:
-    """Integer cents in a printed record: ``$2.50`` for people, ``"2.50"`` in JSON."""
-
-    cents: int
-    currency: str = "USD"
+Money = Amount  # integer cents in a printed record: ``$2.50`` for people, ``"2.50"`` in JSON
 
 
 def jsonable(value: object) -> object:
-    if isinstance(value, Money):
-        return cents_to_dollars(value.cents)
     if isinstance(value, BaseModel):
         return safe_dump(value)
     return json_value(value)
@@ -643,7 +636,7 @@ def as_text(value: object) -> str:
     """A value for people: ``-`` for none, yes/no, ``$2.50``, times in UTC to the second."""
     if value is None:
         return "-"
-    if isinstance(value, Money):
+    if isinstance(value, Amount):
         return format_cents(value.cents, value.currency)
     if isinstance(value, bool):
         return "yes" if value else "no"

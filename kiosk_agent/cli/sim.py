@@ -6,7 +6,6 @@ import argparse
 import asyncio
 import contextlib
 import json
-import math
 import os
 import signal
 import sqlite3
@@ -15,6 +14,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from kiosk_agent.cli.contract import positive_number
 from kiosk_agent.service.settings import ServiceSettings
 from kiosk_agent.sim.ratelimit import RateLimit
 from kiosk_agent.sim.server import SimOptions, SimServer
@@ -35,7 +35,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "--port", type=_port, default=DEFAULT_PORT, help=f"port (default {DEFAULT_PORT}; 0: any)"
     )
     parser.add_argument(
-        "--time-scale", type=_positive_float, default=1.0,
+        "--time-scale", type=positive_number, default=1.0,
         help="run simulated durations X times faster (default 1)",
     )  # fmt: skip
     parser.add_argument("--seed", type=int, default=1, help="seed of the data set and card tokens")
@@ -56,16 +56,6 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     )
     parser.set_defaults(handler=run_sim)
     _register_trigger(parser)
-
-
-def _positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
-    if not math.isfinite(value) or value <= 0:
-        raise argparse.ArgumentTypeError(f"must be a positive number, got {text!r}")
-    return value
 
 
 def _count(text: str) -> int:

@@ -82,14 +82,20 @@ async def test_a_waiting_line_while_the_service_is_slow(monkeypatch: pytest.Monk
     assert quiet.getvalue() == ""
 
 
-async def test_a_windowed_pull_says_scanned_and_matched(
-    sim: SimServer, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
-) -> None:
+@pytest.fixture
+def reporting(sim: SimServer, monkeypatch: pytest.MonkeyPatch) -> SimServer:
+    """The OAuth client of ``sim`` in the environment, no configuration."""
     info = sim.ready_info()
     monkeypatch.delenv(cli.CONFIG_ENV, raising=False)
     monkeypatch.setenv("KIOSK_BASE_URL", info["base_url"])
     monkeypatch.setenv("KIOSK_CLIENT_ID", info["client_id"])
     monkeypatch.setenv("KIOSK_CLIENT_SECRET", info["client_secret"])
+    return sim
+
+
+async def test_a_windowed_pull_says_scanned_and_matched(
+    reporting: SimServer, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     monkeypatch.setattr(cli.Progress, "PLAIN_INTERVAL_S", 0.0)
     args = build_parser("report").parse_args(
         ["report", "transactions", "--since", "7d", "--format", "csv"]
@@ -104,14 +110,8 @@ async def test_a_windowed_pull_says_scanned_and_matched(
 
 
 async def test_statuses_are_taken_in_any_case(
-    sim: SimServer, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
-    tmp_path: Path,
+    reporting: SimServer, capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:
-    info = sim.ready_info()
-    monkeypatch.delenv(cli.CONFIG_ENV, raising=False)
-    monkeypatch.setenv("KIOSK_BASE_URL", info["base_url"])
-    monkeypatch.setenv("KIOSK_CLIENT_ID", info["client_id"])
-    monkeypatch.setenv("KIOSK_CLIENT_SECRET", info["client_secret"])
     for kind, spellings in (("transactions", ("settled", "SETTLED", "Settled")),
                             ("chargebacks", ("OPEN", "open")), ("deposits", ("FUNDED", "funded"))):
         results = []
