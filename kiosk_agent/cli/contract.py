@@ -6,8 +6,9 @@
   (argparse, exit 2), it is never ignored. A failure under ``--json`` still prints one JSON
   object, ``{"error": ..., "exit_code": N}``, on standard output (:func:`guarded`).
 - ``--timeout S`` (default 10) on every command that calls the service: each request gets at
-  most S seconds and the command line does not retry a request that got no answer, so a service
-  that never answers ends the command with a clear error within S. On a terminal a line says
+  most S seconds (``ServiceSettings.timeout``) and the command line does not retry (no answer,
+  a 5xx) nor wait out a 429 past S, so a service that never answers ends the command with a
+  clear error within S. On a terminal a line says
   what it waits for (:class:`StatusLine`).
 - Exit codes from :data:`EXIT_CODES` (docs/cli.md has the same table; a test compares them).
 - ``NO_COLOR`` and TTY detection (:func:`use_colour`), progress with a clean final line.
