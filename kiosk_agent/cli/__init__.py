@@ -4,6 +4,12 @@ Each area owns one module here that exposes ``register(subparsers)``; a command'
 ``async def`` taking the parsed arguments and returning the exit code. The options, output and
 exit codes every command shares are in :mod:`kiosk_agent.cli.contract`. Importing every module at
 start-up would cost the field tech's first keystroke, so modules are imported lazily per command.
+
+A new command (say ``sales attention``): ``parents=contract.options(...)`` on its parser (with
+``timeout=True`` when it calls the service), ``handler=contract.guarded(...)``, results through
+``contract.show``/``say``/``print_json`` (or ``--json``'s JSON), failures as ``CliError`` with a
+code from ``contract.EXIT_CODES``, and one example in ``tests/cli/test_contract.py``'s
+``EXAMPLES``: the test that walks the parser holds it to the contract from then on.
 """
 
 from __future__ import annotations
