@@ -8,7 +8,12 @@
    the merchant reducer; 10% of deliveries are duplicates. p50/p99 latency per delivery.
    Baseline, same process: a bare aiohttp handler that answers 200 at once, so
    ``webhook_vs_bare_http_ratio`` says what verification and durability cost on any machine.
-2. Heartbeat cost: CPU milliseconds of this process per heartbeat, building the report from a
+2. Under a slow-connection flood: the real agent (admin API + kiosk API, on the simulator) under
+   ``--flood`` slow-header connections on its kiosk API port, sent by a process of its own
+   (``tests/admin/slowloris.py``), the agent limited to 1,024 descriptors as systemd gives by
+   default: ``/api/status`` p50/p99 and kiosk API sales completed of those tried, for
+   ``--flood-seconds``; and the connections and descriptors the agent holds.
+3. Heartbeat cost: CPU milliseconds of this process per heartbeat, building the report from a
    realistic health model, and sending it over HTTP (to a local receiver) and over MQTT (to a
    Mosquitto broker in its own process, when installed).
 
@@ -279,14 +284,129 @@ async def bench_heartbeats(count: int) -> dict[str, float]:
     return figures
 
 
+FLOOD_CONFIG = """
+service:
+  simulator: {time_scale: 50}
+terminals: [{device_id: SIM-0001, name: front}]
+journal: {path: journal.db}
+health: {ping_interval: 3600}
+admin:
+  port: 0
+  tokens: [{name: ops, token: !secret admin_token}]
+triggers:
+  - platform: kiosk_api
+    name: screen
+    token: !secret kiosk_token
+    port: 0
+    products: {coffee: "2.50"}
+"""
+SLOWLORIS = Path(__file__).resolve().parents[1] / "tests" / "admin" / "slowloris.py"
+ADMIN_TOKEN = "bench-admin-token-0123456789"  # noqa: S105 - throwaway tokens for the bench
+KIOSK_TOKEN = "bench-kiosk-token-0123456789"  # noqa: S105
+
+
+async def bench_flood(connections: int, seconds: float, directory: Path) -> dict[str, float]:
+    import os
+    import resource
+    import sys
+
+    from kiosk_agent.app import load_agent
+    from kiosk_agent.cli.sim import settings_from_ready
+    from kiosk_agent.core.web import live_sites
+    from kiosk_agent.sim.server import SimOptions, SimServer
+
+    (directory / "secrets.yaml").write_text(
+        f"admin_token: {ADMIN_TOKEN}\nkiosk_token: {KIOSK_TOKEN}\n"
+    )
+    (directory / "secrets.yaml").chmod(0o600)
+    (directory / "flood.yaml").write_text(FLOOD_CONFIG)
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (min(1024, hard), hard))
+    sim = SimServer(SimOptions(port=0, time_scale=50, transactions=50, rate_limit="1000/1"))
+    await sim.start()
+    agent = load_agent(directory / "flood.yaml", settings_from_ready(sim.ready_info()),
+                       systemd=False)
+    await agent.start()
+    [kiosk] = agent.platforms
+    admin = next(c for c in agent.components if type(c).__name__ == "AdminServer")
+    flood = await asyncio.create_subprocess_exec(
+        sys.executable, str(SLOWLORIS), "127.0.0.1", str(kiosk.port), str(connections),
+        stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
+    )
+    assert flood.stdout is not None and flood.stdin is not None  # noqa: PT018
+    try:
+        await asyncio.wait_for(flood.stdout.readline(), 60)
+        status_s: list[float] = []
+        tried = completed = 0
+        admin_auth = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
+        kiosk_auth = {"Authorization": f"Bearer {KIOSK_TOKEN}"}
+        base = f"http://127.0.0.1:{kiosk.port}/api/v1"
+        async with aiohttp.ClientSession() as http:
+
+            async def statuses() -> None:
+                while True:
+                    started = time.perf_counter()
+                    async with http.get(f"{admin.url}/api/status", headers=admin_auth) as r:
+                        await r.read()
+                    status_s.append(time.perf_counter() - started)
+                    await asyncio.sleep(0.05)
+
+            poller = asyncio.create_task(statuses())
+            deadline = time.monotonic() + seconds
+            while time.monotonic() < deadline:
+                tried += 1
+                async with http.post(f"{base}/sales", json={"product": "coffee"},
+                                     headers=kiosk_auth) as r:
+                    if r.status != 202:
+                        continue
+                    sale_id = (await r.json())["sale_id"]
+                for _ in range(200):
+                    async with http.get(f"{base}/sales/{sale_id}", headers=kiosk_auth) as r:
+                        step = await r.json()
+                    if step.get("final"):
+                        completed += step["state"] == "completed"
+                        break
+                    await asyncio.sleep(0.02)
+            held = max(site.open_connections for site in live_sites())
+            descriptors = len(os.listdir("/proc/self/fd"))
+            poller.cancel()
+            await asyncio.gather(poller, return_exceptions=True)
+    finally:
+        flood.stdin.close()
+        await flood.wait()
+        await agent.stop()
+        await sim.stop()
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+    p50, p99 = _p(status_s, 0.5), _p(status_s, 0.99)  # in ms
+    print(f"flood: {connections} slow-header connections on the kiosk API for {seconds:g} s, "
+          f"the agent at 1,024 descriptors")
+    print(f"  /api/status p50 {p50:.1f} ms, p99 {p99:.1f} ms ({len(status_s)} requests)")
+    print(f"  sales completed {completed} of {tried}; the agent held {held} connections, "
+          f"{descriptors} descriptors")
+    return {
+        "flood_connections": connections,
+        "flood_status_p50_ms": round(p50, 2),
+        "flood_status_p99_ms": round(p99, 2),
+        "flood_status_requests": len(status_s),
+        "flood_sales_tried": tried,
+        "flood_sales_completed": completed,
+        "flood_agent_connections_held": held,
+        "flood_agent_descriptors": descriptors,
+    }
+
+
 async def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--events", type=int, default=4000)
     parser.add_argument("--concurrency", type=int, default=32)
     parser.add_argument("--heartbeats", type=int, default=300)
+    parser.add_argument("--flood", type=int, default=1100, help="slow-header connections")
+    parser.add_argument("--flood-seconds", type=float, default=10.0)
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         figures = await bench_webhooks(args.events, args.concurrency, Path(tmp))
+    with tempfile.TemporaryDirectory() as tmp:
+        figures.update(await bench_flood(args.flood, args.flood_seconds, Path(tmp)))
     figures.update(await bench_heartbeats(args.heartbeats))
     print(json.dumps(figures))
 

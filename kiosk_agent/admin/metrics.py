@@ -151,3 +151,29 @@ def write_webhooks(writer: MetricsWriter, outcomes: Mapping[str, int]) -> None:
         "Webhook deliveries by outcome.",
         [({"outcome": outcome}, count) for outcome, count in sorted(outcomes.items())],
     )
+
+
+def write_refusals(
+    writer: MetricsWriter,
+    refusals: Mapping[tuple[str, str], int],
+    suppressed: Mapping[str, int],
+) -> None:
+    """Refusals an outsider can repeat (core.logging.RefusalLog), logged or summarised."""
+    writer.counter(
+        "refusals",
+        "Refused requests and lines (bad tokens, forged webhooks, floods...) by source, reason.",
+        [({"source": s, "reason": r}, n) for (s, r), n in sorted(refusals.items())],
+    )
+    writer.counter(
+        "log_lines_suppressed",
+        "Refusal log lines folded into a per-interval summary, by source.",
+        [({"source": source}, n) for source, n in sorted(suppressed.items())],
+    )
+
+
+def write_http(writer: MetricsWriter, connections: Mapping[str, int]) -> None:
+    writer.gauge(
+        "http_connections",
+        "Open connections per local HTTP server.",
+        [({"server": name}, n) for name, n in sorted(connections.items())],
+    )

@@ -41,7 +41,9 @@ from aiohttp import web
 
 from kiosk_agent.core.doctor import Report, Verdict, check_running
 from kiosk_agent.core.journal import SaleRecord
+from kiosk_agent.core.logging import RefusalLog
 from kiosk_agent.core.sale import SaleEvent
+from kiosk_agent.core.web import read_json
 from kiosk_agent.money import format_cents
 from kiosk_agent.tasks import BackgroundTask
 
@@ -89,6 +91,8 @@ class StatusPage:
     def __init__(self, agent: Any, role_for: RoleFor) -> None:
         self.agent = agent
         self._role_for = role_for  # the admin API's: "Bearer <token>" -> role or None
+        # anyone can repeat a refused login or a cross-site post: logged as a summary, counted
+        self.refused = RefusalLog(_LOGGER, "status_page")
         self._sessions: dict[bytes, _Session] = {}  # by the digest of the cookie's value
         self._static = {
             p.name: p.read_bytes() for p in STATIC_DIR.iterdir() if p.suffix in _CONTENT_TYPES
@@ -129,7 +133,7 @@ class StatusPage:
         if session is None:
             return None
         if request.method not in _SAFE_METHODS:
-            _check_origin(request)
+            self._check_origin(request)
             presented = request.headers.get(CSRF_HEADER, "")
             if not hmac.compare_digest(presented.encode(), session.csrf.encode()):
                 raise _forbidden("csrf", f"send the session's {CSRF_HEADER} header")
@@ -149,19 +153,16 @@ class StatusPage:
         return session
 
     async def login(self, request: web.Request) -> web.Response:
-        _check_origin(request)
-        if request.content_type != "application/json":
-            return _error(415, "unsupported_media_type", 'send {"token": "..."} as JSON')
-        try:
-            body = await request.json()
-        except ValueError:
-            return _error(400, "bad_parameter", "the body is not JSON")
+        self._check_origin(request)
+        body = await read_json(request)  # bounded; a BodyError is the error middleware's 4xx
         token = body.get("token") if isinstance(body, dict) else None
         if not isinstance(token, str) or not token.strip():
             return _error(400, "bad_parameter", 'send {"token": "..."} with the admin API token')
         role = self._role_for(f"Bearer {token.strip()}")
         if role is None:
-            _LOGGER.warning("status page: refused a login from %s: no such token", request.remote)
+            self.refused(
+                "login", "status page: refused a login from %s: no such token", request.remote
+            )
             return _error(401, "unauthorized", "that token is not configured for this unit")
         value = secrets.token_urlsafe(32)
         session = _Session(role, secrets.token_urlsafe(24), time.time() + SESSION_LIFETIME_S)
@@ -195,6 +196,21 @@ class StatusPage:
         response = web.json_response({"logged_out": True}, headers=_NO_STORE)
         response.del_cookie(COOKIE, path="/")
         return response
+
+    def _check_origin(self, request: web.Request) -> None:
+        """A browser names the page that sent a POST; it must be this server's own."""
+        origin = request.headers.get("Origin")
+        if origin is None:
+            raise _forbidden("origin", "a browser action must carry its Origin")
+        if urlsplit(origin).netloc != request.host:
+            self.refused(
+                "origin",
+                "status page: refused %s %s from origin %r",
+                request.method,
+                request.path,
+                origin,
+            )
+            raise _forbidden("origin", "actions are only taken from this unit's own status page")
 
     def _forget_expired(self) -> None:
         now = time.time()
@@ -438,18 +454,6 @@ def _jsonable(value: Any) -> Any:
 
 def _digest(value: str) -> bytes:
     return hashlib.sha256(value.encode()).digest()
-
-
-def _check_origin(request: web.Request) -> None:
-    """A browser names the page that sent a POST; it must be this server's own."""
-    origin = request.headers.get("Origin")
-    if origin is None:
-        raise _forbidden("origin", "a browser action must carry its Origin")
-    if urlsplit(origin).netloc != request.host:
-        _LOGGER.warning(
-            "status page: refused %s %s from origin %r", request.method, request.path, origin
-        )
-        raise _forbidden("origin", "actions are only taken from this unit's own status page")
 
 
 _NO_STORE = {"Cache-Control": "no-store"}

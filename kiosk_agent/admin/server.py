@@ -26,6 +26,7 @@ import hashlib
 import hmac
 import json
 import logging
+import math
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
@@ -37,14 +38,17 @@ from kiosk_agent.admin.metrics import (
     CONTENT_TYPE,
     MetricsWriter,
     write_health,
+    write_http,
+    write_refusals,
     write_upstream,
     write_webhooks,
 )
 from kiosk_agent.admin.page import StatusPage
 from kiosk_agent.core.attention import NotInAttention, ResolveError, UnknownSale, resolve
 from kiosk_agent.core.config import register_section
+from kiosk_agent.core.logging import RefusalLog, refusal_counts, suppressed_counts
 from kiosk_agent.core.sale import SaleState
-from kiosk_agent.core.web import LocalSite
+from kiosk_agent.core.web import BodyError, HttpLimits, LocalSite, live_sites, read_json
 from kiosk_agent.export import CsvExport, JsonExport, report_columns, report_values
 from kiosk_agent.service.errors import (
     AuthenticationError,
@@ -99,7 +103,10 @@ class AdminServer:
     def __init__(self, agent: Any, conf: dict[str, Any]) -> None:
         conf = ADMIN_SCHEMA(conf)
         self.agent = agent
-        self._site = LocalSite(conf["host"], conf["port"])
+        self._site = LocalSite(
+            conf["host"], conf["port"], name="admin", limits=HttpLimits.of(agent)
+        )
+        self._refused = RefusalLog(_LOGGER, "admin_api")
         self._tokens: list[tuple[str, bytes, str]] = [
             (t["name"], _digest(t["token"]), t["role"]) for t in conf["tokens"]
         ]
@@ -165,7 +172,8 @@ class AdminServer:
             name, role = "status page", self.page.session_role(request)
         request[CALLER] = name or ""
         if role is None:
-            _LOGGER.warning(
+            self._refused(
+                "unauthorized",
                 "admin API: refused %s %s from %s: no valid token",
                 request.method,
                 request.path,
@@ -178,6 +186,8 @@ class AdminServer:
                 headers={"WWW-Authenticate": 'Bearer realm="kiosk-agent"'},
             )
         if request.method != "GET" and role != ADMIN:
+            self._refused("forbidden", "admin API: a read token tried %s %s",
+                          request.method, request.path)
             return _error(403, "forbidden", "this token may only read; actions need an admin token")
         return await handler(request)
 
@@ -378,6 +388,8 @@ class AdminServer:
         receiver = _component(self.agent, "WebhookReceiver")
         if receiver is not None:
             write_webhooks(writer, receiver.outcomes)
+        write_refusals(writer, refusal_counts(), suppressed_counts())
+        write_http(writer, {site.name: site.open_connections for site in live_sites()})
         return web.Response(body=writer.text().encode(), headers={"Content-Type": CONTENT_TYPE})
 
 
@@ -419,6 +431,10 @@ async def _error_middleware(request: web.Request, handler: Handler) -> web.Strea
         return await handler(request)
     except _BadParameter as err:
         return _error(400, "bad_parameter", str(err))
+    except BodyError as err:
+        return web.json_response(
+            {"error": err.error, "detail": err.message, "field": err.field}, status=err.status
+        )
     except ServiceError as err:
         status = next((code for cls, code in _SERVICE_STATUS if isinstance(err, cls)), 502)
         return _error(status, err.error or type(err).__name__, f"payment service: {err}")
@@ -432,10 +448,10 @@ def _int_param(query: Any, name: str, default: int | None, maximum: int) -> int 
     raw = query.get(name)
     if raw is None:
         return default
-    try:
-        value = int(raw)
-    except ValueError:
-        raise _BadParameter(f"{name} must be a whole number, got {raw!r}") from None
+    if not raw.isascii() or not raw.isdigit() or len(raw) > len(str(maximum)):
+        shown = raw if len(raw) <= 40 else f"{raw[:40]}... ({len(raw)} characters)"
+        raise _BadParameter(f"{name} must be a whole number 1..{maximum}, got {shown!r}")
+    value = int(raw)
     if not 1 <= value <= maximum:
         raise _BadParameter(f"{name} must be 1..{maximum}, got {value}")
     return value
@@ -446,16 +462,23 @@ def _time_param(query: Any, name: str) -> float | None:
     raw = query.get(name)
     if raw is None:
         return None
+    bad = _BadParameter(
+        f"{name} must be Unix seconds or an ISO date like 2026-11-22, got {raw[:40]!r}"
+    )
+    if len(raw) > 40:
+        raise bad
     try:
-        return float(raw)
+        seconds = float(raw)
     except ValueError:
         pass
+    else:
+        if not math.isfinite(seconds) or abs(seconds) > 1e11:
+            raise bad
+        return seconds
     try:
         return dt.datetime.fromisoformat(raw.replace("Z", "+00:00")).timestamp()
-    except ValueError:
-        raise _BadParameter(
-            f"{name} must be Unix seconds or an ISO date like 2026-11-22, got {raw!r}"
-        ) from None
+    except (ValueError, OverflowError, OSError):
+        raise bad from None
 
 
 def _sale_state(raw: str) -> SaleState:
@@ -469,10 +492,7 @@ def _sale_state(raw: str) -> SaleState:
 async def _json_body(request: web.Request) -> dict[str, Any]:
     if not request.can_read_body:
         return {}
-    try:
-        body = await request.json()
-    except ValueError:
-        raise _BadParameter("the body is not JSON") from None
+    body = await read_json(request)  # BodyError: the error middleware answers it
     if not isinstance(body, dict):
         raise _BadParameter("the body must be a JSON object")
     return body

@@ -18,7 +18,7 @@ import os
 import sqlite3
 import time
 from collections import Counter
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -29,7 +29,8 @@ from aiohttp import web
 from pydantic import BaseModel
 
 from kiosk_agent.core.config import register_section
-from kiosk_agent.core.web import LocalSite
+from kiosk_agent.core.logging import RefusalLog
+from kiosk_agent.core.web import BodyError, HttpLimits, LocalSite, loads_bounded, read_body
 from kiosk_agent.service.webhooks import (
     MerchantEvent,
     MerchantStateReducer,
@@ -45,6 +46,7 @@ from kiosk_agent.tasks import cancel_and_wait
 _LOGGER = logging.getLogger(__name__)
 
 DEFAULT_MAX_BODY = 64 * 1024
+HEALTH_PART = "webhook store"  # the part named in health when events cannot be committed
 
 WEBHOOKS_SCHEMA = vol.Schema(
     {
@@ -76,6 +78,15 @@ CREATE TABLE IF NOT EXISTS webhook_events (
 """
 
 
+# SQLite's INTEGER is signed 64-bit: a merchant id outside this is refused before storage.
+MERCHANT_ID_RANGE = range(0, 2**63)
+DEFAULT_CLOSE_GRACE = 5.0
+
+
+class StoreUnavailable(RuntimeError):
+    """The store cannot take writes now (closed, or its writer stopped); nothing committed."""
+
+
 @dataclass(slots=True)
 class _Write:
     key: str
@@ -91,15 +102,26 @@ class SqliteIdempotencyStore:
 
     Implements the service client's ``IdempotencyStore`` protocol (``add``/``discard``) and
     `record`, which keeps the event's body with its key in the same commit.
+
+    Whatever a commit meets, the writer goes on: the writes of a failed batch are tried one
+    by one, each failing write's caller gets the error (the receiver answers 503, the sender
+    retries), and ``on_trouble(reason)`` is told, then ``on_trouble(None)`` after the next good
+    commit. Should the writer task end anyway, every waiting write fails at once and later ones
+    are refused. `close` ends within its grace even while a commit hangs on the disk.
     """
 
-    def __init__(self, path: Path | str) -> None:
+    def __init__(
+        self, path: Path | str, *, on_trouble: Callable[[str | None], None] | None = None
+    ) -> None:
         self.path = Path(path)
         self._db: sqlite3.Connection | None = None
         self._pending: list[_Write] = []
         self._kick = asyncio.Event()
         self._writer: asyncio.Task[None] | None = None
         self._inflight: set[asyncio.Future[bool]] = set()
+        self._on_trouble = on_trouble
+        self._committing = False  # a worker thread is inside _commit
+        self.trouble: str | None = None
         self.commits = 0
 
     def open(self) -> None:
@@ -113,15 +135,25 @@ class SqliteIdempotencyStore:
         self._db.execute("PRAGMA synchronous=FULL")  # an accepted event survives power loss
         self._db.execute(_SCHEMA_SQL)
         self._writer = asyncio.create_task(self._write_loop(), name="webhook-store")
+        self._writer.add_done_callback(self._writer_ended)
 
-    async def close(self) -> None:
+    async def close(self, grace: float = DEFAULT_CLOSE_GRACE) -> None:
+        """Let the writes already submitted reach the disk (within ``grace``), then close."""
         writer, self._writer = self._writer, None
         if writer is not None:
-            await self._drain()
+            try:
+                async with asyncio.timeout(grace):
+                    await self._drain()
+            except TimeoutError:
+                _LOGGER.error("webhook store: writes still pending after %g s; closing", grace)
+            writer.remove_done_callback(self._writer_ended)
             await cancel_and_wait(writer)
-        if self._db is not None:
+        self._fail_waiting(StoreUnavailable("the webhook store closed"))
+        if self._db is not None and not self._committing:
             self._db.close()
-            self._db = None
+        # else a worker thread still waits on the disk: it ends by itself (busy timeout) and
+        # the process frees the connection; closing it under the thread would be worse.
+        self._db = None
 
     async def _drain(self) -> None:
         """Let every write already submitted reach the disk before closing."""
@@ -159,8 +191,9 @@ class SqliteIdempotencyStore:
         return asyncio.get_running_loop().create_future()
 
     async def _submit(self, write: _Write) -> bool:
-        if self._writer is None:
-            raise RuntimeError("the webhook store is not open")
+        writer = self._writer
+        if writer is None or writer.done():
+            raise StoreUnavailable(self.trouble or "the webhook store is not open")
         self._pending.append(write)
         self._inflight.add(write.done)
         write.done.add_done_callback(self._inflight.discard)
@@ -172,22 +205,64 @@ class SqliteIdempotencyStore:
             await self._kick.wait()
             self._kick.clear()
             batch, self._pending = self._pending, []
-            if not batch:
-                continue
-            try:
-                results = await asyncio.to_thread(self._commit, batch)
-            except sqlite3.Error as err:
+            if batch:
+                await self._write(batch)
+
+    async def _write(self, batch: list[_Write]) -> None:
+        try:
+            results = await asyncio.to_thread(self._commit, batch)
+        except Exception as err:  # noqa: BLE001 - any fault: the writer must go on
+            if len(batch) > 1:
+                # one bad write must not fail the others: each on its own
                 for write in batch:
-                    if not write.done.done():
-                        write.done.set_exception(err)
-                continue
-            for write, result in zip(batch, results, strict=True):
-                if not write.done.done():
-                    write.done.set_result(result)
+                    await self._write([write])
+                return
+            self._trouble(f"{type(err).__name__}: {err}")
+            if not batch[0].done.done():
+                batch[0].done.set_exception(err)
+            return
+        if self.trouble is not None:
+            self._trouble(None)
+        for write, result in zip(batch, results, strict=True):
+            if not write.done.done():
+                write.done.set_result(result)
+
+    def _trouble(self, reason: str | None) -> None:
+        if reason == self.trouble:
+            return
+        self.trouble = reason
+        if reason is not None:
+            _LOGGER.error("webhook store cannot commit: %s", reason)
+        if self._on_trouble is not None:
+            self._on_trouble(reason)
+
+    def _writer_ended(self, task: asyncio.Task[None]) -> None:
+        """The writer ended while open (a bug): fail every waiting write, say so in health."""
+        error = task.exception() if not task.cancelled() else None
+        reason = f"writer stopped: {type(error).__name__}: {error}" if error else "writer stopped"
+        self._trouble(reason)
+        self._fail_waiting(StoreUnavailable(reason))
+
+    def _fail_waiting(self, error: Exception) -> None:
+        waiting, self._pending = self._pending, []
+        for write in waiting:
+            if not write.done.done():
+                write.done.set_exception(error)
+        for future in list(self._inflight):  # taken by a batch the writer will not finish
+            if not future.done():
+                future.set_exception(error)
 
     def _commit(self, batch: list[_Write]) -> list[bool]:
         db = self._db
-        assert db is not None
+        if db is None:
+            raise StoreUnavailable("the webhook store closed")
+        self._committing = True
+        try:
+            return self._commit_batch(db, batch)
+        finally:
+            self._committing = False
+
+    def _commit_batch(self, db: sqlite3.Connection, batch: list[_Write]) -> list[bool]:
         results: list[bool] = []
         now = time.time()
         db.execute("BEGIN IMMEDIATE")
@@ -206,7 +281,8 @@ class SqliteIdempotencyStore:
                 results.append(cursor.rowcount == 1)
             db.execute("COMMIT")
         except BaseException:
-            db.execute("ROLLBACK")
+            if db.in_transaction:
+                db.execute("ROLLBACK")
             raise
         self.commits += 1
         return results
@@ -218,12 +294,17 @@ class WebhookReceiver:
     def __init__(self, agent: Any, conf: dict[str, Any]) -> None:
         conf = WEBHOOKS_SCHEMA(conf)
         self._secret: str = conf["secret"]
-        self._site = LocalSite(conf["host"], conf["port"])
+        self._limits = HttpLimits.of(agent)
+        self._site = LocalSite(conf["host"], conf["port"], name="webhooks", limits=self._limits)
         self.path: str = conf["path"]
         self._max_body: int = conf["max_body"]
-        self.store = SqliteIdempotencyStore(_resolve(agent, conf["store"]))
+        self._health = getattr(agent, "health", None)
+        self.store = SqliteIdempotencyStore(
+            _resolve(agent, conf["store"]), on_trouble=self._store_trouble
+        )
         self.reducer = MerchantStateReducer()
         self.outcomes: Counter[str] = Counter()
+        self._refused = RefusalLog(_LOGGER, "webhooks")
 
     @property
     def port(self) -> int | None:
@@ -247,8 +328,17 @@ class WebhookReceiver:
         _LOGGER.info("boarding webhooks on %s", self.url)
 
     async def stop(self) -> None:
+        """Stop within the grace: requests in progress, then the store's pending writes."""
         await self._site.stop()
-        await self.store.close()
+        await self.store.close(self._limits.shutdown_grace)
+
+    def _store_trouble(self, reason: str | None) -> None:
+        if self._health is None:
+            return
+        if reason is None:
+            self._health.clear_fatal(HEALTH_PART)
+        else:
+            self._health.report_fatal(HEALTH_PART, f"cannot commit events: {reason}")
 
     def _replay(self) -> None:
         """Rebuild each merchant's state from the stored events (order does not matter)."""
@@ -259,24 +349,38 @@ class WebhookReceiver:
 
     async def handle(self, request: web.Request) -> web.Response:
         try:
-            body = await request.read()
-        except web.HTTPRequestEntityTooLarge:
-            return self._refuse(413, "too_large", f"body above the {self._max_body} byte limit")
+            body = await read_body(request)
+        except BodyError as err:
+            return self._refuse(err.status, err.error, err.message)
         try:
             verify(body, request.headers.get("X-Webhook-Signature-256"), self._secret)
         except WebhookSignatureError as err:
             return self._refuse(401, "invalid_signature", str(err))
         try:
+            loads_bounded(body)  # a hostile number or nesting is refused before parsing
             event = parse_event(body)
+        except BodyError as err:
+            return self._refuse(400, "malformed", err.message, field=err.field)
         except WebhookPayloadError as err:
             return self._refuse(400, "malformed", str(err), field=err.field)
+        if isinstance(event, MerchantEvent) and event.merchant_id not in MERCHANT_ID_RANGE:
+            high = MERCHANT_ID_RANGE.stop - 1
+            detail = f"merchant_id must be 0..{high}, got {event.merchant_id}"
+            return self._refuse(400, "malformed", detail, field="payload.merchant_id")
         try:
             new = await self.store.record(event.idempotency_key, event, body)
-        except sqlite3.Error as err:
-            # Not committed, so not accepted: the sender retries later.
-            _LOGGER.error("cannot store webhook %s: %s", event.envelope.metadata.webhook_id, err)
+        except Exception as err:  # noqa: BLE001 - not committed, so not accepted: the sender retries
             self.outcomes["store_error"] += 1
-            return web.json_response({"error": "unavailable"}, status=503)
+            webhook_id = event.envelope.metadata.webhook_id
+            self._refused(
+                "store_error",
+                "cannot store webhook %s: %s",
+                webhook_id,
+                err,
+                level=logging.ERROR,
+            )
+            detail = "the event could not be stored; retry later"
+            return web.json_response({"error": "unavailable", "detail": detail}, status=503)
         if not new:
             self.outcomes["duplicate"] += 1
             return web.json_response({"status": "duplicate"})
@@ -289,7 +393,7 @@ class WebhookReceiver:
 
     def _refuse(self, status: int, error: str, detail: str, **extra: str) -> web.Response:
         self.outcomes[error] += 1
-        _LOGGER.warning("webhook refused (%d %s): %s", status, error, detail)
+        self._refused(error, "webhook refused (%d %s): %s", status, error, detail)
         return web.json_response({"error": error, "detail": detail, **extra}, status=status)
 
     def merchants(self) -> list[dict[str, Any]]:

@@ -266,6 +266,22 @@ SALES_SCHEMA = vol.Schema(
     }
 )
 
+# Limits of every local HTTP server (admin API, webhook receiver, kiosk API): one place.
+HTTP_SCHEMA = vol.Schema(
+    {
+        # a new connection must send its first request's headers within this (seconds)
+        vol.Optional("header_timeout", default=10.0): positive_float,
+        # a request body must arrive whole within this (seconds)
+        vol.Optional("body_timeout", default=30.0): positive_float,
+        # an idle connection (or a slow next request) is closed after this (seconds)
+        vol.Optional("keepalive_timeout", default=15.0): positive_float,
+        # open connections per server; past it the oldest idle one is closed first
+        vol.Optional("max_connections", default=256): vol.All(int, vol.Range(min=4, max=4096)),
+        # how long a stop waits for requests in progress (seconds)
+        vol.Optional("shutdown_grace", default=5.0): positive_float,
+    }
+)
+
 CORE_SCHEMA = vol.Schema(
     {
         vol.Required("service"): _service,
@@ -274,6 +290,7 @@ CORE_SCHEMA = vol.Schema(
         vol.Optional("receipts", default={}): RECEIPTS_SCHEMA,
         vol.Optional("logging", default={}): LOGGING_SCHEMA,
         vol.Optional("sales", default={}): SALES_SCHEMA,
+        vol.Optional("http", default={}): HTTP_SCHEMA,
         # each entry is checked by the registry against its platform's PLATFORM_SCHEMA
         vol.Optional("triggers", default=[]): [
             vol.Schema({vol.Required("platform"): str}, extra=vol.ALLOW_EXTRA)

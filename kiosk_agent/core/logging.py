@@ -1,15 +1,23 @@
 """Structured logs: one line per record, as text for people or JSON for log shippers.
 
+Refusals an outsider can repeat (forged webhooks, bad tokens, a vend during a session) go through
+:class:`RefusalLog`: the first few lines, then a count per interval, each counted for /metrics.
+
 Every handler carries ``kiosk_agent.redact.RedactingFilter``: code must not log card data or
 secrets, and the filter is the net under that rule, not the rule itself.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import logging.handlers
+import math
 import sys
+import time
+from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 from typing import IO, Any
 
@@ -70,3 +78,94 @@ def setup_logging(
     # aiohttp's access log would repeat every admin request at INFO
     logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
     return handler
+
+
+# -- repeated refusals -----------------------------------------------------------------------
+
+# (source, reason) -> how many refusals since the process started; read by /metrics.
+_REFUSALS: Counter[tuple[str, str]] = Counter()
+# source -> lines not written one by one (they went into a summary); read by /metrics.
+_SUPPRESSED: Counter[str] = Counter()
+
+
+def refusal_counts() -> dict[tuple[str, str], int]:
+    """Every refusal counted by a :class:`RefusalLog` so far, by (source, reason)."""
+    return dict(_REFUSALS)
+
+
+def suppressed_counts() -> dict[str, int]:
+    """Log lines folded into summaries so far, by source."""
+    return dict(_SUPPRESSED)
+
+
+class RefusalLog:
+    """Log a refusal that an outsider can repeat at will (forged webhooks, bad tokens, ...).
+
+    The first ``first`` lines of each ``interval`` are written as usual; the rest of that
+    interval are counted and written as one summary line when it ends ("N more ... by reason").
+    Every refusal is counted per (source, reason) for ``/metrics``, logged or not, so a flood
+    can neither rotate the log away nor hide. ``reason`` must come from a small fixed set (it
+    is a metrics label); the details go in the message.
+    """
+
+    def __init__(
+        self,
+        logger: logging.Logger,
+        source: str,
+        *,
+        first: int = 5,
+        interval: float = 60.0,
+        level: int = logging.WARNING,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.logger = logger
+        self.source = source
+        self.first = first
+        self.interval = interval
+        self.level = level
+        self._clock = clock
+        self._window_start = -math.inf
+        self._logged = 0
+        self._held: Counter[str] = Counter()
+        self._flush_handle: asyncio.TimerHandle | None = None
+
+    def __call__(self, reason: str, msg: str, *args: Any, level: int | None = None) -> None:
+        _REFUSALS[(self.source, reason)] += 1
+        now = self._clock()
+        if now - self._window_start >= self.interval:
+            self.flush()
+            self._window_start, self._logged = now, 0
+        if self._logged < self.first:
+            self._logged += 1
+            self.logger.log(self.level if level is None else level, msg, *args)
+            return
+        _SUPPRESSED[self.source] += 1
+        self._held[reason] += 1
+        if self._flush_handle is None:
+            self._schedule_flush(self._window_start + self.interval - now)
+
+    def _schedule_flush(self, delay: float) -> None:
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            return  # no loop (a thread, a script): the next call or flush() writes the summary
+        self._flush_handle = loop.call_later(max(delay, 0.0), self.flush)
+
+    def flush(self) -> None:
+        """Write the summary of what this interval held back (nothing when nothing was)."""
+        if self._flush_handle is not None:
+            self._flush_handle.cancel()
+            self._flush_handle = None
+        if not self._held:
+            return
+        total = sum(self._held.values())
+        by_reason = ", ".join(f"{reason} {count}" for reason, count in self._held.most_common())
+        self._held.clear()
+        self.logger.log(
+            self.level,
+            "%s: %d more refusal(s) in the last %g s, not logged one by one (%s)",
+            self.source,
+            total,
+            self.interval,
+            by_reason,
+        )

@@ -1,35 +1,448 @@
-"""The device's own HTTP servers (admin API, webhook receiver, kiosk API) start and stop alike.
+"""The device's own HTTP servers (admin API, webhook receiver, kiosk API) start, stop and defend
+themselves alike.
 
 Each binds a configured host and port; port 0 takes any free one (tests, several agents on one
 machine), so the port really bound is read back once listening.
+
+Limits (the ``http:`` section, :data:`kiosk_agent.core.config.HTTP_SCHEMA`), the same for all:
+
+- a new connection must send its first request's headers within ``header_timeout``;
+- an idle connection, or one slow to send its next request, is closed after
+  ``keepalive_timeout`` (aiohttp's own keep-alive timer);
+- a body must arrive whole within ``body_timeout`` (:func:`read_body`, :func:`read_json`);
+- at most ``max_connections`` are open per server: past it the oldest connection with no
+  request in progress is closed to make room, and when every one is busy the newcomer gets 503.
+  So a slow-header flood on one port holds a bounded number of descriptors and cannot lock a
+  real client out for long; the other ports are not touched at all;
+- a stop waits ``shutdown_grace`` for requests in progress, then cuts them.
+
+Bodies from outside are read by :func:`read_json` (or :func:`loads_bounded` for raw bytes
+already read): bounded size, time, nesting and number length, so no body can make a handler
+fail with anything but a 4xx naming what was wrong.
 """
 
 from __future__ import annotations
 
+import asyncio
+import json
+import logging
+import resource
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
 from aiohttp import web
+from aiohttp.web_protocol import RequestHandler
+
+from kiosk_agent.core.config import HTTP_SCHEMA
+from kiosk_agent.core.logging import RefusalLog
+
+_LOGGER = logging.getLogger(__name__)
+
+# Bounds of a JSON body from outside. No body of ours nests deeper than a few levels; 40
+# characters hold any 64-bit integer or double written in full.
+MAX_JSON_DEPTH = 32
+MAX_NUMBER_CHARS = 40
+BODY = "<body>"  # the field named when the body as a whole is wrong
+
+_OVERLOADED_BODY = b'{"error": "unavailable", "detail": "every connection is busy; retry"}'
+_OVERLOADED = (
+    b"HTTP/1.1 503 Service Unavailable\r\nConnection: close\r\nRetry-After: 1\r\n"
+    b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n%s"
+    % (len(_OVERLOADED_BODY), _OVERLOADED_BODY)
+)
+
+
+@dataclass(frozen=True, slots=True)
+class HttpLimits:
+    """The ``http:`` section, validated: every local server uses the same limits."""
+
+    header_timeout: float
+    body_timeout: float
+    keepalive_timeout: float
+    max_connections: int
+    shutdown_grace: float
+
+    @classmethod
+    def from_config(cls, conf: dict[str, Any] | None = None) -> HttpLimits:
+        """The limits of an ``http:`` section; the defaults (one place: HTTP_SCHEMA) for None."""
+        return cls(**HTTP_SCHEMA(dict(conf or {})))
+
+    @classmethod
+    def of(cls, agent: Any) -> HttpLimits:
+        """The limits of the agent's configuration (defaults for an agent without one)."""
+        config = getattr(agent, "config", None)
+        conf = config.get("http") if config is not None and hasattr(config, "get") else None
+        return cls.from_config(conf)
+
+
+LIMITS = web.AppKey("kiosk_agent.http_limits", HttpLimits)
+
+_LIVE: set[LocalSite] = set()  # sites listening now, for /metrics
+
+
+def live_sites() -> list[LocalSite]:
+    """Every site listening in this process, by name."""
+    return sorted(_LIVE, key=lambda site: site.name)
+
+
+class BodyError(Exception):
+    """A request body refused: ``status`` (400, 408, 413, 415), a short ``error`` code, the
+    ``field`` at fault (``<body>`` for the whole body) and a message for people."""
+
+    def __init__(self, status: int, error: str, field: str, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.error = error
+        self.field = field
+        self.message = message
+
+
+# -- the server ------------------------------------------------------------------------------
+
+
+class _Connection(asyncio.Protocol):
+    """One accepted connection: aiohttp's handler inside, counted and timed by its site."""
+
+    def __init__(self, site: LocalSite, handler: RequestHandler) -> None:
+        self.site = site
+        self.handler = handler
+        self.transport: asyncio.BaseTransport | None = None
+        self.busy = 0  # requests in progress (a WebSocket stays busy while open)
+        self.served = 0
+        self.closing = False
+        # Armed at once: a connection that is never made, or never sends a request, goes.
+        self._timer: asyncio.TimerHandle | None = asyncio.get_running_loop().call_later(
+            site.limits.header_timeout, self._head_late
+        )
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        if self.closing:  # closed to make room before the connection was even made
+            transport.close()
+            return
+        self.transport = transport
+        self.handler.connection_made(transport)
+
+    def data_received(self, data: bytes) -> None:
+        self.handler.data_received(data)
+
+    def eof_received(self) -> None:
+        self.handler.eof_received()  # None: the transport closes its side
+
+    def pause_writing(self) -> None:
+        self.handler.pause_writing()
+
+    def resume_writing(self) -> None:
+        self.handler.resume_writing()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._cancel_timer()
+        self.site._forget(self)
+        if self.transport is not None:  # the handler saw the connection made
+            self.handler.connection_lost(exc)
+
+    def request_started(self) -> None:
+        self._cancel_timer()
+        self.busy += 1
+        self.served += 1
+
+    def request_ended(self) -> None:
+        self.busy -= 1
+
+    def close(self) -> None:
+        """Close now (its requests, if any, see the connection go)."""
+        self.closing = True
+        self._cancel_timer()
+        if self.transport is None:
+            self.site._forget(self)
+        else:
+            self.handler.force_close()
+
+    def _cancel_timer(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+    def _head_late(self) -> None:
+        self._timer = None
+        if self.served == 0 and not self.closing:
+            self.site.refusals(
+                "header_timeout",
+                "%s: closed a connection from %s that sent no request within %g s",
+                self.site.name,
+                _peer(self.transport),
+                self.site.limits.header_timeout,
+            )
+            self.close()
+
+
+class _Overloaded(asyncio.Protocol):
+    """Every connection is busy: answer 503 at once and close (no descriptor kept)."""
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        if isinstance(transport, asyncio.WriteTransport):
+            transport.write(_OVERLOADED)
+        transport.close()
 
 
 class LocalSite:
-    """One aiohttp application served on ``host:port`` until stopped."""
+    """One aiohttp application served on ``host:port`` until stopped, within its limits."""
 
-    def __init__(self, host: str, port: int) -> None:
+    def __init__(
+        self, host: str, port: int, *, name: str = "http", limits: HttpLimits | None = None
+    ) -> None:
         self.host = host
+        self.name = name
+        self.limits = limits or HttpLimits.from_config()
         self._wanted_port = port
         self.port: int | None = None  # the bound port, once started
         self._runner: web.AppRunner | None = None
+        self._server: asyncio.Server | None = None
+        # handler -> connection, oldest first (dicts keep insertion order)
+        self._connections: dict[RequestHandler, _Connection] = {}
+        self.refusals = RefusalLog(_LOGGER, f"http:{name}")
+        self.evicted = 0
+        self.overloaded = 0
 
     @property
     def url(self) -> str:
         return f"http://{self.host}:{self.port}"
 
+    @property
+    def open_connections(self) -> int:
+        return sum(1 for c in self._connections.values() if not c.closing)
+
     async def start(self, app: web.Application) -> None:
-        runner = web.AppRunner(app, access_log=None, handle_signals=False)
+        app[LIMITS] = self.limits
+        app.middlewares.insert(0, self._track)
+        runner = web.AppRunner(
+            app,
+            access_log=None,
+            handle_signals=False,
+            keepalive_timeout=self.limits.keepalive_timeout,
+            shutdown_timeout=self.limits.shutdown_grace,
+        )
         await runner.setup()
         self._runner = runner
-        await web.TCPSite(runner, self.host, self._wanted_port).start()
-        self.port = int(runner.addresses[0][1])
+        loop = asyncio.get_running_loop()
+        self._server = await loop.create_server(self._accept, self.host, self._wanted_port)
+        self.port = int(self._server.sockets[0].getsockname()[1])
+        _LIVE.add(self)
+        _check_descriptors()
 
     async def stop(self) -> None:
+        _LIVE.discard(self)
+        server, self._server = self._server, None
+        if server is not None:
+            server.close()  # no new connections
         runner, self._runner = self._runner, None
-        if runner is not None:
-            await runner.cleanup()
+        if runner is None:
+            return
+        try:
+            # aiohttp waits up to the grace twice (for handlers, then for their cancellation)
+            async with asyncio.timeout(self.limits.shutdown_grace * 2 + 1):
+                await runner.cleanup()
+        except TimeoutError:
+            _LOGGER.warning("%s: requests still running after the grace; cut", self.name)
+        finally:
+            for connection in list(self._connections.values()):
+                connection.close()
+            self._connections.clear()
+
+    # -- connections -------------------------------------------------------------------------
+
+    def _accept(self) -> asyncio.Protocol:
+        runner = self._runner
+        assert runner is not None
+        assert runner.server is not None
+        if self.open_connections >= self.limits.max_connections and not self._make_room():
+            self.overloaded += 1
+            self.refusals(
+                "overloaded",
+                "%s: %d connections, all busy: a new one was refused with 503",
+                self.name,
+                self.limits.max_connections,
+            )
+            return _Overloaded()
+        handler = runner.server()
+        connection = _Connection(self, handler)
+        self._connections[handler] = connection
+        return connection
+
+    def _make_room(self) -> bool:
+        """Close the oldest connection with no request in progress; False when all are busy."""
+        for connection in self._connections.values():
+            if not connection.closing and connection.busy == 0:
+                self.evicted += 1
+                self.refusals(
+                    "connection_cap",
+                    "%s: %d connections open: closed the oldest idle one (from %s)",
+                    self.name,
+                    self.limits.max_connections,
+                    _peer(connection.transport),
+                )
+                connection.close()
+                return True
+        return False
+
+    def _forget(self, connection: _Connection) -> None:
+        if self._connections.get(connection.handler) is connection:
+            del self._connections[connection.handler]
+
+    @web.middleware
+    async def _track(
+        self, request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+    ) -> web.StreamResponse:
+        connection = self._connections.get(request.protocol)
+        if connection is None:
+            return await handler(request)
+        connection.request_started()
+        try:
+            return await handler(request)
+        finally:
+            connection.request_ended()
+
+
+# Descriptors the agent needs besides its servers' connections: journal, serial links, the
+# service's sockets, listening sockets, logs.
+_DESCRIPTOR_RESERVE = 256
+
+
+def _check_descriptors() -> None:
+    """Warn when the servers' caps together do not fit the process's descriptor limit."""
+    soft, _hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    need = sum(site.limits.max_connections for site in _LIVE) + _DESCRIPTOR_RESERVE
+    if soft != resource.RLIM_INFINITY and need > soft:
+        _LOGGER.warning(
+            "the HTTP servers may hold %d descriptors but the limit is %d: lower "
+            "http.max_connections or raise LimitNOFILE= in the unit",
+            need,
+            soft,
+        )
+
+
+def _peer(transport: asyncio.BaseTransport | None) -> str:
+    peer = transport.get_extra_info("peername") if transport is not None else None
+    return str(peer[0]) if isinstance(peer, tuple) and peer else "?"
+
+
+# -- bodies ----------------------------------------------------------------------------------
+
+
+async def read_body(request: web.Request) -> bytes:
+    """The whole body, within the server's ``body_timeout`` and its size limit (else 408/413)."""
+    limits = request.config_dict.get(LIMITS) or HttpLimits.from_config()
+    try:
+        async with asyncio.timeout(limits.body_timeout):
+            return await request.read()
+    except TimeoutError:
+        message = f"the body did not arrive within {limits.body_timeout:g} s"
+        raise BodyError(408, "body_timeout", BODY, message) from None
+    except web.HTTPRequestEntityTooLarge:
+        limit = request.client_max_size
+        message = f"the body is above the {limit} byte limit"
+        raise BodyError(413, "too_large", BODY, message) from None
+
+
+def is_json_type(request: web.BaseRequest) -> bool:
+    content_type = request.content_type.lower()
+    return content_type == "application/json" or content_type.endswith("+json")
+
+
+async def read_json(request: web.Request, *, require_type: bool = True) -> Any:
+    """The request's JSON body, bounded (see :func:`loads_bounded`); :class:`BodyError` else.
+
+    ``require_type``: refuse (415) a body not sent as ``application/json``. A browser can send
+    ``text/plain`` or a form across sites without asking first; it cannot send JSON that way.
+    """
+    if require_type and not is_json_type(request):
+        raise BodyError(
+            415,
+            "unsupported_media_type",
+            "Content-Type",
+            f"send the body as Content-Type: application/json, not {request.content_type}",
+        )
+    return loads_bounded(await read_body(request))
+
+
+def loads_bounded(raw: bytes) -> Any:
+    """JSON from outside, bounded in time and size; :class:`BodyError` (400) names the fault.
+
+    Refused: a body that is not UTF-8 JSON, nesting deeper than :data:`MAX_JSON_DEPTH`, a
+    number written with more than :data:`MAX_NUMBER_CHARS` characters (Python's own int limit
+    would raise only after 4,300 digits, and a float would turn into infinity), ``NaN`` and
+    ``Infinity`` (not JSON), and strings with unpaired surrogates (they cannot be stored).
+    """
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as err:
+        message = f"the body is not UTF-8 (byte {err.start})"
+        raise BodyError(400, "malformed", BODY, message) from None
+    try:
+        value = json.loads(
+            text, parse_int=_parse_int, parse_float=_parse_float, parse_constant=_parse_constant
+        )
+    except RecursionError:
+        raise _too_deep() from None
+    except json.JSONDecodeError as err:  # its message says where, never echoes the body
+        raise BodyError(400, "malformed", BODY, f"the body is not JSON: {err}") from None
+    _check_tree(value)
+    return value
+
+
+def _too_deep() -> BodyError:
+    return BodyError(400, "malformed", BODY, f"the body nests deeper than {MAX_JSON_DEPTH} levels")
+
+
+def _long_number(text: str) -> BodyError:
+    return BodyError(
+        400,
+        "malformed",
+        BODY,
+        f"a number written with {len(text)} characters (at most {MAX_NUMBER_CHARS})",
+    )
+
+
+def _parse_int(text: str) -> int:
+    if len(text) > MAX_NUMBER_CHARS:
+        raise _long_number(text)
+    return int(text)
+
+
+def _parse_float(text: str) -> float:
+    if len(text) > MAX_NUMBER_CHARS:
+        raise _long_number(text)
+    value = float(text)
+    if value in (float("inf"), float("-inf")):
+        raise BodyError(400, "malformed", BODY, f"the number {text} is out of range")
+    return value
+
+
+def _parse_constant(text: str) -> Any:
+    raise BodyError(400, "malformed", BODY, f"{text} is not a JSON number")
+
+
+def _check_tree(value: Any) -> None:
+    """Depth and strings of a decoded value, without recursion."""
+    stack: list[tuple[Any, int]] = [(value, 0)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, dict):
+            children: Any = [*item.keys(), *item.values()]
+        elif isinstance(item, list):
+            children = item
+        else:
+            if isinstance(item, str):
+                _check_text(item)
+            continue
+        if depth >= MAX_JSON_DEPTH:
+            raise _too_deep()
+        stack.extend((child, depth + 1) for child in children)
+
+
+def _check_text(text: str) -> None:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as err:
+        message = f"a string holds an unpaired surrogate (\\u{ord(text[err.start]):04x})"
+        raise BodyError(400, "malformed", BODY, message) from None

@@ -1,8 +1,14 @@
 """A local HTTP and WebSocket API for the kiosk's own touchscreen app.
 
 The app starts a sale, follows it live and may cancel it; the agent does the payment. Loopback only
-unless configured otherwise; every request carries ``Authorization: Bearer <token>`` (a browser's
-WebSocket may send ``?token=`` instead, since it cannot set headers).
+unless configured otherwise; every request carries ``Authorization: Bearer <token>`` (only a
+WebSocket handshake may send ``?token=`` instead, since a browser cannot set its headers).
+
+As a browser would meet it: a POST must be ``Content-Type: application/json`` (a cross-site form
+or ``text/plain`` post is refused with 415: a page cannot send JSON across sites without a CORS
+preflight, which this API never grants); the ``Host`` must be one of ``allowed_hosts`` (a DNS
+rebinding page names its own host: 403); an ``Origin``, when sent, must match ``allowed_origins``
+(403). Both default to loopback.
 
     POST   /api/v1/sales                  {product?, amount?, flow?, terminal?, email?} -> 202
     GET    /api/v1/sales/{sale_id}        the sale's latest step
@@ -22,7 +28,6 @@ import asyncio
 import dataclasses
 import hashlib
 import hmac
-import json
 import logging
 from collections import OrderedDict
 from typing import Any
@@ -33,6 +38,7 @@ from aiohttp import WSMsgType, web
 from kiosk_agent.core.config import PLATFORM_SCHEMA as BASE_PLATFORM_SCHEMA
 from kiosk_agent.core.config import max_price_check, positive_float, price_map
 from kiosk_agent.core.flows import TerminalBusy, UnknownTerminal
+from kiosk_agent.core.logging import RefusalLog
 from kiosk_agent.core.sale import (
     DispenseOutcome,
     DispenseStatus,
@@ -40,7 +46,7 @@ from kiosk_agent.core.sale import (
     SaleEvent,
     SaleRequest,
 )
-from kiosk_agent.core.web import LocalSite
+from kiosk_agent.core.web import BodyError, HttpLimits, LocalSite, read_json
 from kiosk_agent.money import MoneyError, cents_to_dollars, parse_price
 from kiosk_agent.platforms.base import instance_name
 from kiosk_agent.tasks import cancel_and_wait, next_item
@@ -60,6 +66,17 @@ def _products(value: Any) -> dict[str, int]:
     return price_map(value)  # every bad price is reported, each at its product
 
 
+_ANY_ADDRESS = frozenset({"0.0.0.0", "::", ""})  # noqa: S104 - bound to all: not a Host name
+LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
+LOOPBACK_ORIGINS = ("http://127.0.0.1:*", "http://localhost:*", "http://[::1]:*")
+
+
+def _names(value: Any) -> list[str]:
+    if not isinstance(value, list) or not all(isinstance(v, str) and v for v in value):
+        raise vol.Invalid("expected a list of names")
+    return [v.strip().lower() for v in value]
+
+
 PLATFORM_SCHEMA = vol.All(BASE_PLATFORM_SCHEMA.extend(
     {
         vol.Required("token"): _token,
@@ -71,6 +88,11 @@ PLATFORM_SCHEMA = vol.All(BASE_PLATFORM_SCHEMA.extend(
         # the app confirms what came out (POST .../dispensed); otherwise payment is the product
         vol.Optional("confirm_dispense", default=False): bool,
         vol.Optional("vend_timeout", default=60.0): positive_float,
+        # Host header names accepted (DNS rebinding); the bound host is always accepted too
+        vol.Optional("allowed_hosts", default=list(LOOPBACK_HOSTS)): _names,
+        # Origin headers accepted from browsers: exact, or "scheme://host:*" for any port;
+        # a request with no Origin (not a browser page) is not checked
+        vol.Optional("allowed_origins", default=list(LOOPBACK_ORIGINS)): _names,
     }
 ), max_price_check("products{}"))
 
@@ -142,7 +164,13 @@ class KioskApi:
         self._token_digest = hashlib.sha256(config["token"].encode()).digest()
         self._latest: OrderedDict[str, SaleEvent] = OrderedDict()
         self._dispensers: dict[str, AppDispenser] = {}
-        self._site = LocalSite(config["host"], config["port"])
+        self._site = LocalSite(
+            config["host"], config["port"], name=self.name,
+            limits=HttpLimits.of(agent),
+        )
+        self._hosts = {*config["allowed_hosts"], config["host"].lower()} - _ANY_ADDRESS
+        self._origins: list[str] = config["allowed_origins"]
+        self._refused = RefusalLog(_LOGGER, "kiosk_api")
         self._follower: asyncio.Task[None] | None = None
         self._sockets: set[web.WebSocketResponse] = set()
         self.requests = 0
@@ -205,17 +233,41 @@ class KioskApi:
     @web.middleware
     async def _auth(self, request: web.Request, handler: Any) -> web.StreamResponse:
         self.requests += 1
-        given = request.headers.get("Authorization", "")
-        token = given[7:] if given.startswith("Bearer ") else request.query.get("token", "")
-        digest = hashlib.sha256(token.encode()).digest()
-        if not token or not hmac.compare_digest(digest, self._token_digest):
+        refusal = self._refusal(request)
+        if refusal is not None:
             self.rejected += 1
-            return _error(401, "unauthorized", None, "a valid bearer token is required")
+            status, error, field, message = refusal
+            self._refused(error, "%s: refused %s %s: %s", self.name, request.method,
+                          request.path, message)
+            return _error(status, error, field, message)
         try:
             response: web.StreamResponse = await handler(request)
         except BadRequest as err:
             return _error(400, "bad_request", err.field, err.message)
+        except BodyError as err:
+            return _error(err.status, err.error, err.field, err.message)
         return response
+
+    def _refusal(self, request: web.Request) -> tuple[int, str, str | None, str] | None:
+        """Why a request is refused before its handler runs (status, error, field, message)."""
+        host = _host_name(request.headers.get("Host", ""))
+        if host not in self._hosts:
+            allowed = ", ".join(sorted(self._hosts))
+            return 403, "bad_host", "Host", f"Host {host or '(none)'!r} is not one of {allowed}"
+        origin = request.headers.get("Origin")
+        if origin is not None and not _origin_allowed(origin.strip().lower(), self._origins):
+            return 403, "bad_origin", "Origin", f"Origin {origin[:100]!r} is not allowed"
+        given = request.headers.get("Authorization", "")
+        if given.startswith("Bearer "):
+            token = given[7:]
+        elif _is_websocket_handshake(request):
+            token = request.query.get("token", "")
+        else:
+            token = ""
+        digest = hashlib.sha256(token.encode("utf-8", "replace")).digest()
+        if not token or not hmac.compare_digest(digest, self._token_digest):
+            return 401, "unauthorized", None, "a valid bearer token is required"
+        return None
 
     # -- handlers ------------------------------------------------------------------------------
 
@@ -383,13 +435,36 @@ async def _drain(ws: web.WebSocketResponse) -> None:
 
 
 async def _json_body(request: web.Request) -> dict[str, Any]:
-    try:
-        body = await request.json(loads=json.loads)
-    except (json.JSONDecodeError, UnicodeDecodeError) as err:
-        raise BadRequest("body", f"not JSON: {err}") from None
+    body = await read_json(request)  # BodyError: the middleware answers it
     if not isinstance(body, dict):
         raise BadRequest("body", "expected a JSON object")
     return body
+
+
+def _is_websocket_handshake(request: web.Request) -> bool:
+    return request.method == "GET" and request.headers.get("Upgrade", "").lower() == "websocket"
+
+
+def _host_name(header: str) -> str:
+    """The name in a Host header, without its port: ``[::1]:80`` -> ``::1``."""
+    header = header.strip().lower()
+    if header.startswith("["):
+        return header[1 : header.find("]")] if "]" in header else header
+    name, _, port = header.rpartition(":")
+    return name if name and port.isdigit() else header
+
+
+def _origin_allowed(origin: str, allowed: list[str]) -> bool:
+    for pattern in allowed:
+        if pattern.endswith(":*"):
+            base = pattern[:-2]
+            if origin == base or (
+                origin.startswith(base + ":") and origin[len(base) + 1 :].isdigit()
+            ):
+                return True
+        elif origin == pattern:
+            return True
+    return False
 
 
 def _error(status: int, error: str, field: str | None, message: str) -> web.Response:

@@ -358,7 +358,7 @@ class MdbCashless:
         except wire.ProtocolError as err:
             self.stats.unknown_lines += 1
             self.stats.last_unknown = line[:80]
-            self.link.noise.warning("%s: ignored line: %s", self.name, err)
+            self.link.noise("ignored_line", "%s: ignored line: %s", self.name, err)
             return
         match message:
             case wire.StatusChanged():
@@ -412,7 +412,8 @@ class MdbCashless:
                 # The machine is done with the last customer; the last sale is still capturing.
                 self._queued = message
                 return
-            _LOGGER.warning(
+            self.link.noise(
+                "vend_during_session",
                 "%s: vend request for %s during a session (%s): denied",
                 self.name,
                 message.product,
@@ -422,7 +423,11 @@ class MdbCashless:
             self.send(wire.deny_vend())
             return
         if self.options.mode is Mode.CARD_FIRST:
-            _LOGGER.warning("%s: vend request before any card (card-first): denied", self.name)
+            self.link.noise(
+                "vend_before_card",
+                "%s: vend request before any card (card-first): denied",
+                self.name,
+            )
             self.stats.denied += 1
             self.send(wire.deny_vend())
             return
@@ -441,10 +446,12 @@ class MdbCashless:
 
     def _on_vend_result(self, status: DispenseStatus, detail: str) -> None:
         if self.session is None or not self.session.on_vend_result(status, detail):
-            _LOGGER.warning("%s: %s with no vend pending: ignored", self.name, detail)
+            self.link.noise(
+                "result_without_vend", "%s: %s with no vend pending: ignored", self.name, detail
+            )
 
     def _on_adapter_error(self, message: wire.AdapterError) -> None:
-        _LOGGER.warning("%s: adapter error %s", self.name, message.text)
+        self.link.noise("adapter_error", "%s: adapter error %s", self.name, message.text)
         session = self.session
         if session is not None and session.phase is _Phase.SELECTING:
             session.abort(f"adapter refused the session: {message.text}")

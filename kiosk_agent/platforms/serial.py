@@ -24,6 +24,7 @@ from typing import Any
 import serial
 import serial_asyncio_fast
 
+from kiosk_agent.core.logging import RefusalLog
 from kiosk_agent.tasks import BackgroundTask, cancel_and_wait
 
 _LOGGER = logging.getLogger(__name__)
@@ -73,30 +74,6 @@ class LinkStats:
 LineHandler = Callable[[str], None]
 StateHandler = Callable[[LinkState, str], None]
 ConnectedHandler = Callable[[], Awaitable[None]]
-
-
-class QuietLog:
-    """Warnings about bad input: the first few in full, then one summary per ``every`` seconds."""
-
-    def __init__(self, logger: logging.Logger, burst: int = 5, every: float = 10.0) -> None:
-        self._logger = logger
-        self._burst = burst
-        self._every = every
-        self._window_start = -every
-        self._in_window = 0
-        self._suppressed = 0
-
-    def warning(self, message: str, *args: Any) -> None:
-        now = time.monotonic()
-        if now - self._window_start >= self._every:
-            if self._suppressed:
-                self._logger.warning("... %d similar warnings suppressed", self._suppressed)
-            self._window_start, self._in_window, self._suppressed = now, 0, 0
-        self._in_window += 1
-        if self._in_window <= self._burst:
-            self._logger.warning(message, *args)
-        else:
-            self._suppressed += 1
 
 
 def resolve_port(port: str) -> str | None:
@@ -175,7 +152,7 @@ class SerialLink:
         self.name = name
         self.settings = settings
         self.stats = LinkStats()
-        self.noise = QuietLog(_LOGGER)  # a device spewing garbage must not flood the log
+        self.noise = RefusalLog(_LOGGER, name)  # a device spewing garbage must not flood the log
         self.activity = asyncio.Event()
         self._on_line = on_line
         self._on_state = on_state
@@ -265,7 +242,7 @@ class SerialLink:
 
     def drop(self, why: str) -> None:
         self.stats.dropped += 1
-        self.noise.warning("%s: dropped input (%s)", self.name, why)
+        self.noise("dropped_input", "%s: dropped input (%s)", self.name, why)
 
     # -- the reconnect loop --------------------------------------------------------------------
 

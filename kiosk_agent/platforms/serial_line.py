@@ -283,7 +283,7 @@ class SerialLineDevice:
         try:
             cents = self.rules.price_cents(groups["price"])
         except ValueError as err:
-            _LOGGER.warning("%s: vend request ignored: %s", self.name, err)
+            self.link.noise("bad_vend_request", "%s: vend request ignored: %s", self.name, err)
             self.unmatched += 1
             return
         request = SaleRequest(
@@ -300,7 +300,9 @@ class SerialLineDevice:
             self._queued = vend
             return
         if self.vend is not None:
-            _LOGGER.warning("%s: vend request while a sale runs: denied", self.name)
+            self.link.noise(
+                "vend_while_busy", "%s: vend request while a sale runs: denied", self.name
+            )
             if self.rules.deny is not None:
                 fields = template_fields(groups.get("product"), groups["price"], cents, "busy")
                 self.send(self.rules.deny.format(**fields))
@@ -314,7 +316,9 @@ class SerialLineDevice:
     def _on_result(self, status: DispenseStatus, detail: str) -> None:
         vend = self.vend
         if vend is None or not vend.vending:
-            _LOGGER.warning("%s: %s with no dispense pending: ignored", self.name, detail)
+            self.link.noise(
+                "result_without_vend", "%s: %s with no dispense pending: ignored", self.name, detail
+            )
             return
         vend.end(status, detail)
 

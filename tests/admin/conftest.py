@@ -11,6 +11,7 @@ from kiosk_agent.app import load_agent
 ADMIN_TOKEN = "admin-token-0123456789abcdef"
 READ_TOKEN = "read-token-0123456789abcdefgh"
 WEBHOOK_SECRET = "whsec_0123456789"
+KIOSK_TOKEN = "kiosk-app-token-0123456789"
 
 CONFIG = """
 service:
@@ -36,6 +37,7 @@ webhooks:
 def write_config(directory: Path, extra: str = "") -> Path:
     (directory / "secrets.yaml").write_text(
         f"admin_token: {ADMIN_TOKEN}\nread_token: {READ_TOKEN}\nwebhook_secret: {WEBHOOK_SECRET}\n"
+        f"kiosk_token: {KIOSK_TOKEN}\n"
     )
     (directory / "secrets.yaml").chmod(0o600)
     path = directory / "config.yaml"

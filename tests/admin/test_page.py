@@ -269,6 +269,8 @@ def test_health_notes_name_what_changed() -> None:
         b'{"token": "' + b"a" * 60_000 + b'"}',
         b"\xff\xfe{not utf-8",
         b"{" * 5_000,
+        b'{"a":' * 30_000 + b"1" + b"}" * 30_000,  # deep enough to break a recursive parser
+        b'{"token": ' + b"9" * 5_000 + b"}",
     ],
 )
 async def test_hostile_login_bodies_get_a_clear_no(

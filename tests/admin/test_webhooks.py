@@ -1,7 +1,9 @@
 """The boarding webhook receiver over real HTTP with its SQLite store on disk."""
 
 import asyncio
+import contextlib
 import json
+import logging
 import sqlite3
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -13,6 +15,8 @@ import pytest
 
 from kiosk_agent.admin.webhooks import SqliteIdempotencyStore, WebhookReceiver
 from kiosk_agent.cli import build_parser
+from kiosk_agent.core.health import Health, Status
+from kiosk_agent.core.logging import refusal_counts
 from kiosk_agent.service.webhooks import MemoryIdempotencyStore, parse_event, sign
 
 SECRET = "whsec_test_secret"
@@ -62,9 +66,11 @@ class Harness:
         self.store = store
         self.receiver: WebhookReceiver | None = None
         self.session = aiohttp.ClientSession()
+        self.health = Health("test")
+        self.http: dict[str, Any] = {}
 
     async def start(self, **conf: Any) -> WebhookReceiver:
-        agent = SimpleNamespace()
+        agent = SimpleNamespace(health=self.health, config={"http": self.http})
         conf = {"secret": SECRET, "port": 0, "store": str(self.store), **conf}
         self.receiver = WebhookReceiver(agent, conf)
         await self.receiver.start()
@@ -245,7 +251,7 @@ async def test_an_event_that_cannot_be_committed_is_not_acknowledged(harness: Ha
     other.execute("ALTER TABLE webhook_events RENAME TO broken")
     other.commit()
     status, answer = await harness.deliver(envelope("k1"))
-    assert (status, answer) == (503, {"error": "unavailable"})  # the sender will retry
+    assert (status, answer["error"]) == (503, "unavailable")  # the sender will retry
     assert receiver.merchants() == []
     other.execute("ALTER TABLE broken RENAME TO webhook_events")
     other.commit()
@@ -285,3 +291,115 @@ async def test_the_command_line_shows_the_state_the_receiver_kept(
     assert merchant["merchant_id"] == 42
     assert merchant["status"] == "boarded"
     assert merchant["mid"] == "998000000042"
+
+
+# -- attacks ---------------------------------------------------------------------------------
+
+
+async def test_a_signed_merchant_id_of_2_64_is_refused_and_deliveries_go_on(
+    harness: Harness,
+) -> None:
+    """The attack that killed the writer: one correctly signed event with merchant_id 2**64."""
+    receiver = await harness.start()
+    status, answer = await harness.deliver(envelope("k-big", merchant_id=2**64))
+    assert status == 400
+    assert answer["field"] == "payload.merchant_id"
+    assert "18446744073709551616" in answer["detail"]
+    for n in range(5):
+        assert await harness.deliver(envelope(f"k{n}", merchant_id=n)) == (
+            200, {"status": "accepted"})
+    assert harness.health.snapshot().status is not Status.DOWN
+    assert harness.health.alive()
+    started = asyncio.get_running_loop().time()
+    await asyncio.wait_for(receiver.stop(), 10)  # what SIGTERM runs
+    assert asyncio.get_running_loop().time() - started < 2
+    harness.receiver = None
+    db = sqlite3.connect(harness.store)
+    assert db.execute("SELECT count(*) FROM webhook_events").fetchone()[0] == 5
+    db.close()
+
+
+async def test_whatever_the_writer_meets_it_goes_on_and_health_says_why(
+    harness: Harness,
+) -> None:
+    """Past the range check (a future field, a bug): the write fails, the writer does not."""
+    receiver = await harness.start()
+    poison = parse_event(json.dumps(envelope("k-poison", merchant_id=2**64)).encode())
+    with pytest.raises(OverflowError):
+        await receiver.store.record("k-poison", poison, b"{}")
+    snapshot = harness.health.snapshot()
+    assert snapshot.status is Status.DOWN
+    assert any("webhook store" in p and "OverflowError" in p for p in snapshot.problems)
+    assert not harness.health.alive()  # the watchdog is no longer fed
+    # a poisoned write among good ones in one group commit fails alone
+    results = await asyncio.gather(
+        receiver.store.record("k-poison", poison, b"{}"),
+        *(harness.deliver(envelope(f"k{n}", merchant_id=n)) for n in range(20)),
+        return_exceptions=True,
+    )
+    assert isinstance(results[0], OverflowError)
+    assert all(r == (200, {"status": "accepted"}) for r in results[1:])
+    assert harness.health.snapshot().status is not Status.DOWN  # a good commit cleared it
+    assert harness.health.alive()
+    assert len(receiver.store) == 20
+
+
+async def test_close_ends_within_its_grace_while_a_commit_hangs_on_the_disk(
+    harness: Harness,
+) -> None:
+    harness.http = {"shutdown_grace": 0.5}
+    receiver = await harness.start()
+    assert (await harness.deliver(envelope("k0")))[0] == 200
+    other = sqlite3.connect(harness.store, isolation_level=None)
+    other.execute("BEGIN EXCLUSIVE")  # the disk "hangs": every commit waits on this lock
+    try:
+        delivery = asyncio.create_task(harness.deliver(envelope("k1")))
+        await asyncio.sleep(0.2)
+        assert not delivery.done()
+        started = asyncio.get_running_loop().time()
+        await asyncio.wait_for(receiver.stop(), 10)
+        assert asyncio.get_running_loop().time() - started < 2.5
+        harness.receiver = None
+        with contextlib.suppress(aiohttp.ClientError):
+            status, _ = await asyncio.wait_for(delivery, 5)
+            assert status == 503  # not committed, not acknowledged: the sender retries
+    finally:
+        other.execute("ROLLBACK")
+        other.close()
+
+
+HOSTILE = [
+    (b'{"event_type": "merchant.new", "payload": {"merchant_id": ' + b"7" * 5000 + b"}}",
+     "5000 characters"),
+    (b'{"payload": ' + b"[" * 30000 + b"]" * 30000 + b"}", "nests deeper"),
+    (b'{"payload": {"merchant_id": 1e999}}', "out of range"),
+    (b'{"payload": {"merchant_id": NaN}}', "NaN is not a JSON number"),
+]
+
+
+@pytest.mark.parametrize(("raw", "message"), HOSTILE)
+async def test_hostile_signed_bodies_get_a_400_naming_the_fault(
+    harness: Harness, raw: bytes, message: str
+) -> None:
+    receiver = await harness.start()
+    status, answer = await harness.post(*signed(raw))
+    assert (status, answer["error"]) == (400, "malformed")
+    assert message in answer["detail"]
+    status, answer = await harness.post(raw, {"Content-Type": "application/json"})
+    assert status == 401  # unsigned: refused before it is even parsed
+    assert len(receiver.store) == 0
+    assert (await harness.deliver(envelope("k1")))[0] == 200
+
+
+async def test_a_forged_flood_writes_a_few_lines_and_counts_them_all(
+    harness: Harness, caplog: pytest.LogCaptureFixture
+) -> None:
+    receiver = await harness.start()
+    raw, headers = signed(envelope("k1"), secret="not-the-secret")
+    with caplog.at_level(logging.WARNING, "kiosk_agent.admin.webhooks"):
+        answers = await asyncio.gather(*(harness.post(raw, headers) for _ in range(300)))
+    assert {status for status, _ in answers} == {401}
+    lines = [r for r in caplog.records if "refused" in r.getMessage()]
+    assert len(lines) <= 6  # the first few; the rest wait for the interval's summary
+    assert receiver.outcomes["invalid_signature"] == 300
+    assert refusal_counts()[("webhooks", "invalid_signature")] >= 300

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import io
 import json
 import logging
@@ -10,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from kiosk_agent.core.logging import setup_logging
+from kiosk_agent.core.logging import RefusalLog, refusal_counts, setup_logging, suppressed_counts
 
 CARD = "4111 1111 1111 1111"
 
@@ -64,3 +65,41 @@ def test_setting_up_again_replaces_the_handler(root_restored: None) -> None:
     setup_logging({}, stream=io.StringIO())
     named = [h for h in logging.getLogger().handlers if h.get_name() == "kiosk-agent"]
     assert len(named) == 1
+
+
+def test_a_flood_of_refusals_logs_the_first_few_then_counts(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """3,000 forged deliveries write a handful of lines, not 3,000; every one is counted."""
+    now = [0.0]
+    refused = RefusalLog(logging.getLogger("test.refusals"), "test_flood", first=3,
+                         interval=60.0, clock=lambda: now[0])
+    before = refusal_counts().get(("test_flood", "forged"), 0)
+    with caplog.at_level(logging.WARNING, "test.refusals"):
+        for n in range(3000):
+            refused("forged" if n % 10 else "malformed", "refused delivery %d", n)
+        now[0] = 61.0  # the next interval: its first line, after the summary of the last
+        refused("forged", "refused delivery %d", 3000)
+    lines = [r.getMessage() for r in caplog.records]
+    assert lines[:3] == ["refused delivery 0", "refused delivery 1", "refused delivery 2"]
+    assert lines[3] == (
+        "test_flood: 2997 more refusal(s) in the last 60 s, not logged one by one "
+        "(forged 2698, malformed 299)"
+    )
+    assert lines[4:] == ["refused delivery 3000"]
+    assert refusal_counts()[("test_flood", "forged")] - before == 2701
+    assert suppressed_counts()["test_flood"] >= 2997
+
+
+async def test_the_summary_comes_when_the_interval_ends_even_if_the_flood_stops(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    refused = RefusalLog(logging.getLogger("test.refusals"), "test_quiet", first=1, interval=0.05)
+    with caplog.at_level(logging.WARNING, "test.refusals"):
+        for _ in range(10):
+            refused("bad", "bad line")
+        for _ in range(100):  # no more refusals: the timer writes the summary
+            if len(caplog.records) == 2:
+                break
+            await asyncio.sleep(0.01)
+    assert [r.getMessage() for r in caplog.records][-1].startswith("test_quiet: 9 more refusal(s)")

@@ -2,11 +2,17 @@
 
 from __future__ import annotations
 
+import asyncio
+import json
+import time
+
 import aiohttp
 import pytest
 from aiohttp import web
+from hypothesis import given
+from hypothesis import strategies as st
 
-from kiosk_agent.core.web import LocalSite
+from kiosk_agent.core.web import BodyError, HttpLimits, LocalSite, loads_bounded, read_json
 
 
 async def test_a_site_on_port_0_learns_its_port_and_stops_listening() -> None:
@@ -27,3 +33,158 @@ async def test_a_site_on_port_0_learns_its_port_and_stops_listening() -> None:
         with pytest.raises(aiohttp.ClientConnectionError):
             await http.get(f"{site.url}/hello")
     await site.stop()  # a second stop is harmless
+
+
+def _limits(**overrides: float) -> HttpLimits:
+    conf = {"header_timeout": 0.3, "body_timeout": 0.3, "keepalive_timeout": 0.6,
+            "max_connections": 4, "shutdown_grace": 0.5, **overrides}
+    return HttpLimits.from_config(conf)
+
+
+async def _site(limits: HttpLimits) -> LocalSite:
+    async def echo(request: web.Request) -> web.Response:
+        try:
+            return web.json_response({"got": await read_json(request)})
+        except BodyError as err:
+            return web.json_response({"error": err.error, "message": err.message},
+                                     status=err.status)
+
+    async def hold(request: web.Request) -> web.Response:
+        await asyncio.sleep(30)
+        return web.Response()
+
+    app = web.Application()
+    app.router.add_post("/echo", echo)
+    app.router.add_get("/hold", hold)
+    site = LocalSite("127.0.0.1", 0, name="test", limits=limits)
+    await site.start(app)
+    return site
+
+
+async def _closed_within(reader: asyncio.StreamReader, seconds: float) -> bytes:
+    return await asyncio.wait_for(reader.read(), seconds)
+
+
+def test_the_limits_have_defaults_in_one_place() -> None:
+    limits = HttpLimits.from_config()
+    assert (limits.header_timeout, limits.body_timeout, limits.keepalive_timeout) == (10, 30, 15)
+    assert limits.max_connections == 256
+    with pytest.raises(Exception, match="above zero"):
+        HttpLimits.from_config({"header_timeout": 0})
+
+
+async def test_a_connection_that_never_finishes_its_head_is_closed() -> None:
+    site = await _site(_limits())
+    try:
+        reader, writer = await asyncio.open_connection("127.0.0.1", site.port)
+        writer.write(b"GET /echo HTTP/1.1\r\nHost: x\r\nX-Slow: 1")  # never ends
+        started = time.monotonic()
+        assert await _closed_within(reader, 5) == b""
+        assert 0.2 < time.monotonic() - started < 3
+        writer.close()
+    finally:
+        await site.stop()
+
+
+async def test_a_body_that_trickles_gets_408_and_a_good_one_is_read() -> None:
+    site = await _site(_limits())
+    try:
+        reader, writer = await asyncio.open_connection("127.0.0.1", site.port)
+        writer.write(b"POST /echo HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                     b"Content-Length: 100\r\n\r\n{")
+        answer = await asyncio.wait_for(reader.readline(), 5)
+        assert answer.startswith(b"HTTP/1.1 408"), answer
+        writer.close()
+        async with aiohttp.ClientSession() as http, http.post(
+            f"{site.url}/echo", json={"a": [1, 2]}
+        ) as response:
+            assert await response.json() == {"got": {"a": [1, 2]}}
+    finally:
+        await site.stop()
+
+
+async def test_past_the_cap_the_oldest_idle_connection_makes_room() -> None:
+    site = await _site(_limits(header_timeout=30, keepalive_timeout=30))
+    try:
+        idle = [await asyncio.open_connection("127.0.0.1", site.port) for _ in range(4)]
+        await asyncio.sleep(0.05)
+        assert site.open_connections == 4
+        async with aiohttp.ClientSession() as http, http.post(
+            f"{site.url}/echo", json=1
+        ) as response:
+            assert response.status == 200  # served: the oldest idle one was closed for it
+        assert await _closed_within(idle[0][0], 5) == b""
+        assert site.open_connections <= 4
+        for _, writer in idle:
+            writer.close()
+    finally:
+        await site.stop()
+
+
+async def test_when_every_connection_is_busy_a_newcomer_gets_503() -> None:
+    site = await _site(_limits(max_connections=4))
+    async with aiohttp.ClientSession() as http:
+        holders = [asyncio.create_task(http.get(f"{site.url}/hold")) for _ in range(4)]
+        try:
+            for _ in range(100):
+                if site.open_connections == 4:
+                    break
+                await asyncio.sleep(0.01)
+            reader, writer = await asyncio.open_connection("127.0.0.1", site.port)
+            answer = await asyncio.wait_for(reader.read(), 5)
+            assert answer.startswith(b"HTTP/1.1 503"), answer
+            writer.close()
+            started = time.monotonic()
+        finally:
+            await site.stop()  # the held requests are cut within the grace
+        assert time.monotonic() - started < 5
+        for holder in holders:
+            holder.cancel()
+        await asyncio.gather(*holders, return_exceptions=True)
+
+
+@pytest.mark.parametrize(
+    ("raw", "message"),
+    [
+        (b"1" * 5000, "5000 characters"),
+        (b"[" * 30000 + b"]" * 30000, "nests deeper than 32"),
+        (b"[" * 33 + b"]" * 33, "nests deeper than 32"),
+        (b"1e400", "out of range"),
+        (b"-1e400", "out of range"),
+        (b"Infinity", "not a JSON number"),
+        (b'"\\udc00"', "unpaired surrogate"),
+        (b"\xc3\x28", "not UTF-8"),
+        (b"", "not JSON"),
+    ],
+)
+def test_hostile_json_is_refused_naming_the_fault(raw: bytes, message: str) -> None:
+    with pytest.raises(BodyError) as refused:
+        loads_bounded(raw)
+    assert refused.value.status == 400
+    assert message in refused.value.message
+
+
+def test_ordinary_json_passes() -> None:
+    raw = b'{"a": [1, 2.5, "x", null, true], "b": {"c": -18446744073709551616}}'
+    assert loads_bounded(raw) == {"a": [1, 2.5, "x", None, True], "b": {"c": -(2**64)}}
+    assert loads_bounded(b"[" * 32 + b"]" * 32) is not None
+
+
+JSON_VALUES = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats() | st.text(),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(), inner, max_size=4),
+    max_leaves=30,
+)
+
+
+@given(st.one_of(JSON_VALUES.map(lambda v: json.dumps(v).encode()), st.binary(max_size=200)))
+def test_any_body_gives_a_value_or_a_clear_400_quickly(raw: bytes) -> None:
+    started = time.monotonic()
+    error: BodyError | None = None
+    try:
+        loads_bounded(raw)
+    except BodyError as err:
+        error = err
+    assert time.monotonic() - started < 1.0
+    if error is not None:
+        assert (error.status, bool(error.message)) == (400, True)

@@ -137,8 +137,9 @@ async def test_unknown_sale_is_404(app: App) -> None:
     status, answer = await app.get("/sales/0123456789abcdef")
     assert status == 404
     assert answer["field"] == "sale_id"
-    async with app.session.get(f"{app.base}/sales/0123456789abcdef/events?token={TOKEN}") as r:
-        assert r.status == 404
+    with pytest.raises(aiohttp.WSServerHandshakeError) as refused:
+        await app.session.ws_connect(f"{app.base}/sales/0123456789abcdef/events?token={TOKEN}")
+    assert refused.value.status == 404
 
 
 async def test_token_is_required(app: App) -> None:
@@ -207,3 +208,126 @@ async def test_hostile_amounts_are_refused_naming_the_field(
     assert status == 400
     assert body["field"] == "amount"
     assert error in body["message"]
+
+
+# -- as a browser would meet it ----------------------------------------------------------------
+
+
+async def _raw_post(
+    app: App, path: str, data: bytes | str, headers: dict[str, str]
+) -> tuple[int, Any]:
+    async with app.session.post(app.base + path, data=data, headers=headers) as response:
+        return response.status, await response.json()
+
+
+async def test_a_cross_site_form_post_with_a_leaked_token_starts_no_sale(app: App) -> None:
+    """What a page on any site can send without a CORS preflight: text/plain or a form, the
+    token in the URL (a form cannot set Authorization). None of it reaches a sale."""
+    body = '{"product": "coffee"}'
+    status, answer = await _raw_post(
+        app, f"/sales?token={TOKEN}", body, {"Content-Type": "text/plain"}
+    )
+    assert (status, answer["error"]) == (401, "unauthorized")  # a query token is not enough
+    auth = {"Authorization": f"Bearer {TOKEN}"}
+    for content_type in ("text/plain", "application/x-www-form-urlencoded", "multipart/form-data"):
+        headers = {**auth, "Content-Type": content_type}
+        status, answer = await _raw_post(app, "/sales", body, headers)
+        assert status == 415, content_type
+        assert answer["field"] == "Content-Type"
+        assert "application/json" in answer["message"]
+    assert app.api.status()["sales_known"] == 0
+    status, _ = await _raw_post(app, "/sales", body, {**auth, "Content-Type": "application/json"})
+    assert status == 202  # the app's own request, as before
+
+
+async def test_dns_rebinding_a_foreign_host_is_refused(app: App) -> None:
+    """A page on evil.example re-pointed at 127.0.0.1 still names evil.example as Host."""
+    port = app.api.port
+    headers = {"Authorization": f"Bearer {TOKEN}", "Host": f"evil.example:{port}"}
+    async with app.session.post(app.base + "/sales", json={"product": "tea"},
+                                headers=headers) as response:
+        assert response.status == 403
+        answer = await response.json()
+    assert (answer["error"], answer["field"]) == ("bad_host", "Host")
+    assert "evil.example" in answer["message"]
+    with pytest.raises(aiohttp.WSServerHandshakeError) as refused:
+        await app.session.ws_connect(f"{app.base}/events?token={TOKEN}",
+                                     headers={"Host": "evil.example"})
+    assert refused.value.status == 403
+    for host in (f"localhost:{port}", f"127.0.0.1:{port}", "LOCALHOST"):
+        async with app.session.get(app.base + "/status", headers={
+            "Authorization": f"Bearer {TOKEN}", "Host": host}) as response:
+            assert response.status == 200, host
+    assert app.api.status()["sales_known"] == 0
+
+
+async def test_a_foreign_origin_is_refused_and_loopback_pages_are_not(app: App) -> None:
+    auth = {"Authorization": f"Bearer {TOKEN}"}
+    for origin in ("https://evil.example", "null", "http://localhost.evil.example:8080",
+                   "http://127.0.0.1:80x"):
+        async with app.session.post(app.base + "/sales", json={"product": "tea"},
+                                    headers={**auth, "Origin": origin}) as response:
+            assert response.status == 403, origin
+            assert (await response.json())["error"] == "bad_origin"
+    # cross-site WebSocket hijacking: the browser sends the page's Origin on the handshake
+    with pytest.raises(aiohttp.WSServerHandshakeError) as refused:
+        await app.session.ws_connect(f"{app.base}/events?token={TOKEN}",
+                                     origin="https://evil.example")
+    assert refused.value.status == 403
+    async with app.session.ws_connect(f"{app.base}/events?token={TOKEN}",
+                                      origin="http://localhost:3000") as ws:
+        assert not ws.closed
+    async with app.session.get(app.base + "/status",
+                               headers={**auth, "Origin": "http://127.0.0.1:5173"}) as response:
+        assert response.status == 200
+
+
+async def test_the_allow_lists_are_configurable(tmp_path: Path, sim_settings: Any) -> None:
+    async for app in _app(tmp_path, sim_settings, allowed_hosts=["kiosk.local"],
+                          allowed_origins=["app://kiosk", "http://kiosk.local:*"]):
+        auth = {"Authorization": f"Bearer {TOKEN}"}
+        cases = [
+            ({"Host": "kiosk.local:8765"}, 200),
+            ({"Host": "localhost"}, 403),  # the list replaces the default
+            ({"Host": "127.0.0.1"}, 200),  # the bound host is always allowed
+            ({"Origin": "app://kiosk"}, 200),
+            ({"Origin": "http://kiosk.local:8080"}, 200),
+            ({"Origin": "http://localhost:3000"}, 403),
+        ]
+        for headers, expected in cases:
+            async with app.session.get(app.base + "/status",
+                                       headers={**auth, **headers}) as response:
+                assert response.status == expected, headers
+
+
+def test_schema_defaults_to_loopback_allow_lists() -> None:
+    config = PLATFORM_SCHEMA({"platform": "kiosk_api", "token": TOKEN})
+    assert config["allowed_hosts"] == ["127.0.0.1", "localhost", "::1"]
+    assert "http://localhost:*" in config["allowed_origins"]
+    with pytest.raises(Exception, match="list of names"):
+        PLATFORM_SCHEMA({"platform": "kiosk_api", "token": TOKEN, "allowed_hosts": "any"})
+
+
+HOSTILE_BODIES = [
+    (b'{"amount": ' + b"9" * 5000 + b"}", "5000 characters"),
+    (b'{"amount": ' + b"[" * 30000 + b"]" * 30000 + b"}", "nests deeper than"),
+    (b'{"amount": 1e999}', "out of range"),
+    (b'{"amount": NaN}', "NaN is not a JSON number"),
+    (b'{"amount": -Infinity}', "-Infinity is not a JSON number"),
+    (b'{"product": "\\ud800"}', "unpaired surrogate"),
+    (b'{"amount": "2.50"', "not JSON"),
+    (b"\xff\xfe", "not UTF-8"),
+]
+
+
+@pytest.mark.parametrize(("raw", "message"), HOSTILE_BODIES)
+async def test_hostile_bodies_get_a_400_naming_the_fault(
+    app: App, raw: bytes, message: str
+) -> None:
+    headers = {"Authorization": f"Bearer {TOKEN}", "Content-Type": "application/json"}
+    status, answer = await _raw_post(app, "/sales", raw, headers)
+    assert status == 400
+    assert message in answer["message"]
+    assert len(answer["message"]) < 200  # the body is described, never echoed
+    status, _ = await app.post("/sales", {"product": "tea"})
+    assert status == 202  # and the API goes on

@@ -246,18 +246,6 @@ async def test_missing_device_is_found_soon_after_it_appears_despite_backoff(
         os.close(slave)
 
 
-def test_quiet_log_keeps_a_garbage_flood_out_of_the_log(caplog: pytest.LogCaptureFixture) -> None:
-    import logging
-
-    from kiosk_agent.platforms.serial import QuietLog
-
-    quiet = QuietLog(logging.getLogger("test.quiet"), burst=3, every=60.0)
-    with caplog.at_level(logging.WARNING, "test.quiet"):
-        for n in range(1000):
-            quiet.warning("bad line %d", n)
-    assert [r.getMessage() for r in caplog.records] == ["bad line 0", "bad line 1", "bad line 2"]
-
-
 async def test_partial_line_at_disconnect_is_dropped_not_joined(line_server: LineServer) -> None:
     url = await line_server.start()
     lines: list[str] = []

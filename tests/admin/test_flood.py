@@ -1,0 +1,145 @@
+"""A slow-header flood against the running agent, under the descriptor limit systemd gives by
+default (1,024): sales go on and ``/api/status`` answers, whichever port is flooded."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import resource
+import sys
+import time
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+
+from kiosk_agent.app import load_agent
+from kiosk_agent.core.web import live_sites
+
+from .conftest import ADMIN_TOKEN, KIOSK_TOKEN, write_config
+
+FLOOD = 1100
+KIOSK = """
+triggers:
+  - platform: kiosk_api
+    name: screen
+    token: !secret kiosk_token
+    port: 0
+    products: {coffee: "2.50"}
+"""
+
+
+@contextlib.contextmanager
+def descriptor_limit(soft: int) -> Iterator[None]:
+    """This process (the agent) gets systemd's default soft limit for the test's length."""
+    old_soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (min(soft, hard), hard))
+    try:
+        yield
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (old_soft, hard))
+
+
+@contextlib.asynccontextmanager
+async def slowloris(port: int, count: int) -> AsyncIterator[asyncio.subprocess.Process]:
+    """The flood, from its own process (its descriptors are not the agent's)."""
+    script = Path(__file__).with_name("slowloris.py")
+    process = await asyncio.create_subprocess_exec(
+        sys.executable, str(script), "127.0.0.1", str(port), str(count),
+        stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
+    )
+    assert process.stdout is not None
+    try:
+        ready = await asyncio.wait_for(process.stdout.readline(), 60)
+        assert ready.startswith(b"READY"), ready
+        yield process
+    finally:
+        if process.returncode is None:
+            assert process.stdin is not None
+            process.stdin.close()
+            try:
+                await asyncio.wait_for(process.wait(), 10)
+            except TimeoutError:
+                process.kill()
+                await process.wait()
+
+
+async def flood_stats(process: asyncio.subprocess.Process) -> tuple[int, int, int]:
+    assert process.stdin is not None
+    assert process.stdout is not None
+    process.stdin.write(b"stats\n")
+    line = (await asyncio.wait_for(process.stdout.readline(), 10)).split()
+    return int(line[1]), int(line[2]), int(line[3])
+
+
+@pytest.fixture
+async def agent(tmp_path: Path, sim_settings: Any) -> AsyncIterator[Any]:
+    agent = load_agent(write_config(tmp_path, KIOSK), sim_settings, systemd=False)
+    await agent.start()
+    yield agent
+    await agent.stop()
+
+
+def _admin(agent: Any) -> Any:
+    return next(c for c in agent.components if type(c).__name__ == "AdminServer")
+
+
+async def _status(session: aiohttp.ClientSession, url: str) -> float:
+    started = time.monotonic()
+    async with session.get(
+        f"{url}/api/status", headers={"Authorization": f"Bearer {ADMIN_TOKEN}"}
+    ) as response:
+        assert response.status == 200
+        assert (await response.json())["version"]
+    return time.monotonic() - started
+
+
+async def _sale(session: aiohttp.ClientSession, port: int) -> str:
+    base = f"http://127.0.0.1:{port}/api/v1"
+    headers = {"Authorization": f"Bearer {KIOSK_TOKEN}"}
+    async with session.post(f"{base}/sales", json={"product": "coffee"}, headers=headers) as r:
+        assert r.status == 202, await r.text()
+        sale_id = (await r.json())["sale_id"]
+    for _ in range(400):
+        async with session.get(f"{base}/sales/{sale_id}", headers=headers) as r:
+            step = await r.json()
+        if step.get("final"):
+            return str(step["state"])
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"sale {sale_id} did not end: {step}")
+
+
+@pytest.mark.parametrize("flooded", ["kiosk_api", "admin"])
+async def test_a_slow_header_flood_on_one_port_stops_no_sale_and_no_status(
+    agent: Any, flooded: str
+) -> None:
+    admin = _admin(agent)
+    [kiosk] = agent.platforms
+    port = kiosk.port if flooded == "kiosk_api" else admin.port
+    with descriptor_limit(1024):
+        async with slowloris(port, FLOOD) as flood, aiohttp.ClientSession() as session:
+            latencies = [await _status(session, admin.url) for _ in range(5)]
+            assert await _sale(session, kiosk.port) == "completed"
+            latencies += [await _status(session, admin.url) for _ in range(5)]
+            open_now, closed, refused = await flood_stats(flood)
+            held = max(site.open_connections for site in live_sites())
+            descriptors = len(os.listdir("/proc/self/fd"))
+            async with session.get(
+                f"{admin.url}/metrics", headers={"Authorization": f"Bearer {ADMIN_TOKEN}"}
+            ) as response:
+                metrics = await response.text()
+    print(f"flood on {flooded}: status max {max(latencies) * 1000:.0f} ms; the agent holds "
+          f"{held} connections, {descriptors} descriptors; attacker: {open_now} open, "
+          f"cut {closed} times, refused {refused}")
+    # The server kept at most its cap of the attacker's connections; the rest were closed.
+    assert held <= 256
+    assert descriptors < 700
+    assert closed >= FLOOD - 256 - 128  # the kernel's accept queue holds some for a while
+    assert max(latencies) < 5.0  # generous: a busy 2-core machine, not a timeout
+    server = "kiosk_api:screen" if flooded == "kiosk_api" else "admin"
+    sample = f'kiosk_agent_refusals_total{{source="http:{server}",reason="connection_cap"}}'
+    assert sample in metrics
+    assert "kiosk_agent_http_connections" in metrics
