@@ -54,6 +54,10 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     parser.add_argument(
         "--chaos", action="store_true", help="duplicate and reorder webhook deliveries"
     )
+    parser.add_argument(
+        "-v", "--verbose", action="store_true",
+        help="log each request and event (interactions, terminals, webhooks) on one line, stderr",
+    )
     parser.set_defaults(handler=run_sim)
     _register_trigger(parser)
 
@@ -120,10 +124,20 @@ def options_from_args(args: argparse.Namespace) -> SimOptions:
         rate_limit=args.rate_limit,
         data_dir=args.data_dir,
         chaos=args.chaos,
+        verbose=args.verbose,
     )
 
 
 async def run_sim(args: argparse.Namespace) -> int:
+    if args.verbose:
+        import logging
+
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("%(asctime)s %(message)s", "%H:%M:%S"))
+        sim_logs = logging.getLogger("kiosk_agent.sim")
+        sim_logs.addHandler(handler)
+        sim_logs.setLevel(logging.DEBUG)
+        sim_logs.propagate = False
     server = SimServer(options_from_args(args))
     try:
         await server.start()

@@ -48,3 +48,37 @@ async def test_no_simulator_there_is_exit_4(capsys: pytest.CaptureFixture[str]) 
     code, _, err = await trigger(capsys, "settle", "--url", "http://127.0.0.1:9", "--timeout", "1")
     assert code == 4
     assert err.startswith("error: no simulator answered at http://127.0.0.1:9")
+
+
+async def test_sim_verbose_logs_each_request_and_event_on_one_line(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """`kiosk-agent sim -v` as a developer runs it: READY on stdout, one line per request and
+    per event on stderr."""
+    import asyncio
+    import sys
+
+    from kiosk_agent.cli.sim import parse_ready
+
+    process = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "kiosk_agent", "sim", "-v", "--port", "0", "--time-scale", "50",
+        "--transactions", "10", stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+    )
+    try:
+        assert process.stdout is not None
+        assert process.stderr is not None
+        info = parse_ready((await asyncio.wait_for(process.stdout.readline(), 30)).decode())
+        assert info is not None
+        code, _, _ = await trigger(capsys, "terminal-offline", "SIM-0003", "--url",
+                                   info["base_url"])
+        assert code == 0
+        lines: list[str] = []
+        while not any("event: terminal SIM-0003 offline" in line for line in lines) or not any(
+            "POST /sim/terminals/SIM-0003/offline" in line for line in lines
+        ):
+            lines.append((await asyncio.wait_for(process.stderr.readline(), 10)).decode())
+        request = next(line for line in lines if "POST /sim/terminals/SIM-0003/offline" in line)
+        assert " 200 " in request
+    finally:
+        process.terminate()
+        await process.wait()
