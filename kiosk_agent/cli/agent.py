@@ -48,6 +48,9 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     )
     check.add_argument("config_file", metavar="FILE", nargs="?", type=Path,
                        help="the configuration (or -c/--config FILE, or $KIOSK_CONFIG)")
+    check.add_argument("--show", action="store_true",
+                       help="print the resolved configuration (defaults filled, includes "
+                       "read), every secret as ***")
     check.set_defaults(handler=guarded(check_config_command))
 
     sales = subparsers.add_parser(
@@ -92,7 +95,14 @@ async def check_config_command(args: argparse.Namespace) -> int:
         print(f"{plural(len(err.errors), 'mistake')} in {path}", file=sys.stderr)
         return EXIT_USAGE  # a broken config file: the same code from every command
     if wants_json(args):
-        print(json.dumps({"path": str(path), "valid": True, "errors": []}, indent=2))
+        shown = {"config": config.masked()} if args.show else {}
+        print(json.dumps({"path": str(path), "valid": True, "errors": [], **shown}, indent=2,
+                         default=str))
+    elif args.show:
+        import yaml
+
+        print(yaml.safe_dump(json.loads(json.dumps(config.masked(), default=str)),
+                             sort_keys=False), end="")
     else:
         print(summary(config))
     return EXIT_OK
