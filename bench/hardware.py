@@ -1,6 +1,6 @@
 """Hardware-side figures: vend request -> approve/deny latency, reconnect time, lines per second.
 
-    python bench/hardware.py [--sales 200] [--reconnects 10] [--lines 50000]
+    python bench/hardware.py [--sales 200] [--reconnects 10] [--lines 50000] [--outages 6]
 
 Everything real but the card: the simulator over HTTP/WebSocket, the agent with its SQLite
 journal, the mdb platform talking to the virtual vending machine controller over a pty.
@@ -13,6 +13,11 @@ journal, the mdb platform talking to the virtual vending machine controller over
    same by-id link; the time from replug until the controller is enabled again.
 3. Lines parsed per second: adapter lines through the pty, the serial base and the MDB parser,
    against the bare parser on the same lines (``lines_ratio``).
+4. Out of service: the terminal goes offline in the simulator at a random moment of the ping
+   cycle; the time until the controller sees the reader leave the bus (target: ping interval +
+   1 s), the time from the terminal back online until the controller enables the reader again
+   (target: 2 s), and the card sales started while the reader was off the bus (target: 0), with
+   a customer waiting at the machine through every outage. Default hold-off and re-check.
 
 The last line is one JSON object with every figure.
 """
@@ -28,13 +33,16 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import yaml
 
 from kiosk_agent.app import build_agent
 from kiosk_agent.cli.sim import settings_from_ready
+from kiosk_agent.core.agent import Agent
 from kiosk_agent.core.config import load_config
 from kiosk_agent.platforms import mdb_protocol as wire
 from kiosk_agent.platforms.serial import SerialLink, SerialSettings
@@ -62,22 +70,31 @@ def settings_for(sim: SimServer) -> ServiceSettings:
     return settings_from_ready(sim.ready_info(), rate_limit=10_000, rate_burst=10_000)
 
 
-async def bench_latency(sim: SimServer, sales: int, scratch: Path) -> dict[str, float]:
-    card_s = CARD_DELAY_SIM_S / TIME_SCALE
+async def machine_and_agent(
+    sim: SimServer, scratch: Path, name: str, **sections: Any
+) -> tuple[VirtualController, Agent]:
+    """A virtual vending machine and a started agent with an mdb trigger on it (SIM-0001)."""
     controller = VirtualController(ControllerOptions(products=PRODUCTS, dispense_time=0.0))
     await controller.start()
     document = {
         "service": {"simulator": {"time_scale": TIME_SCALE}},
         "terminals": [{"device_id": "SIM-0001"}],
-        "journal": {"path": str(scratch / "journal.db")},
+        "journal": {"path": str(scratch / f"{name}.db")},
         "receipts": {"print": "never", "email": False},
-        "triggers": [{"platform": "mdb", "name": "bench", "port": controller.port,
+        "triggers": [{"platform": "mdb", "name": name, "port": controller.port,
                       "flow": "authorize_capture"}],
+        **sections,
     }
-    path = scratch / "bench.yaml"
+    path = scratch / f"{name}.yaml"
     path.write_text(yaml.safe_dump(document))
     agent = build_agent(load_config(path), settings_for(sim), systemd=False)
     await agent.start()
+    return controller, agent
+
+
+async def bench_latency(sim: SimServer, sales: int, scratch: Path) -> dict[str, float]:
+    card_s = CARD_DELAY_SIM_S / TIME_SCALE
+    controller, agent = await machine_and_agent(sim, scratch, "bench")
     rng = random.Random(1)
     try:
         await asyncio.wait_for(controller.wait_enabled(), 5)
@@ -212,6 +229,68 @@ async def bench_lines(count: int) -> dict[str, float]:
     }
 
 
+async def _poll(condition: Callable[[], bool], within: float) -> None:
+    """Wait until ``condition()`` (checked every 2 ms: the figure's resolution)."""
+    async with asyncio.timeout(within):
+        while not condition():  # noqa: ASYNC110 - polling at 2 ms is the measurement
+            await asyncio.sleep(0.002)
+
+
+OOS_PING_INTERVAL = 2.0  # seconds; the agent's default is 60, the figure scales with it
+
+
+async def bench_out_of_service(sim: SimServer, trials: int, scratch: Path) -> dict[str, float]:
+    controller, agent = await machine_and_agent(
+        sim, scratch, "oos", health={"ping_interval": OOS_PING_INTERVAL}
+    )
+    rng = random.Random(2)
+    to_disabled: list[float] = []
+    to_enabled: list[float] = []
+    started_while_out = 0
+    served_after = 0
+    try:
+        async with aiohttp.ClientSession() as http:
+
+            async def terminal(state: str) -> None:
+                url = f"{sim.base_url}/sim/terminals/SIM-0001/{state}"
+                async with http.post(url) as response:
+                    response.raise_for_status()
+
+            await asyncio.wait_for(controller.wait_enabled(), 5)
+            for _ in range(trials):
+                await asyncio.sleep(rng.uniform(0.1, OOS_PING_INTERVAL))  # any ping phase
+                went = time.monotonic()
+                await terminal("offline")
+                await _poll(lambda: controller.status is wire.ControllerStatus.INACTIVE, 30)
+                to_disabled.append(time.monotonic() - went)
+                customer = asyncio.create_task(controller.customer(rng.choice(["A1", "A2"])))
+                await asyncio.sleep(0.5)  # the customer stands at a machine selling for cash
+                back = time.monotonic()
+                await terminal("online")
+                await asyncio.wait_for(controller.wait_enabled(), 10)
+                to_enabled.append(time.monotonic() - back)
+                # the window the agent itself journaled: out_of_service .. in_service
+                back_in, went_out = agent.event_log.recent(2)
+                started_while_out += sum(
+                    1 for r in agent.journal if went_out.at <= r.created_at < back_in.at
+                )
+                visit = await asyncio.wait_for(customer, 10)
+                served_after += visit.outcome is VisitOutcome.VENDED
+    finally:
+        await agent.stop()
+        await controller.stop()
+    return {
+        "oos_ping_interval_s": OOS_PING_INTERVAL,
+        "offline_to_reader_disabled_max_s": round(max(to_disabled), 3),
+        "offline_to_reader_disabled_p50_s": round(statistics.median(to_disabled), 3),
+        "online_to_reader_enabled_max_s": round(max(to_enabled), 3),
+        "online_to_reader_enabled_p50_s": round(statistics.median(to_enabled), 3),
+        "sales_started_while_out_of_service": started_while_out,
+        "waiting_customers_served_after": served_after,
+        "oos_trials": trials,
+    }
+
+
 async def main(args: argparse.Namespace) -> dict[str, Any]:
     figures: dict[str, Any] = {}
     with tempfile.TemporaryDirectory(prefix="bench-hw-") as scratch_dir:
@@ -220,12 +299,21 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
         await sim.start()
         try:
             figures.update(await bench_latency(sim, args.sales, scratch))
+            figures.update(await bench_out_of_service(sim, args.outages, scratch))
         finally:
             await sim.stop()
         print(f"vend request -> approve/deny, minus card time: p50 "
               f"{figures['vend_answer_p50_ms']} ms, p99 {figures['vend_answer_p99_ms']} ms "
               f"(target p99 < 25 ms); direct service calls p50 "
               f"{figures['direct_service_p50_ms']} ms; ratio {figures['latency_ratio']}")
+        print(f"out of service ({figures['oos_trials']} outages, ping interval "
+              f"{OOS_PING_INTERVAL:g} s): terminal offline -> reader disabled max "
+              f"{figures['offline_to_reader_disabled_max_s']} s (target <= "
+              f"{OOS_PING_INTERVAL + 1:g} s); back online -> reader enabled max "
+              f"{figures['online_to_reader_enabled_max_s']} s (target <= 2 s); sales started "
+              f"while out of service: {figures['sales_started_while_out_of_service']} "
+              f"(target 0); waiting customers served after: "
+              f"{figures['waiting_customers_served_after']}")
         figures.update(await bench_reconnect(args.reconnects, scratch))
         print(f"reconnect after the adapter comes back: p50 {figures['reconnect_p50_s']} s, "
               f"max {figures['reconnect_max_s']} s (target < 2 s)")
@@ -241,6 +329,7 @@ if __name__ == "__main__":
     parser.add_argument("--sales", type=int, default=200)
     parser.add_argument("--reconnects", type=int, default=8)
     parser.add_argument("--lines", type=int, default=50_000)
+    parser.add_argument("--outages", type=int, default=6)
     result = asyncio.run(main(parser.parse_args()))
     json.dump(result, sys.stdout)
     print()

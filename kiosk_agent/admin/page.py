@@ -399,25 +399,16 @@ def health_view(snapshot: dict[str, Any]) -> dict[str, Any]:
 
 
 def availability(snapshot: dict[str, Any]) -> dict[str, Any]:
-    """Whether card payment is possible now, and why not.
-
-    The agent's own out-of-service state when its health carries one (``out_of_service``);
-    otherwise judged from the health: no card sale can succeed while the service is
-    unreachable or no terminal is online.
-    """
-    state = snapshot.get("out_of_service")
-    if isinstance(state, dict):
-        active = bool(state.get("active", state.get("out_of_service", False)))
-        return {"available": not active, "reason": str(state.get("reason") or ""), "own": True}
-    if isinstance(state, bool):
-        return {"available": not state, "reason": "", "own": True}
-    reasons = []
-    if snapshot["service"].get("reachable") is False:
-        reasons.append("the payment service is unreachable")
-    checked = [t for t in snapshot["terminals"] if t.get("online") is not None]
-    if checked and not any(t["online"] for t in checked):
-        reasons.append("no terminal is online")
-    return {"available": not reasons, "reason": "; ".join(reasons), "own": False}
+    """Whether card payment is possible now, and why not: the agent's own out-of-service
+    decision per terminal (``core.availability``, in the health snapshot)."""
+    states = snapshot.get("availability") or []
+    out = [s for s in states if not s.get("available", True)]
+    reason = "; ".join(f"{s['device_id']}: {s.get('reason') or 'unavailable'}" for s in out)
+    return {
+        "available": bool(states) and len(out) < len(states),
+        "reason": reason or ("" if states else "no terminal checked yet"),
+        "terminals": states,
+    }
 
 
 def health_notes(before: dict[str, Any] | None, after: dict[str, Any]) -> list[str]:

@@ -43,6 +43,7 @@ COMMAND_MODULES: dict[str, str] = {
     "keys": "payments",
     "doctor": "fleet",
     "health": "fleet",
+    "fleet": "fleet",
     "completion": "completion",
 }
 # Options of the top-level parser that take a value (to find the command word after them).

@@ -5,10 +5,10 @@
 - ``--json`` on every command that prints a result; a command without it refuses the option
   (argparse, exit 2), it is never ignored. A failure under ``--json`` still prints one JSON
   object, ``{"error": ..., "exit_code": N}``, on standard output (:func:`guarded`).
-- ``--timeout S`` (default 10) on every command that calls the service: each request gets at
-  most S seconds (``ServiceSettings.timeout``) and the command line does not retry (no answer,
-  a 5xx) nor wait out a 429 past S, so a service that never answers ends the command with a
-  clear error within S. On a terminal a line says
+- ``--timeout S`` (default 10) on every command that calls the service: each service call,
+  retries and 429 waits included, ends within S (it is ``ServiceSettings.timeout``, the one
+  bound the service client derives its timeouts from), so a service that never answers ends the
+  command with a clear error within S. On a terminal a line says
   what it waits for (:class:`StatusLine`).
 - Exit codes from :data:`EXIT_CODES` (docs/cli.md has the same table; a test compares them).
 - ``NO_COLOR`` and TTY detection (:func:`use_colour`), progress with a clean final line.
@@ -534,10 +534,9 @@ def _settings(values: dict[str, Any], needs: str, timeout: float) -> ServiceSett
         )
     if isinstance(values.get("isv"), str):
         values["isv"] = values["isv"].strip().lower() in ("1", "true", "yes", "y")
-    # --timeout bounds each request; no retry after a request that got no answer, and no
-    # riding out 429s for longer than that: a person at the keyboard retries.
-    values.update(timeout=timeout, max_retries=0, rate_limit_patience=timeout)
-    values["connect_timeout"] = min(float(values.get("connect_timeout", timeout)), timeout)
+    # --timeout is the service client's own bound on one call, retries and 429 waits included
+    # (ServiceSettings.timeout; the timeouts of each kind of call derive from it).
+    values["timeout"] = timeout
     try:
         return ServiceSettings(**values)
     except ValidationError as err:

@@ -5,6 +5,10 @@ machine controller on a pseudo-terminal, and the agent configured by config/demo
 view shows customers choosing, cards, approvals and declines, dispenses, voids and receipts with a
 running total; plain lines when standard output is not a terminal, no colours with NO_COLOR set.
 Ctrl-C ends it cleanly; --sales N or --duration S end it by themselves.
+
+Out of service: press o (on a terminal) to take the first reader's terminal offline in the
+simulator and again to bring it back, or give --outage S (offline after S seconds, for 10 s):
+the view shows the reader stepping aside while the machine goes on selling for cash.
 """
 
 from __future__ import annotations
@@ -37,7 +41,7 @@ from kiosk_agent.cli.contract import (
 )
 from kiosk_agent.core.sale import SaleEvent, SaleState
 from kiosk_agent.money import format_cents
-from kiosk_agent.tasks import cancel_and_wait, next_item
+from kiosk_agent.tasks import TaskSet, cancel_and_wait, next_item
 
 DEFAULT_CONFIG = Path(__file__).resolve().parents[2] / "config" / "demo.yaml"
 
@@ -85,6 +89,12 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "--speed", type=float, default=1.0, help="customers and simulated time N times faster"
     )
     demo.add_argument("--plain", action="store_true", help="plain lines even on a terminal")
+    demo.add_argument(
+        "--outage",
+        type=float,
+        metavar="S",
+        help="take the first terminal offline after S seconds, for 10 s (or press o)",
+    )
     demo.set_defaults(handler=guarded(demo_command))
 
 
@@ -159,6 +169,14 @@ class LiveView:
 
     def note(self, text: str) -> None:
         self._line("demo", text, "yellow")
+
+    def availability(self, state: Any) -> None:
+        """A terminal went out of service (the readers step aside) or came back."""
+        if state.available:
+            self._line(state.device_id, "back in service: card readers enabled again", "green")
+        else:
+            self._line(state.device_id, f"OUT OF SERVICE ({state.reason}): the reader steps "
+                       "aside, the machine sells for cash", "red")
 
     def receipt(self, source: str, note: str) -> None:
         self._line(
@@ -306,8 +324,9 @@ async def _run(config: Any, args: argparse.Namespace) -> int:
     sim, settings = await start_simulator(config["service"]["simulator"])
     view.note(f"simulator listening on {sim.base_url}; Ctrl-C stops the demo")
     agent = build_agent(config, settings, systemd=False)
+    outage = Outage(sim.base_url, next(iter(agent.settings.terminals)), view)
     try:
-        async with agent.events.subscribe() as queue:
+        async with agent.events.subscribe() as queue, outage:
             await agent.start()
             machines = [p for p in agent.platforms if isinstance(p, VirtualPlatform)]
             if args.sales is not None:
@@ -315,6 +334,7 @@ async def _run(config: Any, args: argparse.Namespace) -> int:
             for platform in machines:
                 observer = functools.partial(view.machine, platform.name)
                 platform.controller.observers.append(observer)
+            outage.follow(agent.availability, after=args.outage)
             await _follow(queue, view, stop, args)
             # A sale under way now is finished or given back: show how, not a bare "told no".
             view.note("stopping: a sale under way is finished or its money given back")
@@ -327,6 +347,71 @@ async def _run(config: Any, args: argparse.Namespace) -> int:
         await sim.stop()
     view.summary()
     return EXIT_OK
+
+
+class Outage:
+    """The demo's terminal outage: ``o`` on the keyboard (or ``--outage``) takes the terminal
+    offline in the simulator and brings it back; the view shows the availability changes."""
+
+    def __init__(self, sim_url: str, device_id: str, view: LiveView) -> None:
+        self.sim_url = sim_url
+        self.device_id = device_id
+        self.view = view
+        self.offline = False
+        self._tasks = TaskSet()
+        self._keyboard: Any = None  # the terminal's settings while read key by key
+
+    async def __aenter__(self) -> Outage:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        if self._keyboard is not None:
+            import termios
+
+            asyncio.get_running_loop().remove_reader(sys.stdin.fileno())
+            termios.tcsetattr(sys.stdin.fileno(), termios.TCSADRAIN, self._keyboard)
+        await self._tasks.cancel_all()
+
+    def follow(self, availability: Any, *, after: float | None) -> None:
+        self._tasks.spawn(self._show(availability))
+        if after is not None:
+            self._tasks.spawn(self._scheduled(after))
+        if sys.stdin.isatty() and self.view.fancy:
+            import termios
+            import tty
+
+            self._keyboard = termios.tcgetattr(sys.stdin.fileno())
+            tty.setcbreak(sys.stdin.fileno())
+            asyncio.get_running_loop().add_reader(sys.stdin.fileno(), self._key)
+            self.view.note(f"press o to take {self.device_id} offline (and o to bring it back)")
+
+    async def _show(self, availability: Any) -> None:
+        async with availability.changes.subscribe() as changes:
+            while True:
+                self.view.availability(await changes.get())
+
+    async def _scheduled(self, after: float) -> None:
+        await asyncio.sleep(after)
+        await self.toggle()
+        await asyncio.sleep(10.0)
+        await self.toggle()
+
+    def _key(self) -> None:
+        if sys.stdin.read(1).lower() == "o":
+            self._tasks.spawn(self.toggle())
+
+    async def toggle(self) -> None:
+        import aiohttp
+
+        self.offline = not self.offline
+        state = "offline" if self.offline else "online"
+        self.view.note(f"{self.device_id} goes {state} (simulator)")
+        url = f"{self.sim_url}/sim/terminals/{self.device_id}/{state}"
+        try:
+            async with aiohttp.ClientSession() as http, http.post(url) as response:
+                response.raise_for_status()
+        except aiohttp.ClientError as err:
+            self.view.note(f"the simulator did not take it: {err}")
 
 
 async def _follow(

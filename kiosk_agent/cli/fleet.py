@@ -1,15 +1,20 @@
-"""`kiosk-agent doctor | health`: what a field tech and a remote operator run first.
+"""`kiosk-agent doctor | health | fleet forget`: what a field tech and a remote operator run.
 
 ``doctor`` checks a unit in place (configuration, serial ports, journal, service, terminals,
 ping, test print) and prints one verdict per check with the fix for each failure; it exits
 non-zero when any check fails. ``health`` asks a running agent's admin API for its snapshot.
+``fleet forget`` removes a decommissioned unit from Home Assistant by clearing its retained MQTT
+topics (discovery configs, state, availability) on the broker.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
+import contextlib
 import json
 import os
+import time
 from typing import Any
 
 import aiohttp
@@ -23,6 +28,7 @@ from kiosk_agent.cli.contract import (
     EXIT_USAGE,
     STATUS,
     CliError,
+    config_path,
     guarded,
     load,
     named_config,
@@ -72,6 +78,26 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     health.add_argument("--url", help="admin API address, e.g. http://127.0.0.1:8124")
     health.add_argument("--token", help=f"bearer token (default: ${TOKEN_ENV})")
     health.set_defaults(handler=guarded(health_command))
+
+    fleet = subparsers.add_parser("fleet", help="the unit as the fleet (Home Assistant) sees it",
+                                  parents=options())
+    actions = fleet.add_subparsers(dest="fleet_action", metavar="ACTION", required=True)
+    forget = actions.add_parser(
+        "forget",
+        help="remove a decommissioned unit from Home Assistant: clear its retained MQTT topics",
+        parents=options(),  # -c/--config (its upstream: mqtt broker) and --json
+    )
+    forget.add_argument(
+        "--device-id",
+        help="the unit to forget (default: the config's upstream.device_id, else this host)",
+    )
+    forget.add_argument(
+        "--force", action="store_true", help="forget it even while it says it is online"
+    )
+    forget.add_argument(
+        "--wait", type=float, default=1.0, help="seconds to collect its retained topics"
+    )
+    forget.set_defaults(handler=guarded(forget_command))
 
 
 # -- doctor ------------------------------------------------------------------------------------
@@ -143,6 +169,94 @@ async def _check_service(report: Report, config: Config, args: argparse.Namespac
     finally:
         if sim is not None:
             await sim.stop()
+
+
+# -- fleet forget ------------------------------------------------------------------------------
+
+
+async def forget_command(args: argparse.Namespace) -> int:
+    from kiosk_agent.core.upstream import ONLINE, host_device_id, unit_topics
+
+    path = config_path(args)
+    config = load(path, check_platforms=False)
+    upstream = config.get("upstream") or {}
+    mqtt = upstream.get("mqtt")
+    if not mqtt:
+        raise CliError(f"{path} has no upstream: mqtt: section; nothing to forget on a broker",
+                       EXIT_USAGE)
+    device_id = args.device_id or upstream.get("device_id") or host_device_id()
+    try:
+        found = await _retained(mqtt, device_id, args.wait)
+        known = unit_topics(mqtt, device_id)
+        availability = found.get(known[1])
+        if availability == ONLINE and not args.force:
+            raise CliError(
+                f"{device_id} says it is online: stop its agent first (it would announce "
+                "itself again at its next start), or pass --force"
+            )
+        cleared = sorted(set(found) | set(known))
+        await _clear(mqtt, cleared, args.wait)
+    except (OSError, TimeoutError, _mqtt_error()) as err:
+        where = f"{mqtt['host']}:{mqtt['port']}"
+        raise CliError(f"cannot reach the MQTT broker {where}: {describe(err)}",
+                       EXIT_UNREACHABLE) from None
+    if wants_json(args):
+        print(json.dumps({"device_id": device_id, "cleared": cleared, "found": sorted(found)}))
+    else:
+        print(f"forgot {device_id}: cleared {len(cleared)} retained topic(s) "
+              f"({len(found)} were set); Home Assistant removes its entities now")
+        for topic in cleared:
+            print(f"  {topic}")
+    return EXIT_OK
+
+
+def _mqtt_error() -> type[Exception]:
+    import aiomqtt
+
+    return aiomqtt.MqttError
+
+
+def _mqtt_client(conf: dict[str, Any], within: float) -> Any:
+    import aiomqtt
+
+    from kiosk_agent.core.upstream import mqtt_tls_context
+
+    # Its own client id: reusing the agent's would disconnect a running agent.
+    return aiomqtt.Client(
+        conf["host"],
+        conf["port"],
+        username=conf.get("username"),
+        password=conf.get("password"),
+        identifier=f"kiosk-agent-fleet-{os.getpid()}",
+        timeout=max(within, 5.0),
+        tls_context=mqtt_tls_context(conf),
+    )
+
+
+async def _retained(conf: dict[str, Any], device_id: str, wait: float) -> dict[str, str]:
+    """The unit's retained topics on the broker and their payloads (collected for ``wait`` s)."""
+    prefix = conf.get("topic_prefix", "kiosk-agent")
+    discovery = conf.get("discovery_prefix", "homeassistant")
+    found: dict[str, str] = {}
+    async with _mqtt_client(conf, wait) as client:
+        await client.subscribe(f"{prefix}/{device_id}/#", qos=1)
+        if discovery:
+            await client.subscribe(f"{discovery}/+/{device_id}/+/config", qos=1)
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(wait):
+                async for message in client.messages:
+                    payload = message.payload
+                    text = payload.decode(errors="replace") if isinstance(payload, bytes) else ""
+                    if message.retain and text:
+                        found[str(message.topic)] = text
+    return found
+
+
+async def _clear(conf: dict[str, Any], topics: list[str], within: float) -> None:
+    """An empty retained message deletes a retained topic (and HA's entity with its config)."""
+    async with _mqtt_client(conf, within) as client:
+        for topic in topics:
+            await client.publish(topic, b"", qos=1, retain=True)
 
 
 # -- health ------------------------------------------------------------------------------------
@@ -219,6 +333,13 @@ def format_health(snapshot: dict[str, Any]) -> str:
             + (f", ping {latency:.0f} ms" if latency is not None else "")
             + (f"  {terminal['detail']}" if terminal.get("detail") else "")
         )
+    for state in snapshot.get("availability", []):
+        if not state.get("available", True):
+            lines.append(f"card:     {state['device_id']:<12} OUT OF SERVICE since "
+                         f"{time.strftime('%H:%M:%S', time.localtime(state['since']))}: "
+                         f"{state.get('reason', '')}")
+    if snapshot.get("journal", {}).get("writable") is False:
+        lines.append(f"journal:  NOT WRITABLE {snapshot['journal'].get('detail', '')}")
     for link in snapshot.get("links", []):
         mark = "" if link.get("healthy") else "  <-"
         lines.append(f"link:     {link['name']:<12} {link['state']} {link.get('detail', '')}{mark}")

@@ -18,8 +18,9 @@ from typing import Any, Protocol
 
 from kiosk_agent import __version__
 from kiosk_agent.core.attention import AttentionSweeper
+from kiosk_agent.core.availability import Availability
 from kiosk_agent.core.config import Config
-from kiosk_agent.core.events import EventBus
+from kiosk_agent.core.events import EventBus, EventLog
 from kiosk_agent.core.flows import INTERACTION_LIFETIME, SaleContext, SaleRunner, SaleSettings
 from kiosk_agent.core.health import HEALTH_SCHEMA, Health, HealthChecker
 from kiosk_agent.core.journal import Journal
@@ -111,11 +112,23 @@ class Agent:
             config, service_settings.mid, service_settings.timeout
         )
         self.service = service or ServiceClient(service_settings)
+        # the terminal client warns once when the service's interactions live otherwise
+        self.service.terminal.expected_lifetime = self.settings.interaction_lifetime
         self.journal = journal or Journal(config.resolve(config["journal"]["path"]))
         self.events: EventBus[SaleEvent] = EventBus()
         health_conf = config.get("health") or HEALTH_SCHEMA({})
         self.health = Health(version, key_warning=health_conf["key_warning"])
         keys = self.service.transport.keys
+        # out of service, gracefully: the agent's events in the journal, one decider for all
+        self.event_log = EventLog(lambda: self.journal.db)
+        self.availability = Availability(
+            self.health,
+            list(self.settings.terminals),
+            resolve=self.settings.resolve_terminal,
+            hold_off=health_conf["hold_off"],
+            recheck_interval=health_conf["recheck_interval"],
+            log=self.event_log,
+        )
         self._checker = HealthChecker(
             self.health,
             self.service.terminal,
@@ -123,7 +136,11 @@ class Agent:
             interval=health_conf["ping_interval"],
             timeout=health_conf["ping_timeout"],
             key_expiry=lambda: keys.credentials.api_key_expires_at if keys.configured else None,
+            journal_probe=self.event_log.probe,
+            on_checked=self.availability.evaluate,
+            next_interval=self.availability.next_check_in,
         )
+        self.availability.wake = self._checker.wake
         context = SaleContext(
             self.service, self.journal, self.events, self.settings, capabilities=self.can_print
         )
@@ -162,11 +179,14 @@ class Agent:
     async def _start(self) -> None:
         started = time.monotonic()
         self.journal.open()
+        self.event_log.open()
+        self.event_log.prune(self.config["journal"]["keep_days"])
         pruned = self.journal.prune(self.config["journal"]["keep_days"])
         if pruned:
             _LOGGER.info("journal: %d finished sale(s) older than the retention removed", pruned)
         await self.service.start()
         await self.refresh_terminals()
+        self.availability.evaluate(at_start=True)
         open_ids = [r.sale_id for r in self.journal.open_sales()]
         count, cents = self.journal.today()
         self.health.set_sales(
@@ -176,6 +196,7 @@ class Agent:
             today_amount_cents=cents,
         )
         self._tasks.append(asyncio.create_task(self.health.follow_sales(self.events)))
+        self._tasks.append(asyncio.create_task(self.availability.follow_sales(self.events)))
         self.recovery.start()
         self._checker.start()
         for pending in self._pending_platforms:
@@ -258,7 +279,7 @@ class Agent:
             listed = await self.service.terminal.list()
         except ServiceError as err:
             _LOGGER.warning("cannot list the terminals: %s", err)
-            self.health.report_service(False, str(err))
+            self.health.report_call_failed(err)
             return
         self.health.report_service(True)
         self._terminals = {t.device_id: t for t in listed}

@@ -1,7 +1,9 @@
 """One model of the agent's health, fed by everyone and read by the admin API, upstream and doctor.
 
-Producers push what they observe (`report_link` from serial platforms, `report_terminal` from the
-terminal checker, `record_sale` from the sale event bus); readers take an immutable `snapshot()`.
+Producers push what they observe (`report_link` from serial platforms, `report_terminal`,
+`report_service`, `report_credentials` and `report_journal` from the checker, `record_sale` from
+the sale event bus, `report_availability` from `core.availability`); readers take an immutable
+`snapshot()`.
 Nothing here holds card data or secrets: terminals by device id, sales by count and cents; every
 free-text detail (often an exception's message) passes through `redact` on the way in.
 """
@@ -9,6 +11,7 @@ free-text detail (often an exception's message) passes through `redact` on the w
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import datetime as dt
 import enum
 import logging
@@ -24,6 +27,7 @@ from kiosk_agent.core.events import EventBus
 from kiosk_agent.core.sale import SaleEvent, SaleState
 from kiosk_agent.money import format_cents
 from kiosk_agent.redact import redact
+from kiosk_agent.service.errors import AuthenticationError
 from kiosk_agent.tasks import BackgroundTask
 
 _LOGGER = logging.getLogger(__name__)
@@ -44,6 +48,16 @@ HEALTH_SCHEMA = vol.Schema(
         # Warn when the API key expires sooner than this (seconds).
         vol.Optional("key_warning", default=86400.0): vol.All(
             vol.Coerce(float), vol.Range(min=0.0)
+        ),
+        # Out of service: how long a terminal must stay unusable before the readers step aside
+        # (seconds; the checker re-checks every recheck_interval meanwhile). 0: at once.
+        vol.Optional("hold_off", default=0.5): vol.All(
+            vol.Coerce(float), vol.Range(min=0.0, max=3600.0)
+        ),
+        # While a terminal is unusable (or in its hold-off), check this often instead of
+        # ping_interval, so the readers come back as soon as the terminal answers (seconds).
+        vol.Optional("recheck_interval", default=1.0): vol.All(
+            vol.Coerce(float), vol.Range(min=0.1, max=60.0)
         ),
     }
 )
@@ -86,6 +100,25 @@ class ServiceHealth(_Model):
     detail: str = ""
     key_expires_at: float | None = None  # Unix time; None: unknown or never expires
     key_expires_in_s: float | None = None
+    # False: the service refused the API key and a refresh could not replace it
+    key_usable: bool | None = None
+    key_detail: str = ""
+
+
+class JournalHealth(_Model):
+    writable: bool | None = None  # None: not checked yet
+    checked_at: float | None = None
+    detail: str = ""
+
+
+class AvailabilityHealth(_Model):
+    """Whether card payment works on a terminal now (``core.availability`` decides)."""
+
+    device_id: str
+    available: bool
+    reason: str = ""  # why not, for people; empty when available
+    since: float  # time.time() of the last change
+    changes: int = 0  # times it went out of service since start
 
 
 class SalesHealth(_Model):
@@ -93,6 +126,7 @@ class SalesHealth(_Model):
     attention: int = 0
     today_count: int = 0  # completed sales since local midnight
     today_amount_cents: int = 0
+    day_started_at: float = 0.0  # Unix time of the local midnight the day's figures count from
 
 
 class HealthSnapshot(_Model):
@@ -106,6 +140,8 @@ class HealthSnapshot(_Model):
     links: list[LinkHealth]
     service: ServiceHealth
     sales: SalesHealth
+    journal: JournalHealth = JournalHealth()
+    availability: list[AvailabilityHealth] = []
 
 
 class Health:
@@ -119,6 +155,8 @@ class Health:
         self._terminals: dict[str, TerminalHealth] = {}
         self._links: dict[str, LinkHealth] = {}
         self._service = ServiceHealth()
+        self._journal = JournalHealth()
+        self._availability: dict[str, AvailabilityHealth] = {}
         self._open_sales: set[str] = set()
         self._attention_sales: set[str] = set()
         self._today: dt.date = dt.date.today()
@@ -172,6 +210,53 @@ class Health:
             update={"reachable": reachable, "checked_at": time.time(), "detail": redact(detail)}
         )
 
+    def report_call_failed(self, err: BaseException) -> None:
+        """A call to the service failed: a refused key (it answered) or no answer at all."""
+        if isinstance(err, AuthenticationError):
+            self.report_service(True)
+            self.report_credentials(False, _describe(err))
+        else:
+            self.report_service(False, _describe(err))
+
+    def report_credentials(self, usable: bool, detail: str = "") -> None:
+        """Whether the service took the API key (False: refused, and no refresh could help)."""
+        self._service = self._service.model_copy(
+            update={"key_usable": usable, "key_detail": redact(detail)}
+        )
+
+    def report_journal(self, writable: bool, detail: str = "") -> None:
+        """Whether a write to the journal just went through (the checker's probe)."""
+        previous = self._journal.writable
+        if previous is not writable:
+            log = _LOGGER.info if writable else _LOGGER.error
+            log("journal %s %s", "writable" if writable else "NOT writable:", detail)
+        self._journal = JournalHealth(
+            writable=writable, checked_at=time.time(), detail=redact(detail)
+        )
+
+    def report_availability(
+        self, device_id: str, *, available: bool, reason: str, since: float, changes: int
+    ) -> None:
+        """Card payment on a terminal works, or not and why (from ``core.availability``)."""
+        self._availability[device_id] = AvailabilityHealth(
+            device_id=device_id,
+            available=available,
+            reason=redact(reason),
+            since=since,
+            changes=changes,
+        )
+
+    def terminal(self, device_id: str) -> TerminalHealth | None:
+        return self._terminals.get(device_id)
+
+    @property
+    def service(self) -> ServiceHealth:
+        return self._service
+
+    @property
+    def journal(self) -> JournalHealth:
+        return self._journal
+
     def report_fatal(self, component: str, reason: str) -> None:
         """An internal part broke in a way a restart may cure (journal unwritable, a dead task).
 
@@ -183,6 +268,17 @@ class Health:
 
     def clear_fatal(self, component: str) -> None:
         self._fatal.pop(component, None)
+
+    def settling(self) -> list[str]:
+        """What is still starting (a link connecting, a check not made yet); empty: settled.
+
+        A report made before this is empty would show start-up states as problems."""
+        pending = [f"link {n}" for n, link in self._links.items() if link.state == "connecting"]
+        if self._service.reachable is None:
+            pending.append("service check")
+        if self._service.reachable and any(t.online is None for t in self._terminals.values()):
+            pending.append("terminal check")
+        return pending
 
     def alive(self) -> bool:
         """For the systemd watchdog: False only while an internal part reports itself broken."""
@@ -253,8 +349,10 @@ class Health:
             attention=len(self._attention_sales),
             today_count=self._today_count,
             today_amount_cents=self._today_cents,
+            day_started_at=_midnight(self._today),
         )
-        status, problems = self._judge(service, terminals, links, sales)
+        availability = sorted(self._availability.values(), key=lambda a: a.device_id)
+        status, problems = self._judge(service, terminals, links, sales, availability)
         return HealthSnapshot(
             version=self.version,
             status=status,
@@ -266,6 +364,8 @@ class Health:
             links=links,
             service=service,
             sales=sales,
+            journal=self._journal,
+            availability=availability,
         )
 
     def summary(self) -> str:
@@ -287,11 +387,18 @@ class Health:
         terminals: list[TerminalHealth],
         links: list[LinkHealth],
         sales: SalesHealth,
+        availability: list[AvailabilityHealth],
     ) -> tuple[Status, list[str]]:
         problems = [f"{name} failed: {reason}" for name, reason in sorted(self._fatal.items())]
         down = bool(self._fatal)
+        if self._journal.writable is False:
+            problems.append(f"journal not writable: {self._journal.detail}".rstrip(": "))
+            down = True
         if service.reachable is False:
             problems.append(f"service unreachable: {service.detail}".rstrip(": "))
+            down = True
+        if service.key_usable is False:
+            problems.append(f"API key refused: {service.key_detail}".rstrip(": "))
             down = True
         if service.key_expires_in_s is not None and service.key_expires_in_s < self.key_warning:
             problems.append(f"API key expires in {int(service.key_expires_in_s)} s")
@@ -306,6 +413,9 @@ class Health:
                 problems.append(f"link {link.name} {link.state} {link.detail}".strip())
         if sales.attention:
             problems.append(f"{sales.attention} sale(s) need attention")
+        for state in availability:
+            if not state.available:
+                problems.append(f"card payment unavailable on {state.device_id}: {state.reason}")
         if down:
             return Status.DOWN, problems
         return (Status.DEGRADED if problems else Status.OK), problems
@@ -314,6 +424,11 @@ class Health:
         today = dt.date.today()
         if today != self._today:
             self._today, self._today_count, self._today_cents = today, 0, 0
+
+
+def _midnight(day: dt.date) -> float:
+    """Unix time of the local midnight that starts ``day``."""
+    return dt.datetime.combine(day, dt.time()).timestamp()
 
 
 class TerminalApi(Protocol):
@@ -325,7 +440,13 @@ class TerminalApi(Protocol):
 
 
 class HealthChecker:
-    """Lists the terminals and pings the configured ones on an interval, feeding `Health`."""
+    """Lists the terminals and pings the configured ones on an interval, feeding `Health`.
+
+    Each round also probes the journal (one committed write) when given ``journal_probe``, then
+    calls ``on_checked`` (``core.availability`` decides there). ``next_interval`` may shorten the
+    wait before the next round (a terminal out of service is re-checked every second), and
+    ``wake()`` asks for a round now.
+    """
 
     def __init__(
         self,
@@ -336,6 +457,9 @@ class HealthChecker:
         interval: float = 60.0,
         timeout: float = 10.0,
         key_expiry: Callable[[], float | None] | None = None,
+        journal_probe: Callable[[], object] | None = None,
+        on_checked: Callable[[], object] | None = None,
+        next_interval: Callable[[float], float] | None = None,
     ) -> None:
         self._health = health
         # e.g. ``lambda: service.transport.keys.credentials.api_key_expires_at``
@@ -343,8 +467,14 @@ class HealthChecker:
         self._terminals = terminals
         # Empty: ping every terminal the service lists.
         self._device_ids = list(device_ids)
-        self._interval = interval
+        self.interval = interval
         self._timeout = timeout
+        self._journal_probe = journal_probe
+        self._on_checked = on_checked
+        self._next_interval = next_interval
+        self._wakeup = asyncio.Event()
+        self.rounds = 0
+        self.errors = 0  # rounds that raised (a bug): counted, logged, the loop goes on
         self._loop = BackgroundTask(self._run, "health-checker")
 
     def start(self) -> None:
@@ -353,26 +483,52 @@ class HealthChecker:
     async def stop(self) -> None:
         await self._loop.stop()
 
+    def wake(self) -> None:
+        """Check now rather than at the end of the interval (a sale just failed, say)."""
+        self._wakeup.set()
+
     async def _run(self) -> None:
         while True:
-            await self.check_once()
-            await asyncio.sleep(self._interval)
+            self._wakeup.clear()
+            try:
+                await self.check_once()
+                if self._on_checked is not None:
+                    self._on_checked()
+                wait = self._next_interval(self.interval) if self._next_interval else self.interval
+            except Exception:
+                self.errors += 1
+                _LOGGER.exception("health check round failed (%d so far)", self.errors)
+                wait = self.interval
+            self.rounds += 1
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wakeup.wait(), max(0.0, wait))
 
     async def check_once(self) -> None:
-        """One round: the key's expiry, the terminal list (reachability), a ping per terminal."""
+        """One round: journal, the key's expiry, the terminal list (reachability), pings."""
+        if self._journal_probe is not None:
+            self._probe_journal(self._journal_probe)
         if self._key_expiry is not None:
             self._health.report_key_expiry(self._key_expiry())
         try:
             async with asyncio.timeout(self._timeout):
                 listed = await self._terminals.list()
-        except Exception as err:  # noqa: BLE001 - any failure means "not reachable"; say which
-            self._health.report_service(False, _describe(err))
+        except Exception as err:  # noqa: BLE001 - a refused key, or "not reachable"; say which
+            self._health.report_call_failed(err)
             return
         self._health.report_service(True)
+        self._health.report_credentials(True)
         wanted = self._device_ids or [str(t.device_id) for t in listed]
         by_id = {str(t.device_id): t for t in listed}
         for device_id in wanted:
             await self._check_terminal(device_id, by_id.get(device_id))
+
+    def _probe_journal(self, probe: Callable[[], object]) -> None:
+        try:
+            probe()
+        except Exception as err:  # noqa: BLE001 - whatever stops a write: not writable
+            self._health.report_journal(False, _describe(err))
+        else:
+            self._health.report_journal(True)
 
     async def _check_terminal(self, device_id: str, listed: Any) -> None:
         if listed is None:

@@ -10,9 +10,14 @@ opened) behind the small ``GpioChip`` interface, so tests can use a fake chip.
     - platform: gpio
       name: coffee-kiosk
       chip: /dev/gpiochip0
+      available_output: 25      # optional: a lamp or relay, on while card payment works
       buttons:
         - {line: 17, product: espresso, price: "2.50", relay: 22, sensor: 27}
         - {line: 18, product: latte, price: "3.20", relay: 23}
+
+Out of service (``core.availability``): while the terminal cannot take cards the "available"
+output is off and presses start no sale (they are counted as refused); a sale already running
+finishes.
 """
 
 from __future__ import annotations
@@ -22,11 +27,13 @@ import contextlib
 import datetime as dt
 import logging
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 import voluptuous as vol
 
+from kiosk_agent.core.availability import follow_availability
 from kiosk_agent.core.config import PLATFORM_SCHEMA as BASE_PLATFORM_SCHEMA
 from kiosk_agent.core.config import max_price_check, positive_float, positive_price
 from kiosk_agent.core.sale import DispenseOutcome, DispenseStatus, Flow, SaleRequest
@@ -181,6 +188,14 @@ def _unique_lines(config: dict[str, Any]) -> dict[str, Any]:
                 raise vol.Invalid(f"line {line} is used twice ({inputs[line]} and {where})",
                                   path=["buttons", index, key])
             inputs[line] = where
+    lamp = config.get("available_output")
+    if lamp is not None:
+        for index, button in enumerate(config["buttons"]):
+            if lamp in (button["relay"], button["line"], button.get("sensor")):
+                raise vol.Invalid(
+                    f"available_output line {lamp} is also used by buttons[{index}]",
+                    path=["available_output"],
+                )
     return config
 
 
@@ -196,6 +211,9 @@ PLATFORM_SCHEMA = vol.All(
             vol.Optional("debounce", default=0.05): positive_float,
             vol.Optional("pulse", default=0.5): positive_float,
             vol.Optional("sensor_timeout", default=5.0): positive_float,
+            # a lamp or relay that is on while card payment works (out of service: off)
+            vol.Optional("available_output"): _LINE,
+            vol.Optional("available_active_low", default=False): bool,
         }
     ),
     _unique_lines,
@@ -273,6 +291,8 @@ class GpioKiosk:
         pull_up: bool = True,
         relays_active_low: bool = False,
         sensors_active_low: bool = False,
+        available_output: int | None = None,
+        available_active_low: bool = False,
     ) -> None:
         self.sales = sales
         self.chip = chip
@@ -294,7 +314,15 @@ class GpioKiosk:
         self._tasks = TaskSet()
         self.presses = 0
         self.ignored_presses = 0
+        self.refused_presses = 0  # pressed while out of service: no sale started
         self.outcomes: Counter[str] = Counter()  # sale state -> count
+        # Out of service: the terminal cannot take cards; the lamp says so.
+        self.available = True
+        self.unavailable_reason = ""
+        self.available_output = available_output
+        self._available_active_low = available_active_low
+        self._lamp: OutputLines | None = None
+        self.unfollow: Callable[[], None] | None = None
 
     async def start(self) -> None:
         buttons_low, pull_up, relays_low, sensors_low = self._levels
@@ -310,9 +338,26 @@ class GpioKiosk:
             loop.add_reader(inputs.fd, self._edges_ready, inputs)
         relays = sorted({b.relay for b in self.buttons.values()})
         self._outputs = self.chip.request_outputs(relays, active_low=relays_low)
+        if self.available_output is not None:
+            self._lamp = self.chip.request_outputs(
+                [self.available_output], active_low=self._available_active_low
+            )
+            self._lamp.set(self.available_output, self.available)
+
+    def set_available(self, available: bool, reason: str = "") -> None:
+        """Card payment works (or not): the lamp follows at once; presses are refused."""
+        if available != self.available:
+            log = _LOGGER.info if available else _LOGGER.warning
+            log("%s: card payment %s %s", self.name,
+                "available" if available else "unavailable:", reason)
+        self.available, self.unavailable_reason = available, reason
+        if self._lamp is not None and self.available_output is not None:
+            self._lamp.set(self.available_output, available)
 
     async def stop(self) -> None:
         self.stopping = True
+        if self.unfollow is not None:
+            self.unfollow()
         drop = self._drop
         if drop is not None and not drop.dispensing and drop.sale_id is not None:
             # Still waiting for the card: the customer gets nothing from a stopping kiosk.
@@ -334,13 +379,20 @@ class GpioKiosk:
                 self._outputs.set(relay, False)  # never leave a relay energized
             self._outputs.release()
             self._outputs = None
+        if self._lamp is not None and self.available_output is not None:
+            self._lamp.set(self.available_output, False)  # a stopped agent takes no cards
+            self._lamp.release()
+            self._lamp = None
 
     def status(self) -> dict[str, Any]:
         return {
             "busy": self._busy,
             "presses": self.presses,
             "ignored_presses": self.ignored_presses,
+            "refused_presses": self.refused_presses,
             "outcomes": dict(self.outcomes),
+            "available": self.available,
+            "unavailable_reason": self.unavailable_reason,
         }
 
     async def pulse(self, relay: int, seconds: float) -> None:
@@ -377,6 +429,11 @@ class GpioKiosk:
         if self._busy:
             self.ignored_presses += 1
             _LOGGER.info("%s: %s pressed while a sale runs: ignored", self.name, button.product)
+            return
+        if not self.available:
+            self.refused_presses += 1
+            _LOGGER.info("%s: %s pressed while card payment is unavailable (%s): no sale",
+                         self.name, button.product, self.unavailable_reason)
             return
         self._busy = True
         self._tasks.spawn(self._sell(button))
@@ -435,7 +492,10 @@ async def setup_with_chip(agent: Any, config: dict[str, Any], chip: GpioChip) ->
         pull_up=config["pull_up"],
         relays_active_low=config["relays_active_low"],
         sensors_active_low=config["sensors_active_low"],
+        available_output=config.get("available_output"),
+        available_active_low=config["available_active_low"],
     )
+    kiosk.unfollow = follow_availability(agent, config.get("terminal"), kiosk.set_available)
     await kiosk.start()
     return GpioPlatform(kiosk)
 

@@ -213,7 +213,18 @@ class KioskApi:
             "rejected": self.rejected,
             "live_sockets": len(self._sockets),
             "sales_known": len(self._latest),
+            "card_payment": self.card_payment(),
         }
+
+    def card_payment(self) -> dict[str, Any]:
+        """Whether a card sale can work now on this kiosk's terminal, and why not (the app shows
+        "card payment unavailable" instead of letting a customer try)."""
+        availability = getattr(self.agent, "availability", None)
+        if availability is None:
+            return {"available": True, "reason": "", "terminal": self.config.get("terminal")}
+        state = availability.state(self.config.get("terminal"))
+        return {"available": state.available, "reason": state.reason, "terminal": state.device_id,
+                "since": state.since}
 
     async def _follow(self) -> None:
         async with self.agent.events.subscribe() as queue:

@@ -11,6 +11,11 @@ controller's vend result. Two modes:
 Anything that ends a session without a confirmed vend (cancel, controller reset or disable, lost
 adapter, no vend result in time) returns an outcome that is not ``VENDED``, so the flow gives the
 money back.
+
+Out of service (``core.availability``): while the terminal cannot take cards the cashless slave
+is off the bus (``C,0``), so the machine shows cashless unavailable and sells for cash; it joins
+again (``C,1``) once the terminal is usable. A session in progress is never cut short: the
+reader steps aside when it ends.
 """
 
 from __future__ import annotations
@@ -20,11 +25,13 @@ import contextlib
 import enum
 import logging
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import voluptuous as vol
 
+from kiosk_agent.core.availability import follow_availability
 from kiosk_agent.core.config import PLATFORM_SCHEMA as BASE_PLATFORM_SCHEMA
 from kiosk_agent.core.config import max_price_check, positive_float, positive_price
 from kiosk_agent.core.sale import DispenseOutcome, DispenseStatus, Flow, SaleRequest
@@ -138,6 +145,8 @@ class MdbStats:
     timeouts: int = 0
     unknown_lines: int = 0
     last_unknown: str = ""
+    denied_out_of_service: int = 0  # vend requests that came while the reader was stepping aside
+    disabled: int = 0  # times the reader left the bus (out of service)
     outcomes: Counter[str] = field(default_factory=Counter)  # dispense status -> count
 
 
@@ -302,6 +311,11 @@ class MdbCashless:
         self.session: MdbSession | None = None
         self._tasks = TaskSet()
         self._stopping = False
+        # Out of service: what the agent wants (available) and what the adapter was told.
+        self.available = True
+        self.unavailable_reason = ""
+        self.reader_enabled: bool | None = None  # None: not told yet (not connected)
+        self.unfollow: Callable[[], None] | None = None
         self.link = SerialLink(
             options.source,
             settings,
@@ -317,6 +331,8 @@ class MdbCashless:
     async def stop(self) -> None:
         self._stopping = True
         self._queued = None
+        if self.unfollow is not None:
+            self.unfollow()
         session = self.session
         if session is not None and session.phase is _Phase.VENDING:
             # The product may be dropping right now: hear the result before letting go.
@@ -345,7 +361,38 @@ class MdbCashless:
             "denied": self.stats.denied,
             "outcomes": dict(self.stats.outcomes),
             "unknown_lines": self.stats.unknown_lines,
+            "available": self.available,
+            "unavailable_reason": self.unavailable_reason,
+            "reader": {True: "enabled", False: "disabled", None: "unknown"}[self.reader_enabled],
+            # out of service, but a sale is still on: the reader steps aside when it ends
+            "steps_aside_after_sale": not self.available and self.reader_enabled is True,
+            "denied_out_of_service": self.stats.denied_out_of_service,
         }
+
+    # -- out of service ------------------------------------------------------------------------
+
+    def set_available(self, available: bool, reason: str = "") -> None:
+        """The terminal can (or cannot) take cards: join or leave the bus, after any sale."""
+        self.available, self.unavailable_reason = available, reason
+        self._apply_availability()
+
+    def _apply_availability(self) -> None:
+        if self.session is not None or self._stopping:
+            return  # never cut a sale short: _run_sale applies it when the sale ends
+        if self.reader_enabled is None or self.reader_enabled == self.available:
+            return  # not connected yet (setup sends the right state), or already so
+        if self.available:
+            if self.send(wire.enable_reader()):
+                self.reader_enabled = True
+                _LOGGER.info("%s: back in service: reader enabled", self.name)
+        else:
+            self._queued = None
+            if self.send(wire.disable_reader()):
+                self.reader_enabled = False
+                self.stats.disabled += 1
+                _LOGGER.warning(
+                    "%s: out of service: reader disabled (%s)", self.name, self.unavailable_reason
+                )
 
     def send(self, line: str) -> bool:
         return self.link.write_line(line)
@@ -405,6 +452,20 @@ class MdbCashless:
         self.stats.vend_requests += 1
         self._controller_session = True
         session = self.session
+        if session is None and not self.available:
+            # The controller asked before it heard us leave the bus: no sale can start now.
+            # (a refusal summary: a controller that keeps asking must not flood the log)
+            self.link.noise(
+                "out_of_service",
+                "%s: vend request for %s while out of service: denied (%s)",
+                self.name,
+                message.product,
+                self.unavailable_reason,
+            )
+            self.stats.denied += 1
+            self.stats.denied_out_of_service += 1
+            self.send(wire.deny_vend())
+            return
         if session is not None:
             if session.on_selection(message):
                 return
@@ -462,8 +523,9 @@ class MdbCashless:
         self.controller_status = None
         self._controller_session = False
         self._queued = None
-        for line in wire.setup_commands(self.options.address):
+        for line in wire.setup_commands(self.options.address, enable=self.available):
             self.send(line)
+        self.reader_enabled = self.available
 
     # -- sales -------------------------------------------------------------------------------
 
@@ -472,6 +534,7 @@ class MdbCashless:
             self.options.mode is Mode.CARD_FIRST
             and self.session is None
             and not self._stopping
+            and self.available
             and self.controller_status is wire.ControllerStatus.ENABLED
         ):
             request = SaleRequest(
@@ -515,7 +578,13 @@ class MdbCashless:
                 self.session = None
             queued, self._queued = self._queued, None
             if queued is not None and not self._stopping:
-                self._begin_selection(queued)
+                if self.available:
+                    self._begin_selection(queued)
+                else:
+                    self.stats.denied += 1
+                    self.stats.denied_out_of_service += 1
+                    self.send(wire.deny_vend())
+            self._apply_availability()  # the reader steps aside now if it was asked to
             if self.options.mode is Mode.CARD_FIRST and not self._stopping:
                 # A terminal that keeps failing (busy, offline) is retried ever more slowly.
                 pause = min(30.0, self.options.card_first_pause * 2**self.card_first_idle_rounds)
@@ -541,5 +610,6 @@ async def async_setup_platform(agent: Any, config: dict[str, Any]) -> MdbPlatfor
         MdbOptions.from_config(config, source),
         on_link_state=link_reporter(agent, source),
     )
+    device.unfollow = follow_availability(agent, config.get("terminal"), device.set_available)
     await device.start()
     return MdbPlatform(device)

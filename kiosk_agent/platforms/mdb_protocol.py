@@ -7,6 +7,7 @@ Wire format (one line each, ``\\n`` terminated; upper-case ``C`` to the adapter,
 from it)::
 
     C,0 / C,SETCONF,mdb-addr=0x10 / C,1      reset, configure, enable the cashless slave
+                                             (C,0 alone: off the bus, "cashless unavailable")
     c,STATUS,INACTIVE|DISABLED|ENABLED       the controller's view of us
     c,STATUS,IDLE[,<funds>]                  a session is open (card-first: after C,START)
     c,STATUS,VEND,<amount>,<product>         the customer selected: a vend request
@@ -154,9 +155,20 @@ def _parse_status(args: list[str], line: str, unit: AmountUnit) -> AdapterMessag
 # -- what the agent says -----------------------------------------------------------------------
 
 
-def setup_commands(address: int) -> list[str]:
-    """Reset, configure and enable the cashless slave (sent on every (re)connect)."""
-    return ["C,0", f"C,SETCONF,mdb-addr=0x{address:02X}", "C,1"]
+def setup_commands(address: int, *, enable: bool = True) -> list[str]:
+    """Reset, configure and (unless out of service) enable the slave, on every (re)connect."""
+    commands = [disable_reader(), f"C,SETCONF,mdb-addr=0x{address:02X}"]
+    return [*commands, enable_reader()] if enable else commands
+
+
+def enable_reader() -> str:
+    """The cashless slave joins the bus: the controller polls and enables it."""
+    return "C,1"
+
+
+def disable_reader() -> str:
+    """The cashless slave leaves the bus: the controller shows cashless unavailable."""
+    return "C,0"
 
 
 def approve_vend(cents: int, unit: AmountUnit = AmountUnit.DOLLARS) -> str:

@@ -26,6 +26,7 @@ from typing import Any
 
 import voluptuous as vol
 
+from kiosk_agent.core.availability import follow_availability
 from kiosk_agent.core.config import PLATFORM_SCHEMA as BASE_PLATFORM_SCHEMA
 from kiosk_agent.core.config import positive_float, positive_price
 from kiosk_agent.core.sale import Flow
@@ -527,6 +528,7 @@ async def async_setup_platform(agent: Any, config: dict[str, Any]) -> VirtualPla
         options,
         on_link_state=link_reporter(agent, source),
     )
+    device.unfollow = follow_availability(agent, config.get("terminal"), device.set_available)
     await device.start()
     platform = VirtualPlatform(source, controller, device)
     if config["customers"]:

@@ -8,11 +8,15 @@
    :data:`STALE_AFTER` seconds counts as a drop.
 2. when the socket is refused or drops it reconnects with capped backoff, asking the status
    endpoint between attempts (the interaction may have finished meanwhile); after
-   :data:`MAX_SOCKET_ATTEMPTS` failures, a rejected subscription or a ``disconnect`` that forbids
-   reconnecting, it polls the status endpoint instead.
-3. the status endpoint has the final word: a finished record seen on the socket is confirmed by
-   one GET, and when the interaction's lifetime (3 minutes) has passed, what the endpoint says is
-   returned as it is.
+   :data:`MAX_SOCKET_ATTEMPTS` failures, :data:`MAX_EMPTY_SESSIONS` sockets that confirmed the
+   subscription and closed before any record, a rejected subscription or a ``disconnect`` that
+   forbids reconnecting, it polls the status endpoint instead.
+3. a finished record seen on the socket is the answer, with no GET to confirm it: the interface
+   offers polling *or* the WebSocket (flow rule 2), and both carry the same record (choices.md).
+   A confirming GET cost a request per interaction, and under a rate limit its 429 cost a
+   ``Retry-After`` per sale. The status endpoint is asked only when the socket cannot say: between
+   reconnects, when polling, and once the interaction's lifetime (3 minutes) has passed, when what
+   it says is returned as it is.
 
 The client is aiohttp's, not the ``websockets`` package: it rides the transport's one session
 (same connector, timeouts and shutdown), so there is a single HTTP stack to reason about.
@@ -24,7 +28,6 @@ import asyncio
 import json
 import logging
 import random
-from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 import aiohttp
@@ -38,6 +41,7 @@ from kiosk_agent.service.errors import (
 )
 from kiosk_agent.service.models.terminal import Interaction, InteractionKind
 from kiosk_agent.service.parsing import parse_interaction
+from kiosk_agent.service.settings import CallKind
 
 if TYPE_CHECKING:
     from kiosk_agent.service.terminal import TerminalClient
@@ -47,6 +51,9 @@ _LOGGER = logging.getLogger(__name__)
 INTERACTION_LIFETIME = 180.0  # seconds, when a record does not say
 STALE_AFTER = 10.0  # seconds without any frame (the server pings every 3 s)
 MAX_SOCKET_ATTEMPTS = 4  # socket failures before polling for the rest of the wait
+# Sockets that confirmed the subscription and then closed before any record: after this many,
+# the service is dropping them on purpose, and reconnecting only costs requests: poll instead.
+MAX_EMPTY_SESSIONS = 2
 RECONNECT_BASE = 0.1  # seconds, doubled per failure
 RECONNECT_MAX = 2.0
 EXPIRY_GRACE = 2.0  # at most this long past the lifetime, then the status endpoint's word
@@ -90,6 +97,7 @@ class InteractionHandle:
         self.socket_connects = 0
         self.socket_failures = 0
         self.polls = 0
+        self.empty_sessions = 0  # confirmed, then closed with no record
         self.via: str | None = None  # "websocket" or "polling": who saw the end first
 
     def __repr__(self) -> str:
@@ -148,13 +156,13 @@ class InteractionHandle:
             except SocketUnavailable as exc:
                 self.socket_failures += 1
                 _LOGGER.debug("%s: WebSocket unavailable: %s", self.interaction_id, exc)
-                if not exc.retry:
+                if not exc.retry or self.empty_sessions >= MAX_EMPTY_SESSIONS:
                     return None
             except _LifetimeOver:
                 return None  # the status endpoint decides
             else:
                 self.via = "websocket"
-                return await self._confirm(record)
+                return record
             # Between attempts the interaction may have finished: ask once, then back off.
             polled = await self._refresh_through_outages()
             if polled is not None and polled.finished:
@@ -188,17 +196,6 @@ class InteractionHandle:
             _LOGGER.warning("%s: status check failed, will ask again: %s", self.interaction_id, exc)
             return None
 
-    async def _confirm(self, record: Interaction) -> Interaction:
-        """The status endpoint's record when it can be had; the socket's when it cannot."""
-        try:
-            confirmed = await self.refresh()
-        except ServiceError as exc:
-            _LOGGER.warning(
-                "%s: status check failed, using the socket's record: %s", self.interaction_id, exc
-            )
-            return record
-        return confirmed if confirmed.finished else record
-
     async def _follow_socket(self) -> Interaction:
         """One socket session: the first finished record, or SocketUnavailable."""
         terminal = self._terminal
@@ -207,43 +204,59 @@ class InteractionHandle:
         except ServiceError as exc:
             raise SocketUnavailable(f"no WebSocket token: {exc}") from None
         url = f"{terminal.settings.websocket_base}/cable"
+        handshake = terminal.settings.timeouts(CallKind.WEBSOCKET)
         try:
-            ws = await terminal.session.ws_connect(
-                url, params={"token": token}, protocols=PROTOCOLS, autoping=True, heartbeat=None
-            )
+            async with asyncio.timeout(handshake.total):
+                ws = await terminal.session.ws_connect(
+                    url, params={"token": token}, protocols=PROTOCOLS, autoping=True,
+                    heartbeat=None, timeout=aiohttp.ClientWSTimeout(ws_close=handshake.read),
+                )  # fmt: skip
         except aiohttp.WSServerHandshakeError as exc:
             raise SocketUnavailable(f"refused with HTTP {exc.status}") from None
         except (aiohttp.ClientError, OSError) as exc:
             raise SocketUnavailable(f"cannot connect: {type(exc).__name__}") from None
+        except TimeoutError:
+            raise SocketUnavailable(f"no handshake within {handshake.total:g} s") from None
         self.socket_connects += 1
         async with ws:
             return await self._read_socket(ws)
 
     async def _read_socket(self, ws: aiohttp.ClientWebSocketResponse) -> Interaction:
         identifier = self.identifier
-        subscribed = False
-        while True:
-            frame = await self._next_frame(ws)
-            kind = frame.get("type")
-            if kind == "welcome" and not subscribed:
-                await ws.send_str(json.dumps({"command": "subscribe", "identifier": identifier}))
-                subscribed = True
-            elif kind == "reject_subscription":
-                raise SocketUnavailable("subscription rejected", retry=False)
-            elif kind == "disconnect":
-                reconnect = frame.get("reconnect") is not False
-                reason = f"server disconnect: {frame.get('reason')}"
-                raise SocketUnavailable(reason, retry=reconnect)
-            elif frame.get("identifier") == identifier and "message" in frame:
-                try:
-                    record = parse_interaction(frame["message"], what="interaction over WebSocket")
-                except InvalidResponseError as exc:
-                    # the status endpoint decides instead (and names the field if it is bad too)
-                    raise SocketUnavailable(str(exc), retry=False) from None
-                self._note(record)
-                if record.finished:
-                    return record
-            # ping, confirm_subscription and anything new: nothing to do but keep reading
+        subscribed = confirmed = heard = False
+        try:
+            while True:
+                frame = await self._next_frame(ws)
+                kind = frame.get("type")
+                if kind == "welcome" and not subscribed:
+                    subscribe = {"command": "subscribe", "identifier": identifier}
+                    await ws.send_str(json.dumps(subscribe))
+                    subscribed = True
+                elif kind == "confirm_subscription":
+                    confirmed = True
+                elif kind == "reject_subscription":
+                    raise SocketUnavailable("subscription rejected", retry=False)
+                elif kind == "disconnect":
+                    reconnect = frame.get("reconnect") is not False
+                    reason = f"server disconnect: {frame.get('reason')}"
+                    raise SocketUnavailable(reason, retry=reconnect)
+                elif frame.get("identifier") == identifier and "message" in frame:
+                    heard = True
+                    try:
+                        record = parse_interaction(
+                            frame["message"], what="interaction over WebSocket"
+                        )
+                    except InvalidResponseError as exc:
+                        # the status endpoint decides instead (and names the field if bad too)
+                        raise SocketUnavailable(str(exc), retry=False) from None
+                    self._note(record)
+                    if record.finished:
+                        return record
+                # ping and anything new: nothing to do but keep reading
+        except SocketUnavailable:
+            if confirmed and not heard:
+                self.empty_sessions += 1
+            raise
 
     async def _next_frame(self, ws: aiohttp.ClientWebSocketResponse) -> dict[str, Any]:
         # The lifetime is read afresh for every frame: the first record tells the real one.
@@ -269,13 +282,7 @@ class InteractionHandle:
     def _note(self, record: Interaction) -> None:
         """Keep the latest record and learn the real lifetime from it."""
         self.last = record
-        lifetime = _lifetime(record.created_at, record.expires_at)
+        lifetime = self._terminal.real_lifetime(self._started, record)
         if lifetime is not None:
             grace = min(EXPIRY_GRACE, lifetime * 0.05)
             self._expiry = self._started + lifetime + grace
-
-
-def _lifetime(created: datetime | None, expires: datetime | None) -> float | None:
-    if created is None or expires is None:
-        return None
-    return max(0.0, (expires - created).total_seconds())

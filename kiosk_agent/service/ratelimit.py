@@ -2,26 +2,40 @@
 ``Retry-After``.
 
 Every terminal call made with one credential goes through the same limiter, so eight readers and
-a field tech's CLI cannot together trip the service's limit; when the service still answers 429,
-its ``Retry-After`` pauses everyone, not just the caller that saw it. Clients of one process that
-use the same credential (the agent's and the admin API's) share one limiter through
+a field tech's CLI cannot together trip the service's limit. Clients of one process that use the
+same credential (the agent's and the admin API's) share one limiter through
 :func:`shared_limiter`.
+
+What a 429 costs (:meth:`RateLimiter.refused`):
+
+- an isolated 429 costs its ``Retry-After`` once, to the call that heard it; nobody else waits
+  and the rate stays where it is (a service may refuse one call for reasons of its own);
+- a sustained run is a storm: :data:`STORM_RUN` 429s in a row with no other answer between
+  them, or, with callers interleaved, at least that many within :data:`STORM_WINDOW_S` seconds
+  making up :data:`STORM_SHARE` or more of the answers heard then. The limit is real: every
+  caller waits out the ``Retry-After`` and the rate is halved (never below :data:`MIN_SHARE` of
+  the configured one);
+- once the 429s stop, the lowered rate doubles every :data:`RECOVERY_DOUBLING_S` seconds from
+  the last one (or the end of its pause), so the full rate is back within seconds (4.3 s from
+  the floor).
 """
 
 from __future__ import annotations
 
 import asyncio
 import hashlib
+import math
 import secrets
 import time
 import weakref
+from collections import deque
 from collections.abc import Callable
 
-# After a 429 the rate is halved (never below MIN_SHARE of the configured one) and each answer
-# that follows wins back RECOVERY_SHARE of it: the client settles just under a service limit it
-# was not told about, instead of tripping it again after every pause.
-MIN_SHARE = 0.05
-RECOVERY_SHARE = 0.02
+STORM_RUN = 3  # 429 answers in a row that make a storm
+STORM_WINDOW_S = 2.0  # ... or this many 429s within this window,
+STORM_SHARE = 0.5  # ... when they are at least this share of the answers in it
+MIN_SHARE = 0.05  # the lowest rate a storm leaves, as a share of the configured one
+RECOVERY_DOUBLING_S = 1.0  # after the last 429, a lowered rate doubles every this many seconds
 
 
 class RateLimiter:
@@ -31,13 +45,29 @@ class RateLimiter:
         self, rate: float, burst: int, clock: Callable[[], float] = time.monotonic
     ) -> None:
         self.max_rate = rate
-        self.rate = rate
         self.burst = burst
         self._clock = clock
         self._tokens = float(burst)
         self._updated = clock()
         self._paused_until = 0.0
         self._lock = asyncio.Lock()
+        self._floor = rate  # the rate the last storm left
+        self._last_refused = -math.inf
+        self._run = 0  # 429s heard in a row
+        self._recent: deque[tuple[float, bool]] = deque()  # (when, was a 429) in the window
+        self.storms = 0  # diagnostics
+
+    @property
+    def rate(self) -> float:
+        """The rate now: the configured one, or a storm's lowered rate on its way back."""
+        return self._rate_at(self._clock())
+
+    def _rate_at(self, now: float) -> float:
+        if self._floor >= self.max_rate:
+            return self.max_rate
+        since = max(0.0, now - max(self._last_refused, self._paused_until))
+        climbed: float = self._floor * 2.0 ** (since / RECOVERY_DOUBLING_S)
+        return min(self.max_rate, climbed)
 
     async def acquire(self) -> None:
         """Wait for the right to send one request."""
@@ -45,19 +75,44 @@ class RateLimiter:
             while (delay := self._take()) > 0:  # noqa: ASYNC110 (a timed wait, not an event)
                 await asyncio.sleep(delay)
 
-    def pause(self, seconds: float) -> None:
-        """The service said Retry-After: nobody sends for ``seconds``, then at a lower rate."""
+    def refused(self, retry_after: float) -> bool:
+        """The service answered 429 with ``retry_after`` seconds.
+
+        False: an isolated 429; the caller waits ``retry_after`` itself. True: a storm; the
+        limiter now holds every caller (the one that heard it too) and runs at a lower rate.
+        """
         now = self._clock()
-        if now >= self._paused_until:  # one 429 storm halves the rate once, not per answer
-            self.rate = max(self.max_rate * MIN_SHARE, self.rate / 2)
-        self._paused_until = max(self._paused_until, now + seconds)
+        rate = self._rate_at(now)
+        self._run += 1
+        self._last_refused = now
+        self._heard(now, refused=True)
+        refusals = sum(1 for _, refused in self._recent if refused)
+        sustained = refusals >= STORM_RUN and refusals >= STORM_SHARE * len(self._recent)
+        if self._run < STORM_RUN and not sustained:
+            self._floor = rate  # a lowered rate does not climb back while 429s still come
+            return False
+        if now >= self._paused_until:  # one storm halves the rate once, not per answer
+            self._floor = max(self.max_rate * MIN_SHARE, rate / 2)
+            self.storms += 1
+        self.pause(retry_after)
+        return True
+
+    def pause(self, seconds: float) -> None:
+        """Nobody sends for ``seconds`` (the service said Retry-After to everyone)."""
+        self._paused_until = max(self._paused_until, self._clock() + seconds)
         self._tokens = 0.0
         self._updated = self._paused_until
 
     def succeeded(self) -> None:
-        """An answer that was not a 429: win back some of the rate."""
-        if self.rate < self.max_rate:
-            self.rate = min(self.max_rate, self.rate + self.max_rate * RECOVERY_SHARE)
+        """An answer that was not a 429: a run of 429s is over."""
+        self._run = 0
+        self._heard(self._clock(), refused=False)
+
+    def _heard(self, now: float, *, refused: bool) -> None:
+        recent = self._recent
+        recent.append((now, refused))
+        while recent and recent[0][0] < now - STORM_WINDOW_S:
+            recent.popleft()
 
     @property
     def paused_for(self) -> float:
@@ -68,12 +123,13 @@ class RateLimiter:
         now = self._clock()
         if now < self._paused_until:
             return self._paused_until - now
-        self._tokens = min(float(self.burst), self._tokens + (now - self._updated) * self.rate)
+        rate = self._rate_at(now)
+        self._tokens = min(float(self.burst), self._tokens + (now - self._updated) * rate)
         self._updated = now
         if self._tokens >= 1.0:
             self._tokens -= 1.0
             return 0.0
-        return (1.0 - self._tokens) / self.rate
+        return (1.0 - self._tokens) / rate
 
 
 # The process's limiters by (event loop, service address, credential fingerprint). Weakly held: a

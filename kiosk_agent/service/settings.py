@@ -1,7 +1,13 @@
-"""Where the service is and who we are to it: the settings every service client starts from."""
+"""Where the service is and who we are to it: the settings every service client starts from.
+
+Also the one place where the timeouts of service calls are decided (:class:`CallKind`,
+:meth:`ServiceSettings.timeouts`); docs/architecture.md has them as a table.
+"""
 
 from __future__ import annotations
 
+import enum
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +19,33 @@ NO_API_KEY = (
     "no payments API key configured: set service.api_key (KIOSK_API_KEY for the command line); "
     "payments and terminal calls need it, reporting and boarding use client_id/client_secret"
 )
+
+
+class CallKind(enum.Enum):
+    """What a call is, for its timeouts (``Transport.send`` picks it unless told)."""
+
+    CONTROL = "control"  # terminal list/connect/ping/status/cancel/print, ws-token, GETs: small
+    MONEY = "money"  # a POST that may move money or start an interaction: one attempt only
+    REPORT = "report"  # reporting and boarding (OAuth): pages of rows, slower to make
+    AUTH = "auth"  # the OAuth token and the API key refresh
+    WEBSOCKET = "websocket"  # the cable handshake (token, then the upgrade)
+
+
+@dataclass(frozen=True, slots=True)
+class Timeouts:
+    """Seconds. ``connect``: to open the connection; ``read``: the longest silence while waiting
+    for or reading the answer (one attempt); ``total``: the whole call, every attempt, backoff,
+    ``Retry-After`` wait and rate-limiter queue included. No call outlives ``total``."""
+
+    connect: float
+    read: float
+    total: float
+
+
+# A small answer that has not started within this long is not coming: ask again (retry-safe).
+QUICK_READ = 5.0
+# The cable handshake is given this long at most; the wait then polls instead.
+WEBSOCKET_TOTAL = 10.0
 
 
 class ServiceSettings(BaseModel):
@@ -43,14 +76,17 @@ class ServiceSettings(BaseModel):
     credentials_path: Path | None = None
 
     # tuning
-    timeout: float = Field(default=30.0, gt=0)  # seconds for one whole request
-    connect_timeout: float = Field(default=10.0, gt=0)
+    # The longest any one call may take, everything included (the CLI's --timeout); the
+    # timeouts of each kind of call derive from it and connect_timeout (see timeouts()).
+    timeout: float = Field(default=15.0, gt=0)
+    connect_timeout: float = Field(default=5.0, gt=0)
     max_retries: int = Field(default=4, ge=0)  # retries of a retry-safe call
     backoff_base: float = Field(default=0.2, gt=0)  # first retry delay, doubled each time
     backoff_max: float = Field(default=5.0, gt=0)
     rate_limit: float = Field(default=20.0, gt=0)  # terminal requests per second, per credential
     rate_burst: int = Field(default=40, ge=1)
-    rate_limit_patience: float = Field(default=60.0, gt=0)  # how long to ride out 429s, seconds
+    # how long to ride out 429s, seconds (within the call's total timeout)
+    rate_limit_patience: float = Field(default=60.0, gt=0)
     poll_interval: float = Field(default=0.25, gt=0)  # interaction polling when not on WebSocket
     websocket: bool = True  # False: wait for interactions by polling only
 
@@ -88,6 +124,25 @@ class ServiceSettings(BaseModel):
         """A copy with ``changes`` applied and validated (secrets given as text become secret)."""
         current = self.model_dump(by_alias=True, exclude_none=True)
         return type(self).model_validate({**current, **changes})
+
+    def timeouts(self, kind: CallKind) -> Timeouts:
+        """The connect, read and total timeouts of one kind of call: the one table of them.
+
+        - every call: connect within ``connect_timeout``, all of it within ``timeout``;
+        - CONTROL and AUTH answers are small: silence for ``QUICK_READ`` s means a lost answer,
+          and a retry-safe call asks again within its total;
+        - MONEY is sent once (a lost answer is reconciled, never resent blind), so its one
+          attempt may wait the whole ``timeout`` for an answer; REPORT pages take time to make;
+        - WEBSOCKET: the handshake gets ``WEBSOCKET_TOTAL`` s at most; the wait then polls.
+        """
+        total = self.timeout
+        connect = min(self.connect_timeout, total)
+        quick = min(QUICK_READ, total)
+        if kind in (CallKind.CONTROL, CallKind.AUTH):
+            return Timeouts(connect, quick, total)
+        if kind is CallKind.WEBSOCKET:
+            return Timeouts(connect, quick, min(WEBSOCKET_TOTAL, total))
+        return Timeouts(connect, total, total)  # MONEY, REPORT
 
     @property
     def reporting_base(self) -> str:

@@ -8,6 +8,7 @@ caller reconciles (the charge-card ``order_id`` is made here for that).
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 from urllib.parse import quote
 
@@ -29,7 +30,15 @@ from kiosk_agent.service.payments import new_order_id, require_cents
 from kiosk_agent.service.settings import ServiceSettings
 from kiosk_agent.service.transport import Transport
 
+_LOGGER = logging.getLogger(__name__)
+
 _BASE = "/api/terminal"
+# How far the service's interaction lifetime may be from the expected one before a warning.
+LIFETIME_TOLERANCE = 0.1
+# Interactions started this far apart (real seconds) tell the rate of the service's clock; a rate
+# within CLOCK_RATE_TOLERANCE of 1 is real time (network jitter, not a time scale).
+CLOCK_BASELINE_S = 2.0
+CLOCK_RATE_TOLERANCE = 0.25
 
 
 def _device(device_id: str) -> str:
@@ -39,6 +48,13 @@ def _device(device_id: str) -> str:
 class TerminalClient:
     def __init__(self, transport: Transport) -> None:
         self._transport = transport
+        # The interaction lifetime the caller plans with (the agent's sales.interaction_lifetime);
+        # None: no check. lifetime_seen is the service's own, from its latest record.
+        self.expected_lifetime: float | None = None
+        self.lifetime_seen: float | None = None  # real seconds, once the service's clock is known
+        self.clock_rate: float | None = None  # service seconds per real second (time scale)
+        self._clock_base: tuple[float, float] | None = None  # (loop time, service Unix time)
+        self._warned_lifetimes: set[float] = set()
 
     @property
     def settings(self) -> ServiceSettings:
@@ -47,6 +63,47 @@ class TerminalClient:
     @property
     def session(self) -> aiohttp.ClientSession:
         return self._transport.session
+
+    def real_lifetime(self, started: float, record: Interaction) -> float | None:
+        """How long ``record``'s interaction lives in real seconds, when that can be known.
+
+        ``started``: the loop time its start was answered. A record's ``expires_at -
+        created_at`` is in the service's clock, which a time-scaled simulator runs faster: the
+        rate of that clock is learned from the ``created_at`` of interactions started at least
+        :data:`CLOCK_BASELINE_S` apart. A lifetime unlike ``expected_lifetime`` is warned about,
+        once per value (the agent's sales.interaction_lifetime set by hand for another service).
+        """
+        created, expires = record.created_at, record.expires_at
+        if created is None or expires is None:
+            return None
+        lifetime = max(0.0, (expires - created).total_seconds())
+        stamp = created.timestamp()
+        if self._clock_base is None:
+            self._clock_base = (started, stamp)
+        elif started - self._clock_base[0] >= CLOCK_BASELINE_S:
+            rate = (stamp - self._clock_base[1]) / (started - self._clock_base[0])
+            if rate > 0:
+                self.clock_rate = 1.0 if abs(rate - 1.0) <= CLOCK_RATE_TOLERANCE else rate
+        if self.clock_rate is None:
+            return lifetime  # the service's own word, until its clock is known
+        real = lifetime / self.clock_rate
+        self.lifetime_seen = real
+        self._check_lifetime(real)
+        return real
+
+    def _check_lifetime(self, lifetime: float) -> None:
+        expected = self.expected_lifetime
+        if expected is None or abs(lifetime - expected) <= LIFETIME_TOLERANCE * expected:
+            return
+        key = round(lifetime, 2)
+        if key not in self._warned_lifetimes:
+            self._warned_lifetimes.add(key)
+            _LOGGER.warning(
+                "the service's terminal interactions live %.3g s (its clock runs %.3g times "
+                "real time), but %.3g s is expected: set sales.interaction_lifetime to %.3g (a "
+                "time-scaled simulator's READY line says it as interaction_lifetime_s)",
+                lifetime, self.clock_rate, expected, lifetime,
+            )  # fmt: skip
 
     async def list(self) -> list[Terminal]:
         """Every terminal with its capabilities (the authority on signature and printing)."""

@@ -9,6 +9,12 @@ Retry rules, because money moves on some of these calls:
 * A POST that may have been processed (a lost answer, a 5xx) is never sent again blind: the caller
   gets ``ServiceUnreachableError``/``ServerError`` and reconciles by ``order_id``. Only POSTs that
   are safe to repeat (the key refresh with the same token, a WebSocket token) opt in.
+
+Timeouts: each call has a kind (``settings.CallKind``) and the connect, read and total timeouts
+of that kind (``ServiceSettings.timeouts``). The total bounds the whole call, retries, backoff,
+``Retry-After`` waits and the rate limiter's queue included: a service that accepts the
+connection and never answers costs a call its total timeout, then a ``ServiceUnreachableError``
+that says so.
 """
 
 from __future__ import annotations
@@ -43,7 +49,7 @@ from kiosk_agent.service.models.common import ErrorBody, ServiceModel
 from kiosk_agent.service.models.payments import ApiKeySet
 from kiosk_agent.service.parsing import BODY, decode_json, describe_body, parse, parse_json
 from kiosk_agent.service.ratelimit import RateLimiter, share_limiter, shared_limiter
-from kiosk_agent.service.settings import NO_API_KEY, ServiceSettings
+from kiosk_agent.service.settings import NO_API_KEY, CallKind, ServiceSettings
 
 _LOGGER = logging.getLogger(__name__)
 
@@ -109,9 +115,10 @@ class Transport:
 
     async def start(self) -> None:
         if self._session is None:
-            timeout = aiohttp.ClientTimeout(
-                total=self.settings.timeout, sock_connect=self.settings.connect_timeout
-            )
+            # A floor for anything sent on the session directly; calls through send() set their
+            # own kind's timeouts.
+            timeouts = self.settings.timeouts(CallKind.MONEY)
+            timeout = aiohttp.ClientTimeout(total=timeouts.total, sock_connect=timeouts.connect)
             self._session = aiohttp.ClientSession(timeout=timeout, raise_for_status=False)
 
     async def close(self) -> None:
@@ -164,6 +171,7 @@ class Transport:
         mid: MidPlacement = MidPlacement.QUERY,
         retry_safe: bool | None = None,
         rate_limited: bool | None = None,
+        kind: CallKind | None = None,
         what: str | None = None,
     ) -> Any:
         """Send one call and return its decoded JSON (None for an empty body).
@@ -182,6 +190,7 @@ class Transport:
             mid=mid,
             retry_safe=retry_safe,
             rate_limited=rate_limited,
+            kind=kind,
             what=label,
         )
         if not body.strip():
@@ -230,20 +239,47 @@ class Transport:
         mid: MidPlacement = MidPlacement.QUERY,
         retry_safe: bool | None = None,
         rate_limited: bool | None = None,
+        kind: CallKind | None = None,
         what: str = "",
     ) -> tuple[int, bytes, str]:
-        """The retry loop: (status, body, content type) of a 2xx, or a typed ServiceError."""
+        """The retry loop: (status, body, content type) of a 2xx, or a typed ServiceError.
+
+        ``kind`` (its timeouts) defaults to REPORT for OAuth calls, CONTROL for retry-safe ones
+        and MONEY for the rest.
+        """
         method = method.upper()
-        url = self.url(path)
         what = _label(method, path, what)
         if retry_safe is None:
             retry_safe = method in _IDEMPOTENT_METHODS
         if rate_limited is None:
             rate_limited = path.startswith(_RATE_LIMITED_PREFIXES)
-        json, params = self._place_mid(auth, mid, json, params)
+        if kind is None:
+            kind = (
+                CallKind.REPORT if auth is Auth.OAUTH
+                else CallKind.CONTROL if retry_safe else CallKind.MONEY
+            )  # fmt: skip
+        timeouts = self.settings.timeouts(kind)
+        call = _Call(
+            method, self.url(path), what, *self._place_mid(auth, mid, json, params),
+            data, headers, auth, retry_safe, rate_limited,
+            aiohttp.ClientTimeout(sock_connect=timeouts.connect, sock_read=timeouts.read),
+            time.monotonic() + min(self.settings.rate_limit_patience, timeouts.total),
+        )  # fmt: skip
+        try:
+            async with asyncio.timeout(timeouts.total):
+                return await self._attempts(call)
+        except TimeoutError:
+            outcome = "" if retry_safe else "; outcome unknown: reconcile before retrying"
+            raise ServiceUnreachableError(
+                f"{what}: no answer within {timeouts.total:g} s (the {kind.value} call's total "
+                f"timeout){outcome}"
+            ) from None
+
+    async def _attempts(self, call: _Call) -> tuple[int, bytes, str]:
+        what, headers, auth, retry_safe = call.what, call.headers, call.auth, call.retry_safe
+        rate_limited, patience_ends = call.rate_limited, call.patience_ends
         attempt = 0
         renewed = False
-        patience_ends = time.monotonic() + self.settings.rate_limit_patience
         while True:
             if rate_limited:
                 await self.limiter.acquire()
@@ -253,7 +289,7 @@ class Transport:
                 call_headers["Authorization"] = f"Bearer {token}"
             attempt += 1
             try:
-                answer = await self._exchange(method, url, json, params, data, call_headers)
+                answer = await self._exchange(call, call_headers)
             except aiohttp.ClientConnectorError as exc:
                 if await self._backed_off(attempt):  # never reached the service: always safe
                     continue
@@ -281,18 +317,11 @@ class Transport:
                 continue
             raise self._status_error(answer, what)
 
-    async def _exchange(
-        self,
-        method: str,
-        url: str,
-        json: Mapping[str, Any] | None,
-        params: Mapping[str, str | int] | None,
-        data: Mapping[str, str] | None,
-        headers: dict[str, str],
-    ) -> _Answer:
+    async def _exchange(self, call: _Call, headers: dict[str, str]) -> _Answer:
         async with self.session.request(
-            method, url, json=json, params=params, data=data, headers=headers
-        ) as resp:
+            call.method, call.url, json=call.json, params=call.params, data=call.data,
+            headers=headers, timeout=call.timeout,
+        ) as resp:  # fmt: skip
             body = await resp.read()
             return _Answer(resp.status, body, resp.content_type, resp.headers.get("Retry-After"))
 
@@ -304,15 +333,18 @@ class Transport:
         return True
 
     async def _waited_out(self, answer: _Answer, rate_limited: bool, patience_ends: float) -> bool:
-        """Honour a 429's Retry-After when patience allows (True: send again)."""
+        """Honour a 429's Retry-After when patience allows (True: send again).
+
+        An isolated 429 costs only this call its wait; a storm of them holds every terminal
+        call through the shared limiter (see ``ratelimit.py``).
+        """
         self.rate_limited_count += 1
         delay = _retry_after_seconds(answer.retry_after) or self._backoff(1)
         if time.monotonic() + delay >= patience_ends:
             return False
-        if rate_limited:
-            self.limiter.pause(delay)  # every terminal call waits, not only this one
-        else:
-            await asyncio.sleep(delay)
+        if rate_limited and self.limiter.refused(delay):
+            return True  # the limiter holds this call with the others
+        await asyncio.sleep(delay)
         return True
 
     # -- pieces of the loop --------------------------------------------------------------------
@@ -370,7 +402,7 @@ class Transport:
         message = f"{what}: HTTP {status}"
         if status == 429:
             return RateLimitedError(
-                f"{message}: rate limited longer than {self.settings.rate_limit_patience:g} s",
+                f"{message}: rate limited longer than this call may wait",
                 retry_after=_retry_after_seconds(answer.retry_after),
                 error=code,
                 description=description,
@@ -391,9 +423,27 @@ class Transport:
             auth=Auth.NONE,
             retry_safe=True,  # the same token again: the service answers the same or refuses
             rate_limited=False,
+            kind=CallKind.AUTH,
             what="refresh API key",
         )
         return parse_json(ApiKeySet, body, what="refresh API key")
+
+
+class _Call(NamedTuple):
+    """One call as the retry loop sends it."""
+
+    method: str
+    url: str
+    what: str
+    json: Mapping[str, Any] | None
+    params: Mapping[str, str | int] | None
+    data: Mapping[str, str] | None
+    headers: Mapping[str, str] | None
+    auth: Auth
+    retry_safe: bool
+    rate_limited: bool
+    timeout: aiohttp.ClientTimeout  # connect and read, per attempt
+    patience_ends: float  # monotonic: no Retry-After wait past this
 
 
 class _Answer(NamedTuple):
@@ -442,6 +492,7 @@ class OAuthTokens:
             auth=Auth.NONE,
             retry_safe=True,  # asking for a token twice costs nothing
             rate_limited=False,
+            kind=CallKind.AUTH,
             what="OAuth token",
         )
         answer = parse(_OAuthAnswer, decode_json(body, what="OAuth token"), what="OAuth token")

@@ -21,6 +21,7 @@ from aiohttp import WSMsgType, web
 
 from kiosk_agent.sim.auth import Credential
 from kiosk_agent.sim.context import SimContext
+from kiosk_agent.sim.faults import faults_of
 from kiosk_agent.sim.http import ApiError, dumps
 from kiosk_agent.tasks import cancel_and_wait
 
@@ -126,6 +127,10 @@ class CableConnection:
 
             self._subscriptions[identifier] = self._ctx.terminals.subscribe(interaction_id, push)
         self._send({"type": "confirm_subscription", "identifier": identifier})
+        faults = faults_of(self._ctx)
+        if faults is not None and faults.drop_after_confirm():
+            self._outbox.put_nowait(_CLOSE)  # injected: the socket goes before any record
+            return
         self._send({"identifier": identifier, "message": stored["record"]})
 
 

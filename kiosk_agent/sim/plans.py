@@ -216,6 +216,7 @@ def _plan_id(request: web.Request) -> int:
 
 async def handle_create(request: web.Request) -> web.Response:
     ctx, mid, body = await merchant_call(request)
+    body.req_text("mid")  # required by the interface, like the other fields (resolved above)
     amount_cents = body.req_dollars("amount")
     description = body.text("description", required=False, max_length=1024)
     if "description" not in body.data:

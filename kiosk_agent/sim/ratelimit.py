@@ -18,6 +18,11 @@ class RateLimit:
     burst: float
 
     @classmethod
+    def of(cls, requests: float, seconds: float) -> RateLimit:
+        """R requests per S seconds, bursts of twice the per-second rate (at least 1)."""
+        return cls(requests, seconds, max(1.0, 2 * requests / seconds))
+
+    @classmethod
     def parse(cls, text: str) -> RateLimit:
         """``"R/S"``: R requests per S seconds, e.g. ``"20/1"`` or ``"5/2"``."""
         requests_text, _, seconds_text = text.partition("/")
@@ -28,7 +33,7 @@ class RateLimit:
             raise ValueError(f"rate limit must look like R/S (e.g. 20/1), got {text!r}") from None
         if requests <= 0 or seconds <= 0:
             raise ValueError(f"rate limit must be positive, got {text!r}")
-        return cls(requests, seconds, max(1.0, 2 * requests / seconds))
+        return cls.of(requests, seconds)
 
     @property
     def rate(self) -> float:
@@ -43,6 +48,11 @@ class RateLimiter:
         self.limit = limit
         # credential -> (tokens, last refill, monotonic)
         self._buckets: dict[str, tuple[float, float]] = {}
+
+    def change(self, limit: RateLimit) -> None:
+        """A new limit from now on; every credential starts with a full bucket of it."""
+        self.limit = limit
+        self._buckets.clear()
 
     def check(self, credential: str) -> None:
         """Take one token for ``credential`` or raise the 429 with ``Retry-After``."""

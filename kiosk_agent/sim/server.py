@@ -36,7 +36,7 @@ from kiosk_agent.sim import (
 from kiosk_agent.sim.auth import Auth
 from kiosk_agent.sim.clock import VirtualClock
 from kiosk_agent.sim.context import CONTEXT_KEY, SimContext, SimOptions
-from kiosk_agent.sim.http import error_middleware, json_response
+from kiosk_agent.sim.http import bad_request, error_middleware, json_response, read_json
 from kiosk_agent.sim.ledger import Ledger, deposit_resource
 from kiosk_agent.sim.ratelimit import DEFAULT_RATE_LIMIT, RateLimit, RateLimiter
 from kiosk_agent.sim.store import Store
@@ -87,7 +87,11 @@ class SimServer:
         return f"[{host}]" if ":" in host else host
 
     def ready_info(self) -> dict[str, Any]:
-        """The ``READY`` json: addresses and the seeded credentials.
+        """The ``READY`` json: addresses, the seeded credentials and the time scale.
+
+        ``time_scale`` and ``interaction_lifetime_s`` (the 3-minute lifetime divided by it, in
+        real seconds) tell a client how long interactions live here
+        (``sales.interaction_lifetime``).
 
         ``refresh_token`` is the one that rotates ``api_key`` now: ``null`` once a simulator
         restarted on its data directory has already spent ``sim_refresh_token``.
@@ -106,6 +110,8 @@ class SimServer:
             "isv_mids": list(sim_auth.ISV_MIDS),
             "client_id": oauth.CLIENT_ID,
             "client_secret": oauth.CLIENT_SECRET,
+            "time_scale": self.options.time_scale,
+            "interaction_lifetime_s": terminal.INTERACTION_LIFETIME_S / self.options.time_scale,
         }
 
     # -- lifecycle -------------------------------------------------------------------------
@@ -176,6 +182,7 @@ def build_app(ctx: SimContext) -> web.Application:
         setup(app, ctx)
     app.router.add_post("/sim/settle", _settle)
     app.router.add_get("/sim/stats", _stats)
+    app.router.add_post("/sim/rate-limit", _set_rate_limit)
     return app
 
 
@@ -203,8 +210,22 @@ async def _settle(request: web.Request) -> web.Response:
     )
 
 
+async def _set_rate_limit(request: web.Request) -> web.Response:
+    """Test helper ``POST /sim/rate-limit {"requests": R, "per_s": S}`` (no auth)."""
+    body = await read_json(request)
+    values = []
+    for name in ("requests", "per_s"):
+        value = body.data.get(name)
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+            raise bad_request(f"field {name!r} must be a number above 0, got {value!r}")
+        values.append(float(value))
+    limit = RateLimit.of(*values)
+    request.app[CONTEXT_KEY].rate_limiter.change(limit)
+    return json_response({"requests": limit.requests, "per_s": limit.seconds, "burst": limit.burst})
+
+
 async def _stats(request: web.Request) -> web.Response:
-    """Test helper: WebSocket push delays (real ms) and counts, for benchmarks."""
+    """Test helper: WebSocket push delays (real ms), ledger and request counts, for benchmarks."""
     ctx = request.app[CONTEXT_KEY]
     delays = sorted(ctx.push_stats.delays)
     return json_response(
@@ -213,8 +234,15 @@ async def _stats(request: web.Request) -> web.Response:
             "push_p50_ms": _percentile_ms(delays, 0.50),
             "push_p99_ms": _percentile_ms(delays, 0.99),
             "transactions": ctx.ledger.count(),
+            "requests": _requests(ctx),
         }
     )
+
+
+def _requests(ctx: SimContext) -> int | None:
+    """Requests served outside ``/sim/`` (counted by the fault middleware, which sees them all)."""
+    found = faults.faults_of(ctx)
+    return found.requests if found is not None else None
 
 
 def _percentile_ms(ordered: list[float], share: float) -> float | None:

@@ -234,20 +234,18 @@ async def test_doctor_checks_run_from_the_agent_with_their_fixes(
 
 
 def test_availability_says_why_card_payment_is_off() -> None:
-    snapshot = {
-        "service": {"reachable": True},
-        "terminals": [{"device_id": "A", "online": False}, {"device_id": "B", "online": None}],
-    }
-    assert availability(snapshot) == {
+    off = {"device_id": "A", "available": False, "reason": "terminal A is offline", "since": 1.0}
+    on = {"device_id": "B", "available": True, "reason": "", "since": 1.0}
+    assert availability({"availability": [off]}) == {
         "available": False,
-        "reason": "no terminal is online",
-        "own": False,
+        "reason": "A: terminal A is offline",
+        "terminals": [off],
     }
-    snapshot["service"]["reachable"] = False
-    assert "unreachable" in availability(snapshot)["reason"]
-    # the agent's own out-of-service state wins when its health carries one
-    own = {**snapshot, "out_of_service": {"active": False, "reason": ""}}
-    assert availability(own)["available"] is True
+    # one usable terminal keeps the machine selling; the other's trouble is still named
+    both = availability({"availability": [off, on]})
+    assert both["available"] is True
+    assert both["reason"] == "A: terminal A is offline"
+    assert availability({"availability": []})["reason"] == "no terminal checked yet"
 
 
 def test_health_notes_name_what_changed() -> None:

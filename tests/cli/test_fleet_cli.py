@@ -2,8 +2,10 @@
 
 import asyncio
 import json
+import re
 import socket
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import aiohttp
@@ -12,6 +14,13 @@ import pytest
 from kiosk_agent.app import load_agent
 from kiosk_agent.cli import build_parser
 from kiosk_agent.cli.fleet import format_health
+from kiosk_agent.core.health import Health
+from kiosk_agent.core.upstream import Upstream
+
+from ..helpers import free_port, until
+from ..mqtt_broker import Observer, mosquitto
+
+__all__ = ["mosquitto"]  # the broker fixture, imported for the tests below
 
 ADMIN_TOKEN = "doctor-admin-token-0123456789"
 
@@ -104,6 +113,11 @@ def test_health_is_readable_for_people() -> None:
         "terminals": [{"device_id": "SIM-0001", "online": False, "detail": "timed out"}],
         "links": [{"name": "mdb:front", "state": "connected", "healthy": True, "detail": ""}],
         "problems": ["1 sale(s) need attention"],
+        "availability": [
+            {"device_id": "SIM-0001", "available": False, "reason": "terminal offline",
+             "since": 0.0},
+        ],
+        "journal": {"writable": False, "detail": "disk full"},
     }
     text = format_health(snapshot)
     assert "status:   DEGRADED  (version 1.0, up 1h 2m)" in text
@@ -111,6 +125,9 @@ def test_health_is_readable_for_people() -> None:
     assert "today 3 for $12.50" in text
     assert "SIM-0001     OFFLINE  timed out" in text
     assert "problem:  1 sale(s) need attention" in text
+    out_of_service = r"card:     SIM-0001     OUT OF SERVICE since \d\d:\d\d:\d\d: terminal offline"
+    assert re.search(out_of_service, text)
+    assert "journal:  NOT WRITABLE disk full" in text
 
 
 async def test_health_from_a_running_agent(tmp_path: Path, sim, sim_settings, capsys) -> None:
@@ -233,3 +250,74 @@ async def test_health_finds_the_admin_api_in_the_config(
     assert "terminal: SIM-0001     online" in out
     assert rc == 0
     assert ADMIN_TOKEN not in out
+
+
+# -- fleet forget (a real Mosquitto) ------------------------------------------------------------
+
+
+def _fleet_config(directory: Path, broker: int, device_id: str = "old-unit") -> Path:
+    return write_config(
+        directory,
+        "service: {simulator: {}}\nterminals: [{device_id: SIM-0001}]\n"
+        f"upstream:\n  device_id: {device_id}\n"
+        f"  mqtt: {{host: 127.0.0.1, port: {broker}, reconnect_interval: 0.1}}\n",
+    )
+
+
+async def _retained(broker: int, *topics: str) -> dict[str, str]:
+    """What a newcomer (Home Assistant starting) is handed for ``topics``."""
+    observer = Observer(broker)
+    await observer.start(*topics)
+    await asyncio.sleep(0.3)  # retained messages come right after the subscription
+    await observer.stop()
+    return {topic: payload for topic, payload, retain in observer.messages if retain and payload}
+
+
+async def _announce(broker: int, device_id: str) -> Upstream:
+    health = Health("1.0")
+    health.report_service(True)
+    upstream = Upstream(
+        SimpleNamespace(health=health),
+        {"device_id": device_id, "interval": 3600,
+         "mqtt": {"host": "127.0.0.1", "port": broker, "reconnect_interval": 0.1}},
+    )
+    await upstream.start()
+    await until(lambda: upstream.sinks[0].sent >= 1)
+    return upstream
+
+
+@pytest.mark.mqtt
+async def test_fleet_forget_clears_a_decommissioned_units_retained_topics(
+    tmp_path: Path, mosquitto: int, capsys: pytest.CaptureFixture[str]
+) -> None:
+    upstream = await _announce(mosquitto, "old-unit")
+    neighbour = await _announce(mosquitto, "other-unit")
+    config = _fleet_config(tmp_path, mosquitto)
+    unit_topics = ("kiosk-agent/old-unit/#", "homeassistant/+/old-unit/+/config")
+    assert len(await _retained(mosquitto, *unit_topics)) == 10  # 8 configs, state, availability
+
+    # still running: refused, with the fix
+    assert await run_cli("fleet", "forget", "--config", str(config), "--wait", "0.3") == 1
+    assert "says it is online: stop its agent first" in capsys.readouterr().err
+
+    await upstream.stop()  # decommissioned: its goodbye leaves "offline" retained
+    code = await run_cli("fleet", "forget", "--config", str(config), "--wait", "0.3", "--json")
+    assert code == 0
+    answer = json.loads(capsys.readouterr().out)
+    assert answer["device_id"] == "old-unit"
+    assert len(answer["found"]) == 10
+    assert await _retained(mosquitto, *unit_topics) == {}  # Home Assistant forgets it
+    # the neighbour is untouched
+    assert len(await _retained(mosquitto, "homeassistant/+/other-unit/+/config")) == 8
+    await neighbour.stop()
+
+
+async def test_fleet_forget_names_what_is_missing(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    config = write_config(tmp_path, "service: {simulator: {}}\nterminals: [{device_id: S1}]\n")
+    assert await run_cli("fleet", "forget", "--config", str(config)) == 2
+    assert "no upstream: mqtt: section" in capsys.readouterr().err
+    closed = _fleet_config(tmp_path, free_port())
+    assert await run_cli("fleet", "forget", "--config", str(closed), "--wait", "0.2") == 4
+    assert "cannot reach the MQTT broker 127.0.0.1:" in capsys.readouterr().err

@@ -15,6 +15,8 @@ from kiosk_agent.core.health import (
 )
 from kiosk_agent.core.sale import RECEIPT_STEP, SaleEvent, SaleState
 
+from ..helpers import until
+
 
 def _event(sale_id: str, state: SaleState, amount: int = 250, captured: int = 0) -> SaleEvent:
     return SaleEvent(
@@ -123,7 +125,13 @@ async def test_follow_sales_reads_the_event_bus() -> None:
 
 
 def test_schema_defaults_and_refuses_nonsense() -> None:
-    defaults = {"ping_interval": 60.0, "ping_timeout": 10.0, "key_warning": 86400.0}
+    defaults = {
+        "ping_interval": 60.0,
+        "ping_timeout": 10.0,
+        "key_warning": 86400.0,
+        "hold_off": 0.5,
+        "recheck_interval": 1.0,
+    }
     assert HEALTH_SCHEMA({}) == defaults
     with pytest.raises(vol.Invalid, match="ping_interval"):
         HEALTH_SCHEMA({"ping_interval": 0})
@@ -198,3 +206,74 @@ def test_only_internal_failures_make_the_agent_not_alive() -> None:
     assert "journal failed: disk I/O error" in health.snapshot().problems
     health.clear_fatal("journal")
     assert health.alive()
+
+
+def test_settling_names_what_is_still_starting() -> None:
+    health = Health("1")
+    health.report_link("mdb:front", "connecting")
+    assert health.settling() == ["link mdb:front", "service check"]
+    health.report_service(True)
+    health.report_terminal("SIM-0001", online=None)
+    assert health.settling() == ["link mdb:front", "terminal check"]
+    health.report_link("mdb:front", "connected")
+    health.report_terminal("SIM-0001", online=False)
+    assert health.settling() == []  # settled, even if what it found is a problem
+
+
+async def test_a_refused_key_is_not_an_unreachable_service(sim) -> None:
+    from kiosk_agent.cli.sim import settings_from_ready
+    from kiosk_agent.service.client import ServiceClient
+
+    info = {**sim.ready_info(), "api_key": "revoked-key", "refresh_token": None}
+    async with ServiceClient(settings_from_ready(info)) as refused:
+        health = Health("1")
+        await HealthChecker(health, refused.terminal, ["SIM-0001"], timeout=5).check_once()
+    snapshot = health.snapshot()
+    assert snapshot.service.reachable is True
+    assert snapshot.service.key_usable is False
+    assert snapshot.status is Status.DOWN
+    assert snapshot.problems[0].startswith("API key refused: AuthenticationError")
+
+
+async def test_each_round_probes_the_journal_and_can_be_woken(service, tmp_path) -> None:
+    from kiosk_agent.core.events import EventLog
+    from kiosk_agent.core.journal import Journal
+
+    journal = Journal(tmp_path / "journal.db")
+    journal.open()
+    log = EventLog(lambda: journal.db)
+    log.open()
+    health = Health("1")
+    rounds: list[int] = []
+    checker = HealthChecker(health, service.terminal, ["SIM-0001"], interval=3600,
+                            journal_probe=log.probe, on_checked=lambda: rounds.append(1))
+    checker.start()
+    try:
+        await until(lambda: rounds == [1])
+        assert health.snapshot().journal.writable is True
+        journal.db.execute("PRAGMA query_only = ON")
+        checker.wake()  # not an hour later
+        await until(lambda: len(rounds) == 2)
+        snapshot = health.snapshot()
+        assert snapshot.journal.writable is False
+        assert "readonly" in snapshot.journal.detail
+        assert snapshot.status is Status.DOWN
+    finally:
+        await checker.stop()
+        journal.close()
+
+
+async def test_a_broken_round_is_counted_and_the_checker_goes_on(service) -> None:
+    health = Health("1")
+
+    def broken() -> None:
+        raise RuntimeError("a bug after the checks")
+
+    checker = HealthChecker(health, service.terminal, ["SIM-0001"], interval=0.01,
+                            on_checked=broken)
+    checker.start()
+    try:
+        await until(lambda: checker.errors >= 2)
+    finally:
+        await checker.stop()
+    assert checker.rounds >= 2

@@ -6,13 +6,11 @@ the connection without a goodbye, as a pulled cable would.
 
 import asyncio
 import contextlib
-import getpass
+import datetime as dt
 import json
-import shutil
 import socket
 import subprocess
-import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -23,56 +21,24 @@ import voluptuous as vol
 from aiohttp import web
 
 from kiosk_agent.app import load_agent
+from kiosk_agent.core.availability import Availability
 from kiosk_agent.core.health import Health
 from kiosk_agent.core.upstream import (
     UPSTREAM_SCHEMA,
+    DiscoveryOptions,
     ReportQueue,
     Upstream,
     build_report,
+    configuration_url,
     discovery_messages,
 )
 from kiosk_agent.core.web import LocalSite
 
 from ..helpers import free_port, until
+from ..mqtt_broker import Observer, mosquitto, start_broker, stop_broker
+from . import home_assistant_rules as ha
 
-
-def _start_broker(directory: Path, extra: str = "") -> tuple[subprocess.Popen[bytes], int]:
-    binary = shutil.which("mosquitto") or "/usr/sbin/mosquitto"
-    if not Path(binary).exists():
-        pytest.fail("mosquitto is not installed (./dev test installs it)")
-    port = free_port()
-    conf = directory / "mosquitto.conf"
-    # `user`: when run as root, mosquitto would switch to its own user and lose our temp files
-    conf.write_text(
-        f"listener {port} 127.0.0.1\nallow_anonymous true\npersistence false\n"
-        f"user {getpass.getuser()}\n{extra}"
-    )
-    proc = subprocess.Popen(
-        [binary, "-c", str(conf)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
-    )
-    deadline = time.monotonic() + 10
-    while True:
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
-            return proc, port
-        except OSError:
-            if time.monotonic() > deadline or proc.poll() is not None:
-                proc.kill()
-                pytest.fail("mosquitto did not start")
-            time.sleep(0.05)
-
-
-def _stop_broker(proc: subprocess.Popen[bytes]) -> None:
-    proc.terminate()
-    proc.wait(5)
-
-
-@pytest.fixture(scope="session")
-def mosquitto(tmp_path_factory: pytest.TempPathFactory) -> Iterator[int]:
-    """A real Mosquitto broker on an ephemeral loopback port for the whole run."""
-    proc, port = _start_broker(tmp_path_factory.mktemp("mosquitto"))
-    yield port
-    _stop_broker(proc)
+__all__ = ["mosquitto"]  # the broker fixture, imported for the tests below
 
 
 def _make_certificates(directory: Path) -> Path:
@@ -152,7 +118,9 @@ class TcpProxy:
 
 
 def _agent(version: str = "9.9.9") -> SimpleNamespace:
+    """An agent that has settled: the service and its terminal checked."""
     health = Health(version)
+    health.report_service(True)
     health.report_terminal("SIM-0001", online=True, connected=True, latency_ms=8.0, pinged=True)
     return SimpleNamespace(health=health)
 
@@ -180,6 +148,9 @@ def test_report_carries_health_and_nothing_secret() -> None:
         "terminals",
         "terminals_online",
         "links",
+        "journal",
+        "availability",
+        "out_of_service",
     }
     text = json.dumps(report)
     for word in ("api_key", "token", "secret", "password", "card_number"):
@@ -206,12 +177,145 @@ def test_schema_names_the_bad_field() -> None:
 def test_discovery_describes_one_device_with_sensors_and_status() -> None:
     messages = discovery_messages("unit-1", "1.0", "k/unit-1/state", "k/unit-1/availability", "ha")
     topics = [topic for topic, _ in messages]
+    assert len(topics) == 8
     assert "ha/binary_sensor/unit-1/problem/config" in topics
     assert "ha/sensor/unit-1/sales_today_amount/config" in topics
     identifiers = {json.dumps(config["device"]["identifiers"]) for _, config in messages}
     assert identifiers == {'["kiosk_agent_unit-1"]'}
     assert all(config["availability_topic"] == "k/unit-1/availability" for _, config in messages)
     assert discovery_messages("unit-1", "1.0", "s", "a", False) == []
+
+
+def _discovery(**options: Any) -> dict[str, dict[str, Any]]:
+    messages = discovery_messages(
+        "unit-1", "1.2.3", "kiosk-agent/unit-1/state", "kiosk-agent/unit-1/availability",
+        "homeassistant", DiscoveryOptions(**options),
+    )
+    return {topic.split("/")[-2]: config for topic, config in messages}
+
+
+@pytest.mark.parametrize("version", sorted(ha.VERSIONS))
+def test_discovery_follows_home_assistants_rules(version: str) -> None:
+    options = {"expire_after": 180, "configuration_url": "http://kiosk-7:8124/", "currency": "EUR"}
+    messages = discovery_messages(
+        "unit-1", "1.2.3", "kiosk-agent/unit-1/state", "kiosk-agent/unit-1/availability",
+        "homeassistant", DiscoveryOptions(**options),
+    )
+    for topic, config in messages:
+        assert ha.violations(topic, config, version) == [], topic
+
+
+def test_the_rules_catch_what_home_assistant_would_not_take() -> None:
+    """The checker itself: each of the issue's findings is caught."""
+    [(topic, config)] = [m for m in discovery_messages("u", "1", "s", "a", "homeassistant")
+                         if m[0].endswith("/sales_today/config")]
+    assert ha.violations(topic, config, "2024.3") == []
+    assert ha.violations(topic, {**config, "expire_after": 180.0}, "2024.3") == [
+        "expire_after 180.0 is not a positive integer"
+    ]
+    amount = _discovery()["sales_today_amount"]
+    wrong = {**amount, "state_class": "total_increasing"}
+    assert ha.violations("homeassistant/sensor/u/a/config", wrong, "2026.2") == [
+        "state_class 'total_increasing' is impossible with device_class 'monetary'",
+        "last_reset_value_template with state_class 'total_increasing'",
+    ]
+    status = {k: v for k, v in _discovery()["status"].items() if k not in ("options", "origin")}
+    assert ha.violations("homeassistant/sensor/u/status/config", status, "2024.3") == [
+        "origin (o) is missing (device-based discovery requires it)",
+        "an enum sensor without options accepts any state",
+    ]
+    assert ha.violations(
+        "homeassistant/sensor/u/x/config", {**status, "origin": {"name": "k"}, "typo": 1},
+        "2024.3",
+    )[0] == "unknown key 'typo' (HA drops it silently)"
+    abbreviated = {"stat_t": "s", "uniq_id": "u", "dev": {"ids": ["x"]}, "o": {"name": "k"},
+                   "stat_cla": "total_increasing", "exp_aft": 180}
+    assert ha.violations("homeassistant/sensor/u/x/config", abbreviated, "2024.3") == []
+    with_model_id = {**abbreviated, "dev": {"ids": ["x"], "model_id": "k1"}}
+    assert ha.violations("homeassistant/sensor/u/x/config", with_model_id, "2024.3") == [
+        "unknown device key 'model_id'"
+    ]
+    assert ha.violations("homeassistant/sensor/u/x/config", with_model_id, "2026.2") == []
+
+
+def test_the_discovery_tells_what_the_issue_asked_for() -> None:
+    configs = _discovery(expire_after=180, configuration_url="http://kiosk-7:8124/")
+    assert configs["sales_today"]["state_class"] == "total_increasing"
+    amount = configs["sales_today_amount"]
+    assert (amount["device_class"], amount["state_class"]) == ("monetary", "total")
+    assert amount["last_reset_value_template"] == "{{ value_json.sales.day_started }}"
+    assert configs["status"]["device_class"] == "enum"
+    assert configs["status"]["options"] == ["ok", "degraded", "down"]
+    assert "json_attributes_topic" in configs["problem"]
+    assert {c["expire_after"] for c in configs.values()} == {180}
+    assert {c["origin"]["name"] for c in configs.values()} == {"kiosk-agent"}
+    assert {c["device"]["configuration_url"] for c in configs.values()} == {
+        "http://kiosk-7:8124/"
+    }
+
+
+def test_every_template_reads_fields_the_report_has() -> None:
+    agent = _agent()
+    report = build_report("unit-1", agent.health.snapshot())
+    for key, config in _discovery().items():
+        for name in ("value_template", "last_reset_value_template", "json_attributes_template"):
+            for path in ha.template_paths(config.get(name, "")):
+                value: Any = report
+                for part in path:
+                    assert isinstance(value, dict), (key, name, path)
+                    assert part in value, (key, name, path)
+                    value = value[part]
+    assert report["status"] in _discovery()["status"]["options"]
+    # the daily amount's last reset: local midnight, an ISO 8601 time with its offset
+    day_started = dt.datetime.fromisoformat(report["sales"]["day_started"])
+    assert day_started.utcoffset() is not None
+    assert (day_started.hour, day_started.minute) == (0, 0)
+
+
+def test_expire_after_is_three_heartbeats_and_the_url_the_admin_api() -> None:
+    agent = _agent()
+    agent.config = {"admin": {"host": "0.0.0.0", "port": 8124}}  # noqa: S104 - a config value
+    agent.settings = SimpleNamespace(currency="EUR")
+    upstream = Upstream(agent, {"interval": 20, "mqtt": {"host": "broker"}})
+    discovery = upstream.sinks[0]._discovery  # type: ignore[attr-defined]
+    assert discovery.expire_after == 60
+    assert discovery.currency == "EUR"
+    assert discovery.configuration_url == f"http://{socket.gethostname()}:8124/"
+    agent.config = {"admin": {"host": "127.0.0.1", "port": 8124}}
+    assert configuration_url(agent, {}) is None  # nobody else could open a loopback page
+    assert configuration_url(agent, {"configuration_url": "https://k7.example/"}) == (
+        "https://k7.example/"
+    )
+
+
+async def test_the_first_report_waits_for_the_links_to_settle() -> None:
+    agent = _agent()
+    agent.health.report_service(True)
+    agent.health.report_link("mdb:front", "connecting")
+    upstream = Upstream(agent, {"interval": 3600, "start_grace": 30})
+    await upstream.start()
+    try:
+        await asyncio.sleep(0.2)
+        assert upstream.heartbeats == 0  # a connecting link is not a problem yet
+        agent.health.report_link("mdb:front", "connected")
+        await until(lambda: upstream.heartbeats == 1)
+        assert upstream.heartbeat()["status"] == "ok"
+    finally:
+        await upstream.stop()
+
+
+async def test_a_link_that_never_connects_is_reported_after_the_grace() -> None:
+    agent = _agent()
+    agent.health.report_service(True)
+    agent.health.report_link("mdb:front", "connecting")
+    upstream = Upstream(agent, {"interval": 3600, "start_grace": 0.3})
+    await upstream.start()
+    try:
+        await until(lambda: upstream.heartbeats == 1)
+        assert upstream.first_report_waited_s is not None
+        assert upstream.first_report_waited_s >= 0.2
+    finally:
+        await upstream.stop()
 
 
 # --- HTTP ---------------------------------------------------------------------------------------
@@ -301,39 +405,6 @@ async def test_http_error_answers_keep_the_report_queued(receiver: HttpReceiver)
 # --- MQTT ---------------------------------------------------------------------------------------
 
 
-class Observer:
-    """A second MQTT client that records what the broker hands out."""
-
-    def __init__(self, port: int) -> None:
-        self.port = port
-        self.messages: list[tuple[str, str, bool]] = []
-        self._task: asyncio.Task[None] | None = None
-        self.subscribed = asyncio.Event()
-
-    async def start(self, *topics: str) -> None:
-        self._task = asyncio.create_task(self._run(topics))
-        await asyncio.wait_for(self.subscribed.wait(), 5)
-
-    async def _run(self, topics: tuple[str, ...]) -> None:
-        async with aiomqtt.Client("127.0.0.1", self.port) as client:
-            for topic in topics:
-                await client.subscribe(topic, qos=1)
-            self.subscribed.set()
-            async for message in client.messages:
-                payload = message.payload
-                text = payload.decode() if isinstance(payload, bytes) else str(payload)
-                self.messages.append((str(message.topic), text, message.retain))
-
-    async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-
-    def on(self, topic: str) -> list[str]:
-        return [payload for t, payload, _ in self.messages if t == topic]
-
-
 @pytest.mark.mqtt
 async def test_mqtt_discovery_heartbeat_last_will_and_catch_up(mosquitto: int) -> None:
     proxy = TcpProxy(mosquitto)
@@ -385,7 +456,7 @@ async def test_mqtt_discovery_heartbeat_last_will_and_catch_up(mosquitto: int) -
 async def test_mqtt_over_tls_verifies_the_broker(tmp_path: Path) -> None:
     ca = _make_certificates(tmp_path)
     tls = f"cafile {ca}\ncertfile {tmp_path / 'server.crt'}\nkeyfile {tmp_path / 'server.key'}\n"
-    proc, port = _start_broker(tmp_path, tls)
+    proc, port = start_broker(tmp_path, tls)
     try:
         mqtt = {"host": "127.0.0.1", "port": port, "tls": True, "reconnect_interval": 0.1}
         trusted = Upstream(_agent(), {"interval": 3600, "mqtt": {**mqtt, "ca_file": str(ca)}})
@@ -404,7 +475,7 @@ async def test_mqtt_over_tls_verifies_the_broker(tmp_path: Path) -> None:
         finally:
             await untrusted.stop()
     finally:
-        _stop_broker(proc)
+        stop_broker(proc)
 
 
 @pytest.mark.mqtt
@@ -431,3 +502,51 @@ async def test_an_agent_configured_with_upstream_reports_itself(
         await agent.stop()
     await until(lambda: observer.on("kiosk-agent/store-42/availability")[-1:] == ["offline"])
     await observer.stop()
+
+
+@pytest.mark.mqtt
+async def test_home_assistants_birth_message_brings_the_discovery_again(mosquitto: int) -> None:
+    observer = Observer(mosquitto)
+    await observer.start("kiosk-agent/unit-b/#", "homeassistant/+/unit-b/#")
+    conf = {"device_id": "unit-b", "interval": 3600,
+            "mqtt": {"host": "127.0.0.1", "port": mosquitto, "reconnect_interval": 0.1}}
+    upstream = Upstream(_agent(), conf)
+    problem_topic = "homeassistant/binary_sensor/unit-b/problem/config"
+    await upstream.start()
+    try:
+        await until(lambda: len(observer.on("kiosk-agent/unit-b/state")) == 1)
+        configs = [t for t, _, _ in observer.messages if t.endswith("/config")]
+        assert len(configs) == 8
+        for topic in configs:  # what the broker hands Home Assistant passes HA's rules
+            payload = json.loads(observer.on(topic)[0])
+            assert ha.violations(topic, payload, "2024.3") == []
+            assert ha.violations(topic, payload, "2026.2") == []
+        assert json.loads(observer.on(problem_topic)[0])["expire_after"] == 10800
+
+        # Home Assistant restarts and says so: the unit announces itself and its state again
+        async with aiomqtt.Client("127.0.0.1", mosquitto) as home_assistant:
+            await home_assistant.publish("homeassistant/status", "online", qos=1)
+        await until(lambda: len(observer.on(problem_topic)) == 2)
+        await until(lambda: len(observer.on("kiosk-agent/unit-b/state")) == 2)
+        assert upstream.sinks[0].announcements == 2  # type: ignore[attr-defined]
+        assert observer.on("kiosk-agent/unit-b/availability")[-1] == "online"
+    finally:
+        await upstream.stop()
+        await observer.stop()
+
+
+async def test_going_out_of_service_is_reported_at_once() -> None:
+    agent = _agent()
+    agent.availability = Availability(agent.health, ["SIM-0001"], hold_off=0)
+    upstream = Upstream(agent, {"interval": 3600})
+    await upstream.start()
+    try:
+        await until(lambda: upstream.heartbeats == 1)
+        agent.health.report_terminal("SIM-0001", online=False)
+        agent.availability.evaluate()
+        await until(lambda: upstream.heartbeats == 2)  # not an hour later
+        report = upstream.heartbeat()
+        assert report["out_of_service"] == ["SIM-0001"]
+        assert "card payment unavailable on SIM-0001: terminal offline" in report["problems"]
+    finally:
+        await upstream.stop()

@@ -19,8 +19,11 @@ from kiosk_agent.core.config import load_config
 async def running_agent(
     tmp_path: Path, settings: Any, triggers: list[dict[str, Any]], *, time_scale: float = 50,
     sales: dict[str, Any] | None = None, secrets: dict[str, str] | None = None,
+    sections: dict[str, Any] | None = None,
 ) -> AsyncIterator[Agent]:
-    """Values written ``"!secret NAME"`` become real ``!secret`` tags, with ``secrets`` beside."""
+    """Values written ``"!secret NAME"`` become real ``!secret`` tags, with ``secrets`` beside.
+
+    ``sections``: more top-level sections (``health``, ``upstream``, ...)."""
     document = {
         "service": {"simulator": {"time_scale": time_scale}},
         "terminals": [{"device_id": "SIM-0001", "name": "front"}],
@@ -28,6 +31,7 @@ async def running_agent(
         "receipts": {"print": "never", "email": False},
         "sales": sales or {"vend_timeout": 5.0},
         "triggers": triggers,
+        **(sections or {}),
     }
     path = tmp_path / "agent.yaml"
     text = re.sub(r"'(!secret \w+)'", r"\1", yaml.safe_dump(document))

@@ -11,10 +11,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import voluptuous as vol
 
 from kiosk_agent.core.sale import SaleEvent, SaleState
 from kiosk_agent.platforms.gpio import PLATFORM_SCHEMA, Edge, GpioPlatform, setup_with_chip
 
+from ..helpers import sim_call, until
 from .agent_rig import running_agent
 
 
@@ -76,7 +78,7 @@ class FakeChip:
         return inputs
 
     def request_outputs(self, lines: list[int], *, active_low: bool) -> FakeOutputs:
-        self.relays = dict.fromkeys(lines, False)
+        self.relays.update(dict.fromkeys(lines, False))
         return FakeOutputs(self)
 
     def edge(self, line: int, active: bool = True, at_ns: int | None = None) -> None:
@@ -216,3 +218,37 @@ async def test_stop_during_a_pulse_lets_the_dispense_finish(kiosk: Any) -> None:
     assert final.state is SaleState.COMPLETED
     assert chip.relay_log[:2] == [(22, True), (22, False)]  # the pulse ran its full length
     assert not any(chip.relays.values())
+
+
+async def test_the_available_lamp_follows_the_terminal_and_presses_wait_for_it(
+    tmp_path: Path, sim: Any, sim_settings: Any
+) -> None:
+    chip = FakeChip()
+    config = PLATFORM_SCHEMA({"platform": "gpio", "name": "coffee", "buttons": BUTTONS,
+                              "available_output": 25})
+    health = {"health": {"ping_interval": 1, "hold_off": 0, "recheck_interval": 0.1}}
+    async with running_agent(tmp_path, sim_settings, [], sections=health) as agent:
+        platform = await setup_with_chip(agent, config, chip)
+        try:
+            assert chip.relays[25] is True  # the lamp: card payment works
+            await sim_call(sim, "POST", "/sim/terminals/SIM-0001/offline")
+            await until(lambda: chip.relays[25] is False, timeout=3)
+            chip.press(17)
+            await until(lambda: platform.status()["refused_presses"] == 1)
+            assert platform.status()["unavailable_reason"] == "terminal offline"
+            assert list(agent.journal) == []  # no sale was started
+
+            await sim_call(sim, "POST", "/sim/terminals/SIM-0001/online")
+            await until(lambda: chip.relays[25] is True, timeout=2)
+            waiting = asyncio.create_task(_next_final(agent))
+            await asyncio.sleep(0)
+            chip.press(17)
+            assert (await waiting).state is SaleState.COMPLETED
+        finally:
+            await platform.stop()
+    assert chip.relays[25] is False  # a stopped agent takes no cards
+
+
+def test_the_lamp_cannot_share_a_line_with_a_button() -> None:
+    with pytest.raises(vol.Invalid, match="available_output line 22 is also used by buttons"):
+        PLATFORM_SCHEMA({"platform": "gpio", "buttons": BUTTONS, "available_output": 22})

@@ -5,14 +5,22 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
 
 import pytest
 
+from kiosk_agent.cli.sim import settings_from_ready
+from kiosk_agent.core.agent import Agent
 from kiosk_agent.core.sale import DispenseStatus, SaleState
+from kiosk_agent.platforms import mdb_protocol as wire
 from kiosk_agent.platforms.mdb import PLATFORM_SCHEMA, Mode
-from kiosk_agent.platforms.virtual import VirtualController, VisitOutcome
+from kiosk_agent.platforms.virtual import Status, VirtualController, VisitOutcome
 
-from ..helpers import until
+from ..helpers import sim_call, until
+from .agent_rig import running_agent
 from .vending_rig import CardDesk, Machine, make_machine
 
 
@@ -282,3 +290,180 @@ async def test_card_first_customer_leaves_when_no_session_comes(
     visit = await controller.card_first_customer("A1", wait=0.05)  # no agent connected at all
     assert visit.outcome is VisitOutcome.WALKED_AWAY
     assert visit.funds_cents is None
+
+
+# -- out of service, gracefully (the real agent and simulator) ------------------------------------
+
+# Checks every second; out of service after 0.2 s of failing checks, re-checked every 0.1 s.
+QUICK_HEALTH = {"health": {"ping_interval": 1, "hold_off": 0.2, "recheck_interval": 0.1}}
+
+
+def _mdb_trigger(controller: VirtualController, **extra: Any) -> dict[str, Any]:
+    return {"platform": "mdb", "name": "front", "port": controller.port, "vend_timeout": 5,
+            **extra}
+
+
+def _sales_started(agent: Agent) -> int:
+    return len(list(agent.journal))
+
+
+@contextlib.asynccontextmanager
+async def _serving(
+    tmp_path: Path, settings: Any, controller: VirtualController, **health: Any
+) -> AsyncIterator[Agent]:
+    """The real agent with an mdb trigger on the machine, quick checks; the reader enabled."""
+    sections = {"health": {**QUICK_HEALTH["health"], **health}}
+    async with running_agent(
+        tmp_path, settings, [_mdb_trigger(controller)], sections=sections
+    ) as agent:
+        await asyncio.wait_for(controller.wait_enabled(), 5)
+        yield agent
+
+
+async def test_the_reader_steps_aside_while_the_terminal_is_offline(
+    tmp_path: Path, sim: Any, sim_settings: Any, controller: VirtualController
+) -> None:
+    async with _serving(tmp_path, sim_settings, controller) as agent:
+        [platform] = agent.platforms
+        assert (await controller.customer("A2")).outcome is VisitOutcome.VENDED
+
+        await sim_call(sim, "POST", "/sim/terminals/SIM-0001/offline")
+        # the ping interval is 1 s: within it (and the hold-off) the reader leaves the bus
+        await until(lambda: controller.status is Status.INACTIVE, timeout=3)
+        assert controller.received[-1] == "C,0"
+        state = agent.availability.state("front")
+        assert (state.available, state.reason) == (False, "terminal offline")
+        assert platform.status()["reader"] == "disabled"
+        snapshot = agent.health.snapshot()
+        assert "card payment unavailable on SIM-0001: terminal offline" in snapshot.problems
+        [shown] = snapshot.availability
+        assert (shown.available, shown.changes) == (False, 1)
+
+        # The machine sells for cash now: a customer at it gets no card sale started.
+        started = _sales_started(agent)
+        waiting = asyncio.create_task(controller.customer("A1"))
+        await asyncio.sleep(0.3)
+        assert not waiting.done()
+        assert _sales_started(agent) == started
+
+        back = time.monotonic()
+        await sim_call(sim, "POST", "/sim/terminals/SIM-0001/online")
+        visit = await asyncio.wait_for(waiting, 5)  # served once the reader is back
+        assert time.monotonic() - back < 2.0
+        assert visit.outcome is VisitOutcome.VENDED
+        assert agent.availability.state("front").available
+        assert [e.kind for e in agent.event_log.recent()] == ["in_service", "out_of_service"]
+        assert agent.event_log.recent()[1].detail == {"reason": "terminal offline"}
+
+
+async def test_a_sale_in_progress_ends_before_the_reader_steps_aside(
+    tmp_path: Path, sim: Any, controller: VirtualController
+) -> None:
+    # few, quick retries: the unreachable service is noticed within a second or so
+    settings = settings_from_ready(sim.ready_info(), max_retries=1, backoff_base=0.05)
+    controller.options.dispense_time = 1.5  # a slow machine: the outage starts mid-vend
+    async with _serving(tmp_path, settings, controller) as agent:
+        customer = asyncio.create_task(controller.customer("A2"))
+        await until(lambda: "C,VEND,2.50" in controller.received)
+        # the terminal list stops answering (the sale's own calls still work)
+        await sim_call(sim, "POST", "/sim/faults",
+                   {"path": "/api/terminal", "method": "GET", "fault": "unavailable",
+                    "count": 1000})
+        await until(lambda: not agent.availability.state().available, timeout=5)
+        assert agent.availability.state().reason.startswith("service unreachable")
+        assert not customer.done()  # the vend goes on: the reader has not left the bus
+        assert "C,0" not in controller.received[controller.received.index("C,VEND,2.50"):]
+
+        visit = await asyncio.wait_for(customer, 5)
+        assert visit.outcome is VisitOutcome.VENDED
+        # the sale ended: the reader steps aside after it, and its capture went through
+        await until(lambda: controller.status is Status.INACTIVE)
+        [record] = [r for r in agent.journal if r.product == "A2"]
+        await until(lambda: agent.journal.get(record.sale_id).state is SaleState.COMPLETED)
+
+        await sim_call(sim, "DELETE", "/sim/faults")
+        await asyncio.wait_for(controller.wait_enabled(), 3)
+
+
+async def test_an_unwritable_journal_takes_the_reader_off_the_bus(
+    tmp_path: Path, sim_settings: Any, controller: VirtualController
+) -> None:
+    async with _serving(tmp_path, sim_settings, controller) as agent:
+        agent.journal.db.execute("PRAGMA query_only = ON")  # every write now fails
+        await until(lambda: controller.status is Status.INACTIVE, timeout=3)
+        reason = agent.availability.state().reason
+        assert reason.startswith("journal not writable:")
+        assert agent.health.snapshot().journal.writable is False
+        assert agent.event_log.unwritten == 1  # the event itself waits for a writable journal
+
+        agent.journal.db.execute("PRAGMA query_only = OFF")
+        await asyncio.wait_for(controller.wait_enabled(), 3)
+        kinds = [(e.kind, e.id is not None) for e in agent.event_log.recent()]
+        assert kinds == [("in_service", True), ("out_of_service", True)]
+
+
+async def test_a_key_that_cannot_be_refreshed_starts_out_of_service(
+    tmp_path: Path, sim: Any, controller: VirtualController
+) -> None:
+    info = {**sim.ready_info(), "api_key": "revoked-key", "refresh_token": None}
+    settings = settings_from_ready(info)
+    async with running_agent(
+        tmp_path, settings, [_mdb_trigger(controller)], sections=QUICK_HEALTH
+    ) as agent:
+        await until(lambda: "API key" in agent.availability.state().reason, timeout=5)
+        await until(lambda: controller.status is Status.INACTIVE)
+        assert "C,1" not in controller.received  # never joined the bus
+        assert any(p.startswith("API key refused") for p in agent.health.snapshot().problems)
+
+
+async def test_a_service_that_never_answers_is_out_of_service_too(
+    tmp_path: Path, sim: Any, controller: VirtualController
+) -> None:
+    settings = settings_from_ready(sim.ready_info(), max_retries=0)
+    async with _serving(tmp_path, settings, controller, ping_timeout=0.5) as agent:
+        # every terminal list now hangs 3 s, six times the check timeout
+        await sim_call(sim, "POST", "/sim/faults", {"path": "/api/terminal", "method": "GET",
+                                                  "fault": "delay", "delay_s": 3, "count": 1000})
+        await until(lambda: controller.status is Status.INACTIVE, timeout=5)
+        assert agent.availability.state().reason == "service unreachable: timed out"
+        await sim_call(sim, "DELETE", "/sim/faults")
+        await asyncio.wait_for(controller.wait_enabled(), 3)
+
+
+async def test_a_controller_that_keeps_asking_while_out_of_service_starts_no_sale(
+    tmp_path: Path, sim: Any, sim_settings: Any, controller: VirtualController
+) -> None:
+    async with _serving(tmp_path, sim_settings, controller) as agent:
+        [platform] = agent.platforms
+        await sim_call(sim, "POST", "/sim/terminals/SIM-0001/offline")
+        await until(lambda: controller.status is Status.INACTIVE, timeout=3)
+        # a controller that did not hear C,0 (or ignores it) floods vend requests
+        for _ in range(50):
+            controller.send(wire.vend_request_line(150, "A1"))
+        await until(lambda: platform.status()["denied_out_of_service"] == 50)
+        await until(lambda: controller.received.count("C,STOP") == 50)
+        assert list(agent.journal) == []
+        await sim_call(sim, "POST", "/sim/terminals/SIM-0001/online")
+        await asyncio.wait_for(controller.wait_enabled(), 3)
+
+
+async def test_card_first_opens_no_sale_while_out_of_service(
+    tmp_path: Path, sim: Any, sim_settings: Any, controller: VirtualController
+) -> None:
+    # nobody chooses: an open session ends after 0.5 s (the simulator presents a card at once)
+    trigger = _mdb_trigger(controller, mode="card_first", max_funds="5.00",
+                           flow="authorize_capture", session_timeout=0.5)
+    async with running_agent(tmp_path, sim_settings, [trigger], sections=QUICK_HEALTH) as agent:
+        await until(lambda: len(list(agent.journal)) == 1)  # a sale waits for a card
+        await sim_call(sim, "POST", "/sim/terminals/SIM-0001/offline")
+        # that sale ends (the read fails with the terminal, or the open session times out, never
+        # cut short), then the reader steps aside
+        await until(lambda: controller.status is Status.INACTIVE, timeout=5)
+        await until(lambda: agent.journal.open_sales() == [])
+        went_out = agent.event_log.recent(1)[0].at
+        await asyncio.sleep(0.5)
+        assert [r for r in agent.journal if r.created_at >= went_out] == []
+
+        await sim_call(sim, "POST", "/sim/terminals/SIM-0001/online")
+        visit = await controller.card_first_customer("A1", wait=5)
+        assert visit.outcome is VisitOutcome.VENDED

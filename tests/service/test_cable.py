@@ -1,5 +1,5 @@
 """InteractionHandle.wait(): the ActionCable WebSocket first, reconnecting when it drops, and
-polling when it is refused or told not to come back; the status endpoint has the final word."""
+polling when it is refused or told not to come back."""
 
 from __future__ import annotations
 
@@ -41,7 +41,7 @@ async def test_wait_follows_the_websocket(service: ServiceClient) -> None:
     assert interaction.status is InteractionStatus.SUCCEEDED
     assert handle.via == "websocket"
     assert handle.socket_connects == 1
-    assert handle.polls == 1  # the status endpoint confirmed the socket's word
+    assert handle.polls == 0  # the socket's record is the answer: no GET to confirm it
 
 
 async def test_socket_dropped_mid_wait_reconnects(sim_factory: Any) -> None:
@@ -104,3 +104,47 @@ async def test_wait_timeout_leaves_the_interaction_running(sim_factory: Any) -> 
         with pytest.raises(TimeoutError, match=handle.interaction_id):
             await handle.wait(timeout=0.1)
         assert (await handle.wait(timeout=10)).status is InteractionStatus.SUCCEEDED
+
+
+async def sim_call(service: ServiceClient, method: str, path: str, body: Any = None) -> Any:
+    url = f"{service.transport.settings.base_url}{path}"
+    async with service.transport.session.request(method, url, json=body) as resp:
+        assert resp.status == 200, await resp.text()
+        return await resp.json()
+
+
+async def test_a_charge_card_costs_three_requests(service: ServiceClient) -> None:
+    before = (await sim_call(service, "GET", "/sim/stats"))["requests"]
+    handle = await service.terminal.charge_card(READER, 1000)
+    await handle.wait(timeout=10)
+    after = (await sim_call(service, "GET", "/sim/stats"))["requests"]
+    assert after - before == 3  # the start, a WebSocket token, the socket itself
+
+
+async def test_a_socket_dropped_after_each_confirmation_still_ends_the_wait(
+    sim_factory: Any,
+) -> None:
+    sim = await sim_factory(time_scale=3)  # the card comes after 0.5 real seconds
+    settings = settings_from_ready(sim.ready_info(), poll_interval=0.05)
+    async with ServiceClient(settings) as service:
+        armed = await sim_call(
+            service, "POST", "/sim/faults", {"fault": "ws_drop_after_confirm", "share": 1}
+        )
+        handle = await service.terminal.charge_card(READER, 1000)
+        interaction = await handle.wait(timeout=10)
+        dropped = await sim_call(service, "DELETE", f"/sim/faults/{armed['id']}")
+    assert interaction.status is InteractionStatus.SUCCEEDED
+    assert handle.via == "polling"
+    # two sockets that confirmed and closed with no record: the rest of the wait polls
+    assert handle.socket_connects == handle.empty_sessions == dropped["hits"] == 2
+
+
+async def test_a_socket_dropped_once_after_confirming_is_reconnected(sim_factory: Any) -> None:
+    sim = await sim_factory(time_scale=3)  # the card comes after 0.5 real seconds
+    async with ServiceClient(settings_from_ready(sim.ready_info())) as service:
+        await sim_call(service, "POST", "/sim/faults", {"fault": "ws_drop_after_confirm"})
+        handle = await service.terminal.charge_card(READER, 1000)
+        interaction = await handle.wait(timeout=10)
+    assert interaction.status is InteractionStatus.SUCCEEDED
+    assert (handle.empty_sessions, handle.socket_connects) == (1, 2)
+    assert handle.via == "websocket"

@@ -12,6 +12,7 @@ from typing import Any
 
 from kiosk_agent.service.client import ServiceClient, ServiceSettings
 from kiosk_agent.service.ratelimit import RateLimiter, credential_fingerprint
+from tests.helpers import until
 
 
 async def test_burst_passes_at_once_then_the_rate_holds() -> None:
@@ -95,3 +96,119 @@ async def test_a_rotated_key_keeps_its_limiter(sim_settings: ServiceSettings) ->
             sim_settings.replace(api_key=rotated.api_key, refresh_token=rotated.refresh_token)
         )
         assert later.transport.limiter is first.transport.limiter
+
+
+# -- what a 429 costs, against the simulator over HTTP -------------------------------------------
+
+
+async def arm(service: ServiceClient, sim_base: str, **fault: Any) -> None:
+    async with service.transport.session.post(f"{sim_base}/sim/faults", json=fault) as resp:
+        assert resp.status == 200, await resp.text()
+
+
+async def set_sim_rate(service: ServiceClient, sim_base: str, requests: float) -> None:
+    body = {"requests": requests, "per_s": 1}
+    async with service.transport.session.post(f"{sim_base}/sim/rate-limit", json=body) as resp:
+        assert resp.status == 200, await resp.text()
+
+
+async def test_an_isolated_429_costs_its_retry_after_once_and_only_to_its_caller(
+    sim_settings: ServiceSettings,
+) -> None:
+    base = sim_settings.base_url
+    async with ServiceClient(sim_settings) as agent, ServiceClient(sim_settings) as admin:
+        limiter = agent.transport.limiter
+        for _ in range(4):  # a 429 now and then, answers between them
+            await arm(agent, base, path="/api/terminal", method="GET", fault="rate_limited",
+                      retry_after_s=0.4)  # fmt: skip
+            started = time.monotonic()
+            listing = asyncio.ensure_future(agent.terminal.list())
+            await asyncio.sleep(0.05)  # the 429 has been heard; the admin's call is not held
+            await admin.terminal.ping("SIM-0002")
+            assert time.monotonic() - started < 0.3
+            assert len(await listing) == 8
+            assert 0.4 <= time.monotonic() - started < 0.9  # its Retry-After, once
+            assert limiter.rate == limiter.max_rate  # the rate is not lowered
+        assert (agent.transport.rate_limited_count, limiter.storms) == (4, 0)
+
+
+async def test_a_sustained_storm_holds_everyone_and_lowers_the_rate_then_it_comes_back(
+    sim_settings: ServiceSettings,
+) -> None:
+    # The client believes in 100/s; the service allows 5/s (bursts of 10).
+    settings = sim_settings.replace(rate_limit=100, rate_burst=20)
+    async with ServiceClient(settings) as service:
+        limiter = service.transport.limiter
+        await set_sim_rate(service, settings.base_url, 5)
+        lowest = limiter.rate
+
+        async def watch() -> None:
+            nonlocal lowest
+            while True:
+                lowest = min(lowest, limiter.rate)
+                await asyncio.sleep(0.01)
+
+        watcher = asyncio.ensure_future(watch())
+        answers = await asyncio.gather(*(service.terminal.ping("SIM-0001") for _ in range(20)))
+        watcher.cancel()
+        assert all(answer.online for answer in answers)  # every call got through in the end
+        assert limiter.storms >= 1
+        assert service.transport.rate_limited_count >= 3
+        assert lowest <= limiter.max_rate / 2
+        # The 429s stop: the full rate is back within seconds, by itself.
+        await set_sim_rate(service, settings.base_url, 1000)
+        stopped = time.monotonic()
+        await until(lambda: limiter.rate == limiter.max_rate, timeout=6)
+        assert time.monotonic() - stopped < 5
+        heard = service.transport.rate_limited_count
+        started = time.monotonic()
+        await asyncio.gather(*(service.terminal.ping("SIM-0001") for _ in range(40)))
+        assert time.monotonic() - started < 1.0  # 20 in a burst, then 100/s
+        assert service.transport.rate_limited_count == heard
+
+
+async def test_a_429_on_each_first_poll_leaves_the_rate_alone(
+    sim_settings: ServiceSettings,
+) -> None:
+    # The case: 8 charge-cards in a row, each interaction's first status GET a 429.
+    settings = sim_settings.replace(websocket=False, poll_interval=0.02)
+    async with ServiceClient(settings) as service:
+        await arm(service, settings.base_url, fault="first_poll_rate_limited", retry_after_s=0.2)
+        limiter = service.transport.limiter
+        waits = []
+        for _ in range(8):
+            handle = await service.terminal.charge_card("SIM-0004", 300)
+            started = time.monotonic()
+            interaction = await handle.wait(timeout=10)
+            waits.append(time.monotonic() - started)
+            assert interaction.status == "succeeded"
+        assert service.transport.rate_limited_count == 8
+        assert (limiter.storms, limiter.rate) == (0, limiter.max_rate)
+        assert max(waits) < 0.2 + 0.5  # one Retry-After each, never growing
+
+
+def test_interleaved_429s_that_are_most_answers_are_a_storm_too() -> None:
+    now = [0.0]
+    limiter = RateLimiter(rate=20, burst=40, clock=lambda: now[0])
+    for _ in range(2):  # 429, answer, 429, answer: never 3 in a row, half of all answers
+        assert not limiter.refused(1.0)
+        limiter.succeeded()
+        now[0] += 0.1
+    assert limiter.refused(1.0)  # the third 429 within 2 s, half the answers: a storm
+    assert limiter.storms == 1
+    assert limiter.paused_for == 1.0
+    now[0] += 1.0  # the pause is over: the rate is halved, then climbs back
+    assert limiter.rate == 10
+    now[0] += 1.0
+    assert limiter.rate == 20
+
+
+def test_a_429_now_and_then_among_many_answers_is_not_a_storm() -> None:
+    now = [0.0]
+    limiter = RateLimiter(rate=20, burst=40, clock=lambda: now[0])
+    for _ in range(10):  # one 429 in every five answers, for 5 s
+        assert not limiter.refused(1.0)
+        for _ in range(4):
+            limiter.succeeded()
+        now[0] += 0.5
+    assert (limiter.storms, limiter.rate) == (0, 20)

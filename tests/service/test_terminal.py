@@ -3,6 +3,7 @@ outcome is chosen by the amount's cents (..01 retry, ..02 declined, ..05 no card
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import pytest
@@ -10,6 +11,7 @@ import pytest
 from kiosk_agent.service.client import ServiceClient
 from kiosk_agent.service.errors import BadRequestError, ConflictError, NotFoundError
 from kiosk_agent.service.models import ChargeRequest, ChargeResultCode, InteractionStatus
+from kiosk_agent.service.terminal import CLOCK_BASELINE_S
 
 READER = "SIM-0001"  # captures signatures, does not print
 PRINTER = "SIM-0007"  # prints, does not capture signatures
@@ -125,3 +127,37 @@ async def test_print_receipt_only_where_the_terminal_prints(service: ServiceClie
 async def test_amounts_are_integer_cents(service: ServiceClient) -> None:
     with pytest.raises(TypeError):
         await service.terminal.read_card(READER, 12.5)  # type: ignore[arg-type]
+
+
+async def test_the_services_clock_and_lifetime_are_learned_and_a_mismatch_warned_once(
+    service: ServiceClient, sim: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    # The fixture's simulator runs 50 times faster: records say 180 s, which is 3.6 real seconds.
+    lifetime = sim.ready_info()["interaction_lifetime_s"]
+    service.terminal.expected_lifetime = 180.0  # planned for the real service
+    await (await service.terminal.charge_card("SIM-0001", 300)).wait(timeout=10)
+    assert service.terminal.clock_rate is None  # one interaction cannot tell a clock's rate
+    await asyncio.sleep(CLOCK_BASELINE_S)
+    for device in ("SIM-0002", "SIM-0003"):
+        await (await service.terminal.charge_card(device, 300)).wait(timeout=10)
+    assert service.terminal.clock_rate == pytest.approx(50, rel=0.1)
+    assert service.terminal.lifetime_seen == pytest.approx(lifetime, rel=0.1)
+    warnings = [r.getMessage() for r in caplog.records if "interaction_lifetime" in r.getMessage()]
+    assert len(warnings) == 1
+    assert "but 180 s is expected" in warnings[0]
+    caplog.clear()
+    service.terminal.expected_lifetime = lifetime  # as the READY line says: no warning
+    await (await service.terminal.charge_card("SIM-0004", 300)).wait(timeout=10)
+    assert not [r for r in caplog.records if "interaction_lifetime" in r.getMessage()]
+
+
+async def test_a_real_time_service_keeps_its_lifetime(sim_factory: Any) -> None:
+    from kiosk_agent.cli.sim import settings_from_ready
+
+    sim = await sim_factory(time_scale=1)
+    async with ServiceClient(settings_from_ready(sim.ready_info())) as service:
+        service.terminal.expected_lifetime = 180.0
+        for device in ("SIM-0001", "SIM-0002"):
+            await (await service.terminal.charge_card(device, 300)).wait(timeout=10)
+            await asyncio.sleep(CLOCK_BASELINE_S / 2 + 0.1)
+        assert (service.terminal.clock_rate, service.terminal.lifetime_seen) == (1.0, 180.0)

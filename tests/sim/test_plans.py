@@ -19,6 +19,7 @@ async def make_plan(api: Api, rule: str, name: str = "gold", amount: str = "12.5
         P,
         {
             "name": name,
+            "mid": "999000000001",
             "description": "monthly box",
             "payment_account_uuid": account["uuid"],
             "amount": amount,
@@ -86,12 +87,15 @@ async def test_due_payments_are_charged_on_virtual_time(sim_factory: Any, http: 
         ({"amount": "-1.00"}, "amount"),
         ({"payment_account_uuid": "nope"}, "vault payment account"),
         ({"name": None}, "name"),
+        ({"mid": None}, "'mid'"),
+        ({"mid": ""}, "'mid'"),
     ],
 )
 async def test_bad_plans_are_400(api: Api, changes: dict[str, Any], named: str) -> None:
     _, account = await api.post(V, ACCOUNT)
     body = {
         "name": "x",
+        "mid": "999000000001",
         "description": "d",
         "payment_account_uuid": account["uuid"],
         "amount": "1.00",
@@ -110,6 +114,7 @@ async def test_duplicate_name_and_unknown_plan(api: Api) -> None:
         P,
         {
             "name": "dup",
+            "mid": "999000000001",
             "description": "d",
             "payment_account_uuid": account["uuid"],
             "amount": "1.00",

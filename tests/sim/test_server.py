@@ -26,6 +26,8 @@ async def test_ready_info_names_addresses_and_seeded_credentials(sim: SimServer)
     assert info["mid"] == "999000000001"
     assert info["isv_mids"] == ["999000000001", "999000000002"]
     assert (info["client_id"], info["client_secret"]) == ("sim_client", "sim_secret")
+    # the sim fixture runs 50 times faster: interactions live 180 / 50 real seconds
+    assert (info["time_scale"], info["interaction_lifetime_s"]) == (50, 3.6)
 
 
 async def test_unknown_path_is_a_json_404(sim: SimServer) -> None:
