@@ -19,7 +19,12 @@ plain one, and the requests a sale made (the simulator's count). After condition
 deleted and each machine sells ten more times: the tenth is compared with plain.
 
 Then the service becomes a black hole (every call accepted, never answered): the time for
-``kiosk-agent terminals`` (its own process, default timeout) and for one sale to end.
+``kiosk-agent terminals`` (its own process, default timeout) and for one sale to end. Last, only
+the money calls meet a black hole, at once on both terminals: the authorization (``POST
+/api/v1/charge``, an authorize_capture on SIM-0001) and the charge-card start (charge_card on
+SIM-0002). Each sale's end is timed from the journaled step that sent the call and printed next
+to its documented bound (``SaleSettings.silence_bound``: 2T + M, + 1.1 L for a charge-card; the
+table in docs/architecture.md), with whether reporting shows money held for it.
 
 The last line is one JSON object with every figure.
 """
@@ -44,8 +49,9 @@ from kiosk_agent.app import build_agent
 from kiosk_agent.cli.sim import parse_ready, settings_from_ready
 from kiosk_agent.core.agent import Agent
 from kiosk_agent.core.config import load_config
-from kiosk_agent.core.sale import SaleEvent
+from kiosk_agent.core.sale import DispenseOutcome, DispenseStatus, Flow, SaleEvent, SaleRequest
 from kiosk_agent.platforms.virtual import ControllerOptions, VirtualController
+from kiosk_agent.service.models import TransactionFilter, TransStatus
 from kiosk_agent.service.settings import ServiceSettings
 
 PRODUCTS = {"A1": 150, "A2": 250, "B1": 325}
@@ -56,6 +62,12 @@ FIRST_POLL = {"fault": "first_poll_rate_limited", "retry_after_s": RETRY_AFTER_S
 LATENCY = {"path": "/*", "method": "*", "fault": "latency", "delay_s": LATENCY_S}
 WS_DROP = {"fault": "ws_drop_after_confirm", "share": 1}
 BLACK_HOLE = {"path": "/*", "method": "*", "fault": "black_hole", "share": 1}
+# Only the money call of each flow meets a black hole: (terminal, flow, the sending step, fault).
+MONEY_BLACK_HOLES = (
+    ("SIM-0001", Flow.AUTHORIZE_CAPTURE, "authorize.request", "/api/v1/charge"),
+    ("SIM-0002", Flow.CHARGE_CARD, "charge_card.request", "/api/terminal/SIM-0002/charge-card"),
+)
+HELD = frozenset({TransStatus.AUTHORIZED, TransStatus.CAPTURED, TransStatus.SETTLED})
 CONDITIONS: dict[str, list[dict[str, Any]]] = {
     "plain": [],
     "first_poll_429": [FIRST_POLL],
@@ -255,6 +267,64 @@ async def terminals_against_black_hole(sim: Sim) -> float:
     return round(took, 2)
 
 
+class Machine:
+    """A machine for a sale started directly: it vends whatever it is allowed, and says no."""
+
+    def __init__(self) -> None:
+        self.vended = 0
+        self.denied: list[str] = []
+
+    async def dispense(self, authorized_cents: int) -> DispenseOutcome:
+        self.vended += 1
+        return DispenseOutcome(DispenseStatus.VENDED, vended_cents=authorized_cents)
+
+    async def deny(self, reason: str) -> None:
+        self.denied.append(reason)
+
+
+async def money_calls_against_black_hole(rig: Rig, sim: Sim) -> dict[str, Any]:
+    """An authorization and a charge-card start meet a black hole, both at once."""
+    agent = rig.agent
+    assert agent is not None
+    await sim.faults([{"path": path, "fault": "black_hole"} for *_, path in MONEY_BLACK_HOLES])
+
+    async def one(device: str, flow: Flow, sending: str) -> dict[str, Any]:
+        machine = Machine()
+        request = SaleRequest(source="bench", flow=flow, amount_cents=150, terminal=device)
+        sale = await agent.sales.start(request, machine)
+        event = await sale.result()
+        record = agent.journal.get(sale.sale_id)
+        assert record is not None
+        assert record.finished_at is not None
+        [sent] = [s.at for s in agent.journal.steps(sale.sale_id) if s.step == sending]
+        rows = [t async for t in agent.service.reporting.transactions(
+            TransactionFilter(order_id=sale.order_id))]  # fmt: skip
+        name = "authorization" if flow is Flow.AUTHORIZE_CAPTURE else "charge_card_start"
+        return {
+            f"black_hole_{name}_end_s": round(record.finished_at - sent, 2),
+            f"black_hole_{name}_bound_s": round(agent.settings.silence_bound(flow), 2),
+            f"black_hole_{name}_state": f"{event.state.value} {event.step}",
+            f"black_hole_{name}_held_rows": sum(1 for row in rows if row.status in HELD),
+            f"black_hole_{name}_vended": machine.vended,
+            f"black_hole_{name}_denied": len(machine.denied),
+        }
+
+    results = await asyncio.gather(*(one(d, f, step) for d, f, step, _ in MONEY_BLACK_HOLES))
+    await sim.faults([])
+    figures = {key: value for result in results for key, value in result.items()}
+    figures["answer_margin_s"] = agent.settings.answer_margin
+    figures["interaction_lifetime_s"] = round(agent.settings.interaction_lifetime, 3)
+    for name in ("authorization", "charge_card_start"):
+        print(
+            f"  black hole at the {name.replace('_', ' ')}: ended "
+            f"{figures[f'black_hole_{name}_end_s']} s after the send, bound "
+            f"{figures[f'black_hole_{name}_bound_s']} s ({figures[f'black_hole_{name}_state']}; "
+            f"held rows {figures[f'black_hole_{name}_held_rows']}, vended "
+            f"{figures[f'black_hole_{name}_vended']})"
+        )
+    return figures
+
+
 async def main(args: argparse.Namespace) -> dict[str, Any]:
     figures: dict[str, Any] = {}
     sim = Sim(args.time_scale)
@@ -279,6 +349,7 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
                 figures["black_hole_sale_s"] = round(time.monotonic() - started, 2)
                 figures["black_hole_sale_ends"] = sorted({e.step for _, e in ended})
                 await sim.faults([])
+                figures |= await money_calls_against_black_hole(rig, sim)
             finally:
                 await rig.stop()
     finally:
@@ -314,6 +385,11 @@ def verdicts(figures: dict[str, Any]) -> None:
          figures["cli_timeout_s"] + 1),
         ("black hole: a sale ends <= timeout + 1 s (read-card start)",
          figures["black_hole_sale_s"], timeout + 1),
+        ("black hole at the authorization: ends <= 2T + M",
+         figures["black_hole_authorization_end_s"], figures["black_hole_authorization_bound_s"]),
+        ("black hole at the charge-card start: ends <= 2T + M + 1.1 L",
+         figures["black_hole_charge_card_start_end_s"],
+         figures["black_hole_charge_card_start_bound_s"]),
     ]  # fmt: skip
     print()
     for name in CONDITIONS:

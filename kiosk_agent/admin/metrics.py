@@ -113,6 +113,17 @@ def write_health(writer: MetricsWriter, snapshot: HealthSnapshot) -> None:
         "When the terminal last answered a ping (Unix time).",
         [({"device_id": t.device_id}, t.last_ping_at) for t in terminals if t.last_ping_at],
     )
+    availability = snapshot.availability
+    writer.gauge(
+        "card_payment_available",
+        "1 when the terminal can take cards now; 0 while it is out of service.",
+        [({"terminal": a.device_id}, int(a.available)) for a in availability],
+    )
+    writer.counter(
+        "out_of_service_changes",
+        "Times the terminal went out of service since the agent started.",
+        [({"terminal": a.device_id}, a.changes) for a in availability],
+    )
     writer.gauge(
         "link_up",
         "1 when the serial link is in a healthy state.",

@@ -124,6 +124,7 @@ class AttentionSweeper:
         return await self._with_trans_id(steps, record.trans_id, retries_left > 0)
 
     async def _no_trans_id(self, steps: SaleSteps, may_move_money: bool) -> SaleEvent | None:
+        asked_at = time.time()  # "no charge" counts only from a lookup sent after the deadline
         lookup = await steps.reconciler.find_charge(steps.record.all_order_ids())
         if lookup.unknown or not self._still_attention(steps):
             return None
@@ -135,7 +136,7 @@ class AttentionSweeper:
             return await steps.reverse("a charge found later in reporting, not vended")
         if lookup.reversed:
             return steps.finish(SaleState.REVERSED, "attention.done", "already given back")
-        if time.time() < steps.answer_deadline():
+        if asked_at < steps.answer_deadline():
             return None  # the service may still answer the money call
         return steps.finish(
             SaleState.FAILED, "attention.done", "no charge was made (checked in reporting later)"

@@ -257,6 +257,19 @@ class Availability:
             _LOGGER.exception("availability listener failed (%d so far)", self.listener_errors)
 
 
+_SHORT_MAX = 52  # the longest head: "API key expired or refused and cannot be refreshed"
+
+
+def short_reason(reason: str) -> str:
+    """Why not, short enough for a device's display line: ``out of service: terminal offline``.
+
+    The first reason's head, without its detail (an exception's text may be long or hold any
+    character); printable ASCII only, at most 52 characters after the prefix."""
+    head = reason.split(";", 1)[0].split(":", 1)[0].strip()
+    head = "".join(c for c in head if " " <= c <= "~")[:_SHORT_MAX].strip()
+    return f"out of service: {head}" if head else "out of service"
+
+
 def _with(what: str, detail: str) -> str:
     return f"{what}: {detail}" if detail else what
 

@@ -124,7 +124,12 @@ def check_config(report: Report, path: Path) -> Config | None:
 
 
 def check_serial_ports(report: Report, config: Config) -> None:
-    ports = [(t.get("name") or t["platform"], t["port"]) for t in config.triggers if t.get("port")]
+    # A serial platform's port is a device path (str); a kiosk_api port is an HTTP port (int).
+    ports = [
+        (t.get("name") or t["platform"], t["port"])
+        for t in config.triggers
+        if isinstance(t.get("port"), str) and t["port"]
+    ]
     if not ports:
         report.add("serial ports", Verdict.SKIP, "no trigger uses a serial port")
         return

@@ -131,6 +131,16 @@ class SaleSettings:
             window += self.interaction_lifetime * 1.1
         return window
 
+    def silence_bound(self, flow: str) -> float:
+        """Seconds from sending a money call into a silent service until the sale has ended.
+
+        The call's answer window (:meth:`answer_window`), then one last reporting lookup, which
+        the service client gives up on after ``request_timeout`` (the service timeout T):
+        2T + M, plus 1.1 x the interaction lifetime for a charge-card. docs/architecture.md
+        has the table.
+        """
+        return self.answer_window(flow) + self.request_timeout
+
     def answer_by(self, flow: str, sent: float | None = None) -> float:
         """The deadline of a money call sent at ``sent`` (Unix time; default now)."""
         return (time.time() if sent is None else sent) + self.answer_window(flow)
@@ -248,15 +258,17 @@ class SaleSteps:
         The machine is told not to vend first: whatever reporting says, nothing is dispensed on
         an unconfirmed payment. Then reporting is asked by order_id until the money call's
         deadline (``answer_by``, written when it was sent): a charge found is given back; "no
-        charge" is believed only once the service can no longer make one. Meanwhile the sale is
-        UNRESOLVED. Steps are named ``<kind>.waiting|unknown|found|reversed|none``; when reporting
-        cannot say after the deadline, a person decides (ATTENTION; the attention sweeper keeps
-        looking), nothing is guessed.
+        charge" is believed only from a lookup sent once the service can no longer make one.
+        Meanwhile the sale is UNRESOLVED. Steps are named
+        ``<kind>.waiting|unknown|found|reversed|none``; when reporting cannot say after the
+        deadline, a person decides (ATTENTION; the attention sweeper keeps looking), nothing is
+        guessed.
         """
         await self._deny("payment could not be confirmed")
         deadline = self.answer_deadline()
         pause = self.settings.lookup_pause(self.record.flow)
         while True:
+            asked = time.time()  # reporting may answer what it knew when asked, not later
             lookup = await self.reconciler.find_charge(self.record.all_order_ids())
             if lookup.approved:
                 self.charge_found(f"{kind}.found", lookup.trans_id, lookup.amount_cents)
@@ -264,13 +276,15 @@ class SaleSteps:
             if lookup.reversed:
                 given_back = f"{why}; already given back"
                 return await self._fail(SaleState.REVERSED, f"{kind}.reversed", given_back)
-            if time.time() >= deadline:
-                if lookup.unknown:
-                    return self.finish(
-                        SaleState.ATTENTION,
-                        f"{kind}.unknown",
-                        f"{why}; reporting cannot say whether money was taken",
-                    )
+            if lookup.unknown and time.time() >= deadline:
+                return self.finish(
+                    SaleState.ATTENTION,
+                    f"{kind}.unknown",
+                    f"{why}; reporting cannot say whether money was taken",
+                )
+            if not lookup.unknown and asked >= deadline:
+                # "no charge" counts only from a lookup sent after the deadline: a slow answer
+                # to an earlier one may predate a charge the service made before the deadline
                 return await self._fail(
                     SaleState.FAILED, f"{kind}.none", f"{why}; no charge was made"
                 )

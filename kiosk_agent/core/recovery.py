@@ -247,7 +247,8 @@ class Recovery:
         return steps.finish(
             SaleState.ATTENTION,
             "recovery.undecided",
-            "dispensed, but the authorization is neither capturable nor captured",
+            "dispensed, but reporting shows the authorization neither open nor captured "
+            "(unreachable, or not there yet); the attention sweeper looks again",
         )
 
     async def _reversing(self, steps: SaleSteps) -> SaleEvent:

@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import datetime as dt
+import ipaddress
 import json
 import logging
 import socket
@@ -28,6 +29,7 @@ import time
 from collections import deque
 from dataclasses import dataclass
 from typing import Any, Protocol
+from urllib.parse import urlsplit
 
 import aiohttp
 import aiomqtt
@@ -46,13 +48,50 @@ OFFLINE = "offline"
 
 _seconds = vol.All(vol.Coerce(float), vol.Range(min=0.05, max=86400.0))
 
-HTTP_SCHEMA = vol.Schema(
-    {
-        vol.Required("url"): vol.All(str, vol.Match(r"^https?://", msg="expected an http(s) URL")),
-        # Sent as a bearer token; use !secret. Never logged.
-        vol.Optional("token"): str,
-        vol.Optional("timeout", default=10.0): _seconds,
-    }
+
+
+def is_loopback_url(url: str) -> bool:
+    """Whether ``url`` names this machine (127.0.0.0/8, ::1, localhost): nothing leaves it."""
+    host = (urlsplit(url).hostname or "").rstrip(".").lower()
+    if host == "localhost" or host.endswith(".localhost"):
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False  # a name: it may resolve anywhere
+
+
+def insecure_http(conf: dict[str, Any]) -> bool:
+    """An ``http://`` heartbeat URL that leaves the machine (token and reports in clear)."""
+    url = str(conf["url"])
+    return url.lower().startswith("http://") and not is_loopback_url(url)
+
+
+def _refuse_clear_text(conf: dict[str, Any]) -> dict[str, Any]:
+    if insecure_http(conf) and not conf["allow_insecure_http"]:
+        raise vol.Invalid(
+            "an http:// heartbeat to another host sends the fleet token and the reports in "
+            "clear: use https://, or set allow_insecure_http: true to accept that "
+            "(http:// to a loopback address is always allowed)",
+            path=["url"],
+        )
+    return conf
+
+
+HTTP_SCHEMA = vol.All(
+    vol.Schema(
+        {
+            vol.Required("url"): vol.All(
+                str, vol.Match(r"^https?://", msg="expected an http(s) URL")
+            ),
+            # Sent as a bearer token; use !secret. Never logged.
+            vol.Optional("token"): str,
+            vol.Optional("timeout", default=10.0): _seconds,
+            # http:// to a host other than this one: the token travels in clear (warned at start)
+            vol.Optional("allow_insecure_http", default=False): bool,
+        }
+    ),
+    _refuse_clear_text,
 )
 
 MQTT_SCHEMA = vol.Schema(
@@ -205,6 +244,7 @@ class HttpSink(_SinkBase):
     def __init__(self, conf: dict[str, Any], queue_size: int) -> None:
         super().__init__(queue_size)
         self._url: str = conf["url"]
+        self._insecure = insecure_http(conf)
         self._timeout = aiohttp.ClientTimeout(total=conf.get("timeout", 10.0))
         self._headers = {"Content-Type": "application/json"}
         if conf.get("token"):
@@ -212,6 +252,12 @@ class HttpSink(_SinkBase):
         self._session: aiohttp.ClientSession | None = None
 
     async def start(self) -> None:
+        if self._insecure:
+            _LOGGER.warning(
+                "upstream http: %s is plain http to another host (allow_insecure_http): the "
+                "fleet token and every report travel in clear; use https://",
+                self._url,
+            )
         self._session = aiohttp.ClientSession(timeout=self._timeout, headers=self._headers)
         await super().start()
 

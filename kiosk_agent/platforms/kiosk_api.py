@@ -11,6 +11,8 @@ rebinding page names its own host: 403); an ``Origin``, when sent, must match ``
 (403). Both default to loopback.
 
     POST   /api/v1/sales                  {product?, amount?, flow?, terminal?, email?} -> 202
+                                          (503 out_of_service while the terminal cannot take
+                                          cards: {error, field, message, reason, terminal})
     GET    /api/v1/sales/{sale_id}        the sale's latest step
     POST   /api/v1/sales/{sale_id}/cancel -> 202 {cancelled}
     POST   /api/v1/sales/{sale_id}/dispensed {status: vended|failed, detail?}  (confirm_dispense)
@@ -29,6 +31,7 @@ import dataclasses
 import hashlib
 import hmac
 import logging
+import math
 from collections import OrderedDict
 from typing import Any
 
@@ -175,6 +178,7 @@ class KioskApi:
         self._sockets: set[web.WebSocketResponse] = set()
         self.requests = 0
         self.rejected = 0
+        self.refused_out_of_service = 0  # sales refused at once: the terminal was out of service
 
     # -- lifecycle -----------------------------------------------------------------------------
 
@@ -211,6 +215,7 @@ class KioskApi:
             "port": self.port,
             "requests": self.requests,
             "rejected": self.rejected,
+            "refused_out_of_service": self.refused_out_of_service,
             "live_sockets": len(self._sockets),
             "sales_known": len(self._latest),
             "card_payment": self.card_payment(),
@@ -285,6 +290,9 @@ class KioskApi:
     async def _start_sale(self, request: web.Request) -> web.Response:
         body = await _json_body(request)
         sale_request = self._sale_request(body)
+        refused = self._out_of_service(sale_request.terminal)
+        if refused is not None:
+            return refused
         dispenser = AppDispenser(self.config["confirm_dispense"], self.config["vend_timeout"])
         dispenser.product = sale_request.product
         try:
@@ -304,6 +312,30 @@ class KioskApi:
                 "events": f"/api/v1/sales/{sale.sale_id}/events",
             },
             status=202,
+        )
+
+    def _out_of_service(self, terminal: str | None) -> web.Response | None:
+        """503 at once while the sale's terminal is out of service (``core.availability``):
+        the app tells the customer now, and no sale is journaled only to fail at the terminal."""
+        availability = getattr(self.agent, "availability", None)
+        if availability is None:
+            return None
+        try:
+            availability.device_id(terminal)
+        except ValueError:
+            return None  # not a configured terminal: the runner's 400 names the known ones
+        state = availability.state(terminal)
+        if state.available:
+            return None
+        self.refused_out_of_service += 1
+        message = f"card payment unavailable on {state.device_id}: {state.reason}"
+        self._refused("out_of_service", "%s: sale refused: %s", self.name, message,
+                      level=logging.INFO)
+        retry = max(1, math.ceil(availability.recheck_interval))
+        return web.json_response(
+            {"error": "out_of_service", "field": "terminal", "message": message,
+             "reason": state.reason, "terminal": state.device_id},
+            status=503, headers={"Retry-After": str(retry)},
         )
 
     def _sale_request(self, body: dict[str, Any]) -> SaleRequest:

@@ -13,10 +13,18 @@ answers with::
       cancel: '^ABORT'                                  # optional
       approve: 'OPEN {product}'
       deny: 'NO {reason}'
+      out_of_service: 'CARD OFF {reason}'               # optional, sent when cards stop working
+      in_service: 'CARD ON'                             # optional, sent when they work again
 
 ``vend_request`` must have a ``price`` group (``price_unit``: dollars like ``2.50``, or cents);
 ``product`` is optional. Templates may use ``{product}``, ``{price}`` (as the device wrote it),
-``{cents}``, ``{amount}`` (two-place dollars) and, in ``deny``, ``{reason}``.
+``{cents}``, ``{amount}`` (two-place dollars) and, in ``deny`` and ``out_of_service``,
+``{reason}``.
+
+Out of service (``core.availability``): while the terminal cannot take cards a vend request starts
+no sale and is answered at once with ``deny`` whose ``{reason}`` is short
+(``out of service: terminal offline``); ``out_of_service`` / ``in_service``, when configured, tell
+the device of each change (on connect too), after any sale in progress.
 """
 
 from __future__ import annotations
@@ -27,11 +35,13 @@ import logging
 import re
 import string
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import voluptuous as vol
 
+from kiosk_agent.core.availability import follow_availability, short_reason
 from kiosk_agent.core.config import PLATFORM_SCHEMA as BASE_PLATFORM_SCHEMA
 from kiosk_agent.core.config import positive_float
 from kiosk_agent.core.sale import DispenseOutcome, DispenseStatus, Flow, SaleRequest
@@ -97,6 +107,9 @@ PLATFORM_SCHEMA = BASE_PLATFORM_SCHEMA.extend(
         vol.Optional("cancel"): _regex(),
         vol.Required("approve"): _template,
         vol.Optional("deny"): _template,
+        # told to the device when its terminal goes out of service and comes back
+        vol.Optional("out_of_service"): _template,
+        vol.Optional("in_service"): _template,
         vol.Optional("vend_timeout", default=30.0): positive_float,
         vol.Optional("line_end", default="\n"): vol.In(["\n", "\r\n", "\r"]),
         vol.Optional("silence_timeout"): positive_float,
@@ -116,6 +129,8 @@ class LineRules:
     deny: str | None = None
     price_unit: str = "dollars"
     init: tuple[str, ...] = ()
+    out_of_service: str | None = None
+    in_service: str | None = None
 
     @classmethod
     def from_config(cls, config: dict[str, Any]) -> LineRules:
@@ -128,6 +143,8 @@ class LineRules:
             deny=config.get("deny"),
             price_unit=config.get("price_unit", "dollars"),
             init=tuple(config.get("init", ())),
+            out_of_service=config.get("out_of_service"),
+            in_service=config.get("in_service"),
         )
 
     def price_cents(self, text: str) -> int:
@@ -219,6 +236,12 @@ class SerialLineDevice:
         self.outcomes: Counter[str] = Counter()  # dispense status -> count
         self._tasks = TaskSet()
         self._queued: Vend | None = None  # a request that came while the last sale settled
+        # Out of service: what the agent decided, and what the device was last told.
+        self.available = True
+        self.unavailable_reason = ""
+        self._told_available = True  # init lines put a (re)connected device in service
+        self.denied_out_of_service = 0
+        self.unfollow: Callable[[], None] | None = None
         self.link = SerialLink(
             source, settings, self.handle_line, on_state=on_link_state,
             on_connected=self._on_connected,
@@ -228,6 +251,8 @@ class SerialLineDevice:
         await self.link.start()
 
     async def stop(self) -> None:
+        if self.unfollow is not None:
+            self.unfollow()
         self._queued = None
         vend = self.vend
         if vend is not None and vend.vending:
@@ -252,7 +277,26 @@ class SerialLineDevice:
             "vending": self.vend is not None,
             "outcomes": dict(self.outcomes),
             "unmatched_lines": self.unmatched,
+            "available": self.available,
+            "unavailable_reason": self.unavailable_reason,
+            "denied_out_of_service": self.denied_out_of_service,
         }
+
+    def set_available(self, available: bool, reason: str = "") -> None:
+        """The terminal can (or cannot) take cards; the device hears it after any sale."""
+        self.available, self.unavailable_reason = available, reason
+        self._tell_availability()
+
+    def _tell_availability(self) -> None:
+        if self.vend is not None or self._told_available == self.available:
+            return  # never cut a sale short: _run_sale tells the device when it ends
+        template = self.rules.in_service if self.available else self.rules.out_of_service
+        if template is None:
+            self._told_available = self.available
+            return
+        fields = template_fields(None, "", 0, short_reason(self.unavailable_reason))
+        if self.send(template.format(**fields)):  # not connected: told on connect
+            self._told_available = self.available
 
     def send(self, line: str) -> bool:
         return self.link.write_line(line)
@@ -260,6 +304,8 @@ class SerialLineDevice:
     async def _on_connected(self) -> None:
         for line in self.rules.init:
             self.send(line)
+        self._told_available = True
+        self._tell_availability()
 
     def handle_line(self, line: str) -> None:
         rules = self.rules
@@ -299,6 +345,9 @@ class SerialLineDevice:
             # The device is done with the last customer; that sale is still being settled.
             self._queued = vend
             return
+        if self.vend is None and not self.available:
+            self._deny_out_of_service(vend)
+            return
         if self.vend is not None:
             self.link.noise(
                 "vend_while_busy", "%s: vend request while a sale runs: denied", self.name
@@ -308,6 +357,16 @@ class SerialLineDevice:
                 self.send(self.rules.deny.format(**fields))
             return
         self._begin(vend)
+
+    def _deny_out_of_service(self, vend: Vend) -> None:
+        """No sale while the terminal cannot take cards: the device hears no, with why."""
+        self.denied_out_of_service += 1
+        self.link.noise(
+            "out_of_service", "%s: vend request for %s while out of service: denied (%s)",
+            self.name, vend.request.product, self.unavailable_reason,
+        )
+        if self.rules.deny is not None:
+            self.send(self.rules.deny.format(**vend.fields(short_reason(self.unavailable_reason))))
 
     def _begin(self, vend: Vend) -> None:
         self.vend = vend
@@ -350,8 +409,11 @@ class SerialLineDevice:
             if self.vend is vend:
                 self.vend = None
             queued, self._queued = self._queued, None
-            if queued is not None:
+            if queued is not None and not self.available:
+                self._deny_out_of_service(queued)
+            elif queued is not None:
                 self._begin(queued)
+            self._tell_availability()  # a change during the sale, told now it has ended
 
 
 class SerialLinePlatform(DevicePlatform[SerialLineDevice]):
@@ -371,5 +433,6 @@ async def async_setup_platform(agent: Any, config: dict[str, Any]) -> SerialLine
         vend_timeout=config["vend_timeout"],
         on_link_state=link_reporter(agent, source),
     )
+    device.unfollow = follow_availability(agent, config.get("terminal"), device.set_available)
     await device.start()
     return SerialLinePlatform(device)

@@ -21,7 +21,9 @@ import voluptuous as vol
 from aiohttp import web
 
 from kiosk_agent.app import load_agent
+from kiosk_agent.cli import main
 from kiosk_agent.core.availability import Availability
+from kiosk_agent.core.config import ConfigInvalid
 from kiosk_agent.core.health import Health
 from kiosk_agent.core.upstream import (
     UPSTREAM_SCHEMA,
@@ -322,11 +324,11 @@ async def test_a_link_that_never_connects_is_reported_after_the_grace() -> None:
 
 
 class HttpReceiver:
-    def __init__(self) -> None:
+    def __init__(self, host: str = "127.0.0.1") -> None:
         self.bodies: list[dict[str, Any]] = []
         self.auth: list[str | None] = []
         self.port = free_port()  # fixed: the receiver goes down and comes back on it
-        self._site = LocalSite("127.0.0.1", self.port)
+        self._site = LocalSite(host, self.port)
         self.failing = False  # answer 503, as an overloaded fleet server would
 
     async def _post(self, request: web.Request) -> web.Response:
@@ -400,6 +402,100 @@ async def test_http_error_answers_keep_the_report_queued(receiver: HttpReceiver)
         assert upstream.stats()["http"]["queued"] == 0
     finally:
         await upstream.stop()
+
+
+# --- HTTP in clear: the fleet token must not leave the machine unencrypted ------------------------
+
+
+def _fleet_config(directory: Path, http: str) -> Path:
+    (directory / "secrets.yaml").write_text("fleet_token: fleet-token-0123456789\n")
+    (directory / "secrets.yaml").chmod(0o600)
+    path = directory / "config.yaml"
+    path.write_text(
+        "service:\n  simulator: {time_scale: 50}\n"
+        "terminals:\n  - device_id: SIM-0001\n"
+        "journal: {path: journal.db}\n"
+        f"upstream:\n  device_id: store-42\n  http: {http}\n"
+    )
+    return path
+
+
+def test_check_config_refuses_a_heartbeat_in_clear_to_another_host(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = _fleet_config(
+        tmp_path, "{url: 'http://fleet.example.com/hb', token: !secret fleet_token}"
+    )
+    assert main(["check-config", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert "upstream.http.url: an http:// heartbeat to another host sends the fleet token" in err
+    assert "allow_insecure_http: true" in err
+    assert "fleet-token-0123456789" not in err
+    assert "Traceback" not in err
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "https://fleet.example.com/hb",
+        "http://127.0.0.1:8080/hb",
+        "http://127.0.1.1/hb",
+        "http://[::1]:8080/hb",
+        "http://localhost/hb",
+        "http://localhost./hb",
+    ],
+)
+def test_https_and_loopback_heartbeats_need_no_permission(url: str) -> None:
+    conf = UPSTREAM_SCHEMA({"http": {"url": url, "token": "t"}})
+    assert conf["http"]["allow_insecure_http"] is False
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "http://fleet.example.com/hb",
+        "http://10.0.0.7/hb",
+        "http://localhost.evil.example/hb",
+        "http://127.0.0.1.evil.example/hb",
+        "http://[::ffff:10.0.0.7]/hb",
+        "http://user@10.0.0.7/hb",
+    ],
+)
+def test_clear_text_heartbeats_to_other_hosts_need_permission(url: str) -> None:
+    with pytest.raises(vol.Invalid, match="allow_insecure_http"):
+        UPSTREAM_SCHEMA({"http": {"url": url, "token": "t"}})
+    allowed = UPSTREAM_SCHEMA({"http": {"url": url, "allow_insecure_http": True}})
+    assert allowed["http"]["url"] == url
+
+
+async def test_the_agent_refuses_to_start_a_heartbeat_in_clear(tmp_path: Path) -> None:
+    path = _fleet_config(tmp_path, "{url: 'http://10.0.0.7/hb', token: !secret fleet_token}")
+    with pytest.raises(ConfigInvalid, match=r"upstream\.http\.url"):
+        load_agent(path, None, systemd=False)
+    with pytest.raises(vol.Invalid, match="allow_insecure_http"):  # the component itself too
+        Upstream(_agent(), {"http": {"url": "http://10.0.0.7/hb"}})
+
+
+async def test_an_allowed_heartbeat_in_clear_is_warned_at_start_and_sent(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # the receiver on every address, reached by this machine's name (not a loopback literal)
+    receiver = HttpReceiver(host="0.0.0.0")  # noqa: S104 - the test's own receiver
+    await receiver.up()
+    url = f"http://{socket.gethostname()}:{receiver.port}/heartbeat"
+    http = {"url": url, "token": "fleet-token-0123456789", "allow_insecure_http": True}
+    upstream = Upstream(_agent(), {"interval": 3600, "http": http})
+    try:
+        with caplog.at_level("WARNING", logger="kiosk_agent.core.upstream"):
+            await upstream.start()
+        await until(lambda: len(receiver.bodies) == 1)
+        assert receiver.auth == ["Bearer fleet-token-0123456789"]
+        [warning] = [r.getMessage() for r in caplog.records if "in clear" in r.getMessage()]
+        assert f"{url} is plain http to another host (allow_insecure_http)" in warning
+        assert "fleet-token" not in caplog.text
+    finally:
+        await upstream.stop()
+        await receiver.down()
 
 
 # --- MQTT ---------------------------------------------------------------------------------------

@@ -9,14 +9,22 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
+from kiosk_agent.core.availability import short_reason
 from kiosk_agent.core.sale import DispenseStatus, SaleState
+from kiosk_agent.platforms import mdb_protocol as wire
 from kiosk_agent.platforms.serial import SerialSettings
 from kiosk_agent.platforms.serial_line import PLATFORM_SCHEMA, LineRules, SerialLineDevice
-from kiosk_agent.platforms.virtual import VirtualController, VisitOutcome
+from kiosk_agent.platforms.virtual import Status, VirtualController, VisitOutcome
 
+from ..helpers import sim_call, until
+from .agent_rig import running_agent
 from .vending_rig import CardDesk
 
 MDB_AS_LINES = {
@@ -145,3 +153,74 @@ async def test_stopping_while_the_card_is_read_cancels_the_sale(
     visit_task.cancel()
     with contextlib.suppress(asyncio.CancelledError):
         await visit_task
+
+
+# -- out of service, like mdb: the real agent and simulator ---------------------------------------
+
+QUICK_HEALTH = {"health": {"ping_interval": 1, "hold_off": 0.2, "recheck_interval": 0.1}}
+OUT = "C,STOP,out of service: terminal offline"
+
+
+def _following(controller: VirtualController) -> dict[str, Any]:
+    """MDB as lines that also leave the bus while out of service and say why when denying."""
+    return {**MDB_AS_LINES, "port": controller.port, "vend_timeout": 5,
+            "deny": "C,STOP,{reason}", "out_of_service": "C,0", "in_service": "C,1"}
+
+
+async def test_a_vend_request_while_out_of_service_starts_no_sale_and_is_denied_with_why(
+    tmp_path: Path, sim: Any, sim_settings: Any, controller: VirtualController
+) -> None:
+    async with running_agent(
+        tmp_path, sim_settings, [_following(controller)], sections=QUICK_HEALTH
+    ) as agent:
+        [platform] = agent.platforms
+        await asyncio.wait_for(controller.wait_enabled(), 5)
+        assert (await controller.customer("A2")).outcome is VisitOutcome.VENDED
+        sold = len(list(agent.journal))
+
+        await sim_call(sim, "POST", "/sim/terminals/SIM-0001/offline")
+        # the out_of_service line takes the reader off the bus, as the mdb platform does
+        await until(lambda: controller.status is Status.INACTIVE, timeout=3)
+        assert platform.status()["available"] is False
+        assert platform.status()["unavailable_reason"] == "terminal offline"
+        # a controller that did not hear it keeps asking: every request is denied, with why
+        for _ in range(20):
+            controller.send(wire.vend_request_line(150, "A1"))
+        await until(lambda: controller.received.count(OUT) == 20)
+        assert platform.status()["denied_out_of_service"] == 20
+        assert len(list(agent.journal)) == sold  # no sale started
+
+        await sim_call(sim, "POST", "/sim/terminals/SIM-0001/online")
+        await asyncio.wait_for(controller.wait_enabled(), 3)  # in_service: C,1
+        assert (await controller.customer("A1")).outcome is VisitOutcome.VENDED
+        assert len(list(agent.journal)) == sold + 1
+
+
+async def test_a_sale_in_progress_ends_before_the_device_hears_out_of_service(
+    device: SerialLineDevice, controller: VirtualController
+) -> None:
+    device.rules.out_of_service = "C,0"
+    controller.options.dispense_time = 0.5
+    customer = asyncio.create_task(controller.customer("A2"))
+    await until(lambda: "C,VEND,2.50" in controller.received)
+    device.set_available(False, "service unreachable: timed out")
+    assert "C,0" not in controller.received[controller.received.index("C,VEND,2.50"):]
+    assert (await asyncio.wait_for(customer, 5)).outcome is VisitOutcome.VENDED
+    await until(lambda: controller.status is Status.INACTIVE)  # told once the sale ended
+
+
+def test_the_reason_on_the_wire_is_short_and_printable() -> None:
+    assert short_reason("terminal offline") == "out of service: terminal offline"
+    assert short_reason("service unreachable: ClientConnectorError: [Errno 111] ...; "
+                        "terminal offline") == "out of service: service unreachable"
+    assert short_reason("") == "out of service"
+    key = "API key expired or refused and cannot be refreshed: HTTP 401"
+    assert short_reason(key) == f"out of service: {key.split(':')[0]}"
+
+
+@given(st.text(max_size=300))
+def test_any_reason_gives_a_bounded_printable_line(reason: str) -> None:
+    line = short_reason(reason)
+    assert line.startswith("out of service")
+    assert len(line) <= len("out of service: ") + 52
+    assert all(" " <= c <= "~" for c in line)

@@ -1,0 +1,77 @@
+"""`kiosk-agent doctor` as a field tech runs it: a subprocess against the simulator."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from kiosk_agent.core.config import load_config
+from kiosk_agent.core.doctor import Report, Verdict, check_serial_ports
+
+from ..cli.test_fleet_cli import endpoint_config
+
+
+@pytest.fixture
+def pty_port() -> Iterator[str]:
+    """A real pty: the mdb trigger's serial port (present and accessible)."""
+    master, slave = os.openpty()
+    try:
+        yield os.ttyname(slave)
+    finally:
+        os.close(slave)
+        os.close(master)
+
+
+def _mixed_config(directory: Path, sim: Any, pty: str) -> Path:
+    """One terminal; a kiosk API (its port is an HTTP port) and an mdb trigger on ``pty``."""
+    path = endpoint_config(directory, sim, "  - device_id: SIM-0001", _triggers(pty))
+    with (directory / "secrets.yaml").open("a") as secrets:
+        secrets.write("kiosk_token: kiosk-token-0123456789\n")
+    return path
+
+
+def _triggers(pty: str) -> str:
+    return f"""
+triggers:
+  - platform: kiosk_api
+    name: screen
+    token: !secret kiosk_token
+    port: 8765
+  - platform: mdb
+    name: front
+    port: {pty}
+"""
+
+
+async def test_doctor_checks_a_config_with_a_kiosk_api_and_an_mdb_trigger(
+    tmp_path: Path, sim: Any, pty_port: str
+) -> None:
+    path = _mixed_config(tmp_path, sim, pty_port)
+    doctor = await asyncio.create_subprocess_exec(
+        str(Path(sys.executable).with_name("kiosk-agent")), "doctor", "-c", str(path),
+        "--timeout", "5",
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, cwd=tmp_path,
+    )
+    out, err = await asyncio.wait_for(doctor.communicate(), 60)
+    text, errors = out.decode(), err.decode()
+
+    assert "Traceback" not in errors + text, errors
+    assert f"[PASS] serial port front: {pty_port} present and accessible" in text
+    assert "screen" not in text  # the kiosk API's HTTP port is no serial port
+    assert "[PASS] service" in text
+    assert doctor.returncode == 0, text + errors
+
+
+def test_only_serial_ports_are_checked_as_devices(tmp_path: Path, sim: Any, pty_port: str) -> None:
+    path = _mixed_config(tmp_path, sim, pty_port)
+    report = Report()
+    check_serial_ports(report, load_config(path))
+    assert [(c.name, c.verdict) for c in report.checks] == [
+        ("serial port front", Verdict.PASS)
+    ]
