@@ -20,16 +20,14 @@ any size keeps one page in memory. A report never carries a card token (``accoun
 
 from __future__ import annotations
 
-import csv
 import dataclasses
 import datetime as dt
 import hashlib
 import hmac
-import io
 import json
 import logging
 import math
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import voluptuous as vol
@@ -51,6 +49,7 @@ from kiosk_agent.core.config import register_section
 from kiosk_agent.core.logging import RefusalLog, refusal_counts, suppressed_counts
 from kiosk_agent.core.sale import SaleState
 from kiosk_agent.core.web import BodyError, HttpLimits, LocalSite, live_sites, read_json
+from kiosk_agent.export import CsvExport, JsonExport, report_columns, report_values
 from kiosk_agent.service.errors import (
     AuthenticationError,
     BadRequestError,
@@ -92,7 +91,6 @@ ADMIN_SCHEMA = vol.Schema(
 register_section("admin", ADMIN_SCHEMA)
 
 # Fields a report never leaves the device with.
-REPORT_EXCLUDE = frozenset({"account_token"})
 MAX_REPORT_LIMIT = 100_000
 MAX_SALES_LIMIT = 10_000
 
@@ -500,51 +498,30 @@ async def _json_body(request: web.Request) -> dict[str, Any]:
     return body
 
 
-def report_row(record: BaseModel) -> dict[str, Any]:
-    """One report record as plain JSON values, with exact cents, without card tokens."""
-    row = record.model_dump(mode="json", exclude=set(REPORT_EXCLUDE))
-    cents = getattr(record, "amount_cents", None)
-    if cents is not None:
-        row["amount_cents"] = cents
-    return row
-
-
 async def _report_rows(
     first: BaseModel | None, rest: AsyncIterator[BaseModel]
-) -> AsyncIterator[dict[str, Any]]:
+) -> AsyncIterator[dict[str, object]]:
     if first is None:
         return
-    yield report_row(first)
+    yield report_values(first)
     async for record in rest:
-        yield report_row(record)
-
-
-def report_columns(kind: ReportKind) -> list[str]:
-    fields = [f for f in kind.model.model_fields if f not in REPORT_EXCLUDE]
-    return [*fields, "amount_cents"]
+        yield report_values(record)
 
 
 async def _write_json(
-    response: web.StreamResponse, kind: ReportKind, rows: AsyncIterator[dict[str, Any]]
+    response: web.StreamResponse, kind: ReportKind, rows: AsyncIterator[dict[str, object]]
 ) -> None:
-    await response.write(b"[")
-    separator = b""
+    export = JsonExport()  # the one JSON export (kiosk_agent.export), as the CLI writes it
+    await response.write(export.start().encode())
     async for row in rows:
-        await response.write(separator + json.dumps(row).encode())
-        separator = b",\n"
-    await response.write(b"]\n")
+        await response.write(export.row(row).encode())
+    await response.write(export.end().encode())
 
 
 async def _write_csv(
-    response: web.StreamResponse, kind: ReportKind, rows: AsyncIterator[dict[str, Any]]
+    response: web.StreamResponse, kind: ReportKind, rows: AsyncIterator[dict[str, object]]
 ) -> None:
-    columns = report_columns(kind)
-    await response.write(_csv_line(columns))
+    export = CsvExport(report_columns(kind))  # the one CSV writer, as the CLI writes it
+    await response.write(export.header().encode())
     async for row in rows:
-        await response.write(_csv_line("" if row.get(c) is None else row[c] for c in columns))
-
-
-def _csv_line(values: Iterable[Any]) -> bytes:
-    buffer = io.StringIO()
-    csv.writer(buffer).writerow(list(values))
-    return buffer.getvalue().encode()
+        await response.write(export.row(row).encode())

@@ -4,21 +4,35 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import csv
 import datetime as dt
-import io
 import json
-import re
 import signal
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from kiosk_agent.cli.contract import (
+    EXIT_OK,
+    EXIT_USAGE,
+    MOMENT_FORMS,
+    CliError,
+    case_insensitive,
+    config_path,
+    existing_config,
+    guarded,
+    load,
+    options,
+    parse_moment,
+    plural,
+    positive_int,
+    wants_json,
+)
 from kiosk_agent.core.config import Config, ConfigInvalid, load_config
 from kiosk_agent.core.journal import Journal, JournalError, SaleRecord
 from kiosk_agent.core.sale import SaleState
-from kiosk_agent.money import cents_to_dollars, format_cents
+from kiosk_agent.export import SALE_COLUMNS, CsvExport, JsonExport, sale_values
+from kiosk_agent.money import format_cents
 
 if TYPE_CHECKING:
     from kiosk_agent.service.settings import ServiceSettings
@@ -26,51 +40,72 @@ if TYPE_CHECKING:
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    run = subparsers.add_parser("run", help="run the agent")
-    run.add_argument("--config", "-c", required=True, type=Path, help="configuration file")
-    run.set_defaults(handler=run_command)
+    run = subparsers.add_parser("run", help="run the agent", parents=options(json=False))
+    run.set_defaults(handler=guarded(run_command))
 
-    check = subparsers.add_parser("check-config", help="validate a configuration, start nothing")
-    check.add_argument("config", type=Path)
-    check.set_defaults(handler=check_config_command)
-
-    sales = subparsers.add_parser("sales", help="list or export the sales journal")
-    sales.add_argument("--config", "-c", required=True, type=Path)
-    sales.add_argument(
-        "--since", help='ISO date or time ("2026-11-01", "2026-11-01T08:00") or "24h", "7d"'
+    check = subparsers.add_parser(
+        "check-config", help="validate a configuration, start nothing", parents=options()
     )
-    sales.add_argument(
-        "--state", action="append", choices=[s.value for s in SaleState], help="repeatable"
+    check.add_argument("config_file", metavar="FILE", nargs="?", type=Path,
+                       help="the configuration (or -c/--config FILE, or $KIOSK_CONFIG)")
+    check.add_argument("--show", action="store_true",
+                       help="print the resolved configuration (defaults filled, includes "
+                       "read), every secret as ***")
+    check.set_defaults(handler=guarded(check_config_command))
+
+    sales = subparsers.add_parser(
+        "sales", help="list or export the sales journal", parents=options(),
+        description="The local sales journal. Without an action: `sales list`.",
     )
-    sales.add_argument("--format", choices=["table", "csv", "json"], default="table")
-    sales.add_argument("--limit", type=int, default=None)
-    sales.set_defaults(handler=sales_command)
+    _sales_list_options(sales)
+    sales.set_defaults(handler=guarded(sales_command))
+    actions = sales.add_subparsers(dest="action", metavar="ACTION")
+    listing = actions.add_parser("list", help="list or export sales (the default)",
+                                 parents=options())
+    _sales_list_options(listing)
+    listing.set_defaults(handler=guarded(sales_command))
 
 
-def load_or_explain(path: Path, **options: Any) -> Config | None:
-    """The configuration at ``path``; None once every mistake is printed to stderr."""
-    try:
-        return load_config(path, **options)
-    except ConfigInvalid as err:
-        for error in err.errors:
-            print(error, file=sys.stderr)
-        return None
+def _sales_list_options(parser: argparse.ArgumentParser) -> None:
+    # SUPPRESS: the options may stand before or after `list` (`sales --since 7d list`).
+    parser.add_argument("--since", default=argparse.SUPPRESS, help=f"from: {MOMENT_FORMS}")
+    parser.add_argument(
+        "--state", action="append", default=argparse.SUPPRESS,
+        type=case_insensitive([s.value for s in SaleState]),
+        help=f"repeatable, any case: {', '.join(s.value for s in SaleState)}",
+    )  # fmt: skip
+    parser.add_argument("--format", choices=["table", "csv", "json"], default=argparse.SUPPRESS,
+                        help="table (default), csv or json (--json is --format json)")
+    parser.add_argument("--limit", type=positive_int, default=argparse.SUPPRESS)
 
 
 # -- check-config ------------------------------------------------------------------------------
 
 
 async def check_config_command(args: argparse.Namespace) -> int:
+    path = existing_config(args.config_file) if args.config_file else config_path(args)
     try:
-        config = load_config(args.config)
+        config = load_config(path)
     except ConfigInvalid as err:
+        if wants_json(args):
+            print(json.dumps({"path": str(path), "valid": False,
+                              "errors": [str(e) for e in err.errors]}, indent=2))
         for error in err.errors:
             print(error, file=sys.stderr)
-        count = len(err.errors)
-        print(f"{count} mistake{'s' if count != 1 else ''} in {args.config}", file=sys.stderr)
-        return 2  # a broken config file is bad input (docs/cli.md)
-    print(summary(config))
-    return 0
+        print(f"{plural(len(err.errors), 'mistake')} in {path}", file=sys.stderr)
+        return EXIT_USAGE  # a broken config file: the same code from every command
+    if wants_json(args):
+        shown = {"config": config.masked()} if args.show else {}
+        print(json.dumps({"path": str(path), "valid": True, "errors": [], **shown}, indent=2,
+                         default=str))
+    elif args.show:
+        import yaml
+
+        print(yaml.safe_dump(json.loads(json.dumps(config.masked(), default=str)),
+                             sort_keys=False), end="")
+    else:
+        print(summary(config))
+    return EXIT_OK
 
 
 def summary(config: Config) -> str:
@@ -103,9 +138,7 @@ _CORE_SECTIONS = frozenset(
 
 
 async def run_command(args: argparse.Namespace) -> int:
-    config = load_or_explain(args.config)
-    if config is None:
-        return 1
+    config = load(config_path(args))
     from kiosk_agent.app import build_agent
     from kiosk_agent.core.logging import setup_logging
 
@@ -124,8 +157,8 @@ async def run_command(args: argparse.Namespace) -> int:
         await agent.start()
         await stop.wait()
     except JournalError as err:
-        print(err, file=sys.stderr)  # a read-only disk or a bad path: say so, no traceback
-        return 1
+        # a read-only disk or a bad path: say so, no traceback
+        raise CliError(str(err)) from None
     finally:
         if agent.started:
             await agent.stop()
@@ -153,78 +186,31 @@ async def start_simulator(conf: dict[str, Any]) -> tuple[SimServer, ServiceSetti
 
 # -- sales -------------------------------------------------------------------------------------
 
-_RELATIVE = re.compile(r"^(\d+)\s*([mhdw])$")
-_UNIT_SECONDS = {"m": 60, "h": 3600, "d": 86400, "w": 604800}
-COLUMNS = (
-    "created",
-    "sale_id",
-    "order_id",
-    "source",
-    "flow",
-    "terminal",
-    "product",
-    "amount",
-    "captured",
-    "reversed",
-    "state",
-    "trans_id",
-    "last_four",
-    "message",
-)
-
 
 def parse_since(text: str, now: float | None = None) -> float:
-    """``"24h"``/``"7d"`` back from now, or an ISO date/time (local time unless it says)."""
-    match = _RELATIVE.match(text.strip())
-    current = now if now is not None else dt.datetime.now().timestamp()
-    if match:
-        return current - int(match.group(1)) * _UNIT_SECONDS[match.group(2)]
-    try:
-        return dt.datetime.fromisoformat(text.strip()).timestamp()
-    except ValueError:
-        raise ValueError(
-            f'--since: expected an ISO date like "2026-11-01" or "24h"/"7d", got {text!r}'
-        ) from None
-
-
-def row_of(sale: SaleRecord) -> dict[str, Any]:
-    created = dt.datetime.fromtimestamp(sale.created_at, dt.UTC)
-    return {
-        "created": created.isoformat(timespec="seconds").replace("+00:00", "Z"),
-        "sale_id": sale.sale_id,
-        "order_id": sale.order_id,
-        "source": sale.source,
-        "flow": sale.flow,
-        "terminal": sale.terminal,
-        "product": sale.product or "",
-        "amount": cents_to_dollars(sale.amount_cents),
-        "captured": cents_to_dollars(sale.captured_cents),
-        "reversed": cents_to_dollars(sale.reversed_cents),
-        "state": sale.state.value,
-        "trans_id": sale.trans_id or "",
-        "last_four": sale.last_four or "",
-        "message": sale.message,
-    }
+    """``"24h"``/``"7d"`` back from now, or an ISO day or time (UTC unless it says): a Unix time."""
+    current = dt.datetime.fromtimestamp(now, dt.UTC) if now is not None else None
+    moment = parse_moment(text, option="--since", now=current)
+    assert moment is not None
+    return moment.timestamp()
 
 
 def render(sales: Sequence[SaleRecord], fmt: str) -> str:
-    rows = [row_of(s) for s in sales]
+    """The sales as a table for people, or the one CSV / JSON export (kiosk_agent.export)."""
     if fmt == "json":
-        return json.dumps(rows, indent=2)
+        export = JsonExport()
+        return export.start() + "".join(export.row(sale_values(s)) for s in sales) + export.end()
     if fmt == "csv":
-        out = io.StringIO()
-        writer = csv.DictWriter(out, fieldnames=COLUMNS, lineterminator="\n")
-        writer.writeheader()
-        writer.writerows(rows)
-        return out.getvalue().rstrip("\n")
-    return _table(sales)
+        csv_export = CsvExport(SALE_COLUMNS)
+        return csv_export.header() + "".join(csv_export.row(sale_values(s)) for s in sales)
+    return _table(sales) + "\n"
 
 
 def _table(sales: Sequence[SaleRecord]) -> str:
     headers = ("created", "order_id", "source", "amount", "state", "message")
     lines = [
         (
-            row_of(s)["created"],
+            sale_values(s)["created"],
             s.order_id,
             s.source,
             format_cents(s.captured_cents or s.amount_cents, s.currency),
@@ -236,33 +222,29 @@ def _table(sales: Sequence[SaleRecord]) -> str:
     widths = [max([len(h)] + [len(str(line[i])) for line in lines]) for i, h in enumerate(headers)]
     fmt = "  ".join(f"{{:<{w}}}" for w in widths[:-1]) + "  {}"
     out = [fmt.format(*headers)] + [fmt.format(*line) for line in lines]
-    out.append(f"{len(sales)} sale{'s' if len(sales) != 1 else ''}")
+    out.append(plural(len(sales), "sale"))
     return "\n".join(out)
 
 
 async def sales_command(args: argparse.Namespace) -> int:
-    config = load_or_explain(args.config, check_platforms=False)
-    if config is None:
-        return 1
-    try:
-        since = parse_since(args.since) if args.since else None
-    except ValueError as err:
-        print(err, file=sys.stderr)
-        return 2
+    from kiosk_agent.cli.report import output_format
+
+    fmt = output_format(args)
+    since_text = getattr(args, "since", None)
+    since = parse_since(since_text) if since_text else None
+    config = load(config_path(args), check_platforms=False)
     path = config.resolve(config["journal"]["path"])
     if not path.exists():
-        print(f"no journal at {path} (the agent has not run yet)", file=sys.stderr)
-        return 1
+        raise CliError(f"no journal at {path} (the agent has not run yet)")
     journal = Journal(path)
     try:
         journal.open()
     except JournalError as err:
-        print(err, file=sys.stderr)
-        return 1
+        raise CliError(str(err)) from None
     try:
-        states = [SaleState(s) for s in args.state] if args.state else None
-        sales = journal.query(since=since, states=states, limit=args.limit)
+        states = [SaleState(s) for s in getattr(args, "state", None) or []] or None
+        sales = journal.query(since=since, states=states, limit=getattr(args, "limit", None))
     finally:
         journal.close()
-    print(render(sales, args.format))
-    return 0
+    sys.stdout.write(render(sales, fmt))
+    return EXIT_OK

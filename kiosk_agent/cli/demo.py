@@ -1,13 +1,13 @@
 """`kiosk-agent demo`: the simulator, a virtual vending machine and the agent, with a live view.
 
 Everything runs in this process: the service simulator on a loopback port, the virtual vending
-machine controller on a pseudo-terminal, and the agent configured by ``config/demo.yaml``. The
+machine controller on a pseudo-terminal, and the agent configured by config/demo.yaml. The
 view shows customers choosing, cards, approvals and declines, dispenses, voids and receipts with a
-running total; plain lines when standard output is not a terminal. Ctrl-C ends it cleanly;
-``--sales N`` or ``--duration S`` end it by themselves.
+running total; plain lines when standard output is not a terminal, no colours with NO_COLOR set.
+Ctrl-C ends it cleanly; --sales N or --duration S end it by themselves.
 
-Out of service: press ``o`` (on a terminal) to take the first reader's terminal offline in the
-simulator and again to bring it back, or give ``--outage S`` (offline after S seconds, for 10 s):
+Out of service: press o (on a terminal) to take the first reader's terminal offline in the
+simulator and again to bring it back, or give --outage S (offline after S seconds, for 10 s):
 the view shows the reader stepping aside while the machine goes on selling for cash.
 """
 
@@ -26,7 +26,19 @@ from collections.abc import Coroutine
 from pathlib import Path
 from typing import Any, TextIO
 
-from kiosk_agent.cli.agent import load_or_explain, start_simulator
+from kiosk_agent.cli.agent import start_simulator
+from kiosk_agent.cli.contract import (
+    EXIT_OK,
+    EXIT_USAGE,
+    CliError,
+    guarded,
+    is_tty,
+    load,
+    options,
+    plural,
+    positive_int,
+    use_colour,
+)
 from kiosk_agent.core.sale import SaleEvent, SaleState
 from kiosk_agent.money import format_cents
 from kiosk_agent.tasks import TaskSet, cancel_and_wait, next_item
@@ -67,13 +79,11 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     demo = subparsers.add_parser(
         "demo",
         help="simulator + virtual vending machine + agent, with a live view (no hardware)",
-        description=__doc__,
+        description=__doc__.split(": ", 1)[1],  # the docstring without its `kiosk-agent demo`
         formatter_class=argparse.RawDescriptionHelpFormatter,
+        parents=options(json=False),
     )
-    demo.add_argument(
-        "--config", type=Path, default=DEFAULT_CONFIG, help="default: config/demo.yaml"
-    )
-    demo.add_argument("--sales", type=int, help="end after this many finished sales")
+    demo.add_argument("--sales", type=positive_int, help="end after this many finished sales")
     demo.add_argument("--duration", type=float, help="end after this many seconds")
     demo.add_argument(
         "--speed", type=float, default=1.0, help="customers and simulated time N times faster"
@@ -85,24 +95,28 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         metavar="S",
         help="take the first terminal offline after S seconds, for 10 s (or press o)",
     )
-    demo.set_defaults(handler=demo_command)
+    demo.set_defaults(handler=guarded(demo_command))
 
 
 class LiveView:
     """What happens at the machine and in the sale, one line each, and a running total."""
 
-    def __init__(self, out: TextIO, *, fancy: bool) -> None:
+    def __init__(self, out: TextIO, *, fancy: bool, colour: bool | None = None) -> None:
         self.out = out
-        self.fancy = fancy
+        self.fancy = fancy  # a redrawn running total (a terminal)
+        self.colour = fancy if colour is None else colour and fancy
         self.started = time.monotonic()
         self.captured_cents = 0
         self.finished: Counter[SaleState] = Counter()
         self._status_shown = False
         self._last_state: dict[str, SaleState] = {}  # a sale's steps repeat a state: show it once
+        self.customers: Customers | None = None  # --sales N: which sales count
 
     # -- inputs --------------------------------------------------------------------------------
 
     def machine(self, source: str, what: str, visit: Any) -> None:
+        if self.customers is not None:
+            self.customers.customer(source, what, visit.number)
         if what == "approved":
             return  # the sale's own "approved: vending" step says it
         product = visit.product
@@ -127,14 +141,25 @@ class LiveView:
         self._last_state[event.sale_id] = event.state
         if event.state.final:
             del self._last_state[event.sale_id]
+            if self.customers is not None and not self.customers.counts(event.sale_id):
+                # a card-first machine's session opened for a customer who never came
+                self._line(event.source, f"the session waiting for the next customer ended "
+                           f"({event.state.value}; not a sale)", "dim")
+                return
             self.finished[event.state] += 1
             self.captured_cents += event.captured_cents
             text = f"{event.state.value.upper()}: {event.message or ''}".rstrip(": ")
             self._line(event.source, text, _STATE_COLOUR.get(event.state, "bold"))
             return
         step = _STEP_TEXT.get(event.state, event.state.value)
-        detail = f" ({event.message})" if event.message else ""
-        self._line(event.source, f"{step}{detail}", "dim")
+        message = event.message or ""
+        if message.lower().startswith(step.lower()):
+            text = message  # "present a card on ...": says the step already
+        elif message:
+            text = f"{step} ({message})"
+        else:
+            text = step
+        self._line(event.source, text, "dim")
 
     def show(self, event: SaleEvent) -> None:
         if event.receipt:
@@ -164,7 +189,7 @@ class LiveView:
 
     def totals(self) -> str:
         count = sum(self.finished.values())
-        parts = [f"{count} sale{'s' if count != 1 else ''}"]
+        parts = [plural(count, "sale")]
         parts += [f"{n} {state.value}" for state, n in sorted(self.finished.items())]
         return f"{', '.join(parts)}; captured {format_cents(self.captured_cents)}"
 
@@ -178,9 +203,10 @@ class LiveView:
         stamp = time.strftime("%H:%M:%S")
         if self.fancy:
             self._clear_status()
-            c, reset = _COLOURS[colour], _COLOURS["reset"]
-            self.out.write(f"{_COLOURS['dim']}{stamp}{reset} {source:<16} {c}{text}{reset}\n")
-            self.out.write(f"{_COLOURS['bold']}  total: {self.totals()}{reset}")
+            paint = _COLOURS if self.colour else dict.fromkeys(_COLOURS, "")
+            c, reset, dim = paint[colour], paint["reset"], paint["dim"]
+            self.out.write(f"{dim}{stamp}{reset} {source:<16} {c}{text}{reset}\n")
+            self.out.write(f"{paint['bold']}  total: {self.totals()}{reset}")
             self._status_shown = True
         else:
             self.out.write(f"{stamp} {source} {text}\n")
@@ -190,6 +216,66 @@ class LiveView:
         if self._status_shown:
             self.out.write("\r\x1b[K")
             self._status_shown = False
+
+
+class Customers:
+    """``--sales N``: the sales of the first N customers, and no customer after them.
+
+    A sale counts when a customer is in it: the one who selects (selection first: the sale opens
+    after the choice) or takes the session (card first: the machine opens it in advance). Once
+    the N-th customer has come, the machines take no one new; the demo ends when those N sales
+    have ended, so it shows exactly N (a session a card-first machine opened for a next customer
+    who never comes is closed at the stop, and said not to be a sale).
+    """
+
+    def __init__(self, limit: int, machines: list[Any]) -> None:
+        self.limit = limit
+        self.machines = machines
+        self.arrived = 0
+        self.counted: set[str] = set()
+        self.ended: set[str] = set()
+        self._open: dict[str, str] = {}  # machine -> its sale under way
+        self._waiting: Counter[str] = Counter()  # machine -> customers whose sale is to open
+        self._seen: set[tuple[str, int]] = set()  # (machine, customer number)
+
+    def customer(self, source: str, what: str, number: int) -> None:
+        """A machine's observer: a customer chose (selection first) or took the session (card
+        first, then chose: the same customer)."""
+        if what not in ("selects", "session") or (source, number) in self._seen:
+            return
+        if self.arrived >= self.limit:
+            return
+        self._seen.add((source, number))
+        self.arrived += 1
+        sale_id = self._open.get(source)
+        if what == "session" and sale_id is not None and sale_id not in self.counted:
+            self.counted.add(sale_id)
+        else:
+            self._waiting[source] += 1
+        if self.arrived >= self.limit:
+            for machine in self.machines:
+                machine.controller.closing.set()  # no new customer
+
+    def sale(self, event: SaleEvent) -> None:
+        if event.receipt:
+            return
+        if event.sale_id not in self._open.values() and event.sale_id not in self.ended:
+            self._open[event.source] = event.sale_id
+            if self._waiting[event.source]:
+                self._waiting[event.source] -= 1
+                self.counted.add(event.sale_id)
+        if event.state.final:
+            self.ended.add(event.sale_id)
+            if self._open.get(event.source) == event.sale_id:
+                del self._open[event.source]
+
+    def counts(self, sale_id: str) -> bool:
+        return sale_id in self.counted
+
+    @property
+    def done(self) -> bool:
+        waiting = sum(self._waiting.values())
+        return self.arrived >= self.limit and not waiting and self.counted <= self.ended
 
 
 def _speed_up(config: Any, speed: float, journal: Path) -> None:
@@ -206,40 +292,48 @@ def _speed_up(config: Any, speed: float, journal: Path) -> None:
 
 
 async def demo_command(args: argparse.Namespace) -> int:
-    config = load_or_explain(args.config)
-    if config is None:
-        return 1
+    config = load(_demo_config(args))
     if "simulator" not in config["service"]:
-        print("the demo needs `service: {simulator: ...}` in its configuration", file=sys.stderr)
-        return 1
+        raise CliError("the demo needs `service: {simulator: ...}` in its configuration",
+                       EXIT_USAGE)
     if args.speed <= 0:
-        print("--speed must be above zero", file=sys.stderr)
-        return 2
+        raise CliError("--speed must be above zero", EXIT_USAGE)
     logging.basicConfig(level=logging.ERROR, format="%(levelname)s %(name)s: %(message)s")
     with tempfile.TemporaryDirectory(prefix="kiosk-demo-") as scratch:
         _speed_up(config, args.speed, Path(scratch) / "journal.db")
         return await _run(config, args)
 
 
+def _demo_config(args: argparse.Namespace) -> Path:
+    """-c/--config, else $KIOSK_CONFIG, else the bundled config/demo.yaml."""
+    from kiosk_agent.cli.contract import optional_config_path
+
+    return optional_config_path(args) or DEFAULT_CONFIG
+
+
 async def _run(config: Any, args: argparse.Namespace) -> int:
     from kiosk_agent.app import build_agent
     from kiosk_agent.platforms.virtual import VirtualPlatform
 
-    view = LiveView(sys.stdout, fancy=sys.stdout.isatty() and not args.plain)
+    view = LiveView(sys.stdout, fancy=is_tty(sys.stdout) and not args.plain,
+                    colour=use_colour(sys.stdout))
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(signum, stop.set)
     sim, settings = await start_simulator(config["service"]["simulator"])
+    view.note(f"simulator listening on {sim.base_url}; Ctrl-C stops the demo")
     agent = build_agent(config, settings, systemd=False)
     outage = Outage(sim.base_url, next(iter(agent.settings.terminals)), view)
     try:
         async with agent.events.subscribe() as queue, outage:
             await agent.start()
-            for platform in agent.platforms:
-                if isinstance(platform, VirtualPlatform):
-                    observer = functools.partial(view.machine, platform.name)
-                    platform.controller.observers.append(observer)
+            machines = [p for p in agent.platforms if isinstance(p, VirtualPlatform)]
+            if args.sales is not None:
+                view.customers = Customers(args.sales, machines)
+            for platform in machines:
+                observer = functools.partial(view.machine, platform.name)
+                platform.controller.observers.append(observer)
             outage.follow(agent.availability, after=args.outage)
             await _follow(queue, view, stop, args)
             # A sale under way now is finished or given back: show how, not a bare "told no".
@@ -252,7 +346,7 @@ async def _run(config: Any, args: argparse.Namespace) -> int:
             await agent.stop()
         await sim.stop()
     view.summary()
-    return 0
+    return EXIT_OK
 
 
 class Outage:
@@ -323,13 +417,17 @@ class Outage:
 async def _follow(
     queue: asyncio.Queue[SaleEvent], view: LiveView, stop: asyncio.Event, args: argparse.Namespace
 ) -> None:
+    """Show sale events until Ctrl-C, the duration, or the sales of ``--sales N`` customers."""
     stopper = asyncio.create_task(stop.wait())
+    customers = view.customers
     try:
         async with asyncio.timeout(args.duration):  # None: until Ctrl-C or --sales
-            while args.sales is None or sum(view.finished.values()) < args.sales:
+            while customers is None or not customers.done:
                 event = await next_item(queue, stopper)
                 if event is None:
                     return  # Ctrl-C
+                if customers is not None:
+                    customers.sale(event)
                 view.show(event)
     except TimeoutError:
         return  # the duration is over

@@ -14,14 +14,31 @@ import asyncio
 import contextlib
 import json
 import os
-import sys
 import time
-from pathlib import Path
 from typing import Any
 
 import aiohttp
 
-from kiosk_agent.core.config import Config, ConfigInvalid, load_config
+from kiosk_agent.cli.contract import (
+    CONFIG_ENV,
+    EXIT_AUTH,
+    EXIT_FAILED,
+    EXIT_OK,
+    EXIT_UNREACHABLE,
+    EXIT_USAGE,
+    STATUS,
+    CliError,
+    config_path,
+    guarded,
+    load,
+    named_config,
+    optional_config_path,
+    options,
+    plural,
+    timeout_of,
+    wants_json,
+)
+from kiosk_agent.core.config import Config
 from kiosk_agent.core.doctor import (
     Check,
     Report,
@@ -39,35 +56,36 @@ TOKEN_ENV = "KIOSK_AGENT_TOKEN"  # noqa: S105 - the variable's name, not a secre
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    # -c/--config, --json and --timeout: the command line's contract (kiosk_agent.cli.contract)
     doctor = subparsers.add_parser(
-        "doctor", help="check this unit: config, serial ports, service, terminals, printing"
+        "doctor", help="check this unit: config, serial ports, service, terminals, printing",
+        parents=options(timeout=True),
     )
-    doctor.add_argument("--config", "-c", required=True, type=Path, help="configuration file")
     doctor.add_argument(
         "--test-print",
         action="store_true",
         help="print a receipt copy on terminals that can (uses the last sale's transaction)",
     )
     doctor.add_argument("--trans-id", help="the transaction to print with --test-print")
-    doctor.add_argument("--timeout", type=float, default=10.0, help="seconds per network check")
-    doctor.set_defaults(handler=doctor_command)
+    doctor.set_defaults(handler=guarded(doctor_command))
 
-    health = subparsers.add_parser("health", help="the health of a running agent (admin API)")
-    source = health.add_mutually_exclusive_group(required=True)
-    source.add_argument("--config", "-c", type=Path, help="read the admin address and token here")
-    source.add_argument("--url", help="admin API address, e.g. http://127.0.0.1:8124")
+    health = subparsers.add_parser(
+        "health", help="the health of a running agent (admin API)",
+        description="Ask a running agent's admin API for its health: its address and token from "
+        "the configuration (-c/--config or $KIOSK_CONFIG), or --url and --token.",
+        parents=options(timeout=True),
+    )
+    health.add_argument("--url", help="admin API address, e.g. http://127.0.0.1:8124")
     health.add_argument("--token", help=f"bearer token (default: ${TOKEN_ENV})")
-    health.add_argument("--json", action="store_true", help="print the raw snapshot")
-    health.set_defaults(handler=health_command)
+    health.set_defaults(handler=guarded(health_command))
 
-    fleet = subparsers.add_parser("fleet", help="the unit as the fleet (Home Assistant) sees it")
+    fleet = subparsers.add_parser("fleet", help="the unit as the fleet (Home Assistant) sees it",
+                                  parents=options())
     actions = fleet.add_subparsers(dest="fleet_action", metavar="ACTION", required=True)
     forget = actions.add_parser(
         "forget",
         help="remove a decommissioned unit from Home Assistant: clear its retained MQTT topics",
-    )
-    forget.add_argument(
-        "--config", "-c", required=True, type=Path, help="read the upstream: mqtt broker here"
+        parents=options(),  # -c/--config (its upstream: mqtt broker) and --json
     )
     forget.add_argument(
         "--device-id",
@@ -79,8 +97,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     forget.add_argument(
         "--wait", type=float, default=1.0, help="seconds to collect its retained topics"
     )
-    forget.add_argument("--json", action="store_true", help="print what was cleared as JSON")
-    forget.set_defaults(handler=forget_command)
+    forget.set_defaults(handler=guarded(forget_command))
 
 
 # -- doctor ------------------------------------------------------------------------------------
@@ -88,20 +105,36 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
 async def doctor_command(args: argparse.Namespace) -> int:
     # The checks and their fixes live in core/doctor.py (the status page runs them too).
-    report = Report(on_check=_print_check)
-    config = check_config(report, args.config)
+    as_json = wants_json(args)
+    report = Report(on_check=None if as_json else _print_check)
+    args.timeout = timeout_of(args)
+    config = check_config(report, named_config(args))
     if config is not None:
         check_serial_ports(report, config)
         check_journal(report, config)
         await _check_service(report, config, args)
         await check_upstream(report, config, args.timeout)
+    if as_json:
+        print(json.dumps({"ok": not report.failed, "verdict": verdict(report),
+                          **report.as_dict()}, indent=2))
+    else:
+        print(f"\n{verdict(report)}")
+    if config is None:
+        return EXIT_USAGE  # a broken config file: the same code from every command
+    return EXIT_FAILED if report.failed else EXIT_OK
+
+
+def verdict(report: Report) -> str:
+    """``all 8 checks passed, 4 skipped`` or ``2 of 12 checks failed: ...``."""
     failed = report.failed
     if failed:
         names = ", ".join(c.name for c in failed)
-        print(f"\n{len(failed)} check(s) failed: {names}")
-        return 1
-    print(f"\nall {len(report.checks)} checks passed" if report.checks else "nothing checked")
-    return 0
+        return f"{len(failed)} of {plural(len(report.checks), 'check')} failed: {names}"
+    if not report.checks:
+        return "nothing checked"
+    skipped = sum(c.verdict is Verdict.SKIP for c in report.checks)
+    ran = len(report.checks) - skipped
+    return f"all {plural(ran, 'check')} passed" + (f", {skipped} skipped" if skipped else "")
 
 
 def _print_check(check: Check) -> None:
@@ -119,7 +152,7 @@ async def _check_service(report: Report, config: Config, args: argparse.Namespac
             from kiosk_agent.cli.agent import start_simulator
 
             sim, settings = await start_simulator(simulator)
-            report.add("service", Verdict.PASS, "embedded simulator started")
+            report.add("service", Verdict.PASS, f"embedded simulator started at {sim.base_url}")
         else:
             from kiosk_agent.core.agent import service_settings_from_config
 
@@ -144,43 +177,37 @@ async def _check_service(report: Report, config: Config, args: argparse.Namespac
 async def forget_command(args: argparse.Namespace) -> int:
     from kiosk_agent.core.upstream import ONLINE, host_device_id, unit_topics
 
-    try:
-        config = load_config(args.config, check_platforms=False)
-    except ConfigInvalid as err:
-        print(f"error: {args.config}: {err.errors[0]}", file=sys.stderr)
-        return 2
+    path = config_path(args)
+    config = load(path, check_platforms=False)
     upstream = config.get("upstream") or {}
     mqtt = upstream.get("mqtt")
     if not mqtt:
-        print(f"error: {args.config} has no upstream: mqtt: section; nothing to forget on a "
-              "broker", file=sys.stderr)
-        return 2
+        raise CliError(f"{path} has no upstream: mqtt: section; nothing to forget on a broker",
+                       EXIT_USAGE)
     device_id = args.device_id or upstream.get("device_id") or host_device_id()
     try:
         found = await _retained(mqtt, device_id, args.wait)
         known = unit_topics(mqtt, device_id)
         availability = found.get(known[1])
         if availability == ONLINE and not args.force:
-            print(
-                f"error: {device_id} says it is online: stop its agent first (it would announce "
-                "itself again at its next start), or pass --force",
-                file=sys.stderr,
+            raise CliError(
+                f"{device_id} says it is online: stop its agent first (it would announce "
+                "itself again at its next start), or pass --force"
             )
-            return 1
         cleared = sorted(set(found) | set(known))
         await _clear(mqtt, cleared, args.wait)
     except (OSError, TimeoutError, _mqtt_error()) as err:
         where = f"{mqtt['host']}:{mqtt['port']}"
-        print(f"error: cannot reach the MQTT broker {where}: {describe(err)}", file=sys.stderr)
-        return 4
-    if args.json:
+        raise CliError(f"cannot reach the MQTT broker {where}: {describe(err)}",
+                       EXIT_UNREACHABLE) from None
+    if wants_json(args):
         print(json.dumps({"device_id": device_id, "cleared": cleared, "found": sorted(found)}))
     else:
         print(f"forgot {device_id}: cleared {len(cleared)} retained topic(s) "
               f"({len(found)} were set); Home Assistant removes its entities now")
         for topic in cleared:
             print(f"  {topic}")
-    return 0
+    return EXIT_OK
 
 
 def _mqtt_error() -> type[Exception]:
@@ -236,45 +263,44 @@ async def _clear(conf: dict[str, Any], topics: list[str], within: float) -> None
 
 
 async def health_command(args: argparse.Namespace) -> int:
-    try:
-        url, token = _admin_address(args)
-    except ValueError as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
+    url, token = _admin_address(args)
     headers = {"Authorization": f"Bearer {token}"}
+    within = timeout_of(args)
     try:
         async with (
-            aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as session,
+            STATUS.waiting(f"the agent at {url}", within),
+            aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=within)) as session,
             session.get(f"{url.rstrip('/')}/api/health", headers=headers) as response,
         ):
             if response.status == 401:
-                print("error: the admin API refused the token", file=sys.stderr)
-                return 2
+                raise CliError("the admin API refused the token", EXIT_AUTH)
             if response.status != 200:
-                print(f"error: admin API answered HTTP {response.status}", file=sys.stderr)
-                return 2
+                raise CliError(f"admin API answered HTTP {response.status}")
             snapshot = await response.json()
     except (aiohttp.ClientError, TimeoutError) as err:
-        print(f"error: cannot reach the agent at {url}: {describe(err)}", file=sys.stderr)
-        print("       is it running? `systemctl status kiosk-agent`", file=sys.stderr)
-        return 2
-    print(json.dumps(snapshot, indent=2) if args.json else format_health(snapshot))
-    return 0 if snapshot.get("status") == "ok" else 1
+        raise CliError(
+            f"cannot reach the agent at {url}: {describe(err)}",
+            EXIT_UNREACHABLE, ["is it running? `systemctl status kiosk-agent`"],
+        ) from None
+    print(json.dumps(snapshot, indent=2) if wants_json(args) else format_health(snapshot))
+    return EXIT_OK if snapshot.get("status") == "ok" else EXIT_FAILED
 
 
 def _admin_address(args: argparse.Namespace) -> tuple[str, str]:
     token = args.token or os.environ.get(TOKEN_ENV)
     if args.url:
         if not token:
-            raise ValueError(f"give --token or set ${TOKEN_ENV}")
+            raise CliError(f"give --token or set ${TOKEN_ENV}", EXIT_USAGE)
         return args.url, token
-    try:
-        config = load_config(args.config, check_platforms=False)
-    except ConfigInvalid as err:
-        raise ValueError(f"{args.config}: {err.errors[0]}") from None
+    path = optional_config_path(args)
+    if path is None:
+        raise CliError(f"give -c/--config FILE (or set ${CONFIG_ENV}), or --url and --token",
+                       EXIT_USAGE)
+    config = load(path, check_platforms=False)
     admin = config.get("admin")
     if not admin:
-        raise ValueError(f"{args.config} has no admin: section; the agent serves no admin API")
+        raise CliError(f"{path} has no admin: section; the agent serves no admin API",
+                       EXIT_USAGE)
     host = admin["host"] if admin["host"] not in ("0.0.0.0", "::") else "127.0.0.1"  # noqa: S104
     if not token:
         admin_tokens = [t for t in admin["tokens"] if t["role"] == "admin"] or admin["tokens"]

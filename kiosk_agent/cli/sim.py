@@ -6,7 +6,7 @@ import argparse
 import asyncio
 import contextlib
 import json
-import math
+import os
 import signal
 import sqlite3
 import sys
@@ -14,6 +14,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from kiosk_agent.cli.contract import positive_number
 from kiosk_agent.service.settings import ServiceSettings
 from kiosk_agent.sim.ratelimit import RateLimit
 from kiosk_agent.sim.server import SimOptions, SimServer
@@ -34,7 +35,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "--port", type=_port, default=DEFAULT_PORT, help=f"port (default {DEFAULT_PORT}; 0: any)"
     )
     parser.add_argument(
-        "--time-scale", type=_positive_float, default=1.0,
+        "--time-scale", type=positive_number, default=1.0,
         help="run simulated durations X times faster (default 1)",
     )  # fmt: skip
     parser.add_argument("--seed", type=int, default=1, help="seed of the data set and card tokens")
@@ -53,17 +54,12 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     parser.add_argument(
         "--chaos", action="store_true", help="duplicate and reorder webhook deliveries"
     )
+    parser.add_argument(
+        "-v", "--verbose", action="store_true",
+        help="log each request and event (interactions, terminals, webhooks) on one line, stderr",
+    )
     parser.set_defaults(handler=run_sim)
-
-
-def _positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
-    if not math.isfinite(value) or value <= 0:
-        raise argparse.ArgumentTypeError(f"must be a positive number, got {text!r}")
-    return value
+    _register_trigger(parser)
 
 
 def _count(text: str) -> int:
@@ -128,10 +124,20 @@ def options_from_args(args: argparse.Namespace) -> SimOptions:
         rate_limit=args.rate_limit,
         data_dir=args.data_dir,
         chaos=args.chaos,
+        verbose=args.verbose,
     )
 
 
 async def run_sim(args: argparse.Namespace) -> int:
+    if args.verbose:
+        import logging
+
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("%(asctime)s %(message)s", "%H:%M:%S"))
+        sim_logs = logging.getLogger("kiosk_agent.sim")
+        sim_logs.addHandler(handler)
+        sim_logs.setLevel(logging.DEBUG)
+        sim_logs.propagate = False
     server = SimServer(options_from_args(args))
     try:
         await server.start()
@@ -150,3 +156,106 @@ async def run_sim(args: argparse.Namespace) -> int:
     finally:
         await server.stop()
     return 0
+
+
+# -- sim trigger: the test helpers from the command line (as `stripe trigger` does) ------------
+
+SIM_URL_ENV = "KIOSK_BASE_URL"
+
+
+def _register_trigger(parser: argparse.ArgumentParser) -> None:
+    from kiosk_agent.cli.contract import case_insensitive, guarded, options
+    from kiosk_agent.service.models.boarding import MerchantTrigger
+
+    actions = parser.add_subparsers(dest="sim_action", metavar="ACTION")
+    trigger = actions.add_parser(
+        "trigger", help="drive a running simulator: settle, terminals offline/online, merchants",
+        description="Play one of the simulator's test helpers (POST /sim/...) on a running "
+        f"simulator: --url, else ${SIM_URL_ENV}, else http://127.0.0.1:{DEFAULT_PORT}.",
+    )
+    events = trigger.add_subparsers(dest="event", metavar="EVENT", required=True)
+    common = options(config=False, timeout=True)
+    settle = events.add_parser("settle", parents=common,
+                               help="settle the open batch now (deposits appear in reporting)")
+    offline = events.add_parser("terminal-offline", parents=common, help="a reader goes offline")
+    online = events.add_parser("terminal-online", parents=common, help="a reader comes back")
+    for sub in (offline, online):
+        sub.add_argument("device", metavar="DEVICE", help="e.g. SIM-0003")
+    status = events.add_parser(
+        "merchant-status", parents=common,
+        help="move a merchant to any status (the service's own moves; sends its webhook)",
+    )
+    status.add_argument("merchant_id", metavar="MERCHANT_ID", type=int)
+    status.add_argument("status", metavar="STATUS",
+                        help="new, sent_for_signature, signed, in_underwriting, boarded, live, "
+                        "cancelled, declined, deleted")
+    movers = [t.value for t in MerchantTrigger]
+    status.add_argument("--trigger", dest="moved_by", type=case_insensitive(movers),
+                        help=f"who moved it: {', '.join(movers)} (default: ui)")
+    for sub in (settle, offline, online, status):
+        sub.add_argument("--url", help=f"the simulator (default ${SIM_URL_ENV}, else "
+                         f"http://127.0.0.1:{DEFAULT_PORT})")
+        sub.set_defaults(handler=guarded(trigger_command))
+
+
+def trigger_request(args: argparse.Namespace) -> tuple[str, dict[str, Any] | None]:
+    """(the helper's path, its JSON body) for ``args.event``."""
+    if args.event == "settle":
+        return "/sim/settle", None
+    if args.event in ("terminal-offline", "terminal-online"):
+        state = args.event.removeprefix("terminal-")
+        return f"/sim/terminals/{args.device}/{state}", None
+    body: dict[str, Any] = {"merchant_status": args.status.strip().lower()}
+    if args.moved_by:
+        body["trigger"] = args.moved_by
+    return f"/sim/merchants/{args.merchant_id}/status", body
+
+
+async def trigger_command(args: argparse.Namespace) -> int:
+    import aiohttp
+
+    from kiosk_agent.cli.contract import (
+        EXIT_OK,
+        EXIT_UNREACHABLE,
+        STATUS,
+        CliError,
+        print_json,
+        timeout_of,
+        wants_json,
+    )
+
+    base = (args.url or os.environ.get(SIM_URL_ENV) or f"http://127.0.0.1:{DEFAULT_PORT}")
+    path, body = trigger_request(args)
+    within = timeout_of(args)
+    try:
+        async with (
+            STATUS.waiting(f"the simulator at {base}", within),
+            aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=within)) as http,
+            http.post(base.rstrip("/") + path, json=body) as response,
+        ):
+            text = await response.text()
+            status = response.status
+    except (aiohttp.ClientError, TimeoutError) as err:
+        raise CliError(f"no simulator answered at {base}: {type(err).__name__} {err}".rstrip(),
+                       EXIT_UNREACHABLE) from None
+    try:
+        answer = json.loads(text) if text else {}
+    except json.JSONDecodeError:
+        answer = {"detail": text[:200]}
+    if status != 200:
+        detail = answer.get("detail") or answer.get("error") or f"HTTP {status}"
+        raise CliError(f"the simulator refused {args.event}: {detail}")
+    if wants_json(args):
+        print_json(answer)
+    else:
+        print(_trigger_summary(args, answer))
+    return EXIT_OK
+
+
+def _trigger_summary(args: argparse.Namespace, answer: dict[str, Any]) -> str:
+    if args.event == "settle":
+        deposits = answer.get("deposits", [])
+        return f"settled {answer.get('settled', 0)} transaction(s) into {len(deposits)} deposit(s)"
+    if args.event.startswith("terminal-"):
+        return f"{args.device} is {'online' if answer.get('online') else 'offline'}"
+    return f"merchant {args.merchant_id} is {args.status.strip().lower()} (webhook sent)"

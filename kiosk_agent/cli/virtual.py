@@ -20,7 +20,7 @@ from typing import Any
 
 import voluptuous as vol
 
-from kiosk_agent.cli.sim import _count, _positive_float
+from kiosk_agent.cli.contract import positive_int, positive_number
 from kiosk_agent.core.config import positive_price
 from kiosk_agent.platforms import mdb_protocol as wire
 from kiosk_agent.platforms.virtual import ControllerOptions, VirtualController, VisitRecorder
@@ -57,11 +57,11 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         f"(default {' '.join(DEFAULT_PRODUCTS)})",
     )
     parser.add_argument(
-        "--rate", type=_positive_float, default=0.5,
+        "--rate", type=positive_number, default=0.5,
         help="customers per second on average (default 0.5)",
     )  # fmt: skip
     parser.add_argument(
-        "--count", type=_count, help="serve this many customers, then print DONE and wait"
+        "--count", type=positive_int, help="serve this many customers, then print DONE and wait"
     )
     parser.add_argument("--seed", type=int, help="seed of the customers' choices")
     parser.add_argument(
@@ -69,11 +69,11 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help="share of approved vends the machine fails to dispense (default 0.1)",
     )  # fmt: skip
     parser.add_argument(
-        "--dispense-time", type=_positive_float, default=0.2,
+        "--dispense-time", type=positive_number, default=0.2,
         help="seconds from approval to the vend result (default 0.2)",
     )  # fmt: skip
     parser.add_argument(
-        "--patience", type=_positive_float, default=60.0,
+        "--patience", type=positive_number, default=60.0,
         help="seconds a customer waits for the agent's answer (default 60)",
     )  # fmt: skip
     parser.add_argument(

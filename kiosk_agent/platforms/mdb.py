@@ -561,7 +561,8 @@ class MdbCashless:
             if session.abort_reason is not None and session.phase is _Phase.AUTHORIZING:
                 self.cancel_sale(session)
             final = await sale.result()
-            _LOGGER.info(
+            # DEBUG: the flow logs each sale's end once, at INFO (run logged every sale twice)
+            _LOGGER.debug(
                 "%s: sale %s %s (%s)", self.name, final.sale_id, final.state.value, final.message
             )
             if not session.result.done():

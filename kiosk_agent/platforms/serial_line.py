@@ -400,7 +400,8 @@ class SerialLineDevice:
             if vend.cancelled is not None and not vend.vending:
                 await request_cancel(self.sales, sale.sale_id, self.name)
             final = await sale.result()
-            _LOGGER.info("%s: sale %s %s", self.name, final.sale_id, final.state.value)
+            # DEBUG: the flow logs each sale's end once, at INFO
+            _LOGGER.debug("%s: sale %s %s", self.name, final.sale_id, final.state.value)
             if not vend.result.done():
                 await vend.deny(final.message or final.state.value)
             self.outcomes[vend.result.result().status.value] += 1

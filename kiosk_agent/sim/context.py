@@ -37,6 +37,7 @@ class SimOptions:
     rate_limit: str | None = None  # "R/S": R requests per S seconds; default 20/s, burst 40
     data_dir: Path | None = None  # None: state in memory only
     chaos: bool = False  # webhooks: duplicate and reorder deliveries
+    verbose: bool = False  # each request on one line (logger kiosk_agent.sim.access)
 
 
 @dataclass(slots=True)

@@ -45,6 +45,7 @@ from kiosk_agent.tasks import cancel_and_wait
 __all__ = ["SimContext", "SimOptions", "SimServer"]
 
 _LOGGER = logging.getLogger(__name__)
+_ACCESS_LOG = logging.getLogger("kiosk_agent.sim.access")  # `kiosk-agent sim -v`
 
 # Real seconds between saves of the virtual clock, so a restart never runs time backwards.
 _CLOCK_CHECKPOINT_S = 1.0
@@ -121,7 +122,10 @@ class SimServer:
         runner: web.AppRunner | None = None
         try:
             self.app = build_app(ctx)
-            runner = web.AppRunner(self.app, access_log=None, handle_signals=False)
+            runner = web.AppRunner(
+                self.app, handle_signals=False, access_log_format='%r %s %Tfs',
+                access_log=_ACCESS_LOG if self.options.verbose else None,
+            )
             await runner.setup()
             await web.TCPSite(runner, self.options.host, self.options.port).start()
         except BaseException:

@@ -152,6 +152,7 @@ class Terminals:
         """Test helper: a terminal going offline fails its pending interaction."""
         self._model(device_id)
         self._touch(device_id, online=online, **({} if online else {"connected": False}))
+        _LOGGER.debug("event: terminal %s %s", device_id, "online" if online else "offline")
         pending = self._busy.get(device_id)
         if not online and pending is not None:
             self._finish(
@@ -322,6 +323,8 @@ class Terminals:
         record = stored["record"]
         record.update(status=status, result=result, stage_errors=stage_errors)
         self._interactions.put(interaction_id, stored)
+        _LOGGER.debug("event: %s %s on %s %s", record["kind"], interaction_id,
+                      record["device_id"], status)  # `kiosk-agent sim -v`
         for handle in self._timers.pop(interaction_id, []):
             handle.cancel()
         if self._busy.get(record["device_id"]) == interaction_id:

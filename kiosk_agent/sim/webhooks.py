@@ -262,6 +262,8 @@ class WebhookDispatcher:
         except (aiohttp.ClientError, TimeoutError) as err:
             error = f"{type(err).__name__}: {err}"
         ok = status is not None and 200 <= status < 300
+        _LOGGER.debug("event: webhook %s %s attempt %d -> %s", event.webhook_id,
+                      event.event_type, attempt, status or error)  # `kiosk-agent sim -v`
         if count:
             event.statuses.append(status)
             event.last_status = status

@@ -58,7 +58,7 @@ def test_check_config_prints_every_mistake_and_exits_2(
         receipts: {print: sometimes}
         """,
     )
-    assert main(["check-config", str(path)]) == 2
+    assert main(["check-config", str(path)]) == 2  # a broken config file: exit 2 everywhere
     err = capsys.readouterr().err
     assert "config.yaml:3: service.api_key: a secret is written inline" in err
     assert "config.yaml:6: receipts.print: value must be one of" in err
@@ -115,7 +115,8 @@ def test_sales_with_a_bad_since_says_what_it_expected(
     fill_journal(tmp_path)
     assert main(["sales", "--config", str(path), "--since", "yesterday"]) == 2
     assert (
-        '--since: expected an ISO date like "2026-11-01" or "24h"/"7d"' in capsys.readouterr().err
+        '--since: expected "2026-11-22", "2026-11-22T10:00:00Z", or back from now: "90m", "24h"'
+        in capsys.readouterr().err
     )
 
 
@@ -186,3 +187,29 @@ def test_run_sells_on_the_embedded_simulator_and_stops_on_sigterm(tmp_path: Path
     assert agent.returncode == 0, err[-3000:]
     lines = [json.loads(line) for line in err.splitlines() if line.startswith("{")]
     assert any("ready in" in line["msg"] for line in lines)
+
+
+def test_check_config_show_prints_the_resolved_config_with_secrets_masked(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / "secrets.yaml").write_text("api_key: sk_live_123\n")
+    (tmp_path / "secrets.yaml").chmod(0o600)
+    path = write(
+        tmp_path,
+        """\
+        service:
+          base_url: https://pay.example.com
+          api_key: !secret api_key
+          mid: "1"
+        terminals: [{device_id: SIM-0001}]
+        """,
+    )
+    assert main(["check-config", "--show", "-c", str(path)]) == 0
+    shown = capsys.readouterr().out
+    assert "api_key: '***'" in shown
+    assert "journal:" in shown  # defaults filled in
+    assert main(["check-config", str(path), "--show", "--json"]) == 0
+    answer = json.loads(capsys.readouterr().out)
+    assert answer["valid"] is True
+    assert answer["config"]["service"]["api_key"] == "***"
+    assert "sk_live_123" not in json.dumps(answer)

@@ -33,8 +33,11 @@ def test_demo_runs_sales_and_ends_by_itself() -> None:
     assert counted, summary
     # every sale that ended is shown and counted, also one that ended while the agent stopped
     finals = re.findall(r"(COMPLETED|DECLINED|REVERSED|CANCELLED|FAILED|ATTENTION):", out)
-    assert len(finals) == int(counted.group(1)) >= 4
+    assert len(finals) == int(counted.group(1)) == 4  # --sales 4 stops after 4, not 5
     assert "Traceback" not in done.stderr
+    # the banner says where the simulator listens and how to stop
+    assert re.search(r"simulator listening on http://127\.0\.0\.1:\d+; Ctrl-C stops the demo", out)
+    assert "present a card (present a card" not in out  # each step said once
 
 
 def test_demo_ends_after_duration() -> None:
@@ -81,15 +84,14 @@ def test_demo_with_a_broken_config_names_the_mistake(tmp_path: Path) -> None:
         [*DEMO, "--config", str(broken), "--sales", "1"],
         capture_output=True, text=True, timeout=30, env=_env(), check=False,
     )
-    assert done.returncode == 1
+    assert done.returncode == 2  # a broken config file: exit 2 everywhere
     assert "fail_rate" in done.stderr
 
 
-def test_demo_on_a_terminal_draws_colours_and_a_running_total() -> None:
+def _on_a_terminal(env: dict[str, str]) -> tuple[int, str]:
     master, slave = os.openpty()
     proc = subprocess.Popen(
-        [*DEMO, "--sales", "2", "--speed", "5"], stdout=slave, stderr=subprocess.PIPE,
-        env=_env(),
+        [*DEMO, "--sales", "2", "--speed", "5"], stdout=slave, stderr=subprocess.PIPE, env=env,
     )
     os.close(slave)
     chunks = []
@@ -107,8 +109,27 @@ def test_demo_on_a_terminal_draws_colours_and_a_running_total() -> None:
         os.close(master)
         if proc.poll() is None:
             proc.kill()
-    screen = b"".join(chunks).decode(errors="replace")
-    assert proc.returncode == 0
+    return proc.returncode, b"".join(chunks).decode(errors="replace")
+
+
+def test_demo_on_a_terminal_draws_colours_and_a_running_total() -> None:
+    code, screen = _on_a_terminal({**_env(), "TERM": "xterm"})
+    assert code == 0
     assert "\x1b[1m" in screen  # the bold running total line
     assert "total: " in screen
     assert "demo ended after" in screen
+
+
+def test_demo_with_no_color_keeps_the_running_total_without_colours() -> None:
+    code, screen = _on_a_terminal({**_env(), "NO_COLOR": "1"})
+    assert code == 0
+    assert "total: " in screen
+    assert "\x1b[3" not in screen  # no colour codes
+    assert "\x1b[1m" not in screen
+
+
+def test_demo_help_is_plain_text() -> None:
+    done = subprocess.run([*DEMO, "--help"], capture_output=True, text=True, check=True,
+                          timeout=30)
+    assert "``" not in done.stdout
+    assert "config/demo.yaml" in done.stdout

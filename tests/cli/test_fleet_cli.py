@@ -70,16 +70,16 @@ journal: {{path: journal.db}}
 
 async def test_doctor_names_each_config_mistake_and_fails(tmp_path: Path, capsys) -> None:
     path = write_config(tmp_path, "service: {simulator: {}}\nterminals: []\nadmin: {prot: 1}\n")
-    assert await run_cli("doctor", "--config", str(path)) == 1
+    assert await run_cli("doctor", "--config", str(path)) == 2  # a broken config: exit 2
     out = capsys.readouterr().out
     assert "[FAIL] config:" in out
     assert "fix: correct each line below" in out
     assert "terminals" in out
-    assert "check(s) failed: config" in out
+    assert "1 of 1 check failed: config" in out
 
 
 async def test_doctor_with_a_missing_config_file(tmp_path: Path, capsys) -> None:
-    assert await run_cli("doctor", "--config", str(tmp_path / "nope.yaml")) == 1
+    assert await run_cli("doctor", "--config", str(tmp_path / "nope.yaml")) == 2
     assert "does not exist" in capsys.readouterr().out
 
 
@@ -141,11 +141,11 @@ async def test_health_from_a_running_agent(tmp_path: Path, sim, sim_settings, ca
         snapshot = json.loads(capsys.readouterr().out)
         assert snapshot["version"] == agent.version
         assert rc == (0 if snapshot["status"] == "ok" else 1)
-        assert await run_cli("health", "--url", server.url, "--token", "wrong" * 6) == 2
+        assert await run_cli("health", "--url", server.url, "--token", "wrong" * 6) == 3
         assert "refused the token" in capsys.readouterr().err
     finally:
         await agent.stop()
-    assert await run_cli("health", "--url", server.url, "--token", ADMIN_TOKEN) == 2
+    assert await run_cli("health", "--url", server.url, "--token", ADMIN_TOKEN) == 4
     assert "cannot reach the agent" in capsys.readouterr().err
 
 
@@ -203,6 +203,10 @@ async def test_doctor_with_the_embedded_simulator(tmp_path: Path, capsys) -> Non
     out = capsys.readouterr().out
     assert "[PASS] service: embedded simulator started" in out
     assert "[PASS] ping SIM-0003" in out
+    skipped = out.count("[SKIP]")
+    ran = out.count("[PASS]") + out.count("[WARN]")
+    assert skipped  # no serial port, no upstream, no printer
+    assert out.rstrip().endswith(f"all {ran} checks passed, {skipped} skipped")
 
 
 async def test_doctor_checks_that_heartbeats_can_leave(tmp_path: Path, sim, capsys) -> None:

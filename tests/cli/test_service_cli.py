@@ -23,7 +23,7 @@ import aiohttp
 import pytest
 
 from kiosk_agent.cli import build_parser
-from kiosk_agent.cli import service as cli
+from kiosk_agent.cli import contract as cli
 from kiosk_agent.sim.server import SimServer
 
 SECRET_VALUES = ("sim_api_key", "sim_secret", "sim_refresh_token")
@@ -90,7 +90,9 @@ async def test_terminals_lists_every_reader_with_capabilities_and_state(
     listed = {t["device_id"]: t for t in json.loads(ran.out)}
     assert listed["SIM-0003"]["online"] is False
     assert listed["SIM-0007"]["capabilities"]["receipt_printing"] is True
+    assert ran.code == 1  # a reader offline is a failed check, in JSON too
     ran = await kiosk(capsys, "terminals", "list")
+    assert ran.code == 1
     assert "1 of 8 offline: SIM-0003" in ran.out
     assert "Fix:" in ran.out
 
@@ -199,7 +201,7 @@ async def test_report_filters_by_attribute_status_and_time(
         (["report", "deposits", "--order-id", "x"], "--order-id does not apply to deposits"),
         (["report", "adjustments", "--status", "OPEN"], "--status does not apply to adjustments"),
         (["report", "chargebacks", "--status", "MAYBE"], "--status"),
-        (["report", "transactions", "--since", "yesterday"], "not a date or time: 'yesterday'"),
+        (["report", "transactions", "--since", "yesterday"], "--since: expected \"2026-11-22\""),
         (["report", "transactions", "--since", "2026-11-22", "--until", "2026-11-01"],
          "--since must be before --until"),
     ],
@@ -440,7 +442,7 @@ async def test_missing_credentials_name_the_variables(
     assert ran.code == 2
     assert ran.err == (
         "error: no service credentials: set KIOSK_API_KEY in the environment, or give "
-        "--config FILE with a service: section\n"
+        "-c/--config FILE (or $KIOSK_CONFIG) with a service: section\n"
     )
 
 
@@ -449,8 +451,9 @@ async def test_reports_need_only_the_oauth_client(
 ) -> None:
     monkeypatch.delenv("KIOSK_API_KEY")
     monkeypatch.delenv("KIOSK_MID")
-    settings = cli.load_settings(None, needs="oauth")
-    assert settings.api_key is None  # absent, not an empty string standing in for one
+    args = build_parser("report").parse_args(["report", "deposits"])
+    async with cli.service_settings(args, needs="oauth") as settings:
+        assert settings.api_key is None  # absent, not an empty string standing in for one
     ran = await kiosk(capsys, "report", "deposits", "--limit", "2", "--format", "csv")
     assert ran.code == 0, ran
     assert len(ran.out.splitlines()) == 3

@@ -1,0 +1,679 @@
+"""The command line's contract, in one place: every command's options, output and exit codes.
+
+- ``-c/--config FILE`` (else ``$KIOSK_CONFIG``) on every command that reads a configuration,
+  before or after the subcommand (:func:`options`, :func:`config_path`).
+- ``--json`` on every command that prints a result; a command without it refuses the option
+  (argparse, exit 2), it is never ignored. A failure under ``--json`` still prints one JSON
+  object, ``{"error": ..., "exit_code": N}``, on standard output (:func:`guarded`).
+- ``--timeout S`` (default 10) on every command that calls the service: each service call,
+  retries and 429 waits included, ends within S (it is ``ServiceSettings.timeout``, the one
+  bound the service client derives its timeouts from), so a service that never answers ends the
+  command with a clear error within S. On a terminal a line says
+  what it waits for (:class:`StatusLine`).
+- Exit codes from :data:`EXIT_CODES` (docs/cli.md has the same table; a test compares them).
+- ``NO_COLOR`` and TTY detection (:func:`use_colour`), progress with a clean final line.
+- Service commands work with a configuration that uses the embedded simulator: it is started
+  for the command, as ``doctor`` and ``run`` do (:func:`service_settings`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import datetime as dt
+import functools
+import json
+import math
+import os
+import re
+import sys
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
+from decimal import Decimal
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, TextIO, TypeVar
+
+from pydantic import BaseModel, SecretStr, ValidationError
+
+from kiosk_agent.export import HIDDEN_FIELDS, Amount, json_value, model_values, plain
+from kiosk_agent.money import MoneyError, format_cents, parse_price
+
+if TYPE_CHECKING:
+    from kiosk_agent.core.config import Config
+    from kiosk_agent.service.client import ServiceClient
+    from kiosk_agent.service.settings import ServiceSettings
+
+# -- exit codes (docs/cli.md, "Exit codes and errors") -------------------------------------------
+
+EXIT_OK = 0
+EXIT_FAILED = 1
+EXIT_USAGE = 2
+EXIT_AUTH = 3
+EXIT_UNREACHABLE = 4
+EXIT_INTERRUPTED = 130
+
+EXIT_CODES: dict[int, str] = {
+    EXIT_OK: "done; the check passed; the charge was approved",
+    EXIT_FAILED: "the check failed (reader down or offline, no printer), a charge was declined, "
+    "or the service said no",
+    EXIT_USAGE: "bad input: an option, an amount, a date, a missing credential, a broken config "
+    "file",
+    EXIT_AUTH: "the service refused the credentials",
+    EXIT_UNREACHABLE: "the service could not be reached or did not answer within --timeout",
+    EXIT_INTERRUPTED: "interrupted (Ctrl-C)",
+}
+
+M = TypeVar("M", bound=BaseModel)
+
+CONFIG_ENV = "KIOSK_CONFIG"
+DEFAULT_TIMEOUT_S = 10.0
+WAIT_LINE_AFTER_S = 1.0  # a call quicker than this draws no waiting line
+
+# settings field -> environment variable
+ENVIRONMENT = {
+    "base_url": "KIOSK_BASE_URL",
+    "reporting_url": "KIOSK_REPORTING_URL",
+    "ws_url": "KIOSK_WS_URL",
+    "api_key": "KIOSK_API_KEY",
+    "refresh_token": "KIOSK_REFRESH_TOKEN",
+    "mid": "KIOSK_MID",
+    "isv": "KIOSK_ISV",
+    "client_id": "KIOSK_CLIENT_ID",
+    "client_secret": "KIOSK_CLIENT_SECRET",
+    "credentials_path": "KIOSK_CREDENTIALS_PATH",
+}
+
+__all__ = [
+    "CONFIG_ENV",
+    "ENVIRONMENT",
+    "EXIT_CODES",
+    "HIDDEN_FIELDS",
+    "CliError",
+    "guarded",
+    "options",
+]
+
+
+class CliError(Exception):
+    """One line for the person at the keyboard (and more lines under it), and the exit code."""
+
+    def __init__(self, message: str, code: int = EXIT_FAILED, details: Sequence[str] = ()) -> None:
+        super().__init__(message)
+        self.code = code
+        self.details = list(details)
+
+
+Handler = Callable[[argparse.Namespace], Awaitable[int]]
+
+
+# -- options -------------------------------------------------------------------------------------
+
+
+def positive_number(text: str) -> float:
+    """An argparse ``type``: a finite number above zero (seconds, a time scale)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not math.isfinite(value) or value <= 0:
+        raise argparse.ArgumentTypeError(f"must be a positive number, got {text!r}")
+    return value
+
+
+@functools.cache
+def _parent(part: str) -> argparse.ArgumentParser:
+    # default=SUPPRESS: an option may stand before or after the subcommand (`-c F terminals
+    # list`, `terminals list -c F`); one not given is simply absent, read through the helpers.
+    parent = argparse.ArgumentParser(add_help=False)
+    if part == "config":
+        parent.add_argument(
+            "-c", "--config", metavar="FILE", default=argparse.SUPPRESS,
+            help=f"the agent's YAML configuration (default: ${CONFIG_ENV})",
+        )  # fmt: skip
+    elif part == "json":
+        parent.add_argument(
+            "--json", action="store_true", default=argparse.SUPPRESS,
+            help="print the result as JSON on standard output",
+        )  # fmt: skip
+    else:
+        parent.add_argument(
+            "--timeout", metavar="S", type=positive_number, default=argparse.SUPPRESS,
+            help=f"seconds each service request may take (default {DEFAULT_TIMEOUT_S:g})",
+        )  # fmt: skip
+    return parent
+
+
+def options(
+    *, config: bool = True, json: bool = True, timeout: bool = False
+) -> list[argparse.ArgumentParser]:
+    """The contract's options a command takes, as ``parents=`` of its parser (and of each of its
+    actions, so they stand before or after the action)."""
+    wanted = [("config", config), ("json", json), ("timeout", timeout)]
+    return [_parent(name) for name, on in wanted if on]
+
+
+def top_level_options() -> list[argparse.ArgumentParser]:
+    """``kiosk-agent -c FILE --json --timeout S COMMAND``: each applies where the command has it."""
+    return options(config=True, json=True, timeout=True)
+
+
+def check_contract(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
+    """Refuse a contract option given before a command that does not take it (never ignored)."""
+    leaf = getattr(args, "leaf_parser", None)
+    if leaf is None:
+        return
+    taken = leaf._option_string_actions  # argparse has no public listing
+    for dest, flag in (("config", "--config"), ("json", "--json"), ("timeout", "--timeout")):
+        if hasattr(args, dest) and flag not in taken:
+            parser.error(f"{leaf.prog} does not take {flag}")
+
+
+def config_path(args: argparse.Namespace) -> Path:
+    """``-c/--config``, else ``$KIOSK_CONFIG``; a usage error without one, or when missing."""
+    return existing_config(named_config(args))
+
+
+def named_config(args: argparse.Namespace) -> Path:
+    """``-c/--config``, else ``$KIOSK_CONFIG`` (not checked); a usage error without one."""
+    given = getattr(args, "config", None) or os.environ.get(CONFIG_ENV)
+    if not given:
+        raise CliError(f"no configuration: give -c/--config FILE or set ${CONFIG_ENV}", EXIT_USAGE)
+    return Path(given)
+
+
+def optional_config_path(args: argparse.Namespace) -> Path | None:
+    """``-c/--config``, else ``$KIOSK_CONFIG``, else None; a usage error when it is missing."""
+    given = getattr(args, "config", None) or os.environ.get(CONFIG_ENV)
+    return existing_config(Path(given)) if given else None
+
+
+def existing_config(path: Path) -> Path:
+    if not path.is_file():
+        raise CliError(f"config file {path} does not exist", EXIT_USAGE)
+    return path
+
+
+def load(path: Path, **loader_options: Any) -> Config:
+    """The configuration at ``path``; a broken one is exit 2 with every mistake listed."""
+    from kiosk_agent.core.config import ConfigInvalid, load_config
+
+    try:
+        return load_config(path, **loader_options)
+    except ConfigInvalid as err:
+        count = len(err.errors)
+        lines = [str(e) for e in err.errors]
+        raise CliError(
+            f"{plural(count, 'mistake')} in {path} (`kiosk-agent check-config {path}`):",
+            EXIT_USAGE, lines,
+        ) from None
+
+
+def wants_json(args: argparse.Namespace) -> bool:
+    return bool(getattr(args, "json", False))
+
+
+def timeout_of(args: argparse.Namespace) -> float:
+    value: float = getattr(args, "timeout", DEFAULT_TIMEOUT_S)
+    return value
+
+
+def plural(count: int, noun: str) -> str:
+    """``1 transaction``, ``2 transactions``, ``1,200 sales``."""
+    if count == 1:
+        return f"1 {noun}"
+    ending = "es" if noun.endswith(("s", "x", "ch", "sh")) else "s"
+    return f"{count:,} {noun}{ending}"
+
+
+# -- failures ------------------------------------------------------------------------------------
+
+
+def guarded(handler: Handler) -> Handler:
+    """Every expected failure becomes one line on stderr (and, under ``--json``, a JSON object
+    on stdout) and an exit code from the table; never a traceback."""
+
+    @functools.wraps(handler)
+    async def run(args: argparse.Namespace) -> int:
+        try:
+            return await handler(args)
+        except BrokenPipeError:  # `... | head`: the reader left, nothing to say
+            return EXIT_OK
+        except BaseException as err:
+            if isinstance(err, KeyboardInterrupt | SystemExit | asyncio.CancelledError):
+                raise
+            message, code, details, scrub = _explain(err)
+            _fail(args, message, code, details, scrub=scrub)
+            return code
+
+    return run
+
+
+def _explain(err: BaseException) -> tuple[str, int, list[str], bool]:
+    """(message, exit code, more lines, whether the message needs scrubbing)."""
+    from kiosk_agent.service import errors
+
+    if isinstance(err, CliError):
+        return str(err), err.code, err.details, False  # our words (and the loader's): no secrets
+    if isinstance(err, errors.MissingCredentialsError):
+        return str(err), EXIT_USAGE, [], False
+    if isinstance(err, errors.AuthenticationError):
+        return (f"credentials refused: {err}. Check KIOSK_API_KEY / client id and secret.",
+                EXIT_AUTH, [], True)
+    if isinstance(err, errors.ServiceUnreachableError):
+        # the transport's own words (what was asked, host and port, the exception's type):
+        # scrubbing would turn "OAuth token: no answer" into "OAuth token: [REDACTED] answer"
+        return (f"service unreachable: {err}. Check KIOSK_BASE_URL and the network; "
+                "--timeout gives slow links longer.", EXIT_UNREACHABLE, [], False)
+    if isinstance(err, errors.ServiceError):
+        return f"the service said no: {err}", EXIT_FAILED, [], True
+    if isinstance(err, MoneyError | ValueError):
+        return str(err), EXIT_USAGE, [], True
+    return f"unexpected {type(err).__name__}: {err} (please report this)", EXIT_FAILED, [], True
+
+
+def _fail(
+    args: argparse.Namespace, message: str, code: int, details: Sequence[str], *, scrub: bool
+) -> None:
+    from kiosk_agent.redact import redact
+
+    STATUS.clear()
+    # The service's words and unexpected errors pass through redact, the net under a slip.
+    text = redact(message) if scrub else message
+    print(f"error: {text}", file=sys.stderr)
+    for line in details:
+        print(f"  {line}", file=sys.stderr)
+    if wants_json(args):
+        answer: dict[str, object] = {"error": text, "exit_code": code}
+        if details:
+            answer["details"] = list(details)
+        print(json.dumps(answer))
+
+
+def usage_error_json(argv: Sequence[str], message: str) -> None:
+    """argparse refused the command line: under ``--json`` say so in JSON too."""
+    if "--json" in argv:
+        print(json.dumps({"error": message, "exit_code": EXIT_USAGE}))
+
+
+# -- output: colours, status line, progress ----------------------------------------------------
+
+
+def use_colour(stream: TextIO) -> bool:
+    """Colours only on a terminal, and never with ``NO_COLOR`` set (no-color.org) or TERM=dumb."""
+    if os.environ.get("NO_COLOR") or os.environ.get("TERM") == "dumb":
+        return False
+    return is_tty(stream)
+
+
+def is_tty(stream: TextIO) -> bool:
+    isatty = getattr(stream, "isatty", None)
+    return bool(isatty and isatty())
+
+
+class StatusLine:
+    """One redrawn line on stderr (a terminal only): what the command waits for, or how far a
+    pull is. ``done()`` and ``clear()`` wipe it whole, so no junk is left behind."""
+
+    def __init__(self, stream: TextIO | None = None) -> None:
+        self._stream = stream
+        self._shown = False
+
+    @property
+    def stream(self) -> TextIO:
+        return self._stream if self._stream is not None else sys.stderr
+
+    @property
+    def live(self) -> bool:
+        return is_tty(self.stream)
+
+    def show(self, text: str) -> None:
+        if not self.live:
+            return
+        self.stream.write(f"\r\x1b[K{text}")
+        self.stream.flush()
+        self._shown = True
+
+    def clear(self) -> None:
+        if self._shown:
+            self.stream.write("\r\x1b[K")
+            self.stream.flush()
+            self._shown = False
+
+    def done(self, text: str) -> None:
+        """A final line, wherever stderr goes."""
+        self.clear()
+        self.stream.write(text + "\n")
+        self.stream.flush()
+
+    @contextlib.asynccontextmanager
+    async def waiting(self, what: str, limit_s: float) -> AsyncIterator[None]:
+        """While the block runs, after a second: ``waiting for <what>: 3 s (gives up after 10 s
+        per request, --timeout)``; wiped when the block ends."""
+        if not self.live:
+            yield
+            return
+        task = asyncio.create_task(self._tick(what, limit_s))
+        try:
+            yield
+        finally:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+            self.clear()
+
+    async def _tick(self, what: str, limit_s: float) -> None:
+        started = time.monotonic()
+        await asyncio.sleep(WAIT_LINE_AFTER_S)
+        while True:
+            waited = time.monotonic() - started
+            self.show(f"waiting for {what}: {waited:.0f} s (gives up after {limit_s:g} s per "
+                      "request, --timeout)")
+            await asyncio.sleep(1.0)
+
+
+STATUS = StatusLine()  # a command line runs one command: one status line on stderr
+
+
+class Progress:
+    """A long pull on stderr: ``scanned 12,000 transactions, matched 340 (8,100/s)`` redrawn on a
+    terminal, a line every few seconds in a log; then one clean final line."""
+
+    INTERVAL_S = 0.5  # redraw on a terminal
+    PLAIN_INTERVAL_S = 5.0  # one line per this many seconds when stderr is a file or pipe
+
+    def __init__(self, noun: str, *, quiet: bool = False, status: StatusLine | None = None) -> None:
+        self.noun = noun
+        self.quiet = quiet
+        self.status = status or STATUS
+        self.started = time.monotonic()
+        self._shown = self.started
+        self.scanned = 0
+        self.matched = 0
+
+    def tick(self, *, scanned: int, matched: int) -> None:
+        self.scanned, self.matched = scanned, matched
+        if self.quiet or scanned % 64:  # the clock is read every 64 records, not each one
+            return
+        now = time.monotonic()
+        live = self.status.live
+        if now - self._shown < (self.INTERVAL_S if live else self.PLAIN_INTERVAL_S):
+            return
+        self._shown = now
+        line = f"{self._counts()} ({scanned / max(now - self.started, 1e-9):,.0f}/s)"
+        if live:
+            self.status.show(line)
+        else:
+            self.status.done(line)
+
+    def done(self) -> None:
+        if self.quiet:
+            return
+        elapsed = time.monotonic() - self.started
+        self.status.done(f"{self._counts()} in {elapsed:.1f} s")
+
+    def _counts(self) -> str:
+        if self.scanned == self.matched:
+            return plural(self.matched, self.noun)
+        return f"scanned {plural(self.scanned, self.noun)}, matched {self.matched:,}"
+
+
+# -- dates ---------------------------------------------------------------------------------------
+
+_RELATIVE = re.compile(r"^(\d+)\s*([mhdw])$")
+_UNIT_SECONDS = {"m": 60, "h": 3600, "d": 86400, "w": 604800}
+MOMENT_FORMS = '"2026-11-22", "2026-11-22T10:00:00Z", or back from now: "90m", "24h", "7d", "2w"'
+
+
+def parse_moment(
+    text: str | None, *, end: bool = False, option: str = "--since", now: dt.datetime | None = None
+) -> dt.datetime | None:
+    """A day (``2026-11-22``; with ``end`` its whole day), an ISO 8601 time (UTC unless it has
+    an offset), or a span back from now (``7d``, ``24h``, ``90m``, ``2w``)."""
+    if text is None:
+        return None
+    text = text.strip()
+    match = _RELATIVE.match(text)
+    if match:
+        current = now or dt.datetime.now(dt.UTC)
+        return current - dt.timedelta(seconds=int(match.group(1)) * _UNIT_SECONDS[match.group(2)])
+    try:
+        if len(text) == 10:
+            day = dt.date.fromisoformat(text)
+            start = dt.datetime(day.year, day.month, day.day, tzinfo=dt.UTC)
+            return start + dt.timedelta(days=1) if end else start
+        moment = dt.datetime.fromisoformat(text)
+    except ValueError:
+        raise CliError(f"{option}: expected {MOMENT_FORMS}, got {text!r}", EXIT_USAGE) from None
+    return moment if moment.tzinfo else moment.replace(tzinfo=dt.UTC)
+
+
+def case_insensitive(choices: Sequence[str]) -> Callable[[str], str]:
+    """An argparse ``type`` matching ``choices`` whatever the case (statuses, states)."""
+    by_folded = {c.casefold(): c for c in choices}
+
+    def parse(text: str) -> str:
+        try:
+            return by_folded[text.strip().casefold()]
+        except KeyError:
+            raise argparse.ArgumentTypeError(
+                f"expected one of {', '.join(choices)}, got {text!r}"
+            ) from None
+
+    return parse
+
+
+# -- service settings ----------------------------------------------------------------------------
+
+
+@contextlib.asynccontextmanager
+async def service_settings(
+    args: argparse.Namespace, *, needs: str = "api"
+) -> AsyncIterator[ServiceSettings]:
+    """The settings of a service command: the configuration's ``service:`` section (starting the
+    embedded simulator for as long as the command runs when it has one), overridden by
+    ``KIOSK_*`` variables, with ``--timeout`` applied to every request.
+
+    ``needs`` is ``"api"`` (payments and terminal: base_url, api_key, mid) or ``"oauth"``
+    (reporting and boarding: base_url or reporting_url, client_id, client_secret).
+    """
+    path = optional_config_path(args)
+    values: dict[str, Any] = {}
+    sim = None
+    try:
+        if path is not None:
+            section, simulator = _service_section(path)
+            if simulator is not None:
+                from kiosk_agent.cli.agent import start_simulator
+
+                sim, sim_settings = await start_simulator(simulator)
+                STATUS.done(f"{path}: started the embedded simulator at {sim.base_url} for this "
+                            "command (its state ends with it)")
+                section = _plain_settings(sim_settings)
+            values.update(section)
+        for field, variable in ENVIRONMENT.items():
+            if os.environ.get(variable):
+                values[field] = os.environ[variable]
+        yield _settings(values, needs, timeout_of(args))
+    finally:
+        if sim is not None:
+            await sim.stop()
+
+
+@contextlib.asynccontextmanager
+async def service_client(
+    args: argparse.Namespace, *, needs: str = "api"
+) -> AsyncIterator[ServiceClient]:
+    """A started :class:`ServiceClient` for a command (see :func:`service_settings`), with the
+    waiting line on a terminal while the command is in it."""
+    from kiosk_agent.service.client import ServiceClient
+
+    async with service_settings(args, needs=needs) as settings:
+        where = settings.reporting_base if needs == "oauth" else settings.base_url
+        async with (
+            STATUS.waiting(f"the service at {where}", settings.timeout),
+            ServiceClient(settings) as svc,
+        ):
+            yield svc
+
+
+def _settings(values: dict[str, Any], needs: str, timeout: float) -> ServiceSettings:
+    from kiosk_agent.service.settings import ServiceSettings
+
+    if "base_url" not in values and "reporting_url" in values:
+        values["base_url"] = values["reporting_url"]
+    required = ["base_url", "api_key", "mid"] if needs == "api" else [
+        "base_url", "client_id", "client_secret"
+    ]
+    missing = [ENVIRONMENT[field] for field in required if not values.get(field)]
+    if missing:
+        raise CliError(
+            f"no service credentials: set {', '.join(missing)} in the environment, or give "
+            f"-c/--config FILE (or ${CONFIG_ENV}) with a service: section",
+            EXIT_USAGE,
+        )
+    if isinstance(values.get("isv"), str):
+        values["isv"] = values["isv"].strip().lower() in ("1", "true", "yes", "y")
+    # --timeout is the service client's own bound on one call, retries and 429 waits included
+    # (ServiceSettings.timeout; the timeouts of each kind of call derive from it).
+    values["timeout"] = timeout
+    try:
+        return ServiceSettings(**values)
+    except ValidationError as err:
+        first = err.errors(include_input=False)[0]
+        field = ".".join(str(p) for p in first["loc"])
+        raise CliError(f"service setting {field!r}: {first_problem(err)}", EXIT_USAGE) from None
+
+
+def _plain_settings(settings: ServiceSettings) -> dict[str, Any]:
+    # By the names the settings take (``mid``), so KIOSK_* variables override them one for one.
+    given = settings.model_dump(by_alias=True, exclude_unset=True, exclude_none=True)
+    return {
+        name: value.get_secret_value() if isinstance(value, SecretStr) else value
+        for name, value in given.items()
+    }
+
+
+def _service_section(path: Path) -> tuple[dict[str, Any], dict[str, Any] | None]:
+    """(the service settings the agent itself would use with this configuration, its embedded
+    simulator's section or None).
+
+    Read by the agent's own loader, so ``!secret``, the defaults and the place of the rotated key
+    (``credentials_path``, else ``keys.json`` beside the journal) are the same for both.
+    """
+    from kiosk_agent.core.agent import service_settings_from_config
+
+    config = load(path, check_platforms=False)
+    simulator = config["service"].get("simulator")
+    if simulator is not None:
+        return {}, simulator
+    try:
+        settings = service_settings_from_config(config)
+    except ValidationError as err:
+        raise CliError(f"{path}: service: {first_problem(err)}", EXIT_USAGE) from None
+    return _plain_settings(settings), None
+
+
+def first_problem(err: ValidationError) -> str:
+    """The first validation message, without pydantic's "Value error, " prefix."""
+    message = str(err.errors(include_input=False)[0]["msg"])
+    return message.removeprefix("Value error, ")
+
+
+# -- results: text for people, JSON with --json ---------------------------------------------------
+
+
+def given(args: argparse.Namespace, names: Iterable[str]) -> dict[str, Any]:
+    """The options among ``names`` that the command line set."""
+    return {name: value for name in names if (value := getattr(args, name, None)) is not None}
+
+
+def validated(model: type[M], what: str, fields: dict[str, Any]) -> M:
+    """``model`` of ``fields``; refused fields are a usage error that starts with ``what``."""
+    try:
+        return model.model_validate(fields)
+    except ValidationError as err:
+        raise CliError(f"{what}: {first_problem(err)}", EXIT_USAGE) from None
+
+
+def positive_int(text: str) -> int:
+    """An argparse ``type``: a whole number above zero."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"expected a number above zero, got {text!r}")
+    return value
+
+
+def parse_amount(text: str) -> int:
+    """A dollars string from the command line ("2.50", "$2.50") -> integer cents."""
+    try:
+        cents = parse_price(text)
+    except MoneyError as err:
+        raise CliError(f"amount: {err}", EXIT_USAGE) from None
+    if cents <= 0:
+        raise CliError(f"amount must be above zero, got {text!r}", EXIT_USAGE)
+    return cents
+
+
+def safe_dump(model: BaseModel) -> dict[str, Any]:
+    """A model as JSON-ready data without tokens or keys, times and amounts as exports have them."""
+    return {key: json_value(value) for key, value in model_values(model).items()}
+
+
+Money = Amount  # integer cents in a printed record: ``$2.50`` for people, ``"2.50"`` in JSON
+
+
+def jsonable(value: object) -> object:
+    if isinstance(value, BaseModel):
+        return safe_dump(value)
+    return json_value(value)
+
+
+def as_text(value: object) -> str:
+    """A value for people: ``-`` for none, yes/no, ``$2.50``, times in UTC to the second."""
+    if value is None:
+        return "-"
+    if isinstance(value, Amount):
+        return format_cents(value.cents, value.currency)
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, Decimal):
+        return f"{value:.2f}"
+    if isinstance(value, dt.datetime):
+        return value.astimezone(dt.UTC).strftime("%Y-%m-%d %H:%M:%S")
+    plain_value = plain(value)
+    return str(plain_value)
+
+
+def print_record(pairs: Iterable[tuple[str, object]], *, as_json: bool, out: TextIO) -> None:
+    items = [(k, v) for k, v in pairs if k not in HIDDEN_FIELDS]
+    if as_json:
+        print(json.dumps({k: jsonable(v) for k, v in items}, indent=2), file=out)
+        return
+    width = max((len(k) for k, _ in items), default=0)
+    for key, value in items:
+        print(f"{key:<{width}}  {as_text(value)}", file=out)
+
+
+def show(args: argparse.Namespace, pairs: Iterable[tuple[str, object]]) -> None:
+    """One record on stdout, as text or (``--json``) JSON."""
+    STATUS.clear()
+    print_record(pairs, as_json=wants_json(args), out=sys.stdout)
+
+
+def say(args: argparse.Namespace, line: str, **result: object) -> None:
+    """A verdict: ``line`` for people, or ``result`` (with ``message``) as JSON."""
+    STATUS.clear()
+    if wants_json(args):
+        print(json.dumps({**{k: jsonable(v) for k, v in result.items()}, "message": line},
+                         indent=2))
+    else:
+        print(line)
+
+
+def print_json(data: object) -> None:
+    STATUS.clear()
+    print(json.dumps(data, indent=2))

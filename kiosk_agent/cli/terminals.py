@@ -1,0 +1,191 @@
+"""`kiosk-agent terminals [list|ping|connect|test-print]`: the card readers, for a field tech.
+
+What to run first when a reader is down. Every command exits 0 only when every reader it looked
+at is fine: ``list`` exits 1 with a reader offline, ``ping`` with no answer.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+from datetime import UTC, datetime
+from typing import Any, TextIO
+
+from kiosk_agent.cli.contract import (
+    EXIT_FAILED,
+    EXIT_OK,
+    EXIT_USAGE,
+    CliError,
+    as_text,
+    guarded,
+    options,
+    print_json,
+    safe_dump,
+    say,
+    service_client,
+    wants_json,
+)
+
+SERVICE = options(timeout=True)
+
+
+def register(subparsers: Any) -> None:
+    parser = subparsers.add_parser(
+        "terminals",
+        parents=SERVICE,
+        help="card readers: list, ping, connect, test print (start here when a reader is down)",
+        description="List the card readers with their capabilities and online state, or check one.",
+    )
+    parser.set_defaults(handler=guarded(terminals_list))
+    actions = parser.add_subparsers(dest="action", metavar="ACTION")
+    actions.add_parser("list", parents=SERVICE, help="every reader and its state").set_defaults(
+        handler=guarded(terminals_list)
+    )
+    for name, handler, text in (
+        ("ping", terminals_ping, "is the reader online, and how fast does it answer"),
+        ("connect", terminals_connect, "open a session on the reader"),
+    ):
+        sub = actions.add_parser(name, parents=SERVICE, help=text)
+        sub.add_argument("device", metavar="DEVICE", help="device id, e.g. SIM-0001")
+        sub.set_defaults(handler=guarded(handler))
+    sub = actions.add_parser("test-print", parents=SERVICE, help="print a receipt on the reader")
+    sub.add_argument("device", metavar="DEVICE")
+    sub.add_argument("--trans-id", help="transaction to print (default: the latest one)")
+    sub.set_defaults(handler=guarded(terminals_test_print))
+
+
+async def terminals_list(args: argparse.Namespace) -> int:
+    async with service_client(args) as svc:
+        terminals = await svc.terminal.list()
+    out = sys.stdout
+    offline = [t.device_id for t in terminals if not t.online]
+    code = EXIT_FAILED if offline else EXIT_OK  # a reader down is a failed check
+    if wants_json(args):
+        print_json([safe_dump(t) for t in terminals])
+        return code
+    header = ("DEVICE", "NAME", "VENDOR", "MODEL", "ONLINE", "SESSION", "SIGNATURE", "PRINTS",
+              "LAST SEEN")
+    rows = [
+        (
+            t.device_id, t.name, t.vendor, t.model, t.online, t.connected,
+            t.capabilities.signature_capture, t.capabilities.receipt_printing, t.last_seen_at,
+        )
+        for t in terminals
+    ]
+    _print_table(header, rows, out)
+    if not terminals:
+        print("no terminals on this account", file=out)
+    elif offline:
+        print(
+            f"\n{len(offline)} of {len(terminals)} offline: {', '.join(offline)}. "
+            f"Fix: check power and network of the reader, then `kiosk-agent terminals ping "
+            f"{offline[0]}`.",
+            file=out,
+        )
+    else:
+        print(f"\nall {len(terminals)} terminals online", file=out)
+    return code
+
+
+def _print_table(header: Sequence[str], rows: Sequence[Sequence[object]], out: TextIO) -> None:
+    cells = [[as_text(v) for v in row] for row in rows]
+    widths = [max([len(h), *(len(r[i]) for r in cells)]) for i, h in enumerate(header)]
+    print("  ".join(h.ljust(w) for h, w in zip(header, widths, strict=True)).rstrip(), file=out)
+    for row in cells:
+        print("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip(), file=out)
+
+
+async def terminals_ping(args: argparse.Namespace) -> int:
+    from kiosk_agent.service.errors import NotFoundError
+
+    async with service_client(args) as svc:
+        try:
+            result = await svc.terminal.ping(args.device)
+        except NotFoundError:
+            raise _unknown_device(args.device) from None
+    if result.online:
+        latency = f" in {result.latency_ms:.0f} ms" if result.latency_ms is not None else ""
+        say(args, f"OK    {args.device} is online and answered{latency}",
+            device_id=args.device, ok=True, online=True, latency_ms=result.latency_ms)
+        return EXIT_OK
+    say(
+        args,
+        f"DOWN  {args.device} does not answer.\n"
+        f"Fix:  check that the reader has power and network (cable, Wi-Fi), wait for it to "
+        f"boot, then run `kiosk-agent terminals ping {args.device}` again.",
+        device_id=args.device, ok=False, online=False, latency_ms=None,
+    )
+    return EXIT_FAILED
+
+
+def _unknown_device(device: str) -> CliError:
+    return CliError(f"no terminal {device} on this account; `kiosk-agent terminals` lists them")
+
+
+async def terminals_connect(args: argparse.Namespace) -> int:
+    from kiosk_agent.service.errors import NotFoundError, ServiceError, ServiceUnreachableError
+
+    async with service_client(args) as svc:
+        try:
+            connection = await svc.terminal.connect(args.device)
+        except NotFoundError:
+            raise _unknown_device(args.device) from None
+        except ServiceUnreachableError:
+            raise  # no answer: exit 4 like every command, not a refusal
+        except ServiceError as err:
+            raise CliError(
+                f"{args.device} refused the session: {err}. Fix: `kiosk-agent terminals ping "
+                f"{args.device}` to see whether it is online."
+            ) from None
+    if connection.connected:
+        say(args, f"OK    {args.device} session open", device_id=args.device, ok=True,
+            connected=True)
+        return EXIT_OK
+    say(args, f"DOWN  {args.device} did not open a session; is it online? "
+        f"`kiosk-agent terminals ping {args.device}`", device_id=args.device, ok=False,
+        connected=False)
+    return EXIT_FAILED
+
+
+async def terminals_test_print(args: argparse.Namespace) -> int:
+    async with service_client(args) as svc:
+        terminals = await svc.terminal.list()
+        terminal = next((t for t in terminals if t.device_id == args.device), None)
+        if terminal is None:
+            raise _unknown_device(args.device)
+        if not terminal.capabilities.receipt_printing:
+            printers = [t.device_id for t in terminals if t.capabilities.receipt_printing]
+            hint = f" Readers that print: {', '.join(printers)}." if printers else ""
+            raise CliError(
+                f"{args.device} has no receipt printer (its capabilities lack receipt_printing); "
+                f"customers get e-mailed receipts.{hint}"
+            )
+        if not terminal.online:
+            raise CliError(
+                f"{args.device} is offline. Fix: check power and network, then "
+                f"`kiosk-agent terminals ping {args.device}`."
+            )
+        trans_id = args.trans_id or await _latest_trans_id(svc)
+        await svc.terminal.print_receipt(args.device, trans_id)
+    say(args, f"OK    {args.device} printed the receipt of transaction {trans_id}",
+        device_id=args.device, ok=True, trans_id=trans_id)
+    return EXIT_OK
+
+
+async def _latest_trans_id(svc: Any) -> str:
+    """The newest transaction's id, read from reporting (needs the OAuth client)."""
+    from kiosk_agent.service.errors import MissingCredentialsError
+
+    newest: tuple[datetime, str] | None = None
+    try:
+        async for transaction in svc.reporting.transactions(page_size=1000):
+            when = transaction.trans_date or datetime.min.replace(tzinfo=UTC)
+            if newest is None or when > newest[0]:
+                newest = (when, transaction.trans_id)
+    except MissingCredentialsError:
+        raise CliError("give --trans-id (reporting credentials are not set to find one)",
+                       EXIT_USAGE) from None
+    if newest is None:
+        raise CliError("no transaction to print yet; give --trans-id", EXIT_USAGE)
+    return newest[1]

@@ -1,0 +1,232 @@
+"""One CSV and JSON export for every route: the admin API's reports, `report` and `sales`.
+
+Whoever asks (``GET /api/reports/{kind}?format=csv``, ``kiosk-agent report ... --format csv``,
+``kiosk-agent sales --format csv``), a record comes out the same way:
+
+- the same columns in the same order (:func:`report_columns`, :data:`SALE_COLUMNS`);
+- amounts as exact two-place dollar strings (``"80.70"``, never ``80.7`` nor a float), and
+  reports also carry ``amount_cents``;
+- timestamps in ISO 8601, UTC, to the second, with ``Z`` (``2026-11-22T10:15:30Z``);
+- no card token, key or secret (:data:`HIDDEN_FIELDS`);
+- in CSV, a text cell that a spreadsheet would run as a formula (it starts with ``=``, ``+``,
+  ``-``, ``@``, a tab or a carriage return: ``=HYPERLINK(...)``, ``-1+1``, ``@SUM(1)``) gets a
+  leading ``'`` (OWASP, CSV injection). Our own numbers (amounts, counts) are not text and keep
+  their sign.
+
+The writers return text, so a caller streams it anywhere: a ``TextIO`` or an HTTP response.
+"""
+
+from __future__ import annotations
+
+import csv
+import datetime as dt
+import enum
+import io
+import json
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from decimal import Decimal
+from typing import TYPE_CHECKING, Any
+
+from pydantic import BaseModel
+
+from kiosk_agent.money import cents_to_dollars
+
+if TYPE_CHECKING:
+    from kiosk_agent.core.journal import SaleRecord
+    from kiosk_agent.service.models.reporting import ReportKind
+
+# Fields never exported, in any format.
+HIDDEN_FIELDS = frozenset({"account_token", "token", "api_key", "refresh_token", "client_secret"})
+# A cell starting with one of these is a formula to a spreadsheet.
+FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r")
+
+SALE_COLUMNS = (
+    "created",
+    "sale_id",
+    "order_id",
+    "source",
+    "flow",
+    "terminal",
+    "product",
+    "amount",
+    "captured",
+    "reversed",
+    "state",
+    "trans_id",
+    "last_four",
+    "message",
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Amount:
+    """Integer cents: ``"2.50"`` in CSV and JSON, never a float (``$2.50`` for people)."""
+
+    cents: int
+    currency: str = "USD"
+
+    def __str__(self) -> str:
+        return cents_to_dollars(self.cents)
+
+
+def timestamp(moment: dt.datetime) -> str:
+    """``2026-11-22T10:15:30Z``: UTC, to the second (a naive time is taken as UTC)."""
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=dt.UTC)
+    return moment.astimezone(dt.UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
+
+
+def neutralise(text: str) -> str:
+    """``text`` as a spreadsheet shows it and never runs it (OWASP CSV injection)."""
+    return "'" + text if text.startswith(FORMULA_STARTS) else text
+
+
+def plain(value: object) -> object:
+    """A value as exports hold it: statuses by name, amounts and times as above."""
+    if isinstance(value, enum.IntEnum):  # TransStatus, MerchantStatus: by name
+        return value.name.lower()
+    if isinstance(value, enum.Enum):
+        return value.value
+    if isinstance(value, dt.datetime):
+        return timestamp(value)
+    if isinstance(value, dt.date):
+        return value.isoformat()
+    if isinstance(value, Decimal | Amount):
+        return str(value)
+    return value
+
+
+def csv_cell(value: object) -> str:
+    """One CSV cell: empty for None, text neutralised, our own numbers as they are."""
+    if value is None:
+        return ""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int | Decimal | Amount) and not isinstance(value, enum.Enum):
+        return str(value)  # a number, not text: "-1.50" stays a negative amount
+    return neutralise(str(plain(value)))
+
+
+def json_value(value: object) -> object:
+    """A value as JSON holds it (nested records and lists included, tokens left out)."""
+    if isinstance(value, BaseModel):
+        return {key: json_value(item) for key, item in model_values(value).items()}
+    if isinstance(value, list | tuple):
+        return [json_value(item) for item in value]
+    if isinstance(value, dict):
+        return {str(key): json_value(item) for key, item in value.items()
+                if key not in HIDDEN_FIELDS}
+    plain_value = plain(value)
+    if plain_value is None or isinstance(plain_value, str | int | float | bool):
+        return plain_value
+    return str(plain_value)  # a path, a UUID ...
+
+
+class CsvExport:
+    """A header line, then one line per record (RFC 4180: CRLF line ends, cells quoted as
+    needed)."""
+
+    def __init__(self, columns: Sequence[str]) -> None:
+        self.columns = tuple(columns)
+
+    def header(self) -> str:
+        return _csv_line(self.columns)
+
+    def row(self, values: Mapping[str, object]) -> str:
+        return _csv_line(csv_cell(values.get(column)) for column in self.columns)
+
+
+class JsonExport:
+    """A JSON array written as it streams: ``start()``, ``row()`` each, ``end()``."""
+
+    def __init__(self) -> None:
+        self._first = True
+
+    def start(self) -> str:
+        return "["
+
+    def row(self, values: Mapping[str, object]) -> str:
+        text = json.dumps({key: json_value(value) for key, value in values.items()})
+        separator = "\n" if self._first else ",\n"
+        self._first = False
+        return separator + text
+
+    def end(self) -> str:
+        return "]\n" if self._first else "\n]\n"
+
+
+def _csv_line(cells: Iterable[str]) -> str:
+    buffer = io.StringIO()
+    # RFC 4180 line ends: a CR or LF inside a cell is then quoted, never a row break.
+    csv.writer(buffer, lineterminator="\r\n").writerow(list(cells))
+    return buffer.getvalue()
+
+
+# -- what a record holds ------------------------------------------------------------------------
+
+
+def model_values(record: BaseModel) -> dict[str, object]:
+    """Every field of ``record`` but tokens, keys and secrets (values as the model holds them)."""
+    return {
+        name: getattr(record, name)
+        for name in type(record).model_fields
+        if name not in HIDDEN_FIELDS
+    }
+
+
+def report_columns(kind: ReportKind) -> tuple[str, ...]:
+    """A report's export columns: its fields in the model's order, a transaction's ``status``
+    by name after its id, and ``amount_cents`` last."""
+    columns: list[str] = []
+    for name in kind.model.model_fields:
+        if name in HIDDEN_FIELDS:
+            continue
+        columns.append(name)
+        if name == "trans_status_id":
+            columns.append("status")
+    return (*columns, "amount_cents")
+
+
+def report_values(record: BaseModel) -> dict[str, object]:
+    """One reporting record (transaction, deposit, chargeback, adjustment) for export."""
+    values = model_values(record)
+    cents: int = record.amount_cents  # type: ignore[attr-defined]
+    values["amount"] = Amount(cents)
+    if "trans_status_id" in values:
+        status = getattr(record, "status", None)
+        values["status"] = status if status is not None else values["trans_status_id"]
+    values["amount_cents"] = cents
+    return values
+
+
+def column_value(record: BaseModel, column: str) -> object:
+    """One column of any record: ``amount`` exact, ``status`` by name (an unknown id as sent)."""
+    if column == "amount":
+        return Amount(record.amount_cents)  # type: ignore[attr-defined]
+    if column == "status":
+        status = getattr(record, "status", None)
+        if status is None:  # an id newer than this code: show it as sent
+            return getattr(record, "trans_status_id", getattr(record, "merchant_status_id", None))
+        return status
+    return getattr(record, column, None)
+
+
+def sale_values(sale: SaleRecord) -> dict[str, Any]:
+    """One sale of the journal for export (``sales --format csv|json``)."""
+    return {
+        "created": timestamp(dt.datetime.fromtimestamp(sale.created_at, dt.UTC)),
+        "sale_id": sale.sale_id,
+        "order_id": sale.order_id,
+        "source": sale.source,
+        "flow": sale.flow,
+        "terminal": sale.terminal,
+        "product": sale.product or "",
+        "amount": Amount(sale.amount_cents),
+        "captured": Amount(sale.captured_cents),
+        "reversed": Amount(sale.reversed_cents),
+        "state": sale.state.value,
+        "trans_id": sale.trans_id or "",
+        "last_four": sale.last_four or "",
+        "message": sale.message,
+    }

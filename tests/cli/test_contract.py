@@ -1,0 +1,362 @@
+"""The command line's one contract, checked on every subcommand the parser has.
+
+A test walks the parser, so a command added later is held to the same rules:
+- ``-c/--config`` and ``$KIOSK_CONFIG`` on every command that reads a configuration, before or
+  after the subcommand;
+- ``--json`` prints one valid JSON document (also when the command fails), or the parser
+  refuses it, in either position;
+- ``--timeout`` on every service command: a service that accepts connections and never answers
+  ends each of them with a clear error within its timeout;
+- exit codes only from the table, which docs/cli.md shows as it is in the code.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import re
+import time
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import pytest
+
+from kiosk_agent.cli import build_parser, command_word, main, walk
+from kiosk_agent.cli import contract as cli
+from kiosk_agent.core.journal import Journal
+from kiosk_agent.sim.server import SimServer
+
+ROOT = Path(__file__).resolve().parents[2]
+TOKEN = "tok_4111111111111111"
+
+# One example per command that prints a result, in an order where each finds what it needs.
+# {name} is filled from an earlier result (or, where nothing ran, a placeholder).
+EXAMPLES: list[tuple[str, ...]] = [
+    ("terminals",),
+    ("terminals", "list"),
+    ("terminals", "ping", "SIM-0001"),
+    ("terminals", "connect", "SIM-0001"),
+    ("payments", "charge", "--amount", "2.50", "--token", TOKEN, "--expiration", "1230",
+     "--auth-only"),
+    ("payments", "capture", "{trans_id}"),
+    ("terminals", "test-print", "SIM-0007", "--trans-id", "{trans_id}"),
+    ("payments", "receipt", "{trans_id}", "--email", "ann@example.com"),
+    ("payments", "void", "{trans_id}"),
+    ("payments", "surcharge", "--amount", "10.00", "--bin", "411111"),
+    ("vault", "create", "--token", TOKEN, "--name", "Ann Lee", "--account-zip", "62701",
+     "--address1", "1 Main St", "--city", "Springfield", "--region", "IL", "--country", "US",
+     "--email", "ann@example.com", "--phone", "2175550100"),
+    ("vault", "get", "{uuid}"),
+    ("vault", "update", "{uuid}", "--email", "new@example.com"),
+    ("plans", "create", "--name", "gym", "--vault-uuid", "{uuid}", "--amount", "9.99",
+     "--start", "2026-12-01", "--until", "2027-03-01"),
+    ("plans", "get", "{id}"),
+    ("plans", "cancel", "{id}"),
+    ("vault", "delete", "{uuid}"),
+    ("hpp", "create", "--name", "Donate", "--amount", "25.00"),
+    ("hpp", "edit", "{page_id}", "--amount", "30.00"),
+    ("boarding", "create", "--dba-name", "Corner Snacks"),
+    ("boarding", "merchant", "{merchant_id}"),
+    ("boarding", "update", "{merchant_id}", "--status", "sent_for_signature"),
+    ("boarding", "merchants", "--limit", "2"),
+    ("report", "transactions", "--limit", "2"),
+    ("report", "deposits", "--since", "30d", "--limit", "2"),
+    ("check-config", "{config}"),
+    ("sales", "-c", "{config}"),
+    ("sales", "list", "-c", "{config}"),
+    ("doctor", "-c", "{config}"),
+    ("health", "--url", "http://127.0.0.1:9", "--token", "t"),
+    ("fleet", "forget", "-c", "{config}", "--wait", "0.1"),
+    ("sim", "trigger", "settle"),
+    ("sim", "trigger", "terminal-offline", "SIM-0003"),
+    ("sim", "trigger", "terminal-online", "SIM-0003"),
+    ("sim", "trigger", "merchant-status", "{merchant_id}", "LIVE"),
+    ("keys", "refresh"),  # last: the rotated key is what the later commands would use
+]
+# The few that print no result take no --json (and refuse it).
+NO_JSON = {("run",), ("demo",), ("sim",), ("virtual",), ("completion",)}
+# The ones that read no configuration (`sim trigger` talks to a simulator by --url).
+NO_CONFIG = {("sim",), ("virtual",), ("completion",), *(("sim", "trigger", event) for event in (
+    "settle", "terminal-offline", "terminal-online", "merchant-status"))}
+# Every command that calls the payment service.
+SERVICE_GROUPS = {"terminals", "payments", "vault", "plans", "hpp", "boarding", "report", "keys"}
+PLACEHOLDERS = {"trans_id": "700000000001", "uuid": "u-1", "id": "1", "page_id": "p1",
+                "merchant_id": "100001"}
+
+
+def leaves() -> Iterator[tuple[tuple[str, ...], argparse.ArgumentParser]]:
+    for path, parser in walk(build_parser()):
+        if path and parser.get_default("handler") is not None:
+            yield path, parser
+
+
+def flags(parser: argparse.ArgumentParser) -> set[str]:
+    return {flag for action in parser._actions for flag in action.option_strings}
+
+
+def command_of(argv: tuple[str, ...]) -> tuple[str, ...]:
+    known = {path for path, _ in leaves()}
+    words = tuple(a for a in argv if not a.startswith("-"))
+    for n in range(len(words), 0, -1):
+        if words[:n] in known:
+            return words[:n]
+    raise AssertionError(f"no command in {argv}")
+
+
+def fill(argv: tuple[str, ...], values: dict[str, str]) -> list[str]:
+    return [a.format(**values) if "{" in a else a for a in argv]
+
+
+@pytest.fixture
+def env(sim: SimServer, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> dict[str, str]:
+    info = sim.ready_info()
+    for name in cli.ENVIRONMENT.values():
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.delenv(cli.CONFIG_ENV, raising=False)
+    values = {
+        "KIOSK_BASE_URL": info["base_url"], "KIOSK_API_KEY": info["api_key"],
+        "KIOSK_MID": info["mid"], "KIOSK_CLIENT_ID": info["client_id"],
+        "KIOSK_CLIENT_SECRET": info["client_secret"],
+        "KIOSK_REFRESH_TOKEN": info["refresh_token"],
+        "KIOSK_CREDENTIALS_PATH": str(tmp_path / "keys.json"),
+    }
+    for name, value in values.items():
+        monkeypatch.setenv(name, value)
+    return values
+
+
+@pytest.fixture
+def config(tmp_path: Path) -> Path:
+    """An agent configuration on the embedded simulator, with an (empty) journal."""
+    path = tmp_path / "agent.yaml"
+    path.write_text("service: {simulator: {time_scale: 50}}\n"
+                    "terminals: [{device_id: SIM-0001}]\njournal: {path: journal.db}\n")
+    journal = Journal(tmp_path / "journal.db")
+    journal.open()
+    journal.close()
+    return path
+
+
+async def run(capsys: pytest.CaptureFixture[str], argv: list[str]) -> tuple[int, str, str]:
+    """One command in-process, parsed and dispatched as `kiosk-agent` does."""
+    parser = build_parser(command_word(argv))
+    args = parser.parse_args(argv)
+    cli.check_contract(args, parser)
+    code = await args.handler(args)
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+# -- the parser, statically ------------------------------------------------------------------
+
+
+def test_every_command_has_the_contract_options_it_needs() -> None:
+    for path, parser in leaves():
+        taken = flags(parser)
+        name = " ".join(path)
+        assert ({"-c", "--config"} <= taken) == (path not in NO_CONFIG), name
+        assert ("--json" in taken) == (path not in NO_JSON), name
+        calls_out = path[0] in {*SERVICE_GROUPS, "doctor", "health"} or path[:2] == (
+            "sim", "trigger"
+        )
+        assert ("--timeout" in taken) == calls_out, name
+
+
+def test_every_command_that_prints_a_result_has_an_example_here() -> None:
+    covered = {command_of(example) for example in EXAMPLES}
+    wanted = {path for path, _ in leaves() if path not in NO_JSON}
+    assert wanted <= covered, f"add an example for {sorted(wanted - covered)}"
+
+
+@pytest.mark.parametrize("path", sorted(NO_JSON))
+def test_json_is_refused_where_there_is_no_result(
+    path: tuple[str, ...], capsys: pytest.CaptureFixture[str]
+) -> None:
+    extra = ["bash"] if path == ("completion",) else []
+    for argv in ([*path, *extra, "--json"], ["--json", *path, *extra]):
+        with pytest.raises(SystemExit) as refused:
+            main(argv)
+        assert refused.value.code == cli.EXIT_USAGE
+        out, err = capsys.readouterr()
+        assert "--json" in err
+        assert json.loads(out)["exit_code"] == cli.EXIT_USAGE  # a script still gets JSON
+
+
+def test_the_exit_code_table_in_docs_is_the_one_in_the_code() -> None:
+    text = (ROOT / "docs" / "cli.md").read_text()
+    section = text.split("## Exit codes and errors", 1)[1].split("\n## ", 1)[0]
+    rows = re.findall(r"^\| (\d+) \| (.+?) \|$", section, re.M)
+    assert {int(code): meaning for code, meaning in rows} == cli.EXIT_CODES
+
+
+def test_docs_name_every_command_and_only_options_it_takes() -> None:
+    """docs/cli.md matches --help: each command is named, and each option shown in a
+    `kiosk-agent ...` example is one that command takes."""
+    text = (ROOT / "docs" / "cli.md").read_text()
+    by_path = dict(leaves())
+    for path in by_path:
+        if path[0] in ("run", "sim", "demo"):
+            continue  # documented in README, simulator.md
+        assert f"kiosk-agent {' '.join(path)}" in text or (
+            f"kiosk-agent {path[0]}" in text and path[-1] in text
+        ), f"docs/cli.md does not mention `kiosk-agent {' '.join(path)}`"
+    lines = re.findall(r"^\$ (kiosk-agent .*)$", text, re.M)
+    for line in (part.strip() for found in lines for part in found.split("  $ ")):
+        argv = line.split("#")[0].replace("\\", "").split()[1:]
+        if not argv or argv[0] in ("sim",):
+            continue
+        parser = by_path.get(command_of(tuple(argv)))
+        assert parser is not None, line
+        for option in (a.split("=")[0] for a in argv if a.startswith("-") and a != "-"):
+            assert option in flags(parser), f"{line}: {option} is not an option of it"
+
+
+# -- config: -c before or after, and $KIOSK_CONFIG ---------------------------------------------
+
+
+def _placeholder_argv(path: tuple[str, ...]) -> list[str]:
+    example = next((e for e in EXAMPLES if command_of(e) == path), path)
+    values = {**PLACEHOLDERS, "config": "{config}"}
+    return [a for a in fill(example, values) if a != "{config}"]
+
+
+@pytest.mark.parametrize("where", ["after", "before", "environment"])
+async def test_every_command_reads_the_config_it_is_given(
+    where: str, tmp_path: Path, capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    missing = str(tmp_path / "nowhere.yaml")
+    for name in cli.ENVIRONMENT.values():
+        monkeypatch.delenv(name, raising=False)
+    for path, _parser in leaves():
+        if path in NO_CONFIG or path in (("demo",), ("health",)):
+            continue
+        argv = [a for a in _placeholder_argv(path) if a != "-c"]
+        monkeypatch.delenv(cli.CONFIG_ENV, raising=False)
+        if where == "after":
+            argv = [*argv, "-c", missing]
+        elif where == "before":
+            argv = ["--config", missing, *argv]
+        else:
+            monkeypatch.setenv(cli.CONFIG_ENV, missing)
+        code, out, err = await run(capsys, argv)
+        assert code == cli.EXIT_USAGE, (argv, out, err)
+        assert "nowhere.yaml" in out + err, argv
+
+
+async def test_health_and_demo_read_the_config_too(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv(cli.CONFIG_ENV, str(tmp_path / "nowhere.yaml"))
+    for argv in (["health"], ["demo", "--sales", "1"], ["boarding", "merchants", "--webhooks"]):
+        code, _out, err = await run(capsys, argv)
+        assert code == cli.EXIT_USAGE
+        assert "nowhere.yaml" in err
+
+
+# -- --json everywhere, exit codes from the table --------------------------------------------
+
+
+async def test_every_command_prints_valid_json_and_exits_with_a_code_from_the_table(
+    env: dict[str, str], config: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    values = {**PLACEHOLDERS, "config": str(config)}
+    ran: dict[tuple[str, ...], int] = {}
+    for example in EXAMPLES:
+        argv = fill(example, values)
+        json_first = len(ran) % 2 == 0  # before the command half of the time
+        code, out, err = await run(capsys, ["--json", *argv] if json_first else [*argv, "--json"])
+        assert code in cli.EXIT_CODES, (argv, code)
+        try:
+            result = json.loads(out)
+        except json.JSONDecodeError:
+            pytest.fail(f"{argv}: not JSON: {out!r} (stderr {err!r})")
+        ran[command_of(example)] = code
+        if isinstance(result, dict) and code == 0:
+            keys = ["id"] if argv[0] == "plans" else ["trans_id", "uuid", "page_id", "merchant_id"]
+            values.update({k: str(result[k]) for k in keys if result.get(k) is not None})
+        if code != 0:
+            assert "error" in result or "ok" in result, (argv, result)
+    failed = {path: code for path, code in ran.items() if code != 0}
+    # only what cannot pass here: no agent is running for `health`, no broker for `fleet forget`
+    # (tests/cli/test_fleet_cli.py runs both for real)
+    assert failed == {("health",): cli.EXIT_UNREACHABLE, ("fleet", "forget"): cli.EXIT_USAGE}, (
+        failed
+    )
+
+
+# -- --timeout: a service that never answers ---------------------------------------------------
+
+
+@pytest.fixture
+async def black_hole() -> AsyncIterator[str]:
+    """A server that accepts every connection, reads, and never answers."""
+    held: list[asyncio.StreamWriter] = []
+
+    async def swallow(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        held.append(writer)
+        while await reader.read(65536):
+            pass
+
+    server = await asyncio.start_server(swallow, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    yield f"http://127.0.0.1:{port}"
+    for writer in held:
+        writer.close()
+    server.close()
+    await server.wait_closed()
+
+
+async def test_a_service_that_never_answers_ends_every_command_within_its_timeout(
+    env: dict[str, str], black_hole: str, capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("KIOSK_BASE_URL", black_hole)
+    timeout = 0.5
+    for example in EXAMPLES:
+        path = command_of(example)
+        if path[0] not in SERVICE_GROUPS:
+            continue
+        argv = fill(example, {**PLACEHOLDERS})
+        started = time.monotonic()
+        code, out, err = await run(capsys, [*argv, "--timeout", str(timeout), "--json"])
+        took = time.monotonic() - started
+        assert json.loads(out)["exit_code"] == cli.EXIT_UNREACHABLE  # one JSON answer
+        assert code == cli.EXIT_UNREACHABLE, (argv, out, err)
+        assert err.startswith("error: service unreachable:"), (argv, err)
+        assert err.count("\n") == 1, err
+        assert "--timeout" in err
+        assert took < timeout * 2 + 1.5, (argv, took)  # one request's worth, not retries
+
+
+async def test_health_gives_up_on_an_agent_that_never_answers(
+    black_hole: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    started = time.monotonic()
+    code, _out, err = await run(
+        capsys, ["health", "--url", black_hole, "--token", "t", "--timeout", "0.5"]
+    )
+    assert code == cli.EXIT_UNREACHABLE
+    assert "cannot reach the agent" in err
+    assert time.monotonic() - started < 3
+
+
+# -- the demo config: service commands start the embedded simulator ----------------------------
+
+
+async def test_service_commands_work_with_the_demo_config(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for name in cli.ENVIRONMENT.values():
+        monkeypatch.delenv(name, raising=False)
+    demo = str(ROOT / "config" / "demo.yaml")
+    code, out, err = await run(capsys, ["terminals", "--config", demo, "--json"])
+    assert code == 0, err
+    assert len(json.loads(out)) == 8
+    assert "started the embedded simulator" in err
+    monkeypatch.setenv(cli.CONFIG_ENV, demo)
+    code, out, _err = await run(capsys, ["terminals", "ping", "SIM-0001", "--json"])
+    assert code == 0
+    assert json.loads(out)["online"] is True
+

