@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from kiosk_agent.cli.contract import (
+    EXIT_FAILED,
     EXIT_OK,
     EXIT_USAGE,
     MOMENT_FORMS,
@@ -26,8 +27,10 @@ from kiosk_agent.cli.contract import (
     parse_moment,
     plural,
     positive_int,
+    say,
     wants_json,
 )
+from kiosk_agent.core.attention import RESOLUTIONS
 from kiosk_agent.core.config import Config, ConfigInvalid, load_config
 from kiosk_agent.core.journal import Journal, JournalError, SaleRecord
 from kiosk_agent.core.sale import SaleState
@@ -46,24 +49,60 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     check = subparsers.add_parser(
         "check-config", help="validate a configuration, start nothing", parents=options()
     )
-    check.add_argument("config_file", metavar="FILE", nargs="?", type=Path,
-                       help="the configuration (or -c/--config FILE, or $KIOSK_CONFIG)")
-    check.add_argument("--show", action="store_true",
-                       help="print the resolved configuration (defaults filled, includes "
-                       "read), every secret as ***")
+    check.add_argument(
+        "config_file",
+        metavar="FILE",
+        nargs="?",
+        type=Path,
+        help="the configuration (or -c/--config FILE, or $KIOSK_CONFIG)",
+    )
+    check.add_argument(
+        "--show",
+        action="store_true",
+        help="print the resolved configuration (defaults filled, includes "
+        "read), every secret as ***",
+    )
     check.set_defaults(handler=guarded(check_config_command))
 
     sales = subparsers.add_parser(
-        "sales", help="list or export the sales journal", parents=options(),
+        "sales",
+        help="list or export the sales journal",
+        parents=options(),
         description="The local sales journal. Without an action: `sales list`.",
     )
     _sales_list_options(sales)
     sales.set_defaults(handler=guarded(sales_command))
     actions = sales.add_subparsers(dest="action", metavar="ACTION")
-    listing = actions.add_parser("list", help="list or export sales (the default)",
-                                 parents=options())
+    listing = actions.add_parser(
+        "list", help="list or export sales (the default)", parents=options()
+    )
     _sales_list_options(listing)
     listing.set_defaults(handler=guarded(sales_command))
+    attention = actions.add_parser(
+        "attention", parents=options(),
+        help="the sales a person must decide (state attention), with why and since when",
+    )  # fmt: skip
+    attention.set_defaults(handler=guarded(attention_command))
+    resolve = actions.add_parser(
+        "resolve", parents=options(),
+        help="record what a person did about an attention sale, and why",
+        description="Journal a person's decision on a sale in state attention: --as captured "
+        "(the money was taken by hand: the sale ends completed) or --as reversed (it was given "
+        "back: the sale ends reversed). Nothing is sent to the payment service.",
+    )  # fmt: skip
+    resolve.add_argument(
+        "sale", metavar="SALE", help="sale id (or a unique start of it), or order id"
+    )
+    resolve.add_argument(
+        "--as",
+        dest="resolve_as",
+        required=True,
+        choices=sorted(RESOLUTIONS),
+        type=case_insensitive(sorted(RESOLUTIONS)),
+        help="what was done",
+    )
+    resolve.add_argument("--why", required=True, help="what you did and why (kept with the sale)")
+    resolve.set_defaults(handler=guarded(resolve_command))
 
 
 def _sales_list_options(parser: argparse.ArgumentParser) -> None:
@@ -74,8 +113,12 @@ def _sales_list_options(parser: argparse.ArgumentParser) -> None:
         type=case_insensitive([s.value for s in SaleState]),
         help=f"repeatable, any case: {', '.join(s.value for s in SaleState)}",
     )  # fmt: skip
-    parser.add_argument("--format", choices=["table", "csv", "json"], default=argparse.SUPPRESS,
-                        help="table (default), csv or json (--json is --format json)")
+    parser.add_argument(
+        "--format",
+        choices=["table", "csv", "json"],
+        default=argparse.SUPPRESS,
+        help="table (default), csv or json (--json is --format json)",
+    )
     parser.add_argument("--limit", type=positive_int, default=argparse.SUPPRESS)
 
 
@@ -88,21 +131,30 @@ async def check_config_command(args: argparse.Namespace) -> int:
         config = load_config(path)
     except ConfigInvalid as err:
         if wants_json(args):
-            print(json.dumps({"path": str(path), "valid": False,
-                              "errors": [str(e) for e in err.errors]}, indent=2))
+            print(
+                json.dumps(
+                    {"path": str(path), "valid": False, "errors": [str(e) for e in err.errors]},
+                    indent=2,
+                )
+            )
         for error in err.errors:
             print(error, file=sys.stderr)
         print(f"{plural(len(err.errors), 'mistake')} in {path}", file=sys.stderr)
         return EXIT_USAGE  # a broken config file: the same code from every command
     if wants_json(args):
         shown = {"config": config.masked()} if args.show else {}
-        print(json.dumps({"path": str(path), "valid": True, "errors": [], **shown}, indent=2,
-                         default=str))
+        print(
+            json.dumps(
+                {"path": str(path), "valid": True, "errors": [], **shown}, indent=2, default=str
+            )
+        )
     elif args.show:
         import yaml
 
-        print(yaml.safe_dump(json.loads(json.dumps(config.masked(), default=str)),
-                             sort_keys=False), end="")
+        print(
+            yaml.safe_dump(json.loads(json.dumps(config.masked(), default=str)), sort_keys=False),
+            end="",
+        )
     else:
         print(summary(config))
     return EXIT_OK
@@ -226,12 +278,7 @@ def _table(sales: Sequence[SaleRecord]) -> str:
     return "\n".join(out)
 
 
-async def sales_command(args: argparse.Namespace) -> int:
-    from kiosk_agent.cli.report import output_format
-
-    fmt = output_format(args)
-    since_text = getattr(args, "since", None)
-    since = parse_since(since_text) if since_text else None
+def _open_journal(args: argparse.Namespace) -> Journal:
     config = load(config_path(args), check_platforms=False)
     path = config.resolve(config["journal"]["path"])
     if not path.exists():
@@ -241,6 +288,66 @@ async def sales_command(args: argparse.Namespace) -> int:
         journal.open()
     except JournalError as err:
         raise CliError(str(err)) from None
+    return journal
+
+
+async def attention_command(args: argparse.Namespace) -> int:
+    journal = _open_journal(args)
+    try:
+        sales = journal.attention_sales()
+    finally:
+        journal.close()
+    if wants_json(args):
+        print(json.dumps({"sales": [s.as_dict() for s in sales]}, indent=2))
+        return EXIT_OK
+    for sale in sales:
+        when = dt.datetime.fromtimestamp(sale.finished_at or sale.updated_at, dt.UTC)
+        held = format_cents(sale.captured_cents or sale.authorized_cents, sale.currency)
+        print(
+            f"{sale.sale_id}  {sale.order_id}  {sale.source}  held {held}  "
+            f"since {when:%Y-%m-%d %H:%M:%SZ}\n  {sale.message}"
+        )
+    print(
+        plural(len(sales), "sale")
+        + " in attention"
+        + (
+            "; resolve each with: kiosk-agent sales resolve SALE --as captured|reversed --why TEXT"
+            if sales
+            else ""
+        )
+    )
+    return EXIT_OK
+
+
+async def resolve_command(args: argparse.Namespace) -> int:
+    import getpass
+
+    from kiosk_agent.core.attention import ResolveError, resolve
+
+    journal = _open_journal(args)
+    try:
+        record = resolve(
+            journal, args.sale, args.resolve_as, args.why, f"cli ({getpass.getuser()})"
+        )
+    except ResolveError as err:  # an unknown sale, one not in attention, no reason
+        raise CliError(str(err), EXIT_FAILED) from None
+    finally:
+        journal.close()
+    say(
+        args,
+        f"sale {record.sale_id} resolved as {args.resolve_as}: now {record.state.value}",
+        sale=record.as_dict(),
+    )
+    return EXIT_OK
+
+
+async def sales_command(args: argparse.Namespace) -> int:
+    from kiosk_agent.cli.report import output_format
+
+    fmt = output_format(args)
+    since_text = getattr(args, "since", None)
+    since = parse_since(since_text) if since_text else None
+    journal = _open_journal(args)
     try:
         states = [SaleState(s) for s in getattr(args, "state", None) or []] or None
         sales = journal.query(since=since, states=states, limit=getattr(args, "limit", None))

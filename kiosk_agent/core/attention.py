@@ -240,7 +240,7 @@ def _by_prefix(journal: Journal, wanted: str) -> SaleRecord:
     record = journal.by_order_id(wanted)
     if record is not None:
         return record
-    matches = [r for r in journal.attention_sales() if wanted and r.sale_id.startswith(wanted)]
+    matches = journal.with_id_prefix(wanted)
     if len(matches) == 1:
         return matches[0]
     if matches:

@@ -288,6 +288,17 @@ class Journal:
         row = self.db.execute("SELECT * FROM sales WHERE order_id = ?", (order_id,)).fetchone()
         return None if row is None else _record(row)
 
+    def with_id_prefix(self, prefix: str, limit: int = 2) -> list[SaleRecord]:
+        """Sales whose id starts with ``prefix`` (as people copy ids from a list), at most
+        ``limit``: two say the prefix is not unique."""
+        if not prefix or not prefix.isalnum():
+            return []
+        rows = self.db.execute(
+            "SELECT * FROM sales WHERE substr(sale_id, 1, ?) = ? LIMIT ?",
+            (len(prefix), prefix, limit),
+        )
+        return [_record(r) for r in rows]
+
     def open_sales(self) -> list[SaleRecord]:
         """Sales not in a final state: what a crash left behind (or what is running now)."""
         marks = ", ".join("?" for _ in _FINAL_STATES)

@@ -213,3 +213,41 @@ def test_check_config_show_prints_the_resolved_config_with_secrets_masked(
     assert answer["valid"] is True
     assert answer["config"]["service"]["api_key"] == "***"
     assert "sk_live_123" not in json.dumps(answer)
+
+
+def test_sales_attention_lists_what_a_person_must_decide_and_resolve_records_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = write(tmp_path, GOOD)
+    fill_journal(tmp_path)
+    journal = Journal(tmp_path / "journal.db")
+    journal.open()
+    stuck = journal.create(
+        SaleRecord(sale_id="3f2a9c0d1e", order_id="KASTUCK", source="mdb:front",
+                   flow="authorize_capture", terminal="SIM-0001", amount_cents=250,
+                   state=SaleState.STARTED)
+    )  # fmt: skip
+    journal.record(stuck, "capture.failed", SaleState.ATTENTION, authorized_cents=250,
+                   vended_cents=250, message="dispensed, but the capture failed twice")  # fmt: skip
+    journal.close()
+
+    assert main(["sales", "attention", "-c", str(path)]) == 0
+    listed = capsys.readouterr().out
+    assert "3f2a9c0d1e  KASTUCK  mdb:front  held $2.50" in listed
+    assert "capture failed twice" in listed
+    assert "1 sale in attention; resolve each with" in listed
+
+    # a unique start of the id is enough, as the list prints whole ids
+    argv = ["sales", "resolve", "3f2a", "--as", "Captured", "--why", "captured in the portal"]
+    assert main([*argv, "-c", str(path), "--json"]) == 0
+    answer = json.loads(capsys.readouterr().out)
+    assert answer["sale"]["state"] == "completed"
+    assert answer["sale"]["resolution"]["as"] == "captured"
+    assert answer["sale"]["resolution"]["by"].startswith("cli (")
+    assert answer["sale"]["captured_cents"] == 250
+
+    assert main(["sales", "attention", "-c", str(path), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out) == {"sales": []}
+    # resolving twice is refused, and says why
+    assert main([*argv, "-c", str(path)]) == 1
+    assert "completed, not attention" in capsys.readouterr().err

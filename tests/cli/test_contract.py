@@ -65,6 +65,8 @@ EXAMPLES: list[tuple[str, ...]] = [
     ("check-config", "{config}"),
     ("sales", "-c", "{config}"),
     ("sales", "list", "-c", "{config}"),
+    ("sales", "attention", "-c", "{config}"),
+    ("sales", "resolve", "nosuchsale", "--as", "reversed", "--why", "by hand", "-c", "{config}"),
     ("doctor", "-c", "{config}"),
     ("health", "--url", "http://127.0.0.1:9", "--token", "t"),
     ("fleet", "forget", "-c", "{config}", "--wait", "0.1"),
@@ -280,10 +282,13 @@ async def test_every_command_prints_valid_json_and_exits_with_a_code_from_the_ta
             assert "error" in result or "ok" in result, (argv, result)
     failed = {path: code for path, code in ran.items() if code != 0}
     # only what cannot pass here: no agent is running for `health`, no broker for `fleet forget`
-    # (tests/cli/test_fleet_cli.py runs both for real)
-    assert failed == {("health",): cli.EXIT_UNREACHABLE, ("fleet", "forget"): cli.EXIT_USAGE}, (
-        failed
-    )
+    # (tests/cli/test_fleet_cli.py runs both for real), no sale in attention to resolve
+    # (tests/cli/test_agent_cli.py resolves one)
+    assert failed == {
+        ("health",): cli.EXIT_UNREACHABLE,
+        ("fleet", "forget"): cli.EXIT_USAGE,
+        ("sales", "resolve"): cli.EXIT_FAILED,
+    }, failed
 
 
 # -- --timeout: a service that never answers ---------------------------------------------------
