@@ -17,6 +17,7 @@ import argparse
 import asyncio
 import functools
 import logging
+import secrets
 import signal
 import sys
 import tempfile
@@ -301,7 +302,22 @@ async def demo_command(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.ERROR, format="%(levelname)s %(name)s: %(message)s")
     with tempfile.TemporaryDirectory(prefix="kiosk-demo-") as scratch:
         _speed_up(config, args.speed, Path(scratch) / "journal.db")
-        return await _run(config, args)
+        page_token = _with_status_page(config)
+        return await _run(config, args, page_token)
+
+
+def _with_status_page(config: Any) -> str | None:
+    """Serve the field tech's status page on loopback with a token made for this run only,
+    unless the configuration has its own admin API; the token to log in with, or None."""
+    if "admin" in config.data:
+        return None
+    from kiosk_agent.admin.server import ADMIN_SCHEMA
+
+    token = secrets.token_urlsafe(18)
+    config.data["admin"] = ADMIN_SCHEMA(
+        {"host": "127.0.0.1", "port": 0, "tokens": [{"name": "demo", "token": token}]}
+    )
+    return token
 
 
 def _demo_config(args: argparse.Namespace) -> Path:
@@ -311,7 +327,7 @@ def _demo_config(args: argparse.Namespace) -> Path:
     return optional_config_path(args) or DEFAULT_CONFIG
 
 
-async def _run(config: Any, args: argparse.Namespace) -> int:
+async def _run(config: Any, args: argparse.Namespace, page_token: str | None = None) -> int:
     from kiosk_agent.app import build_agent
     from kiosk_agent.platforms.virtual import VirtualPlatform
 
@@ -328,6 +344,7 @@ async def _run(config: Any, args: argparse.Namespace) -> int:
     try:
         async with agent.events.subscribe() as queue, outage:
             await agent.start()
+            _announce_status_page(agent, view, page_token)
             machines = [p for p in agent.platforms if isinstance(p, VirtualPlatform)]
             if args.sales is not None:
                 view.customers = Customers(args.sales, machines)
@@ -347,6 +364,14 @@ async def _run(config: Any, args: argparse.Namespace) -> int:
         await sim.stop()
     view.summary()
     return EXIT_OK
+
+
+def _announce_status_page(agent: Any, view: LiveView, token: str | None) -> None:
+    admin = next((c for c in agent.components if type(c).__name__ == "AdminServer"), None)
+    if admin is None:
+        return
+    login = f" (log in with {token}, a token made for this demo run)" if token else ""
+    view.note(f"status page: {admin.url}/{login}")
 
 
 class Outage:

@@ -133,3 +133,39 @@ def test_demo_help_is_plain_text() -> None:
                           timeout=30)
     assert "``" not in done.stdout
     assert "config/demo.yaml" in done.stdout
+
+
+def test_demo_serves_the_status_page_and_says_how_to_log_in() -> None:
+    import json
+    import urllib.request
+
+    proc = subprocess.Popen(
+        [*DEMO, "--speed", "5"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env=_env(),
+    )  # fmt: skip
+    try:
+        assert proc.stdout is not None
+        found = None
+        deadline = time.monotonic() + 30
+        while found is None and time.monotonic() < deadline:
+            found = re.search(
+                r"status page: (http://127\.0\.0\.1:\d+)/ \(log in with (\S+), a token made for "
+                r"this demo run\)",
+                proc.stdout.readline(),
+            )
+        assert found, "the demo names its status page"
+        url, token = found.groups()
+        with urllib.request.urlopen(url + "/", timeout=10) as page:  # noqa: S310 - loopback
+            assert "text/html" in page.headers["Content-Type"]
+        login = urllib.request.Request(  # noqa: S310 - loopback
+            url + "/session", data=json.dumps({"token": token}).encode(), method="POST",
+            headers={"Content-Type": "application/json", "Origin": url},
+        )  # fmt: skip
+        with urllib.request.urlopen(login, timeout=10) as answer:  # noqa: S310
+            assert json.load(answer)["role"] == "admin"
+        proc.send_signal(signal.SIGINT)
+        proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0
