@@ -27,6 +27,7 @@ import json
 import math
 import os
 import re
+import signal
 import sys
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
@@ -227,6 +228,16 @@ def plural(count: int, noun: str) -> str:
 
 
 # -- failures ------------------------------------------------------------------------------------
+
+
+def stop_on_signals() -> asyncio.Event:
+    """An event SIGTERM or SIGINT sets: a long-running command's way to end cleanly."""
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        with contextlib.suppress(NotImplementedError):
+            loop.add_signal_handler(signum, stop.set)
+    return stop
 
 
 def guarded(handler: Handler) -> Handler:

@@ -3,18 +3,15 @@
 from __future__ import annotations
 
 import argparse
-import asyncio
-import contextlib
 import json
 import os
-import signal
 import sqlite3
 import sys
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from kiosk_agent.cli.contract import positive_number
+from kiosk_agent.cli.contract import positive_number, stop_on_signals
 from kiosk_agent.service.settings import ServiceSettings
 from kiosk_agent.sim.ratelimit import RateLimit
 from kiosk_agent.sim.server import SimOptions, SimServer
@@ -145,11 +142,7 @@ async def run_sim(args: argparse.Namespace) -> int:
         # a busy port, an unwritable --data-dir, a file there that is not a database
         print(f"error: cannot start the simulator: {err}", file=sys.stderr)
         return 1
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for signum in (signal.SIGTERM, signal.SIGINT):
-        with contextlib.suppress(NotImplementedError):
-            loop.add_signal_handler(signum, stop.set)
+    stop = stop_on_signals()
     print(f"{READY}{json.dumps(server.ready_info())}", flush=True)
     try:
         await stop.wait()

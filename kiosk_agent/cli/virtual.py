@@ -13,14 +13,13 @@ import asyncio
 import contextlib
 import json
 import re
-import signal
 import sys
 from pathlib import Path
 from typing import Any
 
 import voluptuous as vol
 
-from kiosk_agent.cli.contract import positive_int, positive_number
+from kiosk_agent.cli.contract import positive_int, positive_number, stop_on_signals
 from kiosk_agent.core.config import positive_price
 from kiosk_agent.platforms import mdb_protocol as wire
 from kiosk_agent.platforms.virtual import ControllerOptions, VirtualController, VisitRecorder
@@ -137,11 +136,7 @@ async def run_virtual(args: argparse.Namespace) -> int:
         except OSError as err:
             print(f"error: cannot open the virtual adapter: {err}", file=sys.stderr)
             return 1
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for signum in (signal.SIGTERM, signal.SIGINT):
-            with contextlib.suppress(NotImplementedError):
-                loop.add_signal_handler(signum, stop.set)
+        stop = stop_on_signals()
         info = {"name": args.name, "port": controller.port, "record": str(args.record or "")}
         print(f"{READY}{json.dumps(info)}", flush=True)
         customers = asyncio.create_task(_customers(controller, args))
