@@ -579,13 +579,13 @@ class Chaos:
                   client_secret: !env_var KIOSK_CLIENT_SECRET
                   # a money call is given up after 3 s. The harness may stack a late commit
                   # (the proxy, up to 4 s) and the simulator's delay (up to 4 s): a call can be
-                  # committed up to 8 s after it was sent, so answer_margin is 6 (deadline 9 s).
+                  # committed 8 s after it reached the proxy, so answer_margin is 9 (deadline 12 s).
                   # The agent's promise holds only for a service inside its margin.
                   timeout: 3
                 terminals: [{terminals}]
                 journal: {{path: journal.db}}
                 sales: {{vend_timeout: 5, interaction_lifetime: {180 / opts.time_scale},
-                         answer_margin: 6, attention_recheck: 2}}
+                         answer_margin: 9, attention_recheck: 2}}
                 admin:
                   port: {self.admin_port}
                   tokens: [{{name: chaos, token: !env_var KIOSK_ADMIN_TOKEN}}]
