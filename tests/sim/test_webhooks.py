@@ -158,13 +158,13 @@ async def test_delivery_gives_up_after_eight_attempts(
 async def test_events_arrive_in_order_without_chaos_and_never_block_the_api(
     receiver: Receiver, sim_factory, http: aiohttp.ClientSession
 ) -> None:
-    receiver.delay_s = 0.2  # a slow receiver
+    receiver.delay_s = 0.5  # a slow receiver
     sim = await start_sim(sim_factory, receiver)
     boarding = await oauth_api(http, sim)
 
     started = time.monotonic()
     ids = [await create(boarding, f"Shop {n}") for n in range(4)]
-    assert time.monotonic() - started < 0.5  # four answers, not held up by 0.8 s of receiver
+    assert time.monotonic() - started < 1.2  # four answers, not held up by 2 s of receiver
 
     await until(lambda: len(receiver.deliveries) == 4)
     assert [int(d.envelope["source_id"]) for d in receiver.deliveries] == ids
