@@ -71,7 +71,9 @@ class TerminalClient:
         created_at`` is in the service's clock, which a time-scaled simulator runs faster: the
         rate of that clock is learned from the ``created_at`` of interactions started at least
         :data:`CLOCK_BASELINE_S` apart. A lifetime unlike ``expected_lifetime`` is warned about,
-        once per value (the agent's sales.interaction_lifetime set by hand for another service).
+        once per value (lifetimes within LIFETIME_TOLERANCE of each other are one value: the rate
+        is measured, so it jitters) -- the agent's sales.interaction_lifetime set by hand for
+        another service.
         """
         created, expires = record.created_at, record.expires_at
         if created is None or expires is None:
@@ -95,9 +97,13 @@ class TerminalClient:
         expected = self.expected_lifetime
         if expected is None or abs(lifetime - expected) <= LIFETIME_TOLERANCE * expected:
             return
-        key = round(lifetime, 2)
-        if key not in self._warned_lifetimes:
-            self._warned_lifetimes.add(key)
+        # The rate is measured, so each record gives a slightly different real lifetime (3.59 s,
+        # then 3.61 s): values within the tolerance of one already warned about are that value.
+        if not any(
+            abs(lifetime - warned) <= LIFETIME_TOLERANCE * warned
+            for warned in self._warned_lifetimes
+        ):
+            self._warned_lifetimes.add(lifetime)
             _LOGGER.warning(
                 "the service's terminal interactions live %.3g s (its clock runs %.3g times "
                 "real time), but %.3g s is expected: set sales.interaction_lifetime to %.3g (a "

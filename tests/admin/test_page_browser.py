@@ -160,10 +160,16 @@ async def test_a_tech_logs_in_on_a_phone_and_sees_a_reader_go_offline(
     # readable at 360 px: nothing wider than the screen, targets big enough for gloves
     width = await page.evaluate("document.documentElement.scrollWidth")
     assert width <= PHONE["width"]
-    for button in await page.locator("button:visible").all():
-        box = await button.bounding_box()
-        assert box is not None
-        assert box["height"] >= 40, await button.inner_text()
+    # Measured in one go: the live page re-renders its sections (each health ping, each event),
+    # so a button found by one call may be replaced before a second call measures it.
+    buttons = await page.evaluate(
+        """() => [...document.querySelectorAll("button")]
+            .filter((b) => b.checkVisibility())
+            .map((b) => [b.textContent, b.getBoundingClientRect().height])"""
+    )
+    assert buttons
+    for text, height in buttons:
+        assert height >= 40, text
     await _screenshot(page, _screenshot_path(tmp_path, "status-page-phone.png"))
     # the token never travelled in a URL
     assert not [url for url in seen.urls if ADMIN_TOKEN in url]

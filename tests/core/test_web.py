@@ -13,6 +13,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from kiosk_agent.core.web import BodyError, HttpLimits, LocalSite, loads_bounded, read_json
+from tests.helpers import until
 
 
 async def test_a_site_on_port_0_learns_its_port_and_stops_listening() -> None:
@@ -41,7 +42,9 @@ def _limits(**overrides: float) -> HttpLimits:
     return HttpLimits.from_config(conf)
 
 
-async def _site(limits: HttpLimits) -> LocalSite:
+async def _site(limits: HttpLimits, held: list[web.Request] | None = None) -> LocalSite:
+    """A site with ``/echo`` and ``/hold`` (30 s); each held request is added to ``held``."""
+
     async def echo(request: web.Request) -> web.Response:
         try:
             return web.json_response({"got": await read_json(request)})
@@ -50,6 +53,8 @@ async def _site(limits: HttpLimits) -> LocalSite:
                                      status=err.status)
 
     async def hold(request: web.Request) -> web.Response:
+        if held is not None:
+            held.append(request)
         await asyncio.sleep(30)
         return web.Response()
 
@@ -122,14 +127,14 @@ async def test_past_the_cap_the_oldest_idle_connection_makes_room() -> None:
 
 
 async def test_when_every_connection_is_busy_a_newcomer_gets_503() -> None:
-    site = await _site(_limits(max_connections=4))
+    held: list[web.Request] = []
+    site = await _site(_limits(max_connections=4), held)
     async with aiohttp.ClientSession() as http:
         holders = [asyncio.create_task(http.get(f"{site.url}/hold")) for _ in range(4)]
         try:
-            for _ in range(100):
-                if site.open_connections == 4:
-                    break
-                await asyncio.sleep(0.01)
+            # every connection busy: each request in its handler, not merely each socket open
+            await until(lambda: len(held) == 4)
+            assert site.open_connections == 4
             reader, writer = await asyncio.open_connection("127.0.0.1", site.port)
             answer = await asyncio.wait_for(reader.read(), 5)
             assert answer.startswith(b"HTTP/1.1 503"), answer

@@ -238,8 +238,9 @@ async def test_missing_device_is_found_soon_after_it_appears_despite_backoff(
         tty.setraw(slave)
         port.symlink_to(os.ttyname(slave))
         appeared = asyncio.get_running_loop().time()
-        await asyncio.wait_for(link.wait_connected(), 1.0)
-        assert asyncio.get_running_loop().time() - appeared < 0.5
+        await asyncio.wait_for(link.wait_connected(), 3.0)
+        # seen by the 0.02 s look, not the 5 s reconnect pause (room for a busy machine)
+        assert asyncio.get_running_loop().time() - appeared < 2.0
     finally:
         await link.stop()
         os.close(master)

@@ -53,10 +53,12 @@ class CardDesk:
         self._waiting: dict[str, asyncio.Task[None]] = {}
         self.held_elsewhere = False  # another trigger holds the terminal
         self.refused = 0
+        self.refused_at: list[float] = []  # loop time of each refusal
 
     async def start(self, request: SaleRequest, dispenser: Dispenser) -> DeskSale:
         if self._busy or self.held_elsewhere:
             self.refused += 1
+            self.refused_at.append(asyncio.get_running_loop().time())
             raise TerminalBusy("terminal busy with another sale")
         self._busy = True
         sale = DeskSale(f"sale-{next(self._ids)}", request)

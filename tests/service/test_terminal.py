@@ -10,7 +10,12 @@ import pytest
 
 from kiosk_agent.service.client import ServiceClient
 from kiosk_agent.service.errors import BadRequestError, ConflictError, NotFoundError
-from kiosk_agent.service.models import ChargeRequest, ChargeResultCode, InteractionStatus
+from kiosk_agent.service.models import (
+    ChargeRequest,
+    ChargeResultCode,
+    Interaction,
+    InteractionStatus,
+)
 from kiosk_agent.service.terminal import CLOCK_BASELINE_S
 
 READER = "SIM-0001"  # captures signatures, does not print
@@ -149,6 +154,35 @@ async def test_the_services_clock_and_lifetime_are_learned_and_a_mismatch_warned
     service.terminal.expected_lifetime = lifetime  # as the READY line says: no warning
     await (await service.terminal.charge_card("SIM-0004", 300)).wait(timeout=10)
     assert not [r for r in caplog.records if "interaction_lifetime" in r.getMessage()]
+
+
+def test_a_jittered_clock_measurement_is_still_one_mismatch_warned_once(
+    service: ServiceClient, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Each record's answer arrives a few ms late on a busy machine, so the measured rate of a
+    # 50x clock and the real lifetime it gives wobble (3.59 s, then 3.61 s): still one warning.
+    from datetime import UTC, datetime, timedelta
+
+    terminal = service.terminal
+    terminal.expected_lifetime = 180.0
+    base = datetime(2026, 1, 1, tzinfo=UTC)
+
+    def record(n: int, service_s: float) -> Interaction:
+        created = base + timedelta(seconds=service_s)
+        return Interaction(
+            interaction_id=f"i{n}", status=InteractionStatus.SUCCEEDED,
+            created_at=created, expires_at=created + timedelta(seconds=180),
+        )  # fmt: skip
+
+    terminal.real_lifetime(0.0, record(0, 0.0))
+    for n, (started, service_s) in enumerate([(2.0, 100.0), (2.5, 124.0), (3.0, 151.5)], 1):
+        terminal.real_lifetime(started, record(n, service_s))
+    assert terminal.clock_rate == pytest.approx(50, rel=0.02)
+    warnings = [r for r in caplog.records if "interaction_lifetime" in r.getMessage()]
+    assert len(warnings) == 1
+    terminal.real_lifetime(4.0, record(4, 400.0))  # the clock really changed (x100): warned anew
+    warnings = [r for r in caplog.records if "interaction_lifetime" in r.getMessage()]
+    assert len(warnings) == 2
 
 
 async def test_a_real_time_service_keeps_its_lifetime(sim_factory: Any) -> None:

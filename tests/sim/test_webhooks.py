@@ -158,13 +158,13 @@ async def test_delivery_gives_up_after_eight_attempts(
 async def test_events_arrive_in_order_without_chaos_and_never_block_the_api(
     receiver: Receiver, sim_factory, http: aiohttp.ClientSession
 ) -> None:
-    receiver.delay_s = 0.2  # a slow receiver
+    receiver.delay_s = 0.5  # a slow receiver
     sim = await start_sim(sim_factory, receiver)
     boarding = await oauth_api(http, sim)
 
     started = time.monotonic()
     ids = [await create(boarding, f"Shop {n}") for n in range(4)]
-    assert time.monotonic() - started < 0.5  # four answers, not held up by 0.8 s of receiver
+    assert time.monotonic() - started < 1.2  # four answers, not held up by 2 s of receiver
 
     await until(lambda: len(receiver.deliveries) == 4)
     assert [int(d.envelope["source_id"]) for d in receiver.deliveries] == ids
@@ -198,11 +198,9 @@ async def test_an_unreachable_receiver_is_retried_and_the_simulator_keeps_servin
     boarding = await oauth_api(http, sim)
 
     await create(boarding)
-    for _ in range(200):
-        (item,) = await sim_events(boarding)
-        if item["attempts"] >= 2:
-            break
-        await asyncio.sleep(0.01)
+    async with asyncio.timeout(10):  # a busy machine gets room
+        while (item := (await sim_events(boarding))[0])["attempts"] < 2:
+            await asyncio.sleep(0.01)
 
     assert item["delivered"] is False
     assert item["attempts"] >= 2
@@ -229,10 +227,8 @@ async def test_a_restart_on_the_data_dir_resumes_unfinished_deliveries(
     assert resumed["metadata"]["attempt"] == 2
     assert resumed["metadata"] == {**receiver.deliveries[0].envelope["metadata"], "attempt": 2}
     boarding = await oauth_api(http, second)
-    for _ in range(100):  # the receiver logs a delivery just before it answers
-        (item,) = await sim_events(boarding)
-        if item["delivered"]:
-            break
-        await asyncio.sleep(0.01)
+    async with asyncio.timeout(10):  # the receiver logs a delivery just before it answers
+        while not (item := (await sim_events(boarding))[0])["delivered"]:
+            await asyncio.sleep(0.01)
     assert (item["delivered"], item["attempts"]) == (True, 2)
     assert (await boarding.get(f"{MERCHANTS}/{merchant_id}"))[0] == 200
