@@ -57,10 +57,18 @@ class NotInAttention(ResolveError):
     """The sale is not (or no longer) in ATTENTION."""
 
 
+# A sale that ended "no charge was made" after a lost answer is looked at again for this long:
+# a service slower than its answer margin may still have charged.
+LATE_CHARGE_WINDOW = 24 * 3600.0
+# the steps that end a sale on "reporting showed no charge by the deadline"
+_NO_CHARGE_STEPS = ("charge_card.none", "authorize.none", "recovery.none")
+
+
 @dataclass(slots=True)
 class SweepStats:
     sweeps: int = 0
     ended: int = 0  # ATTENTION sales the sweeper ended by itself
+    late_charges: int = 0  # charges found after their sale ended "no charge", given back
     errors: int = 0
     last_sweep_at: float | None = None
     last_error: str = ""
@@ -107,7 +115,46 @@ class AttentionSweeper:
             if event is not None and event.state is not SaleState.ATTENTION:
                 self.stats.ended += 1
                 ended.append(event)
+        ended += await self._late_charges()
         return ended
+
+    async def _late_charges(self) -> list[SaleEvent]:
+        """Sales that ended "no charge was made" (a lost answer, reporting empty by the
+        deadline): a service that committed later than ``answer_margin`` shows the charge now,
+        and it is given back."""
+        try:
+            since = time.time() - LATE_CHARGE_WINDOW
+            failed = self.journal.query(since=since, states=[SaleState.FAILED])
+            suspects = [r for r in failed if self._ended_on_no_charge(r)]
+        except (sqlite3.Error, JournalError) as err:
+            self._count_error(f"cannot read the journal: {err}")
+            return []
+        given_back: list[SaleEvent] = []
+        for record in suspects:
+            steps = SaleSteps(record, self.context)
+            try:
+                lookup = await steps.reconciler.find_charge(record.all_order_ids())
+                if not lookup.approved:
+                    continue
+                _LOGGER.warning(
+                    "sale %s: a charge appeared after the sale ended with none; giving it back",
+                    record.sale_id,
+                )
+                steps.charge_found("late.found", lookup.trans_id, lookup.amount_cents)
+                given_back.append(
+                    await steps.reverse("a charge the service made after the sale had ended")
+                )
+                self.stats.late_charges += 1
+            except Exception as err:
+                _LOGGER.exception("sale %s: late charge check failed", record.sale_id)
+                self._count_error(f"sale {record.sale_id}: {type(err).__name__}: {err}")
+        return given_back
+
+    def _ended_on_no_charge(self, record: SaleRecord) -> bool:
+        if record.flow == Flow.ENROLL or record.trans_id is not None:
+            return False
+        steps = self.journal.steps(record.sale_id)
+        return bool(steps) and steps[-1].step in _NO_CHARGE_STEPS
 
     def _count_error(self, text: str) -> None:
         self.stats.errors += 1

@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from kiosk_agent.core.attention import NotInAttention, ResolveError, UnknownSale, resolve
+from kiosk_agent.core.journal import Journal
 from kiosk_agent.core.sale import SaleState
 from kiosk_agent.service.models import TransStatus
 
@@ -137,3 +138,35 @@ async def test_a_resolution_must_say_what_and_why(
     record = agent.journal.get("crashed1")
     assert record is not None
     assert record.state is SaleState.ATTENTION
+
+
+async def test_a_charge_made_after_its_sale_ended_with_none_is_given_back(
+    agent_factory: Any, tmp_path: Path
+) -> None:
+    # A service slower than its answer margin: the sale ended "no charge was made", then the
+    # authorization went through after all.
+    leave_open(tmp_path, state=SaleState.UNRESOLVED, answer_by=time.time() - 1)
+    journal = Journal(tmp_path / "journal.db")
+    journal.open()
+    record = journal.get("crashed1")
+    assert record is not None
+    journal.record(record, "authorize.none", SaleState.FAILED, message="no charge was made")
+    journal.close()
+    agent = await agent_factory()
+    await authorize(agent.service, "KACRASHED1", capture=False)
+    [event] = await agent.attention.sweep()
+    assert event.state is SaleState.REVERSED, event.message
+    assert "after the sale had ended" in event.message
+    [row] = await rows(agent.service, "KACRASHED1")
+    assert row.status is TransStatus.VOIDED
+    assert agent.attention.stats.late_charges == 1
+    assert await agent.attention.sweep() == []  # once given back, never again
+
+
+async def test_a_sale_that_failed_for_another_reason_is_not_looked_up(
+    agent_factory: Any, tmp_path: Path
+) -> None:
+    leave_open(tmp_path, state=SaleState.FAILED, message="no card was presented")
+    agent = await agent_factory()
+    await authorize(agent.service, "KACRASHED1", capture=False)  # not this sale's doing
+    assert await agent.attention.sweep() == []
