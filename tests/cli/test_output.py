@@ -160,7 +160,9 @@ def test_bash_completes_commands_actions_and_options() -> None:
         "--timeout"
     ]
     assert "--status" in _bash_complete(text, ["kiosk-agent", "report", "transactions", "--"])
-    assert "resolve" not in _bash_complete(text, ["kiosk-agent", "sales", ""])
+    actions = _bash_complete(text, ["kiosk-agent", "sales", ""])
+    assert {"list", "attention", "resolve"} <= set(actions)
+    assert _bash_complete(text, ["kiosk-agent", "sales", "resolve", "x", "--a"]) == ["--as"]
 
 
 def test_zsh_and_fish_scripts_come_from_the_same_parser() -> None:
