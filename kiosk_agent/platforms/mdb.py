@@ -323,6 +323,8 @@ class MdbCashless:
             on_state=on_link_state,
             on_connected=self._on_connected,
         )
+        # a probe answered mid-sale ("c,STATUS,ENABLED") would read as the session's end
+        self.link.busy = lambda: self.session is not None
 
     async def start(self) -> None:
         self._stopping = False

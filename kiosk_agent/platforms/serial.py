@@ -163,6 +163,9 @@ class SerialLink:
         self._connected = asyncio.Event()
         self._stopping = False
         self.port_in_use: str | None = None
+        # Mid-exchange (a sale under way), silence is expected, and the device's answer to a
+        # probe (its resting status) would be misread as the exchange's end: no probe then.
+        self.busy: Callable[[], bool] = lambda: False
 
     # -- public ------------------------------------------------------------------------------
 
@@ -338,6 +341,9 @@ class SerialLink:
                 continue
             except TimeoutError:
                 pass
+            if self.busy():
+                probed = False  # quiet while the device waits on us: not a dead link
+                continue
             if self.settings.probe and not probed:
                 probed = True
                 self.write_line(self.settings.probe)

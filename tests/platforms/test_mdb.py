@@ -259,6 +259,24 @@ async def test_stopping_while_the_card_is_read_cancels_the_sale(machine: Machine
         await visit_task
 
 
+async def test_no_probe_while_a_sale_waits_on_its_card(controller: VirtualController) -> None:
+    # The card takes 10 silences; a probe then would be answered "c,STATUS,ENABLED" (the
+    # controller's resting state), which reads as the customer's session ending mid-sale.
+    desk = CardDesk(card_time=0.5)
+    machine = await make_machine(
+        controller, desk=desk, link={"silence_timeout": 0.05, "probe": "C,STATUS"}
+    )
+    try:
+        await until(lambda: "C,STATUS" in controller.received)  # probed while idle
+        visit = await controller.customer("A1")
+        assert visit.outcome is VisitOutcome.VENDED
+        [final] = await desk.settled()
+        assert final.state is SaleState.COMPLETED
+        assert machine.device.link.stats.reconnects == 0
+    finally:
+        await machine.device.stop()
+
+
 async def test_quiet_controller_is_probed_not_dropped(controller: VirtualController) -> None:
     machine = await make_machine(controller, link={"silence_timeout": 0.05, "probe": "C,STATUS"})
     try:
