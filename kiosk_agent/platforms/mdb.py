@@ -50,6 +50,9 @@ from kiosk_agent.tasks import TaskSet
 
 _LOGGER = logging.getLogger(__name__)
 
+# An adapter answers a probe well within this (seconds); a later status line is news of its own.
+PROBE_ANSWER_WINDOW = 2.0
+
 
 class Mode(enum.StrEnum):
     SELECTION_FIRST = "selection_first"
@@ -164,6 +167,7 @@ class MdbSession:
         self.device = device
         self.request = request
         self.phase = _Phase.AUTHORIZING
+        self.began_at = asyncio.get_running_loop().time()
         self.sale_id: str | None = None
         self.abort_reason: str | None = None
         loop = asyncio.get_running_loop()
@@ -256,6 +260,10 @@ class MdbSession:
             return False
         self.selection.set_result(request)
         return True
+
+    def selected(self, request: wire.VendRequested) -> bool:
+        """Whether ``request`` is this session's selection, already being served."""
+        return (request.product, request.amount_cents) == (self.product, self.vend_cents)
 
     def on_vend_result(self, status: DispenseStatus, detail: str) -> bool:
         if self.phase is not _Phase.VENDING:
@@ -437,6 +445,10 @@ class MdbCashless:
         elif status is wire.ControllerStatus.IDLE:
             self._controller_session = True
         elif status is wire.ControllerStatus.ENABLED:
+            if self._answers_probe(session):
+                # the controller's resting state, from before the session: not its end
+                _LOGGER.debug("%s: probe answered ENABLED as the session began", self.name)
+                return
             if not self._controller_session and previous is status:
                 # Some controllers repeat ENABLED while nothing happens: not a session end.
                 _LOGGER.debug("%s: controller enabled again (repeat)", self.name)
@@ -449,6 +461,18 @@ class MdbCashless:
                 session.abort("session ended by the controller")
             elif session is None:
                 self._maybe_start_card_first()
+
+    def _answers_probe(self, session: MdbSession | None) -> bool:
+        """Whether a status line inside ``session`` is the answer to a probe that crossed its start.
+
+        busy() keeps probes out of a session, but one sent just before the customer selected is
+        answered inside it, with the controller's state from before: that answer ends nothing.
+        """
+        sent = self.link.probe_sent_at
+        if sent is None or session is None or session.began_at < sent:
+            return False
+        self.link.probe_sent_at = None  # one probe, one answer
+        return asyncio.get_running_loop().time() - sent <= PROBE_ANSWER_WINDOW
 
     def _on_vend_request(self, message: wire.VendRequested) -> None:
         self.stats.vend_requests += 1
@@ -470,6 +494,10 @@ class MdbCashless:
             return
         if session is not None:
             if session.on_selection(message):
+                return
+            if session.selected(message) and self._answers_probe(session):
+                # an adapter that answers a probe with its state repeats the pending selection
+                _LOGGER.debug("%s: probe answered with the pending selection", self.name)
                 return
             if session.phase is _Phase.ENDED and self.options.mode is Mode.SELECTION_FIRST:
                 # The machine is done with the last customer; the last sale is still capturing.

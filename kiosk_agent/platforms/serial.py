@@ -166,6 +166,9 @@ class SerialLink:
         # Mid-exchange (a sale under way), silence is expected, and the device's answer to a
         # probe (its resting status) would be misread as the exchange's end: no probe then.
         self.busy: Callable[[], bool] = lambda: False
+        # When the last probe went out (loop time); the device clears it once it knows the answer.
+        # A probe can cross a line the device sent meanwhile: its answer is older than that line.
+        self.probe_sent_at: float | None = None
 
     # -- public ------------------------------------------------------------------------------
 
@@ -346,9 +349,14 @@ class SerialLink:
                 continue
             if self.settings.probe and not probed:
                 probed = True
-                self.write_line(self.settings.probe)
+                self.send_probe()
                 continue
             return f"silent for {timeout * (2 if self.settings.probe else 1):.1f}s"
+
+    def send_probe(self) -> None:
+        """Ask the device for a sign of life: the probe line, which it always answers."""
+        if self.settings.probe and self.write_line(self.settings.probe):
+            self.probe_sent_at = asyncio.get_running_loop().time()
 
     async def _close_transport(self) -> None:
         protocol, self._protocol = self._protocol, None

@@ -89,6 +89,9 @@ class ControllerOptions:
     link_path: Path | None = None  # a by-id style symlink kept pointing at the current pty
     # (host, port): serve the adapter on TCP (socket://host:port) instead of a pty; port 0: any
     listen: tuple[str, int] | None = None
+    # A quirk of some adapters: C,STATUS asked while a vend request waits is answered with that
+    # request again (others answer their resting state, c,STATUS,ENABLED).
+    status_repeats_vend: bool = False
 
 
 class VirtualController:
@@ -106,6 +109,7 @@ class VirtualController:
         self._client: asyncio.Transport | None = None  # listen mode: the agent connected now
         self._buffer = bytearray()
         self._answer: asyncio.Future[int | None] | None = None  # C,VEND amount, or None for no
+        self._vend_request: str | None = None  # the vend request line while it waits
         self._session_funds: asyncio.Future[int | None] | None = None  # card first: C,START
         self._in_session = False
         self._visit_lock = asyncio.Lock()
@@ -282,7 +286,11 @@ class VirtualController:
             self.send("c,1")
             self._tasks.spawn(self._enable())
         elif verb == "STATUS":
-            self.send(wire.status_line(self.status))
+            waiting = self._answer is not None and not self._answer.done()
+            if self.options.status_repeats_vend and waiting and self._vend_request:
+                self.send(self._vend_request)
+            else:
+                self.send(wire.status_line(self.status))
         elif verb == "VEND":
             self._answer_vend(command.amount_cents)
         elif verb == "STOP":
@@ -440,7 +448,10 @@ class VirtualController:
         self._notify("selects", visit)
         loop = asyncio.get_running_loop()
         visit.requested_at = loop.time()
-        self.send(wire.vend_request_line(visit.price_cents, visit.product, self.options.unit))
+        self._vend_request = wire.vend_request_line(
+            visit.price_cents, visit.product, self.options.unit
+        )
+        self.send(self._vend_request)
         try:
             amount = await asyncio.wait_for(
                 asyncio.shield(self._answer), patience or self.options.patience

@@ -277,6 +277,41 @@ async def test_no_probe_while_a_sale_waits_on_its_card(controller: VirtualContro
         await machine.device.stop()
 
 
+async def test_a_probe_crossing_the_vend_request_does_not_end_the_sale(
+    controller: VirtualController,
+) -> None:
+    # The probe goes out just as the customer selects: the controller reads it after sending
+    # its vend request and answers with its resting state, c,STATUS,ENABLED.
+    machine = await make_machine(controller, link={"silence_timeout": 30, "probe": "C,STATUS"})
+    try:
+        machine.device.link.send_probe()
+        visit = await controller.customer("A1")
+        assert visit.outcome is VisitOutcome.VENDED
+        [final] = await machine.desk.settled()
+        assert final.state is SaleState.COMPLETED
+        assert "C,STATUS" in controller.received
+    finally:
+        await machine.device.stop()
+
+
+async def test_a_probe_answered_with_the_pending_selection_is_not_a_second_one(
+    controller: VirtualController,
+) -> None:
+    # Adapters that answer a probe with their state repeat the vend request being served.
+    controller.options.status_repeats_vend = True
+    machine = await make_machine(controller, link={"silence_timeout": 30, "probe": "C,STATUS"})
+    try:
+        machine.device.link.send_probe()
+        visit = await controller.customer("A1")
+        assert visit.outcome is VisitOutcome.VENDED
+        [final] = await machine.desk.settled()
+        assert final.state is SaleState.COMPLETED
+        assert "C,STOP" not in controller.received
+        assert machine.device.stats.denied == 0
+    finally:
+        await machine.device.stop()
+
+
 async def test_quiet_controller_is_probed_not_dropped(controller: VirtualController) -> None:
     machine = await make_machine(controller, link={"silence_timeout": 0.05, "probe": "C,STATUS"})
     try:
