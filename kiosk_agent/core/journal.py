@@ -18,7 +18,7 @@ import datetime as dt
 import json
 import sqlite3
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -317,9 +317,11 @@ class Journal:
         since: float | None = None,
         until: float | None = None,
         states: list[SaleState] | None = None,
+        last_steps: Sequence[str] | None = None,
         limit: int | None = None,
     ) -> list[SaleRecord]:
-        """Sales newest first, filtered by creation time and state."""
+        """Sales newest first, filtered by creation time, state and the name of their last step
+        (all in one query)."""
         where: list[str] = []
         args: list[Any] = []
         if since is not None:
@@ -331,6 +333,11 @@ class Journal:
         if states:
             where.append(f"state IN ({', '.join('?' for _ in states)})")
             args.extend(s.value for s in states)
+        if last_steps:
+            marks = ", ".join("?" for _ in last_steps)
+            last = "SELECT step FROM steps WHERE steps.sale_id = sales.sale_id ORDER BY id DESC"
+            where.append(f"({last} LIMIT 1) IN ({marks})")
+            args.extend(last_steps)
         sql = "SELECT * FROM sales"
         if where:
             sql += " WHERE " + " AND ".join(where)

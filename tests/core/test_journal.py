@@ -104,6 +104,17 @@ def test_query_filters_by_time_and_state_newest_first(journal: Journal) -> None:
     assert len(journal.query(limit=3)) == 3
 
 
+def test_query_filters_by_the_last_step_in_the_same_query(journal: Journal) -> None:
+    # s1 ended on "charge_card.none"; s2 passed through it and went on; s3 never did
+    first = journal.record(journal.create(new_sale(1)), "charge_card.none", SaleState.FAILED)
+    second = journal.record(journal.create(new_sale(2)), "charge_card.none", SaleState.UNRESOLVED)
+    journal.record(second, "charge_card.found", SaleState.REVERSED)
+    journal.record(journal.create(new_sale(3)), "declined", SaleState.DECLINED)
+    ended = journal.query(last_steps=["charge_card.none", "authorize.none"])
+    assert [s.sale_id for s in ended] == [first.sale_id]
+    assert journal.query(states=[SaleState.REVERSED], last_steps=["charge_card.none"]) == []
+
+
 def test_prune_keeps_open_and_attention_sales(journal: Journal) -> None:
     done = journal.create(new_sale(1))
     journal.record(done, "completed", SaleState.COMPLETED)
