@@ -13,6 +13,7 @@ at most the card brand and the last four digits.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import datetime as dt
 import json
@@ -207,7 +208,7 @@ class Journal:
         names = ", ".join(_COLUMNS)
         marks = ", ".join(f":{c}" for c in _COLUMNS)
         try:
-            with self._transaction() as db:
+            with transaction(self.db) as db:
                 db.execute(f"INSERT INTO sales ({names}) VALUES ({marks})", row)  # noqa: S608
                 self._insert_step(db, sale.sale_id, now, "created", sale.state, detail)
         except sqlite3.Error as err:
@@ -235,7 +236,7 @@ class Journal:
         assignments["state"] = new_state.value
         sql = ", ".join(f"{k} = :{k}" for k in assignments)
         try:
-            with self._transaction() as db:
+            with transaction(self.db) as db:
                 db.execute(
                     f"UPDATE sales SET {sql} WHERE sale_id = :sale_id",  # noqa: S608
                     {**assignments, "sale_id": sale.sale_id},
@@ -259,20 +260,6 @@ class Journal:
             "INSERT INTO steps (sale_id, at, step, state, detail) VALUES (?, ?, ?, ?, ?)",
             (sale_id, at, step, state.value, json.dumps(clean, default=str, sort_keys=True)),
         )
-
-    class _Tx:
-        def __init__(self, db: sqlite3.Connection) -> None:
-            self.db = db
-
-        def __enter__(self) -> sqlite3.Connection:
-            self.db.execute("BEGIN IMMEDIATE")
-            return self.db
-
-        def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
-            self.db.execute("ROLLBACK" if exc_type else "COMMIT")
-
-    def _transaction(self) -> Journal._Tx:
-        return Journal._Tx(self.db)
 
     def _write_failed(self, err: sqlite3.Error) -> JournalError:
         # a full or failing disk: the flow must stop before the call this step announces
@@ -374,7 +361,7 @@ class Journal:
         cutoff = (now if now is not None else time.time()) - keep_days * 86400
         keep = (SaleState.ATTENTION.value, *[s.value for s in SaleState if not s.final])
         marks = ", ".join("?" for _ in keep)
-        with self._transaction() as db:
+        with transaction(self.db) as db:
             old = f"SELECT sale_id FROM sales WHERE created_at < ? AND state NOT IN ({marks})"  # noqa: S608
             db.execute(f"DELETE FROM steps WHERE sale_id IN ({old})", (cutoff, *keep))  # noqa: S608
             cursor = db.execute(
@@ -385,6 +372,19 @@ class Journal:
 
     def __iter__(self) -> Iterator[SaleRecord]:
         return iter(self.query())
+
+
+@contextlib.contextmanager
+def transaction(db: sqlite3.Connection) -> Iterator[sqlite3.Connection]:
+    """One write transaction on the journal's database (``isolation_level=None``): taken at
+    once (``BEGIN IMMEDIATE``), committed at the end, rolled back on any exception."""
+    db.execute("BEGIN IMMEDIATE")
+    try:
+        yield db
+    except BaseException:
+        db.execute("ROLLBACK")
+        raise
+    db.execute("COMMIT")
 
 
 def _add_missing_columns(db: sqlite3.Connection) -> None:
