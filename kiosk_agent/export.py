@@ -191,12 +191,10 @@ def report_columns(kind: ReportKind) -> tuple[str, ...]:
 def report_values(record: BaseModel) -> dict[str, object]:
     """One reporting record (transaction, deposit, chargeback, adjustment) for export."""
     values = model_values(record)
-    cents: int = record.amount_cents  # type: ignore[attr-defined]
-    values["amount"] = Amount(cents)
+    values["amount"] = column_value(record, "amount")
     if "trans_status_id" in values:
-        status = getattr(record, "status", None)
-        values["status"] = status if status is not None else values["trans_status_id"]
-    values["amount_cents"] = cents
+        values["status"] = column_value(record, "status")
+    values["amount_cents"] = record.amount_cents  # type: ignore[attr-defined]
     return values
 
 
