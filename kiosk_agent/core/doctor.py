@@ -303,7 +303,6 @@ async def check_test_print(
 
 def last_trans_id(config: Config) -> str | None:
     from kiosk_agent.core.journal import Journal
-    from kiosk_agent.core.sale import SaleState
 
     path = config.resolve(config["journal"]["path"])
     if not path.exists():
@@ -311,12 +310,9 @@ def last_trans_id(config: Config) -> str | None:
     journal = Journal(path)
     journal.open()
     try:
-        for record in journal.query(states=[SaleState.COMPLETED], limit=20):
-            if record.trans_id:
-                return str(record.trans_id)
+        return journal.last_trans_id()
     finally:
         journal.close()
-    return None
 
 
 async def check_upstream(report: Report, config: Config, within: float) -> None:

@@ -334,6 +334,15 @@ class Journal:
             args.append(limit)
         return [_record(r) for r in self.db.execute(sql, args)]
 
+    def last_trans_id(self) -> str | None:
+        """The newest completed sale's transaction (a receipt to test-print), if any."""
+        row = self.db.execute(
+            "SELECT trans_id FROM sales WHERE state = ? AND trans_id IS NOT NULL AND trans_id != ''"
+            " ORDER BY created_at DESC, rowid DESC LIMIT 1",
+            (SaleState.COMPLETED.value,),
+        ).fetchone()
+        return None if row is None else str(row[0])
+
     def steps(self, sale_id: str) -> list[StepRecord]:
         rows = self.db.execute(
             "SELECT * FROM steps WHERE sale_id = ? ORDER BY id", (sale_id,)
