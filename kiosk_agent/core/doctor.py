@@ -348,20 +348,12 @@ async def check_upstream(report: Report, config: Config, within: float) -> None:
 async def check_mqtt(report: Report, conf: dict[str, Any], within: float) -> None:
     import aiomqtt
 
-    from kiosk_agent.core.upstream import mqtt_tls_context
+    from kiosk_agent.core.upstream import mqtt_client
 
     where = f"{conf['host']}:{conf['port']}"
     try:
         # Its own client id: reusing the agent's would disconnect the running agent.
-        client = aiomqtt.Client(
-            conf["host"],
-            conf["port"],
-            username=conf.get("username"),
-            password=conf.get("password"),
-            identifier=f"kiosk-agent-doctor-{os.getpid()}",
-            timeout=within,
-            tls_context=mqtt_tls_context(conf),
-        )
+        client = mqtt_client(conf, f"kiosk-agent-doctor-{os.getpid()}", timeout=within)
         async with asyncio.timeout(within), client:
             pass
     except (aiomqtt.MqttError, OSError, TimeoutError) as err:

@@ -322,16 +322,12 @@ class MqttSink(_SinkBase):
         self._client: aiomqtt.Client | None = None
 
     def _new_client(self) -> aiomqtt.Client:
-        return aiomqtt.Client(
-            self._conf["host"],
-            self._conf.get("port", 1883),
-            username=self._conf.get("username"),
-            password=self._conf.get("password"),
-            identifier=f"kiosk-agent-{self.device_id}",
+        return mqtt_client(
+            self._conf,
+            f"kiosk-agent-{self.device_id}",
+            timeout=10,
             keepalive=self._conf.get("keepalive", 60),
             will=aiomqtt.Will(self.availability_topic, OFFLINE, qos=1, retain=True),
-            timeout=10,
-            tls_context=mqtt_tls_context(self._conf),
         )
 
     async def _run(self) -> None:
@@ -426,6 +422,26 @@ def mqtt_tls_context(conf: dict[str, Any]) -> ssl.SSLContext | None:
     if not conf.get("tls"):
         return None
     return ssl.create_default_context(cafile=conf.get("ca_file"))
+
+
+def mqtt_client(
+    conf: dict[str, Any], identifier: str, *, timeout: float, **options: Any
+) -> aiomqtt.Client:
+    """A client of the broker an `mqtt:` section names: its address, credentials and TLS.
+
+    ``identifier`` must be the caller's own: a second client with the running agent's id would
+    disconnect it. ``options`` go to ``aiomqtt.Client`` (keepalive, will).
+    """
+    return aiomqtt.Client(
+        conf["host"],
+        conf.get("port", 1883),
+        username=conf.get("username"),
+        password=conf.get("password"),
+        identifier=identifier,
+        timeout=timeout,
+        tls_context=mqtt_tls_context(conf),
+        **options,
+    )
 
 
 @dataclass(frozen=True, slots=True)
