@@ -309,7 +309,7 @@ class MqttSink(_SinkBase):
         self.device_id = device_id
         self._version = version
         self._discovery = discovery or DiscoveryOptions()
-        self.base_topic = f"{conf.get('topic_prefix', 'kiosk-agent')}/{device_id}"
+        self.base_topic = unit_base_topic(conf, device_id)
         self.availability_topic = f"{self.base_topic}/availability"
         self.state_topic = f"{self.base_topic}/state"
         prefix = conf.get("discovery_prefix", "homeassistant")
@@ -576,9 +576,14 @@ def discovery_messages(
     return messages
 
 
+def unit_base_topic(mqtt: dict[str, Any], device_id: str) -> str:
+    """Where a unit's own topics live: ``<topic_prefix>/<device_id>``."""
+    return f"{mqtt.get('topic_prefix', 'kiosk-agent')}/{device_id}"
+
+
 def unit_topics(mqtt: dict[str, Any], device_id: str) -> list[str]:
     """Every retained topic a unit publishes: state, availability, each discovery config."""
-    base = f"{mqtt.get('topic_prefix', 'kiosk-agent')}/{device_id}"
+    base = unit_base_topic(mqtt, device_id)
     topics = [f"{base}/state", f"{base}/availability"]
     prefix = mqtt.get("discovery_prefix", "homeassistant")
     if prefix:
