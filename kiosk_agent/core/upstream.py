@@ -52,7 +52,12 @@ _seconds = vol.All(vol.Coerce(float), vol.Range(min=0.05, max=86400.0))
 
 def is_loopback_url(url: str) -> bool:
     """Whether ``url`` names this machine (127.0.0.0/8, ::1, localhost): nothing leaves it."""
-    host = (urlsplit(url).hostname or "").rstrip(".").lower()
+    return is_loopback_host(urlsplit(url).hostname or "")
+
+
+def is_loopback_host(host: str) -> bool:
+    """Whether ``host`` (a name or an address, no brackets) is this machine only."""
+    host = host.rstrip(".").lower()
     if host == "localhost" or host.endswith(".localhost"):
         return True
     try:
@@ -600,7 +605,7 @@ def configuration_url(agent: Any, conf: dict[str, Any]) -> str | None:
     if not admin:
         return None
     host = str(admin.get("host", "127.0.0.1"))
-    if host in ("127.0.0.1", "::1", "localhost"):
+    if is_loopback_host(host):
         return None  # loopback only: nobody else can open it
     if host in ("0.0.0.0", "::"):  # noqa: S104 - reading the configuration, not binding
         host = socket.gethostname()
