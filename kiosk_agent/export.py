@@ -189,13 +189,15 @@ def report_columns(kind: ReportKind) -> tuple[str, ...]:
 
 
 def report_values(record: BaseModel) -> dict[str, object]:
-    """One reporting record (transaction, deposit, chargeback, adjustment) for export."""
-    values = model_values(record)
+    """One reporting record (transaction, deposit, chargeback, adjustment) for export, its
+    keys in :func:`report_columns` order, so a JSON record reads as a CSV row does."""
     cents: int = record.amount_cents  # type: ignore[attr-defined]
-    values["amount"] = Amount(cents)
-    if "trans_status_id" in values:
-        status = getattr(record, "status", None)
-        values["status"] = status if status is not None else values["trans_status_id"]
+    values: dict[str, object] = {}
+    for name, value in model_values(record).items():
+        values[name] = Amount(cents) if name == "amount" else value
+        if name == "trans_status_id":
+            status = getattr(record, "status", None)
+            values["status"] = status if status is not None else value
     values["amount_cents"] = cents
     return values
 
