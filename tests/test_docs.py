@@ -196,3 +196,76 @@ def test_every_default_the_docs_state_is_the_schemas(tmp_path: Path) -> None:
         elif not same(default.value, section[default.key]):
             wrong.append(f"{default}: the code's default is {section[default.key]!r}")
     assert wrong == []
+
+
+# -- the messages docs/configuration.md quotes ---------------------------------------------------
+
+# A file with the mistakes of the page's first example, each on the line the page names.
+MISTAKES = """\
+service:
+  simulator: {}
+terminals:
+  - device_id: SIM-0001
+triggers:
+  - platform: virtual
+    products: {A1: "1.50"}
+  - platform: gpio
+    chip: /dev/gpiochip0
+    buttons:
+      - line: 5
+        product: A1
+        relay: 6
+        price: 2.5
+receipts:
+  print: auto
+sales:
+  retries: 2
+health:
+  ping_interval: 60
+admn:
+  port: 8124
+"""
+# One file per YAML syntax error the page quotes, in its order.
+SYNTAX = [
+    "service:\n  simulator: {}\nterminals:\n  - device_id: SIM-0001\n   name: front\n",
+    "service:\n  simulator\n    seed: 1\n",
+    "service:\n  base_url: http://example.com/abcd: b\n",
+    "service:\n\tsimulator: {}\n",
+]
+
+
+def quoted_blocks() -> list[list[str]]:
+    """The unlabelled fenced blocks of docs/configuration.md: what check-config prints."""
+    return [s.text.splitlines() for s in fenced("docs/configuration.md", "")]
+
+
+def check_config_output(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], text: str
+) -> tuple[int, list[str]]:
+    from kiosk_agent.cli import main
+
+    path = tmp_path / "config.yaml"
+    path.write_text(text)
+    code = main(["check-config", str(path)])
+    err = capsys.readouterr().err.replace(str(path), "/etc/kiosk-agent/config.yaml")
+    return code, err.splitlines()
+
+
+def test_the_check_config_example_is_what_check_config_prints(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    command, *printed = quoted_blocks()[0]
+    assert command == "$ kiosk-agent check-config /etc/kiosk-agent/config.yaml"
+    code, lines = check_config_output(tmp_path, capsys, MISTAKES)
+    assert (code, lines) == (2, printed)
+
+
+def test_the_yaml_syntax_messages_are_what_check_config_prints(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    quoted = quoted_blocks()[1]
+    assert len(quoted) == len(SYNTAX)
+    for text, line in zip(SYNTAX, quoted, strict=True):
+        code, lines = check_config_output(tmp_path, capsys, text)
+        assert code == 2
+        assert lines[0] == line, text
