@@ -45,14 +45,22 @@ class Snippet:
 
 
 def fenced(page: str, lang: str) -> list[Snippet]:
-    """The fenced ```lang blocks of a page, each with its line and nearest heading."""
-    text = (ROOT / page).read_text()
+    """The fenced ```lang blocks of a page (```` ``` ```` alone: lang ""), each with its line
+    and nearest heading."""
     found = []
-    for match in re.finditer(rf"^```{lang}\n(.*?)^```", text, re.M | re.S):
-        before = text[: match.start()]
-        headings = re.findall(r"^#+ (.*)$", before, re.M)
-        found.append(Snippet(page, before.count("\n") + 1, headings[-1] if headings else "",
-                             match.group(1)))
+    heading, body = "", list[str]()
+    opened: tuple[int, str] | None = None  # the open fence's line and language
+    for number, line in enumerate((ROOT / page).read_text().splitlines(), 1):
+        if opened is None and line.startswith("#"):
+            heading = line.lstrip("#").strip()
+        elif opened is None and line.startswith("```"):
+            opened, body = (number, line[3:].strip()), []
+        elif opened is not None and line == "```":
+            if opened[1] == lang:
+                found.append(Snippet(page, opened[0], heading, "".join(body)))
+            opened = None
+        elif opened is not None:
+            body.append(line + "\n")
     return found
 
 
@@ -269,3 +277,32 @@ def test_the_yaml_syntax_messages_are_what_check_config_prints(
         code, lines = check_config_output(tmp_path, capsys, text)
         assert code == 2
         assert lines[0] == line, text
+
+
+# -- doctor's output as the pages show it --------------------------------------------------------
+
+
+def doctor_blocks() -> list[Snippet]:
+    """Every fenced block of a `kiosk-agent doctor` run shown whole (no elided `...` lines)."""
+    return [
+        snippet
+        for page in ("docs/cli.md", "docs/operations.md")
+        for lang in ("", "console")
+        for snippet in fenced(page, lang)
+        if re.search(r"^\[(PASS|FAIL|WARN|SKIP)\] ", snippet.text, re.M)
+        and not re.search(r"^\.\.\.$", snippet.text, re.M)
+    ]
+
+
+def test_doctors_summary_line_in_the_docs_is_the_one_it_prints() -> None:
+    from kiosk_agent.cli.fleet import verdict
+    from kiosk_agent.core.doctor import Report, Verdict
+
+    blocks = doctor_blocks()
+    assert blocks
+    for block in blocks:
+        report = Report()
+        for found in re.finditer(r"^\[(\w+)\] ([^:]+): ", block.text, re.M):
+            report.add(found.group(2), Verdict(found.group(1)))
+        summary = block.text.rstrip().splitlines()[-1]
+        assert summary == verdict(report), block
