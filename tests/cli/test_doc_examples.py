@@ -15,8 +15,8 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from kiosk_agent.cli import contract as cli
 from kiosk_agent.cli import build_parser
+from kiosk_agent.cli import contract as cli
 from kiosk_agent.sim.server import SimServer
 
 PAGE = Path(__file__).resolve().parents[2] / "docs" / "cli.md"
