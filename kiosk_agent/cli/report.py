@@ -96,11 +96,22 @@ def register(subparsers: Any) -> None:
     parser.set_defaults(handler=guarded(report))
 
 
+def page_size(text: str) -> int:
+    """An argparse ``type``: records per request, within the service's cap (refused before
+    anything is printed, not after a CSV header)."""
+    from kiosk_agent.service.reporting import MAX_PAGE_SIZE
+
+    value = positive_int(text)
+    if value > MAX_PAGE_SIZE:
+        raise argparse.ArgumentTypeError(f"expected at most {MAX_PAGE_SIZE}, got {text!r}")
+    return value
+
+
 def add_list_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--format", choices=["table", "csv", "json"], default=None,
                         help="table (default), csv or json (--json is --format json)")
     parser.add_argument("--limit", type=positive_int, help="stop after this many records")
-    parser.add_argument("--page-size", type=positive_int, default=500,
+    parser.add_argument("--page-size", type=page_size, default=500,
                         help="records per request (1..1000)")
     parser.add_argument("--quiet", action="store_true", help="no progress line on stderr")
 
