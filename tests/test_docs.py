@@ -306,3 +306,66 @@ def test_doctors_summary_line_in_the_docs_is_the_one_it_prints() -> None:
             report.add(found.group(2), Verdict(found.group(1)))
         summary = block.text.rstrip().splitlines()[-1]
         assert summary == verdict(report), block
+
+
+# -- each platform's keys, as docs/platforms.md lists them ---------------------------------------
+
+
+def schema_keys(schema: Any) -> dict[str, Any]:
+    """A platform schema's own keys (not the base keys every trigger has) and their defaults."""
+    import voluptuous as vol
+
+    from kiosk_agent.core.config import PLATFORM_SCHEMA
+
+    def mapping(node: Any) -> dict[Any, Any]:
+        while not isinstance(node, dict):
+            node = node.schema if isinstance(node, vol.Schema) else next(
+                v for v in node.validators if isinstance(v, dict | vol.Schema))
+        return node
+
+    base = {str(key.schema) for key in mapping(PLATFORM_SCHEMA)}
+    return {
+        str(key.schema): key.default() if key.default is not vol.UNDEFINED else None
+        for key in mapping(schema)
+        if str(key.schema) not in base
+    }
+
+
+def listed_keys(section: str) -> dict[str, str | None]:
+    """The keys of a platform's "Its keys:" paragraph, each with the default it shows (the first
+    value in its parentheses, when that is a number or code)."""
+    paragraph = re.search(r"^Its keys: (.*?)(?:\n\n|\s*\Z)", section, re.M | re.S)
+    assert paragraph, "no 'Its keys:' paragraph"
+    items, depth, current = [], 0, ""
+    for char in paragraph.group(1).replace("\n", " "):
+        depth += {"(": 1, ")": -1}.get(char, 0)
+        if char == "," and depth == 0:
+            items.append(current)
+            current = ""
+        else:
+            current += char
+    items.append(current)
+    listed: dict[str, str | None] = {}
+    for item in items:
+        names, _, shown = item.partition("(")
+        keys = re.findall(r"`(\w+)`", names)
+        value = re.match(r"`([^`]+)`|(\d[\d.]*)", shown)
+        for key in keys:
+            listed[key] = (value.group(1) or value.group(2)) if value and len(keys) == 1 else None
+    return listed
+
+
+@pytest.mark.parametrize("platform", ["mdb", "serial_line", "gpio", "kiosk_api", "virtual"])
+def test_docs_list_every_key_of_each_platform_with_its_default(platform: str) -> None:
+    import importlib
+
+    text = (ROOT / "docs/platforms.md").read_text()
+    section = text.split(f"## `{platform}`", 1)[1].split("\n## ", 1)[0]
+    schema = schema_keys(importlib.import_module(f"kiosk_agent.platforms.{platform}")
+                         .PLATFORM_SCHEMA)
+    listed = listed_keys(section)
+    assert set(listed) == set(schema), f"docs/platforms.md `{platform}`: keys differ"
+    for key, shown in listed.items():
+        if shown is not None:
+            documented = str(int(shown, 0)) if shown.startswith("0x") else shown
+            assert same(documented, schema[key]), f"{platform}.{key}: {shown} vs {schema[key]!r}"
