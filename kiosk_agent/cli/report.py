@@ -128,17 +128,13 @@ def output_format(args: argparse.Namespace) -> str:
 
 def build_filter(kind: str, args: argparse.Namespace) -> Any:
     """The typed ``q`` filter of ``kind`` from the command line; names a misplaced option."""
-    from kiosk_agent.service.models.reporting import ReportKind, TransStatus
+    from kiosk_agent.service.models.reporting import ReportKind
 
     report_kind = ReportKind(kind)
-    fields = given(args, FILTER_OPTIONS)
-    if kind == "transactions" and "status" in fields:
-        try:
-            fields["trans_status_id"] = TransStatus.parse(fields.pop("status"))
-        except ValueError as err:
-            raise CliError(f"--status: {err}", EXIT_USAGE) from None
-    elif "status" in fields:  # chargebacks OPEN/WON/LOST, deposits FUNDED ...: any case
-        fields["status"] = fields["status"].strip().upper()
+    try:  # the admin API's query takes the same forms (ReportKind.text_filter)
+        fields = report_kind.text_filter(given(args, FILTER_OPTIONS))
+    except ValueError as err:
+        raise CliError(f"--status: {err}", EXIT_USAGE) from None
     allowed = report_kind.filter.model_fields
     for attr in fields:
         if attr not in allowed:
