@@ -133,7 +133,9 @@ async def check_config_command(args: argparse.Namespace) -> int:
         if wants_json(args):
             print(
                 json.dumps(
-                    {"path": str(path), "valid": False, "errors": [str(e) for e in err.errors]},
+                    {"path": str(path), "valid": False,
+                     # each mistake's parts (file, line, path, fix ...) and its printed line
+                     "errors": [{**e.as_dict(), "text": str(e)} for e in err.errors]},
                     indent=2,
                 )
             )

@@ -216,6 +216,21 @@ def test_check_config_show_prints_the_resolved_config_with_secrets_masked(
     assert "sk_live_123" not in json.dumps(answer)
 
 
+def test_check_config_json_gives_each_mistake_by_its_parts(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = write(tmp_path, GOOD.replace("journal: {path: journal.db}", "jornal: {}"))
+    assert main(["check-config", str(path), "--json"]) == 2
+    answer = json.loads(capsys.readouterr().out)
+    assert answer["valid"] is False
+    [mistake] = answer["errors"]
+    assert mistake == {
+        "file": "config.yaml", "line": 4, "column": None, "path": "jornal",
+        "message": "unknown section 'jornal'", "fix": "did you mean 'journal'?",
+        "text": "config.yaml:4: jornal: unknown section 'jornal' (fix: did you mean 'journal'?)",
+    }
+
+
 def test_check_config_show_prints_the_same_text_every_time(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
