@@ -218,29 +218,20 @@ def _mqtt_error() -> type[Exception]:
 
 
 def _mqtt_client(conf: dict[str, Any], within: float) -> Any:
-    import aiomqtt
-
-    from kiosk_agent.core.upstream import mqtt_tls_context
+    from kiosk_agent.core.upstream import mqtt_client
 
     # Its own client id: reusing the agent's would disconnect a running agent.
-    return aiomqtt.Client(
-        conf["host"],
-        conf["port"],
-        username=conf.get("username"),
-        password=conf.get("password"),
-        identifier=f"kiosk-agent-fleet-{os.getpid()}",
-        timeout=max(within, 5.0),
-        tls_context=mqtt_tls_context(conf),
-    )
+    return mqtt_client(conf, f"kiosk-agent-fleet-{os.getpid()}", timeout=max(within, 5.0))
 
 
 async def _retained(conf: dict[str, Any], device_id: str, wait: float) -> dict[str, str]:
     """The unit's retained topics on the broker and their payloads (collected for ``wait`` s)."""
-    prefix = conf.get("topic_prefix", "kiosk-agent")
+    from kiosk_agent.core.upstream import unit_base_topic
+
     discovery = conf.get("discovery_prefix", "homeassistant")
     found: dict[str, str] = {}
     async with _mqtt_client(conf, wait) as client:
-        await client.subscribe(f"{prefix}/{device_id}/#", qos=1)
+        await client.subscribe(f"{unit_base_topic(conf, device_id)}/#", qos=1)
         if discovery:
             await client.subscribe(f"{discovery}/+/{device_id}/+/config", qos=1)
         with contextlib.suppress(TimeoutError):
