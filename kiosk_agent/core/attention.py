@@ -21,11 +21,12 @@ import json
 import logging
 import sqlite3
 import time
+import unicodedata
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from kiosk_agent.core.flows import SaleContext, SaleSteps, event_of
-from kiosk_agent.core.journal import Journal, JournalError, SaleRecord
+from kiosk_agent.core.journal import Journal, JournalError, SaleMoved, SaleRecord
 from kiosk_agent.core.sale import Flow, SaleEvent, SaleState
 from kiosk_agent.money import format_cents
 from kiosk_agent.redact import redact
@@ -250,6 +251,12 @@ def resolve(
     if as_ not in RESOLUTIONS:
         raise ResolveError(f"--as must be one of {', '.join(RESOLUTIONS)}, got {as_!r}")
     why = " ".join(why.split())
+    control = next((c for c in why if _is_control(c)), None)
+    if control is not None:
+        # a terminal escape or a right-to-left override would print as something else
+        raise ResolveError(
+            f"--why holds a control character (U+{ord(control):04X}); write plain text"
+        )
     if not why:
         raise ResolveError("say why: --why TEXT is kept with the sale")
     if len(why) > MAX_WHY:
@@ -267,19 +274,32 @@ def resolve(
         if as_ == "captured"
         else {"reversed_cents": record.reversed_cents or record.captured_cents or held}
     )
-    resolved = journal.record(
-        record,
-        RESOLVED_STEP,
-        RESOLUTIONS[as_],
-        detail={"as": as_, "why": why, "by": by},
-        message=f"resolved by {by} as {as_}: {why}",
-        resolution=json.dumps(resolution, sort_keys=True),
-        **money,
-    )
+    try:
+        resolved = journal.record(
+            record,
+            RESOLVED_STEP,
+            RESOLUTIONS[as_],
+            detail={"as": as_, "why": why, "by": by},
+            if_state=SaleState.ATTENTION,  # another process may have decided it since the read
+            message=f"resolved by {by} as {as_}: {why}",
+            resolution=json.dumps(resolution, sort_keys=True),
+            **money,
+        )
+    except SaleMoved as err:
+        shown = err.state.value if err.state is not None else "gone"
+        raise NotInAttention(
+            f"sale {record.sale_id} is {shown}, not attention: nothing to resolve "
+            "(someone resolved it a moment ago)"
+        ) from None
     _LOGGER.info("sale %s resolved by %s as %s", resolved.sale_id, by, as_)
     if events is not None:
         events.publish(event_of(resolved, RESOLVED_STEP))
     return resolved
+
+
+def _is_control(char: str) -> bool:
+    """C0/C1 controls and the bidirectional formatting characters (Unicode category Cc/Cf)."""
+    return unicodedata.category(char) in ("Cc", "Cf")
 
 
 def _by_prefix(journal: Journal, wanted: str) -> SaleRecord:

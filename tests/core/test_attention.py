@@ -170,3 +170,58 @@ async def test_a_sale_that_failed_for_another_reason_is_not_looked_up(
     agent = await agent_factory()
     await authorize(agent.service, "KACRASHED1", capture=False)  # not this sale's doing
     assert await agent.attention.sweep() == []
+
+
+class _SlowReader(Journal):
+    """The journal as a second process has it open (its own SQLite connection to the same file)
+    that reads the sale, and then loses the CPU to ``meanwhile`` before it writes."""
+
+    meanwhile: Any = None
+
+    def get(self, sale_id: str) -> Any:
+        record = super().get(sale_id)
+        if self.meanwhile is not None:
+            run, self.meanwhile = self.meanwhile, None
+            run()
+        return record
+
+
+async def test_two_people_resolving_at_once_journal_one_resolution(
+    agent_factory: Any, tmp_path: Path
+) -> None:
+    """The CLI (its own process) and the admin API resolve the same sale at the same moment: one
+    resolution is journaled, the other is told the sale is no longer in ATTENTION."""
+    agent = await attention_sale(agent_factory, tmp_path, authorized_cents=300, vended_cents=300)
+    cli = _SlowReader(agent.journal.path)
+    cli.open()
+    try:
+        cli.meanwhile = lambda: resolve(agent.journal, "crashed1", "captured", "api", "admin API")
+        with pytest.raises(NotInAttention, match="completed, not attention"):
+            resolve(cli, "crashed1", "reversed", "refunded by hand", "cli (root)")
+    finally:
+        cli.close()
+    steps = [s.step for s in agent.journal.steps("crashed1")]
+    assert steps.count("attention.resolved") == 1
+    record = agent.journal.get("crashed1")
+    assert record is not None
+    assert record.state is SaleState.COMPLETED
+    assert json.loads(record.resolution or "{}")["by"] == "admin API"
+
+
+@pytest.mark.parametrize(
+    "why",
+    [
+        "refunded \x1b[2J\x1b[31mby hand",  # a terminal escape: `kiosk-agent sales` prints it
+        "refunded\u202e dnah yb",  # right-to-left override: the text reads otherwise
+        "refunded\x00 by hand",
+    ],
+)
+async def test_a_reason_with_control_characters_is_refused(
+    agent_factory: Any, tmp_path: Path, why: str
+) -> None:
+    agent = await attention_sale(agent_factory, tmp_path)
+    with pytest.raises(ResolveError, match=r"--why holds a control character \(U\+"):
+        resolve(agent.journal, "crashed1", "reversed", why, "cli")
+    record = agent.journal.get("crashed1")
+    assert record is not None
+    assert record.state is SaleState.ATTENTION
