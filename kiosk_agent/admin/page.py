@@ -29,6 +29,7 @@ import hashlib
 import hmac
 import json
 import logging
+import math
 import secrets
 import time
 from collections.abc import Callable
@@ -57,6 +58,14 @@ MAX_SESSIONS = 32  # the oldest session goes when a new one would pass this
 MAX_STREAMS = 16  # event streams open at once; more are refused with 503
 HEALTH_POLL_S = 0.2  # how often a stream looks for a health change (the page is <= 1 s behind)
 KEEPALIVE_S = 10.0  # a comment line on a quiet stream, so a gone client is noticed
+# A stream whose client takes nothing for this long (its socket full) is cut: a client that
+# never reads must not hold one of the MAX_STREAMS slots, nor its buffers, for ever.
+STREAM_WRITE_TIMEOUT_S = 10.0
+# Wrong tokens (login or bearer) one address may present in GUESS_WINDOW_S; then 429 until the
+# oldest is that old. A token has >= 24 characters: this only keeps a script from trying.
+GUESSES_ALLOWED = 10
+GUESS_WINDOW_S = 60.0
+_GUESSERS_KEPT = 1024  # addresses remembered; the quietest goes first
 RECENT_SALES = 20
 DOCTOR_WITHIN_S = 10.0
 
@@ -85,12 +94,58 @@ class _Session:
     expires_at: float
 
 
+class TokenGuesses:
+    """Wrong tokens by address, in a sliding window: a guessing script is slowed to
+    :data:`GUESSES_ALLOWED` a :data:`GUESS_WINDOW_S`, and while it waits even the right token is
+    not looked at (else the answer would still tell it when it guessed right)."""
+
+    def __init__(self) -> None:
+        self._wrong: dict[str, list[float]] = {}
+
+    def wait(self, address: str | None) -> float:
+        """Seconds the address must wait before its next token is looked at (0: go ahead)."""
+        times = self._recent(address or "?")
+        if len(times) < GUESSES_ALLOWED:
+            return 0.0
+        return max(0.0, times[0] + GUESS_WINDOW_S - time.monotonic())
+
+    def wrong(self, address: str | None) -> None:
+        key = address or "?"
+        times = self._recent(key)
+        times.append(time.monotonic())
+        self._wrong.pop(key, None)
+        self._wrong[key] = times[-GUESSES_ALLOWED:]  # newest last: the dict's end
+        while len(self._wrong) > _GUESSERS_KEPT:
+            del self._wrong[next(iter(self._wrong))]
+
+    def refusal(self, address: str | None) -> web.Response:
+        wait = self.wait(address)
+        return web.json_response(
+            {
+                "error": "too_many_guesses",
+                "detail": f"{GUESSES_ALLOWED} wrong tokens from {address} within "
+                f"{GUESS_WINDOW_S:g} s; try again in {math.ceil(wait)} s",
+            },
+            status=429,
+            headers={"Retry-After": str(max(1, math.ceil(wait))), **_NO_STORE},
+        )
+
+    def clear(self) -> None:
+        self._wrong.clear()
+
+    def _recent(self, key: str) -> list[float]:
+        since = time.monotonic() - GUESS_WINDOW_S
+        return [t for t in self._wrong.get(key, []) if t > since]
+
+
 class StatusPage:
     """The page's routes and sessions; the admin API asks it for a cookie's role."""
 
-    def __init__(self, agent: Any, role_for: RoleFor) -> None:
+    def __init__(self, agent: Any, role_for: RoleFor, guesses: TokenGuesses) -> None:
         self.agent = agent
         self._role_for = role_for  # the admin API's: "Bearer <token>" -> role or None
+        self._guesses = guesses  # the admin API's: wrong tokens count the same at either door
+        self.stalled_streams = 0  # event streams cut because their client took nothing
         # anyone can repeat a refused login or a cross-site post: logged as a summary, counted
         self.refused = RefusalLog(_LOGGER, "status_page")
         self._sessions: dict[bytes, _Session] = {}  # by the digest of the cookie's value
@@ -132,6 +187,8 @@ class StatusPage:
         session = self._session(request)
         if session is None:
             return None
+        if "Origin" in request.headers:  # a read from another site's script, too
+            self._check_origin(request)
         if request.method not in _SAFE_METHODS:
             self._check_origin(request)
             presented = request.headers.get(CSRF_HEADER, "")
@@ -158,8 +215,12 @@ class StatusPage:
         token = body.get("token") if isinstance(body, dict) else None
         if not isinstance(token, str) or not token.strip():
             return _error(400, "bad_parameter", 'send {"token": "..."} with the admin API token')
+        if self._guesses.wait(request.remote):
+            self.refused("guessing", "status page: %s is guessing tokens", request.remote)
+            return self._guesses.refusal(request.remote)
         role = self._role_for(f"Bearer {token.strip()}")
         if role is None:
+            self._guesses.wrong(request.remote)
             self.refused(
                 "login", "status page: refused a login from %s: no such token", request.remote
             )
@@ -179,12 +240,15 @@ class StatusPage:
             path="/",
             httponly=True,
             samesite="Strict",
-            secure=request.secure,
+            # behind a TLS proxy (which says so) too; a client that lies only hides its cookie
+            secure=request.secure or _forwarded_https(request),
         )
         return response
 
     async def session(self, request: web.Request) -> web.Response:
         session = self._session(request)
+        if session is not None and "Origin" in request.headers:
+            self._check_origin(request)  # its CSRF token is for the page's own script only
         if session is None:  # not an error: the page asks before it shows the login form
             return web.json_response({"role": None, "csrf": None}, headers=_NO_STORE)
         return web.json_response({"role": session.role, "csrf": session.csrf}, headers=_NO_STORE)
@@ -293,7 +357,18 @@ class StatusPage:
                 }
             )
             await response.prepare(request)
-            await self._stream(response)
+            try:
+                await self._stream(response)
+            except TimeoutError:
+                self.stalled_streams += 1
+                self.refused(
+                    "stalled_stream",
+                    "status page: cut an event stream to %s: it took nothing for %g s",
+                    request.remote,
+                    STREAM_WRITE_TIMEOUT_S,
+                )
+                if request.transport is not None:
+                    request.transport.abort()  # its unsent buffer goes with it
             return response
         finally:
             self._streams -= 1
@@ -323,7 +398,7 @@ class StatusPage:
                         await _send(response, "sale", sale_event_view(event))
                         quiet_since = time.monotonic()
                     elif time.monotonic() - quiet_since > KEEPALIVE_S:
-                        await response.write(b": keepalive\n\n")
+                        await _write(response, b": keepalive\n\n")
                         quiet_since = time.monotonic()
         except (ConnectionResetError, ConnectionError):
             return  # the page went away
@@ -436,7 +511,20 @@ def _stable(snapshot: dict[str, Any]) -> dict[str, Any]:
 
 
 async def _send(response: web.StreamResponse, event: str, data: dict[str, Any]) -> None:
-    await response.write(f"event: {event}\ndata: {json.dumps(data)}\n\n".encode())
+    await _write(response, f"event: {event}\ndata: {json.dumps(data)}\n\n".encode())
+
+
+async def _write(response: web.StreamResponse, data: bytes) -> None:
+    """One write to a stream; TimeoutError when the client takes nothing for too long."""
+    async with asyncio.timeout(STREAM_WRITE_TIMEOUT_S):
+        await response.write(data)
+
+
+def _forwarded_https(request: web.Request) -> bool:
+    """A TLS proxy in front says the browser's side is HTTPS (X-Forwarded-Proto, Forwarded)."""
+    proto = request.headers.get("X-Forwarded-Proto", "").split(",")[0].strip().lower()
+    forwarded = request.headers.get("Forwarded", "").lower().replace(" ", "")
+    return proto == "https" or "proto=https" in forwarded
 
 
 def _jsonable(value: Any) -> Any:

@@ -43,7 +43,7 @@ from kiosk_agent.admin.metrics import (
     write_upstream,
     write_webhooks,
 )
-from kiosk_agent.admin.page import StatusPage
+from kiosk_agent.admin.page import StatusPage, TokenGuesses
 from kiosk_agent.core.attention import NotInAttention, ResolveError, UnknownSale, resolve
 from kiosk_agent.core.config import register_section
 from kiosk_agent.core.logging import RefusalLog, refusal_counts, suppressed_counts
@@ -111,7 +111,9 @@ class AdminServer:
             (t["name"], _digest(t["token"]), t["role"]) for t in conf["tokens"]
         ]
         self._metrics_public: bool = conf["metrics_public"]
-        self.page = StatusPage(agent, self._role_for)  # the field tech's page at / (page.py)
+        self.guesses = TokenGuesses()  # wrong tokens by address, at the login and as bearer
+        # the field tech's page at / (page.py)
+        self.page = StatusPage(agent, self._role_for, self.guesses)
 
     @property
     def port(self) -> int | None:
@@ -124,6 +126,7 @@ class AdminServer:
 
     def app(self) -> web.Application:
         app = web.Application(middlewares=[self._auth_middleware, _error_middleware])
+        app.on_response_prepare.append(_private)
         router = app.router
         router.add_get("/api/status", self.status)
         router.add_get("/api/health", self.health)
@@ -167,7 +170,13 @@ class AdminServer:
         if (request.path == "/metrics" and self._metrics_public) or self.page.public(request):
             return await handler(request)
         # a bearer token, or the status page's session cookie (which checks CSRF and Origin)
-        name, role = self._token_for(request.headers.get("Authorization"))
+        header = request.headers.get("Authorization")
+        if header is not None and self.guesses.wait(request.remote):
+            self._refused("guessing", "admin API: %s is guessing tokens", request.remote)
+            return self.guesses.refusal(request.remote)
+        name, role = self._token_for(header)
+        if role is None and header is not None:
+            self.guesses.wrong(request.remote)
         if role is None:
             name, role = "status page", self.page.session_role(request)
         request[CALLER] = name or ""
@@ -394,6 +403,13 @@ class AdminServer:
 
 
 # -- helpers ---------------------------------------------------------------------------------
+
+
+async def _private(request: web.Request, response: web.StreamResponse) -> None:
+    """Every answer: kept by no cache (a shared laptop's browser, a proxy), never sniffed as
+    another type than it says."""
+    response.headers.setdefault("Cache-Control", "no-store")
+    response.headers.setdefault("X-Content-Type-Options", "nosniff")
 
 
 def _digest(token: str) -> bytes:

@@ -1,0 +1,245 @@
+"""The status page and the admin API attacked over real HTTP: guessing tokens, caching, reading
+from another site, a TLS proxy in front, a stream client that never reads, a crowd of streams.
+
+Each test tries the attack on the running agent (its admin server on loopback) and checks what
+the server answers and that the agent goes on selling.
+"""
+
+import asyncio
+import socket
+import time
+import tracemalloc
+from typing import Any
+
+import aiohttp
+import pytest
+
+from kiosk_agent.admin import page
+from kiosk_agent.admin.page import COOKIE, MAX_STREAMS
+from kiosk_agent.core.sale import SaleEvent, SaleState
+from tests.admin.conftest import ADMIN_TOKEN, READ_TOKEN
+from tests.admin.test_page import _login, _origin
+from tests.admin.test_server import _sell
+
+ADMIN = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
+
+
+@pytest.fixture
+async def api(admin_server: Any) -> Any:
+    async with aiohttp.ClientSession(
+        base_url=admin_server.url, cookie_jar=aiohttp.CookieJar(unsafe=True)
+    ) as session:
+        yield session
+
+
+# -- guessing tokens ---------------------------------------------------------------------------
+
+
+async def test_guessing_tokens_is_slowed_to_a_few_a_minute(api: Any, admin_server: Any) -> None:
+    """A script tries tokens as fast as it can, at the login and with a bearer header: after
+    a handful it gets 429 with Retry-After, and the right token is refused too while it waits
+    (else the throttle would still tell a guesser when it guessed right)."""
+    from kiosk_agent.admin.page import GUESSES_ALLOWED
+
+    headers = _origin(admin_server)
+    statuses = []
+    began = time.monotonic()
+    for i in range(GUESSES_ALLOWED + 5):
+        guess = f"guess-{i:04d}-0123456789abcdefghij"
+        if i % 2:
+            async with api.post("/session", json={"token": guess}, headers=headers) as r:
+                statuses.append(r.status)
+                answer = await r.json()
+                retry = r.headers.get("Retry-After")
+        else:
+            async with api.get("/api/status", headers={"Authorization": f"Bearer {guess}"}) as r:
+                statuses.append(r.status)
+                answer = await r.json()
+                retry = r.headers.get("Retry-After")
+    elapsed = time.monotonic() - began
+    print(f"{len(statuses)} guesses in {elapsed:.2f} s: {statuses}")
+    assert statuses[:GUESSES_ALLOWED] == [401] * GUESSES_ALLOWED
+    assert set(statuses[GUESSES_ALLOWED:]) == {429}
+    assert answer["error"] == "too_many_guesses"
+    assert "wrong tokens" in answer["detail"]
+    assert retry is not None
+    assert int(retry) >= 1
+    async with api.post("/session", json={"token": ADMIN_TOKEN}, headers=headers) as r:
+        assert r.status == 429  # the right token is not even looked at now
+    async with api.get("/api/status", headers=ADMIN) as r:
+        assert r.status == 429
+    # the wait passes (here: forgotten at once) and the tech logs in
+    admin_server.guesses.clear()
+    await _login(api, admin_server)
+
+
+async def test_no_token_at_all_is_not_a_guess(api: Any, admin_server: Any) -> None:
+    """The page asks without a session (after a restart, a logout): never a lockout."""
+    from kiosk_agent.admin.page import GUESSES_ALLOWED
+
+    for _ in range(GUESSES_ALLOWED * 2):
+        async with api.get("/api/page") as r:
+            assert r.status == 401
+        async with api.get("/api/page", headers={"Cookie": f"{COOKIE}=stale"}) as r:
+            assert r.status == 401
+    await _login(api, admin_server)
+
+
+# -- what a browser keeps and shows ------------------------------------------------------------
+
+
+async def test_authenticated_answers_are_never_cached_or_sniffed(
+    agent: Any, api: Any, admin_server: Any
+) -> None:
+    """A shared laptop's browser cache must not keep sales or health after the tech logs out."""
+    final = await _sell(agent, 250)
+    paths = [
+        "/api/status", "/api/health", "/api/sales", f"/api/sales/{final.sale_id}",
+        "/api/sales/nope", "/api/terminals", "/metrics", "/api/page", "/api/doctor",
+        "/api/reports/nope", "/api/sales?limit=x",
+    ]
+    for path in paths:
+        async with api.get(path, headers=ADMIN) as r:
+            assert r.headers.get("Cache-Control") == "no-store", (path, r.status)
+            assert r.headers.get("X-Content-Type-Options") == "nosniff", path
+    async with api.get("/api/status") as r:  # refused: still nothing to keep
+        assert r.status == 401
+        assert r.headers.get("Cache-Control") == "no-store"
+    async with api.post("/api/terminals/SIM-0001/ping", headers=_origin(admin_server)) as r:
+        assert r.status == 401
+        assert r.headers.get("Cache-Control") == "no-store"
+
+
+async def test_another_site_cannot_read_with_the_session(api: Any, admin_server: Any) -> None:
+    """A browser without SameSite support sends the cookie on a foreign page's fetch or
+    EventSource; such a read names its Origin, and is refused."""
+    await _login(api, admin_server)
+    evil = {"Origin": "http://evil.example"}
+    for path in ("/api/page", "/api/events", "/api/sales", "/session"):
+        async with api.get(path, headers=evil) as r:
+            assert r.status == 403, path
+            assert (await r.json())["error"] == "origin"
+    async with api.get("/api/page", headers=_origin(admin_server)) as r:
+        assert r.status == 200  # the page itself sends its own origin
+    async with api.get("/api/page", headers={"Origin": "null"}) as r:
+        assert r.status == 403  # a sandboxed frame or a file:// page
+
+
+async def test_the_cookie_is_secure_behind_a_tls_proxy(api: Any, admin_server: Any) -> None:
+    """The docs say: put a TLS proxy in front, and the cookie is marked Secure."""
+    headers = {**_origin(admin_server), "X-Forwarded-Proto": "https"}
+    headers["Origin"] = headers["Origin"].replace("http://", "https://")
+    async with api.post("/session", json={"token": ADMIN_TOKEN}, headers=headers) as r:
+        assert r.status == 200, await r.text()
+        cookie = r.headers["Set-Cookie"]
+    assert "Secure" in cookie
+    async with api.post("/session", json={"token": READ_TOKEN}, headers=_origin(admin_server)) as r:
+        assert "Secure" not in r.headers["Set-Cookie"]  # plain HTTP on a trusted network
+
+
+# -- the event stream --------------------------------------------------------------------------
+
+
+def _stream_socket(port: int) -> socket.socket:
+    """An event stream client that asks, then never reads a byte (small receive buffer)."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    sock.connect(("127.0.0.1", port))
+    sock.sendall(
+        f"GET /api/events HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n"
+        f"Authorization: Bearer {ADMIN_TOKEN}\r\n\r\n".encode()
+    )
+    sock.setblocking(False)
+    return sock
+
+
+async def _until(check: Any, within: float, what: str) -> None:
+    deadline = time.monotonic() + within
+    while not check():
+        assert time.monotonic() < deadline, what
+        await asyncio.sleep(0.02)
+
+
+async def test_a_stream_client_that_never_reads_is_cut_and_costs_bounded_memory(
+    agent: Any, admin_server: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(page, "STREAM_WRITE_TIMEOUT_S", 1.0)
+    status = admin_server.page
+    tracemalloc.start()
+    sockets = [_stream_socket(admin_server.port) for _ in range(MAX_STREAMS)]
+    try:
+        await _until(lambda: status._streams == MAX_STREAMS, 10, "the streams opened")
+        base, _ = tracemalloc.get_traced_memory()
+        tracemalloc.reset_peak()
+        # sale steps as fast as a busy machine makes them, each with a long message
+        published = 0
+        began = time.monotonic()
+        while status._streams and time.monotonic() - began < 30:
+            for _ in range(50):
+                agent.events.publish(SaleEvent(
+                    f"s{published}", f"o{published}", "test", SaleState.CHARGING, 250,
+                    terminal="SIM-0007", message="m" * 2000,
+                ))
+                published += 1
+            await asyncio.sleep(0.005)
+            if published == 2000:  # every stream is stuck by now: the agent still sells
+                sold = await asyncio.wait_for(_sell(agent, 250), 15)
+                assert sold.state is SaleState.COMPLETED
+        cut_after = time.monotonic() - began
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+        for sock in sockets:
+            sock.close()
+    grown = (peak - base) / 1e6
+    print(
+        f"{MAX_STREAMS} streams that never read: cut after {cut_after:.1f} s, "
+        f"{published} events published, memory peak +{grown:.1f} MB"
+    )
+    assert status._streams == 0, "a stream that never reads is never cut"
+    assert status.stalled_streams == MAX_STREAMS
+    assert grown < 40  # bounded: the bus keeps 256 events a stream, the socket its buffers
+    async with (
+        aiohttp.ClientSession(base_url=admin_server.url, headers=ADMIN) as session,
+        session.get("/api/events") as r,
+    ):
+        assert r.status == 200  # the slots are free again for the tech
+
+
+async def test_five_hundred_stream_connections_at_once(agent: Any, admin_server: Any) -> None:
+    """500 clients ask for the stream at the same moment: 16 get one, every other one a clear
+    503 (or 401 without a token), none hangs, and the agent goes on selling."""
+    connector = aiohttp.TCPConnector(limit=0)
+    timeout = aiohttp.ClientTimeout(total=60)
+    async with aiohttp.ClientSession(
+        base_url=admin_server.url, connector=connector, timeout=timeout
+    ) as session:
+        opened: list[Any] = []
+
+        async def ask(i: int) -> int:
+            headers = ADMIN if i % 5 else {}
+            try:
+                r = await session.get("/api/events", headers=headers)
+            except aiohttp.ClientError as err:
+                return -1 if "Server disconnected" not in str(err) else -2
+            if r.status == 200:
+                opened.append(r)
+            else:
+                await r.read()
+                r.release()
+            return r.status
+
+        began = time.monotonic()
+        statuses = await asyncio.gather(*(ask(i) for i in range(500)))
+        took = time.monotonic() - began
+        try:
+            counts = {s: statuses.count(s) for s in set(statuses)}
+            print(f"500 stream requests at once, answered in {took:.2f} s: {counts}")
+            assert counts.get(200) == MAX_STREAMS
+            assert counts.get(401) == 100
+            assert set(counts) <= {200, 401, 503}
+            sold = await asyncio.wait_for(_sell(agent, 250), 15)
+            assert sold.state is SaleState.COMPLETED
+        finally:
+            for r in opened:
+                r.close()
