@@ -21,13 +21,13 @@ import json
 import logging
 import sqlite3
 import time
-import unicodedata
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from kiosk_agent.core.flows import SaleContext, SaleSteps, event_of
 from kiosk_agent.core.journal import Journal, JournalError, SaleMoved, SaleRecord
 from kiosk_agent.core.sale import Flow, SaleEvent, SaleState
+from kiosk_agent.core.web import control_character
 from kiosk_agent.money import format_cents
 from kiosk_agent.redact import redact
 from kiosk_agent.tasks import BackgroundTask
@@ -251,12 +251,10 @@ def resolve(
     if as_ not in RESOLUTIONS:
         raise ResolveError(f"--as must be one of {', '.join(RESOLUTIONS)}, got {as_!r}")
     why = " ".join(why.split())
-    control = next((c for c in why if _is_control(c)), None)
+    control = control_character(why)
     if control is not None:
         # a terminal escape or a right-to-left override would print as something else
-        raise ResolveError(
-            f"--why holds a control character (U+{ord(control):04X}); write plain text"
-        )
+        raise ResolveError(f"--why holds a control character ({control}); write plain text")
     if not why:
         raise ResolveError("say why: --why TEXT is kept with the sale")
     if len(why) > MAX_WHY:
@@ -295,11 +293,6 @@ def resolve(
     if events is not None:
         events.publish(event_of(resolved, RESOLVED_STEP))
     return resolved
-
-
-def _is_control(char: str) -> bool:
-    """C0/C1 controls and the bidirectional formatting characters (Unicode category Cc/Cf)."""
-    return unicodedata.category(char) in ("Cc", "Cf")
 
 
 def _by_prefix(journal: Journal, wanted: str) -> SaleRecord:

@@ -27,6 +27,7 @@ import asyncio
 import json
 import logging
 import resource
+import unicodedata
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
@@ -446,3 +447,31 @@ def _check_text(text: str) -> None:
     except UnicodeEncodeError as err:
         message = f"a string holds an unpaired surrogate (\\u{ord(text[err.start]):04x})"
         raise BodyError(400, "malformed", BODY, message) from None
+
+
+# -- texts from outside ----------------------------------------------------------------------
+
+
+def control_character(text: str) -> str | None:
+    """The first control character in ``text``, described (``U+001B``), or None.
+
+    C0/C1 controls and the invisible format characters (Unicode ``Cc`` and ``Cf``: a terminal
+    escape, a right-to-left override, a zero-width joiner) have no place in a product name, a
+    reason or a detail a person reads later: printed by the CLI or shown on the status page they
+    would say something else than what is stored.
+    """
+    for char in text:
+        if unicodedata.category(char) in ("Cc", "Cf"):
+            return f"U+{ord(char):04X}"
+    return None
+
+
+def text_fault(text: str, max_chars: int) -> str | None:
+    """What is wrong with a short text from outside (a name, a reason), in words; None if
+    nothing: at most ``max_chars`` characters, no control character."""
+    if len(text) > max_chars:
+        return f"{len(text)} characters; at most {max_chars}"
+    control = control_character(text)
+    if control is not None:
+        return f"a control character ({control}); send plain text"
+    return None

@@ -7,6 +7,7 @@ screenshots the README shows (docs/status-page-phone.png, docs/status-page-deskt
 otherwise they go to the test's temporary directory.
 """
 
+import asyncio
 import os
 import time
 from collections.abc import AsyncIterator
@@ -255,3 +256,111 @@ async def test_an_attention_sale_is_resolved_from_the_page(
     await expect(page.locator("#attention")).to_contain_text("none", timeout=WAIT_MS)
     assert agent.journal.get(record.sale_id).state is not SaleState.ATTENTION
     assert seen.errors == []
+
+
+# -- hostile text from every source that reaches the page ---------------------------------------
+
+SCRIPTS = '<img src=x onerror="window.__pwned=1"></script><script>window.__pwned=2</script>'
+QUOTES = "\"'`${window.__pwned=3}"
+CONTROLS = "\u202eRLO\u202c \x1b[31mESC \u2066iso\u2069 nul\x00"
+LONG = "W" * 5000  # no space to break at: must not widen a 360 px page
+KIOSK_TOKEN = "kiosk-app-token-0123456789"
+
+
+@pytest.fixture
+async def hostile_agent(tmp_path: Path, sim_settings: Any) -> AsyncIterator[Any]:
+    """The admin tests' agent with a kiosk app platform (it confirms its dispenses)."""
+    path = write_config(tmp_path)
+    config = CONFIG + (
+        "triggers:\n"
+        "  - {platform: kiosk_api, name: screen, token: !secret kiosk_token, port: 0,\n"
+        "     confirm_dispense: true}\n"
+    )
+    path.write_text(config)
+    agent = load_agent(path, sim_settings, systemd=False)
+    await agent.start()
+    yield agent
+    await agent.stop()
+
+
+async def _kiosk_sale(agent: Any, product: str, detail: str) -> tuple[int, Any]:
+    """A sale from the kiosk app with ``product``, whose dispense fails with ``detail``."""
+    [screen] = agent.platforms
+    base = f"http://127.0.0.1:{screen.port}/api/v1"
+    headers = {"Authorization": f"Bearer {KIOSK_TOKEN}"}
+    async with aiohttp.ClientSession(headers=headers) as session:
+        body = {"product": product, "amount": "2.50", "terminal": "SIM-0007"}
+        async with session.post(f"{base}/sales", json=body) as r:
+            if r.status != 202:
+                return r.status, await r.json()
+            sale_id = (await r.json())["sale_id"]
+        deadline = time.monotonic() + WAIT_MS / 1000
+        while time.monotonic() < deadline:
+            async with session.post(
+                f"{base}/sales/{sale_id}/dispensed", json={"status": "failed", "detail": detail}
+            ) as r:
+                if r.status == 202:
+                    break
+            await asyncio.sleep(0.05)
+        return 202, sale_id
+
+
+async def test_hostile_text_shows_as_text_and_runs_nothing(
+    browser: Browser, hostile_agent: Any, tmp_path: Path
+) -> None:
+    agent = hostile_agent
+    admin_server = next(c for c in agent.components if type(c).__name__ == "AdminServer")
+    # the kiosk app: a product name and a dispense failure written as markup
+    status, sale_id = await _kiosk_sale(agent, SCRIPTS, SCRIPTS + QUOTES)
+    assert status == 202, sale_id
+    await _until_final(agent, sale_id)
+    # a long product, a service's answer and a sale's message with controls and direction marks
+    status, _ = await _kiosk_sale(agent, LONG, "x")
+    assert status == 400  # the kiosk app is told; the page never sees it
+    agent.health.report_terminal("SIM-0001", online=True, detail=f"{SCRIPTS} {CONTROLS}")
+    record = await _attention_sale(agent)
+    agent.journal.record(record, "charge.unknown", SaleState.ATTENTION,
+                         message=f"{SCRIPTS} {CONTROLS} {LONG}", product=f"{QUOTES}{CONTROLS}")
+    page, seen = await _open(browser, admin_server.url, PHONE, ADMIN_TOKEN)
+    await expect(page.locator("#live")).to_have_text("live", timeout=WAIT_MS)
+    agent.events.publish(SaleEvent(
+        "hostile1", "o1", "screen", SaleState.CHARGING, 250, terminal="SIM-0007",
+        product=SCRIPTS, message=f"{SCRIPTS} {CONTROLS}",
+    ))
+    await expect(page.locator("#events")).to_contain_text("window.__pwned=2", timeout=WAIT_MS)
+    recent = page.locator(f'#recent details[data-sale="{sale_id}"]')
+    await expect(recent.locator("summary")).to_contain_text(SCRIPTS, timeout=WAIT_MS)
+    await recent.locator("summary").click()
+    await expect(recent.locator("ol.steps")).to_contain_text('onerror="window.__pwned=1"')
+    await expect(_terminal(page, "SIM-0001")).to_contain_text("<script>window.__pwned=2</script>")
+    await expect(page.locator("#attention")).to_contain_text(QUOTES)
+
+    shown = await page.evaluate(
+        """() => ({
+            pwned: window.__pwned === undefined ? null : window.__pwned,
+            imgs: document.querySelectorAll("img").length,
+            scripts: document.querySelectorAll("script").length,
+            text: document.body.innerText,
+            width: document.documentElement.scrollWidth,
+        })"""
+    )
+    assert shown["pwned"] is None
+    assert (shown["imgs"], shown["scripts"]) == (0, 1)
+    # controls and direction overrides are shown as a mark, never obeyed
+    for char in ("\u202e", "\u202c", "\x1b", "\u2066", "\u2069", "\x00"):
+        assert char not in shown["text"], repr(char)
+    assert "\ufffdRLO" in shown["text"]
+    assert shown["width"] <= PHONE["width"]  # the long text wraps or is cut, the page stays
+    assert LONG not in shown["text"]  # cut: a 5000-character message is not a page
+    await _screenshot(page, tmp_path / "hostile.png")
+    assert seen.errors == []
+
+
+async def _until_final(agent: Any, sale_id: str) -> None:
+    deadline = time.monotonic() + WAIT_MS / 1000
+    while time.monotonic() < deadline:
+        record = agent.journal.get(sale_id)
+        if record is not None and record.state.final:
+            return
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"sale {sale_id} did not end")
