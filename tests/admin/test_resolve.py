@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import sys
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -146,3 +147,39 @@ async def test_hostile_resolution_bodies_get_a_clear_no(
         assert answer.status == status, await answer.text()
         assert (await answer.json())["detail"]
     assert agent.journal.get("crashed1").state is SaleState.ATTENTION
+
+
+async def test_the_cli_and_the_api_resolving_at_once_journal_one(
+    api: tuple[Any, Any], tmp_path: Path
+) -> None:
+    """Four `kiosk-agent sales resolve` processes and four admin API requests on the same sale at
+    the same moment (the agent running): exactly one resolution; every other one is told."""
+    agent, session = api
+    config = tmp_path / "config.yaml"
+
+    async def cli(as_: str) -> tuple[int, str]:
+        process = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "kiosk_agent", "sales", "resolve", "crashed1", "--as", as_,
+            "--why", f"{as_} by hand", "-c", str(config),
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+        )
+        out, err = await process.communicate()
+        return int(process.returncode or 0), (out + err).decode()
+
+    async def press(as_: str) -> tuple[int, str]:
+        body = {"as": as_, "why": f"{as_} by hand"}
+        async with session.post("/api/sales/crashed1/resolve", json=body, headers=ADMIN) as r:
+            return r.status, await r.text()
+
+    answers = await asyncio.gather(
+        *(cli(a) for a in ("captured", "reversed") * 2),
+        *(press(a) for a in ("reversed", "captured") * 2),
+    )
+    won = [a for a in answers if a[0] in (0, 200)]
+    assert len(won) == 1, answers
+    for code, text in answers:
+        if (code, text) not in won:
+            assert code in (1, 409), text
+            assert "not attention" in text
+    steps = [s.step for s in agent.journal.steps("crashed1")]
+    assert steps.count("attention.resolved") == 1
