@@ -243,3 +243,36 @@ async def test_five_hundred_stream_connections_at_once(agent: Any, admin_server:
         finally:
             for r in opened:
                 r.close()
+
+
+# -- secrets in logs and URLs ------------------------------------------------------------------
+
+
+async def test_no_token_cookie_or_csrf_reaches_a_log_line(
+    api: Any, admin_server: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Everything a tech and a guesser do at the page, logged at DEBUG: the tokens, the session
+    cookie and its CSRF token appear in no line (the admin API keeps no access log)."""
+    caplog.set_level("DEBUG")
+    guess = "guess-9999-0123456789abcdefghij"
+    async with api.post("/session", json={"token": guess}, headers=_origin(admin_server)) as r:
+        assert r.status == 401
+    async with api.get("/api/status", headers={"Authorization": f"Bearer {guess}"}) as r:
+        assert r.status == 401
+    csrf = await _login(api, admin_server)
+    cookie = next(c.value for c in api.cookie_jar if c.key == COOKIE)
+    async with api.get(f"/api/sales?token={ADMIN_TOKEN}") as r:  # a token in a URL is ignored
+        assert r.status == 200
+    async with api.get("/api/events") as r:
+        assert r.status == 200
+    headers = {**_origin(admin_server), "X-CSRF-Token": csrf}
+    async with api.post("/api/terminals/SIM-0001/ping", headers=headers) as r:
+        assert r.status == 200
+    async with api.delete("/session", headers=headers) as r:
+        assert r.status == 200
+    async with api.get("/api/page", headers={"Cookie": f"{COOKIE}={cookie}"}) as r:
+        assert r.status == 401  # the old cookie after logout
+    logged = "\n".join(f"{r.getMessage()} {r.args}" for r in caplog.records)
+    assert "session opened" in logged  # the log was on
+    for secret in (ADMIN_TOKEN, READ_TOKEN, guess, cookie, csrf):
+        assert secret not in logged
