@@ -109,6 +109,9 @@ class AttentionSweeper:
         for record in sales:
             try:
                 event = await self.recheck(SaleSteps(record, self.context))
+            except SaleMoved as err:  # a person resolved it (another process) as it was decided
+                _LOGGER.info("sale %s: left alone: %s", record.sale_id, err)
+                continue
             except Exception as err:
                 _LOGGER.exception("sale %s: attention recheck failed", record.sale_id)
                 self._count_error(f"sale {record.sale_id}: {type(err).__name__}: {err}")
@@ -179,15 +182,18 @@ class AttentionSweeper:
         if lookup.approved:
             if not may_move_money:
                 return None
-            steps.step(RECHECK_STEP, detail={"found": "charge", "trans_id": lookup.trans_id})
+            steps.step(RECHECK_STEP, detail={"found": "charge", "trans_id": lookup.trans_id},
+                       if_state=SaleState.ATTENTION)
             steps.charge_found("attention.found", lookup.trans_id, lookup.amount_cents)
             return await steps.reverse("a charge found later in reporting, not vended")
         if lookup.reversed:
-            return steps.finish(SaleState.REVERSED, "attention.done", "already given back")
+            return steps.finish(SaleState.REVERSED, "attention.done", "already given back",
+                                if_state=SaleState.ATTENTION)
         if asked_at < steps.answer_deadline():
             return None  # the service may still answer the money call
         return steps.finish(
-            SaleState.FAILED, "attention.done", "no charge was made (checked in reporting later)"
+            SaleState.FAILED, "attention.done", "no charge was made (checked in reporting later)",
+            if_state=SaleState.ATTENTION,
         )
 
     async def _with_trans_id(
@@ -204,6 +210,7 @@ class AttentionSweeper:
                 "given back (found in reporting)",
                 reverse_trans_id=lookup.reverse_trans_id,
                 reversed_cents=lookup.amount_cents or record.captured_cents,
+                if_state=SaleState.ATTENTION,
             )
         vended = record.vended_cents
         if lookup.captured and vended:
@@ -212,18 +219,25 @@ class AttentionSweeper:
                 "attention.done",
                 f"paid {format_cents(lookup.amount_cents or vended)} (found captured)",
                 captured_cents=lookup.amount_cents or vended,
+                if_state=SaleState.ATTENTION,
             )
         if not (lookup.captured or lookup.authorized) or not may_move_money:
             return None
         action = "capture" if lookup.authorized and vended else "reverse"
-        steps.step(RECHECK_STEP, detail={"found": "held", "action": action})
+        steps.step(RECHECK_STEP, detail={"found": "held", "action": action},
+                   if_state=SaleState.ATTENTION)
         if action == "capture":
             return await steps.capture(vended)
         return await steps.reverse("money held without a confirmed vend (found in reporting)")
 
 
     def _still_attention(self, steps: SaleSteps) -> bool:
-        """Whether nobody resolved the sale while reporting was asked (then: leave it be)."""
+        """Whether nobody resolved the sale while reporting was asked (then: leave it be).
+
+        Another process (``kiosk-agent sales resolve``) may still resolve it after this read:
+        every write of the sweeper's that decides or moves money is therefore made only
+        ``if_state=ATTENTION`` (checked in its transaction), and :class:`SaleMoved` leaves the
+        sale to the person."""
         current = self.journal.get(steps.record.sale_id)
         if current is None or current.state is not SaleState.ATTENTION:
             return False

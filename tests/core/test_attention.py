@@ -225,3 +225,41 @@ async def test_a_reason_with_control_characters_is_refused(
     record = agent.journal.get("crashed1")
     assert record is not None
     assert record.state is SaleState.ATTENTION
+
+
+async def test_a_person_resolving_while_the_sweeper_decides_wins(
+    agent_factory: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The sweeper has asked reporting and checked the sale is still ATTENTION; at that moment a
+    tech runs `kiosk-agent sales resolve --as reversed` (another process, its own connection).
+    The sweeper must not then capture the money nor write the sale back to ATTENTION."""
+    agent = await attention_sale(agent_factory, tmp_path, vended_cents=250)
+    trans_id = await authorize(agent.service, "KACRASHED1", capture=False)
+    agent.journal.record(agent.journal.get("crashed1"), "test", trans_id=trans_id)
+    cli = Journal(agent.journal.path)
+    cli.open()
+    real_get = agent.journal.get
+    reads = []
+
+    def get(sale_id: str) -> Any:
+        record = real_get(sale_id)
+        reads.append(sale_id)
+        if len(reads) == 1:  # the sweeper's "still attention?" read, right after reporting
+            resolve(cli, "crashed1", "reversed", "voided in the portal", "cli (root)")
+        return record
+
+    monkeypatch.setattr(agent.journal, "get", get)
+    try:
+        ended = await agent.attention.sweep()
+    finally:
+        cli.close()
+    assert reads  # the sweeper did look
+    assert ended == []
+    monkeypatch.undo()
+    record = agent.journal.get("crashed1")
+    assert record is not None
+    assert record.state is SaleState.REVERSED  # the person's word stands
+    assert agent.journal.steps("crashed1")[-1].step == "attention.resolved"
+    [row] = await rows(agent.service, "KACRASHED1")
+    assert row.status is not TransStatus.CAPTURED  # no money moved after the person decided
+    assert agent.attention.stats.errors == 0
