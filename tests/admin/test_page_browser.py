@@ -17,10 +17,12 @@ from typing import Any
 
 import aiohttp
 import pytest
+from aiohttp import web
 from playwright.async_api import Browser, Page, ViewportSize, async_playwright, expect
 
 from kiosk_agent.app import load_agent
 from kiosk_agent.core.journal import SaleRecord
+from kiosk_agent.core.logging import refusal_counts
 from kiosk_agent.core.sale import SaleEvent, SaleState
 from tests.admin.conftest import ADMIN_TOKEN, CONFIG, READ_TOKEN, write_config
 from tests.admin.test_server import _sell
@@ -364,3 +366,68 @@ async def _until_final(agent: Any, sale_id: str) -> None:
             return
         await asyncio.sleep(0.05)
     raise AssertionError(f"sale {sale_id} did not end")
+
+
+# -- another site in the same browser ---------------------------------------------------------
+
+
+async def _evil_site(html: str) -> tuple[web.AppRunner, str]:
+    """A page on another origin (same host, another port: same-site, so the session cookie
+    would even go along), serving ``html``."""
+    app = web.Application()
+
+    async def index(request: web.Request) -> web.Response:
+        return web.Response(text=html, content_type="text/html")
+
+    app.router.add_get("/", index)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = runner.addresses[0][1]
+    return runner, f"http://127.0.0.1:{port}/"
+
+
+async def test_another_site_can_neither_frame_nor_act_for_a_logged_in_tech(
+    browser: Browser, agent: Any, admin_server: Any
+) -> None:
+    record = await _attention_sale(agent)
+    page, seen = await _open(browser, admin_server.url, DESKTOP, ADMIN_TOKEN)
+    await expect(page.locator("#live")).to_have_text("live", timeout=WAIT_MS)
+    resolve = f"{admin_server.url}/api/sales/{record.sale_id}/resolve"
+    html = f"""<!doctype html><body>
+<iframe id="framed" src="{admin_server.url}/" width="600" height="400"></iframe>
+<form id="f" method="post" action="{resolve}" enctype="text/plain" target="sink">
+  <input name='{{"as": "captured", "why": "x", "pad": "' value='"}}'>
+</form>
+<iframe name="sink"></iframe>
+<script>
+  window.results = {{}};
+  fetch("{resolve}", {{method: "POST", credentials: "include", mode: "no-cors",
+    headers: {{"Content-Type": "text/plain"}}, body: '{{"as": "captured", "why": "x"}}'}})
+    .then(() => window.results.post = "sent", (e) => window.results.post = String(e));
+  fetch("{admin_server.url}/api/page", {{credentials: "include"}})
+    .then((r) => r.text())
+    .then((t) => window.results.read = t, (e) => window.results.read = "blocked");
+  document.getElementById("f").submit();
+</script></body>"""
+    origin_refusals = refusal_counts().get(("status_page", "origin"), 0)
+    runner, evil_url = await _evil_site(html)
+    try:
+        evil = await page.context.new_page()  # the same browser: the tech's cookie is there
+        await evil.goto(evil_url)
+        await evil.wait_for_function("window.results.read && window.results.post", timeout=WAIT_MS)
+        results = await evil.evaluate("window.results")
+        framed = evil.frame_locator("#framed")
+        await expect(framed.locator("#token")).to_have_count(0)  # never drawn inside the frame
+        assert results["read"] == "blocked"  # no CORS: the foreign page reads nothing
+        # both posts reached the agent (same-site: with the cookie) and were refused by Origin
+        deadline = time.monotonic() + WAIT_MS / 1000
+        while refusal_counts().get(("status_page", "origin"), 0) < origin_refusals + 2:
+            assert time.monotonic() < deadline, refusal_counts()
+            await asyncio.sleep(0.02)
+    finally:
+        await runner.cleanup()
+    assert agent.journal.get(record.sale_id).state is SaleState.ATTENTION
+    assert [s.step for s in agent.journal.steps(record.sale_id)][-1] == "charge.unknown"
+    assert seen.errors == []
