@@ -27,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import hmac
+import ipaddress
 import json
 import logging
 import math
@@ -84,7 +85,7 @@ _PAGE_HEADERS = {
     "Cache-Control": "no-store",
 }
 
-RoleFor = Callable[[str | None], str | None]
+TokenFor = Callable[[str | None], tuple[str | None, str | None]]  # header -> (name, role)
 
 
 @dataclass(slots=True)
@@ -92,6 +93,7 @@ class _Session:
     role: str
     csrf: str
     expires_at: float
+    token: str = ""  # the name of the token that opened it
 
 
 class TokenGuesses:
@@ -104,13 +106,13 @@ class TokenGuesses:
 
     def wait(self, address: str | None) -> float:
         """Seconds the address must wait before its next token is looked at (0: go ahead)."""
-        times = self._recent(address or "?")
+        times = self._recent(_client(address))
         if len(times) < GUESSES_ALLOWED:
             return 0.0
         return max(0.0, times[0] + GUESS_WINDOW_S - time.monotonic())
 
     def wrong(self, address: str | None) -> None:
-        key = address or "?"
+        key = _client(address)
         times = self._recent(key)
         times.append(time.monotonic())
         self._wrong.pop(key, None)
@@ -138,12 +140,26 @@ class TokenGuesses:
         return [t for t in self._wrong.get(key, []) if t > since]
 
 
+def _client(address: str | None) -> str:
+    """Whom wrong tokens are counted against: an IPv4 address, or an IPv6 address's /64 (one
+    host picks any address in it)."""
+    try:
+        ip = ipaddress.ip_address(address or "")
+    except ValueError:
+        return address or "?"
+    if isinstance(ip, ipaddress.IPv6Address):
+        if ip.ipv4_mapped is not None:  # an IPv4 client on a dual-stack socket
+            return str(ip.ipv4_mapped)
+        return str(ipaddress.ip_network(f"{ip}/64", strict=False))
+    return str(ip)
+
+
 class StatusPage:
     """The page's routes and sessions; the admin API asks it for a cookie's role."""
 
-    def __init__(self, agent: Any, role_for: RoleFor, guesses: TokenGuesses) -> None:
+    def __init__(self, agent: Any, token_for: TokenFor, guesses: TokenGuesses) -> None:
         self.agent = agent
-        self._role_for = role_for  # the admin API's: "Bearer <token>" -> role or None
+        self._token_for = token_for  # the admin API's: "Bearer <token>" -> (name, role)
         self._guesses = guesses  # the admin API's: wrong tokens count the same at either door
         self.stalled_streams = 0  # event streams cut because their client took nothing
         # anyone can repeat a refused login or a cross-site post: logged as a summary, counted
@@ -218,7 +234,7 @@ class StatusPage:
         if self._guesses.wait(request.remote):
             self.refused("guessing", "status page: %s is guessing tokens", request.remote)
             return self._guesses.refusal(request.remote)
-        role = self._role_for(f"Bearer {token.strip()}")
+        name, role = self._token_for(f"Bearer {token.strip()}")
         if role is None:
             self._guesses.wrong(request.remote)
             self.refused(
@@ -226,10 +242,15 @@ class StatusPage:
             )
             return _error(401, "unauthorized", "that token is not configured for this unit")
         value = secrets.token_urlsafe(32)
-        session = _Session(role, secrets.token_urlsafe(24), time.time() + SESSION_LIFETIME_S)
+        expires_at = time.time() + SESSION_LIFETIME_S
+        session = _Session(role, secrets.token_urlsafe(24), expires_at, name or "")
         self._forget_expired()
         while len(self._sessions) >= MAX_SESSIONS:
-            del self._sessions[min(self._sessions, key=lambda k: self._sessions[k].expires_at)]
+            # the oldest of this token's own sessions: a script logging in again and again with
+            # one token (a read token, say) never logs the tech out; else the oldest of all
+            own = [k for k, s in self._sessions.items() if s.token == session.token]
+            oldest = min(own or self._sessions, key=lambda k: self._sessions[k].expires_at)
+            del self._sessions[oldest]
         self._sessions[_digest(value)] = session
         _LOGGER.info("status page: %s session opened from %s", role, request.remote)
         response = web.json_response({"role": role, "csrf": session.csrf}, headers=_NO_STORE)

@@ -113,7 +113,7 @@ class AdminServer:
         self._metrics_public: bool = conf["metrics_public"]
         self.guesses = TokenGuesses()  # wrong tokens by address, at the login and as bearer
         # the field tech's page at / (page.py)
-        self.page = StatusPage(agent, self._role_for, self.guesses)
+        self.page = StatusPage(agent, self._token_for, self.guesses)
 
     @property
     def port(self) -> int | None:
@@ -149,9 +149,6 @@ class AdminServer:
         await self._site.stop()
 
     # -- auth --------------------------------------------------------------------------------
-
-    def _role_for(self, header: str | None) -> str | None:
-        return self._token_for(header)[1]
 
     def _token_for(self, header: str | None) -> tuple[str | None, str | None]:
         """(name, role) of the token presented, or (None, None)."""

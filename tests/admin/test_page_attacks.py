@@ -276,3 +276,39 @@ async def test_no_token_cookie_or_csrf_reaches_a_log_line(
     assert "session opened" in logged  # the log was on
     for secret in (ADMIN_TOKEN, READ_TOKEN, guess, cookie, csrf):
         assert secret not in logged
+
+
+async def test_a_read_token_logging_in_again_and_again_keeps_the_tech_logged_in(
+    api: Any, admin_server: Any
+) -> None:
+    """Sessions are capped (MAX_SESSIONS); a holder of another token (Grafana's read token, a
+    script) opening session after session only replaces its own, never the tech's."""
+    from kiosk_agent.admin.page import MAX_SESSIONS
+
+    await _login(api, admin_server)  # the tech, first
+    async with aiohttp.ClientSession(base_url=admin_server.url) as other:
+        for _ in range(MAX_SESSIONS * 2):
+            async with other.post(
+                "/session", json={"token": READ_TOKEN}, headers=_origin(admin_server)
+            ) as r:
+                assert r.status == 200
+    async with api.get("/session") as r:
+        assert (await r.json())["role"] == "admin"
+    assert len(admin_server.page._sessions) <= MAX_SESSIONS
+
+
+def test_an_ipv6_guesser_cannot_dodge_the_count_by_changing_address() -> None:
+    """A host on IPv6 has a whole /64 to pick addresses from: the count is by /64."""
+    from kiosk_agent.admin.page import GUESSES_ALLOWED, TokenGuesses
+
+    guesses = TokenGuesses()
+    for i in range(GUESSES_ALLOWED):
+        guesses.wrong(f"2001:db8:1:2::{i + 1:x}")
+    assert guesses.wait("2001:db8:1:2:aaaa:bbbb:cccc:dddd") > 0
+    assert guesses.wait("2001:db8:1:3::1") == 0  # the next network is another client
+    assert guesses.wait("192.0.2.1") == 0
+    for _ in range(GUESSES_ALLOWED):
+        guesses.wrong("192.0.2.1")
+    assert guesses.wait("192.0.2.1") > 0
+    assert guesses.wait("192.0.2.2") == 0  # IPv4: by address (a LAN's clients differ)
+    assert guesses.wait(None) == 0
