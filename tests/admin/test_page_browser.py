@@ -321,8 +321,13 @@ async def test_hostile_text_shows_as_text_and_runs_nothing(
     assert status == 400  # the kiosk app is told; the page never sees it
     agent.health.report_terminal("SIM-0001", online=True, detail=f"{SCRIPTS} {CONTROLS}")
     record = await _attention_sale(agent)
-    agent.journal.record(record, "charge.unknown", SaleState.ATTENTION,
-                         message=f"{SCRIPTS} {CONTROLS} {LONG}", product=f"{QUOTES}{CONTROLS}")
+    record = agent.journal.record(
+        record, "charge.unknown", SaleState.ATTENTION,
+        message=f"{SCRIPTS} {CONTROLS} {LONG}", product=f"{QUOTES}{CONTROLS}",
+    )
+    # step details are whatever a flow or platform wrote: not always a string message
+    for message in (42, {"nested": SCRIPTS}, [SCRIPTS], None, True):
+        agent.journal.record(record, "odd.detail", detail={"message": message, "at": SCRIPTS})
     page, seen = await _open(browser, admin_server.url, PHONE, ADMIN_TOKEN)
     await expect(page.locator("#live")).to_have_text("live", timeout=WAIT_MS)
     agent.events.publish(SaleEvent(
@@ -336,6 +341,11 @@ async def test_hostile_text_shows_as_text_and_runs_nothing(
     await expect(recent.locator("ol.steps")).to_contain_text('onerror="window.__pwned=1"')
     await expect(_terminal(page, "SIM-0001")).to_contain_text("<script>window.__pwned=2</script>")
     await expect(page.locator("#attention")).to_contain_text(QUOTES)
+    odd = page.locator(f'#recent details[data-sale="{record.sale_id}"]')
+    await odd.locator("summary").click()
+    await expect(odd.locator("ol.steps li")).to_have_count(8)
+    await expect(odd.locator("ol.steps")).to_contain_text('{"nested":"<img src=x')
+    await expect(page.locator("#doctor")).to_contain_text("checked", timeout=WAIT_MS)
 
     shown = await page.evaluate(
         """() => ({

@@ -442,7 +442,11 @@ function renderOpenAndRecent() {
 
 function stepDetail(detail) {
   if (!detail || !Object.keys(detail).length) return null;
-  const text = detail.message || Object.entries(detail).map(([k, v]) => `${k}=${typeof v === "object" ? JSON.stringify(v) : v}`).join(" ");
+  // a detail is whatever a flow or platform wrote: its message may be no string at all
+  const shown = (v) => (typeof v === "object" && v !== null ? JSON.stringify(v) : String(v));
+  const text = typeof detail.message === "string" && detail.message
+    ? detail.message
+    : Object.entries(detail).map(([k, v]) => `${k}=${shown(v)}`).join(" ");
   return el("span", { class: "muted" }, ` ${text.slice(0, 160)}`);
 }
 
