@@ -451,6 +451,16 @@ async def _error_middleware(request: web.Request, handler: Handler) -> web.Strea
     except ServiceError as err:
         status = next((code for cls, code in _SERVICE_STATUS if isinstance(err, cls)), 502)
         return _error(status, err.error or type(err).__name__, f"payment service: {err}")
+    except web.HTTPMethodNotAllowed as err:
+        allowed = ", ".join(sorted(err.allowed_methods))
+        return _error(
+            405, "method_not_allowed", f"{request.method} {request.path}: use {allowed}",
+            headers={"Allow": allowed},
+        )
+    except web.HTTPNotFound as err:
+        if err.content_type == "application/json":
+            raise  # a handler's own, already in words
+        return _error(404, "not_found", f"no route {request.method} {request.path}")
 
 
 class _BadParameter(ValueError):

@@ -312,3 +312,17 @@ def test_an_ipv6_guesser_cannot_dodge_the_count_by_changing_address() -> None:
     assert guesses.wait("192.0.2.1") > 0
     assert guesses.wait("192.0.2.2") == 0  # IPv4: by address (a LAN's clients differ)
     assert guesses.wait(None) == 0
+
+
+async def test_an_unknown_route_or_method_is_answered_in_words(api: Any) -> None:
+    for method, path, status in (
+        ("GET", "/api/nope", 404),
+        ("POST", "/api/sales//resolve", 404),
+        ("POST", "/api/status", 405),
+        ("PUT", "/session", 405),
+    ):
+        async with api.request(method, path, headers=ADMIN) as r:
+            assert r.status == status, (method, path)
+            answer = await r.json()
+        assert path in answer["detail"] or method in answer["detail"], answer
+        assert r.headers["Cache-Control"] == "no-store"
