@@ -404,9 +404,11 @@ class AdminServer:
 
 async def _private(request: web.Request, response: web.StreamResponse) -> None:
     """Every answer: kept by no cache (a shared laptop's browser, a proxy), never sniffed as
-    another type than it says."""
+    another type than it says, and never handed to another origin's <script> or <img> (which
+    would carry the session cookie on the same host, another port)."""
     response.headers.setdefault("Cache-Control", "no-store")
     response.headers.setdefault("X-Content-Type-Options", "nosniff")
+    response.headers.setdefault("Cross-Origin-Resource-Policy", "same-origin")
 
 
 def _digest(token: str) -> bytes:

@@ -102,6 +102,7 @@ async def test_authenticated_answers_are_never_cached_or_sniffed(
         async with api.get(path, headers=ADMIN) as r:
             assert r.headers.get("Cache-Control") == "no-store", (path, r.status)
             assert r.headers.get("X-Content-Type-Options") == "nosniff", path
+            assert r.headers.get("Cross-Origin-Resource-Policy") == "same-origin", path
     async with api.get("/api/status") as r:  # refused: still nothing to keep
         assert r.status == 401
         assert r.headers.get("Cache-Control") == "no-store"
