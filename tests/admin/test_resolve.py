@@ -13,6 +13,7 @@ import aiohttp
 import pytest
 
 from kiosk_agent.app import load_agent
+from kiosk_agent.core.journal import SaleRecord
 from kiosk_agent.core.sale import SaleState
 from tests.core.test_recovery import leave_open
 
@@ -183,3 +184,23 @@ async def test_the_cli_and_the_api_resolving_at_once_journal_one(
             assert "not attention" in text
     steps = [s.step for s in agent.journal.steps("crashed1")]
     assert steps.count("attention.resolved") == 1
+
+
+async def test_a_prefix_naming_two_sales_resolves_neither(api: tuple[Any, Any]) -> None:
+    agent, session = api
+    for sale_id in ("dup1aaaa", "dup2bbbb"):
+        record = agent.journal.create(SaleRecord(
+            sale_id=sale_id, order_id=f"KA{sale_id}", source="test", flow="charge_card",
+            terminal="SIM-0001", amount_cents=100, state=SaleState.CHARGING,
+        ))
+        agent.journal.record(record, "charge.unknown", SaleState.ATTENTION)
+    body = {"as": "reversed", "why": "refunded by hand"}
+    async with session.post("/api/sales/dup/resolve", json=body, headers=ADMIN) as answer:
+        assert answer.status == 404
+        assert "names 2 sales; give more of the sale id" in (await answer.json())["detail"]
+    async with session.post("/api/sales/dup2/resolve", json=body, headers=ADMIN) as answer:
+        assert answer.status == 200
+        assert (await answer.json())["sale"]["sale_id"] == "dup2bbbb"
+    async with session.post("/api/sales/KAdup1aaaa/resolve", json=body, headers=ADMIN) as answer:
+        assert answer.status == 200  # by order id
+    assert {agent.journal.get(s).state for s in ("dup1aaaa", "dup2bbbb")} == {SaleState.REVERSED}
