@@ -203,10 +203,9 @@ class StatusPage:
         session = self._session(request)
         if session is None:
             return None
-        if "Origin" in request.headers:  # a read from another site's script, too
-            self._check_origin(request)
+        if "Origin" in request.headers or request.method not in _SAFE_METHODS:
+            self._check_origin(request)  # a read from another site's script is refused too
         if request.method not in _SAFE_METHODS:
-            self._check_origin(request)
             presented = request.headers.get(CSRF_HEADER, "")
             if not hmac.compare_digest(presented.encode(), session.csrf.encode()):
                 raise _forbidden("csrf", f"send the session's {CSRF_HEADER} header")
@@ -380,7 +379,7 @@ class StatusPage:
             await response.prepare(request)
             try:
                 await self._stream(response)
-            except TimeoutError:
+            except _Stalled:
                 self.stalled_streams += 1
                 self.refused(
                     "stalled_stream",
@@ -535,10 +534,17 @@ async def _send(response: web.StreamResponse, event: str, data: dict[str, Any]) 
     await _write(response, f"event: {event}\ndata: {json.dumps(data)}\n\n".encode())
 
 
+class _Stalled(Exception):
+    """A stream's client took nothing for STREAM_WRITE_TIMEOUT_S."""
+
+
 async def _write(response: web.StreamResponse, data: bytes) -> None:
-    """One write to a stream; TimeoutError when the client takes nothing for too long."""
-    async with asyncio.timeout(STREAM_WRITE_TIMEOUT_S):
-        await response.write(data)
+    """One write to a stream; :class:`_Stalled` when the client takes nothing for too long."""
+    try:
+        async with asyncio.timeout(STREAM_WRITE_TIMEOUT_S):
+            await response.write(data)
+    except TimeoutError:
+        raise _Stalled from None
 
 
 def _forwarded_https(request: web.Request) -> bool:

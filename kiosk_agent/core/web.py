@@ -11,7 +11,9 @@ Limits (the ``http:`` section, :data:`kiosk_agent.core.config.HTTP_SCHEMA`), the
   ``keepalive_timeout`` (aiohttp's own keep-alive timer);
 - a body must arrive whole within ``body_timeout`` (:func:`read_body`, :func:`read_json`);
 - at most ``max_connections`` are open per server: past it the oldest connection with no
-  request in progress is closed to make room, and when every one is busy the newcomer gets 503.
+  request in progress is closed to make room (one that was never served is told 503 first: in a
+  burst its request may simply not have been read yet), and when every one is busy the newcomer
+  gets 503.
   So a slow-header flood on one port holds a bounded number of descriptors and cannot lock a
   real client out for long; the other ports are not touched at all;
 - a stop waits ``shutdown_grace`` for requests in progress, then cuts them.
@@ -150,14 +152,18 @@ class _Connection(asyncio.Protocol):
     def request_ended(self) -> None:
         self.busy -= 1
 
-    def close(self) -> None:
-        """Close now (its requests, if any, see the connection go)."""
+    def close(self, *, answer: bool = False) -> None:
+        """Close now (its requests, if any, see the connection go). ``answer``: first tell a
+        connection that was never served that the server is full (503), so a real client whose
+        request had not been read yet hears why, instead of seeing the connection drop."""
         self.closing = True
         self._cancel_timer()
         if self.transport is None:
             self.site._forget(self)
-        else:
-            self.handler.force_close()
+            return
+        if answer and isinstance(self.transport, asyncio.WriteTransport):
+            self.transport.write(_OVERLOADED)
+        self.handler.force_close()
 
     def _cancel_timer(self) -> None:
         if self._timer is not None:
@@ -282,7 +288,7 @@ class LocalSite:
                     self.limits.max_connections,
                     _peer(connection.transport),
                 )
-                connection.close()
+                connection.close(answer=connection.served == 0)
                 return True
         return False
 

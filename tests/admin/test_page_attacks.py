@@ -222,7 +222,8 @@ async def test_five_hundred_stream_connections_at_once(agent: Any, admin_server:
             try:
                 r = await session.get("/api/events", headers=headers)
             except aiohttp.ClientError as err:
-                return -1 if "Server disconnected" not in str(err) else -2
+                print("client error:", type(err).__name__, err)
+                return -1  # the connection dropped without an answer
             if r.status == 200:
                 opened.append(r)
             else:
@@ -237,7 +238,8 @@ async def test_five_hundred_stream_connections_at_once(agent: Any, admin_server:
             counts = {s: statuses.count(s) for s in set(statuses)}
             print(f"500 stream requests at once, answered in {took:.2f} s: {counts}")
             assert counts.get(200) == MAX_STREAMS
-            assert counts.get(401) == 100
+            # every one got an answer in words: a stream, 401 without a token, 503 when full (a
+            # connection closed to make room before its request was read is told 503 too)
             assert set(counts) <= {200, 401, 503}
             sold = await asyncio.wait_for(_sell(agent, 250), 15)
             assert sold.state is SaleState.COMPLETED
@@ -327,3 +329,36 @@ async def test_an_unknown_route_or_method_is_answered_in_words(api: Any) -> None
             answer = await r.json()
         assert path in answer["detail"] or method in answer["detail"], answer
         assert r.headers["Cache-Control"] == "no-store"
+
+
+async def test_a_connection_closed_to_make_room_is_told_why() -> None:
+    """A server full of connections that sent nothing yet closes the oldest for a newcomer; a
+    real client whose request was not read yet (a burst: the loop accepts before it reads) hears
+    503 with Retry-After, not a dropped connection."""
+    from aiohttp import web
+
+    from kiosk_agent.core.web import HttpLimits, LocalSite
+
+    async def ok(request: web.Request) -> web.Response:
+        return web.Response(text="ok")
+
+    app = web.Application()
+    app.router.add_get("/", ok)
+    limits = HttpLimits.from_config({"max_connections": 4})
+    site = LocalSite("127.0.0.1", 0, name="test", limits=limits)
+    await site.start(app)
+    try:
+        first = await asyncio.open_connection("127.0.0.1", site.port)
+        others = [await asyncio.open_connection("127.0.0.1", site.port) for _ in range(3)]
+        await _until(lambda: site.open_connections == 4, 5, "four connections")
+        newcomer = await asyncio.open_connection("127.0.0.1", site.port)
+        answer = await asyncio.wait_for(first[0].read(), 5)
+        assert answer.startswith(b"HTTP/1.1 503"), answer
+        assert b"Retry-After: 1" in answer
+        assert site.evicted == 1
+        newcomer[1].write(b"GET / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        assert (await asyncio.wait_for(newcomer[0].read(), 5)).endswith(b"ok")
+    finally:
+        for _reader, writer in [first, *others, newcomer]:
+            writer.close()
+        await site.stop()
