@@ -378,7 +378,7 @@ class StatusPage:
             )
             await response.prepare(request)
             try:
-                await self._stream(response)
+                await self._stream(response, self._alive(request))
             except _Stalled:
                 self.stalled_streams += 1
                 self.refused(
@@ -393,13 +393,22 @@ class StatusPage:
         finally:
             self._streams -= 1
 
-    async def _stream(self, response: web.StreamResponse) -> None:
+    def _alive(self, request: web.Request) -> Callable[[], bool]:
+        """Whether the request's authentication still holds: a stream opened with the session
+        cookie ends with its session (logged out, expired, replaced); a bearer token's does not
+        (tokens change with the configuration, which restarts the agent)."""
+        if self._token_for(request.headers.get("Authorization"))[1] is not None:
+            return lambda: True
+        session = self._session(request)
+        return lambda: session is not None and self._session(request) is session
+
+    async def _stream(self, response: web.StreamResponse, alive: Callable[[], bool]) -> None:
         last_health: dict[str, Any] | None = None
         quiet_since = time.monotonic()
         doctor_seen: object = _NOT_SENT  # the first round sends it: the page may hold an old one
         try:
             async with self.agent.events.subscribe() as queue:
-                while not self._closing.is_set():
+                while not self._closing.is_set() and alive():
                     snapshot = self.agent.health.snapshot().model_dump(mode="json")
                     if _changed(last_health, snapshot):
                         for line in health_notes(last_health, snapshot):

@@ -362,3 +362,28 @@ async def test_a_connection_closed_to_make_room_is_told_why() -> None:
         for _reader, writer in [first, *others, newcomer]:
             writer.close()
         await site.stop()
+
+
+async def test_a_stream_ends_with_its_session(api: Any, admin_server: Any) -> None:
+    """Logging out (or the session's 12 hours running out) ends the session's open event stream
+    too: a stolen cookie's stream does not go on hearing sales after the tech logs out."""
+    from tests.admin.test_page import _events
+
+    for end in ("logout", "expiry"):
+        csrf = await _login(api, admin_server)
+        async with api.get("/api/events") as response:
+            stream = _events(response)
+            assert (await anext(stream))[0] == "health"
+            if end == "logout":
+                headers = {**_origin(admin_server), "X-CSRF-Token": csrf}
+                async with api.delete("/session", headers=headers) as r:
+                    assert r.status == 200
+            else:
+                for session in admin_server.page._sessions.values():
+                    session.expires_at = time.time() - 1
+            began = time.monotonic()
+            async with asyncio.timeout(5):
+                async for _ in stream:
+                    pass  # until the server ends the stream
+            print(f"stream ended {time.monotonic() - began:.2f} s after the {end}")
+        assert admin_server.page._streams == 0
