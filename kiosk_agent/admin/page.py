@@ -198,18 +198,19 @@ class StatusPage:
         """Routes that need no token: the page itself, its files, and the login."""
         return request.path in _PUBLIC or request.path.startswith("/static/")
 
-    def session_role(self, request: web.Request) -> str | None:
-        """The role of the request's session cookie, or None; a cross-site action is refused."""
+    def session_auth(self, request: web.Request) -> tuple[str | None, str | None]:
+        """(caller, role) of the request's session cookie, or (None, None); a cross-site action
+        is refused. The caller names the token that opened the session, for the journal."""
         session = self._session(request)
         if session is None:
-            return None
+            return None, None
         if "Origin" in request.headers or request.method not in _SAFE_METHODS:
             self._check_origin(request)  # a read from another site's script is refused too
         if request.method not in _SAFE_METHODS:
             presented = request.headers.get(CSRF_HEADER, "")
             if not hmac.compare_digest(presented.encode(), session.csrf.encode()):
                 raise _forbidden("csrf", f"send the session's {CSRF_HEADER} header")
-        return session.role
+        return f"{session.token}, status page" if session.token else "status page", session.role
 
     def _session(self, request: web.Request) -> _Session | None:
         value = request.cookies.get(COOKIE)
@@ -275,7 +276,7 @@ class StatusPage:
 
     async def logout(self, request: web.Request) -> web.Response:
         if self._session(request) is not None:
-            self.session_role(request)  # logging out is an action: same CSRF rules
+            self.session_auth(request)  # logging out is an action: same CSRF rules
             self._sessions.pop(_digest(request.cookies[COOKIE]), None)
         response = web.json_response({"logged_out": True}, headers=_NO_STORE)
         response.del_cookie(COOKIE, path="/")

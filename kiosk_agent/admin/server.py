@@ -175,7 +175,7 @@ class AdminServer:
         if role is None and header is not None:
             self.guesses.wrong(request.remote)
         if role is None:
-            name, role = "status page", self.page.session_role(request)
+            name, role = self.page.session_auth(request)
         request[CALLER] = name or ""
         if role is None:
             self._refused(

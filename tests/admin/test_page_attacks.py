@@ -387,3 +387,20 @@ async def test_a_stream_ends_with_its_session(api: Any, admin_server: Any) -> No
                     pass  # until the server ends the stream
             print(f"stream ended {time.monotonic() - began:.2f} s after the {end}")
         assert admin_server.page._streams == 0
+
+
+async def test_a_resolution_from_the_page_names_the_token_behind_the_session(
+    agent: Any, api: Any, admin_server: Any
+) -> None:
+    """The journal keeps who decided about the money: from the page, the token's name (as the
+    API does for a bearer token), not merely "status page"."""
+    from tests.admin.test_page_browser import _attention_sale
+
+    record = await _attention_sale(agent)
+    csrf = await _login(api, admin_server)
+    headers = {**_origin(admin_server), "X-CSRF-Token": csrf}
+    body = {"as": "reversed", "why": "refunded at the machine"}
+    async with api.post(f"/api/sales/{record.sale_id}/resolve", json=body, headers=headers) as r:
+        assert r.status == 200, await r.text()
+        sale = (await r.json())["sale"]
+    assert sale["resolution"]["by"] == "admin API (ops, status page)"
