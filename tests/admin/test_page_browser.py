@@ -271,12 +271,20 @@ KIOSK_TOKEN = "kiosk-app-token-0123456789"
 
 @pytest.fixture
 async def hostile_agent(tmp_path: Path, sim_settings: Any) -> AsyncIterator[Any]:
-    """The admin tests' agent with a kiosk app platform (it confirms its dispenses)."""
+    """The admin tests' agent with a kiosk app platform (it confirms its dispenses) and a serial
+    device whose configured name and port are markup."""
     path = write_config(tmp_path)
     config = CONFIG + (
         "triggers:\n"
         "  - {platform: kiosk_api, name: screen, token: !secret kiosk_token, port: 0,\n"
         "     confirm_dispense: true}\n"
+        # a configured name and port path reach the doctor's checks and the links list
+        "  - platform: serial_line\n"
+        "    name: '<svg onload=window.__pwned=5>'\n"
+        "    port: '/dev/<img src=x onerror=window.__pwned=6>'\n"
+        "    vend_request: '^REQ (?P<price>\\d+)$'\n"
+        "    dispense_ok: '^DONE'\n"
+        "    approve: 'OPEN'\n"
     )
     path.write_text(config)
     agent = load_agent(path, sim_settings, systemd=False)
@@ -287,7 +295,7 @@ async def hostile_agent(tmp_path: Path, sim_settings: Any) -> AsyncIterator[Any]
 
 async def _kiosk_sale(agent: Any, product: str, detail: str) -> tuple[int, Any]:
     """A sale from the kiosk app with ``product``, whose dispense fails with ``detail``."""
-    [screen] = agent.platforms
+    screen = next(p for p in agent.platforms if type(p).__name__ == "KioskApi")
     base = f"http://127.0.0.1:{screen.port}/api/v1"
     headers = {"Authorization": f"Bearer {KIOSK_TOKEN}"}
     async with aiohttp.ClientSession(headers=headers) as session:
@@ -346,6 +354,11 @@ async def test_hostile_text_shows_as_text_and_runs_nothing(
     await expect(odd.locator("ol.steps li")).to_have_count(8)
     await expect(odd.locator("ol.steps")).to_contain_text('{"nested":"<img src=x')
     await expect(page.locator("#doctor")).to_contain_text("checked", timeout=WAIT_MS)
+    await page.get_by_role("button", name="Run doctor checks").click()
+    await expect(page.locator("#doctor")).to_contain_text(
+        "/dev/<img src=x onerror=window.__pwned=6>", timeout=WAIT_MS
+    )
+    await expect(page.locator("#links")).to_contain_text("<svg onload=window.__pwned=5>")
 
     shown = await page.evaluate(
         """() => ({

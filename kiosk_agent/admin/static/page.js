@@ -390,7 +390,7 @@ function resolveForm(sale) {
     el("button", { type: "submit", disabled: Boolean(state.busy[key]) }, "Resolve"));
   form.addEventListener("submit", (event) => {
     event.preventDefault();
-    const as = form.querySelector(`input[name="${name}"]:checked`).value;
+    const as = form.querySelector(`input[name="${CSS.escape(name)}"]:checked`).value;
     const why = form.querySelector("input[name=why]").value.trim();
     act(key, async () => {
       const answer = await call("POST", `/api/sales/${encodeURIComponent(sale.sale_id)}/resolve`, { as, why });
