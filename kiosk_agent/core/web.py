@@ -9,7 +9,9 @@ Limits (the ``http:`` section, :data:`kiosk_agent.core.config.HTTP_SCHEMA`), the
 - a new connection must send its first request's headers within ``header_timeout``;
 - an idle connection, or one slow to send its next request, is closed after
   ``keepalive_timeout`` (aiohttp's own keep-alive timer);
-- a body must arrive whole within ``body_timeout`` (:func:`read_body`, :func:`read_json`);
+- a body must arrive whole within ``body_timeout`` (:func:`read_body`, :func:`read_json`), and
+  a client that takes nothing of its answer for ``body_timeout`` (its socket full: a report, a
+  stream or a WebSocket it stopped reading) is cut;
 - at most ``max_connections`` are open per server: past it the oldest connection with no
   request in progress is closed to make room (one that was never served is told 503 first: in a
   burst its request may simply not have been read yet), and when every one is busy the newcomer
@@ -118,6 +120,7 @@ class _Connection(asyncio.Protocol):
         self._timer: asyncio.TimerHandle | None = asyncio.get_running_loop().call_later(
             site.limits.header_timeout, self._head_late
         )
+        self._stall: asyncio.TimerHandle | None = None  # armed while the client takes nothing
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         if self.closing:  # closed to make room before the connection was even made
@@ -133,13 +136,20 @@ class _Connection(asyncio.Protocol):
         self.handler.eof_received()  # None: the transport closes its side
 
     def pause_writing(self) -> None:
+        # the client takes nothing (its socket is full): it has body_timeout to start again
         self.handler.pause_writing()
+        if self._stall is None:
+            self._stall = asyncio.get_running_loop().call_later(
+                self.site.limits.body_timeout, self._stalled
+            )
 
     def resume_writing(self) -> None:
+        self._cancel_stall()
         self.handler.resume_writing()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._cancel_timer()
+        self._cancel_stall()
         self.site._forget(self)
         if self.transport is not None:  # the handler saw the connection made
             self.handler.connection_lost(exc)
@@ -169,6 +179,27 @@ class _Connection(asyncio.Protocol):
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
+
+    def _cancel_stall(self) -> None:
+        if self._stall is not None:
+            self._stall.cancel()
+            self._stall = None
+
+    def _stalled(self) -> None:
+        """The client took nothing of its answer for body_timeout: a busy connection that can
+        never be closed to make room, so enough of them would lock every caller out."""
+        self._stall = None
+        self.site.stalled += 1
+        self.site.refusals(
+            "write_stalled",
+            "%s: cut a connection to %s that took nothing of its answer for %g s",
+            self.site.name,
+            _peer(self.transport),
+            self.site.limits.body_timeout,
+        )
+        self.closing = True
+        if isinstance(self.transport, asyncio.WriteTransport):
+            self.transport.abort()  # close() would wait for the buffer to drain: never
 
     def _head_late(self) -> None:
         self._timer = None
@@ -210,6 +241,7 @@ class LocalSite:
         self.refusals = RefusalLog(_LOGGER, f"http:{name}")
         self.evicted = 0
         self.overloaded = 0
+        self.stalled = 0  # connections cut because their client took nothing for body_timeout
 
     @property
     def url(self) -> str:

@@ -141,13 +141,13 @@ async def test_the_cookie_is_secure_behind_a_tls_proxy(api: Any, admin_server: A
 # -- the event stream --------------------------------------------------------------------------
 
 
-def _stream_socket(port: int) -> socket.socket:
+def _stream_socket(port: int, path: str = "/api/events") -> socket.socket:
     """An event stream client that asks, then never reads a byte (small receive buffer)."""
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
     sock.connect(("127.0.0.1", port))
     sock.sendall(
-        f"GET /api/events HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n"
+        f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n"
         f"Authorization: Bearer {ADMIN_TOKEN}\r\n\r\n".encode()
     )
     sock.setblocking(False)
@@ -404,3 +404,43 @@ async def test_a_resolution_from_the_page_names_the_token_behind_the_session(
         assert r.status == 200, await r.text()
         sale = (await r.json())["sale"]
     assert sale["resolution"]["by"] == "admin API (ops, status page)"
+
+
+async def test_a_client_that_takes_no_answer_is_cut_after_the_body_timeout() -> None:
+    """Any long answer (a report of any size, a WebSocket, the event stream) to a client that
+    stops reading: the connection stays busy (it cannot be closed to make room), so enough of
+    them would lock every caller out. Cut once nothing could be sent for ``body_timeout``."""
+    from aiohttp import web
+
+    from kiosk_agent.core.web import HttpLimits, LocalSite
+
+    async def endless(request: web.Request) -> web.StreamResponse:
+        response = web.StreamResponse()
+        await response.prepare(request)
+        while True:
+            await response.write(b"x" * 65536)
+
+    app = web.Application()
+    app.router.add_get("/", endless)
+    limits = HttpLimits.from_config({"body_timeout": 1, "max_connections": 4})
+    site = LocalSite("127.0.0.1", 0, name="test", limits=limits)
+    await site.start(app)
+    socks = []
+    try:
+        for _ in range(4):
+            assert site.port is not None
+            sock = _stream_socket(site.port, "/")  # asks, then never reads
+            socks.append(sock)
+        await _until(lambda: site.open_connections == 4, 5, "four busy connections")
+        began = time.monotonic()
+        await _until(lambda: site.open_connections == 0, 10, "stalled connections cut")
+        print(f"4 stalled answers cut {time.monotonic() - began:.1f} s after they filled")
+        assert site.stalled == 4
+        reader, writer = await asyncio.open_connection("127.0.0.1", site.port)
+        writer.write(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+        assert (await reader.readexactly(12)) == b"HTTP/1.1 200"  # room again
+        writer.close()
+    finally:
+        for sock in socks:
+            sock.close()
+        await site.stop()
