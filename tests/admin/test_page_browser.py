@@ -454,3 +454,31 @@ async def test_another_site_can_neither_frame_nor_act_for_a_logged_in_tech(
     assert agent.journal.get(record.sale_id).state is SaleState.ATTENTION
     assert [s.step for s in agent.journal.steps(record.sale_id)][-1] == "charge.unknown"
     assert seen.errors == []
+
+
+async def test_two_techs_resolving_one_sale_from_two_phones(
+    browser: Browser, agent: Any, admin_server: Any
+) -> None:
+    """Both have the form filled in and press Resolve at the same moment, one "captured", the
+    other "reversed": the journal holds one resolution, and both phones end up showing the sale
+    decided (no longer in attention)."""
+    record = await _attention_sale(agent)
+    opened = []
+    for as_label in ("Captured (paid)", "Reversed (given back)"):
+        page, seen = await _open(browser, admin_server.url, PHONE, ADMIN_TOKEN)
+        form = page.locator(f'form.resolve[data-sale="{record.sale_id}"]')
+        await form.get_by_label(as_label).check()
+        await form.get_by_label("Why").fill(f"{as_label} by hand")
+        opened.append((page, form, seen))
+    await asyncio.gather(
+        *(form.get_by_role("button", name="Resolve").click() for _, form, _ in opened)
+    )
+    refused = []
+    for page, _, seen in opened:
+        await expect(page.locator("#attention")).to_contain_text("none", timeout=WAIT_MS)
+        refused += [e for e in seen.errors if "status of 409 (Conflict)" in e]
+        assert [e for e in seen.errors if "409" not in e] == []
+    assert len(refused) == 1  # the browser logs the second one's refusal; nothing else failed
+    steps = [s.step for s in agent.journal.steps(record.sale_id)]
+    assert steps.count("attention.resolved") == 1
+    assert agent.journal.get(record.sale_id).state in (SaleState.COMPLETED, SaleState.REVERSED)
