@@ -266,6 +266,8 @@ SCRIPTS = '<img src=x onerror="window.__pwned=1"></script><script>window.__pwned
 QUOTES = "\"'`${window.__pwned=3}"
 CONTROLS = "\u202eRLO\u202c \x1b[31mESC \u2066iso\u2069 nul\x00"
 LONG = "W" * 5000  # no space to break at: must not widen a 360 px page
+# the joiners an emoji sequence and a Persian word need: writing, not formatting
+FAMILY = "\U0001f468\u200d\U0001f469\u200d\U0001f467 \u0646\u0627\u0646\u200c\u0628\u0631"
 KIOSK_TOKEN = "kiosk-app-token-0123456789"
 
 
@@ -331,7 +333,7 @@ async def test_hostile_text_shows_as_text_and_runs_nothing(
     record = await _attention_sale(agent)
     record = agent.journal.record(
         record, "charge.unknown", SaleState.ATTENTION,
-        message=f"{SCRIPTS} {CONTROLS} {LONG}", product=f"{QUOTES}{CONTROLS}",
+        message=f"{SCRIPTS} {CONTROLS} {LONG}", product=f"{QUOTES}{CONTROLS} {FAMILY}",
     )
     # step details are whatever a flow or platform wrote: not always a string message
     for message in (42, {"nested": SCRIPTS}, [SCRIPTS], None, True):
@@ -375,6 +377,7 @@ async def test_hostile_text_shows_as_text_and_runs_nothing(
     for char in ("\u202e", "\u202c", "\x1b", "\u2066", "\u2069", "\x00"):
         assert char not in shown["text"], repr(char)
     assert "\ufffdRLO" in shown["text"]
+    assert FAMILY in shown["text"]  # the joiners an emoji or a Persian word needs stay
     assert shown["width"] <= PHONE["width"]  # the long text wraps or is cut, the page stays
     assert LONG not in shown["text"]  # cut: a 5000-character message is not a page
     await _screenshot(page, tmp_path / "hostile.png")

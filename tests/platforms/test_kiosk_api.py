@@ -233,6 +233,20 @@ async def test_names_people_read_later_must_be_plain_and_short(
     markup = {"amount": "1.00", "product": "<b>tea</b> & \"milk\" \u00e9\u00e8 \u6f22"}
     status, started = await app.post("/sales", markup)
     assert status == 202, started  # markup and any printable script are fine: shown as text
+    await app.post(f"/sales/{started['sale_id']}/cancel", {})
+
+
+@pytest.mark.parametrize(
+    "product",
+    [
+        "\u0646\u0627\u0646\u200c\u0628\u0631\u0646\u062c\u06cc",  # Persian: a ZWNJ
+        "\u0915\u094d\u200d\u0937",  # Devanagari: a zero-width joiner
+        "\U0001f468\u200d\U0001f469\u200d\U0001f467 pack",  # an emoji family
+    ],
+)
+async def test_joiners_that_scripts_and_emoji_need_are_fine(app: App, product: str) -> None:
+    status, started = await app.post("/sales", {"amount": "1.00", "product": product})
+    assert status == 202, started
 
 
 # -- as a browser would meet it ----------------------------------------------------------------

@@ -23,7 +23,9 @@ const MAX_TEXT = 1000; // longer texts are cut: a name or a reason, not a page
 function plain(value) {
   // Text as people should read it: a control or an invisible direction mark from outside (a
   // terminal escape, a right-to-left override) shows as \uFFFD instead of reordering the line.
-  let text = String(value).replace(/[\t\n\r]/g, " ").replace(/[\p{Cc}\p{Cf}]/gu, "\uFFFD");
+  // (the zero-width joiner and non-joiner are writing: Persian, Indic scripts, emoji)
+  let text = String(value).replace(/[\t\n\r]/g, " ")
+    .replace(/[\p{Cc}\p{Cf}]/gu, (c) => (c === "\u200c" || c === "\u200d" ? c : "\uFFFD"));
   if (text.length > MAX_TEXT) text = `${text.slice(0, MAX_TEXT)}… (${text.length} characters)`;
   return text;
 }
