@@ -444,3 +444,37 @@ async def test_a_client_that_takes_no_answer_is_cut_after_the_body_timeout() -> 
         for sock in socks:
             sock.close()
         await site.stop()
+
+
+async def test_cross_site_resolutions_are_refused_by_name(
+    agent: Any, api: Any, admin_server: Any
+) -> None:
+    from tests.admin.test_page_browser import _attention_sale
+
+    record = await _attention_sale(agent)
+    path = f"/api/sales/{record.sale_id}/resolve"
+    body = {"as": "captured", "why": "x"}
+    csrf = await _login(api, admin_server)
+    own = _origin(admin_server)
+    cases = [
+        ({"X-CSRF-Token": csrf}, body, None, 403, "origin"),  # no Origin at all
+        ({"X-CSRF-Token": csrf, "Origin": "http://evil.example"}, body, None, 403, "origin"),
+        ({"X-CSRF-Token": csrf, "Origin": "null"}, body, None, 403, "origin"),
+        (own, body, None, 403, "csrf"),  # no CSRF token
+        ({**own, "X-CSRF-Token": csrf + "x"}, body, None, 403, "csrf"),
+        ({**own, "X-CSRF-Token": csrf, "Content-Type": "text/plain"}, None,
+         '{"as": "captured", "why": "x"}', 415, "unsupported_media_type"),
+        ({**own, "X-CSRF-Token": csrf, "Content-Type": "application/x-www-form-urlencoded"},
+         None, "as=captured&why=x", 415, "unsupported_media_type"),
+    ]
+    for headers, json_body, data, status, error in cases:
+        async with api.post(path, json=json_body, data=data, headers=headers) as r:
+            assert (r.status, (await r.json())["error"]) == (status, error), headers
+    async with aiohttp.ClientSession(
+        base_url=admin_server.url, cookie_jar=aiohttp.CookieJar(unsafe=True)
+    ) as reader:
+        read_csrf = await _login(reader, admin_server, READ_TOKEN)
+        async with reader.post(path, json=body, headers={**own, "X-CSRF-Token": read_csrf}) as r:
+            assert r.status == 403
+            assert "admin token" in (await r.json())["detail"]
+    assert agent.journal.get(record.sale_id).state is SaleState.ATTENTION
