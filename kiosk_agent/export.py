@@ -189,14 +189,14 @@ def report_columns(kind: ReportKind) -> tuple[str, ...]:
 
 
 def report_values(record: BaseModel) -> dict[str, object]:
-    """One reporting record (transaction, deposit, chargeback, adjustment) for export."""
-    values = model_values(record)
-    cents: int = record.amount_cents  # type: ignore[attr-defined]
-    values["amount"] = Amount(cents)
-    if "trans_status_id" in values:
-        status = getattr(record, "status", None)
-        values["status"] = status if status is not None else values["trans_status_id"]
-    values["amount_cents"] = cents
+    """One reporting record (transaction, deposit, chargeback, adjustment) for export, its
+    keys in :func:`report_columns` order, so a JSON record reads as a CSV row does."""
+    values: dict[str, object] = {}
+    for name, value in model_values(record).items():
+        values[name] = column_value(record, name) if name == "amount" else value
+        if name == "trans_status_id":
+            values["status"] = column_value(record, "status")
+    values["amount_cents"] = record.amount_cents  # type: ignore[attr-defined]
     return values
 
 

@@ -167,3 +167,25 @@ def test_sales_csv_neutralises_product_names_and_messages(
     assert all(r["message"] == r["product"] for r in rows)
     assert {r["amount"] for r in rows} == {f"10.0{n}" for n in range(len(HOSTILE))}
     assert all(r["created"].endswith("Z") for r in rows)
+
+
+async def test_a_json_record_has_the_csv_columns_in_their_order(sim_settings: Any) -> None:
+    """docs/cli.md: CSV and JSON give every field in the model's order, a transaction's
+    `status` by name right after its `trans_status_id`, `amount_cents` last."""
+    from kiosk_agent.export import report_columns, report_values
+    from kiosk_agent.service.models.reporting import ReportKind
+
+    seen = set()
+    async with ServiceClient(sim_settings) as svc:
+        for kind in ReportKind:
+            async for record in svc.reporting.records(kind, None, limit=1):
+                seen.add(kind)
+                values = report_values(record)
+                assert tuple(values) == report_columns(kind), kind
+                export = JsonExport()
+                row = json.loads(export.start() + export.row(values) + export.end())[0]
+                assert tuple(row) == report_columns(kind), kind
+    assert seen == set(ReportKind)  # the seeded data set has a record of every kind
+    columns = report_columns(ReportKind.TRANSACTIONS)
+    assert columns[columns.index("trans_status_id") + 1] == "status"
+    assert columns[-1] == "amount_cents"

@@ -294,7 +294,12 @@ class AdminServer:
         if fmt not in ("json", "csv"):
             return _error(400, "bad_parameter", f"format must be json or csv, got {fmt!r}")
         limit = _int_param(query, "limit", None, MAX_REPORT_LIMIT)
-        filter_values = {k: v for k, v in query.items() if k not in ("format", "limit")}
+        try:  # the forms the command line takes: status=settled, status=funded
+            filter_values = kind.text_filter(
+                {k: v for k, v in query.items() if k not in ("format", "limit")}
+            )
+        except ValueError as err:
+            return _error(400, "bad_filter", f"{kind.value} filter 'status': {err}")
         try:
             filters = kind.filter.model_validate(filter_values) if filter_values else None
         except ValidationError as err:

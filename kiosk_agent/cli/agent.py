@@ -133,7 +133,9 @@ async def check_config_command(args: argparse.Namespace) -> int:
         if wants_json(args):
             print(
                 json.dumps(
-                    {"path": str(path), "valid": False, "errors": [str(e) for e in err.errors]},
+                    {"path": str(path), "valid": False,
+                     # each mistake's parts (file, line, path, fix ...) and its printed line
+                     "errors": [{**e.as_dict(), "text": str(e)} for e in err.errors]},
                     indent=2,
                 )
             )
@@ -142,7 +144,7 @@ async def check_config_command(args: argparse.Namespace) -> int:
         print(f"{plural(len(err.errors), 'mistake')} in {path}", file=sys.stderr)
         return EXIT_USAGE  # a broken config file: the same code from every command
     if wants_json(args):
-        shown = {"config": config.masked()} if args.show else {}
+        shown = {"config": _in_order(config.masked())} if args.show else {}
         print(
             json.dumps(
                 {"path": str(path), "valid": True, "errors": [], **shown}, indent=2, default=str
@@ -152,12 +154,22 @@ async def check_config_command(args: argparse.Namespace) -> int:
         import yaml
 
         print(
-            yaml.safe_dump(json.loads(json.dumps(config.masked(), default=str)), sort_keys=False),
+            yaml.safe_dump(json.loads(json.dumps(config.masked(), default=str)), sort_keys=True),
             end="",
         )
     else:
         print(summary(config))
     return EXIT_OK
+
+
+def _in_order(value: Any) -> Any:
+    """``value`` with every mapping's keys sorted: the loader fills defaults in no fixed order,
+    and two runs of ``--show`` on one file must print the same text."""
+    if isinstance(value, dict):
+        return {key: _in_order(value[key]) for key in sorted(value, key=str)}
+    if isinstance(value, list):
+        return [_in_order(item) for item in value]
+    return value
 
 
 def summary(config: Config) -> str:

@@ -125,16 +125,17 @@ async def doctor_command(args: argparse.Namespace) -> int:
 
 
 def verdict(report: Report) -> str:
-    """``all 8 checks passed, 4 skipped`` or ``2 of 12 checks failed: ...``."""
-    failed = report.failed
-    if failed:
-        names = ", ".join(c.name for c in failed)
-        return f"{len(failed)} of {plural(len(report.checks), 'check')} failed: {names}"
+    """``all 8 checks passed, 4 skipped`` or ``2 of 8 checks failed: ...``: skipped checks
+    are counted apart, never as checks that ran."""
     if not report.checks:
         return "nothing checked"
     skipped = sum(c.verdict is Verdict.SKIP for c in report.checks)
-    ran = len(report.checks) - skipped
-    return f"all {plural(ran, 'check')} passed" + (f", {skipped} skipped" if skipped else "")
+    ran = plural(len(report.checks) - skipped, "check")
+    failed = report.failed
+    if failed:
+        names = ", ".join(c.name for c in failed)
+        return f"{len(failed)} of {ran} failed: {names}"
+    return f"all {ran} passed" + (f", {skipped} skipped" if skipped else "")
 
 
 def _print_check(check: Check) -> None:

@@ -96,11 +96,22 @@ def register(subparsers: Any) -> None:
     parser.set_defaults(handler=guarded(report))
 
 
+def page_size(text: str) -> int:
+    """An argparse ``type``: records per request, within the service's cap (refused before
+    anything is printed, not after a CSV header)."""
+    from kiosk_agent.service.reporting import MAX_PAGE_SIZE
+
+    value = positive_int(text)
+    if value > MAX_PAGE_SIZE:
+        raise argparse.ArgumentTypeError(f"expected at most {MAX_PAGE_SIZE}, got {text!r}")
+    return value
+
+
 def add_list_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--format", choices=["table", "csv", "json"], default=None,
                         help="table (default), csv or json (--json is --format json)")
     parser.add_argument("--limit", type=positive_int, help="stop after this many records")
-    parser.add_argument("--page-size", type=positive_int, default=500,
+    parser.add_argument("--page-size", type=page_size, default=500,
                         help="records per request (1..1000)")
     parser.add_argument("--quiet", action="store_true", help="no progress line on stderr")
 
@@ -117,17 +128,13 @@ def output_format(args: argparse.Namespace) -> str:
 
 def build_filter(kind: str, args: argparse.Namespace) -> Any:
     """The typed ``q`` filter of ``kind`` from the command line; names a misplaced option."""
-    from kiosk_agent.service.models.reporting import ReportKind, TransStatus
+    from kiosk_agent.service.models.reporting import ReportKind
 
     report_kind = ReportKind(kind)
-    fields = given(args, FILTER_OPTIONS)
-    if kind == "transactions" and "status" in fields:
-        try:
-            fields["trans_status_id"] = TransStatus.parse(fields.pop("status"))
-        except ValueError as err:
-            raise CliError(f"--status: {err}", EXIT_USAGE) from None
-    elif "status" in fields:  # chargebacks OPEN/WON/LOST, deposits FUNDED ...: any case
-        fields["status"] = fields["status"].strip().upper()
+    try:  # the admin API's query takes the same forms (ReportKind.text_filter)
+        fields = report_kind.text_filter(given(args, FILTER_OPTIONS))
+    except ValueError as err:
+        raise CliError(f"--status: {err}", EXIT_USAGE) from None
     allowed = report_kind.filter.model_fields
     for attr in fields:
         if attr not in allowed:

@@ -153,6 +153,7 @@ class Agent:
         self._pending_components: list[tuple[ComponentFactory, Any]] = []
         self._terminals: dict[str, Terminal] = {}
         self._tasks: list[asyncio.Task[Any]] = []
+        self._ready_task: asyncio.Task[None] | None = None  # READY=1 once recovery has finished
         self._systemd = systemd
         self.started = False
         self.ready_at: float | None = None
@@ -217,7 +218,8 @@ class Agent:
             # READY=1 once recovery has finished: outside tools start on a settled journal
             await self._systemd.start(ready_text, ready=self.recovery.state == "done")
             if self.recovery.state != "done":
-                self._tasks.append(asyncio.create_task(self._ready_after_recovery(ready_text)))
+                self._ready_task = asyncio.create_task(self._ready_after_recovery(ready_text))
+                self._tasks.append(self._ready_task)
         self.started = True
         self.ready_at = time.monotonic()
         _LOGGER.info(
@@ -243,6 +245,9 @@ class Agent:
         # a sale while another one is being stopped.
         self.sales.close()
         if self._systemd is not None:
+            if self._ready_task is not None:
+                # a stop during recovery: no READY=1 (nor more start time) after STOPPING=1
+                self._ready_task.cancel()
             await self._systemd.stop()
         for platform in reversed(self.platforms):
             with contextlib.suppress(Exception):

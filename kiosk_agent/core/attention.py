@@ -127,12 +127,15 @@ class AttentionSweeper:
         deadline): a service that committed later than ``answer_margin`` shows the charge now,
         and it is given back."""
         try:
-            since = time.time() - LATE_CHARGE_WINDOW
-            failed = self.journal.query(since=since, states=[SaleState.FAILED])
-            suspects = [r for r in failed if self._ended_on_no_charge(r)]
+            failed = self.journal.query(
+                since=time.time() - LATE_CHARGE_WINDOW,
+                states=[SaleState.FAILED],
+                last_steps=_NO_CHARGE_STEPS,
+            )
         except (sqlite3.Error, JournalError) as err:
             self._count_error(f"cannot read the journal: {err}")
             return []
+        suspects = [r for r in failed if r.flow != Flow.ENROLL and r.trans_id is None]
         given_back: list[SaleEvent] = []
         for record in suspects:
             steps = SaleSteps(record, self.context)
@@ -153,12 +156,6 @@ class AttentionSweeper:
                 _LOGGER.exception("sale %s: late charge check failed", record.sale_id)
                 self._count_error(f"sale {record.sale_id}: {type(err).__name__}: {err}")
         return given_back
-
-    def _ended_on_no_charge(self, record: SaleRecord) -> bool:
-        if record.flow == Flow.ENROLL or record.trans_id is not None:
-            return False
-        steps = self.journal.steps(record.sale_id)
-        return bool(steps) and steps[-1].step in _NO_CHARGE_STEPS
 
     def _count_error(self, text: str) -> None:
         self.stats.errors += 1

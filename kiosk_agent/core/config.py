@@ -362,12 +362,14 @@ def locate(data: Any, path: list[Any], default: Position | None) -> Position | N
     """The deepest recorded position along ``path`` inside loaded YAML data."""
     where = getattr(data, "position", None) or default
     node = data
-    for step in path:
+    for index, step in enumerate(path):
         if isinstance(node, NodeDict):
             if step not in node:
                 break
             where = node.key_positions.get(step, where)
             node = node[step]
+            if index == len(path) - 1 and isinstance(node, (NodeDict, NodeList)):
+                break  # a mistake about a whole block is on its key's line, not the next one
         elif isinstance(node, NodeList) and isinstance(step, int) and 0 <= step < len(node):
             where = node.item_positions[step]
             node = node[step]

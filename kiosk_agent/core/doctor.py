@@ -303,7 +303,6 @@ async def check_test_print(
 
 def last_trans_id(config: Config) -> str | None:
     from kiosk_agent.core.journal import Journal
-    from kiosk_agent.core.sale import SaleState
 
     path = config.resolve(config["journal"]["path"])
     if not path.exists():
@@ -311,12 +310,9 @@ def last_trans_id(config: Config) -> str | None:
     journal = Journal(path)
     journal.open()
     try:
-        for record in journal.query(states=[SaleState.COMPLETED], limit=20):
-            if record.trans_id:
-                return str(record.trans_id)
+        return journal.last_trans_id()
     finally:
         journal.close()
-    return None
 
 
 async def check_upstream(report: Report, config: Config, within: float) -> None:
@@ -352,20 +348,12 @@ async def check_upstream(report: Report, config: Config, within: float) -> None:
 async def check_mqtt(report: Report, conf: dict[str, Any], within: float) -> None:
     import aiomqtt
 
-    from kiosk_agent.core.upstream import mqtt_tls_context
+    from kiosk_agent.core.upstream import mqtt_client
 
     where = f"{conf['host']}:{conf['port']}"
     try:
         # Its own client id: reusing the agent's would disconnect the running agent.
-        client = aiomqtt.Client(
-            conf["host"],
-            conf["port"],
-            username=conf.get("username"),
-            password=conf.get("password"),
-            identifier=f"kiosk-agent-doctor-{os.getpid()}",
-            timeout=within,
-            tls_context=mqtt_tls_context(conf),
-        )
+        client = mqtt_client(conf, f"kiosk-agent-doctor-{os.getpid()}", timeout=within)
         async with asyncio.timeout(within), client:
             pass
     except (aiomqtt.MqttError, OSError, TimeoutError) as err:

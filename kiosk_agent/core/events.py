@@ -20,6 +20,7 @@ from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
+from kiosk_agent.core.journal import transaction
 from kiosk_agent.redact import redact
 
 _LOGGER = logging.getLogger(__name__)
@@ -141,13 +142,8 @@ class EventLog:
         db = self._db()
         if not self._ready:
             self.open()
-        db.execute("BEGIN IMMEDIATE")
-        try:
+        with transaction(db):
             db.execute("INSERT OR REPLACE INTO agent_probe (id, at) VALUES (1, ?)", (time.time(),))
-        except BaseException:
-            db.execute("ROLLBACK")
-            raise
-        db.execute("COMMIT")
         self._flush()
 
     def recent(self, limit: int = 50, kind: str | None = None) -> list[AgentEvent]:
@@ -179,8 +175,7 @@ class EventLog:
             db = self._db()
             if not self._ready:
                 self.open()
-            db.execute("BEGIN IMMEDIATE")
-            try:
+            with transaction(db):
                 for event in self._unwritten:
                     cursor = db.execute(
                         "INSERT INTO agent_events (at, kind, subject, detail) VALUES (?, ?, ?, ?)",
@@ -188,10 +183,6 @@ class EventLog:
                          json.dumps(dict(event.detail), default=str, sort_keys=True)),
                     )
                     written[id(event)] = dataclasses.replace(event, id=cursor.lastrowid)
-            except BaseException:
-                db.execute("ROLLBACK")
-                raise
-            db.execute("COMMIT")
         except Exception as err:  # noqa: BLE001 - kept for the next write; the caller goes on
             _LOGGER.warning("%d agent event(s) not journaled yet: %s", len(self._unwritten), err)
             return {}

@@ -13,12 +13,13 @@ at most the card brand and the last four digits.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import datetime as dt
 import json
 import sqlite3
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -218,7 +219,7 @@ class Journal:
         names = ", ".join(_COLUMNS)
         marks = ", ".join(f":{c}" for c in _COLUMNS)
         try:
-            with self._transaction() as db:
+            with transaction(self.db) as db:
                 db.execute(f"INSERT INTO sales ({names}) VALUES ({marks})", row)  # noqa: S608
                 self._insert_step(db, sale.sale_id, now, "created", sale.state, detail)
         except sqlite3.Error as err:
@@ -251,7 +252,7 @@ class Journal:
         assignments["state"] = new_state.value
         sql = ", ".join(f"{k} = :{k}" for k in assignments)
         try:
-            with self._transaction() as db:
+            with transaction(self.db) as db:
                 guard = "" if if_state is None else " AND state = :if_state"
                 written = db.execute(
                     f"UPDATE sales SET {sql} WHERE sale_id = :sale_id{guard}",  # noqa: S608
@@ -282,20 +283,6 @@ class Journal:
             "INSERT INTO steps (sale_id, at, step, state, detail) VALUES (?, ?, ?, ?, ?)",
             (sale_id, at, step, state.value, json.dumps(clean, default=str, sort_keys=True)),
         )
-
-    class _Tx:
-        def __init__(self, db: sqlite3.Connection) -> None:
-            self.db = db
-
-        def __enter__(self) -> sqlite3.Connection:
-            self.db.execute("BEGIN IMMEDIATE")
-            return self.db
-
-        def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
-            self.db.execute("ROLLBACK" if exc_type else "COMMIT")
-
-    def _transaction(self) -> Journal._Tx:
-        return Journal._Tx(self.db)
 
     def _write_failed(self, err: sqlite3.Error) -> JournalError:
         # a full or failing disk: the flow must stop before the call this step announces
@@ -340,9 +327,11 @@ class Journal:
         since: float | None = None,
         until: float | None = None,
         states: list[SaleState] | None = None,
+        last_steps: Sequence[str] | None = None,
         limit: int | None = None,
     ) -> list[SaleRecord]:
-        """Sales newest first, filtered by creation time and state."""
+        """Sales newest first, filtered by creation time, state and the name of their last step
+        (all in one query)."""
         where: list[str] = []
         args: list[Any] = []
         if since is not None:
@@ -354,6 +343,11 @@ class Journal:
         if states:
             where.append(f"state IN ({', '.join('?' for _ in states)})")
             args.extend(s.value for s in states)
+        if last_steps:
+            marks = ", ".join("?" for _ in last_steps)
+            last = "SELECT step FROM steps WHERE steps.sale_id = sales.sale_id ORDER BY id DESC"
+            where.append(f"({last} LIMIT 1) IN ({marks})")
+            args.extend(last_steps)
         sql = "SELECT * FROM sales"
         if where:
             sql += " WHERE " + " AND ".join(where)
@@ -362,6 +356,15 @@ class Journal:
             sql += " LIMIT ?"
             args.append(limit)
         return [_record(r) for r in self.db.execute(sql, args)]
+
+    def last_trans_id(self) -> str | None:
+        """The newest completed sale's transaction (a receipt to test-print), if any."""
+        row = self.db.execute(
+            "SELECT trans_id FROM sales WHERE state = ? AND trans_id IS NOT NULL AND trans_id != ''"
+            " ORDER BY created_at DESC, rowid DESC LIMIT 1",
+            (SaleState.COMPLETED.value,),
+        ).fetchone()
+        return None if row is None else str(row[0])
 
     def steps(self, sale_id: str) -> list[StepRecord]:
         rows = self.db.execute(
@@ -390,7 +393,7 @@ class Journal:
         cutoff = (now if now is not None else time.time()) - keep_days * 86400
         keep = (SaleState.ATTENTION.value, *[s.value for s in SaleState if not s.final])
         marks = ", ".join("?" for _ in keep)
-        with self._transaction() as db:
+        with transaction(self.db) as db:
             old = f"SELECT sale_id FROM sales WHERE created_at < ? AND state NOT IN ({marks})"  # noqa: S608
             db.execute(f"DELETE FROM steps WHERE sale_id IN ({old})", (cutoff, *keep))  # noqa: S608
             cursor = db.execute(
@@ -401,6 +404,19 @@ class Journal:
 
     def __iter__(self) -> Iterator[SaleRecord]:
         return iter(self.query())
+
+
+@contextlib.contextmanager
+def transaction(db: sqlite3.Connection) -> Iterator[sqlite3.Connection]:
+    """One write transaction on the journal's database (``isolation_level=None``): taken at
+    once (``BEGIN IMMEDIATE``), committed at the end, rolled back on any exception."""
+    db.execute("BEGIN IMMEDIATE")
+    try:
+        yield db
+    except BaseException:
+        db.execute("ROLLBACK")
+        raise
+    db.execute("COMMIT")
 
 
 def _add_missing_columns(db: sqlite3.Connection) -> None:

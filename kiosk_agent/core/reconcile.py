@@ -8,9 +8,7 @@ rather than guessing.
 
 from __future__ import annotations
 
-import asyncio
 import logging
-import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -62,18 +60,12 @@ class Reconciler:
             _LOGGER.warning("reporting lookup failed: %s", err)
             return None
 
-    async def find_charge(
-        self, order_ids: list[str], wait_until: float | None = None
-    ) -> ChargeLookup:
+    async def find_charge(self, order_ids: list[str]) -> ChargeLookup:
         """The charge made under any of ``order_ids``, if one holds money.
 
-        ``wait_until`` (Unix time): a charge-card interaction may still be running on the
-        terminal; its charge can only appear once the interaction's lifetime has passed.
+        What reporting knows now: a caller that must wait out a money call's deadline asks
+        again until then (``SaleSteps.settle_by_reporting``).
         """
-        if wait_until is not None:
-            delay = wait_until - time.time()
-            if delay > 0:
-                await asyncio.sleep(delay)
         reversed_seen = False
         for order_id in order_ids:
             rows = await self._rows(TransactionFilter(order_id=order_id))

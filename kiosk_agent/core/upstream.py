@@ -52,7 +52,12 @@ _seconds = vol.All(vol.Coerce(float), vol.Range(min=0.05, max=86400.0))
 
 def is_loopback_url(url: str) -> bool:
     """Whether ``url`` names this machine (127.0.0.0/8, ::1, localhost): nothing leaves it."""
-    host = (urlsplit(url).hostname or "").rstrip(".").lower()
+    return is_loopback_host(urlsplit(url).hostname or "")
+
+
+def is_loopback_host(host: str) -> bool:
+    """Whether ``host`` (a name or an address, no brackets) is this machine only."""
+    host = host.rstrip(".").lower()
     if host == "localhost" or host.endswith(".localhost"):
         return True
     try:
@@ -309,7 +314,7 @@ class MqttSink(_SinkBase):
         self.device_id = device_id
         self._version = version
         self._discovery = discovery or DiscoveryOptions()
-        self.base_topic = f"{conf.get('topic_prefix', 'kiosk-agent')}/{device_id}"
+        self.base_topic = unit_base_topic(conf, device_id)
         self.availability_topic = f"{self.base_topic}/availability"
         self.state_topic = f"{self.base_topic}/state"
         prefix = conf.get("discovery_prefix", "homeassistant")
@@ -322,16 +327,12 @@ class MqttSink(_SinkBase):
         self._client: aiomqtt.Client | None = None
 
     def _new_client(self) -> aiomqtt.Client:
-        return aiomqtt.Client(
-            self._conf["host"],
-            self._conf.get("port", 1883),
-            username=self._conf.get("username"),
-            password=self._conf.get("password"),
-            identifier=f"kiosk-agent-{self.device_id}",
+        return mqtt_client(
+            self._conf,
+            f"kiosk-agent-{self.device_id}",
+            timeout=10,
             keepalive=self._conf.get("keepalive", 60),
             will=aiomqtt.Will(self.availability_topic, OFFLINE, qos=1, retain=True),
-            timeout=10,
-            tls_context=mqtt_tls_context(self._conf),
         )
 
     async def _run(self) -> None:
@@ -426,6 +427,26 @@ def mqtt_tls_context(conf: dict[str, Any]) -> ssl.SSLContext | None:
     if not conf.get("tls"):
         return None
     return ssl.create_default_context(cafile=conf.get("ca_file"))
+
+
+def mqtt_client(
+    conf: dict[str, Any], identifier: str, *, timeout: float, **options: Any
+) -> aiomqtt.Client:
+    """A client of the broker an `mqtt:` section names: its address, credentials and TLS.
+
+    ``identifier`` must be the caller's own: a second client with the running agent's id would
+    disconnect it. ``options`` go to ``aiomqtt.Client`` (keepalive, will).
+    """
+    return aiomqtt.Client(
+        conf["host"],
+        conf.get("port", 1883),
+        username=conf.get("username"),
+        password=conf.get("password"),
+        identifier=identifier,
+        timeout=timeout,
+        tls_context=mqtt_tls_context(conf),
+        **options,
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -560,9 +581,14 @@ def discovery_messages(
     return messages
 
 
+def unit_base_topic(mqtt: dict[str, Any], device_id: str) -> str:
+    """Where a unit's own topics live: ``<topic_prefix>/<device_id>``."""
+    return f"{mqtt.get('topic_prefix', 'kiosk-agent')}/{device_id}"
+
+
 def unit_topics(mqtt: dict[str, Any], device_id: str) -> list[str]:
     """Every retained topic a unit publishes: state, availability, each discovery config."""
-    base = f"{mqtt.get('topic_prefix', 'kiosk-agent')}/{device_id}"
+    base = unit_base_topic(mqtt, device_id)
     topics = [f"{base}/state", f"{base}/availability"]
     prefix = mqtt.get("discovery_prefix", "homeassistant")
     if prefix:
@@ -579,7 +605,7 @@ def configuration_url(agent: Any, conf: dict[str, Any]) -> str | None:
     if not admin:
         return None
     host = str(admin.get("host", "127.0.0.1"))
-    if host in ("127.0.0.1", "::1", "localhost"):
+    if is_loopback_host(host):
         return None  # loopback only: nobody else can open it
     if host in ("0.0.0.0", "::"):  # noqa: S104 - reading the configuration, not binding
         host = socket.gethostname()

@@ -65,10 +65,6 @@ def _token(value: Any) -> str:
     return value
 
 
-def _products(value: Any) -> dict[str, int]:
-    return price_map(value)  # every bad price is reported, each at its product
-
-
 _ANY_ADDRESS = frozenset({"0.0.0.0", "::", ""})  # noqa: S104 - bound to all: not a Host name
 LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
 LOOPBACK_ORIGINS = ("http://127.0.0.1:*", "http://localhost:*", "http://[::1]:*")
@@ -85,7 +81,7 @@ PLATFORM_SCHEMA = vol.All(BASE_PLATFORM_SCHEMA.extend(
         vol.Required("token"): _token,
         vol.Optional("host", default="127.0.0.1"): str,
         vol.Optional("port", default=8765): vol.All(int, vol.Range(min=0, max=65535)),
-        vol.Optional("products", default={}): _products,
+        vol.Optional("products", default={}): price_map,  # each bad price at its product
         # only configured products may be sold (no free amounts from the app)
         vol.Optional("products_only", default=False): bool,
         # the app confirms what came out (POST .../dispensed); otherwise payment is the product

@@ -127,6 +127,24 @@ async def test_reports_stream_as_json_and_csv_with_filters(api: Any) -> None:
             assert isinstance(await response.json(), list)
 
 
+async def test_report_filters_take_the_command_lines_forms(api: Any) -> None:
+    """`?status=settled` as `report transactions --status settled` (docs/operations.md), any
+    case for a deposit's status; an unknown status is a 400 naming it."""
+    async with api.get("/api/reports/transactions?status=Settled&limit=5", headers=READER) as r:
+        assert r.status == 200
+        by_name = await r.json()
+    async with api.get("/api/reports/transactions?trans_status_id=3&limit=5", headers=READER) as r:
+        assert await r.json() == by_name
+    assert by_name
+    assert {row["status"] for row in by_name} == {"settled"}
+    async with api.get("/api/reports/deposits?status=funded&limit=2", headers=READER) as r:
+        assert r.status == 200
+        assert {row["status"] for row in await r.json()} == {"FUNDED"}
+    async with api.get("/api/reports/transactions?status=lost", headers=READER) as r:
+        assert r.status == 400
+        assert "unknown transaction status 'lost'" in (await r.json())["detail"]
+
+
 async def test_report_mistakes_are_named(api: Any) -> None:
     async with api.get("/api/reports/transactions?colour=red", headers=READER) as response:
         assert response.status == 400

@@ -11,6 +11,7 @@ import sys
 import textwrap
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -213,6 +214,46 @@ def test_check_config_show_prints_the_resolved_config_with_secrets_masked(
     assert answer["valid"] is True
     assert answer["config"]["service"]["api_key"] == "***"
     assert "sk_live_123" not in json.dumps(answer)
+
+
+def test_check_config_json_gives_each_mistake_by_its_parts(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = write(tmp_path, GOOD.replace("journal: {path: journal.db}", "jornal: {}"))
+    assert main(["check-config", str(path), "--json"]) == 2
+    answer = json.loads(capsys.readouterr().out)
+    assert answer["valid"] is False
+    [mistake] = answer["errors"]
+    assert mistake == {
+        "file": "config.yaml", "line": 4, "column": None, "path": "jornal",
+        "message": "unknown section 'jornal'", "fix": "did you mean 'journal'?",
+        "text": "config.yaml:4: jornal: unknown section 'jornal' (fix: did you mean 'journal'?)",
+    }
+
+
+def test_check_config_show_prints_the_same_text_every_time(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The loader fills defaults in no fixed order; --show sorts every mapping, so two runs
+    (or two units) can be compared with diff."""
+    import yaml
+
+    path = write(tmp_path, GOOD)
+    assert main(["check-config", "--show", "-c", str(path)]) == 0
+    shown = yaml.safe_load(capsys.readouterr().out)
+    assert main(["check-config", "--show", "--json", "-c", str(path)]) == 0
+    as_json = json.loads(capsys.readouterr().out)["config"]
+
+    def sorted_everywhere(value: Any) -> bool:
+        if isinstance(value, dict):
+            return list(value) == sorted(value) and all(map(sorted_everywhere, value.values()))
+        if isinstance(value, list):
+            return all(map(sorted_everywhere, value))
+        return True
+
+    assert sorted_everywhere(shown)
+    assert sorted_everywhere(as_json)
+    assert shown["sales"]["retries"] == 2  # defaults filled in
 
 
 def test_sales_attention_lists_what_a_person_must_decide_and_resolve_records_it(

@@ -155,6 +155,19 @@ async def test_health_needs_a_token_or_a_config(monkeypatch: pytest.MonkeyPatch,
     assert "--token" in capsys.readouterr().err
 
 
+def test_doctor_counts_skipped_checks_apart_whether_it_passes_or_fails() -> None:
+    from kiosk_agent.cli.fleet import verdict
+    from kiosk_agent.core.doctor import Report, Verdict
+
+    report = Report()
+    report.add("config", Verdict.PASS)
+    report.add("serial port front", Verdict.FAIL)
+    report.add("upstream", Verdict.SKIP)
+    assert verdict(report) == "1 of 2 checks failed: serial port front"  # not "1 of 3"
+    report.checks.pop(1)
+    assert verdict(report) == "all 1 check passed, 1 skipped"
+
+
 async def test_doctor_passes_on_a_healthy_unit(tmp_path: Path, sim, service, capsys) -> None:
     handle = await service.terminal.charge_card("SIM-0001", 125)
     charge = (await handle.wait(timeout=10)).charge_result

@@ -216,6 +216,19 @@ async def test_report_refuses_bad_filters_with_one_line(
     assert ran.err.count("\n") == 1
 
 
+@pytest.mark.parametrize("size", ["0", "1001", "many"])
+def test_a_page_size_outside_1_to_1000_is_refused_before_anything_is_printed(
+    size: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    argv = ["report", "transactions", "--format", "csv", "--page-size", size]
+    with pytest.raises(SystemExit) as refused:
+        build_parser("report").parse_args(argv)
+    assert refused.value.code == 2
+    out, err = capsys.readouterr()
+    assert out == ""  # not a CSV header followed by an error
+    assert "--page-size" in err
+
+
 async def test_a_long_pull_shows_progress_and_stays_streamed(
     sim_factory: Any, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -174,3 +174,31 @@ async def test_systemd_hears_ready_only_once_recovery_has_finished(
     finally:
         await agent.stop()
         listener.close()
+
+
+async def test_a_stop_during_recovery_never_tells_systemd_ready(
+    sim_factory: Any, tmp_path: Path
+) -> None:
+    # recovery waits 30 s for the authorization's deadline; the agent is stopped before that
+    leave_open(tmp_path, state=SaleState.AUTHORIZING, answer_by=time.time() + 30)
+    sim = await sim_factory(time_scale=300, transactions=0)
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    listener.bind(str(tmp_path / "notify.sock"))
+    systemd = SystemdLifecycle(SystemdNotifier(str(tmp_path / "notify.sock")), environ={})
+    config = load_config(write_config(tmp_path))
+    agent = Agent(config, settings_from_ready(sim.ready_info(), timeout=5), systemd=systemd)
+    try:
+        await agent.start()
+        assert agent.recovery.state == "running"
+        await agent.stop()
+        listener.setblocking(False)
+        heard = []
+        while True:
+            try:
+                heard.append(listener.recv(1024).decode())
+            except BlockingIOError:
+                break
+        assert "STOPPING=1" in heard
+        assert not [m for m in heard if m.startswith("READY=1")], heard
+    finally:
+        listener.close()

@@ -132,6 +132,30 @@ def test_every_mistake_is_reported_at_once(tmp_path: Path) -> None:
     ]
 
 
+def test_a_mistake_about_a_whole_block_is_on_its_keys_line(tmp_path: Path) -> None:
+    """`admn:` followed by its indented keys: the mistake names the `admn:` line, which is
+    what a reader looks for, not the first line of the block under it."""
+    path = write(
+        tmp_path,
+        "config.yaml",
+        """\
+        service:
+          simulator: {}
+        terminals:
+          - device_id: SIM-0001
+        admn:
+          host: 0.0.0.0
+        journal:
+          pth:
+            - j.db
+        """,
+    )
+    assert messages(path) == [
+        "config.yaml:5: admn: unknown section 'admn' (fix: did you mean 'admin'?)",
+        "config.yaml:8: journal.pth: unknown key 'pth' (fix: did you mean 'path'?)",
+    ]
+
+
 def test_a_missing_section_says_what_to_add(tmp_path: Path) -> None:
     path = write(tmp_path, "config.yaml", "terminals: [{device_id: SIM-0001}]\n")
     assert messages(path) == [

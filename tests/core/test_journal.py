@@ -104,6 +104,26 @@ def test_query_filters_by_time_and_state_newest_first(journal: Journal) -> None:
     assert len(journal.query(limit=3)) == 3
 
 
+def test_last_trans_id_is_the_newest_completed_sales(journal: Journal) -> None:
+    assert journal.last_trans_id() is None
+    journal.record(journal.create(new_sale(1)), "completed", SaleState.COMPLETED, trans_id="T1")
+    journal.record(journal.create(new_sale(2)), "completed", SaleState.COMPLETED, trans_id="T2")
+    journal.record(journal.create(new_sale(3)), "reversed", SaleState.REVERSED, trans_id="T3")
+    journal.record(journal.create(new_sale(4)), "completed", SaleState.COMPLETED)  # enrolled
+    assert journal.last_trans_id() == "T2"
+
+
+def test_query_filters_by_the_last_step_in_the_same_query(journal: Journal) -> None:
+    # s1 ended on "charge_card.none"; s2 passed through it and went on; s3 never did
+    first = journal.record(journal.create(new_sale(1)), "charge_card.none", SaleState.FAILED)
+    second = journal.record(journal.create(new_sale(2)), "charge_card.none", SaleState.UNRESOLVED)
+    journal.record(second, "charge_card.found", SaleState.REVERSED)
+    journal.record(journal.create(new_sale(3)), "declined", SaleState.DECLINED)
+    ended = journal.query(last_steps=["charge_card.none", "authorize.none"])
+    assert [s.sale_id for s in ended] == [first.sale_id]
+    assert journal.query(states=[SaleState.REVERSED], last_steps=["charge_card.none"]) == []
+
+
 def test_prune_keeps_open_and_attention_sales(journal: Journal) -> None:
     done = journal.create(new_sale(1))
     journal.record(done, "completed", SaleState.COMPLETED)

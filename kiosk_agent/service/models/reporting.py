@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import enum
 import json
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from datetime import datetime
 from decimal import Decimal
 from typing import Annotated, Any, Generic, NamedTuple, TypeVar
@@ -317,6 +317,20 @@ class ReportKind(enum.StrEnum):
     def date_field(self) -> str:
         """The record's date that the command line's --since/--until compare against."""
         return _KIND_SHAPES[self].date_field
+
+    def text_filter(self, fields: Mapping[str, str]) -> dict[str, object]:
+        """Filter fields as people write them (the command line's options, the admin API's
+        query) in the service's terms: a transaction's ``status`` by name or id (``settled``,
+        ``3``) becomes its ``trans_status_id``; any other ``status`` is taken in any case
+        (``funded``). Raises ``ValueError`` naming an unknown transaction status."""
+        values: dict[str, object] = dict(fields)
+        if "status" in values:
+            status = str(values.pop("status"))
+            if self is ReportKind.TRANSACTIONS:
+                values["trans_status_id"] = TransStatus.parse(status)
+            else:
+                values["status"] = status.strip().upper()
+        return values
 
 
 class _KindShape(NamedTuple):
