@@ -27,8 +27,10 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import hmac
+import ipaddress
 import json
 import logging
+import math
 import secrets
 import time
 from collections.abc import Callable
@@ -57,6 +59,14 @@ MAX_SESSIONS = 32  # the oldest session goes when a new one would pass this
 MAX_STREAMS = 16  # event streams open at once; more are refused with 503
 HEALTH_POLL_S = 0.2  # how often a stream looks for a health change (the page is <= 1 s behind)
 KEEPALIVE_S = 10.0  # a comment line on a quiet stream, so a gone client is noticed
+# A stream whose client takes nothing for this long (its socket full) is cut: a client that
+# never reads must not hold one of the MAX_STREAMS slots, nor its buffers, for ever.
+STREAM_WRITE_TIMEOUT_S = 10.0
+# Wrong tokens (login or bearer) one address may present in GUESS_WINDOW_S; then 429 until the
+# oldest is that old. A token has >= 24 characters: this only keeps a script from trying.
+GUESSES_ALLOWED = 10
+GUESS_WINDOW_S = 60.0
+_GUESSERS_KEPT = 1024  # addresses remembered; the quietest goes first
 RECENT_SALES = 20
 DOCTOR_WITHIN_S = 10.0
 
@@ -75,7 +85,7 @@ _PAGE_HEADERS = {
     "Cache-Control": "no-store",
 }
 
-RoleFor = Callable[[str | None], str | None]
+TokenFor = Callable[[str | None], tuple[str | None, str | None]]  # header -> (name, role)
 
 
 @dataclass(slots=True)
@@ -83,14 +93,75 @@ class _Session:
     role: str
     csrf: str
     expires_at: float
+    token: str = ""  # the name of the token that opened it
+
+
+class TokenGuesses:
+    """Wrong tokens by address, in a sliding window: a guessing script is slowed to
+    :data:`GUESSES_ALLOWED` a :data:`GUESS_WINDOW_S`, and while it waits even the right token is
+    not looked at (else the answer would still tell it when it guessed right)."""
+
+    def __init__(self) -> None:
+        self._wrong: dict[str, list[float]] = {}
+
+    def wait(self, address: str | None) -> float:
+        """Seconds the address must wait before its next token is looked at (0: go ahead)."""
+        times = self._recent(_client(address))
+        if len(times) < GUESSES_ALLOWED:
+            return 0.0
+        return max(0.0, times[0] + GUESS_WINDOW_S - time.monotonic())
+
+    def wrong(self, address: str | None) -> None:
+        key = _client(address)
+        times = self._recent(key)
+        times.append(time.monotonic())
+        self._wrong.pop(key, None)
+        self._wrong[key] = times[-GUESSES_ALLOWED:]  # newest last: the dict's end
+        while len(self._wrong) > _GUESSERS_KEPT:
+            del self._wrong[next(iter(self._wrong))]
+
+    def refusal(self, address: str | None) -> web.Response:
+        wait = self.wait(address)
+        return web.json_response(
+            {
+                "error": "too_many_guesses",
+                "detail": f"{GUESSES_ALLOWED} wrong tokens from {address} within "
+                f"{GUESS_WINDOW_S:g} s; try again in {math.ceil(wait)} s",
+            },
+            status=429,
+            headers={"Retry-After": str(max(1, math.ceil(wait))), **_NO_STORE},
+        )
+
+    def clear(self) -> None:
+        self._wrong.clear()
+
+    def _recent(self, key: str) -> list[float]:
+        since = time.monotonic() - GUESS_WINDOW_S
+        return [t for t in self._wrong.get(key, []) if t > since]
+
+
+def _client(address: str | None) -> str:
+    """Whom wrong tokens are counted against: an IPv4 address, or an IPv6 address's /64 (one
+    host picks any address in it)."""
+    try:
+        ip = ipaddress.ip_address(address or "")
+    except ValueError:
+        return address or "?"
+    if isinstance(ip, ipaddress.IPv6Address):
+        if ip.ipv4_mapped is not None:  # an IPv4 client on a dual-stack socket
+            return str(ip.ipv4_mapped)
+        return str(ipaddress.ip_network(f"{ip}/64", strict=False))
+    return str(ip)
 
 
 class StatusPage:
     """The page's routes and sessions; the admin API asks it for a cookie's role."""
 
-    def __init__(self, agent: Any, role_for: RoleFor) -> None:
+    def __init__(self, agent: Any, token_for: TokenFor, guesses: TokenGuesses) -> None:
         self.agent = agent
-        self._role_for = role_for  # the admin API's: "Bearer <token>" -> role or None
+        self._token_for = token_for  # the admin API's: "Bearer <token>" -> (name, role)
+        self._guesses = guesses  # the admin API's: wrong tokens count the same at either door
+        self.stalled_streams = 0  # event streams cut because their client took nothing
         # anyone can repeat a refused login or a cross-site post: logged as a summary, counted
         self.refused = RefusalLog(_LOGGER, "status_page")
         self._sessions: dict[bytes, _Session] = {}  # by the digest of the cookie's value
@@ -127,17 +198,19 @@ class StatusPage:
         """Routes that need no token: the page itself, its files, and the login."""
         return request.path in _PUBLIC or request.path.startswith("/static/")
 
-    def session_role(self, request: web.Request) -> str | None:
-        """The role of the request's session cookie, or None; a cross-site action is refused."""
+    def session_auth(self, request: web.Request) -> tuple[str | None, str | None]:
+        """(caller, role) of the request's session cookie, or (None, None); a cross-site action
+        is refused. The caller names the token that opened the session, for the journal."""
         session = self._session(request)
         if session is None:
-            return None
+            return None, None
+        if "Origin" in request.headers or request.method not in _SAFE_METHODS:
+            self._check_origin(request)  # a read from another site's script is refused too
         if request.method not in _SAFE_METHODS:
-            self._check_origin(request)
             presented = request.headers.get(CSRF_HEADER, "")
             if not hmac.compare_digest(presented.encode(), session.csrf.encode()):
                 raise _forbidden("csrf", f"send the session's {CSRF_HEADER} header")
-        return session.role
+        return f"{session.token}, status page" if session.token else "status page", session.role
 
     def _session(self, request: web.Request) -> _Session | None:
         value = request.cookies.get(COOKIE)
@@ -158,17 +231,26 @@ class StatusPage:
         token = body.get("token") if isinstance(body, dict) else None
         if not isinstance(token, str) or not token.strip():
             return _error(400, "bad_parameter", 'send {"token": "..."} with the admin API token')
-        role = self._role_for(f"Bearer {token.strip()}")
+        if self._guesses.wait(request.remote):
+            self.refused("guessing", "status page: %s is guessing tokens", request.remote)
+            return self._guesses.refusal(request.remote)
+        name, role = self._token_for(f"Bearer {token.strip()}")
         if role is None:
+            self._guesses.wrong(request.remote)
             self.refused(
                 "login", "status page: refused a login from %s: no such token", request.remote
             )
             return _error(401, "unauthorized", "that token is not configured for this unit")
         value = secrets.token_urlsafe(32)
-        session = _Session(role, secrets.token_urlsafe(24), time.time() + SESSION_LIFETIME_S)
+        expires_at = time.time() + SESSION_LIFETIME_S
+        session = _Session(role, secrets.token_urlsafe(24), expires_at, name or "")
         self._forget_expired()
         while len(self._sessions) >= MAX_SESSIONS:
-            del self._sessions[min(self._sessions, key=lambda k: self._sessions[k].expires_at)]
+            # the oldest of this token's own sessions: a script logging in again and again with
+            # one token (a read token, say) never logs the tech out; else the oldest of all
+            own = [k for k, s in self._sessions.items() if s.token == session.token]
+            oldest = min(own or self._sessions, key=lambda k: self._sessions[k].expires_at)
+            del self._sessions[oldest]
         self._sessions[_digest(value)] = session
         _LOGGER.info("status page: %s session opened from %s", role, request.remote)
         response = web.json_response({"role": role, "csrf": session.csrf}, headers=_NO_STORE)
@@ -179,19 +261,22 @@ class StatusPage:
             path="/",
             httponly=True,
             samesite="Strict",
-            secure=request.secure,
+            # behind a TLS proxy (which says so) too; a client that lies only hides its cookie
+            secure=request.secure or _forwarded_https(request),
         )
         return response
 
     async def session(self, request: web.Request) -> web.Response:
         session = self._session(request)
+        if session is not None and "Origin" in request.headers:
+            self._check_origin(request)  # its CSRF token is for the page's own script only
         if session is None:  # not an error: the page asks before it shows the login form
             return web.json_response({"role": None, "csrf": None}, headers=_NO_STORE)
         return web.json_response({"role": session.role, "csrf": session.csrf}, headers=_NO_STORE)
 
     async def logout(self, request: web.Request) -> web.Response:
         if self._session(request) is not None:
-            self.session_role(request)  # logging out is an action: same CSRF rules
+            self.session_auth(request)  # logging out is an action: same CSRF rules
             self._sessions.pop(_digest(request.cookies[COOKIE]), None)
         response = web.json_response({"logged_out": True}, headers=_NO_STORE)
         response.del_cookie(COOKIE, path="/")
@@ -293,18 +378,38 @@ class StatusPage:
                 }
             )
             await response.prepare(request)
-            await self._stream(response)
+            try:
+                await self._stream(response, self._alive(request))
+            except _Stalled:
+                self.stalled_streams += 1
+                self.refused(
+                    "stalled_stream",
+                    "status page: cut an event stream to %s: it took nothing for %g s",
+                    request.remote,
+                    STREAM_WRITE_TIMEOUT_S,
+                )
+                if request.transport is not None:
+                    request.transport.abort()  # its unsent buffer goes with it
             return response
         finally:
             self._streams -= 1
 
-    async def _stream(self, response: web.StreamResponse) -> None:
+    def _alive(self, request: web.Request) -> Callable[[], bool]:
+        """Whether the request's authentication still holds: a stream opened with the session
+        cookie ends with its session (logged out, expired, replaced); a bearer token's does not
+        (tokens change with the configuration, which restarts the agent)."""
+        if self._token_for(request.headers.get("Authorization"))[1] is not None:
+            return lambda: True
+        session = self._session(request)
+        return lambda: session is not None and self._session(request) is session
+
+    async def _stream(self, response: web.StreamResponse, alive: Callable[[], bool]) -> None:
         last_health: dict[str, Any] | None = None
         quiet_since = time.monotonic()
         doctor_seen: object = _NOT_SENT  # the first round sends it: the page may hold an old one
         try:
             async with self.agent.events.subscribe() as queue:
-                while not self._closing.is_set():
+                while not self._closing.is_set() and alive():
                     snapshot = self.agent.health.snapshot().model_dump(mode="json")
                     if _changed(last_health, snapshot):
                         for line in health_notes(last_health, snapshot):
@@ -323,7 +428,7 @@ class StatusPage:
                         await _send(response, "sale", sale_event_view(event))
                         quiet_since = time.monotonic()
                     elif time.monotonic() - quiet_since > KEEPALIVE_S:
-                        await response.write(b": keepalive\n\n")
+                        await _write(response, b": keepalive\n\n")
                         quiet_since = time.monotonic()
         except (ConnectionResetError, ConnectionError):
             return  # the page went away
@@ -436,7 +541,27 @@ def _stable(snapshot: dict[str, Any]) -> dict[str, Any]:
 
 
 async def _send(response: web.StreamResponse, event: str, data: dict[str, Any]) -> None:
-    await response.write(f"event: {event}\ndata: {json.dumps(data)}\n\n".encode())
+    await _write(response, f"event: {event}\ndata: {json.dumps(data)}\n\n".encode())
+
+
+class _Stalled(Exception):
+    """A stream's client took nothing for STREAM_WRITE_TIMEOUT_S."""
+
+
+async def _write(response: web.StreamResponse, data: bytes) -> None:
+    """One write to a stream; :class:`_Stalled` when the client takes nothing for too long."""
+    try:
+        async with asyncio.timeout(STREAM_WRITE_TIMEOUT_S):
+            await response.write(data)
+    except TimeoutError:
+        raise _Stalled from None
+
+
+def _forwarded_https(request: web.Request) -> bool:
+    """A TLS proxy in front says the browser's side is HTTPS (X-Forwarded-Proto, Forwarded)."""
+    proto = request.headers.get("X-Forwarded-Proto", "").split(",")[0].strip().lower()
+    forwarded = request.headers.get("Forwarded", "").lower().replace(" ", "")
+    return proto == "https" or "proto=https" in forwarded
 
 
 def _jsonable(value: Any) -> Any:

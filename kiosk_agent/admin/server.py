@@ -43,7 +43,7 @@ from kiosk_agent.admin.metrics import (
     write_upstream,
     write_webhooks,
 )
-from kiosk_agent.admin.page import StatusPage
+from kiosk_agent.admin.page import StatusPage, TokenGuesses
 from kiosk_agent.core.attention import NotInAttention, ResolveError, UnknownSale, resolve
 from kiosk_agent.core.config import register_section
 from kiosk_agent.core.logging import RefusalLog, refusal_counts, suppressed_counts
@@ -111,7 +111,9 @@ class AdminServer:
             (t["name"], _digest(t["token"]), t["role"]) for t in conf["tokens"]
         ]
         self._metrics_public: bool = conf["metrics_public"]
-        self.page = StatusPage(agent, self._role_for)  # the field tech's page at / (page.py)
+        self.guesses = TokenGuesses()  # wrong tokens by address, at the login and as bearer
+        # the field tech's page at / (page.py)
+        self.page = StatusPage(agent, self._token_for, self.guesses)
 
     @property
     def port(self) -> int | None:
@@ -124,6 +126,7 @@ class AdminServer:
 
     def app(self) -> web.Application:
         app = web.Application(middlewares=[self._auth_middleware, _error_middleware])
+        app.on_response_prepare.append(_private)
         router = app.router
         router.add_get("/api/status", self.status)
         router.add_get("/api/health", self.health)
@@ -147,9 +150,6 @@ class AdminServer:
 
     # -- auth --------------------------------------------------------------------------------
 
-    def _role_for(self, header: str | None) -> str | None:
-        return self._token_for(header)[1]
-
     def _token_for(self, header: str | None) -> tuple[str | None, str | None]:
         """(name, role) of the token presented, or (None, None)."""
         if not header or not header.startswith("Bearer "):
@@ -167,9 +167,15 @@ class AdminServer:
         if (request.path == "/metrics" and self._metrics_public) or self.page.public(request):
             return await handler(request)
         # a bearer token, or the status page's session cookie (which checks CSRF and Origin)
-        name, role = self._token_for(request.headers.get("Authorization"))
+        header = request.headers.get("Authorization")
+        if header is not None and self.guesses.wait(request.remote):
+            self._refused("guessing", "admin API: %s is guessing tokens", request.remote)
+            return self.guesses.refusal(request.remote)
+        name, role = self._token_for(header)
+        if role is None and header is not None:
+            self.guesses.wrong(request.remote)
         if role is None:
-            name, role = "status page", self.page.session_role(request)
+            name, role = self.page.session_auth(request)
         request[CALLER] = name or ""
         if role is None:
             self._refused(
@@ -401,6 +407,15 @@ class AdminServer:
 # -- helpers ---------------------------------------------------------------------------------
 
 
+async def _private(request: web.Request, response: web.StreamResponse) -> None:
+    """Every answer: kept by no cache (a shared laptop's browser, a proxy), never sniffed as
+    another type than it says, and never handed to another origin's <script> or <img> (which
+    would carry the session cookie on the same host, another port)."""
+    response.headers.setdefault("Cache-Control", "no-store")
+    response.headers.setdefault("X-Content-Type-Options", "nosniff")
+    response.headers.setdefault("Cross-Origin-Resource-Policy", "same-origin")
+
+
 def _digest(token: str) -> bytes:
     # Compare fixed-length digests: a plain compare_digest would still reveal a token's length.
     return hashlib.sha256(token.encode()).digest()
@@ -443,6 +458,16 @@ async def _error_middleware(request: web.Request, handler: Handler) -> web.Strea
     except ServiceError as err:
         status = next((code for cls, code in _SERVICE_STATUS if isinstance(err, cls)), 502)
         return _error(status, err.error or type(err).__name__, f"payment service: {err}")
+    except web.HTTPMethodNotAllowed as err:
+        allowed = ", ".join(sorted(err.allowed_methods))
+        return _error(
+            405, "method_not_allowed", f"{request.method} {request.path}: use {allowed}",
+            headers={"Allow": allowed},
+        )
+    except web.HTTPNotFound as err:
+        if err.content_type == "application/json":
+            raise  # a handler's own, already in words
+        return _error(404, "not_found", f"no route {request.method} {request.path}")
 
 
 class _BadParameter(ValueError):

@@ -25,8 +25,9 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from kiosk_agent.core.flows import SaleContext, SaleSteps, event_of
-from kiosk_agent.core.journal import Journal, JournalError, SaleRecord
+from kiosk_agent.core.journal import Journal, JournalError, SaleMoved, SaleRecord
 from kiosk_agent.core.sale import Flow, SaleEvent, SaleState
+from kiosk_agent.core.web import control_character
 from kiosk_agent.money import format_cents
 from kiosk_agent.redact import redact
 from kiosk_agent.tasks import BackgroundTask
@@ -108,6 +109,9 @@ class AttentionSweeper:
         for record in sales:
             try:
                 event = await self.recheck(SaleSteps(record, self.context))
+            except SaleMoved as err:  # a person resolved it (another process) as it was decided
+                _LOGGER.info("sale %s: left alone: %s", record.sale_id, err)
+                continue
             except Exception as err:
                 _LOGGER.exception("sale %s: attention recheck failed", record.sale_id)
                 self._count_error(f"sale {record.sale_id}: {type(err).__name__}: {err}")
@@ -175,15 +179,18 @@ class AttentionSweeper:
         if lookup.approved:
             if not may_move_money:
                 return None
-            steps.step(RECHECK_STEP, detail={"found": "charge", "trans_id": lookup.trans_id})
+            steps.step(RECHECK_STEP, detail={"found": "charge", "trans_id": lookup.trans_id},
+                       if_state=SaleState.ATTENTION)
             steps.charge_found("attention.found", lookup.trans_id, lookup.amount_cents)
             return await steps.reverse("a charge found later in reporting, not vended")
         if lookup.reversed:
-            return steps.finish(SaleState.REVERSED, "attention.done", "already given back")
+            return steps.finish(SaleState.REVERSED, "attention.done", "already given back",
+                                if_state=SaleState.ATTENTION)
         if asked_at < steps.answer_deadline():
             return None  # the service may still answer the money call
         return steps.finish(
-            SaleState.FAILED, "attention.done", "no charge was made (checked in reporting later)"
+            SaleState.FAILED, "attention.done", "no charge was made (checked in reporting later)",
+            if_state=SaleState.ATTENTION,
         )
 
     async def _with_trans_id(
@@ -200,6 +207,7 @@ class AttentionSweeper:
                 "given back (found in reporting)",
                 reverse_trans_id=lookup.reverse_trans_id,
                 reversed_cents=lookup.amount_cents or record.captured_cents,
+                if_state=SaleState.ATTENTION,
             )
         vended = record.vended_cents
         if lookup.captured and vended:
@@ -208,18 +216,25 @@ class AttentionSweeper:
                 "attention.done",
                 f"paid {format_cents(lookup.amount_cents or vended)} (found captured)",
                 captured_cents=lookup.amount_cents or vended,
+                if_state=SaleState.ATTENTION,
             )
         if not (lookup.captured or lookup.authorized) or not may_move_money:
             return None
         action = "capture" if lookup.authorized and vended else "reverse"
-        steps.step(RECHECK_STEP, detail={"found": "held", "action": action})
+        steps.step(RECHECK_STEP, detail={"found": "held", "action": action},
+                   if_state=SaleState.ATTENTION)
         if action == "capture":
             return await steps.capture(vended)
         return await steps.reverse("money held without a confirmed vend (found in reporting)")
 
 
     def _still_attention(self, steps: SaleSteps) -> bool:
-        """Whether nobody resolved the sale while reporting was asked (then: leave it be)."""
+        """Whether nobody resolved the sale while reporting was asked (then: leave it be).
+
+        Another process (``kiosk-agent sales resolve``) may still resolve it after this read:
+        every write of the sweeper's that decides or moves money is therefore made only
+        ``if_state=ATTENTION`` (checked in its transaction), and :class:`SaleMoved` leaves the
+        sale to the person."""
         current = self.journal.get(steps.record.sale_id)
         if current is None or current.state is not SaleState.ATTENTION:
             return False
@@ -247,6 +262,10 @@ def resolve(
     if as_ not in RESOLUTIONS:
         raise ResolveError(f"--as must be one of {', '.join(RESOLUTIONS)}, got {as_!r}")
     why = " ".join(why.split())
+    control = control_character(why)
+    if control is not None:
+        # a terminal escape or a right-to-left override would print as something else
+        raise ResolveError(f"--why holds a control character ({control}); write plain text")
     if not why:
         raise ResolveError("say why: --why TEXT is kept with the sale")
     if len(why) > MAX_WHY:
@@ -264,15 +283,23 @@ def resolve(
         if as_ == "captured"
         else {"reversed_cents": record.reversed_cents or record.captured_cents or held}
     )
-    resolved = journal.record(
-        record,
-        RESOLVED_STEP,
-        RESOLUTIONS[as_],
-        detail={"as": as_, "why": why, "by": by},
-        message=f"resolved by {by} as {as_}: {why}",
-        resolution=json.dumps(resolution, sort_keys=True),
-        **money,
-    )
+    try:
+        resolved = journal.record(
+            record,
+            RESOLVED_STEP,
+            RESOLUTIONS[as_],
+            detail={"as": as_, "why": why, "by": by},
+            if_state=SaleState.ATTENTION,  # another process may have decided it since the read
+            message=f"resolved by {by} as {as_}: {why}",
+            resolution=json.dumps(resolution, sort_keys=True),
+            **money,
+        )
+    except SaleMoved as err:
+        shown = err.state.value if err.state is not None else "gone"
+        raise NotInAttention(
+            f"sale {record.sale_id} is {shown}, not attention: nothing to resolve "
+            "(someone resolved it a moment ago)"
+        ) from None
     _LOGGER.info("sale %s resolved by %s as %s", resolved.sale_id, by, as_)
     if events is not None:
         events.publish(event_of(resolved, RESOLVED_STEP))

@@ -157,6 +157,17 @@ class JournalError(Exception):
     """The journal cannot be opened or written."""
 
 
+class SaleMoved(Exception):
+    """A step written only ``if_state`` found the sale in another state: someone else (another
+    process on the same journal) wrote first. ``state`` is what it is now."""
+
+    def __init__(self, sale_id: str, state: SaleState | None) -> None:
+        shown = state.value if state is not None else "gone"
+        super().__init__(f"sale {sale_id} is {shown} now")
+        self.sale_id = sale_id
+        self.state = state
+
+
 class Journal:
     """The sales journal on disk. Open once per process; every write is its own transaction."""
 
@@ -221,9 +232,14 @@ class Journal:
         step: str,
         state: SaleState | None = None,
         detail: Mapping[str, Any] | None = None,
+        *,
+        if_state: SaleState | None = None,
         **changes: Any,
     ) -> SaleRecord:
-        """Write one step (and the sale's new fields) durably; return the updated sale."""
+        """Write one step (and the sale's new fields) durably; return the updated sale.
+
+        ``if_state``: write only while the sale is still in that state on disk, checked in the
+        same transaction (:class:`SaleMoved` else), so two processes cannot both decide it."""
         unknown = set(changes) - _UPDATABLE
         if unknown:
             raise ValueError(f"not journal fields: {', '.join(sorted(unknown))}")
@@ -237,10 +253,17 @@ class Journal:
         sql = ", ".join(f"{k} = :{k}" for k in assignments)
         try:
             with transaction(self.db) as db:
-                db.execute(
-                    f"UPDATE sales SET {sql} WHERE sale_id = :sale_id",  # noqa: S608
-                    {**assignments, "sale_id": sale.sale_id},
+                guard = "" if if_state is None else " AND state = :if_state"
+                written = db.execute(
+                    f"UPDATE sales SET {sql} WHERE sale_id = :sale_id{guard}",  # noqa: S608
+                    {**assignments, "sale_id": sale.sale_id,
+                     "if_state": if_state.value if if_state else None},
                 )
+                if if_state is not None and written.rowcount != 1:
+                    now_state = db.execute(
+                        "SELECT state FROM sales WHERE sale_id = ?", (sale.sale_id,)
+                    ).fetchone()
+                    raise SaleMoved(sale.sale_id, SaleState(now_state[0]) if now_state else None)
                 self._insert_step(db, sale.sale_id, now, step, new_state, detail)
         except sqlite3.Error as err:
             raise self._write_failed(err) from err

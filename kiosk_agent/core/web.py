@@ -9,9 +9,13 @@ Limits (the ``http:`` section, :data:`kiosk_agent.core.config.HTTP_SCHEMA`), the
 - a new connection must send its first request's headers within ``header_timeout``;
 - an idle connection, or one slow to send its next request, is closed after
   ``keepalive_timeout`` (aiohttp's own keep-alive timer);
-- a body must arrive whole within ``body_timeout`` (:func:`read_body`, :func:`read_json`);
+- a body must arrive whole within ``body_timeout`` (:func:`read_body`, :func:`read_json`), and
+  a client that takes nothing of its answer for ``body_timeout`` (its socket full: a report, a
+  stream or a WebSocket it stopped reading) is cut;
 - at most ``max_connections`` are open per server: past it the oldest connection with no
-  request in progress is closed to make room, and when every one is busy the newcomer gets 503.
+  request in progress is closed to make room (one that was never served is told 503 first: in a
+  burst its request may simply not have been read yet), and when every one is busy the newcomer
+  gets 503.
   So a slow-header flood on one port holds a bounded number of descriptors and cannot lock a
   real client out for long; the other ports are not touched at all;
 - a stop waits ``shutdown_grace`` for requests in progress, then cuts them.
@@ -27,6 +31,7 @@ import asyncio
 import json
 import logging
 import resource
+import unicodedata
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
@@ -115,6 +120,7 @@ class _Connection(asyncio.Protocol):
         self._timer: asyncio.TimerHandle | None = asyncio.get_running_loop().call_later(
             site.limits.header_timeout, self._head_late
         )
+        self._stall: asyncio.TimerHandle | None = None  # armed while the client takes nothing
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         if self.closing:  # closed to make room before the connection was even made
@@ -130,13 +136,20 @@ class _Connection(asyncio.Protocol):
         self.handler.eof_received()  # None: the transport closes its side
 
     def pause_writing(self) -> None:
+        # the client takes nothing (its socket is full): it has body_timeout to start again
         self.handler.pause_writing()
+        if self._stall is None:
+            self._stall = asyncio.get_running_loop().call_later(
+                self.site.limits.body_timeout, self._stalled
+            )
 
     def resume_writing(self) -> None:
+        self._cancel_stall()
         self.handler.resume_writing()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._cancel_timer()
+        self._cancel_stall()
         self.site._forget(self)
         if self.transport is not None:  # the handler saw the connection made
             self.handler.connection_lost(exc)
@@ -149,19 +162,44 @@ class _Connection(asyncio.Protocol):
     def request_ended(self) -> None:
         self.busy -= 1
 
-    def close(self) -> None:
-        """Close now (its requests, if any, see the connection go)."""
+    def close(self, *, answer: bool = False) -> None:
+        """Close now (its requests, if any, see the connection go). ``answer``: first tell a
+        connection that was never served that the server is full (503), so a real client whose
+        request had not been read yet hears why, instead of seeing the connection drop."""
         self.closing = True
         self._cancel_timer()
         if self.transport is None:
             self.site._forget(self)
-        else:
-            self.handler.force_close()
+            return
+        if answer and isinstance(self.transport, asyncio.WriteTransport):
+            self.transport.write(_OVERLOADED)
+        self.handler.force_close()
 
     def _cancel_timer(self) -> None:
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
+
+    def _cancel_stall(self) -> None:
+        if self._stall is not None:
+            self._stall.cancel()
+            self._stall = None
+
+    def _stalled(self) -> None:
+        """The client took nothing of its answer for body_timeout: a busy connection that can
+        never be closed to make room, so enough of them would lock every caller out."""
+        self._stall = None
+        self.site.stalled += 1
+        self.site.refusals(
+            "write_stalled",
+            "%s: cut a connection to %s that took nothing of its answer for %g s",
+            self.site.name,
+            _peer(self.transport),
+            self.site.limits.body_timeout,
+        )
+        self.closing = True
+        if isinstance(self.transport, asyncio.WriteTransport):
+            self.transport.abort()  # close() would wait for the buffer to drain: never
 
     def _head_late(self) -> None:
         self._timer = None
@@ -203,6 +241,7 @@ class LocalSite:
         self.refusals = RefusalLog(_LOGGER, f"http:{name}")
         self.evicted = 0
         self.overloaded = 0
+        self.stalled = 0  # connections cut because their client took nothing for body_timeout
 
     @property
     def url(self) -> str:
@@ -281,7 +320,7 @@ class LocalSite:
                     self.limits.max_connections,
                     _peer(connection.transport),
                 )
-                connection.close()
+                connection.close(answer=connection.served == 0)
                 return True
         return False
 
@@ -446,3 +485,35 @@ def _check_text(text: str) -> None:
     except UnicodeEncodeError as err:
         message = f"a string holds an unpaired surrogate (\\u{ord(text[err.start]):04x})"
         raise BodyError(400, "malformed", BODY, message) from None
+
+
+# -- texts from outside ----------------------------------------------------------------------
+
+
+def control_character(text: str) -> str | None:
+    """The first control character in ``text``, described (``U+001B``), or None.
+
+    C0/C1 controls and the invisible format characters (Unicode ``Cc`` and ``Cf``: a terminal
+    escape, a right-to-left override) have no place in a product name, a reason or a detail a
+    person reads later: printed by the CLI or shown on the status page they would say something
+    else than what is stored. The zero-width (non-)joiner is writing, not formatting: allowed.
+    """
+    for char in text:
+        if unicodedata.category(char) in ("Cc", "Cf") and char not in _JOINERS:
+            return f"U+{ord(char):04X}"
+    return None
+
+
+# Format characters that writing needs: Persian and Indic scripts, emoji sequences.
+_JOINERS = frozenset("\u200c\u200d")
+
+
+def text_fault(text: str, max_chars: int) -> str | None:
+    """What is wrong with a short text from outside (a name, a reason), in words; None if
+    nothing: at most ``max_chars`` characters, no control character."""
+    if len(text) > max_chars:
+        return f"{len(text)} characters; at most {max_chars}"
+    control = control_character(text)
+    if control is not None:
+        return f"a control character ({control}); send plain text"
+    return None

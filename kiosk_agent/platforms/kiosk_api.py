@@ -49,7 +49,7 @@ from kiosk_agent.core.sale import (
     SaleEvent,
     SaleRequest,
 )
-from kiosk_agent.core.web import BodyError, HttpLimits, LocalSite, read_json
+from kiosk_agent.core.web import BodyError, HttpLimits, LocalSite, read_json, text_fault
 from kiosk_agent.money import MoneyError, cents_to_dollars, parse_price
 from kiosk_agent.platforms.base import instance_name
 from kiosk_agent.tasks import cancel_and_wait, next_item
@@ -94,6 +94,19 @@ PLATFORM_SCHEMA = vol.All(BASE_PLATFORM_SCHEMA.extend(
         vol.Optional("allowed_origins", default=list(LOOPBACK_ORIGINS)): _names,
     }
 ), max_price_check("products{}"))
+
+
+# Texts from the app that people read later (status page, CLI, journal): short, plain.
+MAX_PRODUCT_CHARS = 100
+MAX_NAME_CHARS = 64
+MAX_EMAIL_CHARS = 254
+MAX_DETAIL_CHARS = 500
+
+
+def _plain(field: str, value: str | None, max_chars: int) -> None:
+    fault = None if value is None else text_fault(value, max_chars)
+    if fault is not None:
+        raise BadRequest(field, fault)
 
 
 class BadRequest(Exception):
@@ -339,14 +352,17 @@ class KioskApi:
         product = body.get("product")
         if product is not None and not isinstance(product, str):
             raise BadRequest("product", "expected a string")
+        _plain("product", product, MAX_PRODUCT_CHARS)  # shown to people: page, CLI, receipts
         flow = self._flow(body.get("flow"))
         amount = self._amount(body, product, products, flow)
         terminal = body.get("terminal", self.config.get("terminal"))
         if terminal is not None and not isinstance(terminal, str):
             raise BadRequest("terminal", "expected a device id or terminal name")
+        _plain("terminal", terminal, MAX_NAME_CHARS)
         email = body.get("email")
         if email is not None and (not isinstance(email, str) or "@" not in email):
             raise BadRequest("email", "expected an e-mail address")
+        _plain("email", email, MAX_EMAIL_CHARS)
         return SaleRequest(
             source=self.name,
             flow=flow,
@@ -415,6 +431,7 @@ class KioskApi:
         detail = body.get("detail", "")
         if not isinstance(detail, str):
             raise BadRequest("detail", "expected a string")
+        _plain("detail", detail, MAX_DETAIL_CHARS)
         dispenser = self._dispensers.get(sale_id)
         if dispenser is None or not dispenser.confirm_result(DispenseStatus(status_text), detail):
             return _error(409, "not_dispensing", "sale_id", "this sale is not waiting to dispense")

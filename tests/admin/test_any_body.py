@@ -121,3 +121,33 @@ def test_the_admin_api_answers_any_query_parameter_without_500(
     status, answer = rig.request("AdminServer", "GET", f"/api/sales?{urlencode({name: value})}",
                                  None, headers)
     _refusal_is_clear(status, answer)
+
+
+RESOLVE_BODIES = st.one_of(
+    BODIES,
+    st.fixed_dictionaries(
+        {}, optional={"as": JSON_VALUES | st.sampled_from(["captured", "reversed"]),
+                      "why": JSON_VALUES | st.text(max_size=600)},
+    ).map(_encoded),
+)
+
+
+@given(sale=st.text(max_size=40), body=RESOLVE_BODIES)
+def test_the_resolve_action_answers_any_id_and_body_without_500(
+    rig: AgentThread, sale: str, body: bytes
+) -> None:
+    from urllib.parse import quote
+
+    headers = {"Authorization": f"Bearer {ADMIN_TOKEN}", "Content-Type": "application/json"}
+    path = f"/api/sales/{quote(sale, safe='')}/resolve"
+    status, answer = rig.request("AdminServer", "POST", path, body, headers)
+    _refusal_is_clear(status, answer)  # an id no route matches (empty, "..") too
+
+
+@given(body=BODIES | st.dictionaries(st.just("token"), JSON_VALUES).map(_encoded))
+def test_the_login_answers_any_body_without_500(rig: AgentThread, body: bytes) -> None:
+    port = rig.ports["AdminServer"]
+    headers = {"Content-Type": "application/json", "Origin": f"http://127.0.0.1:{port}"}
+    status, answer = rig.request("AdminServer", "POST", "/session", body, headers)
+    _refusal_is_clear(status, answer)
+    assert status != 200  # no body but the right token opens a session

@@ -7,6 +7,7 @@ screenshots the README shows (docs/status-page-phone.png, docs/status-page-deskt
 otherwise they go to the test's temporary directory.
 """
 
+import asyncio
 import os
 import time
 from collections.abc import AsyncIterator
@@ -16,10 +17,12 @@ from typing import Any
 
 import aiohttp
 import pytest
+from aiohttp import web
 from playwright.async_api import Browser, Page, ViewportSize, async_playwright, expect
 
 from kiosk_agent.app import load_agent
 from kiosk_agent.core.journal import SaleRecord
+from kiosk_agent.core.logging import refusal_counts
 from kiosk_agent.core.sale import SaleEvent, SaleState
 from tests.admin.conftest import ADMIN_TOKEN, CONFIG, READ_TOKEN, write_config
 from tests.admin.test_server import _sell
@@ -255,3 +258,230 @@ async def test_an_attention_sale_is_resolved_from_the_page(
     await expect(page.locator("#attention")).to_contain_text("none", timeout=WAIT_MS)
     assert agent.journal.get(record.sale_id).state is not SaleState.ATTENTION
     assert seen.errors == []
+
+
+# -- hostile text from every source that reaches the page ---------------------------------------
+
+SCRIPTS = '<img src=x onerror="window.__pwned=1"></script><script>window.__pwned=2</script>'
+QUOTES = "\"'`${window.__pwned=3}"
+CONTROLS = "\u202eRLO\u202c \x1b[31mESC \u2066iso\u2069 nul\x00"
+LONG = "W" * 5000  # no space to break at: must not widen a 360 px page
+# the joiners an emoji sequence and a Persian word need: writing, not formatting
+FAMILY = "\U0001f468\u200d\U0001f469\u200d\U0001f467 \u0646\u0627\u0646\u200c\u0628\u0631"
+KIOSK_TOKEN = "kiosk-app-token-0123456789"
+
+
+@pytest.fixture
+async def hostile_agent(tmp_path: Path, sim_settings: Any) -> AsyncIterator[Any]:
+    """The admin tests' agent with a kiosk app platform (it confirms its dispenses) and a serial
+    device whose configured name and port are markup."""
+    path = write_config(tmp_path)
+    config = CONFIG + (
+        "triggers:\n"
+        "  - {platform: kiosk_api, name: screen, token: !secret kiosk_token, port: 0,\n"
+        "     confirm_dispense: true}\n"
+        # a configured name and port path reach the doctor's checks and the links list
+        "  - platform: serial_line\n"
+        "    name: '<svg onload=window.__pwned=5>'\n"
+        "    port: '/dev/<img src=x onerror=window.__pwned=6>'\n"
+        "    vend_request: '^REQ (?P<price>\\d+)$'\n"
+        "    dispense_ok: '^DONE'\n"
+        "    approve: 'OPEN'\n"
+    )
+    path.write_text(config)
+    agent = load_agent(path, sim_settings, systemd=False)
+    await agent.start()
+    yield agent
+    await agent.stop()
+
+
+async def _kiosk_sale(agent: Any, product: str, detail: str) -> tuple[int, Any]:
+    """A sale from the kiosk app with ``product``, whose dispense fails with ``detail``."""
+    screen = next(p for p in agent.platforms if type(p).__name__ == "KioskApi")
+    base = f"http://127.0.0.1:{screen.port}/api/v1"
+    headers = {"Authorization": f"Bearer {KIOSK_TOKEN}"}
+    async with aiohttp.ClientSession(headers=headers) as session:
+        body = {"product": product, "amount": "2.50", "terminal": "SIM-0007"}
+        async with session.post(f"{base}/sales", json=body) as r:
+            if r.status != 202:
+                return r.status, await r.json()
+            sale_id = (await r.json())["sale_id"]
+        deadline = time.monotonic() + WAIT_MS / 1000
+        while time.monotonic() < deadline:
+            async with session.post(
+                f"{base}/sales/{sale_id}/dispensed", json={"status": "failed", "detail": detail}
+            ) as r:
+                if r.status == 202:
+                    break
+            await asyncio.sleep(0.05)
+        return 202, sale_id
+
+
+async def test_hostile_text_shows_as_text_and_runs_nothing(
+    browser: Browser, hostile_agent: Any, tmp_path: Path
+) -> None:
+    agent = hostile_agent
+    admin_server = next(c for c in agent.components if type(c).__name__ == "AdminServer")
+    # the kiosk app: a product name and a dispense failure written as markup
+    status, sale_id = await _kiosk_sale(agent, SCRIPTS, SCRIPTS + QUOTES)
+    assert status == 202, sale_id
+    await _until_final(agent, sale_id)
+    # a long product, a service's answer and a sale's message with controls and direction marks
+    status, _ = await _kiosk_sale(agent, LONG, "x")
+    assert status == 400  # the kiosk app is told; the page never sees it
+    agent.health.report_terminal("SIM-0001", online=True, detail=f"{SCRIPTS} {CONTROLS}")
+    record = await _attention_sale(agent)
+    record = agent.journal.record(
+        record, "charge.unknown", SaleState.ATTENTION,
+        message=f"{SCRIPTS} {CONTROLS} {LONG}", product=f"{QUOTES}{CONTROLS} {FAMILY}",
+    )
+    # step details are whatever a flow or platform wrote: not always a string message
+    for message in (42, {"nested": SCRIPTS}, [SCRIPTS], None, True):
+        agent.journal.record(record, "odd.detail", detail={"message": message, "at": SCRIPTS})
+    page, seen = await _open(browser, admin_server.url, PHONE, ADMIN_TOKEN)
+    await expect(page.locator("#live")).to_have_text("live", timeout=WAIT_MS)
+    agent.events.publish(SaleEvent(
+        "hostile1", "o1", "screen", SaleState.CHARGING, 250, terminal="SIM-0007",
+        product=SCRIPTS, message=f"{SCRIPTS} {CONTROLS}",
+    ))
+    await expect(page.locator("#events")).to_contain_text("window.__pwned=2", timeout=WAIT_MS)
+    recent = page.locator(f'#recent details[data-sale="{sale_id}"]')
+    await expect(recent.locator("summary")).to_contain_text(SCRIPTS, timeout=WAIT_MS)
+    await recent.locator("summary").click()
+    await expect(recent.locator("ol.steps")).to_contain_text('onerror="window.__pwned=1"')
+    await expect(_terminal(page, "SIM-0001")).to_contain_text("<script>window.__pwned=2</script>")
+    await expect(page.locator("#attention")).to_contain_text(QUOTES)
+    odd = page.locator(f'#recent details[data-sale="{record.sale_id}"]')
+    await odd.locator("summary").click()
+    await expect(odd.locator("ol.steps li")).to_have_count(8)
+    await expect(odd.locator("ol.steps")).to_contain_text('{"nested":"<img src=x')
+    await expect(page.locator("#doctor")).to_contain_text("checked", timeout=WAIT_MS)
+    await page.get_by_role("button", name="Run doctor checks").click()
+    await expect(page.locator("#doctor")).to_contain_text(
+        "/dev/<img src=x onerror=window.__pwned=6>", timeout=WAIT_MS
+    )
+    await expect(page.locator("#links")).to_contain_text("<svg onload=window.__pwned=5>")
+
+    shown = await page.evaluate(
+        """() => ({
+            pwned: window.__pwned === undefined ? null : window.__pwned,
+            imgs: document.querySelectorAll("img").length,
+            scripts: document.querySelectorAll("script").length,
+            text: document.body.innerText,
+            width: document.documentElement.scrollWidth,
+        })"""
+    )
+    assert shown["pwned"] is None
+    assert (shown["imgs"], shown["scripts"]) == (0, 1)
+    # controls and direction overrides are shown as a mark, never obeyed
+    for char in ("\u202e", "\u202c", "\x1b", "\u2066", "\u2069", "\x00"):
+        assert char not in shown["text"], repr(char)
+    assert "\ufffdRLO" in shown["text"]
+    assert FAMILY in shown["text"]  # the joiners an emoji or a Persian word needs stay
+    assert shown["width"] <= PHONE["width"]  # the long text wraps or is cut, the page stays
+    assert LONG not in shown["text"]  # cut: a 5000-character message is not a page
+    await _screenshot(page, tmp_path / "hostile.png")
+    assert seen.errors == []
+
+
+async def _until_final(agent: Any, sale_id: str) -> None:
+    deadline = time.monotonic() + WAIT_MS / 1000
+    while time.monotonic() < deadline:
+        record = agent.journal.get(sale_id)
+        if record is not None and record.state.final:
+            return
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"sale {sale_id} did not end")
+
+
+# -- another site in the same browser ---------------------------------------------------------
+
+
+async def _evil_site(html: str) -> tuple[web.AppRunner, str]:
+    """A page on another origin (same host, another port: same-site, so the session cookie
+    would even go along), serving ``html``."""
+    app = web.Application()
+
+    async def index(request: web.Request) -> web.Response:
+        return web.Response(text=html, content_type="text/html")
+
+    app.router.add_get("/", index)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = runner.addresses[0][1]
+    return runner, f"http://127.0.0.1:{port}/"
+
+
+async def test_another_site_can_neither_frame_nor_act_for_a_logged_in_tech(
+    browser: Browser, agent: Any, admin_server: Any
+) -> None:
+    record = await _attention_sale(agent)
+    page, seen = await _open(browser, admin_server.url, DESKTOP, ADMIN_TOKEN)
+    await expect(page.locator("#live")).to_have_text("live", timeout=WAIT_MS)
+    resolve = f"{admin_server.url}/api/sales/{record.sale_id}/resolve"
+    html = f"""<!doctype html><body>
+<iframe id="framed" src="{admin_server.url}/" width="600" height="400"></iframe>
+<form id="f" method="post" action="{resolve}" enctype="text/plain" target="sink">
+  <input name='{{"as": "captured", "why": "x", "pad": "' value='"}}'>
+</form>
+<iframe name="sink"></iframe>
+<script>
+  window.results = {{}};
+  fetch("{resolve}", {{method: "POST", credentials: "include", mode: "no-cors",
+    headers: {{"Content-Type": "text/plain"}}, body: '{{"as": "captured", "why": "x"}}'}})
+    .then(() => window.results.post = "sent", (e) => window.results.post = String(e));
+  fetch("{admin_server.url}/api/page", {{credentials: "include"}})
+    .then((r) => r.text())
+    .then((t) => window.results.read = t, (e) => window.results.read = "blocked");
+  document.getElementById("f").submit();
+</script></body>"""
+    origin_refusals = refusal_counts().get(("status_page", "origin"), 0)
+    runner, evil_url = await _evil_site(html)
+    try:
+        evil = await page.context.new_page()  # the same browser: the tech's cookie is there
+        await evil.goto(evil_url)
+        await evil.wait_for_function("window.results.read && window.results.post", timeout=WAIT_MS)
+        results = await evil.evaluate("window.results")
+        framed = evil.frame_locator("#framed")
+        await expect(framed.locator("#token")).to_have_count(0)  # never drawn inside the frame
+        assert results["read"] == "blocked"  # no CORS: the foreign page reads nothing
+        # both posts reached the agent (same-site: with the cookie) and were refused by Origin
+        deadline = time.monotonic() + WAIT_MS / 1000
+        while refusal_counts().get(("status_page", "origin"), 0) < origin_refusals + 2:
+            assert time.monotonic() < deadline, refusal_counts()
+            await asyncio.sleep(0.02)
+    finally:
+        await runner.cleanup()
+    assert agent.journal.get(record.sale_id).state is SaleState.ATTENTION
+    assert [s.step for s in agent.journal.steps(record.sale_id)][-1] == "charge.unknown"
+    assert seen.errors == []
+
+
+async def test_two_techs_resolving_one_sale_from_two_phones(
+    browser: Browser, agent: Any, admin_server: Any
+) -> None:
+    """Both have the form filled in and press Resolve at the same moment, one "captured", the
+    other "reversed": the journal holds one resolution, and both phones end up showing the sale
+    decided (no longer in attention)."""
+    record = await _attention_sale(agent)
+    opened = []
+    for as_label in ("Captured (paid)", "Reversed (given back)"):
+        page, seen = await _open(browser, admin_server.url, PHONE, ADMIN_TOKEN)
+        form = page.locator(f'form.resolve[data-sale="{record.sale_id}"]')
+        await form.get_by_label(as_label).check()
+        await form.get_by_label("Why").fill(f"{as_label} by hand")
+        opened.append((page, form, seen))
+    await asyncio.gather(
+        *(form.get_by_role("button", name="Resolve").click() for _, form, _ in opened)
+    )
+    refused = []
+    for page, _, seen in opened:
+        await expect(page.locator("#attention")).to_contain_text("none", timeout=WAIT_MS)
+        refused += [e for e in seen.errors if "status of 409 (Conflict)" in e]
+        assert [e for e in seen.errors if "409" not in e] == []
+    assert len(refused) == 1  # the browser logs the second one's refusal; nothing else failed
+    steps = [s.step for s in agent.journal.steps(record.sale_id)]
+    assert steps.count("attention.resolved") == 1
+    assert agent.journal.get(record.sale_id).state in (SaleState.COMPLETED, SaleState.REVERSED)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import sys
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -11,6 +13,7 @@ import aiohttp
 import pytest
 
 from kiosk_agent.app import load_agent
+from kiosk_agent.core.journal import SaleRecord
 from kiosk_agent.core.sale import SaleState
 from tests.core.test_recovery import leave_open
 
@@ -82,3 +85,122 @@ async def test_a_resolution_names_what_was_wrong(
     async with session.post(path, json=body, headers=ADMIN) as answer:
         assert answer.status == status
         assert detail in (await answer.json())["detail"]
+
+
+async def test_two_resolutions_at_once_journal_one(api: tuple[Any, Any]) -> None:
+    """Two techs press Resolve at the same moment, one says captured, the other reversed."""
+    agent, session = api
+
+    async def press(as_: str) -> tuple[int, Any]:
+        body = {"as": as_, "why": f"{as_} by hand"}
+        async with session.post("/api/sales/crashed1/resolve", json=body, headers=ADMIN) as r:
+            return r.status, await r.json()
+
+    answers = await asyncio.gather(*(press(a) for a in ("captured", "reversed") * 4))
+    statuses = sorted(status for status, _ in answers)
+    assert statuses == [200] + [409] * 7, answers
+    steps = [s.step for s in agent.journal.steps("crashed1")]
+    assert steps.count("attention.resolved") == 1
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "status", "detail"),
+    [
+        # a LIKE-style wildcard or an empty prefix names no sale, never "the only one"
+        ("/api/sales/%25/resolve", {"as": "reversed", "why": "x"}, 404, "no sale '%'"),
+        ("/api/sales/_/resolve", {"as": "reversed", "why": "x"}, 404, "no sale '_'"),
+        ("/api/sales/crashed%2F1/resolve", {"as": "reversed", "why": "x"}, 404, "no sale"),
+        ("/api/sales/" + "c" * 5000 + "/resolve", {"as": "reversed", "why": "x"}, 404, "no sale"),
+        ("/api/sales/crashed1/resolve", {"as": "CAPTURED", "why": "x"}, 400, "one of captured"),
+        ("/api/sales/crashed1/resolve", {"as": "captured", "why": "x" * 501}, 400, "at most 500"),
+        ("/api/sales/crashed1/resolve", {"as": "captured", "why": "\x1b[2J"}, 400, "control"),
+        ("/api/sales/crashed1/resolve", {"as": "captured", "why": ["x"]}, 400, '"why"'),
+        ("/api/sales/crashed1/resolve", {"as": None, "why": "x"}, 400, '"as"'),
+        ("/api/sales/crashed1/resolve", [], 400, "JSON object"),
+    ],
+)
+async def test_hostile_resolutions_are_refused_by_name(
+    api: tuple[Any, Any], path: str, body: Any, status: int, detail: str
+) -> None:
+    agent, session = api
+    async with session.post(path, json=body, headers=ADMIN) as answer:
+        assert answer.status == status, await answer.text()
+        assert detail in (await answer.json())["detail"]
+    assert agent.journal.get("crashed1").state is SaleState.ATTENTION
+
+
+@pytest.mark.parametrize(
+    ("data", "headers", "status"),
+    [
+        (b'{"as": "captured", "why": "' + b"x" * 2_000_000 + b'"}', {}, 413),
+        (b'{"as": "captured", "why": "x"}', {"Content-Type": "text/plain"}, 415),
+        (b"as=captured&why=x", {"Content-Type": "application/x-www-form-urlencoded"}, 415),
+        (b'{"as": "captured", "why": "\xff"}', {}, 400),
+        (b'{"as": "captured", "why": "\\ud800"}', {}, 400),
+    ],
+)
+async def test_hostile_resolution_bodies_get_a_clear_no(
+    api: tuple[Any, Any], data: bytes, headers: dict[str, str], status: int
+) -> None:
+    agent, session = api
+    headers = {"Content-Type": "application/json", **headers, **ADMIN}
+    async with session.post("/api/sales/crashed1/resolve", data=data, headers=headers) as answer:
+        assert answer.status == status, await answer.text()
+        assert (await answer.json())["detail"]
+    assert agent.journal.get("crashed1").state is SaleState.ATTENTION
+
+
+async def test_the_cli_and_the_api_resolving_at_once_journal_one(
+    api: tuple[Any, Any], tmp_path: Path
+) -> None:
+    """Four `kiosk-agent sales resolve` processes and four admin API requests on the same sale at
+    the same moment (the agent running): exactly one resolution; every other one is told."""
+    agent, session = api
+    config = tmp_path / "config.yaml"
+
+    async def cli(as_: str) -> tuple[int, str]:
+        process = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "kiosk_agent", "sales", "resolve", "crashed1", "--as", as_,
+            "--why", f"{as_} by hand", "-c", str(config),
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+        )
+        out, err = await process.communicate()
+        return int(process.returncode or 0), (out + err).decode()
+
+    async def press(as_: str) -> tuple[int, str]:
+        body = {"as": as_, "why": f"{as_} by hand"}
+        async with session.post("/api/sales/crashed1/resolve", json=body, headers=ADMIN) as r:
+            return r.status, await r.text()
+
+    answers = await asyncio.gather(
+        *(cli(a) for a in ("captured", "reversed") * 2),
+        *(press(a) for a in ("reversed", "captured") * 2),
+    )
+    won = [a for a in answers if a[0] in (0, 200)]
+    assert len(won) == 1, answers
+    for code, text in answers:
+        if (code, text) not in won:
+            assert code in (1, 409), text
+            assert "not attention" in text
+    steps = [s.step for s in agent.journal.steps("crashed1")]
+    assert steps.count("attention.resolved") == 1
+
+
+async def test_a_prefix_naming_two_sales_resolves_neither(api: tuple[Any, Any]) -> None:
+    agent, session = api
+    for sale_id in ("dup1aaaa", "dup2bbbb"):
+        record = agent.journal.create(SaleRecord(
+            sale_id=sale_id, order_id=f"KA{sale_id}", source="test", flow="charge_card",
+            terminal="SIM-0001", amount_cents=100, state=SaleState.CHARGING,
+        ))
+        agent.journal.record(record, "charge.unknown", SaleState.ATTENTION)
+    body = {"as": "reversed", "why": "refunded by hand"}
+    async with session.post("/api/sales/dup/resolve", json=body, headers=ADMIN) as answer:
+        assert answer.status == 404
+        assert "names 2 sales; give more of the sale id" in (await answer.json())["detail"]
+    async with session.post("/api/sales/dup2/resolve", json=body, headers=ADMIN) as answer:
+        assert answer.status == 200
+        assert (await answer.json())["sale"]["sale_id"] == "dup2bbbb"
+    async with session.post("/api/sales/KAdup1aaaa/resolve", json=body, headers=ADMIN) as answer:
+        assert answer.status == 200  # by order id
+    assert {agent.journal.get(s).state for s in ("dup1aaaa", "dup2bbbb")} == {SaleState.REVERSED}

@@ -170,3 +170,96 @@ async def test_a_sale_that_failed_for_another_reason_is_not_looked_up(
     agent = await agent_factory()
     await authorize(agent.service, "KACRASHED1", capture=False)  # not this sale's doing
     assert await agent.attention.sweep() == []
+
+
+class _SlowReader(Journal):
+    """The journal as a second process has it open (its own SQLite connection to the same file)
+    that reads the sale, and then loses the CPU to ``meanwhile`` before it writes."""
+
+    meanwhile: Any = None
+
+    def get(self, sale_id: str) -> Any:
+        record = super().get(sale_id)
+        if self.meanwhile is not None:
+            run, self.meanwhile = self.meanwhile, None
+            run()
+        return record
+
+
+async def test_two_people_resolving_at_once_journal_one_resolution(
+    agent_factory: Any, tmp_path: Path
+) -> None:
+    """The CLI (its own process) and the admin API resolve the same sale at the same moment: one
+    resolution is journaled, the other is told the sale is no longer in ATTENTION."""
+    agent = await attention_sale(agent_factory, tmp_path, authorized_cents=300, vended_cents=300)
+    cli = _SlowReader(agent.journal.path)
+    cli.open()
+    try:
+        cli.meanwhile = lambda: resolve(agent.journal, "crashed1", "captured", "api", "admin API")
+        with pytest.raises(NotInAttention, match="completed, not attention"):
+            resolve(cli, "crashed1", "reversed", "refunded by hand", "cli (root)")
+    finally:
+        cli.close()
+    steps = [s.step for s in agent.journal.steps("crashed1")]
+    assert steps.count("attention.resolved") == 1
+    record = agent.journal.get("crashed1")
+    assert record is not None
+    assert record.state is SaleState.COMPLETED
+    assert json.loads(record.resolution or "{}")["by"] == "admin API"
+
+
+@pytest.mark.parametrize(
+    "why",
+    [
+        "refunded \x1b[2J\x1b[31mby hand",  # a terminal escape: `kiosk-agent sales` prints it
+        "refunded\u202e dnah yb",  # right-to-left override: the text reads otherwise
+        "refunded\x00 by hand",
+    ],
+)
+async def test_a_reason_with_control_characters_is_refused(
+    agent_factory: Any, tmp_path: Path, why: str
+) -> None:
+    agent = await attention_sale(agent_factory, tmp_path)
+    with pytest.raises(ResolveError, match=r"--why holds a control character \(U\+"):
+        resolve(agent.journal, "crashed1", "reversed", why, "cli")
+    record = agent.journal.get("crashed1")
+    assert record is not None
+    assert record.state is SaleState.ATTENTION
+
+
+async def test_a_person_resolving_while_the_sweeper_decides_wins(
+    agent_factory: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The sweeper has asked reporting and checked the sale is still ATTENTION; at that moment a
+    tech runs `kiosk-agent sales resolve --as reversed` (another process, its own connection).
+    The sweeper must not then capture the money nor write the sale back to ATTENTION."""
+    agent = await attention_sale(agent_factory, tmp_path, vended_cents=250)
+    trans_id = await authorize(agent.service, "KACRASHED1", capture=False)
+    agent.journal.record(agent.journal.get("crashed1"), "test", trans_id=trans_id)
+    cli = Journal(agent.journal.path)
+    cli.open()
+    real_get = agent.journal.get
+    reads = []
+
+    def get(sale_id: str) -> Any:
+        record = real_get(sale_id)
+        reads.append(sale_id)
+        if len(reads) == 1:  # the sweeper's "still attention?" read, right after reporting
+            resolve(cli, "crashed1", "reversed", "voided in the portal", "cli (root)")
+        return record
+
+    monkeypatch.setattr(agent.journal, "get", get)
+    try:
+        ended = await agent.attention.sweep()
+    finally:
+        cli.close()
+    assert reads  # the sweeper did look
+    assert ended == []
+    monkeypatch.undo()
+    record = agent.journal.get("crashed1")
+    assert record is not None
+    assert record.state is SaleState.REVERSED  # the person's word stands
+    assert agent.journal.steps("crashed1")[-1].step == "attention.resolved"
+    [row] = await rows(agent.service, "KACRASHED1")
+    assert row.status is not TransStatus.CAPTURED  # no money moved after the person decided
+    assert agent.attention.stats.errors == 0

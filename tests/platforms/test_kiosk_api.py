@@ -210,6 +210,45 @@ async def test_hostile_amounts_are_refused_naming_the_field(
     assert error in body["message"]
 
 
+@pytest.mark.parametrize(
+    ("body", "field", "error"),
+    [
+        ({"amount": "1.00", "product": "W" * 101}, "product", "101 characters; at most 100"),
+        ({"amount": "1.00", "product": "tea\x1b[2J"}, "product", "control character (U+001B)"),
+        ({"amount": "1.00", "product": "\u202eaet"}, "product", "control character (U+202E)"),
+        ({"amount": "1.00", "product": "tea\x00"}, "product", "control character (U+0000)"),
+        ({"amount": "1.00", "terminal": "SIM\n0001"}, "terminal", "control character (U+000A)"),
+        ({"amount": "1.00", "terminal": "S" * 65}, "terminal", "at most 64"),
+        ({"amount": "1.00", "email": "a@b\u2066c"}, "email", "control character (U+2066)"),
+    ],
+)
+async def test_names_people_read_later_must_be_plain_and_short(
+    app: App, body: dict[str, Any], field: str, error: str
+) -> None:
+    """A product name goes to the journal, the status page, the CLI's tables and receipts: a
+    terminal escape or a right-to-left override there would show something else."""
+    status, answer = await app.post("/sales", body)
+    assert (status, answer["field"]) == (400, field)
+    assert error in answer["message"]
+    markup = {"amount": "1.00", "product": "<b>tea</b> & \"milk\" \u00e9\u00e8 \u6f22"}
+    status, started = await app.post("/sales", markup)
+    assert status == 202, started  # markup and any printable script are fine: shown as text
+    await app.post(f"/sales/{started['sale_id']}/cancel", {})
+
+
+@pytest.mark.parametrize(
+    "product",
+    [
+        "\u0646\u0627\u0646\u200c\u0628\u0631\u0646\u062c\u06cc",  # Persian: a ZWNJ
+        "\u0915\u094d\u200d\u0937",  # Devanagari: a zero-width joiner
+        "\U0001f468\u200d\U0001f469\u200d\U0001f467 pack",  # an emoji family
+    ],
+)
+async def test_joiners_that_scripts_and_emoji_need_are_fine(app: App, product: str) -> None:
+    status, started = await app.post("/sales", {"amount": "1.00", "product": product})
+    assert status == 202, started
+
+
 # -- as a browser would meet it ----------------------------------------------------------------
 
 

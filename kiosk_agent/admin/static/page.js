@@ -18,19 +18,35 @@ const state = {
 
 const $ = (id) => document.getElementById(id);
 
+const MAX_TEXT = 1000; // longer texts are cut: a name or a reason, not a page
+
+function plain(value) {
+  // Text as people should read it: a control or an invisible direction mark from outside (a
+  // terminal escape, a right-to-left override) shows as \uFFFD instead of reordering the line.
+  // (the zero-width joiner and non-joiner are writing: Persian, Indic scripts, emoji)
+  let text = String(value).replace(/[\t\n\r]/g, " ")
+    .replace(/[\p{Cc}\p{Cf}]/gu, (c) => (c === "\u200c" || c === "\u200d" ? c : "\uFFFD"));
+  if (text.length > MAX_TEXT) text = `${text.slice(0, MAX_TEXT)}… (${text.length} characters)`;
+  return text;
+}
+
+function setText(node, value) {
+  node.textContent = plain(value);
+}
+
 function el(tag, attrs, ...children) {
   const node = document.createElement(tag);
   for (const [key, value] of Object.entries(attrs || {})) {
     if (value === null || value === undefined || value === false) continue;
     if (key === "class") node.className = value;
-    else if (key === "text") node.textContent = value;
+    else if (key === "text") setText(node, value);
     else if (key.startsWith("on")) node.addEventListener(key.slice(2), value);
     else if (value === true) node.setAttribute(key, "");
     else node.setAttribute(key, String(value));
   }
   for (const child of children.flat()) {
     if (child === null || child === undefined || child === false) continue;
-    node.append(child instanceof Node ? child : document.createTextNode(String(child)));
+    node.append(child instanceof Node ? child : document.createTextNode(plain(child)));
   }
   return node;
 }
@@ -99,7 +115,7 @@ function showLogin(message) {
   $("board").hidden = true;
   $("logout").hidden = true;
   $("login").hidden = false;
-  $("login-error").textContent = message || "";
+  setText($("login-error"), message || "");
   $("live").textContent = "offline";
   $("live").classList.remove("on");
   $("token").focus();
@@ -112,7 +128,7 @@ async function login(event) {
   const answer = await call("POST", "/session", { token });
   $("token").value = "";
   if (!answer.ok) {
-    $("login-error").textContent = problemText(answer);
+    setText($("login-error"), problemText(answer));
     return;
   }
   begin(answer.data);
@@ -228,13 +244,13 @@ function renderHealth() {
   const page = state.page;
   const health = page.health;
   const pill = $("status");
-  pill.textContent = health.status;
-  pill.className = `pill ${health.status}`;
+  setText(pill, health.status);
+  pill.className = `pill ${health.status}`; // one of ok, degraded, down: the agent's own word
 
   const available = page.availability;
   $("available").textContent = available.available ? "Available" : "OUT OF SERVICE";
   $("available").className = `big ${available.available ? "good" : "bad"}`;
-  $("available-reason").textContent = available.reason;
+  setText($("available-reason"), available.reason);
 
   $("problems").replaceChildren(
     ...(health.problems.length
@@ -244,9 +260,9 @@ function renderHealth() {
   renderTerminals();
   renderService();
   const sales = health.sales;
-  $("today").textContent = `${sales.today_count} sale(s), ${page.today_amount}`;
-  $("footer").textContent =
-    `kiosk-agent ${health.version} · up ${duration(health.uptime_s)} · as of ${clock(health.at)}`;
+  setText($("today"), `${sales.today_count} sale(s), ${page.today_amount}`);
+  setText($("footer"),
+    `kiosk-agent ${health.version} · up ${duration(health.uptime_s)} · as of ${clock(health.at)}`);
 }
 
 function result(key) {
@@ -376,7 +392,7 @@ function resolveForm(sale) {
     el("button", { type: "submit", disabled: Boolean(state.busy[key]) }, "Resolve"));
   form.addEventListener("submit", (event) => {
     event.preventDefault();
-    const as = form.querySelector(`input[name="${name}"]:checked`).value;
+    const as = form.querySelector(`input[name="${CSS.escape(name)}"]:checked`).value;
     const why = form.querySelector("input[name=why]").value.trim();
     act(key, async () => {
       const answer = await call("POST", `/api/sales/${encodeURIComponent(sale.sale_id)}/resolve`, { as, why });
@@ -428,7 +444,11 @@ function renderOpenAndRecent() {
 
 function stepDetail(detail) {
   if (!detail || !Object.keys(detail).length) return null;
-  const text = detail.message || Object.entries(detail).map(([k, v]) => `${k}=${typeof v === "object" ? JSON.stringify(v) : v}`).join(" ");
+  // a detail is whatever a flow or platform wrote: its message may be no string at all
+  const shown = (v) => (typeof v === "object" && v !== null ? JSON.stringify(v) : String(v));
+  const text = typeof detail.message === "string" && detail.message
+    ? detail.message
+    : Object.entries(detail).map(([k, v]) => `${k}=${shown(v)}`).join(" ");
   return el("span", { class: "muted" }, ` ${text.slice(0, 160)}`);
 }
 
