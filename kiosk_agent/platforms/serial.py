@@ -166,7 +166,7 @@ class SerialLink:
         # Mid-exchange (a sale under way), silence is expected, and the device's answer to a
         # probe (its resting status) would be misread as the exchange's end: no probe then.
         self.busy: Callable[[], bool] = lambda: False
-        # When the last probe went out (loop time); the device clears it once it knows the answer.
+        # When the last probe went out (monotonic); the device clears it once it knows the answer.
         # A probe can cross a line the device sent meanwhile: its answer is older than that line.
         self.probe_sent_at: float | None = None
 
@@ -353,10 +353,17 @@ class SerialLink:
                 continue
             return f"silent for {timeout * (2 if self.settings.probe else 1):.1f}s"
 
-    def send_probe(self) -> None:
-        """Ask the device for a sign of life: the probe line, which it always answers."""
-        if self.settings.probe and self.write_line(self.settings.probe):
-            self.probe_sent_at = asyncio.get_running_loop().time()
+    def send_probe(self) -> bool:
+        """Ask the device for a sign of life: the probe line, which it always answers. Never
+        mid-exchange (``busy``): the answer would be read as part of the exchange."""
+        sent, heard = self.probe_sent_at, self.stats.last_rx_at
+        in_flight = sent is not None and (heard is None or heard < sent)
+        if not self.settings.probe or self.busy() or in_flight:
+            return False  # one probe at a time: its answer is then the first line after it
+        if not self.write_line(self.settings.probe):
+            return False
+        self.probe_sent_at = time.monotonic()
+        return True
 
     async def _close_transport(self) -> None:
         protocol, self._protocol = self._protocol, None

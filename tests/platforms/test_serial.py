@@ -176,6 +176,47 @@ async def test_watchdog_probes_then_reconnects_a_silent_link(line_server: LineSe
         await silent.stop()
 
 
+async def test_one_probe_at_a_time(line_server: LineServer) -> None:
+    url = await line_server.start()
+    link = SerialLink(
+        "probed", SerialSettings(port=url, silence_timeout=30, probe="HELLO"), lambda _: None
+    )
+    await link.start()
+    try:
+        await asyncio.wait_for(link.wait_connected(), 3)
+        assert link.send_probe()
+        assert not link.send_probe()  # the first is unanswered: which would an answer be for?
+        await until(lambda: "HELLO" in line_server.heard)
+        sent = link.probe_sent_at
+        assert sent is not None
+        line_server.send(b"PONG\n")
+        await until(lambda: (link.stats.last_rx_at or 0) > sent)
+        assert link.send_probe()  # answered: the next may go
+        link.busy = lambda: True
+        line_server.send(b"PONG\n")
+        await until(lambda: line_server.heard.count("HELLO") == 2)
+        await asyncio.sleep(0.05)
+        assert not link.send_probe()  # never mid-exchange
+    finally:
+        await link.stop()
+
+
+async def test_each_connection_is_probed_anew(line_server: LineServer) -> None:
+    url = await line_server.start()
+    # "HELLO" goes unanswered: each connection is probed once, then dropped as silent
+    link = SerialLink(
+        "mute",
+        SerialSettings(port=url, silence_timeout=0.05, probe="HELLO", reconnect_min=0.01),
+        lambda _: None,
+    )
+    await link.start()
+    try:
+        await until(lambda: line_server.heard.count("HELLO") >= 3)
+        assert line_server.connections >= 3
+    finally:
+        await link.stop()
+
+
 async def test_port_that_is_missing_is_retried_with_backoff(tmp_path: Path) -> None:
     port = tmp_path / "ttyUSB*"
     states: list[tuple[LinkState, str]] = []
