@@ -24,6 +24,7 @@ import asyncio
 import contextlib
 import enum
 import logging
+import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -167,7 +168,7 @@ class MdbSession:
         self.device = device
         self.request = request
         self.phase = _Phase.AUTHORIZING
-        self.began_at = asyncio.get_running_loop().time()
+        self.began_at = time.monotonic()
         self.sale_id: str | None = None
         self.abort_reason: str | None = None
         loop = asyncio.get_running_loop()
@@ -472,7 +473,7 @@ class MdbCashless:
         if sent is None or session is None or session.began_at < sent:
             return False
         self.link.probe_sent_at = None  # one probe, one answer
-        return asyncio.get_running_loop().time() - sent <= PROBE_ANSWER_WINDOW
+        return time.monotonic() - sent <= PROBE_ANSWER_WINDOW
 
     def _on_vend_request(self, message: wire.VendRequested) -> None:
         self.stats.vend_requests += 1
@@ -499,8 +500,17 @@ class MdbCashless:
                 # an adapter that answers a probe with its state repeats the pending selection
                 _LOGGER.debug("%s: probe answered with the pending selection", self.name)
                 return
-            if session.phase is _Phase.ENDED and self.options.mode is Mode.SELECTION_FIRST:
-                # The machine is done with the last customer; the last sale is still capturing.
+            if session.phase is _Phase.VENDING and self.options.mode is Mode.SELECTION_FIRST:
+                # A controller asks for the next vend only once the last one is over: that
+                # one's result was lost. Not dispensed, as at the vend timeout, only sooner.
+                self.stats.timeouts += 1
+                session.on_vend_result(
+                    DispenseStatus.TIMEOUT, "no vend result before the next selection"
+                )
+            over = session.phase is _Phase.ENDED or session.abort_reason is not None
+            if over and self.options.mode is Mode.SELECTION_FIRST:
+                # The machine is done with the last customer (served, or gone: the controller
+                # ended the session); that sale is still capturing or cancelling. Next in line.
                 self._queued = message
                 return
             self.link.noise(

@@ -78,6 +78,45 @@ async def test_no_vend_result_times_out_and_voids(machine: Machine) -> None:
     assert final.state is SaleState.REVERSED
 
 
+async def test_the_next_customer_is_served_while_a_walked_away_sale_cancels(
+    machine: Machine,
+) -> None:
+    machine.desk.card_time = 1.0  # nobody presents a card
+    machine.desk.cancel_time = 0.2  # and the terminal takes its time to cancel
+    first = await machine.controller.customer("A1", walk_away_after=0.05)
+    machine.desk.card_time = 0.005
+    second = await machine.controller.customer("A2")  # at once, while the first cancels
+
+    assert first.outcome is VisitOutcome.WALKED_AWAY
+    assert second.outcome is VisitOutcome.VENDED
+    first_final, second_final = await machine.desk.settled()
+    assert first_final.state is SaleState.CANCELLED
+    assert second_final.state is SaleState.COMPLETED
+    assert second_final.captured_cents == 250
+
+
+async def test_a_selection_after_a_silent_vend_ends_it_unpaid_and_is_served(
+    controller: VirtualController,
+) -> None:
+    # The controller never reports the first vend; its next vend request says that one is over.
+    machine = await make_machine(controller, vend_timeout=30)
+    try:
+        first = await controller.customer("A1", no_result=True)
+        second = await controller.customer("A2")
+
+        assert first.outcome is VisitOutcome.NO_RESULT
+        assert second.outcome is VisitOutcome.VENDED
+        first_sale = machine.desk.sales[0]
+        first_final, second_final = await asyncio.wait_for(machine.desk.settled(), 5)
+        assert first_sale.outcome is not None
+        assert first_sale.outcome.status is DispenseStatus.TIMEOUT
+        assert first_final.state is SaleState.REVERSED  # never captured without a vend result
+        assert second_final.state is SaleState.COMPLETED
+        assert second_final.captured_cents == 250
+    finally:
+        await machine.device.stop()
+
+
 async def test_controller_reset_while_card_is_read_cancels(machine: Machine) -> None:
     machine.desk.card_time = 1.0
     visit_task = asyncio.create_task(machine.controller.customer("A1"))

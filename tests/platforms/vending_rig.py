@@ -47,6 +47,7 @@ class CardDesk:
 
     def __init__(self, card_time: float = 0.005) -> None:
         self.card_time = card_time
+        self.cancel_time = 0.0  # how long the terminal takes to cancel a card wait
         self.sales: list[DeskSale] = []
         self._ids = itertools.count(1)
         self._busy = False
@@ -68,6 +69,7 @@ class CardDesk:
         return sale
 
     async def cancel(self, sale_id: str) -> None:
+        await asyncio.sleep(self.cancel_time)
         task = self._waiting.get(sale_id)
         if task is not None:
             task.cancel()
