@@ -1,0 +1,205 @@
+"""The MDB session machine under generated interleavings, over a real pty.
+
+Hand-written tests walk the orders their authors thought of; a probe crossing a vend request
+slipped past them. Here hypothesis picks the order: customers (vending, failing, silent, walking
+away), probes, controller resets, repeated ENABLEDs and pauses, and on the lying-adapter test raw
+lines out of turn. What must hold whatever the order:
+
+- money: a capture only for what the machine was told to vend, never above the selection's price,
+  and with an honest controller exactly the vended visits' prices;
+- with an honest controller and no reset, every customer is served as their own behaviour earns
+  (a probe or a repeated ENABLED never costs a sale);
+- no sale is left open, and the machine sells again afterwards (nothing stuck).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from pathlib import Path
+from typing import Any
+
+from hypothesis import Phase, given, settings
+from hypothesis import strategies as st
+
+from kiosk_agent.core.sale import SaleState
+from kiosk_agent.platforms.virtual import ControllerOptions, VirtualController, VisitOutcome
+
+from .vending_rig import Machine, make_machine
+
+PRODUCTS = {"A1": 150, "A2": 250, "D2": 102}  # D2 is declined by the card desk
+
+customers = st.tuples(
+    st.just("customer"),
+    st.sampled_from(sorted(PRODUCTS)),
+    st.sampled_from(["vends", "fails", "says_nothing", "walks_away"]),
+)
+quirks = st.tuples(st.sampled_from(["probe", "reset", "repeat_enable"]))
+pauses = st.tuples(st.just("pause"), st.sampled_from([0.0, 0.003, 0.01, 0.03, 0.08]))
+# Lines a confused or noisy adapter may send at any moment.
+stray_lines = st.tuples(
+    st.just("line"),
+    st.sampled_from(
+        [
+            "c,STATUS,ENABLED",
+            "c,STATUS,IDLE",
+            "c,STATUS,IDLE,5.00",
+            "c,STATUS,VEND,1.50,A1",
+            "c,STATUS,VEND,9.99,Z9",
+            "c,VEND,SUCCESS",
+            "c,ERR,VEND 3",
+            "c,ERR,START -1",
+            "c,STATUS,VEND,1e2,A1",
+            "\x00\xff garbage",  # sent as the bytes, Latin-1
+            "c,STATUS,DISABLED",
+        ]
+    ),
+)
+
+# Generated and reported as found, not shrunk: each example runs a machine in real time, and
+# shrinking one would outlast the test's time limit. A dozen steps read well enough.
+PHASES = (Phase.explicit, Phase.reuse, Phase.generate)
+
+HONEST = st.lists(st.one_of(customers, quirks, pauses), min_size=1, max_size=12)
+LYING = st.lists(st.one_of(customers, quirks, pauses, stray_lines), min_size=1, max_size=14)
+
+
+@settings(max_examples=20, derandomize=True, phases=PHASES)
+@given(steps=HONEST)
+def test_an_honest_controller_is_charged_exactly_what_it_vended(
+    tmp_path_factory: Any, steps: list[tuple[Any, ...]]
+) -> None:
+    workdir = tmp_path_factory.mktemp("mdb")
+    asyncio.run(_play(workdir, steps, honest=True))
+
+
+@settings(max_examples=20, derandomize=True, phases=PHASES)
+@given(steps=LYING)
+def test_a_lying_adapter_never_gets_more_than_it_was_approved(
+    tmp_path_factory: Any, steps: list[tuple[Any, ...]]
+) -> None:
+    workdir = tmp_path_factory.mktemp("mdb")
+    asyncio.run(_play(workdir, steps, honest=False))
+
+
+async def _play(workdir: Path, steps: list[tuple[Any, ...]], *, honest: bool) -> None:
+    controller = VirtualController(
+        ControllerOptions(
+            products=PRODUCTS,
+            dispense_time=0.01,
+            patience=1.0,
+            link_path=workdir / "usb-Qibixx_MDB_Pi_HAT-if00",
+        ),
+        seed=3,
+    )
+    await controller.start()
+    machine: Machine | None = None
+    try:
+        async with asyncio.timeout(20):  # a hang fails this example, not the whole run
+            machine = await make_machine(
+                controller, vend_timeout=0.3, link={"silence_timeout": 30, "probe": "C,STATUS"}
+            )
+            visits = [task async for task in _run_steps(machine, steps)]
+            await asyncio.gather(*visits)
+            finals = await machine.desk.settled()  # none left open
+            _check_money(machine, finals, honest=honest)
+            if honest and ("reset",) not in steps:
+                _check_served(machine, steps)
+            await _sells_again(machine)
+    finally:
+        if machine is not None:
+            with contextlib.suppress(Exception):
+                await machine.device.stop()
+        await controller.stop()
+
+
+async def _run_steps(machine: Machine, steps: list[tuple[Any, ...]]) -> Any:
+    controller = machine.controller
+    for step in steps:
+        match step:
+            case ("customer", product, behaviour):
+                yield asyncio.create_task(_customer(controller, product, behaviour))
+                await asyncio.sleep(0)  # let the customer step up before the next event
+            case ("probe",):
+                machine.device.link.send_probe()
+            case ("reset",):
+                controller.reset()
+            case ("repeat_enable",):
+                controller.repeat_enable(2)
+            case ("pause", seconds):
+                await asyncio.sleep(seconds)
+            case ("line", line):
+                controller.send_raw((line + "\n").encode("latin-1"))
+
+
+async def _customer(controller: VirtualController, product: str, behaviour: str) -> None:
+    await controller.customer(
+        product,
+        fail=behaviour == "fails",
+        no_result=behaviour == "says_nothing",
+        walk_away_after=0.002 if behaviour == "walks_away" else None,
+    )
+
+
+def _check_money(machine: Machine, finals: list[Any], *, honest: bool) -> None:
+    approvals = [v.approved_cents or 0 for v in machine.controller.visits]
+    for sale, final in zip(machine.desk.sales, finals, strict=True):
+        assert final.state in (
+            SaleState.COMPLETED,
+            SaleState.REVERSED,
+            SaleState.DECLINED,
+            SaleState.CANCELLED,
+        ), final
+        assert final.captured_cents <= sale.request.amount_cents, final
+        if final.state is SaleState.COMPLETED:
+            assert final.captured_cents in approvals or not honest, (final, approvals)
+    captured = sum(f.captured_cents for f in finals)
+    assert captured <= sum(approvals), (captured, approvals)
+    if honest:
+        vended = sum(
+            v.price_cents for v in machine.controller.visits if v.outcome is VisitOutcome.VENDED
+        )
+        assert captured == vended, (captured, machine.controller.visits, finals)
+
+
+def _check_served(machine: Machine, steps: list[tuple[Any, ...]]) -> None:
+    """Without a reset, an honest machine's customers get what their own behaviour earns: probes,
+    repeated ENABLEDs and timing never cost a customer the sale."""
+    expected = {"vends": VisitOutcome.VENDED, "fails": VisitOutcome.FAILED,
+                "says_nothing": VisitOutcome.NO_RESULT}
+    customers = [step for step in steps if step[0] == "customer"]
+    for (_, product, behaviour), visit in zip(customers, machine.controller.visits, strict=True):
+        if behaviour == "walks_away":
+            continue  # gone after 2 ms: served or not, both are right
+        want = VisitOutcome.DENIED if product == "D2" else expected[behaviour]
+        assert visit.outcome is want, (behaviour, visit, machine.controller.received)
+
+
+async def _sells_again(machine: Machine) -> None:
+    """After any of it, a quiet moment, then the next customer is served as usual."""
+    controller = machine.controller
+    controller.enable()  # a lying adapter may have left it disabled on its own side
+    await _quiet(machine)
+    before = len(machine.desk.sales)
+    visit = await controller.customer("A1")
+    assert visit.outcome is VisitOutcome.VENDED, (visit, controller.received[-6:])
+    final = await asyncio.wait_for(machine.desk.sales[before].result(), 5)
+    assert final.state is SaleState.COMPLETED
+    assert final.captured_cents == 150
+
+
+async def _quiet(machine: Machine, still: float = 0.3) -> None:
+    """Until no session is open and nothing has crossed the wire for ``still`` seconds: the
+    answers to the lies (a denial for a phantom request, say) are out of the way."""
+
+    def wire_state() -> tuple[int, int, bool]:
+        sent = len(machine.controller.received)
+        return sent, len(machine.desk.sales), machine.device.session is None
+
+    async with asyncio.timeout(10):
+        last, since = wire_state(), asyncio.get_running_loop().time()
+        while not (last[2] and asyncio.get_running_loop().time() - since >= still):
+            await asyncio.sleep(0.02)
+            now = wire_state()
+            if now != last:
+                last, since = now, asyncio.get_running_loop().time()
