@@ -368,6 +368,11 @@ class VirtualController:
 
     # -- customers -----------------------------------------------------------------------------
 
+    @property
+    def in_visit(self) -> bool:
+        """Whether a customer is at the machine (selecting, paying or taking the product)."""
+        return self._visit_lock.locked()
+
     async def wait_enabled(self) -> None:
         await self._enabled.wait()
 

@@ -99,7 +99,7 @@ async def _play(workdir: Path, steps: list[tuple[Any, ...]], *, honest: bool) ->
             machine = await make_machine(
                 controller, vend_timeout=0.3, link={"silence_timeout": 30, "probe": "C,STATUS"}
             )
-            visits = [task async for task in _run_steps(machine, steps)]
+            visits = [task async for task in _run_steps(machine, steps, honest=honest)]
             await asyncio.gather(*visits)
             finals = await machine.desk.settled()  # none left open
             _check_money(machine, finals, honest=honest)
@@ -113,7 +113,7 @@ async def _play(workdir: Path, steps: list[tuple[Any, ...]], *, honest: bool) ->
         await controller.stop()
 
 
-async def _run_steps(machine: Machine, steps: list[tuple[Any, ...]]) -> Any:
+async def _run_steps(machine: Machine, steps: list[tuple[Any, ...]], *, honest: bool) -> Any:
     controller = machine.controller
     for step in steps:
         match step:
@@ -125,7 +125,10 @@ async def _run_steps(machine: Machine, steps: list[tuple[Any, ...]]) -> Any:
             case ("reset",):
                 controller.reset()
             case ("repeat_enable",):
-                controller.repeat_enable(2)
+                # A real controller repeats ENABLED while idle; mid-visit it would end the
+                # session (and the vend is then not paid): only a lying adapter does that.
+                if not (honest and controller.in_visit):
+                    controller.repeat_enable(2)
             case ("pause", seconds):
                 await asyncio.sleep(seconds)
             case ("line", line):
