@@ -386,7 +386,10 @@ class VirtualController:
     ) -> Visit:
         """Selection first: choose ``product``, wait for the agent's answer, take the goods."""
         async with self._visit_lock:
-            await self.wait_enabled()
+            # Enabled when the customer steps up, not only when the wait began: a reset between
+            # the two (the wake-up is not immediate) leaves the reader off the bus.
+            while self.status is not Status.ENABLED:
+                await self.wait_enabled()
             visit = self._new_visit(product)
             self._in_session = True
             try:
