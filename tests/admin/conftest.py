@@ -4,6 +4,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import pytest
 
 from kiosk_agent.app import load_agent
@@ -80,3 +81,12 @@ def read_headers() -> dict[str, str]:
 @pytest.fixture
 def webhook_secret() -> str:
     return WEBHOOK_SECRET
+
+
+@pytest.fixture
+async def api(admin_server: Any) -> Any:
+    # unsafe=True: keep cookies for 127.0.0.1 (an IP host), as a browser does
+    async with aiohttp.ClientSession(
+        base_url=admin_server.url, cookie_jar=aiohttp.CookieJar(unsafe=True)
+    ) as session:
+        yield session

@@ -17,15 +17,6 @@ from kiosk_agent.core.sale import SaleEvent, SaleState
 from tests.admin.conftest import ADMIN_TOKEN, READ_TOKEN
 
 
-@pytest.fixture
-async def api(admin_server: Any) -> Any:
-    # unsafe=True: keep cookies for 127.0.0.1 (an IP host), as a browser does
-    async with aiohttp.ClientSession(
-        base_url=admin_server.url, cookie_jar=aiohttp.CookieJar(unsafe=True)
-    ) as session:
-        yield session
-
-
 def _origin(admin_server: Any) -> dict[str, str]:
     return {"Origin": admin_server.url}
 

@@ -24,14 +24,6 @@ from tests.admin.test_server import _sell
 ADMIN = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
 
 
-@pytest.fixture
-async def api(admin_server: Any) -> Any:
-    async with aiohttp.ClientSession(
-        base_url=admin_server.url, cookie_jar=aiohttp.CookieJar(unsafe=True)
-    ) as session:
-        yield session
-
-
 # -- guessing tokens ---------------------------------------------------------------------------
 
 
