@@ -139,18 +139,27 @@ async def test_a_failed_start_leaves_nothing_open(sim_factory: Any, tmp_path: Pa
         agent.journal.query()
 
 
+async def _recovering_under_systemd(
+    sim_factory: Any, tmp_path: Path, *, answer_in: float
+) -> tuple[Agent, socket.socket]:
+    """An agent under a (socket) systemd, with an authorization left open by a crash whose
+    answer may still come for ``answer_in`` s; and the socket that hears what it tells systemd."""
+    leave_open(tmp_path, state=SaleState.AUTHORIZING, answer_by=time.time() + answer_in)
+    sim = await sim_factory(time_scale=300, transactions=0)
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    listener.bind(str(tmp_path / "notify.sock"))
+    systemd = SystemdLifecycle(SystemdNotifier(str(tmp_path / "notify.sock")), environ={})
+    config = load_config(write_config(tmp_path))
+    agent = Agent(config, settings_from_ready(sim.ready_info(), timeout=5), systemd=systemd)
+    return agent, listener
+
+
 async def test_systemd_hears_ready_only_once_recovery_has_finished(
     sim_factory: Any, tmp_path: Path
 ) -> None:
     # an authorization whose answer may still come for 1.5 s: recovery must wait for it
-    leave_open(tmp_path, state=SaleState.AUTHORIZING, answer_by=time.time() + 1.5)
-    sim = await sim_factory(time_scale=300, transactions=0)
-    listener = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-    listener.bind(str(tmp_path / "notify.sock"))
+    agent, listener = await _recovering_under_systemd(sim_factory, tmp_path, answer_in=1.5)
     listener.settimeout(10)
-    systemd = SystemdLifecycle(SystemdNotifier(str(tmp_path / "notify.sock")), environ={})
-    config = load_config(write_config(tmp_path))
-    agent = Agent(config, settings_from_ready(sim.ready_info(), timeout=5), systemd=systemd)
     try:
         await agent.start()
         assert agent.recovery.state == "running"
@@ -180,13 +189,7 @@ async def test_a_stop_during_recovery_never_tells_systemd_ready(
     sim_factory: Any, tmp_path: Path
 ) -> None:
     # recovery waits 30 s for the authorization's deadline; the agent is stopped before that
-    leave_open(tmp_path, state=SaleState.AUTHORIZING, answer_by=time.time() + 30)
-    sim = await sim_factory(time_scale=300, transactions=0)
-    listener = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-    listener.bind(str(tmp_path / "notify.sock"))
-    systemd = SystemdLifecycle(SystemdNotifier(str(tmp_path / "notify.sock")), environ={})
-    config = load_config(write_config(tmp_path))
-    agent = Agent(config, settings_from_ready(sim.ready_info(), timeout=5), systemd=systemd)
+    agent, listener = await _recovering_under_systemd(sim_factory, tmp_path, answer_in=30)
     try:
         await agent.start()
         assert agent.recovery.state == "running"
