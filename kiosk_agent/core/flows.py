@@ -480,6 +480,7 @@ def event_of(record: SaleRecord, step: str = "") -> SaleEvent:
         state=record.state,
         amount_cents=record.amount_cents,
         captured_cents=record.captured_cents,
+        reversed_cents=record.reversed_cents,
         product=record.product,
         terminal=record.terminal,
         message=record.message,

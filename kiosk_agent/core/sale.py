@@ -132,6 +132,7 @@ class SaleEvent:
     state: SaleState
     amount_cents: int
     captured_cents: int = 0
+    reversed_cents: int = 0  # given back (void or refund), on a REVERSED sale
     product: str | None = None
     terminal: str | None = None
     message: str = ""
