@@ -176,7 +176,8 @@ async def _check_service(report: Report, config: Config, args: argparse.Namespac
 
 
 async def forget_command(args: argparse.Namespace) -> int:
-    from kiosk_agent.core.upstream import ONLINE, host_device_id, unit_topics
+    from kiosk_agent.fleet.component import host_device_id
+    from kiosk_agent.fleet.topics import ONLINE, unit_topics
 
     path = config_path(args)
     config = load(path, check_platforms=False)
@@ -218,7 +219,7 @@ def _mqtt_error() -> type[Exception]:
 
 
 def _mqtt_client(conf: dict[str, Any], within: float) -> Any:
-    from kiosk_agent.core.upstream import mqtt_client
+    from kiosk_agent.fleet.mqtt import mqtt_client
 
     # Its own client id: reusing the agent's would disconnect a running agent.
     return mqtt_client(conf, f"kiosk-agent-fleet-{os.getpid()}", timeout=max(within, 5.0))
@@ -226,7 +227,7 @@ def _mqtt_client(conf: dict[str, Any], within: float) -> Any:
 
 async def _retained(conf: dict[str, Any], device_id: str, wait: float) -> dict[str, str]:
     """The unit's retained topics on the broker and their payloads (collected for ``wait`` s)."""
-    from kiosk_agent.core.upstream import unit_base_topic
+    from kiosk_agent.fleet.topics import unit_base_topic
 
     discovery = conf.get("discovery_prefix", "homeassistant")
     found: dict[str, str] = {}

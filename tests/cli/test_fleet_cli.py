@@ -15,7 +15,7 @@ from kiosk_agent.app import load_agent
 from kiosk_agent.cli import build_parser
 from kiosk_agent.cli.fleet import format_health
 from kiosk_agent.core.health import Health
-from kiosk_agent.core.upstream import Upstream
+from kiosk_agent.fleet.component import Upstream
 
 from ..helpers import free_port, until
 from ..mqtt_broker import Observer, mosquitto

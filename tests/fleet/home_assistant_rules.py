@@ -30,65 +30,190 @@ import re
 from typing import Any
 
 AVAILABILITY_KEYS = {
-    "availability", "availability_mode", "availability_template", "availability_topic",
-    "payload_available", "payload_not_available",
+    "availability",
+    "availability_mode",
+    "availability_template",
+    "availability_topic",
+    "payload_available",
+    "payload_not_available",
 }
 COMMON_KEYS = AVAILABILITY_KEYS | {
-    "device", "origin", "enabled_by_default", "entity_category", "entity_picture", "icon",
-    "json_attributes_topic", "json_attributes_template", "object_id", "unique_id", "name",
-    "encoding", "qos",
+    "device",
+    "origin",
+    "enabled_by_default",
+    "entity_category",
+    "entity_picture",
+    "icon",
+    "json_attributes_topic",
+    "json_attributes_template",
+    "object_id",
+    "unique_id",
+    "name",
+    "encoding",
+    "qos",
 }
 RO_KEYS = {"state_topic", "value_template"}
 SENSOR_KEYS = {
-    "device_class", "expire_after", "force_update", "last_reset_value_template", "options",
-    "suggested_display_precision", "state_class", "unit_of_measurement",
+    "device_class",
+    "expire_after",
+    "force_update",
+    "last_reset_value_template",
+    "options",
+    "suggested_display_precision",
+    "state_class",
+    "unit_of_measurement",
 }
 BINARY_SENSOR_KEYS = {
-    "device_class", "expire_after", "force_update", "off_delay", "payload_off", "payload_on",
+    "device_class",
+    "expire_after",
+    "force_update",
+    "off_delay",
+    "payload_off",
+    "payload_on",
 }
 DEVICE_KEYS = {
-    "identifiers", "connections", "manufacturer", "model", "name", "hw_version",
-    "serial_number", "sw_version", "via_device", "suggested_area", "configuration_url",
+    "identifiers",
+    "connections",
+    "manufacturer",
+    "model",
+    "name",
+    "hw_version",
+    "serial_number",
+    "sw_version",
+    "via_device",
+    "suggested_area",
+    "configuration_url",
 }
 ORIGIN_KEYS = {"name", "sw_version", "support_url"}
 
 # the abbreviations this project could meet (abbreviations.py has them all)
 ABBREVIATIONS = {
-    "avty": "availability", "avty_mode": "availability_mode",
-    "avty_t": "availability_topic", "avty_tpl": "availability_template", "dev": "device",
-    "dev_cla": "device_class", "e": "encoding", "en": "enabled_by_default",
-    "ent_cat": "entity_category", "ent_pic": "entity_picture", "exp_aft": "expire_after",
-    "frc_upd": "force_update", "ic": "icon", "json_attr_t": "json_attributes_topic",
-    "json_attr_tpl": "json_attributes_template", "lrst_val_tpl": "last_reset_value_template",
-    "o": "origin", "obj_id": "object_id", "off_dly": "off_delay", "ops": "options",
-    "pl_avail": "payload_available", "pl_not_avail": "payload_not_available",
-    "pl_off": "payload_off", "pl_on": "payload_on", "stat_cla": "state_class",
-    "stat_t": "state_topic", "sug_dsp_prc": "suggested_display_precision",
-    "uniq_id": "unique_id", "unit_of_meas": "unit_of_measurement", "val_tpl": "value_template",
+    "avty": "availability",
+    "avty_mode": "availability_mode",
+    "avty_t": "availability_topic",
+    "avty_tpl": "availability_template",
+    "dev": "device",
+    "dev_cla": "device_class",
+    "e": "encoding",
+    "en": "enabled_by_default",
+    "ent_cat": "entity_category",
+    "ent_pic": "entity_picture",
+    "exp_aft": "expire_after",
+    "frc_upd": "force_update",
+    "ic": "icon",
+    "json_attr_t": "json_attributes_topic",
+    "json_attr_tpl": "json_attributes_template",
+    "lrst_val_tpl": "last_reset_value_template",
+    "o": "origin",
+    "obj_id": "object_id",
+    "off_dly": "off_delay",
+    "ops": "options",
+    "pl_avail": "payload_available",
+    "pl_not_avail": "payload_not_available",
+    "pl_off": "payload_off",
+    "pl_on": "payload_on",
+    "stat_cla": "state_class",
+    "stat_t": "state_topic",
+    "sug_dsp_prc": "suggested_display_precision",
+    "uniq_id": "unique_id",
+    "unit_of_meas": "unit_of_measurement",
+    "val_tpl": "value_template",
 }
 DEVICE_ABBREVIATIONS = {
-    "cns": "connections", "cu": "configuration_url", "ids": "identifiers", "mf": "manufacturer",
-    "mdl": "model", "sw": "sw_version", "hw": "hw_version", "sa": "suggested_area",
+    "cns": "connections",
+    "cu": "configuration_url",
+    "ids": "identifiers",
+    "mf": "manufacturer",
+    "mdl": "model",
+    "sw": "sw_version",
+    "hw": "hw_version",
+    "sa": "suggested_area",
     "sn": "serial_number",
 }
 ORIGIN_ABBREVIATIONS = {"sw": "sw_version", "url": "support_url"}
 
 SENSOR_DEVICE_CLASSES = {
-    "apparent_power", "aqi", "atmospheric_pressure", "battery", "carbon_dioxide",
-    "carbon_monoxide", "current", "data_rate", "data_size", "date", "distance", "duration",
-    "energy", "energy_storage", "enum", "frequency", "gas", "humidity", "illuminance",
-    "irradiance", "moisture", "monetary", "nitrogen_dioxide", "nitrogen_monoxide",
-    "nitrous_oxide", "ozone", "ph", "pm1", "pm10", "pm25", "power_factor", "power",
-    "precipitation", "precipitation_intensity", "pressure", "reactive_power",
-    "signal_strength", "sound_pressure", "speed", "sulphur_dioxide", "temperature",
-    "timestamp", "volatile_organic_compounds", "volatile_organic_compounds_parts", "voltage",
-    "volume", "volume_flow_rate", "volume_storage", "water", "weight", "wind_speed",
+    "apparent_power",
+    "aqi",
+    "atmospheric_pressure",
+    "battery",
+    "carbon_dioxide",
+    "carbon_monoxide",
+    "current",
+    "data_rate",
+    "data_size",
+    "date",
+    "distance",
+    "duration",
+    "energy",
+    "energy_storage",
+    "enum",
+    "frequency",
+    "gas",
+    "humidity",
+    "illuminance",
+    "irradiance",
+    "moisture",
+    "monetary",
+    "nitrogen_dioxide",
+    "nitrogen_monoxide",
+    "nitrous_oxide",
+    "ozone",
+    "ph",
+    "pm1",
+    "pm10",
+    "pm25",
+    "power_factor",
+    "power",
+    "precipitation",
+    "precipitation_intensity",
+    "pressure",
+    "reactive_power",
+    "signal_strength",
+    "sound_pressure",
+    "speed",
+    "sulphur_dioxide",
+    "temperature",
+    "timestamp",
+    "volatile_organic_compounds",
+    "volatile_organic_compounds_parts",
+    "voltage",
+    "volume",
+    "volume_flow_rate",
+    "volume_storage",
+    "water",
+    "weight",
+    "wind_speed",
 }
 BINARY_SENSOR_DEVICE_CLASSES = {
-    "battery", "battery_charging", "carbon_monoxide", "cold", "connectivity", "door",
-    "garage_door", "gas", "heat", "light", "lock", "moisture", "motion", "moving", "occupancy",
-    "opening", "plug", "power", "presence", "problem", "running", "safety", "smoke", "sound",
-    "tamper", "update", "vibration", "window",
+    "battery",
+    "battery_charging",
+    "carbon_monoxide",
+    "cold",
+    "connectivity",
+    "door",
+    "garage_door",
+    "gas",
+    "heat",
+    "light",
+    "lock",
+    "moisture",
+    "motion",
+    "moving",
+    "occupancy",
+    "opening",
+    "plug",
+    "power",
+    "presence",
+    "problem",
+    "running",
+    "safety",
+    "smoke",
+    "sound",
+    "tamper",
+    "update",
+    "vibration",
+    "window",
 }
 ALL_STATE_CLASSES = {"measurement", "total", "total_increasing"}
 # sensor/const.py DEVICE_CLASS_STATE_CLASSES, for the classes a kiosk could use
@@ -113,8 +238,12 @@ VERSIONS: dict[str, dict[str, Any]] = {
     },
     "2026.2": {
         "state_classes": ALL_STATE_CLASSES | {"measurement_angle"},
-        "sensor_device_classes": SENSOR_DEVICE_CLASSES | {
-            "area", "blood_glucose_concentration", "conductivity", "energy_distance",
+        "sensor_device_classes": SENSOR_DEVICE_CLASSES
+        | {
+            "area",
+            "blood_glucose_concentration",
+            "conductivity",
+            "energy_distance",
             "wind_direction",
         },
         "device_keys": DEVICE_KEYS | {"model_id"},
@@ -163,8 +292,9 @@ def violations(topic: str, payload: dict[str, Any], version: str) -> list[str]:
     else:
         found.append("origin (o) is missing (device-based discovery requires it)")
     expire = config.get("expire_after")
-    if expire is not None and (not isinstance(expire, int) or isinstance(expire, bool)
-                               or expire < 0):
+    if expire is not None and (
+        not isinstance(expire, int) or isinstance(expire, bool) or expire < 0
+    ):
         found.append(f"expire_after {expire!r} is not a positive integer")
     category = config.get("entity_category")
     if category is not None and category not in ENTITY_CATEGORIES:
@@ -181,8 +311,9 @@ def violations(topic: str, payload: dict[str, Any], version: str) -> list[str]:
         found.append(f"state_class {state_class!r}")
     allowed = DEVICE_CLASS_STATE_CLASSES.get(device_class or "", rules["state_classes"])
     if state_class is not None and state_class not in allowed:
-        found.append(f"state_class {state_class!r} is impossible with device_class "
-                     f"{device_class!r}")
+        found.append(
+            f"state_class {state_class!r} is impossible with device_class {device_class!r}"
+        )
     if "last_reset_value_template" in config and state_class != "total":
         found.append(f"last_reset_value_template with state_class {state_class!r}")
     if device_class in NON_NUMERIC_DEVICE_CLASSES and (
@@ -197,8 +328,9 @@ def violations(topic: str, payload: dict[str, Any], version: str) -> list[str]:
             found.append("options need device_class enum")
     elif device_class == "enum":
         found.append("an enum sensor without options accepts any state")
-    if device_class == "monetary" and not re.fullmatch(r"[A-Z]{3}",
-                                                       config.get("unit_of_measurement", "")):
+    if device_class == "monetary" and not re.fullmatch(
+        r"[A-Z]{3}", config.get("unit_of_measurement", "")
+    ):
         found.append("monetary needs an ISO 4217 currency as its unit")
     return found
 

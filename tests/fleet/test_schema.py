@@ -1,0 +1,94 @@
+"""The `upstream:` section: bad fields named; credentials in clear refused unless allowed."""
+
+from pathlib import Path
+
+import pytest
+import voluptuous as vol
+
+from kiosk_agent.app import load_agent
+from kiosk_agent.cli import main
+from kiosk_agent.core.config import ConfigInvalid
+from kiosk_agent.fleet.component import Upstream
+from kiosk_agent.fleet.schema import UPSTREAM_SCHEMA
+
+from .helpers import settled_agent
+
+
+def test_schema_names_the_bad_field() -> None:
+    with pytest.raises(vol.Invalid, match="url"):
+        UPSTREAM_SCHEMA({"http": {"url": "ftp://x"}})
+    conf = UPSTREAM_SCHEMA({"mqtt": {"host": "broker"}})
+    assert conf["mqtt"]["port"] == 1883
+    assert conf["interval"] == 60.0
+
+
+# --- HTTP in clear: the fleet token must not leave the machine unencrypted ------------------------
+
+
+def _fleet_config(directory: Path, http: str) -> Path:
+    (directory / "secrets.yaml").write_text("fleet_token: fleet-token-0123456789\n")
+    (directory / "secrets.yaml").chmod(0o600)
+    path = directory / "config.yaml"
+    path.write_text(
+        "service:\n  simulator: {time_scale: 50}\n"
+        "terminals:\n  - device_id: SIM-0001\n"
+        "journal: {path: journal.db}\n"
+        f"upstream:\n  device_id: store-42\n  http: {http}\n"
+    )
+    return path
+
+
+def test_check_config_refuses_a_heartbeat_in_clear_to_another_host(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = _fleet_config(
+        tmp_path, "{url: 'http://fleet.example.com/hb', token: !secret fleet_token}"
+    )
+    assert main(["check-config", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert "upstream.http.url: an http:// heartbeat to another host sends the fleet token" in err
+    assert "allow_insecure_http: true" in err
+    assert "fleet-token-0123456789" not in err
+    assert "Traceback" not in err
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "https://fleet.example.com/hb",
+        "http://127.0.0.1:8080/hb",
+        "http://127.0.1.1/hb",
+        "http://[::1]:8080/hb",
+        "http://localhost/hb",
+        "http://localhost./hb",
+    ],
+)
+def test_https_and_loopback_heartbeats_need_no_permission(url: str) -> None:
+    conf = UPSTREAM_SCHEMA({"http": {"url": url, "token": "t"}})
+    assert conf["http"]["allow_insecure_http"] is False
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "http://fleet.example.com/hb",
+        "http://10.0.0.7/hb",
+        "http://localhost.evil.example/hb",
+        "http://127.0.0.1.evil.example/hb",
+        "http://[::ffff:10.0.0.7]/hb",
+        "http://user@10.0.0.7/hb",
+    ],
+)
+def test_clear_text_heartbeats_to_other_hosts_need_permission(url: str) -> None:
+    with pytest.raises(vol.Invalid, match="allow_insecure_http"):
+        UPSTREAM_SCHEMA({"http": {"url": url, "token": "t"}})
+    allowed = UPSTREAM_SCHEMA({"http": {"url": url, "allow_insecure_http": True}})
+    assert allowed["http"]["url"] == url
+
+
+async def test_the_agent_refuses_to_start_a_heartbeat_in_clear(tmp_path: Path) -> None:
+    path = _fleet_config(tmp_path, "{url: 'http://10.0.0.7/hb', token: !secret fleet_token}")
+    with pytest.raises(ConfigInvalid, match=r"upstream\.http\.url"):
+        load_agent(path, None, systemd=False)
+    with pytest.raises(vol.Invalid, match="allow_insecure_http"):  # the component itself too
+        Upstream(settled_agent(), {"http": {"url": "http://10.0.0.7/hb"}})
