@@ -1,11 +1,47 @@
-"""Home Assistant MQTT discovery: the config message of each entity in ``entities``."""
+"""Home Assistant MQTT discovery: the config message of each entity in ``entities``.
+
+Full key names (HA takes them and its abbreviations alike). HA's rules kept, from its
+``mqtt/sensor.py``, ``mqtt/event.py`` and ``sensor/const.py``: ``last_reset_value_template``
+only with ``state_class: total``; ``options`` only with ``device_class: enum``, and then
+neither a state class nor a unit; ``monetary`` only with ``state_class: total``; ``timestamp``
+with neither; ``expire_after`` a positive integer, not on events; origin needs a ``name``.
+What each release takes is in docs/fleet.md ("Which Home Assistant gets what").
+"""
 
 from __future__ import annotations
 
 from typing import Any
 
-from kiosk_agent.fleet.entities import DISCOVERY_ENTITIES, ORIGIN, STATUS_OPTIONS, DiscoveryOptions
+from kiosk_agent.fleet.entities import DiscoveryOptions, Entity, slug, unit_entities
 from kiosk_agent.fleet.topics import OFFLINE, ONLINE, discovery_topic
+
+PUBLISHER = "kiosk-agent"  # the origin's name: who published the configs
+
+
+def device_info(device_id: str, version: str, options: DiscoveryOptions) -> dict[str, Any]:
+    device: dict[str, Any] = {
+        "identifiers": [f"kiosk_agent_{device_id}"],
+        "name": options.name or device_id,
+        "manufacturer": PUBLISHER,
+        "model": PUBLISHER,
+        "sw_version": version,
+    }
+    optional = {
+        "model_id": options.model_id,  # HA 2024.8 and later
+        "serial_number": options.serial_number,
+        "suggested_area": options.suggested_area,
+        "configuration_url": options.configuration_url,
+    }
+    device.update({key: value for key, value in optional.items() if value})
+    return device
+
+
+def origin_info(version: str, options: DiscoveryOptions) -> dict[str, Any]:
+    origin: dict[str, Any] = {"name": PUBLISHER, "sw_version": version}
+    support_url = options.support_url or options.configuration_url
+    if support_url:
+        origin["support_url"] = support_url
+    return origin
 
 
 def discovery_messages(
@@ -15,97 +51,48 @@ def discovery_messages(
     availability_topic: str,
     prefix: str | bool,
     options: DiscoveryOptions | None = None,
+    event_topic: str | None = None,
 ) -> list[tuple[str, dict[str, Any]]]:
-    """Home Assistant MQTT discovery: one device, seven sensors and a Problem binary sensor.
-
-    Full key names (HA takes them and its abbreviations alike). HA's rules kept, from its
-    ``mqtt/sensor.py`` and ``sensor/const.py``: ``last_reset_value_template`` only with
-    ``state_class: total``; ``options`` only with ``device_class: enum``, and then neither a
-    state class nor a unit; ``monetary`` only with ``state_class: total``; ``expire_after`` a
-    positive integer; origin needs a ``name``.
-    """
+    """(topic, config) of every entity of the unit; empty when discovery is off."""
     if not prefix:
         return []
     options = options or DiscoveryOptions()
-    device: dict[str, Any] = {
-        "identifiers": [f"kiosk_agent_{device_id}"],
-        "name": f"Kiosk {device_id}",
-        "manufacturer": "kiosk-agent",
-        "model": "kiosk-agent",
-        "sw_version": version,
-    }
-    if options.configuration_url:
-        device["configuration_url"] = options.configuration_url
+    device = device_info(device_id, version, options)
     common: dict[str, Any] = {
         "state_topic": state_topic,
         "availability_topic": availability_topic,
         "payload_available": ONLINE,
         "payload_not_available": OFFLINE,
         "device": device,
-        "origin": {**ORIGIN, "sw_version": version},
+        "origin": origin_info(version, options),
     }
-    if options.expire_after:
-        common["expire_after"] = options.expire_after
-    configs: dict[str, dict[str, Any]] = {
-        "status": {
-            "name": "Status",
-            "value_template": "{{ value_json.status }}",
-            "device_class": "enum",
-            "options": STATUS_OPTIONS,
-        },
-        "uptime": {
-            "name": "Uptime",
-            "value_template": "{{ value_json.uptime_s | int }}",
-            "unit_of_measurement": "s",
-            "device_class": "duration",
-            "entity_category": "diagnostic",
-        },
-        "terminals_online": {
-            "name": "Terminals online",
-            "value_template": "{{ value_json.terminals_online }}",
-            "state_class": "measurement",
-        },
-        "sales_today": {
-            # drops to 0 at local midnight: a meter reset for total_increasing, never a negative
-            "name": "Sales today",
-            "value_template": "{{ value_json.sales.today_count }}",
-            "state_class": "total_increasing",
-        },
-        "sales_today_amount": {
-            # cents on the wire (exact), currency units for people; monetary takes only
-            # state_class total, so the midnight reset is told by last_reset
-            "name": "Sales today amount",
-            "value_template": "{{ (value_json.sales.today_amount_cents / 100) | round(2) }}",
-            "unit_of_measurement": options.currency,
-            "device_class": "monetary",
-            "state_class": "total",
-            "last_reset_value_template": "{{ value_json.sales.day_started }}",
-        },
-        "open_sales": {
-            "name": "Open sales",
-            "value_template": "{{ value_json.sales.open }}",
-            "state_class": "measurement",
-        },
-        "attention_sales": {
-            "name": "Sales needing attention",
-            "value_template": "{{ value_json.sales.attention }}",
-            "state_class": "measurement",
-        },
-        "problem": {
-            "name": "Problem",
-            "device_class": "problem",
-            "value_template": "{{ 'OFF' if value_json.status == 'ok' else 'ON' }}",
-            # the problems themselves, as the Problem sensor's attributes
-            "json_attributes_topic": state_topic,
-            "json_attributes_template": (
-                "{{ {'problems': value_json.problems, "
-                "'out_of_service': value_json.out_of_service | default([])} | tojson }}"
-            ),
-        },
-    }
+    events = event_topic or state_topic.rsplit("/", 1)[0] + "/event"
     messages: list[tuple[str, dict[str, Any]]] = []
-    for component, key in DISCOVERY_ENTITIES:
-        config = {**configs[key], "unique_id": f"kiosk_agent_{device_id}_{key}", **common}
-        messages.append((discovery_topic(str(prefix), component, device_id, key), config))
+    for entity in unit_entities(options, events):
+        config = _config(entity, device_id, str(device["name"]), common, options)
+        messages.append(
+            (discovery_topic(str(prefix), entity.component, device_id, entity.key), config)
+        )
     return messages
 
+
+def _config(
+    entity: Entity,
+    device_id: str,
+    device_name: str,
+    common: dict[str, Any],
+    options: DiscoveryOptions,
+) -> dict[str, Any]:
+    config: dict[str, Any] = {
+        "name": entity.name,
+        "unique_id": f"kiosk_agent_{device_id}_{entity.key}",
+        # the id 2024.3 derives from the names; 2025.10+ takes it as given
+        "default_entity_id": f"{entity.component}.{slug(f'{device_name} {entity.name}')}",
+        **common,
+        **entity.config,  # an entity may name its own state topic (the event entity does)
+    }
+    if entity.attributes:
+        config["json_attributes_topic"] = config["state_topic"]
+    if entity.expires and options.expire_after:
+        config["expire_after"] = options.expire_after
+    return config

@@ -15,7 +15,12 @@ _LOGGER = logging.getLogger(__name__)
 
 
 class HttpSink(SinkBase):
-    """POSTs each report as JSON; anything but a 2xx keeps it queued for the next heartbeat."""
+    """POSTs each report as JSON; anything but a 2xx keeps it queued for the next heartbeat.
+
+    A redirect is not followed: the report goes to the configured URL or nowhere (aiohttp would
+    strip the token on the way to another host, but send the report). It counts as a failed
+    delivery, naming where it pointed, so the operator fixes the URL.
+    """
 
     name = "http"
 
@@ -55,12 +60,20 @@ class HttpSink(SinkBase):
         assert self._session is not None
         while (report := self.queue.peek()) is not None:
             try:
-                async with self._session.post(self._url, data=json.dumps(report)) as response:
+                async with self._session.post(
+                    self._url, data=json.dumps(report), allow_redirects=False
+                ) as response:
                     if response.status >= 300:
-                        self._failed(f"HTTP {response.status} from {self._url}")
+                        self._failed(_refusal(response, self._url))
                         return
             except (aiohttp.ClientError, TimeoutError, OSError) as err:
                 self._failed(f"{type(err).__name__} posting to {self._url}")
                 return
             self._sent_one()
 
+
+def _refusal(response: aiohttp.ClientResponse, url: str) -> str:
+    if 300 <= response.status < 400:
+        where = response.headers.get("Location", "?")
+        return f"HTTP {response.status} from {url}: a redirect to {where}, not followed"
+    return f"HTTP {response.status} from {url}"

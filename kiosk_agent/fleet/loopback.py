@@ -28,3 +28,11 @@ def insecure_http(conf: dict[str, Any]) -> bool:
     url = str(conf["url"])
     return url.lower().startswith("http://") and not is_loopback_url(url)
 
+
+def insecure_mqtt(conf: dict[str, Any]) -> bool:
+    """A password to a broker on another host without TLS: it would travel in clear."""
+    return (
+        bool(conf.get("password"))
+        and not conf.get("tls")
+        and not is_loopback_host(str(conf.get("host", "")))
+    )

@@ -33,4 +33,3 @@ class ReportQueue:
 
     def __len__(self) -> int:
         return len(self._items)
-

@@ -65,4 +65,3 @@ class SinkBase:
         if error != self.last_error:
             _LOGGER.warning("upstream %s: %s (%d queued)", self.name, error, len(self.queue))
         self.last_error = error
-

@@ -100,6 +100,12 @@ def settled_agent(version: str = "9.9.9") -> SimpleNamespace:
     return SimpleNamespace(health=health)
 
 
+class Recovering:
+    """The agent's recovery while it finishes the sales a crash left open."""
+
+    state = "running"
+
+
 class HttpReceiver:
     def __init__(self, host: str = "127.0.0.1") -> None:
         self.bodies: list[dict[str, Any]] = []
@@ -107,10 +113,13 @@ class HttpReceiver:
         self.port = free_port()  # fixed: the receiver goes down and comes back on it
         self._site = LocalSite(host, self.port)
         self.failing = False  # answer 503, as an overloaded fleet server would
+        self.redirect_to: str | None = None  # answer 307 to there
 
     async def _post(self, request: web.Request) -> web.Response:
         if self.failing:
             return web.json_response({"error": "overloaded"}, status=503)
+        if self.redirect_to is not None:
+            raise web.HTTPTemporaryRedirect(self.redirect_to)
         self.bodies.append(await request.json())
         self.auth.append(request.headers.get("Authorization"))
         return web.json_response({"ok": True})

@@ -11,11 +11,12 @@ import pytest
 
 from kiosk_agent.app import load_agent
 from kiosk_agent.core.availability import Availability
+from kiosk_agent.core.sale import SaleEvent, SaleState
 from kiosk_agent.fleet.component import Upstream, configuration_url
 
 from ..helpers import until
 from ..mqtt_broker import Observer, mosquitto
-from .helpers import settled_agent
+from .helpers import Recovering, settled_agent
 
 __all__ = ["mosquitto"]  # the broker fixture, imported for the tests below
 
@@ -23,10 +24,11 @@ __all__ = ["mosquitto"]  # the broker fixture, imported for the tests below
 def test_expire_after_is_three_heartbeats_and_the_url_the_admin_api() -> None:
     agent = settled_agent()
     agent.config = {"admin": {"host": "0.0.0.0", "port": 8124}}  # noqa: S104 - a config value
-    agent.settings = SimpleNamespace(currency="EUR")
+    agent.settings = SimpleNamespace(currency="EUR", terminals={"SIM-0001": "front"})
     upstream = Upstream(agent, {"interval": 20, "mqtt": {"host": "broker"}})
     discovery = upstream.sinks[0]._discovery  # type: ignore[attr-defined]
-    assert discovery.expire_after == 60
+    assert discovery.expire_after == 66  # three intervals, each up to 10 % late (jitter)
+    assert discovery.terminals == (("SIM-0001", "front"),)
     assert discovery.currency == "EUR"
     assert discovery.configuration_url == f"http://{socket.gethostname()}:8124/"
     agent.config = {"admin": {"host": "127.0.0.1", "port": 8124}}
@@ -107,3 +109,65 @@ async def test_going_out_of_service_is_reported_at_once() -> None:
         assert "card payment unavailable on SIM-0001: terminal offline" in report["problems"]
     finally:
         await upstream.stop()
+
+
+
+async def test_the_first_report_waits_for_recovery_after_a_crash() -> None:
+    """Before: the first report went out 3 ms after "ready", while recovery was still putting
+    the sales a crash left open into attention: HA showed ok, then degraded a minute later."""
+    agent = settled_agent()
+    agent.recovery = Recovering()
+    upstream = Upstream(agent, {"interval": 3600, "start_grace": 30})
+    await upstream.start()
+    try:
+        await asyncio.sleep(0.2)
+        assert upstream.heartbeats == 0
+        agent.health.record_sale(_sale("s-1", SaleState.ATTENTION))  # recovery decides
+        agent.recovery.state = "done"
+        await until(lambda: upstream.heartbeats == 1)
+        assert upstream.heartbeat()["status"] == "degraded"  # the first report says so
+    finally:
+        await upstream.stop()
+
+
+async def test_a_serial_adapter_that_appears_late_is_not_a_problem_at_start() -> None:
+    """A USB adapter that appears 3 s after boot fails its first open at once: the link is
+    `disconnected`, never `connecting`. It is still starting: the first report waits for it."""
+    agent = settled_agent()
+    agent.health.report_link("mdb:front", "disconnected", "/dev/ttyUSB0: no such device")
+    upstream = Upstream(agent, {"interval": 3600, "start_grace": 30})
+    await upstream.start()
+    try:
+        await asyncio.sleep(0.2)
+        assert upstream.heartbeats == 0
+        agent.health.report_link("mdb:front", "connected")
+        await until(lambda: upstream.heartbeats == 1)
+        assert upstream.heartbeat()["problems"] == []
+    finally:
+        await upstream.stop()
+    # once it has been up, losing it is a problem at once: nothing waits for it
+    agent.health.report_link("mdb:front", "disconnected", "unplugged")
+    assert agent.health.settling() == []
+
+
+async def test_a_sale_needing_attention_is_reported_at_once() -> None:
+    agent = settled_agent()
+    upstream = Upstream(agent, {"interval": 3600}, change_gap=0.05)
+    await upstream.start()
+    try:
+        await until(lambda: upstream.heartbeats == 1)
+        agent.health.record_sale(_sale("s-2", SaleState.ATTENTION))
+        await until(lambda: upstream.heartbeats == 2)  # not an hour later
+        assert upstream.prompt_heartbeats == 1
+        # a change nobody must act on (an API key's expiry ticking down) waits for the beat
+        agent.health.report_service(True)
+        agent.health.record_sale(_sale("s-3", SaleState.COMPLETED))
+        await asyncio.sleep(0.2)
+        assert upstream.heartbeats == 2
+    finally:
+        await upstream.stop()
+
+
+def _sale(sale_id: str, state: SaleState) -> SaleEvent:
+    return SaleEvent(sale_id=sale_id, order_id=f"o-{sale_id}", source="mdb:front", state=state,
+                     amount_cents=250, terminal="SIM-0001", message="capture.failed")

@@ -89,3 +89,26 @@ async def test_an_allowed_heartbeat_in_clear_is_warned_at_start_and_sent(
     finally:
         await upstream.stop()
         await receiver.down()
+
+
+async def test_a_redirect_is_not_followed_and_counts_as_a_failed_delivery(
+    receiver: HttpReceiver,
+) -> None:
+    """aiohttp followed a redirect to another host (the token stripped, the report sent)."""
+    elsewhere = HttpReceiver()
+    await elsewhere.up()
+    receiver.redirect_to = f"http://127.0.0.1:{elsewhere.port}/heartbeat"
+    url = f"http://127.0.0.1:{receiver.port}/heartbeat"
+    upstream = Upstream(settled_agent(), {"interval": 3600, "http": {"url": url, "token": "t0k"}})
+    await upstream.start()
+    try:
+        sink = upstream.sinks[0]
+        await until(lambda: sink.failures == 1)
+        assert sink.last_error == (
+            f"HTTP 307 from {url}: a redirect to {receiver.redirect_to}, not followed"
+        )
+        assert elsewhere.bodies == []
+        assert upstream.stats()["http"]["queued"] == 1  # kept for the configured URL
+    finally:
+        await upstream.stop()
+        await elsewhere.down()

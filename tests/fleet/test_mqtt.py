@@ -1,13 +1,19 @@
 """The MQTT heartbeat against a real Mosquitto: a TCP proxy between the unit and the broker plays
 the network (cutting it drops the connection without a goodbye, as a pulled cable would)."""
 
+import asyncio
 import json
+import random
 from pathlib import Path
 
 import aiomqtt
 import pytest
 
+from kiosk_agent.core.availability import Availability
+from kiosk_agent.core.events import EventBus
+from kiosk_agent.core.sale import SaleEvent, SaleState
 from kiosk_agent.fleet.component import Upstream
+from kiosk_agent.fleet.mqtt import BirthPolicy, MqttSink
 
 from ..helpers import until
 from ..mqtt_broker import Observer, mosquitto, start_broker, stop_broker
@@ -93,6 +99,10 @@ async def test_mqtt_over_tls_verifies_the_broker(tmp_path: Path) -> None:
         stop_broker(proc)
 
 
+# quick answers to birth messages, for tests: the shape of the default, shorter
+QUICK_BIRTHS = BirthPolicy(settle=0.1, spread=0.05, longest=1.0, min_gap=0.3, max_gap=1.0)
+
+
 @pytest.mark.mqtt
 async def test_home_assistants_birth_message_brings_the_discovery_again(mosquitto: int) -> None:
     observer = Observer(mosquitto)
@@ -102,18 +112,20 @@ async def test_home_assistants_birth_message_brings_the_discovery_again(mosquitt
         "interval": 3600,
         "mqtt": {"host": "127.0.0.1", "port": mosquitto, "reconnect_interval": 0.1},
     }
-    upstream = Upstream(settled_agent(), conf)
+    upstream = Upstream(settled_agent(), conf, births=QUICK_BIRTHS)
     problem_topic = "homeassistant/binary_sensor/unit-b/problem/config"
     await upstream.start()
     try:
         await until(lambda: len(observer.on("kiosk-agent/unit-b/state")) == 1)
-        configs = [t for t, _, _ in observer.messages if t.endswith("/config")]
-        assert len(configs) == 8
+        configs = [t for t, payload, _ in observer.messages if t.endswith("/config") and payload]
+        assert len(configs) == 14
         for topic in configs:  # what the broker hands Home Assistant passes HA's rules
             payload = json.loads(observer.on(topic)[0])
             assert ha.violations(topic, payload, "2024.3") == []
             assert ha.violations(topic, payload, "2026.2") == []
-        assert json.loads(observer.on(problem_topic)[0])["expire_after"] == 10800
+        assert json.loads(observer.on(problem_topic)[0])["expire_after"] == 11880
+        # the uptime sensor of earlier versions is cleared: HA removes it
+        assert observer.on("homeassistant/sensor/unit-b/uptime/config") == [""]
 
         # Home Assistant restarts and says so: the unit announces itself and its state again
         async with aiomqtt.Client("127.0.0.1", mosquitto) as home_assistant:
@@ -122,6 +134,86 @@ async def test_home_assistants_birth_message_brings_the_discovery_again(mosquitt
         await until(lambda: len(observer.on("kiosk-agent/unit-b/state")) == 2)
         assert upstream.sinks[0].announcements == 2  # type: ignore[attr-defined]
         assert observer.on("kiosk-agent/unit-b/availability")[-1] == "online"
+    finally:
+        await upstream.stop()
+        await observer.stop()
+
+
+@pytest.mark.mqtt
+async def test_a_storm_of_birth_messages_costs_one_announce_and_one_log_line(
+    mosquitto: int, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Any broker client can publish `homeassistant/status online`: 2,000 of them in 0.8 s
+    made a unit announce itself 2,000 times (and log 2,000 lines)."""
+    conf = {"device_id": "unit-s", "interval": 3600,
+            "mqtt": {"host": "127.0.0.1", "port": mosquitto, "reconnect_interval": 0.1}}
+    upstream = Upstream(settled_agent(), conf, births=QUICK_BIRTHS)
+    await upstream.start()
+    sink = upstream.mqtt
+    assert sink is not None
+    try:
+        await until(lambda: sink.sent == 1)
+        with caplog.at_level("INFO", logger="kiosk_agent.fleet.mqtt"):
+            async with aiomqtt.Client("127.0.0.1", mosquitto) as rogue:
+                for _ in range(200):
+                    await rogue.publish("homeassistant/status", "online", qos=0)
+            await until(lambda: sink.births_heard == 200)
+            await until(lambda: sink.announcements == 2)
+            await asyncio.sleep(0.5)  # longer than settle + spread + min_gap: nothing more
+        assert sink.announcements == 2  # the first, and one for the whole storm
+        assert sink.reannounce_at is None
+        lines = [r for r in caplog.records if "Home Assistant (re)started" in r.getMessage()]
+        assert len(lines) == 1
+    finally:
+        await upstream.stop()
+
+
+def test_births_that_keep_coming_are_answered_ever_more_rarely() -> None:
+    """The gap between announces doubles while births keep coming (up to max_gap), and one
+    that never stops is still answered after `longest`."""
+    now = [0.0]
+    sink = MqttSink({"host": "broker"}, 1, "u", "1", births=QUICK_BIRTHS,
+                    rng=random.Random(1), clock=lambda: now[0])
+    sink._last_announce = 0.0
+    due = []
+    for _ in range(3):
+        for _ in range(40):  # a birth every 0.05 s for 2 s: never settles
+            sink.heard_birth()
+            now[0] += 0.05
+            if sink.reannounce_at is not None and now[0] >= sink.reannounce_at:
+                due.append(round(sink.reannounce_at, 2))
+                sink._last_announce, sink.reannounce_at, sink._birth_first = now[0], None, None
+    gaps = [b - a for a, b in zip([0.0, *due], due, strict=False)]
+    assert len(due) >= 3
+    assert all(gap >= 0.3 for gap in gaps)  # never closer than min_gap
+    assert gaps[-1] > gaps[0]  # backing off
+
+
+@pytest.mark.mqtt
+async def test_alerts_go_out_as_home_assistant_events_at_once(mosquitto: int) -> None:
+    observer = Observer(mosquitto)
+    await observer.start("kiosk-agent/unit-e/event")
+    agent = settled_agent()
+    agent.events = EventBus()
+    agent.availability = Availability(agent.health, ["SIM-0001"], hold_off=0)
+    conf = {"device_id": "unit-e", "interval": 3600,
+            "mqtt": {"host": "127.0.0.1", "port": mosquitto, "reconnect_interval": 0.1}}
+    upstream = Upstream(agent, conf, change_gap=0.05)
+    await upstream.start()
+    try:
+        await until(lambda: upstream.heartbeats == 1)
+        attention = SaleEvent(
+            sale_id="s-9", order_id="o-9", source="mdb:front", terminal="SIM-0001",
+            state=SaleState.ATTENTION, amount_cents=250, message="capture.failed",
+        )
+        agent.events.publish(attention)
+        agent.health.report_terminal("SIM-0001", online=False)
+        agent.availability.evaluate()
+        await until(lambda: len(observer.messages) == 2)
+        events = {json.loads(p)["event_type"]: json.loads(p) for _, p, _ in observer.messages}
+        assert events["sale_needs_attention"]["sale_id"] == "s-9"
+        assert events["terminal_out_of_service"]["terminal"] == "SIM-0001"
+        assert not any(retain for _, _, retain in observer.messages)  # an event, not a state
     finally:
         await upstream.stop()
         await observer.stop()

@@ -1,6 +1,7 @@
 """The `upstream:` section: bad fields named; credentials in clear refused unless allowed."""
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 import voluptuous as vol
@@ -92,3 +93,31 @@ async def test_the_agent_refuses_to_start_a_heartbeat_in_clear(tmp_path: Path) -
         load_agent(path, None, systemd=False)
     with pytest.raises(vol.Invalid, match="allow_insecure_http"):  # the component itself too
         Upstream(settled_agent(), {"http": {"url": "http://10.0.0.7/hb"}})
+
+
+@pytest.mark.parametrize(
+    "mqtt",
+    [
+        {"host": "broker.example.com", "username": "u", "password": "p", "tls": True},
+        {"host": "127.0.0.1", "username": "u", "password": "p"},
+        {"host": "localhost", "password": "p"},
+        {"host": "broker.example.com"},  # no password: nothing secret to carry
+    ],
+)
+def test_mqtt_credentials_in_clear_only_to_this_machine(mqtt: dict[str, Any]) -> None:
+    assert UPSTREAM_SCHEMA({"mqtt": mqtt})["mqtt"]["allow_insecure"] is False
+
+
+@pytest.mark.parametrize("host", ["broker.example.com", "10.0.0.7", "localhost.evil.example"])
+def test_a_password_on_plain_mqtt_to_another_host_is_refused(host: str) -> None:
+    mqtt = {"host": host, "username": "store-42", "password": "p"}
+    with pytest.raises(vol.Invalid, match="allow_insecure: true") as refused:
+        UPSTREAM_SCHEMA({"mqtt": mqtt})
+    assert refused.value.path == ["mqtt", "password"]
+    assert UPSTREAM_SCHEMA({"mqtt": {**mqtt, "allow_insecure": True}})["mqtt"]["host"] == host
+
+
+@pytest.mark.parametrize("device_id", ["+", "#", "a/b", "unit 1", ""])
+def test_a_device_id_is_one_plain_topic_level(device_id: str) -> None:
+    with pytest.raises(vol.Invalid, match="letters, digits"):
+        UPSTREAM_SCHEMA({"device_id": device_id})
