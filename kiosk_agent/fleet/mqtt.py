@@ -141,6 +141,10 @@ class MqttSink(SinkBase):
                 async with self._new_client() as client:
                     self._client = client
                     await self._announce(client, first=self.connects == 0)
+                    if self.last_report is not None and not self.queue:
+                        # a broker restarted without persistence lost it: HA would show
+                        # "unknown" until the next beat
+                        await self._publish_state(client, self.last_report)
                     self.connected = True
                     self.connects += 1
                     self._backoff.reset()
@@ -218,7 +222,10 @@ class MqttSink(SinkBase):
         self._birth_first = None
         await self._announce(client)
         if self.last_report is not None:  # its entities get a state at once
-            await client.publish(self.state_topic, json.dumps(self.last_report), qos=1, retain=True)
+            await self._publish_state(client, self.last_report)
+
+    async def _publish_state(self, client: aiomqtt.Client, report: dict[str, Any]) -> None:
+        await client.publish(self.state_topic, json.dumps(report), qos=1, retain=True)
 
     async def _announce(self, client: aiomqtt.Client, *, first: bool = False) -> None:
         for topic, config in discovery_messages(
@@ -241,7 +248,7 @@ class MqttSink(SinkBase):
 
     async def _flush(self, client: aiomqtt.Client) -> None:
         while (report := self.queue.peek()) is not None:
-            await client.publish(self.state_topic, json.dumps(report), qos=1, retain=True)
+            await self._publish_state(client, report)
             self.last_report = report
             self._sent_one()
         while self.events:
