@@ -217,3 +217,31 @@ async def test_alerts_go_out_as_home_assistant_events_at_once(mosquitto: int) ->
     finally:
         await upstream.stop()
         await observer.stop()
+
+
+@pytest.mark.mqtt
+async def test_after_a_broker_restart_the_unit_is_back_with_its_state(tmp_path: Path) -> None:
+    """A broker without persistence comes back empty: the unit reconnects (after a random
+    wait below reconnect_interval) and publishes its discovery, availability and last state."""
+    proc, port = start_broker(tmp_path)
+    conf = {"device_id": "unit-r", "interval": 3600,
+            "mqtt": {"host": "127.0.0.1", "port": port, "reconnect_interval": 0.2}}
+    upstream = Upstream(settled_agent(), conf)
+    await upstream.start()
+    sink = upstream.mqtt
+    assert sink is not None
+    try:
+        await until(lambda: sink.sent == 1)
+        stop_broker(proc)
+        await until(lambda: not sink.connected)
+        proc, _ = start_broker(tmp_path, port=port)
+        await until(lambda: sink.connects == 2)
+        observer = Observer(port)
+        await observer.start("kiosk-agent/unit-r/#")
+        await until(lambda: len(observer.on("kiosk-agent/unit-r/state")) == 1)
+        assert observer.on("kiosk-agent/unit-r/availability") == ["online"]
+        await observer.stop()
+        assert sink.sent == 1  # the same report again, not a new heartbeat
+    finally:
+        await upstream.stop()
+        stop_broker(proc)
