@@ -44,12 +44,12 @@ from kiosk_agent.admin.metrics import (
     write_webhooks,
 )
 from kiosk_agent.admin.page import StatusPage, TokenGuesses
-from kiosk_agent.core.attention import NotInAttention, ResolveError, UnknownSale, resolve
 from kiosk_agent.core.config import register_section
 from kiosk_agent.core.logging import RefusalLog, refusal_counts, suppressed_counts
-from kiosk_agent.core.sale import SaleState
 from kiosk_agent.core.web import BodyError, HttpLimits, LocalSite, live_sites, read_json
 from kiosk_agent.export import CsvExport, JsonExport, report_columns, report_values
+from kiosk_agent.sales.attention import NotInAttention, ResolveError, UnknownSale, resolve
+from kiosk_agent.sales.states import SaleState
 from kiosk_agent.service.errors import (
     AuthenticationError,
     BadRequestError,

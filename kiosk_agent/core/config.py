@@ -108,7 +108,7 @@ def positive_float(value: Any) -> float:
 
 
 def _flow(value: Any) -> str:
-    from kiosk_agent.core.sale import Flow
+    from kiosk_agent.sales.model import Flow
 
     try:
         return Flow(value).value

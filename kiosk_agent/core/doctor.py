@@ -302,7 +302,7 @@ async def check_test_print(
 
 
 def last_trans_id(config: Config) -> str | None:
-    from kiosk_agent.core.journal import Journal
+    from kiosk_agent.sales.journal import Journal
 
     path = config.resolve(config["journal"]["path"])
     if not path.exists():

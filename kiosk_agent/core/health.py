@@ -22,11 +22,12 @@ from typing import Any, Protocol
 import voluptuous as vol
 from pydantic import BaseModel, ConfigDict
 
+from kiosk_agent.bus import EventBus
 from kiosk_agent.core.config import register_section
-from kiosk_agent.core.events import EventBus
-from kiosk_agent.core.sale import SaleEvent, SaleState
 from kiosk_agent.money import format_cents
 from kiosk_agent.redact import redact
+from kiosk_agent.sales.model import SaleEvent
+from kiosk_agent.sales.states import SaleState
 from kiosk_agent.service.errors import AuthenticationError
 from kiosk_agent.tasks import BackgroundTask
 

@@ -35,11 +35,11 @@ import voluptuous as vol
 from kiosk_agent.core.availability import follow_availability
 from kiosk_agent.core.config import PLATFORM_SCHEMA as BASE_PLATFORM_SCHEMA
 from kiosk_agent.core.config import positive_float, positive_price
-from kiosk_agent.core.sale import Flow
 from kiosk_agent.platforms import mdb_protocol as wire
 from kiosk_agent.platforms.base import instance_name, link_reporter
 from kiosk_agent.platforms.mdb import MdbCashless, MdbOptions, Mode, check_modes
 from kiosk_agent.platforms.serial import SerialSettings
+from kiosk_agent.sales.model import Flow
 from kiosk_agent.tasks import TaskSet, cancel_and_wait
 
 _LOGGER = logging.getLogger(__name__)

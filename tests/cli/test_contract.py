@@ -24,7 +24,7 @@ import pytest
 
 from kiosk_agent.cli import build_parser, command_word, main, walk
 from kiosk_agent.cli import contract as cli
-from kiosk_agent.core.journal import Journal
+from kiosk_agent.sales.journal import Journal
 from kiosk_agent.sim.server import SimServer
 
 ROOT = Path(__file__).resolve().parents[2]

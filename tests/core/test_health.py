@@ -5,7 +5,7 @@ import time
 import pytest
 import voluptuous as vol
 
-from kiosk_agent.core.events import EventBus
+from kiosk_agent.bus import EventBus
 from kiosk_agent.core.health import (
     HEALTH_SCHEMA,
     Health,
@@ -13,7 +13,8 @@ from kiosk_agent.core.health import (
     HealthSnapshot,
     Status,
 )
-from kiosk_agent.core.sale import RECEIPT_STEP, SaleEvent, SaleState
+from kiosk_agent.sales.model import RECEIPT_STEP, SaleEvent
+from kiosk_agent.sales.states import SaleState
 
 from ..helpers import until
 
@@ -237,7 +238,7 @@ async def test_a_refused_key_is_not_an_unreachable_service(sim) -> None:
 
 async def test_each_round_probes_the_journal_and_can_be_woken(service, tmp_path) -> None:
     from kiosk_agent.core.events import EventLog
-    from kiosk_agent.core.journal import Journal
+    from kiosk_agent.sales.journal import Journal
 
     journal = Journal(tmp_path / "journal.db")
     journal.open()
