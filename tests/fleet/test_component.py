@@ -11,8 +11,9 @@ import pytest
 
 from kiosk_agent.app import load_agent
 from kiosk_agent.core.availability import Availability
-from kiosk_agent.core.sale import SaleEvent, SaleState
 from kiosk_agent.fleet.component import Upstream, configuration_url
+from kiosk_agent.sales.model import SaleEvent
+from kiosk_agent.sales.states import SaleState
 
 from ..helpers import until
 from ..mqtt_broker import Observer, mosquitto

@@ -9,11 +9,12 @@ from pathlib import Path
 import aiomqtt
 import pytest
 
+from kiosk_agent.bus import EventBus
 from kiosk_agent.core.availability import Availability
-from kiosk_agent.core.events import EventBus
-from kiosk_agent.core.sale import SaleEvent, SaleState
 from kiosk_agent.fleet.component import Upstream
 from kiosk_agent.fleet.mqtt import BirthPolicy, MqttSink
+from kiosk_agent.sales.model import SaleEvent
+from kiosk_agent.sales.states import SaleState
 
 from ..helpers import until
 from ..mqtt_broker import Observer, mosquitto, start_broker, stop_broker
