@@ -235,8 +235,7 @@ async def _fleet(mqtt: dict[str, Any], wait: float, device_id: str = "+") -> lis
     prefix = mqtt.get("topic_prefix", "kiosk-agent")
     patterns = [f"{prefix}/{device_id}/state", f"{prefix}/{device_id}/availability"]
     try:
-        async with STATUS.waiting(f"the broker {mqtt['host']}:{mqtt['port']}", wait):
-            found = await retained(mqtt, patterns, wait=wait)
+        found = await retained(mqtt, patterns, wait=wait)
     except (OSError, TimeoutError, _mqtt_error()) as err:
         raise _unreachable(mqtt, err) from None
     return units(prefix, found)

@@ -3,6 +3,7 @@
 import asyncio
 import json
 import socket
+import time
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -10,11 +11,16 @@ from typing import Any
 import pytest
 
 from kiosk_agent.app import load_agent
+from kiosk_agent.cli.sim import settings_from_ready
+from kiosk_agent.core.agent import Agent
 from kiosk_agent.core.availability import Availability
+from kiosk_agent.core.config import load_config
 from kiosk_agent.fleet.component import Upstream, configuration_url
 from kiosk_agent.sales.model import SaleEvent
 from kiosk_agent.sales.states import SaleState
 
+from ..core.agent_helpers import write_config
+from ..core.test_recovery import leave_open
 from ..helpers import until
 from ..mqtt_broker import Observer, mosquitto
 from .helpers import Recovering, settled_agent
@@ -172,3 +178,27 @@ async def test_a_sale_needing_attention_is_reported_at_once() -> None:
 def _sale(sale_id: str, state: SaleState) -> SaleEvent:
     return SaleEvent(sale_id=sale_id, order_id=f"o-{sale_id}", source="mdb:front", state=state,
                      amount_cents=250, terminal="SIM-0001", message="capture.failed")
+
+
+async def test_a_real_agent_after_a_crash_reports_once_recovery_has_decided(
+    sim_factory: Any, tmp_path: Path
+) -> None:
+    """The defect as met on a real unit: the agent says ready while recovery still works on a
+    sale a crash left open; its first report must wait for recovery's verdict."""
+    leave_open(tmp_path, state=SaleState.AUTHORIZING, answer_by=time.time() + 1.0)
+    sim = await sim_factory(time_scale=300, transactions=0)
+    config = load_config(write_config(tmp_path, "upstream: {interval: 3600, start_grace: 30}\n"))
+    agent = Agent(config, settings_from_ready(sim.ready_info(), timeout=5))
+    agent.add_component(Upstream, config["upstream"])
+    await agent.start()
+    try:
+        [upstream] = agent.components
+        assert isinstance(upstream, Upstream)
+        assert agent.recovery.state == "running"  # ready, recovery still at work
+        assert upstream.heartbeats == 0
+        await until(lambda: upstream.heartbeats == 1, timeout=10)
+        assert agent.recovery.state == "done"
+        assert upstream.first_report_waited_s is not None
+        assert upstream.first_report_waited_s >= 0.5
+    finally:
+        await agent.stop()
