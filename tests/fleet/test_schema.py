@@ -121,3 +121,20 @@ def test_a_password_on_plain_mqtt_to_another_host_is_refused(host: str) -> None:
 def test_a_device_id_is_one_plain_topic_level(device_id: str) -> None:
     with pytest.raises(vol.Invalid, match="letters, digits"):
         UPSTREAM_SCHEMA({"device_id": device_id})
+
+
+def test_check_config_refuses_a_broker_password_in_clear(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / "secrets.yaml").write_text("mqtt_password: broker-pass-0123456789\n")
+    (tmp_path / "secrets.yaml").chmod(0o600)
+    path = tmp_path / "config.yaml"
+    path.write_text(
+        "service:\n  simulator: {time_scale: 50}\nterminals:\n  - device_id: SIM-0001\n"
+        "upstream:\n  mqtt: {host: mqtt.example.com, username: store-42, "
+        "password: !secret mqtt_password}\n"
+    )
+    assert main(["check-config", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert "upstream.mqtt.password: a password to a broker on another host without tls" in err
+    assert "broker-pass-0123456789" not in err
