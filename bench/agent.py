@@ -34,8 +34,9 @@ import aiohttp
 from kiosk_agent.cli.sim import settings_from_ready
 from kiosk_agent.core.agent import Agent
 from kiosk_agent.core.config import load_config
-from kiosk_agent.core.journal import Journal, SaleRecord
-from kiosk_agent.core.sale import DispenseOutcome, DispenseStatus, Flow, SaleRequest, SaleState
+from kiosk_agent.sales.journal import Journal, SaleRecord
+from kiosk_agent.sales.model import DispenseOutcome, DispenseStatus, Flow, SaleRequest
+from kiosk_agent.sales.states import SaleState
 from kiosk_agent.service.client import ServiceClient
 from kiosk_agent.service.settings import ServiceSettings
 from kiosk_agent.sim.server import SimOptions, SimServer

@@ -41,7 +41,8 @@ gc.collect()
 after_import = rss_kib()
 
 from kiosk_agent.core.health import Health
-from kiosk_agent.core.sale import SaleEvent, SaleState
+from kiosk_agent.sales.model import SaleEvent
+from kiosk_agent.sales.states import SaleState
 from kiosk_agent.service.settings import CallKind
 
 health = Health("bench")

@@ -33,7 +33,7 @@ from pydantic import BaseModel
 from kiosk_agent.money import cents_to_dollars
 
 if TYPE_CHECKING:
-    from kiosk_agent.core.journal import SaleRecord
+    from kiosk_agent.sales.journal import SaleRecord
     from kiosk_agent.service.models.reporting import ReportKind
 
 # Fields never exported, in any format.

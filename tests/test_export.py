@@ -19,8 +19,6 @@ from hypothesis import strategies as st
 
 from kiosk_agent.app import load_agent
 from kiosk_agent.cli import main
-from kiosk_agent.core.journal import Journal, SaleRecord
-from kiosk_agent.core.sale import SaleState
 from kiosk_agent.export import (
     FORMULA_STARTS,
     Amount,
@@ -29,6 +27,8 @@ from kiosk_agent.export import (
     csv_cell,
     timestamp,
 )
+from kiosk_agent.sales.journal import Journal, SaleRecord
+from kiosk_agent.sales.states import SaleState
 from kiosk_agent.service.client import ServiceClient
 from kiosk_agent.service.models.payments import ChargeRequest
 from kiosk_agent.sim.server import SimServer

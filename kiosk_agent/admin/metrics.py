@@ -39,8 +39,9 @@ from prometheus_client.registry import Collector
 
 from kiosk_agent.core.health import HealthSnapshot, SaleTotals, Status
 from kiosk_agent.core.logging import refusal_counts, suppressed_counts
-from kiosk_agent.core.sale import SaleEvent, SaleState
 from kiosk_agent.core.web import live_sites
+from kiosk_agent.sales.model import SaleEvent
+from kiosk_agent.sales.states import SaleState
 from kiosk_agent.service.settings import CallKind
 
 PREFIX = "kiosk_agent_"

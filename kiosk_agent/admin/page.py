@@ -42,11 +42,11 @@ from urllib.parse import urlsplit
 from aiohttp import web
 
 from kiosk_agent.core.doctor import Report, Verdict, check_running
-from kiosk_agent.core.journal import SaleRecord
 from kiosk_agent.core.logging import RefusalLog
-from kiosk_agent.core.sale import SaleEvent
 from kiosk_agent.core.web import read_json
 from kiosk_agent.money import format_cents
+from kiosk_agent.sales.journal import SaleRecord
+from kiosk_agent.sales.model import SaleEvent
 from kiosk_agent.tasks import BackgroundTask
 
 _LOGGER = logging.getLogger(__name__)

@@ -35,12 +35,12 @@ from aiohttp import web
 from pydantic import BaseModel, ValidationError
 
 from kiosk_agent.admin.page import StatusPage, TokenGuesses
-from kiosk_agent.core.attention import NotInAttention, ResolveError, UnknownSale, resolve
 from kiosk_agent.core.config import register_section
 from kiosk_agent.core.logging import RefusalLog
-from kiosk_agent.core.sale import SaleState
 from kiosk_agent.core.web import BodyError, HttpLimits, LocalSite, read_json
 from kiosk_agent.export import CsvExport, JsonExport, report_columns, report_values
+from kiosk_agent.sales.attention import NotInAttention, ResolveError, UnknownSale, resolve
+from kiosk_agent.sales.states import SaleState
 from kiosk_agent.service.errors import (
     AuthenticationError,
     BadRequestError,

@@ -30,12 +30,12 @@ from kiosk_agent.cli.contract import (
     say,
     wants_json,
 )
-from kiosk_agent.core.attention import RESOLUTIONS
 from kiosk_agent.core.config import Config, ConfigInvalid, load_config
-from kiosk_agent.core.journal import Journal, JournalError, SaleRecord
-from kiosk_agent.core.sale import SaleState
 from kiosk_agent.export import SALE_COLUMNS, CsvExport, JsonExport, sale_values
 from kiosk_agent.money import format_cents
+from kiosk_agent.sales.attention import RESOLUTIONS
+from kiosk_agent.sales.journal import Journal, JournalError, SaleRecord
+from kiosk_agent.sales.states import SaleState
 
 if TYPE_CHECKING:
     from kiosk_agent.service.settings import ServiceSettings
@@ -334,7 +334,7 @@ async def attention_command(args: argparse.Namespace) -> int:
 async def resolve_command(args: argparse.Namespace) -> int:
     import getpass
 
-    from kiosk_agent.core.attention import ResolveError, resolve
+    from kiosk_agent.sales.attention import ResolveError, resolve
 
     journal = _open_journal(args)
     try:

@@ -40,8 +40,9 @@ from kiosk_agent.cli.contract import (
     positive_int,
     use_colour,
 )
-from kiosk_agent.core.sale import SaleEvent, SaleState
 from kiosk_agent.money import format_cents
+from kiosk_agent.sales.model import SaleEvent
+from kiosk_agent.sales.states import SaleState
 from kiosk_agent.tasks import TaskSet, cancel_and_wait, next_item
 
 DEFAULT_CONFIG = Path(__file__).resolve().parents[2] / "config" / "demo.yaml"

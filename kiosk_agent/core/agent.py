@@ -17,18 +17,19 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from kiosk_agent import __version__
-from kiosk_agent.core.attention import AttentionSweeper
+from kiosk_agent.bus import EventBus
 from kiosk_agent.core.availability import Availability
 from kiosk_agent.core.config import Config
-from kiosk_agent.core.events import EventBus, EventLog
-from kiosk_agent.core.flows import INTERACTION_LIFETIME, SaleContext, SaleRunner, SaleSettings
+from kiosk_agent.core.events import EventLog
 from kiosk_agent.core.health import HEALTH_SCHEMA, Health, HealthChecker
-from kiosk_agent.core.journal import Journal
-from kiosk_agent.core.receipts import ReceiptSettings
-from kiosk_agent.core.recovery import Recovery
 from kiosk_agent.core.registry import PlatformInstance
-from kiosk_agent.core.sale import SaleEvent
 from kiosk_agent.core.systemd import SystemdLifecycle
+from kiosk_agent.sales.attention import AttentionSweeper
+from kiosk_agent.sales.flows import INTERACTION_LIFETIME, SaleContext, SaleRunner, SaleSettings
+from kiosk_agent.sales.journal import Journal
+from kiosk_agent.sales.model import SaleEvent
+from kiosk_agent.sales.receipts import ReceiptSettings
+from kiosk_agent.sales.recovery import Recovery
 from kiosk_agent.service.client import ServiceClient
 from kiosk_agent.service.errors import ServiceError
 from kiosk_agent.service.models import Terminal

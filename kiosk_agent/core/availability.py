@@ -23,9 +23,11 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from kiosk_agent.core.events import EventBus, EventLog
+from kiosk_agent.bus import EventBus
+from kiosk_agent.core.events import EventLog
 from kiosk_agent.core.health import Health
-from kiosk_agent.core.sale import SaleEvent, SaleState
+from kiosk_agent.sales.model import SaleEvent
+from kiosk_agent.sales.states import SaleState
 
 _LOGGER = logging.getLogger(__name__)
 

@@ -9,50 +9,22 @@ journal's database beside the sales, and publishes each on its own bus.
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import dataclasses
 import json
 import logging
 import sqlite3
 import time
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Generic, TypeVar
+from typing import Any, TypeVar
 
-from kiosk_agent.core.journal import transaction
+from kiosk_agent.bus import EventBus
 from kiosk_agent.redact import redact
+from kiosk_agent.sales.journal import transaction
 
 _LOGGER = logging.getLogger(__name__)
 
 T = TypeVar("T")
-
-
-class EventBus(Generic[T]):
-    def __init__(self, queue_size: int = 256) -> None:
-        self._queue_size = queue_size
-        self._subscribers: set[asyncio.Queue[T]] = set()
-        self.dropped = 0
-
-    def publish(self, event: T) -> None:
-        for queue in self._subscribers:
-            if queue.full():
-                queue.get_nowait()
-                self.dropped += 1
-            queue.put_nowait(event)
-
-    @contextlib.asynccontextmanager
-    async def subscribe(self) -> AsyncIterator[asyncio.Queue[T]]:
-        queue: asyncio.Queue[T] = asyncio.Queue(self._queue_size)
-        self._subscribers.add(queue)
-        try:
-            yield queue
-        finally:
-            self._subscribers.discard(queue)
-
-    @property
-    def subscriber_count(self) -> int:
-        return len(self._subscribers)
 
 
 # -- the agent's own events, kept durably ----------------------------------------------------------

@@ -31,7 +31,6 @@ import asyncio
 import json
 import logging
 import resource
-import unicodedata
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
@@ -41,6 +40,7 @@ from aiohttp.web_protocol import RequestHandler
 
 from kiosk_agent.core.config import HTTP_SCHEMA
 from kiosk_agent.core.logging import RefusalLog
+from kiosk_agent.text import control_character
 
 _LOGGER = logging.getLogger(__name__)
 
@@ -490,22 +490,6 @@ def _check_text(text: str) -> None:
 # -- texts from outside ----------------------------------------------------------------------
 
 
-def control_character(text: str) -> str | None:
-    """The first control character in ``text``, described (``U+001B``), or None.
-
-    C0/C1 controls and the invisible format characters (Unicode ``Cc`` and ``Cf``: a terminal
-    escape, a right-to-left override) have no place in a product name, a reason or a detail a
-    person reads later: printed by the CLI or shown on the status page they would say something
-    else than what is stored. The zero-width (non-)joiner is writing, not formatting: allowed.
-    """
-    for char in text:
-        if unicodedata.category(char) in ("Cc", "Cf") and char not in _JOINERS:
-            return f"U+{ord(char):04X}"
-    return None
-
-
-# Format characters that writing needs: Persian and Indic scripts, emoji sequences.
-_JOINERS = frozenset("\u200c\u200d")
 
 
 def text_fault(text: str, max_chars: int) -> str | None:

@@ -11,7 +11,7 @@ import logging
 from collections.abc import Callable
 from typing import Any, Generic, Protocol, TypeVar
 
-from kiosk_agent.core.sale import Dispenser, SaleRequest
+from kiosk_agent.sales.model import Dispenser, SaleRequest
 
 _LOGGER = logging.getLogger(__name__)
 

@@ -40,18 +40,18 @@ from aiohttp import WSMsgType, web
 
 from kiosk_agent.core.config import PLATFORM_SCHEMA as BASE_PLATFORM_SCHEMA
 from kiosk_agent.core.config import max_price_check, positive_float, price_map
-from kiosk_agent.core.flows import TerminalBusy, UnknownTerminal
 from kiosk_agent.core.logging import RefusalLog
-from kiosk_agent.core.sale import (
+from kiosk_agent.core.web import BodyError, HttpLimits, LocalSite, read_json, text_fault
+from kiosk_agent.money import MoneyError, cents_to_dollars, parse_price
+from kiosk_agent.platforms.base import instance_name
+from kiosk_agent.sales.flows import TerminalBusy, UnknownTerminal
+from kiosk_agent.sales.model import (
     DispenseOutcome,
     DispenseStatus,
     Flow,
     SaleEvent,
     SaleRequest,
 )
-from kiosk_agent.core.web import BodyError, HttpLimits, LocalSite, read_json, text_fault
-from kiosk_agent.money import MoneyError, cents_to_dollars, parse_price
-from kiosk_agent.platforms.base import instance_name
 from kiosk_agent.tasks import cancel_and_wait, next_item
 
 _LOGGER = logging.getLogger(__name__)

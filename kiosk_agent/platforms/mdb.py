@@ -35,7 +35,6 @@ import voluptuous as vol
 from kiosk_agent.core.availability import follow_availability
 from kiosk_agent.core.config import PLATFORM_SCHEMA as BASE_PLATFORM_SCHEMA
 from kiosk_agent.core.config import max_price_check, positive_float, positive_price
-from kiosk_agent.core.sale import DispenseOutcome, DispenseStatus, Flow, SaleRequest
 from kiosk_agent.platforms import mdb_protocol as wire
 from kiosk_agent.platforms.base import (
     STOP_GRACE,
@@ -47,6 +46,7 @@ from kiosk_agent.platforms.base import (
     start_sale,
 )
 from kiosk_agent.platforms.serial import SerialLink, SerialSettings, StateHandler
+from kiosk_agent.sales.model import DispenseOutcome, DispenseStatus, Flow, SaleRequest
 from kiosk_agent.tasks import TaskSet
 
 _LOGGER = logging.getLogger(__name__)

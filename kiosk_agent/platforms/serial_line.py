@@ -44,7 +44,6 @@ import voluptuous as vol
 from kiosk_agent.core.availability import follow_availability, short_reason
 from kiosk_agent.core.config import PLATFORM_SCHEMA as BASE_PLATFORM_SCHEMA
 from kiosk_agent.core.config import positive_float
-from kiosk_agent.core.sale import DispenseOutcome, DispenseStatus, Flow, SaleRequest
 from kiosk_agent.money import MoneyError, cents_to_dollars, parse_wire_amount
 from kiosk_agent.platforms.base import (
     STOP_GRACE,
@@ -56,6 +55,7 @@ from kiosk_agent.platforms.base import (
     start_sale,
 )
 from kiosk_agent.platforms.serial import SerialLink, SerialSettings, StateHandler
+from kiosk_agent.sales.model import DispenseOutcome, DispenseStatus, Flow, SaleRequest
 from kiosk_agent.tasks import TaskSet
 
 _LOGGER = logging.getLogger(__name__)

@@ -20,7 +20,8 @@ from prometheus_client.samples import Sample
 
 from kiosk_agent.admin.metrics import AgentMetrics, Timings
 from kiosk_agent.core.health import Health
-from kiosk_agent.core.sale import RECEIPT_STEP, Flow, SaleEvent, SaleRequest, SaleState
+from kiosk_agent.sales.model import RECEIPT_STEP, Flow, SaleEvent, SaleRequest
+from kiosk_agent.sales.states import SaleState
 from kiosk_agent.service.settings import CallKind
 
 from ..helpers import sim_call, until

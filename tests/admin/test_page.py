@@ -13,7 +13,8 @@ import aiohttp
 import pytest
 
 from kiosk_agent.admin.page import COOKIE, availability, health_notes
-from kiosk_agent.core.sale import SaleEvent, SaleState
+from kiosk_agent.sales.model import SaleEvent
+from kiosk_agent.sales.states import SaleState
 from tests.admin.conftest import ADMIN_TOKEN, READ_TOKEN
 
 

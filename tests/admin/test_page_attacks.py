@@ -16,7 +16,8 @@ import pytest
 
 from kiosk_agent.admin import page
 from kiosk_agent.admin.page import COOKIE, MAX_STREAMS
-from kiosk_agent.core.sale import SaleEvent, SaleState
+from kiosk_agent.sales.model import SaleEvent
+from kiosk_agent.sales.states import SaleState
 from tests.admin.conftest import ADMIN_TOKEN, READ_TOKEN
 from tests.admin.test_page import _login, _origin
 from tests.admin.test_server import _sell

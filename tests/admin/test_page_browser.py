@@ -21,9 +21,10 @@ from aiohttp import web
 from playwright.async_api import Browser, Page, ViewportSize, async_playwright, expect
 
 from kiosk_agent.app import load_agent
-from kiosk_agent.core.journal import SaleRecord
 from kiosk_agent.core.logging import refusal_counts
-from kiosk_agent.core.sale import SaleEvent, SaleState
+from kiosk_agent.sales.journal import SaleRecord
+from kiosk_agent.sales.model import SaleEvent
+from kiosk_agent.sales.states import SaleState
 from tests.admin.conftest import ADMIN_TOKEN, CONFIG, READ_TOKEN, write_config
 from tests.admin.test_server import _sell
 

@@ -13,8 +13,8 @@ import aiohttp
 import pytest
 
 from kiosk_agent.app import load_agent
-from kiosk_agent.core.journal import SaleRecord
-from kiosk_agent.core.sale import SaleState
+from kiosk_agent.sales.journal import SaleRecord
+from kiosk_agent.sales.states import SaleState
 from tests.core.test_recovery import leave_open
 
 from .conftest import ADMIN_TOKEN, READ_TOKEN, write_config

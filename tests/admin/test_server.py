@@ -8,7 +8,8 @@ from typing import Any
 import aiohttp
 import pytest
 
-from kiosk_agent.core.sale import DispenseOutcome, DispenseStatus, Flow, SaleRequest, SaleState
+from kiosk_agent.sales.model import DispenseOutcome, DispenseStatus, Flow, SaleRequest
+from kiosk_agent.sales.states import SaleState
 from kiosk_agent.service.webhooks import sign
 
 ADMIN_TOKEN = "admin-token-0123456789abcdef"  # as in conftest's secrets.yaml

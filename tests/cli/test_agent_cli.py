@@ -17,8 +17,8 @@ import pytest
 
 from kiosk_agent.cli import main
 from kiosk_agent.cli.agent import parse_since
-from kiosk_agent.core.journal import Journal, SaleRecord
-from kiosk_agent.core.sale import SaleState
+from kiosk_agent.sales.journal import Journal, SaleRecord
+from kiosk_agent.sales.states import SaleState
 
 GOOD = """\
 service:

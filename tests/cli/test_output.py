@@ -17,8 +17,8 @@ import pytest
 from kiosk_agent.cli import build_parser
 from kiosk_agent.cli import contract as cli
 from kiosk_agent.cli.completion import script
-from kiosk_agent.core.journal import Journal, SaleRecord
-from kiosk_agent.core.sale import SaleState
+from kiosk_agent.sales.journal import Journal, SaleRecord
+from kiosk_agent.sales.states import SaleState
 from kiosk_agent.sim.server import SimServer
 
 

@@ -6,7 +6,7 @@ import asyncio
 import textwrap
 from pathlib import Path
 
-from kiosk_agent.core.sale import DispenseOutcome, DispenseStatus
+from kiosk_agent.sales.model import DispenseOutcome, DispenseStatus
 
 # Large enough that a card arrives in ~5 ms and an interaction expires in under a second.
 TIME_SCALE = 300

@@ -44,15 +44,10 @@ from aiohttp import web
 
 from kiosk_agent.core.agent import Agent, service_settings_from_config
 from kiosk_agent.core.config import load_config
-from kiosk_agent.core.journal import Journal, SaleRecord, StepRecord
-from kiosk_agent.core.sale import (
-    DispenseOutcome,
-    DispenseStatus,
-    Flow,
-    SaleRequest,
-    SaleState,
-)
 from kiosk_agent.platforms.virtual import read_record
+from kiosk_agent.sales.journal import Journal, SaleRecord, StepRecord
+from kiosk_agent.sales.model import DispenseOutcome, DispenseStatus, Flow, SaleRequest
+from kiosk_agent.sales.states import SaleState
 from kiosk_agent.service.models import Transaction, TransStatus
 
 HELD = frozenset({TransStatus.AUTHORIZED, TransStatus.CAPTURED, TransStatus.SETTLED})

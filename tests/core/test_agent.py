@@ -13,9 +13,10 @@ import pytest
 from kiosk_agent.cli.sim import settings_from_ready
 from kiosk_agent.core.agent import Agent
 from kiosk_agent.core.config import load_config
-from kiosk_agent.core.flows import TerminalBusy, UnknownTerminal
-from kiosk_agent.core.sale import Flow, SaleRequest, SaleState
 from kiosk_agent.core.systemd import SystemdLifecycle, SystemdNotifier
+from kiosk_agent.sales.flows import TerminalBusy, UnknownTerminal
+from kiosk_agent.sales.model import Flow, SaleRequest
+from kiosk_agent.sales.states import SaleState
 
 from .agent_helpers import ScriptedDispenser, write_config
 from .test_recovery import leave_open

@@ -9,9 +9,9 @@ from typing import Any
 
 import pytest
 
-from kiosk_agent.core.attention import NotInAttention, ResolveError, UnknownSale, resolve
-from kiosk_agent.core.journal import Journal
-from kiosk_agent.core.sale import SaleState
+from kiosk_agent.sales.attention import NotInAttention, ResolveError, UnknownSale, resolve
+from kiosk_agent.sales.journal import Journal
+from kiosk_agent.sales.states import SaleState
 from kiosk_agent.service.models import TransStatus
 
 from .test_recovery import authorize, leave_open, rows

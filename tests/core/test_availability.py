@@ -9,8 +9,9 @@ import pytest
 from kiosk_agent.core.availability import Availability, TerminalState
 from kiosk_agent.core.events import EventLog
 from kiosk_agent.core.health import Health
-from kiosk_agent.core.journal import Journal
-from kiosk_agent.core.sale import SaleEvent, SaleState
+from kiosk_agent.sales.journal import Journal
+from kiosk_agent.sales.model import SaleEvent
+from kiosk_agent.sales.states import SaleState
 
 
 class Clock:

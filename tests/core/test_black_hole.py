@@ -17,8 +17,9 @@ from typing import Any
 import aiohttp
 
 from kiosk_agent.core.agent import Agent
-from kiosk_agent.core.journal import SaleRecord
-from kiosk_agent.core.sale import DispenseStatus, Flow, SaleRequest, SaleState
+from kiosk_agent.sales.journal import SaleRecord
+from kiosk_agent.sales.model import DispenseStatus, Flow, SaleRequest
+from kiosk_agent.sales.states import SaleState
 from kiosk_agent.service.models import TransStatus
 
 from .agent_helpers import ScriptedDispenser

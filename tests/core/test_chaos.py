@@ -18,9 +18,9 @@ from typing import Any
 
 import pytest
 
-from kiosk_agent.core.journal import SaleRecord, StepRecord
-from kiosk_agent.core.sale import SaleState
 from kiosk_agent.money import cents_to_dollars
+from kiosk_agent.sales.journal import SaleRecord, StepRecord
+from kiosk_agent.sales.states import SaleState
 from kiosk_agent.service.models import Transaction, TransStatus
 from tests.core.crash_driver import Chaos, ChaosOptions, ChaosReport, judge
 

@@ -23,8 +23,8 @@ from typing import Any
 import pytest
 
 from kiosk_agent.cli.sim import settings_from_ready
-from kiosk_agent.core.journal import Journal
-from kiosk_agent.core.sale import SaleState
+from kiosk_agent.sales.journal import Journal
+from kiosk_agent.sales.states import SaleState
 from kiosk_agent.service.client import ServiceClient
 from kiosk_agent.service.models import TransactionFilter, TransStatus
 from tests.core.crash_driver import CHARGED, HELD

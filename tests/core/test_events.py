@@ -1,6 +1,6 @@
 import asyncio
 
-from kiosk_agent.core.events import EventBus
+from kiosk_agent.bus import EventBus
 
 
 async def test_each_subscriber_sees_every_event() -> None:

@@ -12,8 +12,9 @@ from typing import Any
 import pytest
 
 from kiosk_agent.core.agent import Agent
-from kiosk_agent.core.flows import TerminalBusy
-from kiosk_agent.core.sale import DispenseStatus, Flow, SaleEvent, SaleRequest, SaleState
+from kiosk_agent.sales.flows import TerminalBusy
+from kiosk_agent.sales.model import DispenseStatus, Flow, SaleEvent, SaleRequest
+from kiosk_agent.sales.states import SaleState
 from kiosk_agent.service.models import TransactionFilter, TransStatus
 
 from .agent_helpers import ScriptedDispenser

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from kiosk_agent.core.journal import Journal, JournalError, SaleRecord
-from kiosk_agent.core.sale import SaleState
+from kiosk_agent.sales.journal import Journal, JournalError, SaleRecord
+from kiosk_agent.sales.states import SaleState
 
 
 @pytest.fixture

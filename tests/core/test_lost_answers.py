@@ -20,8 +20,9 @@ from kiosk_agent.app import build_agent
 from kiosk_agent.cli.sim import settings_from_ready
 from kiosk_agent.core.agent import Agent
 from kiosk_agent.core.config import load_config
-from kiosk_agent.core.sale import DispenseStatus, Flow, SaleRequest, SaleState
 from kiosk_agent.core.web import LocalSite
+from kiosk_agent.sales.model import DispenseStatus, Flow, SaleRequest
+from kiosk_agent.sales.states import SaleState
 from kiosk_agent.service.models import TransactionFilter, TransStatus
 
 from .agent_helpers import ScriptedDispenser

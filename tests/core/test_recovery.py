@@ -10,8 +10,9 @@ from typing import Any
 import aiohttp
 
 from kiosk_agent.cli.sim import settings_from_ready
-from kiosk_agent.core.journal import Journal, SaleRecord
-from kiosk_agent.core.sale import Flow, SaleRequest, SaleState
+from kiosk_agent.sales.journal import Journal, SaleRecord
+from kiosk_agent.sales.model import Flow, SaleRequest
+from kiosk_agent.sales.states import SaleState
 from kiosk_agent.service.client import ServiceClient
 from kiosk_agent.service.models import ChargeRequest, TransactionFilter, TransStatus
 

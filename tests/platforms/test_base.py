@@ -6,9 +6,9 @@ from typing import Any
 
 import pytest
 
-from kiosk_agent.core.flows import TerminalBusy
-from kiosk_agent.core.sale import DispenseOutcome, Flow, SaleRequest
 from kiosk_agent.platforms.base import DevicePlatform, request_cancel, start_sale
+from kiosk_agent.sales.flows import TerminalBusy
+from kiosk_agent.sales.model import DispenseOutcome, Flow, SaleRequest
 
 
 class RefusingRunner:

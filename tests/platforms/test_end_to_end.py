@@ -9,9 +9,10 @@ from pathlib import Path
 from typing import Any
 
 from kiosk_agent.cli.sim import settings_from_ready
-from kiosk_agent.core.sale import SaleEvent, SaleState
 from kiosk_agent.platforms.mdb import MdbPlatform
 from kiosk_agent.platforms.virtual import VirtualController, VirtualPlatform, VisitOutcome
+from kiosk_agent.sales.model import SaleEvent
+from kiosk_agent.sales.states import SaleState
 
 from .agent_rig import running_agent
 

@@ -13,8 +13,9 @@ from typing import Any
 import pytest
 import voluptuous as vol
 
-from kiosk_agent.core.sale import SaleEvent, SaleState
 from kiosk_agent.platforms.gpio import PLATFORM_SCHEMA, Edge, GpioPlatform, setup_with_chip
+from kiosk_agent.sales.model import SaleEvent
+from kiosk_agent.sales.states import SaleState
 
 from ..helpers import sim_call, until
 from .agent_rig import running_agent

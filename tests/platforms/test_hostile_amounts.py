@@ -14,9 +14,9 @@ from typing import Any
 
 import pytest
 
-from kiosk_agent.core.sale import SaleState
 from kiosk_agent.platforms.mdb import MdbPlatform
 from kiosk_agent.platforms.virtual import VirtualController, VisitOutcome
+from kiosk_agent.sales.states import SaleState
 
 from ..helpers import until
 from .agent_rig import running_agent

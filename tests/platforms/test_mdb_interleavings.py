@@ -22,8 +22,8 @@ from typing import Any
 from hypothesis import Phase, given, settings
 from hypothesis import strategies as st
 
-from kiosk_agent.core.sale import SaleState
 from kiosk_agent.platforms.virtual import ControllerOptions, VirtualController, VisitOutcome
+from kiosk_agent.sales.states import SaleState
 
 from .vending_rig import Machine, make_machine
 

@@ -17,11 +17,12 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from kiosk_agent.core.availability import short_reason
-from kiosk_agent.core.sale import DispenseStatus, SaleState
 from kiosk_agent.platforms import mdb_protocol as wire
 from kiosk_agent.platforms.serial import SerialSettings
 from kiosk_agent.platforms.serial_line import PLATFORM_SCHEMA, LineRules, SerialLineDevice
 from kiosk_agent.platforms.virtual import Status, VirtualController, VisitOutcome
+from kiosk_agent.sales.model import DispenseStatus
+from kiosk_agent.sales.states import SaleState
 
 from ..helpers import sim_call, until
 from .agent_rig import running_agent

@@ -13,17 +13,17 @@ import itertools
 from dataclasses import dataclass, field
 from typing import Any
 
-from kiosk_agent.core.sale import (
+from kiosk_agent.platforms.mdb import MdbCashless, MdbOptions, Mode
+from kiosk_agent.platforms.serial import SerialSettings
+from kiosk_agent.platforms.virtual import VirtualController
+from kiosk_agent.sales.model import (
     DispenseOutcome,
     Dispenser,
     DispenseStatus,
     SaleEvent,
     SaleRequest,
-    SaleState,
 )
-from kiosk_agent.platforms.mdb import MdbCashless, MdbOptions, Mode
-from kiosk_agent.platforms.serial import SerialSettings
-from kiosk_agent.platforms.virtual import VirtualController
+from kiosk_agent.sales.states import SaleState
 
 
 class TerminalBusy(Exception):

@@ -24,16 +24,17 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from kiosk_agent.core.flows import SaleContext, SaleSteps, event_of
-from kiosk_agent.core.journal import Journal, JournalError, SaleMoved, SaleRecord
-from kiosk_agent.core.sale import Flow, SaleEvent, SaleState
-from kiosk_agent.core.web import control_character
 from kiosk_agent.money import format_cents
 from kiosk_agent.redact import redact
+from kiosk_agent.sales.flows import SaleContext, SaleSteps, event_of
+from kiosk_agent.sales.journal import Journal, JournalError, SaleMoved, SaleRecord
+from kiosk_agent.sales.model import Flow, SaleEvent
+from kiosk_agent.sales.states import SaleState
 from kiosk_agent.tasks import BackgroundTask
+from kiosk_agent.text import control_character
 
 if TYPE_CHECKING:
-    from kiosk_agent.core.events import EventBus
+    from kiosk_agent.bus import EventBus
 
 _LOGGER = logging.getLogger(__name__)
 

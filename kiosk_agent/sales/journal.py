@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from kiosk_agent.core.sale import SaleState
+from kiosk_agent.sales.states import SaleState
 
 SCHEMA_VERSION = 2
 

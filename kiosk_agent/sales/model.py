@@ -12,6 +12,8 @@ import enum
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from kiosk_agent.sales.states import SaleState
+
 
 class Flow(enum.StrEnum):
     CHARGE_CARD = "charge_card"
@@ -75,44 +77,6 @@ class Dispenser(Protocol):
     async def deny(self, reason: str) -> None:
         """Tell the machine not to vend (declined, card error, busy). Must not raise."""
         ...
-
-
-class SaleState(enum.StrEnum):
-    """Where a sale stands; the journal stores these values."""
-
-    STARTED = "started"
-    READING_CARD = "reading_card"
-    AUTHORIZING = "authorizing"
-    CHARGING = "charging"
-    DISPENSING = "dispensing"
-    CAPTURING = "capturing"
-    REVERSING = "reversing"  # void or refund under way
-    ENROLLING = "enrolling"
-    # a money call's answer was lost and reporting shows no charge yet: the service may still
-    # answer it, so the sale looks again until the call's deadline (the journal's answer_by)
-    UNRESOLVED = "unresolved"
-    COMPLETED = "completed"  # paid and dispensed (or enrolled)
-    DECLINED = "declined"  # no money moved
-    CANCELLED = "cancelled"  # no money moved
-    FAILED = "failed"  # no money moved (device fault, expiry, error before a charge)
-    REVERSED = "reversed"  # money moved and was given back
-    ATTENTION = "attention"  # could not be decided: a person must look
-
-    @property
-    def final(self) -> bool:
-        return self in _FINAL
-
-
-_FINAL = frozenset(
-    {
-        SaleState.COMPLETED,
-        SaleState.DECLINED,
-        SaleState.CANCELLED,
-        SaleState.FAILED,
-        SaleState.REVERSED,
-        SaleState.ATTENTION,
-    }
-)
 
 
 # The step of a receipt note (printed, mailed, or why not), after a sale completed.

@@ -25,11 +25,10 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from kiosk_agent.core.events import EventBus
-from kiosk_agent.core.journal import Journal, SaleRecord
-from kiosk_agent.core.receipts import ReceiptSettings, send_receipts
-from kiosk_agent.core.reconcile import Reconciler
-from kiosk_agent.core.sale import (
+from kiosk_agent.bus import EventBus
+from kiosk_agent.money import cents_to_decimal, format_cents, parse_price
+from kiosk_agent.sales.journal import Journal, SaleRecord
+from kiosk_agent.sales.model import (
     RECEIPT_STEP,
     DispenseOutcome,
     Dispenser,
@@ -38,9 +37,10 @@ from kiosk_agent.core.sale import (
     PriceAboveMaximum,
     SaleEvent,
     SaleRequest,
-    SaleState,
 )
-from kiosk_agent.money import cents_to_decimal, format_cents, parse_price
+from kiosk_agent.sales.receipts import ReceiptSettings, send_receipts
+from kiosk_agent.sales.reconcile import Reconciler
+from kiosk_agent.sales.states import SaleState
 from kiosk_agent.service.errors import (
     BadRequestError,
     ConflictError,

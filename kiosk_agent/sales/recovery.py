@@ -20,9 +20,10 @@ import time
 from collections import defaultdict
 from typing import TYPE_CHECKING
 
-from kiosk_agent.core.flows import SaleContext, SaleRunner, SaleSteps
-from kiosk_agent.core.journal import SaleRecord
-from kiosk_agent.core.sale import Flow, SaleEvent, SaleState
+from kiosk_agent.sales.flows import SaleContext, SaleRunner, SaleSteps
+from kiosk_agent.sales.journal import SaleRecord
+from kiosk_agent.sales.model import Flow, SaleEvent
+from kiosk_agent.sales.states import SaleState
 from kiosk_agent.service.errors import ServiceError
 from kiosk_agent.service.models import (
     ChargeResultCode,

@@ -1,0 +1,23 @@
+"""Rules for text that came from outside and that a person reads later."""
+
+from __future__ import annotations
+
+import unicodedata
+
+
+def control_character(text: str) -> str | None:
+    """The first control character in ``text``, described (``U+001B``), or None.
+
+    C0/C1 controls and the invisible format characters (Unicode ``Cc`` and ``Cf``: a terminal
+    escape, a right-to-left override) have no place in a product name, a reason or a detail a
+    person reads later: printed by the CLI or shown on the status page they would say something
+    else than what is stored. The zero-width (non-)joiner is writing, not formatting: allowed.
+    """
+    for char in text:
+        if unicodedata.category(char) in ("Cc", "Cf") and char not in _JOINERS:
+            return f"U+{ord(char):04X}"
+    return None
+
+
+# Format characters that writing needs: Persian and Indic scripts, emoji sequences.
+_JOINERS = frozenset("\u200c\u200d")
