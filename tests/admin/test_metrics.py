@@ -179,6 +179,7 @@ async def test_counters_only_grow_across_local_midnight_and_a_sale_shows_in_the_
         calls = "kiosk_agent_service_call_duration_seconds_count"
         assert _value(families, calls, kind="money", outcome="ok") >= 1  # the charge-card start
         assert _value(families, calls, kind="control", outcome="ok") >= 1  # the terminal list
+        assert _value(families, calls, kind="websocket", outcome="ok") >= 1  # the handshake
 
 
 async def test_counters_start_from_zero_after_a_restart_on_the_same_journal(
