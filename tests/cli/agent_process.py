@@ -68,16 +68,17 @@ triggers:
 
 
 class AgentProcess:
-    """One ``kiosk-agent run -c CONFIG``; its standard error goes to ``<config dir>/agent.log``."""
+    """One ``kiosk-agent run -c CONFIG``; its standard error goes to ``<config dir>/<log>``."""
 
-    def __init__(self, config: Path, sim: Any) -> None:
+    def __init__(self, config: Path, sim: Any, log: str = "agent.log") -> None:
         self.config = config
-        self.log = config.with_name("agent.log")
+        self.log = config.with_name(log)
         info = sim.ready_info()
         self.env = {
             **os.environ,
             "KIOSK_API_KEY": info["api_key"],
             "KIOSK_CLIENT_SECRET": info["client_secret"],
+            "KIOSK_ADMIN_TOKEN": "an-admin-token-of-at-least-24-chars",  # for an admin: section
         }
         self.proc: asyncio.subprocess.Process | None = None
 
