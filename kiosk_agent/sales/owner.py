@@ -113,6 +113,9 @@ class JournalLock:
             path.parent.mkdir(parents=True, exist_ok=True)
             # O_CLOEXEC: a child process must not inherit (and so keep) the claim
             fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        except PermissionError as err:
+            _refuse_if_held(self.journal, path)  # another user's agent holds it: say so
+            raise JournalError(f"cannot claim the journal: {path}: {err.strerror}") from err
         except OSError as err:
             raise JournalError(f"cannot claim the journal: {path}: {err.strerror}") from err
         try:
@@ -142,6 +145,23 @@ class JournalLock:
 
     def __exit__(self, *exc: object) -> None:
         self.release()
+
+
+def _refuse_if_held(journal: Path, path: Path) -> None:
+    """A lock file this user may not write (another user's agent made it): raise
+    :class:`JournalOwned` if a live process holds it; the holder is named if it can be read."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        raise JournalOwned(journal, _read_holder(fd)) from None
+    except OSError:
+        return
+    finally:
+        os.close(fd)  # a probe that got the lock lets go at once
 
 
 def _read_holder(fd: int) -> Holder:

@@ -70,8 +70,11 @@ triggers:
 class AgentProcess:
     """One ``kiosk-agent run -c CONFIG``; its standard error goes to ``<config dir>/<log>``."""
 
-    def __init__(self, config: Path, sim: Any, log: str = "agent.log") -> None:
+    def __init__(
+        self, config: Path, sim: Any, log: str = "agent.log", *, nohup: bool = False
+    ) -> None:
         self.config = config
+        self.nohup = nohup  # started with SIGHUP ignored, as `nohup` starts a command
         self.log = config.with_name(log)
         info = sim.ready_info()
         self.env = {
@@ -87,8 +90,11 @@ class AgentProcess:
             self.proc = await asyncio.create_subprocess_exec(
                 sys.executable, "-m", "kiosk_agent", "run", "-c", str(self.config),
                 stdout=asyncio.subprocess.DEVNULL, stderr=log, env=self.env,
-                # whatever the test runner ignores (a nohup'd CI), the agent starts as from a shell
-                preexec_fn=lambda: signal.signal(signal.SIGHUP, signal.SIG_DFL),
+                # whatever the test runner ignores (a nohup'd CI), the agent starts as from a
+                # shell, or as from `nohup`
+                preexec_fn=lambda: signal.signal(
+                    signal.SIGHUP, signal.SIG_IGN if self.nohup else signal.SIG_DFL
+                ),
             )  # fmt: skip
         return self
 
@@ -147,6 +153,13 @@ async def sale_in(journal: Path, state: str, within: float = 30.0) -> str:
             found = [sale for sale, now in states(journal).items() if now == state]
             if found:
                 return found[0]
+            await asyncio.sleep(POLL_S)
+
+
+async def sale_reaches(journal: Path, sale_id: str, state: str, within: float = 30.0) -> None:
+    """Until the sale ``sale_id`` is in ``state``."""
+    async with asyncio.timeout(within):
+        while states(journal).get(sale_id) != state:
             await asyncio.sleep(POLL_S)
 
 

@@ -83,7 +83,8 @@ async def test_an_agent_after_a_sigkilled_one_starts_and_recovers_its_sale(
 ) -> None:
     sim = await sim_factory(time_scale=50, seed=3, transactions=0)
     journal = tmp_path / "journal.db"
-    config = write_config(tmp_path, sim, journal, MACHINE.replace("seed: 7", "seed: 8"))
+    # a dispense of 3 s: the kill lands while the product drops, even on a loaded machine
+    config = write_config(tmp_path, sim, journal, MACHINE.replace("1.0", "3.0"))
     killed = AgentProcess(config, sim)
     successor = AgentProcess(config, sim)
     try:

@@ -18,7 +18,15 @@ import pytest
 
 from kiosk_agent.cli.contract import IGNORED_SIGNALS, STOP_SIGNALS
 
-from .agent_process import MACHINE, AgentProcess, money_agrees, sale_in, states, write_config
+from .agent_process import (
+    MACHINE,
+    AgentProcess,
+    money_agrees,
+    sale_in,
+    sale_reaches,
+    states,
+    write_config,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -55,8 +63,26 @@ async def test_an_ignored_signal_mid_dispense_changes_nothing(
         for signum in IGNORED_SIGNALS:
             agent.send(signum)
             await agent.wait_for_log(f"{signum.name} received: ignored")
-        await sale_in(journal, "completed")
-        assert states(journal)[dropping] == "completed"
+        await sale_reaches(journal, dropping, "completed")
+        agent.send(signal.SIGTERM)
+        assert await agent.exit_code() == 0, agent.text()[-3000:]
+    finally:
+        await agent.close()
+    await money_agrees(sim, journal)
+
+
+async def test_under_nohup_sighup_is_ignored_and_the_agent_sells_on(
+    sim_factory: Any, tmp_path: Path
+) -> None:
+    sim = await sim_factory(time_scale=50, seed=3, transactions=0)
+    journal = tmp_path / "journal.db"
+    agent = AgentProcess(write_config(tmp_path, sim, journal, MACHINE), sim, nohup=True)
+    try:
+        await agent.start()
+        dropping = await sale_in(journal, "dispensing")
+        agent.send(signal.SIGHUP)
+        await agent.wait_for_log("SIGHUP received: ignored (started with SIGHUP ignored")
+        await sale_reaches(journal, dropping, "completed")
         agent.send(signal.SIGTERM)
         assert await agent.exit_code() == 0, agent.text()[-3000:]
     finally:

@@ -89,3 +89,19 @@ def test_a_holder_is_described_by_pid_start_and_command() -> None:
     assert holder.describe() == (
         "pid 812, started 2026-11-25 06:00:03Z, command: kiosk-agent run"
     )
+
+
+
+def test_a_lock_this_user_may_only_read_is_probed_for_its_holder(tmp_path: Path) -> None:
+    """Another user's agent made the lock file (this one may not open it to write): the probe
+    on a read-only descriptor still finds the holder, so the refusal names it. (The other user
+    itself cannot be played here: the probe is asked directly.)"""
+    from kiosk_agent.sales.owner import _refuse_if_held
+
+    journal = tmp_path / "journal.db"
+    with JournalLock(journal):
+        with pytest.raises(JournalOwned) as refused:
+            _refuse_if_held(journal, lock_path(journal))
+        assert refused.value.holder.pid == os.getpid()
+    _refuse_if_held(journal, lock_path(journal))  # nobody holds it: nothing to say
+    _refuse_if_held(journal, tmp_path / "missing.lock")
