@@ -31,7 +31,7 @@ if TYPE_CHECKING:
 COMPONENTS: dict[str, tuple[str, str]] = {
     "admin": ("kiosk_agent.admin.server", "AdminServer"),
     "webhooks": ("kiosk_agent.admin.webhooks", "WebhookReceiver"),
-    "upstream": ("kiosk_agent.core.upstream", "Upstream"),
+    "upstream": ("kiosk_agent.fleet.component", "Upstream"),
 }
 
 
