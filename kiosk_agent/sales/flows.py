@@ -23,13 +23,12 @@ import time
 import uuid
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 from kiosk_agent.bus import EventBus
 from kiosk_agent.money import cents_to_decimal, format_cents, parse_price
 from kiosk_agent.sales.journal import Journal, SaleRecord
 from kiosk_agent.sales.model import (
-    RECEIPT_STEP,
     DispenseOutcome,
     Dispenser,
     DispenseStatus,
@@ -40,7 +39,14 @@ from kiosk_agent.sales.model import (
 )
 from kiosk_agent.sales.receipts import ReceiptSettings, send_receipts
 from kiosk_agent.sales.reconcile import Reconciler
-from kiosk_agent.sales.states import SaleState
+from kiosk_agent.sales.states import (
+    AUTHORIZE_REPORTING,
+    CHARGE_CARD_REPORTING,
+    REQUEST_STEPS,
+    ReportingSteps,
+    SaleState,
+    Step,
+)
 from kiosk_agent.service.errors import (
     BadRequestError,
     ConflictError,
@@ -193,7 +199,7 @@ class SaleSteps:
 
     def step(
         self,
-        name: str,
+        name: Step,
         state: SaleState | None = None,
         message: str | None = None,
         detail: Mapping[str, Any] | None = None,
@@ -206,17 +212,18 @@ class SaleSteps:
         self.publish(name)
         return self.record
 
-    def publish(self, step: str = "") -> SaleEvent:
+    def publish(self, step: Step | Literal[""] = "") -> SaleEvent:
         event = event_of(self.record, step)
         self.events.publish(event)
         return event
 
     def charge_found(
         self,
-        name: str,
+        name: Step,
         trans_id: str | None,
         cents: int | None,
         detail: Mapping[str, Any] | None = None,
+        state: SaleState | None = None,
     ) -> int:
         """Journal a charge that holds money: from its answer, or found after a lost one.
 
@@ -227,13 +234,13 @@ class SaleSteps:
         held: dict[str, Any] = {"trans_id": trans_id, "authorized_cents": cents}
         if self.record.flow == Flow.CHARGE_CARD:
             held["captured_cents"] = cents
-        self.step(name, detail=detail, **held)
+        self.step(name, state, detail=detail, **held)
         return cents
 
     def finish(
         self,
         state: SaleState,
-        name: str,
+        name: Step,
         message: str,
         detail: Mapping[str, Any] | None = None,
         **changes: Any,
@@ -246,23 +253,23 @@ class SaleSteps:
     async def _deny(self, reason: str) -> None:
         """Tell the machine not to vend; recovery has no machine to tell (SaleFlow does)."""
 
-    async def _fail(self, state: SaleState, name: str, message: str) -> SaleEvent:
+    async def _fail(self, state: SaleState, name: Step, message: str) -> SaleEvent:
         """End a sale in which no money stays taken, and tell the machine."""
         event = self.finish(state, name, message)
         await self._deny(message)
         return event
 
-    async def settle_by_reporting(self, why: str, kind: str) -> SaleEvent:
+    async def settle_by_reporting(self, why: str, steps: ReportingSteps) -> SaleEvent:
         """Whether a charge was made is unknown (a lost answer, a crash): reporting decides.
 
         The machine is told not to vend first: whatever reporting says, nothing is dispensed on
         an unconfirmed payment. Then reporting is asked by order_id until the money call's
         deadline (``answer_by``, written when it was sent): a charge found is given back; "no
         charge" is believed only from a lookup sent once the service can no longer make one.
-        Meanwhile the sale is UNRESOLVED. Steps are named
-        ``<kind>.waiting|unknown|found|reversed|none``; when reporting cannot say after the
-        deadline, a person decides (ATTENTION; the attention sweeper keeps looking), nothing is
-        guessed.
+        Meanwhile the sale is UNRESOLVED. ``steps`` names what is journaled (charge_card,
+        authorize or recovery ``.waiting|unknown|found|reversed|none``); when reporting cannot
+        say after the deadline, a person decides (ATTENTION; the attention sweeper keeps
+        looking), nothing is guessed.
         """
         await self._deny("payment could not be confirmed")
         deadline = self.answer_deadline()
@@ -271,26 +278,26 @@ class SaleSteps:
             asked = time.time()  # reporting may answer what it knew when asked, not later
             lookup = await self.reconciler.find_charge(self.record.all_order_ids())
             if lookup.approved:
-                self.charge_found(f"{kind}.found", lookup.trans_id, lookup.amount_cents)
+                self.charge_found(steps.found, lookup.trans_id, lookup.amount_cents)
                 return await self.reverse(f"{why}; the charge was found in reporting, not vended")
             if lookup.reversed:
                 given_back = f"{why}; already given back"
-                return await self._fail(SaleState.REVERSED, f"{kind}.reversed", given_back)
+                return await self._fail(SaleState.REVERSED, steps.reversed, given_back)
             if lookup.unknown and time.time() >= deadline:
                 return self.finish(
                     SaleState.ATTENTION,
-                    f"{kind}.unknown",
+                    steps.unknown,
                     f"{why}; reporting cannot say whether money was taken",
                 )
             if not lookup.unknown and asked >= deadline:
                 # "no charge" counts only from a lookup sent after the deadline: a slow answer
                 # to an earlier one may predate a charge the service made before the deadline
                 return await self._fail(
-                    SaleState.FAILED, f"{kind}.none", f"{why}; no charge was made"
+                    SaleState.FAILED, steps.none, f"{why}; no charge was made"
                 )
             if self.record.state is not SaleState.UNRESOLVED:
                 self.step(
-                    f"{kind}.waiting",
+                    steps.waiting,
                     SaleState.UNRESOLVED,
                     f"{why}; no charge in reporting yet, looking again until the service can no "
                     "longer answer",
@@ -315,7 +322,7 @@ class SaleSteps:
         # a journal written before answer_by existed: the last request step's time says
         sent = self.record.created_at
         for step in self.journal.steps(self.record.sale_id):
-            if step.step in ("charge_card.request", "authorize.request"):
+            if step.step in REQUEST_STEPS:
                 sent = step.at
         return self.settings.answer_by(self.record.flow, sent)
 
@@ -369,8 +376,8 @@ class SaleSteps:
         """
         trans_id = self.record.trans_id
         if trans_id is None:
-            return self.finish(SaleState.ATTENTION, "reverse.unknown", f"{why}; no trans_id")
-        self.step("reverse.request", SaleState.REVERSING, why, detail={"trans_id": trans_id})
+            return self.finish(SaleState.ATTENTION, Step.REVERSE_UNKNOWN, f"{why}; no trans_id")
+        self.step(Step.REVERSE_REQUEST, SaleState.REVERSING, why, detail={"trans_id": trans_id})
         for attempt in (1, 2):
             try:
                 result = await self.service.payments.void_or_refund(trans_id)
@@ -384,14 +391,16 @@ class SaleSteps:
                 if attempt == 2 or (isinstance(err, BadRequestError) and not lookup.known):
                     return self.finish(
                         SaleState.ATTENTION,
-                        "reverse.failed",
+                        Step.REVERSE_FAILED,
                         f"{why}; giving the money back failed ({err}); a person must refund "
                         f"{format_cents(self._held_cents)}",
                     )
                 continue
             except ServiceError as err:
                 return self.finish(
-                    SaleState.ATTENTION, "reverse.failed", f"{why}; void or refund refused: {err}"
+                    SaleState.ATTENTION,
+                    Step.REVERSE_FAILED,
+                    f"{why}; void or refund refused: {err}",
                 )
             return self._reversed(why, result.trans_id, result.amount, voided=result.voided)
         raise AssertionError("unreachable")  # pragma: no cover
@@ -407,7 +416,7 @@ class SaleSteps:
         how = "voided" if voided else "refunded"
         return self.finish(
             SaleState.REVERSED,
-            "reverse.done",
+            Step.REVERSE_DONE,
             f"{why}; {format_cents(amount)} {how}",
             reverse_trans_id=reverse_trans_id,
             reversed_cents=amount,
@@ -418,7 +427,7 @@ class SaleSteps:
         trans_id = self.record.trans_id
         assert trans_id is not None
         self.step(
-            "capture.request",
+            Step.CAPTURE_REQUEST,
             SaleState.CAPTURING,
             detail={"trans_id": trans_id, "cents": cents, **(vend or {})},
             vended_cents=cents,
@@ -438,7 +447,7 @@ class SaleSteps:
         if not (isinstance(err, (ServerError, ServiceUnreachableError)) and lookup.authorized):
             return self.finish(
                 SaleState.ATTENTION,
-                "capture.failed",
+                Step.CAPTURE_FAILED,
                 f"dispensed, but the capture failed ({err}); a person must look",
             )
         try:
@@ -449,7 +458,7 @@ class SaleSteps:
                 return self._completed(lookup.amount_cents or cents, _FOUND_CAPTURED)
             return self.finish(
                 SaleState.ATTENTION,
-                "capture.failed",
+                Step.CAPTURE_FAILED,
                 f"dispensed, but the capture failed twice ({again}); a person must capture",
             )
         return self._captured(result, cents)
@@ -458,7 +467,7 @@ class SaleSteps:
         if not result.approved:
             return self.finish(
                 SaleState.ATTENTION,
-                "capture.refused",
+                Step.CAPTURE_REFUSED,
                 f"dispensed, but the capture answered {result.result}: {result.resp_text}",
             )
         return self._completed(result.amount or cents, "captured")
@@ -466,13 +475,13 @@ class SaleSteps:
     def _completed(self, cents: int, how: str) -> SaleEvent:
         return self.finish(
             SaleState.COMPLETED,
-            "completed",
+            Step.COMPLETED,
             f"paid {format_cents(cents)} ({how})",
             captured_cents=cents,
         )
 
 
-def event_of(record: SaleRecord, step: str = "") -> SaleEvent:
+def event_of(record: SaleRecord, step: Step | Literal[""] = "") -> SaleEvent:
     return SaleEvent(
         sale_id=record.sale_id,
         order_id=record.order_id,
@@ -511,8 +520,9 @@ class SaleFlow(SaleSteps):
                 event = await self.enroll()
         except asyncio.CancelledError:
             # The agent is stopping: the sale is parked where the journal says; recovery on the
-            # next start finishes it.
-            self.journal.record(self.record, "parked", detail={"reason": "agent stopping"})
+            # next start finishes it. (A sale that had just ended needs no note.)
+            if not self.record.state.final:
+                self.journal.record(self.record, Step.PARKED, detail={"reason": "agent stopping"})
             raise
         if event.state is SaleState.COMPLETED and self.record.flow != Flow.ENROLL:
             try:
@@ -548,10 +558,10 @@ class SaleFlow(SaleSteps):
         amount = self.record.amount_cents
         for attempt in range(1, self.settings.retries + 2):
             if attempt > 1:
-                self.step("charge_card.retry", attempt=attempt, interaction_id=None)
+                self.step(Step.CHARGE_CARD_RETRY, attempt=attempt, interaction_id=None)
             order_id = self.record.attempt_order_id()
             self.step(
-                "charge_card.request",
+                Step.CHARGE_CARD_REQUEST,
                 SaleState.CHARGING,
                 f"asking for {format_cents(amount)} on {self.device}",
                 detail={"order_id": order_id, "amount_cents": amount},
@@ -563,14 +573,16 @@ class SaleFlow(SaleSteps):
                 )
             except ConflictError as err:
                 return await self._fail(
-                    SaleState.FAILED, "charge_card.busy", f"terminal busy: {err}"
+                    SaleState.FAILED, Step.CHARGE_CARD_BUSY, f"terminal busy: {err}"
                 )
             except (ServerError, ServiceUnreachableError) as err:
                 return await self._answer_lost(f"the charge's answer was lost ({err})")
             except ServiceError as err:
-                return await self._fail(SaleState.FAILED, "charge_card.refused", f"refused: {err}")
+                return await self._fail(
+                    SaleState.FAILED, Step.CHARGE_CARD_REFUSED, f"refused: {err}"
+                )
             self.step(
-                "charge_card.accepted",
+                Step.CHARGE_CARD_ACCEPTED,
                 interaction_id=handle.interaction_id,
                 interaction_kind=InteractionKind.CHARGE_CARD.value,
             )
@@ -583,7 +595,7 @@ class SaleFlow(SaleSteps):
                 return ended
         return await self._fail(
             SaleState.DECLINED,
-            "charge_card.retries",
+            Step.CHARGE_CARD_RETRIES,
             f"the card asked to retry {self.settings.retries + 1} times; giving up",
         )
 
@@ -593,51 +605,59 @@ class SaleFlow(SaleSteps):
         if status == InteractionStatus.SUCCEEDED:
             result = interaction.charge_result
             if result is None:
-                return self.finish(SaleState.ATTENTION, "charge_card.unknown", "no charge result")
+                return self.finish(
+                    SaleState.ATTENTION, Step.CHARGE_CARD_UNKNOWN, "no charge result"
+                )
             return await self._charged(result)
         if status == InteractionStatus.EXPIRED:
             return await self._fail(
-                SaleState.FAILED, "charge_card.expired", "no card was presented"
+                SaleState.FAILED, Step.CHARGE_CARD_EXPIRED, "no card was presented"
             )
         if status == InteractionStatus.CANCELLED:
-            return await self._fail(SaleState.CANCELLED, "charge_card.cancelled", "cancelled")
-        return await self._fail(SaleState.FAILED, "charge_card.fault", interaction.fault)
+            return await self._fail(SaleState.CANCELLED, Step.CHARGE_CARD_CANCELLED, "cancelled")
+        return await self._fail(SaleState.FAILED, Step.CHARGE_CARD_FAULT, interaction.fault)
 
     async def _charged(self, result: ChargeResult) -> SaleEvent | None:
         if result.result == ChargeResultCode.RETRY:
-            self.step("charge_card.answer", detail={"result": "B"})
+            self.step(Step.CHARGE_CARD_ANSWER, detail={"result": "B"})
             return None
         if result.result != ChargeResultCode.APPROVED:
-            return await self._fail(SaleState.DECLINED, "charge_card.declined", _declined(result))
+            return await self._fail(
+                SaleState.DECLINED, Step.CHARGE_CARD_DECLINED, _declined(result)
+            )
         cents = self.charge_found(
-            "charge_card.approved", result.trans_id, result.amount, {"trans_id": result.trans_id}
+            Step.CHARGE_CARD_APPROVED, result.trans_id, result.amount, {"trans_id": result.trans_id}
         )
         return await self._dispense_paid(cents)
 
     async def _answer_lost(self, why: str) -> SaleEvent:
         """How the charge or authorization ended is unknown: find out by order_id first."""
-        kind = "charge_card" if self.record.flow == Flow.CHARGE_CARD else "authorize"
-        self.step(f"{kind}.lost", detail={"why": why})
-        return await self.settle_by_reporting(why, kind)
+        charge = self.record.flow == Flow.CHARGE_CARD
+        steps = CHARGE_CARD_REPORTING if charge else AUTHORIZE_REPORTING
+        assert steps.lost is not None
+        self.step(steps.lost, detail={"why": why})
+        return await self.settle_by_reporting(why, steps)
 
     async def _dispense_paid(self, cents: int) -> SaleEvent:
         """Money is taken (charge_card): the dispense is confirmed or the money goes back."""
         if self.cancelled.is_set():
             await self._deny("cancelled")
             return await self.reverse("cancelled by the customer after paying")
-        self.step("dispense.request", SaleState.DISPENSING, f"vending up to {format_cents(cents)}")
+        self.step(
+            Step.DISPENSE_REQUEST, SaleState.DISPENSING, f"vending up to {format_cents(cents)}"
+        )
         outcome = await self._dispense(cents)
         if outcome.dispensed:
             # the confirmation and the end are one write: no window where the journal knows the
             # goods came out but still looks like an unconfirmed dispense
             return self.finish(
                 SaleState.COMPLETED,
-                "completed",
+                Step.COMPLETED,
                 f"paid {format_cents(cents)} and dispensed",
                 vended_cents=outcome.vended_cents or cents,
                 detail=_outcome_detail(outcome),
             )
-        self.step("dispense.result", detail=_outcome_detail(outcome))
+        self.step(Step.DISPENSE_RESULT, detail=_outcome_detail(outcome))
         return await self.reverse(f"dispense {outcome.status.value} {outcome.detail}".strip())
 
     # -- authorize_capture -----------------------------------------------------------------------
@@ -645,35 +665,43 @@ class SaleFlow(SaleSteps):
     async def read_card(self) -> tuple[Any, SaleEvent | None]:
         """Read a card into a token (kept only in memory); or the sale's end."""
         amount = self.record.amount_cents
-        self.step("read_card.request", SaleState.READING_CARD, f"present a card on {self.device}")
+        self.step(
+            Step.READ_CARD_REQUEST, SaleState.READING_CARD, f"present a card on {self.device}"
+        )
         try:
             handle = await self.service.terminal.read_card(self.device, amount)
         except ConflictError as err:
             return None, await self._fail(
-                SaleState.FAILED, "read_card.busy", f"terminal busy: {err}"
+                SaleState.FAILED, Step.READ_CARD_BUSY, f"terminal busy: {err}"
             )
         except ServiceError as err:
             # a read-card moves no money: a lost answer needs no reconciliation
-            return None, await self._fail(SaleState.FAILED, "read_card.error", f"card read: {err}")
+            return None, await self._fail(
+                SaleState.FAILED, Step.READ_CARD_ERROR, f"card read: {err}"
+            )
         self.step(
-            "read_card.accepted",
+            Step.READ_CARD_ACCEPTED,
             interaction_id=handle.interaction_id,
             interaction_kind=InteractionKind.READ_CARD.value,
         )
         interaction = await self.wait_interaction(handle, InteractionKind.READ_CARD, self.cancelled)
         if interaction is None or interaction.status == InteractionStatus.PENDING:
-            return None, await self._fail(SaleState.FAILED, "read_card.timeout", "no card in time")
+            return None, await self._fail(
+                SaleState.FAILED, Step.READ_CARD_TIMEOUT, "no card in time"
+            )
         if interaction.status == InteractionStatus.CANCELLED or self.cancelled.is_set():
-            return None, await self._fail(SaleState.CANCELLED, "read_card.cancelled", "cancelled")
+            return None, await self._fail(
+                SaleState.CANCELLED, Step.READ_CARD_CANCELLED, "cancelled"
+            )
         if interaction.status == InteractionStatus.EXPIRED:
             return None, await self._fail(
-                SaleState.FAILED, "read_card.expired", "no card was presented"
+                SaleState.FAILED, Step.READ_CARD_EXPIRED, "no card was presented"
             )
         card = interaction.read_card_result
         if card is None:
-            return None, await self._fail(SaleState.FAILED, "read_card.fault", interaction.fault)
+            return None, await self._fail(SaleState.FAILED, Step.READ_CARD_FAULT, interaction.fault)
         self.step(
-            "read_card.done",
+            Step.READ_CARD_DONE,
             card_brand=None if card.card_brand_id is None else str(card.card_brand_id),
             last_four=card.last_four,
         )
@@ -687,10 +715,10 @@ class SaleFlow(SaleSteps):
         result: ChargeResult | None = None
         for attempt in range(1, self.settings.retries + 2):
             if attempt > 1:
-                self.step("authorize.retry", attempt=attempt)
+                self.step(Step.AUTHORIZE_RETRY, attempt=attempt)
             order_id = self.record.attempt_order_id()
             self.step(
-                "authorize.request",
+                Step.AUTHORIZE_REQUEST,
                 SaleState.AUTHORIZING,
                 f"authorizing {format_cents(amount)}",
                 detail={"order_id": order_id, "amount_cents": amount},
@@ -711,17 +739,19 @@ class SaleFlow(SaleSteps):
             except (ServerError, ServiceUnreachableError) as err:
                 return await self._answer_lost(f"the authorization's answer was lost ({err})")
             except ServiceError as err:
-                return await self._fail(SaleState.FAILED, "authorize.refused", f"refused: {err}")
+                return await self._fail(SaleState.FAILED, Step.AUTHORIZE_REFUSED, f"refused: {err}")
             if result.result != ChargeResultCode.RETRY:
                 break
-            self.step("authorize.answer", detail={"result": "B"})
+            self.step(Step.AUTHORIZE_ANSWER, detail={"result": "B"})
         assert result is not None
         if result.result == ChargeResultCode.RETRY:
-            return await self._fail(SaleState.DECLINED, "authorize.retries", "retry limit reached")
+            return await self._fail(
+                SaleState.DECLINED, Step.AUTHORIZE_RETRIES, "retry limit reached"
+            )
         if not result.approved:
-            return await self._fail(SaleState.DECLINED, "authorize.declined", _declined(result))
+            return await self._fail(SaleState.DECLINED, Step.AUTHORIZE_DECLINED, _declined(result))
         cents = self.charge_found(
-            "authorize.approved", result.trans_id, result.amount, {"trans_id": result.trans_id}
+            Step.AUTHORIZE_APPROVED, result.trans_id, result.amount, {"trans_id": result.trans_id}
         )
         return await self._vend_authorized(cents)
 
@@ -730,11 +760,11 @@ class SaleFlow(SaleSteps):
             await self._deny("cancelled")
             return await self.reverse("cancelled by the customer")
         self.step(
-            "dispense.request", SaleState.DISPENSING, f"vend up to {format_cents(authorized)}"
+            Step.DISPENSE_REQUEST, SaleState.DISPENSING, f"vend up to {format_cents(authorized)}"
         )
         outcome = await self._dispense(authorized)
         if not outcome.dispensed:
-            self.step("dispense.result", detail=_outcome_detail(outcome))
+            self.step(Step.DISPENSE_RESULT, detail=_outcome_detail(outcome))
             return await self.reverse(f"dispense {outcome.status.value} {outcome.detail}".strip())
         vended = outcome.vended_cents or authorized
         if vended > authorized:
@@ -752,7 +782,7 @@ class SaleFlow(SaleSteps):
         card, ended = await self.read_card()
         if ended is not None:
             return ended
-        self.step("vault.request", SaleState.ENROLLING, "saving the card")
+        self.step(Step.VAULT_REQUEST, SaleState.ENROLLING, "saving the card")
         try:
             account = await self.service.vault.create(_vault_request(card, self.request))
         except ServiceError as err:
@@ -760,24 +790,24 @@ class SaleFlow(SaleSteps):
                 SaleState.ATTENTION
                 if isinstance(err, (ServerError, ServiceUnreachableError))
                 else SaleState.FAILED,
-                "vault.failed",
+                Step.VAULT_FAILED,
                 f"saving the card failed: {err}",
             )
-        self.step("vault.done", vault_uuid=account.uuid, last_four=account.last_four)
+        self.step(Step.VAULT_DONE, vault_uuid=account.uuid, last_four=account.last_four)
         plan = self.request.plan
         if plan:
-            self.step("plan.request", detail={"name": plan.get("name", "")})
+            self.step(Step.PLAN_REQUEST, detail={"name": plan.get("name", "")})
             try:
                 plan_id = await self.service.plans.create(**_plan_fields(plan, account.uuid))
             except ServiceError as err:
                 return self.finish(
                     SaleState.ATTENTION,
-                    "plan.failed",
+                    Step.PLAN_FAILED,
                     f"the card was saved but the billing plan failed: {err}",
                 )
-            self.step("plan.done", plan_id=str(plan_id))
+            self.step(Step.PLAN_DONE, plan_id=str(plan_id))
         return self.finish(
-            SaleState.COMPLETED, "completed", "card saved" + (" with a plan" if plan else "")
+            SaleState.COMPLETED, Step.COMPLETED, "card saved" + (" with a plan" if plan else "")
         )
 
     # -- receipts --------------------------------------------------------------------------------
@@ -796,8 +826,8 @@ class SaleFlow(SaleSteps):
         )
         for note in notes:
             # journaled, then published as a note on the completed sale (the demo shows it)
-            noted = self.journal.record(self.record, RECEIPT_STEP, detail={"note": note})
-            self.events.publish(dataclasses.replace(event_of(noted, RECEIPT_STEP), message=note))
+            noted = self.journal.record(self.record, Step.RECEIPT, detail={"note": note})
+            self.events.publish(dataclasses.replace(event_of(noted, Step.RECEIPT), message=note))
 
 
 def _declined(result: ChargeResult) -> str:
@@ -914,7 +944,7 @@ class SaleRunner:
         )
         record = self.journal.create(record, {"source": request.source, "product": request.product})
         flow = SaleFlow(record, request, dispenser, self.context)
-        flow.publish("created")
+        flow.publish(Step.CREATED)
         self._running[device] = flow
         task = asyncio.create_task(self._run(device, flow), name=f"sale-{sale_id}")
         sale = Sale(sale_id, order_id, device, task)
@@ -936,7 +966,7 @@ class SaleRunner:
                 ended = dataclasses.replace(
                     flow.record, state=SaleState.ATTENTION, message=f"error: {err}"
                 )
-                event = event_of(ended, "error")
+                event = event_of(ended, Step.ERROR)
                 flow.events.publish(event)
                 return event
         finally:
@@ -948,8 +978,10 @@ class SaleRunner:
         """Ask a running sale to stop: before payment it ends CANCELLED, after it is reversed."""
         for flow in self._running.values():
             if flow.record.sale_id == sale_id:
+                if flow.record.state.final:
+                    return False  # it has just ended (a receipt is being printed)
                 flow.cancelled.set()
-                flow.journal.record(flow.record, "cancel.requested")
+                flow.journal.record(flow.record, Step.CANCEL_REQUESTED)
                 return True
         return False
 
@@ -995,4 +1027,4 @@ async def _rescue(flow: SaleFlow, err: Exception) -> SaleEvent:
         if record.trans_id is None and record.state in (SaleState.STARTED, SaleState.READING_CARD)
         else SaleState.ATTENTION
     )
-    return flow.finish(state, "error", f"internal error: {type(err).__name__}: {err}")
+    return flow.finish(state, Step.ERROR, f"internal error: {type(err).__name__}: {err}")
