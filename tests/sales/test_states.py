@@ -272,3 +272,51 @@ def test_no_sequence_of_writes_leaves_a_final_state(
         if before.state is S.FAILED:
             assert (wanted, step) == (S.REVERSING, Step.LATE_FOUND)
             assert kept_steps[-1].step in NO_CHARGE_STEPS
+
+
+# -- the drawing in docs/journal.md ----------------------------------------------------------
+
+JOURNAL_DOC = Path(__file__).parents[2] / "docs" / "journal.md"
+Edge = tuple[str, str, frozenset[str] | None]
+
+
+def drawn() -> tuple[set[Edge], str]:
+    """The edges of the doc's mermaid state diagram, and the text after it."""
+    text = JOURNAL_DOC.read_text()
+    start = text.index("```mermaid\nstateDiagram-v2\n")
+    end = text.index("```", start + 3)
+    edges: set[Edge] = set()
+    for line in text[start:end].splitlines()[2:]:
+        arrow, _, label = line.strip().partition(" : ")
+        source, target = arrow.split(" --> ")
+        steps = frozenset(label.split(", ")) if label else None
+        edges.add((source, target, steps))
+    return edges, text[end:]
+
+
+def tabled() -> set[Edge]:
+    edges: set[Edge] = {("[*]", S.STARTED.value, None)}
+    edges |= {(s.value, "[*]", None) for s in S if s.final}
+    for source, target, steps in allowed_moves():
+        named = None if steps is ANY_STEP else frozenset(str(step) for step in steps)
+        edges.add((source.value, target.value, named))
+    return edges
+
+
+def test_the_docs_state_diagram_is_the_table() -> None:
+    edges, _ = drawn()
+    assert edges - tabled() == set(), "drawn in docs/journal.md but not in the table"
+    assert tabled() - edges == set(), "in the table but not drawn in docs/journal.md"
+
+
+def test_the_docs_list_each_flows_states() -> None:
+    _, after = drawn()
+    rows = {
+        cells[0].strip("` "): {c.strip("` ") for c in cells[1].split(",")}
+        for line in after.split("\n## ")[0].splitlines()
+        if line.startswith("| `")
+        for cells in [line.strip("|").split("|")]
+    }
+    assert rows == {
+        flow.value: {s.value for s in FLOW_STATES[flow] if not s.final} for flow in Flow
+    }
