@@ -21,7 +21,7 @@ import contextlib
 import heapq
 import itertools
 import time
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol, TypeVar
@@ -256,35 +256,56 @@ class FakeClock:
         self._move(max(self._mono, target))
         await _let_run()
 
-    async def next_pause(self, real_timeout: float = 10.0) -> float:
-        """Wait (in real time, bounded) until some task pauses on this clock; when it is due."""
+    async def next_due(
+        self, *, pauses_only: bool = True, horizon: float = 3600.0, real_timeout: float = 10.0
+    ) -> float:
+        """Wait (in real time, bounded) until some task waits on this clock for at most
+        ``horizon`` seconds (a pause, or any wait); when it is due."""
         async with asyncio.timeout(real_timeout):
             while True:
-                pauses = self.pending(pauses_only=True)
-                if pauses:
-                    return pauses[0]
+                due = [
+                    d for d in self.pending(pauses_only=pauses_only) if d <= self._mono + horizon
+                ]
+                if due:
+                    return due[0]
                 self._changed.clear()
                 await self._changed.wait()
 
-    async def run(self, awaitable: Awaitable[T], real_timeout: float = 20.0) -> T:
-        """Await ``awaitable`` while jumping time to each pause it (or anything) makes.
+    async def run(
+        self,
+        awaitable: Awaitable[T],
+        *,
+        horizon: float = 3600.0,
+        on_pause: Callable[[int], None] | None = None,
+        real_timeout: float = 20.0,
+    ) -> T:
+        """Await ``awaitable`` while jumping time to each pause due within ``horizon``.
 
         Only pauses are jumped to: a ``wait_for`` that bounds real work (an HTTP call) fires only
-        when time reaches it on the way to a pause, or when a test advances to it.
+        when time reaches it on the way to a pause, or when a test advances to it. A background
+        pause further off than ``horizon`` (a sweep every few minutes) is left alone.
+        ``on_pause(n)`` runs before the n-th jump (a test steps the wall clock there).
         """
         task = asyncio.ensure_future(awaitable)
+        jumps = 0
         async with asyncio.timeout(real_timeout):
             while not task.done():
-                changed = asyncio.ensure_future(self._pause_or_done())
+                changed = asyncio.ensure_future(self._pause_within(horizon))
                 await asyncio.wait({task, changed}, return_when=asyncio.FIRST_COMPLETED)
                 changed.cancel()
-                pauses = self.pending(pauses_only=True)
+                pauses = self._pauses_within(horizon)
                 if pauses and not task.done():
+                    if on_pause is not None:
+                        on_pause(jumps)
+                    jumps += 1
                     await self.advance_to(pauses[0])
         return task.result()
 
-    async def _pause_or_done(self) -> None:
-        while not self.pending(pauses_only=True):
+    def _pauses_within(self, horizon: float) -> list[float]:
+        return [due for due in self.pending(pauses_only=True) if due <= self._mono + horizon]
+
+    async def _pause_within(self, horizon: float) -> None:
+        while not self._pauses_within(horizon):
             self._changed.clear()
             await self._changed.wait()
 

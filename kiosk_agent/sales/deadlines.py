@@ -27,7 +27,7 @@ class AnswerDeadlines:
         """The journal fields of a money call sent now, whose answer window is ``window``."""
         anchor = Anchor.now(self.clock)
         return {
-            "answer_by": round(anchor.wall + window, 3),
+            "answer_by": anchor.wall + window,
             "sent_at": anchor.wall,
             "sent_mono": anchor.mono,
             "sent_boot": anchor.boot,
