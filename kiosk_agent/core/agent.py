@@ -25,6 +25,7 @@ from kiosk_agent.core.health import HEALTH_SCHEMA, Health, HealthChecker
 from kiosk_agent.core.registry import PlatformInstance
 from kiosk_agent.core.systemd import SystemdLifecycle
 from kiosk_agent.sales.attention import AttentionSweeper
+from kiosk_agent.sales.clock import SYSTEM_CLOCK, Clock
 from kiosk_agent.sales.flows import INTERACTION_LIFETIME, SaleContext, SaleRunner, SaleSettings
 from kiosk_agent.sales.journal import Journal
 from kiosk_agent.sales.model import SaleEvent
@@ -106,8 +107,10 @@ class Agent:
         systemd: SystemdLifecycle | None = None,
         journal: Journal | None = None,
         service: ServiceClient | None = None,
+        clock: Clock = SYSTEM_CLOCK,
     ) -> None:
         self.config = config
+        self.clock = clock  # every sale's waits and deadlines (tests give a FakeClock)
         self.version = version
         self.settings = sale_settings_from_config(
             config, service_settings.mid, service_settings.timeout
@@ -143,7 +146,12 @@ class Agent:
         )
         self.availability.wake = self._checker.wake
         context = SaleContext(
-            self.service, self.journal, self.events, self.settings, capabilities=self.can_print
+            self.service,
+            self.journal,
+            self.events,
+            self.settings,
+            capabilities=self.can_print,
+            clock=clock,
         )
         self.sales = SaleRunner(context)
         self.recovery = Recovery(context, runner=self.sales)

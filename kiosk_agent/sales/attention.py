@@ -16,7 +16,6 @@ shows is written down, and a person decides with ``kiosk-agent sales resolve``.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
 import sqlite3
@@ -26,6 +25,7 @@ from typing import TYPE_CHECKING
 
 from kiosk_agent.money import format_cents
 from kiosk_agent.redact import redact
+from kiosk_agent.sales.clock import Anchor, elapsed_at_least
 from kiosk_agent.sales.flows import SaleContext, SaleSteps, event_of
 from kiosk_agent.sales.journal import Journal, JournalError, SaleMoved, SaleRecord
 from kiosk_agent.sales.model import Flow, SaleEvent
@@ -79,6 +79,7 @@ class AttentionSweeper:
         self.context = context
         self.journal = context.journal
         self.interval = interval
+        self.clock = context.clock
         self.stats = SweepStats()
         self._loop = BackgroundTask(self._run, "attention-sweeper")
 
@@ -90,13 +91,13 @@ class AttentionSweeper:
 
     async def _run(self) -> None:
         while True:  # not at once: on start, recovery goes first
-            await asyncio.sleep(self.interval)
+            await self.clock.sleep(self.interval)
             await self.sweep()
 
     async def sweep(self) -> list[SaleEvent]:
         """One pass over the ATTENTION sales; each one's error is counted, never fatal."""
         self.stats.sweeps += 1
-        self.stats.last_sweep_at = time.time()
+        self.stats.last_sweep_at = self.clock.time()  # for display
         ended: list[SaleEvent] = []
         try:
             sales = self.journal.attention_sales()
@@ -124,15 +125,14 @@ class AttentionSweeper:
         deadline): a service that committed later than ``answer_margin`` shows the charge now,
         and it is given back."""
         try:
-            failed = self.journal.query(
-                since=time.time() - LATE_CHARGE_WINDOW,
-                states=[SaleState.FAILED],
-                last_steps=NO_CHARGE_STEPS,
-            )
+            failed = self.journal.ended_by_steps(SaleState.FAILED, NO_CHARGE_STEPS)
         except (sqlite3.Error, JournalError) as err:
             self._count_error(f"cannot read the journal: {err}")
             return []
-        suspects = [r for r in failed if r.flow != Flow.ENROLL and r.trans_id is None]
+        suspects = [
+            r for r in failed
+            if r.flow != Flow.ENROLL and r.trans_id is None and self._still_watched(r)
+        ]
         given_back: list[SaleEvent] = []
         for record in suspects:
             steps = SaleSteps(record, self.context)
@@ -161,6 +161,16 @@ class AttentionSweeper:
                 self._count_error(f"sale {record.sale_id}: {type(err).__name__}: {err}")
         return given_back
 
+    def _still_watched(self, record: SaleRecord) -> bool:
+        """Whether the sale's money call was sent less than ``LATE_CHARGE_WINDOW`` ago in real
+        time, or may have been: measured on the monotonic clock within a boot; after a reboot,
+        at least as long as this boot has run, or (wall time) less than the window ago, so a
+        step of the wall clock either way never drops a sale early."""
+        sent = Anchor(record.sent_at or record.created_at, record.sent_mono, record.sent_boot)
+        if elapsed_at_least(self.clock, sent) < LATE_CHARGE_WINDOW:
+            return True
+        return not sent.same_boot(self.clock) and self.clock.time() - sent.wall < LATE_CHARGE_WINDOW
+
     def _count_error(self, text: str) -> None:
         self.stats.errors += 1
         self.stats.last_error = text
@@ -176,7 +186,9 @@ class AttentionSweeper:
         return await self._with_trans_id(steps, record.trans_id, retries_left > 0)
 
     async def _no_trans_id(self, steps: SaleSteps, may_move_money: bool) -> SaleEvent | None:
-        asked_at = time.time()  # "no charge" counts only from a lookup sent after the deadline
+        # "no charge" counts only from a lookup sent after the deadline
+        deadline = steps.answer_deadline()
+        asked_at = self.clock.monotonic()
         lookup = await steps.reconciler.find_charge(steps.record.all_order_ids())
         if lookup.unknown or not self._still_attention(steps):
             return None
@@ -190,7 +202,7 @@ class AttentionSweeper:
         if lookup.reversed:
             return steps.finish(SaleState.REVERSED, Step.ATTENTION_DONE, "already given back",
                                 if_state=SaleState.ATTENTION)
-        if asked_at < steps.answer_deadline():
+        if asked_at < deadline:
             return None  # the service may still answer the money call
         return steps.finish(
             SaleState.FAILED,

@@ -27,6 +27,8 @@ from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 from kiosk_agent.bus import EventBus
 from kiosk_agent.money import cents_to_decimal, format_cents, parse_price
+from kiosk_agent.sales.clock import SYSTEM_CLOCK, Clock
+from kiosk_agent.sales.deadlines import AnswerDeadlines
 from kiosk_agent.sales.journal import Journal, SaleRecord
 from kiosk_agent.sales.model import (
     DispenseOutcome,
@@ -147,10 +149,6 @@ class SaleSettings:
         """
         return self.answer_window(flow) + self.request_timeout
 
-    def answer_by(self, flow: str, sent: float | None = None) -> float:
-        """The deadline of a money call sent at ``sent`` (Unix time; default now)."""
-        return (time.time() if sent is None else sent) + self.answer_window(flow)
-
     def lookup_pause(self, flow: str) -> float:
         """How often to look again in reporting while a money call may still be answered."""
         return min(5.0, max(0.2, self.answer_window(flow) / 20))
@@ -177,6 +175,12 @@ class SaleContext:
     settings: SaleSettings
     # whether a terminal prints receipts (from the service's terminal list)
     capabilities: Callable[[str], Awaitable[bool]] | None = None
+    # every wait and deadline of every sale (tests give a FakeClock)
+    clock: Clock = SYSTEM_CLOCK
+    deadlines: AnswerDeadlines = field(init=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "deadlines", AnswerDeadlines(self.clock))
 
 
 class SaleSteps:
@@ -189,6 +193,7 @@ class SaleSteps:
         self.journal = context.journal
         self.events = context.events
         self.settings = context.settings
+        self.clock = context.clock
         self.reconciler = Reconciler(context.service, context.settings.mid)
 
     @property
@@ -266,16 +271,18 @@ class SaleSteps:
         an unconfirmed payment. Then reporting is asked by order_id until the money call's
         deadline (``answer_by``, written when it was sent): a charge found is given back; "no
         charge" is believed only from a lookup sent once the service can no longer make one.
-        Meanwhile the sale is UNRESOLVED. ``steps`` names what is journaled (charge_card,
-        authorize or recovery ``.waiting|unknown|found|reversed|none``); when reporting cannot
-        say after the deadline, a person decides (ATTENTION; the attention sweeper keeps
-        looking), nothing is guessed.
+        Meanwhile the sale is UNRESOLVED. The deadline and every pause are on the monotonic
+        clock: a wall-clock step neither shortens nor stretches the wait. ``steps`` names what is
+        journaled (charge_card, authorize or recovery ``.waiting|unknown|found|reversed|none``);
+        when reporting cannot say after the deadline, a person decides (ATTENTION; the attention
+        sweeper keeps looking), nothing is guessed.
         """
         await self._deny("payment could not be confirmed")
         deadline = self.answer_deadline()
         pause = self.settings.lookup_pause(self.record.flow)
+        clock = self.clock
         while True:
-            asked = time.time()  # reporting may answer what it knew when asked, not later
+            asked = clock.monotonic()  # reporting may answer what it knew when asked, not later
             lookup = await self.reconciler.find_charge(self.record.all_order_ids())
             if lookup.approved:
                 self.charge_found(steps.found, lookup.trans_id, lookup.amount_cents)
@@ -283,7 +290,7 @@ class SaleSteps:
             if lookup.reversed:
                 given_back = f"{why}; already given back"
                 return await self._fail(SaleState.REVERSED, steps.reversed, given_back)
-            if lookup.unknown and time.time() >= deadline:
+            if lookup.unknown and clock.monotonic() >= deadline:
                 return self.finish(
                     SaleState.ATTENTION,
                     steps.unknown,
@@ -301,30 +308,37 @@ class SaleSteps:
                     SaleState.UNRESOLVED,
                     f"{why}; no charge in reporting yet, looking again until the service can no "
                     "longer answer",
-                    detail={"answer_by": round(deadline, 3)},
+                    detail={"answer_in_s": round(max(0.0, deadline - clock.monotonic()), 3)},
                 )
-            await asyncio.sleep(min(pause, max(0.0, deadline - time.time())))
+            await clock.sleep(min(pause, max(0.0, deadline - clock.monotonic())))
 
     async def money_call(self, call: Awaitable[T]) -> T:
         """A call that may move money, bounded as a whole (retries and 429 waits included) so
         that its journaled deadline holds; giving up is a lost answer, never a retry."""
         try:
-            return await asyncio.wait_for(call, self.settings.request_timeout)
+            return await self.clock.wait_for(call, self.settings.request_timeout)
         except TimeoutError as err:
             raise ServiceUnreachableError(
                 f"no answer within {self.settings.request_timeout:g} s; outcome unknown"
             ) from err
 
     def answer_deadline(self) -> float:
-        """When the sale's last money call can no longer be answered (journaled with it)."""
-        if self.record.answer_by is not None:
-            return self.record.answer_by
+        """When the sale's last money call can no longer be answered, on the monotonic clock
+        (re-anchored from what the journal kept with the call: see sales/deadlines.py)."""
+        window = self.settings.answer_window(self.record.flow)
+        return self.context.deadlines.due(self.record, window, self._last_send)
+
+    def _last_send(self) -> float:
         # a journal written before answer_by existed: the last request step's time says
         sent = self.record.created_at
         for step in self.journal.steps(self.record.sale_id):
             if step.step in REQUEST_STEPS:
                 sent = step.at
-        return self.settings.answer_by(self.record.flow, sent)
+        return sent
+
+    def sending(self) -> dict[str, Any]:
+        """The journal fields of a money call sent now: its deadline and its anchor."""
+        return self.context.deadlines.sent(self.settings.answer_window(self.record.flow))
 
     # -- waiting for a card ----------------------------------------------------------------------
 
@@ -335,7 +349,7 @@ class SaleSteps:
 
         A cancel request during a read-card cancels it on the terminal and waits for the end.
         """
-        wait = asyncio.ensure_future(handle.wait(timeout=self.settings.card_wait))
+        wait = asyncio.ensure_future(self.clock.wait_for(handle.wait(), self.settings.card_wait))
         cancel_wait = asyncio.ensure_future(cancelled.wait()) if cancelled is not None else None
         try:
             waiting = {wait} | ({cancel_wait} if cancel_wait else set())
@@ -543,7 +557,7 @@ class SaleFlow(SaleSteps):
     async def _dispense(self, authorized_cents: int) -> DispenseOutcome:
         """Let the machine vend; an exception or no answer within the vend timeout is TIMEOUT."""
         try:
-            return await asyncio.wait_for(
+            return await self.clock.wait_for(
                 self.dispenser.dispense(authorized_cents), self.settings.vend_timeout
             )
         except TimeoutError:
@@ -565,7 +579,7 @@ class SaleFlow(SaleSteps):
                 SaleState.CHARGING,
                 f"asking for {format_cents(amount)} on {self.device}",
                 detail={"order_id": order_id, "amount_cents": amount},
-                answer_by=self.settings.answer_by(self.record.flow),
+                **self.sending(),
             )
             try:
                 handle = await self.money_call(
@@ -722,7 +736,7 @@ class SaleFlow(SaleSteps):
                 SaleState.AUTHORIZING,
                 f"authorizing {format_cents(amount)}",
                 detail={"order_id": order_id, "amount_cents": amount},
-                answer_by=self.settings.answer_by(self.record.flow),
+                **self.sending(),
             )
             request = ChargeRequest(
                 mid=self.settings.mid,
@@ -1000,7 +1014,9 @@ class SaleRunner:
         if not tasks:
             return
         wait = self.settings.stop_timeout if grace is None else grace
-        _done, pending = await asyncio.wait(tasks, timeout=wait)
+        with contextlib.suppress(TimeoutError):
+            await self.context.clock.wait_for(asyncio.wait(tasks), wait)
+        pending = [task for task in tasks if not task.done()]
         for task in pending:
             task.cancel()
         if pending:

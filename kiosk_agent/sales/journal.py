@@ -57,7 +57,10 @@ CREATE TABLE IF NOT EXISTS sales (
     updated_at       REAL NOT NULL,
     finished_at      REAL,
     answer_by        REAL,
-    resolution       TEXT
+    resolution       TEXT,
+    sent_at          REAL,
+    sent_mono        REAL,
+    sent_boot        TEXT
 );
 CREATE INDEX IF NOT EXISTS sales_state ON sales(state);
 CREATE INDEX IF NOT EXISTS sales_created ON sales(created_at);
@@ -73,7 +76,14 @@ CREATE INDEX IF NOT EXISTS steps_sale ON steps(sale_id);
 """
 
 # Columns added after version 1, with their type: added in place to an older journal on open.
-_ADDED_COLUMNS = {"answer_by": "REAL", "resolution": "TEXT"}
+_ADDED_COLUMNS = {
+    "answer_by": "REAL",
+    "resolution": "TEXT",
+    # the money call's send, to re-anchor its deadline after a restart (sales/clock.py)
+    "sent_at": "REAL",
+    "sent_mono": "REAL",
+    "sent_boot": "TEXT",
+}
 
 _SIDE = ("-wal", "-shm")
 _FINAL_STATES = tuple(s.value for s in SaleState if s.final)
@@ -114,6 +124,12 @@ class SaleRecord:
     answer_by: float | None = None
     # A person's decision on an ATTENTION sale, as JSON {as, why, by, at}.
     resolution: str | None = None
+    # When the money call in flight was sent: wall time, monotonic time and the boot id, written
+    # with ``answer_by``. After a restart on the same boot the monotonic difference is the exact
+    # time since; wall time alone cannot say it (NTP steps it).
+    sent_at: float | None = None
+    sent_mono: float | None = None
+    sent_boot: str | None = None
 
     def attempt_order_id(self, attempt: int | None = None) -> str:
         """The order_id sent for one attempt: the sale's own for the first, suffixed after."""
@@ -146,8 +162,9 @@ class StepRecord:
 
 
 _COLUMNS = tuple(f.name for f in dataclasses.fields(SaleRecord))
+_COLUMN_SET = frozenset(_COLUMNS)
 # a sale's flow is fixed: the states it may be in follow from it
-_UPDATABLE = frozenset(_COLUMNS) - {"sale_id", "order_id", "created_at", "flow"}
+_UPDATABLE = _COLUMN_SET - {"sale_id", "order_id", "created_at", "flow"}
 # Keys that must never reach the journal, whatever a caller passes in a step's detail.
 _FORBIDDEN_DETAIL = frozenset(
     {"token", "account_token", "api_key", "refresh_token", "card_number", "secret", "password"}
@@ -340,6 +357,12 @@ class Journal:
         )
         return [_record(r) for r in rows]
 
+    def ended_by_steps(self, state: SaleState, last_steps: Iterable[Step]) -> list[SaleRecord]:
+        """Every sale in ``state`` whose last step is one of ``last_steps``, whatever its date:
+        the caller measures how long ago on the monotonic clock (a stepped wall clock cannot
+        be trusted to say)."""
+        return self.query(states=[state], last_steps=last_steps)
+
     def attention_sales(self) -> list[SaleRecord]:
         return self.query(states=[SaleState.ATTENTION])
 
@@ -451,6 +474,7 @@ def _add_missing_columns(db: sqlite3.Connection) -> None:
 
 
 def _record(row: sqlite3.Row) -> SaleRecord:
-    data = {k: row[k] for k in row.keys()}  # noqa: SIM118 - sqlite3.Row is not a mapping
+    # columns a newer release added are left out: this one reads what it knows
+    data = {k: row[k] for k in row.keys() if k in _COLUMN_SET}  # noqa: SIM118 - not a mapping
     data["state"] = SaleState(data["state"])
     return SaleRecord(**data)

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from collections import defaultdict
 from typing import TYPE_CHECKING
 
@@ -48,9 +47,11 @@ class Recovery:
         self.journal = context.journal
         self.settings = context.settings
         self.runner = runner
+        self.clock = context.clock
         self._task: asyncio.Task[list[SaleEvent]] | None = None
-        self.started_at: float | None = None  # Unix time
+        self.started_at: float | None = None  # Unix time, for display
         self.finished_at: float | None = None
+        self._started_mono = 0.0
         self.found = 0  # open sales found on start
         self.recovered = 0  # of those, driven to an end
 
@@ -79,7 +80,8 @@ class Recovery:
             self.runner.block(record.terminal, f"recovering sale {record.sale_id}")
         if open_sales:
             _LOGGER.warning("recovering %d open sale(s) from the journal", len(open_sales))
-        self.started_at = time.time()
+        self.started_at = self.clock.time()
+        self._started_mono = self.clock.monotonic()
         self.found = len(open_sales)
         if not open_sales:  # nothing to wait for: ready at once
             self.finished_at = self.started_at
@@ -104,12 +106,12 @@ class Recovery:
         )
         events = [event for events in results for event in events]
         self.recovered = sum(1 for event in events if event.state.final)
-        self.finished_at = time.time()
+        self.finished_at = self.clock.time()
         _LOGGER.info(
             "recovery finished: %d of %d open sale(s) ended in %.0f ms",
             self.recovered,
             self.found,
-            (self.finished_at - (self.started_at or self.finished_at)) * 1000,
+            (self.clock.monotonic() - self._started_mono) * 1000,
         )
         return events
 
@@ -194,16 +196,16 @@ class Recovery:
 
     async def _final_interaction(self, steps: SaleSteps) -> Interaction | None:
         """The interaction's final record, polling while it is pending, until the charge's
-        journaled deadline: a restart never pushes it back."""
+        journaled deadline (monotonic, re-anchored across a restart: sales/deadlines.py)."""
         deadline = steps.answer_deadline()
         pause = max(0.1, min(2.0, self.settings.interaction_lifetime / 100))
         while True:
             interaction = await steps.interaction_status(InteractionKind.CHARGE_CARD)
             if interaction is None:
                 return None
-            if interaction.finished or time.time() > deadline:
+            if interaction.finished or self.clock.monotonic() > deadline:
                 return interaction if interaction.finished else None
-            await asyncio.sleep(pause)
+            await self.clock.sleep(min(pause, max(0.0, deadline - self.clock.monotonic())))
 
     async def _charge_interaction_ended(
         self, steps: SaleSteps, interaction: Interaction
