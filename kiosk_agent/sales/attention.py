@@ -26,10 +26,10 @@ from typing import TYPE_CHECKING
 from kiosk_agent.money import format_cents
 from kiosk_agent.redact import redact
 from kiosk_agent.sales.clock import Anchor, elapsed_at_least
-from kiosk_agent.sales.flows import SaleContext, SaleSteps, event_of
 from kiosk_agent.sales.journal import Journal, JournalError, SaleMoved, SaleRecord
 from kiosk_agent.sales.model import Flow, SaleEvent
 from kiosk_agent.sales.states import NO_CHARGE_STEPS, SaleState, Step
+from kiosk_agent.sales.steps import SaleContext, SaleSteps, event_of
 from kiosk_agent.tasks import BackgroundTask
 from kiosk_agent.text import control_character
 

@@ -19,10 +19,11 @@ import logging
 from collections import defaultdict
 from typing import TYPE_CHECKING
 
-from kiosk_agent.sales.flows import SaleContext, SaleRunner, SaleSteps
 from kiosk_agent.sales.journal import SaleRecord
 from kiosk_agent.sales.model import Flow, SaleEvent
+from kiosk_agent.sales.runner import SaleRunner
 from kiosk_agent.sales.states import RECOVERY_REPORTING, SaleState, Step
+from kiosk_agent.sales.steps import SaleContext, SaleSteps
 from kiosk_agent.service.errors import ServiceError
 from kiosk_agent.service.models import (
     ChargeResultCode,

@@ -14,8 +14,9 @@ from kiosk_agent.cli.sim import settings_from_ready
 from kiosk_agent.core.agent import Agent
 from kiosk_agent.core.config import load_config
 from kiosk_agent.core.systemd import SystemdLifecycle, SystemdNotifier
-from kiosk_agent.sales.flows import TerminalBusy, UnknownTerminal
 from kiosk_agent.sales.model import Flow, SaleRequest
+from kiosk_agent.sales.runner import TerminalBusy
+from kiosk_agent.sales.settings import UnknownTerminal
 from kiosk_agent.sales.states import SaleState
 
 from .agent_helpers import ScriptedDispenser, write_config

@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 
 from kiosk_agent.core.agent import Agent
-from kiosk_agent.sales.flows import TerminalBusy
 from kiosk_agent.sales.model import DispenseStatus, Flow, SaleEvent, SaleRequest
+from kiosk_agent.sales.runner import TerminalBusy
 from kiosk_agent.sales.states import SaleState
 from kiosk_agent.service.models import TransactionFilter, TransStatus
 
