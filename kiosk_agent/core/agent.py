@@ -173,6 +173,8 @@ class Agent:
     # -- wiring (by app.py, before start) --------------------------------------------------------
 
     def add_platform(self, setup: PlatformSetup, conf: dict[str, Any]) -> None:
+        if conf.get("max_price") is not None:  # the runner holds every platform to it
+            self.sales.limit_trigger(conf["platform"], conf.get("name"), conf["max_price"])
         self._pending_platforms.append(_PendingPlatform(setup, conf))
 
     def add_component(self, factory: ComponentFactory, conf: Any) -> None:

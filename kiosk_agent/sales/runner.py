@@ -64,6 +64,28 @@ class Sale:
         return await asyncio.shield(self.task)
 
 
+class TriggerLimits:
+    """Each trigger's ``max_price`` from its configuration, found by the ``source`` its
+    requests carry (``platform:name``). A trigger configured without a name covers its
+    platform's sources that no named trigger has (the platform names it by its own default)."""
+
+    def __init__(self) -> None:
+        self._named: dict[str, int] = {}  # "platform:name" -> cents
+        self._unnamed: dict[str, int] = {}  # "platform" -> cents
+
+    def add(self, platform: str, name: str | None, max_cents: int) -> None:
+        if name:
+            self._named[f"{platform}:{name}"] = max_cents
+        else:
+            self._unnamed[platform] = max_cents
+
+    def of(self, source: str) -> int | None:
+        """The most a request from ``source`` may ask for; None: no trigger of that name."""
+        if source in self._named:
+            return self._named[source]
+        return self._unnamed.get(source.partition(":")[0])
+
+
 class SaleRunner:
     """Starts sales, one at a time per terminal, and keeps track of them."""
 
@@ -75,6 +97,12 @@ class SaleRunner:
         self._tasks: dict[str, Sale] = {}  # sale_id -> sale
         self._blocked: dict[str, str] = {}  # device_id -> why (recovery, stopping)
         self._stopping = False
+        self.limits = TriggerLimits()
+
+    def limit_trigger(self, platform: str, name: str | None, max_cents: int) -> None:
+        """A trigger's ``max_price`` from its configuration: every request it sends is held to
+        it here, whatever its platform passes (or forgets to)."""
+        self.limits.add(platform, name, max_cents)
 
     def busy_reason(self, device_id: str) -> str | None:
         if self._stopping:
@@ -104,11 +132,7 @@ class SaleRunner:
         if request.amount_cents <= 0:
             # enroll too: the terminal shows an amount while it reads the card
             raise ValueError(f"a sale needs an amount above zero, got {request.amount_cents}")
-        if request.max_cents is not None and request.amount_cents > request.max_cents:
-            raise PriceAboveMaximum(
-                f"{format_cents(request.amount_cents)} is above this machine's max_price"
-                f" {format_cents(request.max_cents)}"
-            )
+        self._check_max_price(request)
         sale_id, order_id = new_ids()
         record = SaleRecord(
             sale_id=sale_id,
@@ -129,6 +153,15 @@ class SaleRunner:
         sale = Sale(sale_id, order_id, device, task)
         self._tasks[sale_id] = sale
         return sale
+
+    def _check_max_price(self, request: SaleRequest) -> None:
+        """The lower of the trigger's configured ``max_price`` and the request's own bound."""
+        bounds = [b for b in (self.limits.of(request.source), request.max_cents) if b is not None]
+        if bounds and request.amount_cents > min(bounds):
+            raise PriceAboveMaximum(
+                f"{format_cents(request.amount_cents)} is above this machine's max_price"
+                f" {format_cents(min(bounds))}"
+            )
 
     async def _run(self, device: str, flow: SaleFlow) -> SaleEvent:
         try:
