@@ -15,8 +15,8 @@ import pytest
 from kiosk_agent.app import load_agent
 from kiosk_agent.sales.journal import SaleRecord
 from kiosk_agent.sales.states import SaleState, Step
-from tests.core.test_recovery import leave_open
 from tests.helpers import walk_to
+from tests.sales.test_recovery import leave_open
 
 from .conftest import ADMIN_TOKEN, READ_TOKEN, write_config
 

@@ -18,9 +18,9 @@ from kiosk_agent.sales.model import Flow, SaleRequest
 from kiosk_agent.sales.runner import TerminalBusy
 from kiosk_agent.sales.settings import UnknownTerminal
 from kiosk_agent.sales.states import SaleState
+from tests.sales.test_recovery import leave_open
 
 from .agent_helpers import ScriptedDispenser, write_config
-from .test_recovery import leave_open
 
 
 def charge(cents: int, **fields: Any) -> SaleRequest:

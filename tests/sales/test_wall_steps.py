@@ -29,8 +29,8 @@ from kiosk_agent.sales.states import SaleState, Step
 from kiosk_agent.service.models import TransactionFilter, TransStatus
 from kiosk_agent.sim.faults import faults_of
 from tests.core.agent_helpers import REQUEST_TIMEOUT, TIME_SCALE, ScriptedDispenser, write_config
-from tests.core.test_recovery import authorize
 from tests.helpers import walk_to
+from tests.sales.test_recovery import authorize
 
 HOUR = 3600.0
 DAY = 24 * HOUR

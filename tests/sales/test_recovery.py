@@ -15,9 +15,8 @@ from kiosk_agent.sales.model import Flow, SaleRequest
 from kiosk_agent.sales.states import SaleState
 from kiosk_agent.service.client import ServiceClient
 from kiosk_agent.service.models import ChargeRequest, TransactionFilter, TransStatus
-
-from ..helpers import walk_to
-from .agent_helpers import ScriptedDispenser
+from tests.core.agent_helpers import ScriptedDispenser
+from tests.helpers import walk_to
 
 
 async def rows(service: ServiceClient, order_id: str) -> list[Any]:

@@ -11,8 +11,7 @@ import pytest
 
 from kiosk_agent.sales.journal import Journal, JournalError, SaleRecord
 from kiosk_agent.sales.states import SaleState, Step
-
-from ..helpers import walk_to
+from tests.helpers import walk_to
 
 
 @pytest.fixture

@@ -13,8 +13,7 @@ from kiosk_agent.sales.attention import NotInAttention, ResolveError, UnknownSal
 from kiosk_agent.sales.journal import Journal
 from kiosk_agent.sales.states import SaleState, Step
 from kiosk_agent.service.models import TransStatus
-
-from .test_recovery import authorize, leave_open, rows
+from tests.sales.test_recovery import authorize, leave_open, rows
 
 
 async def attention_sale(agent_factory: Any, tmp_path: Path, **fields: Any) -> Any:
