@@ -166,21 +166,24 @@ async def until_ended(
             await asyncio.sleep(0.05)
 
 
+DAY = 86_400.0
+
+
 @pytest.mark.parametrize(
     ("offset", "fault", "ends"),
     [
         # committed 1.8 s after it arrives: after the agent gave up (T = 1 s), inside the window
         # in which the service may still commit it (T + M = 2.5 s): found and given back
-        ("+3d", "delay", "reversed"),
-        ("-2h", "delay", "reversed"),
+        (3 * DAY, "delay", "reversed"),
+        (-2 * 3600.0, "delay", "reversed"),
         # refused before anything was processed: no charge, believed only after the window
-        ("+3d", "server_error", "failed"),
-        ("-2h", "server_error", "failed"),
+        (3 * DAY, "server_error", "failed"),
+        (-2 * 3600.0, "server_error", "failed"),
     ],
 )
 async def test_a_wall_step_while_the_service_commits_late_leaves_no_charge_and_no_stuck_sale(
     agent_process: tuple[Any, AgentProcess, aiohttp.ClientSession],
-    offset: str,
+    offset: float,
     fault: str,
     ends: str,
 ) -> None:
