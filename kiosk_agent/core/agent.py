@@ -26,11 +26,13 @@ from kiosk_agent.core.registry import PlatformInstance
 from kiosk_agent.core.systemd import SystemdLifecycle
 from kiosk_agent.sales.attention import AttentionSweeper
 from kiosk_agent.sales.clock import SYSTEM_CLOCK, Clock
-from kiosk_agent.sales.flows import INTERACTION_LIFETIME, SaleContext, SaleRunner, SaleSettings
 from kiosk_agent.sales.journal import Journal
 from kiosk_agent.sales.model import SaleEvent
 from kiosk_agent.sales.receipts import ReceiptSettings
 from kiosk_agent.sales.recovery import Recovery
+from kiosk_agent.sales.runner import SaleRunner
+from kiosk_agent.sales.settings import INTERACTION_LIFETIME, SaleSettings
+from kiosk_agent.sales.steps import SaleContext
 from kiosk_agent.service.client import ServiceClient
 from kiosk_agent.service.errors import ServiceError
 from kiosk_agent.service.models import Terminal
@@ -171,6 +173,8 @@ class Agent:
     # -- wiring (by app.py, before start) --------------------------------------------------------
 
     def add_platform(self, setup: PlatformSetup, conf: dict[str, Any]) -> None:
+        if conf.get("max_price") is not None:  # the runner holds every platform to it
+            self.sales.limit_trigger(conf["platform"], conf.get("name"), conf["max_price"])
         self._pending_platforms.append(_PendingPlatform(setup, conf))
 
     def add_component(self, factory: ComponentFactory, conf: Any) -> None:

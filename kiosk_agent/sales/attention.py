@@ -26,10 +26,10 @@ from typing import TYPE_CHECKING
 from kiosk_agent.money import format_cents
 from kiosk_agent.redact import redact
 from kiosk_agent.sales.clock import Anchor, elapsed_at_least
-from kiosk_agent.sales.flows import SaleContext, SaleSteps, event_of
 from kiosk_agent.sales.journal import Journal, JournalError, SaleMoved, SaleRecord
 from kiosk_agent.sales.model import Flow, SaleEvent
-from kiosk_agent.sales.states import SaleState
+from kiosk_agent.sales.states import NO_CHARGE_STEPS, SaleState, Step
+from kiosk_agent.sales.steps import SaleContext, SaleSteps, event_of
 from kiosk_agent.tasks import BackgroundTask
 from kiosk_agent.text import control_character
 
@@ -38,8 +38,6 @@ if TYPE_CHECKING:
 
 _LOGGER = logging.getLogger(__name__)
 
-RECHECK_STEP = "attention.recheck"
-RESOLVED_STEP = "attention.resolved"
 MAX_RETRIES = 3  # money calls a sweep may make for one sale, in all
 MAX_WHY = 500
 
@@ -62,8 +60,6 @@ class NotInAttention(ResolveError):
 # A sale that ended "no charge was made" after a lost answer is looked at again for this long:
 # a service slower than its answer margin may still have charged.
 LATE_CHARGE_WINDOW = 24 * 3600.0
-# the steps that end a sale on "reporting showed no charge by the deadline"
-_NO_CHARGE_STEPS = ("charge_card.none", "authorize.none", "recovery.none")
 
 
 @dataclass(slots=True)
@@ -129,7 +125,7 @@ class AttentionSweeper:
         deadline): a service that committed later than ``answer_margin`` shows the charge now,
         and it is given back."""
         try:
-            failed = self.journal.ended_by_steps(SaleState.FAILED, _NO_CHARGE_STEPS)
+            failed = self.journal.ended_by_steps(SaleState.FAILED, NO_CHARGE_STEPS)
         except (sqlite3.Error, JournalError) as err:
             self._count_error(f"cannot read the journal: {err}")
             return []
@@ -148,7 +144,14 @@ class AttentionSweeper:
                     "sale %s: a charge appeared after the sale ended with none; giving it back",
                     record.sale_id,
                 )
-                steps.charge_found("late.found", lookup.trans_id, lookup.amount_cents)
+                # found and reopened in one write (REVERSING): a crash before the void leaves
+                # an open sale that recovery gives back, not a FAILED one holding money
+                steps.charge_found(
+                    Step.LATE_FOUND,
+                    lookup.trans_id,
+                    lookup.amount_cents,
+                    state=SaleState.REVERSING,
+                )
                 given_back.append(
                     await steps.reverse("a charge the service made after the sale had ended")
                 )
@@ -192,17 +195,19 @@ class AttentionSweeper:
         if lookup.approved:
             if not may_move_money:
                 return None
-            steps.step(RECHECK_STEP, detail={"found": "charge", "trans_id": lookup.trans_id},
-                       if_state=SaleState.ATTENTION)
-            steps.charge_found("attention.found", lookup.trans_id, lookup.amount_cents)
+            found = {"found": "charge", "trans_id": lookup.trans_id}
+            steps.step(Step.ATTENTION_RECHECK, detail=found, if_state=SaleState.ATTENTION)
+            steps.charge_found(Step.ATTENTION_FOUND, lookup.trans_id, lookup.amount_cents)
             return await steps.reverse("a charge found later in reporting, not vended")
         if lookup.reversed:
-            return steps.finish(SaleState.REVERSED, "attention.done", "already given back",
+            return steps.finish(SaleState.REVERSED, Step.ATTENTION_DONE, "already given back",
                                 if_state=SaleState.ATTENTION)
         if asked_at < deadline:
             return None  # the service may still answer the money call
         return steps.finish(
-            SaleState.FAILED, "attention.done", "no charge was made (checked in reporting later)",
+            SaleState.FAILED,
+            Step.ATTENTION_DONE,
+            "no charge was made (checked in reporting later)",
             if_state=SaleState.ATTENTION,
         )
 
@@ -216,7 +221,7 @@ class AttentionSweeper:
         if lookup.reversed:
             return steps.finish(
                 SaleState.REVERSED,
-                "attention.done",
+                Step.ATTENTION_DONE,
                 "given back (found in reporting)",
                 reverse_trans_id=lookup.reverse_trans_id,
                 reversed_cents=lookup.amount_cents or record.captured_cents,
@@ -226,7 +231,7 @@ class AttentionSweeper:
         if lookup.captured and vended:
             return steps.finish(
                 SaleState.COMPLETED,
-                "attention.done",
+                Step.ATTENTION_DONE,
                 f"paid {format_cents(lookup.amount_cents or vended)} (found captured)",
                 captured_cents=lookup.amount_cents or vended,
                 if_state=SaleState.ATTENTION,
@@ -234,7 +239,7 @@ class AttentionSweeper:
         if not (lookup.captured or lookup.authorized) or not may_move_money:
             return None
         action = "capture" if lookup.authorized and vended else "reverse"
-        steps.step(RECHECK_STEP, detail={"found": "held", "action": action},
+        steps.step(Step.ATTENTION_RECHECK, detail={"found": "held", "action": action},
                    if_state=SaleState.ATTENTION)
         if action == "capture":
             return await steps.capture(vended)
@@ -256,7 +261,7 @@ class AttentionSweeper:
 
 
 def _money_retries(journal: Journal, sale_id: str) -> int:
-    return sum(1 for step in journal.steps(sale_id) if step.step == RECHECK_STEP)
+    return sum(1 for step in journal.steps(sale_id) if step.step == Step.ATTENTION_RECHECK)
 
 
 def resolve(
@@ -299,7 +304,7 @@ def resolve(
     try:
         resolved = journal.record(
             record,
-            RESOLVED_STEP,
+            Step.ATTENTION_RESOLVED,
             RESOLUTIONS[as_],
             detail={"as": as_, "why": why, "by": by},
             if_state=SaleState.ATTENTION,  # another process may have decided it since the read
@@ -315,7 +320,7 @@ def resolve(
         ) from None
     _LOGGER.info("sale %s resolved by %s as %s", resolved.sale_id, by, as_)
     if events is not None:
-        events.publish(event_of(resolved, RESOLVED_STEP))
+        events.publish(event_of(resolved, Step.ATTENTION_RESOLVED))
     return resolved
 
 

@@ -19,12 +19,12 @@ import datetime as dt
 import json
 import sqlite3
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from kiosk_agent.sales.states import SaleState
+from kiosk_agent.sales.states import SaleState, Step, check_transition
 
 SCHEMA_VERSION = 2
 
@@ -156,14 +156,15 @@ class SaleRecord:
 class StepRecord:
     sale_id: str
     at: float
-    step: str
+    step: str  # a Step's value (read as stored: an older journal may hold a retired name)
     state: SaleState
     detail: dict[str, Any]
 
 
 _COLUMNS = tuple(f.name for f in dataclasses.fields(SaleRecord))
 _COLUMN_SET = frozenset(_COLUMNS)
-_UPDATABLE = _COLUMN_SET - {"sale_id", "order_id", "created_at"}
+# a sale's flow is fixed: the states it may be in follow from it
+_UPDATABLE = _COLUMN_SET - {"sale_id", "order_id", "created_at", "flow"}
 # Keys that must never reach the journal, whatever a caller passes in a step's detail.
 _FORBIDDEN_DETAIL = frozenset(
     {"token", "account_token", "api_key", "refresh_token", "card_number", "secret", "password"}
@@ -175,8 +176,9 @@ class JournalError(Exception):
 
 
 class SaleMoved(Exception):
-    """A step written only ``if_state`` found the sale in another state: someone else (another
-    process on the same journal) wrote first. ``state`` is what it is now."""
+    """A write found the sale in another state than the writer saw (``if_state``, by default
+    the record's own): someone else (another process on the same journal) wrote first.
+    ``state`` is what it is now."""
 
     def __init__(self, sale_id: str, state: SaleState | None) -> None:
         shown = state.value if state is not None else "gone"
@@ -229,7 +231,8 @@ class Journal:
     # -- writes ----------------------------------------------------------------------------------
 
     def create(self, sale: SaleRecord, detail: Mapping[str, Any] | None = None) -> SaleRecord:
-        """Write a new sale and its first step in one transaction."""
+        """Write a new sale and its first step in one transaction (always STARTED)."""
+        check_transition(sale.sale_id, sale.flow, None, sale.state, Step.CREATED)
         now = time.time()
         sale = dataclasses.replace(sale, created_at=now, updated_at=now)
         row = sale.row()
@@ -238,7 +241,7 @@ class Journal:
         try:
             with transaction(self.db) as db:
                 db.execute(f"INSERT INTO sales ({names}) VALUES ({marks})", row)  # noqa: S608
-                self._insert_step(db, sale.sale_id, now, "created", sale.state, detail)
+                self._insert_step(db, sale.sale_id, now, Step.CREATED, sale.state, detail)
         except sqlite3.Error as err:
             raise self._write_failed(err) from err
         return sale
@@ -246,7 +249,7 @@ class Journal:
     def record(
         self,
         sale: SaleRecord,
-        step: str,
+        step: Step,
         state: SaleState | None = None,
         detail: Mapping[str, Any] | None = None,
         *,
@@ -255,8 +258,11 @@ class Journal:
     ) -> SaleRecord:
         """Write one step (and the sale's new fields) durably; return the updated sale.
 
-        ``if_state``: write only while the sale is still in that state on disk, checked in the
-        same transaction (:class:`SaleMoved` else), so two processes cannot both decide it."""
+        The one way a sale changes. In the same transaction the sale's state on disk is read
+        and the move checked against the table (``states.check_transition``:
+        :class:`TransitionRefused`, nothing written); the sale must still be in ``if_state``
+        (default: the state ``sale`` says it is in), else :class:`SaleMoved`: two writers
+        (another process on the same journal, a person) cannot both decide it."""
         unknown = set(changes) - _UPDATABLE
         if unknown:
             raise ValueError(f"not journal fields: {', '.join(sorted(unknown))}")
@@ -268,30 +274,46 @@ class Journal:
         assignments = {k: getattr(updated, k) for k in (*changes, "state", "updated_at")}
         assignments["state"] = new_state.value
         sql = ", ".join(f"{k} = :{k}" for k in assignments)
+        expected = sale.state if if_state is None else if_state
         try:
             with transaction(self.db) as db:
-                guard = "" if if_state is None else " AND state = :if_state"
-                written = db.execute(
-                    f"UPDATE sales SET {sql} WHERE sale_id = :sale_id{guard}",  # noqa: S608
-                    {**assignments, "sale_id": sale.sale_id,
-                     "if_state": if_state.value if if_state else None},
+                named = self._check(db, sale, expected, new_state, step)
+                db.execute(
+                    f"UPDATE sales SET {sql} WHERE sale_id = :sale_id",  # noqa: S608
+                    {**assignments, "sale_id": sale.sale_id},
                 )
-                if if_state is not None and written.rowcount != 1:
-                    now_state = db.execute(
-                        "SELECT state FROM sales WHERE sale_id = ?", (sale.sale_id,)
-                    ).fetchone()
-                    raise SaleMoved(sale.sale_id, SaleState(now_state[0]) if now_state else None)
-                self._insert_step(db, sale.sale_id, now, step, new_state, detail)
+                self._insert_step(db, sale.sale_id, now, named, new_state, detail)
         except sqlite3.Error as err:
             raise self._write_failed(err) from err
         return updated
+
+    def _check(
+        self,
+        db: sqlite3.Connection,
+        sale: SaleRecord,
+        expected: SaleState,
+        wanted: SaleState,
+        step: Step,
+    ) -> Step:
+        """The sale as it is on disk, inside the write transaction, against the table."""
+        row = db.execute(
+            "SELECT state, flow, (SELECT step FROM steps WHERE steps.sale_id = sales.sale_id"
+            " ORDER BY id DESC LIMIT 1) FROM sales WHERE sale_id = ?",
+            (sale.sale_id,),
+        ).fetchone()
+        if row is None:
+            raise SaleMoved(sale.sale_id, None)
+        current = SaleState(row[0])
+        if current is not expected:
+            raise SaleMoved(sale.sale_id, current)
+        return check_transition(sale.sale_id, row[1], current, wanted, step, row[2])
 
     def _insert_step(
         self,
         db: sqlite3.Connection,
         sale_id: str,
         at: float,
-        step: str,
+        step: Step,
         state: SaleState,
         detail: Mapping[str, Any] | None,
     ) -> None:
@@ -335,7 +357,7 @@ class Journal:
         )
         return [_record(r) for r in rows]
 
-    def ended_by_steps(self, state: SaleState, last_steps: Sequence[str]) -> list[SaleRecord]:
+    def ended_by_steps(self, state: SaleState, last_steps: Iterable[Step]) -> list[SaleRecord]:
         """Every sale in ``state`` whose last step is one of ``last_steps``, whatever its date:
         the caller measures how long ago on the monotonic clock (a stepped wall clock cannot
         be trusted to say)."""
@@ -350,7 +372,7 @@ class Journal:
         since: float | None = None,
         until: float | None = None,
         states: list[SaleState] | None = None,
-        last_steps: Sequence[str] | None = None,
+        last_steps: Iterable[Step] | None = None,
         limit: int | None = None,
     ) -> list[SaleRecord]:
         """Sales newest first, filtered by creation time, state and the name of their last step
@@ -366,6 +388,7 @@ class Journal:
         if states:
             where.append(f"state IN ({', '.join('?' for _ in states)})")
             args.extend(s.value for s in states)
+        last_steps = sorted(last_steps or ())
         if last_steps:
             marks = ", ".join("?" for _ in last_steps)
             last = "SELECT step FROM steps WHERE steps.sale_id = sales.sale_id ORDER BY id DESC"

@@ -19,10 +19,11 @@ import logging
 from collections import defaultdict
 from typing import TYPE_CHECKING
 
-from kiosk_agent.sales.flows import SaleContext, SaleRunner, SaleSteps
 from kiosk_agent.sales.journal import SaleRecord
 from kiosk_agent.sales.model import Flow, SaleEvent
-from kiosk_agent.sales.states import SaleState
+from kiosk_agent.sales.runner import SaleRunner
+from kiosk_agent.sales.states import RECOVERY_REPORTING, SaleState, Step
+from kiosk_agent.sales.steps import SaleContext, SaleSteps
 from kiosk_agent.service.errors import ServiceError
 from kiosk_agent.service.models import (
     ChargeResultCode,
@@ -127,7 +128,7 @@ class Recovery:
                     events.append(
                         steps.finish(
                             SaleState.ATTENTION,
-                            "recovery.error",
+                            Step.RECOVERY_ERROR,
                             f"recovery could not decide: {err}",
                         )
                     )
@@ -138,21 +139,23 @@ class Recovery:
     async def recover(self, steps: SaleSteps) -> SaleEvent:
         """Drive one open sale to an end."""
         record = steps.record
-        steps.step("recovery.start", detail={"state": record.state.value})
+        steps.step(Step.RECOVERY_START, detail={"state": record.state.value})
         state = record.state
         if state is SaleState.STARTED:
-            return steps.finish(SaleState.FAILED, "recovery.done", "interrupted before any payment")
+            return steps.finish(
+                SaleState.FAILED, Step.RECOVERY_DONE, "interrupted before any payment"
+            )
         if state is SaleState.READING_CARD:
             await self._cancel_read(steps)
             return steps.finish(
                 SaleState.FAILED,
-                "recovery.done",
+                Step.RECOVERY_DONE,
                 "interrupted while reading the card; no money moved",
             )
         if state is SaleState.ENROLLING:
             return steps.finish(
                 SaleState.ATTENTION,
-                "recovery.undecided",
+                Step.RECOVERY_UNDECIDED,
                 "interrupted while saving the card; the vault or plan may exist",
             )
         if state is SaleState.CHARGING or (
@@ -169,7 +172,7 @@ class Recovery:
             return await self._capturing(steps)
         if state is SaleState.REVERSING:
             return await self._reversing(steps)
-        return steps.finish(SaleState.ATTENTION, "recovery.undecided", f"unknown state {state}")
+        return steps.finish(SaleState.ATTENTION, Step.RECOVERY_UNDECIDED, f"unknown state {state}")
 
     async def _cancel_read(self, steps: SaleSteps) -> None:
         if steps.record.interaction_id is None:
@@ -211,18 +214,22 @@ class Recovery:
         if interaction.status == InteractionStatus.SUCCEEDED:
             result = interaction.charge_result
             if result is not None and result.result == ChargeResultCode.APPROVED:
-                steps.charge_found("recovery.charged", result.trans_id, result.amount)
+                steps.charge_found(Step.RECOVERY_CHARGED, result.trans_id, result.amount)
                 return await steps.reverse("charged while the agent was down; not dispensed")
             if result is not None and result.result == ChargeResultCode.DECLINED:
-                return steps.finish(SaleState.DECLINED, "recovery.done", "the card was declined")
+                return steps.finish(SaleState.DECLINED, Step.RECOVERY_DONE, "the card was declined")
             return steps.finish(
-                SaleState.FAILED, "recovery.done", "the card asked to retry; the customer is gone"
+                SaleState.FAILED,
+                Step.RECOVERY_DONE,
+                "the card asked to retry; the customer is gone",
             )
         if interaction.status == InteractionStatus.CANCELLED:
-            return steps.finish(SaleState.CANCELLED, "recovery.done", "cancelled on the terminal")
+            return steps.finish(
+                SaleState.CANCELLED, Step.RECOVERY_DONE, "cancelled on the terminal"
+            )
         return steps.finish(
             SaleState.FAILED,
-            "recovery.done",
+            Step.RECOVERY_DONE,
             f"the charge ended {interaction.status}; no money moved",
         )
 
@@ -231,7 +238,7 @@ class Recovery:
         (once the money call's deadline has passed)."""
         if steps.record.trans_id is not None:
             return await steps.reverse(why)
-        return await steps.settle_by_reporting(why, "recovery")
+        return await steps.settle_by_reporting(why, RECOVERY_REPORTING)
 
     async def _capturing(self, steps: SaleSteps) -> SaleEvent:
         """The dispense was confirmed; the capture was (maybe) sent: make sure it happened."""
@@ -241,7 +248,7 @@ class Recovery:
         if lookup.captured:
             return steps.finish(
                 SaleState.COMPLETED,
-                "recovery.done",
+                Step.RECOVERY_DONE,
                 "dispensed and captured before the interruption",
                 captured_cents=lookup.amount_cents or record.vended_cents,
             )
@@ -249,7 +256,7 @@ class Recovery:
             return await steps.capture(record.vended_cents or record.authorized_cents)
         return steps.finish(
             SaleState.ATTENTION,
-            "recovery.undecided",
+            Step.RECOVERY_UNDECIDED,
             "dispensed, but reporting shows the authorization neither open nor captured "
             "(unreachable, or not there yet); the attention sweeper looks again",
         )
@@ -261,7 +268,7 @@ class Recovery:
         if lookup.reversed:
             return steps.finish(
                 SaleState.REVERSED,
-                "recovery.done",
+                Step.RECOVERY_DONE,
                 f"{record.message}; given back",
                 reverse_trans_id=lookup.reverse_trans_id,
                 reversed_cents=lookup.amount_cents or 0,

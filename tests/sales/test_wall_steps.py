@@ -25,11 +25,12 @@ from kiosk_agent.core.config import load_config
 from kiosk_agent.sales.clock import FakeClock
 from kiosk_agent.sales.journal import Journal, SaleRecord
 from kiosk_agent.sales.model import Flow, SaleEvent, SaleRequest
-from kiosk_agent.sales.states import SaleState
+from kiosk_agent.sales.states import SaleState, Step
 from kiosk_agent.service.models import TransactionFilter, TransStatus
 from kiosk_agent.sim.faults import faults_of
 from tests.core.agent_helpers import REQUEST_TIMEOUT, TIME_SCALE, ScriptedDispenser, write_config
-from tests.core.test_recovery import authorize
+from tests.helpers import walk_to
+from tests.sales.test_recovery import authorize
 
 HOUR = 3600.0
 DAY = 24 * HOUR
@@ -119,7 +120,7 @@ async def at_the_service(sim: Any) -> None:
 
 
 def request_step(flow: Flow) -> str:
-    return "charge_card.request" if flow is Flow.CHARGE_CARD else "authorize.request"
+    return Step.CHARGE_CARD_REQUEST if flow is Flow.CHARGE_CARD else Step.AUTHORIZE_REQUEST
 
 
 def charge_path(flow: Flow) -> str:
@@ -219,10 +220,11 @@ def left_sending(tmp_path: Path, clock: FakeClock, flow: Flow, window: float) ->
             )
         )
         sent = clock.time()
-        return journal.record(
+        return walk_to(
+            journal,
             record,
-            request_step(flow),
             state_of_send(flow),
+            request_step(flow),
             answer_by=sent + window,
             sent_at=sent,
             sent_mono=clock.monotonic(),
@@ -261,7 +263,7 @@ async def test_recovery_judges_no_charge_only_after_the_window_and_within_one_mo
     agent = await agent_on(clock)
     [event] = await clock.run(agent.recovery.wait())
     assert event.state is SaleState.FAILED, event.message
-    assert steps_of(agent, "crashed1")[-1] == "recovery.none"
+    assert steps_of(agent, "crashed1")[-1] == Step.RECOVERY_NONE
     waited = (clock.since_boot() if reboot else clock.monotonic()) - (restarted_at or 0.0)
     real_elapsed = down_for + waited
     assert real_elapsed >= window - 1e-6  # never judged before the window is over

@@ -11,10 +11,9 @@ import pytest
 
 from kiosk_agent.sales.attention import NotInAttention, ResolveError, UnknownSale, resolve
 from kiosk_agent.sales.journal import Journal
-from kiosk_agent.sales.states import SaleState
+from kiosk_agent.sales.states import SaleState, Step
 from kiosk_agent.service.models import TransStatus
-
-from .test_recovery import authorize, leave_open, rows
+from tests.sales.test_recovery import authorize, leave_open, rows
 
 
 async def attention_sale(agent_factory: Any, tmp_path: Path, **fields: Any) -> Any:
@@ -23,12 +22,18 @@ async def attention_sale(agent_factory: Any, tmp_path: Path, **fields: Any) -> A
     return await agent_factory()
 
 
+def found_in_reporting(agent: Any, trans_id: str) -> None:
+    """The charge of ``crashed1`` as a sweep finds it in reporting (its trans_id journaled)."""
+    record = agent.journal.get("crashed1")
+    agent.journal.record(record, Step.ATTENTION_FOUND, trans_id=trans_id)
+
+
 async def test_an_authorization_vended_and_left_open_is_captured(
     agent_factory: Any, tmp_path: Path, sim_factory: Any
 ) -> None:
     agent = await attention_sale(agent_factory, tmp_path, vended_cents=250)
     trans_id = await authorize(agent.service, "KACRASHED1", capture=False)
-    agent.journal.record(agent.journal.get("crashed1"), "test", trans_id=trans_id)
+    found_in_reporting(agent, trans_id)
     [event] = await agent.attention.sweep()
     assert event.state is SaleState.COMPLETED, event.message
     assert event.captured_cents == 250
@@ -41,7 +46,7 @@ async def test_an_authorization_vended_and_left_open_is_captured(
 async def test_money_held_without_a_vend_is_given_back(agent_factory: Any, tmp_path: Path) -> None:
     agent = await attention_sale(agent_factory, tmp_path)
     trans_id = await authorize(agent.service, "KACRASHED1", capture=False)
-    agent.journal.record(agent.journal.get("crashed1"), "test", trans_id=trans_id)
+    found_in_reporting(agent, trans_id)
     [event] = await agent.attention.sweep()
     assert event.state is SaleState.REVERSED
     [row] = await rows(agent.service, "KACRASHED1")
@@ -150,7 +155,7 @@ async def test_a_charge_made_after_its_sale_ended_with_none_is_given_back(
     journal.open()
     record = journal.get("crashed1")
     assert record is not None
-    journal.record(record, "authorize.none", SaleState.FAILED, message="no charge was made")
+    journal.record(record, Step.AUTHORIZE_NONE, SaleState.FAILED, message="no charge was made")
     journal.close()
     agent = await agent_factory()
     await authorize(agent.service, "KACRASHED1", capture=False)
@@ -235,7 +240,7 @@ async def test_a_person_resolving_while_the_sweeper_decides_wins(
     The sweeper must not then capture the money nor write the sale back to ATTENTION."""
     agent = await attention_sale(agent_factory, tmp_path, vended_cents=250)
     trans_id = await authorize(agent.service, "KACRASHED1", capture=False)
-    agent.journal.record(agent.journal.get("crashed1"), "test", trans_id=trans_id)
+    found_in_reporting(agent, trans_id)
     cli = Journal(agent.journal.path)
     cli.open()
     real_get = agent.journal.get
