@@ -22,7 +22,7 @@ import aiohttp
 import pytest
 
 from kiosk_agent.cli.sim import settings_from_ready
-from kiosk_agent.sales.flows import SaleSettings
+from kiosk_agent.sales.settings import SaleSettings
 from kiosk_agent.service.client import ServiceClient
 from kiosk_agent.service.models import TransactionFilter, TransStatus
 from kiosk_agent.sim.faults import faults_of
