@@ -120,7 +120,7 @@ class Agent:
         self.service = service or ServiceClient(service_settings)
         # the terminal client warns once when the service's interactions live otherwise
         self.service.terminal.expected_lifetime = self.settings.interaction_lifetime
-        self.journal = journal or Journal(config.resolve(config["journal"]["path"]))
+        self.journal = journal or Journal(config.resolve(config["journal"]["path"]), clock)
         self.events: EventBus[SaleEvent] = EventBus()
         health_conf = config.get("health") or HEALTH_SCHEMA({})
         self.health = Health(version, key_warning=health_conf["key_warning"])

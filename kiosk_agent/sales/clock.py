@@ -257,7 +257,7 @@ class FakeClock:
         await _let_run()
 
     async def next_due(
-        self, *, pauses_only: bool = True, horizon: float = 3600.0, real_timeout: float = 10.0
+        self, *, pauses_only: bool = True, horizon: float = 60.0, real_timeout: float = 10.0
     ) -> float:
         """Wait (in real time, bounded) until some task waits on this clock for at most
         ``horizon`` seconds (a pause, or any wait); when it is due."""
@@ -275,7 +275,7 @@ class FakeClock:
         self,
         awaitable: Awaitable[T],
         *,
-        horizon: float = 3600.0,
+        horizon: float = 60.0,
         on_pause: Callable[[int], None] | None = None,
         real_timeout: float = 20.0,
     ) -> T:
@@ -283,7 +283,8 @@ class FakeClock:
 
         Only pauses are jumped to: a ``wait_for`` that bounds real work (an HTTP call) fires only
         when time reaches it on the way to a pause, or when a test advances to it. A background
-        pause further off than ``horizon`` (a sweep every few minutes) is left alone.
+        pause further off than ``horizon`` (the attention sweep, every few minutes) is left
+        alone: a sale's own pauses are seconds.
         ``on_pause(n)`` runs before the n-th jump (a test steps the wall clock there).
         """
         task = asyncio.ensure_future(awaitable)
