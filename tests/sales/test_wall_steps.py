@@ -136,7 +136,7 @@ def state_of_send(flow: Flow) -> SaleState:
 
 
 @pytest.mark.parametrize("flow", [Flow.CHARGE_CARD, Flow.AUTHORIZE_CAPTURE])
-@pytest.mark.parametrize("step", STEPS)
+@pytest.mark.parametrize("step", [3 * DAY, -2 * HOUR])  # each waits 0.3 s for the late commit
 @pytest.mark.parametrize("when", ["before the send", "while the call is out", "while looking"])
 async def test_a_late_commit_inside_the_window_is_found_and_given_back(
     agent_on: Factory, sim: Any, flow: Flow, step: float, when: str
@@ -248,7 +248,7 @@ async def window_of(flow: Flow, agent_on: Factory, tmp_path: Path) -> float:
 @pytest.mark.parametrize("flow", [Flow.CHARGE_CARD, Flow.AUTHORIZE_CAPTURE])
 @pytest.mark.parametrize("step", STEPS)
 @pytest.mark.parametrize("reboot", [False, True])
-@pytest.mark.parametrize("down_for", [0.5, 3.0])  # the sale's window is ~6 s in these tests
+@pytest.mark.parametrize("down_for", [3.0])  # the sale's window is ~6 s in these tests
 async def test_recovery_judges_no_charge_only_after_the_window_and_within_one_more(
     agent_on: Factory, tmp_path: Path, flow: Flow, step: float, reboot: bool, down_for: float
 ) -> None:
