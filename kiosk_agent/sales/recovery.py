@@ -19,10 +19,10 @@ import logging
 from collections import defaultdict
 from typing import TYPE_CHECKING
 
-from kiosk_agent.sales.journal import SaleRecord
+from kiosk_agent.sales.journal import SaleMoved, SaleRecord
 from kiosk_agent.sales.model import Flow, SaleEvent
 from kiosk_agent.sales.runner import SaleRunner
-from kiosk_agent.sales.states import RECOVERY_REPORTING, SaleState, Step
+from kiosk_agent.sales.states import RECOVERY_REPORTING, SaleState, Step, TransitionRefused
 from kiosk_agent.sales.steps import SaleContext, SaleSteps
 from kiosk_agent.service.errors import ServiceError
 from kiosk_agent.service.models import (
@@ -123,15 +123,20 @@ class Recovery:
                 steps = SaleSteps(record, self.context)
                 try:
                     events.append(await self.recover(steps))
+                except SaleMoved as err:  # another writer decided it meanwhile: theirs stands
+                    _LOGGER.warning("sale %s: left as the journal has it: %s", record.sale_id, err)
                 except Exception as err:  # a person decides: better than a guess or a stuck sale
                     _LOGGER.exception("sale %s: recovery failed", record.sale_id)
-                    events.append(
-                        steps.finish(
-                            SaleState.ATTENTION,
-                            Step.RECOVERY_ERROR,
-                            f"recovery could not decide: {err}",
+                    try:
+                        events.append(
+                            steps.finish(
+                                SaleState.ATTENTION,
+                                Step.RECOVERY_ERROR,
+                                f"recovery could not decide: {err}",
+                            )
                         )
-                    )
+                    except (SaleMoved, TransitionRefused) as refused:  # the others go on
+                        _LOGGER.error("sale %s: not marked attention: %s", record.sale_id, refused)
         finally:
             self.runner.unblock(device)
         return events
