@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 from pathlib import Path
@@ -9,9 +10,11 @@ from typing import Any
 
 import pytest
 
+from kiosk_agent.cli.sim import settings_from_ready
 from kiosk_agent.sales.attention import NotInAttention, ResolveError, UnknownSale, resolve
 from kiosk_agent.sales.journal import Journal
 from kiosk_agent.sales.states import SaleState, Step
+from kiosk_agent.service.client import ServiceClient
 from kiosk_agent.service.models import TransStatus
 from tests.sales.test_recovery import authorize, leave_open, rows
 
@@ -166,6 +169,33 @@ async def test_a_charge_made_after_its_sale_ended_with_none_is_given_back(
     assert row.status is TransStatus.VOIDED
     assert agent.attention.stats.late_charges == 1
     assert await agent.attention.sweep() == []  # once given back, never again
+    # found and reopened in one write: a crash before the void leaves an open sale
+    [found] = [s for s in agent.journal.steps("crashed1") if s.step == Step.LATE_FOUND]
+    assert found.state is SaleState.REVERSING
+
+
+async def test_a_late_charge_found_just_before_a_crash_is_given_back_by_recovery(
+    agent_factory: Any, sim_factory: Any, tmp_path: Path
+) -> None:
+    """``late.found`` reopens the sale (REVERSING) in the write that journals the charge: an
+    agent killed before the void leaves an open sale, which the next start gives back."""
+    sim = await sim_factory(time_scale=300, transactions=0)
+    async with ServiceClient(settings_from_ready(sim.ready_info())) as service:
+        trans_id = await authorize(service, "KACRASHED1", capture=False)
+    leave_open(tmp_path, state=SaleState.UNRESOLVED, answer_by=time.time() - 1)
+    journal = Journal(tmp_path / "journal.db")
+    journal.open()
+    record = journal.get("crashed1")
+    assert record is not None
+    record = journal.record(record, Step.AUTHORIZE_NONE, SaleState.FAILED)
+    journal.record(record, Step.LATE_FOUND, SaleState.REVERSING, trans_id=trans_id,
+                   authorized_cents=300)  # the sweeper's write; then the crash
+    journal.close()
+    agent = await agent_factory(sim=sim)
+    [event] = await asyncio.wait_for(agent.recovery.wait(), 10)
+    assert event.state is SaleState.REVERSED, event.message
+    [row] = await rows(agent.service, "KACRASHED1")
+    assert row.status is TransStatus.VOIDED
 
 
 async def test_a_sale_that_failed_for_another_reason_is_not_looked_up(
