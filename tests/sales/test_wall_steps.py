@@ -35,7 +35,10 @@ from tests.sales.test_recovery import authorize
 
 HOUR = 3600.0
 DAY = 24 * HOUR
+# NTP's steps: days or hours, either way (tests/sales/test_clock.py covers any size)
 STEPS = [3 * DAY, 2 * HOUR, -2 * HOUR, -3 * DAY]
+# one forward and one backward step where each case runs a whole sale
+FORWARD_AND_BACK = [3 * DAY, -2 * HOUR]
 # far beyond any sale's pauses: a run never jumps to the attention sweeper's own pause
 SWEEP_EVERY = 86_400
 
@@ -136,7 +139,7 @@ def state_of_send(flow: Flow) -> SaleState:
 
 
 @pytest.mark.parametrize("flow", [Flow.CHARGE_CARD, Flow.AUTHORIZE_CAPTURE])
-@pytest.mark.parametrize("step", [3 * DAY, -2 * HOUR])  # each waits 0.3 s for the late commit
+@pytest.mark.parametrize("step", FORWARD_AND_BACK)  # each waits 0.3 s for the late commit
 @pytest.mark.parametrize("when", ["before the send", "while the call is out", "while looking"])
 async def test_a_late_commit_inside_the_window_is_found_and_given_back(
     agent_on: Factory, sim: Any, flow: Flow, step: float, when: str
@@ -172,7 +175,7 @@ async def test_a_late_commit_inside_the_window_is_found_and_given_back(
 
 
 @pytest.mark.parametrize("flow", [Flow.CHARGE_CARD, Flow.AUTHORIZE_CAPTURE])
-@pytest.mark.parametrize("step", STEPS)
+@pytest.mark.parametrize("step", FORWARD_AND_BACK)
 @pytest.mark.parametrize("at_pause", [0, 1, 3])
 async def test_no_charge_is_judged_after_the_window_and_within_the_bound(
     agent_on: Factory, sim: Any, flow: Flow, step: float, at_pause: int
@@ -246,7 +249,7 @@ async def window_of(flow: Flow, agent_on: Factory, tmp_path: Path) -> float:
 
 
 @pytest.mark.parametrize("flow", [Flow.CHARGE_CARD, Flow.AUTHORIZE_CAPTURE])
-@pytest.mark.parametrize("step", STEPS)
+@pytest.mark.parametrize("step", FORWARD_AND_BACK)
 @pytest.mark.parametrize("reboot", [False, True])
 @pytest.mark.parametrize("down_for", [3.0])  # the sale's window is ~6 s in these tests
 async def test_recovery_judges_no_charge_only_after_the_window_and_within_one_more(
@@ -277,7 +280,7 @@ async def test_recovery_judges_no_charge_only_after_the_window_and_within_one_mo
     assert agent.sales.busy_reason("SIM-0001") is None
 
 
-@pytest.mark.parametrize("step", STEPS)
+@pytest.mark.parametrize("step", FORWARD_AND_BACK)
 @pytest.mark.parametrize("reboot", [False, True])
 async def test_a_charge_committed_while_the_agent_was_down_is_given_back(
     agent_on: Factory, tmp_path: Path, step: float, reboot: bool
