@@ -143,7 +143,7 @@ class _Sleeper:
     due: float
     seq: int
     future: asyncio.Future[None] = field(compare=False)
-    timeout: bool = field(compare=False, default=False)
+    bounds_work: bool = field(compare=False, default=False)  # a wait_for's timeout, not a pause
 
 
 class FakeClock:
@@ -204,15 +204,17 @@ class FakeClock:
     async def wait_for(self, awaitable: Awaitable[T], seconds: float) -> T:
         task = asyncio.ensure_future(awaitable)
         timer = asyncio.ensure_future(self._wait_until(self._mono + max(0.0, seconds), True))
+        timed_out = False
         try:
             await asyncio.wait({task, timer}, return_when=asyncio.FIRST_COMPLETED)
+            timed_out = not task.done()
         finally:
             timer.cancel()
             if not task.done():
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
-        if task.cancelled():
+        if timed_out:
             raise TimeoutError(f"no result within {seconds:g} s (fake clock)")
         return task.result()
 
@@ -237,7 +239,7 @@ class FakeClock:
         """When the live waits are due (monotonic), soonest first."""
         self._drop_cancelled()
         return sorted(
-            s.due for s in self._sleepers if not (pauses_only and s.timeout)
+            s.due for s in self._sleepers if not (pauses_only and s.bounds_work)
         )
 
     async def advance(self, seconds: float) -> None:

@@ -149,3 +149,13 @@ def test_any_reboot_and_any_step_keep_the_window_and_its_bound(
     left = remaining(clock, sent, window)
     assert gap + uptime + left >= window - 1e-6  # never judged before the window is over
     assert 0.0 <= left <= window  # at most one full window from the restart
+
+
+async def test_wait_for_passes_on_a_cancellation_from_inside_as_asyncio_does() -> None:
+    clock = FakeClock()
+    inner = asyncio.get_running_loop().create_future()
+    waiting = asyncio.create_task(clock.wait_for(inner, 30))
+    await asyncio.sleep(0)
+    inner.cancel()  # someone else cancels the work: not a timeout
+    with pytest.raises(asyncio.CancelledError):
+        await waiting
