@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from kiosk_agent.sales.clock import SYSTEM_CLOCK, Clock
-from kiosk_agent.sales.states import SaleState, Step, check_transition
+from kiosk_agent.sales.states import REOPENED_AFTER, SaleState, Step, check_transition
 
 SCHEMA_VERSION = 2
 
@@ -298,16 +298,21 @@ class Journal:
     ) -> Step:
         """The sale as it is on disk, inside the write transaction, against the table."""
         row = db.execute(
-            "SELECT state, flow, (SELECT step FROM steps WHERE steps.sale_id = sales.sale_id"
-            " ORDER BY id DESC LIMIT 1) FROM sales WHERE sale_id = ?",
-            (sale.sale_id,),
+            "SELECT state, flow FROM sales WHERE sale_id = ?", (sale.sale_id,)
         ).fetchone()
         if row is None:
             raise SaleMoved(sale.sale_id, None)
         current = SaleState(row[0])
         if current is not expected:
             raise SaleMoved(sale.sale_id, current)
-        return check_transition(sale.sale_id, row[1], current, wanted, step, row[2])
+        last = None
+        if step in REOPENED_AFTER:  # only a reopening step depends on how the sale ended
+            found = db.execute(
+                "SELECT step FROM steps WHERE sale_id = ? ORDER BY id DESC LIMIT 1",
+                (sale.sale_id,),
+            ).fetchone()
+            last = None if found is None else str(found[0])
+        return check_transition(sale.sale_id, row[1], current, wanted, step, last)
 
     def _insert_step(
         self,

@@ -205,6 +205,10 @@ NO_CHARGE_STEPS = frozenset(
     r.none for r in (CHARGE_CARD_REPORTING, AUTHORIZE_REPORTING, RECOVERY_REPORTING)
 )
 
+# A step that may leave a final state, and the last steps it may follow: the late-charge net
+# reopens only a sale that ended on "no charge" after a lost answer.
+REOPENED_AFTER: Mapping[Step, frozenset[Step]] = {Step.LATE_FOUND: NO_CHARGE_STEPS}
+
 S = SaleState
 ANY_STEP = None  # an edge any step may take
 _Edges = Mapping[SaleState, frozenset[Step] | None]
@@ -322,7 +326,7 @@ def check_transition(
     if steps is not ANY_STEP and named not in steps:
         allowed = ", ".join(sorted(steps))
         raise refuse(f"only by {allowed}")
-    if named is Step.LATE_FOUND and last_step not in NO_CHARGE_STEPS:
+    if named in REOPENED_AFTER and last_step not in REOPENED_AFTER[named]:
         raise refuse("the late-charge net reopens only a sale that ended on no charge")
     return named
 

@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from kiosk_agent.core.config import check_config
 from kiosk_agent.platforms.mdb import MdbPlatform
 from kiosk_agent.platforms.virtual import VirtualController, VisitOutcome
 from kiosk_agent.sales.model import Flow, PriceAboveMaximum, SaleRequest
@@ -136,10 +137,11 @@ async def test_the_virtual_platform_is_held_to_its_max_price_by_the_runner(
     ``max_price`` (an unnamed trigger: its source is named by the platform's default)."""
     caplog.set_level(logging.WARNING)
     trigger = {"platform": "virtual", "customers": False, "max_price": "2.00",
-               "products": {"A1": "1.50", "Z9": "3.25"}, "dispense_time": 0.01}
+               "products": {"A1": "1.50"}, "max_funds": "2.00", "dispense_time": 0.01}
     async with running_agent(tmp_path, sim_settings, [trigger]) as agent:
         [platform] = agent.platforms
         controller = platform.controller  # type: ignore[attr-defined]
+        controller.options.products["Z9"] = 325  # the machine sells more than it was told
         await asyncio.wait_for(controller.wait_enabled(), 5)
 
         visit = await controller.customer("Z9")
@@ -168,3 +170,18 @@ async def test_a_request_naming_a_trigger_is_held_to_that_triggers_max_price(
         other = SaleRequest(source="test", flow=Flow.CHARGE_CARD, amount_cents=250)
         sale = await agent.sales.start(other, machine)
         assert (await sale.result()).state is SaleState.COMPLETED
+
+
+def test_a_virtual_product_above_max_price_is_a_configuration_mistake(tmp_path: Path) -> None:
+    path = tmp_path / "config.yaml"
+    path.write_text(
+        "service: {simulator: {}}\nterminals: [{device_id: SIM-0001}]\n"
+        "triggers:\n"
+        "  - platform: virtual\n"
+        "    max_price: '2.00'\n"
+        "    max_funds: '2.00'\n"
+        "    products: {A1: '1.50', Z9: '3.25'}\n"
+    )
+    [mistake] = [str(error) for error in check_config(path)]
+    assert "triggers[0].products.Z9" in mistake
+    assert "$3.25 is above max_price $2.00" in mistake
