@@ -20,8 +20,8 @@ from prometheus_client.samples import Sample
 
 from kiosk_agent.admin.metrics import AgentMetrics, Timings
 from kiosk_agent.core.health import Health
-from kiosk_agent.sales.model import RECEIPT_STEP, Flow, SaleEvent, SaleRequest
-from kiosk_agent.sales.states import SaleState
+from kiosk_agent.sales.model import Flow, SaleEvent, SaleRequest
+from kiosk_agent.sales.states import SaleState, Step
 from kiosk_agent.service.settings import CallKind
 
 from ..helpers import sim_call, until
@@ -106,7 +106,7 @@ def test_a_sale_is_timed_from_its_start_to_its_first_end() -> None:
     timings.sale(_event(SaleState.STARTED), now=100.0)
     timings.sale(_event(SaleState.CHARGING), now=100.5)
     timings.sale(_event(SaleState.COMPLETED), now=102.25)
-    timings.sale(_event(SaleState.COMPLETED, step=RECEIPT_STEP), now=103.0)  # a note, not an end
+    timings.sale(_event(SaleState.COMPLETED, step=Step.RECEIPT), now=103.0)  # a note, not an end
     timings.sale(_event(SaleState.REVERSED, sale_id="recovered"), now=104.0)  # began elsewhere
     timings.call(CallKind.MONEY, 0.02, "ok")
     families = _scraped(metrics.exposition(None)[0].decode())
