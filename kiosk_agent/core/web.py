@@ -12,10 +12,11 @@ Limits (the ``http:`` section, :data:`kiosk_agent.core.config.HTTP_SCHEMA`), the
 - a body must arrive whole within ``body_timeout`` (:func:`read_body`, :func:`read_json`), and
   a client that takes nothing of its answer for ``body_timeout`` (its socket full: a report, a
   stream or a WebSocket it stopped reading) is cut;
-- at most ``max_connections`` are open per server: past it the oldest connection with no
-  request in progress is closed to make room (one that was never served is told 503 first: in a
-  burst its request may simply not have been read yet), and when every one is busy the newcomer
-  gets 503.
+- at most ``max_connections`` are open per server: past it a connection with no request in
+  progress is closed to make room: the oldest that never finished a request (told 503 first: in
+  a burst its request may simply not have been read yet), else the oldest idle one that did, so
+  an honest client's keep-alive connection outlives a flood of newcomers that never speak; when
+  every one is busy the newcomer gets 503.
   So a slow-header flood on one port holds a bounded number of descriptors and cannot lock a
   real client out for long; the other ports are not touched at all;
 - a stop waits ``shutdown_grace`` for requests in progress, then cuts them.
@@ -309,20 +310,26 @@ class LocalSite:
         return connection
 
     def _make_room(self) -> bool:
-        """Close the oldest connection with no request in progress; False when all are busy."""
-        for connection in self._connections.values():
-            if not connection.closing and connection.busy == 0:
-                self.evicted += 1
-                self.refusals(
-                    "connection_cap",
-                    "%s: %d connections open: closed the oldest idle one (from %s)",
-                    self.name,
-                    self.limits.max_connections,
-                    _peer(connection.transport),
-                )
-                connection.close(answer=connection.served == 0)
-                return True
-        return False
+        """Close one connection with no request in progress; False when all are busy.
+
+        The oldest that never finished a request goes first (a slow-header flood is made of
+        those), and only then the oldest idle one that did: an honest client's keep-alive
+        connection outlives any flood of newcomers that never spoke."""
+        idle = [c for c in self._connections.values() if not c.closing and c.busy == 0]
+        victim = next((c for c in idle if c.served == 0), idle[0] if idle else None)
+        if victim is None:
+            return False
+        self.evicted += 1
+        self.refusals(
+            "connection_cap",
+            "%s: %d connections open: closed the oldest idle one %s (from %s)",
+            self.name,
+            self.limits.max_connections,
+            "that never spoke" if victim.served == 0 else "that was served",
+            _peer(victim.transport),
+        )
+        victim.close(answer=victim.served == 0)
+        return True
 
     def _forget(self, connection: _Connection) -> None:
         if self._connections.get(connection.handler) is connection:
