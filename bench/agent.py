@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import socket
@@ -47,6 +48,10 @@ from kiosk_agent.service.settings import ServiceSettings
 from kiosk_agent.sim.server import SimOptions, SimServer
 
 TIME_SCALE = 100_000  # a card in 15 microseconds: "instant" outcomes
+# The agent as a process meets a simulator at a scale where an interaction lives long enough
+# (180 ms) to be followed on the WebSocket as in the field: at 100,000 it is over before the
+# socket is up, and every sale would poll instead (more requests than a real sale makes).
+PROCESS_TIME_SCALE = 1000
 TERMINALS = [f"SIM-000{n}" for n in range(1, 9)]
 
 
@@ -67,7 +72,9 @@ KIOSK_TOKEN = "bench-kiosk-token-0123456789"  # noqa: S105 - a throwaway token f
 FLOOR_LIBRARIES = "aiohttp, pydantic, voluptuous, yaml, serial, aiomqtt"
 
 
-def config_text(info: dict[str, Any], kiosk_port: int | None = None) -> str:
+def config_text(
+    info: dict[str, Any], kiosk_port: int | None = None, time_scale: float = TIME_SCALE
+) -> str:
     terminals = "\n".join(f"  - device_id: {t}" for t in TERMINALS)
     kiosk = (
         f"""
@@ -93,7 +100,7 @@ def config_text(info: dict[str, Any], kiosk_port: int | None = None) -> str:
           client_id: {info["client_id"]}
           client_secret: !env_var BENCH_CLIENT_SECRET
         journal: {{path: journal.db}}
-        sales: {{interaction_lifetime: {180 / TIME_SCALE}}}
+        sales: {{interaction_lifetime: {180 / time_scale}}}
         logging: {{level: WARNING}}{kiosk}
         terminals:
         """
@@ -247,7 +254,7 @@ async def as_a_process(
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         kiosk_port = int(probe.getsockname()[1])
-    (directory / "config.yaml").write_text(config_text(info, kiosk_port))
+    (directory / "config.yaml").write_text(config_text(info, kiosk_port, PROCESS_TIME_SCALE))
     notify = directory / "notify.sock"
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
     listener.bind(str(notify))
@@ -279,8 +286,11 @@ async def as_a_process(
         ready = time.perf_counter() - spawned
         await asyncio.sleep(1.0)  # let start-up work settle before measuring idle
         cpu_before, wall_before = _cpu_seconds(proc.pid), time.perf_counter()
+        switches_before = _wakeups(proc.pid)
         await asyncio.sleep(idle)
-        cpu = (_cpu_seconds(proc.pid) - cpu_before) / (time.perf_counter() - wall_before)
+        idle_s = time.perf_counter() - wall_before
+        cpu = (_cpu_seconds(proc.pid) - cpu_before) / idle_s
+        wakeups = (_wakeups(proc.pid) - switches_before) / idle_s
         rss = _rss_mb(proc.pid)
         sale_cpu_ms = await kiosk_sales_cpu(proc.pid, kiosk_port, kiosk_sales)
     finally:
@@ -295,6 +305,7 @@ async def as_a_process(
         "floor_rss_mb": round(floor_mb, 1),
         "idle_rss_above_floor_mb": round(rss - floor_mb, 1),
         "idle_cpu_percent": round(cpu * 100, 3),
+        "idle_wakeups_per_s": round(wakeups, 2),
         "kiosk_sale_cpu_ms": round(sale_cpu_ms, 2),
     }
 
@@ -302,6 +313,17 @@ async def as_a_process(
 def _cpu_seconds(pid: int) -> float:
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _wakeups(pid: int) -> int:
+    """Times any thread of ``pid`` went to sleep and was woken (voluntary context switches)."""
+    total = 0
+    for status in Path(f"/proc/{pid}/task").glob("*/status"):
+        with contextlib.suppress(OSError):
+            for line in status.read_text().splitlines():
+                if line.startswith("voluntary_ctxt_switches:"):
+                    total += int(line.split()[1])
+    return total
 
 
 def _rss_mb(pid: int) -> float:
@@ -335,7 +357,15 @@ async def main() -> None:
             figures = {} if args.process_only else await in_process(info, directory, args.sales)
             process_dir = directory / "process"
             process_dir.mkdir()
-            figures |= await as_a_process(info, process_dir, args.idle_seconds, args.kiosk_sales)
+            field_sim = SimServer(SimOptions(port=0, time_scale=PROCESS_TIME_SCALE,
+                                             transactions=0, rate_limit="1000000/1"))
+            await field_sim.start()
+            try:
+                figures |= await as_a_process(
+                    field_sim.ready_info(), process_dir, args.idle_seconds, args.kiosk_sales
+                )
+            finally:
+                await field_sim.stop()
     finally:
         await sim.stop()
     targets: dict[str, tuple[str, float]] = {
