@@ -47,7 +47,7 @@ from kiosk_agent.core.config import load_config
 from kiosk_agent.platforms.virtual import read_record
 from kiosk_agent.sales.journal import Journal, SaleRecord, StepRecord
 from kiosk_agent.sales.model import DispenseOutcome, DispenseStatus, Flow, SaleRequest
-from kiosk_agent.sales.states import SaleState
+from kiosk_agent.sales.states import SaleState, Step
 from kiosk_agent.service.models import Transaction, TransStatus
 
 HELD = frozenset({TransStatus.AUTHORIZED, TransStatus.CAPTURED, TransStatus.SETTLED})
@@ -93,7 +93,7 @@ class MarkedJournal(Journal):
 
     def create(self, sale: SaleRecord, detail: Any = None) -> SaleRecord:
         created = super().create(sale, detail)
-        self._announce(created, "created")
+        self._announce(created, Step.CREATED)
         return created
 
     def record(
@@ -214,12 +214,12 @@ AGENT_TOKEN = "chaos-admin-token-0123456789abcdef"  # the admin API's, for /api/
 # journal steps that announce a call that moves money (or hands the goods out)
 MONEY_STEPS = frozenset(
     {
-        "charge_card.request",
-        "read_card.request",
-        "authorize.request",
-        "capture.request",
-        "reverse.request",
-        "dispense.request",
+        Step.CHARGE_CARD_REQUEST,
+        Step.READ_CARD_REQUEST,
+        Step.AUTHORIZE_REQUEST,
+        Step.CAPTURE_REQUEST,
+        Step.REVERSE_REQUEST,
+        Step.DISPENSE_REQUEST,
     }
 )
 # what each machine sells: the simulator declines ..02 and asks a retry for ..01
@@ -233,11 +233,11 @@ MONEY_PATHS = (
 )
 # the endpoint a journaled money step announces
 STEP_PATHS = {
-    "charge_card.request": "/api/terminal/*",
-    "read_card.request": "/api/terminal/*",
-    "authorize.request": "/api/v1/charge",
-    "capture.request": "/api/v1/capture",
-    "reverse.request": "/api/v1/void-or-refund",
+    Step.CHARGE_CARD_REQUEST: "/api/terminal/*",
+    Step.READ_CARD_REQUEST: "/api/terminal/*",
+    Step.AUTHORIZE_REQUEST: "/api/v1/charge",
+    Step.CAPTURE_REQUEST: "/api/v1/capture",
+    Step.REVERSE_REQUEST: "/api/v1/void-or-refund",
 }
 # fault -> what an older simulator (before the shared fault contract) offers instead
 FAULT_FALLBACK = {
@@ -667,7 +667,7 @@ class Chaos:
         if mode in ("recovery", "money"):
             # recovery: soon after it begins (while it looks things up); money: within
             # milliseconds of one chosen kind of money call being journaled (so sent, or about to)
-            target = target or "recovery.start"
+            target = target or Step.RECOVERY_START
             delay = rng.uniform(0.0, 0.3) if mode == "recovery" else rng.uniform(0.0, 0.015)
             try:
                 async with asyncio.timeout(rng.uniform(3.0, 6.0)):
@@ -782,12 +782,12 @@ def judge(
     for sale in sales:
         report.states[sale.state.value] = report.states.get(sale.state.value, 0) + 1
         sale_steps = steps.get(sale.sale_id, [])
-        if any(s.step == "recovery.start" for s in sale_steps):
+        if any(s.step == Step.RECOVERY_START for s in sale_steps):
             report.sales_recovered += 1
         for before, after in itertools.pairwise(sale_steps):
             # the unpaid-vend window: C,VEND sent (journaled just before) until the vend's
             # result is journaled; a kill inside it voids a vend the machine made
-            if before.step == "dispense.request" and not after.step.startswith("recovery"):
+            if before.step == Step.DISPENSE_REQUEST and not after.step.startswith("recovery"):
                 report.vend_window_ms.append((after.at - before.at) * 1000)
         orders = sale.all_order_ids()
         known_orders.update(orders)
@@ -827,7 +827,7 @@ def judge(
     requests: dict[str, list[tuple[float, SaleRecord]]] = {}
     for sale in sales:
         for step in steps.get(sale.sale_id, []):
-            if step.step == "dispense.request":
+            if step.step == Step.DISPENSE_REQUEST:
                 requests.setdefault(sale.source, []).append((step.at, sale))
     for times in requests.values():
         times.sort(key=lambda pair: pair[0])

@@ -14,12 +14,13 @@ from kiosk_agent.cli.sim import settings_from_ready
 from kiosk_agent.core.agent import Agent
 from kiosk_agent.core.config import load_config
 from kiosk_agent.core.systemd import SystemdLifecycle, SystemdNotifier
-from kiosk_agent.sales.flows import TerminalBusy, UnknownTerminal
 from kiosk_agent.sales.model import Flow, SaleRequest
+from kiosk_agent.sales.runner import TerminalBusy
+from kiosk_agent.sales.settings import UnknownTerminal
 from kiosk_agent.sales.states import SaleState
+from tests.sales.test_recovery import leave_open
 
 from .agent_helpers import ScriptedDispenser, write_config
-from .test_recovery import leave_open
 
 
 def charge(cents: int, **fields: Any) -> SaleRequest:

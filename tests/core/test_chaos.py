@@ -20,7 +20,7 @@ import pytest
 
 from kiosk_agent.money import cents_to_dollars
 from kiosk_agent.sales.journal import SaleRecord, StepRecord
-from kiosk_agent.sales.states import SaleState
+from kiosk_agent.sales.states import SaleState, Step
 from kiosk_agent.service.models import Transaction, TransStatus
 from tests.core.crash_driver import Chaos, ChaosOptions, ChaosReport, judge
 
@@ -79,11 +79,15 @@ def test_the_judge_names_each_broken_rule_and_counts_unpaid_vends() -> None:
         _sale("kept", SaleState.COMPLETED, captured_cents=150),
     ]
     steps = {
-        "paid": _steps("paid", "created", "dispense.request", "capture.request", at=100),
-        "unpaid": _steps("unpaid", "created", "dispense.request", "recovery.start", at=200),
-        "hanging": _steps("hanging", "created", "authorize.request", "recovery.start", at=300),
-        "twice": _steps("twice", "created", "reverse.request", at=400),
-        "kept": _steps("kept", "created", "capture.request", at=500),
+        "paid": _steps("paid", Step.CREATED, Step.DISPENSE_REQUEST, Step.CAPTURE_REQUEST, at=100),
+        "unpaid": _steps(
+            "unpaid", Step.CREATED, Step.DISPENSE_REQUEST, Step.RECOVERY_START, at=200
+        ),
+        "hanging": _steps(
+            "hanging", Step.CREATED, Step.AUTHORIZE_REQUEST, Step.RECOVERY_START, at=300
+        ),
+        "twice": _steps("twice", Step.CREATED, Step.REVERSE_REQUEST, at=400),
+        "kept": _steps("kept", Step.CREATED, Step.CAPTURE_REQUEST, at=500),
     }
     rows = [
         _row("o-paid", TransStatus.CAPTURED),

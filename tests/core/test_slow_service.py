@@ -17,9 +17,9 @@ from kiosk_agent.core.agent import Agent
 from kiosk_agent.sales.model import DispenseStatus, Flow, SaleRequest
 from kiosk_agent.sales.states import SaleState
 from kiosk_agent.service.models import TransactionFilter, TransStatus
+from tests.sales.test_recovery import authorize, leave_open
 
 from .agent_helpers import ScriptedDispenser
-from .test_recovery import authorize, leave_open
 
 
 async def arm(sim: Any, **fault: Any) -> None:

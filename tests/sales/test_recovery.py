@@ -15,8 +15,8 @@ from kiosk_agent.sales.model import Flow, SaleRequest
 from kiosk_agent.sales.states import SaleState
 from kiosk_agent.service.client import ServiceClient
 from kiosk_agent.service.models import ChargeRequest, TransactionFilter, TransStatus
-
-from .agent_helpers import ScriptedDispenser
+from tests.core.agent_helpers import ScriptedDispenser
+from tests.helpers import walk_to
 
 
 async def rows(service: ServiceClient, order_id: str) -> list[Any]:
@@ -38,8 +38,9 @@ def leave_open(directory: Path, **fields: Any) -> SaleRecord:
         "state": SaleState.STARTED,
     }
     state = fields.pop("state")
+    base["flow"] = fields.pop("flow", base["flow"])
     record = journal.create(SaleRecord(**base))
-    record = journal.record(record, "before crash", state, **fields)
+    record = walk_to(journal, record, state, **fields)
     journal.close()
     return record
 
@@ -158,7 +159,7 @@ async def test_what_cannot_be_decided_is_marked_for_attention(
 async def test_an_interrupted_enrollment_asks_for_a_person(
     agent_factory: Any, tmp_path: Path
 ) -> None:
-    leave_open(tmp_path, state=SaleState.ENROLLING)
+    leave_open(tmp_path, state=SaleState.ENROLLING, flow=Flow.ENROLL.value)
     agent = await agent_factory()
     [event] = await asyncio.wait_for(agent.recovery.wait(), 10)
     assert event.state is SaleState.ATTENTION

@@ -12,12 +12,11 @@ from typing import Any
 import pytest
 
 from kiosk_agent.core.agent import Agent
-from kiosk_agent.sales.flows import TerminalBusy
 from kiosk_agent.sales.model import DispenseStatus, Flow, SaleEvent, SaleRequest
+from kiosk_agent.sales.runner import TerminalBusy
 from kiosk_agent.sales.states import SaleState
 from kiosk_agent.service.models import TransactionFilter, TransStatus
-
-from .agent_helpers import ScriptedDispenser
+from tests.core.agent_helpers import ScriptedDispenser
 
 
 def request(cents: int, flow: Flow = Flow.CHARGE_CARD, **fields: Any) -> SaleRequest:
