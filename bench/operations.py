@@ -341,6 +341,7 @@ async def bench_flood(connections: int, seconds: float, directory: Path) -> dict
     assert flood.stdout is not None and flood.stdin is not None  # noqa: PT018
     try:
         await asyncio.wait_for(flood.stdout.readline(), 60)
+        evicted_before, flood_started = kiosk._site.evicted, time.monotonic()
         status_s: list[float] = []
         failures: dict[str, int] = {}  # what went wrong, counted: the bench never dies on one
         tried = completed = status_failed = 0
@@ -397,6 +398,7 @@ async def bench_flood(connections: int, seconds: float, directory: Path) -> dict
                 else:
                     _count(failures, f"sale: {outcome}")
             held = max(site.open_connections for site in live_sites())
+            churn = (kiosk._site.evicted - evicted_before) / (time.monotonic() - flood_started)
             descriptors = len(os.listdir("/proc/self/fd"))
             poller.cancel()
             await asyncio.gather(poller, return_exceptions=True)
@@ -414,7 +416,8 @@ async def bench_flood(connections: int, seconds: float, directory: Path) -> dict
           f"the agent at 1,024 descriptors")
     print(f"  /api/status p50 {p50:.1f} ms, p99 {p99:.1f} ms ({len(status_s)} requests)")
     print(f"  sales completed {completed} of {tried}; status calls failed {status_failed}; "
-          f"the agent held {held} connections, {descriptors} descriptors")
+          f"the agent held {held} connections, {descriptors} descriptors; "
+          f"{churn:,.0f} flood connections evicted a second")
     for what, count in sorted(failures.items()):
         print(f"  failed x{count}: {what}")
     return {
@@ -427,6 +430,7 @@ async def bench_flood(connections: int, seconds: float, directory: Path) -> dict
         "flood_sales_failed": tried - completed,
         "flood_status_failed": status_failed,
         "flood_agent_connections_held": held,
+        "flood_evictions_per_s": round(churn),
         "flood_agent_descriptors": descriptors,
     }
 

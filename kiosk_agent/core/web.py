@@ -167,7 +167,7 @@ class _Connection(asyncio.Protocol):
         """Close now (its requests, if any, see the connection go). ``answer``: first tell a
         connection that was never served that the server is full (503), so a real client whose
         request had not been read yet hears why, instead of seeing the connection drop."""
-        self.closing = True
+        self._mark_closing()
         self._cancel_timer()
         if self.transport is None:
             self.site._forget(self)
@@ -175,6 +175,11 @@ class _Connection(asyncio.Protocol):
         if answer and isinstance(self.transport, asyncio.WriteTransport):
             self.transport.write(_OVERLOADED)
         self.handler.force_close()
+
+    def _mark_closing(self) -> None:
+        if not self.closing:
+            self.closing = True
+            self.site._closing += 1
 
     def _cancel_timer(self) -> None:
         if self._timer is not None:
@@ -198,7 +203,7 @@ class _Connection(asyncio.Protocol):
             _peer(self.transport),
             self.site.limits.body_timeout,
         )
-        self.closing = True
+        self._mark_closing()
         if isinstance(self.transport, asyncio.WriteTransport):
             self.transport.abort()  # close() would wait for the buffer to drain: never
 
@@ -240,6 +245,8 @@ class LocalSite:
         # handler -> connection, oldest first (dicts keep insertion order)
         self._connections: dict[RequestHandler, _Connection] = {}
         self.refusals = RefusalLog(_LOGGER, f"http:{name}")
+        self._closing = 0  # connections in _connections that are closing (kept count: a flood
+        # calls open_connections on every accept)
         self.evicted = 0
         self.overloaded = 0
         self.stalled = 0  # connections cut because their client took nothing for body_timeout
@@ -250,7 +257,7 @@ class LocalSite:
 
     @property
     def open_connections(self) -> int:
-        return sum(1 for c in self._connections.values() if not c.closing)
+        return len(self._connections) - self._closing
 
     async def start(self, app: web.Application) -> None:
         app[LIMITS] = self.limits
@@ -288,6 +295,7 @@ class LocalSite:
             for connection in list(self._connections.values()):
                 connection.close()
             self._connections.clear()
+            self._closing = 0
 
     # -- connections -------------------------------------------------------------------------
 
@@ -315,8 +323,11 @@ class LocalSite:
         The oldest that never finished a request goes first (a slow-header flood is made of
         those), and only then the oldest idle one that did: an honest client's keep-alive
         connection outlives any flood of newcomers that never spoke."""
-        idle = [c for c in self._connections.values() if not c.closing and c.busy == 0]
-        victim = next((c for c in idle if c.served == 0), idle[0] if idle else None)
+        idle = (c for c in self._connections.values() if not c.closing and c.busy == 0)
+        # a flood's connections are the oldest never served: found near the front, at once
+        victim = next((c for c in idle if c.served == 0), None) or next(
+            (c for c in self._connections.values() if not c.closing and c.busy == 0), None
+        )
         if victim is None:
             return False
         self.evicted += 1
@@ -334,6 +345,7 @@ class LocalSite:
     def _forget(self, connection: _Connection) -> None:
         if self._connections.get(connection.handler) is connection:
             del self._connections[connection.handler]
+            self._closing -= connection.closing
 
     @web.middleware
     async def _track(

@@ -154,6 +154,8 @@ async def test_a_flood_of_silent_connections_evicts_them_before_a_served_idle_on
             await asyncio.sleep(0.005)
         await until(lambda: site.evicted >= 9)
         assert site.open_connections <= 4
+        # the count kept for every accept agrees with the connections themselves
+        assert site.open_connections == sum(not c.closing for c in site._connections.values())
         # the newcomers went, oldest first; the app's connection, older than all, still serves
         assert (await _post_echo(*honest)).startswith(b"HTTP/1.1 200")
         assert (await _closed_within(flood[0][0], 5)).startswith(b"HTTP/1.1 503")
