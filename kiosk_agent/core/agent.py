@@ -133,7 +133,7 @@ class Agent:
         self.service = service or ServiceClient(service_settings)
         # the terminal client warns once when the service's interactions live otherwise
         self.service.terminal.expected_lifetime = self.settings.interaction_lifetime
-        self.journal = journal or Journal(config.resolve(config["journal"]["path"]))
+        self.journal = journal or Journal(config.resolve(config["journal"]["path"]), clock)
         # one agent per journal: claimed before anything reads it, let go after it is closed
         self.owner = owner or JournalLock(self.journal.path)
         self.events: EventBus[SaleEvent] = EventBus()

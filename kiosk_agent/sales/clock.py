@@ -143,7 +143,7 @@ class _Sleeper:
     due: float
     seq: int
     future: asyncio.Future[None] = field(compare=False)
-    timeout: bool = field(compare=False, default=False)
+    bounds_work: bool = field(compare=False, default=False)  # a wait_for's timeout, not a pause
 
 
 class FakeClock:
@@ -204,15 +204,17 @@ class FakeClock:
     async def wait_for(self, awaitable: Awaitable[T], seconds: float) -> T:
         task = asyncio.ensure_future(awaitable)
         timer = asyncio.ensure_future(self._wait_until(self._mono + max(0.0, seconds), True))
+        timed_out = False
         try:
             await asyncio.wait({task, timer}, return_when=asyncio.FIRST_COMPLETED)
+            timed_out = not task.done()
         finally:
             timer.cancel()
             if not task.done():
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
-        if task.cancelled():
+        if timed_out:
             raise TimeoutError(f"no result within {seconds:g} s (fake clock)")
         return task.result()
 
@@ -237,7 +239,7 @@ class FakeClock:
         """When the live waits are due (monotonic), soonest first."""
         self._drop_cancelled()
         return sorted(
-            s.due for s in self._sleepers if not (pauses_only and s.timeout)
+            s.due for s in self._sleepers if not (pauses_only and s.bounds_work)
         )
 
     async def advance(self, seconds: float) -> None:
@@ -257,7 +259,7 @@ class FakeClock:
         await _let_run()
 
     async def next_due(
-        self, *, pauses_only: bool = True, horizon: float = 3600.0, real_timeout: float = 10.0
+        self, *, pauses_only: bool = True, horizon: float = 60.0, real_timeout: float = 10.0
     ) -> float:
         """Wait (in real time, bounded) until some task waits on this clock for at most
         ``horizon`` seconds (a pause, or any wait); when it is due."""
@@ -275,7 +277,7 @@ class FakeClock:
         self,
         awaitable: Awaitable[T],
         *,
-        horizon: float = 3600.0,
+        horizon: float = 60.0,
         on_pause: Callable[[int], None] | None = None,
         real_timeout: float = 20.0,
     ) -> T:
@@ -283,7 +285,8 @@ class FakeClock:
 
         Only pauses are jumped to: a ``wait_for`` that bounds real work (an HTTP call) fires only
         when time reaches it on the way to a pause, or when a test advances to it. A background
-        pause further off than ``horizon`` (a sweep every few minutes) is left alone.
+        pause further off than ``horizon`` (the attention sweep, every few minutes) is left
+        alone: a sale's own pauses are seconds.
         ``on_pause(n)`` runs before the n-th jump (a test steps the wall clock there).
         """
         task = asyncio.ensure_future(awaitable)

@@ -18,12 +18,12 @@ import dataclasses
 import datetime as dt
 import json
 import sqlite3
-import time
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from kiosk_agent.sales.clock import SYSTEM_CLOCK, Clock
 from kiosk_agent.sales.states import REOPENED_AFTER, SaleState, Step, check_transition
 
 SCHEMA_VERSION = 2
@@ -191,8 +191,9 @@ class SaleMoved(Exception):
 class Journal:
     """The sales journal on disk. Open once per process; every write is its own transaction."""
 
-    def __init__(self, path: Path | str) -> None:
+    def __init__(self, path: Path | str, clock: Clock = SYSTEM_CLOCK) -> None:
         self.path = Path(path)
+        self.clock = clock  # dates the records (wall time: for people, never for a wait)
         self._db: sqlite3.Connection | None = None
 
     # -- lifecycle -------------------------------------------------------------------------------
@@ -234,7 +235,7 @@ class Journal:
     def create(self, sale: SaleRecord, detail: Mapping[str, Any] | None = None) -> SaleRecord:
         """Write a new sale and its first step in one transaction (always STARTED)."""
         check_transition(sale.sale_id, sale.flow, None, sale.state, Step.CREATED)
-        now = time.time()
+        now = self.clock.time()
         sale = dataclasses.replace(sale, created_at=now, updated_at=now)
         row = sale.row()
         names = ", ".join(_COLUMNS)
@@ -267,7 +268,7 @@ class Journal:
         unknown = set(changes) - _UPDATABLE
         if unknown:
             raise ValueError(f"not journal fields: {', '.join(sorted(unknown))}")
-        now = time.time()
+        now = self.clock.time()
         new_state = state or sale.state
         if new_state.final and sale.finished_at is None:
             changes.setdefault("finished_at", now)
@@ -431,7 +432,7 @@ class Journal:
 
     def today(self, now: float | None = None) -> tuple[int, int]:
         """(count, cents) of the sales completed since local midnight."""
-        current = dt.datetime.fromtimestamp(now if now is not None else time.time())
+        current = dt.datetime.fromtimestamp(now if now is not None else self.clock.time())
         midnight = current.replace(hour=0, minute=0, second=0, microsecond=0).timestamp()
         row = self.db.execute(
             "SELECT COUNT(*), COALESCE(SUM(captured_cents), 0) FROM sales "
@@ -442,7 +443,7 @@ class Journal:
 
     def prune(self, keep_days: int, now: float | None = None) -> int:
         """Delete finished sales older than ``keep_days``; open and attention sales are kept."""
-        cutoff = (now if now is not None else time.time()) - keep_days * 86400
+        cutoff = (now if now is not None else self.clock.time()) - keep_days * 86400
         keep = (SaleState.ATTENTION.value, *[s.value for s in SaleState if not s.final])
         marks = ", ".join("?" for _ in keep)
         with transaction(self.db) as db:

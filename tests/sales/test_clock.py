@@ -6,6 +6,8 @@ import asyncio
 from pathlib import Path
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from kiosk_agent.sales.clock import Anchor, FakeClock, SystemClock, elapsed_at_least, remaining
 
@@ -130,3 +132,30 @@ def test_an_unknown_boot_waits_a_full_window_unless_the_wall_says_more_is_left()
     assert remaining(clock, sent, WINDOW) == WINDOW
     legacy = Anchor(clock.time() - 100)  # a journal row from before anchors were kept
     assert remaining(clock, legacy, WINDOW) == WINDOW
+
+
+@given(
+    window=st.floats(min_value=0.0, max_value=DAY),
+    gap=st.floats(min_value=0.0, max_value=30 * DAY),
+    uptime=st.floats(min_value=0.0, max_value=30 * DAY),
+    step=st.floats(min_value=-365 * DAY, max_value=365 * DAY),
+)
+def test_any_reboot_and_any_step_keep_the_window_and_its_bound(
+    window: float, gap: float, uptime: float, step: float
+) -> None:
+    clock = FakeClock()
+    sent = Anchor.now(clock)
+    clock.reboot("fake-boot-2", wall=sent.wall + gap + uptime + step, uptime=uptime)
+    left = remaining(clock, sent, window)
+    assert gap + uptime + left >= window - 1e-6  # never judged before the window is over
+    assert 0.0 <= left <= window  # at most one full window from the restart
+
+
+async def test_wait_for_passes_on_a_cancellation_from_inside_as_asyncio_does() -> None:
+    clock = FakeClock()
+    inner = asyncio.get_running_loop().create_future()
+    waiting = asyncio.create_task(clock.wait_for(inner, 30))
+    await asyncio.sleep(0)
+    inner.cancel()  # someone else cancels the work: not a timeout
+    with pytest.raises(asyncio.CancelledError):
+        await waiting

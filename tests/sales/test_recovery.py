@@ -10,6 +10,7 @@ from typing import Any
 import aiohttp
 
 from kiosk_agent.cli.sim import settings_from_ready
+from kiosk_agent.sales.clock import FakeClock
 from kiosk_agent.sales.journal import Journal, SaleRecord
 from kiosk_agent.sales.model import Flow, SaleRequest
 from kiosk_agent.sales.states import SaleState
@@ -168,17 +169,18 @@ async def test_an_interrupted_enrollment_asks_for_a_person(
 async def test_a_terminal_under_recovery_refuses_new_sales(
     agent_factory: Any, tmp_path: Path
 ) -> None:
+    clock = FakeClock(wall=time.time())  # the second passes in recovery's pauses
     leave_open(
         tmp_path,
         state=SaleState.CHARGING,
         flow=Flow.CHARGE_CARD.value,
-        answer_by=time.time() + 1,  # the charge may still be answered for a second
+        answer_by=clock.time() + 1,  # the charge may still be answered for a second
     )
-    agent = await agent_factory()
+    agent = await agent_factory(clock=clock)
     reason = agent.sales.busy_reason("SIM-0001")
     assert reason is not None
     assert "recovering sale crashed1" in reason
-    await asyncio.wait_for(agent.recovery.wait(), 10)
+    await clock.run(agent.recovery.wait())
     assert agent.sales.busy_reason("SIM-0001") is None
 
 

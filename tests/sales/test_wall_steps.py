@@ -26,6 +26,7 @@ from kiosk_agent.sales.clock import FakeClock
 from kiosk_agent.sales.journal import Journal, SaleRecord
 from kiosk_agent.sales.model import Flow, SaleEvent, SaleRequest
 from kiosk_agent.sales.states import SaleState, Step
+from kiosk_agent.service.client import ServiceClient
 from kiosk_agent.service.models import TransactionFilter, TransStatus
 from kiosk_agent.sim.faults import faults_of
 from tests.core.agent_helpers import REQUEST_TIMEOUT, TIME_SCALE, ScriptedDispenser, write_config
@@ -34,7 +35,10 @@ from tests.sales.test_recovery import authorize
 
 HOUR = 3600.0
 DAY = 24 * HOUR
+# NTP's steps: days or hours, either way (tests/sales/test_clock.py covers any size)
 STEPS = [3 * DAY, 2 * HOUR, -2 * HOUR, -3 * DAY]
+# one forward and one backward step where each case runs a whole sale
+FORWARD_AND_BACK = [3 * DAY, -2 * HOUR]
 # far beyond any sale's pauses: a run never jumps to the attention sweeper's own pause
 SWEEP_EVERY = 86_400
 
@@ -135,7 +139,7 @@ def state_of_send(flow: Flow) -> SaleState:
 
 
 @pytest.mark.parametrize("flow", [Flow.CHARGE_CARD, Flow.AUTHORIZE_CAPTURE])
-@pytest.mark.parametrize("step", STEPS)
+@pytest.mark.parametrize("step", FORWARD_AND_BACK)  # each waits 0.3 s for the late commit
 @pytest.mark.parametrize("when", ["before the send", "while the call is out", "while looking"])
 async def test_a_late_commit_inside_the_window_is_found_and_given_back(
     agent_on: Factory, sim: Any, flow: Flow, step: float, when: str
@@ -171,7 +175,7 @@ async def test_a_late_commit_inside_the_window_is_found_and_given_back(
 
 
 @pytest.mark.parametrize("flow", [Flow.CHARGE_CARD, Flow.AUTHORIZE_CAPTURE])
-@pytest.mark.parametrize("step", STEPS)
+@pytest.mark.parametrize("step", FORWARD_AND_BACK)
 @pytest.mark.parametrize("at_pause", [0, 1, 3])
 async def test_no_charge_is_judged_after_the_window_and_within_the_bound(
     agent_on: Factory, sim: Any, flow: Flow, step: float, at_pause: int
@@ -203,7 +207,9 @@ async def test_no_charge_is_judged_after_the_window_and_within_the_bound(
 # -- across a restart ----------------------------------------------------------------------------
 
 
-def left_sending(tmp_path: Path, clock: FakeClock, flow: Flow, window: float) -> SaleRecord:
+def left_sending(
+    tmp_path: Path, clock: FakeClock, flow: Flow, window: float, **fields: Any
+) -> SaleRecord:
     """The journal as an agent killed just after sending a money call leaves it."""
     journal = Journal(tmp_path / "journal.db")
     journal.open()
@@ -229,6 +235,7 @@ def left_sending(tmp_path: Path, clock: FakeClock, flow: Flow, window: float) ->
             sent_at=sent,
             sent_mono=clock.monotonic(),
             sent_boot=clock.boot_id(),
+            **fields,
         )
     finally:
         journal.close()
@@ -242,9 +249,9 @@ async def window_of(flow: Flow, agent_on: Factory, tmp_path: Path) -> float:
 
 
 @pytest.mark.parametrize("flow", [Flow.CHARGE_CARD, Flow.AUTHORIZE_CAPTURE])
-@pytest.mark.parametrize("step", STEPS)
+@pytest.mark.parametrize("step", FORWARD_AND_BACK)
 @pytest.mark.parametrize("reboot", [False, True])
-@pytest.mark.parametrize("down_for", [0.5, 3.0])  # the sale's window is ~6 s in these tests
+@pytest.mark.parametrize("down_for", [3.0])  # the sale's window is ~6 s in these tests
 async def test_recovery_judges_no_charge_only_after_the_window_and_within_one_more(
     agent_on: Factory, tmp_path: Path, flow: Flow, step: float, reboot: bool, down_for: float
 ) -> None:
@@ -273,7 +280,7 @@ async def test_recovery_judges_no_charge_only_after_the_window_and_within_one_mo
     assert agent.sales.busy_reason("SIM-0001") is None
 
 
-@pytest.mark.parametrize("step", STEPS)
+@pytest.mark.parametrize("step", FORWARD_AND_BACK)
 @pytest.mark.parametrize("reboot", [False, True])
 async def test_a_charge_committed_while_the_agent_was_down_is_given_back(
     agent_on: Factory, tmp_path: Path, step: float, reboot: bool
@@ -295,6 +302,55 @@ async def test_a_charge_committed_while_the_agent_was_down_is_given_back(
     assert event.state is SaleState.REVERSED, event.message
     [row] = await ledger(agent, "KACRASHED1")
     assert row.status is TransStatus.VOIDED
+
+
+@pytest.mark.parametrize(("step", "at_pause"), [(3 * DAY, 0), (-3 * DAY, 3)])
+async def test_recovery_polls_a_pending_charge_card_on_the_monotonic_clock(
+    agent_on: Factory, sim: Any, tmp_path: Path, step: float, at_pause: int
+) -> None:
+    flow = Flow.CHARGE_CARD
+    window = await window_of(flow, agent_on, tmp_path)
+    async with ServiceClient(settings_from_ready(sim.ready_info())) as service:
+        # nobody taps a card for ..05: the interaction stays pending until it expires
+        handle = await service.terminal.charge_card("SIM-0001", 305, order_id="KACRASHED1")
+    clock = FakeClock()
+    left_sending(
+        tmp_path, clock, flow, window,
+        interaction_id=handle.interaction_id, interaction_kind="charge_card",
+    )  # fmt: skip
+    await clock.advance(1)
+    agent = await agent_on(clock)
+
+    def step_the_wall(pause: int) -> None:
+        if pause == at_pause:
+            clock.step_wall(step)
+
+    [event] = await clock.run(agent.recovery.wait(), on_pause=step_the_wall)
+    waited = clock.monotonic() - 1_001.0  # since the restart (the send was at 1000)
+    assert event.state is SaleState.FAILED, event.message
+    assert waited <= window  # within the window, whatever the wall did
+    if steps_of(agent, "crashed1")[-1] == Step.RECOVERY_NONE:  # judged by reporting
+        assert 1 + waited >= window - 1e-6
+    assert await ledger(agent, "KACRASHED1") == []
+    assert agent.sales.busy_reason("SIM-0001") is None
+
+
+@pytest.mark.parametrize("step", [3 * DAY, -3 * DAY])
+async def test_a_wall_step_during_the_card_wait_changes_nothing(
+    agent_on: Factory, sim: Any, step: float
+) -> None:
+    clock = FakeClock()
+    agent = await agent_on(clock)
+    machine = ScriptedDispenser()
+    sale = await agent.sales.start(
+        SaleRequest("test", Flow.CHARGE_CARD, 305, terminal="SIM-0001"), machine  # no card
+    )
+    await money_call_out(agent, clock, sale.sale_id, SaleState.CHARGING)
+    clock.step_wall(step)
+    event = await clock.run(sale.result())
+    assert event.state is SaleState.FAILED
+    assert steps_of(agent, sale.sale_id)[-1] == Step.CHARGE_CARD_EXPIRED  # the terminal said so
+    assert await ledger(agent, sale.order_id) == []
 
 
 # -- the late-charge net -------------------------------------------------------------------------
