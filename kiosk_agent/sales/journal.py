@@ -141,7 +141,8 @@ class SaleRecord:
 
     def row(self) -> dict[str, Any]:
         """The sale as stored: column name -> SQLite value."""
-        data = dataclasses.asdict(self)
+        # every field is a plain value: a shallow read (asdict deep-copies each, on every sale)
+        data = {name: getattr(self, name) for name in _COLUMNS}
         data["state"] = self.state.value
         return data
 
