@@ -20,6 +20,7 @@ from typing import Any, Protocol
 from kiosk_agent import __version__
 from kiosk_agent.bus import EventBus
 from kiosk_agent.core.availability import Availability
+from kiosk_agent.core.collector import freeze_start_up_objects
 from kiosk_agent.core.config import Config
 from kiosk_agent.core.events import EventLog
 from kiosk_agent.core.health import HEALTH_SCHEMA, Health, HealthChecker
@@ -251,6 +252,7 @@ class Agent:
                 self._tasks.append(self._ready_task)
         self.started = True
         self.ready_at = time.monotonic()
+        freeze_start_up_objects()  # full collections stop walking start-up's objects
         _LOGGER.info(
             "agent %s ready in %.0f ms: %d trigger(s), %d component(s), %d open sale(s)",
             self.version,
