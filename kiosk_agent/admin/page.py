@@ -46,7 +46,8 @@ from kiosk_agent.core.logging import RefusalLog
 from kiosk_agent.core.web import read_json
 from kiosk_agent.money import format_cents
 from kiosk_agent.sales.journal import SaleRecord
-from kiosk_agent.sales.model import SaleEvent
+from kiosk_agent.sales.model import SaleEvent, money_text
+from kiosk_agent.service.models.common import card_brand_name
 from kiosk_agent.tasks import BackgroundTask
 
 _LOGGER = logging.getLogger(__name__)
@@ -473,10 +474,15 @@ class StatusPage:
 
 
 def sale_view(record: SaleRecord) -> dict[str, Any]:
-    """One journal record for the page: its fields plus amounts written for people."""
+    """One journal record for the page: its fields plus what people read (the page does no
+    money arithmetic): ``money`` says what was charged once it ended, what is held while it
+    runs; ``card`` names the brand (``Mastercard 2397``)."""
     data = record.as_dict()
     data["amount"] = format_cents(record.amount_cents, record.currency)
     data["captured"] = format_cents(record.captured_cents, record.currency)
+    data["money"] = money_text(record)
+    brand = card_brand_name(record.card_brand)
+    data["card"] = " ".join(part for part in (brand, record.last_four) if part) or None
     return data
 
 
@@ -488,7 +494,8 @@ def sale_event_view(event: SaleEvent) -> dict[str, Any]:
         "terminal": event.terminal,
         "product": event.product,
         "source": event.source,
-        "amount": format_cents(event.amount_cents),
+        "amount": format_cents(event.amount_cents, event.currency),
+        "money": money_text(event),
         "message": event.message,
         "at": event.at or time.time(),
     }
@@ -504,14 +511,35 @@ def health_view(snapshot: dict[str, Any]) -> dict[str, Any]:
 
 
 def availability(snapshot: dict[str, Any]) -> dict[str, Any]:
-    """Whether card payment is possible now, and why not: the agent's own out-of-service
-    decision per terminal (``core.availability``, in the health snapshot)."""
+    """How many readers can take cards now, and which cannot and why: the agent's own
+    out-of-service decision per terminal (``core.availability``, in the health snapshot).
+    ``level`` is ``ok`` when all can, ``degraded`` when some cannot, ``down`` when none can."""
     states = snapshot.get("availability") or []
+    names = {t["device_id"]: t.get("name") for t in snapshot.get("terminals", [])}
     out = [s for s in states if not s.get("available", True)]
-    reason = "; ".join(f"{s['device_id']}: {s.get('reason') or 'unavailable'}" for s in out)
+    able = len(states) - len(out)
+    if not states:
+        return {"available": False, "level": "down", "summary": "no reader checked yet",
+                "reason": "no terminal checked yet", "able": 0, "total": 0, "cannot": [],
+                "terminals": states}  # fmt: skip
+    cannot = [
+        {
+            "device_id": s["device_id"],
+            "name": names.get(s["device_id"]),
+            "reason": s.get("reason") or "unavailable",
+            "since": s.get("since"),
+        }
+        for s in out
+    ]
+    readers = "reader" if len(states) == 1 else "readers"
     return {
-        "available": bool(states) and len(out) < len(states),
-        "reason": reason or ("" if states else "no terminal checked yet"),
+        "available": able > 0,
+        "level": "ok" if not out else "degraded" if able else "down",
+        "summary": f"{able} of {len(states)} {readers} can take cards",
+        "reason": "; ".join(f"{c['device_id']}: {c['reason']}" for c in cannot),
+        "able": able,
+        "total": len(states),
+        "cannot": cannot,
         "terminals": states,
     }
 

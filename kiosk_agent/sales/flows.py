@@ -47,6 +47,7 @@ from kiosk_agent.service.errors import (
     ServerError,
     ServiceError,
     ServiceUnreachableError,
+    conflict_words,
 )
 from kiosk_agent.service.models import (
     ChargeRequest,
@@ -485,6 +486,9 @@ def event_of(record: SaleRecord, step: str = "") -> SaleEvent:
         message=record.message,
         at=record.updated_at or time.time(),
         step=step,
+        authorized_cents=record.authorized_cents,
+        reversed_cents=record.reversed_cents,
+        currency=record.currency,
     )
 
 
@@ -561,9 +565,9 @@ class SaleFlow(SaleSteps):
                 handle = await self.money_call(
                     self.service.terminal.charge_card(self.device, amount, order_id=order_id)
                 )
-            except ConflictError as err:
+            except ConflictError as err:  # busy, or offline: said as such
                 return await self._fail(
-                    SaleState.FAILED, "charge_card.busy", f"terminal busy: {err}"
+                    SaleState.FAILED, "charge_card.busy", conflict_words(err, self.device)
                 )
             except (ServerError, ServiceUnreachableError) as err:
                 return await self._answer_lost(f"the charge's answer was lost ({err})")
@@ -648,9 +652,9 @@ class SaleFlow(SaleSteps):
         self.step("read_card.request", SaleState.READING_CARD, f"present a card on {self.device}")
         try:
             handle = await self.service.terminal.read_card(self.device, amount)
-        except ConflictError as err:
+        except ConflictError as err:  # busy, or offline: said as such
             return None, await self._fail(
-                SaleState.FAILED, "read_card.busy", f"terminal busy: {err}"
+                SaleState.FAILED, "read_card.busy", conflict_words(err, self.device)
             )
         except ServiceError as err:
             # a read-card moves no money: a lost answer needs no reconciliation

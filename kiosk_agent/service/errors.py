@@ -40,6 +40,16 @@ class ServiceError(Exception):
         return " ".join(parts)
 
 
+def conflict_words(err: ServiceError, device: str) -> str:
+    """A 409 from the terminal interface for people: an offline reader is offline, not busy,
+    and no ``HTTP 409 [code]`` reaches the person."""
+    if err.error == "terminal_offline":
+        return f"terminal offline: {device} does not answer (check its power and network)"
+    if err.error == "terminal_busy":
+        return f"terminal busy: {device} is already reading or charging a card"
+    return f"terminal refused: {err.description or err.error or err.message}"
+
+
 class BadRequestError(ServiceError):
     """400: the service refused the request as given (fix the request, do not retry)."""
 
