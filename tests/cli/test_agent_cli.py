@@ -109,6 +109,73 @@ def test_sales_export_as_csv_and_json_filtered_by_state(
     assert table.rstrip().endswith("3 sales")
 
 
+def test_sales_shows_the_newest_and_says_how_many_more_like_journalctl(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = write(tmp_path, GOOD)
+    journal = Journal(tmp_path / "journal.db")
+    journal.open()
+    for n in range(30):
+        journal.create(SaleRecord(
+            sale_id=f"s{n:02}", order_id=f"KA{n:02}", source="mdb:front", flow="charge_card",
+            terminal="SIM-0001", amount_cents=100 + n, state=SaleState.STARTED,
+            created_at=1_700_000_000 + n,
+        ))  # fmt: skip
+    journal.close()
+    assert main(["sales", "-c", str(path)]) == 0
+    out, err = capsys.readouterr()
+    assert out.rstrip().endswith("25 sales")
+    assert "KA29" in out
+    assert "KA04" not in out  # the 5 oldest are left out, and said to be
+    assert err == "5 more (older); use --limit N or --all\n"
+    assert main(["sales", "-c", str(path), "--all"]) == 0
+    out, err = capsys.readouterr()
+    assert out.rstrip().endswith("30 sales")
+    assert err == ""
+    assert main(["sales", "-c", str(path), "--limit", "3"]) == 0
+    assert capsys.readouterr().err == "27 more (older); use --limit N or --all\n"
+    # an export is every sale unless told: a file, not a screen
+    assert main(["sales", "-c", str(path), "--format", "csv"]) == 0
+    assert len(capsys.readouterr().out.splitlines()) == 31
+    assert main(["sales", "-c", str(path), "--limit", "3", "--all"]) == 2
+    assert "give --limit N or --all, not both" in capsys.readouterr().err
+
+
+def test_sales_show_prints_one_sale_with_its_steps(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = write(tmp_path, GOOD)
+    journal = Journal(tmp_path / "journal.db")
+    journal.open()
+    sale = journal.create(SaleRecord(
+        sale_id="3f2a9c0d11", order_id="ka-3f2a", source="virtual:coffee",
+        flow="authorize_capture", terminal="SIM-0007", amount_cents=500,
+        state=SaleState.STARTED, created_at=1_700_000_000,
+    ))  # fmt: skip
+    sale = journal.record(sale, "read_card.done", SaleState.READING_CARD, card_brand="2",
+                          last_four="2397")
+    sale = journal.record(sale, "authorize.approved", SaleState.AUTHORIZING,
+                          authorized_cents=500, trans_id="700000000009")
+    journal.record(sale, "completed", SaleState.COMPLETED, captured_cents=180,
+                   message="paid $1.80 (captured)")
+    journal.close()
+    assert main(["sales", "show", "3f2a", "-c", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "money       $1.80 charged\n" in out
+    assert "authorized  $5.00\n" in out
+    assert "card        Mastercard 2397\n" in out
+    assert "steps (4):" in out
+    steps = [line.split()[2] for line in out.splitlines() if line.startswith("  20")]
+    assert steps == ["created", "read_card.done", "authorize.approved", "completed"]
+    # by order id, and as the admin API's GET /api/sales/{id} answers
+    assert main(["sales", "show", "ka-3f2a", "-c", str(path), "--json"]) == 0
+    shown = json.loads(capsys.readouterr().out)
+    assert shown["sale"]["captured_cents"] == 180
+    assert [s["step"] for s in shown["steps"]] == steps
+    assert main(["sales", "show", "nope", "-c", str(path)]) == 1
+    assert "no sale 'nope' in the journal" in capsys.readouterr().err
+
+
 def test_sales_with_a_bad_since_says_what_it_expected(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

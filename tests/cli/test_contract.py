@@ -66,6 +66,7 @@ EXAMPLES: list[tuple[str, ...]] = [
     ("sales", "-c", "{config}"),
     ("sales", "list", "-c", "{config}"),
     ("sales", "attention", "-c", "{config}"),
+    ("sales", "show", "nosuchsale", "-c", "{config}"),
     ("sales", "resolve", "nosuchsale", "--as", "reversed", "--why", "by hand", "-c", "{config}"),
     ("doctor", "-c", "{config}"),
     ("health", "--url", "http://127.0.0.1:9", "--token", "t"),
@@ -288,6 +289,7 @@ async def test_every_command_prints_valid_json_and_exits_with_a_code_from_the_ta
         ("health",): cli.EXIT_UNREACHABLE,
         ("fleet", "forget"): cli.EXIT_USAGE,
         ("sales", "resolve"): cli.EXIT_FAILED,
+        ("sales", "show"): cli.EXIT_FAILED,  # no such sale (tests/cli/test_sales_cli.py shows one)
     }, failed
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import subprocess
 
-from .test_demo import DEMO, _env
+from .test_demo import DEMO, _env, demo_home  # noqa: F401 - its own home
 
 
 def test_demo_shows_the_reader_stepping_aside_during_an_outage() -> None:
