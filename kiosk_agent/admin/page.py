@@ -413,8 +413,8 @@ class StatusPage:
                 while not self._closing.is_set() and alive():
                     snapshot = self.agent.health.snapshot().model_dump(mode="json")
                     if _changed(last_health, snapshot):
-                        for line in health_notes(last_health, snapshot):
-                            await _send(response, "note", {"at": snapshot["at"], "text": line})
+                        for note in health_changes(last_health, snapshot):
+                            await _send(response, "note", {"at": snapshot["at"], **note})
                         await _send(response, "health", health_view(snapshot))
                         last_health, quiet_since = snapshot, time.monotonic()
                     if self.doctor is not doctor_seen:
@@ -489,6 +489,7 @@ def sale_view(record: SaleRecord) -> dict[str, Any]:
 def sale_event_view(event: SaleEvent) -> dict[str, Any]:
     return {
         "sale_id": event.sale_id,
+        "order_id": event.order_id,
         "state": event.state.value,
         "step": event.step,
         "terminal": event.terminal,
@@ -546,15 +547,37 @@ def availability(snapshot: dict[str, Any]) -> dict[str, Any]:
 
 def health_notes(before: dict[str, Any] | None, after: dict[str, Any]) -> list[str]:
     """What changed, in words, for the event log: status, problems raised and cleared."""
+    return [note["text"] for note in health_changes(before, after)]
+
+
+def health_changes(before: dict[str, Any] | None, after: dict[str, Any]) -> list[dict[str, Any]]:
+    """What changed, each as ``{kind, text, device_id}``: ``status`` (ok -> degraded),
+    ``problem`` (raised), ``cleared``, ``availability`` (a reader can or cannot take cards).
+    ``kiosk-agent events`` filters on the kind and the terminal."""
     if before is None:
         return []
-    notes = []
+    notes: list[dict[str, Any]] = []
     if before["status"] != after["status"]:
-        notes.append(f"status {before['status']} -> {after['status']}")
+        notes.append(_note("status", f"status {before['status']} -> {after['status']}"))
     old, new = set(before["problems"]), set(after["problems"])
-    notes += [f"problem: {p}" for p in after["problems"] if p not in old]
-    notes += [f"cleared: {p}" for p in before["problems"] if p not in new]
+    notes += [_note("problem", f"problem: {p}") for p in after["problems"] if p not in old]
+    notes += [_note("cleared", f"cleared: {p}") for p in before["problems"] if p not in new]
+    was = {a["device_id"]: a for a in before.get("availability") or []}
+    for state in after.get("availability") or []:
+        device, earlier = state["device_id"], was.get(state["device_id"])
+        if earlier is None or earlier.get("available") == state.get("available"):
+            continue
+        text = (
+            f"{device} can take cards again"
+            if state.get("available")
+            else f"{device} cannot take cards: {state.get('reason') or 'unavailable'}"
+        )
+        notes.append(_note("availability", text, device))
     return notes
+
+
+def _note(kind: str, text: str, device_id: str | None = None) -> dict[str, Any]:
+    return {"kind": kind, "text": text, "device_id": device_id}
 
 
 def _changed(before: dict[str, Any] | None, after: dict[str, Any]) -> bool:

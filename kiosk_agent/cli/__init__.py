@@ -44,6 +44,7 @@ COMMAND_MODULES: dict[str, str] = {
     "keys": "payments",
     "doctor": "fleet",
     "health": "fleet",
+    "events": "events",
     "fleet": "fleet",
     "completion": "completion",
 }
