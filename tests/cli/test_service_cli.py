@@ -459,6 +459,57 @@ async def test_missing_credentials_name_the_variables(
     )
 
 
+async def test_a_config_without_client_id_names_the_missing_key(
+    env: dict[str, str], capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+) -> None:
+    for name in ("KIOSK_CLIENT_ID", "KIOSK_CLIENT_SECRET", "KIOSK_BASE_URL"):
+        monkeypatch.delenv(name)
+    monkeypatch.setenv("TEST_SECRET", "sim_secret")
+    config = tmp_path / "agent.yaml"
+    config.write_text(
+        f"service:\n  base_url: {env['KIOSK_BASE_URL']}\n"
+        "  client_secret: !env_var TEST_SECRET\n  api_key: !env_var TEST_SECRET\n  mid: '1'\n"
+        "terminals: [{device_id: SIM-0001}]\njournal: {path: journal.db}\n"
+    )
+    ran = await kiosk(capsys, "report", "transactions", "-c", str(config))
+    assert ran.code == 2
+    assert ran.err == (
+        f"error: no service credentials: the service: section of {config} has no client_id; "
+        "add it there, or set KIOSK_CLIENT_ID\n"
+    )
+
+
+async def test_an_unreachable_service_names_where_its_address_came_from(
+    env: dict[str, str], capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+) -> None:
+    closed = "http://127.0.0.1:9"  # nothing listens on the discard port
+    monkeypatch.setenv("KIOSK_BASE_URL", closed)
+    ran = await kiosk(capsys, "terminals", "--timeout", "2")
+    assert ran.code == 4
+    # the retries end (or --timeout does first): either way the reason is said in words
+    assert ran.err.startswith("error: service unreachable: list terminals: "), ran
+    assert "cannot connect to 127.0.0.1:9: nothing listens there (connection refused)" in ran.err
+    assert ran.err.endswith(
+        ". Check KIOSK_BASE_URL and the network; --timeout gives slow links longer.\n"
+    )
+    assert ran.err.count("\n") == 1
+    # from the configuration: its file and line, not a variable nobody set
+    monkeypatch.delenv("KIOSK_BASE_URL")
+    monkeypatch.setenv("TEST_SECRET", "sim_secret")
+    config = tmp_path / "agent.yaml"
+    config.write_text(
+        f"service:\n  api_key: !env_var TEST_SECRET\n  mid: '1'\n  base_url: {closed}\n"
+        "terminals: [{device_id: SIM-0001}]\njournal: {path: journal.db}\n"
+    )
+    ran = await kiosk(capsys, "terminals", "-c", str(config), "--timeout", "2")
+    assert ran.code == 4
+    assert f"Check service.base_url at {config}:4 and the network" in ran.err
+    for jargon in ("KIOSK_BASE_URL", "ssl:default", "ClientConnectorError", "Connect call"):
+        assert jargon not in ran.err
+
+
 async def test_reports_need_only_the_oauth_client(
     env: dict[str, str], capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
