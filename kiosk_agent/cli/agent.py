@@ -161,11 +161,13 @@ async def check_config_command(args: argparse.Namespace) -> int:
             print(error, file=sys.stderr)
         print(f"{plural(len(err.errors), 'mistake')} in {path}", file=sys.stderr)
         return EXIT_USAGE  # a broken config file: the same code from every command
+    warnings = port_warnings(config)
     if wants_json(args):
         shown = {"config": _in_order(config.masked())} if args.show else {}
         print(
             json.dumps(
-                {"path": str(path), "valid": True, "errors": [], **shown}, indent=2, default=str
+                {"path": str(path), "valid": True, "errors": [], "warnings": warnings, **shown},
+                indent=2, default=str,
             )
         )
     elif args.show:
@@ -177,7 +179,39 @@ async def check_config_command(args: argparse.Namespace) -> int:
         )
     else:
         print(summary(config))
+    for warning in warnings:  # valid, but it will not work on this machine as it is
+        print(f"warning: {warning}", file=sys.stderr)
     return EXIT_OK
+
+
+def port_warnings(config: Config) -> list[str]:
+    """A serial port the configuration names that does not exist here: valid YAML, but the
+    trigger cannot start (a typo, an unplugged adapter). Named with its file and line, and the
+    ports that do exist."""
+    from kiosk_agent.core.config import locate
+    from kiosk_agent.core.doctor import serial_ports_present
+    from kiosk_agent.core.yaml_loader import load_yaml
+
+    missing = [
+        (index, trigger["port"])
+        for index, trigger in enumerate(config.triggers)
+        if isinstance(trigger.get("port"), str) and trigger["port"]
+        and "://" not in trigger["port"] and not Path(trigger["port"]).exists()
+    ]
+    if not missing:
+        return []
+    raw, _errors = load_yaml(config.path)
+    present = ", ".join(serial_ports_present()) or "none"
+    warnings = []
+    for index, port in missing:
+        where = locate(raw, ["triggers", index, "port"], None)
+        place = f"{where.file}:{where.line}: " if where is not None and where.line else ""
+        warnings.append(
+            f"{place}triggers[{index}].port: {port} does not exist on this machine "
+            f"(serial ports here: {present}); plug the adapter in, or use its "
+            "/dev/serial/by-id/ name"
+        )
+    return warnings
 
 
 def _in_order(value: Any) -> Any:

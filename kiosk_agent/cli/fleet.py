@@ -118,6 +118,7 @@ async def doctor_command(args: argparse.Namespace) -> int:
         check_journal(report, config)
         await _check_service(report, config, args)
         await check_upstream(report, config, args.timeout)
+    report.finished_at = time.time()  # the run is over: its time is a fact, not null
     if as_json:
         print(json.dumps({"ok": not report.failed, "verdict": verdict(report),
                           **report.as_dict()}, indent=2))

@@ -140,11 +140,14 @@ def check_serial_ports(report: Report, config: Config) -> None:
             continue
         path = Path(port)
         if not path.exists():
+            present = serial_ports_present()
             report.add(
                 check,
                 Verdict.FAIL,
                 f"{port} is not present",
                 "plug the adapter in; list /dev/serial/by-id/ and use that stable name",
+                [f"serial ports here: {', '.join(present)}" if present
+                 else "serial ports here: none (no adapter is plugged in)"],
             )
         elif not os.access(path, os.R_OK | os.W_OK):
             report.add(
@@ -155,6 +158,19 @@ def check_serial_ports(report: Report, config: Config) -> None:
             )
         else:
             report.add(check, Verdict.PASS, f"{port} present and accessible")
+
+
+# Where serial adapters appear on Linux: the stable names first, then the kernel's.
+SERIAL_PORT_PATTERNS = ("/dev/serial/by-id/*", "/dev/ttyUSB*", "/dev/ttyACM*", "/dev/ttyAMA*",
+                        "/dev/ttyS[0-3]")
+
+
+def serial_ports_present(patterns: tuple[str, ...] = SERIAL_PORT_PATTERNS) -> list[str]:
+    """The serial ports that exist on this machine (at most 12 named, stable names first)."""
+    import glob
+
+    found = [p for pattern in patterns for p in sorted(glob.glob(pattern))]
+    return found[:12] + ([f"... {len(found) - 12} more"] if len(found) > 12 else [])
 
 
 def check_journal(report: Report, config: Config) -> None:

@@ -623,7 +623,17 @@ def read_record(path: Path) -> list[dict[str, Any]]:
 def _products(value: Any) -> dict[str, int]:
     if not isinstance(value, dict) or not value:
         raise vol.Invalid("expected a map of product code to price, like {A1: \"1.50\"}")
-    return {str(code): positive_price(price) for code, price in value.items()}
+    # every bad price at once, each at its own key: a tech fixes them in one go
+    prices: dict[str, int] = {}
+    errors: list[vol.Invalid] = []
+    for code, price in value.items():
+        try:
+            prices[str(code)] = positive_price(price)
+        except vol.Invalid as err:
+            errors.append(vol.Invalid(err.msg, path=[code]))
+    if errors:
+        raise vol.MultipleInvalid(errors)
+    return prices
 
 
 _VIRTUAL_SCHEMA = BASE_PLATFORM_SCHEMA.extend(

@@ -68,6 +68,60 @@ def test_check_config_prints_every_mistake_and_exits_2(
     assert "sk_live_inline" not in err
 
 
+def test_check_config_names_each_bad_value_with_its_fix(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = write(
+        tmp_path,
+        """\
+        service: {simulator: {}}
+        terminals: [{device_id: SIM-0001}]
+        receipts: {email: maybe}
+        triggers:
+          - platform: virtual
+            products:
+              A1: "1.5x"
+              A2: "2.50"
+              A3: abc
+        """,
+    )
+    assert main(["check-config", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert ("config.yaml:3: receipts.email: expected true or false, got 'maybe' "
+            "(fix: write `email: true` or `email: false`)") in err
+    # each bad price, not only the first
+    assert 'config.yaml:7: triggers[0].products.A1: expected an amount like "2.50", got' in err
+    assert 'config.yaml:9: triggers[0].products.A3: expected an amount like "2.50", got' in err
+    assert "2.50'" not in err
+    assert "3 mistakes in" in err
+
+
+def test_check_config_warns_of_a_serial_port_that_does_not_exist(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = write(
+        tmp_path,
+        """\
+        service: {simulator: {}}
+        terminals: [{device_id: SIM-0001}]
+        triggers:
+          - platform: mdb
+            name: front
+            port: /dev/ttyUSB77
+        """,
+    )
+    assert main(["check-config", str(path)]) == 0  # valid: it may be meant for another machine
+    out, err = capsys.readouterr()
+    assert f"{path}: valid" in out
+    assert err.startswith(
+        "warning: config.yaml:6: triggers[0].port: /dev/ttyUSB77 does not exist on this machine "
+        "(serial ports here: "
+    ), err
+    assert main(["check-config", str(path), "--json"]) == 0
+    [warning] = json.loads(capsys.readouterr().out)["warnings"]
+    assert "/dev/ttyUSB77 does not exist" in warning
+
+
 def fill_journal(directory: Path) -> None:
     journal = Journal(directory / "journal.db")
     journal.open()

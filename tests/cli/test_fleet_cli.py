@@ -4,6 +4,7 @@ import asyncio
 import json
 import re
 import socket
+import time
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -92,6 +93,15 @@ async def test_doctor_reports_an_unplugged_serial_adapter(tmp_path: Path, sim, c
     assert f"[FAIL] serial port front: {gone} is not present" in out
     assert "fix: plug the adapter in" in out
     assert "[PASS] journal" in out
+    assert "       serial ports here: " in out  # what does exist, to pick from
+
+
+async def test_doctor_json_says_when_the_run_finished(tmp_path: Path, sim, capsys) -> None:
+    path = endpoint_config(tmp_path, sim, "  - device_id: SIM-0001")
+    before = time.time()
+    await run_cli("doctor", "--config", str(path), "--json")
+    report = json.loads(capsys.readouterr().out)
+    assert before <= report["finished_at"] <= time.time()
 
 
 async def test_doctor_reports_an_unreachable_service(tmp_path: Path, sim, capsys) -> None:

@@ -299,6 +299,18 @@ async def test_amounts_are_dollar_strings_converted_exactly(
     assert ran.err.startswith("error: amount")
 
 
+async def test_a_token_charge_without_expiration_is_refused_before_sending(
+    env: dict[str, str], capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("KIOSK_BASE_URL", "http://127.0.0.1:9")  # sent, it would fail with 4
+    ran = await kiosk(capsys, "payments", "charge", "--amount", "2.50", "--token",
+                      "tok_4111111111111111")
+    assert ran.code == 2
+    assert ran.err == (
+        "error: payments charge --token needs --expiration MMYY (the card's expiry, e.g. 1230)\n"
+    )
+
+
 async def test_vault_and_plan_lifecycle(
     env: dict[str, str], capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -321,6 +333,9 @@ async def test_vault_and_plan_lifecycle(
     body = json.loads(plan.out)
     assert body["status"] == "ACTIVE"
     assert [p["payment_number"] for p in body["scheduled_payments"]] == [1, 2, 3, 4]
+    shown = await kiosk(capsys, "plans", "get", str(body["id"]))
+    assert re.search(r"^amount +\$9\.99$", shown.out, re.M), shown  # $9.99, as everywhere
+    assert re.search(r"^  #1 +2026-12-01 00:00:00 +\$9\.99  PENDING$", shown.out, re.M), shown
     cancelled = await kiosk(capsys, "plans", "cancel", str(body["id"]))
     assert "CANCELLED" in cancelled.out
     assert "SKIPPED" in cancelled.out
