@@ -460,18 +460,23 @@ def parse_moment(
 
 
 def case_insensitive(choices: Sequence[str]) -> Callable[[str], str]:
-    """An argparse ``type`` matching ``choices`` whatever the case (statuses, states)."""
-    by_folded = {c.casefold(): c for c in choices}
+    """An argparse ``type`` matching ``choices`` whatever the case (statuses, states); its
+    ``choices`` are what shell completion offers."""
+    return _CaseInsensitive(tuple(choices))
 
-    def parse(text: str) -> str:
+
+class _CaseInsensitive:
+    def __init__(self, choices: tuple[str, ...]) -> None:
+        self.choices = choices
+        self._by_folded = {c.casefold(): c for c in choices}
+
+    def __call__(self, text: str) -> str:
         try:
-            return by_folded[text.strip().casefold()]
+            return self._by_folded[text.strip().casefold()]
         except KeyError:
             raise argparse.ArgumentTypeError(
-                f"expected one of {', '.join(choices)}, got {text!r}"
+                f"expected one of {', '.join(self.choices)}, got {text!r}"
             ) from None
-
-    return parse
 
 
 # -- service settings ----------------------------------------------------------------------------
