@@ -192,7 +192,8 @@ async def test_test_print_from_a_laptop(
     await expect(history.locator("ol.steps")).to_contain_text("completed")
     await page.get_by_role("button", name="Run doctor checks").click()
     await expect(page.locator("#doctor")).to_contain_text("0 failed", timeout=WAIT_MS)
-    await _screenshot(page, _screenshot_path(tmp_path, "status-page-desktop.png"))
+    # docs/status-page-desktop.png comes from test_page_truth.py's demo-like run
+    await _screenshot(page, tmp_path / "test-print.png")
     assert seen.errors == []
 
 

@@ -202,6 +202,12 @@ async def test_the_page_shows_what_was_charged_the_card_by_name_and_how_many_rea
     assert "null" not in links_text, links_text
     assert "{" not in links_text, links_text
     assert "unavailable_reason" not in links_text
+    assert "[object" not in links_text, links_text
+    facts = await coffee.locator("dl.facts").inner_text()
+    assert re.search(r"^reader\s+enabled$", facts, re.M), facts
+    assert re.search(r"^steps aside after sale\s+no$", facts, re.M), facts
+    width = await page.evaluate("document.documentElement.scrollWidth")
+    assert width <= DESKTOP["width"]
     await _screenshot(page, _screenshot_path(tmp_path, "status-page-desktop.png"))
     assert seen.errors == []
 

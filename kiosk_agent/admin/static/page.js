@@ -409,7 +409,7 @@ function renderService() {
     ].filter(Boolean).join(" · ") || "running";
     const facts = Object.entries(status)
       .filter(([k, v]) => !(k === "unavailable_reason" && !v))
-      .map(([k, v]) => [el("dt", {}, words(k)), el("dd", {}, factText(v))]);
+      .flatMap(([k, v]) => [el("dt", {}, words(k)), el("dd", {}, factText(v))]);
     return el("li", { "data-platform": p.name, class: status.available === false ? "warn" : "" },
       el("details", {}, el("summary", {}, `${p.name}: ${headline}`), el("dl", { class: "facts" }, facts)));
   });
