@@ -17,9 +17,7 @@ import signal
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
-from typing import Any
-
-import aiohttp
+from typing import TYPE_CHECKING, Any
 
 from kiosk_agent.cli.contract import (
     EXIT_AUTH,
@@ -32,6 +30,9 @@ from kiosk_agent.cli.contract import (
     timeout_of,
     wants_json,
 )
+
+if TYPE_CHECKING:
+    import aiohttp
 
 # What `--kind` picks from: a sale step, or one of the changes the stream says in words.
 KINDS = ("sale", "status", "problem", "cleared", "availability")
@@ -157,6 +158,8 @@ async def follow(args: argparse.Namespace, show: Callable[[str, dict[str, Any]],
 async def _read(
     url: str, token: str, within: float, show: Callable[[str, dict[str, Any]], None]
 ) -> None:
+    import aiohttp  # here, not at import: `kiosk-agent --help` stays quick
+
     # --timeout bounds the connection and the first answer; the stream then runs for ever
     # (the agent writes a keepalive every 10 s, so a dead link is noticed by the socket)
     timeout = aiohttp.ClientTimeout(total=None, connect=within, sock_connect=within)
