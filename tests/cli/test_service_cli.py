@@ -125,8 +125,11 @@ async def test_connect_opens_a_session_or_says_why_not(
     await sim_post(sim, "/sim/terminals/SIM-0005/offline")
     ran = await kiosk(capsys, "terminals", "connect", "SIM-0005")
     assert ran.code == 1
-    assert "SIM-0005 refused the session" in ran.err
-    assert "kiosk-agent terminals ping SIM-0005" in ran.err
+    assert ran.err == (
+        "error: SIM-0005: no session: terminal offline: SIM-0005 does not answer (check its "
+        "power and network). Fix: `kiosk-agent terminals ping SIM-0005` to see whether it is "
+        "online.\n"
+    )  # offline, in words: not "busy", not "HTTP 409 [terminal_offline]"
 
 
 async def test_test_print_checks_the_capability_before_printing(
