@@ -479,6 +479,11 @@ def format_health(snapshot: dict[str, Any]) -> str:
         f"{format_cents(int(sales.get('today_amount_cents', 0)))}, "
         f"open {sales.get('open', 0)}, attention {sales.get('attention', 0)}",
     ]
+    if snapshot.get("availability"):
+        from kiosk_agent.admin.page import availability
+
+        # the status page's words: how many readers can take cards
+        lines.append(f"cards:    {availability(snapshot)['summary']}")
     for terminal in snapshot.get("terminals", []):
         state = {True: "online", False: "OFFLINE", None: "unchecked"}[terminal.get("online")]
         latency = terminal.get("latency_ms")

@@ -137,6 +137,7 @@ def test_health_is_readable_for_people() -> None:
     assert "problem:  1 sale(s) need attention" in text
     out_of_service = r"card:     SIM-0001     OUT OF SERVICE since \d\d:\d\d:\d\d: terminal offline"
     assert re.search(out_of_service, text)
+    assert "cards:    0 of 1 reader can take cards" in text
     assert "journal:  NOT WRITABLE disk full" in text
 
 
