@@ -58,6 +58,7 @@ from kiosk_agent.service.models import (
     InteractionStatus,
     VaultAccountRequest,
 )
+from kiosk_agent.service.settings import DEFAULT_TIMEOUT
 
 if TYPE_CHECKING:
     from kiosk_agent.service.client import ServiceClient
@@ -99,7 +100,7 @@ class SaleSettings:
     interaction_lifetime: float = INTERACTION_LIFETIME
     stop_timeout: float = 30.0
     # one money call (a charge-card request, an authorization) is given up after this long
-    request_timeout: float = 30.0
+    request_timeout: float = DEFAULT_TIMEOUT  # service.timeout
     # how long the service may still commit a call after the agent gave up on it
     answer_margin: float = 10.0
     receipts: ReceiptSettings = field(default_factory=ReceiptSettings)
