@@ -198,6 +198,8 @@ async def test_the_page_shows_what_was_charged_the_card_by_name_and_how_many_rea
     coffee = page.locator('#links li[data-platform="virtual:coffee"]')
     await expect(coffee.locator("summary")).to_contain_text("virtual:coffee: reader enabled")
     await coffee.locator("summary").click()
+    # opened, it stays open while the list is redrawn at each health change
+    await expect(coffee.locator("dl.facts")).to_contain_text("steps aside after sale")
     links_text = await page.locator("#links").inner_text()
     assert "null" not in links_text, links_text
     assert "{" not in links_text, links_text

@@ -397,6 +397,9 @@ function renderService() {
   const links = health.links.map((link) =>
     el("li", { class: link.healthy ? "" : "bad" }, `${link.name}: ${link.state}`,
       link.detail ? ` (${link.detail})` : "", el("span", { class: "muted" }, ` since ${when(link.since)}`)));
+  // a platform the tech opened stays open when the list is redrawn (each health change)
+  const opened = new Set([...$("links").querySelectorAll("li[data-platform] details[open]")]
+    .map((d) => d.parentElement.dataset.platform));
   const platforms = (state.page.platforms || []).map((p) => {
     const status = p.status || {};
     const link = status.link && typeof status.link === "object" ? status.link.state : status.link;
@@ -411,7 +414,8 @@ function renderService() {
       .filter(([k, v]) => !(k === "unavailable_reason" && !v))
       .flatMap(([k, v]) => [el("dt", {}, words(k)), el("dd", {}, factText(v))]);
     return el("li", { "data-platform": p.name, class: status.available === false ? "warn" : "" },
-      el("details", {}, el("summary", {}, `${p.name}: ${headline}`), el("dl", { class: "facts" }, facts)));
+      el("details", { open: opened.has(p.name) }, el("summary", {}, `${p.name}: ${headline}`),
+        el("dl", { class: "facts" }, facts)));
   });
   const all = [...links, ...platforms];
   $("links").replaceChildren(...(all.length ? all : [el("li", {}, "no serial link or platform")]));
