@@ -21,6 +21,7 @@ from kiosk_agent.core.agent import Agent, ComponentFactory, service_settings_fro
 from kiosk_agent.core.config import Config, load_config
 from kiosk_agent.core.registry import setup_function
 from kiosk_agent.core.systemd import SystemdLifecycle
+from kiosk_agent.sales.clock import SYSTEM_CLOCK, Clock
 from kiosk_agent.sales.owner import JournalLock
 from kiosk_agent.service.settings import ServiceSettings
 
@@ -47,6 +48,7 @@ def build_agent(
     *,
     systemd: bool = True,
     owner: JournalLock | None = None,
+    clock: Clock = SYSTEM_CLOCK,
 ) -> Agent:
     """An Agent wired with the configured triggers and components (not started)."""
     settings = service_settings or service_settings_from_config(config)
@@ -61,7 +63,7 @@ def build_agent(
         if systemd
         else None
     )
-    agent = Agent(config, settings, systemd=lifecycle, owner=owner)
+    agent = Agent(config, settings, systemd=lifecycle, owner=owner, clock=clock)
     for trigger in config.triggers:
         agent.add_platform(setup_function(trigger["platform"]), trigger)
     for section in COMPONENTS:

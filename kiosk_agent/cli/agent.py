@@ -12,6 +12,7 @@ from typing import Any
 
 from kiosk_agent.cli.contract import (
     EXIT_FAILED,
+    EXIT_JOURNAL_OWNED,
     EXIT_OK,
     EXIT_USAGE,
     MOMENT_FORMS,
@@ -36,6 +37,7 @@ from kiosk_agent.money import format_cents
 from kiosk_agent.sales.attention import RESOLUTIONS
 from kiosk_agent.sales.journal import Journal, JournalError, SaleRecord
 from kiosk_agent.sales.model import money_text
+from kiosk_agent.sales.owner import JournalOwned
 from kiosk_agent.sales.states import SaleState
 
 
@@ -265,8 +267,12 @@ async def run_command(args: argparse.Namespace) -> int:
         async with agent_for(config) as (agent, _service):
             await agent.start()
             await signals.wait()
+    except JournalOwned as err:
+        # a distinct code: restarting cannot help while the other agent lives (the unit's
+        # RestartPreventExitStatus), and a copied unit file must not loop on it
+        raise CliError(str(err), EXIT_JOURNAL_OWNED) from None
     except JournalError as err:
-        # another agent owns the journal, a read-only disk, a bad path: say so, no traceback
+        # a read-only disk, a bad path: say so, no traceback
         raise CliError(str(err)) from None
     finally:
         signals.remove()

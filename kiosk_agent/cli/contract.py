@@ -55,6 +55,7 @@ EXIT_FAILED = 1
 EXIT_USAGE = 2
 EXIT_AUTH = 3
 EXIT_UNREACHABLE = 4
+EXIT_JOURNAL_OWNED = 5
 EXIT_HANGUP = 129
 EXIT_INTERRUPTED = 130
 EXIT_QUIT = 131
@@ -67,6 +68,8 @@ EXIT_CODES: dict[int, str] = {
     "file",
     EXIT_AUTH: "the service refused the credentials",
     EXIT_UNREACHABLE: "the service could not be reached or did not answer within --timeout",
+    EXIT_JOURNAL_OWNED: "`run`: another agent owns the journal; this one touched nothing "
+    "(the systemd unit does not restart on it)",
     EXIT_HANGUP: "stopped by SIGHUP (its terminal closed: a dropped SSH session); `run` "
     "finished or parked its running sale first",
     EXIT_INTERRUPTED: "interrupted (Ctrl-C, SIGINT); `run` finished or parked its running sale "
@@ -113,6 +116,7 @@ __all__ = [
     "CONFIG_ENV",
     "ENVIRONMENT",
     "EXIT_CODES",
+    "EXIT_JOURNAL_OWNED",
     "HIDDEN_FIELDS",
     "CliError",
     "guarded",

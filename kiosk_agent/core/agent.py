@@ -26,12 +26,15 @@ from kiosk_agent.core.health import HEALTH_SCHEMA, Health, HealthChecker
 from kiosk_agent.core.registry import PlatformInstance
 from kiosk_agent.core.systemd import SystemdLifecycle
 from kiosk_agent.sales.attention import AttentionSweeper
-from kiosk_agent.sales.flows import INTERACTION_LIFETIME, SaleContext, SaleRunner, SaleSettings
+from kiosk_agent.sales.clock import SYSTEM_CLOCK, Clock
 from kiosk_agent.sales.journal import Journal
 from kiosk_agent.sales.model import SaleEvent
 from kiosk_agent.sales.owner import JournalLock
 from kiosk_agent.sales.receipts import ReceiptSettings
 from kiosk_agent.sales.recovery import Recovery
+from kiosk_agent.sales.runner import SaleRunner
+from kiosk_agent.sales.settings import INTERACTION_LIFETIME, SaleSettings
+from kiosk_agent.sales.steps import SaleContext
 from kiosk_agent.service.client import ServiceClient
 from kiosk_agent.service.errors import ServiceError
 from kiosk_agent.service.models import Terminal
@@ -119,8 +122,10 @@ class Agent:
         journal: Journal | None = None,
         service: ServiceClient | None = None,
         owner: JournalLock | None = None,
+        clock: Clock = SYSTEM_CLOCK,
     ) -> None:
         self.config = config
+        self.clock = clock  # every sale's waits and deadlines (tests give a FakeClock)
         self.version = version
         self.settings = sale_settings_from_config(
             config, service_settings.mid, service_settings.timeout
@@ -128,7 +133,7 @@ class Agent:
         self.service = service or ServiceClient(service_settings)
         # the terminal client warns once when the service's interactions live otherwise
         self.service.terminal.expected_lifetime = self.settings.interaction_lifetime
-        self.journal = journal or Journal(config.resolve(config["journal"]["path"]))
+        self.journal = journal or Journal(config.resolve(config["journal"]["path"]), clock)
         # one agent per journal: claimed before anything reads it, let go after it is closed
         self.owner = owner or JournalLock(self.journal.path)
         self.events: EventBus[SaleEvent] = EventBus()
@@ -158,7 +163,12 @@ class Agent:
         )
         self.availability.wake = self._checker.wake
         context = SaleContext(
-            self.service, self.journal, self.events, self.settings, capabilities=self.can_print
+            self.service,
+            self.journal,
+            self.events,
+            self.settings,
+            capabilities=self.can_print,
+            clock=clock,
         )
         self.sales = SaleRunner(context)
         self.recovery = Recovery(context, runner=self.sales)
@@ -178,6 +188,8 @@ class Agent:
     # -- wiring (by app.py, before start) --------------------------------------------------------
 
     def add_platform(self, setup: PlatformSetup, conf: dict[str, Any]) -> None:
+        if conf.get("max_price") is not None:  # the runner holds every platform to it
+            self.sales.limit_trigger(conf["platform"], conf.get("name"), conf["max_price"])
         self._pending_platforms.append(_PendingPlatform(setup, conf))
 
     def add_component(self, factory: ComponentFactory, conf: Any) -> None:

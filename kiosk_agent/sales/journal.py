@@ -18,13 +18,13 @@ import dataclasses
 import datetime as dt
 import json
 import sqlite3
-import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from kiosk_agent.sales.states import SaleState
+from kiosk_agent.sales.clock import SYSTEM_CLOCK, Clock
+from kiosk_agent.sales.states import REOPENED_AFTER, SaleState, Step, check_transition
 
 SCHEMA_VERSION = 2
 
@@ -57,7 +57,10 @@ CREATE TABLE IF NOT EXISTS sales (
     updated_at       REAL NOT NULL,
     finished_at      REAL,
     answer_by        REAL,
-    resolution       TEXT
+    resolution       TEXT,
+    sent_at          REAL,
+    sent_mono        REAL,
+    sent_boot        TEXT
 );
 CREATE INDEX IF NOT EXISTS sales_state ON sales(state);
 CREATE INDEX IF NOT EXISTS sales_created ON sales(created_at);
@@ -73,7 +76,14 @@ CREATE INDEX IF NOT EXISTS steps_sale ON steps(sale_id);
 """
 
 # Columns added after version 1, with their type: added in place to an older journal on open.
-_ADDED_COLUMNS = {"answer_by": "REAL", "resolution": "TEXT"}
+_ADDED_COLUMNS = {
+    "answer_by": "REAL",
+    "resolution": "TEXT",
+    # the money call's send, to re-anchor its deadline after a restart (sales/clock.py)
+    "sent_at": "REAL",
+    "sent_mono": "REAL",
+    "sent_boot": "TEXT",
+}
 
 _SIDE = ("-wal", "-shm")
 _FINAL_STATES = tuple(s.value for s in SaleState if s.final)
@@ -114,6 +124,12 @@ class SaleRecord:
     answer_by: float | None = None
     # A person's decision on an ATTENTION sale, as JSON {as, why, by, at}.
     resolution: str | None = None
+    # When the money call in flight was sent: wall time, monotonic time and the boot id, written
+    # with ``answer_by``. After a restart on the same boot the monotonic difference is the exact
+    # time since; wall time alone cannot say it (NTP steps it).
+    sent_at: float | None = None
+    sent_mono: float | None = None
+    sent_boot: str | None = None
 
     def attempt_order_id(self, attempt: int | None = None) -> str:
         """The order_id sent for one attempt: the sale's own for the first, suffixed after."""
@@ -125,7 +141,8 @@ class SaleRecord:
 
     def row(self) -> dict[str, Any]:
         """The sale as stored: column name -> SQLite value."""
-        data = dataclasses.asdict(self)
+        # every field is a plain value: a shallow read (asdict deep-copies each, on every sale)
+        data = {name: getattr(self, name) for name in _COLUMNS}
         data["state"] = self.state.value
         return data
 
@@ -140,13 +157,15 @@ class SaleRecord:
 class StepRecord:
     sale_id: str
     at: float
-    step: str
+    step: str  # a Step's value (read as stored: an older journal may hold a retired name)
     state: SaleState
     detail: dict[str, Any]
 
 
 _COLUMNS = tuple(f.name for f in dataclasses.fields(SaleRecord))
-_UPDATABLE = frozenset(_COLUMNS) - {"sale_id", "order_id", "created_at"}
+_COLUMN_SET = frozenset(_COLUMNS)
+# a sale's flow is fixed: the states it may be in follow from it
+_UPDATABLE = _COLUMN_SET - {"sale_id", "order_id", "created_at", "flow"}
 # Keys that must never reach the journal, whatever a caller passes in a step's detail.
 _FORBIDDEN_DETAIL = frozenset(
     {"token", "account_token", "api_key", "refresh_token", "card_number", "secret", "password"}
@@ -158,8 +177,9 @@ class JournalError(Exception):
 
 
 class SaleMoved(Exception):
-    """A step written only ``if_state`` found the sale in another state: someone else (another
-    process on the same journal) wrote first. ``state`` is what it is now."""
+    """A write found the sale in another state than the writer saw (``if_state``, by default
+    the record's own): someone else (another process on the same journal) wrote first.
+    ``state`` is what it is now."""
 
     def __init__(self, sale_id: str, state: SaleState | None) -> None:
         shown = state.value if state is not None else "gone"
@@ -171,8 +191,9 @@ class SaleMoved(Exception):
 class Journal:
     """The sales journal on disk. Open once per process; every write is its own transaction."""
 
-    def __init__(self, path: Path | str) -> None:
+    def __init__(self, path: Path | str, clock: Clock = SYSTEM_CLOCK) -> None:
         self.path = Path(path)
+        self.clock = clock  # dates the records (wall time: for people, never for a wait)
         self._db: sqlite3.Connection | None = None
 
     # -- lifecycle -------------------------------------------------------------------------------
@@ -212,8 +233,9 @@ class Journal:
     # -- writes ----------------------------------------------------------------------------------
 
     def create(self, sale: SaleRecord, detail: Mapping[str, Any] | None = None) -> SaleRecord:
-        """Write a new sale and its first step in one transaction."""
-        now = time.time()
+        """Write a new sale and its first step in one transaction (always STARTED)."""
+        check_transition(sale.sale_id, sale.flow, None, sale.state, Step.CREATED)
+        now = self.clock.time()
         sale = dataclasses.replace(sale, created_at=now, updated_at=now)
         row = sale.row()
         names = ", ".join(_COLUMNS)
@@ -221,7 +243,7 @@ class Journal:
         try:
             with transaction(self.db) as db:
                 db.execute(f"INSERT INTO sales ({names}) VALUES ({marks})", row)  # noqa: S608
-                self._insert_step(db, sale.sale_id, now, "created", sale.state, detail)
+                self._insert_step(db, sale.sale_id, now, Step.CREATED, sale.state, detail)
         except sqlite3.Error as err:
             raise self._write_failed(err) from err
         return sale
@@ -229,7 +251,7 @@ class Journal:
     def record(
         self,
         sale: SaleRecord,
-        step: str,
+        step: Step,
         state: SaleState | None = None,
         detail: Mapping[str, Any] | None = None,
         *,
@@ -238,12 +260,15 @@ class Journal:
     ) -> SaleRecord:
         """Write one step (and the sale's new fields) durably; return the updated sale.
 
-        ``if_state``: write only while the sale is still in that state on disk, checked in the
-        same transaction (:class:`SaleMoved` else), so two processes cannot both decide it."""
+        The one way a sale changes. In the same transaction the sale's state on disk is read
+        and the move checked against the table (``states.check_transition``:
+        :class:`TransitionRefused`, nothing written); the sale must still be in ``if_state``
+        (default: the state ``sale`` says it is in), else :class:`SaleMoved`: two writers
+        (another process on the same journal, a person) cannot both decide it."""
         unknown = set(changes) - _UPDATABLE
         if unknown:
             raise ValueError(f"not journal fields: {', '.join(sorted(unknown))}")
-        now = time.time()
+        now = self.clock.time()
         new_state = state or sale.state
         if new_state.final and sale.finished_at is None:
             changes.setdefault("finished_at", now)
@@ -251,30 +276,51 @@ class Journal:
         assignments = {k: getattr(updated, k) for k in (*changes, "state", "updated_at")}
         assignments["state"] = new_state.value
         sql = ", ".join(f"{k} = :{k}" for k in assignments)
+        expected = sale.state if if_state is None else if_state
         try:
             with transaction(self.db) as db:
-                guard = "" if if_state is None else " AND state = :if_state"
-                written = db.execute(
-                    f"UPDATE sales SET {sql} WHERE sale_id = :sale_id{guard}",  # noqa: S608
-                    {**assignments, "sale_id": sale.sale_id,
-                     "if_state": if_state.value if if_state else None},
+                named = self._check(db, sale, expected, new_state, step)
+                db.execute(
+                    f"UPDATE sales SET {sql} WHERE sale_id = :sale_id",  # noqa: S608
+                    {**assignments, "sale_id": sale.sale_id},
                 )
-                if if_state is not None and written.rowcount != 1:
-                    now_state = db.execute(
-                        "SELECT state FROM sales WHERE sale_id = ?", (sale.sale_id,)
-                    ).fetchone()
-                    raise SaleMoved(sale.sale_id, SaleState(now_state[0]) if now_state else None)
-                self._insert_step(db, sale.sale_id, now, step, new_state, detail)
+                self._insert_step(db, sale.sale_id, now, named, new_state, detail)
         except sqlite3.Error as err:
             raise self._write_failed(err) from err
         return updated
+
+    def _check(
+        self,
+        db: sqlite3.Connection,
+        sale: SaleRecord,
+        expected: SaleState,
+        wanted: SaleState,
+        step: Step,
+    ) -> Step:
+        """The sale as it is on disk, inside the write transaction, against the table."""
+        row = db.execute(
+            "SELECT state, flow FROM sales WHERE sale_id = ?", (sale.sale_id,)
+        ).fetchone()
+        if row is None:
+            raise SaleMoved(sale.sale_id, None)
+        current = SaleState(row[0])
+        if current is not expected:
+            raise SaleMoved(sale.sale_id, current)
+        last = None
+        if step in REOPENED_AFTER:  # only a reopening step depends on how the sale ended
+            found = db.execute(
+                "SELECT step FROM steps WHERE sale_id = ? ORDER BY id DESC LIMIT 1",
+                (sale.sale_id,),
+            ).fetchone()
+            last = None if found is None else str(found[0])
+        return check_transition(sale.sale_id, row[1], current, wanted, step, last)
 
     def _insert_step(
         self,
         db: sqlite3.Connection,
         sale_id: str,
         at: float,
-        step: str,
+        step: Step,
         state: SaleState,
         detail: Mapping[str, Any] | None,
     ) -> None:
@@ -318,6 +364,12 @@ class Journal:
         )
         return [_record(r) for r in rows]
 
+    def ended_by_steps(self, state: SaleState, last_steps: Iterable[Step]) -> list[SaleRecord]:
+        """Every sale in ``state`` whose last step is one of ``last_steps``, whatever its date:
+        the caller measures how long ago on the monotonic clock (a stepped wall clock cannot
+        be trusted to say)."""
+        return self.query(states=[state], last_steps=last_steps)
+
     def attention_sales(self) -> list[SaleRecord]:
         return self.query(states=[SaleState.ATTENTION])
 
@@ -327,7 +379,7 @@ class Journal:
         since: float | None = None,
         until: float | None = None,
         states: list[SaleState] | None = None,
-        last_steps: Sequence[str] | None = None,
+        last_steps: Iterable[Step] | None = None,
         limit: int | None = None,
     ) -> list[SaleRecord]:
         """Sales newest first, filtered by creation time, state and the name of their last step
@@ -374,7 +426,7 @@ class Journal:
 
     def today(self, now: float | None = None) -> tuple[int, int]:
         """(count, cents) of the sales completed since local midnight."""
-        current = dt.datetime.fromtimestamp(now if now is not None else time.time())
+        current = dt.datetime.fromtimestamp(now if now is not None else self.clock.time())
         midnight = current.replace(hour=0, minute=0, second=0, microsecond=0).timestamp()
         row = self.db.execute(
             "SELECT COUNT(*), COALESCE(SUM(captured_cents), 0) FROM sales "
@@ -385,7 +437,7 @@ class Journal:
 
     def prune(self, keep_days: int, now: float | None = None) -> int:
         """Delete finished sales older than ``keep_days``; open and attention sales are kept."""
-        cutoff = (now if now is not None else time.time()) - keep_days * 86400
+        cutoff = (now if now is not None else self.clock.time()) - keep_days * 86400
         keep = (SaleState.ATTENTION.value, *[s.value for s in SaleState if not s.final])
         marks = ", ".join("?" for _ in keep)
         with transaction(self.db) as db:
@@ -418,7 +470,7 @@ def _filters(
     since: float | None,
     until: float | None,
     states: list[SaleState] | None,
-    last_steps: Sequence[str] | None,
+    last_steps: Iterable[Step] | None,
 ) -> tuple[str, list[Any]]:
     """The WHERE clause (with its leading space, or empty) and its arguments of a sales query."""
     where: list[str] = []
@@ -432,11 +484,12 @@ def _filters(
     if states:
         where.append(f"state IN ({', '.join('?' for _ in states)})")
         args.extend(s.value for s in states)
-    if last_steps:
-        marks = ", ".join("?" for _ in last_steps)
+    steps = sorted(last_steps or ())
+    if steps:
+        marks = ", ".join("?" for _ in steps)
         last = "SELECT step FROM steps WHERE steps.sale_id = sales.sale_id ORDER BY id DESC"
         where.append(f"({last} LIMIT 1) IN ({marks})")
-        args.extend(last_steps)
+        args.extend(steps)
     return (" WHERE " + " AND ".join(where) if where else ""), args
 
 
@@ -449,6 +502,7 @@ def _add_missing_columns(db: sqlite3.Connection) -> None:
 
 
 def _record(row: sqlite3.Row) -> SaleRecord:
-    data = {k: row[k] for k in row.keys()}  # noqa: SIM118 - sqlite3.Row is not a mapping
+    # columns a newer release added are left out: this one reads what it knows
+    data = {k: row[k] for k in row.keys() if k in _COLUMN_SET}  # noqa: SIM118 - not a mapping
     data["state"] = SaleState(data["state"])
     return SaleRecord(**data)

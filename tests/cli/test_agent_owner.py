@@ -13,6 +13,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from kiosk_agent.cli.contract import EXIT_JOURNAL_OWNED
+
 from .agent_process import MACHINE, AgentProcess, money_agrees, sale_in, states, write_config
 
 ADMIN = """\
@@ -36,7 +38,7 @@ async def cli(agent: AgentProcess, *args: str) -> tuple[int, str, str]:
 
 async def refused_by(second: AgentProcess, owner: AgentProcess, journal: Path) -> None:
     await second.start()
-    assert await second.exit_code() == 1, second.text()[-3000:]
+    assert await second.exit_code() == EXIT_JOURNAL_OWNED, second.text()[-3000:]
     said = second.text()
     assert f"error: the journal {journal} is owned by another agent (pid {owner.pid}" in said
     assert "kiosk_agent run -c " + str(owner.config) in said  # the holder's command line
@@ -103,3 +105,14 @@ async def test_an_agent_after_a_sigkilled_one_starts_and_recovers_its_sale(
         await killed.close()
         await successor.close()
     await money_agrees(sim, journal)
+
+
+def test_the_unit_file_does_not_restart_an_agent_refused_its_journal() -> None:
+    """A copied unit file fails once, visibly, instead of restarting until systemd's start limit:
+    restarting cannot help while the other agent lives."""
+    unit = Path(__file__).parents[2] / "systemd" / "kiosk-agent.service"
+    settings = dict(
+        line.split("=", 1) for line in unit.read_text().splitlines() if "=" in line
+    )
+    assert settings["Restart"] == "on-failure"
+    assert settings["RestartPreventExitStatus"].split() == [str(EXIT_JOURNAL_OWNED)]
