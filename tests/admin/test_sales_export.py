@@ -35,7 +35,7 @@ async def test_the_cli_and_the_api_export_the_same_sales_byte_for_byte(
     # text a spreadsheet would run, and a sale that has not ended
     agent.journal.create(SaleRecord(
         sale_id="f0", order_id="ka-f0", source="=HYPERLINK(\"x\")", flow="charge_card",
-        terminal="SIM-0007", amount_cents=125, state=SaleState.CHARGING, product="-1+1",
+        terminal="SIM-0007", amount_cents=125, state=SaleState.STARTED, product="-1+1",
     ))
     config = str(tmp_path / "config.yaml")
     code, cli_out, _ = await _cli(capsys, "sales", "-c", config, "--format", fmt)

@@ -207,11 +207,15 @@ def test_sales_show_prints_one_sale_with_its_steps(
         flow="authorize_capture", terminal="SIM-0007", amount_cents=500,
         state=SaleState.STARTED, created_at=1_700_000_000,
     ))  # fmt: skip
-    sale = journal.record(sale, "read_card.done", SaleState.READING_CARD, card_brand="2",
-                          last_four="2397")
-    sale = journal.record(sale, "authorize.approved", SaleState.AUTHORIZING,
-                          authorized_cents=500, trans_id="700000000009")
-    journal.record(sale, "completed", SaleState.COMPLETED, captured_cents=180,
+    # the steps an authorize-capture sale goes through, as the state table allows them
+    sale = journal.record(sale, Step.READ_CARD_REQUEST, SaleState.READING_CARD)
+    sale = journal.record(sale, Step.READ_CARD_DONE, card_brand="2", last_four="2397")
+    sale = journal.record(sale, Step.AUTHORIZE_REQUEST, SaleState.AUTHORIZING)
+    sale = journal.record(sale, Step.AUTHORIZE_APPROVED, authorized_cents=500,
+                          trans_id="700000000009")
+    sale = journal.record(sale, Step.DISPENSE_REQUEST, SaleState.DISPENSING)
+    sale = journal.record(sale, Step.CAPTURE_REQUEST, SaleState.CAPTURING)
+    journal.record(sale, Step.COMPLETED, SaleState.COMPLETED, captured_cents=180,
                    message="paid $1.80 (captured)")
     journal.close()
     assert main(["sales", "show", "3f2a", "-c", str(path)]) == 0
@@ -219,9 +223,10 @@ def test_sales_show_prints_one_sale_with_its_steps(
     assert "money       $1.80 charged\n" in out
     assert "authorized  $5.00\n" in out
     assert "card        Mastercard 2397\n" in out
-    assert "steps (4):" in out
+    assert "steps (8):" in out
     steps = [line.split()[2] for line in out.splitlines() if line.startswith("  20")]
-    assert steps == ["created", "read_card.done", "authorize.approved", "completed"]
+    assert steps == ["created", "read_card.request", "read_card.done", "authorize.request",
+                     "authorize.approved", "dispense.request", "capture.request", "completed"]
     # by order id, and as the admin API's GET /api/sales/{id} answers
     assert main(["sales", "show", "ka-3f2a", "-c", str(path), "--json"]) == 0
     shown = json.loads(capsys.readouterr().out)
