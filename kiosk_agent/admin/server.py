@@ -12,7 +12,7 @@ Routes (all need ``Authorization: Bearer <token>`` or the status page's session;
     GET  /api/terminals                  the service's terminal list
     POST /api/terminals/{device_id}/{ping|connect|disconnect|test-print}
     GET  /api/boarding/merchants         merchant states from the webhook receiver
-    GET  /metrics                        Prometheus text format
+    GET  /metrics                        Prometheus text format or OpenMetrics (Accept)
 
 Tokens are compared in constant time, never logged, and come from the configuration through
 ``!secret``. Reports are streamed page by page from the service's async iterators, so a pull of
@@ -29,25 +29,16 @@ import json
 import logging
 import math
 from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import voluptuous as vol
 from aiohttp import web
 from pydantic import BaseModel, ValidationError
 
-from kiosk_agent.admin.metrics import (
-    CONTENT_TYPE,
-    MetricsWriter,
-    write_health,
-    write_http,
-    write_refusals,
-    write_upstream,
-    write_webhooks,
-)
 from kiosk_agent.admin.page import StatusPage, TokenGuesses
 from kiosk_agent.core.config import register_section
-from kiosk_agent.core.logging import RefusalLog, refusal_counts, suppressed_counts
-from kiosk_agent.core.web import BodyError, HttpLimits, LocalSite, live_sites, read_json
+from kiosk_agent.core.logging import RefusalLog
+from kiosk_agent.core.web import BodyError, HttpLimits, LocalSite, read_json
 from kiosk_agent.export import (
     SALE_FORMATS,
     CsvExport,
@@ -68,6 +59,9 @@ from kiosk_agent.service.errors import (
     ServiceUnreachableError,
 )
 from kiosk_agent.service.models.reporting import ReportKind
+
+if TYPE_CHECKING:
+    from kiosk_agent.admin.metrics import AgentMetrics
 
 _LOGGER = logging.getLogger(__name__)
 
@@ -122,6 +116,7 @@ class AdminServer:
         self.guesses = TokenGuesses()  # wrong tokens by address, at the login and as bearer
         # the field tech's page at / (page.py)
         self.page = StatusPage(agent, self._token_for, self.guesses)
+        self.prometheus: AgentMetrics | None = None  # /metrics, made at start()
 
     @property
     def port(self) -> int | None:
@@ -150,11 +145,22 @@ class AdminServer:
         return app
 
     async def start(self) -> None:
-        await self._site.start(self.app())
+        # prometheus_client is loaded here, by the one part that serves it (not at every command)
+        from kiosk_agent.admin.metrics import AgentMetrics
+
+        self.prometheus = AgentMetrics(self.agent, lambda name: _component(self.agent, name))
+        self.prometheus.start()
+        try:
+            await self._site.start(self.app())
+        except BaseException:
+            await self.prometheus.stop()
+            raise
         _LOGGER.info("admin API on %s", self.url)
 
     async def stop(self) -> None:
         await self._site.stop()
+        if self.prometheus is not None:
+            await self.prometheus.stop()
 
     # -- auth --------------------------------------------------------------------------------
 
@@ -414,17 +420,11 @@ class AdminServer:
         return web.json_response({"merchants": receiver.merchants()})
 
     async def metrics(self, request: web.Request) -> web.Response:
-        writer = MetricsWriter()
-        write_health(writer, self.agent.health.snapshot())
-        upstream = _component(self.agent, "Upstream")
-        if upstream is not None:
-            write_upstream(writer, upstream.stats())
-        receiver = _component(self.agent, "WebhookReceiver")
-        if receiver is not None:
-            write_webhooks(writer, receiver.outcomes)
-        write_refusals(writer, refusal_counts(), suppressed_counts())
-        write_http(writer, {site.name: site.open_connections for site in live_sites()})
-        return web.Response(body=writer.text().encode(), headers={"Content-Type": CONTENT_TYPE})
+        """Prometheus: the text format, or OpenMetrics when ``Accept`` asks for it."""
+        if self.prometheus is None:
+            return _error(503, "unavailable", "the admin API is not started")
+        body, content_type = self.prometheus.exposition(request.headers.get("Accept"))
+        return web.Response(body=body, headers={"Content-Type": content_type})
 
 
 # -- helpers ---------------------------------------------------------------------------------

@@ -88,13 +88,13 @@ class SaleEvent:
     state: SaleState
     amount_cents: int
     captured_cents: int = 0
+    reversed_cents: int = 0  # given back (void or refund), on a REVERSED sale
     product: str | None = None
     terminal: str | None = None
     message: str = ""
     at: float = 0.0  # time.time()
     step: Step | Literal[""] = ""  # the journal step announced (none: a snapshot)
     authorized_cents: int = 0
-    reversed_cents: int = 0
     currency: str = "USD"
 
     @property

@@ -15,6 +15,11 @@ of that kind (``ServiceSettings.timeouts``). The total bounds the whole call, re
 ``Retry-After`` waits and the rate limiter's queue included: a service that accepts the
 connection and never answers costs a call its total timeout, then a ``ServiceUnreachableError``
 that says so.
+
+Observers: whoever wants to time the calls (the admin API's ``/metrics``) registers a
+``CallObserver`` with :meth:`Transport.observe`; each finished call is reported once as its kind,
+its seconds on the monotonic clock (every attempt included) and an outcome from ``CALL_OUTCOMES``.
+The service layer knows nothing of who listens.
 """
 
 from __future__ import annotations
@@ -25,7 +30,7 @@ import enum
 import logging
 import random
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple, TypeVar
 
 import aiohttp
@@ -62,6 +67,11 @@ REFRESH_PATH = "/api/v1/api_keys/refresh"
 _RATE_LIMITED_PREFIXES = ("/api/terminal", "/api/ws-token")
 _IDEMPOTENT_METHODS = frozenset({"GET", "HEAD", "PUT", "DELETE", "OPTIONS"})
 
+# How a call ended, for observers: answered 2xx; answered with an error (4xx/5xx, a bad body);
+# no answer (network, timeout: the outcome of a POST is unknown).
+CALL_OUTCOMES = ("ok", "error", "unreachable")
+CallObserver = Callable[[CallKind, float, str], None]
+
 
 class Auth(enum.Enum):
     API_KEY = "api_key"  # payments and terminal: the (refreshed) payments API key
@@ -96,6 +106,7 @@ class Transport:
         self.keys.on_rotate(self._keep_limiter)
         self.oauth = OAuthTokens(self)
         self.rate_limited_count = 0  # 429 answers seen (diagnostics)
+        self._observers: list[CallObserver] = []
 
     def _initial_credentials(self) -> ApiCredentials | None:
         settings = self.settings
@@ -111,6 +122,22 @@ class Transport:
             return None  # reporting and boarding only; payments and terminal calls will say so
         refresh = settings.refresh_token.get_secret_value() if settings.refresh_token else None
         return ApiCredentials(api_key=settings.api_key.get_secret_value(), refresh_token=refresh)
+
+    # -- observers -----------------------------------------------------------------------------
+
+    def observe(self, observer: CallObserver) -> Callable[[], None]:
+        """Call ``observer(kind, seconds, outcome)`` after every call; returns the unsubscribe."""
+        self._observers.append(observer)
+        return lambda: self._observers.remove(observer) if observer in self._observers else None
+
+    def report_call(self, kind: CallKind, started: float, outcome: str) -> None:
+        """Tell the observers a call of ``kind`` begun at ``started`` (monotonic) ended so."""
+        seconds = time.monotonic() - started
+        for observer in list(self._observers):
+            try:
+                observer(kind, seconds, outcome)
+            except Exception:  # an observer's bug must not turn an answered call into an error
+                _LOGGER.exception("call observer failed")
 
     # -- lifecycle -----------------------------------------------------------------------------
 
@@ -266,17 +293,31 @@ class Transport:
             aiohttp.ClientTimeout(sock_connect=timeouts.connect, sock_read=timeouts.read),
             time.monotonic() + min(self.settings.rate_limit_patience, timeouts.total), [],
         )  # fmt: skip
+        started, outcome = time.monotonic(), "error"
         try:
             async with asyncio.timeout(timeouts.total):
-                return await self._attempts(call)
+                answer = await self._attempts(call)
         except TimeoutError:
-            outcome = "" if retry_safe else "; outcome unknown: reconcile before retrying"
+            outcome = "unreachable"
+            unknown = "" if retry_safe else "; outcome unknown: reconcile before retrying"
             # the attempts' own failure says why ("nothing listens there"), when there was one
             why = f"; the last try: {call.failures[-1]}" if call.failures else ""
             raise ServiceUnreachableError(
                 f"{what}: no answer within {timeouts.total:g} s (the {kind.value} call's total "
-                f"timeout){why}{outcome}"
+                f"timeout){why}{unknown}"
             ) from None
+        except ServiceUnreachableError:
+            outcome = "unreachable"
+            raise
+        except asyncio.CancelledError:
+            outcome = ""  # the caller gave up: the call did not end, it was abandoned
+            raise
+        else:
+            outcome = "ok"
+            return answer
+        finally:
+            if outcome:
+                self.report_call(kind, started, outcome)
 
     async def _attempts(self, call: _Call) -> tuple[int, bytes, str]:
         what, headers, auth, retry_safe = call.what, call.headers, call.auth, call.retry_safe
