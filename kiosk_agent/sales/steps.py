@@ -388,4 +388,6 @@ def event_of(record: SaleRecord, step: Step | Literal[""] = "") -> SaleEvent:
         message=record.message,
         at=record.updated_at or time.time(),
         step=step,
+        authorized_cents=record.authorized_cents,
+        currency=record.currency,
     )
