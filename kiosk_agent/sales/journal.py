@@ -141,7 +141,8 @@ class SaleRecord:
 
     def row(self) -> dict[str, Any]:
         """The sale as stored: column name -> SQLite value."""
-        data = dataclasses.asdict(self)
+        # every field is a plain value: a shallow read (asdict deep-copies each, on every sale)
+        data = {name: getattr(self, name) for name in _COLUMNS}
         data["state"] = self.state.value
         return data
 
@@ -385,31 +386,25 @@ class Journal:
     ) -> list[SaleRecord]:
         """Sales newest first, filtered by creation time, state and the name of their last step
         (all in one query)."""
-        where: list[str] = []
-        args: list[Any] = []
-        if since is not None:
-            where.append("created_at >= ?")
-            args.append(since)
-        if until is not None:
-            where.append("created_at < ?")
-            args.append(until)
-        if states:
-            where.append(f"state IN ({', '.join('?' for _ in states)})")
-            args.extend(s.value for s in states)
-        last_steps = sorted(last_steps or ())
-        if last_steps:
-            marks = ", ".join("?" for _ in last_steps)
-            last = "SELECT step FROM steps WHERE steps.sale_id = sales.sale_id ORDER BY id DESC"
-            where.append(f"({last} LIMIT 1) IN ({marks})")
-            args.extend(last_steps)
-        sql = "SELECT * FROM sales"
-        if where:
-            sql += " WHERE " + " AND ".join(where)
-        sql += " ORDER BY created_at DESC, rowid DESC"
+        where, args = _filters(since, until, states, last_steps)
+        sql = f"SELECT * FROM sales{where} ORDER BY created_at DESC, rowid DESC"  # noqa: S608
         if limit is not None:
             sql += " LIMIT ?"
             args.append(limit)
         return [_record(r) for r in self.db.execute(sql, args)]
+
+    def count(
+        self,
+        *,
+        since: float | None = None,
+        until: float | None = None,
+        states: list[SaleState] | None = None,
+    ) -> int:
+        """How many sales :meth:`query` would give without a limit."""
+        where, args = _filters(since, until, states, None)
+        # the clause is ours; every value travels as an argument
+        sql = f"SELECT COUNT(*) FROM sales{where}"  # noqa: S608
+        return int(self.db.execute(sql, args).fetchone()[0])
 
     def last_trans_id(self) -> str | None:
         """The newest completed sale's transaction (a receipt to test-print), if any."""
@@ -471,6 +466,33 @@ def transaction(db: sqlite3.Connection) -> Iterator[sqlite3.Connection]:
         db.execute("ROLLBACK")
         raise
     db.execute("COMMIT")
+
+
+def _filters(
+    since: float | None,
+    until: float | None,
+    states: list[SaleState] | None,
+    last_steps: Iterable[Step] | None,
+) -> tuple[str, list[Any]]:
+    """The WHERE clause (with its leading space, or empty) and its arguments of a sales query."""
+    where: list[str] = []
+    args: list[Any] = []
+    if since is not None:
+        where.append("created_at >= ?")
+        args.append(since)
+    if until is not None:
+        where.append("created_at < ?")
+        args.append(until)
+    if states:
+        where.append(f"state IN ({', '.join('?' for _ in states)})")
+        args.extend(s.value for s in states)
+    steps = sorted(last_steps or ())
+    if steps:
+        marks = ", ".join("?" for _ in steps)
+        last = "SELECT step FROM steps WHERE steps.sale_id = sales.sale_id ORDER BY id DESC"
+        where.append(f"({last} LIMIT 1) IN ({marks})")
+        args.extend(steps)
+    return (" WHERE " + " AND ".join(where) if where else ""), args
 
 
 def _add_missing_columns(db: sqlite3.Connection) -> None:
