@@ -88,9 +88,33 @@ STOP_SIGNALS: dict[signal.Signals, int] = {
     signal.SIGQUIT: EXIT_QUIT,
 }
 # Signals whose default would kill the process mid-sale and that mean nothing to the agent:
-# logged and ignored. (SIGPIPE Python ignores itself; SIGKILL cannot be caught: the next start
-# recovers what it left open.)
-IGNORED_SIGNALS: tuple[signal.Signals, ...] = (signal.SIGUSR1, signal.SIGUSR2)
+# logged and ignored; the real-time ones (SIGRTMIN to SIGRTMAX) too. (SIGPIPE Python ignores
+# itself; SIGKILL cannot be caught, and CRASH_SIGNALS are a crash: the next start recovers what
+# either left open. The rest by default are ignored or stop the process, which strands nothing.)
+IGNORED_SIGNALS: tuple[int, ...] = (
+    *(
+        getattr(signal, name)
+        for name in (
+            "SIGUSR1", "SIGUSR2", "SIGALRM", "SIGVTALRM", "SIGPROF", "SIGIO", "SIGPWR",
+            "SIGSTKFLT", "SIGXCPU", "SIGXFSZ",
+        )
+        if hasattr(signal, name)  # SIGPWR and SIGSTKFLT are Linux's
+    ),
+    *range(signal.SIGRTMIN, signal.SIGRTMAX + 1),
+)  # fmt: skip
+# What the kernel sends a process that crashed (or ``kill`` imitates): handled as a crash.
+CRASH_SIGNALS = frozenset(
+    {signal.SIGSEGV, signal.SIGBUS, signal.SIGILL, signal.SIGFPE, signal.SIGABRT,
+     signal.SIGTRAP, signal.SIGSYS}
+)  # fmt: skip
+
+
+def signal_name(signum: int) -> str:
+    """``SIGHUP``; a real-time signal without a name of its own as ``SIGRTMIN+3``."""
+    try:
+        return signal.Signals(signum).name
+    except ValueError:
+        return f"SIGRTMIN+{signum - signal.SIGRTMIN}"
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -297,11 +321,11 @@ class StopSignals:
         await self.event.wait()
         return self.received
 
-    def _on_signal(self, signum: signal.Signals) -> None:
+    def _on_signal(self, signum: int) -> None:
         import logging
 
         log = logging.getLogger("kiosk_agent.signals")
-        name = signal.Signals(signum).name
+        name = signal_name(signum)
         if signum not in STOP_SIGNALS:
             log.warning("%s received: ignored (it does not stop the agent)", name)
         elif signum == signal.SIGHUP and self._inherited_ignore:

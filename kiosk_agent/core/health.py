@@ -11,7 +11,6 @@ free-text detail (often an exception's message) passes through `redact` on the w
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import datetime as dt
 import enum
 import logging
@@ -31,7 +30,7 @@ from kiosk_agent.redact import redact
 from kiosk_agent.sales.model import SaleEvent
 from kiosk_agent.sales.states import SaleState
 from kiosk_agent.service.errors import AuthenticationError
-from kiosk_agent.tasks import BackgroundTask
+from kiosk_agent.tasks import BackgroundTask, wait_event
 
 _LOGGER = logging.getLogger(__name__)
 
@@ -578,8 +577,7 @@ class HealthChecker:
                 _LOGGER.exception("health check round failed (%d so far)", self.errors)
                 wait = self.interval
             self.rounds += 1
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wakeup.wait(), max(0.0, wait))
+            await wait_event(self._wakeup, max(0.0, wait))
 
     async def check_once(self) -> None:
         """One round: journal, the key's expiry, the terminal list (reachability), pings."""

@@ -270,7 +270,8 @@ class Journal:
             raise ValueError(f"not journal fields: {', '.join(sorted(unknown))}")
         now = self.clock.time()
         new_state = state or sale.state
-        if new_state.final and sale.finished_at is None:
+        changed = frozenset(changes)  # what the caller sets: a note on a settled sale sets none
+        if new_state.final and new_state is not sale.state and sale.finished_at is None:
             changes.setdefault("finished_at", now)
         updated = dataclasses.replace(sale, state=new_state, updated_at=now, **changes)
         assignments = {k: getattr(updated, k) for k in (*changes, "state", "updated_at")}
@@ -279,7 +280,7 @@ class Journal:
         expected = sale.state if if_state is None else if_state
         try:
             with transaction(self.db) as db:
-                named = self._check(db, sale, expected, new_state, step)
+                named = self._check(db, sale, expected, new_state, step, changed)
                 db.execute(
                     f"UPDATE sales SET {sql} WHERE sale_id = :sale_id",  # noqa: S608
                     {**assignments, "sale_id": sale.sale_id},
@@ -296,6 +297,7 @@ class Journal:
         expected: SaleState,
         wanted: SaleState,
         step: Step,
+        changed: frozenset[str],
     ) -> Step:
         """The sale as it is on disk, inside the write transaction, against the table."""
         row = db.execute(
@@ -313,7 +315,7 @@ class Journal:
                 (sale.sale_id,),
             ).fetchone()
             last = None if found is None else str(found[0])
-        return check_transition(sale.sale_id, row[1], current, wanted, step, last)
+        return check_transition(sale.sale_id, row[1], current, wanted, step, last, changed)
 
     def _insert_step(
         self,

@@ -74,10 +74,10 @@ class TriggerLimits:
         self._unnamed: dict[str, int] = {}  # "platform" -> cents
 
     def add(self, platform: str, name: str | None, max_cents: int) -> None:
-        if name:
-            self._named[f"{platform}:{name}"] = max_cents
-        else:
-            self._unnamed[platform] = max_cents
+        # Two unnamed triggers of one platform (a copied trigger) send under one source: it
+        # cannot be told which machine asks, so the lower bound holds for both.
+        limits, key = (self._named, f"{platform}:{name}") if name else (self._unnamed, platform)
+        limits[key] = min(max_cents, limits.get(key, max_cents))
 
     def of(self, source: str) -> int | None:
         """The most a request from ``source`` may ask for; None: no trigger of that name."""
