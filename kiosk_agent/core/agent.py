@@ -22,14 +22,23 @@ from kiosk_agent.core.availability import Availability
 from kiosk_agent.core.config import Config
 from kiosk_agent.core.events import EventLog
 from kiosk_agent.core.health import HEALTH_SCHEMA, Health, HealthChecker
+from kiosk_agent.core.journal_guard import JournalGuard
 from kiosk_agent.core.registry import PlatformInstance
 from kiosk_agent.core.systemd import SystemdLifecycle
 from kiosk_agent.sales.attention import AttentionSweeper
-from kiosk_agent.sales.flows import INTERACTION_LIFETIME, SaleContext, SaleRunner, SaleSettings
+from kiosk_agent.sales.audit import ChargeAudit
+from kiosk_agent.sales.flows import (
+    INTERACTION_LIFETIME,
+    SaleContext,
+    SaleRunner,
+    SaleSettings,
+    SaleSteps,
+)
 from kiosk_agent.sales.journal import Journal
 from kiosk_agent.sales.model import SaleEvent
 from kiosk_agent.sales.receipts import ReceiptSettings
 from kiosk_agent.sales.recovery import Recovery
+from kiosk_agent.sales.unwritten import UnwrittenSales
 from kiosk_agent.service.client import ServiceClient
 from kiosk_agent.service.errors import ServiceError
 from kiosk_agent.service.models import Terminal
@@ -137,17 +146,32 @@ class Agent:
             interval=health_conf["ping_interval"],
             timeout=health_conf["ping_timeout"],
             key_expiry=lambda: keys.credentials.api_key_expires_at if keys.configured else None,
-            journal_probe=self.event_log.probe,
+            journal_probe=self._probe_journal,
             on_checked=self.availability.evaluate,
             next_interval=self.availability.next_check_in,
         )
         self.availability.wake = self._checker.wake
         context = SaleContext(
-            self.service, self.journal, self.events, self.settings, capabilities=self.can_print
+            self.service, self.journal, self.events, self.settings, capabilities=self.can_print,
+            on_unwritten=self._keep_unwritten,
         )
         self.sales = SaleRunner(context)
         self.recovery = Recovery(context, runner=self.sales)
         self.attention = AttentionSweeper(context, interval=config["sales"]["attention_recheck"])
+        # a step that cannot be written, a journal lost or damaged, a charge it does not hold
+        self.unwritten = UnwrittenSales(self.journal, self.sales, self.recovery)
+        self.journal_guard = JournalGuard(
+            self.journal,
+            self.health,
+            self.unwritten,
+            ChargeAudit(context),
+            evaluate=self.availability.evaluate,
+            wake_checker=self._checker.wake,
+            running=lambda: {r.sale_id for r in self.sales.running},
+            after=self.recovery.wait,
+            audit_interval=config["sales"]["charge_check_interval"],
+            restart_after=config["sales"]["unwritten_restart_after"],
+        )
         self.platforms: list[PlatformInstance] = []
         self.components: list[Component] = []
         self._pending_platforms: list[_PendingPlatform] = []
@@ -180,6 +204,7 @@ class Agent:
 
     async def _start(self) -> None:
         started = time.monotonic()
+        self.journal_guard.before_open()
         self.journal.open()
         self.event_log.open()
         self.event_log.prune(self.config["journal"]["keep_days"])
@@ -201,6 +226,7 @@ class Agent:
         self._tasks.append(asyncio.create_task(self.availability.follow_sales(self.events)))
         self.recovery.start()
         self._checker.start()
+        self.journal_guard.start()
         for pending in self._pending_platforms:
             name = pending.conf.get("name") or pending.conf.get("platform")
             try:
@@ -256,6 +282,7 @@ class Agent:
         await self.sales.stop()
         await self.recovery.stop()
         await self.attention.stop()
+        await self.journal_guard.stop()
         await self._checker.stop()
         for component in reversed(self.components):
             try:
@@ -276,6 +303,16 @@ class Agent:
 
     async def __aexit__(self, *exc: object) -> None:
         await self.stop()
+
+    # -- the journal -----------------------------------------------------------------------------
+
+    def _keep_unwritten(self, steps: SaleSteps) -> None:
+        self.unwritten.keep(steps)
+
+    def _probe_journal(self) -> None:
+        """The checker's journal probe: one committed write; a success brings the unit back."""
+        self.event_log.probe()
+        self.journal_guard.written(None)
 
     # -- terminals -------------------------------------------------------------------------------
 

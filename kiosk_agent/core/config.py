@@ -263,6 +263,16 @@ SALES_SCHEMA = vol.Schema(
         vol.Optional("attention_recheck", default=300.0): vol.All(
             positive_float, vol.Range(min=1, max=86400)
         ),
+        # how often reporting's recent charges are compared with the journal (seconds); also
+        # at every start and whenever the journal takes writes again after a fault
+        vol.Optional("charge_check_interval", default=900.0): vol.All(
+            positive_float, vol.Range(min=1, max=86400)
+        ),
+        # a sale whose step could not be journaled for this long has the agent restarted
+        # (the systemd watchdog is withheld) so that recovery finishes it (seconds)
+        vol.Optional("unwritten_restart_after", default=120.0): vol.All(
+            positive_float, vol.Range(min=1, max=86400)
+        ),
     }
 )
 

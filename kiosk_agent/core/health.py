@@ -110,6 +110,15 @@ class JournalHealth(_Model):
     writable: bool | None = None  # None: not checked yet
     checked_at: float | None = None
     detail: str = ""
+    path: str = ""
+    # sales whose step could not be written: kept in memory, finished once the journal is back
+    unwritten_sales: list[str] = []
+    # the journal was found lost or damaged at start: what happened, where, what to do
+    notice: str = ""
+    # reporting's recent charges compared with the journal (core.journal_guard)
+    charges_pending: bool = False  # the first comparison since start (or a fault) not made yet
+    charges_checked_at: float | None = None
+    charges_detail: str = ""
 
 
 class AvailabilityHealth(_Model):
@@ -231,9 +240,13 @@ class Health:
         if previous is not writable:
             log = _LOGGER.info if writable else _LOGGER.error
             log("journal %s %s", "writable" if writable else "NOT writable:", detail)
-        self._journal = JournalHealth(
-            writable=writable, checked_at=time.time(), detail=redact(detail)
+        self._journal = self._journal.model_copy(
+            update={"writable": writable, "checked_at": time.time(), "detail": redact(detail)}
         )
+
+    def report_journal_state(self, **changes: Any) -> None:
+        """The journal's other facts (unwritten sales, a start notice, the charge check)."""
+        self._journal = self._journal.model_copy(update=changes)
 
     def report_availability(
         self, device_id: str, *, available: bool, reason: str, since: float, changes: int
@@ -392,9 +405,18 @@ class Health:
     ) -> tuple[Status, list[str]]:
         problems = [f"{name} failed: {reason}" for name, reason in sorted(self._fatal.items())]
         down = bool(self._fatal)
-        if self._journal.writable is False:
-            problems.append(f"journal not writable: {self._journal.detail}".rstrip(": "))
+        journal = self._journal
+        if journal.writable is False:
+            problems.append(f"journal not writable: {journal.detail}".rstrip(": "))
             down = True
+        if journal.unwritten_sales:
+            problems.append(f"journal: {len(journal.unwritten_sales)} sale(s) not written yet "
+                            "(finished once it takes writes)")
+            down = True
+        if journal.notice:
+            problems.append(f"journal: {journal.notice}")
+        if journal.charges_detail:
+            problems.append(f"journal: {journal.charges_detail}")
         if service.reachable is False:
             problems.append(f"service unreachable: {service.detail}".rstrip(": "))
             down = True
@@ -501,8 +523,11 @@ class HealthChecker:
                 _LOGGER.exception("health check round failed (%d so far)", self.errors)
                 wait = self.interval
             self.rounds += 1
+            # asyncio.timeout, not wait_for: on 3.11 a wake-up that lands with a stop's cancel
+            # makes wait_for return and swallow the cancel (the stop then waits a whole round)
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wakeup.wait(), max(0.0, wait))
+                async with asyncio.timeout(max(0.0, wait)):
+                    await self._wakeup.wait()
 
     async def check_once(self) -> None:
         """One round: journal, the key's expiry, the terminal list (reachability), pings."""

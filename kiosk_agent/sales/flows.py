@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from kiosk_agent.bus import EventBus
 from kiosk_agent.money import cents_to_decimal, format_cents, parse_price
-from kiosk_agent.sales.journal import Journal, SaleRecord
+from kiosk_agent.sales.journal import Journal, JournalError, SaleRecord
 from kiosk_agent.sales.model import (
     RECEIPT_STEP,
     DispenseOutcome,
@@ -171,6 +171,8 @@ class SaleContext:
     settings: SaleSettings
     # whether a terminal prints receipts (from the service's terminal list)
     capabilities: Callable[[str], Awaitable[bool]] | None = None
+    # a sale whose step could not be journaled: kept and finished once the journal takes writes
+    on_unwritten: Callable[[SaleSteps], None] | None = None
 
 
 class SaleSteps:
@@ -184,6 +186,9 @@ class SaleSteps:
         self.events = context.events
         self.settings = context.settings
         self.reconciler = Reconciler(context.service, context.settings.mid)
+        # The sale as the journal should hold it, once a step could not be written: that first
+        # failed step applied (later steps made no call: each would have been written first).
+        self.unwritten: SaleRecord | None = None
 
     @property
     def device(self) -> str:
@@ -202,7 +207,15 @@ class SaleSteps:
         """Journal one step (durably), then publish it."""
         if message is not None:
             changes["message"] = message
-        self.record = self.journal.record(self.record, name, state, detail, **changes)
+        try:
+            self.record = self.journal.record(self.record, name, state, detail, **changes)
+        except JournalError:
+            if self.unwritten is None:
+                self.unwritten = dataclasses.replace(
+                    self.record, state=state or self.record.state, updated_at=time.time(),
+                    **changes,
+                )
+            raise
         self.publish(name)
         return self.record
 
@@ -927,6 +940,9 @@ class SaleRunner:
         except asyncio.CancelledError:
             raise
         except Exception as err:
+            keep = self.context.on_unwritten
+            if isinstance(err, JournalError) and flow.unwritten is not None and keep is not None:
+                return await _strand(flow, err, keep)
             # A bug must not leave money taken: reverse what was charged, else attention.
             _LOGGER.exception("sale %s: flow error", flow.record.sale_id)
             try:
@@ -973,6 +989,28 @@ class SaleRunner:
             task.cancel()
         if pending:
             await asyncio.gather(*pending, return_exceptions=True)
+
+
+async def _strand(
+    flow: SaleFlow, err: JournalError, keep: Callable[[SaleSteps], None]
+) -> SaleEvent:
+    """A step could not be written: no further call is made for this sale until the journal
+    holds it. The machine is told not to vend; the sale is handed to whoever keeps unwritten
+    sales (it writes the sale once it can, then finishes it like recovery would)."""
+    _LOGGER.error("sale %s: %s; kept in memory until the journal takes writes",
+                  flow.record.sale_id, err)
+    with contextlib.suppress(Exception):
+        await flow._deny("journal not writable")
+    assert flow.unwritten is not None
+    flow.record = dataclasses.replace(
+        flow.unwritten, message=f"not journaled yet ({err}); finished once the journal is back"
+    )
+    keep(flow)
+    # shown as attention (people and apps see it held) until the journal holds it and it ends
+    event = event_of(dataclasses.replace(flow.record, state=SaleState.ATTENTION),
+                     "journal.unwritten")
+    flow.events.publish(event)
+    return event
 
 
 async def _rescue(flow: SaleFlow, err: Exception) -> SaleEvent:

@@ -19,13 +19,18 @@ import datetime as dt
 import json
 import sqlite3
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from kiosk_agent.sales.states import SaleState
 
+# What a reader must understand to use the journal. Bumped only by a change an older release
+# cannot read past (a renamed column, a changed meaning): new facts go into new tables, which
+# the previous release never reads, so it still runs on a journal this one wrote
+# (docs/operations.md, "Rolling back"). A release refuses, before writing anything, a journal
+# whose version is above its own.
 SCHEMA_VERSION = 2
 
 _SCHEMA = """
@@ -76,6 +81,9 @@ CREATE INDEX IF NOT EXISTS steps_sale ON steps(sale_id);
 _ADDED_COLUMNS = {"answer_by": "REAL", "resolution": "TEXT"}
 
 _SIDE = ("-wal", "-shm")
+# Beside the journal, written once it holds its tables: "a journal was in use here". A journal
+# found missing or empty while this exists was lost (deleted, truncated, its WAL removed).
+MARKER_SUFFIX = ".in-use"
 _FINAL_STATES = tuple(s.value for s in SaleState if s.final)
 
 
@@ -146,6 +154,7 @@ class StepRecord:
 
 
 _COLUMNS = tuple(f.name for f in dataclasses.fields(SaleRecord))
+_KNOWN = frozenset(_COLUMNS)
 _UPDATABLE = frozenset(_COLUMNS) - {"sale_id", "order_id", "created_at"}
 # Keys that must never reach the journal, whatever a caller passes in a step's detail.
 _FORBIDDEN_DETAIL = frozenset(
@@ -155,6 +164,18 @@ _FORBIDDEN_DETAIL = frozenset(
 
 class JournalError(Exception):
     """The journal cannot be opened or written."""
+
+
+class JournalTooNew(JournalError):
+    """The journal was written by a newer release (a higher schema version): refused before
+    anything is written, so a rollback never damages what the newer release kept."""
+
+
+class JournalDamaged(JournalError):
+    """The journal's file is there but SQLite cannot read it whole (``quick_check`` failed)."""
+
+
+WriteListener = Callable[["JournalError | None"], None]
 
 
 class SaleMoved(Exception):
@@ -174,6 +195,13 @@ class Journal:
     def __init__(self, path: Path | str) -> None:
         self.path = Path(path)
         self._db: sqlite3.Connection | None = None
+        # Told after every write: None when it went through, the error when it did not (the
+        # agent takes the unit out of service at once, from whichever path wrote).
+        self.on_write: WriteListener | None = None
+
+    @property
+    def marker(self) -> Path:
+        return marker_path(self.path)
 
     # -- lifecycle -------------------------------------------------------------------------------
 
@@ -181,20 +209,28 @@ class Journal:
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
+        except (sqlite3.Error, OSError) as err:
+            raise JournalError(f"cannot open the journal at {self.path}: {err}") from err
+        try:
             db.row_factory = sqlite3.Row
+            _refuse_newer(db, self.path)
             db.execute("PRAGMA journal_mode=WAL")
             # FULL: a committed step survives a power cut, not only a process crash.
             db.execute("PRAGMA synchronous=FULL")
             db.execute("PRAGMA foreign_keys=ON")
             db.execute("PRAGMA busy_timeout=5000")
-            db.executescript(_SCHEMA)
-            _add_missing_columns(db)
-            db.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
+            _migrate(db)
             # the sales are the operator's business: the database and its WAL are private
             for part in (self.path, *(self.path.with_name(self.path.name + s) for s in _SIDE)):
                 if part.exists():
                     part.chmod(0o600)
+            if not self.marker.exists():
+                self.marker.write_text("a kiosk-agent journal is in use beside this file\n")
+        except JournalError:
+            db.close()
+            raise
         except (sqlite3.Error, OSError) as err:
+            db.close()
             raise JournalError(f"cannot open the journal at {self.path}: {err}") from err
         self._db = db
 
@@ -224,6 +260,7 @@ class Journal:
                 self._insert_step(db, sale.sale_id, now, "created", sale.state, detail)
         except sqlite3.Error as err:
             raise self._write_failed(err) from err
+        self._tell(None)
         return sale
 
     def record(
@@ -267,6 +304,7 @@ class Journal:
                 self._insert_step(db, sale.sale_id, now, step, new_state, detail)
         except sqlite3.Error as err:
             raise self._write_failed(err) from err
+        self._tell(None)
         return updated
 
     def _insert_step(
@@ -286,7 +324,33 @@ class Journal:
 
     def _write_failed(self, err: sqlite3.Error) -> JournalError:
         # a full or failing disk: the flow must stop before the call this step announces
-        return JournalError(f"cannot write the journal at {self.path}: {err}")
+        failed = JournalError(f"cannot write the journal at {self.path}: {err}")
+        self._tell(failed)
+        return failed
+
+    def _tell(self, err: JournalError | None) -> None:
+        if self.on_write is not None:
+            self.on_write(err)
+
+    def restore(
+        self, sale: SaleRecord, step: str, detail: Mapping[str, Any] | None = None
+    ) -> SaleRecord:
+        """Write the whole sale as it stands in memory (after writes that failed), and a step.
+
+        The row is created if its very first write was lost. One transaction, like every write."""
+        now = time.time()
+        sale = dataclasses.replace(sale, updated_at=now, created_at=sale.created_at or now)
+        row = sale.row()
+        names = ", ".join(_COLUMNS)
+        marks = ", ".join(f":{c}" for c in _COLUMNS)
+        try:
+            with transaction(self.db) as db:
+                db.execute(f"INSERT OR REPLACE INTO sales ({names}) VALUES ({marks})", row)  # noqa: S608
+                self._insert_step(db, sale.sale_id, now, step, sale.state, detail)
+        except sqlite3.Error as err:
+            raise self._write_failed(err) from err
+        self._tell(None)
+        return sale
 
     # -- reads -----------------------------------------------------------------------------------
 
@@ -419,6 +483,30 @@ def transaction(db: sqlite3.Connection) -> Iterator[sqlite3.Connection]:
     db.execute("COMMIT")
 
 
+def _refuse_newer(db: sqlite3.Connection, path: Path) -> None:
+    """A journal of a newer schema is refused before anything is written to it."""
+    found = int(db.execute("PRAGMA user_version").fetchone()[0])
+    if found > SCHEMA_VERSION:
+        raise JournalTooNew(
+            f"the journal at {path} has schema version {found}, written by a newer release; "
+            f"this release reads up to version {SCHEMA_VERSION}. Nothing was written to it. "
+            "Run the newer release again (its sales are kept there), or move the journal aside "
+            "to start this release on a new one"
+        )
+
+
+def _migrate(db: sqlite3.Connection) -> None:
+    """Bring the journal to this schema in one transaction; the version is written inside it,
+    so it never says more than the tables hold (a failed migration leaves the old version)."""
+    with transaction(db):
+        for statement in _SCHEMA.split(";"):
+            if statement.strip():
+                db.execute(statement)
+        _add_missing_columns(db)
+        if int(db.execute("PRAGMA user_version").fetchone()[0]) < SCHEMA_VERSION:
+            db.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
+
+
 def _add_missing_columns(db: sqlite3.Connection) -> None:
     """Bring a journal written by an older version up to this schema (columns only ever grow)."""
     present = {row["name"] for row in db.execute("PRAGMA table_info(sales)")}
@@ -427,7 +515,41 @@ def _add_missing_columns(db: sqlite3.Connection) -> None:
             db.execute(f"ALTER TABLE sales ADD COLUMN {name} {kind}")
 
 
+def marker_path(journal: Path) -> Path:
+    return journal.with_name(journal.name + MARKER_SUFFIX)
+
+
+def side_files(journal: Path) -> list[Path]:
+    """The journal's WAL and shared-memory files (present or not)."""
+    return [journal.with_name(journal.name + s) for s in _SIDE]
+
+
+def integrity(path: Path, *, quick: bool = False) -> list[str]:
+    """What SQLite finds wrong with the journal at ``path`` (empty: nothing), read-only.
+
+    ``PRAGMA integrity_check`` (``quick_check`` with ``quick``: the same without the index
+    cross-checks, fast enough for every start). The WAL beside it is read too: a WAL that does
+    not fit its database shows up here."""
+    try:
+        db = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+    except sqlite3.Error as err:
+        return [f"cannot open: {err}"]
+    try:
+        pragma = "quick_check" if quick else "integrity_check"
+        rows = [str(r[0]) for r in db.execute(f"PRAGMA {pragma}")]
+        tables = {str(r[0]) for r in db.execute("SELECT name FROM sqlite_master")}
+    except sqlite3.Error as err:
+        return [str(err)]
+    finally:
+        db.close()
+    problems = [] if rows == ["ok"] else rows[:10]
+    if not problems and not {"sales", "steps"} <= tables:
+        problems.append("no sales table: the journal is empty")
+    return problems
+
+
 def _record(row: sqlite3.Row) -> SaleRecord:
-    data = {k: row[k] for k in row.keys()}  # noqa: SIM118 - sqlite3.Row is not a mapping
+    # Only the columns this release knows: a newer one may have added more (forward safe).
+    data = {k: row[k] for k in row.keys() if k in _KNOWN}  # noqa: SIM118 - Row is no mapping
     data["state"] = SaleState(data["state"])
     return SaleRecord(**data)
