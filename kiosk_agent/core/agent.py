@@ -227,6 +227,12 @@ class Agent:
         self.recovery.start()
         self._checker.start()
         self.journal_guard.start()
+        if self.recovery.state == "done":
+            # nothing to recover: the triggers start once reporting's charges were compared
+            # (the usual case, a few ms); past the bound they start out of service until then
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(min(5.0, self.settings.request_timeout)):
+                    await self.journal_guard.first_check()
         for pending in self._pending_platforms:
             name = pending.conf.get("name") or pending.conf.get("platform")
             try:

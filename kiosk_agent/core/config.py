@@ -287,6 +287,9 @@ HTTP_SCHEMA = vol.Schema(
         vol.Optional("keepalive_timeout", default=15.0): positive_float,
         # open connections per server; past it the oldest idle one is closed first
         vol.Optional("max_connections", default=256): vol.All(int, vol.Range(min=4, max=4096)),
+        # event streams (WebSocket, server-sent events) per server, apart from the connections:
+        # past it a new stream is refused, and requests never wait behind streams
+        vol.Optional("max_streams", default=32): vol.All(int, vol.Range(min=1, max=1024)),
         # how long a stop waits for requests in progress (seconds)
         vol.Optional("shutdown_grace", default=5.0): positive_float,
     }
