@@ -137,6 +137,7 @@ class JournalGuard:
         self.write_failures = 0
         self._broken = False
         self._audit_due = asyncio.Event()
+        self._wakeup = asyncio.Event()  # something changed: look again now
         self._checked = asyncio.Event()  # set once charges_pending is first cleared
         self._loop = BackgroundTask(self._run, "journal-guard")
         journal.on_write = self.written
@@ -156,6 +157,7 @@ class JournalGuard:
         self.unwritten.start()
         self._loop.start()
         self._audit_due.set()
+        self._wakeup.set()
 
     async def stop(self) -> None:
         await self._loop.stop()
@@ -177,6 +179,7 @@ class JournalGuard:
                 _LOGGER.warning("journal takes writes again")
                 self.unwritten.wake()
                 self._audit_due.set()  # what was lost meanwhile is looked for in reporting
+                self._wakeup.set()
                 self._evaluate()
             return
         self.write_failures += 1
@@ -185,10 +188,12 @@ class JournalGuard:
             self.health.report_journal(False, str(err))
             self._evaluate()
             self._wake_checker()
+            self._wakeup.set()
 
     def _unwritten_changed(self) -> None:
         self.health.report_journal_state(unwritten_sales=self.unwritten.sale_ids)
         self._evaluate()
+        self._wakeup.set()
 
     # -- the loop: charge checks, a restart when nothing else helps -----------------------------
 
@@ -197,6 +202,7 @@ class JournalGuard:
             await self._after()
         next_check = time.monotonic()
         while True:
+            self._wakeup.clear()
             now = time.monotonic()
             if not self._broken and (self._audit_due.is_set() or now >= next_check):
                 self._audit_due.clear()
@@ -210,7 +216,7 @@ class JournalGuard:
             # makes wait_for return and swallow the cancel (the stop then waits a whole round)
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(max(0.05, wait)):
-                    await self._audit_due.wait()
+                    await self._wakeup.wait()
 
     async def _check_charges(self) -> bool:
         """One comparison; True when it must be tried again soon (it could not be made)."""
@@ -218,6 +224,7 @@ class JournalGuard:
             result = await self.audit.check(self._running())
         except JournalError as err:  # the journal broke while the check wrote: once it is back
             self._audit_due.set()
+            self._wakeup.set()
             _LOGGER.warning("charge check stopped: %s", err)
             return True
         except Exception as err:
