@@ -151,7 +151,8 @@ class Availability:
             reasons.append(_with("journal not writable", journal.detail))
         if journal.unwritten_sales:
             reasons.append(f"journal: {len(journal.unwritten_sales)} sale(s) not written yet")
-        if journal.charges_pending:
+        if journal.charges_pending and journal.notice:
+            # the journal was lost or damaged: no customer until reporting was compared with it
             reasons.append("journal: checking reporting for charges it does not hold")
         service = health.service
         if service.reachable is False:
@@ -201,7 +202,7 @@ class Availability:
     def _journal_fault(self) -> bool:
         journal = self._health.journal
         return journal.writable is False or bool(journal.unwritten_sales) or (
-            journal.charges_pending
+            journal.charges_pending and bool(journal.notice)
         )
 
     def next_check_in(self, interval: float) -> float:

@@ -242,7 +242,7 @@ class JournalGuard:
             )
         elif pending and self.notice is None:
             # reporting cannot answer, and nothing says the journal lost anything: the unit
-            # takes customers; the check is tried again every audit_retry
+            # takes customers; the check runs again at the next interval
             self.health.report_journal_state(
                 charges_pending=False, charges_detail=f"charges not checked: {result.error}"
             )
