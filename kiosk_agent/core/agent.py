@@ -164,7 +164,7 @@ class Agent:
             self.journal,
             self.health,
             self.unwritten,
-            ChargeAudit(context),
+            ChargeAudit(context, max_give_back=config["sales"]["charge_check_max_give_back"]),
             evaluate=self.availability.evaluate,
             wake_checker=self._checker.wake,
             running=lambda: {r.sale_id for r in self.sales.running},

@@ -268,6 +268,10 @@ SALES_SCHEMA = vol.Schema(
         vol.Optional("charge_check_interval", default=900.0): vol.All(
             positive_float, vol.Range(min=1, max=86400)
         ),
+        # more charges than this, unaccounted in one check, are put to a person, not given back
+        vol.Optional("charge_check_max_give_back", default=5): vol.All(
+            int, vol.Range(min=0, max=10000)
+        ),
         # a sale whose step could not be journaled for this long has the agent restarted
         # (the systemd watchdog is withheld) so that recovery finishes it (seconds)
         vol.Optional("unwritten_restart_after", default=120.0): vol.All(

@@ -199,7 +199,10 @@ class JournalGuard:
 
     async def _run(self) -> None:
         if self._after is not None:
-            await self._after()
+            try:
+                await self._after()
+            except Exception:  # recovery broke (a failing disk): the checks go on regardless
+                _LOGGER.exception("recovery ended with an error; charges are checked anyway")
         next_check = time.monotonic()
         while True:
             self._wakeup.clear()

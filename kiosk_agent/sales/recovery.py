@@ -21,7 +21,7 @@ from collections import defaultdict
 from typing import TYPE_CHECKING
 
 from kiosk_agent.sales.flows import SaleContext, SaleRunner, SaleSteps
-from kiosk_agent.sales.journal import SaleRecord
+from kiosk_agent.sales.journal import JournalError, SaleRecord
 from kiosk_agent.sales.model import Flow, SaleEvent
 from kiosk_agent.sales.states import SaleState
 from kiosk_agent.service.errors import ServiceError
@@ -120,6 +120,11 @@ class Recovery:
                 steps = SaleSteps(record, self.context)
                 try:
                     events.append(await self.recover(steps))
+                except JournalError:
+                    keep = self.context.on_unwritten
+                    if steps.unwritten is None or keep is None:
+                        raise
+                    keep(steps)  # finished once the journal takes writes again
                 except Exception as err:  # a person decides: better than a guess or a stuck sale
                     _LOGGER.exception("sale %s: recovery failed", record.sale_id)
                     events.append(
