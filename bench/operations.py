@@ -41,8 +41,9 @@ from aiohttp import web
 
 from kiosk_agent.admin.webhooks import WebhookReceiver
 from kiosk_agent.core.health import Health
-from kiosk_agent.core.upstream import Upstream, build_report
 from kiosk_agent.core.web import LocalSite
+from kiosk_agent.fleet.component import Upstream
+from kiosk_agent.fleet.report import build_report
 from kiosk_agent.service.webhooks import sign
 
 SECRET = "bench-webhook-secret"  # noqa: S105 - a throwaway signing key for the bench

@@ -19,7 +19,7 @@ from kiosk_agent.service.settings import ServiceSettings
 COMPONENTS: dict[str, tuple[str, str]] = {
     "admin": ("kiosk_agent.admin.server", "AdminServer"),
     "webhooks": ("kiosk_agent.admin.webhooks", "WebhookReceiver"),
-    "upstream": ("kiosk_agent.core.upstream", "Upstream"),
+    "upstream": ("kiosk_agent.fleet.component", "Upstream"),
 }
 
 

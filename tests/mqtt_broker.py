@@ -21,11 +21,14 @@ import pytest
 from .helpers import free_port
 
 
-def start_broker(directory: Path, extra: str = "") -> tuple[subprocess.Popen[bytes], int]:
+def start_broker(
+    directory: Path, extra: str = "", *, port: int | None = None
+) -> tuple[subprocess.Popen[bytes], int]:
+    """A broker on ``port`` (default: a free one; give the old one to restart a broker)."""
     binary = shutil.which("mosquitto") or "/usr/sbin/mosquitto"
     if not Path(binary).exists():
         pytest.fail("mosquitto is not installed (./dev test installs it)")
-    port = free_port()
+    port = port or free_port()
     conf = directory / "mosquitto.conf"
     # `user`: when run as root, mosquitto would switch to its own user and lose our temp files
     conf.write_text(

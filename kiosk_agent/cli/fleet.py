@@ -1,20 +1,22 @@
-"""`kiosk-agent doctor | health | fleet forget`: what a field tech and a remote operator run.
+"""`kiosk-agent doctor | health | fleet list | show | forget`: what a field tech and a remote
+operator run.
 
 ``doctor`` checks a unit in place (configuration, serial ports, journal, service, terminals,
 ping, test print) and prints one verdict per check with the fix for each failure; it exits
 non-zero when any check fails. ``health`` asks a running agent's admin API for its snapshot.
-``fleet forget`` removes a decommissioned unit from Home Assistant by clearing its retained MQTT
-topics (discovery configs, state, availability) on the broker.
+``fleet list`` and ``fleet show`` read every unit's retained state and availability on the
+broker (no unit is asked); ``fleet forget`` removes a decommissioned unit from Home Assistant by
+clearing its retained MQTT topics (discovery configs first, then state and availability).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import json
 import os
 import time
+from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -35,6 +37,8 @@ from kiosk_agent.cli.contract import (
     optional_config_path,
     options,
     plural,
+    positive_number,
+    print_json,
     timeout_of,
     wants_json,
 )
@@ -79,9 +83,28 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     health.add_argument("--token", help=f"bearer token (default: ${TOKEN_ENV})")
     health.set_defaults(handler=guarded(health_command))
 
-    fleet = subparsers.add_parser("fleet", help="the unit as the fleet (Home Assistant) sees it",
+    fleet = subparsers.add_parser("fleet", help="the fleet on the MQTT broker (Home Assistant)",
                                   parents=options())
     actions = fleet.add_subparsers(dest="fleet_action", metavar="ACTION", required=True)
+    listing = actions.add_parser(
+        "list",
+        help="every unit on the broker: status, problems, last seen, sales today, version",
+        description="Every unit whose retained topics are on the broker of the config's "
+        "upstream: mqtt: section, from those topics alone (no unit is asked).",
+        parents=options(),
+    )
+    listing.add_argument(
+        "--wait", type=positive_number, default=5.0,
+        help="seconds at most to collect the retained topics (ends sooner once all came)",
+    )
+    listing.set_defaults(handler=guarded(list_command))
+    show = actions.add_parser(
+        "show", help="one unit's last report, as its retained topics hold it", parents=options()
+    )
+    show.add_argument("unit", metavar="UNIT", help="the unit's device id")
+    show.add_argument("--wait", type=positive_number, default=5.0,
+                      help="seconds at most to collect its retained topics")
+    show.set_defaults(handler=guarded(show_command))
     forget = actions.add_parser(
         "forget",
         help="remove a decommissioned unit from Home Assistant: clear its retained MQTT topics",
@@ -95,7 +118,13 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "--force", action="store_true", help="forget it even while it says it is online"
     )
     forget.add_argument(
-        "--wait", type=float, default=1.0, help="seconds to collect its retained topics"
+        "--wait", type=positive_number, default=1.0,
+        help="seconds at most to collect its retained topics",
+    )
+    forget.add_argument(
+        "--settle", type=float, default=2.0,
+        help="seconds between clearing its discovery configs and its state (Home Assistant "
+        "removes the entities meanwhile)",
     )
     forget.set_defaults(handler=guarded(forget_command))
 
@@ -172,35 +201,139 @@ async def _check_service(report: Report, config: Config, args: argparse.Namespac
             await sim.stop()
 
 
-# -- fleet forget ------------------------------------------------------------------------------
+# -- fleet list | show | forget ---------------------------------------------------------------
 
 
-async def forget_command(args: argparse.Namespace) -> int:
-    from kiosk_agent.core.upstream import ONLINE, host_device_id, unit_topics
-
+def _broker(args: argparse.Namespace) -> tuple[Path, dict[str, Any], dict[str, Any]]:
+    """The config's path, its upstream section and its mqtt broker (a usage error without)."""
     path = config_path(args)
     config = load(path, check_platforms=False)
     upstream = config.get("upstream") or {}
     mqtt = upstream.get("mqtt")
     if not mqtt:
-        raise CliError(f"{path} has no upstream: mqtt: section; nothing to forget on a broker",
-                       EXIT_USAGE)
-    device_id = args.device_id or upstream.get("device_id") or host_device_id()
+        raise CliError(f"{path} has no upstream: mqtt: section; no broker to ask", EXIT_USAGE)
+    return path, upstream, mqtt
+
+
+def _unreachable(mqtt: dict[str, Any], err: BaseException) -> CliError:
+    return CliError(f"cannot reach the MQTT broker {mqtt['host']}:{mqtt['port']}: "
+                    f"{describe(err)}", EXIT_UNREACHABLE)
+
+
+def _device_id(text: str, flag: str) -> str:
+    from kiosk_agent.fleet.topics import DEVICE_ID, DEVICE_ID_RULE
+
+    if not DEVICE_ID.match(text):
+        # "+" or "#" would be an MQTT wildcard: every unit, not one
+        raise CliError(f"{flag} {text!r} is not a device id ({DEVICE_ID_RULE})", EXIT_USAGE)
+    return text
+
+
+async def _fleet(mqtt: dict[str, Any], wait: float, device_id: str = "+") -> list[Any]:
+    from kiosk_agent.fleet.inventory import retained, units
+
+    prefix = mqtt.get("topic_prefix", "kiosk-agent")
+    patterns = [f"{prefix}/{device_id}/state", f"{prefix}/{device_id}/availability"]
     try:
-        found = await _retained(mqtt, device_id, args.wait)
-        known = unit_topics(mqtt, device_id)
-        availability = found.get(known[1])
-        if availability == ONLINE and not args.force:
+        found = await retained(mqtt, patterns, wait=wait)
+    except (OSError, TimeoutError, _mqtt_error()) as err:
+        raise _unreachable(mqtt, err) from None
+    return units(prefix, found)
+
+
+async def list_command(args: argparse.Namespace) -> int:
+    _, _, mqtt = _broker(args)
+    fleet = await _fleet(mqtt, args.wait)
+    now = time.time()
+    rows = [unit.summary(now) for unit in fleet]
+    if wants_json(args):
+        print_json({"units": rows, "count": len(rows)})
+        return EXIT_OK
+    STATUS.clear()
+    print(format_fleet(rows, now))
+    return EXIT_OK
+
+
+def format_fleet(rows: list[dict[str, Any]], now: float) -> str:
+    """The fleet as a table, one unit a line; problems shortened to the first."""
+    header = ("UNIT", "STATUS", "LAST SEEN", "SALES TODAY", "VERSION", "PROBLEMS")
+    lines = [header]
+    for row in rows:
+        sales = ("-" if row["sales_today"] is None else
+                 f"{row['sales_today']} {format_cents(row['sales_today_cents'])}")
+        problems = row["problems"]
+        first = problems[0] if problems else ""
+        more = f" (+{len(problems) - 1})" if len(problems) > 1 else ""
+        lines.append((row["device_id"], row["status"], _ago(row["last_seen"], now), sales,
+                      row["version"] or "-", first + more))
+    widths = [max(len(line[i]) for line in lines) for i in range(len(header) - 1)]
+    text = ["  ".join([*(c.ljust(w) for c, w in zip(line, widths, strict=False)), line[-1]])
+            for line in lines]
+    bad = sum(1 for row in rows if row["status"] != "ok")
+    text.append(f"{plural(len(rows), 'unit')}, {bad} not ok")
+    return "\n".join(line.rstrip() for line in text)
+
+
+def _ago(at: float | None, now: float) -> str:
+    if at is None:
+        return "never"
+    return f"{_duration(max(0.0, now - at))} ago"
+
+
+async def show_command(args: argparse.Namespace) -> int:
+    _, _, mqtt = _broker(args)
+    device_id = _device_id(args.unit, "UNIT")
+    fleet = await _fleet(mqtt, args.wait, device_id)
+    if not fleet:
+        raise CliError(f"no unit {device_id} on the broker {mqtt['host']}:{mqtt['port']}",
+                       EXIT_FAILED, ["`kiosk-agent fleet list` shows the units there"])
+    unit = fleet[0]
+    now = time.time()
+    if wants_json(args):
+        print_json({**unit.summary(now), "availability": unit.availability,
+                    "report": unit.report})
+        return EXIT_OK
+    STATUS.clear()
+    summary = unit.summary(now)
+    print(f"unit:     {device_id}  ({unit.availability or 'availability unknown'}, "
+          f"last seen {_ago(summary['last_seen'], now)})")
+    if unit.report is not None:
+        print(format_health({**unit.report, "status": summary["status"]}))
+    return EXIT_OK
+
+
+async def forget_command(args: argparse.Namespace) -> int:
+    from kiosk_agent.fleet.component import host_device_id
+    from kiosk_agent.fleet.inventory import retained
+    from kiosk_agent.fleet.topics import ONLINE, unit_base_topic, unit_topics
+
+    _, upstream, mqtt = _broker(args)
+    given = args.device_id is not None
+    device_id = _device_id(args.device_id or upstream.get("device_id") or host_device_id(),
+                           "--device-id" if given else "the device id")
+    base = unit_base_topic(mqtt, device_id)
+    discovery = mqtt.get("discovery_prefix", "homeassistant")
+    patterns = [f"{base}/#"] + ([f"{discovery}/+/{device_id}/+/config"] if discovery else [])
+    try:
+        found = await retained(mqtt, patterns, wait=args.wait)
+        if not found:
+            raise CliError(
+                f"no unit {device_id} on the broker {mqtt['host']}:{mqtt['port']}: none of its "
+                "retained topics is set", EXIT_FAILED,
+                ["check the device id; `kiosk-agent fleet list` shows the units there"],
+            )
+        if found.get(f"{base}/availability") == ONLINE and not args.force:
             raise CliError(
                 f"{device_id} says it is online: stop its agent first (it would announce "
                 "itself again at its next start), or pass --force"
             )
-        cleared = sorted(set(found) | set(known))
-        await _clear(mqtt, cleared, args.wait)
+        configs = sorted(t for t in set(found) | set(unit_topics(mqtt, device_id))
+                         if t.endswith("/config"))
+        rest = sorted((set(found) | set(unit_topics(mqtt, device_id))) - set(configs))
+        await _clear(mqtt, configs, rest, args.settle, args.wait)
     except (OSError, TimeoutError, _mqtt_error()) as err:
-        where = f"{mqtt['host']}:{mqtt['port']}"
-        raise CliError(f"cannot reach the MQTT broker {where}: {describe(err)}",
-                       EXIT_UNREACHABLE) from None
+        raise _unreachable(mqtt, err) from None
+    cleared = configs + rest
     if wants_json(args):
         print(json.dumps({"device_id": device_id, "cleared": cleared, "found": sorted(found)}))
     else:
@@ -217,37 +350,22 @@ def _mqtt_error() -> type[Exception]:
     return aiomqtt.MqttError
 
 
-def _mqtt_client(conf: dict[str, Any], within: float) -> Any:
-    from kiosk_agent.core.upstream import mqtt_client
+async def _clear(
+    conf: dict[str, Any], configs: list[str], rest: list[str], settle: float, within: float
+) -> None:
+    """An empty retained message deletes a retained topic (and HA's entity with its config).
 
-    # Its own client id: reusing the agent's would disconnect a running agent.
-    return mqtt_client(conf, f"kiosk-agent-fleet-{os.getpid()}", timeout=max(within, 5.0))
+    The configs go first and the state ``settle`` seconds later: cleared while HA was still
+    removing the entities, the empty state reached their templates (HA 2024.3 logged
+    ``'value_json' is undefined`` for each)."""
+    from kiosk_agent.fleet.mqtt import mqtt_client
 
-
-async def _retained(conf: dict[str, Any], device_id: str, wait: float) -> dict[str, str]:
-    """The unit's retained topics on the broker and their payloads (collected for ``wait`` s)."""
-    from kiosk_agent.core.upstream import unit_base_topic
-
-    discovery = conf.get("discovery_prefix", "homeassistant")
-    found: dict[str, str] = {}
-    async with _mqtt_client(conf, wait) as client:
-        await client.subscribe(f"{unit_base_topic(conf, device_id)}/#", qos=1)
-        if discovery:
-            await client.subscribe(f"{discovery}/+/{device_id}/+/config", qos=1)
-        with contextlib.suppress(TimeoutError):
-            async with asyncio.timeout(wait):
-                async for message in client.messages:
-                    payload = message.payload
-                    text = payload.decode(errors="replace") if isinstance(payload, bytes) else ""
-                    if message.retain and text:
-                        found[str(message.topic)] = text
-    return found
-
-
-async def _clear(conf: dict[str, Any], topics: list[str], within: float) -> None:
-    """An empty retained message deletes a retained topic (and HA's entity with its config)."""
-    async with _mqtt_client(conf, within) as client:
-        for topic in topics:
+    async with mqtt_client(conf, f"kiosk-agent-fleet-{os.getpid()}",
+                           timeout=max(within, 5.0)) as client:
+        for topic in configs:
+            await client.publish(topic, b"", qos=1, retain=True)
+        await asyncio.sleep(settle)
+        for topic in rest:
             await client.publish(topic, b"", qos=1, retain=True)
 
 

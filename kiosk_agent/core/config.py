@@ -59,7 +59,7 @@ SECRET_KEYS = frozenset(
 SECTION_OWNERS: dict[str, str] = {
     "admin": "kiosk_agent.admin.server",
     "webhooks": "kiosk_agent.admin.webhooks",
-    "upstream": "kiosk_agent.core.upstream",
+    "upstream": "kiosk_agent.fleet.schema",
     "health": "kiosk_agent.core.health",
 }
 

@@ -378,7 +378,7 @@ async def check_upstream(report: Report, config: Config, within: float) -> None:
 async def check_mqtt(report: Report, conf: dict[str, Any], within: float) -> None:
     import aiomqtt
 
-    from kiosk_agent.core.upstream import mqtt_client
+    from kiosk_agent.fleet.mqtt import mqtt_client
 
     where = f"{conf['host']}:{conf['port']}"
     try:

@@ -173,6 +173,21 @@ class Health:
         self._today_count = 0
         self._today_cents = 0
         self._fatal: dict[str, str] = {}
+        self._ever_healthy: set[str] = set()  # links that have been up at least once
+        self._listeners: list[Callable[[], object]] = []
+
+    def on_change(self, listener: Callable[[], object]) -> Callable[[], None]:
+        """Call ``listener()`` after every report that may change the status or the problems
+        (upstream sends what a person must act on at once); returns the unsubscribe."""
+        self._listeners.append(listener)
+        return lambda: self._listeners.remove(listener) if listener in self._listeners else None
+
+    def _changed(self) -> None:
+        for listener in list(self._listeners):
+            try:
+                listener()
+            except Exception:
+                _LOGGER.exception("health change listener failed")
 
     # --- producers ---------------------------------------------------------------------------
 
@@ -183,9 +198,13 @@ class Health:
         since = previous.since if previous is not None and previous.state == state else time.time()
         if previous is None or previous.state != state:
             _LOGGER.info("link %s: %s %s", name, state, detail)
+        healthy = state in LINK_HEALTHY_STATES
+        if healthy:
+            self._ever_healthy.add(name)
         self._links[name] = LinkHealth(
-            name=name, state=state, detail=detail, since=since, healthy=state in LINK_HEALTHY_STATES
+            name=name, state=state, detail=detail, since=since, healthy=healthy
         )
+        self._changed()
 
     def report_terminal(
         self,
@@ -214,11 +233,13 @@ class Health:
             checked_at=now,
             detail=detail,
         )
+        self._changed()
 
     def report_service(self, reachable: bool, detail: str = "") -> None:
         self._service = self._service.model_copy(
             update={"reachable": reachable, "checked_at": time.time(), "detail": redact(detail)}
         )
+        self._changed()
 
     def report_call_failed(self, err: BaseException) -> None:
         """A call to the service failed: a refused key (it answered) or no answer at all."""
@@ -233,6 +254,7 @@ class Health:
         self._service = self._service.model_copy(
             update={"key_usable": usable, "key_detail": redact(detail)}
         )
+        self._changed()
 
     def report_journal(self, writable: bool, detail: str = "") -> None:
         """Whether a write to the journal just went through (the checker's probe)."""
@@ -243,6 +265,7 @@ class Health:
         self._journal = self._journal.model_copy(
             update={"writable": writable, "checked_at": time.time(), "detail": redact(detail)}
         )
+        self._changed()
 
     def report_journal_state(self, **changes: Any) -> None:
         """The journal's other facts (unwritten sales, a start notice, the charge check)."""
@@ -259,6 +282,7 @@ class Health:
             since=since,
             changes=changes,
         )
+        self._changed()
 
     def terminal(self, device_id: str) -> TerminalHealth | None:
         return self._terminals.get(device_id)
@@ -279,15 +303,23 @@ class Health:
         """
         self._fatal[component] = redact(reason)
         _LOGGER.error("fatal: %s: %s", component, reason)
+        self._changed()
 
     def clear_fatal(self, component: str) -> None:
-        self._fatal.pop(component, None)
+        if self._fatal.pop(component, None) is not None:
+            self._changed()
 
     def settling(self) -> list[str]:
         """What is still starting (a link connecting, a check not made yet); empty: settled.
 
-        A report made before this is empty would show start-up states as problems."""
-        pending = [f"link {n}" for n, link in self._links.items() if link.state == "connecting"]
+        A report made before this is empty would show start-up states as problems. A link that
+        has never been up counts too: a USB adapter that appears a few seconds after boot fails
+        its first open at once (``disconnected``) and is still starting, not broken."""
+        pending = [
+            f"link {name}"
+            for name, link in self._links.items()
+            if link.state == "connecting" or (not link.healthy and name not in self._ever_healthy)
+        ]
         if self._service.reachable is None:
             pending.append("service check")
         if self._service.reachable and any(t.online is None for t in self._terminals.values()):
@@ -318,6 +350,7 @@ class Health:
         if event.state is SaleState.COMPLETED:
             self._today_count += 1
             self._today_cents += event.captured_cents or event.amount_cents
+        self._changed()
 
     def set_sales(
         self,
@@ -335,6 +368,7 @@ class Health:
             self._today_count = today_count
         if today_amount_cents is not None:
             self._today_cents = today_amount_cents
+        self._changed()
 
     async def follow_sales(self, events: EventBus[SaleEvent]) -> None:
         """Consume an `EventBus[SaleEvent]` until cancelled (run as a task by the agent)."""

@@ -117,8 +117,10 @@ class RefusalLog:
         interval: float = 60.0,
         level: int = logging.WARNING,
         clock: Callable[[], float] = time.monotonic,
+        what: str = "refusal(s)",
     ) -> None:
         self.logger = logger
+        self.what = what  # what the summary line counts
         self.source = source
         self.first = first
         self.interval = interval
@@ -163,9 +165,10 @@ class RefusalLog:
         self._held.clear()
         self.logger.log(
             self.level,
-            "%s: %d more refusal(s) in the last %g s, not logged one by one (%s)",
+            "%s: %d more %s in the last %g s, not logged one by one (%s)",
             self.source,
             total,
+            self.what,
             self.interval,
             by_reason,
         )

@@ -21,6 +21,7 @@ import contextlib
 import enum
 import json
 import logging
+import math
 import os
 import random
 import time
@@ -92,6 +93,10 @@ class ControllerOptions:
     # A quirk of some adapters: C,STATUS asked while a vend request waits is answered with that
     # request again (others answer their resting state, c,STATUS,ENABLED).
     status_repeats_vend: bool = False
+    # Seconds the next customer needs to step up after one walked away. The agent's answer to
+    # the one who left may still be on the wire; a real person is never quick enough to have it
+    # taken for theirs (the adapter protocol has no session ids to tell the two apart).
+    step_up_time: float = 0.2
 
 
 class VirtualController:
@@ -112,6 +117,7 @@ class VirtualController:
         self._vend_request: str | None = None  # the vend request line while it waits
         self._session_funds: asyncio.Future[int | None] | None = None  # card first: C,START
         self._in_session = False
+        self._walked_away_at = -math.inf  # loop time the last customer gave up waiting
         self._visit_lock = asyncio.Lock()
         # live views: called with (what happened, the visit) at each step of a visit
         self.observers: list[Callable[[str, Visit], None]] = []
@@ -388,8 +394,7 @@ class VirtualController:
         async with self._visit_lock:
             # Enabled when the customer steps up, not only when the wait began: a reset between
             # the two (the wake-up is not immediate) leaves the reader off the bus.
-            while self.status is not Status.ENABLED:
-                await self.wait_enabled()
+            await self._step_up()
             visit = self._new_visit(product)
             self._in_session = True
             try:
@@ -397,6 +402,16 @@ class VirtualController:
             finally:
                 self._in_session = False
             return visit
+
+    async def _step_up(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            while self.status is not Status.ENABLED:
+                await self.wait_enabled()
+            gap = self._walked_away_at + self.options.step_up_time - loop.time()
+            if gap <= 0:
+                return
+            await asyncio.sleep(gap)  # then look again: a reset may have come meanwhile
 
     async def card_first_customer(
         self, product: str | None, *, fail: bool = False, wait: float = 60.0
@@ -465,6 +480,7 @@ class VirtualController:
                 asyncio.shield(self._answer), patience or self.options.patience
             )
         except TimeoutError:
+            self._walked_away_at = loop.time()
             self._close_visit(visit, VisitOutcome.WALKED_AWAY)
             self._set_status(Status.ENABLED)  # the controller ends the session
             return

@@ -70,6 +70,8 @@ EXAMPLES: list[tuple[str, ...]] = [
     ("doctor", "-c", "{config}"),
     ("health", "--url", "http://127.0.0.1:9", "--token", "t"),
     ("fleet", "forget", "-c", "{config}", "--wait", "0.1"),
+    ("fleet", "list", "-c", "{config}", "--wait", "0.1"),
+    ("fleet", "show", "unit-1", "-c", "{config}", "--wait", "0.1"),
     ("sim", "trigger", "settle"),
     ("sim", "trigger", "terminal-offline", "SIM-0003"),
     ("sim", "trigger", "terminal-online", "SIM-0003"),
@@ -281,12 +283,14 @@ async def test_every_command_prints_valid_json_and_exits_with_a_code_from_the_ta
         if code != 0:
             assert "error" in result or "ok" in result, (argv, result)
     failed = {path: code for path, code in ran.items() if code != 0}
-    # only what cannot pass here: no agent is running for `health`, no broker for `fleet forget`
+    # only what cannot pass here: no agent is running for `health`, no broker for `fleet`
     # (tests/cli/test_fleet_cli.py runs both for real), no sale in attention to resolve
     # (tests/cli/test_agent_cli.py resolves one)
     assert failed == {
         ("health",): cli.EXIT_UNREACHABLE,
         ("fleet", "forget"): cli.EXIT_USAGE,
+        ("fleet", "list"): cli.EXIT_USAGE,
+        ("fleet", "show"): cli.EXIT_USAGE,
         ("sales", "resolve"): cli.EXIT_FAILED,
     }, failed
 

@@ -15,7 +15,7 @@ from kiosk_agent.app import load_agent
 from kiosk_agent.cli import build_parser
 from kiosk_agent.cli.fleet import format_health
 from kiosk_agent.core.health import Health
-from kiosk_agent.core.upstream import Upstream
+from kiosk_agent.fleet.component import Upstream
 
 from ..helpers import free_port, until
 from ..mqtt_broker import Observer, mosquitto
@@ -307,21 +307,31 @@ async def test_fleet_forget_clears_a_decommissioned_units_retained_topics(
     neighbour = await _announce(mosquitto, "other-unit")
     config = _fleet_config(tmp_path, mosquitto)
     unit_topics = ("kiosk-agent/old-unit/#", "homeassistant/+/old-unit/+/config")
-    assert len(await _retained(mosquitto, *unit_topics)) == 10  # 8 configs, state, availability
+    assert len(await _retained(mosquitto, *unit_topics)) == 16  # 14 configs, state, availability
 
     # still running: refused, with the fix
     assert await run_cli("fleet", "forget", "--config", str(config), "--wait", "0.3") == 1
     assert "says it is online: stop its agent first" in capsys.readouterr().err
 
     await upstream.stop()  # decommissioned: its goodbye leaves "offline" retained
-    code = await run_cli("fleet", "forget", "--config", str(config), "--wait", "0.3", "--json")
+    watcher = Observer(mosquitto)  # what Home Assistant hears, in order
+    await watcher.start(*unit_topics)
+    code = await run_cli("fleet", "forget", "--config", str(config), "--wait", "0.3",
+                         "--settle", "0.1", "--json")
     assert code == 0
     answer = json.loads(capsys.readouterr().out)
     assert answer["device_id"] == "old-unit"
-    assert len(answer["found"]) == 10
+    assert len(answer["found"]) == 16
     assert await _retained(mosquitto, *unit_topics) == {}  # Home Assistant forgets it
+    # the configs first (HA removes the entities), the state after: no template meets an
+    # empty state while its entity is still there
+    await until(lambda: len([m for m in watcher.messages if not m[1]]) >= 17)
+    await watcher.stop()
+    cleared = [topic for topic, payload, _ in watcher.messages if not payload]
+    last_config = max(i for i, topic in enumerate(cleared) if topic.endswith("/config"))
+    assert last_config < cleared.index("kiosk-agent/old-unit/state")
     # the neighbour is untouched
-    assert len(await _retained(mosquitto, "homeassistant/+/other-unit/+/config")) == 8
+    assert len(await _retained(mosquitto, "homeassistant/+/other-unit/+/config")) == 14
     await neighbour.stop()
 
 
@@ -334,3 +344,59 @@ async def test_fleet_forget_names_what_is_missing(
     closed = _fleet_config(tmp_path, free_port())
     assert await run_cli("fleet", "forget", "--config", str(closed), "--wait", "0.2") == 4
     assert "cannot reach the MQTT broker 127.0.0.1:" in capsys.readouterr().err
+
+
+@pytest.mark.mqtt
+async def test_fleet_forget_refuses_a_unit_that_is_not_there_and_wildcards(
+    tmp_path: Path, mosquitto: int, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Before: `--device-id nosuch-unit` exited 0 ("cleared 10 retained topics (0 were
+    set)"), and `--device-id +` was taken as an MQTT wildcard, stopped only by the broker."""
+    config = _fleet_config(tmp_path, mosquitto)
+    argv = ("fleet", "forget", "--config", str(config), "--wait", "0.3")
+    assert await run_cli(*argv, "--device-id", "nosuch-unit") == 1
+    err = capsys.readouterr().err
+    assert "no unit nosuch-unit on the broker 127.0.0.1:" in err
+    assert "none of its retained topics is set" in err
+    for wildcard in ("+", "#", "a/+", "unit 1"):
+        assert await run_cli(*argv, "--device-id", wildcard) == 2
+        assert f"--device-id {wildcard!r} is not a device id" in capsys.readouterr().err
+
+
+@pytest.mark.mqtt
+async def test_fleet_list_and_show_read_the_retained_topics(
+    tmp_path: Path, mosquitto: int, capsys: pytest.CaptureFixture[str]
+) -> None:
+    healthy = await _announce(mosquitto, "list-a1")
+    troubled = await _announce(mosquitto, "list-b2")
+    troubled._health.report_journal(False, "disk full")  # type: ignore[attr-defined]
+    await until(lambda: troubled.heartbeats == 2)  # a problem goes out at once
+    await until(lambda: troubled.sinks[0].sent == 2)
+    await troubled.stop()  # its goodbye: offline
+    config = _fleet_config(tmp_path, mosquitto)
+    try:
+        assert await run_cli("fleet", "list", "--config", str(config), "--json") == 0
+        rows = {r["device_id"]: r for r in json.loads(capsys.readouterr().out)["units"]}
+        assert rows["list-a1"]["status"] == "ok"
+        assert rows["list-a1"]["online"] is True
+        assert rows["list-a1"]["version"] == "1.0"
+        assert rows["list-a1"]["sales_today"] == 0
+        assert rows["list-b2"]["status"] == "offline"
+        assert rows["list-b2"]["problems"] == ["journal not writable: disk full"]
+
+        assert await run_cli("fleet", "list", "--config", str(config)) == 0
+        table = capsys.readouterr().out.splitlines()
+        assert table[0].split() == ["UNIT", "STATUS", "LAST", "SEEN", "SALES", "TODAY",
+                                    "VERSION", "PROBLEMS"]
+        [line] = [row for row in table if row.startswith("list-b2")]
+        assert line.split()[1] == "offline"
+        assert line.endswith("journal not writable: disk full")
+
+        assert await run_cli("fleet", "show", "list-b2", "--config", str(config)) == 0
+        out = capsys.readouterr().out
+        assert out.startswith("unit:     list-b2  (offline, last seen ")
+        assert "journal:  NOT WRITABLE disk full" in out
+        assert await run_cli("fleet", "show", "nosuch", "--config", str(config)) == 1
+        assert "no unit nosuch on the broker" in capsys.readouterr().err
+    finally:
+        await healthy.stop()

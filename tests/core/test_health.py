@@ -221,6 +221,30 @@ def test_settling_names_what_is_still_starting() -> None:
     assert health.settling() == []  # settled, even if what it found is a problem
 
 
+def test_a_link_never_up_yet_is_still_starting_one_that_was_up_is_down() -> None:
+    """A USB adapter that appears after boot fails its first open at once: `disconnected`
+    without ever having been up is starting, not broken; after it was up, it is a problem."""
+    health = Health("1")
+    health.report_service(True)
+    health.report_link("mdb:front", "disconnected", "no such device")
+    assert health.settling() == ["link mdb:front"]
+    health.report_link("mdb:front", "connected")
+    health.report_link("mdb:front", "disconnected", "unplugged")
+    assert health.settling() == []
+    assert "link mdb:front disconnected unplugged" in health.snapshot().problems
+
+
+def test_change_listeners_hear_each_report_until_they_leave() -> None:
+    health = Health("1")
+    heard: list[str] = []
+    leave = health.on_change(lambda: heard.append("changed"))
+    health.report_journal(False, "disk full")
+    health.report_fatal("journal", "disk full")
+    leave()
+    health.report_journal(True)
+    assert heard == ["changed", "changed"]
+
+
 async def test_a_refused_key_is_not_an_unreachable_service(sim) -> None:
     from kiosk_agent.cli.sim import settings_from_ready
     from kiosk_agent.service.client import ServiceClient

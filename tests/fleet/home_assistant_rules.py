@@ -1,5 +1,5 @@
-"""Home Assistant's MQTT discovery rules for ``sensor`` and ``binary_sensor`` configs, as HA's own
-source states them, for the two releases units are checked against: 2024.3 and 2026.2.
+"""Home Assistant's MQTT discovery rules for ``sensor``, ``binary_sensor`` and ``event`` configs, as
+HA's own source states them, for the two releases units are checked against: 2024.3 and 2026.2.
 
 Read from home-assistant/core:
 - ``components/mqtt/abbreviations.py``: ABBREVIATIONS, DEVICE_ABBREVIATIONS, ORIGIN_ABBREVIATIONS
@@ -16,8 +16,12 @@ Read from home-assistant/core:
 - ``components/sensor/const.py``: DEVICE_CLASS_STATE_CLASSES (monetary: only total; enum: none;
   duration: any) and NON_NUMERIC_DEVICE_CLASSES (no unit, no state class).
 - ``components/binary_sensor/__init__.py``: BinarySensorDeviceClass.
+- ``components/mqtt/event.py``: ``event_types`` required (a list of strings), ``device_class``
+  one of button/doorbell/motion, no ``expire_after``; a retained message is ignored.
 
-What changed between the two releases and matters here: ``model_id`` (device, 2024.8) and
+What changed between the two releases and matters here: the MQTT sensor's ``options`` (for an
+``enum`` sensor) is not in 2024.3's schema, so 2024.3 drops it and shows Status as text;
+``model_id`` (device, 2024.8) and
 ``default_entity_id`` (2025.10, replacing the deprecated ``object_id``) do not exist in 2024.3;
 ``measurement_angle`` (2025.2) is a state class only in 2026.2; device-based discovery
 (``<prefix>/device/<id>/config`` with ``cmps``, 2024.11) does not exist in 2024.3, so a unit
@@ -39,10 +43,12 @@ COMMON_KEYS = AVAILABILITY_KEYS | {
     "encoding", "qos",
 }
 RO_KEYS = {"state_topic", "value_template"}
-SENSOR_KEYS = {
-    "device_class", "expire_after", "force_update", "last_reset_value_template", "options",
+SENSOR_KEYS_2024_3 = {
+    "device_class", "expire_after", "force_update", "last_reset_value_template",
     "suggested_display_precision", "state_class", "unit_of_measurement",
 }
+EVENT_KEYS = {"device_class", "event_types"}
+EVENT_DEVICE_CLASSES = {"button", "doorbell", "motion"}
 BINARY_SENSOR_KEYS = {
     "device_class", "expire_after", "force_update", "off_delay", "payload_off", "payload_on",
 }
@@ -51,6 +57,8 @@ DEVICE_KEYS = {
     "serial_number", "sw_version", "via_device", "suggested_area", "configuration_url",
 }
 ORIGIN_KEYS = {"name", "sw_version", "support_url"}
+# keys a later release knows and 2024.3 drops silently (and harmlessly: nothing depends on them)
+NEWER_KEYS = {"options", "default_entity_id", "model_id"}
 
 # the abbreviations this project could meet (abbreviations.py has them all)
 ABBREVIATIONS = {
@@ -60,7 +68,8 @@ ABBREVIATIONS = {
     "ent_cat": "entity_category", "ent_pic": "entity_picture", "exp_aft": "expire_after",
     "frc_upd": "force_update", "ic": "icon", "json_attr_t": "json_attributes_topic",
     "json_attr_tpl": "json_attributes_template", "lrst_val_tpl": "last_reset_value_template",
-    "o": "origin", "obj_id": "object_id", "off_dly": "off_delay", "ops": "options",
+    "o": "origin", "obj_id": "object_id", "def_ent_id": "default_entity_id",
+    "evt_typ": "event_types", "off_dly": "off_delay", "ops": "options",
     "pl_avail": "payload_available", "pl_not_avail": "payload_not_available",
     "pl_off": "payload_off", "pl_on": "payload_on", "stat_cla": "state_class",
     "stat_t": "state_topic", "sug_dsp_prc": "suggested_display_precision",
@@ -110,6 +119,7 @@ VERSIONS: dict[str, dict[str, Any]] = {
         "sensor_device_classes": SENSOR_DEVICE_CLASSES,
         "device_keys": DEVICE_KEYS,
         "common_keys": COMMON_KEYS,
+        "sensor_keys": SENSOR_KEYS_2024_3,
     },
     "2026.2": {
         "state_classes": ALL_STATE_CLASSES | {"measurement_angle"},
@@ -119,6 +129,7 @@ VERSIONS: dict[str, dict[str, Any]] = {
         },
         "device_keys": DEVICE_KEYS | {"model_id"},
         "common_keys": COMMON_KEYS | {"default_entity_id"},
+        "sensor_keys": SENSOR_KEYS_2024_3 | {"options"},
     },
 }
 
@@ -132,8 +143,26 @@ def _expand(config: dict[str, Any], table: dict[str, str]) -> dict[str, Any]:
     return {table.get(key, key): value for key, value in config.items()}
 
 
+def dropped(topic: str, payload: dict[str, Any], version: str) -> list[str]:
+    """The keys of a later release that ``version`` drops silently (``device.model_id``)."""
+    config = _expand(payload, ABBREVIATIONS)
+    known = _known_keys(DISCOVERY_TOPIC.match(topic)["component"], VERSIONS[version])  # type: ignore[index]
+    device = _expand(config.get("device", {}), DEVICE_ABBREVIATIONS)
+    return sorted(k for k in set(config) - known if k in NEWER_KEYS) + sorted(
+        f"device.{k}" for k in set(device) - VERSIONS[version]["device_keys"] if k in NEWER_KEYS
+    )
+
+
+def _known_keys(component: str, rules: dict[str, Any]) -> set[str]:
+    known = rules["common_keys"] | RO_KEYS
+    own = {"sensor": rules["sensor_keys"], "binary_sensor": BINARY_SENSOR_KEYS,
+           "event": EVENT_KEYS}
+    return set(known | own.get(component, set()))
+
+
 def violations(topic: str, payload: dict[str, Any], version: str) -> list[str]:
-    """What Home Assistant ``version`` would refuse, warn about or silently drop; empty: fine."""
+    """What Home Assistant ``version`` would refuse, warn about or silently drop by mistake;
+    empty: fine. The keys of a later release that it drops are listed by ``dropped``."""
     rules = VERSIONS[version]
     match = DISCOVERY_TOPIC.match(topic)
     if match is None:
@@ -141,15 +170,15 @@ def violations(topic: str, payload: dict[str, Any], version: str) -> list[str]:
     component = match["component"]
     config = _expand(payload, ABBREVIATIONS)
     found: list[str] = []
-    known = rules["common_keys"] | RO_KEYS
-    known |= SENSOR_KEYS if component == "sensor" else BINARY_SENSOR_KEYS
+    known = _known_keys(component, rules) | NEWER_KEYS
     found += [f"unknown key {k!r} (HA drops it silently)" for k in sorted(set(config) - known)]
     if "state_topic" not in config:
         found.append("state_topic is required")
     if "unique_id" not in config:
         found.append("unique_id is needed for the entity to be managed and grouped")
     device = _expand(config.get("device", {}), DEVICE_ABBREVIATIONS)
-    found += [f"unknown device key {k!r}" for k in sorted(set(device) - rules["device_keys"])]
+    found += [f"unknown device key {k!r}"
+              for k in sorted(set(device) - rules["device_keys"] - NEWER_KEYS)]
     if not device.get("identifiers") and not device.get("connections"):
         found.append("device needs identifiers or connections")
     url = device.get("configuration_url")
@@ -166,10 +195,20 @@ def violations(topic: str, payload: dict[str, Any], version: str) -> list[str]:
     if expire is not None and (not isinstance(expire, int) or isinstance(expire, bool)
                                or expire < 0):
         found.append(f"expire_after {expire!r} is not a positive integer")
+    entity_id = config.get("default_entity_id")
+    if entity_id is not None and not re.fullmatch(rf"{component}\.[a-z0-9_]+", entity_id):
+        found.append(f"default_entity_id {entity_id!r} is not a {component} entity id")
     category = config.get("entity_category")
     if category is not None and category not in ENTITY_CATEGORIES:
         found.append(f"entity_category {category!r}")
     device_class = config.get("device_class")
+    if component == "event":
+        types = config.get("event_types")
+        if not types or not all(isinstance(t, str) for t in types):
+            found.append("event_types must be a list of strings")
+        if device_class is not None and device_class not in EVENT_DEVICE_CLASSES:
+            found.append(f"event device_class {device_class!r}")
+        return found
     if component == "binary_sensor":
         if device_class is not None and device_class not in BINARY_SENSOR_DEVICE_CLASSES:
             found.append(f"binary_sensor device_class {device_class!r}")
@@ -204,5 +243,15 @@ def violations(topic: str, payload: dict[str, Any], version: str) -> list[str]:
 
 
 def template_paths(template: str) -> list[list[str]]:
-    """The ``value_json.a.b`` paths a template reads (to check them against a real report)."""
-    return [m.split(".") for m in re.findall(r"value_json\.([\w.]+)", template)]
+    """The ``value_json.a.b`` (or ``value_json.a['k'].b``) paths a template reads, to check
+    them against a real report."""
+    paths = []
+    for path in re.findall(r"value_json((?:\.\w+|\['[^']+'\])+)", template):
+        paths.append([a or b for a, b in re.findall(r"\.(\w+)|\['([^']+)'\]", path)])
+    return paths
+
+
+def slug_2024_3(device_name: str, entity_name: str) -> str:
+    """The object id HA derives for an entity with ``has_entity_name`` (util.slugify of
+    "<device name> <entity name>"), for plain ASCII names."""
+    return re.sub(r"[^a-z0-9]+", "_", f"{device_name} {entity_name}".lower()).strip("_")

@@ -1,0 +1,330 @@
+"""A fleet of 1,000 units on one Mosquitto broker (loopback), with the real upstream code.
+
+    python bench/fleet.py [--units 1000] [--storm-units 20] [--births 2000]
+
+Each unit is a real ``fleet.component.Upstream`` (its own Health, MQTT connection, last will,
+Home Assistant discovery, heartbeat schedule) with the defaults a unit ships with (interval 60 s,
+reconnect_interval 5 s, reconnect_max 60 s, the default birth policy); all run in this one
+process, the broker in its own.
+
+1. Start: every unit started at once; the time until all have announced themselves and
+   ``kiosk-agent fleet list`` (the real command, a process of its own) lists all of them.
+2. ``fleet list --json`` of the whole fleet: wall time of the command, start to exit.
+3. Broker restart: Mosquitto stopped and started again on its port (no persistence: it comes
+   back empty); the time until every unit is connected again, its p99, and the peak number of
+   connects in any one second.
+4. Birth storm: ``--births`` messages ``<prefix>/status online`` published as fast as one client
+   can, to ``--storm-units`` units (their own discovery prefix: a storm reaches every unit
+   subscribed, so the broker's work grows as units x births); the re-announces each unit makes.
+5. Per unit: MQTT bytes sent a day at the default interval (a report a minute, the announce,
+   counted from the real payloads), and this process's memory per unit.
+
+The last line is one JSON object of the figures.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import math
+import os
+import resource
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import aiomqtt
+
+from kiosk_agent.core.health import Health
+from kiosk_agent.fleet.component import Upstream
+from kiosk_agent.fleet.discovery import discovery_messages
+from kiosk_agent.fleet.entities import RETIRED
+from kiosk_agent.fleet.inventory import retained, units
+
+STORM_PREFIX = "hastorm"  # the storm's units' discovery prefix
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+class Broker:
+    def __init__(self, directory: Path) -> None:
+        self.port = free_port()
+        self.conf = directory / "mosquitto.conf"
+        self.conf.write_text(
+            f"listener {self.port} 127.0.0.1\nallow_anonymous true\npersistence false\n"
+            "max_queued_messages 5000\n"
+        )
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> float:
+        binary = shutil.which("mosquitto") or "/usr/sbin/mosquitto"
+        self.proc = subprocess.Popen(
+            [binary, "-c", str(self.conf)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+        )
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            try:
+                socket.create_connection(("127.0.0.1", self.port), timeout=0.2).close()
+                return time.monotonic()
+            except OSError:
+                time.sleep(0.02)
+        raise SystemExit("mosquitto did not start")
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            self.proc.send_signal(signal.SIGTERM)
+            self.proc.wait(10)
+            self.proc = None
+
+
+def unit_agent(index: int) -> SimpleNamespace:
+    health = Health("1.4.0")
+    health.report_service(True)
+    health.report_journal(True)
+    health.report_terminal("SIM-0001", online=True, connected=True, latency_ms=9.0, pinged=True)
+    settings = SimpleNamespace(currency="USD", terminals={"SIM-0001": "front"})
+    return SimpleNamespace(health=health, settings=settings)
+
+
+def rss_mb() -> float:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return math.nan
+
+
+def percentile(values: list[float], share: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, math.ceil(share * len(ordered)) - 1)]
+
+
+async def until(predicate: Any, limit: float, step: float = 0.05) -> float:
+    """Seconds until ``predicate()`` holds (raises after ``limit``)."""
+    started = time.monotonic()
+    while not predicate():
+        if time.monotonic() - started > limit:
+            raise TimeoutError(f"not within {limit} s")
+        await asyncio.sleep(step)
+    return time.monotonic() - started
+
+
+def fleet_list(config: Path) -> tuple[float, int]:
+    """The real command in a process of its own: (wall seconds, units listed)."""
+    started = time.monotonic()
+    out = subprocess.run(
+        [sys.executable, "-m", "kiosk_agent", "fleet", "list", "--json", "-c", str(config)],
+        capture_output=True, check=True, text=True,
+    ).stdout
+    return time.monotonic() - started, int(json.loads(out)["count"])
+
+
+def cli_start() -> float:
+    """The baseline: the same command line starting and doing nothing (``--help``)."""
+    started = time.monotonic()
+    subprocess.run([sys.executable, "-m", "kiosk_agent", "--help"], capture_output=True,
+                   check=True)
+    return time.monotonic() - started
+
+
+async def collect(port: int) -> tuple[float, int]:
+    """What ``fleet list`` does, in this process: (seconds, units)."""
+    started = time.monotonic()
+    found = await retained({"host": "127.0.0.1", "port": port},
+                           ["kiosk-agent/+/state", "kiosk-agent/+/availability"], wait=10)
+    return time.monotonic() - started, len(units("kiosk-agent", found))
+
+
+def publish_size(topic: str, payload: bytes) -> int:
+    """An MQTT 3.1.1 QoS 1 PUBLISH: fixed header, topic, packet id, payload."""
+    body = 2 + len(topic.encode()) + 2 + len(payload)
+    length_bytes = 1 if body < 128 else 2 if body < 16384 else 3
+    return 1 + length_bytes + body
+
+
+def bytes_per_day(upstream: Upstream) -> int:
+    """What one unit sends the broker in a day at its interval: a report per interval, one
+    announce, a PINGREQ per keepalive interval at most (TCP/IP headers not counted)."""
+    sink = upstream.mqtt
+    assert sink is not None
+    report = json.dumps(upstream.heartbeat()).encode()
+    beats = 86400 / 60.0
+    announce = sum(
+        publish_size(topic, json.dumps(config).encode())
+        for topic, config in discovery_messages(
+            sink.device_id, "1.4.0", sink.state_topic, sink.availability_topic, "homeassistant",
+            sink._discovery, sink.event_topic,
+        )
+    ) + publish_size(sink.availability_topic, b"online") * 1 + len(RETIRED) * 40
+    return int(beats * publish_size(sink.state_topic, report) + announce + 1440 * 2)
+
+
+async def run(args: argparse.Namespace) -> dict[str, Any]:
+    logging.basicConfig(level=logging.ERROR)
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (min(hard, max(soft, 4 * args.units + 256)), hard))
+    directory = Path(tempfile.mkdtemp(prefix="fleet-bench-"))
+    broker = Broker(directory)
+    broker.start()
+    config = directory / "config.yaml"
+    config.write_text(
+        "service: {simulator: {}}\nterminals: [{device_id: SIM-0001}]\n"
+        f"upstream:\n  mqtt: {{host: 127.0.0.1, port: {broker.port}}}\n"
+    )
+    figures: dict[str, Any] = {"units": args.units}
+    fleet: list[Upstream] = []
+    try:
+        memory_before = rss_mb()
+        started = time.monotonic()
+        for index in range(args.units):
+            storm = index < args.storm_units
+            mqtt: dict[str, Any] = {"host": "127.0.0.1", "port": broker.port}
+            if storm:
+                mqtt["discovery_prefix"] = STORM_PREFIX
+            upstream = Upstream(unit_agent(index), {"device_id": f"unit-{index:05d}", "mqtt": mqtt})
+            await upstream.start()
+            fleet.append(upstream)
+        sinks = [u.mqtt for u in fleet if u.mqtt is not None]
+        await until(lambda: all(s.sent >= 1 for s in sinks), 60)
+        announced_s = time.monotonic() - started
+        listed_s, listed = fleet_list(config)
+        visible_s = time.monotonic() - started
+        collect_s, collected = await collect(broker.port)
+        baseline_s = cli_start()
+        figures.update(
+            all_announced_s=round(announced_s, 2),
+            all_visible_in_fleet_list_s=round(visible_s, 2),
+            fleet_list_s=round(listed_s, 2),
+            fleet_list_units=listed,
+            fleet_list_collect_s=round(collect_s, 2),
+            fleet_list_collect_units=collected,
+            cli_start_s=round(baseline_s, 2),
+            fleet_list_minus_cli_start_s=round(listed_s - baseline_s, 2),
+            memory_per_unit_kb=round((rss_mb() - memory_before) * 1024 / args.units, 1),
+        )
+        print(f"start: {args.units} units announced in {announced_s:.2f} s, all listed by "
+              f"`fleet list` {visible_s:.2f} s after the start (the command took {listed_s:.2f} s,"
+              f" {listed} units)")
+        print(f"fleet list: the command {listed_s:.2f} s, of which starting Python and the CLI "
+              f"{baseline_s:.2f} s (`--help`, same run); collecting {collected} units' retained "
+              f"topics {collect_s:.2f} s")
+
+        # -- broker restart ---------------------------------------------------------------
+        before = {id(s): s.connects for s in sinks}
+        broker.stop()
+        await until(lambda: not any(s.connected for s in sinks), 30)
+        up_at = broker.start()
+        back: dict[int, float] = {}
+        deadline = up_at + 120
+        while len(back) < len(sinks) and time.monotonic() < deadline:
+            now = time.monotonic()
+            for sink in sinks:
+                if id(sink) not in back and sink.connects > before[id(sink)]:
+                    back[id(sink)] = now - up_at
+            await asyncio.sleep(0.02)
+        times = list(back.values())
+        per_second: dict[int, int] = {}
+        for t in times:
+            per_second[int(t)] = per_second.get(int(t), 0) + 1
+        figures.update(
+            restart_all_back_s=round(max(times), 2) if len(times) == len(sinks) else None,
+            restart_back_p99_s=round(percentile(times, 0.99), 2),
+            restart_back_p50_s=round(percentile(times, 0.50), 2),
+            restart_peak_connects_per_s=max(per_second.values()),
+        )
+        found = await retained({"host": "127.0.0.1", "port": broker.port},
+                               ["kiosk-agent/+/state"], wait=10)
+        figures["restart_states_kept"] = len(units("kiosk-agent", found))
+        print(f"broker restart: {len(times)}/{len(sinks)} units back, all within "
+              f"{figures['restart_all_back_s']} s (p50 {figures['restart_back_p50_s']} s, p99 "
+              f"{figures['restart_back_p99_s']} s), peak {figures['restart_peak_connects_per_s']}"
+              f" connects in one second; {figures['restart_states_kept']} states on the broker")
+
+        # -- birth storm ------------------------------------------------------------------
+        stormed = sinks[: args.storm_units]
+        announced = [s.announcements for s in stormed]
+        heard = [s.births_heard for s in stormed]
+        # the sender in a process of its own, as a rogue client (or a restarting HA) would be;
+        # connected first, so the storm is the births alone
+        sender = await asyncio.create_subprocess_exec(
+            sys.executable, __file__, "--send-births", str(args.births), "--port",
+            str(broker.port), stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
+        )
+        assert sender.stdin is not None
+        assert sender.stdout is not None
+        assert (await sender.stdout.readline()).strip() == b"connected"
+        storm_started = time.monotonic()
+        sender.stdin.write(b"go\n")
+        await sender.stdin.drain()
+        await sender.stdout.readline()  # "sent"
+        storm_s = time.monotonic() - storm_started
+        await sender.wait()
+        await until(lambda: all(s.births_heard - h == args.births
+                                for s, h in zip(stormed, heard, strict=True)), 60)
+        heard_s = time.monotonic() - storm_started
+        await until(lambda: all(s.reannounce_at is None for s in stormed), 30)
+        await asyncio.sleep(1.0)
+        extra = [s.announcements - a for s, a in zip(stormed, announced, strict=True)]
+        figures.update(
+            birth_storm_messages=args.births,
+            birth_storm_send_s=round(storm_s, 2),
+            birth_storm_all_heard_s=round(heard_s, 2),
+            birth_storm_units=len(stormed),
+            birth_storm_max_reannounces_per_unit=max(extra),
+            birth_storm_min_reannounces_per_unit=min(extra),
+        )
+        print(f"birth storm: {args.births} births sent in {storm_s:.2f} s to {len(stormed)} "
+              f"units, all heard by {heard_s:.2f} s: each "
+              f"re-announced {min(extra)}..{max(extra)} time(s)")
+
+        figures["bytes_per_unit_day"] = bytes_per_day(fleet[-1])
+        print(f"per unit: {figures['bytes_per_unit_day']:,} bytes a day sent at the default "
+              f"interval; {figures['memory_per_unit_kb']} KB of this process's memory")
+    finally:
+        stop_started = time.monotonic()
+        await asyncio.gather(*(u.stop() for u in fleet), return_exceptions=True)
+        figures["stop_all_s"] = round(time.monotonic() - stop_started, 2)
+        broker.stop()
+        shutil.rmtree(directory, ignore_errors=True)
+    return figures
+
+
+async def send_births(port: int, count: int) -> None:
+    async with aiomqtt.Client("127.0.0.1", port, max_queued_outgoing_messages=None) as client:
+        print("connected", flush=True)
+        await asyncio.get_running_loop().run_in_executor(None, sys.stdin.readline)
+        for _ in range(count):
+            await client.publish(f"{STORM_PREFIX}/status", "online", qos=0)
+        print("sent", flush=True)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--units", type=int, default=1000)
+    parser.add_argument("--storm-units", type=int, default=20)
+    parser.add_argument("--births", type=int, default=2000)
+    parser.add_argument("--send-births", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--port", type=int, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.send_births:
+        asyncio.run(send_births(args.port, args.send_births))
+        return
+    os.environ.setdefault("PYTHONUNBUFFERED", "1")
+    figures = asyncio.run(run(args))
+    print(json.dumps(figures))
+
+
+if __name__ == "__main__":
+    main()

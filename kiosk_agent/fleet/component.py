@@ -1,0 +1,252 @@
+"""The ``upstream:`` component: a heartbeat every ``interval`` to each configured sink.
+
+The first heartbeat waits until the agent has settled (serial links up once, the first checks
+made, the sales a crash left open recovered) or ``start_grace`` has passed, so a start is not
+reported as a problem. After that a report goes out every ``interval`` (moved at random by up to
+``jitter`` of it, so a fleet started together drifts apart), and at once when the status or the
+problems change.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import math
+import random
+import re
+import socket
+import time
+from collections.abc import Callable
+from typing import Any
+
+from kiosk_agent.core.health import Health, HealthSnapshot
+from kiosk_agent.fleet.backoff import jittered
+from kiosk_agent.fleet.entities import (
+    EVENT_BACK_IN_SERVICE,
+    EVENT_OUT_OF_SERVICE,
+    EVENT_SALE_ATTENTION,
+    DiscoveryOptions,
+)
+from kiosk_agent.fleet.http import HttpSink
+from kiosk_agent.fleet.loopback import is_loopback_host
+from kiosk_agent.fleet.mqtt import BirthPolicy, MqttSink
+from kiosk_agent.fleet.report import build_report, iso
+from kiosk_agent.fleet.schema import UPSTREAM_SCHEMA
+from kiosk_agent.fleet.sink import Sink
+from kiosk_agent.tasks import BackgroundTask, cancel_and_wait
+
+_LOGGER = logging.getLogger(__name__)
+
+CHANGE_GAP = 1.0  # seconds between two reports sent at once for a change
+
+
+def configuration_url(agent: Any, conf: dict[str, Any]) -> str | None:
+    """The status page's address for HA: configured, else the admin API's when reachable."""
+    if conf.get("configuration_url"):
+        return str(conf["configuration_url"])
+    config = getattr(agent, "config", None)
+    admin = config.get("admin") if config is not None else None
+    if not admin:
+        return None
+    host = str(admin.get("host", "127.0.0.1"))
+    if is_loopback_host(host):
+        return None  # loopback only: nobody else can open it
+    if host in ("0.0.0.0", "::"):  # noqa: S104 - reading the configuration, not binding
+        host = socket.gethostname()
+    if ":" in host:
+        host = f"[{host}]"
+    return f"http://{host}:{admin.get('port', 8124)}/"
+
+
+class Upstream:
+    """The `upstream:` component: a heartbeat every `interval` (each unit's own, jittered) to
+    each configured sink, and at once when something a person must act on changes."""
+
+    def __init__(
+        self,
+        agent: Any,
+        conf: dict[str, Any],
+        *,
+        change_gap: float = CHANGE_GAP,
+        births: BirthPolicy | None = None,
+        rng: random.Random | None = None,
+    ) -> None:
+        conf = UPSTREAM_SCHEMA(conf)
+        self._health: Health = agent.health
+        self.device_id: str = conf.get("device_id") or host_device_id()
+        self._interval: float = conf["interval"]
+        self._jitter: float = conf["jitter"]
+        self._start_grace: float = conf["start_grace"]
+        self._change_gap = change_gap
+        self._rng = rng or random.Random()
+        self.sinks: list[Sink] = []
+        self.mqtt: MqttSink | None = None
+        if "http" in conf:
+            self.sinks.append(HttpSink(conf["http"], conf["queue_size"]))
+        if "mqtt" in conf:
+            self.mqtt = MqttSink(
+                conf["mqtt"],
+                conf["queue_size"],
+                self.device_id,
+                self._health.version,
+                discovery_options(agent, conf),
+                births=births,
+                rng=self._rng,
+            )
+            self.sinks.append(self.mqtt)
+        self._loop = BackgroundTask(self._run, "upstream-heartbeat")
+        self.heartbeats = 0
+        self.prompt_heartbeats = 0  # sent at once for a change, not on the schedule
+        self.first_report_waited_s: float | None = None
+        self._recovery: Any = getattr(agent, "recovery", None)
+        self._sales: Any = getattr(agent, "events", None)  # the sale event bus, when there is one
+        self._changed = asyncio.Event()
+        self._unfollow: Callable[[], None] | None = None
+        self._told: tuple[str, tuple[str, ...]] | None = None  # status and problems last sent
+        self._last_beat = -math.inf
+        self._available: dict[str, bool] = {}
+
+    async def start(self) -> None:
+        for sink in self.sinks:
+            await sink.start()
+        self._unfollow = self._health.on_change(self._changed.set)
+        self._loop.start()
+
+    async def stop(self) -> None:
+        if self._unfollow is not None:
+            self._unfollow()
+        await self._loop.stop()
+        for sink in self.sinks:
+            await sink.stop()
+
+    async def _run(self) -> None:
+        async with contextlib.AsyncExitStack() as stack:
+            if self._sales is not None and self.mqtt is not None:
+                queue = await stack.enter_async_context(self._sales.subscribe())
+                follower = asyncio.ensure_future(self._follow_sales(queue))
+                stack.push_async_callback(cancel_and_wait, follower)
+            await self._settle()
+            while True:
+                self._changed.clear()
+                self.heartbeat()
+                await self._until_next_beat()
+
+    async def _until_next_beat(self) -> None:
+        """The unit's next scheduled beat, or sooner when what a person must act on changed
+        (a sale into attention, a terminal out of service, a link down): at once, but at most
+        one such report per ``change_gap``, so a flapping part does not flood the broker."""
+        deadline = time.monotonic() + jittered(self._interval, self._jitter, self._rng)
+        while (remaining := deadline - time.monotonic()) > 0:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._changed.wait(), remaining)
+            self._changed.clear()
+            if self._told is not None and _must_tell(self._health.snapshot()) != self._told:
+                await asyncio.sleep(max(0.0, self._last_beat + self._change_gap - time.monotonic()))
+                self.prompt_heartbeats += 1
+                return
+
+    async def _follow_sales(self, queue: asyncio.Queue[Any]) -> None:
+        """A sale that goes into attention fires Home Assistant's Alert event."""
+        while True:
+            event = await queue.get()
+            if str(getattr(event, "state", "")) != "attention" or getattr(event, "receipt", False):
+                continue
+            assert self.mqtt is not None
+            self.mqtt.publish_event(
+                EVENT_SALE_ATTENTION,
+                sale_id=event.sale_id,
+                terminal=event.terminal,
+                amount_cents=event.amount_cents,
+                reason=event.message,
+                at=iso(event.at or time.time()),
+            )
+
+    async def _settle(self) -> None:
+        """Before the first report: wait for the links, first checks and recovery of the sales
+        a crash left open, or the start grace; what is still settling then is reported."""
+        started = time.monotonic()
+        deadline = started + max(0.0, self._start_grace - self._health.uptime)
+        while True:
+            pending = self._health.settling()
+            if self._recovery is not None and getattr(self._recovery, "state", "") == "running":
+                pending.append("recovery")
+            if not pending:
+                break
+            if time.monotonic() >= deadline:
+                _LOGGER.info(
+                    "upstream: first report after the start grace; still settling: %s",
+                    ", ".join(pending),
+                )
+                break
+            await asyncio.sleep(0.05)
+        self.first_report_waited_s = round(time.monotonic() - started, 3)
+
+    def heartbeat(self) -> dict[str, Any]:
+        """Queue one report on every sink and wake them; returns the report."""
+        snapshot = self._health.snapshot()
+        report = build_report(self.device_id, snapshot, self._interval)
+        for sink in self.sinks:
+            sink.queue.put(report)
+            sink.wake()
+        self.heartbeats += 1
+        self._told = _must_tell(snapshot)
+        self._last_beat = time.monotonic()
+        self._tell_availability(snapshot)
+        return report
+
+    def _tell_availability(self, snapshot: HealthSnapshot) -> None:
+        """A terminal out of (or back in) service fires Home Assistant's Alert event."""
+        for state in snapshot.availability:
+            before = self._available.get(state.device_id, True)
+            self._available[state.device_id] = state.available
+            if self.mqtt is None or before == state.available:
+                continue
+            kind = EVENT_BACK_IN_SERVICE if state.available else EVENT_OUT_OF_SERVICE
+            self.mqtt.publish_event(
+                kind, terminal=state.device_id, reason=state.reason, at=iso(state.since)
+            )
+
+    def stats(self) -> dict[str, dict[str, float]]:
+        """Per-sink counters for metrics and the admin API."""
+        return {
+            sink.name: {
+                "sent": sink.sent,
+                "queued": len(sink.queue),
+                "dropped": sink.queue.dropped,
+                "failures": sink.failures,
+                "last_sent_at": sink.last_sent_at or 0.0,
+            }
+            for sink in self.sinks
+        }
+
+
+def _must_tell(snapshot: HealthSnapshot) -> tuple[str, tuple[str, ...]]:
+    """What a person must act on: the status and the problems, their figures left out (an
+    API key's "expires in 3600 s" ticking down is not news)."""
+    problems = tuple(sorted(re.sub(r"\d+(\.\d+)?", "#", p) for p in snapshot.problems))
+    return str(snapshot.status), problems
+
+
+def discovery_options(agent: Any, conf: dict[str, Any]) -> DiscoveryOptions:
+    """Home Assistant's view of this unit, from the upstream section and the agent."""
+    settings = getattr(agent, "settings", None)
+    terminals: dict[str, str] = dict(getattr(settings, "terminals", None) or {})
+    return DiscoveryOptions(
+        # three heartbeats missed (with their jitter): the unit is frozen even if its
+        # connection is open
+        expire_after=max(1, math.ceil(round(3 * conf["interval"] * (1 + conf["jitter"]), 3))),
+        configuration_url=configuration_url(agent, conf),
+        currency=str(getattr(settings, "currency", "USD")),
+        name=conf.get("name"),
+        suggested_area=conf.get("suggested_area"),
+        serial_number=conf.get("serial_number"),
+        model_id=conf.get("model_id"),
+        support_url=conf.get("support_url"),
+        terminals=tuple(terminals.items()),
+    )
+
+
+def host_device_id() -> str:
+    """The default ``upstream.device_id``: the host name, in the characters topics allow."""
+    return "".join(c if c.isalnum() or c in "-_" else "_" for c in socket.gethostname())

@@ -1,0 +1,98 @@
+"""Home Assistant MQTT discovery: the config message of each entity in ``entities``.
+
+Full key names (HA takes them and its abbreviations alike). HA's rules kept, from its
+``mqtt/sensor.py``, ``mqtt/event.py`` and ``sensor/const.py``: ``last_reset_value_template``
+only with ``state_class: total``; ``options`` only with ``device_class: enum``, and then
+neither a state class nor a unit; ``monetary`` only with ``state_class: total``; ``timestamp``
+with neither; ``expire_after`` a positive integer, not on events; origin needs a ``name``.
+What each release takes is in docs/fleet.md ("Which Home Assistant gets what").
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from kiosk_agent.fleet.entities import DiscoveryOptions, Entity, slug, unit_entities
+from kiosk_agent.fleet.topics import OFFLINE, ONLINE, discovery_topic
+
+PUBLISHER = "kiosk-agent"  # the origin's name: who published the configs
+
+
+def device_info(device_id: str, version: str, options: DiscoveryOptions) -> dict[str, Any]:
+    device: dict[str, Any] = {
+        "identifiers": [f"kiosk_agent_{device_id}"],
+        "name": options.name or device_id,
+        "manufacturer": PUBLISHER,
+        "model": PUBLISHER,
+        "sw_version": version,
+    }
+    optional = {
+        "model_id": options.model_id,  # HA 2024.8 and later
+        "serial_number": options.serial_number,
+        "suggested_area": options.suggested_area,
+        "configuration_url": options.configuration_url,
+    }
+    device.update({key: value for key, value in optional.items() if value})
+    return device
+
+
+def origin_info(version: str, options: DiscoveryOptions) -> dict[str, Any]:
+    origin: dict[str, Any] = {"name": PUBLISHER, "sw_version": version}
+    support_url = options.support_url or options.configuration_url
+    if support_url:
+        origin["support_url"] = support_url
+    return origin
+
+
+def discovery_messages(
+    device_id: str,
+    version: str,
+    state_topic: str,
+    availability_topic: str,
+    prefix: str | bool,
+    options: DiscoveryOptions | None = None,
+    event_topic: str | None = None,
+) -> list[tuple[str, dict[str, Any]]]:
+    """(topic, config) of every entity of the unit; empty when discovery is off."""
+    if not prefix:
+        return []
+    options = options or DiscoveryOptions()
+    device = device_info(device_id, version, options)
+    common: dict[str, Any] = {
+        "state_topic": state_topic,
+        "availability_topic": availability_topic,
+        "payload_available": ONLINE,
+        "payload_not_available": OFFLINE,
+        "device": device,
+        "origin": origin_info(version, options),
+    }
+    events = event_topic or state_topic.rsplit("/", 1)[0] + "/event"
+    messages: list[tuple[str, dict[str, Any]]] = []
+    for entity in unit_entities(options, events):
+        config = _config(entity, device_id, str(device["name"]), common, options)
+        messages.append(
+            (discovery_topic(str(prefix), entity.component, device_id, entity.key), config)
+        )
+    return messages
+
+
+def _config(
+    entity: Entity,
+    device_id: str,
+    device_name: str,
+    common: dict[str, Any],
+    options: DiscoveryOptions,
+) -> dict[str, Any]:
+    config: dict[str, Any] = {
+        "name": entity.name,
+        "unique_id": f"kiosk_agent_{device_id}_{entity.key}",
+        # the id 2024.3 derives from the names; 2025.10+ takes it as given
+        "default_entity_id": f"{entity.component}.{slug(f'{device_name} {entity.name}')}",
+        **common,
+        **entity.config,  # an entity may name its own state topic (the event entity does)
+    }
+    if entity.attributes:
+        config["json_attributes_topic"] = config["state_topic"]
+    if entity.expires and options.expire_after:
+        config["expire_after"] = options.expire_after
+    return config

@@ -1,0 +1,79 @@
+"""The HTTP heartbeat: each report POSTed as JSON to one configured URL."""
+
+from __future__ import annotations
+
+import json
+import logging
+from typing import Any
+
+import aiohttp
+
+from kiosk_agent.fleet.loopback import insecure_http
+from kiosk_agent.fleet.sink import SinkBase
+
+_LOGGER = logging.getLogger(__name__)
+
+
+class HttpSink(SinkBase):
+    """POSTs each report as JSON; anything but a 2xx keeps it queued for the next heartbeat.
+
+    A redirect is not followed: the report goes to the configured URL or nowhere (aiohttp would
+    strip the token on the way to another host, but send the report). It counts as a failed
+    delivery, naming where it pointed, so the operator fixes the URL.
+    """
+
+    name = "http"
+
+    def __init__(self, conf: dict[str, Any], queue_size: int) -> None:
+        super().__init__(queue_size)
+        self._url: str = conf["url"]
+        self._insecure = insecure_http(conf)
+        self._timeout = aiohttp.ClientTimeout(total=conf.get("timeout", 10.0))
+        self._headers = {"Content-Type": "application/json"}
+        if conf.get("token"):
+            self._headers["Authorization"] = f"Bearer {conf['token']}"
+        self._session: aiohttp.ClientSession | None = None
+
+    async def start(self) -> None:
+        if self._insecure:
+            _LOGGER.warning(
+                "upstream http: %s is plain http to another host (allow_insecure_http): the "
+                "fleet token and every report travel in clear; use https://",
+                self._url,
+            )
+        self._session = aiohttp.ClientSession(timeout=self._timeout, headers=self._headers)
+        await super().start()
+
+    async def stop(self) -> None:
+        await super().stop()
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    async def _run(self) -> None:
+        while True:
+            await self._wakeup.wait()
+            self._wakeup.clear()
+            await self.flush()
+
+    async def flush(self) -> None:
+        assert self._session is not None
+        while (report := self.queue.peek()) is not None:
+            try:
+                async with self._session.post(
+                    self._url, data=json.dumps(report), allow_redirects=False
+                ) as response:
+                    if response.status >= 300:
+                        self._failed(_refusal(response, self._url))
+                        return
+            except (aiohttp.ClientError, TimeoutError, OSError) as err:
+                self._failed(f"{type(err).__name__} posting to {self._url}")
+                return
+            self._sent_one()
+
+
+def _refusal(response: aiohttp.ClientResponse, url: str) -> str:
+    if 300 <= response.status < 400:
+        where = response.headers.get("Location", "?")
+        return f"HTTP {response.status} from {url}: a redirect to {where}, not followed"
+    return f"HTTP {response.status} from {url}"

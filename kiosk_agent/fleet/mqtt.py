@@ -1,0 +1,293 @@
+"""The MQTT heartbeat: one connection to the broker, the unit's retained topics, HA discovery.
+
+Built to hold for thousands of units on one broker:
+
+- reconnects wait a random time below a doubling ceiling (``fleet.backoff``), so a broker
+  restart is not met by every unit in the same second;
+- Home Assistant's birth message (``<prefix>/status`` = ``online``) is answered by one
+  re-announce after the births have stopped for ``BirthPolicy.settle`` (plus a per-unit random
+  delay), never sooner than ``min_gap`` after the last one; the gap doubles while births keep
+  coming (up to ``max_gap``). Any broker client can publish a birth message: a storm of them
+  costs each unit one announce, and one log line a minute.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import random
+import ssl
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import aiomqtt
+
+from kiosk_agent.core.logging import RefusalLog
+from kiosk_agent.fleet.backoff import Backoff
+from kiosk_agent.fleet.discovery import discovery_messages
+from kiosk_agent.fleet.entities import RETIRED, DiscoveryOptions
+from kiosk_agent.fleet.loopback import insecure_mqtt
+from kiosk_agent.fleet.sink import SinkBase
+from kiosk_agent.fleet.topics import OFFLINE, ONLINE, discovery_topic, unit_base_topic
+
+_LOGGER = logging.getLogger(__name__)
+
+MAX_EVENTS = 100  # Home Assistant events kept while the broker is away (oldest dropped)
+
+
+@dataclass(frozen=True, slots=True)
+class BirthPolicy:
+    """How the unit answers Home Assistant's birth messages (seconds)."""
+
+    settle: float = 1.0  # the births must have stopped this long
+    spread: float = 2.0  # plus a random delay up to this, so a fleet does not answer at once
+    longest: float = 10.0  # a storm that never stops is answered after this anyway
+    min_gap: float = 5.0  # never two announces closer than this
+    max_gap: float = 60.0  # births that keep coming double the gap up to this
+
+
+class MqttSink(SinkBase):
+    """Keeps one MQTT connection; announces the unit to Home Assistant; publishes reports.
+
+    The last will marks the unit offline when the connection drops without a goodbye; a clean
+    stop publishes ``offline`` itself.
+    """
+
+    name = "mqtt"
+
+    def __init__(
+        self,
+        conf: dict[str, Any],
+        queue_size: int,
+        device_id: str,
+        version: str,
+        discovery: DiscoveryOptions | None = None,
+        *,
+        births: BirthPolicy | None = None,
+        rng: random.Random | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ):
+        super().__init__(queue_size)
+        self._conf = conf
+        self.device_id = device_id
+        self._version = version
+        self._discovery = discovery or DiscoveryOptions()
+        self.base_topic = unit_base_topic(conf, device_id)
+        self.availability_topic = f"{self.base_topic}/availability"
+        self.state_topic = f"{self.base_topic}/state"
+        self.event_topic = f"{self.base_topic}/event"
+        self._prefix = conf.get("discovery_prefix", "homeassistant")
+        # Home Assistant's birth message: it (re)started and wants the discovery again
+        self.birth_topic = f"{self._prefix}/status" if self._prefix else None
+        self._rng = rng or random.Random()
+        self._clock = clock
+        self._backoff = Backoff(
+            conf.get("reconnect_interval", 5.0), conf.get("reconnect_max", 60.0), self._rng
+        )
+        self._births = births or BirthPolicy()
+        self._birth_log = RefusalLog(
+            _LOGGER,
+            "mqtt_birth",
+            first=1,
+            interval=60.0,
+            level=logging.INFO,
+            what="birth message(s)",
+        )
+        self._birth_first: float | None = None  # when the births now waited on began
+        self._birth_last = 0.0
+        self._birth_delay = 0.0
+        self._announce_gap = self._births.min_gap
+        self._last_announce = -float("inf")
+        self.reannounce_at: float | None = None
+        self.births_heard = 0
+        self.connected = False
+        self.connects = 0
+        self.announcements = 0
+        self.events: deque[dict[str, Any]] = deque(maxlen=MAX_EVENTS)
+        self.events_sent = 0
+        self.last_report: dict[str, Any] | None = None
+        self._client: aiomqtt.Client | None = None
+
+    def publish_event(self, event_type: str, **attributes: Any) -> None:
+        """Fire Home Assistant's Alert event entity (not retained: a replay is not an event)."""
+        self.events.append({"event_type": event_type, **attributes})
+        self.wake()
+
+    async def start(self) -> None:
+        if insecure_mqtt(self._conf):
+            _LOGGER.warning(
+                "upstream mqtt: the password to %s travels in clear (no tls, allow_insecure)",
+                self._conf["host"],
+            )
+        await super().start()
+
+    def _new_client(self) -> aiomqtt.Client:
+        return mqtt_client(
+            self._conf,
+            f"kiosk-agent-{self.device_id}",
+            timeout=10,
+            keepalive=self._conf.get("keepalive", 60),
+            will=aiomqtt.Will(self.availability_topic, OFFLINE, qos=1, retain=True),
+        )
+
+    async def _run(self) -> None:
+        while True:
+            try:
+                async with self._new_client() as client:
+                    self._client = client
+                    await self._announce(client, first=self.connects == 0)
+                    if self.last_report is not None and not self.queue:
+                        # a broker restarted without persistence lost it: HA would show
+                        # "unknown" until the next beat
+                        await self._publish_state(client, self.last_report)
+                    self.connected = True
+                    self.connects += 1
+                    self._backoff.reset()
+                    await self._serve(client)
+            except (aiomqtt.MqttError, OSError) as err:
+                self._failed(f"broker {self._conf['host']}:{self._conf.get('port', 1883)}: {err}")
+            finally:
+                self.connected = False
+                self._client = None
+            await asyncio.sleep(self._backoff.next())
+
+    async def _serve(self, client: aiomqtt.Client) -> None:
+        """Flush on every wake-up until the connection is lost (then raise MqttError)."""
+        if self.birth_topic is not None:
+            await client.subscribe(self.birth_topic, qos=1)
+        lost: asyncio.Future[None] = asyncio.ensure_future(self._listen(client))
+        woken: asyncio.Future[Any] | None = None
+        try:
+            while True:
+                await self._flush(client)
+                if self.reannounce_at is not None and self._clock() >= self.reannounce_at:
+                    await self._reannounce(client)
+                woken = asyncio.ensure_future(self._wakeup.wait())
+                timeout = None
+                if self.reannounce_at is not None:
+                    timeout = max(0.0, self.reannounce_at - self._clock())
+                await asyncio.wait(
+                    (woken, lost), timeout=timeout, return_when=asyncio.FIRST_COMPLETED
+                )
+                if lost.done():
+                    lost.result()
+                self._wakeup.clear()
+        finally:
+            lost.cancel()
+            if woken is not None:
+                woken.cancel()
+
+    async def _listen(self, client: aiomqtt.Client) -> None:
+        """Hear Home Assistant's birth message until the connection drops (then MqttError).
+
+        The message iterator is aiomqtt's one public way to hear that the link dropped."""
+        async for message in client.messages:
+            if self.birth_topic is None or str(message.topic) != self.birth_topic:
+                continue
+            payload = message.payload
+            text = payload.decode(errors="replace") if isinstance(payload, bytes) else payload
+            if text == ONLINE:
+                self.heard_birth()
+        raise aiomqtt.MqttError("connection closed")
+
+    def heard_birth(self) -> None:
+        """A birth message: (re)schedule the one re-announce that answers it and its fellows."""
+        now = self._clock()
+        self.births_heard += 1
+        policy = self._births
+        if self._birth_first is None:
+            self._birth_first = now
+            self._birth_delay = self._rng.uniform(0.0, policy.spread)
+            if now - self._birth_last < self._announce_gap:  # births keep coming: back off
+                self._announce_gap = min(self._announce_gap * 2, policy.max_gap)
+            else:
+                self._announce_gap = policy.min_gap
+        self._birth_last = now
+        due = min(now + policy.settle, self._birth_first + policy.longest) + self._birth_delay
+        self.reannounce_at = max(due, self._last_announce + self._announce_gap)
+        self._birth_log(
+            "birth",
+            "upstream mqtt: Home Assistant (re)started: announcing again in %.1f s",
+            self.reannounce_at - now,
+        )
+        self.wake()
+
+    async def _reannounce(self, client: aiomqtt.Client) -> None:
+        self.reannounce_at = None
+        self._birth_first = None
+        await self._announce(client)
+        if self.last_report is not None:  # its entities get a state at once
+            await self._publish_state(client, self.last_report)
+
+    async def _publish_state(self, client: aiomqtt.Client, report: dict[str, Any]) -> None:
+        await client.publish(self.state_topic, json.dumps(report), qos=1, retain=True)
+
+    async def _announce(self, client: aiomqtt.Client, *, first: bool = False) -> None:
+        for topic, config in discovery_messages(
+            self.device_id,
+            self._version,
+            self.state_topic,
+            self.availability_topic,
+            self._prefix,
+            self._discovery,
+            self.event_topic,
+        ):
+            await client.publish(topic, json.dumps(config), qos=1, retain=True)
+        if first and self._prefix:  # configs an earlier version announced: HA drops them
+            for component, key in RETIRED:
+                topic = discovery_topic(self._prefix, component, self.device_id, key)
+                await client.publish(topic, b"", qos=1, retain=True)
+        await client.publish(self.availability_topic, ONLINE, qos=1, retain=True)
+        self.announcements += 1
+        self._last_announce = self._clock()
+
+    async def _flush(self, client: aiomqtt.Client) -> None:
+        while (report := self.queue.peek()) is not None:
+            await self._publish_state(client, report)
+            self.last_report = report
+            self._sent_one()
+        while self.events:
+            await client.publish(self.event_topic, json.dumps(self.events[0]), qos=1)
+            self.events.popleft()
+            self.events_sent += 1
+
+    async def stop(self) -> None:
+        client = self._client
+        if client is not None and self.connected:
+            # A clean goodbye: the broker does not send the will on a normal DISCONNECT.
+            with contextlib.suppress(aiomqtt.MqttError, TimeoutError):
+                async with asyncio.timeout(2):
+                    await client.publish(self.availability_topic, OFFLINE, qos=1, retain=True)
+        await super().stop()
+
+
+def mqtt_tls_context(conf: dict[str, Any]) -> ssl.SSLContext | None:
+    """The TLS context for an `mqtt:` section; it always verifies the broker's certificate."""
+    if not conf.get("tls"):
+        return None
+    return ssl.create_default_context(cafile=conf.get("ca_file"))
+
+
+def mqtt_client(
+    conf: dict[str, Any], identifier: str, *, timeout: float, **options: Any
+) -> aiomqtt.Client:
+    """A client of the broker an `mqtt:` section names: its address, credentials and TLS.
+
+    ``identifier`` must be the caller's own: a second client with the running agent's id would
+    disconnect it. ``options`` go to ``aiomqtt.Client`` (keepalive, will).
+    """
+    return aiomqtt.Client(
+        conf["host"],
+        conf.get("port", 1883),
+        username=conf.get("username"),
+        password=conf.get("password"),
+        identifier=identifier,
+        timeout=timeout,
+        tls_context=mqtt_tls_context(conf),
+        **options,
+    )

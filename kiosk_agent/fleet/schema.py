@@ -1,0 +1,113 @@
+"""The ``upstream:`` section: its voluptuous schema, registered with the core configuration."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import voluptuous as vol
+
+from kiosk_agent.core.config import register_section
+from kiosk_agent.fleet.loopback import insecure_http, insecure_mqtt
+from kiosk_agent.fleet.topics import DEVICE_ID, DEVICE_ID_RULE
+
+_seconds = vol.All(vol.Coerce(float), vol.Range(min=0.05, max=86400.0))
+
+
+def _refuse_clear_text(conf: dict[str, Any]) -> dict[str, Any]:
+    if insecure_http(conf) and not conf["allow_insecure_http"]:
+        raise vol.Invalid(
+            "an http:// heartbeat to another host sends the fleet token and the reports in "
+            "clear: use https://, or set allow_insecure_http: true to accept that "
+            "(http:// to a loopback address is always allowed)",
+            path=["url"],
+        )
+    return conf
+
+
+HTTP_SCHEMA = vol.All(
+    vol.Schema(
+        {
+            vol.Required("url"): vol.All(
+                str, vol.Match(r"^https?://", msg="expected an http(s) URL")
+            ),
+            # Sent as a bearer token; use !secret. Never logged.
+            vol.Optional("token"): str,
+            vol.Optional("timeout", default=10.0): _seconds,
+            # http:// to a host other than this one: the token travels in clear (warned at start)
+            vol.Optional("allow_insecure_http", default=False): bool,
+        }
+    ),
+    _refuse_clear_text,
+)
+
+
+def _refuse_clear_password(conf: dict[str, Any]) -> dict[str, Any]:
+    if insecure_mqtt(conf) and not conf["allow_insecure"]:
+        raise vol.Invalid(
+            "a password to a broker on another host without tls: true travels in clear: "
+            "turn on tls (port 8883 usually), or set allow_insecure: true to accept that "
+            "(a broker on a loopback address is always allowed)",
+            path=["password"],
+        )
+    return conf
+
+
+MQTT_SCHEMA = vol.All(
+    vol.Schema(
+        {
+            vol.Required("host"): str,
+            vol.Optional("port", default=1883): vol.All(int, vol.Range(min=1, max=65535)),
+            vol.Optional("username"): str,
+            vol.Optional("password"): str,
+            vol.Optional("topic_prefix", default="kiosk-agent"): str,
+            # Home Assistant's discovery prefix; false turns discovery off.
+            vol.Optional("discovery_prefix", default="homeassistant"): vol.Any(str, False),
+            # TLS to the broker (port 8883 usually); ca_file: a private CA instead of the system's.
+            vol.Optional("tls", default=False): bool,
+            vol.Optional("ca_file"): str,
+            vol.Optional("keepalive", default=60): vol.All(int, vol.Range(min=5, max=3600)),
+            # the first reconnect waits up to this (at random), each next one up to twice as long,
+            # at most reconnect_max: a fleet spreads its reconnects after a broker restart
+            vol.Optional("reconnect_interval", default=5.0): _seconds,
+            vol.Optional("reconnect_max", default=60.0): _seconds,
+            # a password without tls to another host: refused unless this says it is accepted
+            vol.Optional("allow_insecure", default=False): bool,
+        }
+    ),
+    _refuse_clear_password,
+)
+
+UPSTREAM_SCHEMA = vol.Schema(
+    {
+        # How this unit is named upstream; default: the host name.
+        vol.Optional("device_id"): vol.All(str, vol.Match(DEVICE_ID, msg=DEVICE_ID_RULE)),
+        # Home Assistant's device: its name (default: the device id), area, serial, model id;
+        # support_url: the origin's support link (default: configuration_url)
+        vol.Optional("name"): vol.All(str, vol.Length(min=1, max=64)),
+        vol.Optional("suggested_area"): vol.All(str, vol.Length(min=1, max=64)),
+        vol.Optional("serial_number"): vol.All(str, vol.Length(min=1, max=64)),
+        vol.Optional("model_id"): vol.All(str, vol.Length(min=1, max=64)),
+        vol.Optional("support_url"): vol.All(
+            str, vol.Match(r"^https?://[^\s]+$", msg="expected an http(s) URL")
+        ),
+        # each heartbeat waits interval +- this fraction (at random): units drift apart
+        vol.Optional("jitter", default=0.1): vol.All(
+            vol.Coerce(float), vol.Range(min=0.0, max=0.5)
+        ),
+        vol.Optional("interval", default=60.0): _seconds,
+        # The first heartbeat waits for the serial links and first checks, at most this long.
+        vol.Optional("start_grace", default=10.0): vol.All(
+            vol.Coerce(float), vol.Range(min=0.0, max=600.0)
+        ),
+        # Where the unit's status page is, as Home Assistant's "Visit" link (default: the admin
+        # API's address when it listens beyond loopback).
+        vol.Optional("configuration_url"): vol.All(
+            str, vol.Match(r"^https?://[^\s]+$", msg="expected an http(s) URL")
+        ),
+        vol.Optional("queue_size", default=500): vol.All(int, vol.Range(min=1, max=100000)),
+        vol.Optional("http"): HTTP_SCHEMA,
+        vol.Optional("mqtt"): MQTT_SCHEMA,
+    }
+)
+
+register_section("upstream", UPSTREAM_SCHEMA)

@@ -1,0 +1,67 @@
+"""What every heartbeat destination shares: its queue, counters, wake-up and background loop."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Protocol
+
+from kiosk_agent.fleet.queue import ReportQueue
+from kiosk_agent.redact import redact
+from kiosk_agent.tasks import BackgroundTask
+
+_LOGGER = logging.getLogger(__name__)
+
+
+class Sink(Protocol):
+    name: str
+    queue: ReportQueue
+    sent: int
+    failures: int
+    last_sent_at: float | None
+    last_error: str
+
+    def wake(self) -> None: ...
+
+    async def start(self) -> None: ...
+
+    async def stop(self) -> None: ...
+
+
+class SinkBase:
+    name = "sink"
+
+    def __init__(self, queue_size: int) -> None:
+        self.queue = ReportQueue(queue_size)
+        self.sent = 0
+        self.failures = 0
+        self.last_sent_at: float | None = None
+        self.last_error = ""
+        self._wakeup = asyncio.Event()
+        self._loop = BackgroundTask(self._run, f"upstream-{self.name}")
+
+    def wake(self) -> None:
+        self._wakeup.set()
+
+    async def start(self) -> None:
+        self._loop.start()
+
+    async def stop(self) -> None:
+        await self._loop.stop()
+
+    async def _run(self) -> None:
+        raise NotImplementedError
+
+    def _sent_one(self) -> None:
+        self.queue.pop()
+        self.sent += 1
+        self.last_sent_at = time.time()
+        self.last_error = ""
+
+    def _failed(self, error: str) -> None:
+        error = redact(error)  # a URL or broker message may carry a credential
+        self.failures += 1
+        if error != self.last_error:
+            _LOGGER.warning("upstream %s: %s (%d queued)", self.name, error, len(self.queue))
+        self.last_error = error

@@ -1,0 +1,44 @@
+"""Where a unit publishes: its own topics and its Home Assistant discovery configs.
+
+``<topic_prefix>/<device_id>/state`` (the report, retained), ``.../availability`` (``online`` /
+``offline``, retained; the broker's last will), ``.../event`` (Home Assistant events, not
+retained) and ``<discovery_prefix>/<component>/<device_id>/<key>/config`` per entity.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from kiosk_agent.fleet.entities import RETIRED, DiscoveryOptions, unit_entities
+
+ONLINE = "online"
+OFFLINE = "offline"
+
+# A device id is one topic level of plain characters: never an MQTT wildcard (+ #) or a "/".
+DEVICE_ID = re.compile(r"^[A-Za-z0-9_-]+$")
+DEVICE_ID_RULE = "letters, digits, '-' and '_' only"
+
+
+def discovery_topic(prefix: str, component: str, device_id: str, key: str) -> str:
+    return f"{prefix}/{component}/{device_id}/{key}/config"
+
+
+def unit_base_topic(mqtt: dict[str, Any], device_id: str) -> str:
+    """Where a unit's own topics live: ``<topic_prefix>/<device_id>``."""
+    return f"{mqtt.get('topic_prefix', 'kiosk-agent')}/{device_id}"
+
+
+def discovery_topics(mqtt: dict[str, Any], device_id: str) -> list[str]:
+    """The config topics of a unit's entities (without its terminals') and retired ones."""
+    prefix = mqtt.get("discovery_prefix", "homeassistant")
+    if not prefix:
+        return []
+    keys = [(e.component, e.key) for e in unit_entities(DiscoveryOptions(), "")] + RETIRED
+    return [discovery_topic(prefix, c, device_id, key) for c, key in keys]
+
+
+def unit_topics(mqtt: dict[str, Any], device_id: str) -> list[str]:
+    """Every retained topic a unit publishes: state, availability, each discovery config."""
+    base = unit_base_topic(mqtt, device_id)
+    return [f"{base}/state", f"{base}/availability", *discovery_topics(mqtt, device_id)]

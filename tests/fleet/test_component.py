@@ -1,0 +1,204 @@
+"""The `upstream:` component: when the first report goes out, what is reported at once."""
+
+import asyncio
+import json
+import socket
+import time
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from kiosk_agent.app import load_agent
+from kiosk_agent.cli.sim import settings_from_ready
+from kiosk_agent.core.agent import Agent
+from kiosk_agent.core.availability import Availability
+from kiosk_agent.core.config import load_config
+from kiosk_agent.fleet.component import Upstream, configuration_url
+from kiosk_agent.sales.model import SaleEvent
+from kiosk_agent.sales.states import SaleState
+
+from ..core.agent_helpers import write_config
+from ..core.test_recovery import leave_open
+from ..helpers import until
+from ..mqtt_broker import Observer, mosquitto
+from .helpers import Recovering, settled_agent
+
+__all__ = ["mosquitto"]  # the broker fixture, imported for the tests below
+
+
+def test_expire_after_is_three_heartbeats_and_the_url_the_admin_api() -> None:
+    agent = settled_agent()
+    agent.config = {"admin": {"host": "0.0.0.0", "port": 8124}}  # noqa: S104 - a config value
+    agent.settings = SimpleNamespace(currency="EUR", terminals={"SIM-0001": "front"})
+    upstream = Upstream(agent, {"interval": 20, "mqtt": {"host": "broker"}})
+    discovery = upstream.sinks[0]._discovery  # type: ignore[attr-defined]
+    assert discovery.expire_after == 66  # three intervals, each up to 10 % late (jitter)
+    assert discovery.terminals == (("SIM-0001", "front"),)
+    assert discovery.currency == "EUR"
+    assert discovery.configuration_url == f"http://{socket.gethostname()}:8124/"
+    agent.config = {"admin": {"host": "127.0.0.1", "port": 8124}}
+    assert configuration_url(agent, {}) is None  # nobody else could open a loopback page
+    assert configuration_url(agent, {"configuration_url": "https://k7.example/"}) == (
+        "https://k7.example/"
+    )
+
+
+async def test_the_first_report_waits_for_the_links_to_settle() -> None:
+    agent = settled_agent()
+    agent.health.report_service(True)
+    agent.health.report_link("mdb:front", "connecting")
+    upstream = Upstream(agent, {"interval": 3600, "start_grace": 30})
+    await upstream.start()
+    try:
+        await asyncio.sleep(0.2)
+        assert upstream.heartbeats == 0  # a connecting link is not a problem yet
+        agent.health.report_link("mdb:front", "connected")
+        await until(lambda: upstream.heartbeats == 1)
+        assert upstream.heartbeat()["status"] == "ok"
+    finally:
+        await upstream.stop()
+
+
+async def test_a_link_that_never_connects_is_reported_after_the_grace() -> None:
+    agent = settled_agent()
+    agent.health.report_service(True)
+    agent.health.report_link("mdb:front", "connecting")
+    upstream = Upstream(agent, {"interval": 3600, "start_grace": 0.3})
+    await upstream.start()
+    try:
+        await until(lambda: upstream.heartbeats == 1)
+        assert upstream.first_report_waited_s is not None
+        assert upstream.first_report_waited_s >= 0.2
+    finally:
+        await upstream.stop()
+
+
+@pytest.mark.mqtt
+async def test_an_agent_configured_with_upstream_reports_itself(
+    tmp_path: Path, mosquitto: int, sim_settings: Any
+) -> None:
+    config = tmp_path / "config.yaml"
+    config.write_text(
+        "service:\n  simulator: {time_scale: 50}\n"
+        "terminals:\n  - device_id: SIM-0001\n"
+        "journal: {path: journal.db}\n"
+        f"upstream:\n  device_id: store-42\n  mqtt: {{host: 127.0.0.1, port: {mosquitto}}}\n"
+    )
+    observer = Observer(mosquitto)
+    await observer.start("kiosk-agent/store-42/#")
+    agent = load_agent(config, sim_settings, systemd=False)
+    await agent.start()
+    try:
+        await until(lambda: bool(observer.on("kiosk-agent/store-42/state")))
+        report = json.loads(observer.on("kiosk-agent/store-42/state")[-1])
+        assert report["version"] == agent.version
+        assert [t["device_id"] for t in report["terminals"]] == ["SIM-0001"]
+    finally:
+        await agent.stop()
+    await until(lambda: observer.on("kiosk-agent/store-42/availability")[-1:] == ["offline"])
+    await observer.stop()
+
+
+async def test_going_out_of_service_is_reported_at_once() -> None:
+    agent = settled_agent()
+    agent.availability = Availability(agent.health, ["SIM-0001"], hold_off=0)
+    upstream = Upstream(agent, {"interval": 3600})
+    await upstream.start()
+    try:
+        await until(lambda: upstream.heartbeats == 1)
+        agent.health.report_terminal("SIM-0001", online=False)
+        agent.availability.evaluate()
+        await until(lambda: upstream.heartbeats == 2)  # not an hour later
+        report = upstream.heartbeat()
+        assert report["out_of_service"] == ["SIM-0001"]
+        assert "card payment unavailable on SIM-0001: terminal offline" in report["problems"]
+    finally:
+        await upstream.stop()
+
+
+
+async def test_the_first_report_waits_for_recovery_after_a_crash() -> None:
+    """Before: the first report went out 3 ms after "ready", while recovery was still putting
+    the sales a crash left open into attention: HA showed ok, then degraded a minute later."""
+    agent = settled_agent()
+    agent.recovery = Recovering()
+    upstream = Upstream(agent, {"interval": 3600, "start_grace": 30})
+    await upstream.start()
+    try:
+        await asyncio.sleep(0.2)
+        assert upstream.heartbeats == 0
+        agent.health.record_sale(_sale("s-1", SaleState.ATTENTION))  # recovery decides
+        agent.recovery.state = "done"
+        await until(lambda: upstream.heartbeats == 1)
+        assert upstream.heartbeat()["status"] == "degraded"  # the first report says so
+    finally:
+        await upstream.stop()
+
+
+async def test_a_serial_adapter_that_appears_late_is_not_a_problem_at_start() -> None:
+    """A USB adapter that appears 3 s after boot fails its first open at once: the link is
+    `disconnected`, never `connecting`. It is still starting: the first report waits for it."""
+    agent = settled_agent()
+    agent.health.report_link("mdb:front", "disconnected", "/dev/ttyUSB0: no such device")
+    upstream = Upstream(agent, {"interval": 3600, "start_grace": 30})
+    await upstream.start()
+    try:
+        await asyncio.sleep(0.2)
+        assert upstream.heartbeats == 0
+        agent.health.report_link("mdb:front", "connected")
+        await until(lambda: upstream.heartbeats == 1)
+        assert upstream.heartbeat()["problems"] == []
+    finally:
+        await upstream.stop()
+    # once it has been up, losing it is a problem at once: nothing waits for it
+    agent.health.report_link("mdb:front", "disconnected", "unplugged")
+    assert agent.health.settling() == []
+
+
+async def test_a_sale_needing_attention_is_reported_at_once() -> None:
+    agent = settled_agent()
+    upstream = Upstream(agent, {"interval": 3600}, change_gap=0.05)
+    await upstream.start()
+    try:
+        await until(lambda: upstream.heartbeats == 1)
+        agent.health.record_sale(_sale("s-2", SaleState.ATTENTION))
+        await until(lambda: upstream.heartbeats == 2)  # not an hour later
+        assert upstream.prompt_heartbeats == 1
+        # a change nobody must act on (an API key's expiry ticking down) waits for the beat
+        agent.health.report_service(True)
+        agent.health.record_sale(_sale("s-3", SaleState.COMPLETED))
+        await asyncio.sleep(0.2)
+        assert upstream.heartbeats == 2
+    finally:
+        await upstream.stop()
+
+
+def _sale(sale_id: str, state: SaleState) -> SaleEvent:
+    return SaleEvent(sale_id=sale_id, order_id=f"o-{sale_id}", source="mdb:front", state=state,
+                     amount_cents=250, terminal="SIM-0001", message="capture.failed")
+
+
+async def test_a_real_agent_after_a_crash_reports_once_recovery_has_decided(
+    sim_factory: Any, tmp_path: Path
+) -> None:
+    """The defect as met on a real unit: the agent says ready while recovery still works on a
+    sale a crash left open; its first report must wait for recovery's verdict."""
+    leave_open(tmp_path, state=SaleState.AUTHORIZING, answer_by=time.time() + 1.0)
+    sim = await sim_factory(time_scale=300, transactions=0)
+    config = load_config(write_config(tmp_path, "upstream: {interval: 3600, start_grace: 30}\n"))
+    agent = Agent(config, settings_from_ready(sim.ready_info(), timeout=5))
+    agent.add_component(Upstream, config["upstream"])
+    await agent.start()
+    try:
+        [upstream] = agent.components
+        assert isinstance(upstream, Upstream)
+        assert agent.recovery.state == "running"  # ready, recovery still at work
+        assert upstream.heartbeats == 0
+        await until(lambda: upstream.heartbeats == 1, timeout=10)
+        assert agent.recovery.state == "done"
+        assert upstream.first_report_waited_s is not None
+        assert upstream.first_report_waited_s >= 0.5
+    finally:
+        await agent.stop()

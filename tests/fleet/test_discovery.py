@@ -1,0 +1,185 @@
+"""Home Assistant discovery: one device, its entities, each config checked against the rules of
+the HA releases units run (2024.3 and 2026.2), and what each of them drops."""
+
+import datetime as dt
+import json
+from typing import Any
+
+import pytest
+
+from kiosk_agent.fleet.discovery import discovery_messages
+from kiosk_agent.fleet.entities import EVENT_TYPES, DiscoveryOptions
+from kiosk_agent.fleet.report import build_report
+
+from . import home_assistant_rules as ha
+from .helpers import settled_agent
+
+STATE = "kiosk-agent/unit-1/state"
+AVAILABILITY = "kiosk-agent/unit-1/availability"
+FULL = {
+    "expire_after": 198,
+    "configuration_url": "http://kiosk-7:8124/",
+    "currency": "EUR",
+    "suggested_area": "Lobby",
+    "serial_number": "PI-00042",
+    "model_id": "vm-mdb",
+    "terminals": (("SIM-0001", "front"), ("SIM-0002", "")),
+}
+
+
+def _messages(device_id: str = "unit-1", **options: Any) -> list[tuple[str, dict[str, Any]]]:
+    return discovery_messages(
+        device_id, "1.2.3", STATE, AVAILABILITY, "homeassistant", DiscoveryOptions(**options)
+    )
+
+
+def _discovery(**options: Any) -> dict[str, dict[str, Any]]:
+    return {topic.split("/")[-2]: config for topic, config in _messages(**options)}
+
+
+def test_discovery_describes_one_device_with_its_entities() -> None:
+    messages = discovery_messages("unit-1", "1.0", "k/unit-1/state", "k/unit-1/availability", "ha")
+    topics = [topic for topic, _ in messages]
+    assert len(topics) == 14
+    assert "ha/binary_sensor/unit-1/problem/config" in topics
+    assert "ha/sensor/unit-1/sales_today_amount/config" in topics
+    assert "ha/event/unit-1/alert/config" in topics
+    assert "ha/sensor/unit-1/uptime/config" not in topics  # retired: "Started at" instead
+    identifiers = {json.dumps(config["device"]["identifiers"]) for _, config in messages}
+    assert identifiers == {'["kiosk_agent_unit-1"]'}
+    assert all(config["availability_topic"] == "k/unit-1/availability" for _, config in messages)
+    assert discovery_messages("unit-1", "1.0", "s", "a", False) == []
+
+
+@pytest.mark.parametrize("version", sorted(ha.VERSIONS))
+def test_discovery_follows_home_assistants_rules(version: str) -> None:
+    for topic, config in _messages(**FULL):
+        assert ha.violations(topic, config, version) == [], topic
+
+
+def test_which_home_assistant_gets_what() -> None:
+    """2026.2 takes every key; 2024.3 drops the Status options (it shows the status as text),
+    the default entity ids (it derives the same ids from the names) and the model id."""
+    newest = {topic: ha.dropped(topic, config, "2026.2") for topic, config in _messages(**FULL)}
+    assert set(map(tuple, newest.values())) == {()}
+    oldest = {topic.split("/")[-2]: ha.dropped(topic, config, "2024.3")
+              for topic, config in _messages(**FULL)}
+    assert oldest.pop("status") == ["default_entity_id", "options", "device.model_id"]
+    assert set(map(tuple, oldest.values())) == {("default_entity_id", "device.model_id")}
+
+
+def test_names_follow_has_entity_name_and_entity_ids_are_stable() -> None:
+    """The entity's name is its own part; 2024.3 makes `<domain>.<device>_<name>` of them, and
+    2026.2 is told the same id, so both releases give `sensor.kiosk_a1_status`, not the
+    `sensor.kiosk_kiosk_a1_status` a device called "Kiosk kiosk-a1" gave."""
+    configs = {topic: config for topic, config in _messages("kiosk-a1")}
+    status = configs["homeassistant/sensor/kiosk-a1/status/config"]
+    assert (status["device"]["name"], status["name"]) == ("kiosk-a1", "Status")
+    assert status["default_entity_id"] == "sensor.kiosk_a1_status"
+    for config in configs.values():
+        derived = ha.slug_2024_3(config["device"]["name"], config["name"])
+        assert config["default_entity_id"].split(".", 1)[1] == derived
+        assert config["unique_id"].startswith("kiosk_agent_kiosk-a1_")  # history kept
+    named = _discovery(name="Lobby kiosk")["status"]
+    assert named["default_entity_id"] == "sensor.lobby_kiosk_status"
+
+
+def test_what_a_home_assistant_user_expects() -> None:
+    configs = _discovery(**FULL)
+    # per terminal: connectivity and card payments, named after the terminal
+    assert configs["terminal_sim_0001"]["name"] == "Terminal front"
+    assert configs["terminal_sim_0001"]["device_class"] == "connectivity"
+    assert configs["card_payments_sim_0002"]["name"] == "Card payments SIM-0002"
+    # alerts a person must act on, as an event entity on its own (not retained) topic
+    alert = configs["alert"]
+    assert alert["event_types"] == EVENT_TYPES
+    assert alert["state_topic"] == "kiosk-agent/unit-1/event"
+    assert "expire_after" not in alert
+    # icons, units on counts, display precision on amounts
+    assert all(c.get("icon", "mdi:").startswith("mdi:") for c in configs.values())
+    assert configs["sales_today"]["unit_of_measurement"] == "sales"
+    assert configs["terminals_online"]["unit_of_measurement"] == "terminals"
+    assert configs["sales_today_amount"]["suggested_display_precision"] == 2
+    # timestamps instead of an uptime that changes every heartbeat
+    for key in ("started_at", "last_heartbeat", "api_key_expires"):
+        assert configs[key]["device_class"] == "timestamp"
+    assert configs["service"]["device_class"] == "connectivity"
+    assert configs["version"]["value_template"] == "{{ value_json.version }}"
+    # diagnostics marked so, the noisy one off by default
+    diagnostic = {k for k, c in configs.items() if c.get("entity_category") == "diagnostic"}
+    assert diagnostic == {"journal", "started_at", "last_heartbeat", "api_key_expires", "version"}
+    assert [k for k, c in configs.items() if c.get("enabled_by_default") is False] == [
+        "last_heartbeat"
+    ]
+    # device info and origin
+    device = configs["status"]["device"]
+    assert (device["serial_number"], device["model_id"], device["suggested_area"]) == (
+        "PI-00042", "vm-mdb", "Lobby"
+    )
+    assert configs["status"]["origin"] == {
+        "name": "kiosk-agent", "sw_version": "1.2.3", "support_url": "http://kiosk-7:8124/"
+    }
+    assert _discovery(support_url="https://help.example/")["status"]["origin"]["support_url"] == (
+        "https://help.example/"
+    )
+
+
+def test_the_rules_catch_what_home_assistant_would_not_take() -> None:
+    """The checker itself: each of the issue's findings is caught."""
+    config = _discovery()["sales_today"]
+    topic = "homeassistant/sensor/u/sales_today/config"
+    assert ha.violations(topic, config, "2024.3") == []
+    assert ha.violations(topic, {**config, "expire_after": 180.0}, "2024.3") == [
+        "expire_after 180.0 is not a positive integer"
+    ]
+    amount = _discovery()["sales_today_amount"]
+    wrong = {**amount, "state_class": "total_increasing"}
+    assert ha.violations("homeassistant/sensor/u/a/config", wrong, "2026.2") == [
+        "state_class 'total_increasing' is impossible with device_class 'monetary'",
+        "last_reset_value_template with state_class 'total_increasing'",
+    ]
+    status = {k: v for k, v in _discovery()["status"].items() if k not in ("options", "origin")}
+    assert ha.violations("homeassistant/sensor/u/status/config", status, "2024.3") == [
+        "origin (o) is missing (device-based discovery requires it)",
+        "an enum sensor without options accepts any state",
+    ]
+    typo = {**status, "origin": {"name": "k"}, "typo": 1}
+    assert ha.violations("homeassistant/sensor/u/x/config", typo, "2024.3")[0] == (
+        "unknown key 'typo' (HA drops it silently)"
+    )
+    started = _discovery()["started_at"]
+    assert ha.violations("homeassistant/sensor/u/s/config", {**started, "unit_of_measurement": "s"},
+                         "2026.2") == ["timestamp sensors take no state_class and no unit"]
+    alert = _discovery()["alert"]
+    assert ha.violations("homeassistant/event/u/alert/config", {**alert, "expire_after": 9},
+                         "2026.2") == ["unknown key 'expire_after' (HA drops it silently)"]
+    abbreviated = {"stat_t": "s", "uniq_id": "u", "dev": {"ids": ["x"]}, "o": {"name": "k"},
+                   "stat_cla": "total_increasing", "exp_aft": 180}
+    assert ha.violations("homeassistant/sensor/u/x/config", abbreviated, "2024.3") == []
+    with_model_id = {**abbreviated, "dev": {"ids": ["x"], "model_id": "k1"}}
+    assert ha.dropped("homeassistant/sensor/u/x/config", with_model_id, "2024.3") == [
+        "device.model_id"
+    ]
+    assert ha.dropped("homeassistant/sensor/u/x/config", with_model_id, "2026.2") == []
+
+
+def test_every_template_reads_fields_the_report_has() -> None:
+    agent = settled_agent()
+    agent.health.report_key_expiry(4102444800.0)
+    report = build_report("unit-1", agent.health.snapshot(), 60.0)
+    for key, config in _discovery(terminals=(("SIM-0001", "front"),)).items():
+        for name in ("value_template", "last_reset_value_template", "json_attributes_template"):
+            for path in ha.template_paths(config.get(name, "")):
+                value: Any = report
+                for part in path:
+                    assert isinstance(value, dict), (key, name, path)
+                    assert part in value, (key, name, path)
+                    value = value[part]
+    assert report["status"] in _discovery()["status"]["options"]
+    # the daily amount's last reset: local midnight, an ISO 8601 time with its offset
+    day_started = dt.datetime.fromisoformat(report["sales"]["day_started"])
+    assert day_started.utcoffset() is not None
+    assert (day_started.hour, day_started.minute) == (0, 0)
+    for stamp in (report["started"], report["reported"], report["service"]["key_expires"]):
+        assert dt.datetime.fromisoformat(stamp).utcoffset() is not None
+    assert report["terminal_states"] == {"SIM-0001": {"online": True, "available": None}}

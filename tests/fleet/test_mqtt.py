@@ -1,0 +1,250 @@
+"""The MQTT heartbeat against a real Mosquitto: a TCP proxy between the unit and the broker plays
+the network (cutting it drops the connection without a goodbye, as a pulled cable would)."""
+
+import asyncio
+import json
+import random
+from dataclasses import replace
+from pathlib import Path
+
+import aiomqtt
+import pytest
+
+from kiosk_agent.bus import EventBus
+from kiosk_agent.core.availability import Availability
+from kiosk_agent.fleet.component import Upstream
+from kiosk_agent.fleet.mqtt import BirthPolicy, MqttSink
+from kiosk_agent.sales.model import SaleEvent
+from kiosk_agent.sales.states import SaleState
+
+from ..helpers import until
+from ..mqtt_broker import Observer, mosquitto, start_broker, stop_broker
+from . import home_assistant_rules as ha
+from .helpers import TcpProxy, make_certificates, settled_agent
+
+__all__ = ["mosquitto"]  # the broker fixture, imported for the tests below
+
+# --- MQTT ---------------------------------------------------------------------------------------
+
+
+@pytest.mark.mqtt
+async def test_mqtt_discovery_heartbeat_last_will_and_catch_up(mosquitto: int) -> None:
+    proxy = TcpProxy(mosquitto)
+    await proxy.open()
+    observer = Observer(mosquitto)
+    await observer.start("kiosk-agent/unit-9/#", "homeassistant/+/unit-9/#")
+    conf = {
+        "device_id": "unit-9",
+        "interval": 3600,
+        "queue_size": 2,
+        "mqtt": {"host": "127.0.0.1", "port": proxy.port, "reconnect_interval": 0.1},
+    }
+    upstream = Upstream(settled_agent(), conf)
+    availability = "kiosk-agent/unit-9/availability"
+    state = "kiosk-agent/unit-9/state"
+    await upstream.start()
+    try:
+        await until(lambda: len(observer.on(state)) == 1)
+        assert observer.on(availability) == ["online"]
+        problem = json.loads(observer.on("homeassistant/binary_sensor/unit-9/problem/config")[0])
+        assert problem["state_topic"] == state
+        assert problem["device"]["sw_version"] == "9.9.9"
+        assert json.loads(observer.on(state)[0])["terminals_online"] == 1
+
+        # Pull the cable: the broker publishes the last will.
+        await proxy.cut()
+        await until(lambda: observer.on(availability)[-1:] == ["offline"])
+        missed = [upstream.heartbeat() for _ in range(3)]
+        sink = upstream.sinks[0]
+        await until(lambda: sink.failures >= 1)
+        assert sink.queue.dropped == 1
+
+        # The network comes back: online again, and the kept reports arrive oldest first.
+        await proxy.open()
+        await until(lambda: len(observer.on(state)) == 3)
+        assert observer.on(availability)[-1] == "online"
+        assert [json.loads(p)["at"] for p in observer.on(state)[1:]] == [
+            r["at"] for r in missed[1:]
+        ]
+    finally:
+        await upstream.stop()
+    # A clean stop says goodbye itself.
+    await until(lambda: observer.on(availability)[-1:] == ["offline"])
+    await observer.stop()
+    await proxy.cut()
+
+
+@pytest.mark.mqtt
+async def test_mqtt_over_tls_verifies_the_broker(tmp_path: Path) -> None:
+    ca = make_certificates(tmp_path)
+    tls = f"cafile {ca}\ncertfile {tmp_path / 'server.crt'}\nkeyfile {tmp_path / 'server.key'}\n"
+    proc, port = start_broker(tmp_path, tls)
+    try:
+        mqtt = {"host": "127.0.0.1", "port": port, "tls": True, "reconnect_interval": 0.1}
+        conf = {"interval": 3600, "mqtt": {**mqtt, "ca_file": str(ca)}}
+        trusted = Upstream(settled_agent(), conf)
+        await trusted.start()
+        try:
+            await until(lambda: trusted.sinks[0].sent == 1)
+        finally:
+            await trusted.stop()
+        # without the private CA the broker's certificate is refused: nothing is sent
+        untrusted = Upstream(settled_agent(), {"interval": 3600, "mqtt": mqtt})
+        await untrusted.start()
+        try:
+            await until(lambda: untrusted.sinks[0].failures >= 1)
+            assert untrusted.sinks[0].sent == 0
+            assert untrusted.stats()["mqtt"]["queued"] == 1
+        finally:
+            await untrusted.stop()
+    finally:
+        stop_broker(proc)
+
+
+# quick answers to birth messages, for tests: the shape of the default, shorter
+QUICK_BIRTHS = BirthPolicy(settle=0.1, spread=0.05, longest=1.0, min_gap=0.3, max_gap=1.0)
+
+
+@pytest.mark.mqtt
+async def test_home_assistants_birth_message_brings_the_discovery_again(mosquitto: int) -> None:
+    observer = Observer(mosquitto)
+    await observer.start("kiosk-agent/unit-b/#", "homeassistant/+/unit-b/#")
+    conf = {
+        "device_id": "unit-b",
+        "interval": 3600,
+        "mqtt": {"host": "127.0.0.1", "port": mosquitto, "reconnect_interval": 0.1},
+    }
+    upstream = Upstream(settled_agent(), conf, births=QUICK_BIRTHS)
+    problem_topic = "homeassistant/binary_sensor/unit-b/problem/config"
+    await upstream.start()
+    try:
+        await until(lambda: len(observer.on("kiosk-agent/unit-b/state")) == 1)
+        configs = [t for t, payload, _ in observer.messages if t.endswith("/config") and payload]
+        assert len(configs) == 14
+        for topic in configs:  # what the broker hands Home Assistant passes HA's rules
+            payload = json.loads(observer.on(topic)[0])
+            assert ha.violations(topic, payload, "2024.3") == []
+            assert ha.violations(topic, payload, "2026.2") == []
+        assert json.loads(observer.on(problem_topic)[0])["expire_after"] == 11880
+        # the uptime sensor of earlier versions is cleared: HA removes it
+        assert observer.on("homeassistant/sensor/unit-b/uptime/config") == [""]
+
+        # Home Assistant restarts and says so: the unit announces itself and its state again
+        async with aiomqtt.Client("127.0.0.1", mosquitto) as home_assistant:
+            await home_assistant.publish("homeassistant/status", "online", qos=1)
+        await until(lambda: len(observer.on(problem_topic)) == 2)
+        await until(lambda: len(observer.on("kiosk-agent/unit-b/state")) == 2)
+        assert upstream.sinks[0].announcements == 2  # type: ignore[attr-defined]
+        assert observer.on("kiosk-agent/unit-b/availability")[-1] == "online"
+    finally:
+        await upstream.stop()
+        await observer.stop()
+
+
+@pytest.mark.mqtt
+async def test_a_storm_of_birth_messages_costs_one_announce_and_one_log_line(
+    mosquitto: int, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Any broker client can publish `homeassistant/status online`: 2,000 of them in 0.8 s
+    made a unit announce itself 2,000 times (and log 2,000 lines)."""
+    conf = {"device_id": "unit-s", "interval": 3600,
+            "mqtt": {"host": "127.0.0.1", "port": mosquitto, "reconnect_interval": 0.1}}
+    # answered at the latest after 5 s: a busy machine may take a second to hear 200 births
+    upstream = Upstream(settled_agent(), conf, births=replace(QUICK_BIRTHS, longest=5.0))
+    await upstream.start()
+    sink = upstream.mqtt
+    assert sink is not None
+    try:
+        await until(lambda: sink.sent == 1)
+        with caplog.at_level("INFO", logger="kiosk_agent.fleet.mqtt"):
+            async with aiomqtt.Client("127.0.0.1", mosquitto) as rogue:
+                for _ in range(200):
+                    await rogue.publish("homeassistant/status", "online", qos=0)
+            await until(lambda: sink.births_heard == 200)
+            await until(lambda: sink.announcements == 2)
+            await asyncio.sleep(0.5)  # longer than settle + spread + min_gap: nothing more
+        assert sink.announcements == 2  # the first, and one for the whole storm
+        assert sink.reannounce_at is None
+        lines = [r for r in caplog.records if "Home Assistant (re)started" in r.getMessage()]
+        assert len(lines) == 1
+    finally:
+        await upstream.stop()
+
+
+def test_births_that_keep_coming_are_answered_ever_more_rarely() -> None:
+    """The gap between announces doubles while births keep coming (up to max_gap), and one
+    that never stops is still answered after `longest`."""
+    now = [0.0]
+    sink = MqttSink({"host": "broker"}, 1, "u", "1", births=QUICK_BIRTHS,
+                    rng=random.Random(1), clock=lambda: now[0])
+    sink._last_announce = 0.0
+    due = []
+    for _ in range(3):
+        for _ in range(40):  # a birth every 0.05 s for 2 s: never settles
+            sink.heard_birth()
+            now[0] += 0.05
+            if sink.reannounce_at is not None and now[0] >= sink.reannounce_at:
+                due.append(round(sink.reannounce_at, 2))
+                sink._last_announce, sink.reannounce_at, sink._birth_first = now[0], None, None
+    gaps = [b - a for a, b in zip([0.0, *due], due, strict=False)]
+    assert len(due) >= 3
+    assert all(gap >= 0.3 for gap in gaps)  # never closer than min_gap
+    assert gaps[-1] > gaps[0]  # backing off
+
+
+@pytest.mark.mqtt
+async def test_alerts_go_out_as_home_assistant_events_at_once(mosquitto: int) -> None:
+    observer = Observer(mosquitto)
+    await observer.start("kiosk-agent/unit-e/event")
+    agent = settled_agent()
+    agent.events = EventBus()
+    agent.availability = Availability(agent.health, ["SIM-0001"], hold_off=0)
+    conf = {"device_id": "unit-e", "interval": 3600,
+            "mqtt": {"host": "127.0.0.1", "port": mosquitto, "reconnect_interval": 0.1}}
+    upstream = Upstream(agent, conf, change_gap=0.05)
+    await upstream.start()
+    try:
+        await until(lambda: upstream.heartbeats == 1)
+        attention = SaleEvent(
+            sale_id="s-9", order_id="o-9", source="mdb:front", terminal="SIM-0001",
+            state=SaleState.ATTENTION, amount_cents=250, message="capture.failed",
+        )
+        agent.events.publish(attention)
+        agent.health.report_terminal("SIM-0001", online=False)
+        agent.availability.evaluate()
+        await until(lambda: len(observer.messages) == 2)
+        events = {json.loads(p)["event_type"]: json.loads(p) for _, p, _ in observer.messages}
+        assert events["sale_needs_attention"]["sale_id"] == "s-9"
+        assert events["terminal_out_of_service"]["terminal"] == "SIM-0001"
+        assert not any(retain for _, _, retain in observer.messages)  # an event, not a state
+    finally:
+        await upstream.stop()
+        await observer.stop()
+
+
+@pytest.mark.mqtt
+async def test_after_a_broker_restart_the_unit_is_back_with_its_state(tmp_path: Path) -> None:
+    """A broker without persistence comes back empty: the unit reconnects (after a random
+    wait below reconnect_interval) and publishes its discovery, availability and last state."""
+    proc, port = start_broker(tmp_path)
+    conf = {"device_id": "unit-r", "interval": 3600,
+            "mqtt": {"host": "127.0.0.1", "port": port, "reconnect_interval": 0.2}}
+    upstream = Upstream(settled_agent(), conf)
+    await upstream.start()
+    sink = upstream.mqtt
+    assert sink is not None
+    try:
+        await until(lambda: sink.sent == 1)
+        stop_broker(proc)
+        await until(lambda: not sink.connected)
+        proc, _ = start_broker(tmp_path, port=port)
+        await until(lambda: sink.connects == 2, timeout=15)  # a busy machine restarts slowly
+        observer = Observer(port)
+        await observer.start("kiosk-agent/unit-r/#")
+        await until(lambda: len(observer.on("kiosk-agent/unit-r/state")) == 1)
+        assert observer.on("kiosk-agent/unit-r/availability") == ["online"]
+        await observer.stop()
+        assert sink.sent == 1  # the same report again, not a new heartbeat
+    finally:
+        await upstream.stop()
+        stop_broker(proc)

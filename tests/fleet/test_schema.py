@@ -1,0 +1,140 @@
+"""The `upstream:` section: bad fields named; credentials in clear refused unless allowed."""
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import voluptuous as vol
+
+from kiosk_agent.app import load_agent
+from kiosk_agent.cli import main
+from kiosk_agent.core.config import ConfigInvalid
+from kiosk_agent.fleet.component import Upstream
+from kiosk_agent.fleet.schema import UPSTREAM_SCHEMA
+
+from .helpers import settled_agent
+
+
+def test_schema_names_the_bad_field() -> None:
+    with pytest.raises(vol.Invalid, match="url"):
+        UPSTREAM_SCHEMA({"http": {"url": "ftp://x"}})
+    conf = UPSTREAM_SCHEMA({"mqtt": {"host": "broker"}})
+    assert conf["mqtt"]["port"] == 1883
+    assert conf["interval"] == 60.0
+
+
+# --- HTTP in clear: the fleet token must not leave the machine unencrypted ------------------------
+
+
+def _fleet_config(directory: Path, http: str) -> Path:
+    (directory / "secrets.yaml").write_text("fleet_token: fleet-token-0123456789\n")
+    (directory / "secrets.yaml").chmod(0o600)
+    path = directory / "config.yaml"
+    path.write_text(
+        "service:\n  simulator: {time_scale: 50}\n"
+        "terminals:\n  - device_id: SIM-0001\n"
+        "journal: {path: journal.db}\n"
+        f"upstream:\n  device_id: store-42\n  http: {http}\n"
+    )
+    return path
+
+
+def test_check_config_refuses_a_heartbeat_in_clear_to_another_host(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = _fleet_config(
+        tmp_path, "{url: 'http://fleet.example.com/hb', token: !secret fleet_token}"
+    )
+    assert main(["check-config", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert "upstream.http.url: an http:// heartbeat to another host sends the fleet token" in err
+    assert "allow_insecure_http: true" in err
+    assert "fleet-token-0123456789" not in err
+    assert "Traceback" not in err
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "https://fleet.example.com/hb",
+        "http://127.0.0.1:8080/hb",
+        "http://127.0.1.1/hb",
+        "http://[::1]:8080/hb",
+        "http://localhost/hb",
+        "http://localhost./hb",
+    ],
+)
+def test_https_and_loopback_heartbeats_need_no_permission(url: str) -> None:
+    conf = UPSTREAM_SCHEMA({"http": {"url": url, "token": "t"}})
+    assert conf["http"]["allow_insecure_http"] is False
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "http://fleet.example.com/hb",
+        "http://10.0.0.7/hb",
+        "http://localhost.evil.example/hb",
+        "http://127.0.0.1.evil.example/hb",
+        "http://[::ffff:10.0.0.7]/hb",
+        "http://user@10.0.0.7/hb",
+    ],
+)
+def test_clear_text_heartbeats_to_other_hosts_need_permission(url: str) -> None:
+    with pytest.raises(vol.Invalid, match="allow_insecure_http"):
+        UPSTREAM_SCHEMA({"http": {"url": url, "token": "t"}})
+    allowed = UPSTREAM_SCHEMA({"http": {"url": url, "allow_insecure_http": True}})
+    assert allowed["http"]["url"] == url
+
+
+async def test_the_agent_refuses_to_start_a_heartbeat_in_clear(tmp_path: Path) -> None:
+    path = _fleet_config(tmp_path, "{url: 'http://10.0.0.7/hb', token: !secret fleet_token}")
+    with pytest.raises(ConfigInvalid, match=r"upstream\.http\.url"):
+        load_agent(path, None, systemd=False)
+    with pytest.raises(vol.Invalid, match="allow_insecure_http"):  # the component itself too
+        Upstream(settled_agent(), {"http": {"url": "http://10.0.0.7/hb"}})
+
+
+@pytest.mark.parametrize(
+    "mqtt",
+    [
+        {"host": "broker.example.com", "username": "u", "password": "p", "tls": True},
+        {"host": "127.0.0.1", "username": "u", "password": "p"},
+        {"host": "localhost", "password": "p"},
+        {"host": "broker.example.com"},  # no password: nothing secret to carry
+    ],
+)
+def test_mqtt_credentials_in_clear_only_to_this_machine(mqtt: dict[str, Any]) -> None:
+    assert UPSTREAM_SCHEMA({"mqtt": mqtt})["mqtt"]["allow_insecure"] is False
+
+
+@pytest.mark.parametrize("host", ["broker.example.com", "10.0.0.7", "localhost.evil.example"])
+def test_a_password_on_plain_mqtt_to_another_host_is_refused(host: str) -> None:
+    mqtt = {"host": host, "username": "store-42", "password": "p"}
+    with pytest.raises(vol.Invalid, match="allow_insecure: true") as refused:
+        UPSTREAM_SCHEMA({"mqtt": mqtt})
+    assert refused.value.path == ["mqtt", "password"]
+    assert UPSTREAM_SCHEMA({"mqtt": {**mqtt, "allow_insecure": True}})["mqtt"]["host"] == host
+
+
+@pytest.mark.parametrize("device_id", ["+", "#", "a/b", "unit 1", ""])
+def test_a_device_id_is_one_plain_topic_level(device_id: str) -> None:
+    with pytest.raises(vol.Invalid, match="letters, digits"):
+        UPSTREAM_SCHEMA({"device_id": device_id})
+
+
+def test_check_config_refuses_a_broker_password_in_clear(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / "secrets.yaml").write_text("mqtt_password: broker-pass-0123456789\n")
+    (tmp_path / "secrets.yaml").chmod(0o600)
+    path = tmp_path / "config.yaml"
+    path.write_text(
+        "service:\n  simulator: {time_scale: 50}\nterminals:\n  - device_id: SIM-0001\n"
+        "upstream:\n  mqtt: {host: mqtt.example.com, username: store-42, "
+        "password: !secret mqtt_password}\n"
+    )
+    assert main(["check-config", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert "upstream.mqtt.password: a password to a broker on another host without tls" in err
+    assert "broker-pass-0123456789" not in err
