@@ -34,7 +34,7 @@ from kiosk_agent.sales.flows import (
     SaleSettings,
     SaleSteps,
 )
-from kiosk_agent.sales.journal import Journal
+from kiosk_agent.sales.journal import Journal, JournalError
 from kiosk_agent.sales.model import SaleEvent
 from kiosk_agent.sales.receipts import ReceiptSettings
 from kiosk_agent.sales.recovery import Recovery
@@ -316,8 +316,14 @@ class Agent:
         self.unwritten.keep(steps)
 
     def _probe_journal(self) -> None:
-        """The checker's journal probe: one committed write; a success brings the unit back."""
-        self.event_log.probe()
+        """The checker's journal probe: one committed write; its outcome acts at once, as any
+        journal write's does (a failure takes the unit out of service before the round ends)."""
+        try:
+            self.event_log.probe()
+        except Exception as err:
+            self.journal_guard.written(JournalError(f"cannot write the journal at "
+                                                    f"{self.journal.path}: {err}"))
+            raise
         self.journal_guard.written(None)
 
     # -- terminals -------------------------------------------------------------------------------

@@ -25,6 +25,7 @@ import asyncio
 import contextlib
 import datetime as dt
 import logging
+import os
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -39,6 +40,10 @@ from kiosk_agent.tasks import BackgroundTask
 _LOGGER = logging.getLogger(__name__)
 
 FATAL_COMPONENT = "journal"
+# Below this much free space (or on a read-only file system) the journal is probed at once,
+# before any write fails: an idle unit learns its disk is full within a second.
+LOW_SPACE_BYTES = 256 * 1024
+DISK_WATCH_S = 1.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -136,6 +141,7 @@ class JournalGuard:
         self.notice: JournalNotice | None = None
         self.write_failures = 0
         self._broken = False
+        self._disk_bad = False  # the last look at the file system found it full or read-only
         self._audit_due = asyncio.Event()
         self._wakeup = asyncio.Event()  # something changed: look again now
         self._checked = asyncio.Event()  # set once charges_pending is first cleared
@@ -212,9 +218,8 @@ class JournalGuard:
                 retry = await self._check_charges()
                 next_check = time.monotonic() + (self.audit_retry if retry else self.audit_interval)
             self._withhold_watchdog_if_stuck()
-            wait = next_check - time.monotonic()
-            if self.unwritten.sale_ids or self._broken:
-                wait = min(wait, 1.0)
+            self._watch_disk()
+            wait = min(next_check - time.monotonic(), DISK_WATCH_S)
             # asyncio.timeout, not wait_for: on 3.11 a wake-up that lands with a stop's cancel
             # makes wait_for return and swallow the cancel (the stop then waits a whole round)
             with contextlib.suppress(TimeoutError):
@@ -256,6 +261,18 @@ class JournalGuard:
         if pending != self.health.journal.charges_pending:
             self._evaluate()
         return self.health.journal.charges_pending
+
+    def _watch_disk(self) -> None:
+        """A file system turned full or read-only has the checker probe the journal now (a
+        probe that fails takes the unit out of service); a write, not this look, decides."""
+        try:
+            stat = os.statvfs(self.journal.path.parent)
+        except OSError:
+            return
+        bad = bool(stat.f_flag & os.ST_RDONLY) or stat.f_bavail * stat.f_frsize < LOW_SPACE_BYTES
+        if bad and not self._disk_bad and not self._broken:
+            self._wake_checker()
+        self._disk_bad = bad
 
     def _withhold_watchdog_if_stuck(self) -> None:
         age = self.unwritten.oldest_age()

@@ -113,16 +113,15 @@ async def test_a_disk_full_while_idle_refuses_sales_with_503_json_then_comes_bac
     [api] = agent.platforms
     port = api.port  # type: ignore[attr-defined]
     fill(disk)
+    # nothing is written while idle: the full file system is noticed and the journal probed
+    took = await until(lambda: agent.health.snapshot().journal.writable is False, within=3)
+    assert took < 1.5
+    assert "journal not writable" in agent.availability.state("SIM-0001").reason
     status, kind, body = await post_sale(port)
     assert (status, kind, body["error"]) == (503, "application/json", "out_of_service")
     assert "journal not writable" in body["reason"]
-    # at once, from this path too: health names the journal, the terminal is out of service
-    journal = agent.health.snapshot().journal
-    assert journal.writable is False
-    assert "journal not writable" in agent.availability.state("SIM-0001").reason
-    status, _, body = await post_sale(port)  # now refused before anything is tried
-    assert (status, body["error"]) == (503, "out_of_service")
     assert agent.journal.query() == []
+
 
     free(disk)
     await until(lambda: agent.availability.state("SIM-0001").available, within=5)
@@ -189,3 +188,18 @@ async def shut_down_at(agent: Agent, step: str, disk: Path) -> None:
         while (await queue.get()).step != step:
             pass
     shut_down(disk)
+
+
+async def test_a_sale_request_whose_own_write_fails_gets_503_json_at_once(
+    agent: Agent, disk: Path
+) -> None:
+    [api] = agent.platforms
+    agent.journal.db.execute("PRAGMA query_only=ON")  # writes fail; the file system looks fine
+    status, kind, body = await post_sale(api.port)  # type: ignore[attr-defined]
+    assert (status, kind, body["error"]) == (503, "application/json", "out_of_service")
+    assert "journal not writable" in body["reason"]
+    # from this path too: health names the journal, the terminal is out of service at once
+    assert agent.health.snapshot().journal.writable is False
+    assert "journal not writable" in agent.availability.state("SIM-0001").reason
+    agent.journal.db.execute("PRAGMA query_only=OFF")
+    await until(lambda: agent.availability.state("SIM-0001").available, within=5)
