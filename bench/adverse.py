@@ -51,6 +51,7 @@ from kiosk_agent.core.agent import Agent
 from kiosk_agent.core.config import load_config
 from kiosk_agent.platforms.virtual import ControllerOptions, VirtualController
 from kiosk_agent.sales.model import DispenseOutcome, DispenseStatus, Flow, SaleEvent, SaleRequest
+from kiosk_agent.sales.states import Step
 from kiosk_agent.service.models import TransactionFilter, TransStatus
 from kiosk_agent.service.settings import ServiceSettings
 
@@ -64,8 +65,8 @@ WS_DROP = {"fault": "ws_drop_after_confirm", "share": 1}
 BLACK_HOLE = {"path": "/*", "method": "*", "fault": "black_hole", "share": 1}
 # Only the money call of each flow meets a black hole: (terminal, flow, the sending step, fault).
 MONEY_BLACK_HOLES = (
-    ("SIM-0001", Flow.AUTHORIZE_CAPTURE, "authorize.request", "/api/v1/charge"),
-    ("SIM-0002", Flow.CHARGE_CARD, "charge_card.request", "/api/terminal/SIM-0002/charge-card"),
+    ("SIM-0001", Flow.AUTHORIZE_CAPTURE, Step.AUTHORIZE_REQUEST, "/api/v1/charge"),
+    ("SIM-0002", Flow.CHARGE_CARD, Step.CHARGE_CARD_REQUEST, "/api/terminal/SIM-0002/charge-card"),
 )
 HELD = frozenset({TransStatus.AUTHORIZED, TransStatus.CAPTURED, TransStatus.SETTLED})
 CONDITIONS: dict[str, list[dict[str, Any]]] = {

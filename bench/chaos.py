@@ -1,6 +1,7 @@
 """Chaos: hundreds of SIGKILLs of the agent while the service is slow, loses answers and fails.
 
-    python bench/chaos.py [--kills 300] [--machines 2] [--seed 1] [--no-faults] [--dir DIR]
+    python bench/chaos.py [--kills 300] [--machines 2] [--seed 1] [--no-faults]
+                          [--no-clock-steps] [--dir DIR]
                           [--disk-full P] [--damage-journal wal_deleted|page_overwritten]
 
 The agent (``kiosk-agent run``), the simulator (``kiosk-agent sim``) and ``--machines`` vending
@@ -8,8 +9,9 @@ machines (``kiosk-agent virtual``) run as separate processes; the harness is
 ``tests/core/crash_driver.py`` (``Chaos``), the same one ``tests/core/test_chaos.py`` runs for 20
 kills. The agent is killed during start, during recovery, within milliseconds of a money call and
 at random, then restarted after a random pause, while ``/sim/faults`` makes some money calls slow
-(longer than the pause), lose their answers or fail. At the end one agent ends every sale and the
-simulator's ledger and the machines' records judge the journal.
+(longer than the pause), lose their answers or fail, and the agent's wall clock steps (libfaketime:
+days or hours, either way, at random moments, kept across restarts). At the end one agent ends
+every sale and the simulator's ledger and the machines' records judge the journal.
 
 Prints kills, sales, sales recovered, every violation with the sale's journal steps, the unpaid
 vends (vends the machine confirmed whose money went back because the agent died before hearing
@@ -41,6 +43,9 @@ async def main() -> int:
     parser.add_argument("--machines", type=int, default=2)
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--no-faults", action="store_true", help="kills only, no service faults")
+    parser.add_argument(
+        "--no-clock-steps", action="store_true", help="never step the agent's wall clock"
+    )
     parser.add_argument("--dir", type=Path, help="keep the journal, records and logs here")
     parser.add_argument("--quiet", action="store_true", help="no line per kill")
     parser.add_argument("--disk-full", type=float, default=0.0, metavar="P",
@@ -59,6 +64,7 @@ async def main() -> int:
             faults=not args.no_faults,
             disk_full=args.disk_full,
             damage_journal=args.damage_journal,
+            clock_steps=not args.no_clock_steps,
             log=(lambda _line: None) if args.quiet else (lambda line: print(line, flush=True)),
         )
         async with Chaos(options) as chaos:
@@ -70,6 +76,8 @@ async def main() -> int:
     print(f"faults armed      {report.faults_armed} (contract: {report.fault_contract})")
     print(f"journal disk      {report.disk_full_episodes} time(s) full, "
           f"damaged: {report.journal_damaged or 'no'}")
+    steps = ", ".join(f"{offset / 3600:+g} h" for offset in report.clock_steps) or "none"
+    print(f"clock steps       {len(report.clock_steps)}: {steps}")
     print(f"sales             {report.sales}  {report.states}")
     print(f"sales recovered   {report.sales_recovered}")
     print(f"vends             {report.vends}")

@@ -120,6 +120,10 @@ class LoadGenerator:
         self._pool.shutdown()
 
 
+def _count(failures: dict[str, int], what: str) -> None:
+    failures[what] = failures.get(what, 0) + 1
+
+
 def _p(values: list[float], q: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))] * 1000
@@ -337,41 +341,70 @@ async def bench_flood(connections: int, seconds: float, directory: Path) -> dict
     assert flood.stdout is not None and flood.stdin is not None  # noqa: PT018
     try:
         await asyncio.wait_for(flood.stdout.readline(), 60)
+        evicted_before, flood_started = kiosk._site.evicted, time.monotonic()
         status_s: list[float] = []
-        tried = completed = 0
+        failures: dict[str, int] = {}  # what went wrong, counted: the bench never dies on one
+        tried = completed = status_failed = 0
         admin_auth = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
         kiosk_auth = {"Authorization": f"Bearer {KIOSK_TOKEN}"}
         base = f"http://127.0.0.1:{kiosk.port}/api/v1"
-        async with aiohttp.ClientSession() as http:
+        # the touchscreen app and the admin: each one keep-alive connection, as they run
+        app_http = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=1))
+        admin_http = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=1))
+        try:
 
             async def statuses() -> None:
+                nonlocal status_failed
                 while True:
                     started = time.perf_counter()
-                    async with http.get(f"{admin.url}/api/status", headers=admin_auth) as r:
-                        await r.read()
+                    try:
+                        async with admin_http.get(
+                            f"{admin.url}/api/status", headers=admin_auth
+                        ) as r:
+                            await r.read()
+                            ok = r.status == 200
+                    except (aiohttp.ClientError, TimeoutError) as err:
+                        ok = False
+                        _count(failures, f"status: {type(err).__name__}: {err}")
                     status_s.append(time.perf_counter() - started)
+                    status_failed += not ok
                     await asyncio.sleep(0.05)
+
+            async def sale() -> str:
+                """One kiosk API sale to its end: its final state, or what went wrong."""
+                async with app_http.post(f"{base}/sales", json={"product": "coffee"},
+                                         headers=kiosk_auth) as r:
+                    if r.status != 202:
+                        return f"POST /sales answered {r.status}"
+                    sale_id = (await r.json())["sale_id"]
+                for _ in range(200):
+                    async with app_http.get(f"{base}/sales/{sale_id}", headers=kiosk_auth) as r:
+                        step = await r.json()
+                    if step.get("final"):
+                        return str(step["state"])
+                    await asyncio.sleep(0.02)
+                return "no final state within 200 polls"
 
             poller = asyncio.create_task(statuses())
             deadline = time.monotonic() + seconds
             while time.monotonic() < deadline:
                 tried += 1
-                async with http.post(f"{base}/sales", json={"product": "coffee"},
-                                     headers=kiosk_auth) as r:
-                    if r.status != 202:
-                        continue
-                    sale_id = (await r.json())["sale_id"]
-                for _ in range(200):
-                    async with http.get(f"{base}/sales/{sale_id}", headers=kiosk_auth) as r:
-                        step = await r.json()
-                    if step.get("final"):
-                        completed += step["state"] == "completed"
-                        break
-                    await asyncio.sleep(0.02)
+                try:
+                    outcome = await sale()
+                except (aiohttp.ClientError, TimeoutError) as err:
+                    outcome = f"{type(err).__name__}: {err}"
+                if outcome == "completed":
+                    completed += 1
+                else:
+                    _count(failures, f"sale: {outcome}")
             held = max(site.open_connections for site in live_sites())
+            churn = (kiosk._site.evicted - evicted_before) / (time.monotonic() - flood_started)
             descriptors = len(os.listdir("/proc/self/fd"))
             poller.cancel()
             await asyncio.gather(poller, return_exceptions=True)
+        finally:
+            await app_http.close()
+            await admin_http.close()
     finally:
         flood.stdin.close()
         await flood.wait()
@@ -382,8 +415,11 @@ async def bench_flood(connections: int, seconds: float, directory: Path) -> dict
     print(f"flood: {connections} slow-header connections on the kiosk API for {seconds:g} s, "
           f"the agent at 1,024 descriptors")
     print(f"  /api/status p50 {p50:.1f} ms, p99 {p99:.1f} ms ({len(status_s)} requests)")
-    print(f"  sales completed {completed} of {tried}; the agent held {held} connections, "
-          f"{descriptors} descriptors")
+    print(f"  sales completed {completed} of {tried}; status calls failed {status_failed}; "
+          f"the agent held {held} connections, {descriptors} descriptors; "
+          f"{churn:,.0f} flood connections evicted a second")
+    for what, count in sorted(failures.items()):
+        print(f"  failed x{count}: {what}")
     return {
         "flood_connections": connections,
         "flood_status_p50_ms": round(p50, 2),
@@ -391,7 +427,10 @@ async def bench_flood(connections: int, seconds: float, directory: Path) -> dict
         "flood_status_requests": len(status_s),
         "flood_sales_tried": tried,
         "flood_sales_completed": completed,
+        "flood_sales_failed": tried - completed,
+        "flood_status_failed": status_failed,
         "flood_agent_connections_held": held,
+        "flood_evictions_per_s": round(churn),
         "flood_agent_descriptors": descriptors,
     }
 
@@ -403,12 +442,18 @@ async def main() -> None:
     parser.add_argument("--heartbeats", type=int, default=300)
     parser.add_argument("--flood", type=int, default=1100, help="slow-header connections")
     parser.add_argument("--flood-seconds", type=float, default=10.0)
+    parser.add_argument("--only", choices=["webhooks", "flood", "heartbeats"],
+                        help="run one part alone")
     args = parser.parse_args()
-    with tempfile.TemporaryDirectory() as tmp:
-        figures = await bench_webhooks(args.events, args.concurrency, Path(tmp))
-    with tempfile.TemporaryDirectory() as tmp:
-        figures.update(await bench_flood(args.flood, args.flood_seconds, Path(tmp)))
-    figures.update(await bench_heartbeats(args.heartbeats))
+    figures: dict[str, Any] = {}
+    if args.only in (None, "webhooks"):
+        with tempfile.TemporaryDirectory() as tmp:
+            figures |= await bench_webhooks(args.events, args.concurrency, Path(tmp))
+    if args.only in (None, "flood"):
+        with tempfile.TemporaryDirectory() as tmp:
+            figures |= await bench_flood(args.flood, args.flood_seconds, Path(tmp))
+    if args.only in (None, "heartbeats"):
+        figures |= await bench_heartbeats(args.heartbeats)
     print(json.dumps(figures))
 
 

@@ -1,19 +1,32 @@
 """Assemble an Agent from a configuration: platforms from the registry, components for the
-sections present (admin, webhooks, upstream), systemd notify. Everything but the simulator is
-imported here; ``kiosk-agent run`` starts the simulator itself when the config asks for it.
+sections present (admin, webhooks, upstream), systemd notify.
+
+Also the one place that chooses the service a configuration names (:func:`configured_service`:
+the embedded simulator, started for as long as it is used, or the real service) and assembles
+an agent for a command (:func:`agent_for`: the journal claimed first). ``run``, ``demo``,
+``doctor`` and the service commands all come here. The simulator is imported only when a
+configuration embeds one.
 """
 
 from __future__ import annotations
 
+import contextlib
 import importlib
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kiosk_agent.core.agent import Agent, ComponentFactory, service_settings_from_config
 from kiosk_agent.core.config import Config, load_config
 from kiosk_agent.core.registry import setup_function
 from kiosk_agent.core.systemd import SystemdLifecycle
+from kiosk_agent.sales.clock import SYSTEM_CLOCK, Clock
+from kiosk_agent.sales.owner import JournalLock
 from kiosk_agent.service.settings import ServiceSettings
+
+if TYPE_CHECKING:
+    from kiosk_agent.sim.server import SimServer
 
 # section -> (module, class): each built as ``Factory(agent, conf)``.
 COMPONENTS: dict[str, tuple[str, str]] = {
@@ -34,6 +47,8 @@ def build_agent(
     service_settings: ServiceSettings | None = None,
     *,
     systemd: bool = True,
+    owner: JournalLock | None = None,
+    clock: Clock = SYSTEM_CLOCK,
 ) -> Agent:
     """An Agent wired with the configured triggers and components (not started)."""
     settings = service_settings or service_settings_from_config(config)
@@ -48,7 +63,7 @@ def build_agent(
         if systemd
         else None
     )
-    agent = Agent(config, settings, systemd=lifecycle)
+    agent = Agent(config, settings, systemd=lifecycle, owner=owner, clock=clock)
     for trigger in config.triggers:
         agent.add_platform(setup_function(trigger["platform"]), trigger)
     for section in COMPONENTS:
@@ -62,3 +77,62 @@ def load_agent(
 ) -> Agent:
     """Load, validate and wire a configuration file (raises ConfigInvalid with every mistake)."""
     return build_agent(load_config(path), service_settings, **kw)
+
+
+@dataclass(frozen=True, slots=True)
+class ConfiguredService:
+    """The service a configuration names: how to reach it, and the embedded simulator that
+    plays it (None for a real service)."""
+
+    settings: ServiceSettings
+    simulator: SimServer | None = None
+
+
+@contextlib.asynccontextmanager
+async def configured_service(config: Config) -> AsyncIterator[ConfiguredService]:
+    """The configuration's service: ``service: {simulator: ...}`` starts the embedded simulator
+    for as long as the block runs (its state ends with it); otherwise the configured service's
+    settings (:func:`service_settings_from_config`). The one place this choice is made."""
+    simulator_conf = config["service"].get("simulator")
+    if simulator_conf is None:
+        yield ConfiguredService(service_settings_from_config(config))
+        return
+    from kiosk_agent.sim.server import SimOptions, SimServer
+
+    sim = SimServer(
+        SimOptions(
+            port=0,
+            time_scale=simulator_conf["time_scale"],
+            seed=simulator_conf["seed"],
+            transactions=simulator_conf["transactions"],
+        )
+    )
+    await sim.start()
+    try:
+        yield ConfiguredService(service_settings_from_config(config, sim.ready_info()), sim)
+    finally:
+        await sim.stop()
+
+
+@contextlib.asynccontextmanager
+async def agent_for(
+    config: Config, *, systemd: bool = True
+) -> AsyncIterator[tuple[Agent, ConfiguredService]]:
+    """An agent for ``config``, wired and not started, with the service it uses.
+
+    The journal is claimed first: while another agent owns it this raises
+    :class:`~kiosk_agent.sales.owner.JournalOwned` before anything is read, started or written
+    (not even the embedded simulator). When the block ends the agent is stopped (a running sale
+    finished or parked), the simulator stopped and the journal let go."""
+    owner = JournalLock(config.resolve(config["journal"]["path"]))
+    owner.acquire()
+    try:
+        async with configured_service(config) as service:
+            agent = build_agent(config, service.settings, systemd=systemd, owner=owner)
+            try:
+                yield agent, service
+            finally:
+                if agent.started:
+                    await agent.stop()
+    finally:
+        owner.release()

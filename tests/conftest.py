@@ -59,3 +59,9 @@ async def service(sim_settings: ServiceSettings) -> AsyncIterator[ServiceClient]
     """A connected ``ServiceClient`` on ``sim``."""
     async with ServiceClient(sim_settings) as svc:
         yield svc
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Slow tests first: spread over parallel workers (``./dev test`` runs several), each starts
+    at once instead of last, so the run ends soon after the longest one."""
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)

@@ -31,3 +31,59 @@ async def sim_call(sim: Any, method: str, path: str, body: dict[str, Any] | None
     ) as response:
         assert response.status == 200, await response.text()
         return await response.json()
+
+
+def walk_to(journal: Any, record: Any, state: Any, step: Any = None, **fields: Any) -> Any:
+    """Journal a sale from where it stands to ``state`` by the shortest way the transition table
+    allows (as a flow would have), ``fields`` and ``step`` (if given) on the last write; the
+    updated record. How tests leave a sale where a crash or a failed call would have."""
+    from kiosk_agent.sales.states import SaleState
+
+    path = shortest_path(record.flow, record.state, SaleState(state))
+    assert path, f"no way from {record.state} to {state} in a {record.flow} sale"
+    for n, (target, typical) in enumerate(path, start=1):
+        last = n == len(path)
+        name = step if last and step is not None else typical
+        record = journal.record(record, name, target, **(fields if last else {}))
+    return record
+
+
+def shortest_path(flow: str, source: Any, target: Any) -> list[tuple[Any, Any]]:
+    """The fewest moves the table allows from ``source`` to ``target`` in a sale of ``flow``:
+    [(state, step)], each step one the edge takes (a flow's usual one where any will do)."""
+    from collections import deque
+
+    from kiosk_agent.sales.states import FLOW_STATES, TRANSITIONS, Flow, SaleState, Step
+
+    usual = {
+        SaleState.CHARGING: Step.CHARGE_CARD_REQUEST,
+        SaleState.READING_CARD: Step.READ_CARD_REQUEST,
+        SaleState.AUTHORIZING: Step.AUTHORIZE_REQUEST,
+        SaleState.ENROLLING: Step.VAULT_REQUEST,
+        SaleState.UNRESOLVED: Step.RECOVERY_WAITING,
+        SaleState.DISPENSING: Step.DISPENSE_REQUEST,
+        SaleState.CAPTURING: Step.CAPTURE_REQUEST,
+        SaleState.REVERSING: Step.REVERSE_REQUEST,
+        SaleState.COMPLETED: Step.COMPLETED,
+        SaleState.DECLINED: Step.RECOVERY_DONE,
+        SaleState.CANCELLED: Step.RECOVERY_DONE,
+        SaleState.FAILED: Step.RECOVERY_DONE,
+        SaleState.REVERSED: Step.REVERSE_DONE,
+        SaleState.ATTENTION: Step.RECOVERY_UNDECIDED,
+    }
+    states = FLOW_STATES[Flow(flow)]
+    ways: dict[Any, list[tuple[Any, Any]]] = {source: []}
+    queue = deque([source])
+    while queue:
+        here = queue.popleft()
+        if here is target:
+            return ways[here]
+        if here.final and here is not source:
+            continue  # a way through an end is no way a flow goes
+        for there, steps in TRANSITIONS[here].items():
+            if there in ways or there not in states:
+                continue
+            name = usual[there] if steps is None or usual[there] in steps else min(steps)
+            ways[there] = [*ways[here], (there, name)]
+            queue.append(there)
+    return []

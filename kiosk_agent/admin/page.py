@@ -92,7 +92,7 @@ TokenFor = Callable[[str | None], tuple[str | None, str | None]]  # header -> (n
 class _Session:
     role: str
     csrf: str
-    expires_at: float
+    expires_at: float  # monotonic: a wall-clock step neither ends nor stretches a session
     token: str = ""  # the name of the token that opened it
 
 
@@ -220,7 +220,7 @@ class StatusPage:
         session = self._sessions.get(key)
         if session is None:
             return None
-        if session.expires_at <= time.time():
+        if session.expires_at <= time.monotonic():
             del self._sessions[key]
             return None
         return session
@@ -242,7 +242,7 @@ class StatusPage:
             )
             return _error(401, "unauthorized", "that token is not configured for this unit")
         value = secrets.token_urlsafe(32)
-        expires_at = time.time() + SESSION_LIFETIME_S
+        expires_at = time.monotonic() + SESSION_LIFETIME_S
         session = _Session(role, secrets.token_urlsafe(24), expires_at, name or "")
         self._forget_expired()
         while len(self._sessions) >= MAX_SESSIONS:
@@ -298,7 +298,7 @@ class StatusPage:
             raise _forbidden("origin", "actions are only taken from this unit's own status page")
 
     def _forget_expired(self) -> None:
-        now = time.time()
+        now = time.monotonic()
         for key in [k for k, s in self._sessions.items() if s.expires_at <= now]:
             del self._sessions[key]
 

@@ -3,7 +3,10 @@
 Each area owns one module here that exposes ``register(subparsers)``; a command's handler is an
 ``async def`` taking the parsed arguments and returning the exit code. The options, output and
 exit codes every command shares are in :mod:`kiosk_agent.cli.contract`. Importing every module at
-start-up would cost the field tech's first keystroke, so modules are imported lazily per command.
+start-up would cost the field tech's first keystroke (on a Pi Zero, seconds), so modules are
+imported lazily per command: ``--version`` imports nothing, ``--help`` reads the one-line help of
+each command from :data:`COMMAND_HELP` (``tests/cli/test_contract.py`` holds it equal to what
+the modules register), and a command imports only the module that owns it.
 
 A new command (say ``sales attention``): ``parents=contract.options(...)`` on its parser (with
 ``timeout=True`` when it calls the service), ``handler=contract.guarded(...)``, results through
@@ -15,9 +18,7 @@ code from ``contract.EXIT_CODES``, and one example in ``tests/cli/test_contract.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import importlib
-import json
 import sys
 from collections.abc import Callable, Coroutine, Iterator, Sequence
 from typing import Any
@@ -47,6 +48,27 @@ COMMAND_MODULES: dict[str, str] = {
     "fleet": "fleet",
     "completion": "completion",
 }
+# command name -> its one line in `kiosk-agent --help`, so the overview imports no module
+COMMAND_HELP: dict[str, str] = {
+    "run": "run the agent",
+    "check-config": "validate a configuration, start nothing",
+    "sales": "list or export the sales journal",
+    "demo": "simulator + virtual vending machine + agent, with a live view (no hardware)",
+    "doctor": "check this unit: config, serial ports, service, terminals, printing",
+    "health": "the health of a running agent (admin API)",
+    "fleet": "the fleet on the MQTT broker (Home Assistant)",
+    "terminals": "card readers: list, ping, connect, test print (start here when a reader is down)",
+    "report": "transactions, deposits, chargebacks, adjustments (streamed)",
+    "payments": "charge, capture, void ...",
+    "vault": "stored payment accounts",
+    "plans": "recurring billing plans",
+    "hpp": "hosted payment pages",
+    "keys": "the payments API key",
+    "boarding": "merchants and onboarding",
+    "sim": "run the payment service simulator",
+    "virtual": "run a virtual vending machine (MDB controller) for an agent to drive",
+    "completion": "print a shell completion script (bash, zsh, fish)",
+}
 # Options of the top-level parser that take a value (to find the command word after them).
 _VALUED = frozenset({"-c", "--config", "--timeout"})
 
@@ -61,8 +83,7 @@ class Parser(argparse.ArgumentParser):
         return super().error(message)
 
 
-def build_parser(only: str | None = None) -> Parser:
-    """Build the parser; with ``only`` set, import just the module that owns that command."""
+def _top_level() -> tuple[Parser, argparse._SubParsersAction[Parser]]:
     from kiosk_agent.cli.contract import top_level_options
 
     parser = Parser(
@@ -71,7 +92,21 @@ def build_parser(only: str | None = None) -> Parser:
         parents=top_level_options(),
     )
     parser.add_argument("--version", action="version", version=f"kiosk-agent {__version__}")
-    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
+    return parser, parser.add_subparsers(dest="command", metavar="COMMAND")
+
+
+def overview_parser() -> Parser:
+    """The top-level parser with each command as a name and its help only (no module
+    imported): what ``kiosk-agent --help`` and a bare ``kiosk-agent`` show."""
+    parser, subparsers = _top_level()
+    for name, help_text in COMMAND_HELP.items():
+        subparsers.add_parser(name, help=help_text, add_help=False)
+    return parser
+
+
+def build_parser(only: str | None = None) -> Parser:
+    """Build the parser; with ``only`` set, import just the module that owns that command."""
+    parser, subparsers = _top_level()
     modules = {COMMAND_MODULES[only]} if only in COMMAND_MODULES else set(COMMAND_MODULES.values())
     for name in sorted(modules):
         module = importlib.import_module(f"kiosk_agent.cli.{name}")
@@ -111,10 +146,17 @@ def command_word(argv: Sequence[str]) -> str | None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    args_list = list(sys.argv[1:] if argv is None else argv)
+    command = command_word(args_list)
+    if command is None and "--version" in args_list:
+        print(f"kiosk-agent {__version__}")  # what argparse's version action prints, sooner
+        return 0
+    import asyncio
+    import json
+
     from kiosk_agent.cli.contract import EXIT_INTERRUPTED, EXIT_USAGE, check_contract
 
-    args_list = list(sys.argv[1:] if argv is None else argv)
-    parser = build_parser(command_word(args_list))
+    parser = overview_parser() if command is None else build_parser(command)
     try:
         args = parser.parse_args(args_list)
         check_contract(args, parser)

@@ -3,22 +3,22 @@
 from __future__ import annotations
 
 import argparse
-import asyncio
 import datetime as dt
 import json
-import signal
 import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from kiosk_agent.cli.contract import (
     EXIT_FAILED,
+    EXIT_JOURNAL_OWNED,
     EXIT_OK,
     EXIT_USAGE,
     MOMENT_FORMS,
     CliError,
+    StopSignals,
     case_insensitive,
     config_path,
     existing_config,
@@ -36,11 +36,8 @@ from kiosk_agent.export import SALE_COLUMNS, CsvExport, JsonExport, sale_values
 from kiosk_agent.money import format_cents
 from kiosk_agent.sales.attention import RESOLUTIONS
 from kiosk_agent.sales.journal import Journal, JournalError, SaleRecord
+from kiosk_agent.sales.owner import JournalOwned
 from kiosk_agent.sales.states import SaleState
-
-if TYPE_CHECKING:
-    from kiosk_agent.service.settings import ServiceSettings
-    from kiosk_agent.sim.server import SimServer
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -203,50 +200,32 @@ _CORE_SECTIONS = frozenset(
 
 
 async def run_command(args: argparse.Namespace) -> int:
+    """Run until a stop signal (:data:`STOP_SIGNALS`), then stop gracefully: new sales refused,
+    the running one finished or parked; the exit code says which signal it was."""
     config = load(config_path(args))
-    from kiosk_agent.app import build_agent
+    from kiosk_agent.app import agent_for
     from kiosk_agent.core.logging import setup_logging
 
     setup_logging(config["logging"])
-    simulator = config["service"].get("simulator")
-    sim = None
-    settings = None
-    if simulator is not None:
-        sim, settings = await start_simulator(simulator)
-    agent = build_agent(config, settings)
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for signum in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(signum, stop.set)
+    # Before anything starts: a signal during the start is a graceful stop once it is done.
+    signals = StopSignals(
+        "stopping: new sales refused, a running sale finished or parked "
+        f"(within sales.stop_timeout, {config['sales']['stop_timeout']:g} s)"
+    ).install()
     try:
-        await agent.start()
-        await stop.wait()
+        async with agent_for(config) as (agent, _service):
+            await agent.start()
+            await signals.wait()
+    except JournalOwned as err:
+        # a distinct code: restarting cannot help while the other agent lives (the unit's
+        # RestartPreventExitStatus), and a copied unit file must not loop on it
+        raise CliError(str(err), EXIT_JOURNAL_OWNED) from None
     except JournalError as err:
-        # a read-only disk or a bad path: say so, no traceback
+        # a read-only disk, a bad path: say so, no traceback
         raise CliError(str(err)) from None
     finally:
-        if agent.started:
-            await agent.stop()
-        if sim is not None:
-            await sim.stop()
-    return 0
-
-
-async def start_simulator(conf: dict[str, Any]) -> tuple[SimServer, ServiceSettings]:
-    """The embedded simulator (``service: {simulator: ...}``) and the settings to reach it."""
-    from kiosk_agent.cli.sim import settings_from_ready
-    from kiosk_agent.sim.server import SimOptions, SimServer
-
-    sim = SimServer(
-        SimOptions(
-            port=0,
-            time_scale=conf["time_scale"],
-            seed=conf["seed"],
-            transactions=conf["transactions"],
-        )
-    )
-    await sim.start()
-    return sim, settings_from_ready(sim.ready_info())
+        signals.remove()
+    return signals.exit_code
 
 
 # -- sales -------------------------------------------------------------------------------------

@@ -5,15 +5,17 @@
 - ``--json`` on every command that prints a result; a command without it refuses the option
   (argparse, exit 2), it is never ignored. A failure under ``--json`` still prints one JSON
   object, ``{"error": ..., "exit_code": N}``, on standard output (:func:`guarded`).
-- ``--timeout S`` (default 10) on every command that calls the service: each service call,
-  retries and 429 waits included, ends within S (it is ``ServiceSettings.timeout``, the one
-  bound the service client derives its timeouts from), so a service that never answers ends the
-  command with a clear error within S. On a terminal a line says
+- ``--timeout S`` on every command that calls the service: each service call, retries and 429
+  waits included, ends within S (it is ``ServiceSettings.timeout``, the one bound the service
+  client derives its timeouts from), so a service that never answers ends the command with a
+  clear error within S. Without it: the configuration's ``service.timeout``, else that
+  setting's one default (``service.settings.DEFAULT_TIMEOUT``). On a terminal a line says
   what it waits for (:class:`StatusLine`).
 - Exit codes from :data:`EXIT_CODES` (docs/cli.md has the same table; a test compares them).
 - ``NO_COLOR`` and TTY detection (:func:`use_colour`), progress with a clean final line.
 - Service commands work with a configuration that uses the embedded simulator: it is started
-  for the command, as ``doctor`` and ``run`` do (:func:`service_settings`).
+  for the command, as ``doctor`` and ``run`` do (:func:`service_settings`, through
+  ``app.configured_service``, the one place that choice is made).
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ from pydantic import BaseModel, SecretStr, ValidationError
 
 from kiosk_agent.export import HIDDEN_FIELDS, Amount, json_value, model_values, plain
 from kiosk_agent.money import MoneyError, format_cents, parse_price
+from kiosk_agent.service.settings import DEFAULT_TIMEOUT
 
 if TYPE_CHECKING:
     from kiosk_agent.core.config import Config
@@ -52,7 +55,10 @@ EXIT_FAILED = 1
 EXIT_USAGE = 2
 EXIT_AUTH = 3
 EXIT_UNREACHABLE = 4
+EXIT_JOURNAL_OWNED = 5
+EXIT_HANGUP = 129
 EXIT_INTERRUPTED = 130
+EXIT_QUIT = 131
 
 EXIT_CODES: dict[int, str] = {
     EXIT_OK: "done; the check passed; the charge was approved",
@@ -62,13 +68,34 @@ EXIT_CODES: dict[int, str] = {
     "file",
     EXIT_AUTH: "the service refused the credentials",
     EXIT_UNREACHABLE: "the service could not be reached or did not answer within --timeout",
-    EXIT_INTERRUPTED: "interrupted (Ctrl-C)",
+    EXIT_JOURNAL_OWNED: "`run`: another agent owns the journal; this one touched nothing "
+    "(the systemd unit does not restart on it)",
+    EXIT_HANGUP: "stopped by SIGHUP (its terminal closed: a dropped SSH session); `run` "
+    "finished or parked its running sale first",
+    EXIT_INTERRUPTED: "interrupted (Ctrl-C, SIGINT); `run` finished or parked its running sale "
+    "first",
+    EXIT_QUIT: "stopped by SIGQUIT; `run` finished or parked its running sale first",
 }
+
+# What a signal does to a long-running command (`run`, `demo`, `sim`, `virtual`): each of these
+# is a graceful stop (`run` refuses new sales, and finishes or parks the running one first);
+# `run` then exits with the code given. SIGTERM is systemd's own stop: a clean exit.
+# docs/operations.md ("Signals") has this table; a test compares them.
+STOP_SIGNALS: dict[signal.Signals, int] = {
+    signal.SIGTERM: EXIT_OK,
+    signal.SIGINT: EXIT_INTERRUPTED,
+    signal.SIGHUP: EXIT_HANGUP,
+    signal.SIGQUIT: EXIT_QUIT,
+}
+# Signals whose default would kill the process mid-sale and that mean nothing to the agent:
+# logged and ignored. (SIGPIPE Python ignores itself; SIGKILL cannot be caught: the next start
+# recovers what it left open.)
+IGNORED_SIGNALS: tuple[signal.Signals, ...] = (signal.SIGUSR1, signal.SIGUSR2)
 
 M = TypeVar("M", bound=BaseModel)
 
 CONFIG_ENV = "KIOSK_CONFIG"
-DEFAULT_TIMEOUT_S = 10.0
+DEFAULT_TIMEOUT_S = DEFAULT_TIMEOUT  # --timeout: the service's one default (service.timeout)
 WAIT_LINE_AFTER_S = 1.0  # a call quicker than this draws no waiting line
 
 # settings field -> environment variable
@@ -89,6 +116,7 @@ __all__ = [
     "CONFIG_ENV",
     "ENVIRONMENT",
     "EXIT_CODES",
+    "EXIT_JOURNAL_OWNED",
     "HIDDEN_FIELDS",
     "CliError",
     "guarded",
@@ -231,13 +259,59 @@ def plural(count: int, noun: str) -> str:
 
 
 def stop_on_signals() -> asyncio.Event:
-    """An event SIGTERM or SIGINT sets: a long-running command's way to end cleanly."""
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for signum in (signal.SIGTERM, signal.SIGINT):
-        with contextlib.suppress(NotImplementedError):
-            loop.add_signal_handler(signum, stop.set)
-    return stop
+    """An event any of :data:`STOP_SIGNALS` sets: a long-running command's way to end cleanly."""
+    return StopSignals("stopping").install().event
+
+
+class StopSignals:
+    """The signals of :data:`STOP_SIGNALS` and :data:`IGNORED_SIGNALS`, handled on the running
+    loop: the first stop signal sets ``event`` and is kept (for :attr:`exit_code`); each one is
+    logged with what happens next, so a stop is never a mystery in the log."""
+
+    def __init__(self, doing: str) -> None:
+        self.event = asyncio.Event()
+        self.received: signal.Signals | None = None
+        self._doing = doing  # what the first stop signal starts, for the log line
+        self._inherited_ignore = False
+
+    def install(self) -> StopSignals:
+        # Started under `nohup` (SIGHUP ignored), the agent keeps ignoring it, as asked.
+        self._inherited_ignore = signal.getsignal(signal.SIGHUP) is signal.SIG_IGN
+        loop = asyncio.get_running_loop()
+        for signum in (*STOP_SIGNALS, *IGNORED_SIGNALS):
+            with contextlib.suppress(NotImplementedError):
+                loop.add_signal_handler(signum, self._on_signal, signum)
+        return self
+
+    def remove(self) -> None:
+        loop = asyncio.get_running_loop()
+        for signum in (*STOP_SIGNALS, *IGNORED_SIGNALS):
+            with contextlib.suppress(NotImplementedError):
+                loop.remove_signal_handler(signum)
+
+    @property
+    def exit_code(self) -> int:
+        return EXIT_OK if self.received is None else STOP_SIGNALS[self.received]
+
+    async def wait(self) -> signal.Signals | None:
+        await self.event.wait()
+        return self.received
+
+    def _on_signal(self, signum: signal.Signals) -> None:
+        import logging
+
+        log = logging.getLogger("kiosk_agent.signals")
+        name = signal.Signals(signum).name
+        if signum not in STOP_SIGNALS:
+            log.warning("%s received: ignored (it does not stop the agent)", name)
+        elif signum == signal.SIGHUP and self._inherited_ignore:
+            log.warning("%s received: ignored (started with SIGHUP ignored, as by nohup)", name)
+        elif self.received is None:
+            self.received = signal.Signals(signum)
+            log.warning("%s received: %s", name, self._doing)
+            self.event.set()
+        else:
+            log.warning("%s received: already stopping (%s)", name, self._doing)
 
 
 def guarded(handler: Handler) -> Handler:
@@ -481,34 +555,45 @@ def case_insensitive(choices: Sequence[str]) -> Callable[[str], str]:
 async def service_settings(
     args: argparse.Namespace, *, needs: str = "api"
 ) -> AsyncIterator[ServiceSettings]:
-    """The settings of a service command: the configuration's ``service:`` section (starting the
-    embedded simulator for as long as the command runs when it has one), overridden by
-    ``KIOSK_*`` variables, with ``--timeout`` applied to every request.
+    """The settings of a service command: the configuration's service (``app.configured_service``:
+    the embedded simulator is started for as long as the command runs when it has one),
+    overridden by ``KIOSK_*`` variables, and ``--timeout`` when given.
 
     ``needs`` is ``"api"`` (payments and terminal: base_url, api_key, mid) or ``"oauth"``
     (reporting and boarding: base_url or reporting_url, client_id, client_secret).
     """
-    path = optional_config_path(args)
-    values: dict[str, Any] = {}
-    sim = None
-    try:
+    async with contextlib.AsyncExitStack() as stack:
+        values: dict[str, Any] = {}
+        path = optional_config_path(args)
         if path is not None:
-            section, simulator = _service_section(path)
-            if simulator is not None:
-                from kiosk_agent.cli.agent import start_simulator
-
-                sim, sim_settings = await start_simulator(simulator)
-                STATUS.done(f"{path}: started the embedded simulator at {sim.base_url} for this "
-                            "command (its state ends with it)")
-                section = _plain_settings(sim_settings)
-            values.update(section)
+            values.update(await stack.enter_async_context(_configured_values(path)))
         for field, variable in ENVIRONMENT.items():
             if os.environ.get(variable):
                 values[field] = os.environ[variable]
-        yield _settings(values, needs, timeout_of(args))
-    finally:
-        if sim is not None:
-            await sim.stop()
+        yield _settings(values, needs, getattr(args, "timeout", None))
+
+
+@contextlib.asynccontextmanager
+async def _configured_values(path: Path) -> AsyncIterator[dict[str, Any]]:
+    """The service settings the agent itself would use with this configuration, by the names
+    the settings take (read by the agent's own loader, so ``!secret``, the defaults and the
+    place of the rotated key are the same for both)."""
+    from kiosk_agent.app import configured_service
+
+    config = load(path, check_platforms=False)
+    settings_made = False
+    try:
+        async with configured_service(config) as service:
+            settings_made = True
+            if service.simulator is not None:
+                STATUS.done(f"{path}: started the embedded simulator at "
+                            f"{service.simulator.base_url} for this command (its state ends "
+                            "with it)")
+            yield _plain_settings(service.settings)
+    except ValidationError as err:
+        if settings_made:  # the command's own, not the configuration's
+            raise
+        raise CliError(f"{path}: service: {first_problem(err)}", EXIT_USAGE) from None
 
 
 @contextlib.asynccontextmanager
@@ -528,7 +613,7 @@ async def service_client(
             yield svc
 
 
-def _settings(values: dict[str, Any], needs: str, timeout: float) -> ServiceSettings:
+def _settings(values: dict[str, Any], needs: str, timeout: float | None) -> ServiceSettings:
     from kiosk_agent.service.settings import ServiceSettings
 
     if "base_url" not in values and "reporting_url" in values:
@@ -545,9 +630,10 @@ def _settings(values: dict[str, Any], needs: str, timeout: float) -> ServiceSett
         )
     if isinstance(values.get("isv"), str):
         values["isv"] = values["isv"].strip().lower() in ("1", "true", "yes", "y")
-    # --timeout is the service client's own bound on one call, retries and 429 waits included
-    # (ServiceSettings.timeout; the timeouts of each kind of call derive from it).
-    values["timeout"] = timeout
+    if timeout is not None:
+        # --timeout is the service client's own bound on one call, retries and 429 waits
+        # included (ServiceSettings.timeout; the timeouts of each kind of call derive from it).
+        values["timeout"] = timeout
     try:
         return ServiceSettings(**values)
     except ValidationError as err:
@@ -563,26 +649,6 @@ def _plain_settings(settings: ServiceSettings) -> dict[str, Any]:
         name: value.get_secret_value() if isinstance(value, SecretStr) else value
         for name, value in given.items()
     }
-
-
-def _service_section(path: Path) -> tuple[dict[str, Any], dict[str, Any] | None]:
-    """(the service settings the agent itself would use with this configuration, its embedded
-    simulator's section or None).
-
-    Read by the agent's own loader, so ``!secret``, the defaults and the place of the rotated key
-    (``credentials_path``, else ``keys.json`` beside the journal) are the same for both.
-    """
-    from kiosk_agent.core.agent import service_settings_from_config
-
-    config = load(path, check_platforms=False)
-    simulator = config["service"].get("simulator")
-    if simulator is not None:
-        return {}, simulator
-    try:
-        settings = service_settings_from_config(config)
-    except ValidationError as err:
-        raise CliError(f"{path}: service: {first_problem(err)}", EXIT_USAGE) from None
-    return _plain_settings(settings), None
 
 
 def first_problem(err: ValidationError) -> str:

@@ -18,7 +18,6 @@ import asyncio
 import functools
 import logging
 import secrets
-import signal
 import sys
 import tempfile
 import time
@@ -27,11 +26,11 @@ from collections.abc import Coroutine
 from pathlib import Path
 from typing import Any, TextIO
 
-from kiosk_agent.cli.agent import start_simulator
 from kiosk_agent.cli.contract import (
     EXIT_OK,
     EXIT_USAGE,
     CliError,
+    StopSignals,
     guarded,
     is_tty,
     load,
@@ -329,40 +328,34 @@ def _demo_config(args: argparse.Namespace) -> Path:
 
 
 async def _run(config: Any, args: argparse.Namespace, page_token: str | None = None) -> int:
-    from kiosk_agent.app import build_agent
+    from kiosk_agent.app import agent_for
     from kiosk_agent.platforms.virtual import VirtualPlatform
 
     view = LiveView(sys.stdout, fancy=is_tty(sys.stdout) and not args.plain,
                     colour=use_colour(sys.stdout))
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for signum in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(signum, stop.set)
-    sim, settings = await start_simulator(config["service"]["simulator"])
-    view.note(f"simulator listening on {sim.base_url}; Ctrl-C stops the demo")
-    agent = build_agent(config, settings, systemd=False)
-    outage = Outage(sim.base_url, next(iter(agent.settings.terminals)), view)
+    signals = StopSignals("stopping the demo").install()
     try:
-        async with agent.events.subscribe() as queue, outage:
-            await agent.start()
-            _announce_status_page(agent, view, page_token)
-            machines = [p for p in agent.platforms if isinstance(p, VirtualPlatform)]
-            if args.sales is not None:
-                view.customers = Customers(args.sales, machines)
-            for platform in machines:
-                observer = functools.partial(view.machine, platform.name)
-                platform.controller.observers.append(observer)
-            outage.follow(agent.availability, after=args.outage)
-            await _follow(queue, view, stop, args)
-            # A sale under way now is finished or given back: show how, not a bare "told no".
-            view.note("stopping: a sale under way is finished or its money given back")
-            await _show_until_done(agent.stop(), queue, view)
+        async with agent_for(config, systemd=False) as (agent, service):
+            assert service.simulator is not None  # demo_command checked the configuration
+            sim_url = service.simulator.base_url
+            view.note(f"simulator listening on {sim_url}; Ctrl-C stops the demo")
+            outage = Outage(sim_url, next(iter(agent.settings.terminals)), view)
+            async with agent.events.subscribe() as queue, outage:
+                await agent.start()
+                _announce_status_page(agent, view, page_token)
+                machines = [p for p in agent.platforms if isinstance(p, VirtualPlatform)]
+                if args.sales is not None:
+                    view.customers = Customers(args.sales, machines)
+                for platform in machines:
+                    observer = functools.partial(view.machine, platform.name)
+                    platform.controller.observers.append(observer)
+                outage.follow(agent.availability, after=args.outage)
+                await _follow(queue, view, signals.event, args)
+                # A sale under way now is finished or given back: show how, not a bare "told no".
+                view.note("stopping: a sale under way is finished or its money given back")
+                await _show_until_done(agent.stop(), queue, view)
     finally:
-        for signum in (signal.SIGINT, signal.SIGTERM):
-            loop.remove_signal_handler(signum)
-        if agent.started:
-            await agent.stop()
-        await sim.stop()
+        signals.remove()
     view.summary()
     return EXIT_OK
 

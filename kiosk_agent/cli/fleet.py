@@ -136,9 +136,12 @@ async def doctor_command(args: argparse.Namespace) -> int:
     # The checks and their fixes live in core/doctor.py (the status page runs them too).
     as_json = wants_json(args)
     report = Report(on_check=None if as_json else _print_check)
-    args.timeout = timeout_of(args)
     config = check_config(report, named_config(args))
     if config is not None:
+        # each check within --timeout, else the configuration's service.timeout (its default)
+        args.timeout = getattr(args, "timeout", None) or config["service"].get(
+            "timeout", timeout_of(args)
+        )
         check_serial_ports(report, config)
         check_journal(report, config)
         await _check_service(report, config, args)
@@ -173,21 +176,14 @@ def _print_check(check: Check) -> None:
 
 
 async def _check_service(report: Report, config: Config, args: argparse.Namespace) -> None:
+    from kiosk_agent.app import configured_service
     from kiosk_agent.service.client import ServiceClient
 
-    sim = None
-    try:
-        simulator = config["service"].get("simulator")
-        if simulator is not None:
-            from kiosk_agent.cli.agent import start_simulator
-
-            sim, settings = await start_simulator(simulator)
-            report.add("service", Verdict.PASS, f"embedded simulator started at {sim.base_url}")
-        else:
-            from kiosk_agent.core.agent import service_settings_from_config
-
-            settings = service_settings_from_config(config)
-        async with ServiceClient(settings) as service:
+    async with configured_service(config) as configured:
+        if configured.simulator is not None:
+            report.add("service", Verdict.PASS,
+                       f"embedded simulator started at {configured.simulator.base_url}")
+        async with ServiceClient(configured.settings) as service:
             await check_terminals(
                 report,
                 config,
@@ -196,9 +192,6 @@ async def _check_service(report: Report, config: Config, args: argparse.Namespac
                 test_print=args.test_print,
                 trans_id=args.trans_id,
             )
-    finally:
-        if sim is not None:
-            await sim.stop()
 
 
 # -- fleet list | show | forget ---------------------------------------------------------------

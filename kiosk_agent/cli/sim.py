@@ -87,17 +87,7 @@ def _rate_limit(text: str) -> str:
 def settings_from_ready(info: Mapping[str, Any], **tuning: Any) -> ServiceSettings:
     """The client settings that reach a simulator as its merchant, from its READY information
     (``SimServer.ready_info()``, or the JSON of the ``READY`` line); ``tuning``: other fields."""
-    return ServiceSettings(
-        base_url=info["base_url"],
-        reporting_url=info["reporting_url"],
-        ws_url=info["ws_url"],
-        api_key=info["api_key"],
-        refresh_token=info["refresh_token"],
-        mid=info["mid"],
-        client_id=info["client_id"],
-        client_secret=info["client_secret"],
-        **tuning,
-    )
+    return ServiceSettings.reaching_simulator(info, **tuning)
 
 
 def parse_ready(line: str) -> dict[str, Any] | None:

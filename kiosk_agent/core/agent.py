@@ -1,8 +1,9 @@
 """The Agent: one process on the kiosk that owns the service client, the journal, the sale runner,
 the event bus, the health model, the platforms and the components.
 
-Start order: journal, service client, terminals, recovery (in the background, holding the
-terminals it works on), platforms, components, then systemd READY. Stop order is the reverse,
+Start order: the claim on the journal (one agent per journal), journal, service client,
+terminals, recovery (in the background, holding the terminals it works on), platforms,
+components, then systemd READY. Stop order is the reverse,
 and a running sale is finished or safely parked in the journal before anything else goes away.
 """
 
@@ -12,7 +13,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -27,22 +28,20 @@ from kiosk_agent.core.registry import PlatformInstance
 from kiosk_agent.core.systemd import SystemdLifecycle
 from kiosk_agent.sales.attention import AttentionSweeper
 from kiosk_agent.sales.audit import ChargeAudit
-from kiosk_agent.sales.flows import (
-    INTERACTION_LIFETIME,
-    SaleContext,
-    SaleRunner,
-    SaleSettings,
-    SaleSteps,
-)
+from kiosk_agent.sales.clock import SYSTEM_CLOCK, Clock
 from kiosk_agent.sales.journal import Journal, JournalError
 from kiosk_agent.sales.model import SaleEvent
+from kiosk_agent.sales.owner import JournalLock
 from kiosk_agent.sales.receipts import ReceiptSettings
 from kiosk_agent.sales.recovery import Recovery
+from kiosk_agent.sales.runner import SaleRunner
+from kiosk_agent.sales.settings import INTERACTION_LIFETIME, SaleSettings
+from kiosk_agent.sales.steps import SaleContext, SaleSteps
 from kiosk_agent.sales.unwritten import UnwrittenSales
 from kiosk_agent.service.client import ServiceClient
 from kiosk_agent.service.errors import ServiceError
 from kiosk_agent.service.models import Terminal
-from kiosk_agent.service.settings import ServiceSettings
+from kiosk_agent.service.settings import DEFAULT_TIMEOUT, ServiceSettings
 
 _LOGGER = logging.getLogger(__name__)
 
@@ -68,11 +67,21 @@ class _PendingPlatform:
     conf: dict[str, Any]
 
 
-def service_settings_from_config(config: Config) -> ServiceSettings:
-    """ServiceSettings for a configured real service (not the embedded simulator)."""
+def service_settings_from_config(
+    config: Config, simulator: Mapping[str, Any] | None = None
+) -> ServiceSettings:
+    """The ServiceSettings of a configuration, the one place they are made from one.
+
+    A configured service: its ``service:`` section, the rotated key kept at
+    ``credentials_path`` (else ``keys.json`` beside the journal). An embedded simulator
+    (``service: {simulator: ...}``): the addresses and seeded keys of the one started for it,
+    given as its READY information (``simulator``). Every setting left out keeps the one
+    default :class:`ServiceSettings` declares."""
     conf = dict(config["service"])
     if "simulator" in conf:
-        raise ValueError("a simulator configuration has no fixed endpoints; start the simulator")
+        if simulator is None:
+            raise ValueError("a simulator configuration has no fixed endpoints: start it first")
+        return ServiceSettings.reaching_simulator(simulator)
     credentials = conf.pop("credentials_path", None)
     journal_dir = config.resolve(config["journal"]["path"]).parent
     return ServiceSettings(
@@ -82,7 +91,7 @@ def service_settings_from_config(config: Config) -> ServiceSettings:
 
 
 def sale_settings_from_config(
-    config: Config, mid: str, request_timeout: float = 30.0
+    config: Config, mid: str, request_timeout: float = DEFAULT_TIMEOUT
 ) -> SaleSettings:
     sales = config["sales"]
     receipts = config["receipts"]
@@ -115,8 +124,11 @@ class Agent:
         systemd: SystemdLifecycle | None = None,
         journal: Journal | None = None,
         service: ServiceClient | None = None,
+        owner: JournalLock | None = None,
+        clock: Clock = SYSTEM_CLOCK,
     ) -> None:
         self.config = config
+        self.clock = clock  # every sale's waits and deadlines (tests give a FakeClock)
         self.version = version
         self.settings = sale_settings_from_config(
             config, service_settings.mid, service_settings.timeout
@@ -124,7 +136,9 @@ class Agent:
         self.service = service or ServiceClient(service_settings)
         # the terminal client warns once when the service's interactions live otherwise
         self.service.terminal.expected_lifetime = self.settings.interaction_lifetime
-        self.journal = journal or Journal(config.resolve(config["journal"]["path"]))
+        self.journal = journal or Journal(config.resolve(config["journal"]["path"]), clock)
+        # one agent per journal: claimed before anything reads it, let go after it is closed
+        self.owner = owner or JournalLock(self.journal.path)
         self.events: EventBus[SaleEvent] = EventBus()
         health_conf = config.get("health") or HEALTH_SCHEMA({})
         self.health = Health(version, key_warning=health_conf["key_warning"])
@@ -152,7 +166,12 @@ class Agent:
         )
         self.availability.wake = self._checker.wake
         context = SaleContext(
-            self.service, self.journal, self.events, self.settings, capabilities=self.can_print,
+            self.service,
+            self.journal,
+            self.events,
+            self.settings,
+            capabilities=self.can_print,
+            clock=clock,
             on_unwritten=self._keep_unwritten,
         )
         self.sales = SaleRunner(context)
@@ -187,6 +206,8 @@ class Agent:
     # -- wiring (by app.py, before start) --------------------------------------------------------
 
     def add_platform(self, setup: PlatformSetup, conf: dict[str, Any]) -> None:
+        if conf.get("max_price") is not None:  # the runner holds every platform to it
+            self.sales.limit_trigger(conf["platform"], conf.get("name"), conf["max_price"])
         self._pending_platforms.append(_PendingPlatform(setup, conf))
 
     def add_component(self, factory: ComponentFactory, conf: Any) -> None:
@@ -204,7 +225,8 @@ class Agent:
 
     async def _start(self) -> None:
         started = time.monotonic()
-        self.journal_guard.before_open()
+        self.owner.acquire()  # another agent on this journal: refused here, nothing read yet
+        self.journal_guard.before_open()  # lost or damaged: named (a damaged one moved aside)
         self.journal.open()
         self.event_log.open()
         self.event_log.prune(self.config["journal"]["keep_days"])
@@ -300,6 +322,7 @@ class Agent:
         await asyncio.gather(*self._tasks, return_exceptions=True)
         await self.service.close()
         self.journal.close()
+        self.owner.release()
         self.started = False
         self.stopped.set()
 

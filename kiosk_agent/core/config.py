@@ -48,6 +48,7 @@ from kiosk_agent.core.yaml_loader import (
     load_yaml as load_yaml,
 )
 from kiosk_agent.money import MoneyError, format_cents, parse_price
+from kiosk_agent.service.settings import DEFAULT_TIMEOUT
 
 # Keys whose value must come from !secret or !env_var, never be written inline.
 SECRET_KEYS = frozenset(
@@ -190,7 +191,9 @@ ENDPOINT_SCHEMA = vol.Schema(
         vol.Optional("client_secret"): str,
         vol.Optional("credentials_path"): str,
         # seconds one request may take in all (a money call's deadline starts from it)
-        vol.Optional("timeout"): vol.All(positive_float, vol.Range(max=300)),
+        vol.Optional("timeout", default=DEFAULT_TIMEOUT): vol.All(
+            positive_float, vol.Range(max=300)
+        ),
     }
 )
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import logging.handlers
 import math
 import sys
 import time
@@ -59,7 +58,9 @@ def setup_logging(
         path = Path(conf["file"])
         path.parent.mkdir(parents=True, exist_ok=True)
         # bounded: a kiosk's flash must not fill up with logs over the years
-        handler = logging.handlers.RotatingFileHandler(path, maxBytes=5_000_000, backupCount=3)
+        from logging.handlers import RotatingFileHandler  # only for a log file, seldom
+
+        handler = RotatingFileHandler(path, maxBytes=5_000_000, backupCount=3)
     else:
         handler = logging.StreamHandler(stream or sys.stderr)
     handler.addFilter(RedactingFilter())

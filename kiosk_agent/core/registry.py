@@ -11,7 +11,6 @@ from __future__ import annotations
 import importlib
 import pkgutil
 from functools import cache
-from importlib import metadata
 from types import ModuleType
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -26,6 +25,8 @@ from kiosk_agent.core.config import (
 from kiosk_agent.core.yaml_loader import suggest
 
 if TYPE_CHECKING:
+    from importlib import metadata
+
     from kiosk_agent.core.agent import Agent
 
 ENTRY_POINT_GROUP = "kiosk_agent.platforms"
@@ -62,6 +63,10 @@ class PlatformNotFound(LookupError):
 
 
 def _entry_points() -> dict[str, metadata.EntryPoint]:
+    # asked only for a platform not bundled: reading every installed package's metadata costs
+    # a Pi Zero a noticeable part of its start
+    from importlib import metadata
+
     return {ep.name: ep for ep in metadata.entry_points(group=ENTRY_POINT_GROUP)}
 
 

@@ -12,10 +12,11 @@ Limits (the ``http:`` section, :data:`kiosk_agent.core.config.HTTP_SCHEMA`), the
 - a body must arrive whole within ``body_timeout`` (:func:`read_body`, :func:`read_json`), and
   a client that takes nothing of its answer for ``body_timeout`` (its socket full: a report, a
   stream or a WebSocket it stopped reading) is cut;
-- at most ``max_connections`` are open per server: past it the oldest connection with no
-  request in progress is closed to make room (one that was never served is told 503 first: in a
-  burst its request may simply not have been read yet), and when every one is busy the newcomer
-  gets 503.
+- at most ``max_connections`` are open per server: past it a connection with no request in
+  progress is closed to make room: the oldest that never finished a request (told 503 first: in
+  a burst its request may simply not have been read yet), else the oldest idle one that did, so
+  an honest client's keep-alive connection outlives a flood of newcomers that never speak; when
+  every one is busy the newcomer gets 503.
   So a slow-header flood on one port holds a bounded number of descriptors and cannot lock a
   real client out for long; the other ports are not touched at all;
 - an event stream (a WebSocket, server-sent events) takes one of ``max_streams`` stream slots
@@ -185,7 +186,7 @@ class _Connection(asyncio.Protocol):
         """Close now (its requests, if any, see the connection go). ``answer``: first tell a
         connection that was never served that the server is full (503), so a real client whose
         request had not been read yet hears why, instead of seeing the connection drop."""
-        self.closing = True
+        self._mark_closing()
         self._cancel_timer()
         if self.transport is None:
             self.site._forget(self)
@@ -193,6 +194,13 @@ class _Connection(asyncio.Protocol):
         if answer and isinstance(self.transport, asyncio.WriteTransport):
             self.transport.write(_OVERLOADED)
         self.handler.force_close()
+
+    def _mark_closing(self) -> None:
+        if not self.closing:
+            self.closing = True
+            self.site._closing += 1
+            if self.streaming:  # counted as closing now, no longer as a stream
+                self.site._streaming -= 1
 
     def _cancel_timer(self) -> None:
         if self._timer is not None:
@@ -216,7 +224,7 @@ class _Connection(asyncio.Protocol):
             _peer(self.transport),
             self.site.limits.body_timeout,
         )
-        self.closing = True
+        self._mark_closing()
         if isinstance(self.transport, asyncio.WriteTransport):
             self.transport.abort()  # close() would wait for the buffer to drain: never
 
@@ -258,10 +266,13 @@ class LocalSite:
         # handler -> connection, oldest first (dicts keep insertion order)
         self._connections: dict[RequestHandler, _Connection] = {}
         self.refusals = RefusalLog(_LOGGER, f"http:{name}")
+        self._closing = 0  # connections in _connections that are closing (kept count: a flood
+        # calls open_connections on every accept)
         self.evicted = 0
         self.overloaded = 0
         self.stalled = 0  # connections cut because their client took nothing for body_timeout
         self.streams = 0  # stream slots taken now
+        self._streaming = 0  # connections in _connections holding one, not closing (kept count)
         self.streams_refused = 0
 
     @property
@@ -271,7 +282,7 @@ class LocalSite:
     @property
     def open_connections(self) -> int:
         """Connections counted against ``max_connections`` (streams have their own bound)."""
-        return sum(1 for c in self._connections.values() if not c.closing and not c.streaming)
+        return len(self._connections) - self._closing - self._streaming
 
     def stream_slot(self, request: web.BaseRequest) -> StreamSlot | None:
         """A stream slot for this request's connection while the stream is open, or None when
@@ -290,14 +301,17 @@ class LocalSite:
     @contextlib.contextmanager
     def _hold_stream(self, connection: _Connection | None) -> Iterator[None]:
         self.streams += 1
-        if connection is not None:
+        if connection is not None and not connection.closing:
             connection.streaming = True
+            self._streaming += 1
         try:
             yield
         finally:
             self.streams -= 1
-            if connection is not None:
+            if connection is not None and connection.streaming:
                 connection.streaming = False
+                if not connection.closing:
+                    self._streaming -= 1
 
     async def start(self, app: web.Application) -> None:
         app[LIMITS] = self.limits
@@ -336,6 +350,8 @@ class LocalSite:
             for connection in list(self._connections.values()):
                 connection.close()
             self._connections.clear()
+            self._closing = 0
+            self._streaming = 0
 
     # -- connections -------------------------------------------------------------------------
 
@@ -358,24 +374,37 @@ class LocalSite:
         return connection
 
     def _make_room(self) -> bool:
-        """Close the oldest connection with no request in progress; False when all are busy."""
-        for connection in self._connections.values():
-            if not connection.closing and connection.busy == 0:
-                self.evicted += 1
-                self.refusals(
-                    "connection_cap",
-                    "%s: %d connections open: closed the oldest idle one (from %s)",
-                    self.name,
-                    self.limits.max_connections,
-                    _peer(connection.transport),
-                )
-                connection.close(answer=connection.served == 0)
-                return True
-        return False
+        """Close one connection with no request in progress; False when all are busy.
+
+        The oldest that never finished a request goes first (a slow-header flood is made of
+        those), and only then the oldest idle one that did: an honest client's keep-alive
+        connection outlives any flood of newcomers that never spoke."""
+        idle = (c for c in self._connections.values() if not c.closing and c.busy == 0)
+        # a flood's connections are the oldest never served: found near the front, at once
+        victim = next((c for c in idle if c.served == 0), None) or next(
+            (c for c in self._connections.values() if not c.closing and c.busy == 0), None
+        )
+        if victim is None:
+            return False
+        self.evicted += 1
+        self.refusals(
+            "connection_cap",
+            "%s: %d connections open: closed the oldest idle one %s (from %s)",
+            self.name,
+            self.limits.max_connections,
+            "that never spoke" if victim.served == 0 else "that was served",
+            _peer(victim.transport),
+        )
+        victim.close(answer=victim.served == 0)
+        return True
 
     def _forget(self, connection: _Connection) -> None:
         if self._connections.get(connection.handler) is connection:
             del self._connections[connection.handler]
+            self._closing -= connection.closing
+            if connection.streaming and not connection.closing:
+                self._streaming -= 1
+                connection.streaming = False
 
     @web.middleware
     async def _track(

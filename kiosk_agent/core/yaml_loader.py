@@ -20,7 +20,6 @@ Every mapping and list keeps the file and line of each of its entries, so valida
 
 from __future__ import annotations
 
-import difflib
 import os
 import stat
 from collections.abc import Iterable
@@ -46,6 +45,8 @@ SUGGEST_CUTOFF = 0.75
 def suggest(word: str, choices: Iterable[str]) -> str | None:
     """The choice a misspelt ``word`` most likely meant, or None when none is close enough."""
     by_lower = {str(c).lower(): str(c) for c in choices}
+    import difflib  # only for a mistake; its import costs a Pi Zero a third of a second
+
     close = difflib.get_close_matches(word.lower(), list(by_lower), n=1, cutoff=SUGGEST_CUTOFF)
     return by_lower[close[0]] if close else None
 

@@ -53,7 +53,6 @@ from kiosk_agent.core.web import (
 )
 from kiosk_agent.money import MoneyError, cents_to_dollars, parse_price
 from kiosk_agent.platforms.base import instance_name
-from kiosk_agent.sales.flows import TerminalBusy, UnknownTerminal
 from kiosk_agent.sales.journal import JournalError
 from kiosk_agent.sales.model import (
     DispenseOutcome,
@@ -62,6 +61,8 @@ from kiosk_agent.sales.model import (
     SaleEvent,
     SaleRequest,
 )
+from kiosk_agent.sales.runner import TerminalBusy
+from kiosk_agent.sales.settings import UnknownTerminal
 from kiosk_agent.tasks import cancel_and_wait, next_item
 
 _LOGGER = logging.getLogger(__name__)

@@ -16,7 +16,6 @@ shows is written down, and a person decides with ``kiosk-agent sales resolve``.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
 import sqlite3
@@ -26,10 +25,11 @@ from typing import TYPE_CHECKING
 
 from kiosk_agent.money import format_cents
 from kiosk_agent.redact import redact
-from kiosk_agent.sales.flows import SaleContext, SaleSteps, event_of
+from kiosk_agent.sales.clock import Anchor, elapsed_at_least
 from kiosk_agent.sales.journal import Journal, JournalError, SaleMoved, SaleRecord
 from kiosk_agent.sales.model import Flow, SaleEvent
-from kiosk_agent.sales.states import SaleState
+from kiosk_agent.sales.states import NO_CHARGE_STEPS, SaleState, Step
+from kiosk_agent.sales.steps import SaleContext, SaleSteps, event_of
 from kiosk_agent.tasks import BackgroundTask
 from kiosk_agent.text import control_character
 
@@ -38,8 +38,6 @@ if TYPE_CHECKING:
 
 _LOGGER = logging.getLogger(__name__)
 
-RECHECK_STEP = "attention.recheck"
-RESOLVED_STEP = "attention.resolved"
 MAX_RETRIES = 3  # money calls a sweep may make for one sale, in all
 MAX_WHY = 500
 
@@ -62,8 +60,6 @@ class NotInAttention(ResolveError):
 # A sale that ended "no charge was made" after a lost answer is looked at again for this long:
 # a service slower than its answer margin may still have charged.
 LATE_CHARGE_WINDOW = 24 * 3600.0
-# the steps that end a sale on "reporting showed no charge by the deadline"
-_NO_CHARGE_STEPS = ("charge_card.none", "authorize.none", "recovery.none")
 
 
 @dataclass(slots=True)
@@ -83,6 +79,7 @@ class AttentionSweeper:
         self.context = context
         self.journal = context.journal
         self.interval = interval
+        self.clock = context.clock
         self.stats = SweepStats()
         self._loop = BackgroundTask(self._run, "attention-sweeper")
 
@@ -94,13 +91,13 @@ class AttentionSweeper:
 
     async def _run(self) -> None:
         while True:  # not at once: on start, recovery goes first
-            await asyncio.sleep(self.interval)
+            await self.clock.sleep(self.interval)
             await self.sweep()
 
     async def sweep(self) -> list[SaleEvent]:
         """One pass over the ATTENTION sales; each one's error is counted, never fatal."""
         self.stats.sweeps += 1
-        self.stats.last_sweep_at = time.time()
+        self.stats.last_sweep_at = self.clock.time()  # for display
         ended: list[SaleEvent] = []
         try:
             sales = self.journal.attention_sales()
@@ -128,15 +125,14 @@ class AttentionSweeper:
         deadline): a service that committed later than ``answer_margin`` shows the charge now,
         and it is given back."""
         try:
-            failed = self.journal.query(
-                since=time.time() - LATE_CHARGE_WINDOW,
-                states=[SaleState.FAILED],
-                last_steps=_NO_CHARGE_STEPS,
-            )
+            failed = self.journal.ended_by_steps(SaleState.FAILED, NO_CHARGE_STEPS)
         except (sqlite3.Error, JournalError) as err:
             self._count_error(f"cannot read the journal: {err}")
             return []
-        suspects = [r for r in failed if r.flow != Flow.ENROLL and r.trans_id is None]
+        suspects = [
+            r for r in failed
+            if r.flow != Flow.ENROLL and r.trans_id is None and self._still_watched(r)
+        ]
         given_back: list[SaleEvent] = []
         for record in suspects:
             steps = SaleSteps(record, self.context)
@@ -148,7 +144,14 @@ class AttentionSweeper:
                     "sale %s: a charge appeared after the sale ended with none; giving it back",
                     record.sale_id,
                 )
-                steps.charge_found("late.found", lookup.trans_id, lookup.amount_cents)
+                # found and reopened in one write (REVERSING): a crash before the void leaves
+                # an open sale that recovery gives back, not a FAILED one holding money
+                steps.charge_found(
+                    Step.LATE_FOUND,
+                    lookup.trans_id,
+                    lookup.amount_cents,
+                    state=SaleState.REVERSING,
+                )
                 given_back.append(
                     await steps.reverse("a charge the service made after the sale had ended")
                 )
@@ -157,6 +160,16 @@ class AttentionSweeper:
                 _LOGGER.exception("sale %s: late charge check failed", record.sale_id)
                 self._count_error(f"sale {record.sale_id}: {type(err).__name__}: {err}")
         return given_back
+
+    def _still_watched(self, record: SaleRecord) -> bool:
+        """Whether the sale's money call was sent less than ``LATE_CHARGE_WINDOW`` ago in real
+        time, or may have been: measured on the monotonic clock within a boot; after a reboot,
+        at least as long as this boot has run, or (wall time) less than the window ago, so a
+        step of the wall clock either way never drops a sale early."""
+        sent = Anchor(record.sent_at or record.created_at, record.sent_mono, record.sent_boot)
+        if elapsed_at_least(self.clock, sent) < LATE_CHARGE_WINDOW:
+            return True
+        return not sent.same_boot(self.clock) and self.clock.time() - sent.wall < LATE_CHARGE_WINDOW
 
     def _count_error(self, text: str) -> None:
         self.stats.errors += 1
@@ -173,24 +186,28 @@ class AttentionSweeper:
         return await self._with_trans_id(steps, record.trans_id, retries_left > 0)
 
     async def _no_trans_id(self, steps: SaleSteps, may_move_money: bool) -> SaleEvent | None:
-        asked_at = time.time()  # "no charge" counts only from a lookup sent after the deadline
+        # "no charge" counts only from a lookup sent after the deadline
+        deadline = steps.answer_deadline()
+        asked_at = self.clock.monotonic()
         lookup = await steps.reconciler.find_charge(steps.record.all_order_ids())
         if lookup.unknown or not self._still_attention(steps):
             return None
         if lookup.approved:
             if not may_move_money:
                 return None
-            steps.step(RECHECK_STEP, detail={"found": "charge", "trans_id": lookup.trans_id},
-                       if_state=SaleState.ATTENTION)
-            steps.charge_found("attention.found", lookup.trans_id, lookup.amount_cents)
+            found = {"found": "charge", "trans_id": lookup.trans_id}
+            steps.step(Step.ATTENTION_RECHECK, detail=found, if_state=SaleState.ATTENTION)
+            steps.charge_found(Step.ATTENTION_FOUND, lookup.trans_id, lookup.amount_cents)
             return await steps.reverse("a charge found later in reporting, not vended")
         if lookup.reversed:
-            return steps.finish(SaleState.REVERSED, "attention.done", "already given back",
+            return steps.finish(SaleState.REVERSED, Step.ATTENTION_DONE, "already given back",
                                 if_state=SaleState.ATTENTION)
-        if asked_at < steps.answer_deadline():
+        if asked_at < deadline:
             return None  # the service may still answer the money call
         return steps.finish(
-            SaleState.FAILED, "attention.done", "no charge was made (checked in reporting later)",
+            SaleState.FAILED,
+            Step.ATTENTION_DONE,
+            "no charge was made (checked in reporting later)",
             if_state=SaleState.ATTENTION,
         )
 
@@ -204,7 +221,7 @@ class AttentionSweeper:
         if lookup.reversed:
             return steps.finish(
                 SaleState.REVERSED,
-                "attention.done",
+                Step.ATTENTION_DONE,
                 "given back (found in reporting)",
                 reverse_trans_id=lookup.reverse_trans_id,
                 reversed_cents=lookup.amount_cents or record.captured_cents,
@@ -214,7 +231,7 @@ class AttentionSweeper:
         if lookup.captured and vended:
             return steps.finish(
                 SaleState.COMPLETED,
-                "attention.done",
+                Step.ATTENTION_DONE,
                 f"paid {format_cents(lookup.amount_cents or vended)} (found captured)",
                 captured_cents=lookup.amount_cents or vended,
                 if_state=SaleState.ATTENTION,
@@ -222,7 +239,7 @@ class AttentionSweeper:
         if not (lookup.captured or lookup.authorized) or not may_move_money:
             return None
         action = "capture" if lookup.authorized and vended else "reverse"
-        steps.step(RECHECK_STEP, detail={"found": "held", "action": action},
+        steps.step(Step.ATTENTION_RECHECK, detail={"found": "held", "action": action},
                    if_state=SaleState.ATTENTION)
         if action == "capture":
             return await steps.capture(vended)
@@ -244,7 +261,7 @@ class AttentionSweeper:
 
 
 def _money_retries(journal: Journal, sale_id: str) -> int:
-    return sum(1 for step in journal.steps(sale_id) if step.step == RECHECK_STEP)
+    return sum(1 for step in journal.steps(sale_id) if step.step == Step.ATTENTION_RECHECK)
 
 
 def resolve(
@@ -287,7 +304,7 @@ def resolve(
     try:
         resolved = journal.record(
             record,
-            RESOLVED_STEP,
+            Step.ATTENTION_RESOLVED,
             RESOLUTIONS[as_],
             detail={"as": as_, "why": why, "by": by},
             if_state=SaleState.ATTENTION,  # another process may have decided it since the read
@@ -303,7 +320,7 @@ def resolve(
         ) from None
     _LOGGER.info("sale %s resolved by %s as %s", resolved.sale_id, by, as_)
     if events is not None:
-        events.publish(event_of(resolved, RESOLVED_STEP))
+        events.publish(event_of(resolved, Step.ATTENTION_RESOLVED))
     return resolved
 
 

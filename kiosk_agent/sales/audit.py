@@ -7,9 +7,12 @@ hold a charge the service still holds. So the agent asks reporting for its own r
 ``-N`` for a retried attempt) that still hold money (authorized or captured), and compares:
 
 - a charge of a sale the journal holds, open or ended with money moved: accounted for;
-- a charge of a sale the journal ended with no money moved (failed, declined, cancelled),
-  or of no sale at all: unaccounted. It is journaled (``audit.found``) and given back (void, or
-  refund once settled), like any dispense that cannot be confirmed.
+- a charge of no sale at all: unaccounted. It is journaled as a new sale (``created``, then
+  ``audit.found`` charging) and given back (void, or refund once settled), like any dispense
+  that cannot be confirmed;
+- a charge held under a sale the journal ended with no money moved (failed, declined,
+  cancelled): that sale is final (the transition table), so it is named in the result for a
+  person; the late-charge net gives back those that ended on "no charge" after a lost answer.
 
 More than ``max_give_back`` unaccounted charges in one check smell of a wholesale mismatch (a
 journal from another unit, a terminal shared with another agent): then none is given back and
@@ -24,10 +27,11 @@ import time
 from collections.abc import Collection
 from dataclasses import dataclass, field
 
-from kiosk_agent.sales.flows import SaleContext, SaleSteps, new_ids
 from kiosk_agent.sales.journal import SaleRecord
 from kiosk_agent.sales.model import Flow, SaleEvent
-from kiosk_agent.sales.states import SaleState
+from kiosk_agent.sales.runner import new_ids
+from kiosk_agent.sales.states import SaleState, Step
+from kiosk_agent.sales.steps import SaleContext, SaleSteps
 from kiosk_agent.service.errors import ServiceError
 from kiosk_agent.service.models import Transaction, TransactionFilter, TransStatus
 
@@ -82,6 +86,8 @@ class ChargeAudit:
         self.max_give_back = max_give_back
         self.last: AuditResult | None = None
         self.given_back = 0
+        # ended sales (no money moved, says the journal) whose charge reporting still holds
+        self.held_under_ended: set[str] = set()
 
     async def check(self, running: Collection[str] = ()) -> AuditResult:
         """One comparison; ``running``: sale ids in flight now (their charges are accounted)."""
@@ -125,29 +131,31 @@ class ChargeAudit:
         return list(rows.values())
 
     def _unaccounted(self, row: Transaction, running: Collection[str]) -> SaleRecord | None:
-        """The sale to settle it under (an ended one, or a new one), or None: accounted."""
+        """The sale to settle it under (a new one), or None: accounted for, or not ours to
+        move (a sale the journal ended with no money moved is final; the late-charge net and
+        people look at those, and the check says so in its result)."""
         match = ORDER_ID.match(row.order_id or "")
         assert match is not None
         record = self.journal.by_order_id(match.group(1))
         if record is None:
             return self._new_record(row, match.group(1), int(match.group(2) or 1))
-        if record.sale_id in running or record.state not in _NO_MONEY:
-            return None
-        return record
+        if record.sale_id not in running and record.state in _NO_MONEY:
+            self.held_under_ended.add(record.sale_id)
+        return None
 
     def _new_record(self, row: Transaction, order_id: str, attempt: int) -> SaleRecord:
-        authorized = row.status is TransStatus.AUTHORIZED
-        cents = row.amount_cents
         device = row.terminal_id or next(iter(self.settings.terminals), "")
         sale_id, _ = new_ids()
+        # a charge-card sale whatever the charge was: voiding an authorization or a capture is
+        # the same call, and the table lets a charge-card sale go STARTED > CHARGING > back
         return SaleRecord(
             sale_id=sale_id,
             order_id=order_id,
             source=AUDIT_SOURCE,
-            flow=(Flow.AUTHORIZE_CAPTURE if authorized else Flow.CHARGE_CARD).value,
+            flow=Flow.CHARGE_CARD.value,
             terminal=device,
-            amount_cents=cents,
-            state=SaleState.ATTENTION,
+            amount_cents=row.amount_cents,
+            state=SaleState.STARTED,
             attempt=attempt,
             currency=self.settings.currency,
             message="a charge in reporting the journal did not hold",
@@ -158,13 +166,14 @@ class ChargeAudit:
     ) -> SaleEvent:
         detail = {"trans_id": row.trans_id, "order_id": row.order_id,
                   "status": row.status.name if row.status else None}
-        if self.journal.get(record.sale_id) is None:
-            record = self.journal.create(record, detail)
+        record = self.journal.create(record, detail)
         steps = SaleSteps(record, self.context)
-        steps.charge_found("audit.found", row.trans_id, row.amount_cents, detail)
+        cents = row.amount_cents
+        steps.step(Step.AUDIT_FOUND, SaleState.CHARGING, detail=detail, trans_id=row.trans_id,
+                   authorized_cents=cents, captured_cents=cents)
         if not give_back:
             return steps.finish(
-                SaleState.ATTENTION, "audit.undecided",
+                SaleState.ATTENTION, Step.AUDIT_UNDECIDED,
                 f"a charge the journal did not hold ({found} such in one check: too many to "
                 "give back unasked); a person must look",
             )

@@ -18,13 +18,13 @@ import dataclasses
 import datetime as dt
 import json
 import sqlite3
-import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from kiosk_agent.sales.states import SaleState
+from kiosk_agent.sales.clock import SYSTEM_CLOCK, Clock
+from kiosk_agent.sales.states import REOPENED_AFTER, SaleState, Step, check_transition
 
 # What a reader must understand to use the journal. Bumped only by a change an older release
 # cannot read past (a renamed column, a changed meaning): new facts go into new tables, which
@@ -75,10 +75,26 @@ CREATE TABLE IF NOT EXISTS steps (
     detail   TEXT NOT NULL DEFAULT '{}'
 );
 CREATE INDEX IF NOT EXISTS steps_sale ON steps(sale_id);
+CREATE TABLE IF NOT EXISTS sale_sends (
+    sale_id   TEXT PRIMARY KEY REFERENCES sales(sale_id),
+    sent_at   REAL,
+    sent_mono REAL,
+    sent_boot TEXT
+);
 """
 
 # Columns added after version 1, with their type: added in place to an older journal on open.
-_ADDED_COLUMNS = {"answer_by": "REAL", "resolution": "TEXT"}
+_ADDED_COLUMNS = {
+    "answer_by": "REAL",
+    "resolution": "TEXT",
+}
+# A sale's facts kept beside it, not as columns of ``sales``: the previous release reads every
+# column of ``sales`` into its own record and stops at one it does not know, so new facts go
+# into tables of their own (docs/operations.md, "Rolling back"). Table -> its columns.
+_BESIDE = {
+    # the money call's send, to re-anchor its deadline after a restart (sales/clock.py)
+    "sale_sends": ("sent_at", "sent_mono", "sent_boot"),
+}
 
 _SIDE = ("-wal", "-shm")
 # Beside the journal, written once it holds its tables: "a journal was in use here". A journal
@@ -122,6 +138,12 @@ class SaleRecord:
     answer_by: float | None = None
     # A person's decision on an ATTENTION sale, as JSON {as, why, by, at}.
     resolution: str | None = None
+    # When the money call in flight was sent: wall time, monotonic time and the boot id, written
+    # with ``answer_by``. After a restart on the same boot the monotonic difference is the exact
+    # time since; wall time alone cannot say it (NTP steps it).
+    sent_at: float | None = None
+    sent_mono: float | None = None
+    sent_boot: str | None = None
 
     def attempt_order_id(self, attempt: int | None = None) -> str:
         """The order_id sent for one attempt: the sale's own for the first, suffixed after."""
@@ -133,7 +155,8 @@ class SaleRecord:
 
     def row(self) -> dict[str, Any]:
         """The sale as stored: column name -> SQLite value."""
-        data = dataclasses.asdict(self)
+        # every field is a plain value: a shallow read (asdict deep-copies each, on every sale)
+        data = {name: getattr(self, name) for name in _COLUMNS}
         data["state"] = self.state.value
         return data
 
@@ -148,14 +171,23 @@ class SaleRecord:
 class StepRecord:
     sale_id: str
     at: float
-    step: str
+    step: str  # a Step's value (read as stored: an older journal may hold a retired name)
     state: SaleState
     detail: dict[str, Any]
 
 
 _COLUMNS = tuple(f.name for f in dataclasses.fields(SaleRecord))
-_KNOWN = frozenset(_COLUMNS)
-_UPDATABLE = frozenset(_COLUMNS) - {"sale_id", "order_id", "created_at"}
+_COLUMN_SET = frozenset(_COLUMNS)
+_BESIDE_COLUMNS = frozenset(c for columns in _BESIDE.values() for c in columns)
+_SALES_COLUMNS = tuple(c for c in _COLUMNS if c not in _BESIDE_COLUMNS)
+# every read of a sale: its row and what is kept beside it
+_SELECT_SALES = "SELECT sales.*, " + ", ".join(  # noqa: S608 - names from this module
+    f"{table}.{column}" for table, columns in _BESIDE.items() for column in columns
+) + " FROM sales" + "".join(
+    f" LEFT JOIN {table} ON {table}.sale_id = sales.sale_id" for table in _BESIDE
+)
+# a sale's flow is fixed: the states it may be in follow from it
+_UPDATABLE = _COLUMN_SET - {"sale_id", "order_id", "created_at", "flow"}
 # Keys that must never reach the journal, whatever a caller passes in a step's detail.
 _FORBIDDEN_DETAIL = frozenset(
     {"token", "account_token", "api_key", "refresh_token", "card_number", "secret", "password"}
@@ -179,8 +211,9 @@ WriteListener = Callable[["JournalError | None"], None]
 
 
 class SaleMoved(Exception):
-    """A step written only ``if_state`` found the sale in another state: someone else (another
-    process on the same journal) wrote first. ``state`` is what it is now."""
+    """A write found the sale in another state than the writer saw (``if_state``, by default
+    the record's own): someone else (another process on the same journal) wrote first.
+    ``state`` is what it is now."""
 
     def __init__(self, sale_id: str, state: SaleState | None) -> None:
         shown = state.value if state is not None else "gone"
@@ -192,8 +225,9 @@ class SaleMoved(Exception):
 class Journal:
     """The sales journal on disk. Open once per process; every write is its own transaction."""
 
-    def __init__(self, path: Path | str) -> None:
+    def __init__(self, path: Path | str, clock: Clock = SYSTEM_CLOCK) -> None:
         self.path = Path(path)
+        self.clock = clock  # dates the records (wall time: for people, never for a wait)
         self._db: sqlite3.Connection | None = None
         # Told after every write: None when it went through, the error when it did not (the
         # agent takes the unit out of service at once, from whichever path wrote).
@@ -248,16 +282,18 @@ class Journal:
     # -- writes ----------------------------------------------------------------------------------
 
     def create(self, sale: SaleRecord, detail: Mapping[str, Any] | None = None) -> SaleRecord:
-        """Write a new sale and its first step in one transaction."""
-        now = time.time()
+        """Write a new sale and its first step in one transaction (always STARTED)."""
+        check_transition(sale.sale_id, sale.flow, None, sale.state, Step.CREATED)
+        now = self.clock.time()
         sale = dataclasses.replace(sale, created_at=now, updated_at=now)
         row = sale.row()
-        names = ", ".join(_COLUMNS)
-        marks = ", ".join(f":{c}" for c in _COLUMNS)
+        names = ", ".join(_SALES_COLUMNS)
+        marks = ", ".join(f":{c}" for c in _SALES_COLUMNS)
         try:
             with transaction(self.db) as db:
                 db.execute(f"INSERT INTO sales ({names}) VALUES ({marks})", row)  # noqa: S608
-                self._insert_step(db, sale.sale_id, now, "created", sale.state, detail)
+                _write_beside(db, sale.sale_id, row)
+                self._insert_step(db, sale.sale_id, now, Step.CREATED, sale.state, detail)
         except sqlite3.Error as err:
             raise self._write_failed(err) from err
         self._tell(None)
@@ -266,7 +302,7 @@ class Journal:
     def record(
         self,
         sale: SaleRecord,
-        step: str,
+        step: Step,
         state: SaleState | None = None,
         detail: Mapping[str, Any] | None = None,
         *,
@@ -275,44 +311,72 @@ class Journal:
     ) -> SaleRecord:
         """Write one step (and the sale's new fields) durably; return the updated sale.
 
-        ``if_state``: write only while the sale is still in that state on disk, checked in the
-        same transaction (:class:`SaleMoved` else), so two processes cannot both decide it."""
+        The one way a sale changes. In the same transaction the sale's state on disk is read
+        and the move checked against the table (``states.check_transition``:
+        :class:`TransitionRefused`, nothing written); the sale must still be in ``if_state``
+        (default: the state ``sale`` says it is in), else :class:`SaleMoved`: two writers
+        (another process on the same journal, a person) cannot both decide it."""
         unknown = set(changes) - _UPDATABLE
         if unknown:
             raise ValueError(f"not journal fields: {', '.join(sorted(unknown))}")
-        now = time.time()
+        now = self.clock.time()
         new_state = state or sale.state
         if new_state.final and sale.finished_at is None:
             changes.setdefault("finished_at", now)
         updated = dataclasses.replace(sale, state=new_state, updated_at=now, **changes)
-        assignments = {k: getattr(updated, k) for k in (*changes, "state", "updated_at")}
+        assignments = {k: getattr(updated, k) for k in (*changes, "state", "updated_at")
+                       if k not in _BESIDE_COLUMNS}
         assignments["state"] = new_state.value
+        beside = {k: v for k, v in changes.items() if k in _BESIDE_COLUMNS}
         sql = ", ".join(f"{k} = :{k}" for k in assignments)
+        expected = sale.state if if_state is None else if_state
         try:
             with transaction(self.db) as db:
-                guard = "" if if_state is None else " AND state = :if_state"
-                written = db.execute(
-                    f"UPDATE sales SET {sql} WHERE sale_id = :sale_id{guard}",  # noqa: S608
-                    {**assignments, "sale_id": sale.sale_id,
-                     "if_state": if_state.value if if_state else None},
+                named = self._check(db, sale, expected, new_state, step)
+                db.execute(
+                    f"UPDATE sales SET {sql} WHERE sale_id = :sale_id",  # noqa: S608
+                    {**assignments, "sale_id": sale.sale_id},
                 )
-                if if_state is not None and written.rowcount != 1:
-                    now_state = db.execute(
-                        "SELECT state FROM sales WHERE sale_id = ?", (sale.sale_id,)
-                    ).fetchone()
-                    raise SaleMoved(sale.sale_id, SaleState(now_state[0]) if now_state else None)
-                self._insert_step(db, sale.sale_id, now, step, new_state, detail)
+                if beside:
+                    _write_beside(db, sale.sale_id, updated.row())
+                self._insert_step(db, sale.sale_id, now, named, new_state, detail)
         except sqlite3.Error as err:
             raise self._write_failed(err) from err
         self._tell(None)
         return updated
+
+    def _check(
+        self,
+        db: sqlite3.Connection,
+        sale: SaleRecord,
+        expected: SaleState,
+        wanted: SaleState,
+        step: Step,
+    ) -> Step:
+        """The sale as it is on disk, inside the write transaction, against the table."""
+        row = db.execute(
+            "SELECT state, flow FROM sales WHERE sale_id = ?", (sale.sale_id,)
+        ).fetchone()
+        if row is None:
+            raise SaleMoved(sale.sale_id, None)
+        current = SaleState(row[0])
+        if current is not expected:
+            raise SaleMoved(sale.sale_id, current)
+        last = None
+        if step in REOPENED_AFTER:  # only a reopening step depends on how the sale ended
+            found = db.execute(
+                "SELECT step FROM steps WHERE sale_id = ? ORDER BY id DESC LIMIT 1",
+                (sale.sale_id,),
+            ).fetchone()
+            last = None if found is None else str(found[0])
+        return check_transition(sale.sale_id, row[1], current, wanted, step, last)
 
     def _insert_step(
         self,
         db: sqlite3.Connection,
         sale_id: str,
         at: float,
-        step: str,
+        step: Step,
         state: SaleState,
         detail: Mapping[str, Any] | None,
     ) -> None:
@@ -333,19 +397,22 @@ class Journal:
             self.on_write(err)
 
     def restore(
-        self, sale: SaleRecord, step: str, detail: Mapping[str, Any] | None = None
+        self, sale: SaleRecord, step: Step, detail: Mapping[str, Any] | None = None
     ) -> SaleRecord:
         """Write the whole sale as it stands in memory (after writes that failed), and a step.
 
-        The row is created if its very first write was lost. One transaction, like every write."""
-        now = time.time()
+        The one write beside the transition table: memory reached this state by steps the
+        table allowed, one by one; only their writes failed. The row is created if its very
+        first write was lost. One transaction, like every write."""
+        now = self.clock.time()
         sale = dataclasses.replace(sale, updated_at=now, created_at=sale.created_at or now)
         row = sale.row()
-        names = ", ".join(_COLUMNS)
-        marks = ", ".join(f":{c}" for c in _COLUMNS)
+        names = ", ".join(_SALES_COLUMNS)
+        marks = ", ".join(f":{c}" for c in _SALES_COLUMNS)
         try:
             with transaction(self.db) as db:
                 db.execute(f"INSERT OR REPLACE INTO sales ({names}) VALUES ({marks})", row)  # noqa: S608
+                _write_beside(db, sale.sale_id, row)
                 self._insert_step(db, sale.sale_id, now, step, sale.state, detail)
         except sqlite3.Error as err:
             raise self._write_failed(err) from err
@@ -355,11 +422,11 @@ class Journal:
     # -- reads -----------------------------------------------------------------------------------
 
     def get(self, sale_id: str) -> SaleRecord | None:
-        row = self.db.execute("SELECT * FROM sales WHERE sale_id = ?", (sale_id,)).fetchone()
+        row = self.db.execute(f"{_SELECT_SALES} WHERE sales.sale_id = ?", (sale_id,)).fetchone()
         return None if row is None else _record(row)
 
     def by_order_id(self, order_id: str) -> SaleRecord | None:
-        row = self.db.execute("SELECT * FROM sales WHERE order_id = ?", (order_id,)).fetchone()
+        row = self.db.execute(f"{_SELECT_SALES} WHERE order_id = ?", (order_id,)).fetchone()
         return None if row is None else _record(row)
 
     def with_id_prefix(self, prefix: str, limit: int = 2) -> list[SaleRecord]:
@@ -368,7 +435,7 @@ class Journal:
         if not prefix or not prefix.isalnum():
             return []
         rows = self.db.execute(
-            "SELECT * FROM sales WHERE substr(sale_id, 1, ?) = ? LIMIT ?",
+            f"{_SELECT_SALES} WHERE substr(sales.sale_id, 1, ?) = ? LIMIT ?",
             (len(prefix), prefix, limit),
         )
         return [_record(r) for r in rows]
@@ -377,10 +444,16 @@ class Journal:
         """Sales not in a final state: what a crash left behind (or what is running now)."""
         marks = ", ".join("?" for _ in _FINAL_STATES)
         rows = self.db.execute(
-            f"SELECT * FROM sales WHERE state NOT IN ({marks}) ORDER BY created_at",  # noqa: S608
+            f"{_SELECT_SALES} WHERE state NOT IN ({marks}) ORDER BY created_at",
             _FINAL_STATES,
         )
         return [_record(r) for r in rows]
+
+    def ended_by_steps(self, state: SaleState, last_steps: Iterable[Step]) -> list[SaleRecord]:
+        """Every sale in ``state`` whose last step is one of ``last_steps``, whatever its date:
+        the caller measures how long ago on the monotonic clock (a stepped wall clock cannot
+        be trusted to say)."""
+        return self.query(states=[state], last_steps=last_steps)
 
     def attention_sales(self) -> list[SaleRecord]:
         return self.query(states=[SaleState.ATTENTION])
@@ -391,7 +464,7 @@ class Journal:
         since: float | None = None,
         until: float | None = None,
         states: list[SaleState] | None = None,
-        last_steps: Sequence[str] | None = None,
+        last_steps: Iterable[Step] | None = None,
         limit: int | None = None,
     ) -> list[SaleRecord]:
         """Sales newest first, filtered by creation time, state and the name of their last step
@@ -407,15 +480,16 @@ class Journal:
         if states:
             where.append(f"state IN ({', '.join('?' for _ in states)})")
             args.extend(s.value for s in states)
+        last_steps = sorted(last_steps or ())
         if last_steps:
             marks = ", ".join("?" for _ in last_steps)
             last = "SELECT step FROM steps WHERE steps.sale_id = sales.sale_id ORDER BY id DESC"
             where.append(f"({last} LIMIT 1) IN ({marks})")
             args.extend(last_steps)
-        sql = "SELECT * FROM sales"
+        sql = _SELECT_SALES
         if where:
             sql += " WHERE " + " AND ".join(where)
-        sql += " ORDER BY created_at DESC, rowid DESC"
+        sql += " ORDER BY created_at DESC, sales.rowid DESC"
         if limit is not None:
             sql += " LIMIT ?"
             args.append(limit)
@@ -443,7 +517,7 @@ class Journal:
 
     def today(self, now: float | None = None) -> tuple[int, int]:
         """(count, cents) of the sales completed since local midnight."""
-        current = dt.datetime.fromtimestamp(now if now is not None else time.time())
+        current = dt.datetime.fromtimestamp(now if now is not None else self.clock.time())
         midnight = current.replace(hour=0, minute=0, second=0, microsecond=0).timestamp()
         row = self.db.execute(
             "SELECT COUNT(*), COALESCE(SUM(captured_cents), 0) FROM sales "
@@ -454,12 +528,14 @@ class Journal:
 
     def prune(self, keep_days: int, now: float | None = None) -> int:
         """Delete finished sales older than ``keep_days``; open and attention sales are kept."""
-        cutoff = (now if now is not None else time.time()) - keep_days * 86400
+        cutoff = (now if now is not None else self.clock.time()) - keep_days * 86400
         keep = (SaleState.ATTENTION.value, *[s.value for s in SaleState if not s.final])
         marks = ", ".join("?" for _ in keep)
         with transaction(self.db) as db:
             old = f"SELECT sale_id FROM sales WHERE created_at < ? AND state NOT IN ({marks})"  # noqa: S608
             db.execute(f"DELETE FROM steps WHERE sale_id IN ({old})", (cutoff, *keep))  # noqa: S608
+            for table in _BESIDE:
+                db.execute(f"DELETE FROM {table} WHERE sale_id IN ({old})", (cutoff, *keep))  # noqa: S608
             cursor = db.execute(
                 f"DELETE FROM sales WHERE sale_id IN ({old})",  # noqa: S608
                 (cutoff, *keep),
@@ -503,6 +579,7 @@ def _migrate(db: sqlite3.Connection) -> None:
             if statement.strip():
                 db.execute(statement)
         _add_missing_columns(db)
+        _move_beside(db)
         if int(db.execute("PRAGMA user_version").fetchone()[0]) < SCHEMA_VERSION:
             db.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
 
@@ -513,6 +590,38 @@ def _add_missing_columns(db: sqlite3.Connection) -> None:
     for name, kind in _ADDED_COLUMNS.items():
         if name not in present:
             db.execute(f"ALTER TABLE sales ADD COLUMN {name} {kind}")
+
+
+def _move_beside(db: sqlite3.Connection) -> None:
+    """A journal whose ``sales`` table holds columns now kept beside it (a development build
+    added them there): their values move to their table and the columns go."""
+    present = {row["name"] for row in db.execute("PRAGMA table_info(sales)")}
+    for table, columns in _BESIDE.items():
+        there = [c for c in columns if c in present]
+        if not there:
+            continue
+        names = ", ".join(there)
+        db.execute(
+            f"INSERT OR IGNORE INTO {table} (sale_id, {names}) SELECT sale_id, {names} "  # noqa: S608
+            f"FROM sales WHERE " + " OR ".join(f"{c} IS NOT NULL" for c in there)
+        )
+        for column in there:
+            db.execute(f"ALTER TABLE sales DROP COLUMN {column}")
+
+
+def _write_beside(db: sqlite3.Connection, sale_id: str, row: Mapping[str, Any]) -> None:
+    """The sale's facts kept beside ``sales`` (``_BESIDE``), when it has any."""
+    for table, columns in _BESIDE.items():
+        if all(row.get(c) is None for c in columns):
+            continue
+        names = ", ".join(columns)
+        marks = ", ".join(f":{c}" for c in columns)
+        updates = ", ".join(f"{c} = excluded.{c}" for c in columns)
+        db.execute(
+            f"INSERT INTO {table} (sale_id, {names}) VALUES (:sale_id, {marks}) "  # noqa: S608
+            f"ON CONFLICT(sale_id) DO UPDATE SET {updates}",
+            {**{c: row.get(c) for c in columns}, "sale_id": sale_id},
+        )
 
 
 def marker_path(journal: Path) -> Path:
@@ -549,7 +658,7 @@ def integrity(path: Path, *, quick: bool = False) -> list[str]:
 
 
 def _record(row: sqlite3.Row) -> SaleRecord:
-    # Only the columns this release knows: a newer one may have added more (forward safe).
-    data = {k: row[k] for k in row.keys() if k in _KNOWN}  # noqa: SIM118 - Row is no mapping
+    # columns a newer release added are left out: this one reads what it knows
+    data = {k: row[k] for k in row.keys() if k in _COLUMN_SET}  # noqa: SIM118 - not a mapping
     data["state"] = SaleState(data["state"])
     return SaleRecord(**data)

@@ -10,15 +10,10 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Literal, Protocol
 
-from kiosk_agent.sales.states import SaleState
-
-
-class Flow(enum.StrEnum):
-    CHARGE_CARD = "charge_card"
-    AUTHORIZE_CAPTURE = "authorize_capture"
-    ENROLL = "enroll"
+from kiosk_agent.sales.states import Flow as Flow  # re-exported: a request names its flow
+from kiosk_agent.sales.states import SaleState, Step
 
 
 class DispenseStatus(enum.StrEnum):
@@ -79,10 +74,6 @@ class Dispenser(Protocol):
         ...
 
 
-# The step of a receipt note (printed, mailed, or why not), after a sale completed.
-RECEIPT_STEP = "receipt"
-
-
 @dataclass(frozen=True, slots=True)
 class SaleEvent:
     """One step of one sale, published on the agent's event bus (live views, health, metrics).
@@ -100,9 +91,9 @@ class SaleEvent:
     terminal: str | None = None
     message: str = ""
     at: float = 0.0  # time.time()
-    step: str = ""  # the journal step announced ("charge_card.approved", "receipt", ...)
+    step: Step | Literal[""] = ""  # the journal step announced (none: a snapshot)
 
     @property
     def receipt(self) -> bool:
         """A receipt note on a completed sale (``message`` says what): not a second end."""
-        return self.step == RECEIPT_STEP
+        return self.step == Step.RECEIPT

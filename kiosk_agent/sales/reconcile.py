@@ -13,16 +13,19 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from kiosk_agent.service.errors import ServiceError
-from kiosk_agent.service.models import Transaction, TransactionFilter, TransStatus
 
 if TYPE_CHECKING:
     from kiosk_agent.service.client import ServiceClient
+    from kiosk_agent.service.models.reporting import Transaction, TransactionFilter
+
+# The reporting models are imported at the first lookup (after a lost answer, or in recovery),
+# not with every agent: a sale that hears its answers never needs them.
 
 _LOGGER = logging.getLogger(__name__)
 
-# Rows that mean money was taken and is still held.
-_HELD = frozenset({TransStatus.AUTHORIZED, TransStatus.CAPTURED, TransStatus.SETTLED})
-_REVERSED = frozenset({TransStatus.VOIDED, TransStatus.REFUNDED})
+# Rows that mean money was taken and is still held (trans_status_id: reporting's TransStatus).
+_HELD = frozenset({1, 2, 3})  # AUTHORIZED, CAPTURED, SETTLED
+_REVERSED = frozenset({4, 9})  # VOIDED, REFUNDED
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,6 +69,8 @@ class Reconciler:
         What reporting knows now: a caller that must wait out a money call's deadline asks
         again until then (``SaleSteps.settle_by_reporting``).
         """
+        from kiosk_agent.service.models.reporting import TransactionFilter
+
         reversed_seen = False
         for order_id in order_ids:
             rows = await self._rows(TransactionFilter(order_id=order_id))
@@ -82,6 +87,8 @@ class Reconciler:
         return ChargeLookup(reversed=reversed_seen)
 
     async def transaction_state(self, trans_id: str) -> TransactionLookup:
+        from kiosk_agent.service.models.reporting import TransactionFilter, TransStatus
+
         rows = await self._rows(TransactionFilter(trans_id=trans_id))
         if not rows:
             return TransactionLookup()

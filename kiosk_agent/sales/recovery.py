@@ -16,14 +16,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from collections import defaultdict
 from typing import TYPE_CHECKING
 
-from kiosk_agent.sales.flows import SaleContext, SaleRunner, SaleSteps
-from kiosk_agent.sales.journal import JournalError, SaleRecord
+from kiosk_agent.sales.journal import JournalError, SaleMoved, SaleRecord
 from kiosk_agent.sales.model import Flow, SaleEvent
-from kiosk_agent.sales.states import SaleState
+from kiosk_agent.sales.runner import SaleRunner
+from kiosk_agent.sales.states import RECOVERY_REPORTING, SaleState, Step, TransitionRefused
+from kiosk_agent.sales.steps import SaleContext, SaleSteps
 from kiosk_agent.service.errors import ServiceError
 from kiosk_agent.service.models import (
     ChargeResultCode,
@@ -48,9 +48,11 @@ class Recovery:
         self.journal = context.journal
         self.settings = context.settings
         self.runner = runner
+        self.clock = context.clock
         self._task: asyncio.Task[list[SaleEvent]] | None = None
-        self.started_at: float | None = None  # Unix time
+        self.started_at: float | None = None  # Unix time, for display
         self.finished_at: float | None = None
+        self._started_mono = 0.0
         self.found = 0  # open sales found on start
         self.recovered = 0  # of those, driven to an end
 
@@ -79,7 +81,8 @@ class Recovery:
             self.runner.block(record.terminal, f"recovering sale {record.sale_id}")
         if open_sales:
             _LOGGER.warning("recovering %d open sale(s) from the journal", len(open_sales))
-        self.started_at = time.time()
+        self.started_at = self.clock.time()
+        self._started_mono = self.clock.monotonic()
         self.found = len(open_sales)
         if not open_sales:  # nothing to wait for: ready at once
             self.finished_at = self.started_at
@@ -104,12 +107,12 @@ class Recovery:
         )
         events = [event for events in results for event in events]
         self.recovered = sum(1 for event in events if event.state.final)
-        self.finished_at = time.time()
+        self.finished_at = self.clock.time()
         _LOGGER.info(
             "recovery finished: %d of %d open sale(s) ended in %.0f ms",
             self.recovered,
             self.found,
-            (self.finished_at - (self.started_at or self.finished_at)) * 1000,
+            (self.clock.monotonic() - self._started_mono) * 1000,
         )
         return events
 
@@ -125,15 +128,20 @@ class Recovery:
                     if steps.unwritten is None or keep is None:
                         raise
                     keep(steps)  # finished once the journal takes writes again
+                except SaleMoved as err:  # another writer decided it meanwhile: theirs stands
+                    _LOGGER.warning("sale %s: left as the journal has it: %s", record.sale_id, err)
                 except Exception as err:  # a person decides: better than a guess or a stuck sale
                     _LOGGER.exception("sale %s: recovery failed", record.sale_id)
-                    events.append(
-                        steps.finish(
-                            SaleState.ATTENTION,
-                            "recovery.error",
-                            f"recovery could not decide: {err}",
+                    try:
+                        events.append(
+                            steps.finish(
+                                SaleState.ATTENTION,
+                                Step.RECOVERY_ERROR,
+                                f"recovery could not decide: {err}",
+                            )
                         )
-                    )
+                    except (SaleMoved, TransitionRefused) as refused:  # the others go on
+                        _LOGGER.error("sale %s: not marked attention: %s", record.sale_id, refused)
         finally:
             self.runner.unblock(device)
         return events
@@ -141,21 +149,23 @@ class Recovery:
     async def recover(self, steps: SaleSteps) -> SaleEvent:
         """Drive one open sale to an end."""
         record = steps.record
-        steps.step("recovery.start", detail={"state": record.state.value})
+        steps.step(Step.RECOVERY_START, detail={"state": record.state.value})
         state = record.state
         if state is SaleState.STARTED:
-            return steps.finish(SaleState.FAILED, "recovery.done", "interrupted before any payment")
+            return steps.finish(
+                SaleState.FAILED, Step.RECOVERY_DONE, "interrupted before any payment"
+            )
         if state is SaleState.READING_CARD:
             await self._cancel_read(steps)
             return steps.finish(
                 SaleState.FAILED,
-                "recovery.done",
+                Step.RECOVERY_DONE,
                 "interrupted while reading the card; no money moved",
             )
         if state is SaleState.ENROLLING:
             return steps.finish(
                 SaleState.ATTENTION,
-                "recovery.undecided",
+                Step.RECOVERY_UNDECIDED,
                 "interrupted while saving the card; the vault or plan may exist",
             )
         if state is SaleState.CHARGING or (
@@ -172,7 +182,7 @@ class Recovery:
             return await self._capturing(steps)
         if state is SaleState.REVERSING:
             return await self._reversing(steps)
-        return steps.finish(SaleState.ATTENTION, "recovery.undecided", f"unknown state {state}")
+        return steps.finish(SaleState.ATTENTION, Step.RECOVERY_UNDECIDED, f"unknown state {state}")
 
     async def _cancel_read(self, steps: SaleSteps) -> None:
         if steps.record.interaction_id is None:
@@ -197,16 +207,16 @@ class Recovery:
 
     async def _final_interaction(self, steps: SaleSteps) -> Interaction | None:
         """The interaction's final record, polling while it is pending, until the charge's
-        journaled deadline: a restart never pushes it back."""
+        journaled deadline (monotonic, re-anchored across a restart: sales/deadlines.py)."""
         deadline = steps.answer_deadline()
         pause = max(0.1, min(2.0, self.settings.interaction_lifetime / 100))
         while True:
             interaction = await steps.interaction_status(InteractionKind.CHARGE_CARD)
             if interaction is None:
                 return None
-            if interaction.finished or time.time() > deadline:
+            if interaction.finished or self.clock.monotonic() > deadline:
                 return interaction if interaction.finished else None
-            await asyncio.sleep(pause)
+            await self.clock.sleep(min(pause, max(0.0, deadline - self.clock.monotonic())))
 
     async def _charge_interaction_ended(
         self, steps: SaleSteps, interaction: Interaction
@@ -214,18 +224,22 @@ class Recovery:
         if interaction.status == InteractionStatus.SUCCEEDED:
             result = interaction.charge_result
             if result is not None and result.result == ChargeResultCode.APPROVED:
-                steps.charge_found("recovery.charged", result.trans_id, result.amount)
+                steps.charge_found(Step.RECOVERY_CHARGED, result.trans_id, result.amount)
                 return await steps.reverse("charged while the agent was down; not dispensed")
             if result is not None and result.result == ChargeResultCode.DECLINED:
-                return steps.finish(SaleState.DECLINED, "recovery.done", "the card was declined")
+                return steps.finish(SaleState.DECLINED, Step.RECOVERY_DONE, "the card was declined")
             return steps.finish(
-                SaleState.FAILED, "recovery.done", "the card asked to retry; the customer is gone"
+                SaleState.FAILED,
+                Step.RECOVERY_DONE,
+                "the card asked to retry; the customer is gone",
             )
         if interaction.status == InteractionStatus.CANCELLED:
-            return steps.finish(SaleState.CANCELLED, "recovery.done", "cancelled on the terminal")
+            return steps.finish(
+                SaleState.CANCELLED, Step.RECOVERY_DONE, "cancelled on the terminal"
+            )
         return steps.finish(
             SaleState.FAILED,
-            "recovery.done",
+            Step.RECOVERY_DONE,
             f"the charge ended {interaction.status}; no money moved",
         )
 
@@ -234,7 +248,7 @@ class Recovery:
         (once the money call's deadline has passed)."""
         if steps.record.trans_id is not None:
             return await steps.reverse(why)
-        return await steps.settle_by_reporting(why, "recovery")
+        return await steps.settle_by_reporting(why, RECOVERY_REPORTING)
 
     async def _capturing(self, steps: SaleSteps) -> SaleEvent:
         """The dispense was confirmed; the capture was (maybe) sent: make sure it happened."""
@@ -244,7 +258,7 @@ class Recovery:
         if lookup.captured:
             return steps.finish(
                 SaleState.COMPLETED,
-                "recovery.done",
+                Step.RECOVERY_DONE,
                 "dispensed and captured before the interruption",
                 captured_cents=lookup.amount_cents or record.vended_cents,
             )
@@ -252,7 +266,7 @@ class Recovery:
             return await steps.capture(record.vended_cents or record.authorized_cents)
         return steps.finish(
             SaleState.ATTENTION,
-            "recovery.undecided",
+            Step.RECOVERY_UNDECIDED,
             "dispensed, but reporting shows the authorization neither open nor captured "
             "(unreachable, or not there yet); the attention sweeper looks again",
         )
@@ -264,7 +278,7 @@ class Recovery:
         if lookup.reversed:
             return steps.finish(
                 SaleState.REVERSED,
-                "recovery.done",
+                Step.RECOVERY_DONE,
                 f"{record.message}; given back",
                 reverse_trans_id=lookup.reverse_trans_id,
                 reversed_cents=lookup.amount_cents or 0,

@@ -18,16 +18,17 @@ import logging
 import time
 from collections.abc import Callable
 
-from kiosk_agent.sales.flows import SaleRunner, SaleSteps
 from kiosk_agent.sales.journal import Journal, JournalError, SaleRecord
 from kiosk_agent.sales.model import SaleEvent
 from kiosk_agent.sales.recovery import Recovery
-from kiosk_agent.sales.states import SaleState
+from kiosk_agent.sales.runner import SaleRunner
+from kiosk_agent.sales.states import SaleState, Step
+from kiosk_agent.sales.steps import SaleSteps
 from kiosk_agent.tasks import BackgroundTask
 
 _LOGGER = logging.getLogger(__name__)
 
-RESTORED_STEP = "journal.restored"
+RESTORED_STEP = Step.JOURNAL_RESTORED
 
 
 class UnwrittenSales:
@@ -128,7 +129,7 @@ class UnwrittenSales:
             _LOGGER.exception("sale %s: finishing after the journal came back failed", sale_id)
             with contextlib.suppress(JournalError):
                 event = steps.finish(
-                    SaleState.ATTENTION, "recovery.error", f"recovery could not decide: {err}"
+                    SaleState.ATTENTION, Step.RECOVERY_ERROR, f"recovery could not decide: {err}"
                 )
         self._kept.pop(sale_id, None)
         if not any(s.device == steps.device for s, _ in self._kept.values()):

@@ -13,20 +13,24 @@ key shares). ``api_key`` and ``mid`` may be left out by a client that only repor
 
 from __future__ import annotations
 
+from functools import cached_property
 from types import TracebackType
+from typing import TYPE_CHECKING
 
 import aiohttp
 
-from kiosk_agent.service.boarding import BoardingClient
-from kiosk_agent.service.hpp import HostedPagesClient
 from kiosk_agent.service.keys import KeysClient
 from kiosk_agent.service.payments import PaymentsClient
-from kiosk_agent.service.plans import PlansClient
-from kiosk_agent.service.reporting import ReportingClient
 from kiosk_agent.service.settings import ServiceSettings
 from kiosk_agent.service.terminal import TerminalClient
 from kiosk_agent.service.transport import Transport
-from kiosk_agent.service.vault import VaultClient
+
+if TYPE_CHECKING:
+    from kiosk_agent.service.boarding import BoardingClient
+    from kiosk_agent.service.hpp import HostedPagesClient
+    from kiosk_agent.service.plans import PlansClient
+    from kiosk_agent.service.reporting import ReportingClient
+    from kiosk_agent.service.vault import VaultClient
 
 __all__ = ["ServiceClient", "ServiceSettings"]
 
@@ -38,13 +42,41 @@ class ServiceClient:
         self.settings = settings
         self.transport = Transport(settings, session=session)
         self.payments = PaymentsClient(self.transport)
-        self.vault = VaultClient(self.transport)
-        self.plans = PlansClient(self.transport)
-        self.hpp = HostedPagesClient(self.transport)
         self.terminal = TerminalClient(self.transport)
         self.keys = KeysClient(self.transport)
-        self.reporting = ReportingClient(self.transport)
-        self.boarding = BoardingClient(self.transport)
+
+    # The areas a sale rarely or never needs are imported on first use: their models are many,
+    # and an agent that never boards a merchant should not build them (on a Pi Zero, megabytes).
+
+    @cached_property
+    def vault(self) -> VaultClient:
+        from kiosk_agent.service.vault import VaultClient
+
+        return VaultClient(self.transport)
+
+    @cached_property
+    def plans(self) -> PlansClient:
+        from kiosk_agent.service.plans import PlansClient
+
+        return PlansClient(self.transport)
+
+    @cached_property
+    def hpp(self) -> HostedPagesClient:
+        from kiosk_agent.service.hpp import HostedPagesClient
+
+        return HostedPagesClient(self.transport)
+
+    @cached_property
+    def reporting(self) -> ReportingClient:
+        from kiosk_agent.service.reporting import ReportingClient
+
+        return ReportingClient(self.transport)
+
+    @cached_property
+    def boarding(self) -> BoardingClient:
+        from kiosk_agent.service.boarding import BoardingClient
+
+        return BoardingClient(self.transport)
 
     async def start(self) -> None:
         await self.transport.start()

@@ -7,6 +7,7 @@ Also the one place where the timeouts of service calls are decided (:class:`Call
 from __future__ import annotations
 
 import enum
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -42,10 +43,18 @@ class Timeouts:
     total: float
 
 
+# The longest one call may take, everything included, unless configured (service.timeout) or
+# given (--timeout): the one default of that setting; the config schema and the CLI refer to it.
+DEFAULT_TIMEOUT = 15.0
 # A small answer that has not started within this long is not coming: ask again (retry-safe).
 QUICK_READ = 5.0
 # The cable handshake is given this long at most; the wait then polls instead.
 WEBSOCKET_TOTAL = 10.0
+
+
+# What a simulator's READY information gives a client: where it is and its merchant's keys.
+_SIMULATOR_FIELDS = ("base_url", "reporting_url", "ws_url", "api_key", "refresh_token", "mid",
+                     "client_id", "client_secret")  # fmt: skip
 
 
 class ServiceSettings(BaseModel):
@@ -78,7 +87,7 @@ class ServiceSettings(BaseModel):
     # tuning
     # The longest any one call may take, everything included (the CLI's --timeout); the
     # timeouts of each kind of call derive from it and connect_timeout (see timeouts()).
-    timeout: float = Field(default=15.0, gt=0)
+    timeout: float = Field(default=DEFAULT_TIMEOUT, gt=0)
     connect_timeout: float = Field(default=5.0, gt=0)
     max_retries: int = Field(default=4, ge=0)  # retries of a retry-safe call
     backoff_base: float = Field(default=0.2, gt=0)  # first retry delay, doubled each time
@@ -119,6 +128,13 @@ class ServiceSettings(BaseModel):
                 "payments and terminal calls need it"
             )
         return self.configured_mid
+
+    @classmethod
+    def reaching_simulator(cls, ready: Mapping[str, Any], **tuning: Any) -> ServiceSettings:
+        """The settings that reach a simulator as its merchant, from its READY information
+        (``SimServer.ready_info()``, or the JSON of its ``READY`` line); ``tuning``: the rest."""
+        reach = {name: ready[name] for name in _SIMULATOR_FIELDS}
+        return cls(**reach, **tuning)
 
     def replace(self, **changes: Any) -> ServiceSettings:
         """A copy with ``changes`` applied and validated (secrets given as text become secret)."""

@@ -299,7 +299,24 @@ async def test_a_session_ends_after_its_lifetime(api: Any, admin_server: Any) ->
     async with api.get("/api/page") as r:
         assert r.status == 200
     for session in admin_server.page._sessions.values():
-        session.expires_at = time.time() - 1  # twelve hours later
+        session.expires_at = time.monotonic() - 1  # twelve hours later
     async with api.get("/api/page") as r:
         assert r.status == 401
     assert admin_server.page._sessions == {}
+
+
+@pytest.mark.parametrize("step", [3 * 86_400.0, -3 * 86_400.0])
+async def test_a_wall_clock_step_neither_ends_nor_stretches_a_session(
+    api: Any, admin_server: Any, monkeypatch: pytest.MonkeyPatch, step: float
+) -> None:
+    from types import SimpleNamespace
+
+    from kiosk_agent.admin import page
+
+    await _login(api, admin_server)
+    stepped = SimpleNamespace(time=lambda: time.time() + step, monotonic=time.monotonic)
+    monkeypatch.setattr(page, "time", stepped)  # NTP steps the unit's wall clock
+    async with api.get("/api/page") as r:
+        assert r.status == 200  # a step forward does not log the tech out
+    [session] = admin_server.page._sessions.values()
+    assert session.expires_at <= time.monotonic() + page.SESSION_LIFETIME_S  # nor lengthens it

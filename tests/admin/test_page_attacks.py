@@ -373,7 +373,7 @@ async def test_a_stream_ends_with_its_session(api: Any, admin_server: Any) -> No
                     assert r.status == 200
             else:
                 for session in admin_server.page._sessions.values():
-                    session.expires_at = time.time() - 1
+                    session.expires_at = time.monotonic() - 1
             began = time.monotonic()
             async with asyncio.timeout(5):
                 async for _ in stream:

@@ -24,9 +24,10 @@ from kiosk_agent.app import load_agent
 from kiosk_agent.core.logging import refusal_counts
 from kiosk_agent.sales.journal import SaleRecord
 from kiosk_agent.sales.model import SaleEvent
-from kiosk_agent.sales.states import SaleState
+from kiosk_agent.sales.states import SaleState, Step
 from tests.admin.conftest import ADMIN_TOKEN, CONFIG, READ_TOKEN, write_config
 from tests.admin.test_server import _sell
+from tests.helpers import walk_to
 
 CHROMIUM = "/usr/bin/chromium"  # Debian's, installed by ./dev test; never a downloaded build
 CHROMIUM_ARGS = [
@@ -117,11 +118,13 @@ async def _attention_sale(agent: Any) -> SaleRecord:
             terminal="SIM-0001",
             amount_cents=350,
             product="B4",
-            state=SaleState.CHARGING,
+            state=SaleState.STARTED,
         )
     )
     message = "the charge's outcome is unknown: the service did not answer"
-    record = agent.journal.record(record, "charge.unknown", SaleState.ATTENTION, message=message)
+    record = walk_to(
+        agent.journal, record, SaleState.ATTENTION, Step.CHARGE_CARD_UNKNOWN, message=message
+    )
     agent.health.record_sale(
         SaleEvent(record.sale_id, record.order_id, record.source, SaleState.ATTENTION, 350)
     )
@@ -333,12 +336,13 @@ async def test_hostile_text_shows_as_text_and_runs_nothing(
     agent.health.report_terminal("SIM-0001", online=True, detail=f"{SCRIPTS} {CONTROLS}")
     record = await _attention_sale(agent)
     record = agent.journal.record(
-        record, "charge.unknown", SaleState.ATTENTION,
+        record, Step.ATTENTION_RECHECK,
         message=f"{SCRIPTS} {CONTROLS} {LONG}", product=f"{QUOTES}{CONTROLS} {FAMILY}",
     )
     # step details are whatever a flow or platform wrote: not always a string message
     for message in (42, {"nested": SCRIPTS}, [SCRIPTS], None, True):
-        agent.journal.record(record, "odd.detail", detail={"message": message, "at": SCRIPTS})
+        odd = {"message": message, "at": SCRIPTS}
+        agent.journal.record(record, Step.ATTENTION_RECHECK, detail=odd)
     page, seen = await _open(browser, admin_server.url, PHONE, ADMIN_TOKEN)
     await expect(page.locator("#live")).to_have_text("live", timeout=WAIT_MS)
     agent.events.publish(SaleEvent(
@@ -456,7 +460,7 @@ async def test_another_site_can_neither_frame_nor_act_for_a_logged_in_tech(
     finally:
         await runner.cleanup()
     assert agent.journal.get(record.sale_id).state is SaleState.ATTENTION
-    assert [s.step for s in agent.journal.steps(record.sale_id)][-1] == "charge.unknown"
+    assert [s.step for s in agent.journal.steps(record.sale_id)][-1] == Step.CHARGE_CARD_UNKNOWN
     assert seen.errors == []
 
 

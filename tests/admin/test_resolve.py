@@ -14,8 +14,9 @@ import pytest
 
 from kiosk_agent.app import load_agent
 from kiosk_agent.sales.journal import SaleRecord
-from kiosk_agent.sales.states import SaleState
-from tests.core.test_recovery import leave_open
+from kiosk_agent.sales.states import SaleState, Step
+from tests.helpers import walk_to
+from tests.sales.test_recovery import leave_open
 
 from .conftest import ADMIN_TOKEN, READ_TOKEN, write_config
 
@@ -191,9 +192,9 @@ async def test_a_prefix_naming_two_sales_resolves_neither(api: tuple[Any, Any]) 
     for sale_id in ("dup1aaaa", "dup2bbbb"):
         record = agent.journal.create(SaleRecord(
             sale_id=sale_id, order_id=f"KA{sale_id}", source="test", flow="charge_card",
-            terminal="SIM-0001", amount_cents=100, state=SaleState.CHARGING,
+            terminal="SIM-0001", amount_cents=100, state=SaleState.STARTED,
         ))
-        agent.journal.record(record, "charge.unknown", SaleState.ATTENTION)
+        walk_to(agent.journal, record, SaleState.ATTENTION, Step.CHARGE_CARD_UNKNOWN)
     body = {"as": "reversed", "why": "refunded by hand"}
     async with session.post("/api/sales/dup/resolve", json=body, headers=ADMIN) as answer:
         assert answer.status == 404

@@ -18,7 +18,8 @@ import pytest
 from kiosk_agent.cli import main
 from kiosk_agent.cli.agent import parse_since
 from kiosk_agent.sales.journal import Journal, SaleRecord
-from kiosk_agent.sales.states import SaleState
+from kiosk_agent.sales.states import SaleState, Step
+from tests.helpers import walk_to
 
 GOOD = """\
 service:
@@ -83,8 +84,8 @@ def fill_journal(directory: Path) -> None:
                 state=SaleState.STARTED,
             )
         )
-        journal.record(
-            sale, "end", state, captured_cents=150 + n if state.value == "completed" else 0
+        walk_to(
+            journal, sale, state, captured_cents=150 + n if state.value == "completed" else 0
         )
     journal.close()
 
@@ -293,8 +294,8 @@ def test_sales_attention_lists_what_a_person_must_decide_and_resolve_records_it(
                    flow="authorize_capture", terminal="SIM-0001", amount_cents=250,
                    state=SaleState.STARTED)
     )  # fmt: skip
-    journal.record(stuck, "capture.failed", SaleState.ATTENTION, authorized_cents=250,
-                   vended_cents=250, message="dispensed, but the capture failed twice")  # fmt: skip
+    walk_to(journal, stuck, SaleState.ATTENTION, Step.CAPTURE_FAILED, authorized_cents=250,
+            vended_cents=250, message="dispensed, but the capture failed twice")  # fmt: skip
     journal.close()
 
     assert main(["sales", "attention", "-c", str(path)]) == 0

@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import subprocess
 
+import pytest
+
 from .test_demo import DEMO, _env
 
 
+@pytest.mark.slow
 def test_demo_shows_the_reader_stepping_aside_during_an_outage() -> None:
     done = subprocess.run(
         [*DEMO, "--duration", "16", "--outage", "1", "--speed", "2"],

@@ -20,6 +20,7 @@ from kiosk_agent.cli.completion import script
 from kiosk_agent.sales.journal import Journal, SaleRecord
 from kiosk_agent.sales.states import SaleState
 from kiosk_agent.sim.server import SimServer
+from tests.helpers import walk_to
 
 
 class Terminal(io.StringIO):
@@ -128,9 +129,10 @@ async def test_statuses_are_taken_in_any_case(
                       "journal: {path: journal.db}\n")
     journal = Journal(tmp_path / "journal.db")
     journal.open()
-    journal.create(SaleRecord(sale_id="s1", order_id="KA1", source="gpio:front",
-                              flow="charge_card", terminal="SIM-0001", amount_cents=150,
-                              state=SaleState.COMPLETED, created_at=1_790_000_000.0))
+    sale = journal.create(SaleRecord(sale_id="s1", order_id="KA1", source="gpio:front",
+                                     flow="charge_card", terminal="SIM-0001", amount_cents=150,
+                                     state=SaleState.STARTED, created_at=1_790_000_000.0))
+    walk_to(journal, sale, SaleState.COMPLETED)
     journal.close()
     for state in ("completed", "COMPLETED", "Completed"):
         args = build_parser("sales").parse_args(["sales", "-c", str(config), "--state", state,

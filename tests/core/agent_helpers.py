@@ -6,6 +6,7 @@ import asyncio
 import textwrap
 from pathlib import Path
 
+from kiosk_agent.sales.clock import Clock
 from kiosk_agent.sales.model import DispenseOutcome, DispenseStatus
 
 # Large enough that a card arrives in ~5 ms and an interaction expires in under a second.
@@ -23,10 +24,12 @@ class ScriptedDispenser:
         status: DispenseStatus = DispenseStatus.VENDED,
         vended_cents: int = 0,
         delay: float = 0.0,
+        clock: Clock | None = None,  # the agent's, when the delay is to pass on it
     ) -> None:
         self.status = status
         self.vended_cents = vended_cents
         self.delay = delay
+        self.clock = clock
         self.authorized: list[int] = []
         self.denied: list[str] = []
         self.started = asyncio.Event()
@@ -35,7 +38,7 @@ class ScriptedDispenser:
         self.authorized.append(authorized_cents)
         self.started.set()
         if self.delay:
-            await asyncio.sleep(self.delay)
+            await (self.clock.sleep(self.delay) if self.clock else asyncio.sleep(self.delay))
         return DispenseOutcome(self.status, vended_cents=self.vended_cents, product="A1")
 
     async def deny(self, reason: str) -> None:

@@ -12,6 +12,7 @@ from kiosk_agent.app import build_agent
 from kiosk_agent.cli.sim import settings_from_ready
 from kiosk_agent.core.agent import Agent
 from kiosk_agent.core.config import load_config
+from kiosk_agent.sales.clock import SYSTEM_CLOCK, Clock, FakeClock
 
 from .agent_helpers import REQUEST_TIMEOUT, TIME_SCALE, write_config
 
@@ -29,6 +30,7 @@ async def agent_factory(sim_factory: Any, tmp_path: Path) -> AsyncIterator[Agent
         sim: Any = None,
         directory: Path | None = None,
         answer_margin: float = 0.5,
+        clock: Clock = SYSTEM_CLOCK,
         **tuning: Any,
     ) -> Agent:
         if sim is None:
@@ -41,7 +43,7 @@ async def agent_factory(sim_factory: Any, tmp_path: Path) -> AsyncIterator[Agent
         # a short request timeout: a money call's deadline (timeout + answer_margin) stays short
         tuning.setdefault("timeout", REQUEST_TIMEOUT)
         settings = settings_from_ready(sim.ready_info(), **tuning)
-        agent = build_agent(config, settings, systemd=False)
+        agent = build_agent(config, settings, systemd=False, clock=clock)
         await agent.start()
         agents.append(agent)
         return agent
@@ -49,7 +51,10 @@ async def agent_factory(sim_factory: Any, tmp_path: Path) -> AsyncIterator[Agent
     yield make
     for agent in reversed(agents):
         if agent.started:
-            await agent.stop()
+            stopping = agent.stop()
+            # on a FakeClock, a sale still running ends its pauses (and the stop its grace) there
+            fake = agent.clock if isinstance(agent.clock, FakeClock) else None
+            await (fake.run(stopping, real_timeout=15) if fake is not None else stopping)
 
 
 @pytest.fixture

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import itertools
 import json
 import logging
@@ -40,7 +41,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import aiohttp
 from aiohttp import web
@@ -50,8 +51,11 @@ from kiosk_agent.core.config import load_config
 from kiosk_agent.platforms.virtual import read_record
 from kiosk_agent.sales.journal import Journal, SaleRecord, StepRecord
 from kiosk_agent.sales.model import DispenseOutcome, DispenseStatus, Flow, SaleRequest
-from kiosk_agent.sales.states import SaleState
+from kiosk_agent.sales.states import SaleState, Step
 from kiosk_agent.service.models import Transaction, TransStatus
+
+if TYPE_CHECKING:  # run as a script, this file cannot import the tests package
+    from tests.faketime import SteppedClock
 
 HELD = frozenset({TransStatus.AUTHORIZED, TransStatus.CAPTURED, TransStatus.SETTLED})
 CHARGED = HELD | {TransStatus.VOIDED, TransStatus.REFUNDED, TransStatus.PARTIALLY_REFUNDED}
@@ -96,7 +100,7 @@ class MarkedJournal(Journal):
 
     def create(self, sale: SaleRecord, detail: Any = None) -> SaleRecord:
         created = super().create(sale, detail)
-        self._announce(created, "created")
+        self._announce(created, Step.CREATED)
         return created
 
     def record(
@@ -217,12 +221,12 @@ AGENT_TOKEN = "chaos-admin-token-0123456789abcdef"  # the admin API's, for /api/
 # journal steps that announce a call that moves money (or hands the goods out)
 MONEY_STEPS = frozenset(
     {
-        "charge_card.request",
-        "read_card.request",
-        "authorize.request",
-        "capture.request",
-        "reverse.request",
-        "dispense.request",
+        Step.CHARGE_CARD_REQUEST,
+        Step.READ_CARD_REQUEST,
+        Step.AUTHORIZE_REQUEST,
+        Step.CAPTURE_REQUEST,
+        Step.REVERSE_REQUEST,
+        Step.DISPENSE_REQUEST,
     }
 )
 # what each machine sells: the simulator declines ..02 and asks a retry for ..01
@@ -236,11 +240,11 @@ MONEY_PATHS = (
 )
 # the endpoint a journaled money step announces
 STEP_PATHS = {
-    "charge_card.request": "/api/terminal/*",
-    "read_card.request": "/api/terminal/*",
-    "authorize.request": "/api/v1/charge",
-    "capture.request": "/api/v1/capture",
-    "reverse.request": "/api/v1/void-or-refund",
+    Step.CHARGE_CARD_REQUEST: "/api/terminal/*",
+    Step.READ_CARD_REQUEST: "/api/terminal/*",
+    Step.AUTHORIZE_REQUEST: "/api/v1/charge",
+    Step.CAPTURE_REQUEST: "/api/v1/capture",
+    Step.REVERSE_REQUEST: "/api/v1/void-or-refund",
 }
 # fault -> what an older simulator (before the shared fault contract) offers instead
 FAULT_FALLBACK = {
@@ -250,6 +254,9 @@ FAULT_FALLBACK = {
     "latency": "delay",
 }
 KILL_MODES = ("start", "recovery", "money", "money", "random")
+# how NTP may step the agent's wall clock (seconds): days or hours, either way, or back to true
+CLOCK_STEPS = (3 * 86_400.0, 2 * 3600.0, -2 * 3600.0, -3 * 86_400.0, 0.0)
+CLOCK_STEP_SHARE = 0.35  # of agent starts during which the wall clock steps once
 
 
 @dataclass(slots=True)
@@ -262,6 +269,7 @@ class ChaosOptions:
     pause: tuple[float, float] = (0.05, 1.2)  # seconds between a kill and the restart
     slow: tuple[float, float] = (1.5, 4.0)  # a slow answer: longer than most pauses
     faults: bool = True  # inject slow/lost answers and errors on the money calls
+    clock_steps: bool = True  # step the agent's wall clock (libfaketime) at random moments
     rate: float = 4.0  # customers per second per machine
     settle_timeout: float = 60.0  # the last agent's time to end every sale
     log: Callable[[str], None] = field(default=lambda _line: None)
@@ -295,6 +303,7 @@ class ChaosReport:
     unpaid_vends: list[str] = field(default_factory=list)
     violations: list[Violation] = field(default_factory=list)
     faults_armed: dict[str, int] = field(default_factory=dict)
+    clock_steps: list[float] = field(default_factory=list)  # offsets set, seconds, in order
     fault_contract: str = "old"
     vend_window_ms: list[float] = field(default_factory=list)  # dispense.request -> result
     duration_s: float = 0.0
@@ -316,6 +325,7 @@ class ChaosReport:
             "vends": self.vends,
             "unpaid_vend_window_p50_ms": pct(0.5),
             "unpaid_vend_window_p99_ms": pct(0.99),
+            "clock_steps": len(self.clock_steps),
             "duration_s": round(self.duration_s, 1),
             "disk_full_episodes": self.disk_full_episodes,
             "journal_damaged": self.journal_damaged,
@@ -506,6 +516,8 @@ class Chaos:
         self.faults: SimFaults | None = None
         self.proxy: LateCommitProxy | None = None
         self.disk = DiskFaults(options, self.report, self.dir)
+        self.clock: SteppedClock | None = None  # the agent's wall clock, when it steps
+        self._steps: set[asyncio.Task[None]] = set()
 
     # -- the processes ---------------------------------------------------------------------------
 
@@ -513,6 +525,10 @@ class Chaos:
         from kiosk_agent.cli.sim import parse_ready
 
         opts = self.options
+        if opts.clock_steps:
+            from tests.faketime import SteppedClock
+
+            self.clock = SteppedClock(self.dir / "faketime")
         self.sim = await Child.spawn(
             "sim",
             ["-m", "kiosk_agent", "sim", "--port", "0", "--time-scale", str(opts.time_scale),
@@ -553,6 +569,7 @@ class Chaos:
         return self
 
     async def __aexit__(self, *exc: object) -> None:
+        await self._no_more_steps()
         if self.agent is not None:
             self.agent.kill()
             await self.agent.stop()
@@ -610,9 +627,10 @@ class Chaos:
 
     async def _start_agent(self) -> Child:
         self.report.restarts += 1
+        env = {**self.env, **self.clock.env()} if self.clock is not None else self.env
         self.agent = await Child.spawn(
             "agent", [str(Path(__file__)), "agent", str(self.dir / "config.yaml")],
-            self.log, self.env,
+            self.log, env,
         )  # fmt: skip
         return self.agent
 
@@ -662,6 +680,8 @@ class Chaos:
                 await self._arm_faults(target)
             agent = await self._start_agent()
             episode = self.disk.maybe_fill(self.rng)
+            if self.clock is not None and self.rng.random() < CLOCK_STEP_SHARE:
+                self._step_clock_later(self.rng.uniform(0.0, 2.0))
             mode = await self._kill_moment(agent, mode, target)
             self.check_alive()
             agent.kill()
@@ -687,7 +707,7 @@ class Chaos:
         if mode in ("recovery", "money"):
             # recovery: soon after it begins (while it looks things up); money: within
             # milliseconds of one chosen kind of money call being journaled (so sent, or about to)
-            target = target or "recovery.start"
+            target = target or Step.RECOVERY_START
             delay = rng.uniform(0.0, 0.3) if mode == "recovery" else rng.uniform(0.0, 0.015)
             try:
                 async with asyncio.timeout(rng.uniform(3.0, 6.0)):
@@ -720,9 +740,32 @@ class Chaos:
                 slow = fault in ("slow_answer", "delay")
                 await self.faults.arm(fault, path, delay_s=delay if slow else 0.0)
 
+    def _step_clock_later(self, delay: float) -> None:
+        """NTP steps the agent's wall clock in ``delay`` seconds: maybe mid-sale, maybe while
+        it is down (the next start recovers on a stepped clock)."""
+        assert self.clock is not None
+        offset = self.rng.choice(CLOCK_STEPS)
+
+        async def step() -> None:
+            await asyncio.sleep(delay)
+            assert self.clock is not None
+            self.clock.step(offset)
+            self.report.clock_steps.append(offset)
+            self.options.log(f"clock step {offset:+.0f} s")
+
+        task = asyncio.create_task(step())
+        self._steps.add(task)
+        task.add_done_callback(self._steps.discard)
+
+    async def _no_more_steps(self) -> None:
+        for task in list(self._steps):
+            task.cancel()
+        await asyncio.gather(*self._steps, return_exceptions=True)
+
     async def settle(self) -> None:
         """No more faults or kills: one last agent ends every sale; the machines stop."""
         assert self.faults is not None
+        await self._no_more_steps()  # the clock stays where the last step left it
         await self.faults.clear()
         if self.proxy is not None:
             self.proxy.armed.clear()
@@ -761,7 +804,8 @@ class Chaos:
         finally:
             journal.close()
         records = [line for path in self.records for line in read_record(path)]
-        judge(self.report, sales, steps, rows, records)
+        real_time = self.clock.real_time if self.clock is not None else None
+        judge(self.report, sales, steps, rows, records, real_time)
 
 
 class DiskFaults:
@@ -859,8 +903,18 @@ def judge(
     steps: dict[str, list[StepRecord]],
     rows: list[Transaction],
     records: list[dict[str, Any]],
+    real_time: Callable[[float], float] | None = None,
 ) -> None:
-    """The rules, from the simulator's ledger (``rows``) and the machines' own ``records``."""
+    """The rules, from the simulator's ledger (``rows``) and the machines' own ``records``.
+
+    ``real_time`` turns a time the agent journaled on its (stepped) wall clock into real time,
+    to set it beside the machines' records."""
+    if real_time is not None:
+        unstep = real_time
+        steps = {
+            sale_id: [dataclasses.replace(s, at=unstep(s.at)) for s in sale_steps]
+            for sale_id, sale_steps in steps.items()
+        }
     by_order: dict[str, list[Transaction]] = {}
     for row in rows:
         by_order.setdefault(row.order_id or "", []).append(row)
@@ -879,12 +933,12 @@ def judge(
     for sale in sales:
         report.states[sale.state.value] = report.states.get(sale.state.value, 0) + 1
         sale_steps = steps.get(sale.sale_id, [])
-        if any(s.step == "recovery.start" for s in sale_steps):
+        if any(s.step == Step.RECOVERY_START for s in sale_steps):
             report.sales_recovered += 1
         for before, after in itertools.pairwise(sale_steps):
             # the unpaid-vend window: C,VEND sent (journaled just before) until the vend's
             # result is journaled; a kill inside it voids a vend the machine made
-            if before.step == "dispense.request" and not after.step.startswith("recovery"):
+            if before.step == Step.DISPENSE_REQUEST and not after.step.startswith("recovery"):
                 report.vend_window_ms.append((after.at - before.at) * 1000)
         orders = sale.all_order_ids()
         known_orders.update(orders)
@@ -926,7 +980,7 @@ def judge(
     requests: dict[str, list[tuple[float, SaleRecord]]] = {}
     for sale in sales:
         for step in steps.get(sale.sale_id, []):
-            if step.step == "dispense.request":
+            if step.step == Step.DISPENSE_REQUEST:
                 requests.setdefault(sale.source, []).append((step.at, sale))
     for times in requests.values():
         times.sort(key=lambda pair: pair[0])

@@ -14,12 +14,14 @@ from kiosk_agent.cli.sim import settings_from_ready
 from kiosk_agent.core.agent import Agent
 from kiosk_agent.core.config import load_config
 from kiosk_agent.core.systemd import SystemdLifecycle, SystemdNotifier
-from kiosk_agent.sales.flows import TerminalBusy, UnknownTerminal
+from kiosk_agent.sales.clock import SYSTEM_CLOCK, Clock, FakeClock
 from kiosk_agent.sales.model import Flow, SaleRequest
+from kiosk_agent.sales.runner import TerminalBusy
+from kiosk_agent.sales.settings import UnknownTerminal
 from kiosk_agent.sales.states import SaleState
+from tests.sales.test_recovery import leave_open
 
 from .agent_helpers import ScriptedDispenser, write_config
-from .test_recovery import leave_open
 
 
 def charge(cents: int, **fields: Any) -> SaleRequest:
@@ -141,25 +143,31 @@ async def test_a_failed_start_leaves_nothing_open(sim_factory: Any, tmp_path: Pa
 
 
 async def _recovering_under_systemd(
-    sim_factory: Any, tmp_path: Path, *, answer_in: float
+    sim_factory: Any, tmp_path: Path, *, answer_in: float, clock: Clock = SYSTEM_CLOCK
 ) -> tuple[Agent, socket.socket]:
     """An agent under a (socket) systemd, with an authorization left open by a crash whose
     answer may still come for ``answer_in`` s; and the socket that hears what it tells systemd."""
-    leave_open(tmp_path, state=SaleState.AUTHORIZING, answer_by=time.time() + answer_in)
+    leave_open(tmp_path, state=SaleState.AUTHORIZING, answer_by=clock.time() + answer_in)
     sim = await sim_factory(time_scale=300, transactions=0)
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
     listener.bind(str(tmp_path / "notify.sock"))
     systemd = SystemdLifecycle(SystemdNotifier(str(tmp_path / "notify.sock")), environ={})
     config = load_config(write_config(tmp_path))
-    agent = Agent(config, settings_from_ready(sim.ready_info(), timeout=5), systemd=systemd)
+    agent = Agent(
+        config, settings_from_ready(sim.ready_info(), timeout=5), systemd=systemd, clock=clock
+    )
     return agent, listener
 
 
 async def test_systemd_hears_ready_only_once_recovery_has_finished(
     sim_factory: Any, tmp_path: Path
 ) -> None:
-    # an authorization whose answer may still come for 1.5 s: recovery must wait for it
-    agent, listener = await _recovering_under_systemd(sim_factory, tmp_path, answer_in=1.5)
+    # an authorization whose answer may still come for 1.5 s: recovery must wait for it (on a
+    # FakeClock: the 1.5 s pass in the pauses between its lookups)
+    clock = FakeClock(wall=time.time())
+    agent, listener = await _recovering_under_systemd(
+        sim_factory, tmp_path, answer_in=1.5, clock=clock
+    )
     listener.settimeout(10)
     try:
         await agent.start()
@@ -173,6 +181,8 @@ async def test_systemd_hears_ready_only_once_recovery_has_finished(
             "STATUS=ready: 0 trigger(s)",
             "EXTEND_TIMEOUT_USEC=30000000",  # more start time while recovery runs
         ]
+        assert agent.recovery.state == "running"
+        await clock.run(agent.recovery.wait())
         assert (await heard()).startswith("READY=1")
         assert agent.recovery.state == "done"
         record = agent.journal.get("crashed1")

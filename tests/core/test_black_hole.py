@@ -17,13 +17,15 @@ from typing import Any
 import aiohttp
 
 from kiosk_agent.core.agent import Agent
+from kiosk_agent.sales.clock import SYSTEM_CLOCK, Clock, FakeClock
 from kiosk_agent.sales.journal import SaleRecord
 from kiosk_agent.sales.model import DispenseStatus, Flow, SaleRequest
 from kiosk_agent.sales.states import SaleState
 from kiosk_agent.service.models import TransStatus
+from kiosk_agent.sim.faults import faults_of
 
 from .agent_helpers import ScriptedDispenser
-from .test_slow_service import arm, ledger
+from .test_slow_service import arm, held_by_the_service, ledger
 
 T = 2.0  # the service timeout in these tests
 M = 0.5  # sales.answer_margin
@@ -37,9 +39,11 @@ async def clear_faults(sim: Any) -> None:
         assert r.status == 200, await r.text()
 
 
-async def black_hole_agent(agent_factory: Any, sim_factory: Any) -> tuple[Any, Agent]:
+async def black_hole_agent(
+    agent_factory: Any, sim_factory: Any, clock: Clock = SYSTEM_CLOCK
+) -> tuple[Any, Agent]:
     sim = await sim_factory(time_scale=300, transactions=0)
-    agent = await agent_factory(sim=sim, timeout=T, answer_margin=M)
+    agent = await agent_factory(sim=sim, timeout=T, answer_margin=M, clock=clock)
     assert agent.settings.request_timeout == T
     assert agent.settings.answer_margin == M
     return sim, agent
@@ -69,10 +73,21 @@ async def no_money_held_without_a_vend(agent: Agent, order_id: str) -> None:
 async def test_a_black_holed_authorization_fails_at_its_deadline_with_no_charge(
     agent_factory: Any, sim_factory: Any
 ) -> None:
-    sim, agent = await black_hole_agent(agent_factory, sim_factory)
+    # on a FakeClock: the agent's T passes when the black hole holds the call, the rest of the
+    # deadline in pauses between lookups (milliseconds of real time)
+    clock = FakeClock(wall=time.time())
+    sim, agent = await black_hole_agent(agent_factory, sim_factory, clock)
     await arm(sim, path="/api/v1/charge", fault="black_hole")
     machine = ScriptedDispenser()
-    sale, record = await sell(agent, Flow.AUTHORIZE_CAPTURE, machine)
+    sale = await agent.sales.start(
+        SaleRequest(source="test", flow=Flow.AUTHORIZE_CAPTURE, amount_cents=300), machine
+    )
+    await held_by_the_service(sim)
+    await clock.advance(T)  # the money call's bound: the black hole never answers
+    await clock.run(sale.result())
+    record = agent.journal.get(sale.sale_id)
+    assert record is not None
+    assert record.finished_at is not None
     sent = sent_at(agent, record, "authorize.request")
     assert record.state is SaleState.FAILED, record.message
     assert record.message is not None
@@ -192,19 +207,41 @@ async def test_a_whole_service_black_hole_fails_a_card_read_within_the_timeout(
 async def test_no_charge_is_believed_from_a_lookup_sent_before_the_deadline(
     agent_factory: Any, sim_factory: Any
 ) -> None:
-    # The authorization is committed 2.8 s after it arrives, inside its 3 s deadline (T + M with
-    # M = 1). Reporting answers each lookup 1.5 s after it looked: the lookup sent at 2 s
-    # answers "no row" at 3.5 s, past the deadline. That answer must not end the sale FAILED
-    # while the service holds the money: only a lookup sent after the deadline may say none.
+    # The authorization is committed after the agent gave up (T = 2 s) and inside its 3 s
+    # deadline (T + M with M = 1). Reporting answers each lookup late: the lookup sent at 2 s
+    # looked before the commit and answers "no row" after the deadline has passed. That answer
+    # must not end the sale FAILED while the service holds the money: only a lookup sent after
+    # the deadline may say none. On a FakeClock, the test holds each moment in place.
+    clock = FakeClock(wall=time.time())
     sim = await sim_factory(time_scale=300, transactions=0)
-    agent = await agent_factory(sim=sim, timeout=T, answer_margin=1.0)
-    await arm(sim, path="/api/v1/charge", fault="delay", delay_s=2.8)
+    agent = await agent_factory(sim=sim, timeout=T, answer_margin=1.0, clock=clock)
+    await arm(sim, path="/api/v1/charge", fault="delay", delay_s=0.3)
     await arm(
-        sim, path="/ords/sprint/api/3p/v1/*", method="GET", fault="slow_answer", delay_s=1.5,
+        sim, path="/ords/sprint/api/3p/v1/*", method="GET", fault="slow_answer", delay_s=0.5,
         share=1,
     )  # fmt: skip
+    faults = faults_of(sim.ctx)
+    assert faults is not None
+    charge, lookups = faults.armed[-2:]
     machine = ScriptedDispenser()
-    sale, record = await sell(agent, Flow.AUTHORIZE_CAPTURE, machine)
+    sale = await agent.sales.start(
+        SaleRequest(source="test", flow=Flow.AUTHORIZE_CAPTURE, amount_cents=300), machine
+    )
+    async with asyncio.timeout(10):
+        while not charge.hits:  # the service holds the authorization; it commits in 0.3 s
+            await asyncio.sleep(0.01)
+    await asyncio.sleep(0.05)
+    await clock.advance(T)  # the agent gives up at 2 s and looks in reporting
+    async with asyncio.timeout(10):
+        while not lookups.hits:  # reporting has looked (no row yet) and answers in 0.5 s
+            await asyncio.sleep(0.01)
+    async with asyncio.timeout(10):
+        while not sim.ctx.ledger.count():  # committed, at 2 s on the agent's clock
+            await asyncio.sleep(0.01)
+    await clock.advance(1.5)  # past the deadline while that first "no row" is on its way
+    await clock.run(sale.result())
+    record = agent.journal.get(sale.sale_id)
+    assert record is not None
     assert record.state is SaleState.REVERSED, record.message
     assert machine.authorized == []
     await clear_faults(sim)

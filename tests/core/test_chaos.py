@@ -21,9 +21,10 @@ import pytest
 
 from kiosk_agent.money import cents_to_dollars
 from kiosk_agent.sales.journal import SaleRecord, StepRecord
-from kiosk_agent.sales.states import SaleState
+from kiosk_agent.sales.states import SaleState, Step
 from kiosk_agent.service.models import Transaction, TransStatus
 from tests.core.crash_driver import Chaos, ChaosOptions, ChaosReport, judge
+from tests.faketime import SteppedClock
 
 KILLS = 20  # about 40 s on a quiet machine; the suite's bound is 90 s
 
@@ -38,6 +39,7 @@ async def test_random_sigkills_under_service_faults_keep_the_money_right(tmp_pat
     assert report.sales >= KILLS // 2, report.summary()
     assert report.vends > 0, report.summary()
     assert sum(report.faults_armed.values()) > 0
+    assert report.clock_steps, "the agent's wall clock never stepped"
     assert [v.describe() for v in report.violations] == []
 
 
@@ -101,11 +103,15 @@ def test_the_judge_names_each_broken_rule_and_counts_unpaid_vends() -> None:
         _sale("kept", SaleState.COMPLETED, captured_cents=150),
     ]
     steps = {
-        "paid": _steps("paid", "created", "dispense.request", "capture.request", at=100),
-        "unpaid": _steps("unpaid", "created", "dispense.request", "recovery.start", at=200),
-        "hanging": _steps("hanging", "created", "authorize.request", "recovery.start", at=300),
-        "twice": _steps("twice", "created", "reverse.request", at=400),
-        "kept": _steps("kept", "created", "capture.request", at=500),
+        "paid": _steps("paid", Step.CREATED, Step.DISPENSE_REQUEST, Step.CAPTURE_REQUEST, at=100),
+        "unpaid": _steps(
+            "unpaid", Step.CREATED, Step.DISPENSE_REQUEST, Step.RECOVERY_START, at=200
+        ),
+        "hanging": _steps(
+            "hanging", Step.CREATED, Step.AUTHORIZE_REQUEST, Step.RECOVERY_START, at=300
+        ),
+        "twice": _steps("twice", Step.CREATED, Step.REVERSE_REQUEST, at=400),
+        "kept": _steps("kept", Step.CREATED, Step.CAPTURE_REQUEST, at=500),
     }
     rows = [
         _row("o-paid", TransStatus.CAPTURED),
@@ -133,3 +139,12 @@ def test_the_judge_names_each_broken_rule_and_counts_unpaid_vends() -> None:
     assert (report.sales, report.sales_recovered, report.vends) == (5, 2, 2)
     hanging = next(v for v in report.violations if v.kind == "authorization_open")
     assert "authorize.request[started]" in hanging.describe()
+
+
+def test_a_stepped_journal_time_is_set_back_to_real_time(tmp_path: Path) -> None:
+    clock = SteppedClock(tmp_path / "faketime")
+    clock.history = [(1000.0, 0.0), (1010.0, 3 * 86_400.0), (1020.0, -7200.0)]
+    assert clock.real_time(1005.0) == 1005.0
+    assert clock.real_time(1015.0 + 3 * 86_400.0) == 1015.0
+    assert clock.real_time(1030.0 - 7200.0) == 1030.0
+    assert (tmp_path / "faketime").read_text() == "+0\n"

@@ -15,6 +15,7 @@ from kiosk_agent.core.config import (
     check_config,
     load_config,
 )
+from kiosk_agent.service.settings import DEFAULT_TIMEOUT
 
 PLUGIN = """
 import voluptuous as vol
@@ -355,6 +356,7 @@ def test_masked_shows_the_resolved_config_without_its_secrets(
         "api_key": "***",
         "mid": "999000000001",  # from !env_var but not a secret: the schema made it plain text
         "isv": False,
+        "timeout": DEFAULT_TIMEOUT,  # defaults filled in: the one default of service.timeout
     }
     assert shown["terminals"] == [{"device_id": "T1"}]
     assert "sk_live_123" not in repr(shown)

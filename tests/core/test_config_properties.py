@@ -155,6 +155,7 @@ SECTIONS = st.fixed_dictionaries(
 )
 
 
+@pytest.mark.slow
 @settings(max_examples=300)
 @given(SECTIONS)
 def test_well_formed_yaml_of_the_config_sections(config_dir: Path, config: dict[str, Any]) -> None:

@@ -13,8 +13,8 @@ from kiosk_agent.core.health import (
     HealthSnapshot,
     Status,
 )
-from kiosk_agent.sales.model import RECEIPT_STEP, SaleEvent
-from kiosk_agent.sales.states import SaleState
+from kiosk_agent.sales.model import SaleEvent
+from kiosk_agent.sales.states import SaleState, Step
 
 from ..helpers import until
 
@@ -107,7 +107,7 @@ def test_a_receipt_note_is_not_counted_as_a_second_sale() -> None:
     health = Health("1")
     completed = _event("a", SaleState.COMPLETED, captured=250)
     health.record_sale(completed)
-    health.record_sale(dataclasses.replace(completed, step=RECEIPT_STEP, message="receipt printed"))
+    health.record_sale(dataclasses.replace(completed, step=Step.RECEIPT, message="receipt printed"))
     sales = health.snapshot().sales
     assert (sales.today_count, sales.today_amount_cents) == (1, 250)
 

@@ -23,6 +23,7 @@ from typing import Any
 import pytest
 
 from kiosk_agent.sales.journal import SCHEMA_VERSION, Journal, JournalTooNew
+from kiosk_agent.sales.states import Step
 from kiosk_agent.service.models import TransStatus
 from tests.core.test_crash import TIME_SCALE, Driver, write_config
 
@@ -153,3 +154,44 @@ def test_a_row_with_columns_this_release_does_not_know_is_still_read(tmp_path: P
     assert record is not None
     assert record.amount_cents == 100
     journal.close()
+
+
+def test_send_anchors_are_kept_beside_the_sales_table_and_moved_there_from_it(
+    tmp_path: Path,
+) -> None:
+    """The previous release reads every column of ``sales``: the money call's send anchors
+    (sent_at, sent_mono, sent_boot) live in ``sale_sends``; a journal a development build wrote
+    with them as columns of ``sales`` has them moved there on open."""
+    import sqlite3
+
+    from kiosk_agent.sales.journal import SaleRecord
+    from kiosk_agent.sales.states import SaleState
+
+    path = tmp_path / "journal.db"
+    journal = Journal(path)
+    journal.open()
+    sale = journal.create(SaleRecord(sale_id="s1", order_id="KAS1", source="t",
+                                     flow="charge_card", terminal="SIM-0001",
+                                     amount_cents=100, state=SaleState.STARTED))
+    journal.db.execute("ALTER TABLE sales ADD COLUMN sent_at REAL")
+    journal.db.execute("ALTER TABLE sales ADD COLUMN sent_mono REAL")
+    journal.db.execute("ALTER TABLE sales ADD COLUMN sent_boot TEXT")
+    journal.db.execute("UPDATE sales SET sent_at = 12.5, sent_mono = 3.0, sent_boot = 'b'")
+    journal.close()
+
+    journal = Journal(path)
+    journal.open()
+    columns = {r[1] for r in journal.db.execute("PRAGMA table_info(sales)")}
+    assert not {"sent_at", "sent_mono", "sent_boot"} & columns
+    record = journal.get(sale.sale_id)
+    assert record is not None
+    assert (record.sent_at, record.sent_mono, record.sent_boot) == (12.5, 3.0, "b")
+    moved = journal.record(record, Step.CHARGE_CARD_REQUEST, SaleState.CHARGING,
+                           sent_at=20.0, sent_mono=4.0, sent_boot="c")
+    again = journal.get(sale.sale_id)
+    assert again is not None
+    assert (again.sent_at, again.sent_boot) == (20.0, "c") == (moved.sent_at, moved.sent_boot)
+    journal.close()
+    plain = sqlite3.connect(path)
+    assert [r[0] for r in plain.execute("SELECT sent_at FROM sale_sends")] == [20.0]
+    plain.close()

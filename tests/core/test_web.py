@@ -127,6 +127,44 @@ async def test_past_the_cap_the_oldest_idle_connection_makes_room() -> None:
         await site.stop()
 
 
+async def _post_echo(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> bytes:
+    """One keep-alive ``POST /echo`` on an open connection; the status line of its answer."""
+    writer.write(b"POST /echo HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                 b"Content-Length: 1\r\n\r\n1")
+    status = await asyncio.wait_for(reader.readline(), 5)
+    length = 0
+    while (line := await asyncio.wait_for(reader.readline(), 5)) not in (b"\r\n", b""):
+        if line.lower().startswith(b"content-length:"):
+            length = int(line.split(b":")[1])
+    await reader.readexactly(length)
+    return status
+
+
+async def test_a_flood_of_silent_connections_evicts_them_before_a_served_idle_one() -> None:
+    site = await _site(_limits(header_timeout=30, keepalive_timeout=30))
+    try:
+        # the touchscreen app: one keep-alive connection, served once, now idle between sales
+        honest = await asyncio.open_connection("127.0.0.1", site.port)
+        assert (await _post_echo(*honest)).startswith(b"HTTP/1.1 200")
+        # a slow-header flood: three times the cap of connections that never finish a head
+        flood = []
+        for _ in range(12):
+            flood.append(await asyncio.open_connection("127.0.0.1", site.port))
+            flood[-1][1].write(b"GET /echo HTTP/1.1\r\nX-Slow: 1")
+            await asyncio.sleep(0.005)
+        await until(lambda: site.evicted >= 9)
+        assert site.open_connections <= 4
+        # the count kept for every accept agrees with the connections themselves
+        assert site.open_connections == sum(not c.closing for c in site._connections.values())
+        # the newcomers went, oldest first; the app's connection, older than all, still serves
+        assert (await _post_echo(*honest)).startswith(b"HTTP/1.1 200")
+        assert (await _closed_within(flood[0][0], 5)).startswith(b"HTTP/1.1 503")
+        for _, writer in [honest, *flood]:
+            writer.close()
+    finally:
+        await site.stop()
+
+
 async def test_when_every_connection_is_busy_a_newcomer_gets_503() -> None:
     held: list[web.Request] = []
     site = await _site(_limits(max_connections=4), held)

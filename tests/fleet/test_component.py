@@ -20,9 +20,9 @@ from kiosk_agent.sales.model import SaleEvent
 from kiosk_agent.sales.states import SaleState
 
 from ..core.agent_helpers import write_config
-from ..core.test_recovery import leave_open
 from ..helpers import until
 from ..mqtt_broker import Observer, mosquitto
+from ..sales.test_recovery import leave_open
 from .helpers import Recovering, settled_agent
 
 __all__ = ["mosquitto"]  # the broker fixture, imported for the tests below

@@ -7,8 +7,8 @@ from typing import Any
 import pytest
 
 from kiosk_agent.platforms.base import DevicePlatform, request_cancel, start_sale
-from kiosk_agent.sales.flows import TerminalBusy
 from kiosk_agent.sales.model import DispenseOutcome, Flow, SaleRequest
+from kiosk_agent.sales.runner import TerminalBusy
 
 
 class RefusingRunner:

@@ -8,6 +8,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from kiosk_agent.cli.sim import settings_from_ready
 from kiosk_agent.platforms.mdb import MdbPlatform
 from kiosk_agent.platforms.virtual import VirtualController, VirtualPlatform, VisitOutcome
@@ -85,6 +87,7 @@ async def test_virtual_platform_card_first(tmp_path: Path, sim_settings: Any) ->
         assert final.captured_cents == 150
 
 
+@pytest.mark.slow
 async def test_thousand_sales_through_the_agent_none_lost_none_doubled(
     tmp_path: Path, sim_factory: Any, controller: VirtualController
 ) -> None:

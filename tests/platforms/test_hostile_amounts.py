@@ -14,10 +14,13 @@ from typing import Any
 
 import pytest
 
+from kiosk_agent.core.config import check_config
 from kiosk_agent.platforms.mdb import MdbPlatform
 from kiosk_agent.platforms.virtual import VirtualController, VisitOutcome
+from kiosk_agent.sales.model import Flow, PriceAboveMaximum, SaleRequest
 from kiosk_agent.sales.states import SaleState
 
+from ..core.agent_helpers import ScriptedDispenser
 from ..helpers import until
 from .agent_rig import running_agent
 
@@ -125,3 +128,60 @@ async def test_serial_line_prices_take_the_same_grammar_and_max_price(
         assert agent.journal.query() == []
         visit = await controller.customer("A2")
         assert visit.outcome is VisitOutcome.VENDED
+
+
+async def test_the_virtual_platform_is_held_to_its_max_price_by_the_runner(
+    tmp_path: Path, sim_settings: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    """``platform: virtual`` passes no bound of its own: the runner holds it to its config's
+    ``max_price`` (an unnamed trigger: its source is named by the platform's default)."""
+    caplog.set_level(logging.WARNING)
+    trigger = {"platform": "virtual", "customers": False, "max_price": "2.00",
+               "products": {"A1": "1.50"}, "max_funds": "2.00", "dispense_time": 0.01}
+    async with running_agent(tmp_path, sim_settings, [trigger]) as agent:
+        [platform] = agent.platforms
+        controller = platform.controller  # type: ignore[attr-defined]
+        controller.options.products["Z9"] = 325  # the machine sells more than it was told
+        await asyncio.wait_for(controller.wait_enabled(), 5)
+
+        visit = await controller.customer("Z9")
+        assert visit.outcome is VisitOutcome.DENIED
+        assert agent.journal.query() == []
+        assert "$3.25 is above this machine's max_price $2.00" in caplog.text
+
+        visit = await controller.customer("A1")  # within it: sold as ever
+        assert visit.outcome is VisitOutcome.VENDED
+        [sale] = agent.journal.query()
+        await until(lambda: agent.journal.get(sale.sale_id).state is SaleState.COMPLETED)
+
+
+async def test_a_request_naming_a_trigger_is_held_to_that_triggers_max_price(
+    tmp_path: Path, sim_settings: Any, controller: VirtualController
+) -> None:
+    """Whatever the request carries itself: here none, from code that skips the platform."""
+    triggers = [_mdb(controller, max_price="2.00")]
+    async with running_agent(tmp_path, sim_settings, triggers) as agent:
+        machine = ScriptedDispenser()
+        above = SaleRequest(source="mdb:front", flow=Flow.CHARGE_CARD, amount_cents=250)
+        with pytest.raises(PriceAboveMaximum, match=r"\$2.50 is above this machine's max_price"):
+            await agent.sales.start(above, machine)
+        assert agent.journal.query() == []
+        # another source has no trigger of that name: only its own bound applies
+        other = SaleRequest(source="test", flow=Flow.CHARGE_CARD, amount_cents=250)
+        sale = await agent.sales.start(other, machine)
+        assert (await sale.result()).state is SaleState.COMPLETED
+
+
+def test_a_virtual_product_above_max_price_is_a_configuration_mistake(tmp_path: Path) -> None:
+    path = tmp_path / "config.yaml"
+    path.write_text(
+        "service: {simulator: {}}\nterminals: [{device_id: SIM-0001}]\n"
+        "triggers:\n"
+        "  - platform: virtual\n"
+        "    max_price: '2.00'\n"
+        "    max_funds: '2.00'\n"
+        "    products: {A1: '1.50', Z9: '3.25'}\n"
+    )
+    [mistake] = [str(error) for error in check_config(path)]
+    assert "triggers[0].products.Z9" in mistake
+    assert "$3.25 is above max_price $2.00" in mistake

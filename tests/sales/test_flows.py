@@ -7,17 +7,18 @@ Card outcomes follow the simulator's cents: ..01 retry (B), ..02 declined (C), .
 from __future__ import annotations
 
 import asyncio
+import time
 from typing import Any
 
 import pytest
 
 from kiosk_agent.core.agent import Agent
-from kiosk_agent.sales.flows import TerminalBusy
+from kiosk_agent.sales.clock import FakeClock
 from kiosk_agent.sales.model import DispenseStatus, Flow, SaleEvent, SaleRequest
+from kiosk_agent.sales.runner import TerminalBusy
 from kiosk_agent.sales.states import SaleState
 from kiosk_agent.service.models import TransactionFilter, TransStatus
-
-from .agent_helpers import ScriptedDispenser
+from tests.core.agent_helpers import ScriptedDispenser
 
 
 def request(cents: int, flow: Flow = Flow.CHARGE_CARD, **fields: Any) -> SaleRequest:
@@ -118,10 +119,13 @@ async def test_authorize_capture_captures_what_was_vended(agent: Agent) -> None:
     ids=["dispense-failed", "cancelled-at-machine", "vend-timeout"],
 )
 async def test_authorize_capture_voids_when_nothing_was_vended(
-    agent: Agent, status: DispenseStatus, delay: float
+    agent_factory: Any, status: DispenseStatus, delay: float
 ) -> None:
-    machine = ScriptedDispenser(status, delay=delay)  # vend_timeout is 2 s in the test config
-    event = await sell(agent, 300, machine, flow=Flow.AUTHORIZE_CAPTURE)
+    # the machine's delay and the vend timeout (2 s in the test config) pass on a FakeClock
+    clock = FakeClock(wall=time.time())
+    agent = await agent_factory(clock=clock)
+    machine = ScriptedDispenser(status, delay=delay, clock=clock)
+    event = await clock.run(sell(agent, 300, machine, flow=Flow.AUTHORIZE_CAPTURE))
     assert event.state is SaleState.REVERSED
     sale = agent.journal.get(event.sale_id)
     assert sale is not None

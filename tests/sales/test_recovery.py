@@ -10,13 +10,14 @@ from typing import Any
 import aiohttp
 
 from kiosk_agent.cli.sim import settings_from_ready
+from kiosk_agent.sales.clock import FakeClock
 from kiosk_agent.sales.journal import Journal, SaleRecord
 from kiosk_agent.sales.model import Flow, SaleRequest
 from kiosk_agent.sales.states import SaleState
 from kiosk_agent.service.client import ServiceClient
 from kiosk_agent.service.models import ChargeRequest, TransactionFilter, TransStatus
-
-from .agent_helpers import ScriptedDispenser
+from tests.core.agent_helpers import ScriptedDispenser
+from tests.helpers import walk_to
 
 
 async def rows(service: ServiceClient, order_id: str) -> list[Any]:
@@ -38,8 +39,9 @@ def leave_open(directory: Path, **fields: Any) -> SaleRecord:
         "state": SaleState.STARTED,
     }
     state = fields.pop("state")
+    base["flow"] = fields.pop("flow", base["flow"])
     record = journal.create(SaleRecord(**base))
-    record = journal.record(record, "before crash", state, **fields)
+    record = walk_to(journal, record, state, **fields)
     journal.close()
     return record
 
@@ -158,7 +160,7 @@ async def test_what_cannot_be_decided_is_marked_for_attention(
 async def test_an_interrupted_enrollment_asks_for_a_person(
     agent_factory: Any, tmp_path: Path
 ) -> None:
-    leave_open(tmp_path, state=SaleState.ENROLLING)
+    leave_open(tmp_path, state=SaleState.ENROLLING, flow=Flow.ENROLL.value)
     agent = await agent_factory()
     [event] = await asyncio.wait_for(agent.recovery.wait(), 10)
     assert event.state is SaleState.ATTENTION
@@ -167,17 +169,18 @@ async def test_an_interrupted_enrollment_asks_for_a_person(
 async def test_a_terminal_under_recovery_refuses_new_sales(
     agent_factory: Any, tmp_path: Path
 ) -> None:
+    clock = FakeClock(wall=time.time())  # the second passes in recovery's pauses
     leave_open(
         tmp_path,
         state=SaleState.CHARGING,
         flow=Flow.CHARGE_CARD.value,
-        answer_by=time.time() + 1,  # the charge may still be answered for a second
+        answer_by=clock.time() + 1,  # the charge may still be answered for a second
     )
-    agent = await agent_factory()
+    agent = await agent_factory(clock=clock)
     reason = agent.sales.busy_reason("SIM-0001")
     assert reason is not None
     assert "recovering sale crashed1" in reason
-    await asyncio.wait_for(agent.recovery.wait(), 10)
+    await clock.run(agent.recovery.wait())
     assert agent.sales.busy_reason("SIM-0001") is None
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 from pathlib import Path
@@ -9,12 +10,13 @@ from typing import Any
 
 import pytest
 
+from kiosk_agent.cli.sim import settings_from_ready
 from kiosk_agent.sales.attention import NotInAttention, ResolveError, UnknownSale, resolve
 from kiosk_agent.sales.journal import Journal
-from kiosk_agent.sales.states import SaleState
+from kiosk_agent.sales.states import SaleState, Step
+from kiosk_agent.service.client import ServiceClient
 from kiosk_agent.service.models import TransStatus
-
-from .test_recovery import authorize, leave_open, rows
+from tests.sales.test_recovery import authorize, leave_open, rows
 
 
 async def attention_sale(agent_factory: Any, tmp_path: Path, **fields: Any) -> Any:
@@ -23,12 +25,18 @@ async def attention_sale(agent_factory: Any, tmp_path: Path, **fields: Any) -> A
     return await agent_factory()
 
 
+def found_in_reporting(agent: Any, trans_id: str) -> None:
+    """The charge of ``crashed1`` as a sweep finds it in reporting (its trans_id journaled)."""
+    record = agent.journal.get("crashed1")
+    agent.journal.record(record, Step.ATTENTION_FOUND, trans_id=trans_id)
+
+
 async def test_an_authorization_vended_and_left_open_is_captured(
     agent_factory: Any, tmp_path: Path, sim_factory: Any
 ) -> None:
     agent = await attention_sale(agent_factory, tmp_path, vended_cents=250)
     trans_id = await authorize(agent.service, "KACRASHED1", capture=False)
-    agent.journal.record(agent.journal.get("crashed1"), "test", trans_id=trans_id)
+    found_in_reporting(agent, trans_id)
     [event] = await agent.attention.sweep()
     assert event.state is SaleState.COMPLETED, event.message
     assert event.captured_cents == 250
@@ -41,7 +49,7 @@ async def test_an_authorization_vended_and_left_open_is_captured(
 async def test_money_held_without_a_vend_is_given_back(agent_factory: Any, tmp_path: Path) -> None:
     agent = await attention_sale(agent_factory, tmp_path)
     trans_id = await authorize(agent.service, "KACRASHED1", capture=False)
-    agent.journal.record(agent.journal.get("crashed1"), "test", trans_id=trans_id)
+    found_in_reporting(agent, trans_id)
     [event] = await agent.attention.sweep()
     assert event.state is SaleState.REVERSED
     [row] = await rows(agent.service, "KACRASHED1")
@@ -150,7 +158,7 @@ async def test_a_charge_made_after_its_sale_ended_with_none_is_given_back(
     journal.open()
     record = journal.get("crashed1")
     assert record is not None
-    journal.record(record, "authorize.none", SaleState.FAILED, message="no charge was made")
+    journal.record(record, Step.AUTHORIZE_NONE, SaleState.FAILED, message="no charge was made")
     journal.close()
     agent = await agent_factory()
     await authorize(agent.service, "KACRASHED1", capture=False)
@@ -161,6 +169,33 @@ async def test_a_charge_made_after_its_sale_ended_with_none_is_given_back(
     assert row.status is TransStatus.VOIDED
     assert agent.attention.stats.late_charges == 1
     assert await agent.attention.sweep() == []  # once given back, never again
+    # found and reopened in one write: a crash before the void leaves an open sale
+    [found] = [s for s in agent.journal.steps("crashed1") if s.step == Step.LATE_FOUND]
+    assert found.state is SaleState.REVERSING
+
+
+async def test_a_late_charge_found_just_before_a_crash_is_given_back_by_recovery(
+    agent_factory: Any, sim_factory: Any, tmp_path: Path
+) -> None:
+    """``late.found`` reopens the sale (REVERSING) in the write that journals the charge: an
+    agent killed before the void leaves an open sale, which the next start gives back."""
+    sim = await sim_factory(time_scale=300, transactions=0)
+    async with ServiceClient(settings_from_ready(sim.ready_info())) as service:
+        trans_id = await authorize(service, "KACRASHED1", capture=False)
+    leave_open(tmp_path, state=SaleState.UNRESOLVED, answer_by=time.time() - 1)
+    journal = Journal(tmp_path / "journal.db")
+    journal.open()
+    record = journal.get("crashed1")
+    assert record is not None
+    record = journal.record(record, Step.AUTHORIZE_NONE, SaleState.FAILED)
+    journal.record(record, Step.LATE_FOUND, SaleState.REVERSING, trans_id=trans_id,
+                   authorized_cents=300)  # the sweeper's write; then the crash
+    journal.close()
+    agent = await agent_factory(sim=sim)
+    [event] = await asyncio.wait_for(agent.recovery.wait(), 10)
+    assert event.state is SaleState.REVERSED, event.message
+    [row] = await rows(agent.service, "KACRASHED1")
+    assert row.status is TransStatus.VOIDED
 
 
 async def test_a_sale_that_failed_for_another_reason_is_not_looked_up(
@@ -235,7 +270,7 @@ async def test_a_person_resolving_while_the_sweeper_decides_wins(
     The sweeper must not then capture the money nor write the sale back to ATTENTION."""
     agent = await attention_sale(agent_factory, tmp_path, vended_cents=250)
     trans_id = await authorize(agent.service, "KACRASHED1", capture=False)
-    agent.journal.record(agent.journal.get("crashed1"), "test", trans_id=trans_id)
+    found_in_reporting(agent, trans_id)
     cli = Journal(agent.journal.path)
     cli.open()
     real_get = agent.journal.get

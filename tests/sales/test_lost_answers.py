@@ -24,8 +24,7 @@ from kiosk_agent.core.web import LocalSite
 from kiosk_agent.sales.model import DispenseStatus, Flow, SaleRequest
 from kiosk_agent.sales.states import SaleState
 from kiosk_agent.service.models import TransactionFilter, TransStatus
-
-from .agent_helpers import ScriptedDispenser
+from tests.core.agent_helpers import ScriptedDispenser
 
 
 class AnswerLosingProxy:

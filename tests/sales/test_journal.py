@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 from kiosk_agent.sales.journal import Journal, JournalError, SaleRecord
-from kiosk_agent.sales.states import SaleState
+from kiosk_agent.sales.states import SaleState, Step
+from tests.helpers import walk_to
 
 
 @pytest.fixture
@@ -44,7 +45,7 @@ def test_the_file_is_private_and_in_wal_mode(journal: Journal) -> None:
 def test_a_step_is_visible_to_another_connection_as_soon_as_it_returns(journal: Journal) -> None:
     sale = journal.create(new_sale(1))
     sale = journal.record(
-        sale, "charge_card.request", SaleState.CHARGING, detail={"order_id": sale.order_id}
+        sale, Step.CHARGE_CARD_REQUEST, SaleState.CHARGING, detail={"order_id": sale.order_id}
     )
     other = sqlite3.connect(journal.path)  # what a crash would leave: only committed rows
     state, steps = other.execute(
@@ -56,19 +57,24 @@ def test_a_step_is_visible_to_another_connection_as_soon_as_it_returns(journal: 
 
 def test_record_returns_the_updated_sale_and_keeps_every_step(journal: Journal) -> None:
     sale = journal.create(new_sale(1))
-    sale = journal.record(sale, "charge_card.accepted", interaction_id="ix-1")
+    sale = journal.record(sale, Step.CHARGE_CARD_REQUEST, SaleState.CHARGING)
+    sale = journal.record(sale, Step.CHARGE_CARD_ACCEPTED, interaction_id="ix-1")
+    sale = journal.record(sale, Step.DISPENSE_REQUEST, SaleState.DISPENSING, trans_id="T1")
     sale = journal.record(
-        sale, "completed", SaleState.COMPLETED, trans_id="T1", captured_cents=250, message="paid"
+        sale, Step.COMPLETED, SaleState.COMPLETED, captured_cents=250, message="paid"
     )
     assert journal.get("s1") == sale
     assert sale.finished_at is not None
-    assert [s.step for s in journal.steps("s1")] == ["created", "charge_card.accepted", "completed"]
+    assert [s.step for s in journal.steps("s1")] == [
+        "created", "charge_card.request", "charge_card.accepted", "dispense.request", "completed"
+    ]
     assert journal.by_order_id("KA000001") == sale
 
 
 def test_secret_detail_keys_never_reach_the_file(journal: Journal) -> None:
     sale = journal.create(new_sale(1))
-    journal.record(sale, "read_card.done", detail={"token": "tok_secret_card", "last_four": "4242"})
+    secret = {"token": "tok_secret_card", "last_four": "4242"}
+    journal.record(sale, Step.READ_CARD_DONE, detail=secret)
     journal.close()
     assert b"tok_secret_card" not in journal.path.read_bytes()
     journal.open()
@@ -78,16 +84,16 @@ def test_secret_detail_keys_never_reach_the_file(journal: Journal) -> None:
 def test_unknown_fields_are_refused(journal: Journal) -> None:
     sale = journal.create(new_sale(1))
     with pytest.raises(ValueError, match="not journal fields: card_number"):
-        journal.record(sale, "oops", card_number="4111111111111111")
+        journal.record(sale, Step.READ_CARD_DONE, card_number="4111111111111111")
 
 
 def test_open_and_attention_sales_for_recovery_and_health(journal: Journal) -> None:
     first = journal.create(new_sale(1))
-    journal.record(first, "charge_card.request", SaleState.CHARGING)
+    journal.record(first, Step.CHARGE_CARD_REQUEST, SaleState.CHARGING)
     second = journal.create(new_sale(2))
-    journal.record(second, "reverse.failed", SaleState.ATTENTION)
+    walk_to(journal, second, SaleState.ATTENTION, Step.REVERSE_FAILED)
     third = journal.create(new_sale(3))
-    journal.record(third, "completed", SaleState.COMPLETED, captured_cents=175)
+    walk_to(journal, third, SaleState.COMPLETED, captured_cents=175)
     assert [s.sale_id for s in journal.open_sales()] == ["s1"]
     assert [s.sale_id for s in journal.attention_sales()] == ["s2"]
     assert journal.today() == (1, 175)
@@ -97,7 +103,7 @@ def test_query_filters_by_time_and_state_newest_first(journal: Journal) -> None:
     for n in range(1, 5):
         sale = journal.create(new_sale(n))
         if n % 2 == 0:
-            journal.record(sale, "completed", SaleState.COMPLETED)
+            walk_to(journal, sale, SaleState.COMPLETED)
     assert [s.sale_id for s in journal.query()] == ["s4", "s3", "s2", "s1"]
     assert [s.sale_id for s in journal.query(states=[SaleState.COMPLETED])] == ["s4", "s2"]
     assert journal.query(since=time.time() + 60) == []
@@ -106,29 +112,32 @@ def test_query_filters_by_time_and_state_newest_first(journal: Journal) -> None:
 
 def test_last_trans_id_is_the_newest_completed_sales(journal: Journal) -> None:
     assert journal.last_trans_id() is None
-    journal.record(journal.create(new_sale(1)), "completed", SaleState.COMPLETED, trans_id="T1")
-    journal.record(journal.create(new_sale(2)), "completed", SaleState.COMPLETED, trans_id="T2")
-    journal.record(journal.create(new_sale(3)), "reversed", SaleState.REVERSED, trans_id="T3")
-    journal.record(journal.create(new_sale(4)), "completed", SaleState.COMPLETED)  # enrolled
+    walk_to(journal, journal.create(new_sale(1)), SaleState.COMPLETED, trans_id="T1")
+    walk_to(journal, journal.create(new_sale(2)), SaleState.COMPLETED, trans_id="T2")
+    walk_to(journal, journal.create(new_sale(3)), SaleState.REVERSED, trans_id="T3")
+    enrolled = journal.create(new_sale(4, flow="enroll"))
+    walk_to(journal, enrolled, SaleState.COMPLETED)
     assert journal.last_trans_id() == "T2"
 
 
 def test_query_filters_by_the_last_step_in_the_same_query(journal: Journal) -> None:
     # s1 ended on "charge_card.none"; s2 passed through it and went on; s3 never did
-    first = journal.record(journal.create(new_sale(1)), "charge_card.none", SaleState.FAILED)
-    second = journal.record(journal.create(new_sale(2)), "charge_card.none", SaleState.UNRESOLVED)
-    journal.record(second, "charge_card.found", SaleState.REVERSED)
-    journal.record(journal.create(new_sale(3)), "declined", SaleState.DECLINED)
-    ended = journal.query(last_steps=["charge_card.none", "authorize.none"])
+    first = walk_to(journal, journal.create(new_sale(1)), SaleState.CHARGING)
+    journal.record(first, Step.CHARGE_CARD_NONE, SaleState.FAILED)
+    second = walk_to(journal, journal.create(new_sale(2)), SaleState.CHARGING)
+    second = journal.record(second, Step.CHARGE_CARD_NONE)  # a step that ended nothing here
+    journal.record(second, Step.CHARGE_CARD_REVERSED, SaleState.REVERSED)
+    walk_to(journal, journal.create(new_sale(3)), SaleState.DECLINED)
+    ended = journal.query(last_steps=[Step.CHARGE_CARD_NONE, Step.AUTHORIZE_NONE])
     assert [s.sale_id for s in ended] == [first.sale_id]
-    assert journal.query(states=[SaleState.REVERSED], last_steps=["charge_card.none"]) == []
+    assert journal.query(states=[SaleState.REVERSED], last_steps=[Step.CHARGE_CARD_NONE]) == []
 
 
 def test_prune_keeps_open_and_attention_sales(journal: Journal) -> None:
     done = journal.create(new_sale(1))
-    journal.record(done, "completed", SaleState.COMPLETED)
+    walk_to(journal, done, SaleState.COMPLETED)
     attention = journal.create(new_sale(2))
-    journal.record(attention, "x", SaleState.ATTENTION)
+    walk_to(journal, attention, SaleState.ATTENTION)
     journal.create(new_sale(3))
     assert journal.prune(keep_days=1, now=time.time() + 2 * 86400) == 1
     assert {s.sale_id for s in journal.query()} == {"s2", "s3"}

@@ -1,0 +1,301 @@
+"""A Pi Zero-class run: the agent alone under a small CPU and memory budget.
+
+    python bench/pi.py [--cpu-percent 10] [--period-ms 10] [--memory-mb 128] [--sales 60]
+                       [--idle-seconds 20]
+
+A Raspberry Pi Zero 2 W runs Python roughly ten times slower than a desktop core and has 512 MB
+for everything. This bench puts ``kiosk-agent run`` (and only it: the simulator, the virtual
+vending machine and the bench itself run outside) in a cgroup of its own with a CPU limit of
+``--cpu-percent`` of one core over a short scheduling period (``--period-ms``: with the default
+100 ms period a throttled process waits whole periods, which turns every sale's latency into
+100 ms steps) and ``--memory-mb`` of memory. cgroup v2 (``cpu.max``, ``memory.max``) or v1
+(``cpu.cfs_quota_us``/``cpu.cfs_period_us``, ``memory.limit_in_bytes``), as the machine has;
+it needs root, and refuses with a clear message where the cgroups cannot be written.
+
+The sale is real but for the card: an MDB trigger on a virtual vending machine over a pty, the
+simulator over HTTP/WebSocket (time scale 1000, the card time subtracted as in hardware.py), the
+journal on disk with synchronous=FULL.
+
+Figures: start -> ready (spawn to systemd READY=1), vend request -> approve p50/p99 (target p99
+< 100 ms), sales a minute on one terminal (customers back to back), idle CPU (% of one core,
+target < 0.1), peak RSS (VmHWM), and how often the limit throttled the agent. Target start ->
+ready < 6 s. The last line is one JSON object of the figures.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import random
+import socket
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from kiosk_agent.platforms.virtual import ControllerOptions, VirtualController, VisitOutcome
+from kiosk_agent.sim.server import SimOptions, SimServer
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from agent import _cpu_seconds, percentile  # the sibling bench's helpers
+
+TIME_SCALE = 1000.0
+CARD_DELAY_SIM_S = 1.5  # choices.md: a card is presented 1.5 simulated seconds after the start
+PRODUCTS = {"A1": 150, "A2": 250, "B1": 325}
+API_KEY_ENV, SECRET_ENV = "PI_BENCH_API_KEY", "PI_BENCH_CLIENT_SECRET"
+
+
+class CgroupUnavailable(RuntimeError):
+    """The machine's cgroups cannot give the agent its budget (named in the message)."""
+
+
+class Budget:
+    """One cgroup (v2) or a cpu and a memory cgroup (v1) holding the agent alone."""
+
+    def __init__(self, cpu_percent: float, period_ms: float, memory_mb: int) -> None:
+        self.period_us = int(period_ms * 1000)
+        self.quota_us = max(1000, int(self.period_us * cpu_percent / 100))
+        self.memory_bytes = memory_mb * 1024 * 1024
+        self.version = 2 if Path("/sys/fs/cgroup/cgroup.controllers").exists() else 1
+        self.name = f"kiosk-agent-pi-bench-{os.getpid()}"
+        self.dirs: list[Path] = []
+
+    def create(self) -> None:
+        try:
+            if self.version == 2:
+                self._create_v2()
+            else:
+                self._create_v1()
+        except OSError as err:
+            self.remove()
+            raise CgroupUnavailable(
+                f"cannot set up a cgroup {self.version} budget ({err.strerror}: "
+                f"{err.filename}); run as root on a machine whose cgroup filesystem is "
+                "writable (not in an unprivileged container)"
+            ) from None
+
+    def _create_v2(self) -> None:
+        parent = Path("/sys/fs/cgroup") / _own_cgroup("")
+        enabled = (parent / "cgroup.subtree_control").read_text().split()
+        for controller in ("cpu", "memory"):
+            if controller not in enabled:
+                try:
+                    (parent / "cgroup.subtree_control").write_text(f"+{controller}")
+                except OSError as err:
+                    raise CgroupUnavailable(
+                        f"the {controller} controller is not enabled for {parent} and cannot be "
+                        f"({err.strerror}); a cgroup v2 parent with processes of its own cannot "
+                        "delegate it: run the bench from a cgroup of its own "
+                        "(systemd-run --scope -p Delegate=yes ...)"
+                    ) from None
+        group = parent / self.name
+        group.mkdir()
+        self.dirs = [group]
+        (group / "cpu.max").write_text(f"{self.quota_us} {self.period_us}")
+        (group / "memory.max").write_text(str(self.memory_bytes))
+
+    def _create_v1(self) -> None:
+        cpu = _v1_mount("cpu") / _own_cgroup("cpu").lstrip("/") / self.name
+        memory = _v1_mount("memory") / _own_cgroup("memory").lstrip("/") / self.name
+        for group in (cpu, memory):
+            group.mkdir()
+            self.dirs.append(group)
+        (cpu / "cpu.cfs_period_us").write_text(str(self.period_us))
+        (cpu / "cpu.cfs_quota_us").write_text(str(self.quota_us))
+        (memory / "memory.limit_in_bytes").write_text(str(self.memory_bytes))
+
+    def enter(self) -> None:
+        """Move the calling process in (a child between fork and exec)."""
+        for group in self.dirs:
+            (group / "cgroup.procs").write_text(str(os.getpid()))
+
+    def throttled(self) -> int:
+        """Periods in which the agent was stopped by its quota."""
+        stat = self.dirs[0] / "cpu.stat"
+        for line in stat.read_text().splitlines():
+            key, _, value = line.partition(" ")
+            if key == "nr_throttled":
+                return int(value)
+        return 0
+
+    def remove(self) -> None:
+        for group in reversed(self.dirs):
+            with contextlib.suppress(OSError):
+                group.rmdir()
+        self.dirs = []
+
+
+def _own_cgroup(controller: str) -> str:
+    """This process's cgroup path for ``controller`` ("" is v2's unified hierarchy)."""
+    for line in Path("/proc/self/cgroup").read_text().splitlines():
+        _id, names, path = line.split(":", 2)
+        if (controller == "" and names == "") or controller in names.split(","):
+            return path.lstrip("/")
+    raise CgroupUnavailable(f"this process is in no {controller or 'v2'} cgroup")
+
+
+def _v1_mount(controller: str) -> Path:
+    for line in Path("/proc/mounts").read_text().splitlines():
+        _dev, where, kind, opts, *_ = line.split()
+        if kind == "cgroup" and controller in opts.split(","):
+            return Path(where)
+    raise CgroupUnavailable(f"no cgroup v1 {controller} controller is mounted")
+
+
+def _config(sim: SimServer, controller: VirtualController, scratch: Path) -> Path:
+    info = sim.ready_info()
+    document = {
+        "service": {
+            "base_url": info["base_url"], "reporting_url": info["reporting_url"],
+            "ws_url": info["ws_url"], "mid": info["mid"], "client_id": info["client_id"],
+            "api_key": f"!env_var {API_KEY_ENV}", "client_secret": f"!env_var {SECRET_ENV}",
+        },
+        "terminals": [{"device_id": "SIM-0001"}],
+        "journal": {"path": str(scratch / "journal.db")},
+        "receipts": {"print": "never", "email": False},
+        "sales": {"interaction_lifetime": 180 / TIME_SCALE},
+        "logging": {"level": "WARNING"},
+        "triggers": [{"platform": "mdb", "name": "pi", "port": controller.port,
+                      "flow": "authorize_capture"}],
+    }
+    text = yaml.safe_dump(document, sort_keys=False)
+    for env in (API_KEY_ENV, SECRET_ENV):  # tags, not strings
+        text = text.replace(f"'!env_var {env}'", f"!env_var {env}")
+    path = scratch / "pi.yaml"
+    path.write_text(text)
+    return path
+
+
+@contextlib.contextmanager
+def _notify_socket(scratch: Path) -> Iterator[socket.socket]:
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    listener.bind(str(scratch / "notify.sock"))
+    listener.setblocking(False)
+    try:
+        yield listener
+    finally:
+        listener.close()
+
+
+def _status_kb(pid: int, key: str) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith(f"{key}:"):
+            return int(line.split()[1])
+    return 0
+
+
+async def run(args: argparse.Namespace, budget: Budget) -> dict[str, Any]:
+    with tempfile.TemporaryDirectory(prefix="bench-pi-") as scratch_dir:
+        scratch = Path(scratch_dir)
+        sim = SimServer(SimOptions(port=0, time_scale=TIME_SCALE, rate_limit="100000/1"))
+        await sim.start()
+        controller = VirtualController(ControllerOptions(products=PRODUCTS, dispense_time=0.0))
+        await controller.start()
+        try:
+            with _notify_socket(scratch) as listener:
+                return await _measure(args, budget, sim, controller, scratch, listener)
+        finally:
+            await controller.stop()
+            await sim.stop()
+
+
+async def _measure(
+    args: argparse.Namespace, budget: Budget, sim: SimServer, controller: VirtualController,
+    scratch: Path, listener: socket.socket,
+) -> dict[str, Any]:
+    info = sim.ready_info()
+    env = {**os.environ, "NOTIFY_SOCKET": str(scratch / "notify.sock"),
+           API_KEY_ENV: info["api_key"], SECRET_ENV: info["client_secret"]}
+    config = _config(sim, controller, scratch)
+    loop = asyncio.get_running_loop()
+    spawned = time.perf_counter()
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "kiosk_agent", "run", "--config", str(config),
+        env=env, stdout=asyncio.subprocess.DEVNULL, preexec_fn=budget.enter,
+    )
+    try:
+        while not (await asyncio.wait_for(loop.sock_recv(listener, 1024), 60)).startswith(
+            b"READY=1"
+        ):
+            pass
+        ready_s = time.perf_counter() - spawned
+        await asyncio.wait_for(controller.wait_enabled(), 30)
+        await asyncio.sleep(2.0)  # start-up work settles (first pings, recovery)
+        cpu_before, wall_before = _cpu_seconds(proc.pid), time.perf_counter()
+        await asyncio.sleep(args.idle_seconds)
+        idle = (_cpu_seconds(proc.pid) - cpu_before) / (time.perf_counter() - wall_before)
+
+        rng = random.Random(1)
+        throttled_before = budget.throttled()
+        cpu_before, started = _cpu_seconds(proc.pid), time.perf_counter()
+        for _ in range(args.sales):
+            await asyncio.wait_for(controller.customer(rng.choice(sorted(PRODUCTS))), 30)
+        elapsed = time.perf_counter() - started
+        sale_cpu = (_cpu_seconds(proc.pid) - cpu_before) / args.sales
+        throttled = budget.throttled() - throttled_before
+        peak_mb = _status_kb(proc.pid, "VmHWM") / 1024
+    finally:
+        proc.terminate()
+        await proc.wait()
+    card_s = CARD_DELAY_SIM_S / TIME_SCALE
+    answered = [v for v in controller.visits
+                if v.outcome is VisitOutcome.VENDED and v.answered_at and v.requested_at]
+    latencies = [((v.answered_at or 0) - (v.requested_at or 0) - card_s) * 1000 for v in answered]
+    if not latencies:
+        raise RuntimeError("no vend was approved: is the agent running? (see its log above)")
+    return {
+        "cgroup_version": budget.version,
+        "cpu_limit_percent": round(budget.quota_us / budget.period_us * 100, 1),
+        "cpu_period_ms": budget.period_us / 1000,
+        "memory_limit_mb": budget.memory_bytes // (1024 * 1024),
+        "start_to_ready_s": round(ready_s, 3),
+        "vend_answer_p50_ms": round(percentile(latencies, 0.5), 1),
+        "vend_answer_p99_ms": round(percentile(latencies, 0.99), 1),
+        "sales_vended": len(latencies),
+        "sales_per_minute_one_terminal": round(args.sales / elapsed * 60, 1),
+        "agent_cpu_ms_per_sale": round(sale_cpu * 1000, 1),
+        "idle_cpu_percent": round(idle * 100, 3),
+        "peak_rss_mb": round(peak_mb, 1),
+        "periods_throttled_during_sales": throttled,
+    }
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--cpu-percent", type=float, default=10.0)
+    parser.add_argument("--period-ms", type=float, default=10.0)
+    parser.add_argument("--memory-mb", type=int, default=128)
+    parser.add_argument("--sales", type=int, default=60)
+    parser.add_argument("--idle-seconds", type=float, default=20.0)
+    args = parser.parse_args()
+    budget = Budget(args.cpu_percent, args.period_ms, args.memory_mb)
+    try:
+        budget.create()
+    except CgroupUnavailable as err:
+        print(f"bench/pi.py: {err}", file=sys.stderr)
+        print(json.dumps({"error": str(err)}))
+        return 2
+    try:
+        figures = asyncio.run(run(args, budget))
+    finally:
+        budget.remove()
+    targets = {"start_to_ready_s": 6, "vend_answer_p99_ms": 100, "idle_cpu_percent": 0.1}
+    print(f"kiosk-agent run in a cgroup v{budget.version}: {figures['cpu_limit_percent']} % of "
+          f"one core per {figures['cpu_period_ms']:g} ms, {figures['memory_limit_mb']} MB")
+    for name, value in figures.items():
+        limit = targets.get(name)
+        verdict = f"   (target < {limit}: {'ok' if value < limit else 'MISSED'})" if limit else ""
+        print(f"  {name:34} {value}{verdict}")
+    print(json.dumps(figures))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

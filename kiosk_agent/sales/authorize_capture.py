@@ -1,0 +1,93 @@
+"""authorize_capture (vending): read the card, hold the price, vend, capture what was vended.
+
+READING_CARD -> AUTHORIZING -> DISPENSING -> CAPTURING -> COMPLETED; a vend that failed, was
+cancelled or timed out: REVERSING -> REVERSED (the hold is voided).
+"""
+
+from __future__ import annotations
+
+import logging
+
+from kiosk_agent.money import format_cents
+from kiosk_agent.sales.live import SaleFlow, declined, outcome_detail
+from kiosk_agent.sales.model import SaleEvent
+from kiosk_agent.sales.states import AUTHORIZE_REPORTING, SaleState, Step
+from kiosk_agent.service.errors import ServerError, ServiceError, ServiceUnreachableError
+from kiosk_agent.service.models import ChargeRequest, ChargeResult, ChargeResultCode
+
+_LOGGER = logging.getLogger(__name__)
+
+
+class AuthorizeCaptureFlow(SaleFlow):
+    """Hold the most the machine may vend, then capture only what it confirms."""
+
+    reporting = AUTHORIZE_REPORTING
+
+    async def sell(self) -> SaleEvent:
+        card, ended = await self.read_card()
+        if ended is not None:
+            return ended
+        amount = self.record.amount_cents
+        result: ChargeResult | None = None
+        for attempt in range(1, self.settings.retries + 2):
+            if attempt > 1:
+                self.step(Step.AUTHORIZE_RETRY, attempt=attempt)
+            order_id = self.record.attempt_order_id()
+            self.step(
+                Step.AUTHORIZE_REQUEST,
+                SaleState.AUTHORIZING,
+                f"authorizing {format_cents(amount)}",
+                detail={"order_id": order_id, "amount_cents": amount},
+                **self.sending(),
+            )
+            request = ChargeRequest(
+                mid=self.settings.mid,
+                amount=amount,
+                account_token=card.token,
+                expiration=card.expiration,
+                currency=self.settings.currency,
+                capture=False,
+                order_id=order_id,
+                terminal_id=self.device,
+            )
+            try:
+                result = await self.money_call(self.service.payments.charge(request))
+            except (ServerError, ServiceUnreachableError) as err:
+                return await self._answer_lost(f"the authorization's answer was lost ({err})")
+            except ServiceError as err:
+                return await self._fail(SaleState.FAILED, Step.AUTHORIZE_REFUSED, f"refused: {err}")
+            if result.result != ChargeResultCode.RETRY:
+                break
+            self.step(Step.AUTHORIZE_ANSWER, detail={"result": "B"})
+        assert result is not None
+        if result.result == ChargeResultCode.RETRY:
+            return await self._fail(
+                SaleState.DECLINED, Step.AUTHORIZE_RETRIES, "retry limit reached"
+            )
+        if not result.approved:
+            return await self._fail(SaleState.DECLINED, Step.AUTHORIZE_DECLINED, declined(result))
+        cents = self.charge_found(
+            Step.AUTHORIZE_APPROVED, result.trans_id, result.amount, {"trans_id": result.trans_id}
+        )
+        return await self._vend_authorized(cents)
+
+    async def _vend_authorized(self, authorized: int) -> SaleEvent:
+        if self.cancelled.is_set():
+            await self._deny("cancelled")
+            return await self.reverse("cancelled by the customer")
+        self.step(
+            Step.DISPENSE_REQUEST, SaleState.DISPENSING, f"vend up to {format_cents(authorized)}"
+        )
+        outcome = await self._dispense(authorized)
+        if not outcome.dispensed:
+            self.step(Step.DISPENSE_RESULT, detail=outcome_detail(outcome))
+            return await self.reverse(f"dispense {outcome.status.value} {outcome.detail}".strip())
+        vended = outcome.vended_cents or authorized
+        if vended > authorized:
+            # never capture more than authorized: capture what we may and say so
+            _LOGGER.warning(
+                "sale %s: vended %d above authorized %d", self.record.sale_id, vended, authorized
+            )
+            vended = authorized
+        # capture() journals the confirmed vend (CAPTURING) before it calls the service
+        return await self.capture(vended, outcome_detail(outcome))

@@ -1,0 +1,130 @@
+"""charge_card: one terminal call reads the card and charges it; the machine then vends.
+
+CHARGING -> (A) DISPENSING -> COMPLETED, or REVERSING -> REVERSED when the vend is not
+confirmed; a B answer asks again up to ``retries`` times; C: DECLINED; fault or expiry: FAILED;
+a lost answer: reporting decides (UNRESOLVED until the charge's deadline).
+"""
+
+from __future__ import annotations
+
+from kiosk_agent.money import format_cents
+from kiosk_agent.sales.live import SaleFlow, declined, outcome_detail
+from kiosk_agent.sales.model import SaleEvent
+from kiosk_agent.sales.states import CHARGE_CARD_REPORTING, SaleState, Step
+from kiosk_agent.service.errors import (
+    ConflictError,
+    ServerError,
+    ServiceError,
+    ServiceUnreachableError,
+)
+from kiosk_agent.service.models import (
+    ChargeResult,
+    ChargeResultCode,
+    Interaction,
+    InteractionKind,
+    InteractionStatus,
+)
+
+
+class ChargeCardFlow(SaleFlow):
+    """Charge first (captured at once), then dispense; money back if the vend fails."""
+
+    reporting = CHARGE_CARD_REPORTING
+
+    async def sell(self) -> SaleEvent:
+        amount = self.record.amount_cents
+        for attempt in range(1, self.settings.retries + 2):
+            if attempt > 1:
+                self.step(Step.CHARGE_CARD_RETRY, attempt=attempt, interaction_id=None)
+            order_id = self.record.attempt_order_id()
+            self.step(
+                Step.CHARGE_CARD_REQUEST,
+                SaleState.CHARGING,
+                f"asking for {format_cents(amount)} on {self.device}",
+                detail={"order_id": order_id, "amount_cents": amount},
+                **self.sending(),
+            )
+            try:
+                handle = await self.money_call(
+                    self.service.terminal.charge_card(self.device, amount, order_id=order_id)
+                )
+            except ConflictError as err:
+                return await self._fail(
+                    SaleState.FAILED, Step.CHARGE_CARD_BUSY, f"terminal busy: {err}"
+                )
+            except (ServerError, ServiceUnreachableError) as err:
+                return await self._answer_lost(f"the charge's answer was lost ({err})")
+            except ServiceError as err:
+                return await self._fail(
+                    SaleState.FAILED, Step.CHARGE_CARD_REFUSED, f"refused: {err}"
+                )
+            self.step(
+                Step.CHARGE_CARD_ACCEPTED,
+                interaction_id=handle.interaction_id,
+                interaction_kind=InteractionKind.CHARGE_CARD.value,
+            )
+            interaction = await self.wait_interaction(handle, InteractionKind.CHARGE_CARD)
+            if interaction is None or not interaction.finished:
+                # the terminal went quiet: reporting by order_id says whether it charged
+                return await self._answer_lost("the terminal never said how the charge ended")
+            ended = await self._charge_ended(interaction)
+            if ended is not None:
+                return ended
+        return await self._fail(
+            SaleState.DECLINED,
+            Step.CHARGE_CARD_RETRIES,
+            f"the card asked to retry {self.settings.retries + 1} times; giving up",
+        )
+
+    async def _charge_ended(self, interaction: Interaction) -> SaleEvent | None:
+        """The end of one charge-card attempt; None means ask again (a B answer)."""
+        status = interaction.status
+        if status == InteractionStatus.SUCCEEDED:
+            result = interaction.charge_result
+            if result is None:
+                return self.finish(
+                    SaleState.ATTENTION, Step.CHARGE_CARD_UNKNOWN, "no charge result"
+                )
+            return await self._charged(result)
+        if status == InteractionStatus.EXPIRED:
+            return await self._fail(
+                SaleState.FAILED, Step.CHARGE_CARD_EXPIRED, "no card was presented"
+            )
+        if status == InteractionStatus.CANCELLED:
+            return await self._fail(SaleState.CANCELLED, Step.CHARGE_CARD_CANCELLED, "cancelled")
+        return await self._fail(SaleState.FAILED, Step.CHARGE_CARD_FAULT, interaction.fault)
+
+    async def _charged(self, result: ChargeResult) -> SaleEvent | None:
+        if result.result == ChargeResultCode.RETRY:
+            self.step(Step.CHARGE_CARD_ANSWER, detail={"result": "B"})
+            return None
+        if result.result != ChargeResultCode.APPROVED:
+            return await self._fail(
+                SaleState.DECLINED, Step.CHARGE_CARD_DECLINED, declined(result)
+            )
+        cents = self.charge_found(
+            Step.CHARGE_CARD_APPROVED, result.trans_id, result.amount, {"trans_id": result.trans_id}
+        )
+        return await self._dispense_paid(cents)
+
+    async def _dispense_paid(self, cents: int) -> SaleEvent:
+        """Money is taken (charge_card): the dispense is confirmed or the money goes back."""
+        if self.cancelled.is_set():
+            await self._deny("cancelled")
+            return await self.reverse("cancelled by the customer after paying")
+        self.step(
+            Step.DISPENSE_REQUEST, SaleState.DISPENSING, f"vending up to {format_cents(cents)}"
+        )
+        outcome = await self._dispense(cents)
+        if outcome.dispensed:
+            # the confirmation and the end are one write: no window where the journal knows the
+            # goods came out but still looks like an unconfirmed dispense
+            return self.finish(
+                SaleState.COMPLETED,
+                Step.COMPLETED,
+                f"paid {format_cents(cents)} and dispensed",
+                vended_cents=outcome.vended_cents or cents,
+                detail=outcome_detail(outcome),
+            )
+        self.step(Step.DISPENSE_RESULT, detail=outcome_detail(outcome))
+        return await self.reverse(f"dispense {outcome.status.value} {outcome.detail}".strip())

@@ -1,0 +1,329 @@
+"""The one clock the sale code reads: wall time for records, monotonic time for every wait.
+
+A Raspberry Pi has no real-time clock: its wall clock starts from a saved file and NTP then steps
+it, by hours or days, either way. So inside a run every wait, deadline, lifetime, back-off and
+sweep is measured on the monotonic clock, and the wall clock only dates records for people.
+
+Across a restart a deadline is re-anchored from what the journal kept when it was set: the wall
+time, the monotonic time and the boot id (:class:`Anchor`). On the same boot the monotonic
+difference is the exact elapsed time. On another boot (or an unknown one) it cannot be known, so
+:func:`remaining` waits what the wall clock says is left, never less than the time this boot
+cannot account for, and at most one full window.
+
+:class:`SystemClock` is the real one; :class:`FakeClock` is moved by tests (``advance`` fires due
+sleeps in order; ``step_wall`` steps the wall clock alone, as NTP does).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import heapq
+import itertools
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Protocol, TypeVar
+
+T = TypeVar("T")
+
+BOOT_ID_PATH = Path("/proc/sys/kernel/random/boot_id")
+
+
+class Clock(Protocol):
+    """What the sale code asks of time; one object per agent, injected."""
+
+    def time(self) -> float:
+        """Wall time (Unix seconds): for records and display only, never for a duration."""
+        ...
+
+    def monotonic(self) -> float:
+        """Seconds on a clock that never steps: every wait and deadline inside a run."""
+        ...
+
+    def since_boot(self) -> float | None:
+        """Real seconds since this boot began, at least (None: unknown)."""
+        ...
+
+    def boot_id(self) -> str | None:
+        """This boot's id (None: unknown): monotonic times compare only within one boot."""
+        ...
+
+    async def sleep(self, seconds: float) -> None: ...
+
+    async def wait_for(self, awaitable: Awaitable[T], seconds: float) -> T:
+        """``awaitable``'s result, or TimeoutError (and it is cancelled) after ``seconds``."""
+        ...
+
+
+class SystemClock:
+    """The machine's clocks."""
+
+    def __init__(self, boot_id_path: Path = BOOT_ID_PATH) -> None:
+        self._boot_id = _read_boot_id(boot_id_path)
+
+    def time(self) -> float:
+        return time.time()
+
+    def monotonic(self) -> float:
+        return time.monotonic()
+
+    def since_boot(self) -> float | None:
+        boottime = getattr(time, "CLOCK_BOOTTIME", None)
+        if boottime is None or self._boot_id is None:
+            return None
+        return time.clock_gettime(boottime)
+
+    def boot_id(self) -> str | None:
+        return self._boot_id
+
+    async def sleep(self, seconds: float) -> None:
+        await asyncio.sleep(seconds)
+
+    async def wait_for(self, awaitable: Awaitable[T], seconds: float) -> T:
+        return await asyncio.wait_for(awaitable, seconds)
+
+
+def _read_boot_id(path: Path) -> str | None:
+    try:
+        text = path.read_text(encoding="ascii").strip()
+    except (OSError, UnicodeDecodeError):
+        return None
+    return text or None
+
+
+SYSTEM_CLOCK = SystemClock()
+
+
+@dataclass(frozen=True, slots=True)
+class Anchor:
+    """One moment as the journal keeps it, to measure from after a restart."""
+
+    wall: float
+    mono: float | None = None
+    boot: str | None = None
+
+    @classmethod
+    def now(cls, clock: Clock) -> Anchor:
+        return cls(clock.time(), clock.monotonic(), clock.boot_id())
+
+    def same_boot(self, clock: Clock) -> bool:
+        return self.mono is not None and self.boot is not None and self.boot == clock.boot_id()
+
+
+def elapsed_at_least(clock: Clock, anchor: Anchor) -> float:
+    """Real seconds since ``anchor``, or a lower bound of them when they cannot be known.
+
+    Same boot: exact (monotonic). Another boot: at least as long as this boot has run. Wall time
+    is never trusted for it: a step of any size either way would count.
+    """
+    if anchor.same_boot(clock):
+        assert anchor.mono is not None
+        return max(0.0, clock.monotonic() - anchor.mono)
+    return clock.since_boot() or 0.0
+
+
+def remaining(clock: Clock, anchor: Anchor, window: float) -> float:
+    """Seconds still to wait of a ``window`` that began at ``anchor``.
+
+    Same boot: exact. Otherwise what the wall clock says is left, but never less than the part of
+    the window this boot cannot account for (so a forward step cannot shorten it), and at most one
+    full window (so a backward step cannot stretch it).
+    """
+    if anchor.same_boot(clock):
+        return max(0.0, window - elapsed_at_least(clock, anchor))
+    by_wall = anchor.wall + window - clock.time()
+    floor = window - elapsed_at_least(clock, anchor)
+    return min(window, max(by_wall, floor, 0.0))
+
+
+@dataclass(order=True)
+class _Sleeper:
+    due: float
+    seq: int
+    future: asyncio.Future[None] = field(compare=False)
+    bounds_work: bool = field(compare=False, default=False)  # a wait_for's timeout, not a pause
+
+
+class FakeClock:
+    """A clock tests move: nothing waits in real time.
+
+    ``advance(s)`` moves both clocks forward and wakes every sleep due on the way, in order, giving
+    each woken task a chance to run before the next. ``step_wall(s)`` moves only the wall clock
+    (NTP stepping it). A ``wait_for`` timeout is due like a sleep but is not a pause:
+    :meth:`run` jumps to pauses by itself, timeouts only when a test advances to them.
+    """
+
+    def __init__(
+        self,
+        wall: float = 1_800_000_000.0,
+        monotonic: float = 1_000.0,
+        boot_id: str | None = "fake-boot-1",
+        booted_at: float = 0.0,
+    ) -> None:
+        self._wall = wall
+        self._mono = monotonic
+        self._boot = boot_id
+        self._booted_at = booted_at  # the monotonic reading at boot
+        self._sleepers: list[_Sleeper] = []
+        self._seq = itertools.count()
+        self._changed = asyncio.Event()
+        self.sleeps: list[float] = []  # every pause asked for, in seconds (tests read it)
+
+    # -- reading ---------------------------------------------------------------------------------
+
+    def time(self) -> float:
+        return self._wall
+
+    def monotonic(self) -> float:
+        return self._mono
+
+    def since_boot(self) -> float | None:
+        return None if self._boot is None else self._mono - self._booted_at
+
+    def boot_id(self) -> str | None:
+        return self._boot
+
+    def reboot(
+        self, boot_id: str | None, *, wall: float | None = None, uptime: float = 20.0
+    ) -> None:
+        """A new boot (a new process reads the journal): monotonic restarts, the id changes."""
+        self._boot = boot_id
+        self._booted_at = 0.0
+        self._mono = uptime
+        if wall is not None:
+            self._wall = wall
+
+    # -- waiting ---------------------------------------------------------------------------------
+
+    async def sleep(self, seconds: float) -> None:
+        self.sleeps.append(seconds)
+        await self._wait_until(self._mono + max(0.0, seconds), False)
+
+    async def wait_for(self, awaitable: Awaitable[T], seconds: float) -> T:
+        task = asyncio.ensure_future(awaitable)
+        timer = asyncio.ensure_future(self._wait_until(self._mono + max(0.0, seconds), True))
+        timed_out = False
+        try:
+            await asyncio.wait({task, timer}, return_when=asyncio.FIRST_COMPLETED)
+            timed_out = not task.done()
+        finally:
+            timer.cancel()
+            if not task.done():
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+        if timed_out:
+            raise TimeoutError(f"no result within {seconds:g} s (fake clock)")
+        return task.result()
+
+    async def _wait_until(self, due: float, bounds_work: bool) -> None:
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        sleeper = _Sleeper(due, next(self._seq), future, bounds_work)
+        heapq.heappush(self._sleepers, sleeper)
+        self._changed.set()
+        try:
+            await future
+        finally:
+            if not future.done():
+                future.cancel()
+
+    # -- moving time (tests) ---------------------------------------------------------------------
+
+    def step_wall(self, seconds: float) -> None:
+        """The wall clock steps by ``seconds`` (either sign); monotonic time does not move."""
+        self._wall += seconds
+
+    def pending(self, *, pauses_only: bool = False) -> list[float]:
+        """When the live waits are due (monotonic), soonest first."""
+        self._drop_cancelled()
+        return sorted(
+            s.due for s in self._sleepers if not (pauses_only and s.bounds_work)
+        )
+
+    async def advance(self, seconds: float) -> None:
+        """Let ``seconds`` pass: every wait due meanwhile wakes, in order."""
+        await self.advance_to(self._mono + max(0.0, seconds))
+
+    async def advance_to(self, target: float) -> None:
+        while True:
+            self._drop_cancelled()
+            if not self._sleepers or self._sleepers[0].due > target:
+                break
+            sleeper = heapq.heappop(self._sleepers)
+            self._move(max(self._mono, sleeper.due))
+            sleeper.future.set_result(None)
+            await _let_run()
+        self._move(max(self._mono, target))
+        await _let_run()
+
+    async def next_due(
+        self, *, pauses_only: bool = True, horizon: float = 60.0, real_timeout: float = 10.0
+    ) -> float:
+        """Wait (in real time, bounded) until some task waits on this clock for at most
+        ``horizon`` seconds (a pause, or any wait); when it is due."""
+        async with asyncio.timeout(real_timeout):
+            while True:
+                due = [
+                    d for d in self.pending(pauses_only=pauses_only) if d <= self._mono + horizon
+                ]
+                if due:
+                    return due[0]
+                self._changed.clear()
+                await self._changed.wait()
+
+    async def run(
+        self,
+        awaitable: Awaitable[T],
+        *,
+        horizon: float = 60.0,
+        on_pause: Callable[[int], None] | None = None,
+        real_timeout: float = 20.0,
+    ) -> T:
+        """Await ``awaitable`` while jumping time to each pause due within ``horizon``.
+
+        Only pauses are jumped to: a ``wait_for`` that bounds real work (an HTTP call) fires only
+        when time reaches it on the way to a pause, or when a test advances to it. A background
+        pause further off than ``horizon`` (the attention sweep, every few minutes) is left
+        alone: a sale's own pauses are seconds.
+        ``on_pause(n)`` runs before the n-th jump (a test steps the wall clock there).
+        """
+        task = asyncio.ensure_future(awaitable)
+        jumps = 0
+        async with asyncio.timeout(real_timeout):
+            while not task.done():
+                changed = asyncio.ensure_future(self._pause_within(horizon))
+                await asyncio.wait({task, changed}, return_when=asyncio.FIRST_COMPLETED)
+                changed.cancel()
+                pauses = self._pauses_within(horizon)
+                if pauses and not task.done():
+                    if on_pause is not None:
+                        on_pause(jumps)
+                    jumps += 1
+                    await self.advance_to(pauses[0])
+        return task.result()
+
+    def _pauses_within(self, horizon: float) -> list[float]:
+        return [due for due in self.pending(pauses_only=True) if due <= self._mono + horizon]
+
+    async def _pause_within(self, horizon: float) -> None:
+        while not self._pauses_within(horizon):
+            self._changed.clear()
+            await self._changed.wait()
+
+    def _move(self, mono: float) -> None:
+        self._wall += mono - self._mono
+        self._mono = mono
+
+    def _drop_cancelled(self) -> None:
+        live = [s for s in self._sleepers if not s.future.done()]
+        if len(live) != len(self._sleepers):
+            self._sleepers = live
+            heapq.heapify(self._sleepers)
+
+
+async def _let_run(rounds: int = 5) -> None:
+    """A few turns of the event loop, so that woken tasks run up to their next wait."""
+    for _ in range(rounds):
+        await asyncio.sleep(0)

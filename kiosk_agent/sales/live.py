@@ -1,0 +1,183 @@
+"""A live sale: the customer at the machine, the platform's dispenser, the card, the receipt.
+
+Every flow follows one rule: write the step to the journal, *then* make the call the step
+announces. So after any crash the journal says what might have happened, and recovery (or the
+flow itself, after a lost answer) finds out what did by ``order_id`` before anything is sent
+again. Money only stays taken when the dispenser confirmed the goods came out; anything else
+ends with a void or a refund, and the sale says so. One module per flow:
+
+``charge_card``        CHARGING -> (A) DISPENSING -> COMPLETED | REVERSING -> REVERSED
+                       (B: ask again up to ``retries``; C: DECLINED; fault/expiry: FAILED)
+``authorize_capture``  READING_CARD -> AUTHORIZING -> DISPENSING -> CAPTURING -> COMPLETED
+                       (vend failed, cancelled or timed out: REVERSING -> REVERSED)
+``enroll``             READING_CARD -> ENROLLING -> COMPLETED
+
+(every move allowed is in ``states.TRANSITIONS``; the journal refuses any other).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+from typing import Any, ClassVar
+
+from kiosk_agent.sales.journal import SaleRecord
+from kiosk_agent.sales.model import (
+    DispenseOutcome,
+    Dispenser,
+    DispenseStatus,
+    SaleEvent,
+    SaleRequest,
+)
+from kiosk_agent.sales.receipts import send_receipts
+from kiosk_agent.sales.states import ReportingSteps, SaleState, Step
+from kiosk_agent.sales.steps import SaleContext, SaleSteps, event_of
+from kiosk_agent.service.errors import ConflictError, ServiceError
+from kiosk_agent.service.models import ChargeResult, InteractionKind, InteractionStatus
+
+_LOGGER = logging.getLogger(__name__)
+
+
+class SaleFlow(SaleSteps):
+    """A live sale: the request, the platform's dispenser, and the customer's cancel button.
+
+    Each flow is a subclass that says how it sells (:meth:`sell`)."""
+
+    # the reporting steps of the flow's money call, when its answer is lost
+    reporting: ClassVar[ReportingSteps | None] = None
+    # whether a completed sale gets receipts (a payment does; saving a card does not)
+    receipts: ClassVar[bool] = True
+
+    def __init__(
+        self, record: SaleRecord, request: SaleRequest, dispenser: Dispenser, context: SaleContext
+    ) -> None:
+        super().__init__(record, context)
+        self.request = request
+        self.dispenser = dispenser
+        self.cancelled = asyncio.Event()
+        self._denied = False
+
+    async def sell(self) -> SaleEvent:
+        """The flow itself, from STARTED to its end; the sale's final event."""
+        raise NotImplementedError
+
+    async def run(self) -> SaleEvent:
+        try:
+            event = await self.sell()
+        except asyncio.CancelledError:
+            # The agent is stopping: the sale is parked where the journal says; recovery on the
+            # next start finishes it. (A sale that had just ended needs no note.)
+            if not self.record.state.final:
+                self.journal.record(self.record, Step.PARKED, detail={"reason": "agent stopping"})
+            raise
+        if event.state is SaleState.COMPLETED and self.receipts:
+            try:
+                await self._receipts()
+            except Exception:  # a receipt never fails a paid sale
+                _LOGGER.exception("sale %s: receipt error", self.record.sale_id)
+        return event
+
+    async def _deny(self, reason: str) -> None:
+        if self._denied:
+            return  # the machine heard it once (a lost answer denies before reporting decides)
+        self._denied = True
+        try:
+            await self.dispenser.deny(reason)
+        except Exception:  # the contract says deny never raises; a broken platform must not
+            _LOGGER.exception("sale %s: the dispenser failed to deny", self.record.sale_id)
+
+    async def _dispense(self, authorized_cents: int) -> DispenseOutcome:
+        """Let the machine vend; an exception or no answer within the vend timeout is TIMEOUT."""
+        try:
+            return await self.clock.wait_for(
+                self.dispenser.dispense(authorized_cents), self.settings.vend_timeout
+            )
+        except TimeoutError:
+            return DispenseOutcome(DispenseStatus.TIMEOUT, detail="no vend result in time")
+        except Exception as err:
+            _LOGGER.exception("sale %s: the dispenser raised", self.record.sale_id)
+            return DispenseOutcome(DispenseStatus.TIMEOUT, detail=f"dispenser error: {err}")
+
+    async def _answer_lost(self, why: str) -> SaleEvent:
+        """How the charge or authorization ended is unknown: find out by order_id first."""
+        steps = self.reporting
+        assert steps is not None  # a flow without a money call never loses its answer
+        assert steps.lost is not None
+        self.step(steps.lost, detail={"why": why})
+        return await self.settle_by_reporting(why, steps)
+
+    async def read_card(self) -> tuple[Any, SaleEvent | None]:
+        """Read a card into a token (kept only in memory); or the sale's end."""
+        amount = self.record.amount_cents
+        self.step(
+            Step.READ_CARD_REQUEST, SaleState.READING_CARD, f"present a card on {self.device}"
+        )
+        try:
+            handle = await self.service.terminal.read_card(self.device, amount)
+        except ConflictError as err:
+            return None, await self._fail(
+                SaleState.FAILED, Step.READ_CARD_BUSY, f"terminal busy: {err}"
+            )
+        except ServiceError as err:
+            # a read-card moves no money: a lost answer needs no reconciliation
+            return None, await self._fail(
+                SaleState.FAILED, Step.READ_CARD_ERROR, f"card read: {err}"
+            )
+        self.step(
+            Step.READ_CARD_ACCEPTED,
+            interaction_id=handle.interaction_id,
+            interaction_kind=InteractionKind.READ_CARD.value,
+        )
+        interaction = await self.wait_interaction(handle, InteractionKind.READ_CARD, self.cancelled)
+        if interaction is None or interaction.status == InteractionStatus.PENDING:
+            return None, await self._fail(
+                SaleState.FAILED, Step.READ_CARD_TIMEOUT, "no card in time"
+            )
+        if interaction.status == InteractionStatus.CANCELLED or self.cancelled.is_set():
+            return None, await self._fail(
+                SaleState.CANCELLED, Step.READ_CARD_CANCELLED, "cancelled"
+            )
+        if interaction.status == InteractionStatus.EXPIRED:
+            return None, await self._fail(
+                SaleState.FAILED, Step.READ_CARD_EXPIRED, "no card was presented"
+            )
+        card = interaction.read_card_result
+        if card is None:
+            return None, await self._fail(SaleState.FAILED, Step.READ_CARD_FAULT, interaction.fault)
+        self.step(
+            Step.READ_CARD_DONE,
+            card_brand=None if card.card_brand_id is None else str(card.card_brand_id),
+            last_four=card.last_four,
+        )
+        return card, None
+
+    async def _receipts(self) -> None:
+        trans_id = self.record.trans_id
+        if trans_id is None:
+            return
+        notes = await send_receipts(
+            self.service,
+            self.device,
+            trans_id,
+            self.request.email,
+            self.settings.receipts,
+            self.context.capabilities,
+        )
+        for note in notes:
+            # journaled, then published as a note on the completed sale (the demo shows it)
+            noted = self.journal.record(self.record, Step.RECEIPT, detail={"note": note})
+            self.events.publish(dataclasses.replace(event_of(noted, Step.RECEIPT), message=note))
+
+
+def declined(result: ChargeResult) -> str:
+    return f"declined ({result.resp_text or 'C'})"
+
+
+def outcome_detail(outcome: DispenseOutcome) -> dict[str, Any]:
+    return {
+        "status": outcome.status.value,
+        "vended_cents": outcome.vended_cents,
+        "product": outcome.product,
+        "detail": outcome.detail,
+    }

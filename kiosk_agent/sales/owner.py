@@ -1,0 +1,190 @@
+"""One agent per journal: an OS lock beside it that dies with its holder.
+
+An agent that runs sales claims ``journal.db.lock`` (beside the journal) with ``flock`` before it
+reads, recovers or writes anything, and writes who it is into the file. The kernel lets the lock
+go when the holder's last descriptor closes, however it ends (a SIGKILL, a power cut), so a
+dead agent never blocks its successor; the file's text only names a live holder to whoever is
+refused. Readers (``sales``, ``doctor``) and ``sales resolve``, whose one write is conditional
+in SQLite, never take it: they work beside a running agent.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import fcntl
+import json
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from kiosk_agent.sales.journal import JournalError
+
+LOCK_SUFFIX = ".lock"
+# A holder writes its name right after it takes the lock: a refused reader that finds the file
+# still empty waits this long (in small steps) for the name before saying it is unknown.
+_NAME_WAIT_S = 0.2
+
+
+def lock_path(journal: Path | str) -> Path:
+    """``journal.db.lock`` beside the journal's real file (symlinks resolved, so two
+    configurations that reach one journal by different paths meet on one lock)."""
+    real = Path(journal).resolve()
+    return real.with_name(real.name + LOCK_SUFFIX)
+
+
+@dataclass(frozen=True, slots=True)
+class Holder:
+    """The process that holds a journal, as it described itself in the lock file."""
+
+    pid: int | None
+    started_at: float | None = None  # Unix time, for display
+    command: str | None = None
+
+    def describe(self) -> str:
+        if self.pid is None:
+            return "another process (it has not written its name yet)"
+        parts = [f"pid {self.pid}"]
+        if self.started_at is not None:
+            when = dt.datetime.fromtimestamp(self.started_at, dt.UTC)
+            parts.append(f"started {when:%Y-%m-%d %H:%M:%SZ}")
+        if self.command:
+            parts.append(f"command: {self.command}")
+        return ", ".join(parts)
+
+    def text(self) -> str:
+        return json.dumps({"pid": self.pid, "started_at": self.started_at, "command": self.command})
+
+    @classmethod
+    def parse(cls, text: str) -> Holder | None:
+        """The holder a lock file names; None for an empty or unreadable file."""
+        try:
+            data = json.loads(text)
+            pid = data["pid"]
+            started = data.get("started_at")
+            command = data.get("command")
+        except (ValueError, TypeError, KeyError):
+            return None
+        if not isinstance(pid, int) or isinstance(pid, bool):
+            return None
+        return cls(
+            pid,
+            float(started) if isinstance(started, int | float) else None,
+            command[:300] if isinstance(command, str) else None,
+        )
+
+
+class JournalOwned(JournalError):
+    """Another live process owns the journal: this one must not touch it."""
+
+    def __init__(self, journal: Path, holder: Holder) -> None:
+        super().__init__(
+            f"the journal {journal} is owned by another agent ({holder.describe()}): only one "
+            "agent may run on a journal; stop that one first, or give this one its own "
+            "journal.path"
+        )
+        self.journal = journal
+        self.holder = holder
+
+
+class JournalLock:
+    """The claim of one agent on one journal. ``acquire`` refuses with :class:`JournalOwned`
+    while another process holds it; ``release`` (or the process's end) lets it go."""
+
+    def __init__(self, journal: Path | str) -> None:
+        self.journal = Path(journal)
+        self._fd: int | None = None
+
+    @property
+    def path(self) -> Path:
+        return lock_path(self.journal)
+
+    @property
+    def held(self) -> bool:
+        return self._fd is not None
+
+    def acquire(self) -> None:
+        """Take the journal, or raise :class:`JournalOwned` naming who has it (never waits).
+        Taking it again while held is a no-op."""
+        if self._fd is not None:
+            return
+        path = self.path
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            # O_CLOEXEC: a child process must not inherit (and so keep) the claim
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        except PermissionError as err:
+            _refuse_if_held(self.journal, path)  # another user's agent holds it: say so
+            raise JournalError(f"cannot claim the journal: {path}: {err.strerror}") from err
+        except OSError as err:
+            raise JournalError(f"cannot claim the journal: {path}: {err.strerror}") from err
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = _read_holder(fd)
+            os.close(fd)
+            raise JournalOwned(self.journal, holder) from None
+        except OSError as err:
+            os.close(fd)
+            raise JournalError(f"cannot claim the journal: {path}: {err.strerror}") from err
+        try:
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, _me().text().encode(), 0)
+        except OSError:
+            pass  # the claim holds without the name; a refused agent then says "another process"
+        self._fd = fd
+
+    def release(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+    def __enter__(self) -> JournalLock:
+        self.acquire()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+
+def _refuse_if_held(journal: Path, path: Path) -> None:
+    """A lock file this user may not write (another user's agent made it): raise
+    :class:`JournalOwned` if a live process holds it; the holder is named if it can be read."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        raise JournalOwned(journal, _read_holder(fd)) from None
+    except OSError:
+        return
+    finally:
+        os.close(fd)  # a probe that got the lock lets go at once
+
+
+def _read_holder(fd: int) -> Holder:
+    deadline = time.monotonic() + _NAME_WAIT_S
+    while True:
+        try:
+            holder = Holder.parse(os.pread(fd, 4096, 0).decode(errors="replace"))
+        except OSError:
+            holder = None
+        if holder is not None:
+            return holder
+        if time.monotonic() >= deadline:
+            return Holder(None)
+        time.sleep(0.01)
+
+
+def _me() -> Holder:
+    return Holder(os.getpid(), time.time(), _command_line(os.getpid()))
+
+
+def _command_line(pid: int) -> str | None:
+    try:
+        raw = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return None
+    return " ".join(part.decode(errors="replace") for part in raw.split(b"\0") if part) or None

@@ -1,0 +1,269 @@
+"""The sale runner: one sale at a time per terminal, each in the flow its trigger asked for.
+
+A platform hands it a :class:`~kiosk_agent.sales.model.SaleRequest` and a dispenser; the runner
+refuses at once what cannot start (a busy or unknown terminal, an amount that is no integer
+above zero, a price above the trigger's ``max_price``), journals the new sale, and runs it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import logging
+import uuid
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+from kiosk_agent.money import format_cents
+from kiosk_agent.sales.authorize_capture import AuthorizeCaptureFlow
+from kiosk_agent.sales.charge_card import ChargeCardFlow
+from kiosk_agent.sales.enroll import EnrollFlow
+from kiosk_agent.sales.journal import JournalError, SaleRecord
+from kiosk_agent.sales.live import SaleFlow
+from kiosk_agent.sales.model import Dispenser, Flow, PriceAboveMaximum, SaleEvent, SaleRequest
+from kiosk_agent.sales.states import SaleState, Step
+from kiosk_agent.sales.steps import SaleContext, SaleSteps, event_of
+
+_LOGGER = logging.getLogger(__name__)
+
+# each flow's live sale
+FLOWS: Mapping[Flow, type[SaleFlow]] = {
+    Flow.CHARGE_CARD: ChargeCardFlow,
+    Flow.AUTHORIZE_CAPTURE: AuthorizeCaptureFlow,
+    Flow.ENROLL: EnrollFlow,
+}
+
+
+class TerminalBusy(Exception):
+    """A trigger arrived for a terminal that is already taking a sale; refused at once."""
+
+    def __init__(self, terminal: str, reason: str) -> None:
+        self.terminal = terminal
+        self.reason = reason
+        super().__init__(f"terminal {terminal} is busy: {reason}")
+
+
+def new_ids() -> tuple[str, str]:
+    """A sale id and the order_id sent to the service, both made here, before any call."""
+    sale_id = uuid.uuid4().hex
+    return sale_id, f"KA{sale_id[:18].upper()}"
+
+
+@dataclass(slots=True)
+class Sale:
+    """A running sale, as returned to the platform that started it."""
+
+    sale_id: str
+    order_id: str
+    terminal: str
+    task: asyncio.Task[SaleEvent]
+
+    async def result(self) -> SaleEvent:
+        """The final event of the sale."""
+        return await asyncio.shield(self.task)
+
+
+class TriggerLimits:
+    """Each trigger's ``max_price`` from its configuration, found by the ``source`` its
+    requests carry (``platform:name``). A trigger configured without a name covers its
+    platform's sources that no named trigger has (the platform names it by its own default)."""
+
+    def __init__(self) -> None:
+        self._named: dict[str, int] = {}  # "platform:name" -> cents
+        self._unnamed: dict[str, int] = {}  # "platform" -> cents
+
+    def add(self, platform: str, name: str | None, max_cents: int) -> None:
+        if name:
+            self._named[f"{platform}:{name}"] = max_cents
+        else:
+            self._unnamed[platform] = max_cents
+
+    def of(self, source: str) -> int | None:
+        """The most a request from ``source`` may ask for; None: no trigger of that name."""
+        if source in self._named:
+            return self._named[source]
+        return self._unnamed.get(source.partition(":")[0])
+
+
+class SaleRunner:
+    """Starts sales, one at a time per terminal, and keeps track of them."""
+
+    def __init__(self, context: SaleContext) -> None:
+        self.context = context
+        self.journal = context.journal
+        self.settings = context.settings
+        self._running: dict[str, SaleFlow] = {}  # device_id -> the sale on it
+        self._tasks: dict[str, Sale] = {}  # sale_id -> sale
+        self._blocked: dict[str, str] = {}  # device_id -> why (recovery, stopping)
+        self._stopping = False
+        self.limits = TriggerLimits()
+
+    def limit_trigger(self, platform: str, name: str | None, max_cents: int) -> None:
+        """A trigger's ``max_price`` from its configuration: every request it sends is held to
+        it here, whatever its platform passes (or forgets to)."""
+        self.limits.add(platform, name, max_cents)
+
+    def busy_reason(self, device_id: str) -> str | None:
+        if self._stopping:
+            return "the agent is stopping"
+        if device_id in self._blocked:
+            return self._blocked[device_id]
+        flow = self._running.get(device_id)
+        if flow is not None:
+            return f"sale {flow.record.sale_id} is {flow.record.state.value}"
+        return None
+
+    def block(self, device_id: str, reason: str) -> None:
+        """Refuse new sales on a terminal (recovery is finishing an old sale on it)."""
+        self._blocked[device_id] = reason
+
+    def unblock(self, device_id: str) -> None:
+        self._blocked.pop(device_id, None)
+
+    async def start(self, request: SaleRequest, dispenser: Dispenser) -> Sale:
+        """Journal a new sale and start its flow; TerminalBusy at once if the terminal is taken."""
+        device = self.settings.resolve_terminal(request.terminal)
+        reason = self.busy_reason(device)
+        if reason is not None:
+            raise TerminalBusy(device, reason)
+        if isinstance(request.amount_cents, bool) or not isinstance(request.amount_cents, int):
+            raise TypeError(f"amount_cents must be integer cents, got {request.amount_cents!r}")
+        if request.amount_cents <= 0:
+            # enroll too: the terminal shows an amount while it reads the card
+            raise ValueError(f"a sale needs an amount above zero, got {request.amount_cents}")
+        self._check_max_price(request)
+        sale_id, order_id = new_ids()
+        record = SaleRecord(
+            sale_id=sale_id,
+            order_id=order_id,
+            source=request.source,
+            flow=request.flow.value,
+            terminal=device,
+            amount_cents=request.amount_cents,
+            state=SaleState.STARTED,
+            product=request.product,
+            currency=self.settings.currency,
+        )
+        record = self.journal.create(record, {"source": request.source, "product": request.product})
+        flow = FLOWS[request.flow](record, request, dispenser, self.context)
+        flow.publish(Step.CREATED)
+        self._running[device] = flow
+        task = asyncio.create_task(self._run(device, flow), name=f"sale-{sale_id}")
+        sale = Sale(sale_id, order_id, device, task)
+        self._tasks[sale_id] = sale
+        return sale
+
+    def _check_max_price(self, request: SaleRequest) -> None:
+        """The lower of the trigger's configured ``max_price`` and the request's own bound."""
+        bounds = [b for b in (self.limits.of(request.source), request.max_cents) if b is not None]
+        if bounds and request.amount_cents > min(bounds):
+            raise PriceAboveMaximum(
+                f"{format_cents(request.amount_cents)} is above this machine's max_price"
+                f" {format_cents(min(bounds))}"
+            )
+
+    async def _run(self, device: str, flow: SaleFlow) -> SaleEvent:
+        try:
+            return await flow.run()
+        except asyncio.CancelledError:
+            raise
+        except Exception as err:
+            keep = self.context.on_unwritten
+            if isinstance(err, JournalError) and flow.unwritten is not None and keep is not None:
+                return await _strand(flow, err, keep)
+            # A bug must not leave money taken: reverse what was charged, else attention.
+            _LOGGER.exception("sale %s: flow error", flow.record.sale_id)
+            try:
+                return await _rescue(flow, err)
+            except Exception:  # the journal itself fails: recovery finishes it on next start
+                _LOGGER.exception("sale %s: cannot end the sale", flow.record.sale_id)
+                ended = dataclasses.replace(
+                    flow.record, state=SaleState.ATTENTION, message=f"error: {err}"
+                )
+                event = event_of(ended, Step.ERROR)
+                flow.events.publish(event)
+                return event
+        finally:
+            if self._running.get(device) is flow:
+                del self._running[device]
+            self._tasks.pop(flow.record.sale_id, None)
+
+    async def cancel(self, sale_id: str) -> bool:
+        """Ask a running sale to stop: before payment it ends CANCELLED, after it is reversed."""
+        for flow in self._running.values():
+            if flow.record.sale_id == sale_id:
+                if flow.record.state.final:
+                    return False  # it has just ended (a receipt is being printed)
+                flow.cancelled.set()
+                flow.journal.record(flow.record, Step.CANCEL_REQUESTED)
+                return True
+        return False
+
+    @property
+    def running(self) -> list[SaleRecord]:
+        return [flow.record for flow in self._running.values()]
+
+    def close(self) -> None:
+        """Refuse every new sale from now on: the first thing a stop does."""
+        self._stopping = True
+
+    async def stop(self, grace: float | None = None) -> None:
+        """Refuse new sales, let running ones finish, then park the rest (journaled)."""
+        self.close()
+        tasks = [sale.task for sale in self._tasks.values()]
+        if not tasks:
+            return
+        wait = self.settings.stop_timeout if grace is None else grace
+        with contextlib.suppress(TimeoutError):
+            await self.context.clock.wait_for(asyncio.wait(tasks), wait)
+        pending = [task for task in tasks if not task.done()]
+        for task in pending:
+            task.cancel()
+        if pending:
+            await asyncio.gather(*pending, return_exceptions=True)
+
+
+async def _strand(
+    flow: SaleFlow, err: JournalError, keep: Callable[[SaleSteps], None]
+) -> SaleEvent:
+    """A step could not be written: no further call is made for this sale until the journal
+    holds it. The machine is told not to vend; the sale is handed to whoever keeps unwritten
+    sales (it writes the sale once it can, then finishes it like recovery would)."""
+    _LOGGER.error("sale %s: %s; kept in memory until the journal takes writes",
+                  flow.record.sale_id, err)
+    with contextlib.suppress(Exception):
+        await flow._deny("journal not writable")
+    assert flow.unwritten is not None
+    flow.record = dataclasses.replace(
+        flow.unwritten, message=f"not journaled yet ({err}); finished once the journal is back"
+    )
+    keep(flow)
+    # shown as attention (people and apps see it held) until the journal holds it and it ends
+    event = event_of(dataclasses.replace(flow.record, state=SaleState.ATTENTION),
+                     Step.JOURNAL_UNWRITTEN)
+    flow.events.publish(event)
+    return event
+
+
+async def _rescue(flow: SaleFlow, err: Exception) -> SaleEvent:
+    record = flow.record
+    if record.state.final:  # the sale had ended; what failed came after (and changes nothing)
+        return event_of(record)
+    with contextlib.suppress(Exception):
+        await flow._deny("internal error")
+    if record.trans_id is not None and record.state in (
+        SaleState.CHARGING,
+        SaleState.AUTHORIZING,
+        SaleState.DISPENSING,
+    ):
+        try:
+            return await flow.reverse(f"internal error: {err}")
+        except Exception:
+            _LOGGER.exception("sale %s: reversing after an error failed", record.sale_id)
+    state = (
+        SaleState.FAILED
+        if record.trans_id is None and record.state in (SaleState.STARTED, SaleState.READING_CARD)
+        else SaleState.ATTENTION
+    )
+    return flow.finish(state, Step.ERROR, f"internal error: {type(err).__name__}: {err}")

@@ -1,0 +1,84 @@
+"""How the sales behave: the settings of the flows, and the terminals a sale may name."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from kiosk_agent.sales.receipts import ReceiptSettings
+from kiosk_agent.sales.states import Flow
+from kiosk_agent.service.settings import DEFAULT_TIMEOUT
+
+# A read-card or charge-card interaction lives this long on the service (choices.md).
+INTERACTION_LIFETIME = 180.0
+
+
+class UnknownTerminal(ValueError):
+    """A sale named a terminal the configuration does not have."""
+
+
+@dataclass(frozen=True, slots=True)
+class SaleSettings:
+    """How the flows behave; from the ``sales``, ``receipts`` and ``terminals`` sections."""
+
+    mid: str
+    terminals: Mapping[str, str]  # device_id -> name
+    retries: int = 2
+    card_timeout: float = 200.0
+    vend_timeout: float = 60.0
+    currency: str = "USD"
+    # the service's clock: a simulator with a time scale shortens the interaction lifetime
+    interaction_lifetime: float = INTERACTION_LIFETIME
+    stop_timeout: float = 30.0
+    # one money call (a charge-card request, an authorization) is given up after this long
+    request_timeout: float = DEFAULT_TIMEOUT  # service.timeout
+    # how long the service may still commit a call after the agent gave up on it
+    answer_margin: float = 10.0
+    receipts: ReceiptSettings = field(default_factory=ReceiptSettings)
+
+    @property
+    def default_terminal(self) -> str:
+        return next(iter(self.terminals))
+
+    def resolve_terminal(self, wanted: str | None) -> str:
+        """A device_id from a device_id, a configured terminal name, or None (the default)."""
+        if wanted is None:
+            return self.default_terminal
+        if wanted in self.terminals:
+            return wanted
+        for device_id, name in self.terminals.items():
+            if name == wanted:
+                return device_id
+        known = ", ".join(f"{d} ({n})" if n else d for d, n in self.terminals.items())
+        raise UnknownTerminal(f"unknown terminal {wanted!r}; configured: {known}")
+
+    def answer_window(self, flow: str) -> float:
+        """Seconds from sending a money call until the service can no longer make it charge.
+
+        The agent gives up on the call after ``request_timeout``; the service may still finish
+        what it received for ``answer_margin`` more. A charge-card may also charge until its
+        interaction expires. Until this has passed, "no charge in reporting" proves nothing.
+        """
+        window = self.request_timeout + self.answer_margin
+        if flow == Flow.CHARGE_CARD:
+            window += self.interaction_lifetime * 1.1
+        return window
+
+    def silence_bound(self, flow: str) -> float:
+        """Seconds from sending a money call into a silent service until the sale has ended.
+
+        The call's answer window (:meth:`answer_window`), then one last reporting lookup, which
+        the service client gives up on after ``request_timeout`` (the service timeout T):
+        2T + M, plus 1.1 x the interaction lifetime for a charge-card. docs/architecture.md
+        has the table.
+        """
+        return self.answer_window(flow) + self.request_timeout
+
+    def lookup_pause(self, flow: str) -> float:
+        """How often to look again in reporting while a money call may still be answered."""
+        return min(5.0, max(0.2, self.answer_window(flow) / 20))
+
+    @property
+    def card_wait(self) -> float:
+        """How long to wait for a card: the interaction's own lifetime and a margin, at most."""
+        return min(self.card_timeout, self.interaction_lifetime * 1.1 + 5.0)

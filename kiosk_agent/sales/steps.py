@@ -1,0 +1,404 @@
+"""One sale's steps, shared by the live flows and by recovery: journal first, then act.
+
+Every step is written to the journal (and published) *before* the call it announces, so after
+any crash the journal says what might have happened; a lost answer is settled by asking
+reporting by ``order_id`` until the money call's deadline, never by sending again; money goes
+back (void or refund) whenever a dispense is not confirmed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import logging
+import time
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Literal, TypeVar
+
+from kiosk_agent.bus import EventBus
+from kiosk_agent.money import format_cents
+from kiosk_agent.sales.clock import SYSTEM_CLOCK, Clock
+from kiosk_agent.sales.deadlines import AnswerDeadlines
+from kiosk_agent.sales.journal import Journal, JournalError, SaleRecord
+from kiosk_agent.sales.model import Flow, SaleEvent
+from kiosk_agent.sales.reconcile import Reconciler
+from kiosk_agent.sales.settings import SaleSettings
+from kiosk_agent.sales.states import REQUEST_STEPS, ReportingSteps, SaleState, Step
+from kiosk_agent.service.errors import (
+    BadRequestError,
+    ServerError,
+    ServiceError,
+    ServiceUnreachableError,
+)
+from kiosk_agent.service.models import ChargeResult, Interaction, InteractionKind
+
+if TYPE_CHECKING:
+    from kiosk_agent.service.client import ServiceClient
+
+
+_LOGGER = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+_FOUND_CAPTURED = "captured (found in reporting)"
+
+
+@dataclass(frozen=True, slots=True)
+class SaleContext:
+    """What every sale needs, whether it runs live or is recovered: one per agent."""
+
+    service: ServiceClient
+    journal: Journal
+    events: EventBus[SaleEvent]
+    settings: SaleSettings
+    # whether a terminal prints receipts (from the service's terminal list)
+    capabilities: Callable[[str], Awaitable[bool]] | None = None
+    # every wait and deadline of every sale (tests give a FakeClock)
+    clock: Clock = SYSTEM_CLOCK
+    # a sale whose step could not be journaled: kept and finished once the journal takes writes
+    on_unwritten: Callable[[SaleSteps], None] | None = None
+    deadlines: AnswerDeadlines = field(init=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "deadlines", AnswerDeadlines(self.clock))
+
+
+class SaleSteps:
+    """One sale's journal-then-act helpers, shared by the flows and by recovery."""
+
+    def __init__(self, record: SaleRecord, context: SaleContext) -> None:
+        self.record = record
+        self.context = context
+        self.service = context.service
+        self.journal = context.journal
+        self.events = context.events
+        self.settings = context.settings
+        self.clock = context.clock
+        self.reconciler = Reconciler(context.service, context.settings.mid)
+        # The sale as the journal should hold it, once a step could not be written: that first
+        # failed step applied (later steps made no call: each would have been written first).
+        self.unwritten: SaleRecord | None = None
+
+    @property
+    def device(self) -> str:
+        return self.record.terminal
+
+    # -- journal and events ----------------------------------------------------------------------
+
+    def step(
+        self,
+        name: Step,
+        state: SaleState | None = None,
+        message: str | None = None,
+        detail: Mapping[str, Any] | None = None,
+        **changes: Any,
+    ) -> SaleRecord:
+        """Journal one step (durably), then publish it."""
+        if message is not None:
+            changes["message"] = message
+        try:
+            self.record = self.journal.record(self.record, name, state, detail, **changes)
+        except JournalError:
+            if self.unwritten is None:
+                self.unwritten = dataclasses.replace(
+                    self.record, state=state or self.record.state,
+                    updated_at=self.clock.time(), **changes,
+                )
+            raise
+        self.publish(name)
+        return self.record
+
+    def publish(self, step: Step | Literal[""] = "") -> SaleEvent:
+        event = event_of(self.record, step)
+        self.events.publish(event)
+        return event
+
+    def charge_found(
+        self,
+        name: Step,
+        trans_id: str | None,
+        cents: int | None,
+        detail: Mapping[str, Any] | None = None,
+        state: SaleState | None = None,
+    ) -> int:
+        """Journal a charge that holds money: from its answer, or found after a lost one.
+
+        A charge-card captures at once, an authorization only holds; an answer without an
+        amount holds the sale's price. Returns the cents held.
+        """
+        cents = cents or self.record.amount_cents
+        held: dict[str, Any] = {"trans_id": trans_id, "authorized_cents": cents}
+        if self.record.flow == Flow.CHARGE_CARD:
+            held["captured_cents"] = cents
+        self.step(name, state, detail=detail, **held)
+        return cents
+
+    def finish(
+        self,
+        state: SaleState,
+        name: Step,
+        message: str,
+        detail: Mapping[str, Any] | None = None,
+        **changes: Any,
+    ) -> SaleEvent:
+        self.step(name, state, message, detail, **changes)
+        log = _LOGGER.warning if state is SaleState.ATTENTION else _LOGGER.info
+        log("sale %s %s: %s", self.record.sale_id, state.value, message)
+        return event_of(self.record, name)
+
+    async def _deny(self, reason: str) -> None:
+        """Tell the machine not to vend; recovery has no machine to tell (SaleFlow does)."""
+
+    async def _fail(self, state: SaleState, name: Step, message: str) -> SaleEvent:
+        """End a sale in which no money stays taken, and tell the machine."""
+        event = self.finish(state, name, message)
+        await self._deny(message)
+        return event
+
+    async def settle_by_reporting(self, why: str, steps: ReportingSteps) -> SaleEvent:
+        """Whether a charge was made is unknown (a lost answer, a crash): reporting decides.
+
+        The machine is told not to vend first: whatever reporting says, nothing is dispensed on
+        an unconfirmed payment. Then reporting is asked by order_id until the money call's
+        deadline (``answer_by``, written when it was sent): a charge found is given back; "no
+        charge" is believed only from a lookup sent once the service can no longer make one.
+        Meanwhile the sale is UNRESOLVED. The deadline and every pause are on the monotonic
+        clock: a wall-clock step neither shortens nor stretches the wait. ``steps`` names what is
+        journaled (charge_card, authorize or recovery ``.waiting|unknown|found|reversed|none``);
+        when reporting cannot say after the deadline, a person decides (ATTENTION; the attention
+        sweeper keeps looking), nothing is guessed.
+        """
+        await self._deny("payment could not be confirmed")
+        deadline = self.answer_deadline()
+        pause = self.settings.lookup_pause(self.record.flow)
+        clock = self.clock
+        while True:
+            asked = clock.monotonic()  # reporting may answer what it knew when asked, not later
+            lookup = await self.reconciler.find_charge(self.record.all_order_ids())
+            if lookup.approved:
+                self.charge_found(steps.found, lookup.trans_id, lookup.amount_cents)
+                return await self.reverse(f"{why}; the charge was found in reporting, not vended")
+            if lookup.reversed:
+                given_back = f"{why}; already given back"
+                return await self._fail(SaleState.REVERSED, steps.reversed, given_back)
+            if lookup.unknown and clock.monotonic() >= deadline:
+                return self.finish(
+                    SaleState.ATTENTION,
+                    steps.unknown,
+                    f"{why}; reporting cannot say whether money was taken",
+                )
+            if not lookup.unknown and asked >= deadline:
+                # "no charge" counts only from a lookup sent after the deadline: a slow answer
+                # to an earlier one may predate a charge the service made before the deadline
+                return await self._fail(
+                    SaleState.FAILED, steps.none, f"{why}; no charge was made"
+                )
+            if self.record.state is not SaleState.UNRESOLVED:
+                self.step(
+                    steps.waiting,
+                    SaleState.UNRESOLVED,
+                    f"{why}; no charge in reporting yet, looking again until the service can no "
+                    "longer answer",
+                    detail={"answer_in_s": round(max(0.0, deadline - clock.monotonic()), 3)},
+                )
+            await clock.sleep(min(pause, max(0.0, deadline - clock.monotonic())))
+
+    async def money_call(self, call: Awaitable[T]) -> T:
+        """A call that may move money, bounded as a whole (retries and 429 waits included) so
+        that its journaled deadline holds; giving up is a lost answer, never a retry."""
+        try:
+            return await self.clock.wait_for(call, self.settings.request_timeout)
+        except TimeoutError as err:
+            raise ServiceUnreachableError(
+                f"no answer within {self.settings.request_timeout:g} s; outcome unknown"
+            ) from err
+
+    def answer_deadline(self) -> float:
+        """When the sale's last money call can no longer be answered, on the monotonic clock
+        (re-anchored from what the journal kept with the call: see sales/deadlines.py)."""
+        window = self.settings.answer_window(self.record.flow)
+        return self.context.deadlines.due(self.record, window, self._last_send)
+
+    def _last_send(self) -> float:
+        # a journal written before answer_by existed: the last request step's time says
+        sent = self.record.created_at
+        for step in self.journal.steps(self.record.sale_id):
+            if step.step in REQUEST_STEPS:
+                sent = step.at
+        return sent
+
+    def sending(self) -> dict[str, Any]:
+        """The journal fields of a money call sent now: its deadline and its anchor."""
+        return self.context.deadlines.sent(self.settings.answer_window(self.record.flow))
+
+    # -- waiting for a card ----------------------------------------------------------------------
+
+    async def wait_interaction(
+        self, handle: Any, kind: InteractionKind, cancelled: asyncio.Event | None = None
+    ) -> Interaction | None:
+        """The interaction's final record; None when it could not be learned in time.
+
+        A cancel request during a read-card cancels it on the terminal and waits for the end.
+        """
+        wait = asyncio.ensure_future(self.clock.wait_for(handle.wait(), self.settings.card_wait))
+        cancel_wait = asyncio.ensure_future(cancelled.wait()) if cancelled is not None else None
+        try:
+            waiting = {wait} | ({cancel_wait} if cancel_wait else set())
+            done, _ = await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
+            interaction_id = self.record.interaction_id
+            if wait not in done and kind is InteractionKind.READ_CARD and interaction_id:
+                with contextlib.suppress(ServiceError):
+                    await self.service.terminal.cancel(self.device, interaction_id)
+            interaction: Interaction = await wait
+            return interaction
+        except (TimeoutError, ServiceError) as err:
+            _LOGGER.info("sale %s: waiting for the card ended: %s", self.record.sale_id, err)
+            return await self.interaction_status(kind)
+        finally:
+            if cancel_wait is not None:
+                cancel_wait.cancel()
+            if not wait.done():
+                wait.cancel()
+
+    async def interaction_status(self, kind: InteractionKind) -> Interaction | None:
+        if self.record.interaction_id is None:
+            return None
+        try:
+            return await self.service.terminal.get_interaction(
+                self.device, kind, self.record.interaction_id
+            )
+        except ServiceError as err:
+            _LOGGER.warning("sale %s: interaction status unknown: %s", self.record.sale_id, err)
+            return None
+
+    # -- money back ------------------------------------------------------------------------------
+
+    async def reverse(self, why: str) -> SaleEvent:
+        """Give the money back (void, or refund once settled) and end the sale REVERSED.
+
+        Written to the journal before the call; an error is checked against reporting before a
+        second try, because voiding twice is refused and a lost answer may have worked.
+        """
+        trans_id = self.record.trans_id
+        if trans_id is None:
+            return self.finish(SaleState.ATTENTION, Step.REVERSE_UNKNOWN, f"{why}; no trans_id")
+        self.step(Step.REVERSE_REQUEST, SaleState.REVERSING, why, detail={"trans_id": trans_id})
+        for attempt in (1, 2):
+            try:
+                result = await self.service.payments.void_or_refund(trans_id)
+            except (BadRequestError, ServerError, ServiceUnreachableError) as err:
+                lookup = await self.reconciler.transaction_state(trans_id)
+                if lookup.reversed:
+                    refunded = lookup.reverse_trans_id not in (None, trans_id)
+                    return self._reversed(
+                        why, lookup.reverse_trans_id, lookup.amount_cents, voided=not refunded
+                    )
+                if attempt == 2 or (isinstance(err, BadRequestError) and not lookup.known):
+                    return self.finish(
+                        SaleState.ATTENTION,
+                        Step.REVERSE_FAILED,
+                        f"{why}; giving the money back failed ({err}); a person must refund "
+                        f"{format_cents(self._held_cents)}",
+                    )
+                continue
+            except ServiceError as err:
+                return self.finish(
+                    SaleState.ATTENTION,
+                    Step.REVERSE_FAILED,
+                    f"{why}; void or refund refused: {err}",
+                )
+            return self._reversed(why, result.trans_id, result.amount, voided=result.voided)
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    @property
+    def _held_cents(self) -> int:
+        return self.record.captured_cents or self.record.authorized_cents
+
+    def _reversed(
+        self, why: str, reverse_trans_id: str | None, cents: int | None, voided: bool = True
+    ) -> SaleEvent:
+        amount = cents or self.record.captured_cents or self.record.authorized_cents
+        how = "voided" if voided else "refunded"
+        return self.finish(
+            SaleState.REVERSED,
+            Step.REVERSE_DONE,
+            f"{why}; {format_cents(amount)} {how}",
+            reverse_trans_id=reverse_trans_id,
+            reversed_cents=amount,
+        )
+
+    async def capture(self, cents: int, vend: Mapping[str, Any] | None = None) -> SaleEvent:
+        """Capture the vended amount of an authorization (journaled first, reconciled on error)."""
+        trans_id = self.record.trans_id
+        assert trans_id is not None
+        self.step(
+            Step.CAPTURE_REQUEST,
+            SaleState.CAPTURING,
+            detail={"trans_id": trans_id, "cents": cents, **(vend or {})},
+            vended_cents=cents,
+        )
+        try:
+            result = await self.service.payments.capture(trans_id, amount=cents)
+        except ServiceError as err:
+            return await self._capture_unclear(trans_id, cents, err)
+        return self._captured(result, cents)
+
+    async def _capture_unclear(self, trans_id: str, cents: int, err: ServiceError) -> SaleEvent:
+        """The capture answered an error: reporting says whether it went through (a lost answer
+        may have worked); an authorization still open after a server error is captured again."""
+        lookup = await self.reconciler.transaction_state(trans_id)
+        if lookup.captured:
+            return self._completed(lookup.amount_cents or cents, _FOUND_CAPTURED)
+        if not (isinstance(err, (ServerError, ServiceUnreachableError)) and lookup.authorized):
+            return self.finish(
+                SaleState.ATTENTION,
+                Step.CAPTURE_FAILED,
+                f"dispensed, but the capture failed ({err}); a person must look",
+            )
+        try:
+            result = await self.service.payments.capture(trans_id, amount=cents)
+        except ServiceError as again:
+            lookup = await self.reconciler.transaction_state(trans_id)
+            if lookup.captured:
+                return self._completed(lookup.amount_cents or cents, _FOUND_CAPTURED)
+            return self.finish(
+                SaleState.ATTENTION,
+                Step.CAPTURE_FAILED,
+                f"dispensed, but the capture failed twice ({again}); a person must capture",
+            )
+        return self._captured(result, cents)
+
+    def _captured(self, result: ChargeResult, cents: int) -> SaleEvent:
+        if not result.approved:
+            return self.finish(
+                SaleState.ATTENTION,
+                Step.CAPTURE_REFUSED,
+                f"dispensed, but the capture answered {result.result}: {result.resp_text}",
+            )
+        return self._completed(result.amount or cents, "captured")
+
+    def _completed(self, cents: int, how: str) -> SaleEvent:
+        return self.finish(
+            SaleState.COMPLETED,
+            Step.COMPLETED,
+            f"paid {format_cents(cents)} ({how})",
+            captured_cents=cents,
+        )
+
+
+def event_of(record: SaleRecord, step: Step | Literal[""] = "") -> SaleEvent:
+    return SaleEvent(
+        sale_id=record.sale_id,
+        order_id=record.order_id,
+        source=record.source,
+        state=record.state,
+        amount_cents=record.amount_cents,
+        captured_cents=record.captured_cents,
+        product=record.product,
+        terminal=record.terminal,
+        message=record.message,
+        at=record.updated_at or time.time(),
+        step=step,
+    )

@@ -1,0 +1,195 @@
+"""`kiosk-agent run` as a real process against a simulator in the test's process.
+
+The simulator outlives every agent process, so a test can ask its ledger (reporting) what
+really happened after signals and kills. Waits poll the journal and the log on loopback; each
+is bounded, and what the agent logged is in the failure message.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import sqlite3
+import sys
+import textwrap
+from pathlib import Path
+from typing import Any
+
+from kiosk_agent.service.client import ServiceClient
+from kiosk_agent.service.models import TransactionFilter, TransStatus
+from kiosk_agent.service.settings import ServiceSettings
+
+TIME_SCALE = 50  # a card is presented 30 ms after the charge-card starts
+POLL_S = 0.05
+
+
+def write_config(directory: Path, sim: Any, journal: Path, extra: str = "") -> Path:
+    """A configuration for the simulator ``sim``, its journal at ``journal`` (absolute, so two
+    configurations in two directories can name one journal)."""
+    info = sim.ready_info()
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / "config.yaml"
+    path.write_text(
+        textwrap.dedent(
+            f"""\
+            service:
+              base_url: {info["base_url"]}
+              reporting_url: {info["reporting_url"]}
+              ws_url: {info["ws_url"]}
+              mid: "{info["mid"]}"
+              api_key: !env_var KIOSK_API_KEY
+              client_id: {info["client_id"]}
+              client_secret: !env_var KIOSK_CLIENT_SECRET
+              timeout: 5
+            terminals: [{{device_id: SIM-0001}}]
+            journal: {{path: {journal}}}
+            logging: {{format: json}}
+            sales: {{answer_margin: 0.5, interaction_lifetime: {180 / TIME_SCALE}}}
+            """
+        )
+        + textwrap.dedent(extra)
+    )
+    return path
+
+
+# A vending machine whose customers come at once and whose dispense lasts long enough
+# (1 s) for a test to catch the sale at `dispensing`.
+MACHINE = """\
+triggers:
+  - platform: virtual
+    name: lobby
+    gap: [0.05, 0.1]
+    fail_rate: 0
+    walk_away_rate: 0
+    dispense_time: 1.0
+    seed: 7
+"""
+
+
+class AgentProcess:
+    """One ``kiosk-agent run -c CONFIG``; its standard error goes to ``<config dir>/<log>``."""
+
+    def __init__(
+        self, config: Path, sim: Any, log: str = "agent.log", *, nohup: bool = False
+    ) -> None:
+        self.config = config
+        self.nohup = nohup  # started with SIGHUP ignored, as `nohup` starts a command
+        self.log = config.with_name(log)
+        info = sim.ready_info()
+        self.env = {
+            **os.environ,
+            "KIOSK_API_KEY": info["api_key"],
+            "KIOSK_CLIENT_SECRET": info["client_secret"],
+            "KIOSK_ADMIN_TOKEN": "an-admin-token-of-at-least-24-chars",  # for an admin: section
+        }
+        self.proc: asyncio.subprocess.Process | None = None
+
+    async def start(self) -> AgentProcess:
+        with self.log.open("a") as log:  # a file, not a pipe: a full pipe would stall the agent
+            self.proc = await asyncio.create_subprocess_exec(
+                sys.executable, "-m", "kiosk_agent", "run", "-c", str(self.config),
+                stdout=asyncio.subprocess.DEVNULL, stderr=log, env=self.env,
+                # whatever the test runner ignores (a nohup'd CI), the agent starts as from a
+                # shell, or as from `nohup`
+                preexec_fn=lambda: signal.signal(
+                    signal.SIGHUP, signal.SIG_IGN if self.nohup else signal.SIG_DFL
+                ),
+            )  # fmt: skip
+        return self
+
+    @property
+    def pid(self) -> int:
+        assert self.proc is not None
+        return self.proc.pid
+
+    def text(self) -> str:
+        return self.log.read_text() if self.log.exists() else ""
+
+    async def wait_for_log(self, words: str, within: float = 30.0) -> None:
+        """Until the log says ``words``; fails if the agent ends first."""
+        assert self.proc is not None
+        async with asyncio.timeout(within):
+            while words not in self.text():
+                assert self.proc.returncode is None, self.text()[-3000:]
+                await asyncio.sleep(POLL_S)
+
+    async def wait_ready(self) -> None:
+        await self.wait_for_log("ready in")
+
+    async def exit_code(self, within: float = 30.0) -> int:
+        assert self.proc is not None
+        async with asyncio.timeout(within):
+            return await self.proc.wait()
+
+    def send(self, signum: int) -> None:
+        assert self.proc is not None
+        self.proc.send_signal(signum)
+
+    async def close(self) -> None:
+        """At the end of a test: nothing left running."""
+        if self.proc is not None and self.proc.returncode is None:
+            self.proc.kill()
+            await self.proc.wait()
+
+
+def states(journal: Path) -> dict[str, str]:
+    """sale_id -> state, read as any reader would beside a running agent."""
+    if not journal.exists():
+        return {}
+    db = sqlite3.connect(f"file:{journal}?mode=ro", uri=True, timeout=5)
+    try:
+        return dict(db.execute("SELECT sale_id, state FROM sales").fetchall())
+    except sqlite3.OperationalError:  # created, its tables not yet
+        return {}
+    finally:
+        db.close()
+
+
+async def sale_in(journal: Path, state: str, within: float = 30.0) -> str:
+    """The first sale seen in ``state``."""
+    async with asyncio.timeout(within):
+        while True:
+            found = [sale for sale, now in states(journal).items() if now == state]
+            if found:
+                return found[0]
+            await asyncio.sleep(POLL_S)
+
+
+async def sale_reaches(journal: Path, sale_id: str, state: str, within: float = 30.0) -> None:
+    """Until the sale ``sale_id`` is in ``state``."""
+    async with asyncio.timeout(within):
+        while states(journal).get(sale_id) != state:
+            await asyncio.sleep(POLL_S)
+
+
+HELD = {TransStatus.CAPTURED, TransStatus.SETTLED}
+CHARGED = HELD | {TransStatus.AUTHORIZED, TransStatus.VOIDED, TransStatus.REFUNDED}
+
+
+async def money_agrees(sim: Any, journal: Path) -> None:
+    """The simulator's ledger and the journal tell one story: a completed sale holds its
+    captured amount, any other holds nothing; none is left at `dispensing`."""
+    from kiosk_agent.sales.journal import Journal
+
+    records = Journal(journal)
+    records.open()
+    try:
+        sales = records.query()
+    finally:
+        records.close()
+    assert sales
+    async with ServiceClient(ServiceSettings.reaching_simulator(sim.ready_info())) as service:
+        for sale in sales:
+            rows = []
+            for order_id in sale.all_order_ids():
+                query = TransactionFilter(order_id=order_id)
+                rows += [r async for r in service.reporting.transactions(query)]
+            held = [r for r in rows if r.status in HELD]
+            why = f"{sale.sale_id} {sale.state.value} {sale.message!r}: {[r.status for r in rows]}"
+            assert sale.state.value != "dispensing", why
+            assert sale.state.final, why
+            if sale.state.value == "completed":
+                assert [r.amount_cents for r in held] == [sale.captured_cents], why
+            else:
+                assert held == [], why

@@ -1,0 +1,118 @@
+"""One agent per journal, as two real `kiosk-agent run` processes see it.
+
+Two configurations in two directories, with their own admin ports, name one journal: whichever
+agent starts second is refused before it reads, recovers or writes anything, and names the
+first; reading commands keep working beside the owner; a SIGKILLed owner blocks nobody.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import sys
+from pathlib import Path
+from typing import Any
+
+from kiosk_agent.cli.contract import EXIT_JOURNAL_OWNED
+
+from .agent_process import MACHINE, AgentProcess, money_agrees, sale_in, states, write_config
+
+ADMIN = """\
+admin:
+  port: 0
+  tokens: [{name: tech, token: !env_var KIOSK_ADMIN_TOKEN}]
+"""
+
+
+async def cli(agent: AgentProcess, *args: str) -> tuple[int, str, str]:
+    """Another command of the same unit (same configuration), run beside the agent."""
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "kiosk_agent", *args, "-c", str(agent.config),
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, env=agent.env,
+    )  # fmt: skip
+    async with asyncio.timeout(30):
+        out, err = await proc.communicate()
+    assert proc.returncode is not None
+    return proc.returncode, out.decode(), err.decode()
+
+
+async def refused_by(second: AgentProcess, owner: AgentProcess, journal: Path) -> None:
+    await second.start()
+    assert await second.exit_code() == EXIT_JOURNAL_OWNED, second.text()[-3000:]
+    said = second.text()
+    assert f"error: the journal {journal} is owned by another agent (pid {owner.pid}" in said
+    assert "kiosk_agent run -c " + str(owner.config) in said  # the holder's command line
+    assert "ready in" not in said  # it started nothing
+    assert "recovery" not in said
+
+
+async def test_whichever_agent_starts_second_on_one_journal_is_refused(
+    sim_factory: Any, tmp_path: Path
+) -> None:
+    sim = await sim_factory(time_scale=50, seed=3, transactions=0)
+    journal = tmp_path / "shared" / "journal.db"
+    one = AgentProcess(write_config(tmp_path / "one", sim, journal, MACHINE), sim)
+    two = AgentProcess(write_config(tmp_path / "two", sim, journal, ADMIN), sim)
+    again = AgentProcess(one.config, sim, log="again.log")
+    try:
+        await one.start()
+        await one.wait_ready()
+        await sale_in(journal, "completed")
+        await refused_by(two, one, journal)
+        # reading beside the owner works
+        code, out, err = await cli(one, "sales", "--format", "json")
+        assert code == 0, err
+        assert '"state": "completed"' in out
+        assert (await cli(one, "sales", "attention"))[0] == 0
+        one.send(signal.SIGTERM)
+        assert await one.exit_code() == 0, one.text()[-3000:]
+
+        # the other order: the second configuration owns it now, the first is refused
+        two = AgentProcess(two.config, sim, log="owner.log")
+        await two.start()
+        await two.wait_ready()
+        await refused_by(again, two, journal)
+        two.send(signal.SIGTERM)
+        assert await two.exit_code() == 0, two.text()[-3000:]
+    finally:
+        for agent in (one, two, again):
+            await agent.close()
+    await money_agrees(sim, journal)
+
+
+async def test_an_agent_after_a_sigkilled_one_starts_and_recovers_its_sale(
+    sim_factory: Any, tmp_path: Path
+) -> None:
+    sim = await sim_factory(time_scale=50, seed=3, transactions=0)
+    journal = tmp_path / "journal.db"
+    # a dispense of 3 s: the kill lands while the product drops, even on a loaded machine
+    config = write_config(tmp_path, sim, journal, MACHINE.replace("1.0", "3.0"))
+    killed = AgentProcess(config, sim)
+    successor = AgentProcess(config, sim)
+    try:
+        await killed.start()
+        stranded = await sale_in(journal, "dispensing")
+        killed.send(signal.SIGKILL)
+        assert await killed.exit_code() == -signal.SIGKILL
+        assert states(journal)[stranded] == "dispensing"
+        await successor.start()
+        await successor.wait_for_log("recovery finished: 1 of 1 open sale(s) ended")
+        # the dispense was never confirmed: the money goes back
+        assert states(journal)[stranded] == "reversed"
+        successor.send(signal.SIGTERM)
+        assert await successor.exit_code() == 0, successor.text()[-3000:]
+    finally:
+        await killed.close()
+        await successor.close()
+    await money_agrees(sim, journal)
+
+
+def test_the_unit_file_does_not_restart_an_agent_refused_its_journal() -> None:
+    """A copied unit file fails once, visibly, instead of restarting until systemd's start limit:
+    restarting cannot help while the other agent lives."""
+    unit = Path(__file__).parents[2] / "systemd" / "kiosk-agent.service"
+    settings = dict(
+        line.split("=", 1) for line in unit.read_text().splitlines() if "=" in line
+    )
+    assert settings["Restart"] == "on-failure"
+    assert settings["RestartPreventExitStatus"].split() == [str(EXIT_JOURNAL_OWNED)]

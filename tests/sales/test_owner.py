@@ -1,0 +1,107 @@
+"""One agent per journal: the claim on ``journal.db.lock`` and how a refusal names the holder."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from kiosk_agent.sales.owner import Holder, JournalLock, JournalOwned, lock_path
+
+# A process that claims the journal named on its command line, says so, and waits to be killed.
+HOLDER = textwrap.dedent(
+    """\
+    import sys, time
+    from kiosk_agent.sales.owner import JournalLock
+    JournalLock(sys.argv[1]).acquire()
+    print("HELD", flush=True)
+    time.sleep(60)
+    """
+)
+
+
+def test_a_second_claim_is_refused_naming_the_holder_until_the_first_lets_go(
+    tmp_path: Path,
+) -> None:
+    journal = tmp_path / "journal.db"
+    first = JournalLock(journal)
+    first.acquire()
+    first.acquire()  # again while held: nothing changes
+    with pytest.raises(JournalOwned) as refused:
+        JournalLock(journal).acquire()
+    assert refused.value.holder.pid == os.getpid()
+    assert f"pid {os.getpid()}" in str(refused.value)
+    assert str(journal) in str(refused.value)
+    assert refused.value.holder.command  # this process's command line, from /proc
+    assert not journal.exists()  # claiming reads and writes nothing of the journal itself
+    assert (lock_path(journal).stat().st_mode & 0o777) == 0o600
+    first.release()
+    with JournalLock(journal) as second:
+        assert second.held
+
+
+def test_two_spellings_of_one_journal_meet_on_one_lock(tmp_path: Path) -> None:
+    (tmp_path / "real").mkdir()
+    (tmp_path / "link").symlink_to(tmp_path / "real")
+    with JournalLock(tmp_path / "real" / "journal.db"), pytest.raises(JournalOwned):
+        JournalLock(tmp_path / "link" / ".." / "real" / "journal.db").acquire()
+    with JournalLock(tmp_path / "real" / "journal.db"), pytest.raises(JournalOwned):
+        JournalLock(tmp_path / "link" / "journal.db").acquire()
+
+
+def test_a_sigkilled_holder_blocks_nobody(tmp_path: Path) -> None:
+    journal = tmp_path / "journal.db"
+    holder = subprocess.Popen(
+        [sys.executable, "-c", HOLDER, str(journal)], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert holder.stdout is not None
+        assert holder.stdout.readline().strip() == "HELD"
+        with pytest.raises(JournalOwned) as refused:
+            JournalLock(journal).acquire()
+        assert refused.value.holder.pid == holder.pid
+        holder.send_signal(signal.SIGKILL)
+        holder.wait(timeout=10)
+    finally:
+        if holder.poll() is None:
+            holder.kill()
+            holder.wait()
+    # its name is still in the file, but the kernel let go of its lock with it
+    assert Holder.parse(lock_path(journal).read_text()) is not None
+    with JournalLock(journal) as successor:
+        assert successor.held
+
+
+@pytest.mark.parametrize("text", ["", "{", '{"pid": "12"}', '{"pid": true}', "[1]", "null"])
+def test_a_lock_file_that_names_nobody_is_read_as_unknown(text: str) -> None:
+    assert Holder.parse(text) is None
+    assert Holder(None).describe() == "another process (it has not written its name yet)"
+
+
+def test_a_holder_is_described_by_pid_start_and_command() -> None:
+    holder = Holder.parse('{"pid": 812, "started_at": 1795586403.5, "command": "kiosk-agent run"}')
+    assert holder is not None
+    assert holder.describe() == (
+        "pid 812, started 2026-11-25 06:00:03Z, command: kiosk-agent run"
+    )
+
+
+
+def test_a_lock_this_user_may_only_read_is_probed_for_its_holder(tmp_path: Path) -> None:
+    """Another user's agent made the lock file (this one may not open it to write): the probe
+    on a read-only descriptor still finds the holder, so the refusal names it. (The other user
+    itself cannot be played here: the probe is asked directly.)"""
+    from kiosk_agent.sales.owner import _refuse_if_held
+
+    journal = tmp_path / "journal.db"
+    with JournalLock(journal):
+        with pytest.raises(JournalOwned) as refused:
+            _refuse_if_held(journal, lock_path(journal))
+        assert refused.value.holder.pid == os.getpid()
+    _refuse_if_held(journal, lock_path(journal))  # nobody holds it: nothing to say
+    _refuse_if_held(journal, tmp_path / "missing.lock")
