@@ -16,6 +16,7 @@ NOT_FOR_A_SALE = [
     "kiosk_agent.service.plans",
     "kiosk_agent.sim",
     "kiosk_agent.admin",
+    "prometheus_client",  # /metrics: loaded when the admin API starts
     "dateutil",
     "difflib",
 ]

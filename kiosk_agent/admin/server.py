@@ -6,12 +6,13 @@ Routes (all need ``Authorization: Bearer <token>`` or the status page's session;
     GET  /api/status                     version, status, uptime, problems
     GET  /api/health                     the full health snapshot
     GET  /api/sales[?since&until&state&limit]    the local sales journal, newest first
+    GET  /api/sales?format=csv|json[&...]        the same as `kiosk-agent sales --format csv|json`
     GET  /api/sales/{sale_id}            one sale with its steps
     GET  /api/reports/{kind}[?format=json|csv&limit&<filter>=...]   streamed from reporting
     GET  /api/terminals                  the service's terminal list
     POST /api/terminals/{device_id}/{ping|connect|disconnect|test-print}
     GET  /api/boarding/merchants         merchant states from the webhook receiver
-    GET  /metrics                        Prometheus text format
+    GET  /metrics                        Prometheus text format or OpenMetrics (Accept)
 
 Tokens are compared in constant time, never logged, and come from the configuration through
 ``!secret``. Reports are streamed page by page from the service's async iterators, so a pull of
@@ -29,26 +30,24 @@ import logging
 import math
 import sqlite3
 from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import voluptuous as vol
 from aiohttp import web
 from pydantic import BaseModel, ValidationError
 
-from kiosk_agent.admin.metrics import (
-    CONTENT_TYPE,
-    MetricsWriter,
-    write_health,
-    write_http,
-    write_refusals,
-    write_upstream,
-    write_webhooks,
-)
 from kiosk_agent.admin.page import StatusPage, TokenGuesses
 from kiosk_agent.core.config import register_section
-from kiosk_agent.core.logging import RefusalLog, refusal_counts, suppressed_counts
-from kiosk_agent.core.web import BodyError, HttpLimits, LocalSite, live_sites, read_json
-from kiosk_agent.export import CsvExport, JsonExport, report_columns, report_values
+from kiosk_agent.core.logging import RefusalLog
+from kiosk_agent.core.web import BodyError, HttpLimits, LocalSite, read_json
+from kiosk_agent.export import (
+    SALE_FORMATS,
+    CsvExport,
+    JsonExport,
+    export_sales,
+    report_columns,
+    report_values,
+)
 from kiosk_agent.sales.attention import NotInAttention, ResolveError, UnknownSale, resolve
 from kiosk_agent.sales.journal import JournalError, SaleRecord
 from kiosk_agent.sales.states import SaleState
@@ -62,6 +61,9 @@ from kiosk_agent.service.errors import (
     ServiceUnreachableError,
 )
 from kiosk_agent.service.models.reporting import ReportKind
+
+if TYPE_CHECKING:
+    from kiosk_agent.admin.metrics import AgentMetrics
 
 _LOGGER = logging.getLogger(__name__)
 
@@ -116,6 +118,7 @@ class AdminServer:
         self.guesses = TokenGuesses()  # wrong tokens by address, at the login and as bearer
         # the field tech's page at / (page.py)
         self.page = StatusPage(agent, self._token_for, self.guesses)
+        self.prometheus: AgentMetrics | None = None  # /metrics, made at start()
 
     @property
     def port(self) -> int | None:
@@ -144,11 +147,22 @@ class AdminServer:
         return app
 
     async def start(self) -> None:
-        await self._site.start(self.app())
+        # prometheus_client is loaded here, by the one part that serves it (not at every command)
+        from kiosk_agent.admin.metrics import AgentMetrics
+
+        self.prometheus = AgentMetrics(self.agent, lambda name: _component(self.agent, name))
+        self.prometheus.start()
+        try:
+            await self._site.start(self.app())
+        except BaseException:
+            await self.prometheus.stop()
+            raise
         _LOGGER.info("admin API on %s", self.url)
 
     async def stop(self) -> None:
         await self._site.stop()
+        if self.prometheus is not None:
+            await self.prometheus.stop()
 
     # -- auth --------------------------------------------------------------------------------
 
@@ -223,17 +237,32 @@ class AdminServer:
 
     # -- the journal -------------------------------------------------------------------------
 
-    async def sales(self, request: web.Request) -> web.Response:
+    async def sales(self, request: web.Request) -> web.StreamResponse:
+        """The journal's sales: the API's records (``{"sales": [...]}``), or with ``format=csv``
+        or ``format=json`` the one export that ``kiosk-agent sales --format`` writes (export.py:
+        the same columns, dollar amounts and UTC times, byte for byte)."""
         journal = self._journal()
         query = request.query
+        fmt = query.get("format")
+        if fmt is not None and fmt not in SALE_FORMATS:
+            raise _BadParameter(f"format must be {' or '.join(SALE_FORMATS)}, got {fmt[:40]!r}")
         states = [_sale_state(s) for s in query.getall("state", [])]
         records = journal.query(
             since=_time_param(query, "since"),
             until=_time_param(query, "until"),
             states=states or None,
-            limit=_int_param(query, "limit", 100, MAX_SALES_LIMIT),
+            # an export takes every sale unless told; the API's page of records is 100
+            limit=_int_param(query, "limit", None if fmt else 100, MAX_SALES_LIMIT),
         )
-        return web.json_response({"sales": self._with_unwritten(records, states)})
+        if fmt is None:
+            return web.json_response({"sales": self._with_unwritten(records, states)})
+        return web.Response(
+            body="".join(export_sales(records, fmt)).encode(),
+            headers={
+                "Content-Type": "text/csv; charset=utf-8" if fmt == "csv" else "application/json",
+                "Content-Disposition": f'inline; filename="sales.{fmt}"',
+            },
+        )
 
     def _with_unwritten(
         self, records: list[SaleRecord], states: list[SaleState]
@@ -411,17 +440,11 @@ class AdminServer:
         return web.json_response({"merchants": receiver.merchants()})
 
     async def metrics(self, request: web.Request) -> web.Response:
-        writer = MetricsWriter()
-        write_health(writer, self.agent.health.snapshot())
-        upstream = _component(self.agent, "Upstream")
-        if upstream is not None:
-            write_upstream(writer, upstream.stats())
-        receiver = _component(self.agent, "WebhookReceiver")
-        if receiver is not None:
-            write_webhooks(writer, receiver.outcomes)
-        write_refusals(writer, refusal_counts(), suppressed_counts())
-        write_http(writer, {site.name: site.open_connections for site in live_sites()})
-        return web.Response(body=writer.text().encode(), headers={"Content-Type": CONTENT_TYPE})
+        """Prometheus: the text format, or OpenMetrics when ``Accept`` asks for it."""
+        if self.prometheus is None:
+            return _error(503, "unavailable", "the admin API is not started")
+        body, content_type = self.prometheus.exposition(request.headers.get("Accept"))
+        return web.Response(body=body, headers={"Content-Type": content_type})
 
 
 # -- helpers ---------------------------------------------------------------------------------

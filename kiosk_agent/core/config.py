@@ -480,6 +480,9 @@ def explain(
         message = f"expected text, got {_shown(_value_at(data, full_path))}"
     elif message.startswith("expected int"):
         message = f"expected a whole number, got {_shown(_value_at(data, full_path))}"
+    elif message.startswith("expected bool"):
+        message = f"expected true or false, got {_shown(_value_at(data, full_path))}"
+        fix = f"write `{last}: true` or `{last}: false`"
     elif message.startswith("value must be one of"):
         message = f"{message}, got {_shown(_value_at(data, full_path))}"
     if len(message) > _MESSAGE_CHARS:  # a validator quoting a whole value

@@ -16,7 +16,9 @@ import datetime as dt
 import enum
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections import Counter
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 import voluptuous as vol
@@ -139,6 +141,22 @@ class SalesHealth(_Model):
     day_started_at: float = 0.0  # Unix time of the local midnight the day's figures count from
 
 
+@dataclass(frozen=True, slots=True)
+class SaleTotals:
+    """Running totals since the process started: they only grow (Prometheus counters).
+
+    A restart starts them from zero again (Prometheus sees the reset by the lower value and by
+    ``process_start_time_seconds``); a local midnight changes nothing here, unlike the day's
+    figures in ``SalesHealth``. Keyed by terminal (device id; "" when a sale named none).
+    """
+
+    # (terminal, final state) -> sales that reached that state; a sale held in ATTENTION and
+    # resolved later counts in ATTENTION and again in its resolution
+    sales: Mapping[tuple[str, SaleState], int]
+    captured_cents: Mapping[str, int]  # taken and kept (COMPLETED sales)
+    reversed_cents: Mapping[str, int]  # taken and given back (REVERSED sales)
+
+
 class HealthSnapshot(_Model):
     version: str
     status: Status
@@ -157,8 +175,15 @@ class HealthSnapshot(_Model):
 class Health:
     """The agent's health, updated in place by its parts; read through `snapshot()`."""
 
-    def __init__(self, version: str, *, key_warning: float = 86400.0) -> None:
+    def __init__(
+        self,
+        version: str,
+        *,
+        key_warning: float = 86400.0,
+        today: Callable[[], dt.date] = dt.date.today,
+    ) -> None:
         self.version = version
+        self.today = today  # the local date the day's figures belong to (tests move it)
         self.key_warning = key_warning
         self._started_wall = time.time()
         self._started_mono = time.monotonic()
@@ -169,9 +194,12 @@ class Health:
         self._availability: dict[str, AvailabilityHealth] = {}
         self._open_sales: set[str] = set()
         self._attention_sales: set[str] = set()
-        self._today: dt.date = dt.date.today()
+        self._today: dt.date = today()
         self._today_count = 0
         self._today_cents = 0
+        self._sales_total: Counter[tuple[str, SaleState]] = Counter()
+        self._captured_total: Counter[str] = Counter()
+        self._reversed_total: Counter[str] = Counter()
         self._fatal: dict[str, str] = {}
         self._ever_healthy: set[str] = set()  # links that have been up at least once
         self._listeners: list[Callable[[], object]] = []
@@ -343,6 +371,7 @@ class Health:
             self._open_sales.add(event.sale_id)
             return
         self._open_sales.discard(event.sale_id)
+        self._count_total(event)
         if event.state is SaleState.ATTENTION:
             self._attention_sales.add(event.sale_id)
         else:
@@ -351,6 +380,20 @@ class Health:
             self._today_count += 1
             self._today_cents += event.captured_cents or event.amount_cents
         self._changed()
+
+    def _count_total(self, event: SaleEvent) -> None:
+        terminal = event.terminal or ""
+        self._sales_total[(terminal, event.state)] += 1
+        if event.state is SaleState.COMPLETED:
+            self._captured_total[terminal] += event.captured_cents
+        elif event.state is SaleState.REVERSED:
+            self._reversed_total[terminal] += event.reversed_cents
+
+    def sale_totals(self) -> SaleTotals:
+        """The running totals (copies): what ended how, since the process started."""
+        return SaleTotals(
+            dict(self._sales_total), dict(self._captured_total), dict(self._reversed_total)
+        )
 
     def set_sales(
         self,
@@ -478,7 +521,7 @@ class Health:
         return (Status.DEGRADED if problems else Status.OK), problems
 
     def _roll_day(self) -> None:
-        today = dt.date.today()
+        today = self.today()
         if today != self._today:
             self._today, self._today_count, self._today_cents = today, 0, 0
 

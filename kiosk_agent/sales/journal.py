@@ -469,31 +469,25 @@ class Journal:
     ) -> list[SaleRecord]:
         """Sales newest first, filtered by creation time, state and the name of their last step
         (all in one query)."""
-        where: list[str] = []
-        args: list[Any] = []
-        if since is not None:
-            where.append("created_at >= ?")
-            args.append(since)
-        if until is not None:
-            where.append("created_at < ?")
-            args.append(until)
-        if states:
-            where.append(f"state IN ({', '.join('?' for _ in states)})")
-            args.extend(s.value for s in states)
-        last_steps = sorted(last_steps or ())
-        if last_steps:
-            marks = ", ".join("?" for _ in last_steps)
-            last = "SELECT step FROM steps WHERE steps.sale_id = sales.sale_id ORDER BY id DESC"
-            where.append(f"({last} LIMIT 1) IN ({marks})")
-            args.extend(last_steps)
-        sql = _SELECT_SALES
-        if where:
-            sql += " WHERE " + " AND ".join(where)
-        sql += " ORDER BY created_at DESC, sales.rowid DESC"
+        where, args = _filters(since, until, states, last_steps)
+        sql = f"{_SELECT_SALES}{where} ORDER BY created_at DESC, sales.rowid DESC"
         if limit is not None:
             sql += " LIMIT ?"
             args.append(limit)
         return [_record(r) for r in self.db.execute(sql, args)]
+
+    def count(
+        self,
+        *,
+        since: float | None = None,
+        until: float | None = None,
+        states: list[SaleState] | None = None,
+    ) -> int:
+        """How many sales :meth:`query` would give without a limit."""
+        where, args = _filters(since, until, states, None)
+        # the clause is ours; every value travels as an argument
+        sql = f"SELECT COUNT(*) FROM sales{where}"  # noqa: S608
+        return int(self.db.execute(sql, args).fetchone()[0])
 
     def last_trans_id(self) -> str | None:
         """The newest completed sale's transaction (a receipt to test-print), if any."""
@@ -582,6 +576,33 @@ def _migrate(db: sqlite3.Connection) -> None:
         _move_beside(db)
         if int(db.execute("PRAGMA user_version").fetchone()[0]) < SCHEMA_VERSION:
             db.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
+
+
+def _filters(
+    since: float | None,
+    until: float | None,
+    states: list[SaleState] | None,
+    last_steps: Iterable[Step] | None,
+) -> tuple[str, list[Any]]:
+    """The WHERE clause (with its leading space, or empty) and its arguments of a sales query."""
+    where: list[str] = []
+    args: list[Any] = []
+    if since is not None:
+        where.append("created_at >= ?")
+        args.append(since)
+    if until is not None:
+        where.append("created_at < ?")
+        args.append(until)
+    if states:
+        where.append(f"state IN ({', '.join('?' for _ in states)})")
+        args.extend(s.value for s in states)
+    steps = sorted(last_steps or ())
+    if steps:
+        marks = ", ".join("?" for _ in steps)
+        last = "SELECT step FROM steps WHERE steps.sale_id = sales.sale_id ORDER BY id DESC"
+        where.append(f"({last} LIMIT 1) IN ({marks})")
+        args.extend(steps)
+    return (" WHERE " + " AND ".join(where) if where else ""), args
 
 
 def _add_missing_columns(db: sqlite3.Connection) -> None:

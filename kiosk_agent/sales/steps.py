@@ -396,9 +396,12 @@ def event_of(record: SaleRecord, step: Step | Literal[""] = "") -> SaleEvent:
         state=record.state,
         amount_cents=record.amount_cents,
         captured_cents=record.captured_cents,
+        reversed_cents=record.reversed_cents,
         product=record.product,
         terminal=record.terminal,
         message=record.message,
         at=record.updated_at or time.time(),
         step=step,
+        authorized_cents=record.authorized_cents,
+        currency=record.currency,
     )

@@ -28,6 +28,7 @@ import asyncio
 import json
 import logging
 import random
+import time
 from typing import TYPE_CHECKING, Any
 
 import aiohttp
@@ -205,18 +206,27 @@ class InteractionHandle:
             raise SocketUnavailable(f"no WebSocket token: {exc}") from None
         url = f"{terminal.settings.websocket_base}/cable"
         handshake = terminal.settings.timeouts(CallKind.WEBSOCKET)
+        started, outcome = time.monotonic(), "unreachable"
         try:
             async with asyncio.timeout(handshake.total):
                 ws = await terminal.session.ws_connect(
                     url, params={"token": token}, protocols=PROTOCOLS, autoping=True,
                     heartbeat=None, timeout=aiohttp.ClientWSTimeout(ws_close=handshake.read),
                 )  # fmt: skip
+            outcome = "ok"
         except aiohttp.WSServerHandshakeError as exc:
+            outcome = "error"
             raise SocketUnavailable(f"refused with HTTP {exc.status}") from None
         except (aiohttp.ClientError, OSError) as exc:
             raise SocketUnavailable(f"cannot connect: {type(exc).__name__}") from None
         except TimeoutError:
             raise SocketUnavailable(f"no handshake within {handshake.total:g} s") from None
+        except asyncio.CancelledError:
+            outcome = ""  # abandoned, not ended
+            raise
+        finally:
+            if outcome:
+                terminal.report_call(CallKind.WEBSOCKET, started, outcome)
         self.socket_connects += 1
         async with ws:
             return await self._read_socket(ws)

@@ -27,7 +27,7 @@ from kiosk_agent.service.models.terminal import (
 )
 from kiosk_agent.service.parsing import parse_interaction, sent_back
 from kiosk_agent.service.payments import new_order_id, require_cents
-from kiosk_agent.service.settings import ServiceSettings
+from kiosk_agent.service.settings import CallKind, ServiceSettings
 from kiosk_agent.service.transport import Transport
 
 _LOGGER = logging.getLogger(__name__)
@@ -63,6 +63,10 @@ class TerminalClient:
     @property
     def session(self) -> aiohttp.ClientSession:
         return self._transport.session
+
+    def report_call(self, kind: CallKind, started: float, outcome: str) -> None:
+        """A call made beside the transport (the cable handshake), for its observers."""
+        self._transport.report_call(kind, started, outcome)
 
     def real_lifetime(self, started: float, record: Interaction) -> float | None:
         """How long ``record``'s interaction lives in real seconds, when that can be known.

@@ -15,6 +15,11 @@ of that kind (``ServiceSettings.timeouts``). The total bounds the whole call, re
 ``Retry-After`` waits and the rate limiter's queue included: a service that accepts the
 connection and never answers costs a call its total timeout, then a ``ServiceUnreachableError``
 that says so.
+
+Observers: whoever wants to time the calls (the admin API's ``/metrics``) registers a
+``CallObserver`` with :meth:`Transport.observe`; each finished call is reported once as its kind,
+its seconds on the monotonic clock (every attempt included) and an outcome from ``CALL_OUTCOMES``.
+The service layer knows nothing of who listens.
 """
 
 from __future__ import annotations
@@ -25,7 +30,7 @@ import enum
 import logging
 import random
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple, TypeVar
 
 import aiohttp
@@ -44,6 +49,7 @@ from kiosk_agent.service.errors import (
     ServiceError,
     ServiceUnreachableError,
     error_class_for,
+    network_words,
 )
 from kiosk_agent.service.models.common import ErrorBody, ServiceModel
 from kiosk_agent.service.models.payments import ApiKeySet
@@ -60,6 +66,11 @@ REFRESH_PATH = "/api/v1/api_keys/refresh"
 # Terminal endpoints share the service's per-credential rate limit.
 _RATE_LIMITED_PREFIXES = ("/api/terminal", "/api/ws-token")
 _IDEMPOTENT_METHODS = frozenset({"GET", "HEAD", "PUT", "DELETE", "OPTIONS"})
+
+# How a call ended, for observers: answered 2xx; answered with an error (4xx/5xx, a bad body);
+# no answer (network, timeout: the outcome of a POST is unknown).
+CALL_OUTCOMES = ("ok", "error", "unreachable")
+CallObserver = Callable[[CallKind, float, str], None]
 
 
 class Auth(enum.Enum):
@@ -95,6 +106,7 @@ class Transport:
         self.keys.on_rotate(self._keep_limiter)
         self.oauth = OAuthTokens(self)
         self.rate_limited_count = 0  # 429 answers seen (diagnostics)
+        self._observers: list[CallObserver] = []
 
     def _initial_credentials(self) -> ApiCredentials | None:
         settings = self.settings
@@ -110,6 +122,22 @@ class Transport:
             return None  # reporting and boarding only; payments and terminal calls will say so
         refresh = settings.refresh_token.get_secret_value() if settings.refresh_token else None
         return ApiCredentials(api_key=settings.api_key.get_secret_value(), refresh_token=refresh)
+
+    # -- observers -----------------------------------------------------------------------------
+
+    def observe(self, observer: CallObserver) -> Callable[[], None]:
+        """Call ``observer(kind, seconds, outcome)`` after every call; returns the unsubscribe."""
+        self._observers.append(observer)
+        return lambda: self._observers.remove(observer) if observer in self._observers else None
+
+    def report_call(self, kind: CallKind, started: float, outcome: str) -> None:
+        """Tell the observers a call of ``kind`` begun at ``started`` (monotonic) ended so."""
+        seconds = time.monotonic() - started
+        for observer in list(self._observers):
+            try:
+                observer(kind, seconds, outcome)
+            except Exception:  # an observer's bug must not turn an answered call into an error
+                _LOGGER.exception("call observer failed")
 
     # -- lifecycle -----------------------------------------------------------------------------
 
@@ -263,17 +291,33 @@ class Transport:
             method, self.url(path), what, *self._place_mid(auth, mid, json, params),
             data, headers, auth, retry_safe, rate_limited,
             aiohttp.ClientTimeout(sock_connect=timeouts.connect, sock_read=timeouts.read),
-            time.monotonic() + min(self.settings.rate_limit_patience, timeouts.total),
+            time.monotonic() + min(self.settings.rate_limit_patience, timeouts.total), [],
         )  # fmt: skip
+        started, outcome = time.monotonic(), "error"
         try:
             async with asyncio.timeout(timeouts.total):
-                return await self._attempts(call)
+                answer = await self._attempts(call)
         except TimeoutError:
-            outcome = "" if retry_safe else "; outcome unknown: reconcile before retrying"
+            outcome = "unreachable"
+            unknown = "" if retry_safe else "; outcome unknown: reconcile before retrying"
+            # the attempts' own failure says why ("nothing listens there"), when there was one
+            why = f"; the last try: {call.failures[-1]}" if call.failures else ""
             raise ServiceUnreachableError(
                 f"{what}: no answer within {timeouts.total:g} s (the {kind.value} call's total "
-                f"timeout){outcome}"
+                f"timeout){why}{unknown}"
             ) from None
+        except ServiceUnreachableError:
+            outcome = "unreachable"
+            raise
+        except asyncio.CancelledError:
+            outcome = ""  # the caller gave up: the call did not end, it was abandoned
+            raise
+        else:
+            outcome = "ok"
+            return answer
+        finally:
+            if outcome:
+                self.report_call(kind, started, outcome)
 
     async def _attempts(self, call: _Call) -> tuple[int, bytes, str]:
         what, headers, auth, retry_safe = call.what, call.headers, call.auth, call.retry_safe
@@ -291,15 +335,16 @@ class Transport:
             try:
                 answer = await self._exchange(call, call_headers)
             except aiohttp.ClientConnectorError as exc:
+                call.failures.append(network_words(exc))
                 if await self._backed_off(attempt):  # never reached the service: always safe
                     continue
-                raise ServiceUnreachableError(f"{what}: cannot connect: {exc}") from exc
+                raise ServiceUnreachableError(f"{what}: {network_words(exc)}") from exc
             except (aiohttp.ClientError, TimeoutError) as exc:
                 if retry_safe and await self._backed_off(attempt):
                     continue
                 outcome = "" if retry_safe else "; outcome unknown: reconcile before retrying"
                 raise ServiceUnreachableError(
-                    f"{what}: no answer ({type(exc).__name__}: {exc}){outcome}"
+                    f"{what}: no answer ({network_words(exc)}){outcome}"
                 ) from exc
             _LOGGER.debug("%s -> %s (%d bytes)", what, answer.status, len(answer.body))
 
@@ -444,6 +489,7 @@ class _Call(NamedTuple):
     rate_limited: bool
     timeout: aiohttp.ClientTimeout  # connect and read, per attempt
     patience_ends: float  # monotonic: no Retry-After wait past this
+    failures: list[str]  # each failed attempt in words, for the message when time runs out
 
 
 class _Answer(NamedTuple):

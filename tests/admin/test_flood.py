@@ -140,6 +140,6 @@ async def test_a_slow_header_flood_on_one_port_stops_no_sale_and_no_status(
     assert closed >= FLOOD - 256 - 128  # the kernel's accept queue holds some for a while
     assert max(latencies) < 5.0  # generous: a busy 2-core machine, not a timeout
     server = "kiosk_api:screen" if flooded == "kiosk_api" else "admin"
-    sample = f'kiosk_agent_refusals_total{{source="http:{server}",reason="connection_cap"}}'
+    sample = f'kiosk_agent_refusals_total{{reason="connection_cap",source="http:{server}"}}'
     assert sample in metrics
     assert "kiosk_agent_http_connections" in metrics

@@ -75,8 +75,9 @@ async def test_health_and_metrics_show_terminals_and_sales(agent: Any, api: Any)
     async with api.get("/metrics", headers=READER) as response:
         assert response.headers["Content-Type"].startswith("text/plain; version=0.0.4")
         text = await response.text()
-    assert "kiosk_agent_sales_today_amount_cents 250" in text
-    assert 'kiosk_agent_terminal_online{device_id="SIM-0001"} 1' in text
+    assert 'kiosk_agent_captured_cents_total{terminal="SIM-0007"} 250.0' in text
+    assert 'kiosk_agent_sales_total{state="completed",terminal="SIM-0007"} 1.0' in text
+    assert 'kiosk_agent_terminal_online{terminal="SIM-0001"} 1.0' in text
     assert "kiosk_agent_webhooks_total" in text
 
 

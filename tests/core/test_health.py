@@ -1,5 +1,6 @@
 import asyncio
 import dataclasses
+import datetime as dt
 import time
 
 import pytest
@@ -110,6 +111,34 @@ def test_a_receipt_note_is_not_counted_as_a_second_sale() -> None:
     health.record_sale(dataclasses.replace(completed, step=Step.RECEIPT, message="receipt printed"))
     sales = health.snapshot().sales
     assert (sales.today_count, sales.today_amount_cents) == (1, 250)
+
+
+def test_running_totals_only_grow_across_local_midnight_where_the_day_starts_again() -> None:
+    day = [dt.date(2026, 11, 24)]
+    health = Health("1", today=lambda: day[0])
+    reversed_sale = dataclasses.replace(_event("b", SaleState.REVERSED), reversed_cents=300)
+    for event in (_event("a", SaleState.COMPLETED, captured=250), reversed_sale):
+        health.record_sale(event)
+    before = health.sale_totals()
+    day[0] = dt.date(2026, 11, 25)  # local midnight passes
+    assert health.snapshot().sales.today_count == 0  # the day's figures start again
+    assert health.sale_totals() == before  # the totals do not
+    health.record_sale(dataclasses.replace(_event("c", SaleState.COMPLETED, captured=100),
+                                           terminal="SIM-0001"))
+    totals = health.sale_totals()
+    assert totals.sales == {("", SaleState.COMPLETED): 1, ("", SaleState.REVERSED): 1,
+                            ("SIM-0001", SaleState.COMPLETED): 1}
+    assert (totals.captured_cents, totals.reversed_cents) == ({"": 250, "SIM-0001": 100},
+                                                              {"": 300})
+    assert health.snapshot().sales.today_count == 1
+
+
+def test_a_sale_held_then_resolved_counts_in_both_outcomes() -> None:
+    health = Health("1")
+    health.record_sale(_event("a", SaleState.ATTENTION))
+    health.record_sale(_event("a", SaleState.COMPLETED, captured=250))
+    assert health.sale_totals().sales == {("", SaleState.ATTENTION): 1,
+                                          ("", SaleState.COMPLETED): 1}
 
 
 async def test_follow_sales_reads_the_event_bus() -> None:

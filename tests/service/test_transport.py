@@ -22,7 +22,7 @@ from kiosk_agent.service.errors import (
     ServiceUnreachableError,
 )
 from kiosk_agent.service.models import ChargeRequest
-from kiosk_agent.service.settings import ServiceSettings
+from kiosk_agent.service.settings import CallKind, ServiceSettings
 
 from .scripted_server import ScriptedServer, drop_connection, json_reply, raw_reply
 
@@ -265,3 +265,30 @@ async def test_secrets_never_appear_in_settings_repr(scripted_settings: ServiceS
     assert "key-1" not in text
     assert "refresh-1" not in text
     assert "secret'" not in text
+
+
+async def test_observers_hear_each_call_once_with_its_kind_seconds_and_outcome(
+    scripted: ScriptedServer, scripted_settings: ServiceSettings
+) -> None:
+    scripted.script("GET", TERMINALS, json_reply(ONE_TERMINAL))
+    scripted.script("POST", "/api/v1/charge", drop_connection)
+    scripted.script("POST", "/api/v1/void", json_reply({"error": "no"}, status=400))
+    heard: list[tuple[CallKind, float, str]] = []
+
+    def broken(kind: CallKind, seconds: float, outcome: str) -> None:
+        raise RuntimeError("an observer's bug")
+
+    async with ServiceClient(scripted_settings) as svc:
+        svc.transport.observe(broken)  # logged, and the call's answer stands
+        unsubscribe = svc.transport.observe(lambda *call: heard.append(call))
+        await svc.terminal.list()
+        with pytest.raises(ServiceUnreachableError):
+            await svc.payments.charge(ChargeRequest(amount=100, account_token="9412345678901111"))
+        with pytest.raises(BadRequestError):
+            await svc.transport.request("POST", "/api/v1/void", json={})
+        unsubscribe()
+        await svc.terminal.list()
+    assert [(kind, outcome) for kind, _, outcome in heard] == [
+        (CallKind.CONTROL, "ok"), (CallKind.MONEY, "unreachable"), (CallKind.MONEY, "error"),
+    ]
+    assert all(0 <= seconds < 5 for _, seconds, _ in heard)
