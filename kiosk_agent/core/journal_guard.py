@@ -65,8 +65,8 @@ def inspect_journal(path: Path, *, move_damaged: bool = True) -> JournalNotice |
         what = "missing" if not path.exists() else "empty (0 bytes)"
         return _lost(path, marker, what)
     problems = integrity(path, quick=True)
-    if not problems:
-        return None
+    if not problems or _not_damage(problems):
+        return None  # readable, or a fault of the disk (full, read-only): open() says which
     if problems == ["no sales table: the journal is empty"]:
         if marker.exists():
             return _lost(path, marker, "empty (no tables: its WAL was removed, or never synced)")
@@ -83,6 +83,13 @@ def inspect_journal(path: Path, *, move_damaged: bool = True) -> JournalNotice |
         "the new journal; any it did not hold was given back or put to attention",
         kept,
     )
+
+
+def _not_damage(problems: list[str]) -> bool:
+    """An error of the disk (full, read-only, I/O), not of the file: nothing is moved aside."""
+    text = " ".join(problems).lower()
+    return any(word in text for word in ("disk i/o", "disk is full", "readonly", "read-only",
+                                         "unable to open"))
 
 
 def _lost(path: Path, marker: Path, what: str) -> JournalNotice:

@@ -38,7 +38,7 @@ import subprocess
 import sys
 import textwrap
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -656,6 +656,11 @@ class Chaos:
             tail = self.log.read_text()[-3000:]
             raise AssertionError(f"the agent exited {agent.proc.returncode}:\n{tail}")
 
+    async def _ready_quietly(self) -> None:
+        """Until the agent is ready; a kill before that is no error here."""
+        with contextlib.suppress(AssertionError, TimeoutError):
+            await self.wait_ready(30.0)
+
     async def wait_ready(self, timeout: float = 60.0) -> None:
         """Until the agent answers /api/status and, where it says so, its recovery is done."""
         async with asyncio.timeout(timeout):
@@ -679,7 +684,7 @@ class Chaos:
             if opts.faults:
                 await self._arm_faults(target)
             agent = await self._start_agent()
-            episode = self.disk.maybe_fill(self.rng)
+            episode = self.disk.maybe_fill(self.rng, self._ready_quietly)
             if self.clock is not None and self.rng.random() < CLOCK_STEP_SHARE:
                 self._step_clock_later(self.rng.uniform(0.0, 2.0))
             mode = await self._kill_moment(agent, mode, target)
@@ -837,12 +842,17 @@ class DiskFaults:
             subprocess.run(["umount", "-l", str(self.mount_point)], check=False)
             self.mounted = False
 
-    def maybe_fill(self, rng: random.Random) -> asyncio.Task[None] | None:
+    def maybe_fill(
+        self, rng: random.Random, ready: Callable[[], Awaitable[None]]
+    ) -> asyncio.Task[None] | None:
+        """Some rounds: full for a moment once the agent is up (while it sells)."""
         if not self.mounted or rng.random() >= self.options.disk_full:
             return None
-        return asyncio.create_task(self._full(rng.uniform(0.05, 1.0), rng.uniform(0.2, 1.5)))
+        after, hold = rng.uniform(0.05, 1.0), rng.uniform(0.2, 1.5)
+        return asyncio.create_task(self._full(ready, after, hold))
 
-    async def _full(self, after: float, hold: float) -> None:
+    async def _full(self, ready: Callable[[], Awaitable[None]], after: float, hold: float) -> None:
+        await ready()
         await asyncio.sleep(after)
         self.report.disk_full_episodes += 1
         self._fill()

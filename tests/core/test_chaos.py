@@ -51,10 +51,11 @@ DISK_KILLS = 10  # about 25 s
 async def test_a_journal_disk_that_fills_and_a_journal_that_loses_its_wal_keep_the_money_right(
     tmp_path: Path,
 ) -> None:
-    """The journal on a small tmpfs filled now and then while sales run, and its WAL deleted
+    """The journal on a small tmpfs filled for a moment in every round once the agent is up
+    (when it lives that long), and its WAL deleted
     once between a kill and the restart: every charge still ends right in the ledger."""
     options = ChaosOptions(workdir=tmp_path, kills=DISK_KILLS, seed=12, pause=(0.05, 0.8),
-                           disk_full=0.6, damage_journal="wal_deleted")
+                           disk_full=1.0, damage_journal="wal_deleted")
     async with Chaos(options) as chaos:
         report = await chaos.run()
 
