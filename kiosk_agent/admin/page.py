@@ -43,7 +43,7 @@ from aiohttp import web
 
 from kiosk_agent.core.doctor import Report, Verdict, check_running
 from kiosk_agent.core.logging import RefusalLog
-from kiosk_agent.core.web import read_json
+from kiosk_agent.core.web import read_json, stream_slot
 from kiosk_agent.money import format_cents
 from kiosk_agent.sales.journal import SaleRecord
 from kiosk_agent.sales.model import SaleEvent, money_text
@@ -369,31 +369,38 @@ class StatusPage:
         """Server-sent events: ``health`` (whenever it changes), ``note`` and ``sale`` lines."""
         if self._streams >= MAX_STREAMS:
             return _error(503, "busy", f"{MAX_STREAMS} event streams are open already")
+        slot = stream_slot(request)  # the server's own bound: streams never take request slots
+        if slot is None:
+            return _error(503, "busy", "every event stream slot of this server is taken")
         self._streams += 1
         try:
-            response = web.StreamResponse(
-                headers={
-                    "Content-Type": "text/event-stream",
-                    "Cache-Control": "no-store",
-                    "X-Accel-Buffering": "no",
-                }
-            )
-            await response.prepare(request)
-            try:
-                await self._stream(response, self._alive(request))
-            except _Stalled:
-                self.stalled_streams += 1
-                self.refused(
-                    "stalled_stream",
-                    "status page: cut an event stream to %s: it took nothing for %g s",
-                    request.remote,
-                    STREAM_WRITE_TIMEOUT_S,
-                )
-                if request.transport is not None:
-                    request.transport.abort()  # its unsent buffer goes with it
-            return response
+            with slot:
+                return await self._events(request)
         finally:
             self._streams -= 1
+
+    async def _events(self, request: web.Request) -> web.StreamResponse:
+        response = web.StreamResponse(
+            headers={
+                "Content-Type": "text/event-stream",
+                "Cache-Control": "no-store",
+                "X-Accel-Buffering": "no",
+            }
+        )
+        await response.prepare(request)
+        try:
+            await self._stream(response, self._alive(request))
+        except _Stalled:
+            self.stalled_streams += 1
+            self.refused(
+                "stalled_stream",
+                "status page: cut an event stream to %s: it took nothing for %g s",
+                request.remote,
+                STREAM_WRITE_TIMEOUT_S,
+            )
+            if request.transport is not None:
+                request.transport.abort()  # its unsent buffer goes with it
+        return response
 
     def _alive(self, request: web.Request) -> Callable[[], bool]:
         """Whether the request's authentication still holds: a stream opened with the session

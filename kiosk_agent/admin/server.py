@@ -28,6 +28,7 @@ import hmac
 import json
 import logging
 import math
+import sqlite3
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
@@ -48,6 +49,7 @@ from kiosk_agent.export import (
     report_values,
 )
 from kiosk_agent.sales.attention import NotInAttention, ResolveError, UnknownSale, resolve
+from kiosk_agent.sales.journal import JournalError, SaleRecord
 from kiosk_agent.sales.states import SaleState
 from kiosk_agent.service.errors import (
     AuthenticationError,
@@ -253,7 +255,7 @@ class AdminServer:
             limit=_int_param(query, "limit", None if fmt else 100, MAX_SALES_LIMIT),
         )
         if fmt is None:
-            return web.json_response({"sales": [r.as_dict() for r in records]})
+            return web.json_response({"sales": self._with_unwritten(records, states)})
         return web.Response(
             body="".join(export_sales(records, fmt)).encode(),
             headers={
@@ -261,6 +263,24 @@ class AdminServer:
                 "Content-Disposition": f'inline; filename="sales.{fmt}"',
             },
         )
+
+    def _with_unwritten(
+        self, records: list[SaleRecord], states: list[SaleState]
+    ) -> list[dict[str, Any]]:
+        """The journal's sales, each one kept in memory (its step not written yet) shown as
+        memory holds it: ``attention`` with ``unwritten: true`` until the journal has it."""
+        unwritten = getattr(self.agent, "unwritten", None)
+        kept = {r.sale_id: r for r in (unwritten.records if unwritten is not None else [])}
+        shown = []
+        for record in records:
+            if record.sale_id in kept:
+                continue
+            shown.append(record.as_dict())
+        if not states or SaleState.ATTENTION in states:
+            for record in kept.values():
+                shown.insert(0, {**record.as_dict(), "state": SaleState.ATTENTION.value,
+                                 "unwritten": True, "state_unwritten": record.state.value})
+        return shown
 
     async def sale(self, request: web.Request) -> web.Response:
         journal = self._journal()
@@ -478,6 +498,9 @@ async def _error_middleware(request: web.Request, handler: Handler) -> web.Strea
         return web.json_response(
             {"error": err.error, "detail": err.message, "field": err.field}, status=err.status
         )
+    except (JournalError, sqlite3.Error) as err:
+        # a failing disk or a damaged journal: said in JSON, with the journal named
+        return _error(503, "journal_unavailable", f"the journal cannot be used now: {err}")
     except ServiceError as err:
         status = next((code for cls, code in _SERVICE_STATUS if isinstance(err, cls)), 502)
         return _error(status, err.error or type(err).__name__, f"payment service: {err}")

@@ -6,6 +6,7 @@ import argparse
 import datetime as dt
 import json
 import sys
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -336,15 +337,30 @@ def _open_journal(args: argparse.Namespace) -> Journal:
     return journal
 
 
+# An open sale that has not moved for this long is shown with the attention sales: a running
+# agent may hold it in memory while its journal cannot take the step (docs/journal.md).
+STALLED_OPEN_S = 30.0
+
+
 async def attention_command(args: argparse.Namespace) -> int:
     journal = _open_journal(args)
     try:
         sales = journal.attention_sales()
+        now = time.time()
+        stalled = [s for s in journal.open_sales() if now - s.updated_at > STALLED_OPEN_S]
     finally:
         journal.close()
     if wants_json(args):
-        print(json.dumps({"sales": [s.as_dict() for s in sales]}, indent=2))
+        print(json.dumps({"sales": [s.as_dict() for s in sales],
+                          "stalled_open": [s.as_dict() for s in stalled]}, indent=2))
         return EXIT_OK
+    for sale in stalled:
+        since = dt.datetime.fromtimestamp(sale.updated_at, dt.UTC)
+        print(
+            f"{sale.sale_id}  {sale.order_id}  {sale.source}  open ({sale.state.value}) since "
+            f"{since:%Y-%m-%d %H:%M:%SZ}\n  not moved for {now - sale.updated_at:.0f} s: the "
+            "agent finishes it (a journal that cannot take writes keeps it in memory meanwhile)"
+        )
     for sale in sales:
         when = dt.datetime.fromtimestamp(sale.finished_at or sale.updated_at, dt.UTC)
         held = format_cents(sale.captured_cents or sale.authorized_cents, sale.currency)

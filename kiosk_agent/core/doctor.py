@@ -194,7 +194,37 @@ def check_journal(report: Report, config: Config) -> None:
             "run doctor as the service user, or chown the state directory",
         )
     else:
-        report.add("journal", Verdict.PASS, str(path))
+        check_journal_file(report, path)
+
+
+def check_journal_file(report: Report, path: Path) -> None:
+    """The journal's integrity (``PRAGMA integrity_check``, its WAL read with it), and whether
+    one that was in use here is missing or empty (the ``.in-use`` marker beside it)."""
+    from kiosk_agent.core.journal_guard import inspect_journal
+    from kiosk_agent.sales.journal import integrity, marker_path, side_files
+
+    wal = side_files(path)[0]
+    wal_text = f"WAL {wal.stat().st_size} bytes" if wal.exists() else "no WAL"
+    notice = inspect_journal(path, move_damaged=False)
+    if notice is not None and notice.kind == "lost":
+        report.add("journal", Verdict.FAIL, notice.message,
+                   "restore it from a backup, or delete the marker if it was removed on "
+                   "purpose; the agent checks reporting for the charges it held on start")
+        return
+    if not path.exists():
+        report.add("journal", Verdict.PASS, f"{path} not created yet (the first start does)")
+        return
+    problems = integrity(path)
+    if problems:
+        report.add(
+            "journal", Verdict.FAIL, f"{path} is damaged ({wal_text}): {'; '.join(problems[:3])}",
+            "restart the agent: it moves the damaged journal aside (kept for `sqlite3 FILE "
+            ".recover`), begins a new one and gives back any charge it can no longer account "
+            "for",
+        )
+        return
+    marker = "" if marker_path(path).exists() else "; no in-use marker yet"
+    report.add("journal", Verdict.PASS, f"{path}: integrity ok ({wal_text}{marker})")
 
 
 def _can_create(directory: Path) -> bool:

@@ -111,6 +111,15 @@ class JournalHealth(_Model):
     writable: bool | None = None  # None: not checked yet
     checked_at: float | None = None
     detail: str = ""
+    path: str = ""
+    # sales whose step could not be written: kept in memory, finished once the journal is back
+    unwritten_sales: list[str] = []
+    # the journal was found lost or damaged at start: what happened, where, what to do
+    notice: str = ""
+    # reporting's recent charges compared with the journal (core.journal_guard)
+    charges_pending: bool = False  # the first comparison since start (or a fault) not made yet
+    charges_checked_at: float | None = None
+    charges_detail: str = ""
 
 
 class AvailabilityHealth(_Model):
@@ -280,10 +289,14 @@ class Health:
         if previous is not writable:
             log = _LOGGER.info if writable else _LOGGER.error
             log("journal %s %s", "writable" if writable else "NOT writable:", detail)
-        self._journal = JournalHealth(
-            writable=writable, checked_at=time.time(), detail=redact(detail)
+        self._journal = self._journal.model_copy(
+            update={"writable": writable, "checked_at": time.time(), "detail": redact(detail)}
         )
         self._changed()
+
+    def report_journal_state(self, **changes: Any) -> None:
+        """The journal's other facts (unwritten sales, a start notice, the charge check)."""
+        self._journal = self._journal.model_copy(update=changes)
 
     def report_availability(
         self, device_id: str, *, available: bool, reason: str, since: float, changes: int
@@ -468,9 +481,18 @@ class Health:
     ) -> tuple[Status, list[str]]:
         problems = [f"{name} failed: {reason}" for name, reason in sorted(self._fatal.items())]
         down = bool(self._fatal)
-        if self._journal.writable is False:
-            problems.append(f"journal not writable: {self._journal.detail}".rstrip(": "))
+        journal = self._journal
+        if journal.writable is False:
+            problems.append(f"journal not writable: {journal.detail}".rstrip(": "))
             down = True
+        if journal.unwritten_sales:
+            problems.append(f"journal: {len(journal.unwritten_sales)} sale(s) not written yet "
+                            "(finished once it takes writes)")
+            down = True
+        if journal.notice:
+            problems.append(f"journal: {journal.notice}")
+        if journal.charges_detail:
+            problems.append(f"journal: {journal.charges_detail}")
         if service.reachable is False:
             problems.append(f"service unreachable: {service.detail}".rstrip(": "))
             down = True

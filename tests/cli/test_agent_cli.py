@@ -383,6 +383,31 @@ def test_check_config_show_prints_the_same_text_every_time(
     assert shown["sales"]["retries"] == 2  # defaults filled in
 
 
+def test_sales_attention_shows_an_open_sale_that_has_not_moved(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # as a running agent leaves it on disk while its journal cannot take the next step
+    path = write(tmp_path, GOOD)
+    journal = Journal(tmp_path / "journal.db")
+    journal.open()
+    held = journal.create(
+        SaleRecord(sale_id="9a8b7c6d5e", order_id="KAHELD", source="kiosk_api:screen",
+                   flow="charge_card", terminal="SIM-0001", amount_cents=250,
+                   state=SaleState.STARTED)
+    )  # fmt: skip
+    journal.record(held, "charge_card.request", SaleState.CHARGING)
+    journal.db.execute("UPDATE sales SET updated_at = updated_at - 120")
+    journal.close()
+
+    assert main(["sales", "attention", "-c", str(path)]) == 0
+    listed = capsys.readouterr().out
+    assert "9a8b7c6d5e  KAHELD  kiosk_api:screen  open (charging) since" in listed
+    assert "not moved for 120 s" in listed
+    assert main(["sales", "attention", "-c", str(path), "--json"]) == 0
+    [stalled] = json.loads(capsys.readouterr().out)["stalled_open"]
+    assert stalled["state"] == "charging"
+
+
 def test_sales_attention_lists_what_a_person_must_decide_and_resolve_records_it(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -415,7 +440,7 @@ def test_sales_attention_lists_what_a_person_must_decide_and_resolve_records_it(
     assert answer["sale"]["captured_cents"] == 250
 
     assert main(["sales", "attention", "-c", str(path), "--json"]) == 0
-    assert json.loads(capsys.readouterr().out) == {"sales": []}
+    assert json.loads(capsys.readouterr().out) == {"sales": [], "stalled_open": []}
     # resolving twice is refused, and says why
     assert main([*argv, "-c", str(path)]) == 1
     assert "completed, not attention" in capsys.readouterr().err
