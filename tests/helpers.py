@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import random
 import socket
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 
@@ -16,10 +18,31 @@ async def until(predicate: Callable[[], object], timeout: float = 5.0) -> None:
 
 
 def free_port() -> int:
-    """A loopback port free right now, for a server that must come back on the same port."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+    """A loopback port free right now, for a server that must come back on the same port.
+
+    Chosen below the kernel's ephemeral range: a port from inside it (what binding port 0
+    gives) can be taken meanwhile by any outgoing connection of a parallel test, and a server
+    restarted on it then finds it in use."""
+    low = _ephemeral_low()
+    for _ in range(200):
+        port = _RANDOM.randrange(max(1024, low - 12000), low)
+        with socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError("no free loopback port below the ephemeral range")
+
+
+def _ephemeral_low() -> int:
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
+_RANDOM = random.SystemRandom()
 
 
 async def sim_call(sim: Any, method: str, path: str, body: dict[str, Any] | None = None) -> Any:

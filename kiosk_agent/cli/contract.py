@@ -378,6 +378,10 @@ def _explain(err: BaseException) -> tuple[str, int, list[str], bool]:
         return f"the service said no: {err}", EXIT_FAILED, [], True
     if isinstance(err, MoneyError | ValueError):
         return str(err), EXIT_USAGE, [], True
+    from kiosk_agent.core.web import ListenError
+
+    if isinstance(err, ListenError):
+        return str(err.strerror), EXIT_FAILED, [], False
     return f"unexpected {type(err).__name__}: {err} (please report this)", EXIT_FAILED, [], True
 
 

@@ -34,8 +34,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import json
 import logging
+import os
 import resource
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
@@ -250,6 +252,23 @@ class _Overloaded(asyncio.Protocol):
         transport.close()
 
 
+class ListenError(OSError):
+    """A local server could not listen: says which one, where, and what to change."""
+
+    def __init__(self, name: str, host: str, port: int, err: OSError) -> None:
+        # os.strerror: asyncio's own text repeats the address ("error while attempting ...")
+        why = os.strerror(err.errno) if err.errno else str(err)
+        if err.errno == errno.EADDRINUSE:
+            fix = "another program (or another agent) holds it: stop that one or change the port"
+        elif err.errno == errno.EADDRNOTAVAIL:
+            fix = "this machine has no such address: change the host"
+        elif err.errno == errno.EACCES:
+            fix = "ports below 1024 need privileges: choose a port above 1023"
+        else:
+            fix = "check the host and port"
+        super().__init__(err.errno, f"{name}: cannot listen on {host}:{port}: {why.lower()}; {fix}")
+
+
 class LocalSite:
     """One aiohttp application served on ``host:port`` until stopped, within its limits."""
 
@@ -327,7 +346,12 @@ class LocalSite:
         await runner.setup()
         self._runner = runner
         loop = asyncio.get_running_loop()
-        self._server = await loop.create_server(self._accept, self.host, self._wanted_port)
+        try:
+            self._server = await loop.create_server(self._accept, self.host, self._wanted_port)
+        except OSError as err:
+            await runner.cleanup()
+            self._runner = None
+            raise ListenError(self.name, self.host, self._wanted_port, err) from None
         self.port = int(self._server.sockets[0].getsockname()[1])
         _LIVE.add(self)
         _check_descriptors()

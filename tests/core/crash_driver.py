@@ -32,7 +32,6 @@ import logging
 import os
 import random
 import signal
-import socket
 import sqlite3
 import subprocess
 import sys
@@ -896,9 +895,10 @@ class DiskFaults:
 
 
 def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+    # the harness's side only (the agent side runs this file as a script, without tests/)
+    from tests.helpers import free_port
+
+    return free_port()
 
 
 def _step_text(step: StepRecord) -> str:

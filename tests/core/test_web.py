@@ -12,7 +12,14 @@ from aiohttp import web
 from hypothesis import given
 from hypothesis import strategies as st
 
-from kiosk_agent.core.web import BodyError, HttpLimits, LocalSite, loads_bounded, read_json
+from kiosk_agent.core.web import (
+    BodyError,
+    HttpLimits,
+    ListenError,
+    LocalSite,
+    loads_bounded,
+    read_json,
+)
 from tests.helpers import until
 
 
@@ -232,3 +239,21 @@ def test_any_body_gives_a_value_or_a_clear_400_quickly(raw: bytes) -> None:
     assert time.monotonic() - started < 1.0
     if error is not None:
         assert (error.status, bool(error.message)) == (400, True)
+
+
+async def test_a_port_in_use_is_named_with_what_to_change() -> None:
+    """Not 'unexpected OSError ... (please report this)': which server, where, and the fix."""
+    holder = await asyncio.start_server(lambda r, w: w.close(), "127.0.0.1", 0)
+    port = holder.sockets[0].getsockname()[1]
+    site = LocalSite("127.0.0.1", port, name="admin")
+    try:
+        with pytest.raises(ListenError) as caught:
+            await site.start(web.Application())
+    finally:
+        holder.close()
+        await holder.wait_closed()
+    assert caught.value.strerror == (
+        f"admin: cannot listen on 127.0.0.1:{port}: address already in use; another program "
+        "(or another agent) holds it: stop that one or change the port"
+    )
+    await site.stop()  # nothing was left half started
