@@ -2,6 +2,7 @@
 the network (cutting it drops the connection without a goodbye, as a pulled cable would)."""
 
 import asyncio
+import contextlib
 import json
 import random
 from dataclasses import replace
@@ -13,7 +14,7 @@ import pytest
 from kiosk_agent.bus import EventBus
 from kiosk_agent.core.availability import Availability
 from kiosk_agent.fleet.component import Upstream
-from kiosk_agent.fleet.mqtt import BirthPolicy, MqttSink
+from kiosk_agent.fleet.mqtt import STABLE_AFTER, BirthPolicy, MqttSink
 from kiosk_agent.sales.model import SaleEvent
 from kiosk_agent.sales.states import SaleState
 
@@ -248,3 +249,39 @@ async def test_after_a_broker_restart_the_unit_is_back_with_its_state(tmp_path: 
     finally:
         await upstream.stop()
         stop_broker(proc)
+
+
+@pytest.mark.mqtt
+@pytest.mark.timeout(60)  # before the fix the twins never settled: fail in a minute, not five
+async def test_two_units_with_one_device_id_back_off_instead_of_taking_turns_forever(
+    mosquitto: int, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A copied configuration: two agents, one client id; each connect drops the other. Before,
+    the back-off started over at every CONNACK: 9 reconnects (and announces) a second each,
+    forever. Now it starts over only after a connection held STABLE_AFTER seconds."""
+    now = [0.0]  # a clock that never moves: no connection here ever held
+    conf = {"host": "127.0.0.1", "port": mosquitto, "reconnect_interval": 0.02,
+            "reconnect_max": 0.2, "discovery_prefix": False}
+    twins = [MqttSink(conf, 1, "twin-unit", "1", rng=random.Random(seed), clock=lambda: now[0])
+             for seed in (1, 2)]
+    for sink in twins:
+        await sink.start()
+    try:
+        await until(lambda: all(sink.connects >= 3 for sink in twins), timeout=20)
+        # each drop counted as a failed attempt: the waits grow to reconnect_max
+        assert all(sink._backoff.attempts >= 2 for sink in twins)
+        assert "another client with the id kiosk-agent-twin-unit" in caplog.text
+        await twins[1].stop()
+        await until(lambda: twins[0].connected)
+        now[0] += STABLE_AFTER  # this connection held: a later drop starts the back-off over
+        failures = twins[0].failures
+        # one more taker of the id (it is dropped in turn when the unit comes back)
+        with contextlib.suppress(aiomqtt.MqttError, TimeoutError):
+            async with asyncio.timeout(5), aiomqtt.Client(
+                "127.0.0.1", mosquitto, identifier="kiosk-agent-twin-unit"
+            ):
+                await until(lambda: twins[0].failures > failures)
+        assert twins[0]._backoff.attempts == 1
+    finally:
+        for sink in twins:
+            await sink.stop()
