@@ -289,7 +289,11 @@ def mqtt_tls_context(conf: dict[str, Any]) -> ssl.SSLContext | None:
     """The TLS context for an `mqtt:` section; it always verifies the broker's certificate."""
     if not conf.get("tls"):
         return None
-    return ssl.create_default_context(cafile=conf.get("ca_file"))
+    ca_file = conf.get("ca_file")
+    try:
+        return ssl.create_default_context(cafile=ca_file)
+    except OSError as err:  # gone or not a certificate since the config was checked
+        raise OSError(f"tls ca_file {ca_file}: {err.strerror or err}") from None
 
 
 def mqtt_client(
