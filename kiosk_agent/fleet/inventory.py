@@ -40,8 +40,9 @@ async def retained(
     found: dict[str, str] = {}
     # its own client id: reusing a unit's would disconnect it
     async with mqtt_client(conf, f"kiosk-agent-fleet-{os.getpid()}", timeout=max(wait, 5.0)) as c:
-        for pattern in patterns:
-            await c.subscribe(pattern, qos=1)
+        # one SUBSCRIBE for all: a second one's SUBACK would queue behind every retained
+        # message of the first (80 MB of foreign payloads outlasted the 5 s client timeout)
+        await c.subscribe([(pattern, 1) for pattern in patterns])
         deadline = time.monotonic() + wait
         messages = aiter(c.messages)
         while (left := deadline - time.monotonic()) > 0:
