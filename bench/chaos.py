@@ -2,6 +2,7 @@
 
     python bench/chaos.py [--kills 300] [--machines 2] [--seed 1] [--no-faults]
                           [--no-clock-steps] [--dir DIR]
+                          [--disk-full P] [--damage-journal wal_deleted|page_overwritten]
 
 The agent (``kiosk-agent run``), the simulator (``kiosk-agent sim``) and ``--machines`` vending
 machines (``kiosk-agent virtual``) run as separate processes; the harness is
@@ -16,6 +17,10 @@ Prints kills, sales, sales recovered, every violation with the sale's journal st
 vends (vends the machine confirmed whose money went back because the agent died before hearing
 the result) and the unpaid-vend window (journaled ``dispense.request`` to the vend result
 journaled), then one JSON line.
+
+The journal's disk (root only): ``--disk-full P`` puts the journal on a tmpfs of its own and
+fills it for 0.2 to 1.5 s in a fraction P of the rounds while sales run; ``--damage-journal``
+deletes its WAL (or overwrites a page) once, half-way, between a kill and the restart.
 """
 
 from __future__ import annotations
@@ -43,6 +48,10 @@ async def main() -> int:
     )
     parser.add_argument("--dir", type=Path, help="keep the journal, records and logs here")
     parser.add_argument("--quiet", action="store_true", help="no line per kill")
+    parser.add_argument("--disk-full", type=float, default=0.0, metavar="P",
+                        help="fill the journal's own tmpfs in this fraction of the rounds")
+    parser.add_argument("--damage-journal", choices=["wal_deleted", "page_overwritten"],
+                        default="", help="damage the journal once, half-way")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="chaos-") as scratch:
         workdir = args.dir or Path(scratch)
@@ -53,6 +62,8 @@ async def main() -> int:
             machines=args.machines,
             seed=args.seed,
             faults=not args.no_faults,
+            disk_full=args.disk_full,
+            damage_journal=args.damage_journal,
             clock_steps=not args.no_clock_steps,
             log=(lambda _line: None) if args.quiet else (lambda line: print(line, flush=True)),
         )
@@ -63,6 +74,8 @@ async def main() -> int:
     print(f"kills             {report.kills}  {report.kill_modes}")
     print(f"agent starts      {report.restarts}")
     print(f"faults armed      {report.faults_armed} (contract: {report.fault_contract})")
+    print(f"journal disk      {report.disk_full_episodes} time(s) full, "
+          f"damaged: {report.journal_damaged or 'no'}")
     steps = ", ".join(f"{offset / 3600:+g} h" for offset in report.clock_steps) or "none"
     print(f"clock steps       {len(report.clock_steps)}: {steps}")
     print(f"sales             {report.sales}  {report.states}")

@@ -23,7 +23,7 @@ import datetime as dt
 import enum
 import io
 import json
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from decimal import Decimal
 from typing import TYPE_CHECKING, Any
@@ -210,6 +210,28 @@ def column_value(record: BaseModel, column: str) -> object:
             return getattr(record, "trans_status_id", getattr(record, "merchant_status_id", None))
         return status
     return getattr(record, column, None)
+
+
+SALE_FORMATS = ("csv", "json")
+
+
+def export_sales(sales: Iterable[SaleRecord], fmt: str) -> Iterator[str]:
+    """The sales as the one CSV or JSON export, piece by piece: ``kiosk-agent sales --format
+    csv|json`` and the admin API's ``GET /api/sales?format=csv|json`` both write this, so the
+    two give the same bytes."""
+    if fmt == "json":
+        json_export = JsonExport()
+        yield json_export.start()
+        for sale in sales:
+            yield json_export.row(sale_values(sale))
+        yield json_export.end()
+        return
+    if fmt != "csv":
+        raise ValueError(f"format must be one of {', '.join(SALE_FORMATS)}, got {fmt!r}")
+    csv_export = CsvExport(SALE_COLUMNS)
+    yield csv_export.header()
+    for sale in sales:
+        yield csv_export.row(sale_values(sale))
 
 
 def sale_values(sale: SaleRecord) -> dict[str, Any]:

@@ -26,6 +26,19 @@ async def cancel_and_wait(task: asyncio.Future[Any] | None) -> None:
         await task
 
 
+async def wait_event(event: asyncio.Event, seconds: float) -> bool:
+    """Wait until ``event`` is set or ``seconds`` pass; whether it is set.
+
+    Not ``asyncio.wait_for(event.wait(), timeout)``: on Python 3.11 that returns normally when
+    the task is cancelled just as the event is set, and the cancellation is lost, so a loop
+    around it never ends and its owner's stop waits for ever (``asyncio.timeout`` passes it on).
+    """
+    with contextlib.suppress(TimeoutError):
+        async with asyncio.timeout(seconds):
+            await event.wait()
+    return event.is_set()
+
+
 async def next_item(queue: asyncio.Queue[T], *until: asyncio.Future[Any]) -> T | None:
     """The queue's next item; None when one of ``until`` ends first.
 

@@ -143,3 +143,49 @@ def parse_terminals(argv: list[str]) -> argparse.Namespace:
     from kiosk_agent.cli import build_parser
 
     return build_parser("terminals").parse_args(["terminals", "list", *argv])
+
+
+def _files(journal: Path) -> dict[str, tuple[int, int, int]]:
+    """Each of the journal's files as (inode, size, mtime in ns): any write shows."""
+    found = {}
+    for part in (journal, journal.with_name(journal.name + "-wal"),
+                 journal.with_name(journal.name + "-shm")):  # fmt: skip
+        if part.exists():
+            st = part.stat()
+            found[part.name] = (st.st_ino, st.st_size, st.st_mtime_ns)
+    return found
+
+
+async def test_a_refused_agent_leaves_an_existing_journal_and_its_open_sale_untouched(
+    sim_settings: Any, tmp_path: Path
+) -> None:
+    """The owner has a sale open (a crash would leave it for recovery): a second agent, by
+    ``agent_for`` or by ``Agent.start`` itself, is refused and neither recovers nor writes."""
+    from kiosk_agent.sales.journal import Journal, SaleRecord
+    from kiosk_agent.sales.states import SaleState, Step
+
+    config = load_config(write(tmp_path))
+    path = tmp_path / "journal.db"
+    owner = Journal(path)
+    owner.open()
+    sale = owner.create(
+        SaleRecord(sale_id="open1", order_id="KAOPEN1", source="test", flow="charge_card",
+                   terminal="SIM-0001", amount_cents=250, state=SaleState.STARTED)
+    )  # fmt: skip
+    owner.record(sale, Step.CHARGE_CARD_REQUEST, SaleState.CHARGING)
+    before = _files(path)
+    assert set(before) == {"journal.db", "journal.db-wal", "journal.db-shm"}
+    with JournalLock(path):
+        with pytest.raises(JournalOwned):
+            async with agent_for(config, systemd=False):
+                raise AssertionError("assembled beside the owner")
+        second = build_agent(config, sim_settings, systemd=False)
+        with pytest.raises(JournalOwned):
+            await second.start()
+        assert not second.started
+        assert second.recovery.state != "done"
+        assert _files(path) == before
+        [still] = owner.open_sales()
+        assert (still.sale_id, still.state) == ("open1", SaleState.CHARGING)
+        assert [s.step for s in owner.steps("open1")] == [Step.CREATED, Step.CHARGE_CARD_REQUEST]
+    owner.close()

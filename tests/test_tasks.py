@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from kiosk_agent.tasks import BackgroundTask, TaskSet, cancel_and_wait, next_item
+from kiosk_agent.tasks import BackgroundTask, TaskSet, cancel_and_wait, next_item, wait_event
 
 
 async def test_cancel_and_wait_returns_once_the_task_has_run_its_cleanup() -> None:
@@ -100,3 +100,34 @@ async def test_next_item_cancelled_by_a_timeout_leaves_no_reader_behind() -> Non
     await asyncio.sleep(0)
     assert queue.get_nowait() == "completed"
     never.cancel()
+
+
+async def test_wait_event_says_whether_the_event_was_set() -> None:
+    event = asyncio.Event()
+    assert await wait_event(event, 0.01) is False
+    event.set()
+    assert await wait_event(event, 5) is True
+
+
+async def test_a_stop_that_lands_as_the_event_is_set_still_ends_the_loop() -> None:
+    """A loop that waits on an event between rounds, cancelled in the very step the event is
+    set (a stop right after a wake): the cancellation must end it. ``asyncio.wait_for`` on
+    Python 3.11 returned normally here and the loop ran on; its owner's stop never ended."""
+    event = asyncio.Event()
+    rounds = 0
+
+    async def rounds_until_cancelled() -> None:
+        nonlocal rounds
+        while True:
+            rounds += 1
+            event.clear()
+            await wait_event(event, 60)
+
+    task = asyncio.create_task(rounds_until_cancelled())
+    await asyncio.sleep(0)  # it waits now
+    event.set()
+    task.cancel()
+    done, _ = await asyncio.wait({task}, timeout=2)
+    assert done == {task}, "the cancellation was lost: the loop runs on"
+    assert task.cancelled()
+    assert rounds == 1

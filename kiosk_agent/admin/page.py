@@ -43,10 +43,11 @@ from aiohttp import web
 
 from kiosk_agent.core.doctor import Report, Verdict, check_running
 from kiosk_agent.core.logging import RefusalLog
-from kiosk_agent.core.web import read_json
+from kiosk_agent.core.web import read_json, stream_slot
 from kiosk_agent.money import format_cents
 from kiosk_agent.sales.journal import SaleRecord
-from kiosk_agent.sales.model import SaleEvent
+from kiosk_agent.sales.model import SaleEvent, money_text
+from kiosk_agent.service.models.common import card_brand_name
 from kiosk_agent.tasks import BackgroundTask
 
 _LOGGER = logging.getLogger(__name__)
@@ -368,31 +369,38 @@ class StatusPage:
         """Server-sent events: ``health`` (whenever it changes), ``note`` and ``sale`` lines."""
         if self._streams >= MAX_STREAMS:
             return _error(503, "busy", f"{MAX_STREAMS} event streams are open already")
+        slot = stream_slot(request)  # the server's own bound: streams never take request slots
+        if slot is None:
+            return _error(503, "busy", "every event stream slot of this server is taken")
         self._streams += 1
         try:
-            response = web.StreamResponse(
-                headers={
-                    "Content-Type": "text/event-stream",
-                    "Cache-Control": "no-store",
-                    "X-Accel-Buffering": "no",
-                }
-            )
-            await response.prepare(request)
-            try:
-                await self._stream(response, self._alive(request))
-            except _Stalled:
-                self.stalled_streams += 1
-                self.refused(
-                    "stalled_stream",
-                    "status page: cut an event stream to %s: it took nothing for %g s",
-                    request.remote,
-                    STREAM_WRITE_TIMEOUT_S,
-                )
-                if request.transport is not None:
-                    request.transport.abort()  # its unsent buffer goes with it
-            return response
+            with slot:
+                return await self._events(request)
         finally:
             self._streams -= 1
+
+    async def _events(self, request: web.Request) -> web.StreamResponse:
+        response = web.StreamResponse(
+            headers={
+                "Content-Type": "text/event-stream",
+                "Cache-Control": "no-store",
+                "X-Accel-Buffering": "no",
+            }
+        )
+        await response.prepare(request)
+        try:
+            await self._stream(response, self._alive(request))
+        except _Stalled:
+            self.stalled_streams += 1
+            self.refused(
+                "stalled_stream",
+                "status page: cut an event stream to %s: it took nothing for %g s",
+                request.remote,
+                STREAM_WRITE_TIMEOUT_S,
+            )
+            if request.transport is not None:
+                request.transport.abort()  # its unsent buffer goes with it
+        return response
 
     def _alive(self, request: web.Request) -> Callable[[], bool]:
         """Whether the request's authentication still holds: a stream opened with the session
@@ -412,8 +420,8 @@ class StatusPage:
                 while not self._closing.is_set() and alive():
                     snapshot = self.agent.health.snapshot().model_dump(mode="json")
                     if _changed(last_health, snapshot):
-                        for line in health_notes(last_health, snapshot):
-                            await _send(response, "note", {"at": snapshot["at"], "text": line})
+                        for note in health_changes(last_health, snapshot):
+                            await _send(response, "note", {"at": snapshot["at"], **note})
                         await _send(response, "health", health_view(snapshot))
                         last_health, quiet_since = snapshot, time.monotonic()
                     if self.doctor is not doctor_seen:
@@ -473,22 +481,29 @@ class StatusPage:
 
 
 def sale_view(record: SaleRecord) -> dict[str, Any]:
-    """One journal record for the page: its fields plus amounts written for people."""
+    """One journal record for the page: its fields plus what people read (the page does no
+    money arithmetic): ``money`` says what was charged once it ended, what is held while it
+    runs; ``card`` names the brand (``Mastercard 2397``)."""
     data = record.as_dict()
     data["amount"] = format_cents(record.amount_cents, record.currency)
     data["captured"] = format_cents(record.captured_cents, record.currency)
+    data["money"] = money_text(record)
+    brand = card_brand_name(record.card_brand)
+    data["card"] = " ".join(part for part in (brand, record.last_four) if part) or None
     return data
 
 
 def sale_event_view(event: SaleEvent) -> dict[str, Any]:
     return {
         "sale_id": event.sale_id,
+        "order_id": event.order_id,
         "state": event.state.value,
         "step": event.step,
         "terminal": event.terminal,
         "product": event.product,
         "source": event.source,
-        "amount": format_cents(event.amount_cents),
+        "amount": format_cents(event.amount_cents, event.currency),
+        "money": money_text(event),
         "message": event.message,
         "at": event.at or time.time(),
     }
@@ -504,29 +519,72 @@ def health_view(snapshot: dict[str, Any]) -> dict[str, Any]:
 
 
 def availability(snapshot: dict[str, Any]) -> dict[str, Any]:
-    """Whether card payment is possible now, and why not: the agent's own out-of-service
-    decision per terminal (``core.availability``, in the health snapshot)."""
+    """How many readers can take cards now, and which cannot and why: the agent's own
+    out-of-service decision per terminal (``core.availability``, in the health snapshot).
+    ``level`` is ``ok`` when all can, ``degraded`` when some cannot, ``down`` when none can."""
     states = snapshot.get("availability") or []
+    names = {t["device_id"]: t.get("name") for t in snapshot.get("terminals", [])}
     out = [s for s in states if not s.get("available", True)]
-    reason = "; ".join(f"{s['device_id']}: {s.get('reason') or 'unavailable'}" for s in out)
+    able = len(states) - len(out)
+    if not states:
+        return {"available": False, "level": "down", "summary": "no reader checked yet",
+                "reason": "no terminal checked yet", "able": 0, "total": 0, "cannot": [],
+                "terminals": states}  # fmt: skip
+    cannot = [
+        {
+            "device_id": s["device_id"],
+            "name": names.get(s["device_id"]),
+            "reason": s.get("reason") or "unavailable",
+            "since": s.get("since"),
+        }
+        for s in out
+    ]
+    readers = "reader" if len(states) == 1 else "readers"
     return {
-        "available": bool(states) and len(out) < len(states),
-        "reason": reason or ("" if states else "no terminal checked yet"),
+        "available": able > 0,
+        "level": "ok" if not out else "degraded" if able else "down",
+        "summary": f"{able} of {len(states)} {readers} can take cards",
+        "reason": "; ".join(f"{c['device_id']}: {c['reason']}" for c in cannot),
+        "able": able,
+        "total": len(states),
+        "cannot": cannot,
         "terminals": states,
     }
 
 
 def health_notes(before: dict[str, Any] | None, after: dict[str, Any]) -> list[str]:
     """What changed, in words, for the event log: status, problems raised and cleared."""
+    return [note["text"] for note in health_changes(before, after)]
+
+
+def health_changes(before: dict[str, Any] | None, after: dict[str, Any]) -> list[dict[str, Any]]:
+    """What changed, each as ``{kind, text, device_id}``: ``status`` (ok -> degraded),
+    ``problem`` (raised), ``cleared``, ``availability`` (a reader can or cannot take cards).
+    ``kiosk-agent events`` filters on the kind and the terminal."""
     if before is None:
         return []
-    notes = []
+    notes: list[dict[str, Any]] = []
     if before["status"] != after["status"]:
-        notes.append(f"status {before['status']} -> {after['status']}")
+        notes.append(_note("status", f"status {before['status']} -> {after['status']}"))
     old, new = set(before["problems"]), set(after["problems"])
-    notes += [f"problem: {p}" for p in after["problems"] if p not in old]
-    notes += [f"cleared: {p}" for p in before["problems"] if p not in new]
+    notes += [_note("problem", f"problem: {p}") for p in after["problems"] if p not in old]
+    notes += [_note("cleared", f"cleared: {p}") for p in before["problems"] if p not in new]
+    was = {a["device_id"]: a for a in before.get("availability") or []}
+    for state in after.get("availability") or []:
+        device, earlier = state["device_id"], was.get(state["device_id"])
+        if earlier is None or earlier.get("available") == state.get("available"):
+            continue
+        text = (
+            f"{device} can take cards again"
+            if state.get("available")
+            else f"{device} cannot take cards: {state.get('reason') or 'unavailable'}"
+        )
+        notes.append(_note("availability", text, device))
     return notes
+
+
+def _note(kind: str, text: str, device_id: str | None = None) -> dict[str, Any]:
+    return {"kind": kind, "text": text, "device_id": device_id}
 
 
 def _changed(before: dict[str, Any] | None, after: dict[str, Any]) -> bool:

@@ -6,6 +6,7 @@ Routes (all need ``Authorization: Bearer <token>`` or the status page's session;
     GET  /api/status                     version, status, uptime, problems
     GET  /api/health                     the full health snapshot
     GET  /api/sales[?since&until&state&limit]    the local sales journal, newest first
+    GET  /api/sales?format=csv|json[&...]        the same as `kiosk-agent sales --format csv|json`
     GET  /api/sales/{sale_id}            one sale with its steps
     GET  /api/reports/{kind}[?format=json|csv&limit&<filter>=...]   streamed from reporting
     GET  /api/terminals                  the service's terminal list
@@ -27,6 +28,7 @@ import hmac
 import json
 import logging
 import math
+import sqlite3
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
@@ -38,8 +40,16 @@ from kiosk_agent.admin.page import StatusPage, TokenGuesses
 from kiosk_agent.core.config import register_section
 from kiosk_agent.core.logging import RefusalLog
 from kiosk_agent.core.web import BodyError, HttpLimits, LocalSite, read_json
-from kiosk_agent.export import CsvExport, JsonExport, report_columns, report_values
+from kiosk_agent.export import (
+    SALE_FORMATS,
+    CsvExport,
+    JsonExport,
+    export_sales,
+    report_columns,
+    report_values,
+)
 from kiosk_agent.sales.attention import NotInAttention, ResolveError, UnknownSale, resolve
+from kiosk_agent.sales.journal import JournalError, SaleRecord
 from kiosk_agent.sales.states import SaleState
 from kiosk_agent.service.errors import (
     AuthenticationError,
@@ -227,17 +237,50 @@ class AdminServer:
 
     # -- the journal -------------------------------------------------------------------------
 
-    async def sales(self, request: web.Request) -> web.Response:
+    async def sales(self, request: web.Request) -> web.StreamResponse:
+        """The journal's sales: the API's records (``{"sales": [...]}``), or with ``format=csv``
+        or ``format=json`` the one export that ``kiosk-agent sales --format`` writes (export.py:
+        the same columns, dollar amounts and UTC times, byte for byte)."""
         journal = self._journal()
         query = request.query
+        fmt = query.get("format")
+        if fmt is not None and fmt not in SALE_FORMATS:
+            raise _BadParameter(f"format must be {' or '.join(SALE_FORMATS)}, got {fmt[:40]!r}")
         states = [_sale_state(s) for s in query.getall("state", [])]
         records = journal.query(
             since=_time_param(query, "since"),
             until=_time_param(query, "until"),
             states=states or None,
-            limit=_int_param(query, "limit", 100, MAX_SALES_LIMIT),
+            # an export takes every sale unless told; the API's page of records is 100
+            limit=_int_param(query, "limit", None if fmt else 100, MAX_SALES_LIMIT),
         )
-        return web.json_response({"sales": [r.as_dict() for r in records]})
+        if fmt is None:
+            return web.json_response({"sales": self._with_unwritten(records, states)})
+        return web.Response(
+            body="".join(export_sales(records, fmt)).encode(),
+            headers={
+                "Content-Type": "text/csv; charset=utf-8" if fmt == "csv" else "application/json",
+                "Content-Disposition": f'inline; filename="sales.{fmt}"',
+            },
+        )
+
+    def _with_unwritten(
+        self, records: list[SaleRecord], states: list[SaleState]
+    ) -> list[dict[str, Any]]:
+        """The journal's sales, each one kept in memory (its step not written yet) shown as
+        memory holds it: ``attention`` with ``unwritten: true`` until the journal has it."""
+        unwritten = getattr(self.agent, "unwritten", None)
+        kept = {r.sale_id: r for r in (unwritten.records if unwritten is not None else [])}
+        shown = []
+        for record in records:
+            if record.sale_id in kept:
+                continue
+            shown.append(record.as_dict())
+        if not states or SaleState.ATTENTION in states:
+            for record in kept.values():
+                shown.insert(0, {**record.as_dict(), "state": SaleState.ATTENTION.value,
+                                 "unwritten": True, "state_unwritten": record.state.value})
+        return shown
 
     async def sale(self, request: web.Request) -> web.Response:
         journal = self._journal()
@@ -455,6 +498,9 @@ async def _error_middleware(request: web.Request, handler: Handler) -> web.Strea
         return web.json_response(
             {"error": err.error, "detail": err.message, "field": err.field}, status=err.status
         )
+    except (JournalError, sqlite3.Error) as err:
+        # a failing disk or a damaged journal: said in JSON, with the journal named
+        return _error(503, "journal_unavailable", f"the journal cannot be used now: {err}")
     except ServiceError as err:
         status = next((code for cls, code in _SERVICE_STATUS if isinstance(err, cls)), 502)
         return _error(status, err.error or type(err).__name__, f"payment service: {err}")

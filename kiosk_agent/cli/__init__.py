@@ -45,6 +45,7 @@ COMMAND_MODULES: dict[str, str] = {
     "keys": "payments",
     "doctor": "fleet",
     "health": "fleet",
+    "events": "events",
     "fleet": "fleet",
     "completion": "completion",
 }
@@ -56,6 +57,7 @@ COMMAND_HELP: dict[str, str] = {
     "demo": "simulator + virtual vending machine + agent, with a live view (no hardware)",
     "doctor": "check this unit: config, serial ports, service, terminals, printing",
     "health": "the health of a running agent (admin API)",
+    "events": "follow a running agent live: sale steps, problems, readers in and out of service",
     "fleet": "the fleet on the MQTT broker (Home Assistant)",
     "terminals": "card readers: list, ping, connect, test print (start here when a reader is down)",
     "report": "transactions, deposits, chargebacks, adjustments (streamed)",

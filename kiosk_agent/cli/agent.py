@@ -6,6 +6,7 @@ import argparse
 import datetime as dt
 import json
 import sys
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -27,14 +28,16 @@ from kiosk_agent.cli.contract import (
     parse_moment,
     plural,
     positive_int,
+    print_json,
     say,
     wants_json,
 )
 from kiosk_agent.core.config import Config, ConfigInvalid, load_config
-from kiosk_agent.export import SALE_COLUMNS, CsvExport, JsonExport, sale_values
+from kiosk_agent.export import SALE_FORMATS, export_sales, sale_values
 from kiosk_agent.money import format_cents
 from kiosk_agent.sales.attention import RESOLUTIONS
 from kiosk_agent.sales.journal import Journal, JournalError, SaleRecord
+from kiosk_agent.sales.model import money_text
 from kiosk_agent.sales.owner import JournalOwned
 from kiosk_agent.sales.states import SaleState
 
@@ -75,6 +78,14 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     )
     _sales_list_options(listing)
     listing.set_defaults(handler=guarded(sales_command))
+    shown = actions.add_parser(
+        "show", parents=options(),
+        help="one sale with every step, as the status page and GET /api/sales/{id} show it",
+    )  # fmt: skip
+    shown.add_argument(
+        "sale", metavar="SALE", help="sale id (or a unique start of it), or order id"
+    )
+    shown.set_defaults(handler=guarded(show_command))
     attention = actions.add_parser(
         "attention", parents=options(),
         help="the sales a person must decide (state attention), with why and since when",
@@ -116,7 +127,15 @@ def _sales_list_options(parser: argparse.ArgumentParser) -> None:
         default=argparse.SUPPRESS,
         help="table (default), csv or json (--json is --format json)",
     )
-    parser.add_argument("--limit", type=positive_int, default=argparse.SUPPRESS)
+    parser.add_argument(
+        "--limit", type=positive_int, default=argparse.SUPPRESS,
+        help=f"at most N sales, newest first (the table shows {TABLE_LIMIT} unless told; "
+        "CSV and JSON export every sale)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--all", action="store_true", default=argparse.SUPPRESS,
+        help="every sale, also in the table",
+    )  # fmt: skip
 
 
 # -- check-config ------------------------------------------------------------------------------
@@ -140,11 +159,13 @@ async def check_config_command(args: argparse.Namespace) -> int:
             print(error, file=sys.stderr)
         print(f"{plural(len(err.errors), 'mistake')} in {path}", file=sys.stderr)
         return EXIT_USAGE  # a broken config file: the same code from every command
+    warnings = port_warnings(config)
     if wants_json(args):
         shown = {"config": _in_order(config.masked())} if args.show else {}
         print(
             json.dumps(
-                {"path": str(path), "valid": True, "errors": [], **shown}, indent=2, default=str
+                {"path": str(path), "valid": True, "errors": [], "warnings": warnings, **shown},
+                indent=2, default=str,
             )
         )
     elif args.show:
@@ -156,7 +177,39 @@ async def check_config_command(args: argparse.Namespace) -> int:
         )
     else:
         print(summary(config))
+    for warning in warnings:  # valid, but it will not work on this machine as it is
+        print(f"warning: {warning}", file=sys.stderr)
     return EXIT_OK
+
+
+def port_warnings(config: Config) -> list[str]:
+    """A serial port the configuration names that does not exist here: valid YAML, but the
+    trigger cannot start (a typo, an unplugged adapter). Named with its file and line, and the
+    ports that do exist."""
+    from kiosk_agent.core.config import locate
+    from kiosk_agent.core.doctor import serial_ports_present
+    from kiosk_agent.core.yaml_loader import load_yaml
+
+    missing = [
+        (index, trigger["port"])
+        for index, trigger in enumerate(config.triggers)
+        if isinstance(trigger.get("port"), str) and trigger["port"]
+        and "://" not in trigger["port"] and not Path(trigger["port"]).exists()
+    ]
+    if not missing:
+        return []
+    raw, _errors = load_yaml(config.path)
+    present = ", ".join(serial_ports_present()) or "none"
+    warnings = []
+    for index, port in missing:
+        where = locate(raw, ["triggers", index, "port"], None)
+        place = f"{where.file}:{where.line}: " if where is not None and where.line else ""
+        warnings.append(
+            f"{place}triggers[{index}].port: {port} does not exist on this machine "
+            f"(serial ports here: {present}); plug the adapter in, or use its "
+            "/dev/serial/by-id/ name"
+        )
+    return warnings
 
 
 def _in_order(value: Any) -> Any:
@@ -238,25 +291,27 @@ def parse_since(text: str, now: float | None = None) -> float:
     return moment.timestamp()
 
 
+# Rows the table shows unless --limit or --all says otherwise (as `journalctl -n`): after a
+# demo the journal holds hundreds of sales, and a tech wants the newest.
+TABLE_LIMIT = 25
+
+
 def render(sales: Sequence[SaleRecord], fmt: str) -> str:
-    """The sales as a table for people, or the one CSV / JSON export (kiosk_agent.export)."""
-    if fmt == "json":
-        export = JsonExport()
-        return export.start() + "".join(export.row(sale_values(s)) for s in sales) + export.end()
-    if fmt == "csv":
-        csv_export = CsvExport(SALE_COLUMNS)
-        return csv_export.header() + "".join(csv_export.row(sale_values(s)) for s in sales)
+    """The sales as a table for people, or the one CSV / JSON export (kiosk_agent.export, which
+    the admin API's ``GET /api/sales?format=csv|json`` writes too)."""
+    if fmt in SALE_FORMATS:
+        return "".join(export_sales(sales, fmt))
     return _table(sales) + "\n"
 
 
 def _table(sales: Sequence[SaleRecord]) -> str:
-    headers = ("created", "order_id", "source", "amount", "state", "message")
+    headers = ("created", "order_id", "source", "money", "state", "message")
     lines = [
         (
             sale_values(s)["created"],
             s.order_id,
             s.source,
-            format_cents(s.captured_cents or s.amount_cents, s.currency),
+            money_text(s),  # what was charged, or is held: never the price asked as if taken
             s.state.value,
             s.message,
         )
@@ -282,15 +337,30 @@ def _open_journal(args: argparse.Namespace) -> Journal:
     return journal
 
 
+# An open sale that has not moved for this long is shown with the attention sales: a running
+# agent may hold it in memory while its journal cannot take the step (docs/journal.md).
+STALLED_OPEN_S = 30.0
+
+
 async def attention_command(args: argparse.Namespace) -> int:
     journal = _open_journal(args)
     try:
         sales = journal.attention_sales()
+        now = time.time()
+        stalled = [s for s in journal.open_sales() if now - s.updated_at > STALLED_OPEN_S]
     finally:
         journal.close()
     if wants_json(args):
-        print(json.dumps({"sales": [s.as_dict() for s in sales]}, indent=2))
+        print(json.dumps({"sales": [s.as_dict() for s in sales],
+                          "stalled_open": [s.as_dict() for s in stalled]}, indent=2))
         return EXIT_OK
+    for sale in stalled:
+        since = dt.datetime.fromtimestamp(sale.updated_at, dt.UTC)
+        print(
+            f"{sale.sale_id}  {sale.order_id}  {sale.source}  open ({sale.state.value}) since "
+            f"{since:%Y-%m-%d %H:%M:%SZ}\n  not moved for {now - sale.updated_at:.0f} s: the "
+            "agent finishes it (a journal that cannot take writes keeps it in memory meanwhile)"
+        )
     for sale in sales:
         when = dt.datetime.fromtimestamp(sale.finished_at or sale.updated_at, dt.UTC)
         held = format_cents(sale.captured_cents or sale.authorized_cents, sale.currency)
@@ -336,13 +406,85 @@ async def sales_command(args: argparse.Namespace) -> int:
     from kiosk_agent.cli.report import output_format
 
     fmt = output_format(args)
+    limit = getattr(args, "limit", None)
+    if limit is not None and getattr(args, "all", False):
+        raise CliError("give --limit N or --all, not both", EXIT_USAGE)
+    if limit is None and fmt == "table" and not getattr(args, "all", False):
+        limit = TABLE_LIMIT
     since_text = getattr(args, "since", None)
     since = parse_since(since_text) if since_text else None
     journal = _open_journal(args)
     try:
         states = [SaleState(s) for s in getattr(args, "state", None) or []] or None
-        sales = journal.query(since=since, states=states, limit=getattr(args, "limit", None))
+        sales = journal.query(since=since, states=states, limit=limit)
+        more = journal.count(since=since, states=states) - len(sales) if limit else 0
     finally:
         journal.close()
     sys.stdout.write(render(sales, fmt))
+    if more > 0:
+        # on stderr: a pipe or an export gets the rows only
+        print(f"{more:,} more (older); use --limit N or --all", file=sys.stderr)
     return EXIT_OK
+
+
+async def show_command(args: argparse.Namespace) -> int:
+    """One sale with its steps: ``kiosk-agent sales show SALE``."""
+    from kiosk_agent.sales.attention import ResolveError, find_sale
+
+    journal = _open_journal(args)
+    try:
+        try:
+            record = find_sale(journal, args.sale)
+        except ResolveError as err:  # unknown, or a prefix of several
+            raise CliError(str(err), EXIT_FAILED) from None
+        steps = journal.steps(record.sale_id)
+    finally:
+        journal.close()
+    if wants_json(args):  # the admin API's GET /api/sales/{id}
+        print_json({
+            "sale": record.as_dict(),
+            "steps": [{"at": s.at, "step": s.step, "state": s.state.value, "detail": s.detail}
+                      for s in steps],
+        })  # fmt: skip
+        return EXIT_OK
+    print(sale_text(record, steps))
+    return EXIT_OK
+
+
+def sale_text(record: SaleRecord, steps: Sequence[Any]) -> str:
+    """A sale and its steps for people, times in UTC to the second."""
+    from kiosk_agent.service.models.common import card_brand_name
+
+    def at(unix: float | None) -> str:
+        if unix is None:
+            return "-"
+        return dt.datetime.fromtimestamp(unix, dt.UTC).strftime("%Y-%m-%d %H:%M:%SZ")
+
+    card = " ".join(p for p in (card_brand_name(record.card_brand), record.last_four) if p)
+    pairs = [
+        ("sale", record.sale_id),
+        ("order_id", record.order_id),
+        ("state", record.state.value),
+        ("money", money_text(record)),
+        ("asked", format_cents(record.amount_cents, record.currency)),
+        ("authorized", format_cents(record.authorized_cents, record.currency)),
+        ("captured", format_cents(record.captured_cents, record.currency)),
+        ("reversed", format_cents(record.reversed_cents, record.currency)),
+        ("source", record.source),
+        ("flow", record.flow),
+        ("terminal", record.terminal),
+        ("product", record.product or "-"),
+        ("card", card or "-"),
+        ("trans_id", record.trans_id or "-"),
+        ("created", at(record.created_at)),
+        ("finished", at(record.finished_at)),
+        ("message", record.message or "-"),
+    ]
+    width = max(len(key) for key, _ in pairs)
+    lines = [f"{key:<{width}}  {value}" for key, value in pairs]
+    lines.append(f"steps ({len(steps)}):")
+    for step in steps:
+        detail = step.detail.get("message") if isinstance(step.detail, dict) else None
+        shown = f"  {detail}" if isinstance(detail, str) and detail else ""
+        lines.append(f"  {at(step.at)}  {step.step:<24} -> {step.state.value}{shown}")
+    return "\n".join(lines)

@@ -88,9 +88,33 @@ STOP_SIGNALS: dict[signal.Signals, int] = {
     signal.SIGQUIT: EXIT_QUIT,
 }
 # Signals whose default would kill the process mid-sale and that mean nothing to the agent:
-# logged and ignored. (SIGPIPE Python ignores itself; SIGKILL cannot be caught: the next start
-# recovers what it left open.)
-IGNORED_SIGNALS: tuple[signal.Signals, ...] = (signal.SIGUSR1, signal.SIGUSR2)
+# logged and ignored; the real-time ones (SIGRTMIN to SIGRTMAX) too. (SIGPIPE Python ignores
+# itself; SIGKILL cannot be caught, and CRASH_SIGNALS are a crash: the next start recovers what
+# either left open. The rest by default are ignored or stop the process, which strands nothing.)
+IGNORED_SIGNALS: tuple[int, ...] = (
+    *(
+        getattr(signal, name)
+        for name in (
+            "SIGUSR1", "SIGUSR2", "SIGALRM", "SIGVTALRM", "SIGPROF", "SIGIO", "SIGPWR",
+            "SIGSTKFLT", "SIGXCPU", "SIGXFSZ",
+        )
+        if hasattr(signal, name)  # SIGPWR and SIGSTKFLT are Linux's
+    ),
+    *range(signal.SIGRTMIN, signal.SIGRTMAX + 1),
+)  # fmt: skip
+# What the kernel sends a process that crashed (or ``kill`` imitates): handled as a crash.
+CRASH_SIGNALS = frozenset(
+    {signal.SIGSEGV, signal.SIGBUS, signal.SIGILL, signal.SIGFPE, signal.SIGABRT,
+     signal.SIGTRAP, signal.SIGSYS}
+)  # fmt: skip
+
+
+def signal_name(signum: int) -> str:
+    """``SIGHUP``; a real-time signal without a name of its own as ``SIGRTMIN+3``."""
+    try:
+        return signal.Signals(signum).name
+    except ValueError:
+        return f"SIGRTMIN+{signum - signal.SIGRTMIN}"
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -297,11 +321,11 @@ class StopSignals:
         await self.event.wait()
         return self.received
 
-    def _on_signal(self, signum: signal.Signals) -> None:
+    def _on_signal(self, signum: int) -> None:
         import logging
 
         log = logging.getLogger("kiosk_agent.signals")
-        name = signal.Signals(signum).name
+        name = signal_name(signum)
         if signum not in STOP_SIGNALS:
             log.warning("%s received: ignored (it does not stop the agent)", name)
         elif signum == signal.SIGHUP and self._inherited_ignore:
@@ -348,8 +372,8 @@ def _explain(err: BaseException) -> tuple[str, int, list[str], bool]:
     if isinstance(err, errors.ServiceUnreachableError):
         # the transport's own words (what was asked, host and port, the exception's type):
         # scrubbing would turn "OAuth token: no answer" into "OAuth token: [REDACTED] answer"
-        return (f"service unreachable: {err}. Check KIOSK_BASE_URL and the network; "
-                "--timeout gives slow links longer.", EXIT_UNREACHABLE, [], False)
+        return (f"service unreachable: {err}. Check {SERVICE_ADDRESS_FROM['base_url']} and the "
+                "network; --timeout gives slow links longer.", EXIT_UNREACHABLE, [], False)
     if isinstance(err, errors.ServiceError):
         return f"the service said no: {err}", EXIT_FAILED, [], True
     if isinstance(err, MoneyError | ValueError):
@@ -534,18 +558,23 @@ def parse_moment(
 
 
 def case_insensitive(choices: Sequence[str]) -> Callable[[str], str]:
-    """An argparse ``type`` matching ``choices`` whatever the case (statuses, states)."""
-    by_folded = {c.casefold(): c for c in choices}
+    """An argparse ``type`` matching ``choices`` whatever the case (statuses, states); its
+    ``choices`` are what shell completion offers."""
+    return _CaseInsensitive(tuple(choices))
 
-    def parse(text: str) -> str:
+
+class _CaseInsensitive:
+    def __init__(self, choices: tuple[str, ...]) -> None:
+        self.choices = choices
+        self._by_folded = {c.casefold(): c for c in choices}
+
+    def __call__(self, text: str) -> str:
         try:
-            return by_folded[text.strip().casefold()]
+            return self._by_folded[text.strip().casefold()]
         except KeyError:
             raise argparse.ArgumentTypeError(
-                f"expected one of {', '.join(choices)}, got {text!r}"
+                f"expected one of {', '.join(self.choices)}, got {text!r}"
             ) from None
-
-    return parse
 
 
 # -- service settings ----------------------------------------------------------------------------
@@ -570,7 +599,8 @@ async def service_settings(
         for field, variable in ENVIRONMENT.items():
             if os.environ.get(variable):
                 values[field] = os.environ[variable]
-        yield _settings(values, needs, getattr(args, "timeout", None))
+        _note_address_origin(path, values, needs)
+        yield _settings(values, needs, getattr(args, "timeout", None), path)
 
 
 @contextlib.asynccontextmanager
@@ -613,7 +643,35 @@ async def service_client(
             yield svc
 
 
-def _settings(values: dict[str, Any], needs: str, timeout: float | None) -> ServiceSettings:
+# Where the service's address of this command came from, for the "unreachable" message: the
+# variable that set it, or the configuration file and line (one command per process).
+SERVICE_ADDRESS_FROM = {"base_url": "KIOSK_BASE_URL"}
+
+
+def _note_address_origin(path: Path | None, values: dict[str, Any], needs: str) -> None:
+    field = "reporting_url" if needs == "oauth" and values.get("reporting_url") else "base_url"
+    variable = ENVIRONMENT[field]
+    if os.environ.get(variable):
+        SERVICE_ADDRESS_FROM["base_url"] = variable
+        return
+    if path is None or not values.get(field):
+        return
+    from kiosk_agent.core.config import locate
+    from kiosk_agent.core.yaml_loader import load_yaml
+
+    raw, _errors = load_yaml(path)
+    service = raw.get("service") if isinstance(raw, dict) else None
+    if not isinstance(service, dict) or field not in service:
+        SERVICE_ADDRESS_FROM["base_url"] = f"the service: section of {path}"
+        return
+    where = locate(raw, ["service", field], None)
+    line = f":{where.line}" if where is not None and where.line else ""
+    SERVICE_ADDRESS_FROM["base_url"] = f"service.{field} at {path}{line}"
+
+
+def _settings(
+    values: dict[str, Any], needs: str, timeout: float | None, path: Path | None = None
+) -> ServiceSettings:
     from kiosk_agent.service.settings import ServiceSettings
 
     if "base_url" not in values and "reporting_url" in values:
@@ -621,7 +679,14 @@ def _settings(values: dict[str, Any], needs: str, timeout: float | None) -> Serv
     required = ["base_url", "api_key", "mid"] if needs == "api" else [
         "base_url", "client_id", "client_secret"
     ]
-    missing = [ENVIRONMENT[field] for field in required if not values.get(field)]
+    missing_fields = [field for field in required if not values.get(field)]
+    missing = [ENVIRONMENT[field] for field in missing_fields]
+    if missing and path is not None:  # a configuration was given: name what it lacks
+        raise CliError(
+            f"no service credentials: the service: section of {path} has no "
+            f"{', '.join(missing_fields)}; add it there, or set {', '.join(missing)}",
+            EXIT_USAGE,
+        )
     if missing:
         raise CliError(
             f"no service credentials: set {', '.join(missing)} in the environment, or give "

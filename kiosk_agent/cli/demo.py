@@ -19,7 +19,6 @@ import functools
 import logging
 import secrets
 import sys
-import tempfile
 import time
 from collections import Counter
 from collections.abc import Coroutine
@@ -279,9 +278,8 @@ class Customers:
         return self.arrived >= self.limit and not waiting and self.counted <= self.ended
 
 
-def _speed_up(config: Any, speed: float, journal: Path) -> None:
-    """Point the journal at a scratch file and scale simulated time and customer pace."""
-    config.data["journal"] = {**config.data["journal"], "path": str(journal)}
+def _speed_up(config: Any, speed: float) -> None:
+    """Scale simulated time and customer pace."""
     simulator = config.data["service"].get("simulator")
     if simulator is not None:
         simulator["time_scale"] = simulator["time_scale"] * speed
@@ -300,10 +298,42 @@ async def demo_command(args: argparse.Namespace) -> int:
     if args.speed <= 0:
         raise CliError("--speed must be above zero", EXIT_USAGE)
     logging.basicConfig(level=logging.ERROR, format="%(levelname)s %(name)s: %(message)s")
-    with tempfile.TemporaryDirectory(prefix="kiosk-demo-") as scratch:
-        _speed_up(config, args.speed, Path(scratch) / "journal.db")
-        page_token = _with_status_page(config)
-        return await _run(config, args, page_token)
+    _speed_up(config, args.speed)
+    page_token = _with_status_page(config)
+    return await _run(config, args, page_token)
+
+
+def demo_journal(config: Any) -> Path:
+    """Where the demo keeps its sales: the configuration's journal (config/demo.yaml: under the
+    user's state directory), so `kiosk-agent sales -c config/demo.yaml` reads them afterwards.
+    The bundled demo starts a new one each run (a sale the last run left open would be
+    recovered against a simulator that never saw it); a configuration of one's own keeps its
+    journal as it is."""
+    from kiosk_agent.sales.journal import JournalError
+    from kiosk_agent.sales.owner import JournalLock
+
+    path = Path(config.resolve(config["journal"]["path"]))
+    if Path(config.path).resolve() == DEFAULT_CONFIG.resolve():
+        try:
+            # only while no other demo runs on it: the journal's owner lock says so
+            with JournalLock(path):
+                for part in (path, *(path.with_name(path.name + s) for s in ("-wal", "-shm"))):
+                    part.unlink(missing_ok=True)
+        except JournalError as err:  # another demo (or agent) is using it: say who
+            raise CliError(str(err)) from None
+    return path
+
+
+def _journal_hint(config: Any) -> str:
+    return f"kiosk-agent sales -c {_shown_path(Path(config.path))}"
+
+
+def _shown_path(path: Path) -> str:
+    """``config/demo.yaml`` from the checkout's top, else the path as it is."""
+    try:
+        return str(path.resolve().relative_to(Path.cwd()))
+    except ValueError:
+        return str(path)
 
 
 def _with_status_page(config: Any) -> str | None:
@@ -333,12 +363,14 @@ async def _run(config: Any, args: argparse.Namespace, page_token: str | None = N
 
     view = LiveView(sys.stdout, fancy=is_tty(sys.stdout) and not args.plain,
                     colour=use_colour(sys.stdout))
+    journal = demo_journal(config)
     signals = StopSignals("stopping the demo").install()
     try:
         async with agent_for(config, systemd=False) as (agent, service):
             assert service.simulator is not None  # demo_command checked the configuration
             sim_url = service.simulator.base_url
             view.note(f"simulator listening on {sim_url}; Ctrl-C stops the demo")
+            view.note(f"sales journal: {journal} (kept after the demo: {_journal_hint(config)})")
             outage = Outage(sim_url, next(iter(agent.settings.terminals)), view)
             async with agent.events.subscribe() as queue, outage:
                 await agent.start()
@@ -356,6 +388,7 @@ async def _run(config: Any, args: argparse.Namespace, page_token: str | None = N
                 await _show_until_done(agent.stop(), queue, view)
     finally:
         signals.remove()
+    view.note(f"the demo's sales stay in {journal}: {_journal_hint(config)}")
     view.summary()
     return EXIT_OK
 

@@ -76,11 +76,15 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     health = subparsers.add_parser(
         "health", help="the health of a running agent (admin API)",
         description="Ask a running agent's admin API for its health: its address and token from "
-        "the configuration (-c/--config or $KIOSK_CONFIG), or --url and --token.",
+        f"the configuration (-c/--config or $KIOSK_CONFIG), or --url with the token in "
+        f"${TOKEN_ENV} or --token-file.",
         parents=options(timeout=True),
     )
-    health.add_argument("--url", help="admin API address, e.g. http://127.0.0.1:8124")
-    health.add_argument("--token", help=f"bearer token (default: ${TOKEN_ENV})")
+    add_admin_address(health)
+    health.add_argument(
+        "--watch", action="store_true",
+        help="show it again whenever it changes, until Ctrl-C (the agent's event stream)",
+    )  # fmt: skip
     health.set_defaults(handler=guarded(health_command))
 
     fleet = subparsers.add_parser("fleet", help="the fleet on the MQTT broker (Home Assistant)",
@@ -146,6 +150,7 @@ async def doctor_command(args: argparse.Namespace) -> int:
         check_journal(report, config)
         await _check_service(report, config, args)
         await check_upstream(report, config, args.timeout)
+    report.finished_at = time.time()  # the run is over: its time is a fact, not null
     if as_json:
         print(json.dumps({"ok": not report.failed, "verdict": verdict(report),
                           **report.as_dict()}, indent=2))
@@ -370,7 +375,11 @@ async def _clear(
 
 
 async def health_command(args: argparse.Namespace) -> int:
-    url, token = _admin_address(args)
+    if args.watch:
+        from kiosk_agent.cli.events import watch_health
+
+        return await watch_health(args)
+    url, token = admin_address(args)
     headers = {"Authorization": f"Bearer {token}"}
     within = timeout_of(args)
     try:
@@ -393,16 +402,52 @@ async def health_command(args: argparse.Namespace) -> int:
     return EXIT_OK if snapshot.get("status") == "ok" else EXIT_FAILED
 
 
-def _admin_address(args: argparse.Namespace) -> tuple[str, str]:
-    token = args.token or os.environ.get(TOKEN_ENV)
+def add_admin_address(parser: argparse.ArgumentParser) -> None:
+    """Where a running agent's admin API is, for ``health`` and ``events``: the configuration,
+    or ``--url``. The token never comes from a flag (it would land in shell history): it is
+    read from ``$KIOSK_AGENT_TOKEN``, a file, or the configuration."""
+    parser.add_argument("--url", help="admin API address, e.g. http://127.0.0.1:8124")
+    parser.add_argument(
+        "--token-file", metavar="FILE",
+        help=f"read the admin API token from FILE (default: ${TOKEN_ENV}, else the config's)",
+    )  # fmt: skip
+    # `--token T` would otherwise be taken as an abbreviation of --token-file, and the token
+    # echoed as a file name: refused by name, the value never shown
+    parser.add_argument("--token", nargs="?", action=_NoTokenFlag, help=argparse.SUPPRESS)
+
+
+class _NoTokenFlag(argparse.Action):
+    def __call__(self, parser: argparse.ArgumentParser, *args: object, **kwargs: object) -> None:
+        parser.error(
+            f"--token: a token is never taken from the command line (it would stay in the "
+            f"shell's history); set ${TOKEN_ENV} or give --token-file FILE"
+        )
+
+
+def _token(args: argparse.Namespace) -> str | None:
+    if args.token_file:
+        try:
+            with open(args.token_file, encoding="utf-8") as file:
+                token = file.read(4096).strip()
+        except OSError as err:
+            raise CliError(f"--token-file {args.token_file}: {err.strerror}", EXIT_USAGE) from None
+        if not token:
+            raise CliError(f"--token-file {args.token_file} is empty", EXIT_USAGE)
+        return token
+    return os.environ.get(TOKEN_ENV) or None
+
+
+def admin_address(args: argparse.Namespace) -> tuple[str, str]:
+    """The admin API's address and token (``health``, ``events``)."""
+    token = _token(args)
     if args.url:
         if not token:
-            raise CliError(f"give --token or set ${TOKEN_ENV}", EXIT_USAGE)
+            raise CliError(f"set ${TOKEN_ENV} or give --token-file FILE with --url", EXIT_USAGE)
         return args.url, token
     path = optional_config_path(args)
     if path is None:
-        raise CliError(f"give -c/--config FILE (or set ${CONFIG_ENV}), or --url and --token",
-                       EXIT_USAGE)
+        raise CliError(f"give -c/--config FILE (or set ${CONFIG_ENV}), or --url with "
+                       f"${TOKEN_ENV} set", EXIT_USAGE)
     config = load(path, check_platforms=False)
     admin = config.get("admin")
     if not admin:
@@ -431,6 +476,11 @@ def format_health(snapshot: dict[str, Any]) -> str:
         f"{format_cents(int(sales.get('today_amount_cents', 0)))}, "
         f"open {sales.get('open', 0)}, attention {sales.get('attention', 0)}",
     ]
+    if snapshot.get("availability"):
+        from kiosk_agent.admin.page import availability
+
+        # the status page's words: how many readers can take cards
+        lines.append(f"cards:    {availability(snapshot)['summary']}")
     for terminal in snapshot.get("terminals", []):
         state = {True: "online", False: "OFFLINE", None: "unchecked"}[terminal.get("online")]
         latency = terminal.get("latency_ms")

@@ -34,6 +34,7 @@ from kiosk_agent.cli.contract import (
     validated,
     wants_json,
 )
+from kiosk_agent.money import dollars_to_cents, format_cents
 
 SERVICE = options(timeout=True)
 
@@ -103,6 +104,12 @@ async def payments_charge(args: argparse.Namespace) -> int:
     from kiosk_agent.service.models.payments import ChargeRequest
 
     cents = parse_amount(args.amount)
+    if args.token is not None and not args.expiration:
+        # the service refuses a token charge without it: say so before anything is sent
+        raise CliError(
+            "payments charge --token needs --expiration MMYY (the card's expiry, e.g. 1230)",
+            EXIT_USAGE,
+        )
     async with service_client(args) as svc:
         fields: dict[str, Any] = {
             "mid": svc.settings.mid, "amount": cents, "capture": not args.auth_only,
@@ -266,14 +273,16 @@ def _print_plan(plan: Any, args: argparse.Namespace) -> None:
         print_json(safe_dump(plan))
         return
     print_record(
-        [("id", plan.id), ("name", plan.name), ("status", plan.status), ("amount", plan.amount),
+        [("id", plan.id), ("name", plan.name), ("status", plan.status),
+         ("amount", Money(dollars_to_cents(plan.amount))),  # $9.99, as every amount is shown
          ("rule", plan.rrule_pattern.replace("\n", " ")),
          ("payments", len(plan.scheduled_payments))],
         as_json=False, out=sys.stdout,
     )
     for payment in plan.scheduled_payments:
+        scheduled = format_cents(dollars_to_cents(payment.amount_scheduled))
         print(f"  #{payment.payment_number:<3} {as_text(payment.payment_date)}  "
-              f"{payment.amount_scheduled:>10.2f}  {payment.payment_status}")
+              f"{scheduled:>10}  {payment.payment_status}")
 
 
 async def plans_get(args: argparse.Namespace) -> int:

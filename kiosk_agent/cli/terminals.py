@@ -124,7 +124,13 @@ def _unknown_device(device: str) -> CliError:
 
 
 async def terminals_connect(args: argparse.Namespace) -> int:
-    from kiosk_agent.service.errors import NotFoundError, ServiceError, ServiceUnreachableError
+    from kiosk_agent.service.errors import (
+        ConflictError,
+        NotFoundError,
+        ServiceError,
+        ServiceUnreachableError,
+        conflict_words,
+    )
 
     async with service_client(args) as svc:
         try:
@@ -133,6 +139,11 @@ async def terminals_connect(args: argparse.Namespace) -> int:
             raise _unknown_device(args.device) from None
         except ServiceUnreachableError:
             raise  # no answer: exit 4 like every command, not a refusal
+        except ConflictError as err:  # offline or busy: in words, not "HTTP 409 [...]"
+            raise CliError(
+                f"{args.device}: no session: {conflict_words(err, args.device)}. Fix: "
+                f"`kiosk-agent terminals ping {args.device}` to see whether it is online."
+            ) from None
         except ServiceError as err:
             raise CliError(
                 f"{args.device} refused the session: {err}. Fix: `kiosk-agent terminals ping "

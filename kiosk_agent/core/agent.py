@@ -20,21 +20,25 @@ from typing import Any, Protocol
 from kiosk_agent import __version__
 from kiosk_agent.bus import EventBus
 from kiosk_agent.core.availability import Availability
+from kiosk_agent.core.collector import freeze_start_up_objects
 from kiosk_agent.core.config import Config
 from kiosk_agent.core.events import EventLog
 from kiosk_agent.core.health import HEALTH_SCHEMA, Health, HealthChecker
+from kiosk_agent.core.journal_guard import JournalGuard
 from kiosk_agent.core.registry import PlatformInstance
 from kiosk_agent.core.systemd import SystemdLifecycle
 from kiosk_agent.sales.attention import AttentionSweeper
+from kiosk_agent.sales.audit import ChargeAudit
 from kiosk_agent.sales.clock import SYSTEM_CLOCK, Clock
-from kiosk_agent.sales.journal import Journal
+from kiosk_agent.sales.journal import Journal, JournalError
 from kiosk_agent.sales.model import SaleEvent
 from kiosk_agent.sales.owner import JournalLock
 from kiosk_agent.sales.receipts import ReceiptSettings
 from kiosk_agent.sales.recovery import Recovery
 from kiosk_agent.sales.runner import SaleRunner
 from kiosk_agent.sales.settings import INTERACTION_LIFETIME, SaleSettings
-from kiosk_agent.sales.steps import SaleContext
+from kiosk_agent.sales.steps import SaleContext, SaleSteps
+from kiosk_agent.sales.unwritten import UnwrittenSales
 from kiosk_agent.service.client import ServiceClient
 from kiosk_agent.service.errors import ServiceError
 from kiosk_agent.service.models import Terminal
@@ -157,7 +161,7 @@ class Agent:
             interval=health_conf["ping_interval"],
             timeout=health_conf["ping_timeout"],
             key_expiry=lambda: keys.credentials.api_key_expires_at if keys.configured else None,
-            journal_probe=self.event_log.probe,
+            journal_probe=self._probe_journal,
             on_checked=self.availability.evaluate,
             next_interval=self.availability.next_check_in,
         )
@@ -169,10 +173,25 @@ class Agent:
             self.settings,
             capabilities=self.can_print,
             clock=clock,
+            on_unwritten=self._keep_unwritten,
         )
         self.sales = SaleRunner(context)
         self.recovery = Recovery(context, runner=self.sales)
         self.attention = AttentionSweeper(context, interval=config["sales"]["attention_recheck"])
+        # a step that cannot be written, a journal lost or damaged, a charge it does not hold
+        self.unwritten = UnwrittenSales(self.journal, self.sales, self.recovery)
+        self.journal_guard = JournalGuard(
+            self.journal,
+            self.health,
+            self.unwritten,
+            ChargeAudit(context, max_give_back=config["sales"]["charge_check_max_give_back"]),
+            evaluate=self.availability.evaluate,
+            wake_checker=self._checker.wake,
+            running=lambda: {r.sale_id for r in self.sales.running},
+            after=self.recovery.wait,
+            audit_interval=config["sales"]["charge_check_interval"],
+            restart_after=config["sales"]["unwritten_restart_after"],
+        )
         self.platforms: list[PlatformInstance] = []
         self.components: list[Component] = []
         self._pending_platforms: list[_PendingPlatform] = []
@@ -208,6 +227,7 @@ class Agent:
     async def _start(self) -> None:
         started = time.monotonic()
         self.owner.acquire()  # another agent on this journal: refused here, nothing read yet
+        self.journal_guard.before_open()  # lost or damaged: named (a damaged one moved aside)
         self.journal.open()
         self.event_log.open()
         self.event_log.prune(self.config["journal"]["keep_days"])
@@ -229,6 +249,13 @@ class Agent:
         self._tasks.append(asyncio.create_task(self.availability.follow_sales(self.events)))
         self.recovery.start()
         self._checker.start()
+        self.journal_guard.start()
+        if self.recovery.state == "done":
+            # nothing to recover: the triggers start once reporting's charges were compared
+            # (the usual case, a few ms); past the bound they start out of service until then
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(min(5.0, self.settings.request_timeout)):
+                    await self.journal_guard.first_check()
         for pending in self._pending_platforms:
             name = pending.conf.get("name") or pending.conf.get("platform")
             try:
@@ -251,6 +278,7 @@ class Agent:
                 self._tasks.append(self._ready_task)
         self.started = True
         self.ready_at = time.monotonic()
+        freeze_start_up_objects()  # full collections stop walking start-up's objects
         _LOGGER.info(
             "agent %s ready in %.0f ms: %d trigger(s), %d component(s), %d open sale(s)",
             self.version,
@@ -284,6 +312,7 @@ class Agent:
         await self.sales.stop()
         await self.recovery.stop()
         await self.attention.stop()
+        await self.journal_guard.stop()
         await self._checker.stop()
         for component in reversed(self.components):
             try:
@@ -305,6 +334,22 @@ class Agent:
 
     async def __aexit__(self, *exc: object) -> None:
         await self.stop()
+
+    # -- the journal -----------------------------------------------------------------------------
+
+    def _keep_unwritten(self, steps: SaleSteps) -> None:
+        self.unwritten.keep(steps)
+
+    def _probe_journal(self) -> None:
+        """The checker's journal probe: one committed write; its outcome acts at once, as any
+        journal write's does (a failure takes the unit out of service before the round ends)."""
+        try:
+            self.event_log.probe()
+        except Exception as err:
+            self.journal_guard.written(JournalError(f"cannot write the journal at "
+                                                    f"{self.journal.path}: {err}"))
+            raise
+        self.journal_guard.written(None)
 
     # -- terminals -------------------------------------------------------------------------------
 

@@ -149,6 +149,11 @@ class Availability:
         journal = health.journal
         if journal.writable is False:
             reasons.append(_with("journal not writable", journal.detail))
+        if journal.unwritten_sales:
+            reasons.append(f"journal: {len(journal.unwritten_sales)} sale(s) not written yet")
+        if journal.charges_pending and journal.notice:
+            # the journal was lost or damaged: no customer until reporting was compared with it
+            reasons.append("journal: checking reporting for charges it does not hold")
         service = health.service
         if service.reachable is False:
             reasons.append(_with("service unreachable", service.detail))
@@ -168,6 +173,9 @@ class Availability:
         starts out of service rather than stepping aside a moment later.
         """
         now = self._clock()
+        # a journal fault takes every terminal out at once: no sale may start on a journal
+        # that cannot hold it, not even during the hold-off
+        at_start = at_start or self._journal_fault()
         for device_id, tracked in self._tracked.items():
             reasons = self.reasons(device_id)
             reason = "; ".join(reasons)
@@ -190,6 +198,12 @@ class Availability:
                                  device_id, reason, self.hold_off)
             if at_start or now - tracked.failing_since >= self.hold_off:
                 self._change(tracked, False, reason)
+
+    def _journal_fault(self) -> bool:
+        journal = self._health.journal
+        return journal.writable is False or bool(journal.unwritten_sales) or (
+            journal.charges_pending and bool(journal.notice)
+        )
 
     def next_check_in(self, interval: float) -> float:
         """How long the checker may wait: ``interval``, shorter while anything is unusable."""

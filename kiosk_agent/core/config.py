@@ -266,6 +266,20 @@ SALES_SCHEMA = vol.Schema(
         vol.Optional("attention_recheck", default=300.0): vol.All(
             positive_float, vol.Range(min=1, max=86400)
         ),
+        # how often reporting's recent charges are compared with the journal (seconds); also
+        # at every start and whenever the journal takes writes again after a fault
+        vol.Optional("charge_check_interval", default=900.0): vol.All(
+            positive_float, vol.Range(min=1, max=86400)
+        ),
+        # more charges than this, unaccounted in one check, are put to a person, not given back
+        vol.Optional("charge_check_max_give_back", default=5): vol.All(
+            int, vol.Range(min=0, max=10000)
+        ),
+        # a sale whose step could not be journaled for this long has the agent restarted
+        # (the systemd watchdog is withheld) so that recovery finishes it (seconds)
+        vol.Optional("unwritten_restart_after", default=120.0): vol.All(
+            positive_float, vol.Range(min=1, max=86400)
+        ),
     }
 )
 
@@ -280,6 +294,9 @@ HTTP_SCHEMA = vol.Schema(
         vol.Optional("keepalive_timeout", default=15.0): positive_float,
         # open connections per server; past it the oldest idle one is closed first
         vol.Optional("max_connections", default=256): vol.All(int, vol.Range(min=4, max=4096)),
+        # event streams (WebSocket, server-sent events) per server, apart from the connections:
+        # past it a new stream is refused, and requests never wait behind streams
+        vol.Optional("max_streams", default=32): vol.All(int, vol.Range(min=1, max=1024)),
         # how long a stop waits for requests in progress (seconds)
         vol.Optional("shutdown_grace", default=5.0): positive_float,
     }
@@ -463,6 +480,9 @@ def explain(
         message = f"expected text, got {_shown(_value_at(data, full_path))}"
     elif message.startswith("expected int"):
         message = f"expected a whole number, got {_shown(_value_at(data, full_path))}"
+    elif message.startswith("expected bool"):
+        message = f"expected true or false, got {_shown(_value_at(data, full_path))}"
+        fix = f"write `{last}: true` or `{last}: false`"
     elif message.startswith("value must be one of"):
         message = f"{message}, got {_shown(_value_at(data, full_path))}"
     if len(message) > _MESSAGE_CHARS:  # a validator quoting a whole value

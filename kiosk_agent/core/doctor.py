@@ -140,11 +140,14 @@ def check_serial_ports(report: Report, config: Config) -> None:
             continue
         path = Path(port)
         if not path.exists():
+            present = serial_ports_present()
             report.add(
                 check,
                 Verdict.FAIL,
                 f"{port} is not present",
                 "plug the adapter in; list /dev/serial/by-id/ and use that stable name",
+                [f"serial ports here: {', '.join(present)}" if present
+                 else "serial ports here: none (no adapter is plugged in)"],
             )
         elif not os.access(path, os.R_OK | os.W_OK):
             report.add(
@@ -157,10 +160,26 @@ def check_serial_ports(report: Report, config: Config) -> None:
             report.add(check, Verdict.PASS, f"{port} present and accessible")
 
 
+# Where serial adapters appear on Linux: the stable names first, then the kernel's.
+SERIAL_PORT_PATTERNS = ("/dev/serial/by-id/*", "/dev/ttyUSB*", "/dev/ttyACM*", "/dev/ttyAMA*",
+                        "/dev/ttyS[0-3]")
+
+
+def serial_ports_present(patterns: tuple[str, ...] = SERIAL_PORT_PATTERNS) -> list[str]:
+    """The serial ports that exist on this machine (at most 12 named, stable names first)."""
+    import glob
+
+    found = [p for pattern in patterns for p in sorted(glob.glob(pattern))]
+    return found[:12] + ([f"... {len(found) - 12} more"] if len(found) > 12 else [])
+
+
 def check_journal(report: Report, config: Config) -> None:
     path = config.resolve(config["journal"]["path"])
     directory = path.parent
-    if not directory.exists():
+    if not directory.exists() and _can_create(directory):
+        # the agent makes it at start (as the demo's ~/.local/state/kiosk-agent)
+        report.add("journal", Verdict.PASS, f"{path} (its directory is made at start)")
+    elif not directory.exists():
         report.add(
             "journal",
             Verdict.FAIL,
@@ -175,7 +194,45 @@ def check_journal(report: Report, config: Config) -> None:
             "run doctor as the service user, or chown the state directory",
         )
     else:
-        report.add("journal", Verdict.PASS, str(path))
+        check_journal_file(report, path)
+
+
+def check_journal_file(report: Report, path: Path) -> None:
+    """The journal's integrity (``PRAGMA integrity_check``, its WAL read with it), and whether
+    one that was in use here is missing or empty (the ``.in-use`` marker beside it)."""
+    from kiosk_agent.core.journal_guard import inspect_journal
+    from kiosk_agent.sales.journal import integrity, marker_path, side_files
+
+    wal = side_files(path)[0]
+    wal_text = f"WAL {wal.stat().st_size} bytes" if wal.exists() else "no WAL"
+    notice = inspect_journal(path, move_damaged=False)
+    if notice is not None and notice.kind == "lost":
+        report.add("journal", Verdict.FAIL, notice.message,
+                   "restore it from a backup, or delete the marker if it was removed on "
+                   "purpose; the agent checks reporting for the charges it held on start")
+        return
+    if not path.exists():
+        report.add("journal", Verdict.PASS, f"{path} not created yet (the first start does)")
+        return
+    problems = integrity(path)
+    if problems:
+        report.add(
+            "journal", Verdict.FAIL, f"{path} is damaged ({wal_text}): {'; '.join(problems[:3])}",
+            "restart the agent: it moves the damaged journal aside (kept for `sqlite3 FILE "
+            ".recover`), begins a new one and gives back any charge it can no longer account "
+            "for",
+        )
+        return
+    marker = "" if marker_path(path).exists() else "; no in-use marker yet"
+    report.add("journal", Verdict.PASS, f"{path}: integrity ok ({wal_text}{marker})")
+
+
+def _can_create(directory: Path) -> bool:
+    """Whether this user may make ``directory``: its nearest existing parent is writable."""
+    parent = directory
+    while not parent.exists() and parent != parent.parent:
+        parent = parent.parent
+    return parent.is_dir() and os.access(parent, os.W_OK | os.X_OK)
 
 
 async def _timed(call: Awaitable[Any], within: float) -> Any:
@@ -364,6 +421,11 @@ async def check_mqtt(report: Report, conf: dict[str, Any], within: float) -> Non
 
 
 def describe(err: BaseException) -> str:
+    """An error in words: a failed connection as where and why, no library jargon."""
     if isinstance(err, TimeoutError):
         return "timed out"
+    if isinstance(err, OSError) or type(err).__module__.startswith("aiohttp"):
+        from kiosk_agent.service.errors import network_words
+
+        return network_words(err)
     return str(err) or type(err).__name__

@@ -11,7 +11,6 @@ free-text detail (often an exception's message) passes through `redact` on the w
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import datetime as dt
 import enum
 import logging
@@ -31,7 +30,7 @@ from kiosk_agent.redact import redact
 from kiosk_agent.sales.model import SaleEvent
 from kiosk_agent.sales.states import SaleState
 from kiosk_agent.service.errors import AuthenticationError
-from kiosk_agent.tasks import BackgroundTask
+from kiosk_agent.tasks import BackgroundTask, wait_event
 
 _LOGGER = logging.getLogger(__name__)
 
@@ -112,6 +111,15 @@ class JournalHealth(_Model):
     writable: bool | None = None  # None: not checked yet
     checked_at: float | None = None
     detail: str = ""
+    path: str = ""
+    # sales whose step could not be written: kept in memory, finished once the journal is back
+    unwritten_sales: list[str] = []
+    # the journal was found lost or damaged at start: what happened, where, what to do
+    notice: str = ""
+    # reporting's recent charges compared with the journal (core.journal_guard)
+    charges_pending: bool = False  # the first comparison since start (or a fault) not made yet
+    charges_checked_at: float | None = None
+    charges_detail: str = ""
 
 
 class AvailabilityHealth(_Model):
@@ -281,10 +289,14 @@ class Health:
         if previous is not writable:
             log = _LOGGER.info if writable else _LOGGER.error
             log("journal %s %s", "writable" if writable else "NOT writable:", detail)
-        self._journal = JournalHealth(
-            writable=writable, checked_at=time.time(), detail=redact(detail)
+        self._journal = self._journal.model_copy(
+            update={"writable": writable, "checked_at": time.time(), "detail": redact(detail)}
         )
         self._changed()
+
+    def report_journal_state(self, **changes: Any) -> None:
+        """The journal's other facts (unwritten sales, a start notice, the charge check)."""
+        self._journal = self._journal.model_copy(update=changes)
 
     def report_availability(
         self, device_id: str, *, available: bool, reason: str, since: float, changes: int
@@ -469,9 +481,18 @@ class Health:
     ) -> tuple[Status, list[str]]:
         problems = [f"{name} failed: {reason}" for name, reason in sorted(self._fatal.items())]
         down = bool(self._fatal)
-        if self._journal.writable is False:
-            problems.append(f"journal not writable: {self._journal.detail}".rstrip(": "))
+        journal = self._journal
+        if journal.writable is False:
+            problems.append(f"journal not writable: {journal.detail}".rstrip(": "))
             down = True
+        if journal.unwritten_sales:
+            problems.append(f"journal: {len(journal.unwritten_sales)} sale(s) not written yet "
+                            "(finished once it takes writes)")
+            down = True
+        if journal.notice:
+            problems.append(f"journal: {journal.notice}")
+        if journal.charges_detail:
+            problems.append(f"journal: {journal.charges_detail}")
         if service.reachable is False:
             problems.append(f"service unreachable: {service.detail}".rstrip(": "))
             down = True
@@ -578,8 +599,7 @@ class HealthChecker:
                 _LOGGER.exception("health check round failed (%d so far)", self.errors)
                 wait = self.interval
             self.rounds += 1
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wakeup.wait(), max(0.0, wait))
+            await wait_event(self._wakeup, max(0.0, wait))
 
     async def check_once(self) -> None:
         """One round: journal, the key's expiry, the terminal list (reachability), pings."""

@@ -19,6 +19,10 @@ Limits (the ``http:`` section, :data:`kiosk_agent.core.config.HTTP_SCHEMA`), the
   every one is busy the newcomer gets 503.
   So a slow-header flood on one port holds a bounded number of descriptors and cannot lock a
   real client out for long; the other ports are not touched at all;
+- an event stream (a WebSocket, server-sent events) takes one of ``max_streams`` stream slots
+  (:meth:`LocalSite.stream_slot`) instead of a connection slot: past that bound a new stream is
+  refused (503), and however many streams are open every request still finds its
+  ``max_connections``. A stream never reads more than :data:`MAX_STREAM_FRAME` from its client;
 - a stop waits ``shutdown_grace`` for requests in progress, then cuts them.
 
 Bodies from outside are read by :func:`read_json` (or :func:`loads_bounded` for raw bytes
@@ -29,10 +33,11 @@ fail with anything but a 4xx naming what was wrong.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import resource
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -50,6 +55,9 @@ _LOGGER = logging.getLogger(__name__)
 MAX_JSON_DEPTH = 32
 MAX_NUMBER_CHARS = 40
 BODY = "<body>"  # the field named when the body as a whole is wrong
+# The largest frame a stream's client may send (a WebSocket's max_msg_size): the apps send
+# nothing but a close, so anything above a few bytes is refused before it is buffered.
+MAX_STREAM_FRAME = 1024
 
 _OVERLOADED_BODY = b'{"error": "unavailable", "detail": "every connection is busy; retry"}'
 _OVERLOADED = (
@@ -68,6 +76,7 @@ class HttpLimits:
     keepalive_timeout: float
     max_connections: int
     shutdown_grace: float
+    max_streams: int = 32
 
     @classmethod
     def from_config(cls, conf: dict[str, Any] | None = None) -> HttpLimits:
@@ -85,6 +94,15 @@ class HttpLimits:
 LIMITS = web.AppKey("kiosk_agent.http_limits", HttpLimits)
 
 _LIVE: set[LocalSite] = set()  # sites listening now, for /metrics
+SITE: web.AppKey[LocalSite] = web.AppKey("kiosk_agent.local_site")
+StreamSlot = contextlib.AbstractContextManager[None]
+
+
+def stream_slot(request: web.BaseRequest) -> StreamSlot | None:
+    """The stream slot of the site serving ``request`` (see :meth:`LocalSite.stream_slot`);
+    an app not served by a LocalSite (a bare test app) streams unbounded."""
+    site = request.app.get(SITE) if isinstance(request, web.Request) else None
+    return contextlib.nullcontext() if site is None else site.stream_slot(request)
 
 
 def live_sites() -> list[LocalSite]:
@@ -115,6 +133,7 @@ class _Connection(asyncio.Protocol):
         self.handler = handler
         self.transport: asyncio.BaseTransport | None = None
         self.busy = 0  # requests in progress (a WebSocket stays busy while open)
+        self.streaming = False  # holds a stream slot: not counted against max_connections
         self.served = 0
         self.closing = False
         # Armed at once: a connection that is never made, or never sends a request, goes.
@@ -180,6 +199,8 @@ class _Connection(asyncio.Protocol):
         if not self.closing:
             self.closing = True
             self.site._closing += 1
+            if self.streaming:  # counted as closing now, no longer as a stream
+                self.site._streaming -= 1
 
     def _cancel_timer(self) -> None:
         if self._timer is not None:
@@ -250,6 +271,9 @@ class LocalSite:
         self.evicted = 0
         self.overloaded = 0
         self.stalled = 0  # connections cut because their client took nothing for body_timeout
+        self.streams = 0  # stream slots taken now
+        self._streaming = 0  # connections in _connections holding one, not closing (kept count)
+        self.streams_refused = 0
 
     @property
     def url(self) -> str:
@@ -257,10 +281,41 @@ class LocalSite:
 
     @property
     def open_connections(self) -> int:
-        return len(self._connections) - self._closing
+        """Connections counted against ``max_connections`` (streams have their own bound)."""
+        return len(self._connections) - self._closing - self._streaming
+
+    def stream_slot(self, request: web.BaseRequest) -> StreamSlot | None:
+        """A stream slot for this request's connection while the stream is open, or None when
+        all ``max_streams`` are taken (the caller answers 503)."""
+        if self.streams >= self.limits.max_streams:
+            self.streams_refused += 1
+            self.refusals(
+                "streams_full",
+                "%s: %d event streams open: a new one was refused with 503",
+                self.name,
+                self.limits.max_streams,
+            )
+            return None
+        return self._hold_stream(self._connections.get(request.protocol))
+
+    @contextlib.contextmanager
+    def _hold_stream(self, connection: _Connection | None) -> Iterator[None]:
+        self.streams += 1
+        if connection is not None and not connection.closing:
+            connection.streaming = True
+            self._streaming += 1
+        try:
+            yield
+        finally:
+            self.streams -= 1
+            if connection is not None and connection.streaming:
+                connection.streaming = False
+                if not connection.closing:
+                    self._streaming -= 1
 
     async def start(self, app: web.Application) -> None:
         app[LIMITS] = self.limits
+        app[SITE] = self
         app.middlewares.insert(0, self._track)
         runner = web.AppRunner(
             app,
@@ -296,6 +351,7 @@ class LocalSite:
                 connection.close()
             self._connections.clear()
             self._closing = 0
+            self._streaming = 0
 
     # -- connections -------------------------------------------------------------------------
 
@@ -346,6 +402,9 @@ class LocalSite:
         if self._connections.get(connection.handler) is connection:
             del self._connections[connection.handler]
             self._closing -= connection.closing
+            if connection.streaming and not connection.closing:
+                self._streaming -= 1
+                connection.streaming = False
 
     @web.middleware
     async def _track(
@@ -369,7 +428,7 @@ _DESCRIPTOR_RESERVE = 256
 def _check_descriptors() -> None:
     """Warn when the servers' caps together do not fit the process's descriptor limit."""
     soft, _hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    need = sum(site.limits.max_connections for site in _LIVE) + _DESCRIPTOR_RESERVE
+    need = sum(s.limits.max_connections + s.limits.max_streams for s in _LIVE) + _DESCRIPTOR_RESERVE
     if soft != resource.RLIM_INFINITY and need > soft:
         _LOGGER.warning(
             "the HTTP servers may hold %d descriptors but the limit is %d: lower "

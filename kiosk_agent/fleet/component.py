@@ -34,7 +34,7 @@ from kiosk_agent.fleet.mqtt import BirthPolicy, MqttSink
 from kiosk_agent.fleet.report import build_report, iso
 from kiosk_agent.fleet.schema import UPSTREAM_SCHEMA
 from kiosk_agent.fleet.sink import Sink
-from kiosk_agent.tasks import BackgroundTask, cancel_and_wait
+from kiosk_agent.tasks import BackgroundTask, cancel_and_wait, wait_event
 
 _LOGGER = logging.getLogger(__name__)
 
@@ -138,8 +138,7 @@ class Upstream:
         one such report per ``change_gap``, so a flapping part does not flood the broker."""
         deadline = time.monotonic() + jittered(self._interval, self._jitter, self._rng)
         while (remaining := deadline - time.monotonic()) > 0:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._changed.wait(), remaining)
+            await wait_event(self._changed, remaining)  # a stop's cancellation is never lost
             self._changed.clear()
             if self._told is not None and _must_tell(self._health.snapshot()) != self._told:
                 await asyncio.sleep(max(0.0, self._last_beat + self._change_gap - time.monotonic()))

@@ -32,6 +32,7 @@ import hashlib
 import hmac
 import logging
 import math
+import sqlite3
 from collections import OrderedDict
 from typing import Any
 
@@ -41,9 +42,18 @@ from aiohttp import WSMsgType, web
 from kiosk_agent.core.config import PLATFORM_SCHEMA as BASE_PLATFORM_SCHEMA
 from kiosk_agent.core.config import max_price_check, positive_float, price_map
 from kiosk_agent.core.logging import RefusalLog
-from kiosk_agent.core.web import BodyError, HttpLimits, LocalSite, read_json, text_fault
+from kiosk_agent.core.web import (
+    MAX_STREAM_FRAME,
+    BodyError,
+    HttpLimits,
+    LocalSite,
+    read_json,
+    stream_slot,
+    text_fault,
+)
 from kiosk_agent.money import MoneyError, cents_to_dollars, parse_price
 from kiosk_agent.platforms.base import instance_name
+from kiosk_agent.sales.journal import JournalError
 from kiosk_agent.sales.model import (
     DispenseOutcome,
     DispenseStatus,
@@ -272,6 +282,9 @@ class KioskApi:
             return _error(400, "bad_request", err.field, err.message)
         except BodyError as err:
             return _error(err.status, err.error, err.field, err.message)
+        except (JournalError, sqlite3.Error) as err:
+            # the journal cannot hold a sale: out of service, said as the app expects it
+            return self._journal_refusal(err)
         return response
 
     def _refusal(self, request: web.Request) -> tuple[int, str, str | None, str] | None:
@@ -322,6 +335,17 @@ class KioskApi:
                 "events": f"/api/v1/sales/{sale.sale_id}/events",
             },
             status=202,
+        )
+
+    def _journal_refusal(self, err: Exception) -> web.Response:
+        self.refused_out_of_service += 1
+        reason = f"journal not writable: {err}"
+        self._refused("out_of_service", "%s: refused: %s", self.name, reason)
+        retry = max(1, math.ceil(getattr(self.agent.availability, "recheck_interval", 1.0)))
+        return web.json_response(
+            {"error": "out_of_service", "field": None, "reason": reason,
+             "message": f"card payment unavailable: {reason}"},
+            status=503, headers={"Retry-After": str(retry)},
         )
 
     def _out_of_service(self, terminal: str | None) -> web.Response | None:
@@ -449,8 +473,19 @@ class KioskApi:
 
     async def _stream(
         self, request: web.Request, wanted: Any, sale_id: str | None
+    ) -> web.StreamResponse:
+        slot = stream_slot(request)
+        if slot is None:
+            return _error(503, "too_many_streams", None,
+                          "every event stream slot is taken; retry, or poll the sale")
+        with slot:
+            return await self._stream_in_slot(request, wanted, sale_id)
+
+    async def _stream_in_slot(
+        self, request: web.Request, wanted: Any, sale_id: str | None
     ) -> web.WebSocketResponse:
-        ws = web.WebSocketResponse(heartbeat=15.0)
+        # the app sends nothing but a close: a larger frame is refused before it is buffered
+        ws = web.WebSocketResponse(heartbeat=15.0, max_msg_size=MAX_STREAM_FRAME)
         await ws.prepare(request)
         self._sockets.add(ws)
         try:

@@ -25,7 +25,7 @@ import serial
 import serial_asyncio_fast
 
 from kiosk_agent.core.logging import RefusalLog
-from kiosk_agent.tasks import BackgroundTask, cancel_and_wait
+from kiosk_agent.tasks import BackgroundTask, cancel_and_wait, wait_event
 
 _LOGGER = logging.getLogger(__name__)
 
@@ -338,12 +338,10 @@ class SerialLink:
         probed = False
         while True:
             self.activity.clear()
-            try:
-                await asyncio.wait_for(self.activity.wait(), timeout)
+            # a busy link sets activity all the time: a stop's cancellation must not be lost
+            if await wait_event(self.activity, timeout):
                 probed = False
                 continue
-            except TimeoutError:
-                pass
             if self.busy():
                 probed = False  # quiet while the device waits on us: not a dead link
                 continue

@@ -26,7 +26,7 @@ import os
 import random
 import time
 import tty
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
@@ -527,16 +527,38 @@ class VirtualController:
                 return
             product: str | None = self._rng.choice(products)
             fail = self._rng.random() < fail_rate
+            if card_first and self._rng.random() < walk_away_rate:
+                product = None
             try:
                 if card_first:
-                    if self._rng.random() < walk_away_rate:
-                        product = None
-                    await self.card_first_customer(product, fail=fail)
+                    await self._unless_closing(self.card_first_customer(product, fail=fail))
                 elif product is not None:
-                    await self.customer(product, fail=fail)
+                    await self._unless_closing(self.customer(product, fail=fail))
             except Exception:  # one odd visit must not empty the shop for the rest of the demo
                 _LOGGER.exception("virtual customer failed")
             served += 1
+
+    async def _unless_closing(self, visit: Coroutine[Any, Any, Visit]) -> None:
+        """A visit, unless the machine closes before the customer is in a session: one still
+        waiting (for an out-of-service reader to come back, for a session to be offered)
+        leaves at once, so a stop is not held up by a reader that may never return. A customer
+        in a session finishes it (a vend in flight is heard to its end)."""
+        visiting = asyncio.ensure_future(visit)
+        closing = asyncio.ensure_future(self.closing.wait())
+        try:
+            await asyncio.wait({visiting, closing}, return_when=asyncio.FIRST_COMPLETED)
+            if not visiting.done() and not self._in_session:
+                visiting.cancel()
+            try:
+                await visiting
+            except asyncio.CancelledError:
+                current = asyncio.current_task()
+                if current is not None and current.cancelling():
+                    raise  # this task is being cancelled, not only the visit
+        finally:
+            closing.cancel()
+            if not visiting.done():
+                visiting.cancel()
 
     def tally(self) -> dict[str, int]:
         counts: dict[str, int] = {}
@@ -639,7 +661,17 @@ def read_record(path: Path) -> list[dict[str, Any]]:
 def _products(value: Any) -> dict[str, int]:
     if not isinstance(value, dict) or not value:
         raise vol.Invalid("expected a map of product code to price, like {A1: \"1.50\"}")
-    return {str(code): positive_price(price) for code, price in value.items()}
+    # every bad price at once, each at its own key: a tech fixes them in one go
+    prices: dict[str, int] = {}
+    errors: list[vol.Invalid] = []
+    for code, price in value.items():
+        try:
+            prices[str(code)] = positive_price(price)
+        except vol.Invalid as err:
+            errors.append(vol.Invalid(err.msg, path=[code]))
+    if errors:
+        raise vol.MultipleInvalid(errors)
+    return prices
 
 
 _VIRTUAL_SCHEMA = BASE_PLATFORM_SCHEMA.extend(

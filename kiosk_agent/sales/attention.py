@@ -288,7 +288,7 @@ def resolve(
         raise ResolveError("say why: --why TEXT is kept with the sale")
     if len(why) > MAX_WHY:
         raise ResolveError(f"--why is {len(why)} characters; at most {MAX_WHY}")
-    record = journal.get(sale_id) or _by_prefix(journal, sale_id)
+    record = journal.get(sale_id) or find_sale(journal, sale_id)
     if record.state is not SaleState.ATTENTION:
         raise NotInAttention(
             f"sale {record.sale_id} is {record.state.value}, not attention: nothing to resolve"
@@ -324,7 +324,7 @@ def resolve(
     return resolved
 
 
-def _by_prefix(journal: Journal, wanted: str) -> SaleRecord:
+def find_sale(journal: Journal, wanted: str) -> SaleRecord:
     """A sale named by a unique prefix of its id (as the CLI prints them), or by its order_id."""
     record = journal.by_order_id(wanted)
     if record is not None:

@@ -16,6 +16,7 @@ from kiosk_agent.service.errors import (
     ServerError,
     ServiceError,
     ServiceUnreachableError,
+    conflict_words,
 )
 from kiosk_agent.service.models import (
     ChargeResult,
@@ -50,7 +51,7 @@ class ChargeCardFlow(SaleFlow):
                 )
             except ConflictError as err:
                 return await self._fail(
-                    SaleState.FAILED, Step.CHARGE_CARD_BUSY, f"terminal busy: {err}"
+                    SaleState.FAILED, Step.CHARGE_CARD_BUSY, conflict_words(err, self.device)
                 )
             except (ServerError, ServiceUnreachableError) as err:
                 return await self._answer_lost(f"the charge's answer was lost ({err})")

@@ -18,7 +18,7 @@ import dataclasses
 import datetime as dt
 import json
 import sqlite3
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -26,6 +26,11 @@ from typing import Any
 from kiosk_agent.sales.clock import SYSTEM_CLOCK, Clock
 from kiosk_agent.sales.states import REOPENED_AFTER, SaleState, Step, check_transition
 
+# What a reader must understand to use the journal. Bumped only by a change an older release
+# cannot read past (a renamed column, a changed meaning): new facts go into new tables, which
+# the previous release never reads, so it still runs on a journal this one wrote
+# (docs/operations.md, "Rolling back"). A release refuses, before writing anything, a journal
+# whose version is above its own.
 SCHEMA_VERSION = 2
 
 _SCHEMA = """
@@ -57,10 +62,7 @@ CREATE TABLE IF NOT EXISTS sales (
     updated_at       REAL NOT NULL,
     finished_at      REAL,
     answer_by        REAL,
-    resolution       TEXT,
-    sent_at          REAL,
-    sent_mono        REAL,
-    sent_boot        TEXT
+    resolution       TEXT
 );
 CREATE INDEX IF NOT EXISTS sales_state ON sales(state);
 CREATE INDEX IF NOT EXISTS sales_created ON sales(created_at);
@@ -73,19 +75,31 @@ CREATE TABLE IF NOT EXISTS steps (
     detail   TEXT NOT NULL DEFAULT '{}'
 );
 CREATE INDEX IF NOT EXISTS steps_sale ON steps(sale_id);
+CREATE TABLE IF NOT EXISTS sale_sends (
+    sale_id   TEXT PRIMARY KEY REFERENCES sales(sale_id),
+    sent_at   REAL,
+    sent_mono REAL,
+    sent_boot TEXT
+);
 """
 
 # Columns added after version 1, with their type: added in place to an older journal on open.
 _ADDED_COLUMNS = {
     "answer_by": "REAL",
     "resolution": "TEXT",
+}
+# A sale's facts kept beside it, not as columns of ``sales``: the previous release reads every
+# column of ``sales`` into its own record and stops at one it does not know, so new facts go
+# into tables of their own (docs/operations.md, "Rolling back"). Table -> its columns.
+_BESIDE = {
     # the money call's send, to re-anchor its deadline after a restart (sales/clock.py)
-    "sent_at": "REAL",
-    "sent_mono": "REAL",
-    "sent_boot": "TEXT",
+    "sale_sends": ("sent_at", "sent_mono", "sent_boot"),
 }
 
 _SIDE = ("-wal", "-shm")
+# Beside the journal, written once it holds its tables: "a journal was in use here". A journal
+# found missing or empty while this exists was lost (deleted, truncated, its WAL removed).
+MARKER_SUFFIX = ".in-use"
 _FINAL_STATES = tuple(s.value for s in SaleState if s.final)
 
 
@@ -164,6 +178,14 @@ class StepRecord:
 
 _COLUMNS = tuple(f.name for f in dataclasses.fields(SaleRecord))
 _COLUMN_SET = frozenset(_COLUMNS)
+_BESIDE_COLUMNS = frozenset(c for columns in _BESIDE.values() for c in columns)
+_SALES_COLUMNS = tuple(c for c in _COLUMNS if c not in _BESIDE_COLUMNS)
+# every read of a sale: its row and what is kept beside it
+_SELECT_SALES = "SELECT sales.*, " + ", ".join(  # noqa: S608 - names from this module
+    f"{table}.{column}" for table, columns in _BESIDE.items() for column in columns
+) + " FROM sales" + "".join(
+    f" LEFT JOIN {table} ON {table}.sale_id = sales.sale_id" for table in _BESIDE
+)
 # a sale's flow is fixed: the states it may be in follow from it
 _UPDATABLE = _COLUMN_SET - {"sale_id", "order_id", "created_at", "flow"}
 # Keys that must never reach the journal, whatever a caller passes in a step's detail.
@@ -174,6 +196,18 @@ _FORBIDDEN_DETAIL = frozenset(
 
 class JournalError(Exception):
     """The journal cannot be opened or written."""
+
+
+class JournalTooNew(JournalError):
+    """The journal was written by a newer release (a higher schema version): refused before
+    anything is written, so a rollback never damages what the newer release kept."""
+
+
+class JournalDamaged(JournalError):
+    """The journal's file is there but SQLite cannot read it whole (``quick_check`` failed)."""
+
+
+WriteListener = Callable[["JournalError | None"], None]
 
 
 class SaleMoved(Exception):
@@ -195,6 +229,13 @@ class Journal:
         self.path = Path(path)
         self.clock = clock  # dates the records (wall time: for people, never for a wait)
         self._db: sqlite3.Connection | None = None
+        # Told after every write: None when it went through, the error when it did not (the
+        # agent takes the unit out of service at once, from whichever path wrote).
+        self.on_write: WriteListener | None = None
+
+    @property
+    def marker(self) -> Path:
+        return marker_path(self.path)
 
     # -- lifecycle -------------------------------------------------------------------------------
 
@@ -202,20 +243,28 @@ class Journal:
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
+        except (sqlite3.Error, OSError) as err:
+            raise JournalError(f"cannot open the journal at {self.path}: {err}") from err
+        try:
             db.row_factory = sqlite3.Row
+            _refuse_newer(db, self.path)
             db.execute("PRAGMA journal_mode=WAL")
             # FULL: a committed step survives a power cut, not only a process crash.
             db.execute("PRAGMA synchronous=FULL")
             db.execute("PRAGMA foreign_keys=ON")
             db.execute("PRAGMA busy_timeout=5000")
-            db.executescript(_SCHEMA)
-            _add_missing_columns(db)
-            db.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
+            _migrate(db)
             # the sales are the operator's business: the database and its WAL are private
             for part in (self.path, *(self.path.with_name(self.path.name + s) for s in _SIDE)):
                 if part.exists():
                     part.chmod(0o600)
+            if not self.marker.exists():
+                self.marker.write_text("a kiosk-agent journal is in use beside this file\n")
+        except JournalError:
+            db.close()
+            raise
         except (sqlite3.Error, OSError) as err:
+            db.close()
             raise JournalError(f"cannot open the journal at {self.path}: {err}") from err
         self._db = db
 
@@ -238,14 +287,16 @@ class Journal:
         now = self.clock.time()
         sale = dataclasses.replace(sale, created_at=now, updated_at=now)
         row = sale.row()
-        names = ", ".join(_COLUMNS)
-        marks = ", ".join(f":{c}" for c in _COLUMNS)
+        names = ", ".join(_SALES_COLUMNS)
+        marks = ", ".join(f":{c}" for c in _SALES_COLUMNS)
         try:
             with transaction(self.db) as db:
                 db.execute(f"INSERT INTO sales ({names}) VALUES ({marks})", row)  # noqa: S608
+                _write_beside(db, sale.sale_id, row)
                 self._insert_step(db, sale.sale_id, now, Step.CREATED, sale.state, detail)
         except sqlite3.Error as err:
             raise self._write_failed(err) from err
+        self._tell(None)
         return sale
 
     def record(
@@ -270,23 +321,29 @@ class Journal:
             raise ValueError(f"not journal fields: {', '.join(sorted(unknown))}")
         now = self.clock.time()
         new_state = state or sale.state
-        if new_state.final and sale.finished_at is None:
+        changed = frozenset(changes)  # what the caller sets: a note on a settled sale sets none
+        if new_state.final and new_state is not sale.state and sale.finished_at is None:
             changes.setdefault("finished_at", now)
         updated = dataclasses.replace(sale, state=new_state, updated_at=now, **changes)
-        assignments = {k: getattr(updated, k) for k in (*changes, "state", "updated_at")}
+        assignments = {k: getattr(updated, k) for k in (*changes, "state", "updated_at")
+                       if k not in _BESIDE_COLUMNS}
         assignments["state"] = new_state.value
+        beside = {k: v for k, v in changes.items() if k in _BESIDE_COLUMNS}
         sql = ", ".join(f"{k} = :{k}" for k in assignments)
         expected = sale.state if if_state is None else if_state
         try:
             with transaction(self.db) as db:
-                named = self._check(db, sale, expected, new_state, step)
+                named = self._check(db, sale, expected, new_state, step, changed)
                 db.execute(
                     f"UPDATE sales SET {sql} WHERE sale_id = :sale_id",  # noqa: S608
                     {**assignments, "sale_id": sale.sale_id},
                 )
+                if beside:
+                    _write_beside(db, sale.sale_id, updated.row())
                 self._insert_step(db, sale.sale_id, now, named, new_state, detail)
         except sqlite3.Error as err:
             raise self._write_failed(err) from err
+        self._tell(None)
         return updated
 
     def _check(
@@ -296,6 +353,7 @@ class Journal:
         expected: SaleState,
         wanted: SaleState,
         step: Step,
+        changed: frozenset[str],
     ) -> Step:
         """The sale as it is on disk, inside the write transaction, against the table."""
         row = db.execute(
@@ -313,7 +371,7 @@ class Journal:
                 (sale.sale_id,),
             ).fetchone()
             last = None if found is None else str(found[0])
-        return check_transition(sale.sale_id, row[1], current, wanted, step, last)
+        return check_transition(sale.sale_id, row[1], current, wanted, step, last, changed)
 
     def _insert_step(
         self,
@@ -332,16 +390,45 @@ class Journal:
 
     def _write_failed(self, err: sqlite3.Error) -> JournalError:
         # a full or failing disk: the flow must stop before the call this step announces
-        return JournalError(f"cannot write the journal at {self.path}: {err}")
+        failed = JournalError(f"cannot write the journal at {self.path}: {err}")
+        self._tell(failed)
+        return failed
+
+    def _tell(self, err: JournalError | None) -> None:
+        if self.on_write is not None:
+            self.on_write(err)
+
+    def restore(
+        self, sale: SaleRecord, step: Step, detail: Mapping[str, Any] | None = None
+    ) -> SaleRecord:
+        """Write the whole sale as it stands in memory (after writes that failed), and a step.
+
+        The one write beside the transition table: memory reached this state by steps the
+        table allowed, one by one; only their writes failed. The row is created if its very
+        first write was lost. One transaction, like every write."""
+        now = self.clock.time()
+        sale = dataclasses.replace(sale, updated_at=now, created_at=sale.created_at or now)
+        row = sale.row()
+        names = ", ".join(_SALES_COLUMNS)
+        marks = ", ".join(f":{c}" for c in _SALES_COLUMNS)
+        try:
+            with transaction(self.db) as db:
+                db.execute(f"INSERT OR REPLACE INTO sales ({names}) VALUES ({marks})", row)  # noqa: S608
+                _write_beside(db, sale.sale_id, row)
+                self._insert_step(db, sale.sale_id, now, step, sale.state, detail)
+        except sqlite3.Error as err:
+            raise self._write_failed(err) from err
+        self._tell(None)
+        return sale
 
     # -- reads -----------------------------------------------------------------------------------
 
     def get(self, sale_id: str) -> SaleRecord | None:
-        row = self.db.execute("SELECT * FROM sales WHERE sale_id = ?", (sale_id,)).fetchone()
+        row = self.db.execute(f"{_SELECT_SALES} WHERE sales.sale_id = ?", (sale_id,)).fetchone()
         return None if row is None else _record(row)
 
     def by_order_id(self, order_id: str) -> SaleRecord | None:
-        row = self.db.execute("SELECT * FROM sales WHERE order_id = ?", (order_id,)).fetchone()
+        row = self.db.execute(f"{_SELECT_SALES} WHERE order_id = ?", (order_id,)).fetchone()
         return None if row is None else _record(row)
 
     def with_id_prefix(self, prefix: str, limit: int = 2) -> list[SaleRecord]:
@@ -350,7 +437,7 @@ class Journal:
         if not prefix or not prefix.isalnum():
             return []
         rows = self.db.execute(
-            "SELECT * FROM sales WHERE substr(sale_id, 1, ?) = ? LIMIT ?",
+            f"{_SELECT_SALES} WHERE substr(sales.sale_id, 1, ?) = ? LIMIT ?",
             (len(prefix), prefix, limit),
         )
         return [_record(r) for r in rows]
@@ -359,7 +446,7 @@ class Journal:
         """Sales not in a final state: what a crash left behind (or what is running now)."""
         marks = ", ".join("?" for _ in _FINAL_STATES)
         rows = self.db.execute(
-            f"SELECT * FROM sales WHERE state NOT IN ({marks}) ORDER BY created_at",  # noqa: S608
+            f"{_SELECT_SALES} WHERE state NOT IN ({marks}) ORDER BY created_at",
             _FINAL_STATES,
         )
         return [_record(r) for r in rows]
@@ -384,31 +471,25 @@ class Journal:
     ) -> list[SaleRecord]:
         """Sales newest first, filtered by creation time, state and the name of their last step
         (all in one query)."""
-        where: list[str] = []
-        args: list[Any] = []
-        if since is not None:
-            where.append("created_at >= ?")
-            args.append(since)
-        if until is not None:
-            where.append("created_at < ?")
-            args.append(until)
-        if states:
-            where.append(f"state IN ({', '.join('?' for _ in states)})")
-            args.extend(s.value for s in states)
-        last_steps = sorted(last_steps or ())
-        if last_steps:
-            marks = ", ".join("?" for _ in last_steps)
-            last = "SELECT step FROM steps WHERE steps.sale_id = sales.sale_id ORDER BY id DESC"
-            where.append(f"({last} LIMIT 1) IN ({marks})")
-            args.extend(last_steps)
-        sql = "SELECT * FROM sales"
-        if where:
-            sql += " WHERE " + " AND ".join(where)
-        sql += " ORDER BY created_at DESC, rowid DESC"
+        where, args = _filters(since, until, states, last_steps)
+        sql = f"{_SELECT_SALES}{where} ORDER BY created_at DESC, sales.rowid DESC"
         if limit is not None:
             sql += " LIMIT ?"
             args.append(limit)
         return [_record(r) for r in self.db.execute(sql, args)]
+
+    def count(
+        self,
+        *,
+        since: float | None = None,
+        until: float | None = None,
+        states: list[SaleState] | None = None,
+    ) -> int:
+        """How many sales :meth:`query` would give without a limit."""
+        where, args = _filters(since, until, states, None)
+        # the clause is ours; every value travels as an argument
+        sql = f"SELECT COUNT(*) FROM sales{where}"  # noqa: S608
+        return int(self.db.execute(sql, args).fetchone()[0])
 
     def last_trans_id(self) -> str | None:
         """The newest completed sale's transaction (a receipt to test-print), if any."""
@@ -449,6 +530,8 @@ class Journal:
         with transaction(self.db) as db:
             old = f"SELECT sale_id FROM sales WHERE created_at < ? AND state NOT IN ({marks})"  # noqa: S608
             db.execute(f"DELETE FROM steps WHERE sale_id IN ({old})", (cutoff, *keep))  # noqa: S608
+            for table in _BESIDE:
+                db.execute(f"DELETE FROM {table} WHERE sale_id IN ({old})", (cutoff, *keep))  # noqa: S608
             cursor = db.execute(
                 f"DELETE FROM sales WHERE sale_id IN ({old})",  # noqa: S608
                 (cutoff, *keep),
@@ -472,12 +555,129 @@ def transaction(db: sqlite3.Connection) -> Iterator[sqlite3.Connection]:
     db.execute("COMMIT")
 
 
+def _refuse_newer(db: sqlite3.Connection, path: Path) -> None:
+    """A journal of a newer schema is refused before anything is written to it."""
+    found = int(db.execute("PRAGMA user_version").fetchone()[0])
+    if found > SCHEMA_VERSION:
+        raise JournalTooNew(
+            f"the journal at {path} has schema version {found}, written by a newer release; "
+            f"this release reads up to version {SCHEMA_VERSION}. Nothing was written to it. "
+            "Run the newer release again (its sales are kept there), or move the journal aside "
+            "to start this release on a new one"
+        )
+
+
+def _migrate(db: sqlite3.Connection) -> None:
+    """Bring the journal to this schema in one transaction; the version is written inside it,
+    so it never says more than the tables hold (a failed migration leaves the old version)."""
+    with transaction(db):
+        for statement in _SCHEMA.split(";"):
+            if statement.strip():
+                db.execute(statement)
+        _add_missing_columns(db)
+        _move_beside(db)
+        if int(db.execute("PRAGMA user_version").fetchone()[0]) < SCHEMA_VERSION:
+            db.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
+
+
+def _filters(
+    since: float | None,
+    until: float | None,
+    states: list[SaleState] | None,
+    last_steps: Iterable[Step] | None,
+) -> tuple[str, list[Any]]:
+    """The WHERE clause (with its leading space, or empty) and its arguments of a sales query."""
+    where: list[str] = []
+    args: list[Any] = []
+    if since is not None:
+        where.append("created_at >= ?")
+        args.append(since)
+    if until is not None:
+        where.append("created_at < ?")
+        args.append(until)
+    if states:
+        where.append(f"state IN ({', '.join('?' for _ in states)})")
+        args.extend(s.value for s in states)
+    steps = sorted(last_steps or ())
+    if steps:
+        marks = ", ".join("?" for _ in steps)
+        last = "SELECT step FROM steps WHERE steps.sale_id = sales.sale_id ORDER BY id DESC"
+        where.append(f"({last} LIMIT 1) IN ({marks})")
+        args.extend(steps)
+    return (" WHERE " + " AND ".join(where) if where else ""), args
+
+
 def _add_missing_columns(db: sqlite3.Connection) -> None:
     """Bring a journal written by an older version up to this schema (columns only ever grow)."""
     present = {row["name"] for row in db.execute("PRAGMA table_info(sales)")}
     for name, kind in _ADDED_COLUMNS.items():
         if name not in present:
             db.execute(f"ALTER TABLE sales ADD COLUMN {name} {kind}")
+
+
+def _move_beside(db: sqlite3.Connection) -> None:
+    """A journal whose ``sales`` table holds columns now kept beside it (a development build
+    added them there): their values move to their table and the columns go."""
+    present = {row["name"] for row in db.execute("PRAGMA table_info(sales)")}
+    for table, columns in _BESIDE.items():
+        there = [c for c in columns if c in present]
+        if not there:
+            continue
+        names = ", ".join(there)
+        db.execute(
+            f"INSERT OR IGNORE INTO {table} (sale_id, {names}) SELECT sale_id, {names} "  # noqa: S608
+            f"FROM sales WHERE " + " OR ".join(f"{c} IS NOT NULL" for c in there)
+        )
+        for column in there:
+            db.execute(f"ALTER TABLE sales DROP COLUMN {column}")
+
+
+def _write_beside(db: sqlite3.Connection, sale_id: str, row: Mapping[str, Any]) -> None:
+    """The sale's facts kept beside ``sales`` (``_BESIDE``), when it has any."""
+    for table, columns in _BESIDE.items():
+        if all(row.get(c) is None for c in columns):
+            continue
+        names = ", ".join(columns)
+        marks = ", ".join(f":{c}" for c in columns)
+        updates = ", ".join(f"{c} = excluded.{c}" for c in columns)
+        db.execute(
+            f"INSERT INTO {table} (sale_id, {names}) VALUES (:sale_id, {marks}) "  # noqa: S608
+            f"ON CONFLICT(sale_id) DO UPDATE SET {updates}",
+            {**{c: row.get(c) for c in columns}, "sale_id": sale_id},
+        )
+
+
+def marker_path(journal: Path) -> Path:
+    return journal.with_name(journal.name + MARKER_SUFFIX)
+
+
+def side_files(journal: Path) -> list[Path]:
+    """The journal's WAL and shared-memory files (present or not)."""
+    return [journal.with_name(journal.name + s) for s in _SIDE]
+
+
+def integrity(path: Path, *, quick: bool = False) -> list[str]:
+    """What SQLite finds wrong with the journal at ``path`` (empty: nothing), read-only.
+
+    ``PRAGMA integrity_check`` (``quick_check`` with ``quick``: the same without the index
+    cross-checks, fast enough for every start). The WAL beside it is read too: a WAL that does
+    not fit its database shows up here."""
+    try:
+        db = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+    except sqlite3.Error as err:
+        return [f"cannot open: {err}"]
+    try:
+        pragma = "quick_check" if quick else "integrity_check"
+        rows = [str(r[0]) for r in db.execute(f"PRAGMA {pragma}")]
+        tables = {str(r[0]) for r in db.execute("SELECT name FROM sqlite_master")}
+    except sqlite3.Error as err:
+        return [str(err)]
+    finally:
+        db.close()
+    problems = [] if rows == ["ok"] else rows[:10]
+    if not problems and not {"sales", "steps"} <= tables:
+        problems.append("no sales table: the journal is empty")
+    return problems
 
 
 def _record(row: sqlite3.Row) -> SaleRecord:

@@ -33,7 +33,7 @@ from kiosk_agent.sales.model import (
 from kiosk_agent.sales.receipts import send_receipts
 from kiosk_agent.sales.states import ReportingSteps, SaleState, Step
 from kiosk_agent.sales.steps import SaleContext, SaleSteps, event_of
-from kiosk_agent.service.errors import ConflictError, ServiceError
+from kiosk_agent.service.errors import ConflictError, ServiceError, conflict_words
 from kiosk_agent.service.models import ChargeResult, InteractionKind, InteractionStatus
 
 _LOGGER = logging.getLogger(__name__)
@@ -117,7 +117,7 @@ class SaleFlow(SaleSteps):
             handle = await self.service.terminal.read_card(self.device, amount)
         except ConflictError as err:
             return None, await self._fail(
-                SaleState.FAILED, Step.READ_CARD_BUSY, f"terminal busy: {err}"
+                SaleState.FAILED, Step.READ_CARD_BUSY, conflict_words(err, self.device)
             )
         except ServiceError as err:
             # a read-card moves no money: a lost answer needs no reconciliation

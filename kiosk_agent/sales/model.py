@@ -12,6 +12,7 @@ import enum
 from dataclasses import dataclass, field
 from typing import Literal, Protocol
 
+from kiosk_agent.money import format_cents
 from kiosk_agent.sales.states import Flow as Flow  # re-exported: a request names its flow
 from kiosk_agent.sales.states import SaleState, Step
 
@@ -93,8 +94,58 @@ class SaleEvent:
     message: str = ""
     at: float = 0.0  # time.time()
     step: Step | Literal[""] = ""  # the journal step announced (none: a snapshot)
+    authorized_cents: int = 0
+    currency: str = "USD"
 
     @property
     def receipt(self) -> bool:
         """A receipt note on a completed sale (``message`` says what): not a second end."""
         return self.step == Step.RECEIPT
+
+
+class SaleMoney(Protocol):
+    """What :func:`money_text` reads: a journal record or a sale event."""
+
+    @property
+    def state(self) -> SaleState: ...
+    @property
+    def amount_cents(self) -> int: ...
+    @property
+    def authorized_cents(self) -> int: ...
+    @property
+    def captured_cents(self) -> int: ...
+    @property
+    def reversed_cents(self) -> int: ...
+    @property
+    def currency(self) -> str: ...
+
+
+def money_text(sale: SaleMoney) -> str:
+    """What a sale's money is now, for people: what was charged once it ended, what is held
+    while it runs. Never the price asked as if it were taken (a vend captures what came out;
+    a card-first session authorizes the machine's maximum)."""
+
+    def dollars(cents: int) -> str:
+        return format_cents(cents, sale.currency)
+
+    if sale.state is SaleState.ATTENTION:
+        held = sale.captured_cents or sale.authorized_cents
+        if held:
+            return f"{dollars(held)} held, undecided"
+        return f"{dollars(sale.amount_cents)}, outcome unknown"
+    if sale.state.final:
+        kept = max(0, sale.captured_cents - sale.reversed_cents)
+        if not sale.reversed_cents:
+            given_back = ""
+        elif sale.captured_cents:  # a refund, or a captured sale voided
+            given_back = f" ({dollars(sale.reversed_cents)} given back)"
+        else:  # an authorization voided: the hold on the card is released
+            given_back = f" ({dollars(sale.reversed_cents)} hold released)"
+        if kept:
+            return f"{dollars(kept)} charged{given_back}"
+        return f"nothing charged{given_back}"
+    if sale.captured_cents:
+        return f"{dollars(sale.captured_cents)} charged"
+    if sale.authorized_cents:
+        return f"{dollars(sale.authorized_cents)} authorized"
+    return f"{dollars(sale.amount_cents)} requested"

@@ -11,6 +11,7 @@ in SQLite, never take it: they work beside a running agent.
 from __future__ import annotations
 
 import datetime as dt
+import errno
 import fcntl
 import json
 import os
@@ -111,12 +112,18 @@ class JournalLock:
         path = self.path
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
-            # O_CLOEXEC: a child process must not inherit (and so keep) the claim
-            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+            # O_CLOEXEC: a child process must not inherit (and so keep) the claim. O_NOFOLLOW:
+            # the claim truncates and writes the file, never the one a planted symlink names.
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
         except PermissionError as err:
             _refuse_if_held(self.journal, path)  # another user's agent holds it: say so
             raise JournalError(f"cannot claim the journal: {path}: {err.strerror}") from err
         except OSError as err:
+            if err.errno == errno.ELOOP:
+                raise JournalError(
+                    f"cannot claim the journal: {path} is a symbolic link; remove it (the agent "
+                    "makes its own lock file)"
+                ) from err
             raise JournalError(f"cannot claim the journal: {path}: {err.strerror}") from err
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)

@@ -19,7 +19,7 @@ import logging
 from collections import defaultdict
 from typing import TYPE_CHECKING
 
-from kiosk_agent.sales.journal import SaleMoved, SaleRecord
+from kiosk_agent.sales.journal import JournalError, SaleMoved, SaleRecord
 from kiosk_agent.sales.model import Flow, SaleEvent
 from kiosk_agent.sales.runner import SaleRunner
 from kiosk_agent.sales.states import RECOVERY_REPORTING, SaleState, Step, TransitionRefused
@@ -123,6 +123,11 @@ class Recovery:
                 steps = SaleSteps(record, self.context)
                 try:
                     events.append(await self.recover(steps))
+                except JournalError:
+                    keep = self.context.on_unwritten
+                    if steps.unwritten is None or keep is None:
+                        raise
+                    keep(steps)  # finished once the journal takes writes again
                 except SaleMoved as err:  # another writer decided it meanwhile: theirs stands
                     _LOGGER.warning("sale %s: left as the journal has it: %s", record.sale_id, err)
                 except Exception as err:  # a person decides: better than a guess or a stuck sale

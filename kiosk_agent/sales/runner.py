@@ -12,18 +12,18 @@ import contextlib
 import dataclasses
 import logging
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from kiosk_agent.money import format_cents
 from kiosk_agent.sales.authorize_capture import AuthorizeCaptureFlow
 from kiosk_agent.sales.charge_card import ChargeCardFlow
 from kiosk_agent.sales.enroll import EnrollFlow
-from kiosk_agent.sales.journal import SaleRecord
+from kiosk_agent.sales.journal import JournalError, SaleRecord
 from kiosk_agent.sales.live import SaleFlow
 from kiosk_agent.sales.model import Dispenser, Flow, PriceAboveMaximum, SaleEvent, SaleRequest
 from kiosk_agent.sales.states import SaleState, Step
-from kiosk_agent.sales.steps import SaleContext, event_of
+from kiosk_agent.sales.steps import SaleContext, SaleSteps, event_of
 
 _LOGGER = logging.getLogger(__name__)
 
@@ -74,10 +74,10 @@ class TriggerLimits:
         self._unnamed: dict[str, int] = {}  # "platform" -> cents
 
     def add(self, platform: str, name: str | None, max_cents: int) -> None:
-        if name:
-            self._named[f"{platform}:{name}"] = max_cents
-        else:
-            self._unnamed[platform] = max_cents
+        # Two unnamed triggers of one platform (a copied trigger) send under one source: it
+        # cannot be told which machine asks, so the lower bound holds for both.
+        limits, key = (self._named, f"{platform}:{name}") if name else (self._unnamed, platform)
+        limits[key] = min(max_cents, limits.get(key, max_cents))
 
     def of(self, source: str) -> int | None:
         """The most a request from ``source`` may ask for; None: no trigger of that name."""
@@ -169,6 +169,9 @@ class SaleRunner:
         except asyncio.CancelledError:
             raise
         except Exception as err:
+            keep = self.context.on_unwritten
+            if isinstance(err, JournalError) and flow.unwritten is not None and keep is not None:
+                return await _strand(flow, err, keep)
             # A bug must not leave money taken: reverse what was charged, else attention.
             _LOGGER.exception("sale %s: flow error", flow.record.sale_id)
             try:
@@ -219,6 +222,28 @@ class SaleRunner:
             task.cancel()
         if pending:
             await asyncio.gather(*pending, return_exceptions=True)
+
+
+async def _strand(
+    flow: SaleFlow, err: JournalError, keep: Callable[[SaleSteps], None]
+) -> SaleEvent:
+    """A step could not be written: no further call is made for this sale until the journal
+    holds it. The machine is told not to vend; the sale is handed to whoever keeps unwritten
+    sales (it writes the sale once it can, then finishes it like recovery would)."""
+    _LOGGER.error("sale %s: %s; kept in memory until the journal takes writes",
+                  flow.record.sale_id, err)
+    with contextlib.suppress(Exception):
+        await flow._deny("journal not writable")
+    assert flow.unwritten is not None
+    flow.record = dataclasses.replace(
+        flow.unwritten, message=f"not journaled yet ({err}); finished once the journal is back"
+    )
+    keep(flow)
+    # shown as attention (people and apps see it held) until the journal holds it and it ends
+    event = event_of(dataclasses.replace(flow.record, state=SaleState.ATTENTION),
+                     Step.JOURNAL_UNWRITTEN)
+    flow.events.publish(event)
+    return event
 
 
 async def _rescue(flow: SaleFlow, err: Exception) -> SaleEvent:

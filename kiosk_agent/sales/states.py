@@ -20,7 +20,7 @@ docs/journal.md draws this table; a test holds the drawing and the table to each
 from __future__ import annotations
 
 import enum
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 
 
@@ -157,6 +157,11 @@ class Step(enum.StrEnum):
     ATTENTION_DONE = "attention.done"
     ATTENTION_RESOLVED = "attention.resolved"  # a person's decision
     LATE_FOUND = "late.found"
+    # the journal's disk failed (core/journal_guard.py, sales/unwritten.py, sales/audit.py)
+    JOURNAL_UNWRITTEN = "journal.unwritten"  # an event only: the step could not be written
+    JOURNAL_RESTORED = "journal.restored"  # the sale as memory held it, written again
+    AUDIT_FOUND = "audit.found"  # a charge in reporting the journal did not hold
+    AUDIT_UNDECIDED = "audit.undecided"  # too many such at once: a person looks
 
 
 @dataclass(frozen=True, slots=True)
@@ -253,6 +258,10 @@ TRANSITIONS: Mapping[SaleState, _Edges] = {
     S.REVERSED: {},
 }
 
+# Final states whose facts are settled (attention's are still being found out): a step that
+# keeps them is a note and changes none of the sale's fields.
+_SETTLED = _FINAL - {SaleState.ATTENTION}
+
 # The one state a sale is created in.
 INITIAL = SaleState.STARTED
 
@@ -293,11 +302,13 @@ def check_transition(
     wanted: SaleState,
     step: Step | str,
     last_step: str | None = None,
+    changed: Collection[str] = (),
 ) -> Step:
     """The one check every write of a sale goes through; the step as a :class:`Step`.
 
     ``current`` is the state on disk (None: the sale is being created), ``last_step`` the name
-    of its newest step. Raises :class:`TransitionRefused` naming the sale, both states and why.
+    of its newest step, ``changed`` the fields the write sets besides its state. Raises
+    :class:`TransitionRefused` naming the sale, both states and why.
     """
 
     def refuse(why: str) -> TransitionRefused:
@@ -328,6 +339,10 @@ def check_transition(
         raise refuse(f"only by {allowed}")
     if named in REOPENED_AFTER and last_step not in REOPENED_AFTER[named]:
         raise refuse("the late-charge net reopens only a sale that ended on no charge")
+    if wanted is current and current in _SETTLED and changed:
+        # a receipt note on a completed sale must not rewrite what it took or gave back
+        fields = ", ".join(sorted(changed))
+        raise refuse(f"{current.value} is final: a note changes none of its fields ({fields})")
     return named
 
 

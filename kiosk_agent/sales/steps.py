@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping
@@ -20,7 +21,7 @@ from kiosk_agent.bus import EventBus
 from kiosk_agent.money import format_cents
 from kiosk_agent.sales.clock import SYSTEM_CLOCK, Clock
 from kiosk_agent.sales.deadlines import AnswerDeadlines
-from kiosk_agent.sales.journal import Journal, SaleRecord
+from kiosk_agent.sales.journal import Journal, JournalError, SaleRecord
 from kiosk_agent.sales.model import Flow, SaleEvent
 from kiosk_agent.sales.reconcile import Reconciler
 from kiosk_agent.sales.settings import SaleSettings
@@ -56,6 +57,8 @@ class SaleContext:
     capabilities: Callable[[str], Awaitable[bool]] | None = None
     # every wait and deadline of every sale (tests give a FakeClock)
     clock: Clock = SYSTEM_CLOCK
+    # a sale whose step could not be journaled: kept and finished once the journal takes writes
+    on_unwritten: Callable[[SaleSteps], None] | None = None
     deadlines: AnswerDeadlines = field(init=False)
 
     def __post_init__(self) -> None:
@@ -74,6 +77,9 @@ class SaleSteps:
         self.settings = context.settings
         self.clock = context.clock
         self.reconciler = Reconciler(context.service, context.settings.mid)
+        # The sale as the journal should hold it, once a step could not be written: that first
+        # failed step applied (later steps made no call: each would have been written first).
+        self.unwritten: SaleRecord | None = None
 
     @property
     def device(self) -> str:
@@ -92,7 +98,15 @@ class SaleSteps:
         """Journal one step (durably), then publish it."""
         if message is not None:
             changes["message"] = message
-        self.record = self.journal.record(self.record, name, state, detail, **changes)
+        try:
+            self.record = self.journal.record(self.record, name, state, detail, **changes)
+        except JournalError:
+            if self.unwritten is None:
+                self.unwritten = dataclasses.replace(
+                    self.record, state=state or self.record.state,
+                    updated_at=self.clock.time(), **changes,
+                )
+            raise
         self.publish(name)
         return self.record
 
@@ -388,4 +402,6 @@ def event_of(record: SaleRecord, step: Step | Literal[""] = "") -> SaleEvent:
         message=record.message,
         at=record.updated_at or time.time(),
         step=step,
+        authorized_cents=record.authorized_cents,
+        currency=record.currency,
     )

@@ -8,6 +8,10 @@ service's own ``error`` / ``error_description`` when its body carried them.
 
 from __future__ import annotations
 
+import os
+import socket
+import ssl
+
 from kiosk_agent.redact import redact
 
 
@@ -38,6 +42,53 @@ class ServiceError(Exception):
         if self.description and self.description not in self.message:
             parts.append(f"({self.description})")
         return " ".join(parts)
+
+
+def network_words(exc: BaseException) -> str:
+    """A failed connection for people: where, and why in plain words. No library's names
+    (``ClientConnectorError``) nor its internals (``ssl:default`` on plain http) reach a
+    person."""
+    import aiohttp
+
+    if isinstance(exc, TimeoutError):
+        return "no answer in time"
+    if isinstance(exc, aiohttp.ClientConnectorError):
+        return f"cannot connect to {exc.host}:{exc.port}: {_os_words(exc.os_error)}"
+    if isinstance(exc, aiohttp.ServerDisconnectedError):
+        return "the connection was closed before the answer came"
+    if isinstance(exc, aiohttp.ClientPayloadError):
+        return "the answer was cut short"
+    if isinstance(exc, aiohttp.ClientOSError | OSError):
+        return _os_words(exc)
+    if isinstance(exc, aiohttp.InvalidURL):
+        return f"not an address: {exc.url}"
+    if isinstance(exc, aiohttp.ClientError):
+        return "the connection failed"
+    return str(exc) or "failed"
+
+
+def _os_words(err: OSError) -> str:
+    if isinstance(err, socket.gaierror):
+        return "no such host (the name does not resolve)"
+    if isinstance(err, ConnectionRefusedError):
+        return "nothing listens there (connection refused)"
+    if isinstance(err, TimeoutError):
+        return "no answer in time"
+    if isinstance(err, ssl.SSLError):
+        return "the TLS handshake failed (is it https?)"
+    if err.errno:
+        return os.strerror(err.errno).lower()
+    return "the connection failed"
+
+
+def conflict_words(err: ServiceError, device: str) -> str:
+    """A 409 from the terminal interface for people: an offline reader is offline, not busy,
+    and no ``HTTP 409 [code]`` reaches the person."""
+    if err.error == "terminal_offline":
+        return f"terminal offline: {device} does not answer (check its power and network)"
+    if err.error == "terminal_busy":
+        return f"terminal busy: {device} is already reading or charging a card"
+    return f"terminal refused: {err.description or err.error or err.message}"
 
 
 class BadRequestError(ServiceError):

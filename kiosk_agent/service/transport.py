@@ -49,6 +49,7 @@ from kiosk_agent.service.errors import (
     ServiceError,
     ServiceUnreachableError,
     error_class_for,
+    network_words,
 )
 from kiosk_agent.service.models.common import ErrorBody, ServiceModel
 from kiosk_agent.service.models.payments import ApiKeySet
@@ -290,7 +291,7 @@ class Transport:
             method, self.url(path), what, *self._place_mid(auth, mid, json, params),
             data, headers, auth, retry_safe, rate_limited,
             aiohttp.ClientTimeout(sock_connect=timeouts.connect, sock_read=timeouts.read),
-            time.monotonic() + min(self.settings.rate_limit_patience, timeouts.total),
+            time.monotonic() + min(self.settings.rate_limit_patience, timeouts.total), [],
         )  # fmt: skip
         started, outcome = time.monotonic(), "error"
         try:
@@ -299,9 +300,11 @@ class Transport:
         except TimeoutError:
             outcome = "unreachable"
             unknown = "" if retry_safe else "; outcome unknown: reconcile before retrying"
+            # the attempts' own failure says why ("nothing listens there"), when there was one
+            why = f"; the last try: {call.failures[-1]}" if call.failures else ""
             raise ServiceUnreachableError(
                 f"{what}: no answer within {timeouts.total:g} s (the {kind.value} call's total "
-                f"timeout){unknown}"
+                f"timeout){why}{unknown}"
             ) from None
         except ServiceUnreachableError:
             outcome = "unreachable"
@@ -332,15 +335,16 @@ class Transport:
             try:
                 answer = await self._exchange(call, call_headers)
             except aiohttp.ClientConnectorError as exc:
+                call.failures.append(network_words(exc))
                 if await self._backed_off(attempt):  # never reached the service: always safe
                     continue
-                raise ServiceUnreachableError(f"{what}: cannot connect: {exc}") from exc
+                raise ServiceUnreachableError(f"{what}: {network_words(exc)}") from exc
             except (aiohttp.ClientError, TimeoutError) as exc:
                 if retry_safe and await self._backed_off(attempt):
                     continue
                 outcome = "" if retry_safe else "; outcome unknown: reconcile before retrying"
                 raise ServiceUnreachableError(
-                    f"{what}: no answer ({type(exc).__name__}: {exc}){outcome}"
+                    f"{what}: no answer ({network_words(exc)}){outcome}"
                 ) from exc
             _LOGGER.debug("%s -> %s (%d bytes)", what, answer.status, len(answer.body))
 
@@ -485,6 +489,7 @@ class _Call(NamedTuple):
     rate_limited: bool
     timeout: aiohttp.ClientTimeout  # connect and read, per attempt
     patience_ends: float  # monotonic: no Retry-After wait past this
+    failures: list[str]  # each failed attempt in words, for the message when time runs out
 
 
 class _Answer(NamedTuple):

@@ -6,6 +6,7 @@ from typing import Any
 
 import aiohttp
 import pytest
+from playwright.async_api import Browser, async_playwright
 
 from kiosk_agent.app import load_agent
 
@@ -33,6 +34,28 @@ webhooks:
   port: 0
   secret: !secret webhook_secret
 """
+
+
+CHROMIUM = "/usr/bin/chromium"  # Debian's, installed by ./dev test; never a downloaded build
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+]
+
+
+@pytest.fixture
+async def browser() -> AsyncIterator[Browser]:
+    if not Path(CHROMIUM).exists():
+        pytest.fail(f"{CHROMIUM} is missing: `./dev test` installs Debian's chromium (apt-get)")
+    async with async_playwright() as playwright:
+        browser = await playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        yield browser
+        await browser.close()
 
 
 def write_config(directory: Path, extra: str = "") -> Path:

@@ -225,19 +225,27 @@ async def test_doctor_checks_run_from_the_agent_with_their_fixes(
         assert (await r.json())["finished_at"] == report["finished_at"]
 
 
-def test_availability_says_why_card_payment_is_off() -> None:
+def test_availability_counts_the_readers_that_can_take_cards_and_names_the_rest() -> None:
     off = {"device_id": "A", "available": False, "reason": "terminal A is offline", "since": 1.0}
     on = {"device_id": "B", "available": True, "reason": "", "since": 1.0}
-    assert availability({"availability": [off]}) == {
-        "available": False,
-        "reason": "A: terminal A is offline",
-        "terminals": [off],
-    }
-    # one usable terminal keeps the machine selling; the other's trouble is still named
+    alone = availability({"availability": [off], "terminals": [{"device_id": "A", "name": "x"}]})
+    assert alone["available"] is False
+    assert alone["level"] == "down"
+    assert alone["summary"] == "0 of 1 reader can take cards"
+    assert alone["cannot"] == [
+        {"device_id": "A", "name": "x", "reason": "terminal A is offline", "since": 1.0}
+    ]
+    # one usable terminal keeps the machine selling, but it is not "available" in green:
+    # degraded, 1 of 2, and the other's trouble is named
     both = availability({"availability": [off, on]})
     assert both["available"] is True
+    assert both["level"] == "degraded"
+    assert both["summary"] == "1 of 2 readers can take cards"
     assert both["reason"] == "A: terminal A is offline"
-    assert availability({"availability": []})["reason"] == "no terminal checked yet"
+    assert availability({"availability": [on]})["level"] == "ok"
+    none = availability({"availability": []})
+    assert none["reason"] == "no terminal checked yet"
+    assert none["level"] == "down"
 
 
 def test_health_notes_name_what_changed() -> None:

@@ -69,6 +69,60 @@ def test_check_config_prints_every_mistake_and_exits_2(
     assert "sk_live_inline" not in err
 
 
+def test_check_config_names_each_bad_value_with_its_fix(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = write(
+        tmp_path,
+        """\
+        service: {simulator: {}}
+        terminals: [{device_id: SIM-0001}]
+        receipts: {email: maybe}
+        triggers:
+          - platform: virtual
+            products:
+              A1: "1.5x"
+              A2: "2.50"
+              A3: abc
+        """,
+    )
+    assert main(["check-config", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert ("config.yaml:3: receipts.email: expected true or false, got 'maybe' "
+            "(fix: write `email: true` or `email: false`)") in err
+    # each bad price, not only the first
+    assert 'config.yaml:7: triggers[0].products.A1: expected an amount like "2.50", got' in err
+    assert 'config.yaml:9: triggers[0].products.A3: expected an amount like "2.50", got' in err
+    assert "2.50'" not in err
+    assert "3 mistakes in" in err
+
+
+def test_check_config_warns_of_a_serial_port_that_does_not_exist(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = write(
+        tmp_path,
+        """\
+        service: {simulator: {}}
+        terminals: [{device_id: SIM-0001}]
+        triggers:
+          - platform: mdb
+            name: front
+            port: /dev/ttyUSB77
+        """,
+    )
+    assert main(["check-config", str(path)]) == 0  # valid: it may be meant for another machine
+    out, err = capsys.readouterr()
+    assert f"{path}: valid" in out
+    assert err.startswith(
+        "warning: config.yaml:6: triggers[0].port: /dev/ttyUSB77 does not exist on this machine "
+        "(serial ports here: "
+    ), err
+    assert main(["check-config", str(path), "--json"]) == 0
+    [warning] = json.loads(capsys.readouterr().out)["warnings"]
+    assert "/dev/ttyUSB77 does not exist" in warning
+
+
 def fill_journal(directory: Path) -> None:
     journal = Journal(directory / "journal.db")
     journal.open()
@@ -108,6 +162,78 @@ def test_sales_export_as_csv_and_json_filtered_by_state(
     table = capsys.readouterr().out
     assert "KA1" in table
     assert table.rstrip().endswith("3 sales")
+
+
+def test_sales_shows_the_newest_and_says_how_many_more_like_journalctl(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = write(tmp_path, GOOD)
+    journal = Journal(tmp_path / "journal.db")
+    journal.open()
+    for n in range(30):
+        journal.create(SaleRecord(
+            sale_id=f"s{n:02}", order_id=f"KA{n:02}", source="mdb:front", flow="charge_card",
+            terminal="SIM-0001", amount_cents=100 + n, state=SaleState.STARTED,
+            created_at=1_700_000_000 + n,
+        ))  # fmt: skip
+    journal.close()
+    assert main(["sales", "-c", str(path)]) == 0
+    out, err = capsys.readouterr()
+    assert out.rstrip().endswith("25 sales")
+    assert "KA29" in out
+    assert "KA04" not in out  # the 5 oldest are left out, and said to be
+    assert err == "5 more (older); use --limit N or --all\n"
+    assert main(["sales", "-c", str(path), "--all"]) == 0
+    out, err = capsys.readouterr()
+    assert out.rstrip().endswith("30 sales")
+    assert err == ""
+    assert main(["sales", "-c", str(path), "--limit", "3"]) == 0
+    assert capsys.readouterr().err == "27 more (older); use --limit N or --all\n"
+    # an export is every sale unless told: a file, not a screen
+    assert main(["sales", "-c", str(path), "--format", "csv"]) == 0
+    assert len(capsys.readouterr().out.splitlines()) == 31
+    assert main(["sales", "-c", str(path), "--limit", "3", "--all"]) == 2
+    assert "give --limit N or --all, not both" in capsys.readouterr().err
+
+
+def test_sales_show_prints_one_sale_with_its_steps(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = write(tmp_path, GOOD)
+    journal = Journal(tmp_path / "journal.db")
+    journal.open()
+    sale = journal.create(SaleRecord(
+        sale_id="3f2a9c0d11", order_id="ka-3f2a", source="virtual:coffee",
+        flow="authorize_capture", terminal="SIM-0007", amount_cents=500,
+        state=SaleState.STARTED, created_at=1_700_000_000,
+    ))  # fmt: skip
+    # the steps an authorize-capture sale goes through, as the state table allows them
+    sale = journal.record(sale, Step.READ_CARD_REQUEST, SaleState.READING_CARD)
+    sale = journal.record(sale, Step.READ_CARD_DONE, card_brand="2", last_four="2397")
+    sale = journal.record(sale, Step.AUTHORIZE_REQUEST, SaleState.AUTHORIZING)
+    sale = journal.record(sale, Step.AUTHORIZE_APPROVED, authorized_cents=500,
+                          trans_id="700000000009")
+    sale = journal.record(sale, Step.DISPENSE_REQUEST, SaleState.DISPENSING)
+    sale = journal.record(sale, Step.CAPTURE_REQUEST, SaleState.CAPTURING)
+    journal.record(sale, Step.COMPLETED, SaleState.COMPLETED, captured_cents=180,
+                   message="paid $1.80 (captured)")
+    journal.close()
+    assert main(["sales", "show", "3f2a", "-c", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "money       $1.80 charged\n" in out
+    assert "authorized  $5.00\n" in out
+    assert "card        Mastercard 2397\n" in out
+    assert "steps (8):" in out
+    steps = [line.split()[2] for line in out.splitlines() if line.startswith("  20")]
+    assert steps == ["created", "read_card.request", "read_card.done", "authorize.request",
+                     "authorize.approved", "dispense.request", "capture.request", "completed"]
+    # by order id, and as the admin API's GET /api/sales/{id} answers
+    assert main(["sales", "show", "ka-3f2a", "-c", str(path), "--json"]) == 0
+    shown = json.loads(capsys.readouterr().out)
+    assert shown["sale"]["captured_cents"] == 180
+    assert [s["step"] for s in shown["steps"]] == steps
+    assert main(["sales", "show", "nope", "-c", str(path)]) == 1
+    assert "no sale 'nope' in the journal" in capsys.readouterr().err
 
 
 def test_sales_with_a_bad_since_says_what_it_expected(
@@ -257,6 +383,31 @@ def test_check_config_show_prints_the_same_text_every_time(
     assert shown["sales"]["retries"] == 2  # defaults filled in
 
 
+def test_sales_attention_shows_an_open_sale_that_has_not_moved(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # as a running agent leaves it on disk while its journal cannot take the next step
+    path = write(tmp_path, GOOD)
+    journal = Journal(tmp_path / "journal.db")
+    journal.open()
+    held = journal.create(
+        SaleRecord(sale_id="9a8b7c6d5e", order_id="KAHELD", source="kiosk_api:screen",
+                   flow="charge_card", terminal="SIM-0001", amount_cents=250,
+                   state=SaleState.STARTED)
+    )  # fmt: skip
+    journal.record(held, "charge_card.request", SaleState.CHARGING)
+    journal.db.execute("UPDATE sales SET updated_at = updated_at - 120")
+    journal.close()
+
+    assert main(["sales", "attention", "-c", str(path)]) == 0
+    listed = capsys.readouterr().out
+    assert "9a8b7c6d5e  KAHELD  kiosk_api:screen  open (charging) since" in listed
+    assert "not moved for 120 s" in listed
+    assert main(["sales", "attention", "-c", str(path), "--json"]) == 0
+    [stalled] = json.loads(capsys.readouterr().out)["stalled_open"]
+    assert stalled["state"] == "charging"
+
+
 def test_sales_attention_lists_what_a_person_must_decide_and_resolve_records_it(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -289,7 +440,7 @@ def test_sales_attention_lists_what_a_person_must_decide_and_resolve_records_it(
     assert answer["sale"]["captured_cents"] == 250
 
     assert main(["sales", "attention", "-c", str(path), "--json"]) == 0
-    assert json.loads(capsys.readouterr().out) == {"sales": []}
+    assert json.loads(capsys.readouterr().out) == {"sales": [], "stalled_open": []}
     # resolving twice is refused, and says why
     assert main([*argv, "-c", str(path)]) == 1
     assert "completed, not attention" in capsys.readouterr().err

@@ -66,9 +66,11 @@ EXAMPLES: list[tuple[str, ...]] = [
     ("sales", "-c", "{config}"),
     ("sales", "list", "-c", "{config}"),
     ("sales", "attention", "-c", "{config}"),
+    ("sales", "show", "nosuchsale", "-c", "{config}"),
     ("sales", "resolve", "nosuchsale", "--as", "reversed", "--why", "by hand", "-c", "{config}"),
     ("doctor", "-c", "{config}"),
-    ("health", "--url", "http://127.0.0.1:9", "--token", "t"),
+    ("health", "--url", "http://127.0.0.1:9"),  # the token: $KIOSK_AGENT_TOKEN (env below)
+    ("events", "--url", "http://127.0.0.1:9", "--kind", "sale"),
     ("fleet", "forget", "-c", "{config}", "--wait", "0.1"),
     ("fleet", "list", "-c", "{config}", "--wait", "0.1"),
     ("fleet", "show", "unit-1", "-c", "{config}", "--wait", "0.1"),
@@ -124,6 +126,7 @@ def env(sim: SimServer, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> dict
         "KIOSK_CLIENT_SECRET": info["client_secret"],
         "KIOSK_REFRESH_TOKEN": info["refresh_token"],
         "KIOSK_CREDENTIALS_PATH": str(tmp_path / "keys.json"),
+        "KIOSK_AGENT_TOKEN": "t" * 24,  # health and events: a running agent's admin API token
     }
     for name, value in values.items():
         monkeypatch.setenv(name, value)
@@ -161,7 +164,7 @@ def test_every_command_has_the_contract_options_it_needs() -> None:
         name = " ".join(path)
         assert ({"-c", "--config"} <= taken) == (path not in NO_CONFIG), name
         assert ("--json" in taken) == (path not in NO_JSON), name
-        calls_out = path[0] in {*SERVICE_GROUPS, "doctor", "health"} or path[:2] == (
+        calls_out = path[0] in {*SERVICE_GROUPS, "doctor", "health", "events"} or path[:2] == (
             "sim", "trigger"
         )
         assert ("--timeout" in taken) == calls_out, name
@@ -235,7 +238,7 @@ async def test_every_command_reads_the_config_it_is_given(
     for name in cli.ENVIRONMENT.values():
         monkeypatch.delenv(name, raising=False)
     for path, _parser in leaves():
-        if path in NO_CONFIG or path in (("demo",), ("health",)):
+        if path in NO_CONFIG or path in (("demo",), ("health",), ("events",)):
             continue
         argv = [a for a in _placeholder_argv(path) if a != "-c"]
         monkeypatch.delenv(cli.CONFIG_ENV, raising=False)
@@ -254,7 +257,8 @@ async def test_health_and_demo_read_the_config_too(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv(cli.CONFIG_ENV, str(tmp_path / "nowhere.yaml"))
-    for argv in (["health"], ["demo", "--sales", "1"], ["boarding", "merchants", "--webhooks"]):
+    for argv in (["health"], ["events"], ["demo", "--sales", "1"],
+                 ["boarding", "merchants", "--webhooks"]):
         code, _out, err = await run(capsys, argv)
         assert code == cli.EXIT_USAGE
         assert "nowhere.yaml" in err
@@ -289,10 +293,12 @@ async def test_every_command_prints_valid_json_and_exits_with_a_code_from_the_ta
     # (tests/cli/test_agent_cli.py resolves one)
     assert failed == {
         ("health",): cli.EXIT_UNREACHABLE,
+        ("events",): cli.EXIT_UNREACHABLE,  # tests/admin/test_events_follow.py follows one
         ("fleet", "forget"): cli.EXIT_USAGE,
         ("fleet", "list"): cli.EXIT_USAGE,
         ("fleet", "show"): cli.EXIT_USAGE,
         ("sales", "resolve"): cli.EXIT_FAILED,
+        ("sales", "show"): cli.EXIT_FAILED,  # no such sale (tests/cli/test_sales_cli.py shows one)
     }, failed
 
 
@@ -341,13 +347,14 @@ async def test_a_service_that_never_answers_ends_every_command_within_its_timeou
         assert took < timeout * 2 + 1.5, (argv, took)  # one request's worth, not retries
 
 
-async def test_health_gives_up_on_an_agent_that_never_answers(
-    black_hole: str, capsys: pytest.CaptureFixture[str]
+@pytest.mark.parametrize("command", [["health"], ["health", "--watch"], ["events"]])
+async def test_health_and_events_give_up_on_an_agent_that_never_answers(
+    black_hole: str, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
+    command: list[str],
 ) -> None:
+    monkeypatch.setenv("KIOSK_AGENT_TOKEN", "t" * 24)
     started = time.monotonic()
-    code, _out, err = await run(
-        capsys, ["health", "--url", black_hole, "--token", "t", "--timeout", "0.5"]
-    )
+    code, _out, err = await run(capsys, [*command, "--url", black_hole, "--timeout", "0.5"])
     assert code == cli.EXIT_UNREACHABLE
     assert "cannot reach the agent" in err
     assert time.monotonic() - started < 3

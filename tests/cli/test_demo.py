@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -10,7 +11,17 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 DEMO = [sys.executable, "-m", "kiosk_agent", "demo"]
+DEMO_CONFIG = Path(__file__).parents[2] / "config" / "demo.yaml"
+
+
+@pytest.fixture(autouse=True)
+def demo_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """The demo keeps its journal under ~/.local/state: a home of the test's own."""
+    monkeypatch.setenv("HOME", str(tmp_path))
+    return tmp_path
 
 
 def _env() -> dict[str, str]:
@@ -38,6 +49,35 @@ def test_demo_runs_sales_and_ends_by_itself() -> None:
     # the banner says where the simulator listens and how to stop
     assert re.search(r"simulator listening on http://127\.0\.0\.1:\d+; Ctrl-C stops the demo", out)
     assert "present a card (present a card" not in out  # each step said once
+
+
+def test_the_demos_sales_can_be_looked_at_afterwards(demo_home: Path) -> None:
+    done = subprocess.run(
+        [*DEMO, "--sales", "3", "--speed", "5"],
+        capture_output=True, text=True, timeout=60, env=_env(), check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    journal = demo_home / ".local" / "state" / "kiosk-agent" / "demo-journal.db"
+    hint = "kiosk-agent sales -c config/demo.yaml"
+    assert f"sales journal: {journal} (kept after the demo: {hint})" in done.stdout
+    assert f"the demo's sales stay in {journal}: {hint}" in done.stdout
+    listed = subprocess.run(
+        [sys.executable, "-m", "kiosk_agent", "sales", "-c", str(DEMO_CONFIG), "--json"],
+        capture_output=True, text=True, timeout=30, env=_env(), check=False,
+    )
+    assert listed.returncode == 0, listed.stderr
+    assert len([s for s in json.loads(listed.stdout) if s["state"] != "started"]) >= 3
+    # the next demo run starts a journal of its own
+    again = subprocess.run(
+        [*DEMO, "--sales", "1", "--speed", "5"],
+        capture_output=True, text=True, timeout=60, env=_env(), check=False,
+    )
+    assert again.returncode == 0, again.stderr
+    listed = subprocess.run(
+        [sys.executable, "-m", "kiosk_agent", "sales", "-c", str(DEMO_CONFIG), "--json"],
+        capture_output=True, text=True, timeout=30, env=_env(), check=False,
+    )
+    assert 1 <= len(json.loads(listed.stdout)) <= 3
 
 
 def test_demo_ends_after_duration() -> None:

@@ -4,6 +4,7 @@ import asyncio
 import json
 import re
 import socket
+import time
 import uuid
 from pathlib import Path
 from types import SimpleNamespace
@@ -94,6 +95,15 @@ async def test_doctor_reports_an_unplugged_serial_adapter(tmp_path: Path, sim, c
     assert f"[FAIL] serial port front: {gone} is not present" in out
     assert "fix: plug the adapter in" in out
     assert "[PASS] journal" in out
+    assert "       serial ports here: " in out  # what does exist, to pick from
+
+
+async def test_doctor_json_says_when_the_run_finished(tmp_path: Path, sim, capsys) -> None:
+    path = endpoint_config(tmp_path, sim, "  - device_id: SIM-0001")
+    before = time.time()
+    await run_cli("doctor", "--config", str(path), "--json")
+    report = json.loads(capsys.readouterr().out)
+    assert before <= report["finished_at"] <= time.time()
 
 
 async def test_doctor_reports_an_unreachable_service(tmp_path: Path, sim, capsys) -> None:
@@ -129,32 +139,47 @@ def test_health_is_readable_for_people() -> None:
     assert "problem:  1 sale(s) need attention" in text
     out_of_service = r"card:     SIM-0001     OUT OF SERVICE since \d\d:\d\d:\d\d: terminal offline"
     assert re.search(out_of_service, text)
+    assert "cards:    0 of 1 reader can take cards" in text
     assert "journal:  NOT WRITABLE disk full" in text
 
 
-async def test_health_from_a_running_agent(tmp_path: Path, sim, sim_settings, capsys) -> None:
+async def test_health_from_a_running_agent(
+    tmp_path: Path, sim, sim_settings, capsys, monkeypatch: pytest.MonkeyPatch
+) -> None:
     admin = "admin:\n  port: 0\n  tokens:\n    - {name: ops, token: !secret admin_token}\n"
     path = endpoint_config(tmp_path, sim, "  - device_id: SIM-0001", admin)
     agent = load_agent(path, sim_settings, systemd=False)
     await agent.start()
     try:
         server = next(c for c in agent.components if type(c).__name__ == "AdminServer")
-        rc = await run_cli("health", "--url", server.url, "--token", ADMIN_TOKEN, "--json")
+        monkeypatch.setenv("KIOSK_AGENT_TOKEN", ADMIN_TOKEN)  # never a flag: shell history
+        rc = await run_cli("health", "--url", server.url, "--json")
         snapshot = json.loads(capsys.readouterr().out)
         assert snapshot["version"] == agent.version
         assert rc == (0 if snapshot["status"] == "ok" else 1)
-        assert await run_cli("health", "--url", server.url, "--token", "wrong" * 6) == 3
+        wrong = tmp_path / "token"
+        wrong.write_text("wrong" * 6 + "\n")
+        assert await run_cli("health", "--url", server.url, "--token-file", str(wrong)) == 3
         assert "refused the token" in capsys.readouterr().err
     finally:
         await agent.stop()
-    assert await run_cli("health", "--url", server.url, "--token", ADMIN_TOKEN) == 4
+    assert await run_cli("health", "--url", server.url) == 4
     assert "cannot reach the agent" in capsys.readouterr().err
 
 
 async def test_health_needs_a_token_or_a_config(monkeypatch: pytest.MonkeyPatch, capsys) -> None:
     monkeypatch.delenv("KIOSK_AGENT_TOKEN", raising=False)
     assert await run_cli("health", "--url", "http://127.0.0.1:9") == 2
-    assert "--token" in capsys.readouterr().err
+    assert "set $KIOSK_AGENT_TOKEN or give --token-file FILE" in capsys.readouterr().err
+    # a token is never taken from the command line
+    with pytest.raises(SystemExit):
+        await run_cli("health", "--url", "http://127.0.0.1:9", "--token", "t" * 24)
+    err = capsys.readouterr().err
+    assert "--token: a token is never taken from the command line" in err
+    assert "t" * 24 not in err
+    no_file = ("--token-file", "/nonexistent")
+    assert await run_cli("health", "--url", "http://127.0.0.1:9", *no_file) == 2
+    assert "--token-file /nonexistent: No such file or directory" in capsys.readouterr().err
 
 
 def test_doctor_counts_skipped_checks_apart_whether_it_passes_or_fails() -> None:

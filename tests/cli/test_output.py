@@ -167,6 +167,86 @@ def test_bash_completes_commands_actions_and_options() -> None:
     assert _bash_complete(text, ["kiosk-agent", "sales", "resolve", "x", "--a"]) == ["--as"]
 
 
+@pytest.mark.skipif(shutil.which("bash") is None, reason="bash is not installed")
+def test_bash_completes_values_from_the_parsers_choices(tmp_path: Path) -> None:
+    text = script(build_parser(), "bash")
+    (tmp_path / "unit.yaml").write_text("{}")
+    (tmp_path / "other.txt").write_text("")
+    assert _bash_complete(text, ["kiosk-agent", "report", "''"]) == [
+        "transactions", "deposits", "chargebacks", "adjustments"
+    ]
+    assert _bash_complete(text, ["kiosk-agent", "report", "ch"]) == ["chargebacks"]
+    assert _bash_complete(text, ["kiosk-agent", "report", "deposits", "--format", "''"]) == [
+        "table", "csv", "json"
+    ]
+    assert _bash_complete(text, ["kiosk-agent", "sales", "--state", "co"]) == ["completed"]
+    assert _bash_complete(text, ["kiosk-agent", "sales", "--format", "c"]) == ["csv"]
+    assert _bash_complete(text, ["kiosk-agent", "completion", "''"]) == ["bash", "zsh", "fish"]
+    assert _bash_complete(text, ["kiosk-agent", "events", "--kind", "av"]) == ["availability"]
+    # -c/--config: file names, before or after the command
+    for words in (["kiosk-agent", "-c", f"{tmp_path}/u"],
+                  ["kiosk-agent", "doctor", "--config", f"{tmp_path}/u"]):
+        assert _bash_complete(text, words) == [f"{tmp_path}/unit.yaml"]
+    # after a report's kind, its options again (not the kinds)
+    assert "--status" in _bash_complete(text, ["kiosk-agent", "report", "transactions", "''"])
+
+
+def _zsh_lists(script_text: str, line: str, expect: str, tmp_path: Path) -> str:
+    """What an interactive zsh shows after ``line`` and Tab, with the script loaded by
+    compinit's bashcompinit, as a person would get it (driven through zsh's own pty)."""
+    completion = tmp_path / "_kiosk-agent"
+    completion.write_text(script_text)
+    driver = tmp_path / "drive.zsh"
+    driver.write_text(f"""zmodload zsh/zpty zsh/datetime
+zpty z 'zsh -f -i'
+zpty -w z 'PS1="> "; autoload -U compinit && compinit -u; source {completion}'
+zpty -n -w z $'{line}\\t'
+out=""; deadline=$(( EPOCHREALTIME + 10 ))
+while (( EPOCHREALTIME < deadline )) && [[ $out != *{expect}* ]]; do
+  zpty -r -t z chunk && out+="$chunk"
+done
+print -r -- "$out"
+zpty -d z
+""")
+    done = subprocess.run(["zsh", "-f", str(driver)], capture_output=True, text=True,
+                          timeout=30, check=True)
+    return re.sub(r"\x1b\[[0-9;?]*[A-Za-z]|\x1b.|[\x00-\x08\r]", "", done.stdout)
+
+
+@pytest.mark.skipif(shutil.which("zsh") is None, reason="zsh is not installed (Debian: zsh)")
+def test_zsh_completes_commands_and_values_for_real(tmp_path: Path) -> None:
+    text = script(build_parser(), "zsh")
+    shown = _zsh_lists(text, "kiosk-agent report ", "transactions", tmp_path)
+    assert re.search(r"adjustments +chargebacks +deposits +transactions", shown), shown
+    shown = _zsh_lists(text, "kiosk-agent completion ", "fish", tmp_path)
+    assert re.search(r"bash +fish +zsh", shown), shown
+    shown = _zsh_lists(text, "kiosk-agent sales --state co", "completed", tmp_path)
+    assert "kiosk-agent sales --state completed" in shown, shown  # one match: inserted
+
+
+@pytest.mark.skipif(shutil.which("fish") is None, reason="fish is not installed (Debian: fish)")
+def test_fish_completes_commands_and_values_for_real(tmp_path: Path) -> None:
+    completion = tmp_path / "kiosk-agent.fish"
+    completion.write_text(script(build_parser(), "fish"))
+    (tmp_path / "unit.yaml").write_text("{}")
+
+    def complete(line: str) -> list[str]:
+        done = subprocess.run(
+            ["fish", "--no-config", "-c", f"source {completion}; complete -C '{line}'"],
+            capture_output=True, text=True, timeout=30, check=True, cwd=tmp_path,
+        )
+        return [row.split("\t")[0] for row in done.stdout.splitlines()]
+
+    assert complete("kiosk-agent report ") == [
+        "adjustments", "chargebacks", "deposits", "transactions"
+    ]
+    assert complete("kiosk-agent report deposits --format ") == ["csv", "json", "table"]
+    assert "completed" in complete("kiosk-agent sales --state ")
+    assert complete("kiosk-agent completion ") == ["bash", "fish", "zsh"]
+    assert complete("kiosk-agent -c u") == ["unit.yaml"]
+    assert complete("kiosk-agent ter") == ["terminals"]
+
+
 def test_zsh_and_fish_scripts_come_from_the_same_parser() -> None:
     parser = build_parser()
     zsh = script(parser, "zsh")

@@ -125,8 +125,11 @@ async def test_connect_opens_a_session_or_says_why_not(
     await sim_post(sim, "/sim/terminals/SIM-0005/offline")
     ran = await kiosk(capsys, "terminals", "connect", "SIM-0005")
     assert ran.code == 1
-    assert "SIM-0005 refused the session" in ran.err
-    assert "kiosk-agent terminals ping SIM-0005" in ran.err
+    assert ran.err == (
+        "error: SIM-0005: no session: terminal offline: SIM-0005 does not answer (check its "
+        "power and network). Fix: `kiosk-agent terminals ping SIM-0005` to see whether it is "
+        "online.\n"
+    )  # offline, in words: not "busy", not "HTTP 409 [terminal_offline]"
 
 
 async def test_test_print_checks_the_capability_before_printing(
@@ -299,6 +302,18 @@ async def test_amounts_are_dollar_strings_converted_exactly(
     assert ran.err.startswith("error: amount")
 
 
+async def test_a_token_charge_without_expiration_is_refused_before_sending(
+    env: dict[str, str], capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("KIOSK_BASE_URL", "http://127.0.0.1:9")  # sent, it would fail with 4
+    ran = await kiosk(capsys, "payments", "charge", "--amount", "2.50", "--token",
+                      "tok_4111111111111111")
+    assert ran.code == 2
+    assert ran.err == (
+        "error: payments charge --token needs --expiration MMYY (the card's expiry, e.g. 1230)\n"
+    )
+
+
 async def test_vault_and_plan_lifecycle(
     env: dict[str, str], capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -321,6 +336,9 @@ async def test_vault_and_plan_lifecycle(
     body = json.loads(plan.out)
     assert body["status"] == "ACTIVE"
     assert [p["payment_number"] for p in body["scheduled_payments"]] == [1, 2, 3, 4]
+    shown = await kiosk(capsys, "plans", "get", str(body["id"]))
+    assert re.search(r"^amount +\$9\.99$", shown.out, re.M), shown  # $9.99, as everywhere
+    assert re.search(r"^  #1 +2026-12-01 00:00:00 +\$9\.99  PENDING$", shown.out, re.M), shown
     cancelled = await kiosk(capsys, "plans", "cancel", str(body["id"]))
     assert "CANCELLED" in cancelled.out
     assert "SKIPPED" in cancelled.out
@@ -457,6 +475,57 @@ async def test_missing_credentials_name_the_variables(
         "error: no service credentials: set KIOSK_API_KEY in the environment, or give "
         "-c/--config FILE (or $KIOSK_CONFIG) with a service: section\n"
     )
+
+
+async def test_a_config_without_client_id_names_the_missing_key(
+    env: dict[str, str], capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+) -> None:
+    for name in ("KIOSK_CLIENT_ID", "KIOSK_CLIENT_SECRET", "KIOSK_BASE_URL"):
+        monkeypatch.delenv(name)
+    monkeypatch.setenv("TEST_SECRET", "sim_secret")
+    config = tmp_path / "agent.yaml"
+    config.write_text(
+        f"service:\n  base_url: {env['KIOSK_BASE_URL']}\n"
+        "  client_secret: !env_var TEST_SECRET\n  api_key: !env_var TEST_SECRET\n  mid: '1'\n"
+        "terminals: [{device_id: SIM-0001}]\njournal: {path: journal.db}\n"
+    )
+    ran = await kiosk(capsys, "report", "transactions", "-c", str(config))
+    assert ran.code == 2
+    assert ran.err == (
+        f"error: no service credentials: the service: section of {config} has no client_id; "
+        "add it there, or set KIOSK_CLIENT_ID\n"
+    )
+
+
+async def test_an_unreachable_service_names_where_its_address_came_from(
+    env: dict[str, str], capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+) -> None:
+    closed = "http://127.0.0.1:9"  # nothing listens on the discard port
+    monkeypatch.setenv("KIOSK_BASE_URL", closed)
+    ran = await kiosk(capsys, "terminals", "--timeout", "2")
+    assert ran.code == 4
+    # the retries end (or --timeout does first): either way the reason is said in words
+    assert ran.err.startswith("error: service unreachable: list terminals: "), ran
+    assert "cannot connect to 127.0.0.1:9: nothing listens there (connection refused)" in ran.err
+    assert ran.err.endswith(
+        ". Check KIOSK_BASE_URL and the network; --timeout gives slow links longer.\n"
+    )
+    assert ran.err.count("\n") == 1
+    # from the configuration: its file and line, not a variable nobody set
+    monkeypatch.delenv("KIOSK_BASE_URL")
+    monkeypatch.setenv("TEST_SECRET", "sim_secret")
+    config = tmp_path / "agent.yaml"
+    config.write_text(
+        f"service:\n  api_key: !env_var TEST_SECRET\n  mid: '1'\n  base_url: {closed}\n"
+        "terminals: [{device_id: SIM-0001}]\njournal: {path: journal.db}\n"
+    )
+    ran = await kiosk(capsys, "terminals", "-c", str(config), "--timeout", "2")
+    assert ran.code == 4
+    assert f"Check service.base_url at {config}:4 and the network" in ran.err
+    for jargon in ("KIOSK_BASE_URL", "ssl:default", "ClientConnectorError", "Connect call"):
+        assert jargon not in ran.err
 
 
 async def test_reports_need_only_the_oauth_client(

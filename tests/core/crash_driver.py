@@ -24,6 +24,7 @@ fsynced) to MARKERS before the machine reports it, as a real machine's counter w
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import itertools
 import json
@@ -32,10 +33,12 @@ import os
 import random
 import signal
 import socket
+import sqlite3
+import subprocess
 import sys
 import textwrap
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -270,6 +273,11 @@ class ChaosOptions:
     rate: float = 4.0  # customers per second per machine
     settle_timeout: float = 60.0  # the last agent's time to end every sale
     log: Callable[[str], None] = field(default=lambda _line: None)
+    # the journal's disk (DiskFaults): the chance per round that it fills for a moment while
+    # the agent runs (the journal then lives on a small tmpfs of its own), and a damage done
+    # once, half-way, between a kill and the restart ("wal_deleted", "page_overwritten")
+    disk_full: float = 0.0
+    damage_journal: str = ""
 
 
 @dataclass(slots=True)
@@ -299,6 +307,8 @@ class ChaosReport:
     fault_contract: str = "old"
     vend_window_ms: list[float] = field(default_factory=list)  # dispense.request -> result
     duration_s: float = 0.0
+    disk_full_episodes: int = 0
+    journal_damaged: str = ""  # how, once done: sales the journal held before it are gone
 
     def summary(self) -> dict[str, Any]:
         window = sorted(self.vend_window_ms)
@@ -317,6 +327,8 @@ class ChaosReport:
             "unpaid_vend_window_p99_ms": pct(0.99),
             "clock_steps": len(self.clock_steps),
             "duration_s": round(self.duration_s, 1),
+            "disk_full_episodes": self.disk_full_episodes,
+            "journal_damaged": self.journal_damaged,
         }
 
 
@@ -503,6 +515,7 @@ class Chaos:
         self.session: aiohttp.ClientSession | None = None
         self.faults: SimFaults | None = None
         self.proxy: LateCommitProxy | None = None
+        self.disk = DiskFaults(options, self.report, self.dir)
         self.clock: SteppedClock | None = None  # the agent's wall clock, when it steps
         self._steps: set[asyncio.Task[None]] = set()
 
@@ -545,6 +558,7 @@ class Chaos:
             self.machines.append(machine)
             self.records.append(record)
         self.admin_port = _free_port()
+        self.disk.mount()
         self.proxy = LateCommitProxy(info["base_url"])
         await self.proxy.start()
         self._write_config(ports)
@@ -567,6 +581,7 @@ class Chaos:
             await self.proxy.stop()
         if self.sim is not None:
             await self.sim.stop()
+        self.disk.unmount()
 
     def _write_config(self, ports: list[str]) -> None:
         info, opts = self.ready, self.options
@@ -595,9 +610,10 @@ class Chaos:
                   # The agent's promise holds only for a service inside its margin.
                   timeout: 3
                 terminals: [{terminals}]
-                journal: {{path: journal.db}}
+                journal: {{path: {self.disk.journal}}}
                 sales: {{vend_timeout: 5, interaction_lifetime: {180 / opts.time_scale},
-                         answer_margin: 9, attention_recheck: 2}}
+                         answer_margin: 9, attention_recheck: 2,
+                         charge_check_max_give_back: 1000}}
                 admin:
                   port: {self.admin_port}
                   tokens: [{{name: chaos, token: !env_var KIOSK_ADMIN_TOKEN}}]
@@ -640,6 +656,11 @@ class Chaos:
             tail = self.log.read_text()[-3000:]
             raise AssertionError(f"the agent exited {agent.proc.returncode}:\n{tail}")
 
+    async def _ready_quietly(self) -> None:
+        """Until the agent is ready; a kill before that is no error here."""
+        with contextlib.suppress(AssertionError, TimeoutError):
+            await self.wait_ready(30.0)
+
     async def wait_ready(self, timeout: float = 60.0) -> None:
         """Until the agent answers /api/status and, where it says so, its recovery is done."""
         async with asyncio.timeout(timeout):
@@ -663,12 +684,16 @@ class Chaos:
             if opts.faults:
                 await self._arm_faults(target)
             agent = await self._start_agent()
+            episode = self.disk.maybe_fill(self.rng, self._ready_quietly)
             if self.clock is not None and self.rng.random() < CLOCK_STEP_SHARE:
                 self._step_clock_later(self.rng.uniform(0.0, 2.0))
             mode = await self._kill_moment(agent, mode, target)
             self.check_alive()
             agent.kill()
             await agent.proc.wait()
+            await self.disk.end(episode)
+            if self.report.kills == opts.kills // 2:
+                self.disk.damage()
             self.report.kills += 1
             self.report.kill_modes[mode] = self.report.kill_modes.get(mode, 0) + 1
             opts.log(f"kill {self.report.kills} ({mode})")
@@ -754,7 +779,7 @@ class Chaos:
         await self.wait_ready(self.options.settle_timeout)
         for machine in self.machines:
             await machine.stop()
-        journal = Journal(self.dir / "journal.db")
+        journal = Journal(self.disk.journal)
         journal.open()
         try:
             deadline = time.monotonic() + self.options.settle_timeout
@@ -776,7 +801,7 @@ class Chaos:
 
         async with ServiceClient(settings_from_ready(self.ready)) as service:
             rows = [row async for row in service.reporting.transactions()]
-        journal = Journal(self.dir / "journal.db")
+        journal = Journal(self.disk.journal)
         journal.open()
         try:
             sales = journal.query()
@@ -786,6 +811,88 @@ class Chaos:
         records = [line for path in self.records for line in read_record(path)]
         real_time = self.clock.real_time if self.clock is not None else None
         judge(self.report, sales, steps, rows, records, real_time)
+
+
+class DiskFaults:
+    """The chaos harness's faults of the journal's disk, kept apart from the service faults.
+
+    ``disk_full``: the journal lives on a tmpfs of its own; some rounds fill it a moment after
+    the agent started, for 0.2 to 1.5 s (sales then wait in memory and end once it has room),
+    and it is always given room back before the next start. ``damage_journal``: once, half-way,
+    between a kill and the restart, the journal loses its WAL or gets a page overwritten; the
+    judge then excuses sales the damage took, never money held without a completed sale."""
+
+    def __init__(self, options: ChaosOptions, report: ChaosReport, workdir: Path) -> None:
+        self.options = options
+        self.report = report
+        self.mount_point = workdir / "journal-disk"
+        self.mounted = False
+        self.journal = (self.mount_point if options.disk_full else workdir) / "journal.db"
+
+    def mount(self) -> None:
+        if not self.options.disk_full:
+            return
+        self.mount_point.mkdir(exist_ok=True)
+        subprocess.run(["mount", "-t", "tmpfs", "-o", "size=32m", "tmpfs",
+                        str(self.mount_point)], check=True)
+        self.mounted = True
+
+    def unmount(self) -> None:
+        if self.mounted:
+            subprocess.run(["umount", "-l", str(self.mount_point)], check=False)
+            self.mounted = False
+
+    def maybe_fill(
+        self, rng: random.Random, ready: Callable[[], Awaitable[None]]
+    ) -> asyncio.Task[None] | None:
+        """Some rounds: full for a moment once the agent is up (while it sells)."""
+        if not self.mounted or rng.random() >= self.options.disk_full:
+            return None
+        after, hold = rng.uniform(0.05, 1.0), rng.uniform(0.2, 1.5)
+        return asyncio.create_task(self._full(ready, after, hold))
+
+    async def _full(self, ready: Callable[[], Awaitable[None]], after: float, hold: float) -> None:
+        await ready()
+        await asyncio.sleep(after)
+        self.report.disk_full_episodes += 1
+        self._fill()
+        try:
+            await asyncio.sleep(hold)
+        finally:
+            self._free()
+
+    async def end(self, episode: asyncio.Task[None] | None) -> None:
+        if episode is not None:
+            episode.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await episode
+        self._free()
+
+    def _fill(self) -> None:
+        ballast = self.mount_point / "ballast"
+        with ballast.open("ab", buffering=0) as out, contextlib.suppress(OSError):
+            while True:
+                out.write(b"\0" * 65536)
+
+    def _free(self) -> None:
+        if self.mounted:
+            (self.mount_point / "ballast").unlink(missing_ok=True)
+
+    def damage(self) -> None:
+        how = self.options.damage_journal
+        if not how or self.report.journal_damaged:
+            return
+        path = self.journal
+        if how == "page_overwritten":
+            db = sqlite3.connect(path)
+            db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+            db.close()
+            with path.open("r+b") as f:
+                f.seek(4096)
+                f.write(bytes(range(256)) * 16)
+        for side in ("-wal", "-shm"):
+            path.with_name(path.name + side).unlink(missing_ok=True)
+        self.report.journal_damaged = how
 
 
 def _free_port() -> int:
@@ -871,6 +978,8 @@ def judge(
         elif sale.state is SaleState.REVERSED and not charged:
             violate("journal_ledger_disagree", sale, f"reversed, but nothing charged: {statuses}")
     for order, order_rows in by_order.items():
+        if report.journal_damaged and not [r for r in order_rows if r.status in HELD]:
+            continue  # a sale the damaged journal lost, its money given back: all it can do
         if order not in known_orders and not order.startswith("PLAN"):
             report.violations.append(Violation(
                 "ledger_row_unknown", order,
@@ -895,6 +1004,8 @@ def judge(
         approved_at = approvals[0]["at"] if approvals else line["at"]
         candidates = [s for at, s in requests.get(f"mdb:{line['machine']}", [])
                       if at <= approved_at + 0.001]
+        if not candidates and report.journal_damaged:
+            continue  # its sale was in the part of the journal the damage took
         if not candidates:
             report.violations.append(Violation(
                 "vend_without_sale", f"{line['machine']}#{line['visit']}",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import socket
 import time
 from pathlib import Path
@@ -216,3 +217,21 @@ async def test_a_stop_during_recovery_never_tells_systemd_ready(
         assert not [m for m in heard if m.startswith("READY=1")], heard
     finally:
         listener.close()
+
+
+async def test_a_ready_agent_has_frozen_its_start_up_objects(
+    agent_factory: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from kiosk_agent.core import collector
+
+    monkeypatch.setattr(collector, "_frozen", False)  # as in a process of its own
+    frozen_before = gc.get_freeze_count()
+    try:
+        agent = await agent_factory()
+        assert agent.started
+        # the agent itself is start-up: no full collection walks it any more
+        assert gc.get_freeze_count() > frozen_before
+        assert not collector.freeze_start_up_objects()  # once a process
+    finally:
+        if frozen_before == 0:
+            gc.unfreeze()

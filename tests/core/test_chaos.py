@@ -13,6 +13,7 @@ same for hundreds of kills.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +40,29 @@ async def test_random_sigkills_under_service_faults_keep_the_money_right(tmp_pat
     assert report.vends > 0, report.summary()
     assert sum(report.faults_armed.values()) > 0
     assert report.clock_steps, "the agent's wall clock never stepped"
+    assert [v.describe() for v in report.violations] == []
+
+
+DISK_KILLS = 10  # about 25 s
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(os.geteuid() != 0, reason="mounting the journal's own tmpfs needs root")
+async def test_a_journal_disk_that_fills_and_a_journal_that_loses_its_wal_keep_the_money_right(
+    tmp_path: Path,
+) -> None:
+    """The journal on a small tmpfs filled for a moment in every round once the agent is up
+    (when it lives that long), and its WAL deleted
+    once between a kill and the restart: every charge still ends right in the ledger."""
+    options = ChaosOptions(workdir=tmp_path, kills=DISK_KILLS, seed=12, pause=(0.05, 0.8),
+                           disk_full=1.0, damage_journal="wal_deleted")
+    async with Chaos(options) as chaos:
+        report = await chaos.run()
+
+    assert report.disk_full_episodes > 0, report.summary()
+    assert report.journal_damaged == "wal_deleted"
+    # the sales before the damage are gone from the journal: only those after it are counted
+    assert report.sales > 0, report.summary()
     assert [v.describe() for v in report.violations] == []
 
 

@@ -157,6 +157,15 @@ async def test_sigkill_at_every_step_loses_no_sale_and_keeps_no_unearned_money(
     assert driver.steps[-1] == "capture.request"
     assert await driver.run(recovery_kill="2a") == "killed"  # recovery.start, capture.request
     assert driver.steps == ["recovery.start", "capture.request"]
+    # killed with a card read under way, then at the start of its recovery: the next recovery
+    # ends it failed and its agent must still stop (a wake-up of the health checker as the stop
+    # began once lost the stop's cancellation: the process never exited)
+    assert await driver.run("authorize_capture", 300, "vended", "2a") == "killed"
+    assert driver.steps == ["created", "read_card.request"]
+    assert await driver.run(recovery_kill="1") == "killed"
+    assert driver.steps == ["recovery.start"]
+    assert await driver.run(recovery_kill="1a") == "done"  # no money call to be killed on
+    assert driver.steps == ["recovery.start", "recovery.done"]
     assert await driver.run() == "done"  # recovers the last killed sale, if any
 
     journal = Journal(tmp_path / "journal.db")

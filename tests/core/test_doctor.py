@@ -75,3 +75,25 @@ def test_only_serial_ports_are_checked_as_devices(tmp_path: Path, sim: Any, pty_
     assert [(c.name, c.verdict) for c in report.checks] == [
         ("serial port front", Verdict.PASS)
     ]
+
+
+def test_a_journal_directory_the_agent_will_make_passes(tmp_path: Path) -> None:
+    from kiosk_agent.core.doctor import check_journal
+
+    config_file = tmp_path / "agent.yaml"
+    config_file.write_text(
+        "service: {simulator: {}}\nterminals: [{device_id: SIM-0001}]\n"
+        "journal: {path: state/new/journal.db}\n"
+    )
+    report = Report()
+    check_journal(report, load_config(config_file))
+    [check] = report.checks
+    assert check.verdict is Verdict.PASS  # Journal.open makes it, as the demo's state dir
+    assert check.detail == f"{tmp_path}/state/new/journal.db (its directory is made at start)"
+    # a parent that is a file: it cannot be made
+    (tmp_path / "blocked").write_text("")
+    config_file.write_text(config_file.read_text().replace("state/new", "blocked/new"))
+    report = Report()
+    check_journal(report, load_config(config_file))
+    assert report.checks[0].verdict is Verdict.FAIL
+    assert "does not exist" in report.checks[0].detail

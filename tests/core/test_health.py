@@ -331,3 +331,15 @@ async def test_a_broken_round_is_counted_and_the_checker_goes_on(service) -> Non
     finally:
         await checker.stop()
     assert checker.rounds >= 2
+
+
+async def test_a_wake_just_before_the_stop_does_not_keep_the_checker_running(service) -> None:
+    """A sale that fails as the agent stops wakes the checker in the same step the stop
+    cancels it: it must still end (it once ran on, and ``kiosk-agent run`` never exited)."""
+    checker = HealthChecker(Health("1"), service.terminal, ["SIM-0001"], interval=60)
+    checker.start()
+    await until(lambda: checker.rounds >= 1)  # waiting out its interval now
+    checker.wake()
+    done, _ = await asyncio.wait({asyncio.ensure_future(checker.stop())}, timeout=5)
+    assert done, "the checker's stop hung"
+    assert checker.rounds == 1

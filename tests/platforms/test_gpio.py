@@ -152,9 +152,13 @@ async def test_presses_during_a_sale_are_ignored(kiosk: Any) -> None:
     agent, chip, platform = kiosk
     waiting = asyncio.create_task(_next_final(agent))
     await asyncio.sleep(0)
-    chip.press(17)
-    await asyncio.sleep(0.06)  # later than the debounce: a real second press
-    chip.press(18)
+    async with agent.events.subscribe() as steps:
+        chip.press(17)
+        # another button, while the sale runs: a fixed 60 ms pause raced a sale that can end
+        # within it on a warm agent
+        while (await asyncio.wait_for(steps.get(), 10)).step != "read_card.request":
+            pass
+        chip.press(18)
     await waiting
     assert platform.status()["ignored_presses"] == 1
     assert chip.pulses(23) == 0

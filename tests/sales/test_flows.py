@@ -279,3 +279,20 @@ async def test_authorize_capture_retry_answers_use_a_new_order_id_each(agent: Ag
         [row] = await ledger(agent, order_id)
         assert row.status is TransStatus.RETRY
     assert machine.authorized == []
+
+
+async def test_an_offline_reader_is_said_to_be_offline_not_busy(agent: Agent) -> None:
+    import aiohttp
+
+    device = agent.settings.terminals and next(iter(agent.settings.terminals))
+    base = agent.service.settings.base_url
+    async with aiohttp.ClientSession() as http, http.post(
+        f"{base}/sim/terminals/{device}/offline"
+    ) as answer:
+        assert answer.status == 200
+    for flow in (Flow.CHARGE_CARD, Flow.AUTHORIZE_CAPTURE):
+        event = await sell(agent, 250, ScriptedDispenser(), flow=flow)
+        assert event.state is SaleState.FAILED
+        assert event.message.startswith(f"terminal offline: {device} does not answer"), event
+        assert "busy" not in event.message
+        assert "409" not in event.message

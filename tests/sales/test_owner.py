@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from kiosk_agent.sales.journal import JournalError
 from kiosk_agent.sales.owner import Holder, JournalLock, JournalOwned, lock_path
 
 # A process that claims the journal named on its command line, says so, and waits to be killed.
@@ -105,3 +106,40 @@ def test_a_lock_this_user_may_only_read_is_probed_for_its_holder(tmp_path: Path)
         assert refused.value.holder.pid == os.getpid()
     _refuse_if_held(journal, lock_path(journal))  # nobody holds it: nothing to say
     _refuse_if_held(journal, tmp_path / "missing.lock")
+
+
+@pytest.mark.parametrize("target", ["a file", "nothing"])
+def test_a_lock_file_that_is_a_symlink_is_refused_and_its_target_left_alone(
+    tmp_path: Path, target: str
+) -> None:
+    """A symlink planted where the lock goes: the claim would truncate and write the file it
+    names (the agent often runs as root). It is refused, clearly, and nothing is written."""
+    journal = tmp_path / "journal.db"
+    victim = tmp_path / "victim"
+    if target == "a file":
+        victim.write_text("keep me")
+    lock_path(journal).symlink_to(victim)
+    with pytest.raises(JournalError, match=r"journal\.db\.lock is a symbolic link"):
+        JournalLock(journal).acquire()
+    if target == "a file":
+        assert victim.read_text() == "keep me"
+    else:
+        assert not victim.exists()
+    assert not journal.exists()
+
+
+def test_a_lock_file_that_is_a_directory_or_garbage(tmp_path: Path) -> None:
+    """A directory where the lock goes is refused with the reason; garbage left in a lock
+    file (no live holder) is claimed and overwritten with this agent's name."""
+    blocked = tmp_path / "a" / "journal.db"
+    lock_path(blocked).parent.mkdir()
+    lock_path(blocked).mkdir()
+    with pytest.raises(JournalError, match=r"journal\.db\.lock: Is a directory"):
+        JournalLock(blocked).acquire()
+    garbage = tmp_path / "b" / "journal.db"
+    lock_path(garbage).parent.mkdir()
+    lock_path(garbage).write_bytes(bytes(range(256)) * 40)
+    with JournalLock(garbage):
+        holder = Holder.parse(lock_path(garbage).read_text())
+        assert holder is not None
+        assert holder.pid == os.getpid()

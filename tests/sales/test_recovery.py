@@ -220,24 +220,30 @@ class JournalBreakingMachine(ScriptedDispenser):
         return await super().dispense(authorized_cents)
 
 
-async def test_a_journal_that_cannot_write_stops_the_flow_before_its_next_call(
+async def test_a_confirmed_vend_that_cannot_be_written_is_written_once_the_journal_is_back(
     agent_factory: Any, sim_factory: Any
 ) -> None:
     sim = await sim_factory(time_scale=300, transactions=0)
-    first = await agent_factory(sim=sim)
-    sale = await first.sales.start(
+    agent = await agent_factory(sim=sim)
+    sale = await agent.sales.start(
         SaleRequest(source="test", flow=Flow.CHARGE_CARD, amount_cents=250),
-        JournalBreakingMachine(first.journal),
+        JournalBreakingMachine(agent.journal),
     )
-    event = await asyncio.wait_for(sale.result(), 10)
-    assert event.state is SaleState.ATTENTION
-    [row] = await rows(first.service, sale.order_id)
-    assert row.status is TransStatus.CAPTURED  # no void was sent without its journal step
-    first.journal.db.execute("PRAGMA query_only=OFF")
-    await first.stop()
+    kept = await asyncio.wait_for(sale.result(), 10)
+    assert kept.state is SaleState.ATTENTION  # shown held, while kept to be finished
+    assert kept.step == "journal.unwritten"
+    assert agent.health.snapshot().journal.unwritten_sales == [sale.sale_id]
+    assert not agent.availability.state("SIM-0001").available
+    [row] = await rows(agent.service, sale.order_id)
+    assert row.status is TransStatus.CAPTURED  # no call was made without its journal step
 
-    second = await agent_factory(sim=sim)
-    [recovered] = await asyncio.wait_for(second.recovery.wait(), 10)
-    assert recovered.state is SaleState.REVERSED
-    [row] = await rows(second.service, sale.order_id)
-    assert row.status is TransStatus.VOIDED
+    agent.journal.db.execute("PRAGMA query_only=OFF")
+    async with asyncio.timeout(10):
+        while agent.unwritten.sale_ids:
+            await asyncio.sleep(0.05)
+    record = agent.journal.get(sale.sale_id)
+    assert record is not None
+    assert record.state is SaleState.COMPLETED  # the vend was confirmed: the money stays
+    assert "journal.restored" in [s.step for s in agent.journal.steps(sale.sale_id)]
+    [row] = await rows(agent.service, sale.order_id)
+    assert row.status is TransStatus.CAPTURED

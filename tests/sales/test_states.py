@@ -4,6 +4,7 @@ writer or two, ever leaves a final state."""
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import subprocess
 import sys
@@ -215,6 +216,19 @@ def test_a_second_process_cannot_rewrite_a_completed_sale(journal: Journal) -> N
     assert journal.steps(record.sale_id)[-1].step == Step.COMPLETED
 
 
+def test_a_receipt_note_cannot_rewrite_a_completed_sale(journal: Journal) -> None:
+    """The one step a completed sale takes is a note: it may not change what was charged."""
+    record = walk_to(journal, new_sale(journal, Flow.CHARGE_CARD), S.DISPENSING, trans_id="T1")
+    done = journal.record(record, Step.COMPLETED, S.COMPLETED, captured_cents=250)
+    for fields in ({"captured_cents": 0}, {"trans_id": None}, {"finished_at": 0.0}):
+        with pytest.raises(TransitionRefused, match="completed is final: a note changes none"):
+            journal.record(done, Step.RECEIPT, **fields)  # type: ignore[arg-type]
+        assert journal.get(record.sale_id) == done
+    noted = journal.record(done, Step.RECEIPT, detail={"note": "printed"})
+    assert (noted.captured_cents, noted.trans_id) == (250, "T1")
+    assert noted.finished_at == done.finished_at
+
+
 # -- random writes ---------------------------------------------------------------------------
 
 WRITES = st.lists(
@@ -222,6 +236,8 @@ WRITES = st.lists(
         st.integers(0, 1),  # which of two writers (each holds its own copy of the sale)
         st.sampled_from(list(Step)),
         st.sampled_from(list(SaleState)) | st.none(),  # None: a note, the state kept
+        # fields the write sets too: a note on a settled sale may set none
+        st.sampled_from([{}, {"captured_cents": 0}, {"trans_id": "T-other", "message": "x"}]),
     ),
     min_size=1,
     max_size=14,
@@ -242,7 +258,7 @@ def test_no_sequence_of_writes_leaves_a_final_state(
     journal: Journal,
     flow: Flow,
     start: SaleState,
-    writes: list[tuple[int, Step, SaleState | None]],
+    writes: list[tuple[int, Step, SaleState | None, dict[str, object]]],
 ) -> None:
     """Random steps to random states, by two writers with their own (maybe stale) copies:
     every write kept is one the table allows from the state on disk; a refused one leaves the
@@ -251,13 +267,13 @@ def test_no_sequence_of_writes_leaves_a_final_state(
         start = S.STARTED
     record = sale_in(journal, flow, start)
     copies = [record, record]
-    for writer, step, state in writes:
+    for writer, step, state, fields in writes:
         before = journal.get(record.sale_id)
         assert before is not None
         kept_steps = journal.steps(record.sale_id)
         wanted = state or copies[writer].state
         try:
-            copies[writer] = journal.record(copies[writer], step, state)
+            copies[writer] = journal.record(copies[writer], step, state, **fields)
         except (TransitionRefused, SaleMoved):
             assert journal.get(record.sale_id) == before
             assert journal.steps(record.sale_id) == kept_steps
@@ -267,6 +283,9 @@ def test_no_sequence_of_writes_leaves_a_final_state(
         check_transition(record.sale_id, flow, before.state, wanted, step, kept_steps[-1].step)
         if before.state in FOR_GOOD:
             assert (before.state, wanted, step) == (S.COMPLETED, S.COMPLETED, Step.RECEIPT)
+            after = journal.get(record.sale_id)
+            assert after is not None
+            assert after == dataclasses.replace(before, updated_at=after.updated_at)
         if before.state is S.ATTENTION and wanted is not S.ATTENTION:
             assert step in SWEEPER_OR_PERSON
         if before.state is S.FAILED:

@@ -102,9 +102,22 @@ async function call(method, path, body) {
   return { ok: response.ok, status: response.status, data };
 }
 
+// The service's refusals in words for the person at the machine (the raw code stays out).
+const REFUSALS = {
+  terminal_offline: "the reader is offline: check its power and network, then Ping it",
+  terminal_busy: "the reader is busy with a customer's card: try again when the sale is over",
+  capability_unsupported: "this reader cannot do that",
+  nothing_to_print: "no completed sale to print yet",
+  unknown_terminal: "the payment service does not list this reader",
+};
+
 function problemText(answer) {
   const data = answer.data || {};
-  return data.detail || data.error || `HTTP ${answer.status}`;
+  if (REFUSALS[data.error]) return REFUSALS[data.error];
+  if (answer.status === 504) return "the payment service did not answer in time";
+  // "payment service: HTTP 409 [x]: detail" -> the detail only
+  const detail = String(data.detail || "").replace(/^payment service: (HTTP \d+ \[[^\]]*\]:? ?)?/, "");
+  return detail || data.error || `the agent answered ${answer.status}`;
 }
 
 // -- log in and out -----------------------------------------------------------------------
@@ -116,8 +129,10 @@ function showLogin(message) {
   $("logout").hidden = true;
   $("login").hidden = false;
   setText($("login-error"), message || "");
-  $("live").textContent = "offline";
+  // before a login there is nothing to be live or offline about: no status, no stream badge
+  $("live").hidden = true;
   $("live").classList.remove("on");
+  $("status").hidden = true;
   $("token").focus();
 }
 
@@ -147,6 +162,8 @@ function begin(session) {
   $("login").hidden = true;
   $("board").hidden = false;
   $("logout").hidden = false;
+  $("live").hidden = false;
+  $("live").textContent = "connecting";
   load();
   follow();
   loadTerminals();
@@ -211,11 +228,13 @@ function follow() {
   });
   stream.addEventListener("sale", (event) => {
     const sale = JSON.parse(event.data);
+    // the step names what happened: three lines of one sale read as three different steps
     const what = [
-      "sale", sale.sale_id.slice(0, 8), sale.terminal || "", sale.amount, sale.state,
+      sale.terminal || sale.source, `sale ${sale.sale_id.slice(0, 8)}`, sale.step || sale.state,
+      `→ ${sale.state}`, `· ${sale.money}`,
     ].join(" ");
-    addEvent(sale.at, sale.message ? `${what}: ${sale.message}` : what,
-      sale.state === "attention" ? "bad" : "");
+    addEvent(sale.at, sale.message ? `${what} · ${sale.message}` : what,
+      sale.state === "attention" ? "bad" : "", { sale: sale.sale_id, step: sale.step });
     reloadSoon();
   });
   stream.addEventListener("doctor", (event) => {
@@ -226,9 +245,11 @@ function follow() {
   });
 }
 
-function addEvent(at, text, css) {
+function addEvent(at, text, css, data) {
   const list = $("events");
-  list.prepend(el("li", { class: css }, `${clock(at)} ${text}`));
+  const attrs = { class: css };
+  if (data) Object.assign(attrs, { "data-sale": data.sale, "data-step": data.step });
+  list.prepend(el("li", attrs, `${clock(at)} ${text}`));
   while (list.children.length > 100) list.lastChild.remove();
 }
 
@@ -246,11 +267,18 @@ function renderHealth() {
   const pill = $("status");
   setText(pill, health.status);
   pill.className = `pill ${health.status}`; // one of ok, degraded, down: the agent's own word
+  pill.hidden = false;
 
+  // "1 of 2 readers can take cards": green only when every reader can, amber when some
+  // cannot, red when none can; each one that cannot is named with why
   const available = page.availability;
-  $("available").textContent = available.available ? "Available" : "OUT OF SERVICE";
-  $("available").className = `big ${available.available ? "good" : "bad"}`;
-  setText($("available-reason"), available.reason);
+  setText($("available"), available.summary);
+  $("available").className = `big ${{ ok: "good", degraded: "warn", down: "bad" }[available.level]}`;
+  $("available").dataset.level = available.level;
+  $("unavailable").replaceChildren(...available.cannot.map((c) =>
+    el("li", { class: available.level === "down" ? "bad" : "warn", "data-device": c.device_id },
+      `${c.name ? `${c.name} (${c.device_id})` : c.device_id} cannot: ${c.reason}`,
+      c.since ? el("span", { class: "muted" }, ` since ${when(c.since)}`) : null)));
 
   $("problems").replaceChildren(
     ...(health.problems.length
@@ -268,27 +296,30 @@ function renderHealth() {
 function result(key) {
   const r = state.results[key];
   if (!r) return null;
-  return el("p", { class: `result ${r.ok ? "good" : "bad"}`, role: "status" }, r.text);
+  return el("p", { class: `result ${r.ok ? "good" : "bad"}`, role: "status", "data-result": key },
+    `${clock(r.at)} ${r.text}`);
 }
 
-function actionButton(key, label, run, disabledReason) {
+function actionButton(key, label, run, disabledReason, resultKey) {
   return el("button", {
     type: "button",
     class: "admin",
     "data-action": key,
     disabled: Boolean(state.busy[key] || disabledReason),
     title: disabledReason || null,
-    onclick: () => act(key, run),
+    onclick: () => act(key, run, resultKey),
   }, state.busy[key] ? `${label}…` : label);
 }
 
-async function act(key, run) {
+async function act(key, run, resultKey) {
+  // one current result per reader (or form): the newest answer replaces the last one
+  const shownAt = resultKey || key;
   state.busy[key] = true;
   renderHealth();
   try {
-    state.results[key] = await run();
+    state.results[shownAt] = { ...(await run()), at: Date.now() / 1000 };
   } catch (err) {
-    state.results[key] = { ok: false, text: `failed: ${err}` };
+    state.results[shownAt] = { ok: false, text: `failed: ${err}`, at: Date.now() / 1000 };
   } finally {
     delete state.busy[key];
     renderHealth();
@@ -325,8 +356,11 @@ function renderTerminals() {
     const ping = t.last_ping_at
       ? `${clock(t.last_ping_at)}${t.latency_ms !== null ? ` (${Math.round(t.latency_ms)} ms)` : ""}`
       : "never";
+    // what cannot work is disabled, and says why in words beside the buttons
+    const offline = t.online === false ? "the reader is offline: Ping it once it has power and network" : null;
     const noPrinter = caps && !caps.receipt_printing ? "this terminal has no printer" : null;
     const key = (action) => `${t.device_id}:${action}`;
+    const shown = `${t.device_id}:result`;
     return el("div", { class: "terminal", "data-device": t.device_id },
       el("h3", {}, t.name ? `${t.name} ` : "", el("span", { class: "muted" }, t.device_id),
         el("span", { class: `badge ${online[1]}`, "data-field": "online" }, online[0])),
@@ -337,10 +371,12 @@ function renderTerminals() {
         listed && listed.model ? [el("dt", {}, "model"), el("dd", {}, `${listed.vendor || ""} ${listed.model}`)] : null,
         t.detail ? [el("dt", {}, "detail"), el("dd", { class: "bad" }, t.detail)] : null),
       el("div", { class: "actions" },
-        actionButton(key("ping"), "Ping", terminalAction(t.device_id, "ping")),
-        actionButton(key("connect"), "Connect", terminalAction(t.device_id, "connect")),
-        actionButton(key("test-print"), "Test print", terminalAction(t.device_id, "test-print"), noPrinter)),
-      ["ping", "connect", "test-print"].map((a) => result(key(a))));
+        actionButton(key("ping"), "Ping", terminalAction(t.device_id, "ping"), null, shown),
+        actionButton(key("connect"), "Connect", terminalAction(t.device_id, "connect"), offline, shown),
+        actionButton(key("test-print"), "Test print", terminalAction(t.device_id, "test-print"),
+          offline || noPrinter, shown)),
+      offline ? el("p", { class: "muted", "data-field": "why-disabled" }, `Connect and Test print: ${offline}`) : null,
+      result(shown));
   });
   $("terminals").replaceChildren(...(nodes.length ? nodes : [el("p", {}, "no terminal configured")]));
 }
@@ -361,21 +397,50 @@ function renderService() {
   const links = health.links.map((link) =>
     el("li", { class: link.healthy ? "" : "bad" }, `${link.name}: ${link.state}`,
       link.detail ? ` (${link.detail})` : "", el("span", { class: "muted" }, ` since ${when(link.since)}`)));
+  // a platform the tech opened stays open when the list is redrawn (each health change)
+  const opened = new Set([...$("links").querySelectorAll("li[data-platform] details[open]")]
+    .map((d) => d.parentElement.dataset.platform));
   const platforms = (state.page.platforms || []).map((p) => {
-    const entries = Object.entries(p.status);
-    const plain = entries.filter(([, v]) => v === null || typeof v !== "object");
-    const nested = entries.filter(([, v]) => v !== null && typeof v === "object");
-    return el("li", {}, el("details", {},
-      el("summary", {}, `${p.name}: `, el("span", { class: "muted" }, plain.map(([k, v]) => `${k} ${v}`).join(", "))),
-      el("dl", { class: "facts" }, nested.map(([k, v]) => [el("dt", {}, k),
-        el("dd", {}, Object.entries(v).map(([kk, vv]) => `${kk} ${typeof vv === "object" ? JSON.stringify(vv) : vv}`).join(", "))]))));
+    const status = p.status || {};
+    const link = status.link && typeof status.link === "object" ? status.link.state : status.link;
+    const headline = [
+      status.available === false ? `out of service: ${status.unavailable_reason || "no card payments"}` : null,
+      status.reader ? `reader ${status.reader}` : null,
+      status.controller ? `machine ${status.controller}` : null,
+      link ? `link ${link}` : null,
+      status.error ? `status unreadable: ${status.error}` : null,
+    ].filter(Boolean).join(" · ") || "running";
+    const facts = Object.entries(status)
+      .filter(([k, v]) => !(k === "unavailable_reason" && !v))
+      .flatMap(([k, v]) => [el("dt", {}, words(k)), el("dd", {}, factText(v))]);
+    return el("li", { "data-platform": p.name, class: status.available === false ? "warn" : "" },
+      el("details", { open: opened.has(p.name) }, el("summary", {}, `${p.name}: ${headline}`),
+        el("dl", { class: "facts" }, facts)));
   });
   const all = [...links, ...platforms];
   $("links").replaceChildren(...(all.length ? all : [el("li", {}, "no serial link or platform")]));
 }
 
+function words(key) {
+  return String(key).replace(/_/g, " ");
+}
+
+function factText(value) {
+  // a platform's status value as words: no null, true or {} in front of a tech
+  if (value === null || value === undefined || value === "") return "none";
+  if (value === true) return "yes";
+  if (value === false) return "no";
+  if (Array.isArray(value)) return value.length ? value.map(factText).join(", ") : "none";
+  if (typeof value === "object") {
+    const entries = Object.entries(value);
+    return entries.length ? entries.map(([k, v]) => `${words(k)}: ${factText(v)}`).join(", ") : "none";
+  }
+  return String(value);
+}
+
 function saleLine(sale) {
-  return `${when(sale.created_at)} · ${sale.terminal} · ${sale.amount} · ${sale.state}` +
+  // what was charged for a finished sale, what is held while it runs: never the price asked
+  return `${when(sale.created_at)} · ${sale.terminal} · ${sale.money} · ${sale.state}` +
     (sale.product ? ` · ${sale.product}` : "");
 }
 
@@ -436,7 +501,7 @@ function renderOpenAndRecent() {
     ? page.recent.map((s) => el("details", { class: "sale", "data-sale": s.sale_id, open: opened.has(s.sale_id) },
       el("summary", { class: s.state === "attention" ? "bad" : "" }, saleLine(s)),
       el("p", { class: "muted" }, `sale ${s.sale_id}`, s.trans_id ? ` · transaction ${s.trans_id}` : "",
-        s.card_brand ? ` · ${s.card_brand} ${s.last_four || ""}` : "", s.message ? ` · ${s.message}` : ""),
+        s.card ? ` · ${s.card}` : "", s.message ? ` · ${s.message}` : ""),
       el("ol", { class: "steps" }, s.steps.map((step) =>
         el("li", {}, `${clock(step.at)} ${step.step} → ${step.state}`, stepDetail(step.detail))))))
     : [el("p", { class: "muted" }, "no sale yet")]));

@@ -1,0 +1,221 @@
+"""`kiosk-agent events` and `kiosk-agent health --watch`: follow a running agent live.
+
+Both read the admin API's event stream (``GET /api/events``, server-sent events, the stream the
+status page follows): sale steps as the agent journals them, status changes, problems raised
+and cleared, readers that stop or start taking cards. A field tech at the machine gets what
+``journalctl -f`` or ``stripe logs tail`` give: a line per event as it happens, or with
+``--json`` one JSON object a line, until Ctrl-C (exit 130, per the contract's table).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import signal
+import time
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from kiosk_agent.cli.contract import (
+    EXIT_AUTH,
+    EXIT_INTERRUPTED,
+    EXIT_OK,
+    EXIT_UNREACHABLE,
+    CliError,
+    guarded,
+    options,
+    timeout_of,
+    wants_json,
+)
+
+if TYPE_CHECKING:
+    import aiohttp
+
+# What `--kind` picks from: a sale step, or one of the changes the stream says in words.
+KINDS = ("sale", "status", "problem", "cleared", "availability")
+
+
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    from kiosk_agent.cli.fleet import add_admin_address
+
+    events = subparsers.add_parser(
+        "events",
+        help="follow a running agent live: sale steps, problems, readers in and out of service",
+        description="Follow a running agent's events over its admin API, as they happen, until "
+        "Ctrl-C: each sale step, status changes, problems raised and cleared, readers that stop "
+        "or start taking cards. The address and token come from the configuration "
+        "(-c/--config or $KIOSK_CONFIG), or --url with the token in $KIOSK_AGENT_TOKEN or "
+        "--token-file.",
+        parents=options(timeout=True),
+    )
+    add_admin_address(events)
+    events.add_argument("--terminal", metavar="DEVICE", help="only this terminal's events")
+    events.add_argument(
+        "--sale", metavar="SALE", help="only this sale (its id, a start of it, or its order id)"
+    )
+    events.add_argument(
+        "--kind", action="append", choices=KINDS, metavar="KIND",
+        help=f"only these kinds (repeatable): {', '.join(KINDS)}",
+    )  # fmt: skip
+    events.set_defaults(handler=guarded(events_command))
+
+
+@dataclass(frozen=True)
+class Filters:
+    terminal: str | None = None
+    sale: str | None = None
+    kinds: frozenset[str] = field(default_factory=frozenset)
+
+    def wants(self, kind: str, data: dict[str, Any]) -> bool:
+        if self.kinds and kind not in self.kinds:
+            return False
+        where = data.get("terminal") or data.get("device_id")
+        if self.terminal is not None and where != self.terminal:
+            return False
+        if self.sale is not None:
+            if kind != "sale":
+                return False
+            ids = (str(data.get("sale_id", "")), str(data.get("order_id", "")))
+            if not (ids[0].startswith(self.sale) or ids[1] == self.sale):
+                return False
+        return True
+
+
+async def events_command(args: argparse.Namespace) -> int:
+    filters = Filters(args.terminal, args.sale, frozenset(args.kind or ()))
+    as_json = wants_json(args)
+
+    def show(kind: str, data: dict[str, Any]) -> None:
+        if kind == "health" or kind == "doctor":
+            return
+        if kind == "note":
+            kind = data.get("kind") or "status"
+        if not filters.wants(kind, data):
+            return
+        print(json.dumps({"kind": kind, **data}) if as_json else event_line(kind, data),
+              flush=True)
+
+    return await follow(args, show)
+
+
+async def watch_health(args: argparse.Namespace) -> int:
+    """``health --watch``: the snapshot again whenever it changes, until Ctrl-C."""
+    from kiosk_agent.cli.fleet import format_health
+
+    as_json = wants_json(args)
+
+    def show(kind: str, data: dict[str, Any]) -> None:
+        if kind != "health":
+            return
+        snapshot = data["health"]
+        if as_json:
+            print(json.dumps(snapshot), flush=True)
+            return
+        stamp = time.strftime("%H:%M:%S", time.localtime(snapshot.get("at") or time.time()))
+        print(f"-- {stamp}\n{format_health(snapshot)}", flush=True)
+
+    return await follow(args, show)
+
+
+async def follow(args: argparse.Namespace, show: Callable[[str, dict[str, Any]], None]) -> int:
+    """Read the agent's event stream and hand each event to ``show`` until Ctrl-C (130) or
+    SIGTERM (0); the stream's end (the agent stopped) is exit 4, said in words."""
+    from kiosk_agent.cli.fleet import admin_address
+
+    url, token = admin_address(args)
+    within = timeout_of(args)
+    interrupted: list[int] = []
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+
+    def on_signal(signum: int) -> None:
+        interrupted.append(signum)
+        stop.set()
+
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(signum, on_signal, signum)
+    reading = asyncio.ensure_future(_read(url, token, within, show))
+    stopping = asyncio.ensure_future(stop.wait())
+    try:
+        await asyncio.wait({reading, stopping}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            loop.remove_signal_handler(signum)
+        for task in (reading, stopping):
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+    if interrupted:
+        return EXIT_INTERRUPTED if interrupted[0] == signal.SIGINT else EXIT_OK
+    reading.result()  # the failure, if the stream could not be read
+    raise CliError(f"the agent at {url} ended the event stream (it stopped or restarted)",
+                   EXIT_UNREACHABLE)
+
+
+async def _read(
+    url: str, token: str, within: float, show: Callable[[str, dict[str, Any]], None]
+) -> None:
+    import aiohttp  # here, not at import: `kiosk-agent --help` stays quick
+
+    # --timeout bounds the connection and the first answer; the stream then runs for ever
+    # (the agent writes a keepalive every 10 s, so a dead link is noticed by the socket)
+    timeout = aiohttp.ClientTimeout(total=None, connect=within, sock_connect=within)
+    headers = {"Authorization": f"Bearer {token}", "Accept": "text/event-stream"}
+    try:
+        async with aiohttp.ClientSession(timeout=timeout) as session:
+            async with asyncio.timeout(within):
+                response = await session.get(f"{url.rstrip('/')}/api/events", headers=headers)
+            async with response:
+                if response.status == 401:
+                    raise CliError("the admin API refused the token", EXIT_AUTH)
+                if response.status != 200:
+                    raise CliError(f"the admin API answered HTTP {response.status}")
+                async for kind, data in server_sent_events(response.content):
+                    show(kind, data)
+    except (aiohttp.ClientError, TimeoutError) as err:
+        from kiosk_agent.core.doctor import describe
+
+        raise CliError(
+            f"cannot reach the agent at {url}: {describe(err)}",
+            EXIT_UNREACHABLE, ["is it running? `systemctl status kiosk-agent`"],
+        ) from None
+
+
+async def server_sent_events(
+    lines: aiohttp.StreamReader,
+) -> AsyncIterator[tuple[str, dict[str, Any]]]:
+    """``(event, data)`` of each server-sent event; comments (keepalives) are skipped."""
+    kind, data = "message", list[str]()
+    async for raw in lines:
+        line = raw.decode("utf-8", errors="replace").rstrip("\r\n")
+        if not line:
+            if data:
+                with contextlib.suppress(json.JSONDecodeError):
+                    yield kind, json.loads("\n".join(data))
+            kind, data = "message", []
+        elif line.startswith(":"):
+            continue
+        elif line.startswith("event:"):
+            kind = line[len("event:"):].strip()
+        elif line.startswith("data:"):
+            data.append(line[len("data:"):].lstrip())
+
+
+def event_line(kind: str, data: dict[str, Any]) -> str:
+    """One event for people: ``10:15:30  SIM-0007  sale 3f2a9c0d  read_card.request ->
+    reading_card  $5.00 requested  present a card on SIM-0007``."""
+    stamp = time.strftime("%H:%M:%S", time.localtime(data.get("at") or time.time()))
+    if kind == "sale":
+        where = data.get("terminal") or data.get("source") or "-"
+        parts = [
+            stamp, f"{where:<10}", f"sale {str(data.get('sale_id', ''))[:8]}",
+            f"{data.get('step') or data.get('state')} -> {data.get('state')}",
+            str(data.get("money") or data.get("amount") or ""),
+        ]  # fmt: skip
+        if data.get("message"):
+            parts.append(str(data["message"]))
+        return "  ".join(parts)
+    return f"{stamp}  {kind:<10}  {data.get('text', '')}"

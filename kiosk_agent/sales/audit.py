@@ -1,0 +1,183 @@
+"""Charges the journal cannot account for: found in reporting, given back or put to a person.
+
+The journal is the agent's account of every charge; a journal that lost writes (its WAL
+deleted, truncated, damaged and moved aside, a step that never reached the disk) may no longer
+hold a charge the service still holds. So the agent asks reporting for its own recent charges
+(the ones made on its terminals, under the order ids it makes: ``KA`` and 18 hex digits, with
+``-N`` for a retried attempt) that still hold money (authorized or captured), and compares:
+
+- a charge of a sale the journal holds, open or ended with money moved: accounted for;
+- a charge of no sale at all: unaccounted. It is journaled as a new sale (``created``, then
+  ``audit.found`` charging) and given back (void, or refund once settled), like any dispense
+  that cannot be confirmed;
+- a charge held under a sale the journal ended with no money moved (failed, declined,
+  cancelled): that sale is final (the transition table), so it is named in the result for a
+  person; the late-charge net gives back those that ended on "no charge" after a lost answer.
+
+More than ``max_give_back`` unaccounted charges in one check smell of a wholesale mismatch (a
+journal from another unit, a terminal shared with another agent): then none is given back and
+each is put to a person (``attention``) instead.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import time
+from collections.abc import Collection
+from dataclasses import dataclass, field
+
+from kiosk_agent.sales.journal import SaleRecord
+from kiosk_agent.sales.model import Flow, SaleEvent
+from kiosk_agent.sales.runner import new_ids
+from kiosk_agent.sales.states import SaleState, Step
+from kiosk_agent.sales.steps import SaleContext, SaleSteps
+from kiosk_agent.service.errors import ServiceError
+from kiosk_agent.service.models import Transaction, TransactionFilter, TransStatus
+
+_LOGGER = logging.getLogger(__name__)
+
+# The order ids this agent makes (flows.new_ids), with a retried attempt's suffix.
+ORDER_ID = re.compile(r"^(KA[0-9A-F]{18})(?:-(\d+))?$")
+_HOLDING = (TransStatus.AUTHORIZED, TransStatus.CAPTURED, TransStatus.SETTLED)
+# Ended sales that say no money moved: a charge held under one is unaccounted.
+_NO_MONEY = frozenset({SaleState.FAILED, SaleState.DECLINED, SaleState.CANCELLED})
+AUDIT_SOURCE = "audit"
+
+
+@dataclass(slots=True)
+class AuditResult:
+    """One check: how many charges reporting showed, and what became of the unaccounted."""
+
+    at: float
+    seen: int = 0
+    unaccounted: list[str] = field(default_factory=list)  # trans ids
+    events: list[SaleEvent] = field(default_factory=list)
+    error: str = ""  # reporting could not be asked: nothing was decided
+
+    @property
+    def ok(self) -> bool:
+        return not self.error
+
+    def as_dict(self) -> dict[str, object]:
+        return {
+            "at": self.at,
+            "seen": self.seen,
+            "unaccounted": len(self.unaccounted),
+            "ended": {e.sale_id: e.state.value for e in self.events},
+            "error": self.error,
+        }
+
+
+class ChargeAudit:
+    """Compares reporting's recent charges on this unit's terminals with the journal."""
+
+    def __init__(
+        self,
+        context: SaleContext,
+        *,
+        lookback: float = 7 * 86400.0,
+        max_give_back: int = 5,
+    ) -> None:
+        self.context = context
+        self.journal = context.journal
+        self.settings = context.settings
+        self.lookback = lookback
+        self.max_give_back = max_give_back
+        self.last: AuditResult | None = None
+        self.given_back = 0
+        # ended sales (no money moved, says the journal) whose charge reporting still holds
+        self.held_under_ended: set[str] = set()
+
+    async def check(self, running: Collection[str] = ()) -> AuditResult:
+        """One comparison; ``running``: sale ids in flight now (their charges are accounted)."""
+        result = AuditResult(at=time.time())
+        try:
+            held = await self._held_charges()
+        except ServiceError as err:
+            result.error = f"reporting could not be asked: {err}"
+            _LOGGER.warning("charge check: %s", result.error)
+            self.last = result
+            return result
+        result.seen = len(held)
+        found = [(row, record) for row in held if (record := self._unaccounted(row, running))]
+        give_back = len(found) <= self.max_give_back
+        for row, record in found:
+            result.unaccounted.append(row.trans_id)
+            event = await self._settle(row, record, give_back, len(found))
+            result.events.append(event)
+        if found:
+            _LOGGER.warning("charge check: %d charge(s) the journal did not hold: %s",
+                            len(found), ", ".join(f"{e.sale_id} {e.state.value}"
+                                                  for e in result.events))
+        self.last = result
+        return result
+
+    async def _held_charges(self) -> list[Transaction]:
+        since = time.time() - self.lookback
+        rows: dict[str, Transaction] = {}
+        for device in self.settings.terminals:
+            for status in _HOLDING:
+                query = TransactionFilter(
+                    mid=self.settings.mid, terminal_id=device, trans_status_id=status
+                )
+                async for row in self.context.service.reporting.transactions(query):
+                    if not ORDER_ID.match(row.order_id or ""):
+                        continue
+                    at = row.trans_date.timestamp() if row.trans_date is not None else None
+                    if at is not None and at < since:
+                        continue
+                    rows[row.trans_id] = row
+        return list(rows.values())
+
+    def _unaccounted(self, row: Transaction, running: Collection[str]) -> SaleRecord | None:
+        """The sale to settle it under (a new one), or None: accounted for, or not ours to
+        move (a sale the journal ended with no money moved is final; the late-charge net and
+        people look at those, and the check says so in its result)."""
+        match = ORDER_ID.match(row.order_id or "")
+        assert match is not None
+        record = self.journal.by_order_id(match.group(1))
+        if record is None:
+            return self._new_record(row, match.group(1), int(match.group(2) or 1))
+        if record.sale_id not in running and record.state in _NO_MONEY:
+            self.held_under_ended.add(record.sale_id)
+        return None
+
+    def _new_record(self, row: Transaction, order_id: str, attempt: int) -> SaleRecord:
+        device = row.terminal_id or next(iter(self.settings.terminals), "")
+        sale_id, _ = new_ids()
+        # a charge-card sale whatever the charge was: voiding an authorization or a capture is
+        # the same call, and the table lets a charge-card sale go STARTED > CHARGING > back
+        return SaleRecord(
+            sale_id=sale_id,
+            order_id=order_id,
+            source=AUDIT_SOURCE,
+            flow=Flow.CHARGE_CARD.value,
+            terminal=device,
+            amount_cents=row.amount_cents,
+            state=SaleState.STARTED,
+            attempt=attempt,
+            currency=self.settings.currency,
+            message="a charge in reporting the journal did not hold",
+        )
+
+    async def _settle(
+        self, row: Transaction, record: SaleRecord, give_back: bool, found: int
+    ) -> SaleEvent:
+        detail = {"trans_id": row.trans_id, "order_id": row.order_id,
+                  "status": row.status.name if row.status else None}
+        record = self.journal.create(record, detail)
+        steps = SaleSteps(record, self.context)
+        cents = row.amount_cents
+        steps.step(Step.AUDIT_FOUND, SaleState.CHARGING, detail=detail, trans_id=row.trans_id,
+                   authorized_cents=cents, captured_cents=cents)
+        if not give_back:
+            return steps.finish(
+                SaleState.ATTENTION, Step.AUDIT_UNDECIDED,
+                f"a charge the journal did not hold ({found} such in one check: too many to "
+                "give back unasked); a person must look",
+            )
+        event = await steps.reverse("a charge the journal did not hold; not known dispensed")
+        if event.state is SaleState.REVERSED:
+            self.given_back += 1
+        return event

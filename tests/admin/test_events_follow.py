@@ -1,0 +1,123 @@
+"""`kiosk-agent events` and `health --watch` follow a running agent, as a tech at the machine
+runs them: a real process reading the admin API's event stream, ended with Ctrl-C."""
+
+import asyncio
+import json
+import os
+import signal
+import sys
+import time
+from typing import Any
+
+from kiosk_agent.cli.events import Filters, event_line
+from tests.admin.conftest import ADMIN_TOKEN
+from tests.admin.test_server import _sell
+
+WAIT_S = 20.0  # the longest any wait here lasts (a busy 2-core machine)
+
+
+async def _follow(admin_server: Any, *argv: str) -> asyncio.subprocess.Process:
+    """``kiosk-agent ARGV --url ...`` as its own process, once its stream is open."""
+    env = {**os.environ, "KIOSK_AGENT_TOKEN": ADMIN_TOKEN, "PYTHONUNBUFFERED": "1"}
+    env.pop("KIOSK_CONFIG", None)
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "kiosk_agent", *argv, "--url", admin_server.url,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, env=env,
+    )  # fmt: skip
+    deadline = time.monotonic() + WAIT_S
+    while admin_server.page._streams == 0:  # the follower listens
+        assert proc.returncode is None, await proc.stderr.read()
+        assert time.monotonic() < deadline, "the follower never opened the stream"
+        await asyncio.sleep(0.02)
+    return proc
+
+
+async def _interrupt(proc: asyncio.subprocess.Process) -> tuple[int, float, str]:
+    proc.send_signal(signal.SIGINT)
+    began = time.monotonic()
+    _out, err = await asyncio.wait_for(proc.communicate(), WAIT_S)
+    return proc.returncode or 0, time.monotonic() - began, err.decode()
+
+
+async def test_events_show_a_sales_steps_in_order_and_end_on_ctrl_c(
+    agent: Any, admin_server: Any
+) -> None:
+    proc = await _follow(admin_server, "events", "--kind", "sale", "--terminal", "SIM-0007",
+                         "--json")
+    try:
+        final = await _sell(agent, 250)
+        steps: list[dict[str, Any]] = []
+        assert proc.stdout is not None
+        async with asyncio.timeout(WAIT_S):
+            while not steps or steps[-1]["step"] != "receipt":
+                event = json.loads(await proc.stdout.readline())  # one object a line
+                if event["sale_id"] == final.sale_id:
+                    steps.append(event)
+        code, took, err = await _interrupt(proc)
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+    # the steps as the journal has them, in its order, each once
+    journaled = [s.step for s in agent.journal.steps(final.sale_id)]
+    assert [e["step"] for e in steps] == journaled
+    assert {e["kind"] for e in steps} == {"sale"}
+    assert steps[-1]["state"] == "completed"
+    assert steps[-1]["money"] == "$2.50 charged"
+    assert code == 130  # interrupted, as the contract's exit table says
+    assert took < 2.0
+    assert "Traceback" not in err
+
+
+async def test_events_name_a_reader_that_stops_taking_cards(
+    agent: Any, admin_server: Any
+) -> None:
+    proc = await _follow(admin_server, "events", "--kind", "problem", "--kind", "status")
+    try:
+        agent.health.report_terminal("SIM-0001", online=False, detail="ping: terminal offline")
+        assert proc.stdout is not None
+        lines = []
+        async with asyncio.timeout(WAIT_S):
+            while len(lines) < 2:
+                lines.append((await proc.stdout.readline()).decode())
+        code, _took, _err = await _interrupt(proc)
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+    assert lines[0].split("  ", 1)[1].strip() == "status      status ok -> degraded"
+    assert "problem: terminal SIM-0001 offline" in lines[1]
+    assert code == 130
+
+
+async def test_health_watch_prints_the_health_again_when_it_changes(
+    agent: Any, admin_server: Any
+) -> None:
+    proc = await _follow(admin_server, "health", "--watch", "--json")
+    try:
+        assert proc.stdout is not None
+        first = json.loads(await asyncio.wait_for(proc.stdout.readline(), WAIT_S))
+        agent.health.report_terminal("SIM-0001", online=False, detail="ping: terminal offline")
+        second = json.loads(await asyncio.wait_for(proc.stdout.readline(), WAIT_S))
+        code, took, err = await _interrupt(proc)
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+    assert first["status"] == "ok"
+    assert second["status"] == "degraded"
+    assert code == 130
+    assert took < 2.0
+    assert "Traceback" not in err
+
+
+def test_filters_pick_by_terminal_sale_and_kind() -> None:
+    sale = {"sale_id": "3f2a9c0d", "order_id": "ka-1", "terminal": "SIM-0007", "step": "created"}
+    assert Filters(terminal="SIM-0007").wants("sale", sale)
+    assert not Filters(terminal="SIM-0001").wants("sale", sale)
+    assert Filters(sale="3f2a").wants("sale", sale)
+    assert Filters(sale="ka-1").wants("sale", sale)
+    assert not Filters(sale="ka").wants("sale", sale)  # an order id is whole
+    assert not Filters(sale="3f2a").wants("problem", {"text": "x"})
+    assert not Filters(kinds=frozenset({"problem"})).wants("sale", sale)
+    note = {"kind": "availability", "device_id": "SIM-0001", "text": "SIM-0001 cannot take cards"}
+    assert Filters(terminal="SIM-0001").wants("availability", note)
+    line = event_line("sale", {**sale, "at": 0, "state": "started", "money": "$5.00 requested"})
+    assert line.endswith("SIM-0007    sale 3f2a9c0d  created -> started  $5.00 requested")

@@ -1,0 +1,80 @@
+"""One sales export: `kiosk-agent sales --format csv|json` and the admin API's
+`GET /api/sales?format=csv|json` give the same bytes for the same sales."""
+
+import asyncio
+import csv
+import io
+import json
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+
+from kiosk_agent.cli import main
+from kiosk_agent.sales.journal import SaleRecord
+from kiosk_agent.sales.states import SaleState
+from tests.admin.test_server import _sell
+
+
+async def _cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    capsys.readouterr()
+    code = await asyncio.to_thread(main, list(argv))  # the CLI runs its own event loop
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+@pytest.mark.parametrize("fmt", ["csv", "json"])
+async def test_the_cli_and_the_api_export_the_same_sales_byte_for_byte(
+    agent: Any, admin_server: Any, admin_headers: dict[str, str], tmp_path: Path,
+    capsys: pytest.CaptureFixture[str], fmt: str,
+) -> None:
+    await _sell(agent, 250)
+    await _sell(agent, 402)  # declined
+    await _sell(agent, 1999)
+    # text a spreadsheet would run, and a sale that has not ended
+    agent.journal.create(SaleRecord(
+        sale_id="f0", order_id="ka-f0", source="=HYPERLINK(\"x\")", flow="charge_card",
+        terminal="SIM-0007", amount_cents=125, state=SaleState.STARTED, product="-1+1",
+    ))
+    config = str(tmp_path / "config.yaml")
+    code, cli_out, _ = await _cli(capsys, "sales", "-c", config, "--format", fmt)
+    assert code == 0
+    async with aiohttp.ClientSession(headers=admin_headers) as http, http.get(
+        f"{admin_server.url}/api/sales", params={"format": fmt}
+    ) as response:
+        assert response.status == 200
+        assert response.headers["Content-Type"].startswith(
+            "text/csv" if fmt == "csv" else "application/json"
+        )
+        api_out = await response.read()
+    assert api_out == cli_out.encode()
+    if fmt == "csv":
+        rows = list(csv.DictReader(io.StringIO(cli_out)))
+        assert [r["amount"] for r in rows] == ["1.25", "19.99", "4.02", "2.50"]
+        assert rows[0]["source"] == "'=HYPERLINK(\"x\")"
+        assert rows[1]["created"].endswith("Z")
+    else:
+        assert [r["captured"] for r in json.loads(cli_out)] == ["0.00", "19.99", "0.00", "2.50"]
+
+    # filters too: the same sales for the same question
+    code, cli_out, _ = await _cli(
+        capsys, "sales", "-c", config, "--format", fmt, "--state", "COMPLETED", "--limit", "1"
+    )
+    async with aiohttp.ClientSession(headers=admin_headers) as http, http.get(
+        f"{admin_server.url}/api/sales",
+        params={"format": fmt, "state": "completed", "limit": "1"},
+    ) as response:
+        assert await response.read() == cli_out.encode()
+    assert "19.99" in cli_out
+    assert "2.50" not in cli_out
+
+
+async def test_the_api_refuses_an_unknown_format(
+    agent: Any, admin_server: Any, admin_headers: dict[str, str]
+) -> None:
+    async with aiohttp.ClientSession(headers=admin_headers) as http, http.get(
+        f"{admin_server.url}/api/sales", params={"format": "xlsx"}
+    ) as response:
+        assert response.status == 400
+        assert (await response.json())["detail"] == "format must be csv or json, got 'xlsx'"
