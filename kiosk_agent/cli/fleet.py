@@ -246,10 +246,12 @@ async def list_command(args: argparse.Namespace) -> int:
     rows = [unit.summary(now) for unit in fleet]
     if wants_json(args):
         print_json({"units": rows, "count": len(rows)})
-        return EXIT_OK
-    STATUS.clear()
-    print(format_fleet(rows, now))
-    return EXIT_OK
+    else:
+        STATUS.clear()
+        print(format_fleet(rows, now))
+    # like `health`: 0 only when all is well, so `fleet list || alert` works from cron; no unit
+    # at all is not well either (a wrong broker or topic_prefix would look like a quiet fleet)
+    return EXIT_OK if rows and all(row["status"] == "ok" for row in rows) else EXIT_FAILED
 
 
 def format_fleet(rows: list[dict[str, Any]], now: float) -> str:
@@ -288,16 +290,18 @@ async def show_command(args: argparse.Namespace) -> int:
     unit = fleet[0]
     now = time.time()
     if wants_json(args):
-        print_json({**unit.summary(now), "availability": unit.availability,
-                    "report": unit.report})
-        return EXIT_OK
+        summary = unit.summary(now)
+        print_json({**summary, "availability": unit.availability, "report": unit.report})
+        return EXIT_OK if summary["status"] == "ok" else EXIT_FAILED
     STATUS.clear()
     summary = unit.summary(now)
     print(f"unit:     {device_id}  ({unit.availability or 'availability unknown'}, "
           f"last seen {_ago(summary['last_seen'], now)})")
     if unit.report is not None:
         print(format_health({**unit.report, "status": summary["status"]}))
-    return EXIT_OK
+    if unit.defect is not None:
+        print(f"status:   {summary['status'].upper()}\nproblem:  {unit.defect}")
+    return EXIT_OK if summary["status"] == "ok" else EXIT_FAILED
 
 
 async def forget_command(args: argparse.Namespace) -> int:

@@ -11,6 +11,7 @@ is no longer announced is listed in ``RETIRED`` so its retained config is cleare
 
 from __future__ import annotations
 
+import hashlib
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -233,15 +234,29 @@ def unit_entities(options: DiscoveryOptions, event_topic: str) -> list[Entity]:
             expires=False,
         ),
     ]
+    keys: set[str] = set()
     for device_id, name in options.terminals:
-        entities += terminal_entities(device_id, name or device_id)
+        key = terminal_key(device_id, keys)
+        keys.add(key)
+        entities += terminal_entities(device_id, name or device_id, key)
     return entities
 
 
-def terminal_entities(device_id: str, name: str) -> list[Entity]:
+def terminal_key(device_id: str, taken: set[str]) -> str:
+    """The terminal's part of its entities' keys (topics, unique ids): its id's slug, which
+    history in HA follows; a short digest of the id is added when that slug is empty or an
+    earlier terminal has it (``SIM-0001`` and ``sim_0001`` would share one entity)."""
+    key = slug(device_id)
+    if key and key not in taken:
+        return key
+    digest = hashlib.sha256(device_id.encode()).hexdigest()[:8]
+    return f"{key}_{digest}" if key else digest
+
+
+def terminal_entities(device_id: str, name: str, key: str | None = None) -> list[Entity]:
     """A terminal's connectivity and whether it takes cards now (out of service: off)."""
     state = f"value_json.terminal_states[{device_id!r}]"
-    key = slug(device_id)
+    key = key or slug(device_id)
     return [
         Entity(
             "binary_sensor",

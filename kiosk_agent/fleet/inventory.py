@@ -3,22 +3,34 @@
 ``kiosk-agent fleet list`` and ``fleet show`` read these; nothing here talks to a unit. A broker
 hands every retained message of a subscription right after it (MQTT 3.1.1, 3.3.1.3), so the
 collection ends once the broker has been quiet for ``quiet`` seconds (or after ``wait``).
+
+Any client of the broker can publish on a unit's topics, so what is found there is checked
+before a person sees it: a report that is not JSON, has a field of the wrong type, holds a
+control character (a terminal escape) or is larger than any real report makes its unit
+``invalid``, with the defect as its problem; the rest of the fleet is listed as usual.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
+import math
 import os
 import time
 from dataclasses import dataclass
 from typing import Any
 
+from kiosk_agent.fleet.entities import STATUS_OPTIONS
 from kiosk_agent.fleet.mqtt import mqtt_client
 from kiosk_agent.fleet.topics import DEVICE_ID, OFFLINE, ONLINE
+from kiosk_agent.text import control_character
 
 STALE_AFTER_BEATS = 3  # a unit whose report is older than this many intervals is "stale"
+INVALID = "invalid"  # the status of a unit whose retained report cannot be read
+# A real report is a few KiB (a unit with 16 terminals: under 10 KiB); a bigger payload is
+# foreign, and kept no longer than it takes to say so (the listing's memory stays bounded).
+MAX_PAYLOAD_BYTES = 64 * 1024
+_OVERSIZED = "\x00oversized:"  # what is kept instead; no report or availability starts so
 
 
 async def retained(
@@ -28,8 +40,9 @@ async def retained(
     found: dict[str, str] = {}
     # its own client id: reusing a unit's would disconnect it
     async with mqtt_client(conf, f"kiosk-agent-fleet-{os.getpid()}", timeout=max(wait, 5.0)) as c:
-        for pattern in patterns:
-            await c.subscribe(pattern, qos=1)
+        # one SUBSCRIBE for all: a second one's SUBACK would queue behind every retained
+        # message of the first (80 MB of foreign payloads outlasted the 5 s client timeout)
+        await c.subscribe([(pattern, 1) for pattern in patterns])
         deadline = time.monotonic() + wait
         messages = aiter(c.messages)
         while (left := deadline - time.monotonic()) > 0:
@@ -37,11 +50,17 @@ async def retained(
                 message = await asyncio.wait_for(anext(messages), min(quiet, left))
             except TimeoutError:
                 break  # the broker has handed everything it keeps
-            payload = message.payload
-            text = payload.decode(errors="replace") if isinstance(payload, bytes) else ""
-            if message.retain and text:
-                found[str(message.topic)] = text
+            if message.retain and message.payload:
+                found[str(message.topic)] = _payload_text(message.payload)
     return found
+
+
+def _payload_text(payload: object) -> str:
+    if not isinstance(payload, bytes | bytearray):
+        return str(payload)
+    if len(payload) > MAX_PAYLOAD_BYTES:
+        return f"{_OVERSIZED}{len(payload)}"
+    return bytes(payload).decode(errors="replace")
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,8 +68,9 @@ class Unit:
     """One unit as its retained topics tell it."""
 
     device_id: str
-    availability: str  # online, offline, or "" (never said)
-    report: dict[str, Any] | None  # its last report, None when none is kept
+    availability: str  # online, offline, or "" (never said, or not one of those)
+    report: dict[str, Any] | None  # its last report, None when none is kept or it is invalid
+    defect: str | None = None  # what is wrong with what its topics hold
 
     @property
     def last_seen(self) -> float | None:
@@ -61,6 +81,8 @@ class Unit:
         """``offline`` (its will or goodbye), ``stale`` (reports stopped), else its own."""
         if self.availability == OFFLINE:
             return OFFLINE
+        if self.defect is not None:
+            return INVALID
         if self.report is None:
             return "unknown"
         interval = self.report.get("interval_s")
@@ -81,11 +103,12 @@ class Unit:
     def summary(self, now: float) -> dict[str, Any]:
         report = self.report or {}
         sales = self.sales_today(now)
+        defects = [self.defect] if self.defect is not None else []
         return {
             "device_id": self.device_id,
             "status": self.status(now),
             "online": self.availability == ONLINE,
-            "problems": list(report.get("problems") or []),
+            "problems": defects + list(report.get("problems") or []),
             "last_seen": self.last_seen,
             "sales_today": sales[0] if sales else None,
             "sales_today_cents": sales[1] if sales else None,
@@ -95,7 +118,7 @@ class Unit:
 
 def units(topic_prefix: str, found: dict[str, str]) -> list[Unit]:
     """The units among ``<topic_prefix>/<device_id>/{state,availability}``, by device id."""
-    reports: dict[str, dict[str, Any] | None] = {}
+    reports: dict[str, tuple[dict[str, Any] | None, str | None]] = {}
     availability: dict[str, str] = {}
     for topic, payload in found.items():
         head, _, leaf = topic.rpartition("/")
@@ -105,14 +128,137 @@ def units(topic_prefix: str, found: dict[str, str]) -> list[Unit]:
         if leaf == "availability":
             availability[device_id] = payload
         elif leaf == "state":
-            reports[device_id] = _report(payload)
-    ids = sorted(set(reports) | set(availability))
-    return [Unit(i, availability.get(i, ""), reports.get(i)) for i in ids]
+            reports[device_id] = read_report(payload)
+    return [_unit(i, availability.get(i, ""), *reports.get(i, (None, None)))
+            for i in sorted(set(reports) | set(availability))]
 
 
-def _report(payload: str) -> dict[str, Any] | None:
-    with contextlib.suppress(ValueError):
+def _unit(
+    device_id: str, availability: str, report: dict[str, Any] | None, defect: str | None
+) -> Unit:
+    if availability not in ("", ONLINE, OFFLINE):
+        defect = defect or f"its availability is {_shown(availability)}, not online or offline"
+        availability = ""
+    return Unit(device_id, availability, report, defect)
+
+
+def read_report(payload: str) -> tuple[dict[str, Any] | None, str | None]:
+    """(the report, None) when it can be shown, else (None, what is wrong with it)."""
+    if payload.startswith(_OVERSIZED):
+        size = int(payload.removeprefix(_OVERSIZED))
+        return None, f"its report is {size:,} bytes, more than {MAX_PAYLOAD_BYTES:,}"
+    try:
         report = json.loads(payload)
-        if isinstance(report, dict):
-            return report
-    return None  # a foreign or broken payload: the unit is listed, its report unknown
+    except (ValueError, RecursionError):
+        return None, f"its report is not JSON: {_shown(payload)}"
+    if not isinstance(report, dict):
+        return None, f"its report is a JSON {type(report).__name__}, not an object"
+    defect = _control_in(report, "") or _wrong_type(report)
+    return (None, defect) if defect else (report, None)
+
+
+def _shown(text: str, limit: int = 40) -> str:
+    """Foreign text, quoted with its control characters escaped and cut to ``limit``."""
+    shown = ascii(text[:limit])
+    return shown if len(shown) <= limit + 2 and len(text) <= limit else f"{shown[:limit]}..."
+
+
+def _control_in(value: object, path: str) -> str | None:
+    """The first string (or key) holding a control character, named by where it is."""
+    if isinstance(value, str):
+        control = control_character(value)
+        return f"a control character ({control}) in {path or 'its report'}" if control else None
+    items: list[tuple[object, object]] = []
+    if isinstance(value, dict):
+        items = [(key, item) for key, item in value.items()]
+        for key in value:
+            if (control := control_character(str(key))) is not None:
+                return f"a control character ({control}) in a key of {path or 'its report'}"
+    elif isinstance(value, list):
+        items = list(enumerate(value))
+    for key, item in items:
+        if (found := _control_in(item, f"{path}.{key}" if path else str(key))) is not None:
+            return found
+    return None
+
+
+def _number(value: object) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _unix_time(value: object) -> bool:
+    # from 1970 to 2242: a time outside is no clock's reading, and would make "last seen" lie
+    return _number(value) and 0 <= value < 2**33  # type: ignore[operator]
+
+
+def _count(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 2**53
+
+
+def _text_list(value: object) -> bool:
+    return isinstance(value, list) and all(isinstance(v, str) for v in value)
+
+
+def _text(value: object) -> bool:
+    return isinstance(value, str)
+
+
+def _maybe(accepts: Any) -> Any:
+    return lambda value: value is None or accepts(value)
+
+
+def _flag(value: object) -> bool:
+    return value is None or isinstance(value, bool)
+
+
+def _records(**fields: Any) -> Any:
+    """A list of objects whose ``fields`` (name -> accepts) each hold what they should."""
+    def accepts(value: object) -> bool:
+        return isinstance(value, list) and all(
+            isinstance(v, dict) and all(ok(v.get(k)) for k, ok in fields.items()) for v in value
+        )
+    return accepts
+
+
+# What `fleet list` and `fleet show` read from a report: field -> (accepts, what it should be).
+# Absent fields are allowed (an older unit sends fewer); present ones must be right.
+_FIELDS: dict[str, tuple[Any, str]] = {
+    "status": (lambda v: v in STATUS_OPTIONS, f"one of {', '.join(STATUS_OPTIONS)}"),
+    "problems": (_text_list, "a list of text"),
+    "at": (_unix_time, "a Unix time"),
+    "interval_s": (lambda v: v is None or (_number(v) and v > 0), "a number of seconds"),
+    "uptime_s": (_number, "a number of seconds"),
+    "version": (lambda v: v is None or isinstance(v, str), "text"),
+    "sales": (lambda v: isinstance(v, dict), "an object"),
+    "service": (lambda v: isinstance(v, dict), "an object"),
+    "journal": (lambda v: isinstance(v, dict), "an object"),
+    "terminals": (_records(device_id=_text, online=_flag, latency_ms=_maybe(_number)),
+                  "a list of terminals (device_id, online, latency_ms)"),
+    "availability": (_records(device_id=_text, since=_maybe(_unix_time)),
+                     "a list of terminals (device_id, since)"),
+    "links": (_records(name=_text, state=_text), "a list of links (name, state)"),
+}
+_SALES_COUNTS = ("today_count", "today_amount_cents", "open", "attention")
+_SERVICE: dict[str, tuple[Any, str]] = {
+    "reachable": (_flag, "true, false or null"),
+    "key_expires_in_s": (_maybe(_number), "a number of seconds"),
+}
+
+
+def _wrong_type(report: dict[str, Any]) -> str | None:
+    checks = [(name, report, rule) for name, rule in _FIELDS.items()]
+    sales = report.get("sales")
+    if isinstance(sales, dict):
+        checks += [(f"sales.{name}", sales, (_count, "a whole number, 0 or more"))
+                   for name in _SALES_COUNTS]
+        checks.append(("sales.day_started_at", sales, (_unix_time, "a Unix time")))
+    service = report.get("service")
+    if isinstance(service, dict):
+        checks += [(f"service.{name}", service, rule) for name, rule in _SERVICE.items()]
+    for name, holder, (accepts, should_be) in checks:
+        key = name.rpartition(".")[2]
+        if key in holder and not accepts(holder[key]):
+            shown = json.dumps(holder[key])  # JSON escapes every control character
+            shown = shown if len(shown) <= 40 else f"{shown[:40]}..."
+            return f"its report's {name} is {shown}, not {should_be}"
+    return None

@@ -42,6 +42,11 @@ HTTP_SCHEMA = vol.All(
 
 
 def _refuse_clear_password(conf: dict[str, Any]) -> dict[str, Any]:
+    if conf.get("ca_file") and not conf["tls"]:
+        # the CA would be ignored and the connection plain: the mistake behind "connection
+        # reset by peer" on port 8883
+        raise vol.Invalid("ca_file is only used with tls: true; add tls: true (or remove "
+                          "ca_file)", path=["tls"])
     if insecure_mqtt(conf) and not conf["allow_insecure"]:
         raise vol.Invalid(
             "a password to a broker on another host without tls: true travels in clear: "
@@ -64,7 +69,7 @@ MQTT_SCHEMA = vol.All(
             vol.Optional("discovery_prefix", default="homeassistant"): vol.Any(str, False),
             # TLS to the broker (port 8883 usually); ca_file: a private CA instead of the system's.
             vol.Optional("tls", default=False): bool,
-            vol.Optional("ca_file"): str,
+            vol.Optional("ca_file"): vol.All(str, vol.IsFile(msg="no such file")),
             vol.Optional("keepalive", default=60): vol.All(int, vol.Range(min=5, max=3600)),
             # the first reconnect waits up to this (at random), each next one up to twice as long,
             # at most reconnect_max: a fleet spreads its reconnects after a broker restart

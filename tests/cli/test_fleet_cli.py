@@ -5,11 +5,13 @@ import json
 import re
 import socket
 import time
+import uuid
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
 import aiohttp
+import aiomqtt
 import pytest
 
 from kiosk_agent.app import load_agent
@@ -400,7 +402,8 @@ async def test_fleet_list_and_show_read_the_retained_topics(
     await troubled.stop()  # its goodbye: offline
     config = _fleet_config(tmp_path, mosquitto)
     try:
-        assert await run_cli("fleet", "list", "--config", str(config), "--json") == 0
+        # exit 1: a unit is not ok (list-b2 is offline), as `health` of a degraded agent
+        assert await run_cli("fleet", "list", "--config", str(config), "--json") == 1
         rows = {r["device_id"]: r for r in json.loads(capsys.readouterr().out)["units"]}
         assert rows["list-a1"]["status"] == "ok"
         assert rows["list-a1"]["online"] is True
@@ -409,7 +412,7 @@ async def test_fleet_list_and_show_read_the_retained_topics(
         assert rows["list-b2"]["status"] == "offline"
         assert rows["list-b2"]["problems"] == ["journal not writable: disk full"]
 
-        assert await run_cli("fleet", "list", "--config", str(config)) == 0
+        assert await run_cli("fleet", "list", "--config", str(config)) == 1
         table = capsys.readouterr().out.splitlines()
         assert table[0].split() == ["UNIT", "STATUS", "LAST", "SEEN", "SALES", "TODAY",
                                     "VERSION", "PROBLEMS"]
@@ -417,11 +420,58 @@ async def test_fleet_list_and_show_read_the_retained_topics(
         assert line.split()[1] == "offline"
         assert line.endswith("journal not writable: disk full")
 
-        assert await run_cli("fleet", "show", "list-b2", "--config", str(config)) == 0
+        assert await run_cli("fleet", "show", "list-b2", "--config", str(config)) == 1
         out = capsys.readouterr().out
         assert out.startswith("unit:     list-b2  (offline, last seen ")
         assert "journal:  NOT WRITABLE disk full" in out
         assert await run_cli("fleet", "show", "nosuch", "--config", str(config)) == 1
         assert "no unit nosuch on the broker" in capsys.readouterr().err
+        assert await run_cli("fleet", "show", "list-a1", "--config", str(config)) == 0
     finally:
         await healthy.stop()
+
+
+@pytest.mark.mqtt
+async def test_fleet_list_names_what_other_clients_left_on_unit_topics_and_lists_the_rest(
+    tmp_path: Path, mosquitto: int, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Any client of the broker can retain anything on a unit's topics. Before: one bad
+    report failed the whole listing ("invalid literal for int()", exit 2), and `fleet show`
+    printed a report's terminal escapes as they came."""
+    prefix = f"hostile-{uuid.uuid4().hex[:8]}"  # this test's fleet alone on the shared broker
+    health = Health("1.0")
+    health.report_service(True)
+    mqtt = {"host": "127.0.0.1", "port": mosquitto, "reconnect_interval": 0.1,
+            "topic_prefix": prefix, "discovery_prefix": ""}
+    unit = Upstream(SimpleNamespace(health=health),
+                    {"device_id": "good-1", "interval": 3600, "mqtt": mqtt})
+    await unit.start()
+    await until(lambda: unit.sinks[0].sent >= 1)
+    try:
+        async with aiomqtt.Client("127.0.0.1", mosquitto) as careless:
+            for device_id, payload in [
+                ("garbage", b"{not json"), ("typed", b'{"status": "ok", "sales": [1]}'),
+                ("escape", b'{"status": "ok", "problems": ["\\u001b[2Jall fine"]}'),
+                ("huge", b'{"status": "ok", "problems": ["' + b"x" * 300_000 + b'"]}'),
+            ]:
+                await careless.publish(f"{prefix}/{device_id}/state", payload, retain=True, qos=1)
+        config = write_config(tmp_path, "service: {simulator: {}}\nterminals: [{device_id: S1}]\n"
+                              f"upstream:\n  mqtt: {json.dumps(mqtt)}\n")
+
+        assert await run_cli("fleet", "list", "--config", str(config), "--json") == 1
+        rows = {r["device_id"]: r for r in json.loads(capsys.readouterr().out)["units"]}
+        assert rows["good-1"]["status"] == "ok"  # the unit is listed truthfully beside them
+        assert {d: r["status"] for d, r in rows.items() if d != "good-1"} == dict.fromkeys(
+            ("escape", "garbage", "huge", "typed"), "invalid")
+        assert rows["garbage"]["problems"] == ["its report is not JSON: '{not json'"]
+        assert rows["typed"]["problems"] == ["its report's sales is [1], not an object"]
+        assert rows["huge"]["problems"][0].startswith("its report is 300,034 bytes, more than")
+
+        assert await run_cli("fleet", "show", "escape", "--config", str(config)) == 1
+        out = capsys.readouterr().out
+        assert "problem:  a control character (U+001B) in problems.0" in out
+        assert "\x1b" not in out
+        await until(lambda: unit.sinks[0].connected)
+        assert unit.sinks[0].sent >= 1  # the unit kept running and reporting meanwhile
+    finally:
+        await unit.stop()

@@ -183,3 +183,18 @@ def test_every_template_reads_fields_the_report_has() -> None:
     for stamp in (report["started"], report["reported"], report["service"]["key_expires"]):
         assert dt.datetime.fromisoformat(stamp).utcoffset() is not None
     assert report["terminal_states"] == {"SIM-0001": {"online": True, "available": None}}
+
+
+def test_terminals_whose_ids_slug_alike_keep_an_entity_each() -> None:
+    """Before: SIM-0001 and sim_0001 both made `terminal_sim_0001` (one topic, one unique id:
+    the second overwrote the first in HA), and an id of no ASCII letters made `terminal_`."""
+    messages = _messages(terminals=(("SIM-0001", "a"), ("sim_0001", "b"), ("ÄÖ", "c"),
+                                    ("ÜÜ", "d")))
+    topics = [topic for topic, _ in messages]
+    unique_ids = [config["unique_id"] for _, config in messages]
+    assert len(set(topics)) == len(topics) == len(set(unique_ids))
+    configs = {topic.split("/")[-2]: config for topic, config in messages}
+    assert configs["terminal_sim_0001"]["name"] == "Terminal a"  # the first keeps its id
+    [second] = [k for k in configs if k.startswith("terminal_sim_0001_")]
+    assert configs[second]["name"] == "Terminal b"
+    assert "terminal_" not in configs

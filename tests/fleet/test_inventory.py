@@ -3,7 +3,9 @@
 import json
 import time
 
-from kiosk_agent.fleet.inventory import Unit, units
+import pytest
+
+from kiosk_agent.fleet.inventory import MAX_PAYLOAD_BYTES, Unit, _payload_text, units
 from kiosk_agent.fleet.report import build_report
 
 from .helpers import settled_agent
@@ -19,14 +21,15 @@ def test_units_from_state_and_availability_topics() -> None:
         "kiosk-agent/a1/state": _state("a1"),
         "kiosk-agent/a1/availability": "online",
         "kiosk-agent/b2/availability": "offline",  # its state was cleared
-        "kiosk-agent/c3/state": "not json",  # a foreign payload: listed, report unknown
+        "kiosk-agent/c3/state": "not json",  # a foreign payload: listed, named invalid
         "kiosk-agent/eu/d4/state": _state("d4"),  # another shard's prefix
         "other/e5/state": _state("e5"),
     }
     fleet = units("kiosk-agent", found)
     assert [u.device_id for u in fleet] == ["a1", "b2", "c3"]
     now = time.time()
-    assert [u.status(now) for u in fleet] == ["ok", "offline", "unknown"]
+    assert [u.status(now) for u in fleet] == ["ok", "offline", "invalid"]
+    assert fleet[2].summary(now)["problems"] == ["its report is not JSON: 'not json'"]
     assert [u.device_id for u in units("kiosk-agent/eu", found)] == ["d4"]
 
 
@@ -41,3 +44,49 @@ def test_a_unit_whose_reports_stopped_is_stale_and_yesterdays_sales_are_not_toda
     assert unit.sales_today(day_after) is None
     summary = unit.summary(day_after)
     assert (summary["sales_today"], summary["version"], summary["online"]) == (None, "9.9.9", True)
+
+
+# What any careless or hostile client of the broker can leave on a unit's state topic, and how
+# `fleet list` names it. Before: one of these made the whole listing fail ("invalid literal for
+# int()", "'list' object has no attribute 'get'"), or printed a terminal escape as it came.
+HOSTILE = [
+    ("[1, 2]", "its report is a JSON list, not an object"),
+    ('{"status": 5}', "its report's status is 5, not one of ok, degraded, down"),
+    ('{"status": "ok", "problems": "abc"}', "its report's problems is \"abc\", not a list of text"),
+    ('{"status": "ok", "sales": {"today_count": "many"}}',
+     "its report's sales.today_count is \"many\", not a whole number, 0 or more"),
+    ('{"status": "ok", "sales": [1]}', "its report's sales is [1], not an object"),
+    ('{"status": "ok", "at": 1e999}', "its report's at is Infinity, not a Unix time"),
+    ('{"status": "ok", "at": -1e300}', "its report's at is -1e+300, not a Unix time"),
+    ('{"status": "ok", "version": {"a": 1}}', "its report's version is {\"a\": 1}, not text"),
+    ('{"status": "ok", "terminals": [{"device_id": "T1", "online": "yes"}]}',
+     "its report's terminals is [{\"device_id\": \"T1\", \"online\": \"yes\"}], not a list of "
+     "terminals (device_id, online, latency_ms)"),
+    ('{"status": "\\u001b[31mok", "problems": []}', "a control character (U+001B) in status"),
+    ('{"status": "ok", "problems": ["x\\u001b]0;pwned\\u0007"]}',
+     "a control character (U+001B) in problems.0"),
+]
+
+
+@pytest.mark.parametrize(("payload", "named"), HOSTILE)
+def test_a_foreign_report_makes_its_unit_invalid_and_says_why(payload: str, named: str) -> None:
+    [unit] = units("kiosk-agent", {"kiosk-agent/x1/state": payload})
+    summary = unit.summary(time.time())
+    assert (summary["status"], summary["problems"]) == ("invalid", [named])
+    assert unit.report is None  # nothing of it reaches `fleet show`'s health view
+
+
+def test_an_oversized_payload_is_not_kept_and_a_foreign_availability_is_named() -> None:
+    huge = _payload_text(b"{" + b" " * (MAX_PAYLOAD_BYTES + 10) + b"}")
+    assert len(huge) < 100  # the listing's memory stays bounded whatever is retained
+    fleet = units("kiosk-agent", {
+        "kiosk-agent/big/state": huge,
+        "kiosk-agent/odd/state": _state("odd"),
+        "kiosk-agent/odd/availability": "\x1b[31mmaybe",
+    })
+    now = time.time()
+    assert [u.summary(now)["problems"] for u in fleet] == [
+        [f"its report is {MAX_PAYLOAD_BYTES + 12:,} bytes, more than {MAX_PAYLOAD_BYTES:,}"],
+        ["its availability is '\\x1b[31mmaybe', not online or offline"],
+    ]
+    assert [u.availability for u in fleet] == ["", ""]

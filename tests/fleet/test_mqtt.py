@@ -13,7 +13,7 @@ import pytest
 from kiosk_agent.bus import EventBus
 from kiosk_agent.core.availability import Availability
 from kiosk_agent.fleet.component import Upstream
-from kiosk_agent.fleet.mqtt import BirthPolicy, MqttSink
+from kiosk_agent.fleet.mqtt import STABLE_AFTER, BirthPolicy, MqttSink
 from kiosk_agent.sales.model import SaleEvent
 from kiosk_agent.sales.states import SaleState
 
@@ -248,3 +248,26 @@ async def test_after_a_broker_restart_the_unit_is_back_with_its_state(tmp_path: 
     finally:
         await upstream.stop()
         stop_broker(proc)
+
+
+def test_the_reconnect_back_off_starts_over_only_after_a_connection_that_held() -> None:
+    """A copied configuration: two agents, one client id; each connect drops the other. Before,
+    the back-off started over at every CONNACK: on Mosquitto the twins took the id from each
+    other 9 times a second each, forever, announcing at each connect. Now a connection counts
+    as a success once it held STABLE_AFTER seconds, and a shorter one says what may drop it."""
+    now = [0.0]
+    sink = MqttSink({"host": "broker", "reconnect_interval": 1.0, "reconnect_max": 8.0}, 1,
+                    "twin-unit", "1", rng=random.Random(1), clock=lambda: now[0])
+    for _ in range(3):  # connected, dropped 0.5 s later, three times: the waits keep growing
+        connected_at = now[0]
+        now[0] += 0.5
+        hint = sink._short_lived(connected_at)
+        sink._backoff.next()
+    assert sink._backoff.attempts == 3
+    assert sink._backoff.ceiling() == 8.0
+    assert "0.5 s after connecting; another client with the id kiosk-agent-twin-unit" in hint
+    connected_at = now[0]
+    now[0] += STABLE_AFTER  # this one held: the next wait is short again
+    assert sink._short_lived(connected_at) == ""
+    assert sink._backoff.ceiling() == 1.0
+    assert sink._short_lived(None) == ""  # never connected: the broker's own error says why

@@ -10,6 +10,7 @@ from kiosk_agent.app import load_agent
 from kiosk_agent.cli import main
 from kiosk_agent.core.config import ConfigInvalid
 from kiosk_agent.fleet.component import Upstream
+from kiosk_agent.fleet.mqtt import mqtt_tls_context
 from kiosk_agent.fleet.schema import UPSTREAM_SCHEMA
 
 from .helpers import settled_agent
@@ -138,3 +139,18 @@ def test_check_config_refuses_a_broker_password_in_clear(
     err = capsys.readouterr().err
     assert "upstream.mqtt.password: a password to a broker on another host without tls" in err
     assert "broker-pass-0123456789" not in err
+
+
+def test_tls_mistakes_are_named_when_the_config_is_checked(tmp_path: Path) -> None:
+    """Before: a ca_file without tls: true was ignored (plain MQTT to port 8883: "connection
+    reset by peer" every back-off step), and a missing ca_file was "[Errno 2] No such file or
+    directory" at each reconnect, naming no file."""
+    ca = tmp_path / "ca.pem"
+    with pytest.raises(vol.Invalid, match=r"no such file .*\['ca_file'\]"):
+        UPSTREAM_SCHEMA({"mqtt": {"host": "broker", "tls": True, "ca_file": str(ca)}})
+    ca.write_text("not a certificate\n")  # a file that is not a CA: named when it is loaded
+    with pytest.raises(vol.Invalid, match=r"ca_file is only used with tls: true; .*\['tls'\]"):
+        UPSTREAM_SCHEMA({"mqtt": {"host": "broker", "port": 8883, "ca_file": str(ca)}})
+    conf = UPSTREAM_SCHEMA({"mqtt": {"host": "broker", "tls": True, "ca_file": str(ca)}})
+    with pytest.raises(OSError, match=rf"tls ca_file {ca}: "):
+        mqtt_tls_context(conf["mqtt"])
