@@ -8,10 +8,11 @@ import subprocess
 import sys
 
 # What `kiosk-agent run` imports for an agent with a kiosk API trigger and no admin section.
+# (The reporting models are not in the list: every start asks reporting for charges the journal
+# cannot account for before it takes a customer, docs/journal.md.)
 RUN = ["kiosk_agent.cli.agent", "kiosk_agent.app", "kiosk_agent.platforms.kiosk_api"]
 NOT_FOR_A_SALE = [
     "kiosk_agent.service.models.boarding",
-    "kiosk_agent.service.models.reporting",
     "kiosk_agent.service.boarding",
     "kiosk_agent.service.plans",
     "kiosk_agent.sim",

@@ -687,6 +687,7 @@ class Chaos:
             if self.clock is not None and self.rng.random() < CLOCK_STEP_SHARE:
                 self._step_clock_later(self.rng.uniform(0.0, 2.0))
             mode = await self._kill_moment(agent, mode, target)
+            await self.disk.first_fill(episode)
             self.check_alive()
             agent.kill()
             await agent.proc.wait()
@@ -827,6 +828,16 @@ class DiskFaults:
         self.mount_point = workdir / "journal-disk"
         self.mounted = False
         self.journal = (self.mount_point if options.disk_full else workdir) / "journal.db"
+        self.filled_once = asyncio.Event()
+
+    async def first_fill(self, episode: asyncio.Task[None] | None, timeout: float = 30.0) -> None:
+        """Until the run's first fill has begun: on a loaded machine every kill could otherwise
+        land before the agent is up and its disk fills, and the fault would never be met."""
+        if episode is None or self.filled_once.is_set():
+            return
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(timeout):
+                await self.filled_once.wait()
 
     def mount(self) -> None:
         if not self.options.disk_full:
@@ -855,6 +866,7 @@ class DiskFaults:
         await asyncio.sleep(after)
         self.report.disk_full_episodes += 1
         self._fill()
+        self.filled_once.set()
         try:
             await asyncio.sleep(hold)
         finally:
