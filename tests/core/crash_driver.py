@@ -308,6 +308,7 @@ class ChaosReport:
     duration_s: float = 0.0
     disk_full_episodes: int = 0
     journal_damaged: str = ""  # how, once done: sales the journal held before it are gone
+    damaged_at: float = 0.0  # wall time of the damage (the machines' records are on it too)
 
     def summary(self) -> dict[str, Any]:
         window = sorted(self.vend_window_ms)
@@ -904,6 +905,7 @@ class DiskFaults:
         for side in ("-wal", "-shm"):
             path.with_name(path.name + side).unlink(missing_ok=True)
         self.report.journal_damaged = how
+        self.report.damaged_at = time.time()
 
 
 def _free_port() -> int:
@@ -1016,8 +1018,13 @@ def judge(
         approved_at = approvals[0]["at"] if approvals else line["at"]
         candidates = [s for at, s in requests.get(f"mdb:{line['machine']}", [])
                       if at <= approved_at + 0.001]
-        if not candidates and report.journal_damaged:
-            continue  # its sale was in the part of the journal the damage took
+        if report.journal_damaged and approved_at < report.damaged_at:
+            # Its sale may be one the damage took: the latest surviving request before it is
+            # then someone else's. Only a sale of this very product, not yet matched, is it.
+            candidates = [c for c in candidates
+                          if c.product == line["product"] and c.sale_id not in vended_by_sale]
+            if not candidates:
+                continue  # its sale was in the part of the journal the damage took
         if not candidates:
             report.violations.append(Violation(
                 "vend_without_sale", f"{line['machine']}#{line['visit']}",
