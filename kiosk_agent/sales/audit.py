@@ -11,8 +11,10 @@ hold a charge the service still holds. So the agent asks reporting for its own r
   ``audit.found`` charging) and given back (void, or refund once settled), like any dispense
   that cannot be confirmed;
 - a charge held under a sale the journal ended with no money moved (failed, declined,
-  cancelled): that sale is final (the transition table), so it is named in the result for a
-  person; the late-charge net gives back those that ended on "no charge" after a lost answer.
+  cancelled): the journal lost what moved it (a WAL deleted after the charge's step, say). That
+  sale stays as it ended (final, the transition table), and the charge is given back under a
+  sale of its own (order id suffixed ``-held``), as for a charge of no sale at all. The sales
+  that ended on "no charge" after a lost answer are left to the late-charge net, whose own.
 
 More than ``max_give_back`` unaccounted charges in one check smell of a wholesale mismatch (a
 journal from another unit, a terminal shared with another agent): then none is given back and
@@ -30,7 +32,7 @@ from dataclasses import dataclass, field
 from kiosk_agent.sales.journal import SaleRecord
 from kiosk_agent.sales.model import Flow, SaleEvent
 from kiosk_agent.sales.runner import new_ids
-from kiosk_agent.sales.states import SaleState, Step
+from kiosk_agent.sales.states import NO_CHARGE_STEPS, SaleState, Step
 from kiosk_agent.sales.steps import SaleContext, SaleSteps
 from kiosk_agent.service.errors import ServiceError
 from kiosk_agent.service.models import Transaction, TransactionFilter, TransStatus
@@ -43,6 +45,8 @@ _HOLDING = (TransStatus.AUTHORIZED, TransStatus.CAPTURED, TransStatus.SETTLED)
 # Ended sales that say no money moved: a charge held under one is unaccounted.
 _NO_MONEY = frozenset({SaleState.FAILED, SaleState.DECLINED, SaleState.CANCELLED})
 AUDIT_SOURCE = "audit"
+# The order id of the sale that gives back a charge held under an ended no-money sale.
+HELD_SUFFIX = "-held"
 
 
 @dataclass(slots=True)
@@ -139,9 +143,16 @@ class ChargeAudit:
         record = self.journal.by_order_id(match.group(1))
         if record is None:
             return self._new_record(row, match.group(1), int(match.group(2) or 1))
-        if record.sale_id not in running and record.state in _NO_MONEY:
-            self.held_under_ended.add(record.sale_id)
-        return None
+        if record.sale_id in running or record.state not in _NO_MONEY:
+            return None
+        steps = self.journal.steps(record.sale_id)
+        if steps and steps[-1].step in NO_CHARGE_STEPS:
+            return None  # the late-charge net's: it reopens the sale itself
+        held = f"{match.group(1)}{HELD_SUFFIX}"
+        if self.journal.by_order_id(held) is not None:
+            return None  # given back (or being given back) under its own sale already
+        self.held_under_ended.add(record.sale_id)
+        return self._new_record(row, held, 1)
 
     def _new_record(self, row: Transaction, order_id: str, attempt: int) -> SaleRecord:
         device = row.terminal_id or next(iter(self.settings.terminals), "")

@@ -40,6 +40,7 @@ def leave_open(directory: Path, **fields: Any) -> SaleRecord:
     }
     state = fields.pop("state")
     base["flow"] = fields.pop("flow", base["flow"])
+    base["order_id"] = fields.pop("order_id", base["order_id"])
     record = journal.create(SaleRecord(**base))
     record = walk_to(journal, record, state, **fields)
     journal.close()
