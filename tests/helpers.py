@@ -45,6 +45,23 @@ def _ephemeral_low() -> int:
 _RANDOM = random.SystemRandom()
 
 
+def service_yaml(info: dict[str, Any], timeout: float = 5) -> str:
+    """The ``service:`` section reaching a simulator (its READY ``info``) as a real process
+    gets it: addresses in the file, the key and the client secret from the environment
+    (``KIOSK_API_KEY``, ``KIOSK_CLIENT_SECRET``), as a unit's secrets come."""
+    return (
+        "service:\n"
+        f"  base_url: {info['base_url']}\n"
+        f"  reporting_url: {info['reporting_url']}\n"
+        f"  ws_url: {info['ws_url']}\n"
+        f"  mid: \"{info['mid']}\"\n"
+        "  api_key: !env_var KIOSK_API_KEY\n"
+        f"  client_id: {info['client_id']}\n"
+        "  client_secret: !env_var KIOSK_CLIENT_SECRET\n"
+        f"  timeout: {timeout}\n"
+    )
+
+
 async def sim_call(sim: Any, method: str, path: str, body: dict[str, Any] | None = None) -> Any:
     """A simulator test helper (``/sim/...``, no auth): its JSON answer; fails unless 200."""
     import aiohttp

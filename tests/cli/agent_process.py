@@ -20,6 +20,8 @@ from kiosk_agent.service.client import ServiceClient
 from kiosk_agent.service.models import TransactionFilter, TransStatus
 from kiosk_agent.service.settings import ServiceSettings
 
+from ..helpers import service_yaml
+
 TIME_SCALE = 50  # a card is presented 30 ms after the charge-card starts
 POLL_S = 0.05
 
@@ -31,17 +33,9 @@ def write_config(directory: Path, sim: Any, journal: Path, extra: str = "") -> P
     directory.mkdir(parents=True, exist_ok=True)
     path = directory / "config.yaml"
     path.write_text(
-        textwrap.dedent(
+        service_yaml(info)
+        + textwrap.dedent(
             f"""\
-            service:
-              base_url: {info["base_url"]}
-              reporting_url: {info["reporting_url"]}
-              ws_url: {info["ws_url"]}
-              mid: "{info["mid"]}"
-              api_key: !env_var KIOSK_API_KEY
-              client_id: {info["client_id"]}
-              client_secret: !env_var KIOSK_CLIENT_SECRET
-              timeout: 5
             terminals: [{{device_id: SIM-0001}}]
             journal: {{path: {journal}}}
             logging: {{format: json}}

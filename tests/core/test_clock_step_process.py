@@ -28,6 +28,7 @@ from kiosk_agent.service.models import TransactionFilter, TransStatus
 from kiosk_agent.sim.faults import faults_of
 from tests.core.crash_driver import _free_port
 from tests.faketime import SteppedClock
+from tests.helpers import service_yaml
 
 TIME_SCALE = 300  # the simulator's: a card in 5 ms, an interaction lives 0.6 s
 TIMEOUT = 1.0  # the agent gives a money call up after this long (service.timeout, T)
@@ -54,17 +55,9 @@ class AgentProcess:
         self.clock = SteppedClock(workdir / "faketime")
         self.port = _free_port()
         (workdir / "config.yaml").write_text(
-            textwrap.dedent(
+            service_yaml(info, TIMEOUT)
+            + textwrap.dedent(
                 f"""\
-                service:
-                  base_url: {info["base_url"]}
-                  reporting_url: {info["reporting_url"]}
-                  ws_url: {info["ws_url"]}
-                  mid: "{info["mid"]}"
-                  api_key: !env_var KIOSK_API_KEY
-                  client_id: {info["client_id"]}
-                  client_secret: !env_var KIOSK_CLIENT_SECRET
-                  timeout: {TIMEOUT}
                 terminals: [{{device_id: SIM-0001}}]
                 journal: {{path: journal.db}}
                 sales: {{interaction_lifetime: {LIFETIME}, answer_margin: {MARGIN}}}

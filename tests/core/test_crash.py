@@ -28,6 +28,7 @@ from kiosk_agent.sales.states import SaleState
 from kiosk_agent.service.client import ServiceClient
 from kiosk_agent.service.models import TransactionFilter, TransStatus
 from tests.core.crash_driver import CHARGED, HELD
+from tests.helpers import service_yaml
 
 DRIVER = Path(__file__).with_name("crash_driver.py")
 TIME_SCALE = 150  # interactions live 1.2 s: slack for a loaded machine
@@ -51,17 +52,9 @@ def write_config(directory: Path, sim: Any) -> Path:
     info = sim.ready_info()
     path = directory / "config.yaml"
     path.write_text(
-        textwrap.dedent(
+        service_yaml(info)
+        + textwrap.dedent(
             f"""\
-            service:
-              base_url: {info["base_url"]}
-              reporting_url: {info["reporting_url"]}
-              ws_url: {info["ws_url"]}
-              mid: "{info["mid"]}"
-              api_key: !env_var KIOSK_API_KEY
-              client_id: {info["client_id"]}
-              client_secret: !env_var KIOSK_CLIENT_SECRET
-              timeout: 5
             terminals: [{{device_id: SIM-0001}}]
             journal: {{path: journal.db}}
             sales: {{vend_timeout: 5, answer_margin: 0.5, interaction_lifetime: {180 / TIME_SCALE}}}
