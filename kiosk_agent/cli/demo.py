@@ -309,7 +309,7 @@ def demo_journal(config: Any) -> Path:
     The bundled demo starts a new one each run (a sale the last run left open would be
     recovered against a simulator that never saw it); a configuration of one's own keeps its
     journal as it is."""
-    from kiosk_agent.sales.journal import JournalError
+    from kiosk_agent.sales.journal import JournalError, marker_path, side_files
     from kiosk_agent.sales.owner import JournalLock
 
     path = Path(config.resolve(config["journal"]["path"]))
@@ -317,7 +317,8 @@ def demo_journal(config: Any) -> Path:
         try:
             # only while no other demo runs on it: the journal's owner lock says so
             with JournalLock(path):
-                for part in (path, *(path.with_name(path.name + s) for s in ("-wal", "-shm"))):
+                # the in-use marker too: a journal deleted on purpose is not a journal lost
+                for part in (path, *side_files(path), marker_path(path)):
                     part.unlink(missing_ok=True)
         except JournalError as err:  # another demo (or agent) is using it: say who
             raise CliError(str(err)) from None
