@@ -48,6 +48,7 @@ from aiohttp import web
 from kiosk_agent.core.agent import Agent, service_settings_from_config
 from kiosk_agent.core.config import load_config
 from kiosk_agent.platforms.virtual import read_record
+from kiosk_agent.sales.audit import HELD_SUFFIX
 from kiosk_agent.sales.journal import Journal, SaleRecord, StepRecord
 from kiosk_agent.sales.model import DispenseOutcome, DispenseStatus, Flow, SaleRequest
 from kiosk_agent.sales.states import SaleState, Step
@@ -964,7 +965,8 @@ def judge(
             # result is journaled; a kill inside it voids a vend the machine made
             if before.step == Step.DISPENSE_REQUEST and not after.step.startswith("recovery"):
                 report.vend_window_ms.append((after.at - before.at) * 1000)
-        orders = sale.all_order_ids()
+        # a charge the charge check gave back under its own sale is the ended sale's order's
+        orders = [order.removesuffix(HELD_SUFFIX) for order in sale.all_order_ids()]
         known_orders.update(orders)
         mine = [r for order in orders for r in by_order.get(order, [])]
         charges = [r for r in mine if r.status is not TransStatus.REFUND]
