@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
@@ -62,6 +63,32 @@ async def service(sim_settings: ServiceSettings) -> AsyncIterator[ServiceClient]
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Slow tests first: spread over parallel workers (``./dev test`` runs several), each starts
-    at once instead of last, so the run ends soon after the longest one."""
-    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+    """Slow tests first, dealt out over the parallel workers (``./dev test`` runs several with
+    ``--dist worksteal``, which hands each worker one contiguous share of the list and lets an idle
+    worker take the tail of a busy one's). Each share starts with its part of the slow tests, the
+    longest first, so no worker is left with all of them at the end of the run."""
+    slow = sorted((i for i in items if i.get_closest_marker("slow")), key=_expected_seconds)
+    slow.reverse()
+    fast = [i for i in items if not i.get_closest_marker("slow")]
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    shares: list[list[pytest.Item]] = [[] for _ in range(workers)]
+    loads = [0.0] * workers
+    for item in slow:  # longest first, each to the share with the least so far
+        share = loads.index(min(loads))
+        shares[share].append(item)
+        loads[share] += _expected_seconds(item)
+    # fill the shares with fast tests so each is len(items) / workers long, as worksteal cuts them
+    size, extra = divmod(len(items), workers)
+    fast_left = iter(fast)
+    items[:] = []
+    for index, share in enumerate(shares):
+        want = size + (1 if index < extra else 0)
+        share.extend(next(fast_left) for _ in range(max(0, want - len(share))))
+        items.extend(share)
+    items.extend(fast_left)
+
+
+def _expected_seconds(item: pytest.Item) -> float:
+    """A slow test's rough length on a quiet machine: ``@pytest.mark.slow(seconds=50)``."""
+    marker = item.get_closest_marker("slow")
+    return float(marker.kwargs.get("seconds", 10)) if marker else 0.0

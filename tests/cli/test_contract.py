@@ -228,7 +228,7 @@ def _placeholder_argv(path: tuple[str, ...]) -> list[str]:
     return [a for a in fill(example, values) if a != "{config}"]
 
 
-@pytest.mark.slow
+@pytest.mark.slow(seconds=13)
 @pytest.mark.parametrize("where", ["after", "before", "environment"])
 async def test_every_command_reads_the_config_it_is_given(
     where: str, tmp_path: Path, capsys: pytest.CaptureFixture[str],
@@ -324,7 +324,7 @@ async def black_hole() -> AsyncIterator[str]:
     await server.wait_closed()
 
 
-@pytest.mark.slow
+@pytest.mark.slow(seconds=14)
 async def test_a_service_that_never_answers_ends_every_command_within_its_timeout(
     env: dict[str, str], black_hole: str, capsys: pytest.CaptureFixture[str],
     monkeypatch: pytest.MonkeyPatch,

@@ -9,7 +9,7 @@ import pytest
 from .test_demo import DEMO, _env, demo_home  # noqa: F401 - its own home
 
 
-@pytest.mark.slow
+@pytest.mark.slow(seconds=17)
 def test_demo_shows_the_reader_stepping_aside_during_an_outage() -> None:
     done = subprocess.run(
         [*DEMO, "--duration", "16", "--outage", "1", "--speed", "2"],

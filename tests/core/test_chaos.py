@@ -29,7 +29,7 @@ from tests.faketime import SteppedClock
 KILLS = 20  # about 40 s on a quiet machine; the suite's bound is 90 s
 
 
-@pytest.mark.slow
+@pytest.mark.slow(seconds=50)
 async def test_random_sigkills_under_service_faults_keep_the_money_right(tmp_path: Path) -> None:
     options = ChaosOptions(workdir=tmp_path, kills=KILLS, seed=9, pause=(0.05, 0.8))
     async with Chaos(options) as chaos:
@@ -46,7 +46,7 @@ async def test_random_sigkills_under_service_faults_keep_the_money_right(tmp_pat
 DISK_KILLS = 10  # about 25 s
 
 
-@pytest.mark.slow
+@pytest.mark.slow(seconds=28)
 @pytest.mark.skipif(os.geteuid() != 0, reason="mounting the journal's own tmpfs needs root")
 async def test_a_journal_disk_that_fills_and_a_journal_that_loses_its_wal_keep_the_money_right(
     tmp_path: Path,

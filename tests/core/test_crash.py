@@ -116,7 +116,7 @@ class Driver:
         return outcome
 
 
-@pytest.mark.slow
+@pytest.mark.slow(seconds=55)
 async def test_sigkill_at_every_step_loses_no_sale_and_keeps_no_unearned_money(
     sim_factory: Any, tmp_path: Path
 ) -> None:

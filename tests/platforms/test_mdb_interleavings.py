@@ -65,7 +65,7 @@ HONEST = st.lists(st.one_of(customers, quirks, pauses), min_size=1, max_size=12)
 LYING = st.lists(st.one_of(customers, quirks, pauses, stray_lines), min_size=1, max_size=14)
 
 
-@pytest.mark.slow
+@pytest.mark.slow(seconds=13)
 @settings(max_examples=20, derandomize=True, phases=PHASES)
 @given(steps=HONEST)
 def test_an_honest_controller_is_charged_exactly_what_it_vended(
@@ -75,7 +75,7 @@ def test_an_honest_controller_is_charged_exactly_what_it_vended(
     asyncio.run(_play(workdir, steps, honest=True))
 
 
-@pytest.mark.slow
+@pytest.mark.slow(seconds=15)
 @settings(max_examples=20, derandomize=True, phases=PHASES)
 @given(steps=LYING)
 def test_a_lying_adapter_never_gets_more_than_it_was_approved(
