@@ -1,13 +1,23 @@
 """Waiting for a card-present interaction: ActionCable WebSocket first, polling as the fallback.
 
+One :class:`Cable` per terminal client carries every interaction's subscription (ActionCable
+multiplexes channels on one connection): a sale no longer pays a token request, a TCP connect and
+a WebSocket handshake of its own.
+
+- The cable opens on first need: a fresh single-use token (``POST /api/ws-token``), connect
+  ``{ws_url}/cable?token=``, wait for ``welcome``. Each wait subscribes ``terminal_job:<id>`` on
+  it and unsubscribes when done. Server pings (every 3 s) prove the socket alive; silence for
+  :data:`STALE_AFTER` seconds counts as a drop.
+- With no subscription left it lingers :data:`CABLE_LINGER` seconds for the next sale, then
+  closes, so an idle agent is not woken by the pings. A dropped cable is not reopened by itself:
+  the next wait that needs it opens it afresh, with a new token.
+
 ``InteractionHandle.wait()``:
 
-1. takes a fresh single-use token (``POST /api/ws-token``), connects ``{ws_url}/cable?token=``,
-   waits for ``welcome``, subscribes to ``terminal_job:<interaction_id>`` and reads records until
-   one is no longer pending. Server pings (every 3 s) prove the socket is alive; silence for
-   :data:`STALE_AFTER` seconds counts as a drop.
-2. when the socket is refused or drops it reconnects with capped backoff, asking the status
-   endpoint between attempts (the interaction may have finished meanwhile); after
+1. subscribes on the cable and reads its records until one is no longer pending.
+2. when the cable cannot be opened or drops, it asks the status endpoint (the interaction may
+   have finished meanwhile, and a record pushed while the socket was down is lost), backs off and
+   subscribes again, on a cable reopened by whichever wait needs it first. After
    :data:`MAX_SOCKET_ATTEMPTS` failures, :data:`MAX_EMPTY_SESSIONS` sockets that confirmed the
    subscription and closed before any record, a rejected subscription or a ``disconnect`` that
    forbids reconnecting, it polls the status endpoint instead.
@@ -25,11 +35,12 @@ The client is aiohttp's, not the ``websockets`` package: it rides the transport'
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import random
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import aiohttp
 
@@ -43,6 +54,7 @@ from kiosk_agent.service.errors import (
 from kiosk_agent.service.models.terminal import Interaction, InteractionKind
 from kiosk_agent.service.parsing import parse_interaction
 from kiosk_agent.service.settings import CallKind
+from kiosk_agent.tasks import cancel_and_wait
 
 if TYPE_CHECKING:
     from kiosk_agent.service.terminal import TerminalClient
@@ -51,6 +63,9 @@ _LOGGER = logging.getLogger(__name__)
 
 INTERACTION_LIFETIME = 180.0  # seconds, when a record does not say
 STALE_AFTER = 10.0  # seconds without any frame (the server pings every 3 s)
+# An idle cable stays open this long for the next sale (a queue of customers), then closes: an
+# agent with no sale is not woken every 3 s by the pings, and reopening costs one token request.
+CABLE_LINGER = 60.0
 MAX_SOCKET_ATTEMPTS = 4  # socket failures before polling for the rest of the wait
 # Sockets that confirmed the subscription and then closed before any record: after this many,
 # the service is dropping them on purpose, and reconnecting only costs requests: poll instead.
@@ -73,6 +88,275 @@ class _LifetimeOver(Exception):
     """The interaction's lifetime (and grace) passed while following it on the socket."""
 
 
+class CableClock(Protocol):
+    """The clock the linger is measured on (the sale code's clock fits; tests move a fake one)."""
+
+    def monotonic(self) -> float: ...
+
+    async def sleep(self, seconds: float) -> None: ...
+
+
+class _LoopClock:
+    def monotonic(self) -> float:
+        return time.monotonic()
+
+    async def sleep(self, seconds: float) -> None:
+        await asyncio.sleep(seconds)
+
+
+Frame = dict[str, Any]
+
+
+class Subscription:
+    """One wait's place on the cable: its channel's frames, then the socket's end, in order."""
+
+    def __init__(self, identifier: str, connection: _Connection) -> None:
+        self.identifier = identifier
+        self.connection = connection
+        self.frames: asyncio.Queue[Frame | SocketUnavailable] = asyncio.Queue()
+        self.confirmed = False  # the server confirmed it
+        self.heard = False  # a record for it arrived
+
+    async def next(self) -> Frame:
+        """The channel's next record frame; SocketUnavailable once the socket cannot say more."""
+        item = await self.frames.get()
+        if isinstance(item, SocketUnavailable):
+            raise item
+        return item
+
+
+class _Connection:
+    """One socket session of the cable and the subscriptions placed on it."""
+
+    def __init__(self, ws: aiohttp.ClientWebSocketResponse) -> None:
+        self.ws = ws
+        self.subscriptions: dict[str, list[Subscription]] = {}
+        self.ended: SocketUnavailable | None = None
+        self.idle_since = 0.0
+        self.reader: asyncio.Task[None] | None = None
+
+    def dispatch(self, frame: Frame) -> None:
+        kind = frame.get("type")
+        if kind is not None and kind not in ("confirm_subscription", "reject_subscription"):
+            if kind == "disconnect":
+                reconnect = frame.get("reconnect") is not False
+                reason = f"server disconnect: {frame.get('reason')}"
+                raise SocketUnavailable(reason, retry=reconnect)
+            return  # welcome, ping and anything new: nothing to do
+        identifier = frame.get("identifier")
+        subscribers = self.subscriptions.get(identifier) if isinstance(identifier, str) else None
+        if not subscribers:
+            return  # a channel nobody follows any more
+        if kind == "confirm_subscription":
+            for subscription in subscribers:
+                subscription.confirmed = True
+        elif kind == "reject_subscription":
+            for subscription in subscribers:
+                subscription.frames.put_nowait(
+                    SocketUnavailable("subscription rejected", retry=False)
+                )
+        elif "message" in frame:
+            for subscription in subscribers:
+                subscription.heard = True
+                subscription.frames.put_nowait(frame)
+
+    def end(self, reason: SocketUnavailable) -> None:
+        """No more frames: every subscription hears why."""
+        if self.ended is not None:
+            return
+        self.ended = reason
+        for subscribers in self.subscriptions.values():
+            for subscription in subscribers:
+                subscription.frames.put_nowait(reason)
+
+
+class Cable:
+    """The terminal client's one ActionCable connection, shared by every interaction's wait."""
+
+    def __init__(
+        self,
+        terminal: TerminalClient,
+        *,
+        linger: float = CABLE_LINGER,
+        clock: CableClock | None = None,
+    ) -> None:
+        self._terminal = terminal
+        self.linger = linger
+        self.clock: CableClock = clock or _LoopClock()
+        self._connection: _Connection | None = None
+        self._opening: asyncio.Task[_Connection] | None = None
+        self._lingering: asyncio.Task[None] | None = None
+        self.connects = 0  # sockets opened (diagnostics, tests, benchmarks)
+
+    @property
+    def is_open(self) -> bool:
+        return self._connection is not None and self._connection.ended is None
+
+    async def subscribe(self, identifier: str) -> Subscription:
+        """A subscription to ``identifier`` on the cable, opened first if need be.
+
+        SocketUnavailable when the cable cannot be opened or the subscribe cannot be sent.
+        """
+        connection = await self._open_connection()
+        subscription = Subscription(identifier, connection)
+        subscribers = connection.subscriptions.setdefault(identifier, [])
+        subscribers.append(subscription)
+        if len(subscribers) == 1:
+            command = {"command": "subscribe", "identifier": identifier}
+            try:
+                await connection.ws.send_str(json.dumps(command))
+            except (aiohttp.ClientError, OSError) as exc:
+                await self.unsubscribe(subscription)
+                raise SocketUnavailable(f"subscribe not sent: {type(exc).__name__}") from None
+        return subscription
+
+    async def unsubscribe(self, subscription: Subscription) -> None:
+        """Leave the channel (the server stops pushing it); the last one out starts the linger."""
+        connection = subscription.connection
+        subscribers = connection.subscriptions.get(subscription.identifier, [])
+        if subscription in subscribers:
+            subscribers.remove(subscription)
+        if subscribers:
+            return
+        connection.subscriptions.pop(subscription.identifier, None)
+        if not connection.subscriptions:
+            connection.idle_since = self.clock.monotonic()
+        if connection.ended is None and not connection.ws.closed:
+            command = {"command": "unsubscribe", "identifier": subscription.identifier}
+            with contextlib.suppress(aiohttp.ClientError, OSError):
+                await connection.ws.send_str(json.dumps(command))
+
+    async def close(self) -> None:
+        """Close the cable (the client is closing); a later wait would open it again."""
+        await cancel_and_wait(self._opening)
+        await cancel_and_wait(self._lingering)
+        self._opening = self._lingering = None
+        connection, self._connection = self._connection, None
+        if connection is not None:
+            await self._shut(connection, SocketUnavailable("the client closed the cable"))
+
+    # -- the connection ------------------------------------------------------------------------
+
+    async def _open_connection(self) -> _Connection:
+        if self._connection is not None and self._connection.ended is None:
+            return self._connection
+        if self._opening is None:
+            # one opening for every wait that needs the cable now; a wait given up (cancelled)
+            # does not cancel it for the others
+            self._opening = asyncio.ensure_future(self._open())
+            self._opening.add_done_callback(self._opened)
+        return await asyncio.shield(self._opening)
+
+    def _opened(self, opening: asyncio.Task[_Connection]) -> None:
+        if self._opening is opening:
+            self._opening = None
+        if not opening.cancelled():
+            opening.exception()  # retrieved: every wait that needed it has raised it already
+
+    async def _open(self) -> _Connection:
+        terminal = self._terminal
+        try:
+            token = await terminal.ws_token()
+        except ServiceError as exc:
+            raise SocketUnavailable(f"no WebSocket token: {exc}") from None
+        url = f"{terminal.settings.websocket_base}/cable"
+        handshake = terminal.settings.timeouts(CallKind.WEBSOCKET)
+        started, outcome = time.monotonic(), "unreachable"
+        ws: aiohttp.ClientWebSocketResponse | None = None
+        try:
+            async with asyncio.timeout(handshake.total):
+                ws = await terminal.session.ws_connect(
+                    url, params={"token": token}, protocols=PROTOCOLS, autoping=True,
+                    heartbeat=None, timeout=aiohttp.ClientWSTimeout(ws_close=handshake.read),
+                )  # fmt: skip
+                connection = _Connection(ws)
+                while (frame := await _receive(ws, STALE_AFTER)).get("type") != "welcome":
+                    connection.dispatch(frame)  # a ping may come first; a disconnect ends it
+            outcome = "ok"
+        except SocketUnavailable:
+            outcome = "error"
+            raise
+        except aiohttp.WSServerHandshakeError as exc:
+            outcome = "error"
+            raise SocketUnavailable(f"refused with HTTP {exc.status}") from None
+        except (aiohttp.ClientError, OSError) as exc:
+            raise SocketUnavailable(f"cannot connect: {type(exc).__name__}") from None
+        except TimeoutError:
+            raise SocketUnavailable(f"no handshake within {handshake.total:g} s") from None
+        except asyncio.CancelledError:
+            outcome = ""  # abandoned, not ended
+            raise
+        finally:
+            if outcome:
+                terminal.report_call(CallKind.WEBSOCKET, started, outcome)
+            if outcome != "ok" and ws is not None:
+                await ws.close()
+        self.connects += 1
+        connection.idle_since = self.clock.monotonic()
+        connection.reader = asyncio.ensure_future(self._read(connection))
+        self._connection = connection
+        if self._lingering is None or self._lingering.done():
+            self._lingering = asyncio.ensure_future(self._linger())
+        return connection
+
+    async def _read(self, connection: _Connection) -> None:
+        """Dispatch the socket's frames until it ends; then every subscription hears why."""
+        try:
+            while True:
+                connection.dispatch(await _receive(connection.ws, STALE_AFTER))
+        except SocketUnavailable as exc:
+            reason = exc
+        except asyncio.CancelledError:
+            connection.end(SocketUnavailable("the cable was closed"))
+            raise
+        except Exception as exc:  # never a silent death: the waits fall back, and say why
+            _LOGGER.exception("the cable's reader failed")
+            reason = SocketUnavailable(f"the cable's reader failed: {type(exc).__name__}")
+        connection.end(reason)
+        if self._connection is connection:
+            self._connection = None
+        _LOGGER.debug("cable closed: %s", reason)
+        with contextlib.suppress(aiohttp.ClientError, OSError):
+            await connection.ws.close()
+
+    async def _linger(self) -> None:
+        """Close the cable once it has had no subscription for :attr:`linger` seconds."""
+        while (connection := self._connection) is not None and connection.ended is None:
+            if connection.subscriptions:
+                await self.clock.sleep(self.linger)
+                continue
+            left = connection.idle_since + self.linger - self.clock.monotonic()
+            if left > 0:
+                await self.clock.sleep(left)
+                continue
+            self._connection = None
+            await self._shut(connection, SocketUnavailable("idle: closed after its linger"))
+
+    async def _shut(self, connection: _Connection, reason: SocketUnavailable) -> None:
+        connection.end(reason)
+        await cancel_and_wait(connection.reader)
+        with contextlib.suppress(aiohttp.ClientError, OSError):
+            await connection.ws.close()
+
+
+async def _receive(ws: aiohttp.ClientWebSocketResponse, stale_after: float) -> Frame:
+    """The socket's next frame as a JSON object; SocketUnavailable when it is not one, or when
+    the socket ends or stays silent ``stale_after`` seconds."""
+    try:
+        message = await ws.receive(timeout=stale_after)
+    except TimeoutError:
+        raise SocketUnavailable(f"no frame for {stale_after:g} s") from None
+    if message.type is not aiohttp.WSMsgType.TEXT:
+        raise SocketUnavailable(f"socket {message.type.name.lower()}")
+    try:
+        frame = json.loads(message.data)
+    except json.JSONDecodeError:
+        raise SocketUnavailable("a frame that is not JSON") from None
+    if not isinstance(frame, dict):
+        raise SocketUnavailable("a frame that is not a JSON object")
+    return frame
+
+
 class InteractionHandle:
     """A started read-card or charge-card: its ids, and :meth:`wait` for its outcome."""
 
@@ -90,6 +374,8 @@ class InteractionHandle:
         self.kind = kind
         self.interaction_id = interaction_id
         self.order_id = order_id
+        # the ActionCable channel identifier (JSON text, sent and matched verbatim)
+        self.identifier = json.dumps({"channel": f"terminal_job:{interaction_id}"})
         self.last: Interaction | None = None
         loop = asyncio.get_running_loop()
         self._started = loop.time()
@@ -106,11 +392,6 @@ class InteractionHandle:
             f"InteractionHandle({self.kind.value} {self.interaction_id} on {self.device_id}, "
             f"status={self.last.status if self.last else 'pending'})"
         )
-
-    @property
-    def identifier(self) -> str:
-        """The ActionCable channel identifier (JSON text, sent and matched verbatim)."""
-        return json.dumps({"channel": f"terminal_job:{self.interaction_id}"})
 
     async def wait(self, timeout: float | None = None) -> Interaction:  # noqa: ASYNC109 (contract)
         """The interaction once it is no longer pending (or its lifetime is over).
@@ -199,95 +480,37 @@ class InteractionHandle:
 
     async def _follow_socket(self) -> Interaction:
         """One socket session: the first finished record, or SocketUnavailable."""
-        terminal = self._terminal
-        try:
-            token = await terminal.ws_token()
-        except ServiceError as exc:
-            raise SocketUnavailable(f"no WebSocket token: {exc}") from None
-        url = f"{terminal.settings.websocket_base}/cable"
-        handshake = terminal.settings.timeouts(CallKind.WEBSOCKET)
-        started, outcome = time.monotonic(), "unreachable"
-        try:
-            async with asyncio.timeout(handshake.total):
-                ws = await terminal.session.ws_connect(
-                    url, params={"token": token}, protocols=PROTOCOLS, autoping=True,
-                    heartbeat=None, timeout=aiohttp.ClientWSTimeout(ws_close=handshake.read),
-                )  # fmt: skip
-            outcome = "ok"
-        except aiohttp.WSServerHandshakeError as exc:
-            outcome = "error"
-            raise SocketUnavailable(f"refused with HTTP {exc.status}") from None
-        except (aiohttp.ClientError, OSError) as exc:
-            raise SocketUnavailable(f"cannot connect: {type(exc).__name__}") from None
-        except TimeoutError:
-            raise SocketUnavailable(f"no handshake within {handshake.total:g} s") from None
-        except asyncio.CancelledError:
-            outcome = ""  # abandoned, not ended
-            raise
-        finally:
-            if outcome:
-                terminal.report_call(CallKind.WEBSOCKET, started, outcome)
+        cable = self._terminal.cable
+        subscription = await cable.subscribe(self.identifier)
         self.socket_connects += 1
-        async with ws:
-            return await self._read_socket(ws)
-
-    async def _read_socket(self, ws: aiohttp.ClientWebSocketResponse) -> Interaction:
-        identifier = self.identifier
-        subscribed = confirmed = heard = False
         try:
             while True:
-                frame = await self._next_frame(ws)
-                kind = frame.get("type")
-                if kind == "welcome" and not subscribed:
-                    subscribe = {"command": "subscribe", "identifier": identifier}
-                    await ws.send_str(json.dumps(subscribe))
-                    subscribed = True
-                elif kind == "confirm_subscription":
-                    confirmed = True
-                elif kind == "reject_subscription":
-                    raise SocketUnavailable("subscription rejected", retry=False)
-                elif kind == "disconnect":
-                    reconnect = frame.get("reconnect") is not False
-                    reason = f"server disconnect: {frame.get('reason')}"
-                    raise SocketUnavailable(reason, retry=reconnect)
-                elif frame.get("identifier") == identifier and "message" in frame:
-                    heard = True
-                    try:
-                        record = parse_interaction(
-                            frame["message"], what="interaction over WebSocket"
-                        )
-                    except InvalidResponseError as exc:
-                        # the status endpoint decides instead (and names the field if bad too)
-                        raise SocketUnavailable(str(exc), retry=False) from None
-                    self._note(record)
-                    if record.finished:
-                        return record
-                # ping and anything new: nothing to do but keep reading
+                frame = await self._next_frame(subscription)
+                try:
+                    record = parse_interaction(frame["message"], what="interaction over WebSocket")
+                except InvalidResponseError as exc:
+                    # the status endpoint decides instead (and names the field if bad too)
+                    raise SocketUnavailable(str(exc), retry=False) from None
+                self._note(record)
+                if record.finished:
+                    return record
         except SocketUnavailable:
-            if confirmed and not heard:
+            if subscription.confirmed and not subscription.heard:
                 self.empty_sessions += 1
             raise
+        finally:
+            await cable.unsubscribe(subscription)
 
-    async def _next_frame(self, ws: aiohttp.ClientWebSocketResponse) -> dict[str, Any]:
+    async def _next_frame(self, subscription: Subscription) -> Frame:
         # The lifetime is read afresh for every frame: the first record tells the real one.
         until_expiry = self._expiry - asyncio.get_running_loop().time()
         if until_expiry <= 0:
             raise _LifetimeOver
         try:
-            message = await ws.receive(timeout=min(STALE_AFTER, until_expiry))
+            async with asyncio.timeout(until_expiry):
+                return await subscription.next()
         except TimeoutError:
-            if until_expiry < STALE_AFTER:
-                raise _LifetimeOver from None
-            raise SocketUnavailable(f"no frame for {STALE_AFTER:g} s") from None
-        if message.type is not aiohttp.WSMsgType.TEXT:
-            raise SocketUnavailable(f"socket {message.type.name.lower()}")
-        try:
-            frame = json.loads(message.data)
-        except json.JSONDecodeError:
-            raise SocketUnavailable("a frame that is not JSON") from None
-        if not isinstance(frame, dict):
-            raise SocketUnavailable("a frame that is not a JSON object")
-        return frame
+            raise _LifetimeOver from None
 
     def _note(self, record: Interaction) -> None:
         """Keep the latest record and learn the real lifetime from it."""

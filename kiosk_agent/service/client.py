@@ -82,6 +82,7 @@ class ServiceClient:
         await self.transport.start()
 
     async def close(self) -> None:
+        await self.terminal.close()  # the cable rides the transport's session: it goes first
         await self.transport.close()
 
     async def __aenter__(self) -> ServiceClient:

@@ -1,7 +1,8 @@
 """The terminal interface: card readers, their sessions, and card-present interactions.
 
 ``read_card`` and ``charge_card`` answer at once with an :class:`InteractionHandle`; its
-``wait()`` follows the interaction over the ActionCable WebSocket (see ``cable.py``). Starting an
+``wait()`` follows the interaction on the client's one shared ActionCable WebSocket (see
+``cable.py``). Starting an
 interaction is never re-POSTed blindly: a lost 202 raises ``ServiceUnreachableError`` and the
 caller reconciles (the charge-card ``order_id`` is made here for that).
 """
@@ -14,7 +15,7 @@ from urllib.parse import quote
 
 import aiohttp
 
-from kiosk_agent.service.cable import InteractionHandle
+from kiosk_agent.service.cable import Cable, InteractionHandle
 from kiosk_agent.service.models.terminal import (
     Interaction,
     InteractionAccepted,
@@ -55,6 +56,11 @@ class TerminalClient:
         self.clock_rate: float | None = None  # service seconds per real second (time scale)
         self._clock_base: tuple[float, float] | None = None  # (loop time, service Unix time)
         self._warned_lifetimes: set[float] = set()
+        self.cable = Cable(self)  # every interaction's wait shares its one WebSocket
+
+    async def close(self) -> None:
+        """Close the cable (the service client is closing)."""
+        await self.cable.close()
 
     @property
     def settings(self) -> ServiceSettings:
