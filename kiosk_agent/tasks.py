@@ -45,6 +45,8 @@ async def next_item(queue: asyncio.Queue[T], *until: asyncio.Future[Any]) -> T |
     For queues that never hold None (event subscriptions). An item taken from the queue is
     returned; a wait given up (``until``, or the caller cancelled) leaves no getter behind.
     """
+    if not queue.empty() and not any(future.done() for future in until):
+        return queue.get_nowait()  # no getter task (and its loop turns) for an item waiting
     getter = asyncio.ensure_future(queue.get())
     try:
         await asyncio.wait({getter, *until}, return_when=asyncio.FIRST_COMPLETED)

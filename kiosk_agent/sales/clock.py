@@ -82,7 +82,11 @@ class SystemClock:
         await asyncio.sleep(seconds)
 
     async def wait_for(self, awaitable: Awaitable[T], seconds: float) -> T:
-        return await asyncio.wait_for(awaitable, seconds)
+        # asyncio.timeout, not asyncio.wait_for: on 3.11 wait_for runs the awaitable in a task
+        # of its own (two more loop turns per money call and card wait), and can swallow a
+        # cancel that lands with the result
+        async with asyncio.timeout(seconds):
+            return await awaitable
 
 
 def _read_boot_id(path: Path) -> str | None:
