@@ -66,18 +66,23 @@ class AuthorizeCaptureFlow(SaleFlow):
             )
         if not result.approved:
             return await self._fail(SaleState.DECLINED, Step.AUTHORIZE_DECLINED, declined(result))
-        cents = self.charge_found(
-            Step.AUTHORIZE_APPROVED, result.trans_id, result.amount, {"trans_id": result.trans_id}
-        )
+        # the hold and the vend it pays for follow each other: one commit, before the vend
+        with self.one_commit():
+            cents = self.charge_found(
+                Step.AUTHORIZE_APPROVED, result.trans_id, result.amount,
+                {"trans_id": result.trans_id},
+            )  # fmt: skip
+            if not self.cancelled.is_set():
+                self.step(
+                    Step.DISPENSE_REQUEST, SaleState.DISPENSING,
+                    f"vend up to {format_cents(cents)}",
+                )  # fmt: skip
         return await self._vend_authorized(cents)
 
     async def _vend_authorized(self, authorized: int) -> SaleEvent:
-        if self.cancelled.is_set():
+        if self.record.state is not SaleState.DISPENSING:  # cancelled once authorized: no vend
             await self._deny("cancelled")
             return await self.reverse("cancelled by the customer")
-        self.step(
-            Step.DISPENSE_REQUEST, SaleState.DISPENSING, f"vend up to {format_cents(authorized)}"
-        )
         outcome = await self._dispense(authorized)
         if not outcome.dispensed:
             self.step(Step.DISPENSE_RESULT, detail=outcome_detail(outcome))

@@ -103,19 +103,24 @@ class ChargeCardFlow(SaleFlow):
             return await self._fail(
                 SaleState.DECLINED, Step.CHARGE_CARD_DECLINED, declined(result)
             )
-        cents = self.charge_found(
-            Step.CHARGE_CARD_APPROVED, result.trans_id, result.amount, {"trans_id": result.trans_id}
-        )
+        # the charge and the vend it pays for follow each other: one commit, before the vend
+        with self.one_commit():
+            cents = self.charge_found(
+                Step.CHARGE_CARD_APPROVED, result.trans_id, result.amount,
+                {"trans_id": result.trans_id},
+            )  # fmt: skip
+            if not self.cancelled.is_set():
+                self.step(
+                    Step.DISPENSE_REQUEST, SaleState.DISPENSING,
+                    f"vending up to {format_cents(cents)}",
+                )  # fmt: skip
         return await self._dispense_paid(cents)
 
     async def _dispense_paid(self, cents: int) -> SaleEvent:
         """Money is taken (charge_card): the dispense is confirmed or the money goes back."""
-        if self.cancelled.is_set():
+        if self.record.state is not SaleState.DISPENSING:  # cancelled once paid: no vend
             await self._deny("cancelled")
             return await self.reverse("cancelled by the customer after paying")
-        self.step(
-            Step.DISPENSE_REQUEST, SaleState.DISPENSING, f"vending up to {format_cents(cents)}"
-        )
         outcome = await self._dispense(cents)
         if outcome.dispensed:
             # the confirmation and the end are one write: no window where the journal knows the

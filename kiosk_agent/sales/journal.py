@@ -229,6 +229,7 @@ class Journal:
         self.path = Path(path)
         self.clock = clock  # dates the records (wall time: for people, never for a wait)
         self._db: sqlite3.Connection | None = None
+        self._batching = False  # inside batch(): writes join its one transaction
         # Told after every write: None when it went through, the error when it did not (the
         # agent takes the unit out of service at once, from whichever path wrote).
         self.on_write: WriteListener | None = None
@@ -281,6 +282,48 @@ class Journal:
 
     # -- writes ----------------------------------------------------------------------------------
 
+    @contextlib.contextmanager
+    def batch(self) -> Iterator[None]:
+        """The writes inside are one transaction: one commit (one fsync) for them all.
+
+        For steps that follow each other with nothing in between that the journal must hold
+        first (no call, no vend): the last of them is durable before what it announces, and a
+        crash before the commit leaves the sale as it was before the first, which recovery
+        handles as it always did. Synchronous code only inside (no await): another sale's write
+        must not join the transaction. Any exception rolls every write of the batch back.
+        """
+        if self._batching:
+            raise RuntimeError("journal batches do not nest")
+        db = self.db
+        try:
+            db.execute("BEGIN IMMEDIATE")
+        except sqlite3.Error as err:
+            raise self._write_failed(err) from err
+        self._batching = True
+        try:
+            yield
+        except BaseException:
+            self._batching = False
+            with contextlib.suppress(sqlite3.Error):
+                db.execute("ROLLBACK")
+            raise
+        self._batching = False
+        try:
+            db.execute("COMMIT")
+        except sqlite3.Error as err:
+            with contextlib.suppress(sqlite3.Error):
+                db.execute("ROLLBACK")
+            raise self._write_failed(err) from err
+
+    @contextlib.contextmanager
+    def _transaction(self) -> Iterator[sqlite3.Connection]:
+        """One write's transaction, or the batch's it joins (which commits or rolls back)."""
+        if self._batching:
+            yield self.db
+            return
+        with transaction(self.db) as db:
+            yield db
+
     def create(self, sale: SaleRecord, detail: Mapping[str, Any] | None = None) -> SaleRecord:
         """Write a new sale and its first step in one transaction (always STARTED)."""
         check_transition(sale.sale_id, sale.flow, None, sale.state, Step.CREATED)
@@ -290,7 +333,7 @@ class Journal:
         names = ", ".join(_SALES_COLUMNS)
         marks = ", ".join(f":{c}" for c in _SALES_COLUMNS)
         try:
-            with transaction(self.db) as db:
+            with self._transaction() as db:
                 db.execute(f"INSERT INTO sales ({names}) VALUES ({marks})", row)  # noqa: S608
                 _write_beside(db, sale.sale_id, row)
                 self._insert_step(db, sale.sale_id, now, Step.CREATED, sale.state, detail)
@@ -332,7 +375,7 @@ class Journal:
         sql = ", ".join(f"{k} = :{k}" for k in assignments)
         expected = sale.state if if_state is None else if_state
         try:
-            with transaction(self.db) as db:
+            with self._transaction() as db:
                 named = self._check(db, sale, expected, new_state, step, changed)
                 db.execute(
                     f"UPDATE sales SET {sql} WHERE sale_id = :sale_id",  # noqa: S608
@@ -412,7 +455,7 @@ class Journal:
         names = ", ".join(_SALES_COLUMNS)
         marks = ", ".join(f":{c}" for c in _SALES_COLUMNS)
         try:
-            with transaction(self.db) as db:
+            with self._transaction() as db:
                 db.execute(f"INSERT OR REPLACE INTO sales ({names}) VALUES ({marks})", row)  # noqa: S608
                 _write_beside(db, sale.sale_id, row)
                 self._insert_step(db, sale.sale_id, now, step, sale.state, detail)

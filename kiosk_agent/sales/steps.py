@@ -13,7 +13,7 @@ import contextlib
 import dataclasses
 import logging
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
@@ -80,6 +80,7 @@ class SaleSteps:
         # The sale as the journal should hold it, once a step could not be written: that first
         # failed step applied (later steps made no call: each would have been written first).
         self.unwritten: SaleRecord | None = None
+        self._held: list[SaleEvent] | None = None  # inside one_commit(): published after it
 
     @property
     def device(self) -> str:
@@ -107,8 +108,29 @@ class SaleSteps:
                     updated_at=self.clock.time(), **changes,
                 )
             raise
-        self.publish(name)
+        if self._held is not None:
+            self._held.append(event_of(self.record, name))
+        else:
+            self.publish(name)
         return self.record
+
+    @contextlib.contextmanager
+    def one_commit(self) -> Iterator[None]:
+        """The steps inside are journaled in one commit (``Journal.batch``: synchronous code
+        only), then published; for steps with nothing between them the journal must hold first.
+        """
+        self._held = []
+        try:
+            with self.journal.batch():
+                yield
+        except JournalError:
+            if self.unwritten is None:
+                self.unwritten = self.record  # the commit failed: memory holds every step
+            raise
+        finally:
+            held, self._held = self._held, None
+        for event in held:
+            self.events.publish(event)
 
     def publish(self, step: Step | Literal[""] = "") -> SaleEvent:
         event = event_of(self.record, step)
