@@ -7,6 +7,7 @@ Card outcomes follow the simulator's cents: ..01 retry (B), ..02 declined (C), .
 from __future__ import annotations
 
 import asyncio
+import sqlite3
 import time
 from typing import Any
 
@@ -296,3 +297,40 @@ async def test_an_offline_reader_is_said_to_be_offline_not_busy(agent: Agent) ->
         assert event.message.startswith(f"terminal offline: {device} does not answer"), event
         assert "busy" not in event.message
         assert "409" not in event.message
+
+
+class JournalWitness(ScriptedDispenser):
+    """A machine that reads, at the vend, what the journal holds on disk for the sale."""
+
+    def __init__(self, agent: Agent) -> None:
+        super().__init__()
+        self.agent = agent
+        self.on_disk: list[tuple[str, str | None, str]] = []
+
+    async def dispense(self, authorized_cents: int) -> Any:
+        other = sqlite3.connect(self.agent.journal.path)  # only what a crash would leave
+        try:
+            self.on_disk.append(other.execute(
+                "SELECT sales.state, sales.trans_id, (SELECT step FROM steps "
+                "WHERE steps.sale_id = sales.sale_id ORDER BY id DESC LIMIT 1) FROM sales"
+            ).fetchone())
+        finally:
+            other.close()
+        return await super().dispense(authorized_cents)
+
+
+@pytest.mark.parametrize("flow", [Flow.CHARGE_CARD, Flow.AUTHORIZE_CAPTURE])
+async def test_the_approval_and_the_dispense_request_are_one_commit_before_the_vend(
+    agent: Agent, flow: Flow
+) -> None:
+    machine = JournalWitness(agent)
+    commits: list[str] = []
+    agent.journal.db.set_trace_callback(lambda sql: sql == "COMMIT" and commits.append(sql))
+    event = await sell(agent, 250, machine, flow=flow)
+    agent.journal.db.set_trace_callback(None)
+    assert event.state is SaleState.COMPLETED
+    [(state, trans_id, last_step)] = machine.on_disk
+    assert (state, last_step) == ("dispensing", "dispense.request")
+    assert trans_id  # the money's id is on disk before anything is vended
+    steps = [s.step for s in agent.journal.steps(event.sale_id)]
+    assert len(commits) == len(steps) - 1  # every step kept, two of them in one commit

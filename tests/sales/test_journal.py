@@ -159,3 +159,54 @@ def test_an_unwritable_place_is_a_clear_error(tmp_path: Path) -> None:
     blocker.write_text("")
     with pytest.raises(JournalError, match="cannot open the journal at"):
         Journal(blocker / "journal.db").open()
+
+
+def committed_state(journal: Journal, sale_id: str) -> tuple[str, int]:
+    """The sale's state and step count as another connection (a crash) would find them."""
+    other = sqlite3.connect(journal.path)
+    try:
+        state, steps = other.execute(
+            "SELECT state, (SELECT COUNT(*) FROM steps WHERE sale_id = ?) FROM sales "
+            "WHERE sale_id = ?",
+            (sale_id, sale_id),
+        ).fetchone()
+    finally:
+        other.close()
+    return str(state), int(steps)
+
+
+def test_a_batch_commits_its_steps_at_once_at_its_end(journal: Journal) -> None:
+    sale = journal.create(new_sale(1))
+    sale = journal.record(sale, Step.CHARGE_CARD_REQUEST, SaleState.CHARGING)
+    statements: list[str] = []
+    journal.db.set_trace_callback(statements.append)
+    with journal.batch():
+        sale = journal.record(sale, Step.CHARGE_CARD_APPROVED, trans_id="T1")
+        assert committed_state(journal, "s1") == ("charging", 2)  # nothing seen before the end
+        sale = journal.record(sale, Step.DISPENSE_REQUEST, SaleState.DISPENSING)
+    journal.db.set_trace_callback(None)
+    assert committed_state(journal, "s1") == ("dispensing", 4)
+    assert statements.count("COMMIT") == 1
+    assert journal.get("s1") == sale
+
+
+def test_a_batch_that_fails_leaves_the_sale_as_before_its_first_step(journal: Journal) -> None:
+    sale = journal.create(new_sale(1))
+    sale = journal.record(sale, Step.CHARGE_CARD_REQUEST, SaleState.CHARGING)
+
+    def approve_then_fail() -> None:
+        with journal.batch():
+            journal.record(sale, Step.CHARGE_CARD_APPROVED, trans_id="T1")
+            raise RuntimeError("the vend never came")
+
+    with pytest.raises(RuntimeError, match="the vend never came"):
+        approve_then_fail()
+    assert committed_state(journal, "s1") == ("charging", 2)
+    assert journal.get("s1") == sale  # no trans_id: recovery reconciles by order_id
+    # and the journal takes the next write as usual
+    assert journal.record(sale, Step.CHARGE_CARD_APPROVED, trans_id="T1").trans_id == "T1"
+
+
+def test_batches_do_not_nest(journal: Journal) -> None:
+    with pytest.raises(RuntimeError, match="do not nest"), journal.batch(), journal.batch():
+        pass
