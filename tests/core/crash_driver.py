@@ -37,7 +37,7 @@ import subprocess
 import sys
 import textwrap
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -79,6 +79,8 @@ class MarkedJournal(Journal):
     armed = False
     selling = False
     count = 0
+    in_batch = False
+    freeze_after_batch = False
 
     def arm(self, spec: str) -> None:
         """``"5"``: freeze after step 5; ``"5a"``: freeze when the call after step 5 answers."""
@@ -95,8 +97,21 @@ class MarkedJournal(Journal):
         if self.count == self.kill_at:
             if self.on_answer:
                 self.armed = True
+            elif self.in_batch:
+                self.freeze_after_batch = True  # the step is committed with the batch's last
             else:
                 freeze()  # after the commit, before the call it announces
+
+    @contextlib.contextmanager
+    def batch(self) -> Iterator[None]:
+        self.in_batch = True
+        try:
+            with super().batch():
+                yield
+        finally:
+            self.in_batch = False
+        if self.freeze_after_batch:
+            freeze()
 
     def create(self, sale: SaleRecord, detail: Any = None) -> SaleRecord:
         created = super().create(sale, detail)
