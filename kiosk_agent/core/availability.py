@@ -223,9 +223,7 @@ class Availability:
             self.wake()
 
     async def follow_sales(self, events: EventBus[SaleEvent]) -> None:
-        async with events.subscribe() as queue:
-            while True:
-                self.on_sale_event(await queue.get())
+        await events.listen_until_cancelled(self.on_sale_event)  # called as each step is published
 
     # -- inside --------------------------------------------------------------------------------
 

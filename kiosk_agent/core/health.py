@@ -413,10 +413,9 @@ class Health:
         self._changed()
 
     async def follow_sales(self, events: EventBus[SaleEvent]) -> None:
-        """Consume an `EventBus[SaleEvent]` until cancelled (run as a task by the agent)."""
-        async with events.subscribe() as queue:
-            while True:
-                self.record_sale(await queue.get())
+        """Count every step published on ``events`` until cancelled (run as a task by the
+        agent); a listener, called as each step is published."""
+        await events.listen_until_cancelled(self.record_sale)
 
     # --- readers -----------------------------------------------------------------------------
 

@@ -34,6 +34,7 @@ import logging
 import math
 import sqlite3
 from collections import OrderedDict
+from collections.abc import Callable
 from typing import Any
 
 import voluptuous as vol
@@ -194,7 +195,7 @@ class KioskApi:
         self._hosts = {*config["allowed_hosts"], config["host"].lower()} - _ANY_ADDRESS
         self._origins: list[str] = config["allowed_origins"]
         self._refused = RefusalLog(_LOGGER, "kiosk_api")
-        self._follower: asyncio.Task[None] | None = None
+        self._unfollow: Callable[[], None] = lambda: None  # stops _follow
         self._sockets: set[web.WebSocketResponse] = set()
         self.requests = 0
         self.rejected = 0
@@ -212,7 +213,7 @@ class KioskApi:
         app.router.add_get("/api/v1/events", self._all_events)
         app.router.add_get("/api/v1/status", self._status)
         await self._site.start(app)
-        self._follower = asyncio.create_task(self._follow())
+        self._unfollow = self.agent.events.listen(self._follow)
         _LOGGER.info("%s: kiosk API on %s:%d", self.name, self.config["host"], self.port)
 
     async def stop(self) -> None:
@@ -221,7 +222,7 @@ class KioskApi:
             dispenser.confirm_result(DispenseStatus.CANCELLED, "kiosk API stopping")
         for ws in list(self._sockets):
             await ws.close(code=1001, message=b"agent stopping")
-        await cancel_and_wait(self._follower)
+        self._unfollow()
         await self._site.stop()
 
     @property
@@ -251,18 +252,16 @@ class KioskApi:
         return {"available": state.available, "reason": state.reason, "terminal": state.device_id,
                 "since": state.since}
 
-    async def _follow(self) -> None:
-        async with self.agent.events.subscribe() as queue:
-            while True:
-                event: SaleEvent = await queue.get()
-                if event.source != self.name or event.receipt:
-                    continue
-                self._latest[event.sale_id] = event
-                self._latest.move_to_end(event.sale_id)
-                while len(self._latest) > _KEPT_SALES:
-                    self._latest.popitem(last=False)
-                if event.state.final:
-                    self._dispensers.pop(event.sale_id, None)
+    def _follow(self, event: SaleEvent) -> None:
+        """Keep this app's latest step of each sale (a listener: called as each is published)."""
+        if event.source != self.name or event.receipt:
+            return
+        self._latest[event.sale_id] = event
+        self._latest.move_to_end(event.sale_id)
+        while len(self._latest) > _KEPT_SALES:
+            self._latest.popitem(last=False)
+        if event.state.final:
+            self._dispensers.pop(event.sale_id, None)
 
     # -- auth ----------------------------------------------------------------------------------
 
@@ -490,8 +489,7 @@ class KioskApi:
         self._sockets.add(ws)
         try:
             async with self.agent.events.subscribe() as queue:
-                # Let the follower file steps published before this subscription.
-                await asyncio.sleep(0)
+                # the follower filed every step published before (a listener: at once)
                 latest = self._latest.get(sale_id) if sale_id else None
                 if latest is not None:
                     await ws.send_json(event_json(latest))

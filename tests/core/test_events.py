@@ -21,3 +21,25 @@ async def test_a_slow_subscriber_loses_the_oldest_not_the_publisher() -> None:
         assert [slow.get_nowait(), slow.get_nowait()] == [3, 4]
         assert bus.dropped == 3
         assert isinstance(slow, asyncio.Queue)
+
+
+async def test_a_listener_is_called_in_publish_and_its_error_stays_its_own() -> None:
+    bus: EventBus[int] = EventBus()
+    heard: list[int] = []
+
+    def broken(event: int) -> None:
+        raise ValueError(f"cannot take {event}")
+
+    stop_broken = bus.listen(broken)
+    stop = bus.listen(heard.append)
+    async with bus.subscribe() as queue:
+        bus.publish(1)  # no await: the listeners have it already
+        assert heard == [1]
+        assert queue.get_nowait() == 1
+        assert bus.listener_errors == 1
+        stop()
+        stop_broken()
+        bus.publish(2)
+    assert heard == [1]
+    assert bus.listener_errors == 1
+    assert bus.subscriber_count == 0
