@@ -89,7 +89,7 @@ def test_the_trigger_option_offers_who_the_service_says_may_move_a_merchant() ->
     from kiosk_agent.cli.sim import MERCHANT_TRIGGERS
     from kiosk_agent.service.models.boarding import MerchantTrigger
 
-    assert MERCHANT_TRIGGERS == tuple(t.value for t in MerchantTrigger)
+    assert tuple(t.value for t in MerchantTrigger) == MERCHANT_TRIGGERS
     args = build_parser("sim").parse_args(
         ["sim", "trigger", "merchant-status", "1", "live", "--trigger", "SYSTEM"]
     )
