@@ -305,10 +305,10 @@ class StopSignals:
         self._inherited_ignore = False
 
     def install(self) -> StopSignals:
-        # Started under `nohup` (SIGHUP ignored), the agent keeps ignoring it, as asked.
-        self._inherited_ignore = signal.getsignal(signal.SIGHUP) is signal.SIG_IGN
         import asyncio
 
+        # Started under `nohup` (SIGHUP ignored), the agent keeps ignoring it, as asked.
+        self._inherited_ignore = signal.getsignal(signal.SIGHUP) is signal.SIG_IGN
         loop = asyncio.get_running_loop()
         for signum in (*STOP_SIGNALS, *IGNORED_SIGNALS):
             with contextlib.suppress(NotImplementedError):
