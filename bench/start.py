@@ -16,9 +16,11 @@ a busy machine slows both alike:
 (start -> ready of ``kiosk-agent run`` against the library floor is ``bench/agent.py``.)
 
 As installed: pip compiles the package to bytecode, so the runs read compiled modules from a
-scratch cache (``PYTHONPYCACHEPREFIX``) filled by a first run of each command; with
-``--no-bytecode`` every module is compiled from source on each run (a tree whose bytecode cannot
-be written).
+scratch cache (``PYTHONPYCACHEPREFIX``) filled by a first run of each command. With
+``--no-bytecode`` the runs use what bytecode the environment has and write none: where the
+package and its libraries have none (an editable checkout under ``PYTHONDONTWRITEBYTECODE``),
+their modules are compiled from source on each run, as ``bench/agent.py`` runs without
+``--bytecode``.
 """
 
 from __future__ import annotations
@@ -78,12 +80,13 @@ def run_once(argv: list[str], env: dict[str, str]) -> tuple[float, float]:
 def measure(runs: int, bytecode: bool) -> dict[str, tuple[float, float]]:
     """figure -> (median wall, median CPU) over ``runs`` rounds of every command."""
     with tempfile.TemporaryDirectory(prefix="bench-start-") as cache:
-        env = {**os.environ, "PYTHONPYCACHEPREFIX": cache}
+        env = {**os.environ}
+        env.pop("KIOSK_CONFIG", None)
         if bytecode:
             env.pop("PYTHONDONTWRITEBYTECODE", None)
+            env["PYTHONPYCACHEPREFIX"] = cache
         else:
-            env["PYTHONDONTWRITEBYTECODE"] = "1"  # and the cache is empty: from source
-        env.pop("KIOSK_CONFIG", None)
+            env["PYTHONDONTWRITEBYTECODE"] = "1"
         argvs = commands()
         if bytecode:
             for argv in argvs.values():  # the first run writes the bytecode, as pip would
@@ -128,13 +131,14 @@ def main() -> None:
         "slowest_completion_s": QUICK_S, "check_config_demo_s": CHECK_CONFIG_S,
     }  # fmt: skip
     load = os.getloadavg()[0]
-    print(f"load average {load:.1f} on {os.cpu_count()} cores; "
-          f"{'bytecode as installed' if not args.no_bytecode else 'compiled from source'}")
+    how = "bytecode as installed" if not args.no_bytecode else "no bytecode written"
+    print(f"load average {load:.1f} on {os.cpu_count()} cores; {how}")
     for name, value in result.items():
         limit = targets.get(name)
         verdict = f"   (target < {limit}: {'ok' if value < limit else 'MISSED'})" if limit else ""
         print(f"{name:40} {value}{verdict}")
-    print(json.dumps(result | {"load_average": round(load, 2)}))
+    extra = {"load_average": round(load, 2), "bytecode": int(not args.no_bytecode)}
+    print(json.dumps(result | extra))
 
 
 if __name__ == "__main__":
