@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import errno
 import json
 import time
 
@@ -49,7 +50,21 @@ def _limits(**overrides: float) -> HttpLimits:
     return HttpLimits.from_config(conf)
 
 
-async def _site(limits: HttpLimits, held: list[web.Request] | None = None) -> LocalSite:
+class Clock:
+    """A monotonic clock that moves only when told."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+async def _site(
+    limits: HttpLimits,
+    held: list[web.Request] | None = None,
+    clock: Clock | None = None,
+) -> LocalSite:
     """A site with ``/echo`` and ``/hold`` (30 s); each held request is added to ``held``."""
 
     async def echo(request: web.Request) -> web.Response:
@@ -68,7 +83,10 @@ async def _site(limits: HttpLimits, held: list[web.Request] | None = None) -> Lo
     app = web.Application()
     app.router.add_post("/echo", echo)
     app.router.add_get("/hold", hold)
-    site = LocalSite("127.0.0.1", 0, name="test", limits=limits)
+    if clock is None:
+        site = LocalSite("127.0.0.1", 0, name="test", limits=limits)
+    else:
+        site = LocalSite("127.0.0.1", 0, name="test", limits=limits, clock=clock)
     await site.start(app)
     return site
 
@@ -168,6 +186,93 @@ async def test_a_flood_of_silent_connections_evicts_them_before_a_served_idle_on
         assert (await _closed_within(flood[0][0], 5)).startswith(b"HTTP/1.1 503")
         for _, writer in [honest, *flood]:
             writer.close()
+    finally:
+        await site.stop()
+
+
+async def test_the_connection_idle_longest_makes_room_not_the_oldest() -> None:
+    site = await _site(_limits(header_timeout=30, keepalive_timeout=30))
+    try:
+        # four served keep-alive clients, the first one the oldest
+        clients = [await asyncio.open_connection("127.0.0.1", site.port) for _ in range(4)]
+        for client in clients:
+            assert (await _post_echo(*client)).startswith(b"HTTP/1.1 200")
+        # the oldest speaks again: now the second one has been idle longest
+        assert (await _post_echo(*clients[0])).startswith(b"HTTP/1.1 200")
+        async with aiohttp.ClientSession() as http, http.post(
+            f"{site.url}/echo", json=1
+        ) as response:
+            assert response.status == 200
+        assert await _closed_within(clients[1][0], 5) == b""  # served: closed without a word
+        assert (await _post_echo(*clients[0])).startswith(b"HTTP/1.1 200")
+        assert site.evicted == 1
+        for _, writer in clients:
+            writer.close()
+    finally:
+        await site.stop()
+
+
+async def test_at_the_cap_newcomers_past_the_accept_rate_wait_in_the_kernels_queue() -> None:
+    """A flood that reconnects as fast as it is closed would keep the loop busy accepting and
+    closing; past the cap only accept_rate_at_cap newcomers a second get in."""
+    clock = Clock()
+    limits = _limits(header_timeout=30, keepalive_timeout=30, accept_rate_at_cap=4)
+    site = await _site(limits, clock=clock)
+    try:
+        silent = [await asyncio.open_connection("127.0.0.1", site.port) for _ in range(4)]
+        await until(lambda: site.open_connections == 4)
+        # eight more: the kernel completes their handshakes; the site takes a second's worth
+        silent += [await asyncio.open_connection("127.0.0.1", site.port) for _ in range(8)]
+        await until(lambda: site.evicted == 4)
+        await asyncio.sleep(0.3)  # the clock stands still: the others wait, not accepted
+        assert site.evicted == 4
+        assert site.accept_pauses >= 1
+        assert site.open_connections == 4
+        clock.now += 1.0  # a second later, four more get in, each closing the oldest silent one
+        await until(lambda: site.evicted == 8)
+        assert site.open_connections == 4
+        for reader, _ in silent[:8]:
+            assert (await _closed_within(reader, 5)).startswith(b"HTTP/1.1 503")
+        for _, writer in silent:
+            writer.close()
+    finally:
+        await site.stop()
+
+
+async def test_one_timer_keeps_every_connections_header_deadline() -> None:
+    site = await _site(_limits(header_timeout=0.3, keepalive_timeout=30))
+    try:
+        opened: list[tuple[float, asyncio.StreamReader, asyncio.StreamWriter]] = []
+        for _ in range(3):
+            reader, writer = await asyncio.open_connection("127.0.0.1", site.port)
+            opened.append((time.monotonic(), reader, writer))
+            await asyncio.sleep(0.1)
+        honest = await asyncio.open_connection("127.0.0.1", site.port)
+        assert (await _post_echo(*honest)).startswith(b"HTTP/1.1 200")
+        for started, reader, _ in opened:
+            assert await _closed_within(reader, 5) == b""
+            assert 0.25 < time.monotonic() - started < 3  # each by its own deadline
+        await until(lambda: site._head_sweep is None)  # nobody silent left: no timer waits
+        assert (await _post_echo(*honest)).startswith(b"HTTP/1.1 200")  # it spoke: kept
+        for _, _, writer in opened:
+            writer.close()
+        honest[1].close()
+    finally:
+        await site.stop()
+
+
+async def test_out_of_descriptors_the_site_stops_accepting_for_a_while() -> None:
+    site = await _site(_limits())
+    try:
+        site._accept_failed(OSError(errno.EMFILE, "Too many open files"))
+        assert site.accept_pauses == 1
+        assert site._resume is not None  # accepting again in a second, not spinning meanwhile
+        site._resume.cancel()
+        site._start_accepting()
+        async with aiohttp.ClientSession() as http, http.post(
+            f"{site.url}/echo", json=1
+        ) as response:
+            assert response.status == 200
     finally:
         await site.stop()
 
