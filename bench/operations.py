@@ -505,10 +505,13 @@ async def bench_flood(
     assert flood.stdout is not None and flood.stdin is not None  # noqa: PT018
     try:
         await asyncio.wait_for(flood.stdout.readline(), 60)
-        evicted_before, flood_started = kiosk._site.evicted, time.monotonic()
+        site = kiosk._site
+        evicted, turned_away, flood_started = site.evicted, site.turned_away, time.monotonic()
         flooded = await HonestClients(kiosk.port, admin.url, flood.pid).run(seconds)
         held = max(site.open_connections for site in live_sites())
-        churn = (kiosk._site.evicted - evicted_before) / (time.monotonic() - flood_started)
+        took = time.monotonic() - flood_started
+        churn = (site.evicted - evicted) / took
+        turned = (site.turned_away - turned_away) / took
         descriptors = len(os.listdir("/proc/self/fd"))
     finally:
         flood.stdin.close()
@@ -521,7 +524,7 @@ async def bench_flood(
     _print_phase("without the flood", quiet)
     _print_phase("under the flood", flooded)
     print(f"  the agent held {held} connections, {descriptors} descriptors; "
-          f"{churn:,.0f} flood connections evicted a second")
+          f"{churn:,.0f} flood connections evicted a second, {turned:,.0f} turned away at once")
     p99, quiet_p99 = _p(flooded.status_s, 0.99), _p(quiet.status_s, 0.99)
     return {
         "flood_connections": connections,
@@ -547,6 +550,7 @@ async def bench_flood(
         "flood_load_average": round(flooded.load, 2),
         "flood_agent_connections_held": held,
         "flood_evictions_per_s": round(churn),
+        "flood_turned_away_per_s": round(turned),
         "flood_agent_descriptors": descriptors,
     }
 
@@ -558,7 +562,7 @@ async def main() -> None:
     parser.add_argument("--heartbeats", type=int, default=300)
     parser.add_argument("--flood", type=int, default=1100, help="slow-header connections")
     parser.add_argument("--flood-seconds", type=float, default=10.0)
-    parser.add_argument("--accept-rate", type=float, default=100.0,
+    parser.add_argument("--accept-rate", type=float, default=300.0,
                         help="the agent's http.accept_rate_at_cap (default: the default)")
     parser.add_argument("--quiet-seconds", type=float, default=5.0,
                         help="the same honest load without the flood first (the baseline)")

@@ -18,11 +18,14 @@ Limits (the ``http:`` section, :data:`kiosk_agent.core.config.HTTP_SCHEMA`), the
   so an honest client's keep-alive connection outlives a flood of newcomers that never speak;
   when every one is busy the newcomer gets 503. Both picks are O(1): the connections that never
   spoke and the idle ones are kept in order in dicts of their own;
-- once ``max_connections`` are open, at most ``accept_rate_at_cap`` newcomers a second are let
-  in (each closing one of those, or told 503); the rest wait in the kernel's accept queue
-  until the budget refills. A flood that reconnects as soon as it is closed would otherwise
-  keep the event loop accepting and closing at full speed, and every honest request, on any
-  port of the process, would wait behind that churn. Each turn of the loop accepts at most
+- once ``max_connections`` are open, at most ``accept_rate_at_cap`` newcomers a second are
+  accepted; the rest wait in the kernel's accept queue until the budget refills. Of those, one
+  whose request head has already arrived whole gets in (closing one of those above, or told
+  503 when all are busy); a silent one gets in within :data:`SILENT_SHARE` of the rate
+  (closing the oldest silent one), else it is told 503 and closed at once, without a transport
+  or a request handler. A flood that reconnects as soon as it is closed would otherwise keep
+  the event loop accepting and closing at full speed, and every honest request, on any port of
+  the process, would wait behind that churn. Each turn of the loop accepts at most
   :data:`ACCEPTS_PER_TURN`, so a burst of connections never holds up the established ones;
   So a slow-header flood on one port holds a bounded number of descriptors and a bounded share
   of the CPU, and cannot lock a real client out for long; the other ports are not touched;
@@ -77,6 +80,13 @@ MAX_STREAM_FRAME = 1024
 ACCEPTS_PER_TURN = 16
 # The kernel's queue of connections not accepted yet (asyncio's default).
 LISTEN_BACKLOG = 100
+# At the cap, the share of accept_rate_at_cap let in without a request yet (each closing the
+# oldest silent connection); the other silent newcomers are told 503 at once. A newcomer whose
+# request is whole always gets in: the kernel's queue drains at the full rate, so a real client
+# waits there behind a flood for a fraction of a second, not for the silent ones' budget.
+SILENT_SHARE = 0.25
+# A request head this long without its end is a head still coming (aiohttp refuses above 8 KiB).
+_PEEK_BYTES = 8192
 # How long to stop accepting when the process has no descriptor left for one more.
 _OUT_OF_DESCRIPTORS_PAUSE_S = 1.0
 
@@ -98,7 +108,7 @@ class HttpLimits:
     max_connections: int
     shutdown_grace: float
     max_streams: int = 32
-    accept_rate_at_cap: float = 100.0
+    accept_rate_at_cap: float = 300.0
 
     @classmethod
     def from_config(cls, conf: dict[str, Any] | None = None) -> HttpLimits:
@@ -327,7 +337,10 @@ class LocalSite:
         self._runner: web.AppRunner | None = None
         self._listeners: list[socket.socket] = []
         self._resume: asyncio.TimerHandle | None = None  # accepting again, while paused
-        self._room = _Budget(self.limits.accept_rate_at_cap, clock)
+        # at the cap: newcomers accepted a second (each looked at), and the silent ones among
+        # them let in a second (each closing the oldest silent connection)
+        self._triage = _Budget(self.limits.accept_rate_at_cap, clock)
+        self._room = _Budget(self.limits.accept_rate_at_cap * SILENT_SHARE, clock)
         self._connecting: set[asyncio.Task[None]] = set()  # accepted, transport being made
         # handler -> connection, oldest first (dicts keep insertion order)
         self._connections: dict[RequestHandler, _Connection] = {}
@@ -347,6 +360,7 @@ class LocalSite:
         self._streaming = 0  # connections in _connections holding one, not closing (kept count)
         self.streams_refused = 0
         self.accept_pauses = 0  # times newcomers were left in the kernel's queue for a while
+        self.turned_away = 0  # silent newcomers closed at the cap, past accept_rate_at_cap
 
     @property
     def url(self) -> str:
@@ -460,11 +474,11 @@ class LocalSite:
         self._resume = asyncio.get_running_loop().call_later(seconds, self._start_accepting)
 
     def _accept_ready(self, listener: socket.socket) -> None:
-        """The listening socket has newcomers: take a few, within the budget at the cap."""
+        """The listening socket has newcomers: take a few, within the budgets at the cap."""
         for _ in range(ACCEPTS_PER_TURN):
             full = self.open_connections >= self.limits.max_connections
-            if full and not self._room.ready():
-                self._pause_accepting(self._room.wait())
+            if full and not self._triage.ready():
+                self._pause_accepting(self._triage.wait())
                 return
             try:
                 sock, _address = listener.accept()
@@ -473,12 +487,31 @@ class LocalSite:
             except OSError as err:
                 self._accept_failed(err)
                 return
-            if full:
-                self._room.spend()
             sock.setblocking(False)
+            if full:
+                self._triage.spend()
+                if not _head_arrived(sock):
+                    if not self._room.ready():
+                        self._turn_away(sock)
+                        continue
+                    self._room.spend()
             task = asyncio.get_running_loop().create_task(self._connect(sock, self._accept()))
             self._connecting.add(task)
             task.add_done_callback(self._connecting.discard)
+
+    def _turn_away(self, sock: socket.socket) -> None:
+        """Close a silent newcomer past the budget, told 503 like an evicted one, without
+        the cost of a transport and a request handler."""
+        self.turned_away += 1
+        self.refusals(
+            "turned_away",
+            "%s: %d connections open: turned away a newcomer that had sent no request yet",
+            self.name,
+            self.limits.max_connections,
+        )
+        with contextlib.suppress(OSError):
+            sock.send(_OVERLOADED)
+        sock.close()
 
     def _accept_failed(self, err: OSError) -> None:
         if err.errno not in (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM):
@@ -611,6 +644,17 @@ def _check_descriptors() -> None:
             need,
             soft,
         )
+
+
+def _head_arrived(sock: socket.socket) -> bool:
+    """Whether a request head has arrived whole on a connection just accepted (its bytes are
+    left for the server to read): a real client sends its request at once, a slow-header
+    flood never finishes one."""
+    try:
+        head = sock.recv(_PEEK_BYTES, socket.MSG_PEEK)
+    except OSError:  # nothing yet (BlockingIOError), or reset
+        return False
+    return b"\r\n\r\n" in head
 
 
 async def _listen(host: str, port: int) -> list[socket.socket]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import errno
 import json
+import socket
 import time
 
 import aiohttp
@@ -212,29 +213,62 @@ async def test_the_connection_idle_longest_makes_room_not_the_oldest() -> None:
         await site.stop()
 
 
-async def test_at_the_cap_newcomers_past_the_accept_rate_wait_in_the_kernels_queue() -> None:
-    """A flood that reconnects as fast as it is closed would keep the loop busy accepting and
-    closing; past the cap only accept_rate_at_cap newcomers a second get in."""
-    clock = Clock()
-    limits = _limits(header_timeout=30, keepalive_timeout=30, accept_rate_at_cap=4)
-    site = await _site(limits, clock=clock)
+def _newcomer(port: int, request: bytes = b"") -> socket.socket:
+    """A connection made by the kernel alone (no turn of the loop between the handshake and
+    the request), with ``request`` sent: the site finds it in its queue as it was sent."""
+    sock = socket.create_connection(("127.0.0.1", port))
+    sock.sendall(request)
+    sock.setblocking(False)
+    return sock
+
+
+async def _answer(sock: socket.socket) -> bytes:
+    """Everything the server sends until it closes the connection."""
+    reader, writer = await asyncio.open_connection(sock=sock)
     try:
-        silent = [await asyncio.open_connection("127.0.0.1", site.port) for _ in range(4)]
+        return await _closed_within(reader, 5)
+    finally:
+        writer.close()
+
+
+async def test_at_the_cap_the_accept_rate_bounds_a_floods_churn() -> None:
+    """A flood that reconnects as fast as it is closed would keep the loop busy accepting and
+    closing. Past the cap: accept_rate_at_cap newcomers a second are accepted, the rest wait in
+    the kernel's queue; a silent one gets in within a quarter of that rate, else it is told
+    503 at once; one whose request has arrived whole gets in all the same."""
+    clock = Clock()
+    limits = _limits(header_timeout=30, keepalive_timeout=30, accept_rate_at_cap=8)
+    site = await _site(limits, clock=clock)
+    assert site.port is not None
+    try:
+        held = [_newcomer(site.port) for _ in range(4)]
         await until(lambda: site.open_connections == 4)
-        # eight more: the kernel completes their handshakes; the site takes a second's worth
-        silent += [await asyncio.open_connection("127.0.0.1", site.port) for _ in range(8)]
-        await until(lambda: site.evicted == 4)
-        await asyncio.sleep(0.3)  # the clock stands still: the others wait, not accepted
-        assert site.evicted == 4
+        # four silent newcomers: two get in (two of the held ones told 503), two turned away
+        silent = [_newcomer(site.port) for _ in range(4)]
+        await until(lambda: site.evicted + site.turned_away == 4)
+        assert (site.evicted, site.turned_away) == (2, 2)
+        answers = [await _answer(sock) for sock in [*held[:2], *silent[2:]]]
+        assert all(answer.startswith(b"HTTP/1.1 503") for answer in answers), answers
+        # the silent budget is spent; a real client's request is whole on arrival: it gets in
+        whole = _newcomer(site.port, b"POST /echo HTTP/1.1\r\nHost: x\r\n"
+                          b"Content-Type: application/json\r\nContent-Length: 1\r\n\r\n1")
+        reader, writer = await asyncio.open_connection(sock=whole)
+        assert (await reader.readline()).startswith(b"HTTP/1.1 200")
+        await asyncio.wait_for(reader.readuntil(b'{"got": 1}'), 5)  # kept open: it is served
+        assert site.evicted == 3
+        # five more: three accepted (and turned away), then the rate is spent: two wait
+        later = [_newcomer(site.port) for _ in range(5)]
+        await until(lambda: site.turned_away == 5)
+        await asyncio.sleep(0.3)  # the clock stands still: the others are not accepted
+        assert (site.evicted, site.turned_away) == (3, 5)
         assert site.accept_pauses >= 1
         assert site.open_connections == 4
-        clock.now += 1.0  # a second later, four more get in, each closing the oldest silent one
-        await until(lambda: site.evicted == 8)
+        clock.now += 1.0  # a second later the two waiting get in, each closing a silent one
+        await until(lambda: site.evicted == 5)
         assert site.open_connections == 4
-        for reader, _ in silent[:8]:
-            assert (await _closed_within(reader, 5)).startswith(b"HTTP/1.1 503")
-        for _, writer in silent:
-            writer.close()
+        writer.close()
+        for sock in [*held, *silent, *later]:
+            sock.close()
     finally:
         await site.stop()
 
