@@ -26,7 +26,7 @@ Limits (the ``http:`` section, :data:`kiosk_agent.core.config.HTTP_SCHEMA`), the
   or a request handler. A flood that reconnects as soon as it is closed would otherwise keep
   the event loop accepting and closing at full speed, and every honest request, on any port of
   the process, would wait behind that churn. Each turn of the loop accepts at most
-  :data:`ACCEPTS_PER_TURN`, so a burst of connections never holds up the established ones;
+  :data:`ACCEPTS_PER_TURN`, so a burst of connections never holds up the established ones.
   So a slow-header flood on one port holds a bounded number of descriptors and a bounded share
   of the CPU, and cannot lock a real client out for long; the other ports are not touched;
 - the header deadline is kept by one timer per server, armed for the oldest connection that
@@ -520,7 +520,7 @@ class LocalSite:
         # the listening socket stays readable: accepting again at once would spin
         self.refusals(
             "out_of_descriptors",
-            "%s: no descriptor for a new connection (%s): not accepting for %g s",
+            "%s: no descriptor or memory for a new connection (%s): not accepting for %g s",
             self.name,
             os.strerror(err.errno or 0),
             _OUT_OF_DESCRIPTORS_PAUSE_S,
