@@ -11,8 +11,14 @@
 2. Under a slow-connection flood: the real agent (admin API + kiosk API, on the simulator) under
    ``--flood`` slow-header connections on its kiosk API port, sent by a process of its own
    (``tests/admin/slowloris.py``), the agent limited to 1,024 descriptors as systemd gives by
-   default: ``/api/status`` p50/p99 and kiosk API sales completed of those tried, for
-   ``--flood-seconds``; and the connections and descriptors the agent holds.
+   default. The honest clients, each on its keep-alive connection: the touchscreen app selling
+   and the admin polling ``/api/status``; and a newcomer asking the kiosk API's status on a
+   fresh connection every quarter second. First for ``--quiet-seconds`` without the flood (the
+   baseline of this machine in this run), then for ``--flood-seconds`` under it: status p50/p99,
+   sales completed of those tried and every failure counted, the newcomer's wait, and the CPU of
+   the agent's process (agent, simulator and clients: compare with the quiet phase), of the
+   flooder, and of the whole machine (from /proc), so a loaded machine shows; and the
+   connections, descriptors and churn of the agent.
 3. Heartbeat cost: CPU milliseconds of this process per heartbeat, building the report from a
    realistic health model, and sending it over HTTP (to a local receiver) and over MQTT (to a
    Mosquitto broker in its own process, when installed).
