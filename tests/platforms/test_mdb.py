@@ -137,12 +137,15 @@ async def test_controller_reset_while_card_is_read_cancels(machine: Machine) -> 
 async def test_controller_reset_while_vending_gives_the_money_back(
     machine: Machine,
 ) -> None:
-    machine.controller.options.dispense_time = 0.3
+    # a vend long enough for the reset to interrupt it (the controller notices when it ends), the
+    # agent's vend timeout far beyond it: a loaded machine cannot end either before the reset
+    machine.controller.options.dispense_time = 1.0
+    machine.device.options.vend_timeout = 10.0
     visit_task = asyncio.create_task(machine.controller.customer("A2"))
     await until(lambda: "C,VEND,2.50" in machine.controller.received)
     machine.controller.reset()
 
-    visit = await asyncio.wait_for(visit_task, 2)
+    visit = await asyncio.wait_for(visit_task, 5)
     assert visit.outcome is VisitOutcome.ABORTED
     [sale] = machine.desk.sales
     final = await asyncio.wait_for(sale.result(), 2)
@@ -209,12 +212,13 @@ async def test_unplug_and_replug_under_another_name(machine: Machine) -> None:
 
 
 async def test_unplug_mid_vend_is_not_captured(machine: Machine) -> None:
-    machine.controller.options.dispense_time = 0.2
+    machine.controller.options.dispense_time = 1.0  # the unplug comes mid-vend, whatever the load
+    machine.device.options.vend_timeout = 1.5  # no result from an unplugged machine: given back
     visit_task = asyncio.create_task(machine.controller.customer("A2"))
     await until(lambda: "C,VEND,2.50" in machine.controller.received)
     machine.controller.unplug()
 
-    visit = await asyncio.wait_for(visit_task, 2)
+    visit = await asyncio.wait_for(visit_task, 5)
     assert visit.outcome is VisitOutcome.ABORTED
     final = await asyncio.wait_for(machine.desk.sales[0].result(), 3)
     assert final.state is SaleState.REVERSED

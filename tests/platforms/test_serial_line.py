@@ -201,7 +201,10 @@ async def test_a_sale_in_progress_ends_before_the_device_hears_out_of_service(
     device: SerialLineDevice, controller: VirtualController
 ) -> None:
     device.rules.out_of_service = "C,0"
-    controller.options.dispense_time = 0.5
+    # the vend outlasts the test's steps by far, and the agent waits for it longer still: on a
+    # loaded machine a 0.5 s dispense against a 0.5 s vend timeout ended the sale either way
+    controller.options.dispense_time = 1.0
+    device.vend_timeout = 10.0
     customer = asyncio.create_task(controller.customer("A2"))
     await until(lambda: "C,VEND,2.50" in controller.received)
     device.set_available(False, "service unreachable: timed out")
