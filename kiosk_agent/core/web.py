@@ -19,7 +19,8 @@ Limits (the ``http:`` section, :data:`kiosk_agent.core.config.HTTP_SCHEMA`), the
   when every one is busy the newcomer gets 503. Both picks are O(1): the connections that never
   spoke and the idle ones are kept in order in dicts of their own;
 - once ``max_connections`` are open, at most ``accept_rate_at_cap`` newcomers a second are
-  accepted; the rest wait in the kernel's accept queue until the budget refills. Of those, one
+  accepted; the rest wait in the kernel's accept queue (:data:`LISTEN_BACKLOG`, so a real
+  client waits a bounded time there, in order) until the budget refills. Of those, one
   whose request head has already arrived whole gets in (closing one of those above, or told
   503 when all are busy); a silent one gets in within :data:`SILENT_SHARE` of the rate
   (closing the oldest silent one), else it is told 503 and closed at once, without a transport
@@ -78,8 +79,12 @@ MAX_STREAM_FRAME = 1024
 # New connections accepted in one turn of the event loop: the established ones are served
 # between turns, so a burst of a hundred newcomers cannot hold up an answer for the whole burst.
 ACCEPTS_PER_TURN = 16
-# The kernel's queue of connections not accepted yet (asyncio's default).
-LISTEN_BACKLOG = 100
+# The kernel's queue of connections not accepted yet. Under a flood it is full of the flood's
+# newcomers, taken at accept_rate_at_cap a second: long enough that a real client's handshake
+# is never dropped (each drop costs it 1 s, then 3 s, 7 s, ... of waiting to try again; with
+# asyncio's 100 one waited 0.3 s typically but 4.4 s and more now and then), so its wait is
+# bounded by this over the rate: 3.4 s. Costs kernel memory only, no descriptor.
+LISTEN_BACKLOG = 1024
 # At the cap, the share of accept_rate_at_cap let in without a request yet (each closing the
 # oldest silent connection); the other silent newcomers are told 503 at once. A newcomer whose
 # request is whole always gets in: the kernel's queue drains at the full rate, so a real client
