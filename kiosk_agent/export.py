@@ -23,16 +23,19 @@ import datetime as dt
 import enum
 import io
 import json
+import sys
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from decimal import Decimal
 from typing import TYPE_CHECKING, Any
 
-from pydantic import BaseModel
-
 from kiosk_agent.money import cents_to_dollars
 
 if TYPE_CHECKING:
+    from typing import TypeGuard
+
+    from pydantic import BaseModel
+
     from kiosk_agent.sales.journal import SaleRecord
     from kiosk_agent.service.models.reporting import ReportKind
 
@@ -108,9 +111,17 @@ def csv_cell(value: object) -> str:
     return neutralise(str(plain(value)))
 
 
+def is_model(value: object) -> TypeGuard[BaseModel]:
+    """Whether ``value`` is a pydantic model, without importing pydantic: no model exists
+    before pydantic's models module is imported, and a command that exports plain values (a
+    ``--json`` verdict) need not wait for it."""
+    pydantic_main = sys.modules.get("pydantic.main")
+    return pydantic_main is not None and isinstance(value, pydantic_main.BaseModel)
+
+
 def json_value(value: object) -> object:
     """A value as JSON holds it (nested records and lists included, tokens left out)."""
-    if isinstance(value, BaseModel):
+    if is_model(value):
         return {key: json_value(item) for key, item in model_values(value).items()}
     if isinstance(value, list | tuple):
         return [json_value(item) for item in value]

@@ -153,7 +153,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     if command is None and "--version" in args_list:
         print(f"kiosk-agent {__version__}")  # what argparse's version action prints, sooner
         return 0
-    import asyncio
     import json
 
     from kiosk_agent.cli.contract import EXIT_INTERRUPTED, EXIT_USAGE, check_contract
@@ -170,6 +169,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if handler is None:
         parser.print_help()
         return EXIT_USAGE
+    import asyncio  # here: `--help` and a usage error never wait for it
+
     try:
         return asyncio.run(handler(args))
     except KeyboardInterrupt:

@@ -9,7 +9,7 @@ import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kiosk_agent.cli.contract import (
     EXIT_FAILED,
@@ -32,14 +32,16 @@ from kiosk_agent.cli.contract import (
     say,
     wants_json,
 )
-from kiosk_agent.core.config import Config, ConfigInvalid, load_config
 from kiosk_agent.export import SALE_FORMATS, export_sales, sale_values
 from kiosk_agent.money import format_cents
-from kiosk_agent.sales.attention import RESOLUTIONS
-from kiosk_agent.sales.journal import Journal, JournalError, SaleRecord
 from kiosk_agent.sales.model import money_text
-from kiosk_agent.sales.owner import JournalOwned
-from kiosk_agent.sales.states import SaleState
+from kiosk_agent.sales.states import RESOLUTIONS, SaleState
+
+# The configuration loader and the journal are imported by the commands that use them: the
+# parser (`--help`, shell completion) must not wait for YAML, voluptuous and sqlite.
+if TYPE_CHECKING:
+    from kiosk_agent.core.config import Config
+    from kiosk_agent.sales.journal import Journal, SaleRecord
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -142,6 +144,8 @@ def _sales_list_options(parser: argparse.ArgumentParser) -> None:
 
 
 async def check_config_command(args: argparse.Namespace) -> int:
+    from kiosk_agent.core.config import ConfigInvalid, load_config
+
     path = existing_config(args.config_file) if args.config_file else config_path(args)
     try:
         config = load_config(path)
@@ -257,6 +261,8 @@ async def run_command(args: argparse.Namespace) -> int:
     config = load(config_path(args))
     from kiosk_agent.app import agent_for
     from kiosk_agent.core.logging import setup_logging
+    from kiosk_agent.sales.journal import JournalError
+    from kiosk_agent.sales.owner import JournalOwned
 
     setup_logging(config["logging"])
     # Before anything starts: a signal during the start is a graceful stop once it is done.
@@ -325,6 +331,8 @@ def _table(sales: Sequence[SaleRecord]) -> str:
 
 
 def _open_journal(args: argparse.Namespace) -> Journal:
+    from kiosk_agent.sales.journal import Journal, JournalError
+
     config = load(config_path(args), check_platforms=False)
     path = config.resolve(config["journal"]["path"])
     if not path.exists():

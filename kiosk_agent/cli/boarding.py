@@ -6,7 +6,6 @@
 from __future__ import annotations
 
 import argparse
-import sqlite3
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any
 
@@ -114,6 +113,7 @@ async def webhook_merchant_states(args: argparse.Namespace) -> int:
 
 
 def stored_merchant_states(path: Path) -> list[Any]:
+    import sqlite3
     from pathlib import Path
 
     from kiosk_agent.admin.webhooks import read_merchant_states

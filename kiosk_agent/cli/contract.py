@@ -21,7 +21,6 @@
 from __future__ import annotations
 
 import argparse
-import asyncio
 import contextlib
 import datetime as dt
 import functools
@@ -37,13 +36,18 @@ from decimal import Decimal
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO, TypeVar
 
-from pydantic import BaseModel, SecretStr, ValidationError
-
-from kiosk_agent.export import HIDDEN_FIELDS, Amount, json_value, model_values, plain
+from kiosk_agent.export import HIDDEN_FIELDS, Amount, is_model, json_value, model_values, plain
 from kiosk_agent.money import MoneyError, format_cents, parse_price
-from kiosk_agent.service.settings import DEFAULT_TIMEOUT
+from kiosk_agent.service.timeouts import DEFAULT_TIMEOUT
 
+# asyncio, pydantic, the service and the configuration loader are imported where a command
+# uses them: every command's parser is built from this module, and `--help` or shell completion
+# must not wait for them (tests/cli/test_startup.py)
 if TYPE_CHECKING:
+    import asyncio
+
+    from pydantic import BaseModel, ValidationError
+
     from kiosk_agent.core.config import Config
     from kiosk_agent.service.client import ServiceClient
     from kiosk_agent.service.settings import ServiceSettings
@@ -116,7 +120,7 @@ def signal_name(signum: int) -> str:
     except ValueError:
         return f"SIGRTMIN+{signum - signal.SIGRTMIN}"
 
-M = TypeVar("M", bound=BaseModel)
+M = TypeVar("M", bound="BaseModel")
 
 CONFIG_ENV = "KIOSK_CONFIG"
 DEFAULT_TIMEOUT_S = DEFAULT_TIMEOUT  # --timeout: the service's one default (service.timeout)
@@ -293,12 +297,16 @@ class StopSignals:
     logged with what happens next, so a stop is never a mystery in the log."""
 
     def __init__(self, doing: str) -> None:
+        import asyncio
+
         self.event = asyncio.Event()
         self.received: signal.Signals | None = None
         self._doing = doing  # what the first stop signal starts, for the log line
         self._inherited_ignore = False
 
     def install(self) -> StopSignals:
+        import asyncio
+
         # Started under `nohup` (SIGHUP ignored), the agent keeps ignoring it, as asked.
         self._inherited_ignore = signal.getsignal(signal.SIGHUP) is signal.SIG_IGN
         loop = asyncio.get_running_loop()
@@ -308,6 +316,8 @@ class StopSignals:
         return self
 
     def remove(self) -> None:
+        import asyncio
+
         loop = asyncio.get_running_loop()
         for signum in (*STOP_SIGNALS, *IGNORED_SIGNALS):
             with contextlib.suppress(NotImplementedError):
@@ -349,6 +359,8 @@ def guarded(handler: Handler) -> Handler:
         except BrokenPipeError:  # `... | head`: the reader left, nothing to say
             return EXIT_OK
         except BaseException as err:
+            import asyncio
+
             if isinstance(err, KeyboardInterrupt | SystemExit | asyncio.CancelledError):
                 raise
             message, code, details, scrub = _explain(err)
@@ -466,6 +478,8 @@ class StatusLine:
         if not self.live:
             yield
             return
+        import asyncio
+
         task = asyncio.create_task(self._tick(what, limit_s))
         try:
             yield
@@ -476,6 +490,8 @@ class StatusLine:
             self.clear()
 
     async def _tick(self, what: str, limit_s: float) -> None:
+        import asyncio
+
         started = time.monotonic()
         await asyncio.sleep(WAIT_LINE_AFTER_S)
         while True:
@@ -612,6 +628,8 @@ async def _configured_values(path: Path) -> AsyncIterator[dict[str, Any]]:
     """The service settings the agent itself would use with this configuration, by the names
     the settings take (read by the agent's own loader, so ``!secret``, the defaults and the
     place of the rotated key are the same for both)."""
+    from pydantic import ValidationError
+
     from kiosk_agent.app import configured_service
 
     config = load(path, check_platforms=False)
@@ -676,6 +694,8 @@ def _note_address_origin(path: Path | None, values: dict[str, Any], needs: str) 
 def _settings(
     values: dict[str, Any], needs: str, timeout: float | None, path: Path | None = None
 ) -> ServiceSettings:
+    from pydantic import ValidationError
+
     from kiosk_agent.service.settings import ServiceSettings
 
     if "base_url" not in values and "reporting_url" in values:
@@ -712,6 +732,8 @@ def _settings(
 
 
 def _plain_settings(settings: ServiceSettings) -> dict[str, Any]:
+    from pydantic import SecretStr
+
     # By the names the settings take (``mid``), so KIOSK_* variables override them one for one.
     given = settings.model_dump(by_alias=True, exclude_unset=True, exclude_none=True)
     return {
@@ -736,6 +758,8 @@ def given(args: argparse.Namespace, names: Iterable[str]) -> dict[str, Any]:
 
 def validated(model: type[M], what: str, fields: dict[str, Any]) -> M:
     """``model`` of ``fields``; refused fields are a usage error that starts with ``what``."""
+    from pydantic import ValidationError
+
     try:
         return model.model_validate(fields)
     except ValidationError as err:
@@ -773,7 +797,7 @@ Money = Amount  # integer cents in a printed record: ``$2.50`` for people, ``"2.
 
 
 def jsonable(value: object) -> object:
-    if isinstance(value, BaseModel):
+    if is_model(value):
         return safe_dump(value)
     return json_value(value)
 

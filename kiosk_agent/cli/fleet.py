@@ -17,9 +17,7 @@ import json
 import os
 import time
 from pathlib import Path
-from typing import Any
-
-import aiohttp
+from typing import TYPE_CHECKING, Any
 
 from kiosk_agent.cli.contract import (
     CONFIG_ENV,
@@ -42,19 +40,13 @@ from kiosk_agent.cli.contract import (
     timeout_of,
     wants_json,
 )
-from kiosk_agent.core.config import Config
-from kiosk_agent.core.doctor import (
-    Check,
-    Report,
-    Verdict,
-    check_config,
-    check_journal,
-    check_serial_ports,
-    check_terminals,
-    check_upstream,
-    describe,
-)
 from kiosk_agent.money import format_cents
+
+# The checks (core/doctor.py), the configuration and aiohttp are imported by the commands that
+# use them: the parser (`--help`, shell completion) must not wait for them.
+if TYPE_CHECKING:
+    from kiosk_agent.core.config import Config
+    from kiosk_agent.core.doctor import Check, Report
 
 TOKEN_ENV = "KIOSK_AGENT_TOKEN"  # noqa: S105 - the variable's name, not a secret
 
@@ -138,6 +130,14 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
 async def doctor_command(args: argparse.Namespace) -> int:
     # The checks and their fixes live in core/doctor.py (the status page runs them too).
+    from kiosk_agent.core.doctor import (
+        Report,
+        check_config,
+        check_journal,
+        check_serial_ports,
+        check_upstream,
+    )
+
     as_json = wants_json(args)
     report = Report(on_check=None if as_json else _print_check)
     config = check_config(report, named_config(args))
@@ -164,6 +164,8 @@ async def doctor_command(args: argparse.Namespace) -> int:
 def verdict(report: Report) -> str:
     """``all 8 checks passed, 4 skipped`` or ``2 of 8 checks failed: ...``: skipped checks
     are counted apart, never as checks that ran."""
+    from kiosk_agent.core.doctor import Verdict
+
     if not report.checks:
         return "nothing checked"
     skipped = sum(c.verdict is Verdict.SKIP for c in report.checks)
@@ -182,6 +184,7 @@ def _print_check(check: Check) -> None:
 
 async def _check_service(report: Report, config: Config, args: argparse.Namespace) -> None:
     from kiosk_agent.app import configured_service
+    from kiosk_agent.core.doctor import Verdict, check_terminals
     from kiosk_agent.service.client import ServiceClient
 
     async with configured_service(config) as configured:
@@ -214,6 +217,8 @@ def _broker(args: argparse.Namespace) -> tuple[Path, dict[str, Any], dict[str, A
 
 
 def _unreachable(mqtt: dict[str, Any], err: BaseException) -> CliError:
+    from kiosk_agent.core.doctor import describe
+
     return CliError(f"cannot reach the MQTT broker {mqtt['host']}:{mqtt['port']}: "
                     f"{describe(err)}", EXIT_UNREACHABLE)
 
@@ -379,6 +384,10 @@ async def health_command(args: argparse.Namespace) -> int:
         from kiosk_agent.cli.events import watch_health
 
         return await watch_health(args)
+    import aiohttp
+
+    from kiosk_agent.core.doctor import describe
+
     url, token = admin_address(args)
     headers = {"Authorization": f"Bearer {token}"}
     within = timeout_of(args)

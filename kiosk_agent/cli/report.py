@@ -11,9 +11,7 @@ import argparse
 import sys
 from collections.abc import AsyncIterator, Sequence
 from datetime import datetime
-from typing import Any, TextIO
-
-from pydantic import BaseModel, ValidationError
+from typing import TYPE_CHECKING, Any, TextIO
 
 from kiosk_agent.cli.contract import (
     EXIT_OK,
@@ -39,6 +37,9 @@ from kiosk_agent.export import (
     report_columns,
     report_values,
 )
+
+if TYPE_CHECKING:  # pydantic is imported with the service's models, when a report is pulled
+    from pydantic import BaseModel
 
 SERVICE = options(timeout=True)
 REPORT_KINDS = ("transactions", "deposits", "chargebacks", "adjustments")
@@ -128,6 +129,8 @@ def output_format(args: argparse.Namespace) -> str:
 
 def build_filter(kind: str, args: argparse.Namespace) -> Any:
     """The typed ``q`` filter of ``kind`` from the command line; names a misplaced option."""
+    from pydantic import ValidationError
+
     from kiosk_agent.service.models.reporting import ReportKind
 
     report_kind = ReportKind(kind)

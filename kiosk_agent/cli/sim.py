@@ -5,16 +5,18 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sqlite3
 import sys
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kiosk_agent.cli.contract import positive_number, stop_on_signals
-from kiosk_agent.service.settings import ServiceSettings
-from kiosk_agent.sim.ratelimit import RateLimit
-from kiosk_agent.sim.server import SimOptions, SimServer
+
+# The simulator and the service's settings (pydantic) are imported when a simulator starts:
+# `--help` and shell completion build this parser without them.
+if TYPE_CHECKING:
+    from kiosk_agent.service.settings import ServiceSettings
+    from kiosk_agent.sim.server import SimOptions
 
 DEFAULT_PORT = 8990
 READY = "READY "  # the line `kiosk-agent sim` prints once it listens: READY {json}
@@ -77,6 +79,8 @@ def _port(text: str) -> int:
 
 
 def _rate_limit(text: str) -> str:
+    from kiosk_agent.sim.ratelimit import RateLimit
+
     try:
         RateLimit.parse(text)
     except ValueError as err:
@@ -87,6 +91,8 @@ def _rate_limit(text: str) -> str:
 def settings_from_ready(info: Mapping[str, Any], **tuning: Any) -> ServiceSettings:
     """The client settings that reach a simulator as its merchant, from its READY information
     (``SimServer.ready_info()``, or the JSON of the ``READY`` line); ``tuning``: other fields."""
+    from kiosk_agent.service.settings import ServiceSettings
+
     return ServiceSettings.reaching_simulator(info, **tuning)
 
 
@@ -100,6 +106,8 @@ def parse_ready(line: str) -> dict[str, Any] | None:
 
 
 def options_from_args(args: argparse.Namespace) -> SimOptions:
+    from kiosk_agent.sim.server import SimOptions
+
     return SimOptions(
         host=args.host,
         port=args.port,
@@ -116,6 +124,10 @@ def options_from_args(args: argparse.Namespace) -> SimOptions:
 
 
 async def run_sim(args: argparse.Namespace) -> int:
+    import sqlite3
+
+    from kiosk_agent.sim.server import SimServer
+
     if args.verbose:
         import logging
 
@@ -144,11 +156,13 @@ async def run_sim(args: argparse.Namespace) -> int:
 # -- sim trigger: the test helpers from the command line (as `stripe trigger` does) ------------
 
 SIM_URL_ENV = "KIOSK_BASE_URL"
+# Who moves a merchant: service.models.boarding.MerchantTrigger's values, here without pydantic
+# for the parser (tests/cli/test_sim_trigger.py holds them equal)
+MERCHANT_TRIGGERS = ("api", "ui", "system")
 
 
 def _register_trigger(parser: argparse.ArgumentParser) -> None:
     from kiosk_agent.cli.contract import case_insensitive, guarded, options
-    from kiosk_agent.service.models.boarding import MerchantTrigger
 
     actions = parser.add_subparsers(dest="sim_action", metavar="ACTION")
     trigger = actions.add_parser(
@@ -172,7 +186,7 @@ def _register_trigger(parser: argparse.ArgumentParser) -> None:
     status.add_argument("status", metavar="STATUS",
                         help="new, sent_for_signature, signed, in_underwriting, boarded, live, "
                         "cancelled, declined, deleted")
-    movers = [t.value for t in MerchantTrigger]
+    movers = list(MERCHANT_TRIGGERS)
     status.add_argument("--trigger", dest="moved_by", type=case_insensitive(movers),
                         help=f"who moved it: {', '.join(movers)} (default: ui)")
     for sub in (settle, offline, online, status):

@@ -15,14 +15,15 @@ import json
 import re
 import sys
 from pathlib import Path
-from typing import Any
-
-import voluptuous as vol
+from typing import TYPE_CHECKING, Any
 
 from kiosk_agent.cli.contract import positive_int, positive_number, stop_on_signals
-from kiosk_agent.core.config import positive_price
 from kiosk_agent.platforms import mdb_protocol as wire
-from kiosk_agent.platforms.virtual import ControllerOptions, VirtualController, VisitRecorder
+
+# The controller and the configuration's price rule are imported when a machine starts (or a
+# price is read): `--help` and shell completion build this parser without them.
+if TYPE_CHECKING:
+    from kiosk_agent.platforms.virtual import ControllerOptions, VirtualController
 
 READY = "READY "  # printed once the machine can be opened: READY {json}
 DONE = "DONE "  # printed when --count customers were served: DONE {json tally}
@@ -95,6 +96,10 @@ def _listen(text: str) -> tuple[str, int]:
 
 
 def _product(text: str) -> tuple[str, int]:
+    import voluptuous as vol
+
+    from kiosk_agent.core.config import positive_price
+
     code, sep, price = text.partition("=")
     if not sep or not code or "," in code:
         raise argparse.ArgumentTypeError(f"expected CODE=PRICE like A1=1.50, got {text!r}")
@@ -115,6 +120,8 @@ def _share(text: str) -> float:
 
 
 def options_from_args(args: argparse.Namespace) -> ControllerOptions:
+    from kiosk_agent.platforms.virtual import ControllerOptions
+
     products = dict(args.product or [_product(p) for p in DEFAULT_PRODUCTS])
     return ControllerOptions(
         products=products,
@@ -126,6 +133,8 @@ def options_from_args(args: argparse.Namespace) -> ControllerOptions:
 
 
 async def run_virtual(args: argparse.Namespace) -> int:
+    from kiosk_agent.platforms.virtual import VirtualController, VisitRecorder
+
     controller = VirtualController(options_from_args(args), seed=args.seed)
     record = args.record.open("a", encoding="utf-8") if args.record else None
     try:

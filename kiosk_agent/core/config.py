@@ -48,7 +48,7 @@ from kiosk_agent.core.yaml_loader import (
     load_yaml as load_yaml,
 )
 from kiosk_agent.money import MoneyError, format_cents, parse_price
-from kiosk_agent.service.settings import DEFAULT_TIMEOUT
+from kiosk_agent.service.timeouts import DEFAULT_TIMEOUT
 
 # Keys whose value must come from !secret or !env_var, never be written inline.
 SECRET_KEYS = frozenset(

@@ -28,7 +28,7 @@ from kiosk_agent.redact import redact
 from kiosk_agent.sales.clock import Anchor, elapsed_at_least
 from kiosk_agent.sales.journal import Journal, JournalError, SaleMoved, SaleRecord
 from kiosk_agent.sales.model import Flow, SaleEvent
-from kiosk_agent.sales.states import NO_CHARGE_STEPS, SaleState, Step
+from kiosk_agent.sales.states import NO_CHARGE_STEPS, RESOLUTIONS, SaleState, Step
 from kiosk_agent.sales.steps import SaleContext, SaleSteps, event_of
 from kiosk_agent.tasks import BackgroundTask
 from kiosk_agent.text import control_character
@@ -41,8 +41,6 @@ _LOGGER = logging.getLogger(__name__)
 MAX_RETRIES = 3  # money calls a sweep may make for one sale, in all
 MAX_WHY = 500
 
-# what a person says happened -> the state it ends the sale in
-RESOLUTIONS = {"captured": SaleState.COMPLETED, "reversed": SaleState.REVERSED}
 
 
 class ResolveError(ValueError):

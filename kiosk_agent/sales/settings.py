@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 
 from kiosk_agent.sales.receipts import ReceiptSettings
 from kiosk_agent.sales.states import Flow
-from kiosk_agent.service.settings import DEFAULT_TIMEOUT
+from kiosk_agent.service.timeouts import DEFAULT_TIMEOUT
 
 # A read-card or charge-card interaction lives this long on the service (choices.md).
 INTERACTION_LIFETIME = 180.0

@@ -203,6 +203,12 @@ RECOVERY_REPORTING = ReportingSteps(
 )
 
 # The steps that send a money call (and write its answer_by with it).
+# what a person says happened to a sale in attention -> the state it ends the sale in
+# (`kiosk-agent sales resolve --as`, sales.attention.resolve)
+RESOLUTIONS: Mapping[str, SaleState] = {
+    "captured": SaleState.COMPLETED, "reversed": SaleState.REVERSED,
+}
+
 REQUEST_STEPS = frozenset({Step.CHARGE_CARD_REQUEST, Step.AUTHORIZE_REQUEST})
 # The steps that end a sale on "reporting showed no charge by the deadline": the only FAILED
 # sales the late-charge net reopens.

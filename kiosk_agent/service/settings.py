@@ -15,6 +15,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
 
 from kiosk_agent.service.errors import MissingCredentialsError
+from kiosk_agent.service.timeouts import DEFAULT_TIMEOUT as DEFAULT_TIMEOUT  # one default
 
 NO_API_KEY = (
     "no payments API key configured: set service.api_key (KIOSK_API_KEY for the command line); "
@@ -43,9 +44,6 @@ class Timeouts:
     total: float
 
 
-# The longest one call may take, everything included, unless configured (service.timeout) or
-# given (--timeout): the one default of that setting; the config schema and the CLI refer to it.
-DEFAULT_TIMEOUT = 15.0
 # A small answer that has not started within this long is not coming: ask again (retry-safe).
 QUICK_READ = 5.0
 # The cable handshake is given this long at most; the wait then polls instead.

@@ -82,3 +82,15 @@ async def test_sim_verbose_logs_each_request_and_event_on_one_line(
     finally:
         process.terminate()
         await process.wait()
+
+
+def test_the_trigger_option_offers_who_the_service_says_may_move_a_merchant() -> None:
+    # the parser's list is kept without pydantic (--help and completion stay quick)
+    from kiosk_agent.cli.sim import MERCHANT_TRIGGERS
+    from kiosk_agent.service.models.boarding import MerchantTrigger
+
+    assert tuple(t.value for t in MerchantTrigger) == MERCHANT_TRIGGERS
+    args = build_parser("sim").parse_args(
+        ["sim", "trigger", "merchant-status", "1", "live", "--trigger", "SYSTEM"]
+    )
+    assert args.moved_by == "system"

@@ -1,5 +1,7 @@
-"""The command line answers at once: ``--version`` imports nothing of the agent and ``--help``
-imports no command module (on a Pi Zero each heavy import costs a field tech seconds)."""
+"""The command line answers at once: ``--version`` imports nothing of the agent, ``--help``
+imports no command module, and a command's ``--help`` and shell completion build the parser
+without the libraries and modules the commands run on (on a Pi Zero each heavy import costs a
+field tech seconds)."""
 
 from __future__ import annotations
 
@@ -16,14 +18,27 @@ from kiosk_agent.cli import COMMAND_HELP, COMMAND_MODULES, build_parser
 HEAVY = ("aiohttp", "kiosk_agent.sim", "kiosk_agent.admin", "kiosk_agent.core", "pydantic")
 
 
-def modules_after(argv: list[str]) -> tuple[str, set[str]]:
-    """Run ``kiosk-agent ARGV`` in a fresh Python; its output and every module it imported."""
+# What a parser may be built from: the command modules, the contract and these small modules
+# of plain data (states, amounts, the MDB wire's units, the timeout default).
+PARSER_MODULES = {
+    "kiosk_agent", "kiosk_agent.cli", "kiosk_agent.export", "kiosk_agent.money",
+    "kiosk_agent.service", "kiosk_agent.service.timeouts", "kiosk_agent.sales",
+    "kiosk_agent.sales.states", "kiosk_agent.sales.model", "kiosk_agent.platforms",
+    "kiosk_agent.platforms.mdb_protocol", "kiosk_agent.tasks",
+}  # fmt: skip
+LIBRARIES = ("aiohttp", "pydantic", "yaml", "voluptuous", "serial", "aiomqtt", "sqlite3")
+
+
+def modules_after(*argvs: list[str]) -> tuple[str, set[str]]:
+    """Run ``kiosk-agent ARGV`` for each ARGV in one fresh Python; the output and every module
+    imported by them all."""
     probe = (
         "import contextlib, io, json, sys\n"
         "from kiosk_agent.cli import main\n"
         "out = io.StringIO()\n"
-        "with contextlib.redirect_stdout(out), contextlib.suppress(SystemExit):\n"
-        f"    main({argv!r})\n"
+        f"for argv in {list(argvs)!r}:\n"
+        "    with contextlib.redirect_stdout(out), contextlib.suppress(SystemExit):\n"
+        "        main(argv)\n"
         "print(json.dumps([out.getvalue(), sorted(sys.modules)]))\n"
     )
     done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
@@ -61,3 +76,34 @@ def test_the_overview_says_of_each_command_what_its_module_does() -> None:
             registered = {choice.dest: choice.help for choice in action._choices_actions}
     assert registered == COMMAND_HELP
     assert set(COMMAND_MODULES) == set(COMMAND_HELP)
+
+
+def test_no_help_and_no_completion_script_waits_for_what_the_commands_run_on() -> None:
+    # one process for all: what none of them imports, no single one does
+    helps = [[name, "--help"] for name in COMMAND_HELP]
+    scripts = [["completion", shell] for shell in ("bash", "zsh", "fish")]
+    output, modules = modules_after(*helps, *scripts)
+    assert "-F _kiosk_agent_complete kiosk-agent" in output  # bash
+    assert "complete -c kiosk-agent" in output  # fish
+    assert "usage: kiosk-agent sales" in output
+    for library in LIBRARIES:
+        assert imported(modules, library) == [], library
+    ours = {m for m in modules if m.startswith("kiosk_agent")}
+    ours -= set(imported(modules, "kiosk_agent.cli"))
+    assert ours <= PARSER_MODULES, sorted(ours - PARSER_MODULES)
+
+
+def test_a_commands_help_does_not_start_asyncio() -> None:
+    output, modules = modules_after(["terminals", "--help"], ["run", "--help"])
+    assert "usage: kiosk-agent terminals" in output
+    assert imported(modules, "asyncio") == []
+
+
+def test_the_completion_scripts_run_no_python_on_tab() -> None:
+    # static scripts: a Tab on a Pi Zero must not wait for Python to start (a dynamic script
+    # would call the program back: `$(kiosk-agent ...)` in bash and zsh, `(kiosk-agent ...)`
+    # in fish)
+    output, _modules = modules_after(*(["completion", shell] for shell in ("bash", "zsh", "fish")))
+    assert "_kiosk_agent_complete()" in output
+    assert "(kiosk-agent" not in output
+    assert "python" not in output
