@@ -11,8 +11,14 @@
 2. Under a slow-connection flood: the real agent (admin API + kiosk API, on the simulator) under
    ``--flood`` slow-header connections on its kiosk API port, sent by a process of its own
    (``tests/admin/slowloris.py``), the agent limited to 1,024 descriptors as systemd gives by
-   default: ``/api/status`` p50/p99 and kiosk API sales completed of those tried, for
-   ``--flood-seconds``; and the connections and descriptors the agent holds.
+   default. The honest clients, each on its keep-alive connection: the touchscreen app selling
+   and the admin polling ``/api/status``; and a newcomer asking the kiosk API's status on a
+   fresh connection every quarter second. First for ``--quiet-seconds`` without the flood (the
+   baseline of this machine in this run), then for ``--flood-seconds`` under it: status p50/p99,
+   sales completed of those tried and every failure counted, the newcomer's wait, and the CPU of
+   the agent's process (agent, simulator and clients: compare with the quiet phase), of the
+   flooder, and of the whole machine (from /proc), so a loaded machine shows; and the
+   connections, descriptors and churn of the agent.
 3. Heartbeat cost: CPU milliseconds of this process per heartbeat, building the report from a
    realistic health model, and sending it over HTTP (to a local receiver) and over MQTT (to a
    Mosquitto broker in its own process, when installed).
@@ -26,12 +32,15 @@ import argparse
 import asyncio
 import json
 import multiprocessing
+import os
+import resource
 import shutil
 import socket
 import subprocess
 import tempfile
 import time
 from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass, field
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -295,6 +304,7 @@ service:
 terminals: [{device_id: SIM-0001, name: front}]
 journal: {path: journal.db}
 health: {ping_interval: 3600}
+http: {accept_rate_at_cap: %(accept_rate)s}
 admin:
   port: 0
   tokens: [{name: ops, token: !secret admin_token}]
@@ -310,9 +320,167 @@ ADMIN_TOKEN = "bench-admin-token-0123456789"  # noqa: S105 - throwaway tokens fo
 KIOSK_TOKEN = "bench-kiosk-token-0123456789"  # noqa: S105
 
 
-async def bench_flood(connections: int, seconds: float, directory: Path) -> dict[str, float]:
-    import os
-    import resource
+@dataclass
+class Phase:
+    """What the honest clients saw over one stretch, and what it cost."""
+
+    seconds: float = 0.0
+    status_s: list[float] = field(default_factory=list)
+    status_failed: int = 0
+    newcomer_s: list[float] = field(default_factory=list)  # a fresh connection's request
+    newcomer_failed: int = 0
+    tried: int = 0
+    completed: int = 0
+    failures: dict[str, int] = field(default_factory=dict)  # what went wrong, counted
+    agent_cpu_s: float = 0.0  # user + system of this process (agent, simulator, clients)
+    flooder_cpu_s: float = 0.0
+    machine_busy: float = 0.0  # of every core, from /proc/stat
+    load: float = 0.0  # load average (1 min) at the end
+
+    def pct(self, cpu_s: float) -> float:
+        return cpu_s / self.seconds * 100
+
+
+def _process_cpu(pid: int | None = None) -> float:
+    """User + system seconds of this process, or of ``pid``, from /proc."""
+    if pid is None:
+        usage = resource.getrusage(resource.RUSAGE_SELF)
+        return usage.ru_utime + usage.ru_stime
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _machine_ticks() -> tuple[int, int]:
+    """(busy, total) jiffies of every core, from /proc/stat."""
+    values = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    idle = values[3] + values[4]  # idle + iowait
+    return sum(values) - idle, sum(values)
+
+
+class HonestClients:
+    """The touchscreen app selling and the admin polling status, each on one keep-alive
+    connection as they run, and a newcomer asking the kiosk API's status on a fresh connection
+    every quarter second. Every failure is counted: the bench never dies on one."""
+
+    def __init__(self, kiosk_port: int, admin_url: str, flooder: int | None = None) -> None:
+        self.base = f"http://127.0.0.1:{kiosk_port}/api/v1"
+        self.admin_url = admin_url
+        self.flooder = flooder
+        self.admin_auth = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
+        self.kiosk_auth = {"Authorization": f"Bearer {KIOSK_TOKEN}"}
+
+    async def run(self, seconds: float) -> Phase:
+        phase = Phase()
+        sessions = [
+            aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=1)),  # the app
+            aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=1)),  # the admin
+            aiohttp.ClientSession(  # a newcomer each time
+                connector=aiohttp.TCPConnector(force_close=True),
+                timeout=aiohttp.ClientTimeout(total=10),
+            ),
+        ]
+        app_http, admin_http, new_http = sessions
+        cpu, flooder_cpu, ticks = _process_cpu(), self._flooder_cpu(), _machine_ticks()
+        began = time.monotonic()
+        pollers = [
+            asyncio.create_task(self._statuses(admin_http, phase)),
+            asyncio.create_task(self._newcomers(new_http, phase)),
+        ]
+        try:
+            while time.monotonic() - began < seconds:
+                phase.tried += 1
+                try:
+                    outcome = await self._sale(app_http)
+                except (aiohttp.ClientError, TimeoutError) as err:
+                    outcome = f"{type(err).__name__}: {err}"
+                if outcome == "completed":
+                    phase.completed += 1
+                else:
+                    _count(phase.failures, f"sale: {outcome}")
+        finally:
+            for poller in pollers:
+                poller.cancel()
+            await asyncio.gather(*pollers, return_exceptions=True)
+            phase.seconds = time.monotonic() - began
+            phase.agent_cpu_s = _process_cpu() - cpu
+            phase.flooder_cpu_s = self._flooder_cpu() - flooder_cpu
+            busy, total = (now - then for now, then in zip(_machine_ticks(), ticks, strict=True))
+            phase.machine_busy = busy / max(total, 1)
+            phase.load = os.getloadavg()[0]
+            for session in sessions:
+                await session.close()
+        return phase
+
+    def _flooder_cpu(self) -> float:
+        return 0.0 if self.flooder is None else _process_cpu(self.flooder)
+
+    async def _statuses(self, http: aiohttp.ClientSession, phase: Phase) -> None:
+        while True:
+            started = time.perf_counter()
+            try:
+                async with http.get(f"{self.admin_url}/api/status", headers=self.admin_auth) as r:
+                    await r.read()
+                    ok = r.status == 200
+            except (aiohttp.ClientError, TimeoutError) as err:
+                ok = False
+                _count(phase.failures, f"status: {type(err).__name__}: {err}")
+            phase.status_s.append(time.perf_counter() - started)
+            phase.status_failed += not ok
+            await asyncio.sleep(0.05)
+
+    async def _newcomers(self, http: aiohttp.ClientSession, phase: Phase) -> None:
+        while True:
+            started = time.perf_counter()
+            try:
+                async with http.get(f"{self.base}/status", headers=self.kiosk_auth) as r:
+                    await r.read()
+                    ok = r.status == 200
+                    if not ok:
+                        _count(phase.failures, f"newcomer: answered {r.status}")
+            except (aiohttp.ClientError, TimeoutError) as err:
+                ok = False
+                _count(phase.failures, f"newcomer: {type(err).__name__}: {err}")
+            if ok:
+                phase.newcomer_s.append(time.perf_counter() - started)
+            phase.newcomer_failed += not ok
+            await asyncio.sleep(0.25)
+
+    async def _sale(self, http: aiohttp.ClientSession) -> str:
+        """One kiosk API sale to its end: its final state, or what went wrong."""
+        async with http.post(
+            f"{self.base}/sales", json={"product": "coffee"}, headers=self.kiosk_auth
+        ) as r:
+            if r.status != 202:
+                return f"POST /sales answered {r.status}"
+            sale_id = (await r.json())["sale_id"]
+        for _ in range(200):
+            async with http.get(f"{self.base}/sales/{sale_id}", headers=self.kiosk_auth) as r:
+                step = await r.json()
+            if step.get("final"):
+                return str(step["state"])
+            await asyncio.sleep(0.02)
+        return "no final state within 200 polls"
+
+
+def _print_phase(name: str, phase: Phase) -> None:
+    p50, p99 = _p(phase.status_s, 0.5), _p(phase.status_s, 0.99)
+    print(f"  {name}: /api/status p50 {p50:.1f} ms, p99 {p99:.1f} ms ({len(phase.status_s)} "
+          f"requests, {phase.status_failed} failed); sales completed {phase.completed} of "
+          f"{phase.tried}")
+    if phase.newcomer_s:
+        print(f"    a newcomer's request on a fresh connection: p50 "
+              f"{_p(phase.newcomer_s, 0.5):.1f} ms, max {max(phase.newcomer_s) * 1000:.0f} ms "
+              f"({len(phase.newcomer_s)} answered, {phase.newcomer_failed} failed)")
+    print(f"    CPU: agent process {phase.pct(phase.agent_cpu_s):.0f} % of a core, flooder "
+          f"{phase.pct(phase.flooder_cpu_s):.0f} %; the machine {phase.machine_busy:.0%} busy "
+          f"(every core), load average {phase.load:.1f}")
+    for what, count in sorted(phase.failures.items()):
+        print(f"    failed x{count}: {what}")
+
+
+async def bench_flood(
+    connections: int, seconds: float, quiet_seconds: float, accept_rate: float, directory: Path
+) -> dict[str, float]:
     import sys
 
     from kiosk_agent.app import load_agent
@@ -324,7 +492,7 @@ async def bench_flood(connections: int, seconds: float, directory: Path) -> dict
         f"admin_token: {ADMIN_TOKEN}\nkiosk_token: {KIOSK_TOKEN}\n"
     )
     (directory / "secrets.yaml").chmod(0o600)
-    (directory / "flood.yaml").write_text(FLOOD_CONFIG)
+    (directory / "flood.yaml").write_text(FLOOD_CONFIG % {"accept_rate": accept_rate})
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (min(1024, hard), hard))
     sim = SimServer(SimOptions(port=0, time_scale=50, transactions=50, rate_limit="1000/1"))
@@ -334,6 +502,8 @@ async def bench_flood(connections: int, seconds: float, directory: Path) -> dict
     await agent.start()
     [kiosk] = agent.platforms
     admin = next(c for c in agent.components if type(c).__name__ == "AdminServer")
+    # the same honest load first without the flood: the baseline of this machine, this run
+    quiet = await HonestClients(kiosk.port, admin.url).run(quiet_seconds)
     flood = await asyncio.create_subprocess_exec(
         sys.executable, str(SLOWLORIS), "127.0.0.1", str(kiosk.port), str(connections),
         stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
@@ -341,96 +511,52 @@ async def bench_flood(connections: int, seconds: float, directory: Path) -> dict
     assert flood.stdout is not None and flood.stdin is not None  # noqa: PT018
     try:
         await asyncio.wait_for(flood.stdout.readline(), 60)
-        evicted_before, flood_started = kiosk._site.evicted, time.monotonic()
-        status_s: list[float] = []
-        failures: dict[str, int] = {}  # what went wrong, counted: the bench never dies on one
-        tried = completed = status_failed = 0
-        admin_auth = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
-        kiosk_auth = {"Authorization": f"Bearer {KIOSK_TOKEN}"}
-        base = f"http://127.0.0.1:{kiosk.port}/api/v1"
-        # the touchscreen app and the admin: each one keep-alive connection, as they run
-        app_http = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=1))
-        admin_http = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=1))
-        try:
-
-            async def statuses() -> None:
-                nonlocal status_failed
-                while True:
-                    started = time.perf_counter()
-                    try:
-                        async with admin_http.get(
-                            f"{admin.url}/api/status", headers=admin_auth
-                        ) as r:
-                            await r.read()
-                            ok = r.status == 200
-                    except (aiohttp.ClientError, TimeoutError) as err:
-                        ok = False
-                        _count(failures, f"status: {type(err).__name__}: {err}")
-                    status_s.append(time.perf_counter() - started)
-                    status_failed += not ok
-                    await asyncio.sleep(0.05)
-
-            async def sale() -> str:
-                """One kiosk API sale to its end: its final state, or what went wrong."""
-                async with app_http.post(f"{base}/sales", json={"product": "coffee"},
-                                         headers=kiosk_auth) as r:
-                    if r.status != 202:
-                        return f"POST /sales answered {r.status}"
-                    sale_id = (await r.json())["sale_id"]
-                for _ in range(200):
-                    async with app_http.get(f"{base}/sales/{sale_id}", headers=kiosk_auth) as r:
-                        step = await r.json()
-                    if step.get("final"):
-                        return str(step["state"])
-                    await asyncio.sleep(0.02)
-                return "no final state within 200 polls"
-
-            poller = asyncio.create_task(statuses())
-            deadline = time.monotonic() + seconds
-            while time.monotonic() < deadline:
-                tried += 1
-                try:
-                    outcome = await sale()
-                except (aiohttp.ClientError, TimeoutError) as err:
-                    outcome = f"{type(err).__name__}: {err}"
-                if outcome == "completed":
-                    completed += 1
-                else:
-                    _count(failures, f"sale: {outcome}")
-            held = max(site.open_connections for site in live_sites())
-            churn = (kiosk._site.evicted - evicted_before) / (time.monotonic() - flood_started)
-            descriptors = len(os.listdir("/proc/self/fd"))
-            poller.cancel()
-            await asyncio.gather(poller, return_exceptions=True)
-        finally:
-            await app_http.close()
-            await admin_http.close()
+        site = kiosk._site
+        evicted, turned_away, flood_started = site.evicted, site.turned_away, time.monotonic()
+        flooded = await HonestClients(kiosk.port, admin.url, flood.pid).run(seconds)
+        held = max(site.open_connections for site in live_sites())
+        took = time.monotonic() - flood_started
+        churn = (site.evicted - evicted) / took
+        turned = (site.turned_away - turned_away) / took
+        descriptors = len(os.listdir("/proc/self/fd"))
     finally:
         flood.stdin.close()
         await flood.wait()
         await agent.stop()
         await sim.stop()
         resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
-    p50, p99 = _p(status_s, 0.5), _p(status_s, 0.99)  # in ms
-    print(f"flood: {connections} slow-header connections on the kiosk API for {seconds:g} s, "
-          f"the agent at 1,024 descriptors")
-    print(f"  /api/status p50 {p50:.1f} ms, p99 {p99:.1f} ms ({len(status_s)} requests)")
-    print(f"  sales completed {completed} of {tried}; status calls failed {status_failed}; "
-          f"the agent held {held} connections, {descriptors} descriptors; "
-          f"{churn:,.0f} flood connections evicted a second")
-    for what, count in sorted(failures.items()):
-        print(f"  failed x{count}: {what}")
+    print(f"flood: {connections} slow-header connections on the kiosk API for {seconds:g} s "
+          f"(after {quiet_seconds:g} s without), the agent at 1,024 descriptors")
+    _print_phase("without the flood", quiet)
+    _print_phase("under the flood", flooded)
+    print(f"  the agent held {held} connections, {descriptors} descriptors; "
+          f"{churn:,.0f} flood connections evicted a second, {turned:,.0f} turned away at once")
+    p99, quiet_p99 = _p(flooded.status_s, 0.99), _p(quiet.status_s, 0.99)
     return {
         "flood_connections": connections,
-        "flood_status_p50_ms": round(p50, 2),
+        "flood_status_p50_ms": round(_p(flooded.status_s, 0.5), 2),
         "flood_status_p99_ms": round(p99, 2),
-        "flood_status_requests": len(status_s),
-        "flood_sales_tried": tried,
-        "flood_sales_completed": completed,
-        "flood_sales_failed": tried - completed,
-        "flood_status_failed": status_failed,
+        "flood_status_requests": len(flooded.status_s),
+        "flood_quiet_status_p50_ms": round(_p(quiet.status_s, 0.5), 2),
+        "flood_quiet_status_p99_ms": round(quiet_p99, 2),
+        "flood_status_p99_vs_quiet_ratio": round(p99 / quiet_p99, 2),
+        "flood_sales_tried": flooded.tried,
+        "flood_sales_completed": flooded.completed,
+        "flood_sales_failed": flooded.tried - flooded.completed,
+        "flood_status_failed": flooded.status_failed,
+        "flood_newcomer_p50_ms": round(_p(flooded.newcomer_s, 0.5), 1) if flooded.newcomer_s
+        else None,
+        "flood_newcomer_max_ms": round(max(flooded.newcomer_s, default=0) * 1000, 1),
+        "flood_newcomer_failed": flooded.newcomer_failed,
+        "flood_quiet_newcomer_p50_ms": round(_p(quiet.newcomer_s, 0.5), 1),
+        "flood_agent_cpu_pct_of_core": round(flooded.pct(flooded.agent_cpu_s), 1),
+        "flood_quiet_agent_cpu_pct_of_core": round(quiet.pct(quiet.agent_cpu_s), 1),
+        "flood_flooder_cpu_pct_of_core": round(flooded.pct(flooded.flooder_cpu_s), 1),
+        "flood_machine_busy_pct": round(flooded.machine_busy * 100, 1),
+        "flood_load_average": round(flooded.load, 2),
         "flood_agent_connections_held": held,
         "flood_evictions_per_s": round(churn),
+        "flood_turned_away_per_s": round(turned),
         "flood_agent_descriptors": descriptors,
     }
 
@@ -442,6 +568,10 @@ async def main() -> None:
     parser.add_argument("--heartbeats", type=int, default=300)
     parser.add_argument("--flood", type=int, default=1100, help="slow-header connections")
     parser.add_argument("--flood-seconds", type=float, default=10.0)
+    parser.add_argument("--accept-rate", type=float, default=300.0,
+                        help="the agent's http.accept_rate_at_cap (default: the default)")
+    parser.add_argument("--quiet-seconds", type=float, default=5.0,
+                        help="the same honest load without the flood first (the baseline)")
     parser.add_argument("--only", choices=["webhooks", "flood", "heartbeats"],
                         help="run one part alone")
     args = parser.parse_args()
@@ -451,7 +581,9 @@ async def main() -> None:
             figures |= await bench_webhooks(args.events, args.concurrency, Path(tmp))
     if args.only in (None, "flood"):
         with tempfile.TemporaryDirectory() as tmp:
-            figures |= await bench_flood(args.flood, args.flood_seconds, Path(tmp))
+            figures |= await bench_flood(
+                args.flood, args.flood_seconds, args.quiet_seconds, args.accept_rate, Path(tmp)
+            )
     if args.only in (None, "heartbeats"):
         figures |= await bench_heartbeats(args.heartbeats)
     print(json.dumps(figures))

@@ -297,6 +297,12 @@ HTTP_SCHEMA = vol.Schema(
         # event streams (WebSocket, server-sent events) per server, apart from the connections:
         # past it a new stream is refused, and requests never wait behind streams
         vol.Optional("max_streams", default=32): vol.All(int, vol.Range(min=1, max=1024)),
+        # once max_connections are open, newcomers accepted a second (a quarter of them let in
+        # without a request yet); the rest wait in the kernel's queue: a flood's churn has a
+        # CPU bound
+        vol.Optional("accept_rate_at_cap", default=300.0): vol.All(
+            vol.Coerce(float), vol.Range(min=1, max=100000)
+        ),
         # how long a stop waits for requests in progress (seconds)
         vol.Optional("shutdown_grace", default=5.0): positive_float,
     }

@@ -13,12 +13,25 @@ Limits (the ``http:`` section, :data:`kiosk_agent.core.config.HTTP_SCHEMA`), the
   a client that takes nothing of its answer for ``body_timeout`` (its socket full: a report, a
   stream or a WebSocket it stopped reading) is cut;
 - at most ``max_connections`` are open per server: past it a connection with no request in
-  progress is closed to make room: the oldest that never finished a request (told 503 first: in
-  a burst its request may simply not have been read yet), else the oldest idle one that did, so
-  an honest client's keep-alive connection outlives a flood of newcomers that never speak; when
-  every one is busy the newcomer gets 503.
-  So a slow-header flood on one port holds a bounded number of descriptors and cannot lock a
-  real client out for long; the other ports are not touched at all;
+  progress is closed to make room: the oldest that never started a request (told 503 first: in
+  a burst its request may simply not have been read yet), else the one idle longest that did,
+  so an honest client's keep-alive connection outlives a flood of newcomers that never speak;
+  when every one is busy the newcomer gets 503. Both picks are O(1): the connections that never
+  spoke and the idle ones are kept in order in dicts of their own;
+- once ``max_connections`` are open, at most ``accept_rate_at_cap`` newcomers a second are
+  accepted; the rest wait in the kernel's accept queue (:data:`LISTEN_BACKLOG`, so a real
+  client waits a bounded time there, in order) until the budget refills. Of those, one
+  whose request head has already arrived whole gets in (closing one of those above, or told
+  503 when all are busy); a silent one gets in within :data:`SILENT_SHARE` of the rate
+  (closing the oldest silent one), else it is told 503 and closed at once, without a transport
+  or a request handler. A flood that reconnects as soon as it is closed would otherwise keep
+  the event loop accepting and closing at full speed, and every honest request, on any port of
+  the process, would wait behind that churn. Each turn of the loop accepts at most
+  :data:`ACCEPTS_PER_TURN`, so a burst of connections never holds up the established ones.
+  So a slow-header flood on one port holds a bounded number of descriptors and a bounded share
+  of the CPU, and cannot lock a real client out for long; the other ports are not touched;
+- the header deadline is kept by one timer per server, armed for the oldest connection that
+  has not spoken yet, not one timer per connection;
 - an event stream (a WebSocket, server-sent events) takes one of ``max_streams`` stream slots
   (:meth:`LocalSite.stream_slot`) instead of a connection slot: past that bound a new stream is
   refused (503), and however many streams are open every request still finds its
@@ -39,6 +52,8 @@ import json
 import logging
 import os
 import resource
+import socket
+import time
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -61,6 +76,25 @@ BODY = "<body>"  # the field named when the body as a whole is wrong
 # nothing but a close, so anything above a few bytes is refused before it is buffered.
 MAX_STREAM_FRAME = 1024
 
+# New connections accepted in one turn of the event loop: the established ones are served
+# between turns, so a burst of a hundred newcomers cannot hold up an answer for the whole burst.
+ACCEPTS_PER_TURN = 16
+# The kernel's queue of connections not accepted yet. Under a flood it is full of the flood's
+# newcomers, taken at accept_rate_at_cap a second: long enough that a real client's handshake
+# is never dropped (each drop costs it 1 s, then 3 s, 7 s, ... of waiting to try again; with
+# asyncio's 100 one waited 0.3 s typically but 4.4 s and more now and then), so its wait is
+# bounded by this over the rate: 3.4 s. Costs kernel memory only, no descriptor.
+LISTEN_BACKLOG = 1024
+# At the cap, the share of accept_rate_at_cap let in without a request yet (each closing the
+# oldest silent connection); the other silent newcomers are told 503 at once. A newcomer whose
+# request is whole always gets in: the kernel's queue drains at the full rate, so a real client
+# waits there behind a flood for a fraction of a second, not for the silent ones' budget.
+SILENT_SHARE = 0.25
+# A request head this long without its end is a head still coming (aiohttp refuses above 8 KiB).
+_PEEK_BYTES = 8192
+# How long to stop accepting when the process has no descriptor left for one more.
+_OUT_OF_DESCRIPTORS_PAUSE_S = 1.0
+
 _OVERLOADED_BODY = b'{"error": "unavailable", "detail": "every connection is busy; retry"}'
 _OVERLOADED = (
     b"HTTP/1.1 503 Service Unavailable\r\nConnection: close\r\nRetry-After: 1\r\n"
@@ -79,6 +113,7 @@ class HttpLimits:
     max_connections: int
     shutdown_grace: float
     max_streams: int = 32
+    accept_rate_at_cap: float = 300.0
 
     @classmethod
     def from_config(cls, conf: dict[str, Any] | None = None) -> HttpLimits:
@@ -138,10 +173,7 @@ class _Connection(asyncio.Protocol):
         self.streaming = False  # holds a stream slot: not counted against max_connections
         self.served = 0
         self.closing = False
-        # Armed at once: a connection that is never made, or never sends a request, goes.
-        self._timer: asyncio.TimerHandle | None = asyncio.get_running_loop().call_later(
-            site.limits.header_timeout, self._head_late
-        )
+        self.gone = False  # the connection is lost (its last request may still be ending)
         self._stall: asyncio.TimerHandle | None = None  # armed while the client takes nothing
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -170,26 +202,27 @@ class _Connection(asyncio.Protocol):
         self.handler.resume_writing()
 
     def connection_lost(self, exc: Exception | None) -> None:
-        self._cancel_timer()
+        self.gone = True
         self._cancel_stall()
         self.site._forget(self)
         if self.transport is not None:  # the handler saw the connection made
             self.handler.connection_lost(exc)
 
     def request_started(self) -> None:
-        self._cancel_timer()
         self.busy += 1
         self.served += 1
+        self.site._settle(self)
 
     def request_ended(self) -> None:
         self.busy -= 1
+        if self.busy == 0 and not (self.closing or self.gone):
+            self.site._idle[self] = None  # now the one idle for the shortest time
 
     def close(self, *, answer: bool = False) -> None:
         """Close now (its requests, if any, see the connection go). ``answer``: first tell a
         connection that was never served that the server is full (503), so a real client whose
         request had not been read yet hears why, instead of seeing the connection drop."""
         self._mark_closing()
-        self._cancel_timer()
         if self.transport is None:
             self.site._forget(self)
             return
@@ -201,13 +234,9 @@ class _Connection(asyncio.Protocol):
         if not self.closing:
             self.closing = True
             self.site._closing += 1
+            self.site._settle(self)
             if self.streaming:  # counted as closing now, no longer as a stream
                 self.site._streaming -= 1
-
-    def _cancel_timer(self) -> None:
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
 
     def _cancel_stall(self) -> None:
         if self._stall is not None:
@@ -230,17 +259,16 @@ class _Connection(asyncio.Protocol):
         if isinstance(self.transport, asyncio.WriteTransport):
             self.transport.abort()  # close() would wait for the buffer to drain: never
 
-    def _head_late(self) -> None:
-        self._timer = None
-        if self.served == 0 and not self.closing:
-            self.site.refusals(
-                "header_timeout",
-                "%s: closed a connection from %s that sent no request within %g s",
-                self.site.name,
-                _peer(self.transport),
-                self.site.limits.header_timeout,
-            )
-            self.close()
+    def head_late(self) -> None:
+        """No request head within header_timeout (the site's sweep found it)."""
+        self.site.refusals(
+            "header_timeout",
+            "%s: closed a connection from %s that sent no request within %g s",
+            self.site.name,
+            _peer(self.transport),
+            self.site.limits.header_timeout,
+        )
+        self.close()
 
 
 class _Overloaded(asyncio.Protocol):
@@ -250,6 +278,30 @@ class _Overloaded(asyncio.Protocol):
         if isinstance(transport, asyncio.WriteTransport):
             transport.write(_OVERLOADED)
         transport.close()
+
+
+class _Budget:
+    """A token bucket on the monotonic clock: ``rate`` a second, at most one second's worth
+    saved up."""
+
+    def __init__(self, rate: float, clock: Callable[[], float]) -> None:
+        self.rate = rate
+        self._clock = clock
+        self._tokens = rate
+        self._updated = clock()
+
+    def ready(self) -> bool:
+        now = self._clock()
+        self._tokens = min(self.rate, self._tokens + (now - self._updated) * self.rate)
+        self._updated = now
+        return self._tokens >= 1
+
+    def spend(self) -> None:
+        self._tokens -= 1
+
+    def wait(self) -> float:
+        """Seconds until the next token (after :meth:`ready` said no)."""
+        return (1 - self._tokens) / self.rate
 
 
 class ListenError(OSError):
@@ -273,17 +325,36 @@ class LocalSite:
     """One aiohttp application served on ``host:port`` until stopped, within its limits."""
 
     def __init__(
-        self, host: str, port: int, *, name: str = "http", limits: HttpLimits | None = None
+        self,
+        host: str,
+        port: int,
+        *,
+        name: str = "http",
+        limits: HttpLimits | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.host = host
         self.name = name
         self.limits = limits or HttpLimits.from_config()
+        self._clock = clock
         self._wanted_port = port
         self.port: int | None = None  # the bound port, once started
         self._runner: web.AppRunner | None = None
-        self._server: asyncio.Server | None = None
+        self._listeners: list[socket.socket] = []
+        self._resume: asyncio.TimerHandle | None = None  # accepting again, while paused
+        # at the cap: newcomers accepted a second (each looked at), and the silent ones among
+        # them let in a second (each closing the oldest silent connection)
+        self._triage = _Budget(self.limits.accept_rate_at_cap, clock)
+        self._room = _Budget(self.limits.accept_rate_at_cap * SILENT_SHARE, clock)
+        self._connecting: set[asyncio.Task[None]] = set()  # accepted, transport being made
         # handler -> connection, oldest first (dicts keep insertion order)
         self._connections: dict[RequestHandler, _Connection] = {}
+        # connections that never started a request -> their head's deadline, oldest first; and
+        # served ones with no request in progress, the one idle longest first: each eviction
+        # and each sweep takes from the front, whatever the number of connections
+        self._unserved: dict[_Connection, float] = {}
+        self._idle: dict[_Connection, None] = {}
+        self._head_sweep: asyncio.TimerHandle | None = None
         self.refusals = RefusalLog(_LOGGER, f"http:{name}")
         self._closing = 0  # connections in _connections that are closing (kept count: a flood
         # calls open_connections on every accept)
@@ -293,6 +364,8 @@ class LocalSite:
         self.streams = 0  # stream slots taken now
         self._streaming = 0  # connections in _connections holding one, not closing (kept count)
         self.streams_refused = 0
+        self.accept_pauses = 0  # times newcomers were left in the kernel's queue for a while
+        self.turned_away = 0  # silent newcomers closed at the cap, past accept_rate_at_cap
 
     @property
     def url(self) -> str:
@@ -345,22 +418,23 @@ class LocalSite:
         )
         await runner.setup()
         self._runner = runner
-        loop = asyncio.get_running_loop()
         try:
-            self._server = await loop.create_server(self._accept, self.host, self._wanted_port)
+            self._listeners = await _listen(self.host, self._wanted_port)
         except OSError as err:
             await runner.cleanup()
             self._runner = None
             raise ListenError(self.name, self.host, self._wanted_port, err) from None
-        self.port = int(self._server.sockets[0].getsockname()[1])
+        self.port = int(self._listeners[0].getsockname()[1])
+        self._start_accepting()
         _LIVE.add(self)
         _check_descriptors()
 
     async def stop(self) -> None:
         _LIVE.discard(self)
-        server, self._server = self._server, None
-        if server is not None:
-            server.close()  # no new connections
+        self._stop_accepting()  # no new connections
+        for listener in self._listeners:
+            listener.close()
+        self._listeners = []
         runner, self._runner = self._runner, None
         if runner is None:
             return
@@ -374,12 +448,101 @@ class LocalSite:
             for connection in list(self._connections.values()):
                 connection.close()
             self._connections.clear()
+            self._unserved.clear()
+            self._idle.clear()
+            if self._head_sweep is not None:
+                self._head_sweep.cancel()
+                self._head_sweep = None
             self._closing = 0
             self._streaming = 0
 
     # -- connections -------------------------------------------------------------------------
 
+    def _start_accepting(self) -> None:
+        self._resume = None
+        loop = asyncio.get_running_loop()
+        for listener in self._listeners:
+            loop.add_reader(listener.fileno(), self._accept_ready, listener)
+
+    def _stop_accepting(self) -> None:
+        if self._resume is not None:
+            self._resume.cancel()
+            self._resume = None
+        loop = asyncio.get_running_loop()
+        for listener in self._listeners:
+            loop.remove_reader(listener.fileno())
+
+    def _pause_accepting(self, seconds: float) -> None:
+        """Leave newcomers in the kernel's queue for ``seconds`` (they are not refused)."""
+        self._stop_accepting()
+        self.accept_pauses += 1
+        self._resume = asyncio.get_running_loop().call_later(seconds, self._start_accepting)
+
+    def _accept_ready(self, listener: socket.socket) -> None:
+        """The listening socket has newcomers: take a few, within the budgets at the cap."""
+        for _ in range(ACCEPTS_PER_TURN):
+            full = self.open_connections >= self.limits.max_connections
+            if full and not self._triage.ready():
+                self._pause_accepting(self._triage.wait())
+                return
+            try:
+                sock, _address = listener.accept()
+            except (BlockingIOError, InterruptedError, ConnectionAbortedError):
+                return  # none left (or the one there gave up)
+            except OSError as err:
+                self._accept_failed(err)
+                return
+            sock.setblocking(False)
+            if full:
+                self._triage.spend()
+                if not _head_arrived(sock):
+                    if not self._room.ready():
+                        self._turn_away(sock)
+                        continue
+                    self._room.spend()
+            task = asyncio.get_running_loop().create_task(self._connect(sock, self._accept()))
+            self._connecting.add(task)
+            task.add_done_callback(self._connecting.discard)
+
+    def _turn_away(self, sock: socket.socket) -> None:
+        """Close a silent newcomer past the budget, told 503 like an evicted one, without
+        the cost of a transport and a request handler."""
+        self.turned_away += 1
+        self.refusals(
+            "turned_away",
+            "%s: %d connections open: turned away a newcomer that had sent no request yet",
+            self.name,
+            self.limits.max_connections,
+        )
+        with contextlib.suppress(OSError):
+            sock.send(_OVERLOADED)
+        sock.close()
+
+    def _accept_failed(self, err: OSError) -> None:
+        if err.errno not in (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM):
+            _LOGGER.warning("%s: accepting a connection failed: %s", self.name, err)
+            return
+        # the listening socket stays readable: accepting again at once would spin
+        self.refusals(
+            "out_of_descriptors",
+            "%s: no descriptor or memory for a new connection (%s): not accepting for %g s",
+            self.name,
+            os.strerror(err.errno or 0),
+            _OUT_OF_DESCRIPTORS_PAUSE_S,
+        )
+        self._pause_accepting(_OUT_OF_DESCRIPTORS_PAUSE_S)
+
+    async def _connect(self, sock: socket.socket, protocol: asyncio.Protocol) -> None:
+        loop = asyncio.get_running_loop()
+        try:
+            await loop.connect_accepted_socket(lambda: protocol, sock)
+        except OSError:  # the client went before its transport was made
+            sock.close()
+            if isinstance(protocol, _Connection) and protocol.transport is None:
+                protocol.close()
+
     def _accept(self) -> asyncio.Protocol:
+        """The protocol of a connection just accepted (room made for it, or a 503)."""
         runner = self._runner
         assert runner is not None
         assert runner.server is not None
@@ -395,19 +558,18 @@ class LocalSite:
         handler = runner.server()
         connection = _Connection(self, handler)
         self._connections[handler] = connection
+        self._unserved[connection] = self._clock() + self.limits.header_timeout
+        if self._head_sweep is None:
+            self._arm_head_sweep()
         return connection
 
     def _make_room(self) -> bool:
         """Close one connection with no request in progress; False when all are busy.
 
-        The oldest that never finished a request goes first (a slow-header flood is made of
-        those), and only then the oldest idle one that did: an honest client's keep-alive
+        The oldest that never started a request goes first (a slow-header flood is made of
+        those), and only then the one idle longest that did: an honest client's keep-alive
         connection outlives any flood of newcomers that never spoke."""
-        idle = (c for c in self._connections.values() if not c.closing and c.busy == 0)
-        # a flood's connections are the oldest never served: found near the front, at once
-        victim = next((c for c in idle if c.served == 0), None) or next(
-            (c for c in self._connections.values() if not c.closing and c.busy == 0), None
-        )
+        victim = next(iter(self._unserved), None) or next(iter(self._idle), None)
         if victim is None:
             return False
         self.evicted += 1
@@ -422,7 +584,34 @@ class LocalSite:
         victim.close(answer=victim.served == 0)
         return True
 
+    def _settle(self, connection: _Connection) -> None:
+        """The connection spoke, or is closing: neither silent nor idle any longer."""
+        self._unserved.pop(connection, None)
+        self._idle.pop(connection, None)
+        if not self._unserved and self._head_sweep is not None:
+            self._head_sweep.cancel()  # nobody left to time out: no wake-up for nothing
+            self._head_sweep = None
+
+    def _arm_head_sweep(self) -> None:
+        """One timer for every header deadline: the oldest silent connection's."""
+        deadline = next(iter(self._unserved.values()), None)
+        if deadline is not None:
+            delay = max(0.0, deadline - self._clock())
+            self._head_sweep = asyncio.get_running_loop().call_later(delay, self._sweep_heads)
+
+    def _sweep_heads(self) -> None:
+        """Close every connection whose head is late (the oldest are at the front)."""
+        self._head_sweep = None
+        now = self._clock()
+        while self._unserved:
+            connection, deadline = next(iter(self._unserved.items()))
+            if deadline > now:
+                break
+            connection.head_late()  # closing: it leaves _unserved
+        self._arm_head_sweep()
+
     def _forget(self, connection: _Connection) -> None:
+        self._settle(connection)
         if self._connections.get(connection.handler) is connection:
             del self._connections[connection.handler]
             self._closing -= connection.closing
@@ -460,6 +649,41 @@ def _check_descriptors() -> None:
             need,
             soft,
         )
+
+
+def _head_arrived(sock: socket.socket) -> bool:
+    """Whether a request head has arrived whole on a connection just accepted (its bytes are
+    left for the server to read): a real client sends its request at once, a slow-header
+    flood never finishes one."""
+    try:
+        head = sock.recv(_PEEK_BYTES, socket.MSG_PEEK)
+    except OSError:  # nothing yet (BlockingIOError), or reset
+        return False
+    return b"\r\n\r\n" in head
+
+
+async def _listen(host: str, port: int) -> list[socket.socket]:
+    """Listening sockets on every address ``host`` names (as asyncio's create_server binds)."""
+    loop = asyncio.get_running_loop()
+    infos = await loop.getaddrinfo(
+        host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+    )
+    listeners: list[socket.socket] = []
+    try:
+        for family, kind, proto, _name, address in dict.fromkeys(infos):
+            listener = socket.socket(family, kind, proto)
+            listeners.append(listener)
+            listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            if family == socket.AF_INET6:  # the IPv4 address, if named, has its own socket
+                listener.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+            listener.bind(address)
+            listener.listen(LISTEN_BACKLOG)
+            listener.setblocking(False)
+    except OSError:
+        for listener in listeners:
+            listener.close()
+        raise
+    return listeners
 
 
 def _peer(transport: asyncio.BaseTransport | None) -> str:

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import errno
 import json
+import socket
 import time
 
 import aiohttp
@@ -49,7 +51,21 @@ def _limits(**overrides: float) -> HttpLimits:
     return HttpLimits.from_config(conf)
 
 
-async def _site(limits: HttpLimits, held: list[web.Request] | None = None) -> LocalSite:
+class Clock:
+    """A monotonic clock that moves only when told."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+async def _site(
+    limits: HttpLimits,
+    held: list[web.Request] | None = None,
+    clock: Clock | None = None,
+) -> LocalSite:
     """A site with ``/echo`` and ``/hold`` (30 s); each held request is added to ``held``."""
 
     async def echo(request: web.Request) -> web.Response:
@@ -68,7 +84,10 @@ async def _site(limits: HttpLimits, held: list[web.Request] | None = None) -> Lo
     app = web.Application()
     app.router.add_post("/echo", echo)
     app.router.add_get("/hold", hold)
-    site = LocalSite("127.0.0.1", 0, name="test", limits=limits)
+    if clock is None:
+        site = LocalSite("127.0.0.1", 0, name="test", limits=limits)
+    else:
+        site = LocalSite("127.0.0.1", 0, name="test", limits=limits, clock=clock)
     await site.start(app)
     return site
 
@@ -168,6 +187,126 @@ async def test_a_flood_of_silent_connections_evicts_them_before_a_served_idle_on
         assert (await _closed_within(flood[0][0], 5)).startswith(b"HTTP/1.1 503")
         for _, writer in [honest, *flood]:
             writer.close()
+    finally:
+        await site.stop()
+
+
+async def test_the_connection_idle_longest_makes_room_not_the_oldest() -> None:
+    site = await _site(_limits(header_timeout=30, keepalive_timeout=30))
+    try:
+        # four served keep-alive clients, the first one the oldest
+        clients = [await asyncio.open_connection("127.0.0.1", site.port) for _ in range(4)]
+        for client in clients:
+            assert (await _post_echo(*client)).startswith(b"HTTP/1.1 200")
+        # the oldest speaks again: now the second one has been idle longest
+        assert (await _post_echo(*clients[0])).startswith(b"HTTP/1.1 200")
+        async with aiohttp.ClientSession() as http, http.post(
+            f"{site.url}/echo", json=1
+        ) as response:
+            assert response.status == 200
+        assert await _closed_within(clients[1][0], 5) == b""  # served: closed without a word
+        assert (await _post_echo(*clients[0])).startswith(b"HTTP/1.1 200")
+        assert site.evicted == 1
+        for _, writer in clients:
+            writer.close()
+    finally:
+        await site.stop()
+
+
+def _newcomer(port: int, request: bytes = b"") -> socket.socket:
+    """A connection made by the kernel alone (no turn of the loop between the handshake and
+    the request), with ``request`` sent: the site finds it in its queue as it was sent."""
+    sock = socket.create_connection(("127.0.0.1", port))
+    sock.sendall(request)
+    sock.setblocking(False)
+    return sock
+
+
+async def _answer(sock: socket.socket) -> bytes:
+    """Everything the server sends until it closes the connection."""
+    reader, writer = await asyncio.open_connection(sock=sock)
+    try:
+        return await _closed_within(reader, 5)
+    finally:
+        writer.close()
+
+
+async def test_at_the_cap_the_accept_rate_bounds_a_floods_churn() -> None:
+    """A flood that reconnects as fast as it is closed would keep the loop busy accepting and
+    closing. Past the cap: accept_rate_at_cap newcomers a second are accepted, the rest wait in
+    the kernel's queue; a silent one gets in within a quarter of that rate, else it is told
+    503 at once; one whose request has arrived whole gets in all the same."""
+    clock = Clock()
+    limits = _limits(header_timeout=30, keepalive_timeout=30, accept_rate_at_cap=8)
+    site = await _site(limits, clock=clock)
+    assert site.port is not None
+    try:
+        held = [_newcomer(site.port) for _ in range(4)]
+        await until(lambda: site.open_connections == 4)
+        # four silent newcomers: two get in (two of the held ones told 503), two turned away
+        silent = [_newcomer(site.port) for _ in range(4)]
+        await until(lambda: site.evicted + site.turned_away == 4)
+        assert (site.evicted, site.turned_away) == (2, 2)
+        answers = [await _answer(sock) for sock in [*held[:2], *silent[2:]]]
+        assert all(answer.startswith(b"HTTP/1.1 503") for answer in answers), answers
+        # the silent budget is spent; a real client's request is whole on arrival: it gets in
+        whole = _newcomer(site.port, b"POST /echo HTTP/1.1\r\nHost: x\r\n"
+                          b"Content-Type: application/json\r\nContent-Length: 1\r\n\r\n1")
+        reader, writer = await asyncio.open_connection(sock=whole)
+        assert (await reader.readline()).startswith(b"HTTP/1.1 200")
+        await asyncio.wait_for(reader.readuntil(b'{"got": 1}'), 5)  # kept open: it is served
+        assert site.evicted == 3
+        # five more: three accepted (and turned away), then the rate is spent: two wait
+        later = [_newcomer(site.port) for _ in range(5)]
+        await until(lambda: site.turned_away == 5)
+        await asyncio.sleep(0.3)  # the clock stands still: the others are not accepted
+        assert (site.evicted, site.turned_away) == (3, 5)
+        assert site.accept_pauses >= 1
+        assert site.open_connections == 4
+        clock.now += 1.0  # a second later the two waiting get in, each closing a silent one
+        await until(lambda: site.evicted == 5)
+        assert site.open_connections == 4
+        writer.close()
+        for sock in [*held, *silent, *later]:
+            sock.close()
+    finally:
+        await site.stop()
+
+
+async def test_one_timer_keeps_every_connections_header_deadline() -> None:
+    site = await _site(_limits(header_timeout=0.3, keepalive_timeout=30))
+    try:
+        opened: list[tuple[float, asyncio.StreamReader, asyncio.StreamWriter]] = []
+        for _ in range(3):
+            reader, writer = await asyncio.open_connection("127.0.0.1", site.port)
+            opened.append((time.monotonic(), reader, writer))
+            await asyncio.sleep(0.1)
+        honest = await asyncio.open_connection("127.0.0.1", site.port)
+        assert (await _post_echo(*honest)).startswith(b"HTTP/1.1 200")
+        for started, reader, _ in opened:
+            assert await _closed_within(reader, 5) == b""
+            assert 0.25 < time.monotonic() - started < 3  # each by its own deadline
+        await until(lambda: site._head_sweep is None)  # nobody silent left: no timer waits
+        assert (await _post_echo(*honest)).startswith(b"HTTP/1.1 200")  # it spoke: kept
+        for _, _, writer in opened:
+            writer.close()
+        honest[1].close()
+    finally:
+        await site.stop()
+
+
+async def test_out_of_descriptors_the_site_stops_accepting_for_a_while() -> None:
+    site = await _site(_limits())
+    try:
+        site._accept_failed(OSError(errno.EMFILE, "Too many open files"))
+        assert site.accept_pauses == 1
+        assert site._resume is not None  # accepting again in a second, not spinning meanwhile
+        site._resume.cancel()
+        site._start_accepting()
+        async with aiohttp.ClientSession() as http, http.post(
+            f"{site.url}/echo", json=1
+        ) as response:
+            assert response.status == 200
     finally:
         await site.stop()
 
