@@ -20,6 +20,7 @@ from kiosk_agent.sales.runner import TerminalBusy
 from kiosk_agent.sales.states import SaleState
 from kiosk_agent.service.models import TransactionFilter, TransStatus
 from tests.core.agent_helpers import ScriptedDispenser
+from tests.service.test_cable import sim_call
 
 
 def request(cents: int, flow: Flow = Flow.CHARGE_CARD, **fields: Any) -> SaleRequest:
@@ -334,3 +335,16 @@ async def test_the_approval_and_the_dispense_request_are_one_commit_before_the_v
     assert trans_id  # the money's id is on disk before anything is vended
     steps = [s.step for s in agent.journal.steps(event.sale_id)]
     assert len(commits) == len(steps) - 1  # every step kept, two of them in one commit
+
+
+async def test_a_cable_dropped_mid_sale_loses_neither_the_sale_nor_the_next_one(
+    agent: Agent,
+) -> None:
+    # the sale's socket closes right after confirming its subscription, before any record
+    await sim_call(agent.service, "POST", "/sim/faults", {"fault": "ws_drop_after_confirm"})
+    first = await sell(agent, 250, ScriptedDispenser())
+    second = await sell(agent, 250, ScriptedDispenser())
+    faults = await sim_call(agent.service, "GET", "/sim/faults")
+    assert [e.state for e in (first, second)] == [SaleState.COMPLETED] * 2
+    assert [f["hits"] for f in faults["faults"]] == [1]
+    assert agent.service.terminal.cable.connects == 2  # reopened with a fresh token
