@@ -30,16 +30,20 @@ class AuthorizeCaptureFlow(SaleFlow):
         amount = self.record.amount_cents
         result: ChargeResult | None = None
         for attempt in range(1, self.settings.retries + 2):
-            if attempt > 1:
-                self.step(Step.AUTHORIZE_RETRY, attempt=attempt)
-            order_id = self.record.attempt_order_id()
-            self.step(
-                Step.AUTHORIZE_REQUEST,
-                SaleState.AUTHORIZING,
-                f"authorizing {format_cents(amount)}",
-                detail={"order_id": order_id, "amount_cents": amount},
-                **self.sending(),
-            )
+            # what leads to the authorization and its intent: one commit, before it is sent
+            with self.one_commit():
+                if attempt == 1:
+                    self.card_read(card)
+                else:
+                    self.step(Step.AUTHORIZE_RETRY, attempt=attempt)
+                order_id = self.record.attempt_order_id()
+                self.step(
+                    Step.AUTHORIZE_REQUEST,
+                    SaleState.AUTHORIZING,
+                    f"authorizing {format_cents(amount)}",
+                    detail={"order_id": order_id, "amount_cents": amount},
+                    **self.sending(),
+                )
             request = ChargeRequest(
                 mid=self.settings.mid,
                 amount=amount,

@@ -26,7 +26,9 @@ class EnrollFlow(SaleFlow):
         card, ended = await self.read_card()
         if ended is not None:
             return ended
-        self.step(Step.VAULT_REQUEST, SaleState.ENROLLING, "saving the card")
+        with self.one_commit():  # the card read and the saving it leads to
+            self.card_read(card)
+            self.step(Step.VAULT_REQUEST, SaleState.ENROLLING, "saving the card")
         try:
             account = await self.service.vault.create(_vault_request(card, self.request))
         except ServiceError as err:

@@ -108,7 +108,12 @@ class SaleFlow(SaleSteps):
         return await self.settle_by_reporting(why, steps)
 
     async def read_card(self) -> tuple[Any, SaleEvent | None]:
-        """Read a card into a token (kept only in memory); or the sale's end."""
+        """Read a card into a token (kept only in memory); or the sale's end.
+
+        The read is journaled by the caller (:meth:`card_read`), in one commit with the step it
+        leads to: nothing happens between them that the journal must hold first, and a crash
+        before that commit leaves the sale reading a card, as a crash just after the read did.
+        """
         amount = self.record.amount_cents
         self.step(
             Step.READ_CARD_REQUEST, SaleState.READING_CARD, f"present a card on {self.device}"
@@ -145,12 +150,15 @@ class SaleFlow(SaleSteps):
         card = interaction.read_card_result
         if card is None:
             return None, await self._fail(SaleState.FAILED, Step.READ_CARD_FAULT, interaction.fault)
+        return card, None
+
+    def card_read(self, card: Any) -> None:
+        """Journal the card read (its brand and last four, never the token)."""
         self.step(
             Step.READ_CARD_DONE,
             card_brand=None if card.card_brand_id is None else str(card.card_brand_id),
             last_four=card.last_four,
         )
-        return card, None
 
     async def _receipts(self) -> None:
         trans_id = self.record.trans_id
