@@ -263,6 +263,12 @@ def health_families(snapshot: HealthSnapshot) -> Iterator[Metric]:
         [({"link": link.name, "state": link.state}, int(link.healthy)) for link in snapshot.links],
         ["link", "state"],
     )
+    yield counter(
+        "unexpected_errors",
+        "Unexpected errors (bugs) a part of the agent caught, logged and went on after.",
+        [({"part": part}, n) for part, n in snapshot.errors.items()],
+        ["part"],
+    )
     sales = snapshot.sales
     yield gauge("sales_open", "Sales not yet finished.", [({}, sales.open)])
     yield gauge("sales_attention", "Sales a person must look at now.", [({}, sales.attention)])

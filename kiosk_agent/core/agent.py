@@ -192,6 +192,12 @@ class Agent:
             audit_interval=config["sales"]["charge_check_interval"],
             restart_after=config["sales"]["unwritten_restart_after"],
         )
+        for part, count in {
+            "health check": lambda: self._checker.errors,
+            "availability": lambda: self.availability.listener_errors,
+            "sale event listeners": lambda: self.events.listener_errors,
+        }.items():
+            self.health.count_errors_of(part, count)
         self.platforms: list[PlatformInstance] = []
         self.components: list[Component] = []
         self._pending_platforms: list[_PendingPlatform] = []

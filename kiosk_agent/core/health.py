@@ -169,6 +169,9 @@ class HealthSnapshot(_Model):
     sales: SalesHealth
     journal: JournalHealth = JournalHealth()
     availability: list[AvailabilityHealth] = []
+    # unexpected errors (bugs) each part caught, logged with its traceback and kept going after,
+    # counted since start: part -> count (only parts with any)
+    errors: dict[str, int] = {}
 
 
 class Health:
@@ -200,6 +203,7 @@ class Health:
         self._captured_total: Counter[str] = Counter()
         self._reversed_total: Counter[str] = Counter()
         self._fatal: dict[str, str] = {}
+        self._error_counts: dict[str, Callable[[], int]] = {}
         self._ever_healthy: set[str] = set()  # links that have been up at least once
         self._listeners: list[Callable[[], object]] = []
 
@@ -322,6 +326,10 @@ class Health:
     def journal(self) -> JournalHealth:
         return self._journal
 
+    def count_errors_of(self, part: str, count: Callable[[], int]) -> None:
+        """Show ``count()`` (the unexpected errors ``part`` caught and went on after) in health."""
+        self._error_counts[part] = count
+
     def report_fatal(self, component: str, reason: str) -> None:
         """An internal part broke in a way a restart may cure (journal unwritable, a dead task).
 
@@ -441,7 +449,13 @@ class Health:
             day_started_at=_midnight(self._today),
         )
         availability = sorted(self._availability.values(), key=lambda a: a.device_id)
+        errors = {part: n for part, count in sorted(self._error_counts.items()) if (n := count())}
         status, problems = self._judge(service, terminals, links, sales, availability)
+        if errors:  # a bug, caught: the unit works on, and a person should read the log
+            counted = ", ".join(f"{part} {n}" for part, n in errors.items())
+            problems.append(f"unexpected errors, logged with their tracebacks: {counted}")
+            if status is Status.OK:
+                status = Status.DEGRADED
         return HealthSnapshot(
             version=self.version,
             status=status,
@@ -455,6 +469,7 @@ class Health:
             sales=sales,
             journal=self._journal,
             availability=availability,
+            errors=errors,
         )
 
     def summary(self) -> str:

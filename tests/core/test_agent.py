@@ -235,3 +235,17 @@ async def test_a_ready_agent_has_frozen_its_start_up_objects(
     finally:
         if frozen_before == 0:
             gc.unfreeze()
+
+
+async def test_a_bug_caught_in_a_listener_is_counted_and_shown_in_health(agent: Agent) -> None:
+    def broken(event: object) -> None:
+        raise RuntimeError("a listener with a bug")
+
+    agent.events.listen(broken)
+    sale = await agent.sales.start(charge(250), ScriptedDispenser())
+    assert (await sale.result()).state is SaleState.COMPLETED  # the sale never noticed
+    snapshot = agent.health.snapshot()
+    assert snapshot.errors["sale event listeners"] >= 1
+    assert snapshot.status == "degraded"
+    assert any(p.startswith("unexpected errors, logged with their tracebacks: sale event "
+                            "listeners") for p in snapshot.problems)

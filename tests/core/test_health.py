@@ -343,3 +343,16 @@ async def test_a_wake_just_before_the_stop_does_not_keep_the_checker_running(ser
     done, _ = await asyncio.wait({asyncio.ensure_future(checker.stop())}, timeout=5)
     assert done, "the checker's stop hung"
     assert checker.rounds == 1
+
+
+def test_unexpected_errors_a_part_caught_are_shown_counted_and_degrade() -> None:
+    health = Health("1.0")
+    caught = {"health check": 0}
+    health.count_errors_of("health check", lambda: caught["health check"])
+    assert health.snapshot().errors == {}
+    assert health.snapshot().status == "ok"
+    caught["health check"] = 2
+    snapshot = health.snapshot()
+    assert snapshot.errors == {"health check": 2}
+    assert snapshot.status == "degraded"
+    assert "unexpected errors, logged with their tracebacks: health check 2" in snapshot.problems
