@@ -184,9 +184,12 @@ async def test_a_wall_step_while_the_service_commits_late_leaves_no_charge_and_n
     faults = faults_of(sim.ctx)
     assert faults is not None
     await arm(sim, http, path="/api/terminal/SIM-0001/charge-card", fault=fault, delay_s=1.8)
+    # before the kiosk API is asked: the agent sends the charge-card after this, so the time
+    # from here bounds its own wait from below (taken after the 202, the agent's send could
+    # come first, and a wait of exactly the window read 2 ms short on a busy machine)
+    sent = time.monotonic()
     status, sale = await agent.sell(http)
     assert status == 202, sale
-    sent = time.monotonic()
     async with asyncio.timeout(10):
         while not faults.armed[-1].hits:
             await asyncio.sleep(0.01)
