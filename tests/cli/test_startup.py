@@ -7,13 +7,17 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
 from kiosk_agent import __version__
 from kiosk_agent.cli import COMMAND_HELP, COMMAND_MODULES, build_parser
+
+DEMO_CONFIG = Path(__file__).parents[2] / "config" / "demo.yaml"
 
 HEAVY = ("aiohttp", "kiosk_agent.sim", "kiosk_agent.admin", "kiosk_agent.core", "pydantic")
 
@@ -107,3 +111,25 @@ def test_the_completion_scripts_run_no_python_on_tab() -> None:
     assert "_kiosk_agent_complete()" in output
     assert "(kiosk-agent" not in output
     assert "python" not in output
+
+
+def test_a_command_does_not_search_the_installed_packages_for_pydantic_plugins() -> None:
+    # every entry-point search the process makes is recorded; check-config builds models
+    probe = (
+        "import importlib.metadata as metadata, sys\n"
+        "asked = []\n"
+        "real = metadata.entry_points\n"
+        "def recorded(**selection):\n"
+        "    asked.append(selection.get('group'))\n"
+        "    return real(**selection)\n"
+        "metadata.entry_points = recorded\n"
+        "from kiosk_agent.cli import main\n"
+        "code = main(['check-config', '--config', sys.argv[1]])\n"
+        "print('pydantic' in asked, code)\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "PYDANTIC_DISABLE_PLUGINS"}
+    done = subprocess.run(
+        [sys.executable, "-c", probe, str(DEMO_CONFIG)],
+        capture_output=True, text=True, timeout=60, env=env, check=False,
+    )
+    assert done.stdout.splitlines()[-1].split() == ["False", "0"], done.stdout + done.stderr
