@@ -177,19 +177,25 @@ Sample = tuple[Mapping[str, str], float]
 def gauge(
     name: str, help_text: str, samples: Iterable[Sample], labels: Iterable[str] = ()
 ) -> Metric:
-    names = list(labels)
-    family = GaugeMetricFamily(PREFIX + name, help_text, labels=names)
-    for values, value in samples:
-        family.add_metric([values[n] for n in names], value)
-    return family
+    return _family(GaugeMetricFamily, name, help_text, samples, labels)
 
 
 def counter(
     name: str, help_text: str, samples: Iterable[Sample], labels: Iterable[str] = ()
 ) -> Metric:
     """``name`` without ``_total``: the exposition adds it."""
+    return _family(CounterMetricFamily, name, help_text, samples, labels)
+
+
+def _family(
+    kind: type[GaugeMetricFamily] | type[CounterMetricFamily],
+    name: str,
+    help_text: str,
+    samples: Iterable[Sample],
+    labels: Iterable[str],
+) -> Metric:
     names = list(labels)
-    family = CounterMetricFamily(PREFIX + name, help_text, labels=names)
+    family = kind(PREFIX + name, help_text, labels=names)
     for values, value in samples:
         family.add_metric([values[n] for n in names], value)
     return family

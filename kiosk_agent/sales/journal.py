@@ -21,7 +21,7 @@ import sqlite3
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from kiosk_agent.sales.clock import SYSTEM_CLOCK, Clock
 from kiosk_agent.sales.states import REOPENED_AFTER, SaleState, Step, check_transition
@@ -327,20 +327,8 @@ class Journal:
     def create(self, sale: SaleRecord, detail: Mapping[str, Any] | None = None) -> SaleRecord:
         """Write a new sale and its first step in one transaction (always STARTED)."""
         check_transition(sale.sale_id, sale.flow, None, sale.state, Step.CREATED)
-        now = self.clock.time()
-        sale = dataclasses.replace(sale, created_at=now, updated_at=now)
-        row = sale.row()
-        names = ", ".join(_SALES_COLUMNS)
-        marks = ", ".join(f":{c}" for c in _SALES_COLUMNS)
-        try:
-            with self._transaction() as db:
-                db.execute(f"INSERT INTO sales ({names}) VALUES ({marks})", row)  # noqa: S608
-                _write_beside(db, sale.sale_id, row)
-                self._insert_step(db, sale.sale_id, now, Step.CREATED, sale.state, detail)
-        except sqlite3.Error as err:
-            raise self._write_failed(err) from err
-        self._tell(None)
-        return sale
+        return self._write_whole("INSERT", dataclasses.replace(sale, created_at=0.0),
+                                 Step.CREATED, detail)
 
     def record(
         self,
@@ -449,6 +437,16 @@ class Journal:
         The one write beside the transition table: memory reached this state by steps the
         table allowed, one by one; only their writes failed. The row is created if its very
         first write was lost. One transaction, like every write."""
+        return self._write_whole("INSERT OR REPLACE", sale, step, detail)
+
+    def _write_whole(
+        self,
+        verb: Literal["INSERT", "INSERT OR REPLACE"],
+        sale: SaleRecord,
+        step: Step,
+        detail: Mapping[str, Any] | None,
+    ) -> SaleRecord:
+        """The sale's whole row (created now unless it has a creation time) and one step."""
         now = self.clock.time()
         sale = dataclasses.replace(sale, updated_at=now, created_at=sale.created_at or now)
         row = sale.row()
@@ -456,7 +454,7 @@ class Journal:
         marks = ", ".join(f":{c}" for c in _SALES_COLUMNS)
         try:
             with self._transaction() as db:
-                db.execute(f"INSERT OR REPLACE INTO sales ({names}) VALUES ({marks})", row)  # noqa: S608
+                db.execute(f"{verb} INTO sales ({names}) VALUES ({marks})", row)
                 _write_beside(db, sale.sale_id, row)
                 self._insert_step(db, sale.sale_id, now, step, sale.state, detail)
         except sqlite3.Error as err:
