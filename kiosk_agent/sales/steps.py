@@ -108,11 +108,15 @@ class SaleSteps:
                     updated_at=self.clock.time(), **changes,
                 )
             raise
+        self._announce(name)
+        return self.record
+
+    def _announce(self, name: Step) -> None:
+        """Publish a journaled step; inside one_commit(), once the commit holds it."""
         if self._held is not None:
             self._held.append(event_of(self.record, name))
         else:
             self.publish(name)
-        return self.record
 
     @contextlib.contextmanager
     def one_commit(self) -> Iterator[None]:

@@ -321,8 +321,8 @@ class JournalWitness(ScriptedDispenser):
 
 
 # steps that share a commit: the approval and the dispense request; in authorize_capture also
-# the card read and the authorization's request
-@pytest.mark.parametrize(("flow", "shared"), [(Flow.CHARGE_CARD, 1), (Flow.AUTHORIZE_CAPTURE, 2)])
+# the new sale and its read-card request, and the card read and the authorization's request
+@pytest.mark.parametrize(("flow", "shared"), [(Flow.CHARGE_CARD, 1), (Flow.AUTHORIZE_CAPTURE, 3)])
 async def test_the_approval_and_the_dispense_request_are_one_commit_before_the_vend(
     agent: Agent, flow: Flow, shared: int
 ) -> None:
@@ -337,6 +337,42 @@ async def test_the_approval_and_the_dispense_request_are_one_commit_before_the_v
     assert trans_id  # the money's id is on disk before anything is vended
     steps = [s.step for s in agent.journal.steps(event.sale_id)]
     assert len(commits) == len(steps) - shared  # every step kept, some sharing a commit
+
+
+def last_step_on_disk(agent: Agent) -> tuple[str, str] | None:
+    """The sale's state and last step as a crash would leave them (read by another connection)."""
+    other = sqlite3.connect(agent.journal.path)
+    try:
+        row = other.execute(
+            "SELECT sales.state, (SELECT step FROM steps WHERE steps.sale_id = sales.sale_id "
+            "ORDER BY id DESC LIMIT 1) FROM sales"
+        ).fetchone()
+    finally:
+        other.close()
+    return None if row is None else (row[0], row[1])
+
+
+@pytest.mark.parametrize("flow", [Flow.AUTHORIZE_CAPTURE, Flow.ENROLL])
+async def test_a_new_sale_and_its_card_request_are_one_commit_before_the_card_is_asked_for(
+    agent: Agent, flow: Flow, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    commits: list[str] = []
+    asked: list[tuple[int, tuple[str, str] | None]] = []  # (commits so far, what is on disk)
+    read_card = agent.service.terminal.read_card
+
+    async def witnessed(*args: Any, **kwargs: Any) -> Any:
+        asked.append((len(commits), last_step_on_disk(agent)))
+        return await read_card(*args, **kwargs)
+
+    monkeypatch.setattr(agent.service.terminal, "read_card", witnessed)
+    agent.journal.db.set_trace_callback(lambda sql: sql == "COMMIT" and commits.append(sql))
+    sale = await agent.sales.start(request(250, flow=flow), ScriptedDispenser())
+    assert len(commits) == 1  # start() returns (the kiosk API answers 202) once it is on disk
+    await asyncio.wait_for(sale.result(), 10)
+    agent.journal.db.set_trace_callback(None)
+    assert asked == [(1, ("reading_card", "read_card.request"))]
+    steps = [s.step for s in agent.journal.steps(sale.sale_id)]
+    assert steps[:2] == ["created", "read_card.request"]  # both rows kept
 
 
 async def test_a_cable_dropped_mid_sale_loses_neither_the_sale_nor_the_next_one(
