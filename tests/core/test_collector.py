@@ -81,7 +81,7 @@ async def test_after_ready_every_deferred_model_is_built_one_per_loop_turn() -> 
 
     counter = asyncio.create_task(count_turns())
     try:
-        settling = await collector.settle_after_ready(package=TEST_MODELS)
+        settling = await collector.settle_after_ready(modules=(TEST_MODELS,))
     finally:
         counter.cancel()
     assert all(model.__pydantic_complete__ for model in models)
@@ -98,7 +98,7 @@ async def test_a_model_that_cannot_be_built_is_counted_and_the_rest_still_are(
 ) -> None:
     broken = _deferred_model("Broken", "NoSuchType")  # an annotation nothing defines
     fine = _deferred_model("Fine", "str")
-    settling = await collector.settle_after_ready(package=TEST_MODELS)
+    settling = await collector.settle_after_ready(modules=(TEST_MODELS,))
     assert settling.errors == 1
     assert fine.__pydantic_complete__
     assert not broken.__pydantic_complete__
