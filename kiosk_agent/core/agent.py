@@ -20,7 +20,7 @@ from typing import Any, Protocol
 from kiosk_agent import __version__
 from kiosk_agent.bus import EventBus
 from kiosk_agent.core.availability import Availability
-from kiosk_agent.core.collector import freeze_start_up_objects
+from kiosk_agent.core.collector import Settling, settle_after_ready
 from kiosk_agent.core.config import Config
 from kiosk_agent.core.events import EventLog
 from kiosk_agent.core.health import HEALTH_SCHEMA, Health, HealthChecker
@@ -192,10 +192,12 @@ class Agent:
             audit_interval=config["sales"]["charge_check_interval"],
             restart_after=config["sales"]["unwritten_restart_after"],
         )
+        self.settling = Settling()  # the models built after READY=1 (core/collector.py)
         for part, count in {
             "health check": lambda: self._checker.errors,
             "availability": lambda: self.availability.listener_errors,
             "sale event listeners": lambda: self.events.listener_errors,
+            "model builds after ready": lambda: self.settling.errors,
         }.items():
             self.health.count_errors_of(part, count)
         self.platforms: list[PlatformInstance] = []
@@ -284,7 +286,8 @@ class Agent:
                 self._tasks.append(self._ready_task)
         self.started = True
         self.ready_at = time.monotonic()
-        freeze_start_up_objects()  # full collections stop walking start-up's objects
+        # the models a sale needs are built now, one per loop turn; then start-up is frozen
+        self._tasks.append(asyncio.create_task(settle_after_ready(self.settling)))
         _LOGGER.info(
             "agent %s ready in %.0f ms: %d trigger(s), %d component(s), %d open sale(s)",
             self.version,

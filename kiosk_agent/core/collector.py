@@ -1,18 +1,80 @@
-"""The garbage collector of a long-lived agent process.
+"""A long-lived agent process after start: its models built, its start-up objects frozen.
 
-Everything built before the agent is ready (the imported modules, the configuration, the
-agent's wiring: some 55,000 tracked objects) lives until the process ends. Left in the
-collector's oldest generation, every full collection walks all of them: 10-14 ms of one core on
-a desktop machine, ten times that on a Pi Zero, taken in the middle of whatever sale is running.
-``gc.freeze()`` once start-up is over moves them to the permanent generation, which no collection
-scans; what sales allocate afterwards is collected as before.
+The service's models are built on first use (``defer_build``), not at import: building the 26
+a sale needs (those start-up has not used) takes some 25 ms of one core on a desktop, a quarter
+of a second on a Pi Zero, and READY=1 need not wait for it. :func:`settle_after_ready` builds
+them once the agent is ready, one per loop turn, so a sale that starts meanwhile is held up by
+one build at most (it builds what it validates first, on demand, as any first use does).
+
+Everything built before that (the imported modules, the configuration, the agent's wiring:
+some 55,000 tracked objects) lives until the process ends. Left in the collector's oldest
+generation, every full collection walks all of them: 10-14 ms of one core on a desktop machine,
+ten times that on a Pi Zero, taken in the middle of whatever sale is running. ``gc.freeze()``
+once start-up is over moves them to the permanent generation, which no collection scans; what
+sales allocate afterwards is collected as before.
 """
 
 from __future__ import annotations
 
+import asyncio
 import gc
+import logging
+
+from pydantic import BaseModel
+
+_LOGGER = logging.getLogger(__name__)
 
 _frozen = False
+
+
+# The areas whose models a sale validates (a card read, a charge, a void or refund): built
+# after READY=1 so the first customer does not wait for them. Others (reporting's rows, the
+# health snapshot, boarding) are built by their first use, off any sale's path.
+SALE_MODELS = (
+    "kiosk_agent.service.models.common",
+    "kiosk_agent.service.models.payments",
+    "kiosk_agent.service.models.terminal",
+)
+
+
+def deferred_models(modules: tuple[str, ...] = SALE_MODELS) -> list[type[BaseModel]]:
+    """The models of ``modules`` imported so far whose validators are not built yet."""
+    found: list[type[BaseModel]] = []
+    pending = list(BaseModel.__subclasses__())
+    while pending:
+        model = pending.pop()
+        pending.extend(model.__subclasses__())
+        if model.__module__ in modules and not model.__pydantic_complete__:
+            found.append(model)
+    return sorted(set(found), key=lambda m: (m.__module__, m.__qualname__))
+
+
+class Settling:
+    """What :func:`settle_after_ready` did: the models it built, and those it could not."""
+
+    def __init__(self) -> None:
+        self.built = 0
+        self.errors = 0  # a model that cannot be built is a bug: counted, shown in health
+        self.done = asyncio.Event()  # every model built (or counted) and start-up frozen
+
+
+async def settle_after_ready(
+    settling: Settling | None = None, modules: tuple[str, ...] = SALE_MODELS
+) -> Settling:
+    """Build the sale's deferred models, one per loop turn, then freeze what start-up left."""
+    settling = settling or Settling()
+    for model in deferred_models(modules):
+        try:
+            if not model.__pydantic_complete__:  # a sale may have built it meanwhile
+                model.model_rebuild()
+                settling.built += 1
+        except Exception:
+            settling.errors += 1
+            _LOGGER.exception("model %s could not be built", model.__qualname__)
+        await asyncio.sleep(0)
+    freeze_start_up_objects()
+    settling.done.set()
+    return settling
 
 
 def freeze_start_up_objects() -> bool:

@@ -74,7 +74,8 @@ class Status(enum.StrEnum):
 
 
 class _Model(BaseModel):
-    model_config = ConfigDict(frozen=True)
+    # built on first use or after READY=1 (core/collector.py), not at import
+    model_config = ConfigDict(frozen=True, defer_build=True)
 
 
 class TerminalHealth(_Model):

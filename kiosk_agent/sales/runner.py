@@ -19,7 +19,7 @@ from kiosk_agent.money import format_cents
 from kiosk_agent.sales.authorize_capture import AuthorizeCaptureFlow
 from kiosk_agent.sales.charge_card import ChargeCardFlow
 from kiosk_agent.sales.enroll import EnrollFlow
-from kiosk_agent.sales.journal import JournalError, SaleRecord
+from kiosk_agent.sales.journal import JournalError, SaleMoved, SaleRecord
 from kiosk_agent.sales.live import SaleFlow
 from kiosk_agent.sales.model import Dispenser, Flow, PriceAboveMaximum, SaleEvent, SaleRequest
 from kiosk_agent.sales.states import SaleState, Step
@@ -171,10 +171,14 @@ class SaleRunner:
             keep = self.context.on_unwritten
             if isinstance(err, JournalError) and flow.unwritten is not None and keep is not None:
                 return await _strand(flow, err, keep)
+            if isinstance(err, SaleMoved):
+                return await _as_the_journal_has_it(flow, err)
             # A bug must not leave money taken: reverse what was charged, else attention.
             _LOGGER.exception("sale %s: flow error", flow.record.sale_id)
             try:
                 return await _rescue(flow, err)
+            except SaleMoved as moved:
+                return await _as_the_journal_has_it(flow, moved)
             except Exception:  # the journal itself fails: recovery finishes it on next start
                 _LOGGER.exception("sale %s: cannot end the sale", flow.record.sale_id)
                 ended = dataclasses.replace(
@@ -241,6 +245,23 @@ async def _strand(
     # shown as attention (people and apps see it held) until the journal holds it and it ends
     event = event_of(dataclasses.replace(flow.record, state=SaleState.ATTENTION),
                      Step.JOURNAL_UNWRITTEN)
+    flow.events.publish(event)
+    return event
+
+
+async def _as_the_journal_has_it(flow: SaleFlow, moved: SaleMoved) -> SaleEvent:
+    """Another writer (a tech's shell on the same file) decided the sale first: its decision
+    stands, as recovery leaves it. No further call or vend for it; what is published (the page,
+    the kiosk app, Home Assistant) is the journal's record, not this flow's guess."""
+    _LOGGER.warning("sale %s: left as the journal has it: %s", flow.record.sale_id, moved)
+    await flow._deny("the sale was decided elsewhere")  # a machine still waiting: no vend
+    held = flow.journal.get(flow.record.sale_id)
+    if held is None:  # removed meanwhile: the sale's last record, said to be gone
+        held = dataclasses.replace(
+            flow.record, state=SaleState.ATTENTION, message=f"not in the journal any more: {moved}"
+        )
+    flow.record = held
+    event = event_of(held)
     flow.events.publish(event)
     return event
 

@@ -8,7 +8,9 @@ sale may be left at `dispensing`.
 
 from __future__ import annotations
 
+import asyncio
 import json
+import os
 import re
 import signal
 from pathlib import Path
@@ -16,7 +18,13 @@ from typing import Any
 
 import pytest
 
-from kiosk_agent.cli.contract import CRASH_SIGNALS, IGNORED_SIGNALS, STOP_SIGNALS, signal_name
+from kiosk_agent.cli.contract import (
+    CRASH_SIGNALS,
+    IGNORED_SIGNALS,
+    STOP_SIGNALS,
+    StopSignals,
+    signal_name,
+)
 
 from .agent_process import (
     MACHINE,
@@ -126,3 +134,21 @@ def test_every_signal_that_would_end_the_agent_is_a_stop_or_ignored() -> None:
         - CRASH_SIGNALS
     )  # fmt: skip
     assert left == {signal.SIGKILL, signal.SIGPIPE}, sorted(signal_name(s) for s in left)
+
+
+async def test_an_ignored_signal_is_logged_on_the_loop_and_remove_gives_the_handler_back(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    before = signal.getsignal(signal.SIGUSR2)
+    stops = StopSignals("stopping").install()
+    try:
+        os.kill(os.getpid(), signal.SIGUSR2)
+        for _ in range(100):  # the handler hands the line to the loop: a few turns at most
+            if "SIGUSR2 received: ignored" in caplog.text:
+                break
+            await asyncio.sleep(0.01)
+        assert "SIGUSR2 received: ignored (it does not stop the agent)" in caplog.text
+        assert not stops.event.is_set()
+    finally:
+        stops.remove()
+    assert signal.getsignal(signal.SIGUSR2) == before

@@ -229,6 +229,8 @@ async def test_a_ready_agent_has_frozen_its_start_up_objects(
     try:
         agent = await agent_factory()
         assert agent.started
+        await asyncio.wait_for(agent.settling.done.wait(), 10)  # the models built after READY=1
+        assert agent.settling.errors == 0
         # the agent itself is start-up: no full collection walks it any more
         assert gc.get_freeze_count() > frozen_before
         assert not collector.freeze_start_up_objects()  # once a process

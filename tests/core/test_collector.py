@@ -1,12 +1,17 @@
-"""The collector of a long-lived agent: start-up's objects frozen once, its garbage freed first."""
+"""A long-lived agent after start: its deferred models built after READY=1, then start-up's
+objects frozen once, its garbage freed first."""
 
 from __future__ import annotations
 
+import asyncio
 import gc
+import subprocess
+import sys
 import weakref
 from collections.abc import Iterator
 
 import pytest
+from pydantic import BaseModel, ConfigDict, create_model
 
 from kiosk_agent.core import collector
 
@@ -48,3 +53,68 @@ def test_start_up_garbage_is_freed_not_frozen() -> None:
         assert gone() is None
     finally:
         gc.enable()
+
+
+TEST_MODELS = "tests.core.collector_models"  # apart from the agent's: its settling never sees them
+
+
+def _deferred_model(name: str, annotation: str) -> type[BaseModel]:
+    """A project model as the service's are made: built on first use, not when defined."""
+    model = create_model(
+        name, __config__=ConfigDict(defer_build=True), __module__=TEST_MODELS,
+        field=(annotation, ...),
+    )
+    assert not model.__pydantic_complete__
+    return model
+
+
+@pytest.mark.usefixtures("fresh_process")
+async def test_after_ready_every_deferred_model_is_built_one_per_loop_turn() -> None:
+    models = [_deferred_model(f"Deferred{n}", "int") for n in range(5)]
+    turns = 0
+
+    async def count_turns() -> None:
+        nonlocal turns
+        while True:
+            turns += 1
+            await asyncio.sleep(0)
+
+    counter = asyncio.create_task(count_turns())
+    try:
+        settling = await collector.settle_after_ready(modules=(TEST_MODELS,))
+    finally:
+        counter.cancel()
+    assert all(model.__pydantic_complete__ for model in models)
+    assert settling.built >= len(models)
+    assert turns >= len(models)  # a sale starting meanwhile waits for one build, not all
+    assert settling.done.is_set()
+    assert gc.get_freeze_count() > 0  # then start-up is frozen
+    assert models[0].model_validate({"field": "3"}).field == 3  # type: ignore[attr-defined]
+
+
+@pytest.mark.usefixtures("fresh_process")
+async def test_a_model_that_cannot_be_built_is_counted_and_the_rest_still_are(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    broken = _deferred_model("Broken", "NoSuchType")  # an annotation nothing defines
+    fine = _deferred_model("Fine", "str")
+    settling = await collector.settle_after_ready(modules=(TEST_MODELS,))
+    assert settling.errors == 1
+    assert fine.__pydantic_complete__
+    assert not broken.__pydantic_complete__
+    assert "model Broken could not be built" in caplog.text
+    assert settling.done.is_set()
+
+
+def test_importing_the_service_models_builds_none_of_them() -> None:
+    """READY=1 does not wait for the models: a fresh process imports them unbuilt."""
+    code = (
+        "from kiosk_agent.service.models import ChargeResult, Interaction, Terminal\n"
+        "from kiosk_agent.core.health import HealthSnapshot\n"
+        "print([m.__pydantic_complete__ for m in (ChargeResult, Interaction, Terminal,"
+        " HealthSnapshot)])"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60
+    )
+    assert done.stdout.strip() == "[False, False, False, False]"

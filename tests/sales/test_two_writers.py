@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from kiosk_agent.core.agent import Agent
 from kiosk_agent.sales.clock import FakeClock
 from kiosk_agent.sales.journal import Journal
+from kiosk_agent.sales.model import SaleEvent, SaleRequest
 from kiosk_agent.sales.states import Flow, SaleState, Step
+from tests.core.agent_helpers import ScriptedDispenser
 from tests.sales import test_wall_steps as wall
 from tests.sales.test_wall_steps import Factory, left_sending, record_of, steps_of, until, window_of
 
@@ -45,4 +50,43 @@ async def test_a_sale_another_writer_decided_during_recovery_is_left_as_it_is(
     assert record_of(agent, "crashed1").state is SaleState.REVERSED
     assert steps_of(agent, "crashed1")[-1] == Step.RECOVERY_REVERSED
     assert "crashed1: left as the journal has it: sale crashed1 is reversed now" in caplog.text
+    assert agent.sales.busy_reason("SIM-0001") is None  # the terminal sells again
+
+
+class DecidedByHandMeanwhile(ScriptedDispenser):
+    """A vend during which someone else (a tech's shell on the same file) settles the sale."""
+
+    def __init__(self, journal_path: Path) -> None:
+        super().__init__()
+        self.journal_path = journal_path
+
+    async def dispense(self, authorized_cents: int) -> Any:
+        outcome = await super().dispense(authorized_cents)
+        other = Journal(self.journal_path)
+        other.open()
+        [seen] = other.open_sales()
+        other.record(seen, Step.COMPLETED, SaleState.COMPLETED, message="settled by hand")
+        other.close()
+        return outcome
+
+
+async def test_a_live_sale_another_writer_decided_is_shown_as_the_journal_has_it(
+    agent: Agent, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The flow's next write finds the sale moved: nothing more is done to it, and what is
+    published (the page, the kiosk app, Home Assistant) is the journal's state, not a guess."""
+    seen: list[SaleEvent] = []
+    agent.events.listen(seen.append)
+    sale = await agent.sales.start(
+        SaleRequest(source="test:front", flow=Flow.CHARGE_CARD, amount_cents=250),
+        DecidedByHandMeanwhile(agent.journal.path),
+    )
+    event = await asyncio.wait_for(sale.result(), 10)
+    held = agent.journal.get(event.sale_id)
+    assert held is not None
+    assert (held.state, held.message) == (SaleState.COMPLETED, "settled by hand")
+    assert (event.state, event.message) == (held.state, held.message)
+    assert seen[-1].state is SaleState.COMPLETED
+    assert [s.step for s in agent.journal.steps(event.sale_id)][-1] == Step.COMPLETED
+    assert "left as the journal has it" in caplog.text
     assert agent.sales.busy_reason("SIM-0001") is None  # the terminal sells again

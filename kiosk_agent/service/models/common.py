@@ -117,7 +117,8 @@ class ServiceModel(BaseModel):
 
     # hide_input_in_errors: a validation message must never echo a token or card data.
     model_config = ConfigDict(
-        extra="allow", populate_by_name=True, validate_assignment=True, hide_input_in_errors=True
+        extra="allow", populate_by_name=True, validate_assignment=True, hide_input_in_errors=True,
+        defer_build=True,
     )
 
     def __repr_args__(self) -> Iterator[tuple[str | None, Any]]:
