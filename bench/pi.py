@@ -1,6 +1,6 @@
 """A Pi Zero-class run: the agent alone under a small CPU and memory budget.
 
-    python bench/pi.py [--cpu-percent 10] [--period-ms 10] [--memory-mb 128] [--sales 60]
+    python bench/pi.py [--cpu-percent 10] [--period-ms 10] [--memory-mb 128] [--sales 200]
                        [--idle-seconds 20]
 
 A Raspberry Pi Zero 2 W runs Python roughly ten times slower than a desktop core and has 512 MB
@@ -268,6 +268,7 @@ async def _measure(
         "start_to_ready_s": round(ready_s, 3),
         "vend_answer_p50_ms": round(percentile(latencies, 0.5), 1),
         "vend_answer_p99_ms": round(percentile(latencies, 0.99), 1),
+        "vend_answer_max_ms": round(max(latencies), 1),
         "sales_vended": len(latencies),
         "sales_per_minute_one_terminal": round(args.sales / elapsed * 60, 1),
         "agent_cpu_ms_per_sale": round(sale_cpu * 1000, 1),
@@ -302,7 +303,8 @@ def main() -> int:
     parser.add_argument("--cpu-percent", type=float, default=10.0)
     parser.add_argument("--period-ms", type=float, default=10.0)
     parser.add_argument("--memory-mb", type=int, default=128)
-    parser.add_argument("--sales", type=int, default=60)
+    # 200: the p99 is then the second slowest sale, not the slowest (as with 60)
+    parser.add_argument("--sales", type=int, default=200)
     parser.add_argument("--idle-seconds", type=float, default=20.0)
     parser.add_argument("--from-source", action="store_true",
                         help="the agent as the environment is, not compiled beforehand")

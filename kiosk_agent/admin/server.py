@@ -22,12 +22,10 @@ any size keeps one page in memory. A report never carries a card token (``accoun
 from __future__ import annotations
 
 import dataclasses
-import datetime as dt
 import hashlib
 import hmac
 import json
 import logging
-import math
 import sqlite3
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import TYPE_CHECKING, Any
@@ -48,6 +46,7 @@ from kiosk_agent.export import (
     report_columns,
     report_values,
 )
+from kiosk_agent.moments import MOMENT_FORMS, MomentError, parse_moment
 from kiosk_agent.sales.attention import NotInAttention, ResolveError, UnknownSale, resolve
 from kiosk_agent.sales.journal import JournalError, SaleRecord
 from kiosk_agent.sales.states import SaleState
@@ -534,27 +533,17 @@ def _int_param(query: Any, name: str, default: int | None, maximum: int) -> int 
 
 
 def _time_param(query: Any, name: str) -> float | None:
-    """Unix seconds or an ISO 8601 date/time (local time when it has no offset)."""
+    """``since``/``until`` as Unix seconds, in the command line's grammar
+    (:mod:`kiosk_agent.moments`): an ``until`` day is the whole day."""
     raw = query.get(name)
     if raw is None:
         return None
-    bad = _BadParameter(
-        f"{name} must be Unix seconds or an ISO date like 2026-11-22, got {raw[:40]!r}"
-    )
     if len(raw) > 40:
-        raise bad
+        raise _BadParameter(f"{name}: expected {MOMENT_FORMS} or Unix seconds, got {raw[:40]!r}...")
     try:
-        seconds = float(raw)
-    except ValueError:
-        pass
-    else:
-        if not math.isfinite(seconds) or abs(seconds) > 1e11:
-            raise bad
-        return seconds
-    try:
-        return dt.datetime.fromisoformat(raw.replace("Z", "+00:00")).timestamp()
-    except (ValueError, OverflowError, OSError):
-        raise bad from None
+        return parse_moment(raw, end=name == "until").timestamp()
+    except MomentError as err:
+        raise _BadParameter(f"{name}: {err}") from None
 
 
 def _sale_state(raw: str) -> SaleState:

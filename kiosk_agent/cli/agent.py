@@ -16,7 +16,6 @@ from kiosk_agent.cli.contract import (
     EXIT_JOURNAL_OWNED,
     EXIT_OK,
     EXIT_USAGE,
-    MOMENT_FORMS,
     CliError,
     StopSignals,
     case_insensitive,
@@ -33,6 +32,7 @@ from kiosk_agent.cli.contract import (
     wants_json,
 )
 from kiosk_agent.export import SALE_FORMATS, export_sales, sale_values
+from kiosk_agent.moments import MOMENT_FORMS
 from kiosk_agent.money import format_cents
 from kiosk_agent.sales.model import money_text
 from kiosk_agent.sales.states import RESOLUTIONS, SaleState

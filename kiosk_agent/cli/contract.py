@@ -27,7 +27,6 @@ import functools
 import json
 import math
 import os
-import re
 import signal
 import sys
 import time
@@ -36,6 +35,7 @@ from decimal import Decimal
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO, TypeVar
 
+from kiosk_agent import moments
 from kiosk_agent.export import HIDDEN_FIELDS, Amount, is_model, json_value, model_values, plain
 from kiosk_agent.money import MoneyError, format_cents, parse_price
 from kiosk_agent.service.timeouts import DEFAULT_TIMEOUT
@@ -567,32 +567,18 @@ class Progress:
 
 # -- dates ---------------------------------------------------------------------------------------
 
-_RELATIVE = re.compile(r"^(\d+)\s*([mhdw])$")
-_UNIT_SECONDS = {"m": 60, "h": 3600, "d": 86400, "w": 604800}
-MOMENT_FORMS = '"2026-11-22", "2026-11-22T10:00:00Z", or back from now: "90m", "24h", "7d", "2w"'
-
 
 def parse_moment(
     text: str | None, *, end: bool = False, option: str = "--since", now: dt.datetime | None = None
 ) -> dt.datetime | None:
-    """A day (``2026-11-22``; with ``end`` its whole day), an ISO 8601 time (UTC unless it has
-    an offset), or a span back from now (``7d``, ``24h``, ``90m``, ``2w``)."""
+    """``--since``/``--until``: the grammar of :mod:`kiosk_agent.moments` (the admin API's too);
+    None when the option is not given."""
     if text is None:
         return None
-    text = text.strip()
-    match = _RELATIVE.match(text)
-    if match:
-        current = now or dt.datetime.now(dt.UTC)
-        return current - dt.timedelta(seconds=int(match.group(1)) * _UNIT_SECONDS[match.group(2)])
     try:
-        if len(text) == 10:
-            day = dt.date.fromisoformat(text)
-            start = dt.datetime(day.year, day.month, day.day, tzinfo=dt.UTC)
-            return start + dt.timedelta(days=1) if end else start
-        moment = dt.datetime.fromisoformat(text)
-    except ValueError:
-        raise CliError(f"{option}: expected {MOMENT_FORMS}, got {text!r}", EXIT_USAGE) from None
-    return moment if moment.tzinfo else moment.replace(tzinfo=dt.UTC)
+        return moments.parse_moment(text, end=end, now=now)
+    except moments.MomentError as err:
+        raise CliError(f"{option}: {err}", EXIT_USAGE) from None
 
 
 def case_insensitive(choices: Sequence[str]) -> Callable[[str], str]:

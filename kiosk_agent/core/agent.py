@@ -198,6 +198,7 @@ class Agent:
             "availability": lambda: self.availability.listener_errors,
             "sale event listeners": lambda: self.events.listener_errors,
             "model builds after ready": lambda: self.settling.errors,
+            "attention sweeper": lambda: self.attention.stats.unexpected,
         }.items():
             self.health.count_errors_of(part, count)
         self.platforms: list[PlatformInstance] = []

@@ -61,6 +61,7 @@ from typing import Any
 from aiohttp import web
 from aiohttp.web_protocol import RequestHandler
 
+from kiosk_agent.bucket import TokenBucket
 from kiosk_agent.core.config import HTTP_SCHEMA
 from kiosk_agent.core.logging import RefusalLog
 from kiosk_agent.text import control_character
@@ -280,30 +281,6 @@ class _Overloaded(asyncio.Protocol):
         transport.close()
 
 
-class _Budget:
-    """A token bucket on the monotonic clock: ``rate`` a second, at most one second's worth
-    saved up."""
-
-    def __init__(self, rate: float, clock: Callable[[], float]) -> None:
-        self.rate = rate
-        self._clock = clock
-        self._tokens = rate
-        self._updated = clock()
-
-    def ready(self) -> bool:
-        now = self._clock()
-        self._tokens = min(self.rate, self._tokens + (now - self._updated) * self.rate)
-        self._updated = now
-        return self._tokens >= 1
-
-    def spend(self) -> None:
-        self._tokens -= 1
-
-    def wait(self) -> float:
-        """Seconds until the next token (after :meth:`ready` said no)."""
-        return (1 - self._tokens) / self.rate
-
-
 class ListenError(OSError):
     """A local server could not listen: says which one, where, and what to change."""
 
@@ -344,8 +321,9 @@ class LocalSite:
         self._resume: asyncio.TimerHandle | None = None  # accepting again, while paused
         # at the cap: newcomers accepted a second (each looked at), and the silent ones among
         # them let in a second (each closing the oldest silent connection)
-        self._triage = _Budget(self.limits.accept_rate_at_cap, clock)
-        self._room = _Budget(self.limits.accept_rate_at_cap * SILENT_SHARE, clock)
+        rate = self.limits.accept_rate_at_cap  # one second's worth saved up at most
+        self._triage = TokenBucket(rate, rate, clock)
+        self._room = TokenBucket(rate * SILENT_SHARE, rate * SILENT_SHARE, clock)
         self._connecting: set[asyncio.Task[None]] = set()  # accepted, transport being made
         # handler -> connection, oldest first (dicts keep insertion order)
         self._connections: dict[RequestHandler, _Connection] = {}
@@ -482,8 +460,8 @@ class LocalSite:
         """The listening socket has newcomers: take a few, within the budgets at the cap."""
         for _ in range(ACCEPTS_PER_TURN):
             full = self.open_connections >= self.limits.max_connections
-            if full and not self._triage.ready():
-                self._pause_accepting(self._triage.wait())
+            if full and (delay := self._triage.wait()) > 0:
+                self._pause_accepting(delay)
                 return
             try:
                 sock, _address = listener.accept()
@@ -495,11 +473,9 @@ class LocalSite:
             sock.setblocking(False)
             if full:
                 self._triage.spend()
-                if not _head_arrived(sock):
-                    if not self._room.ready():
-                        self._turn_away(sock)
-                        continue
-                    self._room.spend()
+                if not _head_arrived(sock) and self._room.take() > 0:
+                    self._turn_away(sock)
+                    continue
             task = asyncio.get_running_loop().create_task(self._connect(sock, self._accept()))
             self._connecting.add(task)
             task.add_done_callback(self._connecting.discard)

@@ -30,6 +30,7 @@ from kiosk_agent.sales.journal import Journal, JournalError, SaleMoved, SaleReco
 from kiosk_agent.sales.model import Flow, SaleEvent
 from kiosk_agent.sales.states import NO_CHARGE_STEPS, RESOLUTIONS, SaleState, Step
 from kiosk_agent.sales.steps import SaleContext, SaleSteps, event_of
+from kiosk_agent.service.errors import ServiceError
 from kiosk_agent.tasks import BackgroundTask
 from kiosk_agent.text import control_character
 
@@ -59,6 +60,10 @@ class NotInAttention(ResolveError):
 # a service slower than its answer margin may still have charged.
 LATE_CHARGE_WINDOW = 24 * 3600.0
 
+# What a sweep meets in the field and tries again at the next one: the service failing or
+# unreachable, the journal's disk. Anything else is a bug.
+_OUTSIDE_FAULTS = (ServiceError, JournalError, sqlite3.Error)
+
 
 @dataclass(slots=True)
 class SweepStats:
@@ -66,6 +71,9 @@ class SweepStats:
     ended: int = 0  # ATTENTION sales the sweeper ended by itself
     late_charges: int = 0  # charges found after their sale ended "no charge", given back
     errors: int = 0
+    # of those, the ones no outside fault explains (not the service, not the disk): bugs,
+    # counted in health's unexpected errors too
+    unexpected: int = 0
     last_sweep_at: float | None = None
     last_error: str = ""
 
@@ -110,7 +118,7 @@ class AttentionSweeper:
                 continue
             except Exception as err:
                 _LOGGER.exception("sale %s: attention recheck failed", record.sale_id)
-                self._count_error(f"sale {record.sale_id}: {type(err).__name__}: {err}")
+                self._count_error(f"sale {record.sale_id}: {type(err).__name__}: {err}", err)
                 continue
             if event is not None and event.state is not SaleState.ATTENTION:
                 self.stats.ended += 1
@@ -156,7 +164,7 @@ class AttentionSweeper:
                 self.stats.late_charges += 1
             except Exception as err:
                 _LOGGER.exception("sale %s: late charge check failed", record.sale_id)
-                self._count_error(f"sale {record.sale_id}: {type(err).__name__}: {err}")
+                self._count_error(f"sale {record.sale_id}: {type(err).__name__}: {err}", err)
         return given_back
 
     def _still_watched(self, record: SaleRecord) -> bool:
@@ -169,9 +177,11 @@ class AttentionSweeper:
             return True
         return not sent.same_boot(self.clock) and self.clock.time() - sent.wall < LATE_CHARGE_WINDOW
 
-    def _count_error(self, text: str) -> None:
+    def _count_error(self, text: str, err: Exception | None = None) -> None:
         self.stats.errors += 1
         self.stats.last_error = text
+        if err is not None and not isinstance(err, _OUTSIDE_FAULTS):
+            self.stats.unexpected += 1
 
     async def recheck(self, steps: SaleSteps) -> SaleEvent | None:
         """Ask the service what became of one ATTENTION sale; its new end, or None."""

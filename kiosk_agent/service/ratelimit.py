@@ -31,6 +31,8 @@ import weakref
 from collections import deque
 from collections.abc import Callable
 
+from kiosk_agent.bucket import TokenBucket
+
 STORM_RUN = 3  # 429 answers in a row that make a storm
 STORM_WINDOW_S = 2.0  # ... or this many 429s within this window,
 STORM_SHARE = 0.5  # ... when they are at least this share of the answers in it
@@ -47,8 +49,7 @@ class RateLimiter:
         self.max_rate = rate
         self.burst = burst
         self._clock = clock
-        self._tokens = float(burst)
-        self._updated = clock()
+        self._bucket = TokenBucket(rate, burst, clock)
         self._paused_until = 0.0
         self._lock = asyncio.Lock()
         self._floor = rate  # the rate the last storm left
@@ -100,8 +101,7 @@ class RateLimiter:
     def pause(self, seconds: float) -> None:
         """Nobody sends for ``seconds`` (the service said Retry-After to everyone)."""
         self._paused_until = max(self._paused_until, self._clock() + seconds)
-        self._tokens = 0.0
-        self._updated = self._paused_until
+        self._bucket.empty_until(self._paused_until)
 
     def succeeded(self) -> None:
         """An answer that was not a 429: a run of 429s is over."""
@@ -123,13 +123,7 @@ class RateLimiter:
         now = self._clock()
         if now < self._paused_until:
             return self._paused_until - now
-        rate = self._rate_at(now)
-        self._tokens = min(float(self.burst), self._tokens + (now - self._updated) * rate)
-        self._updated = now
-        if self._tokens >= 1.0:
-            self._tokens -= 1.0
-            return 0.0
-        return (1.0 - self._tokens) / rate
+        return self._bucket.take(self._rate_at(now))
 
 
 # The process's limiters by (event loop, service address, credential fingerprint). Weakly held: a

@@ -35,6 +35,7 @@ from typing import Any, NamedTuple, TypeVar
 
 import aiohttp
 from pydantic import BaseModel
+from yarl import URL
 
 from kiosk_agent.service.credentials import (
     ApiCredentials,
@@ -363,12 +364,17 @@ class Transport:
             raise self._status_error(answer, what)
 
     async def _exchange(self, call: _Call, headers: dict[str, str]) -> _Answer:
+        # No redirect is followed: a 307 would send the call (a charge, its card token) to
+        # whatever server the answer names, and read that server's answer as the service's.
         async with self.session.request(
             call.method, call.url, json=call.json, params=call.params, data=call.data,
-            headers=headers, timeout=call.timeout,
+            headers=headers, timeout=call.timeout, allow_redirects=False,
         ) as resp:  # fmt: skip
             body = await resp.read()
-            return _Answer(resp.status, body, resp.content_type, resp.headers.get("Retry-After"))
+            return _Answer(
+                resp.status, body, resp.content_type, resp.headers.get("Retry-After"),
+                resp.headers.get("Location"),
+            )  # fmt: skip
 
     async def _backed_off(self, attempt: int) -> bool:
         """Sleep before retry number ``attempt`` and say True, or False when retries are spent."""
@@ -428,6 +434,12 @@ class Transport:
 
     def _status_error(self, answer: _Answer, what: str) -> ServiceError:
         status, body, content_type = answer.status, answer.body, answer.content_type
+        if 300 <= status < 400:
+            return ServiceError(
+                f"{what}: HTTP {status}: a redirect to {_without_query(answer.location)}, not "
+                "followed (the configured address must be the service itself)",
+                status=status,
+            )
         error_body: ErrorBody | None = None
         try:
             data = decode_json(body, what=what, content_type=content_type) if body else None
@@ -497,6 +509,7 @@ class _Answer(NamedTuple):
     body: bytes
     content_type: str
     retry_after: str | None
+    location: str | None = None
 
 
 class OAuthTokens:
@@ -577,3 +590,10 @@ def _retry_after_seconds(value: str | None) -> float | None:
     except (TypeError, ValueError):
         return None
     return max(0.0, moment - time.time())
+
+
+def _without_query(location: str | None) -> str:
+    """Where a redirect points, without its query or fragment (they may carry a session)."""
+    if not location:
+        return "nowhere (no Location)"
+    return str(URL(location).with_query(None).with_fragment(None))[:200]

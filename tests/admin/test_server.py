@@ -1,6 +1,7 @@
 """The admin API over real HTTP, on an agent that talks to the simulator."""
 
 import csv
+import datetime as dt
 import io
 import json
 from typing import Any
@@ -210,3 +211,22 @@ async def test_boarding_merchants_from_the_webhook_receiver(
     async with api.get("/api/boarding/merchants", headers=READER) as response:
         [merchant] = (await response.json())["merchants"]
     assert (merchant["merchant_id"], merchant["status"]) == (5, "live")
+
+
+async def test_since_and_until_read_moments_as_the_command_line_does(agent: Any, api: Any) -> None:
+    """One grammar (kiosk_agent/moments.py): an until day is the whole day, a time without an
+    offset is UTC, spans back from now and Unix seconds are taken."""
+    sold = [await _sell(agent, 300), await _sell(agent, 350)]
+    expected = sorted(s.sale_id for s in sold)
+    record = agent.journal.get(sold[0].sale_id)
+    day = dt.datetime.fromtimestamp(record.created_at, dt.UTC).date().isoformat()
+    for query in (f"since={day}&until={day}", "since=2h", f"until={day}T23:59:59.999999"):
+        async with api.get(f"/api/sales?{query}", headers=READER) as response:
+            assert response.status == 200, query
+            found = (await response.json())["sales"]
+        assert sorted(s["sale_id"] for s in found) == expected, query
+    async with api.get("/api/sales?until=1000000000", headers=READER) as response:
+        assert (await response.json())["sales"] == []  # 2001: before any sale
+    async with api.get("/api/sales?since=7y", headers=READER) as response:
+        assert response.status == 400
+        assert '"90m", "24h", "7d", "2w"' in (await response.json())["detail"]

@@ -15,6 +15,7 @@ from kiosk_agent.sales.attention import NotInAttention, ResolveError, UnknownSal
 from kiosk_agent.sales.journal import Journal
 from kiosk_agent.sales.states import SaleState, Step
 from kiosk_agent.service.client import ServiceClient
+from kiosk_agent.service.errors import ServiceUnreachableError
 from kiosk_agent.service.models import TransStatus
 from tests.sales.test_recovery import authorize, leave_open, rows
 
@@ -298,3 +299,29 @@ async def test_a_person_resolving_while_the_sweeper_decides_wins(
     [row] = await rows(agent.service, "KACRASHED1")
     assert row.status is not TransStatus.CAPTURED  # no money moved after the person decided
     assert agent.attention.stats.errors == 0
+
+
+async def test_a_bug_in_a_recheck_is_an_unexpected_error_in_health_an_outage_is_not(
+    agent_factory: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    agent = await attention_sale(agent_factory, tmp_path)
+
+    async def service_down(steps: Any) -> None:
+        raise ServiceUnreachableError("reporting: connection refused")
+
+    monkeypatch.setattr(agent.attention, "recheck", service_down)
+    await agent.attention.sweep()
+    assert (agent.attention.stats.errors, agent.attention.stats.unexpected) == (1, 0)
+    assert not any("unexpected" in p for p in agent.health.snapshot().problems)
+
+    async def bug(steps: Any) -> None:
+        raise KeyError("trans_id")
+
+    monkeypatch.setattr(agent.attention, "recheck", bug)
+    await agent.attention.sweep()
+    assert (agent.attention.stats.errors, agent.attention.stats.unexpected) == (2, 1)
+    snapshot = agent.health.snapshot()
+    assert snapshot.errors["attention sweeper"] == 1
+    assert any(p.startswith("unexpected errors, logged with their tracebacks: attention sweeper")
+               for p in snapshot.problems)
+    assert agent.journal.get("crashed1").state is SaleState.ATTENTION  # the sale waits for the next

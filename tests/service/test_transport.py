@@ -19,6 +19,7 @@ from kiosk_agent.service.errors import (
     NotFoundError,
     RateLimitedError,
     ServerError,
+    ServiceError,
     ServiceUnreachableError,
 )
 from kiosk_agent.service.models import ChargeRequest
@@ -292,3 +293,28 @@ async def test_observers_hear_each_call_once_with_its_kind_seconds_and_outcome(
         (CallKind.CONTROL, "ok"), (CallKind.MONEY, "unreachable"), (CallKind.MONEY, "error"),
     ]
     assert all(0 <= seconds < 5 for _, seconds, _ in heard)
+
+
+@pytest.mark.parametrize("status", [301, 302, 303, 307, 308])
+async def test_a_redirect_is_not_followed_the_card_goes_nowhere_else(
+    scripted: ScriptedServer, scripted_settings: ServiceSettings, status: int
+) -> None:
+    """A service address that answers "go elsewhere" (a captive portal, a hijacked DNS name, a
+    proxy moved): a followed 307 would send the charge, card token and all, to that other
+    server, and its answer would be read as the charge's. The client refuses instead."""
+    elsewhere = ScriptedServer()
+    await elsewhere.start()
+    try:
+        elsewhere.script("POST", "/charge", json_reply({"result_code": 1, "trans_id": "x"}))
+        target = f"{elsewhere.url}/charge?session=abc123"
+        scripted.script("POST", "/api/v1/charge", json_reply({}, status, {"Location": target}))
+        request = ChargeRequest(amount=100, account_token="9412345678901111", order_id="o-7")
+        async with ServiceClient(scripted_settings) as svc:
+            with pytest.raises(ServiceError, match=rf"HTTP {status}: a redirect to ") as caught:
+                await svc.payments.charge(request)
+        assert f"{elsewhere.url}/charge" in str(caught.value)
+        assert "abc123" not in str(caught.value)  # a query may carry a session: not repeated
+        assert elsewhere.requests == []  # nothing reached the other server
+        assert scripted.count("POST", "/api/v1/charge") == 1  # and nothing was sent twice
+    finally:
+        await elsewhere.stop()
