@@ -23,6 +23,9 @@ class AuthorizeCaptureFlow(SaleFlow):
 
     reporting = AUTHORIZE_REPORTING
 
+    def opening(self) -> None:
+        self.ask_for_card()  # with the sale: one commit
+
     async def sell(self) -> SaleEvent:
         card, ended = await self.read_card()
         if ended is not None:

@@ -32,19 +32,28 @@ class ChargeCardFlow(SaleFlow):
 
     reporting = CHARGE_CARD_REPORTING
 
+    def opening(self) -> None:
+        self._ask_to_charge()  # the first attempt's request, with the sale: one commit
+
+    def _ask_to_charge(self) -> None:
+        """Journal this attempt's charge-card request (its intent and deadline) before it goes."""
+        amount = self.record.amount_cents
+        self.step(
+            Step.CHARGE_CARD_REQUEST,
+            SaleState.CHARGING,
+            f"asking for {format_cents(amount)} on {self.device}",
+            detail={"order_id": self.record.attempt_order_id(), "amount_cents": amount},
+            **self.sending(),
+        )
+
     async def sell(self) -> SaleEvent:
         amount = self.record.amount_cents
         for attempt in range(1, self.settings.retries + 2):
             if attempt > 1:
                 self.step(Step.CHARGE_CARD_RETRY, attempt=attempt, interaction_id=None)
+            if attempt > 1 or self.record.state is SaleState.STARTED:  # else opened with it
+                self._ask_to_charge()
             order_id = self.record.attempt_order_id()
-            self.step(
-                Step.CHARGE_CARD_REQUEST,
-                SaleState.CHARGING,
-                f"asking for {format_cents(amount)} on {self.device}",
-                detail={"order_id": order_id, "amount_cents": amount},
-                **self.sending(),
-            )
             try:
                 handle = await self.money_call(
                     self.service.terminal.charge_card(self.device, amount, order_id=order_id)

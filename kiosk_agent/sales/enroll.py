@@ -22,6 +22,9 @@ class EnrollFlow(SaleFlow):
 
     receipts = False
 
+    def opening(self) -> None:
+        self.ask_for_card()  # with the sale: one commit
+
     async def sell(self) -> SaleEvent:
         card, ended = await self.read_card()
         if ended is not None:

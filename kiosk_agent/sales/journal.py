@@ -24,7 +24,13 @@ from pathlib import Path
 from typing import Any, Literal
 
 from kiosk_agent.sales.clock import SYSTEM_CLOCK, Clock
-from kiosk_agent.sales.states import REOPENED_AFTER, SaleState, Step, check_transition
+from kiosk_agent.sales.states import (
+    REOPENED_AFTER,
+    SaleState,
+    Step,
+    TransitionRefused,
+    check_transition,
+)
 
 # What a reader must understand to use the journal. Bumped only by a change an older release
 # cannot read past (a renamed column, a changed meaning): new facts go into new tables, which
@@ -342,11 +348,11 @@ class Journal:
     ) -> SaleRecord:
         """Write one step (and the sale's new fields) durably; return the updated sale.
 
-        The one way a sale changes. In the same transaction the sale's state on disk is read
-        and the move checked against the table (``states.check_transition``:
-        :class:`TransitionRefused`, nothing written); the sale must still be in ``if_state``
-        (default: the state ``sale`` says it is in), else :class:`SaleMoved`: two writers
-        (another process on the same journal, a person) cannot both decide it."""
+        The one way a sale changes. The move is checked against the table
+        (``states.check_transition``: :class:`TransitionRefused`, nothing written); the sale
+        must still be in ``if_state`` on disk (default: the state ``sale`` says it is in),
+        checked by the write itself in the same transaction, else :class:`SaleMoved`: two
+        writers (another process on the same journal, a person) cannot both decide it."""
         unknown = set(changes) - _UPDATABLE
         if unknown:
             raise ValueError(f"not journal fields: {', '.join(sorted(unknown))}")
@@ -364,11 +370,14 @@ class Journal:
         expected = sale.state if if_state is None else if_state
         try:
             with self._transaction() as db:
-                named = self._check(db, sale, expected, new_state, step, changed)
-                db.execute(
-                    f"UPDATE sales SET {sql} WHERE sale_id = :sale_id",  # noqa: S608
-                    {**assignments, "sale_id": sale.sale_id},
+                named = self._check_in_memory(db, sale, expected, new_state, step, changed)
+                moved = db.execute(
+                    f"UPDATE sales SET {sql} WHERE sale_id = :sale_id AND state = :was",  # noqa: S608
+                    {**assignments, "sale_id": sale.sale_id, "was": expected.value},
                 )
+                if moved.rowcount != 1:  # another writer moved it: the disk says where to
+                    self._check(db, sale, expected, new_state, step, changed)
+                    raise SaleMoved(sale.sale_id, None)  # pragma: no cover - _check raised
                 if beside:
                     _write_beside(db, sale.sale_id, updated.row())
                 self._insert_step(db, sale.sale_id, now, named, new_state, detail)
@@ -376,6 +385,27 @@ class Journal:
             raise self._write_failed(err) from err
         self._tell(None)
         return updated
+
+    def _check_in_memory(
+        self,
+        db: sqlite3.Connection,
+        sale: SaleRecord,
+        expected: SaleState,
+        wanted: SaleState,
+        step: Step,
+        changed: frozenset[str],
+    ) -> Step:
+        """The move against the table from the state the writer expects, read from nothing:
+        the UPDATE then writes only if the sale is still in it on disk (compare and write in
+        one statement, inside the write transaction). A reopening step, which depends on how
+        the sale ended, and a refused move read the disk (a moved sale says so first)."""
+        if step in REOPENED_AFTER:
+            return self._check(db, sale, expected, wanted, step, changed)
+        try:
+            return check_transition(sale.sale_id, sale.flow, expected, wanted, step, None, changed)
+        except TransitionRefused:
+            self._check(db, sale, expected, wanted, step, changed)
+            raise
 
     def _check(
         self,

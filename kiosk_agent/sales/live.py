@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+from collections.abc import Mapping
 from typing import Any, ClassVar
 
 from kiosk_agent.sales.journal import SaleRecord
@@ -57,6 +58,22 @@ class SaleFlow(SaleSteps):
         self.dispenser = dispenser
         self.cancelled = asyncio.Event()
         self._denied = False
+
+    def open(self, detail: Mapping[str, Any]) -> None:
+        """Journal the new sale together with its flow's first step, in one commit.
+
+        Nothing happens between the two that the journal must hold first: the step's call is
+        made once the flow runs, after the commit. A crash before the commit leaves no sale, as
+        a crash just before the sale was created did (no call was made, nobody was told its id:
+        the kiosk API answers 202 after this).
+        """
+        with self.one_commit():
+            self.record = self.journal.create(self.record, detail)
+            self._announce(Step.CREATED)
+            self.opening()
+
+    def opening(self) -> None:
+        """The flow's first step, journaled with the sale itself (none by default)."""
 
     async def sell(self) -> SaleEvent:
         """The flow itself, from STARTED to its end; the sale's final event."""
@@ -110,14 +127,15 @@ class SaleFlow(SaleSteps):
     async def read_card(self) -> tuple[Any, SaleEvent | None]:
         """Read a card into a token (kept only in memory); or the sale's end.
 
-        The read is journaled by the caller (:meth:`card_read`), in one commit with the step it
-        leads to: nothing happens between them that the journal must hold first, and a crash
-        before that commit leaves the sale reading a card, as a crash just after the read did.
+        The request is journaled with the sale (:meth:`ask_for_card`, the read-card flows'
+        opening step). The read is journaled by the caller (:meth:`card_read`), in one commit with
+        the step it leads to: nothing happens between them that the journal must hold first, and
+        a crash before that commit leaves the sale reading a card, as a crash just after the read
+        did.
         """
         amount = self.record.amount_cents
-        self.step(
-            Step.READ_CARD_REQUEST, SaleState.READING_CARD, f"present a card on {self.device}"
-        )
+        if self.record.state is SaleState.STARTED:  # not opened with the sale: journal it first
+            self.ask_for_card()
         try:
             handle = await self.service.terminal.read_card(self.device, amount)
         except ConflictError as err:
@@ -151,6 +169,12 @@ class SaleFlow(SaleSteps):
         if card is None:
             return None, await self._fail(SaleState.FAILED, Step.READ_CARD_FAULT, interaction.fault)
         return card, None
+
+    def ask_for_card(self) -> None:
+        """Journal the read-card request (before it is sent)."""
+        self.step(
+            Step.READ_CARD_REQUEST, SaleState.READING_CARD, f"present a card on {self.device}"
+        )
 
     def card_read(self, card: Any) -> None:
         """Journal the card read (its brand and last four, never the token)."""

@@ -145,9 +145,8 @@ class SaleRunner:
             product=request.product,
             currency=self.settings.currency,
         )
-        record = self.journal.create(record, {"source": request.source, "product": request.product})
         flow = FLOWS[request.flow](record, request, dispenser, self.context)
-        flow.publish(Step.CREATED)
+        flow.open({"source": request.source, "product": request.product})
         self._running[device] = flow
         task = asyncio.create_task(self._run(device, flow), name=f"sale-{sale_id}")
         sale = Sale(sale_id, order_id, device, task)

@@ -108,11 +108,15 @@ class SaleSteps:
                     updated_at=self.clock.time(), **changes,
                 )
             raise
+        self._announce(name)
+        return self.record
+
+    def _announce(self, name: Step) -> None:
+        """Publish a journaled step; inside one_commit(), once the commit holds it."""
         if self._held is not None:
             self._held.append(event_of(self.record, name))
         else:
             self.publish(name)
-        return self.record
 
     @contextlib.contextmanager
     def one_commit(self) -> Iterator[None]:
@@ -229,9 +233,16 @@ class SaleSteps:
 
     async def money_call(self, call: Awaitable[T]) -> T:
         """A call that may move money, bounded as a whole (retries and 429 waits included) so
-        that its journaled deadline holds; giving up is a lost answer, never a retry."""
+        that its journaled deadline holds; giving up is a lost answer, never a retry.
+
+        The bound runs from the send its request step journaled (``sent_mono``), not from now:
+        the deadline written with the intent counts from there (the commit, and a loop turn
+        when the intent was journaled with the sale, come between)."""
+        budget = self.settings.request_timeout
+        if self.record.sent_mono is not None:
+            budget -= max(0.0, self.clock.monotonic() - self.record.sent_mono)
         try:
-            return await self.clock.wait_for(call, self.settings.request_timeout)
+            return await self.clock.wait_for(call, budget)
         except TimeoutError as err:
             raise ServiceUnreachableError(
                 f"no answer within {self.settings.request_timeout:g} s; outcome unknown"

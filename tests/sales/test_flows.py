@@ -320,9 +320,9 @@ class JournalWitness(ScriptedDispenser):
         return await super().dispense(authorized_cents)
 
 
-# steps that share a commit: the approval and the dispense request; in authorize_capture also
-# the card read and the authorization's request
-@pytest.mark.parametrize(("flow", "shared"), [(Flow.CHARGE_CARD, 1), (Flow.AUTHORIZE_CAPTURE, 2)])
+# steps that share a commit: the new sale and its first request, the approval and the dispense
+# request; in authorize_capture also the card read and the authorization's request
+@pytest.mark.parametrize(("flow", "shared"), [(Flow.CHARGE_CARD, 2), (Flow.AUTHORIZE_CAPTURE, 3)])
 async def test_the_approval_and_the_dispense_request_are_one_commit_before_the_vend(
     agent: Agent, flow: Flow, shared: int
 ) -> None:
@@ -337,6 +337,50 @@ async def test_the_approval_and_the_dispense_request_are_one_commit_before_the_v
     assert trans_id  # the money's id is on disk before anything is vended
     steps = [s.step for s in agent.journal.steps(event.sale_id)]
     assert len(commits) == len(steps) - shared  # every step kept, some sharing a commit
+
+
+def last_step_on_disk(agent: Agent) -> tuple[str, str] | None:
+    """The sale's state and last step as a crash would leave them (read by another connection)."""
+    other = sqlite3.connect(agent.journal.path)
+    try:
+        row = other.execute(
+            "SELECT sales.state, (SELECT step FROM steps WHERE steps.sale_id = sales.sale_id "
+            "ORDER BY id DESC LIMIT 1) FROM sales"
+        ).fetchone()
+    finally:
+        other.close()
+    return None if row is None else (row[0], row[1])
+
+
+# each flow's first call to the service, and the state and step it is journaled with
+FIRST_CALLS = [
+    (Flow.CHARGE_CARD, "charge_card", ("charging", "charge_card.request")),
+    (Flow.AUTHORIZE_CAPTURE, "read_card", ("reading_card", "read_card.request")),
+    (Flow.ENROLL, "read_card", ("reading_card", "read_card.request")),
+]
+
+
+@pytest.mark.parametrize(("flow", "call", "on_disk"), FIRST_CALLS)
+async def test_a_new_sale_and_its_first_request_are_one_commit_before_the_call(
+    agent: Agent, flow: Flow, call: str, on_disk: tuple[str, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    commits: list[str] = []
+    sent: list[tuple[int, tuple[str, str] | None]] = []  # (commits so far, what is on disk)
+    real_call = getattr(agent.service.terminal, call)
+
+    async def witnessed(*args: Any, **kwargs: Any) -> Any:
+        sent.append((len(commits), last_step_on_disk(agent)))
+        return await real_call(*args, **kwargs)
+
+    monkeypatch.setattr(agent.service.terminal, call, witnessed)
+    agent.journal.db.set_trace_callback(lambda sql: sql == "COMMIT" and commits.append(sql))
+    sale = await agent.sales.start(request(250, flow=flow), ScriptedDispenser())
+    assert len(commits) == 1  # start() returns (the kiosk API answers 202) once it is on disk
+    await asyncio.wait_for(sale.result(), 10)
+    agent.journal.db.set_trace_callback(None)
+    assert sent == [(1, on_disk)]
+    steps = [s.step for s in agent.journal.steps(sale.sale_id)]
+    assert steps[:2] == ["created", on_disk[1]]  # both rows kept
 
 
 async def test_a_cable_dropped_mid_sale_loses_neither_the_sale_nor_the_next_one(

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from kiosk_agent.sales.journal import Journal, JournalError, SaleRecord
+from kiosk_agent.sales.journal import Journal, JournalError, SaleMoved, SaleRecord
 from kiosk_agent.sales.states import SaleState, Step
 from tests.helpers import walk_to
 
@@ -173,6 +173,24 @@ def committed_state(journal: Journal, sale_id: str) -> tuple[str, int]:
     finally:
         other.close()
     return str(state), int(steps)
+
+
+def test_a_step_checks_the_state_on_disk_by_its_write_reading_nothing(journal: Journal) -> None:
+    sale = journal.create(new_sale(1))
+    statements: list[str] = []
+    journal.db.set_trace_callback(statements.append)
+    sale = journal.record(sale, Step.CHARGE_CARD_REQUEST, SaleState.CHARGING)
+    journal.db.set_trace_callback(None)
+    assert not [s for s in statements if s.lstrip().upper().startswith("SELECT")], statements
+    [update] = [s for s in statements if s.startswith("UPDATE sales")]
+    assert update.endswith("AND state = 'started'")  # the compare, in the write itself
+    other = sqlite3.connect(journal.path)  # another writer moves the sale on
+    with other:
+        other.execute("UPDATE sales SET state = 'failed' WHERE sale_id = 's1'")
+    other.close()
+    with pytest.raises(SaleMoved, match="is failed now"):
+        journal.record(sale, Step.CHARGE_CARD_ACCEPTED, interaction_id="I1")
+    assert [s.step for s in journal.steps("s1")] == ["created", "charge_card.request"]
 
 
 def test_a_batch_commits_its_steps_at_once_at_its_end(journal: Journal) -> None:

@@ -174,6 +174,26 @@ async def test_a_late_commit_inside_the_window_is_found_and_given_back(
     assert not any(s.endswith(".none") for s in steps_of(agent, sale.sale_id))
 
 
+async def test_a_money_call_is_bounded_from_the_send_its_intent_journaled(
+    agent_on: Factory, sim: Any
+) -> None:
+    # charge_card journals its first request with the sale, in start(); the call goes out when
+    # the sale's task runs. Time that passes between counts against the call's bound, so the
+    # deadline journaled with the intent (from sent_mono) is the one that holds.
+    clock = FakeClock()
+    agent = await agent_on(clock)
+    await arm(sim, path=charge_path(Flow.CHARGE_CARD), fault="delay", delay_s=0.3)
+    machine = ScriptedDispenser()
+    sale = await agent.sales.start(SaleRequest("test", Flow.CHARGE_CARD, 300), machine)
+    sent_mono = record_of(agent, sale.sale_id).sent_mono
+    assert sent_mono is not None
+    await clock.advance(2.0)  # before the sale's task first runs
+    await money_call_out(agent, clock, sale.sale_id, SaleState.CHARGING)
+    assert sent_mono + agent.settings.request_timeout in clock.pending()
+    event = await clock.run(sale.result())
+    assert event.state is SaleState.COMPLETED, event.message
+
+
 @pytest.mark.parametrize("flow", [Flow.CHARGE_CARD, Flow.AUTHORIZE_CAPTURE])
 @pytest.mark.parametrize("step", FORWARD_AND_BACK)
 @pytest.mark.parametrize("at_pause", [0, 1, 3])
