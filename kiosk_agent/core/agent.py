@@ -193,6 +193,7 @@ class Agent:
             restart_after=config["sales"]["unwritten_restart_after"],
         )
         self.settling = Settling()  # the models built after READY=1 (core/collector.py)
+        self.settled = asyncio.Event()  # set once what READY=1 does not wait for is done
         for part, count in {
             "health check": lambda: self._checker.errors,
             "availability": lambda: self.availability.listener_errors,
@@ -287,8 +288,7 @@ class Agent:
                 self._tasks.append(self._ready_task)
         self.started = True
         self.ready_at = time.monotonic()
-        # the models a sale needs are built now, one per loop turn; then start-up is frozen
-        self._tasks.append(asyncio.create_task(settle_after_ready(self.settling)))
+        self._tasks.append(asyncio.create_task(self._after_ready()))
         _LOGGER.info(
             "agent %s ready in %.0f ms: %d trigger(s), %d component(s), %d open sale(s)",
             self.version,
@@ -297,6 +297,15 @@ class Agent:
             len(self.components),
             len(open_ids),
         )
+
+    async def _after_ready(self) -> None:
+        """What READY=1 does not wait for, a step per loop turn so sales go on meanwhile: the
+        models a sale needs built, start-up frozen (core/collector.py), the journal's WAL grown
+        ahead so commits overwrite it in place (Journal.reserve_wal)."""
+        await settle_after_ready(self.settling)
+        for _ in self.journal.reserve_wal():
+            await asyncio.sleep(0)
+        self.settled.set()
 
     async def _ready_after_recovery(self, ready_text: str) -> None:
         assert self._systemd is not None

@@ -17,6 +17,8 @@ import contextlib
 import dataclasses
 import datetime as dt
 import json
+import logging
+import os
 import sqlite3
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
@@ -102,7 +104,15 @@ _BESIDE = {
     "sale_sends": ("sent_at", "sent_mono", "sent_boot"),
 }
 
+_LOGGER = logging.getLogger(__name__)
+
 _SIDE = ("-wal", "-shm")
+# What SQLite lets the WAL hold before it checkpoints on its own (wal_autocheckpoint: 1000
+# pages of 4 KiB by default): grown ahead once a run (Journal.reserve_wal).
+WAL_RESERVE_BYTES = 1000 * 4096
+WAL_ROOM_NEEDED = 16 * WAL_RESERVE_BYTES  # free space under which it is not grown
+_WAL_CHUNK_PAGES = 100  # pages written per transaction while growing it: a few ms each here
+_WAL_RESERVE = "wal_reserve"  # the scratch table that grows it, dropped at the end
 # Beside the journal, written once it holds its tables: "a journal was in use here". A journal
 # found missing or empty while this exists was lost (deleted, truncated, its WAL removed).
 MARKER_SUFFIX = ".in-use"
@@ -274,6 +284,42 @@ class Journal:
             db.close()
             raise JournalError(f"cannot open the journal at {self.path}: {err}") from err
         self._db = db
+
+    def reserve_wal(self) -> Iterator[None]:
+        """Grow the WAL file to what it holds between two checkpoints, a chunk per step, then
+        checkpoint so the next commit starts at its beginning: from then on a commit overwrites
+        the file in place instead of lengthening it.
+
+        A commit that lengthens the file fsyncs its new size too (the file system's own journal):
+        0.26-0.32 ms a commit on this ext4 disk against 0.12-0.14 ms in place, and more on an SD
+        card. SQLite deletes the WAL when its last connection closes, so every run grows it
+        again; the database file keeps the pages as free pages, which new rows reuse.
+        Iterate it (``for _ in journal.reserve_wal(): await asyncio.sleep(0)``) so sales go on
+        between chunks. Best effort: a failing disk ends it quietly (health shows that disk).
+        """
+        wal = self.path.with_name(self.path.name + "-wal")
+        try:
+            if wal.exists() and wal.stat().st_size >= WAL_RESERVE_BYTES:
+                return
+            disk = os.statvfs(self.path.parent)
+            if disk.f_bavail * disk.f_frsize < WAL_ROOM_NEEDED:
+                return  # a tight disk keeps its room for sales
+            self.db.execute(f"DROP TABLE IF EXISTS {_WAL_RESERVE}")  # a run that stopped midway
+            self.db.execute(f"CREATE TABLE {_WAL_RESERVE} (filler BLOB)")
+            page = int(self.db.execute("PRAGMA page_size").fetchone()[0])
+            for _ in range(0, WAL_RESERVE_BYTES, _WAL_CHUNK_PAGES * page):
+                with transaction(self.db) as db:
+                    db.executemany(
+                        f"INSERT INTO {_WAL_RESERVE} VALUES (zeroblob(?))",  # noqa: S608
+                        [(page - 100,)] * _WAL_CHUNK_PAGES,
+                    )
+                yield
+            self.db.execute(f"DROP TABLE {_WAL_RESERVE}")
+            # PASSIVE: never waits for a reader (a tech's `kiosk-agent sales`); the WAL starts
+            # over at the next commit once every frame is back in the database
+            self.db.execute("PRAGMA wal_checkpoint(PASSIVE)")
+        except (sqlite3.Error, OSError) as err:
+            _LOGGER.warning("journal: the WAL was not grown ahead (%s); commits lengthen it", err)
 
     def close(self) -> None:
         if self._db is not None:

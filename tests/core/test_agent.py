@@ -251,3 +251,11 @@ async def test_a_bug_caught_in_a_listener_is_counted_and_shown_in_health(agent: 
     assert snapshot.status == "degraded"
     assert any(p.startswith("unexpected errors, logged with their tracebacks: sale event "
                             "listeners") for p in snapshot.problems)
+
+
+async def test_after_ready_the_journals_wal_is_grown_ahead(agent: Agent) -> None:
+    from kiosk_agent.sales.journal import WAL_RESERVE_BYTES
+
+    await asyncio.wait_for(agent.settled.wait(), 30)
+    wal = agent.journal.path.with_name(agent.journal.path.name + "-wal")
+    assert wal.stat().st_size >= WAL_RESERVE_BYTES

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sqlite3
 import stat
 import time
@@ -9,7 +10,14 @@ from pathlib import Path
 
 import pytest
 
-from kiosk_agent.sales.journal import Journal, JournalError, SaleMoved, SaleRecord
+from kiosk_agent.sales.journal import (
+    WAL_RESERVE_BYTES,
+    WAL_ROOM_NEEDED,
+    Journal,
+    JournalError,
+    SaleMoved,
+    SaleRecord,
+)
 from kiosk_agent.sales.states import SaleState, Step
 from tests.helpers import walk_to
 
@@ -228,3 +236,52 @@ def test_a_batch_that_fails_leaves_the_sale_as_before_its_first_step(journal: Jo
 def test_batches_do_not_nest(journal: Journal) -> None:
     with pytest.raises(RuntimeError, match="do not nest"), journal.batch(), journal.batch():
         pass
+
+
+def _wal(journal: Journal) -> Path:
+    return journal.path.with_name(journal.path.name + "-wal")
+
+
+def test_the_wal_is_grown_ahead_so_commits_overwrite_it_in_place(journal: Journal) -> None:
+    sale = journal.create(SaleRecord(sale_id="s1", order_id="KAS1", source="t",
+                                     flow="charge_card", terminal="SIM-0001",
+                                     amount_cents=100, state=SaleState.STARTED))
+    chunks = sum(1 for _ in journal.reserve_wal())
+    assert chunks >= 5  # a step at a time, for the loop to run sales in between
+    grown = _wal(journal).stat().st_size
+    assert grown >= WAL_RESERVE_BYTES
+    for n in range(20):  # commits after it land inside the file: it does not get longer
+        sale = journal.record(sale, Step.CHARGE_CARD_REQUEST if n == 0 else Step.CHARGE_CARD_ANSWER,
+                              SaleState.CHARGING)
+    assert _wal(journal).stat().st_size == grown
+    tables = {r[0] for r in journal.db.execute("SELECT name FROM sqlite_master")}
+    assert "wal_reserve" not in tables  # the scratch table is gone
+    assert journal.get("s1").state is SaleState.CHARGING  # type: ignore[union-attr]
+    assert list(journal.reserve_wal()) == []  # grown already: nothing more this run
+
+
+def test_a_wal_growth_cut_short_is_cleaned_up_by_the_next(journal: Journal) -> None:
+    growing = journal.reserve_wal()
+    next(growing)  # the process ends here (the chunk before is committed)
+    growing.close()
+    journal.close()
+    _wal(journal).unlink(missing_ok=True)
+    journal.open()
+    list(journal.reserve_wal())
+    tables = {r[0] for r in journal.db.execute("SELECT name FROM sqlite_master")}
+    assert "wal_reserve" not in tables
+
+
+def test_on_a_tight_disk_the_wal_is_not_grown(
+    journal: Journal, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    real = os.statvfs(journal.path.parent)
+
+    class Tight:
+        f_frsize = real.f_frsize
+        f_bavail = (WAL_ROOM_NEEDED - 1) // real.f_frsize
+        f_flag = real.f_flag
+
+    monkeypatch.setattr("kiosk_agent.sales.journal.os.statvfs", lambda path: Tight())
+    assert list(journal.reserve_wal()) == []
+    assert not _wal(journal).exists() or _wal(journal).stat().st_size < WAL_RESERVE_BYTES
