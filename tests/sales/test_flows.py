@@ -327,6 +327,7 @@ async def test_the_approval_and_the_dispense_request_are_one_commit_before_the_v
     agent: Agent, flow: Flow, shared: int
 ) -> None:
     machine = JournalWitness(agent)
+    await asyncio.wait_for(agent.settled.wait(), 30)  # start-up's own commits (the WAL) done
     commits: list[str] = []
     agent.journal.db.set_trace_callback(lambda sql: sql == "COMMIT" and commits.append(sql))
     event = await sell(agent, 250, machine, flow=flow)
@@ -373,6 +374,7 @@ async def test_a_new_sale_and_its_first_request_are_one_commit_before_the_call(
         return await real_call(*args, **kwargs)
 
     monkeypatch.setattr(agent.service.terminal, call, witnessed)
+    await asyncio.wait_for(agent.settled.wait(), 30)  # start-up's own commits (the WAL) done
     agent.journal.db.set_trace_callback(lambda sql: sql == "COMMIT" and commits.append(sql))
     sale = await agent.sales.start(request(250, flow=flow), ScriptedDispenser())
     assert len(commits) == 1  # start() returns (the kiosk API answers 202) once it is on disk
