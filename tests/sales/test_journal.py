@@ -285,3 +285,12 @@ def test_on_a_tight_disk_the_wal_is_not_grown(
     monkeypatch.setattr("kiosk_agent.sales.journal.os.statvfs", lambda path: Tight())
     assert list(journal.reserve_wal()) == []
     assert not _wal(journal).exists() or _wal(journal).stat().st_size < WAL_RESERVE_BYTES
+
+
+def test_growing_the_wal_keeps_the_page_cache_as_it_was(journal: Journal) -> None:
+    before = journal.db.execute("PRAGMA cache_size").fetchone()[0]
+    growing = journal.reserve_wal()
+    next(growing)
+    assert journal.db.execute("PRAGMA cache_size").fetchone()[0] == -64  # filler not cached
+    growing.close()  # stopped midway: the cache is given back its size all the same
+    assert journal.db.execute("PRAGMA cache_size").fetchone()[0] == before
