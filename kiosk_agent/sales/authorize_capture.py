@@ -73,17 +73,7 @@ class AuthorizeCaptureFlow(SaleFlow):
             )
         if not result.approved:
             return await self._fail(SaleState.DECLINED, Step.AUTHORIZE_DECLINED, declined(result))
-        # the hold and the vend it pays for follow each other: one commit, before the vend
-        with self.one_commit():
-            cents = self.charge_found(
-                Step.AUTHORIZE_APPROVED, result.trans_id, result.amount,
-                {"trans_id": result.trans_id},
-            )  # fmt: skip
-            if not self.cancelled.is_set():
-                self.step(
-                    Step.DISPENSE_REQUEST, SaleState.DISPENSING,
-                    f"vend up to {format_cents(cents)}",
-                )  # fmt: skip
+        cents = self.approved_for_vend(Step.AUTHORIZE_APPROVED, result, "vend up to")
         return await self._vend_authorized(cents)
 
     async def _vend_authorized(self, authorized: int) -> SaleEvent:

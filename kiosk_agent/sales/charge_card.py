@@ -112,17 +112,7 @@ class ChargeCardFlow(SaleFlow):
             return await self._fail(
                 SaleState.DECLINED, Step.CHARGE_CARD_DECLINED, declined(result)
             )
-        # the charge and the vend it pays for follow each other: one commit, before the vend
-        with self.one_commit():
-            cents = self.charge_found(
-                Step.CHARGE_CARD_APPROVED, result.trans_id, result.amount,
-                {"trans_id": result.trans_id},
-            )  # fmt: skip
-            if not self.cancelled.is_set():
-                self.step(
-                    Step.DISPENSE_REQUEST, SaleState.DISPENSING,
-                    f"vending up to {format_cents(cents)}",
-                )  # fmt: skip
+        cents = self.approved_for_vend(Step.CHARGE_CARD_APPROVED, result, "vending up to")
         return await self._dispense_paid(cents)
 
     async def _dispense_paid(self, cents: int) -> SaleEvent:

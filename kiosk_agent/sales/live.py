@@ -23,6 +23,7 @@ import logging
 from collections.abc import Mapping
 from typing import Any, ClassVar
 
+from kiosk_agent.money import format_cents
 from kiosk_agent.sales.journal import SaleRecord
 from kiosk_agent.sales.model import (
     DispenseOutcome,
@@ -103,6 +104,19 @@ class SaleFlow(SaleSteps):
             await self.dispenser.deny(reason)
         except Exception:  # the contract says deny never raises; a broken platform must not
             _LOGGER.exception("sale %s: the dispenser failed to deny", self.record.sale_id)
+
+    def approved_for_vend(self, step: Step, result: ChargeResult, vend_text: str) -> int:
+        """The money's approval and the dispense request it pays for follow each other: one
+        commit, before the vend (no request when the customer cancelled meanwhile). The cents
+        approved."""
+        with self.one_commit():
+            cents = self.charge_found(
+                step, result.trans_id, result.amount, {"trans_id": result.trans_id}
+            )
+            if not self.cancelled.is_set():
+                vend = f"{vend_text} {format_cents(cents)}"
+                self.step(Step.DISPENSE_REQUEST, SaleState.DISPENSING, vend)
+        return cents
 
     async def _dispense(self, authorized_cents: int) -> DispenseOutcome:
         """Let the machine vend; an exception or no answer within the vend timeout is TIMEOUT."""
