@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
+import sqlite3
 import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -255,11 +256,14 @@ async def _as_the_journal_has_it(flow: SaleFlow, moved: SaleMoved) -> SaleEvent:
     the kiosk app, Home Assistant) is the journal's record, not this flow's guess."""
     _LOGGER.warning("sale %s: left as the journal has it: %s", flow.record.sale_id, moved)
     await flow._deny("the sale was decided elsewhere")  # a machine still waiting: no vend
-    held = flow.journal.get(flow.record.sale_id)
-    if held is None:  # removed meanwhile: the sale's last record, said to be gone
-        held = dataclasses.replace(
-            flow.record, state=SaleState.ATTENTION, message=f"not in the journal any more: {moved}"
-        )
+    try:
+        held = flow.journal.get(flow.record.sale_id)
+        gone = "not in the journal any more"
+    except (JournalError, sqlite3.Error) as err:  # failing now too: recovery reads it next start
+        held, gone = None, f"the journal cannot be read ({err})"
+    if held is None:
+        message = f"{gone}: {moved}"
+        held = dataclasses.replace(flow.record, state=SaleState.ATTENTION, message=message)
     flow.record = held
     event = event_of(held)
     flow.events.publish(event)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import sqlite3
 from pathlib import Path
 from typing import Any
 
@@ -90,3 +91,24 @@ async def test_a_live_sale_another_writer_decided_is_shown_as_the_journal_has_it
     assert [s.step for s in agent.journal.steps(event.sale_id)][-1] == Step.COMPLETED
     assert "left as the journal has it" in caplog.text
     assert agent.sales.busy_reason("SIM-0001") is None  # the terminal sells again
+
+
+async def test_a_moved_sale_whose_journal_cannot_be_read_ends_in_attention_not_an_error(
+    agent: Agent, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def unreadable(sale_id: str) -> None:
+        raise sqlite3.OperationalError("disk I/O error")
+
+    class ThenUnreadable(DecidedByHandMeanwhile):
+        async def dispense(self, authorized_cents: int) -> Any:
+            outcome = await super().dispense(authorized_cents)
+            monkeypatch.setattr(agent.journal, "get", unreadable)
+            return outcome
+
+    sale = await agent.sales.start(
+        SaleRequest(source="test:front", flow=Flow.CHARGE_CARD, amount_cents=250),
+        ThenUnreadable(agent.journal.path),
+    )
+    event = await asyncio.wait_for(sale.result(), 10)
+    assert event.state is SaleState.ATTENTION
+    assert "the journal cannot be read (disk I/O error)" in event.message
