@@ -45,7 +45,8 @@ async def test_wait_follows_the_websocket(service: ServiceClient) -> None:
 
 
 async def test_socket_dropped_mid_wait_reconnects(sim_factory: Any) -> None:
-    sim = await sim_factory(time_scale=3)  # the card comes after 0.5 real seconds
+    # the card comes 1.5 s after the start: the drop lands before it, on a busy machine too
+    sim = await sim_factory(time_scale=1)
     async with ServiceClient(settings_from_ready(sim.ready_info())) as svc:
         handle = await svc.terminal.charge_card(READER, 1000)
         waiting = asyncio.create_task(handle.wait(timeout=10))
@@ -59,7 +60,8 @@ async def test_socket_dropped_mid_wait_reconnects(sim_factory: Any) -> None:
 
 
 async def test_disconnect_without_reconnect_falls_back_to_polling(sim_factory: Any) -> None:
-    sim = await sim_factory(time_scale=3)
+    # the card comes 1.5 s after the start: the drop lands before it, on a busy machine too
+    sim = await sim_factory(time_scale=1)
     settings = settings_from_ready(sim.ready_info(), poll_interval=0.05)
     async with ServiceClient(settings) as svc:
         handle = await svc.terminal.charge_card(READER, 1000)
