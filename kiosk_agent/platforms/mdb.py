@@ -511,7 +511,8 @@ class MdbCashless:
             over = session.phase is _Phase.ENDED or session.abort_reason is not None
             if over and self.options.mode is Mode.SELECTION_FIRST:
                 # The machine is done with the last customer (served, or gone: the controller
-                # ended the session); that sale is still capturing or cancelling. Next in line.
+                # ended the session); that sale still holds the terminal (its card read being
+                # cancelled, say). Next in line: started once the terminal is released.
                 self._queued = message
                 return
             self.link.noise(

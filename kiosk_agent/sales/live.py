@@ -130,10 +130,10 @@ class SaleFlow(SaleSteps):
                 self._printing = await prints_on_terminal(
                     self.device, self.settings.receipts, self.context.capabilities
                 )
-            except Exception:  # unknown: the terminal stays held, as before this rule
+            except Exception:  # unknown: the terminal stays held; the receipt asks again
                 _LOGGER.exception("sale %s: whether a receipt prints is unknown",
                                   self.record.sale_id)
-                self._printing = True
+                return True
         return self._printing
 
     def approved_for_vend(self, step: Step, result: ChargeResult, vend_text: str) -> int:

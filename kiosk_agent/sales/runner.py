@@ -100,7 +100,8 @@ class TriggerLimits:
 
 
 class SaleRunner:
-    """Starts sales, one at a time per terminal, and keeps track of them until they end."""
+    """Starts sales, one at a time holding each terminal, and keeps track of them until they
+    end (a released sale still captures or gives money back beside the next one)."""
 
     def __init__(self, context: SaleContext) -> None:
         self.context = context
@@ -234,11 +235,6 @@ class SaleRunner:
     def running(self) -> list[SaleRecord]:
         """Every live sale, those holding a terminal and those only capturing or giving back."""
         return [flow.record for flow, _ in self._live.values()]
-
-    def holding(self, device_id: str) -> SaleRecord | None:
-        """The sale holding a terminal (its next sale is refused meanwhile), if any."""
-        flow = self._holding.get(device_id)
-        return None if flow is None else flow.record
 
     def close(self) -> None:
         """Refuse every new sale from now on: the first thing a stop does."""

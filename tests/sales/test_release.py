@@ -130,3 +130,23 @@ async def test_a_receipt_printed_on_the_terminal_keeps_it_held_until_printed(
     notes = [s.detail.get("note") for s in agent.journal.steps(sale.sale_id) if s.step == "receipt"]
     assert notes == ["receipt printed"]
     assert agent.sales.busy_reason("SIM-0007") is None
+
+
+async def test_an_enrollment_frees_the_terminal_once_the_card_is_read(
+    agent_factory: Any, sim_factory: Any
+) -> None:
+    # Saving the card is the vault's call, not the terminal's: the next customer may start.
+    sim = await sim_factory(time_scale=300, transactions=0)
+    agent = await agent_factory(sim=sim)
+    await arm(sim, path="/api/v1/vault_payment_accounts", fault="delay", delay_s=SLOW_CAPTURE)
+    customer = {"name": "Pat", "phone": "5550100", "account_zip": "12345", "address1": "1 Main",
+                "city": "Town", "region": "NY"}
+    enroll = SaleRequest(source="test", flow=Flow.ENROLL, amount_cents=100,
+                         email="c@example.com", metadata=customer)
+    saving = await agent.sales.start(enroll, ScriptedDispenser())
+    await held_by_the_service(sim)
+    assert state_of(agent, saving.sale_id) is SaleState.ENROLLING
+
+    paying = await agent.sales.start(vend(), ScriptedDispenser())
+    ended = await asyncio.wait_for(asyncio.gather(saving.result(), paying.result()), 10)
+    assert [e.state for e in ended] == [SaleState.COMPLETED, SaleState.COMPLETED]
