@@ -84,7 +84,9 @@ class Recovery:
         for record in open_sales:
             by_terminal[record.terminal].append(record)
             if record.state not in TERMINAL_FREE:
-                self.runner.block(record.terminal, f"recovering sale {record.sale_id}")
+                self.runner.block(
+                    record.terminal, f"recovering sale {record.sale_id}", by="recovery"
+                )
         if open_sales:
             _LOGGER.warning("recovering %d open sale(s) from the journal", len(open_sales))
         self.started_at = self.clock.time()
@@ -134,7 +136,7 @@ class Recovery:
             try:
                 return await self._in_turn(holding)
             finally:
-                self.runner.unblock(device)
+                self.runner.unblock(device, by="recovery")
 
         lanes = await asyncio.gather(in_turn(), *(self._in_turn([r]) for r in released))
         return [event for lane in lanes for event in lane]

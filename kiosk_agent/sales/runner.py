@@ -109,7 +109,8 @@ class SaleRunner:
         self.settings = context.settings
         self._holding: dict[str, SaleFlow] = {}  # device_id -> the sale holding that terminal
         self._live: dict[str, tuple[SaleFlow, Sale]] = {}  # sale_id -> every sale not ended
-        self._blocked: dict[str, str] = {}  # device_id -> why (recovery, stopping)
+        # device_id -> who refuses its new sales (recovery, the unwritten sales) -> why
+        self._blocked: dict[str, dict[str, str]] = {}
         self._stopping = False
         self.limits = TriggerLimits()
 
@@ -121,19 +122,24 @@ class SaleRunner:
     def busy_reason(self, device_id: str) -> str | None:
         if self._stopping:
             return "the agent is stopping"
-        if device_id in self._blocked:
-            return self._blocked[device_id]
+        blocked = self._blocked.get(device_id)
+        if blocked:
+            return next(iter(blocked.values()))
         flow = self._holding.get(device_id)
         if flow is not None:
             return f"sale {flow.record.sale_id} is {flow.record.state.value}"
         return None
 
-    def block(self, device_id: str, reason: str) -> None:
-        """Refuse new sales on a terminal (recovery is finishing an old sale on it)."""
-        self._blocked[device_id] = reason
+    def block(self, device_id: str, reason: str, by: str) -> None:
+        """Refuse new sales on a terminal (``by`` recovery finishing an old sale on it, say)."""
+        self._blocked.setdefault(device_id, {})[by] = reason
 
-    def unblock(self, device_id: str) -> None:
-        self._blocked.pop(device_id, None)
+    def unblock(self, device_id: str, by: str) -> None:
+        """``by`` no longer refuses the terminal's sales; another may still (each its own)."""
+        blocked = self._blocked.get(device_id, {})
+        blocked.pop(by, None)
+        if not blocked:
+            self._blocked.pop(device_id, None)
 
     async def start(self, request: SaleRequest, dispenser: Dispenser) -> Sale:
         """Journal a new sale and start its flow; TerminalBusy at once if the terminal is taken."""

@@ -150,3 +150,17 @@ async def test_an_enrollment_frees_the_terminal_once_the_card_is_read(
     paying = await agent.sales.start(vend(), ScriptedDispenser())
     ended = await asyncio.wait_for(asyncio.gather(saving.result(), paying.result()), 10)
     assert [e.state for e in ended] == [SaleState.COMPLETED, SaleState.COMPLETED]
+
+
+async def test_a_terminal_refused_by_two_stays_refused_until_both_let_go(agent: Agent) -> None:
+    # Recovery may end a terminal's sales while one of them waits for the journal: recovery
+    # letting go must not lift the refusal the unwritten sale still needs.
+    agent.sales.block("SIM-0001", "recovering sale s1", by="recovery")
+    agent.sales.block("SIM-0001", "sale s2 is not journaled yet", by="unwritten")
+    agent.sales.unblock("SIM-0001", by="recovery")
+
+    assert agent.sales.busy_reason("SIM-0001") == "sale s2 is not journaled yet"
+    with pytest.raises(TerminalBusy, match="not journaled yet"):
+        await agent.sales.start(vend(), ScriptedDispenser())
+    agent.sales.unblock("SIM-0001", by="unwritten")
+    assert agent.sales.busy_reason("SIM-0001") is None
