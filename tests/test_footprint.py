@@ -15,6 +15,9 @@ NOT_FOR_A_SALE = [
     "kiosk_agent.service.models.boarding",
     "kiosk_agent.service.boarding",
     "kiosk_agent.service.plans",
+    "kiosk_agent.service.models.plans",  # billing plans' models
+    "kiosk_agent.service.hpp",
+    "kiosk_agent.service.models.hpp",  # hosted pages' models
     "kiosk_agent.sim",
     "kiosk_agent.admin",
     "prometheus_client",  # /metrics: loaded when the admin API starts
@@ -43,3 +46,5 @@ def test_the_service_models_come_on_first_use() -> None:
 
     assert models.Merchant.__module__ == "kiosk_agent.service.models.boarding"
     assert models.ChargeRequest.__module__ == "kiosk_agent.service.models.payments"
+    assert models.BillingPlan.__module__ == "kiosk_agent.service.models.plans"
+    assert models.HostedPage.__module__ == "kiosk_agent.service.models.hpp"

@@ -17,29 +17,33 @@ if TYPE_CHECKING:
         Tolerant,
         is_known,
     )
-    from kiosk_agent.service.models.payments import (
-        ApiKeySet,
-        BillingPlan,
-        BillingPlanCreated,
-        BillingPlanRequest,
-        BillingPlanStatus,
-        ChargeRequest,
-        ChargeResult,
-        ChargeResultCode,
+    from kiosk_agent.service.models.hpp import (
         HostedPage,
         HostedPageLink,
         HostedPageOption,
         HostedPageOptionName,
+        hpp_client_id_from_url,
+    )
+    from kiosk_agent.service.models.payments import (
+        ApiKeySet,
+        ChargeRequest,
+        ChargeResult,
+        ChargeResultCode,
         ReceiptSent,
-        ScheduledPayment,
-        ScheduledPaymentStatus,
         StoredCredentialType,
         Surcharge,
         VaultAccountRequest,
         VaultAccountType,
         VaultPaymentAccount,
         VoidOrRefundResult,
-        hpp_client_id_from_url,
+    )
+    from kiosk_agent.service.models.plans import (
+        BillingPlan,
+        BillingPlanCreated,
+        BillingPlanRequest,
+        BillingPlanStatus,
+        ScheduledPayment,
+        ScheduledPaymentStatus,
     )
     from kiosk_agent.service.models.reporting import *  # noqa: F403
     from kiosk_agent.service.models.terminal import (
@@ -67,14 +71,25 @@ _NAMED: dict[str, str] = {
     ),
     **dict.fromkeys(
         [
-            "ApiKeySet", "BillingPlan", "BillingPlanCreated", "BillingPlanRequest",
-            "BillingPlanStatus", "ChargeRequest", "ChargeResult", "ChargeResultCode", "HostedPage",
-            "HostedPageLink", "HostedPageOption", "HostedPageOptionName", "ReceiptSent",
-            "ScheduledPayment", "ScheduledPaymentStatus", "StoredCredentialType", "Surcharge",
-            "VaultAccountRequest", "VaultAccountType", "VaultPaymentAccount", "VoidOrRefundResult",
-            "hpp_client_id_from_url"
+            "ApiKeySet", "ChargeRequest", "ChargeResult", "ChargeResultCode", "ReceiptSent",
+            "StoredCredentialType", "Surcharge", "VaultAccountRequest", "VaultAccountType",
+            "VaultPaymentAccount", "VoidOrRefundResult"
         ],
         "payments",
+    ),
+    **dict.fromkeys(
+        [
+            "BillingPlan", "BillingPlanCreated", "BillingPlanRequest", "BillingPlanStatus",
+            "ScheduledPayment", "ScheduledPaymentStatus"
+        ],
+        "plans",
+    ),
+    **dict.fromkeys(
+        [
+            "HostedPage", "HostedPageLink", "HostedPageOption", "HostedPageOptionName",
+            "hpp_client_id_from_url"
+        ],
+        "hpp",
     ),
     **dict.fromkeys(
         [
