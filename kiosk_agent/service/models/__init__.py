@@ -46,6 +46,7 @@ if TYPE_CHECKING:
         ScheduledPaymentStatus,
     )
     from kiosk_agent.service.models.reporting import *  # noqa: F403
+    from kiosk_agent.service.models.reports import *  # noqa: F403
     from kiosk_agent.service.models.terminal import (
         Capabilities,
         Interaction,
@@ -101,7 +102,7 @@ _NAMED: dict[str, str] = {
     ),
 }
 # areas whose every public name (their __all__) is importable from here, built on first use
-_WHOLE = ("reporting", "boarding")
+_WHOLE = ("reporting", "reports", "boarding")
 
 __all__ = [  # noqa: RUF022  (reporting and boarding names are importable by name too)
     "ApiKeySet", "BillingPlan", "BillingPlanCreated", "BillingPlanRequest", "BillingPlanStatus",
