@@ -37,7 +37,7 @@ if TYPE_CHECKING:
     from pydantic import BaseModel
 
     from kiosk_agent.sales.journal import SaleRecord
-    from kiosk_agent.service.models.reporting import ReportKind
+    from kiosk_agent.service.models.reports import ReportKind
 
 # Fields never exported, in any format.
 HIDDEN_FIELDS = frozenset({"account_token", "token", "api_key", "refresh_token", "client_secret"})

@@ -173,7 +173,7 @@ async def test_a_json_record_has_the_csv_columns_in_their_order(sim_settings: An
     """docs/cli.md: CSV and JSON give every field in the model's order, a transaction's
     `status` by name right after its `trans_status_id`, `amount_cents` last."""
     from kiosk_agent.export import report_columns, report_values
-    from kiosk_agent.service.models.reporting import ReportKind
+    from kiosk_agent.service.models.reports import ReportKind
 
     seen = set()
     async with ServiceClient(sim_settings) as svc:

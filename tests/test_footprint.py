@@ -8,13 +8,18 @@ import subprocess
 import sys
 
 # What `kiosk-agent run` imports for an agent with a kiosk API trigger and no admin section.
-# (The reporting models are not in the list: every start asks reporting for charges the journal
-# cannot account for before it takes a customer, docs/journal.md.)
+# (Reporting's transactions and paging are not in the list: every start asks reporting for
+# charges the journal cannot account for before it takes a customer, docs/journal.md. The report
+# kinds a person pulls, deposits, chargebacks and adjustments, are.)
 RUN = ["kiosk_agent.cli.agent", "kiosk_agent.app", "kiosk_agent.platforms.kiosk_api"]
 NOT_FOR_A_SALE = [
     "kiosk_agent.service.models.boarding",
     "kiosk_agent.service.boarding",
     "kiosk_agent.service.plans",
+    "kiosk_agent.service.models.plans",  # billing plans' models
+    "kiosk_agent.service.hpp",
+    "kiosk_agent.service.models.hpp",  # hosted pages' models
+    "kiosk_agent.service.models.reports",  # deposits, chargebacks, adjustments; ReportKind
     "kiosk_agent.sim",
     "kiosk_agent.admin",
     "prometheus_client",  # /metrics: loaded when the admin API starts
@@ -43,3 +48,6 @@ def test_the_service_models_come_on_first_use() -> None:
 
     assert models.Merchant.__module__ == "kiosk_agent.service.models.boarding"
     assert models.ChargeRequest.__module__ == "kiosk_agent.service.models.payments"
+    assert models.BillingPlan.__module__ == "kiosk_agent.service.models.plans"
+    assert models.HostedPage.__module__ == "kiosk_agent.service.models.hpp"
+    assert models.Deposit.__module__ == "kiosk_agent.service.models.reports"

@@ -59,7 +59,7 @@ from kiosk_agent.service.errors import (
     ServiceError,
     ServiceUnreachableError,
 )
-from kiosk_agent.service.models.reporting import ReportKind
+from kiosk_agent.service.models.reports import ReportKind
 
 if TYPE_CHECKING:
     from kiosk_agent.admin.metrics import AgentMetrics

@@ -320,7 +320,7 @@ def _register_hpp(subparsers: Any) -> None:
 
 def _page(args: argparse.Namespace) -> Any:
     from kiosk_agent.money import cents_to_decimal
-    from kiosk_agent.service.models.payments import HostedPage
+    from kiosk_agent.service.models.hpp import HostedPage
 
     def dollars(text: str | None) -> Decimal | None:
         return cents_to_decimal(parse_amount(text)) if text else None

@@ -131,7 +131,7 @@ def build_filter(kind: str, args: argparse.Namespace) -> Any:
     """The typed ``q`` filter of ``kind`` from the command line; names a misplaced option."""
     from pydantic import ValidationError
 
-    from kiosk_agent.service.models.reporting import ReportKind
+    from kiosk_agent.service.models.reports import ReportKind
 
     report_kind = ReportKind(kind)
     try:  # the admin API's query takes the same forms (ReportKind.text_filter)
@@ -151,7 +151,7 @@ def build_filter(kind: str, args: argparse.Namespace) -> Any:
 
 
 async def report(args: argparse.Namespace) -> int:
-    from kiosk_agent.service.models.reporting import ReportKind
+    from kiosk_agent.service.models.reports import ReportKind
 
     kind = ReportKind(args.kind)
     fmt = output_format(args)
@@ -241,7 +241,7 @@ def export_values(kind: str, record: Any) -> dict[str, object]:
 
 
 def export_columns(kind: str) -> tuple[str, ...]:
-    from kiosk_agent.service.models.reporting import ReportKind
+    from kiosk_agent.service.models.reports import ReportKind
 
     return report_columns(ReportKind(kind)) if kind in REPORT_KINDS else TABLE_COLUMNS[kind]
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from urllib.parse import quote
 
-from kiosk_agent.service.models.payments import HostedPage, HostedPageLink, hpp_client_id_from_url
+from kiosk_agent.service.models.hpp import HostedPage, HostedPageLink, hpp_client_id_from_url
 from kiosk_agent.service.parsing import parse, sent_back
 from kiosk_agent.service.transport import MidPlacement, Transport
 

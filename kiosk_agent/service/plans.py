@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from decimal import Decimal
 
-from kiosk_agent.service.models.payments import BillingPlan, BillingPlanCreated, BillingPlanRequest
+from kiosk_agent.service.models.plans import BillingPlan, BillingPlanCreated, BillingPlanRequest
 from kiosk_agent.service.parsing import parse, sent_back
 from kiosk_agent.service.rrule import validate_rrule
 from kiosk_agent.service.transport import MidPlacement, Transport

@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 from collections.abc import AsyncIterator
-from typing import Any, Generic, NamedTuple, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, NamedTuple, TypeVar
 from urllib.parse import parse_qsl, urlsplit
 
 from pydantic import BaseModel
@@ -21,22 +21,27 @@ from pydantic import BaseModel
 from kiosk_agent.redact import redact
 from kiosk_agent.service.errors import InvalidResponseError
 from kiosk_agent.service.models.reporting import (
-    Adjustment,
-    AdjustmentFilter,
-    Chargeback,
-    ChargebackFilter,
-    Deposit,
-    DepositFilter,
     Page,
     PageInfo,
     QueryFilter,
-    ReportKind,
     ReportRecord,
     Transaction,
     TransactionFilter,
 )
 from kiosk_agent.service.parsing import parse_json
 from kiosk_agent.service.transport import Auth, MidPlacement, Transport
+
+if TYPE_CHECKING:
+    # a person's reports, imported when one is pulled: a running agent reads transactions only
+    from kiosk_agent.service.models.reports import (
+        Adjustment,
+        AdjustmentFilter,
+        Chargeback,
+        ChargebackFilter,
+        Deposit,
+        DepositFilter,
+        ReportKind,
+    )
 
 REPORTING_PREFIX = "/ords/sprint/api/3p/v1"
 DEFAULT_PAGE_SIZE = 500
@@ -235,7 +240,7 @@ class ReportingClient(CollectionClient):
         if filters is not None and not isinstance(filters, kind.filter):
             wanted, given = kind.filter.__name__, type(filters).__name__
             raise TypeError(f"{kind.value} takes a {wanted}, not {given}")
-        return self._typed(kind, kind.model, filters, page_size, limit)
+        return self._typed(kind.value, kind.model, filters, page_size, limit)
 
     def transactions(
         self,
@@ -244,7 +249,7 @@ class ReportingClient(CollectionClient):
         page_size: int | None = None,
         limit: int | None = None,
     ) -> AsyncIterator[Transaction]:
-        return self._typed(ReportKind.TRANSACTIONS, Transaction, filters, page_size, limit)
+        return self._typed("transactions", Transaction, filters, page_size, limit)
 
     def deposits(
         self,
@@ -253,7 +258,9 @@ class ReportingClient(CollectionClient):
         page_size: int | None = None,
         limit: int | None = None,
     ) -> AsyncIterator[Deposit]:
-        return self._typed(ReportKind.DEPOSITS, Deposit, filters, page_size, limit)
+        from kiosk_agent.service.models.reports import Deposit
+
+        return self._typed("deposits", Deposit, filters, page_size, limit)
 
     def chargebacks(
         self,
@@ -262,7 +269,9 @@ class ReportingClient(CollectionClient):
         page_size: int | None = None,
         limit: int | None = None,
     ) -> AsyncIterator[Chargeback]:
-        return self._typed(ReportKind.CHARGEBACKS, Chargeback, filters, page_size, limit)
+        from kiosk_agent.service.models.reports import Chargeback
+
+        return self._typed("chargebacks", Chargeback, filters, page_size, limit)
 
     def adjustments(
         self,
@@ -271,15 +280,17 @@ class ReportingClient(CollectionClient):
         page_size: int | None = None,
         limit: int | None = None,
     ) -> AsyncIterator[Adjustment]:
-        return self._typed(ReportKind.ADJUSTMENTS, Adjustment, filters, page_size, limit)
+        from kiosk_agent.service.models.reports import Adjustment
+
+        return self._typed("adjustments", Adjustment, filters, page_size, limit)
 
     def _typed(
         self,
-        kind: ReportKind,
+        collection: str,
         model: type[M],
         filters: QueryFilter | None,
         page_size: int | None,
         limit: int | None,
     ) -> AsyncIterator[M]:
-        path = f"{REPORTING_PREFIX}/{kind.value}"
+        path = f"{REPORTING_PREFIX}/{collection}"
         return self._collection(path, model, filters, page_size, limit)

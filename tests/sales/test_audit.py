@@ -7,6 +7,7 @@ from typing import Any
 from kiosk_agent.sales.audit import HELD_SUFFIX
 from kiosk_agent.sales.states import SaleState, Step
 from kiosk_agent.service.models import ChargeRequest, TransactionFilter, TransStatus
+from kiosk_agent.service.settings import CallKind
 
 from .test_recovery import leave_open
 
@@ -51,3 +52,20 @@ async def test_a_charge_held_under_a_sale_the_journal_ended_uncharged_is_given_b
     assert [t.status for t in rows] == [TransStatus.VOIDED]
     again = await agent.journal_guard.audit.check()
     assert again.unaccounted == []
+
+
+async def test_a_check_asks_reporting_once_a_terminal(agent_factory: Any) -> None:
+    """Reporting's ``q`` filters by equalities only: the statuses that hold money are picked
+    from one query a terminal, not asked for one by one (three round trips a terminal, on every
+    start before the triggers and every check after)."""
+    agent = await agent_factory()
+    audit = agent.journal_guard.audit
+    kinds: list[CallKind] = []
+    forget = agent.service.transport.observe(lambda kind, _started, _outcome: kinds.append(kind))
+    try:
+        result = await audit.check()
+    finally:
+        forget()
+    assert result.ok, result.error
+    assert len(audit.settings.terminals) > 1
+    assert kinds.count(CallKind.REPORT) == len(audit.settings.terminals)

@@ -28,7 +28,8 @@ from kiosk_agent.service.models import (
     WebhookEnvelope,
     is_known,
 )
-from kiosk_agent.service.models.reporting import Chargeback, Page, Transaction
+from kiosk_agent.service.models.reporting import Page, Transaction
+from kiosk_agent.service.models.reports import Chargeback
 from kiosk_agent.service.parsing import parse_json
 
 

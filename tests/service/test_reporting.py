@@ -20,6 +20,13 @@ from kiosk_agent.service.client import ServiceClient, ServiceSettings
 from kiosk_agent.service.errors import BadRequestError, InvalidResponseError
 from kiosk_agent.service.models.payments import ChargeRequest
 from kiosk_agent.service.models.reporting import (
+    Page,
+    PageLink,
+    Transaction,
+    TransactionFilter,
+    TransStatus,
+)
+from kiosk_agent.service.models.reports import (
     Adjustment,
     AdjustmentFilter,
     Chargeback,
@@ -27,12 +34,7 @@ from kiosk_agent.service.models.reporting import (
     ChargebackStatus,
     Deposit,
     DepositFilter,
-    Page,
-    PageLink,
     ReportKind,
-    Transaction,
-    TransactionFilter,
-    TransStatus,
 )
 from kiosk_agent.service.reporting import REPORTING_PREFIX, _next_params
 

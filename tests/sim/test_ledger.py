@@ -5,7 +5,8 @@ from decimal import Decimal
 import pytest
 
 from kiosk_agent.money import MoneyError
-from kiosk_agent.service.models.reporting import ReportKind, TransStatus
+from kiosk_agent.service.models.reporting import TransStatus
+from kiosk_agent.service.models.reports import ReportKind
 from kiosk_agent.sim.clock import VirtualClock
 from kiosk_agent.sim.dataset import day_aligned_end, seed_into
 from kiosk_agent.sim.http import dumps

@@ -17,31 +17,36 @@ if TYPE_CHECKING:
         Tolerant,
         is_known,
     )
-    from kiosk_agent.service.models.payments import (
-        ApiKeySet,
-        BillingPlan,
-        BillingPlanCreated,
-        BillingPlanRequest,
-        BillingPlanStatus,
-        ChargeRequest,
-        ChargeResult,
-        ChargeResultCode,
+    from kiosk_agent.service.models.hpp import (
         HostedPage,
         HostedPageLink,
         HostedPageOption,
         HostedPageOptionName,
+        hpp_client_id_from_url,
+    )
+    from kiosk_agent.service.models.payments import (
+        ApiKeySet,
+        ChargeRequest,
+        ChargeResult,
+        ChargeResultCode,
         ReceiptSent,
-        ScheduledPayment,
-        ScheduledPaymentStatus,
         StoredCredentialType,
         Surcharge,
         VaultAccountRequest,
         VaultAccountType,
         VaultPaymentAccount,
         VoidOrRefundResult,
-        hpp_client_id_from_url,
+    )
+    from kiosk_agent.service.models.plans import (
+        BillingPlan,
+        BillingPlanCreated,
+        BillingPlanRequest,
+        BillingPlanStatus,
+        ScheduledPayment,
+        ScheduledPaymentStatus,
     )
     from kiosk_agent.service.models.reporting import *  # noqa: F403
+    from kiosk_agent.service.models.reports import *  # noqa: F403
     from kiosk_agent.service.models.terminal import (
         Capabilities,
         Interaction,
@@ -67,14 +72,25 @@ _NAMED: dict[str, str] = {
     ),
     **dict.fromkeys(
         [
-            "ApiKeySet", "BillingPlan", "BillingPlanCreated", "BillingPlanRequest",
-            "BillingPlanStatus", "ChargeRequest", "ChargeResult", "ChargeResultCode", "HostedPage",
-            "HostedPageLink", "HostedPageOption", "HostedPageOptionName", "ReceiptSent",
-            "ScheduledPayment", "ScheduledPaymentStatus", "StoredCredentialType", "Surcharge",
-            "VaultAccountRequest", "VaultAccountType", "VaultPaymentAccount", "VoidOrRefundResult",
-            "hpp_client_id_from_url"
+            "ApiKeySet", "ChargeRequest", "ChargeResult", "ChargeResultCode", "ReceiptSent",
+            "StoredCredentialType", "Surcharge", "VaultAccountRequest", "VaultAccountType",
+            "VaultPaymentAccount", "VoidOrRefundResult"
         ],
         "payments",
+    ),
+    **dict.fromkeys(
+        [
+            "BillingPlan", "BillingPlanCreated", "BillingPlanRequest", "BillingPlanStatus",
+            "ScheduledPayment", "ScheduledPaymentStatus"
+        ],
+        "plans",
+    ),
+    **dict.fromkeys(
+        [
+            "HostedPage", "HostedPageLink", "HostedPageOption", "HostedPageOptionName",
+            "hpp_client_id_from_url"
+        ],
+        "hpp",
     ),
     **dict.fromkeys(
         [
@@ -86,7 +102,7 @@ _NAMED: dict[str, str] = {
     ),
 }
 # areas whose every public name (their __all__) is importable from here, built on first use
-_WHOLE = ("reporting", "boarding")
+_WHOLE = ("reporting", "reports", "boarding")
 
 __all__ = [  # noqa: RUF022  (reporting and boarding names are importable by name too)
     "ApiKeySet", "BillingPlan", "BillingPlanCreated", "BillingPlanRequest", "BillingPlanStatus",

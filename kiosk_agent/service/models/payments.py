@@ -1,25 +1,18 @@
-"""Models of the payments interface: keys, charges, vault, billing plans, hosted pages.
+"""Models of the payments interface a sale and its agent use: keys, charges, voids and refunds,
+receipts, the vault. Billing plans (``plans``) and hosted pages (``hpp``) have modules of their
+own: a running agent never builds them.
 
-Amounts follow choices.md: integer cents for charge, capture and void-or-refund; decimal dollars
-(``Decimal``) for billing plans, hosted pages and scheduled payments.
+Amounts follow choices.md: integer cents for charge, capture and void-or-refund.
 """
 
 from __future__ import annotations
 
 import enum
-from datetime import datetime
 from typing import Any
 
 from pydantic import AliasChoices, Field, field_serializer, field_validator, model_validator
 
-from kiosk_agent.service.models.common import (
-    Dollars,
-    RequestBody,
-    RequestDollars,
-    ServiceModel,
-    Tolerant,
-    YesNo,
-)
+from kiosk_agent.service.models.common import RequestBody, ServiceModel, Tolerant, YesNo
 
 
 class ApiKeySet(ServiceModel):
@@ -206,114 +199,6 @@ class VaultPaymentAccount(ServiceModel):
         return self.is_deleted == "1"
 
 
-class BillingPlanStatus(enum.StrEnum):
-    ACTIVE = "ACTIVE"
-    PAUSED = "PAUSED"
-    CANCELLED = "CANCELLED"
-    COMPLETED = "COMPLETED"
-
-
-class ScheduledPaymentStatus(enum.StrEnum):
-    PENDING = "PENDING"
-    PROCESSING = "PROCESSING"
-    COMPLETED = "COMPLETED"
-    FAILED = "FAILED"
-    SKIPPED = "SKIPPED"
-    PARTIAL = "PARTIAL"
-
-
-class ScheduledPayment(ServiceModel):
-    id: int
-    payment_number: int
-    payment_date: datetime
-    amount_scheduled: Dollars
-    amount_paid: Dollars
-    amount_remaining: Dollars
-    payment_status: Tolerant[ScheduledPaymentStatus]
-
-
-class BillingPlan(ServiceModel):
-    id: int
-    name: str
-    description: str | None
-    mid: str
-    payment_account_uuid: str
-    status: Tolerant[BillingPlanStatus]
-    rrule_pattern: str
-    amount: Dollars
-    scheduled_payments: list[ScheduledPayment]
-
-
-class BillingPlanRequest(RequestBody):
-    """The body of ``POST /api/v1/billing_plans``; ``amount`` in dollars, sent as ``"12.50"``."""
-
-    name: str
-    description: str
-    mid: str
-    payment_account_uuid: str
-    amount: RequestDollars
-    rrule_pattern: str
-
-
-class HostedPageOptionName(enum.StrEnum):
-    CUSTOM_01 = "custom_01"
-    CUSTOM_02 = "custom_02"
-    CUSTOM_03 = "custom_03"
-    CUSTOM_04 = "custom_04"
-    CUSTOM_05 = "custom_05"
-    INVOICE_ID = "invoice_id"
-    ADDRESS = "address"
-    PHONE = "phone"
-    EMAIL = "email"
-
-
-class HostedPageOption(ServiceModel):
-    name: HostedPageOptionName | None = None
-    value: str | None = None
-    is_readonly: bool | None = None
-    is_required: bool | None = None
-
-
-class HostedPage(RequestBody):
-    """A hosted payment page to create or edit. Amounts in dollars (sent as two-place strings)."""
-
-    name: str | None = None
-    cc_mid: str | None = None
-    ach_mid: str | None = None
-    name_on_account: str | None = None
-    amount: RequestDollars | None = None
-    lock_amount: bool | None = None
-    disable_after_payment: bool | None = None
-    hpp_options: list[HostedPageOption] | None = None
-    min_amount: RequestDollars | None = None
-    max_amount: RequestDollars | None = None
-
-    @model_validator(mode="after")
-    def _range_only_unlocked(self) -> HostedPage:
-        if self.lock_amount and (self.min_amount is not None or self.max_amount is not None):
-            raise ValueError("min_amount and max_amount are valid only when lock_amount is false")
-        return self
-
-
-class HostedPageLink(ServiceModel):
-    """The answer of page creation: the link a customer pays on."""
-
-    url: str
-
-    @property
-    def hpp_client_id(self) -> str:
-        return hpp_client_id_from_url(self.url)
-
-
-def hpp_client_id_from_url(url: str) -> str:
-    """The page's id for edits: the last path segment of the url that creation returned."""
-    path = url.split("?", 1)[0].split("#", 1)[0].rstrip("/")
-    client_id = path.rsplit("/", 1)[-1]
-    if not client_id or "://" in client_id or client_id.endswith(":"):
-        raise ValueError(f"no hosted page id in url {url!r}")
-    return client_id
-
-
 class VaultAccountRequest(RequestBody):
     """The body that creates a vault payment account."""
 
@@ -331,10 +216,6 @@ class VaultAccountRequest(RequestBody):
     address2: str | None = None
     expiration: str | None = None
     is_default: str | None = None
-
-
-class BillingPlanCreated(ServiceModel):
-    id: int
 
 
 class ReceiptSent(ServiceModel):
