@@ -313,8 +313,8 @@ class MdbCashless:
         self.controller_status: wire.ControllerStatus | None = None
         # the controller has a session open (a vend request or IDLE since the last ENABLED)
         self._controller_session = False
-        # a vend request that came once the machine was done with the last customer, before the
-        # terminal was (its sale was still deciding between capture and money back)
+        # a vend request that came once the machine was done with the last customer, while that
+        # sale still held the terminal (a cancelled card read ending, say)
         self._queued: wire.VendRequested | None = None
         # card first: sales in a row that ended before any session opened (for the retry pause)
         self.card_first_idle_rounds = 0
