@@ -1,6 +1,7 @@
 """Hardware-side figures: vend request -> approve/deny latency, reconnect time, lines per second.
 
     python bench/hardware.py [--sales 200] [--reconnects 10] [--lines 50000] [--outages 6]
+                             [--slow-capture-ms 20]
 
 Everything real but the card: the simulator over HTTP/WebSocket, the agent with its SQLite
 journal, the mdb platform talking to the virtual vending machine controller over a pty.
@@ -9,6 +10,9 @@ journal, the mdb platform talking to the virtual vending machine controller over
    card time (the card is presented 1.5 simulated seconds after the read starts). Baseline in the
    same process: the same read-card + authorize calls made directly with the service client, so
    ``latency_ratio`` is what the agent, the journal and the serial link add (machine-independent).
+   Then the same back-to-back customers with the service slow on the capture alone (``--slow-
+   capture-ms``, a simulator fault): ``slow_capture_ratio`` is their p50 over the first one's, 1
+   when the next customer does not wait for the last one's capture.
 2. Reconnect: the adapter unplugged for 0.2-3 s, then plugged back under a new pty name behind the
    same by-id link; the time from replug until the controller is enabled again.
 3. Lines parsed per second: adapter lines through the pty, the serial base and the MDB parser,
@@ -92,9 +96,10 @@ async def machine_and_agent(
     return controller, agent
 
 
-async def bench_latency(sim: SimServer, sales: int, scratch: Path) -> dict[str, float]:
+async def vend_latencies(sim: SimServer, sales: int, scratch: Path, name: str) -> list[float]:
+    """Vend request -> approve/deny of ``sales`` back-to-back customers, minus the card time."""
     card_s = CARD_DELAY_SIM_S / TIME_SCALE
-    controller, agent = await machine_and_agent(sim, scratch, "bench")
+    controller, agent = await machine_and_agent(sim, scratch, name)
     rng = random.Random(1)
     try:
         await asyncio.wait_for(controller.wait_enabled(), 5)
@@ -106,10 +111,24 @@ async def bench_latency(sim: SimServer, sales: int, scratch: Path) -> dict[str, 
         await controller.stop()
     answered = [v for v in controller.visits
                 if v.outcome in (VisitOutcome.VENDED, VisitOutcome.DENIED) and v.answered_at]
-    latencies = [
-        ((v.answered_at or 0) - (v.requested_at or 0) - card_s) * 1000 for v in answered
-    ]
+    return [((v.answered_at or 0) - (v.requested_at or 0) - card_s) * 1000 for v in answered]
+
+
+async def bench_latency(
+    sim: SimServer, sales: int, scratch: Path, slow_capture_ms: float
+) -> dict[str, float]:
+    latencies = await vend_latencies(sim, sales, scratch, "bench")
     baseline = await bench_direct_service(sim, max(20, sales // 4))
+    # a service slow to capture (far away, retrying): the next customer must not wait for it
+    fault = {"path": "/api/v1/capture", "fault": "latency", "delay_s": slow_capture_ms / 1000}
+    async with aiohttp.ClientSession() as http:
+        async with http.post(f"{sim.base_url}/sim/faults", json=fault) as answer:
+            assert answer.status == 200, await answer.text()
+        try:
+            slow = await vend_latencies(sim, max(20, sales // 4), scratch, "slowcapture")
+        finally:
+            async with http.delete(f"{sim.base_url}/sim/faults") as answer:
+                assert answer.status == 200, await answer.text()
     p99 = percentile(latencies, 99)
     return {
         "vend_answer_p50_ms": round(percentile(latencies, 50), 2),
@@ -118,6 +137,9 @@ async def bench_latency(sim: SimServer, sales: int, scratch: Path) -> dict[str, 
         "direct_service_p50_ms": round(percentile(baseline, 50), 2),
         "latency_ratio": round(statistics.median(latencies) / statistics.median(baseline), 2),
         "sales": len(latencies),
+        "slow_capture_ms": slow_capture_ms,
+        "vend_answer_slow_capture_p50_ms": round(percentile(slow, 50), 2),
+        "slow_capture_ratio": round(statistics.median(slow) / statistics.median(latencies), 2),
     }
 
 
@@ -298,7 +320,7 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
         sim = SimServer(SimOptions(port=0, time_scale=TIME_SCALE, rate_limit="100000/1"))
         await sim.start()
         try:
-            figures.update(await bench_latency(sim, args.sales, scratch))
+            figures.update(await bench_latency(sim, args.sales, scratch, args.slow_capture_ms))
             figures.update(await bench_out_of_service(sim, args.outages, scratch))
         finally:
             await sim.stop()
@@ -306,6 +328,9 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
               f"{figures['vend_answer_p50_ms']} ms, p99 {figures['vend_answer_p99_ms']} ms "
               f"(target p99 < 25 ms); direct service calls p50 "
               f"{figures['direct_service_p50_ms']} ms; ratio {figures['latency_ratio']}")
+        print(f"the same with each capture {figures['slow_capture_ms']:g} ms slower at the service:"
+              f" p50 {figures['vend_answer_slow_capture_p50_ms']} ms, "
+              f"{figures['slow_capture_ratio']} times the first (1: no wait for the last capture)")
         print(f"out of service ({figures['oos_trials']} outages, ping interval "
               f"{OOS_PING_INTERVAL:g} s): terminal offline -> reader disabled max "
               f"{figures['offline_to_reader_disabled_max_s']} s (target <= "
@@ -330,6 +355,7 @@ if __name__ == "__main__":
     parser.add_argument("--reconnects", type=int, default=8)
     parser.add_argument("--lines", type=int, default=50_000)
     parser.add_argument("--outages", type=int, default=6)
+    parser.add_argument("--slow-capture-ms", type=float, default=20.0)
     result = asyncio.run(main(parser.parse_args()))
     json.dump(result, sys.stdout)
     print()

@@ -313,7 +313,8 @@ class MdbCashless:
         self.controller_status: wire.ControllerStatus | None = None
         # the controller has a session open (a vend request or IDLE since the last ENABLED)
         self._controller_session = False
-        # a vend request that came while the previous sale was still capturing
+        # a vend request that came once the machine was done with the last customer, while that
+        # sale still held the terminal (a cancelled card read ending, say)
         self._queued: wire.VendRequested | None = None
         # card first: sales in a row that ended before any session opened (for the retry pause)
         self.card_first_idle_rounds = 0
@@ -510,7 +511,8 @@ class MdbCashless:
             over = session.phase is _Phase.ENDED or session.abort_reason is not None
             if over and self.options.mode is Mode.SELECTION_FIRST:
                 # The machine is done with the last customer (served, or gone: the controller
-                # ended the session); that sale is still capturing or cancelling. Next in line.
+                # ended the session); that sale still holds the terminal (its card read being
+                # cancelled, say). Next in line: started once the terminal is released.
                 self._queued = message
                 return
             self.link.noise(
@@ -600,37 +602,49 @@ class MdbCashless:
             session.sale_id = sale.sale_id
             if session.abort_reason is not None and session.phase is _Phase.AUTHORIZING:
                 self.cancel_sale(session)
+            # The terminal is free once the dispense outcome is known (the capture, or the money
+            # given back, needs only the payments API): the next customer need not wait for it.
+            await sale.terminal_released()
+            if not session.result.done():
+                # Released by the sale's end without dispensing (declined, card error): the
+                # machine must know before the next session opens.
+                final = await sale.result()
+                await session.deny(final.message or final.state.value)
+            self._session_over(session)
             final = await sale.result()
             # DEBUG: the flow logs each sale's end once, at INFO (run logged every sale twice)
             _LOGGER.debug(
                 "%s: sale %s %s (%s)", self.name, final.sale_id, final.state.value, final.message
             )
-            if not session.result.done():
-                # The flow ended without dispensing (declined, card error): the machine must know.
-                await session.deny(final.message or final.state.value)
         except asyncio.CancelledError:
             raise
         except Exception:
             _LOGGER.exception("%s: sale task failed", self.name)
             await session.deny("internal error")
         finally:
-            if self.session is session:
-                self.session = None
-            queued, self._queued = self._queued, None
-            if queued is not None and not self._stopping:
-                if self.available:
-                    self._begin_selection(queued)
-                else:
-                    self.stats.denied += 1
-                    self.stats.denied_out_of_service += 1
-                    self.send(wire.deny_vend())
-            self._apply_availability()  # the reader steps aside now if it was asked to
+            self._session_over(session)
             if self.options.mode is Mode.CARD_FIRST and not self._stopping:
                 # A terminal that keeps failing (busy, offline) is retried ever more slowly.
                 pause = min(30.0, self.options.card_first_pause * 2**self.card_first_idle_rounds)
                 self.card_first_idle_rounds += 1
                 await asyncio.sleep(pause)
                 self._maybe_start_card_first()
+
+    def _session_over(self, session: MdbSession) -> None:
+        """The machine and the terminal are done with ``session``'s customer: the selection
+        queued behind it starts, and the reader steps aside if it was asked to (once)."""
+        if self.session is not session:
+            return  # already over (the terminal was released before the sale ended)
+        self.session = None
+        queued, self._queued = self._queued, None
+        if queued is not None and not self._stopping:
+            if self.available:
+                self._begin_selection(queued)
+            else:
+                self.stats.denied += 1
+                self.stats.denied_out_of_service += 1
+                self.send(wire.deny_vend())
+        self._apply_availability()  # the reader steps aside now if it was asked to
 
     def cancel_sale(self, session: MdbSession) -> None:
         if session.sale_id is None or self._stopping:

@@ -235,7 +235,7 @@ class SerialLineDevice:
         self.unmatched = 0
         self.outcomes: Counter[str] = Counter()  # dispense status -> count
         self._tasks = TaskSet()
-        self._queued: Vend | None = None  # a request that came while the last sale settled
+        self._queued: Vend | None = None  # came while the last sale still held the terminal
         # Out of service: what the agent decided, and what the device was last told.
         self.available = True
         self.unavailable_reason = ""
@@ -399,21 +399,32 @@ class SerialLineDevice:
             vend.sale_id = sale.sale_id
             if vend.cancelled is not None and not vend.vending:
                 await request_cancel(self.sales, sale.sale_id, self.name)
+            # free once the dispense outcome is known: the capture or the money given back
+            # needs only the payments API, and the next customer need not wait for it
+            await sale.terminal_released()
+            if not vend.result.done():
+                final = await sale.result()  # ended without a dispense: the device hears no
+                await vend.deny(final.message or final.state.value)
+            self.outcomes[vend.result.result().status.value] += 1
+            self._vend_over(vend)
             final = await sale.result()
             # DEBUG: the flow logs each sale's end once, at INFO
             _LOGGER.debug("%s: sale %s %s", self.name, final.sale_id, final.state.value)
-            if not vend.result.done():
-                await vend.deny(final.message or final.state.value)
-            self.outcomes[vend.result.result().status.value] += 1
         finally:
-            if self.vend is vend:
-                self.vend = None
-            queued, self._queued = self._queued, None
-            if queued is not None and not self.available:
-                self._deny_out_of_service(queued)
-            elif queued is not None:
-                self._begin(queued)
-            self._tell_availability()  # a change during the sale, told now it has ended
+            self._vend_over(vend)
+
+    def _vend_over(self, vend: Vend) -> None:
+        """The device and the terminal are done with ``vend``'s customer: the request queued
+        behind it starts (once)."""
+        if self.vend is not vend:
+            return
+        self.vend = None
+        queued, self._queued = self._queued, None
+        if queued is not None and not self.available:
+            self._deny_out_of_service(queued)
+        elif queued is not None:
+            self._begin(queued)
+        self._tell_availability()  # a change during the sale, told now it has ended
 
 
 class SerialLinePlatform(DevicePlatform[SerialLineDevice]):

@@ -79,11 +79,15 @@ class AuthorizeCaptureFlow(SaleFlow):
     async def _vend_authorized(self, authorized: int) -> SaleEvent:
         if self.record.state is not SaleState.DISPENSING:  # cancelled once authorized: no vend
             await self._deny("cancelled")
+            await self.release_terminal(may_complete=False)  # the void needs no terminal
             return await self.reverse("cancelled by the customer")
         outcome = await self._dispense(authorized)
         if not outcome.dispensed:
             self.step(Step.DISPENSE_RESULT, detail=outcome_detail(outcome))
+            await self.release_terminal(may_complete=False)
             return await self.reverse(f"dispense {outcome.status.value} {outcome.detail}".strip())
+        # the capture needs no terminal: the next customer may start (unless a receipt prints)
+        await self.release_terminal(may_complete=True)
         vended = outcome.vended_cents or authorized
         if vended > authorized:
             # never capture more than authorized: capture what we may and say so

@@ -119,17 +119,21 @@ class ChargeCardFlow(SaleFlow):
         """Money is taken (charge_card): the dispense is confirmed or the money goes back."""
         if self.record.state is not SaleState.DISPENSING:  # cancelled once paid: no vend
             await self._deny("cancelled")
+            await self.release_terminal(may_complete=False)  # the refund needs no terminal
             return await self.reverse("cancelled by the customer after paying")
         outcome = await self._dispense(cents)
         if outcome.dispensed:
             # the confirmation and the end are one write: no window where the journal knows the
             # goods came out but still looks like an unconfirmed dispense
-            return self.finish(
+            ended = self.finish(
                 SaleState.COMPLETED,
                 Step.COMPLETED,
                 f"paid {format_cents(cents)} and dispensed",
                 vended_cents=outcome.vended_cents or cents,
                 detail=outcome_detail(outcome),
             )
+            await self.release_terminal(may_complete=True)  # a mailed receipt needs no terminal
+            return ended
         self.step(Step.DISPENSE_RESULT, detail=outcome_detail(outcome))
+        await self.release_terminal(may_complete=False)
         return await self.reverse(f"dispense {outcome.status.value} {outcome.detail}".strip())

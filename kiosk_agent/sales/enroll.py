@@ -1,7 +1,7 @@
 """enroll: read a card and save it in the vault (optionally with a billing plan); no payment.
 
 READING_CARD -> ENROLLING -> COMPLETED; a service that fails after the vault may have saved
-the card: ATTENTION (a person looks).
+the card: ATTENTION (a person looks). The terminal is free once the card is read.
 """
 
 from __future__ import annotations
@@ -32,6 +32,8 @@ class EnrollFlow(SaleFlow):
         with self.one_commit():  # the card read and the saving it leads to
             self.card_read(card)
             self.step(Step.VAULT_REQUEST, SaleState.ENROLLING, "saving the card")
+        # saving the card (and its plan) needs only the service: the terminal is free
+        await self.release_terminal(may_complete=False)
         try:
             account = await self.service.vault.create(_vault_request(card, self.request))
         except ServiceError as err:

@@ -20,7 +20,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, ClassVar
 
 from kiosk_agent.money import format_cents
@@ -32,7 +32,7 @@ from kiosk_agent.sales.model import (
     SaleEvent,
     SaleRequest,
 )
-from kiosk_agent.sales.receipts import send_receipts
+from kiosk_agent.sales.receipts import prints_on_terminal, send_receipts
 from kiosk_agent.sales.states import ReportingSteps, SaleState, Step
 from kiosk_agent.sales.steps import SaleContext, SaleSteps, event_of
 from kiosk_agent.service.errors import ConflictError, ServiceError, conflict_words
@@ -59,6 +59,9 @@ class SaleFlow(SaleSteps):
         self.dispenser = dispenser
         self.cancelled = asyncio.Event()
         self._denied = False
+        # the runner's: the terminal is free for the next sale (called once, by release_terminal)
+        self.on_release: Callable[[], None] | None = None
+        self._printing: bool | None = None  # whether a receipt is printed on the terminal
 
     def open(self, detail: Mapping[str, Any]) -> None:
         """Journal the new sale together with its flow's first step, in one commit.
@@ -104,6 +107,34 @@ class SaleFlow(SaleSteps):
             await self.dispenser.deny(reason)
         except Exception:  # the contract says deny never raises; a broken platform must not
             _LOGGER.exception("sale %s: the dispenser failed to deny", self.record.sale_id)
+
+    async def release_terminal(self, *, may_complete: bool) -> None:
+        """What remains of the sale needs no terminal call: the next customer's sale may start
+        on it while this one captures or gives the money back (or saves a card).
+
+        Called by the flows once the dispense outcome is known. A sale that may still complete
+        (``may_complete``) keeps the terminal when its receipt will be printed there: printing is
+        a terminal call. Money given back gets no receipt. The sale's end releases it anyway."""
+        if may_complete and await self._prints_receipt():
+            return
+        release, self.on_release = self.on_release, None
+        if release is not None:
+            release()
+
+    async def _prints_receipt(self) -> bool:
+        """Whether this sale, once completed, prints its receipt on the terminal (asked once)."""
+        if not self.receipts:
+            return False
+        if self._printing is None:
+            try:
+                self._printing = await prints_on_terminal(
+                    self.device, self.settings.receipts, self.context.capabilities
+                )
+            except Exception:  # unknown: the terminal stays held; the receipt asks again
+                _LOGGER.exception("sale %s: whether a receipt prints is unknown",
+                                  self.record.sale_id)
+                return True
+        return self._printing
 
     def approved_for_vend(self, step: Step, result: ChargeResult, vend_text: str) -> int:
         """The money's approval and the dispense request it pays for follow each other: one
@@ -209,6 +240,7 @@ class SaleFlow(SaleSteps):
             self.request.email,
             self.settings.receipts,
             self.context.capabilities,
+            self._printing,
         )
         for note in notes:
             # journaled, then published as a note on the completed sale (the demo shows it)

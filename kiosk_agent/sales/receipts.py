@@ -32,12 +32,17 @@ async def send_receipts(
     email: str | None,
     settings: ReceiptSettings,
     can_print: Callable[[str], Awaitable[bool]] | None,
+    printing: bool | None = None,
 ) -> list[str]:
-    """Print and/or mail the receipt; return notes for the journal (never the address)."""
+    """Print and/or mail the receipt; return notes for the journal (never the address).
+
+    ``printing``: whether it is printed on the terminal, when the caller decided already."""
     notes: list[str] = []
-    if await _should_print(device_id, settings, can_print):
-        printing = service.terminal.print_receipt(device_id, trans_id)
-        notes.append(await _note(printing, "printed", trans_id))
+    if printing is None:
+        printing = await prints_on_terminal(device_id, settings, can_print)
+    if printing:
+        print_call = service.terminal.print_receipt(device_id, trans_id)
+        notes.append(await _note(print_call, "printed", trans_id))
     if settings.email and email:
         mailing = service.payments.send_receipt(trans_id, email)
         notes.append(await _note(mailing, "mailed", trans_id))
@@ -54,9 +59,10 @@ async def _note(call: Awaitable[Any], done: str, trans_id: str) -> str:
     return f"receipt {done}"
 
 
-async def _should_print(
+async def prints_on_terminal(
     device_id: str, settings: ReceiptSettings, can_print: Callable[[str], Awaitable[bool]] | None
 ) -> bool:
+    """Whether a completed sale's receipt is printed on its terminal (a terminal call)."""
     if settings.print == "never":
         return False
     if settings.print == "always":

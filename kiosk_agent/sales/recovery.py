@@ -9,7 +9,8 @@ The journal's last step says what might have happened; the service says what did
 - a confirmed dispense whose capture was interrupted is captured (COMPLETED);
 - what cannot be decided is marked ATTENTION and reported, never guessed.
 
-While a sale is being recovered its terminal refuses new sales.
+While a sale that held its terminal is being recovered, that terminal refuses new sales; a sale
+that had released it (capturing, giving the money back) is recovered beside them, at once.
 """
 
 from __future__ import annotations
@@ -37,6 +38,10 @@ if TYPE_CHECKING:
     pass
 
 _LOGGER = logging.getLogger(__name__)
+
+# Open sales that no longer held their terminal: the dispense outcome was known and what
+# remained needed only the payments API (SaleFlow.release_terminal).
+TERMINAL_FREE = frozenset({SaleState.CAPTURING, SaleState.REVERSING})
 
 
 class Recovery:
@@ -78,7 +83,10 @@ class Recovery:
         by_terminal: dict[str, list[SaleRecord]] = defaultdict(list)
         for record in open_sales:
             by_terminal[record.terminal].append(record)
-            self.runner.block(record.terminal, f"recovering sale {record.sale_id}")
+            if record.state not in TERMINAL_FREE:
+                self.runner.block(
+                    record.terminal, f"recovering sale {record.sale_id}", by="recovery"
+                )
         if open_sales:
             _LOGGER.warning("recovering %d open sale(s) from the journal", len(open_sales))
         self.started_at = self.clock.time()
@@ -117,33 +125,47 @@ class Recovery:
         return events
 
     async def _terminal(self, device: str, records: list[SaleRecord]) -> list[SaleEvent]:
+        """One terminal's open sales. Those that held it are finished one after the other, the
+        terminal refusing new sales meanwhile; those that had released it (a capture, money
+        given back: the payments API only) each at once, neither waiting behind a sale that may
+        take until its money call's deadline nor holding the terminal."""
+        holding = [r for r in records if r.state not in TERMINAL_FREE]
+        released = [r for r in records if r.state in TERMINAL_FREE]
+
+        async def in_turn() -> list[SaleEvent]:
+            try:
+                return await self._in_turn(holding)
+            finally:
+                self.runner.unblock(device, by="recovery")
+
+        lanes = await asyncio.gather(in_turn(), *(self._in_turn([r]) for r in released))
+        return [event for lane in lanes for event in lane]
+
+    async def _in_turn(self, records: list[SaleRecord]) -> list[SaleEvent]:
         events = []
-        try:
-            for record in records:
-                steps = SaleSteps(record, self.context)
+        for record in records:
+            steps = SaleSteps(record, self.context)
+            try:
+                events.append(await self.recover(steps))
+            except JournalError:
+                keep = self.context.on_unwritten
+                if steps.unwritten is None or keep is None:
+                    raise
+                keep(steps)  # finished once the journal takes writes again
+            except SaleMoved as err:  # another writer decided it meanwhile: theirs stands
+                _LOGGER.warning("sale %s: left as the journal has it: %s", record.sale_id, err)
+            except Exception as err:  # a person decides: better than a guess or a stuck sale
+                _LOGGER.exception("sale %s: recovery failed", record.sale_id)
                 try:
-                    events.append(await self.recover(steps))
-                except JournalError:
-                    keep = self.context.on_unwritten
-                    if steps.unwritten is None or keep is None:
-                        raise
-                    keep(steps)  # finished once the journal takes writes again
-                except SaleMoved as err:  # another writer decided it meanwhile: theirs stands
-                    _LOGGER.warning("sale %s: left as the journal has it: %s", record.sale_id, err)
-                except Exception as err:  # a person decides: better than a guess or a stuck sale
-                    _LOGGER.exception("sale %s: recovery failed", record.sale_id)
-                    try:
-                        events.append(
-                            steps.finish(
-                                SaleState.ATTENTION,
-                                Step.RECOVERY_ERROR,
-                                f"recovery could not decide: {err}",
-                            )
+                    events.append(
+                        steps.finish(
+                            SaleState.ATTENTION,
+                            Step.RECOVERY_ERROR,
+                            f"recovery could not decide: {err}",
                         )
-                    except (SaleMoved, TransitionRefused) as refused:  # the others go on
-                        _LOGGER.error("sale %s: not marked attention: %s", record.sale_id, refused)
-        finally:
-            self.runner.unblock(device)
+                    )
+                except (SaleMoved, TransitionRefused) as refused:  # the others go on
+                    _LOGGER.error("sale %s: not marked attention: %s", record.sale_id, refused)
         return events
 
     async def recover(self, steps: SaleSteps) -> SaleEvent:

@@ -1,8 +1,13 @@
-"""The sale runner: one sale at a time per terminal, each in the flow its trigger asked for.
+"""The sale runner: one sale at a time holds a terminal, each in the flow its trigger asked for.
 
 A platform hands it a :class:`~kiosk_agent.sales.model.SaleRequest` and a dispenser; the runner
 refuses at once what cannot start (a busy or unknown terminal, an amount that is no integer
 above zero, a price above the trigger's ``max_price``), journals the new sale, and runs it.
+
+A sale holds its terminal until what remains of it needs no terminal call
+(``SaleFlow.release_terminal``: the dispense outcome is known and no receipt will be printed
+there); the capture or the money given back then goes on while the next customer's sale
+starts. The runner keeps knowing every live sale until it ends, released or not.
 """
 
 from __future__ import annotations
@@ -59,10 +64,17 @@ class Sale:
     order_id: str
     terminal: str
     task: asyncio.Task[SaleEvent]
+    # set once the sale no longer holds its terminal (released, or ended)
+    released: asyncio.Event = dataclasses.field(default_factory=asyncio.Event)
 
     async def result(self) -> SaleEvent:
         """The final event of the sale."""
         return await asyncio.shield(self.task)
+
+    async def terminal_released(self) -> None:
+        """Until the terminal is free for the next sale: what remains of this one (a capture,
+        money given back) needs only the payments API, or the sale has ended."""
+        await self.released.wait()
 
 
 class TriggerLimits:
@@ -88,15 +100,17 @@ class TriggerLimits:
 
 
 class SaleRunner:
-    """Starts sales, one at a time per terminal, and keeps track of them."""
+    """Starts sales, one at a time holding each terminal, and keeps track of them until they
+    end (a released sale still captures or gives money back beside the next one)."""
 
     def __init__(self, context: SaleContext) -> None:
         self.context = context
         self.journal = context.journal
         self.settings = context.settings
-        self._running: dict[str, SaleFlow] = {}  # device_id -> the sale on it
-        self._tasks: dict[str, Sale] = {}  # sale_id -> sale
-        self._blocked: dict[str, str] = {}  # device_id -> why (recovery, stopping)
+        self._holding: dict[str, SaleFlow] = {}  # device_id -> the sale holding that terminal
+        self._live: dict[str, tuple[SaleFlow, Sale]] = {}  # sale_id -> every sale not ended
+        # device_id -> who refuses its new sales (recovery, the unwritten sales) -> why
+        self._blocked: dict[str, dict[str, str]] = {}
         self._stopping = False
         self.limits = TriggerLimits()
 
@@ -108,19 +122,24 @@ class SaleRunner:
     def busy_reason(self, device_id: str) -> str | None:
         if self._stopping:
             return "the agent is stopping"
-        if device_id in self._blocked:
-            return self._blocked[device_id]
-        flow = self._running.get(device_id)
+        blocked = self._blocked.get(device_id)
+        if blocked:
+            return next(iter(blocked.values()))
+        flow = self._holding.get(device_id)
         if flow is not None:
             return f"sale {flow.record.sale_id} is {flow.record.state.value}"
         return None
 
-    def block(self, device_id: str, reason: str) -> None:
-        """Refuse new sales on a terminal (recovery is finishing an old sale on it)."""
-        self._blocked[device_id] = reason
+    def block(self, device_id: str, reason: str, by: str) -> None:
+        """Refuse new sales on a terminal (``by`` recovery finishing an old sale on it, say)."""
+        self._blocked.setdefault(device_id, {})[by] = reason
 
-    def unblock(self, device_id: str) -> None:
-        self._blocked.pop(device_id, None)
+    def unblock(self, device_id: str, by: str) -> None:
+        """``by`` no longer refuses the terminal's sales; another may still (each its own)."""
+        blocked = self._blocked.get(device_id, {})
+        blocked.pop(by, None)
+        if not blocked:
+            self._blocked.pop(device_id, None)
 
     async def start(self, request: SaleRequest, dispenser: Dispenser) -> Sale:
         """Journal a new sale and start its flow; TerminalBusy at once if the terminal is taken."""
@@ -148,11 +167,22 @@ class SaleRunner:
         )
         flow = FLOWS[request.flow](record, request, dispenser, self.context)
         flow.open({"source": request.source, "product": request.product})
-        self._running[device] = flow
+        self._holding[device] = flow
         task = asyncio.create_task(self._run(device, flow), name=f"sale-{sale_id}")
         sale = Sale(sale_id, order_id, device, task)
-        self._tasks[sale_id] = sale
+        self._live[sale_id] = (flow, sale)
+        flow.on_release = lambda: self._release(device, sale_id)
         return sale
+
+    def _release(self, device: str, sale_id: str) -> None:
+        """The sale needs its terminal no more: the next sale may start on it."""
+        live = self._live.get(sale_id)
+        if live is None:
+            return  # ended already
+        flow, sale = live
+        if self._holding.get(device) is flow:
+            del self._holding[device]
+        sale.released.set()
 
     def _check_max_price(self, request: SaleRequest) -> None:
         """The lower of the trigger's configured ``max_price`` and the request's own bound."""
@@ -189,24 +219,28 @@ class SaleRunner:
                 flow.events.publish(event)
                 return event
         finally:
-            if self._running.get(device) is flow:
-                del self._running[device]
-            self._tasks.pop(flow.record.sale_id, None)
+            self._release(device, flow.record.sale_id)
+            del self._live[flow.record.sale_id]
 
     async def cancel(self, sale_id: str) -> bool:
-        """Ask a running sale to stop: before payment it ends CANCELLED, after it is reversed."""
-        for flow in self._running.values():
-            if flow.record.sale_id == sale_id:
-                if flow.record.state.final:
-                    return False  # it has just ended (a receipt is being printed)
-                flow.cancelled.set()
-                flow.journal.record(flow.record, Step.CANCEL_REQUESTED)
-                return True
-        return False
+        """Ask a running sale to stop: before payment it ends CANCELLED, after it is reversed.
+
+        False for a sale past the customer's part (its dispense outcome known: it only captures
+        or gives the money back) or just ended (a receipt is being printed): nothing to stop."""
+        live = self._live.get(sale_id)
+        if live is None:
+            return False
+        flow, sale = live
+        if flow.record.state.final or sale.released.is_set():
+            return False
+        flow.cancelled.set()
+        flow.journal.record(flow.record, Step.CANCEL_REQUESTED)
+        return True
 
     @property
     def running(self) -> list[SaleRecord]:
-        return [flow.record for flow in self._running.values()]
+        """Every live sale, those holding a terminal and those only capturing or giving back."""
+        return [flow.record for flow, _ in self._live.values()]
 
     def close(self) -> None:
         """Refuse every new sale from now on: the first thing a stop does."""
@@ -215,7 +249,7 @@ class SaleRunner:
     async def stop(self, grace: float | None = None) -> None:
         """Refuse new sales, let running ones finish, then park the rest (journaled)."""
         self.close()
-        tasks = [sale.task for sale in self._tasks.values()]
+        tasks = [sale.task for _, sale in self._live.values()]  # the capturing ones too
         if not tasks:
             return
         wait = self.settings.stop_timeout if grace is None else grace

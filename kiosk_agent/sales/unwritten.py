@@ -77,7 +77,7 @@ class UnwrittenSales:
         sale_id = steps.record.sale_id
         since = self._kept[sale_id][1] if sale_id in self._kept else time.monotonic()
         self._kept[sale_id] = (steps, since)
-        self.runner.block(steps.device, f"sale {sale_id} is not journaled yet")
+        self.runner.block(steps.device, f"sale {sale_id} is not journaled yet", by="unwritten")
         self._changed()
         self._wakeup.set()
 
@@ -133,7 +133,7 @@ class UnwrittenSales:
                 )
         self._kept.pop(sale_id, None)
         if not any(s.device == steps.device for s, _ in self._kept.values()):
-            self.runner.unblock(steps.device)
+            self.runner.unblock(steps.device, by="unwritten")
         self.finished += 1
         self._changed()
         return event

@@ -19,6 +19,8 @@ test can SIGKILL it before the call that step announced. With ``KILL_AT`` suffix
 it freezes instead when that call's answer arrives, before the flow can journal it: the
 "answer lost" crash. A confirmed vend is appended (and
 fsynced) to MARKERS before the machine reports it, as a real machine's counter would be.
+``python crash_driver.py CONFIG MARKERS overlap KILL_AT[a]`` runs two sales on one terminal
+instead, the first capturing while the second runs to its step KILL_AT (``overlap``).
 """
 
 from __future__ import annotations
@@ -213,7 +215,9 @@ async def main(argv: list[str]) -> int:
     recovered = await agent.recovery.wait()
     journal.selling = journal.armed = False
     say("RECOVERED " + json.dumps({e.sale_id: e.state.value for e in recovered}))
-    if len(argv) > 2:
+    if len(argv) > 2 and argv[2] == "overlap":
+        await overlap(agent, journal, markers, kill_at=argv[3])
+    elif len(argv) > 2:
         flow, cents, dispense, kill_at = Flow(argv[2]), int(argv[3]), argv[4], argv[5]
         machine = Machine(DispenseStatus(dispense), markers)
         journal.arm(kill_at)
@@ -226,6 +230,23 @@ async def main(argv: list[str]) -> int:
         say(f"DONE {event.sale_id} {event.state.value}")
     await agent.stop()
     return 0
+
+
+async def overlap(agent: Agent, journal: MarkedJournal, markers: Path, kill_at: str) -> None:
+    """Two authorize_capture sales on one terminal: the first vends and releases the terminal
+    while its capture is with the service (the test holds it there), then the second starts;
+    the process freezes at the second sale's step ``kill_at``, the first one still capturing."""
+    first_machine = Machine(DispenseStatus.VENDED, markers)
+    request = SaleRequest(source="crash:driver", flow=Flow.AUTHORIZE_CAPTURE, amount_cents=300)
+    first = await agent.sales.start(request, first_machine)
+    first_machine.sale_id = first.sale_id
+    await first.terminal_released()  # its capture request is journaled and sent
+    journal.arm(kill_at)  # counts the second sale's steps: the first writes none meanwhile
+    second_machine = Machine(DispenseStatus.VENDED, markers)
+    second = await agent.sales.start(request, second_machine)
+    second_machine.sale_id = second.sale_id
+    await second.result()
+    say("DONE")  # not reached when kill_at is one of the second sale's steps
 
 
 # =============================================================================================

@@ -28,7 +28,7 @@ from kiosk_agent.sales.states import SaleState
 from kiosk_agent.service.client import ServiceClient
 from kiosk_agent.service.models import TransactionFilter, TransStatus
 from tests.core.crash_driver import CHARGED, HELD
-from tests.helpers import service_yaml
+from tests.helpers import service_yaml, sim_call
 
 DRIVER = Path(__file__).with_name("crash_driver.py")
 TIME_SCALE = 150  # interactions live 1.2 s: slack for a loaded machine
@@ -161,15 +161,24 @@ async def test_sigkill_at_every_step_loses_no_sale_and_keeps_no_unearned_money(
     assert driver.steps == ["recovery.start", "recovery.done"]
     assert await driver.run() == "done"  # recovers the last killed sale, if any
 
-    journal = Journal(tmp_path / "journal.db")
-    journal.open()
-    sales = {sale.sale_id: sale for sale in journal.query()}
-    journal.close()
-    vended = {line.split()[0] for line in markers.read_text().splitlines()}
-
+    sales = journaled_sales(tmp_path)
     assert driver.kills >= 30
     # no sale lost, none left open, none that needed a person
     assert driver.started_sales <= set(sales)
+    await assert_no_unearned_money(sim, sales, markers)
+
+
+def journaled_sales(directory: Path) -> dict[str, Any]:
+    journal = Journal(directory / "journal.db")
+    journal.open()
+    sales = {sale.sale_id: sale for sale in journal.query()}
+    journal.close()
+    return sales
+
+
+async def assert_no_unearned_money(sim: Any, sales: dict[str, Any], markers: Path) -> None:
+    """Every sale ended, none needing a person; the service's records agree with each one."""
+    vended = {line.split()[0] for line in markers.read_text().splitlines()}
     assert [s for s in sales.values() if not s.state.final] == []
     assert [s.message for s in sales.values() if s.state is SaleState.ATTENTION] == []
 
@@ -193,3 +202,61 @@ async def test_sigkill_at_every_step_loses_no_sale_and_keeps_no_unearned_money(
             if sale.state is SaleState.REVERSED:
                 assert charged, why
                 assert not held, why
+
+
+# The second sale's steps when the agent is killed, the first one capturing all along.
+OVERLAP_KILLS = [
+    ("2", ["created", "read_card.request"], SaleState.FAILED),
+    ("3", ["created", "read_card.request", "read_card.accepted"], SaleState.FAILED),
+    (
+        "5a",
+        ["created", "read_card.request", "read_card.accepted", "read_card.done",
+         "authorize.request"],
+        SaleState.REVERSED,
+    ),
+    (
+        "8",
+        ["created", "read_card.request", "read_card.accepted", "read_card.done",
+         "authorize.request", "authorize.approved", "dispense.request", "capture.request"],
+        SaleState.COMPLETED,
+    ),
+]
+
+
+@pytest.mark.slow(seconds=20)
+async def test_sigkill_with_a_capturing_sale_and_a_newer_one_on_its_terminal_ends_both(
+    sim_factory: Any, tmp_path: Path
+) -> None:
+    # The first sale vended and released the terminal; its capture is held by the service (a
+    # black hole: never processed) when the agent is killed at a step of the second sale. The
+    # next start must capture the first (the goods are out) and end the second as its own
+    # step says: nothing moved, an authorization given back, or its capture made.
+    sim = await sim_factory(time_scale=TIME_SCALE, seed=3, transactions=0)
+    info = sim.ready_info()
+    env = {
+        **os.environ,
+        "KIOSK_API_KEY": info["api_key"],
+        "KIOSK_CLIENT_SECRET": info["client_secret"],
+    }
+    markers = tmp_path / "vended.txt"
+    markers.touch()
+    driver = Driver(write_config(tmp_path, sim), markers, env)
+    held_capture = {"path": "/api/v1/capture", "fault": "black_hole", "count": 1}
+    pairs = []
+    for kill_at, steps, second_ends in OVERLAP_KILLS:
+        await sim_call(sim, "POST", "/sim/faults", held_capture)
+        before = set(journaled_sales(tmp_path)) if (tmp_path / "journal.db").exists() else set()
+        assert await driver.run("overlap", kill_at) == "killed"
+        assert driver.steps == steps
+        killed = {s.sale_id: s for s in journaled_sales(tmp_path).values()
+                  if s.sale_id not in before}
+        first, second = sorted(killed.values(), key=lambda s: s.created_at)
+        assert first.state is SaleState.CAPTURING
+        assert await driver.run() == "done"  # the next start recovers both
+        pairs.append((first.sale_id, second.sale_id, second_ends))
+
+    sales = journaled_sales(tmp_path)
+    for first_id, second_id, second_ends in pairs:
+        assert sales[first_id].state is SaleState.COMPLETED, sales[first_id].message
+        assert sales[second_id].state is second_ends, sales[second_id].message
+    await assert_no_unearned_money(sim, sales, markers)

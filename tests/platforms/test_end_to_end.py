@@ -16,6 +16,7 @@ from kiosk_agent.platforms.virtual import VirtualController, VirtualPlatform, Vi
 from kiosk_agent.sales.model import SaleEvent
 from kiosk_agent.sales.states import SaleState
 
+from ..helpers import sim_call
 from .agent_rig import running_agent
 
 
@@ -61,6 +62,33 @@ async def test_mdb_sales_through_the_agent(
         [link] = [lk for lk in snapshot.links if lk.name == "mdb:front"]
         assert link.state == "connected"
         assert platform.status()["outcomes"] == {"vended": 1, "failed": 1, "cancelled": 1}
+
+
+async def test_the_next_customer_is_served_while_the_last_capture_is_in_flight(
+    tmp_path: Path, sim: Any, sim_settings: Any, controller: VirtualController
+) -> None:
+    # The service is slow on the capture alone: the next selection's card is read, authorized
+    # and vended while the last customer's capture is still with the service.
+    await sim_call(sim, "POST", "/sim/faults",
+                   {"path": "/api/v1/capture", "fault": "delay", "delay_s": 0.5})
+    trigger = {"platform": "mdb", "name": "front", "port": controller.port,
+               "flow": "authorize_capture", "vend_timeout": 5}
+    async with running_agent(tmp_path, sim_settings, [trigger]) as agent:
+        await asyncio.wait_for(controller.wait_enabled(), 5)
+        collector = asyncio.create_task(_final_events(agent, 2))
+        first = await controller.customer("A2")
+        second = await controller.customer("A1")  # at once
+
+        assert first.outcome is VisitOutcome.VENDED
+        assert second.outcome is VisitOutcome.VENDED
+        [capturing, served] = sorted(agent.journal.query(), key=lambda r: r.created_at)
+        assert capturing.state is SaleState.CAPTURING  # its capture is still in flight
+        steps = [s.step for s in agent.journal.steps(served.sale_id)]
+        assert "read_card.done" in steps
+        assert "dispense.request" in steps
+        finals = {e.sale_id: e for e in await collector}
+        assert finals[capturing.sale_id].captured_cents == 250
+        assert finals[served.sale_id].captured_cents == 150
 
 
 async def test_virtual_platform_card_first(tmp_path: Path, sim_settings: Any) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -11,7 +12,9 @@ import aiohttp
 import pytest
 
 from kiosk_agent.platforms.kiosk_api import PLATFORM_SCHEMA, KioskApi
+from kiosk_agent.sales.states import SaleState
 
+from ..helpers import sim_call, until
 from .agent_rig import running_agent
 
 TOKEN = "kiosk-app-token-0123456789"
@@ -110,6 +113,31 @@ async def test_busy_terminal_is_409(app: App) -> None:
     assert status == 409
     assert second["error"] == "terminal_busy"
     await app.post(f"/sales/{first['sale_id']}/cancel", {})
+
+
+def _capturing(app: App, sale_id: str) -> bool:
+    record = app.api.agent.journal.get(sale_id)
+    return record is not None and record.state is SaleState.CAPTURING
+
+
+async def test_a_sale_that_only_captures_leaves_the_terminal_to_the_next_202(
+    tmp_path: Path, sim: Any, sim_settings: Any
+) -> None:
+    # The service is slow on the capture: the coffee's sale is paid and dispensed, only the
+    # capture is left (the payments API's, not the terminal's), so the next customer starts.
+    await sim_call(sim, "POST", "/sim/faults",
+                   {"path": "/api/v1/capture", "fault": "delay", "delay_s": 0.5})
+    async for app in _app(tmp_path, sim_settings, flow="authorize_capture"):
+        _, first = await app.post("/sales", {"product": "coffee"})
+        await until(functools.partial(_capturing, app, first["sale_id"]))
+        status, second = await app.post("/sales", {"product": "tea"})
+        assert status == 202, second
+        assert _capturing(app, first["sale_id"])  # its capture is still with the service
+        first_steps, second_steps = await asyncio.wait_for(
+            asyncio.gather(app.follow(first["sale_id"]), app.follow(second["sale_id"])), 10
+        )
+        assert first_steps[-1]["captured_cents"] == 250
+        assert second_steps[-1]["captured_cents"] == 175
 
 
 @pytest.mark.parametrize(

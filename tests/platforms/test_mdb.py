@@ -96,6 +96,25 @@ async def test_the_next_customer_is_served_while_a_walked_away_sale_cancels(
     assert second_final.captured_cents == 250
 
 
+async def test_the_next_selection_starts_once_the_terminal_is_free_not_after_the_capture(
+    machine: Machine,
+) -> None:
+    # The machine is done with the first customer once the vend result is in; the terminal is
+    # free then too (the capture needs only the payments API), so the next customer's sale
+    # starts while that capture is still under way.
+    machine.desk.capture_time = 0.3
+    first = await machine.controller.customer("A2")
+    second = await machine.controller.customer("A1")  # at once, while the first captures
+
+    assert first.outcome is VisitOutcome.VENDED
+    assert second.outcome is VisitOutcome.VENDED
+    assert not machine.desk.sales[0].final.done()  # still capturing
+    first_final, second_final = await asyncio.wait_for(machine.desk.settled(), 3)
+    assert first_final.captured_cents == 250
+    assert second_final.captured_cents == 150
+    assert machine.desk.refused == 0
+
+
 async def test_a_selection_after_a_silent_vend_ends_it_unpaid_and_is_served(
     controller: VirtualController,
 ) -> None:

@@ -86,6 +86,20 @@ async def test_decline_sends_the_deny_template(
     assert final.state is SaleState.DECLINED
 
 
+async def test_the_next_request_starts_once_the_terminal_is_free_not_after_the_capture(
+    device: SerialLineDevice, controller: VirtualController
+) -> None:
+    desk(device).capture_time = 0.3  # the payments API is slow to capture
+    first = await controller.customer("A2")
+    second = await controller.customer("A1")  # at once, while the first captures
+
+    assert (first.outcome, second.outcome) == (VisitOutcome.VENDED, VisitOutcome.VENDED)
+    assert not desk(device).sales[0].final.done()  # still capturing
+    finals = await asyncio.wait_for(desk(device).settled(), 3)
+    assert [f.captured_cents for f in finals] == [250, 150]
+    assert device.outcomes["vended"] == 2
+
+
 async def test_dispense_failure_and_no_result(
     device: SerialLineDevice, controller: VirtualController
 ) -> None:

@@ -37,17 +37,24 @@ class DeskSale:
     outcome: DispenseOutcome | None = None
     final: asyncio.Future[SaleEvent] = field(default_factory=asyncio.Future)
     cancelled: bool = False
+    released: asyncio.Event = field(default_factory=asyncio.Event)
 
     async def result(self) -> SaleEvent:
         return await asyncio.shield(self.final)  # like the real Sale: a waiter may give up
 
+    async def terminal_released(self) -> None:
+        await self.released.wait()  # like the real Sale: once the dispense outcome is known
+
 
 class CardDesk:
-    """One terminal: one sale at a time, a card after ``card_time``; ``..02`` cents decline."""
+    """One terminal: one sale at a time holds it, a card after ``card_time``; ``..02`` cents
+    decline. The terminal is free once the dispense outcome is known; the capture (or the void)
+    then takes ``capture_time``."""
 
     def __init__(self, card_time: float = 0.005) -> None:
         self.card_time = card_time
         self.cancel_time = 0.0  # how long the terminal takes to cancel a card wait
+        self.capture_time = 0.0  # how long the payments API takes to capture or void
         self.sales: list[DeskSale] = []
         self._ids = itertools.count(1)
         self._busy = False
@@ -91,11 +98,18 @@ class CardDesk:
                 return
             outcome = await dispenser.dispense(request.amount_cents)
             sale.outcome = outcome
+            self._release(sale)
+            await asyncio.sleep(self.capture_time)
             if outcome.status is DispenseStatus.VENDED:
                 self._finish(sale, SaleState.COMPLETED, outcome.vended_cents, "captured")
             else:
                 self._finish(sale, SaleState.REVERSED, 0, f"voided: {outcome.detail}")
         finally:
+            self._release(sale)
+
+    def _release(self, sale: DeskSale) -> None:
+        if not sale.released.is_set():
+            sale.released.set()
             self._busy = False
 
     def _finish(self, sale: DeskSale, state: SaleState, captured: int, message: str) -> None:

@@ -17,7 +17,7 @@ from kiosk_agent.sales.states import SaleState
 from kiosk_agent.service.client import ServiceClient
 from kiosk_agent.service.models import ChargeRequest, TransactionFilter, TransStatus
 from tests.core.agent_helpers import ScriptedDispenser
-from tests.helpers import walk_to
+from tests.helpers import sim_call, until, walk_to
 
 
 async def rows(service: ServiceClient, order_id: str) -> list[Any]:
@@ -39,6 +39,7 @@ def leave_open(directory: Path, **fields: Any) -> SaleRecord:
         "state": SaleState.STARTED,
     }
     state = fields.pop("state")
+    base["sale_id"] = fields.pop("sale_id", base["sale_id"])
     base["flow"] = fields.pop("flow", base["flow"])
     base["order_id"] = fields.pop("order_id", base["order_id"])
     record = journal.create(SaleRecord(**base))
@@ -183,6 +184,36 @@ async def test_a_terminal_under_recovery_refuses_new_sales(
     assert "recovering sale crashed1" in reason
     await clock.run(agent.recovery.wait())
     assert agent.sales.busy_reason("SIM-0001") is None
+
+
+async def test_a_capturing_sale_does_not_keep_its_terminal_refusing_sales_while_recovered(
+    agent_factory: Any, sim_factory: Any, tmp_path: Path
+) -> None:
+    # The older sale had vended and released the terminal (it only captured); the newer one was
+    # reading its card when the agent died. The terminal refuses sales while the card read is
+    # ended; the capture, slow at the service, goes on beside it, not before or after it.
+    sim = await sim_factory(time_scale=300, transactions=0)
+    async with ServiceClient(settings_from_ready(sim.ready_info())) as service:
+        trans_id = await authorize(service, "KACRASHED1", capture=False)
+    leave_open(
+        tmp_path, state=SaleState.CAPTURING, trans_id=trans_id, authorized_cents=300,
+        vended_cents=300,
+    )
+    leave_open(tmp_path, state=SaleState.READING_CARD, sale_id="crashed2", order_id="KACRASHED2")
+    slow = {"path": "/api/v1/capture", "fault": "delay", "delay_s": 0.5}
+    await sim_call(sim, "POST", "/sim/faults", slow)
+
+    agent = await agent_factory(sim=sim)
+    assert agent.sales.busy_reason("SIM-0001") == "recovering sale crashed2"
+    await until(lambda: agent.sales.busy_reason("SIM-0001") is None)
+    capturing = agent.journal.get("crashed1")
+    assert capturing is not None
+    assert capturing.state is SaleState.CAPTURING  # still with the service
+    ended = await asyncio.wait_for(agent.recovery.wait(), 10)
+    states = {e.sale_id: e.state for e in ended}
+    assert states == {"crashed1": SaleState.COMPLETED, "crashed2": SaleState.FAILED}
+    [row] = await rows(agent.service, "KACRASHED1")
+    assert row.status is TransStatus.CAPTURED
 
 
 async def test_a_settled_charge_left_undispensed_is_refunded(

@@ -1,0 +1,166 @@
+"""A sale frees its terminal once what remains needs only the payments API (issue 20).
+
+The simulator is made slow on the capture alone (``/sim/faults``, a ``delay`` on
+``/api/v1/capture``): the capture is held by the service while the test starts, stops or
+cancels sales on the same terminal, over real HTTP, with the journal on disk.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+
+from kiosk_agent.core.agent import Agent
+from kiosk_agent.sales.model import Flow, SaleRequest
+from kiosk_agent.sales.runner import TerminalBusy
+from kiosk_agent.sales.states import SaleState, Step
+from kiosk_agent.service.models import TransStatus
+from tests.core.agent_helpers import ScriptedDispenser
+from tests.core.test_slow_service import arm, held_by_the_service, ledger
+from tests.helpers import until
+
+SLOW_CAPTURE = 0.5  # seconds the service holds each capture before it processes it
+
+
+def vend(cents: int = 300, terminal: str | None = None) -> SaleRequest:
+    return SaleRequest(
+        source="test", flow=Flow.AUTHORIZE_CAPTURE, amount_cents=cents, terminal=terminal
+    )
+
+
+async def slow_capture_agent(agent_factory: Any, sim_factory: Any) -> tuple[Any, Agent]:
+    sim = await sim_factory(time_scale=300, transactions=0)
+    agent = await agent_factory(sim=sim)
+    await arm(sim, path="/api/v1/capture", fault="delay", delay_s=SLOW_CAPTURE, count=5)
+    return sim, agent
+
+
+def state_of(agent: Agent, sale_id: str) -> SaleState:
+    record = agent.journal.get(sale_id)
+    assert record is not None
+    return record.state
+
+
+async def test_the_next_sale_reads_its_card_while_the_last_capture_is_in_flight(
+    agent_factory: Any, sim_factory: Any
+) -> None:
+    sim, agent = await slow_capture_agent(agent_factory, sim_factory)
+    first = await agent.sales.start(vend(), ScriptedDispenser())
+    await held_by_the_service(sim)  # the first sale's capture is with the service
+    assert state_of(agent, first.sale_id) is SaleState.CAPTURING
+    assert agent.sales.busy_reason("SIM-0001") is None
+    await asyncio.wait_for(first.terminal_released(), 1)
+
+    machine = ScriptedDispenser()
+    second = await agent.sales.start(vend(), machine)
+    reason = agent.sales.busy_reason("SIM-0001")
+    assert reason is not None
+    assert second.sale_id in reason  # only the sale holding it
+    await asyncio.wait_for(machine.started.wait(), 5)  # card read, authorized, vending
+
+    assert not first.task.done()  # its capture is still in flight
+    assert {r.sale_id for r in agent.sales.running} == {first.sale_id, second.sale_id}
+    ended = await asyncio.wait_for(asyncio.gather(first.result(), second.result()), 10)
+    assert [e.state for e in ended] == [SaleState.COMPLETED, SaleState.COMPLETED]
+    for sale in (first, second):
+        [row] = await ledger(agent, sale.order_id)
+        assert row.status is TransStatus.CAPTURED
+
+
+async def test_a_capturing_sale_cannot_be_cancelled_and_completes(
+    agent_factory: Any, sim_factory: Any
+) -> None:
+    # The goods are out: there is nothing left for the customer's cancel button to stop.
+    sim, agent = await slow_capture_agent(agent_factory, sim_factory)
+    sale = await agent.sales.start(vend(), ScriptedDispenser())
+    await held_by_the_service(sim)
+
+    assert await agent.sales.cancel(sale.sale_id) is False
+    final = await asyncio.wait_for(sale.result(), 10)
+    assert final.state is SaleState.COMPLETED
+    assert final.captured_cents == 300
+    steps = [s.step for s in agent.journal.steps(sale.sale_id)]
+    assert Step.CANCEL_REQUESTED.value not in steps
+
+
+async def test_stop_parks_a_capturing_and_a_reading_sale_and_the_next_start_ends_both(
+    agent_factory: Any, sim_factory: Any
+) -> None:
+    sim, agent = await slow_capture_agent(agent_factory, sim_factory)
+    capturing = await agent.sales.start(vend(), ScriptedDispenser())
+    await held_by_the_service(sim)
+    reading = await agent.sales.start(vend(305), ScriptedDispenser())  # ..05: no card comes
+    await until(lambda: agent.journal.get(reading.sale_id).interaction_id is not None)  # type: ignore[union-attr]
+
+    await agent.sales.stop(grace=0.05)  # SIGTERM: neither may be left running
+    assert capturing.task.done()
+    assert reading.task.done()
+    assert agent.sales.running == []
+    for sale, state in ((capturing, SaleState.CAPTURING), (reading, SaleState.READING_CARD)):
+        assert state_of(agent, sale.sale_id) is state
+        assert agent.journal.steps(sale.sale_id)[-1].step == Step.PARKED.value
+    await agent.stop()
+
+    again = await agent_factory(sim=sim)
+    ended = await asyncio.wait_for(again.recovery.wait(), 10)
+    states = {e.sale_id: e.state for e in ended}
+    assert states == {capturing.sale_id: SaleState.COMPLETED, reading.sale_id: SaleState.FAILED}
+    [row] = await ledger(again, capturing.order_id)
+    assert row.status is TransStatus.CAPTURED
+    assert await ledger(again, reading.order_id) == []
+
+
+async def test_a_receipt_printed_on_the_terminal_keeps_it_held_until_printed(
+    agent_factory: Any, sim_factory: Any
+) -> None:
+    # "printer" (SIM-0007) prints receipts and receipts.print is auto: printing is a terminal
+    # call, so the terminal is not free while the sale captures.
+    sim, agent = await slow_capture_agent(agent_factory, sim_factory)
+    sale = await agent.sales.start(vend(terminal="printer"), ScriptedDispenser())
+    await held_by_the_service(sim)
+    assert state_of(agent, sale.sale_id) is SaleState.CAPTURING
+
+    with pytest.raises(TerminalBusy, match="is capturing"):
+        await agent.sales.start(vend(terminal="printer"), ScriptedDispenser())
+    assert not sale.released.is_set()
+    final = await asyncio.wait_for(sale.result(), 10)
+    assert final.state is SaleState.COMPLETED
+    notes = [s.detail.get("note") for s in agent.journal.steps(sale.sale_id) if s.step == "receipt"]
+    assert notes == ["receipt printed"]
+    assert agent.sales.busy_reason("SIM-0007") is None
+
+
+async def test_an_enrollment_frees_the_terminal_once_the_card_is_read(
+    agent_factory: Any, sim_factory: Any
+) -> None:
+    # Saving the card is the vault's call, not the terminal's: the next customer may start.
+    sim = await sim_factory(time_scale=300, transactions=0)
+    agent = await agent_factory(sim=sim)
+    await arm(sim, path="/api/v1/vault_payment_accounts", fault="delay", delay_s=SLOW_CAPTURE)
+    customer = {"name": "Pat", "phone": "5550100", "account_zip": "12345", "address1": "1 Main",
+                "city": "Town", "region": "NY"}
+    enroll = SaleRequest(source="test", flow=Flow.ENROLL, amount_cents=100,
+                         email="c@example.com", metadata=customer)
+    saving = await agent.sales.start(enroll, ScriptedDispenser())
+    await held_by_the_service(sim)
+    assert state_of(agent, saving.sale_id) is SaleState.ENROLLING
+
+    paying = await agent.sales.start(vend(), ScriptedDispenser())
+    ended = await asyncio.wait_for(asyncio.gather(saving.result(), paying.result()), 10)
+    assert [e.state for e in ended] == [SaleState.COMPLETED, SaleState.COMPLETED]
+
+
+async def test_a_terminal_refused_by_two_stays_refused_until_both_let_go(agent: Agent) -> None:
+    # Recovery may end a terminal's sales while one of them waits for the journal: recovery
+    # letting go must not lift the refusal the unwritten sale still needs.
+    agent.sales.block("SIM-0001", "recovering sale s1", by="recovery")
+    agent.sales.block("SIM-0001", "sale s2 is not journaled yet", by="unwritten")
+    agent.sales.unblock("SIM-0001", by="recovery")
+
+    assert agent.sales.busy_reason("SIM-0001") == "sale s2 is not journaled yet"
+    with pytest.raises(TerminalBusy, match="not journaled yet"):
+        await agent.sales.start(vend(), ScriptedDispenser())
+    agent.sales.unblock("SIM-0001", by="unwritten")
+    assert agent.sales.busy_reason("SIM-0001") is None
