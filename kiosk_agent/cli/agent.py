@@ -258,6 +258,18 @@ _CORE_SECTIONS = frozenset(
 async def run_command(args: argparse.Namespace) -> int:
     """Run until a stop signal (:data:`STOP_SIGNALS`), then stop gracefully: new sales refused,
     the running one finished or parked; the exit code says which signal it was."""
+    import gc
+
+    from kiosk_agent.core.collector import pause_for_start_up
+
+    pause_for_start_up()  # until the agent settles after READY=1 (core/collector.py)
+    try:
+        return await _run(args)
+    finally:
+        gc.enable()  # a run that ended before settling
+
+
+async def _run(args: argparse.Namespace) -> int:
     config = load(config_path(args))
     from kiosk_agent.app import agent_for
     from kiosk_agent.core.logging import setup_logging

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import gc
 import io
 import json
 import signal
@@ -17,6 +18,7 @@ import pytest
 
 from kiosk_agent.cli import main
 from kiosk_agent.cli.agent import parse_since
+from kiosk_agent.cli.contract import EXIT_USAGE
 from kiosk_agent.sales.journal import Journal, SaleRecord
 from kiosk_agent.sales.states import SaleState, Step
 from tests.helpers import walk_to
@@ -444,3 +446,11 @@ def test_sales_attention_lists_what_a_person_must_decide_and_resolve_records_it(
     # resolving twice is refused, and says why
     assert main([*argv, "-c", str(path)]) == 1
     assert "completed, not attention" in capsys.readouterr().err
+
+
+def test_a_run_that_ends_before_settling_leaves_the_collector_running(tmp_path: Path) -> None:
+    """`run` pauses the collector for start-up (core/collector.py); a run that ends before its
+    agent settles, here on a missing configuration, resumes it."""
+    assert gc.isenabled()
+    assert main(["run", "--config", str(tmp_path / "missing.yaml")]) == EXIT_USAGE
+    assert gc.isenabled()

@@ -118,3 +118,40 @@ def test_importing_the_service_models_builds_none_of_them() -> None:
         [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60
     )
     assert done.stdout.strip() == "[False, False, False, False]"
+
+
+@pytest.mark.usefixtures("fresh_process")
+async def test_start_up_runs_with_the_collector_paused_until_settling_collects_and_resumes_it(
+) -> None:
+    """`kiosk-agent run` pauses the collector: what start-up makes lives for the whole run, so
+    young-generation passes over it are wasted. Settling collects once, freezes and resumes."""
+    collector.pause_for_start_up()
+    try:
+        assert not gc.isenabled()
+        garbage = Node()
+        gone = weakref.ref(garbage)
+        del garbage
+        [Node() for _ in range(5000)]  # well past a young generation's threshold
+        assert gone() is not None  # no pass came
+        settling = await collector.settle_after_ready(modules=(TEST_MODELS,))
+        assert settling.done.is_set()
+        assert gc.isenabled()
+        assert gone() is None
+    finally:
+        gc.enable()
+
+
+@pytest.mark.usefixtures("fresh_process")
+async def test_a_settling_cut_short_still_resumes_the_collector() -> None:
+    """An agent stopped right after READY=1: the collector runs again all the same."""
+    _deferred_model("CutShort", "int")
+    collector.pause_for_start_up()
+    try:
+        settling = asyncio.create_task(collector.settle_after_ready(modules=(TEST_MODELS,)))
+        await asyncio.sleep(0)  # it has begun building
+        settling.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await settling
+        assert gc.isenabled()
+    finally:
+        gc.enable()
