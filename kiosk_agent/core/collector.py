@@ -16,10 +16,10 @@ sales allocate afterwards is collected as before.
 Collecting while they are made is wasted work too: each young-generation pass walks the
 start-up objects made since the last one, all of which live for the whole run. ``kiosk-agent
 run`` therefore pauses the collector (:func:`pause_for_start_up`) until the freeze, which
-collects once and resumes it: 25-30 ms less of one core before READY=1 on a desktop machine
-(0.145-0.155 -> 0.118-0.119 s above the library floor's CPU, medians of 5 starts), at the cost
-of some 0.7 MB more idle RSS (start-up's cyclic garbage is freed at the freeze, not reused
-while start-up still allocates).
+collects once and resumes it: 20-30 ms less of one core before READY=1 on a desktop machine
+(bench/agent.py: 0.145-0.148 -> 0.122-0.128 s above the library floor's CPU), at the cost of
+about 0.5 MB more idle RSS (start-up's cyclic garbage is freed at the freeze, not reused while
+start-up still allocates).
 """
 
 from __future__ import annotations
