@@ -450,16 +450,28 @@ class GpioKiosk:
             max_cents=self.max_cents,
             metadata={"button": str(button.line)},
         )
+        released = False
         try:
             sale = await start_sale(self.sales, request, drop)
             if sale is None:
                 return
             drop.sale_id = sale.sale_id
+            # Dispensed (or not) and the terminal free: the next press may start its sale while
+            # this one captures or gives the money back, as the runner allows.
+            await sale.terminal_released()
+            released = True
+            self._free(drop)
             final = await sale.result()
             self.outcomes[final.state.value] += 1
         finally:
+            if not released:
+                self._free(drop)
+
+    def _free(self, drop: _Drop) -> None:
+        """The buttons take a press again (the sale of ``drop`` has let go of the machine)."""
+        if self._drop is drop:
             self._drop = None
-            self._busy = False
+        self._busy = False
 
 
 async def async_setup_platform(agent: Any, config: dict[str, Any]) -> GpioPlatform:

@@ -164,6 +164,35 @@ async def test_presses_during_a_sale_are_ignored(kiosk: Any) -> None:
     assert chip.pulses(23) == 0
 
 
+async def test_a_press_while_the_last_sale_only_captures_starts_the_next(
+    kiosk: Any, sim: Any
+) -> None:
+    """The espresso is out and its capture is slow at the service: the terminal is free, so a
+    press on another button sells at once instead of being ignored until the capture ends."""
+    await sim_call(sim, "POST", "/sim/faults",
+                   {"path": "/api/v1/capture", "fault": "delay", "delay_s": 0.5})
+    agent, chip, platform = kiosk
+    chip.falls_onto[23] = 27  # the latte's sensor sees it fall
+    async with agent.events.subscribe() as steps:
+        chip.press(17)
+        while (await asyncio.wait_for(steps.get(), 10)).state is not SaleState.CAPTURING:
+            pass
+        chip.press(18)
+        finals: dict[str, SaleEvent] = {}
+        while len(finals) < 2:
+            event = await asyncio.wait_for(steps.get(), 10)
+            if event.state.final:
+                finals[event.product or ""] = event
+    assert platform.status()["ignored_presses"] == 0
+    assert finals["espresso"].captured_cents == 250
+    assert finals["latte"].captured_cents == 320
+    assert chip.pulses(22) == 1
+    assert chip.pulses(23) == 1
+    espresso, latte = (next(r for r in agent.journal.query() if r.product == p)
+                       for p in ("espresso", "latte"))
+    assert latte.created_at < espresso.updated_at  # sold while the espresso still captured
+
+
 async def test_drop_sensor_confirms_or_the_money_goes_back(kiosk: Any) -> None:
     agent, chip, _ = kiosk
     chip.falls_onto[23] = 27
