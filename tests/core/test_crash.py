@@ -116,11 +116,8 @@ class Driver:
         return outcome
 
 
-@pytest.mark.slow(seconds=55)
-async def test_sigkill_at_every_step_loses_no_sale_and_keeps_no_unearned_money(
-    sim_factory: Any, tmp_path: Path
-) -> None:
-    sim = await sim_factory(time_scale=TIME_SCALE, seed=2, transactions=0)
+def driver_on(sim: Any, tmp_path: Path) -> Driver:
+    """A crash driver for agents on ``sim``, with its keys in their environment."""
     info = sim.ready_info()
     env = {
         **os.environ,
@@ -129,7 +126,15 @@ async def test_sigkill_at_every_step_loses_no_sale_and_keeps_no_unearned_money(
     }
     markers = tmp_path / "vended.txt"
     markers.touch()
-    driver = Driver(write_config(tmp_path, sim), markers, env)
+    return Driver(write_config(tmp_path, sim), markers, env)
+
+
+@pytest.mark.slow(seconds=55)
+async def test_sigkill_at_every_step_loses_no_sale_and_keeps_no_unearned_money(
+    sim_factory: Any, tmp_path: Path
+) -> None:
+    sim = await sim_factory(time_scale=TIME_SCALE, seed=2, transactions=0)
+    driver = driver_on(sim, tmp_path)
 
     for flow, cents, dispense in CASES:
         kill_at = 1
@@ -165,7 +170,7 @@ async def test_sigkill_at_every_step_loses_no_sale_and_keeps_no_unearned_money(
     assert driver.kills >= 30
     # no sale lost, none left open, none that needed a person
     assert driver.started_sales <= set(sales)
-    await assert_no_unearned_money(sim, sales, markers)
+    await assert_no_unearned_money(sim, sales, driver.markers)
 
 
 def journaled_sales(directory: Path) -> dict[str, Any]:
@@ -232,15 +237,7 @@ async def test_sigkill_with_a_capturing_sale_and_a_newer_one_on_its_terminal_end
     # next start must capture the first (the goods are out) and end the second as its own
     # step says: nothing moved, an authorization given back, or its capture made.
     sim = await sim_factory(time_scale=TIME_SCALE, seed=3, transactions=0)
-    info = sim.ready_info()
-    env = {
-        **os.environ,
-        "KIOSK_API_KEY": info["api_key"],
-        "KIOSK_CLIENT_SECRET": info["client_secret"],
-    }
-    markers = tmp_path / "vended.txt"
-    markers.touch()
-    driver = Driver(write_config(tmp_path, sim), markers, env)
+    driver = driver_on(sim, tmp_path)
     held_capture = {"path": "/api/v1/capture", "fault": "black_hole", "count": 1}
     pairs = []
     for kill_at, steps, second_ends in OVERLAP_KILLS:
@@ -259,4 +256,4 @@ async def test_sigkill_with_a_capturing_sale_and_a_newer_one_on_its_terminal_end
     for first_id, second_id, second_ends in pairs:
         assert sales[first_id].state is SaleState.COMPLETED, sales[first_id].message
         assert sales[second_id].state is second_ends, sales[second_id].message
-    await assert_no_unearned_money(sim, sales, markers)
+    await assert_no_unearned_money(sim, sales, driver.markers)
