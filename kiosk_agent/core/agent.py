@@ -190,6 +190,7 @@ class Agent:
             running=lambda: {r.sale_id for r in self.sales.running},
             after=self.recovery.wait,
             audit_interval=config["sales"]["charge_check_interval"],
+            history_interval=config["sales"]["charge_history_interval"],
             restart_after=config["sales"]["unwritten_restart_after"],
         )
         self.settling = Settling()  # the models built after READY=1 (core/collector.py)

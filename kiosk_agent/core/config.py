@@ -271,6 +271,11 @@ SALES_SCHEMA = vol.Schema(
         vol.Optional("charge_check_interval", default=900.0): vol.All(
             positive_float, vol.Range(min=1, max=86400)
         ),
+        # how often a charge check reads the settled charges too: each terminal's whole
+        # history in reporting (seconds); also at every start and after every journal fault
+        vol.Optional("charge_history_interval", default=21600.0): vol.All(
+            positive_float, vol.Range(min=60, max=7 * 86400)
+        ),
         # more charges than this, unaccounted in one check, are put to a person, not given back
         vol.Optional("charge_check_max_give_back", default=5): vol.All(
             int, vol.Range(min=0, max=10000)

@@ -131,6 +131,7 @@ class JournalGuard:
         running: Callable[[], set[str]],
         after: Callable[[], Awaitable[object]] | None = None,
         audit_interval: float = 900.0,
+        history_interval: float = 21600.0,
         audit_retry: float = 5.0,
         restart_after: float = 120.0,
     ) -> None:
@@ -143,6 +144,10 @@ class JournalGuard:
         self._running = running
         self._after = after  # the first check waits for it (recovery)
         self.audit_interval = audit_interval
+        # how often a check reads the settled charges too (each terminal's whole history):
+        # at every start, after every journal fault, and at least this often
+        self.history_interval = history_interval
+        self._history_next = 0.0  # monotonic; 0: the next check reads them
         self.audit_retry = audit_retry
         self.restart_after = restart_after
         self.notice: JournalNotice | None = None
@@ -192,6 +197,7 @@ class JournalGuard:
                 _LOGGER.warning("journal takes writes again")
                 self.unwritten.wake()
                 self._audit_due.set()  # what was lost meanwhile is looked for in reporting
+                self._history_next = 0.0  # settled since, too
                 self._wakeup.set()
                 self._evaluate()
             return
@@ -235,8 +241,9 @@ class JournalGuard:
 
     async def _check_charges(self) -> bool:
         """One comparison; True when it must be tried again soon (it could not be made)."""
+        settled = time.monotonic() >= self._history_next
         try:
-            result = await self.audit.check(self._running())
+            result = await self.audit.check(self._running(), settled=settled)
         except JournalError as err:  # the journal broke while the check wrote: once it is back
             self._audit_due.set()
             self._wakeup.set()
@@ -246,6 +253,8 @@ class JournalGuard:
             _LOGGER.exception("charge check failed")
             result = AuditResult(at=time.time(), error=f"{type(err).__name__}: {err}")
         pending = self.health.journal.charges_pending
+        if result.ok and settled:
+            self._history_next = time.monotonic() + self.history_interval
         if result.ok:
             detail = ""
             if result.unaccounted:

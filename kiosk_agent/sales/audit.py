@@ -26,7 +26,7 @@ from __future__ import annotations
 import logging
 import re
 import time
-from collections.abc import Collection
+from collections.abc import AsyncIterator, Collection
 from dataclasses import dataclass, field
 
 from kiosk_agent.sales.journal import SaleRecord
@@ -41,7 +41,8 @@ _LOGGER = logging.getLogger(__name__)
 
 # The order ids this agent makes (flows.new_ids), with a retried attempt's suffix.
 ORDER_ID = re.compile(r"^(KA[0-9A-F]{18})(?:-(\d+))?$")
-_HOLDING = (TransStatus.AUTHORIZED, TransStatus.CAPTURED, TransStatus.SETTLED)
+_UNSETTLED = (TransStatus.AUTHORIZED, TransStatus.CAPTURED)
+_HOLDING = (*_UNSETTLED, TransStatus.SETTLED)
 # Ended sales that say no money moved: a charge held under one is unaccounted.
 _NO_MONEY = frozenset({SaleState.FAILED, SaleState.DECLINED, SaleState.CANCELLED})
 AUDIT_SOURCE = "audit"
@@ -93,11 +94,15 @@ class ChargeAudit:
         # ended sales (no money moved, says the journal) whose charge reporting still holds
         self.held_under_ended: set[str] = set()
 
-    async def check(self, running: Collection[str] = ()) -> AuditResult:
-        """One comparison; ``running``: sale ids in flight now (their charges are accounted)."""
+    async def check(self, running: Collection[str] = (), settled: bool = True) -> AuditResult:
+        """One comparison; ``running``: sale ids in flight now (their charges are accounted).
+
+        ``settled`` False asks only for the charges not yet settled (authorized, captured): a
+        few rows a terminal, where the settled are every charge it ever made (reporting cannot
+        be asked for a date range), thousands a year on a busy machine."""
         result = AuditResult(at=time.time())
         try:
-            held = await self._held_charges()
+            held = await self._held_charges(settled)
         except ServiceError as err:
             result.error = f"reporting could not be asked: {err}"
             _LOGGER.warning("charge check: %s", result.error)
@@ -117,15 +122,11 @@ class ChargeAudit:
         self.last = result
         return result
 
-    async def _held_charges(self) -> list[Transaction]:
+    async def _held_charges(self, settled: bool) -> list[Transaction]:
         since = time.time() - self.lookback
         rows: dict[str, Transaction] = {}
         for device in self.settings.terminals:
-            # One query a terminal: ``q`` is equalities only, so the statuses that hold money
-            # are picked here (a query for each status made three round trips a terminal, on
-            # every start before the triggers and every check after).
-            query = TransactionFilter(mid=self.settings.mid, terminal_id=device)
-            async for row in self.context.service.reporting.transactions(query):
+            async for row in self._terminal_rows(device, settled):
                 if row.status not in _HOLDING or not ORDER_ID.match(row.order_id or ""):
                     continue
                 at = row.trans_date.timestamp() if row.trans_date is not None else None
@@ -133,6 +134,23 @@ class ChargeAudit:
                     continue
                 rows[row.trans_id] = row
         return list(rows.values())
+
+    async def _terminal_rows(self, device: str, settled: bool) -> AsyncIterator[Transaction]:
+        """The terminal's rows that may hold money. With the settled: one query, the statuses
+        picked by the caller (``q`` is equalities only; a query for each status was three round
+        trips, and the answer is the terminal's whole history either way). Without: one query
+        for each status not yet settled, each answer small."""
+        mid, reporting = self.settings.mid, self.context.service.reporting
+        if settled:
+            async for row in reporting.transactions(
+                TransactionFilter(mid=mid, terminal_id=device)
+            ):
+                yield row
+            return
+        for status in _UNSETTLED:
+            query = TransactionFilter(mid=mid, terminal_id=device, trans_status_id=status)
+            async for row in reporting.transactions(query):
+                yield row
 
     def _unaccounted(self, row: Transaction, running: Collection[str]) -> SaleRecord | None:
         """The sale to settle it under (a new one), or None: accounted for, or not ours to

@@ -5,10 +5,13 @@ from __future__ import annotations
 from typing import Any
 
 from kiosk_agent.sales.audit import HELD_SUFFIX
+from kiosk_agent.sales.journal import JournalError
 from kiosk_agent.sales.states import SaleState, Step
 from kiosk_agent.service.models import ChargeRequest, TransactionFilter, TransStatus
 from kiosk_agent.service.settings import CallKind
 
+from ..core.agent_helpers import TIME_SCALE
+from ..helpers import sim_call, until
 from .test_recovery import leave_open
 
 
@@ -69,3 +72,64 @@ async def test_a_check_asks_reporting_once_a_terminal(agent_factory: Any) -> Non
     assert result.ok, result.error
     assert len(audit.settings.terminals) > 1
     assert kinds.count(CallKind.REPORT) == len(audit.settings.terminals)
+
+
+async def _charge(agent: Any, order_id: str, cents: int, capture: bool) -> str:
+    """A charge on SIM-0001 under ``order_id`` that no sale of the agent's journal holds."""
+    handle = await agent.service.terminal.read_card("SIM-0001", cents)
+    card = (await handle.wait(timeout=5)).read_card_result
+    assert card is not None
+    charged = await agent.service.payments.charge(ChargeRequest(
+        mid=agent.service.settings.mid, amount=cents, account_token=card.token,
+        expiration=card.expiration, capture=capture, order_id=order_id, terminal_id="SIM-0001",
+    ))
+    assert charged.approved
+    return str(charged.trans_id)
+
+
+async def test_the_checks_between_whole_reads_ask_for_the_unsettled_charges_only(
+    agent_factory: Any, sim_factory: Any
+) -> None:
+    """Settled charges are every charge a terminal ever made (reporting takes no date range):
+    the checks between whole reads ask for the authorized and the captured, a query each, and
+    do not see a settled one; the next whole read does."""
+    sim = await sim_factory(time_scale=TIME_SCALE, transactions=0)
+    agent = await agent_factory(sim=sim)
+    audit = agent.journal_guard.audit
+    settled = await _charge(agent, "KA" + "0123456789ABCDEF11", 300, capture=True)
+    await sim_call(sim, "POST", "/sim/settle")
+    held = await _charge(agent, "KA" + "0123456789ABCDEF12", 200, capture=False)
+    kinds: list[CallKind] = []
+    forget = agent.service.transport.observe(lambda kind, _started, _outcome: kinds.append(kind))
+    try:
+        between = await audit.check(settled=False)
+    finally:
+        forget()
+    assert kinds.count(CallKind.REPORT) == 2 * len(audit.settings.terminals)
+    assert between.unaccounted == [held]
+    whole = await audit.check()
+    assert whole.unaccounted == [settled]  # the held one was given back by the first check
+
+
+async def test_a_whole_read_comes_after_a_journal_fault_and_each_interval_not_between(
+    agent_factory: Any,
+) -> None:
+    agent = await agent_factory()
+    guard = agent.journal_guard
+    checks: list[bool] = []
+    check = guard.audit.check
+
+    async def recorded(running: Any = (), settled: bool = True) -> Any:
+        checks.append(settled)
+        return await check(running, settled=settled)
+
+    guard.audit.check = recorded  # type: ignore[method-assign]
+    guard.audit_interval = 0.02  # the periodic checks, one after another
+    guard.history_interval = 0.15  # and a whole read again after this long
+    guard.written(JournalError("disk gone"))
+    guard.written(None)  # it takes writes again: what was lost meanwhile may have settled
+    await until(lambda: checks.count(True) >= 2)
+    first, second = (n for n, whole in enumerate(checks) if whole)
+    assert first == 0  # the fault's check read the settled too
+    assert second > 1  # the periodic ones between asked for the unsettled only
+    assert not any(checks[first + 1:second])
