@@ -213,6 +213,10 @@ async def main(argv: list[str]) -> int:
         journal.arm(os.environ["CRASH_RECOVERY_KILL"])
     await agent.start()
     recovered = await agent.recovery.wait()
+    # Settled: the WAL's growth after READY=1 ends with a checkpoint, which would otherwise
+    # copy the sale's first steps into the database when they race it (a deleted WAL then
+    # loses nothing, and the damaged-journal tests would find nothing to give back).
+    await agent.settled.wait()
     journal.selling = journal.armed = False
     say("RECOVERED " + json.dumps({e.sale_id: e.state.value for e in recovered}))
     if len(argv) > 2 and argv[2] == "overlap":

@@ -78,11 +78,16 @@ async def test_a_charge_the_damaged_journal_lost_is_given_back_before_any_custom
     try:
         await asyncio.wait_for(agent.journal_guard.first_check(), 20)
         notice = agent.health.snapshot().journal.notice
-        assert str(journal_path) in notice
+        assert damage == "wal_deleted" or str(journal_path) in notice
         if damage == "page_overwritten":
             assert "damaged" in notice
             [kept] = tmp_path.glob("journal.db.damaged-*Z")
             assert str(kept) in notice  # kept for a person, and said where
+        elif damage == "wal_deleted":
+            # The agent had settled: the WAL's growth after READY=1 checkpointed the database,
+            # so it reads as whole minus the steps since. Nothing in the file can tell; the
+            # charge check before any customer is what finds the charge those steps held.
+            assert notice == ""
         else:
             assert "in-use" in notice  # the marker said a journal was in use here
         # the charge is found in reporting and given back: the ledger agrees with the journal
