@@ -20,7 +20,6 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from kiosk_agent.cli.contract import (
-    EXIT_AUTH,
     EXIT_INTERRUPTED,
     EXIT_OK,
     EXIT_UNREACHABLE,
@@ -160,6 +159,8 @@ async def _read(
 ) -> None:
     import aiohttp  # here, not at import: `kiosk-agent --help` stays quick
 
+    from kiosk_agent.cli.fleet import check_admin_answer
+
     # --timeout bounds the connection and the first answer; the stream then runs for ever
     # (the agent writes a keepalive every 10 s, so a dead link is noticed by the socket)
     timeout = aiohttp.ClientTimeout(total=None, connect=within, sock_connect=within)
@@ -167,12 +168,11 @@ async def _read(
     try:
         async with aiohttp.ClientSession(timeout=timeout) as session:
             async with asyncio.timeout(within):
-                response = await session.get(f"{url.rstrip('/')}/api/events", headers=headers)
+                response = await session.get(
+                    f"{url.rstrip('/')}/api/events", headers=headers, allow_redirects=False
+                )
             async with response:
-                if response.status == 401:
-                    raise CliError("the admin API refused the token", EXIT_AUTH)
-                if response.status != 200:
-                    raise CliError(f"the admin API answered HTTP {response.status}")
+                check_admin_answer(url, response.status, response.headers.get("Location"))
                 async for kind, data in server_sent_events(response.content):
                     show(kind, data)
     except (aiohttp.ClientError, TimeoutError) as err:

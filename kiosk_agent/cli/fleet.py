@@ -395,12 +395,11 @@ async def health_command(args: argparse.Namespace) -> int:
         async with (
             STATUS.waiting(f"the agent at {url}", within),
             aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=within)) as session,
-            session.get(f"{url.rstrip('/')}/api/health", headers=headers) as response,
+            session.get(
+                f"{url.rstrip('/')}/api/health", headers=headers, allow_redirects=False
+            ) as response,
         ):
-            if response.status == 401:
-                raise CliError("the admin API refused the token", EXIT_AUTH)
-            if response.status != 200:
-                raise CliError(f"admin API answered HTTP {response.status}")
+            check_admin_answer(url, response.status, response.headers.get("Location"))
             snapshot = await response.json()
     except (aiohttp.ClientError, TimeoutError) as err:
         raise CliError(
@@ -409,6 +408,24 @@ async def health_command(args: argparse.Namespace) -> int:
         ) from None
     print(json.dumps(snapshot, indent=2) if wants_json(args) else format_health(snapshot))
     return EXIT_OK if snapshot.get("status") == "ok" else EXIT_FAILED
+
+
+def check_admin_answer(url: str, status: int, location: str | None) -> None:
+    """The CliError an admin API answer other than 200 stands for. A redirect is not followed:
+    the request carries the admin token, and the agent's own API never redirects."""
+    if status == 401:
+        raise CliError("the admin API refused the token", EXIT_AUTH)
+    if 300 <= status < 400:
+        from kiosk_agent.redact import redact
+
+        where = redact(location.split("?", 1)[0]) if location else "nowhere said"
+        raise CliError(
+            f"{url} answered HTTP {status}, a redirect to {where}: not followed (the token "
+            "goes to the agent's own address only)",
+            EXIT_UNREACHABLE, ["give the agent's admin address itself with --url"],
+        )
+    if status != 200:
+        raise CliError(f"the admin API answered HTTP {status}")
 
 
 def add_admin_address(parser: argparse.ArgumentParser) -> None:

@@ -378,3 +378,44 @@ async def test_service_commands_work_with_the_demo_config(
     assert code == 0
     assert json.loads(out)["online"] is True
 
+
+
+@pytest.mark.parametrize("command", [["health"], ["health", "--watch"], ["events"]])
+async def test_health_and_events_do_not_follow_a_redirect_with_the_token(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, command: list[str],
+) -> None:
+    """An address that answers 307 to another server: the admin token goes nowhere else."""
+    from aiohttp import web
+
+    elsewhere: list[str] = []
+
+    async def record(request: web.Request) -> web.Response:
+        elsewhere.append(request.headers.get("Authorization", ""))
+        return web.json_response({})
+
+    async def redirect(request: web.Request) -> web.Response:
+        raise web.HTTPTemporaryRedirect(f"{other}{request.path}?token=leaked")
+
+    servers = []
+    for handler in (record, redirect):
+        app = web.Application()
+        app.router.add_route("*", "/{tail:.*}", handler)
+        runner = web.AppRunner(app)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        servers.append(runner)
+        port = runner.addresses[0][1]
+        if handler is record:
+            other = f"http://127.0.0.1:{port}"
+    try:
+        monkeypatch.setenv("KIOSK_AGENT_TOKEN", "t" * 24)
+        code, _out, err = await run(capsys, [*command, "--url", f"http://127.0.0.1:{port}"])
+    finally:
+        for runner in servers:
+            await runner.cleanup()
+    assert code == cli.EXIT_UNREACHABLE
+    assert "HTTP 307, a redirect to" in err
+    assert f"{other}/api/" in err
+    assert "leaked" not in err  # the address's query is not echoed
+    assert elsewhere == []
