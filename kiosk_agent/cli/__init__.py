@@ -148,9 +148,26 @@ def command_word(argv: Sequence[str]) -> str | None:
     return None
 
 
+# A stop signal that comes while `run` is still importing and reading its configuration (before
+# its handlers are on the loop) is kept here, not left to the default action (Ctrl-C a
+# traceback, SIGQUIT a core dump): the run then ends before starting anything, with that
+# signal's exit code (docs/operations.md, "Signals"). The signals are contract.STOP_SIGNALS's.
+EARLY_STOPS: list[int] = []
+
+
+def _keep_early_stops() -> None:
+    import signal
+
+    for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT):
+        if signal.getsignal(signum) is not signal.SIG_IGN:  # nohup's SIGHUP stays ignored
+            signal.signal(signum, lambda received, _frame: EARLY_STOPS.append(received))
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args_list = list(sys.argv[1:] if argv is None else argv)
     command = command_word(args_list)
+    if command == "run" and argv is None:  # the process's own arguments: its signals are ours
+        _keep_early_stops()
     if command is None and "--version" in args_list:
         print(f"kiosk-agent {__version__}")  # what argparse's version action prints, sooner
         return 0

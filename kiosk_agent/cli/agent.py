@@ -282,6 +282,9 @@ async def _run(args: argparse.Namespace) -> int:
         "stopping: new sales refused, a running sale finished or parked "
         f"(within sales.stop_timeout, {config['sales']['stop_timeout']:g} s)"
     ).install()
+    if signals.received is not None:  # it came while the run was still reading its config
+        signals.remove()
+        return signals.exit_code
     try:
         async with agent_for(config) as (agent, _service):
             await agent.start()

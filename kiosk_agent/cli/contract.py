@@ -322,6 +322,11 @@ class StopSignals:
             signum: signal.signal(signum, self._on_ignored_signal(loop))
             for signum in IGNORED_SIGNALS
         }
+        from kiosk_agent.cli import EARLY_STOPS
+
+        for early in EARLY_STOPS:  # came before this (`run` keeps them from its first line)
+            self._on_signal(early)
+        EARLY_STOPS.clear()
         return self
 
     def _on_ignored_signal(self, loop: asyncio.AbstractEventLoop) -> Callable[[int, Any], None]:

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
 import csv
 import gc
 import io
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -16,9 +18,10 @@ from typing import Any
 
 import pytest
 
+from kiosk_agent import cli
 from kiosk_agent.cli import main
 from kiosk_agent.cli.agent import parse_since
-from kiosk_agent.cli.contract import EXIT_USAGE
+from kiosk_agent.cli.contract import EXIT_USAGE, STOP_SIGNALS, StopSignals
 from kiosk_agent.sales.journal import Journal, SaleRecord
 from kiosk_agent.sales.states import SaleState, Step
 from tests.helpers import walk_to
@@ -454,3 +457,40 @@ def test_a_run_that_ends_before_settling_leaves_the_collector_running(tmp_path: 
     assert gc.isenabled()
     assert main(["run", "--config", str(tmp_path / "missing.yaml")]) == EXIT_USAGE
     assert gc.isenabled()
+
+
+def test_a_stop_signal_while_run_still_imports_is_kept_not_left_to_its_default() -> None:
+    """Ctrl-C while `run` imports would be a traceback, SIGQUIT a core dump: from its first
+    line `run` keeps each stop signal for its handlers, which take it once they are in place."""
+    previous = {signum: signal.getsignal(signum) for signum in STOP_SIGNALS}
+    try:
+        cli._keep_early_stops()
+        os.kill(os.getpid(), signal.SIGQUIT)
+        assert cli.EARLY_STOPS == [signal.SIGQUIT]
+
+        async def handlers_in_place() -> StopSignals:
+            taken = StopSignals("stopping").install()
+            taken.remove()
+            return taken
+
+        taken = asyncio.run(handlers_in_place())
+        assert taken.received is signal.SIGQUIT
+        assert taken.exit_code == STOP_SIGNALS[signal.SIGQUIT]
+        assert cli.EARLY_STOPS == []
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+        cli.EARLY_STOPS.clear()
+
+
+def test_a_run_stopped_before_its_handlers_starts_nothing(tmp_path: Path) -> None:
+    journal = tmp_path / "journal.db"
+    config = tmp_path / "config.yaml"
+    config.write_text(f"service: {{simulator: {{}}}}\nterminals: [{{device_id: SIM-0001}}]\n"
+                      f"journal: {{path: {journal}}}\n")
+    cli.EARLY_STOPS.append(signal.SIGINT)  # as a Ctrl-C during the imports leaves it
+    try:
+        assert main(["run", "--config", str(config)]) == STOP_SIGNALS[signal.SIGINT]
+    finally:
+        cli.EARLY_STOPS.clear()
+    assert not journal.exists()  # no journal opened, no simulator, no agent
