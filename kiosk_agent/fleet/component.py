@@ -220,10 +220,20 @@ class Upstream:
         }
 
 
+# Figures that move without news: a time left ("API key expires in 3600 s" counts down) and
+# the counts of one caught bug repeating. Ids (SIM-0001) and counts of sales stay: a second
+# sale into attention, or another terminal out of service, is news.
+_TICKING = re.compile(r"\d+(\.\d+)? ?m?s\b")
+_REPEATING = "unexpected errors"
+
+
 def _must_tell(snapshot: HealthSnapshot) -> tuple[str, tuple[str, ...]]:
-    """What a person must act on: the status and the problems, their figures left out (an
-    API key's "expires in 3600 s" ticking down is not news)."""
-    problems = tuple(sorted(re.sub(r"\d+(\.\d+)?", "#", p) for p in snapshot.problems))
+    """What a person must act on: the status and the problems, their ticking figures left
+    out."""
+    problems = tuple(sorted(
+        re.sub(r"\d+", "#", p) if p.startswith(_REPEATING) else _TICKING.sub("#", p)
+        for p in snapshot.problems
+    ))
     return str(snapshot.status), problems
 
 

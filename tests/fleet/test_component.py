@@ -175,6 +175,62 @@ async def test_a_sale_needing_attention_is_reported_at_once() -> None:
         await upstream.stop()
 
 
+async def test_a_second_sale_needing_attention_is_reported_at_once_too() -> None:
+    """Before: the change check masked every digit of the problems, so "1 sale(s) need
+    attention" and "2 sale(s) need attention" looked alike: the second sale waited for the
+    next beat (60 s by default) on Home Assistant's "Sales needing attention" and in
+    `fleet list`."""
+    agent = settled_agent()
+    upstream = Upstream(agent, {"interval": 3600}, change_gap=0.05)
+    await upstream.start()
+    try:
+        await until(lambda: upstream.heartbeats == 1)
+        agent.health.record_sale(_sale("s-4", SaleState.ATTENTION))
+        await until(lambda: upstream.heartbeats == 2)
+        agent.health.record_sale(_sale("s-5", SaleState.ATTENTION))
+        await until(lambda: upstream.heartbeats == 3)  # not an hour later
+        assert upstream.heartbeat()["sales"]["attention"] == 2
+    finally:
+        await upstream.stop()
+
+
+async def test_one_terminal_back_and_another_out_is_reported_at_once() -> None:
+    """Terminal ids hold digits: SIM-0001 back in service while SIM-0002 goes out looked like
+    no change, so HA's Alert events for both waited for the next beat."""
+    agent = settled_agent()
+    agent.health.report_terminal("SIM-0002", online=True, connected=True, pinged=True)
+    agent.availability = Availability(agent.health, ["SIM-0001", "SIM-0002"], hold_off=0)
+    upstream = Upstream(agent, {"interval": 3600}, change_gap=0.05)
+    await upstream.start()
+    try:
+        await until(lambda: upstream.heartbeats == 1)
+        agent.health.report_terminal("SIM-0001", online=False)
+        agent.availability.evaluate()
+        await until(lambda: upstream.heartbeats == 2)
+        agent.health.report_terminal("SIM-0001", online=True, connected=True, pinged=True)
+        agent.health.report_terminal("SIM-0002", online=False)
+        agent.availability.evaluate()
+        await until(lambda: upstream.heartbeats == 3)  # not an hour later
+        assert upstream.heartbeat()["out_of_service"] == ["SIM-0002"]
+    finally:
+        await upstream.stop()
+
+
+async def test_an_api_keys_expiry_counting_down_waits_for_the_beat() -> None:
+    agent = settled_agent()
+    agent.health.report_key_expiry(time.time() + 3600)
+    upstream = Upstream(agent, {"interval": 3600}, change_gap=0.05)
+    await upstream.start()
+    try:
+        await until(lambda: upstream.heartbeats == 1)
+        assert any("API key expires in" in p for p in upstream.heartbeat()["problems"])
+        agent.health.report_key_expiry(time.time() + 3000)  # the same key, nearer its end
+        await asyncio.sleep(0.2)
+        assert upstream.heartbeats == 2  # the one above; nothing sent at once
+    finally:
+        await upstream.stop()
+
+
 def _sale(sale_id: str, state: SaleState) -> SaleEvent:
     return SaleEvent(sale_id=sale_id, order_id=f"o-{sale_id}", source="mdb:front", state=state,
                      amount_cents=250, terminal="SIM-0001", message="capture.failed")
