@@ -365,9 +365,9 @@ async def _clear(
     The configs go first and the state ``settle`` seconds later: cleared while HA was still
     removing the entities, the empty state reached their templates (HA 2024.3 logged
     ``'value_json' is undefined`` for each)."""
-    from kiosk_agent.fleet.mqtt import mqtt_client
+    from kiosk_agent.fleet.mqtt import mqtt_client, passing_client_id
 
-    async with mqtt_client(conf, f"kiosk-agent-fleet-{os.getpid()}",
+    async with mqtt_client(conf, passing_client_id("fleet"),
                            timeout=max(within, 5.0)) as client:
         for topic in configs:
             await client.publish(topic, b"", qos=1, retain=True)

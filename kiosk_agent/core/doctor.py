@@ -405,12 +405,12 @@ async def check_upstream(report: Report, config: Config, within: float) -> None:
 async def check_mqtt(report: Report, conf: dict[str, Any], within: float) -> None:
     import aiomqtt
 
-    from kiosk_agent.fleet.mqtt import mqtt_client
+    from kiosk_agent.fleet.mqtt import mqtt_client, passing_client_id
 
     where = f"{conf['host']}:{conf['port']}"
     try:
         # Its own client id: reusing the agent's would disconnect the running agent.
-        client = mqtt_client(conf, f"kiosk-agent-doctor-{os.getpid()}", timeout=within)
+        client = mqtt_client(conf, passing_client_id("doctor"), timeout=within)
         async with asyncio.timeout(within), client:
             pass
     except (aiomqtt.MqttError, OSError, TimeoutError) as err:

@@ -15,13 +15,12 @@ from __future__ import annotations
 import asyncio
 import json
 import math
-import os
 import time
 from dataclasses import dataclass
 from typing import Any
 
 from kiosk_agent.fleet.entities import STATUS_OPTIONS
-from kiosk_agent.fleet.mqtt import mqtt_client
+from kiosk_agent.fleet.mqtt import mqtt_client, passing_client_id
 from kiosk_agent.fleet.topics import DEVICE_ID, OFFLINE, ONLINE
 from kiosk_agent.text import control_character
 
@@ -38,8 +37,8 @@ async def retained(
 ) -> dict[str, str]:
     """Every retained, non-empty message on ``patterns``: topic -> payload (text)."""
     found: dict[str, str] = {}
-    # its own client id: reusing a unit's would disconnect it
-    async with mqtt_client(conf, f"kiosk-agent-fleet-{os.getpid()}", timeout=max(wait, 5.0)) as c:
+    # its own client id: reusing a unit's (or another listing's) would disconnect it
+    async with mqtt_client(conf, passing_client_id("fleet"), timeout=max(wait, 5.0)) as c:
         # one SUBSCRIBE for all: a second one's SUBACK would queue behind every retained
         # message of the first (80 MB of foreign payloads outlasted the 5 s client timeout)
         await c.subscribe([(pattern, 1) for pattern in patterns])

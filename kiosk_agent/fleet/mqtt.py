@@ -18,6 +18,7 @@ import contextlib
 import json
 import logging
 import random
+import secrets
 import ssl
 import time
 from collections import deque
@@ -294,6 +295,15 @@ def mqtt_tls_context(conf: dict[str, Any]) -> ssl.SSLContext | None:
         return ssl.create_default_context(cafile=ca_file)
     except OSError as err:  # gone or not a certificate since the config was checked
         raise OSError(f"tls ca_file {ca_file}: {err.strerror or err}") from None
+
+
+def passing_client_id(role: str) -> str:
+    """A client id for a command's short visit to the broker (``fleet list``, ``doctor``).
+
+    Random: the broker allows one connection per id, and a pid is no name (every container
+    runs its command as pid 1). The ``.`` keeps it apart from every unit's id
+    (``kiosk-agent-<device_id>``: a device id holds no ``.``)."""
+    return f"kiosk-agent.{role}-{secrets.token_hex(6)}"
 
 
 def mqtt_client(

@@ -1,14 +1,19 @@
 """The fleet as the broker holds it: units read from retained topics alone."""
 
+import asyncio
 import json
 import time
 
+import aiomqtt
 import pytest
 
-from kiosk_agent.fleet.inventory import MAX_PAYLOAD_BYTES, Unit, _payload_text, units
+from kiosk_agent.fleet.inventory import MAX_PAYLOAD_BYTES, Unit, _payload_text, retained, units
 from kiosk_agent.fleet.report import build_report
 
+from ..mqtt_broker import mosquitto
 from .helpers import settled_agent
+
+__all__ = ["mosquitto"]  # the broker fixture, imported for the tests below
 
 
 def _state(device_id: str, **changes: object) -> str:
@@ -90,3 +95,25 @@ def test_an_oversized_payload_is_not_kept_and_a_foreign_availability_is_named() 
         ["its availability is '\\x1b[31mmaybe', not online or offline"],
     ]
     assert [u.availability for u in fleet] == ["", ""]
+
+
+@pytest.mark.mqtt
+async def test_two_listings_at_once_from_one_pid_do_not_take_each_others_connection(
+    mosquitto: int,
+) -> None:
+    """Before: a listing's client id was kiosk-agent-fleet-<pid>. Every container that runs the
+    command (`docker run ... fleet list`, a cron job in a pod) is pid 1 there, so two admins or
+    two cron jobs at the same moment took the connection from each other: one failed with
+    "cannot reach the MQTT broker". Two collections in one process show the same."""
+    conf = {"host": "127.0.0.1", "port": mosquitto}
+    async with aiomqtt.Client("127.0.0.1", mosquitto) as unit:
+        await unit.publish("pid-one/u1/state", _state("u1"), qos=1, retain=True)
+    try:
+        first, second = await asyncio.gather(
+            retained(conf, ["pid-one/+/state"], wait=2.0, quiet=0.5),
+            retained(conf, ["pid-one/+/state"], wait=2.0, quiet=0.5),
+        )
+        assert list(first) == list(second) == ["pid-one/u1/state"]
+    finally:
+        async with aiomqtt.Client("127.0.0.1", mosquitto) as unit:
+            await unit.publish("pid-one/u1/state", b"", qos=1, retain=True)
