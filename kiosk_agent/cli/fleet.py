@@ -337,7 +337,7 @@ async def forget_command(args: argparse.Namespace) -> int:
         configs = sorted(t for t in set(found) | set(unit_topics(mqtt, device_id))
                          if t.endswith("/config"))
         rest = sorted((set(found) | set(unit_topics(mqtt, device_id))) - set(configs))
-        await _clear(mqtt, configs, rest, args.settle, args.wait)
+        await _clear(mqtt, device_id, configs, rest, args.settle, args.wait)
     except (OSError, TimeoutError, _mqtt_error()) as err:
         raise _unreachable(mqtt, err) from None
     cleared = configs + rest
@@ -358,13 +358,16 @@ def _mqtt_error() -> type[Exception]:
 
 
 async def _clear(
-    conf: dict[str, Any], configs: list[str], rest: list[str], settle: float, within: float
+    conf: dict[str, Any], device_id: str, configs: list[str], rest: list[str], settle: float,
+    within: float,
 ) -> None:
     """An empty retained message deletes a retained topic (and HA's entity with its config).
 
     The configs go first and the state ``settle`` seconds later: cleared while HA was still
     removing the entities, the empty state reached their templates (HA 2024.3 logged
-    ``'value_json' is undefined`` for each)."""
+    ``'value_json' is undefined`` for each). Each step is read back: a broker's ACL refuses a
+    publish in silence (MQTT 3.1.1 acknowledges it all the same), and the state is not
+    cleared under entities HA still has."""
     from kiosk_agent.fleet.mqtt import mqtt_client, passing_client_id
 
     async with mqtt_client(conf, passing_client_id("fleet"),
@@ -372,8 +375,29 @@ async def _clear(
         for topic in configs:
             await client.publish(topic, b"", qos=1, retain=True)
         await asyncio.sleep(settle)
+        await _check_cleared(conf, device_id, configs, "discovery configs", within,
+                             "; its state and availability are left for the entities HA keeps")
         for topic in rest:
             await client.publish(topic, b"", qos=1, retain=True)
+    await _check_cleared(conf, device_id, rest, "topics", within, "")
+
+
+async def _check_cleared(
+    conf: dict[str, Any], device_id: str, topics: list[str], what: str, within: float,
+    left: str,
+) -> None:
+    from kiosk_agent.fleet.inventory import retained
+
+    kept = sorted(await retained(conf, topics, wait=within)) if topics else []
+    if kept:
+        user = conf.get("username") or "anonymous"
+        raise CliError(
+            f"the broker kept {len(kept)} of {device_id}'s {what} after they were cleared "
+            f"({kept[0]}{', ...' if len(kept) > 1 else ''}){left}",
+            EXIT_FAILED,
+            [f"may the MQTT user {user} write there? A broker's ACL refuses a publish "
+             "without a word; or a client publishes them again (is the unit still running?)"],
+        )
 
 
 # -- health ------------------------------------------------------------------------------------

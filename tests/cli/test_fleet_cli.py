@@ -4,6 +4,7 @@ import asyncio
 import json
 import re
 import socket
+import subprocess
 import time
 import uuid
 from pathlib import Path
@@ -21,7 +22,7 @@ from kiosk_agent.core.health import Health
 from kiosk_agent.fleet.component import Upstream
 
 from ..helpers import free_port, until
-from ..mqtt_broker import Observer, mosquitto
+from ..mqtt_broker import Observer, mosquitto, start_broker, stop_broker
 
 __all__ = ["mosquitto"]  # the broker fixture, imported for the tests below
 
@@ -388,6 +389,60 @@ async def test_fleet_forget_refuses_a_unit_that_is_not_there_and_wildcards(
     for wildcard in ("+", "#", "a/+", "unit 1"):
         assert await run_cli(*argv, "--device-id", wildcard) == 2
         assert f"--device-id {wildcard!r} is not a device id" in capsys.readouterr().err
+
+
+@pytest.mark.mqtt
+async def test_fleet_forget_fails_when_the_broker_keeps_what_it_was_asked_to_clear(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A broker's ACL may refuse this user's writes, and MQTT 3.1.1 refuses a publish in
+    silence (PUBACK all the same). Before: `fleet forget` said "forgot acl-unit: cleared 17
+    retained topic(s)... Home Assistant removes its entities now" and exited 0 while the broker
+    kept every one; with the discovery prefix refused alone it cleared the state under
+    entities HA still had."""
+    subprocess.run(["mosquitto_passwd", "-b", "-c", str(tmp_path / "users"), "unit", "unit-pw"],
+                   check=True, capture_output=True)
+    subprocess.run(["mosquitto_passwd", "-b", str(tmp_path / "users"), "admin", "admin-pw"],
+                   check=True, capture_output=True)
+    (tmp_path / "acl").write_text(
+        "user unit\ntopic readwrite kiosk-agent/#\ntopic readwrite homeassistant/#\n"
+        "user admin\ntopic readwrite kiosk-agent/#\ntopic read homeassistant/#\n"
+    )
+    proc, port = start_broker(
+        tmp_path, f"password_file {tmp_path / 'users'}\nacl_file {tmp_path / 'acl'}\n"
+    )
+    try:
+        health = Health("1.0")
+        health.report_service(True)
+        mqtt = {"host": "127.0.0.1", "port": port, "reconnect_interval": 0.1,
+                "username": "unit", "password": "unit-pw"}
+        unit = Upstream(SimpleNamespace(health=health),
+                        {"device_id": "acl-unit", "interval": 3600, "mqtt": mqtt})
+        await unit.start()
+        await until(lambda: unit.sinks[0].sent >= 1)
+        await unit.stop()
+        monkeypatch.setenv("FLEET_ADMIN_PASSWORD", "admin-pw")
+        config = write_config(
+            tmp_path, "service: {simulator: {}}\nterminals: [{device_id: SIM-0001}]\n"
+            f"upstream:\n  mqtt: {{host: 127.0.0.1, port: {port}, username: admin, "
+            "password: !env_var FLEET_ADMIN_PASSWORD}\n")
+        argv = ("fleet", "forget", "--config", str(config), "--device-id", "acl-unit",
+                "--wait", "0.5", "--settle", "0.1")
+        assert await run_cli(*argv) == 1
+        err = capsys.readouterr().err
+        assert ("the broker kept 14 of acl-unit's discovery configs after they were cleared"
+                in err)
+        assert "its state and availability are left for the entities HA keeps" in err
+        assert "may the MQTT user admin write there" in err
+        # the state is left: Home Assistant still has the entities that read it
+        async with aiomqtt.Client("127.0.0.1", port, username="unit", password="unit-pw") as c:
+            await c.subscribe("kiosk-agent/acl-unit/state")
+            async with asyncio.timeout(2):
+                message = await anext(aiter(c.messages))
+        assert message.retain
+        assert message.payload
+    finally:
+        stop_broker(proc)
 
 
 @pytest.mark.mqtt
