@@ -13,6 +13,8 @@ control character (a terminal escape) or is larger than any real report makes it
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import datetime as dt
 import json
 import math
 import time
@@ -95,7 +97,9 @@ class Unit:
         """(count, cents) of the unit's day, None when its last report is of an earlier day."""
         sales = (self.report or {}).get("sales") or {}
         started = sales.get("day_started_at")
-        if not isinstance(started, int | float) or now - started >= 86400 + 3600:
+        if not isinstance(started, int | float) or now >= _next_midnight(
+            started, sales.get("day_started")
+        ):
             return None
         return int(sales.get("today_count", 0)), int(sales.get("today_amount_cents", 0))
 
@@ -113,6 +117,18 @@ class Unit:
             "sales_today_cents": sales[1] if sales else None,
             "version": report.get("version"),
         }
+
+
+def _next_midnight(started: float, started_iso: object) -> float:
+    """When the unit's day that began at ``started`` ends: its next local midnight, by the
+    offset its report names (``day_started``); a report without one, by this machine's."""
+    zone = None
+    if isinstance(started_iso, str):
+        with contextlib.suppress(ValueError):
+            zone = dt.datetime.fromisoformat(started_iso).tzinfo
+    began = dt.datetime.fromtimestamp(started, zone)  # naive local time when zone is None
+    return dt.datetime.combine(began.date() + dt.timedelta(days=1), dt.time(),
+                               began.tzinfo).timestamp()
 
 
 def units(topic_prefix: str, found: dict[str, str]) -> list[Unit]:

@@ -1,6 +1,7 @@
 """The fleet as the broker holds it: units read from retained topics alone."""
 
 import asyncio
+import datetime as dt
 import json
 import time
 
@@ -49,6 +50,25 @@ def test_a_unit_whose_reports_stopped_is_stale_and_yesterdays_sales_are_not_toda
     assert unit.sales_today(day_after) is None
     summary = unit.summary(day_after)
     assert (summary["sales_today"], summary["version"], summary["online"]) == (None, "9.9.9", True)
+
+
+def test_sales_of_a_day_that_ended_are_not_today_the_hour_after_midnight() -> None:
+    """Before: a report counted as today's until 25 h after its day began (a DST day is 25 h),
+    so from 00:00 to 01:00 `fleet list` showed a unit gone quiet at 23:59 with yesterday's sales
+    as today's. The day ends at the unit's own next midnight, by the offset its report names
+    (a fleet across time zones: the listing's clock is not the unit's)."""
+    tokyo = dt.timezone(dt.timedelta(hours=9))
+    midnight = dt.datetime(2026, 3, 10, tzinfo=tokyo)
+    report = json.loads(_state("a1"))
+    report["sales"].update(today_count=50, today_amount_cents=12345,
+                           day_started_at=midnight.timestamp(),
+                           day_started=midnight.isoformat())
+    report["at"] = (midnight + dt.timedelta(hours=23, minutes=59)).timestamp()
+    unit = Unit("a1", "offline", report)
+    assert unit.sales_today(report["at"] + 30) == (50, 12345)
+    half_past = (midnight + dt.timedelta(hours=24, minutes=30)).timestamp()
+    assert unit.sales_today(half_past) is None
+    assert unit.summary(half_past)["sales_today"] is None
 
 
 # What any careless or hostile client of the broker can leave on a unit's state topic, and how
