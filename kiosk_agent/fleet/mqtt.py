@@ -209,6 +209,8 @@ class MqttSink(SinkBase):
         async for message in client.messages:
             if self.birth_topic is None or str(message.topic) != self.birth_topic:
                 continue
+            if message.retain:  # handed over for the subscription: old, announced at connect
+                continue
             payload = message.payload
             text = payload.decode(errors="replace") if isinstance(payload, bytes) else payload
             if text == ONLINE:

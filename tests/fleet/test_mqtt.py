@@ -4,6 +4,7 @@ the network (cutting it drops the connection without a goodbye, as a pulled cabl
 import asyncio
 import json
 import random
+import uuid
 from dataclasses import replace
 from pathlib import Path
 
@@ -169,6 +170,35 @@ async def test_a_storm_of_birth_messages_costs_one_announce_and_one_log_line(
         assert len(lines) == 1
     finally:
         await upstream.stop()
+
+
+@pytest.mark.mqtt
+async def test_a_retained_birth_message_is_not_a_restart(mosquitto: int) -> None:
+    """Home Assistant's birth message may be set to retain (an option in its MQTT settings), and
+    any client can retain one. Before: every connect heard that old birth and announced the
+    unit a second time (16 more retained publishes each; after a broker restart, the whole
+    fleet twice). A birth delivered because the unit subscribed is old; a restart is live."""
+    prefix = f"ha-retained-{uuid.uuid4().hex[:8]}"  # this test's birth topic alone
+    async with aiomqtt.Client("127.0.0.1", mosquitto) as home_assistant:
+        await home_assistant.publish(f"{prefix}/status", "online", qos=1, retain=True)
+    conf = {"device_id": "unit-rb", "interval": 3600,
+            "mqtt": {"host": "127.0.0.1", "port": mosquitto, "reconnect_interval": 0.1,
+                     "discovery_prefix": prefix}}
+    upstream = Upstream(settled_agent(), conf, births=QUICK_BIRTHS)
+    await upstream.start()
+    sink = upstream.mqtt
+    assert sink is not None
+    try:
+        await until(lambda: sink.sent == 1)
+        await asyncio.sleep(1.0)  # settle + spread + min_gap of QUICK_BIRTHS, and more
+        assert sink.announcements == 1
+        async with aiomqtt.Client("127.0.0.1", mosquitto) as home_assistant:
+            await home_assistant.publish(f"{prefix}/status", "online", qos=1)  # a restart
+        await until(lambda: sink.announcements == 2)
+    finally:
+        await upstream.stop()
+        async with aiomqtt.Client("127.0.0.1", mosquitto) as home_assistant:
+            await home_assistant.publish(f"{prefix}/status", b"", qos=1, retain=True)
 
 
 def test_births_that_keep_coming_are_answered_ever_more_rarely() -> None:
