@@ -118,6 +118,9 @@ class MqttSink(SinkBase):
         self.events_sent = 0
         self.last_report: dict[str, Any] | None = None
         self._client: aiomqtt.Client | None = None
+        # an announce ends with `online`: a stop's goodbye waits for it, and none starts after
+        self._announcing = asyncio.Lock()
+        self._stopping = False
 
     def publish_event(self, event_type: str, **attributes: Any) -> None:
         """Fire Home Assistant's Alert event entity (not retained: a replay is not an event)."""
@@ -250,6 +253,11 @@ class MqttSink(SinkBase):
         await client.publish(self.state_topic, json.dumps(report), qos=1, retain=True)
 
     async def _announce(self, client: aiomqtt.Client, *, first: bool = False) -> None:
+        async with self._announcing:
+            if not self._stopping:
+                await self._announce_now(client, first=first)
+
+    async def _announce_now(self, client: aiomqtt.Client, *, first: bool) -> None:
         for topic, config in discovery_messages(
             self.device_id,
             self._version,
@@ -279,11 +287,13 @@ class MqttSink(SinkBase):
             self.events_sent += 1
 
     async def stop(self) -> None:
+        self._stopping = True
         client = self._client
-        if client is not None and self.connected:
-            # A clean goodbye: the broker does not send the will on a normal DISCONNECT.
+        if client is not None:  # connected, perhaps still announcing
+            # A clean goodbye: the broker does not send the will on a normal DISCONNECT. It is
+            # the last word: an announce under way (which ends with `online`) finishes first.
             with contextlib.suppress(aiomqtt.MqttError, TimeoutError):
-                async with asyncio.timeout(2):
+                async with asyncio.timeout(2), self._announcing:
                     await client.publish(self.availability_topic, OFFLINE, qos=1, retain=True)
         await super().stop()
 

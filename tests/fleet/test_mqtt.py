@@ -201,6 +201,44 @@ async def test_a_retained_birth_message_is_not_a_restart(mosquitto: int) -> None
             await home_assistant.publish(f"{prefix}/status", b"", qos=1, retain=True)
 
 
+@pytest.mark.mqtt
+async def test_a_stop_during_an_announce_leaves_the_unit_offline(mosquitto: int) -> None:
+    """Before: a stop that came while the unit answered a birth message published its
+    goodbye, and the announce went on and published `online` after it; the clean disconnect
+    sends no last will, so the stopped unit stayed `online` on the broker (HA: available;
+    `fleet forget`: "says it is online")."""
+    proxy = TcpProxy(mosquitto)  # a broker slow to acknowledge: an announce takes a while
+    await proxy.open()
+    prefix = f"ha-stop-{uuid.uuid4().hex[:8]}"
+    conf = {"device_id": "unit-gb", "interval": 3600,
+            "mqtt": {"host": "127.0.0.1", "port": proxy.port, "reconnect_interval": 0.1,
+                     "discovery_prefix": prefix}}
+    upstream = Upstream(settled_agent(), conf, births=QUICK_BIRTHS)
+    configs = Observer(mosquitto)
+    await configs.start(f"{prefix}/+/unit-gb/+/config")
+    await upstream.start()
+    sink = upstream.mqtt
+    assert sink is not None
+    try:
+        await until(lambda: sink.sent == 1)
+        last = f"{prefix}/event/unit-gb/alert/config"  # the last config of an announce
+        await until(lambda: len(configs.on(last)) == 1)
+        proxy.answer_delay = 0.05
+        async with aiomqtt.Client("127.0.0.1", mosquitto) as home_assistant:
+            await home_assistant.publish(f"{prefix}/status", "online", qos=1)
+        # the stop comes as the announce's last config reaches the broker: `online` is next
+        await until(lambda: len(configs.on(last)) == 2)
+    finally:
+        await upstream.stop()
+        await configs.stop()
+    observer = Observer(mosquitto)
+    await observer.start("kiosk-agent/unit-gb/availability")
+    await until(lambda: bool(observer.on("kiosk-agent/unit-gb/availability")))
+    await observer.stop()
+    assert observer.on("kiosk-agent/unit-gb/availability") == ["offline"]
+    await proxy.cut()
+
+
 def test_births_that_keep_coming_are_answered_ever_more_rarely() -> None:
     """The gap between announces doubles while births keep coming (up to max_gap), and one
     that never stops is still answered after `longest`."""
