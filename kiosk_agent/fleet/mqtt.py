@@ -90,6 +90,12 @@ class MqttSink(SinkBase):
         self._prefix = conf.get("discovery_prefix", "homeassistant")
         # Home Assistant's birth message: it (re)started and wants the discovery again
         self.birth_topic = f"{self._prefix}/status" if self._prefix else None
+        # every config under this unit's device id: those it no longer announces (a terminal
+        # replaced) are cleared, so Home Assistant removes their entities
+        self.configs_filter = f"{self._prefix}/+/{device_id}/+/config" if self._prefix else None
+        self._announced: set[str] = set()
+        self._stale_configs: list[str] = []
+        self.configs_cleared = 0
         self._rng = rng or random.Random()
         self._clock = clock
         self._backoff = Backoff(
@@ -181,8 +187,8 @@ class MqttSink(SinkBase):
 
     async def _serve(self, client: aiomqtt.Client) -> None:
         """Flush on every wake-up until the connection is lost (then raise MqttError)."""
-        if self.birth_topic is not None:
-            await client.subscribe(self.birth_topic, qos=1)
+        if self.birth_topic is not None and self.configs_filter is not None:
+            await client.subscribe([(self.birth_topic, 1), (self.configs_filter, 1)])
         lost: asyncio.Future[None] = asyncio.ensure_future(self._listen(client))
         woken: asyncio.Future[Any] | None = None
         try:
@@ -210,15 +216,31 @@ class MqttSink(SinkBase):
 
         The message iterator is aiomqtt's one public way to hear that the link dropped."""
         async for message in client.messages:
-            if self.birth_topic is None or str(message.topic) != self.birth_topic:
-                continue
-            if message.retain:  # handed over for the subscription: old, announced at connect
-                continue
-            payload = message.payload
-            text = payload.decode(errors="replace") if isinstance(payload, bytes) else payload
-            if text == ONLINE:
-                self.heard_birth()
+            if not message.retain:  # a retained one is old (the subscription hands it over)
+                if str(message.topic) == self.birth_topic and message.payload in (b"online",
+                                                                                  ONLINE):
+                    self.heard_birth()
+            elif self._stale(message):
+                self._stale_configs.append(str(message.topic))
+                self.wake()
         raise aiomqtt.MqttError("connection closed")
+
+    def _stale(self, message: aiomqtt.Message) -> bool:
+        """A retained config under this unit's device id that it no longer announces, and
+        that is its own (its unique id): another program may share the node id (a host name)."""
+        topic = str(message.topic)
+        if (not self._announced or self.configs_filter is None or topic in self._announced
+                or not message.topic.matches(self.configs_filter)):
+            return False
+        payload = message.payload
+        try:
+            config = json.loads(payload) if isinstance(payload, bytes | str) else None
+        except ValueError:
+            return False
+        unique_id = config.get("unique_id", config.get("uniq_id")) if isinstance(
+            config, dict) else None
+        return isinstance(unique_id, str) and unique_id.startswith(
+            f"kiosk_agent_{self.device_id}_")
 
     def heard_birth(self) -> None:
         """A birth message: (re)schedule the one re-announce that answers it and its fellows."""
@@ -258,7 +280,7 @@ class MqttSink(SinkBase):
                 await self._announce_now(client, first=first)
 
     async def _announce_now(self, client: aiomqtt.Client, *, first: bool) -> None:
-        for topic, config in discovery_messages(
+        messages = discovery_messages(
             self.device_id,
             self._version,
             self.state_topic,
@@ -266,7 +288,9 @@ class MqttSink(SinkBase):
             self._prefix,
             self._discovery,
             self.event_topic,
-        ):
+        )
+        self._announced = {topic for topic, _ in messages}
+        for topic, config in messages:
             await client.publish(topic, json.dumps(config), qos=1, retain=True)
         if first and self._prefix:  # configs an earlier version announced: HA drops them
             for component, key in RETIRED:
@@ -285,6 +309,13 @@ class MqttSink(SinkBase):
             await client.publish(self.event_topic, json.dumps(self.events[0]), qos=1)
             self.events.popleft()
             self.events_sent += 1
+        while self._stale_configs:
+            topic = self._stale_configs[0]
+            await client.publish(topic, b"", qos=1, retain=True)
+            self._stale_configs.pop(0)
+            self.configs_cleared += 1
+            _LOGGER.info("upstream mqtt: cleared %s, no longer announced (Home Assistant "
+                         "removes its entity)", topic)
 
     async def stop(self) -> None:
         self._stopping = True

@@ -7,6 +7,7 @@ import random
 import uuid
 from dataclasses import replace
 from pathlib import Path
+from types import SimpleNamespace
 
 import aiomqtt
 import pytest
@@ -237,6 +238,47 @@ async def test_a_stop_during_an_announce_leaves_the_unit_offline(mosquitto: int)
     await observer.stop()
     assert observer.on("kiosk-agent/unit-gb/availability") == ["offline"]
     await proxy.cut()
+
+
+@pytest.mark.mqtt
+async def test_a_replaced_terminals_entities_are_removed_from_home_assistant(
+    mosquitto: int,
+) -> None:
+    """A field tech replaces the reader: SIM-0001 out of the configuration, SIM-0002 in.
+    Before: the old terminal's retained configs stayed on the broker for ever, and Home
+    Assistant kept its two entities, their template failing on every report (the report has no
+    SIM-0001 any more). A unit clears the configs under its device id that it no longer
+    announces."""
+    prefix = f"ha-swap-{uuid.uuid4().hex[:8]}"
+    conf = {"device_id": "unit-sw", "interval": 3600,
+            "mqtt": {"host": "127.0.0.1", "port": mosquitto, "reconnect_interval": 0.1,
+                     "discovery_prefix": prefix}}
+    # another program on the host names its device like the host, as the unit's default id
+    neighbour = f"{prefix}/sensor/unit-sw/cpu_load/config"
+    async with aiomqtt.Client("127.0.0.1", mosquitto) as other:
+        await other.publish(neighbour, json.dumps({"unique_id": "unit-sw-cpu", "name": "CPU",
+                                                   "state_topic": "unit-sw/cpu"}),
+                            qos=1, retain=True)
+    for terminals in ({"SIM-0001": "front"}, {"SIM-0002": "front"}):
+        agent = settled_agent()
+        agent.settings = SimpleNamespace(currency="USD", terminals=terminals)
+        upstream = Upstream(agent, conf)
+        await upstream.start()
+        try:
+            await until(lambda u=upstream: u.mqtt is not None and u.mqtt.sent == 1)
+            await asyncio.sleep(0.3)  # the broker hands the unit what it keeps there
+        finally:
+            await upstream.stop()
+    observer = Observer(mosquitto)
+    await observer.start(f"{prefix}/+/unit-sw/+/config")
+    await asyncio.sleep(0.3)  # retained messages come right after the subscription
+    await observer.stop()
+    kept = {topic.split("/")[3] for topic, payload, retain in observer.messages if payload}
+    assert {"terminal_sim_0002", "card_payments_sim_0002", "status", "cpu_load"} <= kept
+    assert not kept & {"terminal_sim_0001", "card_payments_sim_0001"}
+    async with aiomqtt.Client("127.0.0.1", mosquitto) as cleaner:
+        for topic, _, _ in observer.messages:
+            await cleaner.publish(topic, b"", qos=1, retain=True)
 
 
 def test_births_that_keep_coming_are_answered_ever_more_rarely() -> None:
