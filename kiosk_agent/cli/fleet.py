@@ -15,6 +15,7 @@ import argparse
 import asyncio
 import json
 import os
+import sys
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -254,6 +255,12 @@ async def list_command(args: argparse.Namespace) -> int:
     else:
         STATUS.clear()
         print(format_fleet(rows, now))
+    if not rows:  # a wrong prefix or broker, or an ACL that hides the units, look alike
+        prefix = mqtt.get("topic_prefix", "kiosk-agent")
+        print(f"no unit under {prefix}/ on the broker {mqtt['host']}:{mqtt['port']}: check "
+              f"upstream.mqtt.topic_prefix; may the MQTT user {mqtt.get('username') or 'anonymous'}"
+              f" read {prefix}/+/state? (a broker's ACL hides what a user may not read)",
+              file=sys.stderr)
     # like `health`: 0 only when all is well, so `fleet list || alert` works from cron; no unit
     # at all is not well either (a wrong broker or topic_prefix would look like a quiet fleet)
     return EXIT_OK if rows and all(row["status"] == "ok" for row in rows) else EXIT_FAILED

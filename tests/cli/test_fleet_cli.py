@@ -487,6 +487,24 @@ async def test_fleet_list_and_show_read_the_retained_topics(
 
 
 @pytest.mark.mqtt
+async def test_fleet_list_of_no_unit_says_where_it_looked_and_what_hides_units(
+    tmp_path: Path, mosquitto: int, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Before: an empty listing was the header and "0 units, 0 not ok", the same for a wrong
+    topic_prefix and for a broker whose ACL does not let this user read the units' topics (the
+    broker takes the subscription and hands nothing)."""
+    prefix = f"empty-{uuid.uuid4().hex[:8]}"
+    config = write_config(tmp_path, "service: {simulator: {}}\nterminals: [{device_id: S1}]\n"
+                          f"upstream:\n  mqtt: {{host: 127.0.0.1, port: {mosquitto}, "
+                          f"topic_prefix: {prefix}}}\n")
+    assert await run_cli("fleet", "list", "--config", str(config), "--wait", "1") == 1
+    captured = capsys.readouterr()
+    assert captured.out.splitlines()[-1] == "0 units, 0 not ok"
+    assert f"no unit under {prefix}/ on the broker 127.0.0.1:{mosquitto}" in captured.err
+    assert "may the MQTT user anonymous read" in captured.err
+
+
+@pytest.mark.mqtt
 async def test_fleet_list_names_what_other_clients_left_on_unit_topics_and_lists_the_rest(
     tmp_path: Path, mosquitto: int, capsys: pytest.CaptureFixture[str]
 ) -> None:
