@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from kiosk_agent.fleet.entities import DiscoveryOptions, Entity, slug, unit_entities
+from kiosk_agent.fleet.entities import DiscoveryOptions, Entity, latin_slug, slug, unit_entities
 from kiosk_agent.fleet.topics import OFFLINE, ONLINE, discovery_topic
 
 PUBLISHER = "kiosk-agent"  # the origin's name: who published the configs
@@ -86,8 +86,7 @@ def _config(
     config: dict[str, Any] = {
         "name": entity.name,
         "unique_id": f"kiosk_agent_{device_id}_{entity.key}",
-        # the id 2024.3 derives from the names; 2025.10+ takes it as given
-        "default_entity_id": f"{entity.component}.{slug(f'{device_name} {entity.name}')}",
+        "default_entity_id": f"{entity.component}.{_object_id(entity, device_id, device_name)}",
         **common,
         **entity.config,  # an entity may name its own state topic (the event entity does)
     }
@@ -96,3 +95,11 @@ def _config(
     if entity.expires and options.expire_after:
         config["expire_after"] = options.expire_after
     return config
+
+
+def _object_id(entity: Entity, device_id: str, device_name: str) -> str:
+    """The entity id 2024.3 derives from the names (2025.10+ takes it as given). A name in
+    another script (Cyrillic, Japanese) has no spelling here that HA would make: the device id
+    (or the entity's key) stands in for it, so no two units share ``sensor.status``."""
+    device = latin_slug(device_name) or slug(device_id)
+    return f"{device}_{latin_slug(entity.name) or entity.key}"
