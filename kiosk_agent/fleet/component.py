@@ -95,6 +95,8 @@ class Upstream:
                 rng=self._rng,
             )
             self.sinks.append(self.mqtt)
+        for sink in self.sinks:
+            self._health.count_errors_of(f"upstream {sink.name}", lambda s=sink: s.unexpected)
         self._loop = BackgroundTask(self._run, "upstream-heartbeat")
         self.heartbeats = 0
         self.prompt_heartbeats = 0  # sent at once for a change, not on the schedule

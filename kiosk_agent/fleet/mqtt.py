@@ -168,6 +168,8 @@ class MqttSink(SinkBase):
             except (aiomqtt.MqttError, OSError) as err:
                 self._failed(f"broker {self._conf['host']}:{self._conf.get('port', 1883)}: "
                              f"{err}{self._short_lived(connected_at)}")
+            except Exception as err:  # noqa: BLE001 - a bug must not end the unit's reports
+                self._unexpected(err)
             finally:
                 self.connected = False
                 self._client = None

@@ -14,6 +14,7 @@ import pytest
 
 from kiosk_agent.bus import EventBus
 from kiosk_agent.core.availability import Availability
+from kiosk_agent.fleet.backoff import Backoff
 from kiosk_agent.fleet.component import Upstream
 from kiosk_agent.fleet.mqtt import STABLE_AFTER, BirthPolicy, MqttSink
 from kiosk_agent.sales.model import SaleEvent
@@ -279,6 +280,33 @@ async def test_a_replaced_terminals_entities_are_removed_from_home_assistant(
     async with aiomqtt.Client("127.0.0.1", mosquitto) as cleaner:
         for topic, _, _ in observer.messages:
             await cleaner.publish(topic, b"", qos=1, retain=True)
+
+
+@pytest.mark.mqtt
+async def test_an_unexpected_error_is_counted_in_health_and_the_unit_tries_again(
+    mosquitto: int, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Before: the MQTT loop expected only MqttError and OSError; anything else (here paho's
+    ValueError for a topic the schema would refuse, built past it) ended the task: the unit
+    published nothing more, said nothing and its health stayed ok."""
+    agent = settled_agent()
+    upstream = Upstream(agent, {"interval": 3600, "mqtt": {"host": "127.0.0.1",
+                                                           "port": mosquitto}})
+    sink = upstream.mqtt
+    assert sink is not None
+    sink.state_topic = "kiosk-agent/+/state"  # a bug: a wildcard to publish the report to
+    sink._backoff = Backoff(0.05, 0.1)
+    await upstream.start()
+    try:
+        await until(lambda: sink.unexpected >= 2)  # tried again after the first
+        snapshot = agent.health.snapshot()
+        assert snapshot.status == "degraded"
+        assert "unexpected errors, logged with their tracebacks: upstream mqtt" in (
+            snapshot.problems[-1])
+        logged = [r for r in caplog.records if "upstream mqtt: unexpected" in r.getMessage()]
+        assert logged[0].exc_info is not None
+    finally:
+        await upstream.stop()
 
 
 def test_births_that_keep_coming_are_answered_ever_more_rarely() -> None:
