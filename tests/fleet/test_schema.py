@@ -126,7 +126,7 @@ def test_a_device_id_is_one_plain_topic_level(device_id: str) -> None:
 
 @pytest.mark.parametrize("key", ["topic_prefix", "discovery_prefix"])
 @pytest.mark.parametrize(
-    "prefix", ["a/+", "#", "kiosk/#/x", "a/", "/a", "a//b", "$SYS/x", "a\x00b"]
+    "prefix", ["a/+", "#", "kiosk/#/x", "a/", "/a", "a//b", "$SYS/x", "a\x00b", "a\ud800"]
 )
 def test_a_topic_prefix_is_plain_topic_levels(key: str, prefix: str) -> None:
     """Before: check-config took `topic_prefix: "a/+"`; the unit then met a publish with a
