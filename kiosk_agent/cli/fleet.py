@@ -40,6 +40,7 @@ from kiosk_agent.cli.contract import (
     print_json,
     timeout_of,
     wants_json,
+    zero_or_more_seconds,
 )
 from kiosk_agent.money import format_cents
 
@@ -119,7 +120,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help="seconds at most to collect its retained topics",
     )
     forget.add_argument(
-        "--settle", type=float, default=2.0,
+        "--settle", type=zero_or_more_seconds, default=2.0,
         help="seconds between clearing its discovery configs and its state (Home Assistant "
         "removes the entities meanwhile)",
     )

@@ -374,6 +374,20 @@ async def test_fleet_forget_names_what_is_missing(
     assert "cannot reach the MQTT broker 127.0.0.1:" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("settle", ["inf", "nan", "-5", "soon"])
+def test_fleet_forget_takes_a_settle_of_finite_seconds_only(
+    settle: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Before: `--settle inf` cleared the configs and then waited for ever, the unit's state
+    and availability never cleared; `-5` and `nan` were taken as no wait."""
+    with pytest.raises(SystemExit) as usage:
+        build_parser("fleet").parse_args(["fleet", "forget", "--settle", settle])
+    assert usage.value.code == 2
+    assert "--settle" in capsys.readouterr().err
+    args = build_parser("fleet").parse_args(["fleet", "forget", "--settle", "0"])
+    assert args.settle == 0.0
+
+
 @pytest.mark.mqtt
 async def test_fleet_forget_refuses_a_unit_that_is_not_there_and_wildcards(
     tmp_path: Path, mosquitto: int, capsys: pytest.CaptureFixture[str]
