@@ -417,7 +417,34 @@ async def check_mqtt(report: Report, conf: dict[str, Any], within: float) -> Non
         fix = "check host, port, user and password; with tls: check the CA and the clock"
         report.add("upstream mqtt", Verdict.FAIL, f"{where}: {describe(err)}", fix)
         return
-    report.add("upstream mqtt", Verdict.PASS, f"{where} accepted the connection")
+    try:
+        await _send_as_a_unit(conf, min(within, 3.0))
+    except (aiomqtt.MqttError, OSError, TimeoutError) as err:
+        report.add(
+            "upstream mqtt", Verdict.FAIL,
+            f"{where} accepted a plain connection but not QoS 1 and retained messages, which a "
+            f"unit sends (its last will, its reports): {describe(err)}",
+            "let the broker take QoS 1 and retained messages (Mosquitto: max_qos, "
+            "retain_available)",
+        )
+        return
+    report.add("upstream mqtt", Verdict.PASS, f"{where} accepted the connection, QoS 1 and "
+               "retained messages")
+
+
+async def _send_as_a_unit(conf: dict[str, Any], within: float) -> None:
+    """Connect with a QoS 1 retained last will and publish a QoS 1 retained message, as a unit
+    does; a broker that takes neither closes the connection. Both are empty on a topic of
+    their own: an empty retained message leaves nothing on the broker."""
+    import aiomqtt
+
+    from kiosk_agent.fleet.mqtt import mqtt_client, passing_client_id
+
+    topic = f"{conf.get('topic_prefix', 'kiosk-agent')}/doctor"
+    will = aiomqtt.Will(topic, b"", qos=1, retain=True)
+    client = mqtt_client(conf, passing_client_id("doctor"), timeout=within, will=will)
+    async with asyncio.timeout(within), client:
+        await client.publish(topic, b"", qos=1, retain=True)
 
 
 def describe(err: BaseException) -> str:
