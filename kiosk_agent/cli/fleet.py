@@ -319,6 +319,7 @@ async def show_command(args: argparse.Namespace) -> int:
 
 async def forget_command(args: argparse.Namespace) -> int:
     from kiosk_agent.fleet.component import host_device_id
+    from kiosk_agent.fleet.discovery import own_config
     from kiosk_agent.fleet.inventory import retained
     from kiosk_agent.fleet.topics import ONLINE, unit_base_topic, unit_topics
 
@@ -330,7 +331,9 @@ async def forget_command(args: argparse.Namespace) -> int:
     discovery = mqtt.get("discovery_prefix", "homeassistant")
     patterns = [f"{base}/#"] + ([f"{discovery}/+/{device_id}/+/config"] if discovery else [])
     try:
-        found = await retained(mqtt, patterns, wait=args.wait)
+        kept = await retained(mqtt, patterns, wait=args.wait)
+        found = {topic: payload for topic, payload in kept.items()
+                 if not topic.endswith("/config") or own_config(device_id, payload)}
         if not found:
             raise CliError(
                 f"no unit {device_id} on the broker {mqtt['host']}:{mqtt['port']}: none of its "
@@ -342,9 +345,10 @@ async def forget_command(args: argparse.Namespace) -> int:
                 f"{device_id} says it is online: stop its agent first (it would announce "
                 "itself again at its next start), or pass --force"
             )
-        configs = sorted(t for t in set(found) | set(unit_topics(mqtt, device_id))
-                         if t.endswith("/config"))
-        rest = sorted((set(found) | set(unit_topics(mqtt, device_id))) - set(configs))
+        # another program's config under this node id is left alone
+        ours = (set(found) | set(unit_topics(mqtt, device_id))) - (set(kept) - set(found))
+        configs = sorted(t for t in ours if t.endswith("/config"))
+        rest = sorted(ours - set(configs))
         await _clear(mqtt, device_id, configs, rest, args.settle, args.wait)
     except (OSError, TimeoutError, _mqtt_error()) as err:
         raise _unreachable(mqtt, err) from None

@@ -30,7 +30,7 @@ import aiomqtt
 
 from kiosk_agent.core.logging import RefusalLog
 from kiosk_agent.fleet.backoff import Backoff
-from kiosk_agent.fleet.discovery import discovery_messages
+from kiosk_agent.fleet.discovery import discovery_messages, own_config
 from kiosk_agent.fleet.entities import RETIRED, DiscoveryOptions
 from kiosk_agent.fleet.loopback import insecure_mqtt
 from kiosk_agent.fleet.sink import SinkBase
@@ -228,21 +228,14 @@ class MqttSink(SinkBase):
         raise aiomqtt.MqttError("connection closed")
 
     def _stale(self, message: aiomqtt.Message) -> bool:
-        """A retained config under this unit's device id that it no longer announces, and
-        that is its own (its unique id): another program may share the node id (a host name)."""
+        """A retained config of this unit's own that it no longer announces."""
         topic = str(message.topic)
         if (not self._announced or self.configs_filter is None or topic in self._announced
                 or not message.topic.matches(self.configs_filter)):
             return False
         payload = message.payload
-        try:
-            config = json.loads(payload) if isinstance(payload, bytes | str) else None
-        except ValueError:
-            return False
-        unique_id = config.get("unique_id", config.get("uniq_id")) if isinstance(
-            config, dict) else None
-        return isinstance(unique_id, str) and unique_id.startswith(
-            f"kiosk_agent_{self.device_id}_")
+        return isinstance(payload, str | bytes | bytearray) and own_config(self.device_id,
+                                                                           payload)
 
     def heard_birth(self) -> None:
         """A birth message: (re)schedule the one re-announce that answers it and its fellows."""

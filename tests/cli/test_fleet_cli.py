@@ -363,6 +363,34 @@ async def test_fleet_forget_clears_a_decommissioned_units_retained_topics(
     await neighbour.stop()
 
 
+@pytest.mark.mqtt
+async def test_fleet_forget_leaves_another_programs_configs_under_the_same_node_id(
+    tmp_path: Path, mosquitto: int, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A unit's device id defaults to its host name, and other programs on the host name their
+    Home Assistant device after it too (a system monitor: `homeassistant/sensor/<host>/...`).
+    Before: forget cleared every config under that node id, the other program's with it."""
+    upstream = await _announce(mosquitto, "shared-host")
+    await upstream.stop()
+    foreign = "homeassistant/sensor/shared-host/cpu_load/config"
+    async with aiomqtt.Client("127.0.0.1", mosquitto) as monitor:
+        await monitor.publish(foreign, json.dumps({"unique_id": "shared-host-cpu",
+                                                   "state_topic": "monitor/cpu"}),
+                              qos=1, retain=True)
+    config = _fleet_config(tmp_path, mosquitto, "shared-host")
+    try:
+        assert await run_cli("fleet", "forget", "--config", str(config), "--wait", "0.3",
+                             "--settle", "0", "--json") == 0
+        answer = json.loads(capsys.readouterr().out)
+        assert foreign not in answer["cleared"]
+        left = await _retained(mosquitto, "kiosk-agent/shared-host/#",
+                               "homeassistant/+/shared-host/+/config")
+        assert list(left) == [foreign]
+    finally:
+        async with aiomqtt.Client("127.0.0.1", mosquitto) as monitor:
+            await monitor.publish(foreign, b"", qos=1, retain=True)
+
+
 async def test_fleet_forget_names_what_is_missing(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
