@@ -259,5 +259,8 @@ def discovery_options(agent: Any, conf: dict[str, Any]) -> DiscoveryOptions:
 
 
 def host_device_id() -> str:
-    """The default ``upstream.device_id``: the host name, in the characters topics allow."""
-    return "".join(c if c.isalnum() or c in "-_" else "_" for c in socket.gethostname())
+    """The default ``upstream.device_id``: the host name in the characters a device id allows
+    (``topics.DEVICE_ID``: ASCII letters, digits, - and _), each other one ``_``."""
+    name = "".join(c if c.isascii() and (c.isalnum() or c in "-_") else "_"
+                   for c in socket.gethostname())
+    return name or "kiosk"

@@ -15,7 +15,7 @@ from kiosk_agent.cli.sim import settings_from_ready
 from kiosk_agent.core.agent import Agent
 from kiosk_agent.core.availability import Availability
 from kiosk_agent.core.config import load_config
-from kiosk_agent.fleet.component import Upstream, configuration_url
+from kiosk_agent.fleet.component import Upstream, configuration_url, host_device_id
 from kiosk_agent.sales.model import SaleEvent
 from kiosk_agent.sales.states import SaleState
 
@@ -258,3 +258,17 @@ async def test_a_real_agent_after_a_crash_reports_once_recovery_has_decided(
         assert upstream.first_report_waited_s >= 0.5
     finally:
         await agent.stop()
+
+
+@pytest.mark.parametrize(
+    ("hostname", "device_id"),
+    [("kiosk-7.local", "kiosk-7_local"), ("café-2", "caf_-2"), ("kiosk²", "kiosk_"), ("", "kiosk")],
+)
+def test_the_default_device_id_is_one_plain_topic_level(
+    hostname: str, device_id: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Before: a letter or digit outside ASCII in the host name (`isalnum` takes é and ²) went
+    into the device id: its topics were then invisible to `fleet list` and `fleet forget`
+    refused the id; an empty host name gave topics `kiosk-agent//state`."""
+    monkeypatch.setattr(socket, "gethostname", lambda: hostname)
+    assert host_device_id() == device_id
