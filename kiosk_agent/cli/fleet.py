@@ -234,7 +234,10 @@ def _device_id(text: str, flag: str) -> str:
     return text
 
 
-async def _fleet(mqtt: dict[str, Any], wait: float, device_id: str = "+") -> list[Any]:
+async def _fleet(
+    mqtt: dict[str, Any], wait: float, device_id: str = "+"
+) -> tuple[list[Any], bool]:
+    """The units on the broker, and whether the broker had handed all it keeps in time."""
     from kiosk_agent.fleet.inventory import retained, units
 
     prefix = mqtt.get("topic_prefix", "kiosk-agent")
@@ -243,16 +246,19 @@ async def _fleet(mqtt: dict[str, Any], wait: float, device_id: str = "+") -> lis
         found = await retained(mqtt, patterns, wait=wait)
     except (OSError, TimeoutError, _mqtt_error()) as err:
         raise _unreachable(mqtt, err) from None
-    return units(prefix, found)
+    if not found.complete:
+        print(f"the broker had not handed every retained topic within --wait {wait:g} s: units "
+              "may be missing (a larger --wait gives it longer)", file=sys.stderr)
+    return units(prefix, found), found.complete
 
 
 async def list_command(args: argparse.Namespace) -> int:
     _, _, mqtt = _broker(args)
-    fleet = await _fleet(mqtt, args.wait)
+    fleet, complete = await _fleet(mqtt, args.wait)
     now = time.time()
     rows = [unit.summary(now) for unit in fleet]
     if wants_json(args):
-        print_json({"units": rows, "count": len(rows)})
+        print_json({"units": rows, "count": len(rows), "complete": complete})
     else:
         STATUS.clear()
         print(format_fleet(rows, now))
@@ -264,7 +270,9 @@ async def list_command(args: argparse.Namespace) -> int:
               file=sys.stderr)
     # like `health`: 0 only when all is well, so `fleet list || alert` works from cron; no unit
     # at all is not well either (a wrong broker or topic_prefix would look like a quiet fleet)
-    return EXIT_OK if rows and all(row["status"] == "ok" for row in rows) else EXIT_FAILED
+    # nor is a listing that may miss units
+    healthy = rows and complete and all(row["status"] == "ok" for row in rows)
+    return EXIT_OK if healthy else EXIT_FAILED
 
 
 def format_fleet(rows: list[dict[str, Any]], now: float) -> str:
@@ -296,7 +304,7 @@ def _ago(at: float | None, now: float) -> str:
 async def show_command(args: argparse.Namespace) -> int:
     _, _, mqtt = _broker(args)
     device_id = _device_id(args.unit, "UNIT")
-    fleet = await _fleet(mqtt, args.wait, device_id)
+    fleet, _ = await _fleet(mqtt, args.wait, device_id)
     if not fleet:
         raise CliError(f"no unit {device_id} on the broker {mqtt['host']}:{mqtt['port']}",
                        EXIT_FAILED, ["`kiosk-agent fleet list` shows the units there"])

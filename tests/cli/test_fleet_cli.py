@@ -21,6 +21,7 @@ from kiosk_agent.cli.fleet import format_health
 from kiosk_agent.core.health import Health
 from kiosk_agent.fleet.component import Upstream
 
+from ..fleet.helpers import TcpProxy
 from ..helpers import free_port, until
 from ..mqtt_broker import Observer, mosquitto, start_broker, stop_broker
 
@@ -544,6 +545,42 @@ async def test_fleet_list_of_no_unit_says_where_it_looked_and_what_hides_units(
     assert captured.out.splitlines()[-1] == "0 units, 0 not ok"
     assert f"no unit under {prefix}/ on the broker 127.0.0.1:{mosquitto}" in captured.err
     assert "may the MQTT user anonymous read" in captured.err
+
+
+@pytest.mark.mqtt
+async def test_fleet_list_says_when_the_broker_had_not_handed_every_unit_in_time(
+    tmp_path: Path, mosquitto: int, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A slow broker (a proxy delays each chunk it sends) and a short --wait: the listing ends
+    before the broker's end marker. Before, such a listing was cut at the first pause and
+    printed as the whole fleet, exit 0 when the units it held were ok."""
+    prefix = f"slow-{uuid.uuid4().hex[:8]}"
+    async with aiomqtt.Client("127.0.0.1", mosquitto) as units:
+        for i in range(1000):
+            await units.publish(f"{prefix}/u{i}/state", b'{"status": "ok"}' + b" " * 1500,
+                                qos=0, retain=True)
+        await units.publish(f"{prefix}/last/state", b'{"status": "ok"}', qos=1, retain=True)
+    proxy = TcpProxy(mosquitto)
+    await proxy.open()
+    proxy.answer_delay = 0.05
+    config = write_config(tmp_path, "service: {simulator: {}}\nterminals: [{device_id: S1}]\n"
+                          f"upstream:\n  mqtt: {{host: 127.0.0.1, port: {proxy.port}, "
+                          f"topic_prefix: {prefix}}}\n")
+    try:
+        assert await run_cli("fleet", "list", "--config", str(config), "--json",
+                             "--wait", "1") == 1
+        captured = capsys.readouterr()
+        answer = json.loads(captured.out)
+        assert answer["complete"] is False
+        assert answer["count"] < 1001
+        assert "the broker had not handed every retained topic within --wait 1 s" in (
+            captured.err)
+    finally:
+        await proxy.cut()
+        async with aiomqtt.Client("127.0.0.1", mosquitto) as units:
+            for i in range(1000):
+                await units.publish(f"{prefix}/u{i}/state", b"", qos=0, retain=True)
+            await units.publish(f"{prefix}/last/state", b"", qos=1, retain=True)
 
 
 @pytest.mark.mqtt
