@@ -322,6 +322,9 @@ async def show_command(args: argparse.Namespace) -> int:
         print(format_health({**unit.report, "status": summary["status"]}))
     if unit.defect is not None:
         print(f"status:   {summary['status'].upper()}\nproblem:  {unit.defect}")
+    elif unit.report is None:  # its availability alone: say why it is not ok
+        print(f"status:   {summary['status'].upper()}\nproblem:  no report of it on the broker "
+              "(cleared, or the unit has not reported yet)")
     return EXIT_OK if summary["status"] == "ok" else EXIT_FAILED
 
 

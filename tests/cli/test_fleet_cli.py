@@ -548,6 +548,29 @@ async def test_fleet_list_of_no_unit_says_where_it_looked_and_what_hides_units(
 
 
 @pytest.mark.mqtt
+async def test_fleet_show_of_a_unit_without_a_report_says_why_it_is_not_ok(
+    tmp_path: Path, mosquitto: int, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Before: a unit whose availability alone was kept printed its first line and nothing
+    else, exit 1 without a word why."""
+    prefix = f"bare-{uuid.uuid4().hex[:8]}"
+    async with aiomqtt.Client("127.0.0.1", mosquitto) as unit:
+        await unit.publish(f"{prefix}/bare-1/availability", "online", qos=1, retain=True)
+    config = write_config(tmp_path, "service: {simulator: {}}\nterminals: [{device_id: S1}]\n"
+                          f"upstream:\n  mqtt: {{host: 127.0.0.1, port: {mosquitto}, "
+                          f"topic_prefix: {prefix}}}\n")
+    try:
+        assert await run_cli("fleet", "show", "bare-1", "--config", str(config)) == 1
+        assert capsys.readouterr().out.splitlines()[1:] == [
+            "status:   UNKNOWN",
+            "problem:  no report of it on the broker (cleared, or the unit has not reported yet)",
+        ]
+    finally:
+        async with aiomqtt.Client("127.0.0.1", mosquitto) as unit:
+            await unit.publish(f"{prefix}/bare-1/availability", b"", qos=1, retain=True)
+
+
+@pytest.mark.mqtt
 async def test_fleet_list_says_when_the_broker_had_not_handed_every_unit_in_time(
     tmp_path: Path, mosquitto: int, capsys: pytest.CaptureFixture[str]
 ) -> None:
