@@ -34,6 +34,7 @@ from kiosk_agent.fleet.mqtt import BirthPolicy, MqttSink
 from kiosk_agent.fleet.report import build_report, iso
 from kiosk_agent.fleet.schema import UPSTREAM_SCHEMA
 from kiosk_agent.fleet.sink import Sink
+from kiosk_agent.redact import redact
 from kiosk_agent.tasks import BackgroundTask, cancel_and_wait, wait_event
 
 _LOGGER = logging.getLogger(__name__)
@@ -159,7 +160,7 @@ class Upstream:
                 sale_id=event.sale_id,
                 terminal=event.terminal,
                 amount_cents=event.amount_cents,
-                reason=event.message,
+                reason=redact(event.message),  # it leaves the unit: the last safety net
                 at=iso(event.at or time.time()),
             )
 
