@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import random
 import time
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -13,8 +15,10 @@ import pytest
 from kiosk_agent.cli.sim import settings_from_ready
 from kiosk_agent.platforms.mdb import MdbPlatform
 from kiosk_agent.platforms.virtual import VirtualController, VirtualPlatform, VisitOutcome
+from kiosk_agent.sales.clock import FakeClock
 from kiosk_agent.sales.model import SaleEvent
 from kiosk_agent.sales.states import SaleState
+from tests.core.test_slow_service import held_by_the_service, ledger
 
 from ..helpers import sim_call
 from .agent_rig import running_agent
@@ -89,6 +93,66 @@ async def test_the_next_customer_is_served_while_the_last_capture_is_in_flight(
         finals = {e.sale_id: e for e in await collector}
         assert finals[capturing.sale_id].captured_cents == 250
         assert finals[served.sale_id].captured_cents == 150
+
+
+async def test_the_next_customer_is_served_while_a_lost_authorization_is_found_out(
+    tmp_path: Path, sim_factory: Any, controller: VirtualController
+) -> None:
+    # The authorization's answer is lost (the service commits it late): the machine is told not
+    # to vend, and the reader serves the next customer while reporting is asked what became of
+    # the hold. The agent's clock is a FakeClock: it gives up on the call when the test says.
+    clock = FakeClock(wall=time.time())
+    sim = await sim_factory(time_scale=300, transactions=0)
+    await sim_call(sim, "POST", "/sim/faults",
+                   {"path": "/api/v1/charge", "fault": "delay", "delay_s": 0.5})
+    settings = settings_from_ready(sim.ready_info(), timeout=2.0)
+    trigger = {"platform": "mdb", "name": "front", "port": controller.port,
+               "flow": "authorize_capture", "vend_timeout": 5}
+    sales = {"vend_timeout": 5.0, "answer_margin": 3.0}
+    async with running_agent(
+        tmp_path, settings, [trigger], time_scale=300, sales=sales, clock=clock
+    ) as agent, stopped_on_failure(agent, clock):
+        await asyncio.wait_for(controller.wait_enabled(), 5)
+        visit = asyncio.create_task(controller.customer("A2"))
+        await held_by_the_service(sim)
+        await clock.advance(2.0)  # the agent gives up on the authorization
+        assert (await asyncio.wait_for(visit, 5)).outcome is VisitOutcome.DENIED
+        await clock.next_due()  # no row yet: looking again later
+        [lost] = agent.journal.query()
+        assert lost.state is SaleState.UNRESOLVED
+
+        served = await asyncio.wait_for(controller.customer("A1"), 5)
+        assert served.outcome is VisitOutcome.VENDED
+        assert agent.journal.get(lost.sale_id).state is SaleState.UNRESOLVED  # type: ignore[union-attr]
+
+        async with asyncio.timeout(10):
+            while not await ledger(agent, lost.order_id):  # the late authorization
+                await asyncio.sleep(0.01)
+        await clock.run(until_final(agent, lost.sale_id))
+        records = {r.sale_id: r for r in agent.journal.query()}
+        assert records[lost.sale_id].state is SaleState.REVERSED
+        [second] = [r for r in records.values() if r.sale_id != lost.sale_id]
+        assert second.state is SaleState.COMPLETED
+        assert second.captured_cents == 150
+
+
+async def until_final(agent: Any, sale_id: str) -> None:
+    while not agent.journal.get(sale_id).state.final:
+        await asyncio.sleep(0.01)
+
+
+@contextlib.asynccontextmanager
+async def stopped_on_failure(agent: Any, clock: FakeClock) -> AsyncIterator[None]:
+    """A failed test leaves sales waiting on the FakeClock, and the agent's stop gives them a
+    grace on it: move the clock until they are parked, so the failure is reported at once."""
+    try:
+        yield
+    except BaseException:
+        stopping = asyncio.ensure_future(agent.sales.stop())
+        while not stopping.done():
+            await clock.advance(1.0)
+            await asyncio.sleep(0.01)
+        raise
 
 
 async def test_virtual_platform_card_first(tmp_path: Path, sim_settings: Any) -> None:
