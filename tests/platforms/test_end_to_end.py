@@ -20,8 +20,9 @@ from kiosk_agent.sales.model import SaleEvent
 from kiosk_agent.sales.states import SaleState
 from tests.core.test_slow_service import held_by_the_service, ledger
 
-from ..helpers import sim_call
+from ..helpers import sim_call, until
 from .agent_rig import running_agent
+from .test_serial_line import MDB_AS_LINES
 
 
 async def _final_events(agent: Any, count: int, timeout: float = 10.0) -> list[SaleEvent]:
@@ -93,6 +94,43 @@ async def test_the_next_customer_is_served_while_the_last_capture_is_in_flight(
         finals = {e.sale_id: e for e in await collector}
         assert finals[capturing.sale_id].captured_cents == 250
         assert finals[served.sale_id].captured_cents == 150
+
+
+def open_sales_of(agent: Any, source: str) -> dict[str, str]:
+    """What the journal holds of a trigger's sales not ended yet."""
+    return {r.sale_id: r.state.value for r in agent.journal.open_sales() if r.source == source}
+
+
+@pytest.mark.parametrize(
+    ("trigger", "machine_busy"),
+    [
+        ({"platform": "mdb", "name": "front", "flow": "authorize_capture"}, "session"),
+        ({**MDB_AS_LINES, "flow": "authorize_capture"}, "vending"),
+    ],
+    ids=["mdb", "serial_line"],
+)
+async def test_the_status_shows_the_sale_still_capturing_once_the_machine_is_done(
+    tmp_path: Path, sim: Any, sim_settings: Any, controller: VirtualController,
+    trigger: dict[str, Any], machine_busy: str,
+) -> None:  # fmt: skip
+    # The customer has the goods and the machine's session is over ("session: none"); the
+    # sale still captures. What the status shows is what the journal holds: both.
+    await sim_call(sim, "POST", "/sim/faults",
+                   {"path": "/api/v1/capture", "fault": "delay", "delay_s": 0.5})
+    async with running_agent(
+        tmp_path, sim_settings, [{**trigger, "port": controller.port}]
+    ) as agent:
+        [platform] = agent.platforms
+        await asyncio.wait_for(controller.wait_enabled(), 5)
+        ending = asyncio.create_task(_final_events(agent, 1))
+        assert (await controller.customer("A2")).outcome is VisitOutcome.VENDED
+        await until(lambda: not platform.status()[machine_busy])
+        status, held = platform.status(), open_sales_of(agent, platform.name)
+        assert list(held.values()) == ["capturing"]
+        assert status["open_sales"] == held
+        [final] = await ending
+        assert final.state is SaleState.COMPLETED
+        assert platform.status()["open_sales"] == open_sales_of(agent, platform.name) == {}
 
 
 async def test_the_next_customer_is_served_while_a_lost_authorization_is_found_out(

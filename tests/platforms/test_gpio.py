@@ -177,6 +177,12 @@ async def test_a_press_while_the_last_sale_only_captures_starts_the_next(
         chip.press(17)
         while (await asyncio.wait_for(steps.get(), 10)).state is not SaleState.CAPTURING:
             pass
+        # the status shows the sale still capturing, as the journal holds it
+        status = platform.status()
+        held = {r.sale_id: r.state.value for r in agent.journal.open_sales()
+                if r.source == platform.name}  # fmt: skip
+        assert list(held.values()) == ["capturing"]
+        assert status["open_sales"] == held
         chip.press(18)
         finals: dict[str, SaleEvent] = {}
         while len(finals) < 2:
