@@ -101,20 +101,22 @@ def open_sales_of(agent: Any, source: str) -> dict[str, str]:
     return {r.sale_id: r.state.value for r in agent.journal.open_sales() if r.source == source}
 
 
-@pytest.mark.parametrize(
-    ("trigger", "machine_busy"),
-    [
-        ({"platform": "mdb", "name": "front", "flow": "authorize_capture"}, "session"),
-        ({**MDB_AS_LINES, "flow": "authorize_capture"}, "vending"),
-    ],
-    ids=["mdb", "serial_line"],
-)
+# the virtual controller's machine as each serial platform sees it (its port added), and the
+# status field that says the machine is busy with a customer
+MACHINES = {
+    "mdb": ({"platform": "mdb", "name": "front", "flow": "authorize_capture", "vend_timeout": 5},
+            "session"),
+    "serial_line": ({**MDB_AS_LINES, "flow": "authorize_capture", "vend_timeout": 5}, "vending"),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("kind", MACHINES)
 async def test_the_status_shows_the_sale_still_capturing_once_the_machine_is_done(
-    tmp_path: Path, sim: Any, sim_settings: Any, controller: VirtualController,
-    trigger: dict[str, Any], machine_busy: str,
-) -> None:  # fmt: skip
+    tmp_path: Path, sim: Any, sim_settings: Any, controller: VirtualController, kind: str
+) -> None:
     # The customer has the goods and the machine's session is over ("session: none"); the
     # sale still captures. What the status shows is what the journal holds: both.
+    trigger, machine_busy = MACHINES[kind]
     await sim_call(sim, "POST", "/sim/faults",
                    {"path": "/api/v1/capture", "fault": "delay", "delay_s": 0.5})
     async with running_agent(
@@ -133,8 +135,9 @@ async def test_the_status_shows_the_sale_still_capturing_once_the_machine_is_don
         assert platform.status()["open_sales"] == open_sales_of(agent, platform.name) == {}
 
 
+@pytest.mark.parametrize("kind", MACHINES)
 async def test_the_next_customer_is_served_while_a_lost_authorization_is_found_out(
-    tmp_path: Path, sim_factory: Any, controller: VirtualController
+    tmp_path: Path, sim_factory: Any, controller: VirtualController, kind: str
 ) -> None:
     # The authorization's answer is lost (the service commits it late): the machine is told not
     # to vend, and the reader serves the next customer while reporting is asked what became of
@@ -144,8 +147,7 @@ async def test_the_next_customer_is_served_while_a_lost_authorization_is_found_o
     await sim_call(sim, "POST", "/sim/faults",
                    {"path": "/api/v1/charge", "fault": "delay", "delay_s": 0.5})
     settings = settings_from_ready(sim.ready_info(), timeout=2.0)
-    trigger = {"platform": "mdb", "name": "front", "port": controller.port,
-               "flow": "authorize_capture", "vend_timeout": 5}
+    trigger = {**MACHINES[kind][0], "port": controller.port}
     sales = {"vend_timeout": 5.0, "answer_margin": 3.0}
     async with running_agent(
         tmp_path, settings, [trigger], time_scale=300, sales=sales, clock=clock
