@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import re
 from collections.abc import AsyncIterator
@@ -13,7 +14,7 @@ import yaml
 from kiosk_agent.app import build_agent
 from kiosk_agent.core.agent import Agent
 from kiosk_agent.core.config import load_config
-from kiosk_agent.sales.clock import SYSTEM_CLOCK, Clock
+from kiosk_agent.sales.clock import SYSTEM_CLOCK, Clock, FakeClock
 
 
 @contextlib.asynccontextmanager
@@ -48,3 +49,23 @@ async def running_agent(
         yield agent
     finally:
         await agent.stop()
+
+
+async def until_final(agent: Agent, sale_id: str) -> None:
+    """Until the journal holds the sale ended."""
+    while (record := agent.journal.get(sale_id)) is None or not record.state.final:
+        await asyncio.sleep(0.01)
+
+
+@contextlib.asynccontextmanager
+async def stopped_on_failure(agent: Agent, clock: FakeClock) -> AsyncIterator[None]:
+    """A failed test leaves sales waiting on the FakeClock, and the agent's stop gives them a
+    grace on it: move the clock until they are parked, so the failure is reported at once."""
+    try:
+        yield
+    except BaseException:
+        stopping = asyncio.ensure_future(agent.sales.stop())
+        while not stopping.done():
+            await clock.advance(1.0)
+            await asyncio.sleep(0.01)
+        raise

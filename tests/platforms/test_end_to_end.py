@@ -3,10 +3,8 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import random
 import time
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +19,7 @@ from kiosk_agent.sales.states import SaleState
 from tests.core.test_slow_service import held_by_the_service, ledger
 
 from ..helpers import sim_call, until
-from .agent_rig import running_agent
+from .agent_rig import running_agent, stopped_on_failure, until_final
 from .test_serial_line import MDB_AS_LINES
 
 
@@ -176,23 +174,6 @@ async def test_the_next_customer_is_served_while_a_lost_authorization_is_found_o
         assert second.captured_cents == 150
 
 
-async def until_final(agent: Any, sale_id: str) -> None:
-    while not agent.journal.get(sale_id).state.final:
-        await asyncio.sleep(0.01)
-
-
-@contextlib.asynccontextmanager
-async def stopped_on_failure(agent: Any, clock: FakeClock) -> AsyncIterator[None]:
-    """A failed test leaves sales waiting on the FakeClock, and the agent's stop gives them a
-    grace on it: move the clock until they are parked, so the failure is reported at once."""
-    try:
-        yield
-    except BaseException:
-        stopping = asyncio.ensure_future(agent.sales.stop())
-        while not stopping.done():
-            await clock.advance(1.0)
-            await asyncio.sleep(0.01)
-        raise
 
 
 async def test_virtual_platform_card_first(tmp_path: Path, sim_settings: Any) -> None:
