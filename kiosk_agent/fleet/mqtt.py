@@ -117,6 +117,7 @@ class MqttSink(SinkBase):
         self._last_announce = -float("inf")
         self.reannounce_at: float | None = None
         self.births_heard = 0
+        self._dropped_in_row = 0  # connections lost soon after connecting, none refused between
         self.connected = False
         self.connects = 0
         self.announcements = 0
@@ -176,16 +177,24 @@ class MqttSink(SinkBase):
             await asyncio.sleep(self._backoff.next())
 
     def _short_lived(self, connected_at: float | None) -> str:
-        """Start the back-off over after a connection that held; else say what may be wrong."""
+        """Start the back-off over after a connection that held; else say what may be wrong.
+
+        A twin (another client with this id) takes the connection again and again, the broker
+        there between; a broker that restarts drops it once and refuses the next connect."""
         if connected_at is None:
+            self._dropped_in_row = 0
             return ""  # never connected: the broker is away or refused
         held = self._clock() - connected_at
         if held >= STABLE_AFTER:
             self._backoff.reset()
+            self._dropped_in_row = 0
             return ""
-        return (f" ({held:.1f} s after connecting; another client with the id "
-                f"kiosk-agent-{self.device_id}, such as a second unit with this device_id, "
-                "takes the connection so)")
+        self._dropped_in_row += 1
+        if self._dropped_in_row < 2:
+            return f" ({held:.1f} s after connecting)"
+        return (f" ({held:.1f} s after connecting, {self._dropped_in_row} times in a row; "
+                f"another client with the id kiosk-agent-{self.device_id}, such as a second "
+                "unit with this device_id, takes the connection so)")
 
     async def _serve(self, client: aiomqtt.Client) -> None:
         """Flush on every wake-up until the connection is lost (then raise MqttError)."""
