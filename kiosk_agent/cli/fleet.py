@@ -352,10 +352,7 @@ async def forget_command(args: argparse.Namespace) -> int:
                 ["check the device id; `kiosk-agent fleet list` shows the units there"],
             )
         if found.get(f"{base}/availability") == ONLINE and not args.force:
-            raise CliError(
-                f"{device_id} says it is online: stop its agent first (it would announce "
-                "itself again at its next start), or pass --force"
-            )
+            raise CliError(_online_refusal(device_id, found, base))
         # another program's config under this node id is left alone
         ours = (set(found) | set(unit_topics(mqtt, device_id))) - (set(kept) - set(found))
         configs = sorted(t for t in ours if t.endswith("/config"))
@@ -372,6 +369,24 @@ async def forget_command(args: argparse.Namespace) -> int:
         for topic in cleared:
             print(f"  {topic}")
     return EXIT_OK
+
+
+def _online_refusal(device_id: str, found: dict[str, str], base: str) -> str:
+    """Why a unit that says it is online is not forgotten, and what to do. Its reports may
+    have stopped long ago: a last will is lost when the broker restarts while the unit is gone,
+    and `online` stays."""
+    from kiosk_agent.fleet.inventory import STALE_AFTER_BEATS, read_report
+
+    report, _ = read_report(found.get(f"{base}/state", ""))
+    interval, at = (report or {}).get("interval_s"), (report or {}).get("at")
+    if isinstance(interval, int | float) and isinstance(at, int | float):
+        quiet = time.time() - at
+        if quiet > STALE_AFTER_BEATS * interval * 1.1:
+            return (f"{device_id} says it is online, but its last report is {_duration(quiet)} "
+                    "old (its last will lost, as in a broker restart while it was gone?): if "
+                    "its agent is gone, pass --force")
+    return (f"{device_id} says it is online: stop its agent first (it would announce itself "
+            "again at its next start), or pass --force")
 
 
 def _mqtt_error() -> type[Exception]:

@@ -392,6 +392,26 @@ async def test_fleet_forget_leaves_another_programs_configs_under_the_same_node_
             await monitor.publish(foreign, b"", qos=1, retain=True)
 
 
+@pytest.mark.mqtt
+async def test_fleet_forget_of_a_unit_online_but_long_quiet_says_its_will_was_lost(
+    tmp_path: Path, mosquitto: int, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A unit gone while its broker restarted: its last will never came, `online` stays. Before,
+    forget told the field tech to stop an agent that no longer runs."""
+    report = json.dumps({"status": "ok", "at": time.time() - 7200, "interval_s": 60})
+    async with aiomqtt.Client("127.0.0.1", mosquitto) as broker:
+        await broker.publish("kiosk-agent/ghost-1/availability", "online", qos=1, retain=True)
+        await broker.publish("kiosk-agent/ghost-1/state", report, qos=1, retain=True)
+    config = _fleet_config(tmp_path, mosquitto, "ghost-1")
+    argv = ("fleet", "forget", "--config", str(config), "--wait", "0.5", "--settle", "0")
+    assert await run_cli(*argv) == 1
+    err = capsys.readouterr().err
+    assert "ghost-1 says it is online, but its last report is 2h 0m old" in err
+    assert "if its agent is gone, pass --force" in err
+    assert await run_cli(*argv, "--force") == 0
+    assert await _retained(mosquitto, "kiosk-agent/ghost-1/#") == {}
+
+
 async def test_fleet_forget_names_what_is_missing(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
