@@ -77,6 +77,7 @@ class MqttSink(SinkBase):
         births: BirthPolicy | None = None,
         rng: random.Random | None = None,
         clock: Callable[[], float] = time.monotonic,
+        connect_timeout: float = 10.0,
     ):
         super().__init__(queue_size)
         self._conf = conf
@@ -98,6 +99,7 @@ class MqttSink(SinkBase):
         self.configs_cleared = 0
         self._rng = rng or random.Random()
         self._clock = clock
+        self._connect_timeout = connect_timeout
         self._backoff = Backoff(
             conf.get("reconnect_interval", 5.0), conf.get("reconnect_max", 60.0), self._rng
         )
@@ -146,7 +148,7 @@ class MqttSink(SinkBase):
         return mqtt_client(
             self._conf,
             f"kiosk-agent-{self.device_id}",
-            timeout=10,
+            timeout=self._connect_timeout,
             keepalive=self._conf.get("keepalive", 60),
             will=aiomqtt.Will(self.availability_topic, OFFLINE, qos=1, retain=True),
         )
@@ -168,7 +170,7 @@ class MqttSink(SinkBase):
                     await self._serve(client)
             except (aiomqtt.MqttError, OSError) as err:
                 self._failed(f"broker {self._conf['host']}:{self._conf.get('port', 1883)}: "
-                             f"{err}{self._short_lived(connected_at)}")
+                             f"{err}{self._short_lived(connected_at)}{_unanswered(err)}")
             except Exception as err:  # noqa: BLE001 - a bug must not end the unit's reports
                 self._unexpected(err)
             finally:
@@ -183,7 +185,7 @@ class MqttSink(SinkBase):
         there between; a broker that restarts drops it once and refuses the next connect."""
         if connected_at is None:
             self._dropped_in_row = 0
-            return ""  # never connected: the broker is away or refused
+            return ""  # never connected: the broker is away or refused (its words say which)
         held = self._clock() - connected_at
         if held >= STABLE_AFTER:
             self._backoff.reset()
@@ -331,6 +333,15 @@ class MqttSink(SinkBase):
                 async with asyncio.timeout(2), self._announcing:
                     await client.publish(self.availability_topic, OFFLINE, qos=1, retain=True)
         await super().stop()
+
+
+def _unanswered(err: BaseException) -> str:
+    """What a connect that timed out may mean: a broker that refuses what a unit sends (a QoS 1
+    retained last will) closes the connection without an answer under MQTT 3.1.1."""
+    if isinstance(err, aiomqtt.MqttError) and "timed out" in str(err).lower():
+        return (" (no answer to the connect: a broker that allows no QoS 1 or no retained "
+                "messages closes it unanswered; `kiosk-agent doctor` checks that)")
+    return ""
 
 
 def mqtt_tls_context(conf: dict[str, Any]) -> ssl.SSLContext | None:

@@ -309,6 +309,26 @@ async def test_an_unexpected_error_is_counted_in_health_and_the_unit_tries_again
         await upstream.stop()
 
 
+@pytest.mark.mqtt
+async def test_a_broker_that_refuses_qos_1_is_named_as_a_possible_cause(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Mosquitto with `max_qos 0` closes a connect that carries a QoS 1 last will, without an
+    answer. Before, the unit logged "Operation timed out" 10 s later at every attempt, which
+    sends a field tech after the network."""
+    proc, port = start_broker(tmp_path, "max_qos 0\n")
+    sink = MqttSink({"host": "127.0.0.1", "port": port, "reconnect_interval": 0.05}, 1, "unit-q",
+                    "1", connect_timeout=0.3)
+    try:
+        await sink.start()
+        await until(lambda: sink.failures >= 1)
+    finally:
+        await sink.stop()
+        stop_broker(proc)
+    assert "a broker that allows no QoS 1 or no retained messages closes it" in sink.last_error
+    assert "kiosk-agent doctor" in sink.last_error
+
+
 def test_births_that_keep_coming_are_answered_ever_more_rarely() -> None:
     """The gap between announces doubles while births keep coming (up to max_gap), and one
     that never stops is still answered after `longest`."""
