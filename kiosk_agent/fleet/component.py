@@ -88,7 +88,6 @@ class Upstream:
         if "mqtt" in conf:
             self.mqtt = MqttSink(
                 conf["mqtt"],
-                conf["queue_size"],
                 self.device_id,
                 self._health.version,
                 discovery_options(agent, conf),

@@ -61,7 +61,10 @@ class MqttSink(SinkBase):
     """Keeps one MQTT connection; announces the unit to Home Assistant; publishes reports.
 
     The last will marks the unit offline when the connection drops without a goodbye; a clean
-    stop publishes ``offline`` itself.
+    stop publishes ``offline`` itself. Only the newest report waits while the broker is away:
+    the state topic says how the unit is now, and Home Assistant records each message as a
+    change at the moment it arrives (hundreds of old states replayed after an outage, across a
+    fleet, would be millions of false changes). Alerts wait in order, each its own event.
     """
 
     name = "mqtt"
@@ -69,7 +72,6 @@ class MqttSink(SinkBase):
     def __init__(
         self,
         conf: dict[str, Any],
-        queue_size: int,
         device_id: str,
         version: str,
         discovery: DiscoveryOptions | None = None,
@@ -79,7 +81,7 @@ class MqttSink(SinkBase):
         clock: Callable[[], float] = time.monotonic,
         connect_timeout: float = 10.0,
     ):
-        super().__init__(queue_size)
+        super().__init__(1)  # a newer report replaces the one not sent yet (counted as dropped)
         self._conf = conf
         self.device_id = device_id
         self._version = version

@@ -39,7 +39,6 @@ async def test_mqtt_discovery_heartbeat_last_will_and_catch_up(mosquitto: int) -
     conf = {
         "device_id": "unit-9",
         "interval": 3600,
-        "queue_size": 2,
         "mqtt": {"host": "127.0.0.1", "port": proxy.port, "reconnect_interval": 0.1},
     }
     upstream = Upstream(settled_agent(), conf)
@@ -60,15 +59,14 @@ async def test_mqtt_discovery_heartbeat_last_will_and_catch_up(mosquitto: int) -
         missed = [upstream.heartbeat() for _ in range(3)]
         sink = upstream.sinks[0]
         await until(lambda: sink.failures >= 1)
-        assert sink.queue.dropped == 1
+        assert sink.queue.dropped == 2  # each replaced by the next before it could be sent
 
-        # The network comes back: online again, and the kept reports arrive oldest first.
+        # The network comes back: online again, and the newest state only (Home Assistant
+        # would record each replayed one as a change made now).
         await proxy.open()
-        await until(lambda: len(observer.on(state)) == 3)
+        await until(lambda: len(observer.on(state)) == 2)
         assert observer.on(availability)[-1] == "online"
-        assert [json.loads(p)["at"] for p in observer.on(state)[1:]] == [
-            r["at"] for r in missed[1:]
-        ]
+        assert [json.loads(p)["at"] for p in observer.on(state)[1:]] == [missed[-1]["at"]]
     finally:
         await upstream.stop()
     # A clean stop says goodbye itself.
@@ -317,7 +315,7 @@ async def test_a_broker_that_refuses_qos_1_is_named_as_a_possible_cause(
     answer. Before, the unit logged "Operation timed out" 10 s later at every attempt, which
     sends a field tech after the network."""
     proc, port = start_broker(tmp_path, "max_qos 0\n")
-    sink = MqttSink({"host": "127.0.0.1", "port": port, "reconnect_interval": 0.05}, 1, "unit-q",
+    sink = MqttSink({"host": "127.0.0.1", "port": port, "reconnect_interval": 0.05}, "unit-q",
                     "1", connect_timeout=0.3)
     try:
         await sink.start()
@@ -333,7 +331,7 @@ def test_births_that_keep_coming_are_answered_ever_more_rarely() -> None:
     """The gap between announces doubles while births keep coming (up to max_gap), and one
     that never stops is still answered after `longest`."""
     now = [0.0]
-    sink = MqttSink({"host": "broker"}, 1, "u", "1", births=QUICK_BIRTHS,
+    sink = MqttSink({"host": "broker"}, "u", "1", births=QUICK_BIRTHS,
                     rng=random.Random(1), clock=lambda: now[0])
     sink._last_announce = 0.0
     due = []
@@ -391,7 +389,7 @@ def test_a_broker_restart_is_not_blamed_on_a_twin() -> None:
     does not exist. A twin's mark is a drop again and again with the broker there between
     (each reconnect taken); a broker that restarts refuses the next connect."""
     now = [0.0]
-    sink = MqttSink({"host": "broker"}, 1, "solo-unit", "1", rng=random.Random(1),
+    sink = MqttSink({"host": "broker"}, "solo-unit", "1", rng=random.Random(1),
                     clock=lambda: now[0])
     now[0] += 4.8
     assert sink._short_lived(0.0) == " (4.8 s after connecting)"  # the broker went away
@@ -438,7 +436,7 @@ def test_the_reconnect_back_off_starts_over_only_after_a_connection_that_held() 
     other 9 times a second each, forever, announcing at each connect. Now a connection counts
     as a success once it held STABLE_AFTER seconds, and a shorter one says what may drop it."""
     now = [0.0]
-    sink = MqttSink({"host": "broker", "reconnect_interval": 1.0, "reconnect_max": 8.0}, 1,
+    sink = MqttSink({"host": "broker", "reconnect_interval": 1.0, "reconnect_max": 8.0},
                     "twin-unit", "1", rng=random.Random(1), clock=lambda: now[0])
     for _ in range(3):  # connected, dropped 0.5 s later, three times: the waits keep growing
         connected_at = now[0]
