@@ -29,7 +29,7 @@ import time
 from collections.abc import AsyncIterator, Collection
 from dataclasses import dataclass, field
 
-from kiosk_agent.sales.journal import SaleRecord
+from kiosk_agent.sales.journal import CHARGE_LOOKBACK_S, SaleRecord
 from kiosk_agent.sales.model import Flow, SaleEvent
 from kiosk_agent.sales.runner import new_ids
 from kiosk_agent.sales.states import NO_CHARGE_STEPS, SaleState, Step
@@ -81,7 +81,7 @@ class ChargeAudit:
         self,
         context: SaleContext,
         *,
-        lookback: float = 7 * 86400.0,
+        lookback: float = CHARGE_LOOKBACK_S,
         max_give_back: int = 5,
     ) -> None:
         self.context = context

@@ -117,6 +117,9 @@ _WAL_RESERVE = "wal_reserve"  # the scratch table that grows it, dropped at the 
 # found missing or empty while this exists was lost (deleted, truncated, its WAL removed).
 MARKER_SUFFIX = ".in-use"
 _FINAL_STATES = tuple(s.value for s in SaleState if s.final)
+# How far back the charge check (sales/audit.py) reads reporting for charges the journal does
+# not hold: the journal never prunes a sale younger than this and a day (Journal.prune).
+CHARGE_LOOKBACK_S = 7 * 86400.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -647,20 +650,41 @@ class Journal:
         return int(row[0]), int(row[1])
 
     def prune(self, keep_days: int, now: float | None = None) -> int:
-        """Delete finished sales older than ``keep_days``; open and attention sales are kept."""
-        cutoff = (now if now is not None else self.clock.time()) - keep_days * 86400
-        keep = (SaleState.ATTENTION.value, *[s.value for s in SaleState if not s.final])
-        marks = ", ".join("?" for _ in keep)
+        """Delete finished sales older than ``keep_days``; open and attention sales are kept.
+
+        Never one the charge check can still see: it reads reporting's charges of the last
+        ``CHARGE_LOOKBACK_S`` and gives back any the journal does not hold, so a pruned sale
+        whose charge is still in that window would be refunded, goods vended and all. And never
+        on the wall clock's word alone, which may have been wrong when a sale was dated (a unit
+        that sold before NTP set its clock dates its sales months or years back): a sale is old
+        only when it was written before the first sale that is young by the wall (write order
+        cannot step), and not when its money call was sent on this boot less than the retention
+        ago by the monotonic clock.
+        """
+        keep_s = max(keep_days * 86400.0, CHARGE_LOOKBACK_S + 86400.0)
+        cutoff = (now if now is not None else self.clock.time()) - keep_s
+        kept_states = (SaleState.ATTENTION.value, *[s.value for s in SaleState if not s.final])
+        args: dict[str, Any] = {
+            "cutoff": cutoff,
+            "boot": self.clock.boot_id(),
+            "mono_cutoff": self.clock.monotonic() - keep_s,
+            **{f"kept{i}": state for i, state in enumerate(kept_states)},
+        }
+        kept = ", ".join(f":kept{i}" for i in range(len(kept_states)))
+        old = (
+            f"SELECT sale_id FROM sales WHERE created_at < :cutoff AND state NOT IN ({kept}) "  # noqa: S608
+            "AND (SELECT MIN(id) FROM steps WHERE steps.sale_id = sales.sale_id) < "
+            "(SELECT COALESCE(MIN(steps.id), 9223372036854775807) FROM steps "
+            "JOIN sales AS young ON young.sale_id = steps.sale_id "
+            "WHERE young.created_at >= :cutoff) "
+            "AND NOT EXISTS (SELECT 1 FROM sale_sends WHERE sale_sends.sale_id = sales.sale_id "
+            "AND sale_sends.sent_boot = :boot AND sale_sends.sent_mono > :mono_cutoff)"
+        )
         with transaction(self.db) as db:
-            old = f"SELECT sale_id FROM sales WHERE created_at < ? AND state NOT IN ({marks})"  # noqa: S608
-            db.execute(f"DELETE FROM steps WHERE sale_id IN ({old})", (cutoff, *keep))  # noqa: S608
-            for table in _BESIDE:
-                db.execute(f"DELETE FROM {table} WHERE sale_id IN ({old})", (cutoff, *keep))  # noqa: S608
-            cursor = db.execute(
-                f"DELETE FROM sales WHERE sale_id IN ({old})",  # noqa: S608
-                (cutoff, *keep),
-            )
-        return cursor.rowcount
+            ids = [(row[0],) for row in db.execute(old, args)]
+            for table in ("steps", *_BESIDE, "sales"):
+                db.executemany(f"DELETE FROM {table} WHERE sale_id = ?", ids)  # noqa: S608
+        return len(ids)
 
     def __iter__(self) -> Iterator[SaleRecord]:
         return iter(self.query())
