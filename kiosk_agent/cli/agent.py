@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime as dt
 import json
 import sys
@@ -40,6 +41,7 @@ from kiosk_agent.sales.states import RESOLUTIONS, SaleState
 # The configuration loader and the journal are imported by the commands that use them: the
 # parser (`--help`, shell completion) must not wait for YAML, voluptuous and sqlite.
 if TYPE_CHECKING:
+    from kiosk_agent.core.agent import Agent
     from kiosk_agent.core.config import Config
     from kiosk_agent.sales.journal import Journal, SaleRecord
 
@@ -287,7 +289,7 @@ async def _run(args: argparse.Namespace) -> int:
         return signals.exit_code
     try:
         async with agent_for(config) as (agent, _service):
-            await agent.start()
+            await _start_unless_stopped(agent, signals)
             await signals.wait()
     except JournalOwned as err:
         # a distinct code: restarting cannot help while the other agent lives (the unit's
@@ -299,6 +301,25 @@ async def _run(args: argparse.Namespace) -> int:
     finally:
         signals.remove()
     return signals.exit_code
+
+
+async def _start_unless_stopped(agent: Agent, signals: StopSignals) -> None:
+    """The agent's start, ended by a stop signal while it still waits (for its journal's disk:
+    core/journal_guard.py); what had started is stopped again (Agent.start)."""
+    import asyncio
+
+    starting = asyncio.ensure_future(agent.start())
+    stopping = asyncio.ensure_future(signals.event.wait())
+    try:
+        await asyncio.wait({starting, stopping}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        stopping.cancel()
+    if not starting.done():
+        starting.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await starting
+        return
+    starting.result()
 
 
 # -- sales -------------------------------------------------------------------------------------

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import sqlite3
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
@@ -238,13 +239,10 @@ class Agent:
     async def _start(self) -> None:
         started = time.monotonic()
         self.owner.acquire()  # another agent on this journal: refused here, nothing read yet
-        self.journal_guard.before_open()  # lost or damaged: named (a damaged one moved aside)
-        self.journal.open()
+        # lost or damaged: named (a damaged one moved aside); a full or read-only disk: waited for
+        await self.journal_guard.open_journal(self._waiting_for_disk)
         self.event_log.open()
-        self.event_log.prune(self.config["journal"]["keep_days"])
-        pruned = self.journal.prune(self.config["journal"]["keep_days"])
-        if pruned:
-            _LOGGER.info("journal: %d finished sale(s) older than the retention removed", pruned)
+        self._prune()
         await self.service.start()
         await self.refresh_terminals()
         self.availability.evaluate(at_start=True)
@@ -298,6 +296,23 @@ class Agent:
             len(self.components),
             len(open_ids),
         )
+
+    def _waiting_for_disk(self, fault: str) -> None:
+        if self._systemd is not None:  # the start goes on: systemd must neither time it out
+            self._systemd.extend_start(_START_EXTENSION)  # nor count a failed start
+            self._systemd.notifier.status(f"waiting for the journal: {fault}")
+
+    def _prune(self) -> None:
+        """Housekeeping: a disk that cannot take it now (full) leaves it to the next start."""
+        keep_days = self.config["journal"]["keep_days"]
+        try:
+            self.event_log.prune(keep_days)
+            pruned = self.journal.prune(keep_days)
+        except (sqlite3.Error, JournalError) as err:
+            _LOGGER.warning("journal: old sales not pruned (%s); the next start tries again", err)
+            return
+        if pruned:
+            _LOGGER.info("journal: %d finished sale(s) older than the retention removed", pruned)
 
     async def _after_ready(self) -> None:
         """What READY=1 does not wait for, a step per loop turn so sales go on meanwhile: the

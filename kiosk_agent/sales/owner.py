@@ -112,9 +112,7 @@ class JournalLock:
         path = self.path
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
-            # O_CLOEXEC: a child process must not inherit (and so keep) the claim. O_NOFOLLOW:
-            # the claim truncates and writes the file, never the one a planted symlink names.
-            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
+            fd = _open_lock_file(path)
         except PermissionError as err:
             _refuse_if_held(self.journal, path)  # another user's agent holds it: say so
             raise JournalError(f"cannot claim the journal: {path}: {err.strerror}") from err
@@ -152,6 +150,20 @@ class JournalLock:
 
     def __exit__(self, *exc: object) -> None:
         self.release()
+
+
+def _open_lock_file(path: Path) -> int:
+    # O_CLOEXEC: a child process must not inherit (and so keep) the claim. O_NOFOLLOW: the
+    # claim truncates and writes the file, never the one a planted symlink names.
+    flags = os.O_CLOEXEC | os.O_NOFOLLOW
+    try:
+        return os.open(path, os.O_RDWR | os.O_CREAT | flags, 0o600)
+    except OSError as err:
+        if err.errno != errno.EROFS or not path.exists():
+            raise
+    # A file system turned read-only keeps its lock file: flock needs no write, so the claim
+    # holds (without the holder's name) and the agent goes on to wait for its journal's disk.
+    return os.open(path, os.O_RDONLY | flags)
 
 
 def _refuse_if_held(journal: Path, path: Path) -> None:

@@ -143,3 +143,24 @@ def test_a_lock_file_that_is_a_directory_or_garbage(tmp_path: Path) -> None:
         holder = Holder.parse(lock_path(garbage).read_text())
         assert holder is not None
         assert holder.pid == os.getpid()
+
+
+def test_a_lock_file_on_a_file_system_turned_read_only_is_still_claimed(tmp_path: Path) -> None:
+    """The claim opened its file for writing: on a read-only file system `run` stopped at
+    "cannot claim the journal: Read-only file system" before it could wait for the disk."""
+    from tests.core.disk_helpers import small_disk
+
+    with small_disk(tmp_path / "disk") as disk:
+        journal = disk / "journal.db"
+        with JournalLock(journal):  # a lock file from an earlier run
+            pass
+        subprocess.run(["mount", "-o", "remount,ro", str(disk)], check=True)
+        try:
+            first = JournalLock(journal)
+            first.acquire()
+            assert first.held
+            with pytest.raises(JournalOwned):  # and it still keeps a second agent out
+                JournalLock(journal).acquire()
+            first.release()
+        finally:
+            subprocess.run(["mount", "-o", "remount,rw", str(disk)], check=True)
