@@ -44,11 +44,13 @@ from kiosk_agent.service.client import ServiceClient
 from kiosk_agent.service.errors import ServiceError
 from kiosk_agent.service.models import Terminal
 from kiosk_agent.service.settings import DEFAULT_TIMEOUT, ServiceSettings
+from kiosk_agent.tasks import BackgroundTask
 
 _LOGGER = logging.getLogger(__name__)
 
 # While recovery runs, systemd's start timeout is pushed back by this much every 10 s.
 _START_EXTENSION = 30.0
+CLAIM_CHECK_S = 1.0  # how often the journal's claim is looked at (JournalLock.keep)
 
 
 class Component(Protocol):
@@ -141,6 +143,7 @@ class Agent:
         self.journal = journal or Journal(config.resolve(config["journal"]["path"]), clock)
         # one agent per journal: claimed before anything reads it, let go after it is closed
         self.owner = owner or JournalLock(self.journal.path)
+        self._claim_keeper = BackgroundTask(self._keep_claim, "journal-claim")
         self.events: EventBus[SaleEvent] = EventBus()
         health_conf = config.get("health") or HEALTH_SCHEMA({})
         self.health = Health(version, key_warning=health_conf["key_warning"])
@@ -241,6 +244,7 @@ class Agent:
         self.owner.acquire()  # another agent on this journal: refused here, nothing read yet
         # lost or damaged: named (a damaged one moved aside); a full or read-only disk: waited for
         await self.journal_guard.open_journal(self._waiting_for_disk)
+        self._claim_keeper.start()
         self.event_log.open()
         self._prune()
         await self.service.start()
@@ -296,6 +300,18 @@ class Agent:
             len(self.components),
             len(open_ids),
         )
+
+    async def _keep_claim(self) -> None:
+        """The journal's claim put back every second if a person removed its file: else a
+        second agent would start on this journal too (sales/owner.py)."""
+        while True:
+            await asyncio.sleep(CLAIM_CHECK_S)
+            if not self.owner.keep():
+                self.health.report_journal_state(
+                    notice=f"{self.owner.path} was removed while this agent ran and another "
+                    "agent claimed the journal since: stop that one"
+                )
+                return
 
     def _waiting_for_disk(self, fault: str) -> None:
         if self._systemd is not None:  # the start goes on: systemd must neither time it out
@@ -358,6 +374,7 @@ class Agent:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
         await self.service.close()
+        await self._claim_keeper.stop()
         self.journal.close()
         self.owner.release()
         self.started = False

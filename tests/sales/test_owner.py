@@ -164,3 +164,42 @@ def test_a_lock_file_on_a_file_system_turned_read_only_is_still_claimed(tmp_path
             first.release()
         finally:
             subprocess.run(["mount", "-o", "remount,rw", str(disk)], check=True)
+
+
+def test_a_claim_whose_file_was_removed_is_put_back(tmp_path: Path) -> None:
+    """A person removing journal.db.lock under a running agent (taking it for a dead one's)
+    let a second agent start on the same journal: it found no claim."""
+    journal = tmp_path / "journal.db"
+    with JournalLock(journal) as claim:
+        assert claim.keep()  # nothing changed: nothing done
+        lock_path(journal).unlink()
+        assert claim.keep()  # put back, and held
+        with pytest.raises(JournalOwned) as refused:
+            JournalLock(journal).acquire()
+        assert refused.value.holder.pid == os.getpid()
+        lock_path(journal).unlink()
+        lock_path(journal).write_text("")  # replaced by another file: the same
+        assert claim.keep()
+        with pytest.raises(JournalOwned):
+            JournalLock(journal).acquire()
+
+
+def test_a_claim_taken_by_another_process_while_its_file_was_gone_is_reported(
+    tmp_path: Path,
+) -> None:
+    journal = tmp_path / "journal.db"
+    claim = JournalLock(journal)
+    claim.acquire()
+    lock_path(journal).unlink()
+    holder = subprocess.Popen(
+        [sys.executable, "-c", HOLDER, str(journal)], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert holder.stdout is not None
+        assert holder.stdout.readline().strip() == "HELD"
+        assert not claim.keep()
+        assert claim.lost
+    finally:
+        holder.kill()
+        holder.wait()
+        claim.release()
