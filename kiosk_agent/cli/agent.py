@@ -366,7 +366,9 @@ def _table(sales: Sequence[SaleRecord]) -> str:
     return "\n".join(out)
 
 
-def _open_journal(args: argparse.Namespace) -> Journal:
+def _open_journal(args: argparse.Namespace, *, to_write: bool = False) -> Journal:
+    """The journal of the configuration; only to read it unless ``to_write`` (a reader never
+    writes: it works beside the agent, and on a full or read-only disk)."""
     from kiosk_agent.sales.journal import Journal, JournalError
 
     config = load(config_path(args), check_platforms=False)
@@ -375,7 +377,7 @@ def _open_journal(args: argparse.Namespace) -> Journal:
         raise CliError(f"no journal at {path} (the agent has not run yet)")
     journal = Journal(path)
     try:
-        journal.open()
+        journal.open() if to_write else journal.open_to_read()
     except JournalError as err:
         raise CliError(str(err)) from None
     return journal
@@ -429,7 +431,7 @@ async def resolve_command(args: argparse.Namespace) -> int:
 
     from kiosk_agent.sales.attention import ResolveError, resolve
 
-    journal = _open_journal(args)
+    journal = _open_journal(args, to_write=True)
     try:
         record = resolve(
             journal, args.sale, args.resolve_as, args.why, f"cli ({getpass.getuser()})"

@@ -376,7 +376,7 @@ def last_trans_id(config: Config) -> str | None:
     if not path.exists():
         return None
     journal = Journal(path)
-    journal.open()
+    journal.open_to_read()
     try:
         return journal.last_trans_id()
     finally:

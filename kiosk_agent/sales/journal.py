@@ -19,7 +19,9 @@ import datetime as dt
 import json
 import logging
 import os
+import shutil
 import sqlite3
+import tempfile
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -248,6 +250,7 @@ class Journal:
         self.path = Path(path)
         self.clock = clock  # dates the records (wall time: for people, never for a wait)
         self._db: sqlite3.Connection | None = None
+        self._copy_dir: Path | None = None  # a copy read in its place (open_to_read)
         self._batching = False  # inside batch(): writes join its one transaction
         # Told after every write: None when it went through, the error when it did not (the
         # agent takes the unit out of service at once, from whichever path wrote).
@@ -287,6 +290,54 @@ class Journal:
             db.close()
             raise JournalError(f"cannot open the journal at {self.path}: {err}") from err
         self._db = db
+
+    def open_to_read(self) -> None:
+        """Open for reading only (``sales``, ``sales attention``, ``sales show``, doctor): it
+        never writes, so it reads beside a running agent and on a disk that is full or
+        read-only, where :meth:`open` (which may migrate, and makes the WAL) cannot. Where
+        SQLite cannot read the journal in place (a WAL journal on a file system that cannot
+        take its shared-memory file; an older schema), a private copy of it and its WAL is
+        read instead."""
+        if not self.path.exists():
+            raise JournalError(f"cannot open the journal at {self.path}: no such file")
+        try:
+            db = sqlite3.connect(f"file:{self.path}?mode=ro", uri=True, check_same_thread=False)
+        except sqlite3.Error as err:
+            raise JournalError(f"cannot open the journal at {self.path}: {err}") from err
+        try:
+            _refuse_newer(db, self.path)
+            db.execute(f"{_SELECT_SALES} LIMIT 0")  # the tables as this release reads them
+        except JournalError:
+            db.close()
+            raise
+        except sqlite3.Error:
+            db.close()
+            db = self._read_a_copy()
+        db.row_factory = sqlite3.Row
+        self._db = db
+
+    def _read_a_copy(self) -> sqlite3.Connection:
+        copy_dir = Path(tempfile.mkdtemp(prefix="kiosk-agent-journal-"))
+        copy = copy_dir / self.path.name
+        try:
+            for source, target in zip((self.path, *side_files(self.path)),
+                                      (copy, *side_files(copy)), strict=True):
+                if source.exists() and not source.name.endswith("-shm"):
+                    shutil.copyfile(source, target)
+            db = sqlite3.connect(copy, isolation_level=None, check_same_thread=False)
+            try:
+                db.row_factory = sqlite3.Row
+                _refuse_newer(db, self.path)
+                _migrate(db)  # the copy's, never the journal's
+                db.execute("PRAGMA query_only=ON")
+            except BaseException:
+                db.close()
+                raise
+        except (OSError, sqlite3.Error) as err:
+            shutil.rmtree(copy_dir, ignore_errors=True)
+            raise JournalError(f"cannot read the journal at {self.path}: {err}") from err
+        self._copy_dir = copy_dir  # removed by close()
+        return db
 
     def reserve_wal(self) -> Iterator[None]:
         """Grow the WAL file to what it holds between two checkpoints, a chunk per step, then
@@ -335,6 +386,9 @@ class Journal:
         if self._db is not None:
             self._db.close()
             self._db = None
+        if self._copy_dir is not None:
+            shutil.rmtree(self._copy_dir, ignore_errors=True)
+            self._copy_dir = None
 
     @property
     def db(self) -> sqlite3.Connection:

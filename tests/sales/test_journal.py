@@ -348,3 +348,26 @@ def test_growing_the_wal_keeps_the_page_cache_as_it_was(journal: Journal) -> Non
     assert journal.db.execute("PRAGMA cache_size").fetchone()[0] == -64  # filler not cached
     growing.close()  # stopped midway: the cache is given back its size all the same
     assert journal.db.execute("PRAGMA cache_size").fetchone()[0] == before
+
+
+def test_open_to_read_writes_nothing_even_to_a_journal_of_an_older_schema(tmp_path: Path) -> None:
+    path = tmp_path / "journal.db"
+    journal = Journal(path)
+    journal.open()
+    walk_to(journal, journal.create(new_sale(1)), SaleState.COMPLETED)
+    journal.close()
+    db = sqlite3.connect(path)
+    db.execute("DROP TABLE sale_sends")  # as an older release left it: read from a copy
+    db.close()
+    journal.marker.unlink()
+    before = path.read_bytes()
+    reader = Journal(path)
+    reader.open_to_read()
+    try:
+        assert [s.sale_id for s in reader.query()] == ["s1"]
+        with pytest.raises(sqlite3.Error):  # the copy refuses writes too
+            reader.db.execute("DELETE FROM sales")
+    finally:
+        reader.close()
+    assert path.read_bytes() == before
+    assert not journal.marker.exists()
