@@ -50,7 +50,7 @@ _LOGGER = logging.getLogger(__name__)
 
 # While recovery runs, systemd's start timeout is pushed back by this much every 10 s.
 _START_EXTENSION = 30.0
-CLAIM_CHECK_S = 1.0  # how often the journal's claim is looked at (JournalLock.keep)
+CLAIM_CHECK_S = 1.0  # how often the journal's files are looked at (_keep_journal)
 
 
 class Component(Protocol):
@@ -143,7 +143,7 @@ class Agent:
         self.journal = journal or Journal(config.resolve(config["journal"]["path"]), clock)
         # one agent per journal: claimed before anything reads it, let go after it is closed
         self.owner = owner or JournalLock(self.journal.path)
-        self._claim_keeper = BackgroundTask(self._keep_claim, "journal-claim")
+        self._claim_keeper = BackgroundTask(self._keep_journal, "journal-files")
         self.events: EventBus[SaleEvent] = EventBus()
         health_conf = config.get("health") or HEALTH_SCHEMA({})
         self.health = Health(version, key_warning=health_conf["key_warning"])
@@ -301,17 +301,28 @@ class Agent:
             len(open_ids),
         )
 
-    async def _keep_claim(self) -> None:
-        """The journal's claim put back every second if a person removed its file: else a
-        second agent would start on this journal too (sales/owner.py)."""
+    async def _keep_journal(self) -> None:
+        """Every second, the journal's files as they must be while the agent runs: its claim
+        put back if a person removed its file (else a second agent would start on this journal
+        too: sales/owner.py), and the journal itself written back if its file was removed
+        (else every later step would be lost with it: Journal.put_back)."""
+        claimed, said = True, ""
         while True:
             await asyncio.sleep(CLAIM_CHECK_S)
-            if not self.owner.keep():
+            if claimed and not self.owner.keep():
+                claimed = False
                 self.health.report_journal_state(
                     notice=f"{self.owner.path} was removed while this agent ran and another "
                     "agent claimed the journal since: stop that one"
                 )
-                return
+            try:
+                if self.journal.put_back():
+                    _LOGGER.warning("journal: %s was removed while the agent ran; written back "
+                                    "from the open journal, nothing lost", self.journal.path)
+            except JournalError as err:
+                if str(err) != said:  # once, not every second
+                    _LOGGER.error("journal: %s", err)
+                said = str(err)
 
     def _waiting_for_disk(self, fault: str) -> None:
         if self._systemd is not None:  # the start goes on: systemd must neither time it out

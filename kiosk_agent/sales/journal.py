@@ -382,6 +382,29 @@ class Journal:
         except (sqlite3.Error, OSError) as err:
             _LOGGER.warning("journal: the WAL was not grown ahead (%s); commits lengthen it", err)
 
+    def put_back(self) -> bool:
+        """Write the open journal back to its path when its file was removed under it (a person
+        or a script cleaning up): every later step would go into a file nobody can open again,
+        and the next start would find the journal lost and give back charges of vended sales.
+        True when it was put back; False when its file is where it was, or a write is under
+        way (the next look does it). Raises :class:`JournalError` when it cannot be done."""
+        if self._db is None or self._batching or self._db.in_transaction or self.path.exists():
+            return False
+        fresh = self.path.with_name(self.path.name + ".restoring")
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            fresh.unlink(missing_ok=True)
+            self._db.execute("VACUUM INTO ?", (str(fresh),))  # every committed step, whole
+        except (sqlite3.Error, OSError) as err:
+            fresh.unlink(missing_ok=True)
+            raise JournalError(f"cannot put the journal back at {self.path}: {err}") from err
+        self.close()  # the removed file's WAL and shared memory go with its last connection
+        for stale in side_files(self.path):  # unless a reader still holds them: never pair
+            stale.unlink(missing_ok=True)  # them with the new file
+        os.replace(fresh, self.path)
+        self.open()
+        return True
+
     def close(self) -> None:
         if self._db is not None:
             self._db.close()
