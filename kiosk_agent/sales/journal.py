@@ -251,6 +251,7 @@ class Journal:
         self.clock = clock  # dates the records (wall time: for people, never for a wait)
         self._db: sqlite3.Connection | None = None
         self._copy_dir: Path | None = None  # a copy read in its place (open_to_read)
+        self._reopen = False  # put back, not reopened yet (put_back tries again)
         self._batching = False  # inside batch(): writes join its one transaction
         # Told after every write: None when it went through, the error when it did not (the
         # agent takes the unit out of service at once, from whichever path wrote).
@@ -388,6 +389,10 @@ class Journal:
         and the next start would find the journal lost and give back charges of vended sales.
         True when it was put back; False when its file is where it was, or a write is under
         way (the next look does it). Raises :class:`JournalError` when it cannot be done."""
+        if self._reopen:  # written back, but the journal did not open there yet
+            self.open()
+            self._reopen = False
+            return True
         if self._db is None or self._batching or self._db.in_transaction or self.path.exists():
             return False
         fresh = self.path.with_name(self.path.name + ".restoring")
@@ -402,7 +407,9 @@ class Journal:
         for stale in side_files(self.path):  # unless a reader still holds them: never pair
             stale.unlink(missing_ok=True)  # them with the new file
         os.replace(fresh, self.path)
+        self._reopen = True
         self.open()
+        self._reopen = False
         return True
 
     def close(self) -> None:

@@ -371,3 +371,25 @@ def test_open_to_read_writes_nothing_even_to_a_journal_of_an_older_schema(tmp_pa
         reader.close()
     assert path.read_bytes() == before
     assert not journal.marker.exists()
+
+
+def test_put_back_writes_a_removed_journal_whole_and_reopens_it_until_it_opens(
+    journal: Journal, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    walk_to(journal, journal.create(new_sale(1)), SaleState.COMPLETED)
+    assert not journal.put_back()  # where it was: nothing to do
+    journal.path.unlink()
+    walk_to(journal, journal.create(new_sale(2)), SaleState.COMPLETED)  # into the removed file
+    real_open = Journal.open
+    monkeypatch.setattr(Journal, "open", lambda self: (_ for _ in ()).throw(JournalError("x")))
+    with pytest.raises(JournalError):
+        journal.put_back()
+    assert journal.path.exists()
+    monkeypatch.setattr(Journal, "open", real_open)
+    assert journal.put_back()  # opened there now
+    assert {s.sale_id for s in journal.query()} == {"s1", "s2"}
+    journal.create(new_sale(3))
+    reader = sqlite3.connect(journal.path)
+    assert reader.execute("SELECT COUNT(*) FROM sales").fetchone()[0] == 3
+    reader.close()
+    assert not journal.put_back()
