@@ -103,6 +103,8 @@ def disk_fault(directory: Path) -> str | None:
     free = stat.f_bavail * stat.f_frsize
     if free < LOW_SPACE_BYTES:
         return f"the file system of {directory} is full ({free:,} bytes free)"
+    if stat.f_files and not stat.f_favail:  # the WAL and its shared memory are files to make
+        return f"the file system of {directory} has no inodes left (no file can be made)"
     return None
 
 

@@ -6,6 +6,7 @@ simulator's ledger with the journal: no charge is left held that the journal doe
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import signal
 import subprocess
 import time
@@ -17,7 +18,9 @@ import aiohttp
 import pytest
 
 from kiosk_agent.core.agent import Agent
+from kiosk_agent.sales.journal import Journal
 from kiosk_agent.sales.model import Flow, SaleEvent, SaleRequest
+from kiosk_agent.sales.owner import JournalLock
 from kiosk_agent.sales.states import SaleState
 from kiosk_agent.service.models import TransStatus
 from tests.platforms.agent_rig import running_agent
@@ -247,3 +250,45 @@ async def test_an_agent_started_on_a_full_or_read_only_disk_waits_for_it(
     finally:
         await stopped.close()
         subprocess.run(["mount", "-o", "remount,rw", str(disk)], check=True)
+
+
+async def test_an_agent_started_on_a_disk_without_inodes_waits_for_one(
+    sim_factory: Any, tmp_path: Path
+) -> None:
+    """Blocks free but no inode left: the journal's WAL cannot be made ("unable to open
+    database file"), and the start exited instead of waiting as for a full disk."""
+    from tests.cli.agent_process import AgentProcess, write_config
+
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    mounted = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=8m,nr_inodes=40,mode=0700", "tmpfs", str(disk)],
+        capture_output=True, text=True, check=False,
+    )
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs: {mounted.stderr.strip()}")
+    try:
+        sim = await sim_factory(time_scale=50, seed=3, transactions=0)
+        config = write_config(tmp_path / "conf", sim, disk / "journal.db")
+        journal = Journal(disk / "journal.db")
+        journal.open()
+        journal.close()
+        with JournalLock(disk / "journal.db"):  # its lock file, as a run leaves it
+            pass
+        fillers = 0
+        with contextlib.suppress(OSError):
+            while True:
+                (disk / f"filler{fillers}").touch()
+                fillers += 1
+        agent = await AgentProcess(config, sim).start()
+        try:
+            await agent.wait_for_log("has no inodes left")
+            for n in range(fillers):
+                (disk / f"filler{n}").unlink()
+            await agent.wait_ready()
+            agent.send(signal.SIGTERM)
+            assert await agent.exit_code() == 0
+        finally:
+            await agent.close()
+    finally:
+        subprocess.run(["umount", "-l", str(disk)], check=False)
