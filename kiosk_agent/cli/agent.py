@@ -393,7 +393,9 @@ async def attention_command(args: argparse.Namespace) -> int:
     try:
         sales = journal.attention_sales()
         now = time.time()
-        stalled = [s for s in journal.open_sales() if now - s.updated_at > STALLED_OPEN_S]
+        # either way: a last step dated after now means the clock was stepped back since (NTP
+        # after a boot on a saved clock), and the sale may have stalled as long
+        stalled = [s for s in journal.open_sales() if abs(now - s.updated_at) > STALLED_OPEN_S]
     finally:
         journal.close()
     if wants_json(args):
@@ -402,10 +404,15 @@ async def attention_command(args: argparse.Namespace) -> int:
         return EXIT_OK
     for sale in stalled:
         since = dt.datetime.fromtimestamp(sale.updated_at, dt.UTC)
+        moved = (
+            f"not moved for {now - sale.updated_at:.0f} s" if sale.updated_at <= now else
+            f"its last step is dated {sale.updated_at - now:.0f} s after now (the clock was "
+            "stepped back since)"
+        )  # fmt: skip
         print(
             f"{sale.sale_id}  {sale.order_id}  {sale.source}  open ({sale.state.value}) since "
-            f"{since:%Y-%m-%d %H:%M:%SZ}\n  not moved for {now - sale.updated_at:.0f} s: the "
-            "agent finishes it (a journal that cannot take writes keeps it in memory meanwhile)"
+            f"{since:%Y-%m-%d %H:%M:%SZ}\n  {moved}: the agent finishes it (a journal that "
+            "cannot take writes keeps it in memory meanwhile)"
         )
     for sale in sales:
         when = dt.datetime.fromtimestamp(sale.finished_at or sale.updated_at, dt.UTC)

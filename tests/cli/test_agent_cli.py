@@ -9,6 +9,7 @@ import io
 import json
 import os
 import signal
+import sqlite3
 import subprocess
 import sys
 import tempfile
@@ -441,6 +442,15 @@ def test_sales_attention_shows_an_open_sale_that_has_not_moved(
     assert main(["sales", "attention", "-c", str(path), "--json"]) == 0
     [stalled] = json.loads(capsys.readouterr().out)["stalled_open"]
     assert stalled["state"] == "charging"
+    # NTP stepped the clock back an hour since its last step: still shown, not hidden an hour
+    db = sqlite3.connect(tmp_path / "journal.db")
+    with db:
+        db.execute("UPDATE sales SET updated_at = updated_at + 120 + 3600")
+    db.close()
+    assert main(["sales", "attention", "-c", str(path)]) == 0
+    listed = capsys.readouterr().out
+    assert "9a8b7c6d5e  KAHELD  kiosk_api:screen  open (charging) since" in listed
+    assert "after now (the clock was stepped back since)" in listed
 
 
 def test_sales_attention_lists_what_a_person_must_decide_and_resolve_records_it(
