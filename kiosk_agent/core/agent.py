@@ -316,9 +316,10 @@ class Agent:
                     "agent claimed the journal since: stop that one"
                 )
             try:
-                if self.journal.put_back():
-                    _LOGGER.warning("journal: %s was removed while the agent ran; written back "
-                                    "from the open journal, nothing lost", self.journal.path)
+                done = self.journal.put_back()
+                if done is not None:
+                    _LOGGER.warning("journal: %s while the agent ran; the open journal written "
+                                    "back there, nothing lost", done)
             except JournalError as err:
                 if str(err) != said:  # once, not every second
                     _LOGGER.error("journal: %s", err)

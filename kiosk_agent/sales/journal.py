@@ -252,6 +252,7 @@ class Journal:
         self._db: sqlite3.Connection | None = None
         self._copy_dir: Path | None = None  # a copy read in its place (open_to_read)
         self._reopen = False  # put back, not reopened yet (put_back tries again)
+        self._identity: tuple[int, int] | None = None  # the file open(): put_back compares
         self._batching = False  # inside batch(): writes join its one transaction
         # Told after every write: None when it went through, the error when it did not (the
         # agent takes the unit out of service at once, from whichever path wrote).
@@ -284,6 +285,7 @@ class Journal:
                     part.chmod(0o600)
             if not self.marker.exists():
                 self.marker.write_text("a kiosk-agent journal is in use beside this file\n")
+            self._identity = _identity(self.path)
         except JournalError:
             db.close()
             raise
@@ -383,23 +385,34 @@ class Journal:
         except (sqlite3.Error, OSError) as err:
             _LOGGER.warning("journal: the WAL was not grown ahead (%s); commits lengthen it", err)
 
-    def put_back(self) -> bool:
+    def put_back(self) -> str | None:
         """Write the open journal back to its path when its file was removed under it (a person
-        or a script cleaning up): every later step would go into a file nobody can open again,
-        and the next start would find the journal lost and give back charges of vended sales.
-        True when it was put back; False when its file is where it was, or a write is under
-        way (the next look does it). Raises :class:`JournalError` when it cannot be done."""
+        or a script cleaning up) or replaced by another file (a backup moved over it): every
+        later step would go into a file nobody can open again, and the next start would find
+        the journal lost (or old) and give back charges of vended sales. A file found in its
+        place is kept beside it (``journal.db.replaced-<UTC time>``). What was done, for the
+        log; None when its file is where it was, or a write is under way (the next look does
+        it). Raises :class:`JournalError` when it cannot be done."""
         if self._reopen:  # written back, but the journal did not open there yet
             self.open()
             self._reopen = False
-            return True
-        if self._db is None or self._batching or self._db.in_transaction or self.path.exists():
-            return False
+            return f"{self.path} was removed (written back before, opened there now)"
+        if self._db is None or self._batching or self._db.in_transaction:
+            return None
+        found = _identity(self.path)
+        if found == self._identity:
+            return None
+        what = f"{self.path} was removed"
         fresh = self.path.with_name(self.path.name + ".restoring")
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             fresh.unlink(missing_ok=True)
             self._db.execute("VACUUM INTO ?", (str(fresh),))  # every committed step, whole
+            if found is not None:
+                stamp = dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%SZ")
+                kept = self.path.with_name(f"{self.path.name}.replaced-{stamp}")
+                self.path.rename(kept)
+                what = f"{self.path} was replaced by another file (kept as {kept})"
         except (sqlite3.Error, OSError) as err:
             fresh.unlink(missing_ok=True)
             raise JournalError(f"cannot put the journal back at {self.path}: {err}") from err
@@ -410,7 +423,7 @@ class Journal:
         self._reopen = True
         self.open()
         self._reopen = False
-        return True
+        return what
 
     def close(self) -> None:
         if self._db is not None:
@@ -877,6 +890,15 @@ def _write_beside(db: sqlite3.Connection, sale_id: str, row: Mapping[str, Any]) 
             f"ON CONFLICT(sale_id) DO UPDATE SET {updates}",
             {**{c: row.get(c) for c in columns}, "sale_id": sale_id},
         )
+
+
+def _identity(path: Path) -> tuple[int, int] | None:
+    """The file at ``path`` (device, inode); None when there is none."""
+    try:
+        found = os.stat(path)
+    except OSError:
+        return None
+    return found.st_dev, found.st_ino
 
 
 def marker_path(journal: Path) -> Path:

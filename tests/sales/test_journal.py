@@ -377,7 +377,7 @@ def test_put_back_writes_a_removed_journal_whole_and_reopens_it_until_it_opens(
     journal: Journal, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     walk_to(journal, journal.create(new_sale(1)), SaleState.COMPLETED)
-    assert not journal.put_back()  # where it was: nothing to do
+    assert journal.put_back() is None  # where it was: nothing to do
     journal.path.unlink()
     walk_to(journal, journal.create(new_sale(2)), SaleState.COMPLETED)  # into the removed file
     real_open = Journal.open
@@ -386,10 +386,31 @@ def test_put_back_writes_a_removed_journal_whole_and_reopens_it_until_it_opens(
         journal.put_back()
     assert journal.path.exists()
     monkeypatch.setattr(Journal, "open", real_open)
-    assert journal.put_back()  # opened there now
+    assert journal.put_back() is not None  # opened there now
     assert {s.sale_id for s in journal.query()} == {"s1", "s2"}
     journal.create(new_sale(3))
     reader = sqlite3.connect(journal.path)
     assert reader.execute("SELECT COUNT(*) FROM sales").fetchone()[0] == 3
     reader.close()
-    assert not journal.put_back()
+    assert journal.put_back() is None
+
+
+def test_put_back_keeps_a_file_moved_over_the_journal_beside_it(journal: Journal) -> None:
+    """A backup moved over the running agent's journal: the agent went on writing the replaced
+    file, and the next start read the backup, every sale since missing."""
+    walk_to(journal, journal.create(new_sale(1)), SaleState.COMPLETED)
+    backup = journal.path.with_name("backup.db")
+    old = Journal(backup)
+    old.open()
+    old.close()
+    backup.replace(journal.path)
+    walk_to(journal, journal.create(new_sale(2)), SaleState.COMPLETED)
+    done = journal.put_back()
+    assert done is not None
+    assert "was replaced by another file" in done
+    [kept] = journal.path.parent.glob("journal.db.replaced-*Z")
+    assert str(kept) in done
+    reader = sqlite3.connect(journal.path)
+    assert reader.execute("SELECT COUNT(*) FROM sales").fetchone()[0] == 2
+    reader.close()
+    assert journal.put_back() is None
