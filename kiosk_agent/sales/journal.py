@@ -399,7 +399,10 @@ class Journal:
             return f"{self.path} was removed (written back before, opened there now)"
         if self._db is None or self._batching or self._db.in_transaction:
             return None
-        found = _identity(self.path)
+        try:
+            found = _identity(self.path)
+        except OSError:
+            return None
         if found == self._identity:
             return None
         what = f"{self.path} was removed"
@@ -893,10 +896,11 @@ def _write_beside(db: sqlite3.Connection, sale_id: str, row: Mapping[str, Any]) 
 
 
 def _identity(path: Path) -> tuple[int, int] | None:
-    """The file at ``path`` (device, inode); None when there is none."""
+    """The file at ``path`` (device, inode); None when there is none. Raises ``OSError`` when
+    it cannot be told (a failing disk): nothing must be put back on that."""
     try:
         found = os.stat(path)
-    except OSError:
+    except FileNotFoundError:
         return None
     return found.st_dev, found.st_ino
 
