@@ -309,13 +309,13 @@ class Agent:
         claimed, said = True, ""
         while True:
             await asyncio.sleep(CLAIM_CHECK_S)
-            if claimed and not self.owner.keep():
-                claimed = False
-                self.health.report_journal_state(
-                    notice=f"{self.owner.path} was removed while this agent ran and another "
-                    "agent claimed the journal since: stop that one"
-                )
             try:
+                if claimed and not self.owner.keep():
+                    claimed = False
+                    self.health.report_journal_state(
+                        notice=f"{self.owner.path} was removed while this agent ran and another "
+                        "agent claimed the journal since: stop that one"
+                    )
                 done = self.journal.put_back()
                 if done is not None:
                     _LOGGER.warning("journal: %s while the agent ran; the open journal written "
@@ -324,6 +324,8 @@ class Agent:
                 if str(err) != said:  # once, not every second
                     _LOGGER.error("journal: %s", err)
                 said = str(err)
+            except Exception:  # never dies silently: said, and the next look tries again
+                _LOGGER.exception("journal: looking at its files failed")
 
     def _waiting_for_disk(self, fault: str) -> None:
         if self._systemd is not None:  # the start goes on: systemd must neither time it out

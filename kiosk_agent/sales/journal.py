@@ -416,14 +416,16 @@ class Journal:
                 kept = self.path.with_name(f"{self.path.name}.replaced-{stamp}")
                 self.path.rename(kept)
                 what = f"{self.path} was replaced by another file (kept as {kept})"
+            # in place before the old connection closes: until then it holds every step
+            os.replace(fresh, self.path)
         except (sqlite3.Error, OSError) as err:
             fresh.unlink(missing_ok=True)
             raise JournalError(f"cannot put the journal back at {self.path}: {err}") from err
+        self._reopen = True  # from here the file at the path is the journal, whole
         self.close()  # the removed file's WAL and shared memory go with its last connection
         for stale in side_files(self.path):  # unless a reader still holds them: never pair
-            stale.unlink(missing_ok=True)  # them with the new file
-        os.replace(fresh, self.path)
-        self._reopen = True
+            with contextlib.suppress(OSError):  # them with the new file
+                stale.unlink(missing_ok=True)
         self.open()
         self._reopen = False
         return what
