@@ -92,8 +92,8 @@ def inspect_journal(path: Path, *, move_damaged: bool = True) -> JournalNotice |
 
 
 def disk_fault(directory: Path) -> str | None:
-    """What is wrong with the journal's file system (full, read-only), for people; None when
-    it is neither (or cannot be looked at)."""
+    """What is wrong with the journal's file system (full, out of inodes, read-only), for
+    people; None when it is neither (or cannot be looked at)."""
     try:
         stat = os.statvfs(directory)
     except OSError:
@@ -186,23 +186,25 @@ class JournalGuard:
 
     # -- start -----------------------------------------------------------------------------------
 
-    def before_open(self) -> None:
+    def before_open(self, *, say: bool = True) -> None:
         """Check the file (lost, damaged) and say so; the first charge check is then due."""
         self.notice = inspect_journal(self.journal.path)
         self.health.report_journal_state(path=str(self.journal.path), charges_pending=True)
         if self.notice is not None:
-            _LOGGER.error("journal: %s", self.notice.message)
+            if say:
+                _LOGGER.error("journal: %s", self.notice.message)
             self.health.report_journal_state(notice=self.notice.message)
 
     async def open_journal(self, waiting: Callable[[str], None] = lambda fault: None) -> None:
         """Check the file (:meth:`before_open`) and open the journal. While its file system is
-        full or read-only and the open fails on it, look again every ``DISK_WATCH_S`` (told to
-        ``waiting`` each time): exiting could not help, and under systemd a unit whose restarts
-        failed ten times in five minutes stays down, not back by itself once space returns.
-        Nothing starts meanwhile: no customer is taken, no sale recovered before it opens."""
+        full, out of inodes or read-only and the open fails on it, look again every
+        ``DISK_WATCH_S`` (told to ``waiting`` each time): exiting could not help, and under
+        systemd a unit whose restarts failed ten times in five minutes stays down, not back by
+        itself once space returns. Nothing starts meanwhile: no customer is taken, no sale
+        recovered before it opens."""
         said = False
         while True:
-            self.before_open()
+            self.before_open(say=not said)  # the file looked at again each time, said once
             try:
                 self.journal.open()
             except JournalTooNew:
