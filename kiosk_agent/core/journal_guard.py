@@ -204,7 +204,8 @@ class JournalGuard:
         recovered before it opens."""
         said = False
         while True:
-            self.before_open(say=not said)  # the file looked at again each time, said once
+            if not said or self.notice is None:  # found lost or damaged (moved aside): as found
+                self.before_open(say=not said)  # else looked at again: the disk hid it before
             try:
                 self.journal.open()
             except JournalTooNew:
