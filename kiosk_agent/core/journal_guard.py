@@ -186,13 +186,12 @@ class JournalGuard:
 
     # -- start -----------------------------------------------------------------------------------
 
-    def before_open(self, *, say: bool = True) -> None:
+    def before_open(self) -> None:
         """Check the file (lost, damaged) and say so; the first charge check is then due."""
         self.notice = inspect_journal(self.journal.path)
         self.health.report_journal_state(path=str(self.journal.path), charges_pending=True)
         if self.notice is not None:
-            if say:
-                _LOGGER.error("journal: %s", self.notice.message)
+            _LOGGER.error("journal: %s", self.notice.message)
             self.health.report_journal_state(notice=self.notice.message)
 
     async def open_journal(self, waiting: Callable[[str], None] = lambda fault: None) -> None:
@@ -204,8 +203,8 @@ class JournalGuard:
         recovered before it opens."""
         said = False
         while True:
-            if not said or self.notice is None:  # found lost or damaged (moved aside): as found
-                self.before_open(say=not said)  # else looked at again: the disk hid it before
+            if self.notice is None:  # found lost or damaged (moved aside): kept as found; else
+                self.before_open()  # looked at again each time (the disk may have hidden it)
             try:
                 self.journal.open()
             except JournalTooNew:
