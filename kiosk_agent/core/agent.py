@@ -25,7 +25,7 @@ from kiosk_agent.core.collector import Settling, settle_after_ready
 from kiosk_agent.core.config import Config
 from kiosk_agent.core.events import EventLog
 from kiosk_agent.core.health import HEALTH_SCHEMA, Health, HealthChecker
-from kiosk_agent.core.journal_guard import JournalGuard
+from kiosk_agent.core.journal_guard import DISK_WATCH_S, JournalGuard
 from kiosk_agent.core.registry import PlatformInstance
 from kiosk_agent.core.systemd import SystemdLifecycle
 from kiosk_agent.sales.attention import AttentionSweeper
@@ -50,7 +50,6 @@ _LOGGER = logging.getLogger(__name__)
 
 # While recovery runs, systemd's start timeout is pushed back by this much every 10 s.
 _START_EXTENSION = 30.0
-CLAIM_CHECK_S = 1.0  # how often the journal's files are looked at (_keep_journal)
 
 
 class Component(Protocol):
@@ -143,7 +142,7 @@ class Agent:
         self.journal = journal or Journal(config.resolve(config["journal"]["path"]), clock)
         # one agent per journal: claimed before anything reads it, let go after it is closed
         self.owner = owner or JournalLock(self.journal.path)
-        self._claim_keeper = BackgroundTask(self._keep_journal, "journal-files")
+        self._journal_watch = BackgroundTask(self._watch_journal, "journal-watch")
         self.events: EventBus[SaleEvent] = EventBus()
         health_conf = config.get("health") or HEALTH_SCHEMA({})
         self.health = Health(version, key_warning=health_conf["key_warning"])
@@ -244,7 +243,7 @@ class Agent:
         self.owner.acquire()  # another agent on this journal: refused here, nothing read yet
         # lost or damaged: named (a damaged one moved aside); a full or read-only disk: waited for
         await self.journal_guard.open_journal(self._waiting_for_disk)
-        self._claim_keeper.start()
+        self._journal_watch.start()
         self.event_log.open()
         self._prune()
         await self.service.start()
@@ -301,15 +300,18 @@ class Agent:
             len(open_ids),
         )
 
-    async def _keep_journal(self) -> None:
-        """Every second, the journal's files as they must be while the agent runs: its claim
-        put back if a person removed its file (else a second agent would start on this journal
-        too: sales/owner.py), and the journal itself written back if its file was removed
-        (else every later step would be lost with it: Journal.put_back)."""
+    async def _watch_journal(self) -> None:
+        """Every second (the one timer an idle agent has), the journal's disk and files as they
+        must be while the agent runs: the file system not full nor read-only, no sale unwritten
+        too long (JournalGuard.watch); its claim put back if a person removed its file (else a
+        second agent would start on this journal too: sales/owner.py), and the journal itself
+        written back if its file was removed (else every later step would be lost with it:
+        Journal.put_back)."""
         claimed, said = True, ""
         while True:
-            await asyncio.sleep(CLAIM_CHECK_S)
+            await asyncio.sleep(DISK_WATCH_S)
             try:
+                self.journal_guard.watch()
                 if claimed and not self.owner.keep():
                     claimed = False
                     self.health.report_journal_state(
@@ -325,7 +327,7 @@ class Agent:
                     _LOGGER.error("journal: %s", err)
                 said = str(err)
             except Exception:  # never dies silently: said, and the next look tries again
-                _LOGGER.exception("journal: looking at its files failed")
+                _LOGGER.exception("journal: watching its disk and files failed")
 
     def _waiting_for_disk(self, fault: str) -> None:
         if self._systemd is not None:  # the start goes on: systemd must neither time it out
@@ -388,7 +390,7 @@ class Agent:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
         await self.service.close()
-        await self._claim_keeper.stop()
+        await self._journal_watch.stop()
         self.journal.close()
         self.owner.release()
         self.started = False

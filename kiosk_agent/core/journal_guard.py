@@ -283,9 +283,7 @@ class JournalGuard:
                 self._audit_due.clear()
                 retry = await self._check_charges()
                 next_check = time.monotonic() + (self.audit_retry if retry else self.audit_interval)
-            self._withhold_watchdog_if_stuck()
-            self._watch_disk()
-            wait = min(next_check - time.monotonic(), DISK_WATCH_S)
+            wait = next_check - time.monotonic()
             # asyncio.timeout, not wait_for: on 3.11 a wake-up that lands with a stop's cancel
             # makes wait_for return and swallow the cancel (the stop then waits a whole round)
             with contextlib.suppress(TimeoutError):
@@ -330,6 +328,12 @@ class JournalGuard:
         if pending != self.health.journal.charges_pending:
             self._evaluate()
         return self.health.journal.charges_pending
+
+    def watch(self) -> None:
+        """Every ``DISK_WATCH_S``, from the agent's one watch of its journal (beside its files):
+        a disk turned full or read-only, sales that stay unwritten too long."""
+        self._withhold_watchdog_if_stuck()
+        self._watch_disk()
 
     def _watch_disk(self) -> None:
         """A file system turned full or read-only has the checker probe the journal now (a
