@@ -775,14 +775,24 @@ def validated(model: type[M], what: str, fields: dict[str, Any]) -> M:
         raise CliError(f"{what}: {first_problem(err)}", EXIT_USAGE) from None
 
 
+# The largest whole number an option takes: SQLite's INTEGER, where a limit or an id ends up.
+MAX_WHOLE = 2**63 - 1
+
+
 def positive_int(text: str) -> int:
-    """An argparse ``type``: a whole number above zero."""
+    """An argparse ``type``: a whole number above zero, in ASCII digits (``int`` also takes
+    ``"٣"``) and at most :data:`MAX_WHOLE`."""
+    shown = text if len(text) <= 40 else f"{text[:40]}..."
     try:
-        value = int(text)
+        value = int(text) if text.isascii() else None
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+        value = None
+    if value is None:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {shown!r}")
     if value <= 0:
-        raise argparse.ArgumentTypeError(f"expected a number above zero, got {text!r}")
+        raise argparse.ArgumentTypeError(f"expected a number above zero, got {shown!r}")
+    if value > MAX_WHOLE:
+        raise argparse.ArgumentTypeError(f"expected at most {MAX_WHOLE}, got {shown!r}")
     return value
 
 

@@ -230,3 +230,16 @@ async def test_since_and_until_read_moments_as_the_command_line_does(agent: Any,
     async with api.get("/api/sales?since=7y", headers=READER) as response:
         assert response.status == 400
         assert '"90m", "24h", "7d", "2w"' in (await response.json())["detail"]
+
+
+@pytest.mark.parametrize("fmt", [None, "csv", "json"])
+async def test_a_span_back_past_the_year_1_is_a_400_not_a_500(api: Any, fmt: str | None) -> None:
+    """``since=99999999w`` went past what a datetime holds: the API answered 500."""
+    params = {"since": "99999999w"} | ({"format": fmt} if fmt else {})
+    async with api.get("/api/sales", params=params, headers=READER) as response:
+        assert response.status == 400
+        assert "within the years 1 to 9999" in (await response.json())["detail"]
+    params = {"until": "9999-12-31"} | ({"format": fmt} if fmt else {})
+    async with api.get("/api/sales", params=params, headers=READER) as response:
+        assert response.status == 200  # the whole last day, every sale before it
+

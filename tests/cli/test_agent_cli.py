@@ -253,6 +253,31 @@ def test_sales_with_a_bad_since_says_what_it_expected(
     )
 
 
+@pytest.mark.parametrize(
+    ("argv", "said"),
+    [
+        # past what a datetime holds: was "unexpected OverflowError ... (please report this)"
+        (["--since", "99999999w"], "--since: expected"),
+        # past SQLite's INTEGER: was "unexpected OverflowError: Python int too large"
+        (["--limit", "99999999999999999999999"], "--limit: expected at most 9223372036854775807"),
+        (["--limit", "\u0663"], "--limit: expected a whole number, got '\u0663'"),  # Arabic 3
+    ],
+)
+def test_sales_refuses_a_moment_or_limit_out_of_range_as_a_usage_error(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], argv: list[str], said: str
+) -> None:
+    path = write(tmp_path, GOOD)
+    fill_journal(tmp_path)
+    try:
+        code = main(["sales", "--config", str(path), *argv])
+    except SystemExit as refused:  # argparse's own usage error
+        code = refused.code
+    assert code == 2
+    err = capsys.readouterr().err
+    assert said in err
+    assert "unexpected" not in err
+
+
 def test_parse_since_relative_and_absolute() -> None:
     assert parse_since("2h", now=10_000.0) == 10_000.0 - 7200
     assert parse_since("2026-11-01T00:00:00+00:00") == 1793491200.0
