@@ -581,6 +581,12 @@ class Journal:
         be trusted to say)."""
         return self.query(states=[state], last_steps=last_steps)
 
+    def outside_writes(self) -> int:
+        """SQLite's ``data_version``: it changes when another connection commits to the
+        journal (another process: ``kiosk-agent sales resolve`` while the agent runs), never
+        for this connection's own writes."""
+        return int(self.db.execute("PRAGMA data_version").fetchone()[0])
+
     def attention_sales(self) -> list[SaleRecord]:
         return self.query(states=[SaleState.ATTENTION])
 
