@@ -246,9 +246,12 @@ class AdminServer:
         if fmt is not None and fmt not in SALE_FORMATS:
             raise _BadParameter(f"format must be {' or '.join(SALE_FORMATS)}, got {fmt[:40]!r}")
         states = [_sale_state(s) for s in query.getall("state", [])]
+        since, until = _time_param(query, "since"), _time_param(query, "until")
+        if since is not None and until is not None and since >= until:
+            raise _BadParameter("since must be before until")  # as the command line says
         records = journal.query(
-            since=_time_param(query, "since"),
-            until=_time_param(query, "until"),
+            since=since,
+            until=until,
             states=states or None,
             # an export takes every sale unless told; the API's page of records is 100
             limit=_int_param(query, "limit", None if fmt else 100, MAX_SALES_LIMIT),
@@ -547,8 +550,9 @@ def _time_param(query: Any, name: str) -> float | None:
 
 
 def _sale_state(raw: str) -> SaleState:
+    """A state in any case, as ``kiosk-agent sales --state`` takes it."""
     try:
-        return SaleState(raw)
+        return SaleState(raw.lower())
     except ValueError:
         known = ", ".join(s.value for s in SaleState)
         raise _BadParameter(f"state must be one of {known}, got {raw!r}") from None

@@ -119,6 +119,10 @@ def _sales_list_options(parser: argparse.ArgumentParser) -> None:
     # SUPPRESS: the options may stand before or after `list` (`sales --since 7d list`).
     parser.add_argument("--since", default=argparse.SUPPRESS, help=f"from: {MOMENT_FORMS}")
     parser.add_argument(
+        "--until", default=argparse.SUPPRESS,
+        help="up to this day (the whole of it) or time, in the same forms as --since",
+    )  # fmt: skip
+    parser.add_argument(
         "--state", action="append", default=argparse.SUPPRESS,
         type=case_insensitive([s.value for s in SaleState]),
         help=f"repeatable, any case: {', '.join(s.value for s in SaleState)}",
@@ -312,6 +316,21 @@ def parse_since(text: str, now: float | None = None) -> float:
     return moment.timestamp()
 
 
+def sales_window(
+    since_text: str | None, until_text: str | None
+) -> tuple[float | None, float | None]:
+    """``--since``/``--until`` as Unix seconds (an until day is the whole day), as the admin
+    API's ``since``/``until`` read them; an empty or backwards window is a usage error."""
+    since = parse_moment(since_text, option="--since")
+    until = parse_moment(until_text, end=True, option="--until")
+    if since is not None and until is not None and since >= until:
+        raise CliError("--since must be before --until", EXIT_USAGE)
+    return (
+        since.timestamp() if since is not None else None,
+        until.timestamp() if until is not None else None,
+    )
+
+
 # Rows the table shows unless --limit or --all says otherwise (as `journalctl -n`): after a
 # demo the journal holds hundreds of sales, and a tech wants the newest.
 TABLE_LIMIT = 25
@@ -434,13 +453,12 @@ async def sales_command(args: argparse.Namespace) -> int:
         raise CliError("give --limit N or --all, not both", EXIT_USAGE)
     if limit is None and fmt == "table" and not getattr(args, "all", False):
         limit = TABLE_LIMIT
-    since_text = getattr(args, "since", None)
-    since = parse_since(since_text) if since_text else None
+    since, until = sales_window(getattr(args, "since", None), getattr(args, "until", None))
     journal = _open_journal(args)
     try:
         states = [SaleState(s) for s in getattr(args, "state", None) or []] or None
-        sales = journal.query(since=since, states=states, limit=limit)
-        more = journal.count(since=since, states=states) - len(sales) if limit else 0
+        sales = journal.query(since=since, until=until, states=states, limit=limit)
+        more = journal.count(since=since, until=until, states=states) - len(sales) if limit else 0
     finally:
         journal.close()
     sys.stdout.write(render(sales, fmt))

@@ -3,6 +3,7 @@
 
 import asyncio
 import csv
+import datetime as dt
 import io
 import json
 from pathlib import Path
@@ -78,3 +79,45 @@ async def test_the_api_refuses_an_unknown_format(
     ) as response:
         assert response.status == 400
         assert (await response.json())["detail"] == "format must be csv or json, got 'xlsx'"
+
+
+async def test_a_window_and_a_state_in_any_case_export_alike_from_the_cli_and_the_api(
+    agent: Any, admin_server: Any, admin_headers: dict[str, str], tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """The API took `until` and the command line had no --until; the command line took
+    `--state COMPLETED` and the API refused `state=COMPLETED`; a backwards window was an
+    empty export from the API. One question, one answer, from both."""
+    await _sell(agent, 250)
+    await _sell(agent, 402)  # declined
+    config = str(tmp_path / "config.yaml")
+    created = agent.journal.query(limit=1)[0].created_at
+    today = dt.datetime.fromtimestamp(created, dt.UTC).date()
+    windows = [  # each with the completed amounts it holds
+        ({"since": "1h", "until": today.isoformat()}, ["2.50"]),  # until a day: all of it
+        ({"until": (today - dt.timedelta(days=1)).isoformat()}, []),  # before every sale
+    ]
+    for window, amounts in windows:
+        argv = [f"--{key}={value}" for key, value in window.items()]
+        code, cli_out, _ = await _cli(
+            capsys, "sales", "-c", config, "--format", "csv", "--state", "Completed", *argv
+        )
+        assert code == 0
+        async with aiohttp.ClientSession(headers=admin_headers) as http, http.get(
+            f"{admin_server.url}/api/sales",
+            params={"format": "csv", "state": "COMPLETED", **window},
+        ) as response:
+            assert response.status == 200, await response.text()
+            assert await response.read() == cli_out.encode()
+        assert [row["amount"] for row in csv.DictReader(io.StringIO(cli_out))] == amounts
+
+    backwards = {"since": "2026-11-22", "until": "2026-11-21"}
+    code, _, err = await _cli(
+        capsys, "sales", "-c", config, *[f"--{k}={v}" for k, v in backwards.items()]
+    )
+    assert (code, err.strip()) == (2, "error: --since must be before --until")
+    async with aiohttp.ClientSession(headers=admin_headers) as http, http.get(
+        f"{admin_server.url}/api/sales", params={"format": "csv", **backwards}
+    ) as response:
+        assert response.status == 400
+        assert (await response.json())["detail"] == "since must be before until"
