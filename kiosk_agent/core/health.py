@@ -386,7 +386,7 @@ class Health:
             self._attention_sales.discard(event.sale_id)
         if event.state is SaleState.COMPLETED:
             self._today_count += 1
-            self._today_cents += event.captured_cents or event.amount_cents
+            self._today_cents += event.captured_cents  # as Journal.today sums it
         self._changed()
 
     def _count_total(self, event: SaleEvent) -> None:

@@ -113,6 +113,17 @@ def test_a_receipt_note_is_not_counted_as_a_second_sale() -> None:
     assert (sales.today_count, sales.today_amount_cents) == (1, 250)
 
 
+def test_the_days_amount_is_what_was_captured_as_the_journal_sums_it() -> None:
+    """A completed enrollment saves a card and takes nothing: the day's amount counted its
+    $7.50 asked while the agent ran, and the journal's sum (Journal.today, read at start) did
+    not, so the page's "Sales today" changed at a restart."""
+    health = Health("1")
+    health.record_sale(_event("a", SaleState.COMPLETED, amount=750, captured=0))
+    health.record_sale(_event("b", SaleState.COMPLETED, amount=500, captured=180))
+    sales = health.snapshot().sales
+    assert (sales.today_count, sales.today_amount_cents) == (2, 180)
+
+
 def test_running_totals_only_grow_across_local_midnight_where_the_day_starts_again() -> None:
     day = [dt.date(2026, 11, 24)]
     health = Health("1", today=lambda: day[0])
@@ -147,7 +158,7 @@ async def test_follow_sales_reads_the_event_bus() -> None:
     task = asyncio.create_task(health.follow_sales(bus))
     while bus.subscriber_count == 0:
         await asyncio.sleep(0)
-    bus.publish(_event("a", SaleState.COMPLETED, amount=125))
+    bus.publish(_event("a", SaleState.COMPLETED, amount=125, captured=125))
     for _ in range(10):
         await asyncio.sleep(0)
     task.cancel()
