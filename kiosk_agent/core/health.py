@@ -154,7 +154,7 @@ class SaleTotals:
     # resolved later counts in ATTENTION and again in its resolution
     sales: Mapping[tuple[str, SaleState], int]
     captured_cents: Mapping[str, int]  # taken and kept (COMPLETED sales)
-    reversed_cents: Mapping[str, int]  # taken and given back (REVERSED sales)
+    reversed_cents: Mapping[str, int]  # voided or refunded (REVERSED sales), holds released included
 
 
 class HealthSnapshot(_Model):
