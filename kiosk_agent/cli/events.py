@@ -51,7 +51,10 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         parents=options(timeout=True),
     )
     add_admin_address(events)
-    events.add_argument("--terminal", metavar="DEVICE", help="only this terminal's events")
+    events.add_argument(
+        "--terminal", metavar="DEVICE",
+        help="only this terminal's events (its device id, or its name in the configuration)",
+    )  # fmt: skip
     events.add_argument(
         "--sale", metavar="SALE", help="only this sale (its id, a start of it, or its order id)"
     )
@@ -62,17 +65,26 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     events.set_defaults(handler=guarded(events_command))
 
 
-@dataclass(frozen=True)
+@dataclass
 class Filters:
     terminal: str | None = None
     sale: str | None = None
     kinds: frozenset[str] = field(default_factory=frozenset)
+    device_id: str | None = None  # the terminal's device id, once a health snapshot named it
+
+    def learn(self, snapshot: dict[str, Any]) -> None:
+        """A terminal given by name (``--terminal front``): its device id, from the agent's
+        health (the stream's first event), which events carry."""
+        for terminal in snapshot.get("terminals") or ():
+            if self.terminal in (terminal.get("device_id"), terminal.get("name")):
+                self.device_id = terminal.get("device_id")
+                return
 
     def wants(self, kind: str, data: dict[str, Any]) -> bool:
         if self.kinds and kind not in self.kinds:
             return False
         where = data.get("terminal") or data.get("device_id")
-        if self.terminal is not None and where != self.terminal:
+        if self.terminal is not None and where not in (self.terminal, self.device_id):
             return False
         if self.sale is not None:
             if kind != "sale":
@@ -88,7 +100,10 @@ async def events_command(args: argparse.Namespace) -> int:
     as_json = wants_json(args)
 
     def show(kind: str, data: dict[str, Any]) -> None:
-        if kind == "health" or kind == "doctor":
+        if kind == "health":
+            filters.learn(data.get("health") or {})
+            return
+        if kind == "doctor":
             return
         if kind == "note":
             kind = data.get("kind") or "status"

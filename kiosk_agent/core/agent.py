@@ -164,6 +164,7 @@ class Agent:
             journal_probe=self._probe_journal,
             on_checked=self.availability.evaluate,
             next_interval=self.availability.next_check_in,
+            names=self.settings.terminals,
         )
         self.availability.wake = self._checker.wake
         context = SaleContext(

@@ -154,7 +154,7 @@ class SaleTotals:
     # resolved later counts in ATTENTION and again in its resolution
     sales: Mapping[tuple[str, SaleState], int]
     captured_cents: Mapping[str, int]  # taken and kept (COMPLETED sales)
-    reversed_cents: Mapping[str, int]  # voided or refunded (REVERSED sales), holds released included
+    reversed_cents: Mapping[str, int]  # voided or refunded (REVERSED sales), holds too
 
 
 class HealthSnapshot(_Model):
@@ -574,8 +574,12 @@ class HealthChecker:
         journal_probe: Callable[[], object] | None = None,
         on_checked: Callable[[], object] | None = None,
         next_interval: Callable[[float], float] | None = None,
+        names: Mapping[str, str] | None = None,
     ) -> None:
         self._health = health
+        # the configuration's name of each terminal wins over the service's: the one the
+        # triggers and the technician use ("front", not the service's "Counter 1")
+        self._names = dict(names or {})
         # e.g. ``lambda: service.transport.keys.credentials.api_key_expires_at``
         self._key_expiry = key_expiry
         self._terminals = terminals
@@ -649,7 +653,7 @@ class HealthChecker:
                 device_id, online=False, detail="not listed by the service"
             )
             return
-        name = getattr(listed, "name", None)
+        name = self._names.get(device_id) or getattr(listed, "name", None)
         connected = getattr(listed, "connected", None)
         try:
             async with asyncio.timeout(self._timeout):

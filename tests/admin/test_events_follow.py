@@ -68,6 +68,26 @@ async def test_events_show_a_sales_steps_in_order_and_end_on_ctrl_c(
     assert "Traceback" not in err
 
 
+async def test_events_take_a_terminal_by_its_configured_name(
+    agent: Any, admin_server: Any
+) -> None:
+    """`--terminal printer` (SIM-0007's name in the configuration, as triggers name it) showed
+    nothing at all: only a device id matched."""
+    proc = await _follow(admin_server, "events", "--kind", "sale", "--terminal", "printer",
+                         "--json")
+    try:
+        final = await _sell(agent, 250)  # on SIM-0007
+        assert proc.stdout is not None
+        async with asyncio.timeout(WAIT_S):
+            event = json.loads(await proc.stdout.readline())
+        code, _took, _err = await _interrupt(proc)
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+    assert (event["sale_id"], event["terminal"]) == (final.sale_id, "SIM-0007")
+    assert code == 130
+
+
 async def test_events_name_a_reader_that_stops_taking_cards(
     agent: Any, admin_server: Any
 ) -> None:

@@ -367,3 +367,19 @@ def test_unexpected_errors_a_part_caught_are_shown_counted_and_degrade() -> None
     assert snapshot.errors == {"health check": 2}
     assert snapshot.status == "degraded"
     assert "unexpected errors, logged with their tracebacks: health check 2" in snapshot.problems
+
+
+async def test_a_configured_terminal_name_wins_over_the_services(service) -> None:
+    """The agent starts with the configuration's names ("front") and its first round of pings
+    put the service's ("Counter 1") in their place: the status page's terminal and `health`
+    changed names under the technician a minute after the start."""
+    health = Health("1")
+    health.report_terminal("SIM-0001", online=True, name="front")  # as the agent starts
+    checker = HealthChecker(
+        health, service.terminal, ["SIM-0001", "SIM-0002"], names={"SIM-0001": "front"}
+    )
+    await checker.check_once()
+    by_id = {t.device_id: t for t in health.snapshot().terminals}
+    assert by_id["SIM-0001"].name == "front"
+    listed = {t.device_id: t.name for t in await service.terminal.list()}
+    assert by_id["SIM-0002"].name == listed["SIM-0002"]  # no configured name: the service's
