@@ -21,13 +21,14 @@ any size keeps one page in memory. A report never carries a card token (``accoun
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import hashlib
 import hmac
 import json
 import logging
 import sqlite3
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 import voluptuous as vol
@@ -249,22 +250,27 @@ class AdminServer:
         since, until = _time_param(query, "since"), _time_param(query, "until")
         if since is not None and until is not None and since >= until:
             raise _BadParameter("since must be before until")  # as the command line says
-        records = journal.query(
-            since=since,
-            until=until,
-            states=states or None,
-            # an export takes every sale unless told; the API's page of records is 100
-            limit=_int_param(query, "limit", None if fmt else 100, MAX_SALES_LIMIT),
-        )
+        # an export takes every sale unless told; the API's page of records is 100
+        limit = _int_param(query, "limit", None if fmt else 100, MAX_SALES_LIMIT)
         if fmt is None:
+            records = journal.query(since=since, until=until, states=states or None, limit=limit)
             return web.json_response({"sales": self._with_unwritten(records, states)})
-        return web.Response(
-            body="".join(export_sales(records, fmt)).encode(),
+        # A year of sales is streamed page by page, the loop running sales between pages: read
+        # and written whole, 100,000 sales held the agent 4.6 s (and 20 MB) here.
+        pages = journal.pages(since=since, until=until, states=states or None, limit=limit)
+        # the first page read before the answer starts: a journal that cannot be read is a
+        # clear error, not half a body
+        first: list[SaleRecord] = next(pages, [])
+        response = web.StreamResponse(
             headers={
                 "Content-Type": "text/csv; charset=utf-8" if fmt == "csv" else "application/json",
                 "Content-Disposition": f'inline; filename="sales.{fmt}"',
-            },
+            }
         )
+        await response.prepare(request)
+        await _write_pieces(response, export_sales(_each_sale(first, pages), fmt))
+        await response.write_eof()
+        return response
 
     def _with_unwritten(
         self, records: list[SaleRecord], states: list[SaleState]
@@ -547,6 +553,31 @@ def _time_param(query: Any, name: str) -> float | None:
         return parse_moment(raw, end=name == "until").timestamp()
     except MomentError as err:
         raise _BadParameter(f"{name}: {err}") from None
+
+
+# An export's pieces are sent in chunks of about this many characters, the loop let run between.
+EXPORT_CHUNK = 64 * 1024
+
+
+def _each_sale(first: list[SaleRecord], pages: Iterator[list[SaleRecord]]) -> Iterator[SaleRecord]:
+    yield from first
+    for page in pages:
+        yield from page
+
+
+async def _write_pieces(response: web.StreamResponse, pieces: Iterator[str]) -> None:
+    """Write an export as it is made (journal pages are read as it goes), a chunk at a time."""
+    chunk: list[str] = []
+    size = 0
+    for piece in pieces:
+        chunk.append(piece)
+        size += len(piece)
+        if size >= EXPORT_CHUNK:
+            await response.write("".join(chunk).encode())
+            chunk, size = [], 0
+            await asyncio.sleep(0)  # a sale's steps, a kiosk's request, the watchdog go first
+    if chunk:
+        await response.write("".join(chunk).encode())
 
 
 def _sale_state(raw: str) -> SaleState:
