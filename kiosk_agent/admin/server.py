@@ -22,6 +22,7 @@ any size keeps one page in memory. A report never carries a card token (``accoun
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import hashlib
 import hmac
@@ -268,8 +269,9 @@ class AdminServer:
             }
         )
         await response.prepare(request)
-        await _write_pieces(response, export_sales(_each_sale(first, pages), fmt))
-        await response.write_eof()
+        async with _until_hung_up(request):
+            await _write_pieces(response, export_sales(_each_sale(first, pages), fmt))
+            await response.write_eof()
         return response
 
     def _with_unwritten(
@@ -380,8 +382,9 @@ class AdminServer:
         writer = _write_csv if fmt == "csv" else _write_json
         # An error after this point cannot change the status; the stream is cut short instead,
         # so the client sees an incomplete body rather than a silently truncated report.
-        await writer(response, kind, rows)
-        await response.write_eof()
+        async with _until_hung_up(request):
+            await writer(response, kind, rows)
+            await response.write_eof()
         return response
 
     # -- terminals ---------------------------------------------------------------------------
@@ -553,6 +556,16 @@ def _time_param(query: Any, name: str) -> float | None:
         return parse_moment(raw, end=name == "until").timestamp()
     except MomentError as err:
         raise _BadParameter(f"{name}: {err}") from None
+
+
+@contextlib.asynccontextmanager
+async def _until_hung_up(request: web.Request) -> AsyncIterator[None]:
+    """A streamed export whose client hangs up (a curl ended, a browser tab closed) ends there,
+    in one log line: it is no error of the agent's (it was a traceback at ERROR)."""
+    try:
+        yield
+    except ConnectionResetError:
+        _LOGGER.info("%s: the client hung up before the end of the export", request.path)
 
 
 # An export's pieces are sent in chunks of about this many characters, the loop let run between.

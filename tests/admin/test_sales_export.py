@@ -7,6 +7,7 @@ import datetime as dt
 import io
 import itertools
 import json
+import logging
 import time
 from pathlib import Path
 from typing import Any
@@ -184,3 +185,26 @@ async def test_a_years_export_streams_and_lets_the_agent_run_meanwhile(
         f"{admin_server.url}/api/sales", params={"format": "json", "limit": "777"}
     ) as answer:
         assert len(json.loads(await answer.read())) == 777
+
+
+async def test_a_client_that_hangs_up_mid_export_is_one_line_not_a_traceback(
+    agent: Any, admin_server: Any, admin_headers: dict[str, str],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    sold = await _sell(agent, 250)
+    _copies(agent, sold.sale_id, 20_000)
+    caplog.set_level(logging.INFO)
+    async with aiohttp.ClientSession(headers=admin_headers) as http:
+        answer = await http.get(f"{admin_server.url}/api/sales", params={"format": "csv"})
+        assert answer.status == 200
+        await answer.content.read(1000)
+        answer.close()  # a curl ended with Ctrl-C: the connection goes
+    deadline = time.monotonic() + 10
+    while not any("hung up" in r.getMessage() for r in caplog.records):
+        assert time.monotonic() < deadline, [r.getMessage() for r in caplog.records][-5:]
+        await asyncio.sleep(0.05)
+    assert [r for r in caplog.records if r.levelno >= logging.ERROR] == []
+    async with aiohttp.ClientSession(headers=admin_headers) as http, http.get(
+        f"{admin_server.url}/api/status"
+    ) as status:
+        assert status.status == 200  # and the agent goes on
