@@ -97,7 +97,9 @@ register_section("admin", ADMIN_SCHEMA)
 
 # Fields a report never leaves the device with.
 MAX_REPORT_LIMIT = 100_000
-MAX_SALES_LIMIT = 10_000
+MAX_SALES_LIMIT = 10_000  # the API's records, read whole
+# an export is streamed, so it takes any limit the command line's --limit takes (SQLite's INTEGER)
+MAX_EXPORT_LIMIT = 2**63 - 1
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -252,7 +254,11 @@ class AdminServer:
         if since is not None and until is not None and since >= until:
             raise _BadParameter("since must be before until")  # as the command line says
         # an export takes every sale unless told; the API's page of records is 100
-        limit = _int_param(query, "limit", None if fmt else 100, MAX_SALES_LIMIT)
+        limit = (
+            _int_param(query, "limit", None, MAX_EXPORT_LIMIT)
+            if fmt
+            else _int_param(query, "limit", 100, MAX_SALES_LIMIT)
+        )
         if fmt is None:
             records = journal.query(since=since, until=until, states=states or None, limit=limit)
             return web.json_response({"sales": self._with_unwritten(records, states)})

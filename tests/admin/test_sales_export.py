@@ -181,10 +181,15 @@ async def test_a_years_export_streams_and_lets_the_agent_run_meanwhile(
                                   "--format", "csv")
     assert code == 0
     assert api_out == cli_out.encode()  # pages split no tie, repeat no sale, lose none
+    # any limit the command line takes (the API's records stop at 10,000: they are read whole)
+    code, cli_out, _ = await _cli(capsys, "sales", "-c", str(tmp_path / "config.yaml"),
+                                  "--format", "json", "--limit", "12345")
     async with aiohttp.ClientSession(headers=admin_headers) as http, http.get(
-        f"{admin_server.url}/api/sales", params={"format": "json", "limit": "777"}
+        f"{admin_server.url}/api/sales", params={"format": "json", "limit": "12345"}
     ) as answer:
-        assert len(json.loads(await answer.read())) == 777
+        assert answer.status == 200, await answer.text()
+        assert await answer.read() == cli_out.encode()
+    assert len(json.loads(cli_out)) == 12345
 
 
 async def test_a_client_that_hangs_up_mid_export_is_one_line_not_a_traceback(
