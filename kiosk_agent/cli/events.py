@@ -14,6 +14,7 @@ import asyncio
 import contextlib
 import json
 import signal
+import sys
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
@@ -72,13 +73,22 @@ class Filters:
     kinds: frozenset[str] = field(default_factory=frozenset)
     device_id: str | None = None  # the terminal's device id, once a health snapshot named it
 
-    def learn(self, snapshot: dict[str, Any]) -> None:
+    def learn(self, snapshot: dict[str, Any]) -> str | None:
         """A terminal given by name (``--terminal front``): its device id, from the agent's
-        health (the stream's first event), which events carry."""
-        for terminal in snapshot.get("terminals") or ():
+        health (the stream's first event), which events carry. A terminal the agent does not
+        have: what to tell the person (a typo would otherwise show nothing, for ever)."""
+        terminals = snapshot.get("terminals") or ()
+        for terminal in terminals:
             if self.terminal in (terminal.get("device_id"), terminal.get("name")):
                 self.device_id = terminal.get("device_id")
-                return
+                return None
+        if self.terminal is None or not terminals:
+            return None
+        known = ", ".join(
+            f"{t.get('device_id')} ({t['name']})" if t.get("name") else str(t.get("device_id"))
+            for t in terminals
+        )
+        return f"warning: this agent has no terminal {self.terminal!r} (it has {known})"
 
     def wants(self, kind: str, data: dict[str, Any]) -> bool:
         if self.kinds and kind not in self.kinds:
@@ -99,9 +109,15 @@ async def events_command(args: argparse.Namespace) -> int:
     filters = Filters(args.terminal, args.sale, frozenset(args.kind or ()))
     as_json = wants_json(args)
 
+    warned = False
+
     def show(kind: str, data: dict[str, Any]) -> None:
+        nonlocal warned
         if kind == "health":
-            filters.learn(data.get("health") or {})
+            warning = filters.learn(data.get("health") or {})
+            if warning and not warned:
+                print(warning, file=sys.stderr, flush=True)
+                warned = True
             return
         if kind == "doctor":
             return

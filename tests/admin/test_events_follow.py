@@ -128,6 +128,17 @@ async def test_health_watch_prints_the_health_again_when_it_changes(
     assert "Traceback" not in err
 
 
+def test_a_terminal_the_agent_does_not_have_is_named_once() -> None:
+    health = {"terminals": [{"device_id": "SIM-0001", "name": "front"},
+                            {"device_id": "SIM-0007", "name": None}]}
+    assert Filters(terminal="front").learn(health) is None
+    assert Filters(terminal="SIM-0007").learn(health) is None
+    assert Filters(terminal="SIM-001").learn(health) == (
+        "warning: this agent has no terminal 'SIM-001' (it has SIM-0001 (front), SIM-0007)"
+    )
+    assert Filters().learn(health) is None
+
+
 def test_filters_pick_by_terminal_sale_and_kind() -> None:
     sale = {"sale_id": "3f2a9c0d", "order_id": "ka-1", "terminal": "SIM-0007", "step": "created"}
     assert Filters(terminal="SIM-0007").wants("sale", sale)
