@@ -49,7 +49,13 @@ from kiosk_agent.export import (
     report_values,
 )
 from kiosk_agent.moments import MOMENT_FORMS, MomentError, parse_moment
-from kiosk_agent.sales.attention import NotInAttention, ResolveError, UnknownSale, resolve
+from kiosk_agent.sales.attention import (
+    NotInAttention,
+    ResolveError,
+    UnknownSale,
+    find_sale,
+    resolve,
+)
 from kiosk_agent.sales.journal import JournalError, SaleRecord
 from kiosk_agent.sales.states import SaleState
 from kiosk_agent.service.errors import (
@@ -301,12 +307,13 @@ class AdminServer:
     async def sale(self, request: web.Request) -> web.Response:
         journal = self._journal()
         sale_id = request.match_info["sale_id"]
-        record = journal.get(sale_id)
-        if record is None:
-            return _error(404, "not_found", f"no sale {sale_id!r} in the journal")
+        try:  # as `kiosk-agent sales show` and the resolve route name one: id, start or order id
+            record = journal.get(sale_id) or find_sale(journal, sale_id)
+        except UnknownSale as err:
+            return _error(404, "not_found", str(err))
         steps = [
             {"at": s.at, "step": s.step, "state": s.state.value, "detail": s.detail}
-            for s in journal.steps(sale_id)
+            for s in journal.steps(record.sale_id)
         ]
         return web.json_response({"sale": record.as_dict(), "steps": steps})
 
