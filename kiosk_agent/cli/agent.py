@@ -405,9 +405,9 @@ async def attention_command(args: argparse.Namespace) -> int:
         )
     for sale in sales:
         when = dt.datetime.fromtimestamp(sale.finished_at or sale.updated_at, dt.UTC)
-        held = format_cents(sale.captured_cents or sale.authorized_cents, sale.currency)
+        # the sales list's words: "held $0.00" said of a charge whose answer was lost
         print(
-            f"{sale.sale_id}  {sale.order_id}  {sale.source}  held {held}  "
+            f"{sale.sale_id}  {sale.order_id}  {sale.source}  {money_text(sale)}  "
             f"since {when:%Y-%m-%d %H:%M:%SZ}\n  {sale.message}"
         )
     print(

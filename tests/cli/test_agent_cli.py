@@ -456,9 +456,24 @@ def test_sales_attention_lists_what_a_person_must_decide_and_resolve_records_it(
 
     assert main(["sales", "attention", "-c", str(path)]) == 0
     listed = capsys.readouterr().out
-    assert "3f2a9c0d1e  KASTUCK  mdb:front  held $2.50" in listed
+    assert "3f2a9c0d1e  KASTUCK  mdb:front  $2.50 held, undecided  since" in listed
     assert "capture failed twice" in listed
     assert "1 sale in attention; resolve each with" in listed
+    # a charge whose answer was lost holds nothing known: it said "held $0.00"
+    journal.open()
+    lost = journal.create(SaleRecord(
+        sale_id="77aa", order_id="KALOST", source="mdb:front", flow="charge_card",
+        terminal="SIM-0001", amount_cents=333, state=SaleState.STARTED,
+    ))  # fmt: skip
+    walk_to(journal, lost, SaleState.ATTENTION, Step.CHARGE_CARD_UNKNOWN)
+    journal.close()
+    assert main(["sales", "attention", "-c", str(path)]) == 0
+    listed = capsys.readouterr().out
+    assert "77aa  KALOST  mdb:front  $3.33, outcome unknown  since" in listed
+    assert "$0.00" not in listed
+    assert main(["sales", "resolve", "77aa", "--as", "reversed", "--why", "no charge in the "
+                 "portal", "-c", str(path)]) == 0
+    capsys.readouterr()
 
     # a unique start of the id is enough, as the list prints whole ids
     argv = ["sales", "resolve", "3f2a", "--as", "Captured", "--why", "captured in the portal"]
