@@ -86,3 +86,12 @@ class RedactingFilter(logging.Filter):
         if record.stack_info:
             record.stack_info = redact(record.stack_info)
         return True
+
+
+def redirect_target(location: str | None) -> str:
+    """Where a redirect pointed, fit to show: without its query or fragment (they may carry a
+    token or a session), bounded, and redacted."""
+    if not location:
+        return "nowhere (no Location)"
+    where = location.split("#", 1)[0].split("?", 1)[0]
+    return redact(where[:200])

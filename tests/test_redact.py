@@ -7,7 +7,7 @@ import logging
 
 import pytest
 
-from kiosk_agent.redact import MASK, RedactingFilter, luhn_valid, redact
+from kiosk_agent.redact import MASK, RedactingFilter, luhn_valid, redact, redirect_target
 
 VISA = "4111111111111111"  # a Luhn-valid test number
 
@@ -107,3 +107,17 @@ def test_filter_keeps_a_record_with_a_bad_format_string() -> None:
     out = stream.getvalue()
     assert out  # logged, not lost
     assert VISA not in out
+
+
+@pytest.mark.parametrize(
+    ("location", "shown"),
+    [
+        ("https://elsewhere.example/cable?token=wst-1", "https://elsewhere.example/cable"),
+        ("https://elsewhere.example/pay#session=s", "https://elsewhere.example/pay"),
+        ("/login?next=/api", "/login"),
+        (None, "nowhere (no Location)"),
+        ("", "nowhere (no Location)"),
+    ],
+)
+def test_a_redirect_target_is_shown_without_its_query(location: str | None, shown: str) -> None:
+    assert redirect_target(location) == shown

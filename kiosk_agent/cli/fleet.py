@@ -416,9 +416,9 @@ def check_admin_answer(url: str, status: int, location: str | None) -> None:
     if status == 401:
         raise CliError("the admin API refused the token", EXIT_AUTH)
     if 300 <= status < 400:
-        from kiosk_agent.redact import redact
+        from kiosk_agent.redact import redirect_target
 
-        where = redact(location.split("?", 1)[0]) if location else "nowhere said"
+        where = redirect_target(location)
         raise CliError(
             f"{url} answered HTTP {status}, a redirect to {where}: not followed (the token "
             "goes to the agent's own address only)",

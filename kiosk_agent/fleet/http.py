@@ -10,6 +10,7 @@ import aiohttp
 
 from kiosk_agent.fleet.loopback import insecure_http
 from kiosk_agent.fleet.sink import SinkBase
+from kiosk_agent.redact import redirect_target
 
 _LOGGER = logging.getLogger(__name__)
 
@@ -74,6 +75,6 @@ class HttpSink(SinkBase):
 
 def _refusal(response: aiohttp.ClientResponse, url: str) -> str:
     if 300 <= response.status < 400:
-        where = response.headers.get("Location", "?")
+        where = redirect_target(response.headers.get("Location"))
         return f"HTTP {response.status} from {url}: a redirect to {where}, not followed"
     return f"HTTP {response.status} from {url}"

@@ -8,10 +8,11 @@ the real ``SaleRunner`` or by anything else of the same shape.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, Generic, Protocol, TypeVar
 
 from kiosk_agent.sales.model import Dispenser, SaleRequest
+from kiosk_agent.sales.states import SaleState
 
 _LOGGER = logging.getLogger(__name__)
 
@@ -19,12 +20,38 @@ _LOGGER = logging.getLogger(__name__)
 STOP_GRACE = 5.0
 
 
+class LiveSale(Protocol):
+    """A sale not ended yet, as the journal holds it (``SaleRecord`` fits)."""
+
+    @property
+    def sale_id(self) -> str: ...
+
+    @property
+    def source(self) -> str: ...
+
+    @property
+    def state(self) -> SaleState: ...
+
+
 class SaleStarter(Protocol):
-    """``agent.sales``: start a sale for a trigger; cancel it while it waits for a card."""
+    """``agent.sales``: start a sale for a trigger; cancel it while it waits for a card; the
+    sales not ended yet."""
 
     async def start(self, request: SaleRequest, dispenser: Dispenser) -> Any: ...
 
     async def cancel(self, sale_id: str) -> Any: ...
+
+    @property
+    def running(self) -> Sequence[LiveSale]: ...
+
+
+def open_sales(sales: SaleStarter, source: str) -> dict[str, str]:
+    """The trigger's sales that have not ended, each id with its state as journaled.
+
+    A sale goes on after the machine is done with its customer (capturing, giving the money
+    back, finding out a lost answer): a status shows these beside the machine's own state, so
+    that "no session" never reads as "nothing going on"."""
+    return {sale.sale_id: sale.state.value for sale in sales.running if sale.source == source}
 
 
 def instance_name(config: dict[str, Any], default: str) -> str:

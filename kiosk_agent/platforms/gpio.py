@@ -40,6 +40,7 @@ from kiosk_agent.platforms.base import (
     DevicePlatform,
     SaleStarter,
     instance_name,
+    open_sales,
     request_cancel,
     start_sale,
 )
@@ -386,7 +387,8 @@ class GpioKiosk:
 
     def status(self) -> dict[str, Any]:
         return {
-            "busy": self._busy,
+            "busy": self._busy,  # the buttons' (a press is ignored); a sale may go on after
+            "open_sales": open_sales(self.sales, self.name),
             "presses": self.presses,
             "ignored_presses": self.ignored_presses,
             "refused_presses": self.refused_presses,

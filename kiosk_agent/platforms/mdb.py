@@ -42,6 +42,7 @@ from kiosk_agent.platforms.base import (
     SaleStarter,
     instance_name,
     link_reporter,
+    open_sales,
     request_cancel,
     start_sale,
 )
@@ -367,7 +368,9 @@ class MdbCashless:
             "link": self.link.status(),
             "controller": self.controller_status.value if self.controller_status else None,
             "mode": self.options.mode.value,
+            # the machine's MDB session; a sale may go on after it (open_sales)
             "session": self.session.phase.value if self.session else None,
+            "open_sales": open_sales(self.sales, self.name),
             "vend_requests": self.stats.vend_requests,
             "approved": self.stats.approved,
             "denied": self.stats.denied,

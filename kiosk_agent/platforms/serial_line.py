@@ -51,6 +51,7 @@ from kiosk_agent.platforms.base import (
     SaleStarter,
     instance_name,
     link_reporter,
+    open_sales,
     request_cancel,
     start_sale,
 )
@@ -274,7 +275,8 @@ class SerialLineDevice:
     def status(self) -> dict[str, Any]:
         return {
             "link": self.link.status(),
-            "vending": self.vend is not None,
+            "vending": self.vend is not None,  # the device's; a sale may go on after it
+            "open_sales": open_sales(self.sales, self.name),
             "outcomes": dict(self.outcomes),
             "unmatched_lines": self.unmatched,
             "available": self.available,

@@ -60,7 +60,10 @@ class AuthorizeCaptureFlow(SaleFlow):
             try:
                 result = await self.money_call(self.service.payments.charge(request))
             except (ServerError, ServiceUnreachableError) as err:
-                return await self._answer_lost(f"the authorization's answer was lost ({err})")
+                # the card was read: the terminal is done; the payments API decides the rest
+                return await self._answer_lost(
+                    f"the authorization's answer was lost ({err})", terminal_done=True
+                )
             except ServiceError as err:
                 return await self._fail(SaleState.FAILED, Step.AUTHORIZE_REFUSED, f"refused: {err}")
             if result.result != ChargeResultCode.RETRY:

@@ -63,7 +63,10 @@ class ChargeCardFlow(SaleFlow):
                     SaleState.FAILED, Step.CHARGE_CARD_BUSY, conflict_words(err, self.device)
                 )
             except (ServerError, ServiceUnreachableError) as err:
-                return await self._answer_lost(f"the charge's answer was lost ({err})")
+                # the interaction may have started: the terminal may be taking the card
+                return await self._answer_lost(
+                    f"the charge's answer was lost ({err})", terminal_done=False
+                )
             except ServiceError as err:
                 return await self._fail(
                     SaleState.FAILED, Step.CHARGE_CARD_REFUSED, f"refused: {err}"
@@ -76,7 +79,9 @@ class ChargeCardFlow(SaleFlow):
             interaction = await self.wait_interaction(handle, InteractionKind.CHARGE_CARD)
             if interaction is None or not interaction.finished:
                 # the terminal went quiet: reporting by order_id says whether it charged
-                return await self._answer_lost("the terminal never said how the charge ended")
+                return await self._answer_lost(
+                    "the terminal never said how the charge ended", terminal_done=False
+                )
             ended = await self._charge_ended(interaction)
             if ended is not None:
                 return ended

@@ -34,7 +34,7 @@ from kiosk_agent.sales.model import (
 )
 from kiosk_agent.sales.receipts import prints_on_terminal, send_receipts
 from kiosk_agent.sales.states import ReportingSteps, SaleState, Step
-from kiosk_agent.sales.steps import SaleContext, SaleSteps, event_of
+from kiosk_agent.sales.steps import UNCONFIRMED, SaleContext, SaleSteps, event_of
 from kiosk_agent.service.errors import ConflictError, ServiceError, conflict_words
 from kiosk_agent.service.models import ChargeResult, InteractionKind, InteractionStatus
 
@@ -161,13 +161,31 @@ class SaleFlow(SaleSteps):
             _LOGGER.exception("sale %s: the dispenser raised", self.record.sale_id)
             return DispenseOutcome(DispenseStatus.TIMEOUT, detail=f"dispenser error: {err}")
 
-    async def _answer_lost(self, why: str) -> SaleEvent:
-        """How the charge or authorization ended is unknown: find out by order_id first."""
+    async def _answer_lost(self, why: str, *, terminal_done: bool) -> SaleEvent:
+        """How the charge or authorization ended is unknown: find out by order_id first.
+
+        Reporting may take minutes to say (UNRESOLVED). ``terminal_done``: no terminal
+        interaction of the sale can still be live (the lost call was the payments API's, after
+        the card was read), so once the machine is told not to vend the terminal is free for the
+        next customer. A lost charge-card keeps it: the terminal may still be taking the card,
+        until the charge is found (:meth:`reverse`) or the sale ends. Such a sale never
+        completes, so no receipt will print there."""
         steps = self.reporting
         assert steps is not None  # a flow without a money call never loses its answer
         assert steps.lost is not None
         self.step(steps.lost, detail={"why": why})
+        if terminal_done:
+            await self._deny(UNCONFIRMED)  # first: the platforms end the customer's session on it
+            await self.release_terminal(may_complete=False)
         return await self.settle_by_reporting(why, steps)
+
+    async def reverse(self, why: str) -> SaleEvent:
+        """Give the money back; that needs no terminal, and money given back gets no receipt.
+
+        The flows release before they reverse; a charge found in reporting after a lost answer
+        releases here: the charge-card interaction that made it is over."""
+        await self.release_terminal(may_complete=False)
+        return await super().reverse(why)
 
     async def read_card(self) -> tuple[Any, SaleEvent | None]:
         """Read a card into a token (kept only in memory); or the sale's end.

@@ -44,6 +44,15 @@ _LOGGER = logging.getLogger(__name__)
 TERMINAL_FREE = frozenset({SaleState.CAPTURING, SaleState.REVERSING})
 
 
+def released_its_terminal(record: SaleRecord) -> bool:
+    """Whether the open sale had let its terminal go: capturing or giving money back, or an
+    authorization's lost answer being found out (the card was read; SaleFlow._answer_lost). A
+    charge-card's lost answer keeps it: its interaction may still be live."""
+    if record.state is SaleState.UNRESOLVED:
+        return record.flow == Flow.AUTHORIZE_CAPTURE
+    return record.state in TERMINAL_FREE
+
+
 class Recovery:
     """Finishes the open sales of the journal; run once per start, in the background."""
 
@@ -83,7 +92,7 @@ class Recovery:
         by_terminal: dict[str, list[SaleRecord]] = defaultdict(list)
         for record in open_sales:
             by_terminal[record.terminal].append(record)
-            if record.state not in TERMINAL_FREE:
+            if not released_its_terminal(record):
                 self.runner.block(
                     record.terminal, f"recovering sale {record.sale_id}", by="recovery"
                 )
@@ -129,8 +138,8 @@ class Recovery:
         terminal refusing new sales meanwhile; those that had released it (a capture, money
         given back: the payments API only) each at once, neither waiting behind a sale that may
         take until its money call's deadline nor holding the terminal."""
-        holding = [r for r in records if r.state not in TERMINAL_FREE]
-        released = [r for r in records if r.state in TERMINAL_FREE]
+        holding = [r for r in records if not released_its_terminal(r)]
+        released = [r for r in records if released_its_terminal(r)]
 
         async def in_turn() -> list[SaleEvent]:
             try:

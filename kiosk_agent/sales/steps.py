@@ -39,6 +39,8 @@ if TYPE_CHECKING:
 
 
 _LOGGER = logging.getLogger(__name__)
+# what the machine hears when a money call's answer is lost: nothing vends until reporting says
+UNCONFIRMED = "payment could not be confirmed"
 
 T = TypeVar("T")
 
@@ -196,7 +198,7 @@ class SaleSteps:
         when reporting cannot say after the deadline, a person decides (ATTENTION; the attention
         sweeper keeps looking), nothing is guessed.
         """
-        await self._deny("payment could not be confirmed")
+        await self._deny(UNCONFIRMED)
         deadline = self.answer_deadline()
         pause = self.settings.lookup_pause(self.record.flow)
         clock = self.clock

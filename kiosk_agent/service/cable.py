@@ -5,7 +5,8 @@ multiplexes channels on one connection): a sale no longer pays a token request, 
 a WebSocket handshake of its own.
 
 - The cable opens on first need: a fresh single-use token (``POST /api/ws-token``), connect
-  ``{ws_url}/cable?token=``, wait for ``welcome``. Each wait subscribes ``terminal_job:<id>`` on
+  ``{ws_url}/cable?token=``, wait for ``welcome``. A redirect answering the upgrade is refused,
+  not followed (``redirects.py``): this wait polls. Each wait subscribes ``terminal_job:<id>`` on
   it and unsubscribes when done. Server pings (every 3 s) prove the socket alive; silence for
   :data:`STALE_AFTER` seconds counts as a drop.
 - With no subscription left it lingers :data:`CABLE_LINGER` seconds for the next sale, then
@@ -53,6 +54,7 @@ from kiosk_agent.service.errors import (
 )
 from kiosk_agent.service.models.terminal import Interaction, InteractionKind
 from kiosk_agent.service.parsing import parse_interaction
+from kiosk_agent.service.redirects import RedirectRefused
 from kiosk_agent.service.settings import CallKind
 from kiosk_agent.tasks import cancel_and_wait
 
@@ -279,6 +281,11 @@ class Cable:
         except aiohttp.WSServerHandshakeError as exc:
             outcome = "error"
             raise SocketUnavailable(f"refused with HTTP {exc.status}") from None
+        except RedirectRefused as exc:
+            # not a passing fault: the address is wrong (or not the service's); poll this wait
+            outcome = "error"
+            _LOGGER.warning("the cable's handshake at %s: %s", url, exc)
+            raise SocketUnavailable(f"handshake {exc}", retry=False) from None
         except (aiohttp.ClientError, OSError) as exc:
             raise SocketUnavailable(f"cannot connect: {type(exc).__name__}") from None
         except TimeoutError:

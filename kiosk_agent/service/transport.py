@@ -35,8 +35,8 @@ from typing import Any, NamedTuple, TypeVar
 
 import aiohttp
 from pydantic import BaseModel
-from yarl import URL
 
+from kiosk_agent.redact import redirect_target
 from kiosk_agent.service.credentials import (
     ApiCredentials,
     ApiKeyManager,
@@ -56,6 +56,7 @@ from kiosk_agent.service.models.common import ErrorBody, ServiceModel
 from kiosk_agent.service.models.payments import ApiKeySet
 from kiosk_agent.service.parsing import BODY, decode_json, describe_body, parse, parse_json
 from kiosk_agent.service.ratelimit import RateLimiter, share_limiter, shared_limiter
+from kiosk_agent.service.redirects import service_session
 from kiosk_agent.service.settings import NO_API_KEY, CallKind, ServiceSettings
 
 _LOGGER = logging.getLogger(__name__)
@@ -89,7 +90,11 @@ class MidPlacement(enum.Enum):
 
 
 class Transport:
-    """The shared HTTP layer under every service client."""
+    """The shared HTTP layer under every service client.
+
+    A ``session`` given from outside is the caller's: make it with
+    ``redirects.service_session`` so that the cable's handshake refuses a redirect too.
+    """
 
     def __init__(
         self, settings: ServiceSettings, *, session: aiohttp.ClientSession | None = None
@@ -148,7 +153,7 @@ class Transport:
             # own kind's timeouts.
             timeouts = self.settings.timeouts(CallKind.MONEY)
             timeout = aiohttp.ClientTimeout(total=timeouts.total, sock_connect=timeouts.connect)
-            self._session = aiohttp.ClientSession(timeout=timeout, raise_for_status=False)
+            self._session = service_session(timeout=timeout, raise_for_status=False)
 
     async def close(self) -> None:
         if self._session is not None and self._own_session:
@@ -436,7 +441,7 @@ class Transport:
         status, body, content_type = answer.status, answer.body, answer.content_type
         if 300 <= status < 400:
             return ServiceError(
-                f"{what}: HTTP {status}: a redirect to {_without_query(answer.location)}, not "
+                f"{what}: HTTP {status}: a redirect to {redirect_target(answer.location)}, not "
                 "followed (the configured address must be the service itself)",
                 status=status,
             )
@@ -590,10 +595,3 @@ def _retry_after_seconds(value: str | None) -> float | None:
     except (TypeError, ValueError):
         return None
     return max(0.0, moment - time.time())
-
-
-def _without_query(location: str | None) -> str:
-    """Where a redirect points, without its query or fragment (they may carry a session)."""
-    if not location:
-        return "nowhere (no Location)"
-    return str(URL(location).with_query(None).with_fragment(None))[:200]

@@ -211,6 +211,12 @@ class Terminals:
             clock.call_at(stored["expire_at"], self._expire, interaction_id),
         ]
 
+    def hold_card(self, interaction_id: str) -> Callable[[], None]:
+        """In-process tests: the customer waits with the card until the returned call presents
+        it (a test that must act before the card comes, on a machine of any speed)."""
+        self._timers[interaction_id][0].cancel()
+        return lambda: self._present_card(interaction_id)
+
     def resume(self) -> None:
         """After a restart: pending interactions carry on from where virtual time stands."""
         for stored in self._interactions.all():

@@ -94,10 +94,12 @@ async def test_an_allowed_heartbeat_in_clear_is_warned_at_start_and_sent(
 async def test_a_redirect_is_not_followed_and_counts_as_a_failed_delivery(
     receiver: HttpReceiver,
 ) -> None:
-    """aiohttp followed a redirect to another host (the token stripped, the report sent)."""
+    """aiohttp followed a redirect to another host (the token stripped, the report sent). Where
+    it pointed is shown without its query (a session or a token may ride there)."""
     elsewhere = HttpReceiver()
     await elsewhere.up()
-    receiver.redirect_to = f"http://127.0.0.1:{elsewhere.port}/heartbeat"
+    target = f"http://127.0.0.1:{elsewhere.port}/heartbeat"
+    receiver.redirect_to = f"{target}?session=s3ss10n"
     url = f"http://127.0.0.1:{receiver.port}/heartbeat"
     upstream = Upstream(settled_agent(), {"interval": 3600, "http": {"url": url, "token": "t0k"}})
     await upstream.start()
@@ -105,7 +107,7 @@ async def test_a_redirect_is_not_followed_and_counts_as_a_failed_delivery(
         sink = upstream.sinks[0]
         await until(lambda: sink.failures == 1)
         assert sink.last_error == (
-            f"HTTP 307 from {url}: a redirect to {receiver.redirect_to}, not followed"
+            f"HTTP 307 from {url}: a redirect to {target}, not followed"
         )
         assert elsewhere.bodies == []
         assert upstream.stats()["http"]["queued"] == 1  # kept for the configured URL

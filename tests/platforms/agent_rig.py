@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import re
 from collections.abc import AsyncIterator
@@ -13,17 +14,19 @@ import yaml
 from kiosk_agent.app import build_agent
 from kiosk_agent.core.agent import Agent
 from kiosk_agent.core.config import load_config
+from kiosk_agent.sales.clock import SYSTEM_CLOCK, Clock, FakeClock
 
 
 @contextlib.asynccontextmanager
 async def running_agent(
     tmp_path: Path, settings: Any, triggers: list[dict[str, Any]], *, time_scale: float = 50,
     sales: dict[str, Any] | None = None, secrets: dict[str, str] | None = None,
-    sections: dict[str, Any] | None = None,
+    sections: dict[str, Any] | None = None, clock: Clock = SYSTEM_CLOCK,
 ) -> AsyncIterator[Agent]:
     """Values written ``"!secret NAME"`` become real ``!secret`` tags, with ``secrets`` beside.
 
-    ``sections``: more top-level sections (``health``, ``upstream``, ...)."""
+    ``sections``: more top-level sections (``health``, ``upstream``, ...); ``clock``: the
+    agent's (a FakeClock that the test moves)."""
     document = {
         "service": {"simulator": {"time_scale": time_scale}},
         "terminals": [{"device_id": "SIM-0001", "name": "front"}],
@@ -40,9 +43,29 @@ async def running_agent(
         secrets_path = tmp_path / "secrets.yaml"
         secrets_path.write_text(yaml.safe_dump(secrets))
         secrets_path.chmod(0o600)
-    agent = build_agent(load_config(path), settings, systemd=False)
+    agent = build_agent(load_config(path), settings, systemd=False, clock=clock)
     await agent.start()
     try:
         yield agent
     finally:
         await agent.stop()
+
+
+async def until_final(agent: Agent, sale_id: str) -> None:
+    """Until the journal holds the sale ended."""
+    while (record := agent.journal.get(sale_id)) is None or not record.state.final:
+        await asyncio.sleep(0.01)
+
+
+@contextlib.asynccontextmanager
+async def stopped_on_failure(agent: Agent, clock: FakeClock) -> AsyncIterator[None]:
+    """A failed test leaves sales waiting on the FakeClock, and the agent's stop gives them a
+    grace on it: move the clock until they are parked, so the failure is reported at once."""
+    try:
+        yield
+    except BaseException:
+        stopping = asyncio.ensure_future(agent.sales.stop())
+        while not stopping.done():
+            await clock.advance(1.0)
+            await asyncio.sleep(0.01)
+        raise

@@ -13,11 +13,14 @@ import pytest
 from kiosk_agent.cli.sim import settings_from_ready
 from kiosk_agent.platforms.mdb import MdbPlatform
 from kiosk_agent.platforms.virtual import VirtualController, VirtualPlatform, VisitOutcome
+from kiosk_agent.sales.clock import FakeClock
 from kiosk_agent.sales.model import SaleEvent
 from kiosk_agent.sales.states import SaleState
+from tests.core.test_slow_service import held_by_the_service, ledger
 
-from ..helpers import sim_call
-from .agent_rig import running_agent
+from ..helpers import sim_call, until
+from .agent_rig import running_agent, stopped_on_failure, until_final
+from .test_serial_line import MDB_AS_LINES
 
 
 async def _final_events(agent: Any, count: int, timeout: float = 10.0) -> list[SaleEvent]:
@@ -89,6 +92,88 @@ async def test_the_next_customer_is_served_while_the_last_capture_is_in_flight(
         finals = {e.sale_id: e for e in await collector}
         assert finals[capturing.sale_id].captured_cents == 250
         assert finals[served.sale_id].captured_cents == 150
+
+
+def open_sales_of(agent: Any, source: str) -> dict[str, str]:
+    """What the journal holds of a trigger's sales not ended yet."""
+    return {r.sale_id: r.state.value for r in agent.journal.open_sales() if r.source == source}
+
+
+# the virtual controller's machine as each serial platform sees it (its port added), and the
+# status field that says the machine is busy with a customer
+MACHINES = {
+    "mdb": ({"platform": "mdb", "name": "front", "flow": "authorize_capture", "vend_timeout": 5},
+            "session"),
+    "serial_line": ({**MDB_AS_LINES, "flow": "authorize_capture", "vend_timeout": 5}, "vending"),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("kind", MACHINES)
+async def test_the_status_shows_the_sale_still_capturing_once_the_machine_is_done(
+    tmp_path: Path, sim: Any, sim_settings: Any, controller: VirtualController, kind: str
+) -> None:
+    # The customer has the goods and the machine's session is over ("session: none"); the
+    # sale still captures. What the status shows is what the journal holds: both.
+    trigger, machine_busy = MACHINES[kind]
+    await sim_call(sim, "POST", "/sim/faults",
+                   {"path": "/api/v1/capture", "fault": "delay", "delay_s": 0.5})
+    async with running_agent(
+        tmp_path, sim_settings, [{**trigger, "port": controller.port}]
+    ) as agent:
+        [platform] = agent.platforms
+        await asyncio.wait_for(controller.wait_enabled(), 5)
+        ending = asyncio.create_task(_final_events(agent, 1))
+        assert (await controller.customer("A2")).outcome is VisitOutcome.VENDED
+        await until(lambda: not platform.status()[machine_busy])
+        status, held = platform.status(), open_sales_of(agent, platform.name)
+        assert list(held.values()) == ["capturing"]
+        assert status["open_sales"] == held
+        [final] = await ending
+        assert final.state is SaleState.COMPLETED
+        assert platform.status()["open_sales"] == open_sales_of(agent, platform.name) == {}
+
+
+@pytest.mark.parametrize("kind", MACHINES)
+async def test_the_next_customer_is_served_while_a_lost_authorization_is_found_out(
+    tmp_path: Path, sim_factory: Any, controller: VirtualController, kind: str
+) -> None:
+    # The authorization's answer is lost (the service commits it late): the machine is told not
+    # to vend, and the reader serves the next customer while reporting is asked what became of
+    # the hold. The agent's clock is a FakeClock: it gives up on the call when the test says.
+    clock = FakeClock(wall=time.time())
+    sim = await sim_factory(time_scale=300, transactions=0)
+    await sim_call(sim, "POST", "/sim/faults",
+                   {"path": "/api/v1/charge", "fault": "delay", "delay_s": 0.5})
+    settings = settings_from_ready(sim.ready_info(), timeout=2.0)
+    trigger = {**MACHINES[kind][0], "port": controller.port}
+    sales = {"vend_timeout": 5.0, "answer_margin": 3.0}
+    async with running_agent(
+        tmp_path, settings, [trigger], time_scale=300, sales=sales, clock=clock
+    ) as agent, stopped_on_failure(agent, clock):
+        await asyncio.wait_for(controller.wait_enabled(), 5)
+        visit = asyncio.create_task(controller.customer("A2"))
+        await held_by_the_service(sim)
+        await clock.advance(2.0)  # the agent gives up on the authorization
+        assert (await asyncio.wait_for(visit, 5)).outcome is VisitOutcome.DENIED
+        await clock.next_due()  # no row yet: looking again later
+        [lost] = agent.journal.query()
+        assert lost.state is SaleState.UNRESOLVED
+
+        served = await asyncio.wait_for(controller.customer("A1"), 5)
+        assert served.outcome is VisitOutcome.VENDED
+        assert agent.journal.get(lost.sale_id).state is SaleState.UNRESOLVED  # type: ignore[union-attr]
+
+        async with asyncio.timeout(10):
+            while not await ledger(agent, lost.order_id):  # the late authorization
+                await asyncio.sleep(0.01)
+        await clock.run(until_final(agent, lost.sale_id))
+        records = {r.sale_id: r for r in agent.journal.query()}
+        assert records[lost.sale_id].state is SaleState.REVERSED
+        [second] = [r for r in records.values() if r.sale_id != lost.sale_id]
+        assert second.state is SaleState.COMPLETED
+        assert second.captured_cents == 150
+
+
 
 
 async def test_virtual_platform_card_first(tmp_path: Path, sim_settings: Any) -> None:

@@ -13,12 +13,15 @@ from typing import Any
 import pytest
 import voluptuous as vol
 
+from kiosk_agent.cli.sim import settings_from_ready
 from kiosk_agent.platforms.gpio import PLATFORM_SCHEMA, Edge, GpioPlatform, setup_with_chip
+from kiosk_agent.sales.clock import FakeClock
 from kiosk_agent.sales.model import SaleEvent
 from kiosk_agent.sales.states import SaleState
+from tests.core.test_slow_service import held_by_the_service, ledger
 
 from ..helpers import sim_call, until
-from .agent_rig import running_agent
+from .agent_rig import running_agent, stopped_on_failure, until_final
 
 
 class FakeInputs:
@@ -177,6 +180,12 @@ async def test_a_press_while_the_last_sale_only_captures_starts_the_next(
         chip.press(17)
         while (await asyncio.wait_for(steps.get(), 10)).state is not SaleState.CAPTURING:
             pass
+        # the status shows the sale still capturing, as the journal holds it
+        status = platform.status()
+        held = {r.sale_id: r.state.value for r in agent.journal.open_sales()
+                if r.source == platform.name}  # fmt: skip
+        assert list(held.values()) == ["capturing"]
+        assert status["open_sales"] == held
         chip.press(18)
         finals: dict[str, SaleEvent] = {}
         while len(finals) < 2:
@@ -191,6 +200,52 @@ async def test_a_press_while_the_last_sale_only_captures_starts_the_next(
     espresso, latte = (next(r for r in agent.journal.query() if r.product == p)
                        for p in ("espresso", "latte"))
     assert latte.created_at < espresso.updated_at  # sold while the espresso still captured
+
+
+async def test_a_press_while_the_last_sale_finds_out_a_lost_authorization_sells(
+    tmp_path: Path, sim_factory: Any
+) -> None:
+    """The espresso's authorization lost its answer (the service commits it late): nothing is
+    poured, and while reporting is asked what became of the hold a latte is sold."""
+    clock = FakeClock(wall=time.time())
+    sim = await sim_factory(time_scale=300, transactions=0)
+    await sim_call(sim, "POST", "/sim/faults",
+                   {"path": "/api/v1/charge", "fault": "delay", "delay_s": 0.5})
+    settings = settings_from_ready(sim.ready_info(), timeout=2.0)
+    chip = FakeChip()
+    chip.falls_onto[23] = 27  # the latte's sensor sees it fall
+    config = PLATFORM_SCHEMA({"platform": "gpio", "name": "coffee", "buttons": BUTTONS,
+                              "flow": "authorize_capture", "sensor_timeout": 0.3})
+    sales = {"vend_timeout": 5.0, "answer_margin": 3.0}
+    async with (
+        running_agent(tmp_path, settings, [], time_scale=300, sales=sales, clock=clock) as agent,
+        stopped_on_failure(agent, clock),
+    ):
+        platform = await setup_with_chip(agent, config, chip)
+        try:
+            chip.press(17)
+            await held_by_the_service(sim)
+            await clock.advance(2.0)  # the agent gives up on the authorization
+            await clock.next_due()  # no row yet: looking again later
+            [espresso] = agent.journal.query()
+            assert espresso.state is SaleState.UNRESOLVED
+
+            chip.press(18)
+            await until(lambda: len(agent.journal.query()) == 2)
+            [latte] = [r for r in agent.journal.query() if r.product == "latte"]
+            await asyncio.wait_for(until_final(agent, latte.sale_id), 10)
+            assert agent.journal.get(latte.sale_id).state is SaleState.COMPLETED  # type: ignore[union-attr]
+            assert agent.journal.get(espresso.sale_id).state is SaleState.UNRESOLVED  # type: ignore[union-attr]
+            assert (chip.pulses(22), chip.pulses(23)) == (0, 1)  # no espresso poured
+            assert platform.status()["ignored_presses"] == 0
+
+            async with asyncio.timeout(10):
+                while not await ledger(agent, espresso.order_id):  # the late authorization
+                    await asyncio.sleep(0.01)
+            await clock.run(until_final(agent, espresso.sale_id))
+            assert agent.journal.get(espresso.sale_id).state is SaleState.REVERSED  # type: ignore[union-attr]
+        finally:
+            await platform.stop()
 
 
 async def test_drop_sensor_confirms_or_the_money_goes_back(kiosk: Any) -> None:

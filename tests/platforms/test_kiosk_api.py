@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -11,11 +12,14 @@ from typing import Any
 import aiohttp
 import pytest
 
+from kiosk_agent.cli.sim import settings_from_ready
 from kiosk_agent.platforms.kiosk_api import PLATFORM_SCHEMA, KioskApi
+from kiosk_agent.sales.clock import FakeClock
 from kiosk_agent.sales.states import SaleState
+from tests.core.test_slow_service import held_by_the_service, ledger
 
 from ..helpers import sim_call, until
-from .agent_rig import running_agent
+from .agent_rig import running_agent, stopped_on_failure, until_final
 
 TOKEN = "kiosk-app-token-0123456789"
 
@@ -105,6 +109,49 @@ async def test_cancel_while_waiting_for_the_card(app: App) -> None:
     assert answer["cancelled"] is True
     steps = await asyncio.wait_for(follower, 10)
     assert steps[-1]["state"] == "cancelled"
+
+
+async def test_a_sale_whose_authorization_lost_its_answer_does_not_make_the_next_409(
+    tmp_path: Path, sim_factory: Any
+) -> None:
+    # The authorization's answer is lost (the service commits it late): while reporting is
+    # asked what became of the hold, the next customer's sale is taken, not refused.
+    clock = FakeClock(wall=time.time())
+    sim = await sim_factory(time_scale=300, transactions=0)
+    await sim_call(sim, "POST", "/sim/faults",
+                   {"path": "/api/v1/charge", "fault": "delay", "delay_s": 0.5})
+    settings = settings_from_ready(sim.ready_info(), timeout=2.0)
+    trigger = {"platform": "kiosk_api", "name": "screen", "token": "!secret kiosk_token",
+               "port": 0, "products": {"coffee": "2.50", "tea": "1.75"},
+               "flow": "authorize_capture"}
+    async with (
+        running_agent(tmp_path, settings, [trigger], time_scale=300, clock=clock,
+                      sales={"vend_timeout": 5.0, "answer_margin": 3.0},
+                      secrets={"kiosk_token": TOKEN}) as agent,
+        aiohttp.ClientSession() as session,
+        stopped_on_failure(agent, clock),
+    ):  # fmt: skip
+        [api] = agent.platforms
+        assert isinstance(api, KioskApi)
+        app = App(api, session)
+        status, first = await app.post("/sales", {"product": "coffee"})
+        assert status == 202
+        await held_by_the_service(sim)
+        await clock.advance(2.0)  # the agent gives up on the authorization
+        await clock.next_due()  # no row yet: looking again later
+        assert agent.journal.get(first["sale_id"]).state is SaleState.UNRESOLVED
+
+        status, second = await app.post("/sales", {"product": "tea"})
+        assert status == 202, second
+        await asyncio.wait_for(until_final(agent, second["sale_id"]), 10)
+        assert agent.journal.get(second["sale_id"]).state is SaleState.COMPLETED
+        assert agent.journal.get(first["sale_id"]).state is SaleState.UNRESOLVED
+
+        async with asyncio.timeout(10):
+            while not await ledger(agent, first["order_id"]):  # the late authorization
+                await asyncio.sleep(0.01)
+        await clock.run(until_final(agent, first["sale_id"]))
+        assert agent.journal.get(first["sale_id"]).state is SaleState.REVERSED
 
 
 async def test_busy_terminal_is_409(app: App) -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 from dataclasses import dataclass, field
+from types import SimpleNamespace
 from typing import Any
 
 from kiosk_agent.platforms.mdb import MdbCashless, MdbOptions, Mode
@@ -126,6 +127,19 @@ class CardDesk:
                 message=message,
             )
         )
+
+    @property
+    def running(self) -> list[Any]:
+        """Its sales not ended yet, as a journal would hold them (the desk keeps none)."""
+        return [
+            SimpleNamespace(
+                sale_id=sale.sale_id,
+                source=sale.request.source,
+                state=SaleState.CAPTURING if sale.released.is_set() else SaleState.READING_CARD,
+            )
+            for sale in self.sales
+            if not sale.final.done()
+        ]
 
     async def settled(self) -> list[SaleEvent]:
         return [await sale.result() for sale in self.sales]

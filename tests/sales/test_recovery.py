@@ -216,6 +216,27 @@ async def test_a_capturing_sale_does_not_keep_its_terminal_refusing_sales_while_
     assert row.status is TransStatus.CAPTURED
 
 
+async def test_a_lost_authorization_being_found_out_does_not_keep_its_terminal_refusing(
+    agent_factory: Any, tmp_path: Path
+) -> None:
+    # The older sale's authorization had lost its answer (the card read, the terminal released);
+    # the newer one was reading its card when the agent died. The older one waits for its
+    # deadline beside the newer one, not before it: the terminal takes sales once the card
+    # read is ended.
+    clock = FakeClock(wall=time.time())
+    leave_open(tmp_path, state=SaleState.UNRESOLVED, answer_by=clock.time() + 30)
+    leave_open(tmp_path, state=SaleState.READING_CARD, sale_id="crashed2", order_id="KACRASHED2")
+    agent = await agent_factory(clock=clock)
+    assert agent.sales.busy_reason("SIM-0001") == "recovering sale crashed2"
+    await until(lambda: agent.sales.busy_reason("SIM-0001") is None)
+    unresolved = agent.journal.get("crashed1")
+    assert unresolved is not None
+    assert unresolved.state is SaleState.UNRESOLVED  # still until its deadline
+    ended = await clock.run(agent.recovery.wait())
+    states = {e.sale_id: e.state for e in ended}
+    assert states == {"crashed1": SaleState.FAILED, "crashed2": SaleState.FAILED}
+
+
 async def test_a_settled_charge_left_undispensed_is_refunded(
     agent_factory: Any, sim_factory: Any, tmp_path: Path
 ) -> None:

@@ -8,14 +8,17 @@ cancels sales on the same terminal, over real HTTP, with the journal on disk.
 from __future__ import annotations
 
 import asyncio
+import time
 from typing import Any
 
 import pytest
 
 from kiosk_agent.core.agent import Agent
+from kiosk_agent.sales.clock import FakeClock
 from kiosk_agent.sales.model import Flow, SaleRequest
 from kiosk_agent.sales.runner import TerminalBusy
 from kiosk_agent.sales.states import SaleState, Step
+from kiosk_agent.sales.steps import UNCONFIRMED
 from kiosk_agent.service.models import TransStatus
 from tests.core.agent_helpers import ScriptedDispenser
 from tests.core.test_slow_service import arm, held_by_the_service, ledger
@@ -164,3 +167,91 @@ async def test_a_terminal_refused_by_two_stays_refused_until_both_let_go(agent: 
         await agent.sales.start(vend(), ScriptedDispenser())
     agent.sales.unblock("SIM-0001", by="unwritten")
     assert agent.sales.busy_reason("SIM-0001") is None
+
+
+async def lost_answer_agent(
+    agent_factory: Any, sim_factory: Any, path: str
+) -> tuple[Any, Agent, FakeClock]:
+    """An agent that gives up on a money call after 2 s of its fake clock, and a simulator that
+    holds the next call to ``path`` and commits it after that: its answer is lost, and
+    reporting shows the charge only later (the sale is UNRESOLVED meanwhile)."""
+    clock = FakeClock(wall=time.time())
+    sim = await sim_factory(time_scale=300, transactions=0)
+    agent = await agent_factory(sim=sim, timeout=2.0, answer_margin=3.0, clock=clock)
+    await arm(sim, path=path, fault="delay", delay_s=SLOW_CAPTURE)
+    return sim, agent, clock
+
+
+async def test_a_sale_whose_authorization_answer_was_lost_frees_the_terminal(
+    agent_factory: Any, sim_factory: Any
+) -> None:
+    # The card was read; only the payments API is left to say what became of the hold. The
+    # next customer is served on the same terminal while reporting is asked, and the first sale
+    # still ends with its late authorization voided.
+    sim, agent, clock = await lost_answer_agent(agent_factory, sim_factory, "/api/v1/charge")
+    machine = ScriptedDispenser()
+    first = await agent.sales.start(vend(), machine)
+    await held_by_the_service(sim)
+    await clock.advance(2.0)  # the agent gives up: the answer is lost
+    await clock.next_due()  # no row yet: the sale looks again later
+    assert state_of(agent, first.sale_id) is SaleState.UNRESOLVED
+    await asyncio.wait_for(first.terminal_released(), 1)
+    assert machine.denied == [UNCONFIRMED]  # told before the terminal was given up
+    assert agent.sales.busy_reason("SIM-0001") is None
+
+    next_machine = ScriptedDispenser()
+    second = await agent.sales.start(vend(250), next_machine)
+    served = await asyncio.wait_for(second.result(), 10)
+    assert served.state is SaleState.COMPLETED, served.message
+    assert next_machine.authorized == [250]
+    assert state_of(agent, first.sale_id) is SaleState.UNRESOLVED  # still being found out
+
+    async with asyncio.timeout(10):
+        while not await ledger(agent, first.order_id):  # the late authorization
+            await asyncio.sleep(0.01)
+    ended = await clock.run(first.result())
+    assert ended.state is SaleState.REVERSED, ended.message
+    assert machine.authorized == []  # nothing vended on an unconfirmed payment
+    [held] = await ledger(agent, first.order_id)
+    assert held.status is TransStatus.VOIDED
+    [paid] = await ledger(agent, second.order_id)
+    assert paid.status is TransStatus.CAPTURED
+    assert paid.amount_cents == 250
+    steps = [s.step for s in agent.journal.steps(first.sale_id)]
+    assert steps.index("authorize.waiting") < steps.index("authorize.found")
+
+
+async def test_a_sale_whose_charge_card_answer_was_lost_keeps_the_terminal_until_found(
+    agent_factory: Any, sim_factory: Any
+) -> None:
+    # The charge-card may have started: the terminal may still be taking the card, so it stays
+    # held while reporting has no charge. Once the charge is found the interaction is over: the
+    # terminal is free while the money goes back.
+    sim, agent, clock = await lost_answer_agent(
+        agent_factory, sim_factory, "/api/terminal/SIM-0001/charge-card"
+    )
+    machine = ScriptedDispenser()
+    request = SaleRequest(source="test", flow=Flow.CHARGE_CARD, amount_cents=300)
+    first = await agent.sales.start(request, machine)
+    await held_by_the_service(sim)
+    await clock.advance(2.0)
+    await clock.next_due()
+    assert state_of(agent, first.sale_id) is SaleState.UNRESOLVED
+    assert not first.released.is_set()
+    with pytest.raises(TerminalBusy, match=first.sale_id):
+        await agent.sales.start(vend(), ScriptedDispenser())
+
+    async with asyncio.timeout(10):
+        while not await ledger(agent, first.order_id):  # the terminal charged the card
+            await asyncio.sleep(0.01)
+    await arm(sim, path="/api/v1/void-or-refund", fault="delay", delay_s=SLOW_CAPTURE)
+    reversing = asyncio.create_task(clock.run(first.result()))
+    await held_by_the_service(sim)  # the money is on its way back
+    assert first.released.is_set()
+    assert state_of(agent, first.sale_id) is SaleState.REVERSING
+    second = await agent.sales.start(vend(250), ScriptedDispenser())
+    served, ended = await asyncio.wait_for(asyncio.gather(second.result(), reversing), 10)
+    assert served.state is SaleState.COMPLETED, served.message
+    assert ended.state is SaleState.REVERSED, ended.message
+    [charged] = await ledger(agent, first.order_id)
+    assert charged.status is TransStatus.VOIDED

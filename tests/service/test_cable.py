@@ -4,6 +4,7 @@ polling when it is refused or told not to come back."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -29,6 +30,12 @@ def drop_sockets(sim: SimServer, *, reconnect: bool) -> int:
     return len(connections)
 
 
+def hold_card(sim: SimServer, interaction_id: str) -> Callable[[], None]:
+    """The card waits until the returned call presents it."""
+    assert sim.ctx is not None
+    return sim.ctx.terminals.hold_card(interaction_id)
+
+
 async def wait_for_socket(sim: SimServer) -> None:
     assert sim.app is not None
     connections = sim.app[CABLE_KEY].connections
@@ -45,13 +52,15 @@ async def test_wait_follows_the_websocket(service: ServiceClient) -> None:
 
 
 async def test_socket_dropped_mid_wait_reconnects(sim_factory: Any) -> None:
-    # the card comes 1.5 s after the start: the drop lands before it, on a busy machine too
     sim = await sim_factory(time_scale=1)
     async with ServiceClient(settings_from_ready(sim.ready_info())) as svc:
         handle = await svc.terminal.charge_card(READER, 1000)
+        present_card = hold_card(sim, handle.interaction_id)  # after the drop
         waiting = asyncio.create_task(handle.wait(timeout=10))
         await wait_for_socket(sim)
         assert drop_sockets(sim, reconnect=True) == 1
+        await until(lambda: handle.socket_connects == 2)
+        present_card()
         interaction = await waiting
     assert interaction.status is InteractionStatus.SUCCEEDED
     assert handle.socket_failures == 1
@@ -60,14 +69,17 @@ async def test_socket_dropped_mid_wait_reconnects(sim_factory: Any) -> None:
 
 
 async def test_disconnect_without_reconnect_falls_back_to_polling(sim_factory: Any) -> None:
-    # the card comes 1.5 s after the start: the drop lands before it, on a busy machine too
     sim = await sim_factory(time_scale=1)
     settings = settings_from_ready(sim.ready_info(), poll_interval=0.05)
     async with ServiceClient(settings) as svc:
         handle = await svc.terminal.charge_card(READER, 1000)
+        # the card comes after the drop, however long the socket took to open (a busy machine)
+        present_card = hold_card(sim, handle.interaction_id)
         waiting = asyncio.create_task(handle.wait(timeout=10))
         await wait_for_socket(sim)
         drop_sockets(sim, reconnect=False)
+        await until(lambda: handle.polls >= 1)
+        present_card()
         interaction = await waiting
     assert interaction.status is InteractionStatus.SUCCEEDED
     assert handle.socket_connects == 1

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 
 import pytest
 from aiohttp import web
@@ -12,7 +13,7 @@ from aiohttp import web
 from kiosk_agent.service.client import ServiceClient
 from kiosk_agent.service.errors import InvalidResponseError
 from kiosk_agent.service.models import InteractionStatus
-from kiosk_agent.service.settings import ServiceSettings
+from kiosk_agent.service.settings import CallKind, ServiceSettings
 
 from .scripted_server import ScriptedServer, json_reply
 
@@ -120,3 +121,45 @@ async def test_a_silent_socket_ends_at_the_lifetime_with_the_status_endpoints_wo
     assert interaction.status is InteractionStatus.PENDING  # what the service says, as it is
     assert 0.25 <= waited < 1.5
     assert scripted.count("GET", STATUS) >= 1
+
+
+@pytest.mark.parametrize("status", [301, 302, 303, 307, 308])
+async def test_a_redirected_handshake_is_not_followed_and_the_wait_polls(
+    scripted: ScriptedServer,
+    scripted_settings: ServiceSettings,
+    caplog: pytest.LogCaptureFixture,
+    status: int,
+) -> None:
+    """A cable address answering the upgrade with "go elsewhere": followed, the agent would read
+    the other server's records (a forged charge) as the service's. The handshake is refused,
+    counted as a failed one, and the wait asks the status endpoint instead."""
+    elsewhere = ScriptedServer()
+    await elsewhere.start()
+    try:
+        forged = {**CHARGED, "result": {**CHARGED["result"], "trans_id": "forged"}}  # type: ignore[dict-item]
+        elsewhere.script("GET", "/cable", cable_with(forged))
+        target = f"{elsewhere.url}/cable?token=wst-secret"
+        scripted.script("POST", START, ACCEPTED)
+        token = json_reply({"token": "wst-secret", "expires_at": 1})
+        scripted.script("POST", "/api/ws-token", token)
+        scripted.script("GET", "/cable", json_reply({}, status, {"Location": target}))
+        scripted.script("GET", STATUS, json_reply(CHARGED))
+        handshakes: list[str] = []
+        async with ServiceClient(scripted_settings) as svc:
+            svc.transport.observe(
+                lambda kind, _s, outcome: handshakes.append(outcome)
+                if kind is CallKind.WEBSOCKET else None
+            )  # fmt: skip
+            handle = await svc.terminal.charge_card("SIM-0001", 100)
+            with caplog.at_level(logging.WARNING, logger="kiosk_agent.service.cable"):
+                interaction = await handle.wait(timeout=5)
+        assert elsewhere.requests == []  # no second request: nothing reached the other server
+        assert interaction.charge_result is not None
+        assert interaction.charge_result.trans_id == "t-1"  # the service's record, by polling
+        assert handle.via == "polling"
+        assert handshakes == ["error"]  # counted with the other failed handshakes
+        assert scripted.count("GET", "/cable") == 1  # the wait polls at once, not again
+        assert f"HTTP {status}: a redirect to {elsewhere.url}/cable, not followed" in caplog.text
+        assert "wst-secret" not in caplog.text  # the token sat in its query
+    finally:
+        await elsewhere.stop()

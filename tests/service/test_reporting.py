@@ -36,6 +36,7 @@ from kiosk_agent.service.models.reports import (
     DepositFilter,
     ReportKind,
 )
+from kiosk_agent.service.redirects import service_session
 from kiosk_agent.service.reporting import REPORTING_PREFIX, _next_params
 
 from .scripted_server import ScriptedServer, json_reply
@@ -53,7 +54,7 @@ async def traced(sim_settings: ServiceSettings) -> AsyncIterator[tuple[ServiceCl
     trace = aiohttp.TraceConfig()
     trace.on_request_start.append(on_start)
     async with (
-        aiohttp.ClientSession(trace_configs=[trace]) as session,
+        service_session(trace_configs=[trace]) as session,
         ServiceClient(sim_settings, session=session) as svc,
     ):
         yield svc, urls
