@@ -780,13 +780,11 @@ MAX_WHOLE = 2**63 - 1
 
 
 def positive_int(text: str) -> int:
-    """An argparse ``type``: a whole number above zero, in ASCII digits (``int`` also takes
-    ``"٣"``) and at most :data:`MAX_WHOLE`."""
+    """An argparse ``type``: a whole number above zero, in ASCII digits only (``int`` also
+    takes ``"٣"``, ``"+5"``, ``"1_000"``; the admin API's ``limit`` does not) and at most
+    :data:`MAX_WHOLE`."""
     shown = text if len(text) <= 40 else f"{text[:40]}..."
-    try:
-        value = int(text) if text.isascii() else None
-    except ValueError:
-        value = None
+    value = int(text) if text.isascii() and text.isdigit() else None
     if value is None:
         raise argparse.ArgumentTypeError(f"expected a whole number, got {shown!r}")
     if value <= 0:

@@ -261,6 +261,8 @@ def test_sales_with_a_bad_since_says_what_it_expected(
         # past SQLite's INTEGER: was "unexpected OverflowError: Python int too large"
         (["--limit", "99999999999999999999999"], "--limit: expected at most 9223372036854775807"),
         (["--limit", "\u0663"], "--limit: expected a whole number, got '\u0663'"),  # Arabic 3
+        (["--limit", "+5"], "--limit: expected a whole number, got '+5'"),  # as the API says
+        (["--limit", "0"], "--limit: expected a number above zero, got '0'"),
     ],
 )
 def test_sales_refuses_a_moment_or_limit_out_of_range_as_a_usage_error(
