@@ -383,3 +383,29 @@ async def test_a_configured_terminal_name_wins_over_the_services(service) -> Non
     assert by_id["SIM-0001"].name == "front"
     listed = {t.device_id: t.name for t in await service.terminal.list()}
     assert by_id["SIM-0002"].name == listed["SIM-0002"]  # no configured name: the service's
+
+
+def test_a_sale_is_todays_on_the_day_it_first_ended_as_the_journal_counts_it() -> None:
+    """Held in attention since yesterday and resolved as captured today, a sale counted in
+    today's figures while the agent ran and not after a restart (Journal.today counts the day a
+    sale first ended): the status page's "Sales today" changed at the restart."""
+    day = [dt.date(2026, 11, 24)]
+    health = Health("1", today=lambda: day[0])
+    health.record_sale(_event("held", SaleState.ATTENTION, captured=250))
+    health.record_sale(_event("same-day", SaleState.ATTENTION, captured=100))
+    health.record_sale(_event("same-day", SaleState.COMPLETED, captured=100))
+    assert (health.snapshot().sales.today_count, health.snapshot().sales.today_amount_cents) == (
+        1, 100
+    )
+    day[0] = dt.date(2026, 11, 25)
+    health.record_sale(_event("held", SaleState.COMPLETED, captured=250))  # a person resolves
+    sales = health.snapshot().sales
+    assert (sales.today_count, sales.today_amount_cents, sales.attention) == (0, 0, 0)
+    # seeded at start from the journal with when each first ended
+    restarted = Health("1", today=lambda: day[0])
+    yesterday = dt.datetime(2026, 11, 24, 12).timestamp()
+    restarted.set_sales(attention_ids={"old": yesterday, "new": None})
+    restarted.record_sale(_event("old", SaleState.COMPLETED, captured=300))
+    restarted.record_sale(_event("new", SaleState.COMPLETED, captured=400))
+    assert (restarted.snapshot().sales.today_count,
+            restarted.snapshot().sales.today_amount_cents) == (1, 400)
