@@ -312,7 +312,7 @@ def sale_families(totals: SaleTotals, terminals: Iterable[str]) -> Iterator[Metr
 def upstream_families(stats: Mapping[str, Mapping[str, float]]) -> Iterator[Metric]:
     for key, help_text in (
         ("sent", "Heartbeats delivered upstream."),
-        ("dropped", "Heartbeats dropped because the queue was full."),
+        ("dropped", "Heartbeats dropped: the queue was full (MQTT: a newer one replaced it)."),
         ("failures", "Failed attempts to deliver heartbeats."),
     ):
         yield counter(

@@ -178,6 +178,17 @@ def positive_number(text: str) -> float:
     return value
 
 
+def zero_or_more_seconds(text: str) -> float:
+    """An argparse ``type``: finite seconds, 0 or more (a pause that may be left out)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not math.isfinite(value) or value < 0:
+        raise argparse.ArgumentTypeError(f"must be 0 or more seconds, got {text!r}")
+    return value
+
+
 @functools.cache
 def _parent(part: str) -> argparse.ArgumentParser:
     # default=SUPPRESS: an option may stand before or after the subcommand (`-c F terminals

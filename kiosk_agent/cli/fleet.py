@@ -15,6 +15,7 @@ import argparse
 import asyncio
 import json
 import os
+import sys
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -39,6 +40,7 @@ from kiosk_agent.cli.contract import (
     print_json,
     timeout_of,
     wants_json,
+    zero_or_more_seconds,
 )
 from kiosk_agent.money import format_cents
 
@@ -118,7 +120,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help="seconds at most to collect its retained topics",
     )
     forget.add_argument(
-        "--settle", type=float, default=2.0,
+        "--settle", type=zero_or_more_seconds, default=2.0,
         help="seconds between clearing its discovery configs and its state (Home Assistant "
         "removes the entities meanwhile)",
     )
@@ -232,7 +234,10 @@ def _device_id(text: str, flag: str) -> str:
     return text
 
 
-async def _fleet(mqtt: dict[str, Any], wait: float, device_id: str = "+") -> list[Any]:
+async def _fleet(
+    mqtt: dict[str, Any], wait: float, device_id: str = "+"
+) -> tuple[list[Any], bool]:
+    """The units on the broker, and whether the broker had handed all it keeps in time."""
     from kiosk_agent.fleet.inventory import retained, units
 
     prefix = mqtt.get("topic_prefix", "kiosk-agent")
@@ -241,22 +246,33 @@ async def _fleet(mqtt: dict[str, Any], wait: float, device_id: str = "+") -> lis
         found = await retained(mqtt, patterns, wait=wait)
     except (OSError, TimeoutError, _mqtt_error()) as err:
         raise _unreachable(mqtt, err) from None
-    return units(prefix, found)
+    if not found.complete:
+        print(f"the broker had not handed every retained topic within --wait {wait:g} s: units "
+              "may be missing (a larger --wait gives it longer)", file=sys.stderr)
+    return units(prefix, found), found.complete
 
 
 async def list_command(args: argparse.Namespace) -> int:
     _, _, mqtt = _broker(args)
-    fleet = await _fleet(mqtt, args.wait)
+    fleet, complete = await _fleet(mqtt, args.wait)
     now = time.time()
     rows = [unit.summary(now) for unit in fleet]
     if wants_json(args):
-        print_json({"units": rows, "count": len(rows)})
+        print_json({"units": rows, "count": len(rows), "complete": complete})
     else:
         STATUS.clear()
         print(format_fleet(rows, now))
+    if not rows:  # a wrong prefix or broker, or an ACL that hides the units, look alike
+        prefix = mqtt.get("topic_prefix", "kiosk-agent")
+        print(f"no unit under {prefix}/ on the broker {mqtt['host']}:{mqtt['port']}: check "
+              f"upstream.mqtt.topic_prefix; may the MQTT user {mqtt.get('username') or 'anonymous'}"
+              f" read {prefix}/+/state? (a broker's ACL hides what a user may not read)",
+              file=sys.stderr)
     # like `health`: 0 only when all is well, so `fleet list || alert` works from cron; no unit
     # at all is not well either (a wrong broker or topic_prefix would look like a quiet fleet)
-    return EXIT_OK if rows and all(row["status"] == "ok" for row in rows) else EXIT_FAILED
+    # nor is a listing that may miss units
+    healthy = rows and complete and all(row["status"] == "ok" for row in rows)
+    return EXIT_OK if healthy else EXIT_FAILED
 
 
 def format_fleet(rows: list[dict[str, Any]], now: float) -> str:
@@ -288,7 +304,7 @@ def _ago(at: float | None, now: float) -> str:
 async def show_command(args: argparse.Namespace) -> int:
     _, _, mqtt = _broker(args)
     device_id = _device_id(args.unit, "UNIT")
-    fleet = await _fleet(mqtt, args.wait, device_id)
+    fleet, _ = await _fleet(mqtt, args.wait, device_id)
     if not fleet:
         raise CliError(f"no unit {device_id} on the broker {mqtt['host']}:{mqtt['port']}",
                        EXIT_FAILED, ["`kiosk-agent fleet list` shows the units there"])
@@ -306,11 +322,15 @@ async def show_command(args: argparse.Namespace) -> int:
         print(format_health({**unit.report, "status": summary["status"]}))
     if unit.defect is not None:
         print(f"status:   {summary['status'].upper()}\nproblem:  {unit.defect}")
+    elif unit.report is None:  # its availability alone: say why it is not ok
+        print(f"status:   {summary['status'].upper()}\nproblem:  no report of it on the broker "
+              "(cleared, or the unit has not reported yet)")
     return EXIT_OK if summary["status"] == "ok" else EXIT_FAILED
 
 
 async def forget_command(args: argparse.Namespace) -> int:
     from kiosk_agent.fleet.component import host_device_id
+    from kiosk_agent.fleet.discovery import own_config
     from kiosk_agent.fleet.inventory import retained
     from kiosk_agent.fleet.topics import ONLINE, unit_base_topic, unit_topics
 
@@ -322,7 +342,9 @@ async def forget_command(args: argparse.Namespace) -> int:
     discovery = mqtt.get("discovery_prefix", "homeassistant")
     patterns = [f"{base}/#"] + ([f"{discovery}/+/{device_id}/+/config"] if discovery else [])
     try:
-        found = await retained(mqtt, patterns, wait=args.wait)
+        kept = await retained(mqtt, patterns, wait=args.wait)
+        found = {topic: payload for topic, payload in kept.items()
+                 if not topic.endswith("/config") or own_config(device_id, payload)}
         if not found:
             raise CliError(
                 f"no unit {device_id} on the broker {mqtt['host']}:{mqtt['port']}: none of its "
@@ -330,14 +352,12 @@ async def forget_command(args: argparse.Namespace) -> int:
                 ["check the device id; `kiosk-agent fleet list` shows the units there"],
             )
         if found.get(f"{base}/availability") == ONLINE and not args.force:
-            raise CliError(
-                f"{device_id} says it is online: stop its agent first (it would announce "
-                "itself again at its next start), or pass --force"
-            )
-        configs = sorted(t for t in set(found) | set(unit_topics(mqtt, device_id))
-                         if t.endswith("/config"))
-        rest = sorted((set(found) | set(unit_topics(mqtt, device_id))) - set(configs))
-        await _clear(mqtt, configs, rest, args.settle, args.wait)
+            raise CliError(_online_refusal(device_id, found, base))
+        # another program's config under this node id is left alone
+        ours = (set(found) | set(unit_topics(mqtt, device_id))) - (set(kept) - set(found))
+        configs = sorted(t for t in ours if t.endswith("/config"))
+        rest = sorted(ours - set(configs))
+        await _clear(mqtt, device_id, configs, rest, args.settle, args.wait)
     except (OSError, TimeoutError, _mqtt_error()) as err:
         raise _unreachable(mqtt, err) from None
     cleared = configs + rest
@@ -351,6 +371,24 @@ async def forget_command(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _online_refusal(device_id: str, found: dict[str, str], base: str) -> str:
+    """Why a unit that says it is online is not forgotten, and what to do. Its reports may
+    have stopped long ago: a last will is lost when the broker restarts while the unit is gone,
+    and `online` stays."""
+    from kiosk_agent.fleet.inventory import STALE_AFTER_BEATS, read_report
+
+    report, _ = read_report(found.get(f"{base}/state", ""))
+    interval, at = (report or {}).get("interval_s"), (report or {}).get("at")
+    if isinstance(interval, int | float) and isinstance(at, int | float):
+        quiet = time.time() - at
+        if quiet > STALE_AFTER_BEATS * interval * 1.1:
+            return (f"{device_id} says it is online, but its last report is {_duration(quiet)} "
+                    "old (its last will lost, as in a broker restart while it was gone?): if "
+                    "its agent is gone, pass --force")
+    return (f"{device_id} says it is online: stop its agent first (it would announce itself "
+            "again at its next start), or pass --force")
+
+
 def _mqtt_error() -> type[Exception]:
     import aiomqtt
 
@@ -358,22 +396,46 @@ def _mqtt_error() -> type[Exception]:
 
 
 async def _clear(
-    conf: dict[str, Any], configs: list[str], rest: list[str], settle: float, within: float
+    conf: dict[str, Any], device_id: str, configs: list[str], rest: list[str], settle: float,
+    within: float,
 ) -> None:
     """An empty retained message deletes a retained topic (and HA's entity with its config).
 
     The configs go first and the state ``settle`` seconds later: cleared while HA was still
     removing the entities, the empty state reached their templates (HA 2024.3 logged
-    ``'value_json' is undefined`` for each)."""
-    from kiosk_agent.fleet.mqtt import mqtt_client
+    ``'value_json' is undefined`` for each). Each step is read back: a broker's ACL refuses a
+    publish in silence (MQTT 3.1.1 acknowledges it all the same), and the state is not
+    cleared under entities HA still has."""
+    from kiosk_agent.fleet.mqtt import mqtt_client, passing_client_id
 
-    async with mqtt_client(conf, f"kiosk-agent-fleet-{os.getpid()}",
+    async with mqtt_client(conf, passing_client_id("fleet"),
                            timeout=max(within, 5.0)) as client:
         for topic in configs:
             await client.publish(topic, b"", qos=1, retain=True)
         await asyncio.sleep(settle)
+        await _check_cleared(conf, device_id, configs, "discovery configs", within,
+                             "; its state and availability are left for the entities HA keeps")
         for topic in rest:
             await client.publish(topic, b"", qos=1, retain=True)
+    await _check_cleared(conf, device_id, rest, "topics", within, "")
+
+
+async def _check_cleared(
+    conf: dict[str, Any], device_id: str, topics: list[str], what: str, within: float,
+    left: str,
+) -> None:
+    from kiosk_agent.fleet.inventory import retained
+
+    kept = sorted(await retained(conf, topics, wait=within)) if topics else []
+    if kept:
+        user = conf.get("username") or "anonymous"
+        raise CliError(
+            f"the broker kept {len(kept)} of {device_id}'s {what} after they were cleared "
+            f"({kept[0]}{', ...' if len(kept) > 1 else ''}){left}",
+            EXIT_FAILED,
+            [f"may the MQTT user {user} write there? A broker's ACL refuses a publish "
+             "without a word; or a client publishes them again (is the unit still running?)"],
+        )
 
 
 # -- health ------------------------------------------------------------------------------------

@@ -34,6 +34,7 @@ from kiosk_agent.fleet.mqtt import BirthPolicy, MqttSink
 from kiosk_agent.fleet.report import build_report, iso
 from kiosk_agent.fleet.schema import UPSTREAM_SCHEMA
 from kiosk_agent.fleet.sink import Sink
+from kiosk_agent.redact import redact
 from kiosk_agent.tasks import BackgroundTask, cancel_and_wait, wait_event
 
 _LOGGER = logging.getLogger(__name__)
@@ -87,7 +88,6 @@ class Upstream:
         if "mqtt" in conf:
             self.mqtt = MqttSink(
                 conf["mqtt"],
-                conf["queue_size"],
                 self.device_id,
                 self._health.version,
                 discovery_options(agent, conf),
@@ -95,6 +95,8 @@ class Upstream:
                 rng=self._rng,
             )
             self.sinks.append(self.mqtt)
+        for sink in self.sinks:
+            self._health.count_errors_of(f"upstream {sink.name}", lambda s=sink: s.unexpected)
         self._loop = BackgroundTask(self._run, "upstream-heartbeat")
         self.heartbeats = 0
         self.prompt_heartbeats = 0  # sent at once for a change, not on the schedule
@@ -157,7 +159,7 @@ class Upstream:
                 sale_id=event.sale_id,
                 terminal=event.terminal,
                 amount_cents=event.amount_cents,
-                reason=event.message,
+                reason=redact(event.message),  # it leaves the unit: the last safety net
                 at=iso(event.at or time.time()),
             )
 
@@ -220,10 +222,20 @@ class Upstream:
         }
 
 
+# Figures that move without news: a time left ("API key expires in 3600 s" counts down) and
+# the counts of one caught bug repeating. Ids (SIM-0001) and counts of sales stay: a second
+# sale into attention, or another terminal out of service, is news.
+_TICKING = re.compile(r"\d+(\.\d+)? ?m?s\b")
+_REPEATING = "unexpected errors"
+
+
 def _must_tell(snapshot: HealthSnapshot) -> tuple[str, tuple[str, ...]]:
-    """What a person must act on: the status and the problems, their figures left out (an
-    API key's "expires in 3600 s" ticking down is not news)."""
-    problems = tuple(sorted(re.sub(r"\d+(\.\d+)?", "#", p) for p in snapshot.problems))
+    """What a person must act on: the status and the problems, their ticking figures left
+    out."""
+    problems = tuple(sorted(
+        re.sub(r"\d+", "#", p) if p.startswith(_REPEATING) else _TICKING.sub("#", p)
+        for p in snapshot.problems
+    ))
     return str(snapshot.status), problems
 
 
@@ -247,5 +259,8 @@ def discovery_options(agent: Any, conf: dict[str, Any]) -> DiscoveryOptions:
 
 
 def host_device_id() -> str:
-    """The default ``upstream.device_id``: the host name, in the characters topics allow."""
-    return "".join(c if c.isalnum() or c in "-_" else "_" for c in socket.gethostname())
+    """The default ``upstream.device_id``: the host name in the characters a device id allows
+    (``topics.DEVICE_ID``: ASCII letters, digits, - and _), each other one ``_``."""
+    name = "".join(c if c.isascii() and (c.isalnum() or c in "-_") else "_"
+                   for c in socket.gethostname())
+    return name or "kiosk"

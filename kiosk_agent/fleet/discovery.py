@@ -10,12 +10,32 @@ What each release takes is in docs/fleet.md ("Which Home Assistant gets what").
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
-from kiosk_agent.fleet.entities import DiscoveryOptions, Entity, slug, unit_entities
+from kiosk_agent.fleet.entities import DiscoveryOptions, Entity, latin_slug, slug, unit_entities
 from kiosk_agent.fleet.topics import OFFLINE, ONLINE, discovery_topic
 
 PUBLISHER = "kiosk-agent"  # the origin's name: who published the configs
+
+
+def unique_id(device_id: str, key: str) -> str:
+    """An entity's unique id: Home Assistant's history follows it (never change it)."""
+    return f"kiosk_agent_{device_id}_{key}"
+
+
+def own_config(device_id: str, payload: str | bytes | bytearray) -> bool:
+    """Whether a retained discovery config is one of this unit's (by its unique id). Other
+    programs may share the node id: a unit's device id defaults to the host name, and a system
+    monitor names its device after the host too."""
+    try:
+        config = json.loads(payload)
+    except (ValueError, RecursionError):
+        return False
+    if not isinstance(config, dict):
+        return False
+    found = config.get("unique_id", config.get("uniq_id"))
+    return isinstance(found, str) and found.startswith(unique_id(device_id, ""))
 
 
 def device_info(device_id: str, version: str, options: DiscoveryOptions) -> dict[str, Any]:
@@ -85,9 +105,8 @@ def _config(
 ) -> dict[str, Any]:
     config: dict[str, Any] = {
         "name": entity.name,
-        "unique_id": f"kiosk_agent_{device_id}_{entity.key}",
-        # the id 2024.3 derives from the names; 2025.10+ takes it as given
-        "default_entity_id": f"{entity.component}.{slug(f'{device_name} {entity.name}')}",
+        "unique_id": unique_id(device_id, entity.key),
+        "default_entity_id": f"{entity.component}.{_object_id(entity, device_id, device_name)}",
         **common,
         **entity.config,  # an entity may name its own state topic (the event entity does)
     }
@@ -96,3 +115,11 @@ def _config(
     if entity.expires and options.expire_after:
         config["expire_after"] = options.expire_after
     return config
+
+
+def _object_id(entity: Entity, device_id: str, device_name: str) -> str:
+    """The entity id 2024.3 derives from the names (2025.10+ takes it as given). A name in
+    another script (Cyrillic, Japanese) has no spelling here that HA would make: the device id
+    (or the entity's key) stands in for it, so no two units share ``sensor.status``."""
+    device = latin_slug(device_name) or slug(device_id)
+    return f"{device}_{latin_slug(entity.name) or entity.key}"

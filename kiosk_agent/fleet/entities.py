@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import re
+import unicodedata
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -63,6 +64,23 @@ class Entity:
 def slug(text: str) -> str:
     """HA's entity id slug for plain names: lower case, each run of other characters one ``_``."""
     return re.sub(r"[^a-z0-9]+", "_", text.lower()).strip("_")
+
+
+# Latin letters that no Unicode decomposition takes to ASCII, spelt as HA's slugify spells them
+_LATIN = str.maketrans({"ß": "ss", "æ": "ae", "Æ": "AE", "ø": "o", "Ø": "O", "œ": "oe",
+                        "Œ": "OE", "đ": "d", "Đ": "D", "ł": "l", "Ł": "L", "þ": "th",
+                        "Þ": "Th"})
+
+
+def latin_slug(text: str) -> str | None:
+    """``slug`` of a name in Latin letters with accents as HA spells it (``Café`` ->
+    ``cafe``); None when letters of another script are left (HA transliterates those its own
+    way: no id made here would be the one it makes)."""
+    plain = unicodedata.normalize("NFKD", text.translate(_LATIN))
+    plain = "".join(c for c in plain if not unicodedata.combining(c))
+    if any(not c.isascii() and c.isalnum() for c in plain):
+        return None
+    return slug(plain)
 
 
 def unit_entities(options: DiscoveryOptions, event_topic: str) -> list[Entity]:

@@ -55,7 +55,10 @@ class HttpSink(SinkBase):
         while True:
             await self._wakeup.wait()
             self._wakeup.clear()
-            await self.flush()
+            try:
+                await self.flush()
+            except Exception as err:  # noqa: BLE001 - a bug must not end the unit's reports
+                self._unexpected(err)  # the report stays queued for the next beat
 
     async def flush(self) -> None:
         assert self._session is not None

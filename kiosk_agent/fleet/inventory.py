@@ -13,15 +13,16 @@ control character (a terminal escape) or is larger than any real report makes it
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import datetime as dt
 import json
 import math
-import os
 import time
 from dataclasses import dataclass
 from typing import Any
 
 from kiosk_agent.fleet.entities import STATUS_OPTIONS
-from kiosk_agent.fleet.mqtt import mqtt_client
+from kiosk_agent.fleet.mqtt import mqtt_client, passing_client_id
 from kiosk_agent.fleet.topics import DEVICE_ID, OFFLINE, ONLINE
 from kiosk_agent.text import control_character
 
@@ -33,26 +34,63 @@ MAX_PAYLOAD_BYTES = 64 * 1024
 _OVERSIZED = "\x00oversized:"  # what is kept instead; no report or availability starts so
 
 
+class Retained(dict[str, str]):
+    """Topic -> payload (text) of the retained messages found; ``complete`` is False when the
+    broker had not handed all of them when the wait ran out (the end marker had not come)."""
+
+    complete = True
+
+
 async def retained(
     conf: dict[str, Any], patterns: list[str], *, wait: float, quiet: float = 0.3
-) -> dict[str, str]:
-    """Every retained, non-empty message on ``patterns``: topic -> payload (text)."""
-    found: dict[str, str] = {}
-    # its own client id: reusing a unit's would disconnect it
-    async with mqtt_client(conf, f"kiosk-agent-fleet-{os.getpid()}", timeout=max(wait, 5.0)) as c:
+) -> Retained:
+    """Every retained, non-empty message on ``patterns``.
+
+    A broker hands a subscription's retained messages right after its SUBACK, and then what is
+    published later: a message sent to ourselves after subscribing marks their end (checked
+    first: an ACL may refuse it). Without one, the collection ends once the broker has been
+    quiet for ``quiet`` seconds: a guess that a busy broker defeats."""
+    found = Retained()
+    client_id = passing_client_id("fleet")
+    marker = f"{conf.get('topic_prefix', 'kiosk-agent')}/{client_id}/end"
+    # its own client id: reusing a unit's (or another listing's) would disconnect it
+    async with mqtt_client(conf, client_id, timeout=max(wait, 5.0)) as c:
+        deadline = time.monotonic() + wait
+        messages = aiter(c.messages)
+        marked = await _marker_comes_back(c, messages, marker, min(1.0, wait))
         # one SUBSCRIBE for all: a second one's SUBACK would queue behind every retained
         # message of the first (80 MB of foreign payloads outlasted the 5 s client timeout)
         await c.subscribe([(pattern, 1) for pattern in patterns])
-        deadline = time.monotonic() + wait
-        messages = aiter(c.messages)
+        if marked:
+            await c.publish(marker, b"end", qos=0)  # no PUBACK to wait for behind them all
+        ended = False
         while (left := deadline - time.monotonic()) > 0:
             try:
-                message = await asyncio.wait_for(anext(messages), min(quiet, left))
+                message = await asyncio.wait_for(
+                    anext(messages), left if marked and not ended else min(quiet, left)
+                )
             except TimeoutError:
                 break  # the broker has handed everything it keeps
-            if message.retain and message.payload:
+            if str(message.topic) == marker:
+                ended = ended or message.payload == b"end"  # (a late probe is not the end)
+            elif message.retain and message.payload:
                 found[str(message.topic)] = _payload_text(message.payload)
+        found.complete = ended or not marked
     return found
+
+
+async def _marker_comes_back(
+    client: Any, messages: Any, marker: str, within: float
+) -> bool:
+    """Whether a message this client publishes to ``marker`` reaches it (an ACL may refuse
+    the publish or the read, without a word)."""
+    await client.subscribe(marker, qos=1)
+    await client.publish(marker, b"probe", qos=0)
+    try:
+        message = await asyncio.wait_for(anext(messages), within)
+    except TimeoutError:
+        return False
+    return str(message.topic) == marker
 
 
 def _payload_text(payload: object) -> str:
@@ -96,7 +134,9 @@ class Unit:
         """(count, cents) of the unit's day, None when its last report is of an earlier day."""
         sales = (self.report or {}).get("sales") or {}
         started = sales.get("day_started_at")
-        if not isinstance(started, int | float) or now - started >= 86400 + 3600:
+        if not isinstance(started, int | float) or now >= _next_midnight(
+            started, sales.get("day_started")
+        ):
             return None
         return int(sales.get("today_count", 0)), int(sales.get("today_amount_cents", 0))
 
@@ -114,6 +154,18 @@ class Unit:
             "sales_today_cents": sales[1] if sales else None,
             "version": report.get("version"),
         }
+
+
+def _next_midnight(started: float, started_iso: object) -> float:
+    """When the unit's day that began at ``started`` ends: its next local midnight, by the
+    offset its report names (``day_started``); a report without one, by this machine's."""
+    zone = None
+    if isinstance(started_iso, str):
+        with contextlib.suppress(ValueError):
+            zone = dt.datetime.fromisoformat(started_iso).tzinfo
+    began = dt.datetime.fromtimestamp(started, zone)  # naive local time when zone is None
+    return dt.datetime.combine(began.date() + dt.timedelta(days=1), dt.time(),
+                               began.tzinfo).timestamp()
 
 
 def units(topic_prefix: str, found: dict[str, str]) -> list[Unit]:

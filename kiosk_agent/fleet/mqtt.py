@@ -18,6 +18,7 @@ import contextlib
 import json
 import logging
 import random
+import secrets
 import ssl
 import time
 from collections import deque
@@ -29,7 +30,7 @@ import aiomqtt
 
 from kiosk_agent.core.logging import RefusalLog
 from kiosk_agent.fleet.backoff import Backoff
-from kiosk_agent.fleet.discovery import discovery_messages
+from kiosk_agent.fleet.discovery import discovery_messages, own_config
 from kiosk_agent.fleet.entities import RETIRED, DiscoveryOptions
 from kiosk_agent.fleet.loopback import insecure_mqtt
 from kiosk_agent.fleet.sink import SinkBase
@@ -60,7 +61,10 @@ class MqttSink(SinkBase):
     """Keeps one MQTT connection; announces the unit to Home Assistant; publishes reports.
 
     The last will marks the unit offline when the connection drops without a goodbye; a clean
-    stop publishes ``offline`` itself.
+    stop publishes ``offline`` itself. Only the newest report waits while the broker is away:
+    the state topic says how the unit is now, and Home Assistant records each message as a
+    change at the moment it arrives (hundreds of old states replayed after an outage, across a
+    fleet, would be millions of false changes). Alerts wait in order, each its own event.
     """
 
     name = "mqtt"
@@ -68,7 +72,6 @@ class MqttSink(SinkBase):
     def __init__(
         self,
         conf: dict[str, Any],
-        queue_size: int,
         device_id: str,
         version: str,
         discovery: DiscoveryOptions | None = None,
@@ -76,8 +79,9 @@ class MqttSink(SinkBase):
         births: BirthPolicy | None = None,
         rng: random.Random | None = None,
         clock: Callable[[], float] = time.monotonic,
+        connect_timeout: float = 10.0,
     ):
-        super().__init__(queue_size)
+        super().__init__(1)  # a newer report replaces the one not sent yet (counted as dropped)
         self._conf = conf
         self.device_id = device_id
         self._version = version
@@ -89,8 +93,15 @@ class MqttSink(SinkBase):
         self._prefix = conf.get("discovery_prefix", "homeassistant")
         # Home Assistant's birth message: it (re)started and wants the discovery again
         self.birth_topic = f"{self._prefix}/status" if self._prefix else None
+        # every config under this unit's device id: those it no longer announces (a terminal
+        # replaced) are cleared, so Home Assistant removes their entities
+        self.configs_filter = f"{self._prefix}/+/{device_id}/+/config" if self._prefix else None
+        self._announced: set[str] = set()
+        self._stale_configs: list[str] = []
+        self.configs_cleared = 0
         self._rng = rng or random.Random()
         self._clock = clock
+        self._connect_timeout = connect_timeout
         self._backoff = Backoff(
             conf.get("reconnect_interval", 5.0), conf.get("reconnect_max", 60.0), self._rng
         )
@@ -110,6 +121,7 @@ class MqttSink(SinkBase):
         self._last_announce = -float("inf")
         self.reannounce_at: float | None = None
         self.births_heard = 0
+        self._dropped_in_row = 0  # connections lost soon after connecting, none refused between
         self.connected = False
         self.connects = 0
         self.announcements = 0
@@ -117,6 +129,9 @@ class MqttSink(SinkBase):
         self.events_sent = 0
         self.last_report: dict[str, Any] | None = None
         self._client: aiomqtt.Client | None = None
+        # an announce ends with `online`: a stop's goodbye waits for it, and none starts after
+        self._announcing = asyncio.Lock()
+        self._stopping = False
 
     def publish_event(self, event_type: str, **attributes: Any) -> None:
         """Fire Home Assistant's Alert event entity (not retained: a replay is not an event)."""
@@ -135,7 +150,7 @@ class MqttSink(SinkBase):
         return mqtt_client(
             self._conf,
             f"kiosk-agent-{self.device_id}",
-            timeout=10,
+            timeout=self._connect_timeout,
             keepalive=self._conf.get("keepalive", 60),
             will=aiomqtt.Will(self.availability_topic, OFFLINE, qos=1, retain=True),
         )
@@ -157,28 +172,38 @@ class MqttSink(SinkBase):
                     await self._serve(client)
             except (aiomqtt.MqttError, OSError) as err:
                 self._failed(f"broker {self._conf['host']}:{self._conf.get('port', 1883)}: "
-                             f"{err}{self._short_lived(connected_at)}")
+                             f"{err}{self._short_lived(connected_at)}{_unanswered(err)}")
+            except Exception as err:  # noqa: BLE001 - a bug must not end the unit's reports
+                self._unexpected(err)
             finally:
                 self.connected = False
                 self._client = None
             await asyncio.sleep(self._backoff.next())
 
     def _short_lived(self, connected_at: float | None) -> str:
-        """Start the back-off over after a connection that held; else say what may be wrong."""
+        """Start the back-off over after a connection that held; else say what may be wrong.
+
+        A twin (another client with this id) takes the connection again and again, the broker
+        there between; a broker that restarts drops it once and refuses the next connect."""
         if connected_at is None:
-            return ""  # never connected: the broker is away or refused
+            self._dropped_in_row = 0
+            return ""  # never connected: the broker is away or refused (its words say which)
         held = self._clock() - connected_at
         if held >= STABLE_AFTER:
             self._backoff.reset()
+            self._dropped_in_row = 0
             return ""
-        return (f" ({held:.1f} s after connecting; another client with the id "
-                f"kiosk-agent-{self.device_id}, such as a second unit with this device_id, "
-                "takes the connection so)")
+        self._dropped_in_row += 1
+        if self._dropped_in_row < 2:
+            return f" ({held:.1f} s after connecting)"
+        return (f" ({held:.1f} s after connecting, {self._dropped_in_row} times in a row; "
+                f"another client with the id kiosk-agent-{self.device_id}, such as a second "
+                "unit with this device_id, takes the connection so)")
 
     async def _serve(self, client: aiomqtt.Client) -> None:
         """Flush on every wake-up until the connection is lost (then raise MqttError)."""
-        if self.birth_topic is not None:
-            await client.subscribe(self.birth_topic, qos=1)
+        if self.birth_topic is not None and self.configs_filter is not None:
+            await client.subscribe([(self.birth_topic, 1), (self.configs_filter, 1)])
         lost: asyncio.Future[None] = asyncio.ensure_future(self._listen(client))
         woken: asyncio.Future[Any] | None = None
         try:
@@ -206,13 +231,24 @@ class MqttSink(SinkBase):
 
         The message iterator is aiomqtt's one public way to hear that the link dropped."""
         async for message in client.messages:
-            if self.birth_topic is None or str(message.topic) != self.birth_topic:
-                continue
-            payload = message.payload
-            text = payload.decode(errors="replace") if isinstance(payload, bytes) else payload
-            if text == ONLINE:
-                self.heard_birth()
+            if not message.retain:  # a retained one is old (the subscription hands it over)
+                if str(message.topic) == self.birth_topic and message.payload in (b"online",
+                                                                                  ONLINE):
+                    self.heard_birth()
+            elif self._stale(message):
+                self._stale_configs.append(str(message.topic))
+                self.wake()
         raise aiomqtt.MqttError("connection closed")
+
+    def _stale(self, message: aiomqtt.Message) -> bool:
+        """A retained config of this unit's own that it no longer announces."""
+        topic = str(message.topic)
+        if (not self._announced or self.configs_filter is None or topic in self._announced
+                or not message.topic.matches(self.configs_filter)):
+            return False
+        payload = message.payload
+        return isinstance(payload, str | bytes | bytearray) and own_config(self.device_id,
+                                                                           payload)
 
     def heard_birth(self) -> None:
         """A birth message: (re)schedule the one re-announce that answers it and its fellows."""
@@ -247,7 +283,12 @@ class MqttSink(SinkBase):
         await client.publish(self.state_topic, json.dumps(report), qos=1, retain=True)
 
     async def _announce(self, client: aiomqtt.Client, *, first: bool = False) -> None:
-        for topic, config in discovery_messages(
+        async with self._announcing:
+            if not self._stopping:
+                await self._announce_now(client, first=first)
+
+    async def _announce_now(self, client: aiomqtt.Client, *, first: bool) -> None:
+        messages = discovery_messages(
             self.device_id,
             self._version,
             self.state_topic,
@@ -255,7 +296,9 @@ class MqttSink(SinkBase):
             self._prefix,
             self._discovery,
             self.event_topic,
-        ):
+        )
+        self._announced = {topic for topic, _ in messages}
+        for topic, config in messages:
             await client.publish(topic, json.dumps(config), qos=1, retain=True)
         if first and self._prefix:  # configs an earlier version announced: HA drops them
             for component, key in RETIRED:
@@ -274,15 +317,33 @@ class MqttSink(SinkBase):
             await client.publish(self.event_topic, json.dumps(self.events[0]), qos=1)
             self.events.popleft()
             self.events_sent += 1
+        while self._stale_configs:
+            topic = self._stale_configs[0]
+            await client.publish(topic, b"", qos=1, retain=True)
+            self._stale_configs.pop(0)
+            self.configs_cleared += 1
+            _LOGGER.info("upstream mqtt: cleared %s, no longer announced (Home Assistant "
+                         "removes its entity)", topic)
 
     async def stop(self) -> None:
+        self._stopping = True
         client = self._client
-        if client is not None and self.connected:
-            # A clean goodbye: the broker does not send the will on a normal DISCONNECT.
+        if client is not None:  # connected, perhaps still announcing
+            # A clean goodbye: the broker does not send the will on a normal DISCONNECT. It is
+            # the last word: an announce under way (which ends with `online`) finishes first.
             with contextlib.suppress(aiomqtt.MqttError, TimeoutError):
-                async with asyncio.timeout(2):
+                async with asyncio.timeout(2), self._announcing:
                     await client.publish(self.availability_topic, OFFLINE, qos=1, retain=True)
         await super().stop()
+
+
+def _unanswered(err: BaseException) -> str:
+    """What a connect that timed out may mean: a broker that refuses what a unit sends (a QoS 1
+    retained last will) closes the connection without an answer under MQTT 3.1.1."""
+    if isinstance(err, aiomqtt.MqttError) and "timed out" in str(err).lower():
+        return (" (no answer to the connect: a broker that allows no QoS 1 or no retained "
+                "messages closes it unanswered; `kiosk-agent doctor` checks that)")
+    return ""
 
 
 def mqtt_tls_context(conf: dict[str, Any]) -> ssl.SSLContext | None:
@@ -294,6 +355,15 @@ def mqtt_tls_context(conf: dict[str, Any]) -> ssl.SSLContext | None:
         return ssl.create_default_context(cafile=ca_file)
     except OSError as err:  # gone or not a certificate since the config was checked
         raise OSError(f"tls ca_file {ca_file}: {err.strerror or err}") from None
+
+
+def passing_client_id(role: str) -> str:
+    """A client id for a command's short visit to the broker (``fleet list``, ``doctor``).
+
+    Random: the broker allows one connection per id, and a pid is no name (every container
+    runs its command as pid 1). The ``.`` keeps it apart from every unit's id
+    (``kiosk-agent-<device_id>``: a device id holds no ``.``)."""
+    return f"kiosk-agent.{role}-{secrets.token_hex(6)}"
 
 
 def mqtt_client(

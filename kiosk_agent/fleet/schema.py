@@ -8,9 +8,10 @@ import voluptuous as vol
 
 from kiosk_agent.core.config import register_section
 from kiosk_agent.fleet.loopback import insecure_http, insecure_mqtt
-from kiosk_agent.fleet.topics import DEVICE_ID, DEVICE_ID_RULE
+from kiosk_agent.fleet.topics import DEVICE_ID, DEVICE_ID_RULE, TOPIC_PREFIX, TOPIC_PREFIX_RULE
 
 _seconds = vol.All(vol.Coerce(float), vol.Range(min=0.05, max=86400.0))
+_topic_prefix = vol.All(str, vol.Match(TOPIC_PREFIX, msg=TOPIC_PREFIX_RULE))
 
 
 def _refuse_clear_text(conf: dict[str, Any]) -> dict[str, Any]:
@@ -64,9 +65,11 @@ MQTT_SCHEMA = vol.All(
             vol.Optional("port", default=1883): vol.All(int, vol.Range(min=1, max=65535)),
             vol.Optional("username"): str,
             vol.Optional("password"): str,
-            vol.Optional("topic_prefix", default="kiosk-agent"): str,
-            # Home Assistant's discovery prefix; false turns discovery off.
-            vol.Optional("discovery_prefix", default="homeassistant"): vol.Any(str, False),
+            vol.Optional("topic_prefix", default="kiosk-agent"): _topic_prefix,
+            # Home Assistant's discovery prefix; false (or "") turns discovery off.
+            vol.Optional("discovery_prefix", default="homeassistant"): vol.Any(
+                vol.All(vol.In(("", False)), msg=TOPIC_PREFIX_RULE), _topic_prefix
+            ),
             # TLS to the broker (port 8883 usually); ca_file: a private CA instead of the system's.
             vol.Optional("tls", default=False): bool,
             vol.Optional("ca_file"): vol.All(str, vol.IsFile(msg="no such file")),

@@ -19,6 +19,7 @@ class Sink(Protocol):
     queue: ReportQueue
     sent: int
     failures: int
+    unexpected: int
     last_sent_at: float | None
     last_error: str
 
@@ -38,6 +39,7 @@ class SinkBase:
         self.failures = 0
         self.last_sent_at: float | None = None
         self.last_error = ""
+        self.unexpected = 0  # errors no code path expected (a bug): logged, counted in health
         self._wakeup = asyncio.Event()
         self._loop = BackgroundTask(self._run, f"upstream-{self.name}")
 
@@ -58,6 +60,13 @@ class SinkBase:
         self.sent += 1
         self.last_sent_at = time.time()
         self.last_error = ""
+
+    def _unexpected(self, err: Exception) -> None:
+        """A bug met while sending: logged with its traceback and counted; the loop goes on."""
+        self.unexpected += 1
+        self.failures += 1
+        _LOGGER.error("upstream %s: unexpected %s (%d queued); trying again",
+                      self.name, type(err).__name__, len(self.queue), exc_info=err)
 
     def _failed(self, error: str) -> None:
         error = redact(error)  # a URL or broker message may carry a credential

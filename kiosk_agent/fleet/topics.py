@@ -18,6 +18,16 @@ OFFLINE = "offline"
 # A device id is one topic level of plain characters: never an MQTT wildcard (+ #) or a "/".
 DEVICE_ID = re.compile(r"^[A-Za-z0-9_-]+$")
 DEVICE_ID_RULE = "letters, digits, '-' and '_' only"
+# A prefix is one or more topic levels a unit publishes under: no wildcard (a publish to one is
+# refused), no empty level, not a broker's own ($SYS/...), no NUL.
+# (A lone surrogate, which YAML's "\ud800" makes, cannot be sent as UTF-8.)
+TOPIC_PREFIX = re.compile(
+    r"^[^/+#$\x00\ud800-\udfff][^/+#\x00\ud800-\udfff]*(/[^/+#\x00\ud800-\udfff]+)*$"
+)
+TOPIC_PREFIX_RULE = (
+    "expected topic levels joined by '/' (fleet/eu-west), without the wildcards + and #, an empty "
+    "level, a leading $ or a NUL"
+)
 
 
 def discovery_topic(prefix: str, component: str, device_id: str, key: str) -> str:

@@ -4,6 +4,7 @@ import asyncio
 import json
 import re
 import socket
+import subprocess
 import time
 import uuid
 from pathlib import Path
@@ -20,8 +21,9 @@ from kiosk_agent.cli.fleet import format_health
 from kiosk_agent.core.health import Health
 from kiosk_agent.fleet.component import Upstream
 
+from ..fleet.helpers import TcpProxy
 from ..helpers import free_port, until
-from ..mqtt_broker import Observer, mosquitto
+from ..mqtt_broker import Observer, mosquitto, start_broker, stop_broker
 
 __all__ = ["mosquitto"]  # the broker fixture, imported for the tests below
 
@@ -362,6 +364,54 @@ async def test_fleet_forget_clears_a_decommissioned_units_retained_topics(
     await neighbour.stop()
 
 
+@pytest.mark.mqtt
+async def test_fleet_forget_leaves_another_programs_configs_under_the_same_node_id(
+    tmp_path: Path, mosquitto: int, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A unit's device id defaults to its host name, and other programs on the host name their
+    Home Assistant device after it too (a system monitor: `homeassistant/sensor/<host>/...`).
+    Before: forget cleared every config under that node id, the other program's with it."""
+    upstream = await _announce(mosquitto, "shared-host")
+    await upstream.stop()
+    foreign = "homeassistant/sensor/shared-host/cpu_load/config"
+    async with aiomqtt.Client("127.0.0.1", mosquitto) as monitor:
+        await monitor.publish(foreign, json.dumps({"unique_id": "shared-host-cpu",
+                                                   "state_topic": "monitor/cpu"}),
+                              qos=1, retain=True)
+    config = _fleet_config(tmp_path, mosquitto, "shared-host")
+    try:
+        assert await run_cli("fleet", "forget", "--config", str(config), "--wait", "0.3",
+                             "--settle", "0", "--json") == 0
+        answer = json.loads(capsys.readouterr().out)
+        assert foreign not in answer["cleared"]
+        left = await _retained(mosquitto, "kiosk-agent/shared-host/#",
+                               "homeassistant/+/shared-host/+/config")
+        assert list(left) == [foreign]
+    finally:
+        async with aiomqtt.Client("127.0.0.1", mosquitto) as monitor:
+            await monitor.publish(foreign, b"", qos=1, retain=True)
+
+
+@pytest.mark.mqtt
+async def test_fleet_forget_of_a_unit_online_but_long_quiet_says_its_will_was_lost(
+    tmp_path: Path, mosquitto: int, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A unit gone while its broker restarted: its last will never came, `online` stays. Before,
+    forget told the field tech to stop an agent that no longer runs."""
+    report = json.dumps({"status": "ok", "at": time.time() - 7200, "interval_s": 60})
+    async with aiomqtt.Client("127.0.0.1", mosquitto) as broker:
+        await broker.publish("kiosk-agent/ghost-1/availability", "online", qos=1, retain=True)
+        await broker.publish("kiosk-agent/ghost-1/state", report, qos=1, retain=True)
+    config = _fleet_config(tmp_path, mosquitto, "ghost-1")
+    argv = ("fleet", "forget", "--config", str(config), "--wait", "0.5", "--settle", "0")
+    assert await run_cli(*argv) == 1
+    err = capsys.readouterr().err
+    assert "ghost-1 says it is online, but its last report is 2h 0m old" in err
+    assert "if its agent is gone, pass --force" in err
+    assert await run_cli(*argv, "--force") == 0
+    assert await _retained(mosquitto, "kiosk-agent/ghost-1/#") == {}
+
+
 async def test_fleet_forget_names_what_is_missing(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -371,6 +421,20 @@ async def test_fleet_forget_names_what_is_missing(
     closed = _fleet_config(tmp_path, free_port())
     assert await run_cli("fleet", "forget", "--config", str(closed), "--wait", "0.2") == 4
     assert "cannot reach the MQTT broker 127.0.0.1:" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("settle", ["inf", "nan", "-5", "soon"])
+def test_fleet_forget_takes_a_settle_of_finite_seconds_only(
+    settle: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Before: `--settle inf` cleared the configs and then waited for ever, the unit's state
+    and availability never cleared; `-5` and `nan` were taken as no wait."""
+    with pytest.raises(SystemExit) as usage:
+        build_parser("fleet").parse_args(["fleet", "forget", "--settle", settle])
+    assert usage.value.code == 2
+    assert "--settle" in capsys.readouterr().err
+    args = build_parser("fleet").parse_args(["fleet", "forget", "--settle", "0"])
+    assert args.settle == 0.0
 
 
 @pytest.mark.mqtt
@@ -388,6 +452,60 @@ async def test_fleet_forget_refuses_a_unit_that_is_not_there_and_wildcards(
     for wildcard in ("+", "#", "a/+", "unit 1"):
         assert await run_cli(*argv, "--device-id", wildcard) == 2
         assert f"--device-id {wildcard!r} is not a device id" in capsys.readouterr().err
+
+
+@pytest.mark.mqtt
+async def test_fleet_forget_fails_when_the_broker_keeps_what_it_was_asked_to_clear(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A broker's ACL may refuse this user's writes, and MQTT 3.1.1 refuses a publish in
+    silence (PUBACK all the same). Before: `fleet forget` said "forgot acl-unit: cleared 17
+    retained topic(s)... Home Assistant removes its entities now" and exited 0 while the broker
+    kept every one; with the discovery prefix refused alone it cleared the state under
+    entities HA still had."""
+    subprocess.run(["mosquitto_passwd", "-b", "-c", str(tmp_path / "users"), "unit", "unit-pw"],
+                   check=True, capture_output=True)
+    subprocess.run(["mosquitto_passwd", "-b", str(tmp_path / "users"), "admin", "admin-pw"],
+                   check=True, capture_output=True)
+    (tmp_path / "acl").write_text(
+        "user unit\ntopic readwrite kiosk-agent/#\ntopic readwrite homeassistant/#\n"
+        "user admin\ntopic readwrite kiosk-agent/#\ntopic read homeassistant/#\n"
+    )
+    proc, port = start_broker(
+        tmp_path, f"password_file {tmp_path / 'users'}\nacl_file {tmp_path / 'acl'}\n"
+    )
+    try:
+        health = Health("1.0")
+        health.report_service(True)
+        mqtt = {"host": "127.0.0.1", "port": port, "reconnect_interval": 0.1,
+                "username": "unit", "password": "unit-pw"}
+        unit = Upstream(SimpleNamespace(health=health),
+                        {"device_id": "acl-unit", "interval": 3600, "mqtt": mqtt})
+        await unit.start()
+        await until(lambda: unit.sinks[0].sent >= 1)
+        await unit.stop()
+        monkeypatch.setenv("FLEET_ADMIN_PASSWORD", "admin-pw")
+        config = write_config(
+            tmp_path, "service: {simulator: {}}\nterminals: [{device_id: SIM-0001}]\n"
+            f"upstream:\n  mqtt: {{host: 127.0.0.1, port: {port}, username: admin, "
+            "password: !env_var FLEET_ADMIN_PASSWORD}\n")
+        argv = ("fleet", "forget", "--config", str(config), "--device-id", "acl-unit",
+                "--wait", "0.5", "--settle", "0.1")
+        assert await run_cli(*argv) == 1
+        err = capsys.readouterr().err
+        assert ("the broker kept 14 of acl-unit's discovery configs after they were cleared"
+                in err)
+        assert "its state and availability are left for the entities HA keeps" in err
+        assert "may the MQTT user admin write there" in err
+        # the state is left: Home Assistant still has the entities that read it
+        async with aiomqtt.Client("127.0.0.1", port, username="unit", password="unit-pw") as c:
+            await c.subscribe("kiosk-agent/acl-unit/state")
+            async with asyncio.timeout(2):
+                message = await anext(aiter(c.messages))
+        assert message.retain
+        assert message.payload
+    finally:
+        stop_broker(proc)
 
 
 @pytest.mark.mqtt
@@ -429,6 +547,83 @@ async def test_fleet_list_and_show_read_the_retained_topics(
         assert await run_cli("fleet", "show", "list-a1", "--config", str(config)) == 0
     finally:
         await healthy.stop()
+
+
+@pytest.mark.mqtt
+async def test_fleet_list_of_no_unit_says_where_it_looked_and_what_hides_units(
+    tmp_path: Path, mosquitto: int, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Before: an empty listing was the header and "0 units, 0 not ok", the same for a wrong
+    topic_prefix and for a broker whose ACL does not let this user read the units' topics (the
+    broker takes the subscription and hands nothing)."""
+    prefix = f"empty-{uuid.uuid4().hex[:8]}"
+    config = write_config(tmp_path, "service: {simulator: {}}\nterminals: [{device_id: S1}]\n"
+                          f"upstream:\n  mqtt: {{host: 127.0.0.1, port: {mosquitto}, "
+                          f"topic_prefix: {prefix}}}\n")
+    assert await run_cli("fleet", "list", "--config", str(config), "--wait", "1") == 1
+    captured = capsys.readouterr()
+    assert captured.out.splitlines()[-1] == "0 units, 0 not ok"
+    assert f"no unit under {prefix}/ on the broker 127.0.0.1:{mosquitto}" in captured.err
+    assert "may the MQTT user anonymous read" in captured.err
+
+
+@pytest.mark.mqtt
+async def test_fleet_show_of_a_unit_without_a_report_says_why_it_is_not_ok(
+    tmp_path: Path, mosquitto: int, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Before: a unit whose availability alone was kept printed its first line and nothing
+    else, exit 1 without a word why."""
+    prefix = f"bare-{uuid.uuid4().hex[:8]}"
+    async with aiomqtt.Client("127.0.0.1", mosquitto) as unit:
+        await unit.publish(f"{prefix}/bare-1/availability", "online", qos=1, retain=True)
+    config = write_config(tmp_path, "service: {simulator: {}}\nterminals: [{device_id: S1}]\n"
+                          f"upstream:\n  mqtt: {{host: 127.0.0.1, port: {mosquitto}, "
+                          f"topic_prefix: {prefix}}}\n")
+    try:
+        assert await run_cli("fleet", "show", "bare-1", "--config", str(config)) == 1
+        assert capsys.readouterr().out.splitlines()[1:] == [
+            "status:   UNKNOWN",
+            "problem:  no report of it on the broker (cleared, or the unit has not reported yet)",
+        ]
+    finally:
+        async with aiomqtt.Client("127.0.0.1", mosquitto) as unit:
+            await unit.publish(f"{prefix}/bare-1/availability", b"", qos=1, retain=True)
+
+
+@pytest.mark.mqtt
+async def test_fleet_list_says_when_the_broker_had_not_handed_every_unit_in_time(
+    tmp_path: Path, mosquitto: int, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A slow broker (a proxy delays each chunk it sends) and a short --wait: the listing ends
+    before the broker's end marker. Before, such a listing was cut at the first pause and
+    printed as the whole fleet, exit 0 when the units it held were ok."""
+    prefix = f"slow-{uuid.uuid4().hex[:8]}"
+    async with aiomqtt.Client("127.0.0.1", mosquitto) as units:
+        for i in range(1000):
+            await units.publish(f"{prefix}/u{i}/state", b'{"status": "ok"}' + b" " * 1500,
+                                qos=0, retain=True)
+        await units.publish(f"{prefix}/last/state", b'{"status": "ok"}', qos=1, retain=True)
+    proxy = TcpProxy(mosquitto)
+    await proxy.open()
+    proxy.answer_delay = 0.05
+    config = write_config(tmp_path, "service: {simulator: {}}\nterminals: [{device_id: S1}]\n"
+                          f"upstream:\n  mqtt: {{host: 127.0.0.1, port: {proxy.port}, "
+                          f"topic_prefix: {prefix}}}\n")
+    try:
+        assert await run_cli("fleet", "list", "--config", str(config), "--json",
+                             "--wait", "1") == 1
+        captured = capsys.readouterr()
+        answer = json.loads(captured.out)
+        assert answer["complete"] is False
+        assert answer["count"] < 1001
+        assert "the broker had not handed every retained topic within --wait 1 s" in (
+            captured.err)
+    finally:
+        await proxy.cut()
+        async with aiomqtt.Client("127.0.0.1", mosquitto) as units:
+            for i in range(1000):
+                await units.publish(f"{prefix}/u{i}/state", b"", qos=0, retain=True)
+            await units.publish(f"{prefix}/last/state", b"", qos=1, retain=True)
 
 
 @pytest.mark.mqtt

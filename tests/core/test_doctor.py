@@ -12,9 +12,10 @@ from typing import Any
 import pytest
 
 from kiosk_agent.core.config import load_config
-from kiosk_agent.core.doctor import Report, Verdict, check_serial_ports
+from kiosk_agent.core.doctor import Report, Verdict, check_mqtt, check_serial_ports
 
 from ..cli.test_fleet_cli import endpoint_config
+from ..mqtt_broker import start_broker, stop_broker
 
 
 @pytest.fixture
@@ -97,3 +98,35 @@ def test_a_journal_directory_the_agent_will_make_passes(tmp_path: Path) -> None:
     check_journal(report, load_config(config_file))
     assert report.checks[0].verdict is Verdict.FAIL
     assert "does not exist" in report.checks[0].detail
+
+
+@pytest.mark.mqtt
+@pytest.mark.parametrize(
+    ("broker", "verdict"),
+    [("", Verdict.PASS), ("max_qos 0\n", Verdict.FAIL), ("retain_available false\n", Verdict.FAIL),
+     ("message_size_limit 4096\n", Verdict.WARN)],
+)
+async def test_doctor_checks_the_broker_takes_what_the_unit_sends(
+    tmp_path: Path, broker: str, verdict: Verdict
+) -> None:
+    """Before: doctor only connected, so a broker that allows no QoS 1 or no retained messages
+    (Mosquitto's max_qos 0, retain_available false) passed as "accepted the connection", while
+    the unit (a QoS 1 retained last will, retained QoS 1 reports) was dropped at every connect
+    and logged "Operation timed out" 10 s later, for ever; and one with a message size limit
+    below a report's (2 KiB and more) passed while it dropped every report in silence."""
+    proc, port = start_broker(tmp_path, broker)
+    try:
+        report = Report()
+        # a refusal is a connection closed unanswered: waited for `within` (short here)
+        within = 5.0 if verdict is Verdict.PASS else 1.0
+        await check_mqtt(report, {"host": "127.0.0.1", "port": port}, within)
+    finally:
+        stop_broker(proc)
+    [check] = report.checks
+    assert check.verdict is verdict, check.detail
+    if verdict is Verdict.FAIL:
+        assert "QoS 1 and retained messages" in check.detail
+        assert "max_qos, retain_available" in check.fix
+    if verdict is Verdict.WARN:  # the broker drops a report-sized message without a word
+        assert "did not hand back a 16 KiB message on kiosk-agent/doctor/doctor" in check.detail
+        assert "message_size_limit" in check.fix

@@ -66,6 +66,7 @@ class TcpProxy:
         self.port = free_port()
         self._server: asyncio.Server | None = None
         self._writers: set[asyncio.StreamWriter] = set()
+        self.answer_delay = 0.0  # seconds each chunk from the target waits: a slow broker
 
     async def open(self) -> None:
         self._server = await asyncio.start_server(self._handle, "127.0.0.1", self.port)
@@ -82,14 +83,18 @@ class TcpProxy:
         up_reader, up_writer = await asyncio.open_connection("127.0.0.1", self.target_port)
         self._writers.update({writer, up_writer})
 
-        async def pipe(src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
+        async def pipe(
+            src: asyncio.StreamReader, dst: asyncio.StreamWriter, answers: bool = False
+        ) -> None:
             with contextlib.suppress(OSError):
                 while data := await src.read(65536):
+                    if answers and self.answer_delay:
+                        await asyncio.sleep(self.answer_delay)
                     dst.write(data)
                     await dst.drain()
             dst.transport.abort()
 
-        await asyncio.gather(pipe(reader, up_writer), pipe(up_reader, writer))
+        await asyncio.gather(pipe(reader, up_writer), pipe(up_reader, writer, answers=True))
 
 
 def settled_agent(version: str = "9.9.9") -> SimpleNamespace:

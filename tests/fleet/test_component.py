@@ -15,7 +15,7 @@ from kiosk_agent.cli.sim import settings_from_ready
 from kiosk_agent.core.agent import Agent
 from kiosk_agent.core.availability import Availability
 from kiosk_agent.core.config import load_config
-from kiosk_agent.fleet.component import Upstream, configuration_url
+from kiosk_agent.fleet.component import Upstream, configuration_url, host_device_id
 from kiosk_agent.sales.model import SaleEvent
 from kiosk_agent.sales.states import SaleState
 
@@ -175,6 +175,62 @@ async def test_a_sale_needing_attention_is_reported_at_once() -> None:
         await upstream.stop()
 
 
+async def test_a_second_sale_needing_attention_is_reported_at_once_too() -> None:
+    """Before: the change check masked every digit of the problems, so "1 sale(s) need
+    attention" and "2 sale(s) need attention" looked alike: the second sale waited for the
+    next beat (60 s by default) on Home Assistant's "Sales needing attention" and in
+    `fleet list`."""
+    agent = settled_agent()
+    upstream = Upstream(agent, {"interval": 3600}, change_gap=0.05)
+    await upstream.start()
+    try:
+        await until(lambda: upstream.heartbeats == 1)
+        agent.health.record_sale(_sale("s-4", SaleState.ATTENTION))
+        await until(lambda: upstream.heartbeats == 2)
+        agent.health.record_sale(_sale("s-5", SaleState.ATTENTION))
+        await until(lambda: upstream.heartbeats == 3)  # not an hour later
+        assert upstream.heartbeat()["sales"]["attention"] == 2
+    finally:
+        await upstream.stop()
+
+
+async def test_one_terminal_back_and_another_out_is_reported_at_once() -> None:
+    """Terminal ids hold digits: SIM-0001 back in service while SIM-0002 goes out looked like
+    no change, so HA's Alert events for both waited for the next beat."""
+    agent = settled_agent()
+    agent.health.report_terminal("SIM-0002", online=True, connected=True, pinged=True)
+    agent.availability = Availability(agent.health, ["SIM-0001", "SIM-0002"], hold_off=0)
+    upstream = Upstream(agent, {"interval": 3600}, change_gap=0.05)
+    await upstream.start()
+    try:
+        await until(lambda: upstream.heartbeats == 1)
+        agent.health.report_terminal("SIM-0001", online=False)
+        agent.availability.evaluate()
+        await until(lambda: upstream.heartbeats == 2)
+        agent.health.report_terminal("SIM-0001", online=True, connected=True, pinged=True)
+        agent.health.report_terminal("SIM-0002", online=False)
+        agent.availability.evaluate()
+        await until(lambda: upstream.heartbeats == 3)  # not an hour later
+        assert upstream.heartbeat()["out_of_service"] == ["SIM-0002"]
+    finally:
+        await upstream.stop()
+
+
+async def test_an_api_keys_expiry_counting_down_waits_for_the_beat() -> None:
+    agent = settled_agent()
+    agent.health.report_key_expiry(time.time() + 3600)
+    upstream = Upstream(agent, {"interval": 3600}, change_gap=0.05)
+    await upstream.start()
+    try:
+        await until(lambda: upstream.heartbeats == 1)
+        assert any("API key expires in" in p for p in upstream.heartbeat()["problems"])
+        agent.health.report_key_expiry(time.time() + 3000)  # the same key, nearer its end
+        await asyncio.sleep(0.2)
+        assert upstream.heartbeats == 2  # the one above; nothing sent at once
+    finally:
+        await upstream.stop()
+
+
 def _sale(sale_id: str, state: SaleState) -> SaleEvent:
     return SaleEvent(sale_id=sale_id, order_id=f"o-{sale_id}", source="mdb:front", state=state,
                      amount_cents=250, terminal="SIM-0001", message="capture.failed")
@@ -202,3 +258,17 @@ async def test_a_real_agent_after_a_crash_reports_once_recovery_has_decided(
         assert upstream.first_report_waited_s >= 0.5
     finally:
         await agent.stop()
+
+
+@pytest.mark.parametrize(
+    ("hostname", "device_id"),
+    [("kiosk-7.local", "kiosk-7_local"), ("café-2", "caf_-2"), ("kiosk²", "kiosk_"), ("", "kiosk")],
+)
+def test_the_default_device_id_is_one_plain_topic_level(
+    hostname: str, device_id: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Before: a letter or digit outside ASCII in the host name (`isalnum` takes é and ²) went
+    into the device id: its topics were then invisible to `fleet list` and `fleet forget`
+    refused the id; an empty host name gave topics `kiosk-agent//state`."""
+    monkeypatch.setattr(socket, "gethostname", lambda: hostname)
+    assert host_device_id() == device_id

@@ -84,6 +84,22 @@ def test_names_follow_has_entity_name_and_entity_ids_are_stable() -> None:
     assert named["default_entity_id"] == "sensor.lobby_kiosk_status"
 
 
+@pytest.mark.parametrize(
+    ("name", "entity_id"),
+    [
+        ("Café Nord", "sensor.cafe_nord_status"),  # as HA's slugify: accents dropped
+        ("Kiosk Straße 5", "sensor.kiosk_strasse_5_status"),
+        ("Киоск 7", "sensor.unit_1_status"),  # no Latin spelling: the device id, never
+        ("販売機", "sensor.unit_1_status"),  # a bare `sensor.status` shared by every unit
+    ],
+)
+def test_a_name_in_another_script_gives_an_entity_id_of_its_own(name: str, entity_id: str) -> None:
+    """Before: the entity id dropped every letter outside ASCII, so "Café Nord" gave
+    `sensor.caf_nord_status` (HA's own slugify: `cafe_nord`), and a name in Cyrillic or
+    Japanese gave `sensor.status`, `sensor.problem`...: the same ids for every such unit."""
+    assert _discovery(name=name)["status"]["default_entity_id"] == entity_id
+
+
 def test_what_a_home_assistant_user_expects() -> None:
     configs = _discovery(**FULL)
     # per terminal: connectivity and card payments, named after the terminal

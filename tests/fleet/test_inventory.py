@@ -1,14 +1,21 @@
 """The fleet as the broker holds it: units read from retained topics alone."""
 
+import asyncio
+import datetime as dt
 import json
 import time
+import uuid
 
+import aiomqtt
 import pytest
 
-from kiosk_agent.fleet.inventory import MAX_PAYLOAD_BYTES, Unit, _payload_text, units
+from kiosk_agent.fleet.inventory import MAX_PAYLOAD_BYTES, Unit, _payload_text, retained, units
 from kiosk_agent.fleet.report import build_report
 
+from ..mqtt_broker import mosquitto
 from .helpers import settled_agent
+
+__all__ = ["mosquitto"]  # the broker fixture, imported for the tests below
 
 
 def _state(device_id: str, **changes: object) -> str:
@@ -44,6 +51,25 @@ def test_a_unit_whose_reports_stopped_is_stale_and_yesterdays_sales_are_not_toda
     assert unit.sales_today(day_after) is None
     summary = unit.summary(day_after)
     assert (summary["sales_today"], summary["version"], summary["online"]) == (None, "9.9.9", True)
+
+
+def test_sales_of_a_day_that_ended_are_not_today_the_hour_after_midnight() -> None:
+    """Before: a report counted as today's until 25 h after its day began (a DST day is 25 h),
+    so from 00:00 to 01:00 `fleet list` showed a unit gone quiet at 23:59 with yesterday's sales
+    as today's. The day ends at the unit's own next midnight, by the offset its report names
+    (a fleet across time zones: the listing's clock is not the unit's)."""
+    tokyo = dt.timezone(dt.timedelta(hours=9))
+    midnight = dt.datetime(2026, 3, 10, tzinfo=tokyo)
+    report = json.loads(_state("a1"))
+    report["sales"].update(today_count=50, today_amount_cents=12345,
+                           day_started_at=midnight.timestamp(),
+                           day_started=midnight.isoformat())
+    report["at"] = (midnight + dt.timedelta(hours=23, minutes=59)).timestamp()
+    unit = Unit("a1", "offline", report)
+    assert unit.sales_today(report["at"] + 30) == (50, 12345)
+    half_past = (midnight + dt.timedelta(hours=24, minutes=30)).timestamp()
+    assert unit.sales_today(half_past) is None
+    assert unit.summary(half_past)["sales_today"] is None
 
 
 # What any careless or hostile client of the broker can leave on a unit's state topic, and how
@@ -90,3 +116,49 @@ def test_an_oversized_payload_is_not_kept_and_a_foreign_availability_is_named() 
         ["its availability is '\\x1b[31mmaybe', not online or offline"],
     ]
     assert [u.availability for u in fleet] == ["", ""]
+
+
+@pytest.mark.mqtt
+async def test_two_listings_at_once_from_one_pid_do_not_take_each_others_connection(
+    mosquitto: int,
+) -> None:
+    """Before: a listing's client id was kiosk-agent-fleet-<pid>. Every container that runs the
+    command (`docker run ... fleet list`, a cron job in a pod) is pid 1 there, so two admins or
+    two cron jobs at the same moment took the connection from each other: one failed with
+    "cannot reach the MQTT broker". Two collections in one process show the same."""
+    conf = {"host": "127.0.0.1", "port": mosquitto}
+    async with aiomqtt.Client("127.0.0.1", mosquitto) as unit:
+        await unit.publish("pid-one/u1/state", _state("u1"), qos=1, retain=True)
+    try:
+        first, second = await asyncio.gather(
+            retained(conf, ["pid-one/+/state"], wait=2.0, quiet=0.5),
+            retained(conf, ["pid-one/+/state"], wait=2.0, quiet=0.5),
+        )
+        assert list(first) == list(second) == ["pid-one/u1/state"]
+    finally:
+        async with aiomqtt.Client("127.0.0.1", mosquitto) as unit:
+            await unit.publish("pid-one/u1/state", b"", qos=1, retain=True)
+
+
+@pytest.mark.mqtt
+async def test_the_listing_ends_when_the_broker_has_handed_every_retained_report(
+    mosquitto: int,
+) -> None:
+    """Before: the collection ended at the first pause of 0.3 s, a guess: on a busy machine
+    the pause came early and `fleet list` showed 1,553 of 3,000 units without a word. A
+    message sent to itself after subscribing marks the end; here the pause allowed is none."""
+    prefix = f"marker-{uuid.uuid4().hex[:8]}"
+    report = _state("u")
+    async with aiomqtt.Client("127.0.0.1", mosquitto) as units:
+        for i in range(300):
+            await units.publish(f"{prefix}/u{i}/state", report, qos=0, retain=True)
+        await units.publish(f"{prefix}/u300/state", report, qos=1, retain=True)
+    conf = {"host": "127.0.0.1", "port": mosquitto, "topic_prefix": prefix}
+    try:
+        found = await retained(conf, [f"{prefix}/+/state"], wait=5.0, quiet=0.0)
+        assert len(found) == 301
+        assert found.complete
+    finally:
+        async with aiomqtt.Client("127.0.0.1", mosquitto) as units:
+            for i in range(301):
+                await units.publish(f"{prefix}/u{i}/state", b"", qos=0, retain=True)

@@ -124,6 +124,29 @@ def test_a_device_id_is_one_plain_topic_level(device_id: str) -> None:
         UPSTREAM_SCHEMA({"device_id": device_id})
 
 
+@pytest.mark.parametrize("key", ["topic_prefix", "discovery_prefix"])
+@pytest.mark.parametrize(
+    "prefix", ["a/+", "#", "kiosk/#/x", "a/", "/a", "a//b", "$SYS/x", "a\x00b", "a\ud800"]
+)
+def test_a_topic_prefix_is_plain_topic_levels(key: str, prefix: str) -> None:
+    """Before: check-config took `topic_prefix: "a/+"`; the unit then met a publish with a
+    wildcard, its MQTT task ended (the ValueError was not one it expected), and it published
+    nothing, saying nothing until its stop showed the traceback."""
+    with pytest.raises(vol.Invalid, match="topic levels") as refused:
+        UPSTREAM_SCHEMA({"mqtt": {"host": "broker", key: prefix}})
+    assert refused.value.path == ["mqtt", key]
+
+
+def test_plain_prefixes_are_taken_and_discovery_can_be_off() -> None:
+    mqtt = {"host": "broker", "topic_prefix": "fleet/eu-west", "discovery_prefix": "ha eu"}
+    assert UPSTREAM_SCHEMA({"mqtt": mqtt})["mqtt"]["topic_prefix"] == "fleet/eu-west"
+    for off in (False, ""):
+        conf = UPSTREAM_SCHEMA({"mqtt": {"host": "broker", "discovery_prefix": off}})
+        assert not conf["mqtt"]["discovery_prefix"]
+    with pytest.raises(vol.Invalid, match="topic levels"):
+        UPSTREAM_SCHEMA({"mqtt": {"host": "broker", "topic_prefix": ""}})
+
+
 def test_check_config_refuses_a_broker_password_in_clear(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
