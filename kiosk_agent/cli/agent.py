@@ -352,15 +352,18 @@ def _each_counted(pages: Iterable[list[SaleRecord]], count: list[int]) -> Iterat
 
 
 def _table(sales: Sequence[SaleRecord]) -> str:
+    from kiosk_agent.text import for_terminal  # on use: `--help` does not wait for it
+
     headers = ("created", "order_id", "source", "money", "state", "message")
     lines = [
         (
             sale_values(s)["created"],
-            s.order_id,
-            s.source,
+            for_terminal(s.order_id),
+            for_terminal(s.source),
             money_text(s),  # what was charged, or is held: never the price asked as if taken
             s.state.value,
-            s.message,
+            # a service's or a machine's words: shown, never obeyed by the terminal
+            for_terminal(s.message),
         )
         for s in sales
     ]
@@ -403,10 +406,13 @@ async def attention_command(args: argparse.Namespace) -> int:
         print(json.dumps({"sales": [s.as_dict() for s in sales],
                           "stalled_open": [s.as_dict() for s in stalled]}, indent=2))
         return EXIT_OK
+    from kiosk_agent.text import for_terminal
+
     for sale in stalled:
         since = dt.datetime.fromtimestamp(sale.updated_at, dt.UTC)
         print(
-            f"{sale.sale_id}  {sale.order_id}  {sale.source}  open ({sale.state.value}) since "
+            f"{sale.sale_id}  {sale.order_id}  {for_terminal(sale.source)}  open "
+            f"({sale.state.value}) since "
             f"{since:%Y-%m-%d %H:%M:%SZ}\n  not moved for {now - sale.updated_at:.0f} s: the "
             "agent finishes it (a journal that cannot take writes keeps it in memory meanwhile)"
         )
@@ -414,8 +420,8 @@ async def attention_command(args: argparse.Namespace) -> int:
         when = dt.datetime.fromtimestamp(sale.finished_at or sale.updated_at, dt.UTC)
         # the sales list's words: "held $0.00" said of a charge whose answer was lost
         print(
-            f"{sale.sale_id}  {sale.order_id}  {sale.source}  {money_text(sale)}  "
-            f"since {when:%Y-%m-%d %H:%M:%SZ}\n  {sale.message}"
+            f"{sale.sale_id}  {sale.order_id}  {for_terminal(sale.source)}  {money_text(sale)}  "
+            f"since {when:%Y-%m-%d %H:%M:%SZ}\n  {for_terminal(sale.message)}"
         )
     print(
         plural(len(sales), "sale")
@@ -505,7 +511,9 @@ async def show_command(args: argparse.Namespace) -> int:
                       for s in steps],
         })  # fmt: skip
         return EXIT_OK
-    print(sale_text(record, steps))
+    from kiosk_agent.text import for_terminal
+
+    print(for_terminal(sale_text(record, steps), keep_lines=True))
     return EXIT_OK
 
 

@@ -134,6 +134,7 @@ async def events_command(args: argparse.Namespace) -> int:
 async def watch_health(args: argparse.Namespace) -> int:
     """``health --watch``: the snapshot again whenever it changes, until Ctrl-C."""
     from kiosk_agent.cli.fleet import format_health
+    from kiosk_agent.text import for_terminal
 
     as_json = wants_json(args)
 
@@ -145,7 +146,7 @@ async def watch_health(args: argparse.Namespace) -> int:
             print(json.dumps(snapshot), flush=True)
             return
         stamp = time.strftime("%H:%M:%S", time.localtime(snapshot.get("at") or time.time()))
-        print(f"-- {stamp}\n{format_health(snapshot)}", flush=True)
+        print(f"-- {stamp}\n{for_terminal(format_health(snapshot), keep_lines=True)}", flush=True)
 
     return await follow(args, show)
 
@@ -238,6 +239,8 @@ async def server_sent_events(
 def event_line(kind: str, data: dict[str, Any]) -> str:
     """One event for people: ``10:15:30  SIM-0007  sale 3f2a9c0d  read_card.request ->
     reading_card  $5.00 requested  present a card on SIM-0007``."""
+    from kiosk_agent.text import for_terminal  # on use: `--help` does not wait for it
+
     stamp = time.strftime("%H:%M:%S", time.localtime(data.get("at") or time.time()))
     if kind == "sale":
         where = data.get("terminal") or data.get("source") or "-"
@@ -248,5 +251,5 @@ def event_line(kind: str, data: dict[str, Any]) -> str:
         ]  # fmt: skip
         if data.get("message"):
             parts.append(str(data["message"]))
-        return "  ".join(parts)
-    return f"{stamp}  {kind:<10}  {data.get('text', '')}"
+        return for_terminal("  ".join(parts))  # outside words are shown, never obeyed
+    return for_terminal(f"{stamp}  {kind:<10}  {data.get('text', '')}")

@@ -152,3 +152,16 @@ def test_filters_pick_by_terminal_sale_and_kind() -> None:
     assert Filters(terminal="SIM-0001").wants("availability", note)
     line = event_line("sale", {**sale, "at": 0, "state": "started", "money": "$5.00 requested"})
     assert line.endswith("SIM-0007    sale 3f2a9c0d  created -> started  $5.00 requested")
+
+
+def test_an_event_line_shows_outside_words_and_never_obeys_them() -> None:
+    sale = {"sale_id": "3f2a9c0d", "terminal": "SIM-0007", "step": "charge_card.declined",
+            "state": "declined", "money": "nothing charged", "at": 0,
+            "message": "declined (\x1b[2J\x1b]0;owned\x07Do not honor\u202e)\nnext"}
+    line = event_line("sale", sale)
+    for char in ("\x1b", "\x07", "\u202e"):
+        assert char not in line
+    assert "\n" not in line  # one event, one line
+    assert line.endswith("declined (\ufffd[2J\ufffd]0;owned\ufffdDo not honor\ufffd) next")
+    note = event_line("problem", {"at": 0, "text": "problem: \x1b[31mred"})
+    assert note.endswith("problem: \ufffd[31mred")

@@ -582,3 +582,36 @@ def test_an_export_is_written_as_the_journal_is_read(
         for side in tmp_path.glob("journal.db-*"):
             side.unlink()
     assert peaks[1] < peaks[0] * 1.5, peaks  # three times the sales, not three times the memory
+
+
+ESCAPES = "\x1b]0;owned\x07\x1b[2J\x1b[31m"  # a window title, a cleared screen, red
+RLO = "\u202e"  # right-to-left override: "gnp.exe" reads as "exe.png"
+
+
+def test_words_from_outside_are_shown_never_obeyed_by_the_terminal(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A service's answer (its resptext, a device's stage error) lands in a sale's message as
+    sent; `sales`, `sales show` and `sales attention` printed it raw, so an escape sequence in
+    it cleared the tech's screen or retitled their terminal, as the status page never lets it."""
+    path = write(tmp_path, GOOD)
+    journal = Journal(tmp_path / "journal.db")
+    journal.open()
+    sale = journal.create(SaleRecord(
+        sale_id="e5c4", order_id="KAESC", source="mdb:front", flow="charge_card",
+        terminal="SIM-0001", amount_cents=250, state=SaleState.STARTED,
+    ))  # fmt: skip
+    walk_to(journal, sale, SaleState.ATTENTION, Step.CHARGE_CARD_UNKNOWN,
+            message=f"declined ({ESCAPES}Do not honor{RLO}) line\nbreak")
+    journal.close()
+    for argv in (["sales"], ["sales", "show", "e5c4"], ["sales", "attention"]):
+        assert main([*argv, "-c", str(path)]) == 0
+        out = capsys.readouterr().out
+        for char in ("\x1b", "\x07", RLO):
+            assert char not in out, (argv, out)
+        assert "\ufffd[2J\ufffd[31mDo not honor\ufffd" in out, argv
+    # JSON keeps the text as stored (escaped by JSON itself)
+    assert main(["sales", "show", "e5c4", "--json", "-c", str(path)]) == 0
+    assert json.loads(capsys.readouterr().out)["sale"]["message"].startswith(
+        f"declined ({ESCAPES}"
+    )
