@@ -842,8 +842,10 @@ def as_text(value: object) -> str:
         return f"{value:.2f}"
     if isinstance(value, dt.datetime):
         return value.astimezone(dt.UTC).strftime("%Y-%m-%d %H:%M:%S")
-    plain_value = plain(value)
-    return str(plain_value)
+    from kiosk_agent.text import for_terminal  # on use: `--help` does not wait for it
+
+    # the service's words (a name, a reason, a custom field): shown, never obeyed
+    return for_terminal(str(plain(value)))
 
 
 def print_record(pairs: Iterable[tuple[str, object]], *, as_json: bool, out: TextIO) -> None:
