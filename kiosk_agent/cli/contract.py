@@ -435,13 +435,15 @@ def _fail(
     args: argparse.Namespace, message: str, code: int, details: Sequence[str], *, scrub: bool
 ) -> None:
     from kiosk_agent.redact import redact
+    from kiosk_agent.text import for_terminal
 
     STATUS.clear()
     # The service's words and unexpected errors pass through redact, the net under a slip.
     text = redact(message) if scrub else message
-    print(f"error: {text}", file=sys.stderr)
+    # and are shown, never obeyed: a terminal escape in a service's error stays on the page
+    print(f"error: {for_terminal(text)}", file=sys.stderr)
     for line in details:
-        print(f"  {line}", file=sys.stderr)
+        print(f"  {for_terminal(line)}", file=sys.stderr)
     if wants_json(args):
         answer: dict[str, object] = {"error": text, "exit_code": code}
         if details:
