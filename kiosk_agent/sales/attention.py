@@ -90,8 +90,7 @@ class AttentionSweeper:
         self.clock = context.clock
         self.stats = SweepStats()
         self._loop = BackgroundTask(self._run, "attention-sweeper")
-
-        self.outside = OutsideResolutions(context)
+        self.outside = OutsideResolutions(context, on_error=self._count_error)
 
     def start(self) -> None:
         self._loop.start()
@@ -282,10 +281,16 @@ class OutsideResolutions:
 
     A look costs one ``PRAGMA data_version`` while nobody else wrote the journal."""
 
-    def __init__(self, context: SaleContext, interval: float = 1.0) -> None:
+    def __init__(
+        self,
+        context: SaleContext,
+        interval: float = 1.0,
+        on_error: Callable[[str, Exception], None] | None = None,
+    ) -> None:
         self.journal = context.journal
         self.events = context.events
         self.interval = interval
+        self._on_error = on_error  # the sweeper's count: a bug here is shown in health too
         self._attention: set[str] = set()  # the sales this agent last knew in ATTENTION
         self._version: int | None = None
         self._stop_listening: Callable[[], None] | None = None
@@ -320,6 +325,10 @@ class OutsideResolutions:
                 self.look()
             except (sqlite3.Error, JournalError) as err:  # the journal guard shows the disk
                 _LOGGER.debug("outside resolutions: cannot read the journal: %s", err)
+            except Exception as err:  # a bug: counted and shown, the look goes on
+                _LOGGER.exception("outside resolutions: the look failed")
+                if self._on_error is not None:
+                    self._on_error(f"outside resolutions: {type(err).__name__}: {err}", err)
 
     def look(self) -> list[SaleEvent]:
         """Publish the sales another process took out of ATTENTION since the last look."""

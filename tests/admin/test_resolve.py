@@ -243,3 +243,34 @@ async def test_a_resolution_from_the_cli_reaches_the_running_agent_within_a_seco
         page = await response.json()
     assert page["attention"] == []
     assert page["health"]["sales"]["attention"] == 0
+
+
+async def test_a_bug_in_the_look_for_outside_resolutions_is_counted_and_the_look_goes_on(
+    api: tuple[Any, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from kiosk_agent.sales.attention import OutsideResolutions
+
+    agent, _session = api
+    sweeper = agent.attention
+    looks: list[int] = []
+    real = agent.journal.outside_writes
+
+    def failing_once() -> int:
+        looks.append(1)
+        if len(looks) == 2:  # the first look after start
+            raise RuntimeError("a bug")
+        return real()
+
+    monkeypatch.setattr(agent.journal, "outside_writes", failing_once)
+    watcher = OutsideResolutions(sweeper.context, interval=0.01, on_error=sweeper._count_error)
+    before = sweeper.stats.unexpected
+    watcher.start()
+    try:
+        async with asyncio.timeout(5):
+            while len(looks) < 5:  # it went on looking
+                await asyncio.sleep(0.01)
+    finally:
+        await watcher.stop()
+    assert sweeper.stats.unexpected == before + 1
+    assert "RuntimeError: a bug" in sweeper.stats.last_error
+    assert agent.health.snapshot().errors.get("attention sweeper") == before + 1
