@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime as dt
 import json
 import sys
@@ -40,6 +41,7 @@ from kiosk_agent.sales.states import RESOLUTIONS, SaleState
 # The configuration loader and the journal are imported by the commands that use them: the
 # parser (`--help`, shell completion) must not wait for YAML, voluptuous and sqlite.
 if TYPE_CHECKING:
+    from kiosk_agent.core.agent import Agent
     from kiosk_agent.core.config import Config
     from kiosk_agent.sales.journal import Journal, SaleRecord
 
@@ -291,7 +293,7 @@ async def _run(args: argparse.Namespace) -> int:
         return signals.exit_code
     try:
         async with agent_for(config) as (agent, _service):
-            await agent.start()
+            await _start_unless_stopped(agent, signals)
             await signals.wait()
     except JournalOwned as err:
         # a distinct code: restarting cannot help while the other agent lives (the unit's
@@ -303,6 +305,25 @@ async def _run(args: argparse.Namespace) -> int:
     finally:
         signals.remove()
     return signals.exit_code
+
+
+async def _start_unless_stopped(agent: Agent, signals: StopSignals) -> None:
+    """The agent's start, ended by a stop signal while it still waits (for its journal's disk:
+    core/journal_guard.py); what had started is stopped again (Agent.start)."""
+    import asyncio
+
+    starting = asyncio.ensure_future(agent.start())
+    stopping = asyncio.ensure_future(signals.event.wait())
+    try:
+        await asyncio.wait({starting, stopping}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        stopping.cancel()
+    if not starting.done():
+        starting.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await starting
+        return
+    starting.result()
 
 
 # -- sales -------------------------------------------------------------------------------------
@@ -374,7 +395,9 @@ def _table(sales: Sequence[SaleRecord]) -> str:
     return "\n".join(out)
 
 
-def _open_journal(args: argparse.Namespace) -> Journal:
+def _open_journal(args: argparse.Namespace, *, to_write: bool = False) -> Journal:
+    """The journal of the configuration; only to read it unless ``to_write`` (a reader never
+    writes: it works beside the agent, and on a full or read-only disk)."""
     from kiosk_agent.sales.journal import Journal, JournalError
 
     config = load(config_path(args), check_platforms=False)
@@ -383,7 +406,7 @@ def _open_journal(args: argparse.Namespace) -> Journal:
         raise CliError(f"no journal at {path} (the agent has not run yet)")
     journal = Journal(path)
     try:
-        journal.open()
+        journal.open() if to_write else journal.open_to_read()
     except JournalError as err:
         raise CliError(str(err)) from None
     return journal
@@ -399,7 +422,9 @@ async def attention_command(args: argparse.Namespace) -> int:
     try:
         sales = journal.attention_sales()
         now = time.time()
-        stalled = [s for s in journal.open_sales() if now - s.updated_at > STALLED_OPEN_S]
+        # either way: a last step dated after now means the clock was stepped back since (NTP
+        # after a boot on a saved clock), and the sale may have stalled as long
+        stalled = [s for s in journal.open_sales() if abs(now - s.updated_at) > STALLED_OPEN_S]
     finally:
         journal.close()
     if wants_json(args):
@@ -410,11 +435,15 @@ async def attention_command(args: argparse.Namespace) -> int:
 
     for sale in stalled:
         since = dt.datetime.fromtimestamp(sale.updated_at, dt.UTC)
+        moved = (
+            f"not moved for {now - sale.updated_at:.0f} s" if sale.updated_at <= now else
+            f"its last step is dated {sale.updated_at - now:.0f} s after now (the clock was "
+            "stepped back since)"
+        )  # fmt: skip
         print(
             f"{sale.sale_id}  {sale.order_id}  {for_terminal(sale.source)}  open "
-            f"({sale.state.value}) since "
-            f"{since:%Y-%m-%d %H:%M:%SZ}\n  not moved for {now - sale.updated_at:.0f} s: the "
-            "agent finishes it (a journal that cannot take writes keeps it in memory meanwhile)"
+            f"({sale.state.value}) since {since:%Y-%m-%d %H:%M:%SZ}\n  {moved}: the agent "
+            "finishes it (a journal that cannot take writes keeps it in memory meanwhile)"
         )
     for sale in sales:
         when = dt.datetime.fromtimestamp(sale.finished_at or sale.updated_at, dt.UTC)
@@ -440,7 +469,7 @@ async def resolve_command(args: argparse.Namespace) -> int:
 
     from kiosk_agent.sales.attention import ResolveError, resolve
 
-    journal = _open_journal(args)
+    journal = _open_journal(args, to_write=True)
     try:
         record = resolve(
             journal, args.sale, args.resolve_as, args.why, f"cli ({getpass.getuser()})"

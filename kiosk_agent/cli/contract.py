@@ -92,15 +92,18 @@ STOP_SIGNALS: dict[signal.Signals, int] = {
     signal.SIGQUIT: EXIT_QUIT,
 }
 # Signals whose default would kill the process mid-sale and that mean nothing to the agent:
-# logged and ignored; the real-time ones (SIGRTMIN to SIGRTMAX) too. (SIGPIPE Python ignores
-# itself; SIGKILL cannot be caught, and CRASH_SIGNALS are a crash: the next start recovers what
-# either left open. The rest by default are ignored or stop the process, which strands nothing.)
+# logged and ignored; the real-time ones (SIGRTMIN to SIGRTMAX) too. So are the terminal's stops
+# (Ctrl-Z; a background agent writing to, or reading from, its terminal): by default they freeze
+# the process, and a sale with it, card authorized and product half dropped, for as long as
+# nobody resumes it. (SIGPIPE Python ignores itself; SIGKILL and SIGSTOP cannot be caught, and
+# CRASH_SIGNALS are a crash: the next start recovers what they left open. The rest by default
+# are ignored.)
 IGNORED_SIGNALS: tuple[int, ...] = (
     *(
         getattr(signal, name)
         for name in (
             "SIGUSR1", "SIGUSR2", "SIGALRM", "SIGVTALRM", "SIGPROF", "SIGIO", "SIGPWR",
-            "SIGSTKFLT", "SIGXCPU", "SIGXFSZ",
+            "SIGSTKFLT", "SIGXCPU", "SIGXFSZ", "SIGTSTP", "SIGTTIN", "SIGTTOU",
         )
         if hasattr(signal, name)  # SIGPWR and SIGSTKFLT are Linux's
     ),

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import sqlite3
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
@@ -43,11 +44,13 @@ from kiosk_agent.service.client import ServiceClient
 from kiosk_agent.service.errors import ServiceError
 from kiosk_agent.service.models import Terminal
 from kiosk_agent.service.settings import DEFAULT_TIMEOUT, ServiceSettings
+from kiosk_agent.tasks import BackgroundTask
 
 _LOGGER = logging.getLogger(__name__)
 
 # While recovery runs, systemd's start timeout is pushed back by this much every 10 s.
 _START_EXTENSION = 30.0
+CLAIM_CHECK_S = 1.0  # how often the journal's files are looked at (_keep_journal)
 
 
 class Component(Protocol):
@@ -140,6 +143,7 @@ class Agent:
         self.journal = journal or Journal(config.resolve(config["journal"]["path"]), clock)
         # one agent per journal: claimed before anything reads it, let go after it is closed
         self.owner = owner or JournalLock(self.journal.path)
+        self._claim_keeper = BackgroundTask(self._keep_journal, "journal-files")
         self.events: EventBus[SaleEvent] = EventBus()
         health_conf = config.get("health") or HEALTH_SCHEMA({})
         self.health = Health(version, key_warning=health_conf["key_warning"])
@@ -239,13 +243,11 @@ class Agent:
     async def _start(self) -> None:
         started = time.monotonic()
         self.owner.acquire()  # another agent on this journal: refused here, nothing read yet
-        self.journal_guard.before_open()  # lost or damaged: named (a damaged one moved aside)
-        self.journal.open()
+        # lost or damaged: named (a damaged one moved aside); a full or read-only disk: waited for
+        await self.journal_guard.open_journal(self._waiting_for_disk)
+        self._claim_keeper.start()
         self.event_log.open()
-        self.event_log.prune(self.config["journal"]["keep_days"])
-        pruned = self.journal.prune(self.config["journal"]["keep_days"])
-        if pruned:
-            _LOGGER.info("journal: %d finished sale(s) older than the retention removed", pruned)
+        self._prune()
         await self.service.start()
         await self.refresh_terminals()
         self.availability.evaluate(at_start=True)
@@ -300,6 +302,49 @@ class Agent:
             len(open_ids),
         )
 
+    async def _keep_journal(self) -> None:
+        """Every second, the journal's files as they must be while the agent runs: its claim
+        put back if a person removed its file (else a second agent would start on this journal
+        too: sales/owner.py), and the journal itself written back if its file was removed
+        (else every later step would be lost with it: Journal.put_back)."""
+        claimed, said = True, ""
+        while True:
+            await asyncio.sleep(CLAIM_CHECK_S)
+            try:
+                if claimed and not self.owner.keep():
+                    claimed = False
+                    self.health.report_journal_state(
+                        notice=f"{self.owner.path} was removed while this agent ran and another "
+                        "agent claimed the journal since: stop that one"
+                    )
+                done = self.journal.put_back()
+                if done is not None:
+                    _LOGGER.warning("journal: %s while the agent ran; the open journal written "
+                                    "back there, nothing lost", done)
+            except JournalError as err:
+                if str(err) != said:  # once, not every second
+                    _LOGGER.error("journal: %s", err)
+                said = str(err)
+            except Exception:  # never dies silently: said, and the next look tries again
+                _LOGGER.exception("journal: looking at its files failed")
+
+    def _waiting_for_disk(self, fault: str) -> None:
+        if self._systemd is not None:  # the start goes on: systemd must neither time it out
+            self._systemd.extend_start(_START_EXTENSION)  # nor count a failed start
+            self._systemd.notifier.status(f"waiting for the journal: {fault}")
+
+    def _prune(self) -> None:
+        """Housekeeping: a disk that cannot take it now (full) leaves it to the next start."""
+        keep_days = self.config["journal"]["keep_days"]
+        try:
+            self.event_log.prune(keep_days)
+            pruned = self.journal.prune(keep_days)
+        except (sqlite3.Error, JournalError) as err:
+            _LOGGER.warning("journal: old sales not pruned (%s); the next start tries again", err)
+            return
+        if pruned:
+            _LOGGER.info("journal: %d finished sale(s) older than the retention removed", pruned)
+
     async def _after_ready(self) -> None:
         """What READY=1 does not wait for, a step per loop turn so sales go on meanwhile: the
         models a sale needs built, start-up frozen (core/collector.py), the journal's WAL grown
@@ -344,6 +389,7 @@ class Agent:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
         await self.service.close()
+        await self._claim_keeper.stop()
         self.journal.close()
         self.owner.release()
         self.started = False

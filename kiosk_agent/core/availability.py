@@ -64,6 +64,7 @@ class _Tracked:
     state: TerminalState
     failing_since: float | None = None  # monotonic: first check that found it unusable
     changes: int = 0
+    changed_mono: float = 0.0  # monotonic: the last change, to say how long a state lasted
 
 
 class Availability:
@@ -87,7 +88,9 @@ class Availability:
         self.log = log
         self._clock = clock
         now = time.time()
-        self._tracked = {d: _Tracked(TerminalState(d, True, "", now)) for d in device_ids}
+        self._tracked = {
+            d: _Tracked(TerminalState(d, True, "", now), changed_mono=clock()) for d in device_ids
+        }
         self._listeners: dict[str, list[Listener]] = {d: [] for d in device_ids}
         self.changes: EventBus[TerminalState] = EventBus()
         self.listener_errors = 0
@@ -229,19 +232,20 @@ class Availability:
 
     def _change(self, tracked: _Tracked, available: bool, reason: str) -> None:
         device_id = tracked.state.device_id
-        previous = tracked.state
         tracked.state = TerminalState(device_id, available, reason, time.time())
+        # how long it was out: monotonic (the wall clock may have stepped meanwhile: NTP)
+        now = self._clock()
+        lasted, tracked.changed_mono = now - tracked.changed_mono, now
         tracked.failing_since = None
         if not available:
             tracked.changes += 1
             _LOGGER.warning("terminal %s out of service: %s", device_id, reason)
         else:
-            _LOGGER.info("terminal %s back in service after %.1f s",
-                         device_id, tracked.state.since - previous.since)
+            _LOGGER.info("terminal %s back in service after %.1f s", device_id, lasted)
         if self.log is not None:
             kind = IN_SERVICE if available else OUT_OF_SERVICE
             detail: dict[str, object] = {"reason": reason} if reason else {
-                "out_of_service_s": round(tracked.state.since - previous.since, 3)
+                "out_of_service_s": round(lasted, 3)
             }
             self.log.record(kind, device_id, detail)
         self._report(tracked)

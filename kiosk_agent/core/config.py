@@ -255,7 +255,11 @@ SALES_SCHEMA = vol.Schema(
         vol.Optional("card_timeout", default=200.0): positive_float,
         # authorize_capture: how long the machine may take to vend (seconds)
         vol.Optional("vend_timeout", default=60.0): positive_float,
-        vol.Optional("currency", default="USD"): vol.All(str, vol.Length(min=3, max=3)),
+        # ISO 4217, as the service and Home Assistant's monetary sensors take it: "usd" is USD
+        vol.Optional("currency", default="USD"): vol.All(
+            str, vol.Match(r"^[A-Za-z]{3}$", msg="expected a three-letter currency code like USD"),
+            vol.Upper,
+        ),
         # the service's interaction lifetime (3 minutes); only a time-scaled service differs
         vol.Optional("interaction_lifetime"): positive_float,
         # on stop (SIGTERM), how long a running sale may take to finish before it is parked

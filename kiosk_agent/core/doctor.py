@@ -175,6 +175,8 @@ def serial_ports_present(patterns: tuple[str, ...] = SERIAL_PORT_PATTERNS) -> li
 
 
 def check_journal(report: Report, config: Config) -> None:
+    from kiosk_agent.core.journal_guard import disk_fault
+
     path = config.resolve(config["journal"]["path"])
     directory = path.parent
     if not directory.exists() and _can_create(directory):
@@ -186,6 +188,15 @@ def check_journal(report: Report, config: Config) -> None:
             Verdict.FAIL,
             f"directory {directory} does not exist",
             f"create it: install -d -o kiosk-agent -m 0700 {directory}",
+        )
+    elif (fault := disk_fault(directory)) is not None:
+        # before the rest: its effects (not writable, "disk I/O error") are no fault of the file
+        report.add(
+            "journal",
+            Verdict.FAIL,
+            f"{path}: {fault}; no sale can be journaled, so the unit takes no card",
+            "free space on it (or make it writable again); a running agent comes back by "
+            "itself, a starting one waits for it",
         )
     elif not os.access(directory, os.W_OK):
         report.add(
@@ -366,7 +377,7 @@ def last_trans_id(config: Config) -> str | None:
     if not path.exists():
         return None
     journal = Journal(path)
-    journal.open()
+    journal.open_to_read()
     try:
         return journal.last_trans_id()
     finally:

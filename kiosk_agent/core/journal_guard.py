@@ -33,7 +33,13 @@ from pathlib import Path
 
 from kiosk_agent.core.health import Health
 from kiosk_agent.sales.audit import AuditResult, ChargeAudit
-from kiosk_agent.sales.journal import Journal, JournalError, integrity, side_files
+from kiosk_agent.sales.journal import (
+    Journal,
+    JournalError,
+    JournalTooNew,
+    integrity,
+    side_files,
+)
 from kiosk_agent.sales.unwritten import UnwrittenSales
 from kiosk_agent.tasks import BackgroundTask
 
@@ -83,6 +89,23 @@ def inspect_journal(path: Path, *, move_damaged: bool = True) -> JournalNotice |
         "the new journal; any it did not hold was given back or put to attention",
         kept,
     )
+
+
+def disk_fault(directory: Path) -> str | None:
+    """What is wrong with the journal's file system (full, out of inodes, read-only), for
+    people; None when it is neither (or cannot be looked at)."""
+    try:
+        stat = os.statvfs(directory)
+    except OSError:
+        return None
+    if stat.f_flag & os.ST_RDONLY:
+        return f"the file system of {directory} is read-only"
+    free = stat.f_bavail * stat.f_frsize
+    if free < LOW_SPACE_BYTES:
+        return f"the file system of {directory} is full ({free:,} bytes free)"
+    if stat.f_files and not stat.f_favail:  # the WAL and its shared memory are files to make
+        return f"the file system of {directory} has no inodes left (no file can be made)"
+    return None
 
 
 def _not_damage(problems: list[str]) -> bool:
@@ -170,6 +193,36 @@ class JournalGuard:
         if self.notice is not None:
             _LOGGER.error("journal: %s", self.notice.message)
             self.health.report_journal_state(notice=self.notice.message)
+
+    async def open_journal(self, waiting: Callable[[str], None] = lambda fault: None) -> None:
+        """Check the file (:meth:`before_open`) and open the journal. While its file system is
+        full, out of inodes or read-only and the open fails on it, look again every
+        ``DISK_WATCH_S`` (told to ``waiting`` each time): exiting could not help, and under
+        systemd a unit whose restarts failed ten times in five minutes stays down, not back by
+        itself once space returns. Nothing starts meanwhile: no customer is taken, no sale
+        recovered before it opens."""
+        said = False
+        while True:
+            if self.notice is None:  # found lost or damaged (moved aside): kept as found; else
+                self.before_open()  # looked at again each time (the disk may have hidden it)
+            try:
+                self.journal.open()
+            except JournalTooNew:
+                raise
+            except JournalError as err:
+                fault = disk_fault(self.journal.path.parent)
+                if fault is None:
+                    raise
+                if not said:
+                    _LOGGER.error("%s (%s); waiting for it to take writes before anything "
+                                  "starts", err, fault)
+                    said = True
+                waiting(fault)
+            else:
+                if said:
+                    _LOGGER.warning("journal: its file system takes writes again; starting")
+                return
+            await asyncio.sleep(DISK_WATCH_S)
 
     def start(self) -> None:
         self.unwritten.start()
@@ -281,11 +334,7 @@ class JournalGuard:
     def _watch_disk(self) -> None:
         """A file system turned full or read-only has the checker probe the journal now (a
         probe that fails takes the unit out of service); a write, not this look, decides."""
-        try:
-            stat = os.statvfs(self.journal.path.parent)
-        except OSError:
-            return
-        bad = bool(stat.f_flag & os.ST_RDONLY) or stat.f_bavail * stat.f_frsize < LOW_SPACE_BYTES
+        bad = disk_fault(self.journal.path.parent) is not None
         if bad and not self._disk_bad and not self._broken:
             self._wake_checker()
         self._disk_bad = bad

@@ -29,7 +29,7 @@ import time
 from collections.abc import AsyncIterator, Collection
 from dataclasses import dataclass, field
 
-from kiosk_agent.sales.journal import SaleRecord
+from kiosk_agent.sales.journal import CHARGE_LOOKBACK_S, SaleRecord
 from kiosk_agent.sales.model import Flow, SaleEvent
 from kiosk_agent.sales.runner import new_ids
 from kiosk_agent.sales.states import NO_CHARGE_STEPS, SaleState, Step
@@ -81,7 +81,7 @@ class ChargeAudit:
         self,
         context: SaleContext,
         *,
-        lookback: float = 7 * 86400.0,
+        lookback: float = CHARGE_LOOKBACK_S,
         max_give_back: int = 5,
     ) -> None:
         self.context = context
@@ -123,17 +123,23 @@ class ChargeAudit:
         return result
 
     async def _held_charges(self, settled: bool) -> list[Transaction]:
-        since = time.time() - self.lookback
         rows: dict[str, Transaction] = {}
+        newest = 0.0  # the service's latest charge on these terminals: real time, at most now
         for device in self.settings.terminals:
             async for row in self._terminal_rows(device, settled):
-                if row.status not in _HOLDING or not ORDER_ID.match(row.order_id or ""):
-                    continue
-                at = row.trans_date.timestamp() if row.trans_date is not None else None
-                if at is not None and at < since:
-                    continue
-                rows[row.trans_id] = row
-        return list(rows.values())
+                if row.trans_date is not None:
+                    newest = max(newest, row.trans_date.timestamp())
+                if row.status in _HOLDING and ORDER_ID.match(row.order_id or ""):
+                    rows[row.trans_id] = row
+        # The window ends now by this unit's clock, or at the service's latest charge when that
+        # is later: a clock not yet set by NTP (a Pi booted from a new card: its image's date,
+        # or 1970) would stretch it over the terminals' whole history, and every charge of a
+        # sale made before this journal (pruned, or on the card replaced) would look lost.
+        since = max(time.time(), newest) - self.lookback
+        return [
+            row for row in rows.values()
+            if row.trans_date is None or row.trans_date.timestamp() >= since
+        ]  # fmt: skip
 
     async def _terminal_rows(self, device: str, settled: bool) -> AsyncIterator[Transaction]:
         """The terminal's rows that may hold money. With the settled: one query, the statuses

@@ -19,7 +19,9 @@ import datetime as dt
 import json
 import logging
 import os
+import shutil
 import sqlite3
+import tempfile
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -117,6 +119,9 @@ _WAL_RESERVE = "wal_reserve"  # the scratch table that grows it, dropped at the 
 # found missing or empty while this exists was lost (deleted, truncated, its WAL removed).
 MARKER_SUFFIX = ".in-use"
 _FINAL_STATES = tuple(s.value for s in SaleState if s.final)
+# How far back the charge check (sales/audit.py) reads reporting for charges the journal does
+# not hold: the journal never prunes a sale younger than this and a day (Journal.prune).
+CHARGE_LOOKBACK_S = 7 * 86400.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -245,6 +250,9 @@ class Journal:
         self.path = Path(path)
         self.clock = clock  # dates the records (wall time: for people, never for a wait)
         self._db: sqlite3.Connection | None = None
+        self._copy_dir: Path | None = None  # a copy read in its place (open_to_read)
+        self._reopen = False  # put back, not reopened yet (put_back tries again)
+        self._identity: tuple[int, int] | None = None  # the file open(): put_back compares
         self._batching = False  # inside batch(): writes join its one transaction
         # Told after every write: None when it went through, the error when it did not (the
         # agent takes the unit out of service at once, from whichever path wrote).
@@ -277,6 +285,7 @@ class Journal:
                     part.chmod(0o600)
             if not self.marker.exists():
                 self.marker.write_text("a kiosk-agent journal is in use beside this file\n")
+            self._identity = _identity(self.path)
         except JournalError:
             db.close()
             raise
@@ -284,6 +293,54 @@ class Journal:
             db.close()
             raise JournalError(f"cannot open the journal at {self.path}: {err}") from err
         self._db = db
+
+    def open_to_read(self) -> None:
+        """Open for reading only (``sales``, ``sales attention``, ``sales show``, doctor): it
+        never writes, so it reads beside a running agent and on a disk that is full or
+        read-only, where :meth:`open` (which may migrate, and makes the WAL) cannot. Where
+        SQLite cannot read the journal in place (a WAL journal on a file system that cannot
+        take its shared-memory file; an older schema), a private copy of it and its WAL is
+        read instead."""
+        if not self.path.exists():
+            raise JournalError(f"cannot open the journal at {self.path}: no such file")
+        try:
+            db = sqlite3.connect(f"file:{self.path}?mode=ro", uri=True, check_same_thread=False)
+        except sqlite3.Error as err:
+            raise JournalError(f"cannot open the journal at {self.path}: {err}") from err
+        try:
+            _refuse_newer(db, self.path)
+            db.execute(f"{_SELECT_SALES} LIMIT 0")  # the tables as this release reads them
+        except JournalError:
+            db.close()
+            raise
+        except sqlite3.Error:
+            db.close()
+            db = self._read_a_copy()
+        db.row_factory = sqlite3.Row
+        self._db = db
+
+    def _read_a_copy(self) -> sqlite3.Connection:
+        copy_dir = Path(tempfile.mkdtemp(prefix="kiosk-agent-journal-"))
+        copy = copy_dir / self.path.name
+        try:
+            for source, target in zip((self.path, *side_files(self.path)),
+                                      (copy, *side_files(copy)), strict=True):
+                if source.exists() and not source.name.endswith("-shm"):
+                    shutil.copyfile(source, target)
+            db = sqlite3.connect(copy, isolation_level=None, check_same_thread=False)
+            try:
+                db.row_factory = sqlite3.Row
+                _refuse_newer(db, self.path)
+                _migrate(db)  # the copy's, never the journal's
+                db.execute("PRAGMA query_only=ON")
+            except BaseException:
+                db.close()
+                raise
+        except (OSError, sqlite3.Error) as err:
+            shutil.rmtree(copy_dir, ignore_errors=True)
+            raise JournalError(f"cannot read the journal at {self.path}: {err}") from err
+        self._copy_dir = copy_dir  # removed by close()
+        return db
 
     def reserve_wal(self) -> Iterator[None]:
         """Grow the WAL file to what it holds between two checkpoints, a chunk per step, then
@@ -328,10 +385,58 @@ class Journal:
         except (sqlite3.Error, OSError) as err:
             _LOGGER.warning("journal: the WAL was not grown ahead (%s); commits lengthen it", err)
 
+    def put_back(self) -> str | None:
+        """Write the open journal back to its path when its file was removed under it (a person
+        or a script cleaning up) or replaced by another file (a backup moved over it): every
+        later step would go into a file nobody can open again, and the next start would find
+        the journal lost (or old) and give back charges of vended sales. A file found in its
+        place is kept beside it (``journal.db.replaced-<UTC time>``). What was done, for the
+        log; None when its file is where it was, or a write is under way (the next look does
+        it). Raises :class:`JournalError` when it cannot be done."""
+        if self._reopen:  # written back, but the journal did not open there yet
+            self.open()
+            self._reopen = False
+            return f"{self.path} was removed (written back before, opened there now)"
+        if self._db is None or self._batching or self._db.in_transaction:
+            return None
+        try:
+            found = _identity(self.path)
+        except OSError:
+            return None
+        if found == self._identity:
+            return None
+        what = f"{self.path} was removed"
+        fresh = self.path.with_name(self.path.name + ".restoring")
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            fresh.unlink(missing_ok=True)
+            self._db.execute("VACUUM INTO ?", (str(fresh),))  # every committed step, whole
+            if found is not None:
+                stamp = dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%SZ")
+                kept = self.path.with_name(f"{self.path.name}.replaced-{stamp}")
+                self.path.rename(kept)
+                what = f"{self.path} was replaced by another file (kept as {kept})"
+            # in place before the old connection closes: until then it holds every step
+            os.replace(fresh, self.path)
+        except (sqlite3.Error, OSError) as err:
+            fresh.unlink(missing_ok=True)
+            raise JournalError(f"cannot put the journal back at {self.path}: {err}") from err
+        self._reopen = True  # from here the file at the path is the journal, whole
+        self.close()  # the removed file's WAL and shared memory go with its last connection
+        for stale in side_files(self.path):  # unless a reader still holds them: never pair
+            with contextlib.suppress(OSError):  # them with the new file
+                stale.unlink(missing_ok=True)
+        self.open()
+        self._reopen = False
+        return what
+
     def close(self) -> None:
         if self._db is not None:
             self._db.close()
             self._db = None
+        if self._copy_dir is not None:
+            shutil.rmtree(self._copy_dir, ignore_errors=True)
+            self._copy_dir = None
 
     @property
     def db(self) -> sqlite3.Connection:
@@ -691,20 +796,41 @@ class Journal:
         return int(row[0]), int(row[1])
 
     def prune(self, keep_days: int, now: float | None = None) -> int:
-        """Delete finished sales older than ``keep_days``; open and attention sales are kept."""
-        cutoff = (now if now is not None else self.clock.time()) - keep_days * 86400
-        keep = (SaleState.ATTENTION.value, *[s.value for s in SaleState if not s.final])
-        marks = ", ".join("?" for _ in keep)
+        """Delete finished sales older than ``keep_days``; open and attention sales are kept.
+
+        Never one the charge check can still see: it reads reporting's charges of the last
+        ``CHARGE_LOOKBACK_S`` and gives back any the journal does not hold, so a pruned sale
+        whose charge is still in that window would be refunded, goods vended and all. And never
+        on the wall clock's word alone, which may have been wrong when a sale was dated (a unit
+        that sold before NTP set its clock dates its sales months or years back): a sale is old
+        only when it was written before the first sale that is young by the wall (write order
+        cannot step), and not when its money call was sent on this boot less than the retention
+        ago by the monotonic clock.
+        """
+        keep_s = max(keep_days * 86400.0, CHARGE_LOOKBACK_S + 86400.0)
+        cutoff = (now if now is not None else self.clock.time()) - keep_s
+        kept_states = (SaleState.ATTENTION.value, *[s.value for s in SaleState if not s.final])
+        args: dict[str, Any] = {
+            "cutoff": cutoff,
+            "boot": self.clock.boot_id(),
+            "mono_cutoff": self.clock.monotonic() - keep_s,
+            **{f"kept{i}": state for i, state in enumerate(kept_states)},
+        }
+        kept = ", ".join(f":kept{i}" for i in range(len(kept_states)))
+        old = (
+            f"SELECT sale_id FROM sales WHERE created_at < :cutoff AND state NOT IN ({kept}) "  # noqa: S608
+            "AND (SELECT MIN(id) FROM steps WHERE steps.sale_id = sales.sale_id) < "
+            "(SELECT COALESCE(MIN(steps.id), 9223372036854775807) FROM steps "
+            "JOIN sales AS young ON young.sale_id = steps.sale_id "
+            "WHERE young.created_at >= :cutoff) "
+            "AND NOT EXISTS (SELECT 1 FROM sale_sends WHERE sale_sends.sale_id = sales.sale_id "
+            "AND sale_sends.sent_boot = :boot AND sale_sends.sent_mono > :mono_cutoff)"
+        )
         with transaction(self.db) as db:
-            old = f"SELECT sale_id FROM sales WHERE created_at < ? AND state NOT IN ({marks})"  # noqa: S608
-            db.execute(f"DELETE FROM steps WHERE sale_id IN ({old})", (cutoff, *keep))  # noqa: S608
-            for table in _BESIDE:
-                db.execute(f"DELETE FROM {table} WHERE sale_id IN ({old})", (cutoff, *keep))  # noqa: S608
-            cursor = db.execute(
-                f"DELETE FROM sales WHERE sale_id IN ({old})",  # noqa: S608
-                (cutoff, *keep),
-            )
-        return cursor.rowcount
+            ids = [(row[0],) for row in db.execute(old, args)]
+            for table in ("steps", *_BESIDE, "sales"):
+                db.executemany(f"DELETE FROM {table} WHERE sale_id = ?", ids)  # noqa: S608
+        return len(ids)
 
     def __iter__(self) -> Iterator[SaleRecord]:
         return iter(self.query())
@@ -813,6 +939,16 @@ def _write_beside(db: sqlite3.Connection, sale_id: str, row: Mapping[str, Any]) 
             f"ON CONFLICT(sale_id) DO UPDATE SET {updates}",
             {**{c: row.get(c) for c in columns}, "sale_id": sale_id},
         )
+
+
+def _identity(path: Path) -> tuple[int, int] | None:
+    """The file at ``path`` (device, inode); None when there is none. Raises ``OSError`` when
+    it cannot be told (a failing disk): nothing must be put back on that."""
+    try:
+        found = os.stat(path)
+    except FileNotFoundError:
+        return None
+    return found.st_dev, found.st_ino
 
 
 def marker_path(journal: Path) -> Path:

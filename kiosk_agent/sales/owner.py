@@ -14,12 +14,15 @@ import datetime as dt
 import errno
 import fcntl
 import json
+import logging
 import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 from kiosk_agent.sales.journal import JournalError
+
+_LOGGER = logging.getLogger(__name__)
 
 LOCK_SUFFIX = ".lock"
 # A holder writes its name right after it takes the lock: a refused reader that finds the file
@@ -95,6 +98,7 @@ class JournalLock:
     def __init__(self, journal: Path | str) -> None:
         self.journal = Path(journal)
         self._fd: int | None = None
+        self.lost = False  # another process claimed the journal while this one held it
 
     @property
     def path(self) -> Path:
@@ -104,7 +108,7 @@ class JournalLock:
     def held(self) -> bool:
         return self._fd is not None
 
-    def acquire(self) -> None:
+    def acquire(self, _attempt: int = 1) -> None:
         """Take the journal, or raise :class:`JournalOwned` naming who has it (never waits).
         Taking it again while held is a no-op."""
         if self._fd is not None:
@@ -112,9 +116,7 @@ class JournalLock:
         path = self.path
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
-            # O_CLOEXEC: a child process must not inherit (and so keep) the claim. O_NOFOLLOW:
-            # the claim truncates and writes the file, never the one a planted symlink names.
-            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
+            fd = _open_lock_file(path)
         except PermissionError as err:
             _refuse_if_held(self.journal, path)  # another user's agent holds it: say so
             raise JournalError(f"cannot claim the journal: {path}: {err.strerror}") from err
@@ -134,12 +136,50 @@ class JournalLock:
         except OSError as err:
             os.close(fd)
             raise JournalError(f"cannot claim the journal: {path}: {err.strerror}") from err
+        if not _names(path, fd):
+            # removed or replaced between the open and the lock (its holder putting it back:
+            # keep()): the claim is on the file the path names now, or it is nobody's
+            os.close(fd)
+            if _attempt >= 3:
+                raise JournalError(f"cannot claim the journal: {path} keeps being replaced")
+            self.acquire(_attempt + 1)
+            return
         try:
             os.ftruncate(fd, 0)
             os.pwrite(fd, _me().text().encode(), 0)
         except OSError:
             pass  # the claim holds without the name; a refused agent then says "another process"
         self._fd = fd
+
+    def keep(self) -> bool:
+        """Put the claim back when its file was removed or replaced under the holder (a person
+        cleaning up, taking it for a dead agent's): a second agent would otherwise find no claim
+        and run on this journal too. Called every second or so; False when another process
+        claimed the journal meanwhile (two agents on one journal: a person must stop one)."""
+        if self._fd is None:
+            return True
+        if _names(self.path, self._fd):
+            return True
+        stale, self._fd = self._fd, None
+        try:
+            self.acquire()
+        except JournalOwned as err:
+            self._fd = stale
+            if not self.lost:
+                _LOGGER.error(
+                    "%s was removed while this agent ran, and %s claimed the journal since: two "
+                    "agents run on one journal; stop the other one",
+                    self.path, err.holder.describe(),
+                )
+            self.lost = True
+            return False
+        except JournalError:  # cannot be made again now (read-only): the next look tries again
+            self._fd = stale
+            return True
+        os.close(stale)
+        _LOGGER.warning("%s was removed while this agent ran; claimed again (it must stay while "
+                        "an agent runs)", self.path)
+        return True
 
     def release(self) -> None:
         if self._fd is not None:
@@ -152,6 +192,32 @@ class JournalLock:
 
     def __exit__(self, *exc: object) -> None:
         self.release()
+
+
+def _names(path: Path, fd: int) -> bool:
+    """Whether ``path`` is still the file open as ``fd`` (True when it cannot be told)."""
+    try:
+        named = os.stat(path, follow_symlinks=False)
+        mine = os.fstat(fd)
+    except FileNotFoundError:
+        return False
+    except OSError:
+        return True
+    return (named.st_dev, named.st_ino) == (mine.st_dev, mine.st_ino)
+
+
+def _open_lock_file(path: Path) -> int:
+    # O_CLOEXEC: a child process must not inherit (and so keep) the claim. O_NOFOLLOW: the
+    # claim truncates and writes the file, never the one a planted symlink names.
+    flags = os.O_CLOEXEC | os.O_NOFOLLOW
+    try:
+        return os.open(path, os.O_RDWR | os.O_CREAT | flags, 0o600)
+    except OSError as err:
+        if err.errno != errno.EROFS or not path.exists():
+            raise
+    # A file system turned read-only keeps its lock file: flock needs no write, so the claim
+    # holds (without the holder's name) and the agent goes on to wait for its journal's disk.
+    return os.open(path, os.O_RDONLY | flags)
 
 
 def _refuse_if_held(journal: Path, path: Path) -> None:

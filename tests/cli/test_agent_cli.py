@@ -9,8 +9,10 @@ import io
 import json
 import os
 import signal
+import sqlite3
 import subprocess
 import sys
+import tempfile
 import textwrap
 import time
 from pathlib import Path
@@ -167,6 +169,35 @@ def test_sales_export_as_csv_and_json_filtered_by_state(
     table = capsys.readouterr().out
     assert "KA1" in table
     assert table.rstrip().endswith("3 sales")
+
+
+@pytest.mark.parametrize("fault", ["full", "read-only"])
+def test_sales_and_sales_attention_read_a_journal_on_a_full_or_read_only_disk(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], fault: str
+) -> None:
+    """They opened the journal to write (a migration, its WAL): on a full disk, "cannot open
+    the journal: disk I/O error"; on a read-only one, "unable to open database file", just when
+    a tech needs to see what the journal holds. They only read now, in place or from a copy."""
+    from tests.core.disk_helpers import fill, small_disk
+
+    with small_disk(tmp_path / "disk") as disk:
+        path = write(disk, GOOD)
+        fill_journal(disk)
+        if fault == "full":
+            fill(disk)
+        else:
+            subprocess.run(["mount", "-o", "remount,ro", str(disk)], check=True)
+        try:
+            assert main(["sales", "--config", str(path), "--format", "json"]) == 0
+            listed = json.loads(capsys.readouterr().out)
+            assert [s["order_id"] for s in listed] == ["KA2", "KA1", "KA0"]
+            assert main(["sales", "attention", "--config", str(path)]) == 0
+            assert "0 sales in attention" in capsys.readouterr().out
+            assert main(["sales", "show", "s1", "--config", str(path)]) == 0
+            assert "declined" in capsys.readouterr().out
+        finally:
+            subprocess.run(["mount", "-o", "remount,rw", str(disk)], check=True)
+        assert not list(Path(tempfile.gettempdir()).glob("kiosk-agent-journal-*"))
 
 
 def test_sales_shows_the_newest_and_says_how_many_more_like_journalctl(
@@ -438,6 +469,15 @@ def test_sales_attention_shows_an_open_sale_that_has_not_moved(
     assert main(["sales", "attention", "-c", str(path), "--json"]) == 0
     [stalled] = json.loads(capsys.readouterr().out)["stalled_open"]
     assert stalled["state"] == "charging"
+    # NTP stepped the clock back an hour since its last step: still shown, not hidden an hour
+    db = sqlite3.connect(tmp_path / "journal.db")
+    with db:
+        db.execute("UPDATE sales SET updated_at = updated_at + 120 + 3600")
+    db.close()
+    assert main(["sales", "attention", "-c", str(path)]) == 0
+    listed = capsys.readouterr().out
+    assert "9a8b7c6d5e  KAHELD  kiosk_api:screen  open (charging) since" in listed
+    assert "after now (the clock was stepped back since)" in listed
 
 
 def test_sales_attention_lists_what_a_person_must_decide_and_resolve_records_it(

@@ -107,6 +107,30 @@ async def test_an_agent_after_a_sigkilled_one_starts_and_recovers_its_sale(
     await money_agrees(sim, journal)
 
 
+async def test_a_lock_file_removed_under_a_running_agent_still_keeps_a_second_one_out(
+    sim_factory: Any, tmp_path: Path
+) -> None:
+    """docs said the lock file "means nothing" once its agent is dead; removed while the agent
+    ran, a second `run` found no claim and started on the same journal."""
+    sim = await sim_factory(time_scale=50, seed=3, transactions=0)
+    journal = tmp_path / "shared" / "journal.db"
+    one = AgentProcess(write_config(tmp_path / "one", sim, journal, MACHINE), sim)
+    two = AgentProcess(write_config(tmp_path / "two", sim, journal, ADMIN), sim)
+    try:
+        await one.start()
+        await one.wait_ready()
+        lock = journal.with_name("journal.db.lock")
+        lock.unlink()
+        await one.wait_for_log("journal.db.lock was removed while this agent ran; claimed again")
+        await refused_by(two, one, journal)
+        one.send(signal.SIGTERM)
+        assert await one.exit_code() == 0, one.text()[-3000:]
+    finally:
+        for agent in (one, two):
+            await agent.close()
+    await money_agrees(sim, journal)
+
+
 def test_the_unit_file_does_not_restart_an_agent_refused_its_journal() -> None:
     """A copied unit file fails once, visibly, instead of restarting until systemd's start limit:
     restarting cannot help while the other agent lives."""

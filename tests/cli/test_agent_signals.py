@@ -118,11 +118,10 @@ def test_the_signal_table_in_docs_is_the_one_in_the_code() -> None:
         assert rows[signum.name][0].startswith("a crash"), signum
 
 
-# By default these are ignored or stop (pause) the process: nothing is stranded.
-HARMLESS = {
-    signal.SIGCHLD, signal.SIGURG, signal.SIGWINCH, signal.SIGCONT,
-    signal.SIGSTOP, signal.SIGTSTP, signal.SIGTTIN, signal.SIGTTOU,
-}  # fmt: skip
+# By default these are ignored: nothing is stranded. (SIGSTOP, which cannot be caught, freezes
+# the agent as a whole until SIGCONT; SIGTSTP, SIGTTIN and SIGTTOU did the same to a sale
+# mid-dispense until they were ignored.)
+HARMLESS = {signal.SIGCHLD, signal.SIGURG, signal.SIGWINCH, signal.SIGCONT, signal.SIGSTOP}
 
 
 def test_every_signal_that_would_end_the_agent_is_a_stop_or_ignored() -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import socket
+import sqlite3
 import time
 from pathlib import Path
 from typing import Any
@@ -259,3 +260,43 @@ async def test_after_ready_the_journals_wal_is_grown_ahead(agent: Agent) -> None
     await asyncio.wait_for(agent.settled.wait(), 30)
     wal = agent.journal.path.with_name(agent.journal.path.name + "-wal")
     assert wal.stat().st_size >= WAL_RESERVE_BYTES
+
+
+async def test_a_vended_sale_past_keep_days_is_not_given_back_by_the_charge_check(
+    agent_factory: Any, sim_factory: Any, tmp_path: Path
+) -> None:
+    """``journal.keep_days: 1`` pruned a vended sale of two days ago at the next start; the
+    charge check (reporting's last 7 days) then found its capture under no sale and voided it:
+    the customer had the goods and the money back."""
+    from tests.core.disk_helpers import ledger
+
+    sim = await sim_factory(time_scale=300, transactions=0)
+    first = await agent_factory(sim=sim)
+    sale = await first.sales.start(charge(250), ScriptedDispenser())
+    done = await sale.result()
+    assert done.state is SaleState.COMPLETED
+    await first.stop()
+    two_days = 2 * 86400
+    db = sqlite3.connect(tmp_path / "journal.db")
+    with db:  # the sale as made two days ago
+        db.execute("UPDATE sales SET created_at = created_at - ?, finished_at = finished_at - ?",
+                   (two_days, two_days))
+    db.close()
+    config_path = write_config(tmp_path)
+    config_path.write_text(config_path.read_text().replace(
+        "journal: {path: journal.db}", "journal: {path: journal.db, keep_days: 1}"))
+    config = load_config(config_path)
+    second = Agent(config, settings_from_ready(sim.ready_info(), timeout=5.0))
+    await second.start()
+    try:
+        checked = await asyncio.wait_for(second.journal_guard.first_check(), 20)
+        assert checked is not None
+        assert checked.unaccounted == []
+        kept = second.journal.get(sale.sale_id)
+        assert kept is not None
+        assert kept.state is SaleState.COMPLETED
+        assert [s.source for s in second.journal.query()] == ["test"]
+        rows = await ledger(second.service, kept.order_id)
+        assert [r.status.name for r in rows if r.status] == ["CAPTURED"]
+    finally:
+        await second.stop()

@@ -193,3 +193,23 @@ def test_a_terminal_that_is_not_configured_takes_no_card_and_says_why(journal: J
 
     strict = Availability(Health("1"), ["SIM-0001"], resolve=resolve)
     assert strict.state("back").reason == "unknown terminal 'back'; configured: SIM-0001 (front)"
+
+
+def test_how_long_a_terminal_was_out_is_real_time_whatever_the_wall_clock_did(
+    journal: Journal, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """It was the difference of two wall times: NTP stepping the clock back an hour during a
+    30-s outage logged "back in service after -3570.0 s" and journaled that."""
+    import kiosk_agent.core.availability as module
+
+    availability, health, clock = _make(journal, hold_off=0)
+    health.report_terminal("SIM-0001", online=False, detail="timed out")
+    availability.evaluate()
+    wall = module.time.time()
+    monkeypatch.setattr(module.time, "time", lambda: wall - 3600.0)  # NTP steps it back
+    clock.now += 30.0
+    health.report_terminal("SIM-0001", online=True)
+    availability.evaluate()
+    assert availability.log is not None
+    back = availability.log.recent()[0]
+    assert (back.kind, back.detail) == ("in_service", {"out_of_service_s": 30.0})

@@ -85,6 +85,16 @@ def test_a_float_price_is_refused_with_its_line_and_a_fix(tmp_path: Path, coin_b
     ]
 
 
+def test_the_currency_is_a_three_letter_code_in_capitals(tmp_path: Path) -> None:
+    lower = write(tmp_path, "lower.yaml", GOOD + "sales: {currency: usd}\n")
+    assert load_config(lower)["sales"]["currency"] == "USD"  # as Home Assistant expects it
+    for wrong in ("US$", "'840'", "dollars"):
+        path = write(tmp_path, "config.yaml", GOOD + f"sales: {{currency: {wrong}}}\n")
+        assert messages(path) == [
+            "config.yaml:7: sales.currency: expected a three-letter currency code like USD"
+        ]
+
+
 def test_a_third_party_platform_validates_its_own_keys(tmp_path: Path, coin_box: str) -> None:
     path = write(
         tmp_path, "config.yaml", GOOD + f"triggers:\n  - platform: {coin_box}\n    price: 150\n"

@@ -125,3 +125,37 @@ async def test_doctor_names_each_damage(tmp_path: Path) -> None:
         assert str(path) in check.detail
         assert check.fix
     journal.close()
+
+
+async def test_a_journal_removed_under_the_running_agent_is_written_back(
+    agent_factory: Any, sim_factory: Any, tmp_path: Path
+) -> None:
+    """Removed while the agent ran, the journal took every later step into a file nobody could
+    open again, health said ok; the next start found it lost and voided the vended sales'
+    captures (the customer kept the product and the money)."""
+    from tests.core.agent_helpers import ScriptedDispenser
+    from tests.core.test_agent import charge
+
+    sim = await sim_factory(time_scale=TIME_SCALE, seed=3, transactions=0)
+    agent = await agent_factory(sim=sim)
+    journal_path = tmp_path / "journal.db"
+    journal_path.unlink()
+    sale = await agent.sales.start(charge(250), ScriptedDispenser())
+    assert (await sale.result()).state is SaleState.COMPLETED
+    async with asyncio.timeout(5):  # written back within a second or so
+        while not journal_path.exists():
+            await asyncio.sleep(0.05)
+    later = await agent.sales.start(charge(260), ScriptedDispenser())
+    assert (await later.result()).state is SaleState.COMPLETED
+    await agent.stop()
+    again = await agent_factory(sim=sim)
+    checked = await asyncio.wait_for(again.journal_guard.first_check(), 20)
+    assert again.health.snapshot().journal.notice == ""
+    assert checked is not None
+    assert checked.unaccounted == []
+    for made in (sale, later):
+        record = again.journal.get(made.sale_id)
+        assert record is not None
+        assert record.state is SaleState.COMPLETED
+        rows = await ledger(again.service, record.order_id)
+        assert [r.status for r in rows] == [TransStatus.CAPTURED]

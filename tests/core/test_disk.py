@@ -6,6 +6,9 @@ simulator's ledger with the journal: no charge is left held that the journal doe
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import signal
+import subprocess
 import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -15,7 +18,9 @@ import aiohttp
 import pytest
 
 from kiosk_agent.core.agent import Agent
+from kiosk_agent.sales.journal import Journal
 from kiosk_agent.sales.model import Flow, SaleEvent, SaleRequest
+from kiosk_agent.sales.owner import JournalLock
 from kiosk_agent.sales.states import SaleState
 from kiosk_agent.service.models import TransStatus
 from tests.platforms.agent_rig import running_agent
@@ -203,3 +208,87 @@ async def test_a_sale_request_whose_own_write_fails_gets_503_json_at_once(
     assert "journal not writable" in agent.availability.state("SIM-0001").reason
     agent.journal.db.execute("PRAGMA query_only=OFF")
     await until(lambda: agent.availability.state("SIM-0001").available, within=5)
+
+
+async def test_an_agent_started_on_a_full_or_read_only_disk_waits_for_it(
+    disk: Path, sim_factory: Any, tmp_path: Path
+) -> None:
+    """`kiosk-agent run` on a journal whose disk is full (or read-only) exited 1 ("disk I/O
+    error"): systemd's restarts, ten in five minutes, then left the unit down for good, not back
+    by itself once space returned. It now waits for the disk, says why, starts as soon as the
+    journal opens, and a stop signal meanwhile ends it cleanly."""
+    from tests.cli.agent_process import AgentProcess, write_config
+
+    sim = await sim_factory(time_scale=50, seed=3, transactions=0)
+    config = write_config(tmp_path / "conf", sim, disk / "journal.db")
+    first = await AgentProcess(config, sim, "first.log").start()
+    try:  # a journal in use, cleanly closed (its WAL gone): opening it must write
+        await first.wait_ready()
+        first.send(signal.SIGTERM)
+        assert await first.exit_code() == 0
+    finally:
+        await first.close()
+    fill(disk)
+    waiting = await AgentProcess(config, sim, "waiting.log").start()
+    try:
+        await waiting.wait_for_log("waiting for it to take writes before anything starts")
+        assert "is full" in waiting.text()
+        free(disk)
+        await waiting.wait_ready()  # within a second or so of the space back
+        waiting.send(signal.SIGTERM)
+        assert await waiting.exit_code() == 0
+    finally:
+        await waiting.close()
+    subprocess.run(["mount", "-o", "remount,ro", str(disk)], check=True)
+    stopped = await AgentProcess(config, sim, "stopped.log").start()
+    try:
+        await stopped.wait_for_log("waiting for it to take writes before anything starts")
+        assert "is read-only" in stopped.text()
+        stopped.send(signal.SIGTERM)  # a tech gives up: a clean stop, not a hang
+        assert await stopped.exit_code(within=5) == 0
+        assert "ready in" not in stopped.text()
+    finally:
+        await stopped.close()
+        subprocess.run(["mount", "-o", "remount,rw", str(disk)], check=True)
+
+
+async def test_an_agent_started_on_a_disk_without_inodes_waits_for_one(
+    sim_factory: Any, tmp_path: Path
+) -> None:
+    """Blocks free but no inode left: the journal's WAL cannot be made ("unable to open
+    database file"), and the start exited instead of waiting as for a full disk."""
+    from tests.cli.agent_process import AgentProcess, write_config
+
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    mounted = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=8m,nr_inodes=40,mode=0700", "tmpfs", str(disk)],
+        capture_output=True, text=True, check=False,
+    )
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs: {mounted.stderr.strip()}")
+    try:
+        sim = await sim_factory(time_scale=50, seed=3, transactions=0)
+        config = write_config(tmp_path / "conf", sim, disk / "journal.db")
+        journal = Journal(disk / "journal.db")
+        journal.open()
+        journal.close()
+        with JournalLock(disk / "journal.db"):  # its lock file, as a run leaves it
+            pass
+        fillers = 0
+        with contextlib.suppress(OSError):
+            while True:
+                (disk / f"filler{fillers}").touch()
+                fillers += 1
+        agent = await AgentProcess(config, sim).start()
+        try:
+            await agent.wait_for_log("has no inodes left")
+            for n in range(fillers):
+                (disk / f"filler{n}").unlink()
+            await agent.wait_ready()
+            agent.send(signal.SIGTERM)
+            assert await agent.exit_code() == 0
+        finally:
+            await agent.close()
+    finally:
+        subprocess.run(["umount", "-l", str(disk)], check=False)

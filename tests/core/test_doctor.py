@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -130,3 +131,37 @@ async def test_doctor_checks_the_broker_takes_what_the_unit_sends(
     if verdict is Verdict.WARN:  # the broker drops a report-sized message without a word
         assert "did not hand back a 16 KiB message on kiosk-agent/doctor/doctor" in check.detail
         assert "message_size_limit" in check.fix
+
+
+@pytest.mark.parametrize("fault", ["full", "read-only"])
+def test_a_journal_on_a_full_or_read_only_disk_is_named_so_not_damaged(
+    tmp_path: Path, fault: str
+) -> None:
+    """doctor called a whole journal on a full disk "damaged (disk I/O error)", with the fix
+    "restart the agent: it moves the damaged journal aside"; on a read-only one, "not writable
+    by this user: run doctor as the service user, or chown"."""
+    from kiosk_agent.core.doctor import check_journal
+    from kiosk_agent.sales.journal import Journal
+
+    from .disk_helpers import fill, small_disk
+
+    with small_disk(tmp_path / "disk") as disk:
+        journal = Journal(disk / "journal.db")
+        journal.open()
+        journal.close()  # whole, its WAL gone: reading it must make files
+        config_file = tmp_path / "agent.yaml"
+        config_file.write_text(
+            "service: {simulator: {}}\nterminals: [{device_id: SIM-0001}]\n"
+            f"journal: {{path: {disk}/journal.db}}\n"
+        )
+        if fault == "full":
+            fill(disk)
+        else:
+            subprocess.run(["mount", "-o", "remount,ro", str(disk)], check=True)
+        report = Report()
+        check_journal(report, load_config(config_file))
+        [check] = report.checks
+        assert check.verdict is Verdict.FAIL
+        assert f"the file system of {disk} is {fault}" in check.detail
+        assert "damaged" not in check.detail + check.fix
+        assert "free space" in check.fix

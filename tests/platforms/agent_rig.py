@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import re
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -12,9 +13,23 @@ from typing import Any
 import yaml
 
 from kiosk_agent.app import build_agent
+from kiosk_agent.cli.sim import settings_from_ready
 from kiosk_agent.core.agent import Agent
 from kiosk_agent.core.config import load_config
 from kiosk_agent.sales.clock import SYSTEM_CLOCK, Clock, FakeClock
+from kiosk_agent.service.settings import ServiceSettings
+
+from ..helpers import sim_call
+
+
+async def losing_authorization_answers(sim_factory: Any) -> tuple[Any, ServiceSettings, FakeClock]:
+    """A simulator that commits every authorization late (0.5 s), the agent's service settings
+    (a call is given up after 2 s) and its FakeClock: an authorization's answer is lost when the
+    test moves the clock on."""
+    sim = await sim_factory(time_scale=300, transactions=0)
+    await sim_call(sim, "POST", "/sim/faults",
+                   {"path": "/api/v1/charge", "fault": "delay", "delay_s": 0.5})
+    return sim, settings_from_ready(sim.ready_info(), timeout=2.0), FakeClock(wall=time.time())
 
 
 @contextlib.asynccontextmanager

@@ -13,13 +13,17 @@ import pytest
 from kiosk_agent.cli.sim import settings_from_ready
 from kiosk_agent.platforms.mdb import MdbPlatform
 from kiosk_agent.platforms.virtual import VirtualController, VirtualPlatform, VisitOutcome
-from kiosk_agent.sales.clock import FakeClock
 from kiosk_agent.sales.model import SaleEvent
 from kiosk_agent.sales.states import SaleState
 from tests.core.test_slow_service import held_by_the_service, ledger
 
 from ..helpers import sim_call, until
-from .agent_rig import running_agent, stopped_on_failure, until_final
+from .agent_rig import (
+    losing_authorization_answers,
+    running_agent,
+    stopped_on_failure,
+    until_final,
+)
 from .test_serial_line import MDB_AS_LINES
 
 
@@ -140,11 +144,7 @@ async def test_the_next_customer_is_served_while_a_lost_authorization_is_found_o
     # The authorization's answer is lost (the service commits it late): the machine is told not
     # to vend, and the reader serves the next customer while reporting is asked what became of
     # the hold. The agent's clock is a FakeClock: it gives up on the call when the test says.
-    clock = FakeClock(wall=time.time())
-    sim = await sim_factory(time_scale=300, transactions=0)
-    await sim_call(sim, "POST", "/sim/faults",
-                   {"path": "/api/v1/charge", "fault": "delay", "delay_s": 0.5})
-    settings = settings_from_ready(sim.ready_info(), timeout=2.0)
+    sim, settings, clock = await losing_authorization_answers(sim_factory)
     trigger = {**MACHINES[kind][0], "port": controller.port}
     sales = {"vend_timeout": 5.0, "answer_margin": 3.0}
     async with running_agent(

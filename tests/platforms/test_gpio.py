@@ -13,15 +13,18 @@ from typing import Any
 import pytest
 import voluptuous as vol
 
-from kiosk_agent.cli.sim import settings_from_ready
 from kiosk_agent.platforms.gpio import PLATFORM_SCHEMA, Edge, GpioPlatform, setup_with_chip
-from kiosk_agent.sales.clock import FakeClock
 from kiosk_agent.sales.model import SaleEvent
 from kiosk_agent.sales.states import SaleState
 from tests.core.test_slow_service import held_by_the_service, ledger
 
 from ..helpers import sim_call, until
-from .agent_rig import running_agent, stopped_on_failure, until_final
+from .agent_rig import (
+    losing_authorization_answers,
+    running_agent,
+    stopped_on_failure,
+    until_final,
+)
 
 
 class FakeInputs:
@@ -207,11 +210,7 @@ async def test_a_press_while_the_last_sale_finds_out_a_lost_authorization_sells(
 ) -> None:
     """The espresso's authorization lost its answer (the service commits it late): nothing is
     poured, and while reporting is asked what became of the hold a latte is sold."""
-    clock = FakeClock(wall=time.time())
-    sim = await sim_factory(time_scale=300, transactions=0)
-    await sim_call(sim, "POST", "/sim/faults",
-                   {"path": "/api/v1/charge", "fault": "delay", "delay_s": 0.5})
-    settings = settings_from_ready(sim.ready_info(), timeout=2.0)
+    sim, settings, clock = await losing_authorization_answers(sim_factory)
     chip = FakeChip()
     chip.falls_onto[23] = 27  # the latte's sensor sees it fall
     config = PLATFORM_SCHEMA({"platform": "gpio", "name": "coffee", "buttons": BUTTONS,

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -12,14 +11,17 @@ from typing import Any
 import aiohttp
 import pytest
 
-from kiosk_agent.cli.sim import settings_from_ready
 from kiosk_agent.platforms.kiosk_api import PLATFORM_SCHEMA, KioskApi
-from kiosk_agent.sales.clock import FakeClock
 from kiosk_agent.sales.states import SaleState
 from tests.core.test_slow_service import held_by_the_service, ledger
 
 from ..helpers import sim_call, until
-from .agent_rig import running_agent, stopped_on_failure, until_final
+from .agent_rig import (
+    losing_authorization_answers,
+    running_agent,
+    stopped_on_failure,
+    until_final,
+)
 
 TOKEN = "kiosk-app-token-0123456789"
 
@@ -116,11 +118,7 @@ async def test_a_sale_whose_authorization_lost_its_answer_does_not_make_the_next
 ) -> None:
     # The authorization's answer is lost (the service commits it late): while reporting is
     # asked what became of the hold, the next customer's sale is taken, not refused.
-    clock = FakeClock(wall=time.time())
-    sim = await sim_factory(time_scale=300, transactions=0)
-    await sim_call(sim, "POST", "/sim/faults",
-                   {"path": "/api/v1/charge", "fault": "delay", "delay_s": 0.5})
-    settings = settings_from_ready(sim.ready_info(), timeout=2.0)
+    sim, settings, clock = await losing_authorization_answers(sim_factory)
     trigger = {"platform": "kiosk_api", "name": "screen", "token": "!secret kiosk_token",
                "port": 0, "products": {"coffee": "2.50", "tea": "1.75"},
                "flow": "authorize_capture"}

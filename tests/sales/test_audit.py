@@ -133,3 +133,39 @@ async def test_a_whole_read_comes_after_a_journal_fault_and_each_interval_not_be
     assert first == 0  # the fault's check read the settled too
     assert second > 1  # the periodic ones between asked for the unsettled only
     assert not any(checks[first + 1:second])
+
+
+async def test_a_clock_not_yet_set_does_not_stretch_the_check_over_the_terminals_history(
+    agent_factory: Any, sim_factory: Any, monkeypatch: Any
+) -> None:
+    """A unit booted from a new card before NTP (its clock at the image's date, years back)
+    looked back 7 days from then: every charge the terminal made since, sales of the journal
+    the card replaced included, looked lost, and up to 5 were given back, goods vended long
+    ago. The window now ends at the service's latest charge when that is later."""
+    import time
+    from types import SimpleNamespace
+
+    import kiosk_agent.sales.audit as audit_module
+    from kiosk_agent.sales.journal import SaleRecord
+
+    sim = await sim_factory(time_scale=TIME_SCALE, transactions=0)
+    agent = await agent_factory(sim=sim)
+    clock = sim.ctx.clock
+    real_origin = clock._virtual_origin
+    clock._virtual_origin = real_origin - 60 * 86400  # a sale of the journal the card replaced
+    old = await _charge(agent, "KA" + "0123456789ABCDEF21", 300, capture=True)
+    clock._virtual_origin = real_origin
+    await sim_call(sim, "POST", "/sim/settle")
+    recent = await _charge(agent, "KA" + "0123456789ABCDEF22", 200, capture=True)
+    agent.journal.create(SaleRecord(  # the recent one is this journal's own: accounted for
+        sale_id="recent", order_id="KA" + "0123456789ABCDEF22", source="test",
+        flow="charge_card", terminal="SIM-0001", amount_cents=200, state=SaleState.STARTED,
+    ))  # fmt: skip
+    stale = time.time() - 3 * 365 * 86400
+    monkeypatch.setattr(audit_module, "time", SimpleNamespace(time=lambda: stale))
+    result = await agent.journal_guard.audit.check()
+    assert result.ok, result.error
+    assert result.seen == 1  # the recent charge, seen and accounted for
+    assert result.unaccounted == []
+    assert old not in result.unaccounted
+    assert recent not in result.unaccounted

@@ -10,7 +10,9 @@ from pathlib import Path
 
 import pytest
 
+from kiosk_agent.sales.clock import Anchor, FakeClock
 from kiosk_agent.sales.journal import (
+    CHARGE_LOOKBACK_S,
     WAL_RESERVE_BYTES,
     WAL_ROOM_NEEDED,
     Journal,
@@ -147,8 +149,60 @@ def test_prune_keeps_open_and_attention_sales(journal: Journal) -> None:
     attention = journal.create(new_sale(2))
     walk_to(journal, attention, SaleState.ATTENTION)
     journal.create(new_sale(3))
-    assert journal.prune(keep_days=1, now=time.time() + 2 * 86400) == 1
+    assert journal.prune(keep_days=1, now=time.time() + 10 * 86400) == 1
     assert {s.sale_id for s in journal.query()} == {"s2", "s3"}
+
+
+DAY = 86400.0
+
+
+def test_prune_never_forgets_a_sale_the_charge_check_still_sees(journal: Journal) -> None:
+    """The charge check gives back every charge of its last 7 days the journal does not hold:
+    with ``keep_days: 1`` a vended sale of 2 days ago, pruned, was refunded at the next start."""
+    done = journal.create(new_sale(1))
+    walk_to(journal, done, SaleState.COMPLETED)
+    assert journal.prune(keep_days=1, now=time.time() + 2 * DAY) == 0
+    assert journal.prune(keep_days=1, now=time.time() + CHARGE_LOOKBACK_S - 1) == 0
+    assert journal.prune(keep_days=1, now=time.time() + CHARGE_LOOKBACK_S + 1.5 * DAY) == 1
+
+
+def test_prune_keeps_a_sale_dated_back_by_a_clock_not_yet_set(tmp_path: Path) -> None:
+    """A unit that sold before NTP set its clock dated those sales years back; its clock now
+    right, they are not old: written after a young sale, or sent on this boot."""
+    clock = FakeClock(wall=1_800_000_000.0, monotonic=5_000.0)
+    journal = Journal(tmp_path / "journal.db", clock)
+    journal.open()
+    try:
+        young = journal.create(new_sale(1))
+        walk_to(journal, young, SaleState.COMPLETED)
+        clock.step_wall(-3 * 365 * DAY)  # the saved clock of a unit stored for years
+        stale = journal.create(new_sale(2))
+        walk_to(journal, stale, SaleState.COMPLETED)
+        clock.step_wall(3 * 365 * DAY)  # NTP
+        assert journal.prune(keep_days=400) == 0
+        assert {s.sale_id for s in journal.query()} == {"s1", "s2"}
+    finally:
+        journal.close()
+
+
+def test_prune_keeps_the_only_sale_dated_back_while_its_send_is_young_on_this_boot(
+    tmp_path: Path,
+) -> None:
+    clock = FakeClock(wall=1_800_000_000.0 - 3 * 365 * DAY, monotonic=5_000.0)
+    journal = Journal(tmp_path / "journal.db", clock)
+    journal.open()
+    try:
+        sale = journal.create(new_sale(1))
+        sent = Anchor.now(clock)
+        sale = walk_to(journal, sale, SaleState.CHARGING, sent_at=sent.wall,
+                       sent_mono=sent.mono, sent_boot=sent.boot)
+        walk_to(journal, sale, SaleState.COMPLETED)
+        clock.step_wall(3 * 365 * DAY)  # NTP
+        assert journal.prune(keep_days=400) == 0
+        clock.reboot("fake-boot-2")  # another boot: only the wall can tell, and says old
+        assert journal.prune(keep_days=400) == 1
+    finally:
+        journal.close()
 
 
 def test_retry_attempts_get_their_own_order_ids() -> None:
@@ -317,3 +371,69 @@ def test_pages_give_querys_sales_in_its_order_a_page_at_a_time(journal: Journal)
     journal.create(new_sale(99, created_at=1_800_000_000))
     seen += [s.sale_id for page in pages for s in page]
     assert seen == whole
+
+
+def test_open_to_read_writes_nothing_even_to_a_journal_of_an_older_schema(tmp_path: Path) -> None:
+    path = tmp_path / "journal.db"
+    journal = Journal(path)
+    journal.open()
+    walk_to(journal, journal.create(new_sale(1)), SaleState.COMPLETED)
+    journal.close()
+    db = sqlite3.connect(path)
+    db.execute("DROP TABLE sale_sends")  # as an older release left it: read from a copy
+    db.close()
+    journal.marker.unlink()
+    before = path.read_bytes()
+    reader = Journal(path)
+    reader.open_to_read()
+    try:
+        assert [s.sale_id for s in reader.query()] == ["s1"]
+        with pytest.raises(sqlite3.Error):  # the copy refuses writes too
+            reader.db.execute("DELETE FROM sales")
+    finally:
+        reader.close()
+    assert path.read_bytes() == before
+    assert not journal.marker.exists()
+
+
+def test_put_back_writes_a_removed_journal_whole_and_reopens_it_until_it_opens(
+    journal: Journal, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    walk_to(journal, journal.create(new_sale(1)), SaleState.COMPLETED)
+    assert journal.put_back() is None  # where it was: nothing to do
+    journal.path.unlink()
+    walk_to(journal, journal.create(new_sale(2)), SaleState.COMPLETED)  # into the removed file
+    real_open = Journal.open
+    monkeypatch.setattr(Journal, "open", lambda self: (_ for _ in ()).throw(JournalError("x")))
+    with pytest.raises(JournalError):
+        journal.put_back()
+    assert journal.path.exists()
+    monkeypatch.setattr(Journal, "open", real_open)
+    assert journal.put_back() is not None  # opened there now
+    assert {s.sale_id for s in journal.query()} == {"s1", "s2"}
+    journal.create(new_sale(3))
+    reader = sqlite3.connect(journal.path)
+    assert reader.execute("SELECT COUNT(*) FROM sales").fetchone()[0] == 3
+    reader.close()
+    assert journal.put_back() is None
+
+
+def test_put_back_keeps_a_file_moved_over_the_journal_beside_it(journal: Journal) -> None:
+    """A backup moved over the running agent's journal: the agent went on writing the replaced
+    file, and the next start read the backup, every sale since missing."""
+    walk_to(journal, journal.create(new_sale(1)), SaleState.COMPLETED)
+    backup = journal.path.with_name("backup.db")
+    old = Journal(backup)
+    old.open()
+    old.close()
+    backup.replace(journal.path)
+    walk_to(journal, journal.create(new_sale(2)), SaleState.COMPLETED)
+    done = journal.put_back()
+    assert done is not None
+    assert "was replaced by another file" in done
+    [kept] = journal.path.parent.glob("journal.db.replaced-*Z")
+    assert str(kept) in done
+    reader = sqlite3.connect(journal.path)
+    assert reader.execute("SELECT COUNT(*) FROM sales").fetchone()[0] == 2
+    reader.close()
+    assert journal.put_back() is None

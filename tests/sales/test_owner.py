@@ -143,3 +143,63 @@ def test_a_lock_file_that_is_a_directory_or_garbage(tmp_path: Path) -> None:
         holder = Holder.parse(lock_path(garbage).read_text())
         assert holder is not None
         assert holder.pid == os.getpid()
+
+
+def test_a_lock_file_on_a_file_system_turned_read_only_is_still_claimed(tmp_path: Path) -> None:
+    """The claim opened its file for writing: on a read-only file system `run` stopped at
+    "cannot claim the journal: Read-only file system" before it could wait for the disk."""
+    from tests.core.disk_helpers import small_disk
+
+    with small_disk(tmp_path / "disk") as disk:
+        journal = disk / "journal.db"
+        with JournalLock(journal):  # a lock file from an earlier run
+            pass
+        subprocess.run(["mount", "-o", "remount,ro", str(disk)], check=True)
+        try:
+            first = JournalLock(journal)
+            first.acquire()
+            assert first.held
+            with pytest.raises(JournalOwned):  # and it still keeps a second agent out
+                JournalLock(journal).acquire()
+            first.release()
+        finally:
+            subprocess.run(["mount", "-o", "remount,rw", str(disk)], check=True)
+
+
+def test_a_claim_whose_file_was_removed_is_put_back(tmp_path: Path) -> None:
+    """A person removing journal.db.lock under a running agent (taking it for a dead one's)
+    let a second agent start on the same journal: it found no claim."""
+    journal = tmp_path / "journal.db"
+    with JournalLock(journal) as claim:
+        assert claim.keep()  # nothing changed: nothing done
+        lock_path(journal).unlink()
+        assert claim.keep()  # put back, and held
+        with pytest.raises(JournalOwned) as refused:
+            JournalLock(journal).acquire()
+        assert refused.value.holder.pid == os.getpid()
+        lock_path(journal).unlink()
+        lock_path(journal).write_text("")  # replaced by another file: the same
+        assert claim.keep()
+        with pytest.raises(JournalOwned):
+            JournalLock(journal).acquire()
+
+
+def test_a_claim_taken_by_another_process_while_its_file_was_gone_is_reported(
+    tmp_path: Path,
+) -> None:
+    journal = tmp_path / "journal.db"
+    claim = JournalLock(journal)
+    claim.acquire()
+    lock_path(journal).unlink()
+    holder = subprocess.Popen(
+        [sys.executable, "-c", HOLDER, str(journal)], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert holder.stdout is not None
+        assert holder.stdout.readline().strip() == "HELD"
+        assert not claim.keep()
+        assert claim.lost
+    finally:
+        holder.kill()
+        holder.wait()
+        claim.release()
