@@ -32,11 +32,19 @@ def parse_moment(text: str, *, end: bool = False, now: dt.datetime | None = None
     match = _RELATIVE.match(text)
     if match:
         current = now or dt.datetime.now(dt.UTC)
-        return current - dt.timedelta(seconds=int(match.group(1)) * _UNIT_SECONDS[match.group(2)])
+        try:
+            span = dt.timedelta(seconds=int(match.group(1)) * _UNIT_SECONDS[match.group(2)])
+            return current - span
+        except OverflowError:  # "99999999w": before the year 1
+            raise MomentError(
+                f"expected {MOMENT_FORMS}, within the years 1 to 9999, got {text[:40]!r}"
+            ) from None
     try:
         if len(text) == 10:
             day = dt.date.fromisoformat(text)
             start = dt.datetime(day.year, day.month, day.day, tzinfo=dt.UTC)
+            if end and day == dt.date.max:  # its end, the year 10000, has no datetime
+                return dt.datetime.max.replace(tzinfo=dt.UTC)
             return start + dt.timedelta(days=1) if end else start
         moment = dt.datetime.fromisoformat(text.replace("Z", "+00:00"))
     except (ValueError, OverflowError):

@@ -21,3 +21,22 @@ def control_character(text: str) -> str | None:
 
 # Format characters that writing needs: Persian and Indic scripts, emoji sequences.
 _JOINERS = frozenset("\u200c\u200d")
+
+
+def for_terminal(text: str, *, keep_lines: bool = False) -> str:
+    """``text`` as a terminal shows it and never obeys it, as the status page shows text: a
+    control or invisible format character from outside (an escape sequence in a service's
+    answer, a right-to-left override) becomes U+FFFD, a tab or line end a space (with
+    ``keep_lines``, line ends stay: the command's own layout), the joiners writing needs stay."""
+    kept = "\n" if keep_lines else ""
+    out = []
+    for char in text:
+        if char in kept or char in _JOINERS:
+            out.append(char)
+        elif char in "\t\r\n":
+            out.append(" ")
+        elif unicodedata.category(char) in ("Cc", "Cf"):
+            out.append("\ufffd")
+        else:
+            out.append(char)
+    return "".join(out)

@@ -44,6 +44,19 @@ def test_anything_else_is_refused_with_the_forms(text: str) -> None:
         parse_moment(text, now=NOW)
 
 
+@pytest.mark.parametrize("text", ["99999999w", "9999999999999999999999d", "999999999999999m"])
+def test_a_span_back_past_the_year_1_is_refused_not_an_overflow(text: str) -> None:
+    with pytest.raises(MomentError, match="within the years 1 to 9999"):
+        parse_moment(text, now=NOW)
+
+
+def test_the_last_day_a_datetime_holds_is_a_whole_day_as_an_end() -> None:
+    # its end, 10000-01-01, has no datetime: the last microsecond of the day stands for it
+    end = parse_moment("9999-12-31", end=True, now=NOW)
+    assert end == dt.datetime.max.replace(tzinfo=UTC)
+    assert parse_moment("9999-12-31", now=NOW) == dt.datetime(9999, 12, 31, tzinfo=UTC)
+
+
 @given(st.text(max_size=40))
 def test_any_text_is_a_moment_or_a_clear_refusal(text: str) -> None:
     try:

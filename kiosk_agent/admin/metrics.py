@@ -302,7 +302,8 @@ def sale_families(totals: SaleTotals, terminals: Iterable[str]) -> Iterator[Metr
     )
     yield counter(
         "reversed_cents",
-        "Cents taken and given back (voided or refunded) since the agent started, by terminal.",
+        "Cents voided or refunded (reversed sales; an authorization hold released included) "
+        "since the agent started, by terminal.",
         [({"terminal": t}, totals.reversed_cents.get(t, 0)) for t in known],
         ["terminal"],
     )

@@ -8,7 +8,7 @@ import datetime as dt
 import json
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -120,6 +120,10 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 def _sales_list_options(parser: argparse.ArgumentParser) -> None:
     # SUPPRESS: the options may stand before or after `list` (`sales --since 7d list`).
     parser.add_argument("--since", default=argparse.SUPPRESS, help=f"from: {MOMENT_FORMS}")
+    parser.add_argument(
+        "--until", default=argparse.SUPPRESS,
+        help="up to this day (the whole of it) or time, in the same forms as --since",
+    )  # fmt: skip
     parser.add_argument(
         "--state", action="append", default=argparse.SUPPRESS,
         type=case_insensitive([s.value for s in SaleState]),
@@ -333,6 +337,21 @@ def parse_since(text: str, now: float | None = None) -> float:
     return moment.timestamp()
 
 
+def sales_window(
+    since_text: str | None, until_text: str | None
+) -> tuple[float | None, float | None]:
+    """``--since``/``--until`` as Unix seconds (an until day is the whole day), as the admin
+    API's ``since``/``until`` read them; an empty or backwards window is a usage error."""
+    since = parse_moment(since_text, option="--since")
+    until = parse_moment(until_text, end=True, option="--until")
+    if since is not None and until is not None and since >= until:
+        raise CliError("--since must be before --until", EXIT_USAGE)
+    return (
+        since.timestamp() if since is not None else None,
+        until.timestamp() if until is not None else None,
+    )
+
+
 # Rows the table shows unless --limit or --all says otherwise (as `journalctl -n`): after a
 # demo the journal holds hundreds of sales, and a tech wants the newest.
 TABLE_LIMIT = 25
@@ -346,16 +365,26 @@ def render(sales: Sequence[SaleRecord], fmt: str) -> str:
     return _table(sales) + "\n"
 
 
+def _each_counted(pages: Iterable[list[SaleRecord]], count: list[int]) -> Iterator[SaleRecord]:
+    """Each sale of ``pages``, counted in ``count[0]`` as it goes."""
+    for page in pages:
+        count[0] += len(page)
+        yield from page
+
+
 def _table(sales: Sequence[SaleRecord]) -> str:
+    from kiosk_agent.text import for_terminal  # on use: `--help` does not wait for it
+
     headers = ("created", "order_id", "source", "money", "state", "message")
     lines = [
         (
             sale_values(s)["created"],
-            s.order_id,
-            s.source,
+            for_terminal(s.order_id),
+            for_terminal(s.source),
             money_text(s),  # what was charged, or is held: never the price asked as if taken
             s.state.value,
-            s.message,
+            # a service's or a machine's words: shown, never obeyed by the terminal
+            for_terminal(s.message),
         )
         for s in sales
     ]
@@ -402,6 +431,8 @@ async def attention_command(args: argparse.Namespace) -> int:
         print(json.dumps({"sales": [s.as_dict() for s in sales],
                           "stalled_open": [s.as_dict() for s in stalled]}, indent=2))
         return EXIT_OK
+    from kiosk_agent.text import for_terminal
+
     for sale in stalled:
         since = dt.datetime.fromtimestamp(sale.updated_at, dt.UTC)
         moved = (
@@ -410,16 +441,16 @@ async def attention_command(args: argparse.Namespace) -> int:
             "stepped back since)"
         )  # fmt: skip
         print(
-            f"{sale.sale_id}  {sale.order_id}  {sale.source}  open ({sale.state.value}) since "
-            f"{since:%Y-%m-%d %H:%M:%SZ}\n  {moved}: the agent finishes it (a journal that "
-            "cannot take writes keeps it in memory meanwhile)"
+            f"{sale.sale_id}  {sale.order_id}  {for_terminal(sale.source)}  open "
+            f"({sale.state.value}) since {since:%Y-%m-%d %H:%M:%SZ}\n  {moved}: the agent "
+            "finishes it (a journal that cannot take writes keeps it in memory meanwhile)"
         )
     for sale in sales:
         when = dt.datetime.fromtimestamp(sale.finished_at or sale.updated_at, dt.UTC)
-        held = format_cents(sale.captured_cents or sale.authorized_cents, sale.currency)
+        # the sales list's words: "held $0.00" said of a charge whose answer was lost
         print(
-            f"{sale.sale_id}  {sale.order_id}  {sale.source}  held {held}  "
-            f"since {when:%Y-%m-%d %H:%M:%SZ}\n  {sale.message}"
+            f"{sale.sale_id}  {sale.order_id}  {for_terminal(sale.source)}  {money_text(sale)}  "
+            f"since {when:%Y-%m-%d %H:%M:%SZ}\n  {for_terminal(sale.message)}"
         )
     print(
         plural(len(sales), "sale")
@@ -464,16 +495,25 @@ async def sales_command(args: argparse.Namespace) -> int:
         raise CliError("give --limit N or --all, not both", EXIT_USAGE)
     if limit is None and fmt == "table" and not getattr(args, "all", False):
         limit = TABLE_LIMIT
-    since_text = getattr(args, "since", None)
-    since = parse_since(since_text) if since_text else None
+    since, until = sales_window(getattr(args, "since", None), getattr(args, "until", None))
     journal = _open_journal(args)
     try:
         states = [SaleState(s) for s in getattr(args, "state", None) or []] or None
-        sales = journal.query(since=since, states=states, limit=limit)
-        more = journal.count(since=since, states=states) - len(sales) if limit else 0
+        if fmt in SALE_FORMATS:
+            # written as the journal is read, a page at a time: a year of sales read whole took
+            # 270 MB here, enough to push a small unit's agent out of memory
+            pages = journal.pages(since=since, until=until, states=states, limit=limit)
+            written = [0]
+            for piece in export_sales(_each_counted(pages, written), fmt):
+                sys.stdout.write(piece)
+            shown = written[0]
+        else:
+            sales = journal.query(since=since, until=until, states=states, limit=limit)
+            sys.stdout.write(render(sales, fmt))
+            shown = len(sales)
+        more = journal.count(since=since, until=until, states=states) - shown if limit else 0
     finally:
         journal.close()
-    sys.stdout.write(render(sales, fmt))
     if more > 0:
         # on stderr: a pipe or an export gets the rows only
         print(f"{more:,} more (older); use --limit N or --all", file=sys.stderr)
@@ -500,7 +540,9 @@ async def show_command(args: argparse.Namespace) -> int:
                       for s in steps],
         })  # fmt: skip
         return EXIT_OK
-    print(sale_text(record, steps))
+    from kiosk_agent.text import for_terminal
+
+    print(for_terminal(sale_text(record, steps), keep_lines=True))
     return EXIT_OK
 
 

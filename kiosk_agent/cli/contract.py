@@ -438,13 +438,15 @@ def _fail(
     args: argparse.Namespace, message: str, code: int, details: Sequence[str], *, scrub: bool
 ) -> None:
     from kiosk_agent.redact import redact
+    from kiosk_agent.text import for_terminal
 
     STATUS.clear()
     # The service's words and unexpected errors pass through redact, the net under a slip.
     text = redact(message) if scrub else message
-    print(f"error: {text}", file=sys.stderr)
+    # and are shown, never obeyed: a terminal escape in a service's error stays on the page
+    print(f"error: {for_terminal(text)}", file=sys.stderr)
     for line in details:
-        print(f"  {line}", file=sys.stderr)
+        print(f"  {for_terminal(line)}", file=sys.stderr)
     if wants_json(args):
         answer: dict[str, object] = {"error": text, "exit_code": code}
         if details:
@@ -789,14 +791,22 @@ def validated(model: type[M], what: str, fields: dict[str, Any]) -> M:
         raise CliError(f"{what}: {first_problem(err)}", EXIT_USAGE) from None
 
 
+# The largest whole number an option takes: SQLite's INTEGER, where a limit or an id ends up.
+MAX_WHOLE = 2**63 - 1
+
+
 def positive_int(text: str) -> int:
-    """An argparse ``type``: a whole number above zero."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    """An argparse ``type``: a whole number above zero, in ASCII digits only (``int`` also
+    takes ``"٣"``, ``"+5"``, ``"1_000"``; the admin API's ``limit`` does not) and at most
+    :data:`MAX_WHOLE`."""
+    shown = text if len(text) <= 40 else f"{text[:40]}..."
+    value = int(text) if text.isascii() and text.isdigit() else None
+    if value is None:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {shown!r}")
     if value <= 0:
-        raise argparse.ArgumentTypeError(f"expected a number above zero, got {text!r}")
+        raise argparse.ArgumentTypeError(f"expected a number above zero, got {shown!r}")
+    if value > MAX_WHOLE:
+        raise argparse.ArgumentTypeError(f"expected at most {MAX_WHOLE}, got {shown!r}")
     return value
 
 
@@ -837,8 +847,10 @@ def as_text(value: object) -> str:
         return f"{value:.2f}"
     if isinstance(value, dt.datetime):
         return value.astimezone(dt.UTC).strftime("%Y-%m-%d %H:%M:%S")
-    plain_value = plain(value)
-    return str(plain_value)
+    from kiosk_agent.text import for_terminal  # on use: `--help` does not wait for it
+
+    # the service's words (a name, a reason, a custom field): shown, never obeyed
+    return for_terminal(str(plain(value)))
 
 
 def print_record(pairs: Iterable[tuple[str, object]], *, as_json: bool, out: TextIO) -> None:

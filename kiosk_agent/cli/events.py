@@ -14,6 +14,7 @@ import asyncio
 import contextlib
 import json
 import signal
+import sys
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
@@ -51,7 +52,10 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         parents=options(timeout=True),
     )
     add_admin_address(events)
-    events.add_argument("--terminal", metavar="DEVICE", help="only this terminal's events")
+    events.add_argument(
+        "--terminal", metavar="DEVICE",
+        help="only this terminal's events (its device id, or its name in the configuration)",
+    )  # fmt: skip
     events.add_argument(
         "--sale", metavar="SALE", help="only this sale (its id, a start of it, or its order id)"
     )
@@ -62,17 +66,35 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     events.set_defaults(handler=guarded(events_command))
 
 
-@dataclass(frozen=True)
+@dataclass
 class Filters:
     terminal: str | None = None
     sale: str | None = None
     kinds: frozenset[str] = field(default_factory=frozenset)
+    device_id: str | None = None  # the terminal's device id, once a health snapshot named it
+
+    def learn(self, snapshot: dict[str, Any]) -> str | None:
+        """A terminal given by name (``--terminal front``): its device id, from the agent's
+        health (the stream's first event), which events carry. A terminal the agent does not
+        have: what to tell the person (a typo would otherwise show nothing, for ever)."""
+        terminals = snapshot.get("terminals") or ()
+        for terminal in terminals:
+            if self.terminal in (terminal.get("device_id"), terminal.get("name")):
+                self.device_id = terminal.get("device_id")
+                return None
+        if self.terminal is None or not terminals:
+            return None
+        known = ", ".join(
+            f"{t.get('device_id')} ({t['name']})" if t.get("name") else str(t.get("device_id"))
+            for t in terminals
+        )
+        return f"warning: this agent has no terminal {self.terminal!r} (it has {known})"
 
     def wants(self, kind: str, data: dict[str, Any]) -> bool:
         if self.kinds and kind not in self.kinds:
             return False
         where = data.get("terminal") or data.get("device_id")
-        if self.terminal is not None and where != self.terminal:
+        if self.terminal is not None and where not in (self.terminal, self.device_id):
             return False
         if self.sale is not None:
             if kind != "sale":
@@ -87,8 +109,17 @@ async def events_command(args: argparse.Namespace) -> int:
     filters = Filters(args.terminal, args.sale, frozenset(args.kind or ()))
     as_json = wants_json(args)
 
+    warned = False
+
     def show(kind: str, data: dict[str, Any]) -> None:
-        if kind == "health" or kind == "doctor":
+        nonlocal warned
+        if kind == "health":
+            warning = filters.learn(data.get("health") or {})
+            if warning and not warned:
+                print(warning, file=sys.stderr, flush=True)
+                warned = True
+            return
+        if kind == "doctor":
             return
         if kind == "note":
             kind = data.get("kind") or "status"
@@ -103,6 +134,7 @@ async def events_command(args: argparse.Namespace) -> int:
 async def watch_health(args: argparse.Namespace) -> int:
     """``health --watch``: the snapshot again whenever it changes, until Ctrl-C."""
     from kiosk_agent.cli.fleet import format_health
+    from kiosk_agent.text import for_terminal
 
     as_json = wants_json(args)
 
@@ -114,7 +146,7 @@ async def watch_health(args: argparse.Namespace) -> int:
             print(json.dumps(snapshot), flush=True)
             return
         stamp = time.strftime("%H:%M:%S", time.localtime(snapshot.get("at") or time.time()))
-        print(f"-- {stamp}\n{format_health(snapshot)}", flush=True)
+        print(f"-- {stamp}\n{for_terminal(format_health(snapshot), keep_lines=True)}", flush=True)
 
     return await follow(args, show)
 
@@ -207,6 +239,8 @@ async def server_sent_events(
 def event_line(kind: str, data: dict[str, Any]) -> str:
     """One event for people: ``10:15:30  SIM-0007  sale 3f2a9c0d  read_card.request ->
     reading_card  $5.00 requested  present a card on SIM-0007``."""
+    from kiosk_agent.text import for_terminal  # on use: `--help` does not wait for it
+
     stamp = time.strftime("%H:%M:%S", time.localtime(data.get("at") or time.time()))
     if kind == "sale":
         where = data.get("terminal") or data.get("source") or "-"
@@ -217,5 +251,5 @@ def event_line(kind: str, data: dict[str, Any]) -> str:
         ]  # fmt: skip
         if data.get("message"):
             parts.append(str(data["message"]))
-        return "  ".join(parts)
-    return f"{stamp}  {kind:<10}  {data.get('text', '')}"
+        return for_terminal("  ".join(parts))  # outside words are shown, never obeyed
+    return for_terminal(f"{stamp}  {kind:<10}  {data.get('text', '')}")

@@ -167,6 +167,7 @@ class Agent:
             journal_probe=self._probe_journal,
             on_checked=self.availability.evaluate,
             next_interval=self.availability.next_check_in,
+            names=self.settings.terminals,
         )
         self.availability.wake = self._checker.wake
         context = SaleContext(
@@ -253,7 +254,7 @@ class Agent:
         count, cents = self.journal.today()
         self.health.set_sales(
             open_ids=open_ids,
-            attention_ids=[r.sale_id for r in self.journal.attention_sales()],
+            attention_ids={r.sale_id: r.finished_at for r in self.journal.attention_sales()},
             today_count=count,
             today_amount_cents=cents,
         )

@@ -154,7 +154,7 @@ class SaleTotals:
     # resolved later counts in ATTENTION and again in its resolution
     sales: Mapping[tuple[str, SaleState], int]
     captured_cents: Mapping[str, int]  # taken and kept (COMPLETED sales)
-    reversed_cents: Mapping[str, int]  # taken and given back (REVERSED sales)
+    reversed_cents: Mapping[str, int]  # voided or refunded (REVERSED sales), holds too
 
 
 class HealthSnapshot(_Model):
@@ -196,7 +196,8 @@ class Health:
         self._journal = JournalHealth()
         self._availability: dict[str, AvailabilityHealth] = {}
         self._open_sales: set[str] = set()
-        self._attention_sales: set[str] = set()
+        # each sale in attention, with the local day it first ended (entered attention)
+        self._attention_sales: dict[str, dt.date] = {}
         self._today: dt.date = today()
         self._today_count = 0
         self._today_cents = 0
@@ -380,13 +381,16 @@ class Health:
             return
         self._open_sales.discard(event.sale_id)
         self._count_total(event)
+        first_ended = self._today
         if event.state is SaleState.ATTENTION:
-            self._attention_sales.add(event.sale_id)
+            self._attention_sales.setdefault(event.sale_id, self._today)
         else:
-            self._attention_sales.discard(event.sale_id)
-        if event.state is SaleState.COMPLETED:
+            first_ended = self._attention_sales.pop(event.sale_id, self._today)
+        # a sale is today's on the day it first ended, as Journal.today counts it: one held in
+        # attention since yesterday and resolved as captured today is yesterday's
+        if event.state is SaleState.COMPLETED and first_ended == self._today:
             self._today_count += 1
-            self._today_cents += event.captured_cents or event.amount_cents
+            self._today_cents += event.captured_cents  # as Journal.today sums it
         self._changed()
 
     def _count_total(self, event: SaleEvent) -> None:
@@ -407,14 +411,18 @@ class Health:
         self,
         *,
         open_ids: Sequence[str] = (),
-        attention_ids: Sequence[str] = (),
+        attention_ids: Sequence[str] | Mapping[str, float | None] = (),
         today_count: int | None = None,
         today_amount_cents: int | None = None,
     ) -> None:
-        """Seed the sales figures from the journal on start (a restart must not reset them)."""
+        """Seed the sales figures from the journal on start (a restart must not reset them);
+        ``attention_ids`` may map each sale to when it first ended (Unix time)."""
         self._roll_day()
         self._open_sales = set(open_ids)
-        self._attention_sales = set(attention_ids)
+        ended = attention_ids if isinstance(attention_ids, Mapping) else {}
+        self._attention_sales = {
+            sale_id: _local_day(ended.get(sale_id)) or self._today for sale_id in attention_ids
+        }
         if today_count is not None:
             self._today_count = today_count
         if today_amount_cents is not None:
@@ -540,6 +548,10 @@ class Health:
             self._today, self._today_count, self._today_cents = today, 0, 0
 
 
+def _local_day(unix: float | None) -> dt.date | None:
+    return dt.datetime.fromtimestamp(unix).date() if unix is not None else None
+
+
 def _midnight(day: dt.date) -> float:
     """Unix time of the local midnight that starts ``day``."""
     return dt.datetime.combine(day, dt.time()).timestamp()
@@ -574,8 +586,12 @@ class HealthChecker:
         journal_probe: Callable[[], object] | None = None,
         on_checked: Callable[[], object] | None = None,
         next_interval: Callable[[float], float] | None = None,
+        names: Mapping[str, str] | None = None,
     ) -> None:
         self._health = health
+        # the configuration's name of each terminal wins over the service's: the one the
+        # triggers and the technician use ("front", not the service's "Counter 1")
+        self._names = dict(names or {})
         # e.g. ``lambda: service.transport.keys.credentials.api_key_expires_at``
         self._key_expiry = key_expiry
         self._terminals = terminals
@@ -649,7 +665,7 @@ class HealthChecker:
                 device_id, online=False, detail="not listed by the service"
             )
             return
-        name = getattr(listed, "name", None)
+        name = self._names.get(device_id) or getattr(listed, "name", None)
         connected = getattr(listed, "connected", None)
         try:
             async with asyncio.timeout(self._timeout):

@@ -16,10 +16,12 @@ shows is written down, and a person decides with ``kiosk-agent sales resolve``.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import sqlite3
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -88,11 +90,14 @@ class AttentionSweeper:
         self.clock = context.clock
         self.stats = SweepStats()
         self._loop = BackgroundTask(self._run, "attention-sweeper")
+        self.outside = OutsideResolutions(context, on_error=self._count_error)
 
     def start(self) -> None:
         self._loop.start()
+        self.outside.start()
 
     async def stop(self) -> None:
+        await self.outside.stop()
         await self._loop.stop()
 
     async def _run(self) -> None:
@@ -266,6 +271,82 @@ class AttentionSweeper:
             return False
         steps.record = current
         return True
+
+
+class OutsideResolutions:
+    """ATTENTION sales resolved by another process (``kiosk-agent sales resolve`` beside the
+    running agent) are published on the agent's bus, as the admin API's own resolutions are:
+    health, the metrics, the status page and ``kiosk-agent events`` learn of them within
+    ``interval`` instead of showing the sale in attention until the next start.
+
+    A look costs one ``PRAGMA data_version`` while nobody else wrote the journal."""
+
+    def __init__(
+        self,
+        context: SaleContext,
+        interval: float = 1.0,
+        on_error: Callable[[str, Exception], None] | None = None,
+    ) -> None:
+        self.journal = context.journal
+        self.events = context.events
+        self.interval = interval
+        self._on_error = on_error  # the sweeper's count: a bug here is shown in health too
+        self._attention: set[str] = set()  # the sales this agent last knew in ATTENTION
+        self._version: int | None = None
+        self._stop_listening: Callable[[], None] | None = None
+        self._loop = BackgroundTask(self._run, "outside-resolutions")
+
+    def start(self) -> None:
+        self._stop_listening = self.events.listen(self._seen)
+        try:
+            self._version = self.journal.outside_writes()
+            self._attention = {r.sale_id for r in self.journal.attention_sales()}
+        except (sqlite3.Error, JournalError) as err:  # a failing disk: the next look reads it
+            _LOGGER.warning("cannot read the sales in attention: %s", err)
+        self._loop.start()
+
+    async def stop(self) -> None:
+        if self._stop_listening is not None:
+            self._stop_listening()
+        await self._loop.stop()
+
+    def _seen(self, event: SaleEvent) -> None:
+        if event.state is SaleState.ATTENTION:
+            self._attention.add(event.sale_id)
+        elif event.state.final:
+            self._attention.discard(event.sale_id)
+
+    async def _run(self) -> None:
+        while True:
+            # the loop's own time, not the sales' clock: a look is no sale's deadline, and a
+            # test that steps the sales' clock to its next timer must not land on this one
+            await asyncio.sleep(self.interval)
+            try:
+                self.look()
+            except (sqlite3.Error, JournalError) as err:  # the journal guard shows the disk
+                _LOGGER.debug("outside resolutions: cannot read the journal: %s", err)
+            except Exception as err:  # a bug: counted and shown, the look goes on
+                _LOGGER.exception("outside resolutions: the look failed")
+                if self._on_error is not None:
+                    self._on_error(f"outside resolutions: {type(err).__name__}: {err}", err)
+
+    def look(self) -> list[SaleEvent]:
+        """Publish the sales another process took out of ATTENTION since the last look."""
+        version = self.journal.outside_writes()
+        if version == self._version:
+            return []
+        published: list[SaleEvent] = []
+        for sale_id in sorted(self._attention):
+            record = self.journal.get(sale_id)
+            if record is not None and record.state is SaleState.ATTENTION:
+                continue
+            self._attention.discard(sale_id)
+            if record is not None:
+                event = event_of(record, Step.ATTENTION_RESOLVED)
+                self.events.publish(event)
+                published.append(event)
+        self._version = version  # only once read whole: a failed look is tried again
+        return published
 
 
 def _money_retries(journal: Journal, sale_id: str) -> int:

@@ -686,6 +686,12 @@ class Journal:
         be trusted to say)."""
         return self.query(states=[state], last_steps=last_steps)
 
+    def outside_writes(self) -> int:
+        """SQLite's ``data_version``: it changes when another connection commits to the
+        journal (another process: ``kiosk-agent sales resolve`` while the agent runs), never
+        for this connection's own writes."""
+        return int(self.db.execute("PRAGMA data_version").fetchone()[0])
+
     def attention_sales(self) -> list[SaleRecord]:
         return self.query(states=[SaleState.ATTENTION])
 
@@ -706,6 +712,44 @@ class Journal:
             sql += " LIMIT ?"
             args.append(limit)
         return [_record(r) for r in self.db.execute(sql, args)]
+
+    def pages(
+        self,
+        *,
+        since: float | None = None,
+        until: float | None = None,
+        states: list[SaleState] | None = None,
+        limit: int | None = None,
+        size: int = 500,
+    ) -> Iterator[list[SaleRecord]]:
+        """:meth:`query`'s sales a page of ``size`` at a time, in its order, each page read
+        when asked for: an export of a year of sales from the event loop lets the loop run
+        between pages (one query of 100,000 sales held it for 2 s). Pages follow the last
+        sale seen (its time and rowid), so a sale made meanwhile neither repeats nor shifts
+        them."""
+        where, args = _filters(since, until, states, None)
+        after: tuple[float, int] | None = None
+        left = limit
+        while left is None or left > 0:
+            clause, page_args = where, list(args)
+            if after is not None:
+                clause += " AND " if clause else " WHERE "
+                clause += "(created_at < ? OR (created_at = ? AND sales.rowid < ?))"
+                page_args += [after[0], after[0], after[1]]
+            wanted = size if left is None else min(size, left)
+            sql = (
+                _SELECT_SALES.replace("SELECT sales.*", "SELECT sales.rowid AS page_rowid, sales.*")
+                + f"{clause} ORDER BY created_at DESC, sales.rowid DESC LIMIT ?"
+            )
+            rows = self.db.execute(sql, [*page_args, wanted]).fetchall()
+            if not rows:
+                return
+            yield [_record(r) for r in rows]
+            after = (rows[-1]["created_at"], rows[-1]["page_rowid"])
+            if left is not None:
+                left -= len(rows)
+            if len(rows) < wanted:
+                return
 
     def count(
         self,

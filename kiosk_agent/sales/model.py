@@ -133,6 +133,9 @@ def money_text(sale: SaleMoney) -> str:
         if held:
             return f"{dollars(held)} held, undecided"
         return f"{dollars(sale.amount_cents)}, outcome unknown"
+    if sale.state is SaleState.UNRESOLVED and not (sale.captured_cents or sale.authorized_cents):
+        # the money call's answer was lost: the card may have been charged
+        return f"{dollars(sale.amount_cents)} requested, outcome unknown"
     if sale.state.final:
         kept = max(0, sale.captured_cents - sale.reversed_cents)
         if not sale.reversed_cents:

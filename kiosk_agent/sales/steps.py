@@ -368,11 +368,15 @@ class SaleSteps:
         """Capture the vended amount of an authorization (journaled first, reconciled on error)."""
         trans_id = self.record.trans_id
         assert trans_id is not None
+        chosen = (vend or {}).get("product")
+        # a card-first machine names the product only now: the sale takes it
+        named = {"product": str(chosen)[:100]} if chosen and not self.record.product else {}
         self.step(
             Step.CAPTURE_REQUEST,
             SaleState.CAPTURING,
             detail={"trans_id": trans_id, "cents": cents, **(vend or {})},
             vended_cents=cents,
+            **named,
         )
         try:
             result = await self.service.payments.capture(trans_id, amount=cents)

@@ -557,9 +557,13 @@ class OAuthTokens:
             retry_safe=True,  # asking for a token twice costs nothing
             rate_limited=False,
             kind=CallKind.AUTH,
-            what="OAuth token",
+            what="OAuth token request",  # not "token: ...": redact() would mask what follows
         )
-        answer = parse(_OAuthAnswer, decode_json(body, what="OAuth token"), what="OAuth token")
+        answer = parse(
+            _OAuthAnswer,
+            decode_json(body, what="OAuth token request"),
+            what="OAuth token request",
+        )
         lifetime = float(answer.expires_in)
         # renew a little early: 10 % of the lifetime, at most a minute
         self._expires = time.monotonic() + lifetime - min(60.0, lifetime * 0.1)

@@ -68,6 +68,26 @@ async def test_events_show_a_sales_steps_in_order_and_end_on_ctrl_c(
     assert "Traceback" not in err
 
 
+async def test_events_take_a_terminal_by_its_configured_name(
+    agent: Any, admin_server: Any
+) -> None:
+    """`--terminal printer` (SIM-0007's name in the configuration, as triggers name it) showed
+    nothing at all: only a device id matched."""
+    proc = await _follow(admin_server, "events", "--kind", "sale", "--terminal", "printer",
+                         "--json")
+    try:
+        final = await _sell(agent, 250)  # on SIM-0007
+        assert proc.stdout is not None
+        async with asyncio.timeout(WAIT_S):
+            event = json.loads(await proc.stdout.readline())
+        code, _took, _err = await _interrupt(proc)
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+    assert (event["sale_id"], event["terminal"]) == (final.sale_id, "SIM-0007")
+    assert code == 130
+
+
 async def test_events_name_a_reader_that_stops_taking_cards(
     agent: Any, admin_server: Any
 ) -> None:
@@ -108,6 +128,17 @@ async def test_health_watch_prints_the_health_again_when_it_changes(
     assert "Traceback" not in err
 
 
+def test_a_terminal_the_agent_does_not_have_is_named_once() -> None:
+    health = {"terminals": [{"device_id": "SIM-0001", "name": "front"},
+                            {"device_id": "SIM-0007", "name": None}]}
+    assert Filters(terminal="front").learn(health) is None
+    assert Filters(terminal="SIM-0007").learn(health) is None
+    assert Filters(terminal="SIM-001").learn(health) == (
+        "warning: this agent has no terminal 'SIM-001' (it has SIM-0001 (front), SIM-0007)"
+    )
+    assert Filters().learn(health) is None
+
+
 def test_filters_pick_by_terminal_sale_and_kind() -> None:
     sale = {"sale_id": "3f2a9c0d", "order_id": "ka-1", "terminal": "SIM-0007", "step": "created"}
     assert Filters(terminal="SIM-0007").wants("sale", sale)
@@ -121,3 +152,16 @@ def test_filters_pick_by_terminal_sale_and_kind() -> None:
     assert Filters(terminal="SIM-0001").wants("availability", note)
     line = event_line("sale", {**sale, "at": 0, "state": "started", "money": "$5.00 requested"})
     assert line.endswith("SIM-0007    sale 3f2a9c0d  created -> started  $5.00 requested")
+
+
+def test_an_event_line_shows_outside_words_and_never_obeys_them() -> None:
+    sale = {"sale_id": "3f2a9c0d", "terminal": "SIM-0007", "step": "charge_card.declined",
+            "state": "declined", "money": "nothing charged", "at": 0,
+            "message": "declined (\x1b[2J\x1b]0;owned\x07Do not honor\u202e)\nnext"}
+    line = event_line("sale", sale)
+    for char in ("\x1b", "\x07", "\u202e"):
+        assert char not in line
+    assert "\n" not in line  # one event, one line
+    assert line.endswith("declined (\ufffd[2J\ufffd]0;owned\ufffdDo not honor\ufffd) next")
+    note = event_line("problem", {"at": 0, "text": "problem: \x1b[31mred"})
+    assert note.endswith("problem: \ufffd[31mred")

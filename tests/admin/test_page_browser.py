@@ -373,6 +373,23 @@ async def test_hostile_text_shows_as_text_and_runs_nothing(
     assert seen.errors == []
 
 
+async def test_the_kiosk_apps_facts_say_since_when_as_a_time(
+    browser: Browser, hostile_agent: Any
+) -> None:
+    """The kiosk app's status says since when card payment is available as Unix seconds; the
+    page showed that number (``since: 1795680152.1037514``) among its words."""
+    admin_server = next(c for c in hostile_agent.components if type(c).__name__ == "AdminServer")
+    page, seen = await _open(browser, admin_server.url, PHONE, ADMIN_TOKEN)
+    screen = page.locator('#links li[data-platform="kiosk_api:screen"]')
+    await screen.locator("summary").click()
+    facts = screen.locator("dl.facts")
+    await expect(facts).to_contain_text("card payment", timeout=WAIT_MS)
+    text = await facts.inner_text()
+    assert re.search(r"since: \d\d:\d\d:\d\d", text), text  # today: the time of day
+    assert not re.search(r"\d{9,}", text), text
+    assert seen.errors == []
+
+
 async def _until_final(agent: Any, sale_id: str) -> None:
     deadline = time.monotonic() + WAIT_MS / 1000
     while time.monotonic() < deadline:

@@ -205,3 +205,72 @@ async def test_a_prefix_naming_two_sales_resolves_neither(api: tuple[Any, Any]) 
     async with session.post("/api/sales/KAdup1aaaa/resolve", json=body, headers=ADMIN) as answer:
         assert answer.status == 200  # by order id
     assert {agent.journal.get(s).state for s in ("dup1aaaa", "dup2bbbb")} == {SaleState.REVERSED}
+
+
+async def test_a_resolution_from_the_cli_reaches_the_running_agent_within_a_second(
+    api: tuple[Any, Any], tmp_path: Path
+) -> None:
+    """`kiosk-agent sales resolve` beside the running agent (as docs/journal.md shows it): the
+    agent's health, metrics and event stream follow within a second. They said "1 sale(s) need
+    attention" (DEGRADED, `kiosk_agent_sales_attention 1`) until the next start, while the
+    page's own list of attention sales, read from the journal, said none."""
+    agent, session = api
+    await agent.recovery.wait()
+    assert agent.health.snapshot().sales.attention == 1
+    async with agent.events.subscribe() as steps:
+        process = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "kiosk_agent", "sales", "resolve", "crashed1", "--as",
+            "reversed", "--why", "refunded in the portal", "-c", str(tmp_path / "config.yaml"),
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+        )
+        out, err = await process.communicate()
+        assert process.returncode == 0, (out + err).decode()
+        resolved_at = time.monotonic()
+        async with asyncio.timeout(5):
+            event = await steps.get()
+        waited = time.monotonic() - resolved_at
+    assert (event.sale_id, event.step, event.state) == (
+        "crashed1", Step.ATTENTION_RESOLVED, SaleState.REVERSED
+    )
+    assert waited < 2.0  # the look is once a second
+    snapshot = agent.health.snapshot()
+    assert snapshot.sales.attention == 0
+    assert not any("attention" in problem for problem in snapshot.problems)
+    async with session.get("/metrics", headers=READER) as response:
+        metrics = await response.text()
+    assert "kiosk_agent_sales_attention 0.0" in metrics
+    async with session.get("/api/page", headers=READER) as response:
+        page = await response.json()
+    assert page["attention"] == []
+    assert page["health"]["sales"]["attention"] == 0
+
+
+async def test_a_bug_in_the_look_for_outside_resolutions_is_counted_and_the_look_goes_on(
+    api: tuple[Any, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from kiosk_agent.sales.attention import OutsideResolutions
+
+    agent, _session = api
+    sweeper = agent.attention
+    looks: list[int] = []
+    real = agent.journal.outside_writes
+
+    def failing_once() -> int:
+        looks.append(1)
+        if len(looks) == 2:  # the first look after start
+            raise RuntimeError("a bug")
+        return real()
+
+    monkeypatch.setattr(agent.journal, "outside_writes", failing_once)
+    watcher = OutsideResolutions(sweeper.context, interval=0.01, on_error=sweeper._count_error)
+    before = sweeper.stats.unexpected
+    watcher.start()
+    try:
+        async with asyncio.timeout(5):
+            while len(looks) < 5:  # it went on looking
+                await asyncio.sleep(0.01)
+    finally:
+        await watcher.stop()
+    assert sweeper.stats.unexpected == before + 1
+    assert "RuntimeError: a bug" in sweeper.stats.last_error
+    assert agent.health.snapshot().errors.get("attention sweeper") == before + 1

@@ -230,3 +230,32 @@ async def test_since_and_until_read_moments_as_the_command_line_does(agent: Any,
     async with api.get("/api/sales?since=7y", headers=READER) as response:
         assert response.status == 400
         assert '"90m", "24h", "7d", "2w"' in (await response.json())["detail"]
+
+
+@pytest.mark.parametrize("fmt", [None, "csv", "json"])
+async def test_a_span_back_past_the_year_1_is_a_400_not_a_500(api: Any, fmt: str | None) -> None:
+    """``since=99999999w`` went past what a datetime holds: the API answered 500."""
+    params = {"since": "99999999w"} | ({"format": fmt} if fmt else {})
+    async with api.get("/api/sales", params=params, headers=READER) as response:
+        assert response.status == 400
+        assert "within the years 1 to 9999" in (await response.json())["detail"]
+    params = {"until": "9999-12-31"} | ({"format": fmt} if fmt else {})
+    async with api.get("/api/sales", params=params, headers=READER) as response:
+        assert response.status == 200  # the whole last day, every sale before it
+
+
+
+async def test_one_sale_is_found_by_its_order_id_or_a_start_of_its_id(
+    agent: Any, api: Any
+) -> None:
+    """As `kiosk-agent sales show` and the resolve route find it; GET answered 404 for both."""
+    sale = await _sell(agent, 300)
+    async with api.get(f"/api/sales/{sale.sale_id}", headers=READER) as response:
+        whole = await response.json()
+    for name in (sale.order_id, sale.sale_id[:8]):
+        async with api.get(f"/api/sales/{name}", headers=READER) as response:
+            assert response.status == 200, name
+            assert await response.json() == whole
+    async with api.get("/api/sales/nope", headers=READER) as response:
+        assert response.status == 404
+        assert (await response.json())["detail"] == "no sale 'nope' in the journal"

@@ -284,6 +284,33 @@ def test_sales_with_a_bad_since_says_what_it_expected(
     )
 
 
+@pytest.mark.parametrize(
+    ("argv", "said"),
+    [
+        # past what a datetime holds: was "unexpected OverflowError ... (please report this)"
+        (["--since", "99999999w"], "--since: expected"),
+        # past SQLite's INTEGER: was "unexpected OverflowError: Python int too large"
+        (["--limit", "99999999999999999999999"], "--limit: expected at most 9223372036854775807"),
+        (["--limit", "\u0663"], "--limit: expected a whole number, got '\u0663'"),  # Arabic 3
+        (["--limit", "+5"], "--limit: expected a whole number, got '+5'"),  # as the API says
+        (["--limit", "0"], "--limit: expected a number above zero, got '0'"),
+    ],
+)
+def test_sales_refuses_a_moment_or_limit_out_of_range_as_a_usage_error(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], argv: list[str], said: str
+) -> None:
+    path = write(tmp_path, GOOD)
+    fill_journal(tmp_path)
+    try:
+        code = main(["sales", "--config", str(path), *argv])
+    except SystemExit as refused:  # argparse's own usage error
+        code = refused.code
+    assert code == 2
+    err = capsys.readouterr().err
+    assert said in err
+    assert "unexpected" not in err
+
+
 def test_parse_since_relative_and_absolute() -> None:
     assert parse_since("2h", now=10_000.0) == 10_000.0 - 7200
     assert parse_since("2026-11-01T00:00:00+00:00") == 1793491200.0
@@ -471,9 +498,24 @@ def test_sales_attention_lists_what_a_person_must_decide_and_resolve_records_it(
 
     assert main(["sales", "attention", "-c", str(path)]) == 0
     listed = capsys.readouterr().out
-    assert "3f2a9c0d1e  KASTUCK  mdb:front  held $2.50" in listed
+    assert "3f2a9c0d1e  KASTUCK  mdb:front  $2.50 held, undecided  since" in listed
     assert "capture failed twice" in listed
     assert "1 sale in attention; resolve each with" in listed
+    # a charge whose answer was lost holds nothing known: it said "held $0.00"
+    journal.open()
+    lost = journal.create(SaleRecord(
+        sale_id="77aa", order_id="KALOST", source="mdb:front", flow="charge_card",
+        terminal="SIM-0001", amount_cents=333, state=SaleState.STARTED,
+    ))  # fmt: skip
+    walk_to(journal, lost, SaleState.ATTENTION, Step.CHARGE_CARD_UNKNOWN)
+    journal.close()
+    assert main(["sales", "attention", "-c", str(path)]) == 0
+    listed = capsys.readouterr().out
+    assert "77aa  KALOST  mdb:front  $3.33, outcome unknown  since" in listed
+    assert "$0.00" not in listed
+    assert main(["sales", "resolve", "77aa", "--as", "reversed", "--why", "no charge in the "
+                 "portal", "-c", str(path)]) == 0
+    capsys.readouterr()
 
     # a unique start of the id is enough, as the list prints whole ids
     argv = ["sales", "resolve", "3f2a", "--as", "Captured", "--why", "captured in the portal"]
@@ -534,3 +576,82 @@ def test_a_run_stopped_before_its_handlers_starts_nothing(tmp_path: Path) -> Non
     finally:
         cli.EARLY_STOPS.clear()
     assert not journal.exists()  # no journal opened, no simulator, no agent
+
+
+def _many_sales(directory: Path, count: int) -> None:
+    """``count`` completed sales, straight into SQLite (a busy machine's months in a second)."""
+    fill_journal(directory)
+    journal = Journal(directory / "journal.db")
+    journal.open()
+    db = journal.db
+    columns = [r[1] for r in db.execute("PRAGMA table_info(sales)")]
+    row = dict(zip(columns, db.execute("SELECT * FROM sales WHERE sale_id = 's0'").fetchone(),
+                   strict=True))
+    names, marks = ", ".join(columns), ", ".join("?" for _ in columns)
+    db.execute("BEGIN")
+    db.executemany(
+        f"INSERT INTO sales ({names}) VALUES ({marks})",  # noqa: S608 - the table's own names
+        [tuple({**row, "sale_id": f"m{n:06}", "order_id": f"KAM{n:06}",
+                "created_at": row["created_at"] - 60 * (n + 1)}[c] for c in columns)
+         for n in range(count)],
+    )  # fmt: skip
+    db.execute("COMMIT")
+    journal.close()
+
+
+@pytest.mark.parametrize("fmt", ["csv", "json"])
+def test_an_export_is_written_as_the_journal_is_read(
+    tmp_path: Path, capfd: pytest.CaptureFixture[str], fmt: str
+) -> None:
+    """Read whole, 100,000 sales took 270 MB in `kiosk-agent sales --format csv`: on a small
+    unit, enough to push the agent beside it out of memory. Written a page at a time, the
+    memory it takes does not grow with the journal."""
+    import tracemalloc
+
+    path = write(tmp_path, GOOD)
+    peaks = []
+    for count in (3_000, 9_000):
+        _many_sales(tmp_path, count - 3)
+        tracemalloc.start()
+        assert main(["sales", "-c", str(path), "--format", fmt]) == 0
+        peaks.append(tracemalloc.get_traced_memory()[1])
+        tracemalloc.stop()
+        out = capfd.readouterr().out  # a file, not memory: only the command's own is measured
+        assert out.count("KAM") == count - 3
+        (tmp_path / "journal.db").unlink()
+        for side in tmp_path.glob("journal.db-*"):
+            side.unlink()
+    assert peaks[1] < peaks[0] * 1.5, peaks  # three times the sales, not three times the memory
+
+
+ESCAPES = "\x1b]0;owned\x07\x1b[2J\x1b[31m"  # a window title, a cleared screen, red
+RLO = "\u202e"  # right-to-left override: "gnp.exe" reads as "exe.png"
+
+
+def test_words_from_outside_are_shown_never_obeyed_by_the_terminal(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A service's answer (its resptext, a device's stage error) lands in a sale's message as
+    sent; `sales`, `sales show` and `sales attention` printed it raw, so an escape sequence in
+    it cleared the tech's screen or retitled their terminal, as the status page never lets it."""
+    path = write(tmp_path, GOOD)
+    journal = Journal(tmp_path / "journal.db")
+    journal.open()
+    sale = journal.create(SaleRecord(
+        sale_id="e5c4", order_id="KAESC", source="mdb:front", flow="charge_card",
+        terminal="SIM-0001", amount_cents=250, state=SaleState.STARTED,
+    ))  # fmt: skip
+    walk_to(journal, sale, SaleState.ATTENTION, Step.CHARGE_CARD_UNKNOWN,
+            message=f"declined ({ESCAPES}Do not honor{RLO}) line\nbreak")
+    journal.close()
+    for argv in (["sales"], ["sales", "show", "e5c4"], ["sales", "attention"]):
+        assert main([*argv, "-c", str(path)]) == 0
+        out = capsys.readouterr().out
+        for char in ("\x1b", "\x07", RLO):
+            assert char not in out, (argv, out)
+        assert "\ufffd[2J\ufffd[31mDo not honor\ufffd" in out, argv
+    # JSON keeps the text as stored (escaped by JSON itself)
+    assert main(["sales", "show", "e5c4", "--json", "-c", str(path)]) == 0
+    assert json.loads(capsys.readouterr().out)["sale"]["message"].startswith(
+        f"declined ({ESCAPES}"
+    )

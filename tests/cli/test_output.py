@@ -265,3 +265,14 @@ def test_completion_runs_as_a_command() -> None:
                           capture_output=True, text=True, check=False, timeout=60)
     assert done.returncode == 0
     assert "complete -c kiosk-agent" in done.stdout
+
+
+def test_a_services_text_is_shown_never_obeyed_by_the_terminal() -> None:
+    """Every value a service command prints for people (a report's order id or terminal, a
+    vault account's name, a reason) goes through as_text: a terminal escape in it was printed
+    raw."""
+    from kiosk_agent.cli.contract import as_text
+
+    assert as_text("KA1\x1b[2J\x1b]0;owned\x07") == "KA1\ufffd[2J\ufffd]0;owned\ufffd"
+    assert as_text("two\nlines\u202e") == "two lines\ufffd"
+    assert as_text("caf\u00e9 \U0001f468\u200d\U0001f469") == "caf\u00e9 \U0001f468\u200d\U0001f469"

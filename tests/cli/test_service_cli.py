@@ -583,3 +583,15 @@ async def test_the_installed_command_reports_and_fails_cleanly(env: dict[str, st
         assert ran.err.count("\n") == 1
         assert "Traceback" not in ran.err
         assert "wrong" not in ran.err  # the key given is never echoed
+
+
+async def test_a_services_error_is_shown_and_never_obeyed_by_the_terminal(
+    env: dict[str, str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The service's refusal echoes what it was sent (here a transaction id holding a terminal
+    escape): the error line printed it raw, clearing the tech's screen and retitling it."""
+    ran = await kiosk(capsys, "payments", "capture", "7000\x1b[2J\x1b]0;owned\x07")
+    assert ran.code != 0
+    assert "\x1b" not in ran.err
+    assert "\x07" not in ran.err
+    assert "7000\ufffd[2J\ufffd]0;owned\ufffd" in ran.err

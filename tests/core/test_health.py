@@ -113,6 +113,17 @@ def test_a_receipt_note_is_not_counted_as_a_second_sale() -> None:
     assert (sales.today_count, sales.today_amount_cents) == (1, 250)
 
 
+def test_the_days_amount_is_what_was_captured_as_the_journal_sums_it() -> None:
+    """A completed enrollment saves a card and takes nothing: the day's amount counted its
+    $7.50 asked while the agent ran, and the journal's sum (Journal.today, read at start) did
+    not, so the page's "Sales today" changed at a restart."""
+    health = Health("1")
+    health.record_sale(_event("a", SaleState.COMPLETED, amount=750, captured=0))
+    health.record_sale(_event("b", SaleState.COMPLETED, amount=500, captured=180))
+    sales = health.snapshot().sales
+    assert (sales.today_count, sales.today_amount_cents) == (2, 180)
+
+
 def test_running_totals_only_grow_across_local_midnight_where_the_day_starts_again() -> None:
     day = [dt.date(2026, 11, 24)]
     health = Health("1", today=lambda: day[0])
@@ -147,7 +158,7 @@ async def test_follow_sales_reads_the_event_bus() -> None:
     task = asyncio.create_task(health.follow_sales(bus))
     while bus.subscriber_count == 0:
         await asyncio.sleep(0)
-    bus.publish(_event("a", SaleState.COMPLETED, amount=125))
+    bus.publish(_event("a", SaleState.COMPLETED, amount=125, captured=125))
     for _ in range(10):
         await asyncio.sleep(0)
     task.cancel()
@@ -356,3 +367,45 @@ def test_unexpected_errors_a_part_caught_are_shown_counted_and_degrade() -> None
     assert snapshot.errors == {"health check": 2}
     assert snapshot.status == "degraded"
     assert "unexpected errors, logged with their tracebacks: health check 2" in snapshot.problems
+
+
+async def test_a_configured_terminal_name_wins_over_the_services(service) -> None:
+    """The agent starts with the configuration's names ("front") and its first round of pings
+    put the service's ("Counter 1") in their place: the status page's terminal and `health`
+    changed names under the technician a minute after the start."""
+    health = Health("1")
+    health.report_terminal("SIM-0001", online=True, name="front")  # as the agent starts
+    checker = HealthChecker(
+        health, service.terminal, ["SIM-0001", "SIM-0002"], names={"SIM-0001": "front"}
+    )
+    await checker.check_once()
+    by_id = {t.device_id: t for t in health.snapshot().terminals}
+    assert by_id["SIM-0001"].name == "front"
+    listed = {t.device_id: t.name for t in await service.terminal.list()}
+    assert by_id["SIM-0002"].name == listed["SIM-0002"]  # no configured name: the service's
+
+
+def test_a_sale_is_todays_on_the_day_it_first_ended_as_the_journal_counts_it() -> None:
+    """Held in attention since yesterday and resolved as captured today, a sale counted in
+    today's figures while the agent ran and not after a restart (Journal.today counts the day a
+    sale first ended): the status page's "Sales today" changed at the restart."""
+    day = [dt.date(2026, 11, 24)]
+    health = Health("1", today=lambda: day[0])
+    health.record_sale(_event("held", SaleState.ATTENTION, captured=250))
+    health.record_sale(_event("same-day", SaleState.ATTENTION, captured=100))
+    health.record_sale(_event("same-day", SaleState.COMPLETED, captured=100))
+    assert (health.snapshot().sales.today_count, health.snapshot().sales.today_amount_cents) == (
+        1, 100
+    )
+    day[0] = dt.date(2026, 11, 25)
+    health.record_sale(_event("held", SaleState.COMPLETED, captured=250))  # a person resolves
+    sales = health.snapshot().sales
+    assert (sales.today_count, sales.today_amount_cents, sales.attention) == (0, 0, 0)
+    # seeded at start from the journal with when each first ended
+    restarted = Health("1", today=lambda: day[0])
+    yesterday = dt.datetime(2026, 11, 24, 12).timestamp()
+    restarted.set_sales(attention_ids={"old": yesterday, "new": None})
+    restarted.record_sale(_event("old", SaleState.COMPLETED, captured=300))
+    restarted.record_sale(_event("new", SaleState.COMPLETED, captured=400))
+    assert (restarted.snapshot().sales.today_count,
+            restarted.snapshot().sales.today_amount_cents) == (1, 400)

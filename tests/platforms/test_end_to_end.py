@@ -198,6 +198,10 @@ async def test_virtual_platform_card_first(tmp_path: Path, sim_settings: Any) ->
         assert final.state is SaleState.COMPLETED
         assert final.amount_cents == 500
         assert final.captured_cents == 150
+        # chosen after the card: the sale names it once the machine does (the export's
+        # product column and the page were empty for every sale of such a machine)
+        assert final.product == "A1"
+        assert agent.journal.get(final.sale_id).product == "A1"
 
 
 @pytest.mark.slow

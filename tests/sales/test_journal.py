@@ -350,6 +350,29 @@ def test_growing_the_wal_keeps_the_page_cache_as_it_was(journal: Journal) -> Non
     assert journal.db.execute("PRAGMA cache_size").fetchone()[0] == before
 
 
+def test_pages_give_querys_sales_in_its_order_a_page_at_a_time(journal: Journal) -> None:
+    for n in range(23):  # three sales to each moment: a page may end inside a tie
+        sale = journal.create(new_sale(n, created_at=1_700_000_000 + n // 3))
+        if n % 4:
+            walk_to(journal, sale, SaleState.DECLINED)
+    whole = [s.sale_id for s in journal.query()]
+    for size in (1, 2, 5, 23, 100):
+        pages = list(journal.pages(size=size))
+        assert [s.sale_id for page in pages for s in page] == whole, size
+        assert all(len(page) <= size for page in pages)
+    assert [s.sale_id for p in journal.pages(size=4, limit=7) for s in p] == whole[:7]
+    declined = [s.sale_id for s in journal.query(states=[SaleState.DECLINED])]
+    assert [s.sale_id for p in journal.pages(size=3, states=[SaleState.DECLINED])
+            for s in p] == declined
+    # a sale made while pages are read is newer than the next page's: neither repeated nor
+    # shifting the rest
+    pages = journal.pages(size=5)
+    seen = [s.sale_id for s in next(pages)]
+    journal.create(new_sale(99, created_at=1_800_000_000))
+    seen += [s.sale_id for page in pages for s in page]
+    assert seen == whole
+
+
 def test_open_to_read_writes_nothing_even_to_a_journal_of_an_older_schema(tmp_path: Path) -> None:
     path = tmp_path / "journal.db"
     journal = Journal(path)

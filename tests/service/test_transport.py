@@ -318,3 +318,21 @@ async def test_a_redirect_is_not_followed_the_card_goes_nowhere_else(
         assert scripted.count("POST", "/api/v1/charge") == 1  # and nothing was sent twice
     finally:
         await elsewhere.stop()
+
+
+async def test_a_failed_oauth_token_request_reads_whole_after_redaction(
+    scripted: ScriptedServer, scripted_settings: ServiceSettings
+) -> None:
+    """Every log line and journal message goes through redact(), which masks what follows
+    "token:": "OAuth token: HTTP 500 ..." was logged and journaled as "OAuth token: [REDACTED]
+    500", which reads as if a secret had been in it and hides the status."""
+    from kiosk_agent.redact import redact
+
+    failing = json_reply({"error": "server_error"}, status=500)
+    scripted.script("POST", "/ords/sprint/oauth/token", *[failing] * 10)
+    async with ServiceClient(scripted_settings) as svc:
+        with pytest.raises(ServiceError) as caught:
+            await svc.transport.oauth._fetch()
+    shown = redact(str(caught.value))
+    assert "[REDACTED]" not in shown, shown
+    assert "HTTP 500" in shown

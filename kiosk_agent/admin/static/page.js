@@ -412,7 +412,7 @@ function renderService() {
     ].filter(Boolean).join(" · ") || "running";
     const facts = Object.entries(status)
       .filter(([k, v]) => !(k === "unavailable_reason" && !v))
-      .flatMap(([k, v]) => [el("dt", {}, words(k)), el("dd", {}, factText(v))]);
+      .flatMap(([k, v]) => [el("dt", {}, words(k)), el("dd", {}, factText(v, k))]);
     return el("li", { "data-platform": p.name, class: status.available === false ? "warn" : "" },
       el("details", { open: opened.has(p.name) }, el("summary", {}, `${p.name}: ${headline}`),
         el("dl", { class: "facts" }, facts)));
@@ -425,15 +425,16 @@ function words(key) {
   return String(key).replace(/_/g, " ");
 }
 
-function factText(value) {
-  // a platform's status value as words: no null, true or {} in front of a tech
+function factText(value, key) {
+  // a platform's status value as words: no null, true, {} or Unix seconds in front of a tech
   if (value === null || value === undefined || value === "") return "none";
   if (value === true) return "yes";
   if (value === false) return "no";
-  if (Array.isArray(value)) return value.length ? value.map(factText).join(", ") : "none";
+  if (typeof value === "number" && /^since$|_at$/.test(key || "")) return when(value);
+  if (Array.isArray(value)) return value.length ? value.map((v) => factText(v)).join(", ") : "none";
   if (typeof value === "object") {
     const entries = Object.entries(value);
-    return entries.length ? entries.map(([k, v]) => `${words(k)}: ${factText(v)}`).join(", ") : "none";
+    return entries.length ? entries.map(([k, v]) => `${words(k)}: ${factText(v, k)}`).join(", ") : "none";
   }
   return String(value);
 }

@@ -1,0 +1,41 @@
+"""What a sale's money is, in words (the status page, `kiosk-agent sales`, events)."""
+
+from __future__ import annotations
+
+import pytest
+
+from kiosk_agent.sales.journal import SaleRecord
+from kiosk_agent.sales.model import money_text
+from kiosk_agent.sales.states import SaleState
+
+
+def _sale(state: SaleState, **cents: int) -> SaleRecord:
+    return SaleRecord(
+        sale_id="s1", order_id="KA1", source="kiosk_api:app", flow="charge_card",
+        terminal="SIM-0001", amount_cents=cents.pop("amount", 500), state=state, **cents,
+    )  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("state", "cents", "said"),
+    [
+        (SaleState.CHARGING, {}, "$5.00 requested"),
+        (SaleState.DISPENSING, {"authorized_cents": 500}, "$5.00 authorized"),
+        (SaleState.DISPENSING, {"captured_cents": 500}, "$5.00 charged"),
+        # the charge's answer was lost: "$5.00 requested" read as if nothing could be taken
+        (SaleState.UNRESOLVED, {}, "$5.00 requested, outcome unknown"),
+        (SaleState.UNRESOLVED, {"authorized_cents": 500}, "$5.00 authorized"),
+        (SaleState.COMPLETED, {"authorized_cents": 500, "captured_cents": 180}, "$1.80 charged"),
+        (SaleState.REVERSED, {"captured_cents": 300, "reversed_cents": 300},
+         "nothing charged ($3.00 given back)"),
+        (SaleState.REVERSED, {"authorized_cents": 500, "reversed_cents": 500},
+         "nothing charged ($5.00 hold released)"),
+        (SaleState.DECLINED, {}, "nothing charged"),
+        (SaleState.ATTENTION, {"captured_cents": 666}, "$6.66 held, undecided"),
+        (SaleState.ATTENTION, {}, "$5.00, outcome unknown"),
+    ],
+)
+def test_money_says_what_was_taken_held_or_is_unknown(
+    state: SaleState, cents: dict[str, int], said: str
+) -> None:
+    assert money_text(_sale(state, **cents)) == said
