@@ -307,12 +307,14 @@ class Agent:
         too long (JournalGuard.watch); its claim put back if a person removed its file (else a
         second agent would start on this journal too: sales/owner.py), and the journal itself
         written back if its file was removed (else every later step would be lost with it:
-        Journal.put_back)."""
+        Journal.put_back); sales resolved by another process (`kiosk-agent sales resolve`)
+        told to the bus (OutsideResolutions)."""
         claimed, said = True, ""
         while True:
             await asyncio.sleep(DISK_WATCH_S)
             try:
                 self.journal_guard.watch()
+                self.attention.outside.watch()
                 if claimed and not self.owner.keep():
                     claimed = False
                     self.health.report_journal_state(

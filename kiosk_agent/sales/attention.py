@@ -16,7 +16,6 @@ shows is written down, and a person decides with ``kiosk-agent sales resolve``.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
 import sqlite3
@@ -97,7 +96,7 @@ class AttentionSweeper:
         self.outside.start()
 
     async def stop(self) -> None:
-        await self.outside.stop()
+        self.outside.stop()
         await self._loop.stop()
 
     async def _run(self) -> None:
@@ -276,25 +275,21 @@ class AttentionSweeper:
 class OutsideResolutions:
     """ATTENTION sales resolved by another process (``kiosk-agent sales resolve`` beside the
     running agent) are published on the agent's bus, as the admin API's own resolutions are:
-    health, the metrics, the status page and ``kiosk-agent events`` learn of them within
-    ``interval`` instead of showing the sale in attention until the next start.
+    health, the metrics, the status page and ``kiosk-agent events`` learn of them at the next
+    :meth:`watch` (the agent's one watch of its journal, every second) instead of showing the
+    sale in attention until the next start.
 
     A look costs one ``PRAGMA data_version`` while nobody else wrote the journal."""
 
     def __init__(
-        self,
-        context: SaleContext,
-        interval: float = 1.0,
-        on_error: Callable[[str, Exception], None] | None = None,
+        self, context: SaleContext, on_error: Callable[[str, Exception], None] | None = None
     ) -> None:
         self.journal = context.journal
         self.events = context.events
-        self.interval = interval
         self._on_error = on_error  # the sweeper's count: a bug here is shown in health too
         self._attention: set[str] = set()  # the sales this agent last knew in ATTENTION
         self._version: int | None = None
         self._stop_listening: Callable[[], None] | None = None
-        self._loop = BackgroundTask(self._run, "outside-resolutions")
 
     def start(self) -> None:
         self._stop_listening = self.events.listen(self._seen)
@@ -303,12 +298,11 @@ class OutsideResolutions:
             self._attention = {r.sale_id for r in self.journal.attention_sales()}
         except (sqlite3.Error, JournalError) as err:  # a failing disk: the next look reads it
             _LOGGER.warning("cannot read the sales in attention: %s", err)
-        self._loop.start()
 
-    async def stop(self) -> None:
+    def stop(self) -> None:
         if self._stop_listening is not None:
             self._stop_listening()
-        await self._loop.stop()
+            self._stop_listening = None
 
     def _seen(self, event: SaleEvent) -> None:
         if event.state is SaleState.ATTENTION:
@@ -316,19 +310,19 @@ class OutsideResolutions:
         elif event.state.final:
             self._attention.discard(event.sale_id)
 
-    async def _run(self) -> None:
-        while True:
-            # the loop's own time, not the sales' clock: a look is no sale's deadline, and a
-            # test that steps the sales' clock to its next timer must not land on this one
-            await asyncio.sleep(self.interval)
-            try:
-                self.look()
-            except (sqlite3.Error, JournalError) as err:  # the journal guard shows the disk
-                _LOGGER.debug("outside resolutions: cannot read the journal: %s", err)
-            except Exception as err:  # a bug: counted and shown, the look goes on
-                _LOGGER.exception("outside resolutions: the look failed")
-                if self._on_error is not None:
-                    self._on_error(f"outside resolutions: {type(err).__name__}: {err}", err)
+    def watch(self) -> None:
+        """One :meth:`look` while started; a failing disk is the journal guard's to show, a bug
+        is logged, counted and shown in health, and the next watch looks again."""
+        if self._stop_listening is None:
+            return
+        try:
+            self.look()
+        except (sqlite3.Error, JournalError) as err:
+            _LOGGER.debug("outside resolutions: cannot read the journal: %s", err)
+        except Exception as err:
+            _LOGGER.exception("outside resolutions: the look failed")
+            if self._on_error is not None:
+                self._on_error(f"outside resolutions: {type(err).__name__}: {err}", err)
 
     def look(self) -> list[SaleEvent]:
         """Publish the sales another process took out of ATTENTION since the last look."""
