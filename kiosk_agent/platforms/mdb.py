@@ -35,6 +35,7 @@ import voluptuous as vol
 from kiosk_agent.core.availability import follow_availability
 from kiosk_agent.core.config import PLATFORM_SCHEMA as BASE_PLATFORM_SCHEMA
 from kiosk_agent.core.config import max_price_check, positive_float, positive_price
+from kiosk_agent.money import cents_to_dollars
 from kiosk_agent.platforms import mdb_protocol as wire
 from kiosk_agent.platforms.base import (
     STOP_GRACE,
@@ -235,6 +236,15 @@ class MdbSession:
                 DispenseStatus.CANCELLED,
                 f"selection {choice.product} costs {choice.amount_cents} cents, "
                 f"above the {funds_cents} authorized",
+            )
+        if choice.amount_cents <= 0:
+            # a vended 0 reads as "the whole authorization" downstream: never vend a free item
+            # on a card's money; the authorization is given back
+            self.device.send(wire.deny_vend())
+            return self._end(
+                DispenseStatus.CANCELLED,
+                f"selection {choice.product} costs {cents_to_dollars(choice.amount_cents)}:"
+                " nothing to charge a card for",
             )
         self.vend_cents, self.product = choice.amount_cents, choice.product
         return None

@@ -185,3 +185,23 @@ def test_a_virtual_product_above_max_price_is_a_configuration_mistake(tmp_path: 
     [mistake] = [str(error) for error in check_config(path)]
     assert "triggers[0].products.Z9" in mistake
     assert "$3.25 is above max_price $2.00" in mistake
+
+
+async def test_a_free_selection_in_a_card_first_session_is_charged_nothing(
+    tmp_path: Path, sim_settings: Any, controller: VirtualController
+) -> None:
+    """A controller selling an item at 0.00 inside a card-first session: nothing is charged.
+    The $0.00 vend was approved and its "vended 0 cents" read as "the whole authorization":
+    the customer paid max_funds for a free item."""
+    controller.options.products["F0"] = 0
+    trigger = _mdb(controller, mode="card_first", max_funds="5.00", session_timeout=5)
+    async with running_agent(tmp_path, sim_settings, [trigger]) as agent:
+        visit = await controller.card_first_customer("F0", wait=10)
+
+        [sale, *_] = agent.journal.query()
+        await until(lambda: agent.journal.get(sale.sale_id).state.final)
+        final = agent.journal.get(sale.sale_id)
+        assert final.captured_cents == 0
+        assert final.state is SaleState.REVERSED
+        assert "0.00" in final.message
+        assert visit.outcome is VisitOutcome.DENIED
