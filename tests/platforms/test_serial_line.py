@@ -8,21 +8,29 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
+import os
+import time
+import tty
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from hypothesis import given
+from hypothesis import Phase, given, settings
 from hypothesis import strategies as st
 
+from kiosk_agent.cli.sim import settings_from_ready
 from kiosk_agent.core.availability import short_reason
+from kiosk_agent.money import parse_wire_amount
 from kiosk_agent.platforms import mdb_protocol as wire
 from kiosk_agent.platforms.serial import SerialSettings
 from kiosk_agent.platforms.serial_line import PLATFORM_SCHEMA, LineRules, SerialLineDevice
 from kiosk_agent.platforms.virtual import Status, VirtualController, VisitOutcome
 from kiosk_agent.sales.model import DispenseStatus
 from kiosk_agent.sales.states import SaleState
+from kiosk_agent.sim.context import SimOptions
+from kiosk_agent.sim.server import SimServer
 
 from ..helpers import sim_call, until
 from .agent_rig import running_agent
@@ -242,3 +250,190 @@ def test_any_reason_gives_a_bounded_printable_line(reason: str) -> None:
     assert line.startswith("out of service")
     assert len(line) <= len("out of service: ") + 52
     assert all(" " <= c <= "~" for c in line)
+
+
+# -- any line, any order: a hostile device over a real pty into the running agent -------------
+
+MAX_PRICE = 500  # the trigger's max_price, cents
+DEVICE_RULES = {
+    "platform": "serial_line", "name": "locker", "init": ["HELLO"],
+    "vend_request": r"^REQ (?P<product>\w+) (?P<price>\S+)$",
+    "dispense_ok": r"^DONE", "dispense_failed": r"^FAIL (?P<reason>.*)$", "cancel": r"^ABORT",
+    "approve": "OPEN {product} {cents}", "deny": "NO {reason}", "max_price": "5.00",
+    "vend_timeout": 0.4,
+}
+PRICE_TEXTS = st.one_of(
+    st.integers(min_value=0, max_value=700).map(lambda c: f"{c // 100}.{c % 100:02d}"),
+    st.sampled_from(["1e2", "-1.00", "+2.50", "2.5", "2.500", "99999999.99", "0x10", "1_0.00",
+                     "\u0662.50", "nan", "", "5.01", "4.99", "0.01"]),
+    st.text(max_size=14),
+)
+GOOD_PRICES = st.sampled_from(["1.50", "2.50", "5.00", "3.02"])  # x.02: the card is declined
+DEVICE_STEPS = st.one_of(
+    st.tuples(st.just("req"), st.sampled_from(["A1", "B2", "x" * 90]), PRICE_TEXTS),
+    st.tuples(st.just("req"), st.sampled_from(["A1", "B2"]), GOOD_PRICES),
+    st.tuples(st.just("req_twice"), st.sampled_from(["A1", "B2"]), GOOD_PRICES),
+    st.tuples(st.just("done")),
+    st.tuples(st.just("fail"), st.text(max_size=30)),
+    st.tuples(st.just("abort")),
+    st.tuples(st.just("raw"), st.binary(max_size=80)),
+    st.tuples(st.just("long"), st.integers(min_value=400, max_value=3000)),
+    st.tuples(st.just("pause"), st.sampled_from([0.0, 0.01, 0.05, 0.2])),
+)
+
+
+class LineDevice:
+    """The far end of a real pty, playing a device that writes what it is told to."""
+
+    def __init__(self) -> None:
+        self.master, self.slave = os.openpty()
+        tty.setraw(self.slave)
+        os.set_blocking(self.master, False)
+        self.port = os.ttyname(self.slave)
+        self.heard: list[str] = []
+        self._buffer = b""
+        asyncio.get_running_loop().add_reader(self.master, self._read)
+
+    def _read(self) -> None:
+        with contextlib.suppress(OSError):
+            self._buffer += os.read(self.master, 4096)
+        *lines, self._buffer = self._buffer.split(b"\n")
+        self.heard += [line.decode("ascii", "replace") for line in lines]
+
+    def write(self, data: bytes) -> None:
+        view = memoryview(data)
+        while view:  # a full pty buffer: the agent reads it soon
+            try:
+                view = view[os.write(self.master, view):]
+            except BlockingIOError:
+                time.sleep(0.001)
+
+    def close(self) -> None:
+        asyncio.get_running_loop().remove_reader(self.master)
+        os.close(self.master)
+        os.close(self.slave)
+
+
+@pytest.mark.slow(seconds=20)
+@settings(max_examples=12, deadline=None, derandomize=True,
+          phases=(Phase.explicit, Phase.reuse, Phase.generate))
+@given(steps=st.lists(DEVICE_STEPS, min_size=1, max_size=14),
+       split=st.integers(min_value=1, max_value=9),
+       flow=st.sampled_from(["charge_card", "authorize_capture"]))
+def test_a_hostile_device_moves_no_money_it_was_not_approved_for(
+    tmp_path_factory: Any, steps: list[tuple[Any, ...]], split: int, flow: str
+) -> None:
+    """Whatever a device writes (prices of any shape, results out of turn, garbage, overlong and
+    split lines): a sale only at a price it asked within max_price, at most one capture per
+    approval and per DONE, every sale ended, the agent sells again afterwards."""
+    asyncio.run(_hostile_device(tmp_path_factory.mktemp("line"), steps, split, flow))
+
+
+async def _hostile_device(
+    workdir: Path, steps: list[tuple[Any, ...]], split: int, flow: str
+) -> None:
+    sim = SimServer(SimOptions(port=0, time_scale=200, transactions=0, seed=1))
+    await sim.start()
+    device = LineDevice()
+    errors = _ErrorLog()
+    try:
+        trigger = {**DEVICE_RULES, "port": device.port, "flow": flow}
+        settings = settings_from_ready(sim.ready_info())
+        async with asyncio.timeout(25), running_agent(workdir, settings, [trigger]) as agent:
+            await until(lambda: "HELLO" in device.heard, timeout=5)
+            asked: list[int] = []  # every price the device asked, as cents, when it was one
+            for step in steps:
+                await _device_step(device, step, split, asked)
+            await _settled(agent)
+            _check_money(agent, device, steps, asked)
+            await _sells_again(agent, device)
+    finally:
+        errors.close()
+        device.close()
+        await sim.stop()
+    assert not errors.records, [r.getMessage() for r in errors.records]
+
+
+async def _device_step(
+    device: LineDevice, step: tuple[Any, ...], split: int, asked: list[int]
+) -> None:
+    match step:
+        case ("req", product, price):
+            with contextlib.suppress(ValueError):
+                asked.append(parse_wire_amount(price, "dollars"))
+            line = f"REQ {product} {price}\n".encode("utf-8", "surrogatepass")
+            device.write(line[:split])  # a line split across reads
+            await asyncio.sleep(0.002)
+            device.write(line[split:])
+        case ("req_twice", product, price):
+            asked.append(parse_wire_amount(price, "dollars"))
+            device.write(f"REQ {product} {price}\nREQ {product} {price}\n".encode())
+        case ("done",):
+            device.write(b"DONE\n")
+        case ("fail", reason):
+            device.write(f"FAIL {reason}\n".encode("utf-8", "surrogatepass"))
+        case ("abort",):
+            device.write(b"ABORT\n")
+        case ("raw", data):
+            device.write(data)
+        case ("long", size):
+            device.write(b"REQ A1 1.50" + b"9" * size + b"\n")
+        case ("pause", seconds):
+            await asyncio.sleep(seconds)
+    await asyncio.sleep(0.005)
+
+
+async def _settled(agent: Any) -> None:
+    """Until the device is done and every sale has ended (a lost DONE times out at 0.4 s)."""
+    [platform] = agent.platforms
+    await until(
+        lambda: platform.device.vend is None and not agent.sales.running, timeout=15
+    )
+
+
+def _check_money(
+    agent: Any, device: LineDevice, steps: list[tuple[Any, ...]], asked: list[int]
+) -> None:
+    records = agent.journal.query()
+    approvals = [line for line in device.heard if line.startswith("OPEN ")]
+    dones = sum(1 for step in steps if step == ("done",))
+    completed = [r for r in records if r.state is SaleState.COMPLETED]
+    for record in records:
+        assert record.state.final, record
+        kept = record.captured_cents - record.reversed_cents  # a void gives back a hold only
+        assert record.state is SaleState.COMPLETED or kept <= 0, record
+        assert record.amount_cents in asked, (record, asked)
+        assert 0 < record.amount_cents <= MAX_PRICE, record
+        assert record.captured_cents <= record.amount_cents, record
+    assert len(completed) <= min(len(approvals), dones), (completed, approvals, dones)
+    approved_cents = sorted(int(line.rsplit(" ", 1)[1]) for line in approvals)
+    for record in completed:
+        assert record.captured_cents in approved_cents, (record, approved_cents)
+
+
+async def _sells_again(agent: Any, device: LineDevice) -> None:
+    before = {r.sale_id for r in agent.journal.query()}
+    heard = len(device.heard)
+    device.write(b"\nREQ A1 1.50\n")  # a fresh line after any half-written one
+    await until(lambda: "OPEN A1 150" in device.heard[heard:], timeout=10)
+    device.write(b"DONE\n")
+    await until(lambda: any(r.sale_id not in before and r.state.final
+                            for r in agent.journal.query()), timeout=10)
+    [new] = [r for r in agent.journal.query() if r.sale_id not in before]
+    assert (new.state, new.captured_cents) == (SaleState.COMPLETED, 150), new
+
+
+class _ErrorLog(logging.Handler):
+    """Every ERROR logged while it listens: a traceback means a handler or task broke."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.ERROR)
+        self.records: list[logging.LogRecord] = []
+        logging.getLogger().addHandler(self)
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append(record)
+
+    def close(self) -> None:
+        logging.getLogger().removeHandler(self)
+        super().close()
