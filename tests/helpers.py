@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import random
 import socket
 from collections.abc import Callable
@@ -127,3 +128,19 @@ def shortest_path(flow: str, source: Any, target: Any) -> list[tuple[Any, Any]]:
             ways[there] = [*ways[here], (there, name)]
             queue.append(there)
     return []
+
+
+class ErrorLog(logging.Handler):
+    """Every ERROR logged while it listens: a traceback means a handler or task broke."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.ERROR)
+        self.records: list[logging.LogRecord] = []
+        logging.getLogger().addHandler(self)
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append(record)
+
+    def close(self) -> None:
+        logging.getLogger().removeHandler(self)
+        super().close()

@@ -20,13 +20,19 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from hypothesis import Phase, given, settings
+from hypothesis import Phase, example, given, settings
 from hypothesis import strategies as st
 
+from kiosk_agent.cli.sim import settings_from_ready
+from kiosk_agent.money import parse_wire_amount
 from kiosk_agent.platforms.virtual import ControllerOptions, VirtualController, VisitOutcome
 from kiosk_agent.sales.states import SaleState
+from kiosk_agent.sim.context import SimOptions
+from kiosk_agent.sim.server import SimServer
 
-from .vending_rig import Machine, make_machine
+from ..helpers import ErrorLog, until
+from .agent_rig import running_agent
+from .vending_rig import LineDevice, Machine, make_machine
 
 PRODUCTS = {"A1": 150, "A2": 250, "D2": 102}  # D2 is declined by the card desk
 
@@ -209,3 +215,114 @@ async def _quiet(machine: Machine, still: float = 0.3) -> None:
             now = wire_state()
             if now != last:
                 last, since = now, asyncio.get_running_loop().time()
+
+
+# -- a lying adapter against the real agent: the runner, the flows and the simulator -------------
+
+MAX_FUNDS = 500  # card first: the session's funds; also the trigger's max_price
+WIRE_AMOUNTS = st.one_of(
+    st.integers(min_value=0, max_value=700).map(lambda c: f"{c // 100}.{c % 100:02d}"),
+    st.sampled_from(["1.50", "2.50", "5.00", "0.00", "3.02", "1e2", "-1.00", "99999999.99"]),
+    st.text(max_size=10),
+)
+ADAPTER_LINES = st.one_of(
+    st.tuples(st.just("line"), st.sampled_from([
+        "c,STATUS,ENABLED", "c,STATUS,IDLE", "c,STATUS,IDLE,5.00", "c,VEND,SUCCESS",
+        "c,VEND,SUCCESS", "c,ERR,VEND 3", "c,ERR,START -1", "c,STATUS,DISABLED",
+        "c,STATUS,INACTIVE", "r,ACK", "c,1",
+    ])),
+    st.tuples(st.just("vend"), WIRE_AMOUNTS, st.sampled_from(["A1", "B2", "", "A1,A2"])),
+    st.tuples(st.just("raw"), st.binary(max_size=60)),
+    st.tuples(st.just("pause"), st.sampled_from([0.0, 0.01, 0.05, 0.3])),
+    st.tuples(st.just("session")),  # until the agent opens a card-first session (or 1 s)
+)
+
+
+@pytest.mark.slow(seconds=20)
+@settings(max_examples=12, derandomize=True, phases=PHASES)
+@example(steps=[("line", "c,STATUS,ENABLED"), ("session",), ("vend", "0.00", "A1"),
+                ("line", "c,VEND,SUCCESS")], mode="card_first")  # a free item on a card's funds
+@given(steps=st.lists(ADAPTER_LINES, min_size=1, max_size=16),
+       mode=st.sampled_from(["selection_first", "card_first"]))
+def test_a_lying_adapter_is_charged_only_what_the_agent_approved_through_the_real_agent(
+    tmp_path_factory: Any, steps: list[tuple[Any, ...]], mode: str
+) -> None:
+    """The runner, the flows and the simulator behind the MDB session: whatever the adapter
+    says, a capture is an amount the agent sent in C,VEND, at most one per C,VEND and per
+    c,VEND,SUCCESS, within max_price; a sale not completed keeps nothing; every sale ends."""
+    asyncio.run(_lying_adapter(tmp_path_factory.mktemp("mdb-agent"), steps, mode))
+
+
+async def _lying_adapter(workdir: Path, steps: list[tuple[Any, ...]], mode: str) -> None:
+    sim = SimServer(SimOptions(port=0, time_scale=200, transactions=0, seed=1))
+    await sim.start()
+    adapter = LineDevice()
+    errors = ErrorLog()
+    trigger = {"platform": "mdb", "name": "front", "port": adapter.port, "mode": mode,
+               "flow": "authorize_capture", "max_price": "5.00", "vend_timeout": 0.4,
+               "session_timeout": 0.5}
+    if mode == "card_first":
+        trigger["max_funds"] = "5.00"
+    try:
+        settings_ = settings_from_ready(sim.ready_info())
+        async with asyncio.timeout(25), running_agent(workdir, settings_, [trigger]) as agent:
+            await until(lambda: "C,1" in adapter.heard, timeout=5)
+            for step in steps:
+                match step:
+                    case ("line", line):
+                        adapter.write(line.encode() + b"\n")
+                    case ("vend", amount, product):
+                        adapter.write(f"c,STATUS,VEND,{amount},{product}\n".encode(
+                            "utf-8", "surrogatepass"))
+                    case ("raw", data):
+                        adapter.write(data)
+                    case ("pause", seconds):
+                        await asyncio.sleep(seconds)
+                    case ("session",):
+                        with contextlib.suppress(TimeoutError):
+                            await until(lambda: adapter.heard[-1:] == ["C,START,5.00"], 1)
+                await asyncio.sleep(0.005)
+            adapter.write(b"\nc,STATUS,DISABLED\n")  # the controller ends whatever was open
+            [platform] = agent.platforms
+            await until(lambda: platform.device.session is None and not agent.sales.running,
+                        timeout=15)
+            _check_agent_money(agent, adapter, steps)
+            await _sells_again_through_the_agent(agent, adapter, mode)
+    finally:
+        errors.close()
+        adapter.close()
+        await sim.stop()
+    assert not errors.records, [r.getMessage() for r in errors.records]
+
+
+def _check_agent_money(agent: Any, adapter: LineDevice, steps: list[tuple[Any, ...]]) -> None:
+    approvals = [parse_wire_amount(line[len("C,VEND,"):], "dollars")
+                 for line in adapter.heard if line.startswith("C,VEND,")]
+    successes = sum(1 for step in steps if step == ("line", "c,VEND,SUCCESS"))
+    records = agent.journal.query()
+    completed = [r for r in records if r.state is SaleState.COMPLETED]
+    for record in records:
+        assert record.state.final, record
+        assert 0 < record.amount_cents <= MAX_FUNDS, record
+        assert record.captured_cents <= record.amount_cents, record
+        if record.state is not SaleState.COMPLETED:
+            assert record.captured_cents <= record.reversed_cents, record
+    assert len(completed) <= min(len(approvals), successes), (completed, approvals, successes)
+    for record in completed:
+        assert record.captured_cents in approvals, (record, approvals)
+        assert record.captured_cents > 0, record
+
+
+async def _sells_again_through_the_agent(agent: Any, adapter: LineDevice, mode: str) -> None:
+    before = {r.sale_id for r in agent.journal.query()}
+    heard = len(adapter.heard)
+    adapter.write(b"c,STATUS,ENABLED\n")
+    if mode == "card_first":
+        await until(lambda: "C,START,5.00" in adapter.heard[heard:], timeout=10)
+    adapter.write(b"c,STATUS,VEND,1.50,A1\n")
+    await until(lambda: "C,VEND,1.50" in adapter.heard[heard:], timeout=10)
+    adapter.write(b"c,VEND,SUCCESS\n")
+    await until(lambda: any(r.sale_id not in before and r.state.final
+                            for r in agent.journal.query()), timeout=10)
+    [new, *_] = [r for r in agent.journal.query() if r.sale_id not in before]
+    assert (new.state, new.captured_cents) == (SaleState.COMPLETED, 150), new

@@ -8,10 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import logging
-import os
-import time
-import tty
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -32,9 +28,9 @@ from kiosk_agent.sales.states import SaleState
 from kiosk_agent.sim.context import SimOptions
 from kiosk_agent.sim.server import SimServer
 
-from ..helpers import sim_call, until
+from ..helpers import ErrorLog, sim_call, until
 from .agent_rig import running_agent
-from .vending_rig import CardDesk
+from .vending_rig import CardDesk, LineDevice
 
 MDB_AS_LINES = {
     "platform": "serial_line",
@@ -282,38 +278,6 @@ DEVICE_STEPS = st.one_of(
 )
 
 
-class LineDevice:
-    """The far end of a real pty, playing a device that writes what it is told to."""
-
-    def __init__(self) -> None:
-        self.master, self.slave = os.openpty()
-        tty.setraw(self.slave)
-        os.set_blocking(self.master, False)
-        self.port = os.ttyname(self.slave)
-        self.heard: list[str] = []
-        self._buffer = b""
-        asyncio.get_running_loop().add_reader(self.master, self._read)
-
-    def _read(self) -> None:
-        with contextlib.suppress(OSError):
-            self._buffer += os.read(self.master, 4096)
-        *lines, self._buffer = self._buffer.split(b"\n")
-        self.heard += [line.decode("ascii", "replace") for line in lines]
-
-    def write(self, data: bytes) -> None:
-        view = memoryview(data)
-        while view:  # a full pty buffer: the agent reads it soon
-            try:
-                view = view[os.write(self.master, view):]
-            except BlockingIOError:
-                time.sleep(0.001)
-
-    def close(self) -> None:
-        asyncio.get_running_loop().remove_reader(self.master)
-        os.close(self.master)
-        os.close(self.slave)
-
-
 @pytest.mark.slow(seconds=20)
 @settings(max_examples=12, deadline=None, derandomize=True,
           phases=(Phase.explicit, Phase.reuse, Phase.generate))
@@ -335,7 +299,7 @@ async def _hostile_device(
     sim = SimServer(SimOptions(port=0, time_scale=200, transactions=0, seed=1))
     await sim.start()
     device = LineDevice()
-    errors = _ErrorLog()
+    errors = ErrorLog()
     try:
         trigger = {**DEVICE_RULES, "port": device.port, "flow": flow}
         settings = settings_from_ready(sim.ready_info())
@@ -421,19 +385,3 @@ async def _sells_again(agent: Any, device: LineDevice) -> None:
                             for r in agent.journal.query()), timeout=10)
     [new] = [r for r in agent.journal.query() if r.sale_id not in before]
     assert (new.state, new.captured_cents) == (SaleState.COMPLETED, 150), new
-
-
-class _ErrorLog(logging.Handler):
-    """Every ERROR logged while it listens: a traceback means a handler or task broke."""
-
-    def __init__(self) -> None:
-        super().__init__(logging.ERROR)
-        self.records: list[logging.LogRecord] = []
-        logging.getLogger().addHandler(self)
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self.records.append(record)
-
-    def close(self) -> None:
-        logging.getLogger().removeHandler(self)
-        super().close()

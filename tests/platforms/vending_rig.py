@@ -9,7 +9,11 @@ tested on its own. End-to-end tests use the real Agent and simulator instead.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
+import os
+import time
+import tty
 from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import Any
@@ -181,3 +185,33 @@ async def make_machine(
     return machine
 
 
+class LineDevice:
+    """The far end of a real pty, playing a device that writes what it is told to."""
+
+    def __init__(self) -> None:
+        self.master, self.slave = os.openpty()
+        tty.setraw(self.slave)
+        os.set_blocking(self.master, False)
+        self.port = os.ttyname(self.slave)
+        self.heard: list[str] = []
+        self._buffer = b""
+        asyncio.get_running_loop().add_reader(self.master, self._read)
+
+    def _read(self) -> None:
+        with contextlib.suppress(OSError):
+            self._buffer += os.read(self.master, 4096)
+        *lines, self._buffer = self._buffer.split(b"\n")
+        self.heard += [line.decode("ascii", "replace") for line in lines]
+
+    def write(self, data: bytes) -> None:
+        view = memoryview(data)
+        while view:  # a full pty buffer: the agent reads it soon
+            try:
+                view = view[os.write(self.master, view):]
+            except BlockingIOError:
+                time.sleep(0.001)
+
+    def close(self) -> None:
+        asyncio.get_running_loop().remove_reader(self.master)
+        os.close(self.master)
+        os.close(self.slave)
