@@ -11,6 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from kiosk_agent.money import dollars_to_cents
 from kiosk_agent.service.webhooks import sign
 
 from .agent_thread import AgentThread, agent_thread
@@ -151,3 +152,102 @@ def test_the_login_answers_any_body_without_500(rig: AgentThread, body: bytes) -
     status, answer = rig.request("AdminServer", "POST", "/session", body, headers)
     _refusal_is_clear(status, answer)
     assert status != 200  # no body but the right token opens a session
+
+
+# -- headers, paths and amounts from anywhere: the kiosk API as a hostile app or page sends them --
+
+HEADER_TEXT = st.text(st.characters(min_codepoint=32, max_codepoint=255, exclude_characters="\x7f"),
+                      max_size=80)
+
+
+def _raw_request(port: int, head: str, body: bytes) -> tuple[int, Any]:
+    """One request written byte for byte (http.client refuses odd headers before sending)."""
+    import socket
+
+    with socket.create_connection(("127.0.0.1", port), timeout=30) as sock:
+        sock.sendall(head.encode("latin-1") + body)
+        raw = b""
+        while chunk := sock.recv(65536):
+            raw += chunk
+    status_line, _, rest = raw.partition(b"\r\n")
+    payload = rest.partition(b"\r\n\r\n")[2]
+    try:
+        answer: Any = json.loads(payload)
+    except ValueError:
+        answer = payload.decode("utf-8", "replace")
+    return int(status_line.split()[1]), answer
+
+
+@settings(max_examples=80)
+@given(
+    host=HEADER_TEXT | st.sampled_from(["127.0.0.1", "localhost:8765", "[::1]:1", "[::1"]),
+    origin=st.none() | HEADER_TEXT | st.sampled_from(["http://127.0.0.1:\u00b2", "null"]),
+    authorization=HEADER_TEXT | st.just(f"Bearer {KIOSK_TOKEN}"),
+    content_type=HEADER_TEXT | st.just("application/json"),
+)
+def test_the_kiosk_api_answers_any_headers_without_500(
+    rig: AgentThread, host: str, origin: str | None, authorization: str, content_type: str
+) -> None:
+    body = b'{"product": "coffee"}'
+    head = (f"POST /api/v1/sales HTTP/1.1\r\nHost: {host}\r\nAuthorization: {authorization}\r\n"
+            f"Content-Type: {content_type}\r\nContent-Length: {len(body)}\r\n"
+            + (f"Origin: {origin}\r\n" if origin is not None else "")
+            + "Connection: close\r\n\r\n")
+    status, answer = _raw_request(rig.ports["KioskApi"], head, body)
+    assert status < 500, (status, answer)
+    if status == 202:
+        _cancel(rig, answer["sale_id"])
+    else:
+        _refusal_is_clear(status, answer)
+
+
+def _cancel(rig: AgentThread, sale_id: str) -> None:
+    headers = {"Authorization": f"Bearer {KIOSK_TOKEN}", "Content-Type": "application/json"}
+    rig.request("KioskApi", "POST", f"/api/v1/sales/{sale_id}/cancel", b"{}", headers)
+
+
+@settings(max_examples=80)
+@given(method=st.sampled_from(["GET", "POST", "PUT", "DELETE", "OPTIONS", "HEAD"]),
+       path=st.text(max_size=60), websocket=st.booleans())
+def test_the_kiosk_api_answers_any_path_without_500(
+    rig: AgentThread, method: str, path: str, websocket: bool
+) -> None:
+    from urllib.parse import quote
+
+    headers = {"Authorization": f"Bearer {KIOSK_TOKEN}", "Content-Type": "application/json"}
+    if websocket:  # a handshake the server refuses or takes (and the socket is then closed)
+        headers |= {"Upgrade": "websocket", "Connection": "Upgrade", "Sec-WebSocket-Version": "13",
+                    "Sec-WebSocket-Key": "dGhlIHNhbXBsZSBub25jZQ=="}
+    target = "/api/v1/" + quote(path, safe="/?=&")
+    status, answer = rig.request("KioskApi", method, target, b"{}" if method == "POST" else None,
+                                 headers)
+    assert status < 500, (status, answer)
+    if status == 202 and isinstance(answer, dict) and "sale_id" in answer:
+        _cancel(rig, answer["sale_id"])
+
+
+@settings(max_examples=80)
+@given(product=st.none() | st.sampled_from(["coffee", "tea"]) | st.text(max_size=8),
+       amount=st.none() | SCALARS | st.sampled_from(["2.50", "2.5", "$2.50", "100.00", "100.01",
+                                                     250, 10000, 10001, "0.00", " 2.50 "]))
+def test_a_kiosk_sale_is_for_the_price_asked_within_max_price(
+    rig: AgentThread, product: str | None, amount: Any
+) -> None:
+    """A sale started is for the configured product's price or the amount given, never above
+    the trigger's max_price ($100.00 by default); anything else is a 4xx naming the field."""
+    body: dict[str, Any] = {}
+    if product is not None:
+        body["product"] = product
+    if amount is not None:
+        body["amount"] = amount
+    headers = {"Authorization": f"Bearer {KIOSK_TOKEN}", "Content-Type": "application/json"}
+    status, answer = rig.request("KioskApi", "POST", "/api/v1/sales", _encoded(body), headers)
+    _refusal_is_clear(status, answer)
+    if status != 202:
+        assert answer.get("field") in ("amount", "product", "body", "<body>", "terminal"), answer
+        return
+    _cancel(rig, answer["sale_id"])
+    cents = dollars_to_cents(answer["amount"])
+    if product == "coffee":
+        assert cents == 250, (body, answer)
+    assert 0 < cents <= 10_000, (body, answer)
