@@ -12,6 +12,8 @@ from typing import Any
 
 import aiohttp
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from kiosk_agent.admin.webhooks import SqliteIdempotencyStore, WebhookReceiver
 from kiosk_agent.cli import build_parser
@@ -403,3 +405,41 @@ async def test_a_forged_flood_writes_a_few_lines_and_counts_them_all(
     assert len(lines) <= 6  # the first few; the rest wait for the interval's summary
     assert receiver.outcomes["invalid_signature"] == 300
     assert refusal_counts()[("webhooks", "invalid_signature")] >= 300
+
+
+# -- any signed envelope: each field generated -----------------------------------------------------
+
+ANY_TEXT = st.text(max_size=20) | st.sampled_from(["\ud800", "a\udfffb", "\x00", "\u202e"])
+ANY_VALUE = (st.none() | st.booleans() | st.integers() | ANY_TEXT
+             | st.integers(min_value=2**63 - 2, max_value=2**70))
+MOMENTS = st.sampled_from([
+    "2026-11-22T10:00:00Z", "0001-01-01T00:00:00+14:00", "9999-12-31T23:59:59-14:00",
+    "9999-12-31T23:59:59.999999Z", "2026-11-22T10:00:00", "2026-02-30T00:00:00Z", "now", "",
+]) | ANY_VALUE
+
+
+@settings(max_examples=150, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(key=ANY_TEXT, webhook_id=ANY_TEXT, event_type=st.sampled_from(
+           ["merchant.boarded", "merchant.deleted", "boarding.varcomplete", "x"]) | ANY_TEXT,
+       merchant_id=ANY_VALUE | st.integers(min_value=0, max_value=10), status_id=ANY_VALUE,
+       at=MOMENTS, payload_at=MOMENTS, mid=ANY_VALUE)
+async def test_any_signed_envelope_is_stored_or_refused_naming_the_field(
+    harness: Harness, key: Any, webhook_id: Any, event_type: Any, merchant_id: Any,
+    status_id: Any, at: Any, payload_at: Any, mid: Any,
+) -> None:
+    """A correctly signed event of any shape: 200 (and kept), or a 4xx naming its field; never
+    a 503 that the sender would retry for ever, never a 500, and the next event is taken."""
+    receiver = harness.receiver or await harness.start()
+    body = envelope("k")
+    body["metadata"] |= {"idempotency_key": key, "webhook_id": webhook_id}
+    body |= {"event_type": event_type, "timestamp": at}
+    body["payload"] |= {"merchant_id": merchant_id, "merchant_status_id": status_id,
+                        "timestamp": payload_at, "mid": mid}
+    raw = json.dumps(body).encode()
+    status, answer = await harness.post(raw, {"X-Webhook-Signature-256": sign(raw, SECRET)})
+    assert status in (200, 400), (status, answer)
+    if status == 400:
+        assert answer["field"], answer
+    receiver.merchants()  # the admin API's view of what was kept
+    fresh = envelope(f"fresh-{len(receiver.store)}-{status}-{id(body)}")
+    assert (await harness.deliver(fresh))[0] == 200
