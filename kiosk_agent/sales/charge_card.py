@@ -127,6 +127,20 @@ class ChargeCardFlow(SaleFlow):
             await self.release_terminal(may_complete=False)  # the refund needs no terminal
             return await self.reverse("cancelled by the customer after paying")
         outcome = await self._dispense(cents)
+        charged, asked = self.record.captured_cents, self.record.amount_cents
+        if outcome.dispensed and charged > asked:
+            # the service's answer says it took more than asked (a wrong unit, its fault): not
+            # a sale to call paid; held until reporting says what was charged, or a person
+            ended = self.finish(
+                SaleState.ATTENTION,
+                Step.DISPENSE_RESULT,
+                f"dispensed, but the charge answered {format_cents(charged)} for the"
+                f" {format_cents(asked)} asked",
+                vended_cents=min(outcome.vended_cents or cents, cents),
+                detail=outcome_detail(outcome),
+            )
+            await self.release_terminal(may_complete=False)
+            return ended
         if outcome.dispensed:
             # the confirmation and the end are one write: no window where the journal knows the
             # goods came out but still looks like an unconfirmed dispense

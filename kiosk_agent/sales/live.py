@@ -141,9 +141,15 @@ class SaleFlow(SaleSteps):
         commit, before the vend (no request when the customer cancelled meanwhile). The cents
         approved."""
         with self.one_commit():
-            cents = self.charge_found(
+            held = self.charge_found(
                 step, result.trans_id, result.amount, {"trans_id": result.trans_id}
             )
+            # an answer above the price asked (the wrong unit, a service's fault) pays for the
+            # price asked, no more: the machine vends and the capture takes at most that
+            cents = min(held, self.record.amount_cents)
+            if held > cents:
+                _LOGGER.warning("sale %s: the service answered %s for the %s asked",
+                                self.record.sale_id, format_cents(held), format_cents(cents))
             if not self.cancelled.is_set():
                 vend = f"{vend_text} {format_cents(cents)}"
                 self.step(Step.DISPENSE_REQUEST, SaleState.DISPENSING, vend)

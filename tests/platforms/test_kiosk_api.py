@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import json
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -11,6 +12,7 @@ from typing import Any
 import aiohttp
 import pytest
 
+from kiosk_agent.cli.sim import settings_from_ready
 from kiosk_agent.platforms.kiosk_api import PLATFORM_SCHEMA, KioskApi
 from kiosk_agent.sales.states import SaleState
 from tests.core.test_slow_service import held_by_the_service, ledger
@@ -443,3 +445,91 @@ async def test_hostile_bodies_get_a_400_naming_the_fault(
     assert len(answer["message"]) < 200  # the body is described, never echoed
     status, _ = await app.post("/sales", {"product": "tea"})
     assert status == 202  # and the API goes on
+
+
+# -- a service answering more than was asked ------------------------------------------------------
+
+
+class AmountInflatingProxy:
+    """Real HTTP between the agent and the simulator; every charge result in an answer under
+    ``only`` (a dict with ``trans_id`` and ``amount``) comes back with its amount times
+    ``factor``: a service answering in the wrong unit, or holding more than it was asked for."""
+
+    def __init__(self, upstream: str, factor: int, only: str = "/") -> None:
+        self.upstream = upstream
+        self.only = only  # the paths whose answers are inflated
+        self.factor = factor
+        self.inflated = 0
+        self.runner: aiohttp.web.AppRunner | None = None
+        self.url = ""
+
+    async def start(self) -> None:
+        from aiohttp import web
+
+        app = web.Application()
+        app.router.add_route("*", "/{tail:.*}", self._forward)
+        self.runner = web.AppRunner(app)
+        await self.runner.setup()
+        site = web.TCPSite(self.runner, "127.0.0.1", 0)
+        await site.start()
+        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        self.url = f"http://127.0.0.1:{port}"
+
+    async def _forward(self, request: aiohttp.web.Request) -> aiohttp.web.Response:
+        from aiohttp import web
+
+        headers = {k: v for k, v in request.headers.items() if k.lower() not in ("host",)}
+        async with aiohttp.ClientSession() as session, session.request(
+            request.method, self.upstream + request.path_qs, data=await request.read(),
+            headers=headers,
+        ) as answer:
+            body = await answer.read()
+            if answer.content_type == "application/json" and request.path.startswith(self.only):
+                body = json.dumps(self._inflate(json.loads(body))).encode()
+            return web.Response(body=body, status=answer.status,
+                                content_type=answer.content_type)
+
+    def _inflate(self, value: Any) -> Any:
+        if isinstance(value, dict):
+            if "trans_id" in value and isinstance(value.get("amount"), int):
+                self.inflated += 1
+                value = {**value, "amount": value["amount"] * self.factor}
+            return {k: self._inflate(v) for k, v in value.items()}
+        if isinstance(value, list):
+            return [self._inflate(v) for v in value]
+        return value
+
+    async def stop(self) -> None:
+        if self.runner is not None:
+            await self.runner.cleanup()
+
+
+# where each flow's money is answered: the authorization, or the terminal's charge
+@pytest.mark.parametrize(("flow", "answered_at"), [("authorize_capture", "/api/v1/charge"),
+                                                   ("charge_card", "/api/terminal")])
+async def test_a_service_answering_more_than_asked_never_vends_or_captures_above_the_price(
+    tmp_path: Path, sim: Any, flow: str, answered_at: str
+) -> None:
+    """The service answers 100 times the price (the wrong unit): the app is told to dispense
+    the price asked at most and the capture takes no more; a charge answered above the price is
+    not called paid (ATTENTION names both amounts). Never $250.00 for a coffee."""
+    proxy = AmountInflatingProxy(sim.ready_info()["base_url"], factor=100, only=answered_at)
+    await proxy.start()
+    try:
+        ready = sim.ready_info()
+        settings = settings_from_ready(
+            {**ready, "base_url": proxy.url, "reporting_url": proxy.url}, websocket=False)
+        async for app in _app(tmp_path, settings, flow=flow):
+            status, started = await app.post("/sales", {"product": "coffee"})
+            assert status == 202
+            await asyncio.wait_for(until_final(app.api.agent, started["sale_id"]), 15)
+            record = app.api.agent.journal.get(started["sale_id"])
+            assert proxy.inflated  # the service did answer 25000
+            assert record.vended_cents == 250, record
+            if flow == "authorize_capture":  # the hold is more: the capture takes the price
+                assert (record.state, record.captured_cents) == (SaleState.COMPLETED, 250)
+            else:  # the charge says it took more: not called paid; reporting or a person says
+                assert record.state is SaleState.ATTENTION, record
+                assert "charge answered $250.00 for the $2.50 asked" in record.message
+    finally:
+        await proxy.stop()
