@@ -12,7 +12,7 @@ from kiosk_agent.money import format_cents
 from kiosk_agent.sales.live import SaleFlow, declined, outcome_detail
 from kiosk_agent.sales.model import SaleEvent
 from kiosk_agent.sales.states import AUTHORIZE_REPORTING, SaleState, Step
-from kiosk_agent.service.errors import ServerError, ServiceError, ServiceUnreachableError
+from kiosk_agent.service.errors import OUTCOME_UNKNOWN, ServiceError
 from kiosk_agent.service.models import ChargeRequest, ChargeResult, ChargeResultCode
 
 _LOGGER = logging.getLogger(__name__)
@@ -59,7 +59,7 @@ class AuthorizeCaptureFlow(SaleFlow):
             )
             try:
                 result = await self.money_call(self.service.payments.charge(request))
-            except (ServerError, ServiceUnreachableError) as err:
+            except OUTCOME_UNKNOWN as err:
                 # the card was read: the terminal is done; the payments API decides the rest
                 return await self._answer_lost(
                     f"the authorization's answer was lost ({err})", terminal_done=True

@@ -12,10 +12,9 @@ from kiosk_agent.sales.live import SaleFlow, declined, outcome_detail
 from kiosk_agent.sales.model import SaleEvent
 from kiosk_agent.sales.states import CHARGE_CARD_REPORTING, SaleState, Step
 from kiosk_agent.service.errors import (
+    OUTCOME_UNKNOWN,
     ConflictError,
-    ServerError,
     ServiceError,
-    ServiceUnreachableError,
     conflict_words,
 )
 from kiosk_agent.service.models import (
@@ -62,7 +61,7 @@ class ChargeCardFlow(SaleFlow):
                 return await self._fail(
                     SaleState.FAILED, Step.CHARGE_CARD_BUSY, conflict_words(err, self.device)
                 )
-            except (ServerError, ServiceUnreachableError) as err:
+            except OUTCOME_UNKNOWN as err:
                 # the interaction may have started: the terminal may be taking the card
                 return await self._answer_lost(
                     f"the charge's answer was lost ({err})", terminal_done=False

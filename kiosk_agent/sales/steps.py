@@ -27,6 +27,7 @@ from kiosk_agent.sales.reconcile import Reconciler
 from kiosk_agent.sales.settings import SaleSettings
 from kiosk_agent.sales.states import REQUEST_STEPS, ReportingSteps, SaleState, Step
 from kiosk_agent.service.errors import (
+    OUTCOME_UNKNOWN,
     BadRequestError,
     ServerError,
     ServiceError,
@@ -44,6 +45,8 @@ UNCONFIRMED = "payment could not be confirmed"
 
 T = TypeVar("T")
 
+# a void or refund that may have worked: reporting is asked before a second try
+_REVERSE_UNCLEAR: tuple[type[ServiceError], ...] = (BadRequestError, *OUTCOME_UNKNOWN)
 _FOUND_CAPTURED = "captured (found in reporting)"
 
 
@@ -323,7 +326,7 @@ class SaleSteps:
         for attempt in (1, 2):
             try:
                 result = await self.service.payments.void_or_refund(trans_id)
-            except (BadRequestError, ServerError, ServiceUnreachableError) as err:
+            except _REVERSE_UNCLEAR as err:
                 lookup = await self.reconciler.transaction_state(trans_id)
                 if lookup.reversed:
                     refunded = lookup.reverse_trans_id not in (None, trans_id)

@@ -154,6 +154,14 @@ class InvalidServerResponseError(InvalidResponseError, ServerError):
     """A 5xx whose body is not the interface's JSON (a proxy's HTML 502 page): both at once."""
 
 
+# After a call that may move money, these leave its outcome unknown: the service failed (5xx),
+# never answered, or answered 2xx (it did the work) with a body that cannot be read (cut short,
+# wrong types). Look it up (reconcile), never call it refused nor send it again.
+OUTCOME_UNKNOWN: tuple[type[ServiceError], ...] = (
+    ServerError, ServiceUnreachableError, InvalidResponseError,
+)
+
+
 class CredentialsError(ServiceError):
     """The stored credentials cannot be read or written (corrupt or unwritable file)."""
 

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
@@ -450,58 +451,82 @@ async def test_hostile_bodies_get_a_400_naming_the_fault(
 # -- a service answering more than was asked ------------------------------------------------------
 
 
-class AmountInflatingProxy:
-    """Real HTTP between the agent and the simulator; every charge result in an answer under
-    ``only`` (a dict with ``trans_id`` and ``amount``) comes back with its amount times
-    ``factor``: a service answering in the wrong unit, or holding more than it was asked for."""
+class AnswerRewritingProxy:
+    """Real HTTP between the agent and the simulator; each JSON answer under ``only`` passes
+    through ``rewrite`` (bytes in, bytes out) on its way back: a service answering in the wrong
+    unit, or cut short."""
 
-    def __init__(self, upstream: str, factor: int, only: str = "/") -> None:
+    def __init__(self, upstream: str, only: str, rewrite: Callable[[bytes], bytes]) -> None:
         self.upstream = upstream
-        self.only = only  # the paths whose answers are inflated
-        self.factor = factor
-        self.inflated = 0
+        self.only = only
+        self.rewrite = rewrite
+        self.rewritten = 0
         self.runner: aiohttp.web.AppRunner | None = None
         self.url = ""
 
     async def start(self) -> None:
-        from aiohttp import web
-
-        app = web.Application()
+        app = aiohttp.web.Application()
         app.router.add_route("*", "/{tail:.*}", self._forward)
-        self.runner = web.AppRunner(app)
+        self.runner = aiohttp.web.AppRunner(app)
         await self.runner.setup()
-        site = web.TCPSite(self.runner, "127.0.0.1", 0)
+        site = aiohttp.web.TCPSite(self.runner, "127.0.0.1", 0)
         await site.start()
         port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
         self.url = f"http://127.0.0.1:{port}"
 
-    async def _forward(self, request: aiohttp.web.Request) -> aiohttp.web.Response:
-        from aiohttp import web
+    def settings(self, sim: Any) -> Any:
+        """The agent's service settings reaching the simulator through this proxy, polling."""
+        ready = {**sim.ready_info(), "base_url": self.url, "reporting_url": self.url}
+        return settings_from_ready(ready, websocket=False)
 
-        headers = {k: v for k, v in request.headers.items() if k.lower() not in ("host",)}
+    async def _forward(self, request: aiohttp.web.Request) -> aiohttp.web.Response:
+        headers = {k: v for k, v in request.headers.items() if k.lower() != "host"}
         async with aiohttp.ClientSession() as session, session.request(
             request.method, self.upstream + request.path_qs, data=await request.read(),
             headers=headers,
         ) as answer:
             body = await answer.read()
             if answer.content_type == "application/json" and request.path.startswith(self.only):
-                body = json.dumps(self._inflate(json.loads(body))).encode()
-            return web.Response(body=body, status=answer.status,
-                                content_type=answer.content_type)
-
-    def _inflate(self, value: Any) -> Any:
-        if isinstance(value, dict):
-            if "trans_id" in value and isinstance(value.get("amount"), int):
-                self.inflated += 1
-                value = {**value, "amount": value["amount"] * self.factor}
-            return {k: self._inflate(v) for k, v in value.items()}
-        if isinstance(value, list):
-            return [self._inflate(v) for v in value]
-        return value
+                changed = self.rewrite(body)
+                self.rewritten += changed != body
+                body = changed
+            return aiohttp.web.Response(body=body, status=answer.status,
+                                        content_type=answer.content_type)
 
     async def stop(self) -> None:
         if self.runner is not None:
             await self.runner.cleanup()
+
+
+def amounts_times(factor: int) -> Callable[[bytes], bytes]:
+    """Every charge result (a dict with ``trans_id`` and an integer ``amount``) times ``factor``."""
+
+    def inflate(value: Any) -> Any:
+        if isinstance(value, dict):
+            if "trans_id" in value and isinstance(value.get("amount"), int):
+                value = {**value, "amount": value["amount"] * factor}
+            return {k: inflate(v) for k, v in value.items()}
+        if isinstance(value, list):
+            return [inflate(v) for v in value]
+        return value
+
+    return lambda body: json.dumps(inflate(json.loads(body))).encode()
+
+
+def cut_short(body: bytes) -> bytes:
+    return body[: len(body) // 2]
+
+
+@contextlib.asynccontextmanager
+async def answers_rewritten(
+    sim: Any, only: str, rewrite: Callable[[bytes], bytes]
+) -> AsyncIterator[AnswerRewritingProxy]:
+    proxy = AnswerRewritingProxy(sim.ready_info()["base_url"], only, rewrite)
+    await proxy.start()
+    try:
+        yield proxy
+    finally:
+        await proxy.stop()
 
 
 # where each flow's money is answered: the authorization, or the terminal's charge
@@ -513,23 +538,54 @@ async def test_a_service_answering_more_than_asked_never_vends_or_captures_above
     """The service answers 100 times the price (the wrong unit): the app is told to dispense
     the price asked at most and the capture takes no more; a charge answered above the price is
     not called paid (ATTENTION names both amounts). Never $250.00 for a coffee."""
-    proxy = AmountInflatingProxy(sim.ready_info()["base_url"], factor=100, only=answered_at)
-    await proxy.start()
-    try:
-        ready = sim.ready_info()
-        settings = settings_from_ready(
-            {**ready, "base_url": proxy.url, "reporting_url": proxy.url}, websocket=False)
-        async for app in _app(tmp_path, settings, flow=flow):
+    async with answers_rewritten(sim, answered_at, amounts_times(100)) as proxy:
+        async for app in _app(tmp_path, proxy.settings(sim), flow=flow):
             status, started = await app.post("/sales", {"product": "coffee"})
             assert status == 202
             await asyncio.wait_for(until_final(app.api.agent, started["sale_id"]), 15)
             record = app.api.agent.journal.get(started["sale_id"])
-            assert proxy.inflated  # the service did answer 25000
+            assert proxy.rewritten  # the service did answer 25000
             assert record.vended_cents == 250, record
             if flow == "authorize_capture":  # the hold is more: the capture takes the price
                 assert (record.state, record.captured_cents) == (SaleState.COMPLETED, 250)
             else:  # the charge says it took more: not called paid; reporting or a person says
                 assert record.state is SaleState.ATTENTION, record
                 assert "charge answered $250.00 for the $2.50 asked" in record.message
-    finally:
-        await proxy.stop()
+
+
+@pytest.mark.parametrize(("flow", "answered_at"), [("authorize_capture", "/api/v1/charge"),
+                                                   ("charge_card", "/api/terminal")])
+async def test_a_negative_amount_answered_is_no_answer_and_moves_no_money_backwards(
+    tmp_path: Path, sim: Any, flow: str, answered_at: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """-250 cents answered for a $2.50 sale: an answer the client refuses naming ``amount``, as
+    any malformed one (the truth is then looked up), never a vend of -$2.50 nor a bug's
+    traceback."""
+    async with answers_rewritten(sim, answered_at, amounts_times(-1)) as proxy:
+        async for app in _app(tmp_path, proxy.settings(sim), flow=flow):
+            status, started = await app.post("/sales", {"product": "coffee"})
+            assert status == 202
+            await asyncio.wait_for(until_final(app.api.agent, started["sale_id"]), 15)
+            record = app.api.agent.journal.get(started["sale_id"])
+            assert proxy.rewritten
+            assert 0 <= record.vended_cents <= 250, record
+            assert 0 <= record.captured_cents <= 250, record
+            assert "internal error" not in record.message, record
+            assert "flow error" not in caplog.text
+
+
+async def test_an_authorization_answered_cut_short_is_a_lost_answer_not_a_refusal(
+    tmp_path: Path, sim: Any
+) -> None:
+    """The service authorized and its 200 answer was cut in half: the hold exists. The sale is
+    not 'refused' (FAILED, the hold left on the card): the answer is lost, found in reporting by
+    the order id, and given back."""
+    async with answers_rewritten(sim, "/api/v1/charge", cut_short) as proxy:
+        async for app in _app(tmp_path, proxy.settings(sim), flow="authorize_capture"):
+            status, started = await app.post("/sales", {"product": "coffee"})
+            assert status == 202
+            await asyncio.wait_for(until_final(app.api.agent, started["sale_id"]), 15)
+            record = app.api.agent.journal.get(started["sale_id"])
+            assert proxy.rewritten
+            assert record.state is SaleState.REVERSED, record
+            assert record.reversed_cents == 250, record

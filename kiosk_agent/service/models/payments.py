@@ -98,7 +98,7 @@ class ChargeResult(ServiceModel):
     trans_id: str
     order_id: str | None = None
     auth_code: str | None = None
-    amount: int | None = None  # cents
+    amount: int | None = Field(default=None, ge=0)  # cents; a negative one is no answer
     currency: str = "USD"
     mid: str | None = None
     resp_code: str | None = Field(
