@@ -12,13 +12,17 @@ from typing import Any
 
 import aiohttp
 import pytest
+from hypothesis import Phase, given, settings
+from hypothesis import strategies as st
 
 from kiosk_agent.cli.sim import settings_from_ready
 from kiosk_agent.platforms.kiosk_api import PLATFORM_SCHEMA, KioskApi
 from kiosk_agent.sales.states import SaleState
+from kiosk_agent.sim.context import SimOptions
+from kiosk_agent.sim.server import SimServer
 from tests.core.test_slow_service import held_by_the_service, ledger
 
-from ..helpers import sim_call, until
+from ..helpers import ErrorLog, sim_call, until
 from .agent_rig import (
     losing_authorization_answers,
     running_agent,
@@ -458,7 +462,7 @@ class AnswerRewritingProxy:
 
     def __init__(self, upstream: str, only: str, rewrite: Callable[[bytes], bytes]) -> None:
         self.upstream = upstream
-        self.only = only
+        self.only = only  # a part of the path whose answers are rewritten
         self.rewrite = rewrite
         self.rewritten = 0
         self.runner: aiohttp.web.AppRunner | None = None
@@ -486,7 +490,7 @@ class AnswerRewritingProxy:
             headers=headers,
         ) as answer:
             body = await answer.read()
-            if answer.content_type == "application/json" and request.path.startswith(self.only):
+            if answer.content_type == "application/json" and self.only in request.path:
                 changed = self.rewrite(body)
                 self.rewritten += changed != body
                 body = changed
@@ -531,7 +535,7 @@ async def answers_rewritten(
 
 # where each flow's money is answered: the authorization, or the terminal's charge
 @pytest.mark.parametrize(("flow", "answered_at"), [("authorize_capture", "/api/v1/charge"),
-                                                   ("charge_card", "/api/terminal")])
+                                                   ("charge_card", "/charge-card")])
 async def test_a_service_answering_more_than_asked_never_vends_or_captures_above_the_price(
     tmp_path: Path, sim: Any, flow: str, answered_at: str
 ) -> None:
@@ -554,7 +558,7 @@ async def test_a_service_answering_more_than_asked_never_vends_or_captures_above
 
 
 @pytest.mark.parametrize(("flow", "answered_at"), [("authorize_capture", "/api/v1/charge"),
-                                                   ("charge_card", "/api/terminal")])
+                                                   ("charge_card", "/charge-card")])
 async def test_a_negative_amount_answered_is_no_answer_and_moves_no_money_backwards(
     tmp_path: Path, sim: Any, flow: str, answered_at: str, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -589,3 +593,56 @@ async def test_an_authorization_answered_cut_short_is_a_lost_answer_not_a_refusa
             assert proxy.rewritten
             assert record.state is SaleState.REVERSED, record
             assert record.reversed_cents == 250, record
+
+
+ANSWER_VALUES = (st.none() | st.booleans() | st.integers(min_value=-(2**70), max_value=2**70)
+                 | st.floats() | st.text(max_size=12) | st.sampled_from(["A", "B", "C", "2.50"]))
+ANSWER_CHANGES = st.one_of(
+    st.fixed_dictionaries({}, optional={"amount": ANSWER_VALUES, "result": ANSWER_VALUES,
+                                        "trans_id": ANSWER_VALUES, "order_id": ANSWER_VALUES}),
+    st.integers(min_value=0, max_value=400),  # cut after this many bytes
+)
+
+
+def _changed_answer(change: dict[str, Any] | int) -> Callable[[bytes], bytes]:
+    def rewrite(body: bytes) -> bytes:
+        if isinstance(change, int):
+            return body[:change]
+        answer = json.loads(body)
+        return json.dumps({**answer, **change} if isinstance(answer, dict) else answer).encode()
+
+    return rewrite
+
+
+@pytest.mark.slow(seconds=10)
+@settings(max_examples=15, deadline=None, derandomize=True,
+          phases=(Phase.explicit, Phase.reuse, Phase.generate))
+@given(change=ANSWER_CHANGES, flow=st.sampled_from(["authorize_capture", "charge_card"]))
+def test_any_answer_to_a_money_call_ends_the_sale_and_takes_no_more_than_the_price(
+    tmp_path_factory: Any, change: dict[str, Any] | int, flow: str
+) -> None:
+    """The service's answer to the authorization (or charge_card's interaction) changed or cut
+    anywhere: the sale ends, keeps at most the price asked, and no bug's traceback is logged."""
+    asyncio.run(_any_answer(tmp_path_factory.mktemp("answer"), change, flow))
+
+
+async def _any_answer(workdir: Path, change: dict[str, Any] | int, flow: str) -> None:
+    sim = SimServer(SimOptions(port=0, time_scale=200, transactions=0, seed=1))
+    await sim.start()
+    errors = ErrorLog()
+    only = "/api/v1/charge" if flow == "authorize_capture" else "/charge-card"
+    try:
+        async with asyncio.timeout(25), answers_rewritten(sim, only, _changed_answer(change)) as p:
+            async for app in _app(workdir, p.settings(sim), flow=flow):
+                status, started = await app.post("/sales", {"product": "coffee"})
+                assert status == 202
+                await until_final(app.api.agent, started["sale_id"])
+                record = app.api.agent.journal.get(started["sale_id"])
+                assert 0 <= record.vended_cents <= 250, record
+                kept = record.captured_cents - record.reversed_cents
+                assert kept <= 250, record
+                assert record.state is not SaleState.COMPLETED or record.captured_cents == 250
+    finally:
+        errors.close()
+        await sim.stop()
+    assert not errors.records, [r.getMessage() for r in errors.records]
