@@ -44,6 +44,7 @@ from kiosk_agent.service.credentials import (
 )
 from kiosk_agent.service.errors import (
     CredentialsError,
+    InvalidResponseError,
     InvalidServerResponseError,
     MissingCredentialsError,
     RateLimitedError,
@@ -66,6 +67,8 @@ M = TypeVar("M", bound=BaseModel)
 OAUTH_TOKEN_PATH = "/ords/sprint/oauth/token"  # noqa: S105 (a path, not a secret)
 REFRESH_PATH = "/api/v1/api_keys/refresh"
 # Terminal endpoints share the service's per-credential rate limit.
+# The largest answer read: a reporting page of 1000 rows is about 1 MB.
+MAX_ANSWER_BYTES = 16 * 1024 * 1024
 _RATE_LIMITED_PREFIXES = ("/api/terminal", "/api/ws-token")
 _IDEMPOTENT_METHODS = frozenset({"GET", "HEAD", "PUT", "DELETE", "OPTIONS"})
 
@@ -375,7 +378,7 @@ class Transport:
             call.method, call.url, json=call.json, params=call.params, data=call.data,
             headers=headers, timeout=call.timeout, allow_redirects=False,
         ) as resp:  # fmt: skip
-            body = await resp.read()
+            body = await _read_bounded(resp, call.what)
             return _Answer(
                 resp.status, body, resp.content_type, resp.headers.get("Retry-After"),
                 resp.headers.get("Location"),
@@ -489,6 +492,21 @@ class Transport:
             what="refresh API key",
         )
         return parse_json(ApiKeySet, body, what="refresh API key")
+
+
+async def _read_bounded(resp: aiohttp.ClientResponse, what: str) -> bytes:
+    """The answer's body, refused past MAX_ANSWER_BYTES without holding the rest: a body
+    without end (a wrong address, a broken proxy) must not take the unit's memory."""
+    body = bytearray()
+    async for chunk in resp.content.iter_chunked(64 * 1024):
+        body += chunk
+        if len(body) > MAX_ANSWER_BYTES:
+            resp.close()
+            raise InvalidResponseError(
+                f"{what}: field {BODY!r}: an answer larger than "
+                f"{MAX_ANSWER_BYTES // (1024 * 1024)} MiB", field=BODY, status=resp.status,
+            )
+    return bytes(body)
 
 
 class _Call(NamedTuple):

@@ -4,10 +4,12 @@ answer, retries only where a retry is safe, 401 renewal, 429 with Retry-After, I
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import time
 
 import pytest
+from aiohttp import web
 
 from kiosk_agent.service.client import ServiceClient
 from kiosk_agent.service.errors import (
@@ -24,6 +26,7 @@ from kiosk_agent.service.errors import (
 )
 from kiosk_agent.service.models import ChargeRequest
 from kiosk_agent.service.settings import CallKind, ServiceSettings
+from kiosk_agent.service.transport import MAX_ANSWER_BYTES
 
 from .scripted_server import ScriptedServer, drop_connection, json_reply, raw_reply
 
@@ -336,3 +339,30 @@ async def test_a_failed_oauth_token_request_reads_whole_after_redaction(
     shown = redact(str(caught.value))
     assert "[REDACTED]" not in shown, shown
     assert "HTTP 500" in shown
+
+
+async def test_an_answer_larger_than_any_page_is_refused_before_it_is_held(
+    scripted: ScriptedServer, scripted_settings: ServiceSettings
+) -> None:
+    """A service (or whatever answers at its address) streaming a body without end: the client
+    stops reading at MAX_ANSWER_BYTES and says so, naming the body, instead of holding it all."""
+    sent = 0
+
+    async def endless(request: web.Request) -> web.StreamResponse:
+        nonlocal sent
+        response = web.StreamResponse(headers={"Content-Type": "application/json"})
+        await response.prepare(request)
+        chunk = b"[" + b"0," * (512 * 1024)
+        with contextlib.suppress(ConnectionError):
+            while sent < 4 * MAX_ANSWER_BYTES:
+                await response.write(chunk)
+                sent += len(chunk)
+        return response
+
+    scripted.script("GET", TERMINALS, endless)
+    async with ServiceClient(scripted_settings.replace(max_retries=0)) as svc:
+        with pytest.raises(InvalidResponseError) as caught:
+            await svc.terminal.list()
+    assert caught.value.field == "<body>"
+    assert f"larger than {MAX_ANSWER_BYTES // (1024 * 1024)} MiB" in str(caught.value)
+    assert sent < 2 * MAX_ANSWER_BYTES  # stopped reading, not read to the end
