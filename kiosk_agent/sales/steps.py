@@ -22,6 +22,7 @@ from kiosk_agent.money import format_cents
 from kiosk_agent.sales.clock import SYSTEM_CLOCK, Clock
 from kiosk_agent.sales.deadlines import AnswerDeadlines
 from kiosk_agent.sales.journal import Journal, JournalError, SaleRecord
+from kiosk_agent.sales.lost_reads import LostReads
 from kiosk_agent.sales.model import Flow, SaleEvent
 from kiosk_agent.sales.reconcile import ChargeLookup, Reconciler
 from kiosk_agent.sales.settings import SaleSettings
@@ -62,9 +63,12 @@ class SaleContext:
     # a sale whose step could not be journaled: kept and finished once the journal takes writes
     on_unwritten: Callable[[SaleSteps], None] | None = None
     deadlines: AnswerDeadlines = field(init=False)
+    # terminals a card read whose answer was lost may still hold (sales/lost_reads.py)
+    lost_reads: LostReads = field(init=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "deadlines", AnswerDeadlines(self.clock))
+        object.__setattr__(self, "lost_reads", LostReads(self.clock))
 
 
 class SaleSteps:

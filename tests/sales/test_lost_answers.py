@@ -154,3 +154,46 @@ async def test_a_lost_capture_answer_is_confirmed_from_reporting(
     [row] = await ledger(agent, sale.order_id)
     assert row.status is TransStatus.CAPTURED
     assert row.amount_cents == 200
+
+
+@pytest.mark.parametrize("lossy", ["/read-card"], indirect=True)
+@pytest.mark.parametrize("next_flow", [Flow.AUTHORIZE_CAPTURE, Flow.CHARGE_CARD])
+async def test_the_next_customer_waits_out_a_card_read_whose_answer_was_lost(
+    lossy: tuple[Agent, AnswerLosingProxy], next_flow: Flow
+) -> None:
+    agent, proxy = lossy
+    # ..05: nobody taps, so the read the service started waits for a card until it expires
+    lost = await agent.sales.start(
+        SaleRequest(source="test", flow=Flow.AUTHORIZE_CAPTURE, amount_cents=305),
+        ScriptedDispenser(),
+    )
+    event = await asyncio.wait_for(lost.result(), 15)
+    assert proxy.lost == 1
+    assert event.state is SaleState.FAILED  # at once: a read moves no money
+    machine = ScriptedDispenser(DispenseStatus.VENDED, vended_cents=300)
+    sale = await agent.sales.start(
+        SaleRequest(source="test", flow=next_flow, amount_cents=300), machine
+    )
+    served = await asyncio.wait_for(sale.result(), 15)
+    # served once the lost read ended, not refused with "terminal busy"
+    assert served.state is SaleState.COMPLETED, served.message
+    steps = [s.step for s in agent.journal.steps(sale.sale_id)]
+    assert steps.count("terminal.wait") == 1  # said once: why this customer waited
+    [row] = await ledger(agent, sale.order_id)
+    assert row.status is TransStatus.CAPTURED
+
+
+@pytest.mark.parametrize("lossy", ["/no-call-ends-so"], indirect=True)
+async def test_a_terminal_busy_with_no_lost_read_behind_it_refuses_at_once(
+    lossy: tuple[Agent, AnswerLosingProxy],
+) -> None:
+    agent, _ = lossy
+    handle = await agent.service.terminal.read_card("SIM-0001", 305)  # someone else's read
+    sale = await agent.sales.start(
+        SaleRequest(source="test", flow=Flow.CHARGE_CARD, amount_cents=300), ScriptedDispenser()
+    )
+    event = await asyncio.wait_for(sale.result(), 15)
+    assert event.state is SaleState.FAILED
+    assert "terminal busy" in event.message
+    assert "terminal.wait" not in [s.step for s in agent.journal.steps(sale.sale_id)]
+    await agent.service.terminal.cancel("SIM-0001", handle.interaction_id)
