@@ -197,3 +197,27 @@ async def test_a_terminal_busy_with_no_lost_read_behind_it_refuses_at_once(
     assert "terminal busy" in event.message
     assert "terminal.wait" not in [s.step for s in agent.journal.steps(sale.sale_id)]
     await agent.service.terminal.cancel("SIM-0001", handle.interaction_id)
+
+
+@pytest.mark.parametrize("lossy", ["/read-card"], indirect=True)
+async def test_a_customer_waiting_out_a_lost_card_read_may_cancel(
+    lossy: tuple[Agent, AnswerLosingProxy],
+) -> None:
+    agent, _ = lossy
+    lost = await agent.sales.start(
+        SaleRequest(source="test", flow=Flow.AUTHORIZE_CAPTURE, amount_cents=305),
+        ScriptedDispenser(),
+    )
+    await asyncio.wait_for(lost.result(), 15)
+    waiting = asyncio.Event()
+    agent.events.listen(lambda e: waiting.set() if e.step == "terminal.wait" else None)
+    machine = ScriptedDispenser()
+    sale = await agent.sales.start(
+        SaleRequest(source="test", flow=Flow.CHARGE_CARD, amount_cents=300), machine
+    )
+    await asyncio.wait_for(waiting.wait(), 5)
+    assert await agent.sales.cancel(sale.sale_id)
+    event = await asyncio.wait_for(sale.result(), 5)
+    assert event.state is SaleState.CANCELLED
+    assert machine.denied
+    assert await ledger(agent, sale.order_id) == []  # nothing charged
