@@ -14,7 +14,7 @@ from kiosk_agent.cli.sim import settings_from_ready
 from kiosk_agent.sales.clock import FakeClock
 from kiosk_agent.sales.journal import Journal, SaleRecord
 from kiosk_agent.sales.model import Flow, SaleRequest, money_text
-from kiosk_agent.sales.states import SaleState
+from kiosk_agent.sales.states import SaleState, Step
 from kiosk_agent.service.client import ServiceClient
 from kiosk_agent.service.models import ChargeRequest, TransactionFilter, TransStatus
 from tests.core.agent_helpers import ScriptedDispenser
@@ -332,3 +332,27 @@ async def test_a_lost_charge_card_found_already_given_back_shows_the_money_taken
     assert (record.trans_id, record.captured_cents, record.reversed_cents) == (trans_id, 300, 300)
     assert record.reverse_trans_id == back.trans_id
     assert money_text(record) == money_text(event) == "nothing charged ($3.00 given back)"
+
+
+async def test_a_lost_authorization_killed_before_reporting_first_answered_frees_its_terminal(
+    agent_factory: Any, tmp_path: Path
+) -> None:
+    # The agent died while the first lookup in reporting was on its way (slow reporting): the
+    # sale had journaled its lost answer and released the terminal, but was still AUTHORIZING,
+    # and the next customer was reading a card. The terminal takes sales once that read is
+    # ended, as for an UNRESOLVED one, not after the older sale's deadline.
+    clock = FakeClock(wall=time.time())
+    leave_open(
+        tmp_path, state=SaleState.AUTHORIZING, step=Step.AUTHORIZE_LOST,
+        answer_by=clock.time() + 30,
+    )
+    leave_open(tmp_path, state=SaleState.READING_CARD, sale_id="crashed2", order_id="KACRASHED2")
+    agent = await agent_factory(clock=clock)
+    assert agent.sales.busy_reason("SIM-0001") == "recovering sale crashed2"
+    await until(lambda: agent.sales.busy_reason("SIM-0001") is None)
+    lost = agent.journal.get("crashed1")
+    assert lost is not None
+    assert not lost.state.final  # reporting is asked until its deadline
+    ended = await clock.run(agent.recovery.wait())
+    states = {e.sale_id: e.state for e in ended}
+    assert states == {"crashed1": SaleState.FAILED, "crashed2": SaleState.FAILED}
