@@ -216,13 +216,15 @@ class SaleFlow(SaleSteps):
                     continue
                 return None, await self.busy(err, Step.READ_CARD_BUSY, Step.READ_CARD_CANCELLED)
             except ServiceError as err:
+                why = f"card read: {err}"
                 if isinstance(err, (ServerError, ServiceUnreachableError)):
                     # the read may have started, waiting for a card we cannot fetch
-                    self.context.lost_reads.lost(self.device, self.settings.interaction_lifetime)
+                    lifetime = self.settings.interaction_lifetime
+                    self.context.lost_reads.lost(self.device, lifetime)
+                    why += (f"; {self.device} may wait for a card up to {lifetime:.0f} s more "
+                            "(the next sale waits for it)")
                 # a read-card moves no money: a lost answer needs no reconciliation
-                return None, await self._fail(
-                    SaleState.FAILED, Step.READ_CARD_ERROR, f"card read: {err}"
-                )
+                return None, await self._fail(SaleState.FAILED, Step.READ_CARD_ERROR, why)
         self.step(
             Step.READ_CARD_ACCEPTED,
             interaction_id=handle.interaction_id,

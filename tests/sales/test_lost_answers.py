@@ -170,6 +170,7 @@ async def test_the_next_customer_waits_out_a_card_read_whose_answer_was_lost(
     event = await asyncio.wait_for(lost.result(), 15)
     assert proxy.lost == 1
     assert event.state is SaleState.FAILED  # at once: a read moves no money
+    assert "SIM-0001 may wait for a card" in event.message  # the machine hears why
     machine = ScriptedDispenser(DispenseStatus.VENDED, vended_cents=300)
     sale = await agent.sales.start(
         SaleRequest(source="test", flow=next_flow, amount_cents=300), machine
