@@ -223,6 +223,8 @@ class Recovery:
 
     async def _cancel_read(self, steps: SaleSteps) -> None:
         if steps.record.interaction_id is None:
+            # sent, its answer never heard: the read may still wait for a card (lost_reads.py)
+            self.context.lost_reads.lost(steps.device, self.settings.interaction_lifetime)
             return
         try:
             await self.service.terminal.cancel(steps.device, steps.record.interaction_id)

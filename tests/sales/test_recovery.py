@@ -13,7 +13,7 @@ import pytest
 from kiosk_agent.cli.sim import settings_from_ready
 from kiosk_agent.sales.clock import FakeClock
 from kiosk_agent.sales.journal import Journal, SaleRecord
-from kiosk_agent.sales.model import Flow, SaleRequest, money_text
+from kiosk_agent.sales.model import DispenseStatus, Flow, SaleRequest, money_text
 from kiosk_agent.sales.states import SaleState, Step
 from kiosk_agent.service.client import ServiceClient
 from kiosk_agent.service.models import ChargeRequest, TransactionFilter, TransStatus
@@ -356,3 +356,25 @@ async def test_a_lost_authorization_killed_before_reporting_first_answered_frees
     ended = await clock.run(agent.recovery.wait())
     states = {e.sale_id: e.state for e in ended}
     assert states == {"crashed1": SaleState.FAILED, "crashed2": SaleState.FAILED}
+
+
+async def test_a_card_read_sent_before_the_crash_is_waited_out_by_the_next_customer(
+    agent_factory: Any, sim_factory: Any, tmp_path: Path
+) -> None:
+    # The agent died after sending a read-card, before its answer (its id never journaled):
+    # the read still waits for a card on the terminal (..05: nobody taps; it expires). The
+    # next customer is served once it ends, not refused with "terminal busy".
+    sim = await sim_factory(time_scale=300, transactions=0)
+    async with ServiceClient(settings_from_ready(sim.ready_info())) as service:
+        await service.terminal.read_card("SIM-0001", 305)
+    leave_open(tmp_path, state=SaleState.READING_CARD, amount_cents=305)
+    agent = await agent_factory(sim=sim)
+    [ended] = await asyncio.wait_for(agent.recovery.wait(), 10)
+    assert ended.state is SaleState.FAILED
+    machine = ScriptedDispenser(DispenseStatus.VENDED, vended_cents=300)
+    sale = await agent.sales.start(
+        SaleRequest(source="test", flow=Flow.AUTHORIZE_CAPTURE, amount_cents=300), machine
+    )
+    event = await asyncio.wait_for(sale.result(), 10)
+    assert event.state is SaleState.COMPLETED, event.message
+    assert "terminal.wait" in [s.step for s in agent.journal.steps(sale.sale_id)]
