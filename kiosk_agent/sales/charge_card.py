@@ -96,9 +96,11 @@ class ChargeCardFlow(SaleFlow):
         and asked again (a 409 started nothing: the same order id, a fresh deadline)."""
         while True:
             try:
-                return await self.money_call(
+                handle = await self.money_call(
                     self.service.terminal.charge_card(self.device, amount, order_id=order_id)
                 )
+                self.context.lost_reads.ended(self.device)
+                return handle
             except ConflictError as err:
                 if not await self.held_by_lost_read(err):
                     raise

@@ -210,6 +210,7 @@ class SaleFlow(SaleSteps):
         while True:
             try:
                 handle = await self.service.terminal.read_card(self.device, amount)
+                self.context.lost_reads.ended(self.device)
                 break
             except ConflictError as err:
                 if await self.held_by_lost_read(err):

@@ -27,6 +27,10 @@ class LostReads:
         """A read-card on ``device`` was sent and its answer lost (given up on now)."""
         self._until[device] = self._clock.monotonic() + lifetime
 
+    def ended(self, device: str) -> None:
+        """``device`` took a new interaction: no older one holds it any more."""
+        self._until.pop(device, None)
+
     def left(self, device: str) -> float | None:
         """Seconds the lost read may still hold ``device``; None when it cannot any more."""
         until = self._until.get(device)

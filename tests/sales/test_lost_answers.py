@@ -222,3 +222,24 @@ async def test_a_customer_waiting_out_a_lost_card_read_may_cancel(
     assert event.state is SaleState.CANCELLED
     assert machine.denied
     assert await ledger(agent, sale.order_id) == []  # nothing charged
+
+
+@pytest.mark.parametrize("lossy", ["/read-card"], indirect=True)
+async def test_a_terminal_that_took_a_new_sale_is_no_longer_held_by_a_lost_read(
+    lossy: tuple[Agent, AnswerLosingProxy],
+) -> None:
+    agent, _ = lossy
+    # the lost read ends at once (the simulator taps a card on it): the terminal is free again
+    lost = await agent.sales.start(
+        SaleRequest(source="test", flow=Flow.AUTHORIZE_CAPTURE, amount_cents=300),
+        ScriptedDispenser(),
+    )
+    await asyncio.wait_for(lost.result(), 15)
+    assert agent.sales.context.lost_reads.left("SIM-0001") is not None
+    sale = await agent.sales.start(
+        SaleRequest(source="test", flow=Flow.CHARGE_CARD, amount_cents=300),
+        ScriptedDispenser(DispenseStatus.VENDED, vended_cents=300),
+    )
+    await asyncio.wait_for(sale.result(), 15)
+    # the terminal took it: a busy answer from now on is someone else's, refused at once
+    assert agent.sales.context.lost_reads.left("SIM-0001") is None
