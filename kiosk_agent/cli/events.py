@@ -121,6 +121,11 @@ async def events_command(args: argparse.Namespace) -> int:
             return
         if kind == "doctor":
             return
+        if kind == "gap":  # whatever the filters: the steps lost may be the ones wanted
+            say_gap(data)
+            if as_json:
+                print(json.dumps({"kind": kind, **data}), flush=True)
+            return
         if kind == "note":
             kind = data.get("kind") or "status"
         if not filters.wants(kind, data):
@@ -131,6 +136,16 @@ async def events_command(args: argparse.Namespace) -> int:
     return await follow(args, show)
 
 
+def say_gap(data: dict[str, Any]) -> None:
+    """Events lost between two lines shown (this reader fell behind the agent): said on
+    standard error where they were lost, never a history with a hole shown as whole."""
+    from kiosk_agent.text import for_terminal
+
+    missed = data.get("missed")
+    print(for_terminal(f"warning: {missed} event(s) missed here: this reader fell behind the "
+                       "agent; `kiosk-agent sales` has every step"), file=sys.stderr, flush=True)
+
+
 async def watch_health(args: argparse.Namespace) -> int:
     """``health --watch``: the snapshot again whenever it changes, until Ctrl-C."""
     from kiosk_agent.cli.fleet import format_health
@@ -139,6 +154,7 @@ async def watch_health(args: argparse.Namespace) -> int:
     as_json = wants_json(args)
 
     def show(kind: str, data: dict[str, Any]) -> None:
+        # a gap in the stream loses sale steps, not health: each snapshot is whole
         if kind != "health":
             return
         snapshot = data["health"]

@@ -19,6 +19,8 @@ rebinding page names its own host: 403); an ``Origin``, when sent, must match ``
     POST   /api/v1/sales/{sale_id}/dispensed {status: vended|failed, detail?}  (confirm_dispense)
     GET    /api/v1/sales/{sale_id}/events WebSocket: each step as JSON, closed after the last
     GET    /api/v1/events                 WebSocket: every step of every sale from this app
+                                          (a reader that fell behind gets {gap: true, missed,
+                                          sale_id, message} where steps were lost)
     GET    /api/v1/status                 the platform's status
 
 ``amount`` is a string of dollars (``"2.50"``) or integer cents; configured ``products`` give the
@@ -273,6 +275,18 @@ def event_json(event: SaleEvent) -> dict[str, Any]:
         "terminal": event.terminal,
         "message": event.message,
         "at": event.at,
+    }
+
+
+def gap_json(missed: int, sale_id: str | None) -> dict[str, Any]:
+    """Said in a stream where steps were lost (the app read slower than the agent wrote)."""
+    where = f"GET /api/v1/sales/{sale_id}" if sale_id else "GET /api/v1/sales/{sale_id}"
+    return {
+        "gap": True,
+        "missed": missed,
+        "sale_id": sale_id,
+        "message": f"{missed} step(s) missed here (this reader fell behind); {where} has the "
+        "latest",
     }
 
 
@@ -592,7 +606,10 @@ class KioskApi:
         await ws.prepare(request)
         self._sockets.add(ws)
         try:
-            async with self.agent.events.subscribe() as queue:
+            # only this app's steps are queued: a busy bus elsewhere costs this stream nothing
+            async with self.agent.events.subscribe(
+                lambda event: event.source == self.name and not event.receipt and wanted(event)
+            ) as queue:
                 # the follower filed every step published before (a listener: at once)
                 latest = self._latest.get(sale_id) if sale_id else None
                 if latest is not None:
@@ -605,8 +622,9 @@ class KioskApi:
                         event = await next_item(queue, reader)
                         if event is None:
                             break  # the app closed the socket
-                        if event.source != self.name or event.receipt or not wanted(event):
-                            continue
+                        missed = queue.take_missed()
+                        if missed:  # the app fell behind: it must not take a hole for a whole
+                            await ws.send_json(gap_json(missed, sale_id))
                         await ws.send_json(event_json(event))
                         if sale_id is not None and event.state.final:
                             break

@@ -507,3 +507,32 @@ async def test_an_enrollment_without_what_the_vault_needs_is_refused_naming_the_
     assert answer["field"] == field
     assert message in answer["message"]
     assert app.api.agent.journal.count() == 0  # refused before anything is journaled
+
+
+async def test_an_app_that_fell_behind_is_told_how_many_steps_it_missed_and_where(
+    app: App,
+) -> None:
+    """Before: an app reading the event stream slower than the agent wrote it lost the steps
+    past its queue (256) without a word."""
+    from kiosk_agent.sales.model import SaleEvent
+
+    async with app.session.ws_connect(f"{app.base}/events?token={TOKEN}") as ws:
+        await until(lambda: app.api.agent.events.subscriber_count > 0 and _streaming(app))
+        ids = [f"burst{n:011d}" for n in range(300)]
+        for sale_id in ids:  # at once: no reader runs meanwhile
+            app.api.agent.events.publish(SaleEvent(
+                sale_id=sale_id, order_id=f"o-{sale_id}", source=app.api.name,
+                state=SaleState.STARTED, amount_cents=100,
+            ))  # fmt: skip
+        app.api.agent.events.publish(SaleEvent(  # not this app's: neither queued nor counted
+            sale_id="other", order_id="o", source="mdb:front", state=SaleState.STARTED,
+            amount_cents=100))
+        messages = [await asyncio.wait_for(ws.receive_json(), 10) for _ in range(257)]
+    assert messages[0]["gap"] is True
+    assert messages[0]["missed"] == 44  # the first 44 are lost, and said to be, first
+    assert "44 step(s) missed here" in messages[0]["message"]
+    assert [m["sale_id"] for m in messages[1:]] == ids[44:]
+
+
+def _streaming(app: App) -> bool:
+    return bool(app.api._sockets)  # the stream's subscription is open

@@ -226,6 +226,12 @@ function follow() {
     const note = JSON.parse(event.data);
     addEvent(note.at, note.text, /^problem/.test(note.text) ? "bad" : "");
   });
+  stream.addEventListener("gap", (event) => {
+    // this page fell behind the agent: say where its list of events has a hole
+    const gap = JSON.parse(event.data);
+    addEvent(gap.at, gap.text, "bad", { sale: "", step: "gap" });
+    reloadSoon();  // the sales lists come from the journal: whole again
+  });
   stream.addEventListener("sale", (event) => {
     const sale = JSON.parse(event.data);
     // the step names what happened: three lines of one sale read as three different steps
