@@ -161,7 +161,7 @@ async def watch_health(args: argparse.Namespace) -> int:
         if as_json:
             print(json.dumps(snapshot), flush=True)
             return
-        stamp = time.strftime("%H:%M:%S", time.localtime(snapshot.get("at") or time.time()))
+        stamp = time.strftime("%H:%M:%SZ", time.gmtime(snapshot.get("at") or time.time()))
         print(f"-- {stamp}\n{for_terminal(format_health(snapshot), keep_lines=True)}", flush=True)
 
     return await follow(args, show)
@@ -253,11 +253,12 @@ async def server_sent_events(
 
 
 def event_line(kind: str, data: dict[str, Any]) -> str:
-    """One event for people: ``10:15:30  SIM-0007  sale 3f2a9c0d  read_card.request ->
+    """One event for people: ``10:15:30Z  SIM-0007  sale 3f2a9c0d  read_card.request ->
     reading_card  $5.00 requested  present a card on SIM-0007``."""
     from kiosk_agent.text import for_terminal  # on use: `--help` does not wait for it
 
-    stamp = time.strftime("%H:%M:%S", time.localtime(data.get("at") or time.time()))
+    # UTC, as every time the command line and the status page show
+    stamp = time.strftime("%H:%M:%SZ", time.gmtime(data.get("at") or time.time()))
     if kind == "sale":
         where = data.get("terminal") or data.get("source") or "-"
         parts = [

@@ -152,6 +152,8 @@ def test_filters_pick_by_terminal_sale_and_kind() -> None:
     assert Filters(terminal="SIM-0001").wants("availability", note)
     line = event_line("sale", {**sale, "at": 0, "state": "started", "money": "$5.00 requested"})
     assert line.endswith("SIM-0007    sale 3f2a9c0d  created -> started  $5.00 requested")
+    late = event_line("sale", {**sale, "at": 3600.0, "state": "started"})
+    assert late.startswith("01:00:00Z  ")  # UTC, said, whatever the zone of the machine
 
 
 def test_an_event_line_shows_outside_words_and_never_obeys_them() -> None:
