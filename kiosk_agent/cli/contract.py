@@ -876,7 +876,9 @@ def say(args: argparse.Namespace, line: str, **result: object) -> None:
         print(json.dumps({**{k: jsonable(v) for k, v in result.items()}, "message": line},
                          indent=2))
     else:
-        print(line)
+        from kiosk_agent.text import for_terminal  # a service's words (a trans_id): never obeyed
+
+        print(for_terminal(line))
 
 
 def print_json(data: object) -> None:
