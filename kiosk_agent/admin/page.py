@@ -433,6 +433,9 @@ class StatusPage:
                     except TimeoutError:
                         event = None
                     if event is not None:
+                        missed = queue.take_missed()
+                        if missed:  # this reader fell behind: its history has a hole here
+                            await _send(response, "gap", gap_view(missed))
                         await _send(response, "sale", sale_event_view(event))
                         quiet_since = time.monotonic()
                     elif time.monotonic() - quiet_since > KEEPALIVE_S:
@@ -506,6 +509,17 @@ def sale_event_view(event: SaleEvent) -> dict[str, Any]:
         "money": money_text(event),
         "message": event.message,
         "at": event.at or time.time(),
+    }
+
+
+def gap_view(missed: int) -> dict[str, Any]:
+    """The marker of steps a slow reader of the event stream lost (its queue was full): said
+    where they were lost, so no one reads a history with a hole as if it were whole."""
+    return {
+        "missed": missed,
+        "at": time.time(),
+        "text": f"{missed} event(s) missed here: this reader fell behind the agent "
+        "(the journal has every step: the sales list, `kiosk-agent sales`)",
     }
 
 
