@@ -56,7 +56,7 @@ from kiosk_agent.platforms.virtual import ControllerOptions, VirtualController, 
 from kiosk_agent.sim.server import SimOptions, SimServer
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from agent import _cpu_seconds, percentile  # the sibling bench's helpers
+from agent import _cpu_ns, percentile  # the sibling bench's helpers
 
 TIME_SCALE = 1000.0
 CARD_DELAY_SIM_S = 1.5  # choices.md: a card is presented 1.5 simulated seconds after the start
@@ -245,17 +245,17 @@ async def _measure(
         ready_s = time.perf_counter() - spawned
         await asyncio.wait_for(controller.wait_enabled(), 30)
         await asyncio.sleep(2.0)  # start-up work settles (first pings, recovery)
-        cpu_before, wall_before = _cpu_seconds(proc.pid), time.perf_counter()
+        cpu_before, wall_before = _cpu_ns(proc.pid) / 1e9, time.perf_counter()
         await asyncio.sleep(args.idle_seconds)
-        idle = (_cpu_seconds(proc.pid) - cpu_before) / (time.perf_counter() - wall_before)
+        idle = (_cpu_ns(proc.pid) / 1e9 - cpu_before) / (time.perf_counter() - wall_before)
 
         rng = random.Random(1)
         throttled_before = budget.throttled()
-        cpu_before, started = _cpu_seconds(proc.pid), time.perf_counter()
+        cpu_before, started = _cpu_ns(proc.pid) / 1e9, time.perf_counter()
         for _ in range(args.sales):  # back to back: how many a minute the budget serves
             await asyncio.wait_for(controller.customer(rng.choice(sorted(PRODUCTS))), 30)
         elapsed = time.perf_counter() - started
-        sale_cpu = (_cpu_seconds(proc.pid) - cpu_before) / args.sales
+        sale_cpu = (_cpu_ns(proc.pid) / 1e9 - cpu_before) / args.sales
         throttled = budget.throttled() - throttled_before
         back_to_back = _latencies(controller.visits)
         first_alone = len(controller.visits)

@@ -1,7 +1,9 @@
 """A small in-process publish/subscribe bus: sale steps and health changes, fanned out.
 
 Subscribers get their own bounded queue so a slow live view can never stall a sale: when a
-queue is full the oldest item is dropped and counted. Listeners are called in ``publish`` itself,
+queue is full the oldest item is dropped and counted, and the subscription keeps how many it lost
+since it last looked (``Subscription.take_missed``), so a reader can say where its history has a
+hole instead of showing one as if it were whole. Listeners are called in ``publish`` itself,
 for quick bookkeeping in memory (health, availability, a platform's latest steps): no task wakes
 per event for them, which on a small computer is a good part of a sale's CPU.
 """
@@ -19,10 +21,41 @@ T = TypeVar("T")
 _LOGGER = logging.getLogger(__name__)
 
 
+class Subscription(asyncio.Queue[T]):
+    """A subscriber's queue of events, with the count of those it lost to a full queue."""
+
+    def __init__(self, maxsize: int, wanted: Callable[[T], bool] | None = None) -> None:
+        super().__init__(maxsize)
+        self.wanted = wanted  # only these are queued (and counted when lost)
+        self._missed = 0  # lost since the item last taken: all before the oldest still queued
+        self._missed_before_taken = 0
+        self._dropping = False
+
+    def drop_oldest(self) -> None:
+        """Make room for a new event: the oldest is lost, and counted."""
+        self._dropping = True
+        try:
+            self.get_nowait()
+        finally:
+            self._dropping = False
+        self._missed += 1
+
+    def _get(self) -> T:  # asyncio.Queue's hook, under get() and get_nowait()
+        item: T = super()._get()
+        if not self._dropping:  # a reader took it: the loss so far lies just before it
+            self._missed_before_taken, self._missed = self._missed, 0
+        return item
+
+    def take_missed(self) -> int:
+        """How many events were lost just before the item last taken (0: none), once."""
+        missed, self._missed_before_taken = self._missed_before_taken, 0
+        return missed
+
+
 class EventBus(Generic[T]):
     def __init__(self, queue_size: int = 256) -> None:
         self._queue_size = queue_size
-        self._subscribers: set[asyncio.Queue[T]] = set()
+        self._subscribers: set[Subscription[T]] = set()
         self._listeners: list[Callable[[T], None]] = []
         self.dropped = 0
         self.listener_errors = 0  # listeners that raised (logged; the publisher never sees it)
@@ -35,14 +68,28 @@ class EventBus(Generic[T]):
                 self.listener_errors += 1
                 _LOGGER.exception("an event listener failed on %r", event)
         for queue in self._subscribers:
+            if queue.wanted is not None and not self._wanted(queue.wanted, event):
+                continue
             if queue.full():
-                queue.get_nowait()
+                queue.drop_oldest()
                 self.dropped += 1
             queue.put_nowait(event)
 
+    def _wanted(self, wanted: Callable[[T], bool], event: T) -> bool:
+        try:
+            return wanted(event)
+        except Exception:  # a filter's bug: the subscriber gets the event rather than a hole
+            self.listener_errors += 1
+            _LOGGER.exception("an event filter failed on %r", event)
+            return True
+
     @contextlib.asynccontextmanager
-    async def subscribe(self) -> AsyncIterator[asyncio.Queue[T]]:
-        queue: asyncio.Queue[T] = asyncio.Queue(self._queue_size)
+    async def subscribe(
+        self, wanted: Callable[[T], bool] | None = None
+    ) -> AsyncIterator[Subscription[T]]:
+        """A queue of every event published from now on (only those ``wanted``, when given:
+        quick and synchronous, called in ``publish``), for as long as the context runs."""
+        queue: Subscription[T] = Subscription(self._queue_size, wanted)
         self._subscribers.add(queue)
         try:
             yield queue

@@ -40,3 +40,16 @@ def for_terminal(text: str, *, keep_lines: bool = False) -> str:
         else:
             out.append(char)
     return "".join(out)
+
+
+def for_terminal_in(value: object) -> object:
+    """Every string in a JSON-like ``value`` (keys too) as :func:`for_terminal` shows it: a
+    report from outside (an agent's health, a unit's retained state) made safe to format for
+    a terminal in one pass, whatever field of it the text then shows."""
+    if isinstance(value, str):
+        return for_terminal(value)
+    if isinstance(value, dict):
+        return {for_terminal_in(k): for_terminal_in(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [for_terminal_in(v) for v in value]
+    return value

@@ -20,7 +20,6 @@ that never serves ``/metrics`` never loads it (its cost is in pyproject.toml's c
 
 from __future__ import annotations
 
-import asyncio
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
@@ -73,7 +72,7 @@ class AgentMetrics:
         self.timings = Timings(self.registry)
         self._agent = agent
         self._unsubscribe: Callable[[], None] | None = None
-        self._task: asyncio.Task[None] | None = None
+        self._unlisten: Callable[[], None] | None = None
 
     def start(self) -> None:
         """Time every service call and every sale from now on."""
@@ -82,16 +81,17 @@ class AgentMetrics:
             self._unsubscribe = service.transport.observe(self.timings.call)
         events = getattr(self._agent, "events", None)
         if events is not None:
-            self._task = asyncio.create_task(self.timings.follow(events), name="metrics-sales")
+            # a listener, in publish: a queue would lose steps past its size under a burst,
+            # and a sale whose end was lost would never be timed
+            self._unlisten = events.listen(self.timings.sale)
 
     async def stop(self) -> None:
         if self._unsubscribe is not None:
             self._unsubscribe()
             self._unsubscribe = None
-        if self._task is not None:
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
-            self._task = None
+        if self._unlisten is not None:
+            self._unlisten()
+            self._unlisten = None
 
     def exposition(self, accept: str | None) -> tuple[bytes, str]:
         """(body, content type): OpenMetrics when ``accept`` asks for it, else the text format."""
@@ -139,12 +139,6 @@ class Timings:
             if started is not None:
                 labels = {"terminal": event.terminal or "", "state": event.state.value}
                 self.sale_seconds.labels(**labels).observe(now - started)
-
-    async def follow(self, events: Any) -> None:
-        """Consume the agent's ``EventBus[SaleEvent]`` until cancelled."""
-        async with events.subscribe() as queue:
-            while True:
-                self.sale(await queue.get())
 
 
 class AgentCollector(Collector):

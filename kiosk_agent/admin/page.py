@@ -433,6 +433,9 @@ class StatusPage:
                     except TimeoutError:
                         event = None
                     if event is not None:
+                        missed = queue.take_missed()
+                        if missed:  # this reader fell behind: its history has a hole here
+                            await _send(response, "gap", gap_view(missed))
                         await _send(response, "sale", sale_event_view(event))
                         quiet_since = time.monotonic()
                     elif time.monotonic() - quiet_since > KEEPALIVE_S:
@@ -509,6 +512,17 @@ def sale_event_view(event: SaleEvent) -> dict[str, Any]:
     }
 
 
+def gap_view(missed: int) -> dict[str, Any]:
+    """The marker of steps a slow reader of the event stream lost (its queue was full): said
+    where they were lost, so no one reads a history with a hole as if it were whole."""
+    return {
+        "missed": missed,
+        "at": time.time(),
+        "text": f"{missed} event(s) missed here: this reader fell behind the agent "
+        "(the journal has every step: the sales list, `kiosk-agent sales`)",
+    }
+
+
 def health_view(snapshot: dict[str, Any]) -> dict[str, Any]:
     """The health snapshot as the page shows it (the page never does arithmetic on money)."""
     return {
@@ -520,11 +534,14 @@ def health_view(snapshot: dict[str, Any]) -> dict[str, Any]:
 
 def availability(snapshot: dict[str, Any]) -> dict[str, Any]:
     """How many readers can take cards now, and which cannot and why: the agent's own
-    out-of-service decision per terminal (``core.availability``, in the health snapshot).
+    out-of-service decision per terminal (``core.availability``, in the health snapshot), and a
+    terminal whose checks fail while it is held in service a moment longer (the hold-off: one
+    lost ping must not take a reader off the bus) counted as one that cannot, with its trouble:
+    "2 of 2 can take cards" beside an OFFLINE terminal would be a lie for that moment.
     ``level`` is ``ok`` when all can, ``degraded`` when some cannot, ``down`` when none can."""
     states = snapshot.get("availability") or []
     names = {t["device_id"]: t.get("name") for t in snapshot.get("terminals", [])}
-    out = [s for s in states if not s.get("available", True)]
+    out = [s for s in states if not s.get("available", True) or s.get("failing")]
     able = len(states) - len(out)
     if not states:
         return {"available": False, "level": "down", "summary": "no reader checked yet",
@@ -534,8 +551,11 @@ def availability(snapshot: dict[str, Any]) -> dict[str, Any]:
         {
             "device_id": s["device_id"],
             "name": names.get(s["device_id"]),
-            "reason": s.get("reason") or "unavailable",
-            "since": s.get("since"),
+            "reason": (
+                s.get("reason") or "unavailable" if not s.get("available", True)
+                else f"{s['failing']} (checked again before it is taken out of service)"
+            ),
+            "since": s.get("since") if not s.get("available", True) else None,
         }
         for s in out
     ]

@@ -845,8 +845,8 @@ def as_text(value: object) -> str:
         return "yes" if value else "no"
     if isinstance(value, Decimal):
         return f"{value:.2f}"
-    if isinstance(value, dt.datetime):
-        return value.astimezone(dt.UTC).strftime("%Y-%m-%d %H:%M:%S")
+    if isinstance(value, dt.datetime):  # UTC, and said, as every time the command line prints
+        return value.astimezone(dt.UTC).strftime("%Y-%m-%d %H:%M:%SZ")
     from kiosk_agent.text import for_terminal  # on use: `--help` does not wait for it
 
     # the service's words (a name, a reason, a custom field): shown, never obeyed
@@ -876,7 +876,9 @@ def say(args: argparse.Namespace, line: str, **result: object) -> None:
         print(json.dumps({**{k: jsonable(v) for k, v in result.items()}, "message": line},
                          indent=2))
     else:
-        print(line)
+        from kiosk_agent.text import for_terminal  # a service's words (a trans_id): never obeyed
+
+        print(for_terminal(line, keep_lines=True))  # its own line ends are its layout
 
 
 def print_json(data: object) -> None:

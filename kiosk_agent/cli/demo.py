@@ -200,7 +200,7 @@ class LiveView:
         self.out.flush()
 
     def _line(self, source: str, text: str, colour: str) -> None:
-        stamp = time.strftime("%H:%M:%S")
+        stamp = time.strftime("%H:%M:%SZ", time.gmtime())  # UTC, as the status page it links
         if self.fancy:
             self._clear_status()
             paint = _COLOURS if self.colour else dict.fromkeys(_COLOURS, "")

@@ -121,6 +121,11 @@ async def events_command(args: argparse.Namespace) -> int:
             return
         if kind == "doctor":
             return
+        if kind == "gap":  # whatever the filters: the steps lost may be the ones wanted
+            say_gap(data)
+            if as_json:
+                print(json.dumps({"kind": kind, **data}), flush=True)
+            return
         if kind == "note":
             kind = data.get("kind") or "status"
         if not filters.wants(kind, data):
@@ -131,6 +136,16 @@ async def events_command(args: argparse.Namespace) -> int:
     return await follow(args, show)
 
 
+def say_gap(data: dict[str, Any]) -> None:
+    """Events lost between two lines shown (this reader fell behind the agent): said on
+    standard error where they were lost, never a history with a hole shown as whole."""
+    from kiosk_agent.text import for_terminal
+
+    missed = data.get("missed")
+    print(for_terminal(f"warning: {missed} event(s) missed here: this reader fell behind the "
+                       "agent; `kiosk-agent sales` has every step"), file=sys.stderr, flush=True)
+
+
 async def watch_health(args: argparse.Namespace) -> int:
     """``health --watch``: the snapshot again whenever it changes, until Ctrl-C."""
     from kiosk_agent.cli.fleet import format_health
@@ -139,13 +154,14 @@ async def watch_health(args: argparse.Namespace) -> int:
     as_json = wants_json(args)
 
     def show(kind: str, data: dict[str, Any]) -> None:
+        # a gap in the stream loses sale steps, not health: each snapshot is whole
         if kind != "health":
             return
         snapshot = data["health"]
         if as_json:
             print(json.dumps(snapshot), flush=True)
             return
-        stamp = time.strftime("%H:%M:%S", time.localtime(snapshot.get("at") or time.time()))
+        stamp = time.strftime("%H:%M:%SZ", time.gmtime(snapshot.get("at") or time.time()))
         print(f"-- {stamp}\n{for_terminal(format_health(snapshot), keep_lines=True)}", flush=True)
 
     return await follow(args, show)
@@ -237,11 +253,12 @@ async def server_sent_events(
 
 
 def event_line(kind: str, data: dict[str, Any]) -> str:
-    """One event for people: ``10:15:30  SIM-0007  sale 3f2a9c0d  read_card.request ->
+    """One event for people: ``10:15:30Z  SIM-0007  sale 3f2a9c0d  read_card.request ->
     reading_card  $5.00 requested  present a card on SIM-0007``."""
     from kiosk_agent.text import for_terminal  # on use: `--help` does not wait for it
 
-    stamp = time.strftime("%H:%M:%S", time.localtime(data.get("at") or time.time()))
+    # UTC, as every time the command line and the status page show
+    stamp = time.strftime("%H:%M:%SZ", time.gmtime(data.get("at") or time.time()))
     if kind == "sale":
         where = data.get("terminal") or data.get("source") or "-"
         parts = [

@@ -180,8 +180,10 @@ def verdict(report: Report) -> str:
 
 
 def _print_check(check: Check) -> None:
-    for line in check.lines():
-        print(line, flush=True)
+    from kiosk_agent.text import for_terminal  # on use: `--help` does not wait for it
+
+    for line in check.lines():  # a service's or a terminal's words: shown, never obeyed
+        print(for_terminal(line), flush=True)
 
 
 async def _check_service(report: Report, config: Config, args: argparse.Namespace) -> None:
@@ -275,8 +277,12 @@ async def list_command(args: argparse.Namespace) -> int:
     return EXIT_OK if healthy else EXIT_FAILED
 
 
-def format_fleet(rows: list[dict[str, Any]], now: float) -> str:
-    """The fleet as a table, one unit a line; problems shortened to the first."""
+def format_fleet(units: list[dict[str, Any]], now: float) -> str:
+    """The fleet as a table, one unit a line; problems shortened to the first. The units' words
+    (their ids, versions, problems) are shown, never obeyed by the terminal."""
+    from kiosk_agent.text import for_terminal_in  # on use: `--help` does not wait for it
+
+    rows: list[dict[str, Any]] = for_terminal_in(units)  # type: ignore[assignment]
     header = ("UNIT", "STATUS", "LAST SEEN", "SALES TODAY", "VERSION", "PROBLEMS")
     lines = [header]
     for row in rows:
@@ -316,12 +322,14 @@ async def show_command(args: argparse.Namespace) -> int:
         return EXIT_OK if summary["status"] == "ok" else EXIT_FAILED
     STATUS.clear()
     summary = unit.summary(now)
-    print(f"unit:     {device_id}  ({unit.availability or 'availability unknown'}, "
-          f"last seen {_ago(summary['last_seen'], now)})")
+    from kiosk_agent.text import for_terminal  # on use: `--help` does not wait for it
+
+    print(for_terminal(f"unit:     {device_id}  ({unit.availability or 'availability unknown'}, "
+                       f"last seen {_ago(summary['last_seen'], now)})"))
     if unit.report is not None:
         print(format_health({**unit.report, "status": summary["status"]}))
     if unit.defect is not None:
-        print(f"status:   {summary['status'].upper()}\nproblem:  {unit.defect}")
+        print(f"status:   {summary['status'].upper()}\nproblem:  {for_terminal(unit.defect)}")
     elif unit.report is None:  # its availability alone: say why it is not ok
         print(f"status:   {summary['status'].upper()}\nproblem:  no report of it on the broker "
               "(cleared, or the unit has not reported yet)")
@@ -366,8 +374,10 @@ async def forget_command(args: argparse.Namespace) -> int:
     else:
         print(f"forgot {device_id}: cleared {len(cleared)} retained topic(s) "
               f"({len(found)} were set); Home Assistant removes its entities now")
+        from kiosk_agent.text import for_terminal  # the broker's topic names: never obeyed
+
         for topic in cleared:
-            print(f"  {topic}")
+            print(f"  {for_terminal(topic)}")
     return EXIT_OK
 
 
@@ -548,7 +558,12 @@ def admin_address(args: argparse.Namespace) -> tuple[str, str]:
     return f"http://{host}:{admin['port']}", str(token)
 
 
-def format_health(snapshot: dict[str, Any]) -> str:
+def format_health(report: dict[str, Any]) -> str:
+    """An agent's health for people. Its words come from outside (a service's answer, a
+    machine's message, a unit's report): shown, never obeyed by the terminal."""
+    from kiosk_agent.text import for_terminal_in  # on use: `--help` does not wait for it
+
+    snapshot: dict[str, Any] = for_terminal_in(report)  # type: ignore[assignment]
     sales = snapshot.get("sales", {})
     service = snapshot.get("service", {})
     lines = [
@@ -580,8 +595,9 @@ def format_health(snapshot: dict[str, Any]) -> str:
         )
     for state in snapshot.get("availability", []):
         if not state.get("available", True):
+            # UTC, as every time the command line prints
             lines.append(f"card:     {state['device_id']:<12} OUT OF SERVICE since "
-                         f"{time.strftime('%H:%M:%S', time.localtime(state['since']))}: "
+                         f"{time.strftime('%H:%M:%SZ', time.gmtime(state['since']))}: "
                          f"{state.get('reason', '')}")
     if snapshot.get("journal", {}).get("writable") is False:
         lines.append(f"journal:  NOT WRITABLE {snapshot['journal'].get('detail', '')}")

@@ -61,8 +61,8 @@ NOUNS = {"transactions": "transaction", "deposits": "deposit", "chargebacks": "c
          "adjustments": "adjustment", "merchants": "merchant", "merchant_states": "merchant"}
 # Table widths; longer values are cut with an ellipsis so the stream never waits to align.
 COLUMN_WIDTHS: dict[str, int] = {
-    "trans_date": 19, "deposit_date": 19, "chargeback_date": 19, "adjustment_date": 19,
-    "updated": 19, "amount": 12, "status": 18, "result": 6, "mid": 12, "card_number": 16,
+    "trans_date": 20, "deposit_date": 20, "chargeback_date": 20, "adjustment_date": 20,
+    "updated": 20, "amount": 12, "status": 18, "result": 6, "mid": 12, "card_number": 16,
     "transaction_count": 5, "merchant_id": 8,
 }
 DEFAULT_WIDTH = 20

@@ -77,10 +77,14 @@ async def terminals_list(args: argparse.Namespace) -> int:
     if not terminals:
         print("no terminals on this account", file=out)
     elif offline:
+        from kiosk_agent.text import for_terminal  # the service's device ids: never obeyed
+
         print(
-            f"\n{len(offline)} of {len(terminals)} offline: {', '.join(offline)}. "
-            f"Fix: check power and network of the reader, then `kiosk-agent terminals ping "
-            f"{offline[0]}`.",
+            for_terminal(
+                f"\n{len(offline)} of {len(terminals)} offline: {', '.join(offline)}. "
+                f"Fix: check power and network of the reader, then `kiosk-agent terminals "
+                f"ping {offline[0]}`.", keep_lines=True,
+            ),
             file=out,
         )
     else:

@@ -184,6 +184,9 @@ class Availability:
             reason = "; ".join(reasons)
             state = tracked.state
             if not reasons:
+                if tracked.failing_since is not None and state.available:
+                    tracked.failing_since = None
+                    self._report(tracked)  # the hold-off is over: its trouble no longer shown
                 tracked.failing_since = None
                 if not state.available:
                     self._change(tracked, True, "")
@@ -201,6 +204,8 @@ class Availability:
                                  device_id, reason, self.hold_off)
             if at_start or now - tracked.failing_since >= self.hold_off:
                 self._change(tracked, False, reason)
+            else:  # still in service, but health, the page and the CLI say it is failing
+                self._report(tracked, failing=reason)
 
     def _journal_fault(self) -> bool:
         journal = self._health.journal
@@ -251,7 +256,7 @@ class Availability:
         self._report(tracked)
         self._tell(tracked.state)
 
-    def _report(self, tracked: _Tracked) -> None:
+    def _report(self, tracked: _Tracked, failing: str = "") -> None:
         state = tracked.state
         self._health.report_availability(
             state.device_id,
@@ -259,6 +264,7 @@ class Availability:
             reason=state.reason,
             since=state.since,
             changes=tracked.changes,
+            failing=failing,
         )
 
     def _tell(self, state: TerminalState) -> None:

@@ -158,6 +158,19 @@ def max_price_check(*prices: str) -> Callable[[dict[str, Any]], dict[str, Any]]:
     return check
 
 
+def no_enrollment(config: dict[str, Any]) -> dict[str, Any]:
+    """A voluptuous step for a platform that cannot ask the customer's details (a button, a
+    vending machine): the vault refuses a card saved without them, so ``flow: enroll`` would
+    read every card and then fail. Refused here, before a customer meets it."""
+    if config.get("flow") == "enroll":
+        raise vol.Invalid(
+            "enroll saves a card with the customer's details (name, billing address, e-mail, "
+            "phone), which this platform cannot ask for: use it on kiosk_api, whose app sends "
+            "them", path=["flow"],
+        )
+    return config
+
+
 # Every trigger has these; each platform extends it with its own keys.
 PLATFORM_SCHEMA = vol.Schema(
     {

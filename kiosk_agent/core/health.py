@@ -131,6 +131,8 @@ class AvailabilityHealth(_Model):
     reason: str = ""  # why not, for people; empty when available
     since: float  # time.time() of the last change
     changes: int = 0  # times it went out of service since start
+    # a check fails but the hold-off has not run out: still in service, not taking cards well
+    failing: str = ""
 
 
 class SalesHealth(_Model):
@@ -305,15 +307,24 @@ class Health:
         self._journal = self._journal.model_copy(update=changes)
 
     def report_availability(
-        self, device_id: str, *, available: bool, reason: str, since: float, changes: int
+        self,
+        device_id: str,
+        *,
+        available: bool,
+        reason: str,
+        since: float,
+        changes: int,
+        failing: str = "",
     ) -> None:
-        """Card payment on a terminal works, or not and why (from ``core.availability``)."""
+        """Card payment on a terminal works, or not and why (from ``core.availability``);
+        ``failing``: why its checks fail while it is still held in service (the hold-off)."""
         self._availability[device_id] = AvailabilityHealth(
             device_id=device_id,
             available=available,
             reason=redact(reason),
             since=since,
             changes=changes,
+            failing=redact(failing),
         )
         self._changed()
 

@@ -35,7 +35,7 @@ from kiosk_agent.fleet.report import build_report, iso
 from kiosk_agent.fleet.schema import UPSTREAM_SCHEMA
 from kiosk_agent.fleet.sink import Sink
 from kiosk_agent.redact import redact
-from kiosk_agent.tasks import BackgroundTask, cancel_and_wait, wait_event
+from kiosk_agent.tasks import BackgroundTask, wait_event
 
 _LOGGER = logging.getLogger(__name__)
 
@@ -125,9 +125,9 @@ class Upstream:
     async def _run(self) -> None:
         async with contextlib.AsyncExitStack() as stack:
             if self._sales is not None and self.mqtt is not None:
-                queue = await stack.enter_async_context(self._sales.subscribe())
-                follower = asyncio.ensure_future(self._follow_sales(queue))
-                stack.push_async_callback(cancel_and_wait, follower)
+                # a listener, in publish: a queue would lose the oldest steps under a burst,
+                # and with them an attention alert, without a word
+                stack.callback(self._sales.listen(self._alert_on_attention))
             await self._settle()
             while True:
                 self._changed.clear()
@@ -147,12 +147,9 @@ class Upstream:
                 self.prompt_heartbeats += 1
                 return
 
-    async def _follow_sales(self, queue: asyncio.Queue[Any]) -> None:
+    def _alert_on_attention(self, event: Any) -> None:
         """A sale that goes into attention fires Home Assistant's Alert event."""
-        while True:
-            event = await queue.get()
-            if str(getattr(event, "state", "")) != "attention" or getattr(event, "receipt", False):
-                continue
+        if str(getattr(event, "state", "")) == "attention" and not getattr(event, "receipt", False):
             assert self.mqtt is not None
             self.mqtt.publish_event(
                 EVENT_SALE_ATTENTION,

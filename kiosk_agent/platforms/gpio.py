@@ -35,7 +35,12 @@ import voluptuous as vol
 
 from kiosk_agent.core.availability import follow_availability
 from kiosk_agent.core.config import PLATFORM_SCHEMA as BASE_PLATFORM_SCHEMA
-from kiosk_agent.core.config import max_price_check, positive_float, positive_price
+from kiosk_agent.core.config import (
+    max_price_check,
+    no_enrollment,
+    positive_float,
+    positive_price,
+)
 from kiosk_agent.platforms.base import (
     DevicePlatform,
     SaleStarter,
@@ -217,6 +222,7 @@ PLATFORM_SCHEMA = vol.All(
             vol.Optional("available_active_low", default=False): bool,
         }
     ),
+    no_enrollment,
     _unique_lines,
     max_price_check("buttons[].price"),
 )

@@ -10,7 +10,8 @@ preflight, which this API never grants); the ``Host`` must be one of ``allowed_h
 rebinding page names its own host: 403); an ``Origin``, when sent, must match ``allowed_origins``
 (403). Both default to loopback.
 
-    POST   /api/v1/sales                  {product?, amount?, flow?, terminal?, email?} -> 202
+    POST   /api/v1/sales                  {product?, amount?, flow?, terminal?, email?,
+                                          customer?, plan?} -> 202
                                           (503 out_of_service while the terminal cannot take
                                           cards: {error, field, message, reason, terminal})
     GET    /api/v1/sales/{sale_id}        the sale's latest step
@@ -18,10 +19,18 @@ rebinding page names its own host: 403); an ``Origin``, when sent, must match ``
     POST   /api/v1/sales/{sale_id}/dispensed {status: vended|failed, detail?}  (confirm_dispense)
     GET    /api/v1/sales/{sale_id}/events WebSocket: each step as JSON, closed after the last
     GET    /api/v1/events                 WebSocket: every step of every sale from this app
+                                          (a reader that fell behind gets {gap: true, missed,
+                                          sale_id, message} where steps were lost)
     GET    /api/v1/status                 the platform's status
 
 ``amount`` is a string of dollars (``"2.50"``) or integer cents; configured ``products`` give the
 price by name. Bad bodies get 400 with ``{error, field, message}`` naming the field.
+
+An ``enroll`` sale saves the card in the vault, which keeps the customer's details: it needs
+``email`` and ``customer`` {name, account_zip, address1, address2?, city, region, country? (US),
+phone}, and may start ``plan`` {name?, amount, rrule}; ``amount`` (what the reader shows while it
+reads the card; nothing is charged) defaults to the plan's. Each is checked before the card is
+read (``customer.account_zip`` names the field).
 """
 
 from __future__ import annotations
@@ -32,6 +41,7 @@ import hashlib
 import hmac
 import logging
 import math
+import re
 import sqlite3
 from collections import OrderedDict
 from collections.abc import Callable
@@ -121,6 +131,94 @@ def _plain(field: str, value: str | None, max_chars: int) -> None:
         raise BadRequest(field, fault)
 
 
+# What the vault keeps of a customer (the interface requires each but address2), as the
+# app asks them: field -> (required, most characters, what a right value looks like or None).
+CUSTOMER_FIELDS: dict[str, tuple[bool, int, re.Pattern[str] | None, str]] = {
+    "name": (True, MAX_NAME_CHARS, None, ""),
+    "account_zip": (True, 10, re.compile(r"[A-Za-z0-9][A-Za-z0-9 -]{1,9}"),
+                    "a ZIP or postal code (letters, digits, spaces, hyphens)"),
+    "address1": (True, 100, None, ""),
+    "address2": (False, 100, None, ""),
+    "city": (True, 64, None, ""),
+    "region": (True, 64, None, ""),
+    "country": (False, 8, re.compile(r"[A-Z]{2}"), 'a two-letter country code ("US")'),
+    "phone": (True, 20, re.compile(r"\+?[0-9 ().-]{7,20}"), "a phone number (digits, +, -)"),
+}
+
+
+def _enrollment(body: dict[str, Any], flow: Flow) -> tuple[dict[str, str], dict[str, str] | None]:
+    """The customer's details (and plan) an enroll sale saves with the card; the vault refuses
+    an account without them, so they are required here, before the card is read."""
+    if flow is not Flow.ENROLL:
+        for key in ("customer", "plan"):
+            if key in body:
+                raise BadRequest(key, "only an enroll sale saves a customer's card and plan")
+        return {}, None
+    if body.get("email") is None:
+        raise BadRequest("email", "required to save a card (the vault keeps the customer's)")
+    customer = body.get("customer")
+    if customer is None:
+        names = ", ".join(n for n, (required, *_) in CUSTOMER_FIELDS.items() if required)
+        raise BadRequest("customer", f"required to save a card: an object with {names}")
+    if not isinstance(customer, dict):
+        raise BadRequest("customer", "expected an object")
+    unknown = sorted(set(customer) - set(CUSTOMER_FIELDS))
+    if unknown:
+        raise BadRequest(f"customer.{unknown[0]}",
+                         f"unknown field; expected {', '.join(CUSTOMER_FIELDS)}")
+    details = {"country": "US"}
+    for name, (required, max_chars, pattern, shape) in CUSTOMER_FIELDS.items():
+        value = customer.get(name)
+        field = f"customer.{name}"
+        if value is None or value == "":
+            if required:
+                raise BadRequest(field, "required to save a card")
+            continue
+        if not isinstance(value, str):
+            raise BadRequest(field, "expected text")
+        _plain(field, value, max_chars)
+        if not value.strip():
+            raise BadRequest(field, "required to save a card (it is blank)")
+        if pattern is not None and not pattern.fullmatch(value):
+            raise BadRequest(field, f"expected {shape}, got {value[:max_chars]!r}")
+        details[name] = value.strip()
+    return details, _plan(body.get("plan"))
+
+
+def _plan(plan: Any) -> dict[str, str] | None:
+    """A billing plan to start on the saved card: ``{name?, amount, rrule}``."""
+    from kiosk_agent.service.rrule import validate_rrule
+
+    if plan is None:
+        return None
+    if not isinstance(plan, dict):
+        raise BadRequest("plan", "expected an object {name?, amount, rrule}")
+    unknown = sorted(set(plan) - {"name", "amount", "rrule"})
+    if unknown:
+        raise BadRequest(f"plan.{unknown[0]}", "unknown field; expected name, amount, rrule")
+    name = plan.get("name")
+    if name is not None and not isinstance(name, str):
+        raise BadRequest("plan.name", "expected text")
+    _plain("plan.name", name, MAX_NAME_CHARS)
+    if "amount" not in plan:
+        raise BadRequest("plan.amount", 'required: what each payment takes ("9.99")')
+    try:
+        cents = parse_price(plan["amount"])
+    except MoneyError as err:
+        raise BadRequest("plan.amount", str(err)) from None
+    if cents <= 0:
+        raise BadRequest("plan.amount", "expected an amount above zero")
+    rrule = plan.get("rrule")
+    if not isinstance(rrule, str):
+        raise BadRequest("plan.rrule", "required: a DTSTART line and an RRULE line")
+    _plain("plan.rrule", rrule.replace("\n", " "), 500)  # its one line end is the format's
+    try:
+        validate_rrule(rrule)
+    except ValueError as err:
+        raise BadRequest("plan.rrule", str(err)) from None
+    return {"amount": cents_to_dollars(cents), "rrule": rrule, **({"name": name} if name else {})}
+
+
 class BadRequest(Exception):
     def __init__(self, field: str, message: str) -> None:
         super().__init__(f"{field}: {message}")
@@ -177,6 +275,18 @@ def event_json(event: SaleEvent) -> dict[str, Any]:
         "terminal": event.terminal,
         "message": event.message,
         "at": event.at,
+    }
+
+
+def gap_json(missed: int, sale_id: str | None) -> dict[str, Any]:
+    """Said in a stream where steps were lost (the app read slower than the agent wrote)."""
+    where = f"GET /api/v1/sales/{sale_id}" if sale_id else "GET /api/v1/sales/{sale_id}"
+    return {
+        "gap": True,
+        "missed": missed,
+        "sale_id": sale_id,
+        "message": f"{missed} step(s) missed here (this reader fell behind); {where} has the "
+        "latest",
     }
 
 
@@ -378,7 +488,8 @@ class KioskApi:
             raise BadRequest("product", "expected a string")
         _plain("product", product, MAX_PRODUCT_CHARS)  # shown to people: page, CLI, receipts
         flow = self._flow(body.get("flow"))
-        amount = self._amount(body, product, products, flow)
+        customer, plan = _enrollment(body, flow)
+        amount = self._amount(body, product, products, flow, plan)
         terminal = body.get("terminal", self.config.get("terminal"))
         if terminal is not None and not isinstance(terminal, str):
             raise BadRequest("terminal", "expected a device id or terminal name")
@@ -394,6 +505,8 @@ class KioskApi:
             product=product,
             terminal=terminal,
             email=email,
+            plan=plan,
+            metadata=customer,
             max_cents=self.config["max_price"],
         )
 
@@ -407,7 +520,8 @@ class KioskApi:
             raise BadRequest("flow", f"expected one of {known}, got {value!r}") from None
 
     def _amount(
-        self, body: dict[str, Any], product: str | None, products: dict[str, int], flow: Flow
+        self, body: dict[str, Any], product: str | None, products: dict[str, int], flow: Flow,
+        plan: dict[str, str] | None,
     ) -> int:
         listed = products.get(product) if product is not None else None
         if self.config["products_only"] and listed is None:
@@ -415,8 +529,12 @@ class KioskApi:
         if "amount" not in body:
             if listed is not None:
                 return listed
+            if flow is Flow.ENROLL and plan is not None:
+                return parse_price(plan["amount"])  # what the reader shows: the plan's payment
             if flow is Flow.ENROLL:
-                return 0
+                # the reader shows an amount while it reads the card; no money is taken
+                raise BadRequest("amount", "required for an enrollment without a plan: the "
+                                 "reader shows it while it reads the card (nothing is charged)")
             raise BadRequest("amount", "required (or a configured product)")
         try:
             cents = parse_price(body["amount"])
@@ -425,7 +543,7 @@ class KioskApi:
         if listed is not None and cents != listed:
             price, asked = cents_to_dollars(listed), cents_to_dollars(cents)
             raise BadRequest("amount", f"{product} costs {price}, not {asked}")
-        if cents <= 0 and flow is not Flow.ENROLL:
+        if cents <= 0:
             raise BadRequest("amount", "expected an amount above zero")
         return cents
 
@@ -488,7 +606,10 @@ class KioskApi:
         await ws.prepare(request)
         self._sockets.add(ws)
         try:
-            async with self.agent.events.subscribe() as queue:
+            # only this app's steps are queued: a busy bus elsewhere costs this stream nothing
+            async with self.agent.events.subscribe(
+                lambda event: event.source == self.name and not event.receipt and wanted(event)
+            ) as queue:
                 # the follower filed every step published before (a listener: at once)
                 latest = self._latest.get(sale_id) if sale_id else None
                 if latest is not None:
@@ -501,8 +622,9 @@ class KioskApi:
                         event = await next_item(queue, reader)
                         if event is None:
                             break  # the app closed the socket
-                        if event.source != self.name or event.receipt or not wanted(event):
-                            continue
+                        missed = queue.take_missed()
+                        if missed:  # the app fell behind: it must not take a hole for a whole
+                            await ws.send_json(gap_json(missed, sale_id))
                         await ws.send_json(event_json(event))
                         if sale_id is not None and event.state.final:
                             break

@@ -34,7 +34,12 @@ import voluptuous as vol
 
 from kiosk_agent.core.availability import follow_availability
 from kiosk_agent.core.config import PLATFORM_SCHEMA as BASE_PLATFORM_SCHEMA
-from kiosk_agent.core.config import max_price_check, positive_float, positive_price
+from kiosk_agent.core.config import (
+    max_price_check,
+    no_enrollment,
+    positive_float,
+    positive_price,
+)
 from kiosk_agent.money import cents_to_dollars
 from kiosk_agent.platforms import mdb_protocol as wire
 from kiosk_agent.platforms.base import (
@@ -106,7 +111,7 @@ def check_modes(config: dict[str, Any]) -> dict[str, Any]:
     return config
 
 
-PLATFORM_SCHEMA = vol.All(_MDB_SCHEMA, check_modes, max_price_check("max_funds"))
+PLATFORM_SCHEMA = vol.All(_MDB_SCHEMA, no_enrollment, check_modes, max_price_check("max_funds"))
 
 
 @dataclass(slots=True)

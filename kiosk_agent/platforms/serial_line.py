@@ -43,7 +43,7 @@ import voluptuous as vol
 
 from kiosk_agent.core.availability import follow_availability, short_reason
 from kiosk_agent.core.config import PLATFORM_SCHEMA as BASE_PLATFORM_SCHEMA
-from kiosk_agent.core.config import positive_float
+from kiosk_agent.core.config import no_enrollment, positive_float
 from kiosk_agent.money import MoneyError, cents_to_dollars, parse_wire_amount
 from kiosk_agent.platforms.base import (
     STOP_GRACE,
@@ -96,7 +96,7 @@ def _template(value: Any) -> str:
     return value
 
 
-PLATFORM_SCHEMA = BASE_PLATFORM_SCHEMA.extend(
+_SERIAL_LINE_SCHEMA = BASE_PLATFORM_SCHEMA.extend(
     {
         vol.Required("port"): vol.All(str, vol.Length(min=1)),
         vol.Optional("baudrate", default=9600): vol.All(int, vol.Range(min=300)),
@@ -118,6 +118,7 @@ PLATFORM_SCHEMA = BASE_PLATFORM_SCHEMA.extend(
         vol.Optional("reconnect_max", default=30.0): positive_float,
     }
 )
+PLATFORM_SCHEMA = vol.All(_SERIAL_LINE_SCHEMA, no_enrollment)
 
 
 @dataclass(slots=True)

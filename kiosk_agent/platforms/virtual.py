@@ -35,7 +35,12 @@ import voluptuous as vol
 
 from kiosk_agent.core.availability import follow_availability
 from kiosk_agent.core.config import PLATFORM_SCHEMA as BASE_PLATFORM_SCHEMA
-from kiosk_agent.core.config import max_price_check, positive_float, positive_price
+from kiosk_agent.core.config import (
+    max_price_check,
+    no_enrollment,
+    positive_float,
+    positive_price,
+)
 from kiosk_agent.platforms import mdb_protocol as wire
 from kiosk_agent.platforms.base import instance_name, link_reporter
 from kiosk_agent.platforms.mdb import MdbCashless, MdbOptions, Mode, check_modes
@@ -690,7 +695,9 @@ _VIRTUAL_SCHEMA = BASE_PLATFORM_SCHEMA.extend(
         vol.Optional("seed"): int,
     }
 )
-PLATFORM_SCHEMA = vol.All(_VIRTUAL_SCHEMA, check_modes, max_price_check("products{}", "max_funds"))
+PLATFORM_SCHEMA = vol.All(
+    _VIRTUAL_SCHEMA, no_enrollment, check_modes, max_price_check("products{}", "max_funds")
+)
 
 
 class VirtualPlatform:

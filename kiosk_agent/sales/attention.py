@@ -212,8 +212,9 @@ class AttentionSweeper:
             steps.charge_found(Step.ATTENTION_FOUND, lookup.trans_id, lookup.amount_cents)
             return await steps.reverse("a charge found later in reporting, not vended")
         if lookup.reversed:
-            return steps.finish(SaleState.REVERSED, Step.ATTENTION_DONE, "already given back",
-                                if_state=SaleState.ATTENTION)
+            return await steps.found_given_back(
+                Step.ATTENTION_DONE, lookup, "already given back", if_state=SaleState.ATTENTION
+            )
         if asked_at < deadline:
             return None  # the service may still answer the money call
         return steps.finish(
@@ -384,6 +385,9 @@ def resolve(
         if as_ == "captured"
         else {"reversed_cents": record.reversed_cents or record.captured_cents or held}
     )
+    if as_ != "captured" and record.flow == Flow.CHARGE_CARD:
+        # a charge-card captures at once: what was given back had been charged, not held
+        money["captured_cents"] = record.captured_cents or money["reversed_cents"]
     try:
         resolved = journal.record(
             record,

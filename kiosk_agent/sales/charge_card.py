@@ -7,6 +7,8 @@ a lost answer: reporting decides (UNRESOLVED until the charge's deadline).
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from kiosk_agent.money import format_cents
 from kiosk_agent.sales.live import SaleFlow, declined, outcome_detail
 from kiosk_agent.sales.model import SaleEvent
@@ -15,7 +17,6 @@ from kiosk_agent.service.errors import (
     OUTCOME_UNKNOWN,
     ConflictError,
     ServiceError,
-    conflict_words,
 )
 from kiosk_agent.service.models import (
     ChargeResult,
@@ -24,6 +25,9 @@ from kiosk_agent.service.models import (
     InteractionKind,
     InteractionStatus,
 )
+
+if TYPE_CHECKING:
+    from kiosk_agent.service.cable import InteractionHandle
 
 
 class ChargeCardFlow(SaleFlow):
@@ -54,13 +58,9 @@ class ChargeCardFlow(SaleFlow):
                 self._ask_to_charge()
             order_id = self.record.attempt_order_id()
             try:
-                handle = await self.money_call(
-                    self.service.terminal.charge_card(self.device, amount, order_id=order_id)
-                )
+                handle = await self._send_charge(amount, order_id)
             except ConflictError as err:
-                return await self._fail(
-                    SaleState.FAILED, Step.CHARGE_CARD_BUSY, conflict_words(err, self.device)
-                )
+                return await self.busy(err, Step.CHARGE_CARD_BUSY, Step.CHARGE_CARD_CANCELLED)
             except OUTCOME_UNKNOWN as err:
                 # the interaction may have started: the terminal may be taking the card
                 return await self._answer_lost(
@@ -89,6 +89,21 @@ class ChargeCardFlow(SaleFlow):
             Step.CHARGE_CARD_RETRIES,
             f"the card asked to retry {self.settings.retries + 1} times; giving up",
         )
+
+    async def _send_charge(self, amount: int, order_id: str) -> InteractionHandle:
+        """Send this attempt's charge-card; a terminal held by a lost card read is waited for
+        and asked again (a 409 started nothing: the same order id, a fresh deadline)."""
+        while True:
+            try:
+                handle = await self.money_call(
+                    self.service.terminal.charge_card(self.device, amount, order_id=order_id)
+                )
+                self.context.lost_reads.ended(self.device)
+                return handle
+            except ConflictError as err:
+                if not await self.held_by_lost_read(err):
+                    raise
+            self._ask_to_charge()
 
     async def _charge_ended(self, interaction: Interaction) -> SaleEvent | None:
         """The end of one charge-card attempt; None means ask again (a B answer)."""

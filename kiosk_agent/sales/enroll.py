@@ -73,6 +73,7 @@ def _vault_request(card: Any, request: SaleRequest) -> VaultAccountRequest:
         phone=info.get("phone", ""),
         account_zip=info.get("account_zip", ""),
         address1=info.get("address1", ""),
+        address2=info.get("address2") or None,
         city=info.get("city", ""),
         region=info.get("region", ""),
         country=info.get("country", "US"),

@@ -18,6 +18,7 @@ ends with a void or a refund, and the sale says so. One module per flow:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import logging
 from collections.abc import Callable, Mapping
@@ -35,7 +36,13 @@ from kiosk_agent.sales.model import (
 from kiosk_agent.sales.receipts import prints_on_terminal, send_receipts
 from kiosk_agent.sales.states import ReportingSteps, SaleState, Step
 from kiosk_agent.sales.steps import UNCONFIRMED, SaleContext, SaleSteps, event_of
-from kiosk_agent.service.errors import ConflictError, ServiceError, conflict_words
+from kiosk_agent.service.errors import (
+    ConflictError,
+    ServerError,
+    ServiceError,
+    ServiceUnreachableError,
+    conflict_words,
+)
 from kiosk_agent.service.models import ChargeResult, InteractionKind, InteractionStatus
 
 _LOGGER = logging.getLogger(__name__)
@@ -62,6 +69,7 @@ class SaleFlow(SaleSteps):
         # the runner's: the terminal is free for the next sale (called once, by release_terminal)
         self.on_release: Callable[[], None] | None = None
         self._printing: bool | None = None  # whether a receipt is printed on the terminal
+        self._waited = False  # whether the wait for a terminal held by a lost read was said
 
     def open(self, detail: Mapping[str, Any]) -> None:
         """Journal the new sale together with its flow's first step, in one commit.
@@ -205,17 +213,25 @@ class SaleFlow(SaleSteps):
         amount = self.record.amount_cents
         if self.record.state is SaleState.STARTED:  # not opened with the sale: journal it first
             self.ask_for_card()
-        try:
-            handle = await self.service.terminal.read_card(self.device, amount)
-        except ConflictError as err:
-            return None, await self._fail(
-                SaleState.FAILED, Step.READ_CARD_BUSY, conflict_words(err, self.device)
-            )
-        except ServiceError as err:
-            # a read-card moves no money: a lost answer needs no reconciliation
-            return None, await self._fail(
-                SaleState.FAILED, Step.READ_CARD_ERROR, f"card read: {err}"
-            )
+        while True:
+            try:
+                handle = await self.service.terminal.read_card(self.device, amount)
+                self.context.lost_reads.ended(self.device)
+                break
+            except ConflictError as err:
+                if await self.held_by_lost_read(err):
+                    continue
+                return None, await self.busy(err, Step.READ_CARD_BUSY, Step.READ_CARD_CANCELLED)
+            except ServiceError as err:
+                why = f"card read: {err}"
+                if isinstance(err, (ServerError, ServiceUnreachableError)):
+                    # the read may have started, waiting for a card we cannot fetch
+                    lifetime = self.settings.interaction_lifetime
+                    self.context.lost_reads.lost(self.device, lifetime)
+                    why += (f"; {self.device} may wait for a card up to {lifetime:.0f} s more "
+                            "(the next sale waits for it)")
+                # a read-card moves no money: a lost answer needs no reconciliation
+                return None, await self._fail(SaleState.FAILED, Step.READ_CARD_ERROR, why)
         self.step(
             Step.READ_CARD_ACCEPTED,
             interaction_id=handle.interaction_id,
@@ -238,6 +254,36 @@ class SaleFlow(SaleSteps):
         if card is None:
             return None, await self._fail(SaleState.FAILED, Step.READ_CARD_FAULT, interaction.fault)
         return card, None
+
+    async def held_by_lost_read(self, err: ConflictError) -> bool:
+        """Whether to ask the terminal again: it answered busy while a card read whose answer
+        was lost may still hold it (sales/lost_reads.py); that read ends by its lifetime, or
+        at once when a card is tapped on it, and moves no money. Waits a pause first (the
+        customer's cancel ends it). The wait is journaled once, so the page, the command line
+        and the machine's app show why the customer waits."""
+        left = self.context.lost_reads.left(self.device)
+        if err.error != "terminal_busy" or left is None or self.cancelled.is_set():
+            return False
+        if not self._waited:
+            self._waited = True
+            self.step(
+                Step.TERMINAL_WAIT,
+                message=f"waiting for {self.device}: a card read whose answer was lost may hold "
+                f"it up to {left:.0f} s more (a card presented now ends it; then present it "
+                "again)",
+                detail={"left_s": round(left, 3)},
+            )
+        pause = min(left, max(0.01, min(1.0, self.settings.interaction_lifetime / 60)))
+        with contextlib.suppress(TimeoutError):
+            await self.clock.wait_for(self.cancelled.wait(), pause)
+        return not self.cancelled.is_set()
+
+    async def busy(self, err: ConflictError, busy: Step, cancelled: Step) -> SaleEvent:
+        """The terminal refused to start (409): the sale fails, or ends cancelled when the
+        customer cancelled while it waited for the terminal."""
+        if self.cancelled.is_set():
+            return await self._fail(SaleState.CANCELLED, cancelled, "cancelled")
+        return await self._fail(SaleState.FAILED, busy, conflict_words(err, self.device))
 
     def ask_for_card(self) -> None:
         """Journal the read-card request (before it is sent)."""

@@ -36,7 +36,8 @@ class ChargeLookup:
     approved: bool = False  # a charge holding money exists
     trans_id: str | None = None
     amount_cents: int | None = None
-    reversed: bool = False  # a charge existed and was already given back
+    # a charge existed and was already given back (``trans_id``/``amount_cents`` name it)
+    reversed: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,7 +72,7 @@ class Reconciler:
         """
         from kiosk_agent.service.models.reporting import TransactionFilter
 
-        reversed_seen = False
+        given_back: Transaction | None = None
         for order_id in order_ids:
             rows = await self._rows(TransactionFilter(order_id=order_id))
             if rows is None:
@@ -82,9 +83,13 @@ class Reconciler:
                     return ChargeLookup(
                         approved=True, trans_id=row.trans_id, amount_cents=row.amount_cents
                     )
-                if status in _REVERSED:
-                    reversed_seen = True
-        return ChargeLookup(reversed=reversed_seen)
+                if status in _REVERSED and given_back is None:
+                    given_back = row
+        if given_back is None:
+            return ChargeLookup()
+        return ChargeLookup(
+            reversed=True, trans_id=given_back.trans_id, amount_cents=given_back.amount_cents
+        )
 
     async def transaction_state(self, trans_id: str) -> TransactionLookup:
         from kiosk_agent.service.models.reporting import TransactionFilter, TransStatus

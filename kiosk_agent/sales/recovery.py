@@ -20,7 +20,7 @@ import logging
 from collections import defaultdict
 from typing import TYPE_CHECKING
 
-from kiosk_agent.sales.journal import JournalError, SaleMoved, SaleRecord
+from kiosk_agent.sales.journal import Journal, JournalError, SaleMoved, SaleRecord
 from kiosk_agent.sales.model import Flow, SaleEvent
 from kiosk_agent.sales.runner import SaleRunner
 from kiosk_agent.sales.states import RECOVERY_REPORTING, SaleState, Step, TransitionRefused
@@ -44,10 +44,13 @@ _LOGGER = logging.getLogger(__name__)
 TERMINAL_FREE = frozenset({SaleState.CAPTURING, SaleState.REVERSING})
 
 
-def released_its_terminal(record: SaleRecord) -> bool:
+def released_its_terminal(record: SaleRecord, journal: Journal) -> bool:
     """Whether the open sale had let its terminal go: capturing or giving money back, or an
-    authorization's lost answer being found out (the card was read; SaleFlow._answer_lost). A
-    charge-card's lost answer keeps it: its interaction may still be live."""
+    authorization's lost answer being found out (the card was read; SaleFlow._answer_lost),
+    UNRESOLVED or still AUTHORIZING while reporting's first answer was awaited. A charge-card's
+    lost answer keeps it: its interaction may still be live."""
+    if record.flow == Flow.AUTHORIZE_CAPTURE and record.state is SaleState.AUTHORIZING:
+        return any(s.step == Step.AUTHORIZE_LOST for s in journal.steps(record.sale_id))
     if record.state is SaleState.UNRESOLVED:
         return record.flow == Flow.AUTHORIZE_CAPTURE
     return record.state in TERMINAL_FREE
@@ -69,6 +72,7 @@ class Recovery:
         self._started_mono = 0.0
         self.found = 0  # open sales found on start
         self.recovered = 0  # of those, driven to an end
+        self._released: set[str] = set()  # of those, the ones that had let their terminal go
 
     @property
     def state(self) -> str:
@@ -92,7 +96,9 @@ class Recovery:
         by_terminal: dict[str, list[SaleRecord]] = defaultdict(list)
         for record in open_sales:
             by_terminal[record.terminal].append(record)
-            if not released_its_terminal(record):
+            if released_its_terminal(record, self.journal):
+                self._released.add(record.sale_id)
+            else:
                 self.runner.block(
                     record.terminal, f"recovering sale {record.sale_id}", by="recovery"
                 )
@@ -138,8 +144,8 @@ class Recovery:
         terminal refusing new sales meanwhile; those that had released it (a capture, money
         given back: the payments API only) each at once, neither waiting behind a sale that may
         take until its money call's deadline nor holding the terminal."""
-        holding = [r for r in records if not released_its_terminal(r)]
-        released = [r for r in records if released_its_terminal(r)]
+        holding = [r for r in records if r.sale_id not in self._released]
+        released = [r for r in records if r.sale_id in self._released]
 
         async def in_turn() -> list[SaleEvent]:
             try:
@@ -217,6 +223,8 @@ class Recovery:
 
     async def _cancel_read(self, steps: SaleSteps) -> None:
         if steps.record.interaction_id is None:
+            # sent, its answer never heard: the read may still wait for a card (lost_reads.py)
+            self.context.lost_reads.lost(steps.device, self.settings.interaction_lifetime)
             return
         try:
             await self.service.terminal.cancel(steps.device, steps.record.interaction_id)

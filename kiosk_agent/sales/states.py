@@ -97,6 +97,8 @@ class Step(enum.StrEnum):
     READ_CARD_ACCEPTED = "read_card.accepted"
     READ_CARD_DONE = "read_card.done"
     READ_CARD_BUSY = "read_card.busy"
+    # the terminal answered busy while a card read whose answer was lost may hold it: waiting
+    TERMINAL_WAIT = "terminal.wait"
     READ_CARD_ERROR = "read_card.error"
     READ_CARD_TIMEOUT = "read_card.timeout"
     READ_CARD_CANCELLED = "read_card.cancelled"

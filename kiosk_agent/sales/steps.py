@@ -22,8 +22,9 @@ from kiosk_agent.money import format_cents
 from kiosk_agent.sales.clock import SYSTEM_CLOCK, Clock
 from kiosk_agent.sales.deadlines import AnswerDeadlines
 from kiosk_agent.sales.journal import Journal, JournalError, SaleRecord
+from kiosk_agent.sales.lost_reads import LostReads
 from kiosk_agent.sales.model import Flow, SaleEvent
-from kiosk_agent.sales.reconcile import Reconciler
+from kiosk_agent.sales.reconcile import ChargeLookup, Reconciler
 from kiosk_agent.sales.settings import SaleSettings
 from kiosk_agent.sales.states import REQUEST_STEPS, ReportingSteps, SaleState, Step
 from kiosk_agent.service.errors import (
@@ -65,9 +66,12 @@ class SaleContext:
     # a sale whose step could not be journaled: kept and finished once the journal takes writes
     on_unwritten: Callable[[SaleSteps], None] | None = None
     deadlines: AnswerDeadlines = field(init=False)
+    # terminals a card read whose answer was lost may still hold (sales/lost_reads.py)
+    lost_reads: LostReads = field(init=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "deadlines", AnswerDeadlines(self.clock))
+        object.__setattr__(self, "lost_reads", LostReads(self.clock))
 
 
 class SaleSteps:
@@ -160,11 +164,33 @@ class SaleSteps:
         amount holds the sale's price. Returns the cents held.
         """
         cents = cents or self.record.amount_cents
+        self.step(name, state, detail=detail, **self._charge_fields(trans_id, cents))
+        return cents
+
+    def _charge_fields(self, trans_id: str | None, cents: int) -> dict[str, Any]:
+        """The journal fields of a charge made: a charge-card captures at once."""
         held: dict[str, Any] = {"trans_id": trans_id, "authorized_cents": cents}
         if self.record.flow == Flow.CHARGE_CARD:
             held["captured_cents"] = cents
-        self.step(name, state, detail=detail, **held)
-        return cents
+        return held
+
+    async def found_given_back(
+        self, name: Step, lookup: ChargeLookup, why: str, **changes: Any
+    ) -> SaleEvent:
+        """End REVERSED on a charge reporting shows already voided or refunded (a give-back the
+        journal never heard of): the sale holds that charge and its give-back as the service
+        does, so what people see says money was taken and given back, not "nothing charged"."""
+        if lookup.trans_id is not None:
+            cents = lookup.amount_cents or self.record.amount_cents
+            back = await self.reconciler.transaction_state(lookup.trans_id)
+            changes.update(
+                self._charge_fields(lookup.trans_id, cents),
+                reverse_trans_id=back.reverse_trans_id or lookup.trans_id,
+                reversed_cents=cents,
+            )
+        event = self.finish(SaleState.REVERSED, name, why, **changes)
+        await self._deny(why)
+        return event
 
     def finish(
         self,
@@ -212,8 +238,9 @@ class SaleSteps:
                 self.charge_found(steps.found, lookup.trans_id, lookup.amount_cents)
                 return await self.reverse(f"{why}; the charge was found in reporting, not vended")
             if lookup.reversed:
-                given_back = f"{why}; already given back"
-                return await self._fail(SaleState.REVERSED, steps.reversed, given_back)
+                return await self.found_given_back(
+                    steps.reversed, lookup, f"{why}; already given back"
+                )
             if lookup.unknown and clock.monotonic() >= deadline:
                 return self.finish(
                     SaleState.ATTENTION,

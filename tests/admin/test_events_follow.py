@@ -152,6 +152,8 @@ def test_filters_pick_by_terminal_sale_and_kind() -> None:
     assert Filters(terminal="SIM-0001").wants("availability", note)
     line = event_line("sale", {**sale, "at": 0, "state": "started", "money": "$5.00 requested"})
     assert line.endswith("SIM-0007    sale 3f2a9c0d  created -> started  $5.00 requested")
+    late = event_line("sale", {**sale, "at": 3600.0, "state": "started"})
+    assert late.startswith("01:00:00Z  ")  # UTC, said, whatever the zone of the machine
 
 
 def test_an_event_line_shows_outside_words_and_never_obeys_them() -> None:
@@ -165,3 +167,43 @@ def test_an_event_line_shows_outside_words_and_never_obeys_them() -> None:
     assert line.endswith("declined (\ufffd[2J\ufffd]0;owned\ufffdDo not honor\ufffd) next")
     note = event_line("problem", {"at": 0, "text": "problem: \x1b[31mred"})
     assert note.endswith("problem: \ufffd[31mred")
+
+
+def _burst(agent: Any, count: int) -> list[str]:
+    """``count`` sale steps published at once (no reader runs meanwhile): more than a
+    subscriber's queue holds. Their sale ids, in order."""
+    from kiosk_agent.sales.model import SaleEvent
+    from kiosk_agent.sales.states import SaleState, Step
+
+    ids = [f"burst{n:011d}" for n in range(count)]
+    for sale_id in ids:
+        agent.events.publish(SaleEvent(
+            sale_id=sale_id, order_id=f"o-{sale_id}", source="burst", state=SaleState.STARTED,
+            amount_cents=100, terminal="SIM-0007", at=time.time(), step=Step.CREATED,
+        ))  # fmt: skip
+    return ids
+
+
+async def test_a_reader_that_fell_behind_is_told_how_many_steps_it_missed_and_where(
+    agent: Any, admin_server: Any
+) -> None:
+    """Before: a reader slower than the agent lost the steps past its 256-item queue without a
+    word, and showed a history with a hole as if it were whole."""
+    proc = await _follow(admin_server, "events", "--kind", "sale", "--json")
+    try:
+        ids = _burst(agent, 300)  # the stream's queue holds 256: the first 44 are lost
+        assert proc.stdout is not None
+        lines: list[dict[str, Any]] = []
+        async with asyncio.timeout(WAIT_S):
+            while not lines or lines[-1].get("sale_id") != ids[-1]:
+                lines.append(json.loads(await proc.stdout.readline()))
+        code, _took, err = await _interrupt(proc)
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+    shown = [line for line in lines if line.get("sale_id", "").startswith("burst")
+             or line["kind"] == "gap"]
+    assert shown[0] == {**shown[0], "kind": "gap", "missed": 44}  # where the hole is
+    assert [line["sale_id"] for line in shown[1:]] == ids[44:]  # then the rest, each once
+    assert "warning: 44 event(s) missed here: this reader fell behind the agent" in err
+    assert code == 130

@@ -121,6 +121,27 @@ def test_a_sale_is_timed_from_its_start_to_its_first_end() -> None:
     assert _value(families, calls, kind="money", outcome="ok") == 1
 
 
+async def test_a_burst_of_sales_is_timed_whole() -> None:
+    """Before: the sale timer read the event bus through a queue of 256; a burst of steps lost
+    the oldest, and a sale whose start or end was lost was never timed, without a word."""
+    from kiosk_agent.bus import EventBus
+
+    events: EventBus[SaleEvent] = EventBus()
+    metrics = AgentMetrics(SimpleNamespace(health=Health("2.0.0"), events=events), lambda _: None)
+    metrics.start()
+    try:
+        for n in range(300):
+            events.publish(_event(SaleState.STARTED, sale_id=f"s{n}"))
+        for n in range(300):
+            events.publish(_event(SaleState.COMPLETED, sale_id=f"s{n}"))
+        families = _scraped(metrics.exposition(None)[0].decode())
+    finally:
+        await metrics.stop()
+    count = "kiosk_agent_sale_duration_seconds_count"
+    assert _value(families, count, terminal="SIM-0001", state="completed") == 300
+    assert events.subscriber_count == 0  # stopped: it hears nothing more
+
+
 # -- the running agent: a sale, a local midnight, both formats --------------------------------
 
 

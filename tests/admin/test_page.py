@@ -248,6 +248,22 @@ def test_availability_counts_the_readers_that_can_take_cards_and_names_the_rest(
     assert none["level"] == "down"
 
 
+def test_a_reader_failing_its_checks_during_the_hold_off_is_not_counted_as_taking_cards() -> None:
+    # One lost ping must not take a reader off the bus, so the agent holds it in service a
+    # moment; the page must not say "2 of 2 can take cards" beside its OFFLINE badge meanwhile.
+    held = {"device_id": "A", "available": True, "reason": "", "since": 1.0,
+            "failing": "terminal offline: ping timed out"}
+    on = {"device_id": "B", "available": True, "reason": "", "since": 1.0, "failing": ""}
+    shown = availability({"availability": [held, on]})
+    assert shown["summary"] == "1 of 2 readers can take cards"
+    assert shown["level"] == "degraded"
+    assert shown["cannot"] == [{
+        "device_id": "A", "name": None, "since": None,
+        "reason": "terminal offline: ping timed out (checked again before it is taken out of "
+                  "service)",
+    }]
+
+
 def test_health_notes_name_what_changed() -> None:
     before = {"status": "ok", "problems": ["a"]}
     after = {"status": "degraded", "problems": ["b"]}

@@ -13,6 +13,7 @@ import re
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -61,10 +62,11 @@ class Seen:
 
 
 async def _open(
-    browser: Browser, url: str, viewport: ViewportSize, token: str
+    browser: Browser, url: str, viewport: ViewportSize, token: str, timezone_id: str | None = None
 ) -> tuple[Page, Seen]:
-    """A fresh browser context at the page, logged in the way a person does it."""
-    context = await browser.new_context(viewport=viewport)
+    """A fresh browser context at the page (in ``timezone_id``'s zone when given), logged in
+    the way a person does it."""
+    context = await browser.new_context(viewport=viewport, timezone_id=timezone_id)
     page = await context.new_page()
     seen = Seen()
     page.on("request", lambda request: seen.urls.append(request.url))
@@ -181,7 +183,7 @@ async def test_test_print_from_a_laptop(
     await printer.get_by_role("button", name="Test print").click()
     trans_id = agent.journal.get(final.sale_id).trans_id
     await expect(printer.locator(".result")).to_have_text(
-        re.compile(rf"^\d\d:\d\d:\d\d SIM-0007 printed transaction {trans_id}$"), timeout=WAIT_MS
+        re.compile(rf"^\d\d:\d\d:\d\dZ SIM-0007 printed transaction {trans_id}$"), timeout=WAIT_MS
     )
     # a reader without a printer: the button says so instead of failing later
     front = _terminal(page, "SIM-0001")
@@ -385,7 +387,7 @@ async def test_the_kiosk_apps_facts_say_since_when_as_a_time(
     facts = screen.locator("dl.facts")
     await expect(facts).to_contain_text("card payment", timeout=WAIT_MS)
     text = await facts.inner_text()
-    assert re.search(r"since: \d\d:\d\d:\d\d", text), text  # today: the time of day
+    assert re.search(r"since: \d\d:\d\d:\d\dZ", text), text  # today: the time of day
     assert not re.search(r"\d{9,}", text), text
     assert seen.errors == []
 
@@ -491,3 +493,59 @@ async def test_two_techs_resolving_one_sale_from_two_phones(
     steps = [s.step for s in agent.journal.steps(record.sale_id)]
     assert steps.count("attention.resolved") == 1
     assert agent.journal.get(record.sale_id).state in (SaleState.COMPLETED, SaleState.REVERSED)
+
+
+async def test_every_time_on_the_page_is_utc_and_says_so_as_the_command_line(
+    browser: Browser, agent: Any, admin_server: Any, sim: Any
+) -> None:
+    """Before: the page wrote times in the browser's zone with no zone named, while the command
+    line writes UTC: a tech in New York saw one sale at 05:15:30 on the page and 10:15:30Z in
+    `kiosk-agent sales`."""
+    final = await _sell(agent, 250)
+    record = agent.journal.get(final.sale_id)
+    page, seen = await _open(browser, admin_server.url, PHONE, ADMIN_TOKEN,
+                             timezone_id="America/New_York")
+    created = datetime.fromtimestamp(record.created_at, UTC).strftime("%H:%M:%SZ")
+    # as `kiosk-agent sales` writes it (the date too on another day)
+    await expect(page.locator("#recent")).to_contain_text(f"{created} · SIM-0007 · $2.50 charged",
+                                                          timeout=WAIT_MS)
+    await expect(page.locator("#footer")).to_contain_text("times are UTC (Z)")
+    await expect(page.locator("#live")).to_have_text("live", timeout=WAIT_MS)
+    stamp = time.time()
+    offline = f"{sim.base_url}/sim/terminals/SIM-0001/offline"  # the pings find it so: it stays
+    async with aiohttp.ClientSession() as session, session.post(offline) as response:
+        assert response.status == 200
+    line = page.locator("#events li", has_text="problem: terminal SIM-0001 offline").first
+    await expect(line).to_be_visible(timeout=WAIT_MS)
+    shown = (await line.inner_text())[:9]
+    assert re.fullmatch(r"\d\d:\d\d:\d\dZ", shown), shown
+    moment = datetime.strptime(shown, "%H:%M:%SZ").replace(tzinfo=UTC)
+    utc_now = datetime.fromtimestamp(stamp, UTC)
+    # a UTC time of day within seconds of now (New York's would be 5 hours off)
+    assert abs((utc_now - moment.replace(year=utc_now.year, month=utc_now.month,
+                                         day=utc_now.day)).total_seconds()) % 86400 < 30
+    assert seen.errors == []
+
+
+async def test_a_page_that_fell_behind_says_how_many_steps_it_missed(
+    browser: Browser, agent: Any, admin_server: Any
+) -> None:
+    """Before: past the stream's queue (256 steps) the page lost steps without a word."""
+    page, seen = await _open(browser, admin_server.url, DESKTOP, ADMIN_TOKEN)
+    await expect(page.locator("#live")).to_have_text("live", timeout=WAIT_MS)
+    # every line the live list gets (it keeps the newest 100: the 256 after the gap push it out)
+    await page.evaluate("""() => {
+        window.shownLines = [];
+        new MutationObserver((changes) => changes.forEach((c) => c.addedNodes.forEach(
+            (node) => window.shownLines.push(node.textContent))))
+          .observe(document.getElementById("events"), { childList: true });
+    }""")
+    for n in range(300):  # at once: the stream's reader runs only after the last
+        agent.events.publish(SaleEvent(f"burst{n:011d}", f"o-{n}", "burst", SaleState.STARTED,
+                                       100, terminal="SIM-0007", at=time.time()))
+    await page.wait_for_function("() => window.shownLines.length >= 257", timeout=WAIT_MS)
+    lines = [line for line in await page.evaluate("window.shownLines") if "burst" in line
+             or "missed" in line]
+    assert "44 event(s) missed here: this reader fell behind the agent" in lines[0]
+    assert len(lines) == 257  # the gap, then the 256 steps the stream kept
+    assert seen.errors == []

@@ -29,6 +29,7 @@ from tests.admin.test_page_browser import (
     _screenshot_path,
     _terminal,
 )
+from tests.helpers import until
 
 # As config/demo.yaml: a coffee machine taking the card first (the agent authorizes $5.00, the
 # customer's choice is captured) and a snack machine choosing first; nobody walks away here.
@@ -173,10 +174,14 @@ async def test_the_page_shows_what_was_charged_the_card_by_name_and_how_many_rea
         "1 of 2 readers can take cards", timeout=WAIT_MS
     )
     await expect(page.locator("#available")).to_have_class(re.compile(r"\bwarn\b"))
+    # "1 of 2" from the first failed check (held in service a moment: the hold-off), then the
+    # agent's decision: out of service, and why
+    await until(lambda: not agent.availability.state("SIM-0001").available)
     reason = agent.availability.state("SIM-0001").reason
     cannot = page.locator('#unavailable li[data-device="SIM-0001"]')
     name = next(t.name for t in agent.health.snapshot().terminals if t.device_id == "SIM-0001")
     await expect(cannot).to_contain_text(f"{name} (SIM-0001) cannot: {reason}")
+    await expect(page.locator("#available")).to_have_text("1 of 2 readers can take cards")
     snapshot = agent.health.snapshot()
     assert [a.device_id for a in snapshot.availability if not a.available] == ["SIM-0001"]
 

@@ -211,3 +211,28 @@ def test_demo_serves_the_status_page_and_says_how_to_log_in() -> None:
         if proc.poll() is None:
             proc.kill()
     assert proc.returncode == 0
+
+
+def test_the_demos_lines_say_their_time_in_utc_as_the_status_page_it_announces(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Before: the live view stamped its lines in the machine's zone, unlabelled, beside the
+    status page (and every other command) writing UTC."""
+    import io
+
+    from kiosk_agent.cli.demo import LiveView
+
+    monkeypatch.setenv("TZ", "America/New_York")
+    time.tzset()
+    try:
+        out = io.StringIO()
+        LiveView(out, fancy=False).note("simulator listening")
+        line = out.getvalue()
+        now = time.gmtime()
+    finally:
+        monkeypatch.undo()  # the zone this process had
+        time.tzset()
+    stamp = line.split()[0]
+    assert re.fullmatch(r"\d\d:\d\d:\d\dZ", stamp), line
+    shown = int(stamp[:2]) * 60 + int(stamp[3:5])
+    assert abs(shown - (now.tm_hour * 60 + now.tm_min)) % (24 * 60) in (0, 1, 1439)

@@ -139,7 +139,7 @@ def test_health_is_readable_for_people() -> None:
     assert "today 3 for $12.50" in text
     assert "SIM-0001     OFFLINE  timed out" in text
     assert "problem:  1 sale(s) need attention" in text
-    out_of_service = r"card:     SIM-0001     OUT OF SERVICE since \d\d:\d\d:\d\d: terminal offline"
+    out_of_service = r"card: +SIM-0001 +OUT OF SERVICE since \d\d:\d\d:\d\dZ: terminal offline"
     assert re.search(out_of_service, text)
     assert "cards:    0 of 1 reader can take cards" in text
     assert "journal:  NOT WRITABLE disk full" in text
@@ -670,3 +670,39 @@ async def test_fleet_list_names_what_other_clients_left_on_unit_topics_and_lists
         assert unit.sinks[0].sent >= 1  # the unit kept running and reporting meanwhile
     finally:
         await unit.stop()
+
+
+HOSTILE = "\x1b]0;pwned\x07\x1b[2J"  # retitles the terminal, then clears the screen
+
+
+def test_health_shows_outside_words_and_never_lets_the_terminal_obey_them() -> None:
+    """Before: `health` printed a service's words, a machine's message and a unit's report raw;
+    an escape sequence in them retitled or cleared the tech's terminal."""
+    snapshot = {
+        "version": f"1.0{HOSTILE}",
+        "status": "degraded",
+        "service": {"reachable": False},
+        "terminals": [{"device_id": f"SIM{HOSTILE}", "online": False, "detail": HOSTILE}],
+        "links": [{"name": "mdb:front", "state": "error", "healthy": False,
+                   "detail": f"adapter said {HOSTILE}"}],
+        "problems": [f"service refused: {HOSTILE}\nstatus:   OK"],
+        "availability": [{"device_id": "SIM-0001", "available": False, "reason": HOSTILE,
+                          "since": 0.0}],
+        "journal": {"writable": False, "detail": HOSTILE},
+    }
+    text = format_health(snapshot)
+    assert not {"\x1b", "\x07"} & set(text)
+    assert "problem:  service refused: \ufffd]0;pwned\ufffd\ufffd[2J status:   OK" in text
+    assert not any(line.startswith("status:   OK") for line in text.splitlines())  # no fake line
+    # a time on the command line is UTC, and says so
+    assert "OUT OF SERVICE since 00:00:00Z: " in text
+
+
+def test_the_fleet_table_shows_outside_words_and_never_lets_the_terminal_obey_them() -> None:
+    from kiosk_agent.cli.fleet import format_fleet
+
+    row = {"device_id": f"unit{HOSTILE}", "status": "degraded", "last_seen": 0.0,
+           "sales_today": None, "version": HOSTILE, "problems": [HOSTILE]}
+    text = format_fleet([row], 60.0)
+    assert not {"\x1b", "\x07"} & set(text)
+    assert "\ufffd]0;pwned" in text

@@ -276,3 +276,16 @@ def test_a_services_text_is_shown_never_obeyed_by_the_terminal() -> None:
     assert as_text("KA1\x1b[2J\x1b]0;owned\x07") == "KA1\ufffd[2J\ufffd]0;owned\ufffd"
     assert as_text("two\nlines\u202e") == "two lines\ufffd"
     assert as_text("caf\u00e9 \U0001f468\u200d\U0001f469") == "caf\u00e9 \U0001f468\u200d\U0001f469"
+
+
+def test_a_verdict_line_shows_a_services_words_never_obeyed(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """`terminals test-print` says which transaction it printed, as the service named it: a
+    terminal escape in it was printed raw. JSON keeps the text as it came."""
+    args = build_parser("kiosk-agent").parse_args(["terminals", "list"])
+    cli.say(args, "OK    SIM-0007 printed transaction 70\x1b[2J", ok=True)
+    assert capsys.readouterr().out == "OK    SIM-0007 printed transaction 70\ufffd[2J\n"
+    args = build_parser("kiosk-agent").parse_args(["terminals", "list", "--json"])
+    cli.say(args, "printed 70\x1b[2J", ok=True)
+    assert json.loads(capsys.readouterr().out)["message"] == "printed 70\x1b[2J"

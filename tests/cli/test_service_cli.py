@@ -338,7 +338,7 @@ async def test_vault_and_plan_lifecycle(
     assert [p["payment_number"] for p in body["scheduled_payments"]] == [1, 2, 3, 4]
     shown = await kiosk(capsys, "plans", "get", str(body["id"]))
     assert re.search(r"^amount +\$9\.99$", shown.out, re.M), shown  # $9.99, as everywhere
-    assert re.search(r"^  #1 +2026-12-01 00:00:00 +\$9\.99  PENDING$", shown.out, re.M), shown
+    assert re.search(r"^  #1 +2026-12-01 00:00:00Z +\$9\.99  PENDING$", shown.out, re.M), shown
     cancelled = await kiosk(capsys, "plans", "cancel", str(body["id"]))
     assert "CANCELLED" in cancelled.out
     assert "SKIPPED" in cancelled.out

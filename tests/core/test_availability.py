@@ -53,10 +53,15 @@ def test_one_lost_ping_within_the_hold_off_changes_nothing(journal: Journal) -> 
     availability.evaluate()
     assert availability.state().available
     assert availability.next_check_in(60.0) == 0.5  # re-checked quickly meanwhile
+    # still in service, but what health shows (the page, the CLI) says it is failing
+    [held] = health.snapshot().availability
+    assert (held.available, held.failing) == (True, "terminal offline: timed out")
     clock.now += 1.0
     health.report_terminal("SIM-0001", online=True)
     availability.evaluate()
     assert [s.available for s in seen] == [True]
+    [back] = health.snapshot().availability
+    assert (back.available, back.failing) == (True, "")
     assert availability.next_check_in(60.0) == 60.0
     assert availability.log is not None
     assert availability.log.recent() == []

@@ -370,3 +370,27 @@ def test_masked_shows_the_resolved_config_without_its_secrets(
     }
     assert shown["terminals"] == [{"device_id": "T1"}]
     assert "sk_live_123" not in repr(shown)
+
+
+ENROLL_TRIGGERS = """\
+triggers:
+  - {platform: gpio, flow: enroll, buttons: [{line: 5, price: "1.00", relay: 6, product: A1}]}
+  - {platform: mdb, flow: enroll, port: /dev/ttyUSB0}
+  - {platform: serial_line, flow: enroll, port: /dev/ttyUSB1, vend_request: 'V(?P<price>\\\\d+)',
+     dispense_ok: OK, approve: A}
+  - {platform: virtual, flow: enroll}
+  - {platform: kiosk_api, flow: enroll, token: !secret kiosk_token}
+"""
+
+
+def test_enroll_is_refused_where_the_customers_details_cannot_be_asked(tmp_path: Path) -> None:
+    """Saving a card needs the customer's name, address, e-mail and phone (the vault refuses an
+    account without them). Before: a button, a vending machine or a serial line with flow
+    enroll passed check-config, then read every customer's card and failed at the vault."""
+    write(tmp_path, "secrets.yaml", "kiosk_token: kiosk-app-token-0123456789\n", mode=0o600)
+    errors = messages(write(tmp_path, "config.yaml", GOOD + ENROLL_TRIGGERS))
+    refused = [e for e in errors if "enroll saves a card" in e]
+    assert [e.split(":")[2].strip() for e in refused] == [
+        "triggers[0].flow", "triggers[1].flow", "triggers[2].flow", "triggers[3].flow"]
+    assert "use it on kiosk_api, whose app sends them" in refused[0]
+    assert not [e for e in errors if "triggers[4]" in e]  # the kiosk app's API may enroll

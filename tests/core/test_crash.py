@@ -257,3 +257,40 @@ async def test_sigkill_with_a_capturing_sale_and_a_newer_one_on_its_terminal_end
         assert sales[first_id].state is SaleState.COMPLETED, sales[first_id].message
         assert sales[second_id].state is second_ends, sales[second_id].message
     await assert_no_unearned_money(sim, sales, driver.markers)
+
+
+@pytest.mark.slow(seconds=23)
+async def test_sigkill_with_a_lost_authorization_and_a_newer_sale_on_its_terminal_ends_both(
+    sim_factory: Any, tmp_path: Path
+) -> None:
+    # The first sale's authorization answer is lost (the charge made): it tells the machine no,
+    # frees the terminal and asks reporting, which is slow (2 s a lookup), when the agent is
+    # killed at a step of the next customer's sale. The next start gives the first one's money
+    # back (found in reporting) and ends the second as its own step says; reporting stays slow.
+    sim = await sim_factory(time_scale=TIME_SCALE, seed=4, transactions=0)
+    driver = driver_on(sim, tmp_path)
+    slow_reporting = {"path": "/ords/sprint/api/3p/v1/transactions", "method": "GET",
+                      "fault": "latency", "delay_s": 2}  # fmt: skip
+    await sim_call(sim, "POST", "/sim/faults", slow_reporting)
+    lost = {"path": "/api/v1/charge", "fault": "drop_answer", "count": 1}
+    pairs = []
+    for kill_at, steps, second_ends in OVERLAP_KILLS:
+        await sim_call(sim, "POST", "/sim/faults", lost)
+        before = set(journaled_sales(tmp_path)) if (tmp_path / "journal.db").exists() else set()
+        assert await driver.run("overlap", kill_at) == "killed"
+        assert driver.steps == steps
+        killed = {s.sale_id: s for s in journaled_sales(tmp_path).values()
+                  if s.sale_id not in before}
+        first, second = sorted(killed.values(), key=lambda s: s.created_at)
+        assert first.state is SaleState.AUTHORIZING  # its first lookup still on its way
+        assert await driver.run() == "done"  # the next start recovers both
+        pairs.append((first.sale_id, second.sale_id, second_ends))
+
+    await sim_call(sim, "DELETE", "/sim/faults")  # the judge's own lookups need no waiting
+    sales = journaled_sales(tmp_path)
+    for first_id, second_id, second_ends in pairs:
+        first = sales[first_id]
+        assert first.state is SaleState.REVERSED, first.message
+        assert (first.authorized_cents, first.reversed_cents) == (300, 300)
+        assert sales[second_id].state is second_ends, sales[second_id].message
+    await assert_no_unearned_money(sim, sales, driver.markers)

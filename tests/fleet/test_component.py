@@ -20,7 +20,7 @@ from kiosk_agent.sales.model import SaleEvent
 from kiosk_agent.sales.states import SaleState
 
 from ..core.agent_helpers import write_config
-from ..helpers import until
+from ..helpers import free_port, until
 from ..mqtt_broker import Observer, mosquitto
 from ..sales.test_recovery import leave_open
 from .helpers import Recovering, settled_agent
@@ -229,6 +229,29 @@ async def test_an_api_keys_expiry_counting_down_waits_for_the_beat() -> None:
         assert upstream.heartbeats == 2  # the one above; nothing sent at once
     finally:
         await upstream.stop()
+
+
+async def test_an_attention_alert_is_not_lost_in_a_burst_of_steps() -> None:
+    """Before: the alerts read the event bus through a queue of 256: a sale into attention
+    followed by a burst of other steps was dropped with the oldest, and Home Assistant never
+    heard of it."""
+    from kiosk_agent.bus import EventBus
+
+    agent = settled_agent()
+    agent.events = EventBus()
+    unreachable = {"host": "127.0.0.1", "port": free_port(), "reconnect_interval": 30}
+    upstream = Upstream(agent, {"device_id": "unit-b", "interval": 3600, "mqtt": unreachable})
+    await upstream.start()
+    try:
+        await until(lambda: agent.events.subscriber_count == 1)  # it follows the sales
+        agent.events.publish(_sale("s-9", SaleState.ATTENTION))
+        for n in range(300):  # at once: no task runs meanwhile
+            agent.events.publish(_sale(f"s-{n}", SaleState.COMPLETED))
+        assert upstream.mqtt is not None
+        assert [e["sale_id"] for e in upstream.mqtt.events] == ["s-9"]  # waits for the broker
+    finally:
+        await upstream.stop()
+    assert agent.events.subscriber_count == 0
 
 
 def _sale(sale_id: str, state: SaleState) -> SaleEvent:

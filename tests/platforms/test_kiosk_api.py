@@ -452,6 +452,99 @@ async def test_hostile_bodies_get_a_400_naming_the_fault(
     assert status == 202  # and the API goes on
 
 
+CUSTOMER = {
+    "name": "Pat Doe", "account_zip": "12345", "address1": "1 Main St", "city": "Springfield",
+    "region": "IL", "country": "US", "phone": "+1 555 0100",
+}  # fmt: skip
+PLAN = {"name": "locker-monthly", "amount": "9.99",
+        "rrule": "DTSTART:20270101T000000Z\nRRULE:FREQ=MONTHLY;INTERVAL=1"}
+
+
+async def test_an_enrollment_from_the_app_saves_the_card_with_the_customers_details(
+    app: App,
+) -> None:
+    """Before: an enrollment without an amount was refused (the API made it 0, the runner
+    wants one above zero), and the body could not carry the billing details the vault requires,
+    so one with an amount read the card, then failed ('account_zip' must not be empty)."""
+    body = {"flow": "enroll", "email": "pat@example.com", "customer": CUSTOMER, "plan": PLAN}
+    status, started = await app.post("/sales", body)
+    assert status == 202, started
+    steps = await asyncio.wait_for(app.follow(started["sale_id"]), 10)
+    assert steps[-1]["state"] == "completed", steps[-1]["message"]
+    assert steps[-1]["captured_cents"] == 0  # saving a card takes no money
+    sale = app.api.agent.journal.get(started["sale_id"])
+    account = await app.api.agent.service.vault.get(sale.vault_uuid)
+    assert (account.name, account.account_zip, account.city, account.email) == (
+        "Pat Doe", "12345", "Springfield", "pat@example.com")
+    plan = await app.api.agent.service.plans.get(int(sale.plan_id))
+    assert plan.payment_account_uuid == sale.vault_uuid
+
+
+@pytest.mark.parametrize(
+    ("change", "field", "message"),
+    [
+        ({"customer": None}, "customer", "required to save a card"),
+        ({"customer": {**CUSTOMER, "account_zip": ""}}, "customer.account_zip", "required"),
+        ({"customer": {k: v for k, v in CUSTOMER.items() if k != "phone"}}, "customer.phone",
+         "required"),
+        ({"customer": {**CUSTOMER, "account_zip": "1" * 20}}, "customer.account_zip",
+         "at most 10"),
+        ({"customer": {**CUSTOMER, "account_zip": "12345!"}}, "customer.account_zip",
+         "a ZIP or postal code"),
+        ({"customer": {**CUSTOMER, "country": "USA"}}, "customer.country", "two-letter"),
+        ({"customer": {**CUSTOMER, "city": 7}}, "customer.city", "expected text"),
+        ({"customer": {**CUSTOMER, "name": "Pat\x1b[2J"}}, "customer.name", "U+001B"),
+        ({"customer": {**CUSTOMER, "nickname": "x"}}, "customer.nickname", "unknown"),
+        ({"customer": "Pat"}, "customer", "expected an object"),
+        ({"email": None}, "email", "required to save a card"),
+        ({"plan": {**PLAN, "amount": "0"}}, "plan.amount", "above zero"),
+        ({"plan": {**PLAN, "rrule": "FREQ=MONTHLY"}}, "plan.rrule", "RRULE"),
+        ({"flow": "charge_card"}, "customer", "only an enroll sale"),
+        ({"amount": None}, "amount", "required for an enrollment without a plan"),
+        ({"amount": "0"}, "amount", "above zero"),
+    ],
+)
+async def test_an_enrollment_without_what_the_vault_needs_is_refused_naming_the_field(
+    app: App, change: dict[str, Any], field: str, message: str
+) -> None:
+    body = {"flow": "enroll", "amount": "1.00", "email": "pat@example.com", "customer": CUSTOMER,
+            **change}
+    status, answer = await app.post("/sales", {k: v for k, v in body.items() if v is not None})
+    assert status == 400
+    assert answer["field"] == field
+    assert message in answer["message"]
+    assert app.api.agent.journal.count() == 0  # refused before anything is journaled
+
+
+async def test_an_app_that_fell_behind_is_told_how_many_steps_it_missed_and_where(
+    app: App,
+) -> None:
+    """Before: an app reading the event stream slower than the agent wrote it lost the steps
+    past its queue (256) without a word."""
+    from kiosk_agent.sales.model import SaleEvent
+
+    async with app.session.ws_connect(f"{app.base}/events?token={TOKEN}") as ws:
+        await until(lambda: app.api.agent.events.subscriber_count > 0 and _streaming(app))
+        ids = [f"burst{n:011d}" for n in range(300)]
+        for sale_id in ids:  # at once: no reader runs meanwhile
+            app.api.agent.events.publish(SaleEvent(
+                sale_id=sale_id, order_id=f"o-{sale_id}", source=app.api.name,
+                state=SaleState.STARTED, amount_cents=100,
+            ))  # fmt: skip
+        app.api.agent.events.publish(SaleEvent(  # not this app's: neither queued nor counted
+            sale_id="other", order_id="o", source="mdb:front", state=SaleState.STARTED,
+            amount_cents=100))
+        messages = [await asyncio.wait_for(ws.receive_json(), 10) for _ in range(257)]
+    assert messages[0]["gap"] is True
+    assert messages[0]["missed"] == 44  # the first 44 are lost, and said to be, first
+    assert "44 step(s) missed here" in messages[0]["message"]
+    assert [m["sale_id"] for m in messages[1:]] == ids[44:]
+
+
+def _streaming(app: App) -> bool:
+    return bool(app.api._sockets)  # the stream's subscription is open
+
+
 # -- a service answering more than was asked ------------------------------------------------------
 
 

@@ -13,6 +13,7 @@ import pytest
 from kiosk_agent.cli.sim import settings_from_ready
 from kiosk_agent.sales.attention import NotInAttention, ResolveError, UnknownSale, resolve
 from kiosk_agent.sales.journal import Journal
+from kiosk_agent.sales.model import Flow, money_text
 from kiosk_agent.sales.states import SaleState, Step
 from kiosk_agent.service.client import ServiceClient
 from kiosk_agent.service.errors import ServiceUnreachableError
@@ -325,3 +326,18 @@ async def test_a_bug_in_a_recheck_is_an_unexpected_error_in_health_an_outage_is_
     assert any(p.startswith("unexpected errors, logged with their tracebacks: attention sweeper")
                for p in snapshot.problems)
     assert agent.journal.get("crashed1").state is SaleState.ATTENTION  # the sale waits for the next
+
+
+def test_a_charge_card_resolved_as_given_back_shows_it_taken_and_given_back(
+    tmp_path: Path,
+) -> None:
+    # a charge-card whose answer was lost: the person found the charge and refunded it by hand
+    leave_open(tmp_path, state=SaleState.ATTENTION, flow=Flow.CHARGE_CARD.value)
+    journal = Journal(tmp_path / "journal.db")
+    journal.open()
+    try:
+        resolved = resolve(journal, "crashed1", "reversed", "refunded in the portal", "cli")
+    finally:
+        journal.close()
+    assert (resolved.captured_cents, resolved.reversed_cents) == (300, 300)
+    assert money_text(resolved) == "nothing charged ($3.00 given back)"  # not a hold released

@@ -154,3 +154,92 @@ async def test_a_lost_capture_answer_is_confirmed_from_reporting(
     [row] = await ledger(agent, sale.order_id)
     assert row.status is TransStatus.CAPTURED
     assert row.amount_cents == 200
+
+
+@pytest.mark.parametrize("lossy", ["/read-card"], indirect=True)
+@pytest.mark.parametrize("next_flow", [Flow.AUTHORIZE_CAPTURE, Flow.CHARGE_CARD])
+async def test_the_next_customer_waits_out_a_card_read_whose_answer_was_lost(
+    lossy: tuple[Agent, AnswerLosingProxy], next_flow: Flow
+) -> None:
+    agent, proxy = lossy
+    # ..05: nobody taps, so the read the service started waits for a card until it expires
+    lost = await agent.sales.start(
+        SaleRequest(source="test", flow=Flow.AUTHORIZE_CAPTURE, amount_cents=305),
+        ScriptedDispenser(),
+    )
+    event = await asyncio.wait_for(lost.result(), 15)
+    assert proxy.lost == 1
+    assert event.state is SaleState.FAILED  # at once: a read moves no money
+    assert "SIM-0001 may wait for a card" in event.message  # the machine hears why
+    machine = ScriptedDispenser(DispenseStatus.VENDED, vended_cents=300)
+    sale = await agent.sales.start(
+        SaleRequest(source="test", flow=next_flow, amount_cents=300), machine
+    )
+    served = await asyncio.wait_for(sale.result(), 15)
+    # served once the lost read ended, not refused with "terminal busy"
+    assert served.state is SaleState.COMPLETED, served.message
+    steps = [s.step for s in agent.journal.steps(sale.sale_id)]
+    assert steps.count("terminal.wait") == 1  # said once: why this customer waited
+    [row] = await ledger(agent, sale.order_id)
+    assert row.status is TransStatus.CAPTURED
+
+
+@pytest.mark.parametrize("lossy", ["/no-call-ends-so"], indirect=True)
+async def test_a_terminal_busy_with_no_lost_read_behind_it_refuses_at_once(
+    lossy: tuple[Agent, AnswerLosingProxy],
+) -> None:
+    agent, _ = lossy
+    handle = await agent.service.terminal.read_card("SIM-0001", 305)  # someone else's read
+    sale = await agent.sales.start(
+        SaleRequest(source="test", flow=Flow.CHARGE_CARD, amount_cents=300), ScriptedDispenser()
+    )
+    event = await asyncio.wait_for(sale.result(), 15)
+    assert event.state is SaleState.FAILED
+    assert "terminal busy" in event.message
+    assert "terminal.wait" not in [s.step for s in agent.journal.steps(sale.sale_id)]
+    await agent.service.terminal.cancel("SIM-0001", handle.interaction_id)
+
+
+@pytest.mark.parametrize("lossy", ["/read-card"], indirect=True)
+async def test_a_customer_waiting_out_a_lost_card_read_may_cancel(
+    lossy: tuple[Agent, AnswerLosingProxy],
+) -> None:
+    agent, _ = lossy
+    lost = await agent.sales.start(
+        SaleRequest(source="test", flow=Flow.AUTHORIZE_CAPTURE, amount_cents=305),
+        ScriptedDispenser(),
+    )
+    await asyncio.wait_for(lost.result(), 15)
+    waiting = asyncio.Event()
+    agent.events.listen(lambda e: waiting.set() if e.step == "terminal.wait" else None)
+    machine = ScriptedDispenser()
+    sale = await agent.sales.start(
+        SaleRequest(source="test", flow=Flow.CHARGE_CARD, amount_cents=300), machine
+    )
+    await asyncio.wait_for(waiting.wait(), 5)
+    assert await agent.sales.cancel(sale.sale_id)
+    event = await asyncio.wait_for(sale.result(), 5)
+    assert event.state is SaleState.CANCELLED
+    assert machine.denied
+    assert await ledger(agent, sale.order_id) == []  # nothing charged
+
+
+@pytest.mark.parametrize("lossy", ["/read-card"], indirect=True)
+async def test_a_terminal_that_took_a_new_sale_is_no_longer_held_by_a_lost_read(
+    lossy: tuple[Agent, AnswerLosingProxy],
+) -> None:
+    agent, _ = lossy
+    # the lost read ends at once (the simulator taps a card on it): the terminal is free again
+    lost = await agent.sales.start(
+        SaleRequest(source="test", flow=Flow.AUTHORIZE_CAPTURE, amount_cents=300),
+        ScriptedDispenser(),
+    )
+    await asyncio.wait_for(lost.result(), 15)
+    assert agent.sales.context.lost_reads.left("SIM-0001") is not None
+    sale = await agent.sales.start(
+        SaleRequest(source="test", flow=Flow.CHARGE_CARD, amount_cents=300),
+        ScriptedDispenser(DispenseStatus.VENDED, vended_cents=300),
+    )
+    await asyncio.wait_for(sale.result(), 15)
+    # the terminal took it: a busy answer from now on is someone else's, refused at once
+    assert agent.sales.context.lost_reads.left("SIM-0001") is None

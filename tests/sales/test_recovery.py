@@ -8,12 +8,13 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+import pytest
 
 from kiosk_agent.cli.sim import settings_from_ready
 from kiosk_agent.sales.clock import FakeClock
 from kiosk_agent.sales.journal import Journal, SaleRecord
-from kiosk_agent.sales.model import Flow, SaleRequest
-from kiosk_agent.sales.states import SaleState
+from kiosk_agent.sales.model import DispenseStatus, Flow, SaleRequest, money_text
+from kiosk_agent.sales.states import SaleState, Step
 from kiosk_agent.service.client import ServiceClient
 from kiosk_agent.service.models import ChargeRequest, TransactionFilter, TransStatus
 from tests.core.agent_helpers import ScriptedDispenser
@@ -300,3 +301,80 @@ async def test_a_confirmed_vend_that_cannot_be_written_is_written_once_the_journ
     assert "journal.restored" in [s.step for s in agent.journal.steps(sale.sale_id)]
     [row] = await rows(agent.service, sale.order_id)
     assert row.status is TransStatus.CAPTURED
+
+
+async def charge_on_terminal(service: ServiceClient, order_id: str) -> str:
+    """A charge-card the crashed agent never heard the answer of (captured at once)."""
+    handle = await service.terminal.charge_card("SIM-0002", 300, order_id=order_id)
+    result = (await handle.wait(timeout=5)).charge_result
+    assert result is not None
+    assert result.approved
+    return result.trans_id
+
+
+@pytest.mark.parametrize("settled", [False, True], ids=["voided", "refunded"])
+async def test_a_lost_charge_card_found_already_given_back_shows_the_money_taken_and_back(
+    agent_factory: Any, sim_factory: Any, tmp_path: Path, settled: bool
+) -> None:
+    sim = await sim_factory(time_scale=300, transactions=0)
+    async with ServiceClient(settings_from_ready(sim.ready_info())) as service:
+        trans_id = await charge_on_terminal(service, "KACRASHED1")
+        if settled:
+            await sim_call(sim, "POST", "/sim/settle")
+        back = await service.payments.void_or_refund(trans_id)  # given back before the restart
+    leave_open(tmp_path, state=SaleState.UNRESOLVED, flow=Flow.CHARGE_CARD.value)
+    agent = await agent_factory(sim=sim)
+    [event] = await asyncio.wait_for(agent.recovery.wait(), 10)
+    record = agent.journal.get("crashed1")
+    assert record is not None
+    assert event.state is SaleState.REVERSED
+    # what the service holds: $3.00 charged, then given back under the journal's trans_id
+    assert (record.trans_id, record.captured_cents, record.reversed_cents) == (trans_id, 300, 300)
+    assert record.reverse_trans_id == back.trans_id
+    assert money_text(record) == money_text(event) == "nothing charged ($3.00 given back)"
+
+
+async def test_a_lost_authorization_killed_before_reporting_first_answered_frees_its_terminal(
+    agent_factory: Any, tmp_path: Path
+) -> None:
+    # The agent died while the first lookup in reporting was on its way (slow reporting): the
+    # sale had journaled its lost answer and released the terminal, but was still AUTHORIZING,
+    # and the next customer was reading a card. The terminal takes sales once that read is
+    # ended, as for an UNRESOLVED one, not after the older sale's deadline.
+    clock = FakeClock(wall=time.time())
+    leave_open(
+        tmp_path, state=SaleState.AUTHORIZING, step=Step.AUTHORIZE_LOST,
+        answer_by=clock.time() + 30,
+    )
+    leave_open(tmp_path, state=SaleState.READING_CARD, sale_id="crashed2", order_id="KACRASHED2")
+    agent = await agent_factory(clock=clock)
+    assert agent.sales.busy_reason("SIM-0001") == "recovering sale crashed2"
+    await until(lambda: agent.sales.busy_reason("SIM-0001") is None)
+    lost = agent.journal.get("crashed1")
+    assert lost is not None
+    assert not lost.state.final  # reporting is asked until its deadline
+    ended = await clock.run(agent.recovery.wait())
+    states = {e.sale_id: e.state for e in ended}
+    assert states == {"crashed1": SaleState.FAILED, "crashed2": SaleState.FAILED}
+
+
+async def test_a_card_read_sent_before_the_crash_is_waited_out_by_the_next_customer(
+    agent_factory: Any, sim_factory: Any, tmp_path: Path
+) -> None:
+    # The agent died after sending a read-card, before its answer (its id never journaled):
+    # the read still waits for a card on the terminal (..05: nobody taps; it expires). The
+    # next customer is served once it ends, not refused with "terminal busy".
+    sim = await sim_factory(time_scale=300, transactions=0)
+    async with ServiceClient(settings_from_ready(sim.ready_info())) as service:
+        await service.terminal.read_card("SIM-0001", 305)
+    leave_open(tmp_path, state=SaleState.READING_CARD, amount_cents=305)
+    agent = await agent_factory(sim=sim)
+    [ended] = await asyncio.wait_for(agent.recovery.wait(), 10)
+    assert ended.state is SaleState.FAILED
+    machine = ScriptedDispenser(DispenseStatus.VENDED, vended_cents=300)
+    sale = await agent.sales.start(
+        SaleRequest(source="test", flow=Flow.AUTHORIZE_CAPTURE, amount_cents=300), machine
+    )
+    event = await asyncio.wait_for(sale.result(), 10)
+    assert event.state is SaleState.COMPLETED, event.message
+    assert "terminal.wait" in [s.step for s in agent.journal.steps(sale.sale_id)]

@@ -56,16 +56,25 @@ function fill(node, ...children) {
   node.replaceChildren(...el("div", {}, ...children).childNodes);
 }
 
+// Every time on the page is UTC, written as the command line writes it (10:15:30Z, or
+// 2026-11-22 10:15:30Z on another day): a tech comparing the page with `kiosk-agent sales` on
+// the unit reads the same figures, whatever zone the browser is in.
+function utc(unix) {
+  if (typeof unix !== "number" || !Number.isFinite(unix)) return null;
+  const d = new Date(unix * 1000);
+  return Number.isNaN(d.getTime()) ? null : d.toISOString();
+}
+
 function clock(unix) {
-  if (unix === null || unix === undefined) return "-";
-  return new Date(unix * 1000).toLocaleTimeString([], { hour12: false });
+  const iso = utc(unix);
+  return iso === null ? "-" : `${iso.slice(11, 19)}Z`;
 }
 
 function when(unix) {
-  if (unix === null || unix === undefined) return "-";
-  const d = new Date(unix * 1000);
-  const today = new Date().toDateString() === d.toDateString();
-  return today ? clock(unix) : d.toLocaleString([], { hour12: false });
+  const iso = utc(unix);
+  if (iso === null) return "-";
+  const today = iso.slice(0, 10) === new Date().toISOString().slice(0, 10);
+  return today ? clock(unix) : `${iso.slice(0, 10)} ${iso.slice(11, 19)}Z`;
 }
 
 function duration(seconds) {
@@ -226,6 +235,12 @@ function follow() {
     const note = JSON.parse(event.data);
     addEvent(note.at, note.text, /^problem/.test(note.text) ? "bad" : "");
   });
+  stream.addEventListener("gap", (event) => {
+    // this page fell behind the agent: say where its list of events has a hole
+    const gap = JSON.parse(event.data);
+    addEvent(gap.at, gap.text, "bad", { sale: "", step: "gap" });
+    reloadSoon();  // the sales lists come from the journal: whole again
+  });
   stream.addEventListener("sale", (event) => {
     const sale = JSON.parse(event.data);
     // the step names what happened: three lines of one sale read as three different steps
@@ -290,7 +305,8 @@ function renderHealth() {
   const sales = health.sales;
   setText($("today"), `${sales.today_count} sale(s), ${page.today_amount}`);
   setText($("footer"),
-    `kiosk-agent ${health.version} · up ${duration(health.uptime_s)} · as of ${clock(health.at)}`);
+    `kiosk-agent ${health.version} · up ${duration(health.uptime_s)} · as of ${clock(health.at)}` +
+    " · times are UTC (Z), as the command line prints them");
 }
 
 function result(key) {
