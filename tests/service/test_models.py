@@ -149,7 +149,7 @@ TOKEN = "tok_9412345678901111"
             "id": 1, "payment_number": 1, "payment_date": "2026-12-01T00:00:00.000Z",
             "amount_scheduled": 1, "amount_paid": CARD, "amount_remaining": TOKEN,
             "payment_status": "PENDING",
-        }, "amount_remaining"),
+        }, "amount_paid"),  # 16 digits of dollars: beyond any money
         (MerchantPayload, {"merchant_id": TOKEN, "merchant_status_id": 1}, "merchant_id"),
         (WebhookEnvelope, {"event_type": "x", "timestamp": CARD, "metadata": {}}, "timestamp"),
     ],

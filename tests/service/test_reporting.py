@@ -324,3 +324,19 @@ async def test_memory_stays_flat_however_many_pages(sim_factory: Any) -> None:
             tracemalloc.stop()
     # Ten times the pages, about the same peak: only one page is ever held.
     assert many_pages < few_pages * 1.3, (few_pages, many_pages)
+
+
+@pytest.mark.parametrize("amount", [1e308, 10**40, "1e999999", -1e300])
+async def test_an_amount_no_money_can_be_is_refused_naming_it(
+    scripted: ScriptedServer, scripted_settings: ServiceSettings, amount: Any
+) -> None:
+    """Reporting answering 1e308 dollars: refused when read, naming ``items.0.amount``, never
+    an arithmetic error later where its cents are asked for (the reconciler's lookup)."""
+    path = f"{REPORTING_PREFIX}/transactions"
+    scripted.script("POST", "/ords/sprint/oauth/token", json_reply({"access_token": "t"}))
+    scripted.script("GET", path, json_reply(
+        {"items": [{"trans_id": "1", "amount": amount}], "hasMore": False}))
+    async with ServiceClient(scripted_settings) as svc:
+        with pytest.raises(InvalidResponseError) as caught:
+            await collect(svc.reporting.transactions())
+    assert caught.value.field == "items.0.amount"

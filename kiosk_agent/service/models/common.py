@@ -43,15 +43,19 @@ def _exact_decimal(value: Any) -> Any:
         raise invalid("decimal_amount", "expected an amount in dollars, not a boolean")
     if isinstance(value, float):
         value = repr(value)
-    if isinstance(value, str):
+    if isinstance(value, (str, int, Decimal)):
         try:
             amount = Decimal(value)
         except InvalidOperation:
             amount = Decimal("NaN")
-        if not amount.is_finite():
+        # beyond any money (1e308): its cents could not even be counted later
+        if not amount.is_finite() or abs(amount) >= _MOST_DOLLARS:
             raise invalid("decimal_amount", "expected an amount in dollars such as 12.50")
         return amount
     return value
+
+
+_MOST_DOLLARS = Decimal(10) ** 15
 
 
 # Dollars as the interface sends them (a decimal string or a JSON number), held as Decimal.
