@@ -67,9 +67,9 @@ def reported_dollars_to_cents(value: int | float | str | Decimal) -> int:
     text = repr(value) if isinstance(value, float) else str(value)
     try:
         amount = Decimal(text)
-    except InvalidOperation:
+        return int((amount * 100).quantize(Decimal(1), rounding=ROUND_HALF_UP))
+    except (ArithmeticError, ValueError):  # not a number, NaN, or beyond counting (1e308)
         raise MoneyError(f"not an amount: {value!r}") from None
-    return int((amount * 100).quantize(Decimal(1), rounding=ROUND_HALF_UP))
 
 
 def parse_wire_amount(text: str, unit: str) -> int:

@@ -36,6 +36,12 @@ def test_reported_float_dollars_become_exact_cents() -> None:
     assert reported_dollars_to_cents(3) == 300
 
 
+@pytest.mark.parametrize("value", [1e308, float("inf"), float("nan"), 10**40, "1e999999", "x"])
+def test_a_reported_amount_beyond_counting_is_a_money_error(value: object) -> None:
+    with pytest.raises(MoneyError, match="not an amount"):  # never a bare ArithmeticError
+        reported_dollars_to_cents(value)  # type: ignore[arg-type]
+
+
 @pytest.mark.parametrize(
     ("value", "cents"), [("2.50", 250), ("$2.5", 250), ("2", 200), (250, 250), (" 0.99 ", 99)]
 )
