@@ -242,6 +242,8 @@ class AttentionSweeper:
             )
         vended = record.vended_cents
         if lookup.captured and vended:
+            if (lookup.amount_cents or vended) > max(vended, record.amount_cents):
+                return None  # taken above the price asked: a person decides (the sale says so)
             return steps.finish(
                 SaleState.COMPLETED,
                 Step.ATTENTION_DONE,

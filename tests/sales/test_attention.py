@@ -48,6 +48,23 @@ async def test_an_authorization_vended_and_left_open_is_captured(
     assert agent.health.snapshot().sales.attention == 0
 
 
+async def test_a_charge_captured_above_the_price_asked_stays_for_a_person(
+    agent_factory: Any, tmp_path: Path
+) -> None:
+    # the service answered a charge above the price (a unit mistake somewhere): the sale went to
+    # attention; reporting showing it captured must not end it "paid" as if all were well
+    agent = await attention_sale(
+        agent_factory, tmp_path, flow=Flow.CHARGE_CARD.value, amount_cents=250, vended_cents=250
+    )
+    trans_id = await authorize(agent.service, "KACRASHED1", capture=True)  # $3.00 taken
+    found_in_reporting(agent, trans_id)
+    assert await agent.attention.sweep() == []
+    record = agent.journal.get("crashed1")
+    assert record is not None
+    assert record.state is SaleState.ATTENTION
+    assert agent.health.snapshot().sales.attention == 1
+
+
 async def test_money_held_without_a_vend_is_given_back(agent_factory: Any, tmp_path: Path) -> None:
     agent = await attention_sale(agent_factory, tmp_path)
     trans_id = await authorize(agent.service, "KACRASHED1", capture=False)
