@@ -125,6 +125,7 @@ class Step(enum.StrEnum):
     CAPTURE_REQUEST = "capture.request"
     CAPTURE_FAILED = "capture.failed"
     CAPTURE_REFUSED = "capture.refused"
+    CAPTURE_ABOVE = "capture.above_asked"  # the capture answered more than it asked to take
     COMPLETED = "completed"
     REVERSE_REQUEST = "reverse.request"
     REVERSE_DONE = "reverse.done"

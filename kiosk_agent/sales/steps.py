@@ -446,7 +446,18 @@ class SaleSteps:
                 Step.CAPTURE_REFUSED,
                 f"dispensed, but the capture answered {result.result}: {result.resp_text}",
             )
-        return self._completed(result.amount or cents, "captured")
+        taken = result.amount or cents
+        if taken > cents:
+            # the service says it took more than asked (a wrong unit, its fault): not a sale to
+            # call paid; held for reporting's word or a person's
+            return self.finish(
+                SaleState.ATTENTION,
+                Step.CAPTURE_ABOVE,
+                f"dispensed, but the capture answered {format_cents(taken)} for the"
+                f" {format_cents(cents)} asked",
+                captured_cents=taken,
+            )
+        return self._completed(taken, "captured")
 
     def _completed(self, cents: int, how: str) -> SaleEvent:
         return self.finish(

@@ -650,6 +650,22 @@ async def test_a_service_answering_more_than_asked_never_vends_or_captures_above
                 assert "charge answered $250.00 for the $2.50 asked" in record.message
 
 
+async def test_a_capture_answered_above_what_it_asked_is_not_called_paid(
+    tmp_path: Path, sim: Any
+) -> None:
+    """The capture of $2.50 answers $250.00 taken (the wrong unit): the sale is not completed
+    as paid at the service's figure; it waits in attention, naming both amounts."""
+    async with answers_rewritten(sim, "/api/v1/capture", amounts_times(100)) as proxy:
+        async for app in _app(tmp_path, proxy.settings(sim), flow="authorize_capture"):
+            status, started = await app.post("/sales", {"product": "coffee"})
+            assert status == 202
+            await asyncio.wait_for(until_final(app.api.agent, started["sale_id"]), 15)
+            record = app.api.agent.journal.get(started["sale_id"])
+            assert proxy.rewritten
+            assert record.state is SaleState.ATTENTION, record
+            assert "capture answered $250.00 for the $2.50 asked" in record.message
+
+
 @pytest.mark.parametrize(("flow", "answered_at"), [("authorize_capture", "/api/v1/charge"),
                                                    ("charge_card", "/charge-card")])
 async def test_a_negative_amount_answered_is_no_answer_and_moves_no_money_backwards(
