@@ -228,6 +228,27 @@ OVERLAP_KILLS = [
 ]
 
 
+async def kill_at_each_overlap(
+    sim: Any, driver: Any, tmp_path: Path, fault: dict[str, Any], first_left: SaleState
+) -> list[tuple[str, str, SaleState]]:
+    """For each of OVERLAP_KILLS: ``fault`` armed, a first sale left ``first_left`` and the agent
+    killed at that step of the next one on the same terminal, then a start that recovers both.
+    (first, second, how the second must end) for each round."""
+    pairs = []
+    for kill_at, steps, second_ends in OVERLAP_KILLS:
+        await sim_call(sim, "POST", "/sim/faults", fault)
+        before = set(journaled_sales(tmp_path)) if (tmp_path / "journal.db").exists() else set()
+        assert await driver.run("overlap", kill_at) == "killed"
+        assert driver.steps == steps
+        killed = {s.sale_id: s for s in journaled_sales(tmp_path).values()
+                  if s.sale_id not in before}
+        first, second = sorted(killed.values(), key=lambda s: s.created_at)
+        assert first.state is first_left
+        assert await driver.run() == "done"  # the next start recovers both
+        pairs.append((first.sale_id, second.sale_id, second_ends))
+    return pairs
+
+
 @pytest.mark.slow(seconds=20)
 async def test_sigkill_with_a_capturing_sale_and_a_newer_one_on_its_terminal_ends_both(
     sim_factory: Any, tmp_path: Path
@@ -239,18 +260,7 @@ async def test_sigkill_with_a_capturing_sale_and_a_newer_one_on_its_terminal_end
     sim = await sim_factory(time_scale=TIME_SCALE, seed=3, transactions=0)
     driver = driver_on(sim, tmp_path)
     held_capture = {"path": "/api/v1/capture", "fault": "black_hole", "count": 1}
-    pairs = []
-    for kill_at, steps, second_ends in OVERLAP_KILLS:
-        await sim_call(sim, "POST", "/sim/faults", held_capture)
-        before = set(journaled_sales(tmp_path)) if (tmp_path / "journal.db").exists() else set()
-        assert await driver.run("overlap", kill_at) == "killed"
-        assert driver.steps == steps
-        killed = {s.sale_id: s for s in journaled_sales(tmp_path).values()
-                  if s.sale_id not in before}
-        first, second = sorted(killed.values(), key=lambda s: s.created_at)
-        assert first.state is SaleState.CAPTURING
-        assert await driver.run() == "done"  # the next start recovers both
-        pairs.append((first.sale_id, second.sale_id, second_ends))
+    pairs = await kill_at_each_overlap(sim, driver, tmp_path, held_capture, SaleState.CAPTURING)
 
     sales = journaled_sales(tmp_path)
     for first_id, second_id, second_ends in pairs:
@@ -273,18 +283,8 @@ async def test_sigkill_with_a_lost_authorization_and_a_newer_sale_on_its_termina
                       "fault": "latency", "delay_s": 2}  # fmt: skip
     await sim_call(sim, "POST", "/sim/faults", slow_reporting)
     lost = {"path": "/api/v1/charge", "fault": "drop_answer", "count": 1}
-    pairs = []
-    for kill_at, steps, second_ends in OVERLAP_KILLS:
-        await sim_call(sim, "POST", "/sim/faults", lost)
-        before = set(journaled_sales(tmp_path)) if (tmp_path / "journal.db").exists() else set()
-        assert await driver.run("overlap", kill_at) == "killed"
-        assert driver.steps == steps
-        killed = {s.sale_id: s for s in journaled_sales(tmp_path).values()
-                  if s.sale_id not in before}
-        first, second = sorted(killed.values(), key=lambda s: s.created_at)
-        assert first.state is SaleState.AUTHORIZING  # its first lookup still on its way
-        assert await driver.run() == "done"  # the next start recovers both
-        pairs.append((first.sale_id, second.sale_id, second_ends))
+    # the first's lookup still on its way when killed
+    pairs = await kill_at_each_overlap(sim, driver, tmp_path, lost, SaleState.AUTHORIZING)
 
     await sim_call(sim, "DELETE", "/sim/faults")  # the judge's own lookups need no waiting
     sales = journaled_sales(tmp_path)

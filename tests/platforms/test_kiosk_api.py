@@ -626,6 +626,21 @@ async def answers_rewritten(
         await proxy.stop()
 
 
+async def a_coffee_answered(
+    tmp_path: Path, sim: Any, flow: str, answered_at: str, rewrite: Callable[[bytes], bytes]
+) -> Any:
+    """One coffee ($2.50) sold from the app while the service's answers at ``answered_at`` are
+    rewritten (at least one was): the sale as the journal ends it."""
+    async with answers_rewritten(sim, answered_at, rewrite) as proxy:
+        async for app in _app(tmp_path, proxy.settings(sim), flow=flow):
+            status, started = await app.post("/sales", {"product": "coffee"})
+            assert status == 202
+            await asyncio.wait_for(until_final(app.api.agent, started["sale_id"]), 15)
+            record = app.api.agent.journal.get(started["sale_id"])
+            assert proxy.rewritten
+    return record
+
+
 # where each flow's money is answered: the authorization, or the terminal's charge
 @pytest.mark.parametrize(("flow", "answered_at"), [("authorize_capture", "/api/v1/charge"),
                                                    ("charge_card", "/charge-card")])
@@ -635,19 +650,14 @@ async def test_a_service_answering_more_than_asked_never_vends_or_captures_above
     """The service answers 100 times the price (the wrong unit): the app is told to dispense
     the price asked at most and the capture takes no more; a charge answered above the price is
     not called paid (ATTENTION names both amounts). Never $250.00 for a coffee."""
-    async with answers_rewritten(sim, answered_at, amounts_times(100)) as proxy:
-        async for app in _app(tmp_path, proxy.settings(sim), flow=flow):
-            status, started = await app.post("/sales", {"product": "coffee"})
-            assert status == 202
-            await asyncio.wait_for(until_final(app.api.agent, started["sale_id"]), 15)
-            record = app.api.agent.journal.get(started["sale_id"])
-            assert proxy.rewritten  # the service did answer 25000
-            assert record.vended_cents == 250, record
-            if flow == "authorize_capture":  # the hold is more: the capture takes the price
-                assert (record.state, record.captured_cents) == (SaleState.COMPLETED, 250)
-            else:  # the charge says it took more: not called paid; reporting or a person says
-                assert record.state is SaleState.ATTENTION, record
-                assert "charge answered $250.00 for the $2.50 asked" in record.message
+    # the service does answer 25000
+    record = await a_coffee_answered(tmp_path, sim, flow, answered_at, amounts_times(100))
+    assert record.vended_cents == 250, record
+    if flow == "authorize_capture":  # the hold is more: the capture takes the price
+        assert (record.state, record.captured_cents) == (SaleState.COMPLETED, 250)
+    else:  # the charge says it took more: not called paid; reporting or a person says
+        assert record.state is SaleState.ATTENTION, record
+        assert "charge answered $250.00 for the $2.50 asked" in record.message
 
 
 async def test_a_capture_answered_above_what_it_asked_is_not_called_paid(
@@ -655,15 +665,11 @@ async def test_a_capture_answered_above_what_it_asked_is_not_called_paid(
 ) -> None:
     """The capture of $2.50 answers $250.00 taken (the wrong unit): the sale is not completed
     as paid at the service's figure; it waits in attention, naming both amounts."""
-    async with answers_rewritten(sim, "/api/v1/capture", amounts_times(100)) as proxy:
-        async for app in _app(tmp_path, proxy.settings(sim), flow="authorize_capture"):
-            status, started = await app.post("/sales", {"product": "coffee"})
-            assert status == 202
-            await asyncio.wait_for(until_final(app.api.agent, started["sale_id"]), 15)
-            record = app.api.agent.journal.get(started["sale_id"])
-            assert proxy.rewritten
-            assert record.state is SaleState.ATTENTION, record
-            assert "capture answered $250.00 for the $2.50 asked" in record.message
+    record = await a_coffee_answered(
+        tmp_path, sim, "authorize_capture", "/api/v1/capture", amounts_times(100)
+    )
+    assert record.state is SaleState.ATTENTION, record
+    assert "capture answered $250.00 for the $2.50 asked" in record.message
 
 
 @pytest.mark.parametrize(("flow", "answered_at"), [("authorize_capture", "/api/v1/charge"),
@@ -674,17 +680,11 @@ async def test_a_negative_amount_answered_is_no_answer_and_moves_no_money_backwa
     """-250 cents answered for a $2.50 sale: an answer the client refuses naming ``amount``, as
     any malformed one (the truth is then looked up), never a vend of -$2.50 nor a bug's
     traceback."""
-    async with answers_rewritten(sim, answered_at, amounts_times(-1)) as proxy:
-        async for app in _app(tmp_path, proxy.settings(sim), flow=flow):
-            status, started = await app.post("/sales", {"product": "coffee"})
-            assert status == 202
-            await asyncio.wait_for(until_final(app.api.agent, started["sale_id"]), 15)
-            record = app.api.agent.journal.get(started["sale_id"])
-            assert proxy.rewritten
-            assert 0 <= record.vended_cents <= 250, record
-            assert 0 <= record.captured_cents <= 250, record
-            assert "internal error" not in record.message, record
-            assert "flow error" not in caplog.text
+    record = await a_coffee_answered(tmp_path, sim, flow, answered_at, amounts_times(-1))
+    assert 0 <= record.vended_cents <= 250, record
+    assert 0 <= record.captured_cents <= 250, record
+    assert "internal error" not in record.message, record
+    assert "flow error" not in caplog.text
 
 
 async def test_an_authorization_answered_cut_short_is_a_lost_answer_not_a_refusal(
@@ -693,15 +693,11 @@ async def test_an_authorization_answered_cut_short_is_a_lost_answer_not_a_refusa
     """The service authorized and its 200 answer was cut in half: the hold exists. The sale is
     not 'refused' (FAILED, the hold left on the card): the answer is lost, found in reporting by
     the order id, and given back."""
-    async with answers_rewritten(sim, "/api/v1/charge", cut_short) as proxy:
-        async for app in _app(tmp_path, proxy.settings(sim), flow="authorize_capture"):
-            status, started = await app.post("/sales", {"product": "coffee"})
-            assert status == 202
-            await asyncio.wait_for(until_final(app.api.agent, started["sale_id"]), 15)
-            record = app.api.agent.journal.get(started["sale_id"])
-            assert proxy.rewritten
-            assert record.state is SaleState.REVERSED, record
-            assert record.reversed_cents == 250, record
+    record = await a_coffee_answered(
+        tmp_path, sim, "authorize_capture", "/api/v1/charge", cut_short
+    )
+    assert record.state is SaleState.REVERSED, record
+    assert record.reversed_cents == 250, record
 
 
 ANSWER_VALUES = (st.none() | st.booleans() | st.integers(min_value=-(2**70), max_value=2**70)

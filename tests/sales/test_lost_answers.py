@@ -21,7 +21,7 @@ from kiosk_agent.cli.sim import settings_from_ready
 from kiosk_agent.core.agent import Agent
 from kiosk_agent.core.config import load_config
 from kiosk_agent.core.web import LocalSite
-from kiosk_agent.sales.model import DispenseStatus, Flow, SaleRequest
+from kiosk_agent.sales.model import DispenseStatus, Flow, SaleEvent, SaleRequest
 from kiosk_agent.sales.states import SaleState
 from kiosk_agent.service.models import TransactionFilter, TransStatus
 from tests.core.agent_helpers import ScriptedDispenser
@@ -156,6 +156,17 @@ async def test_a_lost_capture_answer_is_confirmed_from_reporting(
     assert row.amount_cents == 200
 
 
+async def a_card_read_lost(agent: Agent, cents: int) -> SaleEvent:
+    """An authorize_capture sale whose read-card answer the proxy loses, ended (at once: a
+    read moves no money). Amount ..05: nobody taps, the service's read waits until it expires;
+    else a card is tapped on it and the terminal is free again soon."""
+    lost = await agent.sales.start(
+        SaleRequest(source="test", flow=Flow.AUTHORIZE_CAPTURE, amount_cents=cents),
+        ScriptedDispenser(),
+    )
+    return await asyncio.wait_for(lost.result(), 15)
+
+
 @pytest.mark.parametrize("lossy", ["/read-card"], indirect=True)
 @pytest.mark.parametrize("next_flow", [Flow.AUTHORIZE_CAPTURE, Flow.CHARGE_CARD])
 async def test_the_next_customer_waits_out_a_card_read_whose_answer_was_lost(
@@ -163,11 +174,7 @@ async def test_the_next_customer_waits_out_a_card_read_whose_answer_was_lost(
 ) -> None:
     agent, proxy = lossy
     # ..05: nobody taps, so the read the service started waits for a card until it expires
-    lost = await agent.sales.start(
-        SaleRequest(source="test", flow=Flow.AUTHORIZE_CAPTURE, amount_cents=305),
-        ScriptedDispenser(),
-    )
-    event = await asyncio.wait_for(lost.result(), 15)
+    event = await a_card_read_lost(agent, 305)
     assert proxy.lost == 1
     assert event.state is SaleState.FAILED  # at once: a read moves no money
     assert "SIM-0001 may wait for a card" in event.message  # the machine hears why
@@ -205,11 +212,7 @@ async def test_a_customer_waiting_out_a_lost_card_read_may_cancel(
     lossy: tuple[Agent, AnswerLosingProxy],
 ) -> None:
     agent, _ = lossy
-    lost = await agent.sales.start(
-        SaleRequest(source="test", flow=Flow.AUTHORIZE_CAPTURE, amount_cents=305),
-        ScriptedDispenser(),
-    )
-    await asyncio.wait_for(lost.result(), 15)
+    await a_card_read_lost(agent, 305)
     waiting = asyncio.Event()
     agent.events.listen(lambda e: waiting.set() if e.step == "terminal.wait" else None)
     machine = ScriptedDispenser()
@@ -230,11 +233,7 @@ async def test_a_terminal_that_took_a_new_sale_is_no_longer_held_by_a_lost_read(
 ) -> None:
     agent, _ = lossy
     # the lost read ends at once (the simulator taps a card on it): the terminal is free again
-    lost = await agent.sales.start(
-        SaleRequest(source="test", flow=Flow.AUTHORIZE_CAPTURE, amount_cents=300),
-        ScriptedDispenser(),
-    )
-    await asyncio.wait_for(lost.result(), 15)
+    await a_card_read_lost(agent, 300)
     assert agent.sales.context.lost_reads.left("SIM-0001") is not None
     sale = await agent.sales.start(
         SaleRequest(source="test", flow=Flow.CHARGE_CARD, amount_cents=300),
