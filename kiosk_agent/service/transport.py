@@ -497,6 +497,9 @@ class Transport:
 async def _read_bounded(resp: aiohttp.ClientResponse, what: str) -> bytes:
     """The answer's body, refused past MAX_ANSWER_BYTES without holding the rest: a body
     without end (a wrong address, a broken proxy) must not take the unit's memory."""
+    length = resp.content_length
+    if length is not None and length <= MAX_ANSWER_BYTES:
+        return await resp.read()  # the service's answers: a length aiohttp reads no further than
     body = bytearray()
     async for chunk in resp.content.iter_chunked(64 * 1024):
         body += chunk
