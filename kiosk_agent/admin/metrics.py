@@ -269,6 +269,18 @@ def health_families(snapshot: HealthSnapshot) -> Iterator[Metric]:
         [({"part": part}, n) for part, n in snapshot.errors.items()],
         ["part"],
     )
+    unit = snapshot.unit
+    yield counter(
+        "foreign_charges",
+        "Charges of another program or unit seen on this unit's terminals since it started "
+        "(each once; never given back).",
+        [({}, unit.foreign_charges)],
+    )
+    yield gauge(
+        "unit_confirmed",
+        "1 when the journal was made on this machine (or adopted here); 0: no customer taken.",
+        [({}, int(not unit.mismatch))],
+    )
     sales = snapshot.sales
     yield gauge("sales_open", "Sales not yet finished.", [({}, sales.open)])
     yield gauge("sales_attention", "Sales a person must look at now.", [({}, sales.attention)])

@@ -32,6 +32,7 @@ from kiosk_agent.sales.attention import AttentionSweeper
 from kiosk_agent.sales.audit import ChargeAudit
 from kiosk_agent.sales.clock import SYSTEM_CLOCK, Clock
 from kiosk_agent.sales.journal import Journal, JournalError
+from kiosk_agent.sales.machine import Machine, this_machine
 from kiosk_agent.sales.model import SaleEvent
 from kiosk_agent.sales.owner import JournalLock
 from kiosk_agent.sales.receipts import ReceiptSettings
@@ -39,6 +40,8 @@ from kiosk_agent.sales.recovery import Recovery
 from kiosk_agent.sales.runner import SaleRunner
 from kiosk_agent.sales.settings import INTERACTION_LIFETIME, SaleSettings
 from kiosk_agent.sales.steps import SaleContext, SaleSteps
+from kiosk_agent.sales.unit import OwnUnit
+from kiosk_agent.sales.unit import load as load_unit
 from kiosk_agent.sales.unwritten import UnwrittenSales
 from kiosk_agent.service.client import ServiceClient
 from kiosk_agent.service.errors import ServiceError
@@ -129,8 +132,12 @@ class Agent:
         service: ServiceClient | None = None,
         owner: JournalLock | None = None,
         clock: Clock = SYSTEM_CLOCK,
+        machine: Machine | None = None,
     ) -> None:
         self.config = config
+        # the machine it runs on (tests give a made-up one); the unit's id is read at start
+        self.machine = machine or this_machine()
+        self.unit = OwnUnit.fresh()
         self.clock = clock  # every sale's waits and deadlines (tests give a FakeClock)
         self.version = version
         self.settings = sale_settings_from_config(
@@ -178,6 +185,7 @@ class Agent:
             capabilities=self.can_print,
             clock=clock,
             on_unwritten=self._keep_unwritten,
+            unit=self.unit,
         )
         self.sales = SaleRunner(context)
         self.recovery = Recovery(context, runner=self.sales)
@@ -244,6 +252,7 @@ class Agent:
         self.owner.acquire()  # another agent on this journal: refused here, nothing read yet
         # lost or damaged: named (a damaged one moved aside); a full or read-only disk: waited for
         await self.journal_guard.open_journal(self._waiting_for_disk)
+        self._read_unit()
         self._journal_watch.start()
         self.event_log.open()
         self._prune()
@@ -261,6 +270,7 @@ class Agent:
         self._tasks.append(asyncio.create_task(self.health.follow_sales(self.events)))
         self._tasks.append(asyncio.create_task(self.availability.follow_sales(self.events)))
         self.recovery.start()
+        self.health.report_unit(not_ours_open=len(self.recovery.not_ours))
         self._checker.start()
         self.journal_guard.start()
         if self.recovery.state == "done":
@@ -315,6 +325,8 @@ class Agent:
             try:
                 self.journal_guard.watch()
                 self.attention.outside.watch()
+                if not self.unit.confirmed:  # `kiosk-agent unit adopt` from another process
+                    self._read_unit()
                 if claimed and not self.owner.keep():
                     claimed = False
                     self.health.report_journal_state(
@@ -331,6 +343,25 @@ class Agent:
                 said = str(err)
             except Exception:  # never dies silently: said, and the next look tries again
                 _LOGGER.exception("journal: watching its disk and files failed")
+
+    def _read_unit(self) -> None:
+        """The unit's id from the journal, judged against this machine (sales/unit.py); a
+        journal made on another machine takes no customer and moves no money until adopted."""
+        was, confirmed = self.unit.id, self.unit.confirmed
+        found = load_unit(self.journal.db, self.journal.path, self.machine)
+        for name in ("id", "legacy", "machine", "made_at", "mismatch"):
+            setattr(self.unit, name, getattr(found, name))
+        if self.unit.mismatch and (confirmed or was != found.id):
+            _LOGGER.error("%s", self.unit.refusal())
+        elif not confirmed and self.started:
+            _LOGGER.warning("unit adopted on this machine: unit %s (was %s)", found.id, was)
+            self.journal_guard.check_again()
+        self.health.report_unit(
+            id=self.unit.id, machine=self.unit.machine.describe(), made_at=self.unit.made_at,
+            mismatch=self.unit.refusal() if self.unit.mismatch else "",
+        )
+        if self.started or not confirmed:
+            self.availability.evaluate()
 
     def _waiting_for_disk(self, fault: str) -> None:
         if self._systemd is not None:  # the start goes on: systemd must neither time it out

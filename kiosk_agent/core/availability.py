@@ -157,6 +157,8 @@ class Availability:
         if journal.charges_pending and journal.notice:
             # the journal was lost or damaged: no customer until reporting was compared with it
             reasons.append("journal: checking reporting for charges it does not hold")
+        if health.unit.mismatch:
+            reasons.append(health.unit.mismatch)
         service = health.service
         if service.reachable is False:
             reasons.append(_with("service unreachable", service.detail))
@@ -211,7 +213,7 @@ class Availability:
         journal = self._health.journal
         return journal.writable is False or bool(journal.unwritten_sales) or (
             journal.charges_pending and bool(journal.notice)
-        )
+        ) or bool(self._health.unit.mismatch)
 
     def next_check_in(self, interval: float) -> float:
         """How long the checker may wait: ``interval``, shorter while anything is unusable."""

@@ -123,6 +123,22 @@ class JournalHealth(_Model):
     charges_detail: str = ""
 
 
+class UnitHealth(_Model):
+    """The unit's identity (sales/unit.py) and the money on its terminals that is not its own."""
+
+    id: str = ""
+    machine: str = ""  # the machine the journal was made on, for people
+    made_at: float | None = None
+    # the journal was made on another machine: what differs, and what to do (empty: here)
+    mismatch: str = ""
+    # one line a terminal another program or unit also charges on (sales/audit.ForeignCharges)
+    foreign: list[str] = []
+    foreign_charges: int = 0  # such charges seen since start (a counter)
+    foreign_cleared: str = ""  # what the last clear said
+    # open sales of the journal under another unit id, left as they are
+    not_ours_open: int = 0
+
+
 class AvailabilityHealth(_Model):
     """Whether card payment works on a terminal now (``core.availability`` decides)."""
 
@@ -171,6 +187,7 @@ class HealthSnapshot(_Model):
     service: ServiceHealth
     sales: SalesHealth
     journal: JournalHealth = JournalHealth()
+    unit: UnitHealth = UnitHealth()
     availability: list[AvailabilityHealth] = []
     # unexpected errors (bugs) each part caught, logged with its traceback and kept going after,
     # counted since start: part -> count (only parts with any)
@@ -196,6 +213,7 @@ class Health:
         self._links: dict[str, LinkHealth] = {}
         self._service = ServiceHealth()
         self._journal = JournalHealth()
+        self._unit = UnitHealth()
         self._availability: dict[str, AvailabilityHealth] = {}
         self._open_sales: set[str] = set()
         # each sale in attention, with the local day it first ended (entered attention)
@@ -305,6 +323,15 @@ class Health:
     def report_journal_state(self, **changes: Any) -> None:
         """The journal's other facts (unwritten sales, a start notice, the charge check)."""
         self._journal = self._journal.model_copy(update=changes)
+
+    def report_unit(self, **changes: Any) -> None:
+        """The unit's identity, a journal made elsewhere, others' charges on its terminals."""
+        self._unit = self._unit.model_copy(update=changes)
+        self._changed()
+
+    @property
+    def unit(self) -> UnitHealth:
+        return self._unit
 
     def report_availability(
         self,
@@ -488,6 +515,7 @@ class Health:
             service=service,
             sales=sales,
             journal=self._journal,
+            unit=self._unit,
             availability=availability,
             errors=errors,
         )
@@ -527,6 +555,14 @@ class Health:
             problems.append(f"journal: {journal.notice}")
         if journal.charges_detail:
             problems.append(f"journal: {journal.charges_detail}")
+        unit = self._unit
+        if unit.mismatch:
+            problems.append(unit.mismatch)
+            down = True  # no customer until a person adopts it
+        problems.extend(unit.foreign)
+        if unit.not_ours_open:
+            problems.append(f"journal: {unit.not_ours_open} open sale(s) of another unit id "
+                            "left as they are (not this unit's money): a person decides")
         if service.reachable is False:
             problems.append(f"service unreachable: {service.detail}".rstrip(": "))
             down = True

@@ -234,6 +234,12 @@ class JournalGuard:
         await self._loop.stop()
         await self.unwritten.stop()
 
+    def check_again(self) -> None:
+        """Compare the charges now, the settled ones too (the unit's id changed: adopted)."""
+        self._audit_due.set()
+        self._history_next = 0.0
+        self._wakeup.set()
+
     async def first_check(self) -> AuditResult | None:
         """Wait until the first charge comparison of this start has been made."""
         await self._checked.wait()
@@ -304,6 +310,9 @@ class JournalGuard:
             _LOGGER.exception("charge check failed")
             result = AuditResult(at=time.time(), error=f"{type(err).__name__}: {err}")
         pending = self.health.journal.charges_pending
+        foreign = self.audit.foreign
+        self.health.report_unit(foreign=foreign.lines(), foreign_charges=foreign.counted,
+                                foreign_cleared=foreign.cleared)
         if result.ok and settled:
             self._history_next = time.monotonic() + self.history_interval
         if result.ok:

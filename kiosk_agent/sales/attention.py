@@ -114,7 +114,7 @@ class AttentionSweeper:
         except (sqlite3.Error, JournalError) as err:  # a failing disk: health shows it too
             self._count_error(f"cannot read the journal: {err}")
             return ended
-        for record in sales:
+        for record in self._own(sales):
             try:
                 event = await self.recheck(SaleSteps(record, self.context))
             except SaleMoved as err:  # a person resolved it (another process) as it was decided
@@ -140,7 +140,7 @@ class AttentionSweeper:
             self._count_error(f"cannot read the journal: {err}")
             return []
         suspects = [
-            r for r in failed
+            r for r in self._own(failed)
             if r.flow != Flow.ENROLL and r.trans_id is None and self._still_watched(r)
         ]
         given_back: list[SaleEvent] = []
@@ -170,6 +170,11 @@ class AttentionSweeper:
                 _LOGGER.exception("sale %s: late charge check failed", record.sale_id)
                 self._count_error(f"sale {record.sale_id}: {type(err).__name__}: {err}", err)
         return given_back
+
+    def _own(self, sales: list[SaleRecord]) -> list[SaleRecord]:
+        """Only this unit's sales (sales/unit.py): another unit's money is never moved here."""
+        unit = self.context.unit
+        return [r for r in sales if unit.owns_sale(r.order_id)]
 
     def _still_watched(self, record: SaleRecord) -> bool:
         """Whether the sale's money call was sent less than ``LATE_CHARGE_WINDOW`` ago in real

@@ -3,8 +3,8 @@
 The journal is the agent's account of every charge; a journal that lost writes (its WAL
 deleted, truncated, damaged and moved aside, a step that never reached the disk) may no longer
 hold a charge the service still holds. So the agent asks reporting for its own recent charges
-(the ones made on its terminals, under the order ids it makes: ``KA`` and 18 hex digits, with
-``-N`` for a retried attempt) that still hold money (authorized or captured), and compares:
+(the ones made on its terminals, under order ids provably its own: sales/unit.py) that still
+hold money (authorized or captured), and compares:
 
 - a charge of a sale the journal holds, open or ended with money moved: accounted for;
 - a charge of no sale at all: unaccounted. It is journaled as a new sale (``created``, then
@@ -16,17 +16,22 @@ hold a charge the service still holds. So the agent asks reporting for its own r
   sale of its own (order id suffixed ``-held``), as for a charge of no sale at all. The sales
   that ended on "no charge" after a lost answer are left to the late-charge net, whose own.
 
-More than ``max_give_back`` unaccounted charges in one check smell of a wholesale mismatch (a
-journal from another unit, a terminal shared with another agent): then none is given back and
-each is put to a person (``attention``) instead.
+Only charges provably this unit's are compared (sales/unit.py): an order id carrying its unit
+id, or one of the older form (no unit id) that the journal holds. Every other charge on its
+terminals is another program's or unit's (a reader shared, a cloned SD card, an older journal's
+charge it cannot place): counted, shown (:class:`ForeignCharges`), never reversed and never put
+in attention as its own.
+
+More than ``max_give_back`` unaccounted charges of its own in one check smell of a wholesale
+mismatch: then none is given back and each is put to a person (``attention``) instead.
 """
 
 from __future__ import annotations
 
+import datetime as dt
 import logging
-import re
 import time
-from collections.abc import AsyncIterator, Collection
+from collections.abc import AsyncIterator, Callable, Collection
 from dataclasses import dataclass, field
 
 from kiosk_agent.sales.journal import CHARGE_LOOKBACK_S, SaleRecord
@@ -34,20 +39,85 @@ from kiosk_agent.sales.model import Flow, SaleEvent
 from kiosk_agent.sales.runner import new_ids
 from kiosk_agent.sales.states import NO_CHARGE_STEPS, SaleState, Step
 from kiosk_agent.sales.steps import SaleContext, SaleSteps
+from kiosk_agent.sales.unit import split_order_id, unit_of
 from kiosk_agent.service.errors import ServiceError
 from kiosk_agent.service.models import Transaction, TransactionFilter, TransStatus
 
 _LOGGER = logging.getLogger(__name__)
 
-# The order ids this agent makes (flows.new_ids), with a retried attempt's suffix.
-ORDER_ID = re.compile(r"^(KA[0-9A-F]{18})(?:-(\d+))?$")
 _UNSETTLED = (TransStatus.AUTHORIZED, TransStatus.CAPTURED)
 _HOLDING = (*_UNSETTLED, TransStatus.SETTLED)
+# what counts as a charge of another program or unit: money taken, whatever became of it since
+_CHARGES = frozenset({*_HOLDING, TransStatus.VOIDED, TransStatus.REFUNDED,
+                      TransStatus.PARTIALLY_REFUNDED})
+# A terminal stays shown as shared until no charge of another program or unit, dated within
+# this long of the latest seen, remains (the service's dates; docs/journal.md).
+FOREIGN_QUIET_S = 24 * 3600.0
+_FOREIGN_NAMED = 3  # order ids named in the problem
 # Ended sales that say no money moved: a charge held under one is unaccounted.
 _NO_MONEY = frozenset({SaleState.FAILED, SaleState.DECLINED, SaleState.CANCELLED})
 AUDIT_SOURCE = "audit"
 # The order id of the sale that gives back a charge held under an ended no-money sale.
 HELD_SUFFIX = "-held"
+
+
+@dataclass(frozen=True, slots=True)
+class ForeignCharge:
+    """A charge on one of the unit's terminals that is not provably its own."""
+
+    terminal: str
+    order_id: str
+    at: float  # the service's date of the charge (Unix seconds)
+
+
+class ForeignCharges:
+    """The charges of another program or unit seen on the unit's terminals: shown as a problem
+    a terminal until none dated within ``quiet`` of the latest seen remains."""
+
+    def __init__(self, quiet: float = FOREIGN_QUIET_S) -> None:
+        self.quiet = quiet
+        self.counted = 0  # distinct such charges seen since start (a metric's counter)
+        self.cleared = ""  # what the last clear said
+        self._seen: dict[str, ForeignCharge] = {}
+
+    def saw(self, rows: Collection[Transaction], now: float) -> None:
+        before = self.terminals()
+        for row in rows:
+            at = row.trans_date.timestamp() if row.trans_date is not None else now
+            if at < now - self.quiet:
+                continue
+            if row.trans_id not in self._seen:
+                self.counted += 1
+            self._seen[row.trans_id] = ForeignCharge(row.terminal_id or "?", row.order_id or "", at)
+        latest = {t: max(c.at for c in self._seen.values() if c.terminal == t) for t in before}
+        self._seen = {k: c for k, c in self._seen.items() if c.at >= now - self.quiet}
+        for terminal in sorted(before - self.terminals()):
+            self.cleared = (
+                f"{terminal} is no longer charged by another program or unit: none for "
+                f"{self.quiet / 3600:g} h (the last at {_when(latest[terminal])})"
+            )
+            _LOGGER.warning("charge check: %s", self.cleared)
+
+    def terminals(self) -> set[str]:
+        return {c.terminal for c in self._seen.values()}
+
+    def lines(self) -> list[str]:
+        """One problem a terminal, for people: how many, since when, a few order ids."""
+        said = []
+        for terminal in sorted(self.terminals()):
+            charges = sorted((c for c in self._seen.values() if c.terminal == terminal),
+                             key=lambda c: c.at)
+            named = ", ".join(c.order_id or "(none)" for c in charges[-_FOREIGN_NAMED:])
+            said.append(
+                f"{terminal} is also charged by another program or unit: {len(charges)} "
+                f"charge(s) since {_when(charges[0].at)}, order ids {named}; none is this "
+                "unit's to give back"
+            )
+        return said
+
+
+def _when(at: float) -> str:
+    return dt.datetime.fromtimestamp(at, dt.UTC).strftime("%Y-%m-%d %H:%MZ")
 
 
 @dataclass(slots=True)
@@ -58,6 +128,7 @@ class AuditResult:
     seen: int = 0
     unaccounted: list[str] = field(default_factory=list)  # trans ids
     events: list[SaleEvent] = field(default_factory=list)
+    foreign: list[str] = field(default_factory=list)  # trans ids of others' charges
     error: str = ""  # reporting could not be asked: nothing was decided
 
     @property
@@ -69,6 +140,7 @@ class AuditResult:
             "at": self.at,
             "seen": self.seen,
             "unaccounted": len(self.unaccounted),
+            "foreign": len(self.foreign),
             "ended": {e.sale_id: e.state.value for e in self.events},
             "error": self.error,
         }
@@ -83,16 +155,21 @@ class ChargeAudit:
         *,
         lookback: float = CHARGE_LOOKBACK_S,
         max_give_back: int = 5,
+        foreign_quiet: float = FOREIGN_QUIET_S,
+        now: Callable[[], float] | None = None,
     ) -> None:
         self.context = context
         self.journal = context.journal
         self.settings = context.settings
+        self.unit = context.unit
         self.lookback = lookback
         self.max_give_back = max_give_back
+        self._now = now or (lambda: time.time())  # wall time: the window's end
         self.last: AuditResult | None = None
         self.given_back = 0
         # ended sales (no money moved, says the journal) whose charge reporting still holds
         self.held_under_ended: set[str] = set()
+        self.foreign = ForeignCharges(foreign_quiet)
 
     async def check(self, running: Collection[str] = (), settled: bool = True) -> AuditResult:
         """One comparison; ``running``: sale ids in flight now (their charges are accounted).
@@ -100,15 +177,20 @@ class ChargeAudit:
         ``settled`` False asks only for the charges not yet settled (authorized, captured): a
         few rows a terminal, where the settled are every charge it ever made (reporting cannot
         be asked for a date range), thousands a year on a busy machine."""
-        result = AuditResult(at=time.time())
+        result = AuditResult(at=self._now())
+        if not self.unit.confirmed:  # a cloned journal: nothing here is provably its own
+            result.error = self.unit.refusal()
+            self.last = result
+            return result
         try:
-            held = await self._held_charges(settled)
+            held, foreign = await self._held_charges(settled)
         except ServiceError as err:
             result.error = f"reporting could not be asked: {err}"
             _LOGGER.warning("charge check: %s", result.error)
             self.last = result
             return result
         result.seen = len(held)
+        result.foreign = [row.trans_id for row in foreign]
         found = [(row, record) for row in held if (record := self._unaccounted(row, running))]
         give_back = len(found) <= self.max_give_back
         for row, record in found:
@@ -122,24 +204,39 @@ class ChargeAudit:
         self.last = result
         return result
 
-    async def _held_charges(self, settled: bool) -> list[Transaction]:
+    async def _held_charges(self, settled: bool) -> tuple[list[Transaction], list[Transaction]]:
+        """This unit's charges that hold money, and the charges of others, in the window."""
         rows: dict[str, Transaction] = {}
         newest = 0.0  # the service's latest charge on these terminals: real time, at most now
         for device in self.settings.terminals:
             async for row in self._terminal_rows(device, settled):
                 if row.trans_date is not None:
                     newest = max(newest, row.trans_date.timestamp())
-                if row.status in _HOLDING and ORDER_ID.match(row.order_id or ""):
+                if row.status in _CHARGES:
                     rows[row.trans_id] = row
         # The window ends now by this unit's clock, or at the service's latest charge when that
         # is later: a clock not yet set by NTP (a Pi booted from a new card: its image's date,
         # or 1970) would stretch it over the terminals' whole history, and every charge of a
         # sale made before this journal (pruned, or on the card replaced) would look lost.
-        since = max(time.time(), newest) - self.lookback
-        return [
+        end = max(self._now(), newest)
+        recent = [
             row for row in rows.values()
-            if row.trans_date is None or row.trans_date.timestamp() >= since
+            if row.trans_date is None or row.trans_date.timestamp() >= end - self.lookback
         ]  # fmt: skip
+        ours = [row for row in recent if self._provably_ours(row.order_id)]
+        foreign = [row for row in recent if not self._provably_ours(row.order_id)]
+        self.foreign.saw(foreign, end)
+        return [row for row in ours if row.status in _HOLDING], foreign
+
+    def _provably_ours(self, order_id: str | None) -> bool:
+        """Its order id carries this unit's id; or, of the older form, its journal holds the
+        sale (and the unit keeps the journal's first id). Else: another's, never moved."""
+        if self.unit.made_here(order_id):
+            return True
+        parts = split_order_id(order_id)
+        if parts is None or unit_of(order_id) is not None or not self.unit.legacy:
+            return False
+        return self.journal.by_order_id(parts[0]) is not None
 
     async def _terminal_rows(self, device: str, settled: bool) -> AsyncIterator[Transaction]:
         """The terminal's rows that may hold money. With the settled: one query, the statuses
@@ -162,17 +259,18 @@ class ChargeAudit:
         """The sale to settle it under (a new one), or None: accounted for, or not ours to
         move (a sale the journal ended with no money moved is final; the late-charge net and
         people look at those, and the check says so in its result)."""
-        match = ORDER_ID.match(row.order_id or "")
-        assert match is not None
-        record = self.journal.by_order_id(match.group(1))
+        parts = split_order_id(row.order_id)
+        assert parts is not None
+        base, suffix = parts
+        record = self.journal.by_order_id(base)
         if record is None:
-            return self._new_record(row, match.group(1), int(match.group(2) or 1))
+            return self._new_record(row, base, int(suffix) if suffix.isdigit() else 1)
         if record.sale_id in running or record.state not in _NO_MONEY:
             return None
         steps = self.journal.steps(record.sale_id)
         if steps and steps[-1].step in NO_CHARGE_STEPS:
             return None  # the late-charge net's: it reopens the sale itself
-        held = f"{match.group(1)}{HELD_SUFFIX}"
+        held = f"{base}{HELD_SUFFIX}"
         if self.journal.by_order_id(held) is not None:
             return None  # given back (or being given back) under its own sale already
         self.held_under_ended.add(record.sale_id)
@@ -180,7 +278,7 @@ class ChargeAudit:
 
     def _new_record(self, row: Transaction, order_id: str, attempt: int) -> SaleRecord:
         device = row.terminal_id or next(iter(self.settings.terminals), "")
-        sale_id, _ = new_ids()
+        sale_id, _ = new_ids(self.unit.id)
         # a charge-card sale whatever the charge was: voiding an authorization or a capture is
         # the same call, and the table lets a charge-card sale go STARTED > CHARGING > back
         return SaleRecord(

@@ -73,6 +73,7 @@ class Recovery:
         self.found = 0  # open sales found on start
         self.recovered = 0  # of those, driven to an end
         self._released: set[str] = set()  # of those, the ones that had let their terminal go
+        self.not_ours: list[str] = []  # open sales of another unit id, left as they are
 
     @property
     def state(self) -> str:
@@ -92,7 +93,7 @@ class Recovery:
 
     def start(self) -> list[SaleRecord]:
         """Block the terminals of open sales and start finishing them; return those sales."""
-        open_sales = self.journal.open_sales()
+        open_sales = self._own(self.journal.open_sales())
         by_terminal: dict[str, list[SaleRecord]] = defaultdict(list)
         for record in open_sales:
             by_terminal[record.terminal].append(record)
@@ -113,6 +114,18 @@ class Recovery:
             return open_sales
         self._task = asyncio.create_task(self._run(by_terminal), name="recovery")
         return open_sales
+
+    def _own(self, open_sales: list[SaleRecord]) -> list[SaleRecord]:
+        """The open sales this unit may finish: another unit's (a journal cloned, adopted under
+        a new id) stay as they are, their money that unit's (sales/unit.py)."""
+        unit = self.context.unit
+        own = [r for r in open_sales if unit.owns_sale(r.order_id)]
+        self.not_ours = [r.sale_id for r in open_sales if not unit.owns_sale(r.order_id)]
+        if self.not_ours:
+            _LOGGER.warning("recovery: %d open sale(s) of the journal are not unit %s's (%s) "
+                            "and are left as they are: a person decides", len(self.not_ours),
+                            unit.id, unit.mismatch or "made under another unit id")
+        return own
 
     async def wait(self) -> list[SaleEvent]:
         """Until every open sale found on start has ended."""

@@ -30,6 +30,7 @@ from kiosk_agent.sales.live import SaleFlow
 from kiosk_agent.sales.model import Dispenser, Flow, PriceAboveMaximum, SaleEvent, SaleRequest
 from kiosk_agent.sales.states import SaleState, Step
 from kiosk_agent.sales.steps import SaleContext, SaleSteps, event_of
+from kiosk_agent.sales.unit import make_order_id
 
 _LOGGER = logging.getLogger(__name__)
 
@@ -50,10 +51,11 @@ class TerminalBusy(Exception):
         super().__init__(f"terminal {terminal} is busy: {reason}")
 
 
-def new_ids() -> tuple[str, str]:
-    """A sale id and the order_id sent to the service, both made here, before any call."""
+def new_ids(unit_id: str) -> tuple[str, str]:
+    """A sale id and the order_id sent to the service, both made here, before any call; the
+    order id carries the unit's id (sales/unit.py): whose charge it is, without the journal."""
     sale_id = uuid.uuid4().hex
-    return sale_id, f"KA{sale_id[:18].upper()}"
+    return sale_id, make_order_id(unit_id, sale_id)
 
 
 @dataclass(slots=True)
@@ -153,7 +155,9 @@ class SaleRunner:
             # enroll too: the terminal shows an amount while it reads the card
             raise ValueError(f"a sale needs an amount above zero, got {request.amount_cents}")
         self._check_max_price(request)
-        sale_id, order_id = new_ids()
+        if not self.context.unit.confirmed:  # platforms step aside first (availability)
+            raise TerminalBusy(device, self.context.unit.refusal())
+        sale_id, order_id = new_ids(self.context.unit.id)
         record = SaleRecord(
             sale_id=sale_id,
             order_id=order_id,

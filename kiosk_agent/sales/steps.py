@@ -27,6 +27,7 @@ from kiosk_agent.sales.model import Flow, SaleEvent
 from kiosk_agent.sales.reconcile import ChargeLookup, Reconciler
 from kiosk_agent.sales.settings import SaleSettings
 from kiosk_agent.sales.states import REQUEST_STEPS, ReportingSteps, SaleState, Step
+from kiosk_agent.sales.unit import OwnUnit
 from kiosk_agent.service.errors import (
     OUTCOME_UNKNOWN,
     BadRequestError,
@@ -51,6 +52,14 @@ _REVERSE_UNCLEAR: tuple[type[ServiceError], ...] = (BadRequestError, *OUTCOME_UN
 _FOUND_CAPTURED = "captured (found in reporting)"
 
 
+class NotOurs(Exception):
+    """Money this unit cannot prove its own was about to be moved: refused, nothing sent."""
+
+    def __init__(self, record: SaleRecord, unit: OwnUnit) -> None:
+        super().__init__(f"sale {record.sale_id} (order id {record.order_id}) is not provably "
+                         f"unit {unit.id}'s: its money is not moved")
+
+
 @dataclass(frozen=True, slots=True)
 class SaleContext:
     """What every sale needs, whether it runs live or is recovered: one per agent."""
@@ -65,6 +74,8 @@ class SaleContext:
     clock: Clock = SYSTEM_CLOCK
     # a sale whose step could not be journaled: kept and finished once the journal takes writes
     on_unwritten: Callable[[SaleSteps], None] | None = None
+    # whose money this agent may move (sales/unit.py): its id is in every order id it makes
+    unit: OwnUnit = field(default_factory=OwnUnit.fresh)
     deadlines: AnswerDeadlines = field(init=False)
     # terminals a card read whose answer was lost may still hold (sales/lost_reads.py)
     lost_reads: LostReads = field(init=False)
@@ -349,6 +360,7 @@ class SaleSteps:
         trans_id = self.record.trans_id
         if trans_id is None:
             return self.finish(SaleState.ATTENTION, Step.REVERSE_UNKNOWN, f"{why}; no trans_id")
+        self.require_own()
         self.step(Step.REVERSE_REQUEST, SaleState.REVERSING, why, detail={"trans_id": trans_id})
         for attempt in (1, 2):
             try:
@@ -377,6 +389,12 @@ class SaleSteps:
             return self._reversed(why, result.trans_id, result.amount, voided=result.voided)
         raise AssertionError("unreachable")  # pragma: no cover
 
+    def require_own(self) -> None:
+        """The last guard before money moves: every caller picks only this unit's sales
+        (sales/unit.py); one that did not is a bug, refused before anything is written."""
+        if not self.context.unit.owns_sale(self.record.order_id):
+            raise NotOurs(self.record, self.context.unit)
+
     @property
     def _held_cents(self) -> int:
         return self.record.captured_cents or self.record.authorized_cents
@@ -398,6 +416,7 @@ class SaleSteps:
         """Capture the vended amount of an authorization (journaled first, reconciled on error)."""
         trans_id = self.record.trans_id
         assert trans_id is not None
+        self.require_own()
         chosen = (vend or {}).get("product")
         # a card-first machine names the product only now: the sale takes it
         named = {"product": str(chosen)[:100]} if chosen and not self.record.product else {}

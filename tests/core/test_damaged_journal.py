@@ -7,6 +7,7 @@ the charge, the journal no longer does.
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import sqlite3
 from pathlib import Path
@@ -17,6 +18,7 @@ import pytest
 from kiosk_agent.core.agent import Agent, service_settings_from_config
 from kiosk_agent.core.config import load_config
 from kiosk_agent.sales.states import SaleState
+from kiosk_agent.sales.unit import make_order_id
 from kiosk_agent.service.models import TransStatus
 from tests.core.test_crash import TIME_SCALE, Driver, write_config
 
@@ -68,7 +70,9 @@ async def test_a_charge_the_damaged_journal_lost_is_given_back_before_any_custom
     assert await driver.run("charge_card", 250, "vended", 5) == "killed"
     assert driver.steps[-1] == "dispense.request"
     [sale_id] = driver.started_sales
-    order_id = f"KA{sale_id[:18].upper()}"
+    # the unit's id, kept beside the journal: whatever the damage, its charges are known as its own
+    unit_id = json.loads((tmp_path / "journal.db.unit").read_text())["unit_id"]
+    order_id = make_order_id(unit_id, sale_id)
     journal_path = tmp_path / "journal.db"
     DAMAGE[damage](journal_path)
 

@@ -7,6 +7,7 @@ from typing import Any
 from kiosk_agent.sales.audit import HELD_SUFFIX
 from kiosk_agent.sales.journal import JournalError
 from kiosk_agent.sales.states import SaleState, Step
+from kiosk_agent.sales.unit import make_order_id
 from kiosk_agent.service.models import ChargeRequest, TransactionFilter, TransStatus
 from kiosk_agent.service.settings import CallKind
 
@@ -74,6 +75,11 @@ async def test_a_check_asks_reporting_once_a_terminal(agent_factory: Any) -> Non
     assert kinds.count(CallKind.REPORT) == len(audit.settings.terminals)
 
 
+def own(agent: Any, n: int) -> str:
+    """An order id of the agent's own making (its unit id inside), as its sales have."""
+    return make_order_id(agent.unit.id, f"{n:016x}")
+
+
 async def _charge(agent: Any, order_id: str, cents: int, capture: bool) -> str:
     """A charge on SIM-0001 under ``order_id`` that no sale of the agent's journal holds."""
     handle = await agent.service.terminal.read_card("SIM-0001", cents)
@@ -96,9 +102,9 @@ async def test_the_checks_between_whole_reads_ask_for_the_unsettled_charges_only
     sim = await sim_factory(time_scale=TIME_SCALE, transactions=0)
     agent = await agent_factory(sim=sim)
     audit = agent.journal_guard.audit
-    settled = await _charge(agent, "KA" + "0123456789ABCDEF11", 300, capture=True)
+    settled = await _charge(agent, own(agent, 0x11), 300, capture=True)
     await sim_call(sim, "POST", "/sim/settle")
-    held = await _charge(agent, "KA" + "0123456789ABCDEF12", 200, capture=False)
+    held = await _charge(agent, own(agent, 0x12), 200, capture=False)
     kinds: list[CallKind] = []
     forget = agent.service.transport.observe(lambda kind, _started, _outcome: kinds.append(kind))
     try:
@@ -153,12 +159,12 @@ async def test_a_clock_not_yet_set_does_not_stretch_the_check_over_the_terminals
     clock = sim.ctx.clock
     real_origin = clock._virtual_origin
     clock._virtual_origin = real_origin - 60 * 86400  # a sale of the journal the card replaced
-    old = await _charge(agent, "KA" + "0123456789ABCDEF21", 300, capture=True)
+    old = await _charge(agent, own(agent, 0x21), 300, capture=True)
     clock._virtual_origin = real_origin
     await sim_call(sim, "POST", "/sim/settle")
-    recent = await _charge(agent, "KA" + "0123456789ABCDEF22", 200, capture=True)
+    recent = await _charge(agent, own(agent, 0x22), 200, capture=True)
     agent.journal.create(SaleRecord(  # the recent one is this journal's own: accounted for
-        sale_id="recent", order_id="KA" + "0123456789ABCDEF22", source="test",
+        sale_id="recent", order_id=own(agent, 0x22), source="test",
         flow="charge_card", terminal="SIM-0001", amount_cents=200, state=SaleState.STARTED,
     ))  # fmt: skip
     stale = time.time() - 3 * 365 * 86400
@@ -169,3 +175,74 @@ async def test_a_clock_not_yet_set_does_not_stretch_the_check_over_the_terminals
     assert result.unaccounted == []
     assert old not in result.unaccounted
     assert recent not in result.unaccounted
+
+
+async def test_charges_of_another_unit_or_program_are_shown_never_given_back(
+    agent_factory: Any, sim_factory: Any
+) -> None:
+    """Issue 29: unit A's check gave back unit B's vended and captured charges ("a charge the
+    journal did not hold"), and more than 5 at once went to attention as its own; health
+    stayed ok. Now only an order id carrying A's unit id (or a sale A's journal holds) is A's:
+    the others stay captured, none is in attention, and the sharing is a problem in health."""
+    sim = await sim_factory(time_scale=TIME_SCALE, transactions=0)
+    agent = await agent_factory(sim=sim)
+    assert agent.unit.id != "00000000AB"
+    others = [make_order_id("00000000AB", f"{n:016x}") for n in range(7)]
+    others += ["KA" + "0123456789ABCDEF31", "POS-20261128-0042"]  # an older form; a program
+    foreign = [await _charge(agent, order_id, 250, capture=True) for order_id in others]
+    mine = await _charge(agent, own(agent, 0x31), 300, capture=True)  # lost from the journal
+
+    result = await agent.journal_guard.audit.check()
+
+    assert result.unaccounted == [mine]  # its own, proven by its id alone: given back
+    assert [e.state for e in result.events] == [SaleState.REVERSED]
+    assert sorted(result.foreign) == sorted(foreign)
+    for order_id in others:
+        rows = [t async for t in agent.service.reporting.transactions(
+            TransactionFilter(order_id=order_id))]
+        assert [t.status for t in rows] == [TransStatus.CAPTURED], order_id
+    assert agent.journal.attention_sales() == []
+    agent.journal_guard.check_again()
+    await until(lambda: agent.health.unit.foreign)
+    [line] = agent.health.snapshot().unit.foreign
+    assert line.startswith("SIM-0001 is also charged by another program or unit: 9 charge(s) "
+                           "since ")
+    assert "POS-20261128-0042" in line  # the latest ones named
+    assert line in agent.health.snapshot().problems
+    assert agent.health.snapshot().status != "ok"
+    assert agent.health.unit.foreign_charges == 9
+    again = await agent.journal_guard.audit.check()
+    assert again.unaccounted == []
+    assert len(again.foreign) == 9
+    assert agent.journal_guard.audit.foreign.counted == 9  # each counted once
+
+
+def test_the_sharing_clears_once_no_foreign_charge_is_seen_for_the_quiet_while() -> None:
+    import datetime as dt
+
+    from kiosk_agent.sales.audit import ForeignCharges
+    from kiosk_agent.service.models import Transaction
+
+    def row(trans_id: str, at: float) -> Transaction:
+        return Transaction.model_validate({
+            "trans_id": trans_id, "order_id": f"POS-{trans_id}", "terminal_id": "SIM-0002",
+            "trans_status_id": 2, "amount": 2.5,
+            "trans_date": dt.datetime.fromtimestamp(at, dt.UTC).isoformat(),
+        })
+
+    seen = ForeignCharges(quiet=3600.0)
+    start = 1_780_000_000.0
+    seen.saw([row("1", start), row("2", start + 60)], now=start + 60)
+    [line] = seen.lines()
+    assert "SIM-0002" in line
+    assert "2 charge(s)" in line
+    assert "POS-1, POS-2" in line
+    seen.saw([], now=start + 3000)  # a check that saw none: still within the hour
+    assert seen.lines() == [line]
+    seen.saw([row("2", start + 60)], now=start + 3630)  # the older one leaves the window
+    assert "1 charge(s)" in seen.lines()[0]
+    seen.saw([], now=start + 3661 + 60)
+    assert seen.lines() == []
+    assert seen.cleared.startswith("SIM-0002 is no longer charged by another program or unit: "
+                                   "none for 1 h (the last at ")
+    assert seen.counted == 2

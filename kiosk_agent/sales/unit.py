@@ -1,0 +1,230 @@
+"""The unit's identity, and which money is provably its own.
+
+Every unit has an id (10 hex digits) kept in its journal's ``unit_ids`` table, a table the
+previous release never reads, and copied beside the journal (``journal.db.unit``) so that a
+journal lost or damaged and begun anew keeps the id. Every order id the unit makes carries it:
+``KA`` + unit id + ``-`` + 16 hex digits of the sale (``KA3F9C0E12AB-9F3C0A77D21B4E55``), ``-N``
+for a retried attempt, ``-held`` for the sale the charge check gives a charge back under. So
+a charge's order id alone says whose it is, whatever the journal holds.
+
+The rule (docs/journal.md, "Whose money"): the unit moves only money whose order id carries its
+own id, or, for an order id of the older form (``KA`` + 18 hex, no unit id), a sale its journal
+holds while the unit keeps the journal's first id. Anything else on its terminals belongs to
+another program or unit: reported, never reversed.
+
+The journal also records the machine it was made on (``sales/machine.py``). Found on another
+machine (a cloned SD card), the unit is *not confirmed*: it owns nothing, takes no customer and
+moves no money until a person adopts it (``kiosk-agent unit adopt``), which gives it a new id:
+the charges under the old id stay the original unit's.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import os
+import re
+import secrets
+import sqlite3
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from kiosk_agent.sales.machine import Machine
+
+UNIT_TABLE = "unit_ids"
+_SCHEMA = f"""
+CREATE TABLE IF NOT EXISTS {UNIT_TABLE} (
+    seq      INTEGER PRIMARY KEY AUTOINCREMENT,
+    unit_id  TEXT NOT NULL,
+    machine  TEXT NOT NULL,
+    made_at  REAL NOT NULL,
+    why      TEXT NOT NULL DEFAULT ''
+)
+"""
+UNIT_FILE_SUFFIX = ".unit"
+_UNIT_ID = re.compile(r"^[0-9A-F]{10}$")
+# KA + unit id + '-' + the sale's 16 hex digits; '-N' a retried attempt, '-held' a give-back's
+OWN_ORDER_ID = re.compile(r"^(KA([0-9A-F]{10})-[0-9A-F]{16})(?:-(\d+|held))?$")
+# the form before unit ids: KA + 18 hex digits of the sale
+LEGACY_ORDER_ID = re.compile(r"^(KA[0-9A-F]{18})(?:-(\d+|held))?$")
+
+
+def new_unit_id() -> str:
+    return secrets.token_hex(5).upper()
+
+
+def unit_of(order_id: str | None) -> str | None:
+    """The unit id an order id carries; None for any other form (the older one included)."""
+    match = OWN_ORDER_ID.match(order_id or "")
+    return match.group(2) if match else None
+
+
+def split_order_id(order_id: str | None) -> tuple[str, str] | None:
+    """``(base, suffix)`` of an order id of either form the agent makes; None for others."""
+    match = OWN_ORDER_ID.match(order_id or "")
+    if match:
+        return match.group(1), match.group(3) or ""
+    match = LEGACY_ORDER_ID.match(order_id or "")
+    if match:
+        return match.group(1), match.group(2) or ""
+    return None
+
+
+def make_order_id(unit_id: str, sale_id: str) -> str:
+    return f"KA{unit_id}-{sale_id[:16].upper()}"
+
+
+@dataclass(slots=True)
+class OwnUnit:
+    """This unit as the sale code sees it: its id, and whether its money is its own to move.
+
+    One object per agent, shared: an adoption while the agent runs changes it in place."""
+
+    id: str
+    # the journal's first id: sales of the older order id form in it are this unit's
+    legacy: bool = True
+    machine: Machine = field(default_factory=Machine)
+    made_at: float = 0.0
+    # the journal was made on another machine: what differs (empty: it was made here)
+    mismatch: str = ""
+
+    @classmethod
+    def fresh(cls) -> OwnUnit:
+        """A unit of its own (a bare test rig, a sale context built without an agent)."""
+        return cls(new_unit_id())
+
+    @property
+    def confirmed(self) -> bool:
+        return not self.mismatch
+
+    def made_here(self, order_id: str | None) -> bool:
+        """Provably this unit's by the order id alone (no journal needed)."""
+        return self.confirmed and unit_of(order_id) == self.id
+
+    def owns_sale(self, order_id: str) -> bool:
+        """Whether a sale the journal holds is this unit's to finish, capture or give back."""
+        if not self.confirmed:
+            return False
+        owner = unit_of(order_id)
+        if owner is not None:
+            return owner == self.id
+        return self.legacy  # the older form: the journal's own, while it keeps its first id
+
+    def refusal(self) -> str:
+        return (f"unit {self.id}: its journal was made on another machine ({self.mismatch}); "
+                "a person must confirm it: `kiosk-agent unit adopt`")
+
+    def as_dict(self) -> dict[str, object]:
+        return {"id": self.id, "machine": self.machine.describe(), "made_at": self.made_at,
+                "confirmed": self.confirmed, "mismatch": self.mismatch}
+
+
+@dataclass(frozen=True, slots=True)
+class UnitRow:
+    unit_id: str
+    machine: Machine
+    made_at: float
+    why: str
+
+
+def unit_file(journal_path: Path) -> Path:
+    return journal_path.with_name(journal_path.name + UNIT_FILE_SUFFIX)
+
+
+def rows(db: sqlite3.Connection) -> list[UnitRow]:
+    """Every id the journal has had, oldest first (none: a journal of an older release)."""
+    try:
+        found = db.execute(
+            "SELECT unit_id, machine, made_at, why FROM unit_ids ORDER BY seq"
+        ).fetchall()
+    except sqlite3.OperationalError:  # no such table
+        return []
+    return [UnitRow(r[0], Machine.from_text(r[1]), float(r[2]), r[3]) for r in found]
+
+
+def load(db: sqlite3.Connection, journal_path: Path, here: Machine) -> OwnUnit:
+    """The unit of this journal, made on its first open (or taken from the copy beside a
+    journal begun anew), judged against the machine it runs on now."""
+    history = rows(db)
+    if not history:
+        kept = _read_unit_file(unit_file(journal_path))
+        if kept is not None:
+            _insert(db, dataclasses.replace(
+                kept, why="kept beside the journal: the journal was begun anew"))
+        else:
+            _insert(db, UnitRow(new_unit_id(), here, time.time(), "made with this journal"))
+        history = rows(db)
+    current = history[-1]
+    _write_unit_file(unit_file(journal_path), current)
+    return OwnUnit(
+        id=current.unit_id,
+        legacy=current.unit_id == history[0].unit_id,
+        machine=current.machine,
+        made_at=current.made_at,
+        mismatch=current.machine.differs(here),
+    )
+
+
+def adopt(db: sqlite3.Connection, journal_path: Path, here: Machine) -> tuple[UnitRow, UnitRow]:
+    """A person confirms this journal on this machine: a new id for the unit (its future
+    order ids differ), the old id's charges left to the unit that made them.
+    Returns (the former row, the new one)."""
+    history = rows(db)
+    if not history:
+        raise ValueError("the journal has no unit yet: start the agent once, it makes one")
+    former = history[-1]
+    fresh = UnitRow(
+        new_unit_id(), here, time.time(),
+        f"adopted on {here.describe()}: the journal was unit {former.unit_id}, made on "
+        f"{former.machine.describe()}",
+    )
+    _insert(db, fresh)
+    _write_unit_file(unit_file(journal_path), fresh)
+    return former, fresh
+
+
+def current(db: sqlite3.Connection) -> UnitRow | None:
+    history = rows(db)
+    return history[-1] if history else None
+
+
+def _insert(db: sqlite3.Connection, row: UnitRow) -> None:
+    with db:
+        db.execute(_SCHEMA)
+        db.execute(
+            "INSERT INTO unit_ids (unit_id, machine, made_at, why) VALUES (?, ?, ?, ?)",
+            (row.unit_id, row.machine.to_text(), row.made_at, row.why),
+        )
+
+
+def _read_unit_file(path: Path) -> UnitRow | None:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+        unit_id = str(data["unit_id"])
+        if not _UNIT_ID.match(unit_id):
+            return None
+        return UnitRow(unit_id, Machine.from_text(json.dumps(data["machine"])),
+                       float(data["made_at"]), "")
+    except (OSError, ValueError, KeyError, TypeError):
+        return None  # none, or not one this release wrote: a new id is made
+
+
+def _write_unit_file(path: Path, row: UnitRow) -> None:
+    """Atomically, and only when it differs; a disk that cannot take it leaves it for later."""
+    text = json.dumps({"unit_id": row.unit_id, "machine": json.loads(row.machine.to_text()),
+                       "made_at": row.made_at}, sort_keys=True)
+    with contextlib.suppress(OSError):
+        if path.read_text(encoding="utf-8") == text:
+            return
+    scratch = path.with_name(path.name + ".new")
+    try:
+        with open(scratch, "w", encoding="utf-8") as file:
+            file.write(text)
+            file.flush()
+            os.fsync(file.fileno())
+        os.replace(scratch, path)
+    except OSError:
+        with contextlib.suppress(OSError):
+            scratch.unlink()
