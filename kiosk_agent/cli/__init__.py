@@ -47,6 +47,7 @@ COMMAND_MODULES: dict[str, str] = {
     "doctor": "fleet",
     "health": "fleet",
     "events": "events",
+    "unit": "unit",
     "fleet": "fleet",
     "completion": "completion",
 }
@@ -59,6 +60,7 @@ COMMAND_HELP: dict[str, str] = {
     "doctor": "check this unit: config, serial ports, service, terminals, printing",
     "health": "the health of a running agent (admin API)",
     "events": "follow a running agent live: sale steps, problems, readers in and out of service",
+    "unit": "this unit's id and the machine its journal was made on; adopt a cloned journal",
     "fleet": "the fleet on the MQTT broker (Home Assistant)",
     "terminals": "card readers: list, ping, connect, test print (start here when a reader is down)",
     "report": "transactions, deposits, chargebacks, adjustments (streamed)",

@@ -207,6 +207,44 @@ def check_journal(report: Report, config: Config) -> None:
         )
     else:
         check_journal_file(report, path)
+        check_unit(report, path)
+
+
+def check_unit(report: Report, path: Path) -> None:
+    """The unit's id, and whether its journal was made on this machine (sales/unit.py): a
+    cloned SD card's journal takes no customer until a person adopts it. Reads only."""
+    from kiosk_agent.sales import unit
+    from kiosk_agent.sales.journal import Journal, JournalError
+    from kiosk_agent.sales.machine import this_machine
+
+    here = this_machine()
+    history: list[unit.UnitRow] = []
+    if path.exists() and path.stat().st_size:
+        journal = Journal(path)
+        try:
+            journal.open_to_read()
+            history = unit.rows(journal.db)
+        except JournalError:
+            return  # the journal check said what is wrong with it
+        finally:
+            journal.close()
+    if not history:
+        report.add("unit", Verdict.PASS, f"no unit id yet: made at the agent's next start "
+                   f"({here.describe()})")
+        return
+    current = history[-1]
+    mismatch = current.machine.differs(here)
+    if mismatch:
+        report.add(
+            "unit", Verdict.FAIL,
+            f"unit {current.unit_id}: its journal was made on another machine ({mismatch}); "
+            "it takes no customer and moves no money",
+            "a copy of another unit's SD card: `kiosk-agent unit adopt -c CONFIG` gives this "
+            "one a new id (the old id's charges stay that unit's); or begin the journal anew",
+        )  # fmt: skip
+        return
+    report.add("unit", Verdict.PASS,
+               f"unit {current.unit_id}, its journal made on this machine ({here.describe()})")
 
 
 def check_journal_file(report: Report, path: Path) -> None:

@@ -24,7 +24,9 @@ import pytest
 
 from kiosk_agent.cli import build_parser, command_word, main, walk
 from kiosk_agent.cli import contract as cli
+from kiosk_agent.sales import unit
 from kiosk_agent.sales.journal import Journal
+from kiosk_agent.sales.machine import this_machine
 from kiosk_agent.sim.server import SimServer
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -69,6 +71,9 @@ EXAMPLES: list[tuple[str, ...]] = [
     ("sales", "show", "nosuchsale", "-c", "{config}"),
     ("sales", "resolve", "nosuchsale", "--as", "reversed", "--why", "by hand", "-c", "{config}"),
     ("doctor", "-c", "{config}"),
+    ("unit", "-c", "{config}"),
+    ("unit", "show", "-c", "{config}"),
+    ("unit", "adopt", "-c", "{config}"),
     ("health", "--url", "http://127.0.0.1:9"),  # the token: $KIOSK_AGENT_TOKEN (env below)
     ("events", "--url", "http://127.0.0.1:9", "--kind", "sale"),
     ("fleet", "forget", "-c", "{config}", "--wait", "0.1"),
@@ -141,6 +146,7 @@ def config(tmp_path: Path) -> Path:
                     "terminals: [{device_id: SIM-0001}]\njournal: {path: journal.db}\n")
     journal = Journal(tmp_path / "journal.db")
     journal.open()
+    unit.load(journal.db, journal.path, this_machine())  # as the agent's start makes it
     journal.close()
     return path
 
@@ -294,6 +300,7 @@ async def test_every_command_prints_valid_json_and_exits_with_a_code_from_the_ta
     assert failed == {
         ("health",): cli.EXIT_UNREACHABLE,
         ("events",): cli.EXIT_UNREACHABLE,  # tests/admin/test_events_follow.py follows one
+        ("unit", "adopt"): cli.EXIT_FAILED,  # made here: nothing to adopt (test_unit_cli)
         ("fleet", "forget"): cli.EXIT_USAGE,
         ("fleet", "list"): cli.EXIT_USAGE,
         ("fleet", "show"): cli.EXIT_USAGE,

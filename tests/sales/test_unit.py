@@ -3,14 +3,19 @@ on another machine takes no customer until adopted, another unit's charges are n
 
 from __future__ import annotations
 
+import asyncio
+import json
 import sqlite3
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from kiosk_agent.sales import unit
 from kiosk_agent.sales.machine import Machine, this_machine
 from kiosk_agent.sales.unit import OwnUnit, make_order_id, split_order_id, unit_of
+
+from ..helpers import until
 
 
 def a_machine(root: Path, machine_id: str, serial: str = "", mac: str = "") -> Path:
@@ -126,3 +131,149 @@ def test_the_previous_release_reads_past_the_unit_table(tmp_path: Path) -> None:
     columns = [r[1] for r in journal.db.execute("PRAGMA table_info(sales)")]
     journal.close()
     assert "unit_id" not in columns
+
+
+# -- the agent: two units on one reader, a cloned card ------------------------------------------
+
+
+async def _sell(agent: Any, cents: int) -> Any:
+    from kiosk_agent.sales.model import Flow, SaleRequest
+
+    from ..core.agent_helpers import ScriptedDispenser
+
+    sale = await agent.sales.start(
+        SaleRequest(source="test", flow=Flow.CHARGE_CARD, amount_cents=cents,
+                    terminal="SIM-0001"),
+        ScriptedDispenser(),
+    )  # fmt: skip
+    return await asyncio.wait_for(sale.result(), 10)
+
+
+async def _terminal_rows(agent: Any) -> list[Any]:
+    from kiosk_agent.service.models import TransactionFilter
+
+    query = TransactionFilter(mid=agent.service.settings.mid, terminal_id="SIM-0001")
+    return [row async for row in agent.service.reporting.transactions(query)]
+
+
+def _saw_the_others_three(agent: Any) -> bool:
+    last = agent.journal_guard.audit.last
+    return bool(agent.health.unit.foreign) and last is not None and len(last.foreign) == 3
+
+
+@pytest.mark.slow(seconds=8)
+async def test_two_units_on_one_reader_touch_none_of_each_others_money(
+    agent_factory: Any, sim_factory: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 29: two units, each with its own journal, sell on one reader and check the charges
+    every 50 ms: every charge stays captured (none of the other's voided, none in attention),
+    and each unit's health names the other's charges."""
+    from kiosk_agent.sales.states import SaleState
+    from kiosk_agent.service.models import TransStatus
+
+    from ..core.agent_helpers import TIME_SCALE
+
+    sim = await sim_factory(time_scale=TIME_SCALE, transactions=0)
+    units = []
+    for name in ("a", "b"):
+        directory = tmp_path / name
+        directory.mkdir()
+        monkeypatch.setenv("KIOSK_MACHINE_ROOT", str(a_machine(tmp_path / f"m{name}", name * 32)))
+        units.append(await agent_factory(sim=sim, directory=directory))
+    first, second = units
+    assert first.unit.id != second.unit.id
+    for agent in units:
+        agent.journal_guard.audit_interval = 0.05  # checking all the time, as sales go on
+        agent.journal_guard.check_again()
+    sold = []
+    for cents in (250, 260, 270):
+        for agent in units:
+            event = await _sell(agent, cents)
+            assert event.state is SaleState.COMPLETED, event.message
+            sold.append((agent, event.sale_id))
+    for agent in units:  # another check after the last sale, a whole read
+        agent.journal_guard.check_again()
+        await until(lambda a=agent: _saw_the_others_three(a))
+    rows = await _terminal_rows(first)
+    assert len(rows) == 6
+    assert {row.status for row in rows} == {TransStatus.CAPTURED}  # nothing voided
+    for agent in units:
+        assert agent.journal.attention_sales() == []
+        assert [r.source for r in agent.journal if r.source == "audit"] == []
+        assert agent.journal_guard.audit.given_back == 0
+        other = second if agent is first else first
+        [line] = agent.health.snapshot().unit.foreign
+        assert line.startswith("SIM-0001 is also charged by another program or unit: 3 charge(s)")
+        assert f"KA{other.unit.id}-" in line
+        assert line in agent.health.snapshot().problems
+    for agent, sale_id in sold:
+        record = agent.journal.get(sale_id)
+        assert record.state is SaleState.COMPLETED
+        assert record.order_id.startswith(f"KA{agent.unit.id}-")
+
+
+@pytest.mark.slow(seconds=6)
+async def test_a_journal_copied_to_another_machine_takes_no_customer_until_adopted(
+    agent_factory: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: Any
+) -> None:
+    """An SD card cloned to another board: its journal says so on every face, takes no
+    customer and moves no money; `kiosk-agent unit adopt` gives it a new id, and it sells
+    under that id, leaving the original's charge alone."""
+    import shutil
+
+    from kiosk_agent.cli import build_parser
+    from kiosk_agent.core.doctor import Report, Verdict, check_unit
+    from kiosk_agent.sales.runner import TerminalBusy
+    from kiosk_agent.sales.states import SaleState
+    from kiosk_agent.service.models import TransStatus
+
+    original_dir, clone_dir = tmp_path / "original", tmp_path / "clone"
+    original_dir.mkdir()
+    monkeypatch.setenv("KIOSK_MACHINE_ROOT", str(
+        a_machine(tmp_path / "pi1", "e" * 32, serial="10000000000000a1")))
+    original = await agent_factory(directory=original_dir)
+    made = await _sell(original, 250)
+    await original.stop()
+    shutil.copytree(original_dir, clone_dir)  # the card's image, journal and all
+    monkeypatch.setenv("KIOSK_MACHINE_ROOT", str(
+        a_machine(tmp_path / "pi2", "e" * 32, serial="10000000000000b2")))
+
+    clone = await agent_factory(directory=clone_dir)
+
+    assert clone.unit.id == original.unit.id
+    assert not clone.unit.confirmed
+    state = clone.availability.state("SIM-0001")
+    assert not state.available
+    assert "kiosk-agent unit adopt" in state.reason
+    snapshot = clone.health.snapshot()
+    assert snapshot.status == "down"
+    assert any("made on another machine" in p for p in snapshot.problems)
+    with pytest.raises(TerminalBusy, match="unit adopt"):
+        await _sell(clone, 300)
+    report = Report()
+    check_unit(report, clone_dir / "journal.db")
+    [check] = report.checks
+    assert check.verdict is Verdict.FAIL
+    assert "unit adopt" in check.fix
+    assert not (await clone.journal_guard.audit.check()).ok  # nothing of its own to check
+
+    parser = build_parser("unit")
+    args = parser.parse_args(["unit", "adopt", "-c", str(clone_dir / "config.yaml"), "--json"])
+    assert await args.handler(args) == 0
+    adopted = json.loads(capsys.readouterr().out)
+    assert adopted["former_unit_id"] == original.unit.id
+    await until(lambda: clone.unit.confirmed, timeout=5)  # the running agent takes it
+
+    assert clone.unit.id == adopted["unit_id"] != original.unit.id
+    await until(lambda: clone.availability.state("SIM-0001").available)
+    assert clone.health.snapshot().unit.mismatch == ""
+    sold = await _sell(clone, 300)
+    assert sold.state is SaleState.COMPLETED
+    record = clone.journal.get(sold.sale_id)
+    assert record.order_id.startswith(f"KA{clone.unit.id}-")
+    clone.journal_guard.check_again()
+    await until(lambda: clone.health.unit.foreign)  # the original's charge: another unit's
+    rows = await _terminal_rows(clone)
+    assert {r.status for r in rows} == {TransStatus.CAPTURED}
+    original_record = clone.journal.get(made.sale_id)  # the copy's: the original's sale
+    assert original_record.state is SaleState.COMPLETED

@@ -1,0 +1,128 @@
+"""`kiosk-agent unit show|adopt`: this unit's identity (kiosk_agent/sales/unit.py).
+
+``show`` reads the journal only. ``adopt`` is what a person runs on a unit whose journal was
+made on another machine (a cloned SD card): it gives the unit a new id on this machine, so
+its future order ids differ and the charges under the old id stay the original unit's. It
+works beside the running agent, which takes it within a second (docs/journal.md, "Whose
+money").
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+from typing import TYPE_CHECKING
+
+from kiosk_agent.cli.contract import (
+    EXIT_FAILED,
+    EXIT_OK,
+    CliError,
+    config_path,
+    guarded,
+    load,
+    options,
+    say,
+    show,
+)
+
+if TYPE_CHECKING:
+    from kiosk_agent.sales.journal import Journal
+
+
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    unit = subparsers.add_parser(
+        "unit", parents=options(),
+        help="this unit's id and the machine its journal was made on; adopt a cloned journal",
+        description="The unit's identity, kept in its journal. Without an action: `unit show`.",
+    )  # fmt: skip
+    unit.set_defaults(handler=guarded(show_command))
+    actions = unit.add_subparsers(dest="action", metavar="ACTION")
+    shown = actions.add_parser(
+        "show", parents=options(),
+        help="the unit's id, the machine its journal was made on and when (the default)",
+    )  # fmt: skip
+    shown.set_defaults(handler=guarded(show_command))
+    adopt = actions.add_parser(
+        "adopt", parents=options(),
+        help="confirm a journal made on another machine (a cloned SD card) under a new unit id",
+        description="A journal found on another machine than the one it was made on takes no "
+        "customer until a person confirms it here. The unit gets a new id on this machine: its "
+        "future order ids carry it, and every charge and open sale under the old id stays the "
+        "original unit's (never given back from here). Works beside the running agent.",
+    )  # fmt: skip
+    adopt.set_defaults(handler=guarded(adopt_command))
+
+
+def _journal(args: argparse.Namespace, *, to_write: bool) -> Journal:
+    from kiosk_agent.sales.journal import Journal, JournalError
+
+    config = load(config_path(args), check_platforms=False)
+    path = config.resolve(config["journal"]["path"])
+    if not path.exists():
+        raise CliError(f"no journal at {path} (the agent has not run yet)")
+    journal = Journal(path)
+    try:
+        journal.open() if to_write else journal.open_to_read()
+    except JournalError as err:
+        raise CliError(str(err)) from None
+    return journal
+
+
+def _when(at: float) -> str:
+    return dt.datetime.fromtimestamp(at, dt.UTC).strftime("%Y-%m-%d %H:%M:%SZ")
+
+
+async def show_command(args: argparse.Namespace) -> int:
+    from kiosk_agent.sales import unit
+    from kiosk_agent.sales.machine import this_machine
+
+    journal = _journal(args, to_write=False)
+    try:
+        history = unit.rows(journal.db)
+    finally:
+        journal.close()
+    if not history:
+        raise CliError(f"the journal at {journal.path} has no unit id yet: the agent makes one "
+                       "at its next start")
+    current, here = history[-1], this_machine()
+    mismatch = current.machine.differs(here)
+    show(args, [
+        ("unit_id", current.unit_id),
+        ("machine", current.machine.describe()),
+        ("made_at", _when(current.made_at)),
+        ("why", current.why),
+        ("this_machine", here.describe()),
+        ("confirmed", not mismatch),
+        ("mismatch", mismatch or "-"),
+        ("former_ids", ", ".join(r.unit_id for r in history[:-1]) or "-"),
+    ])  # fmt: skip
+    return EXIT_FAILED if mismatch else EXIT_OK
+
+
+async def adopt_command(args: argparse.Namespace) -> int:
+    from kiosk_agent.sales import unit
+    from kiosk_agent.sales.machine import this_machine
+
+    here = this_machine()
+    journal = _journal(args, to_write=True)
+    try:
+        current = unit.current(journal.db)
+        if current is None:
+            raise CliError(f"the journal at {journal.path} has no unit id yet: nothing to adopt "
+                           "(the agent makes one at its next start)")
+        if not current.machine.differs(here):
+            raise CliError(f"unit {current.unit_id}'s journal was made on this machine "
+                           f"({here.describe()}): nothing to adopt")
+        former, fresh = unit.adopt(journal.db, journal.path, here)
+    finally:
+        journal.close()
+    say(
+        args,
+        f"unit adopted on this machine: now unit {fresh.unit_id} (was {former.unit_id}, made on "
+        f"{former.machine.describe()}). Its new order ids carry {fresh.unit_id}; charges and "
+        f"open sales under {former.unit_id} stay that unit's. A running agent takes it within "
+        "a second.",
+        unit_id=fresh.unit_id, former_unit_id=former.unit_id,
+        machine=here.describe(), former_machine=former.machine.describe(),
+    )  # fmt: skip
+    return EXIT_OK
