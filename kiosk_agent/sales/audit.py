@@ -54,6 +54,7 @@ _CHARGES = frozenset({*_HOLDING, TransStatus.VOIDED, TransStatus.REFUNDED,
 # this long of the latest seen, remains (the service's dates; docs/journal.md).
 FOREIGN_QUIET_S = 24 * 3600.0
 _FOREIGN_NAMED = 3  # order ids named in the problem
+_SHOWN_MAX = 40  # characters of another program's order id shown
 # Ended sales that say no money moved: a charge held under one is unaccounted.
 _NO_MONEY = frozenset({SaleState.FAILED, SaleState.DECLINED, SaleState.CANCELLED})
 AUDIT_SOURCE = "audit"
@@ -80,15 +81,16 @@ class ForeignCharges:
         self.cleared = ""  # what the last clear said
         self._seen: dict[str, ForeignCharge] = {}
 
-    def saw(self, rows: Collection[Transaction], now: float) -> None:
+    def saw(self, rows: Collection[tuple[str, Transaction]], now: float) -> None:
+        """``rows``: (the terminal asked about, its row) for each charge not this unit's."""
         before = self.terminals()
-        for row in rows:
+        for device, row in rows:
             at = row.trans_date.timestamp() if row.trans_date is not None else now
             if at < now - self.quiet:
                 continue
             if row.trans_id not in self._seen:
                 self.counted += 1
-            self._seen[row.trans_id] = ForeignCharge(row.terminal_id or "?", row.order_id or "", at)
+            self._seen[row.trans_id] = ForeignCharge(device, _shown(row.order_id), at)
         latest = {t: max(c.at for c in self._seen.values() if c.terminal == t) for t in before}
         self._seen = {k: c for k, c in self._seen.items() if c.at >= now - self.quiet}
         for terminal in sorted(before - self.terminals()):
@@ -114,6 +116,12 @@ class ForeignCharges:
                 "unit's to give back"
             )
         return said
+
+
+def _shown(order_id: str | None) -> str:
+    """Another program's order id, safe to show anywhere: printable ASCII, at most 40."""
+    text = "".join(c if " " <= c <= "~" else "?" for c in (order_id or "")[:_SHOWN_MAX])
+    return text + ("..." if len(order_id or "") > _SHOWN_MAX else "")
 
 
 def _when(at: float) -> str:
@@ -207,6 +215,7 @@ class ChargeAudit:
     async def _held_charges(self, settled: bool) -> tuple[list[Transaction], list[Transaction]]:
         """This unit's charges that hold money, and the charges of others, in the window."""
         rows: dict[str, Transaction] = {}
+        asked: dict[str, str] = {}  # trans id -> the terminal it was asked under
         newest = 0.0  # the service's latest charge on these terminals: real time, at most now
         for device in self.settings.terminals:
             async for row in self._terminal_rows(device, settled):
@@ -214,6 +223,7 @@ class ChargeAudit:
                     newest = max(newest, row.trans_date.timestamp())
                 if row.status in _CHARGES:
                     rows[row.trans_id] = row
+                    asked[row.trans_id] = device
         # The window ends now by this unit's clock, or at the service's latest charge when that
         # is later: a clock not yet set by NTP (a Pi booted from a new card: its image's date,
         # or 1970) would stretch it over the terminals' whole history, and every charge of a
@@ -225,7 +235,7 @@ class ChargeAudit:
         ]  # fmt: skip
         ours = [row for row in recent if self._provably_ours(row.order_id)]
         foreign = [row for row in recent if not self._provably_ours(row.order_id)]
-        self.foreign.saw(foreign, end)
+        self.foreign.saw([(asked[row.trans_id], row) for row in foreign], end)
         return [row for row in ours if row.status in _HOLDING], foreign
 
     def _provably_ours(self, order_id: str | None) -> bool:

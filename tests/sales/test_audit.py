@@ -232,17 +232,24 @@ def test_the_sharing_clears_once_no_foreign_charge_is_seen_for_the_quiet_while()
 
     seen = ForeignCharges(quiet=3600.0)
     start = 1_780_000_000.0
-    seen.saw([row("1", start), row("2", start + 60)], now=start + 60)
+    seen.saw([("SIM-0002", row("1", start)), ("SIM-0002", row("2", start + 60))],
+             now=start + 60)
     [line] = seen.lines()
     assert "SIM-0002" in line
     assert "2 charge(s)" in line
     assert "POS-1, POS-2" in line
     seen.saw([], now=start + 3000)  # a check that saw none: still within the hour
     assert seen.lines() == [line]
-    seen.saw([row("2", start + 60)], now=start + 3630)  # the older one leaves the window
+    # the older one leaves the window
+    seen.saw([("SIM-0002", row("2", start + 60))], now=start + 3630)
     assert "1 charge(s)" in seen.lines()[0]
     seen.saw([], now=start + 3661 + 60)
     assert seen.lines() == []
     assert seen.cleared.startswith("SIM-0002 is no longer charged by another program or unit: "
                                    "none for 1 h (the last at ")
     assert seen.counted == 2
+    hostile = row("3", start + 9000).model_copy(update={"order_id": "\x1b]0;owned\x07" + "x" * 99})
+    seen.saw([("SIM-0002", hostile)], now=start + 9000)
+    [shown] = seen.lines()
+    assert "?]0;owned?xxx" in shown  # no terminal escape reaches a page or a shell
+    assert "x" * 41 not in shown
