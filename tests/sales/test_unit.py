@@ -277,3 +277,48 @@ async def test_a_journal_copied_to_another_machine_takes_no_customer_until_adopt
     assert {r.status for r in rows} == {TransStatus.CAPTURED}
     original_record = clone.journal.get(made.sale_id)  # the copy's: the original's sale
     assert original_record.state is SaleState.COMPLETED
+
+
+@pytest.mark.slow(seconds=6)
+async def test_a_lost_journal_gives_back_its_own_charge_and_leaves_another_units_alone(
+    agent_factory: Any, sim_factory: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Unit A's journal is deleted (its marker and its unit id beside it stay): at the next
+    start A knows its own charge by the order id alone and gives it back (the journal cannot
+    say it was vended); unit B's charges on the same reader stay captured."""
+    from kiosk_agent.sales.states import SaleState
+    from kiosk_agent.service.models import TransStatus
+
+    from ..core.agent_helpers import TIME_SCALE
+
+    sim = await sim_factory(time_scale=TIME_SCALE, transactions=0)
+    agents = []
+    for name in ("a", "b"):
+        (tmp_path / name).mkdir()
+        monkeypatch.setenv("KIOSK_MACHINE_ROOT", str(a_machine(tmp_path / f"m{name}", name * 32)))
+        agents.append(await agent_factory(sim=sim, directory=tmp_path / name))
+    first, second = agents
+    mine = await _sell(first, 250)
+    theirs = [await _sell(second, cents) for cents in (260, 270, 280, 290, 300, 310)]
+    await first.stop()
+    journal = tmp_path / "a" / "journal.db"
+    for part in (journal, *journal.parent.glob("journal.db-*")):
+        part.unlink()
+    monkeypatch.setenv("KIOSK_MACHINE_ROOT", str(tmp_path / "ma"))
+
+    again = await agent_factory(sim=sim, directory=tmp_path / "a")
+    checked = await asyncio.wait_for(again.journal_guard.first_check(), 20)
+
+    assert again.unit.id == first.unit.id  # kept beside the journal
+    assert "in-use" in again.health.snapshot().journal.notice  # said lost
+    assert checked is not None
+    assert len(checked.unaccounted) == 1  # its own; B's six are not counted as its own
+    assert len(checked.foreign) == 6
+    rows = {r.order_id: r.status for r in await _terminal_rows(again)}
+    assert rows[mine.order_id] == TransStatus.VOIDED
+    for sale in theirs:
+        assert rows[sale.order_id] == TransStatus.CAPTURED
+    assert again.journal.attention_sales() == []
+    [found] = [r for r in again.journal if r.order_id == mine.order_id]
+    assert found.state is SaleState.REVERSED
+    assert again.availability.state("SIM-0001").available
