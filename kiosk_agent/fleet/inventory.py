@@ -284,6 +284,7 @@ _FIELDS: dict[str, tuple[Any, str]] = {
     "sales": (lambda v: isinstance(v, dict), "an object"),
     "service": (lambda v: isinstance(v, dict), "an object"),
     "journal": (lambda v: isinstance(v, dict), "an object"),
+    "unit": (lambda v: isinstance(v, dict), "an object"),
     "terminals": (_records(device_id=_text, online=_flag, latency_ms=_maybe(_number)),
                   "a list of terminals (device_id, online, latency_ms)"),
     "availability": (_records(device_id=_text, since=_maybe(_unix_time)),

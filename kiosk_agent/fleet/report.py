@@ -45,6 +45,8 @@ def build_report(
         "terminal_states": terminal_states(snapshot),
         "links": [link.model_dump(mode="json") for link in snapshot.links],
         "journal": snapshot.journal.model_dump(mode="json"),
+        # the unit's own id (in its order ids), the machine its journal was made on, a clone
+        "unit": snapshot.unit.model_dump(mode="json"),
         "availability": [a.model_dump(mode="json") for a in snapshot.availability],
         "out_of_service": [a.device_id for a in snapshot.availability if not a.available],
     }
