@@ -84,7 +84,7 @@ async def show_command(args: argparse.Namespace) -> int:
     if not history:
         raise CliError(f"the journal at {journal.path} has no unit id yet: the agent makes one "
                        "at its next start")
-    current, here = history[-1], this_machine()
+    current, here = history[-1], this_machine().at(journal.path)
     mismatch = current.machine.differs(here)
     show(args, [
         ("unit_id", current.unit_id),
@@ -103,8 +103,8 @@ async def adopt_command(args: argparse.Namespace) -> int:
     from kiosk_agent.sales import unit
     from kiosk_agent.sales.machine import this_machine
 
-    here = this_machine()
     journal = _journal(args, to_write=True)
+    here = this_machine().at(journal.path)
     try:
         current = unit.current(journal.db)
         if current is None:

@@ -217,7 +217,7 @@ def check_unit(report: Report, path: Path) -> None:
     from kiosk_agent.sales.journal import Journal, JournalError
     from kiosk_agent.sales.machine import this_machine
 
-    here = this_machine()
+    here = this_machine().at(path)
     history: list[unit.UnitRow] = []
     if path.exists() and path.stat().st_size:
         journal = Journal(path)

@@ -13,6 +13,7 @@ it at a made-up machine, and an odd machine at a directory that holds what it la
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
@@ -31,10 +32,17 @@ _MAX_TEXT = 200
 
 @dataclass(frozen=True, slots=True)
 class Machine:
-    """``machine_id`` and ``hardware`` (``serial:...`` or ``mac:...``); empty: not found."""
+    """``machine_id`` and ``hardware`` (``serial:...`` or ``mac:...``); empty: not found.
+    ``journal``: where the journal was made (a copy at another place on the same machine, a
+    second agent's, must not take the first one's id)."""
 
     machine_id: str = ""
     hardware: str = ""
+    journal: str = ""
+
+    def at(self, journal: Path) -> Machine:
+        """This machine, holding the journal at ``journal``."""
+        return dataclasses.replace(self, journal=str(journal.parent.resolve() / journal.name))
 
     def describe(self) -> str:
         parts = [f"machine-id {self.machine_id[:12]}" if self.machine_id else "no machine-id"]
@@ -51,18 +59,21 @@ class Machine:
                          f"{now.machine_id[:12] or 'none'}")
         if self.hardware and self.hardware != now.hardware:
             found.append(f"{self.hardware}, here {now.hardware or 'none'}")
+        if not found and self.journal and now.journal and self.journal != now.journal:
+            found.append(f"made at {self.journal}, copied to {now.journal}")
         return "; ".join(found)
 
     def to_text(self) -> str:
-        return json.dumps({"machine_id": self.machine_id, "hardware": self.hardware},
-                          sort_keys=True)
+        return json.dumps({"machine_id": self.machine_id, "hardware": self.hardware,
+                           "journal": self.journal}, sort_keys=True)
 
     @classmethod
     def from_text(cls, text: str) -> Machine:
         try:
             data = json.loads(text)
             return cls(str(data.get("machine_id", ""))[:_MAX_TEXT],
-                       str(data.get("hardware", ""))[:_MAX_TEXT])
+                       str(data.get("hardware", ""))[:_MAX_TEXT],
+                       str(data.get("journal", ""))[:4096])
         except (ValueError, AttributeError):
             return cls()
 

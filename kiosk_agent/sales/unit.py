@@ -147,6 +147,7 @@ def rows(db: sqlite3.Connection) -> list[UnitRow]:
 def load(db: sqlite3.Connection, journal_path: Path, here: Machine) -> OwnUnit:
     """The unit of this journal, made on its first open (or taken from the copy beside a
     journal begun anew), judged against the machine it runs on now."""
+    here = here.at(journal_path)
     history = rows(db)
     if not history:
         kept = _read_unit_file(unit_file(journal_path))
@@ -171,6 +172,7 @@ def adopt(db: sqlite3.Connection, journal_path: Path, here: Machine) -> tuple[Un
     """A person confirms this journal on this machine: a new id for the unit (its future
     order ids differ), the old id's charges left to the unit that made them.
     Returns (the former row, the new one)."""
+    here = here.at(journal_path)
     history = rows(db)
     if not history:
         raise ValueError("the journal has no unit yet: start the agent once, it makes one")

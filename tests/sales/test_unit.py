@@ -322,3 +322,27 @@ async def test_a_lost_journal_gives_back_its_own_charge_and_leaves_another_units
     [found] = [r for r in again.journal if r.order_id == mine.order_id]
     assert found.state is SaleState.REVERSED
     assert again.availability.state("SIM-0001").available
+
+
+def test_a_journal_copied_to_another_place_on_the_same_machine_is_not_confirmed(
+    tmp_path: Path,
+) -> None:
+    """A second agent on the same machine started on a copy of the first one's journal (a
+    second machine controller, set up by copying the state directory) would share its id, and
+    each would give back the other's charges: the copy is not confirmed until adopted."""
+    import shutil
+
+    here = Machine("a" * 32, "serial:1")
+    first = tmp_path / "one" / "journal.db"
+    first.parent.mkdir()
+    with sqlite3.connect(first) as db:
+        made = unit.load(db, first, here)
+    shutil.copytree(first.parent, tmp_path / "two")
+    copy = tmp_path / "two" / "journal.db"
+    with sqlite3.connect(copy) as db:
+        found = unit.load(db, copy, here)
+    assert found.id == made.id
+    assert not found.confirmed
+    assert f"made at {first}, copied to {copy}" in found.mismatch
+    with sqlite3.connect(first) as db:
+        assert unit.load(db, first, here).confirmed  # the first one, where it was made
