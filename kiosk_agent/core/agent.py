@@ -349,7 +349,7 @@ class Agent:
         journal made on another machine takes no customer and moves no money until adopted."""
         was, confirmed = self.unit.id, self.unit.confirmed
         found = load_unit(self.journal.db, self.journal.path, self.machine)
-        for name in ("id", "legacy", "machine", "made_at", "mismatch"):
+        for name in ("id", "key", "legacy", "machine", "made_at", "mismatch"):
             setattr(self.unit, name, getattr(found, name))
         if self.unit.mismatch and (confirmed or was != found.id):
             _LOGGER.error("%s", self.unit.refusal())

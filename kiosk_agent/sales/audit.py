@@ -39,7 +39,7 @@ from kiosk_agent.sales.model import Flow, SaleEvent
 from kiosk_agent.sales.runner import new_ids
 from kiosk_agent.sales.states import NO_CHARGE_STEPS, SaleState, Step
 from kiosk_agent.sales.steps import SaleContext, SaleSteps
-from kiosk_agent.sales.unit import split_order_id, unit_of
+from kiosk_agent.sales.unit import split_order_id
 from kiosk_agent.service.errors import ServiceError
 from kiosk_agent.service.models import Transaction, TransactionFilter, TransStatus
 
@@ -239,12 +239,13 @@ class ChargeAudit:
         return [row for row in ours if row.status in _HOLDING], foreign
 
     def _provably_ours(self, order_id: str | None) -> bool:
-        """Its order id carries this unit's id; or, of the older form, its journal holds the
-        sale (and the unit keeps the journal's first id). Else: another's, never moved."""
+        """Its order id carries this unit's id and tag; or the journal holds the sale and it
+        is this unit's (its id, or the older form while the unit keeps the journal's first
+        id). Else: another's, never moved."""
         if self.unit.made_here(order_id):
             return True
         parts = split_order_id(order_id)
-        if parts is None or unit_of(order_id) is not None or not self.unit.legacy:
+        if parts is None or not self.unit.owns_sale(parts[0]):
             return False
         return self.journal.by_order_id(parts[0]) is not None
 
@@ -288,7 +289,7 @@ class ChargeAudit:
 
     def _new_record(self, row: Transaction, order_id: str, attempt: int) -> SaleRecord:
         device = row.terminal_id or next(iter(self.settings.terminals), "")
-        sale_id, _ = new_ids(self.unit.id)
+        sale_id, _ = new_ids(self.unit)
         # a charge-card sale whatever the charge was: voiding an authorization or a capture is
         # the same call, and the table lets a charge-card sale go STARTED > CHARGING > back
         return SaleRecord(

@@ -30,7 +30,7 @@ from kiosk_agent.sales.live import SaleFlow
 from kiosk_agent.sales.model import Dispenser, Flow, PriceAboveMaximum, SaleEvent, SaleRequest
 from kiosk_agent.sales.states import SaleState, Step
 from kiosk_agent.sales.steps import SaleContext, SaleSteps, event_of
-from kiosk_agent.sales.unit import make_order_id
+from kiosk_agent.sales.unit import OwnUnit
 
 _LOGGER = logging.getLogger(__name__)
 
@@ -51,11 +51,11 @@ class TerminalBusy(Exception):
         super().__init__(f"terminal {terminal} is busy: {reason}")
 
 
-def new_ids(unit_id: str) -> tuple[str, str]:
+def new_ids(unit: OwnUnit) -> tuple[str, str]:
     """A sale id and the order_id sent to the service, both made here, before any call; the
     order id carries the unit's id (sales/unit.py): whose charge it is, without the journal."""
     sale_id = uuid.uuid4().hex
-    return sale_id, make_order_id(unit_id, sale_id)
+    return sale_id, unit.order_id(sale_id)
 
 
 @dataclass(slots=True)
@@ -157,7 +157,7 @@ class SaleRunner:
         self._check_max_price(request)
         if not self.context.unit.confirmed:  # platforms step aside first (availability)
             raise TerminalBusy(device, self.context.unit.refusal())
-        sale_id, order_id = new_ids(self.context.unit.id)
+        sale_id, order_id = new_ids(self.context.unit)
         record = SaleRecord(
             sale_id=sale_id,
             order_id=order_id,

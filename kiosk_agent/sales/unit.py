@@ -3,9 +3,13 @@
 Every unit has an id (10 hex digits) kept in its journal's ``unit_ids`` table, a table the
 previous release never reads, and copied beside the journal (``journal.db.unit``) so that a
 journal lost or damaged and begun anew keeps the id. Every order id the unit makes carries it:
-``KA`` + unit id + ``-`` + 16 hex digits of the sale (``KA3F9C0E12AB-9F3C0A77D21B4E55``), ``-N``
-for a retried attempt, ``-held`` for the sale the charge check gives a charge back under. So
-a charge's order id alone says whose it is, whatever the journal holds.
+``KA`` + unit id + ``-`` + 16 hex digits of the sale + an 8 hex digit tag
+(``KA3F9C0E12AB-9F3C0A77D21B4E551A2B3C4D``), ``-N`` for a retried attempt, ``-held`` for the
+sale the charge check gives a charge back under. The tag is an HMAC of the rest under a key
+kept only in ``journal.db.unit`` (mode 0600; never in the journal, a log or a report): another
+program on a shared reader that writes this unit's id into its order ids still cannot make
+this unit take its charges for its own. So a charge's order id alone proves whose it is,
+whatever the journal holds.
 
 The rule (docs/journal.md, "Whose money"): the unit moves only money whose order id carries its
 own id, or, for an order id of the older form (``KA`` + 18 hex, no unit id), a sale its journal
@@ -22,6 +26,8 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import hashlib
+import hmac
 import json
 import os
 import re
@@ -45,8 +51,8 @@ CREATE TABLE IF NOT EXISTS {UNIT_TABLE} (
 """
 UNIT_FILE_SUFFIX = ".unit"
 _UNIT_ID = re.compile(r"^[0-9A-F]{10}$")
-# KA + unit id + '-' + the sale's 16 hex digits; '-N' a retried attempt, '-held' a give-back's
-OWN_ORDER_ID = re.compile(r"^(KA([0-9A-F]{10})-[0-9A-F]{16})(?:-(\d+|held))?$")
+# KA + unit id + '-' + the sale's 16 hex digits + the tag; '-N' an attempt, '-held' a give-back's
+OWN_ORDER_ID = re.compile(r"^(KA([0-9A-F]{10})-([0-9A-F]{16})([0-9A-F]{8}))(?:-(\d+|held))?$")
 # the form before unit ids: KA + 18 hex digits of the sale
 LEGACY_ORDER_ID = re.compile(r"^(KA[0-9A-F]{18})(?:-(\d+|held))?$")
 
@@ -65,15 +71,25 @@ def split_order_id(order_id: str | None) -> tuple[str, str] | None:
     """``(base, suffix)`` of an order id of either form the agent makes; None for others."""
     match = OWN_ORDER_ID.match(order_id or "")
     if match:
-        return match.group(1), match.group(3) or ""
+        return match.group(1), match.group(5) or ""
     match = LEGACY_ORDER_ID.match(order_id or "")
     if match:
         return match.group(1), match.group(2) or ""
     return None
 
 
-def make_order_id(unit_id: str, sale_id: str) -> str:
-    return f"KA{unit_id}-{sale_id[:16].upper()}"
+def new_key() -> str:
+    return secrets.token_hex(16)
+
+
+def _tag(key: str, unit_id: str, sale_part: str) -> str:
+    mac = hmac.new(bytes.fromhex(key), f"{unit_id}-{sale_part}".encode(), hashlib.sha256)
+    return mac.hexdigest()[:8].upper()
+
+
+def make_order_id(unit_id: str, key: str, sale_id: str) -> str:
+    sale_part = sale_id[:16].upper()
+    return f"KA{unit_id}-{sale_part}{_tag(key, unit_id, sale_part)}"
 
 
 @dataclass(slots=True)
@@ -83,6 +99,8 @@ class OwnUnit:
     One object per agent, shared: an adoption while the agent runs changes it in place."""
 
     id: str
+    # the order ids' tag key (hex): in journal.db.unit only, never shown
+    key: str = field(default_factory=new_key, repr=False)
     # the journal's first id: sales of the older order id form in it are this unit's
     legacy: bool = True
     machine: Machine = field(default_factory=Machine)
@@ -99,9 +117,16 @@ class OwnUnit:
     def confirmed(self) -> bool:
         return not self.mismatch
 
+    def order_id(self, sale_id: str) -> str:
+        return make_order_id(self.id, self.key, sale_id)
+
     def made_here(self, order_id: str | None) -> bool:
-        """Provably this unit's by the order id alone (no journal needed)."""
-        return self.confirmed and unit_of(order_id) == self.id
+        """Provably this unit's by the order id alone (no journal needed): its id, and the tag
+        only its key makes."""
+        match = OWN_ORDER_ID.match(order_id or "")
+        if not self.confirmed or match is None or match.group(2) != self.id:
+            return False
+        return hmac.compare_digest(match.group(4), _tag(self.key, self.id, match.group(3)))
 
     def owns_sale(self, order_id: str) -> bool:
         """Whether a sale the journal holds is this unit's to finish, capture or give back."""
@@ -127,6 +152,7 @@ class UnitRow:
     machine: Machine
     made_at: float
     why: str
+    key: str = field(default="", repr=False)  # from journal.db.unit only
 
 
 def unit_file(journal_path: Path) -> Path:
@@ -158,9 +184,15 @@ def load(db: sqlite3.Connection, journal_path: Path, here: Machine) -> OwnUnit:
             _insert(db, UnitRow(new_unit_id(), here, time.time(), "made with this journal"))
         history = rows(db)
     current = history[-1]
+    kept = _read_unit_file(unit_file(journal_path))
+    # the key beside the journal, else a new one: order ids made under a lost key are the
+    # unit's still when its journal holds them, and cannot be proven when it does not
+    key = kept.key if kept is not None and kept.unit_id == current.unit_id and kept.key else ""
+    current = dataclasses.replace(current, key=key or new_key())
     _write_unit_file(unit_file(journal_path), current)
     return OwnUnit(
         id=current.unit_id,
+        key=current.key,
         legacy=current.unit_id == history[0].unit_id,
         machine=current.machine,
         made_at=current.made_at,
@@ -180,7 +212,7 @@ def adopt(db: sqlite3.Connection, journal_path: Path, here: Machine) -> tuple[Un
     fresh = UnitRow(
         new_unit_id(), here, time.time(),
         f"adopted on {here.describe()}: the journal was unit {former.unit_id}, made on "
-        f"{former.machine.describe()}",
+        f"{former.machine.describe()}", new_key(),
     )
     _insert(db, fresh)
     _write_unit_file(unit_file(journal_path), fresh)
@@ -207,8 +239,10 @@ def _read_unit_file(path: Path) -> UnitRow | None:
         unit_id = str(data["unit_id"])
         if not _UNIT_ID.match(unit_id):
             return None
+        key = str(data.get("key", ""))
+        bytes.fromhex(key)  # hex, or refused as a whole
         return UnitRow(unit_id, Machine.from_text(json.dumps(data["machine"])),
-                       float(data["made_at"]), "")
+                       float(data["made_at"]), "", key)
     except (OSError, ValueError, KeyError, TypeError):
         return None  # none, or not one this release wrote: a new id is made
 
@@ -216,13 +250,14 @@ def _read_unit_file(path: Path) -> UnitRow | None:
 def _write_unit_file(path: Path, row: UnitRow) -> None:
     """Atomically, and only when it differs; a disk that cannot take it leaves it for later."""
     text = json.dumps({"unit_id": row.unit_id, "machine": json.loads(row.machine.to_text()),
-                       "made_at": row.made_at}, sort_keys=True)
+                       "made_at": row.made_at, "key": row.key}, sort_keys=True)
     with contextlib.suppress(OSError):
         if path.read_text(encoding="utf-8") == text:
             return
     scratch = path.with_name(path.name + ".new")
     try:
-        with open(scratch, "w", encoding="utf-8") as file:
+        descriptor = os.open(scratch, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with open(descriptor, "w", encoding="utf-8") as file:
             file.write(text)
             file.flush()
             os.fsync(file.fileno())

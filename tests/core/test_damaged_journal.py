@@ -18,7 +18,7 @@ import pytest
 from kiosk_agent.core.agent import Agent, service_settings_from_config
 from kiosk_agent.core.config import load_config
 from kiosk_agent.sales.states import SaleState
-from kiosk_agent.sales.unit import make_order_id
+from kiosk_agent.sales.unit import OwnUnit
 from kiosk_agent.service.models import TransStatus
 from tests.core.test_crash import TIME_SCALE, Driver, write_config
 
@@ -71,8 +71,8 @@ async def test_a_charge_the_damaged_journal_lost_is_given_back_before_any_custom
     assert driver.steps[-1] == "dispense.request"
     [sale_id] = driver.started_sales
     # the unit's id, kept beside the journal: whatever the damage, its charges are known as its own
-    unit_id = json.loads((tmp_path / "journal.db.unit").read_text())["unit_id"]
-    order_id = make_order_id(unit_id, sale_id)
+    kept = json.loads((tmp_path / "journal.db.unit").read_text())
+    order_id = OwnUnit(kept["unit_id"], key=kept["key"]).order_id(sale_id)
     journal_path = tmp_path / "journal.db"
     DAMAGE[damage](journal_path)
 

@@ -24,7 +24,7 @@ import pytest
 
 from kiosk_agent.sales.journal import SCHEMA_VERSION, Journal, JournalTooNew
 from kiosk_agent.sales.states import Step
-from kiosk_agent.sales.unit import make_order_id
+from kiosk_agent.sales.unit import OwnUnit
 from kiosk_agent.service.models import TransStatus
 from tests.core.test_crash import TIME_SCALE, Driver, write_config
 
@@ -74,8 +74,8 @@ async def test_the_previous_release_runs_on_a_journal_this_one_wrote(
     assert await driver.run("charge_card", 250, "vended", 99) == "done"
     assert await driver.run("charge_card", 300, "vended", 5) == "killed"
     killed = next(s for s in driver.started_sales if s not in markers.read_text())
-    unit_id = json.loads((tmp_path / "journal.db.unit").read_text())["unit_id"]
-    order_id = make_order_id(unit_id, killed)  # the unit's id in it (sales/unit.py)
+    kept = json.loads((tmp_path / "journal.db.unit").read_text())
+    order_id = OwnUnit(kept["unit_id"], key=kept["key"]).order_id(killed)  # sales/unit.py
     [row] = await ledger_of(sim, order_id)
     assert row.status is TransStatus.CAPTURED
 

@@ -7,7 +7,7 @@ from typing import Any
 from kiosk_agent.sales.audit import HELD_SUFFIX
 from kiosk_agent.sales.journal import JournalError
 from kiosk_agent.sales.states import SaleState, Step
-from kiosk_agent.sales.unit import make_order_id
+from kiosk_agent.sales.unit import OwnUnit
 from kiosk_agent.service.models import ChargeRequest, TransactionFilter, TransStatus
 from kiosk_agent.service.settings import CallKind
 
@@ -77,7 +77,7 @@ async def test_a_check_asks_reporting_once_a_terminal(agent_factory: Any) -> Non
 
 def own(agent: Any, n: int) -> str:
     """An order id of the agent's own making (its unit id inside), as its sales have."""
-    return make_order_id(agent.unit.id, f"{n:016x}")
+    return str(agent.unit.order_id(f"{n:016x}"))
 
 
 async def _charge(agent: Any, order_id: str, cents: int, capture: bool) -> str:
@@ -187,8 +187,11 @@ async def test_charges_of_another_unit_or_program_are_shown_never_given_back(
     sim = await sim_factory(time_scale=TIME_SCALE, transactions=0)
     agent = await agent_factory(sim=sim)
     assert agent.unit.id != "00000000AB"
-    others = [make_order_id("00000000AB", f"{n:016x}") for n in range(7)]
-    others += ["KA" + "0123456789ABCDEF31", "POS-20261128-0042"]  # an older form; a program
+    others = [OwnUnit("00000000AB").order_id(f"{n:016x}") for n in range(6)]
+    # another program writing this unit's id into its order ids (no key: a wrong tag), an
+    # older form the journal does not hold, a program's own
+    others += [OwnUnit(agent.unit.id).order_id(f"{0x41:016x}"),
+               "KA" + "0123456789ABCDEF31", "POS-20261128-0042"]
     foreign = [await _charge(agent, order_id, 250, capture=True) for order_id in others]
     mine = await _charge(agent, own(agent, 0x31), 300, capture=True)  # lost from the journal
 

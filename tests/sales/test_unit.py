@@ -13,7 +13,7 @@ import pytest
 
 from kiosk_agent.sales import unit
 from kiosk_agent.sales.machine import Machine, this_machine
-from kiosk_agent.sales.unit import OwnUnit, make_order_id, split_order_id, unit_of
+from kiosk_agent.sales.unit import OwnUnit, split_order_id, unit_of
 
 from ..helpers import until
 
@@ -60,20 +60,25 @@ def test_the_machine_root_comes_from_the_environment(
 
 def test_an_order_id_says_whose_it_is_by_itself() -> None:
     own = OwnUnit("3F9C0E12AB")
-    order = make_order_id(own.id, "9f3c0a77d21b4e55aa")
-    assert order == "KA3F9C0E12AB-9F3C0A77D21B4E55"
-    assert len(order + "-held") <= 64  # the order_id field's bound
+    order = own.order_id("9f3c0a77d21b4e55aa")
+    assert order.startswith("KA3F9C0E12AB-9F3C0A77D21B4E55")
+    assert len(order + "-held") == 42  # of the order_id field's 64
     assert unit_of(order) == unit_of(order + "-2") == unit_of(order + "-held") == own.id
     assert split_order_id(order + "-3") == (order, "3")
     assert split_order_id("KA0123456789ABCDEF01-2") == ("KA0123456789ABCDEF01", "2")
     assert split_order_id("POS-0042") is None
     assert own.made_here(order)
     assert own.made_here(order + "-2")
-    other = make_order_id("0000000001", "9f3c0a77d21b4e55aa")
+    other = OwnUnit("0000000001").order_id("9f3c0a77d21b4e55aa")
     assert not own.made_here(other)
     assert not own.owns_sale(other)
     # the older form is owned by the journal holding it, while the unit keeps its first id
     assert not own.made_here("KA0123456789ABCDEF01")
+    # another program writing this unit's id into its order ids: the tag gives it away
+    forged = OwnUnit(own.id).order_id("9f3c0a77d21b4e55aa")
+    assert unit_of(forged) == own.id
+    assert not own.made_here(forged)
+    assert not own.made_here(order[:-8] + "00000000")
     assert own.owns_sale("KA0123456789ABCDEF01")
     assert not OwnUnit("3F9C0E12AB", legacy=False).owns_sale("KA0123456789ABCDEF01")
     # a unit found on another machine owns nothing
@@ -118,7 +123,7 @@ def test_a_journal_on_another_machine_is_not_confirmed_until_adopted_under_a_new
     assert not adopted.legacy  # the older form's sales were the original unit's
     assert original.id in fresh.why
     # the original's money is not the adopted unit's to move
-    assert not adopted.owns_sale(make_order_id(original.id, "ab" * 8))
+    assert not adopted.owns_sale(original.order_id("ab" * 8))
 
 
 def test_the_previous_release_reads_past_the_unit_table(tmp_path: Path) -> None:
@@ -346,3 +351,33 @@ def test_a_journal_copied_to_another_place_on_the_same_machine_is_not_confirmed(
     assert f"made at {first}, copied to {copy}" in found.mismatch
     with sqlite3.connect(first) as db:
         assert unit.load(db, first, here).confirmed  # the first one, where it was made
+
+
+async def test_the_tag_key_stays_beside_the_journal_and_nowhere_else(
+    agent_factory: Any, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The key that proves an order id the unit's own is a secret: in journal.db.unit (0600)
+    only, never in the journal, health, the fleet's report, a log line or a sale."""
+    from kiosk_agent.fleet.report import build_report
+
+    caplog.set_level("DEBUG")
+    agent = await agent_factory()
+    key = agent.unit.key
+    assert len(key) == 32
+    sold = await _sell(agent, 250)
+    kept = tmp_path / "journal.db.unit"
+    assert json.loads(kept.read_text())["key"] == key
+    assert kept.stat().st_mode & 0o777 == 0o600
+    agent.journal.close()
+    journal_bytes = b"".join(p.read_bytes() for p in tmp_path.glob("journal.db*")
+                             if p.name != kept.name)
+    agent.journal.open()
+    assert key.encode() not in journal_bytes
+    assert key.lower().encode() not in journal_bytes
+    snapshot = agent.health.snapshot()
+    assert key not in snapshot.model_dump_json()
+    assert key not in json.dumps(build_report("unit-1", snapshot))
+    assert key not in repr(agent.unit)
+    assert key not in sold.order_id
+    assert caplog.text
+    assert key not in caplog.text
