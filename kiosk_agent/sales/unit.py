@@ -50,11 +50,11 @@ CREATE TABLE IF NOT EXISTS {UNIT_TABLE} (
 )
 """
 UNIT_FILE_SUFFIX = ".unit"
-_UNIT_ID = re.compile(r"^[0-9A-F]{10}$")
+_UNIT_ID = re.compile(r"[0-9A-F]{10}")
 # KA + unit id + '-' + the sale's 16 hex digits + the tag; '-N' an attempt, '-held' a give-back's
-OWN_ORDER_ID = re.compile(r"^(KA([0-9A-F]{10})-([0-9A-F]{16})([0-9A-F]{8}))(?:-(\d+|held))?$")
-# the form before unit ids: KA + 18 hex digits of the sale
-LEGACY_ORDER_ID = re.compile(r"^(KA[0-9A-F]{18})(?:-(\d+|held))?$")
+OWN_ORDER_ID = re.compile(r"(KA([0-9A-F]{10})-([0-9A-F]{16})([0-9A-F]{8}))(?:-([0-9]+|held))?")
+# the form before unit ids: KA + 18 hex digits of the sale (all matched whole: fullmatch)
+LEGACY_ORDER_ID = re.compile(r"(KA[0-9A-F]{18})(?:-([0-9]+|held))?")
 
 
 def new_unit_id() -> str:
@@ -63,16 +63,16 @@ def new_unit_id() -> str:
 
 def unit_of(order_id: str | None) -> str | None:
     """The unit id an order id carries; None for any other form (the older one included)."""
-    match = OWN_ORDER_ID.match(order_id or "")
+    match = OWN_ORDER_ID.fullmatch(order_id or "")
     return match.group(2) if match else None
 
 
 def split_order_id(order_id: str | None) -> tuple[str, str] | None:
     """``(base, suffix)`` of an order id of either form the agent makes; None for others."""
-    match = OWN_ORDER_ID.match(order_id or "")
+    match = OWN_ORDER_ID.fullmatch(order_id or "")
     if match:
         return match.group(1), match.group(5) or ""
-    match = LEGACY_ORDER_ID.match(order_id or "")
+    match = LEGACY_ORDER_ID.fullmatch(order_id or "")
     if match:
         return match.group(1), match.group(2) or ""
     return None
@@ -123,7 +123,7 @@ class OwnUnit:
     def made_here(self, order_id: str | None) -> bool:
         """Provably this unit's by the order id alone (no journal needed): its id, and the tag
         only its key makes."""
-        match = OWN_ORDER_ID.match(order_id or "")
+        match = OWN_ORDER_ID.fullmatch(order_id or "")
         if not self.confirmed or match is None or match.group(2) != self.id:
             return False
         return hmac.compare_digest(match.group(4), _tag(self.key, self.id, match.group(3)))
@@ -237,7 +237,7 @@ def _read_unit_file(path: Path) -> UnitRow | None:
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
         unit_id = str(data["unit_id"])
-        if not _UNIT_ID.match(unit_id):
+        if not _UNIT_ID.fullmatch(unit_id):
             return None
         key = str(data.get("key", ""))
         bytes.fromhex(key)  # hex, or refused as a whole

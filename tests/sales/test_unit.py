@@ -10,6 +10,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import example, given
+from hypothesis import strategies as st
 
 from kiosk_agent.sales import unit
 from kiosk_agent.sales.machine import Machine, this_machine
@@ -381,3 +383,50 @@ async def test_the_tag_key_stays_beside_the_journal_and_nowhere_else(
     assert key not in sold.order_id
     assert caplog.text
     assert key not in caplog.text
+
+
+_OWN = OwnUnit("3F9C0E12AB", key="00112233445566778899aabbccddeeff")
+_MADE = _OWN.order_id("9f3c0a77d21b4e55")
+
+
+@given(st.text(max_size=80))
+@example(f"{_MADE}\n")  # `$` matched before a final line end
+@example(f"{_MADE}-\u0661")  # `\d` matched any script's digits
+@example(f"{_MADE}-2\n")
+@example(f" {_MADE}")
+@example(_MADE.lower())
+@example(f"{_MADE}-held")
+@example(f"{_MADE}-12")
+def test_no_text_is_taken_for_an_order_id_of_this_unit(text: str) -> None:
+    assert _OWN.made_here(text) is (text in {_MADE, f"{_MADE}-held"} or (
+        text.startswith(f"{_MADE}-") and text[len(_MADE) + 1:].isdigit()
+        and text[len(_MADE) + 1:].isascii()))
+
+
+@given(st.integers(min_value=0, max_value=len(_MADE) - 1),
+       st.sampled_from("0123456789ABCDEF-a"))
+def test_an_order_id_of_this_unit_changed_anywhere_is_not_its_own(at: int, char: str) -> None:
+    changed = _MADE[:at] + char + _MADE[at + 1:]
+    assert _OWN.made_here(changed) is (changed == _MADE)
+
+
+async def test_an_open_sale_of_another_unit_id_is_left_as_it_is_and_shown(
+    agent_factory: Any, tmp_path: Path
+) -> None:
+    """A journal adopted under a new id still holds the original's open sale (a charge not
+    yet given back): recovery leaves it and its money alone, and health says a person must
+    decide."""
+    from kiosk_agent.sales.states import SaleState
+
+    from .test_recovery import leave_open
+
+    other = OwnUnit("00000000AB").order_id("ab" * 8)
+    leave_open(tmp_path, state=SaleState.CHARGING, order_id=other, trans_id="700000009999",
+               flow="charge_card")
+    agent = await agent_factory()
+    assert agent.recovery.not_ours == ["crashed1"]
+    record = agent.journal.get("crashed1")
+    assert record.state is SaleState.CHARGING  # nothing sent, nothing written
+    assert any("1 open sale(s) of another unit id" in p
+               for p in agent.health.snapshot().problems)
+    assert agent.availability.state("SIM-0001").available  # its terminal is not held
