@@ -348,17 +348,29 @@ class Agent:
         """The unit's id from the journal, judged against this machine (sales/unit.py); a
         journal made on another machine takes no customer and moves no money until adopted."""
         was, confirmed = self.unit.id, self.unit.confirmed
-        found = load_unit(self.journal.db, self.journal.path, self.machine)
+        try:
+            found = load_unit(self.journal.db, self.journal.path, self.machine)
+        except (sqlite3.Error, JournalError) as err:  # a disk that takes no writes: no id kept
+            if not self.unit.fault:
+                _LOGGER.error("journal: the unit's id cannot be read or kept: %s", err)
+            self.unit.fault = str(err)
+            self.health.report_unit(mismatch=self.unit.refusal())
+            self.availability.evaluate()
+            return
+        self.unit.fault = ""
         for name in ("id", "key", "legacy", "machine", "made_at", "mismatch"):
             setattr(self.unit, name, getattr(found, name))
         if self.unit.mismatch and (confirmed or was != found.id):
             _LOGGER.error("%s", self.unit.refusal())
         elif not confirmed and self.started:
-            _LOGGER.warning("unit adopted on this machine: unit %s (was %s)", found.id, was)
+            if was == found.id:  # the journal holds it again (it could not be read)
+                _LOGGER.warning("journal: the unit's id is read again: unit %s", found.id)
+            else:
+                _LOGGER.warning("unit adopted on this machine: unit %s (was %s)", found.id, was)
             self.journal_guard.check_again()
         self.health.report_unit(
             id=self.unit.id, machine=self.unit.machine.describe(), made_at=self.unit.made_at,
-            mismatch=self.unit.refusal() if self.unit.mismatch else "",
+            mismatch="" if self.unit.confirmed else self.unit.refusal(),
         )
         if self.started or not confirmed:
             self.availability.evaluate()

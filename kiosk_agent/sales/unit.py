@@ -107,6 +107,8 @@ class OwnUnit:
     made_at: float = 0.0
     # the journal was made on another machine: what differs (empty: it was made here)
     mismatch: str = ""
+    # the id could not be read or kept (a journal that takes no writes): nothing is its own
+    fault: str = ""
 
     @classmethod
     def fresh(cls) -> OwnUnit:
@@ -115,7 +117,7 @@ class OwnUnit:
 
     @property
     def confirmed(self) -> bool:
-        return not self.mismatch
+        return not self.mismatch and not self.fault
 
     def order_id(self, sale_id: str) -> str:
         return make_order_id(self.id, self.key, sale_id)
@@ -138,6 +140,9 @@ class OwnUnit:
         return self.legacy  # the older form: the journal's own, while it keeps its first id
 
     def refusal(self) -> str:
+        if self.fault:
+            return (f"unit id unknown: {self.fault}; no customer until the journal holds it "
+                    "(looked at again every second)")
         return (f"unit {self.id}: its journal was made on another machine ({self.mismatch}); "
                 "a person must confirm it: `kiosk-agent unit adopt`")
 

@@ -430,3 +430,32 @@ async def test_an_open_sale_of_another_unit_id_is_left_as_it_is_and_shown(
     assert any("1 open sale(s) of another unit id" in p
                for p in agent.health.snapshot().problems)
     assert agent.availability.state("SIM-0001").available  # its terminal is not held
+
+
+async def test_a_unit_id_that_cannot_be_read_takes_no_customer_until_it_can(
+    agent_factory: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Sales made under an id the journal does not keep would be another unit's at the next
+    start: while the id cannot be read or kept, no customer; it is tried every second."""
+    import kiosk_agent.core.agent as agent_module
+    from kiosk_agent.sales.runner import TerminalBusy
+
+    real = agent_module.load_unit
+    failing = [True]
+
+    def load(*args: Any) -> OwnUnit:
+        if failing[0]:
+            raise sqlite3.OperationalError("attempt to write a readonly database")
+        return real(*args)
+
+    monkeypatch.setattr(agent_module, "load_unit", load)
+    agent = await agent_factory()
+    assert not agent.unit.confirmed
+    assert "readonly database" in agent.availability.state("SIM-0001").reason
+    assert any("unit id unknown" in p for p in agent.health.snapshot().problems)
+    with pytest.raises(TerminalBusy):
+        await _sell(agent, 250)
+    failing[0] = False
+    await until(lambda: agent.unit.confirmed, timeout=5)
+    await until(lambda: agent.availability.state("SIM-0001").available)
+    assert (await _sell(agent, 250)).order_id.startswith(f"KA{agent.unit.id}-")
