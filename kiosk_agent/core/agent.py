@@ -205,6 +205,7 @@ class Agent:
             "sale event listeners": lambda: self.events.listener_errors,
             "model builds after ready": lambda: self.settling.errors,
             "attention sweeper": lambda: self.attention.stats.unexpected,
+            "unwritten sales": lambda: self.unwritten.unexpected,
         }.items():
             self.health.count_errors_of(part, count)
         self.platforms: list[PlatformInstance] = []

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import logging
 import re
-import time
 from collections.abc import AsyncIterator, Collection
 from dataclasses import dataclass, field
 
@@ -100,7 +99,7 @@ class ChargeAudit:
         ``settled`` False asks only for the charges not yet settled (authorized, captured): a
         few rows a terminal, where the settled are every charge it ever made (reporting cannot
         be asked for a date range), thousands a year on a busy machine."""
-        result = AuditResult(at=time.time())
+        result = AuditResult(at=self.context.clock.time())
         try:
             held = await self._held_charges(settled)
         except ServiceError as err:
@@ -135,7 +134,7 @@ class ChargeAudit:
         # is later: a clock not yet set by NTP (a Pi booted from a new card: its image's date,
         # or 1970) would stretch it over the terminals' whole history, and every charge of a
         # sale made before this journal (pruned, or on the card replaced) would look lost.
-        since = max(time.time(), newest) - self.lookback
+        since = max(self.context.clock.time(), newest) - self.lookback
         return [
             row for row in rows.values()
             if row.trans_date is None or row.trans_date.timestamp() >= since

@@ -237,7 +237,7 @@ class SaleRunner:
                 ended = dataclasses.replace(
                     flow.record, state=SaleState.ATTENTION, message=f"error: {err}"
                 )
-                event = event_of(ended, Step.ERROR)
+                event = event_of(ended, Step.ERROR, clock=flow.clock)
                 flow.events.publish(event)
                 return event
         finally:
@@ -349,7 +349,7 @@ async def _strand(
     keep(flow)
     # shown as attention (people and apps see it held) until the journal holds it and it ends
     event = event_of(dataclasses.replace(flow.record, state=SaleState.ATTENTION),
-                     Step.JOURNAL_UNWRITTEN)
+                     Step.JOURNAL_UNWRITTEN, clock=flow.clock)
     flow.events.publish(event)
     return event
 
@@ -369,7 +369,7 @@ async def _as_the_journal_has_it(flow: SaleFlow, moved: SaleMoved) -> SaleEvent:
         message = f"{gone}: {moved}"
         held = dataclasses.replace(flow.record, state=SaleState.ATTENTION, message=message)
     flow.record = held
-    event = event_of(held)
+    event = event_of(held, clock=flow.clock)
     flow.events.publish(event)
     return event
 
@@ -377,7 +377,7 @@ async def _as_the_journal_has_it(flow: SaleFlow, moved: SaleMoved) -> SaleEvent:
 async def _rescue(flow: SaleFlow, err: Exception) -> SaleEvent:
     record = flow.record
     if record.state.final:  # the sale had ended; what failed came after (and changes nothing)
-        return event_of(record)
+        return event_of(record, clock=flow.clock)
     with contextlib.suppress(Exception):
         await flow._deny("internal error")
     if record.trans_id is not None and record.state in (
