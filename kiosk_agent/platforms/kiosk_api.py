@@ -278,6 +278,8 @@ def event_json(event: SaleEvent) -> dict[str, Any]:
         "terminal": event.terminal,
         "message": event.message,
         "at": event.at,
+        # its own kind: a step that could not be written; state is what the journal holds
+        "unwritten": event.unwritten,
     }
 
 

@@ -234,12 +234,8 @@ class SaleRunner:
                 return await _as_the_journal_has_it(flow, moved)
             except Exception:  # the journal itself fails: recovery finishes it on next start
                 _LOGGER.exception("sale %s: cannot end the sale", flow.record.sale_id)
-                ended = dataclasses.replace(
-                    flow.record, state=SaleState.ATTENTION, message=f"error: {err}"
-                )
-                event = event_of(ended, Step.ERROR, clock=flow.clock)
-                flow.events.publish(event)
-                return event
+                return _not_written(flow, f"error: {err}; not journaled: the next start "
+                                          "finishes it")
         finally:
             self._release(device, flow.record.sale_id)
             del self._live[flow.record.sale_id]
@@ -343,13 +339,18 @@ async def _strand(
     with contextlib.suppress(Exception):
         await flow._deny("journal not writable")
     assert flow.unwritten is not None
-    flow.record = dataclasses.replace(
-        flow.unwritten, message=f"not journaled yet ({err}); finished once the journal is back"
-    )
+    why = f"not journaled yet ({err}); finished once the journal is back"
+    flow.unwritten = dataclasses.replace(flow.unwritten, message=why)
     keep(flow)
-    # shown as attention (people and apps see it held) until the journal holds it and it ends
-    event = event_of(dataclasses.replace(flow.record, state=SaleState.ATTENTION),
-                     Step.JOURNAL_UNWRITTEN, clock=flow.clock)
+    # published as what the journal holds, said not written (people and apps see it held)
+    return _not_written(flow, why)
+
+
+def _not_written(flow: SaleFlow, why: str) -> SaleEvent:
+    """The event of a step that could not be written: its own kind (``SaleEvent.unwritten``),
+    carrying the sale as the journal last took it, never a state the journal does not hold."""
+    held = dataclasses.replace(flow.record, message=why)
+    event = event_of(held, Step.JOURNAL_UNWRITTEN, clock=flow.clock)
     flow.events.publish(event)
     return event
 
@@ -365,9 +366,8 @@ async def _as_the_journal_has_it(flow: SaleFlow, moved: SaleMoved) -> SaleEvent:
         gone = "not in the journal any more"
     except (JournalError, sqlite3.Error) as err:  # failing now too: recovery reads it next start
         held, gone = None, f"the journal cannot be read ({err})"
-    if held is None:
-        message = f"{gone}: {moved}"
-        held = dataclasses.replace(flow.record, state=SaleState.ATTENTION, message=message)
+    if held is None:  # nothing the journal holds to publish: said not written
+        return _not_written(flow, f"{gone}: {moved}")
     flow.record = held
     event = event_of(held, clock=flow.clock)
     flow.events.publish(event)

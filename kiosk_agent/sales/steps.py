@@ -139,6 +139,7 @@ class SaleSteps:
         only), then published; for steps with nothing between them the journal must hold first.
         """
         self._held, self._batch = [], []
+        before = self.record
         try:
             with self.journal.batch():
                 yield
@@ -146,6 +147,7 @@ class SaleSteps:
             if self.unwritten is None:
                 self.unwritten = self.record  # the commit failed: memory holds every step
                 self.held = list(self._batch)
+            self.record = before  # what the journal holds: the batch rolled back whole
             raise
         finally:
             held, self._held, self._batch = self._held, None, None

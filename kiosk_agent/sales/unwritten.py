@@ -62,7 +62,8 @@ class UnwrittenSales:
 
     @property
     def records(self) -> list[SaleRecord]:
-        return [steps.record for steps, _ in self._kept.values()]
+        """Each kept sale as memory holds it (its unwritten step applied)."""
+        return [steps.unwritten or steps.record for steps, _ in self._kept.values()]
 
     def oldest_age(self, now: float | None = None) -> float:
         """Seconds the oldest kept sale has waited for the journal (0 when none waits)."""
