@@ -509,6 +509,7 @@ def sale_event_view(event: SaleEvent) -> dict[str, Any]:
         "money": money_text(event),
         "message": event.message,
         "at": event.at or time.time(),
+        "unwritten": event.unwritten,  # a step that could not be written (state: the journal's)
     }
 
 

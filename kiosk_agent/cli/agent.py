@@ -263,7 +263,8 @@ _CORE_SECTIONS = frozenset(
 
 async def run_command(args: argparse.Namespace) -> int:
     """Run until a stop signal (:data:`STOP_SIGNALS`), then stop gracefully: new sales refused,
-    the running one finished or parked; the exit code says which signal it was."""
+    the running ones heard to their end within ``sales.stop_timeout`` (a second signal ends
+    that wait) and what is still open parked; the exit code says which signal it was."""
     import gc
 
     from kiosk_agent.core.collector import pause_for_start_up
@@ -285,8 +286,8 @@ async def _run(args: argparse.Namespace) -> int:
     setup_logging(config["logging"])
     # Before anything starts: a signal during the start is a graceful stop once it is done.
     signals = StopSignals(
-        "stopping: new sales refused, a running sale finished or parked "
-        f"(within sales.stop_timeout, {config['sales']['stop_timeout']:g} s)"
+        "stopping: new sales refused, the sales running finish within sales.stop_timeout "
+        f"({config['sales']['stop_timeout']:g} s) or are parked; a second signal ends the wait"
     ).install()
     if signals.received is not None:  # it came while the run was still reading its config
         signals.remove()
@@ -295,6 +296,8 @@ async def _run(args: argparse.Namespace) -> int:
         async with agent_for(config) as (agent, _service):
             await _start_unless_stopped(agent, signals)
             await signals.wait()
+            if agent.started:  # the drain, cut short by a second signal
+                await agent.stop(interrupt=signals.again)
     except JournalOwned as err:
         # a distinct code: restarting cannot help while the other agent lives (the unit's
         # RestartPreventExitStatus), and a copied unit file must not loop on it

@@ -314,6 +314,8 @@ class StopSignals:
         import asyncio
 
         self.event = asyncio.Event()
+        # a second stop signal: the drain ends now, what is open parked as at its deadline
+        self.again = asyncio.Event()
         self.received: signal.Signals | None = None
         self._doing = doing  # what the first stop signal starts, for the log line
         self._inherited_ignore = False
@@ -381,8 +383,12 @@ class StopSignals:
             self.received = signal.Signals(signum)
             log.warning("%s received: %s", name, self._doing)
             self.event.set()
+        elif not self.again.is_set():
+            self.again.set()
+            log.warning("%s received: already stopping: the wait for running sales ends now, "
+                        "what is still open is parked (the next start finishes it)", name)
         else:
-            log.warning("%s received: already stopping (%s)", name, self._doing)
+            log.warning("%s received: already stopping, the wait for running sales ended", name)
 
 
 def guarded(handler: Handler) -> Handler:

@@ -261,9 +261,13 @@ def event_line(kind: str, data: dict[str, Any]) -> str:
     stamp = time.strftime("%H:%M:%SZ", time.gmtime(data.get("at") or time.time()))
     if kind == "sale":
         where = data.get("terminal") or data.get("source") or "-"
+        move = (  # a step that could not be written moved nothing: the journal's state stands
+            f"{data.get('step')}: not written, the journal holds {data.get('state')}"
+            if data.get("unwritten")
+            else f"{data.get('step') or data.get('state')} -> {data.get('state')}"
+        )
         parts = [
-            stamp, f"{where:<10}", f"sale {str(data.get('sale_id', ''))[:8]}",
-            f"{data.get('step') or data.get('state')} -> {data.get('state')}",
+            stamp, f"{where:<10}", f"sale {str(data.get('sale_id', ''))[:8]}", move,
             str(data.get("money") or data.get("amount") or ""),
         ]  # fmt: skip
         if data.get("message"):

@@ -37,8 +37,8 @@ from kiosk_agent.sales.model import SaleEvent
 from kiosk_agent.sales.owner import JournalLock
 from kiosk_agent.sales.receipts import ReceiptSettings
 from kiosk_agent.sales.recovery import Recovery
-from kiosk_agent.sales.runner import SaleRunner
-from kiosk_agent.sales.settings import INTERACTION_LIFETIME, SaleSettings
+from kiosk_agent.sales.runner import STOPPING, SaleRunner
+from kiosk_agent.sales.settings import INTERACTION_LIFETIME, STOP_TIMEOUT, SaleSettings
 from kiosk_agent.sales.steps import SaleContext, SaleSteps
 from kiosk_agent.sales.unit import OwnUnit
 from kiosk_agent.sales.unit import load as load_unit
@@ -111,7 +111,7 @@ def sale_settings_from_config(
         vend_timeout=sales["vend_timeout"],
         currency=sales["currency"],
         interaction_lifetime=sales.get("interaction_lifetime", INTERACTION_LIFETIME / time_scale),
-        stop_timeout=sales.get("stop_timeout", 30.0),
+        stop_timeout=sales.get("stop_timeout", STOP_TIMEOUT),
         request_timeout=request_timeout,
         answer_margin=sales.get("answer_margin", 10.0),
         receipts=ReceiptSettings(print=receipts["print"], email=receipts["email"]),
@@ -213,6 +213,7 @@ class Agent:
             "sale event listeners": lambda: self.events.listener_errors,
             "model builds after ready": lambda: self.settling.errors,
             "attention sweeper": lambda: self.attention.stats.unexpected,
+            "unwritten sales": lambda: self.unwritten.unexpected,
         }.items():
             self.health.count_errors_of(part, count)
         self.platforms: list[PlatformInstance] = []
@@ -409,20 +410,20 @@ class Agent:
             await asyncio.wait({recovered}, timeout=10)
         self._systemd.ready(ready_text)
 
-    async def stop(self) -> None:
-        """Stop: no new triggers, finish or park the running sale, then everything else."""
-        # Closed before the platforms stop one by one: a machine still running must not open
-        # a sale while another one is being stopped.
-        self.sales.close()
+    async def stop(self, interrupt: asyncio.Event | None = None) -> None:
+        """Stop: drain (:meth:`drain`), park what is still open, then everything else.
+
+        ``interrupt`` (a second stopping signal) ends the drain early: what is open then is
+        parked exactly as at the drain's deadline."""
+        await self.drain(interrupt)
         if self._systemd is not None:
-            if self._ready_task is not None:
-                # a stop during recovery: no READY=1 (nor more start time) after STOPPING=1
-                self._ready_task.cancel()
             await self._systemd.stop()
+        # parked before the platforms stop: a platform's stop ends its machine's session, and
+        # that must not read as the dispense's result (nothing dispensed: money given back)
+        await self.sales.stop(grace=0)
         for platform in reversed(self.platforms):
             with contextlib.suppress(Exception):
                 await platform.stop()
-        await self.sales.stop()
         await self.recovery.stop()
         await self.attention.stop()
         await self.journal_guard.stop()
@@ -441,6 +442,48 @@ class Agent:
         self.owner.release()
         self.started = False
         self.stopped.set()
+
+    async def drain(self, interrupt: asyncio.Event | None = None) -> None:
+        """The first part of a stop: no new customer, and the sales already running finish.
+
+        New triggers are refused at once (the runner, and every terminal out of service: the
+        MDB reader leaves the bus after its session, the kiosk API answers 503); a sale still
+        waiting for its card is cancelled (nobody paid yet); every other sale keeps running,
+        and every platform keeps hearing its machine, until it ends, ``sales.stop_timeout``
+        has passed on the sale clock, or ``interrupt`` is set. Health says so meanwhile
+        (``stopping (draining 1 sale, until 14:03:27Z)``), and systemd hears STOPPING=1 with
+        the time the stop may take. Once is enough: a second call returns at once."""
+        if self.sales.stopping:
+            return
+        seconds = self.settings.stop_timeout
+        until = self.clock.time() + seconds
+        self.sales.close(until)  # before anything else: no sale may open while the rest goes
+        if self._ready_task is not None:
+            # a stop during recovery: no READY=1 (nor more start time) after STOPPING=1
+            self._ready_task.cancel()
+        self.availability.stop_taking_cards(STOPPING)
+        for platform in self.platforms:
+            draining = getattr(platform, "drain", None)
+            if draining is not None:
+                try:
+                    draining()
+                except Exception:
+                    _LOGGER.exception("platform %s failed to start draining", platform.name)
+        self.sales.cancel_unpaid()
+        self.health.report_stopping(until, lambda: len(self.sales.running))
+        if self._systemd is not None:
+            self._systemd.stopping(self.health.stopping_text(), seconds)
+        running = len(self.sales.running)
+        if not running:
+            return
+        _LOGGER.warning("stopping: %s", self.health.stopping_text())
+        left = await self.sales.drain(seconds, interrupt)
+        if left:
+            why = ("a second stopping signal ended the drain"
+                   if interrupt is not None and interrupt.is_set()
+                   else f"sales.stop_timeout ({seconds:g} s) has passed")
+            _LOGGER.warning("stopping: %s; %d sale(s) still running are parked: the next "
+                            "start finishes each", why, left)
 
     async def __aenter__(self) -> Agent:
         await self.start()

@@ -95,6 +95,7 @@ class Availability:
         self.changes: EventBus[TerminalState] = EventBus()
         self.listener_errors = 0
         self.wake: Callable[[], None] | None = None  # the checker's wake(), set by the agent
+        self.stopping = ""  # why every terminal is out of service for good: the agent drains
         for tracked in self._tracked.values():
             self._report(tracked)
 
@@ -148,7 +149,7 @@ class Availability:
     def reasons(self, device_id: str) -> list[str]:
         """Why ``device_id`` cannot take a card now, from the latest checks (empty: it can)."""
         health = self._health
-        reasons: list[str] = []
+        reasons: list[str] = [self.stopping] if self.stopping else []
         journal = health.journal
         if journal.writable is False:
             reasons.append(_with("journal not writable", journal.detail))
@@ -208,6 +209,13 @@ class Availability:
                 self._change(tracked, False, reason)
             else:  # still in service, but health, the page and the CLI say it is failing
                 self._report(tracked, failing=reason)
+
+    def stop_taking_cards(self, reason: str) -> None:
+        """The agent is stopping: every terminal goes out of service now (no hold-off) and stays
+        so; each platform refuses new customers as for any outage (the MDB reader leaves the
+        bus once its session ends, the GPIO lamp goes off, the kiosk app is told)."""
+        self.stopping = reason
+        self.evaluate(at_start=True)
 
     def _journal_fault(self) -> bool:
         journal = self._health.journal

@@ -48,6 +48,7 @@ from kiosk_agent.core.yaml_loader import (
     load_yaml as load_yaml,
 )
 from kiosk_agent.money import MoneyError, format_cents, parse_price
+from kiosk_agent.sales.settings import STOP_TIMEOUT
 from kiosk_agent.service.timeouts import DEFAULT_TIMEOUT
 
 # Keys whose value must come from !secret or !env_var, never be written inline.
@@ -275,8 +276,9 @@ SALES_SCHEMA = vol.Schema(
         ),
         # the service's interaction lifetime (3 minutes); only a time-scaled service differs
         vol.Optional("interaction_lifetime"): positive_float,
-        # on stop (SIGTERM), how long a running sale may take to finish before it is parked
-        vol.Optional("stop_timeout", default=30.0): positive_float,
+        # on a stopping signal, how long the running sales may take to finish (the drain)
+        # before what is still open is parked
+        vol.Optional("stop_timeout", default=STOP_TIMEOUT): positive_float,
         # how long the service may still commit a money call after the agent gave up on it
         vol.Optional("answer_margin", default=10.0): vol.All(positive_float, vol.Range(max=600)),
         # how often sales in ATTENTION are looked at again in reporting (seconds)

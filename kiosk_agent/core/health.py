@@ -192,6 +192,8 @@ class HealthSnapshot(_Model):
     # unexpected errors (bugs) each part caught, logged with its traceback and kept going after,
     # counted since start: part -> count (only parts with any)
     errors: dict[str, int] = {}
+    # once a stopping signal came: "stopping (draining 1 sale, until 14:03:27Z)"; else empty
+    stopping: str = ""
 
 
 class Health:
@@ -228,6 +230,8 @@ class Health:
         self._error_counts: dict[str, Callable[[], int]] = {}
         self._ever_healthy: set[str] = set()  # links that have been up at least once
         self._listeners: list[Callable[[], object]] = []
+        # the drain's end (Unix time) and how many sales it still waits for, once stopping
+        self._stopping: tuple[float, Callable[[], int]] | None = None
 
     def on_change(self, listener: Callable[[], object]) -> Callable[[], None]:
         """Call ``listener()`` after every report that may change the status or the problems
@@ -370,6 +374,23 @@ class Health:
         """Show ``count()`` (the unexpected errors ``part`` caught and went on after) in health."""
         self._error_counts[part] = count
 
+    def report_stopping(self, until: float, draining: Callable[[], int]) -> None:
+        """A stopping signal came: new sales are refused, the ``draining()`` sales still running
+        may finish until ``until`` (Unix time)."""
+        self._stopping = (until, draining)
+        self._changed()
+
+    def stopping_text(self) -> str:
+        """``stopping (draining 2 sales, until 14:03:27Z)``; empty while not stopping."""
+        if self._stopping is None:
+            return ""
+        until, draining = self._stopping
+        count = draining()
+        at = dt.datetime.fromtimestamp(until, dt.UTC).strftime("%H:%M:%SZ")
+        if not count:
+            return "stopping (no sale running)"
+        return f"stopping (draining {count} sale{'s' if count != 1 else ''}, until {at})"
+
     def report_fatal(self, component: str, reason: str) -> None:
         """An internal part broke in a way a restart may cure (journal unwritable, a dead task).
 
@@ -498,6 +519,11 @@ class Health:
         availability = sorted(self._availability.values(), key=lambda a: a.device_id)
         errors = {part: n for part, count in sorted(self._error_counts.items()) if (n := count())}
         status, problems = self._judge(service, terminals, links, sales, availability)
+        stopping = self.stopping_text()
+        if stopping:  # said first: every other line is what a stopping unit looks like
+            problems.insert(0, stopping)
+            if status is Status.OK:
+                status = Status.DEGRADED
         if errors:  # a bug, caught: the unit works on, and a person should read the log
             counted = ", ".join(f"{part} {n}" for part, n in errors.items())
             problems.append(f"unexpected errors, logged with their tracebacks: {counted}")
@@ -518,6 +544,7 @@ class Health:
             unit=self._unit,
             availability=availability,
             errors=errors,
+            stopping=stopping,
         )
 
     def summary(self) -> str:

@@ -18,6 +18,11 @@ from kiosk_agent.tasks import BackgroundTask
 
 _LOGGER = logging.getLogger(__name__)
 
+# What a stop takes beside the drain (sales.stop_timeout): parking what is still open, the
+# platforms' and the HTTP servers' own stops (http.shutdown_grace, 5 s), closing the service
+# and the journal. systemd/kiosk-agent.service's TimeoutStopSec is the default drain plus this.
+STOP_MARGIN = 15.0
+
 
 class SystemdNotifier:
     def __init__(self, address: str | None) -> None:
@@ -51,8 +56,15 @@ class SystemdNotifier:
     def ready(self, status: str = "") -> bool:
         return self.notify("READY=1", *([f"STATUS={status}"] if status else []))
 
-    def stopping(self) -> bool:
-        return self.notify("STOPPING=1")
+    def stopping(self, status: str = "", *, extend: float | None = None) -> bool:
+        """STOPPING=1; ``extend``: seconds more the stop may take from now (a drain configured
+        longer than the unit's TimeoutStopSec is not cut short by systemd)."""
+        fields = ["STOPPING=1"]
+        if status:
+            fields.append(f"STATUS={' '.join(status.split())}")
+        if extend is not None:
+            fields.append(f"EXTEND_TIMEOUT_USEC={int(extend * 1_000_000)}")
+        return self.notify(*fields)
 
     def status(self, text: str) -> bool:
         # One line: systemd shows STATUS= verbatim and a newline would start a new field.
@@ -177,6 +189,7 @@ class SystemdLifecycle:
         environ: Mapping[str, str] | None = None,
     ) -> None:
         self.notifier = notifier or SystemdNotifier.from_env(environ)
+        self._said_stopping = False
         interval = watchdog_interval(environ)
         self.watchdog = (
             Watchdog(self.notifier, interval, is_healthy=is_healthy, status_text=status_text)
@@ -200,8 +213,15 @@ class SystemdLifecycle:
         """Ask systemd for more start time (TimeoutStartSec) while recovery runs."""
         self.notifier.notify(f"EXTEND_TIMEOUT_USEC={int(seconds * 1_000_000)}")
 
+    def stopping(self, status: str, seconds: float) -> None:
+        """The drain begins: STOPPING=1 now, and the stop may take ``seconds`` (the drain) plus
+        :data:`STOP_MARGIN` from now. The watchdog is still fed meanwhile."""
+        self._said_stopping = True
+        self.notifier.stopping(status, extend=seconds + STOP_MARGIN)
+
     async def stop(self) -> None:
-        self.notifier.stopping()
+        if not self._said_stopping:
+            self.notifier.stopping()
         if self.watchdog is not None:
             await self.watchdog.stop()
         self.notifier.close()

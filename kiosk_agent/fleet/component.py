@@ -148,8 +148,12 @@ class Upstream:
                 return
 
     def _alert_on_attention(self, event: Any) -> None:
-        """A sale that goes into attention fires Home Assistant's Alert event."""
-        if str(getattr(event, "state", "")) == "attention" and not getattr(event, "receipt", False):
+        """A sale that goes into attention, or whose step could not be written, fires Home
+        Assistant's Alert event."""
+        needs_a_look = str(getattr(event, "state", "")) == "attention" or getattr(
+            event, "unwritten", False
+        )
+        if needs_a_look and not getattr(event, "receipt", False):
             assert self.mqtt is not None
             self.mqtt.publish_event(
                 EVENT_SALE_ATTENTION,

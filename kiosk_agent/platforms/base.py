@@ -16,10 +16,6 @@ from kiosk_agent.sales.states import SaleState
 
 _LOGGER = logging.getLogger(__name__)
 
-# On stop, how long a vend already approved may take to report its result (seconds).
-STOP_GRACE = 5.0
-
-
 class LiveSale(Protocol):
     """A sale not ended yet, as the journal holds it (``SaleRecord`` fits)."""
 

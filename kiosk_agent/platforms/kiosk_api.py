@@ -13,7 +13,9 @@ rebinding page names its own host: 403); an ``Origin``, when sent, must match ``
     POST   /api/v1/sales                  {product?, amount?, flow?, terminal?, email?,
                                           customer?, plan?} -> 202
                                           (503 out_of_service while the terminal cannot take
-                                          cards: {error, field, message, reason, terminal})
+                                          cards: {error, field, message, reason, terminal};
+                                          503 stopping while the agent drains: {error, field,
+                                          message, until}, Retry-After)
     GET    /api/v1/sales/{sale_id}        the sale's latest step
     POST   /api/v1/sales/{sale_id}/cancel -> 202 {cancelled}
     POST   /api/v1/sales/{sale_id}/dispensed {status: vended|failed, detail?}  (confirm_dispense)
@@ -43,6 +45,7 @@ import logging
 import math
 import re
 import sqlite3
+import time
 from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any
@@ -72,7 +75,7 @@ from kiosk_agent.sales.model import (
     SaleEvent,
     SaleRequest,
 )
-from kiosk_agent.sales.runner import TerminalBusy
+from kiosk_agent.sales.runner import STOPPING, AgentStopping, TerminalBusy
 from kiosk_agent.sales.settings import UnknownTerminal
 from kiosk_agent.tasks import cancel_and_wait, next_item
 
@@ -275,6 +278,8 @@ def event_json(event: SaleEvent) -> dict[str, Any]:
         "terminal": event.terminal,
         "message": event.message,
         "at": event.at,
+        # its own kind: a step that could not be written; state is what the journal holds
+        "unwritten": event.unwritten,
     }
 
 
@@ -310,6 +315,7 @@ class KioskApi:
         self.requests = 0
         self.rejected = 0
         self.refused_out_of_service = 0  # sales refused at once: the terminal was out of service
+        self.refused_stopping = 0  # sales refused at once: the agent was stopping (draining)
 
     # -- lifecycle -----------------------------------------------------------------------------
 
@@ -347,6 +353,7 @@ class KioskApi:
             "requests": self.requests,
             "rejected": self.rejected,
             "refused_out_of_service": self.refused_out_of_service,
+            "refused_stopping": self.refused_stopping,
             "live_sockets": len(self._sockets),
             "sales_known": len(self._latest),
             "card_payment": self.card_payment(),
@@ -422,6 +429,8 @@ class KioskApi:
     async def _start_sale(self, request: web.Request) -> web.Response:
         body = await _json_body(request)
         sale_request = self._sale_request(body)
+        if getattr(self.agent.sales, "stopping", False):
+            return self._stopping(getattr(self.agent.sales, "stopping_until", None))
         refused = self._out_of_service(sale_request.terminal)
         if refused is not None:
             return refused
@@ -429,7 +438,9 @@ class KioskApi:
         dispenser.product = sale_request.product
         try:
             sale = await self.agent.sales.start(sale_request, dispenser)
-        except TerminalBusy as err:  # another sale, recovery, or the agent stopping
+        except AgentStopping as err:  # the stop began while this request was read
+            return self._stopping(err.until)
+        except TerminalBusy as err:  # another sale, or recovery
             return _error(409, "terminal_busy", "terminal", str(err))
         except UnknownTerminal as err:
             raise BadRequest("terminal", str(err)) from None
@@ -444,6 +455,22 @@ class KioskApi:
                 "events": f"/api/v1/sales/{sale.sale_id}/events",
             },
             status=202,
+        )
+
+    def _stopping(self, until: float | None) -> web.Response:
+        """503 while the agent drains (a restart, an upgrade): no new sale; the sales already
+        running go on, and their confirmations and reads are still taken. Retry-After: the
+        drain's end at the latest."""
+        self.refused_stopping += 1
+        self._refused("stopping", "%s: sale refused: %s", self.name, STOPPING,
+                      level=logging.INFO)
+        left = 1.0 if until is None else until - time.time()
+        body: dict[str, Any] = {"error": "stopping", "field": None,
+                                "message": f"card payment unavailable: {STOPPING}"}
+        if until is not None:
+            body["until"] = round(until, 3)  # Unix time, as each step's "at"
+        return web.json_response(
+            body, status=503, headers={"Retry-After": str(max(1, math.ceil(left)))}
         )
 
     def _journal_refusal(self, err: Exception) -> web.Response:

@@ -21,7 +21,6 @@ reader steps aside when it ends.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import enum
 import logging
 import time
@@ -43,7 +42,6 @@ from kiosk_agent.core.config import (
 from kiosk_agent.money import cents_to_dollars
 from kiosk_agent.platforms import mdb_protocol as wire
 from kiosk_agent.platforms.base import (
-    STOP_GRACE,
     DevicePlatform,
     SaleStarter,
     instance_name,
@@ -361,13 +359,8 @@ class MdbCashless:
         self._queued = None
         if self.unfollow is not None:
             self.unfollow()
-        session = self.session
-        if session is not None and session.phase is _Phase.VENDING:
-            # The product may be dropping right now: hear the result before letting go.
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(
-                    asyncio.shield(session.result), min(self.options.vend_timeout, STOP_GRACE)
-                )
+        # A vend in flight was heard during the agent's drain (Agent.drain), which parked its
+        # sale if the result had not come by the drain's end: nothing is waited for here.
         session = self.session
         if session is not None:
             waiting_for_card = session.phase is _Phase.AUTHORIZING

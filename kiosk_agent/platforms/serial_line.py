@@ -30,7 +30,6 @@ the device of each change (on connect too), after any sale in progress.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import re
 import string
@@ -46,7 +45,6 @@ from kiosk_agent.core.config import PLATFORM_SCHEMA as BASE_PLATFORM_SCHEMA
 from kiosk_agent.core.config import no_enrollment, positive_float
 from kiosk_agent.money import MoneyError, cents_to_dollars, parse_wire_amount
 from kiosk_agent.platforms.base import (
-    STOP_GRACE,
     DevicePlatform,
     SaleStarter,
     instance_name,
@@ -256,12 +254,8 @@ class SerialLineDevice:
         if self.unfollow is not None:
             self.unfollow()
         self._queued = None
-        vend = self.vend
-        if vend is not None and vend.vending:
-            # The device may be dispensing right now: hear the result before letting go.
-            with contextlib.suppress(TimeoutError):
-                grace = min(self.vend_timeout, STOP_GRACE)
-                await asyncio.wait_for(asyncio.shield(vend.result), grace)
+        # A vend in flight was heard during the agent's drain (Agent.drain), which parked its
+        # sale if the result had not come by the drain's end: nothing is waited for here.
         vend = self.vend
         if vend is not None:
             vend.cancelled = "agent stopping"

@@ -712,6 +712,10 @@ class VirtualPlatform:
     def start_customers(self, **kwargs: Any) -> None:
         self._customers = asyncio.create_task(self.controller.random_customers(**kwargs))
 
+    def drain(self) -> None:
+        """The agent stops: no new customer comes; the one in a session finishes it."""
+        self.controller.closing.set()
+
     async def stop(self) -> None:
         if self._customers is not None:
             # The customer at the machine finishes (a vend in flight is heard to its end).

@@ -19,7 +19,6 @@ from __future__ import annotations
 import json
 import logging
 import sqlite3
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -344,7 +343,7 @@ class OutsideResolutions:
                 continue
             self._attention.discard(sale_id)
             if record is not None:
-                event = event_of(record, Step.ATTENTION_RESOLVED)
+                event = event_of(record, Step.ATTENTION_RESOLVED, clock=self.journal.clock)
                 self.events.publish(event)
                 published.append(event)
         self._version = version  # only once read whole: a failed look is tried again
@@ -385,7 +384,7 @@ def resolve(
             f"sale {record.sale_id} is {record.state.value}, not attention: nothing to resolve"
         )
     why = redact(why)
-    resolution = {"as": as_, "why": why, "by": by, "at": round(time.time(), 3)}
+    resolution = {"as": as_, "why": why, "by": by, "at": round(journal.clock.time(), 3)}
     held = record.vended_cents or record.authorized_cents or record.amount_cents
     money = (
         {"captured_cents": record.captured_cents or held}
@@ -414,7 +413,7 @@ def resolve(
         ) from None
     _LOGGER.info("sale %s resolved by %s as %s", resolved.sale_id, by, as_)
     if events is not None:
-        events.publish(event_of(resolved, Step.ATTENTION_RESOLVED))
+        events.publish(event_of(resolved, Step.ATTENTION_RESOLVED, clock=journal.clock))
     return resolved
 
 

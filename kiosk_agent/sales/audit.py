@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
-import time
 from collections.abc import AsyncIterator, Callable, Collection
 from dataclasses import dataclass, field
 
@@ -172,7 +171,7 @@ class ChargeAudit:
         self.unit = context.unit
         self.lookback = lookback
         self.max_give_back = max_give_back
-        self._now = now or (lambda: time.time())  # wall time: the window's end
+        self._now = now or context.clock.time  # wall time: the window's end
         self.last: AuditResult | None = None
         self.given_back = 0
         # ended sales (no money moved, says the journal) whose charge reporting still holds

@@ -22,10 +22,10 @@ import os
 import shutil
 import sqlite3
 import tempfile
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 from kiosk_agent.sales.clock import SYSTEM_CLOCK, Clock
 from kiosk_agent.sales.states import (
@@ -213,6 +213,17 @@ _UPDATABLE = _COLUMN_SET - {"sale_id", "order_id", "created_at", "flow"}
 _FORBIDDEN_DETAIL = frozenset(
     {"token", "account_token", "api_key", "refresh_token", "card_number", "secret", "password"}
 )
+
+
+@dataclass(frozen=True, slots=True)
+class HeldStep:
+    """A step memory took while the journal could not (``SaleSteps.held``): written later by
+    :meth:`Journal.restore`, in order, through the same check as every write."""
+
+    step: Step
+    state: SaleState | None = None
+    detail: Mapping[str, Any] | None = None
+    changes: Mapping[str, Any] = dataclasses.field(default_factory=dict)
 
 
 class JournalError(Exception):
@@ -412,7 +423,8 @@ class Journal:
             fresh.unlink(missing_ok=True)
             self._db.execute("VACUUM INTO ?", (str(fresh),))  # every committed step, whole
             if found is not None:
-                stamp = dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%SZ")
+                moment = dt.datetime.fromtimestamp(self.clock.time(), dt.UTC)
+                stamp = moment.strftime("%Y%m%dT%H%M%SZ")
                 kept = self.path.with_name(f"{self.path.name}.replaced-{stamp}")
                 self.path.rename(kept)
                 what = f"{self.path} was replaced by another file (kept as {kept})"
@@ -478,6 +490,12 @@ class Journal:
             with contextlib.suppress(sqlite3.Error):
                 db.execute("ROLLBACK")
             raise self._write_failed(err) from err
+        self._tell(None)  # taken: only now (a write inside a batch is not durable before this)
+
+    def _told_written(self) -> None:
+        """A write was taken: told at once, or by its batch's commit (which may still fail)."""
+        if not self._batching:
+            self._tell(None)
 
     @contextlib.contextmanager
     def _transaction(self) -> Iterator[sqlite3.Connection]:
@@ -491,8 +509,7 @@ class Journal:
     def create(self, sale: SaleRecord, detail: Mapping[str, Any] | None = None) -> SaleRecord:
         """Write a new sale and its first step in one transaction (always STARTED)."""
         check_transition(sale.sale_id, sale.flow, None, sale.state, Step.CREATED)
-        return self._write_whole("INSERT", dataclasses.replace(sale, created_at=0.0),
-                                 Step.CREATED, detail)
+        return self._write_whole(dataclasses.replace(sale, created_at=0.0), Step.CREATED, detail)
 
     def record(
         self,
@@ -541,7 +558,7 @@ class Journal:
                 self._insert_step(db, sale.sale_id, now, named, new_state, detail)
         except sqlite3.Error as err:
             raise self._write_failed(err) from err
-        self._tell(None)
+        self._told_written()
         return updated
 
     def _check_in_memory(
@@ -618,18 +635,34 @@ class Journal:
             self.on_write(err)
 
     def restore(
-        self, sale: SaleRecord, step: Step, detail: Mapping[str, Any] | None = None
+        self,
+        sale_id: str,
+        held: Sequence[HeldStep],
+        step: Step,
+        detail: Mapping[str, Any] | None = None,
     ) -> SaleRecord:
-        """Write the whole sale as it stands in memory (after writes that failed), and a step.
-
-        The one write beside the transition table: memory reached this state by steps the
-        table allowed, one by one; only their writes failed. The row is created if its very
-        first write was lost. One transaction, like every write."""
-        return self._write_whole("INSERT OR REPLACE", sale, step, detail)
+        """Write ``step`` (a note where the disk left the sale), then the steps memory took while
+        the journal could not (``held``, in order): one transaction. Each is replayed from the
+        sale as the disk holds it through the transition table, as any write (:meth:`record`):
+        a move the table refuses raises :class:`TransitionRefused`, one another writer decided
+        first :class:`SaleMoved`, and nothing is written. The held steps come last: the sale
+        ends on its own last step, as if its writes had never failed (the late-charge net
+        reads it). A sale the journal does not hold at all cannot be restored."""
+        with self.batch():
+            try:
+                current = self.get(sale_id)
+            except sqlite3.Error as err:  # a disk that fails reads too: not writable, as any
+                raise self._write_failed(err) from err
+            if current is None:
+                raise SaleMoved(sale_id, None)
+            current = self.record(current, step, None, detail)
+            for taken in held:
+                current = self.record(current, taken.step, taken.state, taken.detail,
+                                      **dict(taken.changes))
+            return current
 
     def _write_whole(
         self,
-        verb: Literal["INSERT", "INSERT OR REPLACE"],
         sale: SaleRecord,
         step: Step,
         detail: Mapping[str, Any] | None,
@@ -642,12 +675,12 @@ class Journal:
         marks = ", ".join(f":{c}" for c in _SALES_COLUMNS)
         try:
             with self._transaction() as db:
-                db.execute(f"{verb} INTO sales ({names}) VALUES ({marks})", row)
+                db.execute(f"INSERT INTO sales ({names}) VALUES ({marks})", row)  # noqa: S608
                 _write_beside(db, sale.sale_id, row)
                 self._insert_step(db, sale.sale_id, now, step, sale.state, detail)
         except sqlite3.Error as err:
             raise self._write_failed(err) from err
-        self._tell(None)
+        self._told_written()
         return sale
 
     # -- reads -----------------------------------------------------------------------------------

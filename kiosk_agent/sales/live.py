@@ -315,7 +315,8 @@ class SaleFlow(SaleSteps):
         for note in notes:
             # journaled, then published as a note on the completed sale (the demo shows it)
             noted = self.journal.record(self.record, Step.RECEIPT, detail={"note": note})
-            self.events.publish(dataclasses.replace(event_of(noted, Step.RECEIPT), message=note))
+            event = event_of(noted, Step.RECEIPT, clock=self.clock)
+            self.events.publish(dataclasses.replace(event, message=note))
 
 
 def declined(result: ChargeResult) -> str:

@@ -102,6 +102,14 @@ class SaleEvent:
         """A receipt note on a completed sale (``message`` says what): not a second end."""
         return self.step == Step.RECEIPT
 
+    @property
+    def unwritten(self) -> bool:
+        """Its own kind: a step of the sale *could not be written* (``message`` says why). The
+        event's state and money are what the journal holds, not what the step would have made
+        them; the sale is kept in memory until the journal takes it (sales/unwritten.py), or
+        left to the next start, and its next published step says how it went on."""
+        return self.step == Step.JOURNAL_UNWRITTEN
+
 
 class SaleMoney(Protocol):
     """What :func:`money_text` reads: a journal record or a sale event."""

@@ -20,6 +20,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from kiosk_agent.sales.clock import SYSTEM_CLOCK, Clock
 from kiosk_agent.sales.journal import JournalError
 
 _LOGGER = logging.getLogger(__name__)
@@ -95,8 +96,9 @@ class JournalLock:
     """The claim of one agent on one journal. ``acquire`` refuses with :class:`JournalOwned`
     while another process holds it; ``release`` (or the process's end) lets it go."""
 
-    def __init__(self, journal: Path | str) -> None:
+    def __init__(self, journal: Path | str, clock: Clock = SYSTEM_CLOCK) -> None:
         self.journal = Path(journal)
+        self.clock = clock  # the holder's start time, written in; the wait for a holder's name
         self._fd: int | None = None
         self.lost = False  # another process claimed the journal while this one held it
 
@@ -118,7 +120,7 @@ class JournalLock:
             path.parent.mkdir(parents=True, exist_ok=True)
             fd = _open_lock_file(path)
         except PermissionError as err:
-            _refuse_if_held(self.journal, path)  # another user's agent holds it: say so
+            _refuse_if_held(self.journal, path, self.clock)  # another user's agent holds it: say so
             raise JournalError(f"cannot claim the journal: {path}: {err.strerror}") from err
         except OSError as err:
             if err.errno == errno.ELOOP:
@@ -130,7 +132,7 @@ class JournalLock:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            holder = _read_holder(fd)
+            holder = _read_holder(fd, self.clock)
             os.close(fd)
             raise JournalOwned(self.journal, holder) from None
         except OSError as err:
@@ -146,7 +148,7 @@ class JournalLock:
             return
         try:
             os.ftruncate(fd, 0)
-            os.pwrite(fd, _me().text().encode(), 0)
+            os.pwrite(fd, _me(self.clock).text().encode(), 0)
         except OSError:
             pass  # the claim holds without the name; a refused agent then says "another process"
         self._fd = fd
@@ -220,7 +222,7 @@ def _open_lock_file(path: Path) -> int:
     return os.open(path, os.O_RDONLY | flags)
 
 
-def _refuse_if_held(journal: Path, path: Path) -> None:
+def _refuse_if_held(journal: Path, path: Path, clock: Clock) -> None:
     """A lock file this user may not write (another user's agent made it): raise
     :class:`JournalOwned` if a live process holds it; the holder is named if it can be read."""
     try:
@@ -230,15 +232,15 @@ def _refuse_if_held(journal: Path, path: Path) -> None:
     try:
         fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
     except BlockingIOError:
-        raise JournalOwned(journal, _read_holder(fd)) from None
+        raise JournalOwned(journal, _read_holder(fd, clock)) from None
     except OSError:
         return
     finally:
         os.close(fd)  # a probe that got the lock lets go at once
 
 
-def _read_holder(fd: int) -> Holder:
-    deadline = time.monotonic() + _NAME_WAIT_S
+def _read_holder(fd: int, clock: Clock) -> Holder:
+    deadline = clock.monotonic() + _NAME_WAIT_S
     while True:
         try:
             holder = Holder.parse(os.pread(fd, 4096, 0).decode(errors="replace"))
@@ -246,13 +248,13 @@ def _read_holder(fd: int) -> Holder:
             holder = None
         if holder is not None:
             return holder
-        if time.monotonic() >= deadline:
+        if clock.monotonic() >= deadline:
             return Holder(None)
         time.sleep(0.01)
 
 
-def _me() -> Holder:
-    return Holder(os.getpid(), time.time(), _command_line(os.getpid()))
+def _me(clock: Clock) -> Holder:
+    return Holder(os.getpid(), clock.time(), _command_line(os.getpid()))
 
 
 def _command_line(pid: int) -> str | None:

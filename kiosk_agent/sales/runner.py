@@ -20,6 +20,7 @@ import sqlite3
 import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from kiosk_agent.money import format_cents
 from kiosk_agent.sales.authorize_capture import AuthorizeCaptureFlow
@@ -49,6 +50,19 @@ class TerminalBusy(Exception):
         self.terminal = terminal
         self.reason = reason
         super().__init__(f"terminal {terminal} is busy: {reason}")
+
+
+class AgentStopping(TerminalBusy):
+    """A trigger arrived while the agent drains (a stopping signal): refused at once, and the
+    kiosk app is told when to ask again (``until``: the drain's end, Unix time)."""
+
+    def __init__(self, terminal: str, until: float | None) -> None:
+        self.until = until
+        super().__init__(terminal, STOPPING)
+
+
+# Why a trigger is refused while the agent drains (logs, the machine, the kiosk app).
+STOPPING = "the agent is stopping: new sales are refused until it is back"
 
 
 def new_ids(unit: OwnUnit) -> tuple[str, str]:
@@ -114,6 +128,7 @@ class SaleRunner:
         # device_id -> who refuses its new sales (recovery, the unwritten sales) -> why
         self._blocked: dict[str, dict[str, str]] = {}
         self._stopping = False
+        self.stopping_until: float | None = None  # the drain's end (Unix time), once closed
         self.limits = TriggerLimits()
 
     def limit_trigger(self, platform: str, name: str | None, max_cents: int) -> None:
@@ -121,9 +136,14 @@ class SaleRunner:
         it here, whatever its platform passes (or forgets to)."""
         self.limits.add(platform, name, max_cents)
 
+    @property
+    def stopping(self) -> bool:
+        """Closed to new sales: the agent drains or has stopped."""
+        return self._stopping
+
     def busy_reason(self, device_id: str) -> str | None:
         if self._stopping:
-            return "the agent is stopping"
+            return STOPPING
         blocked = self._blocked.get(device_id)
         if blocked:
             return next(iter(blocked.values()))
@@ -146,6 +166,8 @@ class SaleRunner:
     async def start(self, request: SaleRequest, dispenser: Dispenser) -> Sale:
         """Journal a new sale and start its flow; TerminalBusy at once if the terminal is taken."""
         device = self.settings.resolve_terminal(request.terminal)
+        if self._stopping:
+            raise AgentStopping(device, self.stopping_until)
         reason = self.busy_reason(device)
         if reason is not None:
             raise TerminalBusy(device, reason)
@@ -216,12 +238,8 @@ class SaleRunner:
                 return await _as_the_journal_has_it(flow, moved)
             except Exception:  # the journal itself fails: recovery finishes it on next start
                 _LOGGER.exception("sale %s: cannot end the sale", flow.record.sale_id)
-                ended = dataclasses.replace(
-                    flow.record, state=SaleState.ATTENTION, message=f"error: {err}"
-                )
-                event = event_of(ended, Step.ERROR)
-                flow.events.publish(event)
-                return event
+                return _not_written(flow, f"error: {err}; not journaled: the next start "
+                                          "finishes it")
         finally:
             self._release(device, flow.record.sale_id)
             del self._live[flow.record.sale_id]
@@ -246,19 +264,67 @@ class SaleRunner:
         """Every live sale, those holding a terminal and those only capturing or giving back."""
         return [flow.record for flow, _ in self._live.values()]
 
-    def close(self) -> None:
-        """Refuse every new sale from now on: the first thing a stop does."""
+    def close(self, until: float | None = None) -> None:
+        """Refuse every new sale from now on: the first thing a stop does. ``until``: when the
+        drain ends (Unix time), told to whoever is refused."""
         self._stopping = True
+        if until is not None:
+            self.stopping_until = until
+
+    def cancel_unpaid(self) -> list[str]:
+        """Ask every sale whose customer has not paid yet (still waiting for the card) to end:
+        a stopping machine serves nobody new. A sale past the card goes on. The ids asked."""
+        waiting = [
+            sale_id for sale_id, (flow, _) in self._live.items()
+            if flow.record.state in (SaleState.STARTED, SaleState.READING_CARD)
+            and not flow.cancelled.is_set()
+        ]  # fmt: skip
+        return [sale_id for sale_id in waiting if self._ask_to_cancel(sale_id)]
+
+    def _ask_to_cancel(self, sale_id: str) -> bool:
+        live = self._live.get(sale_id)
+        if live is None:
+            return False
+        flow, sale = live
+        if flow.record.state.final or sale.released.is_set():
+            return False
+        flow.cancelled.set()
+        flow.journal.record(flow.record, Step.CANCEL_REQUESTED)
+        return True
+
+    async def drain(self, seconds: float, interrupt: asyncio.Event | None = None) -> int:
+        """Until every live sale has ended, ``seconds`` have passed on the sale clock, or
+        ``interrupt`` is set (a second stopping signal): the sales keep running meanwhile, a
+        dispense heard to its end. The number of sales still live."""
+        clock = self.context.clock
+        deadline = clock.monotonic() + seconds
+        while self._live and not (interrupt is not None and interrupt.is_set()):
+            left = deadline - clock.monotonic()
+            if left <= 0:
+                break
+            waits: set[asyncio.Future[Any]] = {sale.task for _, sale in self._live.values()}
+            stop = asyncio.ensure_future(interrupt.wait()) if interrupt is not None else None
+            try:
+                with contextlib.suppress(TimeoutError):
+                    await clock.wait_for(
+                        asyncio.wait(waits | ({stop} if stop else set()),
+                                     return_when=asyncio.FIRST_COMPLETED),
+                        left,
+                    )
+            finally:
+                if stop is not None:
+                    stop.cancel()
+        return len(self._live)
 
     async def stop(self, grace: float | None = None) -> None:
-        """Refuse new sales, let running ones finish, then park the rest (journaled)."""
+        """Refuse new sales, let running ones finish (up to ``grace``, else ``stop_timeout``),
+        then park the rest: each journals a ``parked`` step where it stands, and the next
+        start's recovery finishes it."""
         self.close()
-        tasks = [sale.task for _, sale in self._live.values()]  # the capturing ones too
-        if not tasks:
-            return
         wait = self.settings.stop_timeout if grace is None else grace
-        with contextlib.suppress(TimeoutError):
-            await self.context.clock.wait_for(asyncio.wait(tasks), wait)
+        if wait > 0:
+            await self.drain(wait)
+        tasks = [sale.task for _, sale in self._live.values()]  # the capturing ones too
         pending = [task for task in tasks if not task.done()]
         for task in pending:
             task.cancel()
@@ -277,13 +343,18 @@ async def _strand(
     with contextlib.suppress(Exception):
         await flow._deny("journal not writable")
     assert flow.unwritten is not None
-    flow.record = dataclasses.replace(
-        flow.unwritten, message=f"not journaled yet ({err}); finished once the journal is back"
-    )
+    why = f"not journaled yet ({err}); finished once the journal is back"
+    flow.unwritten = dataclasses.replace(flow.unwritten, message=why)
     keep(flow)
-    # shown as attention (people and apps see it held) until the journal holds it and it ends
-    event = event_of(dataclasses.replace(flow.record, state=SaleState.ATTENTION),
-                     Step.JOURNAL_UNWRITTEN)
+    # published as what the journal holds, said not written (people and apps see it held)
+    return _not_written(flow, why)
+
+
+def _not_written(flow: SaleFlow, why: str) -> SaleEvent:
+    """The event of a step that could not be written: its own kind (``SaleEvent.unwritten``),
+    carrying the sale as the journal last took it, never a state the journal does not hold."""
+    held = dataclasses.replace(flow.record, message=why)
+    event = event_of(held, Step.JOURNAL_UNWRITTEN, clock=flow.clock)
     flow.events.publish(event)
     return event
 
@@ -299,11 +370,10 @@ async def _as_the_journal_has_it(flow: SaleFlow, moved: SaleMoved) -> SaleEvent:
         gone = "not in the journal any more"
     except (JournalError, sqlite3.Error) as err:  # failing now too: recovery reads it next start
         held, gone = None, f"the journal cannot be read ({err})"
-    if held is None:
-        message = f"{gone}: {moved}"
-        held = dataclasses.replace(flow.record, state=SaleState.ATTENTION, message=message)
+    if held is None:  # nothing the journal holds to publish: said not written
+        return _not_written(flow, f"{gone}: {moved}")
     flow.record = held
-    event = event_of(held)
+    event = event_of(held, clock=flow.clock)
     flow.events.publish(event)
     return event
 
@@ -311,7 +381,7 @@ async def _as_the_journal_has_it(flow: SaleFlow, moved: SaleMoved) -> SaleEvent:
 async def _rescue(flow: SaleFlow, err: Exception) -> SaleEvent:
     record = flow.record
     if record.state.final:  # the sale had ended; what failed came after (and changes nothing)
-        return event_of(record)
+        return event_of(record, clock=flow.clock)
     with contextlib.suppress(Exception):
         await flow._deny("internal error")
     if record.trans_id is not None and record.state in (

@@ -12,6 +12,11 @@ from kiosk_agent.service.timeouts import DEFAULT_TIMEOUT
 # A read-card or charge-card interaction lives this long on the service (choices.md).
 INTERACTION_LIFETIME = 180.0
 
+# On a stopping signal, how long the sales already running may take to finish before what is
+# still open is parked (``sales.stop_timeout``; systemd/kiosk-agent.service's TimeoutStopSec is
+# this plus the stop's own margin, tests/core/test_systemd.py keeps them in step).
+STOP_TIMEOUT = 30.0
+
 
 class UnknownTerminal(ValueError):
     """A sale named a terminal the configuration does not have."""
@@ -29,7 +34,7 @@ class SaleSettings:
     currency: str = "USD"
     # the service's clock: a simulator with a time scale shortens the interaction lifetime
     interaction_lifetime: float = INTERACTION_LIFETIME
-    stop_timeout: float = 30.0
+    stop_timeout: float = STOP_TIMEOUT
     # one money call (a charge-card request, an authorization) is given up after this long
     request_timeout: float = DEFAULT_TIMEOUT  # service.timeout
     # how long the service may still commit a call after the agent gave up on it

@@ -252,7 +252,7 @@ TRANSITIONS: Mapping[SaleState, _Edges] = {
     # decided by the sweeper (from what reporting shows) or by a person
     S.ATTENTION: {
         S.ATTENTION: frozenset({Step.ATTENTION_RECHECK, Step.ATTENTION_FOUND,
-                                Step.REVERSE_UNKNOWN}),
+                                Step.REVERSE_UNKNOWN, Step.JOURNAL_RESTORED}),
         S.REVERSING: frozenset({Step.REVERSE_REQUEST}),
         S.CAPTURING: frozenset({Step.CAPTURE_REQUEST}),
         S.COMPLETED: frozenset({Step.ATTENTION_DONE, Step.ATTENTION_RESOLVED}),

@@ -12,7 +12,6 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
-import time
 from collections.abc import Awaitable, Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, TypeVar
@@ -21,7 +20,7 @@ from kiosk_agent.bus import EventBus
 from kiosk_agent.money import format_cents
 from kiosk_agent.sales.clock import SYSTEM_CLOCK, Clock
 from kiosk_agent.sales.deadlines import AnswerDeadlines
-from kiosk_agent.sales.journal import Journal, JournalError, SaleRecord
+from kiosk_agent.sales.journal import HeldStep, Journal, JournalError, SaleRecord
 from kiosk_agent.sales.lost_reads import LostReads
 from kiosk_agent.sales.model import Flow, SaleEvent
 from kiosk_agent.sales.reconcile import ChargeLookup, Reconciler
@@ -100,6 +99,9 @@ class SaleSteps:
         # The sale as the journal should hold it, once a step could not be written: that first
         # failed step applied (later steps made no call: each would have been written first).
         self.unwritten: SaleRecord | None = None
+        # the steps that took it there, in order: Journal.restore replays them through the table
+        self.held: list[HeldStep] = []
+        self._batch: list[HeldStep] | None = None  # inside one_commit(): its steps so far
         self._held: list[SaleEvent] | None = None  # inside one_commit(): published after it
 
     @property
@@ -119,6 +121,7 @@ class SaleSteps:
         """Journal one step (durably), then publish it."""
         if message is not None:
             changes["message"] = message
+        taken = HeldStep(name, state, detail, dict(changes))
         try:
             self.record = self.journal.record(self.record, name, state, detail, **changes)
         except JournalError:
@@ -127,14 +130,17 @@ class SaleSteps:
                     self.record, state=state or self.record.state,
                     updated_at=self.clock.time(), **changes,
                 )
+                self.held = [*(self._batch or ()), taken]  # a batch's writes roll back too
             raise
+        if self._batch is not None:
+            self._batch.append(taken)
         self._announce(name)
         return self.record
 
     def _announce(self, name: Step) -> None:
         """Publish a journaled step; inside one_commit(), once the commit holds it."""
         if self._held is not None:
-            self._held.append(event_of(self.record, name))
+            self._held.append(event_of(self.record, name, clock=self.clock))
         else:
             self.publish(name)
 
@@ -143,21 +149,24 @@ class SaleSteps:
         """The steps inside are journaled in one commit (``Journal.batch``: synchronous code
         only), then published; for steps with nothing between them the journal must hold first.
         """
-        self._held = []
+        self._held, self._batch = [], []
+        before = self.record
         try:
             with self.journal.batch():
                 yield
         except JournalError:
             if self.unwritten is None:
                 self.unwritten = self.record  # the commit failed: memory holds every step
+                self.held = list(self._batch)
+            self.record = before  # what the journal holds: the batch rolled back whole
             raise
         finally:
-            held, self._held = self._held, None
+            held, self._held, self._batch = self._held, None, None
         for event in held:
             self.events.publish(event)
 
     def publish(self, step: Step | Literal[""] = "") -> SaleEvent:
-        event = event_of(self.record, step)
+        event = event_of(self.record, step, clock=self.clock)
         self.events.publish(event)
         return event
 
@@ -214,7 +223,7 @@ class SaleSteps:
         self.step(name, state, message, detail, **changes)
         log = _LOGGER.warning if state is SaleState.ATTENTION else _LOGGER.info
         log("sale %s %s: %s", self.record.sale_id, state.value, message)
-        return event_of(self.record, name)
+        return event_of(self.record, name, clock=self.clock)
 
     async def _deny(self, reason: str) -> None:
         """Tell the machine not to vend; recovery has no machine to tell (SaleFlow does)."""
@@ -487,7 +496,8 @@ class SaleSteps:
         )
 
 
-def event_of(record: SaleRecord, step: Step | Literal[""] = "") -> SaleEvent:
+def event_of(record: SaleRecord, step: Step | Literal[""] = "", *, clock: Clock) -> SaleEvent:
+    """The event of a journaled record, dated by its last write (else by ``clock`` now)."""
     return SaleEvent(
         sale_id=record.sale_id,
         order_id=record.order_id,
@@ -499,7 +509,7 @@ def event_of(record: SaleRecord, step: Step | Literal[""] = "") -> SaleEvent:
         product=record.product,
         terminal=record.terminal,
         message=record.message,
-        at=record.updated_at or time.time(),
+        at=record.updated_at or clock.time(),
         step=step,
         authorized_cents=record.authorized_cents,
         currency=record.currency,

@@ -3,11 +3,11 @@
 A step that fails to write stops its flow before the call the step announces (the rule of the
 journal); but the call before it may have moved money (the card was charged, and the
 ``charged`` step could not be written). Such a sale is not left to a person nor to the next
-start: it is kept here, its terminal refuses new sales, and every ``retry`` seconds the whole
-sale is written again (``Journal.restore``: the row as memory holds it, with a
-``journal.restored`` step). The first write that works hands it to recovery's rules, which
-finish it the way a restart would (money not confirmed dispensed is given back, a confirmed vend
-is captured).
+start: it is kept here, its terminal refuses new sales, and every ``retry`` seconds its steps
+are written again (``Journal.restore``: each step memory took, replayed from the sale on disk
+through the transition table as any write, then a ``journal.restored`` step). The first write
+that works hands it to recovery's rules, which finish it the way a restart would (money not
+confirmed dispensed is given back, a confirmed vend is captured).
 """
 
 from __future__ import annotations
@@ -15,14 +15,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import time
 from collections.abc import Callable
 
-from kiosk_agent.sales.journal import Journal, JournalError, SaleRecord
+from kiosk_agent.sales.journal import Journal, JournalError, SaleMoved, SaleRecord
 from kiosk_agent.sales.model import SaleEvent
 from kiosk_agent.sales.recovery import Recovery
 from kiosk_agent.sales.runner import SaleRunner
-from kiosk_agent.sales.states import SaleState, Step
+from kiosk_agent.sales.states import SaleState, Step, TransitionRefused
 from kiosk_agent.sales.steps import SaleSteps
 from kiosk_agent.tasks import BackgroundTask
 
@@ -50,6 +49,8 @@ class UnwrittenSales:
         self.on_change = on_change
         self._kept: dict[str, tuple[SaleSteps, float]] = {}  # sale_id -> (steps, kept since)
         self._wakeup = asyncio.Event()
+        self._refused: set[str] = set()  # kept: their steps cannot be written (said once)
+        self.unexpected = 0  # bugs caught while writing a sale again (health counts them)
         self.finished = 0
         self._loop = BackgroundTask(self._run, "unwritten-sales")
 
@@ -61,21 +62,22 @@ class UnwrittenSales:
 
     @property
     def records(self) -> list[SaleRecord]:
-        return [steps.record for steps, _ in self._kept.values()]
+        """Each kept sale as memory holds it (its unwritten step applied)."""
+        return [steps.unwritten or steps.record for steps, _ in self._kept.values()]
 
     def oldest_age(self, now: float | None = None) -> float:
         """Seconds the oldest kept sale has waited for the journal (0 when none waits)."""
         if not self._kept:
             return 0.0
         since = min(at for _, at in self._kept.values())
-        return (now if now is not None else time.monotonic()) - since
+        return (now if now is not None else self.journal.clock.monotonic()) - since
 
     # -- keeping and finishing -----------------------------------------------------------------
 
     def keep(self, steps: SaleSteps) -> None:
         """A sale whose step failed to write (``steps.unwritten`` holds it as it should be)."""
         sale_id = steps.record.sale_id
-        since = self._kept[sale_id][1] if sale_id in self._kept else time.monotonic()
+        since = self._kept[sale_id][1] if sale_id in self._kept else self.journal.clock.monotonic()
         self._kept[sale_id] = (steps, since)
         self.runner.block(steps.device, f"sale {sale_id} is not journaled yet", by="unwritten")
         self._changed()
@@ -96,24 +98,40 @@ class UnwrittenSales:
         while True:
             self._wakeup.clear()
             for steps, _since in list(self._kept.values()):
-                await self._finish(steps)
-            wait = self.retry if self._kept else None
-            # asyncio.timeout, not wait_for: on 3.11 a wake-up that lands with a stop's cancel
-            # makes wait_for return and swallow the cancel (the stop then waits a whole round)
+                try:
+                    await self._finish(steps)
+                except Exception:  # a bug: said and counted; the sale stays kept, tried again
+                    self.unexpected += 1
+                    _LOGGER.exception("sale %s: writing it again failed", steps.record.sale_id)
+            if not self._kept:
+                await self._wakeup.wait()
+                continue
+            # the journal's clock (a FakeClock in tests); its wait_for is asyncio.timeout, not
+            # asyncio.wait_for, which on 3.11 swallows a stop's cancel landing with a wake-up
             with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(wait):
-                    await self._wakeup.wait()
+                await self.journal.clock.wait_for(self._wakeup.wait(), self.retry)
 
     async def _finish(self, steps: SaleSteps) -> SaleEvent | None:
         sale_id = steps.record.sale_id
         wanted = steps.unwritten or steps.record
         try:
             steps.record = self.journal.restore(
-                wanted, RESTORED_STEP, {"state": wanted.state.value}
+                sale_id, steps.held, RESTORED_STEP, {"state": wanted.state.value}
             )
         except JournalError:
             return None  # still not writable: the next round tries again
-        steps.unwritten = None
+        except SaleMoved as moved:
+            return self._decided_elsewhere(steps, moved)
+        except TransitionRefused as err:
+            # memory's steps do not follow from what the disk holds: nothing written; kept
+            # (its terminal out of service, health names it) for a person to decide
+            if sale_id not in self._refused:
+                self._refused.add(sale_id)
+                _LOGGER.error("sale %s: its steps cannot be written again: %s; kept for a "
+                              "person", sale_id, err)
+            return None
+        self._refused.discard(sale_id)
+        steps.unwritten, steps.held = None, []
         _LOGGER.warning("sale %s: written to the journal again (%s); finishing it",
                         sale_id, wanted.state.value)
         event: SaleEvent | None = None
@@ -131,12 +149,35 @@ class UnwrittenSales:
                 event = steps.finish(
                     SaleState.ATTENTION, Step.RECOVERY_ERROR, f"recovery could not decide: {err}"
                 )
-        self._kept.pop(sale_id, None)
+        self._let_go(steps)
+        return event
+
+    def _decided_elsewhere(self, steps: SaleSteps, moved: SaleMoved) -> SaleEvent | None:
+        """Another writer (``kiosk-agent sales resolve``, a tech's shell) decided the sale on
+        disk while memory held it: that decision stands, as recovery leaves it. A sale the
+        journal does not hold at all stays kept, for a person."""
+        sale_id = steps.record.sale_id
+        held = self.journal.get(sale_id)
+        if held is None:
+            if sale_id not in self._refused:
+                self._refused.add(sale_id)
+                _LOGGER.error("sale %s: not in the journal any more (%s); kept for a person",
+                              sale_id, moved)
+            return None
+        _LOGGER.warning("sale %s: decided elsewhere meanwhile (%s): left as the journal has it",
+                        sale_id, held.state.value)
+        steps.record, steps.unwritten, steps.held = held, None, []
+        event = steps.publish()
+        self._let_go(steps)
+        return event
+
+    def _let_go(self, steps: SaleSteps) -> None:
+        self._refused.discard(steps.record.sale_id)
+        self._kept.pop(steps.record.sale_id, None)
         if not any(s.device == steps.device for s, _ in self._kept.values()):
             self.runner.unblock(steps.device, by="unwritten")
         self.finished += 1
         self._changed()
-        return event
 
     def _changed(self) -> None:
         if self.on_change is not None:

@@ -44,7 +44,10 @@ async def test_start_tells_systemd_ready_and_stop_says_stopping(
         await agent.start()
         assert listener.recv(1024).decode().startswith("READY=1\nSTATUS=ready")
         await agent.stop()
-        assert listener.recv(1024) == b"STOPPING=1"
+        said = listener.recv(1024).decode().splitlines()
+        # the drain's start: how long the stop may take (stop_timeout 2 s + 15 s of margin)
+        assert said == ["STOPPING=1", "STATUS=stopping (no sale running)",
+                        "EXTEND_TIMEOUT_USEC=17000000"]
     finally:
         listener.close()
 
@@ -102,7 +105,7 @@ async def test_no_sale_opens_once_a_stop_has_begun(agent: Agent) -> None:
 
     agent.platforms.append(StillRunningMachine())
     await agent.stop()
-    assert refused == ["the agent is stopping"]
+    assert refused == ["the agent is stopping: new sales are refused until it is back"]
 
 
 async def test_terminals_by_name_and_unknown_ones(agent: Agent) -> None:
@@ -214,7 +217,7 @@ async def test_a_stop_during_recovery_never_tells_systemd_ready(
                 heard.append(listener.recv(1024).decode())
             except BlockingIOError:
                 break
-        assert "STOPPING=1" in heard
+        assert [m for m in heard if m.startswith("STOPPING=1")], heard
         assert not [m for m in heard if m.startswith("READY=1")], heard
     finally:
         listener.close()

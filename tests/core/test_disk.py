@@ -85,9 +85,12 @@ async def test_a_disk_filled_mid_sale_gives_the_charge_back_once_space_returns(
     )
     held = await asyncio.wait_for(sale.result(), 10)
     await filler
-    # the card was charged; its step could not be written: held in memory, shown as attention
-    assert held.state is SaleState.ATTENTION
+    # the card was charged; its step could not be written: held in memory, said so (its own
+    # kind of event), with the state the journal holds
+    assert held.unwritten
     assert held.step == "journal.unwritten"
+    assert held.state is SaleState.CHARGING
+    assert "not journaled yet" in held.message
     [row] = await ledger(agent.service, sale.order_id)
     assert row.status is TransStatus.CAPTURED
     on_disk = agent.journal.get(sale.sale_id)
@@ -168,8 +171,8 @@ async def test_a_file_system_that_dies_under_the_open_journal_has_the_agent_rest
             )
             held = await asyncio.wait_for(sale.result(), 10)
             await breaker
-            assert held.state is SaleState.ATTENTION
-            assert held.step == "journal.unwritten"
+            assert held.unwritten
+            assert held.state is SaleState.CHARGING
             assert agent.health.snapshot().journal.writable is False
             status, kind, body = await post_sale(api.port)  # type: ignore[attr-defined]
             assert (status, kind, body["error"]) == (503, "application/json", "out_of_service")

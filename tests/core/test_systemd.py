@@ -9,14 +9,19 @@ from pathlib import Path
 
 import pytest
 
+from kiosk_agent.core.config import HTTP_SCHEMA
 from kiosk_agent.core.health import Health
 from kiosk_agent.core.systemd import (
+    STOP_MARGIN,
     SystemdLifecycle,
     SystemdNotifier,
     Watchdog,
     watchdog_interval,
 )
+from kiosk_agent.sales.settings import STOP_TIMEOUT
 from tests.helpers import until
+
+UNIT = Path(__file__).parents[2] / "systemd" / "kiosk-agent.service"
 
 
 @pytest.fixture
@@ -45,6 +50,30 @@ def test_ready_status_and_stopping_reach_the_socket(notify_socket) -> None:
     notifier.stopping()
     assert _received(server) == ["STOPPING=1"]
     notifier.close()
+
+
+def test_the_drain_says_stopping_with_the_time_the_stop_may_take(notify_socket) -> None:
+    path, server = notify_socket
+    lifecycle = SystemdLifecycle(environ={"NOTIFY_SOCKET": path})
+    lifecycle.stopping("stopping (draining 1 sale,\nuntil 14:03:27Z)", 30.0)
+    assert _received(server) == [
+        "STOPPING=1",
+        "STATUS=stopping (draining 1 sale, until 14:03:27Z)",
+        f"EXTEND_TIMEOUT_USEC={int((30.0 + STOP_MARGIN) * 1_000_000)}",
+    ]
+    asyncio.run(lifecycle.stop())  # said once: the stop's end sends no second STOPPING=1
+    server.settimeout(0.05)
+    with pytest.raises(TimeoutError):
+        server.recv(4096)
+
+
+def test_the_units_stop_timeout_is_the_drain_plus_the_stops_margin() -> None:
+    """systemd must not kill a drain the configuration allows: TimeoutStopSec is the default
+    sales.stop_timeout plus what the rest of the stop takes (parking, HTTP servers' grace)."""
+    settings = dict(line.split("=", 1) for line in UNIT.read_text().splitlines() if "=" in line)
+    assert float(settings["TimeoutStopSec"]) == STOP_TIMEOUT + STOP_MARGIN
+    assert HTTP_SCHEMA({})["shutdown_grace"] < STOP_MARGIN
+    assert settings["KillMode"] == "mixed"
 
 
 def test_abstract_namespace_socket() -> None:

@@ -148,10 +148,10 @@ async def test_a_clock_not_yet_set_does_not_stretch_the_check_over_the_terminals
     looked back 7 days from then: every charge the terminal made since, sales of the journal
     the card replaced included, looked lost, and up to 5 were given back, goods vended long
     ago. The window now ends at the service's latest charge when that is later."""
+    import dataclasses
     import time
-    from types import SimpleNamespace
 
-    import kiosk_agent.sales.audit as audit_module
+    from kiosk_agent.sales.clock import FakeClock
     from kiosk_agent.sales.journal import SaleRecord
 
     sim = await sim_factory(time_scale=TIME_SCALE, transactions=0)
@@ -168,8 +168,11 @@ async def test_a_clock_not_yet_set_does_not_stretch_the_check_over_the_terminals
         flow="charge_card", terminal="SIM-0001", amount_cents=200, state=SaleState.STARTED,
     ))  # fmt: skip
     stale = time.time() - 3 * 365 * 86400
-    monkeypatch.setattr(audit_module, "time", SimpleNamespace(time=lambda: stale))
-    result = await agent.journal_guard.audit.check()
+    audit = agent.journal_guard.audit
+    # the unit's clock, not yet set: the audit reads it through the sale clock
+    monkeypatch.setattr(audit, "context", dataclasses.replace(audit.context,
+                                                              clock=FakeClock(wall=stale)))
+    result = await audit.check()
     assert result.ok, result.error
     assert result.seen == 1  # the recent charge, seen and accounted for
     assert result.unaccounted == []

@@ -15,12 +15,13 @@ from kiosk_agent.sales.journal import (
     CHARGE_LOOKBACK_S,
     WAL_RESERVE_BYTES,
     WAL_ROOM_NEEDED,
+    HeldStep,
     Journal,
     JournalError,
     SaleMoved,
     SaleRecord,
 )
-from kiosk_agent.sales.states import SaleState, Step
+from kiosk_agent.sales.states import SaleState, Step, TransitionRefused
 from tests.helpers import walk_to
 
 
@@ -437,3 +438,54 @@ def test_put_back_keeps_a_file_moved_over_the_journal_beside_it(journal: Journal
     assert reader.execute("SELECT COUNT(*) FROM sales").fetchone()[0] == 2
     reader.close()
     assert journal.put_back() is None
+
+
+# -- restore: the steps memory took while the journal could not, through the table ---------------
+
+
+def test_restore_replays_the_held_steps_in_order_each_through_the_table(
+    journal: Journal,
+) -> None:
+    charging = walk_to(journal, journal.create(new_sale(1)), SaleState.CHARGING)
+    held = [  # a charge's approval and its dispense request, whose one commit failed
+        HeldStep(Step.CHARGE_CARD_APPROVED, None, None,
+                 {"trans_id": "T1", "authorized_cents": 250, "captured_cents": 250}),
+        HeldStep(Step.DISPENSE_REQUEST, SaleState.DISPENSING, None, {"message": "vend $2.50"}),
+    ]  # fmt: skip
+    restored = journal.restore(charging.sale_id, held, Step.JOURNAL_RESTORED,
+                               {"state": "dispensing"})
+    assert (restored.state, restored.trans_id, restored.captured_cents) == (
+        SaleState.DISPENSING, "T1", 250)
+    assert journal.get("s1") == restored
+    steps = [(s.step, s.state) for s in journal.steps("s1")][-3:]
+    assert steps == [("journal.restored", SaleState.CHARGING),
+                     ("charge_card.approved", SaleState.CHARGING),
+                     ("dispense.request", SaleState.DISPENSING)]
+
+
+def test_restore_refuses_a_move_the_table_does_not_allow_and_writes_nothing(
+    journal: Journal,
+) -> None:
+    """It was one write beside the table (the whole row, any state): a sale memory held
+    charging could be written completed without ever dispensing."""
+    charging = walk_to(journal, journal.create(new_sale(1)), SaleState.CHARGING)
+    before = journal.steps("s1")
+    held = [HeldStep(Step.COMPLETED, SaleState.COMPLETED, None, {"captured_cents": 250})]
+    with pytest.raises(TransitionRefused, match="not a move from charging"):
+        journal.restore(charging.sale_id, held, Step.JOURNAL_RESTORED)
+    assert journal.get("s1") == charging
+    assert journal.steps("s1") == before  # not even the note
+
+
+def test_restore_leaves_a_sale_decided_by_another_writer_as_the_journal_has_it(
+    journal: Journal,
+) -> None:
+    charging = walk_to(journal, journal.create(new_sale(1)), SaleState.CHARGING)
+    # a person (another process) decided it while memory held its unwritten step
+    decided = walk_to(journal, charging, SaleState.ATTENTION)
+    held = [HeldStep(Step.CHARGE_CARD_APPROVED, None, None, {"trans_id": "T1"})]
+    with pytest.raises(TransitionRefused):
+        journal.restore("s1", held, Step.JOURNAL_RESTORED)
+    assert journal.get("s1") == decided
+    with pytest.raises(SaleMoved):
+        journal.restore("s404", [], Step.JOURNAL_RESTORED)  # not held at all: not made up

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from kiosk_agent.sales.clock import SYSTEM_CLOCK
 from kiosk_agent.sales.journal import JournalError
 from kiosk_agent.sales.owner import Holder, JournalLock, JournalOwned, lock_path
 
@@ -102,10 +103,10 @@ def test_a_lock_this_user_may_only_read_is_probed_for_its_holder(tmp_path: Path)
     journal = tmp_path / "journal.db"
     with JournalLock(journal):
         with pytest.raises(JournalOwned) as refused:
-            _refuse_if_held(journal, lock_path(journal))
+            _refuse_if_held(journal, lock_path(journal), SYSTEM_CLOCK)
         assert refused.value.holder.pid == os.getpid()
-    _refuse_if_held(journal, lock_path(journal))  # nobody holds it: nothing to say
-    _refuse_if_held(journal, tmp_path / "missing.lock")
+    _refuse_if_held(journal, lock_path(journal), SYSTEM_CLOCK)  # nobody holds it: nothing to say
+    _refuse_if_held(journal, tmp_path / "missing.lock", SYSTEM_CLOCK)
 
 
 @pytest.mark.parametrize("target", ["a file", "nothing"])

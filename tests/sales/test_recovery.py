@@ -284,8 +284,14 @@ async def test_a_confirmed_vend_that_cannot_be_written_is_written_once_the_journ
         JournalBreakingMachine(agent.journal),
     )
     kept = await asyncio.wait_for(sale.result(), 10)
-    assert kept.state is SaleState.ATTENTION  # shown held, while kept to be finished
+    # its own kind, carrying what the journal holds: never a state the journal does not
+    # (it was published as a final "attention" the journal never held)
+    assert kept.unwritten
     assert kept.step == "journal.unwritten"
+    on_disk = agent.journal.get(sale.sale_id)
+    assert on_disk is not None
+    assert (kept.state, kept.captured_cents) == (on_disk.state, on_disk.captured_cents)
+    assert kept.state is SaleState.DISPENSING
     assert agent.health.snapshot().journal.unwritten_sales == [sale.sale_id]
     assert not agent.availability.state("SIM-0001").available
     [row] = await rows(agent.service, sale.order_id)
