@@ -10,6 +10,8 @@ import asyncio
 
 import pytest
 import serial_asyncio_fast
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from kiosk_agent.audit import parse_audit, render_audit
 from kiosk_agent.audit.dexucs import BLOCK_TEXT, DexMaster, DexSlave, MasterPhase, SlaveFaults
@@ -223,3 +225,38 @@ def test_a_block_refused_too_often_ends_the_read():
     slave._send = always_corrupt  # type: ignore[method-assign]
     exchange(master, slave)
     assert master.failure == "block 1 failed its CRC, 4 times (receiving the audit)"
+
+
+# --- generated --------------------------------------------------------------------------------
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.binary(max_size=80), max_size=30), st.lists(st.booleans(), max_size=30))
+def test_any_bytes_heard_and_any_waits_end_the_master_cleanly(chunks, expiries):
+    """Whatever the line says, and whenever waits run out, the master never raises, answers
+    with bounded bytes, and ends (done or failed with a reason) within its retries."""
+    master = DexMaster()
+    master.start()
+    for chunk, expire in zip(chunks, expiries + [False] * len(chunks), strict=False):
+        out = master.expire() if expire else master.receive(chunk)
+        assert len(out) <= 600
+    for _ in range(40):  # a silent line from here on
+        if master.wait is None:
+            break
+        master.expire()
+    assert master.wait is None
+    assert master.phase in (MasterPhase.DONE, MasterPhase.FAILED)
+    assert master.failure or master.phase is MasterPhase.DONE
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    st.binary(min_size=1, max_size=3000),
+    st.sets(st.integers(1, 13), max_size=4),
+    st.sets(st.integers(1, 13), max_size=4),
+)
+def test_any_audit_with_corrupted_blocks_and_lost_acks_arrives_whole(audit, corrupt, lost):
+    master, slave = DexMaster(), DexSlave(audit, faults=SlaveFaults(corrupt, lost))
+    exchange(master, slave)
+    assert master.phase is MasterPhase.DONE, master.failure
+    assert master.audit == audit
