@@ -23,6 +23,11 @@ _WIRE_TEXT = {
     "cents": re.compile(r"([0-9]{1,9})", re.ASCII),
 }
 _WIRE_EXAMPLE = {"dollars": '"2.50"', "cents": '"250"'}
+# A machine's audit (EVA-DTS) writes amounts as whole units of 10**-places: digits only, and no
+# counter of a vending machine needs more than 15 of them.
+_SCALED_TEXT = re.compile(r"[0-9]{1,15}", re.ASCII)
+MAX_SCALED_PLACES = 6
+_POWERS_OF_TEN: tuple[int, ...] = tuple(10**n for n in range(MAX_SCALED_PLACES + 1))
 
 
 class MoneyError(ValueError):
@@ -88,6 +93,27 @@ def parse_wire_amount(text: str, unit: str) -> int:
     if unit == "cents":
         return int(match.group(1))
     return int(match.group(1)) * 100 + int(match.group(2))
+
+
+def scaled_to_cents(text: str, places: int) -> int:
+    """An amount as an audit writes it, ``"234850"`` with ``places`` 2 -> 234850 cents.
+
+    ``places`` is the machine's decimal point position (EVA-DTS ``ID4``): with 1 place
+    ``"125"`` is 12.5 -> 1250 cents; with 3, ``"1250"`` is 1.250 -> 125 cents, and ``"1255"``
+    (a tenth of a cent) is refused, not rounded.
+    """
+    if not 0 <= places <= MAX_SCALED_PLACES:
+        raise MoneyError(f"expected 0 to {MAX_SCALED_PLACES} decimal places, got {places}")
+    if _SCALED_TEXT.fullmatch(text) is None:
+        shown = text if len(text) <= 20 else text[:17] + "..."
+        raise MoneyError(f"expected up to 15 digits, got {shown!r}")
+    scaled = int(text)
+    if places <= 2:
+        return scaled * _POWERS_OF_TEN[2 - places]
+    whole, rest = divmod(scaled, _POWERS_OF_TEN[places - 2])
+    if rest:
+        raise MoneyError(f"{text} with {places} decimal places is not a whole number of cents")
+    return whole
 
 
 def check_cents(cents: int) -> int:

@@ -15,6 +15,7 @@ from kiosk_agent.money import (
     parse_price,
     parse_wire_amount,
     reported_dollars_to_cents,
+    scaled_to_cents,
 )
 
 
@@ -105,3 +106,13 @@ def test_a_configured_price_is_in_range_or_refused(value: object) -> None:
         return
     assert isinstance(cents, int)
     assert 0 <= cents <= MAX_CENTS
+
+
+def test_an_audit_amount_is_scaled_by_its_decimal_places_to_cents():
+    assert scaled_to_cents("234850", 2) == 234850
+    assert scaled_to_cents("125", 1) == 1250
+    assert scaled_to_cents("7", 0) == 700
+    assert scaled_to_cents("1250", 3) == 125
+    for text, places in [("1255", 3), ("12.5", 2), ("-1", 2), ("1" * 16, 2), ("٢", 2), ("1", 7)]:
+        with pytest.raises(MoneyError):
+            scaled_to_cents(text, places)

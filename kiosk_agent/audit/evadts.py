@@ -1,0 +1,763 @@
+"""EVA-DTS 6.1 audit files: the reader (a pure function) and the writer.
+
+A file is one line per segment, elements separated by ``*``, lines ending CR LF as the machine
+sends them (a copy stored with LF only is read the same way)::
+
+    DXS*<sender>*VA*V0/6*1          the transmission (DXE closes it)
+    ST*001*0001                     the transaction set (SE closes it)
+    ID1*...  VA1*... PA1*... ...    the data blocks
+    G85*<CRC>                       CRC-16/ARC of every byte from ``ST`` to the CR LF before G85
+    SE*<segments>*0001              segments from ST to SE, both counted
+    DXE*1*1
+
+The envelope is checked (the order, SE's segment count, G85's check value when the machine
+sends one). ``ID4`` says how many decimal places the amounts have; every amount is read through
+``kiosk_agent.money`` into integer cents. The blocks the agent uses are read into typed fields
+(``AuditFile``); every other block, a maker's own included, is kept as sent in ``other`` and
+is never an error. A file that breaks the grammar raises ``AuditError`` naming the line and the
+field (``VA102``: the second element of VA1), and nothing else is ever raised.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field, replace
+from datetime import datetime
+
+from kiosk_agent.audit.crc import crc16_arc
+from kiosk_agent.money import MoneyError, dollars_to_cents, scaled_to_cents
+
+SEPARATOR = "*"
+CRLF = b"\r\n"
+# A segment id: VA1, PA7, a maker's own EA250705; upper-case letters and digits.
+_TAG = re.compile(r"[A-Z][A-Z0-9]{0,15}", re.ASCII)
+_COUNT = re.compile(r"[0-9]{1,15}", re.ASCII)
+_HEX4 = re.compile(r"[0-9A-Fa-f]{4}", re.ASCII)
+# A price written with its currency (``EUR 1.50``, ``1,50 EUR``) or a currency alone (``USD``).
+_PRICE_WITH_CURRENCY = re.compile(
+    r"(?:([A-Z]{3}) ?)?([0-9]{1,9})?(?:[.,]([0-9]{1,6}))?(?: ?([A-Z]{3}))?", re.ASCII
+)
+_ENVELOPE = frozenset({"DXS", "ST", "G85", "SE", "DXE"})
+_DEFAULT_PLACES = 2  # EVA-DTS: amounts have two decimal places unless ID4 says otherwise
+
+
+class AuditError(ValueError):
+    """A file that is no EVA-DTS audit: says the line (1 = first) and the field."""
+
+    def __init__(self, line: int, field_name: str, problem: str) -> None:
+        super().__init__(f"line {line}, {field_name}: {problem}")
+        self.line = line
+        self.field = field_name
+        self.problem = problem
+
+
+@dataclass(frozen=True)
+class Segment:
+    """One line of the file as sent: its id and its elements (``VA1*100*2`` -> ``100``, ``2``)."""
+
+    line: int
+    tag: str
+    elements: tuple[str, ...]
+
+    def element(self, position: int) -> str:
+        """The element EVA-DTS numbers ``position`` (VA102 is ``element(2)``); "" when left out."""
+        return self.elements[position - 1] if 0 < position <= len(self.elements) else ""
+
+    @property
+    def text(self) -> str:
+        return SEPARATOR.join((self.tag, *self.elements))
+
+
+@dataclass(frozen=True)
+class Tally:
+    """A value (cents) and a number of vends, since initialisation and since the last reset.
+
+    ``None`` where the machine left the element out (an older machine sends no reset figures).
+    """
+
+    value_since_init: int | None = None
+    count_since_init: int | None = None
+    value_since_reset: int | None = None
+    count_since_reset: int | None = None
+
+
+@dataclass(frozen=True)
+class Machine:
+    """ID1: the vending machine itself."""
+
+    serial: str = ""
+    model: str = ""
+    build_standard: str = ""
+    location: str = ""
+    asset_number: str = ""  # ID106
+
+
+@dataclass(frozen=True)
+class Device:
+    """A part's identity (CB1 control board, DA1/DB1 cashless device): serial, model, revision."""
+
+    serial: str = ""
+    model: str = ""
+    revision: str = ""
+
+
+@dataclass(frozen=True)
+class Currency:
+    """ID4: how amounts are written. ``decimal_places`` 2 when the machine sends no ID4."""
+
+    decimal_places: int = _DEFAULT_PLACES
+    numeric_code: str = ""  # ISO 4217 numeric (978), or a country code on older machines
+    code: str = ""  # ISO 4217 alphabetic (EUR)
+
+
+@dataclass(frozen=True)
+class CashIn:
+    """CA3: money put in, since the last reset and since initialisation (cents)."""
+
+    cash_in_since_reset: int | None = None
+    to_cash_box_since_reset: int | None = None
+    to_tubes_since_reset: int | None = None
+    bills_in_since_reset: int | None = None
+    cash_in_since_init: int | None = None
+    to_cash_box_since_init: int | None = None
+    to_tubes_since_init: int | None = None
+    bills_in_since_init: int | None = None
+
+
+@dataclass(frozen=True)
+class CashOut:
+    """CA4: change paid out, by the changer and by hand (cents)."""
+
+    dispensed_since_reset: int | None = None
+    manually_dispensed_since_reset: int | None = None
+    dispensed_since_init: int | None = None
+    manually_dispensed_since_init: int | None = None
+
+
+@dataclass(frozen=True)
+class Cashless:
+    """One cashless device, ``DA`` (device 1) or ``DB`` (device 2): blocks DA1-DA5 / DB1-DB5."""
+
+    device: str
+    identity: Device | None = None  # DA1
+    sales: Tally | None = None  # DA2
+    debited_since_reset: int | None = None  # DA3: value debited from cards
+    debited_since_init: int | None = None
+    credited_since_init: int | None = None  # DA4: value credited (revalued) to cards
+    credited_since_reset: int | None = None
+    discounts: Tally | None = None  # DA5
+
+
+@dataclass(frozen=True)
+class Product:
+    """PA1 and the PA2-PA5 after it: one column (selection) of the machine."""
+
+    line: int
+    selection: str
+    price: int | None = None  # cents; None when left out or a currency stood in its place
+    name: str = ""
+    paid: Tally | None = None  # PA2
+    test: Tally | None = None  # PA3
+    free: Tally | None = None  # PA4
+    last_sale: datetime | None = None  # PA5, the machine's own clock
+
+
+@dataclass(frozen=True)
+class DeviceSale:
+    """PA7: one product's sales through one payment device (CA cash, DA/DB cashless, TA token)."""
+
+    line: int
+    product: str
+    device: str
+    price_list: str
+    price: int | None
+    sales: Tally
+
+
+@dataclass(frozen=True)
+class PriceListSale:
+    """LA1: vends of a product at one price list's price."""
+
+    line: int
+    price_list: str
+    product: str
+    price: int | None
+    count_since_init: int | None
+    count_since_reset: int | None
+
+
+@dataclass(frozen=True)
+class Event:
+    """EA1: an event the machine recorded (a door opened, a fault)."""
+
+    line: int
+    event_id: str
+    at: datetime | None
+    duration_minutes: int | None
+
+
+@dataclass(frozen=True)
+class EventCount:
+    """EA2: how often an event happened, and whether it is still on."""
+
+    line: int
+    event_id: str
+    count_since_reset: int | None
+    count_since_init: int | None
+    active: bool
+
+
+@dataclass(frozen=True)
+class Reads:
+    """EA3: this read and the one before it."""
+
+    reads_with_reset_since_init: int | None = None
+    read_at: datetime | None = None
+    terminal: str = ""
+    last_read_at: datetime | None = None
+    last_terminal: str = ""
+    reads_since_init: int | None = None  # EA309
+    resets_since_init: int | None = None  # EA310
+
+
+@dataclass(frozen=True)
+class AuditFile:
+    """One audit as the machine stated it. Amounts in cents, counts in vends."""
+
+    sender: str  # DXS01: the communication id of the machine
+    version: str  # DXS03
+    segments: tuple[Segment, ...]  # every segment from ST to SE, as sent
+    check: str | None  # G85 as sent (verified); None when the machine sends none
+    currency: Currency = Currency()
+    machine: Machine | None = None
+    control_board: Device | None = None
+    read_at: datetime | None = None  # ID5, the machine's own clock
+    paid_vends: Tally | None = None  # VA1
+    test_vends: Tally | None = None  # VA2
+    free_vends: Tally | None = None  # VA3
+    cash_sales: Tally | None = None  # CA2
+    cash_in: CashIn | None = None  # CA3
+    cash_out: CashOut | None = None  # CA4
+    cashless: tuple[Cashless, ...] = ()
+    products: tuple[Product, ...] = ()
+    device_sales: tuple[DeviceSale, ...] = ()  # PA7
+    price_list_sales: tuple[PriceListSale, ...] = ()  # LA1
+    events: tuple[Event, ...] = ()  # EA1
+    event_counts: tuple[EventCount, ...] = ()  # EA2
+    reads: Reads | None = None  # EA3
+    other: tuple[Segment, ...] = ()  # every block not read above, as sent
+    # The machine's own slips the reader let pass, in words (an SE count a verified G85 vouches
+    # against: the data is whole, the machine counted wrong).
+    notes: tuple[str, ...] = ()
+
+    def body(self) -> tuple[Segment, ...]:
+        """The data blocks: the segments between ST and G85/SE."""
+        return tuple(s for s in self.segments if s.tag not in _ENVELOPE)
+
+    def cashless_device(self, device: str) -> Cashless | None:
+        return next((c for c in self.cashless if c.device == device), None)
+
+
+# --- the reader ------------------------------------------------------------------------------
+
+
+def parse_audit(data: bytes | str) -> AuditFile:
+    """Read one EVA-DTS file; ``AuditError`` (line and field) for anything else."""
+    lines = _split_lines(data)
+    envelope = _Envelope.read(lines)
+    fields = _Fields(_places(envelope.body))
+    draft = _Draft()
+    for segment in envelope.body:
+        reader = _READERS.get(segment.tag)
+        if reader is None:
+            draft.other.append(segment)
+        else:
+            reader(draft, fields, segment)
+    return AuditFile(
+        sender=envelope.sender,
+        version=envelope.version,
+        segments=envelope.segments,
+        check=envelope.check,
+        currency=draft.currency or Currency(decimal_places=fields.places),
+        machine=draft.machine,
+        control_board=draft.control_board,
+        read_at=draft.read_at,
+        paid_vends=draft.tallies.get("VA1"),
+        test_vends=draft.tallies.get("VA2"),
+        free_vends=draft.tallies.get("VA3"),
+        cash_sales=draft.tallies.get("CA2"),
+        cash_in=draft.cash_in,
+        cash_out=draft.cash_out,
+        cashless=tuple(draft.cashless.values()),
+        products=tuple(draft.products),
+        device_sales=tuple(draft.device_sales),
+        price_list_sales=tuple(draft.price_list_sales),
+        events=tuple(draft.events),
+        event_counts=tuple(draft.event_counts),
+        reads=draft.reads,
+        other=tuple(draft.other),
+        notes=envelope.notes,
+    )
+
+
+def _split_lines(data: bytes | str) -> list[bytes]:
+    raw = _one_byte_each(data) if isinstance(data, str) else data
+    lines = raw.split(b"\n")
+    return [line[:-1] if line.endswith(b"\r") else line for line in lines]
+
+
+def _one_byte_each(text: str) -> bytes:
+    try:
+        return text.encode("latin-1")
+    except UnicodeEncodeError as err:
+        line = text.count("\n", 0, err.start) + 1
+        problem = f"character {text[err.start]!a} is not one byte"
+        raise AuditError(line, "text", problem) from None
+
+
+@dataclass
+class _Envelope:
+    sender: str
+    version: str
+    segments: tuple[Segment, ...]
+    body: tuple[Segment, ...]
+    check: str | None
+    notes: tuple[str, ...]
+
+    @classmethod
+    def read(cls, lines: list[bytes]) -> _Envelope:
+        numbered = [(n, line) for n, line in enumerate(lines, 1) if line.strip(b" \t")]
+        if not numbered:
+            raise AuditError(1, "DXS", "the file is empty")
+        dxs = _segment(*numbered[0])
+        _expect(dxs, "DXS", "the file must start with DXS")
+        if len(numbered) < 2:
+            raise AuditError(dxs.line, "ST", "the file ends after DXS (cut short?)")
+        st = _segment(*numbered[1])
+        _expect(st, "ST", "DXS must be followed by ST")
+        segments = [st]
+        check: Segment | None = None
+        se: Segment | None = None
+        position = 2
+        while position < len(numbered):
+            segment = _segment(*numbered[position])
+            position += 1
+            segments.append(segment)
+            if segment.tag in ("DXS", "ST", "DXE"):
+                raise AuditError(segment.line, segment.tag, "inside the set (before SE)")
+            if segment.tag == "G85":
+                check = _check_value(segment, check, lines, st.line)
+            if segment.tag == "SE":
+                se = segment
+                break
+        last_line = numbered[-1][0]
+        if se is None:
+            raise AuditError(last_line, "SE", "the file ends before SE (cut short?)")
+        notes = _check_count(se, len(segments), vouched=check is not None)
+        _check_trailer(numbered[position:], se)
+        return cls(
+            sender=dxs.element(1).rstrip(),
+            version=dxs.element(3).rstrip(),
+            segments=tuple(segments),
+            body=tuple(s for s in segments if s.tag not in _ENVELOPE),
+            check=None if check is None else check.element(1).strip(),
+            notes=notes,
+        )
+
+
+def _segment(line_number: int, raw: bytes) -> Segment:
+    text = raw.decode("latin-1")
+    tag, *elements = text.split(SEPARATOR)
+    if _TAG.fullmatch(tag) is None:
+        raise AuditError(line_number, "segment id", f"expected an id like VA1, got {_shown(tag)}")
+    return Segment(line_number, tag, tuple(elements))
+
+
+def _expect(segment: Segment, tag: str, problem: str) -> None:
+    if segment.tag != tag:
+        raise AuditError(segment.line, tag, f"{problem}, got {segment.tag}")
+
+
+def _check_value(
+    segment: Segment, earlier: Segment | None, lines: list[bytes], st_line: int
+) -> Segment:
+    if earlier is not None:
+        raise AuditError(segment.line, "G85", f"a second G85 (the first on line {earlier.line})")
+    stated = segment.element(1).strip()
+    if _HEX4.fullmatch(stated) is None:
+        raise AuditError(segment.line, "G8501", f"expected 4 hex digits, got {_shown(stated)}")
+    # As the machine sent it: every line from ST up to G85, each ending CR LF.
+    computed = crc16_arc(CRLF.join(lines[st_line - 1 : segment.line - 1]) + CRLF)
+    if int(stated, 16) != computed:
+        raise AuditError(
+            segment.line, "G8501", f"check value {stated} does not match the data ({computed:04X})"
+        )
+    return segment
+
+
+def _check_count(se: Segment, counted: int, *, vouched: bool) -> tuple[str, ...]:
+    """SE01 against the segments read. The count is the only guard against lost lines when
+    there is no G85; under a verified G85 the data is whole and a wrong count is the machine's
+    own slip (a Rheavendors LuceX2 leaves its EA2 lines out): noted, not refused."""
+    stated = se.element(1).strip()
+    if _COUNT.fullmatch(stated) is None:
+        raise AuditError(se.line, "SE01", f"expected the number of segments, got {_shown(stated)}")
+    if int(stated) == counted:
+        return ()
+    problem = f"says {int(stated)} segments, the set has {counted} (ST to SE)"
+    if not vouched:
+        raise AuditError(se.line, "SE01", problem)
+    return (f"line {se.line}, SE01: {problem}; G85 vouches for the data",)
+
+
+def _check_trailer(rest: list[tuple[int, bytes]], se: Segment) -> None:
+    if not rest:
+        raise AuditError(se.line, "DXE", "the file ends before DXE (cut short?)")
+    dxe = _segment(*rest[0])
+    _expect(dxe, "DXE", "SE must be followed by DXE")
+    sets = dxe.element(2).strip()
+    if sets and sets != "1":
+        raise AuditError(dxe.line, "DXE02", f"says {_shown(sets)} sets, the file has 1")
+    if len(rest) > 1:
+        raise AuditError(rest[1][0], "DXE", "data after DXE")
+
+
+def _places(body: Iterable[Segment]) -> int:
+    id4 = next((s for s in body if s.tag == "ID4"), None)
+    if id4 is None or not id4.element(1).strip():
+        return _DEFAULT_PLACES
+    places = _Fields(_DEFAULT_PLACES).count(id4, 1)
+    if places is None or places > 6:
+        raise AuditError(id4.line, "ID401", f"expected 0 to 6 decimal places, got {places}")
+    return places
+
+
+class _Fields:
+    """Typed elements of a segment; each error names its field (VA102)."""
+
+    def __init__(self, places: int) -> None:
+        self.places = places
+
+    def text(self, segment: Segment, position: int) -> str:
+        return segment.element(position).rstrip()
+
+    def count(self, segment: Segment, position: int) -> int | None:
+        value = segment.element(position).strip()
+        if not value:
+            return None
+        if _COUNT.fullmatch(value) is None:
+            raise _field_error(segment, position, f"expected a number, got {_shown(value)}")
+        return int(value)
+
+    def amount(self, segment: Segment, position: int) -> int | None:
+        value = segment.element(position).strip()
+        if not value:
+            return None
+        try:
+            return scaled_to_cents(value, self.places)
+        except MoneyError as err:
+            raise _field_error(segment, position, f"not an amount: {err}") from None
+
+    def price(self, segment: Segment, position: int) -> int | None:
+        """A price; some machines write a currency in its place (``USD``, ``EUR 1.50``)."""
+        value = segment.element(position).strip()
+        match = _PRICE_WITH_CURRENCY.fullmatch(value) if len(value) <= 24 else None
+        if match is None or not (match.group(1) or match.group(4)):
+            return self.amount(segment, position)
+        whole, fraction = match.group(2), match.group(3)
+        if whole is None:
+            return None  # a currency alone: no price
+        try:
+            if fraction is None:
+                return scaled_to_cents(whole, self.places)
+            return dollars_to_cents(f"{whole}.{fraction}")  # the point written out
+        except MoneyError as err:
+            raise _field_error(segment, position, f"not an amount: {err}") from None
+
+    def moment(self, segment: Segment, date_at: int, time_at: int) -> datetime | None:
+        """A date (YYMMDD or CCYYMMDD) and a time (HHMM or HHMMSS) as the machine's clock said."""
+        date = segment.element(date_at).strip()
+        time = segment.element(time_at).strip()
+        if not date:
+            return None
+        formats = {6: "%y%m%d", 8: "%Y%m%d"}
+        clock = {0: "", 4: "%H%M", 6: "%H%M%S"}
+        if not date.isdigit() or len(date) not in formats:
+            raise _field_error(segment, date_at, f"expected YYMMDD or CCYYMMDD, got {_shown(date)}")
+        if (time and not time.isdigit()) or len(time) not in clock:
+            raise _field_error(segment, time_at, f"expected HHMM or HHMMSS, got {_shown(time)}")
+        try:
+            return datetime.strptime(date + time, formats[len(date)] + clock[len(time)])
+        except ValueError:
+            raise _field_error(
+                segment, date_at, f"no such date and time: {_shown(date)} {_shown(time)}"
+            ) from None
+
+    def tally(self, segment: Segment, *, count_first: bool) -> Tally:
+        """VA1-style (value, count, value, count) or PA2-style (count, value, count, value)."""
+        value_at, count_at = (2, 1) if count_first else (1, 2)
+        return Tally(
+            value_since_init=self.amount(segment, value_at),
+            count_since_init=self.count(segment, count_at),
+            value_since_reset=self.amount(segment, value_at + 2),
+            count_since_reset=self.count(segment, count_at + 2),
+        )
+
+
+def _field_error(segment: Segment, position: int, problem: str) -> AuditError:
+    return AuditError(segment.line, f"{segment.tag}{position:02d}", problem)
+
+
+def _shown(text: str) -> str:
+    return repr(text if len(text) <= 20 else text[:17] + "...")
+
+
+@dataclass
+class _Draft:
+    """The typed fields as they are read, in file order."""
+
+    currency: Currency | None = None
+    machine: Machine | None = None
+    control_board: Device | None = None
+    read_at: datetime | None = None
+    tallies: dict[str, Tally] = field(default_factory=dict)
+    cash_in: CashIn | None = None
+    cash_out: CashOut | None = None
+    cashless: dict[str, Cashless] = field(default_factory=dict)
+    products: list[Product] = field(default_factory=list)
+    device_sales: list[DeviceSale] = field(default_factory=list)
+    price_list_sales: list[PriceListSale] = field(default_factory=list)
+    events: list[Event] = field(default_factory=list)
+    event_counts: list[EventCount] = field(default_factory=list)
+    reads: Reads | None = None
+    other: list[Segment] = field(default_factory=list)
+
+    def cashless_device(self, tag: str) -> Cashless:
+        device = tag[:2]
+        return self.cashless.setdefault(device, Cashless(device))
+
+    def set_cashless(self, cashless: Cashless) -> None:
+        self.cashless[cashless.device] = cashless
+
+    def update_product(self, segment: Segment, **changes: object) -> None:
+        """A PA2-PA5 belongs to the PA1 before it; one with none before it is kept as sent."""
+        if not self.products:
+            self.other.append(segment)
+            return
+        self.products[-1] = replace(self.products[-1], **changes)  # type: ignore[arg-type]
+
+
+_Reader = Callable[[_Draft, _Fields, Segment], None]
+
+
+def _id1(draft: _Draft, f: _Fields, s: Segment) -> None:
+    draft.machine = Machine(f.text(s, 1), f.text(s, 2), f.text(s, 3), f.text(s, 4), f.text(s, 6))
+
+
+def _id4(draft: _Draft, f: _Fields, s: Segment) -> None:
+    draft.currency = Currency(f.places, f.text(s, 2).strip(), f.text(s, 3).strip())
+
+
+def _id5(draft: _Draft, f: _Fields, s: Segment) -> None:
+    draft.read_at = f.moment(s, 1, 2)
+
+
+def _cb1(draft: _Draft, f: _Fields, s: Segment) -> None:
+    draft.control_board = Device(f.text(s, 1), f.text(s, 2), f.text(s, 3))
+
+
+def _sales_tally(draft: _Draft, f: _Fields, s: Segment) -> None:
+    draft.tallies[s.tag] = f.tally(s, count_first=False)
+
+
+def _ca3(draft: _Draft, f: _Fields, s: Segment) -> None:
+    draft.cash_in = CashIn(*(f.amount(s, n) for n in range(1, 9)))
+
+
+def _ca4(draft: _Draft, f: _Fields, s: Segment) -> None:
+    draft.cash_out = CashOut(*(f.amount(s, n) for n in range(1, 5)))
+
+
+def _cashless_identity(draft: _Draft, f: _Fields, s: Segment) -> None:
+    identity = Device(f.text(s, 1), f.text(s, 2), f.text(s, 3))
+    draft.set_cashless(replace(draft.cashless_device(s.tag), identity=identity))
+
+
+def _cashless_sales(draft: _Draft, f: _Fields, s: Segment) -> None:
+    sales = f.tally(s, count_first=False)
+    draft.set_cashless(replace(draft.cashless_device(s.tag), sales=sales))
+
+
+def _cashless_debited(draft: _Draft, f: _Fields, s: Segment) -> None:
+    draft.set_cashless(
+        replace(
+            draft.cashless_device(s.tag),
+            debited_since_reset=f.amount(s, 1),
+            debited_since_init=f.amount(s, 2),
+        )
+    )
+
+
+def _cashless_credited(draft: _Draft, f: _Fields, s: Segment) -> None:
+    draft.set_cashless(
+        replace(
+            draft.cashless_device(s.tag),
+            credited_since_init=f.amount(s, 1),
+            credited_since_reset=f.amount(s, 2),
+        )
+    )
+
+
+def _cashless_discounts(draft: _Draft, f: _Fields, s: Segment) -> None:
+    # DA5: value and number since the last reset first, then since initialisation.
+    discounts = Tally(
+        value_since_init=f.amount(s, 3),
+        count_since_init=f.count(s, 4),
+        value_since_reset=f.amount(s, 1),
+        count_since_reset=f.count(s, 2),
+    )
+    draft.set_cashless(replace(draft.cashless_device(s.tag), discounts=discounts))
+
+
+def _pa1(draft: _Draft, f: _Fields, s: Segment) -> None:
+    selection = f.text(s, 1).strip()
+    if not selection:
+        raise _field_error(s, 1, "a product needs its identifier")
+    draft.products.append(Product(s.line, selection, f.price(s, 2), f.text(s, 3)))
+
+
+def _pa2(draft: _Draft, f: _Fields, s: Segment) -> None:
+    draft.update_product(s, paid=f.tally(s, count_first=True))
+
+
+def _pa3(draft: _Draft, f: _Fields, s: Segment) -> None:
+    draft.update_product(s, test=f.tally(s, count_first=True))
+
+
+def _pa4(draft: _Draft, f: _Fields, s: Segment) -> None:
+    draft.update_product(s, free=f.tally(s, count_first=True))
+
+
+def _pa5(draft: _Draft, f: _Fields, s: Segment) -> None:
+    draft.update_product(s, last_sale=f.moment(s, 1, 2))
+
+
+def _pa7(draft: _Draft, f: _Fields, s: Segment) -> None:
+    product = f.text(s, 1).strip() or (draft.products[-1].selection if draft.products else "")
+    device = f.text(s, 2).strip()
+    if not device:
+        raise _field_error(s, 2, "a sale by payment device needs its device (CA, DA, DB, TA)")
+    sales = Tally(
+        value_since_init=f.amount(s, 6),
+        count_since_init=f.count(s, 5),
+        value_since_reset=f.amount(s, 8),
+        count_since_reset=f.count(s, 7),
+    )
+    draft.device_sales.append(
+        DeviceSale(s.line, product, device, f.text(s, 3).strip(), f.price(s, 4), sales)
+    )
+
+
+def _la1(draft: _Draft, f: _Fields, s: Segment) -> None:
+    draft.price_list_sales.append(
+        PriceListSale(
+            s.line,
+            f.text(s, 1).strip(),
+            f.text(s, 2).strip(),
+            f.price(s, 3),
+            f.count(s, 4),
+            f.count(s, 5),
+        )
+    )
+
+
+def _ea1(draft: _Draft, f: _Fields, s: Segment) -> None:
+    draft.events.append(Event(s.line, f.text(s, 1).strip(), f.moment(s, 2, 3), f.count(s, 4)))
+
+
+def _ea2(draft: _Draft, f: _Fields, s: Segment) -> None:
+    active = s.element(5).strip()
+    if active not in ("", "0", "1"):
+        raise _field_error(s, 5, f"expected 1 (active), 0 or nothing, got {_shown(active)}")
+    draft.event_counts.append(
+        EventCount(s.line, f.text(s, 1).strip(), f.count(s, 2), f.count(s, 3), active == "1")
+    )
+
+
+def _ea3(draft: _Draft, f: _Fields, s: Segment) -> None:
+    draft.reads = Reads(
+        reads_with_reset_since_init=f.count(s, 1),
+        read_at=f.moment(s, 2, 3),
+        terminal=f.text(s, 4).strip(),
+        last_read_at=f.moment(s, 5, 6),
+        last_terminal=f.text(s, 7).strip(),
+        reads_since_init=f.count(s, 9),
+        resets_since_init=f.count(s, 10),
+    )
+
+
+_READERS: dict[str, _Reader] = {
+    "ID1": _id1,
+    "ID4": _id4,
+    "ID5": _id5,
+    "CB1": _cb1,
+    "VA1": _sales_tally,
+    "VA2": _sales_tally,
+    "VA3": _sales_tally,
+    "CA2": _sales_tally,
+    "CA3": _ca3,
+    "CA4": _ca4,
+    "PA1": _pa1,
+    "PA2": _pa2,
+    "PA3": _pa3,
+    "PA4": _pa4,
+    "PA5": _pa5,
+    "PA7": _pa7,
+    "LA1": _la1,
+    "EA1": _ea1,
+    "EA2": _ea2,
+    "EA3": _ea3,
+}
+for _device in ("DA", "DB"):
+    _READERS |= {
+        f"{_device}1": _cashless_identity,
+        f"{_device}2": _cashless_sales,
+        f"{_device}3": _cashless_debited,
+        f"{_device}4": _cashless_credited,
+        f"{_device}5": _cashless_discounts,
+    }
+
+
+# --- the writer ------------------------------------------------------------------------------
+
+
+def render_audit(
+    body: Iterable[Sequence[str]],
+    *,
+    sender: str = "KSK0000001",
+    version: str = "V0/6",
+    with_check: bool = True,
+    line_end: bytes = CRLF,
+) -> bytes:
+    """A complete file around ``body`` (each block as its id and elements: ``("VA1", "250",
+    "1")``): DXS, ST, the blocks, G85 (its CRC over the CR LF form), SE with its count, DXE."""
+    blocks = [_render_segment(block) for block in body]
+    middle = [b"ST*001*0001", *blocks]
+    check = [f"G85*{crc16_arc(CRLF.join(middle) + CRLF):04X}".encode()] if with_check else []
+    count = len(middle) + len(check) + 1
+    lines = [
+        _render_segment(("DXS", sender, "VA", version, "1")),
+        *middle,
+        *check,
+        f"SE*{count}*0001".encode(),
+        b"DXE*1*1",
+    ]
+    return line_end.join(lines) + line_end
+
+
+def _render_segment(block: Sequence[str]) -> bytes:
+    for element in block:
+        if SEPARATOR in element or "\n" in element or "\r" in element:
+            raise ValueError(f"an element holds a separator or a line end: {element!r}")
+    return SEPARATOR.join(block).encode("latin-1")
