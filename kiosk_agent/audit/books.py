@@ -13,6 +13,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from kiosk_agent.audit.evadts import AuditFile, Tally
+
 
 @dataclass(frozen=True, slots=True)
 class Count:
@@ -123,3 +125,49 @@ class Figures:
             cashless=Counter.of(data.get("cashless")),
             columns={str(k): Column.of(v) for k, v in columns.items()},
         )
+
+
+# -- out of a parsed file ------------------------------------------------------------------------
+
+
+def figures_of(audit: AuditFile, cashless_device: str = "DA") -> Figures:
+    """The figures the unit keeps of a parsed file (``audit.evadts``), for the cashless device
+    the unit is on the machine's bus (``DA``, or ``DB`` for device 2)."""
+    device = audit.cashless_device(cashless_device)
+    by_device = {
+        sale.product: sale.sales for sale in audit.device_sales if sale.device == cashless_device
+    }
+    columns: dict[str, Column] = {}
+    for product in audit.products:
+        columns[product.selection] = Column(
+            price=product.price,
+            name=product.name.strip(),
+            paid=counter_of(product.paid),
+            cashless=counter_of(by_device.get(product.selection)),
+        )
+    return Figures(
+        machine=audit.machine.serial if audit.machine else audit.sender,
+        currency=audit.currency.code,
+        paid=counter_of(audit.paid_vends),
+        cash=counter_of(audit.cash_sales),
+        cashless=counter_of(device.sales if device else None),
+        columns=columns,
+    )
+
+
+def counter_of(tally: Tally | None) -> Counter | None:
+    """A block's counter pair; a machine that sends only since-reset figures has them taken as
+    its only counter (a reset then reads as a re-initialisation: not compared, said so)."""
+    if tally is None:
+        return None
+    since_init = _count(tally.count_since_init, tally.value_since_init)
+    since_reset = _count(tally.count_since_reset, tally.value_since_reset)
+    if since_init is None:
+        return None if since_reset is None else Counter(since_reset)
+    return Counter(since_init, since_reset)
+
+
+def _count(count: int | None, value: int | None) -> Count | None:
+    if count is None and value is None:
+        return None
+    return Count(count or 0, value or 0)

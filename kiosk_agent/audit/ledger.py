@@ -134,3 +134,23 @@ def _sold(base: StoredRead | None, latest: StoredRead | None, name: str) -> int 
         return 0 if base.id == latest.id else new.paid.since_init.count
     sold = new.paid.since_init.count - old.paid.since_init.count
     return sold if sold >= 0 else new.paid.since_init.count  # re-initialised: from zero
+
+
+def audit_report(
+    store: AuditStore, planogram: Mapping[str, int], low_at: int, *, machine: str = "",
+    comparisons: int = 10,
+) -> dict[str, Any]:
+    """What every face shows (``kiosk-agent audit``, ``GET /api/audit``, the page): the last
+    read, each column's stock, the latest comparisons with the journal."""
+    last = store.last_read()
+    found = store.comparisons(comparisons)
+    return {
+        "machine": machine,
+        "last_read": None if last is None else {
+            "at": last.at, "clean": last.clean, "machine": last.figures.machine,
+            "changes": [c.as_dict() for c in last.changes],
+        },
+        "columns": [c.as_dict() for c in column_stock(store, planogram, low_at)],
+        "comparisons": [c.as_dict() for c in found],
+        "mismatch": next((c.text() for c in found[:1] if c.mismatch), ""),
+    }

@@ -93,6 +93,13 @@ class AuditStore:
         """Create the tables (idempotent); the journal must be open."""
         self._db().executescript(_SCHEMA)
 
+    def exists(self) -> bool:
+        """Whether the journal holds the audit tables (an agent with `dex:` has run on it)."""
+        row = self._db().execute(
+            "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'audit_reads'"
+        ).fetchone()
+        return row is not None
+
     # -- reads -----------------------------------------------------------------------------------
 
     def step_mark(self) -> int:
