@@ -45,6 +45,7 @@ from kiosk_agent.platforms import mdb_protocol as wire
 from kiosk_agent.platforms.base import instance_name, link_reporter
 from kiosk_agent.platforms.mdb import MdbCashless, MdbOptions, Mode, check_modes
 from kiosk_agent.platforms.serial import SerialSettings
+from kiosk_agent.platforms.virtual_audit import MachineBooks
 from kiosk_agent.sales.model import Flow
 from kiosk_agent.tasks import TaskSet, cancel_and_wait
 
@@ -132,6 +133,8 @@ class VirtualController:
         self.closing = asyncio.Event()  # set: the customer at the machine finishes, no new ones
         self._last_name: str | None = None
         self._epoch = 0  # bumped by every reset/unplug: a vend in flight across one is lost
+        # the machine's own EVA-DTS counters: every product that drops, card or cash
+        self.books = MachineBooks(self.options.products)
 
     # -- the port --------------------------------------------------------------------------------
 
@@ -394,8 +397,15 @@ class VirtualController:
         fail: bool = False,
         no_result: bool = False,
         walk_away_after: float | None = None,
+        unheard: bool = False,
+        phantom: bool = False,
     ) -> Visit:
-        """Selection first: choose ``product``, wait for the agent's answer, take the goods."""
+        """Selection first: choose ``product``, wait for the agent's answer, take the goods.
+
+        Two faults of the machine's own books against what it tells the agent: ``unheard``, the
+        product drops (and is counted) but the agent hears a failed vend (a power cut
+        mid-dispense: the money goes back for goods that came out); ``phantom``, the agent hears
+        a vend that never happened (nothing drops, nothing is counted: a charge for nothing)."""
         async with self._visit_lock:
             # Enabled when the customer steps up, not only when the wait began: a reset between
             # the two (the wake-up is not immediate) leaves the reader off the bus.
@@ -403,7 +413,8 @@ class VirtualController:
             visit = self._new_visit(product)
             self._in_session = True
             try:
-                await self._sell(visit, fail=fail, no_result=no_result, patience=walk_away_after)
+                await self._sell(visit, fail=fail, no_result=no_result, patience=walk_away_after,
+                                 unheard=unheard, phantom=phantom)
             finally:
                 self._in_session = False
             return visit
@@ -467,8 +478,20 @@ class VirtualController:
         visit.outcome = outcome
         self._notify(outcome.value, visit)
 
+    async def cash_customer(self, product: str) -> None:
+        """A customer who pays in coins: the agent takes no part, the machine counts it (CA2)."""
+        async with self._visit_lock:
+            self.books.vend(product, self.options.products[product], "cash")
+
     async def _sell(
-        self, visit: Visit, *, fail: bool, no_result: bool, patience: float | None
+        self,
+        visit: Visit,
+        *,
+        fail: bool,
+        no_result: bool,
+        patience: float | None,
+        unheard: bool = False,
+        phantom: bool = False,
     ) -> None:
         assert visit.product is not None
         epoch = self._epoch
@@ -504,11 +527,15 @@ class VirtualController:
             self._close_visit(visit, VisitOutcome.ABORTED)
         elif no_result:
             self._close_visit(visit, VisitOutcome.NO_RESULT)  # the controller says nothing at all
-        elif fail:
+        elif fail or unheard:
+            if unheard:  # it dropped all the same: the machine counts it, the agent hears a fault
+                self.books.vend(visit.product, visit.price_cents, "cashless")
             self._close_visit(visit, VisitOutcome.FAILED)
             self.send(wire.VEND_FAILED_LINE)
             self._set_status(Status.ENABLED)
         else:
+            if not phantom:  # a phantom: success said, nothing dropped, nothing counted
+                self.books.vend(visit.product, visit.price_cents, "cashless")
             self._close_visit(visit, VisitOutcome.VENDED)
             self.send(wire.VEND_SUCCESS_LINE)
             self.send(wire.status_line(Status.IDLE))
