@@ -21,7 +21,13 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from kiosk_agent.audit.books import Figures
-from kiosk_agent.audit.ledger import ColumnStock, Recorded, column_stock, record_read
+from kiosk_agent.audit.ledger import (
+    ColumnStock,
+    Recorded,
+    audit_report,
+    column_stock,
+    record_read,
+)
 from kiosk_agent.audit.reconcile import Comparison
 from kiosk_agent.audit.settings import BooksSettings, machine_sources
 from kiosk_agent.audit.store import AuditStore
@@ -218,6 +224,12 @@ class AuditReads:
             "columns_low": self._shown[1],
             "last_read_at": self.last_read_at,
         }
+
+    def report(self) -> dict[str, Any]:
+        """What the faces show: the last read, each column's stock, the latest comparisons."""
+        settings = self.settings
+        return audit_report(self.store, settings.planogram, settings.low_stock,
+                            machine=self.machine)
 
     def stock(self) -> list[ColumnStock]:
         return column_stock(self.store, self.settings.planogram, self.settings.low_stock)
