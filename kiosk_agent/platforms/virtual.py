@@ -549,8 +549,10 @@ class VirtualController:
         gap: tuple[float, float] = (0.5, 2.0),
         fail_rate: float = 0.1,
         walk_away_rate: float = 0.05,
+        cash_rate: float = 0.0,
     ) -> None:
-        """Customers forever (or ``count`` of them): random products, some failures, some leave."""
+        """Customers forever (or ``count`` of them): random products, some failures, some leave,
+        some pay cash (the agent takes no part; the machine's books count them)."""
         served = 0
         products = sorted(self.options.products)
         while (count is None or served < count) and not self.closing.is_set():
@@ -562,7 +564,9 @@ class VirtualController:
             if card_first and self._rng.random() < walk_away_rate:
                 product = None
             try:
-                if card_first:
+                if product is not None and self._rng.random() < cash_rate:
+                    await self.cash_customer(product)
+                elif card_first:
                     await self._unless_closing(self.card_first_customer(product, fail=fail))
                 elif product is not None:
                     await self._unless_closing(self.customer(product, fail=fail))
@@ -717,6 +721,8 @@ _VIRTUAL_SCHEMA = BASE_PLATFORM_SCHEMA.extend(
         ),
         vol.Optional("fail_rate", default=0.1): vol.All(vol.Coerce(float), vol.Range(0, 1)),
         vol.Optional("walk_away_rate", default=0.05): vol.All(vol.Coerce(float), vol.Range(0, 1)),
+        # share of customers who pay cash: no sale, counted in the machine's books (docs/audit.md)
+        vol.Optional("cash_rate", default=0.0): vol.All(vol.Coerce(float), vol.Range(0, 1)),
         vol.Optional("dispense_time", default=0.5): positive_float,
         vol.Optional("vend_timeout", default=30.0): positive_float,
         vol.Optional("seed"): int,
@@ -784,6 +790,7 @@ async def async_setup_platform(agent: Any, config: dict[str, Any]) -> VirtualPla
             gap=tuple(config["gap"]),
             fail_rate=config["fail_rate"],
             walk_away_rate=config["walk_away_rate"],
+            cash_rate=config["cash_rate"],
         )
     return platform
 
