@@ -119,10 +119,8 @@ class AuditReads:
             self._next_at = clock.monotonic() + delay
             self._report()
             await clock.sleep(delay)
-            while self._sale_in_progress():
-                await clock.sleep(SALE_RECHECK_S)
             try:
-                await self.read_once()
+                await self.read_between_sales()
             except Exception as err:  # never dies silently: counted, shown, tried again
                 self.unexpected += 1
                 _LOGGER.exception("audit: a read of %s failed unexpectedly", self.machine)
@@ -130,7 +128,13 @@ class AuditReads:
             settings = self.settings
             delay = settings.backoff(self.failures) if self.failures else settings.interval
 
-    def _sale_in_progress(self) -> bool:
+    async def read_between_sales(self) -> Recorded | None:
+        """A read as soon as no sale of the machine is in progress (never during one)."""
+        while self.sale_in_progress():
+            await self._agent.clock.sleep(SALE_RECHECK_S)
+        return await self.read_once()
+
+    def sale_in_progress(self) -> bool:
         return any(sale.source in self.sources for sale in self._agent.sales.running)
 
     def _on_sale(self, event: SaleEvent) -> None:
@@ -139,7 +143,7 @@ class AuditReads:
 
     async def read_once(self) -> Recorded | None:
         """One read now, whatever the schedule: stored and compared; None when it failed."""
-        self._dirty = self._sale_in_progress()
+        self._dirty = self.sale_in_progress()
         unlisten = self._agent.events.listen(self._on_sale)
         self._reading = True
         try:
@@ -148,7 +152,7 @@ class AuditReads:
             finally:
                 unlisten()
                 self._reading = False
-            clean = not (self._dirty or self._sale_in_progress())
+            clean = not (self._dirty or self.sale_in_progress())
             recorded = self._keep(data, clean)
         except ReadFailed as failed:
             self._failed(failed.outcome, str(failed))

@@ -68,6 +68,8 @@ EXAMPLES: list[tuple[str, ...]] = [
     ("sales", "attention", "-c", "{config}"),
     ("sales", "show", "nosuchsale", "-c", "{config}"),
     ("sales", "resolve", "nosuchsale", "--as", "reversed", "--why", "by hand", "-c", "{config}"),
+    ("audit", "-c", "{config}"),
+    ("audit", "fill", "A1", "-c", "{config}"),
     ("doctor", "-c", "{config}"),
     ("health", "--url", "http://127.0.0.1:9"),  # the token: $KIOSK_AGENT_TOKEN (env below)
     ("events", "--url", "http://127.0.0.1:9", "--kind", "sale"),
