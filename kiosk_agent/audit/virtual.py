@@ -1,0 +1,132 @@
+"""The machine's DEX port, played: a DEX/UCS slave on a real pseudo-terminal, with faults.
+
+The virtual vending machine, the demo, the benchmarks and the tests read from it exactly as the
+agent reads a real machine: ``port`` is the pty's path, opened by ``link.read_audit``. Faults
+on purpose: the slave's own (``SlaveFaults``: a corrupted block, a lost acknowledgement, a
+stall), and the port's: ``flood`` (endless bytes once asked) and ``garbage`` (noise for answers).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import tty
+from dataclasses import dataclass, field
+
+from kiosk_agent.audit.dexucs import DexSlave, SlaveFaults
+from kiosk_agent.sales.clock import SYSTEM_CLOCK, Clock
+from kiosk_agent.tasks import BackgroundTask
+
+FLOOD_CHUNK = b"\x10\x02" + b"A" * 4094  # a data block that never ends
+GARBAGE = b"\xff\x00?\x7fZ\x13"
+
+
+@dataclass
+class PortFaults:
+    flood: bool = False
+    garbage: bool = False
+
+
+@dataclass
+class VirtualDexPort:
+    """A pty whose far end answers DEX/UCS reads with ``audit``."""
+
+    audit: bytes
+    faults: SlaveFaults = field(default_factory=SlaveFaults)
+    port_faults: PortFaults = field(default_factory=PortFaults)
+    clock: Clock = SYSTEM_CLOCK
+    baud_delay: bool = False  # pace writes as 9600 baud would (for the benchmark's wire time)
+
+    def __post_init__(self) -> None:
+        self.slave = DexSlave(self.audit, faults=self.faults)
+        self.bytes_sent = 0
+        self.bytes_heard = 0
+        self._answering = False  # between taking bytes heard and writing their answer
+        self._master_fd, self._slave_fd = os.openpty()
+        tty.setraw(self._slave_fd)  # a serial line: no echo, no line editing
+        os.set_blocking(self._master_fd, False)
+        self.port = os.ttyname(self._slave_fd)
+        self._incoming: asyncio.Queue[bytes] = asyncio.Queue()
+        self._writable = asyncio.Event()
+        self._task = BackgroundTask(self._serve, f"dex-port:{self.port}")
+
+    async def start(self) -> None:
+        loop = asyncio.get_running_loop()
+        loop.add_reader(self._master_fd, self._read_ready)
+        self._task.start()
+
+    async def stop(self) -> None:
+        await self._task.stop()
+        loop = asyncio.get_running_loop()
+        loop.remove_reader(self._master_fd)
+        loop.remove_writer(self._master_fd)
+        os.close(self._master_fd)
+        os.close(self._slave_fd)
+
+    async def __aenter__(self) -> VirtualDexPort:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
+
+    @property
+    def answered(self) -> bool:
+        """Everything heard so far has been answered (the pty itself may still hold bytes)."""
+        return self._incoming.empty() and not self._answering
+
+    def _read_ready(self) -> None:
+        with contextlib.suppress(OSError):
+            data = os.read(self._master_fd, 4096)
+            self.bytes_heard += len(data)
+            if data:
+                self._incoming.put_nowait(data)
+
+    async def _serve(self) -> None:
+        while True:
+            wait = self.slave.wait
+            try:
+                if wait is None:
+                    data = await self._incoming.get()
+                else:
+                    data = await self.clock.wait_for(self._incoming.get(), wait)
+            except TimeoutError:
+                await self._write(self.slave.expire())
+                continue
+            self._answering = True
+            try:
+                await self._answer(data)
+            finally:
+                self._answering = False
+
+    async def _answer(self, data: bytes) -> None:
+        if self.port_faults.garbage:
+            await self._write(GARBAGE)
+        elif self.port_faults.flood:
+            while True:
+                await self._write(FLOOD_CHUNK)
+        else:
+            await self._write(self.slave.receive(data))
+
+    async def _write(self, data: bytes) -> None:
+        view = memoryview(data)
+        while view:
+            try:
+                written = os.write(self._master_fd, view)
+            except BlockingIOError:  # the pty is full: wait until the agent reads
+                await self._until_writable()
+                continue
+            self.bytes_sent += written
+            view = view[written:]
+            if self.baud_delay:
+                await self.clock.sleep(written * 10 / 9600)
+
+    async def _until_writable(self) -> None:
+        loop = asyncio.get_running_loop()
+        self._writable.clear()
+        loop.add_writer(self._master_fd, self._writable.set)
+        try:
+            await self._writable.wait()
+        finally:
+            loop.remove_writer(self._master_fd)
