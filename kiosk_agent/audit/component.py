@@ -6,7 +6,7 @@ machine's trigger), and a sale that starts during a read waits for nothing: the 
 task of its own on its own port, the sale never awaits it; the read is then *unclean* (stored,
 but no boundary of a comparison: the interval runs on to the next clean read). Every wait is on
 the agent's clock. A failed read (the link's clear reason, unreadable data, no file within
-``read_timeout``) is tried again after a capped exponential back-off; each outcome is counted
+``deadline``) is tried again after a capped exponential back-off; each outcome is counted
 (``/metrics``) and the last one shown in health.
 """
 
@@ -20,7 +20,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from kiosk_agent.audit.books import Figures
+from kiosk_agent.audit.books import Figures, figures_of
 from kiosk_agent.audit.ledger import (
     ColumnStock,
     Recorded,
@@ -41,10 +41,15 @@ if TYPE_CHECKING:
 
 _LOGGER = logging.getLogger(__name__)
 
+# `port: virtual:NAME`: the DEX port of the agent's own virtual machine NAME.
+VIRTUAL_PORT = "virtual:"
 # How often a read due while a sale of the machine runs looks again (seconds, agent's clock).
 SALE_RECHECK_S = 1.0
 # Every way a read ends, as counted in /metrics (kiosk_agent_audit_reads_total{outcome}).
 OUTCOMES = ("ok", "link", "unreadable", "timeout", "not_stored", "error")
+
+# Beyond the link's own deadline, the most a read may take before it is given up (seconds).
+DEADLINE_MARGIN_S = 10.0
 
 ReadFile = Callable[[], Awaitable[bytes]]
 ToFigures = Callable[[bytes], Figures]
@@ -72,14 +77,16 @@ class Port:
 class AuditReads:
     """Built as ``AuditReads(agent, conf)`` for the `dex:` section (app.COMPONENTS)."""
 
-    def __init__(self, agent: Agent, conf: Mapping[str, Any], port: Port) -> None:
+    def __init__(
+        self, agent: Agent, conf: Mapping[str, Any], port: Port | None = None
+    ) -> None:
         self.settings = BooksSettings.from_config(conf)
         self.machine = self.settings.trigger or "machine"
         self.sources = machine_sources(self.settings.trigger, agent.config.triggers)
         self.store = AuditStore(lambda: agent.journal.db)
         self.currency = agent.settings.currency
         self._agent = agent
-        self._port = port
+        self._port = port or link_port(agent, conf, self.settings.cashless_device)
         self.reads: Counter[str] = Counter({outcome: 0 for outcome in OUTCOMES})
         # the machine's vends by payment kind, as its counters said at the last read
         self.vends: dict[str, int] = {}
@@ -164,13 +171,11 @@ class AuditReads:
 
     async def _fetch(self) -> bytes:
         try:
-            return await self._agent.clock.wait_for(
-                self._port.read_file(), self.settings.read_timeout
-            )
+            # the link keeps its own deadline; this bounds whatever else could hang
+            bound = self.settings.deadline + DEADLINE_MARGIN_S
+            return await self._agent.clock.wait_for(self._port.read_file(), bound)
         except TimeoutError:
-            raise ReadFailed(
-                "timeout", f"no whole audit within {self.settings.read_timeout:g} s"
-            ) from None
+            raise ReadFailed("timeout", f"no whole audit within {bound:g} s") from None
         except self._port.link_errors as err:
             raise ReadFailed("link", str(err) or type(err).__name__) from None
 
@@ -268,3 +273,44 @@ class AuditReads:
 def _with_sales(comparison: Comparison) -> str:
     ids = ", ".join(s.sale_id for s in comparison.sales) or "none"
     return f"{comparison.text()} (sales in the interval: {ids})"
+
+
+def link_port(agent: Agent, conf: Mapping[str, Any], cashless_device: str) -> Port:
+    """The configured DEX link (``audit/link.py``) and the EVA-DTS reader. ``port:
+    virtual:NAME`` is the DEX port of the agent's own virtual machine of that name (a trigger
+    with ``dex: true``): the demo's machine, read over its real pty."""
+    from kiosk_agent.audit.evadts import AuditError, parse_audit
+    from kiosk_agent.audit.link import LinkError, LinkProtocol, LinkSettings, read_audit
+
+    def settings() -> LinkSettings:
+        return LinkSettings(
+            port=_port_of(agent, str(conf["port"])),
+            protocol=LinkProtocol(conf.get("protocol", LinkProtocol.DEX.value)),
+            baudrate=int(conf.get("baudrate", 9600)),
+            comm_id=str(conf.get("comm_id", "KIOSKAGENT")),
+            deadline=float(conf.get("deadline", 120.0)),
+        )
+
+    async def read_file() -> bytes:
+        return (await read_audit(settings(), clock=agent.clock)).audit
+
+    def to_figures(data: bytes) -> Figures:
+        return figures_of(parse_audit(data), cashless_device)
+
+    return Port(read_file, to_figures, (LinkError,), (AuditError,))
+
+
+def _port_of(agent: Agent, port: str) -> str:
+    from kiosk_agent.audit.link import LinkError
+
+    if not port.startswith(VIRTUAL_PORT):
+        return port
+    name = port.removeprefix(VIRTUAL_PORT)
+    for platform in agent.platforms:
+        controller = getattr(platform, "controller", None)
+        if platform.name in (f"virtual:{name}", name) and controller is not None:
+            if controller.dex is None:
+                raise LinkError(f"the virtual machine {name} has no DEX port: give its trigger "
+                                "`dex: true`")
+            return str(controller.dex.port)
+    raise LinkError(f"no virtual machine named {name} runs in this agent")

@@ -1,6 +1,7 @@
-"""The `dex:` section's keys for the books: when to read, whose sales are the machine's, what
-each column holds. The link's keys (port, protocol, baudrate) are the link's
-(``audit/schema.py``); this module adds these to the same section (docs/audit.md).
+"""The `dex:` section's keys for the books: whose sales are the machine's, when the first read
+comes and how failures back off, what each column holds. The link's keys (port, protocol,
+baudrate, comm_id, interval, deadline) are the link's (``audit/config.py``); these are added
+to the same section (docs/audit.md).
 """
 
 from __future__ import annotations
@@ -37,14 +38,11 @@ def _seconds(low: float, high: float) -> Any:
 BOOKS_KEYS: dict[Any, Any] = {
     # the trigger whose card sales are this machine's (its `name:`, or `platform:name`)
     vol.Optional("trigger"): vol.All(str, vol.Length(min=1, max=100)),
-    # a read every `interval` seconds, the first `first_read` seconds after the start
-    vol.Optional("interval", default=3600.0): _seconds(10, 7 * 86400),
+    # the first read `first_read` seconds after the start (then every `interval`: the link's key)
     vol.Optional("first_read", default=30.0): _seconds(0, 86400),
     # a failed read is tried again after `retry_min` seconds, doubled each failure up to `retry_max`
     vol.Optional("retry_min", default=30.0): _seconds(1, 86400),
     vol.Optional("retry_max", default=1800.0): _seconds(1, 7 * 86400),
-    # the most one read may take, link and all (seconds)
-    vol.Optional("read_timeout", default=120.0): _seconds(1, 3600),
     # the cashless device the unit is on the machine's bus: DA (device 1) or DB (device 2)
     vol.Optional("cashless_device", default="DA"): vol.In(["DA", "DB"]),
     # capacity per column; a column at or under `low_stock` left is low
@@ -62,7 +60,7 @@ class BooksSettings:
     first_read: float = 30.0
     retry_min: float = 30.0
     retry_max: float = 1800.0
-    read_timeout: float = 120.0
+    deadline: float = 120.0
     cashless_device: str = "DA"
     planogram: Mapping[str, int] = field(default_factory=dict)
     low_stock: int = 2

@@ -45,7 +45,7 @@ from kiosk_agent.platforms import mdb_protocol as wire
 from kiosk_agent.platforms.base import instance_name, link_reporter
 from kiosk_agent.platforms.mdb import MdbCashless, MdbOptions, Mode, check_modes
 from kiosk_agent.platforms.serial import SerialSettings
-from kiosk_agent.platforms.virtual_audit import MachineBooks
+from kiosk_agent.platforms.virtual_audit import MachineBooks, dex_port
 from kiosk_agent.sales.model import Flow
 from kiosk_agent.tasks import TaskSet, cancel_and_wait
 
@@ -103,6 +103,8 @@ class ControllerOptions:
     # the one who left may still be on the wire; a real person is never quick enough to have it
     # taken for theirs (the adapter protocol has no session ids to tell the two apart).
     step_up_time: float = 0.2
+    # a DEX port on a pty of its own (``controller.dex.port``) answering with the machine's books
+    dex: bool = False
 
 
 class VirtualController:
@@ -135,6 +137,7 @@ class VirtualController:
         self._epoch = 0  # bumped by every reset/unplug: a vend in flight across one is lost
         # the machine's own EVA-DTS counters: every product that drops, card or cash
         self.books = MachineBooks(self.options.products)
+        self.dex = dex_port(self.books) if self.options.dex else None
 
     # -- the port --------------------------------------------------------------------------------
 
@@ -164,12 +167,16 @@ class VirtualController:
         return self._pty is not None or self._server is not None
 
     async def start(self) -> None:
+        if self.dex is not None:
+            await self.dex.start()
         if self.options.listen is not None:
             await self._listen(*self.options.listen)
         else:
             self.plug()
 
     async def stop(self) -> None:
+        if self.dex is not None:
+            await self.dex.stop()
         await self._tasks.cancel_all()
         if self._server is not None:
             server, self._server = self._server, None
@@ -722,6 +729,8 @@ _VIRTUAL_SCHEMA = BASE_PLATFORM_SCHEMA.extend(
         vol.Optional("fail_rate", default=0.1): vol.All(vol.Coerce(float), vol.Range(0, 1)),
         vol.Optional("walk_away_rate", default=0.05): vol.All(vol.Coerce(float), vol.Range(0, 1)),
         # share of customers who pay cash: no sale, counted in the machine's books (docs/audit.md)
+        # a DEX port answering with the machine's books (a `dex:` section's `port: virtual:NAME`)
+        vol.Optional("dex", default=False): bool,
         vol.Optional("cash_rate", default=0.0): vol.All(vol.Coerce(float), vol.Range(0, 1)),
         vol.Optional("dispense_time", default=0.5): positive_float,
         vol.Optional("vend_timeout", default=30.0): positive_float,
@@ -763,7 +772,9 @@ async def async_setup_platform(agent: Any, config: dict[str, Any]) -> VirtualPla
     source = instance_name(config, "vending")
     mode = Mode(config["mode"])
     controller = VirtualController(
-        ControllerOptions(products=config["products"], dispense_time=config["dispense_time"]),
+        ControllerOptions(
+            products=config["products"], dispense_time=config["dispense_time"], dex=config["dex"]
+        ),
         seed=config.get("seed"),
     )
     await controller.start()

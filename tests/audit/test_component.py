@@ -93,7 +93,7 @@ def port() -> ScriptedPort:
 @pytest.fixture
 async def reads(fake_agent: SimpleNamespace, port: ScriptedPort) -> AsyncIterator[AuditReads]:
     conf = {"trigger": "snacks", "interval": 600.0, "first_read": 5.0, "retry_min": 10.0,
-            "retry_max": 40.0, "read_timeout": 30.0, "planogram": {"A1": 4}, "low_stock": 1}
+            "retry_max": 40.0, "deadline": 30.0, "planogram": {"A1": 4}, "low_stock": 1}
     component = AuditReads(fake_agent, conf, port.port())  # type: ignore[arg-type]
     await component.start()
     yield component
@@ -195,9 +195,11 @@ async def test_a_port_that_stalls_ends_the_read_at_its_bound(
     await clock.advance(5)
     assert port.started == 1
     reads.done.clear()
-    await clock.advance(30)
+    await clock.advance(39)
+    assert not reads.done.is_set()  # the link's own deadline (30 s) and a margin
+    await clock.advance(1)
     await asyncio.wait_for(reads.done.wait(), 5)
-    assert (reads.last_outcome, reads.detail) == ("timeout", "no whole audit within 30 s")
+    assert (reads.last_outcome, reads.detail) == ("timeout", "no whole audit within 40 s")
 
 
 async def test_garbage_is_unreadable_with_its_reason(

@@ -1,16 +1,14 @@
 """The machine's books against the journal end to end: the virtual vending machine over a real
 pty, the agent's mdb platform and sale flows, the simulator over HTTP; the machine's audit read
-by the agent's scheduler. A vend the agent never heard of, and one the machine never made,
-each caught as a mismatch."""
+by the agent's scheduler over the machine's DEX port (a pty of its own, DEX/UCS both sides). A
+vend the agent never heard of, and one the machine never made, each caught as a mismatch."""
 
 from __future__ import annotations
 
 import asyncio
 from typing import Any
 
-from kiosk_agent.audit import parse_audit
-from kiosk_agent.audit.books import figures_of
-from kiosk_agent.audit.component import AuditReads, Port
+from kiosk_agent.audit.component import AuditReads
 from kiosk_agent.core.agent import Agent
 from kiosk_agent.platforms.virtual import VirtualController, VisitOutcome
 from kiosk_agent.sales.states import SaleState
@@ -25,21 +23,18 @@ triggers:
     terminal: front
     flow: authorize_capture
     customers: false
+    dex: true
     dispense_time: 0.01
     products: {A1: "1.50", A2: "2.50"}
 """
-BOOKS = {"trigger": "snacks", "first_read": 3600.0, "interval": 3600.0}
+BOOKS = {"port": "virtual:snacks", "trigger": "snacks", "first_read": 3600.0,
+         "interval": 3600.0, "deadline": 30.0}
 
 
 async def machine_and_books(agent_factory: Any) -> tuple[Agent, VirtualController, AuditReads]:
     agent: Agent = await agent_factory(MACHINE)
     controller: VirtualController = agent.platforms[0].controller  # type: ignore[attr-defined]
-
-    async def read_file() -> bytes:
-        return controller.books.audit_file()
-
-    port = Port(read_file, lambda data: figures_of(parse_audit(data)))
-    books = AuditReads(agent, BOOKS, port)
+    books = AuditReads(agent, BOOKS)  # the real link on the machine's DEX pty
     await books.start()
     agent.components.append(books)  # stopped with the agent
     await controller.wait_enabled()
