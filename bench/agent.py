@@ -249,7 +249,8 @@ async def sales_during_reads(
                     if reading is None or reading.done():
                         sent = port.bytes_sent
                         reading = asyncio.create_task(books.read_once())
-                        while port.bytes_sent == sent:  # the machine is answering: mid-read
+                        # until the machine answers (mid-read); the port tells no event of it
+                        while port.bytes_sent == sent:  # noqa: ASYNC110
                             await asyncio.sleep(0.001)
                 elif reading is not None:
                     await reading  # the no-read block starts with no read under way
