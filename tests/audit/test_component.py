@@ -254,3 +254,26 @@ async def test_metrics_count_reads_by_outcome_and_the_machines_vends(
     assert 'kiosk_agent_audit_vends_total{payment="cash"} 2.0' in text
     assert 'kiosk_agent_audit_vends_total{payment="cashless"} 5.0' in text
     assert "kiosk_agent_audit_mismatch 1.0" in text
+
+
+async def test_a_flooding_port_ends_the_read_with_the_links_reason_in_health(
+    fake_agent: SimpleNamespace, clock: FakeClock
+) -> None:
+    from kiosk_agent.audit.virtual import PortFaults, VirtualDexPort
+
+    async with VirtualDexPort(b"", port_faults=PortFaults(flood=True), clock=FakeClock()) as dex:
+        conf = {"port": dex.port, "trigger": "snacks", "retry_min": 10.0}
+        reads = AuditReads(fake_agent, conf)  # type: ignore[arg-type]  # the real link
+        assert await asyncio.wait_for(reads.read_once(), 20) is None
+        assert dex.bytes_sent < 1 << 20  # bounded in memory: the read stopped listening
+    audit = fake_agent.health.snapshot().audit
+    assert (audit.last_outcome, audit.failures) == ("link", 1)
+    assert "without its end" in audit.detail
+    assert reads.settings.backoff(reads.failures) == 10.0
+
+
+async def test_a_port_that_is_not_there_is_named(fake_agent: SimpleNamespace) -> None:
+    reads = AuditReads(fake_agent, {"port": "/dev/no-such-dex-port", "trigger": "snacks"})  # type: ignore[arg-type]
+    await reads.read_once()
+    problems = fake_agent.health.snapshot().problems
+    assert any("cannot open /dev/no-such-dex-port" in p for p in problems), problems
