@@ -36,6 +36,7 @@ if TYPE_CHECKING:
 
     from pydantic import BaseModel
 
+    from kiosk_agent.audit.evadts import AuditFile, Product
     from kiosk_agent.sales.journal import SaleRecord
     from kiosk_agent.service.models.reports import ReportKind
 
@@ -315,4 +316,57 @@ def audit_values(column: Mapping[str, Any], last_read: Mapping[str, Any] | None)
         "sold_out": bool(column.get("sold_out")),
         "filled_at": moment(column.get("filled_at")),
         "last_read": moment(last_read["at"] if last_read else None),
+    }
+
+
+# -- a machine's audit (EVA-DTS) ----------------------------------------------------------------
+
+AUDIT_PRODUCT_COLUMNS = (
+    "selection",
+    "name",
+    "price",
+    "paid_since_init",
+    "paid_value_since_init",
+    "paid_since_reset",
+    "paid_value_since_reset",
+    "free_since_init",
+    "test_since_init",
+)
+AUDIT_FORMATS = ("csv", "json")
+
+
+def export_audit_products(audit: AuditFile, fmt: str) -> Iterator[str]:
+    """The columns (products) of a machine's audit as the one CSV or JSON export
+    (``kiosk-agent dex parse|read --format csv|json``)."""
+    if fmt not in AUDIT_FORMATS:
+        raise ValueError(f"format must be one of {', '.join(AUDIT_FORMATS)}, got {fmt!r}")
+    rows = (audit_product_values(product, audit.currency.code) for product in audit.products)
+    if fmt == "json":
+        json_export = JsonExport()
+        yield json_export.start()
+        yield from (json_export.row(row) for row in rows)
+        yield json_export.end()
+        return
+    csv_export = CsvExport(AUDIT_PRODUCT_COLUMNS)
+    yield csv_export.header()
+    yield from (csv_export.row(row) for row in rows)
+
+
+def audit_product_values(product: Product, currency: str) -> dict[str, object]:
+    from kiosk_agent.audit.evadts import Tally  # on use: the sales export does not need it
+
+    def amount(cents: int | None) -> Amount | None:
+        return None if cents is None else Amount(cents, currency or "USD")
+
+    paid = product.paid or Tally()
+    return {
+        "selection": product.selection,
+        "name": product.name,
+        "price": amount(product.price),
+        "paid_since_init": paid.count_since_init,
+        "paid_value_since_init": amount(paid.value_since_init),
+        "paid_since_reset": paid.count_since_reset,
+        "paid_value_since_reset": amount(paid.value_since_reset),
+        "free_since_init": (product.free or Tally()).count_since_init,
+        "test_since_init": (product.test or Tally()).count_since_init,
     }

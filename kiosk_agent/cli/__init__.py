@@ -49,6 +49,7 @@ COMMAND_MODULES: dict[str, str] = {
     "health": "fleet",
     "events": "events",
     "fleet": "fleet",
+    "dex": "dex",
     "completion": "completion",
 }
 # command name -> its one line in `kiosk-agent --help`, so the overview imports no module
@@ -72,6 +73,7 @@ COMMAND_HELP: dict[str, str] = {
     "boarding": "merchants and onboarding",
     "sim": "run the payment service simulator",
     "virtual": "run a virtual vending machine (MDB controller) for an agent to drive",
+    "dex": "the machine's own audit (EVA-DTS): read it over DEX, or parse a saved one",
     "completion": "print a shell completion script (bash, zsh, fish)",
 }
 # Options of the top-level parser that take a value (to find the command word after them).

@@ -80,17 +80,21 @@ EXAMPLES: list[tuple[str, ...]] = [
     ("sim", "trigger", "terminal-offline", "SIM-0003"),
     ("sim", "trigger", "terminal-online", "SIM-0003"),
     ("sim", "trigger", "merchant-status", "{merchant_id}", "LIVE"),
+    ("dex", "parse", "{dex_file}"),
+    ("dex", "read", "-c", "{config}"),  # its config names no DEX port (test_dex_cli reads one)
     ("keys", "refresh"),  # last: the rotated key is what the later commands would use
 ]
 # The few that print no result take no --json (and refuse it).
 NO_JSON = {("run",), ("demo",), ("sim",), ("virtual",), ("completion",)}
 # The ones that read no configuration (`sim trigger` talks to a simulator by --url).
-NO_CONFIG = {("sim",), ("virtual",), ("completion",), *(("sim", "trigger", event) for event in (
-    "settle", "terminal-offline", "terminal-online", "merchant-status"))}
+NO_CONFIG = {("sim",), ("virtual",), ("completion",), ("dex", "parse"), *(
+    ("sim", "trigger", event)
+    for event in ("settle", "terminal-offline", "terminal-online", "merchant-status"))}
 # Every command that calls the payment service.
 SERVICE_GROUPS = {"terminals", "payments", "vault", "plans", "hpp", "boarding", "report", "keys"}
 PLACEHOLDERS = {"trans_id": "700000000001", "uuid": "u-1", "id": "1", "page_id": "p1",
-                "merchant_id": "100001"}
+                "merchant_id": "100001",
+                "dex_file": str(ROOT / "tests" / "data" / "dex" / "jofemar.txt")}
 
 
 def leaves() -> Iterator[tuple[tuple[str, ...], argparse.ArgumentParser]]:
@@ -301,6 +305,7 @@ async def test_every_command_prints_valid_json_and_exits_with_a_code_from_the_ta
         ("fleet", "show"): cli.EXIT_USAGE,
         ("sales", "resolve"): cli.EXIT_FAILED,
         ("sales", "show"): cli.EXIT_FAILED,  # no such sale (tests/cli/test_sales_cli.py shows one)
+        ("dex", "read"): cli.EXIT_USAGE,  # no dex: section (tests/cli/test_dex_cli.py reads one)
     }, failed
 
 

@@ -1,0 +1,118 @@
+"""`kiosk-agent dex read | parse`: a real read over a pty, saved files, and clear refusals."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from kiosk_agent.audit import parse_audit
+from kiosk_agent.audit.virtual import VirtualDexPort
+from kiosk_agent.cli import build_parser, command_word
+from kiosk_agent.cli import contract as cli
+
+DATA = Path(__file__).resolve().parents[1] / "data" / "dex"
+
+
+async def run(capsys: pytest.CaptureFixture[str], argv: list[str]) -> tuple[int, str, str]:
+    parser = build_parser(command_word(argv))
+    args = parser.parse_args(argv)
+    cli.check_contract(args, parser)
+    code = await args.handler(args)
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+async def test_parse_prints_what_the_audit_states(capsys):
+    code, out, _ = await run(capsys, ["dex", "parse", str(DATA / "jofemar.txt")])
+    assert code == cli.EXIT_OK
+    assert re.search(r"check +G85 F66D verified", out)
+    assert re.search(
+        r"paid vends +1435.00 in 423 since initialisation; 1424.50 in 421 since the "
+        r"reset",
+        out,
+    )
+
+
+async def test_parse_json_is_one_document_with_amounts_as_text(capsys):
+    code, out, _ = await run(
+        capsys, ["dex", "parse", str(DATA / "rheavendors-lucex2.eva_dts"), "--json"]
+    )
+    assert code == cli.EXIT_OK
+    summary = json.loads(out)
+    assert summary["paid_vends"]["value_since_init"] == "5865.30"
+    assert summary["cashless"]["DA"]["count_since_init"] == 4156
+    assert summary["notes"] == [
+        "line 370, SE01: says 349 segments, the set has 369 (ST to SE); G85 vouches for the data"
+    ]
+
+
+async def test_parse_csv_lists_the_columns_through_the_one_export(capsys):
+    code, out, _ = await run(
+        capsys, ["dex", "parse", str(DATA / "animo-optime.eva_dts"), "--format", "csv"]
+    )
+    assert code == cli.EXIT_OK
+    lines = out.split("\r\n")
+    assert lines[0].startswith("selection,name,price,paid_since_init")
+    assert lines[1] == "0,COFFEE,1.00,412,412.00,2655,,359,0"
+
+
+async def test_a_file_that_is_no_audit_names_line_and_field_exit_2(capsys, tmp_path):
+    bad = tmp_path / "bad.txt"
+    bad.write_bytes(b"DXS*X*VA*V0/6*1\r\nST*001*0001\r\nVA1*1x*2\r\nSE*3*0001\r\nDXE*1*1\r\n")
+    code, out, err = await run(capsys, ["dex", "parse", str(bad), "--json"])
+    assert code == cli.EXIT_USAGE
+    assert json.loads(out)["error"].endswith(
+        "line 3, VA101: not an amount: expected up to 15 digits, got '1x'"
+    )
+    assert err.startswith("error: ")
+    code, _, err = await run(capsys, ["dex", "parse", str(tmp_path / "none.txt")])
+    assert code == cli.EXIT_USAGE
+    assert "cannot read" in err
+
+
+async def test_read_from_a_port_given_and_save_what_was_read(capsys, tmp_path):
+    audit = (DATA / "jofemar.txt").read_bytes()
+    saved = tmp_path / "audit.txt"
+    async with VirtualDexPort(audit) as port:
+        code, out, _ = await run(
+            capsys, ["dex", "read", "--port", port.port, "--json", "--save", str(saved)]
+        )
+    assert code == cli.EXIT_OK, out
+    result = json.loads(out)
+    assert result["link"]["machine_id"] == "VIRTUALVMC"
+    assert result["paid_vends"]["count_since_init"] == 423
+    assert saved.read_bytes() == audit
+    assert parse_audit(saved.read_bytes()).check == "F66D"
+
+
+async def test_read_takes_the_port_from_the_config(capsys, tmp_path):
+    audit = (DATA / "animo-optime.eva_dts").read_bytes()
+    async with VirtualDexPort(audit) as port:
+        config = tmp_path / "agent.yaml"
+        config.write_text(
+            "service: {simulator: {time_scale: 50}}\nterminals: [{device_id: SIM-0001}]\n"
+            f"dex: {{port: {port.port}, deadline: 30}}\n"
+        )
+        code, out, _ = await run(capsys, ["dex", "read", "-c", str(config)])
+    assert code == cli.EXIT_OK, out
+    assert re.search(r"paid vends +8161.00 EUR in 8,161 since initialisation", out)
+    assert "from VIRTUALVMC" in out
+
+
+async def test_read_without_a_port_anywhere_is_a_usage_error(capsys, tmp_path):
+    config = tmp_path / "agent.yaml"
+    config.write_text(
+        "service: {simulator: {time_scale: 50}}\nterminals: [{device_id: SIM-0001}]\n"
+    )
+    code, _, err = await run(capsys, ["dex", "read", "-c", str(config)])
+    assert code == cli.EXIT_USAGE
+    assert "has no dex: section; give --port" in err
+
+
+async def test_a_read_that_fails_says_why_exit_1(capsys):
+    code, out, _ = await run(capsys, ["dex", "read", "--port", "/dev/no-dex-here", "--json"])
+    assert code == cli.EXIT_FAILED
+    assert json.loads(out)["error"].startswith("no audit from /dev/no-dex-here: cannot open")
