@@ -227,6 +227,7 @@ async def sales_during_reads(
     audit scheduler reads a machine over DEX, in alternating blocks of ``block``: (without,
     during, reads completed)."""
     from kiosk_agent.audit.component import AuditReads
+    from kiosk_agent.audit.config import DEX_SCHEMA
     from kiosk_agent.audit.virtual import VirtualDexPort
     from kiosk_agent.platforms.virtual_audit import MachineBooks
 
@@ -236,7 +237,7 @@ async def sales_during_reads(
         machine.vend(code, machine.products[code], "cashless")
     port = VirtualDexPort(machine.audit_file(), baud_delay=True)  # a 9600 baud machine
     await port.start()
-    books = AuditReads(agent, {"port": port.port, "trigger": "bench", "deadline": 120.0})
+    books = AuditReads(agent, DEX_SCHEMA({"port": port.port, "trigger": "bench"}))
     await books.start()
     without: list[float] = []
     during: list[float] = []

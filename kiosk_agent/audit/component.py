@@ -279,20 +279,13 @@ def link_port(agent: Agent, conf: Mapping[str, Any], cashless_device: str) -> Po
     """The configured DEX link (``audit/link.py``) and the EVA-DTS reader. ``port:
     virtual:NAME`` is the DEX port of the agent's own virtual machine of that name (a trigger
     with ``dex: true``): the demo's machine, read over its real pty."""
+    from kiosk_agent.audit.config import link_settings
     from kiosk_agent.audit.evadts import AuditError, parse_audit
-    from kiosk_agent.audit.link import LinkError, LinkProtocol, LinkSettings, read_audit
-
-    def settings() -> LinkSettings:
-        return LinkSettings(
-            port=_port_of(agent, str(conf["port"])),
-            protocol=LinkProtocol(conf.get("protocol", LinkProtocol.DEX.value)),
-            baudrate=int(conf.get("baudrate", 9600)),
-            comm_id=str(conf.get("comm_id", "KIOSKAGENT")),
-            deadline=float(conf.get("deadline", 120.0)),
-        )
+    from kiosk_agent.audit.link import LinkError, read_audit
 
     async def read_file() -> bytes:
-        return (await read_audit(settings(), clock=agent.clock)).audit
+        settings = link_settings(dict(conf), port=_port_of(agent, str(conf["port"])))
+        return (await read_audit(settings, clock=agent.clock)).audit
 
     def to_figures(data: bytes) -> Figures:
         return figures_of(parse_audit(data), cashless_device)

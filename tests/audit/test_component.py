@@ -15,6 +15,7 @@ import pytest
 
 from kiosk_agent.audit.books import Figures
 from kiosk_agent.audit.component import AuditReads, Port
+from kiosk_agent.audit.config import DEX_SCHEMA
 from kiosk_agent.bus import EventBus
 from kiosk_agent.core.health import Health
 from kiosk_agent.sales.clock import FakeClock
@@ -262,7 +263,7 @@ async def test_a_flooding_port_ends_the_read_with_the_links_reason_in_health(
     from kiosk_agent.audit.virtual import PortFaults, VirtualDexPort
 
     async with VirtualDexPort(b"", port_faults=PortFaults(flood=True), clock=FakeClock()) as dex:
-        conf = {"port": dex.port, "trigger": "snacks", "retry_min": 10.0}
+        conf = DEX_SCHEMA({"port": dex.port, "trigger": "snacks", "retry_min": 10.0})
         reads = AuditReads(fake_agent, conf)  # type: ignore[arg-type]  # the real link
         assert await asyncio.wait_for(reads.read_once(), 20) is None
         assert dex.bytes_sent < 1 << 20  # bounded in memory: the read stopped listening
@@ -273,7 +274,8 @@ async def test_a_flooding_port_ends_the_read_with_the_links_reason_in_health(
 
 
 async def test_a_port_that_is_not_there_is_named(fake_agent: SimpleNamespace) -> None:
-    reads = AuditReads(fake_agent, {"port": "/dev/no-such-dex-port", "trigger": "snacks"})  # type: ignore[arg-type]
+    conf = DEX_SCHEMA({"port": "/dev/no-such-dex-port", "trigger": "snacks"})
+    reads = AuditReads(fake_agent, conf)  # type: ignore[arg-type]
     await reads.read_once()
     problems = fake_agent.health.snapshot().problems
     assert any("cannot open /dev/no-such-dex-port" in p for p in problems), problems

@@ -9,6 +9,7 @@ import asyncio
 from typing import Any
 
 from kiosk_agent.audit.component import AuditReads
+from kiosk_agent.audit.config import DEX_SCHEMA
 from kiosk_agent.core.agent import Agent
 from kiosk_agent.platforms.virtual import VirtualController, VisitOutcome
 from kiosk_agent.sales.states import SaleState
@@ -27,8 +28,8 @@ triggers:
     dispense_time: 0.01
     products: {A1: "1.50", A2: "2.50"}
 """
-BOOKS = {"port": "virtual:snacks", "trigger": "snacks", "first_read": 3600.0,
-         "interval": 3600.0, "deadline": 30.0}
+BOOKS = DEX_SCHEMA({"port": "virtual:snacks", "trigger": "snacks", "first_read": 3600.0,
+                   "interval": 3600.0, "deadline": 30.0})
 
 
 async def machine_and_books(agent_factory: Any) -> tuple[Agent, VirtualController, AuditReads]:
@@ -94,3 +95,25 @@ async def test_honest_vends_match(agent_factory: Any) -> None:
     assert recorded.comparison is not None
     assert recorded.comparison.verdict == "match"
     assert recorded.comparison.machine == recorded.comparison.journal
+
+
+async def test_a_dex_section_reads_the_machine_from_the_start(agent_factory: Any) -> None:
+    agent: Agent = await agent_factory(MACHINE + """
+dex:
+  port: virtual:snacks
+  trigger: snacks
+  first_read: 0
+  planogram: {A1: 5, A2: 1}
+  low_stock: 1
+""")
+    [books] = [c for c in agent.components if isinstance(c, AuditReads)]
+    controller: VirtualController = agent.platforms[0].controller  # type: ignore[attr-defined]
+    async with asyncio.timeout(20):
+        while books.reads["ok"] == 0:
+            await books.done.wait()
+            books.done.clear()
+    audit = agent.health.snapshot().audit
+    assert audit is not None
+    assert (audit.machine, audit.last_outcome, audit.low) == ("snacks", "ok", ["A2"])
+    assert controller.dex is not None
+    assert controller.dex.slave.reads == 1
