@@ -33,6 +33,7 @@ COMPONENTS: dict[str, tuple[str, str]] = {
     "admin": ("kiosk_agent.admin.server", "AdminServer"),
     "webhooks": ("kiosk_agent.admin.webhooks", "WebhookReceiver"),
     "upstream": ("kiosk_agent.fleet.component", "Upstream"),
+    "dex": ("kiosk_agent.audit.component", "AuditReads"),
 }
 
 

@@ -266,6 +266,59 @@ def sale_values(sale: SaleRecord) -> dict[str, Any]:
     }
 
 
+# The machine's books per column (``kiosk-agent audit``, ``GET /api/audit``).
+AUDIT_COLUMNS = (
+    "column",
+    "name",
+    "price",
+    "capacity",
+    "sold_since_fill",
+    "estimate",
+    "low",
+    "sold_out",
+    "filled_at",
+    "last_read",
+)
+
+
+def export_audit(report: Mapping[str, Any], fmt: str) -> Iterator[str]:
+    """The machine's books (``audit.ledger.audit_report``) as the one CSV or JSON export:
+    ``kiosk-agent audit --format csv|json`` and ``GET /api/audit?format=csv|json`` write this.
+    CSV: a line per column; JSON: the whole report, its columns as the CSV's lines."""
+    rows = [audit_values(column, report.get("last_read")) for column in report["columns"]]
+    if fmt == "json":
+        document = {**report, "columns": rows}
+        yield json.dumps(json_value(document), indent=2) + "\n"
+        return
+    if fmt != "csv":
+        raise ValueError(f"format must be one of {', '.join(SALE_FORMATS)}, got {fmt!r}")
+    csv_export = CsvExport(AUDIT_COLUMNS)
+    yield csv_export.header()
+    for row in rows:
+        yield csv_export.row(row)
+
+
+def audit_values(column: Mapping[str, Any], last_read: Mapping[str, Any] | None) -> dict[str, Any]:
+    """One column of the machine's books for export."""
+
+    def moment(at: float | None) -> str:
+        return "" if at is None else timestamp(dt.datetime.fromtimestamp(at, dt.UTC))
+
+    price = column.get("price")
+    return {
+        "column": column["column"],
+        "name": column.get("name") or "",
+        "price": Amount(price) if price is not None else None,
+        "capacity": column.get("capacity"),
+        "sold_since_fill": column.get("sold_since_fill"),
+        "estimate": column.get("estimate"),
+        "low": bool(column.get("low")),
+        "sold_out": bool(column.get("sold_out")),
+        "filled_at": moment(column.get("filled_at")),
+        "last_read": moment(last_read["at"] if last_read else None),
+    }
+
+
 # -- a machine's audit (EVA-DTS) ----------------------------------------------------------------
 
 AUDIT_PRODUCT_COLUMNS = (

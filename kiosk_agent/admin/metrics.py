@@ -161,6 +161,9 @@ class AgentCollector(Collector):
         receiver = self._component("WebhookReceiver")
         if receiver is not None:
             yield from webhook_families(receiver.outcomes)
+        books = self._component("AuditReads")
+        if books is not None:
+            yield from audit_families(books.figures())
         yield from refusal_families(refusal_counts(), suppressed_counts())
         yield from http_families({site.name: site.open_connections for site in live_sites()})
 
@@ -342,6 +345,32 @@ def webhook_families(outcomes: Mapping[str, int]) -> Iterator[Metric]:
         [({"outcome": outcome}, count) for outcome, count in sorted(outcomes.items())],
         ["outcome"],
     )
+
+
+def audit_families(figures: Mapping[str, Any]) -> Iterator[Metric]:
+    """The machine's books (``audit.component.AuditReads.figures``)."""
+    yield counter(
+        "audit_reads",
+        "Reads of the machine's audit (DEX) by outcome.",
+        [({"outcome": outcome}, n) for outcome, n in figures["reads"].items()],
+        ["outcome"],
+    )
+    yield counter(
+        "audit_vends",
+        "The machine's own vend counters by payment kind (since its initialisation), as last read.",
+        [({"payment": kind}, n) for kind, n in figures["vends"].items()],
+        ["payment"],
+    )
+    yield gauge(
+        "audit_mismatch",
+        "Intervals lately where the machine's card vends differ from the journal's (0: none).",
+        [({}, figures["mismatches"])],
+    )
+    yield gauge("audit_columns_low", "Columns low or sold out by the planogram.",
+                [({}, figures["columns_low"])])
+    if figures["last_read_at"] is not None:
+        yield gauge("audit_last_read_timestamp_seconds", "When the machine's audit was last read.",
+                    [({}, figures["last_read_at"])])
 
 
 def refusal_families(

@@ -9,6 +9,7 @@ Routes (all need ``Authorization: Bearer <token>`` or the status page's session;
     GET  /api/sales?format=csv|json[&...]        the same as `kiosk-agent sales --format csv|json`
     GET  /api/sales/{sale_id}            one sale with its steps
     GET  /api/reports/{kind}[?format=json|csv&limit&<filter>=...]   streamed from reporting
+    GET  /api/audit[?format=json|csv]    the machine's books, as `kiosk-agent audit --format`
     GET  /api/terminals                  the service's terminal list
     POST /api/terminals/{device_id}/{ping|connect|disconnect|test-print}
     GET  /api/boarding/merchants         merchant states from the webhook receiver
@@ -44,6 +45,7 @@ from kiosk_agent.export import (
     SALE_FORMATS,
     CsvExport,
     JsonExport,
+    export_audit,
     export_sales,
     report_columns,
     report_values,
@@ -148,6 +150,7 @@ class AdminServer:
         router.add_get("/api/sales/{sale_id}", self.sale)
         router.add_post("/api/sales/{sale_id}/resolve", self.resolve)
         router.add_get("/api/reports/{kind}", self.report)
+        router.add_get("/api/audit", self.audit)
         router.add_get("/api/terminals", self.terminals)
         router.add_post("/api/terminals/{device_id}/{action}", self.terminal_action)
         router.add_get("/api/boarding/merchants", self.merchants)
@@ -285,6 +288,19 @@ class AdminServer:
             await _write_pieces(response, export_sales(_each_sale(first, pages), fmt))
             await response.write_eof()
         return response
+
+    async def audit(self, request: web.Request) -> web.Response:
+        """The machine's books (the `dex:` section): the one export `kiosk-agent audit
+        --format json|csv` writes (export.export_audit)."""
+        fmt = request.query.get("format", "json")
+        if fmt not in SALE_FORMATS:
+            raise _BadParameter(f"format must be {' or '.join(SALE_FORMATS)}, got {fmt[:40]!r}")
+        books = _component(self.agent, "AuditReads")
+        if books is None:
+            return _error(404, "no_audit", "this unit reads no machine audit (no dex: section)")
+        body = "".join(export_audit(books.report(), fmt))
+        content = "text/csv" if fmt == "csv" else "application/json"
+        return web.Response(text=body, content_type=content, charset="utf-8")
 
     def _with_unwritten(
         self, records: list[SaleRecord], states: list[SaleState]

@@ -16,6 +16,7 @@ from typing import Any
 import voluptuous as vol
 
 from kiosk_agent.audit.link import LinkProtocol, LinkSettings
+from kiosk_agent.audit.settings import BOOKS_KEYS
 from kiosk_agent.core.config import register_section
 
 DEX_SCHEMA = vol.Schema(
@@ -34,6 +35,8 @@ DEX_SCHEMA = vol.Schema(
         vol.Optional("deadline", default=120.0): vol.All(
             vol.Coerce(float), vol.Range(min=5.0, max=3600.0)
         ),
+        # the books' keys: whose sales, first read, back-off, planogram (audit/settings.py)
+        **BOOKS_KEYS,
     }
 )
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import functools
 import logging
 import secrets
@@ -44,6 +45,8 @@ from kiosk_agent.sales.states import SaleState
 from kiosk_agent.tasks import TaskSet, cancel_and_wait, next_item
 
 DEFAULT_CONFIG = Path(__file__).resolve().parents[2] / "config" / "demo.yaml"
+# At the end, how long the machine's last sale may take to end before its books are read anyway.
+AUDIT_WAIT_S = 15.0
 
 _COLOURS = {
     "dim": "\x1b[2m",
@@ -384,6 +387,7 @@ async def _run(config: Any, args: argparse.Namespace, page_token: str | None = N
                     platform.controller.observers.append(observer)
                 outage.follow(agent.availability, after=args.outage)
                 await _follow(queue, view, signals.event, args)
+                await _show_audit(agent, view)
                 # A sale under way now is finished or given back: show how, not a bare "told no".
                 view.note("stopping: a sale under way is finished or its money given back")
                 await _show_until_done(agent.stop(), queue, view)
@@ -392,6 +396,22 @@ async def _run(config: Any, args: argparse.Namespace, page_token: str | None = N
     view.note(f"the demo's sales stay in {journal}: {_journal_hint(config)}")
     view.summary()
     return EXIT_OK
+
+
+async def _show_audit(agent: Any, view: LiveView) -> None:
+    """The machine's books at the end (a `dex:` section): one last read once the machine's
+    sales have ended, and what `kiosk-agent audit` prints."""
+    from kiosk_agent.cli.audit import audit_table
+
+    books = next((c for c in agent.components if type(c).__name__ == "AuditReads"), None)
+    if books is None:
+        return
+    view.note(f"reading the books of {books.machine} (DEX)")
+    with contextlib.suppress(TimeoutError):
+        async with asyncio.timeout(AUDIT_WAIT_S):
+            await books.read_between_sales()
+    for line in audit_table(books.report()).splitlines():
+        view.note(line)
 
 
 def _announce_status_page(agent: Any, view: LiveView, token: str | None) -> None:

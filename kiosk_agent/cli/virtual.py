@@ -85,6 +85,15 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help="amounts on the wire: 2.50 (dollars, default) or 250 (cents)",
     )  # fmt: skip
     parser.add_argument("--record", type=Path, help="append the machine's record here (JSON lines)")
+    parser.add_argument(
+        "--cash-rate", type=_share, default=0.0,
+        help="share of customers who pay cash: counted in the machine's books only (default 0)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--dex", action="store_true",
+        help="answer DEX on a pty of its own with the machine's books (READY's dex_port: a "
+        "dex: section's port)",
+    )  # fmt: skip
     parser.set_defaults(handler=run_virtual)
 
 
@@ -129,6 +138,7 @@ def options_from_args(args: argparse.Namespace) -> ControllerOptions:
         dispense_time=args.dispense_time,
         patience=args.patience,
         listen=args.listen,
+        dex=args.dex,
     )
 
 
@@ -147,6 +157,8 @@ async def run_virtual(args: argparse.Namespace) -> int:
             return 1
         stop = stop_on_signals()
         info = {"name": args.name, "port": controller.port, "record": str(args.record or "")}
+        if controller.dex is not None:
+            info["dex_port"] = controller.dex.port
         print(f"{READY}{json.dumps(info)}", flush=True)
         customers = asyncio.create_task(_customers(controller, args))
         stopping = asyncio.create_task(stop.wait())
@@ -176,4 +188,5 @@ async def _customers(controller: VirtualController, args: argparse.Namespace) ->
         gap=(0.5 * mean, 1.5 * mean),
         fail_rate=args.fail_rate,
         walk_away_rate=0.05,
+        cash_rate=args.cash_rate,
     )

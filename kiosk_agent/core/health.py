@@ -175,6 +175,21 @@ class SaleTotals:
     reversed_cents: Mapping[str, int]  # voided or refunded (REVERSED sales), holds too
 
 
+class AuditHealth(_Model):
+    """The machine's own books (``audit/component.py``): its reads and what they showed."""
+
+    machine: str  # the trigger whose sales are the machine's
+    last_read_at: float | None = None  # wall time of the last read that gave a file
+    last_outcome: str = ""  # ok, link, unreadable, timeout, not_stored, error
+    detail: str = ""  # why the last read failed
+    failures: int = 0  # failed reads in a row
+    next_read_in_s: float | None = None
+    reads: dict[str, int] = {}  # reads since start by outcome
+    mismatches: list[str] = []  # each mismatch found lately, in words, with its sale ids
+    low: list[str] = []  # columns low by the planogram
+    sold_out: list[str] = []
+
+
 class HealthSnapshot(_Model):
     version: str
     status: Status
@@ -194,6 +209,7 @@ class HealthSnapshot(_Model):
     errors: dict[str, int] = {}
     # once a stopping signal came: "stopping (draining 1 sale, until 14:03:27Z)"; else empty
     stopping: str = ""
+    audit: AuditHealth | None = None
 
 
 class Health:
@@ -232,6 +248,7 @@ class Health:
         self._listeners: list[Callable[[], object]] = []
         # the drain's end (Unix time) and how many sales it still waits for, once stopping
         self._stopping: tuple[float, Callable[[], int]] | None = None
+        self._audit: AuditHealth | None = None
 
     def on_change(self, listener: Callable[[], object]) -> Callable[[], None]:
         """Call ``listener()`` after every report that may change the status or the problems
@@ -369,6 +386,16 @@ class Health:
     @property
     def journal(self) -> JournalHealth:
         return self._journal
+
+    def report_audit(self, audit: AuditHealth) -> None:
+        """The machine's books: its reads' outcome, mismatches with the journal, stock."""
+        changed = self._audit is None or (
+            (self._audit.failures > 0, self._audit.mismatches, self._audit.low)
+            != (audit.failures > 0, audit.mismatches, audit.low)
+        )
+        self._audit = audit
+        if changed:
+            self._changed()
 
     def count_errors_of(self, part: str, count: Callable[[], int]) -> None:
         """Show ``count()`` (the unexpected errors ``part`` caught and went on after) in health."""
@@ -545,6 +572,7 @@ class Health:
             availability=availability,
             errors=errors,
             stopping=stopping,
+            audit=self._audit,
         )
 
     def summary(self) -> str:
@@ -612,6 +640,7 @@ class Health:
         for state in availability:
             if not state.available:
                 problems.append(f"card payment unavailable on {state.device_id}: {state.reason}")
+        problems.extend(_audit_problems(self._audit))
         if down:
             return Status.DOWN, problems
         return (Status.DEGRADED if problems else Status.OK), problems
@@ -620,6 +649,16 @@ class Health:
         today = self.today()
         if today != self._today:
             self._today, self._today_count, self._today_cents = today, 0, 0
+
+
+def _audit_problems(audit: AuditHealth | None) -> list[str]:
+    if audit is None:
+        return []
+    problems = [f"audit mismatch on {audit.machine}: {text}" for text in audit.mismatches]
+    if audit.failures:
+        problems.append(f"audit read of {audit.machine} failing ({audit.failures} in a row): "
+                        f"{audit.detail}")
+    return problems
 
 
 def _local_day(unix: float | None) -> dt.date | None:

@@ -256,6 +256,7 @@ def discovery_options(agent: Any, conf: dict[str, Any]) -> DiscoveryOptions:
         model_id=conf.get("model_id"),
         support_url=conf.get("support_url"),
         terminals=tuple(terminals.items()),
+        audit="dex" in (getattr(getattr(agent, "config", None), "data", None) or {}),
     )
 
 

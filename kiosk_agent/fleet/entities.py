@@ -47,6 +47,7 @@ class DiscoveryOptions:
     support_url: str | None = None  # the origin's support link; default: configuration_url
     # configured terminals: (device_id, name) -> connectivity and card-payment entities each
     terminals: Sequence[tuple[str, str]] = field(default_factory=tuple)
+    audit: bool = False  # the unit reads the machine's books (a `dex:` section)
 
 
 @dataclass(frozen=True, slots=True)
@@ -252,12 +253,64 @@ def unit_entities(options: DiscoveryOptions, event_topic: str) -> list[Entity]:
             expires=False,
         ),
     ]
+    if options.audit:
+        entities += AUDIT_ENTITIES
     keys: set[str] = set()
     for device_id, name in options.terminals:
         key = terminal_key(device_id, keys)
         keys.add(key)
         entities += terminal_entities(device_id, name or device_id, key)
     return entities
+
+
+# The machine's books (docs/audit.md): read from the report's `audit` part.
+AUDIT_ENTITIES = [
+    Entity(
+        "sensor",
+        "columns_low",
+        "Columns low",
+        {
+            "value_template": "{{ value_json.audit.columns_low if value_json.audit else 'None' }}",
+            "state_class": "measurement",
+            "unit_of_measurement": "columns",
+            "suggested_display_precision": 0,
+            "icon": "mdi:package-variant",
+            "json_attributes_template": (
+                "{{ {'low': value_json.audit.low, 'sold_out': value_json.audit.sold_out} | tojson"
+                " if value_json.audit else '{}' }}"
+            ),
+        },
+        attributes=True,
+    ),
+    Entity(
+        "binary_sensor",
+        "audit_mismatch",
+        "Audit mismatch",
+        {
+            "device_class": "problem",
+            "value_template": _ON_OFF.format(
+                value="(value_json.audit.mismatch if value_json.audit else None)"
+            ),
+            "json_attributes_template": (
+                "{{ {'mismatches': value_json.audit.mismatches} | tojson"
+                " if value_json.audit else '{}' }}"
+            ),
+        },
+        attributes=True,
+    ),
+    Entity(
+        "sensor",
+        "last_audit",
+        "Last audit",
+        {
+            "value_template": "{{ (value_json.audit.last_read if value_json.audit else None)"
+            " or 'None' }}",
+            "device_class": "timestamp",
+            "icon": "mdi:clipboard-text-clock",
+            "entity_category": "diagnostic",
+        },
+    ),
+]
 
 
 def terminal_key(device_id: str, taken: set[str]) -> str:

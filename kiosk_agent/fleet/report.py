@@ -49,6 +49,23 @@ def build_report(
         "unit": snapshot.unit.model_dump(mode="json"),
         "availability": [a.model_dump(mode="json") for a in snapshot.availability],
         "out_of_service": [a.device_id for a in snapshot.availability if not a.available],
+        "audit": audit_state(snapshot),
+    }
+
+
+def audit_state(snapshot: HealthSnapshot) -> dict[str, Any] | None:
+    """The machine's books (a `dex:` section): columns low, a mismatch, the last read."""
+    audit = snapshot.audit
+    if audit is None:
+        return None
+    return {
+        "columns_low": len(audit.low) + len(audit.sold_out),
+        "low": audit.low,
+        "sold_out": audit.sold_out,
+        "mismatch": bool(audit.mismatches),
+        "mismatches": audit.mismatches,
+        "last_read": iso(audit.last_read_at) if audit.last_read_at is not None else None,
+        "last_outcome": audit.last_outcome,
     }
 
 

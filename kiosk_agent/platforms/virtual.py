@@ -45,6 +45,7 @@ from kiosk_agent.platforms import mdb_protocol as wire
 from kiosk_agent.platforms.base import instance_name, link_reporter
 from kiosk_agent.platforms.mdb import MdbCashless, MdbOptions, Mode, check_modes
 from kiosk_agent.platforms.serial import SerialSettings
+from kiosk_agent.platforms.virtual_audit import MachineBooks, dex_port
 from kiosk_agent.sales.model import Flow
 from kiosk_agent.tasks import TaskSet, cancel_and_wait
 
@@ -102,6 +103,8 @@ class ControllerOptions:
     # the one who left may still be on the wire; a real person is never quick enough to have it
     # taken for theirs (the adapter protocol has no session ids to tell the two apart).
     step_up_time: float = 0.2
+    # a DEX port on a pty of its own (``controller.dex.port``) answering with the machine's books
+    dex: bool = False
 
 
 class VirtualController:
@@ -132,6 +135,9 @@ class VirtualController:
         self.closing = asyncio.Event()  # set: the customer at the machine finishes, no new ones
         self._last_name: str | None = None
         self._epoch = 0  # bumped by every reset/unplug: a vend in flight across one is lost
+        # the machine's own EVA-DTS counters: every product that drops, card or cash
+        self.books = MachineBooks(self.options.products)
+        self.dex = dex_port(self.books) if self.options.dex else None
 
     # -- the port --------------------------------------------------------------------------------
 
@@ -161,12 +167,16 @@ class VirtualController:
         return self._pty is not None or self._server is not None
 
     async def start(self) -> None:
+        if self.dex is not None:
+            await self.dex.start()
         if self.options.listen is not None:
             await self._listen(*self.options.listen)
         else:
             self.plug()
 
     async def stop(self) -> None:
+        if self.dex is not None:
+            await self.dex.stop()
         await self._tasks.cancel_all()
         if self._server is not None:
             server, self._server = self._server, None
@@ -394,8 +404,15 @@ class VirtualController:
         fail: bool = False,
         no_result: bool = False,
         walk_away_after: float | None = None,
+        unheard: bool = False,
+        phantom: bool = False,
     ) -> Visit:
-        """Selection first: choose ``product``, wait for the agent's answer, take the goods."""
+        """Selection first: choose ``product``, wait for the agent's answer, take the goods.
+
+        Two faults of the machine's own books against what it tells the agent: ``unheard``, the
+        product drops (and is counted) but the agent hears a failed vend (a power cut
+        mid-dispense: the money goes back for goods that came out); ``phantom``, the agent hears
+        a vend that never happened (nothing drops, nothing is counted: a charge for nothing)."""
         async with self._visit_lock:
             # Enabled when the customer steps up, not only when the wait began: a reset between
             # the two (the wake-up is not immediate) leaves the reader off the bus.
@@ -403,7 +420,8 @@ class VirtualController:
             visit = self._new_visit(product)
             self._in_session = True
             try:
-                await self._sell(visit, fail=fail, no_result=no_result, patience=walk_away_after)
+                await self._sell(visit, fail=fail, no_result=no_result, patience=walk_away_after,
+                                 unheard=unheard, phantom=phantom)
             finally:
                 self._in_session = False
             return visit
@@ -467,8 +485,20 @@ class VirtualController:
         visit.outcome = outcome
         self._notify(outcome.value, visit)
 
+    async def cash_customer(self, product: str) -> None:
+        """A customer who pays in coins: the agent takes no part, the machine counts it (CA2)."""
+        async with self._visit_lock:
+            self.books.vend(product, self.options.products[product], "cash")
+
     async def _sell(
-        self, visit: Visit, *, fail: bool, no_result: bool, patience: float | None
+        self,
+        visit: Visit,
+        *,
+        fail: bool,
+        no_result: bool,
+        patience: float | None,
+        unheard: bool = False,
+        phantom: bool = False,
     ) -> None:
         assert visit.product is not None
         epoch = self._epoch
@@ -504,11 +534,15 @@ class VirtualController:
             self._close_visit(visit, VisitOutcome.ABORTED)
         elif no_result:
             self._close_visit(visit, VisitOutcome.NO_RESULT)  # the controller says nothing at all
-        elif fail:
+        elif fail or unheard:
+            if unheard:  # it dropped all the same: the machine counts it, the agent hears a fault
+                self.books.vend(visit.product, visit.price_cents, "cashless")
             self._close_visit(visit, VisitOutcome.FAILED)
             self.send(wire.VEND_FAILED_LINE)
             self._set_status(Status.ENABLED)
         else:
+            if not phantom:  # a phantom: success said, nothing dropped, nothing counted
+                self.books.vend(visit.product, visit.price_cents, "cashless")
             self._close_visit(visit, VisitOutcome.VENDED)
             self.send(wire.VEND_SUCCESS_LINE)
             self.send(wire.status_line(Status.IDLE))
@@ -522,8 +556,10 @@ class VirtualController:
         gap: tuple[float, float] = (0.5, 2.0),
         fail_rate: float = 0.1,
         walk_away_rate: float = 0.05,
+        cash_rate: float = 0.0,
     ) -> None:
-        """Customers forever (or ``count`` of them): random products, some failures, some leave."""
+        """Customers forever (or ``count`` of them): random products, some failures, some leave,
+        some pay cash (the agent takes no part; the machine's books count them)."""
         served = 0
         products = sorted(self.options.products)
         while (count is None or served < count) and not self.closing.is_set():
@@ -535,7 +571,9 @@ class VirtualController:
             if card_first and self._rng.random() < walk_away_rate:
                 product = None
             try:
-                if card_first:
+                if product is not None and self._rng.random() < cash_rate:
+                    await self.cash_customer(product)
+                elif card_first:
                     await self._unless_closing(self.card_first_customer(product, fail=fail))
                 elif product is not None:
                     await self._unless_closing(self.customer(product, fail=fail))
@@ -690,6 +728,10 @@ _VIRTUAL_SCHEMA = BASE_PLATFORM_SCHEMA.extend(
         ),
         vol.Optional("fail_rate", default=0.1): vol.All(vol.Coerce(float), vol.Range(0, 1)),
         vol.Optional("walk_away_rate", default=0.05): vol.All(vol.Coerce(float), vol.Range(0, 1)),
+        # share of customers who pay cash: no sale, counted in the machine's books (docs/audit.md)
+        # a DEX port answering with the machine's books (a `dex:` section's `port: virtual:NAME`)
+        vol.Optional("dex", default=False): bool,
+        vol.Optional("cash_rate", default=0.0): vol.All(vol.Coerce(float), vol.Range(0, 1)),
         vol.Optional("dispense_time", default=0.5): positive_float,
         vol.Optional("vend_timeout", default=30.0): positive_float,
         vol.Optional("seed"): int,
@@ -734,7 +776,9 @@ async def async_setup_platform(agent: Any, config: dict[str, Any]) -> VirtualPla
     source = instance_name(config, "vending")
     mode = Mode(config["mode"])
     controller = VirtualController(
-        ControllerOptions(products=config["products"], dispense_time=config["dispense_time"]),
+        ControllerOptions(
+            products=config["products"], dispense_time=config["dispense_time"], dex=config["dex"]
+        ),
         seed=config.get("seed"),
     )
     await controller.start()
@@ -761,6 +805,7 @@ async def async_setup_platform(agent: Any, config: dict[str, Any]) -> VirtualPla
             gap=tuple(config["gap"]),
             fail_rate=config["fail_rate"],
             walk_away_rate=config["walk_away_rate"],
+            cash_rate=config["cash_rate"],
         )
     return platform
 

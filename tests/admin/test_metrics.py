@@ -265,7 +265,11 @@ METRIC_NAME = re.compile(r"\b((?:kiosk_agent|process|python)_[a-z0-9_]+)\b")
 # API key with an expiry date.
 CONDITIONAL = {"kiosk_agent_upstream_sent_total", "kiosk_agent_upstream_dropped_total",
                "kiosk_agent_upstream_failures_total", "kiosk_agent_upstream_queued",
-               "kiosk_agent_api_key_expiry_timestamp_seconds"}
+               "kiosk_agent_api_key_expiry_timestamp_seconds",
+               # with a dex: section only (tests/audit/test_component.py scrapes them)
+               "kiosk_agent_audit_reads_total", "kiosk_agent_audit_vends_total",
+               "kiosk_agent_audit_mismatch", "kiosk_agent_audit_columns_low",
+               "kiosk_agent_audit_last_read_timestamp_seconds"}
 
 
 def _dashboard_queries() -> list[str]:

@@ -70,6 +70,8 @@ EXAMPLES: list[tuple[str, ...]] = [
     ("sales", "attention", "-c", "{config}"),
     ("sales", "show", "nosuchsale", "-c", "{config}"),
     ("sales", "resolve", "nosuchsale", "--as", "reversed", "--why", "by hand", "-c", "{config}"),
+    ("audit", "-c", "{config}"),
+    ("audit", "fill", "A1", "-c", "{config}"),
     ("doctor", "-c", "{config}"),
     ("unit", "-c", "{config}"),
     ("unit", "show", "-c", "{config}"),

@@ -302,11 +302,31 @@ function renderHealth() {
   );
   renderTerminals();
   renderService();
+  renderAudit();
   const sales = health.sales;
   setText($("today"), `${sales.today_count} sale(s), ${page.today_amount}`);
   setText($("footer"),
     `kiosk-agent ${health.version} · up ${duration(health.uptime_s)} · as of ${clock(health.at)}` +
     " · times are UTC (Z), as the command line prints them");
+}
+
+// the machine's own books (a dex: section): its last read, columns low or sold out, mismatches
+function renderAudit() {
+  const audit = state.page.health.audit;
+  $("audit-card").hidden = !audit;
+  if (!audit) return;
+  const list = (names) => (names.length ? names.join(", ") : "none");
+  const read = audit.last_read_at ? when(audit.last_read_at) : "none yet";
+  fill($("audit"),
+    el("dt", {}, "machine"), el("dd", {}, audit.machine),
+    el("dt", {}, "last read"), el("dd", { "data-audit": "last-read" }, read),
+    audit.failures ? [el("dt", {}, "reading"),
+      el("dd", { class: "bad" }, `failing (${audit.failures} in a row): ${audit.detail}`)] : null,
+    el("dt", {}, "sold out"), el("dd", { class: audit.sold_out.length ? "bad" : "", "data-audit": "sold-out" }, list(audit.sold_out)),
+    el("dt", {}, "low"), el("dd", { class: audit.low.length ? "warn" : "", "data-audit": "low" }, list(audit.low)),
+    el("dt", {}, "journal"),
+    el("dd", { class: audit.mismatches.length ? "bad" : "good", "data-audit": "mismatch" },
+      audit.mismatches.length ? audit.mismatches.join("; ") : "no mismatch"));
 }
 
 function result(key) {

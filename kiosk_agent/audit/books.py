@@ -1,0 +1,173 @@
+"""The figures of one audit read that the unit keeps: what the machine counted, in integer minor
+units (cents), taken out of a parsed EVA-DTS file once and stored as they are here.
+
+A read's figures are plain data (JSON in the journal's ``audit_reads`` table), so a read stored
+by one release is compared by the next one whatever its parser has become. Each counter pair
+is since initialisation (never goes down unless the machine is re-initialised) and, where the
+file gives it, since the last reset (a tech's "clear counters": goes down to 0).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from kiosk_agent.audit.evadts import AuditFile, Tally
+
+
+@dataclass(frozen=True, slots=True)
+class Count:
+    """How many vends and how much they were worth (minor units)."""
+
+    count: int
+    value: int
+
+    def __sub__(self, other: Count) -> Count:
+        return Count(self.count - other.count, self.value - other.value)
+
+    def went_down_from(self, other: Count) -> bool:
+        return self.count < other.count or self.value < other.value
+
+    def as_dict(self) -> dict[str, int]:
+        return {"count": self.count, "value": self.value}
+
+    @classmethod
+    def of(cls, data: Any) -> Count | None:
+        if not isinstance(data, Mapping):
+            return None
+        return cls(int(data["count"]), int(data["value"]))
+
+
+ZERO = Count(0, 0)
+
+
+@dataclass(frozen=True, slots=True)
+class Counter:
+    """One block's counters: since initialisation, and since the last reset where given."""
+
+    since_init: Count
+    since_reset: Count | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "since_init": self.since_init.as_dict(),
+            "since_reset": self.since_reset.as_dict() if self.since_reset else None,
+        }
+
+    @classmethod
+    def of(cls, data: Any) -> Counter | None:
+        if not isinstance(data, Mapping):
+            return None
+        since_init = Count.of(data.get("since_init"))
+        if since_init is None:
+            return None
+        return cls(since_init, Count.of(data.get("since_reset")))
+
+
+@dataclass(frozen=True, slots=True)
+class Column:
+    """A product column (``PA1``) and what the machine counted for it."""
+
+    price: int | None = None
+    name: str = ""
+    paid: Counter | None = None  # PA2: every paid vend, cash and card
+    cashless: Counter | None = None  # PA7 for the cashless device the unit is (DA by default)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "price": self.price,
+            "name": self.name,
+            "paid": self.paid.as_dict() if self.paid else None,
+            "cashless": self.cashless.as_dict() if self.cashless else None,
+        }
+
+    @classmethod
+    def of(cls, data: Mapping[str, Any]) -> Column:
+        price = data.get("price")
+        return cls(
+            price=int(price) if price is not None else None,
+            name=str(data.get("name") or ""),
+            paid=Counter.of(data.get("paid")),
+            cashless=Counter.of(data.get("cashless")),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Figures:
+    """What one read says, as the unit keeps it."""
+
+    machine: str = ""  # ID101, the machine's serial number
+    currency: str = ""
+    paid: Counter | None = None  # VA1: every paid vend
+    cash: Counter | None = None  # CA2
+    cashless: Counter | None = None  # DA2 (or DB2): the cashless device the unit is
+    columns: Mapping[str, Column] = field(default_factory=dict)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "machine": self.machine,
+            "currency": self.currency,
+            "paid": self.paid.as_dict() if self.paid else None,
+            "cash": self.cash.as_dict() if self.cash else None,
+            "cashless": self.cashless.as_dict() if self.cashless else None,
+            "columns": {name: column.as_dict() for name, column in self.columns.items()},
+        }
+
+    @classmethod
+    def of(cls, data: Mapping[str, Any]) -> Figures:
+        columns = data.get("columns") or {}
+        return cls(
+            machine=str(data.get("machine") or ""),
+            currency=str(data.get("currency") or ""),
+            paid=Counter.of(data.get("paid")),
+            cash=Counter.of(data.get("cash")),
+            cashless=Counter.of(data.get("cashless")),
+            columns={str(k): Column.of(v) for k, v in columns.items()},
+        )
+
+
+# -- out of a parsed file ------------------------------------------------------------------------
+
+
+def figures_of(audit: AuditFile, cashless_device: str = "DA") -> Figures:
+    """The figures the unit keeps of a parsed file (``audit.evadts``), for the cashless device
+    the unit is on the machine's bus (``DA``, or ``DB`` for device 2)."""
+    device = audit.cashless_device(cashless_device)
+    by_device = {
+        sale.product: sale.sales for sale in audit.device_sales if sale.device == cashless_device
+    }
+    columns: dict[str, Column] = {}
+    for product in audit.products:
+        columns[product.selection] = Column(
+            price=product.price,
+            name=product.name.strip(),
+            paid=counter_of(product.paid),
+            cashless=counter_of(by_device.get(product.selection)),
+        )
+    return Figures(
+        machine=audit.machine.serial if audit.machine else audit.sender,
+        currency=audit.currency.code,
+        paid=counter_of(audit.paid_vends),
+        cash=counter_of(audit.cash_sales),
+        cashless=counter_of(device.sales if device else None),
+        columns=columns,
+    )
+
+
+def counter_of(tally: Tally | None) -> Counter | None:
+    """A block's counter pair; a machine that sends only since-reset figures has them taken as
+    its only counter (a reset then reads as a re-initialisation: not compared, said so)."""
+    if tally is None:
+        return None
+    since_init = _count(tally.count_since_init, tally.value_since_init)
+    since_reset = _count(tally.count_since_reset, tally.value_since_reset)
+    if since_init is None:
+        return None if since_reset is None else Counter(since_reset)
+    return Counter(since_init, since_reset)
+
+
+def _count(count: int | None, value: int | None) -> Count | None:
+    if count is None and value is None:
+        return None
+    return Count(count or 0, value or 0)

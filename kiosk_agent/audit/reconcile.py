@@ -1,0 +1,253 @@
+"""The machine's books against the journal: what changed between two reads, and whether the
+card vends the machine counted between them are the card sales the journal holds.
+
+Pure: figures and sales in, a verdict out (docs/audit.md, "The reconciliation rule").
+
+The interval is (the read before, this read], both reads *clean*: no sale of the machine was in
+progress while either was taken (the scheduler never starts one during a sale; a sale that
+started during one makes it unclean, and the interval runs on to the next clean read). The
+machine's side is the cashless device's since-initialisation counter difference (``DA2``),
+and per column ``PA7`` for that device where the file has it; the journal's side is the sales
+of this machine whose vend the journal holds between the two reads, by their order of writing
+(the journal's step ids, which no clock step moves).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from kiosk_agent.audit.books import ZERO, Count, Counter, Figures
+from kiosk_agent.money import format_cents
+
+Verdict = Literal["match", "mismatch", "not_compared"]
+
+
+@dataclass(frozen=True, slots=True)
+class Change:
+    """One difference between a read and the read before it."""
+
+    kind: Literal["reset", "reinitialised", "price", "added", "removed", "machine"]
+    text: str
+    column: str = ""
+
+    def as_dict(self) -> dict[str, str]:
+        return {"kind": self.kind, "column": self.column, "text": self.text}
+
+
+def changes(before: Figures, after: Figures) -> list[Change]:
+    """What changed from ``before`` to ``after``: counters reset, prices, columns."""
+    found: list[Change] = []
+    if before.machine and after.machine and before.machine != after.machine:
+        found.append(Change("machine", f"machine serial {before.machine!r} -> {after.machine!r}"))
+    for block, old, new in _blocks(before, after):
+        if old is None or new is None:
+            continue
+        if new.since_init.went_down_from(old.since_init):
+            found.append(Change("reinitialised", f"{block} since initialisation went down "
+                                f"({_count(old.since_init)} -> {_count(new.since_init)})"))
+        elif old.since_reset and new.since_reset and new.since_reset.went_down_from(
+            old.since_reset
+        ):
+            found.append(Change("reset", f"{block} since reset went down "
+                                f"({_count(old.since_reset)} -> {_count(new.since_reset)})"))
+    for name in sorted(after.columns.keys() - before.columns.keys()):
+        found.append(Change("added", f"column {name} added", name))
+    for name in sorted(before.columns.keys() - after.columns.keys()):
+        found.append(Change("removed", f"column {name} removed", name))
+    for name in sorted(after.columns.keys() & before.columns.keys()):
+        old_price, new_price = before.columns[name].price, after.columns[name].price
+        if old_price is not None and new_price is not None and old_price != new_price:
+            found.append(Change("price", f"column {name} price {format_cents(old_price)} -> "
+                                f"{format_cents(new_price)}", name))
+    return found
+
+
+def _blocks(before: Figures, after: Figures) -> list[tuple[str, Counter | None, Counter | None]]:
+    return [
+        ("VA1 paid vends", before.paid, after.paid),
+        ("CA2 cash", before.cash, after.cash),
+        ("DA2 cashless", before.cashless, after.cashless),
+    ]
+
+
+def _count(count: Count) -> str:
+    return f"{count.count} worth {format_cents(count.value)}"
+
+
+# -- the journal's side --------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class CardSale:
+    """A sale of this machine whose vend the journal holds (the machine said it came out)."""
+
+    sale_id: str
+    vended_cents: int
+    product: str | None
+    state: str
+    vended_at: float  # wall time of the step that journaled the vend
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "sale_id": self.sale_id,
+            "vended_cents": self.vended_cents,
+            "product": self.product,
+            "state": self.state,
+            "vended_at": self.vended_at,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class Side:
+    """One side of the comparison, as a read or the journal tells it."""
+
+    at: float  # wall time of the read
+    figures: Figures
+
+
+@dataclass(frozen=True, slots=True)
+class ColumnDifference:
+    column: str
+    machine: Count
+    journal: Count
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "column": self.column,
+            "machine": self.machine.as_dict(),
+            "journal": self.journal.as_dict(),
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class Comparison:
+    """The verdict on one interval between two clean reads."""
+
+    verdict: Verdict
+    since: float
+    until: float
+    machine: Count | None  # the machine's card vends in the interval (None: not comparable)
+    journal: Count
+    sales: tuple[CardSale, ...] = ()
+    columns: tuple[ColumnDifference, ...] = ()
+    reason: str = ""  # why it was not compared
+    currency: str = "USD"
+
+    @property
+    def mismatch(self) -> bool:
+        return self.verdict == "mismatch"
+
+    def text(self) -> str:
+        """For people, the same words on every face."""
+        since = _clock_time(self.since)
+        held = f"the journal holds {_vends(self.journal, self.currency)}"
+        if self.machine is None:
+            return f"not compared since {since}: {self.reason}; {held}"
+        counted = f"the machine counted {_vends(self.machine, self.currency)}"
+        text = f"{counted} since {since}; {held}"
+        if self.columns:
+            text += "; by column: " + ", ".join(
+                f"{d.column} machine {d.machine.count} journal {d.journal.count}"
+                for d in self.columns
+            )
+        return text
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "verdict": self.verdict,
+            "since": self.since,
+            "until": self.until,
+            "machine": self.machine.as_dict() if self.machine else None,
+            "journal": self.journal.as_dict(),
+            "sales": [s.as_dict() for s in self.sales],
+            "columns": [c.as_dict() for c in self.columns],
+            "reason": self.reason,
+            "currency": self.currency,
+            "text": self.text(),
+        }
+
+    @classmethod
+    def of(cls, data: Mapping[str, Any]) -> Comparison:
+        return cls(
+            verdict=data["verdict"],
+            since=float(data["since"]),
+            until=float(data["until"]),
+            machine=Count.of(data.get("machine")),
+            journal=Count.of(data.get("journal")) or ZERO,
+            sales=tuple(CardSale(**s) for s in data.get("sales") or ()),
+            columns=tuple(
+                ColumnDifference(
+                    c["column"], Count.of(c["machine"]) or ZERO, Count.of(c["journal"]) or ZERO
+                )
+                for c in data.get("columns") or ()
+            ),
+            reason=str(data.get("reason") or ""),
+            currency=str(data.get("currency") or "USD"),
+        )
+
+
+def _vends(count: Count, currency: str) -> str:
+    plural = "" if count.count == 1 else "s"
+    return f"{count.count} card vend{plural} worth {format_cents(count.value, currency)}"
+
+
+def _clock_time(at: float) -> str:
+    # local time, as the page and the CLI show a machine's day
+    return dt.datetime.fromtimestamp(at).strftime("%Y-%m-%d %H:%M:%S")
+
+
+def compare(
+    before: Side, after: Side, sales: Sequence[CardSale], *, currency: str = "USD"
+) -> Comparison:
+    """The machine's card vends from ``before`` to ``after`` against ``sales`` (the journal's
+    vends of this machine in that interval)."""
+    journal = Count(len(sales), sum(s.vended_cents for s in sales))
+    machine, reason = _cashless_difference(before.figures, after.figures)
+    columns = _column_differences(before.figures, after.figures, sales) if machine else ()
+    verdict: Verdict = "not_compared"
+    if machine is not None:
+        verdict = "match" if machine == journal and not columns else "mismatch"
+    return Comparison(
+        verdict=verdict, since=before.at, until=after.at, machine=machine, journal=journal,
+        sales=tuple(sales), columns=columns, reason=reason, currency=currency,
+    )
+
+
+def _cashless_difference(before: Figures, after: Figures) -> tuple[Count | None, str]:
+    """The machine's card vends between two reads, or why they cannot be known."""
+    if before.machine and after.machine and before.machine != after.machine:
+        return None, f"another machine answered ({before.machine!r} then {after.machine!r})"
+    old, new = before.cashless, after.cashless
+    if old is None or new is None:
+        return None, "a read has no DA2 (cashless) counters"
+    if not new.since_init.went_down_from(old.since_init):
+        return new.since_init - old.since_init, ""
+    # since initialisation went down: the machine was re-initialised (or the counter wrapped)
+    return None, "the machine's DA2 since initialisation went down (re-initialised)"
+
+
+def _column_differences(
+    before: Figures, after: Figures, sales: Sequence[CardSale]
+) -> tuple[ColumnDifference, ...]:
+    """Per column with PA7 for the cashless device in both reads: vends that differ. Only when
+    every sale names a column of the file: a platform whose product codes are not the
+    machine's column ids (another numbering) says nothing per column."""
+    if any(sale.product not in after.columns for sale in sales):
+        return ()
+    by_column: dict[str, list[CardSale]] = {}
+    for sale in sales:
+        by_column.setdefault(sale.product or "", []).append(sale)
+    differences: list[ColumnDifference] = []
+    for name in sorted(after.columns.keys() & before.columns.keys()):
+        old, new = before.columns[name].cashless, after.columns[name].cashless
+        if old is None or new is None or new.since_init.went_down_from(old.since_init):
+            continue
+        machine = new.since_init - old.since_init
+        held = by_column.get(name, [])
+        journal = Count(len(held), sum(s.vended_cents for s in held))
+        if machine.count != journal.count:
+            differences.append(ColumnDifference(name, machine, journal))
+    return tuple(differences)

@@ -1,0 +1,90 @@
+"""The `dex:` section's keys for the books: whose sales are the machine's, when the first read
+comes and how failures back off, what each column holds. The link's keys (port, protocol,
+baudrate, comm_id, interval, deadline) are the link's (``audit/config.py``); these are added
+to the same section (docs/audit.md).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import voluptuous as vol
+
+
+def _capacities(value: Any) -> dict[str, int]:
+    if not isinstance(value, Mapping):
+        raise vol.Invalid("expected a map of column to capacity, like {A1: 10, A2: 8}")
+    found: dict[str, int] = {}
+    errors: list[vol.Invalid] = []
+    for column, capacity in value.items():
+        if isinstance(capacity, bool) or not isinstance(capacity, int) or not 0 < capacity <= 9999:
+            errors.append(vol.Invalid(
+                f"capacity of column {column} must be a whole number from 1 to 9999, "
+                f"got {capacity!r}", path=[column]))
+        else:
+            found[str(column)] = capacity
+    if errors:
+        raise vol.MultipleInvalid(errors)
+    return found
+
+
+def _seconds(low: float, high: float) -> Any:
+    return vol.All(vol.Coerce(float), vol.Range(min=low, max=high))
+
+
+# Added to the `dex:` section's schema beside the link's keys.
+BOOKS_KEYS: dict[Any, Any] = {
+    # the trigger whose card sales are this machine's (its `name:`, or `platform:name`)
+    vol.Optional("trigger"): vol.All(str, vol.Length(min=1, max=100)),
+    # the first read `first_read` seconds after the start (then every `interval`: the link's key)
+    vol.Optional("first_read", default=30.0): _seconds(0, 86400),
+    # a failed read is tried again after `retry_min` seconds, doubled each failure up to `retry_max`
+    vol.Optional("retry_min", default=30.0): _seconds(1, 86400),
+    vol.Optional("retry_max", default=1800.0): _seconds(1, 7 * 86400),
+    # the cashless device the unit is on the machine's bus: DA (device 1) or DB (device 2)
+    vol.Optional("cashless_device", default="DA"): vol.In(["DA", "DB"]),
+    # capacity per column; a column at or under `low_stock` left is low
+    vol.Optional("planogram", default={}): _capacities,
+    vol.Optional("low_stock", default=2): vol.All(int, vol.Range(min=0, max=9999)),
+    # how long a mismatch found stays a problem in health (seconds)
+    vol.Optional("mismatch_shown", default=86400.0): _seconds(60, 90 * 86400),
+}
+
+
+@dataclass(frozen=True, slots=True)
+class BooksSettings:
+    trigger: str | None = None
+    interval: float = 3600.0
+    first_read: float = 30.0
+    retry_min: float = 30.0
+    retry_max: float = 1800.0
+    deadline: float = 120.0
+    cashless_device: str = "DA"
+    planogram: Mapping[str, int] = field(default_factory=dict)
+    low_stock: int = 2
+    mismatch_shown: float = 86400.0
+
+    @classmethod
+    def from_config(cls, conf: Mapping[str, Any]) -> BooksSettings:
+        names = {f for f in cls.__dataclass_fields__ if f in conf}
+        return cls(**{name: conf[name] for name in names})
+
+    def backoff(self, failures: int) -> float:
+        """Seconds to wait after ``failures`` failed reads in a row (capped, exponential)."""
+        return float(min(self.retry_max, self.retry_min * 2 ** max(0, failures - 1)))
+
+
+def machine_sources(trigger: str | None, triggers: Sequence[Mapping[str, Any]]) -> list[str]:
+    """The sale sources (``platform:name``) of the configured trigger named ``trigger``."""
+    if trigger is None:
+        return []
+    found = []
+    for conf in triggers:
+        source = f"{conf['platform']}:{conf.get('name') or ''}"
+        if trigger in (source, conf.get("name")):
+            found.append(source)
+    if not found and ":" in trigger:  # an unnamed trigger's source, as its platform names it
+        found.append(trigger)
+    return found

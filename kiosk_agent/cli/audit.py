@@ -1,0 +1,175 @@
+"""`kiosk-agent audit`: the machine's own books as the journal holds them; `audit fill` records a
+refill (docs/audit.md).
+
+Both work on the journal beside a running agent, as `sales` and `sales resolve` do: `audit`
+only reads it, `audit fill` writes one row per column refilled.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import sys
+from typing import TYPE_CHECKING, Any
+
+from kiosk_agent.cli.contract import (
+    EXIT_OK,
+    EXIT_USAGE,
+    CliError,
+    config_path,
+    guarded,
+    load,
+    options,
+    plural,
+    say,
+)
+from kiosk_agent.export import SALE_FORMATS, export_audit
+from kiosk_agent.money import format_cents
+
+if TYPE_CHECKING:
+    from kiosk_agent.audit.settings import BooksSettings
+    from kiosk_agent.audit.store import AuditStore
+    from kiosk_agent.sales.journal import Journal
+
+
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    audit = subparsers.add_parser(
+        "audit",
+        help="the machine's own books: stock per column, the last read, mismatches",
+        parents=options(),
+        description="Per column: paid vends since the last refill, the stock left by the "
+        "planogram (dex: planogram), and the last audit read; then the latest comparison of "
+        "the machine's card vends with the journal's. `audit fill` records a refill.",
+    )
+    _format_option(audit)
+    audit.set_defaults(handler=guarded(audit_command))
+    actions = audit.add_subparsers(dest="action", metavar="ACTION")
+    fill = actions.add_parser(
+        "fill", parents=options(), help="record a refill of some columns (or --all)",
+        description="Record that these columns were refilled now: their sales are counted "
+        "again from the last read before the refill. Read the machine just before filling.",
+    )  # fmt: skip
+    fill.add_argument("columns", metavar="COLUMN", nargs="*", help="the columns refilled")
+    fill.add_argument("--all", action="store_true", help="every column of the planogram and "
+                      "of the last read")
+    fill.set_defaults(handler=guarded(fill_command))
+
+
+def _format_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--format", choices=["table", *SALE_FORMATS], default=None,
+        help="table (default), csv or json (--json is --format json)",
+    )  # fmt: skip
+
+
+def _books(args: argparse.Namespace, *, to_write: bool) -> tuple[Journal, AuditStore,
+                                                                 BooksSettings]:
+    from kiosk_agent.audit.settings import BooksSettings
+    from kiosk_agent.audit.store import AuditStore
+    from kiosk_agent.sales.journal import Journal, JournalError
+
+    config = load(config_path(args), check_platforms=False)
+    settings = BooksSettings.from_config(config.get("dex") or {})
+    path = config.resolve(config["journal"]["path"])
+    if not path.exists():
+        raise CliError(f"no journal at {path} (the agent has not run yet)")
+    journal = Journal(path)
+    try:
+        journal.open() if to_write else journal.open_to_read()
+    except JournalError as err:
+        raise CliError(str(err)) from None
+    store = AuditStore(lambda: journal.db)
+    if to_write:
+        store.open()
+    return journal, store, settings
+
+
+async def audit_command(args: argparse.Namespace) -> int:
+    from kiosk_agent.audit.ledger import audit_report
+    from kiosk_agent.cli.report import output_format
+
+    fmt = output_format(args)
+    journal, store, settings = _books(args, to_write=False)
+    try:
+        report = audit_report(store, settings.planogram, settings.low_stock,
+                              machine=settings.trigger or "") if store.exists() else None
+    finally:
+        journal.close()
+    if report is None:
+        report = {"machine": settings.trigger or "", "last_read": None, "columns": [],
+                  "comparisons": [], "mismatch": ""}
+    if fmt != "table":
+        for piece in export_audit(report, fmt):
+            sys.stdout.write(piece)
+        return EXIT_OK
+    print(audit_table(report))
+    return EXIT_OK
+
+
+def audit_table(report: dict[str, Any]) -> str:
+    """The books for people: a line per column, the last read, the latest comparison."""
+    from kiosk_agent.text import for_terminal
+
+    headers = ("COLUMN", "NAME", "PRICE", "CAPACITY", "SOLD", "LEFT", "", "FILLED")
+    lines = [
+        (
+            for_terminal(c["column"]),
+            for_terminal(c["name"]),
+            format_cents(c["price"]) if c["price"] is not None else "",
+            "" if c["capacity"] is None else str(c["capacity"]),
+            "" if c["sold_since_fill"] is None else str(c["sold_since_fill"]),
+            "" if c["estimate"] is None else str(c["estimate"]),
+            "SOLD OUT" if c["sold_out"] else "LOW" if c["low"] else "",
+            _when(c["filled_at"]) or "never",
+        )
+        for c in report["columns"]
+    ]
+    widths = [max([len(h)] + [len(line[i]) for line in lines]) for i, h in enumerate(headers)]
+    fmt = "  ".join(f"{{:<{w}}}" for w in widths[:-1]) + "  {}"
+    out = [fmt.format(*headers)] + [fmt.format(*line) for line in lines] if lines else []
+    out.append(plural(len(lines), "column"))
+    last = report["last_read"]
+    if last is None:
+        out.append("last read: none yet")
+    else:
+        during = "" if last["clean"] else " (taken during a sale: no comparison boundary)"
+        out.append(f"last read: {_when(last['at'])}{during}")
+        out.extend(f"  changed: {for_terminal(c['text'])}" for c in last["changes"])
+    comparisons = report["comparisons"]
+    if comparisons:
+        latest = comparisons[0]
+        label = {"match": "matches", "mismatch": "MISMATCH",
+                 "not_compared": "not compared"}[latest["verdict"]]
+        out.append(f"journal: {label}: {latest['text']}")
+        if latest["verdict"] == "mismatch":
+            ids = ", ".join(s["sale_id"] for s in latest["sales"]) or "none"
+            out.append(f"  the journal's sales of that interval: {ids}")
+    return "\n".join(out)
+
+
+def _when(at: float | None) -> str:
+    if at is None:
+        return ""
+    return f"{dt.datetime.fromtimestamp(at, dt.UTC):%Y-%m-%d %H:%M:%SZ}"
+
+
+async def fill_command(args: argparse.Namespace) -> int:
+    import getpass
+    import time
+
+    journal, store, settings = _books(args, to_write=True)  # the configuration first
+    try:
+        if args.all == bool(args.columns):
+            raise CliError("name the columns refilled, or give --all (not both)", EXIT_USAGE)
+        columns = list(dict.fromkeys(args.columns))
+        if args.all:
+            last = store.last_read()
+            columns = sorted(set(settings.planogram) | set(last.figures.columns if last else ()))
+            if not columns:
+                raise CliError("--all: no column known yet (no planogram and no read)")
+        fills = store.record_fill(columns, at=time.time(), by=f"cli ({getpass.getuser()})")
+    finally:
+        journal.close()
+    say(args, f"refill recorded: {', '.join(f.column for f in fills)}",
+        fills=[{"column": f.column, "at": f.at, "read_id": f.read_id} for f in fills])
+    return EXIT_OK

@@ -1,0 +1,38 @@
+"""The machine's books on the status page, in a real browser: what health holds, shown."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from playwright.async_api import Browser, expect
+
+from kiosk_agent.audit.component import AuditReads, Port
+from tests.admin.conftest import READ_TOKEN
+from tests.admin.test_page_browser import DESKTOP, WAIT_MS, _open
+from tests.audit.helpers import figures
+
+
+async def test_the_page_shows_the_last_read_the_columns_out_and_the_mismatch(
+    agent: Any, admin_server: Any, browser: Browser
+) -> None:
+    answers = [figures((2, 300), columns={"A1": (150, 0, 0), "A2": (250, 0, 0)}),
+               figures((4, 600), columns={"A1": (150, 1, 1), "A2": (250, 3, 3)})]
+
+    async def read_file() -> bytes:
+        return b"an audit file"
+
+    port = Port(read_file, lambda _: answers.pop(0))
+    conf = {"trigger": "lobby", "planogram": {"A1": 5, "A2": 3}, "low_stock": 1}
+    books = AuditReads(agent, conf, port)
+    await books.start()
+    agent.components.append(books)
+    await books.read_once()
+    await books.read_once()
+    page, seen = await _open(browser, admin_server.url, DESKTOP, READ_TOKEN)
+    card = page.locator("#audit")
+    await expect(card.locator("[data-audit=sold-out]")).to_have_text("A2", timeout=WAIT_MS)
+    await expect(card.locator("[data-audit=low]")).to_have_text("none")
+    mismatch = books.mismatches()[0].text()
+    await expect(card.locator("[data-audit=mismatch]")).to_contain_text(mismatch)
+    await expect(page.locator("#problems")).to_contain_text("audit mismatch on lobby")
+    assert seen.errors == []

@@ -1,0 +1,119 @@
+"""The machine's books against the journal end to end: the virtual vending machine over a real
+pty, the agent's mdb platform and sale flows, the simulator over HTTP; the machine's audit read
+by the agent's scheduler over the machine's DEX port (a pty of its own, DEX/UCS both sides). A
+vend the agent never heard of, and one the machine never made, each caught as a mismatch."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from kiosk_agent.audit.component import AuditReads
+from kiosk_agent.audit.config import DEX_SCHEMA
+from kiosk_agent.core.agent import Agent
+from kiosk_agent.platforms.virtual import VirtualController, VisitOutcome
+from kiosk_agent.sales.states import SaleState
+from tests.core.conftest import agent_factory
+
+__all__ = ["agent_factory"]  # the real agent on the simulator, as tests/core has it
+
+MACHINE = """\
+triggers:
+  - platform: virtual
+    name: snacks
+    terminal: front
+    flow: authorize_capture
+    customers: false
+    dex: true
+    dispense_time: 0.01
+    products: {A1: "1.50", A2: "2.50"}
+"""
+BOOKS = DEX_SCHEMA({"port": "virtual:snacks", "trigger": "snacks", "first_read": 3600.0,
+                   "interval": 3600.0, "deadline": 30.0})
+
+
+async def machine_and_books(agent_factory: Any) -> tuple[Agent, VirtualController, AuditReads]:
+    agent: Agent = await agent_factory(MACHINE)
+    controller: VirtualController = agent.platforms[0].controller  # type: ignore[attr-defined]
+    books = AuditReads(agent, BOOKS)  # the real link on the machine's DEX pty
+    await books.start()
+    agent.components.append(books)  # stopped with the agent
+    await controller.wait_enabled()
+    return agent, controller, books
+
+
+async def served(agent: Agent, controller: VirtualController, product: str, **knobs: Any) -> None:
+    """One card customer, and the agent's sale of them ended."""
+    visit = await asyncio.wait_for(controller.customer(product, **knobs), 20)
+    assert visit.outcome in (VisitOutcome.VENDED, VisitOutcome.FAILED)
+    async with asyncio.timeout(20):
+        while agent.sales.running:
+            await asyncio.sleep(0.01)
+
+
+async def test_a_vend_the_agent_never_heard_of_is_a_mismatch(agent_factory: Any) -> None:
+    agent, controller, books = await machine_and_books(agent_factory)
+    await books.read_once()
+    await served(agent, controller, "A1")
+    await served(agent, controller, "A2", unheard=True)  # dropped; the agent gave the money back
+    await controller.cash_customer("A1")  # cash: no part of the comparison
+    recorded = await books.read_once()
+    assert recorded is not None
+    comparison = recorded.comparison
+    assert comparison is not None
+    assert comparison.verdict == "mismatch"
+    assert "the machine counted 2 card vends worth $4.00" in comparison.text()
+    assert "the journal holds 1 card vend worth $1.50" in comparison.text()
+    [kept] = comparison.sales
+    assert agent.journal.get(kept.sale_id).state is SaleState.COMPLETED  # type: ignore[union-attr]
+    problems = agent.health.snapshot().problems
+    assert any(p.startswith("audit mismatch on snacks: the machine counted 2") for p in problems)
+    assert books.vends == {"cash": 1, "cashless": 2}
+
+
+async def test_a_vend_the_machine_never_made_is_a_mismatch(agent_factory: Any) -> None:
+    agent, controller, books = await machine_and_books(agent_factory)
+    await books.read_once()
+    await served(agent, controller, "A1", phantom=True)  # captured; nothing dropped
+    recorded = await books.read_once()
+    assert recorded is not None
+    comparison = recorded.comparison
+    assert comparison is not None
+    assert comparison.verdict == "mismatch"
+    assert "the machine counted 0 card vends worth $0.00" in comparison.text()
+    assert "the journal holds 1 card vend worth $1.50" in comparison.text()
+
+
+async def test_honest_vends_match(agent_factory: Any) -> None:
+    agent, controller, books = await machine_and_books(agent_factory)
+    await books.read_once()
+    for product in ("A1", "A2", "A1"):
+        await served(agent, controller, product)
+    await served(agent, controller, "A2", fail=True)  # nothing dropped: the money went back
+    recorded = await books.read_once()
+    assert recorded is not None
+    assert recorded.comparison is not None
+    assert recorded.comparison.verdict == "match"
+    assert recorded.comparison.machine == recorded.comparison.journal
+
+
+async def test_a_dex_section_reads_the_machine_from_the_start(agent_factory: Any) -> None:
+    agent: Agent = await agent_factory(MACHINE + """
+dex:
+  port: virtual:snacks
+  trigger: snacks
+  first_read: 0
+  planogram: {A1: 5, A2: 1}
+  low_stock: 1
+""")
+    [books] = [c for c in agent.components if isinstance(c, AuditReads)]
+    controller: VirtualController = agent.platforms[0].controller  # type: ignore[attr-defined]
+    async with asyncio.timeout(20):
+        while books.reads["ok"] == 0:
+            await books.done.wait()
+            books.done.clear()
+    audit = agent.health.snapshot().audit
+    assert audit is not None
+    assert (audit.machine, audit.last_outcome, audit.low) == ("snacks", "ok", ["A2"])
+    assert controller.dex is not None
+    assert controller.dex.slave.reads == 1

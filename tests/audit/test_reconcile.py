@@ -1,0 +1,97 @@
+"""The reconciliation rule by example: the machine's card vends between two reads against the
+journal's card sales of that interval (docs/audit.md)."""
+
+from __future__ import annotations
+
+from kiosk_agent.audit.books import Count
+from kiosk_agent.audit.reconcile import CardSale, Side, changes, compare
+from tests.audit.helpers import figures
+
+TEN = 1_764_324_000.0  # a morning, Unix time
+
+
+def sale(n: int, cents: int, product: str = "A1") -> CardSale:
+    return CardSale(f"s{n}", cents, product, "completed", TEN + n)
+
+
+def test_the_same_vends_on_both_sides_match() -> None:
+    before = Side(TEN, figures((10, 1500)))
+    after = Side(TEN + 3600, figures((12, 1800)))
+    result = compare(before, after, [sale(1, 150), sale(2, 150)])
+    assert result.verdict == "match"
+    assert result.machine == result.journal == Count(2, 300)
+
+
+def test_a_vend_the_journal_does_not_hold_is_a_mismatch_naming_both_sides() -> None:
+    before = Side(TEN, figures((10, 1500)))
+    after = Side(TEN + 3600, figures((17, 2650)))
+    sales = [sale(n, 150) for n in range(5)] + [sale(9, 200)]
+    result = compare(before, after, sales)
+    assert result.verdict == "mismatch"
+    text = result.text()
+    assert "the machine counted 7 card vends worth $11.50 since" in text
+    assert "the journal holds 6 card vends worth $9.50" in text
+    assert {s.sale_id for s in result.sales} == {"s0", "s1", "s2", "s3", "s4", "s9"}
+
+
+def test_a_sale_for_a_vend_the_machine_never_made_is_a_mismatch() -> None:
+    result = compare(Side(TEN, figures((3, 450))), Side(TEN + 60, figures((3, 450))),
+                     [sale(1, 150)])
+    assert result.verdict == "mismatch"
+    assert result.machine == Count(0, 0)
+    assert result.journal == Count(1, 150)
+
+
+def test_a_counter_reset_compares_on_the_since_initialisation_counters() -> None:
+    before = Side(TEN, figures((40, 6000), reset=(30, 4500)))
+    after = Side(TEN + 60, figures((41, 6150), reset=(1, 150)))
+    assert compare(before, after, [sale(1, 150)]).verdict == "match"
+    assert [c.kind for c in changes(before.figures, after.figures)] == ["reset"]
+
+
+def test_a_machine_reinitialised_is_not_compared_and_says_why() -> None:
+    result = compare(Side(TEN, figures((40, 6000))), Side(TEN + 60, figures((1, 150))),
+                     [sale(1, 150)])
+    assert result.verdict == "not_compared"
+    assert "re-initialised" in result.text()
+    assert "the journal holds 1 card vend worth $1.50" in result.text()
+
+
+def test_another_machine_answering_is_not_compared() -> None:
+    result = compare(Side(TEN, figures((4, 600), machine="VM-1")),
+                     Side(TEN + 60, figures((5, 750), machine="VM-2")), [sale(1, 150)])
+    assert result.verdict == "not_compared"
+    assert "another machine" in result.reason
+
+
+def test_per_column_a_vend_in_the_wrong_column_is_a_mismatch() -> None:
+    before = Side(TEN, figures((2, 300), columns={"A1": (150, 1, 1), "A2": (150, 1, 1)}))
+    after = Side(TEN + 60, figures((3, 450), columns={"A1": (150, 2, 2), "A2": (150, 1, 1)}))
+    result = compare(before, after, [sale(1, 150, "A2")])
+    assert result.verdict == "mismatch"
+    assert [(d.column, d.machine.count, d.journal.count) for d in result.columns] == [
+        ("A1", 1, 0), ("A2", 0, 1)
+    ]
+
+
+def test_products_that_are_not_the_machines_columns_are_compared_in_total_only() -> None:
+    before = Side(TEN, figures((2, 300), columns={"11": (150, 1, 1)}))
+    after = Side(TEN + 60, figures((3, 450), columns={"11": (150, 2, 2)}))
+    assert compare(before, after, [sale(1, 150, "A1")]).verdict == "match"
+
+
+def test_changes_name_prices_and_columns_added_or_removed() -> None:
+    before = figures((0, 0), columns={"A1": (150, 0, 0), "A2": (250, 0, 0)})
+    after = figures((0, 0), columns={"A1": (175, 0, 0), "B1": (325, 0, 0)})
+    assert [c.text for c in changes(before, after)] == [
+        "column B1 added", "column A2 removed", "column A1 price $1.50 -> $1.75",
+    ]
+
+
+def test_a_comparison_reads_back_from_its_json_as_it_was() -> None:
+    result = compare(Side(TEN, figures((1, 150), columns={"A1": (150, 1, 1)})),
+                     Side(TEN + 5, figures((3, 450), columns={"A1": (150, 3, 3)})),
+                     [sale(1, 150)])
+    from kiosk_agent.audit.reconcile import Comparison
+
+    assert Comparison.of(result.as_dict()).as_dict() == result.as_dict()
