@@ -174,6 +174,7 @@ class StatusPage:
         self.doctor: Report | None = None
         self._doctor_task = BackgroundTask(self._run_doctor, "status-page-doctor")
         self._doctor_done = asyncio.Event()
+        self._doctor_problems: list[str] = []  # the health's problems when the checks began
 
     def add_routes(self, app: web.Application) -> None:
         self._closing = asyncio.Event()
@@ -339,8 +340,8 @@ class StatusPage:
                 recent.append({**sale_view(record), "steps": steps})
             open_sales = [sale_view(r) for r in journal.open_sales()]
             attention = [sale_view(r) for r in journal.attention_sales()]
-        if self.doctor is None:
-            self._doctor_task.start()  # the first look runs the checks once, in the background
+        if self.doctor is None and not self._doctor_task.started:
+            self._start_doctor()  # the first look runs the checks once, in the background
         return web.json_response(
             {
                 **health_view(snapshot),
@@ -413,19 +414,29 @@ class StatusPage:
 
     async def _stream(self, response: web.StreamResponse, alive: Callable[[], bool]) -> None:
         last_health: dict[str, Any] | None = None
+        last_platforms: list[dict[str, Any]] | None = None
         quiet_since = time.monotonic()
         doctor_seen: object = _NOT_SENT  # the first round sends it: the page may hold an old one
         try:
             async with self.agent.events.subscribe() as queue:
                 while not self._closing.is_set() and alive():
                     snapshot = self.agent.health.snapshot().model_dump(mode="json")
-                    if _changed(last_health, snapshot):
+                    # a platform's reader and machine change with availability, not with a
+                    # sale step: they go in the same event as the health they follow
+                    platforms = self._platforms()
+                    if _changed(last_health, snapshot) or platforms != last_platforms:
                         for note in health_changes(last_health, snapshot):
                             await _send(response, "note", {"at": snapshot["at"], **note})
-                        await _send(response, "health", health_view(snapshot))
-                        last_health, quiet_since = snapshot, time.monotonic()
-                    if self.doctor is not doctor_seen:
-                        doctor_seen = self.doctor
+                        await _send(
+                            response, "health", {**health_view(snapshot), "platforms": platforms}
+                        )
+                        last_health, last_platforms = snapshot, platforms
+                        quiet_since = time.monotonic()
+                    await self._doctor_follows(snapshot["problems"])
+                    # a run starting says so too: the card shows its checks are being made again
+                    doctor_now = (self.doctor, self._doctor_running())
+                    if doctor_now != doctor_seen:
+                        doctor_seen = doctor_now
                         await _send(response, "doctor", self._doctor_view())
                     try:
                         async with asyncio.timeout(HEALTH_POLL_S):
@@ -453,10 +464,25 @@ class StatusPage:
         """Run the doctor's checks now (admin); answers when they are done."""
         if not self._doctor_task.started or self._doctor_done.is_set():
             await self._doctor_task.stop()
-            self._doctor_done = asyncio.Event()
-            self._doctor_task.start()
+            self._start_doctor()
         await self._doctor_done.wait()
         return web.json_response(self._doctor_view(), headers=_NO_STORE)
+
+    async def _doctor_follows(self, problems: list[str]) -> None:
+        """The checks again once the health's problems are not those they ran beside: a Doctor
+        card saying "0 failed" under a DOWN status would be a report of another moment. Only
+        while a page watches, and one run at a time (a change during a run: one more after)."""
+        if self.doctor is None or self._doctor_problems == problems:
+            return
+        if self._doctor_running():
+            return  # running: the next look after it ends sees the difference
+        await self._doctor_task.stop()  # the finished run's task
+        self._start_doctor()
+
+    def _start_doctor(self) -> None:
+        self._doctor_problems = list(self.agent.health.snapshot().problems)
+        self._doctor_done = asyncio.Event()
+        self._doctor_task.start()
 
     async def _run_doctor(self) -> None:
         done = self._doctor_done
@@ -473,8 +499,11 @@ class StatusPage:
         finally:
             done.set()
 
+    def _doctor_running(self) -> bool:
+        return self._doctor_task.started and not self._doctor_done.is_set()
+
     def _doctor_view(self) -> dict[str, Any]:
-        running = self._doctor_task.started and not self._doctor_done.is_set()
+        running = self._doctor_running()
         if self.doctor is None:
             return {"running": running, "checks": [], "failed": 0, "finished_at": None}
         return {**self.doctor.as_dict(), "running": running}

@@ -224,6 +224,8 @@ function follow() {
       else showLogin("Your session ended; log in again.");
     }
   });
+  // health, availability and the platforms' readers arrive together, whenever any changes:
+  // every card is drawn from this one state, never from a list reloaded after a sale step
   stream.addEventListener("health", (event) => {
     const view = JSON.parse(event.data);
     state.streamHealth = view;
@@ -551,9 +553,12 @@ function renderDoctor() {
     ` ${c.name}`, c.detail ? `: ${c.detail}` : "",
     c.fix ? el("p", { class: "fix" }, `Fix: ${c.fix}`) : null,
     c.notes.length ? el("ul", {}, c.notes.map((n) => el("li", {}, n))) : null);
+  // the agent runs them again when the health's problems change: the last run stays shown
+  // until then, saying it is being checked again
   box.replaceChildren(
-    el("p", { class: failing.length ? "bad" : "good" },
-      `${when(doctor.finished_at)}: ${doctor.failed} failed, ${doctor.checks.length} checked`),
+    el("p", { class: failing.length ? "bad" : "good", "data-field": "doctor-summary" },
+      `${when(doctor.finished_at)}: ${doctor.failed} failed, ${doctor.checks.length} checked`,
+      doctor.running ? el("span", { class: "muted" }, " · checking again…") : null),
     ...failing.map(line),
     rest.length ? el("details", {}, el("summary", {}, `${rest.length} passed or skipped`), rest.map(line)) : null,
   );
