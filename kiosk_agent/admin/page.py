@@ -487,8 +487,9 @@ class StatusPage:
     async def _run_doctor(self) -> None:
         done = self._doctor_done
         try:
+            links = {link.name: link for link in self.agent.health.snapshot().links}
             self.doctor = await check_running(
-                self.agent.config, self.agent.service, within=DOCTOR_WITHIN_S
+                self.agent.config, self.agent.service, within=DOCTOR_WITHIN_S, links=links
             )
         except Exception as err:
             _LOGGER.exception("status page: the doctor's checks failed")
