@@ -97,6 +97,7 @@ async def check_running(
     report.add("config", Verdict.PASS, f"{config.path} loaded by the running agent")
     check_serial_ports(report, config)
     await check_port_urls(report, config, within, links)
+    check_triggers(report, config)
     check_journal(report, config)
     await check_terminals(report, config, service, within=within)
     await check_upstream(report, config, within)
@@ -169,6 +170,30 @@ def check_serial_ports(report: Report, config: Config) -> None:
             )
         else:
             report.add(check, Verdict.PASS, f"{port} present and accessible")
+
+
+def trigger_problems(config: Config) -> list[tuple[int, str, str]]:
+    """(index, name, problem) for each thing that keeps a valid trigger from starting here,
+    as its platform says (``core.registry.environment_problems``)."""
+    from kiosk_agent.core.registry import environment_problems
+
+    return [
+        (index, f"{t['platform']}:{t.get('name') or t['platform']}", problem)
+        for index, t in enumerate(config.triggers)
+        for problem in environment_problems(t)
+    ]
+
+
+def check_triggers(report: Report, config: Config) -> None:
+    """Each trigger whose platform can tell: it can start on this machine as it is."""
+    problems = trigger_problems(config)
+    names = {name for _, name, _ in problems}
+    for name in sorted(names):
+        notes = [problem for _, n, problem in problems if n == name]
+        report.add(
+            f"trigger {name}", Verdict.FAIL, "cannot start on this machine",
+            "correct each line below; the agent starts it once restarted", notes,
+        )  # fmt: skip
 
 
 # pyserial's URLs that name a TCP host and port (ser2net, an ESP-Link, the virtual machine's)
