@@ -31,6 +31,7 @@ import ipaddress
 import json
 import logging
 import math
+import re
 import secrets
 import time
 from collections.abc import Callable
@@ -45,7 +46,7 @@ from kiosk_agent.core.doctor import Report, Verdict, check_running
 from kiosk_agent.core.logging import RefusalLog
 from kiosk_agent.core.web import read_json, stream_slot
 from kiosk_agent.money import format_cents
-from kiosk_agent.sales.journal import SaleRecord
+from kiosk_agent.sales.journal import SaleRecord, StepRecord
 from kiosk_agent.sales.model import SaleEvent, money_text
 from kiosk_agent.service.models.common import card_brand_name
 from kiosk_agent.tasks import BackgroundTask
@@ -70,6 +71,7 @@ GUESS_WINDOW_S = 60.0
 _GUESSERS_KEPT = 1024  # addresses remembered; the quietest goes first
 RECENT_SALES = 20
 DOCTOR_WITHIN_S = 10.0
+REPLAY_LIMIT = 1000  # steps a reconnecting follower is sent from the journal
 
 _PUBLIC = frozenset({"/", "/session"})
 _SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
@@ -381,6 +383,7 @@ class StatusPage:
             self._streams -= 1
 
     async def _events(self, request: web.Request) -> web.StreamResponse:
+        since = _since(request)
         response = web.StreamResponse(
             headers={
                 "Content-Type": "text/event-stream",
@@ -390,7 +393,7 @@ class StatusPage:
         )
         await response.prepare(request)
         try:
-            await self._stream(response, self._alive(request))
+            await self._stream(response, self._alive(request), since)
         except _Stalled:
             self.stalled_streams += 1
             self.refused(
@@ -412,13 +415,17 @@ class StatusPage:
         session = self._session(request)
         return lambda: session is not None and self._session(request) is session
 
-    async def _stream(self, response: web.StreamResponse, alive: Callable[[], bool]) -> None:
+    async def _stream(
+        self, response: web.StreamResponse, alive: Callable[[], bool], since: float | None = None
+    ) -> None:
         last_health: dict[str, Any] | None = None
         last_platforms: list[dict[str, Any]] | None = None
         quiet_since = time.monotonic()
         doctor_seen: object = _NOT_SENT  # the first round sends it: the page may hold an old one
         try:
             async with self.agent.events.subscribe() as queue:
+                # subscribed first: a step journaled while the journal is read comes live too
+                replayed = await self._replay(response, since) if since is not None else set()
                 while not self._closing.is_set() and alive():
                     snapshot = self.agent.health.snapshot().model_dump(mode="json")
                     # a platform's reader and machine change with availability, not with a
@@ -447,13 +454,37 @@ class StatusPage:
                         missed = queue.take_missed()
                         if missed:  # this reader fell behind: its history has a hole here
                             await _send(response, "gap", gap_view(missed))
-                        await _send(response, "sale", sale_event_view(event))
+                        view = sale_event_view(event)
+                        if _step_key(view) not in replayed:  # sent already from the journal
+                            await _send(response, "sale", view)
                         quiet_since = time.monotonic()
                     elif time.monotonic() - quiet_since > KEEPALIVE_S:
                         await _write(response, b": keepalive\n\n")
                         quiet_since = time.monotonic()
         except (ConnectionResetError, ConnectionError):
             return  # the page went away
+
+    async def _replay(self, response: web.StreamResponse, since: float) -> set[tuple[Any, ...]]:
+        """The sale steps journaled since ``since`` (a follower that lost its connection: what
+        it missed), each a ``sale`` event with ``replayed: true``, then ``replayed`` with how
+        many; past REPLAY_LIMIT a ``gap`` says how many more the journal has."""
+        journal = getattr(self.agent, "journal", None)
+        steps = journal.steps_since(since, REPLAY_LIMIT + 1) if journal is not None else []
+        sent: set[tuple[Any, ...]] = set()
+        records: dict[str, SaleRecord | None] = {}
+        for step in steps[:REPLAY_LIMIT]:
+            if step.sale_id not in records:
+                records[step.sale_id] = journal.get(step.sale_id) if journal else None
+            record = records[step.sale_id]
+            if record is None:
+                continue
+            view = {**step_event_view(record, step), "replayed": True}
+            sent.add(_step_key(view))
+            await _send(response, "sale", view)
+        if len(steps) > REPLAY_LIMIT:
+            await _send(response, "gap", gap_view(len(steps) - REPLAY_LIMIT))
+        await _send(response, "replayed", {"count": len(sent), "since": since, "at": time.time()})
+        return sent
 
     # -- doctor ------------------------------------------------------------------------------
 
@@ -542,6 +573,53 @@ def sale_event_view(event: SaleEvent) -> dict[str, Any]:
     }
 
 
+def step_event_view(record: SaleRecord, step: StepRecord) -> dict[str, Any]:
+    """A journaled step as the ``sale`` event it was published as (its money as the sale
+    holds it now)."""
+    message = step.detail.get("message") if isinstance(step.detail, dict) else None
+    return {
+        **_sale_fields(record),
+        "state": step.state.value,
+        "step": step.step,
+        "message": message if isinstance(message, str) else "",
+        "at": step.at,
+    }
+
+
+def _sale_fields(record: SaleRecord) -> dict[str, Any]:
+    return {
+        "sale_id": record.sale_id,
+        "order_id": record.order_id,
+        "terminal": record.terminal,
+        "product": record.product,
+        "source": record.source,
+        "amount": format_cents(record.amount_cents, record.currency),
+        "money": money_text(record),
+    }
+
+
+def _step_key(view: dict[str, Any]) -> tuple[Any, ...]:
+    return (view["sale_id"], view["step"], view["state"], round(float(view["at"]), 3))
+
+
+def _since(request: web.Request) -> float | None:
+    """``?since=`` (Unix seconds): the steps journaled from then are sent first."""
+    text = request.query.get("since")
+    if text is None:
+        return None
+    try:
+        since = float(text)
+    except ValueError:
+        since = math.nan
+    if not math.isfinite(since) or since < 0:
+        raise web.HTTPBadRequest(
+            text=json.dumps({"error": "bad_parameter",
+                             "detail": f"since must be a time in Unix seconds, got {text[:40]!r}"}),
+            content_type="application/json",
+        )  # fmt: skip
+    return since
+
+
 def gap_view(missed: int) -> dict[str, Any]:
     """The marker of steps a slow reader of the event stream lost (its queue was full): said
     where they were lost, so no one reads a history with a hole as if it were whole."""
@@ -617,8 +695,11 @@ def health_changes(before: dict[str, Any] | None, after: dict[str, Any]) -> list
     if before["status"] != after["status"]:
         notes.append(_note("status", f"status {before['status']} -> {after['status']}"))
     old, new = set(before["problems"]), set(after["problems"])
-    notes += [_note("problem", f"problem: {p}") for p in after["problems"] if p not in old]
-    notes += [_note("cleared", f"cleared: {p}") for p in before["problems"] if p not in new]
+    devices = _devices(before) | _devices(after)
+    notes += [_note("problem", f"problem: {p}", _named(p, devices))
+              for p in after["problems"] if p not in old]
+    notes += [_note("cleared", f"cleared: {p}", _named(p, devices))
+              for p in before["problems"] if p not in new]
     was = {a["device_id"]: a for a in before.get("availability") or []}
     for state in after.get("availability") or []:
         device, earlier = state["device_id"], was.get(state["device_id"])
@@ -631,6 +712,19 @@ def health_changes(before: dict[str, Any] | None, after: dict[str, Any]) -> list
         )
         notes.append(_note("availability", text, device))
     return notes
+
+
+def _devices(snapshot: dict[str, Any]) -> set[str]:
+    return {t["device_id"] for t in snapshot.get("terminals") or []} | {
+        a["device_id"] for a in snapshot.get("availability") or []
+    }
+
+
+def _named(problem: str, devices: set[str]) -> str | None:
+    """The terminal a problem is about (``terminal SIM-0001 offline``): `events --terminal`
+    keeps it."""
+    words = set(re.split(r"[\s:;,()]+", problem))
+    return next((d for d in sorted(devices) if d in words), None)
 
 
 def _note(kind: str, text: str, device_id: str | None = None) -> dict[str, Any]:
