@@ -696,10 +696,13 @@ def health_changes(before: dict[str, Any] | None, after: dict[str, Any]) -> list
         notes.append(_note("status", f"status {before['status']} -> {after['status']}"))
     old, new = set(before["problems"]), set(after["problems"])
     devices = _devices(before) | _devices(after)
-    notes += [_note("problem", f"problem: {p}", _named(p, devices))
-              for p in after["problems"] if p not in old]
-    notes += [_note("cleared", f"cleared: {p}", _named(p, devices))
-              for p in before["problems"] if p not in new]
+    raised = [p for p in after["problems"] if p not in old]
+    cleared = [p for p in before["problems"] if p not in new]
+    # a count that moved ("2 sale(s) need attention" -> 1) is one change, said as what cleared
+    counted, raised, cleared = _counts_moved(cleared, raised)
+    notes += counted
+    notes += [_note("problem", f"problem: {p}", _named(p, devices)) for p in raised]
+    notes += [_note("cleared", _cleared_text(p), _named(p, devices)) for p in cleared]
     was = {a["device_id"]: a for a in before.get("availability") or []}
     for state in after.get("availability") or []:
         device, earlier = state["device_id"], was.get(state["device_id"])
@@ -712,6 +715,46 @@ def health_changes(before: dict[str, Any] | None, after: dict[str, Any]) -> list
         )
         notes.append(_note("availability", text, device))
     return notes
+
+
+_ATTENTION = re.compile(r"^(\d+) sale\(s\) need attention$")
+
+
+def _counts_moved(
+    cleared: list[str], raised: list[str]
+) -> tuple[list[dict[str, Any]], list[str], list[str]]:
+    """The problems that are one count moving (the same words, another number), each said as
+    one note; the rest of ``cleared`` and ``raised`` as they were."""
+    notes: list[dict[str, Any]] = []
+    shape = {re.sub(r"\d+", "#", p): p for p in cleared}
+    for now in list(raised):
+        was = shape.get(re.sub(r"\d+", "#", now))
+        if was is None:
+            continue
+        raised.remove(now)
+        cleared.remove(was)
+        notes.append(_count_note(was, now))
+    return notes, raised, cleared
+
+
+def _cleared_text(problem: str) -> str:
+    """What cleared, in words: the problem that is gone, or the sales a person no longer
+    needs to decide."""
+    attention = _ATTENTION.match(problem)
+    if attention:
+        return f"cleared: {attention[1]} sale(s) resolved; none needs a person now"
+    return f"cleared: {problem}"
+
+
+def _count_note(was: str, now: str) -> dict[str, Any]:
+    old_match, new_match = _ATTENTION.match(was), _ATTENTION.match(now)
+    if old_match and new_match:
+        before, after = int(old_match[1]), int(new_match[1])
+        if after < before:
+            return _note("cleared", f"cleared: {before - after} sale(s) resolved; {after} "
+                         "still need(s) a person")
+        return _note("problem", f"problem: {after} sale(s) need attention ({after - before} more)")
+    return _note("problem", f"problem: {now} (was: {was})")
 
 
 def _devices(snapshot: dict[str, Any]) -> set[str]:

@@ -344,3 +344,20 @@ async def test_a_wall_clock_step_neither_ends_nor_stretches_a_session(
         assert r.status == 200  # a step forward does not log the tech out
     [session] = admin_server.page._sessions.values()
     assert session.expires_at <= time.monotonic() + page.SESSION_LIFETIME_S  # nor lengthens it
+
+
+def test_a_clear_says_what_cleared() -> None:
+    """Before: "cleared: 1 sale(s) need attention" right after "problem: 2 sale(s) need
+    attention" read as if something had been fixed, and both lines came for one change."""
+    def health(*problems: str) -> dict[str, Any]:
+        return {"status": "degraded" if problems else "ok", "problems": list(problems)}
+
+    two, one = health("2 sale(s) need attention"), health("1 sale(s) need attention")
+    assert health_notes(two, one) == ["cleared: 1 sale(s) resolved; 1 still need(s) a person"]
+    assert health_notes(one, two) == ["problem: 2 sale(s) need attention (1 more)"]
+    assert health_notes(one, health()) == [
+        "status degraded -> ok", "cleared: 1 sale(s) resolved; none needs a person now",
+    ]
+    assert health_notes(health("API key expires in 90 s"), health("API key expires in 30 s")) == [
+        "problem: API key expires in 30 s (was: API key expires in 90 s)"
+    ]
