@@ -25,6 +25,7 @@ the token that opened it, and the admin API's auth middleware applies the same r
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import hmac
 import ipaddress
@@ -71,6 +72,7 @@ GUESS_WINDOW_S = 60.0
 _GUESSERS_KEPT = 1024  # addresses remembered; the quietest goes first
 RECENT_SALES = 20
 DOCTOR_WITHIN_S = 10.0
+RECONNECT_MS = 1000  # how long a browser waits before it opens a lost stream again
 REPLAY_LIMIT = 1000  # steps a reconnecting follower is sent from the journal
 
 _PUBLIC = frozenset({"/", "/session"})
@@ -364,6 +366,9 @@ class StatusPage:
             except Exception as err:  # noqa: BLE001 - one platform's status must not break the page
                 status = {"error": f"{type(err).__name__}: {err}"}
             platforms.append({"name": str(platform.name), "status": _jsonable(status)})
+        for name, why in getattr(self.agent, "not_started", {}).items():
+            # a configured trigger that is not running is shown, with why, not left out
+            platforms.append({"name": name, "status": {"available": False, "cannot_start": why}})
         return platforms
 
     # -- live events -------------------------------------------------------------------------
@@ -393,6 +398,7 @@ class StatusPage:
         )
         await response.prepare(request)
         try:
+            await _write(response, f"retry: {RECONNECT_MS}\n\n".encode())  # a browser's wait
             await self._stream(response, self._alive(request), since)
         except _Stalled:
             self.stalled_streams += 1
@@ -603,10 +609,15 @@ def _step_key(view: dict[str, Any]) -> tuple[Any, ...]:
 
 
 def _since(request: web.Request) -> float | None:
-    """``?since=`` (Unix seconds): the steps journaled from then are sent first."""
+    """``?since=`` (Unix seconds), else the ``Last-Event-ID`` a reconnecting browser sends:
+    the steps journaled from then are sent first."""
     text = request.query.get("since")
     if text is None:
-        return None
+        last = request.headers.get("Last-Event-ID", "")
+        with contextlib.suppress(ValueError):
+            if math.isfinite(float(last)) and float(last) >= 0:
+                return float(last)
+        return None  # no id, or not one this server sent: live events only
     try:
         since = float(text)
     except ValueError:
@@ -786,7 +797,10 @@ def _stable(snapshot: dict[str, Any]) -> dict[str, Any]:
 
 
 async def _send(response: web.StreamResponse, event: str, data: dict[str, Any]) -> None:
-    await _write(response, f"event: {event}\ndata: {json.dumps(data)}\n\n".encode())
+    # a sale step's time is its id: a browser reconnecting sends it back (Last-Event-ID), and
+    # the steps journaled from then come first
+    stamp = f"id: {data['at']!r}\n" if event == "sale" else ""
+    await _write(response, f"{stamp}event: {event}\ndata: {json.dumps(data)}\n\n".encode())
 
 
 class _Stalled(Exception):

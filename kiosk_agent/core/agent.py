@@ -208,6 +208,7 @@ class Agent:
         }.items():
             self.health.count_errors_of(part, count)
         self.platforms: list[PlatformInstance] = []
+        self.not_started: dict[str, str] = {}  # trigger -> why it could not start
         self.components: list[Component] = []
         self._pending_platforms: list[_PendingPlatform] = []
         self._pending_components: list[tuple[ComponentFactory, Any]] = []
@@ -269,7 +270,7 @@ class Agent:
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(min(5.0, self.settings.request_timeout)):
                     await self.journal_guard.first_check()
-        not_started = await self._start_platforms()
+        not_started = self.not_started = await self._start_platforms()
         for factory, conf in self._pending_components:
             component = factory(self, conf)
             await component.start()

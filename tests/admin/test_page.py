@@ -16,6 +16,7 @@ from kiosk_agent.admin.page import COOKIE, availability, health_notes
 from kiosk_agent.sales.model import SaleEvent
 from kiosk_agent.sales.states import SaleState
 from tests.admin.conftest import ADMIN_TOKEN, READ_TOKEN
+from tests.admin.test_server import _sell
 
 
 def _origin(admin_server: Any) -> dict[str, str]:
@@ -301,7 +302,6 @@ async def test_too_many_event_streams_are_refused_and_sales_go_on(
     agent: Any, admin_server: Any
 ) -> None:
     from kiosk_agent.admin.page import MAX_STREAMS
-    from tests.admin.test_server import _sell
 
     headers = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
     async with aiohttp.ClientSession(base_url=admin_server.url, headers=headers) as session:
@@ -361,3 +361,40 @@ def test_a_clear_says_what_cleared() -> None:
     assert health_notes(health("API key expires in 90 s"), health("API key expires in 30 s")) == [
         "problem: API key expires in 30 s (was: API key expires in 90 s)"
     ]
+
+
+async def test_a_browser_reconnecting_gets_the_steps_it_missed_from_its_last_event_id(
+    agent: Any, admin_server: Any
+) -> None:
+    """A page whose link dropped opens the stream again with the id of the last step it got
+    (EventSource does it by itself): the steps journaled since come first, then live ones."""
+    headers = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
+    async with aiohttp.ClientSession(base_url=admin_server.url, headers=headers) as http:
+        async with http.get("/api/events") as response:
+            assert (await response.content.readline()) == b"retry: 1000\n"  # wait 1 s, not 3
+            stream = _events(response)
+            first = await _sell(agent, 250)
+            kind, step = await asyncio.wait_for(_next_sale(stream), 5.0)
+        last_id = repr(step["at"])  # the `id:` of that event
+        later = await _sell(agent, 250)  # while no page listens
+        missed = [s.step for s in agent.journal.steps(first.sale_id) if s.at >= step["at"]]
+        missed += [s.step for s in agent.journal.steps(later.sale_id)]
+        async with http.get("/api/events", headers={"Last-Event-ID": last_id}) as response:
+            stream = _events(response)
+            fetched = []
+            async with asyncio.timeout(5.0):
+                async for kind, data in stream:
+                    if kind == "replayed":
+                        break
+                    if kind == "sale":
+                        assert data["replayed"] is True
+                        fetched.append(data["step"])
+    assert fetched == missed
+    assert data["count"] == len(missed)
+
+
+async def _next_sale(stream: Any) -> tuple[str, dict[str, Any]]:
+    async for kind, data in stream:
+        if kind == "sale":
+            return kind, data
+    raise AssertionError("the stream ended")

@@ -628,3 +628,36 @@ async def test_every_card_follows_an_outage_and_its_end_without_a_sale(
         await expect(page.locator('[data-field="doctor-summary"]')).to_contain_text("0 failed")
     assert agent.journal.query(limit=1) == []  # no sale step redrew anything
     assert seen.errors == []
+
+
+GPIO_NOT_HERE = """
+triggers:
+  - platform: gpio
+    name: kiosk
+    chip: /dev/gpiochip99
+    terminal: SIM-0001
+    buttons:
+      - {line: 17, product: espresso, price: "2.50", relay: 22}
+"""
+
+
+async def test_a_trigger_that_cannot_start_is_on_the_page_with_why(
+    browser: Browser, tmp_path: Path, sim_settings: Any
+) -> None:
+    """Before: the page showed nothing of a configured GPIO trigger that never started (the
+    log had a traceback; health blamed a 'link' with "setup failed; see the log")."""
+    agent = load_agent(write_config(tmp_path, GPIO_NOT_HERE), sim_settings, systemd=False)
+    await agent.start()
+    try:
+        admin = next(c for c in agent.components if type(c).__name__ == "AdminServer")
+        page, seen = await _open(browser, admin.url, DESKTOP, ADMIN_TOKEN)
+        why = agent.not_started["gpio:kiosk"]
+        assert why.startswith("chip /dev/gpiochip99 does not exist on this machine")
+        [problem] = [p for p in agent.health.snapshot().problems if "gpio:kiosk" in p]
+        await expect(page.locator("#problems")).to_contain_text(problem, timeout=WAIT_MS)
+        await expect(page.locator("#status")).to_have_text(agent.health.snapshot().status.value)
+        summary = page.locator('#links li[data-platform="gpio:kiosk"] summary')
+        await expect(summary).to_have_text(f"gpio:kiosk: NOT RUNNING: cannot start: {why}")
+        assert seen.errors == []
+    finally:
+        await agent.stop()
