@@ -509,8 +509,8 @@ class StatusPage:
         """The checks again once the health's problems are not those they ran beside: a Doctor
         card saying "0 failed" under a DOWN status would be a report of another moment. Only
         while a page watches, and one run at a time (a change during a run: one more after)."""
-        if self.doctor is None or self._doctor_problems == problems:
-            return
+        if self.doctor is None or _shapes(self._doctor_problems) == _shapes(problems):
+            return  # a count or a countdown moving ("API key expires in 3599 s") is no change
         if self._doctor_running():
             return  # running: the next look after it ends sees the difference
         await self._doctor_task.stop()  # the finished run's task
@@ -729,6 +729,11 @@ def health_changes(before: dict[str, Any] | None, after: dict[str, Any]) -> list
 
 
 _ATTENTION = re.compile(r"^(\d+) sale\(s\) need attention$")
+
+
+def _shapes(problems: list[str]) -> set[str]:
+    """Problems with their numbers left out: what they are about, not how many."""
+    return {re.sub(r"\d+", "#", p) for p in problems}
 
 
 def _counts_moved(

@@ -398,3 +398,35 @@ async def _next_sale(stream: Any) -> tuple[str, dict[str, Any]]:
         if kind == "sale":
             return kind, data
     raise AssertionError("the stream ended")
+
+
+async def test_the_doctor_runs_again_when_a_problem_comes_not_when_a_countdown_ticks() -> None:
+    """The checks follow the health (a Doctor card saying "0 failed" under DOWN was another
+    moment's), but a key's countdown, a new problem each second, must not run them for ever."""
+    from types import SimpleNamespace
+
+    from kiosk_agent.admin.page import StatusPage, TokenGuesses
+    from kiosk_agent.core.doctor import Report
+
+    problems = ["API key expires in 3600 s"]
+    health = SimpleNamespace(snapshot=lambda: SimpleNamespace(problems=list(problems)))
+    page = StatusPage(SimpleNamespace(health=health), lambda _: (None, None), TokenGuesses())
+    runs: list[list[str]] = []
+
+    async def checks() -> None:
+        runs.append(list(problems))
+        page.doctor = Report()
+        page._doctor_done.set()
+
+    page._doctor_task = type(page._doctor_task)(checks, "test-doctor")
+    page._start_doctor()
+    await page._doctor_task._task
+    problems[0] = "API key expires in 3599 s"
+    await page._doctor_follows(problems)
+    await page._doctor_task._task  # a run started now would have ended here
+    assert len(runs) == 1
+    problems.append("terminal SIM-0001 offline")
+    await page._doctor_follows(problems)
+    await page._doctor_task._task
+    assert runs[-1] == ["API key expires in 3599 s", "terminal SIM-0001 offline"]
+    assert len(runs) == 2
