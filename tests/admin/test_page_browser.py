@@ -573,9 +573,16 @@ async def idle_machine(tmp_path: Path, sim_settings: Any) -> AsyncIterator[Any]:
     await agent.stop()
 
 
-async def _page_matches_the_agent(page: Page, agent: Any, device_id: str) -> None:
+async def _page_matches_the_agent(page: Page, agent: Any, device_id: str, sim: Any) -> None:
     """Every card of the page against what the agent holds now (its health, its availability,
-    the platform's own status): the same words, not the words the page's code would make."""
+    the platform's own status) and what the simulator says of the reader: the same words, not
+    the words the page's code would make."""
+    reader_online = sim.ctx.terminals.describe(device_id)["online"]
+    await until(
+        lambda: next(t.online for t in agent.health.snapshot().terminals
+                     if t.device_id == device_id) is reader_online,
+        timeout=WAIT_MS / 1000,
+    )  # the agent's next ping has seen what the simulator holds
     snapshot = agent.health.snapshot().model_dump(mode="json")
     view = page_availability(snapshot)
     await expect(page.locator("#status")).to_have_text(snapshot["status"], timeout=WAIT_MS)
@@ -591,6 +598,7 @@ async def _page_matches_the_agent(page: Page, agent: Any, device_id: str) -> Non
     else:
         await expect(summary).to_contain_text(f"out of service: {status['unavailable_reason']}")
     online = next(t for t in snapshot["terminals"] if t["device_id"] == device_id)["online"]
+    assert online is reader_online
     await expect(_terminal(page, device_id).locator('[data-field="online"]')).to_have_text(
         "online" if online else "OFFLINE"
     )
@@ -608,14 +616,14 @@ async def test_every_card_follows_an_outage_and_its_end_without_a_sale(
     ping = page.locator('[data-check="ping SIM-0001"]')
     await expect(ping).to_contain_text("PASS", timeout=WAIT_MS)
     await until(lambda: agent.availability.state("SIM-0001").available)
-    await _page_matches_the_agent(page, agent, "SIM-0001")
+    await _page_matches_the_agent(page, agent, "SIM-0001", sim)
 
     async with aiohttp.ClientSession() as session:
         async with session.post(f"{sim.base_url}/sim/terminals/SIM-0001/offline") as response:
             assert response.status == 200
         snacks = next(p for p in agent.platforms if p.name == "virtual:snacks")
         await until(lambda: snacks.status()["reader"] == "disabled", timeout=WAIT_MS / 1000)
-        await _page_matches_the_agent(page, agent, "SIM-0001")
+        await _page_matches_the_agent(page, agent, "SIM-0001", sim)
         # the doctor's checks ran again by themselves: the card says what fails now
         await expect(ping).to_contain_text("FAIL", timeout=WAIT_MS)
         await expect(page.locator('[data-field="doctor-summary"]')).to_contain_text("1 failed")
@@ -623,7 +631,7 @@ async def test_every_card_follows_an_outage_and_its_end_without_a_sale(
         async with session.post(f"{sim.base_url}/sim/terminals/SIM-0001/online") as response:
             assert response.status == 200
         await until(lambda: snacks.status()["reader"] == "enabled", timeout=WAIT_MS / 1000)
-        await _page_matches_the_agent(page, agent, "SIM-0001")
+        await _page_matches_the_agent(page, agent, "SIM-0001", sim)
         await expect(ping).to_contain_text("PASS", timeout=WAIT_MS)
         await expect(page.locator('[data-field="doctor-summary"]')).to_contain_text("0 failed")
     assert agent.journal.query(limit=1) == []  # no sale step redrew anything
