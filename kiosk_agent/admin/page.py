@@ -25,12 +25,14 @@ the token that opened it, and the admin API's auth middleware applies the same r
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import hmac
 import ipaddress
 import json
 import logging
 import math
+import re
 import secrets
 import time
 from collections.abc import Callable
@@ -45,7 +47,7 @@ from kiosk_agent.core.doctor import Report, Verdict, check_running
 from kiosk_agent.core.logging import RefusalLog
 from kiosk_agent.core.web import read_json, stream_slot
 from kiosk_agent.money import format_cents
-from kiosk_agent.sales.journal import SaleRecord
+from kiosk_agent.sales.journal import SaleRecord, StepRecord
 from kiosk_agent.sales.model import SaleEvent, money_text
 from kiosk_agent.service.models.common import card_brand_name
 from kiosk_agent.tasks import BackgroundTask
@@ -70,6 +72,8 @@ GUESS_WINDOW_S = 60.0
 _GUESSERS_KEPT = 1024  # addresses remembered; the quietest goes first
 RECENT_SALES = 20
 DOCTOR_WITHIN_S = 10.0
+RECONNECT_MS = 1000  # how long a browser waits before it opens a lost stream again
+REPLAY_LIMIT = 1000  # steps a reconnecting follower is sent from the journal
 
 _PUBLIC = frozenset({"/", "/session"})
 _SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
@@ -174,6 +178,7 @@ class StatusPage:
         self.doctor: Report | None = None
         self._doctor_task = BackgroundTask(self._run_doctor, "status-page-doctor")
         self._doctor_done = asyncio.Event()
+        self._doctor_problems: list[str] = []  # the health's problems when the checks began
 
     def add_routes(self, app: web.Application) -> None:
         self._closing = asyncio.Event()
@@ -339,8 +344,8 @@ class StatusPage:
                 recent.append({**sale_view(record), "steps": steps})
             open_sales = [sale_view(r) for r in journal.open_sales()]
             attention = [sale_view(r) for r in journal.attention_sales()]
-        if self.doctor is None:
-            self._doctor_task.start()  # the first look runs the checks once, in the background
+        if self.doctor is None and not self._doctor_task.started:
+            self._start_doctor()  # the first look runs the checks once, in the background
         return web.json_response(
             {
                 **health_view(snapshot),
@@ -361,6 +366,9 @@ class StatusPage:
             except Exception as err:  # noqa: BLE001 - one platform's status must not break the page
                 status = {"error": f"{type(err).__name__}: {err}"}
             platforms.append({"name": str(platform.name), "status": _jsonable(status)})
+        for name, why in getattr(self.agent, "not_started", {}).items():
+            # a configured trigger that is not running is shown, with why, not left out
+            platforms.append({"name": name, "status": {"available": False, "cannot_start": why}})
         return platforms
 
     # -- live events -------------------------------------------------------------------------
@@ -380,6 +388,7 @@ class StatusPage:
             self._streams -= 1
 
     async def _events(self, request: web.Request) -> web.StreamResponse:
+        since = _since(request)
         response = web.StreamResponse(
             headers={
                 "Content-Type": "text/event-stream",
@@ -389,7 +398,8 @@ class StatusPage:
         )
         await response.prepare(request)
         try:
-            await self._stream(response, self._alive(request))
+            await _write(response, f"retry: {RECONNECT_MS}\n\n".encode())  # a browser's wait
+            await self._stream(response, self._alive(request), since)
         except _Stalled:
             self.stalled_streams += 1
             self.refused(
@@ -411,21 +421,35 @@ class StatusPage:
         session = self._session(request)
         return lambda: session is not None and self._session(request) is session
 
-    async def _stream(self, response: web.StreamResponse, alive: Callable[[], bool]) -> None:
+    async def _stream(
+        self, response: web.StreamResponse, alive: Callable[[], bool], since: float | None = None
+    ) -> None:
         last_health: dict[str, Any] | None = None
+        last_platforms: list[dict[str, Any]] | None = None
         quiet_since = time.monotonic()
         doctor_seen: object = _NOT_SENT  # the first round sends it: the page may hold an old one
         try:
             async with self.agent.events.subscribe() as queue:
+                # subscribed first: a step journaled while the journal is read comes live too
+                replayed = await self._replay(response, since) if since is not None else set()
                 while not self._closing.is_set() and alive():
                     snapshot = self.agent.health.snapshot().model_dump(mode="json")
-                    if _changed(last_health, snapshot):
+                    # a platform's reader and machine change with availability, not with a
+                    # sale step: they go in the same event as the health they follow
+                    platforms = self._platforms()
+                    if _changed(last_health, snapshot) or platforms != last_platforms:
                         for note in health_changes(last_health, snapshot):
                             await _send(response, "note", {"at": snapshot["at"], **note})
-                        await _send(response, "health", health_view(snapshot))
-                        last_health, quiet_since = snapshot, time.monotonic()
-                    if self.doctor is not doctor_seen:
-                        doctor_seen = self.doctor
+                        await _send(
+                            response, "health", {**health_view(snapshot), "platforms": platforms}
+                        )
+                        last_health, last_platforms = snapshot, platforms
+                        quiet_since = time.monotonic()
+                    await self._doctor_follows(snapshot["problems"])
+                    # a run starting says so too: the card shows its checks are being made again
+                    doctor_now = (self.doctor, self._doctor_running())
+                    if doctor_now != doctor_seen:
+                        doctor_seen = doctor_now
                         await _send(response, "doctor", self._doctor_view())
                     try:
                         async with asyncio.timeout(HEALTH_POLL_S):
@@ -436,13 +460,37 @@ class StatusPage:
                         missed = queue.take_missed()
                         if missed:  # this reader fell behind: its history has a hole here
                             await _send(response, "gap", gap_view(missed))
-                        await _send(response, "sale", sale_event_view(event))
+                        view = sale_event_view(event)
+                        if _step_key(view) not in replayed:  # sent already from the journal
+                            await _send(response, "sale", view)
                         quiet_since = time.monotonic()
                     elif time.monotonic() - quiet_since > KEEPALIVE_S:
                         await _write(response, b": keepalive\n\n")
                         quiet_since = time.monotonic()
         except (ConnectionResetError, ConnectionError):
             return  # the page went away
+
+    async def _replay(self, response: web.StreamResponse, since: float) -> set[tuple[Any, ...]]:
+        """The sale steps journaled since ``since`` (a follower that lost its connection: what
+        it missed), each a ``sale`` event with ``replayed: true``, then ``replayed`` with how
+        many; past REPLAY_LIMIT a ``gap`` says how many more the journal has."""
+        journal = getattr(self.agent, "journal", None)
+        steps = journal.steps_since(since, REPLAY_LIMIT + 1) if journal is not None else []
+        sent: set[tuple[Any, ...]] = set()
+        records: dict[str, SaleRecord | None] = {}
+        for step in steps[:REPLAY_LIMIT]:
+            if step.sale_id not in records:
+                records[step.sale_id] = journal.get(step.sale_id) if journal else None
+            record = records[step.sale_id]
+            if record is None:
+                continue
+            view = {**step_event_view(record, step), "replayed": True}
+            sent.add(_step_key(view))
+            await _send(response, "sale", view)
+        if len(steps) > REPLAY_LIMIT:
+            await _send(response, "gap", gap_view(len(steps) - REPLAY_LIMIT))
+        await _send(response, "replayed", {"count": len(sent), "since": since, "at": time.time()})
+        return sent
 
     # -- doctor ------------------------------------------------------------------------------
 
@@ -453,16 +501,32 @@ class StatusPage:
         """Run the doctor's checks now (admin); answers when they are done."""
         if not self._doctor_task.started or self._doctor_done.is_set():
             await self._doctor_task.stop()
-            self._doctor_done = asyncio.Event()
-            self._doctor_task.start()
+            self._start_doctor()
         await self._doctor_done.wait()
         return web.json_response(self._doctor_view(), headers=_NO_STORE)
+
+    async def _doctor_follows(self, problems: list[str]) -> None:
+        """The checks again once the health's problems are not those they ran beside: a Doctor
+        card saying "0 failed" under a DOWN status would be a report of another moment. Only
+        while a page watches, and one run at a time (a change during a run: one more after)."""
+        if self.doctor is None or _shapes(self._doctor_problems) == _shapes(problems):
+            return  # a count or a countdown moving ("API key expires in 3599 s") is no change
+        if self._doctor_running():
+            return  # running: the next look after it ends sees the difference
+        await self._doctor_task.stop()  # the finished run's task
+        self._start_doctor()
+
+    def _start_doctor(self) -> None:
+        self._doctor_problems = list(self.agent.health.snapshot().problems)
+        self._doctor_done = asyncio.Event()
+        self._doctor_task.start()
 
     async def _run_doctor(self) -> None:
         done = self._doctor_done
         try:
+            links = {link.name: link for link in self.agent.health.snapshot().links}
             self.doctor = await check_running(
-                self.agent.config, self.agent.service, within=DOCTOR_WITHIN_S
+                self.agent.config, self.agent.service, within=DOCTOR_WITHIN_S, links=links
             )
         except Exception as err:
             _LOGGER.exception("status page: the doctor's checks failed")
@@ -473,8 +537,11 @@ class StatusPage:
         finally:
             done.set()
 
+    def _doctor_running(self) -> bool:
+        return self._doctor_task.started and not self._doctor_done.is_set()
+
     def _doctor_view(self) -> dict[str, Any]:
-        running = self._doctor_task.started and not self._doctor_done.is_set()
+        running = self._doctor_running()
         if self.doctor is None:
             return {"running": running, "checks": [], "failed": 0, "finished_at": None}
         return {**self.doctor.as_dict(), "running": running}
@@ -511,6 +578,58 @@ def sale_event_view(event: SaleEvent) -> dict[str, Any]:
         "at": event.at or time.time(),
         "unwritten": event.unwritten,  # a step that could not be written (state: the journal's)
     }
+
+
+def step_event_view(record: SaleRecord, step: StepRecord) -> dict[str, Any]:
+    """A journaled step as the ``sale`` event it was published as (its money as the sale
+    holds it now)."""
+    message = step.detail.get("message") if isinstance(step.detail, dict) else None
+    return {
+        **_sale_fields(record),
+        "state": step.state.value,
+        "step": step.step,
+        "message": message if isinstance(message, str) else "",
+        "at": step.at,
+    }
+
+
+def _sale_fields(record: SaleRecord) -> dict[str, Any]:
+    return {
+        "sale_id": record.sale_id,
+        "order_id": record.order_id,
+        "terminal": record.terminal,
+        "product": record.product,
+        "source": record.source,
+        "amount": format_cents(record.amount_cents, record.currency),
+        "money": money_text(record),
+    }
+
+
+def _step_key(view: dict[str, Any]) -> tuple[Any, ...]:
+    return (view["sale_id"], view["step"], view["state"], round(float(view["at"]), 3))
+
+
+def _since(request: web.Request) -> float | None:
+    """``?since=`` (Unix seconds), else the ``Last-Event-ID`` a reconnecting browser sends:
+    the steps journaled from then are sent first."""
+    text = request.query.get("since")
+    if text is None:
+        last = request.headers.get("Last-Event-ID", "")
+        with contextlib.suppress(ValueError):
+            if math.isfinite(float(last)) and float(last) >= 0:
+                return float(last)
+        return None  # no id, or not one this server sent: live events only
+    try:
+        since = float(text)
+    except ValueError:
+        since = math.nan
+    if not math.isfinite(since) or since < 0:
+        raise web.HTTPBadRequest(
+            text=json.dumps({"error": "bad_parameter",
+                             "detail": f"since must be a time in Unix seconds, got {text[:40]!r}"}),
+            content_type="application/json",
+        )  # fmt: skip
+    return since
 
 
 def gap_view(missed: int) -> dict[str, Any]:
@@ -588,8 +707,14 @@ def health_changes(before: dict[str, Any] | None, after: dict[str, Any]) -> list
     if before["status"] != after["status"]:
         notes.append(_note("status", f"status {before['status']} -> {after['status']}"))
     old, new = set(before["problems"]), set(after["problems"])
-    notes += [_note("problem", f"problem: {p}") for p in after["problems"] if p not in old]
-    notes += [_note("cleared", f"cleared: {p}") for p in before["problems"] if p not in new]
+    devices = _devices(before) | _devices(after)
+    raised = [p for p in after["problems"] if p not in old]
+    cleared = [p for p in before["problems"] if p not in new]
+    # a count that moved ("2 sale(s) need attention" -> 1) is one change, said as what cleared
+    counted, raised, cleared = _counts_moved(cleared, raised)
+    notes += counted
+    notes += [_note("problem", f"problem: {p}", _named(p, devices)) for p in raised]
+    notes += [_note("cleared", _cleared_text(p), _named(p, devices)) for p in cleared]
     was = {a["device_id"]: a for a in before.get("availability") or []}
     for state in after.get("availability") or []:
         device, earlier = state["device_id"], was.get(state["device_id"])
@@ -602,6 +727,64 @@ def health_changes(before: dict[str, Any] | None, after: dict[str, Any]) -> list
         )
         notes.append(_note("availability", text, device))
     return notes
+
+
+_ATTENTION = re.compile(r"^(\d+) sale\(s\) need attention$")
+
+
+def _shapes(problems: list[str]) -> set[str]:
+    """Problems with their numbers left out: what they are about, not how many."""
+    return {re.sub(r"\d+", "#", p) for p in problems}
+
+
+def _counts_moved(
+    cleared: list[str], raised: list[str]
+) -> tuple[list[dict[str, Any]], list[str], list[str]]:
+    """The problems that are one count moving (the same words, another number), each said as
+    one note; the rest of ``cleared`` and ``raised`` as they were."""
+    notes: list[dict[str, Any]] = []
+    shape = {re.sub(r"\d+", "#", p): p for p in cleared}
+    for now in list(raised):
+        was = shape.get(re.sub(r"\d+", "#", now))
+        if was is None:
+            continue
+        raised.remove(now)
+        cleared.remove(was)
+        notes.append(_count_note(was, now))
+    return notes, raised, cleared
+
+
+def _cleared_text(problem: str) -> str:
+    """What cleared, in words: the problem that is gone, or the sales a person no longer
+    needs to decide."""
+    attention = _ATTENTION.match(problem)
+    if attention:
+        return f"cleared: {attention[1]} sale(s) resolved; none needs a person now"
+    return f"cleared: {problem}"
+
+
+def _count_note(was: str, now: str) -> dict[str, Any]:
+    old_match, new_match = _ATTENTION.match(was), _ATTENTION.match(now)
+    if old_match and new_match:
+        before, after = int(old_match[1]), int(new_match[1])
+        if after < before:
+            return _note("cleared", f"cleared: {before - after} sale(s) resolved; {after} "
+                         "still need(s) a person")
+        return _note("problem", f"problem: {after} sale(s) need attention ({after - before} more)")
+    return _note("problem", f"problem: {now} (was: {was})")
+
+
+def _devices(snapshot: dict[str, Any]) -> set[str]:
+    return {t["device_id"] for t in snapshot.get("terminals") or []} | {
+        a["device_id"] for a in snapshot.get("availability") or []
+    }
+
+
+def _named(problem: str, devices: set[str]) -> str | None:
+    """The terminal a problem is about (``terminal SIM-0001 offline``): `events --terminal`
+    keeps it."""
+    words = set(re.split(r"[\s:;,()]+", problem))
+    return next((d for d in sorted(devices) if d in words), None)
 
 
 def _note(kind: str, text: str, device_id: str | None = None) -> dict[str, Any]:
@@ -620,7 +803,10 @@ def _stable(snapshot: dict[str, Any]) -> dict[str, Any]:
 
 
 async def _send(response: web.StreamResponse, event: str, data: dict[str, Any]) -> None:
-    await _write(response, f"event: {event}\ndata: {json.dumps(data)}\n\n".encode())
+    # a sale step's time is its id: a browser reconnecting sends it back (Last-Event-ID), and
+    # the steps journaled from then come first
+    stamp = f"id: {data['at']!r}\n" if event == "sale" else ""
+    await _write(response, f"{stamp}event: {event}\ndata: {json.dumps(data)}\n\n".encode())
 
 
 class _Stalled(Exception):

@@ -169,7 +169,7 @@ async def check_config_command(args: argparse.Namespace) -> int:
             print(error, file=sys.stderr)
         print(f"{plural(len(err.errors), 'mistake')} in {path}", file=sys.stderr)
         return EXIT_USAGE  # a broken config file: the same code from every command
-    warnings = port_warnings(config)
+    warnings = port_warnings(config) + trigger_warnings(config)
     if wants_json(args):
         shown = {"config": _in_order(config.masked())} if args.show else {}
         print(
@@ -219,6 +219,25 @@ def port_warnings(config: Config) -> list[str]:
             f"(serial ports here: {present}); plug the adapter in, or use its "
             "/dev/serial/by-id/ name"
         )
+    return warnings
+
+
+def trigger_warnings(config: Config) -> list[str]:
+    """A valid trigger that cannot start on this machine as it is (a GPIO chip that does not
+    exist, gpiod not installed): named with its file and line, and what to do."""
+    from kiosk_agent.core.config import locate
+    from kiosk_agent.core.doctor import trigger_problems
+    from kiosk_agent.core.yaml_loader import load_yaml
+
+    problems = trigger_problems(config)
+    if not problems:
+        return []
+    raw, _errors = load_yaml(config.path)
+    warnings = []
+    for index, _name, problem in problems:
+        where = locate(raw, ["triggers", index], None)
+        place = f"{where.file}:{where.line}: " if where is not None and where.line else ""
+        warnings.append(f"{place}triggers[{index}]: cannot start here: {problem}")
     return warnings
 
 

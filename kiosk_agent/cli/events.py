@@ -93,8 +93,7 @@ class Filters:
     def wants(self, kind: str, data: dict[str, Any]) -> bool:
         if self.kinds and kind not in self.kinds:
             return False
-        where = data.get("terminal") or data.get("device_id")
-        if self.terminal is not None and where not in (self.terminal, self.device_id):
+        if self.terminal is not None and not self._about_terminal(kind, data):
             return False
         if self.sale is not None:
             if kind != "sale":
@@ -103,6 +102,18 @@ class Filters:
             if not (ids[0].startswith(self.sale) or ids[1] == self.sale):
                 return False
         return True
+
+
+    def _about_terminal(self, kind: str, data: dict[str, Any]) -> bool:
+        """A line of the terminal: its sale steps, and any note naming it (a problem or a
+        clear says its device id; an older agent's notes carry no device_id)."""
+        import re
+
+        names = {n for n in (self.terminal, self.device_id) if n}
+        if (data.get("terminal") or data.get("device_id")) in names:
+            return True
+        text = "" if kind == "sale" else str(data.get("text", ""))
+        return any(re.search(rf"(?<![\w-]){re.escape(n)}(?![\w-])", text) for n in names)
 
 
 async def events_command(args: argparse.Namespace) -> int:
@@ -169,7 +180,10 @@ async def watch_health(args: argparse.Namespace) -> int:
 
 async def follow(args: argparse.Namespace, show: Callable[[str, dict[str, Any]], None]) -> int:
     """Read the agent's event stream and hand each event to ``show`` until Ctrl-C (130) or
-    SIGTERM (0); the stream's end (the agent stopped) is exit 4, said in words."""
+    SIGTERM (0). The agent restarting, or the link to it dropping, is followed through, as
+    `esphome logs` does: "reconnecting" and "reconnected" said on standard error, with capped
+    back-off, and the steps journaled meanwhile fetched. Only a real failure ends it with the
+    table's code: no agent at all at the first try (4), the token refused (3)."""
     from kiosk_agent.cli.fleet import admin_address
 
     url, token = admin_address(args)
@@ -184,7 +198,7 @@ async def follow(args: argparse.Namespace, show: Callable[[str, dict[str, Any]],
 
     for signum in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(signum, on_signal, signum)
-    reading = asyncio.ensure_future(_read(url, token, within, show))
+    reading = asyncio.ensure_future(_follow_through(url, token, within, show))
     stopping = asyncio.ensure_future(stop.wait())
     try:
         await asyncio.wait({reading, stopping}, return_when=asyncio.FIRST_COMPLETED)
@@ -197,39 +211,136 @@ async def follow(args: argparse.Namespace, show: Callable[[str, dict[str, Any]],
                 await task
     if interrupted:
         return EXIT_INTERRUPTED if interrupted[0] == signal.SIGINT else EXIT_OK
-    reading.result()  # the failure, if the stream could not be read
-    raise CliError(f"the agent at {url} ended the event stream (it stopped or restarted)",
-                   EXIT_UNREACHABLE)
+    reading.result()  # the failure that ended it
+    return EXIT_OK
+
+
+RECONNECT_FIRST_S = 0.5  # the first wait before connecting again; doubled each try
+RECONNECT_MAX_S = 10.0  # the longest wait between two tries
+_KEYS_KEPT = 512  # steps remembered, so a step fetched again after a reconnect shows once
+
+
+class _Lost(Exception):
+    """The stream ended or could not be opened: connect again (after the first success)."""
+
+
+@dataclass
+class Cursor:
+    """Where a follower is: what to ask for after a reconnect, what it has shown."""
+
+    since: float | None = None  # the newest sale step's time seen, else the stream's start
+    health: dict[str, Any] | None = None  # the last health snapshot seen
+    connected: bool = False  # once: from then on, a lost stream is reconnected
+    lost: bool = False  # between "reconnecting" and "reconnected"
+    fetched: int = 0  # steps not seen before, fetched from the journal after a reconnect
+    shown: dict[tuple[Any, ...], None] = field(default_factory=dict)  # recent steps, in order
+
+    def fresh(self, data: dict[str, Any]) -> bool:
+        """A sale step not shown yet (one fetched again after a reconnect shows once)."""
+        key = (data.get("sale_id"), data.get("step"), data.get("state"),
+               round(float(data.get("at") or 0), 3))
+        if key in self.shown:
+            return False
+        self.shown[key] = None
+        while len(self.shown) > _KEYS_KEPT:
+            del self.shown[next(iter(self.shown))]
+        self.since = max(self.since or 0.0, float(data.get("at") or 0))
+        return True
+
+
+async def _follow_through(
+    url: str, token: str, within: float, show: Callable[[str, dict[str, Any]], None]
+) -> None:
+    from kiosk_agent.core.doctor import describe
+
+    cursor = Cursor()
+    wait = RECONNECT_FIRST_S
+    while True:
+        try:
+            await _read(url, token, within, show, cursor)
+            why = "the agent ended the stream (it stopped or restarted)"
+        except _Lost as lost:
+            why = str(lost)
+        except (OSError, TimeoutError) as err:  # not aiohttp's: a socket's own
+            why = describe(err)
+        if not cursor.connected:  # never reached: a wrong address, an agent not running
+            raise CliError(f"cannot reach the agent at {url}: {why}", EXIT_UNREACHABLE,
+                           ["is it running? `systemctl status kiosk-agent`"])
+        if not cursor.lost:  # said once an outage, however many tries it takes
+            wait = RECONNECT_FIRST_S
+            _say(f"reconnecting to the agent at {url}: {why}")
+            cursor.lost = True
+        await asyncio.sleep(wait)
+        wait = min(RECONNECT_MAX_S, wait * 2)
+
+
+def _say(text: str) -> None:
+    from kiosk_agent.text import for_terminal
+
+    print(for_terminal(text), file=sys.stderr, flush=True)
 
 
 async def _read(
-    url: str, token: str, within: float, show: Callable[[str, dict[str, Any]], None]
-) -> None:
+    url: str, token: str, within: float, show: Callable[[str, dict[str, Any]], None],
+    cursor: Cursor,
+) -> None:  # fmt: skip
     import aiohttp  # here, not at import: `kiosk-agent --help` stays quick
 
     from kiosk_agent.cli.fleet import check_admin_answer
+    from kiosk_agent.core.doctor import describe
 
     # --timeout bounds the connection and the first answer; the stream then runs for ever
     # (the agent writes a keepalive every 10 s, so a dead link is noticed by the socket)
     timeout = aiohttp.ClientTimeout(total=None, connect=within, sock_connect=within)
     headers = {"Authorization": f"Bearer {token}", "Accept": "text/event-stream"}
+    # after a reconnect: the steps journaled since the last one shown come first
+    query = {"since": repr(cursor.since)} if cursor.since is not None else None
+    reconnecting = cursor.health is not None
     try:
         async with aiohttp.ClientSession(timeout=timeout) as session:
             async with asyncio.timeout(within):
                 response = await session.get(
-                    f"{url.rstrip('/')}/api/events", headers=headers, allow_redirects=False
-                )
+                    f"{url.rstrip('/')}/api/events", headers=headers, params=query,
+                    allow_redirects=False,
+                )  # fmt: skip
             async with response:
+                if response.status >= 500 and cursor.health is not None:
+                    raise _Lost(f"the admin API answered HTTP {response.status}")
                 check_admin_answer(url, response.status, response.headers.get("Location"))
+                first_health = True
                 async for kind, data in server_sent_events(response.content):
+                    if kind == "health":
+                        snapshot = data.get("health") or {}
+                        if first_health and reconnecting:
+                            _changes_meanwhile(cursor.health, snapshot, show)
+                        if cursor.since is None:
+                            cursor.since = float(snapshot.get("at") or time.time())
+                        cursor.health, first_health, cursor.connected = snapshot, False, True
+                    elif kind == "replayed":
+                        if cursor.lost:
+                            _say(f"reconnected to the agent at {url}; {cursor.fetched} "
+                                 "event(s) missed were fetched")
+                        cursor.lost, cursor.fetched = False, 0
+                        continue
+                    elif kind == "sale":
+                        if not cursor.fresh(data):
+                            continue  # shown before the stream was lost
+                        cursor.fetched += bool(data.get("replayed"))
                     show(kind, data)
     except (aiohttp.ClientError, TimeoutError) as err:
-        from kiosk_agent.core.doctor import describe
+        raise _Lost(describe(err)) from None
 
-        raise CliError(
-            f"cannot reach the agent at {url}: {describe(err)}",
-            EXIT_UNREACHABLE, ["is it running? `systemctl status kiosk-agent`"],
-        ) from None
+
+def _changes_meanwhile(
+    before: dict[str, Any] | None, after: dict[str, Any],
+    show: Callable[[str, dict[str, Any]], None],
+) -> None:  # fmt: skip
+    """What changed in the agent's health while the stream was lost: said as the stream says
+    a change (a new stream starts with no 'before' of its own)."""
+    from kiosk_agent.admin.page import health_changes
+
+    for note in health_changes(before, after):
+        show("note", {"at": after.get("at") or time.time(), **note})
 
 
 async def server_sent_events(

@@ -136,7 +136,9 @@ async def doctor_command(args: argparse.Namespace) -> int:
         Report,
         check_config,
         check_journal,
+        check_port_urls,
         check_serial_ports,
+        check_triggers,
         check_upstream,
     )
 
@@ -149,6 +151,8 @@ async def doctor_command(args: argparse.Namespace) -> int:
             "timeout", timeout_of(args)
         )
         check_serial_ports(report, config)
+        await check_port_urls(report, config, args.timeout)
+        check_triggers(report, config)
         check_journal(report, config)
         await _check_service(report, config, args)
         await check_upstream(report, config, args.timeout)

@@ -61,15 +61,19 @@ async def terminals_list(args: argparse.Namespace) -> int:
     out = sys.stdout
     offline = [t.device_id for t in terminals if not t.online]
     code = EXIT_FAILED if offline else EXIT_OK  # a reader down is a failed check
+    configured = configured_names(args)
     if wants_json(args):
-        print_json([safe_dump(t) for t in terminals])
+        print_json([{**safe_dump(t), "configured_name": configured.get(t.device_id)}
+                    for t in terminals])
         return code
-    header = ("DEVICE", "NAME", "VENDOR", "MODEL", "ONLINE", "SESSION", "SIGNATURE", "PRINTS",
-              "LAST SEEN")
+    header = ("DEVICE", "CONFIGURED", "SERVICE NAME", "VENDOR", "MODEL", "ONLINE", "SESSION",
+              "SIGNATURE", "PRINTS", "LAST SEEN")
+    now = datetime.now(UTC)
     rows = [
         (
-            t.device_id, t.name, t.vendor, t.model, t.online, t.connected,
-            t.capabilities.signature_capture, t.capabilities.receipt_printing, t.last_seen_at,
+            t.device_id, configured.get(t.device_id), t.name, t.vendor, t.model, t.online,
+            t.connected, t.capabilities.signature_capture, t.capabilities.receipt_printing,
+            seen(t.last_seen_at, now),
         )
         for t in terminals
     ]
@@ -90,6 +94,27 @@ async def terminals_list(args: argparse.Namespace) -> int:
     else:
         print(f"\nall {len(terminals)} terminals online", file=out)
     return code
+
+
+def configured_names(args: argparse.Namespace) -> dict[str, str | None]:
+    """device_id -> the name the configuration gives it (``front``: what the unit's triggers,
+    logs and `events --terminal` say), when a configuration is given."""
+    from kiosk_agent.cli.contract import load, optional_config_path
+
+    path = optional_config_path(args)
+    if path is None:
+        return {}
+    config = load(path, check_platforms=False)
+    return {t["device_id"]: t.get("name") for t in config["terminals"]}
+
+
+def seen(at: datetime | None, now: datetime) -> object:
+    """When the service last saw a reader; a time ahead of this machine's clock (a service,
+    or a simulator run faster, whose clock is ahead) is "just now", never the future."""
+    if at is None:
+        return None
+    stamp = at if at.tzinfo is not None else at.replace(tzinfo=UTC)
+    return "just now" if stamp > now else at
 
 
 def _print_table(header: Sequence[str], rows: Sequence[Sequence[object]], out: TextIO) -> None:

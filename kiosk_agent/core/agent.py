@@ -26,7 +26,7 @@ from kiosk_agent.core.config import Config
 from kiosk_agent.core.events import EventLog
 from kiosk_agent.core.health import HEALTH_SCHEMA, Health, HealthChecker
 from kiosk_agent.core.journal_guard import DISK_WATCH_S, JournalGuard
-from kiosk_agent.core.registry import PlatformInstance
+from kiosk_agent.core.registry import CannotStart, PlatformInstance
 from kiosk_agent.core.systemd import SystemdLifecycle
 from kiosk_agent.sales.attention import AttentionSweeper
 from kiosk_agent.sales.audit import ChargeAudit
@@ -217,6 +217,7 @@ class Agent:
         }.items():
             self.health.count_errors_of(part, count)
         self.platforms: list[PlatformInstance] = []
+        self.not_started: dict[str, str] = {}  # trigger -> why it could not start
         self.components: list[Component] = []
         self._pending_platforms: list[_PendingPlatform] = []
         self._pending_components: list[tuple[ComponentFactory, Any]] = []
@@ -280,20 +281,18 @@ class Agent:
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(min(5.0, self.settings.request_timeout)):
                     await self.journal_guard.first_check()
-        for pending in self._pending_platforms:
-            name = pending.conf.get("name") or pending.conf.get("platform")
-            try:
-                self.platforms.append(await pending.setup(self, pending.conf))
-            except Exception:
-                # one broken trigger must not keep the others (or recovery) from running
-                _LOGGER.exception("platform %s failed to start", name)
-                self.health.report_link(str(name), "failed", "setup failed; see the log")
+        not_started = self.not_started = await self._start_platforms()
         for factory, conf in self._pending_components:
             component = factory(self, conf)
             await component.start()
             self.components.append(component)
         self.attention.start()
         ready_text = f"ready: {len(self.platforms)} trigger(s)"
+        if not_started:  # not "ready": which trigger does not run, and why
+            total = len(self.platforms) + len(not_started)
+            ready_text = f"started with {len(self.platforms)} of {total} trigger(s); " + "; ".join(
+                f"{name} cannot start: {why}" for name, why in not_started.items()
+            )
         if self._systemd is not None:
             # READY=1 once recovery has finished: outside tools start on a settled journal
             await self._systemd.start(ready_text, ready=self.recovery.state == "done")
@@ -303,14 +302,35 @@ class Agent:
         self.started = True
         self.ready_at = time.monotonic()
         self._tasks.append(asyncio.create_task(self._after_ready()))
-        _LOGGER.info(
-            "agent %s ready in %.0f ms: %d trigger(s), %d component(s), %d open sale(s)",
+        _LOGGER.log(
+            logging.WARNING if not_started else logging.INFO,
+            "agent %s ready in %.0f ms: %d trigger(s), %d component(s), %d open sale(s)%s",
             self.version,
             (self.ready_at - started) * 1000,
             len(self.platforms),
             len(self.components),
             len(open_ids),
+            "; NOT ready to sell on " + ", ".join(not_started) if not_started else "",
         )
+
+    async def _start_platforms(self) -> dict[str, str]:
+        """Start each trigger; those that cannot start, by name with why (logged, in health).
+        One broken trigger must not keep the others (or recovery) from running."""
+        not_started: dict[str, str] = {}
+        for pending in self._pending_platforms:
+            conf = pending.conf
+            name = f"{conf.get('platform')}:{conf.get('name') or conf.get('platform')}"
+            try:
+                self.platforms.append(await pending.setup(self, conf))
+            except CannotStart as err:  # said in words: no traceback for a known cause
+                _LOGGER.error("trigger %s cannot start: %s", name, err)
+                not_started[name] = str(err)
+            except Exception as err:
+                _LOGGER.exception("trigger %s cannot start", name)
+                not_started[name] = f"{type(err).__name__}: {err} (its traceback is in the log)"
+        if not_started:
+            self.health.report_triggers(len(self.platforms), not_started)
+        return not_started
 
     async def _watch_journal(self) -> None:
         """Every second (the one timer an idle agent has), the journal's disk and files as they

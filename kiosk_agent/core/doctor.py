@@ -88,11 +88,16 @@ class Report:
         }
 
 
-async def check_running(config: Config, service: Any, *, within: float = 10.0) -> Report:
-    """The checks a running agent can make of itself (no test print: that is a button)."""
+async def check_running(
+    config: Config, service: Any, *, within: float = 10.0, links: dict[str, Any] | None = None
+) -> Report:
+    """The checks a running agent can make of itself (no test print: that is a button);
+    ``links``: its health's serial links by name."""
     report = Report()
     report.add("config", Verdict.PASS, f"{config.path} loaded by the running agent")
     check_serial_ports(report, config)
+    await check_port_urls(report, config, within, links)
+    check_triggers(report, config)
     check_journal(report, config)
     await check_terminals(report, config, service, within=within)
     await check_upstream(report, config, within)
@@ -124,20 +129,26 @@ def check_config(report: Report, path: Path) -> Config | None:
     return config
 
 
-def check_serial_ports(report: Report, config: Config) -> None:
-    # A serial platform's port is a device path (str); a kiosk_api port is an HTTP port (int).
-    ports = [
-        (t.get("name") or t["platform"], t["port"])
+def _serial_ports(config: Config) -> list[tuple[str, str, str]]:
+    """(name, port, link name in health) of each trigger on a serial port: a serial platform's
+    port is a device path or a URL (str); a kiosk_api port is an HTTP port (int)."""
+    return [
+        (t.get("name") or t["platform"], t["port"], f"{t['platform']}:{t.get('name') or ''}")
         for t in config.triggers
         if isinstance(t.get("port"), str) and t["port"]
     ]
+
+
+def check_serial_ports(report: Report, config: Config) -> None:
+    """Each serial device is present and this user may open it; a port given as a URL
+    (``socket://host:port``) is :func:`check_port_urls`'."""
+    ports = _serial_ports(config)
     if not ports:
         report.add("serial ports", Verdict.SKIP, "no trigger uses a serial port")
         return
-    for name, port in ports:
+    for name, port, _ in ports:
         check = f"serial port {name}"
         if "://" in port:
-            report.add(check, Verdict.SKIP, f"{port} is a URL, not a device")
             continue
         path = Path(port)
         if not path.exists():
@@ -159,6 +170,80 @@ def check_serial_ports(report: Report, config: Config) -> None:
             )
         else:
             report.add(check, Verdict.PASS, f"{port} present and accessible")
+
+
+def trigger_problems(config: Config) -> list[tuple[int, str, str]]:
+    """(index, name, problem) for each thing that keeps a valid trigger from starting here,
+    as its platform says (``core.registry.environment_problems``)."""
+    from kiosk_agent.core.registry import environment_problems
+
+    return [
+        (index, f"{t['platform']}:{t.get('name') or t['platform']}", problem)
+        for index, t in enumerate(config.triggers)
+        for problem in environment_problems(t)
+    ]
+
+
+def check_triggers(report: Report, config: Config) -> None:
+    """Each trigger whose platform can tell: it can start on this machine as it is."""
+    problems = trigger_problems(config)
+    names = {name for _, name, _ in problems}
+    for name in sorted(names):
+        notes = [problem for _, n, problem in problems if n == name]
+        report.add(
+            f"trigger {name}", Verdict.FAIL, "cannot start on this machine",
+            "correct each line below; the agent starts it once restarted", notes,
+        )  # fmt: skip
+
+
+# pyserial's URLs that name a TCP host and port (ser2net, an ESP-Link, the virtual machine's)
+_TCP_SCHEMES = ("socket", "rfc2217")
+
+
+async def check_port_urls(
+    report: Report, config: Config, within: float, links: dict[str, Any] | None = None
+) -> None:
+    """A serial port given as ``socket://host:port`` answers: a TCP connection is made (a
+    link down is a failure, not a skip). In the running agent (``links``: its health's links by
+    name) the agent's own link says, since a second connection may be refused by, or take the
+    port from, a bridge that serves one client (ser2net)."""
+    for name, port, link_name in _serial_ports(config):
+        if "://" not in port:
+            continue
+        check = f"serial port {name}"
+        parts = urlsplit(port)
+        if parts.scheme not in _TCP_SCHEMES or not parts.hostname or parts.port is None:
+            report.add(check, Verdict.SKIP, f"{port}: no host and port to check")
+            continue
+        link = (links or {}).get(link_name)
+        if link is not None:
+            _link_verdict(report, check, port, link)
+            continue
+        try:
+            async with asyncio.timeout(within):
+                _, writer = await asyncio.open_connection(parts.hostname, parts.port)
+            writer.close()
+            with contextlib.suppress(OSError):
+                await writer.wait_closed()
+        except (OSError, TimeoutError) as err:
+            report.add(
+                check, Verdict.FAIL, f"{port}: {describe(err)}",
+                "start the serial bridge there (ser2net, or `kiosk-agent virtual --listen`) "
+                "and check the host, the port and the network to it",
+            )  # fmt: skip
+        else:
+            report.add(check, Verdict.PASS, f"{port} accepts connections")
+
+
+def _link_verdict(report: Report, check: str, port: str, link: Any) -> None:
+    if link.healthy:
+        report.add(check, Verdict.PASS, f"{port}: the agent's link is {link.state}")
+        return
+    detail = f" ({link.detail})" if link.detail else ""
+    report.add(
+        check, Verdict.FAIL, f"{port}: the agent's link is {link.state}{detail}",
+        "check the serial bridge there and the network to it; the agent reconnects by itself",
+    )  # fmt: skip
 
 
 # Where serial adapters appear on Linux: the stable names first, then the kernel's.

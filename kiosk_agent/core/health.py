@@ -243,6 +243,8 @@ class Health:
         self._captured_total: Counter[str] = Counter()
         self._reversed_total: Counter[str] = Counter()
         self._fatal: dict[str, str] = {}
+        self._not_started: dict[str, str] = {}  # trigger -> why it cannot start
+        self._triggers_running = 0
         self._error_counts: dict[str, Callable[[], int]] = {}
         self._ever_healthy: set[str] = set()  # links that have been up at least once
         self._listeners: list[Callable[[], object]] = []
@@ -428,6 +430,13 @@ class Health:
         _LOGGER.error("fatal: %s: %s", component, reason)
         self._changed()
 
+    def report_triggers(self, running: int, not_started: dict[str, str]) -> None:
+        """The triggers started, and each that could not with why: the unit does not sell on
+        those, so it is degraded (down when none runs) until the cause is fixed and it restarts."""
+        self._triggers_running = running
+        self._not_started = {name: redact(reason) for name, reason in not_started.items()}
+        self._changed()
+
     def clear_fatal(self, component: str) -> None:
         if self._fatal.pop(component, None) is not None:
             self._changed()
@@ -598,6 +607,11 @@ class Health:
     ) -> tuple[Status, list[str]]:
         problems = [f"{name} failed: {reason}" for name, reason in sorted(self._fatal.items())]
         down = bool(self._fatal)
+        for trigger, reason in sorted(self._not_started.items()):
+            problems.append(f"trigger {trigger} cannot start: {reason} (fix it, then restart "
+                            "the agent)")
+        if self._not_started and not self._triggers_running:
+            down = True
         journal = self._journal
         if journal.writable is False:
             problems.append(f"journal not writable: {journal.detail}".rstrip(": "))

@@ -50,6 +50,22 @@ class PlatformSetup(Protocol):
     async def __call__(self, agent: Agent, config: dict[str, Any]) -> PlatformInstance: ...
 
 
+class CannotStart(Exception):
+    """A trigger that cannot start on this machine as it is (a chip that does not exist, a
+    package not installed): its message says why and what to do, with no traceback."""
+
+
+def environment_problems(config: dict[str, Any]) -> list[str]:
+    """What keeps a valid trigger from starting on this machine, from its platform's optional
+    ``environment_problems(config)``: check-config warns of it, doctor fails it, and the
+    platform's setup refuses with it (:class:`CannotStart`)."""
+    try:
+        check = getattr(get_platform(str(config.get("platform"))), "environment_problems", None)
+    except PlatformNotFound:
+        return []
+    return list(check(config)) if check is not None else []
+
+
 class PlatformNotFound(LookupError):
     def __init__(self, name: str, known: list[str], reason: str = "") -> None:
         self.name = name

@@ -25,10 +25,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import datetime as dt
+import glob
+import importlib.util
 import logging
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Protocol
 
 import voluptuous as vol
@@ -41,6 +44,7 @@ from kiosk_agent.core.config import (
     positive_float,
     positive_price,
 )
+from kiosk_agent.core.registry import CannotStart
 from kiosk_agent.platforms.base import (
     DevicePlatform,
     SaleStarter,
@@ -183,17 +187,19 @@ BUTTON_SCHEMA = vol.Schema(
 
 
 def _unique_lines(config: dict[str, Any]) -> dict[str, Any]:
-    inputs: dict[int, str] = {}
+    """Each line has one use: a button, a sensor or a relay (a relay's line driven while it is
+    read as a button would sell and dispense on its own)."""
+    used: dict[int, str] = {}
     for index, button in enumerate(config["buttons"]):
-        for key in ("line", "sensor"):
+        for key in ("line", "sensor", "relay"):
             line = button.get(key)
             if line is None:
                 continue
             where = f"buttons[{index}].{key}"
-            if line in inputs:
-                raise vol.Invalid(f"line {line} is used twice ({inputs[line]} and {where})",
+            if line in used:
+                raise vol.Invalid(f"line {line} is used twice ({used[line]} and {where})",
                                   path=["buttons", index, key])
-            inputs[line] = where
+            used[line] = where
     lamp = config.get("available_output")
     if lamp is not None:
         for index, button in enumerate(config["buttons"]):
@@ -482,8 +488,38 @@ class GpioKiosk:
         self._busy = False
 
 
+GPIOD_INSTALL = "pip install 'kiosk-agent[gpio]'"
+CHIP_PATTERN = "/dev/gpiochip*"
+
+
+def gpiod_installed() -> bool:
+    return importlib.util.find_spec("gpiod") is not None
+
+
+def environment_problems(config: dict[str, Any]) -> list[str]:
+    """What keeps this trigger from starting here: its chip, the gpiod package."""
+    problems = []
+    chip = config.get("chip", "/dev/gpiochip0")
+    if not Path(chip).exists():
+        present = ", ".join(sorted(glob.glob(CHIP_PATTERN))) or "none"
+        problems.append(f"chip {chip} does not exist on this machine (GPIO chips here: {present})")
+    if not gpiod_installed():
+        problems.append(f"the gpiod package is not installed: {GPIOD_INSTALL} in the agent's "
+                        "virtualenv")
+    return problems
+
+
 async def async_setup_platform(agent: Any, config: dict[str, Any]) -> GpioPlatform:
-    return await setup_with_chip(agent, config, LibgpiodChip(config["chip"]))
+    problems = environment_problems(config)
+    if problems:
+        raise CannotStart("; ".join(problems))
+    try:
+        return await setup_with_chip(agent, config, LibgpiodChip(config["chip"]))
+    except OSError as err:  # a line another program holds, a chip this user may not open
+        raise CannotStart(
+            f"cannot take its lines on {config['chip']}: {err.strerror or err} (another program "
+            "holding them, or a user not in the gpio group)"
+        ) from err
 
 
 async def setup_with_chip(agent: Any, config: dict[str, Any], chip: GpioChip) -> GpioPlatform:

@@ -29,7 +29,7 @@ from kiosk_agent.sales.clock import Anchor, elapsed_at_least
 from kiosk_agent.sales.journal import Journal, JournalError, SaleMoved, SaleRecord
 from kiosk_agent.sales.model import Flow, SaleEvent
 from kiosk_agent.sales.states import NO_CHARGE_STEPS, RESOLUTIONS, SaleState, Step
-from kiosk_agent.sales.steps import SaleContext, SaleSteps, event_of
+from kiosk_agent.sales.steps import SWEEP_MONEY_RETRIES, SaleContext, SaleSteps, event_of
 from kiosk_agent.service.errors import ServiceError
 from kiosk_agent.tasks import BackgroundTask
 from kiosk_agent.text import control_character
@@ -39,7 +39,7 @@ if TYPE_CHECKING:
 
 _LOGGER = logging.getLogger(__name__)
 
-MAX_RETRIES = 3  # money calls a sweep may make for one sale, in all
+MAX_RETRIES = SWEEP_MONEY_RETRIES  # money calls a sweep may make for one sale, in all
 MAX_WHY = 500
 
 
@@ -100,6 +100,8 @@ class AttentionSweeper:
 
     async def _run(self) -> None:
         while True:  # not at once: on start, recovery goes first
+            # an attention message written meanwhile says when the agent acts again
+            self.context.recheck.next_at = self.clock.time() + self.interval
             await self.clock.sleep(self.interval)
             await self.sweep()
 

@@ -318,7 +318,7 @@ class ChargeAudit:
             return steps.finish(
                 SaleState.ATTENTION, Step.AUDIT_UNDECIDED,
                 f"a charge the journal did not hold ({found} such in one check: too many to "
-                "give back unasked); a person must look",
+                "give back unasked); a person decides now (`kiosk-agent sales resolve`)",
             )
         event = await steps.reverse("a charge the journal did not hold; not known dispensed")
         if event.state is SaleState.REVERSED:

@@ -12,6 +12,7 @@ from kiosk_agent.money import format_cents
 from kiosk_agent.sales.live import SaleFlow, declined, outcome_detail
 from kiosk_agent.sales.model import SaleEvent
 from kiosk_agent.sales.states import AUTHORIZE_REPORTING, SaleState, Step
+from kiosk_agent.sales.steps import unknown_outcome
 from kiosk_agent.service.errors import OUTCOME_UNKNOWN, ServiceError
 from kiosk_agent.service.models import ChargeRequest, ChargeResult, ChargeResultCode
 
@@ -62,7 +63,7 @@ class AuthorizeCaptureFlow(SaleFlow):
             except OUTCOME_UNKNOWN as err:
                 # the card was read: the terminal is done; the payments API decides the rest
                 return await self._answer_lost(
-                    f"the authorization's answer was lost ({err})", terminal_done=True
+                    unknown_outcome("authorization", err), terminal_done=True
                 )
             except ServiceError as err:
                 return await self._fail(SaleState.FAILED, Step.AUTHORIZE_REFUSED, f"refused: {err}")

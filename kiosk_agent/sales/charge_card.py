@@ -13,6 +13,7 @@ from kiosk_agent.money import format_cents
 from kiosk_agent.sales.live import SaleFlow, declined, outcome_detail
 from kiosk_agent.sales.model import SaleEvent
 from kiosk_agent.sales.states import CHARGE_CARD_REPORTING, SaleState, Step
+from kiosk_agent.sales.steps import RESOLVE, unknown_outcome
 from kiosk_agent.service.errors import (
     OUTCOME_UNKNOWN,
     ConflictError,
@@ -64,7 +65,7 @@ class ChargeCardFlow(SaleFlow):
             except OUTCOME_UNKNOWN as err:
                 # the interaction may have started: the terminal may be taking the card
                 return await self._answer_lost(
-                    f"the charge's answer was lost ({err})", terminal_done=False
+                    unknown_outcome("charge", err), terminal_done=False
                 )
             except ServiceError as err:
                 return await self._fail(
@@ -112,8 +113,10 @@ class ChargeCardFlow(SaleFlow):
             result = interaction.charge_result
             if result is None:
                 return self.finish(
-                    SaleState.ATTENTION, Step.CHARGE_CARD_UNKNOWN, "no charge result"
-                )
+                    SaleState.ATTENTION, Step.CHARGE_CARD_UNKNOWN,
+                    "the charge succeeded with no result: the agent looks for it in reporting "
+                    f"{self.context.recheck.when()}, else a person decides ({RESOLVE})",
+                )  # fmt: skip
             return await self._charged(result)
         if status == InteractionStatus.EXPIRED:
             return await self._fail(
@@ -149,7 +152,7 @@ class ChargeCardFlow(SaleFlow):
                 SaleState.ATTENTION,
                 Step.DISPENSE_RESULT,
                 f"dispensed, but the charge answered {format_cents(charged)} for the"
-                f" {format_cents(asked)} asked",
+                f" {format_cents(asked)} asked; a person decides ({RESOLVE})",
                 vended_cents=min(outcome.vended_cents or cents, cents),
                 detail=outcome_detail(outcome),
             )

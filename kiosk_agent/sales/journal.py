@@ -817,6 +817,19 @@ class Journal:
             for r in rows
         ]
 
+    def steps_since(self, at: float, limit: int) -> list[StepRecord]:
+        """The steps journaled at ``at`` or later, in their order, at most ``limit`` (a live
+        view catching up after it lost its connection)."""
+        rows = self.db.execute(
+            "SELECT * FROM steps WHERE at >= ? ORDER BY id LIMIT ?", (at, limit)
+        ).fetchall()
+        return [
+            StepRecord(
+                r["sale_id"], r["at"], r["step"], SaleState(r["state"]), json.loads(r["detail"])
+            )
+            for r in rows
+        ]
+
     def today(self, now: float | None = None) -> tuple[int, int]:
         """(count, cents) of the sales completed since local midnight."""
         current = dt.datetime.fromtimestamp(now if now is not None else self.clock.time())

@@ -24,7 +24,7 @@ from kiosk_agent.sales.journal import Journal, JournalError, SaleMoved, SaleReco
 from kiosk_agent.sales.model import Flow, SaleEvent
 from kiosk_agent.sales.runner import SaleRunner
 from kiosk_agent.sales.states import RECOVERY_REPORTING, SaleState, Step, TransitionRefused
-from kiosk_agent.sales.steps import SaleContext, SaleSteps
+from kiosk_agent.sales.steps import RESOLVE, SaleContext, SaleSteps
 from kiosk_agent.service.errors import ServiceError
 from kiosk_agent.service.models import (
     ChargeResultCode,
@@ -320,7 +320,9 @@ class Recovery:
             SaleState.ATTENTION,
             Step.RECOVERY_UNDECIDED,
             "dispensed, but reporting shows the authorization neither open nor captured "
-            "(unreachable, or not there yet); the attention sweeper looks again",
+            "(unreachable, or not there yet); the agent asks reporting again "
+            f"{steps.context.recheck.when()} and captures it if it is open, else a person "
+            f"decides ({RESOLVE})",
         )
 
     async def _reversing(self, steps: SaleSteps) -> SaleEvent:

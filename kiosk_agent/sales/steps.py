@@ -30,6 +30,7 @@ from kiosk_agent.sales.unit import OwnUnit
 from kiosk_agent.service.errors import (
     OUTCOME_UNKNOWN,
     BadRequestError,
+    InvalidResponseError,
     ServerError,
     ServiceError,
     ServiceUnreachableError,
@@ -49,6 +50,31 @@ T = TypeVar("T")
 # a void or refund that may have worked: reporting is asked before a second try
 _REVERSE_UNCLEAR: tuple[type[ServiceError], ...] = (BadRequestError, *OUTCOME_UNKNOWN)
 _FOUND_CAPTURED = "captured (found in reporting)"
+SWEEP_MONEY_RETRIES = 3  # money calls the attention sweeper may make for one sale, in all
+RESOLVE = "`kiosk-agent sales resolve`"
+
+
+def unknown_outcome(call: str, err: ServiceError) -> str:
+    """A money call whose outcome is unknown, said as what happened: a 5xx is the service's
+    answer, not an answer lost."""
+    if isinstance(err, ServerError):
+        return f"the service answered {err.status or '5xx'} to the {call} ({err})"
+    if isinstance(err, InvalidResponseError):
+        return f"the {call}'s answer could not be read ({err})"
+    return f"the {call}'s answer was lost ({err})"
+
+
+class Recheck:
+    """When the attention sweeper next looks at the sales in attention (it says so before
+    each wait): an attention message says when the agent acts again."""
+
+    def __init__(self) -> None:
+        self.next_at: float | None = None
+
+    def when(self) -> str:
+        if self.next_at is None:
+            return "at its next look"
+        return "at " + time.strftime("%H:%M:%SZ", time.gmtime(self.next_at))
 
 
 class NotOurs(Exception):
@@ -78,10 +104,13 @@ class SaleContext:
     deadlines: AnswerDeadlines = field(init=False)
     # terminals a card read whose answer was lost may still hold (sales/lost_reads.py)
     lost_reads: LostReads = field(init=False)
+    # when the attention sweeper looks next (sales/attention.py sets it)
+    recheck: Recheck = field(init=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "deadlines", AnswerDeadlines(self.clock))
         object.__setattr__(self, "lost_reads", LostReads(self.clock))
+        object.__setattr__(self, "recheck", Recheck())
 
 
 class SaleSteps:
@@ -265,7 +294,9 @@ class SaleSteps:
                 return self.finish(
                     SaleState.ATTENTION,
                     steps.unknown,
-                    f"{why}; reporting cannot say whether money was taken",
+                    f"{why}; reporting cannot say whether money was taken: the agent asks "
+                    f"again {self.context.recheck.when()} and gives back or keeps what it finds, "
+                    f"else a person decides ({RESOLVE})",
                 )
             if not lookup.unknown and asked >= deadline:
                 # "no charge" counts only from a lookup sent after the deadline: a slow answer
@@ -368,7 +399,12 @@ class SaleSteps:
         """
         trans_id = self.record.trans_id
         if trans_id is None:
-            return self.finish(SaleState.ATTENTION, Step.REVERSE_UNKNOWN, f"{why}; no trans_id")
+            return self.finish(
+                SaleState.ATTENTION, Step.REVERSE_UNKNOWN,
+                f"{why}; no trans_id: the agent looks for the charge in reporting "
+                f"{self.context.recheck.when()} and gives it back, else a person decides "
+                f"({RESOLVE})",
+            )  # fmt: skip
         self.require_own()
         self.step(Step.REVERSE_REQUEST, SaleState.REVERSING, why, detail={"trans_id": trans_id})
         for attempt in (1, 2):
@@ -385,15 +421,16 @@ class SaleSteps:
                     return self.finish(
                         SaleState.ATTENTION,
                         Step.REVERSE_FAILED,
-                        f"{why}; giving the money back failed ({err}); a person must refund "
-                        f"{format_cents(self._held_cents)}",
+                        f"{why}; giving the money back failed ({err}); {self._retried()} "
+                        f"gives back {format_cents(self._held_cents)}",
                     )
                 continue
             except ServiceError as err:
                 return self.finish(
                     SaleState.ATTENTION,
                     Step.REVERSE_FAILED,
-                    f"{why}; void or refund refused: {err}",
+                    f"{why}; void or refund refused: {err}; {self._retried()} gives "
+                    f"back {format_cents(self._held_cents)}",
                 )
             return self._reversed(why, result.trans_id, result.amount, voided=result.voided)
         raise AssertionError("unreachable")  # pragma: no cover
@@ -403,6 +440,10 @@ class SaleSteps:
         (sales/unit.py); one that did not is a bug, refused before anything is written."""
         if not self.context.unit.owns_sale(self.record.order_id):
             raise NotOurs(self.record, self.context.unit)
+    def _retried(self) -> str:
+        """Who acts next on a sale left in attention, and when."""
+        return (f"the agent tries again {self.context.recheck.when()} (up to "
+                f"{SWEEP_MONEY_RETRIES} times), then a person ({RESOLVE})")
 
     @property
     def _held_cents(self) -> int:
@@ -452,7 +493,9 @@ class SaleSteps:
             return self.finish(
                 SaleState.ATTENTION,
                 Step.CAPTURE_FAILED,
-                f"dispensed, but the capture failed ({err}); a person must look",
+                f"dispensed, but the capture failed ({err}); the agent asks reporting again "
+                f"{self.context.recheck.when()} and captures the authorization if it still "
+                f"holds, else a person decides ({RESOLVE})",
             )
         try:
             result = await self.service.payments.capture(trans_id, amount=cents)
@@ -463,7 +506,9 @@ class SaleSteps:
             return self.finish(
                 SaleState.ATTENTION,
                 Step.CAPTURE_FAILED,
-                f"dispensed, but the capture failed twice ({again}); a person must capture",
+                f"dispensed, but the capture failed twice ({again}); the agent retries the "
+                f"capture {self.context.recheck.when()} (up to {SWEEP_MONEY_RETRIES} times), "
+                f"then a person ({RESOLVE})",
             )
         return self._captured(result, cents)
 
@@ -472,7 +517,9 @@ class SaleSteps:
             return self.finish(
                 SaleState.ATTENTION,
                 Step.CAPTURE_REFUSED,
-                f"dispensed, but the capture answered {result.result}: {result.resp_text}",
+                f"dispensed, but the capture answered {result.result}: {result.resp_text}; the "
+                f"agent asks reporting again {self.context.recheck.when()}, then a person "
+                f"({RESOLVE})",
             )
         taken = result.amount or cents
         if taken > cents:
@@ -482,7 +529,7 @@ class SaleSteps:
                 SaleState.ATTENTION,
                 Step.CAPTURE_ABOVE,
                 f"dispensed, but the capture answered {format_cents(taken)} for the"
-                f" {format_cents(cents)} asked",
+                f" {format_cents(cents)} asked; a person decides ({RESOLVE})",
                 captured_cents=taken,
             )
         return self._completed(taken, "captured")

@@ -7,11 +7,16 @@ import os
 import signal
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
+from kiosk_agent.app import load_agent
 from kiosk_agent.cli.events import Filters, event_line
-from tests.admin.conftest import ADMIN_TOKEN
+from kiosk_agent.sales.journal import Journal, SaleRecord
+from kiosk_agent.sales.states import SaleState
+from tests.admin.conftest import ADMIN_TOKEN, write_config
 from tests.admin.test_server import _sell
+from tests.helpers import free_port, walk_to
 
 WAIT_S = 20.0  # the longest any wait here lasts (a busy 2-core machine)
 
@@ -207,3 +212,110 @@ async def test_a_reader_that_fell_behind_is_told_how_many_steps_it_missed_and_wh
     assert [line["sale_id"] for line in shown[1:]] == ids[44:]  # then the rest, each once
     assert "warning: 44 event(s) missed here: this reader fell behind the agent" in err
     assert code == 130
+
+
+async def test_events_follow_the_agent_through_a_restart_and_fetch_what_they_missed(
+    tmp_path: Path, sim_settings: Any
+) -> None:
+    """Before: `events` exited 4 when the agent restarted. Now it says it reconnects, comes
+    back on its own, and shows the steps journaled while it was away, each once."""
+    path = write_config(tmp_path)
+    path.write_text(path.read_text().replace("admin:\n  port: 0", f"admin:\n  port: {free_port()}"))
+    first = load_agent(path, sim_settings, systemd=False)
+    await first.start()
+    proc = await _follow(_admin(first), "events", "--kind", "sale", "--json")
+    second = None
+    try:
+        before = await _sell(first, 250)
+        seen = await _lines_until(proc, before.sale_id, "receipt")
+        await first.stop()
+        assert proc.stderr is not None
+        said = (await asyncio.wait_for(proc.stderr.readline(), WAIT_S)).decode()
+        assert said.startswith(f"reconnecting to the agent at {_admin(first).url}: ")
+
+        missed = _a_sale_journaled_meanwhile(tmp_path / "journal.db")
+        second = load_agent(path, sim_settings, systemd=False)
+        await second.start()
+        said = (await asyncio.wait_for(proc.stderr.readline(), WAIT_S)).decode()
+        steps = len(second.journal.steps(missed))
+        assert said == (f"reconnected to the agent at {_admin(first).url}; {steps} event(s) "
+                        "missed were fetched\n")
+        after = await _sell(second, 250)
+        seen += await _lines_until(proc, after.sale_id, "receipt")
+        code, _took, err = await _interrupt(proc)
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+        if second is not None:
+            await second.stop()
+    shown = [(e["sale_id"], e["step"]) for e in seen]
+    for sale_id in (before.sale_id, missed, after.sale_id):
+        assert [step for s, step in shown if s == sale_id] == [
+            s.step for s in _steps(tmp_path / "journal.db", sale_id)
+        ], sale_id  # every step, in order, each once
+    assert code == 130
+    assert "Traceback" not in err
+
+
+def _admin(agent: Any) -> Any:
+    return next(c for c in agent.components if type(c).__name__ == "AdminServer")
+
+
+async def _lines_until(
+    proc: asyncio.subprocess.Process, sale_id: str, step: str
+) -> list[dict[str, Any]]:
+    assert proc.stdout is not None
+    lines: list[dict[str, Any]] = []
+    async with asyncio.timeout(WAIT_S):
+        while not lines or (lines[-1]["sale_id"], lines[-1]["step"]) != (sale_id, step):
+            lines.append(json.loads(await proc.stdout.readline()))
+    return lines
+
+
+def _a_sale_journaled_meanwhile(path: Path) -> str:
+    """A sale the next agent finds finished in the journal, its steps written while no agent
+    ran: what a follower away at that moment missed."""
+    journal = Journal(path)
+    journal.open()
+    try:
+        record = journal.create(SaleRecord(
+            sale_id="meanwhile-0001", order_id="ka-meanwhile", source="test",
+            flow="charge_card", terminal="SIM-0007", amount_cents=250, state=SaleState.STARTED,
+        ))  # fmt: skip
+        walk_to(journal, record, SaleState.DECLINED, message="declined (Do not honor)")
+    finally:
+        journal.close()
+    return record.sale_id
+
+
+def _steps(path: Path, sale_id: str) -> list[Any]:
+    journal = Journal(path)
+    journal.open_to_read()
+    try:
+        return journal.steps(sale_id)
+    finally:
+        journal.close()
+
+
+def test_a_terminal_filter_keeps_every_problem_and_clear_about_that_terminal() -> None:
+    """Before: `--terminal SIM-0001` dropped "problem: terminal SIM-0001 offline" (a problem
+    note carried no device)."""
+    from kiosk_agent.admin.page import health_changes
+
+    terminals = [{"device_id": "SIM-0001", "name": "front"}, {"device_id": "SIM-0007"}]
+    ok = {"status": "ok", "problems": [], "terminals": terminals}
+    down = {**ok, "status": "degraded", "problems": ["terminal SIM-0001 offline ping: no answer",
+                                                     "terminal SIM-0007 offline"]}
+    notes = {n["text"]: n for n in health_changes(ok, down) + health_changes(down, ok)}
+    assert notes["problem: terminal SIM-0001 offline ping: no answer"]["device_id"] == "SIM-0001"
+    assert notes["cleared: terminal SIM-0001 offline ping: no answer"]["device_id"] == "SIM-0001"
+    by_name = Filters(terminal="front")
+    assert by_name.learn({"terminals": terminals}) is None
+    kept = [t for t, n in notes.items() if by_name.wants(n["kind"], n)]
+    assert kept == ["problem: terminal SIM-0001 offline ping: no answer",
+                    "cleared: terminal SIM-0001 offline ping: no answer"]
+    # an older agent's note, with no device: the text names it
+    assert Filters(terminal="SIM-0001").wants("problem", {"text": "problem: terminal SIM-0001 "
+                                                                  "offline", "device_id": None})
+    assert not Filters(terminal="SIM-000").wants("problem", {"text": "problem: terminal "
+                                                                     "SIM-0001 offline"})

@@ -16,6 +16,7 @@ from kiosk_agent.admin.page import COOKIE, availability, health_notes
 from kiosk_agent.sales.model import SaleEvent
 from kiosk_agent.sales.states import SaleState
 from tests.admin.conftest import ADMIN_TOKEN, READ_TOKEN
+from tests.admin.test_server import _sell
 
 
 def _origin(admin_server: Any) -> dict[str, str]:
@@ -301,7 +302,6 @@ async def test_too_many_event_streams_are_refused_and_sales_go_on(
     agent: Any, admin_server: Any
 ) -> None:
     from kiosk_agent.admin.page import MAX_STREAMS
-    from tests.admin.test_server import _sell
 
     headers = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
     async with aiohttp.ClientSession(base_url=admin_server.url, headers=headers) as session:
@@ -344,3 +344,89 @@ async def test_a_wall_clock_step_neither_ends_nor_stretches_a_session(
         assert r.status == 200  # a step forward does not log the tech out
     [session] = admin_server.page._sessions.values()
     assert session.expires_at <= time.monotonic() + page.SESSION_LIFETIME_S  # nor lengthens it
+
+
+def test_a_clear_says_what_cleared() -> None:
+    """Before: "cleared: 1 sale(s) need attention" right after "problem: 2 sale(s) need
+    attention" read as if something had been fixed, and both lines came for one change."""
+    def health(*problems: str) -> dict[str, Any]:
+        return {"status": "degraded" if problems else "ok", "problems": list(problems)}
+
+    two, one = health("2 sale(s) need attention"), health("1 sale(s) need attention")
+    assert health_notes(two, one) == ["cleared: 1 sale(s) resolved; 1 still need(s) a person"]
+    assert health_notes(one, two) == ["problem: 2 sale(s) need attention (1 more)"]
+    assert health_notes(one, health()) == [
+        "status degraded -> ok", "cleared: 1 sale(s) resolved; none needs a person now",
+    ]
+    assert health_notes(health("API key expires in 90 s"), health("API key expires in 30 s")) == [
+        "problem: API key expires in 30 s (was: API key expires in 90 s)"
+    ]
+
+
+async def test_a_browser_reconnecting_gets_the_steps_it_missed_from_its_last_event_id(
+    agent: Any, admin_server: Any
+) -> None:
+    """A page whose link dropped opens the stream again with the id of the last step it got
+    (EventSource does it by itself): the steps journaled since come first, then live ones."""
+    headers = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
+    async with aiohttp.ClientSession(base_url=admin_server.url, headers=headers) as http:
+        async with http.get("/api/events") as response:
+            assert (await response.content.readline()) == b"retry: 1000\n"  # wait 1 s, not 3
+            stream = _events(response)
+            first = await _sell(agent, 250)
+            kind, step = await asyncio.wait_for(_next_sale(stream), 5.0)
+        last_id = repr(step["at"])  # the `id:` of that event
+        later = await _sell(agent, 250)  # while no page listens
+        missed = [s.step for s in agent.journal.steps(first.sale_id) if s.at >= step["at"]]
+        missed += [s.step for s in agent.journal.steps(later.sale_id)]
+        async with http.get("/api/events", headers={"Last-Event-ID": last_id}) as response:
+            stream = _events(response)
+            fetched = []
+            async with asyncio.timeout(5.0):
+                async for kind, data in stream:
+                    if kind == "replayed":
+                        break
+                    if kind == "sale":
+                        assert data["replayed"] is True
+                        fetched.append(data["step"])
+    assert fetched == missed
+    assert data["count"] == len(missed)
+
+
+async def _next_sale(stream: Any) -> tuple[str, dict[str, Any]]:
+    async for kind, data in stream:
+        if kind == "sale":
+            return kind, data
+    raise AssertionError("the stream ended")
+
+
+async def test_the_doctor_runs_again_when_a_problem_comes_not_when_a_countdown_ticks() -> None:
+    """The checks follow the health (a Doctor card saying "0 failed" under DOWN was another
+    moment's), but a key's countdown, a new problem each second, must not run them for ever."""
+    from types import SimpleNamespace
+
+    from kiosk_agent.admin.page import StatusPage, TokenGuesses
+    from kiosk_agent.core.doctor import Report
+
+    problems = ["API key expires in 3600 s"]
+    health = SimpleNamespace(snapshot=lambda: SimpleNamespace(problems=list(problems)))
+    page = StatusPage(SimpleNamespace(health=health), lambda _: (None, None), TokenGuesses())
+    runs: list[list[str]] = []
+
+    async def checks() -> None:
+        runs.append(list(problems))
+        page.doctor = Report()
+        page._doctor_done.set()
+
+    page._doctor_task = type(page._doctor_task)(checks, "test-doctor")
+    page._start_doctor()
+    await page._doctor_task._task
+    problems[0] = "API key expires in 3599 s"
+    await page._doctor_follows(problems)
+    await page._doctor_task._task  # a run started now would have ended here
+    assert len(runs) == 1
+    problems.append("terminal SIM-0001 offline")
+    await page._doctor_follows(problems)
+    await page._doctor_task._task
+    assert runs[-1] == ["API key expires in 3599 s", "terminal SIM-0001 offline"]
+    assert len(runs) == 2

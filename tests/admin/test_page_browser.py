@@ -22,6 +22,7 @@ import pytest
 from aiohttp import web
 from playwright.async_api import Browser, Page, ViewportSize, expect
 
+from kiosk_agent.admin.page import availability as page_availability
 from kiosk_agent.app import load_agent
 from kiosk_agent.core.logging import refusal_counts
 from kiosk_agent.sales.journal import SaleRecord
@@ -29,7 +30,7 @@ from kiosk_agent.sales.model import SaleEvent
 from kiosk_agent.sales.states import SaleState, Step
 from tests.admin.conftest import ADMIN_TOKEN, CONFIG, READ_TOKEN, write_config
 from tests.admin.test_server import _sell
-from tests.helpers import walk_to
+from tests.helpers import until, walk_to
 
 PHONE: ViewportSize = {"width": 360, "height": 740}
 DESKTOP: ViewportSize = {"width": 1280, "height": 900}
@@ -549,3 +550,122 @@ async def test_a_page_that_fell_behind_says_how_many_steps_it_missed(
     assert "44 event(s) missed here: this reader fell behind the agent" in lines[0]
     assert len(lines) == 257  # the gap, then the 256 steps the stream kept
     assert seen.errors == []
+
+
+# One vending machine on SIM-0001 and no customer: nothing but the outage moves on the page.
+IDLE_MACHINE = """
+triggers:
+  - platform: virtual
+    name: snacks
+    terminal: SIM-0001
+    flow: authorize_capture
+    customers: false
+"""
+
+
+@pytest.fixture
+async def idle_machine(tmp_path: Path, sim_settings: Any) -> AsyncIterator[Any]:
+    path = write_config(tmp_path, IDLE_MACHINE)
+    path.write_text(path.read_text().replace("ping_interval: 3600", "ping_interval: 1"))
+    agent = load_agent(path, sim_settings, systemd=False)
+    await agent.start()
+    yield agent
+    await agent.stop()
+
+
+async def _page_matches_the_agent(page: Page, agent: Any, device_id: str, sim: Any) -> None:
+    """Every card of the page against what the agent holds now (its health, its availability,
+    the platform's own status) and what the simulator says of the reader: the same words, not
+    the words the page's code would make."""
+    reader_online = sim.ctx.terminals.describe(device_id)["online"]
+    await until(
+        lambda: next(t.online for t in agent.health.snapshot().terminals
+                     if t.device_id == device_id) is reader_online,
+        timeout=WAIT_MS / 1000,
+    )  # the agent's next ping has seen what the simulator holds
+    snapshot = agent.health.snapshot().model_dump(mode="json")
+    view = page_availability(snapshot)
+    await expect(page.locator("#status")).to_have_text(snapshot["status"], timeout=WAIT_MS)
+    await expect(page.locator("#available")).to_have_text(view["summary"], timeout=WAIT_MS)
+    await expect(page.locator("#unavailable li")).to_have_count(len(view["cannot"]))
+    for problem in snapshot["problems"]:
+        await expect(page.locator("#problems")).to_contain_text(problem)
+    status = next(p for p in agent.platforms if p.name == "virtual:snacks").status()
+    summary = page.locator('#links li[data-platform="virtual:snacks"] summary')
+    await expect(summary).to_contain_text(f"reader {status['reader']}", timeout=WAIT_MS)
+    if status["available"]:
+        await expect(summary).not_to_contain_text("out of service")
+    else:
+        await expect(summary).to_contain_text(f"out of service: {status['unavailable_reason']}")
+    online = next(t for t in snapshot["terminals"] if t["device_id"] == device_id)["online"]
+    assert online is reader_online
+    await expect(_terminal(page, device_id).locator('[data-field="online"]')).to_have_text(
+        "online" if online else "OFFLINE"
+    )
+
+
+async def test_every_card_follows_an_outage_and_its_end_without_a_sale(
+    browser: Browser, idle_machine: Any, sim: Any
+) -> None:
+    """Before: the platform's line kept "reader enabled" for the whole outage (it was redrawn
+    only when a sale step reloaded the page) and the Doctor card kept "0 failed" under DOWN."""
+    agent = idle_machine
+    admin = next(c for c in agent.components if type(c).__name__ == "AdminServer")
+    page, seen = await _open(browser, admin.url, PHONE, ADMIN_TOKEN)
+    await expect(page.locator("#live")).to_have_text("live", timeout=WAIT_MS)
+    ping = page.locator('[data-check="ping SIM-0001"]')
+    await expect(ping).to_contain_text("PASS", timeout=WAIT_MS)
+    await until(lambda: agent.availability.state("SIM-0001").available)
+    await _page_matches_the_agent(page, agent, "SIM-0001", sim)
+
+    async with aiohttp.ClientSession() as session:
+        async with session.post(f"{sim.base_url}/sim/terminals/SIM-0001/offline") as response:
+            assert response.status == 200
+        snacks = next(p for p in agent.platforms if p.name == "virtual:snacks")
+        await until(lambda: snacks.status()["reader"] == "disabled", timeout=WAIT_MS / 1000)
+        await _page_matches_the_agent(page, agent, "SIM-0001", sim)
+        # the doctor's checks ran again by themselves: the card says what fails now
+        await expect(ping).to_contain_text("FAIL", timeout=WAIT_MS)
+        await expect(page.locator('[data-field="doctor-summary"]')).to_contain_text("1 failed")
+
+        async with session.post(f"{sim.base_url}/sim/terminals/SIM-0001/online") as response:
+            assert response.status == 200
+        await until(lambda: snacks.status()["reader"] == "enabled", timeout=WAIT_MS / 1000)
+        await _page_matches_the_agent(page, agent, "SIM-0001", sim)
+        await expect(ping).to_contain_text("PASS", timeout=WAIT_MS)
+        await expect(page.locator('[data-field="doctor-summary"]')).to_contain_text("0 failed")
+    assert agent.journal.query(limit=1) == []  # no sale step redrew anything
+    assert seen.errors == []
+
+
+GPIO_NOT_HERE = """
+triggers:
+  - platform: gpio
+    name: kiosk
+    chip: /dev/gpiochip99
+    terminal: SIM-0001
+    buttons:
+      - {line: 17, product: espresso, price: "2.50", relay: 22}
+"""
+
+
+async def test_a_trigger_that_cannot_start_is_on_the_page_with_why(
+    browser: Browser, tmp_path: Path, sim_settings: Any
+) -> None:
+    """Before: the page showed nothing of a configured GPIO trigger that never started (the
+    log had a traceback; health blamed a 'link' with "setup failed; see the log")."""
+    agent = load_agent(write_config(tmp_path, GPIO_NOT_HERE), sim_settings, systemd=False)
+    await agent.start()
+    try:
+        admin = next(c for c in agent.components if type(c).__name__ == "AdminServer")
+        page, seen = await _open(browser, admin.url, DESKTOP, ADMIN_TOKEN)
+        why = agent.not_started["gpio:kiosk"]
+        assert why.startswith("chip /dev/gpiochip99 does not exist on this machine")
+        [problem] = [p for p in agent.health.snapshot().problems if "gpio:kiosk" in p]
+        await expect(page.locator("#problems")).to_contain_text(problem, timeout=WAIT_MS)
+        await expect(page.locator("#status")).to_have_text(agent.health.snapshot().status.value)
+        summary = page.locator('#links li[data-platform="gpio:kiosk"] summary')
+        await expect(summary).to_have_text(f"gpio:kiosk: NOT RUNNING: cannot start: {why}")
+        assert seen.errors == []
+    finally:
+        await agent.stop()

@@ -87,14 +87,26 @@ EXAMPLES: list[tuple[str, ...]] = [
     ("sim", "trigger", "merchant-status", "{merchant_id}", "LIVE"),
     ("dex", "parse", "{dex_file}"),
     ("dex", "read", "-c", "{config}"),  # its config names no DEX port (test_dex_cli reads one)
+    ("sim", "trigger", "sale", "--terminal", "SIM-0002"),
+    ("sim", "trigger", "declined", "--terminal", "SIM-0002"),
+    ("sim", "trigger", "reader-offline", "SIM-0004"),
+    ("sim", "trigger", "reader-online", "SIM-0004"),
+    # each fault only on a path no later example calls; `clear` disarms them all
+    ("sim", "trigger", "service-500", "--count", "1"),
+    ("sim", "trigger", "lost-answer"),
+    ("sim", "trigger", "fault", "latency", "--path", "/nothing/*", "--delay", "0.1"),
+    ("sim", "trigger", "faults"),
+    ("sim", "trigger", "clear"),
     ("keys", "refresh"),  # last: the rotated key is what the later commands would use
 ]
 # The few that print no result take no --json (and refuse it).
 NO_JSON = {("run",), ("demo",), ("sim",), ("virtual",), ("completion",)}
 # The ones that read no configuration (`sim trigger` talks to a simulator by --url).
 NO_CONFIG = {("sim",), ("virtual",), ("completion",), ("dex", "parse"), *(
-    ("sim", "trigger", event)
-    for event in ("settle", "terminal-offline", "terminal-online", "merchant-status"))}
+    ("sim", "trigger", event) for event in (
+        "settle", "terminal-offline", "terminal-online", "merchant-status", "sale", "declined",
+        "reader-offline", "reader-online", "service-500", "lost-answer", "fault", "faults",
+        "clear"))}
 # Every command that calls the payment service.
 SERVICE_GROUPS = {"terminals", "payments", "vault", "plans", "hpp", "boarding", "report", "keys"}
 PLACEHOLDERS = {"trans_id": "700000000001", "uuid": "u-1", "id": "1", "page_id": "p1",

@@ -81,7 +81,7 @@ async def test_terminals_lists_every_reader_with_capabilities_and_state(
     ran = await kiosk(capsys, "terminals")
     assert ran.code == 0, ran
     lines = ran.out.splitlines()
-    assert lines[0].split()[:5] == ["DEVICE", "NAME", "VENDOR", "MODEL", "ONLINE"]
+    assert lines[0].split()[:6] == ["DEVICE", "CONFIGURED", "SERVICE", "NAME", "VENDOR", "MODEL"]
     assert sum(line.startswith("SIM-00") for line in lines) == 8
     assert "all 8 terminals online" in ran.out
 
@@ -595,3 +595,34 @@ async def test_a_services_error_is_shown_and_never_obeyed_by_the_terminal(
     assert "\x1b" not in ran.err
     assert "\x07" not in ran.err
     assert "7000\ufffd[2J\ufffd]0;owned\ufffd" in ran.err
+
+
+async def test_terminals_show_the_configured_name_beside_the_services(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Before: only the service's names ("Counter 1"), not the configuration's, which the
+    unit's triggers, logs and `events --terminal` use."""
+    for name in cli.ENVIRONMENT.values():
+        monkeypatch.delenv(name, raising=False)
+    demo = str(Path(__file__).parents[2] / "config" / "demo.yaml")
+    args = build_parser("terminals").parse_args(["terminals", "--config", demo, "--json"])
+    await args.handler(args)
+    listed = {t["device_id"]: t for t in json.loads(capsys.readouterr().out)}
+    assert listed["SIM-0007"]["configured_name"] == "snacks-reader"
+    assert listed["SIM-0001"]["configured_name"] is None  # not this unit's
+    args = build_parser("terminals").parse_args(["terminals", "--config", demo])
+    await args.handler(args)
+    [row] = [line for line in capsys.readouterr().out.splitlines() if line.startswith("SIM-0007")]
+    assert row.split()[:2] == ["SIM-0007", "snacks-reader"]
+
+
+def test_last_seen_is_never_in_the_future() -> None:
+    """Before: a simulator run faster than real time showed a LAST SEEN ahead of the clock."""
+    from datetime import UTC, datetime, timedelta
+
+    from kiosk_agent.cli.terminals import seen
+
+    now = datetime(2026, 11, 28, 19, 0, tzinfo=UTC)
+    assert seen(now + timedelta(minutes=7), now) == "just now"
+    assert seen(now - timedelta(minutes=7), now) == now - timedelta(minutes=7)
+    assert seen(None, now) is None

@@ -9,6 +9,7 @@ import pytest
 
 from kiosk_agent.cli import build_parser
 from kiosk_agent.sim.server import SimServer
+from tests.helpers import free_port
 
 
 async def trigger(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
@@ -44,10 +45,79 @@ async def test_settle_and_merchant_status_from_the_environment(
     assert json.loads(out)["exit_code"] == 1
 
 
-async def test_no_simulator_there_is_exit_4(capsys: pytest.CaptureFixture[str]) -> None:
-    code, _, err = await trigger(capsys, "settle", "--url", "http://127.0.0.1:9", "--timeout", "1")
+async def test_no_simulator_there_is_exit_4_in_plain_words(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Before: `ClientConnectorError ... ssl:default [Connect call failed ...]`."""
+    url = f"http://127.0.0.1:{free_port()}"
+    code, _, err = await trigger(capsys, "settle", "--url", url, "--timeout", "1")
     assert code == 4
-    assert err.startswith("error: no simulator answered at http://127.0.0.1:9")
+    assert err.splitlines()[0] == (
+        f"error: no simulator at {url}: cannot connect to 127.0.0.1:{url.rsplit(':', 1)[1]}: "
+        "nothing listens there (connection refused)"
+    )
+    assert "ClientConnectorError" not in err
+    assert "ssl:default" not in err
+
+
+async def test_ready_made_sales_approved_and_declined_as_reporting_holds_them(
+    sim: SimServer, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, out, _ = await trigger(capsys, "sale", "--url", sim.base_url, "--terminal", "SIM-0002")
+    assert code == 0
+    trans_id = out.rsplit(" ", 1)[1].strip()
+    assert out == f"SIM-0002: $2.50 approved, transaction {trans_id}\n"
+    code, out, _ = await trigger(capsys, "declined", "--url", sim.base_url, "--json")
+    answer = json.loads(out)
+    assert (code, answer["status"], answer["result"]["result"]) == (0, "succeeded", "C")
+    async with aiohttp.ClientSession() as http:
+        listed = await http.get(f"{sim.base_url}/sim/stats")
+        assert listed.status == 200
+
+
+async def test_faults_by_name_no_json_to_write(
+    sim: SimServer, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, out, _ = await trigger(capsys, "service-500", "--url", sim.base_url)
+    assert (code, out) == (0, "armed f1: the next 1 call(s) to POST /api/v1/* answered 500, "
+                              "nothing made (0 taken so far); `kiosk-agent sim trigger clear` "
+                              "disarms it\n")
+    code, out, _ = await trigger(capsys, "lost-answer", "--url", sim.base_url, "--count", "2")
+    assert out.startswith("armed f2: the next 2 call(s) to POST /api/v1/charge made, then its "
+                          "answer lost")
+    code, out, _ = await trigger(capsys, "fault", "LATENCY", "--delay", "0.5", "--path",
+                                 "/api/terminal/*", "--url", sim.base_url)
+    assert out.startswith("armed f3: every call to POST /api/terminal/* slowed down")
+    async with aiohttp.ClientSession() as http:  # what the simulator holds, not what was said
+        armed = (await (await http.get(f"{sim.base_url}/sim/faults")).json())["faults"]
+    assert [(f["fault"], f["path"], f["count"]) for f in armed] == [
+        ("server_error", "/api/v1/*", 1), ("drop_answer", "/api/v1/charge", 2),
+        ("latency", "/api/terminal/*", None),
+    ]
+    assert armed[2]["delay_s"] == 0.5
+    code, out, _ = await trigger(capsys, "faults", "--url", sim.base_url)
+    assert len(out.splitlines()) == 3
+    code, out, _ = await trigger(capsys, "clear", "--url", sim.base_url)
+    assert (code, out) == (0, "every fault disarmed\n")
+    code, out, _ = await trigger(capsys, "faults", "--url", sim.base_url)
+    assert out == "no fault armed\n"
+
+
+async def test_reader_offline_is_the_terminals_helper(
+    sim: SimServer, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, out, _ = await trigger(capsys, "reader-offline", "SIM-0004", "--url", sim.base_url)
+    assert (code, out) == (0, "SIM-0004 is offline\n")
+    code, out, _ = await trigger(capsys, "reader-online", "SIM-0004", "--url", sim.base_url)
+    assert (code, out) == (0, "SIM-0004 is online\n")
+
+
+def test_the_parsers_copies_are_the_simulators() -> None:
+    from kiosk_agent.cli.sim import FAULTS, SIM_API_KEY
+    from kiosk_agent.sim import auth, faults
+
+    assert faults.FAULTS == FAULTS
+    assert auth.API_KEY == SIM_API_KEY
 
 
 async def test_sim_verbose_logs_each_request_and_event_on_one_line(

@@ -163,6 +163,13 @@ async def test_a_capture_that_stays_in_a_black_hole_is_left_to_a_person_vended(
     assert machine.authorized == [300]  # the vend was confirmed: this money has its goods
     [row] = await ledger(agent, sale.order_id)
     assert row.status is TransStatus.AUTHORIZED
+    # who acts next and when, as the sweeper will: before, "a person must capture"
+    next_look = time.strftime("%H:%M:%SZ", time.gmtime(agent.attention.context.recheck.next_at))
+    assert f"the agent retries the capture at {next_look} (up to 3 times), then a person" in (
+        record.message
+    )
+    [ended] = await agent.attention.sweep()  # that look, now
+    assert (ended.state, ended.captured_cents) == (SaleState.COMPLETED, 250)
 
 
 async def test_a_whole_service_black_hole_ends_a_charge_card_for_a_person(

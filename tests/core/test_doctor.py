@@ -13,9 +13,17 @@ from typing import Any
 import pytest
 
 from kiosk_agent.core.config import load_config
-from kiosk_agent.core.doctor import Report, Verdict, check_mqtt, check_serial_ports
+from kiosk_agent.core.doctor import (
+    Report,
+    Verdict,
+    check_mqtt,
+    check_port_urls,
+    check_serial_ports,
+)
+from kiosk_agent.core.health import Health
 
 from ..cli.test_fleet_cli import endpoint_config
+from ..helpers import free_port
 from ..mqtt_broker import start_broker, stop_broker
 
 
@@ -77,6 +85,48 @@ def test_only_serial_ports_are_checked_as_devices(tmp_path: Path, sim: Any, pty_
     assert [(c.name, c.verdict) for c in report.checks] == [
         ("serial port front", Verdict.PASS)
     ]
+
+
+async def test_a_socket_port_nobody_listens_on_fails_the_doctor(tmp_path: Path, sim: Any) -> None:
+    """Before: a `socket://` port was skipped ("a URL, not a device") and doctor was green with
+    the MDB link down."""
+    port = f"socket://127.0.0.1:{free_port()}"
+    config = load_config(_mixed_config(tmp_path, sim, port))
+    report = Report()
+    check_serial_ports(report, config)
+    await check_port_urls(report, config, 2.0)
+    [check] = report.checks
+    assert (check.name, check.verdict) == ("serial port front", Verdict.FAIL)
+    assert check.detail.startswith(f"{port}: ")
+    assert "refused" in check.detail
+    assert "ser2net" in check.fix
+
+    server = await asyncio.start_server(lambda r, w: w.close(), "127.0.0.1", 0)
+    listening = f"socket://127.0.0.1:{server.sockets[0].getsockname()[1]}"
+    async with server:
+        config = load_config(_mixed_config(tmp_path, sim, listening))
+        report = Report()
+        await check_port_urls(report, config, 2.0)
+    assert [(c.verdict, c.detail) for c in report.checks] == [
+        (Verdict.PASS, f"{listening} accepts connections")
+    ]
+
+
+async def test_the_running_agent_judges_a_socket_port_by_its_own_link(
+    tmp_path: Path, sim: Any
+) -> None:
+    """A bridge serving one client would refuse (or be taken by) a second connection: the
+    status page's doctor reads the agent's link instead of connecting."""
+    port = f"socket://127.0.0.1:{free_port()}"
+    config = load_config(_mixed_config(tmp_path, sim, port))
+    health = Health("test")
+    health.report_link("mdb:front", "disconnected", "connection refused")
+    links = {link.name: link for link in health.snapshot().links}
+    report = Report()
+    await check_port_urls(report, config, 2.0, links)
+    [check] = report.checks
+    assert check.verdict is Verdict.FAIL
+    assert check.detail == f"{port}: the agent's link is disconnected (connection refused)"
 
 
 def test_a_journal_directory_the_agent_will_make_passes(tmp_path: Path) -> None:

@@ -4,6 +4,7 @@ driving the real Agent on the simulator."""
 from __future__ import annotations
 
 import asyncio
+import glob
 import os
 import time
 from collections.abc import AsyncIterator
@@ -13,6 +14,10 @@ from typing import Any
 import pytest
 import voluptuous as vol
 
+from kiosk_agent.cli import main
+from kiosk_agent.core.config import load_config
+from kiosk_agent.core.doctor import Report, Verdict, check_triggers
+from kiosk_agent.platforms import gpio
 from kiosk_agent.platforms.gpio import PLATFORM_SCHEMA, Edge, GpioPlatform, setup_with_chip
 from kiosk_agent.sales.model import SaleEvent
 from kiosk_agent.sales.states import SaleState
@@ -340,3 +345,87 @@ async def test_the_available_lamp_follows_the_terminal_and_presses_wait_for_it(
 def test_the_lamp_cannot_share_a_line_with_a_button() -> None:
     with pytest.raises(vol.Invalid, match="available_output line 22 is also used by buttons"):
         PLATFORM_SCHEMA({"platform": "gpio", "buttons": BUTTONS, "available_output": 22})
+
+
+def test_a_line_used_as_a_button_and_a_relay_is_named() -> None:
+    """Before: one line as both a button and a relay was accepted."""
+    buttons = [dict(BUTTONS[0]), {**BUTTONS[1], "relay": 17}]
+    twice = r"line 17 is used twice \(buttons\[0\].line and buttons\[1\].relay\)"
+    with pytest.raises(vol.Invalid, match=twice):
+        PLATFORM_SCHEMA({"platform": "gpio", "buttons": buttons})
+    shared = [dict(BUTTONS[0]), {**BUTTONS[1], "relay": 22}]
+    with pytest.raises(vol.Invalid, match=r"line 22 is used twice \(buttons\[0\].relay and"):
+        PLATFORM_SCHEMA({"platform": "gpio", "buttons": shared})
+
+
+GPIO_TRIGGER = """\
+service: {simulator: {}}
+terminals: [{device_id: SIM-0001}]
+journal: {path: journal.db}
+triggers:
+  - platform: gpio
+    name: kiosk
+    chip: /dev/gpiochip99
+    buttons:
+      - {line: 17, product: espresso, price: "2.50", relay: 22}
+"""
+
+
+@pytest.fixture
+def no_gpiod(monkeypatch: pytest.MonkeyPatch) -> None:
+    """This machine as most are before `pip install 'kiosk-agent[gpio]'`."""
+    monkeypatch.setattr(gpio, "gpiod_installed", lambda: False)
+
+
+def test_check_config_says_the_chip_is_missing_and_gpiod_with_its_install_command(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], no_gpiod: None
+) -> None:
+    """Before: check-config said nothing of either; `run` then failed with a traceback."""
+    path = tmp_path / "config.yaml"
+    path.write_text(GPIO_TRIGGER)
+    assert main(["check-config", str(path)]) == 0  # valid: it may be meant for another machine
+    err = capsys.readouterr().err.splitlines()
+    assert err == [
+        "warning: config.yaml:5: triggers[0]: cannot start here: chip /dev/gpiochip99 does not "
+        f"exist on this machine (GPIO chips here: {_chips_here()})",
+        "warning: config.yaml:5: triggers[0]: cannot start here: the gpiod package is not "
+        "installed: pip install 'kiosk-agent[gpio]' in the agent's virtualenv",
+    ]
+
+
+def _chips_here() -> str:
+    return ", ".join(sorted(glob.glob("/dev/gpiochip*"))) or "none"
+
+
+def test_doctor_fails_a_trigger_that_cannot_start(tmp_path: Path, no_gpiod: None) -> None:
+    path = tmp_path / "config.yaml"
+    path.write_text(GPIO_TRIGGER)
+    report = Report()
+    check_triggers(report, load_config(path))
+    [check] = report.checks
+    assert (check.name, check.verdict) == ("trigger gpio:kiosk", Verdict.FAIL)
+    assert check.notes[0].startswith("chip /dev/gpiochip99 does not exist on this machine")
+    assert check.notes[1].startswith("the gpiod package is not installed: pip install")
+
+
+async def test_run_with_a_trigger_that_cannot_start_says_which_and_why(
+    tmp_path: Path, sim_settings: Any, no_gpiod: None, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Before: a traceback in the log, then "ready: 0 trigger(s)", and a health that blamed a
+    'link' with "setup failed; see the log"."""
+    trigger = {"platform": "gpio", "name": "kiosk", "chip": "/dev/gpiochip99",
+               "buttons": [BUTTONS[0]]}
+    async with running_agent(tmp_path, sim_settings, [trigger]) as agent:
+        snapshot = agent.health.snapshot()
+        assert agent.platforms == []
+    why = (f"chip /dev/gpiochip99 does not exist on this machine (GPIO chips here: "
+           f"{_chips_here()}); the gpiod package is not installed: pip install "
+           "'kiosk-agent[gpio]' in the agent's virtualenv")
+    assert f"trigger gpio:kiosk cannot start: {why} (fix it, then restart the agent)" in (
+        snapshot.problems
+    )
+    assert snapshot.status == "down"  # it was the only trigger: this unit sells nothing
+    said = [r for r in caplog.records if "gpio:kiosk" in r.getMessage()]
+    assert said[0].getMessage() == f"trigger gpio:kiosk cannot start: {why}"
+    assert said[0].exc_info is None  # a known cause, in words: no traceback
+    assert "NOT ready to sell on gpio:kiosk" in said[-1].getMessage()

@@ -431,3 +431,17 @@ async def test_after_a_reboot_the_net_still_covers_the_sales_of_the_last_boot(
     await authorize(agent.service, event.order_id, capture=False)
     [given_back] = await agent.attention.sweep()
     assert given_back.state is SaleState.REVERSED
+
+
+async def test_a_500_is_said_as_the_services_answer_not_as_an_answer_lost(
+    agent_on: Factory, sim: Any
+) -> None:
+    """Before: an HTTP 500 to the authorization was called "the authorization's answer was
+    lost"."""
+    clock = FakeClock()
+    agent = await agent_on(clock)
+    event = await no_charge_sale(agent, clock, sim)
+    assert event.message.startswith("the service answered 500 to the authorization"), (
+        event.message
+    )
+    assert "answer was lost" not in event.message

@@ -11,6 +11,9 @@ const state = {
   results: {}, // key -> {text, ok}: the answer of the last action, shown by its button
   busy: {}, // key -> true while an action is under way
   stream: null,
+  lost: false, // the stream dropped; the browser opens it again with the last step's id
+  fetched: 0, // steps missed while it was lost, fetched from the journal on its return
+  shownSteps: new Set(), // sale steps on the live list: one fetched again shows once
   streamHealth: null, // the newest health and doctor the stream brought
   streamDoctor: null,
   reload: null,
@@ -213,8 +216,16 @@ function follow() {
   stream.addEventListener("open", () => {
     $("live").textContent = "live";
     $("live").classList.add("on");
+    if (state.lost) load(); // the lists come from the journal: whole again
+  });
+  stream.addEventListener("replayed", (event) => {
+    const replayed = JSON.parse(event.data);
+    if (state.lost) addEvent(replayed.at, `reconnected; ${state.fetched} event(s) missed were fetched`);
+    state.lost = false;
+    state.fetched = 0;
   });
   stream.addEventListener("error", async () => {
+    state.lost = true;
     $("live").textContent = "reconnecting";
     $("live").classList.remove("on");
     if (stream.readyState === EventSource.CLOSED) {
@@ -224,6 +235,8 @@ function follow() {
       else showLogin("Your session ended; log in again.");
     }
   });
+  // health, availability and the platforms' readers arrive together, whenever any changes:
+  // every card is drawn from this one state, never from a list reloaded after a sale step
   stream.addEventListener("health", (event) => {
     const view = JSON.parse(event.data);
     state.streamHealth = view;
@@ -243,6 +256,11 @@ function follow() {
   });
   stream.addEventListener("sale", (event) => {
     const sale = JSON.parse(event.data);
+    const key = [sale.sale_id, sale.step, sale.state, sale.at].join("|");
+    if (state.shownSteps.has(key)) return; // shown before the stream was lost
+    state.shownSteps.add(key);
+    if (state.shownSteps.size > 1000) state.shownSteps.delete(state.shownSteps.values().next().value);
+    if (sale.replayed) state.fetched += 1;
     // the step names what happened: three lines of one sale read as three different steps
     const what = [
       sale.terminal || sale.source, `sale ${sale.sale_id.slice(0, 8)}`, sale.step || sale.state,
@@ -440,7 +458,9 @@ function renderService() {
     const status = p.status || {};
     const link = status.link && typeof status.link === "object" ? status.link.state : status.link;
     const headline = [
-      status.available === false ? `out of service: ${status.unavailable_reason || "no card payments"}` : null,
+      status.cannot_start ? `NOT RUNNING: cannot start: ${status.cannot_start}` : null,
+      status.available === false && !status.cannot_start
+        ? `out of service: ${status.unavailable_reason || "no card payments"}` : null,
       status.reader ? `reader ${status.reader}` : null,
       status.controller ? `machine ${status.controller}` : null,
       link ? `link ${link}` : null,
@@ -449,7 +469,8 @@ function renderService() {
     const facts = Object.entries(status)
       .filter(([k, v]) => !(k === "unavailable_reason" && !v))
       .flatMap(([k, v]) => [el("dt", {}, words(k)), el("dd", {}, factText(v, k))]);
-    return el("li", { "data-platform": p.name, class: status.available === false ? "warn" : "" },
+    const css = status.cannot_start ? "bad" : status.available === false ? "warn" : "";
+    return el("li", { "data-platform": p.name, class: css },
       el("details", { open: opened.has(p.name) }, el("summary", {}, `${p.name}: ${headline}`),
         el("dl", { class: "facts" }, facts)));
   });
@@ -571,9 +592,12 @@ function renderDoctor() {
     ` ${c.name}`, c.detail ? `: ${c.detail}` : "",
     c.fix ? el("p", { class: "fix" }, `Fix: ${c.fix}`) : null,
     c.notes.length ? el("ul", {}, c.notes.map((n) => el("li", {}, n))) : null);
+  // the agent runs them again when the health's problems change: the last run stays shown
+  // until then, saying it is being checked again
   box.replaceChildren(
-    el("p", { class: failing.length ? "bad" : "good" },
-      `${when(doctor.finished_at)}: ${doctor.failed} failed, ${doctor.checks.length} checked`),
+    el("p", { class: failing.length ? "bad" : "good", "data-field": "doctor-summary" },
+      `${when(doctor.finished_at)}: ${doctor.failed} failed, ${doctor.checks.length} checked`,
+      doctor.running ? el("span", { class: "muted" }, " · checking again…") : null),
     ...failing.map(line),
     rest.length ? el("details", {}, el("summary", {}, `${rest.length} passed or skipped`), rest.map(line)) : null,
   );
