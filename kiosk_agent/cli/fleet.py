@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import datetime as dt
 import json
 import os
 import sys
@@ -301,10 +302,12 @@ def format_fleet(units: list[dict[str, Any]], now: float) -> str:
     return "\n".join(line.rstrip() for line in text)
 
 
-def _ago(at: float | None, now: float) -> str:
+def _ago(at: str | None, now: float) -> str:
+    """How long before ``now`` a unit's ``last_seen`` (ISO 8601) was."""
     if at is None:
         return "never"
-    return f"{_duration(max(0.0, now - at))} ago"
+    seen = dt.datetime.fromisoformat(at).timestamp()
+    return f"{_duration(max(0.0, now - seen))} ago"
 
 
 async def show_command(args: argparse.Namespace) -> int:
