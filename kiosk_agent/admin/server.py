@@ -8,7 +8,7 @@ Routes (all need ``Authorization: Bearer <token>`` or the status page's session;
     GET  /api/sales[?since&until&state&limit]    the local sales journal, newest first
     GET  /api/sales?format=csv|json[&...]        the same as `kiosk-agent sales --format csv|json`
     GET  /api/sales/{sale_id}            one sale with its steps
-    GET  /api/reports/{kind}[?format=json|csv&limit&<filter>=...]   streamed from reporting
+    GET  /api/reports/{kind}[?format=json|csv&limit&since&until&<filter>=...]   streamed
     GET  /api/terminals                  the service's terminal list
     POST /api/terminals/{device_id}/{ping|connect|disconnect|test-print}
     GET  /api/boarding/merchants         merchant states from the webhook receiver
@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import datetime as dt
 import hashlib
 import hmac
 import json
@@ -68,6 +69,7 @@ from kiosk_agent.service.errors import (
     ServiceUnreachableError,
 )
 from kiosk_agent.service.models.reports import ReportKind
+from kiosk_agent.service.reporting import within
 
 if TYPE_CHECKING:
     from kiosk_agent.admin.metrics import AgentMetrics
@@ -103,6 +105,8 @@ register_section("admin", ADMIN_SCHEMA)
 
 # Fields a report never leaves the device with.
 MAX_REPORT_LIMIT = 100_000
+# a report's query parameters that are not filters of the records
+_REPORT_PARAMETERS = ("format", "limit", "since", "until")
 MAX_SALES_LIMIT = 10_000  # the API's records, read whole
 # an export is streamed, so it takes any limit the command line's --limit takes (SQLite's INTEGER)
 MAX_EXPORT_LIMIT = 2**63 - 1
@@ -256,9 +260,7 @@ class AdminServer:
         if fmt is not None and fmt not in SALE_FORMATS:
             raise _BadParameter(f"format must be {' or '.join(SALE_FORMATS)}, got {fmt[:40]!r}")
         states = [_sale_state(s) for s in query.getall("state", [])]
-        since, until = _time_param(query, "since"), _time_param(query, "until")
-        if since is not None and until is not None and since >= until:
-            raise _BadParameter("since must be before until")  # as the command line says
+        since, until = (None if m is None else m.timestamp() for m in _window(query))
         # an export takes every sale unless told; the API's page of records is 100
         limit = (
             _int_param(query, "limit", None, MAX_EXPORT_LIMIT)
@@ -366,9 +368,10 @@ class AdminServer:
         if fmt not in ("json", "csv"):
             return _error(400, "bad_parameter", f"format must be json or csv, got {fmt!r}")
         limit = _int_param(query, "limit", None, MAX_REPORT_LIMIT)
+        since, until = _window(query)
         try:  # the forms the command line takes: status=settled, status=funded
             filter_values = kind.text_filter(
-                {k: v for k, v in query.items() if k not in ("format", "limit")}
+                {k: v for k, v in query.items() if k not in _REPORT_PARAMETERS}
             )
         except ValueError as err:
             return _error(400, "bad_filter", f"{kind.value} filter 'status': {err}")
@@ -380,7 +383,12 @@ class AdminServer:
             known = ", ".join(kind.filter.model_fields)
             message = f"{kind.value} filter {field!r}: {first['msg']} (filters: {known})"
             return _error(400, "bad_filter", message)
-        records = self._service().reporting.records(kind, filters, limit=limit)
+        reporting = self._service().reporting
+        if since is None and until is None:
+            records = reporting.records(kind, filters, limit=limit)
+        else:  # as `kiosk-agent report --since/--until`: the window on the stream, then the limit
+            records = within(reporting.records(kind, filters), kind.date_field, since, until,
+                             limit=limit)
         # The first page decides the status: a service error becomes a clear answer, not a
         # half-written stream.
         first_record = await anext(records, None)
@@ -557,18 +565,27 @@ def _int_param(query: Any, name: str, default: int | None, maximum: int) -> int 
     return value
 
 
-def _time_param(query: Any, name: str) -> float | None:
-    """``since``/``until`` as Unix seconds, in the command line's grammar
-    (:mod:`kiosk_agent.moments`): an ``until`` day is the whole day."""
+def _moment_param(query: Any, name: str) -> dt.datetime | None:
+    """``since``/``until`` in the command line's grammar (:mod:`kiosk_agent.moments`): an
+    ``until`` day is the whole day."""
     raw = query.get(name)
     if raw is None:
         return None
     if len(raw) > 40:
         raise _BadParameter(f"{name}: expected {MOMENT_FORMS} or Unix seconds, got {raw[:40]!r}...")
     try:
-        return parse_moment(raw, end=name == "until").timestamp()
+        return parse_moment(raw, end=name == "until")
     except MomentError as err:
         raise _BadParameter(f"{name}: {err}") from None
+
+
+def _window(query: Any) -> tuple[dt.datetime | None, dt.datetime | None]:
+    """``since`` and ``until``; an empty or backwards window is refused, as the command line
+    refuses it."""
+    since, until = _moment_param(query, "since"), _moment_param(query, "until")
+    if since is not None and until is not None and since >= until:
+        raise _BadParameter("since must be before until")
+    return since, until
 
 
 @contextlib.asynccontextmanager
