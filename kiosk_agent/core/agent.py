@@ -254,7 +254,7 @@ class Agent:
         count, cents = self.journal.today()
         self.health.set_sales(
             open_ids=open_ids,
-            attention_ids={r.sale_id: r.finished_at for r in self.journal.attention_sales()},
+            attention_ids=[r.sale_id for r in self.journal.attention_sales()],
             today_count=count,
             today_amount_cents=cents,
         )

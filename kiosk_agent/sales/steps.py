@@ -484,4 +484,5 @@ def event_of(record: SaleRecord, step: Step | Literal[""] = "") -> SaleEvent:
         step=step,
         authorized_cents=record.authorized_cents,
         currency=record.currency,
+        created_at=record.created_at,
     )

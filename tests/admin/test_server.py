@@ -73,6 +73,9 @@ async def test_health_and_metrics_show_terminals_and_sales(agent: Any, api: Any)
     assert {t["device_id"] for t in health["terminals"]} == {"SIM-0001", "SIM-0007"}
     assert health["sales"]["today_count"] == 1
     assert health["sales"]["today_amount_cents"] == 250
+    # "Sales today" is what `since=today` lists: one rule of days (kiosk_agent.moments)
+    async with api.get("/api/sales?since=today&state=completed", headers=READER) as response:
+        assert [s["sale_id"] for s in (await response.json())["sales"]] == [final.sale_id]
     async with api.get("/metrics", headers=READER) as response:
         assert response.headers["Content-Type"].startswith("text/plain; version=0.0.4")
         text = await response.text()
