@@ -33,12 +33,11 @@ import sqlite3
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
-import voluptuous as vol
 from aiohttp import web
 from pydantic import BaseModel, ValidationError
 
 from kiosk_agent.admin.page import StatusPage, TokenGuesses
-from kiosk_agent.core.config import register_section
+from kiosk_agent.admin.schema import ADMIN, ADMIN_SCHEMA
 from kiosk_agent.core.logging import RefusalLog
 from kiosk_agent.core.web import BodyError, HttpLimits, LocalSite, read_json
 from kiosk_agent.export import (
@@ -76,32 +75,8 @@ if TYPE_CHECKING:
 
 _LOGGER = logging.getLogger(__name__)
 
-READ = "read"
-ADMIN = "admin"
 # the name of the configured token a request presented
 CALLER = web.RequestKey("kiosk_agent.caller", str)
-
-TOKEN_SCHEMA = vol.Schema(
-    {
-        vol.Required("name"): str,
-        # Use !secret; at least 24 characters so it cannot be guessed over the network.
-        vol.Required("token"): vol.All(str, vol.Length(min=24, msg="use at least 24 characters")),
-        vol.Optional("role", default=ADMIN): vol.In([READ, ADMIN]),
-    }
-)
-
-ADMIN_SCHEMA = vol.Schema(
-    {
-        # Loopback by default: reach it over SSH or a VPN, or bind another address on purpose.
-        vol.Optional("host", default="127.0.0.1"): str,
-        vol.Optional("port", default=8124): vol.All(int, vol.Range(min=0, max=65535)),
-        vol.Required("tokens"): vol.All([TOKEN_SCHEMA], vol.Length(min=1)),
-        # Let Prometheus scrape /metrics without a token (it still sees no secrets).
-        vol.Optional("metrics_public", default=False): bool,
-    }
-)
-
-register_section("admin", ADMIN_SCHEMA)
 
 # Fields a report never leaves the device with.
 MAX_REPORT_LIMIT = 100_000

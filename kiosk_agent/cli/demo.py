@@ -371,7 +371,7 @@ def _with_status_page(config: Any) -> str | None:
     unless the configuration has its own admin API; the token to log in with, or None."""
     if "admin" in config.data:
         return None
-    from kiosk_agent.admin.server import ADMIN_SCHEMA
+    from kiosk_agent.admin.schema import ADMIN_SCHEMA
 
     token = secrets.token_urlsafe(18)
     config.data["admin"] = ADMIN_SCHEMA(

@@ -12,7 +12,6 @@ clearing its retained MQTT topics (discovery configs first, then state and avail
 from __future__ import annotations
 
 import argparse
-import asyncio
 import datetime as dt
 import json
 import os
@@ -419,6 +418,8 @@ async def _clear(
     ``'value_json' is undefined`` for each). Each step is read back: a broker's ACL refuses a
     publish in silence (MQTT 3.1.1 acknowledges it all the same), and the state is not
     cleared under entities HA still has."""
+    import asyncio  # here: `doctor --help` and `health` never wait for it
+
     from kiosk_agent.fleet.mqtt import mqtt_client, passing_client_id
 
     async with mqtt_client(conf, passing_client_id("fleet"),

@@ -8,12 +8,12 @@ import voluptuous as vol
 
 from kiosk_agent.bus import EventBus
 from kiosk_agent.core.health import (
-    HEALTH_SCHEMA,
     Health,
     HealthChecker,
     HealthSnapshot,
     Status,
 )
+from kiosk_agent.core.health_schema import HEALTH_SCHEMA
 from kiosk_agent.sales.model import SaleEvent
 from kiosk_agent.sales.states import SaleState, Step
 
