@@ -7,8 +7,9 @@
 The agent (``kiosk-agent run``), the simulator (``kiosk-agent sim``) and ``--machines`` vending
 machines (``kiosk-agent virtual``) run as separate processes; the harness is
 ``tests/core/crash_driver.py`` (``Chaos``), the same one ``tests/core/test_chaos.py`` runs for 20
-kills. The agent is killed during start, during recovery, within milliseconds of a money call and
-at random, then restarted after a random pause, while ``/sim/faults`` makes some money calls slow
+kills or more (until 10 sales: the test counts, this bench times them: ``sales_per_minute``).
+The agent is killed during start, during recovery, within milliseconds of a money call and at
+random, then restarted after a random pause, while ``/sim/faults`` makes some money calls slow
 (longer than the pause), lose their answers or fail, and the agent's wall clock steps (libfaketime:
 days or hours, either way, at random moments, kept across restarts). At the end one agent ends
 every sale and the simulator's ledger and the machines' records judge the journal.
@@ -28,6 +29,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import sys
 import tempfile
 from pathlib import Path
@@ -91,7 +93,8 @@ async def main() -> int:
     print(f"violations        {len(report.violations)}")
     for violation in report.violations:
         print(f"  {violation.describe()}")
-    print(f"duration          {report.duration_s:.0f} s")
+    print(f"duration          {report.duration_s:.0f} s, "
+          f"{summary['sales_per_minute']} sales a minute (load average {os.getloadavg()[0]:.1f})")
     print(json.dumps(summary))
     return 0
 

@@ -1,8 +1,14 @@
 """Moments people type, one grammar wherever they are typed: the command line's ``--since`` and
-``--until``, the admin API's ``since`` and ``until``.
+``--until``, the admin API's ``since`` and ``until`` (its sales and its reports); and the one
+rule of days, which "Sales today" (status page, ``health``, the heartbeat, Home Assistant,
+``fleet list``) counts by too.
 
-A day (``2026-11-22``; as an end, the whole day), an ISO 8601 time (UTC unless it carries an
-offset; ``Z`` is UTC), a span back from now (``90m``, ``24h``, ``7d``, ``2w``) or Unix seconds.
+A day is a UTC day, as every time the agent writes is UTC: ``today``, ``yesterday`` or
+``2026-11-22`` (as an end, the whole day). An ISO 8601 time is UTC unless it carries an offset
+(``Z`` is UTC). A span back from now (``90m``, ``24h``, ``7d``, ``2w``) or Unix seconds.
+
+A sale belongs to the day it was created (the customer's moment): ``created_at``, which the
+journal's ``since``/``until`` filter and :meth:`Journal.today` both read.
 """
 
 from __future__ import annotations
@@ -10,20 +16,38 @@ from __future__ import annotations
 import datetime as dt
 import re
 
-MOMENT_FORMS = '"2026-11-22", "2026-11-22T10:00:00Z", or back from now: "90m", "24h", "7d", "2w"'
+MOMENT_FORMS = (
+    '"today", "yesterday", "2026-11-22", "2026-11-22T10:00:00Z", or back from now: '
+    '"90m", "24h", "7d", "2w"'
+)
 
 _RELATIVE = re.compile(r"^(\d+)\s*([mhdw])$")
 _UNIT_SECONDS = {"m": 60, "h": 3600, "d": 86400, "w": 604800}
 _UNIX_SECONDS = re.compile(r"^\d{1,11}(\.\d+)?$")
+_DAYS_BACK = {"today": 0, "yesterday": 1}
 
 
 class MomentError(ValueError):
     """Not a moment of :data:`MOMENT_FORMS` (nor Unix seconds)."""
 
 
+def day_of(unix_time: float) -> dt.date:
+    """The day a moment (Unix time) belongs to: its UTC date."""
+    return dt.datetime.fromtimestamp(unix_time, dt.UTC).date()
+
+
+def day_start(day: dt.date) -> float:
+    """Unix time of the UTC midnight that starts ``day``."""
+    return dt.datetime.combine(day, dt.time(), dt.UTC).timestamp()
+
+
 def parse_moment(text: str, *, end: bool = False, now: dt.datetime | None = None) -> dt.datetime:
     """The moment ``text`` names, timezone-aware; with ``end``, a day stands for its end."""
     text = text.strip()
+    current = now or dt.datetime.now(dt.UTC)
+    named = _DAYS_BACK.get(text.casefold())
+    if named is not None:
+        return _day_bound(current.astimezone(dt.UTC).date() - dt.timedelta(days=named), end)
     try:
         if _UNIX_SECONDS.match(text):
             return dt.datetime.fromtimestamp(float(text), dt.UTC)
@@ -31,7 +55,6 @@ def parse_moment(text: str, *, end: bool = False, now: dt.datetime | None = None
         raise MomentError(f"expected {MOMENT_FORMS}, got {text[:40]!r}") from None
     match = _RELATIVE.match(text)
     if match:
-        current = now or dt.datetime.now(dt.UTC)
         try:
             span = dt.timedelta(seconds=int(match.group(1)) * _UNIT_SECONDS[match.group(2)])
             return current - span
@@ -41,12 +64,18 @@ def parse_moment(text: str, *, end: bool = False, now: dt.datetime | None = None
             ) from None
     try:
         if len(text) == 10:
-            day = dt.date.fromisoformat(text)
-            start = dt.datetime(day.year, day.month, day.day, tzinfo=dt.UTC)
-            if end and day == dt.date.max:  # its end, the year 10000, has no datetime
-                return dt.datetime.max.replace(tzinfo=dt.UTC)
-            return start + dt.timedelta(days=1) if end else start
+            return _day_bound(dt.date.fromisoformat(text), end)
         moment = dt.datetime.fromisoformat(text.replace("Z", "+00:00"))
     except (ValueError, OverflowError):
         raise MomentError(f"expected {MOMENT_FORMS}, got {text[:40]!r}") from None
     return moment if moment.tzinfo else moment.replace(tzinfo=dt.UTC)
+
+
+def _day_bound(day: dt.date, end: bool) -> dt.datetime:
+    """The UTC midnight that starts ``day``, or with ``end`` the one that ends it."""
+    start = dt.datetime(day.year, day.month, day.day, tzinfo=dt.UTC)
+    if not end:
+        return start
+    if day == dt.date.max:  # its end, the year 10000, has no datetime
+        return dt.datetime.max.replace(tzinfo=dt.UTC)
+    return start + dt.timedelta(days=1)

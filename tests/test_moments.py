@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from kiosk_agent.moments import MomentError, parse_moment
+from kiosk_agent.moments import MomentError, day_of, day_start, parse_moment
 
 UTC = dt.UTC
 NOW = dt.datetime(2026, 11, 26, 12, 0, tzinfo=UTC)
@@ -26,6 +26,10 @@ NOW = dt.datetime(2026, 11, 26, 12, 0, tzinfo=UTC)
             False,
             dt.datetime(2026, 11, 22, 8, tzinfo=UTC),
         ),
+        ("today", False, dt.datetime(2026, 11, 26, tzinfo=UTC)),  # the UTC day of now
+        ("today", True, dt.datetime(2026, 11, 27, tzinfo=UTC)),  # to its end
+        ("Yesterday", False, dt.datetime(2026, 11, 25, tzinfo=UTC)),
+        ("yesterday", True, dt.datetime(2026, 11, 26, tzinfo=UTC)),
         ("90m", False, NOW - dt.timedelta(minutes=90)),
         ("2w", True, NOW - dt.timedelta(weeks=2)),
         ("1700000000", False, dt.datetime(2023, 11, 14, 22, 13, 20, tzinfo=UTC)),
@@ -37,10 +41,10 @@ def test_each_form_names_one_moment(text: str, end: bool, moment: dt.datetime) -
 
 
 @pytest.mark.parametrize(
-    "text", ["yesterday", "", "7y", "2026-13-01", "-5", "999999999999", "1e10", "nan"]
+    "text", ["tomorrow", "", "7y", "2026-13-01", "-5", "999999999999", "1e10", "nan"]
 )
 def test_anything_else_is_refused_with_the_forms(text: str) -> None:
-    with pytest.raises(MomentError, match='expected "2026-11-22"'):
+    with pytest.raises(MomentError, match='expected "today", "yesterday", "2026-11-22"'):
         parse_moment(text, now=NOW)
 
 
@@ -66,3 +70,31 @@ def test_any_text_is_a_moment_or_a_clear_refusal(text: str) -> None:
         assert refusal.startswith("expected "), refusal
     else:
         assert moment.tzinfo is not None
+
+
+MOMENTS = st.datetimes(
+    min_value=dt.datetime(1971, 1, 2), max_value=dt.datetime(9999, 12, 30), timezones=st.just(UTC)
+)
+
+
+@given(MOMENTS)
+def test_today_is_the_day_every_face_counts_and_yesterday_ends_where_it_starts(
+    now: dt.datetime,
+) -> None:
+    start, end = parse_moment("today", now=now), parse_moment("today", end=True, now=now)
+    assert start <= now < end
+    assert end - start == dt.timedelta(days=1)
+    assert parse_moment("yesterday", end=True, now=now) == start
+    # the day "Sales today" counts (Journal.today, Health): the same UTC day
+    assert start.timestamp() == day_start(day_of(now.timestamp()))
+    assert parse_moment(day_of(now.timestamp()).isoformat(), now=now) == start
+
+
+@given(MOMENTS, st.sampled_from(["+09:00", "-05:00", "Z", ""]))
+def test_a_time_is_utc_unless_it_says_and_lands_in_one_day(now: dt.datetime, zone: str) -> None:
+    text = now.replace(tzinfo=None).isoformat() + zone
+    moment = parse_moment(text, now=NOW)
+    offset = {"+09:00": 9, "-05:00": -5}.get(zone, 0)
+    assert moment == now - dt.timedelta(hours=offset)
+    day = day_of(moment.timestamp())
+    assert day_start(day) <= moment.timestamp() < day_start(day) + 86400

@@ -8,7 +8,7 @@ Routes (all need ``Authorization: Bearer <token>`` or the status page's session;
     GET  /api/sales[?since&until&state&limit]    the local sales journal, newest first
     GET  /api/sales?format=csv|json[&...]        the same as `kiosk-agent sales --format csv|json`
     GET  /api/sales/{sale_id}            one sale with its steps
-    GET  /api/reports/{kind}[?format=json|csv&limit&<filter>=...]   streamed from reporting
+    GET  /api/reports/{kind}[?format=json|csv&limit&since&until&<filter>=...]   streamed
     GET  /api/audit[?format=json|csv]    the machine's books, as `kiosk-agent audit --format`
     GET  /api/terminals                  the service's terminal list
     POST /api/terminals/{device_id}/{ping|connect|disconnect|test-print}
@@ -25,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import datetime as dt
 import hashlib
 import hmac
 import json
@@ -33,12 +34,11 @@ import sqlite3
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
-import voluptuous as vol
 from aiohttp import web
 from pydantic import BaseModel, ValidationError
 
 from kiosk_agent.admin.page import StatusPage, TokenGuesses
-from kiosk_agent.core.config import register_section
+from kiosk_agent.admin.schema import ADMIN, ADMIN_SCHEMA
 from kiosk_agent.core.logging import RefusalLog
 from kiosk_agent.core.web import BodyError, HttpLimits, LocalSite, read_json
 from kiosk_agent.export import (
@@ -70,41 +70,20 @@ from kiosk_agent.service.errors import (
     ServiceUnreachableError,
 )
 from kiosk_agent.service.models.reports import ReportKind
+from kiosk_agent.service.reporting import within
 
 if TYPE_CHECKING:
     from kiosk_agent.admin.metrics import AgentMetrics
 
 _LOGGER = logging.getLogger(__name__)
 
-READ = "read"
-ADMIN = "admin"
 # the name of the configured token a request presented
 CALLER = web.RequestKey("kiosk_agent.caller", str)
 
-TOKEN_SCHEMA = vol.Schema(
-    {
-        vol.Required("name"): str,
-        # Use !secret; at least 24 characters so it cannot be guessed over the network.
-        vol.Required("token"): vol.All(str, vol.Length(min=24, msg="use at least 24 characters")),
-        vol.Optional("role", default=ADMIN): vol.In([READ, ADMIN]),
-    }
-)
-
-ADMIN_SCHEMA = vol.Schema(
-    {
-        # Loopback by default: reach it over SSH or a VPN, or bind another address on purpose.
-        vol.Optional("host", default="127.0.0.1"): str,
-        vol.Optional("port", default=8124): vol.All(int, vol.Range(min=0, max=65535)),
-        vol.Required("tokens"): vol.All([TOKEN_SCHEMA], vol.Length(min=1)),
-        # Let Prometheus scrape /metrics without a token (it still sees no secrets).
-        vol.Optional("metrics_public", default=False): bool,
-    }
-)
-
-register_section("admin", ADMIN_SCHEMA)
-
 # Fields a report never leaves the device with.
 MAX_REPORT_LIMIT = 100_000
+# a report's query parameters that are not filters of the records
+_REPORT_PARAMETERS = ("format", "limit", "since", "until")
 MAX_SALES_LIMIT = 10_000  # the API's records, read whole
 # an export is streamed, so it takes any limit the command line's --limit takes (SQLite's INTEGER)
 MAX_EXPORT_LIMIT = 2**63 - 1
@@ -259,9 +238,7 @@ class AdminServer:
         if fmt is not None and fmt not in SALE_FORMATS:
             raise _BadParameter(f"format must be {' or '.join(SALE_FORMATS)}, got {fmt[:40]!r}")
         states = [_sale_state(s) for s in query.getall("state", [])]
-        since, until = _time_param(query, "since"), _time_param(query, "until")
-        if since is not None and until is not None and since >= until:
-            raise _BadParameter("since must be before until")  # as the command line says
+        since, until = (None if m is None else m.timestamp() for m in _window(query))
         # an export takes every sale unless told; the API's page of records is 100
         limit = (
             _int_param(query, "limit", None, MAX_EXPORT_LIMIT)
@@ -382,9 +359,10 @@ class AdminServer:
         if fmt not in ("json", "csv"):
             return _error(400, "bad_parameter", f"format must be json or csv, got {fmt!r}")
         limit = _int_param(query, "limit", None, MAX_REPORT_LIMIT)
+        since, until = _window(query)
         try:  # the forms the command line takes: status=settled, status=funded
             filter_values = kind.text_filter(
-                {k: v for k, v in query.items() if k not in ("format", "limit")}
+                {k: v for k, v in query.items() if k not in _REPORT_PARAMETERS}
             )
         except ValueError as err:
             return _error(400, "bad_filter", f"{kind.value} filter 'status': {err}")
@@ -396,7 +374,12 @@ class AdminServer:
             known = ", ".join(kind.filter.model_fields)
             message = f"{kind.value} filter {field!r}: {first['msg']} (filters: {known})"
             return _error(400, "bad_filter", message)
-        records = self._service().reporting.records(kind, filters, limit=limit)
+        reporting = self._service().reporting
+        if since is None and until is None:
+            records = reporting.records(kind, filters, limit=limit)
+        else:  # as `kiosk-agent report --since/--until`: the window on the stream, then the limit
+            records = within(reporting.records(kind, filters), kind.date_field, since, until,
+                             limit=limit)
         # The first page decides the status: a service error becomes a clear answer, not a
         # half-written stream.
         first_record = await anext(records, None)
@@ -573,18 +556,27 @@ def _int_param(query: Any, name: str, default: int | None, maximum: int) -> int 
     return value
 
 
-def _time_param(query: Any, name: str) -> float | None:
-    """``since``/``until`` as Unix seconds, in the command line's grammar
-    (:mod:`kiosk_agent.moments`): an ``until`` day is the whole day."""
+def _moment_param(query: Any, name: str) -> dt.datetime | None:
+    """``since``/``until`` in the command line's grammar (:mod:`kiosk_agent.moments`): an
+    ``until`` day is the whole day."""
     raw = query.get(name)
     if raw is None:
         return None
     if len(raw) > 40:
         raise _BadParameter(f"{name}: expected {MOMENT_FORMS} or Unix seconds, got {raw[:40]!r}...")
     try:
-        return parse_moment(raw, end=name == "until").timestamp()
+        return parse_moment(raw, end=name == "until")
     except MomentError as err:
         raise _BadParameter(f"{name}: {err}") from None
+
+
+def _window(query: Any) -> tuple[dt.datetime | None, dt.datetime | None]:
+    """``since`` and ``until``; an empty or backwards window is refused, as the command line
+    refuses it."""
+    since, until = _moment_param(query, "since"), _moment_param(query, "until")
+    if since is not None and until is not None and since >= until:
+        raise _BadParameter("since must be before until")
+    return since, until
 
 
 @contextlib.asynccontextmanager

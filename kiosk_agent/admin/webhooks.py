@@ -24,11 +24,10 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-import voluptuous as vol
 from aiohttp import web
 from pydantic import BaseModel
 
-from kiosk_agent.core.config import register_section
+from kiosk_agent.admin.schema import WEBHOOKS_SCHEMA
 from kiosk_agent.core.logging import RefusalLog
 from kiosk_agent.core.web import BodyError, HttpLimits, LocalSite, loads_bounded, read_body
 from kiosk_agent.service.webhooks import (
@@ -45,26 +44,7 @@ from kiosk_agent.tasks import cancel_and_wait
 
 _LOGGER = logging.getLogger(__name__)
 
-DEFAULT_MAX_BODY = 64 * 1024
 HEALTH_PART = "webhook store"  # the part named in health when events cannot be committed
-
-WEBHOOKS_SCHEMA = vol.Schema(
-    {
-        # The shared secret that signs deliveries; use !secret.
-        vol.Required("secret"): vol.All(str, vol.Length(min=8)),
-        # Loopback by default: put a TLS reverse proxy or tunnel in front to expose it.
-        vol.Optional("host", default="127.0.0.1"): str,
-        vol.Optional("port", default=8126): vol.All(int, vol.Range(min=0, max=65535)),
-        vol.Optional("path", default="/webhooks/boarding"): vol.All(str, vol.Match(r"^/")),
-        # SQLite file of received events (relative paths: next to the configuration).
-        vol.Optional("store", default="webhooks.db"): str,
-        vol.Optional("max_body", default=DEFAULT_MAX_BODY): vol.All(
-            int, vol.Range(min=1024, max=16 * 1024 * 1024)
-        ),
-    }
-)
-
-register_section("webhooks", WEBHOOKS_SCHEMA)
 
 _SCHEMA_SQL = """
 CREATE TABLE IF NOT EXISTS webhook_events (

@@ -449,10 +449,12 @@ async def attention_command(args: argparse.Namespace) -> int:
         stalled = [s for s in journal.open_sales() if abs(now - s.updated_at) > STALLED_OPEN_S]
     finally:
         journal.close()
+    # a cron job alerts on the exit code: 1 while anything here waits for a person or the agent
+    waiting = EXIT_FAILED if sales or stalled else EXIT_OK
     if wants_json(args):
         print(json.dumps({"sales": [s.as_dict() for s in sales],
                           "stalled_open": [s.as_dict() for s in stalled]}, indent=2))
-        return EXIT_OK
+        return waiting
     from kiosk_agent.text import for_terminal
 
     for sale in stalled:
@@ -483,7 +485,7 @@ async def attention_command(args: argparse.Namespace) -> int:
             else ""
         )
     )
-    return EXIT_OK
+    return waiting
 
 
 async def resolve_command(args: argparse.Namespace) -> int:

@@ -67,7 +67,7 @@ EXIT_QUIT = 131
 EXIT_CODES: dict[int, str] = {
     EXIT_OK: "done; the check passed; the charge was approved",
     EXIT_FAILED: "the check failed (reader down or offline, no printer), a charge was declined, "
-    "or the service said no",
+    "the service said no, or a sale waits (`sales attention`)",
     EXIT_USAGE: "bad input: an option, an amount, a date, a missing credential, a broken config "
     "file",
     EXIT_AUTH: "the service refused the credentials",

@@ -12,7 +12,7 @@ clearing its retained MQTT topics (discovery configs first, then state and avail
 from __future__ import annotations
 
 import argparse
-import asyncio
+import datetime as dt
 import json
 import os
 import sys
@@ -305,10 +305,12 @@ def format_fleet(units: list[dict[str, Any]], now: float) -> str:
     return "\n".join(line.rstrip() for line in text)
 
 
-def _ago(at: float | None, now: float) -> str:
+def _ago(at: str | None, now: float) -> str:
+    """How long before ``now`` a unit's ``last_seen`` (ISO 8601) was."""
     if at is None:
         return "never"
-    return f"{_duration(max(0.0, now - at))} ago"
+    seen = dt.datetime.fromisoformat(at).timestamp()
+    return f"{_duration(max(0.0, now - seen))} ago"
 
 
 async def show_command(args: argparse.Namespace) -> int:
@@ -420,6 +422,8 @@ async def _clear(
     ``'value_json' is undefined`` for each). Each step is read back: a broker's ACL refuses a
     publish in silence (MQTT 3.1.1 acknowledges it all the same), and the state is not
     cleared under entities HA still has."""
+    import asyncio  # here: `doctor --help` and `health` never wait for it
+
     from kiosk_agent.fleet.mqtt import mqtt_client, passing_client_id
 
     async with mqtt_client(conf, passing_client_id("fleet"),

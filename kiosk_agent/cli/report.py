@@ -9,8 +9,7 @@ from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import AsyncIterator, Sequence
-from datetime import datetime
+from collections.abc import AsyncIterator, Callable, Sequence
 from typing import TYPE_CHECKING, Any, TextIO
 
 from kiosk_agent.cli.contract import (
@@ -37,6 +36,7 @@ from kiosk_agent.export import (
     report_columns,
     report_values,
 )
+from kiosk_agent.moments import MOMENT_FORMS
 
 if TYPE_CHECKING:  # pydantic is imported with the service's models, when a report is pulled
     from pydantic import BaseModel
@@ -91,8 +91,7 @@ def register(subparsers: Any) -> None:
         help="transactions: settled, captured, 3 ...; chargebacks: OPEN, WON, LOST; "
         "deposits: the status text (any case)",
     )
-    parser.add_argument("--since", help='from this day or time (ISO 8601, UTC when no offset), '
-                        'or back from now: "24h", "7d"')
+    parser.add_argument("--since", help=f"from: {MOMENT_FORMS}")
     parser.add_argument("--until", help="up to this day (whole day) or time")
     parser.set_defaults(handler=guarded(report))
 
@@ -168,28 +167,22 @@ async def report(args: argparse.Namespace) -> int:
             kind, filters, page_size=args.page_size, limit=None if windowed else args.limit
         )
         if windowed:
-            records = _within(records, kind.date_field, since, until, progress)
+            from kiosk_agent.service.reporting import within
+
+            records = within(records, kind.date_field, since, until,
+                             scanned=_count_scanned(progress))
         return await write_records(records, args, kind.value, fmt, progress)
 
 
-async def _within(
-    records: AsyncIterator[Any],
-    field: str,
-    since: datetime | None,
-    until: datetime | None,
-    progress: Progress,
-) -> AsyncIterator[Any]:
-    scanned = 0
-    async for record in records:
-        scanned += 1
-        progress.scanned = scanned
-        moment = getattr(record, field, None)
-        if moment is None:
-            continue
-        if (since is None or moment >= since) and (until is None or moment < until):
-            yield record
-        elif scanned % 256 == 0:
-            progress.tick(scanned=scanned, matched=progress.matched)
+def _count_scanned(progress: Progress) -> Callable[[int], None]:
+    """The progress line of a windowed pull: records read, not only those kept."""
+
+    def scanned(count: int) -> None:
+        progress.scanned = count
+        if count % 256 == 0:
+            progress.tick(scanned=count, matched=progress.matched)
+
+    return scanned
 
 
 async def write_records(

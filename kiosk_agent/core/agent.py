@@ -24,7 +24,8 @@ from kiosk_agent.core.availability import Availability
 from kiosk_agent.core.collector import Settling, settle_after_ready
 from kiosk_agent.core.config import Config
 from kiosk_agent.core.events import EventLog
-from kiosk_agent.core.health import HEALTH_SCHEMA, Health, HealthChecker
+from kiosk_agent.core.health import Health, HealthChecker
+from kiosk_agent.core.health_schema import HEALTH_SCHEMA
 from kiosk_agent.core.journal_guard import DISK_WATCH_S, JournalGuard
 from kiosk_agent.core.registry import CannotStart, PlatformInstance
 from kiosk_agent.core.systemd import SystemdLifecycle
@@ -265,7 +266,7 @@ class Agent:
         count, cents = self.journal.today()
         self.health.set_sales(
             open_ids=open_ids,
-            attention_ids={r.sale_id: r.finished_at for r in self.journal.attention_sales()},
+            attention_ids=[r.sale_id for r in self.journal.attention_sales()],
             today_count=count,
             today_amount_cents=cents,
         )

@@ -22,12 +22,15 @@ import logging
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from kiosk_agent.bus import EventBus
-from kiosk_agent.core.events import EventLog
-from kiosk_agent.core.health import Health
 from kiosk_agent.sales.model import SaleEvent
 from kiosk_agent.sales.states import SaleState
+
+if TYPE_CHECKING:  # a platform's module (its configuration checked) need not import pydantic
+    from kiosk_agent.core.events import EventLog
+    from kiosk_agent.core.health import Health
 
 _LOGGER = logging.getLogger(__name__)
 

@@ -58,11 +58,12 @@ SECRET_KEYS = frozenset(
 
 # Sections owned by other modules, imported by name when a config uses them, like the platform
 # registry: core never imports admin or fleet code statically.
+# Each is a schema module of voluptuous alone: checking a configuration imports no server.
 SECTION_OWNERS: dict[str, str] = {
-    "admin": "kiosk_agent.admin.server",
-    "webhooks": "kiosk_agent.admin.webhooks",
+    "admin": "kiosk_agent.admin.schema",
+    "webhooks": "kiosk_agent.admin.schema",
     "upstream": "kiosk_agent.fleet.schema",
-    "health": "kiosk_agent.core.health",
+    "health": "kiosk_agent.core.health_schema",
     "dex": "kiosk_agent.audit.config",
 }
 

@@ -20,11 +20,10 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-import voluptuous as vol
 from pydantic import BaseModel, ConfigDict
 
 from kiosk_agent.bus import EventBus
-from kiosk_agent.core.config import register_section
+from kiosk_agent.moments import day_of, day_start
 from kiosk_agent.money import format_cents
 from kiosk_agent.redact import redact
 from kiosk_agent.sales.model import SaleEvent
@@ -36,35 +35,6 @@ _LOGGER = logging.getLogger(__name__)
 
 # Link states a platform may report; anything else is shown as given and counted as unhealthy.
 LINK_HEALTHY_STATES = frozenset({"connected", "open", "ready", "ok", "up"})
-
-HEALTH_SCHEMA = vol.Schema(
-    {
-        # How often the checker lists the terminals and pings each one (seconds).
-        vol.Optional("ping_interval", default=60.0): vol.All(
-            vol.Coerce(float), vol.Range(min=1.0, max=86400.0)
-        ),
-        # A ping slower than this counts as "terminal offline" (seconds).
-        vol.Optional("ping_timeout", default=10.0): vol.All(
-            vol.Coerce(float), vol.Range(min=0.5, max=300.0)
-        ),
-        # Warn when the API key expires sooner than this (seconds).
-        vol.Optional("key_warning", default=86400.0): vol.All(
-            vol.Coerce(float), vol.Range(min=0.0)
-        ),
-        # Out of service: how long a terminal must stay unusable before the readers step aside
-        # (seconds; the checker re-checks every recheck_interval meanwhile). 0: at once.
-        vol.Optional("hold_off", default=0.5): vol.All(
-            vol.Coerce(float), vol.Range(min=0.0, max=3600.0)
-        ),
-        # While a terminal is unusable (or in its hold-off), check this often instead of
-        # ping_interval, so the readers come back as soon as the terminal answers (seconds).
-        vol.Optional("recheck_interval", default=1.0): vol.All(
-            vol.Coerce(float), vol.Range(min=0.1, max=60.0)
-        ),
-    }
-)
-
-register_section("health", HEALTH_SCHEMA)
 
 
 class Status(enum.StrEnum):
@@ -154,9 +124,10 @@ class AvailabilityHealth(_Model):
 class SalesHealth(_Model):
     open: int = 0
     attention: int = 0
-    today_count: int = 0  # completed sales since local midnight
+    # completed sales created today: a day is a UTC day (kiosk_agent.moments, the one rule)
+    today_count: int = 0
     today_amount_cents: int = 0
-    day_started_at: float = 0.0  # Unix time of the local midnight the day's figures count from
+    day_started_at: float = 0.0  # Unix time of the UTC midnight the day's figures count from
 
 
 @dataclass(frozen=True, slots=True)
@@ -164,7 +135,7 @@ class SaleTotals:
     """Running totals since the process started: they only grow (Prometheus counters).
 
     A restart starts them from zero again (Prometheus sees the reset by the lower value and by
-    ``process_start_time_seconds``); a local midnight changes nothing here, unlike the day's
+    ``process_start_time_seconds``); a midnight changes nothing here, unlike the day's
     figures in ``SalesHealth``. Keyed by terminal (device id; "" when a sale named none).
     """
 
@@ -220,10 +191,11 @@ class Health:
         version: str,
         *,
         key_warning: float = 86400.0,
-        today: Callable[[], dt.date] = dt.date.today,
+        today: Callable[[], dt.date] | None = None,
     ) -> None:
         self.version = version
-        self.today = today  # the local date the day's figures belong to (tests move it)
+        # the day the day's figures belong to (tests move it): today's UTC date
+        self.today: Callable[[], dt.date] = today or _utc_today
         self.key_warning = key_warning
         self._started_wall = time.time()
         self._started_mono = time.monotonic()
@@ -234,9 +206,8 @@ class Health:
         self._unit = UnitHealth()
         self._availability: dict[str, AvailabilityHealth] = {}
         self._open_sales: set[str] = set()
-        # each sale in attention, with the local day it first ended (entered attention)
-        self._attention_sales: dict[str, dt.date] = {}
-        self._today: dt.date = today()
+        self._attention_sales: set[str] = set()
+        self._today: dt.date = self.today()
         self._today_count = 0
         self._today_cents = 0
         self._sales_total: Counter[tuple[str, SaleState]] = Counter()
@@ -476,14 +447,14 @@ class Health:
             return
         self._open_sales.discard(event.sale_id)
         self._count_total(event)
-        first_ended = self._today
         if event.state is SaleState.ATTENTION:
-            self._attention_sales.setdefault(event.sale_id, self._today)
+            self._attention_sales.add(event.sale_id)
         else:
-            first_ended = self._attention_sales.pop(event.sale_id, self._today)
-        # a sale is today's on the day it first ended, as Journal.today counts it: one held in
-        # attention since yesterday and resolved as captured today is yesterday's
-        if event.state is SaleState.COMPLETED and first_ended == self._today:
+            self._attention_sales.discard(event.sale_id)
+        # a sale is today's when it was created today, as Journal.today and `sales --since
+        # today` count it: one begun at 23:59 and paid at 00:01 is yesterday's on every face
+        created = day_of(event.created_at) if event.created_at else self._today
+        if event.state is SaleState.COMPLETED and created == self._today:
             self._today_count += 1
             self._today_cents += event.captured_cents  # as Journal.today sums it
         self._changed()
@@ -506,18 +477,14 @@ class Health:
         self,
         *,
         open_ids: Sequence[str] = (),
-        attention_ids: Sequence[str] | Mapping[str, float | None] = (),
+        attention_ids: Sequence[str] = (),
         today_count: int | None = None,
         today_amount_cents: int | None = None,
     ) -> None:
-        """Seed the sales figures from the journal on start (a restart must not reset them);
-        ``attention_ids`` may map each sale to when it first ended (Unix time)."""
+        """Seed the sales figures from the journal on start (a restart must not reset them)."""
         self._roll_day()
         self._open_sales = set(open_ids)
-        ended = attention_ids if isinstance(attention_ids, Mapping) else {}
-        self._attention_sales = {
-            sale_id: _local_day(ended.get(sale_id)) or self._today for sale_id in attention_ids
-        }
+        self._attention_sales = set(attention_ids)
         if today_count is not None:
             self._today_count = today_count
         if today_amount_cents is not None:
@@ -550,7 +517,7 @@ class Health:
             attention=len(self._attention_sales),
             today_count=self._today_count,
             today_amount_cents=self._today_cents,
-            day_started_at=_midnight(self._today),
+            day_started_at=day_start(self._today),
         )
         availability = sorted(self._availability.values(), key=lambda a: a.device_id)
         errors = {part: n for part, count in sorted(self._error_counts.items()) if (n := count())}
@@ -674,14 +641,6 @@ def _audit_problems(audit: AuditHealth | None) -> list[str]:
                         f"{audit.detail}")
     return problems
 
-
-def _local_day(unix: float | None) -> dt.date | None:
-    return dt.datetime.fromtimestamp(unix).date() if unix is not None else None
-
-
-def _midnight(day: dt.date) -> float:
-    """Unix time of the local midnight that starts ``day``."""
-    return dt.datetime.combine(day, dt.time()).timestamp()
 
 
 class TerminalApi(Protocol):
@@ -818,3 +777,7 @@ def _describe(err: BaseException) -> str:
     if isinstance(err, TimeoutError):
         return "timed out"
     return f"{type(err).__name__}: {err}" if str(err) else type(err).__name__
+
+
+def _utc_today() -> dt.date:
+    return day_of(time.time())

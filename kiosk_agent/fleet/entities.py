@@ -136,7 +136,7 @@ def unit_entities(options: DiscoveryOptions, event_topic: str) -> list[Entity]:
             "sales_today",
             "Sales today",
             {
-                # drops to 0 at local midnight: a meter reset for total_increasing, never a negative
+                # drops to 0 at UTC midnight: a meter reset for total_increasing, never a negative
                 "value_template": "{{ value_json.sales.today_count }}",
                 "state_class": "total_increasing",
                 "unit_of_measurement": "sales",

@@ -21,6 +21,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from kiosk_agent.export import timestamp
 from kiosk_agent.fleet.entities import STATUS_OPTIONS
 from kiosk_agent.fleet.mqtt import mqtt_client, passing_client_id
 from kiosk_agent.fleet.topics import DEVICE_ID, OFFLINE, ONLINE
@@ -143,22 +144,29 @@ class Unit:
     def summary(self, now: float) -> dict[str, Any]:
         report = self.report or {}
         sales = self.sales_today(now)
+        seen = self.last_seen
         defects = [self.defect] if self.defect is not None else []
         return {
             "device_id": self.device_id,
             "status": self.status(now),
             "online": self.availability == ONLINE,
             "problems": defects + list(report.get("problems") or []),
-            "last_seen": self.last_seen,
+            "last_seen": None if seen is None else _iso(seen),
             "sales_today": sales[0] if sales else None,
             "sales_today_cents": sales[1] if sales else None,
             "version": report.get("version"),
         }
 
 
+def _iso(unix_time: float) -> str:
+    """ISO 8601 UTC, as every timestamp the command line prints in JSON (export.timestamp)."""
+    return timestamp(dt.datetime.fromtimestamp(unix_time, dt.UTC))
+
+
 def _next_midnight(started: float, started_iso: object) -> float:
-    """When the unit's day that began at ``started`` ends: its next local midnight, by the
-    offset its report names (``day_started``); a report without one, by this machine's."""
+    """When the unit's day that began at ``started`` ends: its next midnight, by the offset
+    its report names (``day_started``: UTC, or an older release's local offset); a report
+    without one, by this machine's."""
     zone = None
     if isinstance(started_iso, str):
         with contextlib.suppress(ValueError):

@@ -10,6 +10,7 @@ import datetime as dt
 from typing import Any
 
 from kiosk_agent.core.health import HealthSnapshot
+from kiosk_agent.export import timestamp
 
 
 def build_report(
@@ -17,10 +18,10 @@ def build_report(
 ) -> dict[str, Any]:
     """The heartbeat body: the health snapshot's fields, nothing else.
 
-    Times for people and Home Assistant's timestamp sensors are ISO 8601 with the offset
-    (``started``, ``reported``, ``service.key_expires``, ``sales.day_started``); ``at`` stays
-    Unix time. ``interval_s`` tells a reader when the next report is due (``fleet list`` marks
-    a unit stale after three).
+    Times for people and Home Assistant's timestamp sensors are ISO 8601 in UTC
+    (``started``, ``reported``, ``service.key_expires``, ``sales.day_started``: the UTC midnight
+    the day's figures count from); ``at`` stays Unix time. ``interval_s`` tells a reader when
+    the next report is due (``fleet list`` marks a unit stale after three).
     """
     sales = snapshot.sales.model_dump(mode="json")
     # Home Assistant's last_reset of the daily amount
@@ -83,5 +84,5 @@ def terminal_states(snapshot: HealthSnapshot) -> dict[str, dict[str, bool | None
 
 
 def iso(unix_time: float) -> str:
-    """Unix time as local ISO 8601 with its offset, to the second."""
-    return dt.datetime.fromtimestamp(unix_time).astimezone().isoformat(timespec="seconds")
+    """Unix time as ISO 8601 UTC to the second, as every time the agent writes in JSON."""
+    return timestamp(dt.datetime.fromtimestamp(unix_time, dt.UTC))

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from kiosk_agent.moments import day_of, day_start
 from kiosk_agent.sales.clock import SYSTEM_CLOCK, Clock
 from kiosk_agent.sales.states import (
     REOPENED_AFTER,
@@ -831,12 +832,12 @@ class Journal:
         ]
 
     def today(self, now: float | None = None) -> tuple[int, int]:
-        """(count, cents) of the sales completed since local midnight."""
-        current = dt.datetime.fromtimestamp(now if now is not None else self.clock.time())
-        midnight = current.replace(hour=0, minute=0, second=0, microsecond=0).timestamp()
+        """(count, cents) of today's completed sales: those created since the UTC midnight, by
+        the one rule of days (kiosk_agent.moments), as ``sales --since today`` lists them."""
+        midnight = day_start(day_of(now if now is not None else self.clock.time()))
         row = self.db.execute(
             "SELECT COUNT(*), COALESCE(SUM(captured_cents), 0) FROM sales "
-            "WHERE state = ? AND finished_at >= ?",
+            "WHERE state = ? AND created_at >= ?",
             (SaleState.COMPLETED.value, midnight),
         ).fetchone()
         return int(row[0]), int(row[1])

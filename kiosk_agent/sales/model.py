@@ -96,6 +96,7 @@ class SaleEvent:
     step: Step | Literal[""] = ""  # the journal step announced (none: a snapshot)
     authorized_cents: int = 0
     currency: str = "USD"
+    created_at: float = 0.0  # when the sale was created: the day it counts on (moments.day_of)
 
     @property
     def receipt(self) -> bool:

@@ -560,4 +560,5 @@ def event_of(record: SaleRecord, step: Step | Literal[""] = "", *, clock: Clock)
         step=step,
         authorized_cents=record.authorized_cents,
         currency=record.currency,
+        created_at=record.created_at,
     )

@@ -11,8 +11,9 @@ while ``hasMore`` says so.
 from __future__ import annotations
 
 import asyncio
+import datetime as dt
 import itertools
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import TYPE_CHECKING, Any, Generic, NamedTuple, TypeVar
 from urllib.parse import parse_qsl, urlsplit
 
@@ -117,6 +118,41 @@ async def iterate_collection(
         if ahead is not None:  # the caller stopped early: drop the page it will not read
             ahead.cancel()
             ahead.add_done_callback(_discard)
+
+
+async def within(
+    records: AsyncIterator[M],
+    field: str,
+    since: dt.datetime | None,
+    until: dt.datetime | None,
+    *,
+    limit: int | None = None,
+    scanned: Callable[[int], object] | None = None,
+) -> AsyncIterator[M]:
+    """The records whose ``field`` is at or after ``since`` and before ``until`` (a record
+    without it is left out), at most ``limit`` of them. The service's ``q`` filters equalities
+    only, so a time window is applied on the stream: the command line's ``report --since`` and
+    the admin API's ``/api/reports/{kind}?since=`` read it here. ``scanned(n)`` is told each
+    record read."""
+    count = matched = 0
+    try:
+        async for record in records:
+            count += 1
+            if scanned is not None:
+                scanned(count)
+            moment = getattr(record, field, None)
+            if moment is None or (since is not None and moment < since):
+                continue
+            if until is not None and moment >= until:
+                continue
+            yield record
+            matched += 1
+            if limit is not None and matched >= limit:
+                return
+    finally:  # left early (a limit, an error): no prefetched page stays in flight
+        aclose = getattr(records, "aclose", None)
+        if aclose is not None:
+            await aclose()
 
 
 def _page_limit(page_size: int, remaining: int | None) -> int:

@@ -142,7 +142,7 @@ async def test_a_burst_of_sales_is_timed_whole() -> None:
     assert events.subscriber_count == 0  # stopped: it hears nothing more
 
 
-# -- the running agent: a sale, a local midnight, both formats --------------------------------
+# -- the running agent: a sale, a midnight, both formats --------------------------------
 
 
 async def _scrape(url: str, headers: dict[str, str], accept: str | None = None) -> dict[str, Any]:
@@ -177,8 +177,8 @@ async def test_counters_only_grow_across_local_midnight_and_a_sale_shows_in_the_
     await until(lambda: admin_server.prometheus.timings.sale_seconds.collect()[0].samples,
                 timeout=3)
 
-    tomorrow = dt.date.today() + dt.timedelta(days=1)
-    agent.health.today = lambda: tomorrow  # local midnight passes
+    tomorrow = dt.datetime.now(dt.UTC).date() + dt.timedelta(days=1)
+    agent.health.today = lambda: tomorrow  # midnight passes
     assert agent.health.snapshot().sales.today_count == 0  # the day's figure starts again
 
     for accept in (None, OPENMETRICS):

@@ -73,6 +73,9 @@ async def test_health_and_metrics_show_terminals_and_sales(agent: Any, api: Any)
     assert {t["device_id"] for t in health["terminals"]} == {"SIM-0001", "SIM-0007"}
     assert health["sales"]["today_count"] == 1
     assert health["sales"]["today_amount_cents"] == 250
+    # "Sales today" is what `since=today` lists: one rule of days (kiosk_agent.moments)
+    async with api.get("/api/sales?since=today&state=completed", headers=READER) as response:
+        assert [s["sale_id"] for s in (await response.json())["sales"]] == [final.sale_id]
     async with api.get("/metrics", headers=READER) as response:
         assert response.headers["Content-Type"].startswith("text/plain; version=0.0.4")
         text = await response.text()
@@ -101,7 +104,7 @@ async def test_the_sales_journal_with_filters_and_steps(agent: Any, api: Any) ->
     async with api.get("/api/sales?state=paid", headers=READER) as response:
         assert response.status == 400
         assert "state must be one of" in (await response.json())["detail"]
-    async with api.get("/api/sales?since=yesterday", headers=READER) as response:
+    async with api.get("/api/sales?since=tomorrow", headers=READER) as response:
         assert response.status == 400
     async with api.get("/api/sales/nope", headers=READER) as response:
         assert response.status == 404
@@ -146,6 +149,34 @@ async def test_report_filters_take_the_command_lines_forms(api: Any) -> None:
     async with api.get("/api/reports/transactions?status=lost", headers=READER) as r:
         assert r.status == 400
         assert "unknown transaction status 'lost'" in (await r.json())["detail"]
+
+
+async def test_a_reports_since_and_until_take_the_command_lines_words(api: Any) -> None:
+    """`?since=` answered 400 "Extra inputs are not permitted" (it went to the service's
+    filter) while `report --since` worked: the same window now, on the same field, in the same
+    grammar (a day is a UTC day, `today` and `yesterday` too)."""
+    async with api.get("/api/reports/transactions?limit=50", headers=READER) as response:
+        some = await response.json()
+    day = some[len(some) // 2]["trans_date"][:10]
+    async with api.get(f"/api/reports/transactions?since={day}&until={day}",
+                       headers=READER) as response:
+        assert response.status == 200
+        window = await response.json()
+    assert window
+    assert {row["trans_date"][:10] for row in window} == {day}
+    # a limit counts what the window kept
+    query = f"since={day}T00:00:00&until={day}&format=csv&limit=2"
+    async with api.get(f"/api/reports/transactions?{query}", headers=READER) as response:
+        assert len(list(csv.DictReader(io.StringIO(await response.text())))) == 2
+    async with api.get("/api/reports/deposits?since=today", headers=READER) as response:
+        assert response.status == 200
+        today = dt.datetime.now(dt.UTC).date().isoformat()
+        assert all(row["deposit_date"][:10] == today for row in await response.json())
+    for query, named in (("since=last%20week", "since: expected"),
+                         (f"since=today&until={day}", "since must be before until")):
+        async with api.get(f"/api/reports/transactions?{query}", headers=READER) as response:
+            assert response.status == 400, query
+            assert named in (await response.json())["detail"]
 
 
 async def test_report_mistakes_are_named(api: Any) -> None:

@@ -23,7 +23,7 @@ import pytest
 from kiosk_agent import cli
 from kiosk_agent.cli import main
 from kiosk_agent.cli.agent import parse_since
-from kiosk_agent.cli.contract import EXIT_USAGE, STOP_SIGNALS, StopSignals
+from kiosk_agent.cli.contract import EXIT_FAILED, EXIT_OK, EXIT_USAGE, STOP_SIGNALS, StopSignals
 from kiosk_agent.sales.journal import Journal, SaleRecord
 from kiosk_agent.sales.states import SaleState, Step
 from tests.helpers import walk_to
@@ -462,11 +462,11 @@ def test_sales_attention_shows_an_open_sale_that_has_not_moved(
     journal.db.execute("UPDATE sales SET updated_at = updated_at - 120")
     journal.close()
 
-    assert main(["sales", "attention", "-c", str(path)]) == 0
+    assert main(["sales", "attention", "-c", str(path)]) == EXIT_FAILED  # a cron job alerts
     listed = capsys.readouterr().out
     assert "9a8b7c6d5e  KAHELD  kiosk_api:screen  open (charging) since" in listed
     assert "not moved for 120 s" in listed
-    assert main(["sales", "attention", "-c", str(path), "--json"]) == 0
+    assert main(["sales", "attention", "-c", str(path), "--json"]) == EXIT_FAILED
     [stalled] = json.loads(capsys.readouterr().out)["stalled_open"]
     assert stalled["state"] == "charging"
     # NTP stepped the clock back an hour since its last step: still shown, not hidden an hour
@@ -474,7 +474,7 @@ def test_sales_attention_shows_an_open_sale_that_has_not_moved(
     with db:
         db.execute("UPDATE sales SET updated_at = updated_at + 120 + 3600")
     db.close()
-    assert main(["sales", "attention", "-c", str(path)]) == 0
+    assert main(["sales", "attention", "-c", str(path)]) == EXIT_FAILED
     listed = capsys.readouterr().out
     assert "9a8b7c6d5e  KAHELD  kiosk_api:screen  open (charging) since" in listed
     assert "after now (the clock was stepped back since)" in listed
@@ -496,7 +496,7 @@ def test_sales_attention_lists_what_a_person_must_decide_and_resolve_records_it(
             vended_cents=250, message="dispensed, but the capture failed twice")  # fmt: skip
     journal.close()
 
-    assert main(["sales", "attention", "-c", str(path)]) == 0
+    assert main(["sales", "attention", "-c", str(path)]) == EXIT_FAILED  # a sale waits
     listed = capsys.readouterr().out
     assert "3f2a9c0d1e  KASTUCK  mdb:front  $2.50 held, undecided  since" in listed
     assert "capture failed twice" in listed
@@ -509,7 +509,7 @@ def test_sales_attention_lists_what_a_person_must_decide_and_resolve_records_it(
     ))  # fmt: skip
     walk_to(journal, lost, SaleState.ATTENTION, Step.CHARGE_CARD_UNKNOWN)
     journal.close()
-    assert main(["sales", "attention", "-c", str(path)]) == 0
+    assert main(["sales", "attention", "-c", str(path)]) == EXIT_FAILED
     listed = capsys.readouterr().out
     assert "77aa  KALOST  mdb:front  $3.33, outcome unknown  since" in listed
     assert "$0.00" not in listed
@@ -526,7 +526,7 @@ def test_sales_attention_lists_what_a_person_must_decide_and_resolve_records_it(
     assert answer["sale"]["resolution"]["by"].startswith("cli (")
     assert answer["sale"]["captured_cents"] == 250
 
-    assert main(["sales", "attention", "-c", str(path), "--json"]) == 0
+    assert main(["sales", "attention", "-c", str(path), "--json"]) == EXIT_OK  # none waits
     assert json.loads(capsys.readouterr().out) == {"sales": [], "stalled_open": []}
     # resolving twice is refused, and says why
     assert main([*argv, "-c", str(path)]) == 1
@@ -644,8 +644,8 @@ def test_words_from_outside_are_shown_never_obeyed_by_the_terminal(
     walk_to(journal, sale, SaleState.ATTENTION, Step.CHARGE_CARD_UNKNOWN,
             message=f"declined ({ESCAPES}Do not honor{RLO}) line\nbreak")
     journal.close()
-    for argv in (["sales"], ["sales", "show", "e5c4"], ["sales", "attention"]):
-        assert main([*argv, "-c", str(path)]) == 0
+    for argv, code in (([], 0), (["show", "e5c4"], 0), (["attention"], EXIT_FAILED)):
+        assert main(["sales", *argv, "-c", str(path)]) == code
         out = capsys.readouterr().out
         for char in ("\x1b", "\x07", RLO):
             assert char not in out, (argv, out)

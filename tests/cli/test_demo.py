@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from kiosk_agent.cli.demo import program_command
+
 DEMO = [sys.executable, "-m", "kiosk_agent", "demo"]
 DEMO_CONFIG = Path(__file__).parents[2] / "config" / "demo.yaml"
 
@@ -51,6 +53,34 @@ def test_demo_runs_sales_and_ends_by_itself() -> None:
     assert "present a card (present a card" not in out  # each step said once
 
 
+def test_the_hint_names_the_program_as_it_was_started(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`./dev demo` runs .venv/bin/kiosk-agent; its hint said `kiosk-agent sales ...`, which
+    is "command not found" where the venv is not on $PATH."""
+    venv_bin = tmp_path / ".venv" / "bin"
+    venv_bin.mkdir(parents=True)
+    program = venv_bin / "kiosk-agent"
+    program.write_text("#!/bin/sh\n")
+    program.chmod(0o755)
+    (venv_bin / "python").symlink_to(sys.executable)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("PATH", "/usr/bin:/bin")
+    assert program_command(".venv/bin/kiosk-agent") == ".venv/bin/kiosk-agent"
+    assert program_command(str(program)) == ".venv/bin/kiosk-agent"
+    # python -m kiosk_agent: the interpreter as named, not the file its link points to
+    main = "/somewhere/kiosk_agent/__main__.py"
+    assert program_command(main, str(venv_bin / "python")) == ".venv/bin/python -m kiosk_agent"
+    # on $PATH (an activated venv, a system install): the bare name runs it
+    monkeypatch.setenv("PATH", f"{venv_bin}:/usr/bin:/bin")
+    assert program_command(str(program)) == "kiosk-agent"
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)  # not under the current directory: the whole path
+    monkeypatch.setenv("PATH", "/usr/bin:/bin")
+    assert program_command(str(program)) == str(program)
+
+
 def test_the_demos_sales_can_be_looked_at_afterwards(demo_home: Path) -> None:
     done = subprocess.run(
         [*DEMO, "--sales", "3", "--speed", "5"],
@@ -58,7 +88,8 @@ def test_the_demos_sales_can_be_looked_at_afterwards(demo_home: Path) -> None:
     )
     assert done.returncode == 0, done.stderr
     journal = demo_home / ".local" / "state" / "kiosk-agent" / "demo-journal.db"
-    hint = "kiosk-agent sales -c config/demo.yaml"
+    # as this test started the demo (python -m kiosk_agent): a hint that runs as pasted
+    hint = f"{program_command('kiosk_agent/__main__.py')} sales -c config/demo.yaml"
     assert f"sales journal: {journal} (kept after the demo: {hint})" in done.stdout
     assert f"the demo's sales stay in {journal}: {hint}" in done.stdout
     listed = subprocess.run(

@@ -701,7 +701,8 @@ def test_health_shows_outside_words_and_never_lets_the_terminal_obey_them() -> N
 def test_the_fleet_table_shows_outside_words_and_never_lets_the_terminal_obey_them() -> None:
     from kiosk_agent.cli.fleet import format_fleet
 
-    row = {"device_id": f"unit{HOSTILE}", "status": "degraded", "last_seen": 0.0,
+    row = {"device_id": f"unit{HOSTILE}", "status": "degraded",
+           "last_seen": "1970-01-01T00:00:00Z",
            "sales_today": None, "version": HOSTILE, "problems": [HOSTILE]}
     text = format_fleet([row], 60.0)
     assert not {"\x1b", "\x07"} & set(text)

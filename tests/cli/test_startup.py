@@ -133,3 +133,53 @@ def test_a_command_does_not_search_the_installed_packages_for_pydantic_plugins()
         capture_output=True, text=True, timeout=60, env=env, check=False,
     )
     assert done.stdout.splitlines()[-1].split() == ["False", "0"], done.stdout + done.stderr
+
+
+# A unit's configuration with every section a command reads when it checks one: the admin API's,
+# the webhook receiver's, health's and upstream's are each checked by a schema module of its own.
+UNIT_CONFIG = """\
+service:
+  simulator: {time_scale: 300}
+terminals: [{device_id: SIM-0001, name: front}]
+journal: {path: journal.db}
+admin:
+  tokens: [{name: tech, token: !env_var KIOSK_TEST_ADMIN_TOKEN}]
+webhooks: {secret: !env_var KIOSK_TEST_WEBHOOK_SECRET}
+health: {ping_interval: 30}
+upstream: {device_id: unit-1, mqtt: {host: 127.0.0.1}}
+"""
+# What a command that reads a file or the journal must not wait for: the servers, the health
+# model, the service's models, the simulator (aiohttp and pydantic come with them).
+SERVERS = ("aiohttp", "pydantic", "kiosk_agent.admin.server", "kiosk_agent.admin.page",
+           "kiosk_agent.admin.webhooks", "kiosk_agent.core.health", "kiosk_agent.sim",
+           "kiosk_agent.service.models")
+
+
+def test_check_config_and_sales_import_no_server_and_no_models(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`check-config` imported the admin server (aiohttp, the status page) and the health
+    model (pydantic) to check the sections: 0.6-1.2 s a command on a 2-core machine."""
+    from kiosk_agent.sales.journal import Journal
+
+    config = tmp_path / "config.yaml"
+    config.write_text(UNIT_CONFIG)
+    monkeypatch.setenv("KIOSK_TEST_ADMIN_TOKEN", "t" * 24)
+    monkeypatch.setenv("KIOSK_TEST_WEBHOOK_SECRET", "s" * 24)
+    journal = Journal(tmp_path / "journal.db")
+    journal.open()
+    journal.close()
+    output, modules = modules_after(["check-config", str(config)], ["sales", "-c", str(config)],
+                                    ["sales", "attention", "-c", str(config)])
+    assert f"{config}: valid" in output
+    assert "0 sales in attention" in output
+    for package in SERVERS:
+        assert imported(modules, package) == [], package
+
+
+@pytest.mark.parametrize("command", ["doctor", "health", "fleet", "check-config", "sales"])
+def test_a_commands_help_waits_for_no_event_loop(command: str) -> None:
+    """`doctor --help` imported asyncio with its module (cli/fleet.py)."""
+    output, modules = modules_after([command, "--help"])
+    assert f"usage: kiosk-agent {command}" in output
+    assert imported(modules, "asyncio") == []

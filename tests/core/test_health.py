@@ -8,19 +8,21 @@ import voluptuous as vol
 
 from kiosk_agent.bus import EventBus
 from kiosk_agent.core.health import (
-    HEALTH_SCHEMA,
     Health,
     HealthChecker,
     HealthSnapshot,
     Status,
 )
+from kiosk_agent.core.health_schema import HEALTH_SCHEMA
 from kiosk_agent.sales.model import SaleEvent
 from kiosk_agent.sales.states import SaleState, Step
 
 from ..helpers import until
 
 
-def _event(sale_id: str, state: SaleState, amount: int = 250, captured: int = 0) -> SaleEvent:
+def _event(
+    sale_id: str, state: SaleState, amount: int = 250, captured: int = 0, created: float = 0.0
+) -> SaleEvent:
     return SaleEvent(
         sale_id=sale_id,
         order_id=f"o-{sale_id}",
@@ -28,6 +30,7 @@ def _event(sale_id: str, state: SaleState, amount: int = 250, captured: int = 0)
         state=state,
         amount_cents=amount,
         captured_cents=captured,
+        created_at=created,
     )
 
 
@@ -124,14 +127,14 @@ def test_the_days_amount_is_what_was_captured_as_the_journal_sums_it() -> None:
     assert (sales.today_count, sales.today_amount_cents) == (2, 180)
 
 
-def test_running_totals_only_grow_across_local_midnight_where_the_day_starts_again() -> None:
+def test_running_totals_only_grow_across_midnight_where_the_day_starts_again() -> None:
     day = [dt.date(2026, 11, 24)]
     health = Health("1", today=lambda: day[0])
     reversed_sale = dataclasses.replace(_event("b", SaleState.REVERSED), reversed_cents=300)
     for event in (_event("a", SaleState.COMPLETED, captured=250), reversed_sale):
         health.record_sale(event)
     before = health.sale_totals()
-    day[0] = dt.date(2026, 11, 25)  # local midnight passes
+    day[0] = dt.date(2026, 11, 25)  # midnight passes
     assert health.snapshot().sales.today_count == 0  # the day's figures start again
     assert health.sale_totals() == before  # the totals do not
     health.record_sale(dataclasses.replace(_event("c", SaleState.COMPLETED, captured=100),
@@ -385,27 +388,39 @@ async def test_a_configured_terminal_name_wins_over_the_services(service) -> Non
     assert by_id["SIM-0002"].name == listed["SIM-0002"]  # no configured name: the service's
 
 
-def test_a_sale_is_todays_on_the_day_it_first_ended_as_the_journal_counts_it() -> None:
-    """Held in attention since yesterday and resolved as captured today, a sale counted in
-    today's figures while the agent ran and not after a restart (Journal.today counts the day a
-    sale first ended): the status page's "Sales today" changed at the restart."""
+def test_a_sale_is_todays_on_the_utc_day_it_was_created_as_the_journal_counts_it() -> None:
+    """One rule of days on every face (kiosk_agent.moments): a sale begun at 23:59 UTC and
+    paid at 00:01 counted on the new day in "Sales today" (by when it ended) and on the old
+    day in `sales --since/--until` (by when it was created). Now by when it was created,
+    here as in Journal.today, whatever it waited for (a person resolving an attention sale)."""
     day = [dt.date(2026, 11, 24)]
     health = Health("1", today=lambda: day[0])
-    health.record_sale(_event("held", SaleState.ATTENTION, captured=250))
-    health.record_sale(_event("same-day", SaleState.ATTENTION, captured=100))
-    health.record_sale(_event("same-day", SaleState.COMPLETED, captured=100))
+    before_midnight = dt.datetime(2026, 11, 24, 23, 59, tzinfo=dt.UTC).timestamp()
+    after_midnight = before_midnight + 120
+    health.record_sale(_event("held", SaleState.ATTENTION, captured=250, created=before_midnight))
+    health.record_sale(_event("same-day", SaleState.COMPLETED, captured=100,
+                              created=before_midnight))
     assert (health.snapshot().sales.today_count, health.snapshot().sales.today_amount_cents) == (
         1, 100
     )
     day[0] = dt.date(2026, 11, 25)
-    health.record_sale(_event("held", SaleState.COMPLETED, captured=250))  # a person resolves
+    # ended after midnight: yesterday's sales all the same
+    health.record_sale(_event("held", SaleState.COMPLETED, captured=250, created=before_midnight))
+    health.record_sale(_event("straddles", SaleState.COMPLETED, captured=300,
+                              created=before_midnight))
+    health.record_sale(_event("new", SaleState.COMPLETED, captured=400, created=after_midnight))
     sales = health.snapshot().sales
-    assert (sales.today_count, sales.today_amount_cents, sales.attention) == (0, 0, 0)
-    # seeded at start from the journal with when each first ended
-    restarted = Health("1", today=lambda: day[0])
-    yesterday = dt.datetime(2026, 11, 24, 12).timestamp()
-    restarted.set_sales(attention_ids={"old": yesterday, "new": None})
-    restarted.record_sale(_event("old", SaleState.COMPLETED, captured=300))
-    restarted.record_sale(_event("new", SaleState.COMPLETED, captured=400))
-    assert (restarted.snapshot().sales.today_count,
-            restarted.snapshot().sales.today_amount_cents) == (1, 400)
+    assert (sales.today_count, sales.today_amount_cents, sales.attention) == (1, 400, 0)
+    assert sales.day_started_at == dt.datetime(2026, 11, 25, tzinfo=dt.UTC).timestamp()
+
+
+def test_the_day_is_the_utc_day_whatever_the_units_zone(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TZ", "Pacific/Kiritimati")  # UTC+14: its local date is a day ahead
+    time.tzset()
+    try:
+        now = time.time()
+        midnight = dt.datetime.now(dt.UTC).replace(hour=0, minute=0, second=0, microsecond=0)
+        assert Health("1").snapshot().sales.day_started_at == midnight.timestamp() <= now
+    finally:
+        monkeypatch.undo()
+        time.tzset()

@@ -192,12 +192,12 @@ def test_every_template_reads_fields_the_report_has() -> None:
                     assert part in value, (key, name, path)
                     value = value[part]
     assert report["status"] in _discovery()["status"]["options"]
-    # the daily amount's last reset: local midnight, an ISO 8601 time with its offset
-    day_started = dt.datetime.fromisoformat(report["sales"]["day_started"])
-    assert day_started.utcoffset() is not None
-    assert (day_started.hour, day_started.minute) == (0, 0)
+    # the daily amount's last reset: the UTC midnight the day began (one rule of days), in ISO
+    # 8601 UTC as every time in the report
+    assert report["sales"]["day_started"].endswith("T00:00:00Z")
     for stamp in (report["started"], report["reported"], report["service"]["key_expires"]):
-        assert dt.datetime.fromisoformat(stamp).utcoffset() is not None
+        assert stamp.endswith("Z")
+        assert dt.datetime.fromisoformat(stamp).utcoffset() == dt.timedelta(0)
     assert report["terminal_states"] == {"SIM-0001": {"online": True, "available": None}}
 
 

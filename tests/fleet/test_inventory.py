@@ -53,6 +53,14 @@ def test_a_unit_whose_reports_stopped_is_stale_and_yesterdays_sales_are_not_toda
     assert (summary["sales_today"], summary["version"], summary["online"]) == (None, "9.9.9", True)
 
 
+def test_last_seen_is_an_iso_time_in_utc_as_every_json_timestamp() -> None:
+    """`fleet list --json` gave it as Unix seconds, alone among the command line's times."""
+    report = json.loads(_state("a1"))
+    report["at"] = dt.datetime(2026, 11, 22, 10, 15, 30, 900_000, tzinfo=dt.UTC).timestamp()
+    assert Unit("a1", "online", report).summary(report["at"])["last_seen"] == "2026-11-22T10:15:30Z"
+    assert Unit("a2", "online", None).summary(report["at"])["last_seen"] is None
+
+
 def test_sales_of_a_day_that_ended_are_not_today_the_hour_after_midnight() -> None:
     """Before: a report counted as today's until 25 h after its day began (a DST day is 25 h),
     so from 00:00 to 01:00 `fleet list` showed a unit gone quiet at 23:59 with yesterday's sales

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import os
 import sqlite3
 import stat
@@ -10,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from kiosk_agent.moments import parse_moment
 from kiosk_agent.sales.clock import Anchor, FakeClock
 from kiosk_agent.sales.journal import (
     CHARGE_LOOKBACK_S,
@@ -108,6 +110,29 @@ def test_open_and_attention_sales_for_recovery_and_health(journal: Journal) -> N
     assert [s.sale_id for s in journal.open_sales()] == ["s1"]
     assert [s.sale_id for s in journal.attention_sales()] == ["s2"]
     assert journal.today() == (1, 175)
+
+
+def test_today_counts_the_sales_created_since_the_utc_midnight_as_since_today_lists(
+    tmp_path: Path,
+) -> None:
+    """One rule of days (kiosk_agent.moments): a sale begun at 23:59 UTC and paid after
+    midnight is the old day's, in "Sales today" as in `sales --since today`."""
+    midnight = dt.datetime(2026, 11, 25, tzinfo=dt.UTC)
+    clock = FakeClock(wall=midnight.timestamp() - 60)
+    journal = Journal(tmp_path / "journal.db", clock)
+    journal.open()
+    try:
+        straddles = journal.create(new_sale(1))
+        clock.step_wall(120)  # midnight passes while it is paid
+        walk_to(journal, straddles, SaleState.COMPLETED, captured_cents=250)
+        todays = journal.create(new_sale(2))
+        walk_to(journal, todays, SaleState.COMPLETED, captured_cents=175)
+        assert journal.today() == (1, 175)
+        since_today = parse_moment("today", now=dt.datetime.fromtimestamp(clock.time(), dt.UTC))
+        listed = journal.query(since=since_today.timestamp(), states=[SaleState.COMPLETED])
+        assert [s.sale_id for s in listed] == ["s2"]
+    finally:
+        journal.close()
 
 
 def test_query_filters_by_time_and_state_newest_first(journal: Journal) -> None:
