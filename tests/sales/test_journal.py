@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import os
 import sqlite3
 import stat
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -437,3 +439,107 @@ def test_put_back_keeps_a_file_moved_over_the_journal_beside_it(journal: Journal
     assert reader.execute("SELECT COUNT(*) FROM sales").fetchone()[0] == 2
     reader.close()
     assert journal.put_back() is None
+
+
+def a_busy_journal(journal: Journal, sales: int) -> None:
+    """``sales`` sales over as many minutes, written as flows write them (one commit for all):
+    most completed, one in fifty left charging, one in a hundred in attention."""
+    clock = FakeClock(wall=1_700_000_000.0)
+    journal.clock = clock
+    with journal.batch():
+        for n in range(sales):
+            clock.step_wall(60)
+            sale = journal.create(new_sale(n, sale_id=f"{n:08x}{'e' * 24}"))
+            sale = journal.record(sale, Step.CHARGE_CARD_REQUEST, SaleState.CHARGING)
+            if n % 50 == 7:
+                continue
+            if n % 100 == 3:
+                journal.record(sale, Step.CHARGE_CARD_UNKNOWN, SaleState.ATTENTION)
+                continue
+            sale = journal.record(
+                sale, Step.DISPENSE_REQUEST, SaleState.DISPENSING, trans_id=f"T{n}"
+            )
+            journal.record(sale, Step.COMPLETED, SaleState.COMPLETED, captured_cents=250)
+
+
+def plans_of(journal: Journal, read: Callable[[], object]) -> list[str]:
+    """SQLite's plan of every statement ``read`` ran, one line a step of it."""
+    statements: list[str] = []
+    journal.db.set_trace_callback(statements.append)
+    try:
+        read()
+    finally:
+        journal.db.set_trace_callback(None)
+    return [
+        str(row[3])
+        for sql in statements
+        for row in journal.db.execute(f"EXPLAIN QUERY PLAN {sql}")
+    ]
+
+
+def test_the_hot_reads_of_a_years_journal_use_an_index(journal: Journal) -> None:
+    """What start-up, the status page, the admin API and the commands read on every use, looked
+    up in an index (or read newest first and stopped at the page's end), never a walk through
+    every sale: on a journal of 200,000 sales one such walk held the agent for a second. Each
+    plan is SQLite's own (EXPLAIN QUERY PLAN of the statement the method ran)."""
+    a_busy_journal(journal, 3000)
+    now = 1_700_000_000.0 + 3000 * 60
+    wanted = {
+        # start-up, recovery, health, the page: the few open and attention sales
+        "open": (journal.open_sales, "SEARCH sales USING INDEX sales_state_created (state=?)"),
+        "attention": (journal.attention_sales,
+                      "SEARCH sales USING INDEX sales_state_created (state=?)"),
+        # health's count of today, at start
+        "today": (lambda: journal.today(now),
+                  "SEARCH sales USING INDEX sales_finished (finished_at>?)"),
+        # `sales`, /api/sales, the page: newest first, a page of them
+        "list": (lambda: journal.query(limit=100), "SCAN sales USING INDEX sales_created"),
+        "today's list": (lambda: journal.query(since=now - 86400),
+                         "SEARCH sales USING INDEX sales_created (created_at>?)"),
+        "completed": (lambda: journal.query(states=[SaleState.COMPLETED], limit=20),
+                      "SEARCH sales USING INDEX sales_state_created (state=?)"),
+        # `sales show 0000a1`, /api/sales/{id} by a prefix of it
+        "by prefix": (
+            lambda: journal.with_id_prefix("00000a1"),
+            "SEARCH sales USING INDEX sqlite_autoindex_sales_1 (sale_id>? AND sale_id<?)",
+        ),
+        # the charge check: each charge of reporting's window by its order id
+        "by order id": (lambda: journal.by_order_id("KA000123"),
+                        "SEARCH sales USING INDEX sqlite_autoindex_sales_2 (order_id=?)"),
+        "steps": (lambda: journal.steps("000000a1" + "e" * 24),
+                  "SEARCH steps USING INDEX steps_sale (sale_id=?)"),
+    }
+    for name, (read, plan) in wanted.items():
+        found = plans_of(journal, read)
+        assert plan in found, (name, found)
+        assert not [p for p in found if p.startswith("SCAN") and p != plan], (name, found)
+        assert "USE TEMP B-TREE FOR ORDER BY" not in found or name == "open", (name, found)
+    # and they answer what they did before
+    assert len(journal.open_sales()) == 60
+    assert len(journal.attention_sales()) == 30
+    midnight = dt.datetime.fromtimestamp(now).replace(hour=0, minute=0, second=0).timestamp()
+    finished_today = [
+        s for s in journal.query(states=[SaleState.COMPLETED])
+        if s.finished_at is not None and s.finished_at >= midnight
+    ]
+    assert journal.today(now) == (len(finished_today), 250 * len(finished_today))
+    assert [s.sale_id[:8] for s in journal.with_id_prefix("00000a1", limit=20)] == [
+        f"00000a1{d:x}" for d in range(16)
+    ]
+
+
+def test_a_journal_of_the_previous_schema_loses_its_retired_index_on_open(
+    tmp_path: Path,
+) -> None:
+    """sales_state is covered by sales_state_created: kept, every step's write would keep two
+    indexes of the state."""
+    path = tmp_path / "journal.db"
+    journal = Journal(path)
+    journal.open()
+    journal.db.execute("CREATE INDEX sales_state ON sales(state)")
+    journal.close()
+    journal.open()
+    names = {r[0] for r in journal.db.execute("SELECT name FROM sqlite_master WHERE type='index'")}
+    journal.close()
+    assert "sales_state" not in names
+    assert {"sales_state_created", "sales_created", "sales_finished"} <= names
