@@ -207,6 +207,25 @@ def test_prune_keeps_the_only_sale_dated_back_while_its_send_is_young_on_this_bo
         journal.close()
 
 
+def test_prune_deletes_in_batches_of_its_own_and_stops_when_told(journal: Journal) -> None:
+    """The agent prunes in a worker thread after it is ready: a batch a transaction, on a
+    connection of its own, each chosen after the last; none after ``stopping`` says so."""
+    for n in range(7):
+        walk_to(journal, journal.create(new_sale(n)), SaleState.COMPLETED)
+    walk_to(journal, journal.create(new_sale(7)), SaleState.ATTENTION)  # kept, amid them
+    later = time.time() + 30 * DAY
+    transactions: list[str] = []
+
+    def stop_after_two() -> bool:
+        transactions.append("batch")
+        return len(transactions) == 2
+
+    assert journal.prune(keep_days=1, now=later, batch=2, stopping=stop_after_two) == 4
+    assert len(journal.query()) == 4
+    assert journal.prune(keep_days=1, now=later, batch=2) == 3
+    assert [s.sale_id for s in journal.query()] == ["s7"]
+
+
 def test_retry_attempts_get_their_own_order_ids() -> None:
     sale = new_sale(7, attempt=3)
     assert sale.all_order_ids() == ["KA000007", "KA000007-2", "KA000007-3"]
