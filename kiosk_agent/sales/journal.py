@@ -130,8 +130,9 @@ _OPEN_STATES = tuple(s.value for s in SaleState if not s.final)
 # How far back the charge check (sales/audit.py) reads reporting for charges the journal does
 # not hold: the journal never prunes a sale younger than this and a day (Journal.prune).
 CHARGE_LOOKBACK_S = 7 * 86400.0
-# Sales deleted a transaction by Journal.prune: a few milliseconds of the write lock each here
-PRUNE_BATCH = 200
+# Sales deleted a transaction by Journal.prune: 3-4 ms of the write lock each here (some 35 ms
+# on a Pi Zero), which an agent's own write waits out
+PRUNE_BATCH = 50
 
 
 @dataclass(frozen=True, slots=True)
