@@ -862,7 +862,8 @@ class Journal:
             "AND sale_sends.sent_boot = :boot AND sale_sends.sent_mono > :mono_cutoff) "
             "ORDER BY created_at, rowid LIMIT :batch"
         )
-        db = sqlite3.connect(self.path, isolation_level=None)
+        # mode=rw: a journal removed meanwhile is not made anew here (put_back writes it back)
+        db = sqlite3.connect(f"file:{self.path}?mode=rw", uri=True, isolation_level=None)
         try:
             db.execute("PRAGMA synchronous=FULL")
             db.execute("PRAGMA busy_timeout=5000")

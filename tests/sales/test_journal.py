@@ -562,3 +562,12 @@ def test_a_journal_of_the_previous_schema_loses_its_retired_index_on_open(
     journal.close()
     assert "sales_state" not in names
     assert {"sales_state_created", "sales_created", "sales_finished"} <= names
+
+
+def test_prune_makes_no_file_where_the_journal_was_removed(journal: Journal) -> None:
+    """It runs after ready, on a connection of its own: a journal removed meanwhile must be
+    written back whole by put_back, not met by an empty file made in its place."""
+    journal.path.unlink()
+    with pytest.raises(sqlite3.Error):
+        journal.prune(keep_days=1)
+    assert not journal.path.exists()
