@@ -332,7 +332,8 @@ class Running:
         ready = time.perf_counter() - spawned
         ready_cpu = _cpu_ns(self.proc.pid) / 1e9
         old_at_ready = old_sales(self.directory / "journal.db")
-        self.http = aiohttp.ClientSession()
+        # a connection each: a kept-alive one the server closes as it is reused ends a run
+        self.http = aiohttp.ClientSession(connector=aiohttp.TCPConnector(force_close=True))
         checked = await self._first_check(spawned)
         return {
             "start_to_ready_s": round(ready, 3),
@@ -469,6 +470,9 @@ async def faces_and_commands(agent: Running, directory: Path,
         figures[f"{name}_sale_ms"] = round(seen["sale_s"] * 1000, 1)
         worst_delay = max(worst_delay, seen["status_max_s"] - quiet["status_max_s"],
                           seen["sale_s"] - quiet["sale_s"])
+        print(f"  {name}: {seen['s']:.3f} s; meanwhile /api/status at most "
+              f"{seen['status_max_s'] * 1000:.0f} ms, a sale {seen['sale_s'] * 1000:.0f} ms",
+              flush=True)
     figures["slowest_face_or_command_s"] = max(
         v for k, v in figures.items()
         if k.endswith("_s") and not k.endswith("cpu_s") and not k.startswith("quiet")
@@ -541,6 +545,7 @@ async def measure(journal: Path, args: argparse.Namespace) -> dict[str, Any]:
         try:
             figures: dict[str, Any] = await agent.start(listener)
             figures["first_open_s"] = round(first_open, 3)
+            print(f"  started: {figures}", flush=True)
             await asyncio.sleep(1.0)  # what runs after ready (models, the WAL grown) settles
             figures |= await faces_and_commands(agent, directory, command_env)
             if args.rss_sales:
