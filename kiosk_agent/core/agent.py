@@ -13,6 +13,7 @@ import asyncio
 import contextlib
 import logging
 import sqlite3
+import threading
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
@@ -54,6 +55,8 @@ _LOGGER = logging.getLogger(__name__)
 
 # While recovery runs, systemd's start timeout is pushed back by this much every 10 s.
 _START_EXTENSION = 30.0
+# between two of the prune's batches: the agent's own writes take the journal meanwhile
+PRUNE_PAUSE_S = 0.02
 
 
 class Component(Protocol):
@@ -229,6 +232,7 @@ class Agent:
         self.started = False
         self.ready_at: float | None = None
         self.stopped = asyncio.Event()
+        self._stopping = threading.Event()  # told to work in threads (the prune)
 
     # -- wiring (by app.py, before start) --------------------------------------------------------
 
@@ -258,7 +262,6 @@ class Agent:
         self._read_unit()
         self._journal_watch.start()
         self.event_log.open()
-        self._prune()
         await self.service.start()
         await self.refresh_terminals()
         self.availability.evaluate(at_start=True)
@@ -402,12 +405,16 @@ class Agent:
             self._systemd.extend_start(_START_EXTENSION)  # nor count a failed start
             self._systemd.notifier.status(f"waiting for the journal: {fault}")
 
-    def _prune(self) -> None:
-        """Housekeeping: a disk that cannot take it now (full) leaves it to the next start."""
+    async def _prune(self) -> None:
+        """Housekeeping, after ready: old sales deleted in a worker thread, a batch at a time
+        (Journal.prune). A year of sales held the start 1.5 s before READY=1. A disk that
+        cannot take it now (full) leaves it to the next start."""
         keep_days = self.config["journal"]["keep_days"]
         try:
             self.event_log.prune(keep_days)
-            pruned = self.journal.prune(keep_days)
+            pruned = await asyncio.to_thread(
+                self.journal.prune, keep_days, pause=PRUNE_PAUSE_S, stopping=self._stopping.is_set
+            )
         except (sqlite3.Error, JournalError) as err:
             _LOGGER.warning("journal: old sales not pruned (%s); the next start tries again", err)
             return
@@ -417,10 +424,11 @@ class Agent:
     async def _after_ready(self) -> None:
         """What READY=1 does not wait for, a step per loop turn so sales go on meanwhile: the
         models a sale needs built, start-up frozen (core/collector.py), the journal's WAL grown
-        ahead so commits overwrite it in place (Journal.reserve_wal)."""
+        ahead so commits overwrite it in place (Journal.reserve_wal), old sales pruned."""
         await settle_after_ready(self.settling)
         for _ in self.journal.reserve_wal():
             await asyncio.sleep(0)
+        await self._prune()
         self.settled.set()
 
     async def _ready_after_recovery(self, ready_text: str) -> None:
@@ -436,6 +444,7 @@ class Agent:
 
         ``interrupt`` (a second stopping signal) ends the drain early: what is open then is
         parked exactly as at the drain's deadline."""
+        self._stopping.set()  # the prune's worker thread stops between its batches
         await self.drain(interrupt)
         if self._systemd is not None:
             await self._systemd.stop()

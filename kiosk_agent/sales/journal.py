@@ -22,6 +22,7 @@ import os
 import shutil
 import sqlite3
 import tempfile
+import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -75,8 +76,9 @@ CREATE TABLE IF NOT EXISTS sales (
     answer_by        REAL,
     resolution       TEXT
 );
-CREATE INDEX IF NOT EXISTS sales_state ON sales(state);
+CREATE INDEX IF NOT EXISTS sales_state_created ON sales(state, created_at);
 CREATE INDEX IF NOT EXISTS sales_created ON sales(created_at);
+CREATE INDEX IF NOT EXISTS sales_finished ON sales(finished_at);
 CREATE TABLE IF NOT EXISTS steps (
     id       INTEGER PRIMARY KEY AUTOINCREMENT,
     sale_id  TEXT NOT NULL REFERENCES sales(sale_id),
@@ -93,6 +95,10 @@ CREATE TABLE IF NOT EXISTS sale_sends (
     sent_boot TEXT
 );
 """
+
+# Indexes a later one replaced (sales_state_created leads with the state): dropped on open, so a
+# write keeps one index of the state up to date, not two.
+_RETIRED_INDEXES = ("sales_state",)
 
 # Columns added after version 1, with their type: added in place to an older journal on open.
 _ADDED_COLUMNS = {
@@ -119,10 +125,15 @@ _WAL_RESERVE = "wal_reserve"  # the scratch table that grows it, dropped at the 
 # Beside the journal, written once it holds its tables: "a journal was in use here". A journal
 # found missing or empty while this exists was lost (deleted, truncated, its WAL removed).
 MARKER_SUFFIX = ".in-use"
-_FINAL_STATES = tuple(s.value for s in SaleState if s.final)
+# named as a list, not as "not final": an IN list is looked up in the state's index, a NOT IN
+# scans every sale of the journal (200,000 in a busy unit's year)
+_OPEN_STATES = tuple(s.value for s in SaleState if not s.final)
 # How far back the charge check (sales/audit.py) reads reporting for charges the journal does
 # not hold: the journal never prunes a sale younger than this and a day (Journal.prune).
 CHARGE_LOOKBACK_S = 7 * 86400.0
+# Sales deleted a transaction by Journal.prune: 3-4 ms of the write lock each here (some 35 ms
+# on a Pi Zero), which an agent's own write waits out
+PRUNE_BATCH = 50
 
 
 @dataclass(frozen=True, slots=True)
@@ -699,18 +710,18 @@ class Journal:
         ``limit``: two say the prefix is not unique."""
         if not prefix or not prefix.isalnum():
             return []
+        # GLOB, case-sensitive like the ids, is looked up in the id's index (substr() read
+        # every sale); an alphanumeric prefix holds none of its wildcards
         rows = self.db.execute(
-            f"{_SELECT_SALES} WHERE substr(sales.sale_id, 1, ?) = ? LIMIT ?",
-            (len(prefix), prefix, limit),
+            f"{_SELECT_SALES} WHERE sales.sale_id GLOB ? LIMIT ?", (f"{prefix}*", limit)
         )
         return [_record(r) for r in rows]
 
     def open_sales(self) -> list[SaleRecord]:
         """Sales not in a final state: what a crash left behind (or what is running now)."""
-        marks = ", ".join("?" for _ in _FINAL_STATES)
+        marks = ", ".join("?" for _ in _OPEN_STATES)
         rows = self.db.execute(
-            f"{_SELECT_SALES} WHERE state NOT IN ({marks}) ORDER BY created_at",
-            _FINAL_STATES,
+            f"{_SELECT_SALES} WHERE state IN ({marks}) ORDER BY created_at", _OPEN_STATES
         )
         return [_record(r) for r in rows]
 
@@ -836,13 +847,23 @@ class Journal:
         the one rule of days (kiosk_agent.moments), as ``sales --since today`` lists them."""
         midnight = day_start(day_of(now if now is not None else self.clock.time()))
         row = self.db.execute(
+            # by the time it was created (its index); "+state" keeps the planner off the
+            # state's index, which would read every completed sale of the journal
             "SELECT COUNT(*), COALESCE(SUM(captured_cents), 0) FROM sales "
-            "WHERE state = ? AND created_at >= ?",
-            (SaleState.COMPLETED.value, midnight),
+            "WHERE created_at >= ? AND +state = ?",
+            (midnight, SaleState.COMPLETED.value),
         ).fetchone()
         return int(row[0]), int(row[1])
 
-    def prune(self, keep_days: int, now: float | None = None) -> int:
+    def prune(
+        self,
+        keep_days: int,
+        now: float | None = None,
+        *,
+        batch: int = PRUNE_BATCH,
+        pause: float = 0.0,
+        stopping: Callable[[], bool] = lambda: False,
+    ) -> int:
         """Delete finished sales older than ``keep_days``; open and attention sales are kept.
 
         Never one the charge check can still see: it reads reporting's charges of the last
@@ -853,6 +874,13 @@ class Journal:
         only when it was written before the first sale that is young by the wall (write order
         cannot step), and not when its money call was sent on this boot less than the retention
         ago by the monotonic clock.
+
+        On a connection of its own, so the agent runs it in a worker thread after it is ready
+        (a year of sales to read, tens of thousands to delete: seconds, which held the start and
+        would hold the event loop): at most ``batch`` sales a transaction, each chosen inside
+        it (a failed sale the late-charge net reopens is not deleted under it), ``pause``
+        seconds between them so the agent's own writes take their turn, and none after
+        ``stopping`` says so (the agent stops: the next start goes on).
         """
         keep_s = max(keep_days * 86400.0, CHARGE_LOOKBACK_S + 86400.0)
         cutoff = (now if now is not None else self.clock.time()) - keep_s
@@ -861,23 +889,48 @@ class Journal:
             "cutoff": cutoff,
             "boot": self.clock.boot_id(),
             "mono_cutoff": self.clock.monotonic() - keep_s,
+            "batch": batch,
             **{f"kept{i}": state for i, state in enumerate(kept_states)},
         }
         kept = ", ".join(f":kept{i}" for i in range(len(kept_states)))
-        old = (
-            f"SELECT sale_id FROM sales WHERE created_at < :cutoff AND state NOT IN ({kept}) "  # noqa: S608
-            "AND (SELECT MIN(id) FROM steps WHERE steps.sale_id = sales.sale_id) < "
-            "(SELECT COALESCE(MIN(steps.id), 9223372036854775807) FROM steps "
+        # the first step of a sale young by the wall: written after it, a sale is not old.
+        # Read once: a step written meanwhile has a higher id.
+        young_first = (
+            "SELECT COALESCE(MIN(steps.id), 9223372036854775807) FROM steps "
             "JOIN sales AS young ON young.sale_id = steps.sale_id "
-            "WHERE young.created_at >= :cutoff) "
-            "AND NOT EXISTS (SELECT 1 FROM sale_sends WHERE sale_sends.sale_id = sales.sale_id "
-            "AND sale_sends.sent_boot = :boot AND sale_sends.sent_mono > :mono_cutoff)"
+            "WHERE young.created_at >= :cutoff"
         )
-        with transaction(self.db) as db:
-            ids = [(row[0],) for row in db.execute(old, args)]
-            for table in ("steps", *_BESIDE, "sales"):
-                db.executemany(f"DELETE FROM {table} WHERE sale_id = ?", ids)  # noqa: S608
-        return len(ids)
+        old = (
+            "SELECT sale_id, created_at, rowid FROM sales "  # noqa: S608 - names from this module
+            f"WHERE created_at < :cutoff AND state NOT IN ({kept}) "
+            "AND (created_at, rowid) > (:after_at, :after_rowid) "
+            "AND (SELECT MIN(id) FROM steps WHERE steps.sale_id = sales.sale_id) < :young_first "
+            "AND NOT EXISTS (SELECT 1 FROM sale_sends WHERE sale_sends.sale_id = sales.sale_id "
+            "AND sale_sends.sent_boot = :boot AND sale_sends.sent_mono > :mono_cutoff) "
+            "ORDER BY created_at, rowid LIMIT :batch"
+        )
+        # mode=rw: a journal removed meanwhile is not made anew here (put_back writes it back)
+        db = sqlite3.connect(f"file:{self.path}?mode=rw", uri=True, isolation_level=None)
+        try:
+            db.execute("PRAGMA synchronous=FULL")
+            db.execute("PRAGMA busy_timeout=5000")
+            args["young_first"] = db.execute(young_first, args).fetchone()[0]
+            args["after_at"], args["after_rowid"] = float("-inf"), -1
+            pruned = 0
+            while True:
+                with transaction(db):
+                    rows = db.execute(old, args).fetchall()
+                    ids = [(row[0],) for row in rows]
+                    for table in ("steps", *_BESIDE, "sales"):
+                        db.executemany(f"DELETE FROM {table} WHERE sale_id = ?", ids)  # noqa: S608
+                pruned += len(rows)
+                if len(rows) < batch or stopping():
+                    return pruned
+                args["after_at"], args["after_rowid"] = rows[-1][1], rows[-1][2]
+                if pause:
+                    time.sleep(pause)
+        finally:
+            db.close()
 
     def __iter__(self) -> Iterator[SaleRecord]:
         return iter(self.query())
@@ -917,6 +970,8 @@ def _migrate(db: sqlite3.Connection) -> None:
                 db.execute(statement)
         _add_missing_columns(db)
         _move_beside(db)
+        for index in _RETIRED_INDEXES:
+            db.execute(f"DROP INDEX IF EXISTS {index}")
         if int(db.execute("PRAGMA user_version").fetchone()[0]) < SCHEMA_VERSION:
             db.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
 

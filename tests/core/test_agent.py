@@ -303,3 +303,31 @@ async def test_a_vended_sale_past_keep_days_is_not_given_back_by_the_charge_chec
         assert [r.status.name for r in rows if r.status] == ["CAPTURED"]
     finally:
         await second.stop()
+
+
+async def test_old_sales_are_pruned_after_ready_not_on_the_way_to_it(
+    sim_factory: Any, tmp_path: Path
+) -> None:
+    """A year of sales to prune held the start 1.5 s before READY=1: the prune now runs after
+    it, in a worker thread, with what else the agent does once ready (``settled``)."""
+    from kiosk_agent.sales.journal import Journal
+    from tests.helpers import walk_to
+    from tests.sales.test_journal import new_sale
+
+    month_ago = FakeClock(wall=time.time() - 30 * 86400, boot_id="an-earlier-boot")
+    journal = Journal(tmp_path / "journal.db", month_ago)
+    journal.open()
+    walk_to(journal, journal.create(new_sale(1)), SaleState.COMPLETED)
+    journal.close()
+    sim = await sim_factory(time_scale=300, transactions=0)
+    config_path = write_config(tmp_path)
+    config_path.write_text(config_path.read_text().replace(
+        "journal: {path: journal.db}", "journal: {path: journal.db, keep_days: 1}"))
+    agent = Agent(load_config(config_path), settings_from_ready(sim.ready_info(), timeout=5.0))
+    await agent.start()
+    try:
+        assert [s.sale_id for s in agent.journal.query()] == ["s1"]  # ready, not pruned yet
+        await asyncio.wait_for(agent.settled.wait(), 30)
+        assert agent.journal.query() == []
+    finally:
+        await agent.stop()

@@ -7,6 +7,7 @@ import os
 import sqlite3
 import stat
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -229,6 +230,25 @@ def test_prune_keeps_the_only_sale_dated_back_while_its_send_is_young_on_this_bo
         assert journal.prune(keep_days=400) == 1
     finally:
         journal.close()
+
+
+def test_prune_deletes_in_batches_of_its_own_and_stops_when_told(journal: Journal) -> None:
+    """The agent prunes in a worker thread after it is ready: a batch a transaction, on a
+    connection of its own, each chosen after the last; none after ``stopping`` says so."""
+    for n in range(7):
+        walk_to(journal, journal.create(new_sale(n)), SaleState.COMPLETED)
+    walk_to(journal, journal.create(new_sale(7)), SaleState.ATTENTION)  # kept, amid them
+    later = time.time() + 30 * DAY
+    transactions: list[str] = []
+
+    def stop_after_two() -> bool:
+        transactions.append("batch")
+        return len(transactions) == 2
+
+    assert journal.prune(keep_days=1, now=later, batch=2, stopping=stop_after_two) == 4
+    assert len(journal.query()) == 4
+    assert journal.prune(keep_days=1, now=later, batch=2) == 3
+    assert [s.sale_id for s in journal.query()] == ["s7"]
 
 
 def test_retry_attempts_get_their_own_order_ids() -> None:
@@ -514,3 +534,114 @@ def test_restore_leaves_a_sale_decided_by_another_writer_as_the_journal_has_it(
     assert journal.get("s1") == decided
     with pytest.raises(SaleMoved):
         journal.restore("s404", [], Step.JOURNAL_RESTORED)  # not held at all: not made up
+def a_busy_journal(journal: Journal, sales: int) -> None:
+    """``sales`` sales over as many minutes, written as flows write them (one commit for all):
+    most completed, one in fifty left charging, one in a hundred in attention."""
+    clock = FakeClock(wall=1_700_000_000.0)
+    journal.clock = clock
+    with journal.batch():
+        for n in range(sales):
+            clock.step_wall(60)
+            sale = journal.create(new_sale(n, sale_id=f"{n:08x}{'e' * 24}"))
+            sale = journal.record(sale, Step.CHARGE_CARD_REQUEST, SaleState.CHARGING)
+            if n % 50 == 7:
+                continue
+            if n % 100 == 3:
+                journal.record(sale, Step.CHARGE_CARD_UNKNOWN, SaleState.ATTENTION)
+                continue
+            sale = journal.record(
+                sale, Step.DISPENSE_REQUEST, SaleState.DISPENSING, trans_id=f"T{n}"
+            )
+            journal.record(sale, Step.COMPLETED, SaleState.COMPLETED, captured_cents=250)
+
+
+def plans_of(journal: Journal, read: Callable[[], object]) -> list[str]:
+    """SQLite's plan of every statement ``read`` ran, one line a step of it."""
+    statements: list[str] = []
+    journal.db.set_trace_callback(statements.append)
+    try:
+        read()
+    finally:
+        journal.db.set_trace_callback(None)
+    return [
+        str(row[3])
+        for sql in statements
+        for row in journal.db.execute(f"EXPLAIN QUERY PLAN {sql}")
+    ]
+
+
+def test_the_hot_reads_of_a_years_journal_use_an_index(journal: Journal) -> None:
+    """What start-up, the status page, the admin API and the commands read on every use, looked
+    up in an index (or read newest first and stopped at the page's end), never a walk through
+    every sale: on a journal of 200,000 sales one such walk held the agent for a second. Each
+    plan is SQLite's own (EXPLAIN QUERY PLAN of the statement the method ran)."""
+    a_busy_journal(journal, 3000)
+    now = 1_700_000_000.0 + 3000 * 60
+    wanted = {
+        # start-up, recovery, health, the page: the few open and attention sales
+        "open": (journal.open_sales, "SEARCH sales USING INDEX sales_state_created (state=?)"),
+        "attention": (journal.attention_sales,
+                      "SEARCH sales USING INDEX sales_state_created (state=?)"),
+        # health's count of today, at start
+        "today": (lambda: journal.today(now),
+                  "SEARCH sales USING INDEX sales_created (created_at>?)"),
+        # `sales`, /api/sales, the page: newest first, a page of them
+        "list": (lambda: journal.query(limit=100), "SCAN sales USING INDEX sales_created"),
+        "today's list": (lambda: journal.query(since=now - 86400),
+                         "SEARCH sales USING INDEX sales_created (created_at>?)"),
+        "completed": (lambda: journal.query(states=[SaleState.COMPLETED], limit=20),
+                      "SEARCH sales USING INDEX sales_state_created (state=?)"),
+        # `sales show 0000a1`, /api/sales/{id} by a prefix of it
+        "by prefix": (
+            lambda: journal.with_id_prefix("00000a1"),
+            "SEARCH sales USING INDEX sqlite_autoindex_sales_1 (sale_id>? AND sale_id<?)",
+        ),
+        # the charge check: each charge of reporting's window by its order id
+        "by order id": (lambda: journal.by_order_id("KA000123"),
+                        "SEARCH sales USING INDEX sqlite_autoindex_sales_2 (order_id=?)"),
+        "steps": (lambda: journal.steps("000000a1" + "e" * 24),
+                  "SEARCH steps USING INDEX steps_sale (sale_id=?)"),
+    }
+    for name, (read, plan) in wanted.items():
+        found = plans_of(journal, read)
+        assert plan in found, (name, found)
+        assert not [p for p in found if p.startswith("SCAN") and p != plan], (name, found)
+        assert "USE TEMP B-TREE FOR ORDER BY" not in found or name == "open", (name, found)
+    # and they answer what they did before
+    assert len(journal.open_sales()) == 60
+    assert len(journal.attention_sales()) == 30
+    midnight = now - now % 86400  # the UTC day's start: the one rule of days
+    completed_today = [
+        s for s in journal.query(states=[SaleState.COMPLETED]) if s.created_at >= midnight
+    ]
+    assert completed_today
+    assert journal.today(now) == (len(completed_today), 250 * len(completed_today))
+    assert [s.sale_id[:8] for s in journal.with_id_prefix("00000a1", limit=20)] == [
+        f"00000a1{d:x}" for d in range(16)
+    ]
+
+
+def test_a_journal_of_the_previous_schema_loses_its_retired_index_on_open(
+    tmp_path: Path,
+) -> None:
+    """sales_state is covered by sales_state_created: kept, every step's write would keep two
+    indexes of the state."""
+    path = tmp_path / "journal.db"
+    journal = Journal(path)
+    journal.open()
+    journal.db.execute("CREATE INDEX sales_state ON sales(state)")
+    journal.close()
+    journal.open()
+    names = {r[0] for r in journal.db.execute("SELECT name FROM sqlite_master WHERE type='index'")}
+    journal.close()
+    assert "sales_state" not in names
+    assert {"sales_state_created", "sales_created", "sales_finished"} <= names
+
+
+def test_prune_makes_no_file_where_the_journal_was_removed(journal: Journal) -> None:
+    """It runs after ready, on a connection of its own: a journal removed meanwhile must be
+    written back whole by put_back, not met by an empty file made in its place."""
+    journal.path.unlink()
+    with pytest.raises(sqlite3.Error):
+        journal.prune(keep_days=1)
+    assert not journal.path.exists()

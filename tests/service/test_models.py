@@ -195,3 +195,18 @@ def test_a_reported_amount_must_be_a_finite_number() -> None:
         with pytest.raises(ValidationError, match="expected an amount in dollars"):
             Transaction.model_validate({"trans_id": "1", "amount": bad})
     assert Transaction.model_validate({"trans_id": "1", "amount": 0.1}).amount_cents == 10
+
+
+def test_an_answers_values_are_not_kept_in_the_parsers_string_cache() -> None:
+    """pydantic's JSON parser caches strings for the whole process (16,384 of them): every
+    sale's interaction id, socket token and trans id, each met once, were kept there, and the
+    agent grew with its sales until the cache was full. Two parses of one answer now give two
+    strings (a cached one would be the same object); its keys are still cached."""
+    from kiosk_agent.service.models.terminal import InteractionAccepted, WsToken
+
+    body = b'{"interaction_id": "ix-cache-0001", "status": "pending"}'
+    first, second = (InteractionAccepted.model_validate_json(body) for _ in range(2))
+    assert first.interaction_id == second.interaction_id
+    assert first.interaction_id is not second.interaction_id
+    token = b'{"token": "tok-cache-0001", "expires_at": 60}'
+    assert WsToken.model_validate_json(token).token is not WsToken.model_validate_json(token).token

@@ -120,9 +120,12 @@ class ServiceModel(BaseModel):
     hidden from repr."""
 
     # hide_input_in_errors: a validation message must never echo a token or card data.
+    # cache_strings="keys": the JSON parser's string cache (16,384 strings, the whole process)
+    # kept every sale's values, each met once (interaction ids, socket tokens, trans ids): the
+    # agent grew with its sales until the cache was full. Keys repeat; they are still cached.
     model_config = ConfigDict(
         extra="allow", populate_by_name=True, validate_assignment=True, hide_input_in_errors=True,
-        defer_build=True,
+        defer_build=True, cache_strings="keys",
     )
 
     def __repr_args__(self) -> Iterator[tuple[str | None, Any]]:

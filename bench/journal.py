@@ -1,0 +1,605 @@
+"""A journal of years: the agent's start, faces, commands and memory on 200,000 sales.
+
+    python bench/journal.py [--sales 200000] [--days 500] [--rss-sales 20000] [--cache DIR]
+
+The journal is made with the project's own writes: a few real sales run through the agent's
+flows in this process (simulator, journal, transition table) while every ``Journal.create`` and
+``Journal.record`` call they make is recorded; the recording is then replayed ``--sales`` times
+through the same two calls (fresh ids, times spread over ``--days``), a few hundred sales to a
+``Journal.batch`` (one commit each: the same write path, fewer fsyncs). The made journal is kept
+under ``--cache`` (default: the temporary directory), keyed by the journal's schema version and
+the number of sales, and copied for each run, so a rerun starts at once.
+
+Then, on a copy, a real ``kiosk-agent run`` (kiosk API and admin API) is measured:
+
+- start -> ready (spawn to systemd READY=1), target <= 2 s; whether pruning (the journal
+  spans more than ``keep_days``, 400) ran before ready (target: never on that path);
+- spawn -> the first charge check done (the admin API's health);
+- each face (``/api/status``, ``/api/sales``, a sale with its steps, the page's first load,
+  ``/metrics``, the doctor's checks) and each read command (``sales``, ``sales --since 24h``,
+  ``sales attention``, ``sales show``): its own time, target <= 0.5 s; and while it runs, the
+  longest ``/api/status`` answer of a prober asking back to back and the time of a kiosk API
+  sale, against the same without it (target: nothing delayed more than 50 ms);
+- RSS over ``--rss-sales`` kiosk API sales: after the first 1,000 and at the end (target:
+  within 3 MB).
+
+Figures are upper bounds on a shared machine; the last line is one JSON object.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import dataclasses
+import json
+import os
+import random
+import resource
+import shutil
+import socket
+import sqlite3
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+
+from kiosk_agent.core.agent import Agent
+from kiosk_agent.core.config import load_config
+from kiosk_agent.sales.journal import SCHEMA_VERSION, Journal, SaleRecord, side_files
+from kiosk_agent.sales.model import DispenseOutcome, DispenseStatus, Flow, SaleRequest
+from kiosk_agent.sales.states import SaleState, Step
+from kiosk_agent.service.client import ServiceClient
+from kiosk_agent.sim.server import SimOptions, SimServer
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from agent import (  # the sibling bench's helpers
+    KIOSK_TOKEN,
+    PROCESS_TIME_SCALE,
+    TIME_SCALE,
+    _cpu_ns,
+    _rss_mb,
+    config_text,
+    settings_for,
+)
+
+ADMIN_TOKEN = "bench-admin-token-0123456789abcdef"  # noqa: S105 - a throwaway token
+KEEP_DAYS = 400  # the default retention
+BATCH_SALES = 250  # replayed sales a commit
+# The template's sales: (cents, vends); the simulator decides by the cents (README): 02 declined,
+# 07 a device fault; a vend that fails gives the money back (reversed).
+TEMPLATE = [(250, True)] * 44 + [(302, True)] * 3 + [(307, True)] * 1 + [(175, False)] * 2
+IDS = ("sale_id", "order_id", "interaction_id", "trans_id", "reverse_trans_id")
+SHIFTED = ("answer_by", "sent_at", "finished_at")  # wall times a step sets: moved with the sale
+OLD_BOOT = "bench-old-boot"  # the replayed sends were on another boot (prune reads it)
+
+
+# -- the journal, made with the project's own writes ------------------------------------------
+
+
+@dataclasses.dataclass
+class Call:
+    """One ``Journal.create``/``record`` call a real sale made, relative to its creation."""
+
+    method: str
+    offset: float  # seconds after the sale's creation
+    step: str | None
+    state: str | None
+    detail: dict[str, Any] | None
+    if_state: str | None
+    changes: dict[str, Any]
+    record: dict[str, Any]  # the sale as passed (create: the new sale)
+
+
+class Vend:
+    def __init__(self, works: bool) -> None:
+        self.works = works
+
+    async def dispense(self, authorized_cents: int) -> DispenseOutcome:
+        if self.works:
+            return DispenseOutcome(DispenseStatus.VENDED, vended_cents=authorized_cents)
+        return DispenseOutcome(DispenseStatus.FAILED, detail="jammed")
+
+    async def deny(self, reason: str) -> None:
+        return None
+
+
+async def record_template(scratch: Path) -> list[list[Call]]:
+    """Real sales through the agent's flows; every journal write they make, sale by sale."""
+    sim = SimServer(SimOptions(port=0, time_scale=TIME_SCALE, transactions=0,
+                               rate_limit="1000000/1"))
+    await sim.start()
+    info = sim.ready_info()
+    (scratch / "config.yaml").write_text(config_text(info))
+    os.environ["BENCH_API_KEY"] = info["api_key"]
+    os.environ["BENCH_CLIENT_SECRET"] = info["client_secret"]
+    calls: dict[str, list[Call]] = {}
+    created: dict[str, float] = {}
+    try:
+        settings = settings_for(info)
+        async with aiohttp.ClientSession() as session:
+            agent = Agent(load_config(scratch / "config.yaml"), settings,
+                          service=ServiceClient(settings, session=session))
+            journal = agent.journal
+            create, record = journal.create, journal.record
+
+            def recording_create(sale: SaleRecord, detail: Any = None) -> SaleRecord:
+                made = create(sale, detail)
+                created[made.sale_id] = made.created_at
+                calls[made.sale_id] = [Call("create", 0.0, None, None, detail and dict(detail),
+                                            None, {}, made.row())]
+                return made
+
+            def recording_record(sale: SaleRecord, step: Step, state: SaleState | None = None,
+                                 detail: Any = None, *, if_state: SaleState | None = None,
+                                 **changes: Any) -> SaleRecord:
+                updated = record(sale, step, state, detail, if_state=if_state, **changes)
+                if sale.sale_id in calls:
+                    calls[sale.sale_id].append(Call(
+                        "record", updated.updated_at - created[sale.sale_id], step.value,
+                        state and state.value, detail and dict(detail),
+                        if_state and if_state.value, changes, {},
+                    ))
+                return updated
+
+            journal.create = recording_create  # type: ignore[method-assign]
+            journal.record = recording_record  # type: ignore[method-assign]
+            await agent.start()
+            try:
+                for cents, vends in TEMPLATE:
+                    request = SaleRequest(source="kiosk_api", flow=Flow.CHARGE_CARD,
+                                          amount_cents=cents, product="coffee")
+                    sale = await agent.sales.start(request, Vend(vends))
+                    await sale.result()
+                await asyncio.sleep(0.1)
+            finally:
+                await agent.stop()
+    finally:
+        await sim.stop()
+    return [c for c in calls.values() if c[-1].state is not None]
+
+
+def replay(template: list[list[Call]], path: Path, sales: int, days: float) -> None:
+    """``sales`` sales written through ``Journal.create``/``record`` as the template's were,
+    dated evenly over the last ``days`` (the newest a minute ago)."""
+    clock = _BenchClock()
+    journal = Journal(path, clock=clock)
+    journal.open()
+    now = time.time() - 60
+    first = now - days * 86400
+    step = (now - first) / max(1, sales - 1)
+    rng = random.Random(33)
+    try:
+        for start in range(0, sales, BATCH_SALES):
+            with journal.batch():
+                for n in range(start, min(sales, start + BATCH_SALES)):
+                    _replay_one(journal, clock, rng.choice(template), n, first + n * step)
+    finally:
+        journal.close()
+
+
+class _BenchClock:
+    """Dates the replayed writes: wall time set per write."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def time(self) -> float:
+        return self.now
+
+    def monotonic(self) -> float:
+        return time.monotonic()
+
+    def since_boot(self) -> float | None:
+        return None
+
+    def boot_id(self) -> str | None:
+        return OLD_BOOT
+
+
+def _replay_one(journal: Journal, clock: _BenchClock, calls: list[Call], n: int,
+                at: float) -> None:
+    template_ids = {name: calls[0].record[name] for name in ("sale_id", "order_id")}
+    fresh = {"sale_id": uuid.UUID(int=random.Random(n).getrandbits(128)).hex,
+             "order_id": f"KA{n:018X}"}
+
+    def renamed(value: Any) -> Any:
+        if isinstance(value, str):
+            for name, old in template_ids.items():
+                value = value.replace(old, fresh[name])
+            return value
+        if isinstance(value, dict):
+            return {k: renamed(v) for k, v in value.items()}
+        return value
+
+    record: SaleRecord | None = None
+    for call in calls:
+        clock.now = at + call.offset
+        if call.method == "create":
+            row = renamed({k: v for k, v in call.record.items() if k not in ("created_at",
+                                                                             "updated_at")})
+            row["state"] = SaleState(row["state"])
+            record = journal.create(SaleRecord(**row), renamed(call.detail))
+            continue
+        assert record is not None
+        changes = {k: _fresh_change(k, v, n, at, call) for k, v in call.changes.items()}
+        record = journal.record(
+            record, Step(call.step), call.state and SaleState(call.state), renamed(call.detail),
+            if_state=call.if_state and SaleState(call.if_state), **changes,
+        )
+
+
+def _fresh_change(name: str, value: Any, n: int, at: float, call: Call) -> Any:
+    if value is None:
+        return None
+    if name in ("interaction_id", "trans_id", "reverse_trans_id"):
+        return f"{name[:2]}{n:016x}"
+    if name in SHIFTED:
+        return at + call.offset + 1.0
+    if name == "sent_boot":
+        return OLD_BOOT
+    if name == "sent_mono":
+        return 1.0  # long ago on that other boot
+    return value
+
+
+def made_journal(cache: Path, sales: int, days: float) -> tuple[Path, dict[str, float]]:
+    """The journal of ``sales`` sales, from the cache or made now (and kept there)."""
+    cache.mkdir(parents=True, exist_ok=True)
+    path = cache / f"journal-v{SCHEMA_VERSION}-{sales}-{days:g}d.db"
+    facts = path.with_suffix(".json")
+    if path.exists() and facts.exists():
+        return path, json.loads(facts.read_text())
+    with tempfile.TemporaryDirectory(prefix="bench-journal-template-") as scratch:
+        began = time.perf_counter()
+        template = asyncio.run(record_template(Path(scratch)))
+        recorded = time.perf_counter() - began
+    building = path.with_suffix(".building")
+    for stale in (building, *[building.with_name(building.name + s) for s in ("-wal", "-shm")]):
+        stale.unlink(missing_ok=True)
+    began = time.perf_counter()
+    replay(template, building, sales, days)
+    made = {
+        "made_at": time.time(),
+        "template_s": round(recorded, 2),
+        "build_s": round(time.perf_counter() - began, 1),
+        "size_mib": round(building.stat().st_size / 2**20, 1),
+    }
+    building.rename(path)
+    facts.write_text(json.dumps(made))
+    return path, made
+
+
+# -- the agent on it ---------------------------------------------------------------------------
+
+
+def agent_config(info: dict[str, Any], kiosk_port: int, admin_port: int) -> str:
+    return config_text(info, kiosk_port, PROCESS_TIME_SCALE).replace(
+        "journal: {path: journal.db}",
+        f"journal: {{path: journal.db, keep_days: {KEEP_DAYS}}}\n"
+        f"admin:\n  port: {admin_port}\n  tokens:\n"
+        f"    - {{name: bench, token: !env_var BENCH_ADMIN_TOKEN}}",
+    )
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def old_sales(path: Path) -> int:
+    """Finished sales older than the retention (what a prune removes)."""
+    if not path.exists():
+        return 0
+    cutoff = time.time() - KEEP_DAYS * 86400
+    db = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+    try:
+        row = db.execute("SELECT COUNT(*) FROM sales WHERE created_at < ?", (cutoff,)).fetchone()
+    finally:
+        db.close()
+    return int(row[0])
+
+
+class Running:
+    """A ``kiosk-agent run`` process on the copied journal, and clients of its two APIs."""
+
+    def __init__(self, directory: Path, env: dict[str, str], kiosk: int, admin: int) -> None:
+        self.directory = directory
+        self.env = env
+        self.kiosk = f"http://127.0.0.1:{kiosk}/api/v1"
+        self.admin = f"http://127.0.0.1:{admin}"
+        self.proc: asyncio.subprocess.Process | None = None
+        self.http: aiohttp.ClientSession | None = None
+
+    async def start(self, listener: socket.socket) -> dict[str, float]:
+        loop = asyncio.get_running_loop()
+        old_before = old_sales(self.directory / "journal.db")
+        spawned = time.perf_counter()
+        self.proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "kiosk_agent", "run", "--config",
+            str(self.directory / "config.yaml"), env=self.env, stdout=asyncio.subprocess.DEVNULL,
+        )
+        while not (await asyncio.wait_for(loop.sock_recv(listener, 1024), 120)).startswith(
+            b"READY=1"
+        ):
+            pass
+        ready = time.perf_counter() - spawned
+        ready_cpu = _cpu_ns(self.proc.pid) / 1e9
+        old_at_ready = old_sales(self.directory / "journal.db")
+        # a connection each: a kept-alive one the server closes as it is reused ends a run
+        self.http = aiohttp.ClientSession(connector=aiohttp.TCPConnector(force_close=True))
+        checked = await self._first_check(spawned)
+        return {
+            "start_to_ready_s": round(ready, 3),
+            "start_cpu_s": round(ready_cpu, 3),  # what the machine's load does not move
+            "old_sales_before": old_before,
+            "old_sales_at_ready": old_at_ready,
+            "pruned_before_ready": int(old_before > 0 and old_at_ready < old_before / 2),
+            "first_charge_check_s": round(checked, 3),
+        }
+
+    async def _first_check(self, spawned: float) -> float:
+        while True:
+            health = await self.get_json("/api/health")
+            if health["journal"].get("charges_checked_at"):
+                return time.perf_counter() - spawned
+            await asyncio.sleep(0.02)
+
+    async def get_json(self, path: str) -> Any:
+        assert self.http is not None
+        async with self.http.get(f"{self.admin}{path}", headers=_admin()) as response:
+            assert response.status == 200, (path, response.status, await response.text())
+            return await response.json()
+
+    async def fetch(self, path: str, method: str = "GET") -> float:
+        assert self.http is not None
+        began = time.perf_counter()
+        async with self.http.request(method, f"{self.admin}{path}", headers=_admin()) as answer:
+            await answer.read()
+            assert answer.status == 200, (path, answer.status)
+        return time.perf_counter() - began
+
+    async def sale(self) -> float:
+        """One kiosk API sale, followed on its WebSocket to its end: seconds."""
+        assert self.http is not None
+        auth = {"Authorization": f"Bearer {KIOSK_TOKEN}"}
+        began = time.perf_counter()
+        async with self.http.post(f"{self.kiosk}/sales", json={"product": "coffee"},
+                                  headers=auth) as response:
+            assert response.status == 202, await response.text()
+            sale_id = (await response.json())["sale_id"]
+        async with self.http.ws_connect(f"{self.kiosk}/sales/{sale_id}/events",
+                                        headers=auth) as ws:
+            async for message in ws:
+                step = message.json()
+                if step.get("final"):
+                    assert step["state"] == "completed", step
+                    break
+        return time.perf_counter() - began
+
+    async def stop(self) -> None:
+        if self.http is not None:
+            await self.http.close()
+            self.http = None
+        if self.proc is not None and self.proc.returncode is None:
+            self.proc.terminate()
+            await self.proc.wait()
+
+
+def _admin() -> dict[str, str]:
+    return {"Authorization": f"Bearer {ADMIN_TOKEN}"}
+
+
+async def while_it_runs(agent: Running, action: Callable[[], Awaitable[float]]) -> dict[str, float]:
+    """``action``'s own seconds; meanwhile the longest /api/status answer of a prober asking
+    back to back, and one kiosk API sale's seconds."""
+    longest = 0.0
+    stop = asyncio.Event()
+
+    async def prober() -> None:
+        nonlocal longest
+        while not stop.is_set():
+            longest = max(longest, await agent.fetch("/api/status"))
+            await asyncio.sleep(0.005)  # a prober, not a load of its own
+
+    probing = asyncio.create_task(prober())
+    selling = asyncio.create_task(agent.sale())
+    try:
+        took = await action()
+        sale_s = await selling
+    finally:
+        stop.set()
+        await probing
+    return {"s": took, "status_max_s": longest, "sale_s": sale_s}
+
+
+COMMAND_CPU: dict[str, float] = {}  # each command's CPU seconds (user + system), by its words
+
+
+async def command(directory: Path, env: dict[str, str], *args: str) -> float:
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    began = time.perf_counter()
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "kiosk_agent", *args, "--config", str(directory / "config.yaml"),
+        env=env, stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE,
+    )
+    _, err = await proc.communicate()
+    assert proc.returncode == 0, (args, err.decode())
+    took = time.perf_counter() - began
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    COMMAND_CPU[" ".join(args)] = (after.ru_utime - before.ru_utime) + (
+        after.ru_stime - before.ru_stime
+    )
+    return took
+
+
+async def faces_and_commands(agent: Running, directory: Path,
+                             env: dict[str, str]) -> dict[str, float]:
+    newest = (await agent.get_json("/api/sales?limit=1"))["sales"][0]["sale_id"]
+    actions: dict[str, Callable[[], Awaitable[float]]] = {
+        # the page's first load runs the doctor's checks (the journal's integrity among them)
+        "page_first_load": lambda: agent.fetch("/api/page"),
+        "doctor_checks": lambda: agent.fetch("/api/doctor", "POST"),
+        "api_status": lambda: agent.fetch("/api/status"),
+        "api_sales": lambda: agent.fetch("/api/sales"),
+        "api_sales_today": lambda: agent.fetch("/api/sales?since=24h"),
+        "api_sale": lambda: agent.fetch(f"/api/sales/{newest}"),
+        "metrics": lambda: agent.fetch("/metrics"),
+        "cmd_sales": lambda: command(directory, env, "sales"),
+        "cmd_sales_today": lambda: command(directory, env, "sales", "--since", "24h"),
+        "cmd_sales_attention": lambda: command(directory, env, "sales", "attention"),
+        "cmd_sales_show": lambda: command(directory, env, "sales", "show", newest[:8]),
+    }
+    quiet = await while_it_runs(agent, lambda: asyncio.sleep(0.3, 0.3))
+    figures = {"quiet_status_max_ms": round(quiet["status_max_s"] * 1000, 1),
+               "quiet_sale_ms": round(quiet["sale_s"] * 1000, 1)}
+    worst_delay = 0.0
+    for name, action in actions.items():
+        COMMAND_CPU.clear()
+        seen = await while_it_runs(agent, action)
+        figures[f"{name}_s"] = round(seen["s"], 3)
+        if COMMAND_CPU:
+            figures[f"{name}_cpu_s"] = round(sum(COMMAND_CPU.values()), 3)
+        figures[f"{name}_status_max_ms"] = round(seen["status_max_s"] * 1000, 1)
+        figures[f"{name}_sale_ms"] = round(seen["sale_s"] * 1000, 1)
+        worst_delay = max(worst_delay, seen["status_max_s"] - quiet["status_max_s"],
+                          seen["sale_s"] - quiet["sale_s"])
+        print(f"  {name}: {seen['s']:.3f} s; meanwhile /api/status at most "
+              f"{seen['status_max_s'] * 1000:.0f} ms, a sale {seen['sale_s'] * 1000:.0f} ms",
+              flush=True)
+    figures["slowest_face_or_command_s"] = max(
+        v for k, v in figures.items()
+        if k.endswith("_s") and not k.endswith("cpu_s") and not k.startswith("quiet")
+    )
+    figures["worst_delay_caused_ms"] = round(worst_delay * 1000, 1)
+    return figures
+
+
+async def rss_over_sales(agent: Running, sales: int) -> dict[str, float]:
+    assert agent.proc is not None
+    first = min(1000, sales)
+    for _ in range(first):
+        await agent.sale()
+    after_first = _rss_mb(agent.proc.pid)
+    began = time.perf_counter()
+    for _ in range(sales - first):
+        await agent.sale()
+    rate = (sales - first) / max(1e-9, time.perf_counter() - began)
+    at_end = _rss_mb(agent.proc.pid)
+    return {
+        "rss_after_1000_sales_mb": round(after_first, 1),
+        f"rss_after_{sales}_sales_mb": round(at_end, 1),
+        "rss_growth_mb": round(at_end - after_first, 1),
+        "rss_sales_per_s": round(rate, 1),
+    }
+
+
+async def warm_up(directory: Path, env: dict[str, str], command_env: dict[str, str],
+                  kiosk: int, admin: int, listener: socket.socket) -> None:
+    """A first start and read commands on an empty journal: the bytecode of whatever the runs
+    import is written (as pip writes it at install), not compiled in the runs measured."""
+    agent = Running(directory, env, kiosk, admin)
+    try:
+        await agent.start(listener)
+        await agent.fetch("/api/page")
+        for args in (("sales",), ("sales", "attention")):
+            await command(directory, command_env, *args)
+    finally:
+        await agent.stop()
+    for path in (directory / "journal.db", *side_files(directory / "journal.db")):
+        path.unlink(missing_ok=True)
+
+
+async def measure(journal: Path, args: argparse.Namespace) -> dict[str, Any]:
+    sim = SimServer(SimOptions(port=0, time_scale=PROCESS_TIME_SCALE, transactions=0,
+                               rate_limit="1000000/1"))
+    await sim.start()
+    info = sim.ready_info()
+    with tempfile.TemporaryDirectory(prefix="bench-journal-", dir=args.dir) as scratch:
+        directory = Path(scratch)
+        kiosk, admin = free_port(), free_port()
+        (directory / "config.yaml").write_text(agent_config(info, kiosk, admin))
+        listener = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        listener.bind(str(directory / "notify.sock"))
+        listener.setblocking(False)
+        env = {**os.environ, "NOTIFY_SOCKET": str(directory / "notify.sock"),
+               "BENCH_API_KEY": info["api_key"], "BENCH_CLIENT_SECRET": info["client_secret"],
+               "BENCH_KIOSK_TOKEN": KIOSK_TOKEN, "BENCH_ADMIN_TOKEN": ADMIN_TOKEN}
+        command_env = {k: v for k, v in env.items() if k != "NOTIFY_SOCKET"}
+        await warm_up(directory, env, command_env, kiosk, admin, listener)
+        shutil.copyfile(journal, directory / "journal.db")
+        # a journal made by an older build gains this one's indexes on its first open: once,
+        # timed apart from the starts
+        began = time.perf_counter()
+        upgraded = Journal(directory / "journal.db")
+        upgraded.open()
+        upgraded.close()
+        first_open = time.perf_counter() - began
+        agent = Running(directory, env, kiosk, admin)
+        try:
+            figures: dict[str, Any] = await agent.start(listener)
+            figures["first_open_s"] = round(first_open, 3)
+            print(f"  started: {figures}", flush=True)
+            await asyncio.sleep(1.0)  # what runs after ready (models, the WAL grown) settles
+            figures |= await faces_and_commands(agent, directory, command_env)
+            if args.rss_sales:
+                figures |= await rss_over_sales(agent, args.rss_sales)
+            await agent.stop()
+            # a second start: nothing left to prune
+            agent = Running(directory, env, kiosk, admin)
+            again = await agent.start(listener)
+            figures["start_to_ready_again_s"] = again["start_to_ready_s"]
+        finally:
+            await agent.stop()
+            listener.close()
+            await sim.stop()
+    return figures
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sales", type=int, default=200_000, help="sales in the journal")
+    parser.add_argument("--days", type=float, default=500.0,
+                        help=f"days they span (more than keep_days, {KEEP_DAYS}: a prune is due)")
+    parser.add_argument("--rss-sales", type=int, default=20_000,
+                        help="kiosk API sales over which RSS is followed (0: skip)")
+    parser.add_argument("--cache", type=Path,
+                        default=Path(tempfile.gettempdir()) / "kiosk-agent-bench-journal")
+    parser.add_argument("--dir", type=Path, default=None, help="where the copy runs (a disk)")
+    args = parser.parse_args()
+    path, made = made_journal(args.cache, args.sales, args.days)
+    # as installed: the processes read bytecode (a scratch cache the warm-up run fills)
+    bytecode = tempfile.TemporaryDirectory(prefix="bench-journal-bytecode-")
+    os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
+    os.environ["PYTHONPYCACHEPREFIX"] = bytecode.name
+    print(f"journal: {path} ({made['size_mib']} MiB, {args.sales:,} sales, made in "
+          f"{made['build_s']} s)")
+    figures: dict[str, Any] = {"journal_sales": args.sales, "journal_mib": made["size_mib"],
+                               "journal_build_s": made["build_s"]}
+    try:
+        figures |= asyncio.run(measure(path, args))
+    finally:
+        bytecode.cleanup()
+    targets = {"start_to_ready_s": 2.0, "slowest_face_or_command_s": 0.5,
+               "worst_delay_caused_ms": 50.0, "rss_growth_mb": 3.0, "pruned_before_ready": 0}
+    for name, value in figures.items():
+        verdict = ""
+        if name in targets:
+            ok = value <= targets[name]
+            verdict = f"   (target <= {targets[name]}: {'ok' if ok else 'MISSED'})"
+        print(f"{name:40} {value}{verdict}")
+    load = os.getloadavg()[0]
+    figures["load_average"] = round(load, 2)
+    print(f"load average {load:.2f}")
+    print(json.dumps(figures))
+
+
+if __name__ == "__main__":
+    with contextlib.suppress(KeyboardInterrupt):
+        main()
