@@ -18,14 +18,17 @@ import re
 import socket
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from kiosk_agent.core.health import Health, HealthSnapshot
 from kiosk_agent.fleet.backoff import jittered
 from kiosk_agent.fleet.entities import (
+    DEFAULT_MODEL,
     EVENT_BACK_IN_SERVICE,
     EVENT_OUT_OF_SERVICE,
     EVENT_SALE_ATTENTION,
+    OLDEST_HOME_ASSISTANT,
     DiscoveryOptions,
 )
 from kiosk_agent.fleet.http import HttpSink
@@ -249,7 +252,11 @@ def discovery_options(agent: Any, conf: dict[str, Any]) -> DiscoveryOptions:
         name=conf.get("name"),
         suggested_area=conf.get("suggested_area"),
         serial_number=conf.get("serial_number"),
+        model=conf.get("model", DEFAULT_MODEL),
         model_id=conf.get("model_id"),
+        hw_version=conf.get("hw_version") or board_name(),
+        mac=network_mac(),
+        home_assistant=conf.get("home_assistant", OLDEST_HOME_ASSISTANT),
         support_url=conf.get("support_url"),
         terminals=tuple(terminals.items()),
     )
@@ -261,3 +268,29 @@ def host_device_id() -> str:
     name = "".join(c if c.isascii() and (c.isalnum() or c in "-_") else "_"
                    for c in socket.gethostname())
     return name or "kiosk"
+
+
+def board_name(path: Path = Path("/proc/device-tree/model")) -> str | None:
+    """The board's own name where its firmware gives one ("Raspberry Pi 4 Model B Rev 1.4")."""
+    try:
+        name = path.read_bytes().rstrip(b"\x00").decode("ascii", "replace").strip()
+    except OSError:
+        return None
+    return name[:64] or None
+
+
+def network_mac(net: Path = Path("/sys/class/net")) -> str | None:
+    """The MAC address of the unit's first network interface (by name) that has one: Home
+    Assistant's "mac" connection, which merges the unit with what else knows the device."""
+    try:
+        interfaces = sorted(p for p in net.iterdir() if p.name != "lo")
+    except OSError:
+        return None
+    for interface in interfaces:
+        try:
+            mac = (interface / "address").read_text().strip().lower()
+        except OSError:
+            continue
+        if re.fullmatch(r"([0-9a-f]{2}:){5}[0-9a-f]{2}", mac) and mac != "00:00:00:00:00:00":
+            return mac
+    return None

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import voluptuous as vol
 
 from kiosk_agent.core.config import register_section
+from kiosk_agent.fleet.discovery import release_tuple
+from kiosk_agent.fleet.entities import OLDEST_HOME_ASSISTANT
 from kiosk_agent.fleet.loopback import insecure_http, insecure_mqtt
 from kiosk_agent.fleet.topics import DEVICE_ID, DEVICE_ID_RULE, TOPIC_PREFIX, TOPIC_PREFIX_RULE
 
@@ -85,6 +88,22 @@ MQTT_SCHEMA = vol.All(
     _refuse_clear_password,
 )
 
+def _home_assistant_release(value: Any) -> str:
+    """``upstream.home_assistant``: the release the operator runs, 2024.3 or later."""
+    if not isinstance(value, str):  # YAML reads 2024.10 as the number 2024.1
+        raise vol.Invalid(f"expected the release in quotes, such as \"2024.3\" (YAML reads "
+                          f"{value!r} unquoted as a number, and 2024.10 as 2024.1)")
+    text = value
+    match = re.fullmatch(r"(\d{4})\.(\d{1,2})(\.\d+)?", text)
+    if match is None or not 1 <= int(match[2]) <= 12:
+        raise vol.Invalid(f"expected a Home Assistant release such as \"2024.3\" or "
+                          f"\"2026.2\", not {text!r}")
+    if (int(match[1]), int(match[2])) < release_tuple(OLDEST_HOME_ASSISTANT):
+        raise vol.Invalid(f"Home Assistant {text} is older than the oldest supported, "
+                          f"{OLDEST_HOME_ASSISTANT}")
+    return f"{match[1]}.{int(match[2])}"
+
+
 UPSTREAM_SCHEMA = vol.Schema(
     {
         # How this unit is named upstream; default: the host name.
@@ -95,6 +114,13 @@ UPSTREAM_SCHEMA = vol.Schema(
         vol.Optional("suggested_area"): vol.All(str, vol.Length(min=1, max=64)),
         vol.Optional("serial_number"): vol.All(str, vol.Length(min=1, max=64)),
         vol.Optional("model_id"): vol.All(str, vol.Length(min=1, max=64)),
+        # the device's model and board as Home Assistant shows them (default model: "card
+        # payment kiosk"; hw_version: the board's own name where it says one, a Raspberry Pi's)
+        vol.Optional("model"): vol.All(str, vol.Length(min=1, max=64)),
+        vol.Optional("hw_version"): vol.All(str, vol.Length(min=1, max=64)),
+        # the Home Assistant release that reads the discovery (default: the oldest supported,
+        # 2024.3): keys only a later one takes (model_id, enum options) are sent to it alone
+        vol.Optional("home_assistant"): _home_assistant_release,
         vol.Optional("support_url"): vol.All(
             str, vol.Match(r"^https?://[^\s]+$", msg="expected an http(s) URL")
         ),

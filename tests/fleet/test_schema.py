@@ -177,3 +177,26 @@ def test_tls_mistakes_are_named_when_the_config_is_checked(tmp_path: Path) -> No
     conf = UPSTREAM_SCHEMA({"mqtt": {"host": "broker", "tls": True, "ca_file": str(ca)}})
     with pytest.raises(OSError, match=rf"tls ca_file {ca}: "):
         mqtt_tls_context(conf["mqtt"])
+
+
+# --- which Home Assistant reads the discovery -------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("given", "named"),
+    [
+        (2024.3, "in quotes"),  # YAML's number: 2024.10 would read as 2024.1
+        ("2023.12", "older than the oldest supported, 2024.3"),
+        ("2024.13", "not '2024.13'"),
+        ("latest", "not 'latest'"),
+    ],
+)
+def test_a_home_assistant_release_not_understood_is_named(given: object, named: str) -> None:
+    with pytest.raises(vol.Invalid, match=named) as caught:
+        UPSTREAM_SCHEMA({"home_assistant": given})
+    assert caught.value.path == ["home_assistant"]
+
+
+def test_a_home_assistant_release_is_kept_as_year_and_month() -> None:
+    assert UPSTREAM_SCHEMA({"home_assistant": "2026.02.3"})["home_assistant"] == "2026.2"
+    assert "home_assistant" not in UPSTREAM_SCHEMA({})  # unsaid: the oldest's rules
