@@ -208,6 +208,7 @@ class Health:
         self._reversed_total: Counter[str] = Counter()
         self._fatal: dict[str, str] = {}
         self._error_counts: dict[str, Callable[[], int]] = {}
+        self._problem_sources: dict[str, Callable[[], str | None]] = {}
         self._ever_healthy: set[str] = set()  # links that have been up at least once
         self._listeners: list[Callable[[], object]] = []
 
@@ -343,6 +344,11 @@ class Health:
         """Show ``count()`` (the unexpected errors ``part`` caught and went on after) in health."""
         self._error_counts[part] = count
 
+    def report_problem_of(self, part: str, problem: Callable[[], str | None]) -> None:
+        """Show ``problem()`` (None: none now) among the problems of every snapshot: a fault
+        outside the sales that a person must fix (an upstream broker refusing the unit)."""
+        self._problem_sources[part] = problem
+
     def report_fatal(self, component: str, reason: str) -> None:
         """An internal part broke in a way a restart may cure (journal unwritable, a dead task).
 
@@ -471,6 +477,10 @@ class Health:
         availability = sorted(self._availability.values(), key=lambda a: a.device_id)
         errors = {part: n for part, count in sorted(self._error_counts.items()) if (n := count())}
         status, problems = self._judge(service, terminals, links, sales, availability)
+        outside = [problem for source in self._problem_sources.values() if (problem := source())]
+        problems += outside
+        if outside and status is Status.OK:
+            status = Status.DEGRADED
         if errors:  # a bug, caught: the unit works on, and a person should read the log
             counted = ", ".join(f"{part} {n}" for part, n in errors.items())
             problems.append(f"unexpected errors, logged with their tracebacks: {counted}")

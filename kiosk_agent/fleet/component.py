@@ -43,6 +43,8 @@ from kiosk_agent.tasks import BackgroundTask, wait_event
 _LOGGER = logging.getLogger(__name__)
 
 CHANGE_GAP = 1.0  # seconds between two reports sent at once for a change
+TROUBLE_GRACE = 30.0  # seconds an upstream may fail before health shows it (at most interval)
+STOPPED = "stopped"  # the status of a clean stop's last report (entities.STATUS_OPTIONS)
 
 
 def configuration_url(agent: Any, conf: dict[str, Any]) -> str | None:
@@ -98,18 +100,25 @@ class Upstream:
                 rng=self._rng,
             )
             self.sinks.append(self.mqtt)
+        # a destination failing this long is a problem: a broker restart (every unit back
+        # within seconds) is not, a refused password is, within one interval
+        trouble_grace = min(self._interval, TROUBLE_GRACE)
         for sink in self.sinks:
             self._health.count_errors_of(f"upstream {sink.name}", lambda s=sink: s.unexpected)
+            self._health.report_problem_of(f"upstream {sink.name}",
+                                           lambda s=sink: s.trouble(trouble_grace))
         self._loop = BackgroundTask(self._run, "upstream-heartbeat")
         self.heartbeats = 0
         self.prompt_heartbeats = 0  # sent at once for a change, not on the schedule
         self.first_report_waited_s: float | None = None
         self._recovery: Any = getattr(agent, "recovery", None)
         self._sales: Any = getattr(agent, "events", None)  # the sale event bus, when there is one
+        self._sales_runner: Any = getattr(agent, "sales", None)  # says when the stop began
         self._changed = asyncio.Event()
         self._unfollow: Callable[[], None] | None = None
         self._told: tuple[str, tuple[str, ...]] | None = None  # status and problems last sent
         self._last_beat = -math.inf
+        self._last_report: dict[str, Any] | None = None
         self._available: dict[str, bool] = {}
 
     async def start(self) -> None:
@@ -119,11 +128,31 @@ class Upstream:
         self._loop.start()
 
     async def stop(self) -> None:
+        """The last report says the unit stopped (retained: what the broker keeps until the
+        next start), then each sink says goodbye (MQTT: ``offline``)."""
         if self._unfollow is not None:
             self._unfollow()
         await self._loop.stop()
+        if self.heartbeats:  # a unit that never reported keeps the last run's word
+            stopped = self.final_report()
+            for sink in self.sinks:
+                sink.queue.put(stopped)
         for sink in self.sinks:
             await sink.stop()
+
+    def final_report(self) -> dict[str, Any]:
+        """A clean stop's report: ``stopped``, the time it stopped, and the problems of the
+        last report before the stop (the links closing, the terminals let go are the stop, not
+        faults: a journal that took no writes before it still did not)."""
+        report = build_report(self.device_id, self._health.snapshot(), self._interval)
+        last = self._last_report or report
+        report.update(status=STOPPED, problems=last["problems"],
+                      out_of_service=last["out_of_service"], stopped=iso(time.time()))
+        return report
+
+    def _stopping(self) -> bool:
+        """The agent's stop has begun: what changes now (links closed) is no news to report."""
+        return bool(getattr(self._sales_runner, "stopping", False))
 
     async def _run(self) -> None:
         async with contextlib.AsyncExitStack() as stack:
@@ -134,7 +163,8 @@ class Upstream:
             await self._settle()
             while True:
                 self._changed.clear()
-                self.heartbeat()
+                if not self._stopping():
+                    self.heartbeat()
                 await self._until_next_beat()
 
     async def _until_next_beat(self) -> None:
@@ -145,6 +175,8 @@ class Upstream:
         while (remaining := deadline - time.monotonic()) > 0:
             await wait_event(self._changed, remaining)  # a stop's cancellation is never lost
             self._changed.clear()
+            if self._stopping():
+                continue  # the stop's own report (final_report) says it
             if self._told is not None and _must_tell(self._health.snapshot()) != self._told:
                 await asyncio.sleep(max(0.0, self._last_beat + self._change_gap - time.monotonic()))
                 self.prompt_heartbeats += 1
@@ -191,6 +223,7 @@ class Upstream:
             sink.queue.put(report)
             sink.wake()
         self.heartbeats += 1
+        self._last_report = report
         self._told = _must_tell(snapshot)
         self._last_beat = time.monotonic()
         self._tell_availability(snapshot)

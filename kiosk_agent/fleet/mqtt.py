@@ -81,7 +81,8 @@ class MqttSink(SinkBase):
         clock: Callable[[], float] = time.monotonic,
         connect_timeout: float = 10.0,
     ):
-        super().__init__(1)  # a newer report replaces the one not sent yet (counted as dropped)
+        # a newer report replaces the one not sent yet (counted as dropped)
+        super().__init__(1, clock)
         self._conf = conf
         self.device_id = device_id
         self._version = version
@@ -129,9 +130,10 @@ class MqttSink(SinkBase):
         self.events_sent = 0
         self.last_report: dict[str, Any] | None = None
         self._client: aiomqtt.Client | None = None
-        # an announce ends with `online`: a stop's goodbye waits for it, and none starts after
+        # announces and `online` hold it: a stop's goodbye waits for them, and none starts after
         self._announcing = asyncio.Lock()
         self._stopping = False
+        self.online = False  # `online` said on this connection (after a report of this run)
 
     def publish_event(self, event_type: str, **attributes: Any) -> None:
         """Fire Home Assistant's Alert event entity (not retained: a replay is not an event)."""
@@ -161,14 +163,17 @@ class MqttSink(SinkBase):
             try:
                 async with self._new_client() as client:
                     self._client = client
+                    self.online = False
                     connected_at = self._clock()
                     await self._announce(client, first=self.connects == 0)
                     if self.last_report is not None and not self.queue:
                         # a broker restarted without persistence lost it: HA would show
                         # "unknown" until the next beat
                         await self._publish_state(client, self.last_report)
+                        await self._say_online(client)
                     self.connected = True
                     self.connects += 1
+                    self._reached()
                     await self._serve(client)
             except (aiomqtt.MqttError, OSError) as err:
                 self._failed(f"broker {self._conf['host']}:{self._conf.get('port', 1883)}: "
@@ -179,6 +184,17 @@ class MqttSink(SinkBase):
                 self.connected = False
                 self._client = None
             await asyncio.sleep(self._backoff.next())
+
+    async def _say_online(self, client: aiomqtt.Client) -> None:
+        """``online``, once a report of this run is on the broker: before it, the retained
+        report is the last run's (a problem long gone, or sales that were open), and Home
+        Assistant would show it as now. Never after a stop's goodbye."""
+        if self.online:
+            return
+        async with self._announcing:
+            if not self._stopping:
+                await client.publish(self.availability_topic, ONLINE, qos=1, retain=True)
+                self.online = True
 
     def _short_lived(self, connected_at: float | None) -> str:
         """Start the back-off over after a connection that held; else say what may be wrong.
@@ -278,6 +294,7 @@ class MqttSink(SinkBase):
         await self._announce(client)
         if self.last_report is not None:  # its entities get a state at once
             await self._publish_state(client, self.last_report)
+            await self._say_online(client)
 
     async def _publish_state(self, client: aiomqtt.Client, report: dict[str, Any]) -> None:
         await client.publish(self.state_topic, json.dumps(report), qos=1, retain=True)
@@ -304,7 +321,6 @@ class MqttSink(SinkBase):
             for component, key in RETIRED:
                 topic = discovery_topic(self._prefix, component, self.device_id, key)
                 await client.publish(topic, b"", qos=1, retain=True)
-        await client.publish(self.availability_topic, ONLINE, qos=1, retain=True)
         self.announcements += 1
         self._last_announce = self._clock()
 
@@ -312,7 +328,8 @@ class MqttSink(SinkBase):
         while (report := self.queue.peek()) is not None:
             await self._publish_state(client, report)
             self.last_report = report
-            self._sent_one()
+            self._took(report)
+            await self._say_online(client)
         while self.events:
             await client.publish(self.event_topic, json.dumps(self.events[0]), qos=1)
             self.events.popleft()
@@ -325,14 +342,24 @@ class MqttSink(SinkBase):
             _LOGGER.info("upstream mqtt: cleared %s, no longer announced (Home Assistant "
                          "removes its entity)", topic)
 
+    def _took(self, report: dict[str, Any]) -> None:
+        """The broker took ``report``: off the queue, unless the stop's goodbye (which may
+        send the same one meanwhile) took it off already."""
+        if self.queue.peek() is report:
+            self._sent_one()
+
     async def stop(self) -> None:
         self._stopping = True
         client = self._client
         if client is not None:  # connected, perhaps still announcing
-            # A clean goodbye: the broker does not send the will on a normal DISCONNECT. It is
-            # the last word: an announce under way (which ends with `online`) finishes first.
+            # A clean goodbye: the report that says the unit stopped (queued by Upstream.stop),
+            # then `offline`; the broker does not send the will on a normal DISCONNECT. It is
+            # the last word: an announce under way finishes first.
             with contextlib.suppress(aiomqtt.MqttError, TimeoutError):
                 async with asyncio.timeout(2), self._announcing:
+                    if (report := self.queue.peek()) is not None:
+                        await self._publish_state(client, report)
+                        self._took(report)
                     await client.publish(self.availability_topic, OFFLINE, qos=1, retain=True)
         await super().stop()
 

@@ -246,6 +246,11 @@ class SaleRunner:
         """Refuse every new sale from now on: the first thing a stop does."""
         self._stopping = True
 
+    @property
+    def stopping(self) -> bool:
+        """Whether the agent's stop has begun (what stops after it is no fault to report)."""
+        return self._stopping
+
     async def stop(self, grace: float | None = None) -> None:
         """Refuse new sales, let running ones finish, then park the rest (journaled)."""
         self.close()

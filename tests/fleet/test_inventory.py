@@ -77,7 +77,7 @@ def test_sales_of_a_day_that_ended_are_not_today_the_hour_after_midnight() -> No
 # int()", "'list' object has no attribute 'get'"), or printed a terminal escape as it came.
 HOSTILE = [
     ("[1, 2]", "its report is a JSON list, not an object"),
-    ('{"status": 5}', "its report's status is 5, not one of ok, degraded, down"),
+    ('{"status": 5}', "its report's status is 5, not one of ok, degraded, down, stopped"),
     ('{"status": "ok", "problems": "abc"}', "its report's problems is \"abc\", not a list of text"),
     ('{"status": "ok", "sales": {"today_count": "many"}}',
      "its report's sales.today_count is \"many\", not a whole number, 0 or more"),
