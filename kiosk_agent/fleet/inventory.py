@@ -23,6 +23,7 @@ from typing import Any
 
 from kiosk_agent.fleet.entities import STATUS_OPTIONS
 from kiosk_agent.fleet.mqtt import mqtt_client, passing_client_id
+from kiosk_agent.fleet.report import zone
 from kiosk_agent.fleet.topics import DEVICE_ID, OFFLINE, ONLINE
 from kiosk_agent.text import control_character
 
@@ -135,7 +136,7 @@ class Unit:
         sales = (self.report or {}).get("sales") or {}
         started = sales.get("day_started_at")
         if not isinstance(started, int | float) or now >= _next_midnight(
-            started, sales.get("day_started")
+            started, sales.get("day_started"), (self.report or {}).get("time_zone")
         ):
             return None
         return int(sales.get("today_count", 0)), int(sales.get("today_amount_cents", 0))
@@ -156,14 +157,21 @@ class Unit:
         }
 
 
-def _next_midnight(started: float, started_iso: object) -> float:
-    """When the unit's day that began at ``started`` ends: its next local midnight, by the
-    offset its report names (``day_started``); a report without one, by this machine's."""
-    zone = None
+def _next_midnight(started: float, started_iso: object, zone_name: object = None) -> float:
+    """When the unit's day that began at ``started`` ends: its next local midnight in its own
+    zone (``time_zone``: a DST day is 23 or 25 hours), else by the offset its report names
+    (``day_started``: a day of 24 hours), else by this machine's."""
+    offset: dt.tzinfo | None = None
     if isinstance(started_iso, str):
         with contextlib.suppress(ValueError):
-            zone = dt.datetime.fromisoformat(started_iso).tzinfo
-    began = dt.datetime.fromtimestamp(started, zone)  # naive local time when zone is None
+            offset = dt.datetime.fromisoformat(started_iso).tzinfo
+    named = zone(zone_name) if isinstance(zone_name, str) else None
+    if named is not None:
+        began = dt.datetime.fromtimestamp(started, named)
+        if offset is None or began.utcoffset() == offset.utcoffset(None):  # the same clock
+            return dt.datetime.combine(began.date() + dt.timedelta(days=1), dt.time(),
+                                       named).timestamp()
+    began = dt.datetime.fromtimestamp(started, offset)  # naive local time when offset is None
     return dt.datetime.combine(began.date() + dt.timedelta(days=1), dt.time(),
                                began.tzinfo).timestamp()
 
@@ -281,6 +289,7 @@ _FIELDS: dict[str, tuple[Any, str]] = {
     "interval_s": (lambda v: v is None or (_number(v) and v > 0), "a number of seconds"),
     "uptime_s": (_number, "a number of seconds"),
     "version": (lambda v: v is None or isinstance(v, str), "text"),
+    "time_zone": (lambda v: v is None or isinstance(v, str), "text"),
     "sales": (lambda v: isinstance(v, dict), "an object"),
     "service": (lambda v: isinstance(v, dict), "an object"),
     "journal": (lambda v: isinstance(v, dict), "an object"),

@@ -6,7 +6,11 @@ card number, token or key.
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
+import os
+import zoneinfo
+from pathlib import Path
 from typing import Any
 
 from kiosk_agent.core.health import HealthSnapshot
@@ -38,6 +42,8 @@ def build_report(
         "started": iso(snapshot.started_at),
         "uptime_s": snapshot.uptime_s,
         "interval_s": interval,
+        # the unit's zone by name: when its day ends (a DST day is 23 or 25 hours)
+        "time_zone": local_zone_name(),
         "service": service,
         "sales": sales,
         "terminals": [t.model_dump(mode="json") for t in snapshot.terminals],
@@ -66,3 +72,27 @@ def terminal_states(snapshot: HealthSnapshot) -> dict[str, dict[str, bool | None
 def iso(unix_time: float) -> str:
     """Unix time as local ISO 8601 with its offset, to the second."""
     return dt.datetime.fromtimestamp(unix_time).astimezone().isoformat(timespec="seconds")
+
+
+def local_zone_name(
+    localtime: Path = Path("/etc/localtime"), timezone: Path = Path("/etc/timezone")
+) -> str | None:
+    """This machine's time zone by its IANA name (``America/New_York``): ``TZ``, else the
+    zone ``/etc/localtime`` links to, else ``/etc/timezone``; None when none names a zone."""
+    candidates = [os.environ.get("TZ", "").lstrip(":")]
+    with contextlib.suppress(OSError):
+        candidates.append(str(localtime.resolve()).partition("zoneinfo/")[2])
+    with contextlib.suppress(OSError):
+        candidates.append(timezone.read_text().strip())
+    for name in candidates:
+        if name and zone(name) is not None:
+            return name
+    return None
+
+
+def zone(name: str) -> zoneinfo.ZoneInfo | None:
+    """The zone called ``name``; None for a name that is none (or a path, or garbage)."""
+    try:
+        return zoneinfo.ZoneInfo(name)
+    except (ValueError, zoneinfo.ZoneInfoNotFoundError, OSError):
+        return None

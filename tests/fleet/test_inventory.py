@@ -5,12 +5,14 @@ import datetime as dt
 import json
 import time
 import uuid
+import zoneinfo
+from pathlib import Path
 
 import aiomqtt
 import pytest
 
 from kiosk_agent.fleet.inventory import MAX_PAYLOAD_BYTES, Unit, _payload_text, retained, units
-from kiosk_agent.fleet.report import build_report
+from kiosk_agent.fleet.report import build_report, local_zone_name
 
 from ..mqtt_broker import mosquitto
 from .helpers import settled_agent
@@ -162,3 +164,44 @@ async def test_the_listing_ends_when_the_broker_has_handed_every_retained_report
         async with aiomqtt.Client("127.0.0.1", mosquitto) as units:
             for i in range(301):
                 await units.publish(f"{prefix}/u{i}/state", b"", qos=0, retain=True)
+
+
+@pytest.mark.parametrize(
+    ("day", "hours"),
+    [("2026-11-01", 25), ("2026-03-08", 23), ("2026-07-01", 24)],  # fall back, spring forward
+)
+def test_a_units_day_ends_at_its_own_midnight_on_a_day_that_is_not_24_hours(
+    day: str, hours: int
+) -> None:
+    """Before: the day ended at the report's fixed UTC offset plus 24 h, so in New York on
+    2026-11-01 (25 h) `fleet list` showed sales_today empty from 23:00 while the unit reported
+    183, and on 2026-03-08 (23 h) yesterday's count until 01:00. The report names its zone."""
+    new_york = zoneinfo.ZoneInfo("America/New_York")
+    midnight = dt.datetime.fromisoformat(day).replace(tzinfo=new_york)
+    next_midnight = midnight + dt.timedelta(days=1)  # wall clock: zoneinfo's own arithmetic
+    assert next_midnight.timestamp() - midnight.timestamp() == hours * 3600
+    report = json.loads(_state("ny"))
+    report["time_zone"] = "America/New_York"
+    report["sales"].update(today_count=183, today_amount_cents=45750,
+                           day_started_at=midnight.timestamp(),
+                           day_started=midnight.isoformat())
+    unit = Unit("ny", "online", report)
+    assert unit.sales_today(next_midnight.timestamp() - 60) == (183, 45750)  # 23:59
+    assert unit.sales_today(next_midnight.timestamp() + 60) is None  # 00:01 the next day
+    report["time_zone"] = "Mars/Olympus_Mons"  # no such zone: the offset, as before
+    assert unit.sales_today(midnight.timestamp() + 86400 - 60) == (183, 45750)
+
+
+def test_the_report_names_the_units_zone(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("TZ", raising=False)
+    zones = tmp_path / "usr/share/zoneinfo/Europe"
+    zones.mkdir(parents=True)
+    (zones / "Paris").write_bytes(b"")
+    (tmp_path / "localtime").symlink_to(zones / "Paris")
+    assert local_zone_name(tmp_path / "localtime", tmp_path / "none") == "Europe/Paris"
+    (tmp_path / "timezone").write_text("Asia/Tokyo\n")
+    assert local_zone_name(tmp_path / "none", tmp_path / "timezone") == "Asia/Tokyo"
+    monkeypatch.setenv("TZ", ":America/New_York")
+    assert local_zone_name(tmp_path / "none", tmp_path / "none") == "America/New_York"
+    monkeypatch.setenv("TZ", "EST5EDT,M3.2.0,M11.1.0")  # a POSIX rule, not a zone's name
+    assert local_zone_name(tmp_path / "none", tmp_path / "none") is None

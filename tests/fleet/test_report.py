@@ -25,6 +25,7 @@ def test_report_carries_health_and_nothing_secret() -> None:
         "started",
         "uptime_s",
         "interval_s",
+        "time_zone",
         "service",
         "sales",
         "terminals",
