@@ -34,6 +34,7 @@ from kiosk_agent.fleet.discovery import discovery_messages, own_config
 from kiosk_agent.fleet.entities import RETIRED, DiscoveryOptions
 from kiosk_agent.fleet.loopback import insecure_mqtt
 from kiosk_agent.fleet.sink import SinkBase
+from kiosk_agent.fleet.tls import ca_file_problem
 from kiosk_agent.fleet.topics import OFFLINE, ONLINE, discovery_topic, unit_base_topic
 
 _LOGGER = logging.getLogger(__name__)
@@ -378,10 +379,14 @@ def mqtt_tls_context(conf: dict[str, Any]) -> ssl.SSLContext | None:
     if not conf.get("tls"):
         return None
     ca_file = conf.get("ca_file")
-    try:
-        return ssl.create_default_context(cafile=ca_file)
-    except OSError as err:  # gone or not a certificate since the config was checked
-        raise OSError(f"tls ca_file {ca_file}: {err.strerror or err}") from None
+    if ca_file and (problem := ca_file_problem(ca_file)) is not None:
+        # gone or not a certificate since the config was checked: said so, not "failed"
+        raise CaFileError(f"tls ca_file {ca_file}: {problem}")
+    return ssl.create_default_context(cafile=ca_file)
+
+
+class CaFileError(OSError):
+    """The CA file does not load (its words name why)."""
 
 
 def passing_client_id(role: str) -> str:

@@ -11,6 +11,7 @@ from kiosk_agent.core.config import register_section
 from kiosk_agent.fleet.discovery import release_tuple
 from kiosk_agent.fleet.entities import OLDEST_HOME_ASSISTANT
 from kiosk_agent.fleet.loopback import insecure_http, insecure_mqtt
+from kiosk_agent.fleet.tls import ca_file_problem
 from kiosk_agent.fleet.topics import DEVICE_ID, DEVICE_ID_RULE, TOPIC_PREFIX, TOPIC_PREFIX_RULE
 
 _seconds = vol.All(vol.Coerce(float), vol.Range(min=0.05, max=86400.0))
@@ -45,6 +46,13 @@ HTTP_SCHEMA = vol.All(
 )
 
 
+def _ca_file(path: str) -> str:
+    """A CA file TLS loads: a key or a DER file passed before, and the unit never connected."""
+    if (problem := ca_file_problem(path)) is not None:
+        raise vol.Invalid(f"{path}: {problem}")
+    return path
+
+
 def _refuse_clear_password(conf: dict[str, Any]) -> dict[str, Any]:
     if conf.get("ca_file") and not conf["tls"]:
         # the CA would be ignored and the connection plain: the mistake behind "connection
@@ -75,7 +83,7 @@ MQTT_SCHEMA = vol.All(
             ),
             # TLS to the broker (port 8883 usually); ca_file: a private CA instead of the system's.
             vol.Optional("tls", default=False): bool,
-            vol.Optional("ca_file"): vol.All(str, vol.IsFile(msg="no such file")),
+            vol.Optional("ca_file"): vol.All(str, vol.IsFile(msg="no such file"), _ca_file),
             vol.Optional("keepalive", default=60): vol.All(int, vol.Range(min=5, max=3600)),
             # the first reconnect waits up to this (at random), each next one up to twice as long,
             # at most reconnect_max: a fleet spreads its reconnects after a broker restart
