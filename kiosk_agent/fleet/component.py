@@ -96,7 +96,7 @@ class Upstream:
                 self.device_id,
                 self._health.version,
                 discovery_options(agent, conf),
-                births=births,
+                births=births or BirthPolicy(spread=conf["mqtt"]["announce_spread"]),
                 rng=self._rng,
             )
             self.sinks.append(self.mqtt)

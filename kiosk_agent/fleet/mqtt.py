@@ -52,7 +52,9 @@ class BirthPolicy:
     """How the unit answers Home Assistant's birth messages (seconds)."""
 
     settle: float = 1.0  # the births must have stopped this long
-    spread: float = 2.0  # plus a random delay up to this, so a fleet does not answer at once
+    # plus a random delay up to this, so a fleet does not answer at once: 1,000 units in one
+    # burst overflow the broker's queue for Home Assistant (upstream.mqtt.announce_spread)
+    spread: float = 30.0
     longest: float = 10.0  # a storm that never stops is answered after this anyway
     min_gap: float = 5.0  # never two announces closer than this
     max_gap: float = 60.0  # births that keep coming double the gap up to this

@@ -89,6 +89,11 @@ MQTT_SCHEMA = vol.All(
             # at most reconnect_max: a fleet spreads its reconnects after a broker restart
             vol.Optional("reconnect_interval", default=5.0): _seconds,
             vol.Optional("reconnect_max", default=60.0): _seconds,
+            # a Home Assistant birth is answered after a random wait up to this: 1,000 units
+            # of one HA re-announce over 30 s (about 570 messages a second), not in one burst
+            vol.Optional("announce_spread", default=30.0): vol.All(
+                vol.Coerce(float), vol.Range(min=0.0, max=3600.0)
+            ),
             # a password without tls to another host: refused unless this says it is accepted
             vol.Optional("allow_insecure", default=False): bool,
         }

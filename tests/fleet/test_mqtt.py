@@ -6,6 +6,7 @@ import json
 import random
 import subprocess
 import uuid
+from collections import Counter
 from dataclasses import replace
 from pathlib import Path
 from types import SimpleNamespace
@@ -18,6 +19,7 @@ from kiosk_agent.core.availability import Availability
 from kiosk_agent.fleet.backoff import Backoff
 from kiosk_agent.fleet.component import Upstream
 from kiosk_agent.fleet.mqtt import STABLE_AFTER, BirthPolicy, MqttSink
+from kiosk_agent.fleet.schema import UPSTREAM_SCHEMA
 from kiosk_agent.sales.model import SaleEvent
 from kiosk_agent.sales.states import SaleState
 
@@ -560,3 +562,21 @@ async def test_a_broker_refusing_the_password_is_a_problem_in_health_within_an_i
     finally:
         await upstream.stop()
         stop_broker(proc)
+
+
+def test_a_fleet_answers_a_birth_spread_over_the_announce_spread() -> None:
+    """Before: every unit answered Home Assistant's birth within 1 to 3 s: 1,000 units were
+    17,000 configs in one burst, and Mosquitto dropped what overflowed Home Assistant's queue
+    ("Outgoing messages are being dropped": HA never saw 52 units). Now each waits at random up
+    to upstream.mqtt.announce_spread (30 s): about 33 units a second."""
+    conf = UPSTREAM_SCHEMA({"mqtt": {"host": "broker"}})["mqtt"]
+    assert conf["announce_spread"] == 30.0
+    births = BirthPolicy(spread=conf["announce_spread"])
+    fleet = [MqttSink(conf, f"unit-{i}", "1", births=births, rng=random.Random(i),
+                      clock=lambda: 100.0) for i in range(1000)]
+    for sink in fleet:
+        sink.heard_birth()
+    seconds = Counter(int(sink.reannounce_at or 0) for sink in fleet)
+    assert min(seconds) >= 101  # settled first
+    assert max(seconds) <= 131
+    assert max(seconds.values()) <= 60  # ~33 a second; a burst would be all 1,000 at once
