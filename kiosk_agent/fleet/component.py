@@ -21,8 +21,18 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from kiosk_agent.admin.actions import ActionRefused, ping_terminal, print_test_receipt
 from kiosk_agent.core.health import Health, HealthSnapshot
 from kiosk_agent.fleet.backoff import jittered
+from kiosk_agent.fleet.commands import (
+    PING,
+    PRESS,
+    RESTART,
+    asked_by,
+    is_press,
+    request_graceful_restart,
+    terminal_of,
+)
 from kiosk_agent.fleet.entities import (
     DEFAULT_MODEL,
     EVENT_BACK_IN_SERVICE,
@@ -38,6 +48,7 @@ from kiosk_agent.fleet.report import build_report, iso
 from kiosk_agent.fleet.schema import UPSTREAM_SCHEMA
 from kiosk_agent.fleet.sink import Sink
 from kiosk_agent.redact import redact
+from kiosk_agent.service.errors import ServiceError
 from kiosk_agent.tasks import BackgroundTask, wait_event
 
 _LOGGER = logging.getLogger(__name__)
@@ -100,9 +111,17 @@ class Upstream:
                 rng=self._rng,
             )
             self.sinks.append(self.mqtt)
+            if conf["commands"]:
+                self.mqtt.on_command = self._on_command
+        self._agent = agent
+        self._request_restart: Callable[[], str | None] = request_graceful_restart
+        self._command_tasks: set[asyncio.Task[None]] = set()
+        self.commands_done: list[tuple[str, str]] = []  # (key, outcome), newest last
+        self.command_errors = 0  # unexpected errors in a command (a bug): counted in health
         # a destination failing this long is a problem: a broker restart (every unit back
         # within seconds) is not, a refused password is, within one interval
         trouble_grace = min(self._interval, TROUBLE_GRACE)
+        self._health.count_errors_of("upstream commands", lambda: self.command_errors)
         for sink in self.sinks:
             self._health.count_errors_of(f"upstream {sink.name}", lambda s=sink: s.unexpected)
             self._health.report_problem_of(f"upstream {sink.name}",
@@ -132,6 +151,8 @@ class Upstream:
         next start), then each sink says goodbye (MQTT: ``offline``)."""
         if self._unfollow is not None:
             self._unfollow()
+        for task in list(self._command_tasks):
+            task.cancel()
         await self._loop.stop()
         if self.heartbeats:  # a unit that never reported keeps the last run's word
             stopped = self.final_report()
@@ -241,6 +262,56 @@ class Upstream:
                 kind, terminal=state.device_id, reason=state.reason, at=iso(state.since)
             )
 
+    # -- commands from Home Assistant (upstream.commands) ---------------------------------------
+
+    def _on_command(self, key: str, payload: bytes) -> None:
+        """A command on the unit's own topic: done in a task of its own (the MQTT loop goes on
+        hearing), logged with who asked and what came of it."""
+        if not is_press(payload):
+            _LOGGER.warning("upstream mqtt: command %s ignored: its payload is not %s (nor a "
+                            "JSON object)", key, PRESS)
+            return
+        _LOGGER.info("upstream mqtt: command %s from %s", key, asked_by(payload))
+        task = asyncio.ensure_future(self._run_command(key))
+        self._command_tasks.add(task)
+        task.add_done_callback(self._command_tasks.discard)
+
+    async def _run_command(self, key: str) -> None:
+        try:
+            outcome = await self._command(key)
+        except (ActionRefused, ServiceError) as err:
+            outcome = f"failed: {err}"
+        except Exception:  # a bug: logged, counted in health; the unit goes on
+            self.command_errors += 1
+            _LOGGER.exception("upstream mqtt: command %s failed unexpectedly", key)
+            outcome = "failed unexpectedly"
+        self.commands_done.append((key, outcome))
+        level = logging.INFO if outcome.startswith("done") else logging.WARNING
+        _LOGGER.log(level, "upstream mqtt: command %s %s", key, redact(outcome))
+
+    async def _command(self, key: str) -> str:
+        """What the command does; its outcome in words (``done...``, ``refused: ...``)."""
+        sales = self._sales_runner
+        if key == RESTART:
+            running = [r.sale_id for r in getattr(sales, "running", [])]
+            if running:  # the restart waits for no drain: a person presses again after
+                return f"refused: sale {', '.join(running)} in progress (press again after it)"
+            refused = self._request_restart()
+            return f"refused: {refused}" if refused else "done: graceful stop begun (restart)"
+        terminals = self.mqtt._discovery.terminals if self.mqtt is not None else ()
+        device_id = terminal_of(key, terminals)
+        service = getattr(self._agent, "service", None)
+        if device_id is None or service is None:
+            return f"refused: no such command {key!r}"
+        if key.startswith(PING):
+            answer = await ping_terminal(self._agent, service, device_id)
+            return f"done: {device_id} {'online' if answer.online else 'offline'}"
+        busy = sales.busy_reason(device_id) if sales is not None else None
+        if busy:
+            return f"refused: {device_id} busy ({busy})"
+        trans_id = await print_test_receipt(self._agent, service, device_id)
+        return f"done: {device_id} printed the receipt of {trans_id}"
+
     def stats(self) -> dict[str, dict[str, float]]:
         """Per-sink counters for metrics and the admin API."""
         return {
@@ -292,6 +363,7 @@ def discovery_options(agent: Any, conf: dict[str, Any]) -> DiscoveryOptions:
         home_assistant=conf.get("home_assistant", OLDEST_HOME_ASSISTANT),
         support_url=conf.get("support_url"),
         terminals=tuple(terminals.items()),
+        commands=conf["commands"],
     )
 
 

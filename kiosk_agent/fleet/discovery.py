@@ -160,6 +160,8 @@ def _config(
     }
     if entity.attributes:
         config["json_attributes_topic"] = config["state_topic"]
+    if entity.stateless:
+        config.pop("state_topic")
     if entity.expires and options.expire_after:
         config["expire_after"] = options.expire_after
     return _for_release(config, entity, home_assistant_rules(options.home_assistant))

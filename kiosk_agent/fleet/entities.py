@@ -61,6 +61,7 @@ class DiscoveryOptions:
     home_assistant: str = OLDEST_HOME_ASSISTANT
     # configured terminals: (device_id, name) -> connectivity and card-payment entities each
     terminals: Sequence[tuple[str, str]] = field(default_factory=tuple)
+    commands: bool = False  # buttons and the update entity (upstream.commands)
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,6 +79,7 @@ class Entity:
     # message" on every report) gets instead: a plain text sensor that says "unknown"
     no_none: dict[str, Any] | None = None
     currency: bool = False  # its unit is the configured currency
+    stateless: bool = False  # a button: no state topic, nothing to expire
 
 
 def slug(text: str) -> str:
@@ -271,6 +273,11 @@ def unit_entities(options: DiscoveryOptions, event_topic: str) -> list[Entity]:
         key = terminal_key(device_id, keys)
         keys.add(key)
         entities += terminal_entities(device_id, name or device_id, key)
+    if options.commands:
+        # imported here: commands.py builds its entities from this module's
+        from kiosk_agent.fleet.commands import command_entities
+
+        entities += command_entities(event_topic.rsplit("/", 1)[0], options.terminals)
     return entities
 
 

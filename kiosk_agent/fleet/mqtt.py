@@ -137,6 +137,10 @@ class MqttSink(SinkBase):
         self._announcing = asyncio.Lock()
         self._stopping = False
         self.online = False  # `online` said on this connection (after a report of this run)
+        # commands (upstream.commands): the handler, set by Upstream; None: not subscribed
+        self.on_command: Callable[[str, bytes], None] | None = None
+        self.commands_filter = f"{self.base_topic}/command/+"
+        self._retained_commands: set[str] = set()
 
     def publish_event(self, event_type: str, **attributes: Any) -> None:
         """Fire Home Assistant's Alert event entity (not retained: a replay is not an event)."""
@@ -223,6 +227,8 @@ class MqttSink(SinkBase):
         """Flush on every wake-up until the connection is lost (then raise MqttError)."""
         if self.birth_topic is not None and self.configs_filter is not None:
             await client.subscribe([(self.birth_topic, 1), (self.configs_filter, 1)])
+        if self.on_command is not None:  # the unit's own command topics only
+            await client.subscribe(self.commands_filter, qos=1)
         lost: asyncio.Future[None] = asyncio.ensure_future(self._listen(client))
         woken: asyncio.Future[Any] | None = None
         try:
@@ -250,6 +256,9 @@ class MqttSink(SinkBase):
 
         The message iterator is aiomqtt's one public way to hear that the link dropped."""
         async for message in client.messages:
+            if message.topic.matches(self.commands_filter):
+                self._command(message)
+                continue
             if not message.retain:  # a retained one is old (the subscription hands it over)
                 if str(message.topic) == self.birth_topic and message.payload in (b"online",
                                                                                   ONLINE):
@@ -258,6 +267,21 @@ class MqttSink(SinkBase):
                 self._stale_configs.append(str(message.topic))
                 self.wake()
         raise aiomqtt.MqttError("connection closed")
+
+    def _command(self, message: aiomqtt.Message) -> None:
+        """A command on the unit's own topic, to ``on_command``; a retained one would act at
+        every connect (and after every broker restart): ignored, said once per topic."""
+        key = str(message.topic).rsplit("/", 1)[1]
+        payload = message.payload if isinstance(message.payload, bytes) else b""
+        if message.retain:
+            if key not in self._retained_commands:
+                self._retained_commands.add(key)
+                _LOGGER.warning("upstream mqtt: a retained command on %s is ignored (it would "
+                                "act at every connect); clear it with an empty retained "
+                                "message", message.topic)
+            return
+        if self.on_command is not None:
+            self.on_command(key, payload)
 
     def _stale(self, message: aiomqtt.Message) -> bool:
         """A retained config of this unit's own that it no longer announces."""

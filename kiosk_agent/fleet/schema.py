@@ -151,6 +151,9 @@ UPSTREAM_SCHEMA = vol.Schema(
         vol.Optional("configuration_url"): vol.All(
             str, vol.Match(r"^https?://[^\s]+$", msg="expected an http(s) URL")
         ),
+        # Home Assistant's buttons (restart, ping and test print each reader) and update
+        # entity, on the unit's own command topics: off unless turned on
+        vol.Optional("commands", default=False): bool,
         vol.Optional("queue_size", default=500): vol.All(int, vol.Range(min=1, max=100000)),
         vol.Optional("http"): HTTP_SCHEMA,
         vol.Optional("mqtt"): MQTT_SCHEMA,

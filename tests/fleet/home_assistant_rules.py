@@ -60,6 +60,17 @@ EVENT_DEVICE_CLASSES = {"button", "doorbell", "motion"}
 BINARY_SENSOR_KEYS = {
     "device_class", "expire_after", "force_update", "off_delay", "payload_off", "payload_on",
 }
+# mqtt/button.py PLATFORM_SCHEMA_MODERN (both releases): no state topic; button/__init__.py
+BUTTON_KEYS = {"command_template", "command_topic", "device_class", "payload_press", "retain"}
+BUTTON_DEVICE_CLASSES = {"identify", "restart", "update"}
+# mqtt/update.py PLATFORM_SCHEMA_MODERN (MQTT_RO_SCHEMA: state_topic required); 2026.2.3 adds
+# display_precision; update/__init__.py UpdateDeviceClass
+UPDATE_KEYS = {
+    "command_topic", "device_class", "entity_picture", "latest_version_template",
+    "latest_version_topic", "payload_install", "release_summary", "release_url", "retain",
+    "title",
+}
+UPDATE_DEVICE_CLASSES = {"firmware"}
 DEVICE_KEYS = {
     "identifiers", "connections", "manufacturer", "model", "name", "hw_version",
     "serial_number", "sw_version", "via_device", "suggested_area", "configuration_url",
@@ -168,7 +179,9 @@ def dropped(topic: str, payload: dict[str, Any], version: str) -> list[str]:
 def _known_keys(component: str, rules: dict[str, Any]) -> set[str]:
     known = rules["common_keys"] | RO_KEYS
     own = {"sensor": rules["sensor_keys"], "binary_sensor": BINARY_SENSOR_KEYS,
-           "event": EVENT_KEYS}
+           "event": EVENT_KEYS, "button": BUTTON_KEYS, "update": UPDATE_KEYS}
+    if component == "button":  # no state topic, no value template
+        return set(rules["common_keys"] | BUTTON_KEYS)
     return set(known | own.get(component, set()))
 
 
@@ -184,8 +197,10 @@ def violations(topic: str, payload: dict[str, Any], version: str) -> list[str]:
     found: list[str] = []
     known = _known_keys(component, rules) | NEWER_KEYS
     found += [f"unknown key {k!r} (HA drops it silently)" for k in sorted(set(config) - known)]
-    if "state_topic" not in config:
+    if "state_topic" not in config and component != "button":
         found.append("state_topic is required")
+    if component == "button" and "command_topic" not in config:
+        found.append("command_topic is required")
     if "unique_id" not in config:
         found.append("unique_id is needed for the entity to be managed and grouped")
     device = _expand(config.get("device", {}), DEVICE_ABBREVIATIONS)
@@ -223,6 +238,14 @@ def violations(topic: str, payload: dict[str, Any], version: str) -> list[str]:
             found.append("event_types must be a list of strings")
         if device_class is not None and device_class not in EVENT_DEVICE_CLASSES:
             found.append(f"event device_class {device_class!r}")
+        return found
+    if component == "button":
+        if device_class is not None and device_class not in BUTTON_DEVICE_CLASSES:
+            found.append(f"button device_class {device_class!r}")
+        return found
+    if component == "update":
+        if device_class is not None and device_class not in UPDATE_DEVICE_CLASSES:
+            found.append(f"update device_class {device_class!r}")
         return found
     if component == "binary_sensor":
         if device_class is not None and device_class not in BINARY_SENSOR_DEVICE_CLASSES:

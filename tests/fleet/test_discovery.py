@@ -27,6 +27,7 @@ FULL = {
     "hw_version": "Raspberry Pi 4 Model B Rev 1.4",
     "mac": "dc:a6:32:01:02:03",
     "terminals": (("SIM-0001", "front"), ("SIM-0002", "")),
+    "commands": True,
 }
 
 
@@ -268,3 +269,22 @@ def test_terminals_whose_ids_slug_alike_keep_an_entity_each() -> None:
     [second] = [k for k in configs if k.startswith("terminal_sim_0001_")]
     assert configs[second]["name"] == "Terminal b"
     assert "terminal_" not in configs
+
+
+def test_commands_are_buttons_and_an_update_on_the_units_own_topics() -> None:
+    """Like an ESPHome device, when upstream.commands is on: restart, ping and test print each
+    reader, the installed and newest version; none without it."""
+    assert not {k for k in _discovery() if k.startswith(("restart", "ping_", "test_print_"))}
+    configs = _discovery(**FULL)
+    restart = configs["restart"]
+    assert restart["command_topic"] == "kiosk-agent/unit-1/command/restart"
+    assert restart["device_class"] == "restart"
+    assert "state_topic" not in restart
+    assert "expire_after" not in restart
+    assert configs["ping_sim_0001"]["name"] == "Ping front"
+    assert configs["test_print_sim_0002"]["command_topic"] == (
+        "kiosk-agent/unit-1/command/test_print_sim_0002")
+    update = configs["update"]
+    assert update["latest_version_topic"] == "kiosk-agent/latest_version"
+    assert update["value_template"] == "{{ value_json.version }}"
+    assert update["device_class"] == "firmware"
