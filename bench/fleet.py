@@ -25,6 +25,9 @@ process, the broker in its own.
    topics, QoS 0 and QoS 1), counts what it is handed before a marker it sends itself comes
    back: ``retained_received_ratio`` (1.0: none dropped) and ``retained_received_s``. The same
    with Mosquitto's defaults, for comparison (``default_broker_received_ratio``).
+7. ``--part scale --units 10000``: that many units on a broker with those settings and
+   persistence: all announced, listed by ``fleet list``, back after a broker restart
+   (``units_10k_all_announced_s``, ``units_10k_fleet_list_s``, ``units_10k_restart_all_back_s``).
 
 The last line is one JSON object of the figures.
 """
@@ -33,6 +36,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import getpass
 import json
 import logging
 import math
@@ -379,6 +383,58 @@ async def run_retained(units: int) -> dict[str, Any]:
     return figures
 
 
+async def run_scale(count: int) -> dict[str, Any]:
+    """``--part scale``: ``count`` real units on a broker with the documented settings and
+    persistence: all announced (configs, first report, ``online``), all listed by the real
+    ``fleet list``, all back (connected and ``online`` again) after a broker restart."""
+    resource.setrlimit(resource.RLIMIT_NOFILE, (resource.getrlimit(resource.RLIMIT_NOFILE)[1],) * 2)
+    directory = Path(tempfile.mkdtemp(prefix="fleet-scale-"))
+    broker = Broker(directory, f"{BROKER_SETTINGS}persistence true\n"
+                               f"persistence_location {directory}/\n"
+                               f"user {getpass.getuser()}\n")
+    broker.conf.write_text(broker.conf.read_text().replace("persistence false\n", ""))
+    broker.start()
+    config = directory / "config.yaml"
+    config.write_text(
+        "service: {simulator: {}}\nterminals: [{device_id: SIM-0001}]\n"
+        f"upstream:\n  mqtt: {{host: 127.0.0.1, port: {broker.port}}}\n"
+    )
+    fleet: list[Upstream] = []
+    name = f"units_{count // 1000}k" if count % 1000 == 0 else f"units_{count}"
+    figures: dict[str, Any] = {}
+    try:
+        started = time.monotonic()
+        for index in range(count):
+            mqtt = {"host": "127.0.0.1", "port": broker.port}
+            upstream = Upstream(unit_agent(index), {"device_id": f"unit-{index:05d}", "mqtt": mqtt})
+            await upstream.start()
+            fleet.append(upstream)
+        sinks = [u.mqtt for u in fleet if u.mqtt is not None]
+        await until(lambda: all(s.online for s in sinks), 600, step=0.2)
+        announced_s = time.monotonic() - started
+        listed_s, listed = fleet_list(config)
+        print(f"{count} units: all announced and online in {announced_s:.2f} s; `fleet list` "
+              f"listed {listed} in {listed_s:.2f} s")
+        before = {id(s): s.connects for s in sinks}
+        broker.stop()
+        await until(lambda: not any(s.connected for s in sinks), 120, step=0.2)
+        up_at = broker.start()
+        await until(lambda: all(s.connects > before[id(s)] and s.online for s in sinks), 600,
+                    step=0.2)
+        back_s = time.monotonic() - up_at
+        print(f"broker restart (persistence): all {count} back and online {back_s:.2f} s after "
+              f"it listened again")
+        figures.update({f"{name}_all_announced_s": round(announced_s, 2),
+                        f"{name}_fleet_list_s": round(listed_s, 2),
+                        f"{name}_fleet_list_units": listed,
+                        f"{name}_restart_all_back_s": round(back_s, 2)})
+    finally:
+        await asyncio.gather(*(u.stop() for u in fleet), return_exceptions=True)
+        broker.stop()
+        shutil.rmtree(directory, ignore_errors=True)
+    return figures
+
+
 async def send_births(port: int, count: int) -> None:
     async with aiomqtt.Client("127.0.0.1", port, max_queued_outgoing_messages=None) as client:
         print("connected", flush=True)
@@ -393,7 +449,7 @@ def main() -> None:
     parser.add_argument("--units", type=int, default=1000)
     parser.add_argument("--storm-units", type=int, default=20)
     parser.add_argument("--births", type=int, default=2000)
-    parser.add_argument("--part", choices=("all", "retained"), default="all")
+    parser.add_argument("--part", choices=("all", "retained", "scale"), default="all")
     parser.add_argument("--send-births", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--port", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -402,8 +458,11 @@ def main() -> None:
         return
     os.environ.setdefault("PYTHONUNBUFFERED", "1")
     logging.basicConfig(level=logging.ERROR)
-    figures = asyncio.run(run(args)) if args.part == "all" else {}
-    figures.update(asyncio.run(run_retained(args.units)))
+    if args.part == "scale":
+        figures = asyncio.run(run_scale(args.units))
+    else:
+        figures = asyncio.run(run(args)) if args.part == "all" else {}
+        figures.update(asyncio.run(run_retained(args.units)))
     print(json.dumps(figures))
 
 
