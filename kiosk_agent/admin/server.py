@@ -36,10 +36,10 @@ import voluptuous as vol
 from aiohttp import web
 from pydantic import BaseModel, ValidationError
 
-from kiosk_agent.admin.actions import ActionRefused, ping_terminal, print_test_receipt
 from kiosk_agent.admin.page import StatusPage, TokenGuesses
 from kiosk_agent.core.config import register_section
 from kiosk_agent.core.logging import RefusalLog
+from kiosk_agent.core.terminal_actions import ActionRefused, ping_terminal, print_test_receipt
 from kiosk_agent.core.web import BodyError, HttpLimits, LocalSite, read_json
 from kiosk_agent.export import (
     SALE_FORMATS,

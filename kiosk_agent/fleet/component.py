@@ -21,8 +21,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from kiosk_agent.admin.actions import ActionRefused, ping_terminal, print_test_receipt
 from kiosk_agent.core.health import Health, HealthSnapshot
+from kiosk_agent.core.terminal_actions import ActionRefused, ping_terminal, print_test_receipt
 from kiosk_agent.fleet.backoff import jittered
 from kiosk_agent.fleet.commands import (
     PING,
