@@ -92,13 +92,18 @@ async def test_mqtt_over_tls_verifies_the_broker(tmp_path: Path) -> None:
             await until(lambda: trusted.sinks[0].sent == 1)
         finally:
             await trusted.stop()
-        # without the private CA the broker's certificate is refused: nothing is sent
-        untrusted = Upstream(settled_agent(), {"interval": 3600, "mqtt": mqtt})
+        # without the private CA the broker's certificate is refused: nothing is sent, and
+        # within one interval it is a problem in health (before: a log line, health ok)
+        agent = settled_agent()
+        untrusted = Upstream(agent, {"interval": 0.5, "mqtt": mqtt})
         await untrusted.start()
         try:
             await until(lambda: untrusted.sinks[0].failures >= 1)
             assert untrusted.sinks[0].sent == 0
-            assert untrusted.stats()["mqtt"]["queued"] == 1
+            await until(lambda: agent.health.snapshot().status == "degraded")
+            [problem] = agent.health.snapshot().problems
+            assert problem.startswith(f"upstream mqtt failing: broker 127.0.0.1:{port}: ")
+            assert "CERTIFICATE_VERIFY_FAILED" in problem
         finally:
             await untrusted.stop()
     finally:
