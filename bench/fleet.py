@@ -18,6 +18,16 @@ process, the broker in its own.
    subscribed, so the broker's work grows as units x births); the re-announces each unit makes.
 5. Per unit: MQTT bytes sent a day at the default interval (a report a minute, the announce,
    counted from the real payloads), and this process's memory per unit.
+6. Home Assistant reconnecting (``--part retained`` runs this alone): the retained discovery
+   configs of ``--units`` units (every optional field set, one terminal: 16 each) and their
+   states on a broker with the settings docs/fleet.md gives (``BROKER_SETTINGS``); one
+   subscriber, as Home Assistant subscribes at its start (``homeassistant/#`` and the state
+   topics, QoS 0 and QoS 1), counts what it is handed before a marker it sends itself comes
+   back: ``retained_received_ratio`` (1.0: none dropped) and ``retained_received_s``. The same
+   with Mosquitto's defaults, for comparison (``default_broker_received_ratio``).
+7. ``--part scale --units 10000``: that many units on a broker with those settings and
+   persistence: all announced, listed by ``fleet list``, back after a broker restart
+   (``units_10k_all_announced_s``, ``units_10k_fleet_list_s``, ``units_10k_restart_all_back_s``).
 
 The last line is one JSON object of the figures.
 """
@@ -26,6 +36,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import getpass
 import json
 import logging
 import math
@@ -47,10 +58,14 @@ import aiomqtt
 from kiosk_agent.core.health import Health
 from kiosk_agent.fleet.component import Upstream
 from kiosk_agent.fleet.discovery import discovery_messages
-from kiosk_agent.fleet.entities import RETIRED
+from kiosk_agent.fleet.entities import RETIRED, DiscoveryOptions
 from kiosk_agent.fleet.inventory import retained, units
 
 STORM_PREFIX = "hastorm"  # the storm's units' discovery prefix
+# docs/fleet.md, "Broker settings": what one broker needs for a Home Assistant to be handed
+# every retained config at its (re)start. Mosquitto's default max_queued_messages (1000) drops
+# the rest of a subscription's retained messages ("Outgoing messages are being dropped").
+BROKER_SETTINGS = "max_queued_messages 200000\nmax_inflight_messages 100\n"
 
 
 def free_port() -> int:
@@ -60,12 +75,12 @@ def free_port() -> int:
 
 
 class Broker:
-    def __init__(self, directory: Path) -> None:
+    def __init__(self, directory: Path, settings: str = "max_queued_messages 5000\n") -> None:
         self.port = free_port()
         self.conf = directory / "mosquitto.conf"
         self.conf.write_text(
             f"listener {self.port} 127.0.0.1\nallow_anonymous true\npersistence false\n"
-            "max_queued_messages 5000\n"
+            f"{settings}"
         )
         self.proc: subprocess.Popen[bytes] | None = None
 
@@ -276,7 +291,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         await until(lambda: all(s.births_heard - h == args.births
                                 for s, h in zip(stormed, heard, strict=True)), 60)
         heard_s = time.monotonic() - storm_started
-        await until(lambda: all(s.reannounce_at is None for s in stormed), 30)
+        await until(lambda: all(s.reannounce_at is None for s in stormed), 60)
         await asyncio.sleep(1.0)
         extra = [s.announcements - a for s, a in zip(stormed, announced, strict=True)]
         figures.update(
@@ -303,6 +318,123 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     return figures
 
 
+async def retained_burst(units: int, settings: str, qos: int) -> tuple[float, int, int]:
+    """(seconds, received, expected): what one subscriber arriving like Home Assistant is
+    handed of ``units`` units' retained configs and states, on a broker with ``settings``."""
+    directory = Path(tempfile.mkdtemp(prefix="fleet-retained-"))
+    broker = Broker(directory, settings)
+    broker.start()
+    options = DiscoveryOptions(expire_after=198, configuration_url="http://kiosk:8124/",
+                               suggested_area="Lobby", serial_number="PI-1", model="Coffee",
+                               hw_version="Raspberry Pi 4", mac="dc:a6:32:01:02:03",
+                               terminals=(("SIM-0001", "front"),))
+    try:
+        expected = 0
+        async with aiomqtt.Client("127.0.0.1", broker.port,
+                                  max_queued_outgoing_messages=None) as publisher:
+            for index in range(units):
+                device_id = f"unit-{index:05d}"
+                base = f"kiosk-agent/{device_id}"
+                messages = discovery_messages(device_id, "1.4.0", f"{base}/state",
+                                              f"{base}/availability", "homeassistant", options)
+                payloads = [(t, json.dumps(c)) for t, c in messages]
+                payloads.append((f"{base}/state", json.dumps({"status": "ok", "pad": "x" * 900})))
+                await asyncio.gather(*(publisher.publish(t, p, qos=1, retain=True)
+                                       for t, p in payloads))
+                expected += len(payloads)
+        started = time.monotonic()
+        received = 0
+        marker = f"kiosk-agent/bench-{os.getpid()}/end"
+        async with aiomqtt.Client("127.0.0.1", broker.port) as home_assistant:
+            await home_assistant.subscribe([("homeassistant/#", qos), ("kiosk-agent/+/state", qos),
+                                            (marker, qos)])
+            await home_assistant.publish(marker, b"end", qos=qos)
+            messages = aiter(home_assistant.messages)
+            ended = started
+            while True:  # the marker, or 5 s of nothing (a broker that dropped it too)
+                try:
+                    message = await asyncio.wait_for(anext(messages), 5.0)
+                except TimeoutError:
+                    break
+                ended = time.monotonic()
+                if str(message.topic) == marker:
+                    break
+                received += message.retain
+        return ended - started, received, expected
+    finally:
+        broker.stop()
+        shutil.rmtree(directory, ignore_errors=True)
+
+
+async def run_retained(units: int) -> dict[str, Any]:
+    figures: dict[str, Any] = {"retained_units": units}
+    for qos in (0, 1):
+        seconds, received, expected = await retained_burst(units, BROKER_SETTINGS, qos)
+        default_s, default_received, _ = await retained_burst(units, "", qos)
+        print(f"Home Assistant reconnecting (QoS {qos}): {received:,} of {expected:,} retained "
+              f"messages handed in {seconds:.2f} s with the documented settings; "
+              f"{default_received:,} with Mosquitto's defaults ({default_s:.2f} s)")
+        suffix = "" if qos == 0 else "_qos1"
+        figures.update({
+            f"retained_received_ratio{suffix}": round(received / expected, 4),
+            f"retained_received_s{suffix}": round(seconds, 2),
+            f"default_broker_received_ratio{suffix}": round(default_received / expected, 4),
+        })
+    return figures
+
+
+async def run_scale(count: int) -> dict[str, Any]:
+    """``--part scale``: ``count`` real units on a broker with the documented settings and
+    persistence: all announced (configs, first report, ``online``), all listed by the real
+    ``fleet list``, all back (connected and ``online`` again) after a broker restart."""
+    resource.setrlimit(resource.RLIMIT_NOFILE, (resource.getrlimit(resource.RLIMIT_NOFILE)[1],) * 2)
+    directory = Path(tempfile.mkdtemp(prefix="fleet-scale-"))
+    broker = Broker(directory, f"{BROKER_SETTINGS}persistence true\n"
+                               f"persistence_location {directory}/\n"
+                               f"user {getpass.getuser()}\n")
+    broker.conf.write_text(broker.conf.read_text().replace("persistence false\n", ""))
+    broker.start()
+    config = directory / "config.yaml"
+    config.write_text(
+        "service: {simulator: {}}\nterminals: [{device_id: SIM-0001}]\n"
+        f"upstream:\n  mqtt: {{host: 127.0.0.1, port: {broker.port}}}\n"
+    )
+    fleet: list[Upstream] = []
+    name = f"units_{count // 1000}k" if count % 1000 == 0 else f"units_{count}"
+    figures: dict[str, Any] = {}
+    try:
+        started = time.monotonic()
+        for index in range(count):
+            mqtt = {"host": "127.0.0.1", "port": broker.port}
+            upstream = Upstream(unit_agent(index), {"device_id": f"unit-{index:05d}", "mqtt": mqtt})
+            await upstream.start()
+            fleet.append(upstream)
+        sinks = [u.mqtt for u in fleet if u.mqtt is not None]
+        await until(lambda: all(s.online for s in sinks), 600, step=0.2)
+        announced_s = time.monotonic() - started
+        listed_s, listed = fleet_list(config)
+        print(f"{count} units: all announced and online in {announced_s:.2f} s; `fleet list` "
+              f"listed {listed} in {listed_s:.2f} s")
+        before = {id(s): s.connects for s in sinks}
+        broker.stop()
+        await until(lambda: not any(s.connected for s in sinks), 120, step=0.2)
+        up_at = broker.start()
+        await until(lambda: all(s.connects > before[id(s)] and s.online for s in sinks), 600,
+                    step=0.2)
+        back_s = time.monotonic() - up_at
+        print(f"broker restart (persistence): all {count} back and online {back_s:.2f} s after "
+              f"it listened again")
+        figures.update({f"{name}_all_announced_s": round(announced_s, 2),
+                        f"{name}_fleet_list_s": round(listed_s, 2),
+                        f"{name}_fleet_list_units": listed,
+                        f"{name}_restart_all_back_s": round(back_s, 2)})
+    finally:
+        await asyncio.gather(*(u.stop() for u in fleet), return_exceptions=True)
+        broker.stop()
+        shutil.rmtree(directory, ignore_errors=True)
+    return figures
+
+
 async def send_births(port: int, count: int) -> None:
     async with aiomqtt.Client("127.0.0.1", port, max_queued_outgoing_messages=None) as client:
         print("connected", flush=True)
@@ -317,6 +449,7 @@ def main() -> None:
     parser.add_argument("--units", type=int, default=1000)
     parser.add_argument("--storm-units", type=int, default=20)
     parser.add_argument("--births", type=int, default=2000)
+    parser.add_argument("--part", choices=("all", "retained", "scale"), default="all")
     parser.add_argument("--send-births", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--port", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -324,7 +457,12 @@ def main() -> None:
         asyncio.run(send_births(args.port, args.send_births))
         return
     os.environ.setdefault("PYTHONUNBUFFERED", "1")
-    figures = asyncio.run(run(args))
+    logging.basicConfig(level=logging.ERROR)
+    if args.part == "scale":
+        figures = asyncio.run(run_scale(args.units))
+    else:
+        figures = asyncio.run(run(args)) if args.part == "all" else {}
+        figures.update(asyncio.run(run_retained(args.units)))
     print(json.dumps(figures))
 
 

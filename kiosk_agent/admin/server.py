@@ -40,6 +40,7 @@ from pydantic import BaseModel, ValidationError
 from kiosk_agent.admin.page import StatusPage, TokenGuesses
 from kiosk_agent.admin.schema import ADMIN, ADMIN_SCHEMA
 from kiosk_agent.core.logging import RefusalLog
+from kiosk_agent.core.terminal_actions import ActionRefused, ping_terminal, print_test_receipt
 from kiosk_agent.core.web import BodyError, HttpLimits, LocalSite, read_json
 from kiosk_agent.export import (
     SALE_FORMATS,
@@ -410,14 +411,7 @@ class AdminServer:
         action = request.match_info["action"]
         terminal = self._service().terminal
         if action == "ping":
-            answer = await terminal.ping(device_id)
-            self.agent.health.report_terminal(
-                device_id,
-                online=answer.online,
-                latency_ms=answer.latency_ms,
-                pinged=True,
-                detail="" if answer.online else "ping: terminal offline",
-            )
+            answer = await ping_terminal(self.agent, self._service(), device_id)
             return web.json_response(answer.model_dump(mode="json"))
         if action == "connect":
             return web.json_response((await terminal.connect(device_id)).model_dump(mode="json"))
@@ -429,30 +423,14 @@ class AdminServer:
         return _error(404, "unknown_action", f"no action {action!r}; use {actions}")
 
     async def _test_print(self, request: web.Request, device_id: str) -> web.Response:
-        listed = {t.device_id: t for t in await self._service().terminal.list()}
-        if device_id not in listed:
-            return _error(404, "unknown_terminal", f"the service lists no terminal {device_id!r}")
-        if not listed[device_id].capabilities.receipt_printing:
-            return _error(
-                400, "capability_unsupported", f"terminal {device_id} cannot print receipts"
-            )
         body = await _json_body(request)
-        trans_id = body.get("trans_id") or self._last_trans_id()
-        if not trans_id:
-            return _error(
-                409, "nothing_to_print", 'no sale with a transaction yet; send {"trans_id": ...}'
+        try:
+            trans_id = await print_test_receipt(
+                self.agent, self._service(), device_id, body.get("trans_id")
             )
-        await self._service().terminal.print_receipt(device_id, str(trans_id))
+        except ActionRefused as refused:
+            return _error(refused.status, refused.code, str(refused))
         return web.json_response({"device_id": device_id, "printed": True, "trans_id": trans_id})
-
-    def _last_trans_id(self) -> str | None:
-        journal = getattr(self.agent, "journal", None)
-        if journal is None:
-            return None
-        for record in journal.query(states=[SaleState.COMPLETED], limit=20):
-            if record.trans_id:
-                return str(record.trans_id)
-        return None
 
     # -- boarding and metrics ----------------------------------------------------------------
 

@@ -563,7 +563,7 @@ async def check_mqtt(
 ) -> None:
     import aiomqtt
 
-    from kiosk_agent.fleet.mqtt import mqtt_client, passing_client_id
+    from kiosk_agent.fleet.mqtt import CaFileError, mqtt_client, passing_client_id
 
     where = f"{conf['host']}:{conf['port']}"
     try:
@@ -571,6 +571,10 @@ async def check_mqtt(
         client = mqtt_client(conf, passing_client_id("doctor"), timeout=within)
         async with asyncio.timeout(within), client:
             pass
+    except CaFileError as err:
+        report.add("upstream mqtt", Verdict.FAIL, str(err),
+                   "point ca_file at the CA's certificate in PEM (openssl x509 -in FILE -text)")
+        return
     except (aiomqtt.MqttError, OSError, TimeoutError) as err:
         fix = "check host, port, user and password; with tls: check the CA and the clock"
         report.add("upstream mqtt", Verdict.FAIL, f"{where}: {describe(err)}", fix)

@@ -217,6 +217,7 @@ class Health:
         self._not_started: dict[str, str] = {}  # trigger -> why it cannot start
         self._triggers_running = 0
         self._error_counts: dict[str, Callable[[], int]] = {}
+        self._problem_sources: dict[str, Callable[[], str | None]] = {}
         self._ever_healthy: set[str] = set()  # links that have been up at least once
         self._listeners: list[Callable[[], object]] = []
         # the drain's end (Unix time) and how many sales it still waits for, once stopping
@@ -390,6 +391,10 @@ class Health:
         if not count:
             return "stopping (no sale running)"
         return f"stopping (draining {count} sale{'s' if count != 1 else ''}, until {at})"
+    def report_problem_of(self, part: str, problem: Callable[[], str | None]) -> None:
+        """Show ``problem()`` (None: none now) among the problems of every snapshot: a fault
+        outside the sales that a person must fix (an upstream broker refusing the unit)."""
+        self._problem_sources[part] = problem
 
     def report_fatal(self, component: str, reason: str) -> None:
         """An internal part broke in a way a restart may cure (journal unwritable, a dead task).
@@ -527,6 +532,10 @@ class Health:
             problems.insert(0, stopping)
             if status is Status.OK:
                 status = Status.DEGRADED
+        outside = [problem for source in self._problem_sources.values() if (problem := source())]
+        problems += outside
+        if outside and status is Status.OK:
+            status = Status.DEGRADED
         if errors:  # a bug, caught: the unit works on, and a person should read the log
             counted = ", ".join(f"{part} {n}" for part, n in errors.items())
             problems.append(f"unexpected errors, logged with their tracebacks: {counted}")

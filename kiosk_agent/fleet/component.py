@@ -18,14 +18,27 @@ import re
 import socket
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from kiosk_agent.core.health import Health, HealthSnapshot
+from kiosk_agent.core.terminal_actions import ActionRefused, ping_terminal, print_test_receipt
 from kiosk_agent.fleet.backoff import jittered
+from kiosk_agent.fleet.commands import (
+    PING,
+    PRESS,
+    RESTART,
+    asked_by,
+    is_press,
+    request_graceful_restart,
+    terminal_of,
+)
 from kiosk_agent.fleet.entities import (
+    DEFAULT_MODEL,
     EVENT_BACK_IN_SERVICE,
     EVENT_OUT_OF_SERVICE,
     EVENT_SALE_ATTENTION,
+    OLDEST_HOME_ASSISTANT,
     DiscoveryOptions,
 )
 from kiosk_agent.fleet.http import HttpSink
@@ -35,11 +48,14 @@ from kiosk_agent.fleet.report import build_report, iso
 from kiosk_agent.fleet.schema import UPSTREAM_SCHEMA
 from kiosk_agent.fleet.sink import Sink
 from kiosk_agent.redact import redact
+from kiosk_agent.service.errors import ServiceError
 from kiosk_agent.tasks import BackgroundTask, wait_event
 
 _LOGGER = logging.getLogger(__name__)
 
 CHANGE_GAP = 1.0  # seconds between two reports sent at once for a change
+TROUBLE_GRACE = 30.0  # seconds an upstream may fail before health shows it (at most interval)
+STOPPED = "stopped"  # the status of a clean stop's last report (entities.STATUS_OPTIONS)
 
 
 def configuration_url(agent: Any, conf: dict[str, Any]) -> str | None:
@@ -91,22 +107,37 @@ class Upstream:
                 self.device_id,
                 self._health.version,
                 discovery_options(agent, conf),
-                births=births,
+                births=births or BirthPolicy(spread=conf["mqtt"]["announce_spread"]),
                 rng=self._rng,
             )
             self.sinks.append(self.mqtt)
+            if conf["commands"]:
+                self.mqtt.on_command = self._on_command
+        self._agent = agent
+        self._request_restart: Callable[[], str | None] = request_graceful_restart
+        self._command_tasks: set[asyncio.Task[None]] = set()
+        self.commands_done: list[tuple[str, str]] = []  # (key, outcome), newest last
+        self.command_errors = 0  # unexpected errors in a command (a bug): counted in health
+        # a destination failing this long is a problem: a broker restart (every unit back
+        # within seconds) is not, a refused password is, within one interval
+        trouble_grace = min(self._interval, TROUBLE_GRACE)
+        self._health.count_errors_of("upstream commands", lambda: self.command_errors)
         for sink in self.sinks:
             self._health.count_errors_of(f"upstream {sink.name}", lambda s=sink: s.unexpected)
+            self._health.report_problem_of(f"upstream {sink.name}",
+                                           lambda s=sink: s.trouble(trouble_grace))
         self._loop = BackgroundTask(self._run, "upstream-heartbeat")
         self.heartbeats = 0
         self.prompt_heartbeats = 0  # sent at once for a change, not on the schedule
         self.first_report_waited_s: float | None = None
         self._recovery: Any = getattr(agent, "recovery", None)
         self._sales: Any = getattr(agent, "events", None)  # the sale event bus, when there is one
+        self._sales_runner: Any = getattr(agent, "sales", None)  # says when the stop began
         self._changed = asyncio.Event()
         self._unfollow: Callable[[], None] | None = None
         self._told: tuple[str, tuple[str, ...]] | None = None  # status and problems last sent
         self._last_beat = -math.inf
+        self._last_report: dict[str, Any] | None = None
         self._available: dict[str, bool] = {}
 
     async def start(self) -> None:
@@ -116,11 +147,33 @@ class Upstream:
         self._loop.start()
 
     async def stop(self) -> None:
+        """The last report says the unit stopped (retained: what the broker keeps until the
+        next start), then each sink says goodbye (MQTT: ``offline``)."""
         if self._unfollow is not None:
             self._unfollow()
+        for task in list(self._command_tasks):
+            task.cancel()
         await self._loop.stop()
+        if self.heartbeats:  # a unit that never reported keeps the last run's word
+            stopped = self.final_report()
+            for sink in self.sinks:
+                sink.queue.put(stopped)
         for sink in self.sinks:
             await sink.stop()
+
+    def final_report(self) -> dict[str, Any]:
+        """A clean stop's report: ``stopped``, the time it stopped, and the problems of the
+        last report before the stop (the links closing, the terminals let go are the stop, not
+        faults: a journal that took no writes before it still did not)."""
+        report = build_report(self.device_id, self._health.snapshot(), self._interval)
+        last = self._last_report or report
+        report.update(status=STOPPED, problems=last["problems"],
+                      out_of_service=last["out_of_service"], stopped=iso(time.time()))
+        return report
+
+    def _stopping(self) -> bool:
+        """The agent's stop has begun: what changes now (links closed) is no news to report."""
+        return bool(getattr(self._sales_runner, "stopping", False))
 
     async def _run(self) -> None:
         async with contextlib.AsyncExitStack() as stack:
@@ -131,7 +184,8 @@ class Upstream:
             await self._settle()
             while True:
                 self._changed.clear()
-                self.heartbeat()
+                if not self._stopping():
+                    self.heartbeat()
                 await self._until_next_beat()
 
     async def _until_next_beat(self) -> None:
@@ -142,6 +196,8 @@ class Upstream:
         while (remaining := deadline - time.monotonic()) > 0:
             await wait_event(self._changed, remaining)  # a stop's cancellation is never lost
             self._changed.clear()
+            if self._stopping():
+                continue  # the stop's own report (final_report) says it
             if self._told is not None and _must_tell(self._health.snapshot()) != self._told:
                 await asyncio.sleep(max(0.0, self._last_beat + self._change_gap - time.monotonic()))
                 self.prompt_heartbeats += 1
@@ -192,6 +248,7 @@ class Upstream:
             sink.queue.put(report)
             sink.wake()
         self.heartbeats += 1
+        self._last_report = report
         self._told = _must_tell(snapshot)
         self._last_beat = time.monotonic()
         self._tell_availability(snapshot)
@@ -208,6 +265,56 @@ class Upstream:
             self.mqtt.publish_event(
                 kind, terminal=state.device_id, reason=state.reason, at=iso(state.since)
             )
+
+    # -- commands from Home Assistant (upstream.commands) ---------------------------------------
+
+    def _on_command(self, key: str, payload: bytes) -> None:
+        """A command on the unit's own topic: done in a task of its own (the MQTT loop goes on
+        hearing), logged with who asked and what came of it."""
+        if not is_press(payload):
+            _LOGGER.warning("upstream mqtt: command %s ignored: its payload is not %s (nor a "
+                            "JSON object)", key, PRESS)
+            return
+        _LOGGER.info("upstream mqtt: command %s from %s", key, asked_by(payload))
+        task = asyncio.ensure_future(self._run_command(key))
+        self._command_tasks.add(task)
+        task.add_done_callback(self._command_tasks.discard)
+
+    async def _run_command(self, key: str) -> None:
+        try:
+            outcome = await self._command(key)
+        except (ActionRefused, ServiceError) as err:
+            outcome = f"failed: {err}"
+        except Exception:  # a bug: logged, counted in health; the unit goes on
+            self.command_errors += 1
+            _LOGGER.exception("upstream mqtt: command %s failed unexpectedly", key)
+            outcome = "failed unexpectedly"
+        self.commands_done.append((key, outcome))
+        level = logging.INFO if outcome.startswith("done") else logging.WARNING
+        _LOGGER.log(level, "upstream mqtt: command %s %s", key, redact(outcome))
+
+    async def _command(self, key: str) -> str:
+        """What the command does; its outcome in words (``done...``, ``refused: ...``)."""
+        sales = self._sales_runner
+        if key == RESTART:
+            running = [r.sale_id for r in getattr(sales, "running", [])]
+            if running:  # the restart waits for no drain: a person presses again after
+                return f"refused: sale {', '.join(running)} in progress (press again after it)"
+            refused = self._request_restart()
+            return f"refused: {refused}" if refused else "done: graceful stop begun (restart)"
+        terminals = self.mqtt._discovery.terminals if self.mqtt is not None else ()
+        device_id = terminal_of(key, terminals)
+        service = getattr(self._agent, "service", None)
+        if device_id is None or service is None:
+            return f"refused: no such command {key!r}"
+        if key.startswith(PING):
+            answer = await ping_terminal(self._agent, service, device_id)
+            return f"done: {device_id} {'online' if answer.online else 'offline'}"
+        busy = sales.busy_reason(device_id) if sales is not None else None
+        if busy:
+            return f"refused: {device_id} busy ({busy})"
+        trans_id = await print_test_receipt(self._agent, service, device_id)
+        return f"done: {device_id} printed the receipt of {trans_id}"
 
     def stats(self) -> dict[str, dict[str, float]]:
         """Per-sink counters for metrics and the admin API."""
@@ -253,10 +360,15 @@ def discovery_options(agent: Any, conf: dict[str, Any]) -> DiscoveryOptions:
         name=conf.get("name"),
         suggested_area=conf.get("suggested_area"),
         serial_number=conf.get("serial_number"),
+        model=conf.get("model", DEFAULT_MODEL),
         model_id=conf.get("model_id"),
+        hw_version=conf.get("hw_version") or board_name(),
+        mac=network_mac(),
+        home_assistant=conf.get("home_assistant", OLDEST_HOME_ASSISTANT),
         support_url=conf.get("support_url"),
         terminals=tuple(terminals.items()),
         audit="dex" in (getattr(getattr(agent, "config", None), "data", None) or {}),
+        commands=conf["commands"],
     )
 
 
@@ -266,3 +378,29 @@ def host_device_id() -> str:
     name = "".join(c if c.isascii() and (c.isalnum() or c in "-_") else "_"
                    for c in socket.gethostname())
     return name or "kiosk"
+
+
+def board_name(path: Path = Path("/proc/device-tree/model")) -> str | None:
+    """The board's own name where its firmware gives one ("Raspberry Pi 4 Model B Rev 1.4")."""
+    try:
+        name = path.read_bytes().rstrip(b"\x00").decode("ascii", "replace").strip()
+    except OSError:
+        return None
+    return name[:64] or None
+
+
+def network_mac(net: Path = Path("/sys/class/net")) -> str | None:
+    """The MAC address of the unit's first network interface (by name) that has one: Home
+    Assistant's "mac" connection, which merges the unit with what else knows the device."""
+    try:
+        interfaces = sorted(p for p in net.iterdir() if p.name != "lo")
+    except OSError:
+        return None
+    for interface in interfaces:
+        try:
+            mac = (interface / "address").read_text().strip().lower()
+        except OSError:
+            continue
+        if re.fullmatch(r"([0-9a-f]{2}:){5}[0-9a-f]{2}", mac) and mac != "00:00:00:00:00:00":
+            return mac
+    return None

@@ -5,18 +5,62 @@ Full key names (HA takes them and its abbreviations alike). HA's rules kept, fro
 only with ``state_class: total``; ``options`` only with ``device_class: enum``, and then
 neither a state class nor a unit; ``monetary`` only with ``state_class: total``; ``timestamp``
 with neither; ``expire_after`` a positive integer, not on events; origin needs a ``name``.
-What each release takes is in docs/fleet.md ("Which Home Assistant gets what").
+What each release takes is in docs/fleet.md ("Which Home Assistant gets what"):
+``HOME_ASSISTANT_RULES`` holds it, one rule set per release the configs were checked against
+(its source read, kept as data in tests/fleet/home_assistant_rules.py); a key an older release
+refuses (2024.3: ``extra keys not allowed @ data['device']['model_id']``, no device at all) is
+sent only to a release that takes it, as the operator names it in ``upstream.home_assistant``.
 """
 
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from typing import Any
 
-from kiosk_agent.fleet.entities import DiscoveryOptions, Entity, latin_slug, slug, unit_entities
+from kiosk_agent.fleet.entities import (
+    OLDEST_HOME_ASSISTANT,
+    DiscoveryOptions,
+    Entity,
+    latin_slug,
+    slug,
+    unit_entities,
+)
 from kiosk_agent.fleet.topics import OFFLINE, ONLINE, discovery_topic
 
-PUBLISHER = "kiosk-agent"  # the origin's name: who published the configs
+PUBLISHER = "kiosk-agent"  # the origin's name: who published the configs and the manufacturer
+
+
+@dataclass(frozen=True, slots=True)
+class HomeAssistantRules:
+    """What one Home Assistant release takes beyond what every supported one does."""
+
+    release: str
+    model_id: bool  # device model_id (2024.3's device schema refuses it: no device, no entity)
+    default_entity_id: bool  # 2024.3 drops it and derives the same id from the names
+    enum_options: bool  # an enum sensor's options (2024.3's MQTT sensor has none: text)
+    none_timestamp: bool  # a timestamp sensor takes "None" as no value (2024.3 warns)
+
+
+# One rule set per release checked (its source read: tests/fleet/home_assistant_rules.py)
+HOME_ASSISTANT_RULES = {
+    "2024.3": HomeAssistantRules("2024.3", False, False, False, False),
+    "2026.2": HomeAssistantRules("2026.2", True, True, True, True),
+}
+
+
+def release_tuple(release: str) -> tuple[int, int]:
+    """``"2024.3"`` (or ``"2024.3.3"``) as (2024, 3), to compare releases."""
+    year, month = release.split(".")[:2]
+    return int(year), int(month)
+
+
+def home_assistant_rules(release: str | None) -> HomeAssistantRules:
+    """The rules for the Home Assistant the operator runs: the newest checked release not newer
+    than it (the oldest when unsaid: what 2024.3 refuses is never sent to a HA not named)."""
+    wanted = release_tuple(release or OLDEST_HOME_ASSISTANT)
+    fitting = [r for r in HOME_ASSISTANT_RULES if release_tuple(r) <= wanted]
+    return HOME_ASSISTANT_RULES[max(fitting or [OLDEST_HOME_ASSISTANT], key=release_tuple)]
 
 
 def unique_id(device_id: str, key: str) -> str:
@@ -39,15 +83,19 @@ def own_config(device_id: str, payload: str | bytes | bytearray) -> bool:
 
 
 def device_info(device_id: str, version: str, options: DiscoveryOptions) -> dict[str, Any]:
+    rules = home_assistant_rules(options.home_assistant)
     device: dict[str, Any] = {
         "identifiers": [f"kiosk_agent_{device_id}"],
         "name": options.name or device_id,
         "manufacturer": PUBLISHER,
-        "model": PUBLISHER,
+        "model": options.model,
         "sw_version": version,
     }
+    if options.mac:
+        device["connections"] = [["mac", options.mac]]
     optional = {
-        "model_id": options.model_id,  # HA 2024.8 and later
+        "model_id": options.model_id if rules.model_id else None,
+        "hw_version": options.hw_version,
         "serial_number": options.serial_number,
         "suggested_area": options.suggested_area,
         "configuration_url": options.configuration_url,
@@ -112,9 +160,25 @@ def _config(
     }
     if entity.attributes:
         config["json_attributes_topic"] = config["state_topic"]
+    if entity.stateless:
+        config.pop("state_topic")
     if entity.expires and options.expire_after:
         config["expire_after"] = options.expire_after
-    return config
+    return _for_release(config, entity, home_assistant_rules(options.home_assistant))
+
+
+def _for_release(
+    config: dict[str, Any], entity: Entity, rules: HomeAssistantRules
+) -> dict[str, Any]:
+    """The config as the release takes it: nothing it refuses or drops, no value it warns of."""
+    if not rules.none_timestamp and entity.no_none is not None:
+        config.update(entity.no_none)
+    if not rules.enum_options and "options" in config:
+        config.pop("options")
+        config.pop("device_class", None)  # an enum without options: a text sensor, said so
+    if not rules.default_entity_id:
+        config.pop("default_entity_id")
+    return {key: value for key, value in config.items() if value is not None}
 
 
 def _object_id(entity: Entity, device_id: str, device_name: str) -> str:

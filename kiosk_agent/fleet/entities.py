@@ -15,11 +15,12 @@ import hashlib
 import re
 import unicodedata
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
-# The statuses the Status sensor can have (Home Assistant device_class enum options).
-STATUS_OPTIONS = ["ok", "degraded", "down"]
+# The statuses the Status sensor can have (Home Assistant device_class enum options);
+# "stopped": the last report of a unit stopped on purpose.
+STATUS_OPTIONS = ["ok", "degraded", "down", "stopped"]
 
 # The kinds of events the Alert event entity fires ("event_types").
 EVENT_SALE_ATTENTION = "sale_needs_attention"
@@ -28,9 +29,17 @@ EVENT_BACK_IN_SERVICE = "terminal_back_in_service"
 EVENT_TYPES = [EVENT_SALE_ATTENTION, EVENT_OUT_OF_SERVICE, EVENT_BACK_IN_SERVICE]
 
 # Configs announced by earlier versions and no longer: cleared on connect and by `fleet forget`.
-RETIRED = [("sensor", "uptime")]  # replaced by "Started at", which does not change every beat
+RETIRED = [
+    ("sensor", "uptime"),  # replaced by "Started at", which does not change every beat
+    ("binary_sensor", "journal"),  # "Journal writable" without a device class: now "Journal"
+]
 
+DEFAULT_MODEL = "card payment kiosk"  # the device's model unless `upstream.model` says
+OLDEST_HOME_ASSISTANT = "2024.3"  # the rules used unless `upstream.home_assistant` says
+
+# 'None': HA's MQTT binary sensor's word for no value (not checked yet)
 _ON_OFF = "{{{{ {{true: 'ON', false: 'OFF'}}.get({value}, 'None') }}}}"
+_OFF_ON = "{{{{ {{true: 'OFF', false: 'ON'}}.get({value}, 'None') }}}}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,16 +52,23 @@ class DiscoveryOptions:
     name: str | None = None  # the device's name in HA; default: the device id
     suggested_area: str | None = None
     serial_number: str | None = None
+    model: str = DEFAULT_MODEL  # the device's model (the manufacturer is the project)
     model_id: str | None = None
+    hw_version: str | None = None  # the board the unit runs on
+    mac: str | None = None  # the unit's network address: HA's "mac" connection
     support_url: str | None = None  # the origin's support link; default: configuration_url
+    # the Home Assistant release the configs are for (discovery.HOME_ASSISTANT_RULES)
+    home_assistant: str = OLDEST_HOME_ASSISTANT
     # configured terminals: (device_id, name) -> connectivity and card-payment entities each
     terminals: Sequence[tuple[str, str]] = field(default_factory=tuple)
     audit: bool = False  # the unit reads the machine's books (a `dex:` section)
+    commands: bool = False  # buttons and the update entity (upstream.commands)
 
 
 @dataclass(frozen=True, slots=True)
 class Entity:
-    """One entity: its HA component, its key (in topics and unique ids), name and own keys."""
+    """One entity, described as data: its HA component, its key (in topics and unique ids),
+    name and own keys. Adding an entity is adding one of these to ``UNIT_ENTITIES``."""
 
     component: str
     key: str
@@ -60,6 +76,11 @@ class Entity:
     config: dict[str, Any]
     expires: bool = True  # takes expire_after (an event entity has no state to expire)
     attributes: bool = False  # json_attributes_template reads the state topic too
+    # what a release whose timestamp sensor refuses the text "None" (2024.3: "Invalid state
+    # message" on every report) gets instead: a plain text sensor that says "unknown"
+    no_none: dict[str, Any] | None = None
+    currency: bool = False  # its unit is the configured currency
+    stateless: bool = False  # a button: no state topic, nothing to expire
 
 
 def slug(text: str) -> str:
@@ -84,187 +105,197 @@ def latin_slug(text: str) -> str | None:
     return slug(plain)
 
 
+_DIAGNOSTIC = {"entity_category": "diagnostic"}
+# off until a person turns it on, as HA's own integrations ship such diagnostics (ESPHome's
+# uptime, Shelly's RSSI): nothing a person acts on, a recorder row at every change
+_HIDDEN = {"entity_category": "diagnostic", "enabled_by_default": False}
+_COUNT = {
+    "state_class": "measurement",
+    "unit_of_measurement": "sales",
+    "suggested_display_precision": 0,
+}
+
+UNIT_ENTITIES: tuple[Entity, ...] = (
+    Entity(
+        "sensor",
+        "status",
+        "Status",
+        {
+            "value_template": "{{ value_json.status }}",
+            "device_class": "enum",
+            "options": STATUS_OPTIONS,  # HA 2024.3 has none (its MQTT sensor takes no options)
+            "icon": "mdi:storefront-check",
+        },
+    ),
+    Entity(
+        "binary_sensor",
+        "problem",
+        "Problem",
+        {
+            "device_class": "problem",
+            # a unit stopped on purpose has no problem: it is unavailable (availability)
+            "value_template": "{{ 'OFF' if value_json.status in ('ok', 'stopped') else 'ON' }}",
+            # the problems themselves, as the Problem sensor's attributes
+            "json_attributes_template": (
+                "{{ {'problems': value_json.problems, "
+                "'out_of_service': value_json.out_of_service | default([])} | tojson }}"
+            ),
+        },
+        attributes=True,
+    ),
+    Entity(
+        "sensor",
+        "terminals_online",
+        "Terminals online",
+        {
+            "value_template": "{{ value_json.terminals_online }}",
+            "state_class": "measurement",
+            "unit_of_measurement": "terminals",
+            "suggested_display_precision": 0,
+            "icon": "mdi:credit-card-wireless",
+        },
+    ),
+    Entity(
+        "sensor",
+        "sales_today",
+        "Sales today",
+        {
+            # drops to 0 at local midnight: a meter reset for total_increasing, never a negative
+            "value_template": "{{ value_json.sales.today_count }}",
+            "state_class": "total_increasing",
+            "unit_of_measurement": "sales",
+            "suggested_display_precision": 0,
+            "icon": "mdi:cart-check",
+        },
+    ),
+    Entity(
+        "sensor",
+        "sales_today_amount",
+        "Sales today amount",
+        {
+            # cents on the wire (exact), currency units for people; monetary takes only
+            # state_class total, so the midnight reset is told by last_reset
+            "value_template": "{{ (value_json.sales.today_amount_cents / 100) | round(2) }}",
+            "device_class": "monetary",
+            "state_class": "total",
+            "suggested_display_precision": 2,
+            "last_reset_value_template": "{{ value_json.sales.day_started }}",
+        },
+        currency=True,
+    ),
+    Entity(
+        "sensor",
+        "open_sales",
+        "Open sales",
+        {"value_template": "{{ value_json.sales.open }}", **_COUNT, "icon": "mdi:timer-sand"},
+    ),
+    Entity(
+        "sensor",
+        "attention_sales",
+        "Sales needing attention",
+        {
+            "value_template": "{{ value_json.sales.attention }}",
+            **_COUNT,
+            "icon": "mdi:alert-circle-outline",
+        },
+    ),
+    Entity(
+        "binary_sensor",
+        "service",
+        "Service",
+        {
+            "device_class": "connectivity",
+            "value_template": _ON_OFF.format(value="value_json.service.reachable"),
+        },
+    ),
+    Entity(
+        "binary_sensor",
+        "journal_problem",
+        "Journal",
+        {
+            # on: the journal takes no writes (HA: "Problem"); "Journal writable" before
+            "device_class": "problem",
+            "value_template": _OFF_ON.format(value="value_json.journal.writable"),
+            "icon": "mdi:database-alert",
+            **_DIAGNOSTIC,
+        },
+    ),
+    Entity(
+        "sensor",
+        "started_at",
+        "Started at",
+        {"value_template": "{{ value_json.started }}", "device_class": "timestamp", **_HIDDEN},
+    ),
+    Entity(
+        "sensor",
+        "last_heartbeat",
+        "Last heartbeat",
+        # a new value every heartbeat: off unless wanted, to spare the recorder
+        {"value_template": "{{ value_json.reported }}", "device_class": "timestamp", **_HIDDEN},
+    ),
+    Entity(
+        "sensor",
+        "api_key_expires",
+        "API key expires",
+        {
+            # "None": HA's MQTT sensor's word for no value (2024.6 and later take it here)
+            "value_template": "{{ value_json.service.key_expires or 'None' }}",
+            "device_class": "timestamp",
+            "icon": "mdi:key-chain",
+            **_DIAGNOSTIC,
+        },
+        no_none={
+            "value_template": "{{ value_json.service.key_expires or 'unknown' }}",
+            "device_class": None,
+        },
+    ),
+    Entity(
+        "sensor",
+        "version",
+        "Version",
+        # the device's own sw_version says it too
+        {"value_template": "{{ value_json.version }}", "icon": "mdi:tag-outline", **_HIDDEN},
+    ),
+    Entity(
+        "event",
+        "alert",
+        "Alert",
+        {"event_types": EVENT_TYPES, "icon": "mdi:bell-alert"},  # state_topic: the event topic
+        expires=False,
+    ),
+)
+
+
 def unit_entities(options: DiscoveryOptions, event_topic: str) -> list[Entity]:
     """The unit's own entities, then two per configured terminal."""
-    diagnostic = {"entity_category": "diagnostic"}
-    count = {
-        "state_class": "measurement",
-        "unit_of_measurement": "sales",
-        "suggested_display_precision": 0,
-    }
-    entities = [
-        Entity(
-            "sensor",
-            "status",
-            "Status",
-            {
-                "value_template": "{{ value_json.status }}",
-                "device_class": "enum",
-                "options": STATUS_OPTIONS,  # HA 2024.3 drops them (its MQTT sensor has none)
-                "icon": "mdi:storefront-check",
-            },
-        ),
-        Entity(
-            "binary_sensor",
-            "problem",
-            "Problem",
-            {
-                "device_class": "problem",
-                "value_template": "{{ 'OFF' if value_json.status == 'ok' else 'ON' }}",
-                # the problems themselves, as the Problem sensor's attributes
-                "json_attributes_template": (
-                    "{{ {'problems': value_json.problems, "
-                    "'out_of_service': value_json.out_of_service | default([])} | tojson }}"
-                ),
-            },
-            attributes=True,
-        ),
-        Entity(
-            "sensor",
-            "terminals_online",
-            "Terminals online",
-            {
-                "value_template": "{{ value_json.terminals_online }}",
-                "state_class": "measurement",
-                "unit_of_measurement": "terminals",
-                "suggested_display_precision": 0,
-                "icon": "mdi:credit-card-wireless",
-            },
-        ),
-        Entity(
-            "sensor",
-            "sales_today",
-            "Sales today",
-            {
-                # drops to 0 at UTC midnight: a meter reset for total_increasing, never a negative
-                "value_template": "{{ value_json.sales.today_count }}",
-                "state_class": "total_increasing",
-                "unit_of_measurement": "sales",
-                "suggested_display_precision": 0,
-                "icon": "mdi:cart-check",
-            },
-        ),
-        Entity(
-            "sensor",
-            "sales_today_amount",
-            "Sales today amount",
-            {
-                # cents on the wire (exact), currency units for people; monetary takes only
-                # state_class total, so the midnight reset is told by last_reset
-                "value_template": "{{ (value_json.sales.today_amount_cents / 100) | round(2) }}",
-                "unit_of_measurement": options.currency,
-                "device_class": "monetary",
-                "state_class": "total",
-                "suggested_display_precision": 2,
-                "last_reset_value_template": "{{ value_json.sales.day_started }}",
-            },
-        ),
-        Entity(
-            "sensor",
-            "open_sales",
-            "Open sales",
-            {
-                "value_template": "{{ value_json.sales.open }}",
-                **count,
-                "icon": "mdi:timer-sand",
-            },
-        ),
-        Entity(
-            "sensor",
-            "attention_sales",
-            "Sales needing attention",
-            {
-                "value_template": "{{ value_json.sales.attention }}",
-                **count,
-                "icon": "mdi:alert-circle-outline",
-            },
-        ),
-        Entity(
-            "binary_sensor",
-            "service",
-            "Service",
-            {
-                "device_class": "connectivity",
-                "value_template": _ON_OFF.format(value="value_json.service.reachable"),
-            },
-        ),
-        Entity(
-            "binary_sensor",
-            "journal",
-            "Journal writable",
-            {
-                "value_template": _ON_OFF.format(value="value_json.journal.writable"),
-                "icon": "mdi:database-check",
-                **diagnostic,
-            },
-        ),
-        Entity(
-            "sensor",
-            "started_at",
-            "Started at",
-            {
-                "value_template": "{{ value_json.started }}",
-                "device_class": "timestamp",
-                **diagnostic,
-            },
-        ),
-        Entity(
-            "sensor",
-            "last_heartbeat",
-            "Last heartbeat",
-            {
-                "value_template": "{{ value_json.reported }}",
-                "device_class": "timestamp",
-                # a new value every heartbeat: off unless wanted, to spare the recorder
-                "enabled_by_default": False,
-                **diagnostic,
-            },
-        ),
-        Entity(
-            "sensor",
-            "api_key_expires",
-            "API key expires",
-            {
-                "value_template": "{{ value_json.service.key_expires or 'None' }}",
-                "device_class": "timestamp",
-                "icon": "mdi:key-chain",
-                **diagnostic,
-            },
-        ),
-        Entity(
-            "sensor",
-            "version",
-            "Version",
-            {
-                "value_template": "{{ value_json.version }}",
-                "icon": "mdi:tag-outline",
-                **diagnostic,
-            },
-        ),
-        Entity(
-            "event",
-            "alert",
-            "Alert",
-            {
-                "state_topic": event_topic,
-                "event_types": EVENT_TYPES,
-                "icon": "mdi:bell-alert",
-            },
-            expires=False,
-        ),
-    ]
+    entities = [_resolved(entity, options, event_topic) for entity in UNIT_ENTITIES]
     if options.audit:
-        entities += AUDIT_ENTITIES
+        entities += [_resolved(entity, options, event_topic) for entity in AUDIT_ENTITIES]
     keys: set[str] = set()
     for device_id, name in options.terminals:
         key = terminal_key(device_id, keys)
         keys.add(key)
         entities += terminal_entities(device_id, name or device_id, key)
+    if options.commands:
+        # imported here: commands.py builds its entities from this module's
+        from kiosk_agent.fleet.commands import command_entities
+
+        entities += command_entities(event_topic.rsplit("/", 1)[0], options.terminals)
     return entities
 
 
+def _resolved(entity: Entity, options: DiscoveryOptions, event_topic: str) -> Entity:
+    """A description with what depends on the unit filled in: the currency, the event topic."""
+    config = dict(entity.config)
+    if entity.currency:
+        config["unit_of_measurement"] = options.currency
+    if entity.component == "event":
+        config["state_topic"] = event_topic
+    return replace(entity, config=config)
+
+
 # The machine's books (docs/audit.md): read from the report's `audit` part.
-AUDIT_ENTITIES = [
+AUDIT_ENTITIES: tuple[Entity, ...] = (
     Entity(
         "sensor",
         "columns_low",
@@ -307,10 +338,15 @@ AUDIT_ENTITIES = [
             " or 'None' }}",
             "device_class": "timestamp",
             "icon": "mdi:clipboard-text-clock",
-            "entity_category": "diagnostic",
+            **_DIAGNOSTIC,
+        },
+        no_none={
+            "value_template": "{{ (value_json.audit.last_read if value_json.audit else None)"
+            " or 'unknown' }}",
+            "device_class": None,
         },
     ),
-]
+)
 
 
 def terminal_key(device_id: str, taken: set[str]) -> str:
@@ -344,6 +380,8 @@ def terminal_entities(device_id: str, name: str, key: str | None = None) -> list
             f"card_payments_{key}",
             f"Card payments {name}",
             {
+                # running: takes cards now; off while out of service
+                "device_class": "running",
                 "value_template": _ON_OFF.format(value=f"{state}.available"),
                 "icon": "mdi:credit-card-check-outline",
             },

@@ -165,8 +165,8 @@ def _iso(unix_time: float) -> str:
 
 def _next_midnight(started: float, started_iso: object) -> float:
     """When the unit's day that began at ``started`` ends: its next midnight, by the offset
-    its report names (``day_started``: UTC, or an older release's local offset); a report
-    without one, by this machine's."""
+    its report names (``day_started``: UTC, a day of 24 hours always; an older release's local
+    offset); a report without one, by this machine's."""
     zone = None
     if isinstance(started_iso, str):
         with contextlib.suppress(ValueError):

@@ -34,6 +34,7 @@ from kiosk_agent.fleet.discovery import discovery_messages, own_config
 from kiosk_agent.fleet.entities import RETIRED, DiscoveryOptions
 from kiosk_agent.fleet.loopback import insecure_mqtt
 from kiosk_agent.fleet.sink import SinkBase
+from kiosk_agent.fleet.tls import ca_file_problem
 from kiosk_agent.fleet.topics import OFFLINE, ONLINE, discovery_topic, unit_base_topic
 
 _LOGGER = logging.getLogger(__name__)
@@ -51,7 +52,9 @@ class BirthPolicy:
     """How the unit answers Home Assistant's birth messages (seconds)."""
 
     settle: float = 1.0  # the births must have stopped this long
-    spread: float = 2.0  # plus a random delay up to this, so a fleet does not answer at once
+    # plus a random delay up to this, so a fleet does not answer at once: 1,000 units in one
+    # burst overflow the broker's queue for Home Assistant (upstream.mqtt.announce_spread)
+    spread: float = 30.0
     longest: float = 10.0  # a storm that never stops is answered after this anyway
     min_gap: float = 5.0  # never two announces closer than this
     max_gap: float = 60.0  # births that keep coming double the gap up to this
@@ -81,7 +84,8 @@ class MqttSink(SinkBase):
         clock: Callable[[], float] = time.monotonic,
         connect_timeout: float = 10.0,
     ):
-        super().__init__(1)  # a newer report replaces the one not sent yet (counted as dropped)
+        # a newer report replaces the one not sent yet (counted as dropped)
+        super().__init__(1, clock)
         self._conf = conf
         self.device_id = device_id
         self._version = version
@@ -129,9 +133,14 @@ class MqttSink(SinkBase):
         self.events_sent = 0
         self.last_report: dict[str, Any] | None = None
         self._client: aiomqtt.Client | None = None
-        # an announce ends with `online`: a stop's goodbye waits for it, and none starts after
+        # announces and `online` hold it: a stop's goodbye waits for them, and none starts after
         self._announcing = asyncio.Lock()
         self._stopping = False
+        self.online = False  # `online` said on this connection (after a report of this run)
+        # commands (upstream.commands): the handler, set by Upstream; None: not subscribed
+        self.on_command: Callable[[str, bytes], None] | None = None
+        self.commands_filter = f"{self.base_topic}/command/+"
+        self._retained_commands: set[str] = set()
 
     def publish_event(self, event_type: str, **attributes: Any) -> None:
         """Fire Home Assistant's Alert event entity (not retained: a replay is not an event)."""
@@ -161,14 +170,17 @@ class MqttSink(SinkBase):
             try:
                 async with self._new_client() as client:
                     self._client = client
+                    self.online = False
                     connected_at = self._clock()
                     await self._announce(client, first=self.connects == 0)
                     if self.last_report is not None and not self.queue:
                         # a broker restarted without persistence lost it: HA would show
                         # "unknown" until the next beat
                         await self._publish_state(client, self.last_report)
+                        await self._say_online(client)
                     self.connected = True
                     self.connects += 1
+                    self._reached()
                     await self._serve(client)
             except (aiomqtt.MqttError, OSError) as err:
                 self._failed(f"broker {self._conf['host']}:{self._conf.get('port', 1883)}: "
@@ -179,6 +191,17 @@ class MqttSink(SinkBase):
                 self.connected = False
                 self._client = None
             await asyncio.sleep(self._backoff.next())
+
+    async def _say_online(self, client: aiomqtt.Client) -> None:
+        """``online``, once a report of this run is on the broker: before it, the retained
+        report is the last run's (a problem long gone, or sales that were open), and Home
+        Assistant would show it as now. Never after a stop's goodbye."""
+        if self.online:
+            return
+        async with self._announcing:
+            if not self._stopping:
+                await client.publish(self.availability_topic, ONLINE, qos=1, retain=True)
+                self.online = True
 
     def _short_lived(self, connected_at: float | None) -> str:
         """Start the back-off over after a connection that held; else say what may be wrong.
@@ -204,6 +227,8 @@ class MqttSink(SinkBase):
         """Flush on every wake-up until the connection is lost (then raise MqttError)."""
         if self.birth_topic is not None and self.configs_filter is not None:
             await client.subscribe([(self.birth_topic, 1), (self.configs_filter, 1)])
+        if self.on_command is not None:  # the unit's own command topics only
+            await client.subscribe(self.commands_filter, qos=1)
         lost: asyncio.Future[None] = asyncio.ensure_future(self._listen(client))
         woken: asyncio.Future[Any] | None = None
         try:
@@ -231,6 +256,9 @@ class MqttSink(SinkBase):
 
         The message iterator is aiomqtt's one public way to hear that the link dropped."""
         async for message in client.messages:
+            if message.topic.matches(self.commands_filter):
+                self._command(message)
+                continue
             if not message.retain:  # a retained one is old (the subscription hands it over)
                 if str(message.topic) == self.birth_topic and message.payload in (b"online",
                                                                                   ONLINE):
@@ -239,6 +267,21 @@ class MqttSink(SinkBase):
                 self._stale_configs.append(str(message.topic))
                 self.wake()
         raise aiomqtt.MqttError("connection closed")
+
+    def _command(self, message: aiomqtt.Message) -> None:
+        """A command on the unit's own topic, to ``on_command``; a retained one would act at
+        every connect (and after every broker restart): ignored, said once per topic."""
+        key = str(message.topic).rsplit("/", 1)[1]
+        payload = message.payload if isinstance(message.payload, bytes) else b""
+        if message.retain:
+            if key not in self._retained_commands:
+                self._retained_commands.add(key)
+                _LOGGER.warning("upstream mqtt: a retained command on %s is ignored (it would "
+                                "act at every connect); clear it with an empty retained "
+                                "message", message.topic)
+            return
+        if self.on_command is not None:
+            self.on_command(key, payload)
 
     def _stale(self, message: aiomqtt.Message) -> bool:
         """A retained config of this unit's own that it no longer announces."""
@@ -278,6 +321,7 @@ class MqttSink(SinkBase):
         await self._announce(client)
         if self.last_report is not None:  # its entities get a state at once
             await self._publish_state(client, self.last_report)
+            await self._say_online(client)
 
     async def _publish_state(self, client: aiomqtt.Client, report: dict[str, Any]) -> None:
         await client.publish(self.state_topic, json.dumps(report), qos=1, retain=True)
@@ -304,7 +348,6 @@ class MqttSink(SinkBase):
             for component, key in RETIRED:
                 topic = discovery_topic(self._prefix, component, self.device_id, key)
                 await client.publish(topic, b"", qos=1, retain=True)
-        await client.publish(self.availability_topic, ONLINE, qos=1, retain=True)
         self.announcements += 1
         self._last_announce = self._clock()
 
@@ -312,7 +355,8 @@ class MqttSink(SinkBase):
         while (report := self.queue.peek()) is not None:
             await self._publish_state(client, report)
             self.last_report = report
-            self._sent_one()
+            self._took(report)
+            await self._say_online(client)
         while self.events:
             await client.publish(self.event_topic, json.dumps(self.events[0]), qos=1)
             self.events.popleft()
@@ -325,14 +369,24 @@ class MqttSink(SinkBase):
             _LOGGER.info("upstream mqtt: cleared %s, no longer announced (Home Assistant "
                          "removes its entity)", topic)
 
+    def _took(self, report: dict[str, Any]) -> None:
+        """The broker took ``report``: off the queue, unless the stop's goodbye (which may
+        send the same one meanwhile) took it off already."""
+        if self.queue.peek() is report:
+            self._sent_one()
+
     async def stop(self) -> None:
         self._stopping = True
         client = self._client
         if client is not None:  # connected, perhaps still announcing
-            # A clean goodbye: the broker does not send the will on a normal DISCONNECT. It is
-            # the last word: an announce under way (which ends with `online`) finishes first.
+            # A clean goodbye: the report that says the unit stopped (queued by Upstream.stop),
+            # then `offline`; the broker does not send the will on a normal DISCONNECT. It is
+            # the last word: an announce under way finishes first.
             with contextlib.suppress(aiomqtt.MqttError, TimeoutError):
                 async with asyncio.timeout(2), self._announcing:
+                    if (report := self.queue.peek()) is not None:
+                        await self._publish_state(client, report)
+                        self._took(report)
                     await client.publish(self.availability_topic, OFFLINE, qos=1, retain=True)
         await super().stop()
 
@@ -351,10 +405,14 @@ def mqtt_tls_context(conf: dict[str, Any]) -> ssl.SSLContext | None:
     if not conf.get("tls"):
         return None
     ca_file = conf.get("ca_file")
-    try:
-        return ssl.create_default_context(cafile=ca_file)
-    except OSError as err:  # gone or not a certificate since the config was checked
-        raise OSError(f"tls ca_file {ca_file}: {err.strerror or err}") from None
+    if ca_file and (problem := ca_file_problem(ca_file)) is not None:
+        # gone or not a certificate since the config was checked: said so, not "failed"
+        raise CaFileError(f"tls ca_file {ca_file}: {problem}")
+    return ssl.create_default_context(cafile=ca_file)
+
+
+class CaFileError(OSError):
+    """The CA file does not load (its words name why)."""
 
 
 def passing_client_id(role: str) -> str:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Callable
 from typing import Protocol
 
 from kiosk_agent.fleet.queue import ReportQueue
@@ -23,6 +24,8 @@ class Sink(Protocol):
     last_sent_at: float | None
     last_error: str
 
+    def trouble(self, grace: float) -> str | None: ...
+
     def wake(self) -> None: ...
 
     async def start(self) -> None: ...
@@ -33,8 +36,10 @@ class Sink(Protocol):
 class SinkBase:
     name = "sink"
 
-    def __init__(self, queue_size: int) -> None:
+    def __init__(self, queue_size: int, clock: Callable[[], float] = time.monotonic) -> None:
         self.queue = ReportQueue(queue_size)
+        self._trouble_clock = clock
+        self.failing_since: float | None = None  # the first failure since the last success
         self.sent = 0
         self.failures = 0
         self.last_sent_at: float | None = None
@@ -59,7 +64,20 @@ class SinkBase:
         self.queue.pop()
         self.sent += 1
         self.last_sent_at = time.time()
+        self._reached()
+
+    def _reached(self) -> None:
+        """The destination took the unit (a report, a connection): no trouble now."""
         self.last_error = ""
+        self.failing_since = None
+
+    def trouble(self, grace: float) -> str | None:
+        """What health shows while the destination has failed for ``grace`` seconds or more
+        (unreachable, a certificate that does not verify, a password refused); None else. A
+        broker restart, back within the grace, is not a problem."""
+        if self.failing_since is None or self._trouble_clock() - self.failing_since < grace:
+            return None
+        return f"upstream {self.name} failing: {self.last_error}"
 
     def _unexpected(self, err: Exception) -> None:
         """A bug met while sending: logged with its traceback and counted; the loop goes on."""
@@ -71,6 +89,8 @@ class SinkBase:
     def _failed(self, error: str) -> None:
         error = redact(error)  # a URL or broker message may carry a credential
         self.failures += 1
+        if self.failing_since is None:
+            self.failing_since = self._trouble_clock()
         if error != self.last_error:
             _LOGGER.warning("upstream %s: %s (%d queued)", self.name, error, len(self.queue))
         self.last_error = error

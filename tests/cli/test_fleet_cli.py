@@ -324,7 +324,7 @@ async def _announce(broker: int, device_id: str) -> Upstream:
          "mqtt": {"host": "127.0.0.1", "port": broker, "reconnect_interval": 0.1}},
     )
     await upstream.start()
-    await until(lambda: upstream.sinks[0].sent >= 1)
+    await until(lambda: upstream.mqtt is not None and upstream.mqtt.online)  # after the report
     return upstream
 
 

@@ -183,6 +183,19 @@ async def test_doctor_checks_the_broker_takes_what_the_unit_sends(
         assert "message_size_limit" in check.fix
 
 
+async def test_doctor_names_a_ca_file_that_is_not_a_certificate(tmp_path: Path) -> None:
+    """Before: "the connection failed", sending the field tech after the network."""
+    ca = tmp_path / "ca.pem"
+    ca.write_text("-----BEGIN PRIVATE KEY-----\nMIGH\n-----END PRIVATE KEY-----\n")
+    report = Report()
+    await check_mqtt(report, {"host": "127.0.0.1", "port": 8883, "tls": True,
+                              "ca_file": str(ca)}, 1.0)
+    [check] = report.checks
+    assert check.verdict is Verdict.FAIL
+    assert check.detail.startswith(f"tls ca_file {ca}: holds no certificate TLS can load")
+    assert "PEM" in check.fix
+
+
 @pytest.mark.parametrize("fault", ["full", "read-only"])
 def test_a_journal_on_a_full_or_read_only_disk_is_named_so_not_damaged(
     tmp_path: Path, fault: str

@@ -19,10 +19,18 @@ Read from home-assistant/core:
 - ``components/mqtt/event.py``: ``event_types`` required (a list of strings), ``device_class``
   one of button/doorbell/motion, no ``expire_after``; a retained message is ignored.
 
+Both releases' sources were read from the published wheels (homeassistant-2024.3.3 and
+homeassistant-2026.2.3 on PyPI, the same files as the tags 2024.3.3 and 2026.2.3).
+
 What changed between the two releases and matters here: the MQTT sensor's ``options`` (for an
 ``enum`` sensor) is not in 2024.3's schema, so 2024.3 drops it and shows Status as text;
-``model_id`` (device, 2024.8) and
-``default_entity_id`` (2025.10, replacing the deprecated ``object_id``) do not exist in 2024.3;
+``default_entity_id`` (2025.10, replacing the deprecated ``object_id``) is not in 2024.3 either
+(dropped: the platform schemas are REMOVE_EXTRA). The device schema is *not* REMOVE_EXTRA
+(2024.3.3 ``mqtt/mixins.py`` MQTT_ENTITY_DEVICE_INFO_SCHEMA, a plain ``vol.Schema``): a device
+key it does not know, ``model_id`` (2026.2.3 ``mqtt/schemas.py`` has it), makes it refuse the
+whole config: "extra keys not allowed @ data['device']['model_id']", no device, no entity.
+``mqtt/sensor.py`` ``_update_state``: 2026.2.3 takes the payload "None" as no value before it
+parses a timestamp; 2024.3.3 parses it and logs "Invalid state message" at every report;
 ``measurement_angle`` (2025.2) is a state class only in 2026.2; device-based discovery
 (``<prefix>/device/<id>/config`` with ``cmps``, 2024.11) does not exist in 2024.3, so a unit
 that must work with both announces one config topic per entity.
@@ -52,13 +60,24 @@ EVENT_DEVICE_CLASSES = {"button", "doorbell", "motion"}
 BINARY_SENSOR_KEYS = {
     "device_class", "expire_after", "force_update", "off_delay", "payload_off", "payload_on",
 }
+# mqtt/button.py PLATFORM_SCHEMA_MODERN (both releases): no state topic; button/__init__.py
+BUTTON_KEYS = {"command_template", "command_topic", "device_class", "payload_press", "retain"}
+BUTTON_DEVICE_CLASSES = {"identify", "restart", "update"}
+# mqtt/update.py PLATFORM_SCHEMA_MODERN (MQTT_RO_SCHEMA: state_topic required); 2026.2.3 adds
+# display_precision; update/__init__.py UpdateDeviceClass
+UPDATE_KEYS = {
+    "command_topic", "device_class", "entity_picture", "latest_version_template",
+    "latest_version_topic", "payload_install", "release_summary", "release_url", "retain",
+    "title",
+}
+UPDATE_DEVICE_CLASSES = {"firmware"}
 DEVICE_KEYS = {
     "identifiers", "connections", "manufacturer", "model", "name", "hw_version",
     "serial_number", "sw_version", "via_device", "suggested_area", "configuration_url",
 }
 ORIGIN_KEYS = {"name", "sw_version", "support_url"}
 # keys a later release knows and 2024.3 drops silently (and harmlessly: nothing depends on them)
-NEWER_KEYS = {"options", "default_entity_id", "model_id"}
+NEWER_KEYS = {"options", "default_entity_id"}
 
 # the abbreviations this project could meet (abbreviations.py has them all)
 ABBREVIATIONS = {
@@ -120,6 +139,7 @@ VERSIONS: dict[str, dict[str, Any]] = {
         "device_keys": DEVICE_KEYS,
         "common_keys": COMMON_KEYS,
         "sensor_keys": SENSOR_KEYS_2024_3,
+        "none_timestamp": False,  # "None" on a timestamp sensor: "Invalid state message"
     },
     "2026.2": {
         "state_classes": ALL_STATE_CLASSES | {"measurement_angle"},
@@ -130,6 +150,7 @@ VERSIONS: dict[str, dict[str, Any]] = {
         "device_keys": DEVICE_KEYS | {"model_id"},
         "common_keys": COMMON_KEYS | {"default_entity_id"},
         "sensor_keys": SENSOR_KEYS_2024_3 | {"options"},
+        "none_timestamp": True,
     },
 }
 
@@ -139,24 +160,28 @@ DISCOVERY_TOPIC = re.compile(
 )
 
 
+def release(version: str) -> tuple[int, int]:
+    year, month = version.split(".")[:2]
+    return int(year), int(month)
+
+
 def _expand(config: dict[str, Any], table: dict[str, str]) -> dict[str, Any]:
     return {table.get(key, key): value for key, value in config.items()}
 
 
 def dropped(topic: str, payload: dict[str, Any], version: str) -> list[str]:
-    """The keys of a later release that ``version`` drops silently (``device.model_id``)."""
+    """The keys of a later release that ``version`` drops silently (``options``)."""
     config = _expand(payload, ABBREVIATIONS)
     known = _known_keys(DISCOVERY_TOPIC.match(topic)["component"], VERSIONS[version])  # type: ignore[index]
-    device = _expand(config.get("device", {}), DEVICE_ABBREVIATIONS)
-    return sorted(k for k in set(config) - known if k in NEWER_KEYS) + sorted(
-        f"device.{k}" for k in set(device) - VERSIONS[version]["device_keys"] if k in NEWER_KEYS
-    )
+    return sorted(k for k in set(config) - known if k in NEWER_KEYS)
 
 
 def _known_keys(component: str, rules: dict[str, Any]) -> set[str]:
     known = rules["common_keys"] | RO_KEYS
     own = {"sensor": rules["sensor_keys"], "binary_sensor": BINARY_SENSOR_KEYS,
-           "event": EVENT_KEYS}
+           "event": EVENT_KEYS, "button": BUTTON_KEYS, "update": UPDATE_KEYS}
+    if component == "button":  # no state topic, no value template
+        return set(rules["common_keys"] | BUTTON_KEYS)
     return set(known | own.get(component, set()))
 
 
@@ -172,13 +197,18 @@ def violations(topic: str, payload: dict[str, Any], version: str) -> list[str]:
     found: list[str] = []
     known = _known_keys(component, rules) | NEWER_KEYS
     found += [f"unknown key {k!r} (HA drops it silently)" for k in sorted(set(config) - known)]
-    if "state_topic" not in config:
+    if "state_topic" not in config and component != "button":
         found.append("state_topic is required")
+    if component == "button" and "command_topic" not in config:
+        found.append("command_topic is required")
     if "unique_id" not in config:
         found.append("unique_id is needed for the entity to be managed and grouped")
     device = _expand(config.get("device", {}), DEVICE_ABBREVIATIONS)
-    found += [f"unknown device key {k!r}"
-              for k in sorted(set(device) - rules["device_keys"] - NEWER_KEYS)]
+    found += [f"extra keys not allowed @ data['device'][{k!r}] (HA refuses the config)"
+              for k in sorted(set(device) - rules["device_keys"])]
+    for kind, value in device.get("connections", []):
+        if kind == "mac" and not re.fullmatch(r"([0-9a-f]{2}:){5}[0-9a-f]{2}", value):
+            found.append(f"device mac connection {value!r} is not as HA writes a MAC")
     if not device.get("identifiers") and not device.get("connections"):
         found.append("device needs identifiers or connections")
     url = device.get("configuration_url")
@@ -209,6 +239,14 @@ def violations(topic: str, payload: dict[str, Any], version: str) -> list[str]:
         if device_class is not None and device_class not in EVENT_DEVICE_CLASSES:
             found.append(f"event device_class {device_class!r}")
         return found
+    if component == "button":
+        if device_class is not None and device_class not in BUTTON_DEVICE_CLASSES:
+            found.append(f"button device_class {device_class!r}")
+        return found
+    if component == "update":
+        if device_class is not None and device_class not in UPDATE_DEVICE_CLASSES:
+            found.append(f"update device_class {device_class!r}")
+        return found
     if component == "binary_sensor":
         if device_class is not None and device_class not in BINARY_SENSOR_DEVICE_CLASSES:
             found.append(f"binary_sensor device_class {device_class!r}")
@@ -224,6 +262,9 @@ def violations(topic: str, payload: dict[str, Any], version: str) -> list[str]:
                      f"{device_class!r}")
     if "last_reset_value_template" in config and state_class != "total":
         found.append(f"last_reset_value_template with state_class {state_class!r}")
+    if (device_class == "timestamp" and not rules["none_timestamp"]
+            and "'None'" in config.get("value_template", "")):
+        found.append("a timestamp sensor's template renders 'None': Invalid state message")
     if device_class in NON_NUMERIC_DEVICE_CLASSES and (
         state_class or config.get("unit_of_measurement")
     ):

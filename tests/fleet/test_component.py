@@ -15,7 +15,13 @@ from kiosk_agent.cli.sim import settings_from_ready
 from kiosk_agent.core.agent import Agent
 from kiosk_agent.core.availability import Availability
 from kiosk_agent.core.config import load_config
-from kiosk_agent.fleet.component import Upstream, configuration_url, host_device_id
+from kiosk_agent.fleet.component import (
+    Upstream,
+    board_name,
+    configuration_url,
+    host_device_id,
+    network_mac,
+)
 from kiosk_agent.sales.model import SaleEvent
 from kiosk_agent.sales.states import SaleState
 
@@ -43,6 +49,26 @@ def test_expire_after_is_three_heartbeats_and_the_url_the_admin_api() -> None:
     assert configuration_url(agent, {"configuration_url": "https://k7.example/"}) == (
         "https://k7.example/"
     )
+
+
+def test_the_device_says_its_board_and_network_address(tmp_path: Path) -> None:
+    """HA's hardware version from the board's own name (a Raspberry Pi's firmware gives one),
+    its "mac" connection from the first interface that has an address; none where none."""
+    (tmp_path / "model").write_bytes(b"Raspberry Pi 4 Model B Rev 1.4\x00")
+    assert board_name(tmp_path / "model") == "Raspberry Pi 4 Model B Rev 1.4"
+    assert board_name(tmp_path / "absent") is None
+    net = tmp_path / "net"
+    for name, address in (("lo", "00:00:00:00:00:00"), ("tun0", ""), ("wlan0", "DC:A6:32:01:02:03"),
+                          ("eth0", "00:00:00:00:00:00")):
+        (net / name).mkdir(parents=True)
+        (net / name / "address").write_text(address + "\n")
+    assert network_mac(net) == "dc:a6:32:01:02:03"
+    assert network_mac(tmp_path / "no-net") is None
+    conf = {"model": "Coffee machine", "hw_version": "rev B", "home_assistant": "2026.2",
+            "mqtt": {"host": "broker"}}
+    discovery = Upstream(settled_agent(), conf).mqtt._discovery  # type: ignore[union-attr]
+    assert (discovery.model, discovery.hw_version, discovery.home_assistant) == (
+        "Coffee machine", "rev B", "2026.2")
 
 
 async def test_the_first_report_waits_for_the_links_to_settle() -> None:

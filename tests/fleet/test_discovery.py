@@ -23,7 +23,11 @@ FULL = {
     "suggested_area": "Lobby",
     "serial_number": "PI-00042",
     "model_id": "vm-mdb",
+    "model": "Coffee machine",
+    "hw_version": "Raspberry Pi 4 Model B Rev 1.4",
+    "mac": "dc:a6:32:01:02:03",
     "terminals": (("SIM-0001", "front"), ("SIM-0002", "")),
+    "commands": True,
 }
 
 
@@ -51,28 +55,63 @@ def test_discovery_describes_one_device_with_its_entities() -> None:
     assert discovery_messages("unit-1", "1.0", "s", "a", False) == []
 
 
-@pytest.mark.parametrize("version", sorted(ha.VERSIONS))
-def test_discovery_follows_home_assistants_rules(version: str) -> None:
-    for topic, config in _messages(**FULL):
+@pytest.mark.parametrize(
+    ("running", "version"),
+    [(None, "2024.3"), (None, "2026.2"), ("2024.3", "2024.3"), ("2024.3", "2026.2"),
+     ("2026.2", "2026.2")],
+)
+def test_discovery_follows_home_assistants_rules(running: str | None, version: str) -> None:
+    """Every optional field set, for a Home Assistant the operator names (or none): each config
+    is one that release takes whole, no key refused, none dropped, no value it warns of. A
+    release newer than the one named (2026.2 given 2024.3's configs) takes them too."""
+    for topic, config in _messages(**FULL, home_assistant=running or "2024.3"):
         assert ha.violations(topic, config, version) == [], topic
+        if running == version:
+            assert ha.dropped(topic, config, version) == [], topic
 
 
-def test_which_home_assistant_gets_what() -> None:
-    """2026.2 takes every key; 2024.3 drops the Status options (it shows the status as text),
-    the default entity ids (it derives the same ids from the names) and the model id."""
-    newest = {topic: ha.dropped(topic, config, "2026.2") for topic, config in _messages(**FULL)}
-    assert set(map(tuple, newest.values())) == {()}
-    oldest = {topic.split("/")[-2]: ha.dropped(topic, config, "2024.3")
-              for topic, config in _messages(**FULL)}
-    assert oldest.pop("status") == ["default_entity_id", "options", "device.model_id"]
-    assert set(map(tuple, oldest.values())) == {("default_entity_id", "device.model_id")}
+def test_the_configs_for_a_newer_home_assistant_are_what_2024_3_refuses() -> None:
+    """The issue's findings on 2024.3, caught by its rules: the model id makes it refuse the
+    whole config (no device, no entity), the expiry's 'None' a warning at every report."""
+    found = {topic.split("/")[-2]: ha.violations(topic, config, "2024.3")
+             for topic, config in _messages(**FULL, home_assistant="2026.2")}
+    refused = "extra keys not allowed @ data['device']['model_id'] (HA refuses the config)"
+    assert all(refused in problems for problems in found.values())
+    assert "a timestamp sensor's template renders 'None': Invalid state message" in (
+        found["api_key_expires"])
+
+
+@pytest.mark.parametrize(
+    ("running", "rules"),
+    [(None, "2024.3"), ("2024.3", "2024.3"), ("2025.12", "2024.3"), ("2026.2", "2026.2"),
+     ("2027.1", "2026.2")],
+)
+def test_which_home_assistant_gets_what(running: str | None, rules: str) -> None:
+    """The newest rules checked that are not newer than the release named; unnamed: 2024.3's.
+    2026.2 gets the model id, the Status options (an enum) and the default entity ids; 2024.3
+    gets Status as text, the ids it derives itself from the names, the expiry as text that
+    says "unknown" when there is none (its timestamp sensor warns of any other word)."""
+    options = {**FULL, **({"home_assistant": running} if running else {})}
+    configs = {topic.split("/")[-2]: config for topic, config in _messages(**options)}
+    newest = rules == "2026.2"
+    assert ("model_id" in configs["status"]["device"]) is newest
+    assert ("options" in configs["status"]) is newest
+    assert all(("default_entity_id" in c) is newest for c in configs.values())
+    expiry = configs["api_key_expires"]
+    if newest:
+        assert expiry["device_class"] == "timestamp"
+        assert expiry["value_template"].endswith("or 'None' }}")
+    else:
+        assert "device_class" not in expiry
+        assert "device_class" not in configs["status"]
+        assert expiry["value_template"] == "{{ value_json.service.key_expires or 'unknown' }}"
 
 
 def test_names_follow_has_entity_name_and_entity_ids_are_stable() -> None:
     """The entity's name is its own part; 2024.3 makes `<domain>.<device>_<name>` of them, and
     2026.2 is told the same id, so both releases give `sensor.kiosk_a1_status`, not the
     `sensor.kiosk_kiosk_a1_status` a device called "Kiosk kiosk-a1" gave."""
-    configs = {topic: config for topic, config in _messages("kiosk-a1")}
+    configs = {topic: config for topic, config in _messages("kiosk-a1", home_assistant="2026.2")}
     status = configs["homeassistant/sensor/kiosk-a1/status/config"]
     assert (status["device"]["name"], status["name"]) == ("kiosk-a1", "Status")
     assert status["default_entity_id"] == "sensor.kiosk_a1_status"
@@ -80,7 +119,7 @@ def test_names_follow_has_entity_name_and_entity_ids_are_stable() -> None:
         derived = ha.slug_2024_3(config["device"]["name"], config["name"])
         assert config["default_entity_id"].split(".", 1)[1] == derived
         assert config["unique_id"].startswith("kiosk_agent_kiosk-a1_")  # history kept
-    named = _discovery(name="Lobby kiosk")["status"]
+    named = _discovery(name="Lobby kiosk", home_assistant="2026.2")["status"]
     assert named["default_entity_id"] == "sensor.lobby_kiosk_status"
 
 
@@ -97,15 +136,19 @@ def test_a_name_in_another_script_gives_an_entity_id_of_its_own(name: str, entit
     """Before: the entity id dropped every letter outside ASCII, so "Café Nord" gave
     `sensor.caf_nord_status` (HA's own slugify: `cafe_nord`), and a name in Cyrillic or
     Japanese gave `sensor.status`, `sensor.problem`...: the same ids for every such unit."""
-    assert _discovery(name=name)["status"]["default_entity_id"] == entity_id
+    status = _discovery(name=name, home_assistant="2026.2")["status"]
+    assert status["default_entity_id"] == entity_id
 
 
 def test_what_a_home_assistant_user_expects() -> None:
-    configs = _discovery(**FULL)
+    configs = _discovery(**FULL, home_assistant="2026.2")
     # per terminal: connectivity and card payments, named after the terminal
     assert configs["terminal_sim_0001"]["name"] == "Terminal front"
     assert configs["terminal_sim_0001"]["device_class"] == "connectivity"
     assert configs["card_payments_sim_0002"]["name"] == "Card payments SIM-0002"
+    assert configs["card_payments_sim_0002"]["device_class"] == "running"
+    assert configs["journal_problem"]["device_class"] == "problem"  # on: takes no writes
+    assert configs["status"]["device_class"] == "enum"
     # alerts a person must act on, as an event entity on its own (not retained) topic
     alert = configs["alert"]
     assert alert["event_types"] == EVENT_TYPES
@@ -123,15 +166,23 @@ def test_what_a_home_assistant_user_expects() -> None:
     assert configs["version"]["value_template"] == "{{ value_json.version }}"
     # diagnostics marked so, the noisy one off by default
     diagnostic = {k for k, c in configs.items() if c.get("entity_category") == "diagnostic"}
-    assert diagnostic == {"journal", "started_at", "last_heartbeat", "api_key_expires", "version"}
+    assert diagnostic == {"journal_problem", "started_at", "last_heartbeat", "api_key_expires",
+                          "version"}
     assert [k for k, c in configs.items() if c.get("enabled_by_default") is False] == [
-        "last_heartbeat"
+        "started_at", "last_heartbeat", "version"
     ]
-    # device info and origin
+    # device info and origin: the model is the unit's, the manufacturer the project
     device = configs["status"]["device"]
     assert (device["serial_number"], device["model_id"], device["suggested_area"]) == (
         "PI-00042", "vm-mdb", "Lobby"
     )
+    assert (device["manufacturer"], device["model"]) == ("kiosk-agent", "Coffee machine")
+    assert device["hw_version"] == "Raspberry Pi 4 Model B Rev 1.4"
+    assert device["connections"] == [["mac", "dc:a6:32:01:02:03"]]
+    plain = _discovery()["status"]["device"]
+    assert plain["model"] == "card payment kiosk"
+    assert "connections" not in plain
+    assert "hw_version" not in plain
     assert configs["status"]["origin"] == {
         "name": "kiosk-agent", "sw_version": "1.2.3", "support_url": "http://kiosk-7:8124/"
     }
@@ -154,7 +205,8 @@ def test_the_rules_catch_what_home_assistant_would_not_take() -> None:
         "state_class 'total_increasing' is impossible with device_class 'monetary'",
         "last_reset_value_template with state_class 'total_increasing'",
     ]
-    status = {k: v for k, v in _discovery()["status"].items() if k not in ("options", "origin")}
+    status = {k: v for k, v in _discovery(home_assistant="2026.2")["status"].items()
+              if k not in ("options", "origin")}
     assert ha.violations("homeassistant/sensor/u/status/config", status, "2024.3") == [
         "origin (o) is missing (device-based discovery requires it)",
         "an enum sensor without options accepts any state",
@@ -173,17 +225,20 @@ def test_the_rules_catch_what_home_assistant_would_not_take() -> None:
                    "stat_cla": "total_increasing", "exp_aft": 180}
     assert ha.violations("homeassistant/sensor/u/x/config", abbreviated, "2024.3") == []
     with_model_id = {**abbreviated, "dev": {"ids": ["x"], "model_id": "k1"}}
-    assert ha.dropped("homeassistant/sensor/u/x/config", with_model_id, "2024.3") == [
-        "device.model_id"
+    assert ha.violations("homeassistant/sensor/u/x/config", with_model_id, "2024.3") == [
+        "extra keys not allowed @ data['device']['model_id'] (HA refuses the config)"
     ]
-    assert ha.dropped("homeassistant/sensor/u/x/config", with_model_id, "2026.2") == []
+    assert ha.violations("homeassistant/sensor/u/x/config", with_model_id, "2026.2") == []
+    with_options = {**abbreviated, "ops": ["a"], "dev_cla": "enum", "stat_cla": None}
+    assert ha.dropped("homeassistant/sensor/u/x/config", with_options, "2024.3") == ["options"]
 
 
 def test_every_template_reads_fields_the_report_has() -> None:
     agent = settled_agent()
     agent.health.report_key_expiry(4102444800.0)
     report = build_report("unit-1", agent.health.snapshot(), 60.0)
-    for key, config in _discovery(terminals=(("SIM-0001", "front"),)).items():
+    for key, config in _discovery(terminals=(("SIM-0001", "front"),),
+                                  home_assistant="2026.2").items():
         for name in ("value_template", "last_reset_value_template", "json_attributes_template"):
             for path in ha.template_paths(config.get(name, "")):
                 value: Any = report
@@ -191,7 +246,7 @@ def test_every_template_reads_fields_the_report_has() -> None:
                     assert isinstance(value, dict), (key, name, path)
                     assert part in value, (key, name, path)
                     value = value[part]
-    assert report["status"] in _discovery()["status"]["options"]
+    assert report["status"] in _discovery(home_assistant="2026.2")["status"]["options"]
     # the daily amount's last reset: the UTC midnight the day began (one rule of days), in ISO
     # 8601 UTC as every time in the report
     assert report["sales"]["day_started"].endswith("T00:00:00Z")
@@ -214,3 +269,22 @@ def test_terminals_whose_ids_slug_alike_keep_an_entity_each() -> None:
     [second] = [k for k in configs if k.startswith("terminal_sim_0001_")]
     assert configs[second]["name"] == "Terminal b"
     assert "terminal_" not in configs
+
+
+def test_commands_are_buttons_and_an_update_on_the_units_own_topics() -> None:
+    """Like an ESPHome device, when upstream.commands is on: restart, ping and test print each
+    reader, the installed and newest version; none without it."""
+    assert not {k for k in _discovery() if k.startswith(("restart", "ping_", "test_print_"))}
+    configs = _discovery(**FULL)
+    restart = configs["restart"]
+    assert restart["command_topic"] == "kiosk-agent/unit-1/command/restart"
+    assert restart["device_class"] == "restart"
+    assert "state_topic" not in restart
+    assert "expire_after" not in restart
+    assert configs["ping_sim_0001"]["name"] == "Ping front"
+    assert configs["test_print_sim_0002"]["command_topic"] == (
+        "kiosk-agent/unit-1/command/test_print_sim_0002")
+    update = configs["update"]
+    assert update["latest_version_topic"] == "kiosk-agent/latest_version"
+    assert update["value_template"] == "{{ value_json.version }}"
+    assert update["device_class"] == "firmware"

@@ -5,6 +5,8 @@ import datetime as dt
 import json
 import time
 import uuid
+import zoneinfo
+from pathlib import Path
 
 import aiomqtt
 import pytest
@@ -85,7 +87,7 @@ def test_sales_of_a_day_that_ended_are_not_today_the_hour_after_midnight() -> No
 # int()", "'list' object has no attribute 'get'"), or printed a terminal escape as it came.
 HOSTILE = [
     ("[1, 2]", "its report is a JSON list, not an object"),
-    ('{"status": 5}', "its report's status is 5, not one of ok, degraded, down"),
+    ('{"status": 5}', "its report's status is 5, not one of ok, degraded, down, stopped"),
     ('{"status": "ok", "problems": "abc"}', "its report's problems is \"abc\", not a list of text"),
     ('{"status": "ok", "sales": {"today_count": "many"}}',
      "its report's sales.today_count is \"many\", not a whole number, 0 or more"),
@@ -170,3 +172,34 @@ async def test_the_listing_ends_when_the_broker_has_handed_every_retained_report
         async with aiomqtt.Client("127.0.0.1", mosquitto) as units:
             for i in range(301):
                 await units.publish(f"{prefix}/u{i}/state", b"", qos=0, retain=True)
+
+
+@pytest.mark.parametrize(
+    ("day", "hours"),
+    [("2026-11-01", 25), ("2026-03-08", 23), ("2026-07-01", 24)],  # fall back, spring forward
+)
+def test_a_units_day_is_the_utc_day_whatever_its_zone_does(day: str, hours: int) -> None:
+    """Before: the day ended at the report's fixed UTC offset plus 24 h, so in New York on
+    2026-11-01 (25 h) `fleet list` showed sales_today empty from 23:00 while the unit reported
+    183, and on 2026-03-08 (23 h) yesterday's count until 01:00. A unit's day is now the UTC
+    day (the one rule of days on every face, kiosk_agent.moments): 24 hours whatever New York's
+    clock does, and `fleet list` ends it where the unit does."""
+    new_york = zoneinfo.ZoneInfo("America/New_York")
+    local_midnight = dt.datetime.fromisoformat(day).replace(tzinfo=new_york)
+    assert (local_midnight + dt.timedelta(days=1)).timestamp() - local_midnight.timestamp() == (
+        hours * 3600)
+    utc_midnight = dt.datetime.fromisoformat(day).replace(tzinfo=dt.UTC)
+    report = json.loads(_state("ny"))
+    report["sales"].update(today_count=183, today_amount_cents=45750,
+                           day_started_at=utc_midnight.timestamp(),
+                           day_started=f"{day}T00:00:00Z")
+    unit = Unit("ny", "online", report)
+    end = utc_midnight.timestamp() + 86400
+    assert unit.sales_today(end - 60) == (183, 45750)  # 23:59Z
+    assert unit.sales_today(end + 60) is None  # 00:01Z, the next day
+    # a report of an older release names its local offset: its day ends at that midnight
+    report["sales"].update(day_started_at=local_midnight.timestamp(),
+                           day_started=local_midnight.isoformat())
+    local_end = local_midnight.timestamp() + 86400
+    assert unit.sales_today(local_end - 60) == (183, 45750)
+    assert unit.sales_today(local_end + 60) is None

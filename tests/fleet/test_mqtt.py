@@ -4,7 +4,9 @@ the network (cutting it drops the connection without a goodbye, as a pulled cabl
 import asyncio
 import json
 import random
+import subprocess
 import uuid
+from collections import Counter
 from dataclasses import replace
 from pathlib import Path
 from types import SimpleNamespace
@@ -17,6 +19,7 @@ from kiosk_agent.core.availability import Availability
 from kiosk_agent.fleet.backoff import Backoff
 from kiosk_agent.fleet.component import Upstream
 from kiosk_agent.fleet.mqtt import STABLE_AFTER, BirthPolicy, MqttSink
+from kiosk_agent.fleet.schema import UPSTREAM_SCHEMA
 from kiosk_agent.sales.model import SaleEvent
 from kiosk_agent.sales.states import SaleState
 
@@ -46,8 +49,8 @@ async def test_mqtt_discovery_heartbeat_last_will_and_catch_up(mosquitto: int) -
     state = "kiosk-agent/unit-9/state"
     await upstream.start()
     try:
-        await until(lambda: len(observer.on(state)) == 1)
-        assert observer.on(availability) == ["online"]
+        await until(lambda: observer.on(availability) == ["online"])  # after the first report
+        assert len(observer.on(state)) == 1
         problem = json.loads(observer.on("homeassistant/binary_sensor/unit-9/problem/config")[0])
         assert problem["state_topic"] == state
         assert problem["device"]["sw_version"] == "9.9.9"
@@ -64,8 +67,8 @@ async def test_mqtt_discovery_heartbeat_last_will_and_catch_up(mosquitto: int) -
         # The network comes back: online again, and the newest state only (Home Assistant
         # would record each replayed one as a change made now).
         await proxy.open()
-        await until(lambda: len(observer.on(state)) == 2)
-        assert observer.on(availability)[-1] == "online"
+        await until(lambda: observer.on(availability)[-2:] == ["offline", "online"])
+        assert len(observer.on(state)) == 2
         assert [json.loads(p)["at"] for p in observer.on(state)[1:]] == [missed[-1]["at"]]
     finally:
         await upstream.stop()
@@ -89,13 +92,18 @@ async def test_mqtt_over_tls_verifies_the_broker(tmp_path: Path) -> None:
             await until(lambda: trusted.sinks[0].sent == 1)
         finally:
             await trusted.stop()
-        # without the private CA the broker's certificate is refused: nothing is sent
-        untrusted = Upstream(settled_agent(), {"interval": 3600, "mqtt": mqtt})
+        # without the private CA the broker's certificate is refused: nothing is sent, and
+        # within one interval it is a problem in health (before: a log line, health ok)
+        agent = settled_agent()
+        untrusted = Upstream(agent, {"interval": 0.5, "mqtt": mqtt})
         await untrusted.start()
         try:
             await until(lambda: untrusted.sinks[0].failures >= 1)
             assert untrusted.sinks[0].sent == 0
-            assert untrusted.stats()["mqtt"]["queued"] == 1
+            await until(lambda: agent.health.snapshot().status == "degraded")
+            [problem] = agent.health.snapshot().problems
+            assert problem.startswith(f"upstream mqtt failing: broker 127.0.0.1:{port}: ")
+            assert "CERTIFICATE_VERIFY_FAILED" in problem
         finally:
             await untrusted.stop()
     finally:
@@ -414,7 +422,7 @@ async def test_after_a_broker_restart_the_unit_is_back_with_its_state(tmp_path: 
     sink = upstream.mqtt
     assert sink is not None
     try:
-        await until(lambda: sink.sent == 1)
+        await until(lambda: sink.online)  # the first report, then `online`
         stop_broker(proc)
         await until(lambda: not sink.connected)
         proc, _ = start_broker(tmp_path, port=port)
@@ -452,3 +460,128 @@ def test_the_reconnect_back_off_starts_over_only_after_a_connection_that_held() 
     assert sink._short_lived(connected_at) == ""
     assert sink._backoff.ceiling() == 1.0
     assert sink._short_lived(None) == ""  # never connected: the broker's own error says why
+
+
+# --- true at every moment on the broker ---------------------------------------------------------
+
+
+@pytest.mark.mqtt
+async def test_online_only_after_the_first_report_of_this_run(mosquitto: int) -> None:
+    """Before: `online` went out with the announce, before the first report: Home Assistant
+    showed the last run's retained report as now (Problem on for 6.2 s after a late adapter,
+    `ok` with no attention after a crash with sales open)."""
+    device_id = f"unit-{uuid.uuid4().hex[:6]}"
+    base = f"kiosk-agent/{device_id}"
+    async with aiomqtt.Client("127.0.0.1", mosquitto) as last_run:
+        old = {"status": "degraded", "problems": ["link mdb:front disconnected"]}
+        await last_run.publish(f"{base}/state", json.dumps(old), qos=1, retain=True)
+        await last_run.publish(f"{base}/availability", "offline", qos=1, retain=True)
+    agent = settled_agent()
+    agent.health.report_link("mdb:front", "connecting")  # the first report waits for it
+    conf = {"device_id": device_id, "interval": 3600, "start_grace": 600,
+            "mqtt": {"host": "127.0.0.1", "port": mosquitto, "discovery_prefix": False}}
+    upstream = Upstream(agent, conf)
+    sink = upstream.mqtt
+    assert sink is not None
+    observer = Observer(mosquitto)
+    await observer.start(f"{base}/#")
+    await until(lambda: len(observer.messages) == 2)  # the last run's, retained
+    await upstream.start()
+    try:
+        await until(lambda: sink.connected)
+        assert observer.on(f"{base}/availability") == ["offline"]
+        agent.health.report_link("mdb:front", "connected")
+        await until(lambda: observer.on(f"{base}/availability")[-1:] == ["online"])
+        fresh = [(topic, payload) for topic, payload, retained in observer.messages
+                 if not retained]
+        assert [topic.rsplit("/", 1)[1] for topic, _ in fresh] == ["state", "availability"]
+        assert json.loads(fresh[0][1])["status"] == "ok"
+    finally:
+        await upstream.stop()
+        await observer.stop()
+
+
+@pytest.mark.mqtt
+async def test_a_clean_stop_says_stopped_then_offline_and_no_fault(mosquitto: int) -> None:
+    """Before: every SIGTERM published a `degraded` report (its links closing: "link
+    virtual:coffee closed stopped"), Problem on 0.8 s before the unit went unavailable, and that
+    report stayed retained. Now what changes once the stop began is not reported; the last
+    report (retained) says `stopped`, with no problems, then `offline`."""
+    device_id = f"unit-{uuid.uuid4().hex[:6]}"
+    base = f"kiosk-agent/{device_id}"
+    agent = settled_agent()
+    agent.sales = SimpleNamespace(stopping=False)  # the agent's sale runner, as Agent has it
+    conf = {"device_id": device_id, "interval": 3600,
+            "mqtt": {"host": "127.0.0.1", "port": mosquitto, "discovery_prefix": False}}
+    upstream = Upstream(agent, conf, change_gap=0.0)
+    observer = Observer(mosquitto)
+    await observer.start(f"{base}/#")
+    await upstream.start()
+    try:
+        await until(lambda: observer.on(f"{base}/availability")[-1:] == ["online"])
+        agent.sales.stopping = True  # Agent.stop: sales closed first, then the platforms
+        agent.health.report_link("virtual:coffee", "closed", "stopped")
+        await until(lambda: not upstream._changed.is_set())  # the loop heard the change
+        await asyncio.sleep(0.05)  # and would have sent it at once (change_gap 0)
+        assert upstream.heartbeats == 1
+    finally:
+        await upstream.stop()
+    await until(lambda: observer.on(f"{base}/availability")[-1:] == ["offline"])
+    await observer.stop()
+    said = [(topic.rsplit("/", 1)[1], payload) for topic, payload, _ in observer.messages]
+    assert [kind for kind, _ in said] == ["state", "availability", "state", "availability"]
+    stopped = json.loads(said[2][1])
+    assert (stopped["status"], stopped["problems"]) == ("stopped", [])
+    assert "stopped" in stopped
+    kept = Observer(mosquitto)  # what the broker keeps for Home Assistant and `fleet list`
+    await kept.start(f"{base}/state")
+    await until(lambda: bool(kept.on(f"{base}/state")))
+    await kept.stop()
+    assert json.loads(kept.on(f"{base}/state")[0])["status"] == "stopped"
+
+
+@pytest.mark.mqtt
+async def test_a_broker_refusing_the_password_is_a_problem_in_health_within_an_interval(
+    tmp_path: Path,
+) -> None:
+    """Before: a wrong password (or a certificate that does not verify) was a log line, and
+    health stayed `ok`: nobody at the page knew the fleet could not see the unit."""
+    subprocess.run(["mosquitto_passwd", "-b", "-c", str(tmp_path / "users"), "unit", "right"],
+                   check=True, capture_output=True)
+    proc, port = start_broker(tmp_path, f"password_file {tmp_path / 'users'}\n")
+    agent = settled_agent()
+    conf = {"device_id": "unit-pw", "interval": 0.5,
+            "mqtt": {"host": "127.0.0.1", "port": port, "username": "unit",
+                     "password": "wrong-secret", "reconnect_interval": 0.05,
+                     "reconnect_max": 0.1}}
+    upstream = Upstream(agent, conf)
+    await upstream.start()
+    try:
+        await until(lambda: agent.health.snapshot().status == "degraded")
+        [problem] = agent.health.snapshot().problems
+        assert problem.startswith("upstream mqtt failing: broker 127.0.0.1:")
+        assert "wrong-secret" not in problem
+        sink = upstream.mqtt
+        assert sink is not None
+        assert sink.trouble(3600.0) is None  # within the grace: a broker restart is no problem
+    finally:
+        await upstream.stop()
+        stop_broker(proc)
+
+
+def test_a_fleet_answers_a_birth_spread_over_the_announce_spread() -> None:
+    """Before: every unit answered Home Assistant's birth within 1 to 3 s: 1,000 units were
+    17,000 configs in one burst, and Mosquitto dropped what overflowed Home Assistant's queue
+    ("Outgoing messages are being dropped": HA never saw 52 units). Now each waits at random up
+    to upstream.mqtt.announce_spread (30 s): about 33 units a second."""
+    conf = UPSTREAM_SCHEMA({"mqtt": {"host": "broker"}})["mqtt"]
+    assert conf["announce_spread"] == 30.0
+    births = BirthPolicy(spread=conf["announce_spread"])
+    fleet = [MqttSink(conf, f"unit-{i}", "1", births=births, rng=random.Random(i),
+                      clock=lambda: 100.0) for i in range(1000)]
+    for sink in fleet:
+        sink.heard_birth()
+    seconds = Counter(int(sink.reannounce_at or 0) for sink in fleet)
+    assert min(seconds) >= 101  # settled first
+    assert max(seconds) <= 131
+    assert max(seconds.values()) <= 60  # ~33 a second; a burst would be all 1,000 at once

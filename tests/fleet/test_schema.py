@@ -13,7 +13,7 @@ from kiosk_agent.fleet.component import Upstream
 from kiosk_agent.fleet.mqtt import mqtt_tls_context
 from kiosk_agent.fleet.schema import UPSTREAM_SCHEMA
 
-from .helpers import settled_agent
+from .helpers import make_certificates, settled_agent
 
 
 def test_schema_names_the_bad_field() -> None:
@@ -171,9 +171,60 @@ def test_tls_mistakes_are_named_when_the_config_is_checked(tmp_path: Path) -> No
     ca = tmp_path / "ca.pem"
     with pytest.raises(vol.Invalid, match=r"no such file .*\['ca_file'\]"):
         UPSTREAM_SCHEMA({"mqtt": {"host": "broker", "tls": True, "ca_file": str(ca)}})
-    ca.write_text("not a certificate\n")  # a file that is not a CA: named when it is loaded
+    make_certificates(tmp_path)
+    (tmp_path / "ca.crt").rename(ca)
     with pytest.raises(vol.Invalid, match=r"ca_file is only used with tls: true; .*\['tls'\]"):
         UPSTREAM_SCHEMA({"mqtt": {"host": "broker", "port": 8883, "ca_file": str(ca)}})
     conf = UPSTREAM_SCHEMA({"mqtt": {"host": "broker", "tls": True, "ca_file": str(ca)}})
-    with pytest.raises(OSError, match=rf"tls ca_file {ca}: "):
+    ca.write_text("not a certificate\n")  # changed since the config was checked: named
+    with pytest.raises(OSError, match=rf"tls ca_file {ca}: holds no certificate TLS can load"):
         mqtt_tls_context(conf["mqtt"])
+
+
+@pytest.mark.parametrize(
+    ("content", "named"),
+    [("not a certificate\n", "holds no certificate TLS can load"),
+     ("key", "holds no certificate TLS can load"),  # the server's key given as the CA
+     ("", "holds no certificate TLS can load")],
+)
+def test_a_ca_file_that_is_not_a_certificate_is_refused_by_check_config(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], content: str, named: str
+) -> None:
+    """Before: any file passed `check-config`, and `doctor` then said "the connection failed"."""
+    make_certificates(tmp_path)
+    ca = tmp_path / "given.pem"
+    ca.write_text((tmp_path / "server.key").read_text() if content == "key" else content)
+    path = tmp_path / "config.yaml"
+    path.write_text(
+        "service:\n  simulator: {time_scale: 50}\n"
+        "terminals:\n  - device_id: SIM-0001\n"
+        "journal: {path: journal.db}\n"
+        f"upstream:\n  mqtt: {{host: 127.0.0.1, tls: true, ca_file: {ca}}}\n"
+    )
+    assert main(["check-config", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert f"upstream.mqtt.ca_file: {ca}: {named}" in err
+    assert "(-----BEGIN CERTIFICATE-----)" in err
+
+
+# --- which Home Assistant reads the discovery -------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("given", "named"),
+    [
+        (2024.3, "in quotes"),  # YAML's number: 2024.10 would read as 2024.1
+        ("2023.12", "older than the oldest supported, 2024.3"),
+        ("2024.13", "not '2024.13'"),
+        ("latest", "not 'latest'"),
+    ],
+)
+def test_a_home_assistant_release_not_understood_is_named(given: object, named: str) -> None:
+    with pytest.raises(vol.Invalid, match=named) as caught:
+        UPSTREAM_SCHEMA({"home_assistant": given})
+    assert caught.value.path == ["home_assistant"]
+
+
+def test_a_home_assistant_release_is_kept_as_year_and_month() -> None:
+    assert UPSTREAM_SCHEMA({"home_assistant": "2026.02.3"})["home_assistant"] == "2026.2"
+    assert "home_assistant" not in UPSTREAM_SCHEMA({})  # unsaid: the oldest's rules
