@@ -316,11 +316,6 @@ class SaleRunner:
                     stop.cancel()
         return len(self._live)
 
-    @property
-    def stopping(self) -> bool:
-        """Whether the agent's stop has begun (what stops after it is no fault to report)."""
-        return self._stopping
-
     async def stop(self, grace: float | None = None) -> None:
         """Refuse new sales, let running ones finish (up to ``grace``, else ``stop_timeout``),
         then park the rest: each journals a ``parked`` step where it stands, and the next

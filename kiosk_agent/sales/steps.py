@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import datetime as dt
 import logging
 from collections.abc import Awaitable, Callable, Iterator, Mapping
 from dataclasses import dataclass, field
@@ -74,7 +75,7 @@ class Recheck:
     def when(self) -> str:
         if self.next_at is None:
             return "at its next look"
-        return "at " + time.strftime("%H:%M:%SZ", time.gmtime(self.next_at))
+        return f"at {dt.datetime.fromtimestamp(self.next_at, dt.UTC):%H:%M:%SZ}"
 
 
 class NotOurs(Exception):

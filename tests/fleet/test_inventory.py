@@ -6,7 +6,6 @@ import json
 import time
 import uuid
 import zoneinfo
-from pathlib import Path
 
 import aiomqtt
 import pytest
