@@ -374,7 +374,7 @@ class Agent:
         journal made on another machine takes no customer and moves no money until adopted."""
         was, confirmed = self.unit.id, self.unit.confirmed
         try:
-            found = load_unit(self.journal.db, self.journal.path, self.machine)
+            found = load_unit(self.journal.db, self.journal.path, self.machine, self.clock)
         except (sqlite3.Error, JournalError) as err:  # a disk that takes no writes: no id kept
             if not self.unit.fault:
                 _LOGGER.error("journal: the unit's id cannot be read or kept: %s", err)

@@ -33,10 +33,10 @@ import os
 import re
 import secrets
 import sqlite3
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from kiosk_agent.sales.clock import SYSTEM_CLOCK, Clock
 from kiosk_agent.sales.machine import Machine
 
 UNIT_TABLE = "unit_ids"
@@ -175,7 +175,9 @@ def rows(db: sqlite3.Connection) -> list[UnitRow]:
     return [UnitRow(r[0], Machine.from_text(r[1]), float(r[2]), r[3]) for r in found]
 
 
-def load(db: sqlite3.Connection, journal_path: Path, here: Machine) -> OwnUnit:
+def load(
+    db: sqlite3.Connection, journal_path: Path, here: Machine, clock: Clock = SYSTEM_CLOCK
+) -> OwnUnit:
     """The unit of this journal, made on its first open (or taken from the copy beside a
     journal begun anew), judged against the machine it runs on now."""
     here = here.at(journal_path)
@@ -186,7 +188,7 @@ def load(db: sqlite3.Connection, journal_path: Path, here: Machine) -> OwnUnit:
             _insert(db, dataclasses.replace(
                 kept, why="kept beside the journal: the journal was begun anew"))
         else:
-            _insert(db, UnitRow(new_unit_id(), here, time.time(), "made with this journal"))
+            _insert(db, UnitRow(new_unit_id(), here, clock.time(), "made with this journal"))
         history = rows(db)
     current = history[-1]
     kept = _read_unit_file(unit_file(journal_path))
@@ -205,7 +207,9 @@ def load(db: sqlite3.Connection, journal_path: Path, here: Machine) -> OwnUnit:
     )
 
 
-def adopt(db: sqlite3.Connection, journal_path: Path, here: Machine) -> tuple[UnitRow, UnitRow]:
+def adopt(
+    db: sqlite3.Connection, journal_path: Path, here: Machine, clock: Clock = SYSTEM_CLOCK
+) -> tuple[UnitRow, UnitRow]:
     """A person confirms this journal on this machine: a new id for the unit (its future
     order ids differ), the old id's charges left to the unit that made them.
     Returns (the former row, the new one)."""
@@ -215,7 +219,7 @@ def adopt(db: sqlite3.Connection, journal_path: Path, here: Machine) -> tuple[Un
         raise ValueError("the journal has no unit yet: start the agent once, it makes one")
     former = history[-1]
     fresh = UnitRow(
-        new_unit_id(), here, time.time(),
+        new_unit_id(), here, clock.time(),
         f"adopted on {here.describe()}: the journal was unit {former.unit_id}, made on "
         f"{former.machine.describe()}", new_key(),
     )
