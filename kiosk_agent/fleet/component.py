@@ -17,6 +17,7 @@ import random
 import re
 import socket
 import time
+from collections import deque
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -116,7 +117,9 @@ class Upstream:
         self._agent = agent
         self._request_restart: Callable[[], str | None] = request_graceful_restart
         self._command_tasks: set[asyncio.Task[None]] = set()
-        self.commands_done: list[tuple[str, str]] = []  # (key, outcome), newest last
+        # (key, outcome), newest last; the last hundred (a client may press for ever)
+        self.commands_done: deque[tuple[str, str]] = deque(maxlen=100)
+        self._commands_running: set[str] = set()  # one of each at a time
         self.command_errors = 0  # unexpected errors in a command (a bug): counted in health
         # a destination failing this long is a problem: a broker restart (every unit back
         # within seconds) is not, a refused password is, within one interval
@@ -275,7 +278,10 @@ class Upstream:
             _LOGGER.warning("upstream mqtt: command %s ignored: its payload is not %s (nor a "
                             "JSON object)", key, PRESS)
             return
+        if key in self._commands_running:  # pressed again before it was done: once is enough
+            return
         _LOGGER.info("upstream mqtt: command %s from %s", key, asked_by(payload))
+        self._commands_running.add(key)
         task = asyncio.ensure_future(self._run_command(key))
         self._command_tasks.add(task)
         task.add_done_callback(self._command_tasks.discard)
@@ -289,6 +295,7 @@ class Upstream:
             self.command_errors += 1
             _LOGGER.exception("upstream mqtt: command %s failed unexpectedly", key)
             outcome = "failed unexpectedly"
+        self._commands_running.discard(key)
         self.commands_done.append((key, outcome))
         level = logging.INFO if outcome.startswith("done") else logging.WARNING
         _LOGGER.log(level, "upstream mqtt: command %s %s", key, redact(outcome))
