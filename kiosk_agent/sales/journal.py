@@ -913,6 +913,7 @@ class Journal:
         db = sqlite3.connect(f"file:{self.path}?mode=rw", uri=True, isolation_level=None)
         try:
             db.execute("PRAGMA synchronous=FULL")
+            db.execute("PRAGMA foreign_keys=ON")  # as the journal's own connection
             db.execute("PRAGMA busy_timeout=5000")
             args["young_first"] = db.execute(young_first, args).fetchone()[0]
             args["after_at"], args["after_rowid"] = float("-inf"), -1
