@@ -78,7 +78,6 @@ CREATE TABLE IF NOT EXISTS sales (
 );
 CREATE INDEX IF NOT EXISTS sales_state_created ON sales(state, created_at);
 CREATE INDEX IF NOT EXISTS sales_created ON sales(created_at);
-CREATE INDEX IF NOT EXISTS sales_finished ON sales(finished_at);
 CREATE TABLE IF NOT EXISTS steps (
     id       INTEGER PRIMARY KEY AUTOINCREMENT,
     sale_id  TEXT NOT NULL REFERENCES sales(sale_id),

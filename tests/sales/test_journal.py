@@ -635,7 +635,7 @@ def test_a_journal_of_the_previous_schema_loses_its_retired_index_on_open(
     names = {r[0] for r in journal.db.execute("SELECT name FROM sqlite_master WHERE type='index'")}
     journal.close()
     assert "sales_state" not in names
-    assert {"sales_state_created", "sales_created", "sales_finished"} <= names
+    assert {"sales_state_created", "sales_created"} <= names
 
 
 def test_prune_makes_no_file_where_the_journal_was_removed(journal: Journal) -> None:
