@@ -100,6 +100,7 @@ class AuditReads:
         self.unexpected = 0
         self._shown = (0, 0)  # mismatches and columns low, as last reported
         self.done = asyncio.Event()  # set after each read (tests wait on it)
+        self._one_read = asyncio.Lock()
         self._task = BackgroundTask(self._run, "audit-reads")
 
     # -- lifecycle -------------------------------------------------------------------------------
@@ -135,10 +136,11 @@ class AuditReads:
             settings = self.settings
             delay = settings.backoff(self.failures) if self.failures else settings.interval
 
-    async def read_between_sales(self) -> Recorded | None:
-        """A read as soon as no sale of the machine is in progress (never during one)."""
+    async def read_between_sales(self, recheck: float = SALE_RECHECK_S) -> Recorded | None:
+        """A read as soon as no sale of the machine is in progress (never during one), looked
+        at every ``recheck`` seconds."""
         while self.sale_in_progress():
-            await self._agent.clock.sleep(SALE_RECHECK_S)
+            await self._agent.clock.sleep(recheck)
         return await self.read_once()
 
     def sale_in_progress(self) -> bool:
@@ -149,7 +151,12 @@ class AuditReads:
             self._dirty = True  # a sale of the machine moved during the read
 
     async def read_once(self) -> Recorded | None:
-        """One read now, whatever the schedule: stored and compared; None when it failed."""
+        """One read now, whatever the schedule: stored and compared; None when it failed.
+        One read at a time on the port: a second one asked meanwhile comes after it."""
+        async with self._one_read:
+            return await self._read()
+
+    async def _read(self) -> Recorded | None:
         self._dirty = self.sale_in_progress()
         unlisten = self._agent.events.listen(self._on_sale)
         self._reading = True
