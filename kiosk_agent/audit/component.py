@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import sqlite3
 from collections import Counter
 from collections.abc import Awaitable, Callable, Mapping
@@ -258,9 +259,11 @@ class AuditReads:
             _LOGGER.warning("audit: cannot read the stored reads: %s", err)
             mismatches, stock = [], []
         self._shown = (len(mismatches), sum(1 for c in stock if c.low))
-        next_in = None
+        next_in: float | None = None
         if self._next_at is not None and not self._reading:
-            next_in = round(max(0.0, self._next_at - self._agent.clock.monotonic()), 3)
+            # to the millisecond, up: the read is due by then, never a moment after
+            left = max(0.0, self._next_at - self._agent.clock.monotonic())
+            next_in = math.ceil(left * 1000) / 1000
         self._agent.health.report_audit(
             AuditHealth(
                 machine=self.machine,

@@ -12,6 +12,8 @@ from typing import Any
 
 import voluptuous as vol
 
+from kiosk_agent.platforms.serial import backoff_delay
+
 
 def _capacities(value: Any) -> dict[str, int]:
     if not isinstance(value, Mapping):
@@ -72,8 +74,9 @@ class BooksSettings:
         return cls(**{name: conf[name] for name in names})
 
     def backoff(self, failures: int) -> float:
-        """Seconds to wait after ``failures`` failed reads in a row (capped, exponential)."""
-        return float(min(self.retry_max, self.retry_min * 2 ** max(0, failures - 1)))
+        """Seconds to wait after ``failures`` failed reads in a row: the serial links' capped
+        exponential back-off, jitter and all (a fleet's units do not retry in step)."""
+        return backoff_delay(max(0, failures - 1), self.retry_min, self.retry_max)
 
 
 def machine_sources(trigger: str | None, triggers: Sequence[Mapping[str, Any]]) -> list[str]:
