@@ -62,7 +62,7 @@ SECTION_OWNERS: dict[str, str] = {
     "webhooks": "kiosk_agent.admin.webhooks",
     "upstream": "kiosk_agent.fleet.schema",
     "health": "kiosk_agent.core.health",
-    "dex": "kiosk_agent.audit.config",
+    "dex": "kiosk_agent.audit.schema",
 }
 
 

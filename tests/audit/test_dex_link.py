@@ -10,11 +10,20 @@ import asyncio
 
 import pytest
 import serial_asyncio_fast
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from kiosk_agent.audit import parse_audit, render_audit
 from kiosk_agent.audit.dexucs import BLOCK_TEXT, DexMaster, DexSlave, MasterPhase, SlaveFaults
 from kiosk_agent.audit.framing import Block, Deframer, FramingError, encode_block
-from kiosk_agent.audit.link import LinkError, LinkSettings, make_master, read_audit, run_master
+from kiosk_agent.audit.link import (
+    LinkError,
+    LinkSettings,
+    make_master,
+    read_audit,
+    read_link,
+    run_master,
+)
 from kiosk_agent.audit.virtual import PortFaults, VirtualDexPort
 from kiosk_agent.sales.clock import FakeClock
 
@@ -92,7 +101,7 @@ async def read_counted(
 async def test_a_clean_read_brings_the_audit_whole():
     clock = FakeClock()
     async with VirtualDexPort(AUDIT, clock=FakeClock()) as port:
-        read = await asyncio.wait_for(read_audit(LinkSettings(port=port.port), clock=clock), 20)
+        read = await asyncio.wait_for(read_link(LinkSettings(port=port.port), clock=clock), 20)
     assert read.audit == AUDIT
     assert read.blocks == -(-len(AUDIT) // BLOCK_TEXT) > 2
     assert read.machine_id == "VIRTUALVMC"
@@ -106,7 +115,7 @@ async def test_a_corrupted_block_is_refused_and_sent_again():
     clock = FakeClock()
     faults = SlaveFaults(corrupt_blocks={2, 4})
     async with VirtualDexPort(AUDIT, faults=faults, clock=FakeClock()) as port:
-        read = await asyncio.wait_for(read_audit(LinkSettings(port=port.port), clock=clock), 20)
+        read = await asyncio.wait_for(read_link(LinkSettings(port=port.port), clock=clock), 20)
     assert read.audit == AUDIT
     assert read.refused_blocks == 2
 
@@ -115,7 +124,7 @@ async def test_a_lost_acknowledgement_is_asked_for_and_repeated():
     clock = FakeClock()
     faults = SlaveFaults(lose_acks={1, 3})
     async with VirtualDexPort(AUDIT, faults=faults, clock=FakeClock()) as port:
-        read = await asyncio.wait_for(read_audit(LinkSettings(port=port.port), clock=clock), 20)
+        read = await asyncio.wait_for(read_link(LinkSettings(port=port.port), clock=clock), 20)
     assert read.audit == AUDIT
     assert not faults.lose_acks  # each was lost once
 
@@ -136,7 +145,7 @@ async def test_a_stalled_slave_ends_the_read_with_the_reason_in_bounded_time():
 async def test_a_flooding_port_ends_the_read_bounded_in_bytes():
     clock = FakeClock()
     async with VirtualDexPort(AUDIT, port_faults=PortFaults(flood=True), clock=FakeClock()) as port:
-        task = asyncio.ensure_future(read_audit(LinkSettings(port=port.port), clock=clock))
+        task = asyncio.ensure_future(read_link(LinkSettings(port=port.port), clock=clock))
         with pytest.raises(LinkError, match="a block of more than 512 bytes without its end"):
             await asyncio.wait_for(task, 20)
         assert port.bytes_sent < 1 << 20  # it stopped listening long before a megabyte
@@ -155,7 +164,7 @@ async def test_a_port_answering_garbage_is_refused_naming_it():
 
 async def test_a_port_that_is_not_there_is_a_link_error():
     with pytest.raises(LinkError, match="cannot open /dev/no-such-dex-port"):
-        await read_audit(LinkSettings(port="/dev/no-such-dex-port"), clock=FakeClock())
+        await read_link(LinkSettings(port="/dev/no-such-dex-port"), clock=FakeClock())
 
 
 async def test_the_whole_read_has_a_deadline():
@@ -223,3 +232,55 @@ def test_a_block_refused_too_often_ends_the_read():
     slave._send = always_corrupt  # type: ignore[method-assign]
     exchange(master, slave)
     assert master.failure == "block 1 failed its CRC, 4 times (receiving the audit)"
+
+
+# --- generated --------------------------------------------------------------------------------
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.binary(max_size=80), max_size=30), st.lists(st.booleans(), max_size=30))
+def test_any_bytes_heard_and_any_waits_end_the_master_cleanly(chunks, expiries):
+    """Whatever the line says, and whenever waits run out, the master never raises, answers
+    with bounded bytes, and ends (done or failed with a reason) within its retries."""
+    master = DexMaster()
+    master.start()
+    for chunk, expire in zip(chunks, expiries + [False] * len(chunks), strict=False):
+        out = master.expire() if expire else master.receive(chunk)
+        assert len(out) <= 600
+    for _ in range(40):  # a silent line from here on
+        if master.wait is None:
+            break
+        master.expire()
+    assert master.wait is None
+    assert master.phase in (MasterPhase.DONE, MasterPhase.FAILED)
+    assert master.failure or master.phase is MasterPhase.DONE
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    st.binary(min_size=1, max_size=3000),
+    st.sets(st.integers(1, 13), max_size=4),
+    st.sets(st.integers(1, 13), max_size=4),
+)
+def test_any_audit_with_corrupted_blocks_and_lost_acks_arrives_whole(audit, corrupt, lost):
+    master, slave = DexMaster(), DexSlave(audit, faults=SlaveFaults(corrupt, lost))
+    exchange(master, slave)
+    assert master.phase is MasterPhase.DONE, master.failure
+    assert master.audit == audit
+
+
+# --- the shared contract's entry points -------------------------------------------------------
+
+
+async def test_read_audit_by_port_gives_the_audits_bytes_as_the_machine_has_it_then():
+    later = render_audit([("VA1", "12750", "51")])
+    counters = iter([AUDIT, later])
+    async with VirtualDexPort(lambda: next(counters), clock=FakeClock()) as port:
+        first = await asyncio.wait_for(read_audit(port.port, "dex_ucs", clock=FakeClock()), 20)
+        second = await asyncio.wait_for(read_audit(port.port, "dex_ucs", clock=FakeClock()), 20)
+    assert (first, second) == (AUDIT, later)
+
+
+async def test_read_audit_refuses_a_protocol_it_does_not_speak():
+    with pytest.raises(LinkError, match="protocol 'ddcmp' is not implemented: only dex_ucs"):
+        await read_audit("/dev/ttyUSB0", "ddcmp", clock=FakeClock())
