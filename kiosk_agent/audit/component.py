@@ -289,13 +289,14 @@ def link_port(agent: Agent, conf: Mapping[str, Any], cashless_device: str) -> Po
     """The configured DEX link (``audit/link.py``) and the EVA-DTS reader. ``port:
     virtual:NAME`` is the DEX port of the agent's own virtual machine of that name (a trigger
     with ``dex: true``): the demo's machine, read over its real pty."""
-    from kiosk_agent.audit.config import link_settings
     from kiosk_agent.audit.evadts import AuditError, parse_audit
     from kiosk_agent.audit.link import LinkError, read_audit
+    from kiosk_agent.audit.schema import link_settings
 
     async def read_file() -> bytes:
-        settings = link_settings(dict(conf), port=_port_of(agent, str(conf["port"])))
-        return (await read_audit(settings, clock=agent.clock)).audit
+        port = _port_of(agent, str(conf["port"]))
+        limits = link_settings(dict(conf), port=port)
+        return await read_audit(port, conf["protocol"], clock=agent.clock, limits=limits)
 
     def to_figures(data: bytes) -> Figures:
         return figures_of(parse_audit(data), cashless_device)

@@ -9,7 +9,7 @@ import asyncio
 from typing import Any
 
 from kiosk_agent.audit.component import AuditReads
-from kiosk_agent.audit.config import DEX_SCHEMA
+from kiosk_agent.audit.schema import DEX_SCHEMA
 from kiosk_agent.core.agent import Agent
 from kiosk_agent.platforms.virtual import VirtualController, VisitOutcome
 from kiosk_agent.sales.states import SaleState
