@@ -227,7 +227,7 @@ async def sales_during_reads(
     audit scheduler reads a machine over DEX, in alternating blocks of ``block``: (without,
     during, reads completed)."""
     from kiosk_agent.audit.component import AuditReads
-    from kiosk_agent.audit.config import DEX_SCHEMA
+    from kiosk_agent.audit.schema import DEX_SCHEMA
     from kiosk_agent.audit.virtual import VirtualDexPort
     from kiosk_agent.platforms.virtual_audit import MachineBooks
 

@@ -29,7 +29,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from kiosk_agent.audit import parse_audit, render_audit
-from kiosk_agent.audit.link import LinkError, LinkSettings, read_audit
+from kiosk_agent.audit.link import LinkError, LinkSettings, read_link
 from kiosk_agent.audit.virtual import PortFaults, VirtualDexPort
 
 TARGET_PARSE_MS = 5.0
@@ -73,7 +73,7 @@ def parse_times(audit: bytes, runs: int) -> tuple[list[float], float]:
 async def wire_read(audit: bytes) -> tuple[float, int, int]:
     async with VirtualDexPort(audit, baud_delay=True) as port:
         started = time.monotonic()
-        read = await read_audit(LinkSettings(port=port.port))
+        read = await read_link(LinkSettings(port=port.port))
         took = time.monotonic() - started
         assert read.audit == audit
         return took, read.bytes_heard, port.bytes_heard
@@ -84,7 +84,7 @@ async def endless_read() -> tuple[int, float, str]:
     async with VirtualDexPort(offered) as port:
         tracemalloc.start()
         try:
-            await read_audit(LinkSettings(port=port.port, deadline=600))
+            await read_link(LinkSettings(port=port.port, deadline=600))
         except LinkError as err:
             reason = str(err)
         else:
@@ -97,7 +97,7 @@ async def endless_read() -> tuple[int, float, str]:
 async def flood_read() -> tuple[int, str]:
     async with VirtualDexPort(b"", port_faults=PortFaults(flood=True)) as port:
         try:
-            await read_audit(LinkSettings(port=port.port))
+            await read_link(LinkSettings(port=port.port))
         except LinkError as err:
             return port.bytes_sent, str(err)
         return port.bytes_sent, "no error (not bounded!)"

@@ -340,7 +340,7 @@ def export_audit_products(audit: AuditFile, fmt: str) -> Iterator[str]:
     (``kiosk-agent dex parse|read --format csv|json``)."""
     if fmt not in AUDIT_FORMATS:
         raise ValueError(f"format must be one of {', '.join(AUDIT_FORMATS)}, got {fmt!r}")
-    rows = (audit_product_values(product, audit.currency.code) for product in audit.products)
+    rows = (audit_product_values(product, audit.currency) for product in audit.products)
     if fmt == "json":
         json_export = JsonExport()
         yield json_export.start()
@@ -353,20 +353,18 @@ def export_audit_products(audit: AuditFile, fmt: str) -> Iterator[str]:
 
 
 def audit_product_values(product: Product, currency: str) -> dict[str, object]:
-    from kiosk_agent.audit.evadts import Tally  # on use: the sales export does not need it
-
     def amount(cents: int | None) -> Amount | None:
         return None if cents is None else Amount(cents, currency or "USD")
 
-    paid = product.paid or Tally()
+    paid, free, test = product.paid, product.free, product.test
     return {
-        "selection": product.selection,
+        "selection": product.column,
         "name": product.name,
         "price": amount(product.price),
-        "paid_since_init": paid.count_since_init,
-        "paid_value_since_init": amount(paid.value_since_init),
-        "paid_since_reset": paid.count_since_reset,
-        "paid_value_since_reset": amount(paid.value_since_reset),
-        "free_since_init": (product.free or Tally()).count_since_init,
-        "test_since_init": (product.test or Tally()).count_since_init,
+        "paid_since_init": paid.count_since_init if paid else None,
+        "paid_value_since_init": amount(paid.value_since_init if paid else None),
+        "paid_since_reset": paid.count_since_reset if paid else None,
+        "paid_value_since_reset": amount(paid.value_since_reset if paid else None),
+        "free_since_init": free.count_since_init if free else None,
+        "test_since_init": test.count_since_init if test else None,
     }

@@ -1,8 +1,9 @@
 """The machine's own books: the EVA-DTS reader and writer, and the links that fetch an audit.
 
-The API other parts use (``from kiosk_agent.audit import ...``): ``parse_audit`` (bytes or text
--> ``AuditFile``, or ``AuditError`` naming the line and field), ``render_audit`` (blocks -> a
-complete file with its G85 and SE count), and the typed fields of an ``AuditFile``.
+The API other parts use (``from kiosk_agent.audit import ...``, the shared contract's names):
+``parse`` (bytes or text -> ``AuditFile``, or ``AuditError`` naming the line and field),
+``render`` (blocks -> a complete file with its G85 and SE count), the typed fields of an
+``AuditFile`` (``Counters`` of ``Tally`` pairs), and ``link.read_audit(port, "dex_ucs")``.
 """
 
 from kiosk_agent.audit.crc import crc16_arc
@@ -12,7 +13,7 @@ from kiosk_agent.audit.evadts import (
     CashIn,
     Cashless,
     CashOut,
-    Currency,
+    Counters,
     Device,
     DeviceSale,
     Event,
@@ -23,7 +24,9 @@ from kiosk_agent.audit.evadts import (
     Reads,
     Segment,
     Tally,
+    parse,
     parse_audit,
+    render,
     render_audit,
 )
 
@@ -33,7 +36,7 @@ __all__ = [
     "CashIn",
     "CashOut",
     "Cashless",
-    "Currency",
+    "Counters",
     "Device",
     "DeviceSale",
     "Event",
@@ -45,6 +48,8 @@ __all__ = [
     "Segment",
     "Tally",
     "crc16_arc",
+    "parse",
     "parse_audit",
+    "render",
     "render_audit",
 ]

@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from kiosk_agent.audit.evadts import AuditFile, Tally
+from kiosk_agent.audit.evadts import AuditFile, Counters
 
 
 @dataclass(frozen=True, slots=True)
@@ -133,41 +133,31 @@ class Figures:
 def figures_of(audit: AuditFile, cashless_device: str = "DA") -> Figures:
     """The figures the unit keeps of a parsed file (``audit.evadts``), for the cashless device
     the unit is on the machine's bus (``DA``, or ``DB`` for device 2)."""
-    device = audit.cashless_device(cashless_device)
-    by_device = {
-        sale.product: sale.sales for sale in audit.device_sales if sale.device == cashless_device
-    }
-    columns: dict[str, Column] = {}
-    for product in audit.products:
-        columns[product.selection] = Column(
+    columns = {
+        product.column: Column(
             price=product.price,
             name=product.name.strip(),
             paid=counter_of(product.paid),
-            cashless=counter_of(by_device.get(product.selection)),
+            cashless=counter_of(product.by_device.get(cashless_device)),
         )
+        for product in audit.products
+    }
     return Figures(
         machine=audit.machine.serial if audit.machine else audit.sender,
-        currency=audit.currency.code,
+        currency=audit.currency,
         paid=counter_of(audit.paid_vends),
         cash=counter_of(audit.cash_sales),
-        cashless=counter_of(device.sales if device else None),
+        cashless=counter_of(audit.cashless.get(cashless_device)),
         columns=columns,
     )
 
 
-def counter_of(tally: Tally | None) -> Counter | None:
-    """A block's counter pair; a machine that sends only since-reset figures has them taken as
-    its only counter (a reset then reads as a re-initialisation: not compared, said so)."""
-    if tally is None:
+def counter_of(counters: Counters | None) -> Counter | None:
+    """A block's counter pair as the unit stores it."""
+    if counters is None:
         return None
-    since_init = _count(tally.count_since_init, tally.value_since_init)
-    since_reset = _count(tally.count_since_reset, tally.value_since_reset)
-    if since_init is None:
-        return None if since_reset is None else Counter(since_reset)
-    return Counter(since_init, since_reset)
-
-
-def _count(count: int | None, value: int | None) -> Count | None:
-    if count is None and value is None:
-        return None
-    return Count(count or 0, value or 0)
+    reset = counters.since_reset
+    return Counter(
+        Count(counters.since_init.count, counters.since_init.value),
+        Count(reset.count, reset.value) if reset is not None else None,
+    )

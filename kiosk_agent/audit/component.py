@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import sqlite3
 from collections import Counter
 from collections.abc import Awaitable, Callable, Mapping
@@ -100,6 +101,7 @@ class AuditReads:
         self.unexpected = 0
         self._shown = (0, 0)  # mismatches and columns low, as last reported
         self.done = asyncio.Event()  # set after each read (tests wait on it)
+        self._one_read = asyncio.Lock()
         self._task = BackgroundTask(self._run, "audit-reads")
 
     # -- lifecycle -------------------------------------------------------------------------------
@@ -135,10 +137,11 @@ class AuditReads:
             settings = self.settings
             delay = settings.backoff(self.failures) if self.failures else settings.interval
 
-    async def read_between_sales(self) -> Recorded | None:
-        """A read as soon as no sale of the machine is in progress (never during one)."""
+    async def read_between_sales(self, recheck: float = SALE_RECHECK_S) -> Recorded | None:
+        """A read as soon as no sale of the machine is in progress (never during one), looked
+        at every ``recheck`` seconds."""
         while self.sale_in_progress():
-            await self._agent.clock.sleep(SALE_RECHECK_S)
+            await self._agent.clock.sleep(recheck)
         return await self.read_once()
 
     def sale_in_progress(self) -> bool:
@@ -149,7 +152,12 @@ class AuditReads:
             self._dirty = True  # a sale of the machine moved during the read
 
     async def read_once(self) -> Recorded | None:
-        """One read now, whatever the schedule: stored and compared; None when it failed."""
+        """One read now, whatever the schedule: stored and compared; None when it failed.
+        One read at a time on the port: a second one asked meanwhile comes after it."""
+        async with self._one_read:
+            return await self._read()
+
+    async def _read(self) -> Recorded | None:
         self._dirty = self.sale_in_progress()
         unlisten = self._agent.events.listen(self._on_sale)
         self._reading = True
@@ -251,9 +259,11 @@ class AuditReads:
             _LOGGER.warning("audit: cannot read the stored reads: %s", err)
             mismatches, stock = [], []
         self._shown = (len(mismatches), sum(1 for c in stock if c.low))
-        next_in = None
+        next_in: float | None = None
         if self._next_at is not None and not self._reading:
-            next_in = round(max(0.0, self._next_at - self._agent.clock.monotonic()), 3)
+            # to the millisecond, up: the read is due by then, never a moment after
+            left = max(0.0, self._next_at - self._agent.clock.monotonic())
+            next_in = math.ceil(left * 1000) / 1000
         self._agent.health.report_audit(
             AuditHealth(
                 machine=self.machine,
@@ -279,13 +289,14 @@ def link_port(agent: Agent, conf: Mapping[str, Any], cashless_device: str) -> Po
     """The configured DEX link (``audit/link.py``) and the EVA-DTS reader. ``port:
     virtual:NAME`` is the DEX port of the agent's own virtual machine of that name (a trigger
     with ``dex: true``): the demo's machine, read over its real pty."""
-    from kiosk_agent.audit.config import link_settings
     from kiosk_agent.audit.evadts import AuditError, parse_audit
     from kiosk_agent.audit.link import LinkError, read_audit
+    from kiosk_agent.audit.schema import link_settings
 
     async def read_file() -> bytes:
-        settings = link_settings(dict(conf), port=_port_of(agent, str(conf["port"])))
-        return (await read_audit(settings, clock=agent.clock)).audit
+        port = _port_of(agent, str(conf["port"]))
+        limits = link_settings(dict(conf), port=port)
+        return await read_audit(port, conf["protocol"], clock=agent.clock, limits=limits)
 
     def to_figures(data: bytes) -> Figures:
         return figures_of(parse_audit(data), cashless_device)

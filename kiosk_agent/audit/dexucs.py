@@ -24,6 +24,7 @@ then the read ends with the reason (``failure``). Followed: the DEX/UCS descript
 from __future__ import annotations
 
 import enum
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from kiosk_agent.audit.framing import (
@@ -243,15 +244,17 @@ class SlaveFaults:
 
 @dataclass
 class DexSlave:
-    """The machine's side: answers one read with ``audit``."""
+    """The machine's side: answers each read with ``audit``, or what it gives when it is a
+    callable (the machine's counters as they are when a read's data starts)."""
 
-    audit: bytes
+    audit: bytes | Callable[[], bytes]
     comm_id: str = "VIRTUALVMC"
     faults: SlaveFaults = field(default_factory=SlaveFaults)
     timeouts: DexTimeouts = field(default_factory=DexTimeouts)
     phase: SlavePhase = SlavePhase.IDLE
     reads: int = 0  # reads completed
     _deframer: Deframer = field(default_factory=Deframer)
+    _current: bytes = b""  # this read's audit
     _block: int = 0  # the block last sent (1-based)
     _sent: set[int] = field(default_factory=set)
     _tries: int = 0
@@ -268,7 +271,7 @@ class DexSlave:
 
     @property
     def block_count(self) -> int:
-        return max(1, -(-len(self.audit) // BLOCK_TEXT))
+        return max(1, -(-len(self._current) // BLOCK_TEXT))
 
     def receive(self, data: bytes) -> bytes:
         try:
@@ -307,6 +310,7 @@ class DexSlave:
             if token is Control.NAK:
                 return self._identity()
         if phase is SlavePhase.DATA_ACK0 and token == Ack(0):
+            self._current = self.audit() if callable(self.audit) else self.audit
             self._block = 0
             self._sent.clear()
             self._set(SlavePhase.SENDING)
@@ -338,7 +342,7 @@ class DexSlave:
 
     def _send(self, number: int) -> bytes:
         self._block = number
-        text = self.audit[(number - 1) * BLOCK_TEXT : number * BLOCK_TEXT]
+        text = self._current[(number - 1) * BLOCK_TEXT : number * BLOCK_TEXT]
         frame = encode_block(text, last=number == self.block_count)
         if number in self.faults.corrupt_blocks and number not in self._sent:
             frame = frame[:-1] + bytes((frame[-1] ^ 0xFF,))

@@ -70,17 +70,54 @@ class Segment:
         return SEPARATOR.join((self.tag, *self.elements))
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Tally:
-    """A value (cents) and a number of vends, since initialisation and since the last reset.
+    """One counter pair: how many vends, and how much (integer cents, through money.py)."""
 
-    ``None`` where the machine left the element out (an older machine sends no reset figures).
-    """
+    count: int
+    value: int
 
-    value_since_init: int | None = None
-    count_since_init: int | None = None
-    value_since_reset: int | None = None
-    count_since_reset: int | None = None
+
+@dataclass(frozen=True, slots=True)
+class Counters:
+    """A counter pair since initialisation, and since the last reset (None where the file
+    gives no since-reset pair). An element the machine left out of a pair it sent counts 0."""
+
+    since_init: Tally
+    since_reset: Tally | None = None
+
+    @classmethod
+    def of(
+        cls,
+        value_since_init: int | None = None,
+        count_since_init: int | None = None,
+        value_since_reset: int | None = None,
+        count_since_reset: int | None = None,
+    ) -> Counters | None:
+        """The four figures as read; None when the machine sent none of them."""
+        figures = (value_since_init, count_since_init, value_since_reset, count_since_reset)
+        if all(figure is None for figure in figures):
+            return None
+        reset = None
+        if value_since_reset is not None or count_since_reset is not None:
+            reset = Tally(count_since_reset or 0, value_since_reset or 0)
+        return cls(Tally(count_since_init or 0, value_since_init or 0), reset)
+
+    @property
+    def value_since_init(self) -> int:
+        return self.since_init.value
+
+    @property
+    def count_since_init(self) -> int:
+        return self.since_init.count
+
+    @property
+    def value_since_reset(self) -> int | None:
+        return None if self.since_reset is None else self.since_reset.value
+
+    @property
+    def count_since_reset(self) -> int | None:
+        return None if self.since_reset is None else self.since_reset.count
 
 
 @dataclass(frozen=True)
@@ -101,15 +138,6 @@ class Device:
     serial: str = ""
     model: str = ""
     revision: str = ""
-
-
-@dataclass(frozen=True)
-class Currency:
-    """ID4: how amounts are written. ``decimal_places`` 2 when the machine sends no ID4."""
-
-    decimal_places: int = _DEFAULT_PLACES
-    numeric_code: str = ""  # ISO 4217 numeric (978), or a country code on older machines
-    code: str = ""  # ISO 4217 alphabetic (EUR)
 
 
 @dataclass(frozen=True)
@@ -142,26 +170,28 @@ class Cashless:
 
     device: str
     identity: Device | None = None  # DA1
-    sales: Tally | None = None  # DA2
+    sales: Counters | None = None  # DA2
     debited_since_reset: int | None = None  # DA3: value debited from cards
     debited_since_init: int | None = None
     credited_since_init: int | None = None  # DA4: value credited (revalued) to cards
     credited_since_reset: int | None = None
-    discounts: Tally | None = None  # DA5
+    discounts: Counters | None = None  # DA5
 
 
 @dataclass(frozen=True)
 class Product:
-    """PA1 and the PA2-PA5 after it: one column (selection) of the machine."""
+    """PA1 and the PA2-PA7 after it: one column of the machine."""
 
-    line: int
-    selection: str
+    column: str  # PA101, stripped
     price: int | None = None  # cents; None when left out or a currency stood in its place
     name: str = ""
-    paid: Tally | None = None  # PA2
-    test: Tally | None = None  # PA3
-    free: Tally | None = None  # PA4
+    paid: Counters | None = None  # PA2
+    test: Counters | None = None  # PA3
+    free: Counters | None = None  # PA4
+    # PA7 by payment device ('CA', 'DA', 'DB', 'TA'), its price lists added up
+    by_device: dict[str, Counters] = field(default_factory=dict)
     last_sale: datetime | None = None  # PA5, the machine's own clock
+    line: int = 0
 
 
 @dataclass(frozen=True)
@@ -173,7 +203,7 @@ class DeviceSale:
     device: str
     price_list: str
     price: int | None
-    sales: Tally
+    sales: Counters
 
 
 @dataclass(frozen=True)
@@ -230,17 +260,20 @@ class AuditFile:
     version: str  # DXS03
     segments: tuple[Segment, ...]  # every segment from ST to SE, as sent
     check: str | None  # G85 as sent (verified); None when the machine sends none
-    currency: Currency = Currency()
+    currency: str = ""  # ID403, the alphabetic code (EUR); "" when the file names none
+    decimal_places: int = _DEFAULT_PLACES  # ID401 (2 when there is no ID4)
+    currency_number: str = ""  # ID402, ISO 4217 numeric (or a country code on older machines)
     machine: Machine | None = None
     control_board: Device | None = None
     read_at: datetime | None = None  # ID5, the machine's own clock
-    paid_vends: Tally | None = None  # VA1
-    test_vends: Tally | None = None  # VA2
-    free_vends: Tally | None = None  # VA3
-    cash_sales: Tally | None = None  # CA2
+    paid_vends: Counters | None = None  # VA1
+    test_vends: Counters | None = None  # VA2
+    free_vends: Counters | None = None  # VA3
+    cash_sales: Counters | None = None  # CA2
     cash_in: CashIn | None = None  # CA3
     cash_out: CashOut | None = None  # CA4
-    cashless: tuple[Cashless, ...] = ()
+    cashless: dict[str, Counters] = field(default_factory=dict)  # DA2 -> 'DA', DB2 -> 'DB'
+    cashless_devices: tuple[Cashless, ...] = ()  # DA1-DA5 / DB1-DB5 in full
     products: tuple[Product, ...] = ()
     device_sales: tuple[DeviceSale, ...] = ()  # PA7
     price_list_sales: tuple[PriceListSale, ...] = ()  # LA1
@@ -257,7 +290,25 @@ class AuditFile:
         return tuple(s for s in self.segments if s.tag not in _ENVELOPE)
 
     def cashless_device(self, device: str) -> Cashless | None:
-        return next((c for c in self.cashless if c.device == device), None)
+        return next((c for c in self.cashless_devices if c.device == device), None)
+
+    @property
+    def raw(self) -> tuple[Segment, ...]:
+        """Every segment from ST to SE as read (tag, elements, line number)."""
+        return self.segments
+
+    @property
+    def crc_checked(self) -> bool:
+        """G85 was sent and verified."""
+        return self.check is not None
+
+    @property
+    def machine_serial(self) -> str:
+        return self.machine.serial if self.machine else ""
+
+    @property
+    def machine_model(self) -> str:
+        return self.machine.model if self.machine else ""
 
 
 # --- the reader ------------------------------------------------------------------------------
@@ -280,7 +331,9 @@ def parse_audit(data: bytes | str) -> AuditFile:
         version=envelope.version,
         segments=envelope.segments,
         check=envelope.check,
-        currency=draft.currency or Currency(decimal_places=fields.places),
+        currency=draft.currency_code,
+        decimal_places=fields.places,
+        currency_number=draft.currency_number,
         machine=draft.machine,
         control_board=draft.control_board,
         read_at=draft.read_at,
@@ -290,8 +343,9 @@ def parse_audit(data: bytes | str) -> AuditFile:
         cash_sales=draft.tallies.get("CA2"),
         cash_in=draft.cash_in,
         cash_out=draft.cash_out,
-        cashless=tuple(draft.cashless.values()),
-        products=tuple(Product(**fields) for fields in draft.products),
+        cashless={c.device: c.sales for c in draft.cashless.values() if c.sales is not None},
+        cashless_devices=tuple(draft.cashless.values()),
+        products=tuple(_product(fields, draft.device_sales) for fields in draft.products),
         device_sales=tuple(draft.device_sales),
         price_list_sales=tuple(draft.price_list_sales),
         events=tuple(draft.events),
@@ -505,7 +559,7 @@ class _Fields:
                 segment, date_at, f"no such date and time: {_shown(date)} {_shown(time)}"
             ) from None
 
-    def tally(self, segment: Segment, *, count_first: bool, at: int = 1) -> Tally:
+    def tally(self, segment: Segment, *, count_first: bool, at: int = 1) -> Counters | None:
         """VA1-style (value, count, value, count) or PA2-style (count, value, count, value),
         its first element at ``at``."""
         value_at, count_at = (at + 1, at) if count_first else (at, at + 1)
@@ -514,8 +568,8 @@ class _Fields:
             # the common case in one step, by money.scaled_to_cents's rule (self.scale)
             n = [int(d) for d in digits]
             v, c = value_at - at, count_at - at
-            return Tally(n[v] * self.scale, n[c], n[v + 2] * self.scale, n[c + 2])
-        return Tally(
+            return Counters(Tally(n[c], n[v] * self.scale), Tally(n[c + 2], n[v + 2] * self.scale))
+        return Counters.of(
             value_since_init=self.amount(segment, value_at),
             count_since_init=self.count(segment, count_at),
             value_since_reset=self.amount(segment, value_at + 2),
@@ -540,11 +594,12 @@ def _shown(text: str) -> str:
 class _Draft:
     """The typed fields as they are read, in file order."""
 
-    currency: Currency | None = None
+    currency_code: str = ""
+    currency_number: str = ""
     machine: Machine | None = None
     control_board: Device | None = None
     read_at: datetime | None = None
-    tallies: dict[str, Tally] = field(default_factory=dict)
+    tallies: dict[str, Counters | None] = field(default_factory=dict)
     cash_in: CashIn | None = None
     cash_out: CashOut | None = None
     cashless: dict[str, Cashless] = field(default_factory=dict)
@@ -574,12 +629,38 @@ class _Draft:
 _Reader = Callable[[_Draft, _Fields, Segment], None]
 
 
+def _product(fields: dict[str, Any], device_sales: list[DeviceSale]) -> Product:
+    """A column with its PA7 lines added up by payment device (over its price lists)."""
+    by_device: dict[str, Counters] = {}
+    for sale in device_sales:
+        if sale.product == fields["column"]:
+            by_device[sale.device] = _added(by_device.get(sale.device), sale.sales)
+    return Product(**fields, by_device=by_device)
+
+
+def _added(total: Counters | None, more: Counters) -> Counters:
+    if total is None:
+        return more
+    init = Tally(
+        total.since_init.count + more.since_init.count,
+        total.since_init.value + more.since_init.value,
+    )
+    if total.since_reset is None or more.since_reset is None:
+        return Counters(init, total.since_reset or more.since_reset)
+    reset = Tally(
+        total.since_reset.count + more.since_reset.count,
+        total.since_reset.value + more.since_reset.value,
+    )
+    return Counters(init, reset)
+
+
 def _id1(draft: _Draft, f: _Fields, s: Segment) -> None:
     draft.machine = Machine(f.text(s, 1), f.text(s, 2), f.text(s, 3), f.text(s, 4), f.text(s, 6))
 
 
 def _id4(draft: _Draft, f: _Fields, s: Segment) -> None:
-    draft.currency = Currency(f.places, f.text(s, 2).strip(), f.text(s, 3).strip())
+    draft.currency_number = f.text(s, 2).strip()
+    draft.currency_code = f.text(s, 3).strip()
 
 
 def _id5(draft: _Draft, f: _Fields, s: Segment) -> None:
@@ -634,7 +715,7 @@ def _cashless_credited(draft: _Draft, f: _Fields, s: Segment) -> None:
 
 def _cashless_discounts(draft: _Draft, f: _Fields, s: Segment) -> None:
     # DA5: value and number since the last reset first, then since initialisation.
-    discounts = Tally(
+    discounts = Counters.of(
         value_since_init=f.amount(s, 3),
         count_since_init=f.count(s, 4),
         value_since_reset=f.amount(s, 1),
@@ -644,11 +725,11 @@ def _cashless_discounts(draft: _Draft, f: _Fields, s: Segment) -> None:
 
 
 def _pa1(draft: _Draft, f: _Fields, s: Segment) -> None:
-    selection = f.text(s, 1).strip()
-    if not selection:
+    column = f.text(s, 1).strip()
+    if not column:
         raise _field_error(s, 1, "a product needs its identifier")
     draft.products.append(
-        {"line": s.line, "selection": selection, "price": f.price(s, 2), "name": f.text(s, 3)}
+        {"line": s.line, "column": column, "price": f.price(s, 2), "name": f.text(s, 3)}
     )
 
 
@@ -669,11 +750,11 @@ def _pa5(draft: _Draft, f: _Fields, s: Segment) -> None:
 
 
 def _pa7(draft: _Draft, f: _Fields, s: Segment) -> None:
-    product = f.text(s, 1).strip() or (draft.products[-1]["selection"] if draft.products else "")
+    product = f.text(s, 1).strip() or (draft.products[-1]["column"] if draft.products else "")
     device = f.text(s, 2).strip()
     if not device:
         raise _field_error(s, 2, "a sale by payment device needs its device (CA, DA, DB, TA)")
-    sales = f.tally(s, count_first=True, at=5)
+    sales = f.tally(s, count_first=True, at=5) or Counters(Tally(0, 0))
     draft.device_sales.append(
         DeviceSale(s.line, product, device, f.text(s, 3).strip(), f.price(s, 4), sales)
     )
@@ -749,6 +830,12 @@ for _device in ("DA", "DB"):
     }
 
 
+# The shared contract's names for the two entry points.
+def parse(data: bytes | str) -> AuditFile:
+    """``parse_audit``: the contract's name."""
+    return parse_audit(data)
+
+
 # --- the writer ------------------------------------------------------------------------------
 
 
@@ -781,3 +868,8 @@ def _render_segment(block: Sequence[str]) -> bytes:
         if SEPARATOR in element or "\n" in element or "\r" in element:
             raise ValueError(f"an element holds a separator or a line end: {element!r}")
     return SEPARATOR.join(block).encode("latin-1")
+
+
+def render(body: Iterable[Sequence[str]], **options: Any) -> bytes:
+    """``render_audit``: the contract's name."""
+    return render_audit(body, **options)

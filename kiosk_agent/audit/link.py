@@ -25,7 +25,7 @@ READ_CHUNK = 4096
 
 
 class LinkProtocol(enum.StrEnum):
-    DEX = "dex"  # DEX/UCS
+    DEX = "dex_ucs"  # DEX/UCS (DDCMP, the contract's other name, is not implemented)
 
 
 class LinkError(Exception):
@@ -95,7 +95,28 @@ def make_master(settings: LinkSettings) -> Master:
     )
 
 
-async def read_audit(settings: LinkSettings, *, clock: Clock = SYSTEM_CLOCK) -> LinkRead:
+async def read_audit(
+    port: str,
+    protocol: str = LinkProtocol.DEX.value,
+    *,
+    clock: Clock = SYSTEM_CLOCK,
+    limits: LinkSettings | None = None,
+) -> bytes:
+    """The shared contract's read: the audit's bytes from ``port``, or LinkError saying why.
+
+    ``limits`` carries the rest (baud rate, deadline, byte budget; its port is not used)."""
+    if protocol not in {p.value for p in LinkProtocol}:
+        raise LinkError(f"protocol {protocol!r} is not implemented: only dex_ucs reads")
+    settings = limits or LinkSettings(port=port)
+    settings = LinkSettings(
+        port=port, protocol=LinkProtocol(protocol), baudrate=settings.baudrate,
+        comm_id=settings.comm_id, deadline=settings.deadline, max_bytes=settings.max_bytes,
+        timeouts=settings.timeouts,
+    )  # fmt: skip
+    return (await read_link(settings, clock=clock)).audit
+
+
+async def read_link(settings: LinkSettings, *, clock: Clock = SYSTEM_CLOCK) -> LinkRead:
     """Open the port, read one audit, close the port; LinkError says why a read failed."""
     port = resolve_port(settings.port)
     if port is None:

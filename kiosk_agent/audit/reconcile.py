@@ -195,8 +195,8 @@ def _vends(count: Count, currency: str) -> str:
 
 
 def _clock_time(at: float) -> str:
-    # local time, as the page and the CLI show a machine's day
-    return dt.datetime.fromtimestamp(at).strftime("%Y-%m-%d %H:%M:%S")
+    # UTC with its Z, as the command line and the status page write every time
+    return f"{dt.datetime.fromtimestamp(at, dt.UTC):%Y-%m-%d %H:%M:%SZ}"
 
 
 def compare(

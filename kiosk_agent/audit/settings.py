@@ -1,7 +1,7 @@
-"""The `dex:` section's keys for the books: whose sales are the machine's, when the first read
-comes and how failures back off, what each column holds. The link's keys (port, protocol,
-baudrate, comm_id, interval, deadline) are the link's (``audit/config.py``); these are added
-to the same section (docs/audit.md).
+"""The `dex:` section's keys for the books: whose sales are the machine's, when reads come and
+how failures back off, what each column holds. The link's keys (port, protocol, baudrate,
+comm_id, deadline) are the link's (``audit/schema.py``); these are added to the same section
+(docs/audit.md).
 """
 
 from __future__ import annotations
@@ -11,6 +11,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import voluptuous as vol
+
+from kiosk_agent.platforms.serial import backoff_delay
 
 
 def _capacities(value: Any) -> dict[str, int]:
@@ -38,7 +40,8 @@ def _seconds(low: float, high: float) -> Any:
 BOOKS_KEYS: dict[Any, Any] = {
     # the trigger whose card sales are this machine's (its `name:`, or `platform:name`)
     vol.Optional("trigger"): vol.All(str, vol.Length(min=1, max=100)),
-    # the first read `first_read` seconds after the start (then every `interval`: the link's key)
+    # a read every `interval` seconds, the first one `first_read` seconds after the start
+    vol.Optional("interval", default=3600.0): _seconds(60, 7 * 86400),
     vol.Optional("first_read", default=30.0): _seconds(0, 86400),
     # a failed read is tried again after `retry_min` seconds, doubled each failure up to `retry_max`
     vol.Optional("retry_min", default=30.0): _seconds(1, 86400),
@@ -72,8 +75,9 @@ class BooksSettings:
         return cls(**{name: conf[name] for name in names})
 
     def backoff(self, failures: int) -> float:
-        """Seconds to wait after ``failures`` failed reads in a row (capped, exponential)."""
-        return float(min(self.retry_max, self.retry_min * 2 ** max(0, failures - 1)))
+        """Seconds to wait after ``failures`` failed reads in a row: the serial links' capped
+        exponential back-off, jitter and all (a fleet's units do not retry in step)."""
+        return backoff_delay(max(0, failures - 1), self.retry_min, self.retry_max)
 
 
 def machine_sources(trigger: str | None, triggers: Sequence[Mapping[str, Any]]) -> list[str]:

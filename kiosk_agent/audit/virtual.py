@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import os
 import tty
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from kiosk_agent.audit.dexucs import DexSlave, SlaveFaults
@@ -30,9 +31,10 @@ class PortFaults:
 
 @dataclass
 class VirtualDexPort:
-    """A pty whose far end answers DEX/UCS reads with ``audit``."""
+    """A pty whose far end answers DEX/UCS reads with ``audit`` (bytes, or a callable giving
+    the machine's audit as it is when a read starts)."""
 
-    audit: bytes
+    audit: bytes | Callable[[], bytes]
     faults: SlaveFaults = field(default_factory=SlaveFaults)
     port_faults: PortFaults = field(default_factory=PortFaults)
     clock: Clock = SYSTEM_CLOCK

@@ -136,6 +136,9 @@ def audit_table(report: dict[str, Any]) -> str:
         out.append(f"last read: {_when(last['at'])}{during}")
         out.extend(f"  changed: {for_terminal(c['text'])}" for c in last["changes"])
     comparisons = report["comparisons"]
+    if not comparisons and last is not None:
+        out.append("journal: nothing compared yet (a comparison needs two reads taken while no "
+                   "sale of the machine ran)")
     if comparisons:
         latest = comparisons[0]
         label = {"match": "matches", "mismatch": "MISMATCH",

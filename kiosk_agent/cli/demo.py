@@ -46,7 +46,7 @@ from kiosk_agent.tasks import TaskSet, cancel_and_wait, next_item
 
 DEFAULT_CONFIG = Path(__file__).resolve().parents[2] / "config" / "demo.yaml"
 # At the end, how long the machine's last sale may take to end before its books are read anyway.
-AUDIT_WAIT_S = 15.0
+AUDIT_WAIT_S = 5.0
 
 _COLOURS = {
     "dim": "\x1b[2m",
@@ -435,10 +435,14 @@ async def _show_audit(agent: Any, view: LiveView) -> None:
     books = next((c for c in agent.components if type(c).__name__ == "AuditReads"), None)
     if books is None:
         return
+    for platform in agent.platforms:  # no new customer: the last sale ends, then the read
+        controller = getattr(platform, "controller", None)
+        if controller is not None:
+            controller.closing.set()
     view.note(f"reading the books of {books.machine} (DEX)")
     with contextlib.suppress(TimeoutError):
         async with asyncio.timeout(AUDIT_WAIT_S):
-            await books.read_between_sales()
+            await books.read_between_sales(recheck=0.05)
     for line in audit_table(books.report()).splitlines():
         view.note(line)
 

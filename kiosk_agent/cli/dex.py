@@ -20,7 +20,7 @@ from kiosk_agent.cli import contract
 from kiosk_agent.cli.contract import EXIT_FAILED, EXIT_OK, EXIT_USAGE, CliError
 
 if TYPE_CHECKING:
-    from kiosk_agent.audit.evadts import AuditFile, Tally
+    from kiosk_agent.audit.evadts import AuditFile, Counters
     from kiosk_agent.audit.link import LinkRead, LinkSettings
 
 MAX_FILE = 16 << 20  # a real audit is kilobytes; a file past this is no audit
@@ -45,8 +45,9 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     )
     read.add_argument("--port", help="the DEX port (default: the configuration's dex.port)")
     read.add_argument(
-        "--protocol", choices=["dex"], help="the link protocol (default: the config's, or dex)"
-    )
+        "--protocol", choices=["dex_ucs"],
+        help="the link protocol (default: the config's, or dex_ucs)",
+    )  # fmt: skip
     read.add_argument("--save", type=Path, metavar="FILE", help="keep the audit as read in FILE")
     _format_option(read)
     read.set_defaults(handler=contract.guarded(_read), leaf_parser=read)
@@ -91,12 +92,12 @@ async def _parse(args: argparse.Namespace) -> int:
 
 async def _read(args: argparse.Namespace) -> int:
     from kiosk_agent.audit.evadts import AuditError, parse_audit
-    from kiosk_agent.audit.link import LinkError, read_audit
+    from kiosk_agent.audit.link import LinkError, read_link
 
     settings = _link_settings(args)
     contract.STATUS.show(f"reading the audit on {settings.port} ...")
     try:
-        read = await read_audit(settings)
+        read = await read_link(settings)
     except LinkError as err:
         raise CliError(f"no audit from {settings.port}: {err}", EXIT_FAILED) from None
     if args.save is not None:
@@ -110,8 +111,8 @@ async def _read(args: argparse.Namespace) -> int:
 
 
 def _link_settings(args: argparse.Namespace) -> LinkSettings:
-    from kiosk_agent.audit.config import link_settings
     from kiosk_agent.audit.link import LinkProtocol, LinkSettings
+    from kiosk_agent.audit.schema import link_settings
 
     path = contract.optional_config_path(args) if args.port else contract.config_path(args)
     section = contract.load(path).get("dex") if path is not None else None
@@ -150,14 +151,16 @@ def summary(audit: AuditFile, read: LinkRead | None = None) -> dict[str, object]
     """The audit as ``--json`` prints it: amounts as ``"2.50"`` strings, counts as numbers."""
     from kiosk_agent.money import cents_to_dollars
 
-    def tally(value: Tally | None) -> dict[str, object] | None:
+    def tally(value: Counters | None) -> dict[str, object] | None:
         if value is None:
             return None
+        reset = value.since_reset
         return {
-            key: cents_to_dollars(amount) if key.startswith("value") and amount is not None
-            else amount
-            for key, amount in vars(value).items()
-        }  # fmt: skip
+            "value_since_init": cents_to_dollars(value.since_init.value),
+            "count_since_init": value.since_init.count,
+            "value_since_reset": None if reset is None else cents_to_dollars(reset.value),
+            "count_since_reset": None if reset is None else reset.count,
+        }
 
     machine = audit.machine
     result: dict[str, object] = {
@@ -165,14 +168,14 @@ def summary(audit: AuditFile, read: LinkRead | None = None) -> dict[str, object]
         "machine_serial": machine.serial if machine else None,
         "machine_model": machine.model if machine else None,
         "read_at": audit.read_at.isoformat() if audit.read_at else None,  # the machine's clock
-        "currency": audit.currency.code or None,
-        "decimal_places": audit.currency.decimal_places,
+        "currency": audit.currency or None,
+        "decimal_places": audit.decimal_places,
         "check": audit.check,
         "paid_vends": tally(audit.paid_vends),
         "test_vends": tally(audit.test_vends),
         "free_vends": tally(audit.free_vends),
         "cash_sales": tally(audit.cash_sales),
-        "cashless": {c.device: tally(c.sales) for c in audit.cashless},
+        "cashless": {device: tally(sales) for device, sales in audit.cashless.items()},
         "products": len(audit.products),
         "other_blocks": len(audit.other),
         "notes": list(audit.notes),
@@ -189,7 +192,7 @@ def summary(audit: AuditFile, read: LinkRead | None = None) -> dict[str, object]
 
 
 def _lines(audit: AuditFile, read: LinkRead | None) -> list[tuple[str, object]]:
-    currency = audit.currency.code
+    currency = audit.currency
     machine = audit.machine
     identity = " ".join(part for part in (machine.serial, machine.model) if part) if machine else ""
     lines: list[tuple[str, object]] = [
@@ -200,7 +203,8 @@ def _lines(audit: AuditFile, read: LinkRead | None) -> list[tuple[str, object]]:
         ("paid vends", _tally_text(audit.paid_vends, currency)),
         ("cash", _tally_text(audit.cash_sales, currency)),
     ]  # fmt: skip
-    lines += [(f"cashless {c.device}", _tally_text(c.sales, currency)) for c in audit.cashless]
+    lines += [(f"cashless {device}", _tally_text(sales, currency))
+              for device, sales in audit.cashless.items()]  # fmt: skip
     lines += [
         ("free vends", _tally_text(audit.free_vends, currency)),
         ("test vends", _tally_text(audit.test_vends, currency)),
@@ -215,7 +219,7 @@ def _lines(audit: AuditFile, read: LinkRead | None) -> list[tuple[str, object]]:
     return lines
 
 
-def _tally_text(tally: Tally | None, currency: str) -> str | None:
+def _tally_text(tally: Counters | None, currency: str) -> str | None:
     """``"1,435.00 EUR in 423 since initialisation; 1,424.50 EUR in 421 since the reset"``."""
     from kiosk_agent.money import cents_to_dollars, format_cents
 

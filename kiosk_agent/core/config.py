@@ -64,7 +64,7 @@ SECTION_OWNERS: dict[str, str] = {
     "webhooks": "kiosk_agent.admin.schema",
     "upstream": "kiosk_agent.fleet.schema",
     "health": "kiosk_agent.core.health_schema",
-    "dex": "kiosk_agent.audit.config",
+    "dex": "kiosk_agent.audit.schema",
 }
 
 

@@ -13,7 +13,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Literal
 
-from kiosk_agent.audit.dexucs import DexSlave, SlavePhase
 from kiosk_agent.audit.evadts import render_audit
 from kiosk_agent.audit.virtual import VirtualDexPort
 from kiosk_agent.sales.clock import SYSTEM_CLOCK, Clock
@@ -105,22 +104,7 @@ class MachineBooks:
         return render_audit(body, sender=self.serial)
 
 
-class _LiveSlave(DexSlave):
-    """The machine's DEX side answering each read with its books as they are when the read
-    begins (a read in progress keeps the file it started with, as a machine does)."""
-
-    books: MachineBooks | None = None
-
-    def receive(self, data: bytes) -> bytes:
-        if self.books is not None and self.phase in (SlavePhase.IDLE, SlavePhase.DONE):
-            self.audit = self.books.audit_file()
-        return super().receive(data)
-
-
 def dex_port(books: MachineBooks, clock: Clock = SYSTEM_CLOCK) -> VirtualDexPort:
-    """The machine's DEX port on a pty (``.port``), answering with ``books``; start() it."""
-    port = VirtualDexPort(books.audit_file(), clock=clock)
-    slave = _LiveSlave(books.audit_file(), faults=port.faults)
-    slave.books = books
-    port.slave = slave
-    return port
+    """The machine's DEX port on a pty (``.port``), answering each read with ``books`` as they
+    are when it starts; start() it."""
+    return VirtualDexPort(books.audit_file, clock=clock)

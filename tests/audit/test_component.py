@@ -15,7 +15,7 @@ import pytest
 
 from kiosk_agent.audit.books import Figures
 from kiosk_agent.audit.component import AuditReads, Port
-from kiosk_agent.audit.config import DEX_SCHEMA
+from kiosk_agent.audit.schema import DEX_SCHEMA
 from kiosk_agent.bus import EventBus
 from kiosk_agent.core.health import Health
 from kiosk_agent.sales.clock import FakeClock
@@ -175,13 +175,17 @@ async def test_failures_back_off_capped_and_show_in_health(
     port.answers += [LinkDown("no answer to ENQ after 3 tries")] * 4
     await next_read(reads, clock, 5)
     audit = fake_agent.health.snapshot().audit
-    assert (audit.failures, audit.last_outcome, audit.next_read_in_s) == (1, "link", 10.0)
+    assert (audit.failures, audit.last_outcome) == (1, "link")
+    assert 10.0 <= audit.next_read_in_s <= 12.5  # retry_min, give or take the jitter
     problems = fake_agent.health.snapshot().problems
     assert any("no answer to ENQ after 3 tries" in p and "1 in a row" in p for p in problems)
-    for wait in (10, 20, 40):
-        await next_read(reads, clock, wait)
+    waits = []
+    for _ in range(3):
+        waits.append(fake_agent.health.snapshot().audit.next_read_in_s)
+        await next_read(reads, clock, waits[-1])
     assert reads.failures == 4
-    assert fake_agent.health.snapshot().audit.next_read_in_s == 40.0  # capped at retry_max
+    assert 15.0 <= waits[1] <= 25.0  # doubled
+    assert 30.0 <= fake_agent.health.snapshot().audit.next_read_in_s <= 40.0  # capped: retry_max
     port.answers.append(figures((3, 450)))
     await next_read(reads, clock, 40)
     assert reads.failures == 0
@@ -231,7 +235,7 @@ async def test_stock_low_and_sold_out_by_the_planogram(
 
 
 async def test_metrics_count_reads_by_outcome_and_the_machines_vends(
-    reads: AuditReads, port: ScriptedPort, clock: FakeClock, journal: Journal,
+    reads: AuditReads, port: ScriptedPort, clock: FakeClock, fake_agent: SimpleNamespace,
 ) -> None:
     from prometheus_client import CollectorRegistry, generate_latest
 
@@ -239,7 +243,7 @@ async def test_metrics_count_reads_by_outcome_and_the_machines_vends(
 
     port.answers += [LinkDown("garbage on the line"), figures((3, 450), cash=(2, 300))]
     await next_read(reads, clock, 5)
-    await next_read(reads, clock, 10)
+    await next_read(reads, clock, fake_agent.health.snapshot().audit.next_read_in_s)
     port.answers.append(figures((5, 750), cash=(2, 300)))  # two card vends the journal lacks
     await next_read(reads, clock, 600)
 
@@ -270,7 +274,7 @@ async def test_a_flooding_port_ends_the_read_with_the_links_reason_in_health(
     audit = fake_agent.health.snapshot().audit
     assert (audit.last_outcome, audit.failures) == ("link", 1)
     assert "without its end" in audit.detail
-    assert reads.settings.backoff(reads.failures) == 10.0
+    assert 10.0 <= reads.settings.backoff(reads.failures) <= 12.5
 
 
 async def test_a_port_that_is_not_there_is_named(fake_agent: SimpleNamespace) -> None:

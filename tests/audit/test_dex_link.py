@@ -16,7 +16,14 @@ from hypothesis import strategies as st
 from kiosk_agent.audit import parse_audit, render_audit
 from kiosk_agent.audit.dexucs import BLOCK_TEXT, DexMaster, DexSlave, MasterPhase, SlaveFaults
 from kiosk_agent.audit.framing import Block, Deframer, FramingError, encode_block
-from kiosk_agent.audit.link import LinkError, LinkSettings, make_master, read_audit, run_master
+from kiosk_agent.audit.link import (
+    LinkError,
+    LinkSettings,
+    make_master,
+    read_audit,
+    read_link,
+    run_master,
+)
 from kiosk_agent.audit.virtual import PortFaults, VirtualDexPort
 from kiosk_agent.sales.clock import FakeClock
 
@@ -94,7 +101,7 @@ async def read_counted(
 async def test_a_clean_read_brings_the_audit_whole():
     clock = FakeClock()
     async with VirtualDexPort(AUDIT, clock=FakeClock()) as port:
-        read = await asyncio.wait_for(read_audit(LinkSettings(port=port.port), clock=clock), 20)
+        read = await asyncio.wait_for(read_link(LinkSettings(port=port.port), clock=clock), 20)
     assert read.audit == AUDIT
     assert read.blocks == -(-len(AUDIT) // BLOCK_TEXT) > 2
     assert read.machine_id == "VIRTUALVMC"
@@ -108,7 +115,7 @@ async def test_a_corrupted_block_is_refused_and_sent_again():
     clock = FakeClock()
     faults = SlaveFaults(corrupt_blocks={2, 4})
     async with VirtualDexPort(AUDIT, faults=faults, clock=FakeClock()) as port:
-        read = await asyncio.wait_for(read_audit(LinkSettings(port=port.port), clock=clock), 20)
+        read = await asyncio.wait_for(read_link(LinkSettings(port=port.port), clock=clock), 20)
     assert read.audit == AUDIT
     assert read.refused_blocks == 2
 
@@ -117,7 +124,7 @@ async def test_a_lost_acknowledgement_is_asked_for_and_repeated():
     clock = FakeClock()
     faults = SlaveFaults(lose_acks={1, 3})
     async with VirtualDexPort(AUDIT, faults=faults, clock=FakeClock()) as port:
-        read = await asyncio.wait_for(read_audit(LinkSettings(port=port.port), clock=clock), 20)
+        read = await asyncio.wait_for(read_link(LinkSettings(port=port.port), clock=clock), 20)
     assert read.audit == AUDIT
     assert not faults.lose_acks  # each was lost once
 
@@ -138,7 +145,7 @@ async def test_a_stalled_slave_ends_the_read_with_the_reason_in_bounded_time():
 async def test_a_flooding_port_ends_the_read_bounded_in_bytes():
     clock = FakeClock()
     async with VirtualDexPort(AUDIT, port_faults=PortFaults(flood=True), clock=FakeClock()) as port:
-        task = asyncio.ensure_future(read_audit(LinkSettings(port=port.port), clock=clock))
+        task = asyncio.ensure_future(read_link(LinkSettings(port=port.port), clock=clock))
         with pytest.raises(LinkError, match="a block of more than 512 bytes without its end"):
             await asyncio.wait_for(task, 20)
         assert port.bytes_sent < 1 << 20  # it stopped listening long before a megabyte
@@ -157,7 +164,7 @@ async def test_a_port_answering_garbage_is_refused_naming_it():
 
 async def test_a_port_that_is_not_there_is_a_link_error():
     with pytest.raises(LinkError, match="cannot open /dev/no-such-dex-port"):
-        await read_audit(LinkSettings(port="/dev/no-such-dex-port"), clock=FakeClock())
+        await read_link(LinkSettings(port="/dev/no-such-dex-port"), clock=FakeClock())
 
 
 async def test_the_whole_read_has_a_deadline():
@@ -260,3 +267,20 @@ def test_any_audit_with_corrupted_blocks_and_lost_acks_arrives_whole(audit, corr
     exchange(master, slave)
     assert master.phase is MasterPhase.DONE, master.failure
     assert master.audit == audit
+
+
+# --- the shared contract's entry points -------------------------------------------------------
+
+
+async def test_read_audit_by_port_gives_the_audits_bytes_as_the_machine_has_it_then():
+    later = render_audit([("VA1", "12750", "51")])
+    counters = iter([AUDIT, later])
+    async with VirtualDexPort(lambda: next(counters), clock=FakeClock()) as port:
+        first = await asyncio.wait_for(read_audit(port.port, "dex_ucs", clock=FakeClock()), 20)
+        second = await asyncio.wait_for(read_audit(port.port, "dex_ucs", clock=FakeClock()), 20)
+    assert (first, second) == (AUDIT, later)
+
+
+async def test_read_audit_refuses_a_protocol_it_does_not_speak():
+    with pytest.raises(LinkError, match="protocol 'ddcmp' is not implemented: only dex_ucs"):
+        await read_audit("/dev/ttyUSB0", "ddcmp", clock=FakeClock())

@@ -9,7 +9,7 @@ import asyncio
 from typing import Any
 
 from kiosk_agent.audit.component import AuditReads
-from kiosk_agent.audit.config import DEX_SCHEMA
+from kiosk_agent.audit.schema import DEX_SCHEMA
 from kiosk_agent.core.agent import Agent
 from kiosk_agent.platforms.virtual import VirtualController, VisitOutcome
 from kiosk_agent.sales.states import SaleState
@@ -117,3 +117,33 @@ dex:
     assert (audit.machine, audit.last_outcome, audit.low) == ("snacks", "ok", ["A2"])
     assert controller.dex is not None
     assert controller.dex.slave.reads == 1
+
+
+async def test_a_sale_never_waits_for_a_read_that_hangs(agent_factory: Any) -> None:
+    from kiosk_agent.audit.books import Figures
+    from kiosk_agent.audit.component import Port
+
+    agent: Agent = await agent_factory(MACHINE)
+    controller: VirtualController = agent.platforms[0].controller  # type: ignore[attr-defined]
+    await controller.wait_enabled()
+    asked, answer = asyncio.Event(), asyncio.Event()
+
+    async def hanging_port() -> bytes:  # a machine that takes the read and never answers
+        asked.set()
+        await answer.wait()
+        return b""
+
+    port = Port(hanging_port, lambda _: Figures())
+    books = AuditReads(agent, {"trigger": "snacks", "deadline": 3600.0}, port)
+    await books.start()
+    agent.components.append(books)
+    reading = asyncio.ensure_future(books.read_once())
+    await asyncio.wait_for(asked.wait(), 10)
+    await served(agent, controller, "A1")  # the whole sale, while the read hangs
+    assert not reading.done()
+    [sale] = agent.journal.query()
+    assert sale.state is SaleState.COMPLETED
+    answer.set()
+    recorded = await asyncio.wait_for(reading, 10)
+    assert recorded is not None
+    assert not recorded.read.clean  # a sale ran during it: stored, no comparison boundary

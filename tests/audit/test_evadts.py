@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kiosk_agent.audit import AuditError, AuditFile, Tally, crc16_arc, parse_audit, render_audit
+from kiosk_agent.audit import AuditError, AuditFile, Counters, crc16_arc, parse_audit, render_audit
 
 A_MACHINE = [
     ("ID1", "SN0001", "MODEL7", "1", "Lobby", "", "A-17"),
@@ -51,25 +51,25 @@ def lines_of(data: bytes) -> list[bytes]:
 def test_a_complete_file_is_read_into_typed_fields_in_cents():
     audit = parse_audit(a_file())
     assert audit.sender == "KSK0000001"
-    assert audit.currency.decimal_places == 2
-    assert audit.currency.code == "EUR"
+    assert audit.decimal_places == 2
+    assert audit.currency == "EUR"
     assert audit.machine is not None
     assert audit.machine.serial == "SN0001"
     assert audit.machine.asset_number == "A-17"
     assert audit.read_at == datetime(2026, 1, 14, 9, 30)
-    assert audit.paid_vends == Tally(1250, 6, 500, 2)
-    assert audit.cash_sales == Tally(750, 4, 250, 1)
+    assert audit.paid_vends == Counters.of(1250, 6, 500, 2)
+    assert audit.cash_sales == Counters.of(750, 4, 250, 1)
     assert audit.cash_in is not None
     assert audit.cash_in.to_tubes_since_init == 700
     assert audit.cash_out is not None
     assert audit.cash_out.manually_dispensed_since_init == 20
     card = audit.cashless_device("DA")
     assert card is not None
-    assert card.sales == Tally(500, 2, 250, 1)
+    assert card.sales == Counters.of(500, 2, 250, 1)
     assert card.identity is not None
     assert card.identity.serial == "RDR-1"
-    assert [p.selection for p in audit.products] == ["11", "12"]
-    assert audit.products[0].paid == Tally(750, 3, 250, 1)
+    assert [p.column for p in audit.products] == ["11", "12"]
+    assert audit.products[0].paid == Counters.of(750, 3, 250, 1)
     assert audit.products[1].last_sale == datetime(2026, 1, 13, 18, 2)
     assert [(s.product, s.device, s.sales.value_since_init) for s in audit.device_sales] == [
         ("11", "CA", 500),
@@ -92,7 +92,7 @@ def test_an_lf_only_copy_reads_the_same_and_its_g85_holds():
 def test_a_file_without_g85_is_read_on_its_segment_count():
     audit = parse_audit(a_file(with_check=False))
     assert audit.check is None
-    assert audit.paid_vends == Tally(1250, 6, 500, 2)
+    assert audit.paid_vends == Counters.of(1250, 6, 500, 2)
 
 
 def test_trailing_spaces_count_in_the_check_and_leave_the_name():
@@ -106,11 +106,11 @@ def test_empty_elements_and_elements_left_out_are_none():
     audit = parse_audit(
         a_file([("VA1", "100", "1", "", ""), ("DA5", "", "", "", ""), ("CA2", "5")])
     )
-    assert audit.paid_vends == Tally(100, 1, None, None)
+    assert audit.paid_vends == Counters.of(100, 1, None, None)
     card = audit.cashless_device("DA")
     assert card is not None
-    assert card.discounts == Tally()
-    assert audit.cash_sales == Tally(5, None, None, None)
+    assert card.discounts is None
+    assert audit.cash_sales == Counters.of(5, None, None, None)
 
 
 def test_blocks_a_maker_invented_are_kept_as_sent():
@@ -221,7 +221,7 @@ def test_text_with_a_character_beyond_one_byte_is_refused_naming_its_line():
 def test_a_block_after_g85_before_se_is_read_but_outside_the_check():
     data = a_file([("VA1", "100", "1")]).replace(b"SE*4*", b"CA2*100*1\r\nSE*5*")
     audit = parse_audit(data)
-    assert audit.cash_sales == Tally(100, 1, None, None)
+    assert audit.cash_sales == Counters.of(100, 1, None, None)
 
 
 def test_the_crc_is_crc16_arc():
@@ -327,10 +327,10 @@ def test_what_is_written_is_read_back(vends, cash, products, places, line_end):
         body += [("PA1", str(selection), str(price), f"Item {selection}"), ("PA2", *map(str, paid))]
     audit = parse_audit(render_audit(body, line_end=line_end))
     scale = 10 ** (2 - places)
-    assert audit.paid_vends == Tally(vends[0] * scale, vends[1], vends[2] * scale, vends[3])
-    assert audit.cash_sales == Tally(cash[0] * scale, cash[1], cash[2] * scale, cash[3])
-    assert [(p.selection, p.price, p.paid) for p in audit.products] == [
-        (str(s), price * scale, Tally(paid[1] * scale, paid[0], paid[3] * scale, paid[2]))
+    assert audit.paid_vends == Counters.of(vends[0] * scale, vends[1], vends[2] * scale, vends[3])
+    assert audit.cash_sales == Counters.of(cash[0] * scale, cash[1], cash[2] * scale, cash[3])
+    assert [(p.column, p.price, p.paid) for p in audit.products] == [
+        (str(s), price * scale, Counters.of(paid[1] * scale, paid[0], paid[3] * scale, paid[2]))
         for s, price, paid in products
     ]
     assert [s.text for s in audit.body()] == ["*".join(block) for block in body]

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from kiosk_agent.audit import AuditFile, Tally, parse_audit
+from kiosk_agent.audit import AuditFile, Counters, parse_audit
 
 DATA = Path(__file__).parent.parent / "data" / "dex"
 
@@ -20,14 +20,14 @@ def read(name: str) -> AuditFile:
 
 def priced(audit: AuditFile) -> set[str]:
     """The columns but the zero-priced ones: those count events (no cup), not sales."""
-    return {p.selection for p in audit.products if p.price != 0}
+    return {p.column for p in audit.products if p.price != 0}
 
 
-def by_device(audit: AuditFile, device: str) -> Tally:
+def by_device(audit: AuditFile, device: str) -> Counters | None:
     sales = [
         s.sales for s in audit.device_sales if s.device == device and s.product in priced(audit)
     ]
-    return Tally(
+    return Counters.of(
         sum(s.value_since_init or 0 for s in sales),
         sum(s.count_since_init or 0 for s in sales),
         sum(s.value_since_reset or 0 for s in sales),
@@ -35,9 +35,9 @@ def by_device(audit: AuditFile, device: str) -> Tally:
     )
 
 
-def paid_columns(audit: AuditFile) -> Tally:
+def paid_columns(audit: AuditFile) -> Counters:
     paid = [p.paid for p in audit.products if p.paid is not None]
-    return Tally(
+    return Counters.of(
         sum(p.value_since_init or 0 for p in paid),
         sum(p.count_since_init or 0 for p in paid),
         sum(p.value_since_reset or 0 for p in paid),
@@ -48,12 +48,12 @@ def paid_columns(audit: AuditFile) -> Tally:
 def test_jofemar_every_total_agrees():
     audit = read("jofemar.txt")
     assert audit.check == "F66D"
-    assert audit.paid_vends == Tally(143500, 423, 142450, 421)
+    assert audit.paid_vends == Counters.of(143500, 423, 142450, 421)
     assert paid_columns(audit) == audit.paid_vends
     card = audit.cashless_device("DA")
     assert card is not None
-    assert audit.cash_sales == by_device(audit, "CA") == Tally(128250, 382, 127200, 380)
-    assert card.sales == by_device(audit, "DA") == Tally(15250, 41, 15250, 41)
+    assert audit.cash_sales == by_device(audit, "CA") == Counters.of(128250, 382, 127200, 380)
+    assert card.sales == by_device(audit, "DA") == Counters.of(15250, 41, 15250, 41)
 
 
 def test_rheavendors_columns_and_devices_agree_with_its_totals():
@@ -68,8 +68,8 @@ def test_rheavendors_columns_and_devices_agree_with_its_totals():
     card, second = audit.cashless_device("DA"), audit.cashless_device("DB")
     assert card is not None
     assert second is not None
-    assert audit.cash_sales == by_device(audit, "CA") == Tally(312330, 5443, 312330, 5423)
-    assert card.sales == by_device(audit, "DA") == Tally(274200, 4156, 274200, 4156)
+    assert audit.cash_sales == by_device(audit, "CA") == Counters.of(312330, 5443, 312330, 5423)
+    assert card.sales == by_device(audit, "DA") == Counters.of(274200, 4156, 274200, 4156)
     # VA1's vends are the three devices' vends.
     assert vends.count_since_reset == 5423 + 4156 + (
         second.sales and second.sales.count_since_reset
@@ -81,7 +81,7 @@ def test_animo_columns_since_the_reset_make_its_vend_total():
     audit = read("animo-optime.eva_dts")
     assert audit.check == "B9AE"
     vends = audit.paid_vends
-    assert vends == Tally(816100, 8161, 816100, 8161)
+    assert vends == Counters.of(816100, 8161, 816100, 8161)
     # Its PA2 sends no value since the reset: each column's vends at its price make VA1.
     columns = [p for p in audit.products if p.paid is not None]
     assert sum(p.paid.count_since_reset or 0 for p in columns if p.paid) == vends.count_since_reset
@@ -89,7 +89,7 @@ def test_animo_columns_since_the_reset_make_its_vend_total():
         sum((p.price or 0) * (p.paid.count_since_reset or 0) for p in columns if p.paid)
         == vends.value_since_reset
     )
-    assert audit.currency.code == "EUR"
+    assert audit.currency == "EUR"
 
 
 def test_nw_inside_its_telemetry_wrapping_agrees_since_the_reset():
@@ -97,9 +97,9 @@ def test_nw_inside_its_telemetry_wrapping_agrees_since_the_reset():
     machine_file = raw[raw.index(b"DXS*") : raw.rindex(b"<")]
     audit = parse_audit(machine_file)
     assert audit.check == "5796"
-    assert audit.currency.decimal_places == 0
+    assert audit.decimal_places == 0
     vends = audit.paid_vends
-    assert vends == Tally(0, 3699, 0, 49)  # a machine set to sell at no charge
+    assert vends == Counters.of(0, 3699, 0, 49)  # a machine set to sell at no charge
     columns = paid_columns(audit)
     assert columns.count_since_reset == vends.count_since_reset
     # Since initialisation the machine counts one vend more in VA1 than in its columns.
@@ -114,3 +114,17 @@ def test_every_real_file_is_read_with_its_g85_verified():
         audit = parse_audit(raw[raw.index(b"DXS*") : raw.rindex(b"DXE*") + 7])
         assert audit.check is not None, path.name
         assert audit.products, path.name
+
+
+def test_the_contracts_view_of_a_real_file():
+    audit = read("jofemar.txt")
+    assert audit.crc_checked
+    assert audit.machine_serial == "JOF"
+    assert audit.raw[0].tag == "ST"
+    assert audit.cashless["DA"] == audit.cashless_device("DA").sales  # type: ignore[union-attr]
+    # each column's PA7 lines, added up by device, make CA2 and DA2
+    for device, total in (("CA", audit.cash_sales), ("DA", audit.cashless["DA"])):
+        columns = [p.by_device[device] for p in audit.products if device in p.by_device]
+        assert total is not None
+        assert sum(c.since_init.value for c in columns) == total.since_init.value
+        assert sum(c.since_init.count for c in columns) == total.since_init.count

@@ -102,3 +102,16 @@ def test_audit_before_any_read_says_none_yet(
     Journal(tmp_path / "journal.db").open()
     assert main(["audit", "-c", str(config)]) == 0
     assert "last read: none yet" in capsys.readouterr().out
+
+
+def test_one_read_alone_compares_nothing_and_says_so(
+    config: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    journal = Journal(tmp_path / "journal.db")
+    journal.open()
+    store = AuditStore(lambda: journal.db)
+    store.open()
+    record_read(store, figures((3, 450)), at=TEN, clean=True, sources=[MACHINE])
+    journal.close()
+    assert main(["audit", "-c", str(config)]) == 0
+    assert "journal: nothing compared yet" in capsys.readouterr().out

@@ -82,7 +82,7 @@ async def test_the_machine_sells_over_a_socket_and_records_what_came_out(tmp_pat
 async def test_the_machine_answers_dex_with_its_books_cash_customers_counted() -> None:
     from kiosk_agent.audit import parse_audit
     from kiosk_agent.audit.books import figures_of
-    from kiosk_agent.audit.link import LinkSettings, read_audit
+    from kiosk_agent.audit.link import read_audit
 
     proc = await _spawn(
         "--dex", "--product", "A1=1.50", "--count", "3", "--rate", "50", "--cash-rate", "1",
@@ -92,11 +92,11 @@ async def test_the_machine_answers_dex_with_its_books_cash_customers_counted() -
     try:
         ready = json.loads((await _line(proc.stdout, "READY "))[len("READY ") :])
         await _line(proc.stdout, "DONE ")  # three customers served, all paying cash
-        read = await asyncio.wait_for(read_audit(LinkSettings(port=ready["dex_port"])), 30)
+        audit = await asyncio.wait_for(read_audit(ready["dex_port"]), 30)
     finally:
         proc.terminate()
         assert await proc.wait() == 0
-    figures = figures_of(parse_audit(read.audit))
+    figures = figures_of(parse_audit(audit))
     assert figures.cash is not None
     assert (figures.cash.since_init.count, figures.cash.since_init.value) == (3, 450)
     assert figures.cashless is not None

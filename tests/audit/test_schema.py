@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from kiosk_agent.audit.config import link_settings
 from kiosk_agent.audit.link import LinkProtocol
+from kiosk_agent.audit.schema import link_settings
 from kiosk_agent.core.config import ConfigInvalid, load_config
 
 BASE = "service: {simulator: {time_scale: 50}}\nterminals: [{device_id: SIM-0001}]\n"
@@ -26,13 +26,12 @@ def test_every_mistake_in_the_dex_section_is_named(tmp_path):
     path = tmp_path / "agent.yaml"
     path.write_text(
         BASE + "dex: {port: /dev/ttyUSB0, baudrate: 1234, comm_id: 'TOO-LONG-AN-ID', "
-        "protocol: x25, interval: 5}\n"
+        "protocol: x25}\n"
     )
     with pytest.raises(ConfigInvalid) as caught:
         load_config(path)
     assert sorted(str(e).split(": ", 1)[1] for e in caught.value.errors) == [
         "dex.baudrate: value must be one of [1200, 2400, 4800, 9600, 19200, 38400], got 1234",
         "dex.comm_id: 1 to 10 letters or digits",
-        "dex.interval: value must be at least 60.0",
-        "dex.protocol: value must be one of ['dex'], got 'x25'",
+        "dex.protocol: value must be one of ['dex_ucs'], got 'x25'",
     ]

@@ -29,9 +29,6 @@ DEX_SCHEMA = vol.Schema(
         vol.Optional("comm_id", default="KIOSKAGENT"): vol.All(
             str, vol.Match(r"^[A-Za-z0-9]{1,10}$", msg="1 to 10 letters or digits")
         ),
-        vol.Optional("interval", default=3600.0): vol.All(
-            vol.Coerce(float), vol.Range(min=60.0, max=7 * 86400.0)
-        ),
         vol.Optional("deadline", default=120.0): vol.All(
             vol.Coerce(float), vol.Range(min=5.0, max=3600.0)
         ),
