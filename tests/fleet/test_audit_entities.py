@@ -15,9 +15,10 @@ from . import home_assistant_rules as ha
 from .helpers import settled_agent
 
 
-def _discovery(audit: bool) -> dict[str, dict[str, Any]]:
+def _discovery(audit: bool, home_assistant: str = "2026.2") -> dict[str, dict[str, Any]]:
     messages = discovery_messages("unit-1", "1.2.3", "k/unit-1/state", "k/unit-1/availability",
-                                  "homeassistant", DiscoveryOptions(audit=audit))
+                                  "homeassistant",
+                                  DiscoveryOptions(audit=audit, home_assistant=home_assistant))
     return {topic.split("/")[-2]: config for topic, config in messages}
 
 
@@ -26,12 +27,17 @@ def test_a_unit_reading_its_machines_books_announces_three_entities_more() -> No
     assert added == {"columns_low", "audit_mismatch", "last_audit"}
     assert _discovery(True)["audit_mismatch"]["device_class"] == "problem"
     assert _discovery(True)["last_audit"]["device_class"] == "timestamp"
+    # HA 2024.3's timestamp sensor refuses 'None' on every report: a text sensor saying unknown
+    older = _discovery(True, home_assistant="2024.3")["last_audit"]
+    assert "device_class" not in older
+    assert "'unknown'" in older["value_template"]
 
 
 @pytest.mark.parametrize("version", sorted(ha.VERSIONS))
 def test_they_follow_home_assistants_rules(version: str) -> None:
     messages = discovery_messages("unit-1", "1.2.3", "k/unit-1/state", "k/unit-1/availability",
-                                  "homeassistant", DiscoveryOptions(audit=True))
+                                  "homeassistant",
+                                  DiscoveryOptions(audit=True, home_assistant=version))
     for topic, config in messages:
         assert ha.violations(topic, config, version) == [], topic
 
