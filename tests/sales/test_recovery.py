@@ -368,19 +368,29 @@ async def test_a_card_read_sent_before_the_crash_is_waited_out_by_the_next_custo
     agent_factory: Any, sim_factory: Any, tmp_path: Path
 ) -> None:
     # The agent died after sending a read-card, before its answer (its id never journaled):
-    # the read still waits for a card on the terminal (..05: nobody taps; it expires). The
-    # next customer is served once it ends, not refused with "terminal busy".
-    sim = await sim_factory(time_scale=300, transactions=0)
+    # the read still waits for a card on the terminal (..05: nobody taps). The next customer
+    # is served once it ends, not refused with "terminal busy". The read ends when the test
+    # cancels it, once the customer is seen waiting: its 3-minute lifetime (36 s here) never
+    # decides the test, however slow the machine (a 0.6 s lifetime did, under load).
+    sim = await sim_factory(time_scale=5, transactions=0)
     async with ServiceClient(settings_from_ready(sim.ready_info())) as service:
-        await service.terminal.read_card("SIM-0001", 305)
-    leave_open(tmp_path, state=SaleState.READING_CARD, amount_cents=305)
-    agent = await agent_factory(sim=sim)
-    [ended] = await asyncio.wait_for(agent.recovery.wait(), 10)
-    assert ended.state is SaleState.FAILED
-    machine = ScriptedDispenser(DispenseStatus.VENDED, vended_cents=300)
-    sale = await agent.sales.start(
-        SaleRequest(source="test", flow=Flow.AUTHORIZE_CAPTURE, amount_cents=300), machine
-    )
-    event = await asyncio.wait_for(sale.result(), 10)
+        read = await service.terminal.read_card("SIM-0001", 305)
+        leave_open(tmp_path, state=SaleState.READING_CARD, amount_cents=305)
+        agent = await agent_factory(sim=sim)
+        [ended] = await asyncio.wait_for(agent.recovery.wait(), 10)
+        assert ended.state is SaleState.FAILED
+        machine = ScriptedDispenser(DispenseStatus.VENDED, vended_cents=300)
+        sale = await agent.sales.start(
+            SaleRequest(source="test", flow=Flow.AUTHORIZE_CAPTURE, amount_cents=300), machine
+        )
+
+        def waiting() -> bool:
+            return "terminal.wait" in [s.step for s in agent.journal.steps(sale.sale_id)]
+
+        async with asyncio.timeout(20):
+            while not waiting():
+                await asyncio.sleep(0.02)
+        assert not sale.task.done()  # waiting, not refused
+        await service.terminal.cancel("SIM-0001", read.interaction_id)
+        event = await asyncio.wait_for(sale.result(), 20)
     assert event.state is SaleState.COMPLETED, event.message
-    assert "terminal.wait" in [s.step for s in agent.journal.steps(sale.sale_id)]
