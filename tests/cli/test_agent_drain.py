@@ -92,6 +92,7 @@ async def started_kiosk(
     return agent, App(session, int(found.group(1))), journal
 
 
+@pytest.mark.slow(seconds=12)
 @pytest.mark.parametrize("signum", list(STOP_SIGNALS), ids=lambda s: s.name)
 async def test_a_kiosk_app_confirming_after_the_signal_is_heard_and_the_sale_is_sold(
     signum: signal.Signals, sim_factory: Any, tmp_path: Path, session: aiohttp.ClientSession
@@ -119,6 +120,7 @@ async def test_a_kiosk_app_confirming_after_the_signal_is_heard_and_the_sale_is_
     await money_agrees(sim, journal)  # captured $2.50, nothing voided or refunded
 
 
+@pytest.mark.slow(seconds=15)
 async def test_a_dispense_unheard_by_the_deadline_is_parked_and_finished_by_the_next_start(
     sim_factory: Any, tmp_path: Path, session: aiohttp.ClientSession
 ) -> None:
@@ -148,6 +150,7 @@ async def test_a_dispense_unheard_by_the_deadline_is_parked_and_finished_by_the_
     await money_agrees(sim, journal)
 
 
+@pytest.mark.slow(seconds=15)
 async def test_a_second_signal_ends_the_drain_as_its_deadline_would_have(
     sim_factory: Any, tmp_path: Path, session: aiohttp.ClientSession
 ) -> None:
@@ -210,6 +213,7 @@ async def approved_vend(adapter: LineDevice, journal: Path) -> str:
     return sale
 
 
+@pytest.mark.slow(seconds=12)
 @pytest.mark.parametrize("signum", list(STOP_SIGNALS), ids=lambda s: s.name)
 async def test_an_mdb_vend_succeeding_after_the_signal_is_heard_and_the_sale_is_sold(
     signum: signal.Signals, sim_factory: Any, tmp_path: Path
@@ -232,6 +236,7 @@ async def test_an_mdb_vend_succeeding_after_the_signal_is_heard_and_the_sale_is_
     await money_agrees(sim, journal)
 
 
+@pytest.mark.slow(seconds=15)
 async def test_an_mdb_vend_unheard_by_the_deadline_is_parked_then_given_back_on_start(
     sim_factory: Any, tmp_path: Path
 ) -> None:
