@@ -325,7 +325,7 @@ async def _run(args: argparse.Namespace) -> int:
         # a read-only disk, a bad path: say so, no traceback
         raise CliError(str(err)) from None
     finally:
-        signals.remove()
+        signals.remove(then_ignore=True)  # stopped: a late signal cannot strand anything now
     return signals.exit_code
 
 

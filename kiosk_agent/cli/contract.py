@@ -351,15 +351,20 @@ class StopSignals:
 
         return handler
 
-    def remove(self) -> None:
+    def remove(self, *, then_ignore: bool = False) -> None:
+        """The handlers before :meth:`install` back; ``then_ignore``: every one of these
+        signals ignored instead, for a command that is done and only exits now (a signal
+        landing then must neither kill it nor change the exit code it owes the first)."""
         import asyncio
 
         loop = asyncio.get_running_loop()
         for signum in STOP_SIGNALS:
             with contextlib.suppress(NotImplementedError):
                 loop.remove_signal_handler(signum)
+            if then_ignore:
+                signal.signal(signum, signal.SIG_IGN)
         for ignored, previous in self._previous.items():
-            signal.signal(ignored, previous)
+            signal.signal(ignored, signal.SIG_IGN if then_ignore else previous)
         self._previous = {}
 
     @property

@@ -9,6 +9,9 @@ A second signal ends the wait as the deadline would have.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import random
 import re
 import signal
 from collections.abc import AsyncIterator
@@ -18,7 +21,7 @@ from typing import Any
 import aiohttp
 import pytest
 
-from kiosk_agent.cli.contract import STOP_SIGNALS
+from kiosk_agent.cli.contract import IGNORED_SIGNALS, STOP_SIGNALS
 
 from ..helpers import until
 from ..platforms.vending_rig import LineDevice
@@ -89,6 +92,7 @@ async def started_kiosk(
     return agent, App(session, int(found.group(1))), journal
 
 
+@pytest.mark.slow(seconds=12)
 @pytest.mark.parametrize("signum", list(STOP_SIGNALS), ids=lambda s: s.name)
 async def test_a_kiosk_app_confirming_after_the_signal_is_heard_and_the_sale_is_sold(
     signum: signal.Signals, sim_factory: Any, tmp_path: Path, session: aiohttp.ClientSession
@@ -116,6 +120,7 @@ async def test_a_kiosk_app_confirming_after_the_signal_is_heard_and_the_sale_is_
     await money_agrees(sim, journal)  # captured $2.50, nothing voided or refunded
 
 
+@pytest.mark.slow(seconds=15)
 async def test_a_dispense_unheard_by_the_deadline_is_parked_and_finished_by_the_next_start(
     sim_factory: Any, tmp_path: Path, session: aiohttp.ClientSession
 ) -> None:
@@ -145,6 +150,7 @@ async def test_a_dispense_unheard_by_the_deadline_is_parked_and_finished_by_the_
     await money_agrees(sim, journal)
 
 
+@pytest.mark.slow(seconds=15)
 async def test_a_second_signal_ends_the_drain_as_its_deadline_would_have(
     sim_factory: Any, tmp_path: Path, session: aiohttp.ClientSession
 ) -> None:
@@ -207,6 +213,7 @@ async def approved_vend(adapter: LineDevice, journal: Path) -> str:
     return sale
 
 
+@pytest.mark.slow(seconds=12)
 @pytest.mark.parametrize("signum", list(STOP_SIGNALS), ids=lambda s: s.name)
 async def test_an_mdb_vend_succeeding_after_the_signal_is_heard_and_the_sale_is_sold(
     signum: signal.Signals, sim_factory: Any, tmp_path: Path
@@ -229,6 +236,7 @@ async def test_an_mdb_vend_succeeding_after_the_signal_is_heard_and_the_sale_is_
     await money_agrees(sim, journal)
 
 
+@pytest.mark.slow(seconds=15)
 async def test_an_mdb_vend_unheard_by_the_deadline_is_parked_then_given_back_on_start(
     sim_factory: Any, tmp_path: Path
 ) -> None:
@@ -280,3 +288,55 @@ async def test_after_the_drained_session_the_mdb_reader_leaves_the_bus(
         adapter.close()
     assert len(states(journal)) == 1
     await money_agrees(sim, journal)
+
+
+@pytest.mark.slow(seconds=30)
+@pytest.mark.parametrize("seed", [1, 2, 3])
+async def test_a_storm_of_signals_mid_dispense_strands_no_money(
+    seed: int, sim_factory: Any, tmp_path: Path, session: aiohttp.ClientSession
+) -> None:
+    """A tech's shell (or a broken supervisor) sends any signals, stop and ignored ones mixed,
+    a few milliseconds apart, while the coffee drops; the app confirms somewhere among them.
+    Whatever the order: the exit code is the first stop signal's, no sale is left open once
+    the next start is through, and the ledger holds exactly what the journal says."""
+    rng = random.Random(seed)
+    sim = await sim_factory(time_scale=50, seed=seed, transactions=0)
+    agent, app, journal = await started_kiosk(tmp_path, sim, session, stop_timeout=5)
+    storm = rng.choices([*STOP_SIGNALS, *IGNORED_SIGNALS[:6]], k=8)
+    first_stop = next(s for s in storm if s in STOP_SIGNALS)
+    confirm_at = rng.randrange(len(storm) + 1)
+    try:
+        sale = await app.buy_coffee()
+        await sale_reaches(journal, sale, "dispensing")
+        for n, signum in enumerate(storm):
+            if n == confirm_at:
+                await _confirm_if_heard(app, sale)
+            with contextlib.suppress(ProcessLookupError):  # drained and gone already
+                agent.send(signum)
+            await asyncio.sleep(rng.uniform(0, 0.05))
+        if confirm_at == len(storm):
+            await _confirm_if_heard(app, sale)
+        assert await agent.exit_code() == STOP_SIGNALS[first_stop], agent.text()[-3000:]
+    finally:
+        await agent.close()
+    assert states(journal)[sale] in {"completed", "dispensing"}, agent.text()[-3000:]
+    again = AgentProcess(agent.config, sim, log="again.log")
+    again.env["KIOSK_APP_TOKEN"] = TOKEN
+    try:
+        await again.start()
+        await again.wait_ready()
+        async with asyncio.timeout(30):  # recovery finishes what the storm left open
+            while states(journal)[sale] not in {"completed", "reversed"}:
+                await asyncio.sleep(0.05)
+        again.send(signal.SIGTERM)
+        assert await again.exit_code() == 0, again.text()[-3000:]
+    finally:
+        await again.close()
+    assert states(journal)[sale] in {"completed", "reversed"}
+    await money_agrees(sim, journal)
+
+
+async def _confirm_if_heard(app: App, sale: str) -> None:
+    """The app says the coffee came out; the agent may have stopped listening already."""
+    with contextlib.suppress(aiohttp.ClientError):
+        await app.call("POST", f"/sales/{sale}/dispensed", {"status": "vended"})
