@@ -20,7 +20,8 @@ Floors: ``python -c pass``, ``import kiosk_agent`` and the libraries the command
 ``*_over_python`` is a command's wall time over ``python -c pass``'s, a figure that travels
 between machines. ``--from-source`` gives each run an empty bytecode cache it cannot write
 (``PYTHONPYCACHEPREFIX``, ``PYTHONDONTWRITEBYTECODE``): every module compiled at every start, as
-before ``./dev`` compiled them.
+before ``./dev`` compiled them, the standard library's too (which a distribution ships compiled:
+an upper bound, and ``python -c pass`` is no floor there).
 
 (start -> ready of ``kiosk-agent run`` against the library floor is ``bench/agent.py``.)
 """
