@@ -277,10 +277,10 @@ def test_sales_with_a_bad_since_says_what_it_expected(
 ) -> None:
     path = write(tmp_path, GOOD)
     fill_journal(tmp_path)
-    assert main(["sales", "--config", str(path), "--since", "yesterday"]) == 2
+    assert main(["sales", "--config", str(path), "--since", "last week"]) == 2
     assert (
-        '--since: expected "2026-11-22", "2026-11-22T10:00:00Z", or back from now: "90m", "24h"'
-        in capsys.readouterr().err
+        '--since: expected "today", "yesterday", "2026-11-22", "2026-11-22T10:00:00Z", or back '
+        'from now: "90m", "24h"' in capsys.readouterr().err
     )
 
 
