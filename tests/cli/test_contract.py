@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import json
 import re
 import time
@@ -124,8 +125,14 @@ def flags(parser: argparse.ArgumentParser) -> set[str]:
     return {flag for action in parser._actions for flag in action.option_strings}
 
 
+@functools.cache
+def known_commands() -> frozenset[tuple[str, ...]]:
+    """Every command's words, from one walk of the parser (building it is the costly part)."""
+    return frozenset(path for path, _ in leaves())
+
+
 def command_of(argv: tuple[str, ...]) -> tuple[str, ...]:
-    known = {path for path, _ in leaves()}
+    known = known_commands()
     words = tuple(a for a in argv if not a.startswith("-"))
     for n in range(len(words), 0, -1):
         if words[:n] in known:

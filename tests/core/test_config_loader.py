@@ -278,10 +278,13 @@ def test_a_5_6_mb_config_is_refused_before_it_is_read(tmp_path: Path) -> None:
 
 
 def test_includes_share_one_size_budget(tmp_path: Path) -> None:
-    part = "- {device_id: SIM-0001, name: a-reader-with-a-long-name-to-fill-the-file}\n"
-    count = (MAX_FILE_BYTES - 1000) // len(part)
-    write(tmp_path, "t.yaml", part * count)
-    includes = MAX_TOTAL_BYTES // (len(part) * count) + 1
+    # each file within its own bound, together above the budget; the bytes are a comment so
+    # each include costs its read, not a quarter megabyte of pure-Python YAML parsing
+    size = MAX_FILE_BYTES - 1000
+    reader = "- {device_id: SIM-0001, name: a-reader}\n"
+    write(tmp_path, "t.yaml", reader + "#" * (size - len(reader) - 1) + "\n")
+    assert (tmp_path / "t.yaml").stat().st_size == size
+    includes = MAX_TOTAL_BYTES // size + 1
     body = "service:\n  simulator: {}\nterminals: !include t.yaml\n" + "".join(
         f"x{n}: !include t.yaml\n" for n in range(includes)
     )
