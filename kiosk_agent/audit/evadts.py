@@ -345,7 +345,7 @@ def parse_audit(data: bytes | str) -> AuditFile:
         cash_out=draft.cash_out,
         cashless={c.device: c.sales for c in draft.cashless.values() if c.sales is not None},
         cashless_devices=tuple(draft.cashless.values()),
-        products=tuple(_product(fields, draft.device_sales) for fields in draft.products),
+        products=_products(draft.products, draft.device_sales),
         device_sales=tuple(draft.device_sales),
         price_list_sales=tuple(draft.price_list_sales),
         events=tuple(draft.events),
@@ -424,7 +424,7 @@ class _Envelope:
 def _segment(line_number: int, raw: bytes) -> Segment:
     text = raw.decode("latin-1")
     tag, *elements = text.split(SEPARATOR)
-    if _TAG.fullmatch(tag) is None:
+    if tag not in _KNOWN_TAGS and _TAG.fullmatch(tag) is None:
         raise AuditError(line_number, "segment id", f"expected an id like VA1, got {_shown(tag)}")
     return Segment(line_number, tag, tuple(elements))
 
@@ -516,7 +516,10 @@ class _Fields:
 
     def amount(self, segment: Segment, position: int) -> int | None:
         elements = segment.elements
-        value = (elements[position - 1] if position <= len(elements) else "").strip()
+        value = elements[position - 1] if position <= len(elements) else ""
+        if self.scale and _plain_number(value):
+            return int(value) * self.scale  # money.scaled_to_cents's rule (self.scale)
+        value = value.strip()
         if not value:
             return None
         try:
@@ -527,6 +530,8 @@ class _Fields:
     def price(self, segment: Segment, position: int) -> int | None:
         """A price; some machines write a currency in its place (``USD``, ``EUR 1.50``)."""
         value = segment.element(position).strip()
+        if _plain_number(value):
+            return self.amount(segment, position)
         match = _PRICE_WITH_CURRENCY.fullmatch(value) if len(value) <= 24 else None
         if match is None or not (match.group(1) or match.group(4)):
             return self.amount(segment, position)
@@ -564,7 +569,7 @@ class _Fields:
         its first element at ``at``."""
         value_at, count_at = (at + 1, at) if count_first else (at, at + 1)
         digits = segment.elements[at - 1 : at + 3]
-        if self.scale and len(digits) == 4 and all(_plain_number(d) for d in digits):
+        if self.scale and len(digits) == 4 and _plain_numbers(digits):
             # the common case in one step, by money.scaled_to_cents's rule (self.scale)
             n = [int(d) for d in digits]
             v, c = value_at - at, count_at - at
@@ -580,6 +585,12 @@ class _Fields:
 def _plain_number(text: str) -> bool:
     """``[0-9]{1,15}``, without a regex."""
     return text.isdigit() and text.isascii() and len(text) <= 15
+
+
+def _plain_numbers(texts: Sequence[str]) -> bool:
+    """Each of ``texts`` is ``[0-9]{1,15}``: one test of them all joined, and their lengths."""
+    joined = "".join(texts)
+    return joined.isdigit() and joined.isascii() and "" not in texts and max(map(len, texts)) <= 15
 
 
 def _field_error(segment: Segment, position: int, problem: str) -> AuditError:
@@ -629,13 +640,20 @@ class _Draft:
 _Reader = Callable[[_Draft, _Fields, Segment], None]
 
 
-def _product(fields: dict[str, Any], device_sales: list[DeviceSale]) -> Product:
-    """A column with its PA7 lines added up by payment device (over its price lists)."""
-    by_device: dict[str, Counters] = {}
+def _products(
+    products: list[dict[str, Any]], device_sales: list[DeviceSale]
+) -> tuple[Product, ...]:
+    """Each column with its PA7 lines added up by payment device (over its price lists). The
+    PA7 lines are grouped by product once: one pass over them, not one per column."""
+    by_product: dict[str, dict[str, Counters]] = {}
     for sale in device_sales:
-        if sale.product == fields["column"]:
-            by_device[sale.device] = _added(by_device.get(sale.device), sale.sales)
-    return Product(**fields, by_device=by_device)
+        by_device = by_product.setdefault(sale.product, {})
+        by_device[sale.device] = _added(by_device.get(sale.device), sale.sales)
+    # Two PA1 of one column each get their own copy, as when each was summed on its own.
+    return tuple(
+        Product(**fields, by_device=dict(by_product.get(fields["column"], {})))
+        for fields in products
+    )
 
 
 def _added(total: Counters | None, more: Counters) -> Counters:
@@ -828,6 +846,10 @@ for _device in ("DA", "DB"):
         f"{_device}4": _cashless_credited,
         f"{_device}5": _cashless_discounts,
     }
+
+
+# Tags that need no check of their form (the regex is for the others: a maker's own blocks).
+_KNOWN_TAGS = frozenset(_READERS) | _ENVELOPE | {"DXE"}
 
 
 # The shared contract's names for the two entry points.
