@@ -21,7 +21,7 @@ field (``VA102``: the second element of VA1), and nothing else is ever raised.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any
@@ -72,10 +72,28 @@ class Segment:
 
 @dataclass(frozen=True, slots=True)
 class Tally:
-    """One counter pair: how many vends, and how much (integer cents, through money.py)."""
+    """One counter pair: how many vends, and how much (integer cents, through money.py). The
+    one such type: the reader's, the figures a read keeps (``audit.books``) and the
+    comparisons' (``audit.reconcile``); stored as ``{"count": ..., "value": ...}``."""
 
     count: int
     value: int
+
+    def __sub__(self, other: Tally) -> Tally:
+        return Tally(self.count - other.count, self.value - other.value)
+
+    def went_down_from(self, other: Tally) -> bool:
+        return self.count < other.count or self.value < other.value
+
+    def as_dict(self) -> dict[str, int]:
+        return {"count": self.count, "value": self.value}
+
+    @classmethod
+    def from_dict(cls, data: Any) -> Tally | None:
+        """As stored by ``as_dict``; None for anything that is not a mapping (None stored)."""
+        if not isinstance(data, Mapping):
+            return None
+        return cls(int(data["count"]), int(data["value"]))
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,6 +120,23 @@ class Counters:
         if value_since_reset is not None or count_since_reset is not None:
             reset = Tally(count_since_reset or 0, value_since_reset or 0)
         return cls(Tally(count_since_init or 0, value_since_init or 0), reset)
+
+    def as_dict(self) -> dict[str, Any]:
+        """The stored form: ``{"since_init": {...}, "since_reset": {...} or None}``."""
+        return {
+            "since_init": self.since_init.as_dict(),
+            "since_reset": self.since_reset.as_dict() if self.since_reset else None,
+        }
+
+    @classmethod
+    def from_dict(cls, data: Any) -> Counters | None:
+        """As stored by ``as_dict``; None for anything else (None stored, no since_init)."""
+        if not isinstance(data, Mapping):
+            return None
+        since_init = Tally.from_dict(data.get("since_init"))
+        if since_init is None:
+            return None
+        return cls(since_init, Tally.from_dict(data.get("since_reset")))
 
     @property
     def value_since_init(self) -> int:
