@@ -53,7 +53,7 @@ class AuditError(ValueError):
         self.problem = problem
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Segment:
     """One line of the file as sent: its id and its elements (``VA1*100*2`` -> ``100``, ``2``)."""
 
@@ -155,7 +155,7 @@ class Counters:
         return None if self.since_reset is None else self.since_reset.count
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Machine:
     """ID1: the vending machine itself."""
 
@@ -166,7 +166,7 @@ class Machine:
     asset_number: str = ""  # ID106
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Device:
     """A part's identity (CB1 control board, DA1/DB1 cashless device): serial, model, revision."""
 
@@ -175,7 +175,7 @@ class Device:
     revision: str = ""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class CashIn:
     """CA3: money put in, since the last reset and since initialisation (cents)."""
 
@@ -189,7 +189,7 @@ class CashIn:
     bills_in_since_init: int | None = None
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class CashOut:
     """CA4: change paid out, by the changer and by hand (cents)."""
 
@@ -199,7 +199,7 @@ class CashOut:
     manually_dispensed_since_init: int | None = None
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Cashless:
     """One cashless device, ``DA`` (device 1) or ``DB`` (device 2): blocks DA1-DA5 / DB1-DB5."""
 
@@ -213,7 +213,7 @@ class Cashless:
     discounts: Counters | None = None  # DA5
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Product:
     """PA1 and the PA2-PA7 after it: one column of the machine."""
 
@@ -229,7 +229,7 @@ class Product:
     line: int = 0
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class DeviceSale:
     """PA7: one product's sales through one payment device (CA cash, DA/DB cashless, TA token)."""
 
@@ -241,7 +241,7 @@ class DeviceSale:
     sales: Counters
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class PriceListSale:
     """LA1: vends of a product at one price list's price."""
 
@@ -253,7 +253,7 @@ class PriceListSale:
     count_since_reset: int | None
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Event:
     """EA1: an event the machine recorded (a door opened, a fault)."""
 
@@ -263,7 +263,7 @@ class Event:
     duration_minutes: int | None
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class EventCount:
     """EA2: how often an event happened, and whether it is still on."""
 
@@ -274,7 +274,7 @@ class EventCount:
     active: bool
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Reads:
     """EA3: this read and the one before it."""
 
@@ -287,7 +287,7 @@ class Reads:
     resets_since_init: int | None = None  # EA310
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class AuditFile:
     """One audit as the machine stated it. Amounts in cents, counts in vends."""
 
@@ -606,7 +606,7 @@ class _Fields:
         digits = segment.elements[at - 1 : at + 3]
         if self.scale and len(digits) == 4 and _plain_numbers(digits):
             # the common case in one step, by money.scaled_to_cents's rule (self.scale)
-            n = [int(d) for d in digits]
+            n = list(map(int, digits))
             v, c = value_at - at, count_at - at
             return Counters(Tally(n[c], n[v] * self.scale), Tally(n[c + 2], n[v + 2] * self.scale))
         return Counters.of(
