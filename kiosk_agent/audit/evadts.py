@@ -602,13 +602,15 @@ class _Fields:
     def tally(self, segment: Segment, *, count_first: bool, at: int = 1) -> Counters | None:
         """VA1-style (value, count, value, count) or PA2-style (count, value, count, value),
         its first element at ``at``."""
-        value_at, count_at = (at + 1, at) if count_first else (at, at + 1)
         digits = segment.elements[at - 1 : at + 3]
-        if self.scale and len(digits) == 4 and _plain_numbers(digits):
+        scale = self.scale
+        if scale and len(digits) == 4 and _plain_numbers(digits):
             # the common case in one step, by money.scaled_to_cents's rule (self.scale)
-            n = list(map(int, digits))
-            v, c = value_at - at, count_at - at
-            return Counters(Tally(n[c], n[v] * self.scale), Tally(n[c + 2], n[v + 2] * self.scale))
+            first, second, third, fourth = map(int, digits)
+            if count_first:
+                return Counters(Tally(first, second * scale), Tally(third, fourth * scale))
+            return Counters(Tally(second, first * scale), Tally(fourth, third * scale))
+        value_at, count_at = (at + 1, at) if count_first else (at, at + 1)
         return Counters.of(
             value_since_init=self.amount(segment, value_at),
             count_since_init=self.count(segment, count_at),
@@ -625,7 +627,12 @@ def _plain_number(text: str) -> bool:
 def _plain_numbers(texts: Sequence[str]) -> bool:
     """Each of ``texts`` is ``[0-9]{1,15}``: one test of them all joined, and their lengths."""
     joined = "".join(texts)
-    return joined.isdigit() and joined.isascii() and "" not in texts and max(map(len, texts)) <= 15
+    return (
+        joined.isdigit()
+        and joined.isascii()
+        and "" not in texts
+        and (len(joined) <= 15 or max(map(len, texts)) <= 15)
+    )
 
 
 def _field_error(segment: Segment, position: int, problem: str) -> AuditError:
