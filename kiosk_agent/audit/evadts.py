@@ -564,9 +564,10 @@ class _Fields:
 
     def price(self, segment: Segment, position: int) -> int | None:
         """A price; some machines write a currency in its place (``USD``, ``EUR 1.50``)."""
-        value = segment.element(position).strip()
-        if _plain_number(value):
-            return self.amount(segment, position)
+        value = segment.element(position)
+        if self.scale and _plain_number(value):
+            return int(value) * self.scale  # money.scaled_to_cents's rule (self.scale)
+        value = value.strip()
         match = _PRICE_WITH_CURRENCY.fullmatch(value) if len(value) <= 24 else None
         if match is None or not (match.group(1) or match.group(4)):
             return self.amount(segment, position)
