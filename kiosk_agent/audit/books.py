@@ -13,56 +13,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from kiosk_agent.audit.evadts import AuditFile, Counters
+from kiosk_agent.audit.evadts import AuditFile, Counters, Tally
 
-
-@dataclass(frozen=True, slots=True)
-class Count:
-    """How many vends and how much they were worth (minor units)."""
-
-    count: int
-    value: int
-
-    def __sub__(self, other: Count) -> Count:
-        return Count(self.count - other.count, self.value - other.value)
-
-    def went_down_from(self, other: Count) -> bool:
-        return self.count < other.count or self.value < other.value
-
-    def as_dict(self) -> dict[str, int]:
-        return {"count": self.count, "value": self.value}
-
-    @classmethod
-    def of(cls, data: Any) -> Count | None:
-        if not isinstance(data, Mapping):
-            return None
-        return cls(int(data["count"]), int(data["value"]))
-
-
-ZERO = Count(0, 0)
-
-
-@dataclass(frozen=True, slots=True)
-class Counter:
-    """One block's counters: since initialisation, and since the last reset where given."""
-
-    since_init: Count
-    since_reset: Count | None = None
-
-    def as_dict(self) -> dict[str, Any]:
-        return {
-            "since_init": self.since_init.as_dict(),
-            "since_reset": self.since_reset.as_dict() if self.since_reset else None,
-        }
-
-    @classmethod
-    def of(cls, data: Any) -> Counter | None:
-        if not isinstance(data, Mapping):
-            return None
-        since_init = Count.of(data.get("since_init"))
-        if since_init is None:
-            return None
-        return cls(since_init, Count.of(data.get("since_reset")))
+ZERO = Tally(0, 0)
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,8 +24,8 @@ class Column:
 
     price: int | None = None
     name: str = ""
-    paid: Counter | None = None  # PA2: every paid vend, cash and card
-    cashless: Counter | None = None  # PA7 for the cashless device the unit is (DA by default)
+    paid: Counters | None = None  # PA2: every paid vend, cash and card
+    cashless: Counters | None = None  # PA7 for the cashless device the unit is (DA by default)
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -88,8 +41,8 @@ class Column:
         return cls(
             price=int(price) if price is not None else None,
             name=str(data.get("name") or ""),
-            paid=Counter.of(data.get("paid")),
-            cashless=Counter.of(data.get("cashless")),
+            paid=Counters.from_dict(data.get("paid")),
+            cashless=Counters.from_dict(data.get("cashless")),
         )
 
 
@@ -99,9 +52,9 @@ class Figures:
 
     machine: str = ""  # ID101, the machine's serial number
     currency: str = ""
-    paid: Counter | None = None  # VA1: every paid vend
-    cash: Counter | None = None  # CA2
-    cashless: Counter | None = None  # DA2 (or DB2): the cashless device the unit is
+    paid: Counters | None = None  # VA1: every paid vend
+    cash: Counters | None = None  # CA2
+    cashless: Counters | None = None  # DA2 (or DB2): the cashless device the unit is
     columns: Mapping[str, Column] = field(default_factory=dict)
 
     def as_dict(self) -> dict[str, Any]:
@@ -120,9 +73,9 @@ class Figures:
         return cls(
             machine=str(data.get("machine") or ""),
             currency=str(data.get("currency") or ""),
-            paid=Counter.of(data.get("paid")),
-            cash=Counter.of(data.get("cash")),
-            cashless=Counter.of(data.get("cashless")),
+            paid=Counters.from_dict(data.get("paid")),
+            cash=Counters.from_dict(data.get("cash")),
+            cashless=Counters.from_dict(data.get("cashless")),
             columns={str(k): Column.of(v) for k, v in columns.items()},
         )
 
@@ -132,32 +85,22 @@ class Figures:
 
 def figures_of(audit: AuditFile, cashless_device: str = "DA") -> Figures:
     """The figures the unit keeps of a parsed file (``audit.evadts``), for the cashless device
-    the unit is on the machine's bus (``DA``, or ``DB`` for device 2)."""
+    the unit is on the machine's bus (``DA``, or ``DB`` for device 2). The reader's counter
+    pairs are kept as they are (``evadts.Counters``, the one counter type)."""
     columns = {
         product.column: Column(
             price=product.price,
             name=product.name.strip(),
-            paid=counter_of(product.paid),
-            cashless=counter_of(product.by_device.get(cashless_device)),
+            paid=product.paid,
+            cashless=product.by_device.get(cashless_device),
         )
         for product in audit.products
     }
     return Figures(
         machine=audit.machine.serial if audit.machine else audit.sender,
         currency=audit.currency,
-        paid=counter_of(audit.paid_vends),
-        cash=counter_of(audit.cash_sales),
-        cashless=counter_of(audit.cashless.get(cashless_device)),
+        paid=audit.paid_vends,
+        cash=audit.cash_sales,
+        cashless=audit.cashless.get(cashless_device),
         columns=columns,
-    )
-
-
-def counter_of(counters: Counters | None) -> Counter | None:
-    """A block's counter pair as the unit stores it."""
-    if counters is None:
-        return None
-    reset = counters.since_reset
-    return Counter(
-        Count(counters.since_init.count, counters.since_init.value),
-        Count(reset.count, reset.value) if reset is not None else None,
     )

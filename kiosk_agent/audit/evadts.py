@@ -21,7 +21,7 @@ field (``VA102``: the second element of VA1), and nothing else is ever raised.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any
@@ -53,7 +53,7 @@ class AuditError(ValueError):
         self.problem = problem
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Segment:
     """One line of the file as sent: its id and its elements (``VA1*100*2`` -> ``100``, ``2``)."""
 
@@ -72,10 +72,28 @@ class Segment:
 
 @dataclass(frozen=True, slots=True)
 class Tally:
-    """One counter pair: how many vends, and how much (integer cents, through money.py)."""
+    """One counter pair: how many vends, and how much (integer cents, through money.py). The
+    one such type: the reader's, the figures a read keeps (``audit.books``) and the
+    comparisons' (``audit.reconcile``); stored as ``{"count": ..., "value": ...}``."""
 
     count: int
     value: int
+
+    def __sub__(self, other: Tally) -> Tally:
+        return Tally(self.count - other.count, self.value - other.value)
+
+    def went_down_from(self, other: Tally) -> bool:
+        return self.count < other.count or self.value < other.value
+
+    def as_dict(self) -> dict[str, int]:
+        return {"count": self.count, "value": self.value}
+
+    @classmethod
+    def from_dict(cls, data: Any) -> Tally | None:
+        """As stored by ``as_dict``; None for anything that is not a mapping (None stored)."""
+        if not isinstance(data, Mapping):
+            return None
+        return cls(int(data["count"]), int(data["value"]))
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,6 +121,23 @@ class Counters:
             reset = Tally(count_since_reset or 0, value_since_reset or 0)
         return cls(Tally(count_since_init or 0, value_since_init or 0), reset)
 
+    def as_dict(self) -> dict[str, Any]:
+        """The stored form: ``{"since_init": {...}, "since_reset": {...} or None}``."""
+        return {
+            "since_init": self.since_init.as_dict(),
+            "since_reset": self.since_reset.as_dict() if self.since_reset else None,
+        }
+
+    @classmethod
+    def from_dict(cls, data: Any) -> Counters | None:
+        """As stored by ``as_dict``; None for anything else (None stored, no since_init)."""
+        if not isinstance(data, Mapping):
+            return None
+        since_init = Tally.from_dict(data.get("since_init"))
+        if since_init is None:
+            return None
+        return cls(since_init, Tally.from_dict(data.get("since_reset")))
+
     @property
     def value_since_init(self) -> int:
         return self.since_init.value
@@ -120,7 +155,7 @@ class Counters:
         return None if self.since_reset is None else self.since_reset.count
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Machine:
     """ID1: the vending machine itself."""
 
@@ -131,7 +166,7 @@ class Machine:
     asset_number: str = ""  # ID106
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Device:
     """A part's identity (CB1 control board, DA1/DB1 cashless device): serial, model, revision."""
 
@@ -140,7 +175,7 @@ class Device:
     revision: str = ""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class CashIn:
     """CA3: money put in, since the last reset and since initialisation (cents)."""
 
@@ -154,7 +189,7 @@ class CashIn:
     bills_in_since_init: int | None = None
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class CashOut:
     """CA4: change paid out, by the changer and by hand (cents)."""
 
@@ -164,7 +199,7 @@ class CashOut:
     manually_dispensed_since_init: int | None = None
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Cashless:
     """One cashless device, ``DA`` (device 1) or ``DB`` (device 2): blocks DA1-DA5 / DB1-DB5."""
 
@@ -178,7 +213,7 @@ class Cashless:
     discounts: Counters | None = None  # DA5
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Product:
     """PA1 and the PA2-PA7 after it: one column of the machine."""
 
@@ -194,7 +229,7 @@ class Product:
     line: int = 0
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class DeviceSale:
     """PA7: one product's sales through one payment device (CA cash, DA/DB cashless, TA token)."""
 
@@ -206,7 +241,7 @@ class DeviceSale:
     sales: Counters
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class PriceListSale:
     """LA1: vends of a product at one price list's price."""
 
@@ -218,7 +253,7 @@ class PriceListSale:
     count_since_reset: int | None
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Event:
     """EA1: an event the machine recorded (a door opened, a fault)."""
 
@@ -228,7 +263,7 @@ class Event:
     duration_minutes: int | None
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class EventCount:
     """EA2: how often an event happened, and whether it is still on."""
 
@@ -239,7 +274,7 @@ class EventCount:
     active: bool
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Reads:
     """EA3: this read and the one before it."""
 
@@ -252,7 +287,7 @@ class Reads:
     resets_since_init: int | None = None  # EA310
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class AuditFile:
     """One audit as the machine stated it. Amounts in cents, counts in vends."""
 
@@ -345,7 +380,7 @@ def parse_audit(data: bytes | str) -> AuditFile:
         cash_out=draft.cash_out,
         cashless={c.device: c.sales for c in draft.cashless.values() if c.sales is not None},
         cashless_devices=tuple(draft.cashless.values()),
-        products=tuple(_product(fields, draft.device_sales) for fields in draft.products),
+        products=_products(draft.products, draft.device_sales),
         device_sales=tuple(draft.device_sales),
         price_list_sales=tuple(draft.price_list_sales),
         events=tuple(draft.events),
@@ -424,7 +459,7 @@ class _Envelope:
 def _segment(line_number: int, raw: bytes) -> Segment:
     text = raw.decode("latin-1")
     tag, *elements = text.split(SEPARATOR)
-    if _TAG.fullmatch(tag) is None:
+    if tag not in _KNOWN_TAGS and _TAG.fullmatch(tag) is None:
         raise AuditError(line_number, "segment id", f"expected an id like VA1, got {_shown(tag)}")
     return Segment(line_number, tag, tuple(elements))
 
@@ -516,7 +551,10 @@ class _Fields:
 
     def amount(self, segment: Segment, position: int) -> int | None:
         elements = segment.elements
-        value = (elements[position - 1] if position <= len(elements) else "").strip()
+        value = elements[position - 1] if position <= len(elements) else ""
+        if self.scale and _plain_number(value):
+            return int(value) * self.scale  # money.scaled_to_cents's rule (self.scale)
+        value = value.strip()
         if not value:
             return None
         try:
@@ -526,7 +564,10 @@ class _Fields:
 
     def price(self, segment: Segment, position: int) -> int | None:
         """A price; some machines write a currency in its place (``USD``, ``EUR 1.50``)."""
-        value = segment.element(position).strip()
+        value = segment.element(position)
+        if self.scale and _plain_number(value):
+            return int(value) * self.scale  # money.scaled_to_cents's rule (self.scale)
+        value = value.strip()
         match = _PRICE_WITH_CURRENCY.fullmatch(value) if len(value) <= 24 else None
         if match is None or not (match.group(1) or match.group(4)):
             return self.amount(segment, position)
@@ -562,13 +603,15 @@ class _Fields:
     def tally(self, segment: Segment, *, count_first: bool, at: int = 1) -> Counters | None:
         """VA1-style (value, count, value, count) or PA2-style (count, value, count, value),
         its first element at ``at``."""
-        value_at, count_at = (at + 1, at) if count_first else (at, at + 1)
         digits = segment.elements[at - 1 : at + 3]
-        if self.scale and len(digits) == 4 and all(_plain_number(d) for d in digits):
+        scale = self.scale
+        if scale and len(digits) == 4 and _plain_numbers(digits):
             # the common case in one step, by money.scaled_to_cents's rule (self.scale)
-            n = [int(d) for d in digits]
-            v, c = value_at - at, count_at - at
-            return Counters(Tally(n[c], n[v] * self.scale), Tally(n[c + 2], n[v + 2] * self.scale))
+            first, second, third, fourth = map(int, digits)
+            if count_first:
+                return Counters(Tally(first, second * scale), Tally(third, fourth * scale))
+            return Counters(Tally(second, first * scale), Tally(fourth, third * scale))
+        value_at, count_at = (at + 1, at) if count_first else (at, at + 1)
         return Counters.of(
             value_since_init=self.amount(segment, value_at),
             count_since_init=self.count(segment, count_at),
@@ -580,6 +623,17 @@ class _Fields:
 def _plain_number(text: str) -> bool:
     """``[0-9]{1,15}``, without a regex."""
     return text.isdigit() and text.isascii() and len(text) <= 15
+
+
+def _plain_numbers(texts: Sequence[str]) -> bool:
+    """Each of ``texts`` is ``[0-9]{1,15}``: one test of them all joined, and their lengths."""
+    joined = "".join(texts)
+    return (
+        joined.isdigit()
+        and joined.isascii()
+        and "" not in texts
+        and (len(joined) <= 15 or max(map(len, texts)) <= 15)
+    )
 
 
 def _field_error(segment: Segment, position: int, problem: str) -> AuditError:
@@ -629,13 +683,20 @@ class _Draft:
 _Reader = Callable[[_Draft, _Fields, Segment], None]
 
 
-def _product(fields: dict[str, Any], device_sales: list[DeviceSale]) -> Product:
-    """A column with its PA7 lines added up by payment device (over its price lists)."""
-    by_device: dict[str, Counters] = {}
+def _products(
+    products: list[dict[str, Any]], device_sales: list[DeviceSale]
+) -> tuple[Product, ...]:
+    """Each column with its PA7 lines added up by payment device (over its price lists). The
+    PA7 lines are grouped by product once: one pass over them, not one per column."""
+    by_product: dict[str, dict[str, Counters]] = {}
     for sale in device_sales:
-        if sale.product == fields["column"]:
-            by_device[sale.device] = _added(by_device.get(sale.device), sale.sales)
-    return Product(**fields, by_device=by_device)
+        by_device = by_product.setdefault(sale.product, {})
+        by_device[sale.device] = _added(by_device.get(sale.device), sale.sales)
+    # Two PA1 of one column each get their own copy, as when each was summed on its own.
+    return tuple(
+        Product(**fields, by_device=dict(by_product.get(fields["column"], {})))
+        for fields in products
+    )
 
 
 def _added(total: Counters | None, more: Counters) -> Counters:
@@ -828,6 +889,10 @@ for _device in ("DA", "DB"):
         f"{_device}4": _cashless_credited,
         f"{_device}5": _cashless_discounts,
     }
+
+
+# Tags that need no check of their form (the regex is for the others: a maker's own blocks).
+_KNOWN_TAGS = frozenset(_READERS) | _ENVELOPE | {"DXE"}
 
 
 # The shared contract's names for the two entry points.

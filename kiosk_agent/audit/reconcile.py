@@ -19,7 +19,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from kiosk_agent.audit.books import ZERO, Count, Counter, Figures
+from kiosk_agent.audit.books import ZERO, Figures
+from kiosk_agent.audit.evadts import Counters, Tally
 from kiosk_agent.money import format_cents
 
 Verdict = Literal["match", "mismatch", "not_compared"]
@@ -65,7 +66,7 @@ def changes(before: Figures, after: Figures) -> list[Change]:
     return found
 
 
-def _blocks(before: Figures, after: Figures) -> list[tuple[str, Counter | None, Counter | None]]:
+def _blocks(before: Figures, after: Figures) -> list[tuple[str, Counters | None, Counters | None]]:
     return [
         ("VA1 paid vends", before.paid, after.paid),
         ("CA2 cash", before.cash, after.cash),
@@ -73,7 +74,7 @@ def _blocks(before: Figures, after: Figures) -> list[tuple[str, Counter | None, 
     ]
 
 
-def _count(count: Count) -> str:
+def _count(count: Tally) -> str:
     return f"{count.count} worth {format_cents(count.value)}"
 
 
@@ -111,8 +112,8 @@ class Side:
 @dataclass(frozen=True, slots=True)
 class ColumnDifference:
     column: str
-    machine: Count
-    journal: Count
+    machine: Tally
+    journal: Tally
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -129,8 +130,8 @@ class Comparison:
     verdict: Verdict
     since: float
     until: float
-    machine: Count | None  # the machine's card vends in the interval (None: not comparable)
-    journal: Count
+    machine: Tally | None  # the machine's card vends in the interval (None: not comparable)
+    journal: Tally
     sales: tuple[CardSale, ...] = ()
     columns: tuple[ColumnDifference, ...] = ()
     reason: str = ""  # why it was not compared
@@ -175,12 +176,14 @@ class Comparison:
             verdict=data["verdict"],
             since=float(data["since"]),
             until=float(data["until"]),
-            machine=Count.of(data.get("machine")),
-            journal=Count.of(data.get("journal")) or ZERO,
+            machine=Tally.from_dict(data.get("machine")),
+            journal=Tally.from_dict(data.get("journal")) or ZERO,
             sales=tuple(CardSale(**s) for s in data.get("sales") or ()),
             columns=tuple(
                 ColumnDifference(
-                    c["column"], Count.of(c["machine"]) or ZERO, Count.of(c["journal"]) or ZERO
+                    c["column"],
+                    Tally.from_dict(c["machine"]) or ZERO,
+                    Tally.from_dict(c["journal"]) or ZERO,
                 )
                 for c in data.get("columns") or ()
             ),
@@ -189,7 +192,7 @@ class Comparison:
         )
 
 
-def _vends(count: Count, currency: str) -> str:
+def _vends(count: Tally, currency: str) -> str:
     plural = "" if count.count == 1 else "s"
     return f"{count.count} card vend{plural} worth {format_cents(count.value, currency)}"
 
@@ -204,7 +207,7 @@ def compare(
 ) -> Comparison:
     """The machine's card vends from ``before`` to ``after`` against ``sales`` (the journal's
     vends of this machine in that interval)."""
-    journal = Count(len(sales), sum(s.vended_cents for s in sales))
+    journal = Tally(len(sales), sum(s.vended_cents for s in sales))
     machine, reason = _cashless_difference(before.figures, after.figures)
     columns = _column_differences(before.figures, after.figures, sales) if machine else ()
     verdict: Verdict = "not_compared"
@@ -216,7 +219,7 @@ def compare(
     )
 
 
-def _cashless_difference(before: Figures, after: Figures) -> tuple[Count | None, str]:
+def _cashless_difference(before: Figures, after: Figures) -> tuple[Tally | None, str]:
     """The machine's card vends between two reads, or why they cannot be known."""
     if before.machine and after.machine and before.machine != after.machine:
         return None, f"another machine answered ({before.machine!r} then {after.machine!r})"
@@ -247,7 +250,7 @@ def _column_differences(
             continue
         machine = new.since_init - old.since_init
         held = by_column.get(name, [])
-        journal = Count(len(held), sum(s.vended_cents for s in held))
+        journal = Tally(len(held), sum(s.vended_cents for s in held))
         if machine.count != journal.count:
             differences.append(ColumnDifference(name, machine, journal))
     return tuple(differences)

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from kiosk_agent.audit.books import Column, Count, Counter, Figures
+from kiosk_agent.audit.books import Column, Figures
+from kiosk_agent.audit.evadts import Counters, Tally
 from kiosk_agent.sales.journal import Journal, SaleRecord
 from kiosk_agent.sales.states import SaleState, Step
 from tests.helpers import walk_to
@@ -26,17 +27,17 @@ def figures(
         name: Column(
             price=price,
             name=f"product {name}",
-            paid=Counter(Count(paid, paid * price)),
-            cashless=Counter(Count(card, card * price)),
+            paid=Counters(Tally(paid, paid * price)),
+            cashless=Counters(Tally(card, card * price)),
         )
         for name, (price, paid, card) in (columns or {}).items()
     }
     return Figures(
         machine=machine,
         currency="USD",
-        paid=Counter(Count(cashless[0] + cash[0], cashless[1] + cash[1])),
-        cash=Counter(Count(*cash)),
-        cashless=Counter(Count(*cashless), Count(*reset) if reset else None),
+        paid=Counters(Tally(cashless[0] + cash[0], cashless[1] + cash[1])),
+        cash=Counters(Tally(*cash)),
+        cashless=Counters(Tally(*cashless), Tally(*reset) if reset else None),
         columns=cols,
     )
 

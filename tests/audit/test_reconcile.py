@@ -3,7 +3,7 @@ journal's card sales of that interval (docs/audit.md)."""
 
 from __future__ import annotations
 
-from kiosk_agent.audit.books import Count
+from kiosk_agent.audit.evadts import Tally
 from kiosk_agent.audit.reconcile import CardSale, Side, changes, compare
 from tests.audit.helpers import figures
 
@@ -19,7 +19,7 @@ def test_the_same_vends_on_both_sides_match() -> None:
     after = Side(TEN + 3600, figures((12, 1800)))
     result = compare(before, after, [sale(1, 150), sale(2, 150)])
     assert result.verdict == "match"
-    assert result.machine == result.journal == Count(2, 300)
+    assert result.machine == result.journal == Tally(2, 300)
 
 
 def test_a_vend_the_journal_does_not_hold_is_a_mismatch_naming_both_sides() -> None:
@@ -38,8 +38,8 @@ def test_a_sale_for_a_vend_the_machine_never_made_is_a_mismatch() -> None:
     result = compare(Side(TEN, figures((3, 450))), Side(TEN + 60, figures((3, 450))),
                      [sale(1, 150)])
     assert result.verdict == "mismatch"
-    assert result.machine == Count(0, 0)
-    assert result.journal == Count(1, 150)
+    assert result.machine == Tally(0, 0)
+    assert result.journal == Tally(1, 150)
 
 
 def test_a_counter_reset_compares_on_the_since_initialisation_counters() -> None:
