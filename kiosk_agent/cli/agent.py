@@ -119,7 +119,9 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
 def _sales_list_options(parser: argparse.ArgumentParser) -> None:
     # SUPPRESS: the options may stand before or after `list` (`sales --since 7d list`).
-    parser.add_argument("--since", default=argparse.SUPPRESS, help=f"from: {MOMENT_FORMS}")
+    parser.add_argument(
+        "--since", default=argparse.SUPPRESS, help=f"from: {MOMENT_FORMS} (days and times in UTC)"
+    )
     parser.add_argument(
         "--until", default=argparse.SUPPRESS,
         help="up to this day (the whole of it) or time, in the same forms as --since",
