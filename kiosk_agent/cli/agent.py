@@ -93,6 +93,9 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     attention = actions.add_parser(
         "attention", parents=options(),
         help="the sales a person must decide (state attention), with why and since when",
+        description="The sales a person must decide (state attention), with why and since when, "
+        "and the open sales not moving. Exit 1 when it lists any (so `kiosk-agent sales "
+        "attention || alert` works from cron), 0 when there is none.",
     )  # fmt: skip
     attention.set_defaults(handler=guarded(attention_command))
     resolve = actions.add_parser(
