@@ -93,6 +93,9 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     attention = actions.add_parser(
         "attention", parents=options(),
         help="the sales a person must decide (state attention), with why and since when",
+        description="The sales a person must decide (state attention), with why and since when, "
+        "and the open sales not moving. Exit 1 when it lists any (so `kiosk-agent sales "
+        "attention || alert` works from cron), 0 when there is none.",
     )  # fmt: skip
     attention.set_defaults(handler=guarded(attention_command))
     resolve = actions.add_parser(
@@ -119,7 +122,9 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
 def _sales_list_options(parser: argparse.ArgumentParser) -> None:
     # SUPPRESS: the options may stand before or after `list` (`sales --since 7d list`).
-    parser.add_argument("--since", default=argparse.SUPPRESS, help=f"from: {MOMENT_FORMS}")
+    parser.add_argument(
+        "--since", default=argparse.SUPPRESS, help=f"from: {MOMENT_FORMS} (days and times in UTC)"
+    )
     parser.add_argument(
         "--until", default=argparse.SUPPRESS,
         help="up to this day (the whole of it) or time, in the same forms as --since",

@@ -165,11 +165,18 @@ async def fill_command(args: argparse.Namespace) -> int:
         if args.all == bool(args.columns):
             raise CliError("name the columns refilled, or give --all (not both)", EXIT_USAGE)
         columns = list(dict.fromkeys(args.columns))
+        last = store.last_read()
+        known = sorted(set(settings.planogram) | set(last.figures.columns if last else ()))
         if args.all:
-            last = store.last_read()
-            columns = sorted(set(settings.planogram) | set(last.figures.columns if last else ()))
+            columns = known
             if not columns:
                 raise CliError("--all: no column known yet (no planogram and no read)")
+        unknown = [column for column in columns if column not in known]
+        if known and unknown:  # a typo would be a refill of nothing, said as done
+            raise CliError(
+                f"no column {', '.join(unknown)} in the planogram or the last read "
+                f"(columns: {', '.join(known)}); nothing recorded", EXIT_USAGE,
+            )  # fmt: skip
         fills = store.record_fill(columns, at=time.time(), by=f"cli ({getpass.getuser()})")
     finally:
         journal.close()

@@ -119,6 +119,12 @@ def _link_settings(args: argparse.Namespace) -> LinkSettings:
     if section is None and not args.port:
         raise CliError(f"{path} has no dex: section; give --port", EXIT_USAGE)
     settings = link_settings(section, port=args.port) if section else LinkSettings(args.port)
+    if settings.port.startswith("virtual:"):  # audit.component.VIRTUAL_PORT
+        raise CliError(
+            f"{settings.port} is the DEX port of the virtual machine the agent (or the demo) runs "
+            f"in its own process: no other command can open it; `kiosk-agent audit -c {path}` "
+            "shows what the agent read, or give --port", EXIT_USAGE,
+        )  # fmt: skip
     if args.protocol:
         from dataclasses import replace
 

@@ -91,8 +91,10 @@ def register(subparsers: Any) -> None:
         help="transactions: settled, captured, 3 ...; chargebacks: OPEN, WON, LOST; "
         "deposits: the status text (any case)",
     )
-    parser.add_argument("--since", help=f"from: {MOMENT_FORMS}")
-    parser.add_argument("--until", help="up to this day (whole day) or time")
+    parser.add_argument("--since", help=f"from: {MOMENT_FORMS} (days and times in UTC)")
+    parser.add_argument(
+        "--until", help="up to this day (the whole of it) or time, in the same forms as --since"
+    )
     parser.set_defaults(handler=guarded(report))
 
 

@@ -428,6 +428,13 @@ def _fault_summary(fault: dict[str, Any]) -> str:
 def _fault_line(fault: dict[str, Any]) -> str:
     calls = (f"the next {fault['count']} call(s)" if fault.get("count")
              else f"{fault['share']:.0%} of calls" if fault.get("share") else "every call")
+    kind = str(fault.get("fault"))
+    late = (f" by {fault['delay_s']:g} s" if kind in _DELAYED
+            and isinstance(fault.get("delay_s"), int | float) else "")  # fmt: skip
     return (f"{fault.get('id')}: {calls} to {fault.get('method')} {fault.get('path')} "
-            f"{_FAULT_WORDS.get(str(fault.get('fault')), fault.get('fault'))} "
+            f"{_FAULT_WORDS.get(kind, fault.get('fault'))}{late} "
             f"({fault.get('hits', 0)} taken so far)")
+
+
+# the faults whose delay_s is what a tester armed them for
+_DELAYED = {"latency", "slow_answer", "delay"}

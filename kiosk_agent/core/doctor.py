@@ -132,17 +132,38 @@ def check_config(report: Report, path: Path) -> Config | None:
 def _serial_ports(config: Config) -> list[tuple[str, str, str]]:
     """(name, port, link name in health) of each trigger on a serial port: a serial platform's
     port is a device path or a URL (str); a kiosk_api port is an HTTP port (int)."""
-    return [
+    ports = [
         (t.get("name") or t["platform"], t["port"], f"{t['platform']}:{t.get('name') or ''}")
         for t in config.triggers
         if isinstance(t.get("port"), str) and t["port"]
     ]
+    dex = _dex_port(config)
+    if dex and not dex.startswith(_VIRTUAL_DEX):
+        ports.append(("dex", dex, "dex"))  # the machine's audit port (docs/audit-link.md)
+    return ports
+
+
+# The virtual machine's own DEX pty (audit.component.VIRTUAL_PORT): made inside the agent.
+_VIRTUAL_DEX = "virtual:"
+
+
+def _dex_port(config: Config) -> str:
+    section = config.get("dex")
+    port = section.get("port") if isinstance(section, dict) else None
+    return port if isinstance(port, str) else ""
 
 
 def check_serial_ports(report: Report, config: Config) -> None:
     """Each serial device is present and this user may open it; a port given as a URL
     (``socket://host:port``) is :func:`check_port_urls`'."""
     ports = _serial_ports(config)
+    dex = _dex_port(config)
+    if dex.startswith(_VIRTUAL_DEX):
+        report.add(
+            "serial port dex", Verdict.SKIP,
+            f"{dex}: the virtual machine's DEX port, made by the agent itself "
+            "(kiosk-agent audit shows its reads)",
+        )  # fmt: skip
     if not ports:
         report.add("serial ports", Verdict.SKIP, "no trigger uses a serial port")
         return

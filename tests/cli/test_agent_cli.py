@@ -655,3 +655,12 @@ def test_words_from_outside_are_shown_never_obeyed_by_the_terminal(
     assert json.loads(capsys.readouterr().out)["sale"]["message"].startswith(
         f"declined ({ESCAPES}"
     )
+
+
+def test_sales_attention_help_says_its_exit_code(capsys: pytest.CaptureFixture[str]) -> None:
+    # a remote admin writing the cron job reads --help, not docs/cli.md's table
+    with pytest.raises(SystemExit):
+        main(["sales", "attention", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "Exit 1 when it lists any" in text
+    assert "0 when there is none" in text

@@ -96,6 +96,16 @@ def test_fill_needs_columns_or_all_and_says_so(
     assert "refill recorded: A1, A2" in capsys.readouterr().out
 
 
+def test_fill_of_a_column_the_machine_has_not_is_refused_and_records_nothing(
+    config: Path, books: Journal, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["audit", "fill", "A1", "Z9", "-c", str(config)]) == 2
+    err = capsys.readouterr().err
+    assert "no column Z9 in the planogram or the last read (columns: A1, A2)" in err
+    assert main(["audit", "-c", str(config), "--format", "csv"]) == 0
+    assert all(not row["filled_at"] for row in csv.DictReader(io.StringIO(capsys.readouterr().out)))
+
+
 def test_audit_before_any_read_says_none_yet(
     config: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

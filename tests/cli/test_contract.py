@@ -201,6 +201,19 @@ def test_every_command_has_the_contract_options_it_needs() -> None:
         assert ("--timeout" in taken) == calls_out, name
 
 
+def test_every_since_and_until_is_told_in_the_same_words_with_its_zone() -> None:
+    helps: dict[str, set[str]] = {"--since": set(), "--until": set()}
+    for _, parser in leaves():
+        if "--since" not in flags(parser):
+            continue  # a plan's --until is its last day, not a moment to list up to
+        for action in parser._actions:
+            for flag in helps.keys() & set(action.option_strings):
+                helps[flag].add(str(action.help))
+    assert len(helps["--since"]) == 1, helps["--since"]
+    assert len(helps["--until"]) == 1, helps["--until"]
+    assert "UTC" in helps["--since"].pop()
+
+
 def test_every_command_that_prints_a_result_has_an_example_here() -> None:
     covered = {command_of(example) for example in EXAMPLES}
     wanted = {path for path, _ in leaves() if path not in NO_JSON}

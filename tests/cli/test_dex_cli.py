@@ -113,6 +113,14 @@ async def test_read_without_a_port_anywhere_is_a_usage_error(capsys, tmp_path):
     assert "has no dex: section; give --port" in err
 
 
+async def test_read_of_the_demos_virtual_port_says_where_its_reads_are(capsys):
+    demo = Path(__file__).resolve().parents[2] / "config" / "demo.yaml"
+    code, _, err = await run(capsys, ["dex", "read", "-c", str(demo)])
+    assert code == cli.EXIT_USAGE
+    assert "virtual:snacks is the DEX port of the virtual machine the agent (or the demo)" in err
+    assert f"`kiosk-agent audit -c {demo}` shows what the agent read" in err
+
+
 async def test_a_read_that_fails_says_why_exit_1(capsys):
     code, out, _ = await run(capsys, ["dex", "read", "--port", "/dev/no-dex-here", "--json"])
     assert code == cli.EXIT_FAILED

@@ -87,7 +87,7 @@ async def test_faults_by_name_no_json_to_write(
                           "answer lost")
     code, out, _ = await trigger(capsys, "fault", "LATENCY", "--delay", "0.5", "--path",
                                  "/api/terminal/*", "--url", sim.base_url)
-    assert out.startswith("armed f3: every call to POST /api/terminal/* slowed down")
+    assert out.startswith("armed f3: every call to POST /api/terminal/* slowed down by 0.5 s (")
     async with aiohttp.ClientSession() as http:  # what the simulator holds, not what was said
         armed = (await (await http.get(f"{sim.base_url}/sim/faults")).json())["faults"]
     assert [(f["fault"], f["path"], f["count"]) for f in armed] == [

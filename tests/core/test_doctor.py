@@ -87,6 +87,29 @@ def test_only_serial_ports_are_checked_as_devices(tmp_path: Path, sim: Any, pty_
     ]
 
 
+def test_the_dex_port_is_checked_as_a_device_and_the_demos_virtual_one_said(
+    tmp_path: Path, sim: Any, pty_port: str
+) -> None:
+    """Before: doctor said nothing of the `dex:` port; a missing audit cable passed."""
+    path = _mixed_config(tmp_path, sim, pty_port)
+    text = path.read_text()
+    path.write_text(text + "dex: {port: /dev/no-dex-here}\n")
+    report = Report()
+    check_serial_ports(report, load_config(path))
+    assert [(c.name, c.verdict) for c in report.checks] == [
+        ("serial port front", Verdict.PASS), ("serial port dex", Verdict.FAIL)
+    ]
+    assert report.checks[1].detail == "/dev/no-dex-here is not present"
+
+    path.write_text(text + "dex: {port: 'virtual:snacks'}\n")
+    report = Report()
+    check_serial_ports(report, load_config(path))
+    assert [(c.name, c.verdict) for c in report.checks] == [
+        ("serial port dex", Verdict.SKIP), ("serial port front", Verdict.PASS)
+    ]
+    assert "virtual:snacks: the virtual machine's DEX port" in report.checks[0].detail
+
+
 async def test_a_socket_port_nobody_listens_on_fails_the_doctor(tmp_path: Path, sim: Any) -> None:
     """Before: a `socket://` port was skipped ("a URL, not a device") and doctor was green with
     the MDB link down."""
