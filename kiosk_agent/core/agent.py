@@ -396,6 +396,7 @@ class Agent:
         self.health.report_unit(
             id=self.unit.id, machine=self.unit.machine.describe(), made_at=self.unit.made_at,
             mismatch="" if self.unit.confirmed else self.unit.refusal(),
+            made_elsewhere=self.unit.mismatch,
         )
         if self.started or not confirmed:
             self.availability.evaluate()

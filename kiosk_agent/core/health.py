@@ -101,6 +101,8 @@ class UnitHealth(_Model):
     made_at: float | None = None
     # the journal was made on another machine: what differs, and what to do (empty: here)
     mismatch: str = ""
+    # what tells the machine the journal was made on from this one (empty: made here)
+    made_elsewhere: str = ""
     # one line a terminal another program or unit also charges on (sales/audit.ForeignCharges)
     foreign: list[str] = []
     foreign_charges: int = 0  # such charges seen since start (a counter)
