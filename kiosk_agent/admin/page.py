@@ -48,6 +48,7 @@ from kiosk_agent.core.doctor import Report, Verdict, check_running
 from kiosk_agent.core.logging import RefusalLog
 from kiosk_agent.core.web import read_json, stream_slot
 from kiosk_agent.money import format_cents
+from kiosk_agent.sales.attention import others_open
 from kiosk_agent.sales.journal import SaleRecord, StepRecord
 from kiosk_agent.sales.model import SaleEvent, money_text
 from kiosk_agent.service.models.common import card_brand_name
@@ -343,8 +344,12 @@ class StatusPage:
                     for s in journal.steps(record.sale_id)
                 ]
                 recent.append({**sale_view(record), "steps": steps})
-            open_sales = [sale_view(r) for r in journal.open_sales()]
-            attention = [sale_view(r) for r in journal.attention_sales()]
+            # an open sale of another unit id needs a person too: the agent will not finish it
+            others = others_open(journal)
+            theirs = {r.sale_id for r, _ in others}
+            open_sales = [sale_view(r) for r in journal.open_sales() if r.sale_id not in theirs]
+            attention = [{**sale_view(r), "why": why} for r, why in others]
+            attention += [sale_view(r) for r in journal.attention_sales()]
         if self.doctor is None and not self._doctor_task.started:
             self._start_doctor()  # the first look runs the checks once, in the background
         return web.json_response(

@@ -28,6 +28,27 @@ def _journal_unit(directory: Path) -> list[unit.UnitRow]:
         db.close()
 
 
+def _leave_open(directory: Path, unit_id: str) -> Any:
+    """An open sale of unit ``unit_id`` (money held, capture not made), as its agent left it."""
+    from kiosk_agent.sales.journal import Journal, SaleRecord
+    from kiosk_agent.sales.states import SaleState
+    from tests.helpers import walk_to
+
+    key = json.loads((directory / "journal.db.unit").read_text())["key"]
+    journal = Journal(directory / "journal.db")
+    journal.open()
+    try:
+        record = journal.create(SaleRecord(
+            sale_id="0c1a0e5a1e", order_id=unit.make_order_id(unit_id, key, "0c1a0e5a1e00beef"),
+            source="mdb:front", flow="authorize_capture", terminal="SIM-0001",
+            amount_cents=250, state=SaleState.STARTED,
+        ))  # fmt: skip
+        return walk_to(journal, record, SaleState.CAPTURING, authorized_cents=250,
+                       vended_cents=250, trans_id="700000001234")
+    finally:
+        journal.close()
+
+
 def _admin(agent: Any) -> Any:
     return next(c for c in agent.components if type(c).__name__ == "AdminServer")
 
@@ -63,6 +84,7 @@ async def test_the_page_shows_the_unit_its_journal_holds_and_a_clone_until_adopt
     finally:
         await agent.stop()
     [made] = _journal_unit(tmp_path)
+    theirs = _leave_open(tmp_path, made.unit_id)  # the original's charge, held, not captured
     assert page["unit"]["id"] == made.unit_id
     assert page["unit"]["machine"] == made.machine.describe()
     assert page["unit"]["made_at"] == pytest.approx(made.made_at)
@@ -111,5 +133,35 @@ async def test_the_page_shows_the_unit_its_journal_holds_and_a_clone_until_adopt
         assert page["unit"]["id"] == adopted.unit_id
         assert page["unit"]["confirmed"] is True
         assert page["unit"]["banner"] == ""
+
+        # the original's open sale: on the page's "needs a person" list with why, not as open
+        why = (f"made by unit {made.unit_id} before this journal was adopted: its money is "
+               "that unit's; the agent will not move it")
+        [listed] = page["attention"]
+        assert (listed["sale_id"], listed["state"], listed["why"]) == (
+            theirs.sale_id, theirs.state.value, why)
+        assert theirs.sale_id not in {s["sale_id"] for s in page["open"]}
+        assert any("1 open sale(s) of another unit id" in p for p in page["health"]["problems"])
+        await tab.reload()
+        await expect(tab.locator(f'#attention [data-sale="{theirs.sale_id}"] [data-why]')
+                     ).to_have_text(why, timeout=WAIT_MS)
+        await clone.attention.sweep()  # the sweeper leaves it and its money alone
+        assert clone.journal.get(theirs.sale_id) == theirs
+        headers = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
+        async with (
+            aiohttp.ClientSession(base_url=_admin(clone).url) as session,
+            session.post(f"/api/sales/{theirs.sale_id}/resolve", headers=headers,
+                         json={"as": "reversed", "why": "the original unit voided it"}) as r,
+        ):
+            assert r.status == 200, await r.text()
+        resolved = clone.journal.get(theirs.sale_id)
+        assert resolved is not None
+        assert resolved.state.value == "reversed"
+        steps = clone.journal.steps(theirs.sale_id)
+        assert [s.step for s in steps[-2:]] == ["attention.resolved"] * 2  # words, no money
+        await until(lambda: not clone.health.snapshot().unit.not_ours_open, timeout=5)
+        page = await _page(clone)
+        assert page["attention"] == []
+        assert not any("another unit id" in p for p in page["health"]["problems"])
     finally:
         await clone.stop()

@@ -581,6 +581,7 @@ function renderAttention() {
   $("attention").replaceChildren(...(page.attention.length
     ? page.attention.map((s) => el("div", { class: "sale", "data-sale": s.sale_id },
       el("p", { class: "bad" }, saleLine(s)),
+      s.why ? el("p", { class: "bad", "data-why": "not-this-units" }, s.why) : null,
       el("p", { class: "muted" }, `sale ${s.sale_id}`, s.trans_id ? ` · transaction ${s.trans_id}` : "", s.message ? ` · ${s.message}` : ""),
       resolveForm(s)))
     : [el("p", { class: "good" }, "none")]));
