@@ -34,6 +34,7 @@ import logging
 import math
 import re
 import secrets
+import shlex
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -47,6 +48,7 @@ from kiosk_agent.core.doctor import Report, Verdict, check_running
 from kiosk_agent.core.logging import RefusalLog
 from kiosk_agent.core.web import read_json, stream_slot
 from kiosk_agent.money import format_cents
+from kiosk_agent.sales.attention import others_open
 from kiosk_agent.sales.journal import SaleRecord, StepRecord
 from kiosk_agent.sales.model import SaleEvent, money_text
 from kiosk_agent.service.models.common import card_brand_name
@@ -342,13 +344,17 @@ class StatusPage:
                     for s in journal.steps(record.sale_id)
                 ]
                 recent.append({**sale_view(record), "steps": steps})
-            open_sales = [sale_view(r) for r in journal.open_sales()]
-            attention = [sale_view(r) for r in journal.attention_sales()]
+            # an open sale of another unit id needs a person too: the agent will not finish it
+            others = others_open(journal)
+            theirs = {r.sale_id for r, _ in others}
+            open_sales = [sale_view(r) for r in journal.open_sales() if r.sale_id not in theirs]
+            attention = [{**sale_view(r), "why": why} for r, why in others]
+            attention += [sale_view(r) for r in journal.attention_sales()]
         if self.doctor is None and not self._doctor_task.started:
             self._start_doctor()  # the first look runs the checks once, in the background
         return web.json_response(
             {
-                **health_view(snapshot),
+                **health_view(snapshot, self._config_path()),
                 "platforms": self._platforms(),
                 "recent": recent,
                 "open": open_sales,
@@ -357,6 +363,10 @@ class StatusPage:
             },
             headers=_NO_STORE,
         )
+
+    def _config_path(self) -> str | None:
+        path = getattr(getattr(self.agent, "config", None), "path", None)
+        return str(path) if path is not None else None
 
     def _platforms(self) -> list[dict[str, Any]]:
         platforms = []
@@ -441,7 +451,8 @@ class StatusPage:
                         for note in health_changes(last_health, snapshot):
                             await _send(response, "note", {"at": snapshot["at"], **note})
                         await _send(
-                            response, "health", {**health_view(snapshot), "platforms": platforms}
+                            response, "health",
+                            {**health_view(snapshot, self._config_path()), "platforms": platforms},
                         )
                         last_health, last_platforms = snapshot, platforms
                         quiet_since = time.monotonic()
@@ -643,12 +654,38 @@ def gap_view(missed: int) -> dict[str, Any]:
     }
 
 
-def health_view(snapshot: dict[str, Any]) -> dict[str, Any]:
+def health_view(snapshot: dict[str, Any], config: str | None = None) -> dict[str, Any]:
     """The health snapshot as the page shows it (the page never does arithmetic on money)."""
     return {
         "health": snapshot,
+        "unit": unit_view(snapshot.get("unit") or {}, config),
         "availability": availability(snapshot),
         "today_amount": format_cents(int(snapshot["sales"]["today_amount_cents"])),
+    }
+
+
+def unit_view(unit: dict[str, Any], config: str | None = None) -> dict[str, Any]:
+    """The unit as the page shows it (health's ``unit``, read from the journal's ``unit_ids``):
+    its id, the machine its journal was made on, and, while it is not confirmed on this
+    machine, the banner a person acts on with the command to copy. The unit's key is never in
+    health, so never here."""
+    refusal = str(unit.get("mismatch") or "")  # why it takes no customer (empty: it does)
+    elsewhere = str(unit.get("made_elsewhere") or "")  # what tells the machines apart
+    command = "kiosk-agent unit adopt" + (f" -c {shlex.quote(config)}" if config else "")
+    if elsewhere:
+        banner = (f"This unit takes no customer until a person runs {command} here: its "
+                  f"journal was made on another machine ({elsewhere}). Adopting gives it a new "
+                  "id; the charges under the old id stay the original unit's.")
+    else:
+        banner = f"This unit takes no customer: {refusal}" if refusal else ""
+    return {
+        "id": unit.get("id") or "",
+        "machine": unit.get("machine") or "",
+        "made_at": unit.get("made_at"),
+        "confirmed": not refusal,
+        "made_elsewhere": elsewhere,
+        "banner": banner,
+        "command": command if elsewhere else "",
     }
 
 

@@ -101,7 +101,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     resolve = actions.add_parser(
         "resolve", parents=options(),
         help="record what a person did about an attention sale, and why",
-        description="Journal a person's decision on a sale in state attention: --as captured "
+        description="Journal a person's decision on a sale in state attention, or on an open "
+        "sale of another unit id (`sales attention` lists both): --as captured "
         "(the money was taken by hand: the sale ends completed) or --as reversed (it was given "
         "back: the sale ends reversed). Nothing is sent to the payment service.",
     )  # fmt: skip
@@ -445,20 +446,29 @@ STALLED_OPEN_S = 30.0
 
 
 async def attention_command(args: argparse.Namespace) -> int:
+    from kiosk_agent.sales.attention import others_open
+
     journal = _open_journal(args)
     try:
         sales = journal.attention_sales()
+        # open sales of another unit id (a journal adopted under a new id): never the agent's
+        # to finish, whatever their age; a person decides
+        others = others_open(journal)
+        theirs = {sale.sale_id for sale, _ in others}
         now = time.time()
         # either way: a last step dated after now means the clock was stepped back since (NTP
         # after a boot on a saved clock), and the sale may have stalled as long
-        stalled = [s for s in journal.open_sales() if abs(now - s.updated_at) > STALLED_OPEN_S]
+        stalled = [s for s in journal.open_sales()
+                   if abs(now - s.updated_at) > STALLED_OPEN_S and s.sale_id not in theirs]
     finally:
         journal.close()
     # a cron job alerts on the exit code: 1 while anything here waits for a person or the agent
-    waiting = EXIT_FAILED if sales or stalled else EXIT_OK
+    waiting = EXIT_FAILED if sales or stalled or others else EXIT_OK
     if wants_json(args):
         print(json.dumps({"sales": [s.as_dict() for s in sales],
-                          "stalled_open": [s.as_dict() for s in stalled]}, indent=2))
+                          "stalled_open": [s.as_dict() for s in stalled],
+                          "other_unit_open": [{**s.as_dict(), "why": why} for s, why in others]},
+                         indent=2))
         return waiting
     from kiosk_agent.text import for_terminal
 
@@ -474,6 +484,12 @@ async def attention_command(args: argparse.Namespace) -> int:
             f"({sale.state.value}) since {since:%Y-%m-%d %H:%M:%SZ}\n  {moved}: the agent "
             "finishes it (a journal that cannot take writes keeps it in memory meanwhile)"
         )
+    for sale, why in others:
+        since = dt.datetime.fromtimestamp(sale.updated_at, dt.UTC)
+        print(
+            f"{sale.sale_id}  {sale.order_id}  {for_terminal(sale.source)}  {money_text(sale)}  "
+            f"open ({sale.state.value}) since {since:%Y-%m-%d %H:%M:%SZ}\n  {why}"
+        )
     for sale in sales:
         when = dt.datetime.fromtimestamp(sale.finished_at or sale.updated_at, dt.UTC)
         # the sales list's words: "held $0.00" said of a charge whose answer was lost
@@ -481,12 +497,14 @@ async def attention_command(args: argparse.Namespace) -> int:
             f"{sale.sale_id}  {sale.order_id}  {for_terminal(sale.source)}  {money_text(sale)}  "
             f"since {when:%Y-%m-%d %H:%M:%SZ}\n  {for_terminal(sale.message)}"
         )
+    counted = plural(len(sales), "sale") + " in attention"
+    if others:
+        counted += f", {len(others)} open sale(s) of another unit id"
     print(
-        plural(len(sales), "sale")
-        + " in attention"
+        counted
         + (
             "; resolve each with: kiosk-agent sales resolve SALE --as captured|reversed --why TEXT"
-            if sales
+            if sales or others
             else ""
         )
     )

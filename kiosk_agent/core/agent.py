@@ -291,6 +291,8 @@ class Agent:
             await component.start()
             self.components.append(component)
         self.attention.start()
+        # another unit's open sales resolved by a person with `sales resolve`: told to the bus
+        self.attention.outside.follow(self.recovery.not_ours)
         ready_text = f"ready: {len(self.platforms)} trigger(s)"
         if not_started:  # not "ready": which trigger does not run, and why
             total = len(self.platforms) + len(not_started)
@@ -350,6 +352,8 @@ class Agent:
             try:
                 self.journal_guard.watch()
                 self.attention.outside.watch()
+                if self.recovery.not_ours:  # another unit's open sales a person resolved
+                    self._count_not_ours()
                 if not self.unit.confirmed:  # `kiosk-agent unit adopt` from another process
                     self._read_unit()
                 if claimed and not self.owner.keep():
@@ -368,6 +372,14 @@ class Agent:
                 said = str(err)
             except Exception:  # never dies silently: said, and the next look tries again
                 _LOGGER.exception("journal: watching its disk and files failed")
+
+    def _count_not_ours(self) -> None:
+        """Health's count of another unit's open sales, once a person resolved some."""
+        still = [sale_id for sale_id in self.recovery.not_ours
+                 if (record := self.journal.get(sale_id)) is not None and not record.state.final]
+        if len(still) != len(self.recovery.not_ours):
+            self.recovery.not_ours = still
+            self.health.report_unit(not_ours_open=len(still))
 
     def _read_unit(self) -> None:
         """The unit's id from the journal, judged against this machine (sales/unit.py); a
@@ -396,6 +408,7 @@ class Agent:
         self.health.report_unit(
             id=self.unit.id, machine=self.unit.machine.describe(), made_at=self.unit.made_at,
             mismatch="" if self.unit.confirmed else self.unit.refusal(),
+            made_elsewhere=self.unit.mismatch,
         )
         if self.started or not confirmed:
             self.availability.evaluate()

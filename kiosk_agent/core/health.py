@@ -91,6 +91,9 @@ class JournalHealth(_Model):
     charges_pending: bool = False  # the first comparison since start (or a fault) not made yet
     charges_checked_at: float | None = None
     charges_detail: str = ""
+    # not checked because the unit is not confirmed (charges_detail: its refusal): one fact,
+    # shown once among the problems, as the unit's
+    charges_by_unit: bool = False
 
 
 class UnitHealth(_Model):
@@ -101,6 +104,8 @@ class UnitHealth(_Model):
     made_at: float | None = None
     # the journal was made on another machine: what differs, and what to do (empty: here)
     mismatch: str = ""
+    # what tells the machine the journal was made on from this one (empty: made here)
+    made_elsewhere: str = ""
     # one line a terminal another program or unit also charges on (sales/audit.ForeignCharges)
     foreign: list[str] = []
     foreign_charges: int = 0  # such charges seen since start (a counter)
@@ -598,7 +603,7 @@ class Health:
             down = True
         if journal.notice:
             problems.append(f"journal: {journal.notice}")
-        if journal.charges_detail:
+        if journal.charges_detail and not journal.charges_by_unit:
             problems.append(f"journal: {journal.charges_detail}")
         unit = self._unit
         if unit.mismatch:

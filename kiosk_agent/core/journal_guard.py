@@ -322,16 +322,18 @@ class JournalGuard:
                 detail = f"{len(result.unaccounted)} charge(s) it did not hold were found: {ended}"
             self.health.report_journal_state(
                 charges_pending=False, charges_checked_at=result.at,
-                charges_detail=detail if result.unaccounted else "",
+                charges_detail=detail if result.unaccounted else "", charges_by_unit=False,
             )
         elif pending and self.notice is None:
             # reporting cannot answer, and nothing says the journal lost anything: the unit
             # takes customers; the check runs again at the next interval
             self.health.report_journal_state(
-                charges_pending=False, charges_detail=f"charges not checked: {result.error}"
+                charges_pending=False, charges_detail=f"charges not checked: {result.error}",
+                charges_by_unit=result.by_unit,
             )
         else:
-            self.health.report_journal_state(charges_detail=f"charges not checked: {result.error}")
+            self.health.report_journal_state(charges_detail=f"charges not checked: {result.error}",
+                                             charges_by_unit=result.by_unit)
         if not self.health.journal.charges_pending:
             self._checked.set()
         if pending != self.health.journal.charges_pending:

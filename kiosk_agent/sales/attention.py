@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING
 
 from kiosk_agent.money import format_cents
 from kiosk_agent.redact import redact
+from kiosk_agent.sales import unit
 from kiosk_agent.sales.clock import Anchor, elapsed_at_least
 from kiosk_agent.sales.journal import Journal, JournalError, SaleMoved, SaleRecord
 from kiosk_agent.sales.model import Flow, SaleEvent
@@ -313,6 +314,10 @@ class OutsideResolutions:
             self._stop_listening()
             self._stop_listening = None
 
+    def follow(self, sale_ids: list[str]) -> None:
+        """Open sales a person may end too (another unit's: :func:`others_open`)."""
+        self._attention.update(sale_ids)
+
     def _seen(self, event: SaleEvent) -> None:
         if event.state is SaleState.ATTENTION:
             self._attention.add(event.sale_id)
@@ -341,8 +346,9 @@ class OutsideResolutions:
         published: list[SaleEvent] = []
         for sale_id in sorted(self._attention):
             record = self.journal.get(sale_id)
-            if record is not None and record.state is SaleState.ATTENTION:
-                continue
+            if record is not None and (record.state is SaleState.ATTENTION
+                                       or not record.state.final):
+                continue  # still waiting for a person (another unit's: still open)
             self._attention.discard(sale_id)
             if record is not None:
                 event = event_of(record, Step.ATTENTION_RESOLVED, clock=self.journal.clock)
@@ -356,6 +362,15 @@ def _money_retries(journal: Journal, sale_id: str) -> int:
     return sum(1 for step in journal.steps(sale_id) if step.step == Step.ATTENTION_RECHECK)
 
 
+def others_open(journal: Journal) -> list[tuple[SaleRecord, str]]:
+    """The journal's open sales that are not this unit's (made under another unit id: a
+    journal adopted under a new id holds the original unit's), each with why. The agent never
+    finishes them nor moves their money: a person decides (``sales resolve``)."""
+    history = unit.rows(journal.db)
+    return [(r, why) for r in journal.open_sales()
+            if (why := unit.not_this_units(history, r.order_id))]
+
+
 def resolve(
     journal: Journal,
     sale_id: str,
@@ -364,10 +379,13 @@ def resolve(
     by: str,
     events: EventBus[SaleEvent] | None = None,
 ) -> SaleRecord:
-    """A person's decision on an ATTENTION sale: what they did by hand, and why.
+    """A person's decision on an ATTENTION sale, or on an open sale of another unit id
+    (:func:`others_open`): what they did by hand, and why.
 
     Only journaled (no money moves here): ``captured`` ends the sale COMPLETED, ``reversed`` ends
-    it REVERSED. The reason is kept with the sale, card numbers and secrets masked.
+    it REVERSED. The reason is kept with the sale, card numbers and secrets masked. Another
+    unit's open sale is put in ATTENTION with why it is not this unit's, and resolved, in one
+    transaction: its money stays that unit's, only the person's word is written.
     """
     if as_ not in RESOLUTIONS:
         raise ResolveError(f"--as must be one of {', '.join(RESOLUTIONS)}, got {as_!r}")
@@ -381,7 +399,9 @@ def resolve(
     if len(why) > MAX_WHY:
         raise ResolveError(f"--why is {len(why)} characters; at most {MAX_WHY}")
     record = journal.get(sale_id) or find_sale(journal, sale_id)
-    if record.state is not SaleState.ATTENTION:
+    other = "" if record.state.final else unit.not_this_units(unit.rows(journal.db),
+                                                              record.order_id)
+    if record.state is not SaleState.ATTENTION and not other:
         raise NotInAttention(
             f"sale {record.sale_id} is {record.state.value}, not attention: nothing to resolve"
         )
@@ -397,16 +417,11 @@ def resolve(
         # a charge-card captures at once: what was given back had been charged, not held
         money["captured_cents"] = record.captured_cents or money["reversed_cents"]
     try:
-        resolved = journal.record(
-            record,
-            Step.ATTENTION_RESOLVED,
-            RESOLUTIONS[as_],
-            detail={"as": as_, "why": why, "by": by},
-            if_state=SaleState.ATTENTION,  # another process may have decided it since the read
-            message=f"resolved by {by} as {as_}: {why}",
-            resolution=json.dumps(resolution, sort_keys=True),
-            **money,
-        )
+        with journal.batch():
+            if other:  # another unit's, open: put to the person it is, with why
+                record = journal.record(record, Step.ATTENTION_RESOLVED, SaleState.ATTENTION,
+                                        detail={"not_this_units": other}, message=other)
+            resolved = _resolved(journal, record, as_, why, by, resolution, money)
     except SaleMoved as err:
         shown = err.state.value if err.state is not None else "gone"
         raise NotInAttention(
@@ -417,6 +432,22 @@ def resolve(
     if events is not None:
         events.publish(event_of(resolved, Step.ATTENTION_RESOLVED, clock=journal.clock))
     return resolved
+
+
+def _resolved(
+    journal: Journal, record: SaleRecord, as_: str, why: str, by: str,
+    resolution: dict[str, object], money: dict[str, int],
+) -> SaleRecord:
+    return journal.record(
+        record,
+        Step.ATTENTION_RESOLVED,
+        RESOLUTIONS[as_],
+        detail={"as": as_, "why": why, "by": by},
+        if_state=SaleState.ATTENTION,  # another process may have decided it since the read
+        message=f"resolved by {by} as {as_}: {why}",
+        resolution=json.dumps(resolution, sort_keys=True),
+        **money,
+    )
 
 
 def find_sale(journal: Journal, wanted: str) -> SaleRecord:

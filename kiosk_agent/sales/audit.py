@@ -137,6 +137,8 @@ class AuditResult:
     events: list[SaleEvent] = field(default_factory=list)
     foreign: list[str] = field(default_factory=list)  # trans ids of others' charges
     error: str = ""  # reporting could not be asked: nothing was decided
+    # not made because the unit is not confirmed (error: its refusal): the unit's problem says so
+    by_unit: bool = False
 
     @property
     def ok(self) -> bool:
@@ -187,6 +189,7 @@ class ChargeAudit:
         result = AuditResult(at=self._now())
         if not self.unit.confirmed:  # a cloned journal: nothing here is provably its own
             result.error = self.unit.refusal()
+            result.by_unit = True
             self.last = result
             return result
         try:

@@ -78,6 +78,23 @@ def split_order_id(order_id: str | None) -> tuple[str, str] | None:
     return None
 
 
+def not_this_units(history: list[UnitRow], order_id: str | None) -> str:
+    """Why a sale of the journal is not this unit's to finish (empty: it is), by the journal's
+    own record of its ids (``unit_ids``, oldest first), as :meth:`OwnUnit.owns_sale` judges it
+    once confirmed: what ``sales attention``, the status page and ``sales resolve`` say."""
+    if not history:
+        return ""  # a journal of an older release: one unit, its own
+    current = history[-1].unit_id
+    owner = unit_of(order_id) or history[0].unit_id  # the older form: the journal's first id
+    if owner == current:
+        return ""
+    if owner in {row.unit_id for row in history[:-1]}:
+        made = f"made by unit {owner} before this journal was adopted"
+    else:
+        made = f"made by unit {owner}, not this unit ({current})"
+    return f"{made}: its money is that unit's; the agent will not move it"
+
+
 def new_key() -> str:
     return secrets.token_hex(16)
 

@@ -480,6 +480,79 @@ def test_sales_attention_shows_an_open_sale_that_has_not_moved(
     assert "after now (the clock was stepped back since)" in listed
 
 
+def test_sales_attention_lists_another_units_open_sales_and_resolve_only_records_them(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Issue 29: a journal adopted under a new id holds the original unit's open sale (money
+    held). `sales attention` lists it with why, never as one the agent finishes, and exits 1;
+    `sales resolve` writes the person's word and nothing else (no money step), and it is gone
+    from the list. Checked against what the journal holds (unit_ids, the sale's steps)."""
+    from kiosk_agent.sales import unit
+    from kiosk_agent.sales.machine import Machine
+
+    path = write(tmp_path, GOOD)
+    journal = Journal(tmp_path / "journal.db")
+    journal.open()
+    made = unit.load(journal.db, journal.path, Machine("e" * 32, "serial:a1"))
+    theirs = journal.create(SaleRecord(
+        sale_id="0c1a0e5a1e", order_id=made.order_id("0c1a0e5a1e00beef"), source="mdb:front",
+        flow="authorize_capture", terminal="SIM-0001", amount_cents=250,
+        state=SaleState.STARTED,
+    ))  # fmt: skip
+    theirs = walk_to(journal, theirs, SaleState.CAPTURING, authorized_cents=250,
+                     vended_cents=250, trans_id="700000001234")
+    journal.db.execute("UPDATE sales SET updated_at = updated_at - 120")  # and not moved since
+    _, adopted = unit.adopt(journal.db, journal.path, Machine("e" * 32, "serial:b2"))
+    ours = journal.create(SaleRecord(
+        sale_id="0a0a0a0a0a", order_id=unit.make_order_id(adopted.unit_id, adopted.key,
+                                                          "0a0a0a0a0a00cafe"),
+        source="mdb:front", flow="charge_card", terminal="SIM-0001", amount_cents=100,
+        state=SaleState.STARTED,
+    ))  # fmt: skip
+    history = unit.rows(journal.db)
+    before = journal.steps("0c1a0e5a1e")
+    journal.close()
+    assert [r.unit_id for r in history] == [made.id, adopted.unit_id]
+
+    why = (f"made by unit {history[0].unit_id} before this journal was adopted: its money is "
+           "that unit's; the agent will not move it")
+    assert main(["sales", "attention", "-c", str(path)]) == EXIT_FAILED  # a cron job alerts
+    listed = capsys.readouterr().out
+    assert f"0c1a0e5a1e  {theirs.order_id}  mdb:front" in listed
+    assert "open (capturing) since" in listed
+    assert why in listed
+    assert "the agent finishes it" not in listed  # not said of another unit's sale
+    assert ours.sale_id not in listed  # this unit's own, just begun
+    assert "0 sales in attention, 1 open sale(s) of another unit id; resolve each with" in listed
+    assert main(["sales", "attention", "-c", str(path), "--json"]) == EXIT_FAILED
+    shown = json.loads(capsys.readouterr().out)
+    assert shown["stalled_open"] == []
+    [other] = shown["other_unit_open"]
+    assert (other["sale_id"], other["state"], other["why"]) == ("0c1a0e5a1e", "capturing", why)
+
+    assert main(["sales", "resolve", "0c1a", "--as", "captured", "--why", "the original unit "
+                 "captured it (its portal)", "-c", str(path)]) == EXIT_OK
+    capsys.readouterr()
+    journal.open_to_read()
+    record = journal.get("0c1a0e5a1e")
+    steps = journal.steps("0c1a0e5a1e")
+    journal.close()
+    assert record is not None
+    assert record.state is SaleState.COMPLETED
+    assert record.trans_id == "700000001234"
+    assert steps[:len(before)] == before
+    put, decided = steps[len(before):]  # only the person's word: no money call, no capture
+    assert (put.step, put.state, put.detail) == (
+        "attention.resolved", SaleState.ATTENTION, {"not_this_units": why})
+    assert (decided.step, decided.state) == ("attention.resolved", SaleState.COMPLETED)
+    assert main(["sales", "attention", "-c", str(path), "--json"]) == EXIT_OK
+    assert json.loads(capsys.readouterr().out)["other_unit_open"] == []
+    # this unit's own open sale is not a person's to resolve
+    assert main(["sales", "resolve", ours.sale_id, "--as", "captured", "--why", "x",
+                 "-c", str(path)]) == 1
+    assert "started, not attention" in capsys.readouterr().err
+
+
 def test_sales_attention_lists_what_a_person_must_decide_and_resolve_records_it(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -527,7 +600,8 @@ def test_sales_attention_lists_what_a_person_must_decide_and_resolve_records_it(
     assert answer["sale"]["captured_cents"] == 250
 
     assert main(["sales", "attention", "-c", str(path), "--json"]) == EXIT_OK  # none waits
-    assert json.loads(capsys.readouterr().out) == {"sales": [], "stalled_open": []}
+    assert json.loads(capsys.readouterr().out) == {
+        "sales": [], "stalled_open": [], "other_unit_open": []}
     # resolving twice is refused, and says why
     assert main([*argv, "-c", str(path)]) == 1
     assert "completed, not attention" in capsys.readouterr().err

@@ -252,9 +252,14 @@ async def test_a_journal_copied_to_another_machine_takes_no_customer_until_adopt
     state = clone.availability.state("SIM-0001")
     assert not state.available
     assert "kiosk-agent unit adopt" in state.reason
+    await until(lambda: clone.health.journal.charges_detail)  # the start's charge check
     snapshot = clone.health.snapshot()
     assert snapshot.status == "down"
-    assert any("made on another machine" in p for p in snapshot.problems)
+    # one fact, said once: the unit's problem; the charge check keeps its refusal in its own
+    assert snapshot.problems.count(snapshot.unit.mismatch) == 1
+    assert not [p for p in snapshot.problems if "charges not checked" in p]
+    assert snapshot.journal.charges_detail == f"charges not checked: {snapshot.unit.mismatch}"
+    assert snapshot.journal.charges_by_unit
     with pytest.raises(TerminalBusy, match="unit adopt"):
         await _sell(clone, 300)
     report = Report()

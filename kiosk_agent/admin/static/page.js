@@ -319,6 +319,7 @@ function renderHealth() {
       : [el("li", { class: "good" }, "none")]),
   );
   renderTerminals();
+  renderUnit();
   renderService();
   renderAudit();
   const sales = health.sales;
@@ -326,6 +327,43 @@ function renderHealth() {
   setText($("footer"),
     `kiosk-agent ${health.version} · up ${duration(health.uptime_s)} · as of ${clock(health.at)}` +
     " · times are UTC (Z), as the command line prints them");
+}
+
+// the unit's id and the machine its journal was made on; while it is not confirmed here, a
+// banner above everything: it takes no customer until a person runs the command shown
+function renderUnit() {
+  const unit = state.page.unit;
+  if (!unit) return;
+  $("unit-banner").hidden = unit.confirmed;
+  setText($("unit-refusal"), unit.banner);
+  $("unit-adopt").hidden = !unit.command;
+  setText($("unit-command"), unit.command);
+  fill($("unit"),
+    el("dt", {}, "id"), el("dd", { "data-unit": "id" }, unit.id || "not known yet"),
+    el("dt", {}, "journal made on"), el("dd", { "data-unit": "machine" }, unit.machine || "-"),
+    unit.made_at ? [el("dt", {}, "since"), el("dd", {}, when(unit.made_at))] : null,
+    el("dt", {}, "confirmed here"),
+    el("dd", { class: unit.confirmed ? "good" : "bad", "data-unit": "confirmed" },
+      unit.confirmed ? "yes" : "NO: takes no customer"));
+}
+
+function copyCommand() {
+  const command = $("unit-command").textContent;
+  const done = () => setText($("unit-copy"), "Copied");
+  if (navigator.clipboard && window.isSecureContext) {
+    navigator.clipboard.writeText(command).then(done, () => selectCommand());
+  } else {
+    selectCommand(); // plain HTTP: no clipboard API; the command is selected to copy by hand
+  }
+}
+
+function selectCommand() {
+  const range = document.createRange();
+  range.selectNodeContents($("unit-command"));
+  const selection = window.getSelection();
+  selection.removeAllRanges();
+  selection.addRange(range);
+  setText($("unit-copy"), "Selected: copy it");
 }
 
 // the machine's own books (a dex: section): its last read, columns low or sold out, mismatches
@@ -543,6 +581,7 @@ function renderAttention() {
   $("attention").replaceChildren(...(page.attention.length
     ? page.attention.map((s) => el("div", { class: "sale", "data-sale": s.sale_id },
       el("p", { class: "bad" }, saleLine(s)),
+      s.why ? el("p", { class: "bad", "data-why": "not-this-units" }, s.why) : null,
       el("p", { class: "muted" }, `sale ${s.sale_id}`, s.trans_id ? ` · transaction ${s.trans_id}` : "", s.message ? ` · ${s.message}` : ""),
       resolveForm(s)))
     : [el("p", { class: "good" }, "none")]));
@@ -621,6 +660,7 @@ document.addEventListener("DOMContentLoaded", async () => {
   $("login-form").addEventListener("submit", login);
   $("logout").addEventListener("click", logout);
   $("run-doctor").addEventListener("click", runDoctor);
+  $("unit-copy").addEventListener("click", copyCommand);
   const answer = await call("GET", "/session");
   if (answer.ok && answer.data.role) begin(answer.data);
   else showLogin("");
