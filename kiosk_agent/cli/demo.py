@@ -257,7 +257,7 @@ class Customers:
             self._waiting[source] += 1
         if self.arrived >= self.limit:
             for machine in self.machines:
-                machine.controller.closing.set()  # no new customer
+                machine.controller.close()  # no new customer
 
     def sale(self, event: SaleEvent) -> None:
         if event.receipt:
@@ -438,7 +438,7 @@ async def _show_audit(agent: Any, view: LiveView) -> None:
     for platform in agent.platforms:  # no new customer: the last sale ends, then the read
         controller = getattr(platform, "controller", None)
         if controller is not None:
-            controller.closing.set()
+            controller.close()
     view.note(f"reading the books of {books.machine} (DEX)")
     with contextlib.suppress(TimeoutError):
         async with asyncio.timeout(AUDIT_WAIT_S):

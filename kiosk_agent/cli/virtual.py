@@ -167,7 +167,7 @@ async def run_virtual(args: argparse.Namespace) -> int:
             print(f"{DONE}{json.dumps(controller.tally())}", flush=True)
             await stopping
         # the customer at the machine finishes (a vend in flight is heard to its end)
-        controller.closing.set()
+        controller.close()
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(asyncio.shield(customers), args.dispense_time + 5.0)
         customers.cancel()

@@ -337,8 +337,17 @@ class VirtualController:
             return
         self._in_session = True
         self.send(wire.status_line(Status.IDLE, funds, self.options.unit))
-        if self._session_funds is None or self._session_funds.done():
+        nobody_waits = self._session_funds is None or self._session_funds.done()
+        if nobody_waits and self.closing.is_set():
+            # Closing, and the customer it was for has left (a START crossing the close on the
+            # wire): the session ends unused at once, as when a customer walks away, so the
+            # agent gives the money back now instead of waiting out its vend timeout.
+            self._in_session = False
+            self._set_status(Status.ENABLED)
+            return
+        if nobody_waits:
             self._session_funds = asyncio.get_running_loop().create_future()
+        assert self._session_funds is not None
         self._session_funds.set_result(funds)
 
     async def _enable(self) -> None:
@@ -581,6 +590,16 @@ class VirtualController:
                 _LOGGER.exception("virtual customer failed")
             served += 1
 
+    def close(self) -> None:
+        """No new customer. A session the agent opened that no customer has taken (card
+        first: the simulator taps a card on every interaction) ends unused at once, as when a
+        customer walks away: the agent gives its money back now, not at its vend timeout."""
+        self.closing.set()
+        if self._in_session and not self._visit_lock.locked():
+            self._session_funds = None
+            self._in_session = False
+            self._set_status(Status.ENABLED)
+
     async def _unless_closing(self, visit: Coroutine[Any, Any, Visit]) -> None:
         """A visit, unless the machine closes before the customer is in a session: one still
         waiting (for an out-of-service reader to come back, for a session to be offered)
@@ -756,12 +775,12 @@ class VirtualPlatform:
 
     def drain(self) -> None:
         """The agent stops: no new customer comes; the one in a session finishes it."""
-        self.controller.closing.set()
+        self.controller.close()
 
     async def stop(self) -> None:
         if self._customers is not None:
             # The customer at the machine finishes (a vend in flight is heard to its end).
-            self.controller.closing.set()
+            self.controller.close()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(asyncio.shield(self._customers), 10.0)
             await cancel_and_wait(self._customers)
