@@ -446,7 +446,7 @@ STALLED_OPEN_S = 30.0
 
 
 async def attention_command(args: argparse.Namespace) -> int:
-    from kiosk_agent.sales.attention import others_open
+    from kiosk_agent.sales.unit import others_open
 
     journal = _open_journal(args)
     try:

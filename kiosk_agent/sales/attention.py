@@ -315,7 +315,7 @@ class OutsideResolutions:
             self._stop_listening = None
 
     def follow(self, sale_ids: list[str]) -> None:
-        """Open sales a person may end too (another unit's: :func:`others_open`)."""
+        """Open sales a person may end too (another unit's: ``unit.others_open``)."""
         self._attention.update(sale_ids)
 
     def _seen(self, event: SaleEvent) -> None:
@@ -362,15 +362,6 @@ def _money_retries(journal: Journal, sale_id: str) -> int:
     return sum(1 for step in journal.steps(sale_id) if step.step == Step.ATTENTION_RECHECK)
 
 
-def others_open(journal: Journal) -> list[tuple[SaleRecord, str]]:
-    """The journal's open sales that are not this unit's (made under another unit id: a
-    journal adopted under a new id holds the original unit's), each with why. The agent never
-    finishes them nor moves their money: a person decides (``sales resolve``)."""
-    history = unit.rows(journal.db)
-    return [(r, why) for r in journal.open_sales()
-            if (why := unit.not_this_units(history, r.order_id))]
-
-
 def resolve(
     journal: Journal,
     sale_id: str,
@@ -380,7 +371,7 @@ def resolve(
     events: EventBus[SaleEvent] | None = None,
 ) -> SaleRecord:
     """A person's decision on an ATTENTION sale, or on an open sale of another unit id
-    (:func:`others_open`): what they did by hand, and why.
+    (:func:`kiosk_agent.sales.unit.others_open`): what they did by hand, and why.
 
     Only journaled (no money moves here): ``captured`` ends the sale COMPLETED, ``reversed`` ends
     it REVERSED. The reason is kept with the sale, card numbers and secrets masked. Another

@@ -35,9 +35,13 @@ import secrets
 import sqlite3
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from kiosk_agent.sales.clock import SYSTEM_CLOCK, Clock
 from kiosk_agent.sales.machine import Machine
+
+if TYPE_CHECKING:
+    from kiosk_agent.sales.journal import Journal, SaleRecord
 
 UNIT_TABLE = "unit_ids"
 _SCHEMA = f"""
@@ -291,3 +295,13 @@ def _write_unit_file(path: Path, row: UnitRow) -> None:
     except OSError:
         with contextlib.suppress(OSError):
             scratch.unlink()
+
+
+def others_open(journal: Journal) -> list[tuple[SaleRecord, str]]:
+    """The journal's open sales that are not this unit's (made under another unit id: a
+    journal adopted under a new id holds the original unit's), each with why. The agent never
+    finishes them nor moves their money: a person decides (``sales resolve``). Here, not in
+    the attention sweeper: `sales attention` lists them without the service's models."""
+    history = rows(journal.db)
+    return [(r, why) for r in journal.open_sales()
+            if (why := not_this_units(history, r.order_id))]

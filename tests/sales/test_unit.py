@@ -376,7 +376,7 @@ async def test_the_tag_key_stays_beside_the_journal_and_nowhere_else(
     assert json.loads(kept.read_text())["key"] == key
     assert kept.stat().st_mode & 0o777 == 0o600
     agent.journal.close()
-    journal_bytes = b"".join(p.read_bytes() for p in tmp_path.glob("journal.db*")
+    journal_bytes = b"".join(_bytes_of(p) for p in tmp_path.glob("journal.db*")
                              if p.name != kept.name)
     agent.journal.open()
     assert key.encode() not in journal_bytes
@@ -388,6 +388,15 @@ async def test_the_tag_key_stays_beside_the_journal_and_nowhere_else(
     assert key not in sold.order_id
     assert caplog.text
     assert key not in caplog.text
+
+
+def _bytes_of(path: Path) -> bytes:
+    """A file's bytes; none for a WAL the last connection (the prune's, in its thread) let go
+    between the listing and the read."""
+    try:
+        return path.read_bytes()
+    except FileNotFoundError:
+        return b""
 
 
 _OWN = OwnUnit("3F9C0E12AB", key="00112233445566778899aabbccddeeff")
