@@ -199,6 +199,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     os.environ.setdefault("PYDANTIC_DISABLE_PLUGINS", "__all__")
     import asyncio  # here: `--help` and a usage error never wait for it
 
+    # the process's own command line: its signals are the command's to keep, also as it exits
+    # (`run` then ignores late ones); a caller in the same process gets its handlers back
+    args.owns_process = argv is None
     try:
         return asyncio.run(handler(args))
     except KeyboardInterrupt:

@@ -331,7 +331,8 @@ async def _run(args: argparse.Namespace) -> int:
         # a read-only disk, a bad path: say so, no traceback
         raise CliError(str(err)) from None
     finally:
-        signals.remove(then_ignore=True)  # stopped: a late signal cannot strand anything now
+        # stopped: a late signal cannot strand anything now, nor kill the exiting process
+        signals.remove(then_ignore=getattr(args, "owns_process", False))
     return signals.exit_code
 
 
