@@ -620,6 +620,9 @@ def test_a_stop_signal_while_run_still_imports_is_kept_not_left_to_its_default()
     line `run` keeps each stop signal for its handlers, which take it once they are in place."""
     previous = {signum: signal.getsignal(signum) for signum in STOP_SIGNALS}
     try:
+        # as a service manager starts it; a shell's background job inherits SIGQUIT ignored,
+        # which `run` rightly leaves so (nohup's SIGHUP likewise)
+        signal.signal(signal.SIGQUIT, signal.SIG_DFL)
         cli._keep_early_stops()
         os.kill(os.getpid(), signal.SIGQUIT)
         assert cli.EARLY_STOPS == [signal.SIGQUIT]

@@ -121,9 +121,16 @@ def test_commands_are_off_unless_configured() -> None:
     assert not upstream.mqtt._discovery.commands
 
 
-def test_a_restart_is_refused_where_nothing_would_restart_the_agent() -> None:
+def test_a_restart_is_refused_where_nothing_would_restart_the_agent(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     """Only `kiosk-agent run` handles SIGQUIT (its graceful stop, exit 131, which systemd's
-    Restart=on-failure starts again); elsewhere the signal would kill the process."""
-    assert signal.getsignal(signal.SIGQUIT) is signal.SIG_DFL
+    Restart=on-failure starts again); elsewhere the signal would kill the process (or, where
+    the shell that started it ignores it, do nothing)."""
+    for disposition in (signal.SIG_DFL, signal.SIG_IGN):  # a shell's background job: ignored
+        monkeypatch.setattr(signal, "getsignal", lambda _signum, d=disposition: d)
+        assert request_graceful_restart() == (
+            "the agent is not run by `kiosk-agent run` (nothing would restart it)")
+    monkeypatch.undo()
     assert request_graceful_restart() == (
         "the agent is not run by `kiosk-agent run` (nothing would restart it)")

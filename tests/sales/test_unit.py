@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import shutil
 import sqlite3
 from pathlib import Path
 from typing import Any
@@ -226,8 +227,6 @@ async def test_a_journal_copied_to_another_machine_takes_no_customer_until_adopt
     """An SD card cloned to another board: its journal says so on every face, takes no
     customer and moves no money; `kiosk-agent unit adopt` gives it a new id, and it sells
     under that id, leaving the original's charge alone."""
-    import shutil
-
     from kiosk_agent.cli import build_parser
     from kiosk_agent.core.doctor import Report, Verdict, check_unit
     from kiosk_agent.sales.runner import TerminalBusy
@@ -241,7 +240,7 @@ async def test_a_journal_copied_to_another_machine_takes_no_customer_until_adopt
     original = await agent_factory(directory=original_dir)
     made = await _sell(original, 250)
     await original.stop()
-    shutil.copytree(original_dir, clone_dir)  # the card's image, journal and all
+    _copy_journal_dir(original_dir, clone_dir)  # the card's image, journal and all
     monkeypatch.setenv("KIOSK_MACHINE_ROOT", str(
         a_machine(tmp_path / "pi2", "e" * 32, serial="10000000000000b2")))
 
@@ -342,8 +341,6 @@ def test_a_journal_copied_to_another_place_on_the_same_machine_is_not_confirmed(
     """A second agent on the same machine started on a copy of the first one's journal (a
     second machine controller, set up by copying the state directory) would share its id, and
     each would give back the other's charges: the copy is not confirmed until adopted."""
-    import shutil
-
     here = Machine("a" * 32, "serial:1")
     first = tmp_path / "one" / "journal.db"
     first.parent.mkdir()
@@ -388,6 +385,18 @@ async def test_the_tag_key_stays_beside_the_journal_and_nowhere_else(
     assert key not in sold.order_id
     assert caplog.text
     assert key not in caplog.text
+
+
+def _copy_journal_dir(source: Path, target: Path) -> None:
+    """``source`` copied whole. The prune's worker thread may still be closing its connection
+    just after the agent's stop returned, its WAL let go mid-copy: then the copy is made again."""
+    for _ in range(5):
+        try:
+            shutil.copytree(source, target)
+            return
+        except shutil.Error:
+            shutil.rmtree(target, ignore_errors=True)
+    shutil.copytree(source, target)
 
 
 def _bytes_of(path: Path) -> bytes:
