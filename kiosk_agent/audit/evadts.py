@@ -316,8 +316,9 @@ class AuditFile:
     event_counts: tuple[EventCount, ...] = ()  # EA2
     reads: Reads | None = None  # EA3
     other: tuple[Segment, ...] = ()  # every block not read above, as sent
-    # The machine's own slips the reader let pass, in words (an SE count a verified G85 vouches
-    # against: the data is whole, the machine counted wrong).
+    # What the reader let pass, in words: bytes a collector wrote around the audit, and the
+    # machine's own slips (an SE count a verified G85 vouches against: the data is whole, the
+    # machine counted wrong).
     notes: tuple[str, ...] = ()
 
     def body(self) -> tuple[Segment, ...]:
@@ -350,8 +351,12 @@ class AuditFile:
 
 
 def parse_audit(data: bytes | str) -> AuditFile:
-    """Read one EVA-DTS file; ``AuditError`` (line and field) for anything else."""
-    lines = _split_lines(data)
+    """Read one EVA-DTS file; ``AuditError`` (line and field) for anything else. What a
+    collector wrote around the audit (before ``DXS*``, after the ``DXE`` segment) is left out
+    and noted."""
+    raw = _one_byte_each(data) if isinstance(data, str) else data
+    audit, around = _unwrapped(raw)
+    lines = _split_lines(audit)
     envelope = _Envelope.read(lines)
     fields = _Fields(_places(envelope.body))
     draft = _Draft()
@@ -387,12 +392,47 @@ def parse_audit(data: bytes | str) -> AuditFile:
         event_counts=tuple(draft.event_counts),
         reads=draft.reads,
         other=tuple(draft.other),
-        notes=envelope.notes,
+        notes=around + envelope.notes,
     )
 
 
-def _split_lines(data: bytes | str) -> list[bytes]:
-    raw = _one_byte_each(data) if isinstance(data, str) else data
+def _unwrapped(raw: bytes) -> tuple[bytes, tuple[str, ...]]:
+    """The audit without what a collector wrote around it, and what was left out, in words.
+
+    A telemetry box or a handheld may write its own header before ``DXS*`` (N&W's BlueRed:
+    ``<000|AVSZONE003|...|321>DXS*...``), line noise may come before it, and a trailer, a
+    NUL or an EOT after the last ``DXE`` segment. The bytes before the first ``DXS*`` become
+    their line ends only, so every line keeps its number in the file as stored."""
+    notes: list[str] = []
+    start = raw.find(b"DXS*")
+    if start < 0 and raw.strip():
+        raise AuditError(1, "DXS", "no DXS* anywhere in the file: it holds no EVA-DTS audit")
+    if start > 0:
+        notes.append(f"{start} bytes before DXS left out (a collector's wrapper or line noise)")
+        raw = b"\n" * raw.count(b"\n", 0, start) + raw[start:]
+    dxe = _last_dxe(raw)
+    if dxe is not None:
+        end = dxe.end()
+        trailing = raw[end:]
+        if trailing.strip(b"\r\n"):
+            notes.append(f"{len(trailing)} bytes after DXE left out (a collector's trailer)")
+            raw = raw[:end]
+    return raw, tuple(notes)
+
+
+# The DXE segment (its two counts) and its line end: what follows it is no longer the audit.
+_DXE = re.compile(rb"DXE(?:\*[0-9 ]*){0,2}\r?\n?", re.ASCII)
+
+
+def _last_dxe(raw: bytes) -> re.Match[bytes] | None:
+    """The last ``DXE*`` that begins a line."""
+    at = raw.rfind(b"DXE*")
+    if at < 0 or (at > 0 and raw[at - 1] != 0x0A):
+        return None
+    return _DXE.match(raw, at)
+
+
+def _split_lines(raw: bytes) -> list[bytes]:
     lines = raw.split(b"\n")
     return [line[:-1] if line.endswith(b"\r") else line for line in lines]
 

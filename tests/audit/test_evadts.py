@@ -199,8 +199,9 @@ def test_a_malformed_element_names_its_line_and_field(body, where):
     [
         (lambda d: d[: d.index(b"SE*")], "SE: the file ends before SE"),
         (lambda d: d[: d.index(b"DXE*")], "DXE: the file ends before DXE"),
-        (lambda d: d + b"VA1*1*1\r\n", "DXE: data after DXE"),
-        (lambda d: b"MC5*SiLine\r\n" + d, "line 1, DXS: the file must start with DXS"),
+        (lambda d: d + d, "DXE: data after DXE"),
+        (lambda d: d.replace(b"DXS*", b"DXS "), "line 1, DXS: no DXS. anywhere in the file"),
+        (lambda d: b"ST*0\r\n" + d.replace(b"\r\nST*", b"\r\nXX*"), "line 3, ST: DXS must be "),
         (lambda d: d.replace(b"ST*001*0001\r\n", b""), "line 2, ST: DXS must be followed by ST"),
         (lambda d: b"", "line 1, DXS: the file is empty"),
         (lambda d: d.replace(b"DXE*1*1", b"DXE*1*2"), "DXE02: says '2' sets"),
@@ -210,6 +211,43 @@ def test_a_malformed_element_names_its_line_and_field(body, where):
 def test_a_broken_envelope_is_refused_naming_where(mangle, where):
     with pytest.raises(AuditError, match=where):
         parse_audit(mangle(a_file([("VA1", "100", "1")])))
+
+
+@pytest.mark.parametrize(
+    ("before", "after"),
+    [
+        (b"<000|AVSZONE003|N&W BlueRed|20191203|155622|daa|321>", b"<AAAA|BBBB>"),
+        (b"\xef\xbb\xbf", b""),  # a byte order mark
+        (b"\x00\x13\x11line noise\r\n\r\n", b"\x04"),  # noise lines, then EOT
+        (b"", b"VA1*1*1\r\n"),
+    ],
+)
+def test_what_a_collector_wrote_around_the_audit_is_left_out_and_noted(before, after):
+    audit = parse_audit(before + a_file() + after)
+    assert audit.paid_vends == parse_audit(a_file()).paid_vends
+    assert audit.check is not None
+    expected = []
+    if before:
+        expected.append(f"{len(before)} bytes before DXS left out")
+    if after:
+        expected.append(f"{len(after)} bytes after DXE left out")
+    assert [note.split(" (")[0] for note in audit.notes] == expected
+
+
+def test_a_trailer_on_the_dxe_line_itself_is_left_out():
+    audit = parse_audit(a_file()[:-2] + b"<AAAA|BBBB>")
+    assert audit.notes == ("11 bytes after DXE left out (a collector's trailer)",)
+
+
+def test_lines_keep_their_number_in_the_file_after_a_wrapper_of_lines():
+    wrapped = b"HEADER\r\nMORE HEADER\r\n" + a_file([("VA1", "1x", "2")], with_check=False)
+    with pytest.raises(AuditError, match=r"^line 5, VA101: not an amount"):
+        parse_audit(wrapped)
+
+
+def test_a_wrapper_without_any_audit_is_refused():
+    with pytest.raises(AuditError, match=r"^line 1, DXS: no DXS\* anywhere in the file"):
+        parse_audit(b"<000|AVSZONE003|N&W BlueRed>\r\n<AAAA|BBBB>")
 
 
 def test_text_with_a_character_beyond_one_byte_is_refused_naming_its_line():

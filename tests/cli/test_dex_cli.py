@@ -49,6 +49,34 @@ async def test_parse_json_is_one_document_with_amounts_as_text(capsys):
     ]
 
 
+REAL_FILES = sorted(path for path in DATA.iterdir() if path.suffix != ".md")
+
+
+@pytest.mark.parametrize("path", REAL_FILES, ids=lambda path: path.name)
+async def test_parse_json_reads_every_real_file_as_stored(capsys, path):
+    """Each file exactly as a collector stored it (N&W's inside its telemetry wrapper)."""
+    code, out, _ = await run(capsys, ["dex", "parse", str(path), "--json"])
+    assert code == cli.EXIT_OK, out
+    summary = json.loads(out)
+    stated = re.search(rb"\nG85\*([0-9A-F]{4})", path.read_bytes())
+    assert stated is not None
+    assert summary["check"] == stated.group(1).decode()
+    assert summary["products"] > 0
+    assert summary["paid_vends"]["count_since_init"] > 0
+
+
+async def test_parse_json_notes_the_wrapper_it_left_out(capsys):
+    code, out, _ = await run(capsys, ["dex", "parse", str(DATA / "nw-concerto.daa"), "--json"])
+    assert code == cli.EXIT_OK
+    summary = json.loads(out)
+    assert summary["sender"] == "NEC1190475"
+    assert summary["paid_vends"]["count_since_reset"] == 49
+    assert summary["notes"][:2] == [
+        "85 bytes before DXS left out (a collector's wrapper or line noise)",
+        "11 bytes after DXE left out (a collector's trailer)",
+    ]
+
+
 async def test_parse_csv_lists_the_columns_through_the_one_export(capsys):
     code, out, _ = await run(
         capsys, ["dex", "parse", str(DATA / "animo-optime.eva_dts"), "--format", "csv"]
