@@ -79,6 +79,9 @@ class Tally:
     count: int
     value: int
 
+    def __add__(self, other: Tally) -> Tally:
+        return Tally(self.count + other.count, self.value + other.value)
+
     def __sub__(self, other: Tally) -> Tally:
         return Tally(self.count - other.count, self.value - other.value)
 
@@ -740,19 +743,13 @@ def _products(
 
 
 def _added(total: Counters | None, more: Counters) -> Counters:
+    """Two pairs of counters added, since initialisation and since the reset (a since-reset
+    pair only one of them has is kept as it is)."""
     if total is None:
         return more
-    init = Tally(
-        total.since_init.count + more.since_init.count,
-        total.since_init.value + more.since_init.value,
-    )
     if total.since_reset is None or more.since_reset is None:
-        return Counters(init, total.since_reset or more.since_reset)
-    reset = Tally(
-        total.since_reset.count + more.since_reset.count,
-        total.since_reset.value + more.since_reset.value,
-    )
-    return Counters(init, reset)
+        return Counters(total.since_init + more.since_init, total.since_reset or more.since_reset)
+    return Counters(total.since_init + more.since_init, total.since_reset + more.since_reset)
 
 
 def _id1(draft: _Draft, f: _Fields, s: Segment) -> None:
@@ -794,24 +791,20 @@ def _cashless_sales(draft: _Draft, f: _Fields, s: Segment) -> None:
     draft.set_cashless(replace(draft.cashless_device(s.tag), sales=sales))
 
 
-def _cashless_debited(draft: _Draft, f: _Fields, s: Segment) -> None:
-    draft.set_cashless(
-        replace(
-            draft.cashless_device(s.tag),
-            debited_since_reset=f.amount(s, 1),
-            debited_since_init=f.amount(s, 2),
-        )
-    )
+def _cashless_amounts(first: str, second: str) -> _Reader:
+    """DA3 and DA4: two amounts, read into the device's fields ``first`` and ``second``."""
+
+    def read(draft: _Draft, f: _Fields, s: Segment) -> None:
+        amounts: dict[str, Any] = {first: f.amount(s, 1), second: f.amount(s, 2)}
+        draft.set_cashless(replace(draft.cashless_device(s.tag), **amounts))
+
+    return read
 
 
-def _cashless_credited(draft: _Draft, f: _Fields, s: Segment) -> None:
-    draft.set_cashless(
-        replace(
-            draft.cashless_device(s.tag),
-            credited_since_init=f.amount(s, 1),
-            credited_since_reset=f.amount(s, 2),
-        )
-    )
+# DA3: value debited from cards since the reset, then since initialisation; DA4: value credited
+# (revalued) to cards since initialisation, then since the reset.
+_cashless_debited = _cashless_amounts("debited_since_reset", "debited_since_init")
+_cashless_credited = _cashless_amounts("credited_since_init", "credited_since_reset")
 
 
 def _cashless_discounts(draft: _Draft, f: _Fields, s: Segment) -> None:

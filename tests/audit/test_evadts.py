@@ -250,6 +250,33 @@ def test_a_wrapper_without_any_audit_is_refused():
         parse_audit(b"<000|AVSZONE003|N&W BlueRed>\r\n<AAAA|BBBB>")
 
 
+def test_debited_and_credited_amounts_go_to_their_own_fields_in_the_order_sent():
+    audit = parse_audit(a_file([("DB1", "RDR-2"), ("DB3", "110", "990"), ("DB4", "220", "20")]))
+    device = audit.cashless_device("DB")
+    assert device is not None
+    assert (device.debited_since_reset, device.debited_since_init) == (110, 990)
+    assert (device.credited_since_init, device.credited_since_reset) == (220, 20)
+
+
+def test_a_columns_pa7_lines_add_up_with_or_without_a_since_reset_pair():
+    audit = parse_audit(
+        a_file(
+            [
+                ("PA1", "7", "100"),
+                ("PA7", "7", "CA", "0", "100", "2", "200", "1", "100"),
+                ("PA7", "7", "CA", "1", "120", "1", "120", "1", "120"),
+                ("PA7", "7", "DA", "0", "100", "3", "300"),
+                ("PA7", "7", "DA", "1", "120", "1", "120", "1", "120"),
+            ]
+        )
+    )
+    [column] = audit.products
+    assert column.by_device == {
+        "CA": Counters.of(320, 3, 220, 2),
+        "DA": Counters.of(420, 4, 120, 1),
+    }
+
+
 def test_text_with_a_character_beyond_one_byte_is_refused_naming_its_line():
     text = a_file([("PA1", "1", "100", "Tea")]).decode().replace("Tea", "T€a")
     with pytest.raises(AuditError, match=r"^line 3, text: character '\\u20ac'"):
