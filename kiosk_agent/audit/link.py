@@ -17,6 +17,7 @@ from typing import Protocol
 
 import serial_asyncio_fast
 
+from kiosk_agent.audit.ddcmp import DdcmpMaster
 from kiosk_agent.audit.dexucs import DexMaster, DexTimeouts
 from kiosk_agent.platforms.serial import resolve_port
 from kiosk_agent.sales.clock import SYSTEM_CLOCK, Clock
@@ -25,7 +26,8 @@ READ_CHUNK = 4096
 
 
 class LinkProtocol(enum.StrEnum):
-    DEX = "dex_ucs"  # DEX/UCS (DDCMP, the contract's other name, is not implemented)
+    DEX = "dex_ucs"  # DEX/UCS
+    DDCMP = "ddcmp"  # DDCMP as EVA-DTS uses it (docs/audit-link.md)
 
 
 class LinkError(Exception):
@@ -76,7 +78,7 @@ class LinkSettings:
     comm_id: str = "KIOSKAGENT"
     deadline: float = 120.0  # seconds for the whole read (a 10 kB audit takes about 11 s)
     max_bytes: int = 2 << 20  # every byte heard, garbage included
-    timeouts: DexTimeouts = field(default_factory=DexTimeouts)
+    timeouts: DexTimeouts = field(default_factory=DexTimeouts)  # both protocols' waits
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,6 +92,10 @@ class LinkRead:
 
 
 def make_master(settings: LinkSettings) -> Master:
+    if settings.protocol is LinkProtocol.DDCMP:
+        return DdcmpMaster(
+            comm_id=settings.comm_id, timeouts=settings.timeouts, max_audit=settings.max_bytes
+        )
     return DexMaster(
         comm_id=settings.comm_id, timeouts=settings.timeouts, max_audit=settings.max_bytes
     )
@@ -106,7 +112,8 @@ async def read_audit(
 
     ``limits`` carries the rest (baud rate, deadline, byte budget; its port is not used)."""
     if protocol not in {p.value for p in LinkProtocol}:
-        raise LinkError(f"protocol {protocol!r} is not implemented: only dex_ucs reads")
+        known = ", ".join(p.value for p in LinkProtocol)
+        raise LinkError(f"protocol {protocol!r} is not one the link speaks ({known})")
     settings = limits or LinkSettings(port=port)
     settings = LinkSettings(
         port=port, protocol=LinkProtocol(protocol), baudrate=settings.baudrate,

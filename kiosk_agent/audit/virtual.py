@@ -1,9 +1,10 @@
-"""The machine's DEX port, played: a DEX/UCS slave on a real pseudo-terminal, with faults.
+"""The machine's DEX port, played: a DEX/UCS or DDCMP slave on a real pseudo-terminal, with faults.
 
 The virtual vending machine, the demo, the benchmarks and the tests read from it exactly as the
-agent reads a real machine: ``port`` is the pty's path, opened by ``link.read_audit``. Faults
-on purpose: the slave's own (``SlaveFaults``: a corrupted block, a lost acknowledgement, a
-stall), and the port's: ``flood`` (endless bytes once asked) and ``garbage`` (noise for answers).
+agent reads a real machine: ``port`` is the pty's path, opened by ``link.read_audit``. Faults on
+purpose: the slave's own (``SlaveFaults``: a corrupted block, a lost acknowledgement, a stall;
+``ddcmp.DdcmpFaults`` adds a corrupted header and a lost block), and the port's: ``flood``
+(endless bytes once asked) and ``garbage`` (noise for answers).
 """
 
 from __future__ import annotations
@@ -15,7 +16,9 @@ import tty
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from kiosk_agent.audit.ddcmp import DdcmpSlave
 from kiosk_agent.audit.dexucs import DexSlave, SlaveFaults
+from kiosk_agent.audit.link import LinkProtocol
 from kiosk_agent.sales.clock import SYSTEM_CLOCK, Clock
 from kiosk_agent.tasks import BackgroundTask
 
@@ -39,9 +42,14 @@ class VirtualDexPort:
     port_faults: PortFaults = field(default_factory=PortFaults)
     clock: Clock = SYSTEM_CLOCK
     baud_delay: bool = False  # pace writes as 9600 baud would (for the benchmark's wire time)
+    protocol: LinkProtocol = LinkProtocol.DEX
 
     def __post_init__(self) -> None:
-        self.slave = DexSlave(self.audit, faults=self.faults)
+        self.slave: DexSlave | DdcmpSlave = (
+            DdcmpSlave(audit=self.audit, faults=self.faults)
+            if self.protocol is LinkProtocol.DDCMP
+            else DexSlave(self.audit, faults=self.faults)
+        )
         self.bytes_sent = 0
         self.bytes_heard = 0
         self._answering = False  # between taking bytes heard and writing their answer
