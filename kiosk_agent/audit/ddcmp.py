@@ -8,7 +8,8 @@ Two layers. The link is DEC's DDCMP (``ddcmp_codec.py``): START until STACK, the
 messages, one at a time each way (a window of one), each acknowledged (ACK, or the RESP of the
 next data message); a message unacknowledged when the wait runs out is asked after with REP,
 answered ACK (it came: the ACK was lost) or NAK 3 (it did not: sent again); a damaged message is
-answered NAK 1 (header) or NAK 2 (data) and sent again. Numbers count from 1, modulo 256.
+answered NAK 1 (header) or NAK 2 (data) and sent again. After START both sides count from 0: the
+first message is 1, and 255 is followed by 0.
 
 The application on top is our reading of EVA-DTS's prose (docs/audit-link.md says which is
 which): the master asks "who are you" (``WHO``, with its communication id), the machine answers
@@ -57,7 +58,7 @@ def block_message(number: int, text: bytes, *, last: bool) -> bytes:
 
 
 def _next(number: int) -> int:
-    return number % 255 + 1 if number else 1  # 1..255, then 1 again (0 means none yet)
+    return (number + 1) & 0xFF  # DEC's numbers count modulo 256: 255 is followed by 0
 
 
 @dataclass
@@ -341,6 +342,12 @@ class DdcmpSlave(_Station):
     @property
     def block_count(self) -> int:
         return max(1, -(-len(self._current) // BLOCK_TEXT))
+
+    def reset(self) -> None:
+        """Back to waiting for START, whatever was half heard (another protocol's bytes)."""
+        self._deframer = Deframer()
+        self._unacked = b""
+        self._set(SlavePhase.IDLE)
 
     def receive(self, data: bytes) -> bytes:
         try:

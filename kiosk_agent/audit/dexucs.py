@@ -273,6 +273,11 @@ class DexSlave:
     def block_count(self) -> int:
         return max(1, -(-len(self._current) // BLOCK_TEXT))
 
+    def reset(self) -> None:
+        """Back to waiting for a read, whatever was half heard (another protocol's bytes)."""
+        self._deframer = Deframer()
+        self._set(SlavePhase.IDLE)
+
     def receive(self, data: bytes) -> bytes:
         try:
             tokens = self._deframer.feed(data)

@@ -2,7 +2,7 @@
 
 dex:
   port: /dev/serial/by-id/usb-FTDI_DEX-if00-port0   # or socket://host:port, or a glob
-  protocol: dex          # DEX/UCS (the only one so far)
+  protocol: dex_ucs      # DEX/UCS, or ddcmp
   baudrate: 9600
   comm_id: KIOSK00001    # our communication id in the handshake (10 characters)
   interval: 3600         # seconds between scheduled reads

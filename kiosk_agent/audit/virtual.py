@@ -16,14 +16,17 @@ import tty
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from kiosk_agent.audit.ddcmp import DdcmpSlave
-from kiosk_agent.audit.dexucs import DexSlave, SlaveFaults
+from kiosk_agent.audit.ddcmp import DdcmpSlave, SlavePhase
+from kiosk_agent.audit.ddcmp_codec import ControlType, encode_control
+from kiosk_agent.audit.dexucs import ENQ_BYTE, DexSlave, SlaveFaults
 from kiosk_agent.audit.link import LinkProtocol
 from kiosk_agent.sales.clock import SYSTEM_CLOCK, Clock
 from kiosk_agent.tasks import BackgroundTask
 
 FLOOD_CHUNK = b"\x10\x02" + b"A" * 4094  # a data block that never ends
 GARBAGE = b"\xff\x00?\x7fZ\x13"
+DDCMP_START = encode_control(ControlType.START)
+BETWEEN_READS = frozenset({SlavePhase.IDLE, SlavePhase.DONE})
 
 
 @dataclass
@@ -34,22 +37,24 @@ class PortFaults:
 
 @dataclass
 class VirtualDexPort:
-    """A pty whose far end answers DEX/UCS reads with ``audit`` (bytes, or a callable giving
-    the machine's audit as it is when a read starts)."""
+    """A pty whose far end answers reads with ``audit`` (bytes, or a callable giving the
+    machine's audit as it is when a read starts): in ``protocol``, or, with None, in the one
+    each read opens with (DEX/UCS's ENQ alone, or DDCMP's START), as most controllers do."""
 
     audit: bytes | Callable[[], bytes]
     faults: SlaveFaults = field(default_factory=SlaveFaults)
     port_faults: PortFaults = field(default_factory=PortFaults)
     clock: Clock = SYSTEM_CLOCK
     baud_delay: bool = False  # pace writes as 9600 baud would (for the benchmark's wire time)
-    protocol: LinkProtocol = LinkProtocol.DEX
+    protocol: LinkProtocol | None = None
 
     def __post_init__(self) -> None:
-        self.slave: DexSlave | DdcmpSlave = (
-            DdcmpSlave(audit=self.audit, faults=self.faults)
-            if self.protocol is LinkProtocol.DDCMP
-            else DexSlave(self.audit, faults=self.faults)
-        )
+        self._slaves: dict[LinkProtocol, DexSlave | DdcmpSlave] = {
+            LinkProtocol.DEX: DexSlave(self.audit, faults=self.faults),
+            LinkProtocol.DDCMP: DdcmpSlave(audit=self.audit, faults=self.faults),
+        }
+        self.slave = self._slaves[self.protocol or LinkProtocol.DEX]
+        self._tail = b""  # the last bytes heard, to find DDCMP's START across two chunks
         self.bytes_sent = 0
         self.bytes_heard = 0
         self._answering = False  # between taking bytes heard and writing their answer
@@ -117,7 +122,29 @@ class VirtualDexPort:
             while True:
                 await self._write(FLOOD_CHUNK)
         else:
+            self._pick_protocol(data)
             await self._write(self.slave.receive(data))
+
+    @property
+    def reads(self) -> int:
+        """Reads answered to their end, in either protocol."""
+        return sum(slave.reads for slave in self._slaves.values())
+
+    def _pick_protocol(self, data: bytes) -> None:
+        """Between reads, the protocol the master opens with: DDCMP's START, or DEX/UCS's ENQ
+        alone (its master then waits for DLE 0)."""
+        if self.protocol is not None:
+            return
+        heard, self._tail = self._tail + data, (self._tail + data)[-len(DDCMP_START) + 1 :]
+        ddcmp = self._slaves[LinkProtocol.DDCMP]
+        if DDCMP_START in heard and self.slave is not ddcmp:
+            self._switch(ddcmp)
+        elif data == ENQ_BYTE and self.slave is ddcmp and ddcmp.phase in BETWEEN_READS:
+            self._switch(self._slaves[LinkProtocol.DEX])
+
+    def _switch(self, slave: DexSlave | DdcmpSlave) -> None:
+        slave.reset()
+        self.slave = slave
 
     async def _write(self, data: bytes) -> None:
         view = memoryview(data)

@@ -1,6 +1,7 @@
 """``kiosk-agent dex``: the machine's own audit (EVA-DTS), read over its DEX port or from a file.
 
-    kiosk-agent dex read [-c FILE] [--port P] [--save FILE]   one read now (the config's dex.port)
+    kiosk-agent dex read [-c FILE] [--port P] [--protocol dex_ucs|ddcmp] [--save FILE]
+                                                              one read now (the config's dex.port)
     kiosk-agent dex parse FILE                                a saved audit
 
 Both print what the audit states (the machine, its totals since initialisation and since the
@@ -24,13 +25,16 @@ if TYPE_CHECKING:
     from kiosk_agent.audit.link import LinkRead, LinkSettings
 
 MAX_FILE = 16 << 20  # a real audit is kilobytes; a file past this is no audit
+# audit.link.LinkProtocol's values, named here so that `--help` imports no serial code
+PROTOCOLS = ["dex_ucs", "ddcmp"]
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = subparsers.add_parser(
         "dex",
         help="the machine's own audit (EVA-DTS): read it over DEX, or parse a saved one",
-        description="Read the vending machine's audit over its DEX port (DEX/UCS), or parse a "
+        description="Read the vending machine's audit over its DEX port (DEX/UCS or DDCMP), or "
+        "parse a "
         "saved EVA-DTS file: the machine, its sales since initialisation and since the last "
         "reset, cash and cashless, and its columns (--format csv).",
     )
@@ -45,8 +49,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     )
     read.add_argument("--port", help="the DEX port (default: the configuration's dex.port)")
     read.add_argument(
-        "--protocol", choices=["dex_ucs"],
-        help="the link protocol (default: the config's, or dex_ucs)",
+        "--protocol", choices=PROTOCOLS,
+        help="the link protocol: dex_ucs (DEX/UCS) or ddcmp (default: the config's, or dex_ucs)",
     )  # fmt: skip
     read.add_argument("--save", type=Path, metavar="FILE", help="keep the audit as read in FILE")
     _format_option(read)

@@ -131,12 +131,20 @@ async def test_a_port_answering_garbage_is_refused_naming_it():
 
 async def test_a_dex_machine_asked_in_ddcmp_says_so():
     clock = FakeClock()
-    async with VirtualDexPort(AUDIT, clock=FakeClock()) as port:  # it speaks DEX/UCS
+    async with VirtualDexPort(AUDIT, clock=FakeClock(), protocol=LinkProtocol.DEX) as port:
         settings = LinkSettings(port=port.port, protocol=DDCMP)
         task, line = await read_counted(port, clock, settings)
         await run_out_the_clock(clock, task, port, line)
         with pytest.raises(LinkError, match=r"does it speak DDCMP\?, 4 times"):
             await task
+
+
+async def test_a_machine_answering_both_answers_each_read_in_the_protocol_it_opens_with():
+    async with VirtualDexPort(AUDIT, clock=FakeClock()) as port:  # protocol None: either
+        for protocol in ("dex_ucs", "ddcmp", "ddcmp", "dex_ucs"):
+            audit = await asyncio.wait_for(read_audit(port.port, protocol, clock=FakeClock()), 20)
+            assert audit == AUDIT, protocol
+        assert port.reads == 4
 
 
 async def test_read_audit_by_port_reads_ddcmp_as_the_machine_has_it_then():
@@ -230,6 +238,15 @@ def test_blocks_out_of_order_end_the_read():
     master.receive(encode_data(1, 1, b"\x0200VIRTUALVMC"))
     master.receive(encode_data(2, 2, block_message(2, b"VA1*1*1\r\n", last=True)))
     assert master.failure == "block 2 came where block 1 was due (asking for the audit)"
+
+
+def test_message_numbers_wrap_after_255_as_decs_do():
+    audit = bytes(range(32, 127)) * 800  # 76 kB: 317 blocks, past 255 messages each way
+    master, slave = DdcmpMaster(), DdcmpSlave(audit=audit, faults=DdcmpFaults(lose_acks={256}))
+    exchange(master, slave)
+    assert master.phase is MasterPhase.DONE, master.failure
+    assert master.audit == audit
+    assert master.received == (master.blocks + 1) % 256  # the identity, then each block
 
 
 # --- generated --------------------------------------------------------------------------------

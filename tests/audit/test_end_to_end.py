@@ -1,6 +1,6 @@
 """The machine's books against the journal end to end: the virtual vending machine over a real
 pty, the agent's mdb platform and sale flows, the simulator over HTTP; the machine's audit read
-by the agent's scheduler over the machine's DEX port (a pty of its own, DEX/UCS both sides). A
+by the agent's scheduler over the machine's DEX port (a pty of its own, DEX/UCS or DDCMP). A
 vend the agent never heard of, and one the machine never made, each caught as a mismatch."""
 
 from __future__ import annotations
@@ -8,7 +8,11 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+import pytest
+
 from kiosk_agent.audit.component import AuditReads
+from kiosk_agent.audit.ddcmp import DdcmpSlave
+from kiosk_agent.audit.dexucs import DexSlave
 from kiosk_agent.audit.schema import DEX_SCHEMA
 from kiosk_agent.core.agent import Agent
 from kiosk_agent.platforms.virtual import VirtualController, VisitOutcome
@@ -32,10 +36,12 @@ BOOKS = DEX_SCHEMA({"port": "virtual:snacks", "trigger": "snacks", "first_read":
                    "interval": 3600.0, "deadline": 30.0})
 
 
-async def machine_and_books(agent_factory: Any) -> tuple[Agent, VirtualController, AuditReads]:
+async def machine_and_books(
+    agent_factory: Any, protocol: str = "dex_ucs"
+) -> tuple[Agent, VirtualController, AuditReads]:
     agent: Agent = await agent_factory(MACHINE)
     controller: VirtualController = agent.platforms[0].controller  # type: ignore[attr-defined]
-    books = AuditReads(agent, BOOKS)  # the real link on the machine's DEX pty
+    books = AuditReads(agent, {**BOOKS, "protocol": protocol})  # the real link on its DEX pty
     await books.start()
     agent.components.append(books)  # stopped with the agent
     await controller.wait_enabled()
@@ -51,8 +57,11 @@ async def served(agent: Agent, controller: VirtualController, product: str, **kn
             await asyncio.sleep(0.01)
 
 
-async def test_a_vend_the_agent_never_heard_of_is_a_mismatch(agent_factory: Any) -> None:
-    agent, controller, books = await machine_and_books(agent_factory)
+@pytest.mark.parametrize("protocol", ["dex_ucs", "ddcmp"])
+async def test_a_vend_the_agent_never_heard_of_is_a_mismatch(
+    agent_factory: Any, protocol: str
+) -> None:
+    agent, controller, books = await machine_and_books(agent_factory, protocol)
     await books.read_once()
     await served(agent, controller, "A1")
     await served(agent, controller, "A2", unheard=True)  # dropped; the agent gave the money back
@@ -69,6 +78,8 @@ async def test_a_vend_the_agent_never_heard_of_is_a_mismatch(agent_factory: Any)
     problems = agent.health.snapshot().problems
     assert any(p.startswith("audit mismatch on snacks: the machine counted 2") for p in problems)
     assert books.vends == {"cash": 1, "cashless": 2}
+    assert controller.dex is not None  # read in the protocol asked
+    assert isinstance(controller.dex.slave, DdcmpSlave if protocol == "ddcmp" else DexSlave)
 
 
 async def test_a_vend_the_machine_never_made_is_a_mismatch(agent_factory: Any) -> None:
@@ -97,13 +108,17 @@ async def test_honest_vends_match(agent_factory: Any) -> None:
     assert recorded.comparison.machine == recorded.comparison.journal
 
 
-async def test_a_dex_section_reads_the_machine_from_the_start(agent_factory: Any) -> None:
-    agent: Agent = await agent_factory(MACHINE + """
+@pytest.mark.parametrize("protocol", ["dex_ucs", "ddcmp"])
+async def test_a_dex_section_reads_the_machine_from_the_start(
+    agent_factory: Any, protocol: str
+) -> None:
+    agent: Agent = await agent_factory(MACHINE + f"""
 dex:
   port: virtual:snacks
+  protocol: {protocol}
   trigger: snacks
   first_read: 0
-  planogram: {A1: 5, A2: 1}
+  planogram: {{A1: 5, A2: 1}}
   low_stock: 1
 """)
     [books] = [c for c in agent.components if isinstance(c, AuditReads)]
@@ -116,7 +131,8 @@ dex:
     assert audit is not None
     assert (audit.machine, audit.last_outcome, audit.low) == ("snacks", "ok", ["A2"])
     assert controller.dex is not None
-    assert controller.dex.slave.reads == 1
+    assert controller.dex.reads == controller.dex.slave.reads == 1  # in the protocol asked
+    assert isinstance(controller.dex.slave, DdcmpSlave if protocol == "ddcmp" else DexSlave)
 
 
 async def test_a_sale_never_waits_for_a_read_that_hangs(agent_factory: Any) -> None:

@@ -33,5 +33,5 @@ def test_every_mistake_in_the_dex_section_is_named(tmp_path):
     assert sorted(str(e).split(": ", 1)[1] for e in caught.value.errors) == [
         "dex.baudrate: value must be one of [1200, 2400, 4800, 9600, 19200, 38400], got 1234",
         "dex.comm_id: 1 to 10 letters or digits",
-        "dex.protocol: value must be one of ['dex_ucs'], got 'x25'",
+        "dex.protocol: value must be one of ['ddcmp', 'dex_ucs'], got 'x25'",
     ]

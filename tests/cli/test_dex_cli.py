@@ -9,9 +9,11 @@ from pathlib import Path
 import pytest
 
 from kiosk_agent.audit import parse_audit
+from kiosk_agent.audit.link import LinkProtocol
 from kiosk_agent.audit.virtual import VirtualDexPort
 from kiosk_agent.cli import build_parser, command_word
 from kiosk_agent.cli import contract as cli
+from kiosk_agent.cli.dex import PROTOCOLS
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "dex"
 
@@ -115,6 +117,23 @@ async def test_read_from_a_port_given_and_save_what_was_read(capsys, tmp_path):
     assert result["paid_vends"]["count_since_init"] == 423
     assert saved.read_bytes() == audit
     assert parse_audit(saved.read_bytes()).check == "F66D"
+
+
+async def test_read_in_ddcmp_from_a_port_given(capsys):
+    audit = (DATA / "jofemar.txt").read_bytes()
+    async with VirtualDexPort(audit, protocol=LinkProtocol.DDCMP) as port:
+        code, out, _ = await run(
+            capsys, ["dex", "read", "--port", port.port, "--protocol", "ddcmp", "--json"]
+        )
+    assert code == cli.EXIT_OK, out
+    result = json.loads(out)
+    assert result["link"]["machine_id"] == "VIRTUALVMC"
+    assert result["link"]["blocks"] == -(-len(audit) // 240)
+    assert result["paid_vends"]["count_since_init"] == 423
+
+
+def test_the_protocol_choices_are_the_links():
+    assert [p.value for p in LinkProtocol] == PROTOCOLS
 
 
 async def test_read_takes_the_port_from_the_config(capsys, tmp_path):
