@@ -2,8 +2,9 @@
 
     python bench/dex.py [--parses 300]
 
-- wire: a 10 kB EVA-DTS audit read with DEX/UCS from the virtual machine's port over a real
-  pty, the port paced as 9600 baud 8N1 would (10 bits a byte), on the real clock;
+- wire: a 10 kB EVA-DTS audit read with DEX/UCS, then with DDCMP, from the virtual machine's
+  port over a real pty, the port paced as 9600 baud 8N1 would (10 bits a byte), on the real
+  clock;
 - parse: ``parse_audit`` of the same 10 kB file, median and 95th percentile of ``--parses``
   runs, wall and CPU (``time.process_time``) (target: at most 5 ms). Beside it, in the same
   process and interleaved with it, a baseline: the same file split into lines
@@ -33,7 +34,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from kiosk_agent.audit import parse_audit, render_audit
-from kiosk_agent.audit.link import LinkError, LinkSettings, read_link
+from kiosk_agent.audit.link import LinkError, LinkProtocol, LinkSettings, read_link
 from kiosk_agent.audit.virtual import PortFaults, VirtualDexPort
 
 TARGET_PARSE_MS = 5.0
@@ -102,10 +103,10 @@ def parse_times(audit: bytes, runs: int) -> ParseTimes:
     return times
 
 
-async def wire_read(audit: bytes) -> tuple[float, int, int]:
+async def wire_read(audit: bytes, protocol: LinkProtocol) -> tuple[float, int, int]:
     async with VirtualDexPort(audit, baud_delay=True) as port:
         started = time.monotonic()
-        read = await read_link(LinkSettings(port=port.port))
+        read = await read_link(LinkSettings(port=port.port, protocol=protocol))
         took = time.monotonic() - started
         assert read.audit == audit
         return took, read.bytes_heard, port.bytes_heard
@@ -157,10 +158,15 @@ async def main() -> int:
         f"parse/split   {times.ratio:.1f} x the CPU of splitting the same file into lines and "
         f"elements ({baseline_ms:.3f} ms), measured beside it"
     )
-    wire_s, heard, sent_by_master = await wire_read(audit)
+    wire_s, heard, sent_by_master = await wire_read(audit, LinkProtocol.DEX)
     print(
         f"wire (DEX/UCS) {wire_s:.2f} s at 9600 baud for {heard:,} bytes heard, "
         f"{sent_by_master} sent (10 bits a byte: {heard * 10 / 9600:.2f} s of line)"
+    )
+    ddcmp_s, ddcmp_heard, ddcmp_sent = await wire_read(audit, LinkProtocol.DDCMP)
+    print(
+        f"wire (DDCMP)  {ddcmp_s:.2f} s at 9600 baud for {ddcmp_heard:,} bytes heard, "
+        f"{ddcmp_sent} sent (10 bits a byte: {ddcmp_heard * 10 / 9600:.2f} s of line)"
     )
     offered_sent, peak_mib, reason = await endless_read()
     print(
@@ -184,6 +190,8 @@ async def main() -> int:
                 "parse_within_target": min(median, cpu_ms) <= TARGET_PARSE_MS,
                 "wire_dex_9600_s": round(wire_s, 2),
                 "wire_dex_bytes": heard,
+                "wire_ddcmp_9600_s": round(ddcmp_s, 2),
+                "wire_ddcmp_bytes": ddcmp_heard,
                 "endless_offered_bytes": 10_000_000,
                 "endless_bytes_sent_before_stop": offered_sent,
                 "endless_peak_mib": round(peak_mib, 2),

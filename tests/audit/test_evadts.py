@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from datetime import datetime
 
 import pytest
@@ -10,6 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kiosk_agent.audit import AuditError, AuditFile, Counters, crc16_arc, parse_audit, render_audit
+from kiosk_agent.audit.evadts import Tally
 
 A_MACHINE = [
     ("ID1", "SN0001", "MODEL7", "1", "Lobby", "", "A-17"),
@@ -275,6 +277,23 @@ def test_a_columns_pa7_lines_add_up_with_or_without_a_since_reset_pair():
         "CA": Counters.of(320, 3, 220, 2),
         "DA": Counters.of(420, 4, 120, 1),
     }
+
+
+def test_what_the_reader_builds_quickly_is_what_the_constructors_build():
+    """The reader sets the slots of its most frequent objects itself (audit/evadts.py,
+    _tally): each must equal, hash and stay frozen as one its dataclass built."""
+    audit = parse_audit(a_file())
+    built = [*audit.segments, *audit.device_sales, *audit.products]
+    built += [p.paid for p in audit.products if p.paid] + [audit.paid_vends]
+    for made in built:
+        again = type(made)(*(getattr(made, f.name) for f in dataclasses.fields(made)))
+        assert made == again
+        assert repr(made) == repr(again)
+        with pytest.raises(dataclasses.FrozenInstanceError):
+            setattr(made, dataclasses.fields(made)[0].name, None)
+    tally = audit.paid_vends.since_init  # type: ignore[union-attr]
+    assert hash(tally) == hash(Tally(tally.count, tally.value))
+    assert tally == Tally(6, 1250)
 
 
 def test_text_with_a_character_beyond_one_byte_is_refused_naming_its_line():
