@@ -3,7 +3,7 @@
 The API other parts use (``from kiosk_agent.audit import ...``, the shared contract's names):
 ``parse`` (bytes or text -> ``AuditFile``, or ``AuditError`` naming the line and field),
 ``render`` (blocks -> a complete file with its G85 and SE count), the typed fields of an
-``AuditFile`` (``Counters`` of ``Tally`` pairs), and ``link.read_audit(port, "dex_ucs")``.
+``AuditFile`` (``Counters`` of ``Tally`` pairs), and ``link.read_audit(port, "dex_ucs" | "ddcmp")``.
 """
 
 from kiosk_agent.audit.crc import crc16_arc
