@@ -11,7 +11,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import fcntl
 import os
+import sys
+import termios
 import tty
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -55,6 +58,7 @@ class VirtualDexPort:
         }
         self.slave = self._slaves[self.protocol or LinkProtocol.DEX]
         self._tail = b""  # the last bytes heard, to find DDCMP's START across two chunks
+        self._lone_enq = False  # the last chunk heard was DEX/UCS's ENQ alone
         self.bytes_sent = 0
         self.bytes_heard = 0
         self._answering = False  # between taking bytes heard and writing their answer
@@ -125,6 +129,15 @@ class VirtualDexPort:
             self._pick_protocol(data)
             await self._write(self.slave.receive(data))
 
+    def unread(self) -> int:
+        """Bytes sent that the agent's end has not read yet (a read abandoned half way)."""
+        try:
+            return int.from_bytes(
+                fcntl.ioctl(self._slave_fd, termios.FIONREAD, b"\0\0\0\0"), sys.byteorder
+            )
+        except OSError:
+            return 0
+
     @property
     def reads(self) -> int:
         """Reads answered to their end, in either protocol."""
@@ -137,9 +150,13 @@ class VirtualDexPort:
             return
         heard, self._tail = self._tail + data, (self._tail + data)[-len(DDCMP_START) + 1 :]
         ddcmp = self._slaves[LinkProtocol.DDCMP]
+        lone_enq, again = data == ENQ_BYTE, self._lone_enq
+        self._lone_enq = lone_enq
         if DDCMP_START in heard and self.slave is not ddcmp:
             self._switch(ddcmp)
-        elif data == ENQ_BYTE and self.slave is ddcmp and ddcmp.phase in BETWEEN_READS:
+        elif lone_enq and self.slave is ddcmp and (ddcmp.phase in BETWEEN_READS or again):
+            # between reads; or a DEX master asking again while a DDCMP read was left
+            # half done (a DDCMP master sends no ENQ alone, let alone twice)
             self._switch(self._slaves[LinkProtocol.DEX])
 
     def _switch(self, slave: DexSlave | DdcmpSlave) -> None:

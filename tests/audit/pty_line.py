@@ -67,6 +67,8 @@ async def read_counted(
     settings = settings or LinkSettings(port=port.port)
     reader, writer = await serial_asyncio_fast.open_serial_connection(url=port.port, baudrate=9600)
     line = Counted(reader, writer)
+    # counted from here: what crossed the port before is another read's
+    line.written, line.read_bytes = port.bytes_heard, port.bytes_sent - port.unread()
 
     async def read() -> object:
         try:

@@ -147,6 +147,36 @@ async def test_a_machine_answering_both_answers_each_read_in_the_protocol_it_ope
         assert port.reads == 4
 
 
+async def quiet(port: VirtualDexPort) -> None:
+    async with asyncio.timeout(10):
+        while True:
+            heard = port.bytes_heard
+            await asyncio.sleep(0.02)
+            if port.answered and port.bytes_heard == heard:
+                return
+
+
+@pytest.mark.parametrize("then", ["ddcmp", "dex_ucs"])
+async def test_a_read_abandoned_half_way_leaves_the_machine_ready_for_the_next(then):
+    clock = FakeClock()
+    async with VirtualDexPort(AUDIT, clock=FakeClock()) as port:  # protocol None: either
+        abandoned = asyncio.ensure_future(
+            read_link(LinkSettings(port=port.port, protocol=DDCMP), clock=FakeClock())
+        )
+        async with asyncio.timeout(10):
+            while port.bytes_sent < 3 * BLOCK_TEXT:  # three blocks out, then the agent stops
+                await asyncio.sleep(0.001)
+        abandoned.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await abandoned
+        await quiet(port)  # what the abandoned read wrote last has been heard and answered
+        settings = LinkSettings(port=port.port, protocol=LinkProtocol(then))
+        task, line = await read_counted(port, clock, settings)
+        await run_out_the_clock(clock, task, port, line)
+        assert (await task).audit == AUDIT  # type: ignore[attr-defined]
+        assert port.reads == 1
+
+
 async def test_read_audit_by_port_reads_ddcmp_as_the_machine_has_it_then():
     later = render_audit([("VA1", "12750", "51")])
     counters = iter([AUDIT, later])
