@@ -36,7 +36,7 @@ from kiosk_agent.audit.ddcmp_codec import (
     encode_data,
 )
 from kiosk_agent.audit.link import LinkError, LinkProtocol, LinkSettings, read_audit, read_link
-from kiosk_agent.audit.virtual import PortFaults, VirtualDexPort
+from kiosk_agent.audit.virtual import DDCMP_START, PortFaults, VirtualDexPort
 from kiosk_agent.sales.clock import FakeClock
 from tests.audit.pty_line import read_counted, run_out_the_clock
 
@@ -282,7 +282,7 @@ def test_message_numbers_wrap_after_255_as_decs_do():
 # --- generated --------------------------------------------------------------------------------
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=100, deadline=None)
 @given(st.lists(st.binary(max_size=120), max_size=20))
 def test_decoding_never_raises_anything_but_its_own_error(chunks):
     deframer = Deframer(max_data=256)
@@ -311,8 +311,35 @@ def test_what_is_encoded_is_decoded_whatever_the_chunks(messages, step):
     assert deframer.garbage == 0
 
 
-@settings(max_examples=150, deadline=None)
-@given(st.lists(st.binary(max_size=80), max_size=30), st.lists(st.booleans(), max_size=30))
+_byte = st.integers(0, 255)
+_controls = st.builds(
+    lambda kind, sub, resp, num: encode_control(kind, subtype=sub, resp=resp, num=num),
+    st.sampled_from(list(ControlType)),
+    st.integers(0, 63),
+    _byte,
+    _byte,
+)
+_payloads = st.one_of(
+    st.binary(max_size=40),
+    st.builds(
+        lambda app, rest: bytes((app,)) + rest, st.sampled_from(list(App)), st.binary(max_size=30)
+    ),
+    st.builds(
+        lambda n, text, last: block_message(n, text, last=last),
+        st.integers(0, 4),
+        st.binary(max_size=30),
+        st.booleans(),
+    ),
+)
+_datas = st.builds(
+    lambda num, resp, payload: encode_data(num, resp, payload), _byte, _byte, _payloads
+)
+# what a line may carry: noise, and messages (well formed, with any numbers and any contents)
+_chunks = st.one_of(st.binary(max_size=80), _controls, _datas)
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(_chunks, max_size=30), st.lists(st.booleans(), max_size=30))
 def test_any_bytes_heard_and_any_waits_end_the_master_cleanly(chunks, expiries):
     master = DdcmpMaster()
     master.start()
@@ -343,3 +370,12 @@ def test_any_audit_with_any_faults_arrives_whole(audit, corrupt, headers, lost_a
     assert master.phase is MasterPhase.DONE, master.failure
     assert master.audit == audit
     assert slave.reads == 1
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.one_of(_chunks, st.just(DDCMP_START)), max_size=30), st.lists(st.booleans()))
+def test_the_virtual_machines_slave_takes_any_bytes_and_waits_without_raising(chunks, expiries):
+    slave = DdcmpSlave(audit=AUDIT)
+    for chunk, expire in zip(chunks, expiries + [False] * len(chunks), strict=False):
+        out = slave.expire() if expire else slave.receive(chunk)
+        assert len(out) <= 2 * (BLOCK_TEXT + 32)  # at most an ACK and a block
