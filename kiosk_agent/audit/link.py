@@ -83,6 +83,7 @@ class LinkSettings:
 
 @dataclass(frozen=True, slots=True)
 class LinkRead:
+    protocol: LinkProtocol
     audit: bytes
     machine_id: str
     blocks: int
@@ -181,6 +182,7 @@ async def run_master(
         garbage = f"; {master.garbage} bytes of garbage heard" if master.garbage else ""
         raise LinkError(master.failure + garbage)
     return LinkRead(
+        protocol=settings.protocol,
         audit=master.audit,
         machine_id=master.machine_id,
         blocks=master.blocks,

@@ -192,6 +192,7 @@ def summary(audit: AuditFile, read: LinkRead | None = None) -> dict[str, object]
     }
     if read is not None:
         result["link"] = {
+            "protocol": read.protocol.value,
             "machine_id": read.machine_id,
             "blocks": read.blocks,
             "blocks_sent_again": read.refused_blocks,
@@ -224,7 +225,8 @@ def _lines(audit: AuditFile, read: LinkRead | None) -> list[tuple[str, object]]:
     if read is not None:
         lines.append(
             ("link", f"{read.blocks} blocks ({read.refused_blocks} sent again), "
-             f"{read.bytes_heard} bytes in {read.seconds:.1f} s from {read.machine_id}")
+             f"{read.bytes_heard} bytes in {read.seconds:.1f} s from {read.machine_id} "
+             f"({read.protocol.value})")
         )  # fmt: skip
     return lines
 

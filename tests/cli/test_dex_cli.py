@@ -128,6 +128,7 @@ async def test_read_in_ddcmp_from_a_port_given(capsys):
     assert code == cli.EXIT_OK, out
     result = json.loads(out)
     assert result["link"]["machine_id"] == "VIRTUALVMC"
+    assert result["link"]["protocol"] == "ddcmp"
     assert result["link"]["blocks"] == -(-len(audit) // 240)
     assert result["paid_vends"]["count_since_init"] == 423
 
@@ -147,7 +148,7 @@ async def test_read_takes_the_port_from_the_config(capsys, tmp_path):
         code, out, _ = await run(capsys, ["dex", "read", "-c", str(config)])
     assert code == cli.EXIT_OK, out
     assert re.search(r"paid vends +8161.00 EUR in 8,161 since initialisation", out)
-    assert "from VIRTUALVMC" in out
+    assert "from VIRTUALVMC (dex_ucs)" in out
 
 
 async def test_read_without_a_port_anywhere_is_a_usage_error(capsys, tmp_path):
