@@ -393,6 +393,30 @@ def test_a_near_valid_file_is_read_or_refused_never_crashes(data, mutation):
     assert audit.paid_vends == parse_audit(a_file()).paid_vends or audit.check is None
 
 
+@settings(max_examples=100, deadline=None)
+@given(
+    st.binary(max_size=120).filter(lambda b: b"DXS*" not in b),
+    st.binary(max_size=120).filter(lambda b: b"DXE*" not in b),
+    st.sampled_from([b"\r\n", b"\n"]),
+)
+def test_any_wrapper_around_an_audit_leaves_it_read_as_it_is(before, after, line_end):
+    clean = parse_audit(a_file(line_end=line_end))
+    audit = parse_audit(before + a_file(line_end=line_end) + after)
+    shift = before.count(b"\n")  # each line keeps its number in the file as stored
+    assert [(s.line - shift, s.tag, s.elements) for s in audit.segments] == [
+        (s.line, s.tag, s.elements) for s in clean.segments
+    ]
+    assert [dataclasses.replace(p, line=p.line - shift) for p in audit.products] == list(
+        clean.products
+    )
+    assert (audit.paid_vends, audit.cashless, audit.check) == (
+        clean.paid_vends,
+        clean.cashless,
+        clean.check,
+    )
+    assert len(audit.notes) == bool(before) + bool(after.strip(b"\r\n"))
+
+
 _count = st.integers(0, 10**6)
 _tally = st.tuples(_count, _count, _count, _count)
 
