@@ -223,9 +223,7 @@ class DdcmpMaster(_Station):
         return out
 
     def _message(self, message: Message) -> bytes:
-        if isinstance(message, Data | BadHeader) and not (
-            isinstance(message, Data) and message.intact
-        ):
+        if isinstance(message, BadHeader) or (isinstance(message, Data) and not message.intact):
             self.refused_blocks += 1
         if self.phase is MasterPhase.STARTING:
             if isinstance(message, Control) and message.type is ControlType.STACK:
