@@ -10,9 +10,10 @@
   process and interleaved with it, a baseline: the same file split into lines
   (``bytes.split``) and each line into elements (``str.split('*')``), the least any reader
   does. The parse's CPU median over the baseline's is a ratio that holds on any machine;
-- endless: the port offers a 10 MB audit, block after valid block; the read must stop at its
-  byte budget (``LinkSettings.max_bytes``, 2 MiB) with a LinkError, and the Python memory the
-  read allocated at its peak (tracemalloc, the port's own 10 MB excluded) must stay near it;
+- endless: the port offers a 10 MB audit, block after valid block (DEX/UCS, then DDCMP); the
+  read must stop at its byte budget (``LinkSettings.max_bytes``, 2 MiB) with a LinkError, and
+  the Python memory the read allocated at its peak (tracemalloc, the port's own 10 MB
+  excluded) must stay near it;
 - flood: the port answers with bytes that never end a block: the read stops at 512 bytes.
 
 The last line is one JSON object.
@@ -112,12 +113,12 @@ async def wire_read(audit: bytes, protocol: LinkProtocol) -> tuple[float, int, i
         return took, read.bytes_heard, port.bytes_heard
 
 
-async def endless_read() -> tuple[int, float, str]:
+async def endless_read(protocol: LinkProtocol = LinkProtocol.DEX) -> tuple[int, float, str]:
     offered = bytes(range(32, 127)) * (10_000_000 // 95)  # 10 MB, never ending in time
     async with VirtualDexPort(offered) as port:
         tracemalloc.start()
         try:
-            await read_link(LinkSettings(port=port.port, deadline=600))
+            await read_link(LinkSettings(port=port.port, protocol=protocol, deadline=600))
         except LinkError as err:
             reason = str(err)
         else:
@@ -173,6 +174,11 @@ async def main() -> int:
         f"endless       the port got {offered_sent:,} bytes out before the read ended: "
         f"{reason}; peak {peak_mib:.1f} MiB allocated by the read"
     )
+    ddcmp_offered_sent, ddcmp_peak_mib, ddcmp_reason = await endless_read(LinkProtocol.DDCMP)
+    print(
+        f"endless DDCMP the port got {ddcmp_offered_sent:,} bytes out before the read ended: "
+        f"{ddcmp_reason}; peak {ddcmp_peak_mib:.1f} MiB allocated by the read"
+    )
     flood_sent, flood_reason = await flood_read()
     print(f"flood         ended after the port sent {flood_sent:,} bytes: {flood_reason}")
     print(
@@ -195,6 +201,8 @@ async def main() -> int:
                 "endless_offered_bytes": 10_000_000,
                 "endless_bytes_sent_before_stop": offered_sent,
                 "endless_peak_mib": round(peak_mib, 2),
+                "endless_ddcmp_bytes_sent_before_stop": ddcmp_offered_sent,
+                "endless_ddcmp_peak_mib": round(ddcmp_peak_mib, 2),
                 "flood_bytes_sent_before_stop": flood_sent,
             }
         )
