@@ -72,7 +72,6 @@ class _Station:
     _unacked: bytes = b""  # the last data message sent, until acknowledged
     _deframer: Deframer = field(default_factory=Deframer)
     _tries: int = 0
-    _heard_since_good: int = 0
 
     @property
     def garbage(self) -> int:
@@ -176,6 +175,7 @@ class DdcmpMaster(_Station):
     blocks: int = 0
     refused_blocks: int = 0  # damaged messages refused (NAK) and sent again
     _audit: bytearray = field(default_factory=bytearray)
+    _heard_since_good: int = 0  # bytes heard since the last message decoded
 
     def _set(self, phase: MasterPhase) -> None:
         self.phase = phase
@@ -427,11 +427,6 @@ class DdcmpSlave(_Station):
         if number in faults.corrupt_blocks:
             return frame[:-1] + bytes((frame[-1] ^ 0xFF,))
         return frame
-
-    def _control(self, message: Control) -> bytes:
-        if message.type is ControlType.NAK and self._unacked:
-            return self._again(self._unacked, "refused")
-        return super()._control(message)
 
     def expire(self) -> bytes:
         """No acknowledgement: ask with REP, then give the read up."""
