@@ -112,6 +112,18 @@ async def test_a_stalled_slave_ends_the_read_with_the_reason_in_bounded_time():
     assert 4 * 3.0 <= clock.monotonic() - started <= 3 * 4 * 3.0 + 4 * 1.0
 
 
+async def test_the_whole_read_has_a_deadline():
+    clock = FakeClock()
+    started = clock.monotonic()
+    async with machine(DdcmpFaults(stall_after=1)) as port:
+        settings = LinkSettings(port=port.port, protocol=DDCMP, deadline=2.5)
+        task, line = await read_counted(port, clock, settings)
+        await run_out_the_clock(clock, task, port, line)
+        with pytest.raises(LinkError, match=r"the read took longer than 2.5 s"):
+            await task
+    assert clock.monotonic() - started == pytest.approx(2.5)  # not a moment more
+
+
 async def test_a_flooding_port_ends_the_read_bounded_in_bytes():
     async with machine(port_faults=PortFaults(flood=True)) as port:
         with pytest.raises(LinkError, match=r"bytes heard without one DDCMP message: the port"):
