@@ -209,7 +209,10 @@ class DexMaster:
         """The wait ran out: try again, or end the read with the reason."""
         phase = self.phase
         if phase is MasterPhase.FIRST_ENQ:
-            return self._again(ENQ_BYTE, "no answer to ENQ: is the DEX cable in, the machine on?")
+            return self._again(
+                ENQ_BYTE,
+                "no answer to ENQ: is the DEX cable in, the machine on, and does it speak DEX/UCS?",
+            )
         if phase is MasterPhase.IDENTITY_SENT:
             return self._again(self._identity(), "no answer to our identity")
         if phase is MasterPhase.FINAL_EOT:

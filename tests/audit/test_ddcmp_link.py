@@ -151,6 +151,15 @@ async def test_a_dex_machine_asked_in_ddcmp_says_so():
             await task
 
 
+async def test_a_ddcmp_machine_asked_in_dex_ucs_says_so():
+    clock = FakeClock()
+    async with machine() as port:  # it speaks DDCMP only
+        task, line = await read_counted(port, clock, LinkSettings(port=port.port))
+        await run_out_the_clock(clock, task, port, line)
+        with pytest.raises(LinkError, match=r"does it speak DEX/UCS\?, 4 times"):
+            await task
+
+
 async def test_a_machine_answering_both_answers_each_read_in_the_protocol_it_opens_with():
     async with VirtualDexPort(AUDIT, clock=FakeClock()) as port:  # protocol None: either
         for protocol in ("dex_ucs", "ddcmp", "ddcmp", "dex_ucs"):
