@@ -474,20 +474,25 @@ class _Envelope:
         st = _segment(*numbered[1])
         _expect(st, "ST", "DXS must be followed by ST")
         segments = [st]
+        body: list[Segment] = []
         check: Segment | None = None
         se: Segment | None = None
         position = 2
         while position < len(numbered):
-            segment = _segment(*numbered[position])
+            line_number, text = numbered[position]
+            segment = _segment(line_number, text)
             position += 1
             segments.append(segment)
-            if segment.tag in ("DXS", "ST", "DXE"):
-                raise AuditError(segment.line, segment.tag, "inside the set (before SE)")
-            if segment.tag == "G85":
+            tag = segment.tag
+            if tag not in _ENVELOPE:
+                body.append(segment)
+            elif tag == "G85":
                 check = _check_value(segment, check, lines, st.line)
-            if segment.tag == "SE":
+            elif tag == "SE":
                 se = segment
                 break
+            else:  # DXS, ST, DXE
+                raise AuditError(segment.line, tag, "inside the set (before SE)")
         last_line = numbered[-1][0]
         if se is None:
             raise AuditError(last_line, "SE", "the file ends before SE (cut short?)")
@@ -497,7 +502,7 @@ class _Envelope:
             sender=dxs.element(1).rstrip(),
             version=dxs.element(3).rstrip(),
             segments=tuple(segments),
-            body=tuple(s for s in segments if s.tag not in _ENVELOPE),
+            body=tuple(body),
             check=None if check is None else check.element(1).strip(),
             notes=notes,
         )
