@@ -160,6 +160,7 @@ class MasterPhase(enum.StrEnum):
 
 
 ENDED = frozenset({MasterPhase.DONE, MasterPhase.FAILED})
+BLOCK_DUE = frozenset({MasterPhase.ASKING, MasterPhase.RECEIVING})  # the machine makes a block
 
 
 @dataclass
@@ -189,7 +190,7 @@ class DdcmpMaster(_Station):
     def wait(self) -> float | None:
         if self.phase in ENDED:
             return None
-        return self.timeouts.block if self.phase is MasterPhase.RECEIVING else self.timeouts.answer
+        return self.timeouts.block if self.phase in BLOCK_DUE else self.timeouts.answer
 
     def start(self) -> bytes:
         self._set(MasterPhase.STARTING)
@@ -299,10 +300,12 @@ class SlavePhase(enum.StrEnum):
 @dataclass
 class DdcmpFaults(SlaveFaults):
     """Beside the DEX slave's faults (a block's data CRC broken, an ACK unheard, a stall): a
-    block's header CRC broken, a block lost on the line (each the first sending only)."""
+    block's header CRC broken, a block lost on the line (each the first sending only), and a
+    slow machine (each block sent ``slow_blocks`` seconds after the last one's ACK)."""
 
     corrupt_headers: set[int] = field(default_factory=set)
     lose_blocks: set[int] = field(default_factory=set)
+    slow_blocks: float = 0.0
 
 
 @dataclass
@@ -318,6 +321,7 @@ class DdcmpSlave(_Station):
     _current: bytes = b""
     _block: int = 0  # the block last sent (1-based)
     _sent_blocks: set[int] = field(default_factory=set)
+    _held: bytes = b""  # a block the slow machine has not sent yet
 
     def _set(self, phase: SlavePhase) -> None:
         self.phase = phase
@@ -333,9 +337,14 @@ class DdcmpSlave(_Station):
 
     @property
     def wait(self) -> float | None:
+        if self._held:
+            return self._slowness()
         if self.phase in (SlavePhase.IDLE, SlavePhase.DONE) or self.stalled or not self._unacked:
             return None
         return self.timeouts.answer
+
+    def _slowness(self) -> float:
+        return self.faults.slow_blocks if isinstance(self.faults, DdcmpFaults) else 0.0
 
     @property
     def block_count(self) -> int:
@@ -344,7 +353,7 @@ class DdcmpSlave(_Station):
     def reset(self) -> None:
         """Back to waiting for START, whatever was half heard (another protocol's bytes)."""
         self._deframer = Deframer()
-        self._unacked = b""
+        self._unacked = self._held = b""
         self._set(SlavePhase.IDLE)
 
     def receive(self, data: bytes) -> bytes:
@@ -360,7 +369,7 @@ class DdcmpSlave(_Station):
             return b""
         if isinstance(message, Control) and message.type is ControlType.START:
             self.sent = self.received = 0
-            self._unacked = b""
+            self._unacked = self._held = b""
             self._set(SlavePhase.RUNNING)
             return encode_control(ControlType.STACK)
         if self.phase is SlavePhase.IDLE:
@@ -410,8 +419,13 @@ class DdcmpSlave(_Station):
         self._block += 1
         number = self._block
         text = self._current[(number - 1) * BLOCK_TEXT : number * BLOCK_TEXT]
-        frame = self._send(block_message(number, text, last=number == self.block_count))
-        return self._faulty(number, frame)
+        frame = self._faulty(
+            number, self._send(block_message(number, text, last=number == self.block_count))
+        )
+        if self._slowness():
+            self._held = frame  # sent when the slow machine's wait runs out
+            return b""
+        return frame
 
     def _faulty(self, number: int, frame: bytes) -> bytes:
         """The first sending of a block, as the faults asked (later ones go as they are)."""
@@ -429,5 +443,9 @@ class DdcmpSlave(_Station):
         return frame
 
     def expire(self) -> bytes:
-        """No acknowledgement: ask with REP, then give the read up."""
+        """A slow machine's block is ready; or no acknowledgement: ask with REP, then give the
+        read up."""
+        if self._held:
+            held, self._held = self._held, b""
+            return held
         return self._again(self._rep(), "no acknowledgement") if self._unacked else b""

@@ -33,13 +33,25 @@ class Counted:
 
 
 async def settled(port: VirtualDexPort, line: Counted, task: asyncio.Future[object]) -> None:
-    """Until every byte sent either way has arrived and been answered, or the read is over."""
-    while not task.done() and not (
-        port.answered and port.bytes_heard == line.written and line.read_bytes == port.bytes_sent
-    ):
-        await asyncio.sleep(0.001)  # the pty moves bytes on the kernel's time, not the loop's
-    for _ in range(3):
-        await asyncio.sleep(0)
+    """Until every byte sent either way has arrived and been answered, and stays so over a few
+    turns of the loop (a wait of the machine's that the clock just ended takes some turns to
+    write its answer), or the read is over."""
+
+    def counts() -> tuple[int, int, int, int]:
+        return port.bytes_heard, line.written, line.read_bytes, port.bytes_sent
+
+    while True:
+        while not task.done() and not (
+            port.answered
+            and port.bytes_heard == line.written
+            and line.read_bytes == port.bytes_sent
+        ):
+            await asyncio.sleep(0.001)  # the pty moves bytes on the kernel's time, not the loop's
+        before = counts()
+        for _ in range(10):
+            await asyncio.sleep(0)
+        if task.done() or (port.answered and counts() == before):
+            return
 
 
 async def run_out_the_clock(

@@ -100,6 +100,19 @@ async def test_a_lost_block_is_asked_for_refused_and_sent_again():
     assert read.audit == AUDIT  # type: ignore[attr-defined]
 
 
+async def test_a_slow_machine_within_the_waits_is_waited_for_without_asking_again():
+    clock = FakeClock()  # the machine's and the agent's: each block comes 2.5 s after its ACK
+    faults = DdcmpFaults(slow_blocks=2.5)
+    async with VirtualDexPort(AUDIT, faults=faults, clock=clock, protocol=DDCMP) as port:
+        task, line = await read_counted(port, clock, LinkSettings(port=port.port, protocol=DDCMP))
+        await run_out_the_clock(clock, task, port, line)
+        read = await task
+    assert read.audit == AUDIT  # type: ignore[attr-defined]
+    assert read.seconds == pytest.approx(read.blocks * 2.5)  # type: ignore[attr-defined]
+    # START, ACK + who are you, ACK + read, an ACK a block, finish: nothing asked again
+    assert line.written == 8 + (8 + 21) + (8 + 11) + read.blocks * 8 + 11  # type: ignore[attr-defined]
+
+
 async def test_a_stalled_slave_ends_the_read_with_the_reason_in_bounded_time():
     clock = FakeClock()
     async with machine(DdcmpFaults(stall_after=2)) as port:
@@ -280,6 +293,16 @@ def test_a_block_refused_too_often_ends_the_read():
     exchange(master, slave)
     assert master.failure == "block 1 failed its data CRC, 4 times (asking for the audit)"
     assert master.refused_blocks == 4
+
+
+def test_the_first_block_is_waited_for_as_long_as_any_block():
+    master = DdcmpMaster()
+    master.start()
+    assert master.wait == master.timeouts.answer  # STACK: an answer
+    master.receive(encode_control(ControlType.STACK))
+    master.receive(encode_data(1, 1, b"\x0200VIRTUALVMC"))
+    assert master.phase is MasterPhase.ASKING
+    assert master.wait == master.timeouts.block  # the machine is making its first block
 
 
 def test_blocks_out_of_order_end_the_read():
