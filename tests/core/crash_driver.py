@@ -1152,7 +1152,139 @@ def judge(
             )
 
 
+# =============================================================================================
+# Warm starts: one interpreter imports the agent once, then forks a driver for each run.
+# =============================================================================================
+
+
+def serve() -> int:
+    """``python crash_driver.py serve``: one driver forked per JSON line read on stdin,
+    ``{"argv": [...], "env": {...}, "stderr": PATH}``, each running exactly as
+    ``python crash_driver.py ARGV...`` with that environment would, but from this interpreter's
+    modules, imported once (a fresh interpreter spends about 1.2 s of CPU importing them: most
+    of what a crash test's driver costs). The driver is a process of its own all the same: its
+    journal, sockets and threads are its own, and the SIGKILL it gets is the kernel's. A driver
+    says ``FORKED pid`` first; once it has ended, this server says ``ENDED code`` (``-9`` for a
+    SIGKILL, as ``Popen.returncode`` has it). Drivers run one at a time."""
+    _warm_up()
+    say("SERVING")
+    while request := sys.stdin.readline():
+        spec = json.loads(request)
+        pid = os.fork()
+        if pid == 0:
+            _run_forked(spec)  # never returns
+        _, status = os.waitpid(pid, 0)
+        say(f"ENDED {os.waitstatus_to_exitcode(status)}")
+    return 0
+
+
+def _warm_up() -> None:
+    """What a driver imports after its start, imported before the forks, and the heap frozen
+    so the drivers' collections leave these objects (and their copy-on-write pages) alone."""
+    import gc
+
+    import kiosk_agent.cli
+    import kiosk_agent.cli.agent  # noqa: F401
+
+    gc.collect()
+    gc.freeze()
+
+
+def _run_forked(spec: dict[str, Any]) -> None:
+    code = 1
+    try:
+        os.dup2(os.open(os.devnull, os.O_RDONLY), 0)  # the server's requests are not the driver's
+        os.dup2(os.open(spec["stderr"], os.O_WRONLY | os.O_APPEND | os.O_CREAT), 2)
+        os.environ.clear()
+        os.environ.update(spec["env"])
+        random.seed()  # a fresh interpreter's, not the server's state shared by every driver
+        sys.argv = [str(Path(__file__)), *spec["argv"]]
+        say(f"FORKED {os.getpid()}")
+        code = _entry(spec["argv"])
+    except SystemExit as exit_:
+        code = exit_.code if isinstance(exit_.code, int) else 1
+    except BaseException:  # a driver's failure is its exit code and its traceback, as unforked
+        import traceback
+
+        traceback.print_exc()
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+
+
+class WarmDrivers:
+    """The test's side of :func:`serve`: ``async with WarmDrivers(log) as drivers``, then
+    :meth:`start` a driver and :meth:`line` its stdout until :meth:`ended` says how it ended."""
+
+    def __init__(self, log: Path) -> None:
+        self.log = log  # the server's own stderr (each driver names its own)
+        self.proc: asyncio.subprocess.Process | None = None
+        self.pid = 0  # the running driver's
+
+    async def __aenter__(self) -> WarmDrivers:
+        with self.log.open("a") as err:
+            self.proc = await asyncio.create_subprocess_exec(
+                sys.executable, str(Path(__file__)), "serve",
+                stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=err,
+            )  # fmt: skip
+        async with asyncio.timeout(60):
+            assert (await self.line()) == "SERVING", self.log.read_text()[-3000:]
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        assert self.proc is not None
+        assert self.proc.stdin is not None
+        if self.pid:
+            self.kill()
+        self.proc.stdin.close()
+        try:
+            async with asyncio.timeout(10):
+                await self.proc.wait()
+        except TimeoutError:
+            self.proc.kill()
+            await self.proc.wait()
+
+    async def start(self, argv: list[str], env: dict[str, str], stderr: Path) -> int:
+        """A driver forked with ``argv`` and ``env``; its pid once it runs."""
+        assert self.proc is not None
+        assert self.proc.stdin is not None
+        request = {"argv": argv, "env": env, "stderr": str(stderr)}
+        self.proc.stdin.write(json.dumps(request).encode() + b"\n")
+        await self.proc.stdin.drain()
+        async with asyncio.timeout(30):
+            first = await self.line()
+        assert first.startswith("FORKED "), first
+        self.pid = int(first.split()[1])
+        return self.pid
+
+    async def line(self) -> str:
+        """The next line the running driver (or the server) said; "" when the server is gone."""
+        assert self.proc is not None
+        assert self.proc.stdout is not None
+        said = (await self.proc.stdout.readline()).decode(errors="replace").rstrip("\n")
+        if said.startswith("ENDED "):
+            self.pid = 0  # gone: its pid may be another process's soon
+        return said
+
+    async def ended(self) -> int:
+        """The running driver's exit code, once it has ended (its remaining lines skipped)."""
+        while not (said := await self.line()).startswith("ENDED "):
+            assert said, "the driver server ended: " + self.log.read_text()[-3000:]
+        return int(said.split()[1])
+
+    def kill(self) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(self.pid, signal.SIGKILL)
+
+
+def _entry(argv: list[str]) -> int:
+    if argv[:1] == ["agent"]:
+        return run_agent(argv[1])
+    return asyncio.run(main(argv))
+
+
 if __name__ == "__main__":
-    if sys.argv[1:2] == ["agent"]:
-        sys.exit(run_agent(sys.argv[2]))
-    sys.exit(asyncio.run(main(sys.argv[1:])))
+    if sys.argv[1:2] == ["serve"]:
+        sys.exit(serve())
+    sys.exit(_entry(sys.argv[1:]))
