@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import os
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
@@ -83,7 +84,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     items[:] = []
     for index, share in enumerate(shares):
         want = size + (1 if index < extra else 0)
-        share.extend(next(fast_left) for _ in range(max(0, want - len(share))))
+        share.extend(itertools.islice(fast_left, max(0, want - len(share))))
         items.extend(share)
     items.extend(fast_left)
 
