@@ -383,14 +383,60 @@ class ChaosReport:
         }
 
 
+class ForkedProcess:
+    """What :class:`Child` uses of ``asyncio.subprocess.Process``, for a driver that
+    :class:`WarmDrivers` forked: its exit code is the server's ``ENDED`` line."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self.returncode: int | None = None
+        self.ended = asyncio.Event()
+
+    def send_signal(self, signum: int) -> None:
+        if self.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.pid, signum)
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
+
+    async def wait(self) -> int:
+        await self.ended.wait()
+        assert self.returncode is not None
+        return self.returncode
+
+
 class Child:
     """A child process whose stdout lines are read as they come."""
 
-    def __init__(self, name: str, proc: asyncio.subprocess.Process) -> None:
+    def __init__(
+        self, name: str, proc: asyncio.subprocess.Process | ForkedProcess,
+        server: WarmDrivers | None = None,
+    ) -> None:
         self.name = name
         self.proc = proc
         self.lines: asyncio.Queue[str] = asyncio.Queue()
-        self._reader = asyncio.create_task(self._read())
+        self._reader = asyncio.create_task(self._read() if server is None else self._hear(server))
+
+    @classmethod
+    async def fork(
+        cls, name: str, server: WarmDrivers, argv: list[str], log: Path, env: dict[str, str]
+    ) -> Child:
+        """``crash_driver.py ARGV...`` forked by ``server``: a process of its own, its imports
+        done once for all of them."""
+        with log.open("a") as err:
+            err.write(f"--- {name} (forked): {' '.join(argv)}\n")
+        return cls(name, ForkedProcess(await server.start(argv, env, log)), server)
+
+    async def _hear(self, server: WarmDrivers) -> None:
+        """The forked driver's lines, until the server says it ended."""
+        assert isinstance(self.proc, ForkedProcess)
+        while said := await server.line():
+            if said.startswith("ENDED "):
+                self.proc.returncode = int(said.split()[1])
+                self.proc.ended.set()
+                return
+            self.lines.put_nowait(said)
 
     @classmethod
     async def spawn(cls, name: str, args: list[str], log: Path, env: dict[str, str]) -> Child:
@@ -562,6 +608,7 @@ class Chaos:
         self.machines: list[Child] = []
         self.records: list[Path] = []
         self.agent: Child | None = None
+        self.drivers: WarmDrivers | None = None  # the agents' server
         self.admin_port = 0
         self.session: aiohttp.ClientSession | None = None
         self.faults: SimFaults | None = None
@@ -580,6 +627,10 @@ class Chaos:
             from tests.faketime import SteppedClock
 
             self.clock = SteppedClock(self.dir / "faketime")
+        # every agent is forked from one server (libfaketime preloaded there when the clock
+        # steps, so in every agent too): a restart costs its start, not 1.2 s of imports
+        server_env = {**self.env, **self.clock.env()} if self.clock is not None else self.env
+        self.drivers = await WarmDrivers(self.dir / "drivers-server.log", server_env).__aenter__()
         self.sim = await Child.spawn(
             "sim",
             ["-m", "kiosk_agent", "sim", "--port", "0", "--time-scale", str(opts.time_scale),
@@ -624,6 +675,8 @@ class Chaos:
         if self.agent is not None:
             self.agent.kill()
             await self.agent.stop()
+        if self.drivers is not None:
+            await self.drivers.__aexit__()
         for machine in self.machines:
             await machine.stop()
         if self.session is not None:
@@ -679,10 +732,10 @@ class Chaos:
     async def _start_agent(self) -> Child:
         self.report.restarts += 1
         env = {**self.env, **self.clock.env()} if self.clock is not None else self.env
-        self.agent = await Child.spawn(
-            "agent", [str(Path(__file__)), "agent", str(self.dir / "config.yaml")],
-            self.log, env,
-        )  # fmt: skip
+        assert self.drivers is not None
+        self.agent = await Child.fork(
+            "agent", self.drivers, ["agent", str(self.dir / "config.yaml")], self.log, env
+        )
         return self.agent
 
     async def status(self) -> dict[str, Any] | None:
@@ -1217,8 +1270,9 @@ class WarmDrivers:
     """The test's side of :func:`serve`: ``async with WarmDrivers(log) as drivers``, then
     :meth:`start` a driver and :meth:`line` its stdout until :meth:`ended` says how it ended."""
 
-    def __init__(self, log: Path) -> None:
+    def __init__(self, log: Path, env: dict[str, str] | None = None) -> None:
         self.log = log  # the server's own stderr (each driver names its own)
+        self.env = env  # the server's environment (a driver's is given at its start)
         self.proc: asyncio.subprocess.Process | None = None
         self.pid = 0  # the running driver's
 
@@ -1227,6 +1281,7 @@ class WarmDrivers:
             self.proc = await asyncio.create_subprocess_exec(
                 sys.executable, str(Path(__file__)), "serve",
                 stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=err,
+                env=self.env,
             )  # fmt: skip
         async with asyncio.timeout(60):
             assert (await self.line()) == "SERVING", self.log.read_text()[-3000:]
