@@ -19,7 +19,6 @@ import asyncio
 import os
 import signal
 import textwrap
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -111,13 +110,6 @@ class Driver:
         else:
             assert returncode == -signal.SIGKILL
         return outcome
-
-
-@pytest.fixture
-async def drivers(tmp_path: Path) -> AsyncIterator[WarmDrivers]:
-    """The drivers' server: each driver a process of its own, forked with the agent imported."""
-    async with WarmDrivers(tmp_path / "server.log") as server:
-        yield server
 
 
 def driver_on(sim: Any, drivers: WarmDrivers, tmp_path: Path) -> Driver:
