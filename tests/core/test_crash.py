@@ -290,3 +290,19 @@ async def test_sigkill_with_a_lost_authorization_and_a_newer_sale_on_its_termina
         assert (first.authorized_cents, first.reversed_cents) == (300, 300)
         assert sales[second_id].state is second_ends, sales[second_id].message
     await assert_no_unearned_money(sim, sales, driver.markers)
+
+
+async def test_a_warm_driver_is_a_process_of_its_own_whose_failure_is_its_exit_code(
+    drivers: WarmDrivers, tmp_path: Path
+) -> None:
+    """What the crash tests rely on in WarmDrivers: each driver a new process (not the server),
+    its stderr in the file it was given, its failure its exit code. (Its environment is its
+    own too: the drivers above find the simulator's keys only in the one they are given.)"""
+    log = tmp_path / "driver.log"
+    argv = [str(tmp_path / "missing.yaml"), str(tmp_path / "m.txt")]
+    pid = await drivers.start(argv, dict(os.environ), log)
+    assert drivers.proc is not None
+    assert pid not in (os.getpid(), drivers.proc.pid)
+    assert (await drivers.ended()) == 1
+    assert "missing.yaml" in log.read_text()  # its traceback, in the file it was given
+    assert drivers.pid == 0  # ended: its pid is no longer killed by the server's user
