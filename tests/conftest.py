@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import os
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
@@ -15,11 +16,15 @@ from kiosk_agent.service.settings import ServiceSettings
 from kiosk_agent.sim.server import SimOptions, SimServer
 
 # Property tests run on a busy 2-core CI machine: hypothesis's per-example deadline would make
-# them flaky, so time bounds are asserted by the tests themselves, generously.
-settings.register_profile(
-    "kiosk", deadline=None, max_examples=300, suppress_health_check=[HealthCheck.too_slow]
-)
-settings.load_profile("kiosk")
+# them flaky, so time bounds are asserted by the tests themselves, generously. Every run draws
+# new examples (no example database in a fresh clone): 100 a property (hypothesis's own default)
+# in every run, where 300 cost a third of the suite's CPU for the first ten properties alone.
+# A property that needs more says so with its own @settings; HYPOTHESIS_PROFILE=deep asks 1,000
+# of every other one, for a search before a release.
+_PROFILE = {"deadline": None, "suppress_health_check": [HealthCheck.too_slow]}
+settings.register_profile("kiosk", max_examples=100, **_PROFILE)
+settings.register_profile("deep", max_examples=1000, **_PROFILE)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "kiosk"))
 
 SimFactory = Callable[..., Awaitable[SimServer]]
 
@@ -83,7 +88,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     items[:] = []
     for index, share in enumerate(shares):
         want = size + (1 if index < extra else 0)
-        share.extend(next(fast_left) for _ in range(max(0, want - len(share))))
+        share.extend(itertools.islice(fast_left, max(0, want - len(share))))
         items.extend(share)
     items.extend(fast_left)
 

@@ -5,6 +5,12 @@ simulator's ledger says what happened to the money. A result that comes after th
 before ``sales.stop_timeout`` is heard: the sale is sold and captured, nothing given back. One
 that comes later finds the sale parked, and the next start finishes it (the money goes back).
 A second signal ends the wait as the deadline would have.
+
+Which stop signal starts the drain does not matter to it (``StopSignals`` sets one event for
+each); that each of them, in a real process, stops the agent mid-dispense with its own exit code
+is tests/cli/test_agent_signals.py's. Here the kiosk app's drain is started by SIGINT, the MDB's
+by SIGQUIT, the deadlines by SIGTERM and SIGHUP, a second signal by SIGINT: every stop signal
+drains a real process once, and the storms mix them all.
 """
 
 from __future__ import annotations
@@ -73,113 +79,135 @@ class App:
         return str(body["sale_id"])
 
 
+class DrainRig:
+    """The simulator, a real agent on it (a kiosk app's or an MDB adapter's) with a sale caught
+    at `dispensing`, and the next start that finishes what the drain parked. Every process and
+    pty it made is closed when the test ends."""
+
+    def __init__(
+        self, sim_factory: Any, tmp_path: Path, session: aiohttp.ClientSession
+    ) -> None:
+        self._sim_factory = sim_factory
+        self.dir = tmp_path
+        self.session = session
+        self.journal = tmp_path / "journal.db"
+        self.sim: Any = None
+        self.processes: list[AgentProcess] = []
+        self.adapter: LineDevice | None = None
+
+    async def kiosk_dispensing(
+        self, stop_timeout: float, seed: int = 3
+    ) -> tuple[AgentProcess, App, str]:
+        """The agent behind a kiosk app, its coffee sale at `dispensing` (the app has not
+        confirmed it yet)."""
+        agent = await self._agent(kiosk_app(), stop_timeout, seed)
+        await agent.wait_ready()
+        found = re.search(r"kiosk API on 127\.0\.0\.1:(\d+)", agent.text())
+        assert found, agent.text()[-3000:]
+        app = App(self.session, int(found.group(1)))
+        sale = await app.buy_coffee()
+        await sale_reaches(self.journal, sale, "dispensing")
+        return agent, app, sale
+
+    async def mdb_vending(self, stop_timeout: float) -> tuple[AgentProcess, LineDevice, str]:
+        """The agent on an MDB adapter (a pty the test plays), a $2.50 vend approved: the
+        controller is dropping the product."""
+        self.adapter = LineDevice()
+        agent = await self._agent(vending_machine(self.adapter.port), stop_timeout, seed=3)
+        return agent, self.adapter, await approved_vend(self.adapter, self.journal)
+
+    async def next_start_ends(self, sale: str, ends: set[str]) -> AgentProcess:
+        """The next start (its own log) recovers ``sale`` to one of ``ends``, then stops
+        cleanly on SIGTERM."""
+        assert self.processes
+        again = AgentProcess(self.processes[0].config, self.sim, log="again.log")
+        again.env["KIOSK_APP_TOKEN"] = TOKEN
+        self.processes.append(again)
+        await again.start()
+        await again.wait_ready()
+        async with asyncio.timeout(30):  # recovery finishes what the drain left open
+            while states(self.journal)[sale] not in ends:
+                await asyncio.sleep(0.05)
+        again.send(signal.SIGTERM)
+        assert await again.exit_code() == 0, again.text()[-3000:]
+        return again
+
+    async def _agent(self, trigger: str, stop_timeout: float, seed: int) -> AgentProcess:
+        self.sim = await self._sim_factory(time_scale=50, seed=seed, transactions=0)
+        config = configured(self.dir, self.sim, self.journal, trigger, stop_timeout)
+        agent = AgentProcess(config, self.sim)
+        agent.env["KIOSK_APP_TOKEN"] = TOKEN
+        self.processes.append(agent)
+        return await agent.start()
+
+    async def close(self) -> None:
+        for process in self.processes:
+            await process.close()
+        if self.adapter is not None:
+            self.adapter.close()
+
+
 @pytest.fixture
-async def session() -> AsyncIterator[aiohttp.ClientSession]:
-    async with aiohttp.ClientSession() as client:
-        yield client
-
-
-async def started_kiosk(
-    tmp_path: Path, sim: Any, session: aiohttp.ClientSession, stop_timeout: float
-) -> tuple[AgentProcess, App, Path]:
-    journal = tmp_path / "journal.db"
-    agent = AgentProcess(configured(tmp_path, sim, journal, kiosk_app(), stop_timeout), sim)
-    agent.env["KIOSK_APP_TOKEN"] = TOKEN
-    await agent.start()
-    await agent.wait_ready()
-    found = re.search(r"kiosk API on 127\.0\.0\.1:(\d+)", agent.text())
-    assert found, agent.text()[-3000:]
-    return agent, App(session, int(found.group(1))), journal
+async def rig(sim_factory: Any, tmp_path: Path) -> AsyncIterator[DrainRig]:
+    async with aiohttp.ClientSession() as session:
+        made = DrainRig(sim_factory, tmp_path, session)
+        try:
+            yield made
+        finally:
+            await made.close()
 
 
 @pytest.mark.slow(seconds=12)
-@pytest.mark.parametrize("signum", list(STOP_SIGNALS), ids=lambda s: s.name)
 async def test_a_kiosk_app_confirming_after_the_signal_is_heard_and_the_sale_is_sold(
-    signum: signal.Signals, sim_factory: Any, tmp_path: Path, session: aiohttp.ClientSession
+    rig: DrainRig,
 ) -> None:
-    sim = await sim_factory(time_scale=50, seed=3, transactions=0)
-    agent, app, journal = await started_kiosk(tmp_path, sim, session, stop_timeout=20)
-    try:
-        sale = await app.buy_coffee()
-        await sale_reaches(journal, sale, "dispensing")
-        agent.send(signum)
-        await agent.wait_for_log("stopping: stopping (draining 1 sale, until ")
-        # a new customer is refused at once, said so, with when to ask again
-        status, body, headers = await app.call("POST", "/sales", {"product": "coffee"})
-        assert (status, body["error"]) == (503, "stopping"), body
-        assert "the agent is stopping" in body["message"]
-        assert 1 <= int(headers["Retry-After"]) <= 20
-        assert (await app.call("GET", f"/sales/{sale}"))[0] == 200  # reads still answered
-        # the coffee came out after the signal: the app says so, and it is heard
-        status, body, _ = await app.call("POST", f"/sales/{sale}/dispensed", {"status": "vended"})
-        assert status == 202, body
-        assert await agent.exit_code() == STOP_SIGNALS[signum], agent.text()[-3000:]
-    finally:
-        await agent.close()
-    assert states(journal) == {sale: "completed"}, agent.text()[-3000:]
-    await money_agrees(sim, journal)  # captured $2.50, nothing voided or refunded
+    agent, app, sale = await rig.kiosk_dispensing(stop_timeout=20)
+    agent.send(signal.SIGINT)
+    await agent.wait_for_log("stopping: stopping (draining 1 sale, until ")
+    # a new customer is refused at once, said so, with when to ask again
+    status, body, headers = await app.call("POST", "/sales", {"product": "coffee"})
+    assert (status, body["error"]) == (503, "stopping"), body
+    assert "the agent is stopping" in body["message"]
+    assert 1 <= int(headers["Retry-After"]) <= 20
+    assert (await app.call("GET", f"/sales/{sale}"))[0] == 200  # reads still answered
+    # the coffee came out after the signal: the app says so, and it is heard
+    status, body, _ = await app.call("POST", f"/sales/{sale}/dispensed", {"status": "vended"})
+    assert status == 202, body
+    assert await agent.exit_code() == STOP_SIGNALS[signal.SIGINT], agent.text()[-3000:]
+    assert states(rig.journal) == {sale: "completed"}, agent.text()[-3000:]
+    await money_agrees(rig.sim, rig.journal)  # captured $2.50, nothing voided or refunded
 
 
 @pytest.mark.slow(seconds=15)
 async def test_a_dispense_unheard_by_the_deadline_is_parked_and_finished_by_the_next_start(
-    sim_factory: Any, tmp_path: Path, session: aiohttp.ClientSession
+    rig: DrainRig,
 ) -> None:
-    sim = await sim_factory(time_scale=50, seed=3, transactions=0)
-    agent, app, journal = await started_kiosk(tmp_path, sim, session, stop_timeout=0.5)
-    try:
-        sale = await app.buy_coffee()
-        await sale_reaches(journal, sale, "dispensing")
-        agent.send(signal.SIGTERM)
-        assert await agent.exit_code() == 0, agent.text()[-3000:]
-    finally:
-        await agent.close()
+    agent, _app, sale = await rig.kiosk_dispensing(stop_timeout=0.5)
+    agent.send(signal.SIGTERM)
+    assert await agent.exit_code() == 0, agent.text()[-3000:]
     assert "sales.stop_timeout (0.5 s) has passed; 1 sale(s) still running are parked" in (
         agent.text()
     )
-    assert states(journal) == {sale: "dispensing"}  # parked where it stood
-    assert "parked" in _steps(journal, sale)
-    again = AgentProcess(agent.config, sim, log="again.log")
-    again.env["KIOSK_APP_TOKEN"] = TOKEN
-    try:
-        await again.start()
-        await sale_reaches(journal, sale, "reversed")  # not confirmed: the money goes back
-        again.send(signal.SIGTERM)
-        assert await again.exit_code() == 0, again.text()[-3000:]
-    finally:
-        await again.close()
-    await money_agrees(sim, journal)
+    assert states(rig.journal) == {sale: "dispensing"}  # parked where it stood
+    assert "parked" in _steps(rig.journal, sale)
+    await rig.next_start_ends(sale, {"reversed"})  # not confirmed: the money goes back
+    await money_agrees(rig.sim, rig.journal)
 
 
 @pytest.mark.slow(seconds=15)
-async def test_a_second_signal_ends_the_drain_as_its_deadline_would_have(
-    sim_factory: Any, tmp_path: Path, session: aiohttp.ClientSession
-) -> None:
-    sim = await sim_factory(time_scale=50, seed=3, transactions=0)
-    agent, app, journal = await started_kiosk(tmp_path, sim, session, stop_timeout=300)
-    try:
-        sale = await app.buy_coffee()
-        await sale_reaches(journal, sale, "dispensing")
-        agent.send(signal.SIGTERM)
-        await agent.wait_for_log("stopping: stopping (draining 1 sale")
-        agent.send(signal.SIGINT)
-        # the first signal's exit code; long before the 300 s drain would have ended
-        assert await agent.exit_code(within=30) == 0, agent.text()[-3000:]
-    finally:
-        await agent.close()
+async def test_a_second_signal_ends_the_drain_as_its_deadline_would_have(rig: DrainRig) -> None:
+    agent, _app, sale = await rig.kiosk_dispensing(stop_timeout=300)
+    agent.send(signal.SIGTERM)
+    await agent.wait_for_log("stopping: stopping (draining 1 sale")
+    agent.send(signal.SIGINT)
+    # the first signal's exit code; long before the 300 s drain would have ended
+    assert await agent.exit_code(within=30) == 0, agent.text()[-3000:]
     assert "a second stopping signal ended the drain; 1 sale(s) still running are parked" in (
         agent.text()
     )
-    assert states(journal) == {sale: "dispensing"}
-    again = AgentProcess(agent.config, sim, log="again.log")
-    again.env["KIOSK_APP_TOKEN"] = TOKEN
-    try:
-        await again.start()
-        await sale_reaches(journal, sale, "reversed")
-        again.send(signal.SIGTERM)
-        assert await again.exit_code() == 0, again.text()[-3000:]
-    finally:
-        await again.close()
-    await money_agrees(sim, journal)
+    assert states(rig.journal) == {sale: "dispensing"}
+    await rig.next_start_ends(sale, {"reversed"})
+    await money_agrees(rig.sim, rig.journal)
 
 
 def _steps(journal: Path, sale_id: str) -> list[str]:
@@ -214,126 +242,70 @@ async def approved_vend(adapter: LineDevice, journal: Path) -> str:
 
 
 @pytest.mark.slow(seconds=12)
-@pytest.mark.parametrize("signum", list(STOP_SIGNALS), ids=lambda s: s.name)
 async def test_an_mdb_vend_succeeding_after_the_signal_is_heard_and_the_sale_is_sold(
-    signum: signal.Signals, sim_factory: Any, tmp_path: Path
+    rig: DrainRig,
 ) -> None:
-    sim = await sim_factory(time_scale=50, seed=3, transactions=0)
-    adapter = LineDevice()
-    journal = tmp_path / "journal.db"
-    agent = AgentProcess(configured(tmp_path, sim, journal, vending_machine(adapter.port), 20), sim)
-    try:
-        await agent.start()
-        sale = await approved_vend(adapter, journal)
-        agent.send(signum)
-        await agent.wait_for_log("stopping: stopping (draining 1 sale")
-        adapter.write(b"c,VEND,SUCCESS\n")  # the product came out after the signal
-        assert await agent.exit_code() == STOP_SIGNALS[signum], agent.text()[-3000:]
-    finally:
-        await agent.close()
-        adapter.close()
-    assert states(journal) == {sale: "completed"}, agent.text()[-3000:]
-    await money_agrees(sim, journal)
+    agent, adapter, sale = await rig.mdb_vending(stop_timeout=20)
+    agent.send(signal.SIGQUIT)
+    await agent.wait_for_log("stopping: stopping (draining 1 sale")
+    adapter.write(b"c,VEND,SUCCESS\n")  # the product came out after the signal
+    assert await agent.exit_code() == STOP_SIGNALS[signal.SIGQUIT], agent.text()[-3000:]
+    assert states(rig.journal) == {sale: "completed"}, agent.text()[-3000:]
+    await money_agrees(rig.sim, rig.journal)
 
 
 @pytest.mark.slow(seconds=15)
 async def test_an_mdb_vend_unheard_by_the_deadline_is_parked_then_given_back_on_start(
-    sim_factory: Any, tmp_path: Path
+    rig: DrainRig,
 ) -> None:
-    sim = await sim_factory(time_scale=50, seed=3, transactions=0)
-    adapter = LineDevice()
-    journal = tmp_path / "journal.db"
-    config = configured(tmp_path, sim, journal, vending_machine(adapter.port), 0.5)
-    agent = AgentProcess(config, sim)
-    again = AgentProcess(config, sim, log="again.log")
-    try:
-        await agent.start()
-        sale = await approved_vend(adapter, journal)
-        agent.send(signal.SIGHUP)
-        assert await agent.exit_code() == STOP_SIGNALS[signal.SIGHUP], agent.text()[-3000:]
-        assert states(journal) == {sale: "dispensing"}
-        adapter.write(b"c,VEND,SUCCESS\n")  # too late: nobody hears it
-        await again.start()
-        await sale_reaches(journal, sale, "reversed")
-        again.send(signal.SIGTERM)
-        assert await again.exit_code() == 0, again.text()[-3000:]
-    finally:
-        await agent.close()
-        await again.close()
-        adapter.close()
-    await money_agrees(sim, journal)
+    agent, adapter, sale = await rig.mdb_vending(stop_timeout=0.5)
+    agent.send(signal.SIGHUP)
+    assert await agent.exit_code() == STOP_SIGNALS[signal.SIGHUP], agent.text()[-3000:]
+    assert states(rig.journal) == {sale: "dispensing"}
+    adapter.write(b"c,VEND,SUCCESS\n")  # too late: nobody hears it
+    await rig.next_start_ends(sale, {"reversed"})
+    await money_agrees(rig.sim, rig.journal)
 
 
-async def test_after_the_drained_session_the_mdb_reader_leaves_the_bus(
-    sim_factory: Any, tmp_path: Path
-) -> None:
+async def test_after_the_drained_session_the_mdb_reader_leaves_the_bus(rig: DrainRig) -> None:
     """The customer's session is never cut short by the stop; once it has ended the reader
     steps off the bus (C,0), so the controller offers cashless to nobody else."""
-    sim = await sim_factory(time_scale=50, seed=3, transactions=0)
-    adapter = LineDevice()
-    journal = tmp_path / "journal.db"
-    agent = AgentProcess(configured(tmp_path, sim, journal, vending_machine(adapter.port), 20), sim)
-    try:
-        await agent.start()
-        sale = await approved_vend(adapter, journal)
-        agent.send(signal.SIGTERM)
-        await agent.wait_for_log("stopping: stopping (draining 1 sale")
-        heard = len(adapter.heard)
-        adapter.write(b"c,VEND,SUCCESS\n")
-        await sale_reaches(journal, sale, "completed")
-        assert await agent.exit_code() == 0, agent.text()[-3000:]
-        assert "C,0" in adapter.heard[heard:]  # the reader left the bus once the session ended
-    finally:
-        await agent.close()
-        adapter.close()
-    assert len(states(journal)) == 1
-    await money_agrees(sim, journal)
+    agent, adapter, sale = await rig.mdb_vending(stop_timeout=20)
+    agent.send(signal.SIGTERM)
+    await agent.wait_for_log("stopping: stopping (draining 1 sale")
+    heard = len(adapter.heard)
+    adapter.write(b"c,VEND,SUCCESS\n")
+    await sale_reaches(rig.journal, sale, "completed")
+    assert await agent.exit_code() == 0, agent.text()[-3000:]
+    assert "C,0" in adapter.heard[heard:]  # the reader left the bus once the session ended
+    assert len(states(rig.journal)) == 1
+    await money_agrees(rig.sim, rig.journal)
 
 
 @pytest.mark.slow(seconds=30)
 @pytest.mark.parametrize("seed", [1, 2, 3])
-async def test_a_storm_of_signals_mid_dispense_strands_no_money(
-    seed: int, sim_factory: Any, tmp_path: Path, session: aiohttp.ClientSession
-) -> None:
+async def test_a_storm_of_signals_mid_dispense_strands_no_money(seed: int, rig: DrainRig) -> None:
     """A tech's shell (or a broken supervisor) sends any signals, stop and ignored ones mixed,
     a few milliseconds apart, while the coffee drops; the app confirms somewhere among them.
     Whatever the order: the exit code is the first stop signal's, no sale is left open once
     the next start is through, and the ledger holds exactly what the journal says."""
     rng = random.Random(seed)
-    sim = await sim_factory(time_scale=50, seed=seed, transactions=0)
-    agent, app, journal = await started_kiosk(tmp_path, sim, session, stop_timeout=5)
     storm = rng.choices([*STOP_SIGNALS, *IGNORED_SIGNALS[:6]], k=8)
     first_stop = next(s for s in storm if s in STOP_SIGNALS)
     confirm_at = rng.randrange(len(storm) + 1)
-    try:
-        sale = await app.buy_coffee()
-        await sale_reaches(journal, sale, "dispensing")
-        for n, signum in enumerate(storm):
-            if n == confirm_at:
-                await _confirm_if_heard(app, sale)
-            with contextlib.suppress(ProcessLookupError):  # drained and gone already
-                agent.send(signum)
-            await asyncio.sleep(rng.uniform(0, 0.05))
-        if confirm_at == len(storm):
+    agent, app, sale = await rig.kiosk_dispensing(stop_timeout=5, seed=seed)
+    for n, signum in enumerate(storm):
+        if n == confirm_at:
             await _confirm_if_heard(app, sale)
-        assert await agent.exit_code() == STOP_SIGNALS[first_stop], agent.text()[-3000:]
-    finally:
-        await agent.close()
-    assert states(journal)[sale] in {"completed", "dispensing"}, agent.text()[-3000:]
-    again = AgentProcess(agent.config, sim, log="again.log")
-    again.env["KIOSK_APP_TOKEN"] = TOKEN
-    try:
-        await again.start()
-        await again.wait_ready()
-        async with asyncio.timeout(30):  # recovery finishes what the storm left open
-            while states(journal)[sale] not in {"completed", "reversed"}:
-                await asyncio.sleep(0.05)
-        again.send(signal.SIGTERM)
-        assert await again.exit_code() == 0, again.text()[-3000:]
-    finally:
-        await again.close()
-    assert states(journal)[sale] in {"completed", "reversed"}
-    await money_agrees(sim, journal)
+        with contextlib.suppress(ProcessLookupError):  # drained and gone already
+            agent.send(signum)
+        await asyncio.sleep(rng.uniform(0, 0.05))
+    if confirm_at == len(storm):
+        await _confirm_if_heard(app, sale)
+    assert await agent.exit_code() == STOP_SIGNALS[first_stop], agent.text()[-3000:]
+    assert states(rig.journal)[sale] in {"completed", "dispensing"}, agent.text()[-3000:]
+    await rig.next_start_ends(sale, {"completed", "reversed"})
+    await money_agrees(rig.sim, rig.journal)
 
 
 async def _confirm_if_heard(app: App, sale: str) -> None:

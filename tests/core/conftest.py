@@ -15,8 +15,17 @@ from kiosk_agent.core.config import load_config
 from kiosk_agent.sales.clock import SYSTEM_CLOCK, Clock, FakeClock
 
 from .agent_helpers import REQUEST_TIMEOUT, TIME_SCALE, write_config
+from .crash_driver import WarmDrivers
 
 AgentFactory = Callable[..., Awaitable[Agent]]
+
+
+@pytest.fixture
+async def drivers(tmp_path: Path) -> AsyncIterator[WarmDrivers]:
+    """The crash drivers' server (``crash_driver.py serve``): each driver a process of its own,
+    forked with the agent already imported."""
+    async with WarmDrivers(tmp_path / "server.log") as server:
+        yield server
 
 
 @pytest.fixture

@@ -383,14 +383,60 @@ class ChaosReport:
         }
 
 
+class ForkedProcess:
+    """What :class:`Child` uses of ``asyncio.subprocess.Process``, for a driver that
+    :class:`WarmDrivers` forked: its exit code is the server's ``ENDED`` line."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self.returncode: int | None = None
+        self.ended = asyncio.Event()
+
+    def send_signal(self, signum: int) -> None:
+        if self.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.pid, signum)
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
+
+    async def wait(self) -> int:
+        await self.ended.wait()
+        assert self.returncode is not None
+        return self.returncode
+
+
 class Child:
     """A child process whose stdout lines are read as they come."""
 
-    def __init__(self, name: str, proc: asyncio.subprocess.Process) -> None:
+    def __init__(
+        self, name: str, proc: asyncio.subprocess.Process | ForkedProcess,
+        server: WarmDrivers | None = None,
+    ) -> None:
         self.name = name
         self.proc = proc
         self.lines: asyncio.Queue[str] = asyncio.Queue()
-        self._reader = asyncio.create_task(self._read())
+        self._reader = asyncio.create_task(self._read() if server is None else self._hear(server))
+
+    @classmethod
+    async def fork(
+        cls, name: str, server: WarmDrivers, argv: list[str], log: Path, env: dict[str, str]
+    ) -> Child:
+        """``crash_driver.py ARGV...`` forked by ``server``: a process of its own, its imports
+        done once for all of them."""
+        with log.open("a") as err:
+            err.write(f"--- {name} (forked): {' '.join(argv)}\n")
+        return cls(name, ForkedProcess(await server.start(argv, env, log)), server)
+
+    async def _hear(self, server: WarmDrivers) -> None:
+        """The forked driver's lines, until the server says it ended."""
+        assert isinstance(self.proc, ForkedProcess)
+        while said := await server.line():
+            if said.startswith("ENDED "):
+                self.proc.returncode = int(said.split()[1])
+                self.proc.ended.set()
+                return
+            self.lines.put_nowait(said)
 
     @classmethod
     async def spawn(cls, name: str, args: list[str], log: Path, env: dict[str, str]) -> Child:
@@ -562,6 +608,7 @@ class Chaos:
         self.machines: list[Child] = []
         self.records: list[Path] = []
         self.agent: Child | None = None
+        self.drivers: WarmDrivers | None = None  # the agents' server
         self.admin_port = 0
         self.session: aiohttp.ClientSession | None = None
         self.faults: SimFaults | None = None
@@ -580,6 +627,10 @@ class Chaos:
             from tests.faketime import SteppedClock
 
             self.clock = SteppedClock(self.dir / "faketime")
+        # every agent is forked from one server (libfaketime preloaded there when the clock
+        # steps, so in every agent too): a restart costs its start, not 1.2 s of imports
+        server_env = {**self.env, **self.clock.env()} if self.clock is not None else self.env
+        self.drivers = await WarmDrivers(self.dir / "drivers-server.log", server_env).__aenter__()
         self.sim = await Child.spawn(
             "sim",
             ["-m", "kiosk_agent", "sim", "--port", "0", "--time-scale", str(opts.time_scale),
@@ -624,6 +675,8 @@ class Chaos:
         if self.agent is not None:
             self.agent.kill()
             await self.agent.stop()
+        if self.drivers is not None:
+            await self.drivers.__aexit__()
         for machine in self.machines:
             await machine.stop()
         if self.session is not None:
@@ -679,10 +732,10 @@ class Chaos:
     async def _start_agent(self) -> Child:
         self.report.restarts += 1
         env = {**self.env, **self.clock.env()} if self.clock is not None else self.env
-        self.agent = await Child.spawn(
-            "agent", [str(Path(__file__)), "agent", str(self.dir / "config.yaml")],
-            self.log, env,
-        )  # fmt: skip
+        assert self.drivers is not None
+        self.agent = await Child.fork(
+            "agent", self.drivers, ["agent", str(self.dir / "config.yaml")], self.log, env
+        )
         return self.agent
 
     async def status(self) -> dict[str, Any] | None:
@@ -1152,7 +1205,141 @@ def judge(
             )
 
 
+# =============================================================================================
+# Warm starts: one interpreter imports the agent once, then forks a driver for each run.
+# =============================================================================================
+
+
+def serve() -> int:
+    """``python crash_driver.py serve``: one driver forked per JSON line read on stdin,
+    ``{"argv": [...], "env": {...}, "stderr": PATH}``, each running exactly as
+    ``python crash_driver.py ARGV...`` with that environment would, but from this interpreter's
+    modules, imported once (a fresh interpreter spends about 1.2 s of CPU importing them: most
+    of what a crash test's driver costs). The driver is a process of its own all the same: its
+    journal, sockets and threads are its own, and the SIGKILL it gets is the kernel's. A driver
+    says ``FORKED pid`` first; once it has ended, this server says ``ENDED code`` (``-9`` for a
+    SIGKILL, as ``Popen.returncode`` has it). Drivers run one at a time."""
+    _warm_up()
+    say("SERVING")
+    while request := sys.stdin.readline():
+        spec = json.loads(request)
+        pid = os.fork()
+        if pid == 0:
+            _run_forked(spec)  # never returns
+        _, status = os.waitpid(pid, 0)
+        say(f"ENDED {os.waitstatus_to_exitcode(status)}")
+    return 0
+
+
+def _warm_up() -> None:
+    """What a driver imports after its start, imported before the forks, and the heap frozen
+    so the drivers' collections leave these objects (and their copy-on-write pages) alone."""
+    import gc
+
+    import kiosk_agent.cli
+    import kiosk_agent.cli.agent  # noqa: F401
+
+    gc.collect()
+    gc.freeze()
+
+
+def _run_forked(spec: dict[str, Any]) -> None:
+    code = 1
+    try:
+        os.dup2(os.open(os.devnull, os.O_RDONLY), 0)  # the server's requests are not the driver's
+        os.dup2(os.open(spec["stderr"], os.O_WRONLY | os.O_APPEND | os.O_CREAT), 2)
+        os.environ.clear()
+        os.environ.update(spec["env"])
+        random.seed()  # a fresh interpreter's, not the server's state shared by every driver
+        sys.argv = [str(Path(__file__)), *spec["argv"]]
+        say(f"FORKED {os.getpid()}")
+        code = _entry(spec["argv"])
+    except SystemExit as exit_:
+        code = exit_.code if isinstance(exit_.code, int) else 1
+    except BaseException:  # a driver's failure is its exit code and its traceback, as unforked
+        import traceback
+
+        traceback.print_exc()
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+
+
+class WarmDrivers:
+    """The test's side of :func:`serve`: ``async with WarmDrivers(log) as drivers``, then
+    :meth:`start` a driver and :meth:`line` its stdout until :meth:`ended` says how it ended."""
+
+    def __init__(self, log: Path, env: dict[str, str] | None = None) -> None:
+        self.log = log  # the server's own stderr (each driver names its own)
+        self.env = env  # the server's environment (a driver's is given at its start)
+        self.proc: asyncio.subprocess.Process | None = None
+        self.pid = 0  # the running driver's
+
+    async def __aenter__(self) -> WarmDrivers:
+        with self.log.open("a") as err:
+            self.proc = await asyncio.create_subprocess_exec(
+                sys.executable, str(Path(__file__)), "serve",
+                stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=err,
+                env=self.env,
+            )  # fmt: skip
+        async with asyncio.timeout(60):
+            assert (await self.line()) == "SERVING", self.log.read_text()[-3000:]
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        assert self.proc is not None
+        assert self.proc.stdin is not None
+        if self.pid:
+            self.kill()
+        self.proc.stdin.close()
+        try:
+            async with asyncio.timeout(10):
+                await self.proc.wait()
+        except TimeoutError:
+            self.proc.kill()
+            await self.proc.wait()
+
+    async def start(self, argv: list[str], env: dict[str, str], stderr: Path) -> int:
+        """A driver forked with ``argv`` and ``env``; its pid once it runs."""
+        assert self.proc is not None
+        assert self.proc.stdin is not None
+        request = {"argv": argv, "env": env, "stderr": str(stderr)}
+        self.proc.stdin.write(json.dumps(request).encode() + b"\n")
+        await self.proc.stdin.drain()
+        async with asyncio.timeout(30):
+            first = await self.line()
+        assert first.startswith("FORKED "), first
+        self.pid = int(first.split()[1])
+        return self.pid
+
+    async def line(self) -> str:
+        """The next line the running driver (or the server) said; "" when the server is gone."""
+        assert self.proc is not None
+        assert self.proc.stdout is not None
+        said = (await self.proc.stdout.readline()).decode(errors="replace").rstrip("\n")
+        if said.startswith("ENDED "):
+            self.pid = 0  # gone: its pid may be another process's soon
+        return said
+
+    async def ended(self) -> int:
+        """The running driver's exit code, once it has ended (its remaining lines skipped)."""
+        while not (said := await self.line()).startswith("ENDED "):
+            assert said, "the driver server ended: " + self.log.read_text()[-3000:]
+        return int(said.split()[1])
+
+    def kill(self) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(self.pid, signal.SIGKILL)
+
+
+def _entry(argv: list[str]) -> int:
+    if argv[:1] == ["agent"]:
+        return run_agent(argv[1])
+    return asyncio.run(main(argv))
+
+
 if __name__ == "__main__":
-    if sys.argv[1:2] == ["agent"]:
-        sys.exit(run_agent(sys.argv[2]))
-    sys.exit(asyncio.run(main(sys.argv[1:])))
+    if sys.argv[1:2] == ["serve"]:
+        sys.exit(serve())
+    sys.exit(_entry(sys.argv[1:]))

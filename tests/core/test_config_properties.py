@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 import yaml
-from hypothesis import given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from kiosk_agent.core.config import ConfigError, ConfigInvalid, check_config, load_config
@@ -54,7 +54,7 @@ def check_text(directory: Path, text: str) -> list[ConfigError]:
     return errors
 
 
-@settings(max_examples=200)
+# these three take as many examples as the profile asks (tests/conftest.py)
 @given(st.text(max_size=400))
 def test_any_text(config_dir: Path, text: str) -> None:
     check_text(config_dir, text)
@@ -74,7 +74,6 @@ TOKENS = [
 ]  # fmt: skip
 
 
-@settings(max_examples=400)
 @given(st.lists(st.sampled_from(TOKENS), max_size=80))
 def test_a_soup_of_yaml_tokens(config_dir: Path, tokens: list[str]) -> None:
     check_text(config_dir, "".join(tokens))
@@ -156,7 +155,6 @@ SECTIONS = st.fixed_dictionaries(
 
 
 @pytest.mark.slow
-@settings(max_examples=300)
 @given(SECTIONS)
 def test_well_formed_yaml_of_the_config_sections(config_dir: Path, config: dict[str, Any]) -> None:
     errors = check_text(config_dir, yaml.safe_dump(config, allow_unicode=True))

@@ -1,9 +1,12 @@
 """SIGKILL the agent at every step of every flow, restart it, and ask the simulator what happened.
 
-The agent runs as a real process (``crash_driver.py``) against a simulator in this process. Each
-driver first recovers what the previous, killed one left open, then starts the next sale and is
-killed right after its Nth journal step (before the call that step announces). The last driver
-only recovers. Then, from the service's own records (reporting) and the machine's vend counter:
+The agent runs as a real process (``crash_driver.py``) against a simulator in this process, forked
+from one warm interpreter (``WarmDrivers``) that imported the agent once: each driver is a process
+of its own, SIGKILLed by the kernel, without 1.2 s of CPU spent on imports each time (there are some
+70 drivers here). Each driver first recovers what the previous, killed one left open, then starts
+the next sale and is killed right after its Nth journal step (before the call that step announces).
+The last driver only recovers. Then, from the service's own records (reporting) and the machine's
+vend counter:
 
 - no sale is lost: every sale any process started is in the journal, and ended;
 - no double charge: at most one charge per sale holds or held money;
@@ -15,7 +18,6 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-import sys
 import textwrap
 from pathlib import Path
 from typing import Any
@@ -27,7 +29,7 @@ from kiosk_agent.sales.journal import Journal
 from kiosk_agent.sales.states import SaleState
 from kiosk_agent.service.client import ServiceClient
 from kiosk_agent.service.models import TransactionFilter, TransStatus
-from tests.core.crash_driver import CHARGED, HELD
+from tests.core.crash_driver import CHARGED, HELD, WarmDrivers
 from tests.helpers import service_yaml, sim_call
 
 DRIVER = Path(__file__).with_name("crash_driver.py")
@@ -65,7 +67,10 @@ def write_config(directory: Path, sim: Any) -> Path:
 
 
 class Driver:
-    def __init__(self, config: Path, markers: Path, env: dict[str, str]) -> None:
+    def __init__(
+        self, drivers: WarmDrivers, config: Path, markers: Path, env: dict[str, str]
+    ) -> None:
+        self.drivers = drivers
         self.log = config.with_name("drivers.log")
         self.config = config
         self.markers = markers
@@ -78,45 +83,36 @@ class Driver:
         """One agent process; 'killed' or 'done'. Kills it with SIGKILL when it says KILLME."""
         with self.log.open("a") as log:
             log.write(f"--- driver {' '.join(map(str, sale))}\n")
-            log.flush()
-            proc = await asyncio.create_subprocess_exec(
-                sys.executable,
-                str(DRIVER),
-                str(self.config),
-                str(self.markers),
-                *map(str, sale),
-                stdout=asyncio.subprocess.PIPE,
-                stderr=log,
-                env={**self.env, "CRASH_RECOVERY_KILL": recovery_kill or ""},
-            )
-        assert proc.stdout is not None
+        argv = [str(self.config), str(self.markers), *map(str, sale)]
+        env = {**self.env, "CRASH_RECOVERY_KILL": recovery_kill or ""}
+        await self.drivers.start(argv, env, self.log)
         outcome = "done"
         self.steps = []
         try:
             async with asyncio.timeout(30):
-                while line := (await proc.stdout.readline()).decode():
+                while not (line := await self.drivers.line()).startswith("ENDED "):
+                    assert line, "the drivers' server ended: " + self.log.read_text()[-3000:]
                     words = line.split()
                     if words[0] == "STEP":
                         self.started_sales.add(words[-1])
                         self.steps.append(words[2])
                     elif words[0] == "KILLME":
-                        proc.send_signal(signal.SIGKILL)
+                        self.drivers.kill()
                         self.kills += 1
                         outcome = "killed"
-                        break
-                await proc.wait()
         except TimeoutError:
-            proc.kill()
-            await proc.wait()
+            self.drivers.kill()
+            await self.drivers.ended()
             raise AssertionError(self.log.read_text()[-3000:]) from None
+        returncode = int(line.split()[1])
         if outcome == "done":
-            assert proc.returncode == 0, self.log.read_text()[-3000:]
+            assert returncode == 0, self.log.read_text()[-3000:]
         else:
-            assert proc.returncode == -signal.SIGKILL
+            assert returncode == -signal.SIGKILL
         return outcome
 
 
-def driver_on(sim: Any, tmp_path: Path) -> Driver:
+def driver_on(sim: Any, drivers: WarmDrivers, tmp_path: Path) -> Driver:
     """A crash driver for agents on ``sim``, with its keys in their environment."""
     info = sim.ready_info()
     env = {
@@ -126,15 +122,15 @@ def driver_on(sim: Any, tmp_path: Path) -> Driver:
     }
     markers = tmp_path / "vended.txt"
     markers.touch()
-    return Driver(write_config(tmp_path, sim), markers, env)
+    return Driver(drivers, write_config(tmp_path, sim), markers, env)
 
 
 @pytest.mark.slow(seconds=55)
 async def test_sigkill_at_every_step_loses_no_sale_and_keeps_no_unearned_money(
-    sim_factory: Any, tmp_path: Path
+    sim_factory: Any, drivers: WarmDrivers, tmp_path: Path
 ) -> None:
     sim = await sim_factory(time_scale=TIME_SCALE, seed=2, transactions=0)
-    driver = driver_on(sim, tmp_path)
+    driver = driver_on(sim, drivers, tmp_path)
 
     for flow, cents, dispense in CASES:
         kill_at = 1
@@ -251,14 +247,14 @@ async def kill_at_each_overlap(
 
 @pytest.mark.slow(seconds=20)
 async def test_sigkill_with_a_capturing_sale_and_a_newer_one_on_its_terminal_ends_both(
-    sim_factory: Any, tmp_path: Path
+    sim_factory: Any, drivers: WarmDrivers, tmp_path: Path
 ) -> None:
     # The first sale vended and released the terminal; its capture is held by the service (a
     # black hole: never processed) when the agent is killed at a step of the second sale. The
     # next start must capture the first (the goods are out) and end the second as its own
     # step says: nothing moved, an authorization given back, or its capture made.
     sim = await sim_factory(time_scale=TIME_SCALE, seed=3, transactions=0)
-    driver = driver_on(sim, tmp_path)
+    driver = driver_on(sim, drivers, tmp_path)
     held_capture = {"path": "/api/v1/capture", "fault": "black_hole", "count": 1}
     pairs = await kill_at_each_overlap(sim, driver, tmp_path, held_capture, SaleState.CAPTURING)
 
@@ -271,14 +267,14 @@ async def test_sigkill_with_a_capturing_sale_and_a_newer_one_on_its_terminal_end
 
 @pytest.mark.slow(seconds=23)
 async def test_sigkill_with_a_lost_authorization_and_a_newer_sale_on_its_terminal_ends_both(
-    sim_factory: Any, tmp_path: Path
+    sim_factory: Any, drivers: WarmDrivers, tmp_path: Path
 ) -> None:
     # The first sale's authorization answer is lost (the charge made): it tells the machine no,
     # frees the terminal and asks reporting, which is slow (2 s a lookup), when the agent is
     # killed at a step of the next customer's sale. The next start gives the first one's money
     # back (found in reporting) and ends the second as its own step says; reporting stays slow.
     sim = await sim_factory(time_scale=TIME_SCALE, seed=4, transactions=0)
-    driver = driver_on(sim, tmp_path)
+    driver = driver_on(sim, drivers, tmp_path)
     slow_reporting = {"path": "/ords/sprint/api/3p/v1/transactions", "method": "GET",
                       "fault": "latency", "delay_s": 2}  # fmt: skip
     await sim_call(sim, "POST", "/sim/faults", slow_reporting)
@@ -294,3 +290,19 @@ async def test_sigkill_with_a_lost_authorization_and_a_newer_sale_on_its_termina
         assert (first.authorized_cents, first.reversed_cents) == (300, 300)
         assert sales[second_id].state is second_ends, sales[second_id].message
     await assert_no_unearned_money(sim, sales, driver.markers)
+
+
+async def test_a_warm_driver_is_a_process_of_its_own_whose_failure_is_its_exit_code(
+    drivers: WarmDrivers, tmp_path: Path
+) -> None:
+    """What the crash tests rely on in WarmDrivers: each driver a new process (not the server),
+    its stderr in the file it was given, its failure its exit code. (Its environment is its
+    own too: the drivers above find the simulator's keys only in the one they are given.)"""
+    log = tmp_path / "driver.log"
+    argv = [str(tmp_path / "missing.yaml"), str(tmp_path / "m.txt")]
+    pid = await drivers.start(argv, dict(os.environ), log)
+    assert drivers.proc is not None
+    assert pid not in (os.getpid(), drivers.proc.pid)
+    assert (await drivers.ended()) == 1
+    assert "missing.yaml" in log.read_text()  # its traceback, in the file it was given
+    assert drivers.pid == 0  # ended: its pid is no longer killed by the server's user

@@ -20,6 +20,7 @@ from kiosk_agent.core.config import load_config
 from kiosk_agent.sales.states import SaleState
 from kiosk_agent.sales.unit import OwnUnit
 from kiosk_agent.service.models import TransStatus
+from tests.core.crash_driver import WarmDrivers
 from tests.core.test_crash import TIME_SCALE, Driver, write_config
 
 from .disk_helpers import ledger
@@ -56,7 +57,8 @@ DAMAGE = {"wal_deleted": delete_wal, "truncated": truncate, "page_overwritten": 
 
 @pytest.mark.parametrize("damage", list(DAMAGE))
 async def test_a_charge_the_damaged_journal_lost_is_given_back_before_any_customer(
-    damage: str, sim_factory: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    damage: str, sim_factory: Any, drivers: WarmDrivers, tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     sim = await sim_factory(time_scale=TIME_SCALE, seed=3, transactions=0)
     info = sim.ready_info()
@@ -65,7 +67,7 @@ async def test_a_charge_the_damaged_journal_lost_is_given_back_before_any_custom
     markers = tmp_path / "vended.txt"
     markers.touch()
     config_path = write_config(tmp_path, sim)
-    driver = Driver(config_path, markers, dict(os.environ))
+    driver = Driver(drivers, config_path, markers, dict(os.environ))
     # charged, then killed as the dispense is journaled: the service holds the money
     assert await driver.run("charge_card", 250, "vended", 5) == "killed"
     assert driver.steps[-1] == "dispense.request"

@@ -1,19 +1,19 @@
 """Rolling back: the previous release runs, for real, on a journal this release wrote.
 
-The previous release is the commit before this work (``PREVIOUS_RELEASE``), taken from git into
-its own directory with its own virtualenv, built once and kept (``KIOSK_RELEASES_DIR``, by
-default /var/tmp/kiosk-agent-releases): the first run takes about a minute (pip), later ones
-reuse it. It reads every column of the sales table into its own record type, so this release
-adds none (new facts go into new tables) and keeps the schema version: the rollback in
-docs/operations.md holds. A journal of a *newer* schema is refused by this release before
-anything is written.
-"""
+The previous release is the commit before this work (``PREVIOUS_RELEASE``), taken from git into its
+own directory with its own virtualenv, built once by uv from the wheels ``./dev`` already fetched
+and kept (``previous_release``). It reads every column of the sales table into its own record type,
+so this release adds none (new facts go into new tables) and keeps the schema version: the rollback
+in docs/operations.md holds. A journal of a *newer* schema is refused by this release before
+anything is written."""
 
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -26,6 +26,7 @@ from kiosk_agent.sales.journal import SCHEMA_VERSION, Journal, JournalTooNew
 from kiosk_agent.sales.states import Step
 from kiosk_agent.sales.unit import OwnUnit
 from kiosk_agent.service.models import TransStatus
+from tests.core.crash_driver import WarmDrivers
 from tests.core.test_crash import TIME_SCALE, Driver, write_config
 
 from .disk_helpers import ledger
@@ -35,24 +36,38 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def previous_release() -> Path:
-    """The previous release's tree with its virtualenv (built once, then reused)."""
-    root = Path(os.environ.get("KIOSK_RELEASES_DIR", "/var/tmp/kiosk-agent-releases"))
-    tree = root / PREVIOUS_RELEASE
-    python = tree / ".venv" / "bin" / "python"
+    """The previous release's tree with its virtualenv, built once per lock and then reused.
+
+    Built by uv (this virtualenv's) with this repository's lock as constraints: the versions
+    ``./dev`` installed, whose wheels uv's cache holds already, so on a fresh clone it takes
+    seconds, not pip's minute of downloads; kept under the per-user cache ``./dev`` uses for its
+    tools (``KIOSK_RELEASES_DIR`` elsewhere), keyed by the release and the lock."""
+    lock = REPO / "requirements-dev.lock"
+    key = hashlib.sha256(lock.read_bytes()).hexdigest()[:12]
+    cache = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "kiosk-agent"
+    root = Path(os.environ.get("KIOSK_RELEASES_DIR", cache / "releases"))
+    tree = root / f"{PREVIOUS_RELEASE}-{key}"
     if (tree / ".built").exists():
         return tree
-    tree.mkdir(parents=True, exist_ok=True)
     archive = subprocess.run(["git", "-C", str(REPO), "archive", PREVIOUS_RELEASE],
                              capture_output=True, check=False)
     if archive.returncode != 0:
         pytest.skip(f"the previous release {PREVIOUS_RELEASE} is not in this repository's git")
+    shutil.rmtree(tree, ignore_errors=True)  # a build cut short is made again
+    tree.mkdir(parents=True)
     subprocess.run(["tar", "-x", "-C", str(tree)], input=archive.stdout, check=True)
-    subprocess.run([sys.executable, "-m", "venv", str(tree / ".venv")], check=True)
-    installed = subprocess.run([str(python), "-m", "pip", "install", "-q", "-e", str(tree)],
-                               capture_output=True, text=True, check=False)
-    if installed.returncode != 0:
-        pytest.skip(f"cannot install the previous release: {installed.stderr[-500:]}")
-    (tree / ".built").write_text(PREVIOUS_RELEASE + "\n")
+    uv = shutil.which("uv") or str(Path(sys.executable).with_name("uv"))
+    made = subprocess.run([uv, "venv", "-q", "--python", sys.executable, str(tree / ".venv")],
+                          capture_output=True, text=True, check=False)
+    installed = made.returncode == 0 and subprocess.run(
+        [uv, "pip", "install", "-q", "--python", str(tree / ".venv" / "bin" / "python"),
+         "-c", str(lock), str(tree)],
+        capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    if not installed or installed.returncode != 0:
+        why = (installed.stderr if installed else made.stderr)[-500:]
+        pytest.skip(f"cannot install the previous release: {why}")
+    (tree / ".built").write_text(f"{PREVIOUS_RELEASE} {key}\n")
     return tree
 
 
@@ -70,9 +85,10 @@ async def test_the_previous_release_runs_on_a_journal_this_one_wrote(
     markers.touch()
     config = write_config(tmp_path, sim)
     # this release, as a process: one sale completed, one charged and killed before its vend
-    driver = Driver(config, markers, env)
-    assert await driver.run("charge_card", 250, "vended", 99) == "done"
-    assert await driver.run("charge_card", 300, "vended", 5) == "killed"
+    async with WarmDrivers(tmp_path / "server.log", env) as drivers:
+        driver = Driver(drivers, config, markers, env)
+        assert await driver.run("charge_card", 250, "vended", 99) == "done"
+        assert await driver.run("charge_card", 300, "vended", 5) == "killed"
     killed = next(s for s in driver.started_sales if s not in markers.read_text())
     kept = json.loads((tmp_path / "journal.db.unit").read_text())
     order_id = OwnUnit(kept["unit_id"], key=kept["key"]).order_id(killed)  # sales/unit.py

@@ -8,19 +8,22 @@ The signals that start a drain, in a real process, are tests/cli/test_agent_drai
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import re
 import time
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
 import aiohttp
+import pytest
 
 from kiosk_agent.platforms import mdb_protocol as wire
 from kiosk_agent.platforms.gpio import PLATFORM_SCHEMA as GPIO_SCHEMA
 from kiosk_agent.platforms.gpio import setup_with_chip
 from kiosk_agent.platforms.kiosk_api import KioskApi
 from kiosk_agent.platforms.virtual import Status, VirtualController, VisitOutcome
-from kiosk_agent.sales.clock import FakeClock
+from kiosk_agent.sales.clock import SYSTEM_CLOCK, Clock, FakeClock
 from kiosk_agent.sales.journal import Journal
 from kiosk_agent.sales.states import SaleState, Step
 
@@ -42,21 +45,37 @@ async def _call(api: KioskApi, method: str, path: str, body: Any = None) -> tupl
         return response.status, await response.json(), response.headers
 
 
-async def _dispensing(agent: Any, sale_id: str) -> None:
-    await until(lambda: agent.journal.get(sale_id).state is SaleState.DISPENSING, timeout=10)
+KioskSale = tuple[Any, KioskApi, str]  # (the Agent, its kiosk API, the sale id)
+
+
+@pytest.fixture
+def kiosk_dispensing(
+    tmp_path: Path, sim_settings: Any
+) -> Callable[..., contextlib.AbstractAsyncContextManager[KioskSale]]:
+    """``async with kiosk_dispensing(sales, clock=...) as (agent, api, sale)``: the real Agent
+    behind a kiosk app (over HTTP), one coffee bought and at `dispensing`, the app's
+    confirmation not sent yet."""
+
+    @contextlib.asynccontextmanager
+    async def start(sales: dict[str, Any], clock: Clock = SYSTEM_CLOCK) -> AsyncIterator[KioskSale]:
+        async with running_agent(tmp_path, sim_settings, [KIOSK], sales=sales, clock=clock,
+                                 secrets={"kiosk_token": TOKEN}) as agent:
+            [api] = agent.platforms
+            assert isinstance(api, KioskApi)
+            status, body, _ = await _call(api, "POST", "/sales", {"product": "coffee"})
+            assert status == 202, body
+            sale = body["sale_id"]
+            await until(lambda: agent.journal.get(sale).state is SaleState.DISPENSING, timeout=10)
+            yield agent, api, sale
+
+    return start
 
 
 async def test_a_kiosk_app_confirming_during_the_drain_is_heard_while_new_sales_get_503(
-    tmp_path: Path, sim_settings: Any
+    kiosk_dispensing: Any,
 ) -> None:
     sales = {"vend_timeout": 60, "stop_timeout": 20}
-    async with running_agent(tmp_path, sim_settings, [KIOSK], sales=sales,
-                             secrets={"kiosk_token": TOKEN}) as agent:
-        [api] = agent.platforms
-        assert isinstance(api, KioskApi)
-        status, body, _ = await _call(api, "POST", "/sales", {"product": "coffee"})
-        sale = body["sale_id"]
-        await _dispensing(agent, sale)
+    async with kiosk_dispensing(sales) as (agent, api, sale):
         draining = asyncio.create_task(agent.drain())
         await until(lambda: agent.sales.stopping)
         health = agent.health.snapshot()
@@ -82,17 +101,11 @@ async def test_a_kiosk_app_confirming_during_the_drain_is_heard_while_new_sales_
 
 
 async def test_a_kiosk_sale_unconfirmed_at_the_deadline_is_parked_not_given_back(
-    tmp_path: Path, sim_settings: Any
+    tmp_path: Path, kiosk_dispensing: Any
 ) -> None:
     clock = FakeClock(wall=time.time())
     sales = {"vend_timeout": 600, "stop_timeout": 30}
-    async with running_agent(tmp_path, sim_settings, [KIOSK], sales=sales, clock=clock,
-                             secrets={"kiosk_token": TOKEN}) as agent:
-        [api] = agent.platforms
-        assert isinstance(api, KioskApi)
-        _, body, _ = await _call(api, "POST", "/sales", {"product": "coffee"})
-        sale = body["sale_id"]
-        await _dispensing(agent, sale)
+    async with kiosk_dispensing(sales, clock=clock) as (agent, _api, sale):
         stopping = asyncio.create_task(agent.stop())
         await until(lambda: agent.sales.stopping)
         await clock.advance(29.0)
