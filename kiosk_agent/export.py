@@ -74,11 +74,39 @@ class Amount:
         return cents_to_dollars(self.cents)
 
 
-def timestamp(moment: dt.datetime) -> str:
-    """``2026-11-22T10:15:30Z``: UTC, to the second (a naive time is taken as UTC)."""
+Moment = dt.datetime | float | str
+
+
+def in_utc(moment: Moment) -> dt.datetime:
+    """A moment in UTC: Unix seconds, a datetime or the ISO 8601 text JSON holds (the agent's
+    own answers read back by a command); a naive one is taken as UTC."""
+    if isinstance(moment, str):
+        moment = dt.datetime.fromisoformat(moment.replace("Z", "+00:00"))
+    elif not isinstance(moment, dt.datetime):
+        return dt.datetime.fromtimestamp(moment, dt.UTC)
     if moment.tzinfo is None:
-        moment = moment.replace(tzinfo=dt.UTC)
-    return moment.astimezone(dt.UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
+        return moment.replace(tzinfo=dt.UTC)
+    return moment.astimezone(dt.UTC)
+
+
+def timestamp(moment: Moment) -> str:
+    """``2026-11-22T10:15:30Z``: every time in JSON and CSV (UTC, to the second)."""
+    return in_utc(moment).isoformat(timespec="seconds").replace("+00:00", "Z")
+
+
+def optional_timestamp(moment: Moment | None) -> str | None:
+    """:func:`timestamp`, and JSON's null for no time."""
+    return None if moment is None else timestamp(moment)
+
+
+def display_time(moment: Moment) -> str:
+    """``2026-11-22 10:15:30Z``: a time for people (tables, messages), UTC and said so."""
+    return f"{in_utc(moment):%Y-%m-%d %H:%M:%SZ}"
+
+
+def display_clock(moment: Moment) -> str:
+    """``10:15:30Z``: a time of today for people (a live line, a deadline), UTC and said so."""
+    return f"{in_utc(moment):%H:%M:%SZ}"
 
 
 def neutralise(text: str) -> str:
@@ -249,7 +277,7 @@ def export_sales(sales: Iterable[SaleRecord], fmt: str) -> Iterator[str]:
 def sale_values(sale: SaleRecord) -> dict[str, Any]:
     """One sale of the journal for export (``sales --format csv|json``)."""
     return {
-        "created": timestamp(dt.datetime.fromtimestamp(sale.created_at, dt.UTC)),
+        "created": timestamp(sale.created_at),
         "sale_id": sale.sale_id,
         "order_id": sale.order_id,
         "source": sale.source,
@@ -302,7 +330,7 @@ def audit_values(column: Mapping[str, Any], last_read: Mapping[str, Any] | None)
     """One column of the machine's books for export."""
 
     def moment(at: float | None) -> str:
-        return "" if at is None else timestamp(dt.datetime.fromtimestamp(at, dt.UTC))
+        return "" if at is None else timestamp(at)
 
     price = column.get("price")
     return {

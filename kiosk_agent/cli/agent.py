@@ -32,7 +32,7 @@ from kiosk_agent.cli.contract import (
     say,
     wants_json,
 )
-from kiosk_agent.export import SALE_FORMATS, export_sales, sale_values
+from kiosk_agent.export import SALE_FORMATS, display_time, export_sales, sale_values
 from kiosk_agent.moments import MOMENT_FORMS
 from kiosk_agent.money import format_cents
 from kiosk_agent.sales.model import money_text
@@ -474,7 +474,6 @@ async def attention_command(args: argparse.Namespace) -> int:
     from kiosk_agent.text import for_terminal
 
     for sale in stalled:
-        since = dt.datetime.fromtimestamp(sale.updated_at, dt.UTC)
         moved = (
             f"not moved for {now - sale.updated_at:.0f} s" if sale.updated_at <= now else
             f"its last step is dated {sale.updated_at - now:.0f} s after now (the clock was "
@@ -482,21 +481,20 @@ async def attention_command(args: argparse.Namespace) -> int:
         )  # fmt: skip
         print(
             f"{sale.sale_id}  {sale.order_id}  {for_terminal(sale.source)}  open "
-            f"({sale.state.value}) since {since:%Y-%m-%d %H:%M:%SZ}\n  {moved}: the agent "
+            f"({sale.state.value}) since {display_time(sale.updated_at)}\n  {moved}: the agent "
             "finishes it (a journal that cannot take writes keeps it in memory meanwhile)"
         )
     for sale, why in others:
-        since = dt.datetime.fromtimestamp(sale.updated_at, dt.UTC)
         print(
             f"{sale.sale_id}  {sale.order_id}  {for_terminal(sale.source)}  {money_text(sale)}  "
-            f"open ({sale.state.value}) since {since:%Y-%m-%d %H:%M:%SZ}\n  {why}"
+            f"open ({sale.state.value}) since {display_time(sale.updated_at)}\n  {why}"
         )
     for sale in sales:
-        when = dt.datetime.fromtimestamp(sale.finished_at or sale.updated_at, dt.UTC)
         # the sales list's words: "held $0.00" said of a charge whose answer was lost
         print(
             f"{sale.sale_id}  {sale.order_id}  {for_terminal(sale.source)}  {money_text(sale)}  "
-            f"since {when:%Y-%m-%d %H:%M:%SZ}\n  {for_terminal(sale.message)}"
+            f"since {display_time(sale.finished_at or sale.updated_at)}\n"
+            f"  {for_terminal(sale.message)}"
         )
     counted = plural(len(sales), "sale") + " in attention"
     if others:
@@ -601,7 +599,7 @@ def sale_text(record: SaleRecord, steps: Sequence[Any]) -> str:
     def at(unix: float | None) -> str:
         if unix is None:
             return "-"
-        return dt.datetime.fromtimestamp(unix, dt.UTC).strftime("%Y-%m-%d %H:%M:%SZ")
+        return display_time(unix)
 
     card = " ".join(p for p in (card_brand_name(record.card_brand), record.last_four) if p)
     pairs = [

@@ -8,7 +8,6 @@ only reads it, `audit fill` writes one row per column refilled.
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import sys
 from typing import TYPE_CHECKING, Any
 
@@ -23,7 +22,7 @@ from kiosk_agent.cli.contract import (
     plural,
     say,
 )
-from kiosk_agent.export import SALE_FORMATS, export_audit
+from kiosk_agent.export import SALE_FORMATS, display_time, export_audit
 from kiosk_agent.money import format_cents
 
 if TYPE_CHECKING:
@@ -153,7 +152,7 @@ def audit_table(report: dict[str, Any]) -> str:
 def _when(at: float | None) -> str:
     if at is None:
         return ""
-    return f"{dt.datetime.fromtimestamp(at, dt.UTC):%Y-%m-%d %H:%M:%SZ}"
+    return display_time(at)
 
 
 async def fill_command(args: argparse.Namespace) -> int:

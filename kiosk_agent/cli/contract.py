@@ -36,7 +36,15 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO, TypeVar
 
 from kiosk_agent import moments
-from kiosk_agent.export import HIDDEN_FIELDS, Amount, is_model, json_value, model_values, plain
+from kiosk_agent.export import (
+    HIDDEN_FIELDS,
+    Amount,
+    display_time,
+    is_model,
+    json_value,
+    model_values,
+    plain,
+)
 from kiosk_agent.money import MoneyError, format_cents, parse_price
 from kiosk_agent.service.timeouts import DEFAULT_TIMEOUT
 
@@ -857,7 +865,7 @@ def as_text(value: object) -> str:
     if isinstance(value, Decimal):
         return f"{value:.2f}"
     if isinstance(value, dt.datetime):  # UTC, and said, as every time the command line prints
-        return value.astimezone(dt.UTC).strftime("%Y-%m-%d %H:%M:%SZ")
+        return display_time(value)
     from kiosk_agent.text import for_terminal  # on use: `--help` does not wait for it
 
     # the service's words (a name, a reason, a custom field): shown, never obeyed

@@ -30,6 +30,7 @@ from kiosk_agent.cli.contract import (
     timeout_of,
     wants_json,
 )
+from kiosk_agent.export import display_clock
 
 if TYPE_CHECKING:
     import aiohttp
@@ -172,7 +173,7 @@ async def watch_health(args: argparse.Namespace) -> int:
         if as_json:
             print(json.dumps(snapshot), flush=True)
             return
-        stamp = time.strftime("%H:%M:%SZ", time.gmtime(snapshot.get("at") or time.time()))
+        stamp = display_clock(snapshot.get("at") or time.time())
         print(f"-- {stamp}\n{for_terminal(format_health(snapshot), keep_lines=True)}", flush=True)
 
     return await follow(args, show)
@@ -369,7 +370,7 @@ def event_line(kind: str, data: dict[str, Any]) -> str:
     from kiosk_agent.text import for_terminal  # on use: `--help` does not wait for it
 
     # UTC, as every time the command line and the status page show
-    stamp = time.strftime("%H:%M:%SZ", time.gmtime(data.get("at") or time.time()))
+    stamp = display_clock(data.get("at") or time.time())
     if kind == "sale":
         where = data.get("terminal") or data.get("source") or "-"
         move = (  # a step that could not be written moved nothing: the journal's state stands

@@ -42,6 +42,7 @@ from kiosk_agent.cli.contract import (
     wants_json,
     zero_or_more_seconds,
 )
+from kiosk_agent.export import display_clock
 from kiosk_agent.money import format_cents
 
 # The checks (core/doctor.py), the configuration and aiohttp are imported by the commands that
@@ -605,7 +606,7 @@ def format_health(report: dict[str, Any]) -> str:
         if not state.get("available", True):
             # UTC, as every time the command line prints
             lines.append(f"card:     {state['device_id']:<12} OUT OF SERVICE since "
-                         f"{time.strftime('%H:%M:%SZ', time.gmtime(state['since']))}: "
+                         f"{display_clock(state['since'])}: "
                          f"{state.get('reason', '')}")
     if snapshot.get("journal", {}).get("writable") is False:
         lines.append(f"journal:  NOT WRITABLE {snapshot['journal'].get('detail', '')}")

@@ -10,7 +10,6 @@ money").
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 from typing import TYPE_CHECKING
 
 from kiosk_agent.cli.contract import (
@@ -24,6 +23,7 @@ from kiosk_agent.cli.contract import (
     say,
     show,
 )
+from kiosk_agent.export import display_time
 
 if TYPE_CHECKING:
     from kiosk_agent.sales.journal import Journal
@@ -69,7 +69,7 @@ def _journal(args: argparse.Namespace, *, to_write: bool) -> Journal:
 
 
 def _when(at: float) -> str:
-    return dt.datetime.fromtimestamp(at, dt.UTC).strftime("%Y-%m-%d %H:%M:%SZ")
+    return display_time(at)
 
 
 async def show_command(args: argparse.Namespace) -> int:

@@ -23,6 +23,7 @@ from typing import Any, Protocol
 from pydantic import BaseModel, ConfigDict
 
 from kiosk_agent.bus import EventBus
+from kiosk_agent.export import display_clock
 from kiosk_agent.moments import day_of, day_start
 from kiosk_agent.money import format_cents
 from kiosk_agent.redact import redact
@@ -392,7 +393,7 @@ class Health:
             return ""
         until, draining = self._stopping
         count = draining()
-        at = dt.datetime.fromtimestamp(until, dt.UTC).strftime("%H:%M:%SZ")
+        at = display_clock(until)
         if not count:
             return "stopping (no sale running)"
         return f"stopping (draining {count} sale{'s' if count != 1 else ''}, until {at})"
