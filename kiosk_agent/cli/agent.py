@@ -24,12 +24,14 @@ from kiosk_agent.cli.contract import (
     existing_config,
     guarded,
     load,
+    open_journal,
     options,
     parse_moment,
     plural,
     positive_int,
     print_json,
     say,
+    unit_config,
     wants_json,
 )
 from kiosk_agent.export import SALE_FORMATS, display_time, export_sales, sale_values
@@ -43,7 +45,7 @@ from kiosk_agent.sales.states import RESOLUTIONS, SaleState
 if TYPE_CHECKING:
     from kiosk_agent.core.agent import Agent
     from kiosk_agent.core.config import Config
-    from kiosk_agent.sales.journal import Journal, SaleRecord
+    from kiosk_agent.sales.journal import SaleRecord
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -424,23 +426,6 @@ def _table(sales: Sequence[SaleRecord]) -> str:
     return "\n".join(out)
 
 
-def _open_journal(args: argparse.Namespace, *, to_write: bool = False) -> Journal:
-    """The journal of the configuration; only to read it unless ``to_write`` (a reader never
-    writes: it works beside the agent, and on a full or read-only disk)."""
-    from kiosk_agent.sales.journal import Journal, JournalError
-
-    config = load(config_path(args), check_platforms=False)
-    path = config.resolve(config["journal"]["path"])
-    if not path.exists():
-        raise CliError(f"no journal at {path} (the agent has not run yet)")
-    journal = Journal(path)
-    try:
-        journal.open() if to_write else journal.open_to_read()
-    except JournalError as err:
-        raise CliError(str(err)) from None
-    return journal
-
-
 # An open sale that has not moved for this long is shown with the attention sales: a running
 # agent may hold it in memory while its journal cannot take the step (docs/journal.md).
 STALLED_OPEN_S = 30.0
@@ -449,7 +434,7 @@ STALLED_OPEN_S = 30.0
 async def attention_command(args: argparse.Namespace) -> int:
     from kiosk_agent.sales.unit import others_open
 
-    journal = _open_journal(args)
+    journal = open_journal(unit_config(args))
     try:
         sales = journal.attention_sales()
         # open sales of another unit id (a journal adopted under a new id): never the agent's
@@ -515,7 +500,7 @@ async def resolve_command(args: argparse.Namespace) -> int:
 
     from kiosk_agent.sales.attention import ResolveError, resolve
 
-    journal = _open_journal(args, to_write=True)
+    journal = open_journal(unit_config(args), to_write=True)
     try:
         record = resolve(
             journal, args.sale, args.resolve_as, args.why, f"cli ({getpass.getuser()})"
@@ -542,7 +527,7 @@ async def sales_command(args: argparse.Namespace) -> int:
     if limit is None and fmt == "table" and not getattr(args, "all", False):
         limit = TABLE_LIMIT
     since, until = sales_window(getattr(args, "since", None), getattr(args, "until", None))
-    journal = _open_journal(args)
+    journal = open_journal(unit_config(args))
     try:
         states = [SaleState(s) for s in getattr(args, "state", None) or []] or None
         if fmt in SALE_FORMATS:
@@ -570,7 +555,7 @@ async def show_command(args: argparse.Namespace) -> int:
     """One sale with its steps: ``kiosk-agent sales show SALE``."""
     from kiosk_agent.sales.attention import ResolveError, find_sale
 
-    journal = _open_journal(args)
+    journal = open_journal(unit_config(args))
     try:
         try:
             record = find_sale(journal, args.sale)

@@ -15,12 +15,12 @@ from kiosk_agent.cli.contract import (
     EXIT_OK,
     EXIT_USAGE,
     CliError,
-    config_path,
     guarded,
-    load,
+    open_journal,
     options,
     plural,
     say,
+    unit_config,
 )
 from kiosk_agent.export import SALE_FORMATS, display_time, export_audit
 from kiosk_agent.money import format_cents
@@ -65,18 +65,10 @@ def _books(args: argparse.Namespace, *, to_write: bool) -> tuple[Journal, AuditS
                                                                  BooksSettings]:
     from kiosk_agent.audit.settings import BooksSettings
     from kiosk_agent.audit.store import AuditStore
-    from kiosk_agent.sales.journal import Journal, JournalError
 
-    config = load(config_path(args), check_platforms=False)
+    config = unit_config(args)
     settings = BooksSettings.from_config(config.get("dex") or {})
-    path = config.resolve(config["journal"]["path"])
-    if not path.exists():
-        raise CliError(f"no journal at {path} (the agent has not run yet)")
-    journal = Journal(path)
-    try:
-        journal.open() if to_write else journal.open_to_read()
-    except JournalError as err:
-        raise CliError(str(err)) from None
+    journal = open_journal(config, to_write=to_write)
     store = AuditStore(lambda: journal.db)
     if to_write:
         store.open()

@@ -57,6 +57,7 @@ if TYPE_CHECKING:
     from pydantic import BaseModel, ValidationError
 
     from kiosk_agent.core.config import Config
+    from kiosk_agent.sales.journal import Journal
     from kiosk_agent.service.client import ServiceClient
     from kiosk_agent.service.settings import ServiceSettings
 
@@ -286,6 +287,29 @@ def load(path: Path, **loader_options: Any) -> Config:
             f"{plural(count, 'mistake')} in {path} (`kiosk-agent check-config {path}`):",
             EXIT_USAGE, lines,
         ) from None
+
+
+def unit_config(args: argparse.Namespace) -> Config:
+    """The configuration of a command that reads the unit's own files (its journal), not its
+    hardware: the platforms are not checked (it runs beside the agent that owns them)."""
+    return load(config_path(args), check_platforms=False)
+
+
+def open_journal(config: Config, *, to_write: bool = False) -> Journal:
+    """The configuration's journal; only to read it unless ``to_write`` (a reader never writes:
+    it works beside the agent, and on a full or read-only disk). A journal not made yet or one
+    that cannot be opened is a clear refusal (exit 1)."""
+    from kiosk_agent.sales.journal import Journal, JournalError
+
+    path = config.resolve(config["journal"]["path"])
+    if not path.exists():
+        raise CliError(f"no journal at {path} (the agent has not run yet)")
+    journal = Journal(path)
+    try:
+        journal.open() if to_write else journal.open_to_read()
+    except JournalError as err:
+        raise CliError(str(err)) from None
+    return journal
 
 
 def wants_json(args: argparse.Namespace) -> bool:

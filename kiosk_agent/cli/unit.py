@@ -16,17 +16,17 @@ from kiosk_agent.cli.contract import (
     EXIT_FAILED,
     EXIT_OK,
     CliError,
-    config_path,
     guarded,
-    load,
+    open_journal,
     options,
     say,
     show,
+    unit_config,
 )
 from kiosk_agent.export import display_time
 
 if TYPE_CHECKING:
-    from kiosk_agent.sales.journal import Journal
+    pass
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -53,21 +53,6 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     adopt.set_defaults(handler=guarded(adopt_command))
 
 
-def _journal(args: argparse.Namespace, *, to_write: bool) -> Journal:
-    from kiosk_agent.sales.journal import Journal, JournalError
-
-    config = load(config_path(args), check_platforms=False)
-    path = config.resolve(config["journal"]["path"])
-    if not path.exists():
-        raise CliError(f"no journal at {path} (the agent has not run yet)")
-    journal = Journal(path)
-    try:
-        journal.open() if to_write else journal.open_to_read()
-    except JournalError as err:
-        raise CliError(str(err)) from None
-    return journal
-
-
 def _when(at: float) -> str:
     return display_time(at)
 
@@ -76,7 +61,7 @@ async def show_command(args: argparse.Namespace) -> int:
     from kiosk_agent.sales import unit
     from kiosk_agent.sales.machine import this_machine
 
-    journal = _journal(args, to_write=False)
+    journal = open_journal(unit_config(args))
     try:
         history = unit.rows(journal.db)
     finally:
@@ -103,7 +88,7 @@ async def adopt_command(args: argparse.Namespace) -> int:
     from kiosk_agent.sales import unit
     from kiosk_agent.sales.machine import this_machine
 
-    journal = _journal(args, to_write=True)
+    journal = open_journal(unit_config(args), to_write=True)
     here = this_machine().at(journal.path)
     try:
         current = unit.current(journal.db)

@@ -465,3 +465,33 @@ async def test_health_and_events_do_not_follow_a_redirect_with_the_token(
     assert f"{other}/api/" in err
     assert "leaked" not in err  # the address's query is not echoed
     assert elsewhere == []
+
+
+# -- the unit's journal: one way to open it ------------------------------------------------------
+
+JOURNAL_READERS = [["sales"], ["sales", "attention"], ["sales", "show", "s1"],
+                   ["sales", "resolve", "s1", "--as", "reversed", "--why", "by hand"],
+                   ["audit"], ["audit", "fill", "A1"], ["unit", "show"], ["unit", "adopt"]]
+
+
+async def test_every_command_on_the_journal_refuses_a_journal_not_made_yet_in_the_same_words(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv(cli.CONFIG_ENV, raising=False)
+    config = tmp_path / "agent.yaml"
+    config.write_text("service: {simulator: {}}\nterminals: [{device_id: SIM-0001}]\n"
+                      "journal: {path: journal.db}\n")
+    for argv in JOURNAL_READERS:
+        code, out, err = await run(capsys, [*argv, "-c", str(config)])
+        assert code == cli.EXIT_FAILED, (argv, out, err)
+        assert err == f"error: no journal at {tmp_path / 'journal.db'} (the agent has not run " \
+                      "yet)\n", argv
+        assert not (tmp_path / "journal.db").exists(), argv  # a reader never makes one
+
+
+def test_only_the_contract_opens_the_units_journal_for_a_command() -> None:
+    # cli/agent, cli/unit and cli/audit each had a copy of the preamble (config, path, missing
+    # journal, open to read or write, the refusal); a fourth would drift from them
+    openers = sorted(path.name for path in (ROOT / "kiosk_agent" / "cli").glob("*.py")
+                     if "open_to_read" in path.read_text())
+    assert openers == ["contract.py"]
