@@ -37,7 +37,7 @@ if TYPE_CHECKING:
     from pydantic import BaseModel
 
     from kiosk_agent.audit.evadts import AuditFile, Product
-    from kiosk_agent.sales.journal import SaleRecord
+    from kiosk_agent.sales.journal import SaleRecord, StepRecord
     from kiosk_agent.service.models.reports import ReportKind
 
 # Fields never exported, in any format.
@@ -294,6 +294,30 @@ def sale_values(sale: SaleRecord) -> dict[str, Any]:
     }
 
 
+# A sale's wall times (Unix seconds in the journal); its sent_mono is the monotonic clock's, no
+# moment of the calendar, and stays a number of seconds.
+SALE_TIMES = ("created_at", "updated_at", "finished_at", "answer_by", "sent_at")
+
+
+def sale_json(sale: SaleRecord) -> dict[str, Any]:
+    """A sale of the journal in JSON (``sales show|attention|resolve --json``, ``GET
+    /api/sales``, ``GET /api/sales/{id}``): every field, times in ISO 8601 UTC, the
+    resolution as an object with its time so too."""
+    data = sale.as_dict()
+    for key in SALE_TIMES:
+        data[key] = optional_timestamp(data[key])
+    resolution = data["resolution"]
+    if isinstance(resolution, dict) and isinstance(resolution.get("at"), int | float):
+        data["resolution"] = {**resolution, "at": timestamp(resolution["at"])}
+    return data
+
+
+def step_json(step: StepRecord) -> dict[str, Any]:
+    """A step of a sale in JSON, beside :func:`sale_json`."""
+    return {"at": timestamp(step.at), "step": step.step, "state": step.state.value,
+            "detail": step.detail}
+
+
 # The machine's books per column (``kiosk-agent audit``, ``GET /api/audit``).
 AUDIT_COLUMNS = (
     "column",
@@ -315,7 +339,8 @@ def export_audit(report: Mapping[str, Any], fmt: str) -> Iterator[str]:
     CSV: a line per column; JSON: the whole report, its columns as the CSV's lines."""
     rows = [audit_values(column, report.get("last_read")) for column in report["columns"]]
     if fmt == "json":
-        document = {**report, "columns": rows}
+        document = {**report, "columns": rows, "last_read": _read_json(report.get("last_read")),
+                    "comparisons": [_comparison_json(c) for c in report.get("comparisons", [])]}
         yield json.dumps(json_value(document), indent=2) + "\n"
         return
     if fmt != "csv":
@@ -324,6 +349,23 @@ def export_audit(report: Mapping[str, Any], fmt: str) -> Iterator[str]:
     yield csv_export.header()
     for row in rows:
         yield csv_export.row(row)
+
+
+def _read_json(read: Mapping[str, Any] | None) -> dict[str, Any] | None:
+    """The last read of the books in JSON: its time in ISO 8601 UTC."""
+    return None if read is None else {**read, "at": optional_timestamp(read.get("at"))}
+
+
+def _comparison_json(comparison: Mapping[str, Any]) -> dict[str, Any]:
+    """One comparison of the books with the journal in JSON: its interval's ends and each
+    sale's vend in ISO 8601 UTC."""
+    return {
+        **comparison,
+        "since": optional_timestamp(comparison.get("since")),
+        "until": optional_timestamp(comparison.get("until")),
+        "sales": [{**sale, "vended_at": optional_timestamp(sale.get("vended_at"))}
+                  for sale in comparison.get("sales", [])],
+    }
 
 
 def audit_values(column: Mapping[str, Any], last_read: Mapping[str, Any] | None) -> dict[str, Any]:

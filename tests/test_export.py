@@ -27,6 +27,7 @@ from kiosk_agent.export import (
     csv_cell,
     display_clock,
     display_time,
+    export_audit,
     timestamp,
 )
 from kiosk_agent.sales.journal import Journal, SaleRecord
@@ -217,3 +218,25 @@ def test_times_for_people_are_written_in_one_place() -> None:
         if "%H:%M:%SZ" in path.read_text()
     )
     assert writers == ["export.py"]
+
+
+def test_the_books_json_gives_the_reads_and_the_comparisons_times_in_iso_8601() -> None:
+    at = 1795866930.0  # 2026-11-28T11:55:30Z
+    report = {
+        "machine": "snacks",
+        "last_read": {"at": at, "clean": True, "machine": "VM-1", "changes": []},
+        "columns": [{"column": "A1", "filled_at": at - 3600}],
+        "comparisons": [{"verdict": "match", "since": at - 600, "until": at, "text": "...",
+                         "sales": [{"sale_id": "s1", "vended_at": at - 60},
+                                   {"sale_id": "s2", "vended_at": None}]}],
+        "mismatch": "",
+    }
+    document = json.loads("".join(export_audit(report, "json")))
+    assert document["last_read"]["at"] == "2026-11-28T11:55:30Z"
+    assert document["columns"][0]["filled_at"] == "2026-11-28T10:55:30Z"
+    assert document["columns"][0]["last_read"] == "2026-11-28T11:55:30Z"
+    [comparison] = document["comparisons"]
+    assert (comparison["since"], comparison["until"]) == ("2026-11-28T11:45:30Z",
+                                                          "2026-11-28T11:55:30Z")
+    assert [s["vended_at"] for s in comparison["sales"]] == ["2026-11-28T11:54:30Z", None]
+    assert report["last_read"]["at"] == at  # the books themselves keep Unix seconds

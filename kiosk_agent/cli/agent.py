@@ -34,7 +34,14 @@ from kiosk_agent.cli.contract import (
     unit_config,
     wants_json,
 )
-from kiosk_agent.export import SALE_FORMATS, display_time, export_sales, sale_values
+from kiosk_agent.export import (
+    SALE_FORMATS,
+    display_time,
+    export_sales,
+    sale_json,
+    sale_values,
+    step_json,
+)
 from kiosk_agent.moments import MOMENT_FORMS
 from kiosk_agent.money import format_cents
 from kiosk_agent.sales.model import money_text
@@ -451,9 +458,9 @@ async def attention_command(args: argparse.Namespace) -> int:
     # a cron job alerts on the exit code: 1 while anything here waits for a person or the agent
     waiting = EXIT_FAILED if sales or stalled or others else EXIT_OK
     if wants_json(args):
-        print(json.dumps({"sales": [s.as_dict() for s in sales],
-                          "stalled_open": [s.as_dict() for s in stalled],
-                          "other_unit_open": [{**s.as_dict(), "why": why} for s, why in others]},
+        print(json.dumps({"sales": [sale_json(s) for s in sales],
+                          "stalled_open": [sale_json(s) for s in stalled],
+                          "other_unit_open": [{**sale_json(s), "why": why} for s, why in others]},
                          indent=2))
         return waiting
     from kiosk_agent.text import for_terminal
@@ -512,7 +519,7 @@ async def resolve_command(args: argparse.Namespace) -> int:
     say(
         args,
         f"sale {record.sale_id} resolved as {args.resolve_as}: now {record.state.value}",
-        sale=record.as_dict(),
+        sale=sale_json(record),
     )
     return EXIT_OK
 
@@ -566,9 +573,8 @@ async def show_command(args: argparse.Namespace) -> int:
         journal.close()
     if wants_json(args):  # the admin API's GET /api/sales/{id}
         print_json({
-            "sale": record.as_dict(),
-            "steps": [{"at": s.at, "step": s.step, "state": s.state.value, "detail": s.detail}
-                      for s in steps],
+            "sale": sale_json(record),
+            "steps": [step_json(s) for s in steps],
         })  # fmt: skip
         return EXIT_OK
     from kiosk_agent.text import for_terminal

@@ -879,7 +879,8 @@ def jsonable(value: object) -> object:
 
 
 def as_text(value: object) -> str:
-    """A value for people: ``-`` for none, yes/no, ``$2.50``, times in UTC to the second."""
+    """A value for people: ``-`` for none (or an empty list), yes/no, ``$2.50``, times in UTC to
+    the second, a list's items with commas."""
     if value is None:
         return "-"
     if isinstance(value, Amount):
@@ -890,6 +891,8 @@ def as_text(value: object) -> str:
         return f"{value:.2f}"
     if isinstance(value, dt.datetime):  # UTC, and said, as every time the command line prints
         return display_time(value)
+    if isinstance(value, list | tuple):
+        return ", ".join(as_text(item) for item in value) or "-"
     from kiosk_agent.text import for_terminal  # on use: `--help` does not wait for it
 
     # the service's words (a name, a reason, a custom field): shown, never obeyed

@@ -23,7 +23,7 @@ from kiosk_agent.cli.contract import (
     show,
     unit_config,
 )
-from kiosk_agent.export import display_time
+from kiosk_agent.export import in_utc
 
 if TYPE_CHECKING:
     pass
@@ -53,10 +53,6 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     adopt.set_defaults(handler=guarded(adopt_command))
 
 
-def _when(at: float) -> str:
-    return display_time(at)
-
-
 async def show_command(args: argparse.Namespace) -> int:
     from kiosk_agent.sales import unit
     from kiosk_agent.sales.machine import this_machine
@@ -74,12 +70,12 @@ async def show_command(args: argparse.Namespace) -> int:
     show(args, [
         ("unit_id", current.unit_id),
         ("machine", current.machine.describe()),
-        ("made_at", _when(current.made_at)),
+        ("made_at", in_utc(current.made_at)),  # ISO 8601 in JSON, 2026-11-28 21:47:03Z here
         ("why", current.why),
         ("this_machine", here.describe()),
         ("confirmed", not mismatch),
-        ("mismatch", mismatch or "-"),
-        ("former_ids", ", ".join(r.unit_id for r in history[:-1]) or "-"),
+        ("mismatch", mismatch or None),
+        ("former_ids", [r.unit_id for r in history[:-1]]),
     ])  # fmt: skip
     return EXIT_FAILED if mismatch else EXIT_OK
 

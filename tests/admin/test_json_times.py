@@ -1,0 +1,137 @@
+"""Every time in the JSON of every face is ISO 8601 UTC to the second (``2026-11-28T21:47:03Z``):
+the admin API's answers and each command's ``--json``, read from a real agent on the simulator
+and its journal. A Unix-seconds timestamp, a local time or a display text in JSON fails here."""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+
+from kiosk_agent.app import load_agent
+from kiosk_agent.sales.states import SaleState
+from tests.cli.test_contract import run
+from tests.sales.test_recovery import leave_open
+
+from .conftest import ADMIN_TOKEN, READ_TOKEN, write_config
+
+ISO_UTC = re.compile(r"\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}Z")
+# a value that is a time (a sentence for people may quote one in its own words)
+IS_A_TIME = re.compile(r"\d{4}-\d{2}-\d{2}[T ]\d{1,2}:\d{2}[\d:.]*(Z|[+-]\d{2}:?\d{2})?")
+# keys that name a moment; their value is ISO 8601 UTC or null, never a number
+TIME_KEY = re.compile(r"^(at|since|until|answer_by|last_seen|.*_at)$")
+# Unix seconds from 2001 to 5138: a number here is a timestamp in disguise
+UNIX_SECONDS = (1e9, 1e11)
+
+
+def problems(document: object, where: str = "") -> Iterator[str]:
+    """Each value of ``document`` that is a time and not ISO 8601 UTC, with its path."""
+    if isinstance(document, dict):
+        for key, value in document.items():
+            path = f"{where}.{key}"
+            if TIME_KEY.match(str(key)) and value is not None and not isinstance(value, str):
+                yield f"{path} = {value!r}: a time as a number"
+            yield from problems(value, path)
+    elif isinstance(document, list):
+        for index, item in enumerate(document):
+            yield from problems(item, f"{where}[{index}]")
+    elif isinstance(document, str):
+        if IS_A_TIME.fullmatch(document) and not ISO_UTC.fullmatch(document):
+            yield f"{where} = {document!r}: not ISO 8601 UTC"
+    elif (isinstance(document, int | float) and not isinstance(document, bool)
+          and UNIX_SECONDS[0] <= document < UNIX_SECONDS[1]):
+        yield f"{where} = {document!r}: Unix seconds"
+
+
+def test_the_walk_finds_every_kind_of_time_that_is_not_iso() -> None:
+    found = list(problems({
+        "created_at": 1795903257.6, "ok_at": "2026-11-28T21:47:03Z", "none_at": None,
+        "since": "2026-11-28 21:47:03Z", "nested": [{"when": 1795903257}],
+        "local": "2026-11-28T22:47:03+01:00", "text": "at 2026-11-28T21:47:03Z: fine",
+        "count": 12, "cents": 250, "flag": True,
+    }))
+    assert found == [
+        ".created_at = 1795903257.6: a time as a number",
+        ".created_at = 1795903257.6: Unix seconds",
+        ".since = '2026-11-28 21:47:03Z': not ISO 8601 UTC",
+        ".nested[0].when = 1795903257: Unix seconds",
+        ".local = '2026-11-28T22:47:03+01:00': not ISO 8601 UTC",
+    ]
+
+
+@pytest.fixture
+async def unit(tmp_path: Path, sim_settings: Any) -> AsyncIterator[tuple[Path, str]]:
+    """A running agent whose journal holds a sale a crash left in attention (with its answer
+    deadline), resolved by a person: every time a sale can carry. (config, admin API URL)."""
+    leave_open(tmp_path, state=SaleState.ATTENTION, answer_by=time.time() - 1)
+    config = write_config(tmp_path)
+    agent = load_agent(config, sim_settings, systemd=False)
+    await agent.start()
+    admin = next(c for c in agent.components if type(c).__name__ == "AdminServer")
+    await agent.recovery.wait()
+    resolution = {"as": "reversed", "why": "refunded at the machine"}
+    async with (
+        aiohttp.ClientSession(base_url=admin.url) as session,
+        session.post("/api/sales/crashed1/resolve", json=resolution,
+                     headers={"Authorization": f"Bearer {ADMIN_TOKEN}"}) as answer,
+    ):
+        assert answer.status == 200
+    yield config, admin.url
+    await agent.stop()
+
+
+async def test_every_time_in_the_admin_apis_json_is_iso_8601_utc(
+    unit: tuple[Path, str],
+) -> None:
+    _config, url = unit
+    found: dict[str, list[str]] = {}
+    async with aiohttp.ClientSession(
+        base_url=url, headers={"Authorization": f"Bearer {READ_TOKEN}"}
+    ) as session:
+        for path in ("/api/health", "/api/status", "/api/sales", "/api/sales/crashed1",
+                     "/api/sales?format=json"):
+            async with session.get(path) as answer:
+                assert answer.status == 200, path
+                document = await answer.json()
+            found[path] = list(problems(document))
+    assert document[0]["created"].endswith("Z")  # the export: its own column names
+    assert found == {key: [] for key in found}, found
+
+
+async def test_every_time_in_each_commands_json_is_iso_8601_utc(
+    unit: tuple[Path, str], capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import json
+
+    config, url = unit
+    monkeypatch.setenv("KIOSK_AGENT_TOKEN", READ_TOKEN)
+    found: dict[str, list[str]] = {}
+    for argv in (["sales"], ["sales", "attention"], ["sales", "show", "crashed1"],
+                 ["unit", "show"], ["audit"], ["health", "--url", url]):
+        code, out, err = await run(capsys, [*argv, "-c", str(config), "--json"])
+        assert code in (0, 1), (argv, err)
+        found[" ".join(argv[:2])] = list(problems(json.loads(out)))
+    assert found == {key: [] for key in found}, found
+
+
+async def test_unit_show_gives_json_null_and_raw_values_not_display_text(
+    unit: tuple[Path, str], capsys: pytest.CaptureFixture[str],
+) -> None:
+    import json
+
+    config, _url = unit
+    code, out, _err = await run(capsys, ["unit", "show", "-c", str(config), "--json"])
+    assert code == 0
+    shown = json.loads(out)
+    assert shown["mismatch"] is None
+    assert shown["former_ids"] == []
+    assert ISO_UTC.fullmatch(shown["made_at"])
+    code, out, _err = await run(capsys, ["unit", "show", "-c", str(config)])
+    assert "mismatch      -" in out  # for people: the placeholder, the time with a space
+    assert re.search(r"made_at\s+\d{4}-\d{2}-\d{2} \d{2}:\d{2}:\d{2}Z", out), out
