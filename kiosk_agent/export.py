@@ -99,6 +99,30 @@ def optional_timestamp(moment: Moment | None) -> str | None:
     return None if moment is None else timestamp(moment)
 
 
+# The wall times the status page's event stream carries as Unix seconds (they are its cursor,
+# ``?since=``): the health snapshot's, a sale step's or a note's ``at``, a sale's times.
+STREAM_TIMES = frozenset({
+    "at", "since", "until", "started_at", "checked_at", "last_ping_at", "key_expires_at",
+    "made_at", "day_started_at", "last_read_at", "charges_checked_at", "created_at",
+    "updated_at", "finished_at", "answer_by", "sent_at",
+})
+
+
+def stream_json(value: object) -> object:
+    """An event of the status page's stream as a command prints it in JSON (``events --json``,
+    ``health --watch --json``): its times in ISO 8601 UTC, as every JSON the agent writes."""
+    if isinstance(value, dict):
+        return {key: timestamp(item) if key in STREAM_TIMES and _is_seconds(item)
+                else stream_json(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [stream_json(item) for item in value]
+    return value
+
+
+def _is_seconds(value: object) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
 def display_time(moment: Moment) -> str:
     """``2026-11-22 10:15:30Z``: a time for people (tables, messages), UTC and said so."""
     return f"{in_utc(moment):%Y-%m-%d %H:%M:%SZ}"

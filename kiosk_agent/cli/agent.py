@@ -39,7 +39,6 @@ from kiosk_agent.export import (
     display_time,
     export_sales,
     sale_json,
-    sale_values,
     step_json,
 )
 from kiosk_agent.moments import MOMENT_FORMS
@@ -416,7 +415,7 @@ def _table(sales: Sequence[SaleRecord]) -> str:
     headers = ("created", "order_id", "source", "money", "state", "message")
     lines = [
         (
-            sale_values(s)["created"],
+            display_time(s.created_at),  # for people, as every table (CSV and JSON: ISO 8601)
             for_terminal(s.order_id),
             for_terminal(s.source),
             money_text(s),  # what was charged, or is held: never the price asked as if taken

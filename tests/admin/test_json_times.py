@@ -4,6 +4,7 @@ and its journal. A Unix-seconds timestamp, a local time or a display text in JSO
 
 from __future__ import annotations
 
+import contextlib
 import re
 import time
 from collections.abc import AsyncIterator, Iterator
@@ -135,3 +136,57 @@ async def test_unit_show_gives_json_null_and_raw_values_not_display_text(
     code, out, _err = await run(capsys, ["unit", "show", "-c", str(config)])
     assert "mismatch      -" in out  # for people: the placeholder, the time with a space
     assert re.search(r"made_at\s+\d{4}-\d{2}-\d{2} \d{2}:\d{2}:\d{2}Z", out), out
+
+
+async def test_health_watch_prints_the_streams_snapshots_with_the_times_health_json_has(
+    unit: tuple[Path, str], capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import asyncio
+    import json
+
+    _config, url = unit
+    monkeypatch.setenv("KIOSK_AGENT_TOKEN", READ_TOKEN)
+    watching = asyncio.ensure_future(run(capsys, ["health", "--watch", "--url", url, "--json"]))
+    printed = ""
+    for _ in range(200):  # the first snapshot comes as the stream opens
+        await asyncio.sleep(0.05)
+        printed += capsys.readouterr().out
+        if printed.endswith("\n"):
+            break
+    watching.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await watching
+    snapshot = json.loads(printed.splitlines()[0])
+    assert ISO_UTC.fullmatch(snapshot["at"])
+    assert list(problems(snapshot)) == []
+
+
+def test_a_stream_event_printed_in_json_has_its_times_in_iso_8601() -> None:
+    from kiosk_agent.export import stream_json
+
+    event = {"kind": "sale", "at": 1795866930.4, "sale_id": "s1", "amount": "2.50",
+             "health": {"started_at": 1795866000, "terminals": [{"last_ping_at": None,
+                                                                  "latency_ms": 12.5}]}}
+    shown = stream_json(event)
+    assert shown == {"kind": "sale", "at": "2026-11-28T11:55:30Z", "sale_id": "s1",
+                     "amount": "2.50", "health": {"started_at": "2026-11-28T11:40:00Z",
+                                                  "terminals": [{"last_ping_at": None,
+                                                                 "latency_ms": 12.5}]}}
+    assert list(problems(shown)) == []
+
+
+async def test_a_sales_time_reads_the_same_in_the_list_and_in_show_and_iso_in_json(
+    unit: tuple[Path, str], capsys: pytest.CaptureFixture[str],
+) -> None:
+    import json
+
+    config, _url = unit
+    _code, listed, _err = await run(capsys, ["sales", "-c", str(config)])
+    _code, shown, _err = await run(capsys, ["sales", "show", "crashed1", "-c", str(config)])
+    _code, as_json, _err = await run(capsys, ["sales", "show", "crashed1", "-c", str(config),
+                                              "--json"])
+    created = json.loads(as_json)["sale"]["created_at"]  # 2026-11-28T21:47:03Z
+    for_people = created.replace("T", " ")  # 2026-11-28 21:47:03Z, as every table
+    assert listed.splitlines()[1].startswith(for_people + "  "), listed
+    assert re.search(rf"^created\s+{for_people}$", shown, re.MULTILINE), shown
