@@ -467,6 +467,37 @@ async def test_health_and_events_do_not_follow_a_redirect_with_the_token(
     assert elsewhere == []
 
 
+async def test_health_asks_for_the_health_with_its_token_and_refuses_an_answer_not_json(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """health's one GET (the standard library's, cli/fleet.get_once) to something that is not
+    the agent: a web server answering a page."""
+    from aiohttp import web
+
+    asked: list[tuple[str, str]] = []
+
+    async def page(request: web.Request) -> web.Response:
+        asked.append((request.path, request.headers.get("Authorization", "")))
+        return web.Response(text="<html>a router's login page</html>", content_type="text/html")
+
+    app = web.Application()
+    app.router.add_get("/{tail:.*}", page)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    try:
+        monkeypatch.setenv("KIOSK_AGENT_TOKEN", "t" * 24)
+        url = f"http://127.0.0.1:{runner.addresses[0][1]}/"
+        code, out, err = await run(capsys, ["health", "--url", url])
+    finally:
+        await runner.cleanup()
+    assert asked == [("/api/health", "Bearer " + "t" * 24)]
+    assert code == cli.EXIT_FAILED
+    assert err == f"error: {url} answered no JSON: is it the agent's admin API?\n"
+    assert out == ""
+
+
 # -- the unit's journal: one way to open it ------------------------------------------------------
 
 JOURNAL_READERS = [["sales"], ["sales", "attention"], ["sales", "show", "s1"],
