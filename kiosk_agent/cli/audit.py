@@ -22,7 +22,7 @@ from kiosk_agent.cli.contract import (
     say,
     unit_config,
 )
-from kiosk_agent.export import SALE_FORMATS, display_time, export_audit
+from kiosk_agent.export import SALE_FORMATS, display_time, export_audit, timestamp
 from kiosk_agent.money import format_cents
 
 if TYPE_CHECKING:
@@ -172,5 +172,5 @@ async def fill_command(args: argparse.Namespace) -> int:
     finally:
         journal.close()
     say(args, f"refill recorded: {', '.join(f.column for f in fills)}",
-        fills=[{"column": f.column, "at": f.at, "read_id": f.read_id} for f in fills])
+        fills=[{"column": f.column, "at": timestamp(f.at), "read_id": f.read_id} for f in fills])
     return EXIT_OK

@@ -42,7 +42,7 @@ from kiosk_agent.cli.contract import (
     wants_json,
     zero_or_more_seconds,
 )
-from kiosk_agent.export import display_clock
+from kiosk_agent.export import display_clock, optional_timestamp
 from kiosk_agent.money import format_cents
 
 # The checks (core/doctor.py), the configuration and aiohttp are imported by the commands that
@@ -159,8 +159,11 @@ async def doctor_command(args: argparse.Namespace) -> int:
         await check_upstream(report, config, args.timeout)
     report.finished_at = time.time()  # the run is over: its time is a fact, not null
     if as_json:
-        print(json.dumps({"ok": not report.failed, "verdict": verdict(report),
-                          **report.as_dict()}, indent=2))
+        shown = report.as_dict()
+        for key in ("started_at", "finished_at"):  # ISO 8601 UTC, as every JSON time
+            shown[key] = optional_timestamp(shown[key])
+        print(json.dumps({"ok": not report.failed, "verdict": verdict(report), **shown},
+                         indent=2))
     else:
         print(f"\n{verdict(report)}")
     if config is None:

@@ -7,7 +7,7 @@ from __future__ import annotations
 import contextlib
 import re
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -17,36 +17,11 @@ import pytest
 from kiosk_agent.app import load_agent
 from kiosk_agent.sales.states import SaleState
 from tests.cli.test_contract import run
+from tests.helpers import ISO_UTC
+from tests.helpers import json_time_problems as problems
 from tests.sales.test_recovery import leave_open
 
 from .conftest import ADMIN_TOKEN, READ_TOKEN, write_config
-
-ISO_UTC = re.compile(r"\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}Z")
-# a value that is a time (a sentence for people may quote one in its own words)
-IS_A_TIME = re.compile(r"\d{4}-\d{2}-\d{2}[T ]\d{1,2}:\d{2}[\d:.]*(Z|[+-]\d{2}:?\d{2})?")
-# keys that name a moment; their value is ISO 8601 UTC or null, never a number
-TIME_KEY = re.compile(r"^(at|since|until|answer_by|last_seen|.*_at)$")
-# Unix seconds from 2001 to 5138: a number here is a timestamp in disguise
-UNIX_SECONDS = (1e9, 1e11)
-
-
-def problems(document: object, where: str = "") -> Iterator[str]:
-    """Each value of ``document`` that is a time and not ISO 8601 UTC, with its path."""
-    if isinstance(document, dict):
-        for key, value in document.items():
-            path = f"{where}.{key}"
-            if TIME_KEY.match(str(key)) and value is not None and not isinstance(value, str):
-                yield f"{path} = {value!r}: a time as a number"
-            yield from problems(value, path)
-    elif isinstance(document, list):
-        for index, item in enumerate(document):
-            yield from problems(item, f"{where}[{index}]")
-    elif isinstance(document, str):
-        if IS_A_TIME.fullmatch(document) and not ISO_UTC.fullmatch(document):
-            yield f"{where} = {document!r}: not ISO 8601 UTC"
-    elif (isinstance(document, int | float) and not isinstance(document, bool)
-          and UNIX_SECONDS[0] <= document < UNIX_SECONDS[1]):
-        yield f"{where} = {document!r}: Unix seconds"
 
 
 def test_the_walk_finds_every_kind_of_time_that_is_not_iso() -> None:

@@ -29,6 +29,7 @@ from kiosk_agent.sales import unit
 from kiosk_agent.sales.journal import Journal
 from kiosk_agent.sales.machine import this_machine
 from kiosk_agent.sim.server import SimServer
+from tests.helpers import json_time_problems as problems
 
 ROOT = Path(__file__).resolve().parents[2]
 TOKEN = "tok_4111111111111111"
@@ -316,6 +317,7 @@ async def test_every_command_prints_valid_json_and_exits_with_a_code_from_the_ta
 ) -> None:
     values = {**PLACEHOLDERS, "config": str(config)}
     ran: dict[tuple[str, ...], int] = {}
+    times: dict[str, list[str]] = {}  # each command's times that are not ISO 8601 UTC
     for example in EXAMPLES:
         argv = fill(example, values)
         json_first = len(ran) % 2 == 0  # before the command half of the time
@@ -326,6 +328,8 @@ async def test_every_command_prints_valid_json_and_exits_with_a_code_from_the_ta
         except json.JSONDecodeError:
             pytest.fail(f"{argv}: not JSON: {out!r} (stderr {err!r})")
         ran[command_of(example)] = code
+        if example[:2] != ("dex", "parse"):  # its read_at is the machine's clock, zone unknown
+            times[" ".join(example[:3])] = list(problems(result))
         if isinstance(result, dict) and code == 0:
             keys = ["id"] if argv[0] == "plans" else ["trans_id", "uuid", "page_id", "merchant_id"]
             values.update({k: str(result[k]) for k in keys if result.get(k) is not None})
@@ -346,6 +350,8 @@ async def test_every_command_prints_valid_json_and_exits_with_a_code_from_the_ta
         ("sales", "show"): cli.EXIT_FAILED,  # no such sale (tests/cli/test_sales_cli.py shows one)
         ("dex", "read"): cli.EXIT_USAGE,  # no dex: section (tests/cli/test_dex_cli.py reads one)
     }, failed
+    wrong = {k: v for k, v in times.items() if v}
+    assert wrong == {}, json.dumps(wrong, indent=1)
 
 
 # -- --timeout: a service that never answers ---------------------------------------------------
