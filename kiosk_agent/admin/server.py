@@ -48,6 +48,7 @@ from kiosk_agent.export import (
     JsonExport,
     export_audit,
     export_sales,
+    json_value,
     optional_timestamp,
     report_columns,
     report_values,
@@ -404,7 +405,7 @@ class AdminServer:
 
     async def terminals(self, request: web.Request) -> web.Response:
         listed = await self._service().terminal.list()
-        return web.json_response({"terminals": [t.model_dump(mode="json") for t in listed]})
+        return web.json_response({"terminals": [json_value(t) for t in listed]})
 
     async def terminal_action(self, request: web.Request) -> web.Response:
         device_id = request.match_info["device_id"]
@@ -412,11 +413,11 @@ class AdminServer:
         terminal = self._service().terminal
         if action == "ping":
             answer = await ping_terminal(self.agent, self._service(), device_id)
-            return web.json_response(answer.model_dump(mode="json"))
+            return web.json_response(json_value(answer))
         if action == "connect":
-            return web.json_response((await terminal.connect(device_id)).model_dump(mode="json"))
+            return web.json_response(json_value(await terminal.connect(device_id)))
         if action == "disconnect":
-            return web.json_response((await terminal.disconnect(device_id)).model_dump(mode="json"))
+            return web.json_response(json_value(await terminal.disconnect(device_id)))
         if action == "test-print":
             return await self._test_print(request, device_id)
         actions = "ping, connect, disconnect, test-print"

@@ -70,6 +70,8 @@ async def test_every_time_in_the_admin_apis_json_is_iso_8601_utc(
         base_url=url, headers={"Authorization": f"Bearer {READ_TOKEN}"}
     ) as session:
         for path in ("/api/health", "/api/status", "/api/sales", "/api/sales/crashed1",
+                     "/api/terminals", "/api/reports/transactions?since=7d",
+                     "/api/reports/transactions?since=today&format=json",
                      "/api/sales?format=json"):
             async with session.get(path) as answer:
                 assert answer.status == 200, path
