@@ -37,7 +37,7 @@ if TYPE_CHECKING:
     from pydantic import BaseModel
 
     from kiosk_agent.audit.evadts import AuditFile, Product
-    from kiosk_agent.sales.journal import SaleRecord
+    from kiosk_agent.sales.journal import SaleRecord, StepRecord
     from kiosk_agent.service.models.reports import ReportKind
 
 # Fields never exported, in any format.
@@ -74,11 +74,63 @@ class Amount:
         return cents_to_dollars(self.cents)
 
 
-def timestamp(moment: dt.datetime) -> str:
-    """``2026-11-22T10:15:30Z``: UTC, to the second (a naive time is taken as UTC)."""
+Moment = dt.datetime | float | str
+
+
+def in_utc(moment: Moment) -> dt.datetime:
+    """A moment in UTC: Unix seconds, a datetime or the ISO 8601 text JSON holds (the agent's
+    own answers read back by a command); a naive one is taken as UTC."""
+    if isinstance(moment, str):
+        moment = dt.datetime.fromisoformat(moment.replace("Z", "+00:00"))
+    elif not isinstance(moment, dt.datetime):
+        return dt.datetime.fromtimestamp(moment, dt.UTC)
     if moment.tzinfo is None:
-        moment = moment.replace(tzinfo=dt.UTC)
-    return moment.astimezone(dt.UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
+        return moment.replace(tzinfo=dt.UTC)
+    return moment.astimezone(dt.UTC)
+
+
+def timestamp(moment: Moment) -> str:
+    """``2026-11-22T10:15:30Z``: every time in JSON and CSV (UTC, to the second)."""
+    return in_utc(moment).isoformat(timespec="seconds").replace("+00:00", "Z")
+
+
+def optional_timestamp(moment: Moment | None) -> str | None:
+    """:func:`timestamp`, and JSON's null for no time."""
+    return None if moment is None else timestamp(moment)
+
+
+# The wall times the status page's event stream carries as Unix seconds (they are its cursor,
+# ``?since=``): the health snapshot's, a sale step's or a note's ``at``, a sale's times.
+STREAM_TIMES = frozenset({
+    "at", "since", "until", "started_at", "checked_at", "last_ping_at", "key_expires_at",
+    "made_at", "day_started_at", "last_read_at", "charges_checked_at", "created_at",
+    "updated_at", "finished_at", "answer_by", "sent_at",
+})
+
+
+def stream_json(value: object) -> object:
+    """An event of the status page's stream as a command prints it in JSON (``events --json``,
+    ``health --watch --json``): its times in ISO 8601 UTC, as every JSON the agent writes."""
+    if isinstance(value, dict):
+        return {key: timestamp(item) if key in STREAM_TIMES and _is_seconds(item)
+                else stream_json(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [stream_json(item) for item in value]
+    return value
+
+
+def _is_seconds(value: object) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def display_time(moment: Moment) -> str:
+    """``2026-11-22 10:15:30Z``: a time for people (tables, messages), UTC and said so."""
+    return f"{in_utc(moment):%Y-%m-%d %H:%M:%SZ}"
+
+
+def display_clock(moment: Moment) -> str:
+    """``10:15:30Z``: a time of today for people (a live line, a deadline), UTC and said so."""
+    return f"{in_utc(moment):%H:%M:%SZ}"
 
 
 def neutralise(text: str) -> str:
@@ -249,7 +301,7 @@ def export_sales(sales: Iterable[SaleRecord], fmt: str) -> Iterator[str]:
 def sale_values(sale: SaleRecord) -> dict[str, Any]:
     """One sale of the journal for export (``sales --format csv|json``)."""
     return {
-        "created": timestamp(dt.datetime.fromtimestamp(sale.created_at, dt.UTC)),
+        "created": timestamp(sale.created_at),
         "sale_id": sale.sale_id,
         "order_id": sale.order_id,
         "source": sale.source,
@@ -264,6 +316,30 @@ def sale_values(sale: SaleRecord) -> dict[str, Any]:
         "last_four": sale.last_four or "",
         "message": sale.message,
     }
+
+
+# A sale's wall times (Unix seconds in the journal); its sent_mono is the monotonic clock's, no
+# moment of the calendar, and stays a number of seconds.
+SALE_TIMES = ("created_at", "updated_at", "finished_at", "answer_by", "sent_at")
+
+
+def sale_json(sale: SaleRecord) -> dict[str, Any]:
+    """A sale of the journal in JSON (``sales show|attention|resolve --json``, ``GET
+    /api/sales``, ``GET /api/sales/{id}``): every field, times in ISO 8601 UTC, the
+    resolution as an object with its time so too."""
+    data = sale.as_dict()
+    for key in SALE_TIMES:
+        data[key] = optional_timestamp(data[key])
+    resolution = data["resolution"]
+    if isinstance(resolution, dict) and isinstance(resolution.get("at"), int | float):
+        data["resolution"] = {**resolution, "at": timestamp(resolution["at"])}
+    return data
+
+
+def step_json(step: StepRecord) -> dict[str, Any]:
+    """A step of a sale in JSON, beside :func:`sale_json`."""
+    return {"at": timestamp(step.at), "step": step.step, "state": step.state.value,
+            "detail": step.detail}
 
 
 # The machine's books per column (``kiosk-agent audit``, ``GET /api/audit``).
@@ -287,7 +363,8 @@ def export_audit(report: Mapping[str, Any], fmt: str) -> Iterator[str]:
     CSV: a line per column; JSON: the whole report, its columns as the CSV's lines."""
     rows = [audit_values(column, report.get("last_read")) for column in report["columns"]]
     if fmt == "json":
-        document = {**report, "columns": rows}
+        document = {**report, "columns": rows, "last_read": _read_json(report.get("last_read")),
+                    "comparisons": [_comparison_json(c) for c in report.get("comparisons", [])]}
         yield json.dumps(json_value(document), indent=2) + "\n"
         return
     if fmt != "csv":
@@ -298,11 +375,28 @@ def export_audit(report: Mapping[str, Any], fmt: str) -> Iterator[str]:
         yield csv_export.row(row)
 
 
+def _read_json(read: Mapping[str, Any] | None) -> dict[str, Any] | None:
+    """The last read of the books in JSON: its time in ISO 8601 UTC."""
+    return None if read is None else {**read, "at": optional_timestamp(read.get("at"))}
+
+
+def _comparison_json(comparison: Mapping[str, Any]) -> dict[str, Any]:
+    """One comparison of the books with the journal in JSON: its interval's ends and each
+    sale's vend in ISO 8601 UTC."""
+    return {
+        **comparison,
+        "since": optional_timestamp(comparison.get("since")),
+        "until": optional_timestamp(comparison.get("until")),
+        "sales": [{**sale, "vended_at": optional_timestamp(sale.get("vended_at"))}
+                  for sale in comparison.get("sales", [])],
+    }
+
+
 def audit_values(column: Mapping[str, Any], last_read: Mapping[str, Any] | None) -> dict[str, Any]:
     """One column of the machine's books for export."""
 
     def moment(at: float | None) -> str:
-        return "" if at is None else timestamp(dt.datetime.fromtimestamp(at, dt.UTC))
+        return "" if at is None else timestamp(at)
 
     price = column.get("price")
     return {

@@ -5,8 +5,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
+import re
 import socket
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -144,3 +145,37 @@ class ErrorLog(logging.Handler):
     def close(self) -> None:
         logging.getLogger().removeHandler(self)
         super().close()
+
+
+# -- times in JSON (tests/admin/test_json_times.py) --------------------------------------------
+
+ISO_UTC = re.compile(r"\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}Z")
+# the payment service's records, passed through as it holds them: ISO 8601 UTC to the
+# millisecond (docs/interface-choices.md)
+SERVICE_ISO_UTC = re.compile(r"\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}\.\d{3}Z")
+# a value that is a time (a sentence for people may quote one in its own words)
+IS_A_TIME = re.compile(r"\d{4}-\d{2}-\d{2}[T ]\d{1,2}:\d{2}[\d:.]*(Z|[+-]\d{2}:?\d{2})?")
+# keys that name a moment; their value is ISO 8601 UTC or null, never a number
+TIME_KEY = re.compile(r"^(at|since|until|answer_by|last_seen|.*_at)$")
+# Unix seconds from 2001 to 5138: a number here is a timestamp in disguise
+UNIX_SECONDS = (1e9, 1e11)
+
+
+def json_time_problems(document: object, where: str = "") -> Iterator[str]:
+    """Each value of ``document`` that is a time and not ISO 8601 UTC, with its path."""
+    if isinstance(document, dict):
+        for key, value in document.items():
+            path = f"{where}.{key}"
+            if TIME_KEY.match(str(key)) and value is not None and not isinstance(value, str):
+                yield f"{path} = {value!r}: a time as a number"
+            yield from json_time_problems(value, path)
+    elif isinstance(document, list):
+        for index, item in enumerate(document):
+            yield from json_time_problems(item, f"{where}[{index}]")
+    elif isinstance(document, str):
+        if IS_A_TIME.fullmatch(document) and not (ISO_UTC.fullmatch(document)
+                                                  or SERVICE_ISO_UTC.fullmatch(document)):
+            yield f"{where} = {document!r}: not ISO 8601 UTC"
+    elif (isinstance(document, int | float) and not isinstance(document, bool)
+          and UNIX_SECONDS[0] <= document < UNIX_SECONDS[1]):
+        yield f"{where} = {document!r}: Unix seconds"

@@ -25,6 +25,9 @@ from kiosk_agent.export import (
     CsvExport,
     JsonExport,
     csv_cell,
+    display_clock,
+    display_time,
+    export_audit,
     timestamp,
 )
 from kiosk_agent.sales.journal import Journal, SaleRecord
@@ -60,6 +63,21 @@ def test_timestamps_are_utc_to_the_second_with_z() -> None:
         "2026-11-22T10:15:30Z"
     )
     assert timestamp(dt.datetime(2026, 11, 22, 10, 15, 30)) == "2026-11-22T10:15:30Z"
+
+
+def test_one_moment_reads_the_same_in_json_and_for_people_whatever_form_it_comes_in() -> None:
+    paris = dt.timezone(dt.timedelta(hours=1))
+    forms = [
+        1795866930.4,  # Unix seconds, as the journal holds them
+        dt.datetime(2026, 11, 28, 12, 55, 30, 400000, tzinfo=paris),
+        dt.datetime(2026, 11, 28, 11, 55, 30),  # naive: UTC
+        "2026-11-28T11:55:30Z",  # the agent's own JSON, read back by a command
+        "2026-11-28T12:55:30+01:00",
+    ]
+    for moment in forms:
+        assert timestamp(moment) == "2026-11-28T11:55:30Z", moment
+        assert display_time(moment) == "2026-11-28 11:55:30Z", moment
+        assert display_clock(moment) == "11:55:30Z", moment
 
 
 @given(st.text(max_size=40))
@@ -189,3 +207,36 @@ async def test_a_json_record_has_the_csv_columns_in_their_order(sim_settings: An
     columns = report_columns(ReportKind.TRANSACTIONS)
     assert columns[columns.index("trans_status_id") + 1] == "status"
     assert columns[-1] == "amount_cents"
+
+
+def test_times_for_people_are_written_in_one_place() -> None:
+    # the display formats lived in eight modules; a ninth copy would drift from them (a missing
+    # Z, a local time)
+    package = Path(__file__).parents[1] / "kiosk_agent"
+    writers = sorted(
+        str(path.relative_to(package)) for path in package.rglob("*.py")
+        if "%H:%M:%SZ" in path.read_text()
+    )
+    assert writers == ["export.py"]
+
+
+def test_the_books_json_gives_the_reads_and_the_comparisons_times_in_iso_8601() -> None:
+    at = 1795866930.0  # 2026-11-28T11:55:30Z
+    report = {
+        "machine": "snacks",
+        "last_read": {"at": at, "clean": True, "machine": "VM-1", "changes": []},
+        "columns": [{"column": "A1", "filled_at": at - 3600}],
+        "comparisons": [{"verdict": "match", "since": at - 600, "until": at, "text": "...",
+                         "sales": [{"sale_id": "s1", "vended_at": at - 60},
+                                   {"sale_id": "s2", "vended_at": None}]}],
+        "mismatch": "",
+    }
+    document = json.loads("".join(export_audit(report, "json")))
+    assert document["last_read"]["at"] == "2026-11-28T11:55:30Z"
+    assert document["columns"][0]["filled_at"] == "2026-11-28T10:55:30Z"
+    assert document["columns"][0]["last_read"] == "2026-11-28T11:55:30Z"
+    [comparison] = document["comparisons"]
+    assert (comparison["since"], comparison["until"]) == ("2026-11-28T11:45:30Z",
+                                                          "2026-11-28T11:55:30Z")
+    assert [s["vended_at"] for s in comparison["sales"]] == ["2026-11-28T11:54:30Z", None]
+    assert report["last_read"]["at"] == at  # the books themselves keep Unix seconds

@@ -45,6 +45,7 @@ from urllib.parse import urlsplit
 from aiohttp import web
 
 from kiosk_agent.core.doctor import Report, Verdict, check_running
+from kiosk_agent.core.health import UNIX_TIMES
 from kiosk_agent.core.logging import RefusalLog
 from kiosk_agent.core.web import read_json, stream_slot
 from kiosk_agent.money import format_cents
@@ -332,7 +333,7 @@ class StatusPage:
 
     async def overview(self, request: web.Request) -> web.Response:
         """Everything on the page in one answer (the event stream keeps it fresh)."""
-        snapshot = self.agent.health.snapshot().model_dump(mode="json")
+        snapshot = self.agent.health.snapshot().model_dump(mode="json", context=UNIX_TIMES)
         journal = getattr(self.agent, "journal", None)
         recent: list[dict[str, Any]] = []
         open_sales: list[dict[str, Any]] = []
@@ -443,7 +444,8 @@ class StatusPage:
                 # subscribed first: a step journaled while the journal is read comes live too
                 replayed = await self._replay(response, since) if since is not None else set()
                 while not self._closing.is_set() and alive():
-                    snapshot = self.agent.health.snapshot().model_dump(mode="json")
+                    snapshot = self.agent.health.snapshot().model_dump(
+                        mode="json", context=UNIX_TIMES)  # its times are the stream's cursor
                     # a platform's reader and machine change with availability, not with a
                     # sale step: they go in the same event as the health they follow
                     platforms = self._platforms()

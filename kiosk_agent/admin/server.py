@@ -48,8 +48,12 @@ from kiosk_agent.export import (
     JsonExport,
     export_audit,
     export_sales,
+    json_value,
+    optional_timestamp,
     report_columns,
     report_values,
+    sale_json,
+    step_json,
 )
 from kiosk_agent.moments import MOMENT_FORMS, MomentError, parse_moment
 from kiosk_agent.sales.attention import (
@@ -219,7 +223,7 @@ class AdminServer:
                 "terminals_online": sum(1 for t in snapshot.terminals if t.online),
                 "terminals": len(snapshot.terminals),
                 # outside tools wait for recovery "done" before they judge the money
-                "recovery": self.agent.recovery.status(),
+                "recovery": _recovery_json(self.agent.recovery.status()),
                 "attention": dataclasses.asdict(self.agent.attention.stats),
             }
         )
@@ -291,10 +295,10 @@ class AdminServer:
         for record in records:
             if record.sale_id in kept:
                 continue
-            shown.append(record.as_dict())
+            shown.append(sale_json(record))
         if not states or SaleState.ATTENTION in states:
             for record in kept.values():
-                shown.insert(0, {**record.as_dict(), "state": SaleState.ATTENTION.value,
+                shown.insert(0, {**sale_json(record), "state": SaleState.ATTENTION.value,
                                  "unwritten": True, "state_unwritten": record.state.value})
         return shown
 
@@ -305,11 +309,8 @@ class AdminServer:
             record = journal.get(sale_id) or find_sale(journal, sale_id)
         except UnknownSale as err:
             return _error(404, "not_found", str(err))
-        steps = [
-            {"at": s.at, "step": s.step, "state": s.state.value, "detail": s.detail}
-            for s in journal.steps(record.sale_id)
-        ]
-        return web.json_response({"sale": record.as_dict(), "steps": steps})
+        steps = [step_json(s) for s in journal.steps(record.sale_id)]
+        return web.json_response({"sale": sale_json(record), "steps": steps})
 
     async def resolve(self, request: web.Request) -> web.Response:
         """A person's decision on an ATTENTION sale (admin): ``{"as", "why"}``."""
@@ -328,7 +329,7 @@ class AdminServer:
             return _error(409, "not_in_attention", str(err))
         except ResolveError as err:
             return _error(400, "invalid_request", str(err))
-        return web.json_response({"sale": record.as_dict()})
+        return web.json_response({"sale": sale_json(record)})
 
     def _journal(self) -> Any:
         return self._agent_part("journal", "the journal is not open")
@@ -404,7 +405,7 @@ class AdminServer:
 
     async def terminals(self, request: web.Request) -> web.Response:
         listed = await self._service().terminal.list()
-        return web.json_response({"terminals": [t.model_dump(mode="json") for t in listed]})
+        return web.json_response({"terminals": [json_value(t) for t in listed]})
 
     async def terminal_action(self, request: web.Request) -> web.Response:
         device_id = request.match_info["device_id"]
@@ -412,11 +413,11 @@ class AdminServer:
         terminal = self._service().terminal
         if action == "ping":
             answer = await ping_terminal(self.agent, self._service(), device_id)
-            return web.json_response(answer.model_dump(mode="json"))
+            return web.json_response(json_value(answer))
         if action == "connect":
-            return web.json_response((await terminal.connect(device_id)).model_dump(mode="json"))
+            return web.json_response(json_value(await terminal.connect(device_id)))
         if action == "disconnect":
-            return web.json_response((await terminal.disconnect(device_id)).model_dump(mode="json"))
+            return web.json_response(json_value(await terminal.disconnect(device_id)))
         if action == "test-print":
             return await self._test_print(request, device_id)
         actions = "ping, connect, disconnect, test-print"
@@ -637,3 +638,9 @@ async def _write_csv(
     await response.write(export.header().encode())
     async for row in rows:
         await response.write(export.row(row).encode())
+
+
+def _recovery_json(status: dict[str, Any]) -> dict[str, Any]:
+    """Recovery's status in JSON: when it started and finished in ISO 8601 UTC."""
+    return {**status, **{key: optional_timestamp(status[key])
+                         for key in ("started_at", "finished_at")}}

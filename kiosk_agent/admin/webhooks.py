@@ -378,7 +378,10 @@ class WebhookReceiver:
 
     def merchants(self) -> list[dict[str, Any]]:
         """Each merchant's latest state, for the admin API."""
-        return [row.model_dump(mode="json") for row in merchant_rows(self.reducer)]
+        from kiosk_agent.export import json_value, model_values  # times: ISO 8601 UTC
+
+        return [{key: json_value(value) for key, value in model_values(row).items()}
+                for row in merchant_rows(self.reducer)]
 
 
 class MerchantStateRow(BaseModel):

@@ -14,13 +14,13 @@ of this machine whose vend the journal holds between the two reads, by their ord
 
 from __future__ import annotations
 
-import datetime as dt
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
 from kiosk_agent.audit.books import ZERO, Figures
 from kiosk_agent.audit.evadts import Counters, Tally
+from kiosk_agent.export import display_time
 from kiosk_agent.money import format_cents
 
 Verdict = Literal["match", "mismatch", "not_compared"]
@@ -199,7 +199,7 @@ def _vends(count: Tally, currency: str) -> str:
 
 def _clock_time(at: float) -> str:
     # UTC with its Z, as the command line and the status page write every time
-    return f"{dt.datetime.fromtimestamp(at, dt.UTC):%Y-%m-%d %H:%M:%SZ}"
+    return display_time(at)
 
 
 def compare(

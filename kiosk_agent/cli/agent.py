@@ -24,15 +24,23 @@ from kiosk_agent.cli.contract import (
     existing_config,
     guarded,
     load,
+    open_journal,
     options,
     parse_moment,
     plural,
     positive_int,
     print_json,
     say,
+    unit_config,
     wants_json,
 )
-from kiosk_agent.export import SALE_FORMATS, export_sales, sale_values
+from kiosk_agent.export import (
+    SALE_FORMATS,
+    display_time,
+    export_sales,
+    sale_json,
+    step_json,
+)
 from kiosk_agent.moments import MOMENT_FORMS
 from kiosk_agent.money import format_cents
 from kiosk_agent.sales.model import money_text
@@ -43,7 +51,7 @@ from kiosk_agent.sales.states import RESOLUTIONS, SaleState
 if TYPE_CHECKING:
     from kiosk_agent.core.agent import Agent
     from kiosk_agent.core.config import Config
-    from kiosk_agent.sales.journal import Journal, SaleRecord
+    from kiosk_agent.sales.journal import SaleRecord
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -407,7 +415,7 @@ def _table(sales: Sequence[SaleRecord]) -> str:
     headers = ("created", "order_id", "source", "money", "state", "message")
     lines = [
         (
-            sale_values(s)["created"],
+            display_time(s.created_at),  # for people, as every table (CSV and JSON: ISO 8601)
             for_terminal(s.order_id),
             for_terminal(s.source),
             money_text(s),  # what was charged, or is held: never the price asked as if taken
@@ -424,23 +432,6 @@ def _table(sales: Sequence[SaleRecord]) -> str:
     return "\n".join(out)
 
 
-def _open_journal(args: argparse.Namespace, *, to_write: bool = False) -> Journal:
-    """The journal of the configuration; only to read it unless ``to_write`` (a reader never
-    writes: it works beside the agent, and on a full or read-only disk)."""
-    from kiosk_agent.sales.journal import Journal, JournalError
-
-    config = load(config_path(args), check_platforms=False)
-    path = config.resolve(config["journal"]["path"])
-    if not path.exists():
-        raise CliError(f"no journal at {path} (the agent has not run yet)")
-    journal = Journal(path)
-    try:
-        journal.open() if to_write else journal.open_to_read()
-    except JournalError as err:
-        raise CliError(str(err)) from None
-    return journal
-
-
 # An open sale that has not moved for this long is shown with the attention sales: a running
 # agent may hold it in memory while its journal cannot take the step (docs/journal.md).
 STALLED_OPEN_S = 30.0
@@ -449,7 +440,7 @@ STALLED_OPEN_S = 30.0
 async def attention_command(args: argparse.Namespace) -> int:
     from kiosk_agent.sales.unit import others_open
 
-    journal = _open_journal(args)
+    journal = open_journal(unit_config(args))
     try:
         sales = journal.attention_sales()
         # open sales of another unit id (a journal adopted under a new id): never the agent's
@@ -466,15 +457,14 @@ async def attention_command(args: argparse.Namespace) -> int:
     # a cron job alerts on the exit code: 1 while anything here waits for a person or the agent
     waiting = EXIT_FAILED if sales or stalled or others else EXIT_OK
     if wants_json(args):
-        print(json.dumps({"sales": [s.as_dict() for s in sales],
-                          "stalled_open": [s.as_dict() for s in stalled],
-                          "other_unit_open": [{**s.as_dict(), "why": why} for s, why in others]},
+        print(json.dumps({"sales": [sale_json(s) for s in sales],
+                          "stalled_open": [sale_json(s) for s in stalled],
+                          "other_unit_open": [{**sale_json(s), "why": why} for s, why in others]},
                          indent=2))
         return waiting
     from kiosk_agent.text import for_terminal
 
     for sale in stalled:
-        since = dt.datetime.fromtimestamp(sale.updated_at, dt.UTC)
         moved = (
             f"not moved for {now - sale.updated_at:.0f} s" if sale.updated_at <= now else
             f"its last step is dated {sale.updated_at - now:.0f} s after now (the clock was "
@@ -482,21 +472,20 @@ async def attention_command(args: argparse.Namespace) -> int:
         )  # fmt: skip
         print(
             f"{sale.sale_id}  {sale.order_id}  {for_terminal(sale.source)}  open "
-            f"({sale.state.value}) since {since:%Y-%m-%d %H:%M:%SZ}\n  {moved}: the agent "
+            f"({sale.state.value}) since {display_time(sale.updated_at)}\n  {moved}: the agent "
             "finishes it (a journal that cannot take writes keeps it in memory meanwhile)"
         )
     for sale, why in others:
-        since = dt.datetime.fromtimestamp(sale.updated_at, dt.UTC)
         print(
             f"{sale.sale_id}  {sale.order_id}  {for_terminal(sale.source)}  {money_text(sale)}  "
-            f"open ({sale.state.value}) since {since:%Y-%m-%d %H:%M:%SZ}\n  {why}"
+            f"open ({sale.state.value}) since {display_time(sale.updated_at)}\n  {why}"
         )
     for sale in sales:
-        when = dt.datetime.fromtimestamp(sale.finished_at or sale.updated_at, dt.UTC)
         # the sales list's words: "held $0.00" said of a charge whose answer was lost
         print(
             f"{sale.sale_id}  {sale.order_id}  {for_terminal(sale.source)}  {money_text(sale)}  "
-            f"since {when:%Y-%m-%d %H:%M:%SZ}\n  {for_terminal(sale.message)}"
+            f"since {display_time(sale.finished_at or sale.updated_at)}\n"
+            f"  {for_terminal(sale.message)}"
         )
     counted = plural(len(sales), "sale") + " in attention"
     if others:
@@ -517,7 +506,7 @@ async def resolve_command(args: argparse.Namespace) -> int:
 
     from kiosk_agent.sales.attention import ResolveError, resolve
 
-    journal = _open_journal(args, to_write=True)
+    journal = open_journal(unit_config(args), to_write=True)
     try:
         record = resolve(
             journal, args.sale, args.resolve_as, args.why, f"cli ({getpass.getuser()})"
@@ -529,7 +518,7 @@ async def resolve_command(args: argparse.Namespace) -> int:
     say(
         args,
         f"sale {record.sale_id} resolved as {args.resolve_as}: now {record.state.value}",
-        sale=record.as_dict(),
+        sale=sale_json(record),
     )
     return EXIT_OK
 
@@ -544,7 +533,7 @@ async def sales_command(args: argparse.Namespace) -> int:
     if limit is None and fmt == "table" and not getattr(args, "all", False):
         limit = TABLE_LIMIT
     since, until = sales_window(getattr(args, "since", None), getattr(args, "until", None))
-    journal = _open_journal(args)
+    journal = open_journal(unit_config(args))
     try:
         states = [SaleState(s) for s in getattr(args, "state", None) or []] or None
         if fmt in SALE_FORMATS:
@@ -572,7 +561,7 @@ async def show_command(args: argparse.Namespace) -> int:
     """One sale with its steps: ``kiosk-agent sales show SALE``."""
     from kiosk_agent.sales.attention import ResolveError, find_sale
 
-    journal = _open_journal(args)
+    journal = open_journal(unit_config(args))
     try:
         try:
             record = find_sale(journal, args.sale)
@@ -583,9 +572,8 @@ async def show_command(args: argparse.Namespace) -> int:
         journal.close()
     if wants_json(args):  # the admin API's GET /api/sales/{id}
         print_json({
-            "sale": record.as_dict(),
-            "steps": [{"at": s.at, "step": s.step, "state": s.state.value, "detail": s.detail}
-                      for s in steps],
+            "sale": sale_json(record),
+            "steps": [step_json(s) for s in steps],
         })  # fmt: skip
         return EXIT_OK
     from kiosk_agent.text import for_terminal
@@ -601,7 +589,7 @@ def sale_text(record: SaleRecord, steps: Sequence[Any]) -> str:
     def at(unix: float | None) -> str:
         if unix is None:
             return "-"
-        return dt.datetime.fromtimestamp(unix, dt.UTC).strftime("%Y-%m-%d %H:%M:%SZ")
+        return display_time(unix)
 
     card = " ".join(p for p in (card_brand_name(record.card_brand), record.last_four) if p)
     pairs = [

@@ -8,7 +8,6 @@ only reads it, `audit fill` writes one row per column refilled.
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import sys
 from typing import TYPE_CHECKING, Any
 
@@ -16,14 +15,14 @@ from kiosk_agent.cli.contract import (
     EXIT_OK,
     EXIT_USAGE,
     CliError,
-    config_path,
     guarded,
-    load,
+    open_journal,
     options,
     plural,
     say,
+    unit_config,
 )
-from kiosk_agent.export import SALE_FORMATS, export_audit
+from kiosk_agent.export import SALE_FORMATS, display_time, export_audit, timestamp
 from kiosk_agent.money import format_cents
 
 if TYPE_CHECKING:
@@ -66,18 +65,10 @@ def _books(args: argparse.Namespace, *, to_write: bool) -> tuple[Journal, AuditS
                                                                  BooksSettings]:
     from kiosk_agent.audit.settings import BooksSettings
     from kiosk_agent.audit.store import AuditStore
-    from kiosk_agent.sales.journal import Journal, JournalError
 
-    config = load(config_path(args), check_platforms=False)
+    config = unit_config(args)
     settings = BooksSettings.from_config(config.get("dex") or {})
-    path = config.resolve(config["journal"]["path"])
-    if not path.exists():
-        raise CliError(f"no journal at {path} (the agent has not run yet)")
-    journal = Journal(path)
-    try:
-        journal.open() if to_write else journal.open_to_read()
-    except JournalError as err:
-        raise CliError(str(err)) from None
+    journal = open_journal(config, to_write=to_write)
     store = AuditStore(lambda: journal.db)
     if to_write:
         store.open()
@@ -153,7 +144,7 @@ def audit_table(report: dict[str, Any]) -> str:
 def _when(at: float | None) -> str:
     if at is None:
         return ""
-    return f"{dt.datetime.fromtimestamp(at, dt.UTC):%Y-%m-%d %H:%M:%SZ}"
+    return display_time(at)
 
 
 async def fill_command(args: argparse.Namespace) -> int:
@@ -181,5 +172,5 @@ async def fill_command(args: argparse.Namespace) -> int:
     finally:
         journal.close()
     say(args, f"refill recorded: {', '.join(f.column for f in fills)}",
-        fills=[{"column": f.column, "at": f.at, "read_id": f.read_id} for f in fills])
+        fills=[{"column": f.column, "at": timestamp(f.at), "read_id": f.read_id} for f in fills])
     return EXIT_OK

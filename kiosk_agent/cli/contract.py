@@ -36,7 +36,15 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO, TypeVar
 
 from kiosk_agent import moments
-from kiosk_agent.export import HIDDEN_FIELDS, Amount, is_model, json_value, model_values, plain
+from kiosk_agent.export import (
+    HIDDEN_FIELDS,
+    Amount,
+    display_time,
+    is_model,
+    json_value,
+    model_values,
+    plain,
+)
 from kiosk_agent.money import MoneyError, format_cents, parse_price
 from kiosk_agent.service.timeouts import DEFAULT_TIMEOUT
 
@@ -49,6 +57,7 @@ if TYPE_CHECKING:
     from pydantic import BaseModel, ValidationError
 
     from kiosk_agent.core.config import Config
+    from kiosk_agent.sales.journal import Journal
     from kiosk_agent.service.client import ServiceClient
     from kiosk_agent.service.settings import ServiceSettings
 
@@ -278,6 +287,29 @@ def load(path: Path, **loader_options: Any) -> Config:
             f"{plural(count, 'mistake')} in {path} (`kiosk-agent check-config {path}`):",
             EXIT_USAGE, lines,
         ) from None
+
+
+def unit_config(args: argparse.Namespace) -> Config:
+    """The configuration of a command that reads the unit's own files (its journal), not its
+    hardware: the platforms are not checked (it runs beside the agent that owns them)."""
+    return load(config_path(args), check_platforms=False)
+
+
+def open_journal(config: Config, *, to_write: bool = False) -> Journal:
+    """The configuration's journal; only to read it unless ``to_write`` (a reader never writes:
+    it works beside the agent, and on a full or read-only disk). A journal not made yet or one
+    that cannot be opened is a clear refusal (exit 1)."""
+    from kiosk_agent.sales.journal import Journal, JournalError
+
+    path = config.resolve(config["journal"]["path"])
+    if not path.exists():
+        raise CliError(f"no journal at {path} (the agent has not run yet)")
+    journal = Journal(path)
+    try:
+        journal.open() if to_write else journal.open_to_read()
+    except JournalError as err:
+        raise CliError(str(err)) from None
+    return journal
 
 
 def wants_json(args: argparse.Namespace) -> bool:
@@ -847,7 +879,8 @@ def jsonable(value: object) -> object:
 
 
 def as_text(value: object) -> str:
-    """A value for people: ``-`` for none, yes/no, ``$2.50``, times in UTC to the second."""
+    """A value for people: ``-`` for none (or an empty list), yes/no, ``$2.50``, times in UTC to
+    the second, a list's items with commas."""
     if value is None:
         return "-"
     if isinstance(value, Amount):
@@ -857,7 +890,9 @@ def as_text(value: object) -> str:
     if isinstance(value, Decimal):
         return f"{value:.2f}"
     if isinstance(value, dt.datetime):  # UTC, and said, as every time the command line prints
-        return value.astimezone(dt.UTC).strftime("%Y-%m-%d %H:%M:%SZ")
+        return display_time(value)
+    if isinstance(value, list | tuple):
+        return ", ".join(as_text(item) for item in value) or "-"
     from kiosk_agent.text import for_terminal  # on use: `--help` does not wait for it
 
     # the service's words (a name, a reason, a custom field): shown, never obeyed

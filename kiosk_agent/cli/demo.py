@@ -39,6 +39,7 @@ from kiosk_agent.cli.contract import (
     positive_int,
     use_colour,
 )
+from kiosk_agent.export import display_clock
 from kiosk_agent.money import format_cents
 from kiosk_agent.sales.model import SaleEvent
 from kiosk_agent.sales.states import SaleState
@@ -203,7 +204,7 @@ class LiveView:
         self.out.flush()
 
     def _line(self, source: str, text: str, colour: str) -> None:
-        stamp = time.strftime("%H:%M:%SZ", time.gmtime())  # UTC, as the status page it links
+        stamp = display_clock(time.time())  # UTC, as the status page it links
         if self.fancy:
             self._clear_status()
             paint = _COLOURS if self.colour else dict.fromkeys(_COLOURS, "")

@@ -30,6 +30,7 @@ from kiosk_agent.cli.contract import (
     timeout_of,
     wants_json,
 )
+from kiosk_agent.export import display_clock, stream_json
 
 if TYPE_CHECKING:
     import aiohttp
@@ -135,14 +136,14 @@ async def events_command(args: argparse.Namespace) -> int:
         if kind == "gap":  # whatever the filters: the steps lost may be the ones wanted
             say_gap(data)
             if as_json:
-                print(json.dumps({"kind": kind, **data}), flush=True)
+                print(json.dumps(stream_json({"kind": kind, **data})), flush=True)
             return
         if kind == "note":
             kind = data.get("kind") or "status"
         if not filters.wants(kind, data):
             return
-        print(json.dumps({"kind": kind, **data}) if as_json else event_line(kind, data),
-              flush=True)
+        print(json.dumps(stream_json({"kind": kind, **data})) if as_json
+              else event_line(kind, data), flush=True)
 
     return await follow(args, show)
 
@@ -169,10 +170,10 @@ async def watch_health(args: argparse.Namespace) -> int:
         if kind != "health":
             return
         snapshot = data["health"]
-        if as_json:
-            print(json.dumps(snapshot), flush=True)
+        if as_json:  # as `health --json` gives it: times in ISO 8601 UTC
+            print(json.dumps(stream_json(snapshot)), flush=True)
             return
-        stamp = time.strftime("%H:%M:%SZ", time.gmtime(snapshot.get("at") or time.time()))
+        stamp = display_clock(snapshot.get("at") or time.time())
         print(f"-- {stamp}\n{for_terminal(format_health(snapshot), keep_lines=True)}", flush=True)
 
     return await follow(args, show)
@@ -369,7 +370,7 @@ def event_line(kind: str, data: dict[str, Any]) -> str:
     from kiosk_agent.text import for_terminal  # on use: `--help` does not wait for it
 
     # UTC, as every time the command line and the status page show
-    stamp = time.strftime("%H:%M:%SZ", time.gmtime(data.get("at") or time.time()))
+    stamp = display_clock(data.get("at") or time.time())
     if kind == "sale":
         where = data.get("terminal") or data.get("source") or "-"
         move = (  # a step that could not be written moved nothing: the journal's state stands

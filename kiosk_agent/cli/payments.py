@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-from datetime import UTC, datetime
 from decimal import Decimal
 from typing import Any
 
@@ -34,6 +33,7 @@ from kiosk_agent.cli.contract import (
     validated,
     wants_json,
 )
+from kiosk_agent.export import timestamp
 from kiosk_agent.money import dollars_to_cents, format_cents
 
 SERVICE = options(timeout=True)
@@ -370,7 +370,7 @@ async def keys_refresh(args: argparse.Namespace) -> int:
             )
         credentials = await svc.keys.refresh()
     expires = credentials.api_key_expires_at
-    until = datetime.fromtimestamp(expires, UTC).isoformat() if expires else None
+    until = timestamp(expires) if expires else None  # ISO 8601 UTC, as every JSON time
     say(args, f"rotated: the new key is saved in {settings.credentials_path} "
         f"(expires {until or 'unknown'})",
         rotated=True, credentials_path=str(settings.credentials_path), expires_at=until)

@@ -10,23 +10,23 @@ money").
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 from typing import TYPE_CHECKING
 
 from kiosk_agent.cli.contract import (
     EXIT_FAILED,
     EXIT_OK,
     CliError,
-    config_path,
     guarded,
-    load,
+    open_journal,
     options,
     say,
     show,
+    unit_config,
 )
+from kiosk_agent.export import in_utc
 
 if TYPE_CHECKING:
-    from kiosk_agent.sales.journal import Journal
+    pass
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -53,30 +53,11 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     adopt.set_defaults(handler=guarded(adopt_command))
 
 
-def _journal(args: argparse.Namespace, *, to_write: bool) -> Journal:
-    from kiosk_agent.sales.journal import Journal, JournalError
-
-    config = load(config_path(args), check_platforms=False)
-    path = config.resolve(config["journal"]["path"])
-    if not path.exists():
-        raise CliError(f"no journal at {path} (the agent has not run yet)")
-    journal = Journal(path)
-    try:
-        journal.open() if to_write else journal.open_to_read()
-    except JournalError as err:
-        raise CliError(str(err)) from None
-    return journal
-
-
-def _when(at: float) -> str:
-    return dt.datetime.fromtimestamp(at, dt.UTC).strftime("%Y-%m-%d %H:%M:%SZ")
-
-
 async def show_command(args: argparse.Namespace) -> int:
     from kiosk_agent.sales import unit
     from kiosk_agent.sales.machine import this_machine
 
-    journal = _journal(args, to_write=False)
+    journal = open_journal(unit_config(args))
     try:
         history = unit.rows(journal.db)
     finally:
@@ -89,12 +70,12 @@ async def show_command(args: argparse.Namespace) -> int:
     show(args, [
         ("unit_id", current.unit_id),
         ("machine", current.machine.describe()),
-        ("made_at", _when(current.made_at)),
+        ("made_at", in_utc(current.made_at)),  # ISO 8601 in JSON, 2026-11-28 21:47:03Z here
         ("why", current.why),
         ("this_machine", here.describe()),
         ("confirmed", not mismatch),
-        ("mismatch", mismatch or "-"),
-        ("former_ids", ", ".join(r.unit_id for r in history[:-1]) or "-"),
+        ("mismatch", mismatch or None),
+        ("former_ids", [r.unit_id for r in history[:-1]]),
     ])  # fmt: skip
     return EXIT_FAILED if mismatch else EXIT_OK
 
@@ -103,7 +84,7 @@ async def adopt_command(args: argparse.Namespace) -> int:
     from kiosk_agent.sales import unit
     from kiosk_agent.sales.machine import this_machine
 
-    journal = _journal(args, to_write=True)
+    journal = open_journal(unit_config(args), to_write=True)
     here = this_machine().at(journal.path)
     try:
         current = unit.current(journal.db)

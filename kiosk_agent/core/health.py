@@ -18,11 +18,12 @@ import time
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Annotated, Any, Protocol
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, PlainSerializer, SerializationInfo
 
 from kiosk_agent.bus import EventBus
+from kiosk_agent.export import display_clock, timestamp
 from kiosk_agent.moments import day_of, day_start
 from kiosk_agent.money import format_cents
 from kiosk_agent.redact import redact
@@ -43,6 +44,21 @@ class Status(enum.StrEnum):
     DOWN = "down"  # no sale can succeed (service unreachable or no terminal online)
 
 
+def _json_time(at: float, info: SerializationInfo) -> str | float:
+    """A wall time in JSON: ISO 8601 UTC (``2026-11-28T21:47:03Z``), as every time the agent
+    writes in JSON; Unix seconds only for a reader that asks (``UNIX_TIMES``: the status page's
+    stream, whose times are its cursor, and the heartbeat, whose readers count with them)."""
+    if info.context and info.context.get("unix_times"):
+        return at
+    return timestamp(at)
+
+
+# A moment on the wall clock (time.time()): a float in Python, ISO 8601 UTC in JSON.
+WallTime = Annotated[float, PlainSerializer(_json_time, when_used="json")]
+# model_dump(mode="json", context=UNIX_TIMES): the wall times as Unix seconds
+UNIX_TIMES = {"unix_times": True}
+
+
 class _Model(BaseModel):
     # built on first use or after READY=1 (core/collector.py), not at import
     model_config = ConfigDict(frozen=True, defer_build=True)
@@ -54,8 +70,8 @@ class TerminalHealth(_Model):
     online: bool | None = None  # None: not checked yet
     connected: bool | None = None
     latency_ms: float | None = None
-    last_ping_at: float | None = None  # time.time() of the last answered ping
-    checked_at: float | None = None
+    last_ping_at: WallTime | None = None  # time.time() of the last answered ping
+    checked_at: WallTime | None = None
     detail: str = ""
 
 
@@ -63,15 +79,15 @@ class LinkHealth(_Model):
     name: str
     state: str
     detail: str = ""
-    since: float  # time.time() when the link entered this state
+    since: WallTime  # time.time() when the link entered this state
     healthy: bool
 
 
 class ServiceHealth(_Model):
     reachable: bool | None = None  # None: not checked yet
-    checked_at: float | None = None
+    checked_at: WallTime | None = None
     detail: str = ""
-    key_expires_at: float | None = None  # Unix time; None: unknown or never expires
+    key_expires_at: WallTime | None = None  # Unix time; None: unknown or never expires
     key_expires_in_s: float | None = None
     # False: the service refused the API key and a refresh could not replace it
     key_usable: bool | None = None
@@ -80,7 +96,7 @@ class ServiceHealth(_Model):
 
 class JournalHealth(_Model):
     writable: bool | None = None  # None: not checked yet
-    checked_at: float | None = None
+    checked_at: WallTime | None = None
     detail: str = ""
     path: str = ""
     # sales whose step could not be written: kept in memory, finished once the journal is back
@@ -89,7 +105,7 @@ class JournalHealth(_Model):
     notice: str = ""
     # reporting's recent charges compared with the journal (core.journal_guard)
     charges_pending: bool = False  # the first comparison since start (or a fault) not made yet
-    charges_checked_at: float | None = None
+    charges_checked_at: WallTime | None = None
     charges_detail: str = ""
     # not checked because the unit is not confirmed (charges_detail: its refusal): one fact,
     # shown once among the problems, as the unit's
@@ -101,7 +117,7 @@ class UnitHealth(_Model):
 
     id: str = ""
     machine: str = ""  # the machine the journal was made on, for people
-    made_at: float | None = None
+    made_at: WallTime | None = None
     # the journal was made on another machine: what differs, and what to do (empty: here)
     mismatch: str = ""
     # what tells the machine the journal was made on from this one (empty: made here)
@@ -120,7 +136,7 @@ class AvailabilityHealth(_Model):
     device_id: str
     available: bool
     reason: str = ""  # why not, for people; empty when available
-    since: float  # time.time() of the last change
+    since: WallTime  # time.time() of the last change
     changes: int = 0  # times it went out of service since start
     # a check fails but the hold-off has not run out: still in service, not taking cards well
     failing: str = ""
@@ -132,7 +148,7 @@ class SalesHealth(_Model):
     # completed sales created today: a day is a UTC day (kiosk_agent.moments, the one rule)
     today_count: int = 0
     today_amount_cents: int = 0
-    day_started_at: float = 0.0  # Unix time of the UTC midnight the day's figures count from
+    day_started_at: WallTime = 0.0  # Unix time of the UTC midnight the day's figures count from
 
 
 @dataclass(frozen=True, slots=True)
@@ -155,7 +171,7 @@ class AuditHealth(_Model):
     """The machine's own books (``audit/component.py``): its reads and what they showed."""
 
     machine: str  # the trigger whose sales are the machine's
-    last_read_at: float | None = None  # wall time of the last read that gave a file
+    last_read_at: WallTime | None = None  # wall time of the last read that gave a file
     last_outcome: str = ""  # ok, link, unreadable, timeout, not_stored, error
     detail: str = ""  # why the last read failed
     failures: int = 0  # failed reads in a row
@@ -170,9 +186,9 @@ class HealthSnapshot(_Model):
     version: str
     status: Status
     problems: list[str]
-    started_at: float
+    started_at: WallTime
     uptime_s: float
-    at: float
+    at: WallTime
     terminals: list[TerminalHealth]
     links: list[LinkHealth]
     service: ServiceHealth
@@ -392,7 +408,7 @@ class Health:
             return ""
         until, draining = self._stopping
         count = draining()
-        at = dt.datetime.fromtimestamp(until, dt.UTC).strftime("%H:%M:%SZ")
+        at = display_clock(until)
         if not count:
             return "stopping (no sale running)"
         return f"stopping (draining {count} sale{'s' if count != 1 else ''}, until {at})"

@@ -9,7 +9,7 @@ from __future__ import annotations
 import datetime as dt
 from typing import Any
 
-from kiosk_agent.core.health import HealthSnapshot
+from kiosk_agent.core.health import UNIX_TIMES, HealthSnapshot
 from kiosk_agent.export import timestamp
 
 
@@ -21,12 +21,14 @@ def build_report(
     Times for people and Home Assistant's timestamp sensors are ISO 8601 in UTC
     (``started``, ``reported``, ``service.key_expires``, ``sales.day_started``: the UTC midnight
     the day's figures count from); ``at`` stays Unix time. ``interval_s`` tells a reader when
-    the next report is due (``fleet list`` marks a unit stale after three).
+    the next report is due (``fleet list`` marks a unit stale after three). The health
+    model's other times stay Unix seconds here (``UNIX_TIMES``): the fleet's readers count
+    with them.
     """
-    sales = snapshot.sales.model_dump(mode="json")
+    sales = snapshot.sales.model_dump(mode="json", context=UNIX_TIMES)
     # Home Assistant's last_reset of the daily amount
     sales["day_started"] = iso(snapshot.sales.day_started_at)
-    service = snapshot.service.model_dump(mode="json")
+    service = snapshot.service.model_dump(mode="json", context=UNIX_TIMES)
     expires = snapshot.service.key_expires_at
     service["key_expires"] = iso(expires) if expires is not None else None
     return {
@@ -41,14 +43,15 @@ def build_report(
         "interval_s": interval,
         "service": service,
         "sales": sales,
-        "terminals": [t.model_dump(mode="json") for t in snapshot.terminals],
+        "terminals": [t.model_dump(mode="json", context=UNIX_TIMES) for t in snapshot.terminals],
         "terminals_online": sum(1 for t in snapshot.terminals if t.online),
         "terminal_states": terminal_states(snapshot),
-        "links": [link.model_dump(mode="json") for link in snapshot.links],
-        "journal": snapshot.journal.model_dump(mode="json"),
+        "links": [link.model_dump(mode="json", context=UNIX_TIMES) for link in snapshot.links],
+        "journal": snapshot.journal.model_dump(mode="json", context=UNIX_TIMES),
         # the unit's own id (in its order ids), the machine its journal was made on, a clone
-        "unit": snapshot.unit.model_dump(mode="json"),
-        "availability": [a.model_dump(mode="json") for a in snapshot.availability],
+        "unit": snapshot.unit.model_dump(mode="json", context=UNIX_TIMES),
+        "availability": [a.model_dump(mode="json", context=UNIX_TIMES)
+                         for a in snapshot.availability],
         "out_of_service": [a.device_id for a in snapshot.availability if not a.available],
         "audit": audit_state(snapshot),
     }

@@ -10,7 +10,6 @@ in SQLite, never take it: they work beside a running agent.
 
 from __future__ import annotations
 
-import datetime as dt
 import errno
 import fcntl
 import json
@@ -20,6 +19,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from kiosk_agent.export import display_time
 from kiosk_agent.sales.clock import SYSTEM_CLOCK, Clock
 from kiosk_agent.sales.journal import JournalError
 
@@ -51,8 +51,7 @@ class Holder:
             return "another process (it has not written its name yet)"
         parts = [f"pid {self.pid}"]
         if self.started_at is not None:
-            when = dt.datetime.fromtimestamp(self.started_at, dt.UTC)
-            parts.append(f"started {when:%Y-%m-%d %H:%M:%SZ}")
+            parts.append(f"started {display_time(self.started_at)}")
         if self.command:
             parts.append(f"command: {self.command}")
         return ", ".join(parts)

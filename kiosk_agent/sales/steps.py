@@ -11,13 +11,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-import datetime as dt
 import logging
 from collections.abc import Awaitable, Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 from kiosk_agent.bus import EventBus
+from kiosk_agent.export import display_clock
 from kiosk_agent.money import format_cents
 from kiosk_agent.sales.clock import SYSTEM_CLOCK, Clock
 from kiosk_agent.sales.deadlines import AnswerDeadlines
@@ -75,7 +75,7 @@ class Recheck:
     def when(self) -> str:
         if self.next_at is None:
             return "at its next look"
-        return f"at {dt.datetime.fromtimestamp(self.next_at, dt.UTC):%H:%M:%SZ}"
+        return f"at {display_clock(self.next_at)}"
 
 
 class NotOurs(Exception):

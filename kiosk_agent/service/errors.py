@@ -48,10 +48,12 @@ def network_words(exc: BaseException) -> str:
     """A failed connection for people: where, and why in plain words. No library's names
     (``ClientConnectorError``) nor its internals (``ssl:default`` on plain http) reach a
     person."""
-    import aiohttp
-
     if isinstance(exc, TimeoutError):
         return "no answer in time"
+    if not type(exc).__module__.startswith("aiohttp"):  # the standard library's (`health`):
+        return _os_words(exc) if isinstance(exc, OSError) else str(exc) or "failed"  # no import
+    import aiohttp
+
     if isinstance(exc, aiohttp.ClientConnectorError):
         return f"cannot connect to {exc.host}:{exc.port}: {_os_words(exc.os_error)}"
     if isinstance(exc, aiohttp.ServerDisconnectedError):

@@ -29,6 +29,7 @@ from kiosk_agent.sales import unit
 from kiosk_agent.sales.journal import Journal
 from kiosk_agent.sales.machine import this_machine
 from kiosk_agent.sim.server import SimServer
+from tests.helpers import json_time_problems as problems
 
 ROOT = Path(__file__).resolve().parents[2]
 TOKEN = "tok_4111111111111111"
@@ -316,6 +317,7 @@ async def test_every_command_prints_valid_json_and_exits_with_a_code_from_the_ta
 ) -> None:
     values = {**PLACEHOLDERS, "config": str(config)}
     ran: dict[tuple[str, ...], int] = {}
+    times: dict[str, list[str]] = {}  # each command's times that are not ISO 8601 UTC
     for example in EXAMPLES:
         argv = fill(example, values)
         json_first = len(ran) % 2 == 0  # before the command half of the time
@@ -326,6 +328,8 @@ async def test_every_command_prints_valid_json_and_exits_with_a_code_from_the_ta
         except json.JSONDecodeError:
             pytest.fail(f"{argv}: not JSON: {out!r} (stderr {err!r})")
         ran[command_of(example)] = code
+        if example[:2] != ("dex", "parse"):  # its read_at is the machine's clock, zone unknown
+            times[" ".join(example[:3])] = list(problems(result))
         if isinstance(result, dict) and code == 0:
             keys = ["id"] if argv[0] == "plans" else ["trans_id", "uuid", "page_id", "merchant_id"]
             values.update({k: str(result[k]) for k in keys if result.get(k) is not None})
@@ -346,6 +350,8 @@ async def test_every_command_prints_valid_json_and_exits_with_a_code_from_the_ta
         ("sales", "show"): cli.EXIT_FAILED,  # no such sale (tests/cli/test_sales_cli.py shows one)
         ("dex", "read"): cli.EXIT_USAGE,  # no dex: section (tests/cli/test_dex_cli.py reads one)
     }, failed
+    wrong = {k: v for k, v in times.items() if v}
+    assert wrong == {}, json.dumps(wrong, indent=1)
 
 
 # -- --timeout: a service that never answers ---------------------------------------------------
@@ -465,3 +471,64 @@ async def test_health_and_events_do_not_follow_a_redirect_with_the_token(
     assert f"{other}/api/" in err
     assert "leaked" not in err  # the address's query is not echoed
     assert elsewhere == []
+
+
+async def test_health_asks_for_the_health_with_its_token_and_refuses_an_answer_not_json(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """health's one GET (the standard library's, cli/fleet.get_once) to something that is not
+    the agent: a web server answering a page."""
+    from aiohttp import web
+
+    asked: list[tuple[str, str]] = []
+
+    async def page(request: web.Request) -> web.Response:
+        asked.append((request.path, request.headers.get("Authorization", "")))
+        return web.Response(text="<html>a router's login page</html>", content_type="text/html")
+
+    app = web.Application()
+    app.router.add_get("/{tail:.*}", page)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    try:
+        monkeypatch.setenv("KIOSK_AGENT_TOKEN", "t" * 24)
+        url = f"http://127.0.0.1:{runner.addresses[0][1]}/"
+        code, out, err = await run(capsys, ["health", "--url", url])
+    finally:
+        await runner.cleanup()
+    assert asked == [("/api/health", "Bearer " + "t" * 24)]
+    assert code == cli.EXIT_FAILED
+    assert err == f"error: {url} answered no JSON: is it the agent's admin API?\n"
+    assert out == ""
+
+
+# -- the unit's journal: one way to open it ------------------------------------------------------
+
+JOURNAL_READERS = [["sales"], ["sales", "attention"], ["sales", "show", "s1"],
+                   ["sales", "resolve", "s1", "--as", "reversed", "--why", "by hand"],
+                   ["audit"], ["audit", "fill", "A1"], ["unit", "show"], ["unit", "adopt"]]
+
+
+async def test_every_command_on_the_journal_refuses_a_journal_not_made_yet_in_the_same_words(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv(cli.CONFIG_ENV, raising=False)
+    config = tmp_path / "agent.yaml"
+    config.write_text("service: {simulator: {}}\nterminals: [{device_id: SIM-0001}]\n"
+                      "journal: {path: journal.db}\n")
+    for argv in JOURNAL_READERS:
+        code, out, err = await run(capsys, [*argv, "-c", str(config)])
+        assert code == cli.EXIT_FAILED, (argv, out, err)
+        assert err == f"error: no journal at {tmp_path / 'journal.db'} (the agent has not run " \
+                      "yet)\n", argv
+        assert not (tmp_path / "journal.db").exists(), argv  # a reader never makes one
+
+
+def test_only_the_contract_opens_the_units_journal_for_a_command() -> None:
+    # cli/agent, cli/unit and cli/audit each had a copy of the preamble (config, path, missing
+    # journal, open to read or write, the refusal); a fourth would drift from them
+    openers = sorted(path.name for path in (ROOT / "kiosk_agent" / "cli").glob("*.py")
+                     if "open_to_read" in path.read_text())
+    assert openers == ["contract.py"]

@@ -1,6 +1,7 @@
 """`kiosk-agent doctor` and `kiosk-agent health`, run in-process against the simulator."""
 
 import asyncio
+import datetime as dt
 import json
 import re
 import socket
@@ -105,7 +106,10 @@ async def test_doctor_json_says_when_the_run_finished(tmp_path: Path, sim, capsy
     before = time.time()
     await run_cli("doctor", "--config", str(path), "--json")
     report = json.loads(capsys.readouterr().out)
-    assert before <= report["finished_at"] <= time.time()
+    finished = dt.datetime.fromisoformat(report["finished_at"].replace("Z", "+00:00"))
+    assert report["finished_at"].endswith("Z")  # ISO 8601 UTC, as every JSON time
+    assert int(before) <= finished.timestamp() <= time.time()  # to the second
+    assert report["started_at"] <= report["finished_at"]
 
 
 async def test_doctor_reports_an_unreachable_service(tmp_path: Path, sim, capsys) -> None:

@@ -183,3 +183,31 @@ def test_a_commands_help_waits_for_no_event_loop(command: str) -> None:
     output, modules = modules_after([command, "--help"])
     assert f"usage: kiosk-agent {command}" in output
     assert imported(modules, "asyncio") == []
+
+
+def test_health_asks_the_agent_without_aiohttp(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`health` asks one question: aiohttp's import was a quarter of a second of CPU of its
+    0.8 s here (more than the rest of the command); the standard library asks as well."""
+    monkeypatch.setenv("KIOSK_AGENT_TOKEN", "t" * 24)
+    _output, modules = modules_after(["health", "--url", "http://127.0.0.1:9", "--timeout", "2"])
+    for package in ("aiohttp", "kiosk_agent.admin.server", "kiosk_agent.sim", "pydantic"):
+        assert imported(modules, package) == [], package
+
+
+def test_a_command_on_a_config_with_a_dex_section_does_not_wait_for_the_eva_dts_reader() -> None:
+    """The `dex:` section's schema is a module of kiosk_agent.audit, whose package imported the
+    EVA-DTS reader (some twenty dataclasses) for its contract's names: about a sixth of the
+    imports of `sales` on config/demo.yaml. They are imported on first use now."""
+    _output, modules = modules_after(["sales", "-c", str(DEMO_CONFIG)],
+                                     ["sales", "attention", "-c", str(DEMO_CONFIG)])
+    assert "kiosk_agent.audit.schema" in modules  # the section was checked
+    assert imported(modules, "kiosk_agent.audit.evadts") == []
+
+
+def test_the_audit_packages_contract_names_are_still_there_on_first_use() -> None:
+    import kiosk_agent.audit as audit
+
+    for name in audit.__all__:
+        assert getattr(audit, name) is not None, name
+    with pytest.raises(AttributeError, match="no attribute 'parse_dex'"):
+        audit.parse_dex  # noqa: B018  (a name the contract does not have)

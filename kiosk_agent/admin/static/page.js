@@ -62,9 +62,12 @@ function fill(node, ...children) {
 // Every time on the page is UTC, written as the command line writes it (10:15:30Z, or
 // 2026-11-22 10:15:30Z on another day): a tech comparing the page with `kiosk-agent sales` on
 // the unit reads the same figures, whatever zone the browser is in.
-function utc(unix) {
-  if (typeof unix !== "number" || !Number.isFinite(unix)) return null;
-  const d = new Date(unix * 1000);
+function utc(moment) {
+  // Unix seconds (the page's own stream) or ISO 8601 UTC (the admin API's JSON)
+  let d;
+  if (typeof moment === "string" && /^\d{4}-\d{2}-\d{2}T/.test(moment)) d = new Date(moment);
+  else if (typeof moment === "number" && Number.isFinite(moment)) d = new Date(moment * 1000);
+  else return null;
   return Number.isNaN(d.getTime()) ? null : d.toISOString();
 }
 
