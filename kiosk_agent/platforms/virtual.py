@@ -752,7 +752,8 @@ _VIRTUAL_SCHEMA = BASE_PLATFORM_SCHEMA.extend(
         vol.Optional("dex", default=False): bool,
         vol.Optional("cash_rate", default=0.0): vol.All(vol.Coerce(float), vol.Range(0, 1)),
         vol.Optional("dispense_time", default=0.5): positive_float,
-        vol.Optional("vend_timeout", default=30.0): positive_float,
+        # its own bound on a dispense; none: sales.vend_timeout (docs/platforms.md)
+        vol.Optional("vend_timeout"): positive_float,
         vol.Optional("seed"): int,
     }
 )
@@ -807,13 +808,14 @@ async def async_setup_platform(agent: Any, config: dict[str, Any]) -> VirtualPla
         flow=Flow(config["flow"]),
         terminal=config.get("terminal"),
         max_funds_cents=config["max_funds"],
-        vend_timeout=config["vend_timeout"],
+        vend_timeout=config.get("vend_timeout"),
     )
     device = MdbCashless(
         agent.sales,
         SerialSettings(port=controller.port, reconnect_max=2.0),
         options,
         on_link_state=link_reporter(agent, source),
+        clock=agent.clock,
     )
     device.unfollow = follow_availability(agent, config.get("terminal"), device.set_available)
     await device.start()
