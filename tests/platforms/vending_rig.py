@@ -20,7 +20,6 @@ from typing import Any
 
 from kiosk_agent.platforms.mdb import MdbCashless, MdbOptions, Mode
 from kiosk_agent.platforms.serial import SerialSettings
-from kiosk_agent.platforms.virtual import VirtualController
 from kiosk_agent.sales.model import (
     DispenseOutcome,
     Dispenser,
@@ -30,6 +29,7 @@ from kiosk_agent.sales.model import (
 )
 from kiosk_agent.sales.settings import VEND_TIMEOUT, SaleSettings
 from kiosk_agent.sales.states import SaleState
+from kiosk_agent.sim.machine import VirtualController
 
 
 class TerminalBusy(Exception):
