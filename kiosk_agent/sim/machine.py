@@ -30,7 +30,7 @@ import tty
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, Protocol
 
 from kiosk_agent.platforms import mdb_protocol as wire
 from kiosk_agent.sim.machine_books import MachineBooks, dex_port
@@ -94,7 +94,20 @@ class ControllerOptions:
     dex: bool = False
 
 
+class Wire(Protocol):
+    """Below the machine's protocol: where its bytes go (a pty, a TCP client, or a test's list)."""
+
+    def write(self, data: bytes) -> None: ...
+
+
 class VirtualController:
+    """The machine: its controller and its adapter's line protocol over a transport.
+
+    Layered as python-kasa's devices: the transport (a pty, a TCP port for ``socket://``, or
+    :meth:`attach`'s in-memory wire) moves bytes; :meth:`feed` and :meth:`send` frame them into
+    the adapter's lines (``mdb_protocol``); the rest is the controller. The fast tests attach a
+    wire and play the agent's side with ``feed``: no pty, no socket."""
+
     def __init__(
         self, options: ControllerOptions | None = None, *, seed: int | None = None
     ) -> None:
@@ -107,6 +120,7 @@ class VirtualController:
         self._pty: _Pty | None = None
         self._server: asyncio.Server | None = None  # listen mode: the adapter on TCP
         self._client: asyncio.Transport | None = None  # listen mode: the agent connected now
+        self._wire: Wire | None = None  # attach(): an in-memory transport
         self._buffer = bytearray()
         self._answer: asyncio.Future[int | None] | None = None  # C,VEND amount, or None for no
         self._vend_request: str | None = None  # the vend request line while it waits
@@ -143,6 +157,8 @@ class VirtualController:
     @property
     def connected(self) -> bool:
         """Listen mode: an agent has the adapter open now (a pty is always 'connected')."""
+        if self._wire is not None:
+            return True
         return self._client is not None if self.options.listen else self._pty is not None
 
     @property
@@ -151,7 +167,13 @@ class VirtualController:
 
     @property
     def plugged(self) -> bool:
-        return self._pty is not None or self._server is not None
+        return self._pty is not None or self._server is not None or self._wire is not None
+
+    def attach(self, wire: Wire) -> None:
+        """Instead of :meth:`start`: the machine's bytes go to ``wire``; the agent's side is
+        played through :meth:`feed`. The transport of the fast tests."""
+        self._wire = wire
+        self._buffer.clear()
 
     async def start(self) -> None:
         if self.dex is not None:
@@ -243,6 +265,9 @@ class VirtualController:
 
     def send_raw(self, data: bytes) -> None:
         """Anything on the wire, garbage included."""
+        if self._wire is not None:
+            self._wire.write(data)
+            return
         if self._client is not None:
             self._client.write(data)
             return
