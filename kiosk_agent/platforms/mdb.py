@@ -38,7 +38,6 @@ from kiosk_agent.core.config import (
     positive_float,
     positive_price,
 )
-from kiosk_agent.money import cents_to_dollars
 from kiosk_agent.platforms import mdb_protocol as wire
 from kiosk_agent.platforms.base import (
     DevicePlatform,
@@ -58,6 +57,7 @@ from kiosk_agent.sales.model import (
     DispenseStatus,
     Flow,
     SaleRequest,
+    vend_refusal,
 )
 from kiosk_agent.tasks import TaskSet
 
@@ -229,12 +229,7 @@ class MdbSession(Dispenser):
             chosen = await self._open_session(authorized_cents)
             if chosen is not None:
                 return chosen
-        elif authorized_cents < self.vend_cents:
-            self.device.send(wire.deny_vend())
-            return self.end(
-                DispenseStatus.CANCELLED,
-                f"authorized {authorized_cents} cents, below the price {self.vend_cents}",
-            )
+        # selection first: the sale vends only a price it holds (sales.model.vend_refusal)
         return await self._vend()
 
     async def deny(self, reason: str) -> None:
@@ -272,22 +267,11 @@ class MdbSession(Dispenser):
             return self.end(DispenseStatus.CANCELLED, "session timeout: nothing selected")
         if self.abort_reason is not None:
             return self.end(DispenseStatus.CANCELLED, self.abort_reason)
-        if choice.amount_cents > funds_cents:
+        refused = vend_refusal(choice.amount_cents, funds_cents, choice.product)
+        if refused:
+            # the sale's rule, heard only now: the machine is told no, the hold given back
             device.send(wire.deny_vend())
-            return self.end(
-                DispenseStatus.CANCELLED,
-                f"selection {choice.product} costs {choice.amount_cents} cents, "
-                f"above the {funds_cents} authorized",
-            )
-        if choice.amount_cents <= 0:
-            # a vended 0 reads as "the whole authorization" downstream: never vend a free item
-            # on a card's money; the authorization is given back
-            device.send(wire.deny_vend())
-            return self.end(
-                DispenseStatus.CANCELLED,
-                f"selection {choice.product} costs {cents_to_dollars(choice.amount_cents)}:"
-                " nothing to charge a card for",
-            )
+            return self.end(DispenseStatus.CANCELLED, refused)
         self.vend_cents, self.product = choice.amount_cents, choice.product
         return None
 

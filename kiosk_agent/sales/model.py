@@ -61,6 +61,27 @@ class SaleRequest:
     # the sale's bound on it is this plus the vend timeout (SaleSettings.vend_timeout_for)
     choice_timeout: float = 0.0
 
+    @property
+    def chosen_at_machine(self) -> bool:
+        """Card first: ``amount_cents`` is the most the customer may choose; the price comes
+        with the choice, inside the dispense."""
+        return self.choice_timeout > 0
+
+
+def vend_refusal(price_cents: int, authorized_cents: int, product: str | None = None) -> str:
+    """The money rule of a vend, the sale's: why a vend at ``price_cents`` may not go ahead on
+    ``authorized_cents``, or "" when it may. Never above what the card holds (the capture could
+    not take it); never for nothing (a vend of 0 reads as "the whole authorization" downstream,
+    and there is nothing to charge a card for). A platform that hears the price only inside
+    the dispense (card first) asks this, and tells the machine no when it says why."""
+    what = f"selection {product} costs" if product else "the price is"
+    if price_cents <= 0:
+        return f"{what} {format_cents(price_cents)}: nothing to charge a card for"
+    if price_cents > authorized_cents:
+        return f"{what} {format_cents(price_cents)}, above the {format_cents(authorized_cents)}" \
+            " authorized"
+    return ""
+
 
 class PriceAboveMaximum(ValueError):
     """A trigger asked for more than its configured ``max_price``."""
