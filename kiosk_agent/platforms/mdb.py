@@ -172,14 +172,16 @@ class Phase(enum.StrEnum):
     AUTHORIZING = "authorizing"  # the sale reads the card / authorizes; the machine waits
     SELECTING = "selecting"  # card first: the session is open, the customer chooses
     VENDING = "vending"  # approved: the machine vends and will report it
+    ABORTED = "aborted"  # the controller ended the session before a vend; the sale is told
     ENDED = "ended"  # the dispense outcome is known
 
 
 # Each phase's allowed next phases; every other move is refused by ``MdbSession.move_to``.
 PHASES: Mapping[Phase, frozenset[Phase]] = {
-    Phase.AUTHORIZING: frozenset({Phase.SELECTING, Phase.VENDING, Phase.ENDED}),
-    Phase.SELECTING: frozenset({Phase.VENDING, Phase.ENDED}),
-    Phase.VENDING: frozenset({Phase.ENDED}),
+    Phase.AUTHORIZING: frozenset({Phase.SELECTING, Phase.VENDING, Phase.ABORTED, Phase.ENDED}),
+    Phase.SELECTING: frozenset({Phase.VENDING, Phase.ABORTED, Phase.ENDED}),
+    Phase.VENDING: frozenset({Phase.ENDED}),  # an abort mid-vend ends it: not dispensed
+    Phase.ABORTED: frozenset({Phase.ENDED}),
     Phase.ENDED: frozenset(),
 }
 
@@ -209,7 +211,7 @@ class MdbSession(Dispenser):
         self.device = device
         self.phase = Phase.AUTHORIZING
         self.began_at = device.link.now()  # the link's clock: probes are timed on it
-        self.abort_reason: str | None = None
+        self.abort_reason = ""  # what the controller did, once ABORTED
         self.selection: asyncio.Future[wire.VendRequested] = (
             asyncio.get_running_loop().create_future()
         )
@@ -223,7 +225,7 @@ class MdbSession(Dispenser):
     # -- Dispenser ---------------------------------------------------------------------------
 
     async def dispense(self, authorized_cents: int) -> DispenseOutcome:
-        if self.abort_reason is not None:
+        if self.phase is Phase.ABORTED:
             return self.end(DispenseStatus.CANCELLED, self.abort_reason)
         if self.device.options.mode is Mode.CARD_FIRST:
             chosen = await self._open_session(authorized_cents)
@@ -244,7 +246,7 @@ class MdbSession(Dispenser):
     @property
     def machine_waiting(self) -> bool:
         """Whether the controller waits for our answer (else a C,STOP would be out of turn)."""
-        if self.abort_reason is not None:
+        if self.phase is Phase.ABORTED:
             return False  # the controller already ended this session
         if self.device.options.mode is Mode.CARD_FIRST:
             return self.phase is Phase.SELECTING  # before C,START the machine knows nothing
@@ -265,7 +267,7 @@ class MdbSession(Dispenser):
         except TimeoutError:
             device.send(wire.deny_vend())
             return self.end(DispenseStatus.CANCELLED, "session timeout: nothing selected")
-        if self.abort_reason is not None:
+        if self.phase is Phase.ABORTED:
             return self.end(DispenseStatus.CANCELLED, self.abort_reason)
         refused = vend_refusal(choice.amount_cents, funds_cents, choice.product)
         if refused:
@@ -302,15 +304,18 @@ class MdbSession(Dispenser):
 
     def abort(self, reason: str) -> None:
         """The controller ended the session (reset, disable, cancel, lost adapter)."""
-        if self.phase is Phase.ENDED:
+        if self.phase in (Phase.ENDED, Phase.ABORTED):
             return
         self.abort_reason = reason
-        if self.phase is Phase.AUTHORIZING:
-            self.device.cancel_sale(self)
-        elif self.phase is Phase.SELECTING and not self.selection.done():
-            self.selection.set_result(wire.VendRequested(0, ""))
-        elif self.phase is Phase.VENDING:
+        if self.phase is Phase.VENDING:
             self.end(DispenseStatus.CANCELLED, reason)
+            return
+        was = self.phase
+        self.move_to(Phase.ABORTED)
+        if was is Phase.AUTHORIZING:
+            self.device.cancel_sale(self)
+        elif not self.selection.done():
+            self.selection.set_result(wire.VendRequested(0, ""))
 
     def ended_as(self, outcome: DispenseOutcome) -> None:
         self.move_to(Phase.ENDED)
@@ -528,7 +533,7 @@ class MdbCashless:
                 session.on_vend_result(
                     DispenseStatus.TIMEOUT, "no vend result before the next selection"
                 )
-            over = session.phase is Phase.ENDED or session.abort_reason is not None
+            over = session.phase in (Phase.ENDED, Phase.ABORTED)
             if over and self.options.mode is Mode.SELECTION_FIRST:
                 # The machine is done with the last customer (served, or gone: the controller
                 # ended the session); that sale still holds the terminal (its card read being
@@ -623,7 +628,7 @@ class MdbCashless:
                 return
             self.stats.sales_started += 1
             session.sale_id = sale.sale_id
-            if session.abort_reason is not None and session.phase is Phase.AUTHORIZING:
+            if session.phase is Phase.ABORTED:  # while the card was read: cancel it now
                 self.cancel_sale(session)
             # The terminal is free once the dispense outcome is known (the capture, or the money
             # given back, needs only the payments API): the next customer need not wait for it.

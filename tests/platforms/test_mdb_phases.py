@@ -64,7 +64,8 @@ def session(mode: Mode = Mode.SELECTION_FIRST, clock: Clock = SYSTEM_CLOCK) -> M
 def in_phase(phase: Phase) -> MdbSession:
     made = session()
     path = {Phase.AUTHORIZING: [], Phase.SELECTING: [Phase.SELECTING],
-            Phase.VENDING: [Phase.VENDING], Phase.ENDED: [Phase.ENDED]}[phase]
+            Phase.VENDING: [Phase.VENDING], Phase.ABORTED: [Phase.ABORTED],
+            Phase.ENDED: [Phase.ENDED]}[phase]
     for step in path:
         made.move_to(step)
     return made
@@ -147,6 +148,25 @@ async def _play(mode: Mode, news: list[str]) -> None:
         assert sum(made.device.stats.outcomes.values()) == 1
         assert made.device.stats.outcomes == Counter({outcome.status.value: 1})
         assert outcome.vended_cents == (150 if outcome.status is DispenseStatus.VENDED else 0)
+
+
+@pytest.mark.parametrize("mode", list(Mode))
+async def test_an_abort_before_the_vend_is_a_phase_and_the_machine_hears_no_stop(
+    mode: Mode,
+) -> None:
+    """The controller ended the session while the card was read: ABORTED (no flag beside the
+    phase); the sale's denial then sends no C,STOP out of turn, and a dispense is CANCELLED."""
+    made = session(mode)
+    made.abort("controller inactive mid-session")
+    assert made.phase is Phase.ABORTED
+    assert made.device.cancelled == [made]  # the sale is asked to stop reading the card
+    assert not made.machine_waiting
+    outcome = await made.dispense(500)
+    assert (outcome.status, outcome.detail) == (
+        DispenseStatus.CANCELLED, "controller inactive mid-session")
+    await made.deny("cancelled")
+    assert made.device.sent == []
+    assert made.phase is Phase.ENDED
 
 
 async def test_card_first_choice_waits_on_the_sales_clock_not_a_real_one() -> None:
