@@ -49,11 +49,11 @@ from kiosk_agent.app import build_agent
 from kiosk_agent.cli.sim import parse_ready, settings_from_ready
 from kiosk_agent.core.agent import Agent
 from kiosk_agent.core.config import load_config
-from kiosk_agent.platforms.virtual import ControllerOptions, VirtualController
 from kiosk_agent.sales.model import DispenseOutcome, DispenseStatus, Flow, SaleEvent, SaleRequest
 from kiosk_agent.sales.states import Step
 from kiosk_agent.service.models import TransactionFilter, TransStatus
 from kiosk_agent.service.settings import ServiceSettings
+from kiosk_agent.sim.machine import ControllerOptions, VirtualController
 
 PRODUCTS = {"A1": 150, "A2": 250, "B1": 325}
 MACHINES = ("SIM-0001", "SIM-0002")

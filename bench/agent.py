@@ -229,7 +229,7 @@ async def sales_during_reads(
     from kiosk_agent.audit.component import AuditReads
     from kiosk_agent.audit.schema import DEX_SCHEMA
     from kiosk_agent.audit.virtual import VirtualDexPort
-    from kiosk_agent.platforms.virtual_audit import MachineBooks
+    from kiosk_agent.sim.machine_books import MachineBooks
 
     machine = MachineBooks({f"{row}{n}": 150 + 25 * n for row in "ABCDEF" for n in range(1, 7)})
     for code in machine.products:  # a machine with a history: every counter non-zero

@@ -57,10 +57,10 @@ from kiosk_agent.core.agent import Agent
 from kiosk_agent.core.config import load_config
 from kiosk_agent.platforms import mdb_protocol as wire
 from kiosk_agent.platforms.serial import SerialLink, SerialSettings
-from kiosk_agent.platforms.virtual import ControllerOptions, VirtualController, VisitOutcome
 from kiosk_agent.service.client import ServiceClient
 from kiosk_agent.service.models.payments import ChargeRequest
 from kiosk_agent.service.settings import ServiceSettings
+from kiosk_agent.sim.machine import ControllerOptions, VirtualController, VisitOutcome
 from kiosk_agent.sim.server import SimOptions, SimServer
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))

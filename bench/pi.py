@@ -52,7 +52,7 @@ from typing import Any
 
 import yaml
 
-from kiosk_agent.platforms.virtual import ControllerOptions, VirtualController, VisitOutcome
+from kiosk_agent.sim.machine import ControllerOptions, VirtualController, VisitOutcome
 from kiosk_agent.sim.server import SimOptions, SimServer
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))

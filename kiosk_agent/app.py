@@ -26,6 +26,7 @@ from kiosk_agent.sales.owner import JournalLock
 from kiosk_agent.service.settings import ServiceSettings
 
 if TYPE_CHECKING:
+    from kiosk_agent.platforms.virtual import MachineFactory
     from kiosk_agent.sim.server import SimServer
 
 # section -> (module, class): each built as ``Factory(agent, conf)``.
@@ -50,8 +51,10 @@ def build_agent(
     systemd: bool = True,
     owner: JournalLock | None = None,
     clock: Clock = SYSTEM_CLOCK,
+    machines: MachineFactory | None = None,
 ) -> Agent:
-    """An Agent wired with the configured triggers and components (not started)."""
+    """An Agent wired with the configured triggers and components (not started); ``machines``
+    makes the simulated machines of its ``virtual`` triggers (the CLI gives it)."""
     settings = service_settings or service_settings_from_config(config)
     agent: Agent
     lifecycle = (
@@ -64,7 +67,9 @@ def build_agent(
         if systemd
         else None
     )
-    agent = Agent(config, settings, systemd=lifecycle, owner=owner, clock=clock)
+    agent = Agent(
+        config, settings, systemd=lifecycle, owner=owner, clock=clock, machines=machines
+    )
     for trigger in config.triggers:
         agent.add_platform(setup_function(trigger["platform"]), trigger)
     for section in COMPONENTS:
@@ -117,7 +122,7 @@ async def configured_service(config: Config) -> AsyncIterator[ConfiguredService]
 
 @contextlib.asynccontextmanager
 async def agent_for(
-    config: Config, *, systemd: bool = True
+    config: Config, *, systemd: bool = True, machines: MachineFactory | None = None
 ) -> AsyncIterator[tuple[Agent, ConfiguredService]]:
     """An agent for ``config``, wired and not started, with the service it uses.
 
@@ -129,7 +134,9 @@ async def agent_for(
     owner.acquire()
     try:
         async with configured_service(config) as service:
-            agent = build_agent(config, service.settings, systemd=systemd, owner=owner)
+            agent = build_agent(
+                config, service.settings, systemd=systemd, owner=owner, machines=machines
+            )
             try:
                 yield agent, service
             finally:

@@ -11,6 +11,7 @@ import pytest
 
 from kiosk_agent.app import agent_for, build_agent, configured_service, load_agent
 from kiosk_agent.cli import contract
+from kiosk_agent.cli.virtual import simulated_machines
 from kiosk_agent.core.config import load_config
 from kiosk_agent.sales.owner import JournalLock, JournalOwned
 from kiosk_agent.sales.settings import SaleSettings
@@ -45,7 +46,8 @@ def write(directory: Path) -> Path:
 async def test_triggers_and_sections_are_wired_and_started(
     sim_settings: Any, tmp_path: Path
 ) -> None:
-    agent = build_agent(load_config(write(tmp_path)), sim_settings, systemd=False)
+    agent = build_agent(load_config(write(tmp_path)), sim_settings, systemd=False,
+                        machines=simulated_machines)
     await agent.start()
     try:
         [platform] = agent.platforms
@@ -58,7 +60,7 @@ async def test_triggers_and_sections_are_wired_and_started(
 
 
 def test_load_agent_reads_the_file(sim_settings: Any, tmp_path: Path) -> None:
-    agent = load_agent(write(tmp_path), sim_settings, systemd=False)
+    agent = load_agent(write(tmp_path), sim_settings, systemd=False, machines=simulated_machines)
     assert agent.settings.default_terminal == "SIM-0001"
     assert agent.config["triggers"][0]["platform"] == "virtual"
 
@@ -76,7 +78,7 @@ async def test_agent_for_refuses_a_journal_another_agent_owns_before_anything_st
             async with agent_for(config, systemd=False):
                 raise AssertionError("assembled beside the owner")
         assert not journal.exists()  # not opened, not created: nothing read or written
-    async with agent_for(config, systemd=False) as (agent, service):
+    async with agent_for(config, systemd=False, machines=simulated_machines) as (agent, service):
         assert service.simulator is not None  # the embedded one, started for this block
         assert agent.service.settings.base_url == service.simulator.base_url
         await agent.start()
@@ -124,7 +126,7 @@ async def test_service_timeout_has_one_default_in_the_schema_the_cli_and_the_set
     assert config["service"]["timeout"] == default  # the config schema's
     assert default == contract.DEFAULT_TIMEOUT_S  # the CLI's --timeout
     assert SaleSettings(mid="1", terminals={}).request_timeout == default
-    agent = build_agent(config, systemd=False)
+    agent = build_agent(config, systemd=False, machines=simulated_machines)
     assert agent.settings.request_timeout == agent.service.settings.timeout == default
 
     # a service command: --timeout, else the configuration's service.timeout, else the default
@@ -179,7 +181,8 @@ async def test_a_refused_agent_leaves_an_existing_journal_and_its_open_sale_unto
         with pytest.raises(JournalOwned):
             async with agent_for(config, systemd=False):
                 raise AssertionError("assembled beside the owner")
-        second = build_agent(config, sim_settings, systemd=False)
+        second = build_agent(config, sim_settings, systemd=False,
+                             machines=simulated_machines)
         with pytest.raises(JournalOwned):
             await second.start()
         assert not second.started

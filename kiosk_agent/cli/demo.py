@@ -393,14 +393,18 @@ def _demo_config(args: argparse.Namespace) -> Path:
 
 async def _run(config: Any, args: argparse.Namespace, page_token: str | None = None) -> int:
     from kiosk_agent.app import agent_for
+    from kiosk_agent.cli.virtual import simulated_machines
     from kiosk_agent.platforms.virtual import VirtualPlatform
+    from kiosk_agent.sim.machine import VirtualController
 
     view = LiveView(sys.stdout, fancy=is_tty(sys.stdout) and not args.plain,
                     colour=use_colour(sys.stdout))
     journal = demo_journal(config)
     signals = StopSignals("stopping the demo").install()
     try:
-        async with agent_for(config, systemd=False) as (agent, service):
+        async with agent_for(config, systemd=False, machines=simulated_machines) as (
+            agent, service
+        ):
             assert service.simulator is not None  # demo_command checked the configuration
             sim_url = service.simulator.base_url
             view.note(f"simulator listening on {sim_url}; Ctrl-C stops the demo")
@@ -413,6 +417,8 @@ async def _run(config: Any, args: argparse.Namespace, page_token: str | None = N
                 if args.sales is not None:
                     view.customers = Customers(args.sales, machines)
                 for platform in machines:
+                    # the demo's machines are the simulated ones it gave the agent
+                    assert isinstance(platform.controller, VirtualController)
                     observer = functools.partial(view.machine, platform.name)
                     platform.controller.observers.append(observer)
                 outage.follow(agent.availability, after=args.outage)

@@ -1,6 +1,6 @@
 """``kiosk-agent virtual``: a virtual vending machine as its own process.
 
-It plays the machine's controller and its MDB adapter (``platforms/virtual.py``) on a pty it
+It plays the machine's controller and its MDB adapter (``sim/machine.py``) on a pty it
 creates, or on a TCP port the agent opens as ``socket://host:port``, and keeps random customers
 coming. It writes its own record of what it really did (``--record``, JSON lines, see
 ``VisitRecorder``), so a test knows what came out of the machine whatever happened to the agent.
@@ -23,7 +23,7 @@ from kiosk_agent.platforms import mdb_protocol as wire
 # The controller and the configuration's price rule are imported when a machine starts (or a
 # price is read): `--help` and shell completion build this parser without them.
 if TYPE_CHECKING:
-    from kiosk_agent.platforms.virtual import ControllerOptions, VirtualController
+    from kiosk_agent.sim.machine import ControllerOptions, VirtualController
 
 READY = "READY "  # printed once the machine can be opened: READY {json}
 DONE = "DONE "  # printed when --count customers were served: DONE {json tally}
@@ -129,7 +129,7 @@ def _share(text: str) -> float:
 
 
 def options_from_args(args: argparse.Namespace) -> ControllerOptions:
-    from kiosk_agent.platforms.virtual import ControllerOptions
+    from kiosk_agent.sim.machine import ControllerOptions
 
     products = dict(args.product or [_product(p) for p in DEFAULT_PRODUCTS])
     return ControllerOptions(
@@ -143,7 +143,7 @@ def options_from_args(args: argparse.Namespace) -> ControllerOptions:
 
 
 async def run_virtual(args: argparse.Namespace) -> int:
-    from kiosk_agent.platforms.virtual import VirtualController, VisitRecorder
+    from kiosk_agent.sim.machine import VirtualController, VisitRecorder
 
     controller = VirtualController(options_from_args(args), seed=args.seed)
     record = args.record.open("a", encoding="utf-8") if args.record else None
@@ -178,6 +178,16 @@ async def run_virtual(args: argparse.Namespace) -> int:
     finally:
         if record is not None:
             record.close()
+
+
+def simulated_machines(
+    *, products: dict[str, int], dispense_time: float, dex: bool, seed: int | None
+) -> VirtualController:
+    """The factory of the agent's ``virtual`` triggers (``Agent.machines``): the CLI gives it,
+    so nothing below the CLI imports ``kiosk_agent.sim``; imported only when a machine is made."""
+    from kiosk_agent.sim.machine import make_machine
+
+    return make_machine(products=products, dispense_time=dispense_time, dex=dex, seed=seed)
 
 
 async def _customers(controller: VirtualController, args: argparse.Namespace) -> Any:

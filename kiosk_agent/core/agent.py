@@ -137,12 +137,16 @@ class Agent:
         owner: JournalLock | None = None,
         clock: Clock = SYSTEM_CLOCK,
         machine: Machine | None = None,
+        machines: Any = None,
     ) -> None:
         self.config = config
         # the machine it runs on (tests give a made-up one); the unit's id is read at start
         self.machine = machine or this_machine()
         self.unit = OwnUnit.fresh()
         self.clock = clock  # every sale's waits and deadlines (tests give a FakeClock)
+        # the simulated machines' factory for `virtual` triggers (platforms/virtual.py's
+        # MachineFactory), given by the CLI: nothing below it imports kiosk_agent.sim
+        self.machines = machines
         self.version = version
         self.settings = sale_settings_from_config(
             config, service_settings.mid, service_settings.timeout

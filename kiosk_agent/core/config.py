@@ -48,7 +48,7 @@ from kiosk_agent.core.yaml_loader import (
     load_yaml as load_yaml,
 )
 from kiosk_agent.money import MoneyError, format_cents, parse_price
-from kiosk_agent.sales.settings import STOP_TIMEOUT
+from kiosk_agent.sales.settings import STOP_TIMEOUT, VEND_TIMEOUT
 from kiosk_agent.service.timeouts import DEFAULT_TIMEOUT
 
 # Keys whose value must come from !secret or !env_var, never be written inline.
@@ -270,7 +270,7 @@ SALES_SCHEMA = vol.Schema(
         # how long a card may take at the terminal before the sale gives up (seconds)
         vol.Optional("card_timeout", default=200.0): positive_float,
         # authorize_capture: how long the machine may take to vend (seconds)
-        vol.Optional("vend_timeout", default=60.0): positive_float,
+        vol.Optional("vend_timeout", default=VEND_TIMEOUT): positive_float,
         # ISO 4217, as the service and Home Assistant's monetary sensors take it: "usd" is USD
         vol.Optional("currency", default="USD"): vol.All(
             str, vol.Match(r"^[A-Za-z]{3}$", msg="expected a three-letter currency code like USD"),

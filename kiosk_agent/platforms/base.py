@@ -3,18 +3,79 @@
 Platforms reach the agent only through ``agent.sales`` (start and cancel sales), ``agent.events``
 and ``agent.health``; ``SaleStarter`` is that first contract, so a protocol layer can be driven by
 the real ``SaleRunner`` or by anything else of the same shape.
+
+A platform reports facts: a selection, a vend result, an abort, its link's state. The sale
+decides what they mean for the money and keeps the timers (the vend timeout is the sale's).
+:class:`Dispenser` is each sale's side of that on the machine, one shape for every platform.
+From ``sales`` a platform imports the dispenser's types (``sales.model``) and nothing else.
 """
 
 from __future__ import annotations
 
+import asyncio
+import enum
 import logging
 from collections.abc import Callable, Sequence
 from typing import Any, Generic, Protocol, TypeVar
 
-from kiosk_agent.sales.model import Dispenser, SaleRequest
-from kiosk_agent.sales.states import SaleState
+from kiosk_agent.sales.model import DispenseOutcome, DispenseStatus, SaleRequest
+from kiosk_agent.sales.model import Dispenser as SaleDispenser
 
 _LOGGER = logging.getLogger(__name__)
+
+# What the dispense ends as when the sale stops waiting for it (its vend timeout, the agent's
+# stop): not dispensed, as far as the machine told us.
+WAIT_GIVEN_UP = "no vend result while the sale waited"
+
+
+class Dispenser:
+    """One sale on one machine: the result future, the wait, the end (a ``sales.model.Dispenser``).
+
+    A platform's subclass tells its machine what the sale decided (``dispense``: approve and
+    :meth:`wait`; ``deny``) and reports what the machine says through :meth:`end`. The first
+    end is the outcome; a later one (a late result, an abort after it) changes nothing.
+    """
+
+    def __init__(self, request: SaleRequest) -> None:
+        self.request = request
+        self.product = request.product
+        self.vend_cents = request.amount_cents  # what a vend takes: the chosen price
+        self.sale_id: str | None = None
+        self.result: asyncio.Future[DispenseOutcome] = asyncio.get_running_loop().create_future()
+
+    @property
+    def ended(self) -> bool:
+        return self.result.done()
+
+    def end(self, status: DispenseStatus, detail: str) -> DispenseOutcome:
+        """Settle the outcome once; later calls get the first answer. Only a vend takes money:
+        ``vended_cents`` is the chosen price for VENDED, else 0."""
+        if not self.result.done():
+            vended = self.vend_cents if status is DispenseStatus.VENDED else 0
+            outcome = DispenseOutcome(status, vended, self.product, detail)
+            self.result.set_result(outcome)
+            self.ended_as(outcome)
+        return self.result.result()
+
+    def ended_as(self, outcome: DispenseOutcome) -> None:
+        """Called once, with the outcome: a platform counts it or moves its machine on."""
+
+    async def wait(self) -> DispenseOutcome:
+        """The machine's result. No timer here: the sale bounds the dispense (its vend timeout)
+        and cancels this wait, which then ends the dispense as TIMEOUT, so that a result
+        arriving later is one with no vend pending."""
+        try:
+            return await asyncio.shield(self.result)
+        except asyncio.CancelledError:
+            self.end(DispenseStatus.TIMEOUT, WAIT_GIVEN_UP)
+            raise
+
+    async def dispense(self, authorized_cents: int) -> DispenseOutcome:
+        raise NotImplementedError
+
+    async def deny(self, reason: str) -> None:
+        raise NotImplementedError
+
 
 class LiveSale(Protocol):
     """A sale not ended yet, as the journal holds it (``SaleRecord`` fits)."""
@@ -26,14 +87,15 @@ class LiveSale(Protocol):
     def source(self) -> str: ...
 
     @property
-    def state(self) -> SaleState: ...
+    def state(self) -> enum.StrEnum: ...
+
 
 
 class SaleStarter(Protocol):
     """``agent.sales``: start a sale for a trigger; cancel it while it waits for a card; the
     sales not ended yet."""
 
-    async def start(self, request: SaleRequest, dispenser: Dispenser) -> Any: ...
+    async def start(self, request: SaleRequest, dispenser: SaleDispenser) -> Any: ...
 
     async def cancel(self, sale_id: str) -> Any: ...
 
@@ -71,7 +133,9 @@ def describe_start_failure(err: BaseException) -> str:
     return f"{type(err).__name__}: {err or type(err).__name__}"
 
 
-async def start_sale(sales: SaleStarter, request: SaleRequest, dispenser: Dispenser) -> Any:
+async def start_sale(
+    sales: SaleStarter, request: SaleRequest, dispenser: SaleDispenser
+) -> Any:
     """Start a trigger's sale; None when refused at once (busy terminal, agent stopping).
 
     A refusal is logged and the machine hears no through ``dispenser.deny``.

@@ -47,13 +47,21 @@ from kiosk_agent.core.config import (
 from kiosk_agent.core.registry import CannotStart
 from kiosk_agent.platforms.base import (
     DevicePlatform,
+    Dispenser,
     SaleStarter,
     instance_name,
     open_sales,
     request_cancel,
     start_sale,
 )
-from kiosk_agent.sales.model import DispenseOutcome, DispenseStatus, Flow, SaleRequest
+from kiosk_agent.sales.model import (
+    SYSTEM_CLOCK,
+    Clock,
+    DispenseOutcome,
+    DispenseStatus,
+    Flow,
+    SaleRequest,
+)
 from kiosk_agent.tasks import TaskSet
 
 _LOGGER = logging.getLogger(__name__)
@@ -223,6 +231,8 @@ PLATFORM_SCHEMA = vol.All(
             vol.Optional("debounce", default=0.05): positive_float,
             vol.Optional("pulse", default=0.5): positive_float,
             vol.Optional("sensor_timeout", default=5.0): positive_float,
+            # its own bound on a dispense; none: sales.vend_timeout (docs/platforms.md)
+            vol.Optional("vend_timeout"): positive_float,
             # a lamp or relay that is on while card payment works (out of service: off)
             vol.Optional("available_output"): _LINE,
             vol.Optional("available_active_low", default=False): bool,
@@ -247,41 +257,48 @@ class Button:
 # -- the platform ---------------------------------------------------------------------------------
 
 
-class _Drop:
-    """One sale's dispense: pulse the relay, then (if there is a sensor) wait to see it fall."""
+class _Drop(Dispenser):
+    """One sale's dispense: pulse the relay, then (if there is a sensor) watch it fall.
 
-    def __init__(self, kiosk: GpioKiosk, button: Button) -> None:
+    The drop sensor's window is the machine's fact (a product falls within it or did not come
+    out: FAILED), kept on the sale's clock; the vend timeout over it is the sale's."""
+
+    def __init__(self, kiosk: GpioKiosk, button: Button, request: SaleRequest) -> None:
+        super().__init__(request)
         self.kiosk = kiosk
         self.button = button
-        self.fell = asyncio.Event()
         self.watching = False
         self.dispensing = False
         self.dispensed = asyncio.Event()  # the dispense step is over, whatever its outcome
-        self.sale_id: str | None = None
 
     async def dispense(self, authorized_cents: int) -> DispenseOutcome:
         button = self.button
         if self.kiosk.stopping:
-            return DispenseOutcome(DispenseStatus.CANCELLED, 0, button.product, "kiosk stopping")
+            return self.end(DispenseStatus.CANCELLED, "kiosk stopping")
         self.dispensing = True
         self.watching = button.sensor is not None
         try:
             await self.kiosk.pulse(button.relay, button.pulse)
             if button.sensor is None:
-                return DispenseOutcome(DispenseStatus.VENDED, button.price_cents, button.product,
-                                       "relay pulsed")
-            try:
-                await asyncio.wait_for(self.fell.wait(), self.kiosk.sensor_timeout)
-            except TimeoutError:
-                return DispenseOutcome(
-                    DispenseStatus.FAILED, 0, button.product,
-                    f"drop sensor saw nothing within {self.kiosk.sensor_timeout:g}s",
-                )
-            return DispenseOutcome(DispenseStatus.VENDED, button.price_cents, button.product,
-                                   "drop sensor confirmed")
+                return self.end(DispenseStatus.VENDED, "relay pulsed")
+            with contextlib.suppress(TimeoutError):
+                await self.kiosk.clock.wait_for(self.wait(), self.kiosk.sensor_timeout)
+            return self.end(
+                DispenseStatus.FAILED,
+                f"drop sensor saw nothing within {self.kiosk.sensor_timeout:g}s",
+            )
         finally:
             self.watching = False
             self.dispensed.set()
+
+    def fell(self) -> None:
+        """The drop sensor saw the product fall."""
+        if self.watching:
+            self.end(DispenseStatus.VENDED, "drop sensor confirmed")
+
+    async def wait(self) -> DispenseOutcome:
+        # the sensor's window ends the watch, not the sale: FAILED is said above, not TIMEOUT
+        return await asyncio.shield(self.result)
 
     async def deny(self, reason: str) -> None:
         _LOGGER.info("%s: %s not dispensed: %s", self.kiosk.name, self.button.product, reason)
@@ -300,6 +317,8 @@ class GpioKiosk:
         max_cents: int | None = None,
         debounce: float = 0.05,
         sensor_timeout: float = 5.0,
+        vend_timeout: float | None = None,
+        clock: Clock = SYSTEM_CLOCK,
         buttons_active_low: bool = True,
         pull_up: bool = True,
         relays_active_low: bool = False,
@@ -317,6 +336,8 @@ class GpioKiosk:
         self.max_cents = max_cents
         self.debounce = debounce
         self.sensor_timeout = sensor_timeout
+        self.vend_timeout = vend_timeout
+        self.clock = clock  # the sale's: the drop sensor's window runs on it
         self._levels = (buttons_active_low, pull_up, relays_active_low, sensors_active_low)
         self._last_press: dict[int, int] = {}  # line -> timestamp_ns of the last accepted edge
         self._drop: _Drop | None = None
@@ -378,7 +399,7 @@ class GpioKiosk:
         elif drop is not None and drop.dispensing:
             # A relay is pulsing or a sensor is watching: let that finish before letting go.
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(
+                await self.clock.wait_for(
                     drop.dispensed.wait(), drop.button.pulse + self.sensor_timeout + 1.0
                 )
         loop = asyncio.get_running_loop()
@@ -413,7 +434,7 @@ class GpioKiosk:
         assert self._outputs is not None
         self._outputs.set(relay, True)
         try:
-            await asyncio.sleep(seconds)
+            await asyncio.sleep(seconds)  # the relay's physical pulse, not a wait of the sale
         finally:
             self._outputs.set(relay, False)
 
@@ -430,8 +451,8 @@ class GpioKiosk:
                 continue
             if edge.line in self.buttons:
                 self._on_press(self.buttons[edge.line], edge.timestamp_ns)
-            elif edge.line in self.sensors and self._drop is not None and self._drop.watching:
-                self._drop.fell.set()
+            elif edge.line in self.sensors and self._drop is not None:
+                self._drop.fell()
 
     def _on_press(self, button: Button, timestamp_ns: int) -> None:
         # The kernel debounces where the chip can; this catches the chips that cannot.
@@ -453,8 +474,6 @@ class GpioKiosk:
         self._tasks.spawn(self._sell(button))
 
     async def _sell(self, button: Button) -> None:
-        drop = _Drop(self, button)
-        self._drop = drop
         request = SaleRequest(
             source=self.name,
             flow=self.flow,
@@ -463,7 +482,10 @@ class GpioKiosk:
             terminal=self.terminal,
             max_cents=self.max_cents,
             metadata={"button": str(button.line)},
+            vend_timeout=self.vend_timeout,
         )
+        drop = _Drop(self, button, request)
+        self._drop = drop
         released = False
         try:
             sale = await start_sale(self.sales, request, drop)
@@ -544,6 +566,8 @@ async def setup_with_chip(agent: Any, config: dict[str, Any], chip: GpioChip) ->
         max_cents=config["max_price"],
         debounce=config["debounce"],
         sensor_timeout=config["sensor_timeout"],
+        vend_timeout=config.get("vend_timeout"),
+        clock=agent.clock,
         buttons_active_low=config["buttons_active_low"],
         pull_up=config["pull_up"],
         relays_active_low=config["relays_active_low"],

@@ -38,7 +38,6 @@ read (``customer.account_zip`` names the field).
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import hashlib
 import hmac
 import logging
@@ -66,17 +65,19 @@ from kiosk_agent.core.web import (
     text_fault,
 )
 from kiosk_agent.money import MoneyError, cents_to_dollars, parse_price
-from kiosk_agent.platforms.base import instance_name
-from kiosk_agent.sales.journal import JournalError
+from kiosk_agent.platforms.base import Dispenser, instance_name
 from kiosk_agent.sales.model import (
+    STOPPING,
+    AgentStopping,
     DispenseOutcome,
     DispenseStatus,
     Flow,
+    JournalError,
     SaleEvent,
     SaleRequest,
+    TerminalBusy,
+    UnknownTerminal,
 )
-from kiosk_agent.sales.runner import STOPPING, AgentStopping, TerminalBusy
-from kiosk_agent.sales.settings import UnknownTerminal
 from kiosk_agent.tasks import cancel_and_wait, next_item
 
 _LOGGER = logging.getLogger(__name__)
@@ -111,7 +112,8 @@ PLATFORM_SCHEMA = vol.All(BASE_PLATFORM_SCHEMA.extend(
         vol.Optional("products_only", default=False): bool,
         # the app confirms what came out (POST .../dispensed); otherwise payment is the product
         vol.Optional("confirm_dispense", default=False): bool,
-        vol.Optional("vend_timeout", default=60.0): positive_float,
+        # its own bound on a dispense; none: sales.vend_timeout (docs/platforms.md)
+        vol.Optional("vend_timeout"): positive_float,
         # Host header names accepted (DNS rebinding); the bound host is always accepted too
         vol.Optional("allowed_hosts", default=list(LOOPBACK_HOSTS)): _names,
         # Origin headers accepted from browsers: exact, or "scheme://host:*" for any port;
@@ -229,39 +231,32 @@ class BadRequest(Exception):
         self.message = message
 
 
-class AppDispenser:
+class AppDispenser(Dispenser):
     """The app is the machine: it dispenses when told, or payment itself is the product."""
 
-    def __init__(self, confirm: bool, timeout: float) -> None:
+    def __init__(self, request: SaleRequest, confirm: bool) -> None:
+        super().__init__(request)
         self.confirm = confirm
-        self.timeout = timeout
-        self.result: asyncio.Future[DispenseOutcome] = asyncio.get_running_loop().create_future()
         self.waiting = False
-        self.product: str | None = None
 
     async def dispense(self, authorized_cents: int) -> DispenseOutcome:
+        self.vend_cents = authorized_cents  # what the app sells is what the card paid
         if not self.confirm:
-            return DispenseOutcome(DispenseStatus.VENDED, authorized_cents, self.product, "paid")
+            return self.end(DispenseStatus.VENDED, "paid")
         self.waiting = True
         try:
-            outcome = await asyncio.wait_for(asyncio.shield(self.result), self.timeout)
-        except TimeoutError:
-            return DispenseOutcome(DispenseStatus.TIMEOUT, 0, self.product,
-                                   "the app did not confirm the dispense")
+            return await self.wait()
         finally:
             self.waiting = False
-        if outcome.status is DispenseStatus.VENDED:
-            return dataclasses.replace(outcome, vended_cents=authorized_cents)
-        return outcome
 
     async def deny(self, reason: str) -> None:
         # The app follows the sale's steps; a denial is a final step it sees there.
         _LOGGER.debug("app sale denied: %s", reason)
 
     def confirm_result(self, status: DispenseStatus, detail: str) -> bool:
-        if not self.waiting or self.result.done():
+        if not self.waiting or self.ended:
             return False
-        self.result.set_result(DispenseOutcome(status, 0, self.product, detail))
+        self.end(status, detail)
         return True
 
 
@@ -434,8 +429,7 @@ class KioskApi:
         refused = self._out_of_service(sale_request.terminal)
         if refused is not None:
             return refused
-        dispenser = AppDispenser(self.config["confirm_dispense"], self.config["vend_timeout"])
-        dispenser.product = sale_request.product
+        dispenser = AppDispenser(sale_request, self.config["confirm_dispense"])
         try:
             sale = await self.agent.sales.start(sale_request, dispenser)
         except AgentStopping as err:  # the stop began while this request was read
@@ -535,6 +529,7 @@ class KioskApi:
             plan=plan,
             metadata=customer,
             max_cents=self.config["max_price"],
+            vend_timeout=self.config.get("vend_timeout"),
         )
 
     def _flow(self, value: Any) -> Flow:

@@ -23,9 +23,8 @@ from __future__ import annotations
 import asyncio
 import enum
 import logging
-import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -39,10 +38,10 @@ from kiosk_agent.core.config import (
     positive_float,
     positive_price,
 )
-from kiosk_agent.money import cents_to_dollars
 from kiosk_agent.platforms import mdb_protocol as wire
 from kiosk_agent.platforms.base import (
     DevicePlatform,
+    Dispenser,
     SaleStarter,
     instance_name,
     link_reporter,
@@ -51,7 +50,15 @@ from kiosk_agent.platforms.base import (
     start_sale,
 )
 from kiosk_agent.platforms.serial import SerialLink, SerialSettings, StateHandler
-from kiosk_agent.sales.model import DispenseOutcome, DispenseStatus, Flow, SaleRequest
+from kiosk_agent.sales.model import (
+    SYSTEM_CLOCK,
+    Clock,
+    DispenseOutcome,
+    DispenseStatus,
+    Flow,
+    SaleRequest,
+    vend_refusal,
+)
 from kiosk_agent.tasks import TaskSet
 
 _LOGGER = logging.getLogger(__name__)
@@ -86,8 +93,8 @@ _MDB_SCHEMA = BASE_PLATFORM_SCHEMA.extend(
         ),
         # card first: the most a customer may spend in one session
         vol.Optional("max_funds"): positive_price,
-        # the controller must report the vend result within this (seconds)
-        vol.Optional("vend_timeout", default=30.0): positive_float,
+        # its own bound on a dispense; none: sales.vend_timeout (docs/platforms.md)
+        vol.Optional("vend_timeout"): positive_float,
         # card first: how long an open session waits for a selection (seconds)
         vol.Optional("session_timeout", default=60.0): positive_float,
         vol.Optional("silence_timeout"): positive_float,
@@ -122,7 +129,7 @@ class MdbOptions:
     unit: wire.AmountUnit = wire.AmountUnit.DOLLARS
     max_funds_cents: int = 0
     max_price_cents: int | None = None
-    vend_timeout: float = 30.0
+    vend_timeout: float | None = None  # None: sales.vend_timeout
     session_timeout: float = 60.0
     card_first_pause: float = 0.2  # between one card-first sale ending and the next starting
 
@@ -137,7 +144,7 @@ class MdbOptions:
             unit=wire.AmountUnit(config["amount_unit"]),
             max_funds_cents=config.get("max_funds", 0),
             max_price_cents=config["max_price"],
-            vend_timeout=config["vend_timeout"],
+            vend_timeout=config.get("vend_timeout"),
             session_timeout=config["session_timeout"],
         )
 
@@ -159,119 +166,128 @@ class MdbStats:
     outcomes: Counter[str] = field(default_factory=Counter)  # dispense status -> count
 
 
-class _Phase(enum.Enum):
-    AUTHORIZING = "authorizing"  # the sale is reading the card / authorizing
-    SELECTING = "selecting"  # card first: session open, waiting for the customer's choice
-    VENDING = "vending"  # approved, waiting for the vend result
-    ENDED = "ended"
+class Phase(enum.StrEnum):
+    """Where one cashless session is, as the machine sees it (``status()["session"]``)."""
+
+    AUTHORIZING = "authorizing"  # the sale reads the card / authorizes; the machine waits
+    SELECTING = "selecting"  # card first: the session is open, the customer chooses
+    VENDING = "vending"  # approved: the machine vends and will report it
+    ABORTED = "aborted"  # the controller ended the session before a vend; the sale is told
+    ENDED = "ended"  # the dispense outcome is known
 
 
-class MdbSession:
-    """One sale on the machine; the sale runner's ``Dispenser`` for it."""
+# Each phase's allowed next phases; every other move is refused by ``MdbSession.move_to``.
+PHASES: Mapping[Phase, frozenset[Phase]] = {
+    Phase.AUTHORIZING: frozenset({Phase.SELECTING, Phase.VENDING, Phase.ABORTED, Phase.ENDED}),
+    Phase.SELECTING: frozenset({Phase.VENDING, Phase.ABORTED, Phase.ENDED}),
+    Phase.VENDING: frozenset({Phase.ENDED}),  # an abort mid-vend ends it: not dispensed
+    Phase.ABORTED: frozenset({Phase.ENDED}),
+    Phase.ENDED: frozenset(),
+}
+
+
+class PhaseRefused(Exception):
+    """A session move the table does not allow: it was not made."""
+
+    def __init__(self, source: str, current: Phase, wanted: Phase) -> None:
+        allowed = ", ".join(p.value for p in sorted(PHASES[current])) or "none: it has ended"
+        super().__init__(
+            f"{source}: MDB session {current.value} -> {wanted.value} refused (allowed: {allowed})"
+        )
+        self.current = current
+        self.wanted = wanted
+
+
+class MdbSession(Dispenser):
+    """One customer's session on the machine; the sale runner's ``Dispenser`` for it.
+
+    It reports what the controller says (a selection, a vend result, an abort) and tells the
+    machine what the sale decided; the sale keeps the vend timeout. Card first, the customer's
+    choice is part of the dispense: its wait (``session_timeout``) runs on the sale's clock and
+    the sale's bound covers it (``SaleRequest.choice_timeout``)."""
 
     def __init__(self, device: MdbCashless, request: SaleRequest) -> None:
+        super().__init__(request)
         self.device = device
-        self.request = request
-        self.phase = _Phase.AUTHORIZING
-        self.began_at = time.monotonic()
-        self.sale_id: str | None = None
-        self.abort_reason: str | None = None
-        loop = asyncio.get_running_loop()
-        self.selection: asyncio.Future[wire.VendRequested] = loop.create_future()
-        self.result: asyncio.Future[DispenseOutcome] = loop.create_future()
-        self.vend_cents = request.amount_cents
-        self.product = request.product
+        self.phase = Phase.AUTHORIZING
+        self.began_at = device.link.now()  # the link's clock: probes are timed on it
+        self.abort_reason = ""  # what the controller did, once ABORTED
+        self.selection: asyncio.Future[wire.VendRequested] = (
+            asyncio.get_running_loop().create_future()
+        )
+
+    def move_to(self, phase: Phase) -> None:
+        """The one setter of the phase: a move the table does not allow is refused."""
+        if phase not in PHASES[self.phase]:
+            raise PhaseRefused(self.device.name, self.phase, phase)
+        self.phase = phase
 
     # -- Dispenser ---------------------------------------------------------------------------
 
     async def dispense(self, authorized_cents: int) -> DispenseOutcome:
-        if self.abort_reason is not None:
-            return self._end(DispenseStatus.CANCELLED, self.abort_reason)
+        if self.phase is Phase.ABORTED:
+            return self.end(DispenseStatus.CANCELLED, self.abort_reason)
         if self.device.options.mode is Mode.CARD_FIRST:
             chosen = await self._open_session(authorized_cents)
             if chosen is not None:
                 return chosen
-        elif authorized_cents < self.vend_cents:
-            self.device.send(wire.deny_vend())
-            return self._end(
-                DispenseStatus.CANCELLED,
-                f"authorized {authorized_cents} cents, below the price {self.vend_cents}",
-            )
+        # selection first: the sale vends only a price it holds (sales.model.vend_refusal)
         return await self._vend()
 
     async def deny(self, reason: str) -> None:
-        if self.phase is _Phase.ENDED:
+        if self.phase is Phase.ENDED:
             return
         if self.machine_waiting:
             self.device.stats.denied += 1
             self.device.send(wire.deny_vend())
             _LOGGER.info("%s: vend denied (%s)", self.device.options.source, reason)
-        self._end(DispenseStatus.CANCELLED, f"denied: {reason}")
+        self.end(DispenseStatus.CANCELLED, f"denied: {reason}")
 
     @property
     def machine_waiting(self) -> bool:
         """Whether the controller waits for our answer (else a C,STOP would be out of turn)."""
-        if self.abort_reason is not None:
+        if self.phase is Phase.ABORTED:
             return False  # the controller already ended this session
         if self.device.options.mode is Mode.CARD_FIRST:
-            return self.phase is _Phase.SELECTING  # before C,START the machine knows nothing
+            return self.phase is Phase.SELECTING  # before C,START the machine knows nothing
         return True
 
     # -- steps -------------------------------------------------------------------------------
 
     async def _open_session(self, funds_cents: int) -> DispenseOutcome | None:
         """Card first: offer the funds and wait for a selection within them; None when chosen."""
-        self.phase = _Phase.SELECTING
-        self.device.card_first_idle_rounds = 0
-        self.device.send(wire.start_session(funds_cents, self.device.options.unit))
+        self.move_to(Phase.SELECTING)
+        device = self.device
+        device.card_first_idle_rounds = 0
+        device.send(wire.start_session(funds_cents, device.options.unit))
         try:
-            choice = await asyncio.wait_for(
-                asyncio.shield(self.selection), self.device.options.session_timeout
+            choice = await device.clock.wait_for(
+                asyncio.shield(self.selection), device.options.session_timeout
             )
         except TimeoutError:
-            self.device.send(wire.deny_vend())
-            return self._end(DispenseStatus.CANCELLED, "session timeout: nothing selected")
-        if self.abort_reason is not None:
-            return self._end(DispenseStatus.CANCELLED, self.abort_reason)
-        if choice.amount_cents > funds_cents:
-            self.device.send(wire.deny_vend())
-            return self._end(
-                DispenseStatus.CANCELLED,
-                f"selection {choice.product} costs {choice.amount_cents} cents, "
-                f"above the {funds_cents} authorized",
-            )
-        if choice.amount_cents <= 0:
-            # a vended 0 reads as "the whole authorization" downstream: never vend a free item
-            # on a card's money; the authorization is given back
-            self.device.send(wire.deny_vend())
-            return self._end(
-                DispenseStatus.CANCELLED,
-                f"selection {choice.product} costs {cents_to_dollars(choice.amount_cents)}:"
-                " nothing to charge a card for",
-            )
+            device.send(wire.deny_vend())
+            return self.end(DispenseStatus.CANCELLED, "session timeout: nothing selected")
+        if self.phase is Phase.ABORTED:
+            return self.end(DispenseStatus.CANCELLED, self.abort_reason)
+        refused = vend_refusal(choice.amount_cents, funds_cents, choice.product)
+        if refused:
+            # the sale's rule, heard only now: the machine is told no, the hold given back
+            device.send(wire.deny_vend())
+            return self.end(DispenseStatus.CANCELLED, refused)
         self.vend_cents, self.product = choice.amount_cents, choice.product
         return None
 
     async def _vend(self) -> DispenseOutcome:
-        self.phase = _Phase.VENDING
+        self.move_to(Phase.VENDING)
         self.device.stats.approved += 1
         if not self.device.send(wire.approve_vend(self.vend_cents, self.device.options.unit)):
-            return self._end(DispenseStatus.CANCELLED, "adapter not connected: vend not approved")
-        try:
-            return await asyncio.wait_for(
-                asyncio.shield(self.result), self.device.options.vend_timeout
-            )
-        except TimeoutError:
-            self.device.stats.timeouts += 1
-            return self._end(
-                DispenseStatus.TIMEOUT,
-                f"no vend result within {self.device.options.vend_timeout:g}s",
-            )
+            return self.end(DispenseStatus.CANCELLED, "adapter not connected: vend not approved")
+        return await self.wait()
 
     # -- driven by the adapter's lines -------------------------------------------------------
 
     def on_selection(self, request: wire.VendRequested) -> bool:
-        if self.phase is not _Phase.SELECTING or self.selection.done():
+        if self.phase is not Phase.SELECTING or self.selection.done():
             return False
         self.selection.set_result(request)
         return True
@@ -281,32 +297,31 @@ class MdbSession:
         return (request.product, request.amount_cents) == (self.product, self.vend_cents)
 
     def on_vend_result(self, status: DispenseStatus, detail: str) -> bool:
-        if self.phase is not _Phase.VENDING:
+        if self.phase is not Phase.VENDING:
             return False
-        self._end(status, detail)
+        self.end(status, detail)
         return True
 
     def abort(self, reason: str) -> None:
         """The controller ended the session (reset, disable, cancel, lost adapter)."""
-        if self.phase is _Phase.ENDED:
+        if self.phase in (Phase.ENDED, Phase.ABORTED):
             return
         self.abort_reason = reason
-        if self.phase is _Phase.AUTHORIZING:
+        if self.phase is Phase.VENDING:
+            self.end(DispenseStatus.CANCELLED, reason)
+            return
+        was = self.phase
+        self.move_to(Phase.ABORTED)
+        if was is Phase.AUTHORIZING:
             self.device.cancel_sale(self)
-        elif self.phase is _Phase.SELECTING and not self.selection.done():
+        elif not self.selection.done():
             self.selection.set_result(wire.VendRequested(0, ""))
-        elif self.phase is _Phase.VENDING:
-            self._end(DispenseStatus.CANCELLED, reason)
 
-    def _end(self, status: DispenseStatus, detail: str) -> DispenseOutcome:
-        if self.result.done():
-            return self.result.result()
-        self.phase = _Phase.ENDED
-        vended = self.vend_cents if status is DispenseStatus.VENDED else 0
-        outcome = DispenseOutcome(status, vended, self.product, detail)
-        self.result.set_result(outcome)
-        self.device.stats.outcomes[status.value] += 1
-        return outcome
+    def ended_as(self, outcome: DispenseOutcome) -> None:
+        self.move_to(Phase.ENDED)
+        self.device.stats.outcomes[outcome.status.value] += 1
+        if outcome.status is DispenseStatus.TIMEOUT:
+            self.device.stats.timeouts += 1
 
 
 class MdbCashless:
@@ -319,9 +334,11 @@ class MdbCashless:
         options: MdbOptions,
         *,
         on_link_state: StateHandler | None = None,
+        clock: Clock = SYSTEM_CLOCK,
     ) -> None:
         self.sales = sales
         self.options = options
+        self.clock = clock  # the sale's: the card-first session's wait and retry pause
         self.name = options.source
         self.stats = MdbStats()
         self.controller_status: wire.ControllerStatus | None = None
@@ -363,7 +380,7 @@ class MdbCashless:
         # sale if the result had not come by the drain's end: nothing is waited for here.
         session = self.session
         if session is not None:
-            waiting_for_card = session.phase is _Phase.AUTHORIZING
+            waiting_for_card = session.phase is Phase.AUTHORIZING
             session.abort("agent stopping")
             if waiting_for_card and session.sale_id is not None:
                 # here, before the tasks are cancelled
@@ -481,11 +498,9 @@ class MdbCashless:
         busy() keeps probes out of a session, but one sent just before the customer selected is
         answered inside it, with the controller's state from before: that answer ends nothing.
         """
-        sent = self.link.probe_sent_at
-        if sent is None or session is None or session.began_at < sent:
+        if session is None:
             return False
-        self.link.probe_sent_at = None  # one probe, one answer
-        return time.monotonic() - sent <= PROBE_ANSWER_WINDOW
+        return self.link.take_probe_answer(before=session.began_at, within=PROBE_ANSWER_WINDOW)
 
     def _on_vend_request(self, message: wire.VendRequested) -> None:
         self.stats.vend_requests += 1
@@ -512,14 +527,13 @@ class MdbCashless:
                 # an adapter that answers a probe with its state repeats the pending selection
                 _LOGGER.debug("%s: probe answered with the pending selection", self.name)
                 return
-            if session.phase is _Phase.VENDING and self.options.mode is Mode.SELECTION_FIRST:
+            if session.phase is Phase.VENDING and self.options.mode is Mode.SELECTION_FIRST:
                 # A controller asks for the next vend only once the last one is over: that
                 # one's result was lost. Not dispensed, as at the vend timeout, only sooner.
-                self.stats.timeouts += 1
                 session.on_vend_result(
                     DispenseStatus.TIMEOUT, "no vend result before the next selection"
                 )
-            over = session.phase is _Phase.ENDED or session.abort_reason is not None
+            over = session.phase in (Phase.ENDED, Phase.ABORTED)
             if over and self.options.mode is Mode.SELECTION_FIRST:
                 # The machine is done with the last customer (served, or gone: the controller
                 # ended the session); that sale still holds the terminal (its card read being
@@ -555,6 +569,7 @@ class MdbCashless:
             product=message.product,
             terminal=self.options.terminal,
             max_cents=self.options.max_price_cents,
+            vend_timeout=self.options.vend_timeout,
         )
         self._begin(request)
 
@@ -567,7 +582,7 @@ class MdbCashless:
     def _on_adapter_error(self, message: wire.AdapterError) -> None:
         self.link.noise("adapter_error", "%s: adapter error %s", self.name, message.text)
         session = self.session
-        if session is not None and session.phase is _Phase.SELECTING:
+        if session is not None and session.phase is Phase.SELECTING:
             session.abort(f"adapter refused the session: {message.text}")
 
     async def _on_connected(self) -> None:
@@ -596,6 +611,8 @@ class MdbCashless:
                 amount_cents=self.options.max_funds_cents,
                 terminal=self.options.terminal,
                 max_cents=self.options.max_price_cents,
+                vend_timeout=self.options.vend_timeout,
+                choice_timeout=self.options.session_timeout,
             )
             self._begin(request)
 
@@ -611,7 +628,7 @@ class MdbCashless:
                 return
             self.stats.sales_started += 1
             session.sale_id = sale.sale_id
-            if session.abort_reason is not None and session.phase is _Phase.AUTHORIZING:
+            if session.phase is Phase.ABORTED:  # while the card was read: cancel it now
                 self.cancel_sale(session)
             # The terminal is free once the dispense outcome is known (the capture, or the money
             # given back, needs only the payments API): the next customer need not wait for it.
@@ -638,7 +655,7 @@ class MdbCashless:
                 # A terminal that keeps failing (busy, offline) is retried ever more slowly.
                 pause = min(30.0, self.options.card_first_pause * 2**self.card_first_idle_rounds)
                 self.card_first_idle_rounds += 1
-                await asyncio.sleep(pause)
+                await self.clock.sleep(pause)
                 self._maybe_start_card_first()
 
     def _session_over(self, session: MdbSession) -> None:
@@ -674,6 +691,7 @@ async def async_setup_platform(agent: Any, config: dict[str, Any]) -> MdbPlatfor
         SerialSettings.from_config(config),
         MdbOptions.from_config(config, source),
         on_link_state=link_reporter(agent, source),
+        clock=agent.clock,
     )
     device.unfollow = follow_availability(agent, config.get("terminal"), device.set_available)
     await device.start()

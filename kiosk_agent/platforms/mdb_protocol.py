@@ -1,6 +1,6 @@
 """The text protocol of the common MDB serial adapters, cashless-slave side: lines in, lines out.
 
-No I/O and no state here; ``mdb.py`` drives a session with these pieces and ``virtual.py`` plays
+No I/O and no state here; ``mdb.py`` drives a session with these pieces and ``sim/machine.py`` plays
 the vending machine controller with the same ones, so both ends agree by construction.
 
 Wire format (one line each, ``\\n`` terminated; upper-case ``C`` to the adapter, lower-case ``c``

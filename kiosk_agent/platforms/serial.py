@@ -351,6 +351,19 @@ class SerialLink:
                 continue
             return f"silent for {timeout * (2 if self.settings.probe else 1):.1f}s"
 
+    def now(self) -> float:
+        """The link's clock (monotonic seconds): when its lines and probes come and go."""
+        return time.monotonic()
+
+    def take_probe_answer(self, *, before: float, within: float) -> bool:
+        """Whether the line just read answers a probe sent before ``before`` (``now()``), no
+        more than ``within`` seconds ago. One probe, one answer: it is taken once."""
+        sent = self.probe_sent_at
+        if sent is None or before < sent:
+            return False
+        self.probe_sent_at = None
+        return self.now() - sent <= within
+
     def send_probe(self) -> bool:
         """Ask the device for a sign of life: the probe line, which it always answers. Never
         mid-exchange (``busy``): the answer would be read as part of the exchange."""
@@ -360,7 +373,7 @@ class SerialLink:
             return False  # one probe at a time: its answer is then the first line after it
         if not self.write_line(self.settings.probe):
             return False
-        self.probe_sent_at = time.monotonic()
+        self.probe_sent_at = self.now()
         return True
 
     async def _close_transport(self) -> None:

@@ -29,7 +29,6 @@ the device of each change (on connect too), after any sale in progress.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import re
 import string
@@ -46,6 +45,7 @@ from kiosk_agent.core.config import no_enrollment, positive_float
 from kiosk_agent.money import MoneyError, cents_to_dollars, parse_wire_amount
 from kiosk_agent.platforms.base import (
     DevicePlatform,
+    Dispenser,
     SaleStarter,
     instance_name,
     link_reporter,
@@ -109,7 +109,8 @@ _SERIAL_LINE_SCHEMA = BASE_PLATFORM_SCHEMA.extend(
         # told to the device when its terminal goes out of service and comes back
         vol.Optional("out_of_service"): _template,
         vol.Optional("in_service"): _template,
-        vol.Optional("vend_timeout", default=30.0): positive_float,
+        # its own bound on a dispense; none: sales.vend_timeout (docs/platforms.md)
+        vol.Optional("vend_timeout"): positive_float,
         vol.Optional("line_end", default="\n"): vol.In(["\n", "\r\n", "\r"]),
         vol.Optional("silence_timeout"): positive_float,
         vol.Optional("probe"): str,
@@ -166,17 +167,15 @@ def template_fields(
     }
 
 
-class Vend:
+class Vend(Dispenser):
     """One sale on the device; its Dispenser."""
 
     def __init__(self, device: SerialLineDevice, request: SaleRequest, price_text: str) -> None:
+        super().__init__(request)
         self.device = device
-        self.request = request
         self.price_text = price_text
-        self.sale_id: str | None = None
         self.vending = False
         self.cancelled: str | None = None
-        self.result: asyncio.Future[DispenseOutcome] = asyncio.get_running_loop().create_future()
 
     def fields(self, reason: str = "") -> dict[str, str]:
         return template_fields(self.request.product, self.price_text, self.request.amount_cents,
@@ -188,26 +187,14 @@ class Vend:
         self.vending = True
         if not self.device.send(self.device.rules.approve.format(**self.fields())):
             return self.end(DispenseStatus.CANCELLED, "device not connected: not approved")
-        try:
-            return await asyncio.wait_for(asyncio.shield(self.result), self.device.vend_timeout)
-        except TimeoutError:
-            return self.end(
-                DispenseStatus.TIMEOUT, f"no dispense result within {self.device.vend_timeout:g}s"
-            )
+        return await self.wait()
 
     async def deny(self, reason: str) -> None:
-        if self.result.done():
+        if self.ended:
             return
         if self.device.rules.deny is not None:
             self.device.send(self.device.rules.deny.format(**self.fields(reason)))
         self.end(DispenseStatus.CANCELLED, f"denied: {reason}")
-
-    def end(self, status: DispenseStatus, detail: str) -> DispenseOutcome:
-        """Settle the outcome once; later calls (a late result, a cancel) get the same answer."""
-        if not self.result.done():
-            vended = self.request.amount_cents if status is DispenseStatus.VENDED else 0
-            self.result.set_result(DispenseOutcome(status, vended, self.request.product, detail))
-        return self.result.result()
 
 
 class SerialLineDevice:
@@ -221,7 +208,7 @@ class SerialLineDevice:
         flow: Flow = Flow.CHARGE_CARD,
         terminal: str | None = None,
         max_cents: int | None = None,
-        vend_timeout: float = 30.0,
+        vend_timeout: float | None = None,
         on_link_state: StateHandler | None = None,
     ) -> None:
         self.sales = sales
@@ -336,6 +323,7 @@ class SerialLineDevice:
             product=groups.get("product"),
             terminal=self.terminal,
             max_cents=self.max_cents,
+            vend_timeout=self.vend_timeout,
         )
         vend = Vend(self, request, groups["price"])
         if self.vend is not None and self.vend.result.done():
@@ -438,7 +426,7 @@ async def async_setup_platform(agent: Any, config: dict[str, Any]) -> SerialLine
         flow=Flow(config["flow"]),
         terminal=config.get("terminal"),
         max_cents=config["max_price"],
-        vend_timeout=config["vend_timeout"],
+        vend_timeout=config.get("vend_timeout"),
         on_link_state=link_reporter(agent, source),
     )
     device.unfollow = follow_availability(agent, config.get("terminal"), device.set_available)

@@ -10,7 +10,7 @@ import logging
 
 from kiosk_agent.money import format_cents
 from kiosk_agent.sales.live import SaleFlow, declined, outcome_detail
-from kiosk_agent.sales.model import SaleEvent
+from kiosk_agent.sales.model import SaleEvent, vend_refusal
 from kiosk_agent.sales.states import AUTHORIZE_REPORTING, SaleState, Step
 from kiosk_agent.sales.steps import unknown_outcome
 from kiosk_agent.service.errors import OUTCOME_UNKNOWN, ServiceError
@@ -85,6 +85,13 @@ class AuthorizeCaptureFlow(SaleFlow):
             await self._deny("cancelled")
             await self.release_terminal(may_complete=False)  # the void needs no terminal
             return await self.reverse("cancelled by the customer")
+        refused = "" if self.request.chosen_at_machine else vend_refusal(
+            self.record.amount_cents, authorized, self.request.product)
+        if refused:
+            # a partial authorization: the price is not covered, the machine vends nothing
+            await self._deny(refused)
+            await self.release_terminal(may_complete=False)
+            return await self.reverse(refused)
         outcome = await self._dispense(authorized)
         if not outcome.dispensed:
             self.step(Step.DISPENSE_RESULT, detail=outcome_detail(outcome))

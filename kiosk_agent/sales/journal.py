@@ -30,6 +30,9 @@ from typing import Any
 
 from kiosk_agent.moments import day_of, day_start
 from kiosk_agent.sales.clock import SYSTEM_CLOCK, Clock
+
+# the platforms hear it as one of the dispenser contract's refusals
+from kiosk_agent.sales.model import JournalError as JournalError
 from kiosk_agent.sales.states import (
     REOPENED_AFTER,
     SaleState,
@@ -235,10 +238,6 @@ class HeldStep:
     state: SaleState | None = None
     detail: Mapping[str, Any] | None = None
     changes: Mapping[str, Any] = dataclasses.field(default_factory=dict)
-
-
-class JournalError(Exception):
-    """The journal cannot be opened or written."""
 
 
 class JournalTooNew(JournalError):

@@ -165,12 +165,12 @@ class SaleFlow(SaleSteps):
 
     async def _dispense(self, authorized_cents: int) -> DispenseOutcome:
         """Let the machine vend; an exception or no answer within the vend timeout is TIMEOUT."""
+        bound = self.settings.vend_timeout_for(self.request)
         try:
-            return await self.clock.wait_for(
-                self.dispenser.dispense(authorized_cents), self.settings.vend_timeout
-            )
+            return await self.clock.wait_for(self.dispenser.dispense(authorized_cents), bound)
         except TimeoutError:
-            return DispenseOutcome(DispenseStatus.TIMEOUT, detail="no vend result in time")
+            why = f"no vend result within {bound:g} s"
+            return DispenseOutcome(DispenseStatus.TIMEOUT, detail=why)
         except Exception as err:
             _LOGGER.exception("sale %s: the dispenser raised", self.record.sale_id)
             return DispenseOutcome(DispenseStatus.TIMEOUT, detail=f"dispenser error: {err}")

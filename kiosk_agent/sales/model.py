@@ -13,6 +13,8 @@ from dataclasses import dataclass, field
 from typing import Literal, Protocol
 
 from kiosk_agent.money import format_cents
+from kiosk_agent.sales.clock import SYSTEM_CLOCK as SYSTEM_CLOCK  # the sale's clock: a
+from kiosk_agent.sales.clock import Clock as Clock  # dispenser's waits run on it too
 from kiosk_agent.sales.states import Flow as Flow  # re-exported: a request names its flow
 from kiosk_agent.sales.states import SaleState, Step
 
@@ -53,10 +55,70 @@ class SaleRequest:
     metadata: dict[str, str] = field(default_factory=dict)
     # the trigger's ``max_price``: a request above it is refused before anything is journaled
     max_cents: int | None = None
+    # the trigger's own ``vend_timeout`` (seconds); None: the sales section's
+    vend_timeout: float | None = None
+    # card first: the dispense begins with the customer's choice, for at most this (seconds);
+    # the sale's bound on it is this plus the vend timeout (SaleSettings.vend_timeout_for)
+    choice_timeout: float = 0.0
+
+    @property
+    def chosen_at_machine(self) -> bool:
+        """Card first: ``amount_cents`` is the most the customer may choose; the price comes
+        with the choice, inside the dispense."""
+        return self.choice_timeout > 0
+
+
+def vend_refusal(price_cents: int, authorized_cents: int, product: str | None = None) -> str:
+    """The money rule of a vend, the sale's: why a vend at ``price_cents`` may not go ahead on
+    ``authorized_cents``, or "" when it may. Never above what the card holds (the capture could
+    not take it); never for nothing (a vend of 0 reads as "the whole authorization" downstream,
+    and there is nothing to charge a card for). A platform that hears the price only inside
+    the dispense (card first) asks this, and tells the machine no when it says why."""
+    what = f"selection {product} costs" if product else "the price is"
+    if price_cents <= 0:
+        return f"{what} {format_cents(price_cents)}: nothing to charge a card for"
+    if price_cents > authorized_cents:
+        return f"{what} {format_cents(price_cents)}, above the {format_cents(authorized_cents)}" \
+            " authorized"
+    return ""
 
 
 class PriceAboveMaximum(ValueError):
     """A trigger asked for more than its configured ``max_price``."""
+
+
+# Why a sale is refused at its start, as a platform hears it from ``SaleStarter.start``: the
+# dispenser's side of the contract, so a platform needs nothing else from ``sales``.
+
+
+class TerminalBusy(Exception):
+    """A trigger arrived for a terminal that is already taking a sale; refused at once."""
+
+    def __init__(self, terminal: str, reason: str) -> None:
+        self.terminal = terminal
+        self.reason = reason
+        super().__init__(f"terminal {terminal} is busy: {reason}")
+
+
+# Why a trigger is refused while the agent drains (logs, the machine, the kiosk app).
+STOPPING = "the agent is stopping: new sales are refused until it is back"
+
+
+class AgentStopping(TerminalBusy):
+    """A trigger arrived while the agent drains (a stopping signal): refused at once, and the
+    kiosk app is told when to ask again (``until``: the drain's end, Unix time)."""
+
+    def __init__(self, terminal: str, until: float | None) -> None:
+        self.until = until
+        super().__init__(terminal, STOPPING)
+
+
+class UnknownTerminal(ValueError):
+    """A sale named a terminal the configuration does not have."""
+
+
+class JournalError(Exception):
+    """The journal cannot be opened or written."""
 
 
 class Dispenser(Protocol):
@@ -65,8 +127,9 @@ class Dispenser(Protocol):
     async def dispense(self, authorized_cents: int) -> DispenseOutcome:
         """Allow the machine to vend up to ``authorized_cents`` and wait for its result.
 
-        Must return (never raise) within the platform's vend timeout; an exception is treated as
-        ``TIMEOUT``. Money is captured only for a ``VENDED`` outcome.
+        The sale bounds this call by the vend timeout (``SaleSettings.vend_timeout_for``) and
+        cancels it then: the outcome is ``TIMEOUT``, as for an exception. A platform keeps no
+        timer of its own over it. Money is captured only for a ``VENDED`` outcome.
         """
         ...
 

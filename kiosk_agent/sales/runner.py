@@ -28,7 +28,16 @@ from kiosk_agent.sales.charge_card import ChargeCardFlow
 from kiosk_agent.sales.enroll import EnrollFlow
 from kiosk_agent.sales.journal import JournalError, SaleMoved, SaleRecord
 from kiosk_agent.sales.live import SaleFlow
-from kiosk_agent.sales.model import Dispenser, Flow, PriceAboveMaximum, SaleEvent, SaleRequest
+from kiosk_agent.sales.model import STOPPING as STOPPING  # re-exported: where callers look
+from kiosk_agent.sales.model import AgentStopping as AgentStopping
+from kiosk_agent.sales.model import (
+    Dispenser,
+    Flow,
+    PriceAboveMaximum,
+    SaleEvent,
+    SaleRequest,
+    TerminalBusy,
+)
 from kiosk_agent.sales.states import SaleState, Step
 from kiosk_agent.sales.steps import SaleContext, SaleSteps, event_of
 from kiosk_agent.sales.unit import OwnUnit
@@ -41,28 +50,6 @@ FLOWS: Mapping[Flow, type[SaleFlow]] = {
     Flow.AUTHORIZE_CAPTURE: AuthorizeCaptureFlow,
     Flow.ENROLL: EnrollFlow,
 }
-
-
-class TerminalBusy(Exception):
-    """A trigger arrived for a terminal that is already taking a sale; refused at once."""
-
-    def __init__(self, terminal: str, reason: str) -> None:
-        self.terminal = terminal
-        self.reason = reason
-        super().__init__(f"terminal {terminal} is busy: {reason}")
-
-
-class AgentStopping(TerminalBusy):
-    """A trigger arrived while the agent drains (a stopping signal): refused at once, and the
-    kiosk app is told when to ask again (``until``: the drain's end, Unix time)."""
-
-    def __init__(self, terminal: str, until: float | None) -> None:
-        self.until = until
-        super().__init__(terminal, STOPPING)
-
-
-# Why a trigger is refused while the agent drains (logs, the machine, the kiosk app).
-STOPPING = "the agent is stopping: new sales are refused until it is back"
 
 
 def new_ids(unit: OwnUnit) -> tuple[str, str]:

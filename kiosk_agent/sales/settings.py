@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from kiosk_agent.sales.model import SaleRequest
+from kiosk_agent.sales.model import UnknownTerminal as UnknownTerminal  # re-exported
 from kiosk_agent.sales.receipts import ReceiptSettings
 from kiosk_agent.sales.states import Flow
 from kiosk_agent.service.timeouts import DEFAULT_TIMEOUT
@@ -18,8 +20,8 @@ INTERACTION_LIFETIME = 180.0
 STOP_TIMEOUT = 30.0
 
 
-class UnknownTerminal(ValueError):
-    """A sale named a terminal the configuration does not have."""
+# How long the machine may take to report a dispense, unless its trigger sets its own (seconds)
+VEND_TIMEOUT = 60.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -30,7 +32,7 @@ class SaleSettings:
     terminals: Mapping[str, str]  # device_id -> name
     retries: int = 2
     card_timeout: float = 200.0
-    vend_timeout: float = 60.0
+    vend_timeout: float = VEND_TIMEOUT  # sales.vend_timeout
     currency: str = "USD"
     # the service's clock: a simulator with a time scale shortens the interaction lifetime
     interaction_lifetime: float = INTERACTION_LIFETIME
@@ -40,6 +42,16 @@ class SaleSettings:
     # how long the service may still commit a call after the agent gave up on it
     answer_margin: float = 10.0
     receipts: ReceiptSettings = field(default_factory=ReceiptSettings)
+
+    def vend_timeout_for(self, request: SaleRequest) -> float:
+        """The one rule of the vend timeout: how long a sale waits for its dispense outcome.
+
+        The trigger's own ``vend_timeout`` when it sets one (a slow spiral, an app that needs
+        longer), else the ``sales`` section's; a card-first session's choice comes before the
+        vend, so its time to choose (``choice_timeout``) is added. The sale keeps this timer; a
+        platform keeps none over it (docs/platforms.md, "Vend timeout")."""
+        vend = self.vend_timeout if request.vend_timeout is None else request.vend_timeout
+        return request.choice_timeout + vend
 
     @property
     def default_terminal(self) -> str:

@@ -14,6 +14,7 @@ from typing import Any
 
 from kiosk_agent.app import load_agent
 from kiosk_agent.cli.sim import settings_from_ready
+from kiosk_agent.cli.virtual import simulated_machines
 from kiosk_agent.sim.server import SimOptions, SimServer
 
 
@@ -41,7 +42,8 @@ class AgentThread:
         sim = SimServer(SimOptions(port=0, time_scale=50, transactions=50, rate_limit="1000/1"))
         await sim.start()
         try:
-            agent = load_agent(self.config, settings_from_ready(sim.ready_info()), systemd=False)
+            agent = load_agent(self.config, settings_from_ready(sim.ready_info()), systemd=False,
+                               machines=simulated_machines)
             await agent.start()
             try:
                 self.agent = agent

@@ -24,6 +24,7 @@ from playwright.async_api import Browser, Page, ViewportSize, expect
 
 from kiosk_agent.admin.page import availability as page_availability
 from kiosk_agent.app import load_agent
+from kiosk_agent.cli.virtual import simulated_machines
 from kiosk_agent.core.logging import refusal_counts
 from kiosk_agent.sales.journal import SaleRecord
 from kiosk_agent.sales.model import SaleEvent
@@ -42,7 +43,7 @@ async def agent(tmp_path: Path, sim_settings: Any) -> AsyncIterator[Any]:
     """The admin tests' agent, with terminals pinged every second (offline shows within ~1 s)."""
     path = write_config(tmp_path)
     path.write_text(CONFIG.replace("ping_interval: 3600", "ping_interval: 1"))
-    agent = load_agent(path, sim_settings, systemd=False)
+    agent = load_agent(path, sim_settings, systemd=False, machines=simulated_machines)
     await agent.start()
     yield agent
     await agent.stop()
@@ -280,7 +281,7 @@ async def hostile_agent(tmp_path: Path, sim_settings: Any) -> AsyncIterator[Any]
         "    approve: 'OPEN'\n"
     )
     path.write_text(config)
-    agent = load_agent(path, sim_settings, systemd=False)
+    agent = load_agent(path, sim_settings, systemd=False, machines=simulated_machines)
     await agent.start()
     yield agent
     await agent.stop()
@@ -567,7 +568,7 @@ triggers:
 async def idle_machine(tmp_path: Path, sim_settings: Any) -> AsyncIterator[Any]:
     path = write_config(tmp_path, IDLE_MACHINE)
     path.write_text(path.read_text().replace("ping_interval: 3600", "ping_interval: 1"))
-    agent = load_agent(path, sim_settings, systemd=False)
+    agent = load_agent(path, sim_settings, systemd=False, machines=simulated_machines)
     await agent.start()
     yield agent
     await agent.stop()

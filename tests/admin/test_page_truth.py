@@ -16,6 +16,7 @@ import pytest
 from playwright.async_api import Browser, expect
 
 from kiosk_agent.app import load_agent
+from kiosk_agent.cli.virtual import simulated_machines
 from kiosk_agent.money import format_cents
 from kiosk_agent.sales.journal import SaleRecord
 from kiosk_agent.sales.states import SaleState
@@ -66,7 +67,7 @@ BRANDS = {"1": "Visa", "2": "Mastercard", "3": "American Express", "4": "Discove
 async def selling(tmp_path: Path, sim_settings: Any) -> AsyncIterator[Any]:
     path = write_config(tmp_path)
     path.write_text(DEMO_LIKE)
-    agent = load_agent(path, sim_settings, systemd=False)
+    agent = load_agent(path, sim_settings, systemd=False, machines=simulated_machines)
     await agent.start()
     yield agent
     await agent.stop()

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from kiosk_agent.platforms.virtual import read_record
+from kiosk_agent.sim.machine import read_record
 
 
 async def _spawn(*args: str) -> asyncio.subprocess.Process:

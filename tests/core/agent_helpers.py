@@ -33,12 +33,17 @@ class ScriptedDispenser:
         self.authorized: list[int] = []
         self.denied: list[str] = []
         self.started = asyncio.Event()
+        self.gave_up_at: float | None = None  # on the clock: when the sale stopped waiting
 
     async def dispense(self, authorized_cents: int) -> DispenseOutcome:
         self.authorized.append(authorized_cents)
         self.started.set()
         if self.delay:
-            await (self.clock.sleep(self.delay) if self.clock else asyncio.sleep(self.delay))
+            try:
+                await (self.clock.sleep(self.delay) if self.clock else asyncio.sleep(self.delay))
+            except asyncio.CancelledError:
+                self.gave_up_at = self.clock.monotonic() if self.clock else None
+                raise
         return DispenseOutcome(self.status, vended_cents=self.vended_cents, product="A1")
 
     async def deny(self, reason: str) -> None:

@@ -10,6 +10,7 @@ import pytest
 
 from kiosk_agent.app import build_agent
 from kiosk_agent.cli.sim import settings_from_ready
+from kiosk_agent.cli.virtual import simulated_machines
 from kiosk_agent.core.agent import Agent
 from kiosk_agent.core.config import load_config
 from kiosk_agent.sales.clock import SYSTEM_CLOCK, Clock, FakeClock
@@ -52,7 +53,8 @@ async def agent_factory(sim_factory: Any, tmp_path: Path) -> AsyncIterator[Agent
         # a short request timeout: a money call's deadline (timeout + answer_margin) stays short
         tuning.setdefault("timeout", REQUEST_TIMEOUT)
         settings = settings_from_ready(sim.ready_info(), **tuning)
-        agent = build_agent(config, settings, systemd=False, clock=clock)
+        agent = build_agent(config, settings, systemd=False, clock=clock,
+                            machines=simulated_machines)
         await agent.start()
         agents.append(agent)
         return agent

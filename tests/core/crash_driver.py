@@ -49,12 +49,12 @@ from aiohttp import web
 
 from kiosk_agent.core.agent import Agent, service_settings_from_config
 from kiosk_agent.core.config import load_config
-from kiosk_agent.platforms.virtual import read_record
 from kiosk_agent.sales.audit import HELD_SUFFIX
 from kiosk_agent.sales.journal import Journal, SaleRecord, StepRecord
 from kiosk_agent.sales.model import DispenseOutcome, DispenseStatus, Flow, SaleRequest
 from kiosk_agent.sales.states import SaleState, Step
 from kiosk_agent.service.models import Transaction, TransStatus
+from kiosk_agent.sim.machine import read_record
 
 if TYPE_CHECKING:  # run as a script, this file cannot import the tests package
     from tests.faketime import SteppedClock

@@ -14,6 +14,7 @@ import yaml
 
 from kiosk_agent.app import build_agent
 from kiosk_agent.cli.sim import settings_from_ready
+from kiosk_agent.cli.virtual import simulated_machines
 from kiosk_agent.core.agent import Agent
 from kiosk_agent.core.config import load_config
 from kiosk_agent.sales.clock import SYSTEM_CLOCK, Clock, FakeClock
@@ -58,7 +59,8 @@ async def running_agent(
         secrets_path = tmp_path / "secrets.yaml"
         secrets_path.write_text(yaml.safe_dump(secrets))
         secrets_path.chmod(0o600)
-    agent = build_agent(load_config(path), settings, systemd=False, clock=clock)
+    agent = build_agent(load_config(path), settings, systemd=False, clock=clock,
+                        machines=simulated_machines)
     await agent.start()
     try:
         yield agent

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from kiosk_agent.platforms.virtual import ControllerOptions, VirtualController
+from kiosk_agent.sim.machine import ControllerOptions, VirtualController
 
 from .vending_rig import Machine, make_machine
 

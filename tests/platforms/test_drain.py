@@ -22,10 +22,10 @@ from kiosk_agent.platforms import mdb_protocol as wire
 from kiosk_agent.platforms.gpio import PLATFORM_SCHEMA as GPIO_SCHEMA
 from kiosk_agent.platforms.gpio import setup_with_chip
 from kiosk_agent.platforms.kiosk_api import KioskApi
-from kiosk_agent.platforms.virtual import Status, VirtualController, VisitOutcome
 from kiosk_agent.sales.clock import SYSTEM_CLOCK, Clock, FakeClock
 from kiosk_agent.sales.journal import Journal
 from kiosk_agent.sales.states import SaleState, Step
+from kiosk_agent.sim.machine import Status, VirtualController, VisitOutcome
 
 from ..helpers import until
 from .agent_rig import running_agent

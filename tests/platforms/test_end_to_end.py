@@ -12,9 +12,10 @@ import pytest
 
 from kiosk_agent.cli.sim import settings_from_ready
 from kiosk_agent.platforms.mdb import MdbPlatform
-from kiosk_agent.platforms.virtual import VirtualController, VirtualPlatform, VisitOutcome
+from kiosk_agent.platforms.virtual import VirtualPlatform
 from kiosk_agent.sales.model import SaleEvent
 from kiosk_agent.sales.states import SaleState
+from kiosk_agent.sim.machine import VirtualController, VisitOutcome
 from tests.core.test_slow_service import held_by_the_service, ledger
 
 from ..helpers import sim_call, until

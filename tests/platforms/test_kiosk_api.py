@@ -595,13 +595,14 @@ class AnswerRewritingProxy:
             await self.runner.cleanup()
 
 
-def amounts_times(factor: int) -> Callable[[bytes], bytes]:
-    """Every charge result (a dict with ``trans_id`` and an integer ``amount``) times ``factor``."""
+def amounts_times(factor: int, divisor: int = 1) -> Callable[[bytes], bytes]:
+    """Every charge result (a dict with ``trans_id`` and an integer ``amount``) times ``factor``
+    (and divided by ``divisor``, whole cents: a partial approval)."""
 
     def inflate(value: Any) -> Any:
         if isinstance(value, dict):
             if "trans_id" in value and isinstance(value.get("amount"), int):
-                value = {**value, "amount": value["amount"] * factor}
+                value = {**value, "amount": value["amount"] * factor // divisor}
             return {k: inflate(v) for k, v in value.items()}
         if isinstance(value, list):
             return [inflate(v) for v in value]
@@ -658,6 +659,21 @@ async def test_a_service_answering_more_than_asked_never_vends_or_captures_above
     else:  # the charge says it took more: not called paid; reporting or a person says
         assert record.state is SaleState.ATTENTION, record
         assert "charge answered $250.00 for the $2.50 asked" in record.message
+
+
+async def test_a_partial_authorization_vends_nothing_and_gives_the_hold_back(
+    tmp_path: Path, sim: Any
+) -> None:
+    """The service approves $1.25 of a $2.50 coffee (a partial approval): the sale's money rule
+    (sales.model.vend_refusal) says no before any dispense, whatever the platform; the app
+    hears the sale end without a vend and the hold goes back. Before, the app (which needs no
+    confirmation) vended and the capture took $1.25: a coffee at half price."""
+    record = await a_coffee_answered(
+        tmp_path, sim, "authorize_capture", "/api/v1/charge", amounts_times(1, 2)
+    )
+    assert record.state is SaleState.REVERSED, record
+    assert (record.vended_cents, record.captured_cents) == (0, 0), record
+    assert "selection coffee costs $2.50, above the $1.25 authorized" in record.message, record
 
 
 async def test_a_capture_answered_above_what_it_asked_is_not_called_paid(

@@ -16,9 +16,9 @@ from kiosk_agent.cli.sim import settings_from_ready
 from kiosk_agent.core.agent import Agent
 from kiosk_agent.platforms import mdb_protocol as wire
 from kiosk_agent.platforms.mdb import PLATFORM_SCHEMA, Mode
-from kiosk_agent.platforms.virtual import Status, VirtualController, VisitOutcome
 from kiosk_agent.sales.model import DispenseStatus
 from kiosk_agent.sales.states import SaleState
+from kiosk_agent.sim.machine import Status, VirtualController, VisitOutcome
 
 from ..helpers import sim_call, until
 from .agent_rig import running_agent

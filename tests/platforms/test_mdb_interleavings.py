@@ -25,9 +25,9 @@ from hypothesis import strategies as st
 
 from kiosk_agent.cli.sim import settings_from_ready
 from kiosk_agent.money import parse_wire_amount
-from kiosk_agent.platforms.virtual import ControllerOptions, VirtualController, VisitOutcome
 from kiosk_agent.sales.states import SaleState
 from kiosk_agent.sim.context import SimOptions
+from kiosk_agent.sim.machine import ControllerOptions, VirtualController, VisitOutcome
 from kiosk_agent.sim.server import SimServer
 
 from ..helpers import ErrorLog, until

@@ -6,8 +6,8 @@ import random
 import time
 from collections import Counter
 
-from kiosk_agent.platforms.virtual import VirtualController, VisitOutcome
 from kiosk_agent.sales.states import SaleState
+from kiosk_agent.sim.machine import VirtualController, VisitOutcome
 
 from .vending_rig import make_machine
 

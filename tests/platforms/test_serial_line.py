@@ -22,10 +22,10 @@ from kiosk_agent.money import parse_wire_amount
 from kiosk_agent.platforms import mdb_protocol as wire
 from kiosk_agent.platforms.serial import SerialSettings
 from kiosk_agent.platforms.serial_line import PLATFORM_SCHEMA, LineRules, SerialLineDevice
-from kiosk_agent.platforms.virtual import Status, VirtualController, VisitOutcome
 from kiosk_agent.sales.model import DispenseStatus
 from kiosk_agent.sales.states import SaleState
 from kiosk_agent.sim.context import SimOptions
+from kiosk_agent.sim.machine import Status, VirtualController, VisitOutcome
 from kiosk_agent.sim.server import SimServer
 
 from ..helpers import ErrorLog, sim_call, until

@@ -20,7 +20,6 @@ from typing import Any
 
 from kiosk_agent.platforms.mdb import MdbCashless, MdbOptions, Mode
 from kiosk_agent.platforms.serial import SerialSettings
-from kiosk_agent.platforms.virtual import VirtualController
 from kiosk_agent.sales.model import (
     DispenseOutcome,
     Dispenser,
@@ -28,7 +27,9 @@ from kiosk_agent.sales.model import (
     SaleEvent,
     SaleRequest,
 )
+from kiosk_agent.sales.settings import VEND_TIMEOUT, SaleSettings
 from kiosk_agent.sales.states import SaleState
+from kiosk_agent.sim.machine import VirtualController
 
 
 class TerminalBusy(Exception):
@@ -101,7 +102,13 @@ class CardDesk:
                 await dispenser.deny("declined")
                 self._finish(sale, SaleState.DECLINED, 0, "declined")
                 return
-            outcome = await dispenser.dispense(request.amount_cents)
+            # like the real sale: the dispense bounded by the trigger's vend timeout (the sale's
+            # timer, SaleSettings.vend_timeout_for), cancelled then
+            bound = SaleSettings("mid", {}, vend_timeout=VEND_TIMEOUT).vend_timeout_for(request)
+            try:
+                outcome = await asyncio.wait_for(dispenser.dispense(request.amount_cents), bound)
+            except TimeoutError:
+                outcome = DispenseOutcome(DispenseStatus.TIMEOUT, detail="no vend result")
             sale.outcome = outcome
             self._release(sale)
             await asyncio.sleep(self.capture_time)

@@ -135,6 +135,30 @@ async def test_authorize_capture_voids_when_nothing_was_vended(
     assert row.status is TransStatus.VOIDED
 
 
+@pytest.mark.parametrize(
+    ("trigger_timeout", "ends_at"), [(None, 2.0), (7.0, 7.0), (0.5, 0.5)],
+    ids=["the-sales-section", "a-trigger-that-waits-longer", "a-trigger-that-waits-less"],
+)
+async def test_the_vend_timeout_is_the_triggers_own_else_the_sales_sections(
+    agent_factory: Any, trigger_timeout: float | None, ends_at: float
+) -> None:
+    """One rule (SaleSettings.vend_timeout_for): the sale keeps the timer; a trigger's own
+    vend_timeout overrides the sales section's (2 s in the test config) for its sales."""
+    clock = FakeClock(wall=time.time())
+    agent = await agent_factory(clock=clock)
+    machine = ScriptedDispenser(DispenseStatus.VENDED, delay=60.0, clock=clock)
+    started = clock.monotonic()
+    event = await clock.run(sell(agent, 300, machine, flow=Flow.AUTHORIZE_CAPTURE,
+                                 vend_timeout=trigger_timeout))
+    assert event.state is SaleState.REVERSED
+    sale = agent.journal.get(event.sale_id)
+    assert sale is not None
+    assert f"no vend result within {ends_at:g} s" in sale.message
+    assert machine.gave_up_at is not None
+    assert machine.gave_up_at - started == pytest.approx(
+        ends_at, abs=0.5)
+
+
 async def test_authorize_capture_declined(agent: Agent) -> None:
     event = await sell(agent, 302, ScriptedDispenser(), flow=Flow.AUTHORIZE_CAPTURE)
     assert event.state is SaleState.DECLINED

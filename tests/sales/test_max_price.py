@@ -13,9 +13,9 @@ from typing import Any
 
 import pytest
 
-from kiosk_agent.platforms.virtual import VisitOutcome
 from kiosk_agent.sales.model import Flow, PriceAboveMaximum, SaleRequest
 from kiosk_agent.sales.runner import TriggerLimits
+from kiosk_agent.sim.machine import VisitOutcome
 
 from ..core.agent_helpers import ScriptedDispenser
 from ..platforms.agent_rig import running_agent

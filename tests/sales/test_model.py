@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from kiosk_agent.sales.journal import SaleRecord
-from kiosk_agent.sales.model import money_text
+from kiosk_agent.sales.model import money_text, vend_refusal
 from kiosk_agent.sales.states import SaleState
 
 
@@ -39,3 +39,19 @@ def test_money_says_what_was_taken_held_or_is_unknown(
     state: SaleState, cents: dict[str, int], said: str
 ) -> None:
     assert money_text(_sale(state, **cents)) == said
+
+
+@pytest.mark.parametrize(("price", "authorized", "why"), [
+    (150, 150, ""),
+    (150, 500, ""),
+    (250, 125, "selection A1 costs $2.50, above the $1.25 authorized"),
+    (0, 500, "selection A1 costs $0.00: nothing to charge a card for"),
+    (-5, 500, "selection A1 costs -$0.05: nothing to charge a card for"),
+])
+def test_the_vend_money_rule_is_the_sales(price: int, authorized: int, why: str) -> None:
+    """One rule, in sales: a vend never above what the card holds, never for nothing."""
+    assert vend_refusal(price, authorized, "A1") == why
+
+
+def test_without_a_product_the_rule_names_the_price() -> None:
+    assert vend_refusal(300, 200) == "the price is $3.00, above the $2.00 authorized"

@@ -1,0 +1,205 @@
+"""MDB's cashless session is one enum, one table of allowed moves and one setter that refuses
+the rest, checked as sales/states.py is: each allowed move is made, each other is refused by
+name and changes nothing, and no sequence of the controller's news leaves the table. Its waits
+run on the sale's clock. A fake device stands in for the adapter link (no pty: the session's
+rules, not the serial line, are under test here)."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import time
+from collections import Counter
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from kiosk_agent.platforms import mdb_protocol as wire
+from kiosk_agent.platforms.mdb import (
+    PHASES,
+    MdbOptions,
+    MdbSession,
+    MdbStats,
+    Mode,
+    Phase,
+    PhaseRefused,
+)
+from kiosk_agent.sales.clock import SYSTEM_CLOCK, Clock, FakeClock
+from kiosk_agent.sales.model import DispenseStatus, Flow, SaleRequest
+
+
+class FakeLink:
+    def now(self) -> float:
+        return 0.0
+
+
+class FakeCashless:
+    """What a session uses of ``MdbCashless``: its options, stats, lines sent and clock."""
+
+    def __init__(self, mode: Mode = Mode.SELECTION_FIRST, clock: Clock = SYSTEM_CLOCK) -> None:
+        self.name = "mdb:test"
+        self.options = MdbOptions(source=self.name, mode=mode, session_timeout=30.0)
+        self.stats = MdbStats()
+        self.link = FakeLink()
+        self.clock = clock
+        self.sent: list[str] = []
+        self.cancelled: list[MdbSession] = []
+        self.card_first_idle_rounds = 0
+
+    def send(self, line: str) -> bool:
+        self.sent.append(line)
+        return True
+
+    def cancel_sale(self, session: MdbSession) -> None:
+        self.cancelled.append(session)
+
+
+def session(mode: Mode = Mode.SELECTION_FIRST, clock: Clock = SYSTEM_CLOCK) -> MdbSession:
+    request = SaleRequest("mdb:test", Flow.AUTHORIZE_CAPTURE, 150, product="A1")
+    return MdbSession(FakeCashless(mode, clock), request)  # type: ignore[arg-type]
+
+
+def in_phase(phase: Phase) -> MdbSession:
+    made = session()
+    path = {Phase.AUTHORIZING: [], Phase.SELECTING: [Phase.SELECTING],
+            Phase.VENDING: [Phase.VENDING], Phase.ABORTED: [Phase.ABORTED],
+            Phase.ENDED: [Phase.ENDED]}[phase]
+    for step in path:
+        made.move_to(step)
+    return made
+
+
+ALLOWED = [(source, target) for source, targets in PHASES.items() for target in sorted(targets)]
+REFUSED = [(source, target) for source, target in itertools.product(Phase, Phase)
+           if target not in PHASES[source]]
+
+
+def test_the_table_names_every_phase_and_ended_is_final() -> None:
+    assert set(PHASES) == set(Phase)
+    assert PHASES[Phase.ENDED] == frozenset()
+    assert all(Phase.ENDED in PHASES[p] for p in Phase if p is not Phase.ENDED)
+
+
+@pytest.mark.parametrize(("source", "target"), ALLOWED, ids=[f"{a}->{b}" for a, b in ALLOWED])
+async def test_every_allowed_move_is_made(source: Phase, target: Phase) -> None:
+    made = in_phase(source)
+    made.move_to(target)
+    assert made.phase is target
+
+
+@pytest.mark.parametrize(("source", "target"), REFUSED, ids=[f"{a}->{b}" for a, b in REFUSED])
+async def test_every_other_move_is_refused_by_name_and_changes_nothing(
+    source: Phase, target: Phase
+) -> None:
+    made = in_phase(source)
+    with pytest.raises(PhaseRefused) as refused:
+        made.move_to(target)
+    assert (refused.value.current, refused.value.wanted) == (source, target)
+    assert f"mdb:test: MDB session {source.value} -> {target.value} refused" in str(refused.value)
+    assert made.phase is source
+
+
+NEWS = st.lists(st.sampled_from(
+    ["selection", "vended", "failed", "abort", "deny", "dispense", "give_up"]), max_size=12)
+
+
+@settings(max_examples=150, deadline=None)
+@given(mode=st.sampled_from(list(Mode)), news=NEWS)
+def test_no_sequence_of_news_leaves_the_table(mode: Mode, news: list[str]) -> None:
+    """The controller's news in any order, the sale's dispense and denial among them, and the
+    sale giving up its wait: the phase moves only along the table, the outcome is settled once,
+    the session has ended exactly when it is, and only a vend takes money."""
+    asyncio.run(_play(mode, news))
+
+
+async def _play(mode: Mode, news: list[str]) -> None:
+    made = session(mode)
+    seen = [made.phase]
+    dispensing: asyncio.Task[Any] | None = None
+    for item in news:
+        match item:
+            case "selection":
+                made.on_selection(wire.VendRequested(150, "A1"))
+            case "vended":
+                made.on_vend_result(DispenseStatus.VENDED, "vend success")
+            case "failed":
+                made.on_vend_result(DispenseStatus.FAILED, "vend failed")
+            case "abort":
+                made.abort("controller reset")
+            case "deny":
+                await made.deny("declined")
+            case "dispense" if dispensing is None:
+                dispensing = asyncio.create_task(made.dispense(500))
+            case "give_up" if dispensing is not None:
+                dispensing.cancel()
+        for _ in range(3):
+            await asyncio.sleep(0)
+        if made.phase is not seen[-1]:
+            assert made.phase in PHASES[seen[-1]], (seen, made.phase)
+            seen.append(made.phase)
+        assert (made.phase is Phase.ENDED) == made.ended
+    if dispensing is not None and not dispensing.done():
+        dispensing.cancel()
+    await asyncio.gather(*(t for t in [dispensing] if t), return_exceptions=True)
+    if made.ended:
+        outcome = made.result.result()
+        assert sum(made.device.stats.outcomes.values()) == 1
+        assert made.device.stats.outcomes == Counter({outcome.status.value: 1})
+        assert outcome.vended_cents == (150 if outcome.status is DispenseStatus.VENDED else 0)
+
+
+@pytest.mark.parametrize("mode", list(Mode))
+async def test_an_abort_before_the_vend_is_a_phase_and_the_machine_hears_no_stop(
+    mode: Mode,
+) -> None:
+    """The controller ended the session while the card was read: ABORTED (no flag beside the
+    phase); the sale's denial then sends no C,STOP out of turn, and a dispense is CANCELLED."""
+    made = session(mode)
+    made.abort("controller inactive mid-session")
+    assert made.phase is Phase.ABORTED
+    assert made.device.cancelled == [made]  # the sale is asked to stop reading the card
+    assert not made.machine_waiting
+    outcome = await made.dispense(500)
+    assert (outcome.status, outcome.detail) == (
+        DispenseStatus.CANCELLED, "controller inactive mid-session")
+    await made.deny("cancelled")
+    assert made.device.sent == []
+    assert made.phase is Phase.ENDED
+
+
+async def test_card_first_choice_waits_on_the_sales_clock_not_a_real_one() -> None:
+    """Nobody chooses: the session closes at ``session_timeout`` on the injected clock, 30 s
+    of it passing at once, and the machine hears C,STOP."""
+    clock = FakeClock(wall=time.time())
+    made = session(Mode.CARD_FIRST, clock)
+    began = time.monotonic()
+    choosing = asyncio.create_task(made.dispense(500))
+    assert await clock.next_due(pauses_only=False) == pytest.approx(clock.monotonic() + 30.0)
+    await clock.advance(29.9)
+    assert not choosing.done()
+    await clock.advance(0.1)
+    outcome = await asyncio.wait_for(choosing, 5)
+    assert time.monotonic() - began < 5  # no 30 s sleep
+    assert (outcome.status, outcome.detail) == (
+        DispenseStatus.CANCELLED, "session timeout: nothing selected")
+    assert made.device.sent[0].startswith("C,START")
+    assert made.device.sent[-1] == wire.deny_vend()
+    assert made.phase is Phase.ENDED
+
+
+async def test_the_vend_wait_has_no_timer_of_its_own() -> None:
+    """Selection first: approved, the session waits for the machine as long as the sale does;
+    the sale giving up ends it as TIMEOUT, counted, and a late result is no vend."""
+    made = session()
+    waiting = asyncio.create_task(made.dispense(150))
+    for _ in range(5):
+        await asyncio.sleep(0)
+    assert not waiting.done()
+    assert made.phase is Phase.VENDING
+    waiting.cancel()
+    await asyncio.gather(waiting, return_exceptions=True)
+    assert made.result.result().status is DispenseStatus.TIMEOUT
+    assert made.device.stats.timeouts == 1
+    assert not made.on_vend_result(DispenseStatus.VENDED, "late")
