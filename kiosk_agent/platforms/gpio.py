@@ -54,9 +54,8 @@ from kiosk_agent.platforms.base import (
     request_cancel,
     start_sale,
 )
+from kiosk_agent.sales.clock import SYSTEM_CLOCK, Clock
 from kiosk_agent.sales.model import (
-    SYSTEM_CLOCK,
-    Clock,
     DispenseOutcome,
     DispenseStatus,
     Flow,

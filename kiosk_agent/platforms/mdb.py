@@ -50,9 +50,8 @@ from kiosk_agent.platforms.base import (
     start_sale,
 )
 from kiosk_agent.platforms.serial import SerialLink, SerialSettings, StateHandler
+from kiosk_agent.sales.clock import SYSTEM_CLOCK, Clock
 from kiosk_agent.sales.model import (
-    SYSTEM_CLOCK,
-    Clock,
     DispenseOutcome,
     DispenseStatus,
     Flow,

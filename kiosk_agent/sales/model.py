@@ -13,8 +13,6 @@ from dataclasses import dataclass, field
 from typing import Literal, Protocol
 
 from kiosk_agent.money import format_cents
-from kiosk_agent.sales.clock import SYSTEM_CLOCK as SYSTEM_CLOCK  # the sale's clock: a
-from kiosk_agent.sales.clock import Clock as Clock  # dispenser's waits run on it too
 from kiosk_agent.sales.states import Flow as Flow  # re-exported: a request names its flow
 from kiosk_agent.sales.states import SaleState, Step
 

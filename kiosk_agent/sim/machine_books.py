@@ -15,7 +15,7 @@ from typing import Literal
 
 from kiosk_agent.audit.evadts import render_audit
 from kiosk_agent.audit.virtual import VirtualDexPort
-from kiosk_agent.sales.model import SYSTEM_CLOCK, Clock
+from kiosk_agent.sales.clock import SYSTEM_CLOCK, Clock
 
 Payment = Literal["cash", "cashless"]
 # EVA-DTS payment device of each kind (PA7): cash and cashless device 1
