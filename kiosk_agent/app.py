@@ -17,10 +17,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from kiosk_agent.core.agent import Agent, ComponentFactory, service_settings_from_config
-from kiosk_agent.core.config import Config, load_config
-from kiosk_agent.core.registry import setup_function
-from kiosk_agent.core.systemd import SystemdLifecycle
+from kiosk_agent.assembly.agent import Agent, ComponentFactory, service_settings_from_config
+from kiosk_agent.assembly.systemd import SystemdLifecycle
+from kiosk_agent.config.load import Config, load_config
+from kiosk_agent.config.registry import setup_function
 from kiosk_agent.sales.clock import SYSTEM_CLOCK, Clock
 from kiosk_agent.sales.owner import JournalLock
 from kiosk_agent.service.settings import ServiceSettings

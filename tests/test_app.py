@@ -11,7 +11,7 @@ import pytest
 
 from kiosk_agent.app import agent_for, build_agent, configured_service, load_agent
 from kiosk_agent.cli import contract
-from kiosk_agent.core.config import load_config
+from kiosk_agent.config.load import load_config
 from kiosk_agent.sales.owner import JournalLock, JournalOwned
 from kiosk_agent.sales.settings import SaleSettings
 from kiosk_agent.service.settings import DEFAULT_TIMEOUT, ServiceSettings

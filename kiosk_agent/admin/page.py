@@ -44,9 +44,9 @@ from urllib.parse import urlsplit
 
 from aiohttp import web
 
-from kiosk_agent.core.doctor import Report, Verdict, check_running
-from kiosk_agent.core.logging import RefusalLog
-from kiosk_agent.core.web import read_json, stream_slot
+from kiosk_agent.admin.web import read_json, stream_slot
+from kiosk_agent.doctor import Report, Verdict, check_running
+from kiosk_agent.logs import RefusalLog
 from kiosk_agent.money import format_cents
 from kiosk_agent.sales.journal import SaleRecord, StepRecord
 from kiosk_agent.sales.model import SaleEvent, money_text
@@ -691,7 +691,7 @@ def unit_view(unit: dict[str, Any], config: str | None = None) -> dict[str, Any]
 
 def availability(snapshot: dict[str, Any]) -> dict[str, Any]:
     """How many readers can take cards now, and which cannot and why: the agent's own
-    out-of-service decision per terminal (``core.availability``, in the health snapshot), and a
+    out-of-service decision per terminal (``health.availability``, in the health snapshot), and a
     terminal whose checks fail while it is held in service a moment longer (the hold-off: one
     lost ping must not take a reader off the bus) counted as one that cannot, with its trouble:
     "2 of 2 can take cards" beside an OFFLINE terminal would be a lie for that moment.

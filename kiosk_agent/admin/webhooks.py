@@ -28,8 +28,8 @@ from aiohttp import web
 from pydantic import BaseModel
 
 from kiosk_agent.admin.schema import WEBHOOKS_SCHEMA
-from kiosk_agent.core.logging import RefusalLog
-from kiosk_agent.core.web import BodyError, HttpLimits, LocalSite, loads_bounded, read_body
+from kiosk_agent.admin.web import BodyError, HttpLimits, LocalSite, loads_bounded, read_body
+from kiosk_agent.logs import RefusalLog
 from kiosk_agent.service.webhooks import (
     MerchantEvent,
     MerchantStateReducer,

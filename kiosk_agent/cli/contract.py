@@ -48,7 +48,7 @@ if TYPE_CHECKING:
 
     from pydantic import BaseModel, ValidationError
 
-    from kiosk_agent.core.config import Config
+    from kiosk_agent.config.load import Config
     from kiosk_agent.service.client import ServiceClient
     from kiosk_agent.service.settings import ServiceSettings
 
@@ -267,7 +267,7 @@ def existing_config(path: Path) -> Path:
 
 def load(path: Path, **loader_options: Any) -> Config:
     """The configuration at ``path``; a broken one is exit 2 with every mistake listed."""
-    from kiosk_agent.core.config import ConfigInvalid, load_config
+    from kiosk_agent.config.load import ConfigInvalid, load_config
 
     try:
         return load_config(path, **loader_options)
@@ -438,7 +438,7 @@ def _explain(err: BaseException) -> tuple[str, int, list[str], bool]:
         return f"the service said no: {err}", EXIT_FAILED, [], True
     if isinstance(err, MoneyError | ValueError):
         return str(err), EXIT_USAGE, [], True
-    from kiosk_agent.core.web import ListenError
+    from kiosk_agent.admin.web import ListenError
 
     if isinstance(err, ListenError):
         return str(err.strerror), EXIT_FAILED, [], False
@@ -714,8 +714,8 @@ def _note_address_origin(path: Path | None, values: dict[str, Any], needs: str) 
         return
     if path is None or not values.get(field):
         return
-    from kiosk_agent.core.config import locate
-    from kiosk_agent.core.yaml_loader import load_yaml
+    from kiosk_agent.config.load import locate
+    from kiosk_agent.config.yaml_loader import load_yaml
 
     raw, _errors = load_yaml(path)
     service = raw.get("service") if isinstance(raw, dict) else None

@@ -44,11 +44,11 @@ from kiosk_agent.cli.contract import (
 )
 from kiosk_agent.money import format_cents
 
-# The checks (core/doctor.py), the configuration and aiohttp are imported by the commands that
+# The checks (doctor.py), the configuration and aiohttp are imported by the commands that
 # use them: the parser (`--help`, shell completion) must not wait for them.
 if TYPE_CHECKING:
-    from kiosk_agent.core.config import Config
-    from kiosk_agent.core.doctor import Check, Report
+    from kiosk_agent.config.load import Config
+    from kiosk_agent.doctor import Check, Report
 
 TOKEN_ENV = "KIOSK_AGENT_TOKEN"  # noqa: S105 - the variable's name, not a secret
 
@@ -131,8 +131,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
 
 async def doctor_command(args: argparse.Namespace) -> int:
-    # The checks and their fixes live in core/doctor.py (the status page runs them too).
-    from kiosk_agent.core.doctor import (
+    # The checks and their fixes live in doctor.py (the status page runs them too).
+    from kiosk_agent.doctor import (
         Report,
         check_config,
         check_journal,
@@ -170,7 +170,7 @@ async def doctor_command(args: argparse.Namespace) -> int:
 def verdict(report: Report) -> str:
     """``all 8 checks passed, 4 skipped`` or ``2 of 8 checks failed: ...``: skipped checks
     are counted apart, never as checks that ran."""
-    from kiosk_agent.core.doctor import Verdict
+    from kiosk_agent.doctor import Verdict
 
     if not report.checks:
         return "nothing checked"
@@ -192,7 +192,7 @@ def _print_check(check: Check) -> None:
 
 async def _check_service(report: Report, config: Config, args: argparse.Namespace) -> None:
     from kiosk_agent.app import configured_service
-    from kiosk_agent.core.doctor import Verdict, check_terminals
+    from kiosk_agent.doctor import Verdict, check_terminals
     from kiosk_agent.service.client import ServiceClient
 
     async with configured_service(config) as configured:
@@ -225,7 +225,7 @@ def _broker(args: argparse.Namespace) -> tuple[Path, dict[str, Any], dict[str, A
 
 
 def _unreachable(mqtt: dict[str, Any], err: BaseException) -> CliError:
-    from kiosk_agent.core.doctor import describe
+    from kiosk_agent.doctor import describe
 
     return CliError(f"cannot reach the MQTT broker {mqtt['host']}:{mqtt['port']}: "
                     f"{describe(err)}", EXIT_UNREACHABLE)
@@ -466,7 +466,7 @@ async def health_command(args: argparse.Namespace) -> int:
         return await watch_health(args)
     import aiohttp
 
-    from kiosk_agent.core.doctor import describe
+    from kiosk_agent.doctor import describe
 
     url, token = admin_address(args)
     headers = {"Authorization": f"Bearer {token}"}

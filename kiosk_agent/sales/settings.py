@@ -14,7 +14,7 @@ INTERACTION_LIFETIME = 180.0
 
 # On a stopping signal, how long the sales already running may take to finish before what is
 # still open is parked (``sales.stop_timeout``; systemd/kiosk-agent.service's TimeoutStopSec is
-# this plus the stop's own margin, tests/core/test_systemd.py keeps them in step).
+# this plus the stop's own margin, tests/assembly/test_systemd.py keeps them in step).
 STOP_TIMEOUT = 30.0
 
 

@@ -8,12 +8,12 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+from kiosk_agent.assembly.agent import Agent
 from kiosk_agent.audit.component import AuditReads
 from kiosk_agent.audit.schema import DEX_SCHEMA
-from kiosk_agent.core.agent import Agent
 from kiosk_agent.platforms.virtual import VirtualController, VisitOutcome
 from kiosk_agent.sales.states import SaleState
-from tests.core.conftest import agent_factory
+from tests.assembly.conftest import agent_factory
 
 __all__ = ["agent_factory"]  # the real agent on the simulator, as tests/core has it
 

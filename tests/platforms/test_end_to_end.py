@@ -15,7 +15,7 @@ from kiosk_agent.platforms.mdb import MdbPlatform
 from kiosk_agent.platforms.virtual import VirtualController, VirtualPlatform, VisitOutcome
 from kiosk_agent.sales.model import SaleEvent
 from kiosk_agent.sales.states import SaleState
-from tests.core.test_slow_service import held_by_the_service, ledger
+from tests.assembly.test_slow_service import held_by_the_service, ledger
 
 from ..helpers import sim_call, until
 from .agent_rig import (

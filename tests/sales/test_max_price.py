@@ -17,7 +17,7 @@ from kiosk_agent.platforms.virtual import VisitOutcome
 from kiosk_agent.sales.model import Flow, PriceAboveMaximum, SaleRequest
 from kiosk_agent.sales.runner import TriggerLimits
 
-from ..core.agent_helpers import ScriptedDispenser
+from ..assembly.agent_helpers import ScriptedDispenser
 from ..platforms.agent_rig import running_agent
 
 
