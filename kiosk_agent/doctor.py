@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import enum
+import importlib
 import os
 import time
 from collections.abc import Awaitable, Callable
@@ -20,6 +21,13 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from kiosk_agent.config.load import Config, ConfigInvalid, load_config
+
+# The checks of a section that another package owns, registered by it (``register_check``),
+# imported by name when the doctor runs: the doctor imports none of them (fleet's checks of
+# ``upstream:`` live in fleet/doctor.py). The same pattern as config's SECTION_OWNERS.
+CHECK_OWNERS = {"upstream": "kiosk_agent.fleet.doctor"}
+SectionCheck = Callable[["Report", dict[str, Any], float], Awaitable[None]]
+_SECTION_CHECKS: dict[str, SectionCheck] = {}
 
 
 class Verdict(enum.StrEnum):
@@ -100,9 +108,26 @@ async def check_running(
     check_triggers(report, config)
     await check_journal_running(report, config)
     await check_terminals(report, config, service, within=within)
-    await check_upstream(report, config, within)
+    await check_sections(report, config, within)
     report.finished_at = time.time()
     return report
+
+
+def register_check(section: str, check: SectionCheck) -> None:
+    """``check(report, the section's configuration, within)`` runs where ``section:`` is set."""
+    _SECTION_CHECKS[section] = check
+
+
+async def check_sections(report: Report, config: Config, within: float) -> None:
+    """Each registered section's check, or SKIP where the configuration has no such section."""
+    for section, owner in CHECK_OWNERS.items():
+        conf = config.get(section)
+        if not conf:
+            report.add(section, Verdict.SKIP, f"no {section}: section")
+            continue
+        if section not in _SECTION_CHECKS:
+            importlib.import_module(owner)
+        await _SECTION_CHECKS[section](report, conf, within)
 
 
 def check_config(report: Report, path: Path) -> Config | None:
@@ -540,114 +565,6 @@ def last_trans_id(config: Config) -> str | None:
         return journal.last_trans_id()
     finally:
         journal.close()
-
-
-async def check_upstream(report: Report, config: Config, within: float) -> None:
-    """Can the heartbeats leave the unit? (Connects only; sends no report.)"""
-    upstream = config.get("upstream")
-    if not upstream:
-        report.add("upstream", Verdict.SKIP, "no upstream: section")
-        return
-    if "http" in upstream:
-        url = upstream["http"]["url"]
-        parts = urlsplit(url)
-        port = parts.port or (443 if parts.scheme == "https" else 80)
-        try:
-            async with asyncio.timeout(within):
-                _, writer = await asyncio.open_connection(parts.hostname, port)
-            writer.close()
-            await writer.wait_closed()
-        except (OSError, TimeoutError) as err:
-            report.add(
-                "upstream http",
-                Verdict.FAIL,
-                f"{parts.hostname}:{port}: {describe(err)}",
-                "check the URL, DNS and that the firewall lets the unit out",
-            )
-        else:
-            report.add(
-                "upstream http", Verdict.PASS, f"{parts.hostname}:{port} accepts connections"
-            )
-    if "mqtt" in upstream:
-        from kiosk_agent.fleet.component import host_device_id
-
-        device_id = upstream.get("device_id") or host_device_id()
-        await check_mqtt(report, upstream["mqtt"], within, device_id)
-
-
-# A report of a unit with 16 terminals is under 10 KiB: the echo test sends this much
-ECHO_BYTES = 16 * 1024
-
-
-async def check_mqtt(
-    report: Report, conf: dict[str, Any], within: float, device_id: str = "doctor"
-) -> None:
-    import aiomqtt
-
-    from kiosk_agent.fleet.mqtt import CaFileError, mqtt_client, passing_client_id
-
-    where = f"{conf['host']}:{conf['port']}"
-    try:
-        # Its own client id: reusing the agent's would disconnect the running agent.
-        client = mqtt_client(conf, passing_client_id("doctor"), timeout=within)
-        async with asyncio.timeout(within), client:
-            pass
-    except CaFileError as err:
-        report.add("upstream mqtt", Verdict.FAIL, str(err),
-                   "point ca_file at the CA's certificate in PEM (openssl x509 -in FILE -text)")
-        return
-    except (aiomqtt.MqttError, OSError, TimeoutError) as err:
-        fix = "check host, port, user and password; with tls: check the CA and the clock"
-        report.add("upstream mqtt", Verdict.FAIL, f"{where}: {describe(err)}", fix)
-        return
-    topic = f"{conf.get('topic_prefix', 'kiosk-agent')}/{device_id}/doctor"
-    try:
-        echoed = await _send_as_a_unit(conf, topic, min(within, 3.0))
-    except (aiomqtt.MqttError, OSError, TimeoutError) as err:
-        report.add(
-            "upstream mqtt", Verdict.FAIL,
-            f"{where} accepted a plain connection but not QoS 1 and retained messages, which a "
-            f"unit sends (its last will, its reports): {describe(err)}",
-            "let the broker take QoS 1 and retained messages (Mosquitto: max_qos, "
-            "retain_available)",
-        )
-        return
-    if not echoed:  # MQTT 3.1.1 drops a refused publish without a word: only an echo tells
-        report.add(
-            "upstream mqtt", Verdict.WARN,
-            f"{where} accepted the connection, QoS 1 and retained messages, but did not hand "
-            f"back a {ECHO_BYTES // 1024} KiB message on {topic}",
-            "a message size limit below a report's (Mosquitto: message_size_limit) or an ACL "
-            "that refuses this user's writes there drops reports in silence; fine if this "
-            "user may only write there, not read",
-        )
-        return
-    report.add("upstream mqtt", Verdict.PASS, f"{where} accepted the connection, QoS 1, "
-               f"retained messages and a report-sized message ({topic})")
-
-
-async def _send_as_a_unit(conf: dict[str, Any], topic: str, within: float) -> bool:
-    """Connect with a QoS 1 retained last will and publish a QoS 1 retained message, as a unit
-    does (a broker that takes neither closes the connection), both empty: an empty retained
-    message leaves nothing on the broker. Then whether a report-sized message sent to
-    ``topic`` comes back (not retained)."""
-    import aiomqtt
-
-    from kiosk_agent.fleet.mqtt import mqtt_client, passing_client_id
-
-    will = aiomqtt.Will(topic, b"", qos=1, retain=True)
-    client = mqtt_client(conf, passing_client_id("doctor"), timeout=within, will=will)
-    async with asyncio.timeout(within), client:
-        await client.publish(topic, b"", qos=1, retain=True)
-    # a connection of its own: a broker may close one that sends a message too large
-    with contextlib.suppress(TimeoutError, aiomqtt.MqttError):
-        async with asyncio.timeout(within), client:
-            await client.subscribe(topic, qos=1)
-            await client.publish(topic, b"x" * ECHO_BYTES, qos=0)  # no PUBACK to wait for
-            async for message in client.messages:
-                if message.payload:
-                    return True
-    return False
 
 
 def describe(err: BaseException) -> str:

@@ -16,10 +16,10 @@ from kiosk_agent.config.load import load_config
 from kiosk_agent.doctor import (
     Report,
     Verdict,
-    check_mqtt,
     check_port_urls,
     check_serial_ports,
 )
+from kiosk_agent.fleet.doctor import check_mqtt
 from kiosk_agent.health.model import Health
 
 from .cli.test_fleet_cli import endpoint_config

@@ -304,6 +304,7 @@ async def run_command(args: argparse.Namespace) -> int:
 async def _run(args: argparse.Namespace) -> int:
     config = load(config_path(args))
     from kiosk_agent.app import agent_for
+    from kiosk_agent.cli.sim import embedded_simulator
     from kiosk_agent.logs import setup_logging
     from kiosk_agent.sales.journal import JournalError
     from kiosk_agent.sales.owner import JournalOwned
@@ -318,7 +319,7 @@ async def _run(args: argparse.Namespace) -> int:
         signals.remove()
         return signals.exit_code
     try:
-        async with agent_for(config) as (agent, _service):
+        async with agent_for(config, simulator=embedded_simulator) as (agent, _service):
             await _start_unless_stopped(agent, signals)
             await signals.wait()
             if agent.started:  # the drain, cut short by a second signal

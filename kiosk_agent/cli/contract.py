@@ -667,11 +667,12 @@ async def _configured_values(path: Path) -> AsyncIterator[dict[str, Any]]:
     from pydantic import ValidationError
 
     from kiosk_agent.app import configured_service
+    from kiosk_agent.cli.sim import embedded_simulator
 
     config = load(path, check_platforms=False)
     settings_made = False
     try:
-        async with configured_service(config) as service:
+        async with configured_service(config, embedded_simulator) as service:
             settings_made = True
             if service.simulator is not None:
                 STATUS.done(f"{path}: started the embedded simulator at "

@@ -137,9 +137,9 @@ async def doctor_command(args: argparse.Namespace) -> int:
         check_config,
         check_journal,
         check_port_urls,
+        check_sections,
         check_serial_ports,
         check_triggers,
-        check_upstream,
     )
 
     as_json = wants_json(args)
@@ -155,7 +155,7 @@ async def doctor_command(args: argparse.Namespace) -> int:
         check_triggers(report, config)
         check_journal(report, config)
         await _check_service(report, config, args)
-        await check_upstream(report, config, args.timeout)
+        await check_sections(report, config, args.timeout)
     report.finished_at = time.time()  # the run is over: its time is a fact, not null
     if as_json:
         print(json.dumps({"ok": not report.failed, "verdict": verdict(report),
@@ -192,10 +192,11 @@ def _print_check(check: Check) -> None:
 
 async def _check_service(report: Report, config: Config, args: argparse.Namespace) -> None:
     from kiosk_agent.app import configured_service
+    from kiosk_agent.cli.sim import embedded_simulator
     from kiosk_agent.doctor import Verdict, check_terminals
     from kiosk_agent.service.client import ServiceClient
 
-    async with configured_service(config) as configured:
+    async with configured_service(config, embedded_simulator) as configured:
         if configured.simulator is not None:
             report.add("service", Verdict.PASS,
                        f"embedded simulator started at {configured.simulator.base_url}")

@@ -27,8 +27,6 @@ from kiosk_agent.config.yaml_loader import suggest
 if TYPE_CHECKING:
     from importlib import metadata
 
-    from kiosk_agent.assembly.agent import Agent
-
 ENTRY_POINT_GROUP = "kiosk_agent.platforms"
 BUNDLED_PACKAGE = "kiosk_agent.platforms"
 # Modules in the platforms package that are shared code, not platforms: never imported as
@@ -47,7 +45,9 @@ class PlatformInstance(Protocol):
 
 
 class PlatformSetup(Protocol):
-    async def __call__(self, agent: Agent, config: dict[str, Any]) -> PlatformInstance: ...
+    # agent: the assembly's Agent, typed Any as every platform takes it: naming it here would
+    # make the configuration import the assembly that imports it
+    async def __call__(self, agent: Any, config: dict[str, Any]) -> PlatformInstance: ...
 
 
 class CannotStart(Exception):

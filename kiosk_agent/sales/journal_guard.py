@@ -30,8 +30,8 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, Protocol
 
-from kiosk_agent.health.model import Health
 from kiosk_agent.sales.audit import AuditResult, ChargeAudit
 from kiosk_agent.sales.journal import (
     Journal,
@@ -50,6 +50,28 @@ FATAL_COMPONENT = "journal"
 # before any write fails: an idle unit learns its disk is full within a second.
 LOW_SPACE_BYTES = 256 * 1024
 DISK_WATCH_S = 1.0
+
+
+class JournalFacts(Protocol):
+    @property
+    def charges_pending(self) -> bool: ...
+
+
+class GuardedHealth(Protocol):
+    """What the guard tells health (``health.model.Health``): the sale domain imports no health."""
+
+    @property
+    def journal(self) -> JournalFacts: ...
+
+    def report_journal(self, writable: bool, detail: str = "") -> None: ...
+
+    def report_journal_state(self, **changes: Any) -> None: ...
+
+    def report_unit(self, **changes: Any) -> None: ...
+
+    def report_fatal(self, component: str, reason: str) -> None: ...
+
+    def clear_fatal(self, component: str) -> None: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -145,7 +167,7 @@ class JournalGuard:
     def __init__(
         self,
         journal: Journal,
-        health: Health,
+        health: GuardedHealth,
         unwritten: UnwrittenSales,
         audit: ChargeAudit,
         *,
