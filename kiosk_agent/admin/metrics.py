@@ -36,12 +36,12 @@ from prometheus_client.exposition import choose_encoder
 from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from kiosk_agent.admin.web import live_sites
 from kiosk_agent.health.model import HealthSnapshot, SaleTotals, Status
 from kiosk_agent.logs import refusal_counts, suppressed_counts
 from kiosk_agent.sales.model import SaleEvent
 from kiosk_agent.sales.states import SaleState
 from kiosk_agent.service.settings import CallKind
+from kiosk_agent.web.server import live_sites
 
 PREFIX = "kiosk_agent_"
 

@@ -44,7 +44,6 @@ from urllib.parse import urlsplit
 
 from aiohttp import web
 
-from kiosk_agent.admin.web import read_json, stream_slot
 from kiosk_agent.doctor import Report, Verdict, check_running
 from kiosk_agent.logs import RefusalLog
 from kiosk_agent.money import format_cents
@@ -53,6 +52,7 @@ from kiosk_agent.sales.model import SaleEvent, money_text
 from kiosk_agent.sales.unit import others_open
 from kiosk_agent.service.models.common import card_brand_name
 from kiosk_agent.tasks import BackgroundTask
+from kiosk_agent.web.server import read_json, stream_slot
 
 _LOGGER = logging.getLogger(__name__)
 

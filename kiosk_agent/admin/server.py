@@ -39,7 +39,6 @@ from pydantic import BaseModel, ValidationError
 
 from kiosk_agent.admin.page import StatusPage, TokenGuesses
 from kiosk_agent.admin.schema import ADMIN, ADMIN_SCHEMA
-from kiosk_agent.admin.web import BodyError, HttpLimits, LocalSite, read_json
 from kiosk_agent.export import (
     SALE_FORMATS,
     CsvExport,
@@ -72,6 +71,7 @@ from kiosk_agent.service.errors import (
 )
 from kiosk_agent.service.models.reports import ReportKind
 from kiosk_agent.service.reporting import within
+from kiosk_agent.web.server import BodyError, HttpLimits, LocalSite, read_json
 
 if TYPE_CHECKING:
     from kiosk_agent.admin.metrics import AgentMetrics

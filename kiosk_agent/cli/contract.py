@@ -438,7 +438,7 @@ def _explain(err: BaseException) -> tuple[str, int, list[str], bool]:
         return f"the service said no: {err}", EXIT_FAILED, [], True
     if isinstance(err, MoneyError | ValueError):
         return str(err), EXIT_USAGE, [], True
-    from kiosk_agent.admin.web import ListenError
+    from kiosk_agent.web.server import ListenError
 
     if isinstance(err, ListenError):
         return str(err.strerror), EXIT_FAILED, [], False

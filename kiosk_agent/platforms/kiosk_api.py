@@ -53,15 +53,6 @@ from typing import Any
 import voluptuous as vol
 from aiohttp import WSMsgType, web
 
-from kiosk_agent.admin.web import (
-    MAX_STREAM_FRAME,
-    BodyError,
-    HttpLimits,
-    LocalSite,
-    read_json,
-    stream_slot,
-    text_fault,
-)
 from kiosk_agent.config.load import PLATFORM_SCHEMA as BASE_PLATFORM_SCHEMA
 from kiosk_agent.config.load import max_price_check, positive_float, price_map
 from kiosk_agent.logs import RefusalLog
@@ -78,6 +69,15 @@ from kiosk_agent.sales.model import (
 from kiosk_agent.sales.runner import STOPPING, AgentStopping, TerminalBusy
 from kiosk_agent.sales.settings import UnknownTerminal
 from kiosk_agent.tasks import cancel_and_wait, next_item
+from kiosk_agent.web.server import (
+    MAX_STREAM_FRAME,
+    BodyError,
+    HttpLimits,
+    LocalSite,
+    read_json,
+    stream_slot,
+    text_fault,
+)
 
 _LOGGER = logging.getLogger(__name__)
 

@@ -16,8 +16,8 @@ from typing import Any
 import aiohttp
 import pytest
 
-from kiosk_agent.admin.web import LISTEN_BACKLOG, SILENT_SHARE, live_sites
 from kiosk_agent.app import load_agent
+from kiosk_agent.web.server import LISTEN_BACKLOG, SILENT_SHARE, live_sites
 
 from .conftest import ADMIN_TOKEN, KIOSK_TOKEN, write_config
 

@@ -17,7 +17,6 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from kiosk_agent.admin.web import LocalSite
 from kiosk_agent.app import build_agent
 from kiosk_agent.assembly.agent import Agent
 from kiosk_agent.cli.sim import settings_from_ready
@@ -25,6 +24,7 @@ from kiosk_agent.config.load import load_config
 from kiosk_agent.sales.model import DispenseStatus, Flow, SaleEvent, SaleRequest
 from kiosk_agent.sales.states import SaleState
 from kiosk_agent.service.models import TransactionFilter, TransStatus
+from kiosk_agent.web.server import LocalSite
 from tests.assembly.agent_helpers import ScriptedDispenser
 
 

@@ -14,7 +14,7 @@ from aiohttp import web
 from hypothesis import given
 from hypothesis import strategies as st
 
-from kiosk_agent.admin.web import (
+from kiosk_agent.web.server import (
     BodyError,
     HttpLimits,
     ListenError,

@@ -16,7 +16,7 @@ SERVER = textwrap.dedent(
     """
     import asyncio, resource, sys
     from aiohttp import web
-    from kiosk_agent.admin.web import HttpLimits, LocalSite
+    from kiosk_agent.web.server import HttpLimits, LocalSite
 
     resource.setrlimit(resource.RLIMIT_NOFILE, (48, 48))
 
