@@ -40,7 +40,7 @@ from kiosk_agent.sales.owner import JournalLock
 from kiosk_agent.sales.receipts import ReceiptSettings
 from kiosk_agent.sales.recovery import Recovery
 from kiosk_agent.sales.runner import STOPPING, SaleRunner
-from kiosk_agent.sales.settings import INTERACTION_LIFETIME, STOP_TIMEOUT, SaleSettings
+from kiosk_agent.sales.settings import SaleSettings
 from kiosk_agent.sales.steps import SaleContext, SaleSteps
 from kiosk_agent.sales.unit import OwnUnit
 from kiosk_agent.sales.unit import load as load_unit
@@ -49,6 +49,7 @@ from kiosk_agent.service.client import ServiceClient
 from kiosk_agent.service.errors import ServiceError
 from kiosk_agent.service.models import Terminal
 from kiosk_agent.service.settings import DEFAULT_TIMEOUT, ServiceSettings
+from kiosk_agent.service.timeouts import INTERACTION_LIFETIME
 from kiosk_agent.tasks import BackgroundTask
 
 _LOGGER = logging.getLogger(__name__)
@@ -115,9 +116,9 @@ def sale_settings_from_config(
         vend_timeout=sales["vend_timeout"],
         currency=sales["currency"],
         interaction_lifetime=sales.get("interaction_lifetime", INTERACTION_LIFETIME / time_scale),
-        stop_timeout=sales.get("stop_timeout", STOP_TIMEOUT),
+        stop_timeout=sales["stop_timeout"],
         request_timeout=request_timeout,
-        answer_margin=sales.get("answer_margin", 10.0),
+        answer_margin=sales["answer_margin"],
         receipts=ReceiptSettings(print=receipts["print"], email=receipts["email"]),
     )
 

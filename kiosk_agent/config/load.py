@@ -47,9 +47,14 @@ from kiosk_agent.config.yaml_loader import (
 from kiosk_agent.config.yaml_loader import (
     load_yaml as load_yaml,
 )
-from kiosk_agent.money import MoneyError, format_cents, parse_price
-from kiosk_agent.sales.settings import STOP_TIMEOUT
+from kiosk_agent.money import format_cents
+from kiosk_agent.sales.schema import JOURNAL_SCHEMA, RECEIPTS_SCHEMA, SALES_SCHEMA
 from kiosk_agent.service.timeouts import DEFAULT_TIMEOUT
+from kiosk_agent.validators import positive_float as positive_float
+from kiosk_agent.validators import positive_price as positive_price
+from kiosk_agent.validators import price as price
+from kiosk_agent.validators import price_map as price_map
+from kiosk_agent.web.schema import HTTP_SCHEMA as HTTP_SCHEMA
 
 # Keys whose value must come from !secret or !env_var, never be written inline.
 SECRET_KEYS = frozenset(
@@ -69,46 +74,6 @@ SECTION_OWNERS: dict[str, str] = {
 
 
 # --------------------------------------------------------------------------- validators
-
-
-def price(value: Any) -> int:
-    """A voluptuous validator: ``"2.50"`` or integer cents -> integer cents."""
-    try:
-        return parse_price(value)
-    except MoneyError as err:
-        raise vol.Invalid(str(err)) from None
-
-
-def positive_price(value: Any) -> int:
-    cents = price(value)
-    if cents <= 0:
-        raise vol.Invalid(f"expected an amount above zero, got {value!r}")
-    return cents
-
-
-def price_map(value: Any) -> dict[str, int]:
-    """A voluptuous validator: ``{product: price}`` -> cents; every bad price is reported."""
-    if not isinstance(value, dict):
-        raise vol.Invalid('expected a map of product to price, like {coffee: "2.50"}')
-    prices: dict[str, int] = {}
-    errors: list[vol.Invalid] = []
-    for name, amount in value.items():
-        try:
-            prices[str(name)] = positive_price(amount)
-        except vol.Invalid as err:
-            errors.append(vol.Invalid(err.msg, path=[name]))
-    if errors:
-        raise vol.MultipleInvalid(errors)
-    return prices
-
-
-def positive_float(value: Any) -> float:
-    """Durations and scales (not money): a number above zero."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise vol.Invalid(f"expected a number, got {value!r}")
-    if value <= 0:
-        raise vol.Invalid(f"expected a number above zero, got {value!r}")
-    return float(value)
 
 
 def _flow(value: Any) -> str:
@@ -238,21 +203,6 @@ def _prefixed(error: vol.Invalid, prefix: list[Any]) -> vol.Invalid:
 
 TERMINAL_SCHEMA = vol.Schema({vol.Required("device_id"): str, vol.Optional("name"): str})
 
-JOURNAL_SCHEMA = vol.Schema(
-    {
-        vol.Optional("path", default="journal.db"): str,
-        # Days of finished sales kept; open and attention sales are never pruned.
-        vol.Optional("keep_days", default=400): vol.All(int, vol.Range(min=1)),
-    }
-)
-
-RECEIPTS_SCHEMA = vol.Schema(
-    {
-        vol.Optional("print", default="auto"): vol.In(["auto", "always", "never"]),
-        vol.Optional("email", default=True): bool,
-    }
-)
-
 LOGGING_SCHEMA = vol.Schema(
     {
         vol.Optional("level", default="INFO"): vol.All(
@@ -260,77 +210,6 @@ LOGGING_SCHEMA = vol.Schema(
         ),
         vol.Optional("format", default="text"): vol.In(["text", "json"]),
         vol.Optional("file"): str,
-    }
-)
-
-SALES_SCHEMA = vol.Schema(
-    {
-        # charge_card: how many times a B (retry) answer is asked again
-        vol.Optional("retries", default=2): vol.All(int, vol.Range(min=0, max=10)),
-        # how long a card may take at the terminal before the sale gives up (seconds)
-        vol.Optional("card_timeout", default=200.0): positive_float,
-        # authorize_capture: how long the machine may take to vend (seconds)
-        vol.Optional("vend_timeout", default=60.0): positive_float,
-        # ISO 4217, as the service and Home Assistant's monetary sensors take it: "usd" is USD
-        vol.Optional("currency", default="USD"): vol.All(
-            str, vol.Match(r"^[A-Za-z]{3}$", msg="expected a three-letter currency code like USD"),
-            vol.Upper,
-        ),
-        # the service's interaction lifetime (3 minutes); only a time-scaled service differs
-        vol.Optional("interaction_lifetime"): positive_float,
-        # on a stopping signal, how long the running sales may take to finish (the drain)
-        # before what is still open is parked
-        vol.Optional("stop_timeout", default=STOP_TIMEOUT): positive_float,
-        # how long the service may still commit a money call after the agent gave up on it
-        vol.Optional("answer_margin", default=10.0): vol.All(positive_float, vol.Range(max=600)),
-        # how often sales in ATTENTION are looked at again in reporting (seconds)
-        vol.Optional("attention_recheck", default=300.0): vol.All(
-            positive_float, vol.Range(min=1, max=86400)
-        ),
-        # how often reporting's recent charges are compared with the journal (seconds); also
-        # at every start and whenever the journal takes writes again after a fault
-        vol.Optional("charge_check_interval", default=900.0): vol.All(
-            positive_float, vol.Range(min=1, max=86400)
-        ),
-        # how often a charge check reads the settled charges too: each terminal's whole
-        # history in reporting (seconds); also at every start and after every journal fault
-        vol.Optional("charge_history_interval", default=21600.0): vol.All(
-            positive_float, vol.Range(min=60, max=7 * 86400)
-        ),
-        # more charges than this, unaccounted in one check, are put to a person, not given back
-        vol.Optional("charge_check_max_give_back", default=5): vol.All(
-            int, vol.Range(min=0, max=10000)
-        ),
-        # a sale whose step could not be journaled for this long has the agent restarted
-        # (the systemd watchdog is withheld) so that recovery finishes it (seconds)
-        vol.Optional("unwritten_restart_after", default=120.0): vol.All(
-            positive_float, vol.Range(min=1, max=86400)
-        ),
-    }
-)
-
-# Limits of every local HTTP server (admin API, webhook receiver, kiosk API): one place.
-HTTP_SCHEMA = vol.Schema(
-    {
-        # a new connection must send its first request's headers within this (seconds)
-        vol.Optional("header_timeout", default=10.0): positive_float,
-        # a request body must arrive whole within this (seconds)
-        vol.Optional("body_timeout", default=30.0): positive_float,
-        # an idle connection (or a slow next request) is closed after this (seconds)
-        vol.Optional("keepalive_timeout", default=15.0): positive_float,
-        # open connections per server; past it the oldest idle one is closed first
-        vol.Optional("max_connections", default=256): vol.All(int, vol.Range(min=4, max=4096)),
-        # event streams (WebSocket, server-sent events) per server, apart from the connections:
-        # past it a new stream is refused, and requests never wait behind streams
-        vol.Optional("max_streams", default=32): vol.All(int, vol.Range(min=1, max=1024)),
-        # once max_connections are open, newcomers accepted a second (a quarter of them let in
-        # without a request yet); the rest wait in the kernel's queue: a flood's churn has a
-        # CPU bound
-        vol.Optional("accept_rate_at_cap", default=300.0): vol.All(
-            vol.Coerce(float), vol.Range(min=1, max=100000)
-        ),
-        # how long a stop waits for requests in progress (seconds)
-        vol.Optional("shutdown_grace", default=5.0): positive_float,
     }
 )
 

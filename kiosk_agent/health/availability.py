@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from kiosk_agent.bus import EventBus
+from kiosk_agent.health.schema import HOLD_OFF, RECHECK_INTERVAL
 from kiosk_agent.sales.model import SaleEvent
 from kiosk_agent.sales.states import SaleState
 
@@ -79,8 +80,8 @@ class Availability:
         device_ids: Sequence[str],
         *,
         resolve: Callable[[str | None], str] | None = None,
-        hold_off: float = 0.5,
-        recheck_interval: float = 1.0,
+        hold_off: float = HOLD_OFF,
+        recheck_interval: float = RECHECK_INTERVAL,
         log: EventLog | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:

@@ -23,6 +23,7 @@ from typing import Any, Protocol
 from pydantic import BaseModel, ConfigDict
 
 from kiosk_agent.bus import EventBus
+from kiosk_agent.health.schema import KEY_WARNING, PING_INTERVAL, PING_TIMEOUT
 from kiosk_agent.moments import day_of, day_start
 from kiosk_agent.money import format_cents
 from kiosk_agent.redact import redact
@@ -195,7 +196,7 @@ class Health:
         self,
         version: str,
         *,
-        key_warning: float = 86400.0,
+        key_warning: float = KEY_WARNING,
         today: Callable[[], dt.date] | None = None,
     ) -> None:
         self.version = version
@@ -680,8 +681,8 @@ class HealthChecker:
         terminals: TerminalApi,
         device_ids: Sequence[str] = (),
         *,
-        interval: float = 60.0,
-        timeout: float = 10.0,
+        interval: float = PING_INTERVAL,
+        timeout: float = PING_TIMEOUT,
         key_expiry: Callable[[], float | None] | None = None,
         journal_probe: Callable[[], object] | None = None,
         on_checked: Callable[[], object] | None = None,

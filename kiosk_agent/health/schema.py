@@ -7,28 +7,36 @@ import voluptuous as vol
 
 from kiosk_agent.config.load import register_section
 
+# The section's defaults, each written once: the schema and the objects it configures (Health,
+# HealthChecker, Availability) take them from here (tests/config/test_defaults.py).
+PING_INTERVAL = 60.0
+PING_TIMEOUT = 10.0
+KEY_WARNING = 86400.0
+HOLD_OFF = 0.5
+RECHECK_INTERVAL = 1.0
+
 HEALTH_SCHEMA = vol.Schema(
     {
         # How often the checker lists the terminals and pings each one (seconds).
-        vol.Optional("ping_interval", default=60.0): vol.All(
+        vol.Optional("ping_interval", default=PING_INTERVAL): vol.All(
             vol.Coerce(float), vol.Range(min=1.0, max=86400.0)
         ),
         # A ping slower than this counts as "terminal offline" (seconds).
-        vol.Optional("ping_timeout", default=10.0): vol.All(
+        vol.Optional("ping_timeout", default=PING_TIMEOUT): vol.All(
             vol.Coerce(float), vol.Range(min=0.5, max=300.0)
         ),
         # Warn when the API key expires sooner than this (seconds).
-        vol.Optional("key_warning", default=86400.0): vol.All(
+        vol.Optional("key_warning", default=KEY_WARNING): vol.All(
             vol.Coerce(float), vol.Range(min=0.0)
         ),
         # Out of service: how long a terminal must stay unusable before the readers step aside
         # (seconds; the checker re-checks every recheck_interval meanwhile). 0: at once.
-        vol.Optional("hold_off", default=0.5): vol.All(
+        vol.Optional("hold_off", default=HOLD_OFF): vol.All(
             vol.Coerce(float), vol.Range(min=0.0, max=3600.0)
         ),
         # While a terminal is unusable (or in its hold-off), check this often instead of
         # ping_interval, so the readers come back as soon as the terminal answers (seconds).
-        vol.Optional("recheck_interval", default=1.0): vol.All(
+        vol.Optional("recheck_interval", default=RECHECK_INTERVAL): vol.All(
             vol.Coerce(float), vol.Range(min=0.1, max=60.0)
         ),
     }

@@ -40,6 +40,11 @@ from kiosk_agent.sales.journal import (
     integrity,
     side_files,
 )
+from kiosk_agent.sales.settings import (
+    CHARGE_CHECK_INTERVAL,
+    CHARGE_HISTORY_INTERVAL,
+    UNWRITTEN_RESTART_AFTER,
+)
 from kiosk_agent.sales.unwritten import UnwrittenSales
 from kiosk_agent.tasks import BackgroundTask
 
@@ -175,10 +180,10 @@ class JournalGuard:
         wake_checker: Callable[[], None],
         running: Callable[[], set[str]],
         after: Callable[[], Awaitable[object]] | None = None,
-        audit_interval: float = 900.0,
-        history_interval: float = 21600.0,
+        audit_interval: float = CHARGE_CHECK_INTERVAL,
+        history_interval: float = CHARGE_HISTORY_INTERVAL,
         audit_retry: float = 5.0,
-        restart_after: float = 120.0,
+        restart_after: float = UNWRITTEN_RESTART_AFTER,
     ) -> None:
         self.journal = journal
         self.health = health

@@ -4,7 +4,7 @@ themselves alike.
 Each binds a configured host and port; port 0 takes any free one (tests, several agents on one
 machine), so the port really bound is read back once listening.
 
-Limits (the ``http:`` section, :data:`kiosk_agent.config.load.HTTP_SCHEMA`), the same for all:
+Limits (the ``http:`` section, :data:`kiosk_agent.web.schema.HTTP_SCHEMA`), the same for all:
 
 - a new connection must send its first request's headers within ``header_timeout``;
 - an idle connection, or one slow to send its next request, is closed after
@@ -62,9 +62,9 @@ from aiohttp import web
 from aiohttp.web_protocol import RequestHandler
 
 from kiosk_agent.bucket import TokenBucket
-from kiosk_agent.config.load import HTTP_SCHEMA
 from kiosk_agent.logs import RefusalLog
 from kiosk_agent.text import control_character
+from kiosk_agent.web.schema import HTTP_SCHEMA
 
 _LOGGER = logging.getLogger(__name__)
 
@@ -113,8 +113,8 @@ class HttpLimits:
     keepalive_timeout: float
     max_connections: int
     shutdown_grace: float
-    max_streams: int = 32
-    accept_rate_at_cap: float = 300.0
+    max_streams: int
+    accept_rate_at_cap: float
 
     @classmethod
     def from_config(cls, conf: dict[str, Any] | None = None) -> HttpLimits:
