@@ -140,24 +140,42 @@ class Agent:
         machine: Machine | None = None,
     ) -> None:
         self.config = config
+        self.version = version
+        self.clock = clock  # every sale's waits and deadlines (tests give a FakeClock)
         # the machine it runs on (tests give a made-up one); the unit's id is read at start
         self.machine = machine or this_machine()
         self.unit = OwnUnit.fresh()
-        self.clock = clock  # every sale's waits and deadlines (tests give a FakeClock)
-        self.version = version
         self.settings = sale_settings_from_config(
             config, service_settings.mid, service_settings.timeout
         )
+        self._assemble_service_and_journal(service_settings, service, journal, owner)
+        self._assemble_health(config.get("health") or HEALTH_SCHEMA({}))
+        self._assemble_sales(config["sales"])
+        self._count_errors_in_health()
+        self._lifecycle_before_start(systemd)
+
+    # -- assembly (the steps of __init__, in order) ----------------------------------------------
+
+    def _assemble_service_and_journal(
+        self,
+        service_settings: ServiceSettings,
+        service: ServiceClient | None,
+        journal: Journal | None,
+        owner: JournalLock | None,
+    ) -> None:
         self.service = service or ServiceClient(service_settings)
         # the terminal client warns once when the service's interactions live otherwise
         self.service.terminal.expected_lifetime = self.settings.interaction_lifetime
-        self.journal = journal or Journal(config.resolve(config["journal"]["path"]), clock)
+        path = self.config.resolve(self.config["journal"]["path"])
+        self.journal = journal or Journal(path, self.clock)
         # one agent per journal: claimed before anything reads it, let go after it is closed
         self.owner = owner or JournalLock(self.journal.path)
         self._journal_watch = BackgroundTask(self._watch_journal, "journal-watch")
         self.events: EventBus[SaleEvent] = EventBus()
-        health_conf = config.get("health") or HEALTH_SCHEMA({})
-        self.health = Health(version, key_warning=health_conf["key_warning"])
+
+    def _assemble_health(self, health_conf: Mapping[str, Any]) -> None:
+        """Health, the agent's event log, out of service per terminal, and the checker."""
+        self.health = Health(self.version, key_warning=health_conf["key_warning"])
         keys = self.service.transport.keys
         # out of service, gracefully: the agent's events in the journal, one decider for all
         self.event_log = EventLog(lambda: self.journal.db)
@@ -182,36 +200,41 @@ class Agent:
             names=self.settings.terminals,
         )
         self.availability.wake = self._checker.wake
+
+    def _assemble_sales(self, sales_conf: Mapping[str, Any]) -> None:
+        """The runner, recovery, the attention sweeper and the journal's guard, on one context."""
         context = SaleContext(
             self.service,
             self.journal,
             self.events,
             self.settings,
             capabilities=self.can_print,
-            clock=clock,
+            clock=self.clock,
             on_unwritten=self._keep_unwritten,
             unit=self.unit,
         )
         self.sales = SaleRunner(context)
         self.recovery = Recovery(context, runner=self.sales)
-        self.attention = AttentionSweeper(context, interval=config["sales"]["attention_recheck"])
+        self.attention = AttentionSweeper(context, interval=sales_conf["attention_recheck"])
         # a step that cannot be written, a journal lost or damaged, a charge it does not hold
         self.unwritten = UnwrittenSales(self.journal, self.sales, self.recovery)
         self.journal_guard = JournalGuard(
             self.journal,
             self.health,
             self.unwritten,
-            ChargeAudit(context, max_give_back=config["sales"]["charge_check_max_give_back"]),
+            ChargeAudit(context, max_give_back=sales_conf["charge_check_max_give_back"]),
             evaluate=self.availability.evaluate,
             wake_checker=self._checker.wake,
             running=lambda: {r.sale_id for r in self.sales.running},
             after=self.recovery.wait,
-            audit_interval=config["sales"]["charge_check_interval"],
-            history_interval=config["sales"]["charge_history_interval"],
-            restart_after=config["sales"]["unwritten_restart_after"],
+            audit_interval=sales_conf["charge_check_interval"],
+            history_interval=sales_conf["charge_history_interval"],
+            restart_after=sales_conf["unwritten_restart_after"],
         )
+
+    def _count_errors_in_health(self) -> None:
+        """The parts whose unexpected errors health counts and shows (nothing dies silently)."""
         self.settling = Settling()  # the models built after READY=1 (assembly/collector.py)
-        self.settled = asyncio.Event()  # set once what READY=1 does not wait for is done
         for part, count in {
             "health check": lambda: self._checker.errors,
             "availability": lambda: self.availability.listener_errors,
@@ -221,6 +244,10 @@ class Agent:
             "unwritten sales": lambda: self.unwritten.unexpected,
         }.items():
             self.health.count_errors_of(part, count)
+
+    def _lifecycle_before_start(self, systemd: SystemdLifecycle | None) -> None:
+        """What is wired before start (platforms, components) and the lifecycle's flags."""
+        self.settled = asyncio.Event()  # set once what READY=1 does not wait for is done
         self.platforms: list[PlatformInstance] = []
         self.not_started: dict[str, str] = {}  # trigger -> why it could not start
         self.components: list[Component] = []
@@ -234,6 +261,7 @@ class Agent:
         self.ready_at: float | None = None
         self.stopped = asyncio.Event()
         self._stopping = threading.Event()  # told to work in threads (the prune)
+
 
     # -- wiring (by app.py, before start) --------------------------------------------------------
 
