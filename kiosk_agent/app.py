@@ -20,7 +20,7 @@ from typing import Any, Protocol
 
 from kiosk_agent.assembly.agent import Agent, ComponentFactory, service_settings_from_config
 from kiosk_agent.assembly.systemd import SystemdLifecycle
-from kiosk_agent.config.load import Config, load_config
+from kiosk_agent.config.load import SECTION_OWNERS, Config, load_config
 from kiosk_agent.config.registry import setup_function
 from kiosk_agent.sales.clock import SYSTEM_CLOCK, Clock
 from kiosk_agent.sales.owner import JournalLock
@@ -47,17 +47,14 @@ SimulatorFactory = Callable[[dict[str, Any]], EmbeddedSimulator]
 class NoSimulator(Exception):
     """A configuration embeds a simulator where none can be made."""
 
-# section -> (module, class): each built as ``Factory(agent, conf)``.
-COMPONENTS: dict[str, tuple[str, str]] = {
-    "admin": ("kiosk_agent.admin.server", "AdminServer"),
-    "webhooks": ("kiosk_agent.admin.webhooks", "WebhookReceiver"),
-    "upstream": ("kiosk_agent.fleet.component", "Upstream"),
-    "dex": ("kiosk_agent.audit.component", "AuditReads"),
+# section -> "module:Class", each built as ``Class(agent, conf)``: config's one table of sections
+COMPONENTS: dict[str, str] = {
+    section: owner.component for section, owner in SECTION_OWNERS.items() if owner.component
 }
 
 
 def component_factory(section: str) -> ComponentFactory:
-    module_name, class_name = COMPONENTS[section]
+    module_name, class_name = COMPONENTS[section].split(":")
     factory: ComponentFactory = getattr(importlib.import_module(module_name), class_name)
     return factory
 

@@ -20,12 +20,12 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from kiosk_agent.config.load import Config, ConfigInvalid, load_config
+from kiosk_agent.config.load import SECTION_OWNERS, Config, ConfigInvalid, load_config
 
 # The checks of a section that another package owns, registered by it (``register_check``),
-# imported by name when the doctor runs: the doctor imports none of them (fleet's checks of
-# ``upstream:`` live in fleet/doctor.py). The same pattern as config's SECTION_OWNERS.
-CHECK_OWNERS = {"upstream": "kiosk_agent.fleet.doctor"}
+# imported by name (config's SECTION_OWNERS, ``checks``) when the doctor runs: the doctor imports
+# none of them (fleet's checks of ``upstream:`` live in fleet/doctor.py).
+CHECK_OWNERS = {section: owner.checks for section, owner in SECTION_OWNERS.items() if owner.checks}
 SectionCheck = Callable[["Report", dict[str, Any], float], Awaitable[None]]
 _SECTION_CHECKS: dict[str, SectionCheck] = {}
 

@@ -140,8 +140,8 @@ def test_nothing_below_the_command_line_imports_the_simulator() -> None:
 
 
 def test_only_the_command_line_imports_fleet() -> None:
-    # the doctor's fleet checks and the upstream component are found by name (doctor.
-    # CHECK_OWNERS, app.COMPONENTS, config's SECTION_OWNERS) and register themselves
+    # the upstream section's schema, component and doctor checks are found by name (config's
+    # SECTION_OWNERS) and register themselves
     offenders = [i.where for i in project_imports() if i.target == "fleet" and i.source != "cli"]
     assert not offenders, offenders
 

@@ -61,15 +61,31 @@ SECRET_KEYS = frozenset(
     {"api_key", "refresh_token", "client_secret", "token", "password", "secret", "isv_api_key"}
 )
 
-# Sections owned by other modules, imported by name when a config uses them, like the platform
-# registry: core never imports admin or fleet code statically.
-# Each is a schema module of voluptuous alone: checking a configuration imports no server.
-SECTION_OWNERS: dict[str, str] = {
-    "admin": "kiosk_agent.admin.schema",
-    "webhooks": "kiosk_agent.admin.schema",
-    "upstream": "kiosk_agent.fleet.schema",
-    "health": "kiosk_agent.health.schema",
-    "dex": "kiosk_agent.audit.schema",
+
+
+@dataclass(frozen=True, slots=True)
+class SectionOwner:
+    """Where a section that another package owns lives, each part imported by name when a
+    configuration has the section: the configuration, the assembly and the doctor import no
+    admin, fleet or audit code statically."""
+
+    schema: str  # registers the section (register_section): voluptuous alone, no server
+    component: str | None = None  # "module:Class", built as Class(agent, conf) (app.py)
+    checks: str | None = None  # registers the doctor's checks of it (doctor.register_check)
+
+
+# The one table of those sections.
+SECTION_OWNERS: dict[str, SectionOwner] = {
+    "admin": SectionOwner("kiosk_agent.admin.schema", "kiosk_agent.admin.server:AdminServer"),
+    "webhooks": SectionOwner(
+        "kiosk_agent.admin.schema", "kiosk_agent.admin.webhooks:WebhookReceiver"
+    ),
+    "upstream": SectionOwner(
+        "kiosk_agent.fleet.schema", "kiosk_agent.fleet.component:Upstream",
+        checks="kiosk_agent.fleet.doctor",
+    ),
+    "health": SectionOwner("kiosk_agent.health.schema"),
+    "dex": SectionOwner("kiosk_agent.audit.schema", "kiosk_agent.audit.component:AuditReads"),
 }
 
 
@@ -534,9 +550,9 @@ def _import_section_owner(key: str) -> str | None:
     if owner is None:
         return None
     try:
-        importlib.import_module(owner)
+        importlib.import_module(owner.schema)
     except ImportError as err:
-        return f"section {key!r} is handled by {owner}, which cannot be imported: {err}"
+        return f"section {key!r} is handled by {owner.schema}, which cannot be imported: {err}"
     return None
 
 
