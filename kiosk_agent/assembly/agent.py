@@ -178,7 +178,7 @@ class Agent:
         self.health = Health(self.version, key_warning=health_conf["key_warning"])
         keys = self.service.transport.keys
         # out of service, gracefully: the agent's events in the journal, one decider for all
-        self.event_log = EventLog(lambda: self.journal.db)
+        self.event_log = EventLog(lambda: self.journal.db, self.clock)
         self.availability = Availability(
             self.health,
             list(self.settings.terminals),
@@ -230,6 +230,9 @@ class Agent:
             audit_interval=sales_conf["charge_check_interval"],
             history_interval=sales_conf["charge_history_interval"],
             restart_after=sales_conf["unwritten_restart_after"],
+            # its rounds (a charge check each 15 min, the disk's watch) stay on the system
+            # clock under a test's FakeClock too: next_due() would take them for a sale's pauses
+            clock=SYSTEM_CLOCK,
         )
 
     def _count_errors_in_health(self) -> None:

@@ -13,13 +13,13 @@ import dataclasses
 import json
 import logging
 import sqlite3
-import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from kiosk_agent.bus import EventBus
 from kiosk_agent.redact import redact
+from kiosk_agent.sales.clock import SYSTEM_CLOCK, Clock
 from kiosk_agent.sales.journal import transaction
 
 _LOGGER = logging.getLogger(__name__)
@@ -78,8 +78,9 @@ class EventLog:
     details are states, device ids and reasons, passed through ``redact``.
     """
 
-    def __init__(self, db: Callable[[], sqlite3.Connection]) -> None:
+    def __init__(self, db: Callable[[], sqlite3.Connection], clock: Clock = SYSTEM_CLOCK) -> None:
         self._db = db  # e.g. ``lambda: journal.db``: the journal's open connection
+        self.clock = clock  # dates the events (wall time, for people)
         self._unwritten: list[AgentEvent] = []
         self.bus: EventBus[AgentEvent] = EventBus()
         self.lost = 0  # events dropped because too many waited to be written
@@ -95,7 +96,7 @@ class EventLog:
     ) -> AgentEvent:
         """Journal one event (or keep it until the journal takes writes) and publish it."""
         clean = {k: redact(v) if isinstance(v, str) else v for k, v in (detail or {}).items()}
-        event = AgentEvent(kind=kind, subject=subject, at=time.time(), detail=clean)
+        event = AgentEvent(kind=kind, subject=subject, at=self.clock.time(), detail=clean)
         self._unwritten.append(event)
         if len(self._unwritten) > _MAX_UNWRITTEN:
             del self._unwritten[0]
@@ -115,7 +116,8 @@ class EventLog:
         if not self._ready:
             self.open()
         with transaction(db):
-            db.execute("INSERT OR REPLACE INTO agent_probe (id, at) VALUES (1, ?)", (time.time(),))
+            db.execute("INSERT OR REPLACE INTO agent_probe (id, at) VALUES (1, ?)",
+                       (self.clock.time(),))
         self._flush()
 
     def recent(self, limit: int = 50, kind: str | None = None) -> list[AgentEvent]:
@@ -134,7 +136,7 @@ class EventLog:
         return (waiting + written)[:limit]
 
     def prune(self, keep_days: int, now: float | None = None) -> int:
-        cutoff = (now if now is not None else time.time()) - keep_days * 86400
+        cutoff = (now if now is not None else self.clock.time()) - keep_days * 86400
         cursor = self._db().execute("DELETE FROM agent_events WHERE at < ?", (cutoff,))
         return cursor.rowcount
 

@@ -26,13 +26,13 @@ import contextlib
 import datetime as dt
 import logging
 import os
-import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
 from kiosk_agent.sales.audit import AuditResult, ChargeAudit
+from kiosk_agent.sales.clock import SYSTEM_CLOCK, Clock
 from kiosk_agent.sales.journal import (
     Journal,
     JournalError,
@@ -88,8 +88,11 @@ class JournalNotice:
     kept_at: Path | None = None
 
 
-def inspect_journal(path: Path, *, move_damaged: bool = True) -> JournalNotice | None:
-    """Check the journal's file before it is opened; None when it is fine (or new)."""
+def inspect_journal(
+    path: Path, *, move_damaged: bool = True, clock: Clock = SYSTEM_CLOCK
+) -> JournalNotice | None:
+    """Check the journal's file before it is opened; None when it is fine (or new). A damaged
+    one moved aside is named after the ``clock``'s wall time."""
     marker = Journal(path).marker
     present = path.exists() and path.stat().st_size > 0
     if not present:
@@ -104,7 +107,7 @@ def inspect_journal(path: Path, *, move_damaged: bool = True) -> JournalNotice |
         if marker.exists():
             return _lost(path, marker, "empty (no tables: its WAL was removed, or never synced)")
         return None
-    kept = _move_aside(path) if move_damaged else None
+    kept = _move_aside(path, clock.time()) if move_damaged else None
     found = "; ".join(problems[:3])
     if kept is None:
         return JournalNotice("damaged", f"the journal at {path} is damaged ({found})")
@@ -152,8 +155,8 @@ def _lost(path: Path, marker: Path, what: str) -> JournalNotice:
     )
 
 
-def _move_aside(path: Path) -> Path | None:
-    stamp = dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%SZ")
+def _move_aside(path: Path, now: float) -> Path | None:
+    stamp = dt.datetime.fromtimestamp(now, dt.UTC).strftime("%Y%m%dT%H%M%SZ")
     kept = path.with_name(f"{path.name}.damaged-{stamp}")
     try:
         path.rename(kept)
@@ -184,8 +187,10 @@ class JournalGuard:
         history_interval: float = CHARGE_HISTORY_INTERVAL,
         audit_retry: float = 5.0,
         restart_after: float = UNWRITTEN_RESTART_AFTER,
+        clock: Clock = SYSTEM_CLOCK,
     ) -> None:
         self.journal = journal
+        self.clock = clock  # the checks' rounds and the disk's waits (tests give a FakeClock)
         self.health = health
         self.unwritten = unwritten
         self.audit = audit
@@ -215,7 +220,7 @@ class JournalGuard:
 
     def before_open(self) -> None:
         """Check the file (lost, damaged) and say so; the first charge check is then due."""
-        self.notice = inspect_journal(self.journal.path)
+        self.notice = inspect_journal(self.journal.path, clock=self.clock)
         self.health.report_journal_state(path=str(self.journal.path), charges_pending=True)
         if self.notice is not None:
             _LOGGER.error("journal: %s", self.notice.message)
@@ -249,7 +254,7 @@ class JournalGuard:
                 if said:
                     _LOGGER.warning("journal: its file system takes writes again; starting")
                 return
-            await asyncio.sleep(DISK_WATCH_S)
+            await self.clock.sleep(DISK_WATCH_S)
 
     def start(self) -> None:
         self.unwritten.start()
@@ -308,24 +313,24 @@ class JournalGuard:
                 await self._after()
             except Exception:  # recovery broke (a failing disk): the checks go on regardless
                 _LOGGER.exception("recovery ended with an error; charges are checked anyway")
-        next_check = time.monotonic()
+        next_check = self.clock.monotonic()
         while True:
             self._wakeup.clear()
-            now = time.monotonic()
+            now = self.clock.monotonic()
             if not self._broken and (self._audit_due.is_set() or now >= next_check):
                 self._audit_due.clear()
                 retry = await self._check_charges()
-                next_check = time.monotonic() + (self.audit_retry if retry else self.audit_interval)
-            wait = next_check - time.monotonic()
-            # asyncio.timeout, not wait_for: on 3.11 a wake-up that lands with a stop's cancel
-            # makes wait_for return and swallow the cancel (the stop then waits a whole round)
+                retry_in = self.audit_retry if retry else self.audit_interval
+                next_check = self.clock.monotonic() + retry_in
+            wait = next_check - self.clock.monotonic()
+            # the clock's wait_for (asyncio.timeout on the real one, not asyncio.wait_for: on
+            # 3.11 a wake-up that lands with a stop's cancel would swallow the cancel)
             with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(max(0.05, wait)):
-                    await self._wakeup.wait()
+                await self.clock.wait_for(self._wakeup.wait(), max(0.05, wait))
 
     async def _check_charges(self) -> bool:
         """One comparison; True when it must be tried again soon (it could not be made)."""
-        settled = time.monotonic() >= self._history_next
+        settled = self.clock.monotonic() >= self._history_next
         try:
             result = await self.audit.check(self._running(), settled=settled)
         except JournalError as err:  # the journal broke while the check wrote: once it is back
@@ -335,13 +340,13 @@ class JournalGuard:
             return True
         except Exception as err:
             _LOGGER.exception("charge check failed")
-            result = AuditResult(at=time.time(), error=f"{type(err).__name__}: {err}")
+            result = AuditResult(at=self.clock.time(), error=f"{type(err).__name__}: {err}")
         pending = self.health.journal.charges_pending
         foreign = self.audit.foreign
         self.health.report_unit(foreign=foreign.lines(), foreign_charges=foreign.counted,
                                 foreign_cleared=foreign.cleared)
         if result.ok and settled:
-            self._history_next = time.monotonic() + self.history_interval
+            self._history_next = self.clock.monotonic() + self.history_interval
         if result.ok:
             detail = ""
             if result.unaccounted:

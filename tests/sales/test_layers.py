@@ -11,8 +11,6 @@ SALES = Path(kiosk_agent.sales.__file__).parent
 FORBIDDEN = ("kiosk_agent.assembly", "kiosk_agent.platforms", "kiosk_agent.admin",
              "kiosk_agent.cli", "kiosk_agent.sim", "kiosk_agent.app", "kiosk_agent.health",
              "kiosk_agent.config", "kiosk_agent.fleet", "kiosk_agent.doctor", "kiosk_agent.audit")
-# moved in from core/ (issue 30): their real clocks and health give way in the next commits
-MOVED_IN = {"journal_guard.py", "events.py"}
 
 
 def imports_of(path: Path) -> set[str]:
@@ -70,7 +68,7 @@ def real_time_reads(source: str, name: str = "<test>") -> list[str]:
 def test_only_the_clock_module_reads_a_real_clock_in_sales() -> None:
     offenders = [
         read
-        for path in SALES.glob("*.py") if path.name != "clock.py" and path.name not in MOVED_IN
+        for path in SALES.glob("*.py") if path.name != "clock.py"
         for read in real_time_reads(path.read_text(), path.name)
     ]  # fmt: skip
     assert not offenders, offenders
