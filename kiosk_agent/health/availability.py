@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from kiosk_agent.bus import EventBus
-from kiosk_agent.health.schema import HOLD_OFF, RECHECK_INTERVAL
+from kiosk_agent.health.defaults import HOLD_OFF, RECHECK_INTERVAL
 from kiosk_agent.sales.model import SaleEvent
 from kiosk_agent.sales.states import SaleState
 

@@ -23,7 +23,7 @@ from typing import Any, Protocol
 from pydantic import BaseModel, ConfigDict
 
 from kiosk_agent.bus import EventBus
-from kiosk_agent.health.schema import KEY_WARNING, PING_INTERVAL, PING_TIMEOUT
+from kiosk_agent.health.defaults import KEY_WARNING, PING_INTERVAL, PING_TIMEOUT
 from kiosk_agent.moments import day_of, day_start
 from kiosk_agent.money import format_cents
 from kiosk_agent.redact import redact

@@ -6,14 +6,13 @@ from __future__ import annotations
 import voluptuous as vol
 
 from kiosk_agent.config.load import register_section
-
-# The section's defaults, each written once: the schema and the objects it configures (Health,
-# HealthChecker, Availability) take them from here (tests/config/test_defaults.py).
-PING_INTERVAL = 60.0
-PING_TIMEOUT = 10.0
-KEY_WARNING = 86400.0
-HOLD_OFF = 0.5
-RECHECK_INTERVAL = 1.0
+from kiosk_agent.health.defaults import (
+    HOLD_OFF,
+    KEY_WARNING,
+    PING_INTERVAL,
+    PING_TIMEOUT,
+    RECHECK_INTERVAL,
+)
 
 HEALTH_SCHEMA = vol.Schema(
     {

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from kiosk_agent.money import CURRENCY as CURRENCY
 from kiosk_agent.sales.receipts import ReceiptSettings
 from kiosk_agent.sales.states import Flow
 from kiosk_agent.service.timeouts import DEFAULT_TIMEOUT, INTERACTION_LIFETIME
@@ -15,7 +16,6 @@ from kiosk_agent.service.timeouts import DEFAULT_TIMEOUT, INTERACTION_LIFETIME
 RETRIES = 2  # charge_card: how many times a B (retry) answer is asked again
 CARD_TIMEOUT = 200.0  # how long a card may take at the terminal before the sale gives up
 VEND_TIMEOUT = 60.0  # authorize_capture: how long the machine may take to vend
-CURRENCY = "USD"
 # On a stopping signal, how long the sales already running may take to finish before what is
 # still open is parked (``sales.stop_timeout``; systemd/kiosk-agent.service's TimeoutStopSec is
 # this plus the stop's own margin, tests/assembly/test_systemd.py keeps them in step).

@@ -49,14 +49,14 @@ def literal(node: ast.expr | None) -> object:
 
 
 def schema_defaults(tree: ast.AST) -> list[tuple[str, int, object]]:
-    """``vol.Optional("key", default=LITERAL)``: (key, line, literal)."""
+    """``vol.Optional("key", default=...)``: (key, line, the literal, or None for a name)."""
     found = []
     for node in ast.walk(tree):
         if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
                 and node.func.attr == "Optional" and node.args
                 and isinstance(node.args[0], ast.Constant)):  # fmt: skip
             for keyword in node.keywords:
-                if keyword.arg == "default" and literal(keyword.value) is not None:
+                if keyword.arg == "default":
                     found.append((str(node.args[0].value), node.lineno, literal(keyword.value)))
     return found
 
@@ -69,13 +69,14 @@ def other_defaults(tree: ast.AST, settings: set[str]) -> list[tuple[str, int, ob
         if name in settings and literal(node) is not None:
             found.append((name, line, literal(node)))
 
-    for node in ast.walk(tree):
-        if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
-            add(node.target.id, node.lineno, node.value)
-        elif isinstance(node, ast.Assign) and len(node.targets) == 1:
+    for node in getattr(tree, "body", []):  # a module's constants (an enum's members are not)
+        if isinstance(node, ast.Assign) and len(node.targets) == 1:
             target = node.targets[0]
             if isinstance(target, ast.Name) and target.id.isupper():
                 add(target.id.lower(), node.lineno, node.value)
+    for node in ast.walk(tree):
+        if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+            add(node.target.id, node.lineno, node.value)
         elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
             arguments = node.args
             positional = arguments.args[len(arguments.args) - len(arguments.defaults):]
@@ -103,14 +104,17 @@ def doubles(files: dict[Path, str]) -> dict[tuple[str, str], list[str]]:
     for path, tree in trees.items():
         for key, line, value in schema_defaults(tree):
             where = f"{path.relative_to(PACKAGE)}:{line} = {value!r}"
-            declared[(package_of(path), key)].append(where)
+            places = declared[(package_of(path), key)]
+            if value is not None:  # a name is the one default's: nothing written there
+                places.append(where)
     again: dict[tuple[str, str], list[str]] = defaultdict(list)
     for path, tree in trees.items():
         package = package_of(path)
         settings = {key for (owner, key) in declared if owner == package}
         for key, line, value in other_defaults(tree, settings):
             again[(package, key)].append(f"{path.relative_to(PACKAGE)}:{line} = {value!r}")
-    return {where: [*declared[where], *found] for where, found in again.items()}
+    return {where: [*declared[where], *found] for where, found in again.items()
+            if len(found) + min(1, len(declared[where])) > 1}
 
 
 @pytest.fixture(scope="module")
@@ -137,18 +141,21 @@ def test_the_check_finds_a_default_in_each_place_it_can_hide() -> None:
             'S = vol.Schema({vol.Optional("vend_timeout", default=60.0): float,\n'
             '                vol.Optional("retries", default=RETRIES): int})\n',
         PACKAGE / "sales" / "flow_x.py":
-            "VEND_TIMEOUT = 30.0\n"
-            "class S:\n    vend_timeout: float = 30.0\n"
+            "VEND_TIMEOUT = 30.0\nRETRIES = 2\n"
+            "class Step(enum.StrEnum):\n    VEND_TIMEOUT = 'vend.timeout'\n"  # a member, not one
+            "class S:\n    vend_timeout: float = 30.0\n    retries: int = 3\n"
             "def f(*, vend_timeout=30.0, retries=RETRIES): conf.get('vend_timeout', 30.0)\n",
         PACKAGE / "web" / "x.py": "vend_timeout: float = 30.0\n",  # another package's own
     }  # fmt: skip
     found = doubles(code)
-    assert list(found) == [("sales", "vend_timeout")]
+    assert sorted(found) == [("sales", "retries"), ("sales", "vend_timeout")]
     assert len(found[("sales", "vend_timeout")]) == 5
+    assert len(found[("sales", "retries")]) == 2  # its schema names RETRIES: written twice else
 
 
 def test_what_check_config_reads_is_the_owners_default(tmp_path: Path) -> None:
-    from kiosk_agent.health import schema as health
+    from kiosk_agent.health import defaults as health
+    from kiosk_agent.health.schema import HEALTH_SCHEMA
     from kiosk_agent.sales import settings as sales
     from kiosk_agent.web.server import HttpLimits
 
@@ -160,6 +167,6 @@ def test_what_check_config_reads_is_the_owners_default(tmp_path: Path) -> None:
     assert config["sales"]["stop_timeout"] == sales.STOP_TIMEOUT
     assert config["sales"]["attention_recheck"] == sales.ATTENTION_RECHECK
     assert HttpLimits.from_config(config["http"]) == HttpLimits.from_config(None)
-    health_conf = health.HEALTH_SCHEMA({})
+    health_conf = HEALTH_SCHEMA({})
     assert health_conf["hold_off"] == health.HOLD_OFF
     assert health_conf["recheck_interval"] == health.RECHECK_INTERVAL
