@@ -294,3 +294,39 @@ async def test_a_running_agents_doctor_checks_the_journal_off_the_event_loop(
     [check] = [c for c in report.checks if c.name == "journal"]  # beside it: the unit's
     assert check.verdict is Verdict.PASS
     assert "quick check ok" in check.detail
+
+
+# -- a section's checks live with its owner ---------------------------------------------------
+
+
+async def test_a_sections_checks_run_where_it_is_set_and_are_skipped_where_it_is_not(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from kiosk_agent import doctor
+
+    seen: list[tuple[dict[str, Any], float]] = []
+
+    async def check_coins(report: Report, conf: dict[str, Any], within: float) -> None:
+        seen.append((conf, within))
+        report.add("coins", Verdict.PASS, "the coin box answers")
+
+    # an owner registers its checks on import; here it has already
+    monkeypatch.setattr(doctor, "CHECK_OWNERS", {"coins": "nowhere.importable", "notes": "x"})
+    monkeypatch.setitem(doctor._SECTION_CHECKS, "coins", check_coins)
+    report = Report()
+    await doctor.check_sections(report, {"coins": {"port": 7}}, 2.5)  # type: ignore[arg-type]
+    assert [(c.name, c.verdict, c.detail) for c in report.checks] == [
+        ("coins", Verdict.PASS, "the coin box answers"),
+        ("notes", Verdict.SKIP, "no notes: section"),  # absent: its owner is never imported
+    ]
+    assert seen == [({"port": 7}, 2.5)]
+
+
+def test_the_fleets_checks_are_its_own_and_found_through_the_one_table_of_sections() -> None:
+    from kiosk_agent import doctor
+    from kiosk_agent.config.load import SECTION_OWNERS
+    from kiosk_agent.fleet import doctor as fleet_doctor
+
+    assert doctor.CHECK_OWNERS == {"upstream": "kiosk_agent.fleet.doctor"}
+    assert SECTION_OWNERS["upstream"].checks == fleet_doctor.__name__
+    assert doctor._SECTION_CHECKS["upstream"] is fleet_doctor.check_upstream
