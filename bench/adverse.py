@@ -46,9 +46,9 @@ import aiohttp
 import yaml
 
 from kiosk_agent.app import build_agent
+from kiosk_agent.assembly.agent import Agent
 from kiosk_agent.cli.sim import parse_ready, settings_from_ready
-from kiosk_agent.core.agent import Agent
-from kiosk_agent.core.config import load_config
+from kiosk_agent.config.load import load_config
 from kiosk_agent.sales.model import DispenseOutcome, DispenseStatus, Flow, SaleEvent, SaleRequest
 from kiosk_agent.sales.states import Step
 from kiosk_agent.service.models import TransactionFilter, TransStatus

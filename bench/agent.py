@@ -54,9 +54,9 @@ from typing import Any
 
 import aiohttp
 
+from kiosk_agent.assembly.agent import Agent
 from kiosk_agent.cli.sim import settings_from_ready
-from kiosk_agent.core.agent import Agent
-from kiosk_agent.core.config import load_config
+from kiosk_agent.config.load import load_config
 from kiosk_agent.sales.journal import Journal, SaleRecord
 from kiosk_agent.sales.model import DispenseOutcome, DispenseStatus, Flow, SaleRequest
 from kiosk_agent.sales.states import SaleState, Step

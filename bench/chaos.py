@@ -6,8 +6,9 @@
 
 The agent (``kiosk-agent run``), the simulator (``kiosk-agent sim``) and ``--machines`` vending
 machines (``kiosk-agent virtual``) run as separate processes; the harness is
-``tests/core/crash_driver.py`` (``Chaos``), the same one ``tests/core/test_chaos.py`` runs for 20
-kills or more (until 10 sales: the test counts, this bench times them: ``sales_per_minute``).
+``tests/assembly/crash_driver.py`` (``Chaos``), the same one ``tests/assembly/test_chaos.py``
+runs for 20 kills or more (until 10 sales: the test counts, this bench times them:
+``sales_per_minute``).
 The agent is killed during start, during recovery, within milliseconds of a money call and at
 random, then restarted after a random pause, while ``/sim/faults`` makes some money calls slow
 (longer than the pause), lose their answers or fail, and the agent's wall clock steps (libfaketime:
@@ -36,7 +37,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from tests.core.crash_driver import Chaos, ChaosOptions
+from tests.assembly.crash_driver import Chaos, ChaosOptions
 
 
 async def main() -> int:

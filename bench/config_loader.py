@@ -22,8 +22,8 @@ import time
 import tracemalloc
 from pathlib import Path
 
-from kiosk_agent.core.config import check_config
-from kiosk_agent.core.yaml_loader import MAX_FILE_BYTES
+from kiosk_agent.config.load import check_config
+from kiosk_agent.config.yaml_loader import MAX_FILE_BYTES
 
 HEAD = "service:\n  simulator: {}\nterminals:\n"
 LINE = "  - {device_id: SIM-0001, name: front-counter-reader}\n"

@@ -55,11 +55,11 @@ from typing import Any
 
 import aiomqtt
 
-from kiosk_agent.core.health import Health
 from kiosk_agent.fleet.component import Upstream
 from kiosk_agent.fleet.discovery import discovery_messages
 from kiosk_agent.fleet.entities import RETIRED, DiscoveryOptions
 from kiosk_agent.fleet.inventory import retained, units
+from kiosk_agent.health.model import Health
 
 STORM_PREFIX = "hastorm"  # the storm's units' discovery prefix
 # docs/fleet.md, "Broker settings": what one broker needs for a Home Assistant to be handed

@@ -52,9 +52,9 @@ import aiohttp
 import yaml
 
 from kiosk_agent.app import build_agent
+from kiosk_agent.assembly.agent import Agent
 from kiosk_agent.cli.sim import settings_from_ready
-from kiosk_agent.core.agent import Agent
-from kiosk_agent.core.config import load_config
+from kiosk_agent.config.load import load_config
 from kiosk_agent.platforms import mdb_protocol as wire
 from kiosk_agent.platforms.serial import SerialLink, SerialSettings
 from kiosk_agent.service.client import ServiceClient

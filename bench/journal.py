@@ -49,8 +49,8 @@ from typing import Any
 
 import aiohttp
 
-from kiosk_agent.core.agent import Agent
-from kiosk_agent.core.config import load_config
+from kiosk_agent.assembly.agent import Agent
+from kiosk_agent.config.load import load_config
 from kiosk_agent.sales.journal import SCHEMA_VERSION, Journal, SaleRecord, side_files
 from kiosk_agent.sales.model import DispenseOutcome, DispenseStatus, Flow, SaleRequest
 from kiosk_agent.sales.states import SaleState, Step

@@ -40,7 +40,7 @@ imported_ms = (time.perf_counter() - began) * 1000
 gc.collect()
 after_import = rss_kib()
 
-from kiosk_agent.core.health import Health
+from kiosk_agent.health.model import Health
 from kiosk_agent.sales.model import SaleEvent
 from kiosk_agent.sales.states import SaleState
 from kiosk_agent.service.settings import CallKind

@@ -49,11 +49,11 @@ import aiohttp
 from aiohttp import web
 
 from kiosk_agent.admin.webhooks import WebhookReceiver
-from kiosk_agent.core.health import Health
-from kiosk_agent.core.web import LocalSite
 from kiosk_agent.fleet.component import Upstream
 from kiosk_agent.fleet.report import build_report
+from kiosk_agent.health.model import Health
 from kiosk_agent.service.webhooks import sign
+from kiosk_agent.web.server import LocalSite
 
 SECRET = "bench-webhook-secret"  # noqa: S105 - a throwaway signing key for the bench
 
@@ -485,8 +485,8 @@ async def bench_flood(
 
     from kiosk_agent.app import load_agent
     from kiosk_agent.cli.sim import settings_from_ready
-    from kiosk_agent.core.web import live_sites
     from kiosk_agent.sim.server import SimOptions, SimServer
+    from kiosk_agent.web.server import live_sites
 
     (directory / "secrets.yaml").write_text(
         f"admin_token: {ADMIN_TOKEN}\nkiosk_token: {KIOSK_TOKEN}\n"

@@ -4,42 +4,59 @@ sections present (admin, webhooks, upstream), systemd notify.
 Also the one place that chooses the service a configuration names (:func:`configured_service`:
 the embedded simulator, started for as long as it is used, or the real service) and assembles
 an agent for a command (:func:`agent_for`: the journal claimed first). ``run``, ``demo``,
-``doctor`` and the service commands all come here. The simulator is imported only when a
-configuration embeds one.
+``doctor`` and the service commands all come here. Nothing here imports the simulator: the
+command line passes the factory that makes one (``cli.sim.embedded_simulator``), used only when
+a configuration embeds one.
 """
 
 from __future__ import annotations
 
 import contextlib
 import importlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
-from kiosk_agent.core.agent import Agent, ComponentFactory, service_settings_from_config
-from kiosk_agent.core.config import Config, load_config
-from kiosk_agent.core.registry import setup_function
-from kiosk_agent.core.systemd import SystemdLifecycle
+from kiosk_agent.assembly.agent import Agent, ComponentFactory, service_settings_from_config
+from kiosk_agent.assembly.systemd import SystemdLifecycle
+from kiosk_agent.config.load import SECTION_OWNERS, Config, load_config
+from kiosk_agent.config.registry import setup_function
 from kiosk_agent.sales.clock import SYSTEM_CLOCK, Clock
 from kiosk_agent.sales.owner import JournalLock
 from kiosk_agent.service.settings import ServiceSettings
 
 if TYPE_CHECKING:
     from kiosk_agent.platforms.virtual import MachineFactory
-    from kiosk_agent.sim.server import SimServer
 
-# section -> (module, class): each built as ``Factory(agent, conf)``.
-COMPONENTS: dict[str, tuple[str, str]] = {
-    "admin": ("kiosk_agent.admin.server", "AdminServer"),
-    "webhooks": ("kiosk_agent.admin.webhooks", "WebhookReceiver"),
-    "upstream": ("kiosk_agent.fleet.component", "Upstream"),
-    "dex": ("kiosk_agent.audit.component", "AuditReads"),
+class EmbeddedSimulator(Protocol):
+    """The simulator a configuration embeds (``service: {simulator: ...}``), as seen here."""
+
+    @property
+    def base_url(self) -> str: ...
+
+    async def start(self) -> None: ...
+
+    async def stop(self) -> None: ...
+
+    def ready_info(self) -> dict[str, Any]: ...
+
+
+# From the ``simulator:`` section's settings (time_scale, seed, transactions) to a simulator.
+SimulatorFactory = Callable[[dict[str, Any]], EmbeddedSimulator]
+
+
+class NoSimulator(Exception):
+    """A configuration embeds a simulator where none can be made."""
+
+# section -> "module:Class", each built as ``Class(agent, conf)``: config's one table of sections
+COMPONENTS: dict[str, str] = {
+    section: owner.component for section, owner in SECTION_OWNERS.items() if owner.component
 }
 
 
 def component_factory(section: str) -> ComponentFactory:
-    module_name, class_name = COMPONENTS[section]
+    module_name, class_name = COMPONENTS[section].split(":")
     factory: ComponentFactory = getattr(importlib.import_module(module_name), class_name)
     return factory
 
@@ -91,28 +108,26 @@ class ConfiguredService:
     plays it (None for a real service)."""
 
     settings: ServiceSettings
-    simulator: SimServer | None = None
+    simulator: EmbeddedSimulator | None = None
 
 
 @contextlib.asynccontextmanager
-async def configured_service(config: Config) -> AsyncIterator[ConfiguredService]:
+async def configured_service(
+    config: Config, simulator: SimulatorFactory | None = None
+) -> AsyncIterator[ConfiguredService]:
     """The configuration's service: ``service: {simulator: ...}`` starts the embedded simulator
-    for as long as the block runs (its state ends with it); otherwise the configured service's
-    settings (:func:`service_settings_from_config`). The one place this choice is made."""
+    (made by ``simulator``) for as long as the block runs (its state ends with it); otherwise
+    the configured service's settings (:func:`service_settings_from_config`). The one place this
+    choice is made."""
     simulator_conf = config["service"].get("simulator")
     if simulator_conf is None:
         yield ConfiguredService(service_settings_from_config(config))
         return
-    from kiosk_agent.sim.server import SimOptions, SimServer
-
-    sim = SimServer(
-        SimOptions(
-            port=0,
-            time_scale=simulator_conf["time_scale"],
-            seed=simulator_conf["seed"],
-            transactions=simulator_conf["transactions"],
+    if simulator is None:
+        raise NoSimulator(
+            f"{config.path}: service.simulator: this caller cannot start an embedded simulator"
         )
-    )
+    sim = simulator(simulator_conf)
     await sim.start()
     try:
         yield ConfiguredService(service_settings_from_config(config, sim.ready_info()), sim)
@@ -122,7 +137,11 @@ async def configured_service(config: Config) -> AsyncIterator[ConfiguredService]
 
 @contextlib.asynccontextmanager
 async def agent_for(
-    config: Config, *, systemd: bool = True, machines: MachineFactory | None = None
+    config: Config,
+    *,
+    systemd: bool = True,
+    simulator: SimulatorFactory | None = None,
+    machines: MachineFactory | None = None,
 ) -> AsyncIterator[tuple[Agent, ConfiguredService]]:
     """An agent for ``config``, wired and not started, with the service it uses.
 
@@ -133,7 +152,7 @@ async def agent_for(
     owner = JournalLock(config.resolve(config["journal"]["path"]))
     owner.acquire()
     try:
-        async with configured_service(config) as service:
+        async with configured_service(config, simulator) as service:
             agent = build_agent(
                 config, service.settings, systemd=systemd, owner=owner, machines=machines
             )

@@ -14,6 +14,8 @@ CENT = Decimal("0.01")
 # The most any amount from outside may be: nine digits of cents ($9,999,999.99). A machine's own
 # ``max_price`` is the real bound; this one keeps parsing, SQLite and the service in range.
 MAX_CENTS = 999_999_999
+# The currency of a sale and of the `sales:` section when none is named (ISO 4217)
+CURRENCY = "USD"
 # ASCII digits only: ``\d`` would take Arabic-Indic and other Unicode digits.
 _PRICE_TEXT = re.compile(r"\$?[ ]?([0-9]{1,7})(?:\.([0-9]{1,2}))?", re.ASCII)
 # On a wire (MDB adapters, serial devices) an amount is dollars with exactly two places, or

@@ -9,10 +9,11 @@ from typing import Any
 
 import pytest
 
-from kiosk_agent.app import agent_for, build_agent, configured_service, load_agent
+from kiosk_agent.app import NoSimulator, agent_for, build_agent, configured_service, load_agent
 from kiosk_agent.cli import contract
+from kiosk_agent.cli.sim import embedded_simulator
 from kiosk_agent.cli.virtual import simulated_machines
-from kiosk_agent.core.config import load_config
+from kiosk_agent.config.load import load_config
 from kiosk_agent.sales.owner import JournalLock, JournalOwned
 from kiosk_agent.sales.settings import SaleSettings
 from kiosk_agent.service.settings import DEFAULT_TIMEOUT, ServiceSettings
@@ -75,10 +76,12 @@ async def test_agent_for_refuses_a_journal_another_agent_owns_before_anything_st
     journal = tmp_path / "journal.db"
     with JournalLock(journal):  # another agent, as far as this one can tell
         with pytest.raises(JournalOwned):
-            async with agent_for(config, systemd=False):
+            async with agent_for(config, systemd=False, simulator=embedded_simulator):
                 raise AssertionError("assembled beside the owner")
         assert not journal.exists()  # not opened, not created: nothing read or written
-    async with agent_for(config, systemd=False, machines=simulated_machines) as (agent, service):
+    async with agent_for(
+        config, systemd=False, simulator=embedded_simulator, machines=simulated_machines
+    ) as (agent, service):
         assert service.simulator is not None  # the embedded one, started for this block
         assert agent.service.settings.base_url == service.simulator.base_url
         await agent.start()
@@ -97,6 +100,25 @@ async def test_configured_service_is_the_real_one_when_no_simulator_is_embedded(
         assert service.simulator is None
         assert service.settings.base_url == "https://pay.example.com"
         assert service.settings.credentials_path == tmp_path / "keys.json"
+
+
+async def test_an_embedded_simulator_is_made_only_by_the_factory_the_command_line_passes(
+    tmp_path: Path,
+) -> None:
+    config = load_config(write(tmp_path))  # service: {simulator: ...}
+    with pytest.raises(NoSimulator, match=r"service\.simulator: this caller cannot start"):
+        async with configured_service(config):
+            raise AssertionError("a simulator made below the command line")
+    made: list[dict[str, Any]] = []
+
+    def factory(conf: dict[str, Any]) -> Any:
+        made.append(conf)
+        return embedded_simulator(conf)
+
+    async with configured_service(config, factory) as service:
+        assert service.simulator is not None
+        assert service.settings.base_url == service.simulator.base_url
+    assert made == [config["service"]["simulator"]]
 
 
 def real_service(directory: Path, timeout: str = "") -> Path:
@@ -179,7 +201,7 @@ async def test_a_refused_agent_leaves_an_existing_journal_and_its_open_sale_unto
     assert set(before) == {"journal.db", "journal.db-wal", "journal.db-shm"}
     with JournalLock(path):
         with pytest.raises(JournalOwned):
-            async with agent_for(config, systemd=False):
+            async with agent_for(config, systemd=False, simulator=embedded_simulator):
                 raise AssertionError("assembled beside the owner")
         second = build_agent(config, sim_settings, systemd=False,
                              machines=simulated_machines)

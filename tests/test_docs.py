@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from kiosk_agent.core.config import CORE_SCHEMA, SECTION_OWNERS, check_config, load_config
+from kiosk_agent.config.load import CORE_SCHEMA, SECTION_OWNERS, check_config, load_config
 
 ROOT = Path(__file__).resolve().parent.parent
 # The pages whose configuration snippets must load (README's are commands, not YAML).
@@ -156,7 +156,7 @@ def documented_defaults() -> list[Default]:
 def loaded_defaults(tmp_path: Path) -> dict[str, Any]:
     """Every section as the loader fills it from an empty one (the service's from its
     settings, whose defaults the loader does not repeat)."""
-    from kiosk_agent.core.agent import service_settings_from_config
+    from kiosk_agent.assembly.agent import service_settings_from_config
 
     secrets = tmp_path / "secrets.yaml"
     secrets.write_text("api_key: sim_api_key\n")
@@ -296,7 +296,7 @@ def doctor_blocks() -> list[Snippet]:
 
 def test_doctors_summary_line_in_the_docs_is_the_one_it_prints() -> None:
     from kiosk_agent.cli.fleet import verdict
-    from kiosk_agent.core.doctor import Report, Verdict
+    from kiosk_agent.doctor import Report, Verdict
 
     blocks = doctor_blocks()
     assert blocks
@@ -315,7 +315,7 @@ def schema_keys(schema: Any) -> dict[str, Any]:
     """A platform schema's own keys (not the base keys every trigger has) and their defaults."""
     import voluptuous as vol
 
-    from kiosk_agent.core.config import PLATFORM_SCHEMA
+    from kiosk_agent.config.load import PLATFORM_SCHEMA
 
     def mapping(node: Any) -> dict[Any, Any]:
         while not isinstance(node, dict):

@@ -6,7 +6,7 @@ in it:
 - the process, as every Python exporter shows it (``process_*``: resident memory, CPU seconds,
   open file descriptors, start time; ``python_info``, ``python_gc_*``);
 - the agent's state, read from its parts at scrape time (``AgentCollector``): health, terminals,
-  links, upstream, webhooks, refusals, and the running sale totals (``core.health.SaleTotals``):
+  links, upstream, webhooks, refusals, and the running sale totals (``health.model.SaleTotals``):
   monotonic counters per outcome, from zero at each start;
 - two histograms fed as things happen (``Timings``): how long each sale took, by terminal and
   how it ended, and how long each service call took, by kind (``service.settings.CallKind``)
@@ -36,12 +36,12 @@ from prometheus_client.exposition import choose_encoder
 from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from kiosk_agent.core.health import HealthSnapshot, SaleTotals, Status
-from kiosk_agent.core.logging import refusal_counts, suppressed_counts
-from kiosk_agent.core.web import live_sites
+from kiosk_agent.health.model import HealthSnapshot, SaleTotals, Status
+from kiosk_agent.logs import refusal_counts, suppressed_counts
 from kiosk_agent.sales.model import SaleEvent
 from kiosk_agent.sales.states import SaleState
 from kiosk_agent.service.settings import CallKind
+from kiosk_agent.web.server import live_sites
 
 PREFIX = "kiosk_agent_"
 
@@ -376,7 +376,7 @@ def audit_families(figures: Mapping[str, Any]) -> Iterator[Metric]:
 def refusal_families(
     refusals: Mapping[tuple[str, str], int], suppressed: Mapping[str, int]
 ) -> Iterator[Metric]:
-    """Refusals an outsider can repeat (core.logging.RefusalLog), logged or summarised."""
+    """Refusals an outsider can repeat (logs.RefusalLog), logged or summarised."""
     yield counter(
         "refusals",
         "Refused requests and lines (bad tokens, forged webhooks, floods...) by source, reason.",

@@ -44,16 +44,16 @@ from urllib.parse import urlsplit
 
 from aiohttp import web
 
-from kiosk_agent.core.doctor import Report, Verdict, check_running
-from kiosk_agent.core.health import UNIX_TIMES
-from kiosk_agent.core.logging import RefusalLog
-from kiosk_agent.core.web import read_json, stream_slot
+from kiosk_agent.doctor import Report, Verdict, check_running
+from kiosk_agent.health.model import UNIX_TIMES
+from kiosk_agent.logs import RefusalLog
 from kiosk_agent.money import format_cents
 from kiosk_agent.sales.journal import SaleRecord, StepRecord
 from kiosk_agent.sales.model import SaleEvent, money_text
 from kiosk_agent.sales.unit import others_open
 from kiosk_agent.service.models.common import card_brand_name
 from kiosk_agent.tasks import BackgroundTask
+from kiosk_agent.web.server import read_json, stream_slot
 
 _LOGGER = logging.getLogger(__name__)
 
@@ -693,7 +693,7 @@ def unit_view(unit: dict[str, Any], config: str | None = None) -> dict[str, Any]
 
 def availability(snapshot: dict[str, Any]) -> dict[str, Any]:
     """How many readers can take cards now, and which cannot and why: the agent's own
-    out-of-service decision per terminal (``core.availability``, in the health snapshot), and a
+    out-of-service decision per terminal (``health.availability``, in the health snapshot), and a
     terminal whose checks fail while it is held in service a moment longer (the hold-off: one
     lost ping must not take a reader off the bus) counted as one that cannot, with its trouble:
     "2 of 2 can take cards" beside an OFFLINE terminal would be a lie for that moment.

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import voluptuous as vol
 
-from kiosk_agent.core.config import register_section
+from kiosk_agent.config.load import register_section
 
 READ = "read"
 ADMIN = "admin"

@@ -39,9 +39,6 @@ from pydantic import BaseModel, ValidationError
 
 from kiosk_agent.admin.page import StatusPage, TokenGuesses
 from kiosk_agent.admin.schema import ADMIN, ADMIN_SCHEMA
-from kiosk_agent.core.logging import RefusalLog
-from kiosk_agent.core.terminal_actions import ActionRefused, ping_terminal, print_test_receipt
-from kiosk_agent.core.web import BodyError, HttpLimits, LocalSite, read_json
 from kiosk_agent.export import (
     SALE_FORMATS,
     CsvExport,
@@ -55,6 +52,7 @@ from kiosk_agent.export import (
     sale_json,
     step_json,
 )
+from kiosk_agent.logs import RefusalLog
 from kiosk_agent.moments import MOMENT_FORMS, MomentError, parse_moment
 from kiosk_agent.sales.attention import (
     NotInAttention,
@@ -65,6 +63,7 @@ from kiosk_agent.sales.attention import (
 )
 from kiosk_agent.sales.journal import JournalError, SaleRecord
 from kiosk_agent.sales.states import SaleState
+from kiosk_agent.sales.terminal_actions import ActionRefused, ping_terminal, print_test_receipt
 from kiosk_agent.service.errors import (
     AuthenticationError,
     BadRequestError,
@@ -76,6 +75,7 @@ from kiosk_agent.service.errors import (
 )
 from kiosk_agent.service.models.reports import ReportKind
 from kiosk_agent.service.reporting import within
+from kiosk_agent.web.server import BodyError, HttpLimits, LocalSite, read_json
 
 if TYPE_CHECKING:
     from kiosk_agent.admin.metrics import AgentMetrics

@@ -28,8 +28,7 @@ from aiohttp import web
 from pydantic import BaseModel
 
 from kiosk_agent.admin.schema import WEBHOOKS_SCHEMA
-from kiosk_agent.core.logging import RefusalLog
-from kiosk_agent.core.web import BodyError, HttpLimits, LocalSite, loads_bounded, read_body
+from kiosk_agent.logs import RefusalLog
 from kiosk_agent.service.webhooks import (
     MerchantEvent,
     MerchantStateReducer,
@@ -41,6 +40,7 @@ from kiosk_agent.service.webhooks import (
     verify,
 )
 from kiosk_agent.tasks import cancel_and_wait
+from kiosk_agent.web.server import BodyError, HttpLimits, LocalSite, loads_bounded, read_body
 
 _LOGGER = logging.getLogger(__name__)
 

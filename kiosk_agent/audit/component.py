@@ -32,13 +32,13 @@ from kiosk_agent.audit.ledger import (
 from kiosk_agent.audit.reconcile import Comparison
 from kiosk_agent.audit.settings import BooksSettings, machine_sources
 from kiosk_agent.audit.store import AuditStore
-from kiosk_agent.core.health import AuditHealth
+from kiosk_agent.health.model import AuditHealth
 from kiosk_agent.sales.journal import JournalError
 from kiosk_agent.sales.model import SaleEvent
 from kiosk_agent.tasks import BackgroundTask
 
 if TYPE_CHECKING:
-    from kiosk_agent.core.agent import Agent
+    from kiosk_agent.assembly.agent import Agent
 
 _LOGGER = logging.getLogger(__name__)
 

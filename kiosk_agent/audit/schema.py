@@ -17,7 +17,7 @@ import voluptuous as vol
 
 from kiosk_agent.audit.link import LinkProtocol, LinkSettings
 from kiosk_agent.audit.settings import BOOKS_KEYS
-from kiosk_agent.core.config import register_section
+from kiosk_agent.config.load import register_section
 
 DEX_SCHEMA = vol.Schema(
     {

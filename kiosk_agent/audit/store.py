@@ -2,7 +2,7 @@
 
 New tables of their own (``audit_reads``, ``audit_comparisons``, ``audit_fills``): the previous
 release never reads them, so it still runs on a journal this one wrote (docs/operations.md,
-"Rolling back"), as ``core/events.py`` keeps ``agent_events``. Reads are kept as long as sales
+"Rolling back"), as ``sales/events.py`` keeps ``agent_events``. Reads are kept as long as sales
 are (:meth:`AuditStore.prune` takes the journal's retention).
 
 Each read keeps the journal's last step id when it was taken (``step_mark``): the journal's

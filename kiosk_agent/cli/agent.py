@@ -49,8 +49,8 @@ from kiosk_agent.sales.states import RESOLUTIONS, SaleState
 # The configuration loader and the journal are imported by the commands that use them: the
 # parser (`--help`, shell completion) must not wait for YAML, voluptuous and sqlite.
 if TYPE_CHECKING:
-    from kiosk_agent.core.agent import Agent
-    from kiosk_agent.core.config import Config
+    from kiosk_agent.assembly.agent import Agent
+    from kiosk_agent.config.load import Config
     from kiosk_agent.sales.journal import SaleRecord
 
 
@@ -164,7 +164,7 @@ def _sales_list_options(parser: argparse.ArgumentParser) -> None:
 
 
 async def check_config_command(args: argparse.Namespace) -> int:
-    from kiosk_agent.core.config import ConfigInvalid, load_config
+    from kiosk_agent.config.load import ConfigInvalid, load_config
 
     path = existing_config(args.config_file) if args.config_file else config_path(args)
     try:
@@ -210,9 +210,9 @@ def port_warnings(config: Config) -> list[str]:
     """A serial port the configuration names that does not exist here: valid YAML, but the
     trigger cannot start (a typo, an unplugged adapter). Named with its file and line, and the
     ports that do exist."""
-    from kiosk_agent.core.config import locate
-    from kiosk_agent.core.doctor import serial_ports_present
-    from kiosk_agent.core.yaml_loader import load_yaml
+    from kiosk_agent.config.load import locate
+    from kiosk_agent.config.yaml_loader import load_yaml
+    from kiosk_agent.doctor import serial_ports_present
 
     missing = [
         (index, trigger["port"])
@@ -239,9 +239,9 @@ def port_warnings(config: Config) -> list[str]:
 def trigger_warnings(config: Config) -> list[str]:
     """A valid trigger that cannot start on this machine as it is (a GPIO chip that does not
     exist, gpiod not installed): named with its file and line, and what to do."""
-    from kiosk_agent.core.config import locate
-    from kiosk_agent.core.doctor import trigger_problems
-    from kiosk_agent.core.yaml_loader import load_yaml
+    from kiosk_agent.config.load import locate
+    from kiosk_agent.config.yaml_loader import load_yaml
+    from kiosk_agent.doctor import trigger_problems
 
     problems = trigger_problems(config)
     if not problems:
@@ -300,9 +300,9 @@ async def run_command(args: argparse.Namespace) -> int:
     that wait) and what is still open parked; the exit code says which signal it was."""
     import gc
 
-    from kiosk_agent.core.collector import pause_for_start_up
+    from kiosk_agent.assembly.collector import pause_for_start_up
 
-    pause_for_start_up()  # until the agent settles after READY=1 (core/collector.py)
+    pause_for_start_up()  # until the agent settles after READY=1 (assembly/collector.py)
     try:
         return await _run(args)
     finally:
@@ -312,8 +312,9 @@ async def run_command(args: argparse.Namespace) -> int:
 async def _run(args: argparse.Namespace) -> int:
     config = load(config_path(args))
     from kiosk_agent.app import agent_for
+    from kiosk_agent.cli.sim import embedded_simulator
     from kiosk_agent.cli.virtual import simulated_machines
-    from kiosk_agent.core.logging import setup_logging
+    from kiosk_agent.logs import setup_logging
     from kiosk_agent.sales.journal import JournalError
     from kiosk_agent.sales.owner import JournalOwned
 
@@ -327,7 +328,9 @@ async def _run(args: argparse.Namespace) -> int:
         signals.remove()
         return signals.exit_code
     try:
-        async with agent_for(config, machines=simulated_machines) as (agent, _service):
+        async with agent_for(
+            config, simulator=embedded_simulator, machines=simulated_machines
+        ) as (agent, _service):
             await _start_unless_stopped(agent, signals)
             await signals.wait()
             if agent.started:  # the drain, cut short by a second signal
@@ -347,7 +350,7 @@ async def _run(args: argparse.Namespace) -> int:
 
 async def _start_unless_stopped(agent: Agent, signals: StopSignals) -> None:
     """The agent's start, ended by a stop signal while it still waits (for its journal's disk:
-    core/journal_guard.py); what had started is stopped again (Agent.start)."""
+    sales/journal_guard.py); what had started is stopped again (Agent.start)."""
     import asyncio
 
     starting = asyncio.ensure_future(agent.start())

@@ -56,7 +56,7 @@ if TYPE_CHECKING:
 
     from pydantic import BaseModel, ValidationError
 
-    from kiosk_agent.core.config import Config
+    from kiosk_agent.config.load import Config
     from kiosk_agent.sales.journal import Journal
     from kiosk_agent.service.client import ServiceClient
     from kiosk_agent.service.settings import ServiceSettings
@@ -276,7 +276,7 @@ def existing_config(path: Path) -> Path:
 
 def load(path: Path, **loader_options: Any) -> Config:
     """The configuration at ``path``; a broken one is exit 2 with every mistake listed."""
-    from kiosk_agent.core.config import ConfigInvalid, load_config
+    from kiosk_agent.config.load import ConfigInvalid, load_config
 
     try:
         return load_config(path, **loader_options)
@@ -470,7 +470,7 @@ def _explain(err: BaseException) -> tuple[str, int, list[str], bool]:
         return f"the service said no: {err}", EXIT_FAILED, [], True
     if isinstance(err, MoneyError | ValueError):
         return str(err), EXIT_USAGE, [], True
-    from kiosk_agent.core.web import ListenError
+    from kiosk_agent.web.server import ListenError
 
     if isinstance(err, ListenError):
         return str(err.strerror), EXIT_FAILED, [], False
@@ -699,11 +699,12 @@ async def _configured_values(path: Path) -> AsyncIterator[dict[str, Any]]:
     from pydantic import ValidationError
 
     from kiosk_agent.app import configured_service
+    from kiosk_agent.cli.sim import embedded_simulator
 
     config = load(path, check_platforms=False)
     settings_made = False
     try:
-        async with configured_service(config) as service:
+        async with configured_service(config, embedded_simulator) as service:
             settings_made = True
             if service.simulator is not None:
                 STATUS.done(f"{path}: started the embedded simulator at "
@@ -746,8 +747,8 @@ def _note_address_origin(path: Path | None, values: dict[str, Any], needs: str) 
         return
     if path is None or not values.get(field):
         return
-    from kiosk_agent.core.config import locate
-    from kiosk_agent.core.yaml_loader import load_yaml
+    from kiosk_agent.config.load import locate
+    from kiosk_agent.config.yaml_loader import load_yaml
 
     raw, _errors = load_yaml(path)
     service = raw.get("service") if isinstance(raw, dict) else None

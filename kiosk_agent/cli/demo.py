@@ -393,6 +393,7 @@ def _demo_config(args: argparse.Namespace) -> Path:
 
 async def _run(config: Any, args: argparse.Namespace, page_token: str | None = None) -> int:
     from kiosk_agent.app import agent_for
+    from kiosk_agent.cli.sim import embedded_simulator
     from kiosk_agent.cli.virtual import simulated_machines
     from kiosk_agent.platforms.virtual import VirtualPlatform
     from kiosk_agent.sim.machine import VirtualController
@@ -402,9 +403,9 @@ async def _run(config: Any, args: argparse.Namespace, page_token: str | None = N
     journal = demo_journal(config)
     signals = StopSignals("stopping the demo").install()
     try:
-        async with agent_for(config, systemd=False, machines=simulated_machines) as (
-            agent, service
-        ):
+        async with agent_for(
+            config, systemd=False, simulator=embedded_simulator, machines=simulated_machines
+        ) as (agent, service):
             assert service.simulator is not None  # demo_command checked the configuration
             sim_url = service.simulator.base_url
             view.note(f"simulator listening on {sim_url}; Ctrl-C stops the demo")

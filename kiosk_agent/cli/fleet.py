@@ -45,11 +45,11 @@ from kiosk_agent.cli.contract import (
 from kiosk_agent.export import display_clock, optional_timestamp
 from kiosk_agent.money import format_cents
 
-# The checks (core/doctor.py), the configuration and aiohttp are imported by the commands that
+# The checks (doctor.py), the configuration and aiohttp are imported by the commands that
 # use them: the parser (`--help`, shell completion) must not wait for them.
 if TYPE_CHECKING:
-    from kiosk_agent.core.config import Config
-    from kiosk_agent.core.doctor import Check, Report
+    from kiosk_agent.config.load import Config
+    from kiosk_agent.doctor import Check, Report
 
 TOKEN_ENV = "KIOSK_AGENT_TOKEN"  # noqa: S105 - the variable's name, not a secret
 
@@ -132,15 +132,15 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
 
 async def doctor_command(args: argparse.Namespace) -> int:
-    # The checks and their fixes live in core/doctor.py (the status page runs them too).
-    from kiosk_agent.core.doctor import (
+    # The checks and their fixes live in doctor.py (the status page runs them too).
+    from kiosk_agent.doctor import (
         Report,
         check_config,
         check_journal,
         check_port_urls,
+        check_sections,
         check_serial_ports,
         check_triggers,
-        check_upstream,
     )
 
     as_json = wants_json(args)
@@ -156,7 +156,7 @@ async def doctor_command(args: argparse.Namespace) -> int:
         check_triggers(report, config)
         check_journal(report, config)
         await _check_service(report, config, args)
-        await check_upstream(report, config, args.timeout)
+        await check_sections(report, config, args.timeout)
     report.finished_at = time.time()  # the run is over: its time is a fact, not null
     if as_json:
         shown = report.as_dict()
@@ -174,7 +174,7 @@ async def doctor_command(args: argparse.Namespace) -> int:
 def verdict(report: Report) -> str:
     """``all 8 checks passed, 4 skipped`` or ``2 of 8 checks failed: ...``: skipped checks
     are counted apart, never as checks that ran."""
-    from kiosk_agent.core.doctor import Verdict
+    from kiosk_agent.doctor import Verdict
 
     if not report.checks:
         return "nothing checked"
@@ -196,10 +196,11 @@ def _print_check(check: Check) -> None:
 
 async def _check_service(report: Report, config: Config, args: argparse.Namespace) -> None:
     from kiosk_agent.app import configured_service
-    from kiosk_agent.core.doctor import Verdict, check_terminals
+    from kiosk_agent.cli.sim import embedded_simulator
+    from kiosk_agent.doctor import Verdict, check_terminals
     from kiosk_agent.service.client import ServiceClient
 
-    async with configured_service(config) as configured:
+    async with configured_service(config, embedded_simulator) as configured:
         if configured.simulator is not None:
             report.add("service", Verdict.PASS,
                        f"embedded simulator started at {configured.simulator.base_url}")
@@ -229,7 +230,7 @@ def _broker(args: argparse.Namespace) -> tuple[Path, dict[str, Any], dict[str, A
 
 
 def _unreachable(mqtt: dict[str, Any], err: BaseException) -> CliError:
-    from kiosk_agent.core.doctor import describe
+    from kiosk_agent.doctor import describe
 
     return CliError(f"cannot reach the MQTT broker {mqtt['host']}:{mqtt['port']}: "
                     f"{describe(err)}", EXIT_UNREACHABLE)
@@ -471,7 +472,7 @@ async def health_command(args: argparse.Namespace) -> int:
     import asyncio
     import http.client
 
-    from kiosk_agent.core.doctor import describe
+    from kiosk_agent.doctor import describe
 
     url, token = admin_address(args)
     within = timeout_of(args)

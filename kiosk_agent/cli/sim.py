@@ -16,7 +16,7 @@ from kiosk_agent.cli.contract import EXIT_USAGE, positive_number, stop_on_signal
 # `--help` and shell completion build this parser without them.
 if TYPE_CHECKING:
     from kiosk_agent.service.settings import ServiceSettings
-    from kiosk_agent.sim.server import SimOptions
+    from kiosk_agent.sim.server import SimOptions, SimServer
 
 DEFAULT_PORT = 8990
 READY = "READY "  # the line `kiosk-agent sim` prints once it listens: READY {json}
@@ -94,6 +94,16 @@ def settings_from_ready(info: Mapping[str, Any], **tuning: Any) -> ServiceSettin
     from kiosk_agent.service.settings import ServiceSettings
 
     return ServiceSettings.reaching_simulator(info, **tuning)
+
+
+def embedded_simulator(conf: dict[str, Any]) -> SimServer:
+    """The simulator a configuration embeds (``service: {simulator: ...}``) on a free port: the
+    factory the commands hand to ``app.configured_service`` (nothing below the CLI imports sim)."""
+    from kiosk_agent.sim.server import SimOptions, SimServer
+
+    options = SimOptions(port=0, time_scale=conf["time_scale"], seed=conf["seed"],
+                         transactions=conf["transactions"])
+    return SimServer(options)
 
 
 def parse_ready(line: str) -> dict[str, Any] | None:

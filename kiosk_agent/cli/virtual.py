@@ -107,7 +107,7 @@ def _listen(text: str) -> tuple[str, int]:
 def _product(text: str) -> tuple[str, int]:
     import voluptuous as vol
 
-    from kiosk_agent.core.config import positive_price
+    from kiosk_agent.config.load import positive_price
 
     code, sep, price = text.partition("=")
     if not sep or not code or "," in code:

@@ -10,7 +10,7 @@ is refused while its reader holds a sale, a ping is a status call.
 - ``restart``: the agent's own graceful stop (as ``SIGQUIT``: new sales refused, exit 131),
   which systemd's ``Restart=on-failure`` starts again ``RestartSec`` (5 s) later.
 - ``ping_<terminal>``, ``test_print_<terminal>``: the admin API's buttons
-  (core/terminal_actions.py).
+  (sales/terminal_actions.py).
 - The update entity: the installed version (the report's) and the newest, as the operator
   publishes it, retained, on ``<topic_prefix>/latest_version``.
 """

@@ -22,8 +22,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from kiosk_agent.core.health import Health, HealthSnapshot
-from kiosk_agent.core.terminal_actions import ActionRefused, ping_terminal, print_test_receipt
 from kiosk_agent.fleet.backoff import jittered
 from kiosk_agent.fleet.commands import (
     PING,
@@ -48,7 +46,9 @@ from kiosk_agent.fleet.mqtt import BirthPolicy, MqttSink
 from kiosk_agent.fleet.report import build_report, iso
 from kiosk_agent.fleet.schema import UPSTREAM_SCHEMA
 from kiosk_agent.fleet.sink import Sink
+from kiosk_agent.health.model import Health, HealthSnapshot
 from kiosk_agent.redact import redact
+from kiosk_agent.sales.terminal_actions import ActionRefused, ping_terminal, print_test_receipt
 from kiosk_agent.service.errors import ServiceError
 from kiosk_agent.tasks import BackgroundTask, wait_event
 

@@ -28,7 +28,6 @@ from typing import Any
 
 import aiomqtt
 
-from kiosk_agent.core.logging import RefusalLog
 from kiosk_agent.fleet.backoff import Backoff
 from kiosk_agent.fleet.discovery import discovery_messages, own_config
 from kiosk_agent.fleet.entities import RETIRED, DiscoveryOptions
@@ -36,6 +35,7 @@ from kiosk_agent.fleet.loopback import insecure_mqtt
 from kiosk_agent.fleet.sink import SinkBase
 from kiosk_agent.fleet.tls import ca_file_problem
 from kiosk_agent.fleet.topics import OFFLINE, ONLINE, discovery_topic, unit_base_topic
+from kiosk_agent.logs import RefusalLog
 
 _LOGGER = logging.getLogger(__name__)
 

@@ -7,7 +7,7 @@ from typing import Any
 
 import voluptuous as vol
 
-from kiosk_agent.core.config import register_section
+from kiosk_agent.config.load import register_section
 from kiosk_agent.fleet.discovery import release_tuple
 from kiosk_agent.fleet.entities import OLDEST_HOME_ASSISTANT
 from kiosk_agent.fleet.loopback import insecure_http, insecure_mqtt

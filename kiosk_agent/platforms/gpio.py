@@ -15,7 +15,7 @@ opened) behind the small ``GpioChip`` interface, so tests can use a fake chip.
         - {line: 17, product: espresso, price: "2.50", relay: 22, sensor: 27}
         - {line: 18, product: latte, price: "3.20", relay: 23}
 
-Out of service (``core.availability``): while the terminal cannot take cards the "available"
+Out of service (``health.availability``): while the terminal cannot take cards the "available"
 output is off and presses start no sale (they are counted as refused); a sale already running
 finishes.
 """
@@ -36,15 +36,15 @@ from typing import Any, Protocol
 
 import voluptuous as vol
 
-from kiosk_agent.core.availability import follow_availability
-from kiosk_agent.core.config import PLATFORM_SCHEMA as BASE_PLATFORM_SCHEMA
-from kiosk_agent.core.config import (
+from kiosk_agent.config.load import PLATFORM_SCHEMA as BASE_PLATFORM_SCHEMA
+from kiosk_agent.config.load import (
     max_price_check,
     no_enrollment,
     positive_float,
     positive_price,
 )
-from kiosk_agent.core.registry import CannotStart
+from kiosk_agent.config.registry import CannotStart
+from kiosk_agent.health.availability import follow_availability
 from kiosk_agent.platforms.base import (
     DevicePlatform,
     Dispenser,

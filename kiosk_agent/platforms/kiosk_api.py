@@ -52,18 +52,9 @@ from typing import Any
 import voluptuous as vol
 from aiohttp import WSMsgType, web
 
-from kiosk_agent.core.config import PLATFORM_SCHEMA as BASE_PLATFORM_SCHEMA
-from kiosk_agent.core.config import max_price_check, positive_float, price_map
-from kiosk_agent.core.logging import RefusalLog
-from kiosk_agent.core.web import (
-    MAX_STREAM_FRAME,
-    BodyError,
-    HttpLimits,
-    LocalSite,
-    read_json,
-    stream_slot,
-    text_fault,
-)
+from kiosk_agent.config.load import PLATFORM_SCHEMA as BASE_PLATFORM_SCHEMA
+from kiosk_agent.config.load import max_price_check, positive_float, price_map
+from kiosk_agent.logs import RefusalLog
 from kiosk_agent.money import MoneyError, cents_to_dollars, parse_price
 from kiosk_agent.platforms.base import Dispenser, instance_name
 from kiosk_agent.sales.model import (
@@ -79,6 +70,15 @@ from kiosk_agent.sales.model import (
     UnknownTerminal,
 )
 from kiosk_agent.tasks import cancel_and_wait, next_item
+from kiosk_agent.web.server import (
+    MAX_STREAM_FRAME,
+    BodyError,
+    HttpLimits,
+    LocalSite,
+    read_json,
+    stream_slot,
+    text_fault,
+)
 
 _LOGGER = logging.getLogger(__name__)
 
@@ -479,7 +479,7 @@ class KioskApi:
         )
 
     def _out_of_service(self, terminal: str | None) -> web.Response | None:
-        """503 at once while the sale's terminal is out of service (``core.availability``):
+        """503 at once while the sale's terminal is out of service (``health.availability``):
         the app tells the customer now, and no sale is journaled only to fail at the terminal."""
         availability = getattr(self.agent, "availability", None)
         if availability is None:

@@ -12,7 +12,7 @@ Anything that ends a session without a confirmed vend (cancel, controller reset 
 adapter, no vend result in time) returns an outcome that is not ``VENDED``, so the flow gives the
 money back.
 
-Out of service (``core.availability``): while the terminal cannot take cards the cashless slave
+Out of service (``health.availability``): while the terminal cannot take cards the cashless slave
 is off the bus (``C,0``), so the machine shows cashless unavailable and sells for cash; it joins
 again (``C,1``) once the terminal is usable. A session in progress is never cut short: the
 reader steps aside when it ends.
@@ -30,14 +30,14 @@ from typing import Any
 
 import voluptuous as vol
 
-from kiosk_agent.core.availability import follow_availability
-from kiosk_agent.core.config import PLATFORM_SCHEMA as BASE_PLATFORM_SCHEMA
-from kiosk_agent.core.config import (
+from kiosk_agent.config.load import PLATFORM_SCHEMA as BASE_PLATFORM_SCHEMA
+from kiosk_agent.config.load import (
     max_price_check,
     no_enrollment,
     positive_float,
     positive_price,
 )
+from kiosk_agent.health.availability import follow_availability
 from kiosk_agent.platforms import mdb_protocol as wire
 from kiosk_agent.platforms.base import (
     DevicePlatform,

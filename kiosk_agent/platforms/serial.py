@@ -24,7 +24,7 @@ from typing import Any
 import serial
 import serial_asyncio_fast
 
-from kiosk_agent.core.logging import RefusalLog
+from kiosk_agent.logs import RefusalLog
 from kiosk_agent.tasks import BackgroundTask, cancel_and_wait, wait_event
 
 _LOGGER = logging.getLogger(__name__)

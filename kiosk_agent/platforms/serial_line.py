@@ -21,7 +21,7 @@ answers with::
 ``{cents}``, ``{amount}`` (two-place dollars) and, in ``deny`` and ``out_of_service``,
 ``{reason}``.
 
-Out of service (``core.availability``): while the terminal cannot take cards a vend request starts
+Out of service (``health.availability``): while the terminal cannot take cards a vend request starts
 no sale and is answered at once with ``deny`` whose ``{reason}`` is short
 (``out of service: terminal offline``); ``out_of_service`` / ``in_service``, when configured, tell
 the device of each change (on connect too), after any sale in progress.
@@ -39,9 +39,9 @@ from typing import Any
 
 import voluptuous as vol
 
-from kiosk_agent.core.availability import follow_availability, short_reason
-from kiosk_agent.core.config import PLATFORM_SCHEMA as BASE_PLATFORM_SCHEMA
-from kiosk_agent.core.config import no_enrollment, positive_float
+from kiosk_agent.config.load import PLATFORM_SCHEMA as BASE_PLATFORM_SCHEMA
+from kiosk_agent.config.load import no_enrollment, positive_float
+from kiosk_agent.health.availability import follow_availability, short_reason
 from kiosk_agent.money import MoneyError, cents_to_dollars, parse_wire_amount
 from kiosk_agent.platforms.base import (
     DevicePlatform,

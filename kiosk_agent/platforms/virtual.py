@@ -15,15 +15,15 @@ from typing import Any, Protocol
 
 import voluptuous as vol
 
-from kiosk_agent.core.availability import follow_availability
-from kiosk_agent.core.config import PLATFORM_SCHEMA as BASE_PLATFORM_SCHEMA
-from kiosk_agent.core.config import (
+from kiosk_agent.config.load import PLATFORM_SCHEMA as BASE_PLATFORM_SCHEMA
+from kiosk_agent.config.load import (
     max_price_check,
     no_enrollment,
     positive_float,
     positive_price,
 )
-from kiosk_agent.core.registry import CannotStart
+from kiosk_agent.config.registry import CannotStart
+from kiosk_agent.health.availability import follow_availability
 from kiosk_agent.platforms.base import instance_name, link_reporter
 from kiosk_agent.platforms.mdb import MdbCashless, MdbOptions, Mode, check_modes
 from kiosk_agent.platforms.serial import SerialSettings

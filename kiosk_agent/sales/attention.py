@@ -29,6 +29,7 @@ from kiosk_agent.sales import unit
 from kiosk_agent.sales.clock import Anchor, elapsed_at_least
 from kiosk_agent.sales.journal import Journal, JournalError, SaleMoved, SaleRecord
 from kiosk_agent.sales.model import Flow, SaleEvent
+from kiosk_agent.sales.settings import ATTENTION_RECHECK
 from kiosk_agent.sales.states import NO_CHARGE_STEPS, RESOLUTIONS, SaleState, Step
 from kiosk_agent.sales.steps import SWEEP_MONEY_RETRIES, SaleContext, SaleSteps, event_of
 from kiosk_agent.service.errors import ServiceError
@@ -82,7 +83,7 @@ class SweepStats:
 class AttentionSweeper:
     """Re-examines ATTENTION sales every ``interval`` seconds against reporting."""
 
-    def __init__(self, context: SaleContext, interval: float = 300.0) -> None:
+    def __init__(self, context: SaleContext, interval: float = ATTENTION_RECHECK) -> None:
         self.context = context
         self.journal = context.journal
         self.interval = interval

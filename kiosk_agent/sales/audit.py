@@ -36,6 +36,7 @@ from dataclasses import dataclass, field
 from kiosk_agent.sales.journal import CHARGE_LOOKBACK_S, SaleRecord
 from kiosk_agent.sales.model import Flow, SaleEvent
 from kiosk_agent.sales.runner import new_ids
+from kiosk_agent.sales.settings import CHARGE_CHECK_MAX_GIVE_BACK
 from kiosk_agent.sales.states import NO_CHARGE_STEPS, SaleState, Step
 from kiosk_agent.sales.steps import SaleContext, SaleSteps
 from kiosk_agent.sales.unit import split_order_id
@@ -163,7 +164,7 @@ class ChargeAudit:
         context: SaleContext,
         *,
         lookback: float = CHARGE_LOOKBACK_S,
-        max_give_back: int = 5,
+        max_give_back: int = CHARGE_CHECK_MAX_GIVE_BACK,
         foreign_quiet: float = FOREIGN_QUIET_S,
         now: Callable[[], float] | None = None,
     ) -> None:

@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from kiosk_agent.moments import day_of, day_start
+from kiosk_agent.money import CURRENCY
 from kiosk_agent.sales.clock import SYSTEM_CLOCK, Clock
 
 # the platforms hear it as one of the dispenser contract's refusals
@@ -150,7 +151,7 @@ class SaleRecord:
     amount_cents: int
     state: SaleState
     product: str | None = None
-    currency: str = "USD"
+    currency: str = CURRENCY
     attempt: int = 1
     interaction_id: str | None = None
     interaction_kind: str | None = None

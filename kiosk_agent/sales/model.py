@@ -12,7 +12,7 @@ import enum
 from dataclasses import dataclass, field
 from typing import Literal, Protocol
 
-from kiosk_agent.money import format_cents
+from kiosk_agent.money import CURRENCY, format_cents
 from kiosk_agent.sales.states import Flow as Flow  # re-exported: a request names its flow
 from kiosk_agent.sales.states import SaleState, Step
 
@@ -156,7 +156,7 @@ class SaleEvent:
     at: float = 0.0  # time.time()
     step: Step | Literal[""] = ""  # the journal step announced (none: a snapshot)
     authorized_cents: int = 0
-    currency: str = "USD"
+    currency: str = CURRENCY
     created_at: float = 0.0  # when the sale was created: the day it counts on (moments.day_of)
 
     @property

@@ -17,12 +17,17 @@ if TYPE_CHECKING:
 _LOGGER = logging.getLogger(__name__)
 
 
+# The defaults of the ``receipts:`` section (sales/schema.py takes them from here)
+PRINT = "auto"  # print when the terminal's capabilities say it prints
+EMAIL = True
+
+
 @dataclass(frozen=True, slots=True)
 class ReceiptSettings:
     """``print``: auto (when the terminal's capabilities say it prints), always or never."""
 
-    print: str = "auto"
-    email: bool = True
+    print: str = PRINT
+    email: bool = EMAIL
 
 
 async def send_receipts(

@@ -5,23 +5,30 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from kiosk_agent.money import CURRENCY as CURRENCY
 from kiosk_agent.sales.model import SaleRequest
 from kiosk_agent.sales.model import UnknownTerminal as UnknownTerminal  # re-exported
 from kiosk_agent.sales.receipts import ReceiptSettings
 from kiosk_agent.sales.states import Flow
-from kiosk_agent.service.timeouts import DEFAULT_TIMEOUT
+from kiosk_agent.service.timeouts import DEFAULT_TIMEOUT, INTERACTION_LIFETIME
 
-# A read-card or charge-card interaction lives this long on the service (choices.md).
-INTERACTION_LIFETIME = 180.0
-
-# On a stopping signal, how long the sales already running may take to finish before what is
-# still open is parked (``sales.stop_timeout``; systemd/kiosk-agent.service's TimeoutStopSec is
-# this plus the stop's own margin, tests/core/test_systemd.py keeps them in step).
-STOP_TIMEOUT = 30.0
-
-
+# The defaults of the ``sales:`` section, each written here once: its schema (sales/schema.py)
+# and the objects it configures (SaleSettings, JournalGuard, AttentionSweeper, ChargeAudit)
+# take them from here (tests/config/test_defaults.py).
+RETRIES = 2  # charge_card: how many times a B (retry) answer is asked again
+CARD_TIMEOUT = 200.0  # how long a card may take at the terminal before the sale gives up
 # How long the machine may take to report a dispense, unless its trigger sets its own (seconds)
 VEND_TIMEOUT = 60.0
+# On a stopping signal, how long the sales already running may take to finish before what is
+# still open is parked (``sales.stop_timeout``; systemd/kiosk-agent.service's TimeoutStopSec is
+# this plus the stop's own margin, tests/assembly/test_systemd.py keeps them in step).
+STOP_TIMEOUT = 30.0
+ANSWER_MARGIN = 10.0  # how long the service may still commit a call after the agent gave up
+ATTENTION_RECHECK = 300.0  # how often sales in ATTENTION are looked at again in reporting
+CHARGE_CHECK_INTERVAL = 900.0  # how often reporting's recent charges meet the journal
+CHARGE_HISTORY_INTERVAL = 21600.0  # how often a charge check reads the settled charges too
+CHARGE_CHECK_MAX_GIVE_BACK = 5  # more unaccounted charges than this go to a person
+UNWRITTEN_RESTART_AFTER = 120.0  # a sale left unwritten this long has the agent restarted
 
 
 @dataclass(frozen=True, slots=True)
@@ -30,17 +37,17 @@ class SaleSettings:
 
     mid: str
     terminals: Mapping[str, str]  # device_id -> name
-    retries: int = 2
-    card_timeout: float = 200.0
-    vend_timeout: float = VEND_TIMEOUT  # sales.vend_timeout
-    currency: str = "USD"
+    retries: int = RETRIES
+    card_timeout: float = CARD_TIMEOUT
+    vend_timeout: float = VEND_TIMEOUT  # sales.vend_timeout; a trigger's own replaces it
+    currency: str = CURRENCY
     # the service's clock: a simulator with a time scale shortens the interaction lifetime
     interaction_lifetime: float = INTERACTION_LIFETIME
     stop_timeout: float = STOP_TIMEOUT
     # one money call (a charge-card request, an authorization) is given up after this long
     request_timeout: float = DEFAULT_TIMEOUT  # service.timeout
     # how long the service may still commit a call after the agent gave up on it
-    answer_margin: float = 10.0
+    answer_margin: float = ANSWER_MARGIN
     receipts: ReceiptSettings = field(default_factory=ReceiptSettings)
 
     def vend_timeout_for(self, request: SaleRequest) -> float:

@@ -160,7 +160,7 @@ class Step(enum.StrEnum):
     ATTENTION_DONE = "attention.done"
     ATTENTION_RESOLVED = "attention.resolved"  # a person's decision
     LATE_FOUND = "late.found"
-    # the journal's disk failed (core/journal_guard.py, sales/unwritten.py, sales/audit.py)
+    # the journal's disk failed (sales/journal_guard.py, sales/unwritten.py, sales/audit.py)
     JOURNAL_UNWRITTEN = "journal.unwritten"  # an event only: the step could not be written
     JOURNAL_RESTORED = "journal.restored"  # the sale as memory held it, written again
     AUDIT_FOUND = "audit.found"  # a charge in reporting the journal did not hold

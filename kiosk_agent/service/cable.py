@@ -56,6 +56,7 @@ from kiosk_agent.service.models.terminal import Interaction, InteractionKind
 from kiosk_agent.service.parsing import parse_interaction
 from kiosk_agent.service.redirects import RedirectRefused
 from kiosk_agent.service.settings import CallKind
+from kiosk_agent.service.timeouts import INTERACTION_LIFETIME
 from kiosk_agent.tasks import cancel_and_wait
 
 if TYPE_CHECKING:
@@ -63,7 +64,6 @@ if TYPE_CHECKING:
 
 _LOGGER = logging.getLogger(__name__)
 
-INTERACTION_LIFETIME = 180.0  # seconds, when a record does not say
 STALE_AFTER = 10.0  # seconds without any frame (the server pings every 3 s)
 # An idle cable stays open this long for the next sale (a queue of customers), then closes: an
 # agent with no sale is not woken every 3 s by the pings, and reopening costs one token request.

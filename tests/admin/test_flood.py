@@ -17,7 +17,7 @@ import aiohttp
 import pytest
 
 from kiosk_agent.app import load_agent
-from kiosk_agent.core.web import LISTEN_BACKLOG, SILENT_SHARE, live_sites
+from kiosk_agent.web.server import LISTEN_BACKLOG, SILENT_SHARE, live_sites
 
 from .conftest import ADMIN_TOKEN, KIOSK_TOKEN, write_config
 

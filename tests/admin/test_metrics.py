@@ -19,7 +19,7 @@ from prometheus_client.parser import text_string_to_metric_families as parse_tex
 from prometheus_client.samples import Sample
 
 from kiosk_agent.admin.metrics import AgentMetrics, Timings
-from kiosk_agent.core.health import Health
+from kiosk_agent.health.model import Health
 from kiosk_agent.sales.model import Flow, SaleEvent, SaleRequest
 from kiosk_agent.sales.states import SaleState, Step
 from kiosk_agent.service.settings import CallKind

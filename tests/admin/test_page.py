@@ -406,7 +406,7 @@ async def test_the_doctor_runs_again_when_a_problem_comes_not_when_a_countdown_t
     from types import SimpleNamespace
 
     from kiosk_agent.admin.page import StatusPage, TokenGuesses
-    from kiosk_agent.core.doctor import Report
+    from kiosk_agent.doctor import Report
 
     problems = ["API key expires in 3600 s"]
     health = SimpleNamespace(snapshot=lambda: SimpleNamespace(problems=list(problems)))

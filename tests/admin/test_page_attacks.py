@@ -334,7 +334,7 @@ async def test_a_connection_closed_to_make_room_is_told_why() -> None:
     503 with Retry-After, not a dropped connection."""
     from aiohttp import web
 
-    from kiosk_agent.core.web import HttpLimits, LocalSite
+    from kiosk_agent.web.server import HttpLimits, LocalSite
 
     async def ok(request: web.Request) -> web.Response:
         return web.Response(text="ok")
@@ -409,7 +409,7 @@ async def test_a_client_that_takes_no_answer_is_cut_after_the_body_timeout() -> 
     them would lock every caller out. Cut once nothing could be sent for ``body_timeout``."""
     from aiohttp import web
 
-    from kiosk_agent.core.web import HttpLimits, LocalSite
+    from kiosk_agent.web.server import HttpLimits, LocalSite
 
     async def endless(request: web.Request) -> web.StreamResponse:
         response = web.StreamResponse()

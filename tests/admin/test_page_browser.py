@@ -25,7 +25,7 @@ from playwright.async_api import Browser, Page, ViewportSize, expect
 from kiosk_agent.admin.page import availability as page_availability
 from kiosk_agent.app import load_agent
 from kiosk_agent.cli.virtual import simulated_machines
-from kiosk_agent.core.logging import refusal_counts
+from kiosk_agent.logs import refusal_counts
 from kiosk_agent.sales.journal import SaleRecord
 from kiosk_agent.sales.model import SaleEvent
 from kiosk_agent.sales.states import SaleState, Step

@@ -17,8 +17,8 @@ from hypothesis import strategies as st
 
 from kiosk_agent.admin.webhooks import SqliteIdempotencyStore, WebhookReceiver
 from kiosk_agent.cli import build_parser
-from kiosk_agent.core.health import Health, Status
-from kiosk_agent.core.logging import refusal_counts
+from kiosk_agent.health.model import Health, Status
+from kiosk_agent.logs import refusal_counts
 from kiosk_agent.service.webhooks import MemoryIdempotencyStore, parse_event, sign
 
 SECRET = "whsec_test_secret"

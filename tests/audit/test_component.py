@@ -17,7 +17,7 @@ from kiosk_agent.audit.books import Figures
 from kiosk_agent.audit.component import AuditReads, Port
 from kiosk_agent.audit.schema import DEX_SCHEMA
 from kiosk_agent.bus import EventBus
-from kiosk_agent.core.health import Health
+from kiosk_agent.health.model import Health
 from kiosk_agent.sales.clock import FakeClock
 from kiosk_agent.sales.journal import Journal
 from kiosk_agent.sales.model import SaleEvent

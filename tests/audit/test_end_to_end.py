@@ -10,16 +10,16 @@ from typing import Any
 
 import pytest
 
+from kiosk_agent.assembly.agent import Agent
 from kiosk_agent.audit.component import AuditReads
 from kiosk_agent.audit.ddcmp import DdcmpSlave
 from kiosk_agent.audit.dexucs import DexSlave
 from kiosk_agent.audit.schema import DEX_SCHEMA
-from kiosk_agent.core.agent import Agent
 from kiosk_agent.sales.states import SaleState
 from kiosk_agent.sim.machine import VirtualController, VisitOutcome
-from tests.core.conftest import agent_factory
+from tests.assembly.conftest import agent_factory
 
-__all__ = ["agent_factory"]  # the real agent on the simulator, as tests/core has it
+__all__ = ["agent_factory"]  # the real agent on the simulator, as tests/assembly has it
 
 MACHINE = """\
 triggers:

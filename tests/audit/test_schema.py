@@ -6,7 +6,7 @@ import pytest
 
 from kiosk_agent.audit.link import LinkProtocol
 from kiosk_agent.audit.schema import link_settings
-from kiosk_agent.core.config import ConfigInvalid, load_config
+from kiosk_agent.config.load import ConfigInvalid, load_config
 
 BASE = "service: {simulator: {time_scale: 50}}\nterminals: [{device_id: SIM-0001}]\n"
 

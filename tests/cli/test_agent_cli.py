@@ -178,7 +178,7 @@ def test_sales_and_sales_attention_read_a_journal_on_a_full_or_read_only_disk(
     """They opened the journal to write (a migration, its WAL): on a full disk, "cannot open
     the journal: disk I/O error"; on a read-only one, "unable to open database file", just when
     a tech needs to see what the journal holds. They only read now, in place or from a copy."""
-    from tests.core.disk_helpers import fill, small_disk
+    from tests.assembly.disk_helpers import fill, small_disk
 
     with small_disk(tmp_path / "disk") as disk:
         path = write(disk, GOOD)
@@ -608,7 +608,7 @@ def test_sales_attention_lists_what_a_person_must_decide_and_resolve_records_it(
 
 
 def test_a_run_that_ends_before_settling_leaves_the_collector_running(tmp_path: Path) -> None:
-    """`run` pauses the collector for start-up (core/collector.py); a run that ends before its
+    """`run` pauses the collector for start-up (assembly/collector.py); a run that ends before its
     agent settles, here on a missing configuration, resumes it."""
     assert gc.isenabled()
     assert main(["run", "--config", str(tmp_path / "missing.yaml")]) == EXIT_USAGE

@@ -19,8 +19,8 @@ import pytest
 from kiosk_agent.app import load_agent
 from kiosk_agent.cli import build_parser
 from kiosk_agent.cli.fleet import format_health
-from kiosk_agent.core.health import Health
 from kiosk_agent.fleet.component import Upstream
+from kiosk_agent.health.model import Health
 
 from ..fleet.helpers import TcpProxy
 from ..helpers import free_port, until
@@ -190,7 +190,7 @@ async def test_health_needs_a_token_or_a_config(monkeypatch: pytest.MonkeyPatch,
 
 def test_doctor_counts_skipped_checks_apart_whether_it_passes_or_fails() -> None:
     from kiosk_agent.cli.fleet import verdict
-    from kiosk_agent.core.doctor import Report, Verdict
+    from kiosk_agent.doctor import Report, Verdict
 
     report = Report()
     report.add("config", Verdict.PASS)

@@ -19,7 +19,7 @@ from kiosk_agent.cli import COMMAND_HELP, COMMAND_MODULES, build_parser
 
 DEMO_CONFIG = Path(__file__).parents[2] / "config" / "demo.yaml"
 
-HEAVY = ("aiohttp", "kiosk_agent.sim", "kiosk_agent.admin", "kiosk_agent.core", "pydantic")
+HEAVY = ("aiohttp", "kiosk_agent.sim", "kiosk_agent.admin", "kiosk_agent.assembly", "pydantic")
 
 
 # What a parser may be built from: the command modules, the contract and these small modules
@@ -68,7 +68,7 @@ def test_the_overview_imports_no_command_module(argv: list[str]) -> None:
     output, modules = modules_after(argv)
     assert "check-config" in output
     assert "completion" in output
-    for package in ("aiohttp", "kiosk_agent.sim", "kiosk_agent.admin", "kiosk_agent.core"):
+    for package in ("aiohttp", "kiosk_agent.sim", "kiosk_agent.admin", "kiosk_agent.assembly"):
         assert imported(modules, package) == [], package
     assert imported(modules, "kiosk_agent.cli") == ["kiosk_agent.cli", "kiosk_agent.cli.contract"]
 
@@ -151,7 +151,7 @@ upstream: {device_id: unit-1, mqtt: {host: 127.0.0.1}}
 # What a command that reads a file or the journal must not wait for: the servers, the health
 # model, the service's models, the simulator (aiohttp and pydantic come with them).
 SERVERS = ("aiohttp", "pydantic", "kiosk_agent.admin.server", "kiosk_agent.admin.page",
-           "kiosk_agent.admin.webhooks", "kiosk_agent.core.health", "kiosk_agent.sim",
+           "kiosk_agent.admin.webhooks", "kiosk_agent.health.model", "kiosk_agent.sim",
            "kiosk_agent.service.models")
 
 

@@ -10,8 +10,8 @@ from typing import Any
 
 from aiohttp import web
 
-from kiosk_agent.core.health import Health
-from kiosk_agent.core.web import LocalSite
+from kiosk_agent.health.model import Health
+from kiosk_agent.web.server import LocalSite
 
 from ..helpers import free_port
 

@@ -6,10 +6,10 @@ from typing import Any
 
 import pytest
 
-from kiosk_agent.core.health import AuditHealth
 from kiosk_agent.fleet.discovery import discovery_messages
 from kiosk_agent.fleet.entities import DiscoveryOptions
 from kiosk_agent.fleet.report import build_report
+from kiosk_agent.health.model import AuditHealth
 
 from . import home_assistant_rules as ha
 from .helpers import settled_agent

@@ -11,10 +11,9 @@ from typing import Any
 import pytest
 
 from kiosk_agent.app import load_agent
+from kiosk_agent.assembly.agent import Agent
 from kiosk_agent.cli.sim import settings_from_ready
-from kiosk_agent.core.agent import Agent
-from kiosk_agent.core.availability import Availability
-from kiosk_agent.core.config import load_config
+from kiosk_agent.config.load import load_config
 from kiosk_agent.fleet.component import (
     Upstream,
     board_name,
@@ -22,10 +21,11 @@ from kiosk_agent.fleet.component import (
     host_device_id,
     network_mac,
 )
+from kiosk_agent.health.availability import Availability
 from kiosk_agent.sales.model import SaleEvent
 from kiosk_agent.sales.states import SaleState
 
-from ..core.agent_helpers import write_config
+from ..assembly.agent_helpers import write_config
 from ..helpers import free_port, until
 from ..mqtt_broker import Observer, mosquitto
 from ..sales.test_recovery import leave_open

@@ -15,11 +15,11 @@ import aiomqtt
 import pytest
 
 from kiosk_agent.bus import EventBus
-from kiosk_agent.core.availability import Availability
 from kiosk_agent.fleet.backoff import Backoff
 from kiosk_agent.fleet.component import Upstream
 from kiosk_agent.fleet.mqtt import STABLE_AFTER, BirthPolicy, MqttSink
 from kiosk_agent.fleet.schema import UPSTREAM_SCHEMA
+from kiosk_agent.health.availability import Availability
 from kiosk_agent.sales.model import SaleEvent
 from kiosk_agent.sales.states import SaleState
 

@@ -8,7 +8,7 @@ import voluptuous as vol
 
 from kiosk_agent.app import load_agent
 from kiosk_agent.cli import main
-from kiosk_agent.core.config import ConfigInvalid
+from kiosk_agent.config.load import ConfigInvalid
 from kiosk_agent.fleet.component import Upstream
 from kiosk_agent.fleet.mqtt import mqtt_tls_context
 from kiosk_agent.fleet.schema import UPSTREAM_SCHEMA

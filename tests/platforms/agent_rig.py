@@ -13,10 +13,10 @@ from typing import Any
 import yaml
 
 from kiosk_agent.app import build_agent
+from kiosk_agent.assembly.agent import Agent
 from kiosk_agent.cli.sim import settings_from_ready
 from kiosk_agent.cli.virtual import simulated_machines
-from kiosk_agent.core.agent import Agent
-from kiosk_agent.core.config import load_config
+from kiosk_agent.config.load import load_config
 from kiosk_agent.sales.clock import SYSTEM_CLOCK, Clock, FakeClock
 from kiosk_agent.service.settings import ServiceSettings
 

@@ -16,7 +16,7 @@ from kiosk_agent.platforms.virtual import VirtualPlatform
 from kiosk_agent.sales.model import SaleEvent
 from kiosk_agent.sales.states import SaleState
 from kiosk_agent.sim.machine import VirtualController, VisitOutcome
-from tests.core.test_slow_service import held_by_the_service, ledger
+from tests.assembly.test_slow_service import held_by_the_service, ledger
 
 from ..helpers import sim_call, until
 from .agent_rig import (

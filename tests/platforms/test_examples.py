@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from kiosk_agent.core.config import load_config
+from kiosk_agent.config.load import load_config
 
 CONFIG = Path(__file__).resolve().parents[2] / "config"
 EXAMPLES = sorted((CONFIG / "examples").glob("*.yaml"))

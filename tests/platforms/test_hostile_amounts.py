@@ -14,13 +14,13 @@ from typing import Any
 
 import pytest
 
-from kiosk_agent.core.config import check_config
+from kiosk_agent.config.load import check_config
 from kiosk_agent.platforms.mdb import MdbPlatform
 from kiosk_agent.sales.model import Flow, PriceAboveMaximum, SaleRequest
 from kiosk_agent.sales.states import SaleState
 from kiosk_agent.sim.machine import VirtualController, VisitOutcome
 
-from ..core.agent_helpers import ScriptedDispenser
+from ..assembly.agent_helpers import ScriptedDispenser
 from ..helpers import until
 from .agent_rig import running_agent
 

@@ -20,7 +20,7 @@ from kiosk_agent.platforms.kiosk_api import PLATFORM_SCHEMA, KioskApi
 from kiosk_agent.sales.states import SaleState
 from kiosk_agent.sim.context import SimOptions
 from kiosk_agent.sim.server import SimServer
-from tests.core.test_slow_service import held_by_the_service, ledger
+from tests.assembly.test_slow_service import held_by_the_service, ledger
 
 from ..helpers import ErrorLog, sim_call, until
 from .agent_rig import (

@@ -12,8 +12,8 @@ from typing import Any
 
 import pytest
 
+from kiosk_agent.assembly.agent import Agent
 from kiosk_agent.cli.sim import settings_from_ready
-from kiosk_agent.core.agent import Agent
 from kiosk_agent.platforms import mdb_protocol as wire
 from kiosk_agent.platforms.mdb import PLATFORM_SCHEMA, Mode
 from kiosk_agent.sales.model import DispenseStatus

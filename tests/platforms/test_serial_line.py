@@ -17,7 +17,7 @@ from hypothesis import Phase, given, settings
 from hypothesis import strategies as st
 
 from kiosk_agent.cli.sim import settings_from_ready
-from kiosk_agent.core.availability import short_reason
+from kiosk_agent.health.availability import short_reason
 from kiosk_agent.money import parse_wire_amount
 from kiosk_agent.platforms import mdb_protocol as wire
 from kiosk_agent.platforms.serial import SerialSettings

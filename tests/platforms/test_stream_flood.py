@@ -15,10 +15,10 @@ from typing import Any
 import aiohttp
 import pytest
 
-from kiosk_agent.core.agent import Agent
-from kiosk_agent.core.web import MAX_STREAM_FRAME
+from kiosk_agent.assembly.agent import Agent
 from kiosk_agent.platforms.kiosk_api import KioskApi
 from kiosk_agent.service.models import TransactionFilter, TransStatus
+from kiosk_agent.web.server import MAX_STREAM_FRAME
 
 from .agent_rig import running_agent
 

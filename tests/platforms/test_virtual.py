@@ -7,7 +7,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from kiosk_agent.core.registry import CannotStart
+from kiosk_agent.config.registry import CannotStart
 from kiosk_agent.platforms.virtual import NO_MACHINES, PLATFORM_SCHEMA, async_setup_platform
 
 

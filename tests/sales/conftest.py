@@ -1,5 +1,5 @@
 """The sale domain's tests run on the same real agent and simulator as the assembly's."""
 
-from tests.core.conftest import agent, agent_factory
+from tests.assembly.conftest import agent, agent_factory
 
 __all__ = ["agent", "agent_factory"]

@@ -11,7 +11,7 @@ from kiosk_agent.sales.unit import OwnUnit
 from kiosk_agent.service.models import ChargeRequest, TransactionFilter, TransStatus
 from kiosk_agent.service.settings import CallKind
 
-from ..core.agent_helpers import TIME_SCALE
+from ..assembly.agent_helpers import TIME_SCALE
 from ..helpers import sim_call, until
 from .test_recovery import leave_open
 

@@ -13,13 +13,13 @@ from typing import Any
 
 import pytest
 
-from kiosk_agent.core.agent import Agent
+from kiosk_agent.assembly.agent import Agent
 from kiosk_agent.sales.clock import FakeClock
 from kiosk_agent.sales.model import DispenseStatus, Flow, SaleEvent, SaleRequest
 from kiosk_agent.sales.runner import TerminalBusy
 from kiosk_agent.sales.states import SaleState
 from kiosk_agent.service.models import TransactionFilter, TransStatus
-from tests.core.agent_helpers import ScriptedDispenser
+from tests.assembly.agent_helpers import ScriptedDispenser
 from tests.service.test_cable import sim_call
 
 

@@ -8,8 +8,9 @@ from pathlib import Path
 import kiosk_agent.sales
 
 SALES = Path(kiosk_agent.sales.__file__).parent
-FORBIDDEN = ("kiosk_agent.core", "kiosk_agent.platforms", "kiosk_agent.admin", "kiosk_agent.cli",
-             "kiosk_agent.sim", "kiosk_agent.app")
+FORBIDDEN = ("kiosk_agent.assembly", "kiosk_agent.platforms", "kiosk_agent.admin",
+             "kiosk_agent.cli", "kiosk_agent.sim", "kiosk_agent.app", "kiosk_agent.health",
+             "kiosk_agent.config", "kiosk_agent.fleet", "kiosk_agent.doctor", "kiosk_agent.audit")
 
 
 def imports_of(path: Path) -> set[str]:

@@ -18,14 +18,14 @@ import pytest
 from aiohttp import web
 
 from kiosk_agent.app import build_agent
+from kiosk_agent.assembly.agent import Agent
 from kiosk_agent.cli.sim import settings_from_ready
-from kiosk_agent.core.agent import Agent
-from kiosk_agent.core.config import load_config
-from kiosk_agent.core.web import LocalSite
+from kiosk_agent.config.load import load_config
 from kiosk_agent.sales.model import DispenseStatus, Flow, SaleEvent, SaleRequest
 from kiosk_agent.sales.states import SaleState
 from kiosk_agent.service.models import TransactionFilter, TransStatus
-from tests.core.agent_helpers import ScriptedDispenser
+from kiosk_agent.web.server import LocalSite
+from tests.assembly.agent_helpers import ScriptedDispenser
 
 
 class AnswerLosingProxy:

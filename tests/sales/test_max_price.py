@@ -17,7 +17,7 @@ from kiosk_agent.sales.model import Flow, PriceAboveMaximum, SaleRequest
 from kiosk_agent.sales.runner import TriggerLimits
 from kiosk_agent.sim.machine import VisitOutcome
 
-from ..core.agent_helpers import ScriptedDispenser
+from ..assembly.agent_helpers import ScriptedDispenser
 from ..platforms.agent_rig import running_agent
 
 

@@ -149,7 +149,7 @@ def test_a_lock_file_that_is_a_directory_or_garbage(tmp_path: Path) -> None:
 def test_a_lock_file_on_a_file_system_turned_read_only_is_still_claimed(tmp_path: Path) -> None:
     """The claim opened its file for writing: on a read-only file system `run` stopped at
     "cannot claim the journal: Read-only file system" before it could wait for the disk."""
-    from tests.core.disk_helpers import small_disk
+    from tests.assembly.disk_helpers import small_disk
 
     with small_disk(tmp_path / "disk") as disk:
         journal = disk / "journal.db"

@@ -17,7 +17,7 @@ from kiosk_agent.sales.model import DispenseStatus, Flow, SaleRequest, money_tex
 from kiosk_agent.sales.states import SaleState, Step
 from kiosk_agent.service.client import ServiceClient
 from kiosk_agent.service.models import ChargeRequest, TransactionFilter, TransStatus
-from tests.core.agent_helpers import ScriptedDispenser
+from tests.assembly.agent_helpers import ScriptedDispenser
 from tests.helpers import sim_call, until, walk_to
 
 

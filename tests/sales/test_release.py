@@ -13,15 +13,15 @@ from typing import Any
 
 import pytest
 
-from kiosk_agent.core.agent import Agent
+from kiosk_agent.assembly.agent import Agent
 from kiosk_agent.sales.clock import FakeClock
 from kiosk_agent.sales.model import Flow, SaleRequest
 from kiosk_agent.sales.runner import TerminalBusy
 from kiosk_agent.sales.states import SaleState, Step
 from kiosk_agent.sales.steps import UNCONFIRMED
 from kiosk_agent.service.models import TransStatus
-from tests.core.agent_helpers import ScriptedDispenser
-from tests.core.test_slow_service import arm, held_by_the_service, ledger
+from tests.assembly.agent_helpers import ScriptedDispenser
+from tests.assembly.test_slow_service import arm, held_by_the_service, ledger
 from tests.helpers import until
 
 SLOW_CAPTURE = 0.5  # seconds the service holds each capture before it processes it

@@ -10,12 +10,12 @@ from typing import Any
 
 import pytest
 
-from kiosk_agent.core.agent import Agent
+from kiosk_agent.assembly.agent import Agent
 from kiosk_agent.sales.clock import FakeClock
 from kiosk_agent.sales.journal import Journal
 from kiosk_agent.sales.model import SaleEvent, SaleRequest
 from kiosk_agent.sales.states import Flow, SaleState, Step
-from tests.core.agent_helpers import ScriptedDispenser
+from tests.assembly.agent_helpers import ScriptedDispenser
 from tests.sales import test_wall_steps as wall
 from tests.sales.test_wall_steps import Factory, left_sending, record_of, steps_of, until, window_of
 

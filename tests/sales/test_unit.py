@@ -147,7 +147,7 @@ def test_the_previous_release_reads_past_the_unit_table(tmp_path: Path) -> None:
 async def _sell(agent: Any, cents: int) -> Any:
     from kiosk_agent.sales.model import Flow, SaleRequest
 
-    from ..core.agent_helpers import ScriptedDispenser
+    from ..assembly.agent_helpers import ScriptedDispenser
 
     sale = await agent.sales.start(
         SaleRequest(source="test", flow=Flow.CHARGE_CARD, amount_cents=cents,
@@ -179,7 +179,7 @@ async def test_two_units_on_one_reader_touch_none_of_each_others_money(
     from kiosk_agent.sales.states import SaleState
     from kiosk_agent.service.models import TransStatus
 
-    from ..core.agent_helpers import TIME_SCALE
+    from ..assembly.agent_helpers import TIME_SCALE
 
     sim = await sim_factory(time_scale=TIME_SCALE, transactions=0)
     units = []
@@ -228,7 +228,7 @@ async def test_a_journal_copied_to_another_machine_takes_no_customer_until_adopt
     customer and moves no money; `kiosk-agent unit adopt` gives it a new id, and it sells
     under that id, leaving the original's charge alone."""
     from kiosk_agent.cli import build_parser
-    from kiosk_agent.core.doctor import Report, Verdict, check_unit
+    from kiosk_agent.doctor import Report, Verdict, check_unit
     from kiosk_agent.sales.runner import TerminalBusy
     from kiosk_agent.sales.states import SaleState
     from kiosk_agent.service.models import TransStatus
@@ -300,7 +300,7 @@ async def test_a_lost_journal_gives_back_its_own_charge_and_leaves_another_units
     from kiosk_agent.sales.states import SaleState
     from kiosk_agent.service.models import TransStatus
 
-    from ..core.agent_helpers import TIME_SCALE
+    from ..assembly.agent_helpers import TIME_SCALE
 
     sim = await sim_factory(time_scale=TIME_SCALE, transactions=0)
     agents = []
@@ -460,7 +460,7 @@ async def test_a_unit_id_that_cannot_be_read_takes_no_customer_until_it_can(
 ) -> None:
     """Sales made under an id the journal does not keep would be another unit's at the next
     start: while the id cannot be read or kept, no customer; it is tried every second."""
-    import kiosk_agent.core.agent as agent_module
+    import kiosk_agent.assembly.agent as agent_module
     from kiosk_agent.sales.runner import TerminalBusy
 
     real = agent_module.load_unit

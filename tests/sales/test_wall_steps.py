@@ -19,9 +19,9 @@ import aiohttp
 import pytest
 
 from kiosk_agent.app import build_agent
+from kiosk_agent.assembly.agent import Agent
 from kiosk_agent.cli.sim import settings_from_ready
-from kiosk_agent.core.agent import Agent
-from kiosk_agent.core.config import load_config
+from kiosk_agent.config.load import load_config
 from kiosk_agent.sales.clock import FakeClock
 from kiosk_agent.sales.journal import Journal, SaleRecord
 from kiosk_agent.sales.model import Flow, SaleEvent, SaleRequest
@@ -29,7 +29,12 @@ from kiosk_agent.sales.states import SaleState, Step
 from kiosk_agent.service.client import ServiceClient
 from kiosk_agent.service.models import TransactionFilter, TransStatus
 from kiosk_agent.sim.faults import faults_of
-from tests.core.agent_helpers import REQUEST_TIMEOUT, TIME_SCALE, ScriptedDispenser, write_config
+from tests.assembly.agent_helpers import (
+    REQUEST_TIMEOUT,
+    TIME_SCALE,
+    ScriptedDispenser,
+    write_config,
+)
 from tests.helpers import walk_to
 from tests.sales.test_recovery import authorize
 

@@ -1,0 +1,1 @@
+"""The configuration: the YAML loader, the sections' registry and validation, the platforms'."""

@@ -1,0 +1,192 @@
+"""The platform registry: which module handles a trigger's ``platform:``.
+
+Bundled platforms live in ``kiosk_agent.platforms.<name>`` and are found by name; third-party
+packages add theirs through the ``kiosk_agent.platforms`` entry-point group, Home Assistant style.
+A platform module provides ``PLATFORM_SCHEMA`` (extending ``config.load.PLATFORM_SCHEMA``) and
+``async def async_setup_platform(agent, config) -> PlatformInstance``.
+"""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+from functools import cache
+from types import ModuleType
+from typing import TYPE_CHECKING, Any, Protocol
+
+from kiosk_agent.config.load import (
+    ConfigError,
+    Position,
+    format_path,
+    known_keys,
+    locate,
+    validate,
+)
+from kiosk_agent.config.yaml_loader import suggest
+
+if TYPE_CHECKING:
+    from importlib import metadata
+
+ENTRY_POINT_GROUP = "kiosk_agent.platforms"
+BUNDLED_PACKAGE = "kiosk_agent.platforms"
+# Modules in the platforms package that are shared code, not platforms: never imported as
+# candidates (nor offered as "did you mean").
+_NOT_PLATFORMS = frozenset({"base", "serial", "mdb_protocol"})
+
+
+class PlatformInstance(Protocol):
+    """What ``async_setup_platform`` returns: one running trigger."""
+
+    name: str
+
+    async def stop(self) -> None: ...
+
+    def status(self) -> dict[str, Any]: ...
+
+
+class PlatformSetup(Protocol):
+    # agent: the assembly's Agent, typed Any as every platform takes it: naming it here would
+    # make the configuration import the assembly that imports it
+    async def __call__(self, agent: Any, config: dict[str, Any]) -> PlatformInstance: ...
+
+
+class CannotStart(Exception):
+    """A trigger that cannot start on this machine as it is (a chip that does not exist, a
+    package not installed): its message says why and what to do, with no traceback."""
+
+
+def environment_problems(config: dict[str, Any]) -> list[str]:
+    """What keeps a valid trigger from starting on this machine, from its platform's optional
+    ``environment_problems(config)``: check-config warns of it, doctor fails it, and the
+    platform's setup refuses with it (:class:`CannotStart`)."""
+    try:
+        check = getattr(get_platform(str(config.get("platform"))), "environment_problems", None)
+    except PlatformNotFound:
+        return []
+    return list(check(config)) if check is not None else []
+
+
+class PlatformNotFound(LookupError):
+    def __init__(self, name: str, known: list[str], reason: str = "") -> None:
+        self.name = name
+        self.known = known
+        close = suggest(name, known)
+        hint = f"; did you mean {close!r}?" if close else ""
+        why = f" ({reason})" if reason else ""
+        super().__init__(
+            f"unknown platform {name!r}{why}; known platforms: {', '.join(known) or 'none'}{hint}"
+        )
+
+
+def _entry_points() -> dict[str, metadata.EntryPoint]:
+    # asked only for a platform not bundled: reading every installed package's metadata costs
+    # a Pi Zero a noticeable part of its start
+    from importlib import metadata
+
+    return {ep.name: ep for ep in metadata.entry_points(group=ENTRY_POINT_GROUP)}
+
+
+def _bundled_modules() -> list[str]:
+    package = importlib.import_module(BUNDLED_PACKAGE)
+    return sorted(
+        info.name
+        for info in pkgutil.iter_modules(package.__path__)
+        if not info.name.startswith("_") and info.name not in _NOT_PLATFORMS
+    )
+
+
+def bundled_platforms() -> list[str]:
+    """Bundled modules that really are platforms (shared helpers in the package are skipped)."""
+    names = []
+    for name in _bundled_modules():
+        try:
+            module = importlib.import_module(f"{BUNDLED_PACKAGE}.{name}")
+        except Exception:  # noqa: BLE001, S112 - a broken module is not offered as a choice
+            continue
+        if hasattr(module, "async_setup_platform"):
+            names.append(name)
+    return names
+
+
+def known_platforms() -> list[str]:
+    return sorted(set(bundled_platforms()) | set(_entry_points()))
+
+
+@cache
+def get_platform(name: str) -> ModuleType:
+    """The module for platform ``name``: bundled first, then the entry-point group."""
+    if name in _bundled_modules():
+        module = importlib.import_module(f"{BUNDLED_PACKAGE}.{name}")
+    else:
+        entry = _entry_points().get(name)
+        if entry is None:
+            raise PlatformNotFound(name, known_platforms())
+        loaded = entry.load()
+        if not isinstance(loaded, ModuleType):
+            raise PlatformNotFound(name, known_platforms(), "its entry point is not a module")
+        module = loaded
+    if not hasattr(module, "PLATFORM_SCHEMA") or not hasattr(module, "async_setup_platform"):
+        raise PlatformNotFound(
+            name, known_platforms(), "the module lacks PLATFORM_SCHEMA or async_setup_platform"
+        )
+    return module
+
+
+def validate_trigger(
+    trigger: Any, raw: Any, prefix: list[Any]
+) -> tuple[dict[str, Any] | None, list[ConfigError]]:
+    """Check one trigger entry against its platform's schema; located errors, never a raise."""
+    default = locate(raw, prefix, None) or Position("?", 0)
+    name = str(trigger.get("platform"))
+    try:
+        module = get_platform(name)
+    except PlatformNotFound as err:
+        where = locate(raw, [*prefix, "platform"], default)
+        assert where is not None
+        return None, [ConfigError(where.file, where.line, _path(prefix, "platform"), str(err))]
+    except Exception as err:  # noqa: BLE001 - a broken third-party platform must not hide other mistakes
+        where = locate(raw, [*prefix, "platform"], default)
+        assert where is not None
+        return None, [
+            ConfigError(
+                where.file,
+                where.line,
+                _path(prefix, "platform"),
+                f"platform {name!r} failed to load: {type(err).__name__}: {err}",
+            )
+        ]
+    value, errors = validate(module.PLATFORM_SCHEMA, trigger, raw, prefix, default)
+    errors.extend(_unknown_keys(module.PLATFORM_SCHEMA, trigger, raw, prefix, default))
+    return (value if not errors else None), errors
+
+
+def _unknown_keys(
+    schema: Any, trigger: dict[str, Any], raw: Any, prefix: list[Any], default: Position
+) -> list[ConfigError]:
+    """Keys no schema knows. The base schema allows extras so platforms can extend it, which
+    would let a typo (``prise:``) pass silently; so they are checked here."""
+    known = known_keys(schema)
+    if not known:  # a schema that cannot be read this way: trust it
+        return []
+    errors = []
+    for key in trigger:
+        if key in known:
+            continue
+        where = locate(raw, [*prefix, key], default) or default
+        close = suggest(str(key), sorted(known))
+        fix = f"did you mean {close!r}?" if close else f"known keys: {', '.join(sorted(known))}"
+        errors.append(
+            ConfigError(
+                where.file, where.line, _path(prefix, str(key)), f"unknown key {key!r}", fix
+            )
+        )
+    return errors
+
+
+def _path(prefix: list[Any], key: str) -> str:
+    return format_path([*prefix, key])
+
+
+def setup_function(name: str) -> PlatformSetup:
+    setup: PlatformSetup = get_platform(name).async_setup_platform
+    return setup

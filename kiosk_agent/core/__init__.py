@@ -1,1 +1,0 @@
-"""The agent: configuration, platform registry, sale flows, journal, recovery and lifecycle."""

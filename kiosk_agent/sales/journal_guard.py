@@ -1,0 +1,398 @@
+"""The journal's guard: its file checked before it opens, its faults acted on at once.
+
+Before the journal opens (``inspect_journal``):
+
+- a journal missing, empty (0 bytes) or without its tables where the marker beside it
+  (``journal.db.in-use``) says one was in use is *lost*: it was deleted, truncated, or its WAL
+  was removed before the sales reached the database. Said with its path and what to do;
+- a journal SQLite cannot read whole (``PRAGMA quick_check``) is *damaged*: it is moved aside
+  with its WAL (``journal.db.damaged-<UTC time>``, kept for a person) and a new one is begun.
+
+Either way the sales it held are unknown to this run, so the unit takes no customer until
+reporting's recent charges were compared with the (new) journal (``sales.audit``).
+
+While running (``JournalGuard``): every journal write reports to it. A failed one takes every
+terminal out of service at once (health names the journal; the checker then probes every
+``recheck_interval``); the first write that works again brings them back, has the kept unwritten
+sales finished, and has the charges compared again. A sale left unwritten for
+``restart_after`` seconds withholds the systemd watchdog: the agent is restarted and recovery
+runs on what the journal holds.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import datetime as dt
+import logging
+import os
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+from kiosk_agent.sales.audit import AuditResult, ChargeAudit
+from kiosk_agent.sales.clock import SYSTEM_CLOCK, Clock
+from kiosk_agent.sales.journal import (
+    Journal,
+    JournalError,
+    JournalTooNew,
+    integrity,
+    side_files,
+)
+from kiosk_agent.sales.settings import (
+    CHARGE_CHECK_INTERVAL,
+    CHARGE_HISTORY_INTERVAL,
+    UNWRITTEN_RESTART_AFTER,
+)
+from kiosk_agent.sales.unwritten import UnwrittenSales
+from kiosk_agent.tasks import BackgroundTask
+
+_LOGGER = logging.getLogger(__name__)
+
+FATAL_COMPONENT = "journal"
+# Below this much free space (or on a read-only file system) the journal is probed at once,
+# before any write fails: an idle unit learns its disk is full within a second.
+LOW_SPACE_BYTES = 256 * 1024
+DISK_WATCH_S = 1.0
+
+
+class JournalFacts(Protocol):
+    @property
+    def charges_pending(self) -> bool: ...
+
+
+class GuardedHealth(Protocol):
+    """What the guard tells health (``health.model.Health``): the sale domain imports no health."""
+
+    @property
+    def journal(self) -> JournalFacts: ...
+
+    def report_journal(self, writable: bool, detail: str = "") -> None: ...
+
+    def report_journal_state(self, **changes: Any) -> None: ...
+
+    def report_unit(self, **changes: Any) -> None: ...
+
+    def report_fatal(self, component: str, reason: str) -> None: ...
+
+    def clear_fatal(self, component: str) -> None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class JournalNotice:
+    """What was found wrong with the journal's file at start (``kind``: lost or damaged)."""
+
+    kind: str
+    message: str
+    kept_at: Path | None = None
+
+
+def inspect_journal(
+    path: Path, *, move_damaged: bool = True, clock: Clock = SYSTEM_CLOCK
+) -> JournalNotice | None:
+    """Check the journal's file before it is opened; None when it is fine (or new). A damaged
+    one moved aside is named after the ``clock``'s wall time."""
+    marker = Journal(path).marker
+    present = path.exists() and path.stat().st_size > 0
+    if not present:
+        if not marker.exists():
+            return None  # a first start
+        what = "missing" if not path.exists() else "empty (0 bytes)"
+        return _lost(path, marker, what)
+    problems = integrity(path, quick=True)
+    if not problems or _not_damage(problems):
+        return None  # readable, or a fault of the disk (full, read-only): open() says which
+    if problems == ["no sales table: the journal is empty"]:
+        if marker.exists():
+            return _lost(path, marker, "empty (no tables: its WAL was removed, or never synced)")
+        return None
+    kept = _move_aside(path, clock.time()) if move_damaged else None
+    found = "; ".join(problems[:3])
+    if kept is None:
+        return JournalNotice("damaged", f"the journal at {path} is damaged ({found})")
+    return JournalNotice(
+        "damaged",
+        f"the journal at {path} was damaged ({found}); it was moved to {kept} (with its WAL) "
+        "and a new journal begun. Its sales are not lost to you: `sqlite3 "
+        f"{kept} .recover` saves what it can. Reporting's recent charges were compared with "
+        "the new journal; any it did not hold was given back or put to attention",
+        kept,
+    )
+
+
+def disk_fault(directory: Path) -> str | None:
+    """What is wrong with the journal's file system (full, out of inodes, read-only), for
+    people; None when it is neither (or cannot be looked at)."""
+    try:
+        stat = os.statvfs(directory)
+    except OSError:
+        return None
+    if stat.f_flag & os.ST_RDONLY:
+        return f"the file system of {directory} is read-only"
+    free = stat.f_bavail * stat.f_frsize
+    if free < LOW_SPACE_BYTES:
+        return f"the file system of {directory} is full ({free:,} bytes free)"
+    if stat.f_files and not stat.f_favail:  # the WAL and its shared memory are files to make
+        return f"the file system of {directory} has no inodes left (no file can be made)"
+    return None
+
+
+def _not_damage(problems: list[str]) -> bool:
+    """An error of the disk (full, read-only, I/O), not of the file: nothing is moved aside."""
+    text = " ".join(problems).lower()
+    return any(word in text for word in ("disk i/o", "disk is full", "readonly", "read-only",
+                                         "unable to open"))
+
+
+def _lost(path: Path, marker: Path, what: str) -> JournalNotice:
+    return JournalNotice(
+        "lost",
+        f"the journal at {path} is {what}, but {marker} says one was in use here. If it was "
+        "removed on purpose, delete that marker; else restore it from a backup to see its "
+        "sales. Reporting's recent charges were compared with the new journal; any it did "
+        "not hold was given back or put to attention",
+    )
+
+
+def _move_aside(path: Path, now: float) -> Path | None:
+    stamp = dt.datetime.fromtimestamp(now, dt.UTC).strftime("%Y%m%dT%H%M%SZ")
+    kept = path.with_name(f"{path.name}.damaged-{stamp}")
+    try:
+        path.rename(kept)
+        for side, moved in zip(side_files(path), side_files(kept), strict=True):
+            if side.exists():
+                side.rename(moved)
+    except OSError as err:
+        _LOGGER.error("cannot move the damaged journal %s aside: %s", path, err)
+        return None
+    return kept
+
+
+class JournalGuard:
+    """Acts on every journal write's outcome; keeps charges and unwritten sales in check."""
+
+    def __init__(
+        self,
+        journal: Journal,
+        health: GuardedHealth,
+        unwritten: UnwrittenSales,
+        audit: ChargeAudit,
+        *,
+        evaluate: Callable[[], None],
+        wake_checker: Callable[[], None],
+        running: Callable[[], set[str]],
+        after: Callable[[], Awaitable[object]] | None = None,
+        audit_interval: float = CHARGE_CHECK_INTERVAL,
+        history_interval: float = CHARGE_HISTORY_INTERVAL,
+        audit_retry: float = 5.0,
+        restart_after: float = UNWRITTEN_RESTART_AFTER,
+        clock: Clock = SYSTEM_CLOCK,
+    ) -> None:
+        self.journal = journal
+        self.clock = clock  # the checks' rounds and the disk's waits (tests give a FakeClock)
+        self.health = health
+        self.unwritten = unwritten
+        self.audit = audit
+        self._evaluate = evaluate
+        self._wake_checker = wake_checker
+        self._running = running
+        self._after = after  # the first check waits for it (recovery)
+        self.audit_interval = audit_interval
+        # how often a check reads the settled charges too (each terminal's whole history):
+        # at every start, after every journal fault, and at least this often
+        self.history_interval = history_interval
+        self._history_next = 0.0  # monotonic; 0: the next check reads them
+        self.audit_retry = audit_retry
+        self.restart_after = restart_after
+        self.notice: JournalNotice | None = None
+        self.write_failures = 0
+        self._broken = False
+        self._disk_bad = False  # the last look at the file system found it full or read-only
+        self._audit_due = asyncio.Event()
+        self._wakeup = asyncio.Event()  # something changed: look again now
+        self._checked = asyncio.Event()  # set once charges_pending is first cleared
+        self._loop = BackgroundTask(self._run, "journal-guard")
+        journal.on_write = self.written
+        unwritten.on_change = self._unwritten_changed
+
+    # -- start -----------------------------------------------------------------------------------
+
+    def before_open(self) -> None:
+        """Check the file (lost, damaged) and say so; the first charge check is then due."""
+        self.notice = inspect_journal(self.journal.path, clock=self.clock)
+        self.health.report_journal_state(path=str(self.journal.path), charges_pending=True)
+        if self.notice is not None:
+            _LOGGER.error("journal: %s", self.notice.message)
+            self.health.report_journal_state(notice=self.notice.message)
+
+    async def open_journal(self, waiting: Callable[[str], None] = lambda fault: None) -> None:
+        """Check the file (:meth:`before_open`) and open the journal. While its file system is
+        full, out of inodes or read-only and the open fails on it, look again every
+        ``DISK_WATCH_S`` (told to ``waiting`` each time): exiting could not help, and under
+        systemd a unit whose restarts failed ten times in five minutes stays down, not back by
+        itself once space returns. Nothing starts meanwhile: no customer is taken, no sale
+        recovered before it opens."""
+        said = False
+        while True:
+            if self.notice is None:  # found lost or damaged (moved aside): kept as found; else
+                self.before_open()  # looked at again each time (the disk may have hidden it)
+            try:
+                self.journal.open()
+            except JournalTooNew:
+                raise
+            except JournalError as err:
+                fault = disk_fault(self.journal.path.parent)
+                if fault is None:
+                    raise
+                if not said:
+                    _LOGGER.error("%s (%s); waiting for it to take writes before anything "
+                                  "starts", err, fault)
+                    said = True
+                waiting(fault)
+            else:
+                if said:
+                    _LOGGER.warning("journal: its file system takes writes again; starting")
+                return
+            await self.clock.sleep(DISK_WATCH_S)
+
+    def start(self) -> None:
+        self.unwritten.start()
+        self._loop.start()
+        self._audit_due.set()
+        self._wakeup.set()
+
+    async def stop(self) -> None:
+        await self._loop.stop()
+        await self.unwritten.stop()
+
+    def check_again(self) -> None:
+        """Compare the charges now, the settled ones too (the unit's id changed: adopted)."""
+        self._audit_due.set()
+        self._history_next = 0.0
+        self._wakeup.set()
+
+    async def first_check(self) -> AuditResult | None:
+        """Wait until the first charge comparison of this start has been made."""
+        await self._checked.wait()
+        return self.audit.last
+
+    # -- every write -----------------------------------------------------------------------------
+
+    def written(self, err: JournalError | None) -> None:
+        """The journal's listener: ``err`` None when a write went through."""
+        if err is None:
+            if self._broken:
+                self._broken = False
+                self.health.report_journal(True)
+                _LOGGER.warning("journal takes writes again")
+                self.unwritten.wake()
+                self._audit_due.set()  # what was lost meanwhile is looked for in reporting
+                self._history_next = 0.0  # settled since, too
+                self._wakeup.set()
+                self._evaluate()
+            return
+        self.write_failures += 1
+        if not self._broken:
+            self._broken = True
+            self.health.report_journal(False, str(err))
+            self._evaluate()
+            self._wake_checker()
+            self._wakeup.set()
+
+    def _unwritten_changed(self) -> None:
+        self.health.report_journal_state(unwritten_sales=self.unwritten.sale_ids)
+        self._evaluate()
+        self._wakeup.set()
+
+    # -- the loop: charge checks, a restart when nothing else helps -----------------------------
+
+    async def _run(self) -> None:
+        if self._after is not None:
+            try:
+                await self._after()
+            except Exception:  # recovery broke (a failing disk): the checks go on regardless
+                _LOGGER.exception("recovery ended with an error; charges are checked anyway")
+        next_check = self.clock.monotonic()
+        while True:
+            self._wakeup.clear()
+            now = self.clock.monotonic()
+            if not self._broken and (self._audit_due.is_set() or now >= next_check):
+                self._audit_due.clear()
+                retry = await self._check_charges()
+                retry_in = self.audit_retry if retry else self.audit_interval
+                next_check = self.clock.monotonic() + retry_in
+            wait = next_check - self.clock.monotonic()
+            # the clock's wait_for (asyncio.timeout on the real one, not asyncio.wait_for: on
+            # 3.11 a wake-up that lands with a stop's cancel would swallow the cancel)
+            with contextlib.suppress(TimeoutError):
+                await self.clock.wait_for(self._wakeup.wait(), max(0.05, wait))
+
+    async def _check_charges(self) -> bool:
+        """One comparison; True when it must be tried again soon (it could not be made)."""
+        settled = self.clock.monotonic() >= self._history_next
+        try:
+            result = await self.audit.check(self._running(), settled=settled)
+        except JournalError as err:  # the journal broke while the check wrote: once it is back
+            self._audit_due.set()
+            self._wakeup.set()
+            _LOGGER.warning("charge check stopped: %s", err)
+            return True
+        except Exception as err:
+            _LOGGER.exception("charge check failed")
+            result = AuditResult(at=self.clock.time(), error=f"{type(err).__name__}: {err}")
+        pending = self.health.journal.charges_pending
+        foreign = self.audit.foreign
+        self.health.report_unit(foreign=foreign.lines(), foreign_charges=foreign.counted,
+                                foreign_cleared=foreign.cleared)
+        if result.ok and settled:
+            self._history_next = self.clock.monotonic() + self.history_interval
+        if result.ok:
+            detail = ""
+            if result.unaccounted:
+                ended = ", ".join(f"{e.sale_id} {e.state.value}" for e in result.events)
+                detail = f"{len(result.unaccounted)} charge(s) it did not hold were found: {ended}"
+            self.health.report_journal_state(
+                charges_pending=False, charges_checked_at=result.at,
+                charges_detail=detail if result.unaccounted else "", charges_by_unit=False,
+            )
+        elif pending and self.notice is None:
+            # reporting cannot answer, and nothing says the journal lost anything: the unit
+            # takes customers; the check runs again at the next interval
+            self.health.report_journal_state(
+                charges_pending=False, charges_detail=f"charges not checked: {result.error}",
+                charges_by_unit=result.by_unit,
+            )
+        else:
+            self.health.report_journal_state(charges_detail=f"charges not checked: {result.error}",
+                                             charges_by_unit=result.by_unit)
+        if not self.health.journal.charges_pending:
+            self._checked.set()
+        if pending != self.health.journal.charges_pending:
+            self._evaluate()
+        return self.health.journal.charges_pending
+
+    def watch(self) -> None:
+        """Every ``DISK_WATCH_S``, from the agent's one watch of its journal (beside its files):
+        a disk turned full or read-only, sales that stay unwritten too long."""
+        self._withhold_watchdog_if_stuck()
+        self._watch_disk()
+
+    def _watch_disk(self) -> None:
+        """A file system turned full or read-only has the checker probe the journal now (a
+        probe that fails takes the unit out of service); a write, not this look, decides."""
+        bad = disk_fault(self.journal.path.parent) is not None
+        if bad and not self._disk_bad and not self._broken:
+            self._wake_checker()
+        self._disk_bad = bad
+
+    def _withhold_watchdog_if_stuck(self) -> None:
+        age = self.unwritten.oldest_age()
+        if age > self.restart_after:
+            self.health.report_fatal(
+                FATAL_COMPONENT,
+                f"{len(self.unwritten.sale_ids)} sale(s) not journaled for {age:.0f} s; a "
+                "restart lets recovery finish them",
+            )
+        elif not self.unwritten.sale_ids:
+            self.health.clear_fatal(FATAL_COMPONENT)

@@ -1,0 +1,333 @@
+"""The Agent's lifecycle: start, health seeded from the journal, systemd READY, a clean stop."""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import socket
+import sqlite3
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from kiosk_agent.assembly.agent import Agent
+from kiosk_agent.assembly.systemd import SystemdLifecycle, SystemdNotifier
+from kiosk_agent.cli.sim import settings_from_ready
+from kiosk_agent.config.load import load_config
+from kiosk_agent.sales.clock import SYSTEM_CLOCK, Clock, FakeClock
+from kiosk_agent.sales.model import Flow, SaleRequest
+from kiosk_agent.sales.runner import TerminalBusy
+from kiosk_agent.sales.settings import UnknownTerminal
+from kiosk_agent.sales.states import SaleState
+from tests.sales.test_recovery import leave_open
+
+from .agent_helpers import ScriptedDispenser, write_config
+
+
+def charge(cents: int, **fields: Any) -> SaleRequest:
+    return SaleRequest(source="test", flow=Flow.CHARGE_CARD, amount_cents=cents, **fields)
+
+
+async def test_start_tells_systemd_ready_and_stop_says_stopping(
+    sim_factory: Any, tmp_path: Path
+) -> None:
+    sim = await sim_factory(time_scale=300, transactions=0)
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    listener.bind(str(tmp_path / "notify.sock"))
+    listener.settimeout(5)
+    systemd = SystemdLifecycle(SystemdNotifier(str(tmp_path / "notify.sock")), environ={})
+    config = load_config(write_config(tmp_path))
+    agent = Agent(config, settings_from_ready(sim.ready_info()), systemd=systemd)
+    try:
+        await agent.start()
+        assert listener.recv(1024).decode().startswith("READY=1\nSTATUS=ready")
+        await agent.stop()
+        said = listener.recv(1024).decode().splitlines()
+        # the drain's start: how long the stop may take (stop_timeout 2 s + 15 s of margin)
+        assert said == ["STOPPING=1", "STATUS=stopping (no sale running)",
+                        "EXTEND_TIMEOUT_USEC=17000000"]
+    finally:
+        listener.close()
+
+
+async def test_health_counts_today_from_the_journal_after_a_restart(
+    agent_factory: Any, sim_factory: Any
+) -> None:
+    sim = await sim_factory(time_scale=300, transactions=0)
+    first = await agent_factory(sim=sim)
+    sale = await first.sales.start(charge(250), ScriptedDispenser())
+    assert (await sale.result()).state is SaleState.COMPLETED
+    await first.stop()
+    second = await agent_factory(sim=sim)
+    sales = second.health.snapshot().sales
+    assert (sales.today_count, sales.today_amount_cents) == (1, 250)
+    terminals = {t.device_id: t for t in second.health.snapshot().terminals}
+    assert terminals["SIM-0001"].online
+
+
+async def test_stop_lets_the_running_sale_finish(agent: Agent) -> None:
+    machine = ScriptedDispenser(delay=0.3)
+    sale = await agent.sales.start(charge(250), machine)
+    await asyncio.wait_for(machine.started.wait(), 5)
+    await agent.stop()
+    record = agent.journal
+    record.open()
+    finished = record.get(sale.sale_id)
+    record.close()
+    assert finished is not None
+    assert finished.state is SaleState.COMPLETED
+
+
+async def test_a_stopping_agent_refuses_new_sales(agent: Agent) -> None:
+    await agent.sales.stop()
+    with pytest.raises(TerminalBusy, match="the agent is stopping"):
+        await agent.sales.start(charge(250), ScriptedDispenser())
+
+
+async def test_no_sale_opens_once_a_stop_has_begun(agent: Agent) -> None:
+    """While one machine is being stopped, another that still runs cannot open a sale."""
+    refused: list[str] = []
+
+    class StillRunningMachine:
+        name = "snacks"
+
+        def status(self) -> dict[str, Any]:
+            return {}
+
+        async def stop(self) -> None:
+            # a customer presses a button just as the agent stops the machines one by one
+            try:
+                await agent.sales.start(charge(250), ScriptedDispenser())
+            except TerminalBusy as err:
+                refused.append(err.reason)
+
+    agent.platforms.append(StillRunningMachine())
+    await agent.stop()
+    assert refused == ["the agent is stopping: new sales are refused until it is back"]
+
+
+async def test_terminals_by_name_and_unknown_ones(agent: Agent) -> None:
+    sale = await agent.sales.start(charge(250, terminal="printer"), ScriptedDispenser())
+    assert sale.terminal == "SIM-0007"
+    await sale.result()
+    with pytest.raises(UnknownTerminal, match="configured: SIM-0001 \\(front\\), SIM-0007"):
+        await agent.sales.start(charge(250, terminal="back"), ScriptedDispenser())
+
+
+async def test_a_zero_amount_is_refused_before_anything_is_journaled(agent: Agent) -> None:
+    with pytest.raises(ValueError, match="amount above zero"):
+        await agent.sales.start(charge(0), ScriptedDispenser())
+    assert agent.journal.query() == []
+
+
+class RefusingComponent:
+    """A section whose component cannot start (its port is taken, say)."""
+
+    def __init__(self, agent: Agent, conf: Any) -> None:
+        self.stopped = False
+
+    async def start(self) -> None:
+        raise OSError("address already in use")
+
+    async def stop(self) -> None:
+        self.stopped = True
+
+
+async def test_a_failed_start_leaves_nothing_open(sim_factory: Any, tmp_path: Path) -> None:
+    sim = await sim_factory(time_scale=300, transactions=0)
+    agent = Agent(load_config(write_config(tmp_path)), settings_from_ready(sim.ready_info()))
+    agent.add_component(RefusingComponent, {})
+    with pytest.raises(OSError, match="address already in use"):
+        await agent.start()
+    assert not agent.started
+    assert agent.stopped.is_set()
+    with pytest.raises(Exception, match="not open"):
+        agent.journal.query()
+
+
+async def _recovering_under_systemd(
+    sim_factory: Any, tmp_path: Path, *, answer_in: float, clock: Clock = SYSTEM_CLOCK
+) -> tuple[Agent, socket.socket]:
+    """An agent under a (socket) systemd, with an authorization left open by a crash whose
+    answer may still come for ``answer_in`` s; and the socket that hears what it tells systemd."""
+    leave_open(tmp_path, state=SaleState.AUTHORIZING, answer_by=clock.time() + answer_in)
+    sim = await sim_factory(time_scale=300, transactions=0)
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    listener.bind(str(tmp_path / "notify.sock"))
+    systemd = SystemdLifecycle(SystemdNotifier(str(tmp_path / "notify.sock")), environ={})
+    config = load_config(write_config(tmp_path))
+    agent = Agent(
+        config, settings_from_ready(sim.ready_info(), timeout=5), systemd=systemd, clock=clock
+    )
+    return agent, listener
+
+
+async def test_systemd_hears_ready_only_once_recovery_has_finished(
+    sim_factory: Any, tmp_path: Path
+) -> None:
+    # an authorization whose answer may still come for 1.5 s: recovery must wait for it (on a
+    # FakeClock: the 1.5 s pass in the pauses between its lookups)
+    clock = FakeClock(wall=time.time())
+    agent, listener = await _recovering_under_systemd(
+        sim_factory, tmp_path, answer_in=1.5, clock=clock
+    )
+    listener.settimeout(10)
+    try:
+        await agent.start()
+        assert agent.recovery.state == "running"
+        loop = asyncio.get_running_loop()
+
+        async def heard() -> str:  # off the loop: the agent sends from its own tasks
+            return (await loop.run_in_executor(None, listener.recv, 1024)).decode()
+
+        assert [await heard(), await heard()] == [
+            "STATUS=ready: 0 trigger(s)",
+            "EXTEND_TIMEOUT_USEC=30000000",  # more start time while recovery runs
+        ]
+        assert agent.recovery.state == "running"
+        await clock.run(agent.recovery.wait())
+        assert (await heard()).startswith("READY=1")
+        assert agent.recovery.state == "done"
+        record = agent.journal.get("crashed1")
+        assert record is not None
+        assert record.state is SaleState.FAILED
+        assert record.finished_at is not None
+        assert record.answer_by is not None
+        assert record.finished_at >= record.answer_by  # it waited for the deadline
+    finally:
+        await agent.stop()
+        listener.close()
+
+
+async def test_a_stop_during_recovery_never_tells_systemd_ready(
+    sim_factory: Any, tmp_path: Path
+) -> None:
+    # recovery waits 30 s for the authorization's deadline; the agent is stopped before that
+    agent, listener = await _recovering_under_systemd(sim_factory, tmp_path, answer_in=30)
+    try:
+        await agent.start()
+        assert agent.recovery.state == "running"
+        await agent.stop()
+        listener.setblocking(False)
+        heard = []
+        while True:
+            try:
+                heard.append(listener.recv(1024).decode())
+            except BlockingIOError:
+                break
+        assert [m for m in heard if m.startswith("STOPPING=1")], heard
+        assert not [m for m in heard if m.startswith("READY=1")], heard
+    finally:
+        listener.close()
+
+
+async def test_a_ready_agent_has_frozen_its_start_up_objects(
+    agent_factory: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from kiosk_agent.assembly import collector
+
+    monkeypatch.setattr(collector, "_frozen", False)  # as in a process of its own
+    frozen_before = gc.get_freeze_count()
+    try:
+        agent = await agent_factory()
+        assert agent.started
+        await asyncio.wait_for(agent.settling.done.wait(), 10)  # the models built after READY=1
+        assert agent.settling.errors == 0
+        # the agent itself is start-up: no full collection walks it any more
+        assert gc.get_freeze_count() > frozen_before
+        assert not collector.freeze_start_up_objects()  # once a process
+    finally:
+        if frozen_before == 0:
+            gc.unfreeze()
+
+
+async def test_a_bug_caught_in_a_listener_is_counted_and_shown_in_health(agent: Agent) -> None:
+    def broken(event: object) -> None:
+        raise RuntimeError("a listener with a bug")
+
+    agent.events.listen(broken)
+    sale = await agent.sales.start(charge(250), ScriptedDispenser())
+    assert (await sale.result()).state is SaleState.COMPLETED  # the sale never noticed
+    snapshot = agent.health.snapshot()
+    assert snapshot.errors["sale event listeners"] >= 1
+    assert snapshot.status == "degraded"
+    assert any(p.startswith("unexpected errors, logged with their tracebacks: sale event "
+                            "listeners") for p in snapshot.problems)
+
+
+async def test_after_ready_the_journals_wal_is_grown_ahead(agent: Agent) -> None:
+    from kiosk_agent.sales.journal import WAL_RESERVE_BYTES
+
+    await asyncio.wait_for(agent.settled.wait(), 30)
+    wal = agent.journal.path.with_name(agent.journal.path.name + "-wal")
+    assert wal.stat().st_size >= WAL_RESERVE_BYTES
+
+
+async def test_a_vended_sale_past_keep_days_is_not_given_back_by_the_charge_check(
+    agent_factory: Any, sim_factory: Any, tmp_path: Path
+) -> None:
+    """``journal.keep_days: 1`` pruned a vended sale of two days ago at the next start; the
+    charge check (reporting's last 7 days) then found its capture under no sale and voided it:
+    the customer had the goods and the money back."""
+    from tests.assembly.disk_helpers import ledger
+
+    sim = await sim_factory(time_scale=300, transactions=0)
+    first = await agent_factory(sim=sim)
+    sale = await first.sales.start(charge(250), ScriptedDispenser())
+    done = await sale.result()
+    assert done.state is SaleState.COMPLETED
+    await first.stop()
+    two_days = 2 * 86400
+    db = sqlite3.connect(tmp_path / "journal.db")
+    with db:  # the sale as made two days ago
+        db.execute("UPDATE sales SET created_at = created_at - ?, finished_at = finished_at - ?",
+                   (two_days, two_days))
+    db.close()
+    config_path = write_config(tmp_path)
+    config_path.write_text(config_path.read_text().replace(
+        "journal: {path: journal.db}", "journal: {path: journal.db, keep_days: 1}"))
+    config = load_config(config_path)
+    second = Agent(config, settings_from_ready(sim.ready_info(), timeout=5.0))
+    await second.start()
+    try:
+        checked = await asyncio.wait_for(second.journal_guard.first_check(), 20)
+        assert checked is not None
+        assert checked.unaccounted == []
+        kept = second.journal.get(sale.sale_id)
+        assert kept is not None
+        assert kept.state is SaleState.COMPLETED
+        assert [s.source for s in second.journal.query()] == ["test"]
+        rows = await ledger(second.service, kept.order_id)
+        assert [r.status.name for r in rows if r.status] == ["CAPTURED"]
+    finally:
+        await second.stop()
+
+
+async def test_old_sales_are_pruned_after_ready_not_on_the_way_to_it(
+    sim_factory: Any, tmp_path: Path
+) -> None:
+    """A year of sales to prune held the start 1.5 s before READY=1: the prune now runs after
+    it, in a worker thread, with what else the agent does once ready (``settled``)."""
+    from kiosk_agent.sales.journal import Journal
+    from tests.helpers import walk_to
+    from tests.sales.test_journal import new_sale
+
+    month_ago = FakeClock(wall=time.time() - 30 * 86400, boot_id="an-earlier-boot")
+    journal = Journal(tmp_path / "journal.db", month_ago)
+    journal.open()
+    walk_to(journal, journal.create(new_sale(1)), SaleState.COMPLETED)
+    journal.close()
+    sim = await sim_factory(time_scale=300, transactions=0)
+    config_path = write_config(tmp_path)
+    config_path.write_text(config_path.read_text().replace(
+        "journal: {path: journal.db}", "journal: {path: journal.db, keep_days: 1}"))
+    agent = Agent(load_config(config_path), settings_from_ready(sim.ready_info(), timeout=5.0))
+    await agent.start()
+    try:
+        assert [s.sale_id for s in agent.journal.query()] == ["s1"]  # ready, not pruned yet
+        await asyncio.wait_for(agent.settled.wait(), 30)
+        assert agent.journal.query() == []
+    finally:
+        await agent.stop()

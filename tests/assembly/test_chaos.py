@@ -1,0 +1,177 @@
+"""SIGKILL the agent at random moments while the service is slow, loses answers and fails.
+
+The agent (``kiosk-agent run``, through ``crash_driver.py agent``), the simulator
+(``kiosk-agent sim``) and two vending machines (``kiosk-agent virtual``) run as separate
+processes. The agent is killed during start, during recovery, within milliseconds of a money
+call and at random, and restarted after a random pause; the simulator meanwhile answers some
+money calls late, loses some answers and fails some. Then one last agent ends every sale and
+the simulator's ledger and the machines' own records judge the journal (``crash_driver.judge``):
+no double charge, no authorization left open, money kept only for a vend the machine confirmed
+at the vended price, every sale ended, journal and ledger agree. ``bench/chaos.py`` runs the
+same for hundreds of kills.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from kiosk_agent.money import cents_to_dollars
+from kiosk_agent.sales.journal import Journal, SaleRecord, StepRecord
+from kiosk_agent.sales.states import SaleState, Step
+from kiosk_agent.service.models import Transaction, TransStatus
+from tests.assembly.crash_driver import Chaos, ChaosOptions, ChaosReport, judge
+from tests.faketime import SteppedClock
+
+KILLS = 20  # about 40 s on a quiet machine
+# Sales the run must have seen: it goes on past KILLS rounds until the journal holds them (a
+# loaded machine sells fewer a round: 6 and 8 in 20 rounds at load 10, where a wall-clock pass
+# mark failed the suite), up to MAX_KILLS rounds, which only an agent that cannot sell reaches.
+MIN_SALES = KILLS // 2
+MAX_KILLS = 4 * KILLS
+
+
+@pytest.mark.slow(seconds=50)
+@pytest.mark.timeout(900)  # a bound that only a hang meets, on a machine at load 20 too
+async def test_random_sigkills_under_service_faults_keep_the_money_right(tmp_path: Path) -> None:
+    options = ChaosOptions(workdir=tmp_path, kills=KILLS, seed=9, pause=(0.05, 0.8),
+                           min_sales=MIN_SALES, max_kills=MAX_KILLS)
+    async with Chaos(options) as chaos:
+        report = await chaos.run()
+
+    assert KILLS <= report.kills <= MAX_KILLS
+    assert report.sales >= MIN_SALES, report.summary()  # no throughput: a count, however slow
+    assert report.vends > 0, report.summary()
+    assert sum(report.faults_armed.values()) > 0
+    assert report.clock_steps, "the agent's wall clock never stepped"
+    assert [v.describe() for v in report.violations] == []
+
+
+DISK_KILLS = 10  # about 25 s
+
+
+@pytest.mark.slow(seconds=28)
+@pytest.mark.skipif(os.geteuid() != 0, reason="mounting the journal's own tmpfs needs root")
+async def test_a_journal_disk_that_fills_and_a_journal_that_loses_its_wal_keep_the_money_right(
+    tmp_path: Path,
+) -> None:
+    """The journal on a small tmpfs filled for a moment in every round once the agent is up
+    (when it lives that long), and its WAL deleted
+    once between a kill and the restart: every charge still ends right in the ledger."""
+    options = ChaosOptions(workdir=tmp_path, kills=DISK_KILLS, seed=12, pause=(0.05, 0.8),
+                           disk_full=1.0, damage_journal="wal_deleted")
+    async with Chaos(options) as chaos:
+        report = await chaos.run()
+
+    assert report.disk_full_episodes > 0, report.summary()
+    assert report.journal_damaged == "wal_deleted"
+    # the sales before the damage are gone from the journal: only those after it are counted
+    assert report.sales > 0, report.summary()
+    assert [v.describe() for v in report.violations] == []
+
+
+async def test_a_run_is_bounded_by_counts_of_kills_and_sales_not_by_the_clock(
+    tmp_path: Path,
+) -> None:
+    chaos = Chaos(ChaosOptions(workdir=tmp_path, kills=3, min_sales=2, max_kills=5))
+    assert chaos._more_rounds()  # fewer than `kills` rounds
+    chaos.report.kills = 3
+    assert chaos._more_rounds()  # no journal yet: no sale
+    journal = Journal(tmp_path / "journal.db")
+    journal.open()
+    for n in range(2):
+        journal.create(_sale(f"s{n}", SaleState.STARTED))
+        assert chaos._more_rounds() is (n == 0)
+    journal.close()
+    chaos.options.min_sales = 3  # the agent sells no more: the run still ends
+    chaos.report.kills = 5
+    assert not chaos._more_rounds()
+
+
+# -- the judge itself, on made-up evidence ---------------------------------------------------------
+
+
+def _sale(sale_id: str, state: SaleState, **fields: Any) -> SaleRecord:
+    return SaleRecord(
+        sale_id=sale_id, order_id=f"o-{sale_id}", source="mdb:m1", flow="authorize_capture",
+        terminal="SIM-0001", amount_cents=150, state=state, **fields,
+    )  # fmt: skip
+
+
+def _steps(sale_id: str, *names: str, at: float = 100.0) -> list[StepRecord]:
+    state = SaleState.STARTED
+    return [StepRecord(sale_id, at + n, name, state, {}) for n, name in enumerate(names)]
+
+
+def _row(order_id: str, status: TransStatus, cents: int = 150) -> Transaction:
+    return Transaction.model_validate(
+        {"trans_id": f"t-{order_id}-{status.value}", "order_id": order_id,
+         "amount": cents_to_dollars(cents), "trans_status_id": status.value}
+    )  # fmt: skip
+
+
+def _vend(visit: int, at: float, cents: int = 150) -> list[dict[str, Any]]:
+    base = {"machine": "m1", "visit": visit, "product": "A1", "price_cents": cents}
+    return [
+        {**base, "event": "approval", "at": at, "vended_cents": 0},
+        {**base, "event": "dispensed", "at": at + 0.05, "vended_cents": cents},
+    ]
+
+
+def test_the_judge_names_each_broken_rule_and_counts_unpaid_vends() -> None:
+    sales = [
+        _sale("paid", SaleState.COMPLETED, captured_cents=150),
+        _sale("unpaid", SaleState.REVERSED),
+        _sale("hanging", SaleState.FAILED),
+        _sale("twice", SaleState.REVERSED),
+        _sale("kept", SaleState.COMPLETED, captured_cents=150),
+    ]
+    steps = {
+        "paid": _steps("paid", Step.CREATED, Step.DISPENSE_REQUEST, Step.CAPTURE_REQUEST, at=100),
+        "unpaid": _steps(
+            "unpaid", Step.CREATED, Step.DISPENSE_REQUEST, Step.RECOVERY_START, at=200
+        ),
+        "hanging": _steps(
+            "hanging", Step.CREATED, Step.AUTHORIZE_REQUEST, Step.RECOVERY_START, at=300
+        ),
+        "twice": _steps("twice", Step.CREATED, Step.REVERSE_REQUEST, at=400),
+        "kept": _steps("kept", Step.CREATED, Step.CAPTURE_REQUEST, at=500),
+    }
+    rows = [
+        _row("o-paid", TransStatus.CAPTURED),
+        _row("o-unpaid", TransStatus.VOIDED),
+        _row("o-hanging", TransStatus.AUTHORIZED),
+        _row("o-twice", TransStatus.VOIDED),
+        _row("o-twice", TransStatus.VOIDED),
+        _row("o-kept", TransStatus.CAPTURED),
+        _row("o-stranger", TransStatus.CAPTURED),
+    ]
+    records = _vend(1, 101.5) + _vend(2, 201.5)
+    report = ChaosReport()
+
+    judge(report, sales, steps, rows, records)
+
+    kinds = sorted((v.kind, v.sale_id) for v in report.violations)
+    assert kinds == [
+        ("authorization_open", "hanging"),
+        ("double_charge", "twice"),
+        ("journal_ledger_disagree", "hanging"),
+        ("kept_without_vend", "kept"),
+        ("ledger_row_unknown", "o-stranger"),
+    ]
+    assert [u.split()[0] for u in report.unpaid_vends] == ["unpaid"]
+    assert (report.sales, report.sales_recovered, report.vends) == (5, 2, 2)
+    hanging = next(v for v in report.violations if v.kind == "authorization_open")
+    assert "authorize.request[started]" in hanging.describe()
+
+
+def test_a_stepped_journal_time_is_set_back_to_real_time(tmp_path: Path) -> None:
+    clock = SteppedClock(tmp_path / "faketime")
+    clock.history = [(1000.0, 0.0), (1010.0, 3 * 86_400.0), (1020.0, -7200.0)]
+    assert clock.real_time(1005.0) == 1005.0
+    assert clock.real_time(1015.0 + 3 * 86_400.0) == 1015.0
+    assert clock.real_time(1030.0 - 7200.0) == 1030.0
+    assert (tmp_path / "faketime").read_text() == "+0\n"

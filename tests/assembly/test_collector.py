@@ -1,0 +1,158 @@
+"""A long-lived agent after start: its deferred models built after READY=1, then start-up's
+objects frozen once, its garbage freed first."""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import subprocess
+import sys
+import weakref
+from collections.abc import Iterator
+
+import pytest
+from pydantic import BaseModel, ConfigDict, create_model
+
+from kiosk_agent.assembly import collector
+
+
+class Node:
+    def __init__(self) -> None:
+        self.me = self  # a cycle: only the collector frees it
+
+
+@pytest.fixture
+def fresh_process(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """As if no agent had started in this process yet; what the test froze is given back."""
+    monkeypatch.setattr(collector, "_frozen", False)
+    frozen_before = gc.get_freeze_count()
+    yield
+    if frozen_before == 0:
+        gc.unfreeze()
+
+
+@pytest.mark.usefixtures("fresh_process")
+def test_start_up_objects_leave_the_collectors_sight_once_per_process() -> None:
+    kept = [Node() for _ in range(100)]
+    assert collector.freeze_start_up_objects()
+    frozen = gc.get_freeze_count()
+    assert frozen >= len(kept)  # a full collection no longer walks them
+    assert not collector.freeze_start_up_objects()  # a second agent: its garbage stays collectable
+    assert gc.get_freeze_count() == frozen
+
+
+@pytest.mark.usefixtures("fresh_process")
+def test_start_up_garbage_is_freed_not_frozen() -> None:
+    gc.disable()  # only the freeze may collect it
+    try:
+        garbage = Node()
+        gone = weakref.ref(garbage)
+        del garbage
+        assert gone() is not None
+        collector.freeze_start_up_objects()
+        assert gone() is None
+    finally:
+        gc.enable()
+
+
+# apart from the agent's: its settling never sees them
+TEST_MODELS = "tests.assembly.collector_models"
+
+
+def _deferred_model(name: str, annotation: str) -> type[BaseModel]:
+    """A project model as the service's are made: built on first use, not when defined."""
+    model = create_model(
+        name, __config__=ConfigDict(defer_build=True), __module__=TEST_MODELS,
+        field=(annotation, ...),
+    )
+    assert not model.__pydantic_complete__
+    return model
+
+
+@pytest.mark.usefixtures("fresh_process")
+async def test_after_ready_every_deferred_model_is_built_one_per_loop_turn() -> None:
+    models = [_deferred_model(f"Deferred{n}", "int") for n in range(5)]
+    turns = 0
+
+    async def count_turns() -> None:
+        nonlocal turns
+        while True:
+            turns += 1
+            await asyncio.sleep(0)
+
+    counter = asyncio.create_task(count_turns())
+    try:
+        settling = await collector.settle_after_ready(modules=(TEST_MODELS,))
+    finally:
+        counter.cancel()
+    assert all(model.__pydantic_complete__ for model in models)
+    assert settling.built >= len(models)
+    assert turns >= len(models)  # a sale starting meanwhile waits for one build, not all
+    assert settling.done.is_set()
+    assert gc.get_freeze_count() > 0  # then start-up is frozen
+    assert models[0].model_validate({"field": "3"}).field == 3  # type: ignore[attr-defined]
+
+
+@pytest.mark.usefixtures("fresh_process")
+async def test_a_model_that_cannot_be_built_is_counted_and_the_rest_still_are(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    broken = _deferred_model("Broken", "NoSuchType")  # an annotation nothing defines
+    fine = _deferred_model("Fine", "str")
+    settling = await collector.settle_after_ready(modules=(TEST_MODELS,))
+    assert settling.errors == 1
+    assert fine.__pydantic_complete__
+    assert not broken.__pydantic_complete__
+    assert "model Broken could not be built" in caplog.text
+    assert settling.done.is_set()
+
+
+def test_importing_the_service_models_builds_none_of_them() -> None:
+    """READY=1 does not wait for the models: a fresh process imports them unbuilt."""
+    code = (
+        "from kiosk_agent.service.models import ChargeResult, Interaction, Terminal\n"
+        "from kiosk_agent.health.model import HealthSnapshot\n"
+        "print([m.__pydantic_complete__ for m in (ChargeResult, Interaction, Terminal,"
+        " HealthSnapshot)])"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60
+    )
+    assert done.stdout.strip() == "[False, False, False, False]"
+
+
+@pytest.mark.usefixtures("fresh_process")
+async def test_start_up_runs_with_the_collector_paused_until_settling_collects_and_resumes_it(
+) -> None:
+    """`kiosk-agent run` pauses the collector: what start-up makes lives for the whole run, so
+    young-generation passes over it are wasted. Settling collects once, freezes and resumes."""
+    collector.pause_for_start_up()
+    try:
+        assert not gc.isenabled()
+        garbage = Node()
+        gone = weakref.ref(garbage)
+        del garbage
+        [Node() for _ in range(5000)]  # well past a young generation's threshold
+        assert gone() is not None  # no pass came
+        settling = await collector.settle_after_ready(modules=(TEST_MODELS,))
+        assert settling.done.is_set()
+        assert gc.isenabled()
+        assert gone() is None
+    finally:
+        gc.enable()
+
+
+@pytest.mark.usefixtures("fresh_process")
+async def test_a_settling_cut_short_still_resumes_the_collector() -> None:
+    """An agent stopped right after READY=1: the collector runs again all the same."""
+    _deferred_model("CutShort", "int")
+    collector.pause_for_start_up()
+    try:
+        settling = asyncio.create_task(collector.settle_after_ready(modules=(TEST_MODELS,)))
+        await asyncio.sleep(0)  # it has begun building
+        settling.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await settling
+        assert gc.isenabled()
+    finally:
+        gc.enable()

@@ -1,0 +1,220 @@
+"""health.availability: the one decider of "can this terminal take a card now", on a fake clock."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from kiosk_agent.health.availability import Availability, TerminalState
+from kiosk_agent.health.model import Health
+from kiosk_agent.sales.events import EventLog
+from kiosk_agent.sales.journal import Journal
+from kiosk_agent.sales.model import SaleEvent
+from kiosk_agent.sales.states import SaleState
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.fixture
+def journal(tmp_path: Path) -> Journal:
+    journal = Journal(tmp_path / "journal.db")
+    journal.open()
+    yield journal
+    journal.close()
+
+
+def _make(journal: Journal, hold_off: float = 2.0) -> tuple[Availability, Health, Clock]:
+    health = Health("1")
+    health.report_service(True)
+    health.report_terminal("SIM-0001", online=True)
+    clock = Clock()
+    log = EventLog(lambda: journal.db)
+    log.open()
+    availability = Availability(
+        health, ["SIM-0001"], hold_off=hold_off, recheck_interval=0.5, log=log, clock=clock
+    )
+    return availability, health, clock
+
+
+def test_one_lost_ping_within_the_hold_off_changes_nothing(journal: Journal) -> None:
+    availability, health, clock = _make(journal)
+    seen: list[TerminalState] = []
+    availability.subscribe(None, seen.append)
+    assert [s.available for s in seen] == [True]  # told at once
+
+    health.report_terminal("SIM-0001", online=False, detail="timed out")
+    availability.evaluate()
+    assert availability.state().available
+    assert availability.next_check_in(60.0) == 0.5  # re-checked quickly meanwhile
+    # still in service, but what health shows (the page, the CLI) says it is failing
+    [held] = health.snapshot().availability
+    assert (held.available, held.failing) == (True, "terminal offline: timed out")
+    clock.now += 1.0
+    health.report_terminal("SIM-0001", online=True)
+    availability.evaluate()
+    assert [s.available for s in seen] == [True]
+    [back] = health.snapshot().availability
+    assert (back.available, back.failing) == (True, "")
+    assert availability.next_check_in(60.0) == 60.0
+    assert availability.log is not None
+    assert availability.log.recent() == []
+
+
+def test_out_after_the_hold_off_and_back_at_the_first_good_check(journal: Journal) -> None:
+    availability, health, clock = _make(journal)
+    seen: list[TerminalState] = []
+    availability.subscribe("SIM-0001", seen.append)
+
+    health.report_terminal("SIM-0001", online=False, detail="timed out")
+    availability.evaluate()
+    clock.now += 1.5
+    assert availability.next_check_in(60.0) == pytest.approx(0.5)
+    availability.evaluate()
+    assert availability.state().available
+    clock.now += 0.5
+    availability.evaluate()
+    state = availability.state()
+    assert (state.available, state.reason) == (False, "terminal offline: timed out")
+    assert availability.next_check_in(60.0) == 0.5
+
+    health.report_terminal("SIM-0001", online=True)
+    availability.evaluate()  # no hold-off on the way back
+    assert [s.available for s in seen] == [True, False, True]
+    assert availability.log is not None
+    assert [(e.kind, e.subject) for e in availability.log.recent()] == [
+        ("in_service", "SIM-0001"),
+        ("out_of_service", "SIM-0001"),
+    ]
+    [shown] = health.snapshot().availability
+    assert (shown.available, shown.changes) == (True, 1)
+
+
+def test_the_reasons_in_order_and_a_new_reason_while_out(journal: Journal) -> None:
+    availability, health, _ = _make(journal, hold_off=0)
+    health.report_journal(False, "disk full")
+    availability.evaluate()
+    assert availability.state().reason == "journal not writable: disk full"
+    health.report_service(False, "cannot connect")
+    availability.evaluate()
+    assert availability.state().reason == (
+        "journal not writable: disk full; service unreachable: cannot connect"
+    )
+    health.report_journal(True)
+    health.report_service(True)
+    health.report_credentials(False, "HTTP 401")
+    availability.evaluate()
+    assert availability.state().reason == (
+        "API key expired or refused and cannot be refreshed: HTTP 401"
+    )
+    assert "card payment unavailable on SIM-0001: API key" in " ".join(
+        health.snapshot().problems
+    )
+    assert availability.log is not None
+    assert len(availability.log.recent()) == 1  # one change, whatever the reasons since
+
+
+def test_at_start_there_is_no_hold_off(journal: Journal) -> None:
+    availability, health, _ = _make(journal, hold_off=30)
+    health.report_terminal("SIM-0001", online=False)
+    availability.evaluate(at_start=True)
+    assert not availability.state().available
+
+
+def test_a_broken_listener_is_counted_and_the_others_still_hear(journal: Journal) -> None:
+    availability, health, _ = _make(journal, hold_off=0)
+
+    def broken(state: TerminalState) -> None:
+        raise RuntimeError("platform bug")
+
+    seen: list[bool] = []
+    availability.subscribe(None, broken)
+    unsubscribe = availability.subscribe(None, lambda s: seen.append(s.available))
+    health.report_terminal("SIM-0001", online=False)
+    availability.evaluate()
+    assert seen == [True, False]
+    assert availability.listener_errors == 2
+    unsubscribe()
+    health.report_terminal("SIM-0001", online=True)
+    availability.evaluate()
+    assert seen == [True, False]
+
+
+def test_a_failed_sale_asks_for_a_check_now(journal: Journal) -> None:
+    availability, _, _ = _make(journal)
+    woken: list[bool] = []
+    availability.wake = lambda: woken.append(True)
+    event = SaleEvent(sale_id="s", order_id="o", source="t", state=SaleState.FAILED,
+                      amount_cents=100)
+    availability.on_sale_event(event)
+    availability.on_sale_event(SaleEvent(sale_id="s", order_id="o", source="t",
+                                         state=SaleState.COMPLETED, amount_cents=100))
+    assert woken == [True]
+
+
+def test_events_wait_in_memory_while_the_journal_is_read_only(journal: Journal) -> None:
+    log = EventLog(lambda: journal.db)
+    log.open()
+    log.probe()
+    journal.db.execute("PRAGMA query_only = ON")
+    with pytest.raises(Exception, match="readonly"):
+        log.probe()
+    kept = log.record("out_of_service", "SIM-0001", {"reason": "journal not writable"})
+    assert kept.id is None
+    assert log.unwritten == 1
+    assert [e.kind for e in log.recent()] == ["out_of_service"]  # shown while waiting
+    journal.db.execute("PRAGMA query_only = OFF")
+    log.probe()  # the first write that works writes what waited, with its own time
+    assert log.unwritten == 0
+    [written] = log.recent()
+    assert written.id is not None
+    assert written.at == kept.at
+    assert log.prune(keep_days=1, now=kept.at + 2 * 86400) == 1
+
+
+def test_event_details_are_redacted(journal: Journal) -> None:
+    log = EventLog(lambda: journal.db)
+    log.open()
+    event = log.record("out_of_service", "SIM-0001", {"reason": "card 4111111111111111 refused"})
+    assert "4111111111111111" not in str(event.detail)
+
+
+def test_a_terminal_that_is_not_configured_takes_no_card_and_says_why(journal: Journal) -> None:
+    availability, _, _ = _make(journal)
+    seen: list[TerminalState] = []
+    availability.subscribe("SIM-0099", seen.append)
+    assert [(s.available, s.reason) for s in seen] == [
+        (False, "terminal SIM-0099 is not configured")
+    ]
+
+    def resolve(name: str | None) -> str:
+        raise ValueError(f"unknown terminal {name!r}; configured: SIM-0001 (front)")
+
+    strict = Availability(Health("1"), ["SIM-0001"], resolve=resolve)
+    assert strict.state("back").reason == "unknown terminal 'back'; configured: SIM-0001 (front)"
+
+
+def test_how_long_a_terminal_was_out_is_real_time_whatever_the_wall_clock_did(
+    journal: Journal, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """It was the difference of two wall times: NTP stepping the clock back an hour during a
+    30-s outage logged "back in service after -3570.0 s" and journaled that."""
+    import kiosk_agent.health.availability as module
+
+    availability, health, clock = _make(journal, hold_off=0)
+    health.report_terminal("SIM-0001", online=False, detail="timed out")
+    availability.evaluate()
+    wall = module.time.time()
+    monkeypatch.setattr(module.time, "time", lambda: wall - 3600.0)  # NTP steps it back
+    clock.now += 30.0
+    health.report_terminal("SIM-0001", online=True)
+    availability.evaluate()
+    assert availability.log is not None
+    back = availability.log.recent()[0]
+    assert (back.kind, back.detail) == ("in_service", {"out_of_service_s": 30.0})

@@ -1,0 +1,105 @@
+"""Structured logs, with card numbers and secrets masked by the filter on every handler."""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import json
+import logging
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from kiosk_agent.logs import RefusalLog, refusal_counts, setup_logging, suppressed_counts
+
+CARD = "4111 1111 1111 1111"
+
+
+@pytest.fixture
+def root_restored() -> Iterator[None]:
+    root = logging.getLogger()
+    handlers, level = list(root.handlers), root.level
+    yield
+    for handler in list(root.handlers):
+        if handler not in handlers:
+            root.removeHandler(handler)
+            handler.close()
+    root.setLevel(level)
+
+
+def test_json_lines_carry_extras_and_no_card_or_key(root_restored: None) -> None:
+    out = io.StringIO()
+    setup_logging({"format": "json", "level": "INFO"}, stream=out)
+    log = logging.getLogger("kiosk_agent.test")
+    log.info("charged card %s with api_key=%s", CARD, "sk_live_abcdef123456", extra={"sale": "s1"})
+    try:
+        raise RuntimeError(f"refused Authorization: Bearer sk_live_abcdef123456 for {CARD}")
+    except RuntimeError:
+        log.exception("call failed")
+    first, second = (json.loads(line) for line in out.getvalue().splitlines())
+    assert first["level"] == "INFO"
+    assert first["logger"] == "kiosk_agent.test"
+    assert first["sale"] == "s1"
+    assert "411111******1111" in first["msg"]
+    text = out.getvalue()
+    assert "sk_live_abcdef123456" not in text
+    assert "4111 1111 1111 1111" not in text
+    assert second["exc"].startswith("Traceback")
+
+
+def test_text_to_a_file_and_debug_hidden_at_info(root_restored: None, tmp_path: Path) -> None:
+    path = tmp_path / "logs" / "agent.log"
+    handler = setup_logging({"format": "text", "level": "INFO", "file": str(path)})
+    log = logging.getLogger("kiosk_agent.test")
+    log.debug("not shown")
+    log.warning("refresh_token: rt_secret_value rejected")
+    handler.flush()
+    text = path.read_text()
+    assert "not shown" not in text
+    assert "WARNING kiosk_agent.test: refresh_token: [REDACTED] rejected" in text
+
+
+def test_setting_up_again_replaces_the_handler(root_restored: None) -> None:
+    setup_logging({}, stream=io.StringIO())
+    setup_logging({}, stream=io.StringIO())
+    named = [h for h in logging.getLogger().handlers if h.get_name() == "kiosk-agent"]
+    assert len(named) == 1
+
+
+def test_a_flood_of_refusals_logs_the_first_few_then_counts(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """3,000 forged deliveries write a handful of lines, not 3,000; every one is counted."""
+    now = [0.0]
+    refused = RefusalLog(logging.getLogger("test.refusals"), "test_flood", first=3,
+                         interval=60.0, clock=lambda: now[0])
+    before = refusal_counts().get(("test_flood", "forged"), 0)
+    with caplog.at_level(logging.WARNING, "test.refusals"):
+        for n in range(3000):
+            refused("forged" if n % 10 else "malformed", "refused delivery %d", n)
+        now[0] = 61.0  # the next interval: its first line, after the summary of the last
+        refused("forged", "refused delivery %d", 3000)
+    lines = [r.getMessage() for r in caplog.records]
+    assert lines[:3] == ["refused delivery 0", "refused delivery 1", "refused delivery 2"]
+    assert lines[3] == (
+        "test_flood: 2997 more refusal(s) in the last 60 s, not logged one by one "
+        "(forged 2698, malformed 299)"
+    )
+    assert lines[4:] == ["refused delivery 3000"]
+    assert refusal_counts()[("test_flood", "forged")] - before == 2701
+    assert suppressed_counts()["test_flood"] >= 2997
+
+
+async def test_the_summary_comes_when_the_interval_ends_even_if_the_flood_stops(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    refused = RefusalLog(logging.getLogger("test.refusals"), "test_quiet", first=1, interval=0.05)
+    with caplog.at_level(logging.WARNING, "test.refusals"):
+        for _ in range(10):
+            refused("bad", "bad line")
+        for _ in range(100):  # no more refusals: the timer writes the summary
+            if len(caplog.records) == 2:
+                break
+            await asyncio.sleep(0.01)
+    assert [r.getMessage() for r in caplog.records][-1].startswith("test_quiet: 9 more refusal(s)")

@@ -1,0 +1,398 @@
+"""The device's small HTTP servers: any free port, told back; stopped means not listening."""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import json
+import socket
+import time
+
+import aiohttp
+import pytest
+from aiohttp import web
+from hypothesis import given
+from hypothesis import strategies as st
+
+from kiosk_agent.web.server import (
+    BodyError,
+    HttpLimits,
+    ListenError,
+    LocalSite,
+    loads_bounded,
+    read_json,
+)
+from tests.helpers import until
+
+
+async def test_a_site_on_port_0_learns_its_port_and_stops_listening() -> None:
+    async def hello(request: web.Request) -> web.Response:
+        return web.json_response({"hello": "kiosk"})
+
+    app = web.Application()
+    app.router.add_get("/hello", hello)
+    site = LocalSite("127.0.0.1", 0)
+    assert site.port is None
+    await site.start(app)
+    assert site.port
+    assert site.url == f"http://127.0.0.1:{site.port}"
+    async with aiohttp.ClientSession() as http:
+        async with http.get(f"{site.url}/hello") as response:
+            assert await response.json() == {"hello": "kiosk"}
+        await site.stop()
+        with pytest.raises(aiohttp.ClientConnectionError):
+            await http.get(f"{site.url}/hello")
+    await site.stop()  # a second stop is harmless
+
+
+def _limits(**overrides: float) -> HttpLimits:
+    conf = {"header_timeout": 0.3, "body_timeout": 0.3, "keepalive_timeout": 0.6,
+            "max_connections": 4, "shutdown_grace": 0.5, **overrides}
+    return HttpLimits.from_config(conf)
+
+
+class Clock:
+    """A monotonic clock that moves only when told."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+async def _site(
+    limits: HttpLimits,
+    held: list[web.Request] | None = None,
+    clock: Clock | None = None,
+) -> LocalSite:
+    """A site with ``/echo`` and ``/hold`` (30 s); each held request is added to ``held``."""
+
+    async def echo(request: web.Request) -> web.Response:
+        try:
+            return web.json_response({"got": await read_json(request)})
+        except BodyError as err:
+            return web.json_response({"error": err.error, "message": err.message},
+                                     status=err.status)
+
+    async def hold(request: web.Request) -> web.Response:
+        if held is not None:
+            held.append(request)
+        await asyncio.sleep(30)
+        return web.Response()
+
+    app = web.Application()
+    app.router.add_post("/echo", echo)
+    app.router.add_get("/hold", hold)
+    if clock is None:
+        site = LocalSite("127.0.0.1", 0, name="test", limits=limits)
+    else:
+        site = LocalSite("127.0.0.1", 0, name="test", limits=limits, clock=clock)
+    await site.start(app)
+    return site
+
+
+async def _closed_within(reader: asyncio.StreamReader, seconds: float) -> bytes:
+    return await asyncio.wait_for(reader.read(), seconds)
+
+
+def test_the_limits_have_defaults_in_one_place() -> None:
+    limits = HttpLimits.from_config()
+    assert (limits.header_timeout, limits.body_timeout, limits.keepalive_timeout) == (10, 30, 15)
+    assert limits.max_connections == 256
+    with pytest.raises(Exception, match="above zero"):
+        HttpLimits.from_config({"header_timeout": 0})
+
+
+async def test_a_connection_that_never_finishes_its_head_is_closed() -> None:
+    site = await _site(_limits())
+    try:
+        reader, writer = await asyncio.open_connection("127.0.0.1", site.port)
+        writer.write(b"GET /echo HTTP/1.1\r\nHost: x\r\nX-Slow: 1")  # never ends
+        started = time.monotonic()
+        assert await _closed_within(reader, 5) == b""
+        assert 0.2 < time.monotonic() - started < 3
+        writer.close()
+    finally:
+        await site.stop()
+
+
+async def test_a_body_that_trickles_gets_408_and_a_good_one_is_read() -> None:
+    site = await _site(_limits())
+    try:
+        reader, writer = await asyncio.open_connection("127.0.0.1", site.port)
+        writer.write(b"POST /echo HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                     b"Content-Length: 100\r\n\r\n{")
+        answer = await asyncio.wait_for(reader.readline(), 5)
+        assert answer.startswith(b"HTTP/1.1 408"), answer
+        writer.close()
+        async with aiohttp.ClientSession() as http, http.post(
+            f"{site.url}/echo", json={"a": [1, 2]}
+        ) as response:
+            assert await response.json() == {"got": {"a": [1, 2]}}
+    finally:
+        await site.stop()
+
+
+async def test_past_the_cap_the_oldest_idle_connection_makes_room() -> None:
+    site = await _site(_limits(header_timeout=30, keepalive_timeout=30))
+    try:
+        idle = [await asyncio.open_connection("127.0.0.1", site.port) for _ in range(4)]
+        await asyncio.sleep(0.05)
+        assert site.open_connections == 4
+        async with aiohttp.ClientSession() as http, http.post(
+            f"{site.url}/echo", json=1
+        ) as response:
+            assert response.status == 200  # served: the oldest idle one was closed for it
+        # closed, and told why: it had sent nothing (a burst's request may be unread yet)
+        assert (await _closed_within(idle[0][0], 5)).startswith(b"HTTP/1.1 503")
+        assert site.open_connections <= 4
+        for _, writer in idle:
+            writer.close()
+    finally:
+        await site.stop()
+
+
+async def _post_echo(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> bytes:
+    """One keep-alive ``POST /echo`` on an open connection; the status line of its answer."""
+    writer.write(b"POST /echo HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                 b"Content-Length: 1\r\n\r\n1")
+    status = await asyncio.wait_for(reader.readline(), 5)
+    length = 0
+    while (line := await asyncio.wait_for(reader.readline(), 5)) not in (b"\r\n", b""):
+        if line.lower().startswith(b"content-length:"):
+            length = int(line.split(b":")[1])
+    await reader.readexactly(length)
+    return status
+
+
+async def test_a_flood_of_silent_connections_evicts_them_before_a_served_idle_one() -> None:
+    site = await _site(_limits(header_timeout=30, keepalive_timeout=30))
+    try:
+        # the touchscreen app: one keep-alive connection, served once, now idle between sales
+        honest = await asyncio.open_connection("127.0.0.1", site.port)
+        assert (await _post_echo(*honest)).startswith(b"HTTP/1.1 200")
+        # a slow-header flood: three times the cap of connections that never finish a head
+        flood = []
+        for _ in range(12):
+            flood.append(await asyncio.open_connection("127.0.0.1", site.port))
+            flood[-1][1].write(b"GET /echo HTTP/1.1\r\nX-Slow: 1")
+            await asyncio.sleep(0.005)
+        await until(lambda: site.evicted >= 9)
+        assert site.open_connections <= 4
+        # the count kept for every accept agrees with the connections themselves
+        assert site.open_connections == sum(not c.closing for c in site._connections.values())
+        # the newcomers went, oldest first; the app's connection, older than all, still serves
+        assert (await _post_echo(*honest)).startswith(b"HTTP/1.1 200")
+        assert (await _closed_within(flood[0][0], 5)).startswith(b"HTTP/1.1 503")
+        for _, writer in [honest, *flood]:
+            writer.close()
+    finally:
+        await site.stop()
+
+
+async def test_the_connection_idle_longest_makes_room_not_the_oldest() -> None:
+    site = await _site(_limits(header_timeout=30, keepalive_timeout=30))
+    try:
+        # four served keep-alive clients, the first one the oldest
+        clients = [await asyncio.open_connection("127.0.0.1", site.port) for _ in range(4)]
+        for client in clients:
+            assert (await _post_echo(*client)).startswith(b"HTTP/1.1 200")
+        # the oldest speaks again: now the second one has been idle longest
+        assert (await _post_echo(*clients[0])).startswith(b"HTTP/1.1 200")
+        async with aiohttp.ClientSession() as http, http.post(
+            f"{site.url}/echo", json=1
+        ) as response:
+            assert response.status == 200
+        assert await _closed_within(clients[1][0], 5) == b""  # served: closed without a word
+        assert (await _post_echo(*clients[0])).startswith(b"HTTP/1.1 200")
+        assert site.evicted == 1
+        for _, writer in clients:
+            writer.close()
+    finally:
+        await site.stop()
+
+
+def _newcomer(port: int, request: bytes = b"") -> socket.socket:
+    """A connection made by the kernel alone (no turn of the loop between the handshake and
+    the request), with ``request`` sent: the site finds it in its queue as it was sent."""
+    sock = socket.create_connection(("127.0.0.1", port))
+    sock.sendall(request)
+    sock.setblocking(False)
+    return sock
+
+
+async def _answer(sock: socket.socket) -> bytes:
+    """Everything the server sends until it closes the connection."""
+    reader, writer = await asyncio.open_connection(sock=sock)
+    try:
+        return await _closed_within(reader, 5)
+    finally:
+        writer.close()
+
+
+async def test_at_the_cap_the_accept_rate_bounds_a_floods_churn() -> None:
+    """A flood that reconnects as fast as it is closed would keep the loop busy accepting and
+    closing. Past the cap: accept_rate_at_cap newcomers a second are accepted, the rest wait in
+    the kernel's queue; a silent one gets in within a quarter of that rate, else it is told
+    503 at once; one whose request has arrived whole gets in all the same."""
+    clock = Clock()
+    limits = _limits(header_timeout=30, keepalive_timeout=30, accept_rate_at_cap=8)
+    site = await _site(limits, clock=clock)
+    assert site.port is not None
+    try:
+        held = [_newcomer(site.port) for _ in range(4)]
+        await until(lambda: site.open_connections == 4)
+        # four silent newcomers: two get in (two of the held ones told 503), two turned away
+        silent = [_newcomer(site.port) for _ in range(4)]
+        await until(lambda: site.evicted + site.turned_away == 4)
+        assert (site.evicted, site.turned_away) == (2, 2)
+        answers = [await _answer(sock) for sock in [*held[:2], *silent[2:]]]
+        assert all(answer.startswith(b"HTTP/1.1 503") for answer in answers), answers
+        # the silent budget is spent; a real client's request is whole on arrival: it gets in
+        whole = _newcomer(site.port, b"POST /echo HTTP/1.1\r\nHost: x\r\n"
+                          b"Content-Type: application/json\r\nContent-Length: 1\r\n\r\n1")
+        reader, writer = await asyncio.open_connection(sock=whole)
+        assert (await reader.readline()).startswith(b"HTTP/1.1 200")
+        await asyncio.wait_for(reader.readuntil(b'{"got": 1}'), 5)  # kept open: it is served
+        assert site.evicted == 3
+        # five more: three accepted (and turned away), then the rate is spent: two wait
+        later = [_newcomer(site.port) for _ in range(5)]
+        await until(lambda: site.turned_away == 5)
+        await asyncio.sleep(0.3)  # the clock stands still: the others are not accepted
+        assert (site.evicted, site.turned_away) == (3, 5)
+        assert site.accept_pauses >= 1
+        assert site.open_connections == 4
+        clock.now += 1.0  # a second later the two waiting get in, each closing a silent one
+        await until(lambda: site.evicted == 5)
+        assert site.open_connections == 4
+        writer.close()
+        for sock in [*held, *silent, *later]:
+            sock.close()
+    finally:
+        await site.stop()
+
+
+async def test_one_timer_keeps_every_connections_header_deadline() -> None:
+    site = await _site(_limits(header_timeout=0.3, keepalive_timeout=30))
+    try:
+        opened: list[tuple[float, asyncio.StreamReader, asyncio.StreamWriter]] = []
+        for _ in range(3):
+            reader, writer = await asyncio.open_connection("127.0.0.1", site.port)
+            opened.append((time.monotonic(), reader, writer))
+            await asyncio.sleep(0.1)
+        honest = await asyncio.open_connection("127.0.0.1", site.port)
+        assert (await _post_echo(*honest)).startswith(b"HTTP/1.1 200")
+        for started, reader, _ in opened:
+            assert await _closed_within(reader, 5) == b""
+            assert 0.25 < time.monotonic() - started < 3  # each by its own deadline
+        await until(lambda: site._head_sweep is None)  # nobody silent left: no timer waits
+        assert (await _post_echo(*honest)).startswith(b"HTTP/1.1 200")  # it spoke: kept
+        for _, _, writer in opened:
+            writer.close()
+        honest[1].close()
+    finally:
+        await site.stop()
+
+
+async def test_out_of_descriptors_the_site_stops_accepting_for_a_while() -> None:
+    site = await _site(_limits())
+    try:
+        site._accept_failed(OSError(errno.EMFILE, "Too many open files"))
+        assert site.accept_pauses == 1
+        assert site._resume is not None  # accepting again in a second, not spinning meanwhile
+        site._resume.cancel()
+        site._start_accepting()
+        async with aiohttp.ClientSession() as http, http.post(
+            f"{site.url}/echo", json=1
+        ) as response:
+            assert response.status == 200
+    finally:
+        await site.stop()
+
+
+async def test_when_every_connection_is_busy_a_newcomer_gets_503() -> None:
+    held: list[web.Request] = []
+    site = await _site(_limits(max_connections=4), held)
+    async with aiohttp.ClientSession() as http:
+        holders = [asyncio.create_task(http.get(f"{site.url}/hold")) for _ in range(4)]
+        try:
+            # every connection busy: each request in its handler, not merely each socket open
+            await until(lambda: len(held) == 4)
+            assert site.open_connections == 4
+            reader, writer = await asyncio.open_connection("127.0.0.1", site.port)
+            answer = await asyncio.wait_for(reader.read(), 5)
+            assert answer.startswith(b"HTTP/1.1 503"), answer
+            writer.close()
+            started = time.monotonic()
+        finally:
+            await site.stop()  # the held requests are cut within the grace
+        assert time.monotonic() - started < 5
+        for holder in holders:
+            holder.cancel()
+        await asyncio.gather(*holders, return_exceptions=True)
+
+
+@pytest.mark.parametrize(
+    ("raw", "message"),
+    [
+        (b"1" * 5000, "5000 characters"),
+        (b"[" * 30000 + b"]" * 30000, "nests deeper than 32"),
+        (b"[" * 33 + b"]" * 33, "nests deeper than 32"),
+        (b"1e400", "out of range"),
+        (b"-1e400", "out of range"),
+        (b"Infinity", "not a JSON number"),
+        (b'"\\udc00"', "unpaired surrogate"),
+        (b"\xc3\x28", "not UTF-8"),
+        (b"", "not JSON"),
+    ],
+)
+def test_hostile_json_is_refused_naming_the_fault(raw: bytes, message: str) -> None:
+    with pytest.raises(BodyError) as refused:
+        loads_bounded(raw)
+    assert refused.value.status == 400
+    assert message in refused.value.message
+
+
+def test_ordinary_json_passes() -> None:
+    raw = b'{"a": [1, 2.5, "x", null, true], "b": {"c": -18446744073709551616}}'
+    assert loads_bounded(raw) == {"a": [1, 2.5, "x", None, True], "b": {"c": -(2**64)}}
+    assert loads_bounded(b"[" * 32 + b"]" * 32) is not None
+
+
+JSON_VALUES = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats() | st.text(),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(), inner, max_size=4),
+    max_leaves=30,
+)
+
+
+@given(st.one_of(JSON_VALUES.map(lambda v: json.dumps(v).encode()), st.binary(max_size=200)))
+def test_any_body_gives_a_value_or_a_clear_400_quickly(raw: bytes) -> None:
+    started = time.monotonic()
+    error: BodyError | None = None
+    try:
+        loads_bounded(raw)
+    except BodyError as err:
+        error = err
+    assert time.monotonic() - started < 1.0
+    if error is not None:
+        assert (error.status, bool(error.message)) == (400, True)
+
+
+async def test_a_port_in_use_is_named_with_what_to_change() -> None:
+    """Not 'unexpected OSError ... (please report this)': which server, where, and the fix."""
+    holder = await asyncio.start_server(lambda r, w: w.close(), "127.0.0.1", 0)
+    port = holder.sockets[0].getsockname()[1]
+    site = LocalSite("127.0.0.1", port, name="admin")
+    try:
+        with pytest.raises(ListenError) as caught:
+            await site.start(web.Application())
+    finally:
+        holder.close()
+        await holder.wait_closed()
+    assert caught.value.strerror == (
+        f"admin: cannot listen on 127.0.0.1:{port}: address already in use; another program "
+        "(or another agent) holds it: stop that one or change the port"
+    )
+    await site.stop()  # nothing was left half started
