@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from decimal import Decimal
 from typing import TYPE_CHECKING, Any
 
+from kiosk_agent.moments import optional_timestamp, timestamp
 from kiosk_agent.money import cents_to_dollars
 
 if TYPE_CHECKING:
@@ -74,31 +75,6 @@ class Amount:
         return cents_to_dollars(self.cents)
 
 
-Moment = dt.datetime | float | str
-
-
-def in_utc(moment: Moment) -> dt.datetime:
-    """A moment in UTC: Unix seconds, a datetime or the ISO 8601 text JSON holds (the agent's
-    own answers read back by a command); a naive one is taken as UTC."""
-    if isinstance(moment, str):
-        moment = dt.datetime.fromisoformat(moment.replace("Z", "+00:00"))
-    elif not isinstance(moment, dt.datetime):
-        return dt.datetime.fromtimestamp(moment, dt.UTC)
-    if moment.tzinfo is None:
-        return moment.replace(tzinfo=dt.UTC)
-    return moment.astimezone(dt.UTC)
-
-
-def timestamp(moment: Moment) -> str:
-    """``2026-11-22T10:15:30Z``: every time in JSON and CSV (UTC, to the second)."""
-    return in_utc(moment).isoformat(timespec="seconds").replace("+00:00", "Z")
-
-
-def optional_timestamp(moment: Moment | None) -> str | None:
-    """:func:`timestamp`, and JSON's null for no time."""
-    return None if moment is None else timestamp(moment)
-
-
 # The wall times the status page's event stream carries as Unix seconds (they are its cursor,
 # ``?since=``): the health snapshot's, a sale step's or a note's ``at``, a sale's times.
 STREAM_TIMES = frozenset({
@@ -121,16 +97,6 @@ def stream_json(value: object) -> object:
 
 def _is_seconds(value: object) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool)
-
-
-def display_time(moment: Moment) -> str:
-    """``2026-11-22 10:15:30Z``: a time for people (tables, messages), UTC and said so."""
-    return f"{in_utc(moment):%Y-%m-%d %H:%M:%SZ}"
-
-
-def display_clock(moment: Moment) -> str:
-    """``10:15:30Z``: a time of today for people (a live line, a deadline), UTC and said so."""
-    return f"{in_utc(moment):%H:%M:%SZ}"
 
 
 def neutralise(text: str) -> str:

@@ -79,3 +79,40 @@ def _day_bound(day: dt.date, end: bool) -> dt.datetime:
     if day == dt.date.max:  # its end, the year 10000, has no datetime
         return dt.datetime.max.replace(tzinfo=dt.UTC)
     return start + dt.timedelta(days=1)
+
+
+# -- writing moments: ISO 8601 UTC in JSON and CSV, a UTC time said so for people ----------------
+
+Moment = dt.datetime | float | str
+
+
+def in_utc(moment: Moment) -> dt.datetime:
+    """A moment in UTC: Unix seconds, a datetime or the ISO 8601 text JSON holds (the agent's
+    own answers read back by a command); a naive one is taken as UTC."""
+    if isinstance(moment, str):
+        moment = dt.datetime.fromisoformat(moment.replace("Z", "+00:00"))
+    elif not isinstance(moment, dt.datetime):
+        return dt.datetime.fromtimestamp(moment, dt.UTC)
+    if moment.tzinfo is None:
+        return moment.replace(tzinfo=dt.UTC)
+    return moment.astimezone(dt.UTC)
+
+
+def timestamp(moment: Moment) -> str:
+    """``2026-11-22T10:15:30Z``: every time in JSON and CSV (UTC, to the second)."""
+    return in_utc(moment).isoformat(timespec="seconds").replace("+00:00", "Z")
+
+
+def optional_timestamp(moment: Moment | None) -> str | None:
+    """:func:`timestamp`, and JSON's null for no time."""
+    return None if moment is None else timestamp(moment)
+
+
+def display_time(moment: Moment) -> str:
+    """``2026-11-22 10:15:30Z``: a time for people (tables, messages), UTC and said so."""
+    return f"{in_utc(moment):%Y-%m-%d %H:%M:%SZ}"
+
+
+def display_clock(moment: Moment) -> str:
+    """``10:15:30Z``: a time of today for people (a live line, a deadline), UTC and said so."""
+    return f"{in_utc(moment):%H:%M:%SZ}"

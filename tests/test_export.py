@@ -19,17 +19,8 @@ from hypothesis import strategies as st
 
 from kiosk_agent.app import load_agent
 from kiosk_agent.cli import main
-from kiosk_agent.export import (
-    FORMULA_STARTS,
-    Amount,
-    CsvExport,
-    JsonExport,
-    csv_cell,
-    display_clock,
-    display_time,
-    export_audit,
-    timestamp,
-)
+from kiosk_agent.export import FORMULA_STARTS, Amount, CsvExport, JsonExport, csv_cell, export_audit
+from kiosk_agent.moments import display_clock, display_time, timestamp
 from kiosk_agent.sales.journal import Journal, SaleRecord
 from kiosk_agent.sales.states import SaleState
 from kiosk_agent.service.client import ServiceClient
@@ -217,7 +208,7 @@ def test_times_for_people_are_written_in_one_place() -> None:
         str(path.relative_to(package)) for path in package.rglob("*.py")
         if "%H:%M:%SZ" in path.read_text()
     )
-    assert writers == ["export.py"]
+    assert writers == ["moments.py"]
 
 
 def test_the_books_json_gives_the_reads_and_the_comparisons_times_in_iso_8601() -> None:

@@ -18,16 +18,11 @@ ARCHITECTURE = PACKAGE.parent / "docs" / "architecture.md"
 
 # Circles another branch is taking apart, each with where and who: a circle gone must leave
 # this list (test_a_known_circle_still_exists), a new one fails.
-KNOWN_CIRCLES = {
-    frozenset({"audit", "platforms"}):
-        "platforms/virtual_audit.py imports audit, audit imports platforms/serial.py: the "
-        "virtual machine moves beside the simulator (r30-platforms)",
-}  # fmt: skip
+KNOWN_CIRCLES: dict[frozenset[str], str] = {}
 
 # What a platform may take from the sale domain: the dispenser's contract and the refusals a
 # sale's start answers with (the kiosk API says them to its caller).
-SALES_FOR_PLATFORMS = {"kiosk_agent.sales.model", "kiosk_agent.sales.states",
-                       "kiosk_agent.sales.clock"}
+SALES_FOR_PLATFORMS = {"kiosk_agent.sales.model", "kiosk_agent.sales.clock"}
 SALE_REFUSALS = {
     ("kiosk_agent.sales.runner", "STOPPING"), ("kiosk_agent.sales.runner", "AgentStopping"),
     ("kiosk_agent.sales.runner", "TerminalBusy"), ("kiosk_agent.sales.settings", "UnknownTerminal"),
@@ -157,7 +152,8 @@ def test_platforms_take_from_sales_only_the_dispensers_types() -> None:
 
 
 def test_core_is_gone() -> None:
-    assert not (PACKAGE / "core").exists()
+    # a checkout updated in place may keep core/__pycache__; what counts is the code
+    assert not list((PACKAGE / "core").glob("*.py"))
     assert not [i.where for i in project_imports() if i.target == "core"]
 
 

@@ -46,14 +46,13 @@ from kiosk_agent.export import (
     export_audit,
     export_sales,
     json_value,
-    optional_timestamp,
     report_columns,
     report_values,
     sale_json,
     step_json,
 )
 from kiosk_agent.logs import RefusalLog
-from kiosk_agent.moments import MOMENT_FORMS, MomentError, parse_moment
+from kiosk_agent.moments import MOMENT_FORMS, MomentError, optional_timestamp, parse_moment
 from kiosk_agent.sales.attention import (
     NotInAttention,
     ResolveError,

@@ -20,7 +20,7 @@ from typing import Any, Literal
 
 from kiosk_agent.audit.books import ZERO, Figures
 from kiosk_agent.audit.evadts import Counters, Tally
-from kiosk_agent.export import display_time
+from kiosk_agent.moments import display_time
 from kiosk_agent.money import format_cents
 
 Verdict = Literal["match", "mismatch", "not_compared"]

@@ -34,14 +34,8 @@ from kiosk_agent.cli.contract import (
     unit_config,
     wants_json,
 )
-from kiosk_agent.export import (
-    SALE_FORMATS,
-    display_time,
-    export_sales,
-    sale_json,
-    step_json,
-)
-from kiosk_agent.moments import MOMENT_FORMS
+from kiosk_agent.export import SALE_FORMATS, export_sales, sale_json, step_json
+from kiosk_agent.moments import MOMENT_FORMS, display_time
 from kiosk_agent.money import format_cents
 from kiosk_agent.sales.model import money_text
 from kiosk_agent.sales.states import RESOLUTIONS, SaleState

@@ -22,7 +22,8 @@ from kiosk_agent.cli.contract import (
     say,
     unit_config,
 )
-from kiosk_agent.export import SALE_FORMATS, display_time, export_audit, timestamp
+from kiosk_agent.export import SALE_FORMATS, export_audit
+from kiosk_agent.moments import display_time, timestamp
 from kiosk_agent.money import format_cents
 
 if TYPE_CHECKING:

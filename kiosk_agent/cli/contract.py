@@ -36,15 +36,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO, TypeVar
 
 from kiosk_agent import moments
-from kiosk_agent.export import (
-    HIDDEN_FIELDS,
-    Amount,
-    display_time,
-    is_model,
-    json_value,
-    model_values,
-    plain,
-)
+from kiosk_agent.export import HIDDEN_FIELDS, Amount, is_model, json_value, model_values, plain
+from kiosk_agent.moments import display_time
 from kiosk_agent.money import MoneyError, format_cents, parse_price
 from kiosk_agent.service.timeouts import DEFAULT_TIMEOUT
 

@@ -39,7 +39,7 @@ from kiosk_agent.cli.contract import (
     positive_int,
     use_colour,
 )
-from kiosk_agent.export import display_clock
+from kiosk_agent.moments import display_clock
 from kiosk_agent.money import format_cents
 from kiosk_agent.sales.model import SaleEvent
 from kiosk_agent.sales.states import SaleState

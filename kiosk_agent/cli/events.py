@@ -30,7 +30,8 @@ from kiosk_agent.cli.contract import (
     timeout_of,
     wants_json,
 )
-from kiosk_agent.export import display_clock, stream_json
+from kiosk_agent.export import stream_json
+from kiosk_agent.moments import display_clock
 
 if TYPE_CHECKING:
     import aiohttp

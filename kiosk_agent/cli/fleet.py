@@ -42,7 +42,7 @@ from kiosk_agent.cli.contract import (
     wants_json,
     zero_or_more_seconds,
 )
-from kiosk_agent.export import display_clock, optional_timestamp
+from kiosk_agent.moments import display_clock, optional_timestamp
 from kiosk_agent.money import format_cents
 
 # The checks (doctor.py), the configuration and aiohttp are imported by the commands that

@@ -33,7 +33,7 @@ from kiosk_agent.cli.contract import (
     validated,
     wants_json,
 )
-from kiosk_agent.export import timestamp
+from kiosk_agent.moments import timestamp
 from kiosk_agent.money import dollars_to_cents, format_cents
 
 SERVICE = options(timeout=True)

@@ -23,7 +23,7 @@ from kiosk_agent.cli.contract import (
     show,
     unit_config,
 )
-from kiosk_agent.export import in_utc
+from kiosk_agent.moments import in_utc
 
 if TYPE_CHECKING:
     pass

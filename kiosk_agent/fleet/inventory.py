@@ -21,10 +21,10 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from kiosk_agent.export import timestamp
 from kiosk_agent.fleet.entities import STATUS_OPTIONS
 from kiosk_agent.fleet.mqtt import mqtt_client, passing_client_id
 from kiosk_agent.fleet.topics import DEVICE_ID, OFFLINE, ONLINE
+from kiosk_agent.moments import timestamp
 from kiosk_agent.text import control_character
 
 STALE_AFTER_BEATS = 3  # a unit whose report is older than this many intervals is "stale"
@@ -159,7 +159,7 @@ class Unit:
 
 
 def _iso(unix_time: float) -> str:
-    """ISO 8601 UTC, as every timestamp the command line prints in JSON (export.timestamp)."""
+    """ISO 8601 UTC, as every timestamp the command line prints in JSON (moments.timestamp)."""
     return timestamp(dt.datetime.fromtimestamp(unix_time, dt.UTC))
 
 

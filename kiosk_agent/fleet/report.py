@@ -9,8 +9,8 @@ from __future__ import annotations
 import datetime as dt
 from typing import Any
 
-from kiosk_agent.export import timestamp
 from kiosk_agent.health.model import UNIX_TIMES, HealthSnapshot
+from kiosk_agent.moments import timestamp
 
 
 def build_report(

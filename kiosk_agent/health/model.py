@@ -23,9 +23,8 @@ from typing import Annotated, Any, Protocol
 from pydantic import BaseModel, ConfigDict, PlainSerializer, SerializationInfo
 
 from kiosk_agent.bus import EventBus
-from kiosk_agent.export import display_clock, timestamp
 from kiosk_agent.health.defaults import KEY_WARNING, PING_INTERVAL, PING_TIMEOUT
-from kiosk_agent.moments import day_of, day_start
+from kiosk_agent.moments import day_of, day_start, display_clock, timestamp
 from kiosk_agent.money import format_cents
 from kiosk_agent.redact import redact
 from kiosk_agent.sales.model import SaleEvent

@@ -22,9 +22,8 @@ PACKAGE = Path(kiosk_agent.__file__).parent
 # Literals written twice in packages other branches are reshaping, each named with its owner:
 # a pair made one must leave this list (test_a_known_double_default_is_still_there).
 KNOWN_DOUBLES = {
-    ("platforms", "address"), ("platforms", "vend_timeout"), ("platforms", "session_timeout"),
-    ("platforms", "debounce"), ("platforms", "sensor_timeout"), ("platforms", "cash_rate"),
-    ("platforms", "fail_rate"), ("platforms", "walk_away_rate"), ("platforms", "dispense_time"),
+    ("platforms", "address"), ("platforms", "session_timeout"),
+    ("platforms", "debounce"), ("platforms", "sensor_timeout"),
     ("platforms", "baudrate"), ("platforms", "chip"), ("platforms", "line_end"),
     ("platforms", "max_funds"), ("platforms", "price_unit"), ("platforms", "reconnect_max"),
     # r30-platforms: the MDB phase table, the virtual controller moving into sim/
