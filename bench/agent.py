@@ -43,16 +43,21 @@ import asyncio
 import contextlib
 import json
 import os
+import shutil
 import socket
 import statistics
 import sys
 import tempfile
 import textwrap
 import time
+import tracemalloc
 from pathlib import Path
 from typing import Any
 
 import aiohttp
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import agent_probe  # the launcher that probes the agent from outside
 
 from kiosk_agent.cli.sim import settings_from_ready
 from kiosk_agent.core.agent import Agent
@@ -325,13 +330,15 @@ async def library_floor(code: str = FLOOR_CODE) -> tuple[float, float, float]:
 
 
 async def spawn_agent(
-    config: Path, env: dict[str, str], listener: socket.socket
+    config: Path, env: dict[str, str], listener: socket.socket, probe: Path | None = None
 ) -> tuple[asyncio.subprocess.Process, float, float]:
-    """`kiosk-agent run` spawned; (the process, spawn -> READY=1 seconds, CPU seconds by then)."""
+    """`kiosk-agent run` spawned; (the process, spawn -> READY=1 seconds, CPU seconds by then).
+    With ``probe``, through bench/agent_probe.py (requests in that directory)."""
     loop = asyncio.get_running_loop()
+    launcher = ["-m", "kiosk_agent"] if probe is None else [agent_probe.LAUNCHER, str(probe)]
     spawned = time.perf_counter()
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "kiosk_agent", "run", "--config", str(config),
+        sys.executable, *launcher, "run", "--config", str(config),
         env=env, stdout=asyncio.subprocess.DEVNULL,
     )
     while not (await asyncio.wait_for(loop.sock_recv(listener, 1024), 30)).startswith(
@@ -379,7 +386,8 @@ async def warm_up_run(directory: Path) -> None:
 
 
 async def as_a_process(
-    info: dict[str, Any], directory: Path, idle: float, kiosk_sales: int
+    info: dict[str, Any], directory: Path, idle: float, kiosk_sales: int,
+    snapshot: Path | None = None,
 ) -> dict[str, float]:
     """Spawn `kiosk-agent run`: time to READY=1, then RSS and CPU while idle, then CPU per
     kiosk API sale; against the library floor."""
@@ -407,7 +415,13 @@ async def as_a_process(
         await proc.wait()
         starts.append((floor, ready, ready_cpu))
     floor = await library_floor()
-    proc, ready, ready_cpu = await spawn_agent(directory / "config.yaml", env, listener)
+    probe_dir = directory / "probe"
+    if snapshot:  # the measured start traces its allocations from the first
+        probe_dir.mkdir()
+        env["PYTHONTRACEMALLOC"] = "1"
+    proc, ready, ready_cpu = await spawn_agent(
+        directory / "config.yaml", env, listener, probe_dir if snapshot else None
+    )
     starts.append((floor, ready, ready_cpu))
     try:
         await asyncio.sleep(1.0)  # let start-up work settle before measuring idle
@@ -420,6 +434,9 @@ async def as_a_process(
         cpu = (_cpu_ns(proc.pid) - cpu_before) / 1e9 / idle_s
         wakeups = (_wakeups(proc.pid) - switches_before) / idle_s
         rss = _rss_mb(proc.pid)
+        if snapshot:
+            await agent_probe.request(probe_dir, "snapshot", within_s=120)
+            shutil.copy(probe_dir / "tracemalloc.snapshot", snapshot)
         sale_cpu_ms = await kiosk_sales_cpu(proc.pid, kiosk_port, kiosk_sales)
     finally:
         proc.terminate()
@@ -466,6 +483,11 @@ def _wakeups(pid: int) -> int:
     return total
 
 
+def load_average() -> float:
+    """The machine's 1-minute load average: printed beside the figures it moves."""
+    return round(os.getloadavg()[0], 2)
+
+
 def _rss_mb(pid: int) -> float:
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         if line.startswith("VmRSS:"):
@@ -486,6 +508,10 @@ async def main() -> None:
                         help="only the agent in this process (trigger latency, sales/s, reads)")
     parser.add_argument("--from-source", action="store_true",
                         help="processes as the environment is, not as installed (see above)")
+    parser.add_argument("--tracemalloc", type=Path, default=None, metavar="FILE",
+                        help="the measured agent traces its allocations from its start; a "
+                             "snapshot of it idle to FILE, its top modules printed (its RSS "
+                             "then carries tracemalloc's own cost)")
     args = parser.parse_args()
     args.bytecode = not args.from_source
     bytecode_cache = tempfile.TemporaryDirectory(prefix="bench-agent-bytecode-")
@@ -497,6 +523,7 @@ async def main() -> None:
     )
     await sim.start()
     info = sim.ready_info()
+    args.load_before = load_average()
     try:
         with tempfile.TemporaryDirectory(prefix="bench-agent-", dir=args.dir) as tmp:
             directory = Path(tmp)
@@ -517,7 +544,8 @@ async def main() -> None:
                     warm_up.mkdir()
                     await warm_up_run(warm_up)
                 figures |= await as_a_process(
-                    field_sim.ready_info(), process_dir, args.idle_seconds, args.kiosk_sales
+                    field_sim.ready_info(), process_dir, args.idle_seconds, args.kiosk_sales,
+                    args.tracemalloc,
                 )
             finally:
                 await field_sim.stop()
@@ -525,9 +553,26 @@ async def main() -> None:
         await sim.stop()
         bytecode_cache.cleanup()
     report(figures, args)
+    if args.tracemalloc:
+        print_snapshot(args.tracemalloc)
+
+
+def print_snapshot(path: Path, top: int = 30) -> None:
+    """An idle agent's live allocations grouped by the module that made them (its file)."""
+    snapshot = tracemalloc.Snapshot.load(str(path))
+    by_file = snapshot.statistics("filename")
+    total = sum(stat.size for stat in by_file)
+    ours = sum(stat.size for stat in by_file if "/kiosk_agent/" in stat.traceback[0].filename)
+    print(f"idle agent, live Python allocations: {total / 1e6:.2f} MB, {ours / 1e6:.2f} MB made by "
+          f"kiosk_agent's own modules; the top {top} files:", file=sys.stderr)
+    for stat in by_file[:top]:
+        name = stat.traceback[0].filename.split("site-packages/")[-1].split("/python3.11/")[-1]
+        print(f"  {stat.size / 1024:9.1f} KiB {stat.count:7} blocks  {name}", file=sys.stderr)
 
 
 def report(figures: dict[str, Any], args: argparse.Namespace) -> None:
+    figures["load_average_before"] = args.load_before  # the machine's, beside what it moves
+    figures["load_average_after"] = load_average()
     targets: dict[str, tuple[str, float]] = {
         "trigger_to_request_p99_ms": ("<", 20),
         "sales_per_s_one_terminal": (">=", 20),
