@@ -43,6 +43,7 @@ import asyncio
 import contextlib
 import json
 import os
+import pstats
 import shutil
 import socket
 import statistics
@@ -335,6 +336,8 @@ async def spawn_agent(
     """`kiosk-agent run` spawned; (the process, spawn -> READY=1 seconds, CPU seconds by then).
     With ``probe``, through bench/agent_probe.py (requests in that directory)."""
     loop = asyncio.get_running_loop()
+    if probe is None and env.get("BENCH_EVENT_LOOP", "asyncio") != "asyncio":
+        probe = Path("-")  # the launcher picks the loop, and takes no requests
     launcher = ["-m", "kiosk_agent"] if probe is None else [agent_probe.LAUNCHER, str(probe)]
     spawned = time.perf_counter()
     proc = await asyncio.create_subprocess_exec(
@@ -387,7 +390,7 @@ async def warm_up_run(directory: Path) -> None:
 
 async def as_a_process(
     info: dict[str, Any], directory: Path, idle: float, kiosk_sales: int,
-    snapshot: Path | None = None,
+    snapshot: Path | None = None, profile: Path | None = None,
 ) -> dict[str, float]:
     """Spawn `kiosk-agent run`: time to READY=1, then RSS and CPU while idle, then CPU per
     kiosk API sale; against the library floor."""
@@ -416,11 +419,13 @@ async def as_a_process(
         starts.append((floor, ready, ready_cpu))
     floor = await library_floor()
     probe_dir = directory / "probe"
-    if snapshot:  # the measured start traces its allocations from the first
+    probed = bool(snapshot or profile)
+    if probed:
         probe_dir.mkdir()
+    if snapshot:  # the measured start traces its allocations from the first
         env["PYTHONTRACEMALLOC"] = "1"
     proc, ready, ready_cpu = await spawn_agent(
-        directory / "config.yaml", env, listener, probe_dir if snapshot else None
+        directory / "config.yaml", env, listener, probe_dir if probed else None
     )
     starts.append((floor, ready, ready_cpu))
     try:
@@ -437,7 +442,12 @@ async def as_a_process(
         if snapshot:
             await agent_probe.request(probe_dir, "snapshot", within_s=120)
             shutil.copy(probe_dir / "tracemalloc.snapshot", snapshot)
+        if profile:
+            await agent_probe.request(probe_dir, "profile.start")
         sale_cpu_ms = await kiosk_sales_cpu(proc.pid, kiosk_port, kiosk_sales)
+        if profile:
+            await agent_probe.request(probe_dir, "profile.stop", within_s=120)
+            shutil.copy(probe_dir / "profile.pstats", profile)
     finally:
         proc.terminate()
         await proc.wait()
@@ -512,8 +522,15 @@ async def main() -> None:
                         help="the measured agent traces its allocations from its start; a "
                              "snapshot of it idle to FILE, its top modules printed (its RSS "
                              "then carries tracemalloc's own cost)")
+    parser.add_argument("--event-loop", choices=("asyncio", "uvloop"), default="asyncio",
+                        help="the agent process's event loop (uvloop: installed beside, not a "
+                             "dependency; through bench/agent_probe.py)")
+    parser.add_argument("--profile", type=Path, default=None, metavar="FILE",
+                        help="cProfile the agent process over its kiosk API sales (warm-up "
+                             "included), statistics to FILE (see bench/pi.py --profile)")
     args = parser.parse_args()
     args.bytecode = not args.from_source
+    os.environ["BENCH_EVENT_LOOP"] = args.event_loop
     bytecode_cache = tempfile.TemporaryDirectory(prefix="bench-agent-bytecode-")
     if args.bytecode:
         os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
@@ -545,7 +562,7 @@ async def main() -> None:
                     await warm_up_run(warm_up)
                 figures |= await as_a_process(
                     field_sim.ready_info(), process_dir, args.idle_seconds, args.kiosk_sales,
-                    args.tracemalloc,
+                    args.tracemalloc, args.profile,
                 )
             finally:
                 await field_sim.stop()
@@ -555,6 +572,19 @@ async def main() -> None:
     report(figures, args)
     if args.tracemalloc:
         print_snapshot(args.tracemalloc)
+    if args.profile:
+        print_profile(args.profile, args.kiosk_sales + 5)  # the warm-up's five sales too
+
+
+def print_profile(path: Path, sales: int) -> None:
+    """The profile's top functions, and the event loop's turns, per sale."""
+    stats = pstats.Stats(str(path))
+    turns = sum(calls for (file, _line, name), (_, calls, *_rest) in stats.stats.items()  # type: ignore[attr-defined]
+                if name == "_run_once" and file.endswith("base_events.py"))
+    print(f"profile of {sales} sales in {path}: {turns / sales:.1f} event loop turns a sale; "
+          f"{stats.total_tt / sales * 1000:.2f} ms of profiled CPU a sale")  # type: ignore[attr-defined]
+    stats.sort_stats("tottime").print_stats(30)
+    stats.sort_stats("cumulative").print_stats(40)
 
 
 def print_snapshot(path: Path, top: int = 30) -> None:
@@ -593,6 +623,7 @@ def report(figures: dict[str, Any], args: argparse.Namespace) -> None:
             verdict = f"   (target {op} {limit}: {'ok' if ok else 'MISSED'})"
         print(f"{name:34} {value}{verdict}")
     figures["bytecode"] = int(args.bytecode)  # 1: as installed; 0: compiled on each start
+    figures["event_loop"] = args.event_loop
     print(json.dumps(figures))
 
 

@@ -1,6 +1,7 @@
 """`kiosk-agent` run with a profiler and a memory snapshot a bench can take from outside.
 
     python bench/agent_probe.py DIR run --config FILE
+    BENCH_EVENT_LOOP=uvloop python bench/agent_probe.py - run --config FILE
 
 The benches (``bench/pi.py --profile``, ``bench/agent.py --tracemalloc``) spawn the agent through
 this launcher instead of ``python -m kiosk_agent``. A thread looks for a request file in DIR every
@@ -13,12 +14,15 @@ this launcher instead of ``python -m kiosk_agent``. A thread looks for a request
   start, so the agent's own imports are in it: started with ``PYTHONTRACEMALLOC=1``).
 
 Each request file is removed once done, and ``DIR/<request>.done`` written: the bench waits for it.
+DIR ``-``: no requests (no thread). With ``BENCH_EVENT_LOOP=uvloop`` the agent runs on uvloop's
+loop instead of asyncio's (``bench/agent.py --event-loop uvloop``: issue 33 asks for its figures).
 """
 
 from __future__ import annotations
 
 import asyncio
 import cProfile
+import os
 import runpy
 import sys
 import threading
@@ -35,7 +39,12 @@ class RecordingPolicy(asyncio.DefaultEventLoopPolicy):
     """The default policy, keeping the loop that `asyncio.run` makes."""
 
     def new_event_loop(self) -> asyncio.AbstractEventLoop:
-        loop = super().new_event_loop()
+        if os.environ.get("BENCH_EVENT_LOOP") == "uvloop":
+            import uvloop  # type: ignore[import-not-found,unused-ignore]  # not a dependency
+
+            loop: asyncio.AbstractEventLoop = uvloop.new_event_loop()
+        else:
+            loop = super().new_event_loop()
         loops.append(loop)
         return loop
 
@@ -69,9 +78,10 @@ def _then_mark(action: Callable[[], None], done: Path) -> None:
 
 def main() -> None:
     directory = Path(sys.argv[1])
-    sys.argv = ["kiosk-agent", *sys.argv[2:]]
+    sys.argv = ["kiosk-agent", *sys.argv[2:]]  # not "-": the agent's own argv from here
     asyncio.set_event_loop_policy(RecordingPolicy())
-    threading.Thread(target=serve, args=(directory,), daemon=True).start()
+    if str(directory) != "-":
+        threading.Thread(target=serve, args=(directory,), daemon=True).start()
     runpy.run_module("kiosk_agent", run_name="__main__", alter_sys=True)
 
 

@@ -41,7 +41,6 @@ import asyncio
 import contextlib
 import json
 import os
-import pstats
 import random
 import shutil
 import socket
@@ -59,7 +58,7 @@ from kiosk_agent.sim.server import SimOptions, SimServer
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import agent_probe  # the launcher that profiles the agent from outside
-from agent import _cpu_ns, load_average, percentile  # the sibling bench's helpers
+from agent import _cpu_ns, load_average, percentile, print_profile  # the sibling bench's
 
 TIME_SCALE = 1000.0
 CARD_DELAY_SIM_S = 1.5  # choices.md: a card is presented 1.5 simulated seconds after the start
@@ -327,17 +326,6 @@ async def _write_bytecode(config: Path, env: dict[str, str], listener: socket.so
     finally:
         proc.terminate()
         await proc.wait()
-
-
-def print_profile(path: Path, sales: int) -> None:
-    """The profile's top functions, and the event loop's turns, per back-to-back sale."""
-    stats = pstats.Stats(str(path))
-    turns = sum(calls for (file, _line, name), (calls, *_rest) in stats.stats.items()  # type: ignore[attr-defined]
-                if name == "_run_once" and file.endswith("base_events.py"))
-    print(f"profile of {sales} back-to-back sales in {path}: {turns / sales:.1f} event loop "
-          "turns a sale")
-    stats.sort_stats("tottime").print_stats(25)
-    stats.sort_stats("cumulative").print_stats(40)
 
 
 def main() -> int:
