@@ -77,7 +77,7 @@ from kiosk_agent.sales.model import (
 )
 from kiosk_agent.sales.runner import STOPPING, AgentStopping, TerminalBusy
 from kiosk_agent.sales.settings import UnknownTerminal
-from kiosk_agent.tasks import cancel_and_wait, next_item
+from kiosk_agent.tasks import cancel_and_wait
 
 _LOGGER = logging.getLogger(__name__)
 
@@ -646,7 +646,7 @@ class KioskApi:
                 reader = asyncio.create_task(_drain(ws))
                 try:
                     while not ws.closed:
-                        event = await next_item(queue, reader)
+                        event = await queue.next(reader)
                         if event is None:
                             break  # the app closed the socket
                         missed = queue.take_missed()
