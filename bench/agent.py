@@ -44,6 +44,7 @@ import contextlib
 import json
 import os
 import pstats
+import random
 import shutil
 import socket
 import statistics
@@ -395,9 +396,7 @@ async def as_a_process(
     """Spawn `kiosk-agent run`: time to READY=1, then RSS and CPU while idle, then CPU per
     kiosk API sale; against the library floor."""
     in_use_s, in_use_mb, _ = await library_floor(IN_USE_CODE)
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        kiosk_port = int(probe.getsockname()[1])
+    kiosk_port = free_listening_port()
     (directory / "config.yaml").write_text(config_text(info, kiosk_port, PROCESS_TIME_SCALE))
     notify = directory / "notify.sock"
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
@@ -470,6 +469,24 @@ async def as_a_process(
         "idle_wakeups_per_s": round(wakeups, 2),
         "kiosk_sale_cpu_ms": round(sale_cpu_ms, 2),
     }
+
+
+def free_listening_port() -> int:
+    """A free port below the kernel's ephemeral range: the kiosk API listens on it at each of
+    the starts, and a port of that range (what binding port 0 gives) may be taken meanwhile by
+    an outgoing connection, the agent's own to the simulator included (seen on a busy machine:
+    a start refused with "address already in use")."""
+    low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    rng = random.Random()
+    for _ in range(100):
+        port = rng.randrange(max(1024, low - 12000), low)
+        with socket.socket() as probe:
+            try:
+                probe.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError("no free port found below the ephemeral range")
 
 
 def _cpu_ns(pid: int) -> int:
