@@ -363,8 +363,19 @@ class SaleSteps:
         # The sale's own task waits for the card: its end wakes the flow in one loop turn (a
         # task of its own raced against the cancel by asyncio.wait took three, on the path from
         # the card to the vend). A cancel asks the terminal to end the read, which ends the wait.
+        asked = False  # the terminal was asked to cancel: that call is heard to its end
+
+        async def cancel_read_when_cancelled(cancelled: asyncio.Event) -> None:
+            nonlocal asked
+            await cancelled.wait()
+            interaction_id = self.record.interaction_id
+            if interaction_id:
+                asked = True
+                with contextlib.suppress(ServiceError):  # the read's own end decides
+                    await self.service.terminal.cancel(self.device, interaction_id)
+
         canceller = (
-            asyncio.ensure_future(self._cancel_read_when(cancelled))
+            asyncio.ensure_future(cancel_read_when_cancelled(cancelled))
             if cancelled is not None and kind is InteractionKind.READ_CARD
             else None
         )
@@ -378,19 +389,8 @@ class SaleSteps:
             return await self.interaction_status(kind)
         finally:
             if canceller is not None:
-                if cancelled is not None and cancelled.is_set():
-                    await canceller  # its cancel call is under way: heard to its end
-                else:
-                    await cancel_and_wait(canceller)
-
-    async def _cancel_read_when(self, cancelled: asyncio.Event) -> None:
-        """Once the customer cancels, ask the terminal to end the card read (a lost answer or
-        an error changes nothing: the wait for the read's end decides)."""
-        await cancelled.wait()
-        interaction_id = self.record.interaction_id
-        if interaction_id:
-            with contextlib.suppress(ServiceError):
-                await self.service.terminal.cancel(self.device, interaction_id)
+                # a read that ended first is not cancelled after it (nor a cancel cut short)
+                await (canceller if asked else cancel_and_wait(canceller))
 
     async def interaction_status(self, kind: InteractionKind) -> Interaction | None:
         if self.record.interaction_id is None:
