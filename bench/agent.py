@@ -24,6 +24,11 @@
   alternating blocks of the same run (``trigger_to_request_during_read_ratio``: p50 during
   over p50 without; 1 within noise).
 
+Probes (issue 33): ``--profile FILE`` profiles the agent process over its kiosk API sales and
+prints its event loop's turns a sale; ``--tracemalloc FILE`` prints the idle agent's live
+allocations by file; ``--event-loop uvloop`` runs the agent on uvloop (installed beside). The
+load average before and after is in the figures.
+
 Baselines measured here, for ratios that do not depend on the machine: one plain HTTP round
 trip to the simulator and one journal commit (fsync).
 

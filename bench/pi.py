@@ -23,8 +23,10 @@ written, every start compiles every module, which at 10 % of a core takes second
 
 Figures: start -> ready (spawn to systemd READY=1), vend request -> approve p50/p99 (target p99
 < 100 ms), sales a minute on one terminal, idle CPU (% of one core, target < 0.1), peak RSS
-(VmHWM), and how often the limit throttled the agent. Target start -> ready < 6 s. The last line
-is one JSON object of the figures.
+(VmHWM), and how often the limit throttled the agent. Targets (issue 33): start -> ready < 5 s,
+back-to-back p99 < 150 ms. The last line is one JSON object of the figures, with the load average
+before and after. ``--profile FILE`` profiles the agent over the back-to-back sales (through
+bench/agent_probe.py) and prints its top functions and event loop turns a sale.
 
 The sales run twice. First ``--sales`` customers back to back: sales a minute, CPU per sale, and
 the vend -> approve of customers who queue behind each other (``back_to_back_*``): at 10 % of a
