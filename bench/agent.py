@@ -24,6 +24,11 @@
   alternating blocks of the same run (``trigger_to_request_during_read_ratio``: p50 during
   over p50 without; 1 within noise).
 
+Probes (issue 33): ``--profile FILE`` profiles the agent process over its kiosk API sales and
+prints its event loop's turns a sale; ``--tracemalloc FILE`` prints the idle agent's live
+allocations by file; ``--event-loop uvloop`` runs the agent on uvloop (installed beside). The
+load average before and after is in the figures.
+
 Baselines measured here, for ratios that do not depend on the machine: one plain HTTP round
 trip to the simulator and one journal commit (fsync).
 
@@ -43,18 +48,26 @@ import asyncio
 import contextlib
 import json
 import os
+import pstats
+import random
+import shutil
 import socket
 import statistics
 import sys
 import tempfile
 import textwrap
 import time
+import tracemalloc
 from pathlib import Path
 from typing import Any
 
 import aiohttp
 
 from kiosk_agent.assembly.agent import Agent
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import agent_probe  # the launcher that probes the agent from outside
+
 from kiosk_agent.cli.sim import settings_from_ready
 from kiosk_agent.config.load import load_config
 from kiosk_agent.sales.journal import Journal, SaleRecord
@@ -325,13 +338,17 @@ async def library_floor(code: str = FLOOR_CODE) -> tuple[float, float, float]:
 
 
 async def spawn_agent(
-    config: Path, env: dict[str, str], listener: socket.socket
+    config: Path, env: dict[str, str], listener: socket.socket, probe: Path | None = None
 ) -> tuple[asyncio.subprocess.Process, float, float]:
-    """`kiosk-agent run` spawned; (the process, spawn -> READY=1 seconds, CPU seconds by then)."""
+    """`kiosk-agent run` spawned; (the process, spawn -> READY=1 seconds, CPU seconds by then).
+    With ``probe``, through bench/agent_probe.py (requests in that directory)."""
     loop = asyncio.get_running_loop()
+    if probe is None and env.get("BENCH_EVENT_LOOP", "asyncio") != "asyncio":
+        probe = Path("-")  # the launcher picks the loop, and takes no requests
+    launcher = ["-m", "kiosk_agent"] if probe is None else [agent_probe.LAUNCHER, str(probe)]
     spawned = time.perf_counter()
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "kiosk_agent", "run", "--config", str(config),
+        sys.executable, *launcher, "run", "--config", str(config),
         env=env, stdout=asyncio.subprocess.DEVNULL,
     )
     while not (await asyncio.wait_for(loop.sock_recv(listener, 1024), 30)).startswith(
@@ -379,14 +396,13 @@ async def warm_up_run(directory: Path) -> None:
 
 
 async def as_a_process(
-    info: dict[str, Any], directory: Path, idle: float, kiosk_sales: int
+    info: dict[str, Any], directory: Path, idle: float, kiosk_sales: int,
+    snapshot: Path | None = None, profile: Path | None = None,
 ) -> dict[str, float]:
     """Spawn `kiosk-agent run`: time to READY=1, then RSS and CPU while idle, then CPU per
     kiosk API sale; against the library floor."""
     in_use_s, in_use_mb, _ = await library_floor(IN_USE_CODE)
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        kiosk_port = int(probe.getsockname()[1])
+    kiosk_port = free_listening_port()
     (directory / "config.yaml").write_text(config_text(info, kiosk_port, PROCESS_TIME_SCALE))
     notify = directory / "notify.sock"
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
@@ -407,7 +423,15 @@ async def as_a_process(
         await proc.wait()
         starts.append((floor, ready, ready_cpu))
     floor = await library_floor()
-    proc, ready, ready_cpu = await spawn_agent(directory / "config.yaml", env, listener)
+    probe_dir = directory / "probe"
+    probed = bool(snapshot or profile)
+    if probed:
+        probe_dir.mkdir()
+    if snapshot:  # the measured start traces its allocations from the first
+        env["PYTHONTRACEMALLOC"] = "1"
+    proc, ready, ready_cpu = await spawn_agent(
+        directory / "config.yaml", env, listener, probe_dir if probed else None
+    )
     starts.append((floor, ready, ready_cpu))
     try:
         await asyncio.sleep(1.0)  # let start-up work settle before measuring idle
@@ -420,7 +444,15 @@ async def as_a_process(
         cpu = (_cpu_ns(proc.pid) - cpu_before) / 1e9 / idle_s
         wakeups = (_wakeups(proc.pid) - switches_before) / idle_s
         rss = _rss_mb(proc.pid)
+        if snapshot:
+            await agent_probe.request(probe_dir, "snapshot", within_s=120)
+            shutil.copy(probe_dir / "tracemalloc.snapshot", snapshot)
+        if profile:
+            await agent_probe.request(probe_dir, "profile.start")
         sale_cpu_ms = await kiosk_sales_cpu(proc.pid, kiosk_port, kiosk_sales)
+        if profile:
+            await agent_probe.request(probe_dir, "profile.stop", within_s=120)
+            shutil.copy(probe_dir / "profile.pstats", profile)
     finally:
         proc.terminate()
         await proc.wait()
@@ -445,6 +477,24 @@ async def as_a_process(
     }
 
 
+def free_listening_port() -> int:
+    """A free port below the kernel's ephemeral range: the kiosk API listens on it at each of
+    the starts, and a port of that range (what binding port 0 gives) may be taken meanwhile by
+    an outgoing connection, the agent's own to the simulator included (seen on a busy machine:
+    a start refused with "address already in use")."""
+    low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    rng = random.Random()
+    for _ in range(100):
+        port = rng.randrange(max(1024, low - 12000), low)
+        with socket.socket() as probe:
+            try:
+                probe.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError("no free port found below the ephemeral range")
+
+
 def _cpu_ns(pid: int) -> int:
     """CPU time every thread of ``pid`` has had so far, in nanoseconds (scheduler statistics:
     /proc's user and system times count in 10 ms ticks)."""
@@ -464,6 +514,11 @@ def _wakeups(pid: int) -> int:
                 if line.startswith("voluntary_ctxt_switches:"):
                     total += int(line.split()[1])
     return total
+
+
+def load_average() -> float:
+    """The machine's 1-minute load average: printed beside the figures it moves."""
+    return round(os.getloadavg()[0], 2)
 
 
 def _rss_mb(pid: int) -> float:
@@ -486,8 +541,19 @@ async def main() -> None:
                         help="only the agent in this process (trigger latency, sales/s, reads)")
     parser.add_argument("--from-source", action="store_true",
                         help="processes as the environment is, not as installed (see above)")
+    parser.add_argument("--tracemalloc", type=Path, default=None, metavar="FILE",
+                        help="the measured agent traces its allocations from its start; a "
+                             "snapshot of it idle to FILE, its top modules printed (its RSS "
+                             "then carries tracemalloc's own cost)")
+    parser.add_argument("--event-loop", choices=("asyncio", "uvloop"), default="asyncio",
+                        help="the agent process's event loop (uvloop: installed beside, not a "
+                             "dependency; through bench/agent_probe.py)")
+    parser.add_argument("--profile", type=Path, default=None, metavar="FILE",
+                        help="cProfile the agent process over its kiosk API sales (warm-up "
+                             "included), statistics to FILE (see bench/pi.py --profile)")
     args = parser.parse_args()
     args.bytecode = not args.from_source
+    os.environ["BENCH_EVENT_LOOP"] = args.event_loop
     bytecode_cache = tempfile.TemporaryDirectory(prefix="bench-agent-bytecode-")
     if args.bytecode:
         os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
@@ -497,6 +563,7 @@ async def main() -> None:
     )
     await sim.start()
     info = sim.ready_info()
+    args.load_before = load_average()
     try:
         with tempfile.TemporaryDirectory(prefix="bench-agent-", dir=args.dir) as tmp:
             directory = Path(tmp)
@@ -517,7 +584,8 @@ async def main() -> None:
                     warm_up.mkdir()
                     await warm_up_run(warm_up)
                 figures |= await as_a_process(
-                    field_sim.ready_info(), process_dir, args.idle_seconds, args.kiosk_sales
+                    field_sim.ready_info(), process_dir, args.idle_seconds, args.kiosk_sales,
+                    args.tracemalloc, args.profile,
                 )
             finally:
                 await field_sim.stop()
@@ -525,9 +593,39 @@ async def main() -> None:
         await sim.stop()
         bytecode_cache.cleanup()
     report(figures, args)
+    if args.tracemalloc:
+        print_snapshot(args.tracemalloc)
+    if args.profile:
+        print_profile(args.profile, args.kiosk_sales + 5)  # the warm-up's five sales too
+
+
+def print_profile(path: Path, sales: int) -> None:
+    """The profile's top functions, and the event loop's turns, per sale."""
+    stats = pstats.Stats(str(path))
+    turns = sum(calls for (file, _line, name), (_, calls, *_rest) in stats.stats.items()  # type: ignore[attr-defined]
+                if name == "_run_once" and file.endswith("base_events.py"))
+    print(f"profile of {sales} sales in {path}: {turns / sales:.1f} event loop turns a sale; "
+          f"{stats.total_tt / sales * 1000:.2f} ms of profiled CPU a sale")  # type: ignore[attr-defined]
+    stats.sort_stats("tottime").print_stats(30)
+    stats.sort_stats("cumulative").print_stats(40)
+
+
+def print_snapshot(path: Path, top: int = 30) -> None:
+    """An idle agent's live allocations grouped by the module that made them (its file)."""
+    snapshot = tracemalloc.Snapshot.load(str(path))
+    by_file = snapshot.statistics("filename")
+    total = sum(stat.size for stat in by_file)
+    ours = sum(stat.size for stat in by_file if "/kiosk_agent/" in stat.traceback[0].filename)
+    print(f"idle agent, live Python allocations: {total / 1e6:.2f} MB, {ours / 1e6:.2f} MB made by "
+          f"kiosk_agent's own modules; the top {top} files:", file=sys.stderr)
+    for stat in by_file[:top]:
+        name = stat.traceback[0].filename.split("site-packages/")[-1].split("/python3.11/")[-1]
+        print(f"  {stat.size / 1024:9.1f} KiB {stat.count:7} blocks  {name}", file=sys.stderr)
 
 
 def report(figures: dict[str, Any], args: argparse.Namespace) -> None:
+    figures["load_average_before"] = args.load_before  # the machine's, beside what it moves
+    figures["load_average_after"] = load_average()
     targets: dict[str, tuple[str, float]] = {
         "trigger_to_request_p99_ms": ("<", 20),
         "sales_per_s_one_terminal": (">=", 20),
@@ -548,6 +646,7 @@ def report(figures: dict[str, Any], args: argparse.Namespace) -> None:
             verdict = f"   (target {op} {limit}: {'ok' if ok else 'MISSED'})"
         print(f"{name:34} {value}{verdict}")
     figures["bytecode"] = int(args.bytecode)  # 1: as installed; 0: compiled on each start
+    figures["event_loop"] = args.event_loop
     print(json.dumps(figures))
 
 

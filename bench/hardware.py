@@ -1,7 +1,7 @@
 """Hardware-side figures: vend request -> approve/deny latency, reconnect time, lines per second.
 
     python bench/hardware.py [--sales 200] [--reconnects 10] [--lines 50000] [--outages 6]
-                             [--slow-capture-ms 20]
+                             [--slow-capture-ms 20] [--latency-only]
 
 Everything real but the card: the simulator over HTTP/WebSocket, the agent with its SQLite
 journal, the mdb platform talking to the virtual vending machine controller over a pty.
@@ -64,7 +64,7 @@ from kiosk_agent.sim.machine import ControllerOptions, VirtualController, VisitO
 from kiosk_agent.sim.server import SimOptions, SimServer
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from agent import journal_commit_times  # the sibling bench's journal baseline
+from agent import journal_commit_times, load_average  # the sibling bench's
 
 # Large, so the simulator's own timer jitter around the card (a few ms at time scale 50) does not
 # count as agent latency; the nominal card time is subtracted either way.
@@ -369,16 +369,18 @@ async def bench_out_of_service(sim: SimServer, trials: int, scratch: Path) -> di
 
 
 async def main(args: argparse.Namespace) -> dict[str, Any]:
-    figures: dict[str, Any] = {}
+    figures: dict[str, Any] = {"load_average_before": load_average()}
     with tempfile.TemporaryDirectory(prefix="bench-hw-") as scratch_dir:
         scratch = Path(scratch_dir)
         sim = SimServer(SimOptions(port=0, time_scale=TIME_SCALE, rate_limit="100000/1"))
         await sim.start()
         try:
             figures.update(await bench_latency(sim, args.sales, scratch, args.slow_capture_ms))
-            figures.update(await bench_out_of_service(sim, args.outages, scratch))
+            if not args.latency_only:
+                figures.update(await bench_out_of_service(sim, args.outages, scratch))
         finally:
             await sim.stop()
+        figures["load_average_after_latency"] = load_average()
         print(f"vend request -> approve/deny, minus card time: p50 "
               f"{figures['vend_answer_p50_ms']} ms, p99 {figures['vend_answer_p99_ms']} ms "
               f"(target p99 < 25 ms); direct service calls p50 "
@@ -391,6 +393,10 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
         print(f"the same with each capture {figures['slow_capture_ms']:g} ms slower at the service:"
               f" p50 {figures['vend_answer_slow_capture_p50_ms']} ms, "
               f"{figures['slow_capture_ratio']} times the first (1: no wait for the last capture)")
+        print(f"load average {figures['load_average_before']} before, "
+              f"{figures['load_average_after_latency']} after")
+        if args.latency_only:
+            return figures
         print(f"out of service ({figures['oos_trials']} outages, ping interval "
               f"{OOS_PING_INTERVAL:g} s): terminal offline -> reader disabled max "
               f"{figures['offline_to_reader_disabled_max_s']} s (target <= "
@@ -416,6 +422,8 @@ if __name__ == "__main__":
     parser.add_argument("--lines", type=int, default=50_000)
     parser.add_argument("--outages", type=int, default=6)
     parser.add_argument("--slow-capture-ms", type=float, default=20.0)
+    parser.add_argument("--latency-only", action="store_true",
+                        help="only part 1 (vend -> approve, its floor, the slow capture)")
     result = asyncio.run(main(parser.parse_args()))
     json.dump(result, sys.stdout)
     print()

@@ -14,7 +14,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import AsyncIterator, Callable
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 T = TypeVar("T")
 
@@ -30,6 +30,43 @@ class Subscription(asyncio.Queue[T]):
         self._missed = 0  # lost since the item last taken: all before the oldest still queued
         self._missed_before_taken = 0
         self._dropping = False
+        self._readers: list[asyncio.Future[None]] = []  # set by the next event put
+
+    async def next(self, *until: asyncio.Future[Any]) -> T | None:
+        """The next event; None when one of ``until`` ends first (a stop, the reader's socket
+        closed). Cancelled, or given up, it takes nothing: the event stays for the next read.
+
+        The reader waits on one future that the put sets (and that ``until`` ending sets),
+        not on a getter task raced against ``until`` by ``asyncio.wait``: a published event
+        wakes its reader in one loop turn instead of three (the getter's, its completion
+        callback's, the reader's)."""
+        while self.empty():
+            if any(future.done() for future in until):
+                return None
+            reader: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+            self._readers.append(reader)
+
+            def wake(_ended: object, reader: asyncio.Future[None] = reader) -> None:
+                if not reader.done():
+                    reader.set_result(None)
+
+            for future in until:
+                future.add_done_callback(wake)
+            try:
+                await reader
+            finally:
+                self._readers.remove(reader)
+                for future in until:
+                    future.remove_done_callback(wake)
+        if any(future.done() for future in until):
+            return None  # told to stop: what is queued stays (a caller drains it, or not)
+        return self.get_nowait()
+
+    def _put(self, item: T) -> None:  # asyncio.Queue's hook, under put() and put_nowait()
+        super()._put(item)
+        for reader in self._readers:  # each looks again: one takes it, the others wait on
+            if not reader.done():
+                reader.set_result(None)
 
     def drop_oldest(self) -> None:
         """Make room for a new event: the oldest is lost, and counted."""

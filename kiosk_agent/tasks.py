@@ -9,9 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import Callable, Coroutine
-from typing import Any, TypeVar
-
-T = TypeVar("T")
+from typing import Any
 
 
 async def cancel_and_wait(task: asyncio.Future[Any] | None) -> None:
@@ -37,23 +35,6 @@ async def wait_event(event: asyncio.Event, seconds: float) -> bool:
         async with asyncio.timeout(seconds):
             await event.wait()
     return event.is_set()
-
-
-async def next_item(queue: asyncio.Queue[T], *until: asyncio.Future[Any]) -> T | None:
-    """The queue's next item; None when one of ``until`` ends first.
-
-    For queues that never hold None (event subscriptions). An item taken from the queue is
-    returned; a wait given up (``until``, or the caller cancelled) leaves no getter behind.
-    """
-    if not queue.empty() and not any(future.done() for future in until):
-        return queue.get_nowait()  # no getter task (and its loop turns) for an item waiting
-    getter = asyncio.ensure_future(queue.get())
-    try:
-        await asyncio.wait({getter, *until}, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        if not getter.done():
-            await cancel_and_wait(getter)
-    return None if getter.cancelled() else getter.result()
 
 
 class BackgroundTask:

@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from kiosk_agent.tasks import BackgroundTask, TaskSet, cancel_and_wait, next_item, wait_event
+from kiosk_agent.tasks import BackgroundTask, TaskSet, cancel_and_wait, wait_event
 
 
 async def test_cancel_and_wait_returns_once_the_task_has_run_its_cleanup() -> None:
@@ -73,33 +73,6 @@ async def test_a_background_task_starts_once_and_stops_for_good() -> None:
     await asyncio.sleep(0.01)
     assert rounds == stopped_at > 0
     await loop.stop()  # a second stop is harmless
-
-
-async def test_next_item_gives_the_item_or_none_once_told_to_stop() -> None:
-    queue: asyncio.Queue[str] = asyncio.Queue()
-    stop = asyncio.Event()
-    stopper = asyncio.ensure_future(stop.wait())
-    queue.put_nowait("completed")
-    assert await next_item(queue, stopper) == "completed"
-
-    waiting = asyncio.ensure_future(next_item(queue, stopper))
-    await asyncio.sleep(0)
-    stop.set()
-    assert await waiting is None
-    queue.put_nowait("receipt")  # nobody took it meanwhile: still there for the next reader
-    assert queue.get_nowait() == "receipt"
-
-
-async def test_next_item_cancelled_by_a_timeout_leaves_no_reader_behind() -> None:
-    queue: asyncio.Queue[str] = asyncio.Queue()
-    never = asyncio.get_running_loop().create_future()
-    with pytest.raises(TimeoutError):
-        async with asyncio.timeout(0.01):
-            await next_item(queue, never)
-    queue.put_nowait("completed")
-    await asyncio.sleep(0)
-    assert queue.get_nowait() == "completed"
-    never.cancel()
 
 
 async def test_wait_event_says_whether_the_event_was_set() -> None:

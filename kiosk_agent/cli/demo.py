@@ -24,7 +24,7 @@ import time
 from collections import Counter
 from collections.abc import Coroutine
 from pathlib import Path
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
 from kiosk_agent.cli.contract import (
     EXIT_OK,
@@ -43,7 +43,10 @@ from kiosk_agent.moments import display_clock
 from kiosk_agent.money import format_cents
 from kiosk_agent.sales.model import SaleEvent
 from kiosk_agent.sales.states import SaleState
-from kiosk_agent.tasks import TaskSet, cancel_and_wait, next_item
+from kiosk_agent.tasks import TaskSet, cancel_and_wait
+
+if TYPE_CHECKING:
+    from kiosk_agent.bus import Subscription
 
 DEFAULT_CONFIG = Path(__file__).resolve().parents[2] / "config" / "demo.yaml"
 # At the end, how long the machine's last sale may take to end before its books are read anyway.
@@ -529,7 +532,7 @@ class Outage:
 
 
 async def _follow(
-    queue: asyncio.Queue[SaleEvent], view: LiveView, stop: asyncio.Event, args: argparse.Namespace
+    queue: Subscription[SaleEvent], view: LiveView, stop: asyncio.Event, args: argparse.Namespace
 ) -> None:
     """Show sale events until Ctrl-C, the duration, or the sales of ``--sales N`` customers."""
     stopper = asyncio.create_task(stop.wait())
@@ -537,7 +540,7 @@ async def _follow(
     try:
         async with asyncio.timeout(args.duration):  # None: until Ctrl-C or --sales
             while customers is None or not customers.done:
-                event = await next_item(queue, stopper)
+                event = await queue.next(stopper)
                 if event is None:
                     return  # Ctrl-C
                 if customers is not None:
@@ -550,11 +553,11 @@ async def _follow(
 
 
 async def _show_until_done(
-    work: Coroutine[Any, Any, None], queue: asyncio.Queue[SaleEvent], view: LiveView
+    work: Coroutine[Any, Any, None], queue: Subscription[SaleEvent], view: LiveView
 ) -> None:
     """Show the sale events published while ``work`` (the agent's stop) runs, then the rest."""
     task = asyncio.ensure_future(work)
-    while (event := await next_item(queue, task)) is not None:
+    while (event := await queue.next(task)) is not None:
         view.show(event)
     await task
     while not queue.empty():

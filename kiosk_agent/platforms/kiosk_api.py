@@ -69,7 +69,7 @@ from kiosk_agent.sales.model import (
     TerminalBusy,
     UnknownTerminal,
 )
-from kiosk_agent.tasks import cancel_and_wait, next_item
+from kiosk_agent.tasks import cancel_and_wait
 from kiosk_agent.web.server import (
     MAX_STREAM_FRAME,
     BodyError,
@@ -641,7 +641,7 @@ class KioskApi:
                 reader = asyncio.create_task(_drain(ws))
                 try:
                     while not ws.closed:
-                        event = await next_item(queue, reader)
+                        event = await queue.next(reader)
                         if event is None:
                             break  # the app closed the socket
                         missed = queue.take_missed()

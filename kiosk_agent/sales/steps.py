@@ -37,6 +37,7 @@ from kiosk_agent.service.errors import (
     ServiceUnreachableError,
 )
 from kiosk_agent.service.models import ChargeResult, Interaction, InteractionKind
+from kiosk_agent.tasks import cancel_and_wait
 
 if TYPE_CHECKING:
     from kiosk_agent.service.client import ServiceClient
@@ -359,25 +360,37 @@ class SaleSteps:
 
         A cancel request during a read-card cancels it on the terminal and waits for the end.
         """
-        wait = asyncio.ensure_future(self.clock.wait_for(handle.wait(), self.settings.card_wait))
-        cancel_wait = asyncio.ensure_future(cancelled.wait()) if cancelled is not None else None
-        try:
-            waiting = {wait} | ({cancel_wait} if cancel_wait else set())
-            done, _ = await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
+        # The sale's own task waits for the card: its end wakes the flow in one loop turn (a
+        # task of its own raced against the cancel by asyncio.wait took three, on the path from
+        # the card to the vend). A cancel asks the terminal to end the read, which ends the wait.
+        asked = False  # the terminal was asked to cancel: that call is heard to its end
+
+        async def cancel_read_when_cancelled(cancelled: asyncio.Event) -> None:
+            nonlocal asked
+            await cancelled.wait()
             interaction_id = self.record.interaction_id
-            if wait not in done and kind is InteractionKind.READ_CARD and interaction_id:
-                with contextlib.suppress(ServiceError):
+            if interaction_id:
+                asked = True
+                with contextlib.suppress(ServiceError):  # the read's own end decides
                     await self.service.terminal.cancel(self.device, interaction_id)
-            interaction: Interaction = await wait
+
+        canceller = (
+            asyncio.ensure_future(cancel_read_when_cancelled(cancelled))
+            if cancelled is not None and kind is InteractionKind.READ_CARD
+            else None
+        )
+        try:
+            interaction: Interaction = await self.clock.wait_for(
+                handle.wait(), self.settings.card_wait
+            )
             return interaction
         except (TimeoutError, ServiceError) as err:
             _LOGGER.info("sale %s: waiting for the card ended: %s", self.record.sale_id, err)
             return await self.interaction_status(kind)
         finally:
-            if cancel_wait is not None:
-                cancel_wait.cancel()
-            if not wait.done():
-                wait.cancel()
+            if canceller is not None:
+                # a read that ended first is not cancelled after it (nor a cancel cut short)
+                await (canceller if asked else cancel_and_wait(canceller))
 
     async def interaction_status(self, kind: InteractionKind) -> Interaction | None:
         if self.record.interaction_id is None:

@@ -1,0 +1,84 @@
+"""The event bus's subscriptions: a reader takes the next event, or stops when told to."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from kiosk_agent.bus import EventBus, Subscription
+
+
+async def test_next_gives_the_event_or_none_once_told_to_stop() -> None:
+    queue: Subscription[str] = Subscription(8)
+    stop = asyncio.Event()
+    stopper = asyncio.ensure_future(stop.wait())
+    queue.put_nowait("completed")
+    assert await queue.next(stopper) == "completed"
+
+    waiting = asyncio.ensure_future(queue.next(stopper))
+    await asyncio.sleep(0)
+    stop.set()
+    assert await waiting is None
+    queue.put_nowait("receipt")  # nobody took it meanwhile: still there for the next reader
+    assert await queue.next() == "receipt"
+
+
+async def test_next_told_to_stop_takes_nothing_that_is_queued() -> None:
+    queue: Subscription[str] = Subscription(8)
+    stopped = asyncio.get_running_loop().create_future()
+    stopped.set_result(None)
+    queue.put_nowait("completed")
+    assert await queue.next(stopped) is None
+    assert queue.get_nowait() == "completed"  # left for whoever drains it
+
+
+async def test_next_cancelled_by_a_timeout_leaves_no_reader_behind() -> None:
+    queue: Subscription[str] = Subscription(8)
+    never = asyncio.get_running_loop().create_future()
+    with pytest.raises(TimeoutError):
+        async with asyncio.timeout(0.01):
+            await queue.next(never)
+    queue.put_nowait("completed")
+    await asyncio.sleep(0)
+    assert queue.get_nowait() == "completed"
+    assert never.done() is False  # and nothing of the wait is left on it
+    never.set_result(None)
+
+
+async def test_a_published_event_wakes_its_reader_in_one_loop_turn() -> None:
+    # a reader's getter task raced against its stop by asyncio.wait took three turns (the
+    # getter's, its completion callback's, the reader's): a turn each event, on every stream
+    bus: EventBus[str] = EventBus()
+    async with bus.subscribe() as queue:
+        stopper = asyncio.get_running_loop().create_future()
+        reader = asyncio.ensure_future(queue.next(stopper))
+        await asyncio.sleep(0)  # the reader waits
+        bus.publish("approved")
+        await asyncio.sleep(0)  # one turn
+        assert reader.done()
+        assert reader.result() == "approved"
+        stopper.cancel()
+
+
+async def test_two_readers_of_one_subscription_each_take_one_event() -> None:
+    queue: Subscription[str] = Subscription(8)
+    first = asyncio.ensure_future(queue.next())
+    second = asyncio.ensure_future(queue.next())
+    await asyncio.sleep(0)
+    queue.put_nowait("a")
+    await asyncio.sleep(0)
+    queue.put_nowait("b")
+    assert set(await asyncio.gather(first, second)) == {"a", "b"}
+
+
+async def test_a_full_subscription_drops_the_oldest_and_says_how_many_before_the_next() -> None:
+    bus: EventBus[int] = EventBus(queue_size=2)
+    async with bus.subscribe() as queue:
+        for step in range(5):
+            bus.publish(step)
+        assert await queue.next() == 3
+        assert queue.take_missed() == 3  # 0, 1 and 2 were lost just before it
+        assert await queue.next() == 4
+        assert queue.take_missed() == 0
+    assert bus.dropped == 3
