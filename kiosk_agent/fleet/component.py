@@ -27,10 +27,10 @@ from kiosk_agent.core.terminal_actions import ActionRefused, ping_terminal, prin
 from kiosk_agent.fleet.backoff import jittered
 from kiosk_agent.fleet.commands import (
     PING,
-    PRESS,
     RESTART,
+    NotAPress,
     asked_by,
-    is_press,
+    command_topic,
     request_graceful_restart,
     terminal_of,
 )
@@ -120,6 +120,7 @@ class Upstream:
         # (key, outcome), newest last; the last hundred (a client may press for ever)
         self.commands_done: deque[tuple[str, str]] = deque(maxlen=100)
         self._commands_running: set[str] = set()  # one of each at a time
+        self._restart_asked = False  # the restart's stopping signal is sent once
         self.command_errors = 0  # unexpected errors in a command (a bug): counted in health
         # a destination failing this long is a problem: a broker restart (every unit back
         # within seconds) is not, a refused password is, within one interval
@@ -274,13 +275,16 @@ class Upstream:
     def _on_command(self, key: str, payload: bytes) -> None:
         """A command on the unit's own topic: done in a task of its own (the MQTT loop goes on
         hearing), logged with who asked and what came of it."""
-        if not is_press(payload):
-            _LOGGER.warning("upstream mqtt: command %s ignored: its payload is not %s (nor a "
-                            "JSON object)", key, PRESS)
+        assert self.mqtt is not None
+        topic = command_topic(self.mqtt.base_topic, key)
+        try:
+            by = asked_by(payload)
+        except NotAPress as err:
+            _LOGGER.warning("upstream mqtt: command %s on %s ignored: %s", key, topic, err)
             return
         if key in self._commands_running:  # pressed again before it was done: once is enough
             return
-        _LOGGER.info("upstream mqtt: command %s from %s", key, asked_by(payload))
+        _LOGGER.info("upstream mqtt: command %s on %s by %s", key, topic, redact(by))
         self._commands_running.add(key)
         task = asyncio.ensure_future(self._run_command(key))
         self._command_tasks.add(task)
@@ -304,11 +308,7 @@ class Upstream:
         """What the command does; its outcome in words (``done...``, ``refused: ...``)."""
         sales = self._sales_runner
         if key == RESTART:
-            running = [r.sale_id for r in getattr(sales, "running", [])]
-            if running:  # the restart waits for no drain: a person presses again after
-                return f"refused: sale {', '.join(running)} in progress (press again after it)"
-            refused = self._request_restart()
-            return f"refused: {refused}" if refused else "done: graceful stop begun (restart)"
+            return self._restart()
         terminals = self.mqtt._discovery.terminals if self.mqtt is not None else ()
         device_id = terminal_of(key, terminals)
         service = getattr(self._agent, "service", None)
@@ -322,6 +322,26 @@ class Upstream:
             return f"refused: {device_id} busy ({busy})"
         trans_id = await print_test_receipt(self._agent, service, device_id)
         return f"done: {device_id} printed the receipt of {trans_id}"
+
+    def _restart(self) -> str:
+        """The graceful stop a stopping signal starts (the drain: new sales refused, the sales
+        in progress heard to their end), then the restart. Asked once: a second stopping
+        signal would end the drain and park the sale a customer is being served."""
+        sales = self._sales_runner
+        if self._restart_asked or getattr(sales, "stopping", False):
+            return "refused: the agent is already stopping (its drain goes on)"
+        refused = self._request_restart()
+        if refused:
+            return f"refused: {refused}"
+        self._restart_asked = True
+        running = [r.sale_id for r in getattr(sales, "running", [])]
+        if not running:
+            return "done: graceful stop begun (restart)"
+        settings = getattr(self._agent, "settings", None)
+        within = getattr(settings, "stop_timeout", None)
+        bound = f" (within sales.stop_timeout, {within:g} s)" if within else ""
+        return (f"done: draining, then restart: new sales refused, sale {', '.join(running)} "
+                f"in progress finishes first{bound}")
 
     def stats(self) -> dict[str, dict[str, float]]:
         """Per-sink counters for metrics and the admin API."""
