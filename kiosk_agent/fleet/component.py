@@ -162,8 +162,12 @@ class Upstream:
             stopped = self.final_report()
             for sink in self.sinks:
                 sink.queue.put(stopped)
-        for sink in self.sinks:
-            await sink.stop()
+        # together: the stop waits for the slowest goodbye (sink.GOODBYE_TIMEOUT), not their sum
+        outcomes = await asyncio.gather(*(sink.stop() for sink in self.sinks),
+                                        return_exceptions=True)
+        for sink, outcome in zip(self.sinks, outcomes, strict=True):
+            if isinstance(outcome, Exception):
+                _LOGGER.error("upstream %s failed to stop", sink.name, exc_info=outcome)
 
     def final_report(self) -> dict[str, Any]:
         """A clean stop's report: ``stopped``, the time it stopped, and the problems of the

@@ -33,7 +33,7 @@ from kiosk_agent.fleet.backoff import Backoff
 from kiosk_agent.fleet.discovery import discovery_messages, own_config
 from kiosk_agent.fleet.entities import RETIRED, DiscoveryOptions
 from kiosk_agent.fleet.loopback import insecure_mqtt
-from kiosk_agent.fleet.sink import SinkBase
+from kiosk_agent.fleet.sink import GOODBYE_TIMEOUT, SinkBase
 from kiosk_agent.fleet.tls import ca_file_problem
 from kiosk_agent.fleet.topics import OFFLINE, ONLINE, discovery_topic, unit_base_topic
 
@@ -383,7 +383,7 @@ class MqttSink(SinkBase):
             # then `offline`; the broker does not send the will on a normal DISCONNECT. It is
             # the last word: an announce under way finishes first.
             with contextlib.suppress(aiomqtt.MqttError, TimeoutError):
-                async with asyncio.timeout(2), self._announcing:
+                async with asyncio.timeout(GOODBYE_TIMEOUT), self._announcing:
                     if (report := self.queue.peek()) is not None:
                         await self._publish_state(client, report)
                         self._took(report)
