@@ -23,70 +23,24 @@ import json
 import os
 import signal
 from collections.abc import Sequence
-from typing import Any
 
-from kiosk_agent.fleet.entities import Entity, terminal_key
+from kiosk_agent.fleet.entities import (
+    PING_BUTTON,
+    PRESS,
+    RESTART_BUTTON,
+    TERMINAL_COMMANDS,
+    TEST_PRINT_BUTTON,
+    terminal_of,
+)
 
-RESTART = "restart"
-PING = "ping_"
-TEST_PRINT = "test_print_"
-PRESS = "PRESS"
+# the commands' keys, from their entities' descriptions (fleet/entities.py)
+RESTART = RESTART_BUTTON.key
+PING = PING_BUTTON.key_prefix
+TEST_PRINT = TEST_PRINT_BUTTON.key_prefix
 
-
-def command_topic(base: str, key: str) -> str:
-    return f"{base}/command/{key}"
-
-
-def latest_version_topic(base: str) -> str:
-    """Where the operator publishes the newest version, retained, for the whole prefix."""
-    return f"{base.rsplit('/', 1)[0]}/latest_version"
-
-
-def command_entities(base: str, terminals: Sequence[tuple[str, str]]) -> list[Entity]:
-    """The restart button, a ping and a test-print button per terminal, the update entity."""
-    entities = [
-        _button(base, RESTART, "Restart", {"device_class": "restart"}),
-        Entity(
-            "update",
-            "update",
-            "Firmware",
-            {
-                "value_template": "{{ value_json.version }}",
-                "latest_version_topic": latest_version_topic(base),
-                "device_class": "firmware",
-                "title": "kiosk-agent",
-            },
-            expires=False,  # its platform takes no expire_after
-        ),
-    ]
-    keys: set[str] = set()
-    for device_id, name in terminals:
-        key = terminal_key(device_id, keys)
-        keys.add(key)
-        entities += [
-            _button(base, f"{PING}{key}", f"Ping {name or device_id}",
-                    {"icon": "mdi:access-point-check"}),
-            _button(base, f"{TEST_PRINT}{key}", f"Test print {name or device_id}",
-                    {"icon": "mdi:printer-check"}),
-        ]
-    return entities
-
-
-def _button(base: str, key: str, name: str, own: dict[str, Any]) -> Entity:
-    config = {"command_topic": command_topic(base, key), "payload_press": PRESS,
-              "entity_category": "config", **own}
-    return Entity("button", key, name, config, expires=False, stateless=True)
-
-
-def terminal_of(key: str, terminals: Sequence[tuple[str, str]]) -> str | None:
+def terminal_commanded(key: str, terminals: Sequence[tuple[str, str]]) -> str | None:
     """The terminal (device id) a ``ping_``/``test_print_`` key names."""
-    keys: set[str] = set()
-    for device_id, _ in terminals:
-        own = terminal_key(device_id, keys)
-        keys.add(own)
-        if key in (f"{PING}{own}", f"{TEST_PRINT}{own}"):
-            return device_id
-    return None
+    return terminal_of(key, terminals, TERMINAL_COMMANDS)
 
 
 BY_MAX = 64  # characters of a press's "by" (a name, not a message)

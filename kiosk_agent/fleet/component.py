@@ -30,9 +30,8 @@ from kiosk_agent.fleet.commands import (
     RESTART,
     NotAPress,
     asked_by,
-    command_topic,
     request_graceful_restart,
-    terminal_of,
+    terminal_commanded,
 )
 from kiosk_agent.fleet.entities import (
     DEFAULT_MODEL,
@@ -48,6 +47,7 @@ from kiosk_agent.fleet.mqtt import BirthPolicy, MqttSink
 from kiosk_agent.fleet.report import build_report, iso
 from kiosk_agent.fleet.schema import UPSTREAM_SCHEMA
 from kiosk_agent.fleet.sink import Sink
+from kiosk_agent.fleet.topics import command_topic
 from kiosk_agent.redact import redact
 from kiosk_agent.service.errors import ServiceError
 from kiosk_agent.tasks import BackgroundTask, wait_event
@@ -314,7 +314,7 @@ class Upstream:
         if key == RESTART:
             return self._restart()
         terminals = self.mqtt._discovery.terminals if self.mqtt is not None else ()
-        device_id = terminal_of(key, terminals)
+        device_id = terminal_commanded(key, terminals)
         service = getattr(self._agent, "service", None)
         if device_id is None or service is None:
             return f"refused: no such command {key!r}"
