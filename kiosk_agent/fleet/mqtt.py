@@ -183,12 +183,15 @@ class MqttSink(SinkBase):
                     self._reached()
                     await self._serve(client)
             except (aiomqtt.MqttError, OSError) as err:
+                unanswered = _unanswered(err) if connected_at is None else ""
                 self._failed(f"broker {self._conf['host']}:{self._conf.get('port', 1883)}: "
-                             f"{err}{self._short_lived(connected_at)}{_unanswered(err)}")
+                             f"{err}{self._short_lived(connected_at)}{unanswered}")
             except Exception as err:  # noqa: BLE001 - a bug must not end the unit's reports
                 self._unexpected(err)
             finally:
                 self.connected = False
+                if self._client is not None:
+                    _heard_disconnect(self._client)
                 self._client = None
             await asyncio.sleep(self._backoff.next())
 
@@ -389,6 +392,17 @@ class MqttSink(SinkBase):
                         self._took(report)
                     await client.publish(self.availability_topic, OFFLINE, qos=1, retain=True)
         await super().stop()
+
+
+def _heard_disconnect(client: aiomqtt.Client) -> None:
+    """The connection is over and its loss was handled here: aiomqtt keeps why it dropped in a
+    future that only its message iterator reads. Dropped while the unit published (an announce
+    waiting for its acknowledgements), nothing read it, and asyncio logged "Future exception
+    was never retrieved" with a traceback at ERROR, once per drop."""
+    disconnected = getattr(client, "_disconnected", None)
+    if isinstance(disconnected, asyncio.Future) and disconnected.done() and not (
+            disconnected.cancelled()):
+        disconnected.exception()
 
 
 def _unanswered(err: BaseException) -> str:
