@@ -66,6 +66,30 @@ STORM_PREFIX = "hastorm"  # the storm's units' discovery prefix
 # every retained config at its (re)start. Mosquitto's default max_queued_messages (1000) drops
 # the rest of a subscription's retained messages ("Outgoing messages are being dropped").
 BROKER_SETTINGS = "max_queued_messages 200000\nmax_inflight_messages 100\n"
+# ... and for 10,000 units on one broker (a subscriber to every shard is handed 170,000 configs),
+# with the persistence both blocks there name
+BROKER_SETTINGS_10K = "max_queued_messages 2000000\nmax_inflight_messages 100\n"
+PERSISTENCE = "persistence true\nautosave_interval 300\npersistence_location {directory}/\n"
+# aiomqtt wakes each client every second for paho's keepalive check (loop_misc); a unit has one
+# client, this process has thousands: 10,000 wake-ups a second, half of what 10,000 idle units
+# cost it (500 idle units: 0.29 s of CPU in 10 s, 0.15 s with this). Each client is checked
+# every 5 s instead: its PINGREQ (keepalive 60 s, the broker waits 90 s) is at most 5 s late.
+KEEPALIVE_CHECK_S = 5.0
+
+
+def check_keepalives_less_often() -> None:
+    """The simulation's own cost, not a unit's: see KEEPALIVE_CHECK_S."""
+    import paho.mqtt.client as paho
+
+    async def misc_loop(self: aiomqtt.Client) -> None:
+        while self._client.loop_misc() == paho.MQTT_ERR_SUCCESS:  # noqa: ASYNC110
+            await asyncio.sleep(KEEPALIVE_CHECK_S)
+
+    aiomqtt.Client._misc_loop = misc_loop  # type: ignore[method-assign]
+
+
+def load_average() -> str:
+    return " ".join(f"{x:.2f}" for x in os.getloadavg())
 
 
 def free_port() -> int:
@@ -384,13 +408,22 @@ async def run_retained(units: int) -> dict[str, Any]:
 
 
 async def run_scale(count: int) -> dict[str, Any]:
-    """``--part scale``: ``count`` real units on a broker with the documented settings and
-    persistence: all announced (configs, first report, ``online``), all listed by the real
-    ``fleet list``, all back (connected and ``online`` again) after a broker restart."""
+    """``--part scale``: what one subscriber arriving like Home Assistant is handed of 1,000
+    units' retained configs on a broker with the 1,000-unit settings; then ``count`` real units
+    on a broker with the 10,000-unit settings and persistence: all announced (configs, first
+    report, ``online``), all listed by the real ``fleet list``, all back (connected and
+    ``online`` again) after a broker restart. A phase not done in its limit is reported with
+    how many units it reached, not dropped."""
+    check_keepalives_less_often()
+    figures: dict[str, Any] = {"load_average_start": load_average()}
+    seconds, received, expected = await retained_burst(1000, BROKER_SETTINGS, 0)
+    figures.update(retained_received_ratio=round(received / expected, 4),
+                   retained_received_s=round(seconds, 2), retained_units=1000)
+    print(f"Home Assistant reconnecting: {received:,} of {expected:,} retained messages of 1,000 "
+          f"units handed in {seconds:.2f} s (load {load_average()})")
     resource.setrlimit(resource.RLIMIT_NOFILE, (resource.getrlimit(resource.RLIMIT_NOFILE)[1],) * 2)
     directory = Path(tempfile.mkdtemp(prefix="fleet-scale-"))
-    broker = Broker(directory, f"{BROKER_SETTINGS}persistence true\n"
-                               f"persistence_location {directory}/\n"
+    broker = Broker(directory, f"{BROKER_SETTINGS_10K}{PERSISTENCE.format(directory=directory)}"
                                f"user {getpass.getuser()}\n")
     broker.conf.write_text(broker.conf.read_text().replace("persistence false\n", ""))
     broker.start()
@@ -401,38 +434,67 @@ async def run_scale(count: int) -> dict[str, Any]:
     )
     fleet: list[Upstream] = []
     name = f"units_{count // 1000}k" if count % 1000 == 0 else f"units_{count}"
-    figures: dict[str, Any] = {}
+    cpu_started = time.process_time()
     try:
         started = time.monotonic()
         for index in range(count):
             mqtt = {"host": "127.0.0.1", "port": broker.port}
-            upstream = Upstream(unit_agent(index), {"device_id": f"unit-{index:05d}", "mqtt": mqtt})
+            upstream = Upstream(unit_agent(index), {"device_id": f"unit-{index:05d}",
+                                                    "interval": SCALE_INTERVAL_S, "mqtt": mqtt})
             await upstream.start()
             fleet.append(upstream)
         sinks = [u.mqtt for u in fleet if u.mqtt is not None]
-        await until(lambda: all(s.online for s in sinks), 600, step=0.2)
-        announced_s = time.monotonic() - started
+        announced_s = await within(lambda: all(s.online for s in sinks), PHASE_LIMIT_S)
+        online = sum(s.online for s in sinks)
+        announced_s = None if announced_s is None else time.monotonic() - started
+        figures.update({f"{name}_all_announced_s": _rounded(announced_s),
+                        f"{name}_announced_units": online,
+                        f"{name}_announce_cpu_s": round(time.process_time() - cpu_started, 1),
+                        "load_average_announced": load_average()})
+        print(f"{count} units: {online} announced and online in "
+              f"{time.monotonic() - started:.2f} s (load {load_average()})")
         listed_s, listed = fleet_list(config)
-        print(f"{count} units: all announced and online in {announced_s:.2f} s; `fleet list` "
-              f"listed {listed} in {listed_s:.2f} s")
+        figures.update({f"{name}_fleet_list_s": round(listed_s, 2),
+                        f"{name}_fleet_list_units": listed})
+        print(f"`fleet list` listed {listed} in {listed_s:.2f} s")
         before = {id(s): s.connects for s in sinks}
         broker.stop()
-        await until(lambda: not any(s.connected for s in sinks), 120, step=0.2)
+        await within(lambda: not any(s.connected for s in sinks), 120)
         up_at = broker.start()
-        await until(lambda: all(s.connects > before[id(s)] and s.online for s in sinks), 600,
-                    step=0.2)
-        back_s = time.monotonic() - up_at
-        print(f"broker restart (persistence): all {count} back and online {back_s:.2f} s after "
-              f"it listened again")
-        figures.update({f"{name}_all_announced_s": round(announced_s, 2),
-                        f"{name}_fleet_list_s": round(listed_s, 2),
-                        f"{name}_fleet_list_units": listed,
-                        f"{name}_restart_all_back_s": round(back_s, 2)})
+        back_s = await within(lambda: all(s.connects > before[id(s)] and s.online
+                                          for s in sinks), PHASE_LIMIT_S)
+        back = sum(s.connects > before[id(s)] and s.online for s in sinks)
+        figures.update({f"{name}_restart_all_back_s": _rounded(back_s),
+                        f"{name}_restart_back_units": back,
+                        "load_average_end": load_average()})
+        print(f"broker restart (persistence): {back} of {count} back and online "
+              f"{time.monotonic() - up_at:.2f} s after it listened again (load {load_average()})")
     finally:
         await asyncio.gather(*(u.stop() for u in fleet), return_exceptions=True)
         broker.stop()
         shutil.rmtree(directory, ignore_errors=True)
     return figures
+
+
+PHASE_LIMIT_S = 1200.0  # a phase still not done then is reported with the units it reached
+# What the scale part measures is the announce, the listing and the broker restart. At the
+# default interval (60 s) 10,000 units are 167 reports a second besides, more than this one
+# process makes on a shared machine: run 1 (22:12, load 15, the process at 17 % of a core)
+# fell behind by more than the keepalive (60 s), 14,058 keepalive timeouts, every connection
+# lost and none back within 30 minutes. The units' own code is unchanged; they report hourly.
+SCALE_INTERVAL_S = 3600.0
+
+
+async def within(predicate: Any, limit: float) -> float | None:
+    """Seconds until ``predicate()`` holds, or None after ``limit``."""
+    try:
+        return await until(predicate, limit, step=0.5)
+    except TimeoutError:
+        return None
+
+
+def _rounded(seconds: float | None) -> float | None:
+    return None if seconds is None else round(seconds, 2)
 
 
 async def send_births(port: int, count: int) -> None:
@@ -458,6 +520,7 @@ def main() -> None:
         return
     os.environ.setdefault("PYTHONUNBUFFERED", "1")
     logging.basicConfig(level=logging.ERROR)
+    logging.getLogger("mqtt").setLevel(logging.ERROR)  # paho's "pending publish calls", meant
     if args.part == "scale":
         figures = asyncio.run(run_scale(args.units))
     else:

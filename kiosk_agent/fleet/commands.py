@@ -2,13 +2,15 @@
 
 Off unless ``upstream.commands: true``. Commands come only on the unit's own command topics
 (``<topic_prefix>/<device_id>/command/<key>``); a retained one is old news (it would act at every
-connect) and is ignored. Each is logged with who asked as far as MQTT can say: MQTT 3.1.1 names
-no sender, so a JSON payload's ``"by"`` is logged, else the broker's log holds the client id.
-None moves money: restart waits for no sale in progress (refused while one is), a test print
-is refused while its reader holds a sale, a ping is a status call.
+connect) and is ignored. Each is logged with its topic and who asked as far as MQTT can say:
+MQTT 3.1.1 names no sender, so a JSON payload's ``"by"`` is logged (else "not given"); who may
+publish there at all is the broker's ACL's to say. None moves money or cuts a sale short: a
+restart drains first, a test print is refused while its reader holds a sale, a ping is a
+status call.
 
-- ``restart``: the agent's own graceful stop (as ``SIGQUIT``: new sales refused, exit 131),
-  which systemd's ``Restart=on-failure`` starts again ``RestartSec`` (5 s) later.
+- ``restart``: the agent's own graceful stop (as ``SIGQUIT``: new sales refused, the sales in
+  progress finish, exit 131), which systemd's ``Restart=on-failure`` starts again
+  ``RestartSec`` (5 s) later.
 - ``ping_<terminal>``, ``test_print_<terminal>``: the admin API's buttons
   (sales/terminal_actions.py).
 - The update entity: the installed version (the report's) and the newest, as the operator
@@ -21,92 +23,60 @@ import json
 import os
 import signal
 from collections.abc import Sequence
-from typing import Any
 
-from kiosk_agent.fleet.entities import Entity, terminal_key
+from kiosk_agent.fleet.entities import (
+    PING_BUTTON,
+    PRESS,
+    RESTART_BUTTON,
+    TERMINAL_COMMANDS,
+    TEST_PRINT_BUTTON,
+    terminal_of,
+)
 
-RESTART = "restart"
-PING = "ping_"
-TEST_PRINT = "test_print_"
-PRESS = "PRESS"
+# the commands' keys, from their entities' descriptions (fleet/entities.py)
+RESTART = RESTART_BUTTON.key
+PING = PING_BUTTON.key_prefix
+TEST_PRINT = TEST_PRINT_BUTTON.key_prefix
 
-
-def command_topic(base: str, key: str) -> str:
-    return f"{base}/command/{key}"
-
-
-def latest_version_topic(base: str) -> str:
-    """Where the operator publishes the newest version, retained, for the whole prefix."""
-    return f"{base.rsplit('/', 1)[0]}/latest_version"
-
-
-def command_entities(base: str, terminals: Sequence[tuple[str, str]]) -> list[Entity]:
-    """The restart button, a ping and a test-print button per terminal, the update entity."""
-    entities = [
-        _button(base, RESTART, "Restart", {"device_class": "restart"}),
-        Entity(
-            "update",
-            "update",
-            "Firmware",
-            {
-                "value_template": "{{ value_json.version }}",
-                "latest_version_topic": latest_version_topic(base),
-                "device_class": "firmware",
-                "title": "kiosk-agent",
-            },
-            expires=False,  # its platform takes no expire_after
-        ),
-    ]
-    keys: set[str] = set()
-    for device_id, name in terminals:
-        key = terminal_key(device_id, keys)
-        keys.add(key)
-        entities += [
-            _button(base, f"{PING}{key}", f"Ping {name or device_id}",
-                    {"icon": "mdi:access-point-check"}),
-            _button(base, f"{TEST_PRINT}{key}", f"Test print {name or device_id}",
-                    {"icon": "mdi:printer-check"}),
-        ]
-    return entities
-
-
-def _button(base: str, key: str, name: str, own: dict[str, Any]) -> Entity:
-    config = {"command_topic": command_topic(base, key), "payload_press": PRESS,
-              "entity_category": "config", **own}
-    return Entity("button", key, name, config, expires=False, stateless=True)
-
-
-def terminal_of(key: str, terminals: Sequence[tuple[str, str]]) -> str | None:
+def terminal_commanded(key: str, terminals: Sequence[tuple[str, str]]) -> str | None:
     """The terminal (device id) a ``ping_``/``test_print_`` key names."""
-    keys: set[str] = set()
-    for device_id, _ in terminals:
-        own = terminal_key(device_id, keys)
-        keys.add(own)
-        if key in (f"{PING}{own}", f"{TEST_PRINT}{own}"):
-            return device_id
-    return None
+    return terminal_of(key, terminals, TERMINAL_COMMANDS)
 
 
-def is_press(payload: bytes) -> bool:
-    """Home Assistant's press (``PRESS``), or a JSON object (which may say ``"by"``). An empty
-    payload is a retained command being cleared (handed to a live subscription unflagged)."""
-    if payload == PRESS.encode():
-        return True
-    try:
-        return isinstance(json.loads(payload), dict)
-    except (ValueError, RecursionError):
-        return False
+BY_MAX = 64  # characters of a press's "by" (a name, not a message)
+NOT_GIVEN = "not given"
+
+
+class NotAPress(ValueError):
+    """A payload on a command topic that is no press; its words say what is wrong."""
 
 
 def asked_by(payload: bytes) -> str:
-    """Who asked, as far as the payload says (MQTT 3.1.1 names no sender)."""
+    """Who says they asked, for the log: a JSON press's ``"by"`` (``{"by": "ha-lobby"}``), else
+    ``"not given"`` (Home Assistant's ``PRESS``). MQTT 3.1.1 does not tell a subscriber who
+    published: ``by`` is the publisher's own word, logged and trusted for nothing else; the
+    broker's ACL is what says who may publish on the unit's command topics.
+
+    Raises :class:`NotAPress` for a payload that is neither ``PRESS`` nor a JSON object, and for
+    a ``by`` that is not printable ASCII of 1 to ``BY_MAX`` characters (it goes into the log
+    as it is: no terminal escape, no line of its own). An empty payload is a retained command
+    being cleared (handed to a live subscription unflagged): no press either."""
+    if payload == PRESS.encode():
+        return NOT_GIVEN
     try:
         body = json.loads(payload)
     except (ValueError, RecursionError):
         body = None
-    if isinstance(body, dict) and isinstance(body.get("by"), str):
-        return repr(body["by"][:64])
-    return "an MQTT client (MQTT names no sender: the broker's log has its client id)"
+    if not isinstance(body, dict):
+        raise NotAPress(f"its payload is not {PRESS} (nor a JSON object)")
+    if "by" not in body:
+        return NOT_GIVEN
+    by = body["by"]
+    if not isinstance(by, str) or not 1 <= len(by) <= BY_MAX or not all(
+        " " <= c <= "~" for c in by
+    ):
+        raise NotAPress(f'its "by" is not printable ASCII of 1 to {BY_MAX} characters')
+    return repr(by)
 
 
 def request_graceful_restart() -> str | None:

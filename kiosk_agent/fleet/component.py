@@ -25,12 +25,11 @@ from typing import Any
 from kiosk_agent.fleet.backoff import jittered
 from kiosk_agent.fleet.commands import (
     PING,
-    PRESS,
     RESTART,
+    NotAPress,
     asked_by,
-    is_press,
     request_graceful_restart,
-    terminal_of,
+    terminal_commanded,
 )
 from kiosk_agent.fleet.entities import (
     DEFAULT_MODEL,
@@ -46,6 +45,7 @@ from kiosk_agent.fleet.mqtt import BirthPolicy, MqttSink
 from kiosk_agent.fleet.report import build_report, iso
 from kiosk_agent.fleet.schema import UPSTREAM_SCHEMA
 from kiosk_agent.fleet.sink import Sink
+from kiosk_agent.fleet.topics import command_topic
 from kiosk_agent.health.model import Health, HealthSnapshot
 from kiosk_agent.redact import redact
 from kiosk_agent.sales.terminal_actions import ActionRefused, ping_terminal, print_test_receipt
@@ -120,6 +120,7 @@ class Upstream:
         # (key, outcome), newest last; the last hundred (a client may press for ever)
         self.commands_done: deque[tuple[str, str]] = deque(maxlen=100)
         self._commands_running: set[str] = set()  # one of each at a time
+        self._restart_asked = False  # the restart's stopping signal is sent once
         self.command_errors = 0  # unexpected errors in a command (a bug): counted in health
         # a destination failing this long is a problem: a broker restart (every unit back
         # within seconds) is not, a refused password is, within one interval
@@ -161,8 +162,12 @@ class Upstream:
             stopped = self.final_report()
             for sink in self.sinks:
                 sink.queue.put(stopped)
-        for sink in self.sinks:
-            await sink.stop()
+        # together: the stop waits for the slowest goodbye (sink.GOODBYE_TIMEOUT), not their sum
+        outcomes = await asyncio.gather(*(sink.stop() for sink in self.sinks),
+                                        return_exceptions=True)
+        for sink, outcome in zip(self.sinks, outcomes, strict=True):
+            if isinstance(outcome, Exception):
+                _LOGGER.error("upstream %s failed to stop", sink.name, exc_info=outcome)
 
     def final_report(self) -> dict[str, Any]:
         """A clean stop's report: ``stopped``, the time it stopped, and the problems of the
@@ -274,13 +279,16 @@ class Upstream:
     def _on_command(self, key: str, payload: bytes) -> None:
         """A command on the unit's own topic: done in a task of its own (the MQTT loop goes on
         hearing), logged with who asked and what came of it."""
-        if not is_press(payload):
-            _LOGGER.warning("upstream mqtt: command %s ignored: its payload is not %s (nor a "
-                            "JSON object)", key, PRESS)
+        assert self.mqtt is not None
+        topic = command_topic(self.mqtt.base_topic, key)
+        try:
+            by = asked_by(payload)
+        except NotAPress as err:
+            _LOGGER.warning("upstream mqtt: command %s on %s ignored: %s", key, topic, err)
             return
         if key in self._commands_running:  # pressed again before it was done: once is enough
             return
-        _LOGGER.info("upstream mqtt: command %s from %s", key, asked_by(payload))
+        _LOGGER.info("upstream mqtt: command %s on %s by %s", key, topic, redact(by))
         self._commands_running.add(key)
         task = asyncio.ensure_future(self._run_command(key))
         self._command_tasks.add(task)
@@ -304,13 +312,9 @@ class Upstream:
         """What the command does; its outcome in words (``done...``, ``refused: ...``)."""
         sales = self._sales_runner
         if key == RESTART:
-            running = [r.sale_id for r in getattr(sales, "running", [])]
-            if running:  # the restart waits for no drain: a person presses again after
-                return f"refused: sale {', '.join(running)} in progress (press again after it)"
-            refused = self._request_restart()
-            return f"refused: {refused}" if refused else "done: graceful stop begun (restart)"
+            return self._restart()
         terminals = self.mqtt._discovery.terminals if self.mqtt is not None else ()
-        device_id = terminal_of(key, terminals)
+        device_id = terminal_commanded(key, terminals)
         service = getattr(self._agent, "service", None)
         if device_id is None or service is None:
             return f"refused: no such command {key!r}"
@@ -322,6 +326,26 @@ class Upstream:
             return f"refused: {device_id} busy ({busy})"
         trans_id = await print_test_receipt(self._agent, service, device_id)
         return f"done: {device_id} printed the receipt of {trans_id}"
+
+    def _restart(self) -> str:
+        """The graceful stop a stopping signal starts (the drain: new sales refused, the sales
+        in progress heard to their end), then the restart. Asked once: a second stopping
+        signal would end the drain and park the sale a customer is being served."""
+        sales = self._sales_runner
+        if self._restart_asked or getattr(sales, "stopping", False):
+            return "refused: the agent is already stopping (its drain goes on)"
+        refused = self._request_restart()
+        if refused:
+            return f"refused: {refused}"
+        self._restart_asked = True
+        running = [r.sale_id for r in getattr(sales, "running", [])]
+        if not running:
+            return "done: graceful stop begun (restart)"
+        settings = getattr(self._agent, "settings", None)
+        within = getattr(settings, "stop_timeout", None)
+        bound = f" (within sales.stop_timeout, {within:g} s)" if within else ""
+        return (f"done: draining, then restart: new sales refused, sale {', '.join(running)} "
+                f"in progress finishes first{bound}")
 
     def stats(self) -> dict[str, dict[str, float]]:
         """Per-sink counters for metrics and the admin API."""

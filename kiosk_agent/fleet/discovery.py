@@ -26,7 +26,13 @@ from kiosk_agent.fleet.entities import (
     slug,
     unit_entities,
 )
-from kiosk_agent.fleet.topics import OFFLINE, ONLINE, discovery_topic
+from kiosk_agent.fleet.topics import (
+    OFFLINE,
+    ONLINE,
+    command_topic,
+    discovery_topic,
+    latest_version_topic,
+)
 
 PUBLISHER = "kiosk-agent"  # the origin's name: who published the configs and the manufacturer
 
@@ -134,14 +140,27 @@ def discovery_messages(
         "device": device,
         "origin": origin_info(version, options),
     }
-    events = event_topic or state_topic.rsplit("/", 1)[0] + "/event"
+    base = state_topic.rsplit("/", 1)[0]
+    events = event_topic or f"{base}/event"
     messages: list[tuple[str, dict[str, Any]]] = []
-    for entity in unit_entities(options, events):
-        config = _config(entity, device_id, str(device["name"]), common, options)
+    for entity in unit_entities(options):
+        own = {**common, **_own_topics(entity, base, events)}
+        config = _config(entity, device_id, str(device["name"]), own, options)
         messages.append(
             (discovery_topic(str(prefix), entity.component, device_id, entity.key), config)
         )
     return messages
+
+
+def _own_topics(entity: Entity, base: str, event_topic: str) -> dict[str, str]:
+    """The topics of the unit an entity's kind reads or writes beside its state topic."""
+    if entity.component == "event":
+        return {"state_topic": event_topic}
+    if entity.component == "button":
+        return {"command_topic": command_topic(base, entity.key)}
+    if entity.component == "update":
+        return {"latest_version_topic": latest_version_topic(base)}
+    return {}
 
 
 def _config(
@@ -156,7 +175,7 @@ def _config(
         "unique_id": unique_id(device_id, entity.key),
         "default_entity_id": f"{entity.component}.{_object_id(entity, device_id, device_name)}",
         **common,
-        **entity.config,  # an entity may name its own state topic (the event entity does)
+        **entity.config,
     }
     if entity.attributes:
         config["json_attributes_topic"] = config["state_topic"]

@@ -14,7 +14,7 @@ from __future__ import annotations
 import hashlib
 import re
 import unicodedata
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -266,32 +266,27 @@ UNIT_ENTITIES: tuple[Entity, ...] = (
 )
 
 
-def unit_entities(options: DiscoveryOptions, event_topic: str) -> list[Entity]:
-    """The unit's own entities, then two per configured terminal."""
-    entities = [_resolved(entity, options, event_topic) for entity in UNIT_ENTITIES]
+def unit_entities(options: DiscoveryOptions) -> list[Entity]:
+    """The unit's own entities, then those of each configured terminal, then its commands.
+    The topics each reads or writes are the unit's: discovery.py fills them in."""
+    entities = [_resolved(entity, options) for entity in UNIT_ENTITIES]
     if options.audit:
-        entities += [_resolved(entity, options, event_topic) for entity in AUDIT_ENTITIES]
-    keys: set[str] = set()
-    for device_id, name in options.terminals:
-        key = terminal_key(device_id, keys)
-        keys.add(key)
-        entities += terminal_entities(device_id, name or device_id, key)
+        entities += [_resolved(entity, options) for entity in AUDIT_ENTITIES]
+    terminals = list(_terminal_keys(options.terminals))
+    entities += [description.for_terminal(device_id, name, key)
+                 for device_id, name, key in terminals for description in TERMINAL_ENTITIES]
     if options.commands:
-        # imported here: commands.py builds its entities from this module's
-        from kiosk_agent.fleet.commands import command_entities
-
-        entities += command_entities(event_topic.rsplit("/", 1)[0], options.terminals)
+        entities += UNIT_COMMANDS
+        entities += [description.for_terminal(device_id, name, key)
+                     for device_id, name, key in terminals for description in TERMINAL_COMMANDS]
     return entities
 
 
-def _resolved(entity: Entity, options: DiscoveryOptions, event_topic: str) -> Entity:
-    """A description with what depends on the unit filled in: the currency, the event topic."""
-    config = dict(entity.config)
-    if entity.currency:
-        config["unit_of_measurement"] = options.currency
-    if entity.component == "event":
-        config["state_topic"] = event_topic
-    return replace(entity, config=config)
+def _resolved(entity: Entity, options: DiscoveryOptions) -> Entity:
+    """A description with what depends on the unit's configuration: the currency."""
+    if not entity.currency:
+        return entity
+    return replace(entity, config={**entity.config, "unit_of_measurement": options.currency})
 
 
 # The machine's books (docs/audit.md): read from the report's `audit` part.
@@ -360,30 +355,89 @@ def terminal_key(device_id: str, taken: set[str]) -> str:
     return f"{key}_{digest}" if key else digest
 
 
-def terminal_entities(device_id: str, name: str, key: str | None = None) -> list[Entity]:
-    """A terminal's connectivity and whether it takes cards now (out of service: off)."""
-    state = f"value_json.terminal_states[{device_id!r}]"
-    key = key or slug(device_id)
-    return [
-        Entity(
-            "binary_sensor",
-            f"terminal_{key}",
-            f"Terminal {name}",
-            {
-                "device_class": "connectivity",
-                "value_template": _ON_OFF.format(value=f"{state}.online"),
-                "icon": "mdi:credit-card-wireless-outline",
-            },
-        ),
-        Entity(
-            "binary_sensor",
-            f"card_payments_{key}",
-            f"Card payments {name}",
-            {
-                # running: takes cards now; off while out of service
-                "device_class": "running",
-                "value_template": _ON_OFF.format(value=f"{state}.available"),
-                "icon": "mdi:credit-card-check-outline",
-            },
-        ),
-    ]
+def _terminal_keys(terminals: Sequence[tuple[str, str]]) -> Iterator[tuple[str, str, str]]:
+    """(device id, name shown, key) of each configured terminal, in order."""
+    taken: set[str] = set()
+    for device_id, name in terminals:
+        key = terminal_key(device_id, taken)
+        taken.add(key)
+        yield device_id, name or device_id, key
+
+
+def terminal_of(key: str, terminals: Sequence[tuple[str, str]],
+                descriptions: Sequence[TerminalEntity]) -> str | None:
+    """The terminal (device id) whose entity of one of ``descriptions`` has the key ``key``."""
+    for device_id, _, own in _terminal_keys(terminals):
+        if any(key == f"{d.key_prefix}{own}" for d in descriptions):
+            return device_id
+    return None
+
+
+@dataclass(frozen=True, slots=True)
+class TerminalEntity:
+    """An entity each configured terminal has, described once (as Home Assistant's
+    EntityDescription): its key and name are the prefix and the terminal's own."""
+
+    component: str
+    key_prefix: str
+    name_prefix: str
+    config: dict[str, Any]
+    # the field of the report's terminal_states[<terminal>] shown, as ON/OFF; None: no state
+    reads: str | None = None
+
+    def for_terminal(self, device_id: str, name: str, key: str) -> Entity:
+        config = dict(self.config)
+        if self.reads is not None:
+            state = f"value_json.terminal_states[{device_id!r}].{self.reads}"
+            config["value_template"] = _ON_OFF.format(value=state)
+        stateless = self.reads is None
+        return Entity(self.component, f"{self.key_prefix}{key}", f"{self.name_prefix}{name}",
+                      config, expires=not stateless, stateless=stateless)
+
+
+# A terminal's connectivity and whether it takes cards now (out of service: off).
+TERMINAL_ENTITIES: tuple[TerminalEntity, ...] = (
+    TerminalEntity(
+        "binary_sensor",
+        "terminal_",
+        "Terminal ",
+        {"device_class": "connectivity", "icon": "mdi:credit-card-wireless-outline"},
+        reads="online",
+    ),
+    TerminalEntity(
+        "binary_sensor",
+        "card_payments_",
+        "Card payments ",
+        # running: takes cards now; off while out of service
+        {"device_class": "running", "icon": "mdi:credit-card-check-outline"},
+        reads="available",
+    ),
+)
+
+# -- commands (upstream.commands; fleet/commands.py does them) ----------------------------------
+
+PRESS = "PRESS"  # what Home Assistant's button publishes
+_BUTTON = {"payload_press": PRESS, "entity_category": "config"}  # command_topic: discovery's
+
+RESTART_BUTTON = Entity("button", "restart", "Restart", {"device_class": "restart", **_BUTTON},
+                        expires=False, stateless=True)
+UNIT_COMMANDS: tuple[Entity, ...] = (
+    RESTART_BUTTON,
+    Entity(
+        "update",
+        "update",
+        "Firmware",
+        {
+            # installed: the report's; newest: latest_version_topic (discovery's), retained
+            "value_template": "{{ value_json.version }}",
+            "device_class": "firmware",
+            "title": "kiosk-agent",
+        },
+        expires=False,  # its platform takes no expire_after
+    ),
+)
+PING_BUTTON = TerminalEntity("button", "ping_", "Ping ",
+                             {"icon": "mdi:access-point-check", **_BUTTON})
+TEST_PRINT_BUTTON = TerminalEntity("button", "test_print_", "Test print ",
+                                   {"icon": "mdi:printer-check", **_BUTTON})
+TERMINAL_COMMANDS: tuple[TerminalEntity, ...] = (PING_BUTTON, TEST_PRINT_BUTTON)

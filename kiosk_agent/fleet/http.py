@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 from typing import Any
@@ -9,7 +10,7 @@ from typing import Any
 import aiohttp
 
 from kiosk_agent.fleet.loopback import insecure_http
-from kiosk_agent.fleet.sink import SinkBase
+from kiosk_agent.fleet.sink import GOODBYE_TIMEOUT, SinkBase
 from kiosk_agent.redact import redirect_target
 
 _LOGGER = logging.getLogger(__name__)
@@ -46,10 +47,23 @@ class HttpSink(SinkBase):
         await super().start()
 
     async def stop(self) -> None:
+        """The loop ends, then what is still queued (a clean stop's last report, which says
+        `stopped`, is the newest) is posted within ``GOODBYE_TIMEOUT``; the session closes."""
         await super().stop()
-        if self._session is not None:
-            await self._session.close()
-            self._session = None
+        if self._session is None:
+            return
+        try:
+            async with asyncio.timeout(GOODBYE_TIMEOUT):
+                await self.flush()
+        except TimeoutError:
+            self._failed(f"no answer from {self._url} within {GOODBYE_TIMEOUT:g} s of the stop")
+        except Exception as err:  # noqa: BLE001 - a bug must not keep the process from exiting
+            self._unexpected(err)
+        if self.queue:
+            _LOGGER.warning("upstream http: %d report(s) not delivered at the stop, the last "
+                            "one saying it stopped: %s", len(self.queue), self.last_error)
+        await self._session.close()
+        self._session = None
 
     async def _run(self) -> None:
         while True:

@@ -32,7 +32,7 @@ from kiosk_agent.fleet.backoff import Backoff
 from kiosk_agent.fleet.discovery import discovery_messages, own_config
 from kiosk_agent.fleet.entities import RETIRED, DiscoveryOptions
 from kiosk_agent.fleet.loopback import insecure_mqtt
-from kiosk_agent.fleet.sink import SinkBase
+from kiosk_agent.fleet.sink import GOODBYE_TIMEOUT, SinkBase
 from kiosk_agent.fleet.tls import ca_file_problem
 from kiosk_agent.fleet.topics import OFFLINE, ONLINE, discovery_topic, unit_base_topic
 from kiosk_agent.logs import RefusalLog
@@ -183,12 +183,15 @@ class MqttSink(SinkBase):
                     self._reached()
                     await self._serve(client)
             except (aiomqtt.MqttError, OSError) as err:
+                unanswered = _unanswered(err) if connected_at is None else ""
                 self._failed(f"broker {self._conf['host']}:{self._conf.get('port', 1883)}: "
-                             f"{err}{self._short_lived(connected_at)}{_unanswered(err)}")
+                             f"{err}{self._short_lived(connected_at)}{unanswered}")
             except Exception as err:  # noqa: BLE001 - a bug must not end the unit's reports
                 self._unexpected(err)
             finally:
                 self.connected = False
+                if self._client is not None:
+                    _heard_disconnect(self._client)
                 self._client = None
             await asyncio.sleep(self._backoff.next())
 
@@ -383,12 +386,23 @@ class MqttSink(SinkBase):
             # then `offline`; the broker does not send the will on a normal DISCONNECT. It is
             # the last word: an announce under way finishes first.
             with contextlib.suppress(aiomqtt.MqttError, TimeoutError):
-                async with asyncio.timeout(2), self._announcing:
+                async with asyncio.timeout(GOODBYE_TIMEOUT), self._announcing:
                     if (report := self.queue.peek()) is not None:
                         await self._publish_state(client, report)
                         self._took(report)
                     await client.publish(self.availability_topic, OFFLINE, qos=1, retain=True)
         await super().stop()
+
+
+def _heard_disconnect(client: aiomqtt.Client) -> None:
+    """The connection is over and its loss was handled here: aiomqtt keeps why it dropped in a
+    future that only its message iterator reads. Dropped while the unit published (an announce
+    waiting for its acknowledgements), nothing read it, and asyncio logged "Future exception
+    was never retrieved" with a traceback at ERROR, once per drop."""
+    disconnected = getattr(client, "_disconnected", None)
+    if isinstance(disconnected, asyncio.Future) and disconnected.done() and not (
+            disconnected.cancelled()):
+        disconnected.exception()
 
 
 def _unanswered(err: BaseException) -> str:

@@ -14,6 +14,12 @@ from kiosk_agent.tasks import BackgroundTask
 
 _LOGGER = logging.getLogger(__name__)
 
+# What a sink's goodbye may take on a clean stop (the report that says `stopped`, MQTT's
+# `offline`): every sink says it at once, so the whole stop waits at most this for them, within
+# the stop's margin beside the drain (core/systemd.py STOP_MARGIN). A destination that does
+# not answer by then is not waited for: the process must exit.
+GOODBYE_TIMEOUT = 3.0
+
 
 class Sink(Protocol):
     name: str

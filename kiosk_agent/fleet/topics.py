@@ -34,6 +34,16 @@ def discovery_topic(prefix: str, component: str, device_id: str, key: str) -> st
     return f"{prefix}/{component}/{device_id}/{key}/config"
 
 
+def command_topic(base: str, key: str) -> str:
+    """Where Home Assistant's button ``key`` of the unit at ``base`` publishes its press."""
+    return f"{base}/command/{key}"
+
+
+def latest_version_topic(base: str) -> str:
+    """Where the operator publishes the newest version, retained, for the whole prefix."""
+    return f"{base.rsplit('/', 1)[0]}/latest_version"
+
+
 def unit_base_topic(mqtt: dict[str, Any], device_id: str) -> str:
     """Where a unit's own topics live: ``<topic_prefix>/<device_id>``."""
     return f"{mqtt.get('topic_prefix', 'kiosk-agent')}/{device_id}"
@@ -44,7 +54,7 @@ def discovery_topics(mqtt: dict[str, Any], device_id: str) -> list[str]:
     prefix = mqtt.get("discovery_prefix", "homeassistant")
     if not prefix:
         return []
-    keys = [(e.component, e.key) for e in unit_entities(DiscoveryOptions(), "")] + RETIRED
+    keys = [(e.component, e.key) for e in unit_entities(DiscoveryOptions())] + RETIRED
     return [discovery_topic(prefix, c, device_id, key) for c, key in keys]
 
 

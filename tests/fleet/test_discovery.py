@@ -1,12 +1,16 @@
 """Home Assistant discovery: one device, its entities, each config checked against the rules of
 the HA releases units run (2024.3 and 2026.2), and what each of them drops."""
 
+import ast
+import dataclasses
 import datetime as dt
 import json
+from pathlib import Path
 from typing import Any
 
 import pytest
 
+from kiosk_agent.fleet import entities
 from kiosk_agent.fleet.discovery import discovery_messages
 from kiosk_agent.fleet.entities import EVENT_TYPES, DiscoveryOptions
 from kiosk_agent.fleet.report import build_report
@@ -288,3 +292,31 @@ def test_commands_are_buttons_and_an_update_on_the_units_own_topics() -> None:
     assert update["latest_version_topic"] == "kiosk-agent/latest_version"
     assert update["value_template"] == "{{ value_json.version }}"
     assert update["device_class"] == "firmware"
+
+
+def test_the_entities_are_data_described_once_at_module_level() -> None:
+    """Home Assistant's EntityDescription style: every description is a frozen instance made
+    when fleet/entities.py is imported, and that module imports nothing of the fleet (the
+    commands read their keys from it; before, it imported fleet/commands.py back inside a
+    function, a circle)."""
+    source = Path(entities.__file__).read_text()
+    imported = [
+        node.module for node in ast.walk(ast.parse(source))
+        if isinstance(node, ast.ImportFrom) and node.module
+    ] + [
+        alias.name for node in ast.walk(ast.parse(source)) if isinstance(node, ast.Import)
+        for alias in node.names
+    ]
+    assert not [name for name in imported if name.startswith("kiosk_agent")]
+    descriptions = [*entities.UNIT_ENTITIES, *entities.AUDIT_ENTITIES, *entities.UNIT_COMMANDS,
+                    *entities.TERMINAL_ENTITIES, *entities.TERMINAL_COMMANDS]
+    for description in descriptions:
+        with pytest.raises(dataclasses.FrozenInstanceError):
+            description.component = "switch"  # type: ignore[misc]
+    options = DiscoveryOptions(terminals=(("SIM-0001", "front"),), commands=True)
+    built = entities.unit_entities(options)
+    # what is not per terminal is the module's own instance, not one built per call
+    assert all(b is d for b, d in zip(built, entities.UNIT_ENTITIES, strict=False)
+               if not d.currency)  # the currency's is filled in from the configuration
+    assert all(any(e is d for e in built) for d in entities.UNIT_COMMANDS)
+    assert [e.key for e in built[-2:]] == ["ping_sim_0001", "test_print_sim_0001"]

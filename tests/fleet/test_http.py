@@ -1,14 +1,23 @@
 """The HTTP heartbeat against a real aiohttp receiver."""
 
+import asyncio
+import json
 import socket
+import time
+import uuid
 from collections.abc import AsyncIterator
+from types import SimpleNamespace
 
 import pytest
 
+from kiosk_agent.fleet import http
 from kiosk_agent.fleet.component import Upstream
 
 from ..helpers import until
+from ..mqtt_broker import Observer, mosquitto
 from .helpers import HttpReceiver, settled_agent
+
+__all__ = ["mosquitto"]  # the broker fixture, imported for the tests below
 
 
 @pytest.fixture
@@ -114,3 +123,63 @@ async def test_a_redirect_is_not_followed_and_counts_as_a_failed_delivery(
     finally:
         await upstream.stop()
         await elsewhere.down()
+
+
+@pytest.mark.mqtt
+async def test_a_clean_stop_tells_both_sinks_it_stopped_before_it_returns(
+    receiver: HttpReceiver, mosquitto: int
+) -> None:
+    """Before, the HTTP sink's loop was cancelled with the stop's last report still queued: the
+    fleet server's last word of a unit stopped on purpose was its last heartbeat (`ok`), as
+    for a unit that died. Both sinks now have it once `stop()` returns."""
+    device_id = f"unit-{uuid.uuid4().hex[:6]}"
+    agent = settled_agent()
+    agent.sales = SimpleNamespace(stopping=False)
+    conf = {"device_id": device_id, "interval": 3600,
+            "http": {"url": f"http://127.0.0.1:{receiver.port}/heartbeat"},
+            "mqtt": {"host": "127.0.0.1", "port": mosquitto, "discovery_prefix": False}}
+    upstream = Upstream(agent, conf)
+    observer = Observer(mosquitto)
+    await observer.start(f"kiosk-agent/{device_id}/state")
+    await upstream.start()
+    try:
+        await until(lambda: len(receiver.bodies) == 1 and upstream.mqtt is not None
+                    and upstream.mqtt.online)
+        agent.sales.stopping = True
+    finally:
+        await upstream.stop()
+    assert [body["status"] for body in receiver.bodies] == ["ok", "stopped"]
+    await until(lambda: len(observer.on(f"kiosk-agent/{device_id}/state")) == 2)
+    await observer.stop()
+    assert json.loads(observer.on(f"kiosk-agent/{device_id}/state")[1])["status"] == "stopped"
+
+
+async def test_a_fleet_server_that_does_not_answer_holds_the_stop_no_longer_than_the_goodbye(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A server that takes the connection and never answers: the stop waits for its last
+    report no longer than GOODBYE_TIMEOUT (here 0.2 s), says it was not delivered, and returns."""
+    monkeypatch.setattr(http, "GOODBYE_TIMEOUT", 0.2)
+    accepted: list[asyncio.StreamWriter] = []
+
+    async def silent(_reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        accepted.append(writer)  # kept open, never answered
+
+    server = await asyncio.start_server(silent, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    conf = {"interval": 3600, "http": {"url": f"http://127.0.0.1:{port}/heartbeat"}}
+    upstream = Upstream(settled_agent(), conf)
+    await upstream.start()
+    try:
+        await until(lambda: len(accepted) == 1)  # the first report, unanswered
+        started = time.monotonic()
+    finally:
+        await upstream.stop()
+        server.close()
+        for writer in accepted:
+            writer.close()
+    assert time.monotonic() - started < 5.0  # the goodbye's bound, not the POST's 10 s
+    sink = upstream.sinks[0]
+    assert len(sink.queue) == 2  # the last heartbeat and the stop's report, kept for no one
+    assert "upstream http: 2 report(s) not delivered at the stop, the last one saying it " \
+           f"stopped: no answer from http://127.0.0.1:{port}/heartbeat within 0.2 s" in caplog.text

@@ -587,3 +587,35 @@ def test_a_fleet_answers_a_birth_spread_over_the_announce_spread() -> None:
     assert min(seconds) >= 101  # settled first
     assert max(seconds) <= 131
     assert max(seconds.values()) <= 60  # ~33 a second; a burst would be all 1,000 at once
+
+
+@pytest.mark.mqtt
+async def test_a_connection_lost_during_an_announce_is_said_as_it_was(mosquitto: int) -> None:
+    """Dropped while the unit waited for its configs' acknowledgements: the error said "no
+    answer to the connect: a broker that allows no QoS 1 ..." (the hint for a connect that times
+    out) of a connection that had been made, and aiomqtt's record of why it dropped was never
+    read: asyncio logged "Future exception was never retrieved" at ERROR at each such drop."""
+    proxy = TcpProxy(mosquitto)
+    await proxy.open()
+    proxy.answer_delay = 0.05  # a slow broker: the announce is under way when the link goes
+    conf = {"device_id": "unit-drop", "interval": 3600,
+            "mqtt": {"host": "127.0.0.1", "port": proxy.port, "reconnect_interval": 60,
+                     "discovery_prefix": f"ha-drop-{uuid.uuid4().hex[:6]}"}}
+    sink = Upstream(settled_agent(), conf).mqtt
+    assert sink is not None
+    sink._connect_timeout = 1.0  # a publish waits this long for its acknowledgement
+    clients: list[aiomqtt.Client] = []
+    made = sink._new_client
+    sink._new_client = lambda: clients.append(made()) or clients[-1]  # type: ignore[method-assign]
+    await sink.start()
+    try:
+        await until(lambda: sink._client is not None)  # connected, announcing
+        await proxy.cut()
+        await until(lambda: sink.failures >= 1)
+    finally:
+        await sink.stop()
+    assert "after connecting" in sink.last_error
+    assert "no answer to the connect" not in sink.last_error
+    disconnected = clients[0]._disconnected
+    assert disconnected.done()
+    assert not disconnected._log_traceback  # type: ignore[attr-defined]  # read: nothing to log
