@@ -75,6 +75,7 @@ BATCH_SALES = 250  # replayed sales a commit
 # 07 a device fault; a vend that fails gives the money back (reversed).
 TEMPLATE = [(250, True)] * 44 + [(302, True)] * 3 + [(307, True)] * 1 + [(175, False)] * 2
 IDS = ("sale_id", "order_id", "interaction_id", "trans_id", "reverse_trans_id")
+FRESH = ("interaction_id", "trans_id", "reverse_trans_id")  # ids made anew for each sale
 SHIFTED = ("answer_by", "sent_at", "finished_at")  # wall times a step sets: moved with the sale
 OLD_BOOT = "bench-old-boot"  # the replayed sends were on another boot (prune reads it)
 
@@ -174,13 +175,68 @@ def replay(template: list[list[Call]], path: Path, sales: int, days: float) -> N
     first = now - days * 86400
     step = (now - first) / max(1, sales - 1)
     rng = random.Random(33)
+    plans = [Plan.of(calls) for calls in template]
     try:
         for start in range(0, sales, BATCH_SALES):
             with journal.batch():
                 for n in range(start, min(sales, start + BATCH_SALES)):
-                    _replay_one(journal, clock, rng.choice(template), n, first + n * step)
+                    _replay_one(journal, clock, rng.choice(plans), n, first + n * step)
     finally:
         journal.close()
+
+
+@dataclasses.dataclass(frozen=True)
+class Planned:
+    """One recorded call made ready to replay: its names read into the enums once, what holds
+    the template's ids kept as JSON text (renamed by text, read back by the C parser), the
+    changes made for each sale named apart from those copied."""
+
+    call: Call
+    step: Step | None
+    state: SaleState | None
+    if_state: SaleState | None
+    detail: dict[str, Any] | None  # as recorded: it names neither id
+    detail_text: str | None  # as JSON: it does
+    copied: dict[str, Any]  # changes written as recorded
+    fresh: tuple[str, ...]  # changes made anew for each sale (_fresh_change)
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    """A template sale's calls, made ready to replay (the replay's own Python stays small
+    beside the journal's writes it measures)."""
+
+    sale_id: str
+    order_id: str
+    row_text: str  # the created sale, as JSON
+    calls: list[Planned]
+
+    @classmethod
+    def of(cls, calls: list[Call]) -> Plan:
+        ids = (calls[0].record["sale_id"], calls[0].record["order_id"])
+
+        def names_an_id(text: str) -> bool:
+            return any(old in text for old in ids)
+
+        planned = []
+        for call in calls[1:]:
+            text = json.dumps(call.detail)
+            fresh = tuple(k for k, v in call.changes.items()
+                          if v is not None and (k in FRESH or k in SHIFTED))
+            planned.append(Planned(
+                call, Step(call.step) if call.step else None,
+                SaleState(call.state) if call.state else None,
+                SaleState(call.if_state) if call.if_state else None,
+                None if names_an_id(text) else call.detail,
+                text if names_an_id(text) else None,
+                {k: _copied_change(k, v) for k, v in call.changes.items() if k not in fresh},
+                fresh,
+            ))
+        row = {k: v for k, v in calls[0].record.items() if k not in ("created_at", "updated_at")}
+        return cls(*ids, json.dumps({"row": row, "detail": calls[0].detail}), planned)
+
+    def renamed(self, text: str, sale_id: str, order_id: str) -> Any:
+        return json.loads(text.replace(self.sale_id, sale_id).replace(self.order_id, order_id))
 
 
 class _BenchClock:
@@ -202,48 +258,38 @@ class _BenchClock:
         return OLD_BOOT
 
 
-def _replay_one(journal: Journal, clock: _BenchClock, calls: list[Call], n: int,
-                at: float) -> None:
-    template_ids = {name: calls[0].record[name] for name in ("sale_id", "order_id")}
-    fresh = {"sale_id": uuid.UUID(int=random.Random(n).getrandbits(128)).hex,
-             "order_id": f"KA{n:018X}"}
-
-    def renamed(value: Any) -> Any:
-        if isinstance(value, str):
-            for name, old in template_ids.items():
-                value = value.replace(old, fresh[name])
-            return value
-        if isinstance(value, dict):
-            return {k: renamed(v) for k, v in value.items()}
-        return value
-
-    record: SaleRecord | None = None
-    for call in calls:
+def _replay_one(journal: Journal, clock: _BenchClock, plan: Plan, n: int, at: float) -> None:
+    sale_id = uuid.UUID(int=random.Random(n).getrandbits(128)).hex
+    order_id = f"KA{n:018X}"
+    clock.now = at
+    made = plan.renamed(plan.row_text, sale_id, order_id)
+    made["row"]["state"] = SaleState(made["row"]["state"])
+    record = journal.create(SaleRecord(**made["row"]), made["detail"])
+    for planned in plan.calls:
+        call = planned.call
         clock.now = at + call.offset
-        if call.method == "create":
-            row = renamed({k: v for k, v in call.record.items() if k not in ("created_at",
-                                                                             "updated_at")})
-            row["state"] = SaleState(row["state"])
-            record = journal.create(SaleRecord(**row), renamed(call.detail))
-            continue
-        assert record is not None
-        changes = {k: _fresh_change(k, v, n, at, call) for k, v in call.changes.items()}
-        record = journal.record(
-            record, Step(call.step), call.state and SaleState(call.state), renamed(call.detail),
-            if_state=call.if_state and SaleState(call.if_state), **changes,
-        )
+        detail = planned.detail
+        if planned.detail_text is not None:
+            detail = plan.renamed(planned.detail_text, sale_id, order_id)
+        changes = planned.copied
+        if planned.fresh:
+            changes = {**changes, **{k: _fresh_change(k, call.changes[k], n, at, call)
+                                     for k in planned.fresh}}
+        assert planned.step is not None
+        record = journal.record(record, planned.step, planned.state, detail,
+                                if_state=planned.if_state, **changes)
 
 
 def _fresh_change(name: str, value: Any, n: int, at: float, call: Call) -> Any:
-    if value is None:
-        return None
-    if name in ("interaction_id", "trans_id", "reverse_trans_id"):
+    if name in FRESH:
         return f"{name[:2]}{n:016x}"
-    if name in SHIFTED:
-        return at + call.offset + 1.0
-    if name == "sent_boot":
+    return at + call.offset + 1.0  # SHIFTED: a wall time, moved with the sale
+
+
+def _copied_change(name: str, value: Any) -> Any:
+    if value is not None and name == "sent_boot":
         return OLD_BOOT
-    if name == "sent_mono":
+    if value is not None and name == "sent_mono":
         return 1.0  # long ago on that other boot
     return value
 

@@ -14,8 +14,8 @@ at most the card brand and the last four digits.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import datetime as dt
+import functools
 import json
 import logging
 import os
@@ -38,6 +38,7 @@ from kiosk_agent.sales.journal_records import (
     HeldStep,
     SaleRecord,
     StepRecord,
+    replaced,
     transaction,
 )
 from kiosk_agent.sales.states import (
@@ -441,7 +442,7 @@ class Journal(JournalReads, JournalPrune):
     def create(self, sale: SaleRecord, detail: Mapping[str, Any] | None = None) -> SaleRecord:
         """Write a new sale and its first step in one transaction (always STARTED)."""
         check_transition(sale.sale_id, sale.flow, None, sale.state, Step.CREATED)
-        return self._write_whole(dataclasses.replace(sale, created_at=0.0), Step.CREATED, detail)
+        return self._write_whole(sale, Step.CREATED, detail)
 
     def record(
         self,
@@ -468,20 +469,17 @@ class Journal(JournalReads, JournalPrune):
         changed = frozenset(changes)  # what the caller sets: a note on a settled sale sets none
         if new_state.final and new_state is not sale.state and sale.finished_at is None:
             changes.setdefault("finished_at", now)
-        updated = dataclasses.replace(sale, state=new_state, updated_at=now, **changes)
-        assignments = {k: getattr(updated, k) for k in (*changes, "state", "updated_at")
-                       if k not in _BESIDE_COLUMNS}
+        updated = replaced(sale, state=new_state, updated_at=now, **changes)
+        assignments = {k: v for k, v in changes.items() if k not in _BESIDE_COLUMNS}
+        beside = len(assignments) != len(changes)
         assignments["state"] = new_state.value
-        beside = {k: v for k, v in changes.items() if k in _BESIDE_COLUMNS}
-        sql = ", ".join(f"{k} = :{k}" for k in assignments)
+        assignments["updated_at"] = now
         expected = sale.state if if_state is None else if_state
         try:
             with self._transaction() as db:
                 named = self._check_in_memory(db, sale, expected, new_state, step, changed)
-                moved = db.execute(
-                    f"UPDATE sales SET {sql} WHERE sale_id = :sale_id AND state = :was",  # noqa: S608
-                    {**assignments, "sale_id": sale.sale_id, "was": expected.value},
-                )
+                assignments["sale_id"], assignments["was"] = sale.sale_id, expected.value
+                moved = db.execute(_update_sql(tuple(assignments)), assignments)
                 if moved.rowcount != 1:  # another writer moved it: the disk says where to
                     self._check(db, sale, expected, new_state, step, changed)
                     raise SaleMoved(sale.sale_id, None)  # pragma: no cover - _check raised
@@ -550,10 +548,12 @@ class Journal(JournalReads, JournalPrune):
         state: SaleState,
         detail: Mapping[str, Any] | None,
     ) -> None:
-        clean = {k: v for k, v in (detail or {}).items() if k not in _FORBIDDEN_DETAIL}
+        text = "{}"  # most steps: no detail to encode
+        if detail:
+            text = _DETAIL_JSON({k: v for k, v in detail.items() if k not in _FORBIDDEN_DETAIL})
         db.execute(
             "INSERT INTO steps (sale_id, at, step, state, detail) VALUES (?, ?, ?, ?, ?)",
-            (sale_id, at, step, state.value, json.dumps(clean, default=str, sort_keys=True)),
+            (sale_id, at, step, state.value, text),
         )
 
     def _write_failed(self, err: sqlite3.Error) -> JournalError:
@@ -599,15 +599,13 @@ class Journal(JournalReads, JournalPrune):
         step: Step,
         detail: Mapping[str, Any] | None,
     ) -> SaleRecord:
-        """The sale's whole row (created now unless it has a creation time) and one step."""
+        """The sale's whole row, created now, and one step."""
         now = self.clock.time()
-        sale = dataclasses.replace(sale, updated_at=now, created_at=sale.created_at or now)
+        sale = replaced(sale, updated_at=now, created_at=now)
         row = sale.row()
-        names = ", ".join(_SALES_COLUMNS)
-        marks = ", ".join(f":{c}" for c in _SALES_COLUMNS)
         try:
             with self._transaction() as db:
-                db.execute(f"INSERT INTO sales ({names}) VALUES ({marks})", row)  # noqa: S608
+                db.execute(_INSERT_SALE, row)
                 _write_beside(db, sale.sale_id, row)
                 self._insert_step(db, sale.sale_id, now, step, sale.state, detail)
         except sqlite3.Error as err:
@@ -666,6 +664,24 @@ def _move_beside(db: sqlite3.Connection) -> None:
         )
         for column in there:
             db.execute(f"ALTER TABLE sales DROP COLUMN {column}")
+
+
+# A step's detail as stored: keys sorted, what JSON cannot say as its text. One encoder for
+# every step (json.dumps with options makes one a call: half a step's encoding).
+_DETAIL_JSON = json.JSONEncoder(sort_keys=True, default=str).encode
+_INSERT_SALE = (
+    f"INSERT INTO sales ({', '.join(_SALES_COLUMNS)}) "  # noqa: S608 - names from this module
+    f"VALUES ({', '.join(f':{c}' for c in _SALES_COLUMNS)})"
+)
+
+
+@functools.lru_cache(maxsize=64)
+def _update_sql(names: tuple[str, ...]) -> str:
+    """A step's UPDATE of the sale, setting ``names`` but the last two (``sale_id`` and
+    ``was``, its state on disk): one text per set of fields, so SQLite's prepared statement is
+    reused (the connection keeps them by their text)."""
+    sets = ", ".join(f"{k} = :{k}" for k in names[:-2])
+    return f"UPDATE sales SET {sets} WHERE sale_id = :sale_id AND state = :was"  # noqa: S608
 
 
 def _write_beside(db: sqlite3.Connection, sale_id: str, row: Mapping[str, Any]) -> None:
