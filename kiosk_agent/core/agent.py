@@ -209,6 +209,7 @@ class Agent:
             history_interval=config["sales"]["charge_history_interval"],
             restart_after=config["sales"]["unwritten_restart_after"],
         )
+        self.recovery.before_money = self.journal_guard.file_intact
         self.settling = Settling()  # the models built after READY=1 (core/collector.py)
         self.settled = asyncio.Event()  # set once what READY=1 does not wait for is done
         for part, count in {
@@ -250,7 +251,8 @@ class Agent:
         """Start everything; if any part fails, what already started is stopped again."""
         try:
             await self._start()
-        except BaseException:
+        except BaseException as err:
+            self.journal_guard.note_damage(err)  # a damaged page met: read whole next time
             await self.stop()
             raise
 

@@ -699,6 +699,11 @@ def _write_beside(db: sqlite3.Connection, sale_id: str, row: Mapping[str, Any]) 
         )
 
 
+def _quoted(table: str) -> str:
+    """A table's name (from the file's own schema) as a pragma's argument."""
+    return "(\"" + table.replace('"', '""') + "\")"
+
+
 def _identity(path: Path) -> tuple[int, int] | None:
     """The file at ``path`` (device, inode); None when there is none. Raises ``OSError`` when
     it cannot be told (a failing disk): nothing must be put back on that."""
@@ -718,25 +723,29 @@ def side_files(journal: Path) -> list[Path]:
     return [journal.with_name(journal.name + s) for s in _SIDE]
 
 
-def integrity(path: Path, *, quick: bool = False) -> list[str]:
+def integrity(path: Path, *, quick: bool = False, but: Sequence[str] = ()) -> list[str]:
     """What SQLite finds wrong with the journal at ``path`` (empty: nothing), read-only.
 
     ``PRAGMA integrity_check`` (``quick_check`` with ``quick``: the same without the index
-    cross-checks, fast enough for every start). The WAL beside it is read too: a WAL that does
-    not fit its database shows up here."""
+    cross-checks). With ``but``, each table but those (and its indexes) alone: the agent reads
+    every table but ``steps`` before it opens the journal (what its start reads), and the whole
+    file in a worker thread after (a year of sales: a second of a core; core/journal_guard.py).
+    The WAL beside it is read too: a WAL that does not fit its database shows up here."""
     try:
         db = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
     except sqlite3.Error as err:
         return [f"cannot open: {err}"]
     try:
         pragma = "quick_check" if quick else "integrity_check"
-        rows = [str(r[0]) for r in db.execute(f"PRAGMA {pragma}")]
-        tables = {str(r[0]) for r in db.execute("SELECT name FROM sqlite_master")}
+        tables = {str(r[0]) for r in db.execute("SELECT name FROM sqlite_master WHERE type = "
+                                                "'table'")}
+        scopes = [""] if not but else [_quoted(name) for name in sorted(tables - set(but))]
+        rows = [str(r[0]) for scope in scopes for r in db.execute(f"PRAGMA {pragma}{scope}")]
     except sqlite3.Error as err:
         return [str(err)]
     finally:
         db.close()
-    problems = [] if rows == ["ok"] else rows[:10]
+    problems = [row for row in rows if row != "ok"][:10]
     if not problems and not {"sales", "steps"} <= tables:
         problems.append("no sales table: the journal is empty")
     return problems
