@@ -7,8 +7,8 @@ flows in this process (simulator, journal, transition table) while every ``Journ
 ``Journal.record`` call they make is recorded; the recording is then replayed ``--sales`` times
 through the same two calls (fresh ids, times spread over ``--days``), a few hundred sales to a
 ``Journal.batch`` (one commit each: the same write path, fewer fsyncs). The made journal is kept
-under ``--cache`` (default: the temporary directory), keyed by the journal's schema version and
-the number of sales, and copied for each run, so a rerun starts at once.
+under ``--cache`` (default: ``~/.cache/kiosk-agent/bench-journal``), keyed by the journal's
+schema version and the number of sales, and copied for each run, so a rerun starts at once.
 
 Then, on a copy, a real ``kiosk-agent run`` (kiosk API and admin API) is measured:
 
@@ -294,6 +294,12 @@ def _copied_change(name: str, value: Any) -> Any:
     return value
 
 
+def default_cache() -> Path:
+    """The user's cache directory (kept across reboots, unlike the temporary one)."""
+    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(base) / "kiosk-agent" / "bench-journal"
+
+
 def made_journal(cache: Path, sales: int, days: float) -> tuple[Path, dict[str, float]]:
     """The journal of ``sales`` sales, from the cache or made now (and kept there)."""
     cache.mkdir(parents=True, exist_ok=True)
@@ -317,6 +323,7 @@ def made_journal(cache: Path, sales: int, days: float) -> tuple[Path, dict[str, 
         "size_mib": round(building.stat().st_size / 2**20, 1),
     }
     building.rename(path)
+    Journal(building).marker.unlink(missing_ok=True)  # the build's: the cache keeps no marker
     facts.write_text(json.dumps(made))
     return path, made
 
@@ -556,7 +563,7 @@ async def rss_over_sales(agent: Running, sales: int) -> dict[str, float]:
     return {
         "rss_after_1000_sales_mb": round(after_first, 1),
         f"rss_after_{sales}_sales_mb": round(at_end, 1),
-        "rss_growth_mb": round(at_end - after_first, 1),
+        "rss_growth_after_1000_mb": round(at_end - after_first, 1),
         "rss_sales_per_s": round(rate, 1),
     }
 
@@ -630,8 +637,8 @@ def main() -> None:
                         help=f"days they span (more than keep_days, {KEEP_DAYS}: a prune is due)")
     parser.add_argument("--rss-sales", type=int, default=20_000,
                         help="kiosk API sales over which RSS is followed (0: skip)")
-    parser.add_argument("--cache", type=Path,
-                        default=Path(tempfile.gettempdir()) / "kiosk-agent-bench-journal")
+    parser.add_argument("--cache", type=Path, default=default_cache(),
+                        help="where the made journal is kept, by schema version and size")
     parser.add_argument("--dir", type=Path, default=None, help="where the copy runs (a disk)")
     args = parser.parse_args()
     path, made = made_journal(args.cache, args.sales, args.days)
@@ -648,7 +655,8 @@ def main() -> None:
     finally:
         bytecode.cleanup()
     targets = {"start_to_ready_s": 2.0, "slowest_face_or_command_s": 0.5,
-               "worst_delay_caused_ms": 50.0, "rss_growth_mb": 3.0, "pruned_before_ready": 0}
+               "worst_delay_caused_ms": 50.0, "rss_growth_after_1000_mb": 3.0,
+               "pruned_before_ready": 0}
     for name, value in figures.items():
         verdict = ""
         if name in targets:

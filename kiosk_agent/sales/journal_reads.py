@@ -22,6 +22,10 @@ from kiosk_agent.sales.states import SaleState, Step
 _OPEN_STATES = tuple(s.value for s in SaleState if not s.final)
 
 
+class SaleNotFound(LookupError):
+    """No sale by that id, id prefix or order_id, or a prefix of several."""
+
+
 class JournalReads:
     """The reads of an open journal (its ``db``, its ``clock`` dating today)."""
 
@@ -52,6 +56,19 @@ class JournalReads:
             f"{_SELECT_SALES} WHERE sales.sale_id GLOB ? LIMIT ?", (f"{prefix}*", limit)
         )
         return [_record(r) for r in rows]
+
+    def find(self, wanted: str) -> SaleRecord:
+        """A sale named by a unique prefix of its id (as the CLI prints them), or by its
+        order_id; else :class:`SaleNotFound`, saying which."""
+        record = self.by_order_id(wanted)
+        if record is not None:
+            return record
+        matches = self.with_id_prefix(wanted)
+        if len(matches) == 1:
+            return matches[0]
+        if matches:
+            raise SaleNotFound(f"{wanted!r} names {len(matches)} sales; give more of the sale id")
+        raise SaleNotFound(f"no sale {wanted!r} in the journal")
 
     def open_sales(self) -> list[SaleRecord]:
         """Sales not in a final state: what a crash left behind (or what is running now)."""
