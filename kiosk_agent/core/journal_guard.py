@@ -203,6 +203,7 @@ class JournalGuard:
         self._file_check: asyncio.Task[bool] | None = None  # the file read whole, after open
         self._loop = BackgroundTask(self._run, "journal-guard")
         journal.on_write = self.written
+        audit.before_money = self.file_intact  # it reads before the verdict, gives back after
         unwritten.on_change = self._unwritten_changed
 
     # -- start -----------------------------------------------------------------------------------
@@ -253,7 +254,8 @@ class JournalGuard:
         """SQLite's ``quick_check`` of the whole file, in a worker thread on a connection of its
         own, as the running doctor's (a year of sales: a second of a core, which held the
         start before it opened). Until it is done no money moves on the journal: the
-        terminals are out of service, recovery and the charge check wait (:meth:`file_intact`).
+        terminals are out of service; recovery, and the charge check before it journals or
+        gives back a charge, wait (:meth:`file_intact`).
         Damage found: said in health, the unit stays out of service, and the watchdog is
         withheld; the restart reads the file whole before it opens and moves it aside."""
         path = self.journal.path
@@ -355,8 +357,6 @@ class JournalGuard:
     # -- the loop: charge checks, a restart when nothing else helps -----------------------------
 
     async def _run(self) -> None:
-        if not await self.file_intact():
-            return  # damaged: no charge is given back on it; the restart moves it aside
         if self._after is not None:
             try:
                 await self._after()

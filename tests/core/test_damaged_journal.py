@@ -240,7 +240,7 @@ async def test_steps_found_damaged_after_open_move_no_money_and_the_restart_move
         # no money moved on it: the open sale is left as it was, no charge check was made
         assert agent.recovery.state == "running"
         assert agent.recovery.recovered == 0
-        assert agent.journal_guard.audit.last is None
+        assert agent.journal_guard.audit.given_back == 0
     finally:
         await agent.stop()
 
