@@ -365,29 +365,55 @@ class SaleNotCompleted(Exception):
     waited out while the page's first load held the loop)."""
 
 
+class Ports:
+    """The agent's kiosk and admin ports, written into its configuration; picked again when
+    another program took one between the pick and the agent's listen (a shared machine)."""
+
+    def __init__(self, directory: Path, info: dict[str, Any]) -> None:
+        self.directory = directory
+        self.info = info
+        self.kiosk = self.admin = 0
+        self.pick()
+
+    def pick(self) -> None:
+        self.kiosk, self.admin = free_port(), free_port()
+        (self.directory / "config.yaml").write_text(
+            agent_config(self.info, self.kiosk, self.admin))
+
+
 class Running:
     """A ``kiosk-agent run`` process on the copied journal, and clients of its two APIs."""
 
-    def __init__(self, directory: Path, env: dict[str, str], kiosk: int, admin: int) -> None:
+    def __init__(self, directory: Path, env: dict[str, str], ports: Ports) -> None:
         self.directory = directory
         self.env = env
-        self.kiosk = f"http://127.0.0.1:{kiosk}/api/v1"
-        self.admin = f"http://127.0.0.1:{admin}"
+        self.ports = ports
         self.proc: asyncio.subprocess.Process | None = None
         self.http: aiohttp.ClientSession | None = None
 
+    @property
+    def kiosk(self) -> str:
+        return f"http://127.0.0.1:{self.ports.kiosk}/api/v1"
+
+    @property
+    def admin(self) -> str:
+        return f"http://127.0.0.1:{self.ports.admin}"
+
     async def start(self, listener: socket.socket) -> dict[str, float]:
-        loop = asyncio.get_running_loop()
         old_before = old_sales(self.directory / "journal.db")
-        spawned = time.perf_counter()
-        self.proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "kiosk_agent", "run", "--config",
-            str(self.directory / "config.yaml"), env=self.env, stdout=asyncio.subprocess.DEVNULL,
-        )
-        while not (await asyncio.wait_for(loop.sock_recv(listener, 1024), 120)).startswith(
-            b"READY=1"
-        ):
-            pass
+        for _ in range(3):  # a port another engineer's process took meanwhile: others, again
+            spawned = time.perf_counter()
+            self.proc = await asyncio.create_subprocess_exec(
+                sys.executable, "-m", "kiosk_agent", "run", "--config",
+                str(self.directory / "config.yaml"), env=self.env,
+                stdout=asyncio.subprocess.DEVNULL,
+            )
+            if await self._ready(listener):
+                break
+            print("  the agent exited before READY=1 (a port taken?): new ports", flush=True)
+            self.ports.pick()
+        else:
+            raise RuntimeError("the agent never became ready")
         ready = time.perf_counter() - spawned
         ready_cpu = _cpu_ns(self.proc.pid) / 1e9
         old_at_ready = old_sales(self.directory / "journal.db")
@@ -405,6 +431,26 @@ class Running:
             # the whole file read in its worker thread: customers wait for it, READY=1 not
             "start_to_in_service_s": round(in_service, 3),
         }
+
+    async def _ready(self, listener: socket.socket) -> bool:
+        """READY=1 said (True), or the process ended first (False)."""
+        assert self.proc is not None
+        loop = asyncio.get_running_loop()
+        exited = asyncio.ensure_future(self.proc.wait())
+        try:
+            while True:
+                said = asyncio.ensure_future(loop.sock_recv(listener, 1024))
+                done, _ = await asyncio.wait({said, exited}, timeout=120,
+                                             return_when=asyncio.FIRST_COMPLETED)
+                if said in done and said.result().startswith(b"READY=1"):
+                    return True
+                if said not in done:
+                    said.cancel()
+                    if exited in done:
+                        return False
+                    raise TimeoutError("no READY=1 in 120 s")
+        finally:
+            exited.cancel()
 
     async def _first_check(self, spawned: float) -> float:
         while True:
@@ -580,10 +626,10 @@ async def rss_over_sales(agent: Running, sales: int) -> dict[str, float]:
 
 
 async def warm_up(directory: Path, env: dict[str, str], command_env: dict[str, str],
-                  kiosk: int, admin: int, listener: socket.socket) -> None:
+                  ports: Ports, listener: socket.socket) -> None:
     """A first start and read commands on an empty journal: the bytecode of whatever the runs
     import is written (as pip writes it at install), not compiled in the runs measured."""
-    agent = Running(directory, env, kiosk, admin)
+    agent = Running(directory, env, ports)
     try:
         await agent.start(listener)
         await agent.fetch("/api/page")
@@ -602,8 +648,7 @@ async def measure(journal: Path, args: argparse.Namespace) -> dict[str, Any]:
     info = sim.ready_info()
     with tempfile.TemporaryDirectory(prefix="bench-journal-", dir=args.dir) as scratch:
         directory = Path(scratch)
-        kiosk, admin = free_port(), free_port()
-        (directory / "config.yaml").write_text(agent_config(info, kiosk, admin))
+        ports = Ports(directory, info)
         listener = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
         listener.bind(str(directory / "notify.sock"))
         listener.setblocking(False)
@@ -611,7 +656,7 @@ async def measure(journal: Path, args: argparse.Namespace) -> dict[str, Any]:
                "BENCH_API_KEY": info["api_key"], "BENCH_CLIENT_SECRET": info["client_secret"],
                "BENCH_KIOSK_TOKEN": KIOSK_TOKEN, "BENCH_ADMIN_TOKEN": ADMIN_TOKEN}
         command_env = {k: v for k, v in env.items() if k != "NOTIFY_SOCKET"}
-        await warm_up(directory, env, command_env, kiosk, admin, listener)
+        await warm_up(directory, env, command_env, ports, listener)
         shutil.copyfile(journal, directory / "journal.db")
         # a journal made by an older build gains this one's indexes on its first open: once,
         # timed apart from the starts
@@ -620,7 +665,7 @@ async def measure(journal: Path, args: argparse.Namespace) -> dict[str, Any]:
         upgraded.open()
         upgraded.close()
         first_open = time.perf_counter() - began
-        agent = Running(directory, env, kiosk, admin)
+        agent = Running(directory, env, ports)
         try:
             figures: dict[str, Any] = await agent.start(listener)
             figures["first_open_s"] = round(first_open, 3)
@@ -631,7 +676,7 @@ async def measure(journal: Path, args: argparse.Namespace) -> dict[str, Any]:
                 figures |= await rss_over_sales(agent, args.rss_sales)
             await agent.stop()
             # a second start: nothing left to prune
-            agent = Running(directory, env, kiosk, admin)
+            agent = Running(directory, env, ports)
             again = await agent.start(listener)
             figures["start_to_ready_again_s"] = again["start_to_ready_s"]
         finally:
