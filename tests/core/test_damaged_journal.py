@@ -255,3 +255,48 @@ async def test_steps_found_damaged_after_open_move_no_money_and_the_restart_move
         assert again.availability.state("SIM-0001").available
     finally:
         await again.stop()
+
+
+async def test_the_start_is_ready_before_the_whole_read_and_takes_no_customer_until_it(
+    sim_factory: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The whole-file read after the open (a second of a core for a year of sales) is off the
+    path to READY=1, never off the path to a customer: held here until the test lets it go."""
+    import threading
+
+    from kiosk_agent.core import journal_guard
+
+    sim = await sim_factory(time_scale=TIME_SCALE, seed=3, transactions=0)
+    info = sim.ready_info()
+    monkeypatch.setenv("KIOSK_API_KEY", info["api_key"])
+    monkeypatch.setenv("KIOSK_CLIENT_SECRET", info["client_secret"])
+    config = load_config(write_config(tmp_path, sim))
+    a_journal_with_an_open_sale(tmp_path / "journal.db")
+    let_go = threading.Event()
+    whole_reads: list[bool] = []
+    real = journal_guard.integrity
+
+    def held(path: Path, *, quick: bool = False, but: Any = ()) -> list[str]:
+        if not but:  # the whole read, in its worker thread
+            whole_reads.append(let_go.wait(timeout=30))
+        return real(path, quick=quick, but=but)
+
+    monkeypatch.setattr(journal_guard, "integrity", held)
+    agent = Agent(config, service_settings_from_config(config))
+    try:
+        await asyncio.wait_for(agent.start(), 20)  # ready, the read still held
+        assert agent.started
+        state = agent.availability.state("SIM-0001")
+        assert not state.available
+        assert "reading its file whole" in state.reason
+        assert agent.health.snapshot().journal.file_checking
+        assert agent.recovery.recovered == 0  # the open sale waits for the verdict
+        let_go.set()
+        assert await asyncio.wait_for(agent.journal_guard.file_intact(), 20)
+        await asyncio.wait_for(agent.recovery.wait(), 20)
+        assert agent.recovery.recovered == 1
+        assert agent.availability.state("SIM-0001").available
+        assert whole_reads == [True]
+    finally:
+        let_go.set()
+        await agent.stop()
