@@ -276,7 +276,7 @@ async def test_a_running_agents_doctor_checks_the_journal_off_the_event_loop(
     loop_turned = threading.Event()
     seen: list[tuple[bool, bool]] = []
 
-    def integrity(path: Path, *, quick: bool = False) -> list[str]:
+    def integrity(path: Path, *, quick: bool = False, but: object = ()) -> list[str]:
         seen.append((quick, loop_turned.wait(timeout=10)))
         return []
 

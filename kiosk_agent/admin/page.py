@@ -44,6 +44,7 @@ from urllib.parse import urlsplit
 
 from aiohttp import web
 
+from kiosk_agent.card_brands import card_brand_name
 from kiosk_agent.doctor import Report, Verdict, check_running
 from kiosk_agent.health.model import UNIX_TIMES
 from kiosk_agent.logs import RefusalLog
@@ -51,7 +52,6 @@ from kiosk_agent.money import format_cents
 from kiosk_agent.sales.journal import SaleRecord, StepRecord
 from kiosk_agent.sales.model import SaleEvent, money_text
 from kiosk_agent.sales.unit import others_open
-from kiosk_agent.service.models.common import card_brand_name
 from kiosk_agent.tasks import BackgroundTask
 from kiosk_agent.web.server import read_json, stream_slot
 

@@ -238,10 +238,12 @@ class Agent:
             # clock under a test's FakeClock too: next_due() would take them for a sale's pauses
             clock=SYSTEM_CLOCK,
         )
+        self.recovery.before_money = self.journal_guard.file_intact
 
     def _count_errors_in_health(self) -> None:
         """The parts whose unexpected errors health counts and shows (nothing dies silently)."""
         self.settling = Settling()  # the models built after READY=1 (assembly/collector.py)
+        self.settled = asyncio.Event()  # set once what READY=1 does not wait for is done
         for part, count in {
             "health check": lambda: self._checker.errors,
             "availability": lambda: self.availability.listener_errors,
@@ -286,7 +288,8 @@ class Agent:
         """Start everything; if any part fails, what already started is stopped again."""
         try:
             await self._start()
-        except BaseException:
+        except BaseException as err:
+            self.journal_guard.note_damage(err)  # a damaged page met: read whole next time
             await self.stop()
             raise
 

@@ -557,13 +557,13 @@ async def sales_command(args: argparse.Namespace) -> int:
 
 async def show_command(args: argparse.Namespace) -> int:
     """One sale with its steps: ``kiosk-agent sales show SALE``."""
-    from kiosk_agent.sales.attention import ResolveError, find_sale
+    from kiosk_agent.sales.journal_reads import SaleNotFound
 
     journal = open_journal(unit_config(args))
     try:
         try:
-            record = find_sale(journal, args.sale)
-        except ResolveError as err:  # unknown, or a prefix of several
+            record = journal.find(args.sale)
+        except SaleNotFound as err:  # unknown, or a prefix of several
             raise CliError(str(err), EXIT_FAILED) from None
         steps = journal.steps(record.sale_id)
     finally:
@@ -582,7 +582,7 @@ async def show_command(args: argparse.Namespace) -> int:
 
 def sale_text(record: SaleRecord, steps: Sequence[Any]) -> str:
     """A sale and its steps for people, times in UTC to the second."""
-    from kiosk_agent.service.models.common import card_brand_name
+    from kiosk_agent.card_brands import card_brand_name
 
     def at(unix: float | None) -> str:
         if unix is None:

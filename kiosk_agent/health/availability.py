@@ -159,6 +159,10 @@ class Availability:
             reasons.append(_with("journal not writable", journal.detail))
         if journal.unwritten_sales:
             reasons.append(f"journal: {len(journal.unwritten_sales)} sale(s) not written yet")
+        if journal.file_checking:
+            reasons.append("journal: reading its file whole before money moves on it")
+        if journal.file_damaged:
+            reasons.append("journal damaged: a restart moves it aside")
         if journal.charges_pending and journal.notice:
             # the journal was lost or damaged: no customer until reporting was compared with it
             reasons.append("journal: checking reporting for charges it does not hold")
@@ -224,6 +228,7 @@ class Availability:
     def _journal_fault(self) -> bool:
         journal = self._health.journal
         return journal.writable is False or bool(journal.unwritten_sales) or (
+            journal.file_checking or journal.file_damaged) or (
             journal.charges_pending and bool(journal.notice)
         ) or bool(self._health.unit.mismatch)
 

@@ -103,6 +103,9 @@ class JournalHealth(_Model):
     unwritten_sales: list[str] = []
     # the journal was found lost or damaged at start: what happened, where, what to do
     notice: str = ""
+    # its file read whole (quick_check) after it opened: no money moves on it until then
+    file_checking: bool = False
+    file_damaged: bool = False  # what it found is the notice
     # reporting's recent charges compared with the journal (sales.journal_guard)
     charges_pending: bool = False  # the first comparison since start (or a fault) not made yet
     charges_checked_at: WallTime | None = None

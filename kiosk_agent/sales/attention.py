@@ -28,6 +28,7 @@ from kiosk_agent.redact import redact
 from kiosk_agent.sales import unit
 from kiosk_agent.sales.clock import Anchor, elapsed_at_least
 from kiosk_agent.sales.journal import Journal, JournalError, SaleMoved, SaleRecord
+from kiosk_agent.sales.journal_reads import SaleNotFound
 from kiosk_agent.sales.model import Flow, SaleEvent
 from kiosk_agent.sales.settings import ATTENTION_RECHECK
 from kiosk_agent.sales.states import NO_CHARGE_STEPS, RESOLUTIONS, SaleState, Step
@@ -444,12 +445,7 @@ def _resolved(
 
 def find_sale(journal: Journal, wanted: str) -> SaleRecord:
     """A sale named by a unique prefix of its id (as the CLI prints them), or by its order_id."""
-    record = journal.by_order_id(wanted)
-    if record is not None:
-        return record
-    matches = journal.with_id_prefix(wanted)
-    if len(matches) == 1:
-        return matches[0]
-    if matches:
-        raise UnknownSale(f"{wanted!r} names {len(matches)} sales; give more of the sale id")
-    raise UnknownSale(f"no sale {wanted!r} in the journal")
+    try:
+        return journal.find(wanted)
+    except SaleNotFound as err:
+        raise UnknownSale(str(err)) from None

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
-from collections.abc import AsyncIterator, Callable, Collection
+from collections.abc import AsyncIterator, Awaitable, Callable, Collection
 from dataclasses import dataclass, field
 
 from kiosk_agent.sales.journal import CHARGE_LOOKBACK_S, SaleRecord
@@ -180,6 +180,9 @@ class ChargeAudit:
         # ended sales (no money moved, says the journal) whose charge reporting still holds
         self.held_under_ended: set[str] = set()
         self.foreign = ForeignCharges(foreign_quiet)
+        # waited for before a charge is journaled or given back: False when the journal's file
+        # is found damaged (core/journal_guard.py reads it whole after it opened)
+        self.before_money: Callable[[], Awaitable[bool]] | None = None
 
     async def check(self, running: Collection[str] = (), settled: bool = True) -> AuditResult:
         """One comparison; ``running``: sale ids in flight now (their charges are accounted).
@@ -203,6 +206,10 @@ class ChargeAudit:
         result.seen = len(held)
         result.foreign = [row.trans_id for row in foreign]
         found = [(row, record) for row in held if (record := self._unaccounted(row, running))]
+        if found and self.before_money is not None and not await self.before_money():
+            result.error = "the journal's file is damaged: nothing is given back on it"
+            self.last = result
+            return result
         give_back = len(found) <= self.max_give_back
         for row, record in found:
             result.unaccounted.append(row.trans_id)

@@ -14,23 +14,33 @@ at most the card brand and the last four digits.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import datetime as dt
+import functools
 import json
 import logging
 import os
 import shutil
 import sqlite3
 import tempfile
-import time
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from kiosk_agent.moments import day_of, day_start
-from kiosk_agent.money import CURRENCY
 from kiosk_agent.sales.clock import SYSTEM_CLOCK, Clock
+from kiosk_agent.sales.journal_prune import CHARGE_LOOKBACK_S, PRUNE_BATCH, JournalPrune
+from kiosk_agent.sales.journal_reads import JournalReads
+from kiosk_agent.sales.journal_records import (
+    _BESIDE,
+    _BESIDE_COLUMNS,
+    _COLUMN_SET,
+    _SALES_COLUMNS,
+    _SELECT_SALES,
+    HeldStep,
+    SaleRecord,
+    StepRecord,
+    replaced,
+    transaction,
+)
 
 # the platforms hear it as one of the dispenser contract's refusals
 from kiosk_agent.sales.model import JournalError as JournalError
@@ -41,6 +51,27 @@ from kiosk_agent.sales.states import (
     TransitionRefused,
     check_transition,
 )
+
+# the journal's public names, wherever they live (callers import them from here)
+__all__ = [
+    "CHARGE_LOOKBACK_S",
+    "MARKER_SUFFIX",
+    "PRUNE_BATCH",
+    "SCHEMA_VERSION",
+    "WAL_RESERVE_BYTES",
+    "HeldStep",
+    "Journal",
+    "JournalDamaged",
+    "JournalError",
+    "JournalTooNew",
+    "SaleMoved",
+    "SaleRecord",
+    "StepRecord",
+    "integrity",
+    "marker_path",
+    "side_files",
+    "transaction",
+]
 
 # What a reader must understand to use the journal. Bumped only by a change an older release
 # cannot read past (a renamed column, a changed meaning): new facts go into new tables, which
@@ -108,13 +139,6 @@ _ADDED_COLUMNS = {
     "answer_by": "REAL",
     "resolution": "TEXT",
 }
-# A sale's facts kept beside it, not as columns of ``sales``: the previous release reads every
-# column of ``sales`` into its own record and stops at one it does not know, so new facts go
-# into tables of their own (docs/operations.md, "Rolling back"). Table -> its columns.
-_BESIDE = {
-    # the money call's send, to re-anchor its deadline after a restart (sales/clock.py)
-    "sale_sends": ("sent_at", "sent_mono", "sent_boot"),
-}
 
 _LOGGER = logging.getLogger(__name__)
 
@@ -128,117 +152,14 @@ _WAL_RESERVE = "wal_reserve"  # the scratch table that grows it, dropped at the 
 # Beside the journal, written once it holds its tables: "a journal was in use here". A journal
 # found missing or empty while this exists was lost (deleted, truncated, its WAL removed).
 MARKER_SUFFIX = ".in-use"
-# named as a list, not as "not final": an IN list is looked up in the state's index, a NOT IN
-# scans every sale of the journal (200,000 in a busy unit's year)
-_OPEN_STATES = tuple(s.value for s in SaleState if not s.final)
-# How far back the charge check (sales/audit.py) reads reporting for charges the journal does
-# not hold: the journal never prunes a sale younger than this and a day (Journal.prune).
-CHARGE_LOOKBACK_S = 7 * 86400.0
-# Sales deleted a transaction by Journal.prune: 3-4 ms of the write lock each here (some 35 ms
-# on a Pi Zero), which an agent's own write waits out
-PRUNE_BATCH = 50
 
 
-@dataclass(frozen=True, slots=True)
-class SaleRecord:
-    """One row of the sales table."""
-
-    sale_id: str
-    order_id: str
-    source: str
-    flow: str
-    terminal: str
-    amount_cents: int
-    state: SaleState
-    product: str | None = None
-    currency: str = CURRENCY
-    attempt: int = 1
-    interaction_id: str | None = None
-    interaction_kind: str | None = None
-    trans_id: str | None = None
-    authorized_cents: int = 0
-    vended_cents: int = 0
-    captured_cents: int = 0
-    reversed_cents: int = 0
-    reverse_trans_id: str | None = None
-    card_brand: str | None = None
-    last_four: str | None = None
-    vault_uuid: str | None = None
-    plan_id: str | None = None
-    message: str = ""
-    created_at: float = 0.0
-    updated_at: float = 0.0
-    finished_at: float | None = None
-    # When the service can no longer answer the money call in flight (Unix time): written once,
-    # with the request step. Before it, "no charge in reporting" proves nothing.
-    answer_by: float | None = None
-    # A person's decision on an ATTENTION sale, as JSON {as, why, by, at}.
-    resolution: str | None = None
-    # When the money call in flight was sent: wall time, monotonic time and the boot id, written
-    # with ``answer_by``. After a restart on the same boot the monotonic difference is the exact
-    # time since; wall time alone cannot say it (NTP steps it).
-    sent_at: float | None = None
-    sent_mono: float | None = None
-    sent_boot: str | None = None
-
-    def attempt_order_id(self, attempt: int | None = None) -> str:
-        """The order_id sent for one attempt: the sale's own for the first, suffixed after."""
-        n = self.attempt if attempt is None else attempt
-        return self.order_id if n <= 1 else f"{self.order_id}-{n}"
-
-    def all_order_ids(self) -> list[str]:
-        return [self.attempt_order_id(n) for n in range(1, self.attempt + 1)]
-
-    def row(self) -> dict[str, Any]:
-        """The sale as stored: column name -> SQLite value."""
-        # every field is a plain value: a shallow read (asdict deep-copies each, on every sale)
-        data = {name: getattr(self, name) for name in _COLUMNS}
-        data["state"] = self.state.value
-        return data
-
-    def as_dict(self) -> dict[str, Any]:
-        """The sale for people and APIs: the resolution as an object."""
-        data = self.row()
-        data["resolution"] = json.loads(self.resolution) if self.resolution else None
-        return data
-
-
-@dataclass(frozen=True, slots=True)
-class StepRecord:
-    sale_id: str
-    at: float
-    step: str  # a Step's value (read as stored: an older journal may hold a retired name)
-    state: SaleState
-    detail: dict[str, Any]
-
-
-_COLUMNS = tuple(f.name for f in dataclasses.fields(SaleRecord))
-_COLUMN_SET = frozenset(_COLUMNS)
-_BESIDE_COLUMNS = frozenset(c for columns in _BESIDE.values() for c in columns)
-_SALES_COLUMNS = tuple(c for c in _COLUMNS if c not in _BESIDE_COLUMNS)
-# every read of a sale: its row and what is kept beside it
-_SELECT_SALES = "SELECT sales.*, " + ", ".join(  # noqa: S608 - names from this module
-    f"{table}.{column}" for table, columns in _BESIDE.items() for column in columns
-) + " FROM sales" + "".join(
-    f" LEFT JOIN {table} ON {table}.sale_id = sales.sale_id" for table in _BESIDE
-)
 # a sale's flow is fixed: the states it may be in follow from it
 _UPDATABLE = _COLUMN_SET - {"sale_id", "order_id", "created_at", "flow"}
 # Keys that must never reach the journal, whatever a caller passes in a step's detail.
 _FORBIDDEN_DETAIL = frozenset(
     {"token", "account_token", "api_key", "refresh_token", "card_number", "secret", "password"}
 )
-
-
-@dataclass(frozen=True, slots=True)
-class HeldStep:
-    """A step memory took while the journal could not (``SaleSteps.held``): written later by
-    :meth:`Journal.restore`, in order, through the same check as every write."""
-
-    step: Step
-    state: SaleState | None = None
-    detail: Mapping[str, Any] | None = None
-    changes: Mapping[str, Any] = dataclasses.field(default_factory=dict)
 
 
 class JournalTooNew(JournalError):
@@ -265,7 +186,7 @@ class SaleMoved(Exception):
         self.state = state
 
 
-class Journal:
+class Journal(JournalReads, JournalPrune):
     """The sales journal on disk. Open once per process; every write is its own transaction."""
 
     def __init__(self, path: Path | str, clock: Clock = SYSTEM_CLOCK) -> None:
@@ -520,7 +441,7 @@ class Journal:
     def create(self, sale: SaleRecord, detail: Mapping[str, Any] | None = None) -> SaleRecord:
         """Write a new sale and its first step in one transaction (always STARTED)."""
         check_transition(sale.sale_id, sale.flow, None, sale.state, Step.CREATED)
-        return self._write_whole(dataclasses.replace(sale, created_at=0.0), Step.CREATED, detail)
+        return self._write_whole(sale, Step.CREATED, detail)
 
     def record(
         self,
@@ -547,20 +468,17 @@ class Journal:
         changed = frozenset(changes)  # what the caller sets: a note on a settled sale sets none
         if new_state.final and new_state is not sale.state and sale.finished_at is None:
             changes.setdefault("finished_at", now)
-        updated = dataclasses.replace(sale, state=new_state, updated_at=now, **changes)
-        assignments = {k: getattr(updated, k) for k in (*changes, "state", "updated_at")
-                       if k not in _BESIDE_COLUMNS}
+        updated = replaced(sale, state=new_state, updated_at=now, **changes)
+        assignments = {k: v for k, v in changes.items() if k not in _BESIDE_COLUMNS}
+        beside = len(assignments) != len(changes)
         assignments["state"] = new_state.value
-        beside = {k: v for k, v in changes.items() if k in _BESIDE_COLUMNS}
-        sql = ", ".join(f"{k} = :{k}" for k in assignments)
+        assignments["updated_at"] = now
         expected = sale.state if if_state is None else if_state
         try:
             with self._transaction() as db:
                 named = self._check_in_memory(db, sale, expected, new_state, step, changed)
-                moved = db.execute(
-                    f"UPDATE sales SET {sql} WHERE sale_id = :sale_id AND state = :was",  # noqa: S608
-                    {**assignments, "sale_id": sale.sale_id, "was": expected.value},
-                )
+                assignments["sale_id"], assignments["was"] = sale.sale_id, expected.value
+                moved = db.execute(_update_sql(tuple(assignments)), assignments)
                 if moved.rowcount != 1:  # another writer moved it: the disk says where to
                     self._check(db, sale, expected, new_state, step, changed)
                     raise SaleMoved(sale.sale_id, None)  # pragma: no cover - _check raised
@@ -629,10 +547,12 @@ class Journal:
         state: SaleState,
         detail: Mapping[str, Any] | None,
     ) -> None:
-        clean = {k: v for k, v in (detail or {}).items() if k not in _FORBIDDEN_DETAIL}
+        text = "{}"  # most steps: no detail to encode
+        if detail:
+            text = _DETAIL_JSON({k: v for k, v in detail.items() if k not in _FORBIDDEN_DETAIL})
         db.execute(
             "INSERT INTO steps (sale_id, at, step, state, detail) VALUES (?, ?, ?, ?, ?)",
-            (sale_id, at, step, state.value, json.dumps(clean, default=str, sort_keys=True)),
+            (sale_id, at, step, state.value, text),
         )
 
     def _write_failed(self, err: sqlite3.Error) -> JournalError:
@@ -678,275 +598,19 @@ class Journal:
         step: Step,
         detail: Mapping[str, Any] | None,
     ) -> SaleRecord:
-        """The sale's whole row (created now unless it has a creation time) and one step."""
+        """The sale's whole row, created now, and one step."""
         now = self.clock.time()
-        sale = dataclasses.replace(sale, updated_at=now, created_at=sale.created_at or now)
+        sale = replaced(sale, updated_at=now, created_at=now)
         row = sale.row()
-        names = ", ".join(_SALES_COLUMNS)
-        marks = ", ".join(f":{c}" for c in _SALES_COLUMNS)
         try:
             with self._transaction() as db:
-                db.execute(f"INSERT INTO sales ({names}) VALUES ({marks})", row)  # noqa: S608
+                db.execute(_INSERT_SALE, row)
                 _write_beside(db, sale.sale_id, row)
                 self._insert_step(db, sale.sale_id, now, step, sale.state, detail)
         except sqlite3.Error as err:
             raise self._write_failed(err) from err
         self._told_written()
         return sale
-
-    # -- reads -----------------------------------------------------------------------------------
-
-    def get(self, sale_id: str) -> SaleRecord | None:
-        row = self.db.execute(f"{_SELECT_SALES} WHERE sales.sale_id = ?", (sale_id,)).fetchone()
-        return None if row is None else _record(row)
-
-    def by_order_id(self, order_id: str) -> SaleRecord | None:
-        row = self.db.execute(f"{_SELECT_SALES} WHERE order_id = ?", (order_id,)).fetchone()
-        return None if row is None else _record(row)
-
-    def with_id_prefix(self, prefix: str, limit: int = 2) -> list[SaleRecord]:
-        """Sales whose id starts with ``prefix`` (as people copy ids from a list), at most
-        ``limit``: two say the prefix is not unique."""
-        if not prefix or not prefix.isalnum():
-            return []
-        # GLOB, case-sensitive like the ids, is looked up in the id's index (substr() read
-        # every sale); an alphanumeric prefix holds none of its wildcards
-        rows = self.db.execute(
-            f"{_SELECT_SALES} WHERE sales.sale_id GLOB ? LIMIT ?", (f"{prefix}*", limit)
-        )
-        return [_record(r) for r in rows]
-
-    def open_sales(self) -> list[SaleRecord]:
-        """Sales not in a final state: what a crash left behind (or what is running now)."""
-        marks = ", ".join("?" for _ in _OPEN_STATES)
-        rows = self.db.execute(
-            f"{_SELECT_SALES} WHERE state IN ({marks}) ORDER BY created_at", _OPEN_STATES
-        )
-        return [_record(r) for r in rows]
-
-    def ended_by_steps(self, state: SaleState, last_steps: Iterable[Step]) -> list[SaleRecord]:
-        """Every sale in ``state`` whose last step is one of ``last_steps``, whatever its date:
-        the caller measures how long ago on the monotonic clock (a stepped wall clock cannot
-        be trusted to say)."""
-        return self.query(states=[state], last_steps=last_steps)
-
-    def outside_writes(self) -> int:
-        """SQLite's ``data_version``: it changes when another connection commits to the
-        journal (another process: ``kiosk-agent sales resolve`` while the agent runs), never
-        for this connection's own writes."""
-        return int(self.db.execute("PRAGMA data_version").fetchone()[0])
-
-    def attention_sales(self) -> list[SaleRecord]:
-        return self.query(states=[SaleState.ATTENTION])
-
-    def query(
-        self,
-        *,
-        since: float | None = None,
-        until: float | None = None,
-        states: list[SaleState] | None = None,
-        last_steps: Iterable[Step] | None = None,
-        limit: int | None = None,
-    ) -> list[SaleRecord]:
-        """Sales newest first, filtered by creation time, state and the name of their last step
-        (all in one query)."""
-        where, args = _filters(since, until, states, last_steps)
-        sql = f"{_SELECT_SALES}{where} ORDER BY created_at DESC, sales.rowid DESC"
-        if limit is not None:
-            sql += " LIMIT ?"
-            args.append(limit)
-        return [_record(r) for r in self.db.execute(sql, args)]
-
-    def pages(
-        self,
-        *,
-        since: float | None = None,
-        until: float | None = None,
-        states: list[SaleState] | None = None,
-        limit: int | None = None,
-        size: int = 500,
-    ) -> Iterator[list[SaleRecord]]:
-        """:meth:`query`'s sales a page of ``size`` at a time, in its order, each page read
-        when asked for: an export of a year of sales from the event loop lets the loop run
-        between pages (one query of 100,000 sales held it for 2 s). Pages follow the last
-        sale seen (its time and rowid), so a sale made meanwhile neither repeats nor shifts
-        them."""
-        where, args = _filters(since, until, states, None)
-        after: tuple[float, int] | None = None
-        left = limit
-        while left is None or left > 0:
-            clause, page_args = where, list(args)
-            if after is not None:
-                clause += " AND " if clause else " WHERE "
-                clause += "(created_at < ? OR (created_at = ? AND sales.rowid < ?))"
-                page_args += [after[0], after[0], after[1]]
-            wanted = size if left is None else min(size, left)
-            sql = (
-                _SELECT_SALES.replace("SELECT sales.*", "SELECT sales.rowid AS page_rowid, sales.*")
-                + f"{clause} ORDER BY created_at DESC, sales.rowid DESC LIMIT ?"
-            )
-            rows = self.db.execute(sql, [*page_args, wanted]).fetchall()
-            if not rows:
-                return
-            yield [_record(r) for r in rows]
-            after = (rows[-1]["created_at"], rows[-1]["page_rowid"])
-            if left is not None:
-                left -= len(rows)
-            if len(rows) < wanted:
-                return
-
-    def count(
-        self,
-        *,
-        since: float | None = None,
-        until: float | None = None,
-        states: list[SaleState] | None = None,
-    ) -> int:
-        """How many sales :meth:`query` would give without a limit."""
-        where, args = _filters(since, until, states, None)
-        # the clause is ours; every value travels as an argument
-        sql = f"SELECT COUNT(*) FROM sales{where}"  # noqa: S608
-        return int(self.db.execute(sql, args).fetchone()[0])
-
-    def last_trans_id(self) -> str | None:
-        """The newest completed sale's transaction (a receipt to test-print), if any."""
-        row = self.db.execute(
-            "SELECT trans_id FROM sales WHERE state = ? AND trans_id IS NOT NULL AND trans_id != ''"
-            " ORDER BY created_at DESC, rowid DESC LIMIT 1",
-            (SaleState.COMPLETED.value,),
-        ).fetchone()
-        return None if row is None else str(row[0])
-
-    def steps(self, sale_id: str) -> list[StepRecord]:
-        rows = self.db.execute(
-            "SELECT * FROM steps WHERE sale_id = ? ORDER BY id", (sale_id,)
-        ).fetchall()
-        return [
-            StepRecord(
-                r["sale_id"], r["at"], r["step"], SaleState(r["state"]), json.loads(r["detail"])
-            )
-            for r in rows
-        ]
-
-    def steps_since(self, at: float, limit: int) -> list[StepRecord]:
-        """The steps journaled at ``at`` or later, in their order, at most ``limit`` (a live
-        view catching up after it lost its connection)."""
-        rows = self.db.execute(
-            "SELECT * FROM steps WHERE at >= ? ORDER BY id LIMIT ?", (at, limit)
-        ).fetchall()
-        return [
-            StepRecord(
-                r["sale_id"], r["at"], r["step"], SaleState(r["state"]), json.loads(r["detail"])
-            )
-            for r in rows
-        ]
-
-    def today(self, now: float | None = None) -> tuple[int, int]:
-        """(count, cents) of today's completed sales: those created since the UTC midnight, by
-        the one rule of days (kiosk_agent.moments), as ``sales --since today`` lists them."""
-        midnight = day_start(day_of(now if now is not None else self.clock.time()))
-        row = self.db.execute(
-            # by the time it was created (its index); "+state" keeps the planner off the
-            # state's index, which would read every completed sale of the journal
-            "SELECT COUNT(*), COALESCE(SUM(captured_cents), 0) FROM sales "
-            "WHERE created_at >= ? AND +state = ?",
-            (midnight, SaleState.COMPLETED.value),
-        ).fetchone()
-        return int(row[0]), int(row[1])
-
-    def prune(
-        self,
-        keep_days: int,
-        now: float | None = None,
-        *,
-        batch: int = PRUNE_BATCH,
-        pause: float = 0.0,
-        stopping: Callable[[], bool] = lambda: False,
-    ) -> int:
-        """Delete finished sales older than ``keep_days``; open and attention sales are kept.
-
-        Never one the charge check can still see: it reads reporting's charges of the last
-        ``CHARGE_LOOKBACK_S`` and gives back any the journal does not hold, so a pruned sale
-        whose charge is still in that window would be refunded, goods vended and all. And never
-        on the wall clock's word alone, which may have been wrong when a sale was dated (a unit
-        that sold before NTP set its clock dates its sales months or years back): a sale is old
-        only when it was written before the first sale that is young by the wall (write order
-        cannot step), and not when its money call was sent on this boot less than the retention
-        ago by the monotonic clock.
-
-        On a connection of its own, so the agent runs it in a worker thread after it is ready
-        (a year of sales to read, tens of thousands to delete: seconds, which held the start and
-        would hold the event loop): at most ``batch`` sales a transaction, each chosen inside
-        it (a failed sale the late-charge net reopens is not deleted under it), ``pause``
-        seconds between them so the agent's own writes take their turn, and none after
-        ``stopping`` says so (the agent stops: the next start goes on).
-        """
-        keep_s = max(keep_days * 86400.0, CHARGE_LOOKBACK_S + 86400.0)
-        cutoff = (now if now is not None else self.clock.time()) - keep_s
-        kept_states = (SaleState.ATTENTION.value, *[s.value for s in SaleState if not s.final])
-        args: dict[str, Any] = {
-            "cutoff": cutoff,
-            "boot": self.clock.boot_id(),
-            "mono_cutoff": self.clock.monotonic() - keep_s,
-            "batch": batch,
-            **{f"kept{i}": state for i, state in enumerate(kept_states)},
-        }
-        kept = ", ".join(f":kept{i}" for i in range(len(kept_states)))
-        # the first step of a sale young by the wall: written after it, a sale is not old.
-        # Read once: a step written meanwhile has a higher id.
-        young_first = (
-            "SELECT COALESCE(MIN(steps.id), 9223372036854775807) FROM steps "
-            "JOIN sales AS young ON young.sale_id = steps.sale_id "
-            "WHERE young.created_at >= :cutoff"
-        )
-        old = (
-            "SELECT sale_id, created_at, rowid FROM sales "  # noqa: S608 - names from this module
-            f"WHERE created_at < :cutoff AND state NOT IN ({kept}) "
-            "AND (created_at, rowid) > (:after_at, :after_rowid) "
-            "AND (SELECT MIN(id) FROM steps WHERE steps.sale_id = sales.sale_id) < :young_first "
-            "AND NOT EXISTS (SELECT 1 FROM sale_sends WHERE sale_sends.sale_id = sales.sale_id "
-            "AND sale_sends.sent_boot = :boot AND sale_sends.sent_mono > :mono_cutoff) "
-            "ORDER BY created_at, rowid LIMIT :batch"
-        )
-        # mode=rw: a journal removed meanwhile is not made anew here (put_back writes it back)
-        db = sqlite3.connect(f"file:{self.path}?mode=rw", uri=True, isolation_level=None)
-        try:
-            db.execute("PRAGMA synchronous=FULL")
-            db.execute("PRAGMA foreign_keys=ON")  # as the journal's own connection
-            db.execute("PRAGMA busy_timeout=5000")
-            args["young_first"] = db.execute(young_first, args).fetchone()[0]
-            args["after_at"], args["after_rowid"] = float("-inf"), -1
-            pruned = 0
-            while True:
-                with transaction(db):
-                    rows = db.execute(old, args).fetchall()
-                    ids = [(row[0],) for row in rows]
-                    for table in ("steps", *_BESIDE, "sales"):
-                        db.executemany(f"DELETE FROM {table} WHERE sale_id = ?", ids)  # noqa: S608
-                pruned += len(rows)
-                if len(rows) < batch or stopping():
-                    return pruned
-                args["after_at"], args["after_rowid"] = rows[-1][1], rows[-1][2]
-                if pause:
-                    time.sleep(pause)
-        finally:
-            db.close()
-
-    def __iter__(self) -> Iterator[SaleRecord]:
-        return iter(self.query())
-
-
-@contextlib.contextmanager
-def transaction(db: sqlite3.Connection) -> Iterator[sqlite3.Connection]:
-    """One write transaction on the journal's database (``isolation_level=None``): taken at
-    once (``BEGIN IMMEDIATE``), committed at the end, rolled back on any exception."""
-    db.execute("BEGIN IMMEDIATE")
-    try:
-        yield db
-    except BaseException:
-        db.execute("ROLLBACK")
-        raise
-    db.execute("COMMIT")
 
 
 def _refuse_newer(db: sqlite3.Connection, path: Path) -> None:
@@ -976,33 +640,6 @@ def _migrate(db: sqlite3.Connection) -> None:
             db.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
 
 
-def _filters(
-    since: float | None,
-    until: float | None,
-    states: list[SaleState] | None,
-    last_steps: Iterable[Step] | None,
-) -> tuple[str, list[Any]]:
-    """The WHERE clause (with its leading space, or empty) and its arguments of a sales query."""
-    where: list[str] = []
-    args: list[Any] = []
-    if since is not None:
-        where.append("created_at >= ?")
-        args.append(since)
-    if until is not None:
-        where.append("created_at < ?")
-        args.append(until)
-    if states:
-        where.append(f"state IN ({', '.join('?' for _ in states)})")
-        args.extend(s.value for s in states)
-    steps = sorted(last_steps or ())
-    if steps:
-        marks = ", ".join("?" for _ in steps)
-        last = "SELECT step FROM steps WHERE steps.sale_id = sales.sale_id ORDER BY id DESC"
-        where.append(f"({last} LIMIT 1) IN ({marks})")
-        args.extend(steps)
-    return (" WHERE " + " AND ".join(where) if where else ""), args
-
-
 def _add_missing_columns(db: sqlite3.Connection) -> None:
     """Bring a journal written by an older version up to this schema (columns only ever grow)."""
     present = {row["name"] for row in db.execute("PRAGMA table_info(sales)")}
@@ -1028,6 +665,24 @@ def _move_beside(db: sqlite3.Connection) -> None:
             db.execute(f"ALTER TABLE sales DROP COLUMN {column}")
 
 
+# A step's detail as stored: keys sorted, what JSON cannot say as its text. One encoder for
+# every step (json.dumps with options makes one a call: half a step's encoding).
+_DETAIL_JSON = json.JSONEncoder(sort_keys=True, default=str).encode
+_INSERT_SALE = (
+    f"INSERT INTO sales ({', '.join(_SALES_COLUMNS)}) "  # noqa: S608 - names from this module
+    f"VALUES ({', '.join(f':{c}' for c in _SALES_COLUMNS)})"
+)
+
+
+@functools.lru_cache(maxsize=64)
+def _update_sql(names: tuple[str, ...]) -> str:
+    """A step's UPDATE of the sale, setting ``names`` but the last two (``sale_id`` and
+    ``was``, its state on disk): one text per set of fields, so SQLite's prepared statement is
+    reused (the connection keeps them by their text)."""
+    sets = ", ".join(f"{k} = :{k}" for k in names[:-2])
+    return f"UPDATE sales SET {sets} WHERE sale_id = :sale_id AND state = :was"  # noqa: S608
+
+
 def _write_beside(db: sqlite3.Connection, sale_id: str, row: Mapping[str, Any]) -> None:
     """The sale's facts kept beside ``sales`` (``_BESIDE``), when it has any."""
     for table, columns in _BESIDE.items():
@@ -1041,6 +696,11 @@ def _write_beside(db: sqlite3.Connection, sale_id: str, row: Mapping[str, Any]) 
             f"ON CONFLICT(sale_id) DO UPDATE SET {updates}",
             {**{c: row.get(c) for c in columns}, "sale_id": sale_id},
         )
+
+
+def _quoted(table: str) -> str:
+    """A table's name (from the file's own schema) as a pragma's argument."""
+    return "(\"" + table.replace('"', '""') + "\")"
 
 
 def _identity(path: Path) -> tuple[int, int] | None:
@@ -1062,32 +722,31 @@ def side_files(journal: Path) -> list[Path]:
     return [journal.with_name(journal.name + s) for s in _SIDE]
 
 
-def integrity(path: Path, *, quick: bool = False) -> list[str]:
+def integrity(path: Path, *, quick: bool = False, but: Sequence[str] = ()) -> list[str]:
     """What SQLite finds wrong with the journal at ``path`` (empty: nothing), read-only.
 
     ``PRAGMA integrity_check`` (``quick_check`` with ``quick``: the same without the index
-    cross-checks, fast enough for every start). The WAL beside it is read too: a WAL that does
-    not fit its database shows up here."""
+    cross-checks). With ``but``, each table but those (and its indexes) alone: the agent reads
+    every table but ``steps`` before it opens the journal (what its start reads), and the whole
+    file in a worker thread after (a year of sales: a second of a core; core/journal_guard.py).
+    The WAL beside it is read too: a WAL that does not fit its database shows up here."""
     try:
         db = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
     except sqlite3.Error as err:
         return [f"cannot open: {err}"]
     try:
         pragma = "quick_check" if quick else "integrity_check"
-        rows = [str(r[0]) for r in db.execute(f"PRAGMA {pragma}")]
-        tables = {str(r[0]) for r in db.execute("SELECT name FROM sqlite_master")}
+        tables = {str(r[0]) for r in db.execute("SELECT name FROM sqlite_master WHERE type = "
+                                                "'table'")}
+        scopes = [""] if not but else [_quoted(name) for name in sorted(tables - set(but))]
+        rows = [str(r[0]) for scope in scopes for r in db.execute(f"PRAGMA {pragma}{scope}")]
     except sqlite3.Error as err:
         return [str(err)]
     finally:
         db.close()
-    problems = [] if rows == ["ok"] else rows[:10]
+    problems = [row for row in rows if row != "ok"][:10]
     if not problems and not {"sales", "steps"} <= tables:
         problems.append("no sales table: the journal is empty")
     return problems
 
 
-def _record(row: sqlite3.Row) -> SaleRecord:
-    # columns a newer release added are left out: this one reads what it knows
-    data = {k: row[k] for k in row.keys() if k in _COLUMN_SET}  # noqa: SIM118 - not a mapping
-    data["state"] = SaleState(data["state"])
-    return SaleRecord(**data)

@@ -55,6 +55,11 @@ FATAL_COMPONENT = "journal"
 # before any write fails: an idle unit learns its disk is full within a second.
 LOW_SPACE_BYTES = 256 * 1024
 DISK_WATCH_S = 1.0
+DAMAGE_NOTE_SUFFIX = ".damage-found"
+# The journal's bulk (most of a year's file): read after it opened, in a worker thread, before
+# money moves; the start reads none of it but an open sale's steps (JournalGuard._read_whole)
+BULK = ("steps",)
+FILE_COMPONENT = "journal file"  # the fatal a damaged file reports: a restart moves it aside
 
 
 class JournalFacts(Protocol):
@@ -89,9 +94,11 @@ class JournalNotice:
 
 
 def inspect_journal(
-    path: Path, *, move_damaged: bool = True, clock: Clock = SYSTEM_CLOCK
+    path: Path, *, move_damaged: bool = True, whole: bool = True, clock: Clock = SYSTEM_CLOCK
 ) -> JournalNotice | None:
-    """Check the journal's file before it is opened; None when it is fine (or new). A damaged
+    """Check the journal's file before it is opened; None when it is fine (or new). With
+    ``whole`` False every table but the steps (``BULK``), unless the last run's check in the
+    worker thread found it damaged (``damage_note``): then the whole ``quick_check``. A damaged
     one moved aside is named after the ``clock``'s wall time."""
     marker = Journal(path).marker
     present = path.exists() and path.stat().st_size > 0
@@ -100,8 +107,12 @@ def inspect_journal(
             return None  # a first start
         what = "missing" if not path.exists() else "empty (0 bytes)"
         return _lost(path, marker, what)
-    problems = integrity(path, quick=True)
+    noted = damage_note(path)
+    # what the start reads (every table but the steps) unless told to read it whole
+    problems = integrity(path, quick=True, but=() if whole or noted.exists() else BULK)
     if not problems or _not_damage(problems):
+        if not problems and move_damaged:  # read whole (the note made it) and found sound
+            noted.unlink(missing_ok=True)
         return None  # readable, or a fault of the disk (full, read-only): open() says which
     if problems == ["no sales table: the journal is empty"]:
         if marker.exists():
@@ -119,6 +130,12 @@ def inspect_journal(
         "the new journal; any it did not hold was given back or put to attention",
         kept,
     )
+
+
+def damage_note(path: Path) -> Path:
+    """Beside the journal: the check after the last open found it damaged; the next start
+    reads it whole before it opens, and moves it aside."""
+    return path.with_name(path.name + DAMAGE_NOTE_SUFFIX)
 
 
 def disk_fault(directory: Path) -> str | None:
@@ -163,6 +180,7 @@ def _move_aside(path: Path, now: float) -> Path | None:
         for side, moved in zip(side_files(path), side_files(kept), strict=True):
             if side.exists():
                 side.rename(moved)
+        damage_note(path).unlink(missing_ok=True)
     except OSError as err:
         _LOGGER.error("cannot move the damaged journal %s aside: %s", path, err)
         return None
@@ -212,15 +230,18 @@ class JournalGuard:
         self._audit_due = asyncio.Event()
         self._wakeup = asyncio.Event()  # something changed: look again now
         self._checked = asyncio.Event()  # set once charges_pending is first cleared
+        self._file_check: asyncio.Task[bool] | None = None  # the file read whole, after open
         self._loop = BackgroundTask(self._run, "journal-guard")
         journal.on_write = self.written
+        audit.before_money = self.file_intact  # it reads before the verdict, gives back after
         unwritten.on_change = self._unwritten_changed
 
     # -- start -----------------------------------------------------------------------------------
 
     def before_open(self) -> None:
-        """Check the file (lost, damaged) and say so; the first charge check is then due."""
-        self.notice = inspect_journal(self.journal.path, clock=self.clock)
+        """Check the file (lost; damaged: all but its steps, or whole when the last run found
+        it damaged) and say so; the first charge check is then due."""
+        self.notice = inspect_journal(self.journal.path, whole=False, clock=self.clock)
         self.health.report_journal_state(path=str(self.journal.path), charges_pending=True)
         if self.notice is not None:
             _LOGGER.error("journal: %s", self.notice.message)
@@ -253,8 +274,65 @@ class JournalGuard:
             else:
                 if said:
                     _LOGGER.warning("journal: its file system takes writes again; starting")
+                if self.notice is None:  # a journal begun anew now holds nothing to read
+                    self._file_check = asyncio.create_task(self._read_whole(),
+                                                           name="journal-file-check")
                 return
             await self.clock.sleep(DISK_WATCH_S)
+
+    async def _read_whole(self) -> bool:
+        """SQLite's ``quick_check`` of the whole file, in a worker thread on a connection of its
+        own, as the running doctor's (a year of sales: a second of a core, which held the
+        start before it opened). Until it is done no money moves on the journal: the
+        terminals are out of service; recovery, and the charge check before it journals or
+        gives back a charge, wait (:meth:`file_intact`).
+        Damage found: said in health, the unit stays out of service, and the watchdog is
+        withheld; the restart reads the file whole before it opens and moves it aside."""
+        path = self.journal.path
+        self.health.report_journal_state(file_checking=True)
+        self._evaluate()
+        try:
+            problems = await asyncio.to_thread(integrity, path, quick=True)
+        except Exception as err:  # the check itself broke: said, and no money waits on it
+            _LOGGER.exception("journal: its file could not be checked")
+            problems = [f"cannot check: {type(err).__name__}: {err}"]
+        damage = [p for p in problems if p != "no sales table: the journal is empty"]
+        if not damage or _not_damage(damage):
+            self.health.report_journal_state(file_checking=False)
+            self._evaluate()
+            return True
+        found = "; ".join(damage[:3])
+        message = (f"the journal at {path} is damaged ({found}); nothing is charged or given "
+                   "back on it. A restart (systemd's watchdog makes one) moves it aside, "
+                   "begins a new journal and compares reporting's charges with it")
+        with contextlib.suppress(OSError):  # a disk that cannot take it: found again anyway
+            damage_note(path).write_text(found + "\n")
+        self.notice = JournalNotice("damaged", message)
+        self.health.report_journal_state(file_checking=False, file_damaged=True, notice=message)
+        self.health.report_fatal(FILE_COMPONENT, "damaged (the journal's notice says where and "
+                                 "what): a restart moves it aside")
+        self._evaluate()
+        return False
+
+    def note_damage(self, err: BaseException) -> None:
+        """A read or write met a damaged page (SQLite: "malformed", "not a database"), at
+        start before the file was read whole, or later: the next start reads it whole before
+        it opens, and moves it aside. Without this a start that fails on such a page would be
+        restarted onto the same page, again and again."""
+        text = str(err).lower()
+        if not any(sign in text for sign in ("malformed", "not a database")):
+            return
+        _LOGGER.error("journal: its file is damaged (%s); the next start reads it whole and "
+                      "moves it aside", err)
+        with contextlib.suppress(OSError):
+            damage_note(self.journal.path).write_text(f"{err}\n")
+
+    async def file_intact(self) -> bool:
+        """Whether the journal's file read whole (:meth:`_read_whole`), once it is known: the
+        gate before money moves on it. True at once when nothing is being read."""
+        if self._file_check is None:
+            return True
+        return await asyncio.shield(self._file_check)
 
     def start(self) -> None:
         self.unwritten.start()
@@ -293,6 +371,7 @@ class JournalGuard:
                 self._evaluate()
             return
         self.write_failures += 1
+        self.note_damage(err)
         if not self._broken:
             self._broken = True
             self.health.report_journal(False, str(err))

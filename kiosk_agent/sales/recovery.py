@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import defaultdict
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
 
 from kiosk_agent.sales.journal import Journal, JournalError, SaleMoved, SaleRecord
@@ -74,6 +75,9 @@ class Recovery:
         self.recovered = 0  # of those, driven to an end
         self._released: set[str] = set()  # of those, the ones that had let their terminal go
         self.not_ours: list[str] = []  # open sales of another unit id, left as they are
+        # waited for before any money moves: False when the journal's file is found damaged
+        # (core/journal_guard.py reads it whole after it opened)
+        self.before_money: Callable[[], Awaitable[bool]] | None = None
 
     @property
     def state(self) -> str:
@@ -138,6 +142,10 @@ class Recovery:
             await cancel_and_wait(self._task)
 
     async def _run(self, by_terminal: dict[str, list[SaleRecord]]) -> list[SaleEvent]:
+        if self.before_money is not None and not await self.before_money():
+            _LOGGER.error("recovery: the journal's file is damaged; its %d open sale(s) are "
+                          "left to the start that moves it aside", self.found)
+            return []
         results = await asyncio.gather(
             *(self._terminal(device, records) for device, records in by_terminal.items())
         )

@@ -165,3 +165,140 @@ async def test_a_journal_removed_under_the_running_agent_is_written_back(
         assert record.state is SaleState.COMPLETED
         rows = await ledger(again.service, record.order_id)
         assert [r.status for r in rows] == [TransStatus.CAPTURED]
+
+
+def overwrite_the_steps(path: Path) -> None:
+    """Damage the steps' table alone: the bulk of a year's journal, which the start reads
+    none of (sales/journal_guard.BULK)."""
+    checkpointed(path)
+    delete_wal(path)
+    db = sqlite3.connect(path)
+    root, page = db.execute(
+        "SELECT rootpage, (SELECT page_size FROM pragma_page_size) FROM sqlite_master "
+        "WHERE name = 'steps'"
+    ).fetchone()
+    db.close()
+    with path.open("r+b") as f:
+        f.seek((root - 1) * page)
+        f.write(bytes(range(256)) * (page // 256))
+
+
+def a_journal_with_an_open_sale(path: Path) -> None:
+    from kiosk_agent.sales.journal import Journal, SaleRecord
+
+    journal = Journal(path)
+    journal.open()
+    journal.create(SaleRecord("s1", "KA000000000000000001", "virtual:front", "charge_card",
+                              "SIM-0001", 250, SaleState.STARTED))
+    journal.close()
+
+
+def test_before_open_the_start_reads_all_but_the_steps_and_whole_once_told(
+    tmp_path: Path,
+) -> None:
+    from kiosk_agent.sales.journal_guard import damage_note, inspect_journal
+
+    path = tmp_path / "journal.db"
+    a_journal_with_an_open_sale(path)
+    overwrite_the_steps(path)
+    assert inspect_journal(path, whole=False) is None  # read after it opens, in a thread
+    found = inspect_journal(path, move_damaged=False)
+    assert found is not None
+    assert found.kind == "damaged"
+    damage_note(path).write_text("found by the last run\n")
+    found = inspect_journal(path, whole=False)  # the note: read whole, and moved aside
+    assert found is not None
+    assert found.kept_at is not None
+    assert found.kept_at.exists()
+    assert not path.exists()
+    assert not damage_note(path).exists()
+
+
+async def test_steps_found_damaged_after_open_move_no_money_and_the_restart_moves_them_aside(
+    sim_factory: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from kiosk_agent.sales.journal_guard import FILE_COMPONENT, damage_note
+
+    sim = await sim_factory(time_scale=TIME_SCALE, seed=3, transactions=0)
+    info = sim.ready_info()
+    monkeypatch.setenv("KIOSK_API_KEY", info["api_key"])
+    monkeypatch.setenv("KIOSK_CLIENT_SECRET", info["client_secret"])
+    config = load_config(write_config(tmp_path, sim))
+    path = tmp_path / "journal.db"
+    a_journal_with_an_open_sale(path)
+    overwrite_the_steps(path)
+
+    agent = Agent(config, service_settings_from_config(config))
+    await agent.start()
+    try:
+        assert not await asyncio.wait_for(agent.journal_guard.file_intact(), 20)
+        health = agent.health.snapshot()
+        assert "damaged" in health.journal.notice
+        assert str(path) in health.journal.notice
+        assert not agent.health.alive()  # the watchdog is withheld: systemd restarts it
+        assert any(p.startswith(FILE_COMPONENT) for p in health.problems)
+        assert not agent.availability.state("SIM-0001").available
+        assert damage_note(path).exists()
+        # no money moved on it: the open sale is left as it was, no charge check was made
+        assert agent.recovery.state == "running"
+        assert agent.recovery.recovered == 0
+        assert agent.journal_guard.audit.given_back == 0
+    finally:
+        await agent.stop()
+
+    again = Agent(config, service_settings_from_config(config))
+    await again.start()
+    try:
+        await asyncio.wait_for(again.journal_guard.first_check(), 20)
+        notice = again.health.snapshot().journal.notice
+        [kept] = tmp_path.glob("journal.db.damaged-*Z")
+        assert str(kept) in notice
+        assert await again.journal_guard.file_intact()
+        assert again.availability.state("SIM-0001").available
+    finally:
+        await again.stop()
+
+
+async def test_the_start_is_ready_before_the_whole_read_and_takes_no_customer_until_it(
+    sim_factory: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The whole-file read after the open (a second of a core for a year of sales) is off the
+    path to READY=1, never off the path to a customer: held here until the test lets it go."""
+    import threading
+
+    from kiosk_agent.sales import journal_guard
+
+    sim = await sim_factory(time_scale=TIME_SCALE, seed=3, transactions=0)
+    info = sim.ready_info()
+    monkeypatch.setenv("KIOSK_API_KEY", info["api_key"])
+    monkeypatch.setenv("KIOSK_CLIENT_SECRET", info["client_secret"])
+    config = load_config(write_config(tmp_path, sim))
+    a_journal_with_an_open_sale(tmp_path / "journal.db")
+    let_go = threading.Event()
+    whole_reads: list[bool] = []
+    real = journal_guard.integrity
+
+    def held(path: Path, *, quick: bool = False, but: Any = ()) -> list[str]:
+        if not but:  # the whole read, in its worker thread
+            whole_reads.append(let_go.wait(timeout=30))
+        return real(path, quick=quick, but=but)
+
+    monkeypatch.setattr(journal_guard, "integrity", held)
+    agent = Agent(config, service_settings_from_config(config))
+    try:
+        await asyncio.wait_for(agent.start(), 20)  # ready, the read still held
+        assert agent.started
+        state = agent.availability.state("SIM-0001")
+        assert not state.available
+        assert "reading its file whole" in state.reason
+        assert agent.health.snapshot().journal.file_checking
+        assert agent.recovery.recovered == 0  # the open sale waits for the verdict
+        let_go.set()
+        assert await asyncio.wait_for(agent.journal_guard.file_intact(), 20)
+        await asyncio.wait_for(agent.recovery.wait(), 20)
+        assert agent.recovery.recovered == 1
+        assert agent.availability.state("SIM-0001").available
+        assert whole_reads == [True]
+    finally:
+        let_go.set()
+        await agent.stop()

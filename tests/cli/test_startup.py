@@ -159,8 +159,11 @@ def test_check_config_and_sales_import_no_server_and_no_models(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """`check-config` imported the admin server (aiohttp, the status page) and the health
-    model (pydantic) to check the sections: 0.6-1.2 s a command on a 2-core machine."""
-    from kiosk_agent.sales.journal import Journal
+    model (pydantic) to check the sections: 0.6-1.2 s a command on a 2-core machine. `sales
+    show` imported them through the attention sweeper and the card brands' names: 0.52 s of
+    CPU against 0.31 s for `sales` on a journal of 200,000 sales."""
+    from kiosk_agent.sales.journal import Journal, SaleRecord
+    from kiosk_agent.sales.states import SaleState
 
     config = tmp_path / "config.yaml"
     config.write_text(UNIT_CONFIG)
@@ -168,11 +171,15 @@ def test_check_config_and_sales_import_no_server_and_no_models(
     monkeypatch.setenv("KIOSK_TEST_WEBHOOK_SECRET", "s" * 24)
     journal = Journal(tmp_path / "journal.db")
     journal.open()
+    journal.create(SaleRecord("5a1e", "KA000000000000000001", "virtual:front", "charge_card",
+                              "SIM-0001", 250, SaleState.STARTED, card_brand="1"))
     journal.close()
     output, modules = modules_after(["check-config", str(config)], ["sales", "-c", str(config)],
-                                    ["sales", "attention", "-c", str(config)])
+                                    ["sales", "attention", "-c", str(config)],
+                                    ["sales", "show", "5a", "-c", str(config)])
     assert f"{config}: valid" in output
     assert "0 sales in attention" in output
+    assert "Visa" in output  # the sale shown, its card brand named
     for package in SERVERS:
         assert imported(modules, package) == [], package
 

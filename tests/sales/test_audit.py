@@ -58,6 +58,40 @@ async def test_a_charge_held_under_a_sale_the_journal_ended_uncharged_is_given_b
     assert again.unaccounted == []
 
 
+async def test_a_charge_found_on_a_journal_found_damaged_is_neither_journaled_nor_given_back(
+    agent_factory: Any, tmp_path: Any
+) -> None:
+    """The journal's file is read whole after it opened (core/journal_guard.py); a check made
+    meanwhile reads, but journals and gives back nothing before the verdict, and nothing at
+    all on a damaged file: its sales, as read, cannot be trusted to say what is not held."""
+    order = "KA" + "0123456789ABCDEF02"
+    leave_open(tmp_path, state=SaleState.FAILED, order_id=order)
+    agent = await agent_factory()
+    handle = await agent.service.terminal.read_card("SIM-0001", 300)
+    card = (await handle.wait(timeout=5)).read_card_result
+    assert card is not None
+    charged = await agent.service.payments.charge(ChargeRequest(
+        mid=agent.service.settings.mid, amount=300, account_token=card.token,
+        expiration=card.expiration, capture=False, order_id=order, terminal_id="SIM-0001",
+    ))
+    asked: list[bool] = []
+
+    async def damaged() -> bool:
+        asked.append(True)
+        return False
+
+    agent.journal_guard.audit.before_money = damaged
+    result = await agent.journal_guard.audit.check()
+
+    assert asked == [True]
+    assert not result.ok
+    assert "damaged" in (result.error or "")
+    assert agent.journal.by_order_id(order + HELD_SUFFIX) is None
+    rows = [t async for t in agent.service.reporting.transactions(
+        TransactionFilter(order_id=order))]
+    assert [(t.trans_id, t.status) for t in rows] == [(charged.trans_id, TransStatus.AUTHORIZED)]
+
+
 async def test_a_check_asks_reporting_once_a_terminal(agent_factory: Any) -> None:
     """Reporting's ``q`` filters by equalities only: the statuses that hold money are picked
     from one query a terminal, not asked for one by one (three round trips a terminal, on every

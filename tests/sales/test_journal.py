@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import os
 import sqlite3
@@ -11,6 +12,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from kiosk_agent.moments import parse_moment
 from kiosk_agent.sales.clock import Anchor, FakeClock
@@ -24,6 +27,7 @@ from kiosk_agent.sales.journal import (
     SaleMoved,
     SaleRecord,
 )
+from kiosk_agent.sales.journal_records import replaced
 from kiosk_agent.sales.states import SaleState, Step, TransitionRefused
 from tests.helpers import walk_to
 
@@ -93,6 +97,46 @@ def test_secret_detail_keys_never_reach_the_file(journal: Journal) -> None:
     assert b"tok_secret_card" not in journal.path.read_bytes()
     journal.open()
     assert journal.steps("s1")[-1].detail == {"last_four": "4242"}
+
+
+def test_a_step_is_one_update_and_one_insert_in_its_transaction(journal: Journal) -> None:
+    sale = journal.create(new_sale(1))
+    said: list[str] = []
+    journal.db.set_trace_callback(said.append)
+    sale = journal.record(sale, Step.CHARGE_CARD_REQUEST, SaleState.CHARGING,
+                          detail={"order_id": sale.order_id})
+    sale = journal.record(sale, Step.CHARGE_CARD_ACCEPTED, interaction_id="ix-1")
+    journal.db.set_trace_callback(None)
+    verbs = [s.split()[0] for s in said]
+    assert verbs == ["BEGIN", "UPDATE", "INSERT", "COMMIT"] * 2
+
+
+def test_a_steps_detail_is_stored_sorted_without_forbidden_keys(journal: Journal) -> None:
+    sale = journal.create(new_sale(1))
+    sale = journal.record(sale, Step.READ_CARD_DONE, detail={"b": 1, "a": dt.date(2026, 1, 2),
+                                                             "secret": "x"})
+    sale = journal.record(sale, Step.READ_CARD_DONE, detail={"secret": "x"})
+    sale = journal.record(sale, Step.READ_CARD_DONE)
+    stored = [r[0] for r in journal.db.execute("SELECT detail FROM steps ORDER BY id")]
+    assert stored == ["{}", '{"a": "2026-01-02", "b": 1}', "{}", "{}"]
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.fixed_dictionaries({}, optional={
+    "attempt": st.integers(1, 9),
+    "trans_id": st.none() | st.text(max_size=8),
+    "captured_cents": st.integers(0, 10**6),
+    "message": st.text(max_size=20),
+    "sent_mono": st.none() | st.floats(allow_nan=False),
+    "state": st.sampled_from(list(SaleState)),
+}))
+def test_the_write_paths_replace_is_dataclasses_replace(changes: dict[str, object]) -> None:
+    sale = new_sale(1, answer_by=12.5, sent_boot="boot")
+    made = replaced(sale, **changes)
+    assert made == dataclasses.replace(sale, **changes)  # type: ignore[arg-type]
+    assert made.row() == dataclasses.replace(sale, **changes).row()  # type: ignore[arg-type]
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        made.message = "changed"  # type: ignore[misc]
 
 
 def test_unknown_fields_are_refused(journal: Journal) -> None:

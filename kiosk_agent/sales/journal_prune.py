@@ -1,0 +1,110 @@
+"""The journal's prune: finished sales older than the retention, deleted in small batches.
+
+A mixin of :class:`~kiosk_agent.sales.journal.Journal`; it works on a connection of its own, in
+the agent's worker thread after it is ready (never on the path to ready).
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from kiosk_agent.sales.clock import Clock
+from kiosk_agent.sales.journal_records import _BESIDE, transaction
+from kiosk_agent.sales.states import SaleState
+
+# How far back the charge check (sales/audit.py) reads reporting for charges the journal does
+# not hold: the journal never prunes a sale younger than this and a day (Journal.prune).
+CHARGE_LOOKBACK_S = 7 * 86400.0
+# Sales deleted a transaction by Journal.prune: 3-4 ms of the write lock each here (some 35 ms
+# on a Pi Zero), which an agent's own write waits out
+PRUNE_BATCH = 50
+
+
+class JournalPrune:
+    """Deletes the journal's old sales (at its ``path``, by its ``clock``)."""
+
+    path: Path
+    clock: Clock
+
+    def prune(
+        self,
+        keep_days: int,
+        now: float | None = None,
+        *,
+        batch: int = PRUNE_BATCH,
+        pause: float = 0.0,
+        stopping: Callable[[], bool] = lambda: False,
+    ) -> int:
+        """Delete finished sales older than ``keep_days``; open and attention sales are kept.
+
+        Never one the charge check can still see: it reads reporting's charges of the last
+        ``CHARGE_LOOKBACK_S`` and gives back any the journal does not hold, so a pruned sale
+        whose charge is still in that window would be refunded, goods vended and all. And never
+        on the wall clock's word alone, which may have been wrong when a sale was dated (a unit
+        that sold before NTP set its clock dates its sales months or years back): a sale is old
+        only when it was written before the first sale that is young by the wall (write order
+        cannot step), and not when its money call was sent on this boot less than the retention
+        ago by the monotonic clock.
+
+        On a connection of its own, so the agent runs it in a worker thread after it is ready
+        (a year of sales to read, tens of thousands to delete: seconds, which held the start and
+        would hold the event loop): at most ``batch`` sales a transaction, each chosen inside
+        it (a failed sale the late-charge net reopens is not deleted under it), ``pause``
+        seconds between them so the agent's own writes take their turn, and none after
+        ``stopping`` says so (the agent stops: the next start goes on).
+        """
+        keep_s = max(keep_days * 86400.0, CHARGE_LOOKBACK_S + 86400.0)
+        cutoff = (now if now is not None else self.clock.time()) - keep_s
+        kept_states = (SaleState.ATTENTION.value, *[s.value for s in SaleState if not s.final])
+        args: dict[str, Any] = {
+            "cutoff": cutoff,
+            "boot": self.clock.boot_id(),
+            "mono_cutoff": self.clock.monotonic() - keep_s,
+            "batch": batch,
+            **{f"kept{i}": state for i, state in enumerate(kept_states)},
+        }
+        kept = ", ".join(f":kept{i}" for i in range(len(kept_states)))
+        # the first step of a sale young by the wall: written after it, a sale is not old.
+        # Read once: a step written meanwhile has a higher id.
+        young_first = (
+            "SELECT COALESCE(MIN(steps.id), 9223372036854775807) FROM steps "
+            "JOIN sales AS young ON young.sale_id = steps.sale_id "
+            "WHERE young.created_at >= :cutoff"
+        )
+        old = (
+            "SELECT sale_id, created_at, rowid FROM sales "  # noqa: S608 - names from this module
+            f"WHERE created_at < :cutoff AND state NOT IN ({kept}) "
+            "AND (created_at, rowid) > (:after_at, :after_rowid) "
+            "AND (SELECT MIN(id) FROM steps WHERE steps.sale_id = sales.sale_id) < :young_first "
+            "AND NOT EXISTS (SELECT 1 FROM sale_sends WHERE sale_sends.sale_id = sales.sale_id "
+            "AND sale_sends.sent_boot = :boot AND sale_sends.sent_mono > :mono_cutoff) "
+            "ORDER BY created_at, rowid LIMIT :batch"
+        )
+        # mode=rw: a journal removed meanwhile is not made anew here (put_back writes it back)
+        db = sqlite3.connect(f"file:{self.path}?mode=rw", uri=True, isolation_level=None)
+        try:
+            db.execute("PRAGMA synchronous=FULL")
+            db.execute("PRAGMA foreign_keys=ON")  # as the journal's own connection
+            db.execute("PRAGMA busy_timeout=5000")
+            args["young_first"] = db.execute(young_first, args).fetchone()[0]
+            args["after_at"], args["after_rowid"] = float("-inf"), -1
+            pruned = 0
+            while True:
+                with transaction(db):
+                    rows = db.execute(old, args).fetchall()
+                    ids = [(row[0],) for row in rows]
+                    for table in ("steps", *_BESIDE, "sales"):
+                        db.executemany(f"DELETE FROM {table} WHERE sale_id = ?", ids)  # noqa: S608
+                pruned += len(rows)
+                if len(rows) < batch or stopping():
+                    return pruned
+                args["after_at"], args["after_rowid"] = rows[-1][1], rows[-1][2]
+                if pause:
+                    time.sleep(pause)
+        finally:
+            db.close()
+

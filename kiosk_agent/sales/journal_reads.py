@@ -1,0 +1,242 @@
+"""The journal's reads: a sale, its steps, the lists the faces show, today's figures.
+
+Every read the status page, the admin API and the commands make is a lookup in one of the
+journal's indexes, never a walk through every sale (docs/journal.md, "Tables"). A mixin of
+:class:`~kiosk_agent.sales.journal.Journal`, over its open connection.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+from kiosk_agent.moments import day_of, day_start
+from kiosk_agent.sales.clock import Clock
+from kiosk_agent.sales.journal_records import _SELECT_SALES, SaleRecord, StepRecord, _record
+from kiosk_agent.sales.states import SaleState, Step
+
+# named as a list, not as "not final": an IN list is looked up in the state's index, a NOT IN
+# scans every sale of the journal (200,000 in a busy unit's year)
+_OPEN_STATES = tuple(s.value for s in SaleState if not s.final)
+
+
+class SaleNotFound(LookupError):
+    """No sale by that id, id prefix or order_id, or a prefix of several."""
+
+
+class JournalReads:
+    """The reads of an open journal (its ``db``, its ``clock`` dating today)."""
+
+    clock: Clock
+
+    @property
+    def db(self) -> sqlite3.Connection:
+        raise NotImplementedError
+
+    # -- reads -----------------------------------------------------------------------------------
+
+    def get(self, sale_id: str) -> SaleRecord | None:
+        row = self.db.execute(f"{_SELECT_SALES} WHERE sales.sale_id = ?", (sale_id,)).fetchone()
+        return None if row is None else _record(row)
+
+    def by_order_id(self, order_id: str) -> SaleRecord | None:
+        row = self.db.execute(f"{_SELECT_SALES} WHERE order_id = ?", (order_id,)).fetchone()
+        return None if row is None else _record(row)
+
+    def with_id_prefix(self, prefix: str, limit: int = 2) -> list[SaleRecord]:
+        """Sales whose id starts with ``prefix`` (as people copy ids from a list), at most
+        ``limit``: two say the prefix is not unique."""
+        if not prefix or not prefix.isalnum():
+            return []
+        # GLOB, case-sensitive like the ids, is looked up in the id's index (substr() read
+        # every sale); an alphanumeric prefix holds none of its wildcards
+        rows = self.db.execute(
+            f"{_SELECT_SALES} WHERE sales.sale_id GLOB ? LIMIT ?", (f"{prefix}*", limit)
+        )
+        return [_record(r) for r in rows]
+
+    def find(self, wanted: str) -> SaleRecord:
+        """A sale named by a unique prefix of its id (as the CLI prints them), or by its
+        order_id; else :class:`SaleNotFound`, saying which."""
+        record = self.by_order_id(wanted)
+        if record is not None:
+            return record
+        matches = self.with_id_prefix(wanted)
+        if len(matches) == 1:
+            return matches[0]
+        if matches:
+            raise SaleNotFound(f"{wanted!r} names {len(matches)} sales; give more of the sale id")
+        raise SaleNotFound(f"no sale {wanted!r} in the journal")
+
+    def open_sales(self) -> list[SaleRecord]:
+        """Sales not in a final state: what a crash left behind (or what is running now)."""
+        marks = ", ".join("?" for _ in _OPEN_STATES)
+        rows = self.db.execute(
+            f"{_SELECT_SALES} WHERE state IN ({marks}) ORDER BY created_at", _OPEN_STATES
+        )
+        return [_record(r) for r in rows]
+
+    def ended_by_steps(self, state: SaleState, last_steps: Iterable[Step]) -> list[SaleRecord]:
+        """Every sale in ``state`` whose last step is one of ``last_steps``, whatever its date:
+        the caller measures how long ago on the monotonic clock (a stepped wall clock cannot
+        be trusted to say)."""
+        return self.query(states=[state], last_steps=last_steps)
+
+    def outside_writes(self) -> int:
+        """SQLite's ``data_version``: it changes when another connection commits to the
+        journal (another process: ``kiosk-agent sales resolve`` while the agent runs), never
+        for this connection's own writes."""
+        return int(self.db.execute("PRAGMA data_version").fetchone()[0])
+
+    def attention_sales(self) -> list[SaleRecord]:
+        return self.query(states=[SaleState.ATTENTION])
+
+    def query(
+        self,
+        *,
+        since: float | None = None,
+        until: float | None = None,
+        states: list[SaleState] | None = None,
+        last_steps: Iterable[Step] | None = None,
+        limit: int | None = None,
+    ) -> list[SaleRecord]:
+        """Sales newest first, filtered by creation time, state and the name of their last step
+        (all in one query)."""
+        where, args = _filters(since, until, states, last_steps)
+        sql = f"{_SELECT_SALES}{where} ORDER BY created_at DESC, sales.rowid DESC"
+        if limit is not None:
+            sql += " LIMIT ?"
+            args.append(limit)
+        return [_record(r) for r in self.db.execute(sql, args)]
+
+    def pages(
+        self,
+        *,
+        since: float | None = None,
+        until: float | None = None,
+        states: list[SaleState] | None = None,
+        limit: int | None = None,
+        size: int = 500,
+    ) -> Iterator[list[SaleRecord]]:
+        """:meth:`query`'s sales a page of ``size`` at a time, in its order, each page read
+        when asked for: an export of a year of sales from the event loop lets the loop run
+        between pages (one query of 100,000 sales held it for 2 s). Pages follow the last
+        sale seen (its time and rowid), so a sale made meanwhile neither repeats nor shifts
+        them."""
+        where, args = _filters(since, until, states, None)
+        after: tuple[float, int] | None = None
+        left = limit
+        while left is None or left > 0:
+            clause, page_args = where, list(args)
+            if after is not None:
+                clause += " AND " if clause else " WHERE "
+                clause += "(created_at < ? OR (created_at = ? AND sales.rowid < ?))"
+                page_args += [after[0], after[0], after[1]]
+            wanted = size if left is None else min(size, left)
+            sql = (
+                _SELECT_SALES.replace("SELECT sales.*", "SELECT sales.rowid AS page_rowid, sales.*")
+                + f"{clause} ORDER BY created_at DESC, sales.rowid DESC LIMIT ?"
+            )
+            rows = self.db.execute(sql, [*page_args, wanted]).fetchall()
+            if not rows:
+                return
+            yield [_record(r) for r in rows]
+            after = (rows[-1]["created_at"], rows[-1]["page_rowid"])
+            if left is not None:
+                left -= len(rows)
+            if len(rows) < wanted:
+                return
+
+    def count(
+        self,
+        *,
+        since: float | None = None,
+        until: float | None = None,
+        states: list[SaleState] | None = None,
+    ) -> int:
+        """How many sales :meth:`query` would give without a limit."""
+        where, args = _filters(since, until, states, None)
+        # the clause is ours; every value travels as an argument
+        sql = f"SELECT COUNT(*) FROM sales{where}"  # noqa: S608
+        return int(self.db.execute(sql, args).fetchone()[0])
+
+    def last_trans_id(self) -> str | None:
+        """The newest completed sale's transaction (a receipt to test-print), if any."""
+        row = self.db.execute(
+            "SELECT trans_id FROM sales WHERE state = ? AND trans_id IS NOT NULL AND trans_id != ''"
+            " ORDER BY created_at DESC, rowid DESC LIMIT 1",
+            (SaleState.COMPLETED.value,),
+        ).fetchone()
+        return None if row is None else str(row[0])
+
+    def steps(self, sale_id: str) -> list[StepRecord]:
+        rows = self.db.execute(
+            "SELECT * FROM steps WHERE sale_id = ? ORDER BY id", (sale_id,)
+        ).fetchall()
+        return [
+            StepRecord(
+                r["sale_id"], r["at"], r["step"], SaleState(r["state"]), json.loads(r["detail"])
+            )
+            for r in rows
+        ]
+
+    def steps_since(self, at: float, limit: int) -> list[StepRecord]:
+        """The steps journaled at ``at`` or later, in their order, at most ``limit`` (a live
+        view catching up after it lost its connection)."""
+        rows = self.db.execute(
+            "SELECT * FROM steps WHERE at >= ? ORDER BY id LIMIT ?", (at, limit)
+        ).fetchall()
+        return [
+            StepRecord(
+                r["sale_id"], r["at"], r["step"], SaleState(r["state"]), json.loads(r["detail"])
+            )
+            for r in rows
+        ]
+
+    def today(self, now: float | None = None) -> tuple[int, int]:
+        """(count, cents) of today's completed sales: those created since the UTC midnight, by
+        the one rule of days (kiosk_agent.moments), as ``sales --since today`` lists them."""
+        midnight = day_start(day_of(now if now is not None else self.clock.time()))
+        row = self.db.execute(
+            # by the time it was created (its index); "+state" keeps the planner off the
+            # state's index, which would read every completed sale of the journal
+            "SELECT COUNT(*), COALESCE(SUM(captured_cents), 0) FROM sales "
+            "WHERE created_at >= ? AND +state = ?",
+            (midnight, SaleState.COMPLETED.value),
+        ).fetchone()
+        return int(row[0]), int(row[1])
+
+    def __iter__(self) -> Iterator[SaleRecord]:
+        return iter(self.query())
+
+
+
+def _filters(
+    since: float | None,
+    until: float | None,
+    states: list[SaleState] | None,
+    last_steps: Iterable[Step] | None,
+) -> tuple[str, list[Any]]:
+    """The WHERE clause (with its leading space, or empty) and its arguments of a sales query."""
+    where: list[str] = []
+    args: list[Any] = []
+    if since is not None:
+        where.append("created_at >= ?")
+        args.append(since)
+    if until is not None:
+        where.append("created_at < ?")
+        args.append(until)
+    if states:
+        where.append(f"state IN ({', '.join('?' for _ in states)})")
+        args.extend(s.value for s in states)
+    steps = sorted(last_steps or ())
+    if steps:
+        marks = ", ".join("?" for _ in steps)
+        last = "SELECT step FROM steps WHERE steps.sale_id = sales.sale_id ORDER BY id DESC"
+        where.append(f"({last} LIMIT 1) IN ({marks})")
+        args.extend(steps)
+    return (" WHERE " + " AND ".join(where) if where else ""), args
+
+
