@@ -243,7 +243,6 @@ class Agent:
     def _count_errors_in_health(self) -> None:
         """The parts whose unexpected errors health counts and shows (nothing dies silently)."""
         self.settling = Settling()  # the models built after READY=1 (assembly/collector.py)
-        self.settled = asyncio.Event()  # set once what READY=1 does not wait for is done
         for part, count in {
             "health check": lambda: self._checker.errors,
             "availability": lambda: self.availability.listener_errors,

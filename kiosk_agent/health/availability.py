@@ -63,12 +63,19 @@ class TerminalState:
 Listener = Callable[[TerminalState], None]
 
 
+FILE_CHECK_REASON = "journal: reading its file whole before money moves on it"
+
+
 @dataclass(slots=True)
 class _Tracked:
     state: TerminalState
     failing_since: float | None = None  # monotonic: first check that found it unusable
     changes: int = 0
     changed_mono: float = 0.0  # monotonic: the last change, to say how long a state lasted
+    # out only while the start reads the journal's file whole: part of starting, not an outage
+    # (no event, no count: every boot would otherwise log and count one)
+    starting_check: bool = False
+    recorded: bool = False  # any change recorded yet (an event, a count)
 
 
 class Availability:
@@ -160,7 +167,7 @@ class Availability:
         if journal.unwritten_sales:
             reasons.append(f"journal: {len(journal.unwritten_sales)} sale(s) not written yet")
         if journal.file_checking:
-            reasons.append("journal: reading its file whole before money moves on it")
+            reasons.append(FILE_CHECK_REASON)
         if journal.file_damaged:
             reasons.append("journal damaged: a restart moves it aside")
         if journal.charges_pending and journal.notice:
@@ -203,6 +210,9 @@ class Availability:
                     self._change(tracked, True, "")
                 continue
             if not state.available:
+                if tracked.starting_check and reason != FILE_CHECK_REASON:
+                    self._change(tracked, False, reason)  # the start's wait became an outage
+                    continue
                 if reason != state.reason:  # still out, for another reason: say the new one
                     tracked.state = TerminalState(device_id, False, reason, state.since)
                     self._report(tracked)
@@ -261,6 +271,10 @@ class Availability:
         now = self._clock()
         lasted, tracked.changed_mono = now - tracked.changed_mono, now
         tracked.failing_since = None
+        if self._part_of_starting(tracked, available, reason):
+            self._report(tracked)
+            self._tell(tracked.state)
+            return
         if not available:
             tracked.changes += 1
             _LOGGER.warning("terminal %s out of service: %s", device_id, reason)
@@ -274,6 +288,20 @@ class Availability:
             self.log.record(kind, device_id, detail)
         self._report(tracked)
         self._tell(tracked.state)
+
+    @staticmethod
+    def _part_of_starting(tracked: _Tracked, available: bool, reason: str) -> bool:
+        """The first change a terminal makes, out for the start's file check alone, and its
+        return: told to the platforms and shown, but no out-of-service episode."""
+        if not available and reason == FILE_CHECK_REASON and not tracked.recorded:
+            tracked.starting_check = True
+            return True
+        if available and tracked.starting_check:
+            tracked.starting_check = False
+            return True
+        tracked.starting_check = False
+        tracked.recorded = True
+        return False
 
     def _report(self, tracked: _Tracked, failing: str = "") -> None:
         state = tracked.state

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from kiosk_agent.health.availability import Availability, TerminalState
+from kiosk_agent.health.availability import FILE_CHECK_REASON, Availability, TerminalState
 from kiosk_agent.health.model import Health
 from kiosk_agent.sales.events import EventLog
 from kiosk_agent.sales.journal import Journal
@@ -125,6 +125,41 @@ def test_at_start_there_is_no_hold_off(journal: Journal) -> None:
     health.report_terminal("SIM-0001", online=False)
     availability.evaluate(at_start=True)
     assert not availability.state().available
+
+
+def test_the_starts_file_check_is_part_of_starting_not_an_outage(journal: Journal) -> None:
+    # every start reads the journal's file whole before money moves on it: the terminals wait
+    # out of service meanwhile, but a boot is no outage (no event, no count, no alert)
+    availability, health, _ = _make(journal, hold_off=30)
+    seen: list[TerminalState] = []
+    availability.subscribe("SIM-0001", seen.append)
+    health.report_journal_state(file_checking=True)
+    availability.evaluate(at_start=True)
+    assert availability.state().reason == FILE_CHECK_REASON
+    health.report_journal_state(file_checking=False)
+    availability.evaluate()
+    assert [s.available for s in seen] == [True, False, True]  # the platforms heard both
+    assert availability.log is not None
+    assert availability.log.recent() == []
+    [shown] = health.snapshot().availability
+    assert (shown.available, shown.changes) == (True, 0)
+    # later, a real outage is one: the file check only excuses the start
+    health.report_journal(False, "disk full")
+    availability.evaluate()
+    assert [e.kind for e in availability.log.recent()] == ["out_of_service"]
+
+
+def test_a_damaged_file_found_by_the_starts_check_is_an_outage(journal: Journal) -> None:
+    availability, health, _ = _make(journal)
+    health.report_journal_state(file_checking=True)
+    availability.evaluate(at_start=True)
+    health.report_journal_state(file_checking=False, file_damaged=True)
+    availability.evaluate()
+    assert availability.state().reason == "journal damaged: a restart moves it aside"
+    assert availability.log is not None
+    assert [e.kind for e in availability.log.recent()] == ["out_of_service"]
+    [shown] = health.snapshot().availability
+    assert shown.changes == 1
 
 
 def test_a_broken_listener_is_counted_and_the_others_still_hear(journal: Journal) -> None:
