@@ -5,9 +5,10 @@ the command line imports fleet, and platforms take from sales only the dispenser
 from __future__ import annotations
 
 import ast
+import functools
 import re
 from collections import defaultdict
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -68,16 +69,17 @@ def imports_in(source: str, importer: str, where: str = "<test>") -> Iterator[Im
                 yield Import(f"{where}:{node.lineno}", importer, node.module, alias.name)
 
 
-def project_imports() -> list[Import]:
+@functools.cache  # the tree does not change during a run: read once, not once a test
+def project_imports() -> tuple[Import, ...]:
     found = []
     for path in sorted(PACKAGE.rglob("*.py")):
         where = str(path.relative_to(PACKAGE.parent))
         found += [i for i in imports_in(path.read_text(), module_of(path), where)
                   if i.module.startswith("kiosk_agent.") and i.source != i.target]
-    return found
+    return tuple(found)
 
 
-def package_graph(imports: list[Import]) -> dict[str, set[str]]:
+def package_graph(imports: Iterable[Import]) -> dict[str, set[str]]:
     graph: dict[str, set[str]] = defaultdict(set)
     for i in imports:
         graph[i.source].add(i.target)
