@@ -8,6 +8,7 @@ is bounded, and what the agent logged is in the failure message.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 import sqlite3
@@ -61,6 +62,31 @@ triggers:
 """
 
 
+class SignalledChild:
+    """An asyncio child process signalled through a pidfd, never through
+    ``Process.send_signal``: before Python 3.13 that calls ``Popen.send_signal``, whose poll
+    (``waitpid(pid, WNOHANG)``) reaps a child that has just exited before asyncio's child
+    watcher thread can, and the watcher then reports 255 for its exit code (CPython
+    gh-87744). A pidfd names this one process: signalling it reaps nothing and cannot reach
+    another process that reuses its pid. Once the child is reaped, a signal raises
+    ProcessLookupError, as ``os.kill`` would."""
+
+    def __init__(self, proc: asyncio.subprocess.Process) -> None:
+        self.proc = proc
+        self._pidfd = os.pidfd_open(proc.pid)
+
+    def send(self, signum: int) -> None:
+        signal.pidfd_send_signal(self._pidfd, signum)
+
+    async def close(self) -> None:
+        """Nothing left running, and the pidfd closed."""
+        if self.proc.returncode is None:
+            with contextlib.suppress(ProcessLookupError):  # it ended meanwhile
+                self.send(signal.SIGKILL)
+            await self.proc.wait()
+        os.close(self._pidfd)
+
+
 class AgentProcess:
     """One ``kiosk-agent run -c CONFIG``; its standard error goes to ``<config dir>/<log>``."""
 
@@ -78,6 +104,7 @@ class AgentProcess:
             "KIOSK_ADMIN_TOKEN": "an-admin-token-of-at-least-24-chars",  # for an admin: section
         }
         self.proc: asyncio.subprocess.Process | None = None
+        self._child: SignalledChild | None = None
 
     async def start(self) -> AgentProcess:
         with self.log.open("a") as log:  # a file, not a pipe: a full pipe would stall the agent
@@ -90,6 +117,7 @@ class AgentProcess:
                     signal.SIGHUP, signal.SIG_IGN if self.nohup else signal.SIG_DFL
                 ),
             )  # fmt: skip
+        self._child = SignalledChild(self.proc)
         return self
 
     @property
@@ -117,14 +145,16 @@ class AgentProcess:
             return await self.proc.wait()
 
     def send(self, signum: int) -> None:
-        assert self.proc is not None
-        self.proc.send_signal(signum)
+        """Signals the agent without reaping it (see SignalledChild); ProcessLookupError once
+        it has ended and been reaped."""
+        assert self._child is not None
+        self._child.send(signum)
 
     async def close(self) -> None:
         """At the end of a test: nothing left running."""
-        if self.proc is not None and self.proc.returncode is None:
-            self.proc.kill()
-            await self.proc.wait()
+        if self._child is not None:
+            await self._child.close()
+            self._child = None
 
 
 def states(journal: Path) -> dict[str, str]:
