@@ -269,6 +269,7 @@ class Agent:
         self.ready_at: float | None = None
         self.stopped = asyncio.Event()
         self._stopping = threading.Event()  # told to work in threads (the prune)
+        self._prune_thread: asyncio.Future[int] | None = None
 
 
     # -- wiring (by app.py, before start) --------------------------------------------------------
@@ -463,9 +464,12 @@ class Agent:
         keep_days = self.config["journal"]["keep_days"]
         try:
             self.event_log.prune(keep_days)
-            pruned = await asyncio.to_thread(
+            # shielded: a stop cancels this task, not the thread, and waits for the thread to
+            # end its batch before it closes the journal (stop)
+            self._prune_thread = asyncio.ensure_future(asyncio.to_thread(
                 self.journal.prune, keep_days, pause=PRUNE_PAUSE_S, stopping=self._stopping.is_set
-            )
+            ))
+            pruned = await asyncio.shield(self._prune_thread)
         except (sqlite3.Error, JournalError) as err:
             _LOGGER.warning("journal: old sales not pruned (%s); the next start tries again", err)
             return
@@ -517,6 +521,8 @@ class Agent:
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
+        if self._prune_thread is not None:  # told to stop: it ends after the batch it is in
+            await asyncio.gather(self._prune_thread, return_exceptions=True)
         await self.service.close()
         await self._journal_watch.stop()
         self.journal.close()

@@ -331,3 +331,32 @@ async def test_old_sales_are_pruned_after_ready_not_on_the_way_to_it(
         assert agent.journal.query() == []
     finally:
         await agent.stop()
+
+
+async def test_a_stop_waits_for_the_prunes_thread_to_end_its_batch(
+    sim_factory: Any, tmp_path: Path
+) -> None:
+    """The prune deletes in a worker thread; a stop tells it to end after its batch and waits
+    for that before it closes the journal: nothing of the agent still holds the journal's file
+    once stop() returns (a copy of the state directory, a second agent, a rollback)."""
+    import threading
+
+    sim = await sim_factory(time_scale=300, transactions=0)
+    agent = Agent(load_config(write_config(tmp_path)), settings_from_ready(sim.ready_info()))
+    in_batch, batch_done = threading.Event(), threading.Event()
+
+    def slow_prune(keep_days: int, *, pause: float, stopping: Any) -> int:
+        in_batch.set()
+        while not stopping():  # a batch in progress until the stop is told
+            time.sleep(0.01)
+        time.sleep(0.2)  # the rest of the batch, after the stop asked
+        batch_done.set()
+        return 0
+
+    agent.journal.prune = slow_prune  # type: ignore[method-assign]
+    await agent.start()
+    try:
+        assert await asyncio.to_thread(in_batch.wait, 30)
+    finally:
+        await agent.stop()
+    assert batch_done.is_set()
