@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kiosk_agent.audit.evadts import AuditFile, Counters, Tally
+from kiosk_agent.audit.settings import CASHLESS_DEVICE
 
 ZERO = Tally(0, 0)
 
@@ -83,7 +84,7 @@ class Figures:
 # -- out of a parsed file ------------------------------------------------------------------------
 
 
-def figures_of(audit: AuditFile, cashless_device: str = "DA") -> Figures:
+def figures_of(audit: AuditFile, cashless_device: str = CASHLESS_DEVICE) -> Figures:
     """The figures the unit keeps of a parsed file (``audit.evadts``), for the cashless device
     the unit is on the machine's bus (``DA``, or ``DB`` for device 2). The reader's counter
     pairs are kept as they are (``evadts.Counters``, the one counter type)."""

@@ -37,7 +37,14 @@ from kiosk_agent.audit.ddcmp_codec import (
     encode_control,
     encode_data,
 )
-from kiosk_agent.audit.dexucs import ACCEPTED, DexTimeouts, SlaveFaults, comm_id_bytes
+from kiosk_agent.audit.dexucs import (
+    ACCEPTED,
+    AGENT_COMM_ID,
+    MACHINE_COMM_ID,
+    DexTimeouts,
+    SlaveFaults,
+    comm_id_bytes,
+)
 
 BLOCK_TEXT = 240  # bytes of audit per BLOCK message
 MAX_GARBAGE = 16 << 10  # bytes heard since the last good message before the read gives up
@@ -167,7 +174,7 @@ BLOCK_DUE = frozenset({MasterPhase.ASKING, MasterPhase.RECEIVING})  # the machin
 class DdcmpMaster(_Station):
     """The agent's side: reads one audit, bounded in bytes (``max_audit``) and tries."""
 
-    comm_id: str = "KIOSKAGENT"
+    comm_id: str = AGENT_COMM_ID
     max_audit: int = 1 << 20
     max_garbage: int = MAX_GARBAGE
     phase: MasterPhase = MasterPhase.STARTING
@@ -314,7 +321,7 @@ class DdcmpSlave(_Station):
     read is asked for)."""
 
     audit: bytes | Callable[[], bytes] = b""
-    comm_id: str = "VIRTUALVMC"
+    comm_id: str = MACHINE_COMM_ID
     faults: SlaveFaults = field(default_factory=SlaveFaults)
     phase: SlavePhase = SlavePhase.IDLE
     reads: int = 0

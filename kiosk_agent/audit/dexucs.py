@@ -41,6 +41,11 @@ from kiosk_agent.audit.framing import (
     encode_block,
 )
 
+# The communication ids each side says at the first handshake (the `dex:` section's `comm_id`
+# is the agent's; the virtual machine answers with its own)
+AGENT_COMM_ID = "KIOSKAGENT"
+MACHINE_COMM_ID = "VIRTUALVMC"
+
 ENQ_BYTE = b"\x05"
 EOT_BYTE = bytes((EOT,))
 NAK_BYTE = bytes((NAK,))
@@ -82,7 +87,7 @@ ENDED = frozenset({MasterPhase.DONE, MasterPhase.FAILED})
 class DexMaster:
     """The agent's side: reads one audit, bounded in bytes (``max_audit``) and tries."""
 
-    comm_id: str = "KIOSKAGENT"
+    comm_id: str = AGENT_COMM_ID
     timeouts: DexTimeouts = field(default_factory=DexTimeouts)
     max_audit: int = 1 << 20
     phase: MasterPhase = MasterPhase.FIRST_ENQ
@@ -251,7 +256,7 @@ class DexSlave:
     callable (the machine's counters as they are when a read's data starts)."""
 
     audit: bytes | Callable[[], bytes]
-    comm_id: str = "VIRTUALVMC"
+    comm_id: str = MACHINE_COMM_ID
     faults: SlaveFaults = field(default_factory=SlaveFaults)
     timeouts: DexTimeouts = field(default_factory=DexTimeouts)
     phase: SlavePhase = SlavePhase.IDLE

@@ -18,7 +18,7 @@ from typing import Protocol
 import serial_asyncio_fast
 
 from kiosk_agent.audit.ddcmp import DdcmpMaster
-from kiosk_agent.audit.dexucs import DexMaster, DexTimeouts
+from kiosk_agent.audit.dexucs import AGENT_COMM_ID, DexMaster, DexTimeouts
 from kiosk_agent.platforms.serial import resolve_port
 from kiosk_agent.sales.clock import SYSTEM_CLOCK, Clock
 
@@ -70,13 +70,17 @@ class Master(Protocol):
     def fail(self, reason: str) -> bytes: ...
 
 
+BAUDRATE = 9600  # DEX/UCS's and DDCMP's usual line speed
+DEADLINE = 120.0  # seconds for the whole read (a 10 kB audit takes about 11 s)
+
+
 @dataclass(frozen=True, slots=True)
 class LinkSettings:
     port: str
     protocol: LinkProtocol = LinkProtocol.DEX
-    baudrate: int = 9600
-    comm_id: str = "KIOSKAGENT"
-    deadline: float = 120.0  # seconds for the whole read (a 10 kB audit takes about 11 s)
+    baudrate: int = BAUDRATE
+    comm_id: str = AGENT_COMM_ID
+    deadline: float = DEADLINE
     max_bytes: int = 2 << 20  # every byte heard, garbage included
     timeouts: DexTimeouts = field(default_factory=DexTimeouts)  # both protocols' waits
 

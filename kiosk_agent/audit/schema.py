@@ -15,7 +15,8 @@ from typing import Any
 
 import voluptuous as vol
 
-from kiosk_agent.audit.link import LinkProtocol, LinkSettings
+from kiosk_agent.audit.dexucs import AGENT_COMM_ID
+from kiosk_agent.audit.link import BAUDRATE, DEADLINE, LinkProtocol, LinkSettings
 from kiosk_agent.audit.settings import BOOKS_KEYS
 from kiosk_agent.config.load import register_section
 
@@ -25,11 +26,11 @@ DEX_SCHEMA = vol.Schema(
         vol.Optional("protocol", default=LinkProtocol.DEX.value): vol.In(
             [p.value for p in LinkProtocol]
         ),
-        vol.Optional("baudrate", default=9600): vol.In([1200, 2400, 4800, 9600, 19200, 38400]),
-        vol.Optional("comm_id", default="KIOSKAGENT"): vol.All(
+        vol.Optional("baudrate", default=BAUDRATE): vol.In([1200, 2400, 4800, 9600, 19200, 38400]),
+        vol.Optional("comm_id", default=AGENT_COMM_ID): vol.All(
             str, vol.Match(r"^[A-Za-z0-9]{1,10}$", msg="1 to 10 letters or digits")
         ),
-        vol.Optional("deadline", default=120.0): vol.All(
+        vol.Optional("deadline", default=DEADLINE): vol.All(
             vol.Coerce(float), vol.Range(min=5.0, max=3600.0)
         ),
         # the books' keys: whose sales, first read, back-off, planogram (audit/settings.py)

@@ -12,7 +12,17 @@ from typing import Any
 
 import voluptuous as vol
 
+from kiosk_agent.audit.link import DEADLINE
 from kiosk_agent.platforms.serial import backoff_delay
+
+# The books' defaults, each written once (tests/config/test_defaults.py)
+INTERVAL = 3600.0  # a read every hour
+FIRST_READ = 30.0  # the first one this long after the start
+RETRY_MIN = 30.0  # a failed read tried again after this, doubled each failure
+RETRY_MAX = 1800.0  # up to this
+CASHLESS_DEVICE = "DA"  # the unit is cashless device 1 on the machine's bus
+LOW_STOCK = 2  # a column with this many left or fewer is low
+MISMATCH_SHOWN = 86400.0  # a mismatch found stays a problem in health this long
 
 
 def _capacities(value: Any) -> dict[str, int]:
@@ -41,33 +51,33 @@ BOOKS_KEYS: dict[Any, Any] = {
     # the trigger whose card sales are this machine's (its `name:`, or `platform:name`)
     vol.Optional("trigger"): vol.All(str, vol.Length(min=1, max=100)),
     # a read every `interval` seconds, the first one `first_read` seconds after the start
-    vol.Optional("interval", default=3600.0): _seconds(60, 7 * 86400),
-    vol.Optional("first_read", default=30.0): _seconds(0, 86400),
+    vol.Optional("interval", default=INTERVAL): _seconds(60, 7 * 86400),
+    vol.Optional("first_read", default=FIRST_READ): _seconds(0, 86400),
     # a failed read is tried again after `retry_min` seconds, doubled each failure up to `retry_max`
-    vol.Optional("retry_min", default=30.0): _seconds(1, 86400),
-    vol.Optional("retry_max", default=1800.0): _seconds(1, 7 * 86400),
+    vol.Optional("retry_min", default=RETRY_MIN): _seconds(1, 86400),
+    vol.Optional("retry_max", default=RETRY_MAX): _seconds(1, 7 * 86400),
     # the cashless device the unit is on the machine's bus: DA (device 1) or DB (device 2)
-    vol.Optional("cashless_device", default="DA"): vol.In(["DA", "DB"]),
+    vol.Optional("cashless_device", default=CASHLESS_DEVICE): vol.In(["DA", "DB"]),
     # capacity per column; a column at or under `low_stock` left is low
     vol.Optional("planogram", default={}): _capacities,
-    vol.Optional("low_stock", default=2): vol.All(int, vol.Range(min=0, max=9999)),
+    vol.Optional("low_stock", default=LOW_STOCK): vol.All(int, vol.Range(min=0, max=9999)),
     # how long a mismatch found stays a problem in health (seconds)
-    vol.Optional("mismatch_shown", default=86400.0): _seconds(60, 90 * 86400),
+    vol.Optional("mismatch_shown", default=MISMATCH_SHOWN): _seconds(60, 90 * 86400),
 }
 
 
 @dataclass(frozen=True, slots=True)
 class BooksSettings:
     trigger: str | None = None
-    interval: float = 3600.0
-    first_read: float = 30.0
-    retry_min: float = 30.0
-    retry_max: float = 1800.0
-    deadline: float = 120.0
-    cashless_device: str = "DA"
+    interval: float = INTERVAL
+    first_read: float = FIRST_READ
+    retry_min: float = RETRY_MIN
+    retry_max: float = RETRY_MAX
+    deadline: float = DEADLINE
+    cashless_device: str = CASHLESS_DEVICE
     planogram: Mapping[str, int] = field(default_factory=dict)
-    low_stock: int = 2
-    mismatch_shown: float = 86400.0
+    low_stock: int = LOW_STOCK
+    mismatch_shown: float = MISMATCH_SHOWN
 
     @classmethod
     def from_config(cls, conf: Mapping[str, Any]) -> BooksSettings:

@@ -27,10 +27,6 @@ KNOWN_DOUBLES = {
     ("platforms", "baudrate"), ("platforms", "chip"), ("platforms", "line_end"),
     ("platforms", "max_funds"), ("platforms", "price_unit"), ("platforms", "reconnect_max"),
     # r30-platforms: the MDB phase table, the virtual controller moving into sim/
-    ("audit", "deadline"), ("audit", "first_read"), ("audit", "retry_min"),
-    ("audit", "retry_max"), ("audit", "low_stock"), ("audit", "mismatch_shown"),
-    ("audit", "interval"), ("audit", "baudrate"), ("audit", "cashless_device"),
-    ("audit", "comm_id"),  # i31-dex: audit/settings.py beside audit/schema.py
     ("fleet", "timeout"), ("fleet", "reconnect_max"), ("fleet", "port"),
     ("fleet", "reconnect_interval"), ("fleet", "keepalive"), ("fleet", "topic_prefix"),
     ("fleet", "discovery_prefix"),  # i34-fleet: fleet/mqtt.py, http.py, topics.py, inventory.py
