@@ -11,6 +11,7 @@ from kiosk_agent.config.load import register_section
 READ = "read"
 ADMIN = "admin"
 DEFAULT_MAX_BODY = 64 * 1024
+ADMIN_PORT = 8124  # the admin API's port unless `admin.port` says another
 
 TOKEN_SCHEMA = vol.Schema(
     {
@@ -25,7 +26,7 @@ ADMIN_SCHEMA = vol.Schema(
     {
         # Loopback by default: reach it over SSH or a VPN, or bind another address on purpose.
         vol.Optional("host", default="127.0.0.1"): str,
-        vol.Optional("port", default=8124): vol.All(int, vol.Range(min=0, max=65535)),
+        vol.Optional("port", default=ADMIN_PORT): vol.All(int, vol.Range(min=0, max=65535)),
         vol.Required("tokens"): vol.All([TOKEN_SCHEMA], vol.Length(min=1)),
         # Let Prometheus scrape /metrics without a token (it still sees no secrets).
         vol.Optional("metrics_public", default=False): bool,

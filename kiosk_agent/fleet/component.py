@@ -22,6 +22,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from kiosk_agent.admin.schema import ADMIN_PORT
 from kiosk_agent.fleet.backoff import jittered
 from kiosk_agent.fleet.commands import (
     PING,
@@ -74,7 +75,7 @@ def configuration_url(agent: Any, conf: dict[str, Any]) -> str | None:
         host = socket.gethostname()
     if ":" in host:
         host = f"[{host}]"
-    return f"http://{host}:{admin.get('port', 8124)}/"
+    return f"http://{host}:{admin.get('port', ADMIN_PORT)}/"
 
 
 class Upstream:

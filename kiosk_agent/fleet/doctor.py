@@ -12,6 +12,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from kiosk_agent.doctor import Report, Verdict, describe, register_check
+from kiosk_agent.fleet.topics import DEFAULT_TOPIC_PREFIX
 
 # A report of a unit with 16 terminals is under 10 KiB: the echo test sends this much
 ECHO_BYTES = 16 * 1024
@@ -68,7 +69,7 @@ async def check_mqtt(
         fix = "check host, port, user and password; with tls: check the CA and the clock"
         report.add("upstream mqtt", Verdict.FAIL, f"{where}: {describe(err)}", fix)
         return
-    topic = f"{conf.get('topic_prefix', 'kiosk-agent')}/{device_id}/doctor"
+    topic = f"{conf.get('topic_prefix', DEFAULT_TOPIC_PREFIX)}/{device_id}/doctor"
     try:
         echoed = await _send_as_a_unit(conf, topic, min(within, 3.0))
     except (aiomqtt.MqttError, OSError, TimeoutError) as err:

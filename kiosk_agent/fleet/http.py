@@ -10,6 +10,7 @@ from typing import Any
 import aiohttp
 
 from kiosk_agent.fleet.loopback import insecure_http
+from kiosk_agent.fleet.schema import HTTP_TIMEOUT
 from kiosk_agent.fleet.sink import GOODBYE_TIMEOUT, SinkBase
 from kiosk_agent.redact import redirect_target
 
@@ -30,7 +31,7 @@ class HttpSink(SinkBase):
         super().__init__(queue_size)
         self._url: str = conf["url"]
         self._insecure = insecure_http(conf)
-        self._timeout = aiohttp.ClientTimeout(total=conf.get("timeout", 10.0))
+        self._timeout = aiohttp.ClientTimeout(total=conf.get("timeout", HTTP_TIMEOUT))
         self._headers = {"Content-Type": "application/json"}
         if conf.get("token"):
             self._headers["Authorization"] = f"Bearer {conf['token']}"

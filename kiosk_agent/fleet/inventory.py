@@ -23,7 +23,7 @@ from typing import Any
 
 from kiosk_agent.fleet.entities import STATUS_OPTIONS
 from kiosk_agent.fleet.mqtt import mqtt_client, passing_client_id
-from kiosk_agent.fleet.topics import DEVICE_ID, OFFLINE, ONLINE
+from kiosk_agent.fleet.topics import DEFAULT_TOPIC_PREFIX, DEVICE_ID, OFFLINE, ONLINE
 from kiosk_agent.moments import timestamp
 from kiosk_agent.text import control_character
 
@@ -53,7 +53,7 @@ async def retained(
     quiet for ``quiet`` seconds: a guess that a busy broker defeats."""
     found = Retained()
     client_id = passing_client_id("fleet")
-    marker = f"{conf.get('topic_prefix', 'kiosk-agent')}/{client_id}/end"
+    marker = f"{conf.get('topic_prefix', DEFAULT_TOPIC_PREFIX)}/{client_id}/end"
     # its own client id: reusing a unit's (or another listing's) would disconnect it
     async with mqtt_client(conf, client_id, timeout=max(wait, 5.0)) as c:
         deadline = time.monotonic() + wait

@@ -32,9 +32,16 @@ from kiosk_agent.fleet.backoff import Backoff
 from kiosk_agent.fleet.discovery import discovery_messages, own_config
 from kiosk_agent.fleet.entities import RETIRED, DiscoveryOptions
 from kiosk_agent.fleet.loopback import insecure_mqtt
+from kiosk_agent.fleet.schema import KEEPALIVE, MQTT_PORT, RECONNECT_INTERVAL, RECONNECT_MAX
 from kiosk_agent.fleet.sink import GOODBYE_TIMEOUT, SinkBase
 from kiosk_agent.fleet.tls import ca_file_problem
-from kiosk_agent.fleet.topics import OFFLINE, ONLINE, discovery_topic, unit_base_topic
+from kiosk_agent.fleet.topics import (
+    DEFAULT_DISCOVERY_PREFIX,
+    OFFLINE,
+    ONLINE,
+    discovery_topic,
+    unit_base_topic,
+)
 from kiosk_agent.logs import RefusalLog
 
 _LOGGER = logging.getLogger(__name__)
@@ -94,7 +101,7 @@ class MqttSink(SinkBase):
         self.availability_topic = f"{self.base_topic}/availability"
         self.state_topic = f"{self.base_topic}/state"
         self.event_topic = f"{self.base_topic}/event"
-        self._prefix = conf.get("discovery_prefix", "homeassistant")
+        self._prefix = conf.get("discovery_prefix", DEFAULT_DISCOVERY_PREFIX)
         # Home Assistant's birth message: it (re)started and wants the discovery again
         self.birth_topic = f"{self._prefix}/status" if self._prefix else None
         # every config under this unit's device id: those it no longer announces (a terminal
@@ -107,7 +114,9 @@ class MqttSink(SinkBase):
         self._clock = clock
         self._connect_timeout = connect_timeout
         self._backoff = Backoff(
-            conf.get("reconnect_interval", 5.0), conf.get("reconnect_max", 60.0), self._rng
+            conf.get("reconnect_interval", RECONNECT_INTERVAL),
+            conf.get("reconnect_max", RECONNECT_MAX),
+            self._rng,
         )
         self._births = births or BirthPolicy()
         self._birth_log = RefusalLog(
@@ -160,7 +169,7 @@ class MqttSink(SinkBase):
             self._conf,
             f"kiosk-agent-{self.device_id}",
             timeout=self._connect_timeout,
-            keepalive=self._conf.get("keepalive", 60),
+            keepalive=self._conf.get("keepalive", KEEPALIVE),
             will=aiomqtt.Will(self.availability_topic, OFFLINE, qos=1, retain=True),
         )
 
@@ -184,7 +193,7 @@ class MqttSink(SinkBase):
                     await self._serve(client)
             except (aiomqtt.MqttError, OSError) as err:
                 unanswered = _unanswered(err) if connected_at is None else ""
-                self._failed(f"broker {self._conf['host']}:{self._conf.get('port', 1883)}: "
+                self._failed(f"broker {self._conf['host']}:{self._conf.get('port', MQTT_PORT)}: "
                              f"{err}{self._short_lived(connected_at)}{unanswered}")
             except Exception as err:  # noqa: BLE001 - a bug must not end the unit's reports
                 self._unexpected(err)
@@ -448,7 +457,7 @@ def mqtt_client(
     """
     return aiomqtt.Client(
         conf["host"],
-        conf.get("port", 1883),
+        conf.get("port", MQTT_PORT),
         username=conf.get("username"),
         password=conf.get("password"),
         identifier=identifier,

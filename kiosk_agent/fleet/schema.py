@@ -12,7 +12,22 @@ from kiosk_agent.fleet.discovery import release_tuple
 from kiosk_agent.fleet.entities import OLDEST_HOME_ASSISTANT
 from kiosk_agent.fleet.loopback import insecure_http, insecure_mqtt
 from kiosk_agent.fleet.tls import ca_file_problem
-from kiosk_agent.fleet.topics import DEVICE_ID, DEVICE_ID_RULE, TOPIC_PREFIX, TOPIC_PREFIX_RULE
+from kiosk_agent.fleet.topics import (
+    DEFAULT_DISCOVERY_PREFIX,
+    DEFAULT_TOPIC_PREFIX,
+    DEVICE_ID,
+    DEVICE_ID_RULE,
+    TOPIC_PREFIX,
+    TOPIC_PREFIX_RULE,
+)
+
+# The `upstream:` section's defaults, each written once (tests/config/test_defaults.py); the
+# sinks read them from here where a configuration was not validated (tests, commands)
+HTTP_TIMEOUT = 10.0  # one heartbeat's POST
+MQTT_PORT = 1883
+KEEPALIVE = 60  # seconds between MQTT pings
+RECONNECT_INTERVAL = 5.0  # the first reconnect waits up to this (at random)
+RECONNECT_MAX = 60.0  # each next one up to twice as long, at most this
 
 _seconds = vol.All(vol.Coerce(float), vol.Range(min=0.05, max=86400.0))
 _topic_prefix = vol.All(str, vol.Match(TOPIC_PREFIX, msg=TOPIC_PREFIX_RULE))
@@ -37,7 +52,7 @@ HTTP_SCHEMA = vol.All(
             ),
             # Sent as a bearer token; use !secret. Never logged.
             vol.Optional("token"): str,
-            vol.Optional("timeout", default=10.0): _seconds,
+            vol.Optional("timeout", default=HTTP_TIMEOUT): _seconds,
             # http:// to a host other than this one: the token travels in clear (warned at start)
             vol.Optional("allow_insecure_http", default=False): bool,
         }
@@ -73,22 +88,22 @@ MQTT_SCHEMA = vol.All(
     vol.Schema(
         {
             vol.Required("host"): str,
-            vol.Optional("port", default=1883): vol.All(int, vol.Range(min=1, max=65535)),
+            vol.Optional("port", default=MQTT_PORT): vol.All(int, vol.Range(min=1, max=65535)),
             vol.Optional("username"): str,
             vol.Optional("password"): str,
-            vol.Optional("topic_prefix", default="kiosk-agent"): _topic_prefix,
+            vol.Optional("topic_prefix", default=DEFAULT_TOPIC_PREFIX): _topic_prefix,
             # Home Assistant's discovery prefix; false (or "") turns discovery off.
-            vol.Optional("discovery_prefix", default="homeassistant"): vol.Any(
+            vol.Optional("discovery_prefix", default=DEFAULT_DISCOVERY_PREFIX): vol.Any(
                 vol.All(vol.In(("", False)), msg=TOPIC_PREFIX_RULE), _topic_prefix
             ),
             # TLS to the broker (port 8883 usually); ca_file: a private CA instead of the system's.
             vol.Optional("tls", default=False): bool,
             vol.Optional("ca_file"): vol.All(str, vol.IsFile(msg="no such file"), _ca_file),
-            vol.Optional("keepalive", default=60): vol.All(int, vol.Range(min=5, max=3600)),
+            vol.Optional("keepalive", default=KEEPALIVE): vol.All(int, vol.Range(min=5, max=3600)),
             # the first reconnect waits up to this (at random), each next one up to twice as long,
             # at most reconnect_max: a fleet spreads its reconnects after a broker restart
-            vol.Optional("reconnect_interval", default=5.0): _seconds,
-            vol.Optional("reconnect_max", default=60.0): _seconds,
+            vol.Optional("reconnect_interval", default=RECONNECT_INTERVAL): _seconds,
+            vol.Optional("reconnect_max", default=RECONNECT_MAX): _seconds,
             # a Home Assistant birth is answered after a random wait up to this: 1,000 units
             # of one HA re-announce over 30 s (about 570 messages a second), not in one burst
             vol.Optional("announce_spread", default=30.0): vol.All(

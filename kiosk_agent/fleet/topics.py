@@ -21,6 +21,10 @@ DEVICE_ID_RULE = "letters, digits, '-' and '_' only"
 # A prefix is one or more topic levels a unit publishes under: no wildcard (a publish to one is
 # refused), no empty level, not a broker's own ($SYS/...), no NUL.
 # (A lone surrogate, which YAML's "\ud800" makes, cannot be sent as UTF-8.)
+# The `upstream.mqtt:` prefixes' defaults, written once (tests/config/test_defaults.py)
+DEFAULT_TOPIC_PREFIX = "kiosk-agent"
+DEFAULT_DISCOVERY_PREFIX = "homeassistant"  # Home Assistant's own default
+
 TOPIC_PREFIX = re.compile(
     r"^[^/+#$\x00\ud800-\udfff][^/+#\x00\ud800-\udfff]*(/[^/+#\x00\ud800-\udfff]+)*$"
 )
@@ -46,12 +50,12 @@ def latest_version_topic(base: str) -> str:
 
 def unit_base_topic(mqtt: dict[str, Any], device_id: str) -> str:
     """Where a unit's own topics live: ``<topic_prefix>/<device_id>``."""
-    return f"{mqtt.get('topic_prefix', 'kiosk-agent')}/{device_id}"
+    return f"{mqtt.get('topic_prefix', DEFAULT_TOPIC_PREFIX)}/{device_id}"
 
 
 def discovery_topics(mqtt: dict[str, Any], device_id: str) -> list[str]:
     """The config topics of a unit's entities (without its terminals') and retired ones."""
-    prefix = mqtt.get("discovery_prefix", "homeassistant")
+    prefix = mqtt.get("discovery_prefix", DEFAULT_DISCOVERY_PREFIX)
     if not prefix:
         return []
     keys = [(e.component, e.key) for e in unit_entities(DiscoveryOptions())] + RETIRED

@@ -27,9 +27,6 @@ KNOWN_DOUBLES = {
     ("platforms", "baudrate"), ("platforms", "chip"), ("platforms", "line_end"),
     ("platforms", "max_funds"), ("platforms", "price_unit"), ("platforms", "reconnect_max"),
     # r30-platforms: the MDB phase table, the virtual controller moving into sim/
-    ("fleet", "timeout"), ("fleet", "reconnect_max"), ("fleet", "port"),
-    ("fleet", "reconnect_interval"), ("fleet", "keepalive"), ("fleet", "topic_prefix"),
-    ("fleet", "discovery_prefix"),  # i34-fleet: fleet/mqtt.py, http.py, topics.py, inventory.py
 }  # fmt: skip
 
 
