@@ -181,6 +181,12 @@ class _LibgpiodOutputs:
 
 _LINE = vol.All(int, vol.Range(min=0, max=1023))
 
+# The `gpio` platform's defaults, written once (tests/config/test_defaults.py)
+CHIP = "/dev/gpiochip0"
+DEBOUNCE = 0.05  # a button's level must hold this long (seconds)
+SENSOR_TIMEOUT = 5.0  # a dispense sensor that stays silent this long: nothing came out
+
+
 BUTTON_SCHEMA = vol.Schema(
     {
         vol.Required("line"): _LINE,
@@ -221,15 +227,15 @@ def _unique_lines(config: dict[str, Any]) -> dict[str, Any]:
 PLATFORM_SCHEMA = vol.All(
     BASE_PLATFORM_SCHEMA.extend(
         {
-            vol.Optional("chip", default="/dev/gpiochip0"): str,
+            vol.Optional("chip", default=CHIP): str,
             vol.Required("buttons"): vol.All([BUTTON_SCHEMA], vol.Length(min=1)),
             vol.Optional("buttons_active_low", default=True): bool,  # pressed pulls to ground
             vol.Optional("pull_up", default=True): bool,
             vol.Optional("relays_active_low", default=False): bool,
             vol.Optional("sensors_active_low", default=False): bool,
-            vol.Optional("debounce", default=0.05): positive_float,
+            vol.Optional("debounce", default=DEBOUNCE): positive_float,
             vol.Optional("pulse", default=0.5): positive_float,
-            vol.Optional("sensor_timeout", default=5.0): positive_float,
+            vol.Optional("sensor_timeout", default=SENSOR_TIMEOUT): positive_float,
             # its own bound on a dispense; none: sales.vend_timeout (docs/platforms.md)
             vol.Optional("vend_timeout"): positive_float,
             # a lamp or relay that is on while card payment works (out of service: off)
@@ -314,8 +320,8 @@ class GpioKiosk:
         flow: Flow = Flow.CHARGE_CARD,
         terminal: str | None = None,
         max_cents: int | None = None,
-        debounce: float = 0.05,
-        sensor_timeout: float = 5.0,
+        debounce: float = DEBOUNCE,
+        sensor_timeout: float = SENSOR_TIMEOUT,
         vend_timeout: float | None = None,
         clock: Clock = SYSTEM_CLOCK,
         buttons_active_low: bool = True,
@@ -520,7 +526,7 @@ def gpiod_installed() -> bool:
 def environment_problems(config: dict[str, Any]) -> list[str]:
     """What keeps this trigger from starting here: its chip, the gpiod package."""
     problems = []
-    chip = config.get("chip", "/dev/gpiochip0")
+    chip = config.get("chip", CHIP)
     if not Path(chip).exists():
         present = ", ".join(sorted(glob.glob(CHIP_PATTERN))) or "none"
         problems.append(f"chip {chip} does not exist on this machine (GPIO chips here: {present})")

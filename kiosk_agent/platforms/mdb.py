@@ -49,7 +49,13 @@ from kiosk_agent.platforms.base import (
     request_cancel,
     start_sale,
 )
-from kiosk_agent.platforms.serial import SerialLink, SerialSettings, StateHandler
+from kiosk_agent.platforms.serial import (
+    BAUDRATE,
+    RECONNECT_MAX,
+    SerialLink,
+    SerialSettings,
+    StateHandler,
+)
 from kiosk_agent.sales.clock import SYSTEM_CLOCK, Clock
 from kiosk_agent.sales.model import (
     DispenseOutcome,
@@ -59,6 +65,11 @@ from kiosk_agent.sales.model import (
     vend_refusal,
 )
 from kiosk_agent.tasks import TaskSet
+
+# The `mdb` platform's defaults, written once (tests/config/test_defaults.py)
+ADDRESS = 0x10  # the MDB cashless device 1's address
+SESSION_TIMEOUT = 60.0  # card first: how long an open session waits for a selection
+NO_MAX_FUNDS = 0  # no `max_funds`: a card-first session offers what the price list allows
 
 _LOGGER = logging.getLogger(__name__)
 
@@ -84,9 +95,9 @@ def _address(value: Any) -> int:
 _MDB_SCHEMA = BASE_PLATFORM_SCHEMA.extend(
     {
         vol.Required("port"): vol.All(str, vol.Length(min=1)),
-        vol.Optional("baudrate", default=115200): vol.All(int, vol.Range(min=1200)),
+        vol.Optional("baudrate", default=BAUDRATE): vol.All(int, vol.Range(min=1200)),
         vol.Optional("mode", default=Mode.SELECTION_FIRST.value): vol.In([m.value for m in Mode]),
-        vol.Optional("address", default=0x10): _address,
+        vol.Optional("address", default=ADDRESS): _address,
         vol.Optional("amount_unit", default=wire.AmountUnit.DOLLARS.value): vol.In(
             [u.value for u in wire.AmountUnit]
         ),
@@ -95,10 +106,10 @@ _MDB_SCHEMA = BASE_PLATFORM_SCHEMA.extend(
         # its own bound on a dispense; none: sales.vend_timeout (docs/platforms.md)
         vol.Optional("vend_timeout"): positive_float,
         # card first: how long an open session waits for a selection (seconds)
-        vol.Optional("session_timeout", default=60.0): positive_float,
+        vol.Optional("session_timeout", default=SESSION_TIMEOUT): positive_float,
         vol.Optional("silence_timeout"): positive_float,
         vol.Optional("probe"): str,
-        vol.Optional("reconnect_max", default=30.0): positive_float,
+        vol.Optional("reconnect_max", default=RECONNECT_MAX): positive_float,
     }
 )
 
@@ -124,12 +135,12 @@ class MdbOptions:
     mode: Mode = Mode.SELECTION_FIRST
     flow: Flow = Flow.AUTHORIZE_CAPTURE
     terminal: str | None = None
-    address: int = 0x10
+    address: int = ADDRESS
     unit: wire.AmountUnit = wire.AmountUnit.DOLLARS
-    max_funds_cents: int = 0
+    max_funds_cents: int = NO_MAX_FUNDS
     max_price_cents: int | None = None
     vend_timeout: float | None = None  # None: sales.vend_timeout
-    session_timeout: float = 60.0
+    session_timeout: float = SESSION_TIMEOUT
     card_first_pause: float = 0.2  # between one card-first sale ending and the next starting
 
     @classmethod
@@ -141,7 +152,7 @@ class MdbOptions:
             terminal=config.get("terminal"),
             address=config["address"],
             unit=wire.AmountUnit(config["amount_unit"]),
-            max_funds_cents=config.get("max_funds", 0),
+            max_funds_cents=config.get("max_funds", NO_MAX_FUNDS),
             max_price_cents=config["max_price"],
             vend_timeout=config.get("vend_timeout"),
             session_timeout=config["session_timeout"],

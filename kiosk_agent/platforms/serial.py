@@ -39,18 +39,24 @@ class LinkState(enum.StrEnum):
     CLOSED = "closed"  # stopped on purpose
 
 
+# The serial platforms' shared defaults, written once (tests/config/test_defaults.py)
+BAUDRATE = 115200  # the MDB adapters' speed (a plain serial line has its own: serial_line.py)
+RECONNECT_MAX = 30.0  # the reconnect back-off's cap, seconds
+LINE_END = "\n"
+
+
 @dataclass(slots=True)
 class SerialSettings:
     port: str  # a path, a glob (/dev/ttyUSB*), a by-id symlink, or socket://host:port
-    baudrate: int = 115200
+    baudrate: int = BAUDRATE
     max_line: int = 512  # longer runs without a line end are garbage and are dropped
     reconnect_min: float = 0.05  # first retry delay, seconds
-    reconnect_max: float = 30.0  # backoff cap, seconds
+    reconnect_max: float = RECONNECT_MAX  # backoff cap, seconds
     appear_poll: float = 0.25  # a missing device node is looked for this often, backoff or not
     # No byte for this long while connected: send the probe, then after as long again reconnect.
     silence_timeout: float | None = None
     probe: str | None = None  # a line the device always answers (keeps quiet links honest)
-    line_end: str = "\n"
+    line_end: str = LINE_END
 
     @classmethod
     def from_config(cls, config: Mapping[str, Any]) -> SerialSettings:

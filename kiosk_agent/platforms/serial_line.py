@@ -53,7 +53,13 @@ from kiosk_agent.platforms.base import (
     request_cancel,
     start_sale,
 )
-from kiosk_agent.platforms.serial import SerialLink, SerialSettings, StateHandler
+from kiosk_agent.platforms.serial import (
+    LINE_END,
+    RECONNECT_MAX,
+    SerialLink,
+    SerialSettings,
+    StateHandler,
+)
 from kiosk_agent.sales.model import DispenseOutcome, DispenseStatus, Flow, SaleRequest
 from kiosk_agent.tasks import TaskSet
 
@@ -94,13 +100,16 @@ def _template(value: Any) -> str:
     return value
 
 
+PRICE_UNIT = "dollars"  # how a vend request's price is written unless `price_unit` says cents
+LINE_BAUDRATE = 9600  # a plain serial line's usual speed (MDB adapters: serial.BAUDRATE)
+
 _SERIAL_LINE_SCHEMA = BASE_PLATFORM_SCHEMA.extend(
     {
         vol.Required("port"): vol.All(str, vol.Length(min=1)),
-        vol.Optional("baudrate", default=9600): vol.All(int, vol.Range(min=300)),
+        vol.Optional("baudrate", default=LINE_BAUDRATE): vol.All(int, vol.Range(min=300)),
         vol.Optional("init", default=[]): [str],
         vol.Required("vend_request"): _regex("price"),
-        vol.Optional("price_unit", default="dollars"): vol.In(["dollars", "cents"]),
+        vol.Optional("price_unit", default=PRICE_UNIT): vol.In(["dollars", "cents"]),
         vol.Required("dispense_ok"): _regex(),
         vol.Optional("dispense_failed"): _regex(),
         vol.Optional("cancel"): _regex(),
@@ -111,10 +120,10 @@ _SERIAL_LINE_SCHEMA = BASE_PLATFORM_SCHEMA.extend(
         vol.Optional("in_service"): _template,
         # its own bound on a dispense; none: sales.vend_timeout (docs/platforms.md)
         vol.Optional("vend_timeout"): positive_float,
-        vol.Optional("line_end", default="\n"): vol.In(["\n", "\r\n", "\r"]),
+        vol.Optional("line_end", default=LINE_END): vol.In(["\n", "\r\n", "\r"]),
         vol.Optional("silence_timeout"): positive_float,
         vol.Optional("probe"): str,
-        vol.Optional("reconnect_max", default=30.0): positive_float,
+        vol.Optional("reconnect_max", default=RECONNECT_MAX): positive_float,
     }
 )
 PLATFORM_SCHEMA = vol.All(_SERIAL_LINE_SCHEMA, no_enrollment)
@@ -128,7 +137,7 @@ class LineRules:
     dispense_failed: re.Pattern[str] | None = None
     cancel: re.Pattern[str] | None = None
     deny: str | None = None
-    price_unit: str = "dollars"
+    price_unit: str = PRICE_UNIT
     init: tuple[str, ...] = ()
     out_of_service: str | None = None
     in_service: str | None = None
@@ -142,7 +151,7 @@ class LineRules:
             dispense_failed=config.get("dispense_failed"),
             cancel=config.get("cancel"),
             deny=config.get("deny"),
-            price_unit=config.get("price_unit", "dollars"),
+            price_unit=config.get("price_unit", PRICE_UNIT),
             init=tuple(config.get("init", ())),
             out_of_service=config.get("out_of_service"),
             in_service=config.get("in_service"),

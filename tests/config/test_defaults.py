@@ -19,16 +19,6 @@ from kiosk_agent.config.load import load_config
 
 PACKAGE = Path(kiosk_agent.__file__).parent
 
-# Literals written twice in packages other branches are reshaping, each named with its owner:
-# a pair made one must leave this list (test_a_known_double_default_is_still_there).
-KNOWN_DOUBLES = {
-    ("platforms", "address"), ("platforms", "session_timeout"),
-    ("platforms", "debounce"), ("platforms", "sensor_timeout"),
-    ("platforms", "baudrate"), ("platforms", "chip"), ("platforms", "line_end"),
-    ("platforms", "max_funds"), ("platforms", "price_unit"), ("platforms", "reconnect_max"),
-    # r30-platforms: the MDB phase table, the virtual controller moving into sim/
-}  # fmt: skip
-
 
 def literal(node: ast.expr | None) -> object:
     """The number or text a default is written as, or None for a name, a call, True/False."""
@@ -117,14 +107,8 @@ def found() -> dict[tuple[str, str], list[str]]:
 def test_no_setting_has_its_default_written_twice(
     found: dict[tuple[str, str], list[str]],
 ) -> None:
-    new = {f"{package}: {key}": places for (package, key), places in found.items()
-           if (package, key) not in KNOWN_DOUBLES}
-    assert not new, new
-
-
-def test_a_known_double_default_is_still_there(found: dict[tuple[str, str], list[str]]) -> None:
-    gone = sorted(KNOWN_DOUBLES - set(found))
-    assert not gone, f"written once now: take them off KNOWN_DOUBLES: {gone}"
+    twice = {f"{package}: {key}": places for (package, key), places in found.items()}
+    assert not twice, twice
 
 
 def test_the_check_finds_a_default_in_each_place_it_can_hide() -> None:
