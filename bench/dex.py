@@ -35,7 +35,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from kiosk_agent.audit import parse_audit, render_audit
-from kiosk_agent.audit.link import LinkError, LinkProtocol, LinkSettings, read_link
+from kiosk_agent.audit.link import LinkError, read_link
+from kiosk_agent.audit.link_settings import LinkProtocol, LinkSettings
 from kiosk_agent.audit.virtual import PortFaults, VirtualDexPort
 
 TARGET_PARSE_MS = 5.0

@@ -37,14 +37,8 @@ from kiosk_agent.audit.ddcmp_codec import (
     encode_control,
     encode_data,
 )
-from kiosk_agent.audit.dexucs import (
-    ACCEPTED,
-    AGENT_COMM_ID,
-    MACHINE_COMM_ID,
-    DexTimeouts,
-    SlaveFaults,
-    comm_id_bytes,
-)
+from kiosk_agent.audit.dexucs import ACCEPTED, SlaveFaults, comm_id_bytes
+from kiosk_agent.audit.link_settings import AGENT_COMM_ID, MACHINE_COMM_ID, DexTimeouts
 
 BLOCK_TEXT = 240  # bytes of audit per BLOCK message
 MAX_GARBAGE = 16 << 10  # bytes heard since the last good message before the read gives up

@@ -40,11 +40,7 @@ from kiosk_agent.audit.framing import (
     Token,
     encode_block,
 )
-
-# The communication ids each side says at the first handshake (the `dex:` section's `comm_id`
-# is the agent's; the virtual machine answers with its own)
-AGENT_COMM_ID = "KIOSKAGENT"
-MACHINE_COMM_ID = "VIRTUALVMC"
+from kiosk_agent.audit.link_settings import AGENT_COMM_ID, MACHINE_COMM_ID, DexTimeouts
 
 ENQ_BYTE = b"\x05"
 EOT_BYTE = bytes((EOT,))
@@ -53,13 +49,6 @@ BLOCK_TEXT = 245  # characters of audit per data block
 REVISION = b"R00L06"
 READ = b"R"
 ACCEPTED = b"00"
-
-
-@dataclass(frozen=True, slots=True)
-class DexTimeouts:
-    answer: float = 1.0  # a handshake answer or an acknowledgement
-    block: float = 3.0  # the next data block (245 bytes take 0.26 s at 9600 baud)
-    retries: int = 3  # each wait, and each block refused, this many times before the read ends
 
 
 def comm_id_bytes(comm_id: str) -> bytes:

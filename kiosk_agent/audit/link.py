@@ -11,23 +11,18 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import enum
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Protocol
 
 import serial_asyncio_fast
 
 from kiosk_agent.audit.ddcmp import DdcmpMaster
-from kiosk_agent.audit.dexucs import AGENT_COMM_ID, DexMaster, DexTimeouts
+from kiosk_agent.audit.dexucs import DexMaster
+from kiosk_agent.audit.link_settings import LinkProtocol, LinkSettings
 from kiosk_agent.platforms.serial import resolve_port
 from kiosk_agent.sales.clock import SYSTEM_CLOCK, Clock
 
 READ_CHUNK = 4096
-
-
-class LinkProtocol(enum.StrEnum):
-    DEX = "dex_ucs"  # DEX/UCS
-    DDCMP = "ddcmp"  # DDCMP as EVA-DTS uses it (docs/audit-link.md)
 
 
 class LinkError(Exception):
@@ -68,21 +63,6 @@ class Master(Protocol):
     def expire(self) -> bytes: ...
 
     def fail(self, reason: str) -> bytes: ...
-
-
-BAUDRATE = 9600  # DEX/UCS's and DDCMP's usual line speed
-DEADLINE = 120.0  # seconds for the whole read (a 10 kB audit takes about 11 s)
-
-
-@dataclass(frozen=True, slots=True)
-class LinkSettings:
-    port: str
-    protocol: LinkProtocol = LinkProtocol.DEX
-    baudrate: int = BAUDRATE
-    comm_id: str = AGENT_COMM_ID
-    deadline: float = DEADLINE
-    max_bytes: int = 2 << 20  # every byte heard, garbage included
-    timeouts: DexTimeouts = field(default_factory=DexTimeouts)  # both protocols' waits
 
 
 @dataclass(frozen=True, slots=True)

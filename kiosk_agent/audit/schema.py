@@ -15,8 +15,13 @@ from typing import Any
 
 import voluptuous as vol
 
-from kiosk_agent.audit.dexucs import AGENT_COMM_ID
-from kiosk_agent.audit.link import BAUDRATE, DEADLINE, LinkProtocol, LinkSettings
+from kiosk_agent.audit.link_settings import (
+    AGENT_COMM_ID,
+    BAUDRATE,
+    DEADLINE,
+    LinkProtocol,
+    LinkSettings,
+)
 from kiosk_agent.audit.settings import BOOKS_KEYS
 from kiosk_agent.config.load import register_section
 

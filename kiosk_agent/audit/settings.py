@@ -12,8 +12,7 @@ from typing import Any
 
 import voluptuous as vol
 
-from kiosk_agent.audit.link import DEADLINE
-from kiosk_agent.platforms.serial import backoff_delay
+from kiosk_agent.audit.link_settings import DEADLINE
 
 # The books' defaults, each written once (tests/config/test_defaults.py)
 INTERVAL = 3600.0  # a read every hour
@@ -87,6 +86,8 @@ class BooksSettings:
     def backoff(self, failures: int) -> float:
         """Seconds to wait after ``failures`` failed reads in a row: the serial links' capped
         exponential back-off, jitter and all (a fleet's units do not retry in step)."""
+        from kiosk_agent.platforms.serial import backoff_delay  # the link's: not for a check
+
         return backoff_delay(max(0, failures - 1), self.retry_min, self.retry_max)
 
 

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from kiosk_agent.audit.ddcmp import DdcmpSlave, SlavePhase
 from kiosk_agent.audit.ddcmp_codec import ControlType, encode_control
 from kiosk_agent.audit.dexucs import ENQ_BYTE, DexSlave, SlaveFaults
-from kiosk_agent.audit.link import LinkProtocol
+from kiosk_agent.audit.link_settings import LinkProtocol
 from kiosk_agent.sales.clock import SYSTEM_CLOCK, Clock
 from kiosk_agent.tasks import BackgroundTask
 

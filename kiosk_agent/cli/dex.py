@@ -22,10 +22,11 @@ from kiosk_agent.cli.contract import EXIT_FAILED, EXIT_OK, EXIT_USAGE, CliError
 
 if TYPE_CHECKING:
     from kiosk_agent.audit.evadts import AuditFile, Counters
-    from kiosk_agent.audit.link import LinkRead, LinkSettings
+    from kiosk_agent.audit.link import LinkRead
+    from kiosk_agent.audit.link_settings import LinkSettings
 
 MAX_FILE = 16 << 20  # a real audit is kilobytes; a file past this is no audit
-# audit.link.LinkProtocol's values, named here so that `--help` imports no serial code
+# audit.link_settings.LinkProtocol's values, named here so that `--help` imports nothing more
 PROTOCOLS = ["dex_ucs", "ddcmp"]
 
 
@@ -115,7 +116,7 @@ async def _read(args: argparse.Namespace) -> int:
 
 
 def _link_settings(args: argparse.Namespace) -> LinkSettings:
-    from kiosk_agent.audit.link import LinkProtocol, LinkSettings
+    from kiosk_agent.audit.link_settings import LinkProtocol, LinkSettings
     from kiosk_agent.audit.schema import link_settings
 
     path = contract.optional_config_path(args) if args.port else contract.config_path(args)

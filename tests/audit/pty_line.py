@@ -7,7 +7,8 @@ import asyncio
 
 import serial_asyncio_fast
 
-from kiosk_agent.audit.link import LinkSettings, make_master, run_master
+from kiosk_agent.audit.link import make_master, run_master
+from kiosk_agent.audit.link_settings import LinkSettings
 from kiosk_agent.audit.virtual import VirtualDexPort
 from kiosk_agent.sales.clock import FakeClock
 

@@ -35,7 +35,8 @@ from kiosk_agent.audit.ddcmp_codec import (
     encode_control,
     encode_data,
 )
-from kiosk_agent.audit.link import LinkError, LinkProtocol, LinkSettings, read_audit, read_link
+from kiosk_agent.audit.link import LinkError, read_audit, read_link
+from kiosk_agent.audit.link_settings import LinkProtocol, LinkSettings
 from kiosk_agent.audit.virtual import DDCMP_START, PortFaults, VirtualDexPort
 from kiosk_agent.sales.clock import FakeClock
 from tests.audit.pty_line import read_counted, run_out_the_clock

@@ -15,7 +15,8 @@ from hypothesis import strategies as st
 from kiosk_agent.audit import parse_audit, render_audit
 from kiosk_agent.audit.dexucs import BLOCK_TEXT, DexMaster, DexSlave, MasterPhase, SlaveFaults
 from kiosk_agent.audit.framing import Block, Deframer, FramingError, encode_block
-from kiosk_agent.audit.link import LinkError, LinkSettings, read_audit, read_link
+from kiosk_agent.audit.link import LinkError, read_audit, read_link
+from kiosk_agent.audit.link_settings import LinkSettings
 from kiosk_agent.audit.virtual import PortFaults, VirtualDexPort
 from kiosk_agent.sales.clock import FakeClock
 from tests.audit.pty_line import read_counted, run_out_the_clock

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from kiosk_agent.audit.link import LinkProtocol
+from kiosk_agent.audit.link_settings import LinkProtocol
 from kiosk_agent.audit.schema import link_settings
 from kiosk_agent.config.load import ConfigInvalid, load_config
 

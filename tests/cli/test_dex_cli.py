@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from kiosk_agent.audit import parse_audit
-from kiosk_agent.audit.link import LinkProtocol
+from kiosk_agent.audit.link_settings import LinkProtocol
 from kiosk_agent.audit.virtual import VirtualDexPort
 from kiosk_agent.cli import build_parser, command_word
 from kiosk_agent.cli import contract as cli

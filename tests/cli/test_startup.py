@@ -211,6 +211,21 @@ def test_a_command_on_a_config_with_a_dex_section_does_not_wait_for_the_eva_dts_
     assert imported(modules, "kiosk_agent.audit.evadts") == []
 
 
+def test_checking_a_dex_section_loads_no_link_no_codec_and_no_serial(tmp_path: Path) -> None:
+    """The `dex:` section's schema takes its defaults from audit/link_settings.py, plain data:
+    the link, its two codecs, pyserial and the serial platforms' base stay unloaded (they were
+    most of check-config's CPU on config/demo.yaml)."""
+    config = tmp_path / "c.yaml"
+    config.write_text("service: {simulator: {}}\nterminals: [{device_id: SIM-0001}]\n"
+                      "journal: {path: journal.db}\ndex: {port: /dev/ttyUSB0}\n")
+    output, modules = modules_after(["check-config", "-c", str(config)])
+    assert "valid" in output
+    assert "kiosk_agent.audit.schema" in modules  # the section was checked
+    for module in ("kiosk_agent.audit.link", "kiosk_agent.audit.dexucs",
+                   "kiosk_agent.audit.ddcmp", "kiosk_agent.platforms.serial", "serial"):
+        assert imported(modules, module) == [], module
+
+
 def test_the_audit_packages_contract_names_are_still_there_on_first_use() -> None:
     import kiosk_agent.audit as audit
 
