@@ -121,6 +121,8 @@ def plain(value: object) -> object:
 
 def csv_cell(value: object) -> str:
     """One CSV cell: empty for None, text neutralised, our own numbers as they are."""
+    if type(value) is str:  # most cells: the checks below took a third of an export's CPU
+        return neutralise(value)
     if value is None:
         return ""
     if isinstance(value, bool):
@@ -140,6 +142,8 @@ def is_model(value: object) -> TypeGuard[BaseModel]:
 
 def json_value(value: object) -> object:
     """A value as JSON holds it (nested records and lists included, tokens left out)."""
+    if value is None or type(value) is str:  # most values, as they are
+        return value
     if is_model(value):
         return {key: json_value(item) for key, item in model_values(value).items()}
     if isinstance(value, list | tuple):
