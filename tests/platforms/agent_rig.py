@@ -63,6 +63,9 @@ async def running_agent(
                         machines=simulated_machines)
     await agent.start()
     try:
+        # every start reads the journal's file whole before money moves on it (the terminals
+        # wait out of service meanwhile): a test's customer comes once it is read, as a real one
+        await asyncio.wait_for(agent.journal_guard.file_intact(), 60)
         yield agent
     finally:
         await agent.stop()
