@@ -38,6 +38,7 @@ from kiosk_agent.audit.ddcmp_codec import (
     encode_data,
 )
 from kiosk_agent.audit.dexucs import ACCEPTED, SlaveFaults, comm_id_bytes
+from kiosk_agent.audit.framing import keep_audit_text
 from kiosk_agent.audit.link_settings import AGENT_COMM_ID, MACHINE_COMM_ID, DexTimeouts
 
 BLOCK_TEXT = 240  # bytes of audit per BLOCK message
@@ -266,9 +267,8 @@ class DdcmpMaster(_Station):
         number, last, text = body[0] << 8 | body[1], body[2] == 1, body[3:]
         if number != self.blocks + 1:
             return self.fail(f"block {number} came where block {self.blocks + 1} was due")
-        if len(self._audit) + len(text) > self.max_audit:
-            return self.fail(f"the audit passed {self.max_audit} bytes")
-        self._audit += text
+        if refused := keep_audit_text(self._audit, text, self.max_audit):
+            return self.fail(refused)
         self.blocks += 1
         if not last:
             self._set(MasterPhase.RECEIVING)

@@ -39,6 +39,7 @@ from kiosk_agent.audit.framing import (
     FramingError,
     Token,
     encode_block,
+    keep_audit_text,
 )
 from kiosk_agent.audit.link_settings import AGENT_COMM_ID, MACHINE_COMM_ID, DexTimeouts
 
@@ -182,9 +183,8 @@ class DexMaster:
         if not token.intact:
             self.refused_blocks += 1
             return self._again(NAK_BYTE, f"block {self.blocks + 1} failed its CRC")
-        if len(self._audit) + len(token.text) > self.max_audit:
-            return self.fail(f"the audit passed {self.max_audit} bytes")
-        self._audit += token.text
+        if refused := keep_audit_text(self._audit, token.text, self.max_audit):
+            return self.fail(refused)
         self.blocks += 1
         self._last_ack = self.blocks % 2
         if token.last:

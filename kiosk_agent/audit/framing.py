@@ -49,6 +49,16 @@ def encode_block(text: bytes, *, start: int = STX, last: bool = True) -> bytes:
     return bytes((DLE, start)) + stuffed + bytes((DLE, end)) + crc16_bytes_le(crc)
 
 
+def keep_audit_text(audit: bytearray, text: bytes, max_audit: int) -> str:
+    """Adds a block's ``text`` to the ``audit`` read so far, unless that would pass ``max_audit``
+    bytes: then nothing is added and the reason is returned (both protocols' masters bound a read
+    alike). An empty string means the text was kept."""
+    if len(audit) + len(text) > max_audit:
+        return f"the audit passed {max_audit} bytes"
+    audit.extend(text)
+    return ""
+
+
 class FramingError(Exception):
     """The line broke the framing beyond recovery (a block without end)."""
 
