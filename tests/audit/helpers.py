@@ -1,8 +1,9 @@
-"""Figures and journal sales for the audit tests, written as a reader would see them."""
+"""Figures and journal sales for the audit tests, written as a reader would see them; and a
+master of either link protocol driven through any bytes and waits."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Protocol
 
 from kiosk_agent.audit.books import Column, Figures
 from kiosk_agent.audit.evadts import Counters, Tally
@@ -73,3 +74,28 @@ def unvended_sale(journal: Journal, cents: int, product: str = "A1",
     record = journal.record(record, Step.DISPENSE_RESULT,
                             detail={"status": "timeout", "vended_cents": 0, "product": product})
     return walk_to(journal, record, SaleState.REVERSED, reversed_cents=cents)
+
+
+class LinkMaster(Protocol):
+    """What the DEX/UCS and DDCMP masters share: fed bytes, told of waits run out."""
+
+    @property
+    def wait(self) -> float | None: ...
+
+    def receive(self, data: bytes) -> bytes: ...
+
+    def expire(self) -> bytes: ...
+
+
+def hear_then_silence(
+    master: LinkMaster, chunks: list[bytes], expiries: list[bool], silent_waits: int
+) -> None:
+    """``master`` hears each chunk in turn, or has its wait run out where ``expiries`` says, each
+    answer bounded; then a silent line for up to ``silent_waits`` waits, or until it ends."""
+    for chunk, expire in zip(chunks, expiries + [False] * len(chunks), strict=False):
+        out = master.expire() if expire else master.receive(chunk)
+        assert len(out) <= 600
+    for _ in range(silent_waits):  # a silent line from here on
+        if master.wait is None:
+            break
+        master.expire()

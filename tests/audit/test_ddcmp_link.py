@@ -39,6 +39,7 @@ from kiosk_agent.audit.link import LinkError, read_audit, read_link
 from kiosk_agent.audit.link_settings import LinkProtocol, LinkSettings
 from kiosk_agent.audit.virtual import DDCMP_START, PortFaults, VirtualDexPort
 from kiosk_agent.sales.clock import FakeClock
+from tests.audit.helpers import hear_then_silence
 from tests.audit.pty_line import read_counted, run_out_the_clock
 
 AUDIT = render_audit(
@@ -388,13 +389,7 @@ _chunks = st.one_of(st.binary(max_size=80), _controls, _datas)
 def test_any_bytes_heard_and_any_waits_end_the_master_cleanly(chunks, expiries):
     master = DdcmpMaster()
     master.start()
-    for chunk, expire in zip(chunks, expiries + [False] * len(chunks), strict=False):
-        out = master.expire() if expire else master.receive(chunk)
-        assert len(out) <= 600
-    for _ in range(60):  # a silent line from here on
-        if master.wait is None:
-            break
-        master.expire()
+    hear_then_silence(master, chunks, expiries, silent_waits=60)
     assert master.wait is None
     assert master.phase in (MasterPhase.DONE, MasterPhase.FAILED)
     assert master.failure or master.phase is MasterPhase.DONE

@@ -19,6 +19,7 @@ from kiosk_agent.audit.link import LinkError, read_audit, read_link
 from kiosk_agent.audit.link_settings import LinkSettings
 from kiosk_agent.audit.virtual import PortFaults, VirtualDexPort
 from kiosk_agent.sales.clock import FakeClock
+from tests.audit.helpers import hear_then_silence
 from tests.audit.pty_line import read_counted, run_out_the_clock
 
 AUDIT = render_audit(
@@ -173,13 +174,7 @@ def test_any_bytes_heard_and_any_waits_end_the_master_cleanly(chunks, expiries):
     with bounded bytes, and ends (done or failed with a reason) within its retries."""
     master = DexMaster()
     master.start()
-    for chunk, expire in zip(chunks, expiries + [False] * len(chunks), strict=False):
-        out = master.expire() if expire else master.receive(chunk)
-        assert len(out) <= 600
-    for _ in range(40):  # a silent line from here on
-        if master.wait is None:
-            break
-        master.expire()
+    hear_then_silence(master, chunks, expiries, silent_waits=40)
     assert master.wait is None
     assert master.phase in (MasterPhase.DONE, MasterPhase.FAILED)
     assert master.failure or master.phase is MasterPhase.DONE
