@@ -27,15 +27,7 @@ async def test_a_charge_held_under_a_sale_the_journal_ended_uncharged_is_given_b
     leave_open(tmp_path, state=SaleState.FAILED, order_id=order)
     agent = await agent_factory()
     # the authorization the lost part of the journal had sent, as the flow sends it
-    handle = await agent.service.terminal.read_card("SIM-0001", 300)
-    card = (await handle.wait(timeout=5)).read_card_result
-    assert card is not None
-    charged = await agent.service.payments.charge(ChargeRequest(
-        mid=agent.service.settings.mid, amount=300, account_token=card.token,
-        expiration=card.expiration, capture=False, order_id=order, terminal_id="SIM-0001",
-    ))
-    assert charged.approved
-    trans_id = charged.trans_id
+    trans_id = await _charge(agent, order, 300, capture=False)
 
     result = await agent.journal_guard.audit.check()
 
@@ -67,13 +59,7 @@ async def test_a_charge_found_on_a_journal_found_damaged_is_neither_journaled_no
     order = "KA" + "0123456789ABCDEF02"
     leave_open(tmp_path, state=SaleState.FAILED, order_id=order)
     agent = await agent_factory()
-    handle = await agent.service.terminal.read_card("SIM-0001", 300)
-    card = (await handle.wait(timeout=5)).read_card_result
-    assert card is not None
-    charged = await agent.service.payments.charge(ChargeRequest(
-        mid=agent.service.settings.mid, amount=300, account_token=card.token,
-        expiration=card.expiration, capture=False, order_id=order, terminal_id="SIM-0001",
-    ))
+    trans_id = await _charge(agent, order, 300, capture=False)
     asked: list[bool] = []
 
     async def damaged() -> bool:
@@ -89,7 +75,7 @@ async def test_a_charge_found_on_a_journal_found_damaged_is_neither_journaled_no
     assert agent.journal.by_order_id(order + HELD_SUFFIX) is None
     rows = [t async for t in agent.service.reporting.transactions(
         TransactionFilter(order_id=order))]
-    assert [(t.trans_id, t.status) for t in rows] == [(charged.trans_id, TransStatus.AUTHORIZED)]
+    assert [(t.trans_id, t.status) for t in rows] == [(trans_id, TransStatus.AUTHORIZED)]
 
 
 async def test_a_check_asks_reporting_once_a_terminal(agent_factory: Any) -> None:
