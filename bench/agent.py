@@ -49,7 +49,6 @@ import contextlib
 import json
 import os
 import pstats
-import random
 import shutil
 import socket
 import statistics
@@ -66,6 +65,7 @@ import aiohttp
 from kiosk_agent.assembly.agent import Agent
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import agent_probe  # the launcher that probes the agent from outside
 
 from kiosk_agent.cli.sim import settings_from_ready
@@ -76,6 +76,7 @@ from kiosk_agent.sales.states import SaleState, Step
 from kiosk_agent.service.client import ServiceClient
 from kiosk_agent.service.settings import ServiceSettings
 from kiosk_agent.sim.server import SimOptions, SimServer
+from tests.helpers import free_port
 
 TIME_SCALE = 100_000  # a card in 15 microseconds: "instant" outcomes
 # The agent as a process meets a simulator at a scale where an interaction lives long enough
@@ -402,7 +403,7 @@ async def as_a_process(
     """Spawn `kiosk-agent run`: time to READY=1, then RSS and CPU while idle, then CPU per
     kiosk API sale; against the library floor."""
     in_use_s, in_use_mb, _ = await library_floor(IN_USE_CODE)
-    kiosk_port = free_listening_port()
+    kiosk_port = free_port()  # below the ephemeral range: no outgoing connection takes it
     (directory / "config.yaml").write_text(config_text(info, kiosk_port, PROCESS_TIME_SCALE))
     notify = directory / "notify.sock"
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
@@ -475,24 +476,6 @@ async def as_a_process(
         "idle_wakeups_per_s": round(wakeups, 2),
         "kiosk_sale_cpu_ms": round(sale_cpu_ms, 2),
     }
-
-
-def free_listening_port() -> int:
-    """A free port below the kernel's ephemeral range: the kiosk API listens on it at each of
-    the starts, and a port of that range (what binding port 0 gives) may be taken meanwhile by
-    an outgoing connection, the agent's own to the simulator included (seen on a busy machine:
-    a start refused with "address already in use")."""
-    low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
-    rng = random.Random()
-    for _ in range(100):
-        port = rng.randrange(max(1024, low - 12000), low)
-        with socket.socket() as probe:
-            try:
-                probe.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-            return port
-    raise RuntimeError("no free port found below the ephemeral range")
 
 
 def _cpu_ns(pid: int) -> int:
