@@ -38,7 +38,7 @@ from kiosk_agent.audit.ddcmp_codec import (
     encode_data,
 )
 from kiosk_agent.audit.dexucs import ACCEPTED, SlaveFaults, comm_id_bytes
-from kiosk_agent.audit.framing import keep_audit_text
+from kiosk_agent.audit.framing import RetryBound, keep_audit_text
 from kiosk_agent.audit.link_settings import AGENT_COMM_ID, MACHINE_COMM_ID, DexTimeouts
 
 BLOCK_TEXT = 240  # bytes of audit per BLOCK message
@@ -64,7 +64,7 @@ def _next(number: int) -> int:
 
 
 @dataclass
-class _Station:
+class _Station(RetryBound):
     """One end of a DDCMP link: the sequence numbers, the message awaiting its ACK, and the
     answers every state gives alike (ACK, NAK, REP). The master and the slave add their own."""
 
@@ -126,15 +126,6 @@ class _Station:
                 ControlType.NAK, subtype=NakReason.REP_ANSWER, resp=self.received
             )
         return b""
-
-    def _again(self, data: bytes, reason: str) -> bytes:
-        self._tries += 1
-        if self._tries > self.timeouts.retries:
-            return self._give_up(f"{reason}, {self._tries} times")
-        return data
-
-    def _give_up(self, reason: str) -> bytes:
-        raise NotImplementedError
 
     def _due(self) -> str:
         """The message expected next, in words."""

@@ -37,6 +37,7 @@ from kiosk_agent.audit.framing import (
     Control,
     Deframer,
     FramingError,
+    RetryBound,
     Token,
     encode_block,
     keep_audit_text,
@@ -74,7 +75,7 @@ ENDED = frozenset({MasterPhase.DONE, MasterPhase.FAILED})
 
 
 @dataclass
-class DexMaster:
+class DexMaster(RetryBound):
     """The agent's side: reads one audit, bounded in bytes (``max_audit``) and tries."""
 
     comm_id: str = AGENT_COMM_ID
@@ -118,6 +119,8 @@ class DexMaster:
             self.failure = f"{reason} ({self.phase.value})"
             self._set(MasterPhase.FAILED)
         return b""
+
+    _give_up = fail
 
     def receive(self, data: bytes) -> bytes:
         try:
@@ -192,12 +195,6 @@ class DexMaster:
         else:
             self._tries = 0
         return ACK_BYTES[self._last_ack]
-
-    def _again(self, data: bytes, reason: str) -> bytes:
-        self._tries += 1
-        if self._tries > self.timeouts.retries:
-            return self.fail(f"{reason}, {self._tries} times")
-        return data
 
     def expire(self) -> bytes:
         """The wait ran out: try again, or end the read with the reason."""

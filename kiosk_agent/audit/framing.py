@@ -13,6 +13,7 @@ import enum
 from dataclasses import dataclass
 
 from kiosk_agent.audit.crc import crc16_arc, crc16_bytes_le
+from kiosk_agent.audit.link_settings import DexTimeouts
 
 ENQ, EOT, NAK = 0x05, 0x04, 0x15
 DLE, SOH, STX, ETB, ETX = 0x10, 0x01, 0x02, 0x17, 0x03
@@ -57,6 +58,24 @@ def keep_audit_text(audit: bytearray, text: bytes, max_audit: int) -> str:
         return f"the audit passed {max_audit} bytes"
     audit.extend(text)
     return ""
+
+
+class RetryBound:
+    """A station that sends again, up to ``timeouts.retries`` times, then gives up with the
+    reason (both protocols' stations count their tries alike). The dataclass using it holds
+    ``timeouts`` and ``_tries`` and says how it gives up."""
+
+    timeouts: DexTimeouts
+    _tries: int
+
+    def _again(self, data: bytes, reason: str) -> bytes:
+        self._tries += 1
+        if self._tries > self.timeouts.retries:
+            return self._give_up(f"{reason}, {self._tries} times")
+        return data
+
+    def _give_up(self, reason: str) -> bytes:
+        raise NotImplementedError
 
 
 class FramingError(Exception):
