@@ -5,6 +5,8 @@ alternating acknowledgements). A block is ``DLE SOH`` (a handshake) or ``DLE STX
 text (a DLE in it doubled), ``DLE ETB`` (more blocks follow) or ``DLE ETX`` (the last), then the
 CRC-16/ARC of the text and the end byte, low byte first. Anything else outside a block is
 garbage: counted, never kept. A block longer than ``max_block`` is a flood, not a block.
+
+Also what the DEX/UCS and DDCMP stations share: the audit bounded in bytes, the tries bounded.
 """
 
 from __future__ import annotations
