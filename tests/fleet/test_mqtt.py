@@ -2,13 +2,15 @@
 the network (cutting it drops the connection without a goodbye, as a pulled cable would)."""
 
 import asyncio
+import contextlib
 import json
 import random
 import subprocess
 import uuid
-from collections import Counter
+from collections import Counter, deque
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Any
 
 import aiomqtt
 import pytest
@@ -638,3 +640,60 @@ async def test_a_connection_lost_during_an_announce_is_said_as_it_was(mosquitto:
     disconnected = clients[0]._disconnected
     assert disconnected.done()
     assert not disconnected._log_traceback  # type: ignore[attr-defined]  # read: nothing to log
+
+
+class _QueuedMessages:
+    """aiomqtt's message iterator over messages that already arrived (then the link drops)."""
+
+    def __init__(self, messages: list[aiomqtt.Message]) -> None:
+        self._queue = deque(messages)
+
+    def __len__(self) -> int:
+        return len(self._queue)
+
+    def __aiter__(self) -> "_QueuedMessages":
+        return self
+
+    async def __anext__(self) -> aiomqtt.Message:
+        if not self._queue:
+            await asyncio.Event().wait()  # the link stays up; the test stops the sink
+        return self._queue.popleft()
+
+
+class _ClientWithBirthsWaiting:
+    def __init__(self, births: int) -> None:
+        birth = aiomqtt.Message("homeassistant/status", b"online", 0, False, 1, None)
+        self.messages = _QueuedMessages([birth] * births)
+        self.published: list[str] = []
+
+    async def subscribe(self, *args: Any, **kwargs: Any) -> None:
+        return None
+
+    async def publish(self, topic: str, *args: Any, **kwargs: Any) -> None:
+        self.published.append(topic)
+
+
+async def test_births_that_arrived_before_the_storm_settled_are_heard_before_answering() -> None:
+    """On a busy machine the re-announce came due while births that had already arrived
+    waited unread in the client's queue: the unit answered, then read them as a new storm and
+    answered again. It now reads what arrived first; those births push the answer back."""
+    now = [0.0]
+    sink = MqttSink({"host": "broker"}, "u", "1", births=QUICK_BIRTHS,
+                    rng=random.Random(1), clock=lambda: now[0])
+    sink.heard_birth()
+    now[0] = sink.reannounce_at or 0.0  # due, and 50 more births already arrived
+    client = _ClientWithBirthsWaiting(50)
+    serving = asyncio.ensure_future(sink._serve(client))  # type: ignore[arg-type]
+    try:
+        await until(lambda: sink.births_heard == 51)
+        await asyncio.sleep(0.01)
+        assert sink.announcements == 0  # the storm went on: not answered yet
+        assert sink.reannounce_at is not None
+        assert sink.reannounce_at > now[0]  # pushed back by the births read
+        now[0] = sink.reannounce_at
+        sink.wake()
+        await until(lambda: sink.announcements == 1)
+    finally:
+        serving.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await serving
