@@ -90,7 +90,9 @@ class Upstream:
         change_gap: float = CHANGE_GAP,
         births: BirthPolicy | None = None,
         rng: random.Random | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
+        """``clock`` is the MQTT sink's monotonic clock: its birth policy's waits run on it."""
         conf = UPSTREAM_SCHEMA(conf)
         self._health: Health = agent.health
         self.device_id: str = conf.get("device_id") or host_device_id()
@@ -111,6 +113,7 @@ class Upstream:
                 discovery_options(agent, conf),
                 births=births or BirthPolicy(spread=conf["mqtt"]["announce_spread"]),
                 rng=self._rng,
+                clock=clock,
             )
             self.sinks.append(self.mqtt)
             if conf["commands"]:

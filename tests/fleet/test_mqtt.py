@@ -2,14 +2,15 @@
 the network (cutting it drops the connection without a goodbye, as a pulled cable would)."""
 
 import asyncio
+import contextlib
 import json
 import random
 import subprocess
 import uuid
-from collections import Counter
-from dataclasses import replace
+from collections import Counter, deque
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Any
 
 import aiomqtt
 import pytest
@@ -155,23 +156,43 @@ async def test_a_storm_of_birth_messages_costs_one_announce_and_one_log_line(
     mosquitto: int, caplog: pytest.LogCaptureFixture
 ) -> None:
     """Any broker client can publish `homeassistant/status online`: 2,000 of them in 0.8 s
-    made a unit announce itself 2,000 times (and log 2,000 lines)."""
+    made a unit announce itself 2,000 times (and log 2,000 lines). The policy's waits run on
+    the test's clock: births heard with gaps shorter than `settle` are one storm however long
+    the broker and a loaded machine take to deliver them (on real time, a busy machine's pauses
+    between births outlasted `settle`, and the test counted a second, rightful, re-announce)."""
+    now = [0.0]
     conf = {"device_id": "unit-s", "interval": 3600,
             "mqtt": {"host": "127.0.0.1", "port": mosquitto, "reconnect_interval": 0.1}}
-    # answered at the latest after 5 s: a busy machine may take a second to hear 200 births
-    upstream = Upstream(settled_agent(), conf, births=replace(QUICK_BIRTHS, longest=5.0))
+    upstream = Upstream(settled_agent(), conf, births=QUICK_BIRTHS, clock=lambda: now[0])
     await upstream.start()
     sink = upstream.mqtt
     assert sink is not None
     try:
         await until(lambda: sink.sent == 1)
+        assert sink.announcements == 1
+        now[0] = 10.0  # long after the first announce: min_gap does not hold this one back
         with caplog.at_level("INFO", logger="kiosk_agent.fleet.mqtt"):
             async with aiomqtt.Client("127.0.0.1", mosquitto) as rogue:
-                for _ in range(200):
-                    await rogue.publish("homeassistant/status", "online", qos=0)
-            await until(lambda: sink.births_heard == 200)
+                for heard in (100, 200):
+                    for _ in range(100):
+                        await rogue.publish("homeassistant/status", "online", qos=0)
+                    await until(lambda heard=heard: sink.births_heard == heard)
+                    assert sink.announcements == 1  # still coming: not answered yet
+                    assert sink.reannounce_at is not None
+                    if heard == 100:
+                        now[0] += QUICK_BIRTHS.settle * 0.9  # a pause, shorter than settle
+            due = sink.reannounce_at
+            assert due <= now[0] + QUICK_BIRTHS.settle + QUICK_BIRTHS.spread
+            now[0] = due - 0.001
+            sink.wake()
+            await asyncio.sleep(0.05)
+            assert sink.announcements == 1  # not a moment before the births settled
+            now[0] = due
+            sink.wake()
             await until(lambda: sink.announcements == 2)
-            await asyncio.sleep(0.5)  # longer than settle + spread + min_gap: nothing more
+            now[0] += QUICK_BIRTHS.max_gap + QUICK_BIRTHS.longest  # long quiet: nothing more
+            sink.wake()
+            await asyncio.sleep(0.05)
         assert sink.announcements == 2  # the first, and one for the whole storm
         assert sink.reannounce_at is None
         lines = [r for r in caplog.records if "Home Assistant (re)started" in r.getMessage()]
@@ -619,3 +640,60 @@ async def test_a_connection_lost_during_an_announce_is_said_as_it_was(mosquitto:
     disconnected = clients[0]._disconnected
     assert disconnected.done()
     assert not disconnected._log_traceback  # type: ignore[attr-defined]  # read: nothing to log
+
+
+class _QueuedMessages:
+    """aiomqtt's message iterator over messages that already arrived (then the link drops)."""
+
+    def __init__(self, messages: list[aiomqtt.Message]) -> None:
+        self._queue = deque(messages)
+
+    def __len__(self) -> int:
+        return len(self._queue)
+
+    def __aiter__(self) -> "_QueuedMessages":
+        return self
+
+    async def __anext__(self) -> aiomqtt.Message:
+        if not self._queue:
+            await asyncio.Event().wait()  # the link stays up; the test stops the sink
+        return self._queue.popleft()
+
+
+class _ClientWithBirthsWaiting:
+    def __init__(self, births: int) -> None:
+        birth = aiomqtt.Message("homeassistant/status", b"online", 0, False, 1, None)
+        self.messages = _QueuedMessages([birth] * births)
+        self.published: list[str] = []
+
+    async def subscribe(self, *args: Any, **kwargs: Any) -> None:
+        return None
+
+    async def publish(self, topic: str, *args: Any, **kwargs: Any) -> None:
+        self.published.append(topic)
+
+
+async def test_births_that_arrived_before_the_storm_settled_are_heard_before_answering() -> None:
+    """On a busy machine the re-announce came due while births that had already arrived
+    waited unread in the client's queue: the unit answered, then read them as a new storm and
+    answered again. It now reads what arrived first; those births push the answer back."""
+    now = [0.0]
+    sink = MqttSink({"host": "broker"}, "u", "1", births=QUICK_BIRTHS,
+                    rng=random.Random(1), clock=lambda: now[0])
+    sink.heard_birth()
+    now[0] = sink.reannounce_at or 0.0  # due, and 50 more births already arrived
+    client = _ClientWithBirthsWaiting(50)
+    serving = asyncio.ensure_future(sink._serve(client))  # type: ignore[arg-type]
+    try:
+        await until(lambda: sink.births_heard == 51)
+        await asyncio.sleep(0.01)
+        assert sink.announcements == 0  # the storm went on: not answered yet
+        assert sink.reannounce_at is not None
+        assert sink.reannounce_at > now[0]  # pushed back by the births read
+        now[0] = sink.reannounce_at
+        sink.wake()
+        await until(lambda: sink.announcements == 1)
+    finally:
+        serving.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await serving
