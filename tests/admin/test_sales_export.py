@@ -156,7 +156,7 @@ async def test_a_years_export_streams_and_lets_the_agent_run_meanwhile(
     100,000 sales held every sale, kiosk request and health check for 4.6 s. Now it is sent a
     chunk at a time, the loop turning between chunks, and still the command line's bytes."""
     sold = await _sell(agent, 250)
-    _copies(agent, sold.sale_id, 10_500)
+    _copies(agent, sold.sale_id, 20_000)
     ticks: list[float] = []
 
     async def ticking() -> None:
@@ -178,25 +178,25 @@ async def test_a_years_export_streams_and_lets_the_agent_run_meanwhile(
     took = ended - began
     # from the request to the last byte: a stall at either end is a gap too
     gaps = [b - a for a, b in itertools.pairwise([began, *(t for t in ticks if t > began), ended])]
-    # the loop turned between chunks (64 KiB, about 360 sales: 29 of them), whatever the
+    # the loop turned between chunks (64 KiB, about 360 sales: 55 of them), whatever the
     # machine's load: no stall took a quarter of the export (read and written whole, one stall
     # took nine tenths of it)
     assert max(gaps) < took / 4, (max(gaps), took)
     rows = api_out.count(b"\r\n") - 1
-    assert rows == 10_501
+    assert rows == 20_001
     code, cli_out, _ = await _cli(capsys, "sales", "-c", str(tmp_path / "config.yaml"),
                                   "--format", "csv")
     assert code == 0
     assert api_out == cli_out.encode()  # pages split no tie, repeat no sale, lose none
     # any limit the command line takes (the API's records stop at 10,000: they are read whole)
     code, cli_out, _ = await _cli(capsys, "sales", "-c", str(tmp_path / "config.yaml"),
-                                  "--format", "json", "--limit", "10234")
+                                  "--format", "json", "--limit", "12345")
     async with aiohttp.ClientSession(headers=admin_headers) as http, http.get(
-        f"{admin_server.url}/api/sales", params={"format": "json", "limit": "10234"}
+        f"{admin_server.url}/api/sales", params={"format": "json", "limit": "12345"}
     ) as answer:
         assert answer.status == 200, await answer.text()
         assert await answer.read() == cli_out.encode()
-    assert len(json.loads(cli_out)) == 10234
+    assert len(json.loads(cli_out)) == 12345
 
 
 async def test_a_client_that_hangs_up_mid_export_is_one_line_not_a_traceback(
