@@ -20,7 +20,7 @@ from kiosk_agent.fleet.commands import NotAPress, asked_by, request_graceful_res
 from kiosk_agent.fleet.component import Upstream
 
 from ..cli.agent_process import AgentProcess, money_agrees, sale_reaches, states
-from ..cli.test_agent_drain import TOKEN, App, configured, kiosk_app
+from ..cli.kiosk_app_rig import TOKEN, App, configured, kiosk_app
 from ..helpers import until
 from ..mqtt_broker import mosquitto
 from .helpers import settled_agent
