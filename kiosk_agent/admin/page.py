@@ -697,6 +697,7 @@ def availability(snapshot: dict[str, Any]) -> dict[str, Any]:
     terminal whose checks fail while it is held in service a moment longer (the hold-off: one
     lost ping must not take a reader off the bus) counted as one that cannot, with its trouble:
     "2 of 2 can take cards" beside an OFFLINE terminal would be a lie for that moment.
+    A terminal out while the agent starts says so (``starting``, its reason "starting: ...").
     ``level`` is ``ok`` when all can, ``degraded`` when some cannot, ``down`` when none can."""
     states = snapshot.get("availability") or []
     names = {t["device_id"]: t.get("name") for t in snapshot.get("terminals", [])}
@@ -710,11 +711,9 @@ def availability(snapshot: dict[str, Any]) -> dict[str, Any]:
         {
             "device_id": s["device_id"],
             "name": names.get(s["device_id"]),
-            "reason": (
-                s.get("reason") or "unavailable" if not s.get("available", True)
-                else f"{s['failing']} (checked again before it is taken out of service)"
-            ),
+            "reason": _cannot_reason(s),
             "since": s.get("since") if not s.get("available", True) else None,
+            "starting": bool(s.get("starting")),
         }
         for s in out
     ]
@@ -729,6 +728,13 @@ def availability(snapshot: dict[str, Any]) -> dict[str, Any]:
         "cannot": cannot,
         "terminals": states,
     }
+
+
+def _cannot_reason(state: dict[str, Any]) -> str:
+    if state.get("available", True):
+        return f"{state['failing']} (checked again before it is taken out of service)"
+    reason = state.get("reason") or "unavailable"
+    return f"starting: {reason}" if state.get("starting") else reason
 
 
 def health_notes(before: dict[str, Any] | None, after: dict[str, Any]) -> list[str]:
@@ -759,11 +765,12 @@ def health_changes(before: dict[str, Any] | None, after: dict[str, Any]) -> list
         device, earlier = state["device_id"], was.get(state["device_id"])
         if earlier is None or earlier.get("available") == state.get("available"):
             continue
-        text = (
-            f"{device} can take cards again"
-            if state.get("available")
-            else f"{device} cannot take cards: {state.get('reason') or 'unavailable'}"
-        )
+        if state.get("available"):
+            text = f"{device} can take cards" + ("" if earlier.get("starting") else " again")
+        elif state.get("starting"):
+            text = f"{device} cannot take cards yet: starting: {state.get('reason')}"
+        else:
+            text = f"{device} cannot take cards: {state.get('reason') or 'unavailable'}"
         notes.append(_note("availability", text, device))
     return notes
 

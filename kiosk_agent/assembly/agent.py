@@ -190,6 +190,7 @@ class Agent:
             hold_off=health_conf["hold_off"],
             recheck_interval=health_conf["recheck_interval"],
             log=self.event_log,
+            starting=True,  # until the readers are enabled, being out is part of starting
         )
         self._checker = HealthChecker(
             self.health,
@@ -325,6 +326,7 @@ class Agent:
                 async with asyncio.timeout(min(5.0, self.settings.request_timeout)):
                     await self.journal_guard.first_check()
         not_started = self.not_started = await self._start_platforms()
+        self.availability.readers_started()  # from now on a new reason is an outage
         for factory, conf in self._pending_components:
             component = factory(self, conf)
             await component.start()

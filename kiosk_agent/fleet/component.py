@@ -267,11 +267,12 @@ class Upstream:
         return report
 
     def _tell_availability(self, snapshot: HealthSnapshot) -> None:
-        """A terminal out of (or back in) service fires Home Assistant's Alert event."""
+        """A terminal out of (or back in) service fires Home Assistant's Alert event; one that
+        waits for the agent's start, and its first time in service, fire none."""
         for state in snapshot.availability:
             before = self._available.get(state.device_id, True)
-            self._available[state.device_id] = state.available
-            if self.mqtt is None or before == state.available:
+            self._available[state.device_id] = state.available or state.starting
+            if self.mqtt is None or before == self._available[state.device_id]:
                 continue
             kind = EVENT_BACK_IN_SERVICE if state.available else EVENT_OUT_OF_SERVICE
             self.mqtt.publish_event(

@@ -138,7 +138,8 @@ UNIT_ENTITIES: tuple[Entity, ...] = (
             # the problems themselves, as the Problem sensor's attributes
             "json_attributes_template": (
                 "{{ {'problems': value_json.problems, "
-                "'out_of_service': value_json.out_of_service | default([])} | tojson }}"
+                "'out_of_service': value_json.out_of_service | default([]), "
+                "'starting': value_json.starting | default([])} | tojson }}"
             ),
         },
         attributes=True,

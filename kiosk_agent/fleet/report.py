@@ -52,7 +52,9 @@ def build_report(
         "unit": snapshot.unit.model_dump(mode="json", context=UNIX_TIMES),
         "availability": [a.model_dump(mode="json", context=UNIX_TIMES)
                          for a in snapshot.availability],
-        "out_of_service": [a.device_id for a in snapshot.availability if not a.available],
+        "out_of_service": [a.device_id for a in snapshot.availability
+                           if not a.available and not a.starting],
+        "starting": [a.device_id for a in snapshot.availability if a.starting],
         "audit": audit_state(snapshot),
     }
 

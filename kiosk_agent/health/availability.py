@@ -13,6 +13,14 @@ the subscribers: the ``mdb`` cashless device disables itself on the bus, the ``g
 lamp goes off, the ``kiosk_api`` status says card payment is unavailable and why. A platform with
 a sale in progress lets it finish and steps aside after it.
 
+Starting is not an outage. An agent made with ``starting=True`` holds every terminal *starting*
+until its readers are enabled (``readers_started``) and, after that, until the terminal is first
+in service: whatever kept it out meanwhile (the journal read whole, the service unreachable at
+boot, the terminal not answered yet) is told to the platforms and shown (``starting`` in health,
+the page and the heartbeat) but journaled, logged and counted as no episode: every boot would
+otherwise be one. A reason the terminal did not have when the readers were enabled ends the
+start as an outage; once the terminal was in service, every reason is an outage as ever.
+
     availability.subscribe("SIM-0001", lambda state: print(state.available, state.reason))
 """
 
@@ -50,6 +58,7 @@ class TerminalState:
     available: bool
     reason: str = ""
     since: float = 0.0  # time.time() of the last change (or of the start)
+    starting: bool = False  # out because the agent is starting: no outage
 
     def as_dict(self) -> dict[str, object]:
         return {
@@ -57,6 +66,7 @@ class TerminalState:
             "available": self.available,
             "reason": self.reason,
             "since": self.since,
+            "starting": self.starting,
         }
 
 
@@ -65,6 +75,10 @@ Listener = Callable[[TerminalState], None]
 
 FILE_CHECK_REASON = "journal: reading its file whole before money moves on it"
 
+# What keeps a terminal out, each as (kind, text for people): the kind says whether a reason is
+# one the start already had (its detail may change meanwhile: "service unreachable: ...").
+Cause = tuple[str, str]
+
 
 @dataclass(slots=True)
 class _Tracked:
@@ -72,10 +86,10 @@ class _Tracked:
     failing_since: float | None = None  # monotonic: first check that found it unusable
     changes: int = 0
     changed_mono: float = 0.0  # monotonic: the last change, to say how long a state lasted
-    # out only while the start reads the journal's file whole: part of starting, not an outage
-    # (no event, no count: every boot would otherwise log and count one)
-    starting_check: bool = False
-    recorded: bool = False  # any change recorded yet (an event, a count)
+    # in service once since the readers were enabled: from then on, out is an outage
+    ready: bool = False
+    # the kinds of cause that kept it out when the readers were enabled: part of starting
+    starting_kinds: frozenset[str] = frozenset()
 
 
 class Availability:
@@ -91,7 +105,10 @@ class Availability:
         recheck_interval: float = RECHECK_INTERVAL,
         log: EventLog | None = None,
         clock: Callable[[], float] = time.monotonic,
+        starting: bool = False,
     ) -> None:
+        """``starting``: the agent's readers are not enabled yet (``readers_started`` says when);
+        until then a terminal out of service is starting, not in an outage."""
         self._health = health
         self._resolve = resolve
         self.hold_off = hold_off
@@ -99,8 +116,10 @@ class Availability:
         self.log = log
         self._clock = clock
         now = time.time()
+        self.readers_enabled = not starting
         self._tracked = {
-            d: _Tracked(TerminalState(d, True, "", now), changed_mono=clock()) for d in device_ids
+            d: _Tracked(TerminalState(d, True, "", now), changed_mono=clock(), ready=not starting)
+            for d in device_ids
         }
         self._listeners: dict[str, list[Listener]] = {d: [] for d in device_ids}
         self.changes: EventBus[TerminalState] = EventBus()
@@ -159,33 +178,39 @@ class Availability:
 
     def reasons(self, device_id: str) -> list[str]:
         """Why ``device_id`` cannot take a card now, from the latest checks (empty: it can)."""
+        return [text for _, text in self.causes(device_id)]
+
+    def causes(self, device_id: str) -> list[Cause]:
+        """``reasons`` with the kind of each: (kind, text)."""
         health = self._health
-        reasons: list[str] = [self.stopping] if self.stopping else []
+        causes: list[Cause] = [("stopping", self.stopping)] if self.stopping else []
         journal = health.journal
         if journal.writable is False:
-            reasons.append(_with("journal not writable", journal.detail))
+            causes.append(("journal_not_writable", _with("journal not writable", journal.detail)))
         if journal.unwritten_sales:
-            reasons.append(f"journal: {len(journal.unwritten_sales)} sale(s) not written yet")
+            causes.append(("journal_unwritten",
+                           f"journal: {len(journal.unwritten_sales)} sale(s) not written yet"))
         if journal.file_checking:
-            reasons.append(FILE_CHECK_REASON)
+            causes.append(("journal_file_check", FILE_CHECK_REASON))
         if journal.file_damaged:
-            reasons.append("journal damaged: a restart moves it aside")
+            causes.append(("journal_damaged", "journal damaged: a restart moves it aside"))
         if journal.charges_pending and journal.notice:
             # the journal was lost or damaged: no customer until reporting was compared with it
-            reasons.append("journal: checking reporting for charges it does not hold")
+            causes.append(("journal_charges",
+                           "journal: checking reporting for charges it does not hold"))
         if health.unit.mismatch:
-            reasons.append(health.unit.mismatch)
+            causes.append(("unit_mismatch", health.unit.mismatch))
         service = health.service
         if service.reachable is False:
-            reasons.append(_with("service unreachable", service.detail))
+            causes.append(("service_unreachable", _with("service unreachable", service.detail)))
         elif service.key_usable is False:
-            reasons.append(_with("API key expired or refused and cannot be refreshed",
-                                 service.key_detail))
+            causes.append(("key_refused", _with(
+                "API key expired or refused and cannot be refreshed", service.key_detail)))
         terminal = health.terminal(device_id)
         if terminal is not None and terminal.online is False and service.reachable is not False:
             detail = "" if "offline" in terminal.detail else terminal.detail
-            reasons.append(_with("terminal offline", detail))
-        return reasons
+            causes.append(("terminal_offline", _with("terminal offline", detail)))
+        return causes
 
     def evaluate(self, *, at_start: bool = False) -> None:
         """Apply the latest checks (the checker calls this after each round).
@@ -198,19 +223,23 @@ class Availability:
         # that cannot hold it, not even during the hold-off
         at_start = at_start or self._journal_fault()
         for device_id, tracked in self._tracked.items():
-            reasons = self.reasons(device_id)
-            reason = "; ".join(reasons)
+            causes = self.causes(device_id)
+            reason = "; ".join(text for _, text in causes)
             state = tracked.state
-            if not reasons:
+            if not causes:
                 if tracked.failing_since is not None and state.available:
                     tracked.failing_since = None
                     self._report(tracked)  # the hold-off is over: its trouble no longer shown
                 tracked.failing_since = None
                 if not state.available:
                     self._change(tracked, True, "")
+                tracked.ready = self.readers_enabled
+                continue
+            if self._still_starting(tracked, causes):
+                self._wait_for_start(tracked, reason)
                 continue
             if not state.available:
-                if tracked.starting_check and reason != FILE_CHECK_REASON:
+                if state.starting:
                     self._change(tracked, False, reason)  # the start's wait became an outage
                     continue
                 if reason != state.reason:  # still out, for another reason: say the new one
@@ -227,6 +256,16 @@ class Availability:
                 self._change(tracked, False, reason)
             else:  # still in service, but health, the page and the CLI say it is failing
                 self._report(tracked, failing=reason)
+
+    def readers_started(self) -> None:
+        """The agent enabled its readers: what keeps a terminal out now is still part of
+        starting until it is first in service; anything else from now on is an outage."""
+        self.readers_enabled = True
+        for device_id, tracked in self._tracked.items():
+            kinds = frozenset(kind for kind, _ in self.causes(device_id))
+            tracked.starting_kinds = kinds if not tracked.ready else frozenset()
+            tracked.ready = tracked.ready or (not kinds and tracked.state.available)
+        self.evaluate()
 
     def stop_taking_cards(self, reason: str) -> None:
         """The agent is stopping: every terminal goes out of service now (no hold-off) and stays
@@ -264,14 +303,41 @@ class Availability:
 
     # -- inside --------------------------------------------------------------------------------
 
+    def _still_starting(self, tracked: _Tracked, causes: list[Cause]) -> bool:
+        """Out for what the start had: before the readers were enabled, anything; after,
+        only the kinds it had then, until the terminal was once in service."""
+        if tracked.ready:
+            return False
+        if not self.readers_enabled:
+            return True
+        return {kind for kind, _ in causes} <= tracked.starting_kinds
+
+    def _wait_for_start(self, tracked: _Tracked, reason: str) -> None:
+        """Out while the agent starts: the platforms hear it and health shows it, but no
+        event, no count and no warning: a boot is no outage."""
+        state = tracked.state
+        if state.starting and state.reason == reason:
+            return
+        if not state.starting:
+            _LOGGER.info("terminal %s waits for the start: %s", state.device_id, reason)
+            tracked.changed_mono = self._clock()
+        since = state.since if state.starting else time.time()
+        tracked.state = TerminalState(state.device_id, False, reason, since, starting=True)
+        tracked.failing_since = None
+        self._report(tracked)
+        self._tell(tracked.state)
+
     def _change(self, tracked: _Tracked, available: bool, reason: str) -> None:
         device_id = tracked.state.device_id
+        was_starting = tracked.state.starting
         tracked.state = TerminalState(device_id, available, reason, time.time())
         # how long it was out: monotonic (the wall clock may have stepped meanwhile: NTP)
         now = self._clock()
         lasted, tracked.changed_mono = now - tracked.changed_mono, now
         tracked.failing_since = None
-        if self._part_of_starting(tracked, available, reason):
+        if available and was_starting:  # the start is over: in service, no episode ended
+            tracked.ready = self.readers_enabled
+            _LOGGER.info("terminal %s in service after starting for %.1f s", device_id, lasted)
             self._report(tracked)
             self._tell(tracked.state)
             return
@@ -289,20 +355,6 @@ class Availability:
         self._report(tracked)
         self._tell(tracked.state)
 
-    @staticmethod
-    def _part_of_starting(tracked: _Tracked, available: bool, reason: str) -> bool:
-        """The first change a terminal makes, out for the start's file check alone, and its
-        return: told to the platforms and shown, but no out-of-service episode."""
-        if not available and reason == FILE_CHECK_REASON and not tracked.recorded:
-            tracked.starting_check = True
-            return True
-        if available and tracked.starting_check:
-            tracked.starting_check = False
-            return True
-        tracked.starting_check = False
-        tracked.recorded = True
-        return False
-
     def _report(self, tracked: _Tracked, failing: str = "") -> None:
         state = tracked.state
         self._health.report_availability(
@@ -312,6 +364,7 @@ class Availability:
             since=state.since,
             changes=tracked.changes,
             failing=failing,
+            starting=state.starting,
         )
 
     def _tell(self, state: TerminalState) -> None:

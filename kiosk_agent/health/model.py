@@ -143,6 +143,8 @@ class AvailabilityHealth(_Model):
     changes: int = 0  # times it went out of service since start
     # a check fails but the hold-off has not run out: still in service, not taking cards well
     failing: str = ""
+    # out while the agent starts (``reason`` says for what): no outage, no problem
+    starting: bool = False
 
 
 class SalesHealth(_Model):
@@ -361,9 +363,11 @@ class Health:
         since: float,
         changes: int,
         failing: str = "",
+        starting: bool = False,
     ) -> None:
         """Card payment on a terminal works, or not and why (from ``health.availability``);
-        ``failing``: why its checks fail while it is still held in service (the hold-off)."""
+        ``failing``: why its checks fail while it is still held in service (the hold-off);
+        ``starting``: it is out because the agent is starting, not in an outage."""
         self._availability[device_id] = AvailabilityHealth(
             device_id=device_id,
             available=available,
@@ -371,6 +375,7 @@ class Health:
             since=since,
             changes=changes,
             failing=redact(failing),
+            starting=starting,
         )
         self._changed()
 
@@ -652,7 +657,7 @@ class Health:
         if sales.attention:
             problems.append(f"{sales.attention} sale(s) need attention")
         for state in availability:
-            if not state.available:
+            if not state.available and not state.starting:  # a start is no problem
                 problems.append(f"card payment unavailable on {state.device_id}: {state.reason}")
         problems.extend(_audit_problems(self._audit))
         if down:

@@ -234,7 +234,8 @@ def test_availability_counts_the_readers_that_can_take_cards_and_names_the_rest(
     assert alone["level"] == "down"
     assert alone["summary"] == "0 of 1 reader can take cards"
     assert alone["cannot"] == [
-        {"device_id": "A", "name": "x", "reason": "terminal A is offline", "since": 1.0}
+        {"device_id": "A", "name": "x", "reason": "terminal A is offline", "since": 1.0,
+         "starting": False}
     ]
     # one usable terminal keeps the machine selling, but it is not "available" in green:
     # degraded, 1 of 2, and the other's trouble is named
@@ -259,10 +260,34 @@ def test_a_reader_failing_its_checks_during_the_hold_off_is_not_counted_as_takin
     assert shown["summary"] == "1 of 2 readers can take cards"
     assert shown["level"] == "degraded"
     assert shown["cannot"] == [{
-        "device_id": "A", "name": None, "since": None,
+        "device_id": "A", "name": None, "since": None, "starting": False,
         "reason": "terminal offline: ping timed out (checked again before it is taken out of "
                   "service)",
     }]
+
+
+def test_a_reader_out_while_the_agent_starts_says_starting() -> None:
+    waiting = {"device_id": "A", "available": False, "since": 1.0, "starting": True,
+               "reason": "journal: reading its file whole before money moves on it"}
+    shown = availability({"availability": [waiting]})
+    assert shown["summary"] == "0 of 1 reader can take cards"
+    assert shown["cannot"] == [{
+        "device_id": "A", "name": None, "since": 1.0, "starting": True,
+        "reason": "starting: journal: reading its file whole before money moves on it",
+    }]
+    ready = {"device_id": "A", "available": True, "since": 2.0, "reason": ""}
+    out = {**ready, "available": False, "reason": "terminal offline"}
+    base = {"status": "ok", "problems": []}
+    assert health_notes({**base, "availability": []}, {**base, "availability": [waiting]}) == []
+    assert health_notes({**base, "availability": [waiting]}, {**base, "availability": [ready]}) == [
+        "A can take cards"
+    ]
+    assert health_notes({**base, "availability": [ready]}, {**base, "availability": [out]}) == [
+        "A cannot take cards: terminal offline"
+    ]
+    assert health_notes({**base, "availability": [out]}, {**base, "availability": [ready]}) == [
+        "A can take cards again"
+    ]
 
 
 def test_health_notes_name_what_changed() -> None:

@@ -145,6 +145,33 @@ async def test_going_out_of_service_is_reported_at_once() -> None:
 
 
 
+def test_a_terminal_waiting_for_the_start_is_starting_not_out_of_service() -> None:
+    # a boot is no outage: the heartbeat lists the terminal as starting, Home Assistant gets no
+    # terminal_out_of_service for it (nor a back-in-service when the start is over)
+    agent = settled_agent()
+    agent.availability = Availability(agent.health, ["SIM-0001"], hold_off=0, starting=True)
+    conf = {"device_id": "unit-s", "interval": 3600, "mqtt": {"host": "127.0.0.1", "port": 1}}
+    upstream = Upstream(agent, conf)  # not started: the events wait in the sink's queue
+    assert upstream.mqtt is not None
+    agent.health.report_service(False, "cannot connect")
+    agent.availability.evaluate(at_start=True)
+    report = upstream.heartbeat()
+    assert (report["starting"], report["out_of_service"]) == (["SIM-0001"], [])
+    assert report["availability"][0]["starting"] is True
+    assert not [p for p in report["problems"] if p.startswith("card payment")]
+    agent.availability.readers_started()
+    agent.health.report_service(True)
+    agent.availability.evaluate()
+    report = upstream.heartbeat()
+    assert (report["starting"], report["out_of_service"]) == ([], [])
+    assert list(upstream.mqtt.events) == []
+    agent.health.report_service(False, "cannot connect")  # once ready: an outage
+    agent.availability.evaluate()
+    report = upstream.heartbeat()
+    assert (report["starting"], report["out_of_service"]) == ([], ["SIM-0001"])
+    assert [e["event_type"] for e in upstream.mqtt.events] == ["terminal_out_of_service"]
+
+
 async def test_the_first_report_waits_for_recovery_after_a_crash() -> None:
     """Before: the first report went out 3 ms after "ready", while recovery was still putting
     the sales a crash left open into attention: HA showed ok, then degraded a minute later."""

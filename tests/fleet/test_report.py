@@ -35,6 +35,7 @@ def test_report_carries_health_and_nothing_secret() -> None:
         "unit",
         "availability",
         "out_of_service",
+        "starting",
         "audit",  # None: this unit reads no machine audit
     }
     text = json.dumps(report)

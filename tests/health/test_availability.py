@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 import pytest
@@ -30,7 +31,9 @@ def journal(tmp_path: Path) -> Journal:
     journal.close()
 
 
-def _make(journal: Journal, hold_off: float = 2.0) -> tuple[Availability, Health, Clock]:
+def _make(
+    journal: Journal, hold_off: float = 2.0, *, starting: bool = False
+) -> tuple[Availability, Health, Clock]:
     health = Health("1")
     health.report_service(True)
     health.report_terminal("SIM-0001", online=True)
@@ -38,7 +41,8 @@ def _make(journal: Journal, hold_off: float = 2.0) -> tuple[Availability, Health
     log = EventLog(lambda: journal.db)
     log.open()
     availability = Availability(
-        health, ["SIM-0001"], hold_off=hold_off, recheck_interval=0.5, log=log, clock=clock
+        health, ["SIM-0001"], hold_off=hold_off, recheck_interval=0.5, log=log, clock=clock,
+        starting=starting,
     )
     return availability, health, clock
 
@@ -130,29 +134,118 @@ def test_at_start_there_is_no_hold_off(journal: Journal) -> None:
 def test_the_starts_file_check_is_part_of_starting_not_an_outage(journal: Journal) -> None:
     # every start reads the journal's file whole before money moves on it: the terminals wait
     # out of service meanwhile, but a boot is no outage (no event, no count, no alert)
-    availability, health, _ = _make(journal, hold_off=30)
+    availability, health, _ = _make(journal, hold_off=30, starting=True)
     seen: list[TerminalState] = []
     availability.subscribe("SIM-0001", seen.append)
     health.report_journal_state(file_checking=True)
     availability.evaluate(at_start=True)
-    assert availability.state().reason == FILE_CHECK_REASON
+    state = availability.state()
+    assert (state.available, state.starting, state.reason) == (False, True, FILE_CHECK_REASON)
+    snapshot = health.snapshot()
+    [shown] = snapshot.availability
+    assert (shown.available, shown.starting, shown.reason) == (False, True, FILE_CHECK_REASON)
+    assert not [p for p in snapshot.problems if "card payment" in p]  # starting is no problem
+    availability.readers_started()  # the check outlasts the readers' start: still starting
+    assert availability.state().starting
     health.report_journal_state(file_checking=False)
     availability.evaluate()
-    assert [s.available for s in seen] == [True, False, True]  # the platforms heard both
+    heard = [(s.available, s.starting) for s in seen]
+    assert heard == [(True, False), (False, True), (True, False)]
     assert availability.log is not None
     assert availability.log.recent() == []
     [shown] = health.snapshot().availability
-    assert (shown.available, shown.changes) == (True, 0)
-    # later, a real outage is one: the file check only excuses the start
-    health.report_journal(False, "disk full")
+    assert (shown.available, shown.starting, shown.changes) == (True, False, 0)
+    # the same reason once the unit was ready is an outage: the file check only excuses the start
+    health.report_journal_state(file_checking=True)
     availability.evaluate()
+    state = availability.state()
+    assert (state.available, state.starting, state.reason) == (False, False, FILE_CHECK_REASON)
     assert [e.kind for e in availability.log.recent()] == ["out_of_service"]
+    assert health.snapshot().availability[0].changes == 1
+
+
+def test_the_service_unreachable_at_boot_is_starting_and_later_an_outage(
+    journal: Journal, caplog: pytest.LogCaptureFixture
+) -> None:
+    availability, health, clock = _make(journal, hold_off=2.0, starting=True)
+    seen: list[TerminalState] = []
+    availability.subscribe("SIM-0001", seen.append)
+    health.report_service(False, "cannot connect")
+    availability.evaluate(at_start=True)
+    availability.readers_started()
+    # its detail changes while the boot goes on: still the start's reason, still starting
+    clock.now += 60
+    health.report_service(False, "timed out")
+    availability.evaluate()
+    state = availability.state()
+    assert (state.available, state.starting) == (False, True)
+    assert state.reason == "service unreachable: timed out"
+    health.report_service(True)
+    availability.evaluate()
+    # the platforms (an MDB reader) heard one wait and one start: no flapping on the bus
+    assert [s.available for s in seen] == [True, False, False, True]
+    assert availability.log is not None
+    assert availability.log.recent() == []
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
+    assert health.snapshot().availability[0].changes == 0
+    # the unit was ready once: the same reason is an outage, after the hold-off, as ever
+    health.report_service(False, "cannot connect")
+    availability.evaluate()
+    assert availability.state().available  # held off
+    clock.now += 2.0
+    availability.evaluate()
+    state = availability.state()
+    assert (state.available, state.starting) == (False, False)
+    assert [e.kind for e in availability.log.recent()] == ["out_of_service"]
+    assert "terminal SIM-0001 out of service: service unreachable" in caplog.text
+    assert "card payment unavailable on SIM-0001" in " ".join(health.snapshot().problems)
+
+
+def test_before_the_readers_start_every_reason_is_part_of_starting(journal: Journal) -> None:
+    availability, health, _ = _make(journal, hold_off=30, starting=True)
+    health.report_terminal("SIM-0001", online=False, detail="timed out")
+    availability.evaluate(at_start=True)
+    since = availability.state().since
+    health.report_terminal("SIM-0001", online=True)
+    health.report_service(False, "cannot connect")
+    availability.evaluate()
+    state = availability.state()
+    assert (state.starting, state.reason, state.since) == (
+        True, "service unreachable: cannot connect", since
+    )
+    health.report_service(True)
+    availability.evaluate()  # in service, but no reader is enabled yet: not ready
+    health.report_journal_state(file_checking=True)
+    availability.evaluate()
+    assert availability.state().starting
+    health.report_journal_state(file_checking=False)
+    availability.readers_started()
+    assert availability.state().available
+    assert availability.log is not None
+    assert availability.log.recent() == []
+
+
+def test_a_reason_the_start_did_not_have_ends_it_as_an_outage(journal: Journal) -> None:
+    availability, health, _ = _make(journal, hold_off=30, starting=True)
+    health.report_journal_state(file_checking=True)
+    availability.evaluate(at_start=True)
+    availability.readers_started()
+    health.report_terminal("SIM-0001", online=False, detail="timed out")
+    availability.evaluate()
+    state = availability.state()
+    assert (state.available, state.starting) == (False, False)
+    assert state.reason == f"{FILE_CHECK_REASON}; terminal offline: timed out"
+    assert availability.log is not None
+    assert [e.kind for e in availability.log.recent()] == ["out_of_service"]
+    [shown] = health.snapshot().availability
+    assert (shown.starting, shown.changes) == (False, 1)
 
 
 def test_a_damaged_file_found_by_the_starts_check_is_an_outage(journal: Journal) -> None:
-    availability, health, _ = _make(journal)
+    availability, health, _ = _make(journal, starting=True)
     health.report_journal_state(file_checking=True)
     availability.evaluate(at_start=True)
+    availability.readers_started()
     health.report_journal_state(file_checking=False, file_damaged=True)
     availability.evaluate()
     assert availability.state().reason == "journal damaged: a restart moves it aside"
