@@ -206,7 +206,7 @@ def port_warnings(config: Config) -> list[str]:
     ports that do exist."""
     from kiosk_agent.config.load import locate
     from kiosk_agent.config.yaml_loader import load_yaml
-    from kiosk_agent.doctor import serial_ports_present
+    from kiosk_agent.platforms.serial_doctor import serial_ports_present
 
     missing = [
         (index, trigger["port"])
@@ -235,7 +235,7 @@ def trigger_warnings(config: Config) -> list[str]:
     exist, gpiod not installed): named with its file and line, and what to do."""
     from kiosk_agent.config.load import locate
     from kiosk_agent.config.yaml_loader import load_yaml
-    from kiosk_agent.doctor import trigger_problems
+    from kiosk_agent.platforms.doctor import trigger_problems
 
     problems = trigger_problems(config)
     if not problems:

@@ -45,11 +45,11 @@ from kiosk_agent.cli.contract import (
 from kiosk_agent.moments import display_clock, optional_timestamp
 from kiosk_agent.money import format_cents
 
-# The checks (doctor.py), the configuration and aiohttp are imported by the commands that
-# use them: the parser (`--help`, shell completion) must not wait for them.
+# The checks (doctor.py, verdicts.py), the configuration and aiohttp are imported by the
+# commands that use them: the parser (`--help`, shell completion) must not wait for them.
 if TYPE_CHECKING:
     from kiosk_agent.config.load import Config
-    from kiosk_agent.doctor import Check, Report
+    from kiosk_agent.verdicts import Check, Report
 
 TOKEN_ENV = "KIOSK_AGENT_TOKEN"  # noqa: S105 - the variable's name, not a secret
 
@@ -133,15 +133,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
 async def doctor_command(args: argparse.Namespace) -> int:
     # The checks and their fixes live in doctor.py (the status page runs them too).
-    from kiosk_agent.doctor import (
-        Report,
-        check_config,
-        check_journal,
-        check_port_urls,
-        check_sections,
-        check_serial_ports,
-        check_triggers,
-    )
+    from kiosk_agent.doctor import Report, check_config, check_sections, check_this_unit
 
     as_json = wants_json(args)
     report = Report(on_check=None if as_json else _print_check)
@@ -151,10 +143,7 @@ async def doctor_command(args: argparse.Namespace) -> int:
         args.timeout = getattr(args, "timeout", None) or config["service"].get(
             "timeout", timeout_of(args)
         )
-        check_serial_ports(report, config)
-        await check_port_urls(report, config, args.timeout)
-        check_triggers(report, config)
-        check_journal(report, config)
+        await check_this_unit(report, config, args.timeout)
         await _check_service(report, config, args)
         await check_sections(report, config, args.timeout)
     report.finished_at = time.time()  # the run is over: its time is a fact, not null
@@ -174,7 +163,7 @@ async def doctor_command(args: argparse.Namespace) -> int:
 def verdict(report: Report) -> str:
     """``all 8 checks passed, 4 skipped`` or ``2 of 8 checks failed: ...``: skipped checks
     are counted apart, never as checks that ran."""
-    from kiosk_agent.doctor import Verdict
+    from kiosk_agent.verdicts import Verdict
 
     if not report.checks:
         return "nothing checked"
@@ -230,7 +219,7 @@ def _broker(args: argparse.Namespace) -> tuple[Path, dict[str, Any], dict[str, A
 
 
 def _unreachable(mqtt: dict[str, Any], err: BaseException) -> CliError:
-    from kiosk_agent.doctor import describe
+    from kiosk_agent.verdicts import describe
 
     return CliError(f"cannot reach the MQTT broker {mqtt['host']}:{mqtt['port']}: "
                     f"{describe(err)}", EXIT_UNREACHABLE)
@@ -472,7 +461,7 @@ async def health_command(args: argparse.Namespace) -> int:
     import asyncio
     import http.client
 
-    from kiosk_agent.doctor import describe
+    from kiosk_agent.verdicts import describe
 
     url, token = admin_address(args)
     within = timeout_of(args)

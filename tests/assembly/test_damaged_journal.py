@@ -108,8 +108,9 @@ async def test_a_charge_the_damaged_journal_lost_is_given_back_before_any_custom
 
 
 async def test_doctor_names_each_damage(tmp_path: Path) -> None:
-    from kiosk_agent.doctor import Report, Verdict, check_journal_file
     from kiosk_agent.sales.journal import Journal
+    from kiosk_agent.sales.journal_doctor import check_journal_file
+    from kiosk_agent.verdicts import Report, Verdict
 
     live = tmp_path / "live" / "journal.db"
     journal = Journal(live)

@@ -16,11 +16,12 @@ import voluptuous as vol
 
 from kiosk_agent.cli import main
 from kiosk_agent.config.load import load_config
-from kiosk_agent.doctor import Report, Verdict, check_triggers
 from kiosk_agent.platforms import gpio
+from kiosk_agent.platforms.doctor import check_triggers
 from kiosk_agent.platforms.gpio import PLATFORM_SCHEMA, Edge, GpioPlatform, setup_with_chip
 from kiosk_agent.sales.model import SaleEvent
 from kiosk_agent.sales.states import SaleState
+from kiosk_agent.verdicts import Report, Verdict
 from tests.assembly.test_slow_service import held_by_the_service, ledger
 
 from ..helpers import sim_call, until

@@ -228,10 +228,11 @@ async def test_a_journal_copied_to_another_machine_takes_no_customer_until_adopt
     customer and moves no money; `kiosk-agent unit adopt` gives it a new id, and it sells
     under that id, leaving the original's charge alone."""
     from kiosk_agent.cli import build_parser
-    from kiosk_agent.doctor import Report, Verdict, check_unit
+    from kiosk_agent.sales.journal_doctor import check_unit
     from kiosk_agent.sales.runner import TerminalBusy
     from kiosk_agent.sales.states import SaleState
     from kiosk_agent.service.models import TransStatus
+    from kiosk_agent.verdicts import Report, Verdict
 
     original_dir, clone_dir = tmp_path / "original", tmp_path / "clone"
     original_dir.mkdir()

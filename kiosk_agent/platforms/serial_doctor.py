@@ -1,0 +1,146 @@
+"""The doctor's checks of the serial ports: each device there and this user may open it, each
+``socket://`` port answering (or, in the running agent, its own link's state).
+
+Beside the serial transport (``serial.py``) whose ports they check; ``doctor.py`` runs them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+from urllib.parse import urlsplit
+
+from kiosk_agent.verdicts import Report, Verdict, describe
+
+if TYPE_CHECKING:
+    from kiosk_agent.config.load import Config
+
+
+def _serial_ports(config: Config) -> list[tuple[str, str, str]]:
+    """(name, port, link name in health) of each trigger on a serial port: a serial platform's
+    port is a device path or a URL (str); a kiosk_api port is an HTTP port (int)."""
+    ports = [
+        (t.get("name") or t["platform"], t["port"], f"{t['platform']}:{t.get('name') or ''}")
+        for t in config.triggers
+        if isinstance(t.get("port"), str) and t["port"]
+    ]
+    dex = _dex_port(config)
+    if dex and not dex.startswith(_VIRTUAL_DEX):
+        ports.append(("dex", dex, "dex"))  # the machine's audit port (docs/audit-link.md)
+    return ports
+
+
+# The virtual machine's own DEX pty (audit.component.VIRTUAL_PORT): made inside the agent.
+_VIRTUAL_DEX = "virtual:"
+
+
+def _dex_port(config: Config) -> str:
+    section = config.get("dex")
+    port = section.get("port") if isinstance(section, dict) else None
+    return port if isinstance(port, str) else ""
+
+
+def check_serial_ports(report: Report, config: Config) -> None:
+    """Each serial device is present and this user may open it; a port given as a URL
+    (``socket://host:port``) is :func:`check_port_urls`'."""
+    ports = _serial_ports(config)
+    dex = _dex_port(config)
+    if dex.startswith(_VIRTUAL_DEX):
+        report.add(
+            "serial port dex", Verdict.SKIP,
+            f"{dex}: the virtual machine's DEX port, made by the agent itself "
+            "(kiosk-agent audit shows its reads)",
+        )  # fmt: skip
+    if not ports:
+        report.add("serial ports", Verdict.SKIP, "no trigger uses a serial port")
+        return
+    for name, port, _ in ports:
+        check = f"serial port {name}"
+        if "://" in port:
+            continue
+        path = Path(port)
+        if not path.exists():
+            present = serial_ports_present()
+            report.add(
+                check,
+                Verdict.FAIL,
+                f"{port} is not present",
+                "plug the adapter in; list /dev/serial/by-id/ and use that stable name",
+                [f"serial ports here: {', '.join(present)}" if present
+                 else "serial ports here: none (no adapter is plugged in)"],
+            )
+        elif not os.access(path, os.R_OK | os.W_OK):
+            report.add(
+                check,
+                Verdict.FAIL,
+                f"{port} exists but this user cannot open it",
+                "add the service user to the dialout group (usermod -aG dialout USER)",
+            )
+        else:
+            report.add(check, Verdict.PASS, f"{port} present and accessible")
+
+
+# pyserial's URLs that name a TCP host and port (ser2net, an ESP-Link, the virtual machine's)
+_TCP_SCHEMES = ("socket", "rfc2217")
+
+
+async def check_port_urls(
+    report: Report, config: Config, within: float, links: dict[str, Any] | None = None
+) -> None:
+    """A serial port given as ``socket://host:port`` answers: a TCP connection is made (a
+    link down is a failure, not a skip). In the running agent (``links``: its health's links by
+    name) the agent's own link says, since a second connection may be refused by, or take the
+    port from, a bridge that serves one client (ser2net)."""
+    for name, port, link_name in _serial_ports(config):
+        if "://" not in port:
+            continue
+        check = f"serial port {name}"
+        parts = urlsplit(port)
+        if parts.scheme not in _TCP_SCHEMES or not parts.hostname or parts.port is None:
+            report.add(check, Verdict.SKIP, f"{port}: no host and port to check")
+            continue
+        link = (links or {}).get(link_name)
+        if link is not None:
+            _link_verdict(report, check, port, link)
+            continue
+        try:
+            async with asyncio.timeout(within):
+                _, writer = await asyncio.open_connection(parts.hostname, parts.port)
+            writer.close()
+            with contextlib.suppress(OSError):
+                await writer.wait_closed()
+        except (OSError, TimeoutError) as err:
+            report.add(
+                check, Verdict.FAIL, f"{port}: {describe(err)}",
+                "start the serial bridge there (ser2net, or `kiosk-agent virtual --listen`) "
+                "and check the host, the port and the network to it",
+            )  # fmt: skip
+        else:
+            report.add(check, Verdict.PASS, f"{port} accepts connections")
+
+
+def _link_verdict(report: Report, check: str, port: str, link: Any) -> None:
+    if link.healthy:
+        report.add(check, Verdict.PASS, f"{port}: the agent's link is {link.state}")
+        return
+    detail = f" ({link.detail})" if link.detail else ""
+    report.add(
+        check, Verdict.FAIL, f"{port}: the agent's link is {link.state}{detail}",
+        "check the serial bridge there and the network to it; the agent reconnects by itself",
+    )  # fmt: skip
+
+
+# Where serial adapters appear on Linux: the stable names first, then the kernel's.
+SERIAL_PORT_PATTERNS = ("/dev/serial/by-id/*", "/dev/ttyUSB*", "/dev/ttyACM*", "/dev/ttyAMA*",
+                        "/dev/ttyS[0-3]")
+
+
+def serial_ports_present(patterns: tuple[str, ...] = SERIAL_PORT_PATTERNS) -> list[str]:
+    """The serial ports that exist on this machine (at most 12 named, stable names first)."""
+    import glob
+
+    found = [p for pattern in patterns for p in sorted(glob.glob(pattern))]
+    return found[:12] + ([f"... {len(found) - 12} more"] if len(found) > 12 else [])
