@@ -65,8 +65,8 @@ import aiohttp
 from kiosk_agent.assembly.agent import Agent
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import agent_probe  # the launcher that probes the agent from outside
+from _support import free_port  # shared with the tests, without the test tree
 
 from kiosk_agent.cli.sim import settings_from_ready
 from kiosk_agent.config.load import load_config
@@ -76,7 +76,6 @@ from kiosk_agent.sales.states import SaleState, Step
 from kiosk_agent.service.client import ServiceClient
 from kiosk_agent.service.settings import ServiceSettings
 from kiosk_agent.sim.server import SimOptions, SimServer
-from tests.helpers import free_port
 
 TIME_SCALE = 100_000  # a card in 15 microseconds: "instant" outcomes
 # The agent as a process meets a simulator at a scale where an interaction lives long enough

@@ -37,7 +37,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from tests.assembly.crash_driver import Chaos, ChaosOptions
+from bench._support import load_harness
+
+# the harness is the test tree's file, loaded as it runs as a script: no `tests` package
+_driver = load_harness("tests/assembly/crash_driver.py")
+Chaos, ChaosOptions = _driver.Chaos, _driver.ChaosOptions
 
 
 async def main() -> int:

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import random
 import re
-import socket
 from collections.abc import Callable, Iterator
-from pathlib import Path
 from typing import Any
+
+# one copy, the benches' too (they run without the test tree): bench/_support.py
+from bench._support import free_port as free_port
 
 
 async def until(predicate: Callable[[], object], timeout: float = 5.0) -> None:
@@ -17,34 +17,6 @@ async def until(predicate: Callable[[], object], timeout: float = 5.0) -> None:
     async with asyncio.timeout(timeout):
         while not predicate():
             await asyncio.sleep(0.005)
-
-
-def free_port() -> int:
-    """A loopback port free right now, for a server that must come back on the same port.
-
-    Chosen below the kernel's ephemeral range: a port from inside it (what binding port 0
-    gives) can be taken meanwhile by any outgoing connection of a parallel test, and a server
-    restarted on it then finds it in use."""
-    low = _ephemeral_low()
-    for _ in range(200):
-        port = _RANDOM.randrange(max(1024, low - 12000), low)
-        with socket.socket() as sock:
-            try:
-                sock.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-            return port
-    raise RuntimeError("no free loopback port below the ephemeral range")
-
-
-def _ephemeral_low() -> int:
-    try:
-        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
-    except (OSError, ValueError, IndexError):
-        return 32768
-
-
-_RANDOM = random.SystemRandom()
 
 
 def service_yaml(info: dict[str, Any], timeout: float = 5) -> str:

@@ -57,7 +57,7 @@ from kiosk_agent.service.models import Transaction, TransStatus
 from kiosk_agent.sim.machine import read_record
 
 if TYPE_CHECKING:  # run as a script, this file cannot import the tests package
-    from tests.faketime import SteppedClock
+    from bench._support import SteppedClock
 
 HELD = frozenset({TransStatus.AUTHORIZED, TransStatus.CAPTURED, TransStatus.SETTLED})
 CHARGED = HELD | {TransStatus.VOIDED, TransStatus.REFUNDED, TransStatus.PARTIALLY_REFUNDED}
@@ -624,7 +624,7 @@ class Chaos:
 
         opts = self.options
         if opts.clock_steps:
-            from tests.faketime import SteppedClock
+            from bench._support import SteppedClock  # the chaos bench runs without tests/
 
             self.clock = SteppedClock(self.dir / "faketime")
         # every agent is forked from one server (libfaketime preloaded there when the clock
@@ -1062,8 +1062,9 @@ class DiskFaults:
 
 
 def _free_port() -> int:
-    # the harness's side only (the agent side runs this file as a script, without tests/)
-    from tests.helpers import free_port
+    # the harness's side only (the agent side runs this file as a script, without tests/; the
+    # chaos bench loads it without the tests package: bench/_support.py)
+    from bench._support import free_port
 
     return free_port()
 
