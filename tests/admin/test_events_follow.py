@@ -16,6 +16,7 @@ from kiosk_agent.sales.journal import Journal, SaleRecord
 from kiosk_agent.sales.states import SaleState
 from tests.admin.conftest import ADMIN_TOKEN, write_config
 from tests.admin.test_server import _sell
+from tests.child_signals import send_signal, stop
 from tests.helpers import free_port, walk_to
 
 WAIT_S = 20.0  # the longest any wait here lasts (a busy 2-core machine)
@@ -38,7 +39,7 @@ async def _follow(admin_server: Any, *argv: str) -> asyncio.subprocess.Process:
 
 
 async def _interrupt(proc: asyncio.subprocess.Process) -> tuple[int, float, str]:
-    proc.send_signal(signal.SIGINT)
+    send_signal(proc, signal.SIGINT)
     began = time.monotonic()
     _out, err = await asyncio.wait_for(proc.communicate(), WAIT_S)
     return proc.returncode or 0, time.monotonic() - began, err.decode()
@@ -60,8 +61,7 @@ async def test_events_show_a_sales_steps_in_order_and_end_on_ctrl_c(
                     steps.append(event)
         code, took, err = await _interrupt(proc)
     finally:
-        if proc.returncode is None:
-            proc.kill()
+        await stop(proc)
     # the steps as the journal has them, in its order, each once
     journaled = [s.step for s in agent.journal.steps(final.sale_id)]
     assert [e["step"] for e in steps] == journaled
@@ -87,8 +87,7 @@ async def test_events_take_a_terminal_by_its_configured_name(
             event = json.loads(await proc.stdout.readline())
         code, _took, _err = await _interrupt(proc)
     finally:
-        if proc.returncode is None:
-            proc.kill()
+        await stop(proc)
     assert (event["sale_id"], event["terminal"]) == (final.sale_id, "SIM-0007")
     assert code == 130
 
@@ -106,8 +105,7 @@ async def test_events_name_a_reader_that_stops_taking_cards(
                 lines.append((await proc.stdout.readline()).decode())
         code, _took, _err = await _interrupt(proc)
     finally:
-        if proc.returncode is None:
-            proc.kill()
+        await stop(proc)
     assert lines[0].split("  ", 1)[1].strip() == "status      status ok -> degraded"
     assert "problem: terminal SIM-0001 offline" in lines[1]
     assert code == 130
@@ -124,8 +122,7 @@ async def test_health_watch_prints_the_health_again_when_it_changes(
         second = json.loads(await asyncio.wait_for(proc.stdout.readline(), WAIT_S))
         code, took, err = await _interrupt(proc)
     finally:
-        if proc.returncode is None:
-            proc.kill()
+        await stop(proc)
     assert first["status"] == "ok"
     assert second["status"] == "degraded"
     assert code == 130
@@ -204,8 +201,7 @@ async def test_a_reader_that_fell_behind_is_told_how_many_steps_it_missed_and_wh
                 lines.append(json.loads(await proc.stdout.readline()))
         code, _took, err = await _interrupt(proc)
     finally:
-        if proc.returncode is None:
-            proc.kill()
+        await stop(proc)
     shown = [line for line in lines if line.get("sale_id", "").startswith("burst")
              or line["kind"] == "gap"]
     assert shown[0] == {**shown[0], "kind": "gap", "missed": 44}  # where the hole is
@@ -244,8 +240,7 @@ async def test_events_follow_the_agent_through_a_restart_and_fetch_what_they_mis
         seen += await _lines_until(proc, after.sale_id, "receipt")
         code, _took, err = await _interrupt(proc)
     finally:
-        if proc.returncode is None:
-            proc.kill()
+        await stop(proc)
         if second is not None:
             await second.stop()
     shown = [(e["sale_id"], e["step"]) for e in seen]

@@ -19,6 +19,7 @@ import pytest
 from kiosk_agent.app import load_agent
 from kiosk_agent.web.server import LISTEN_BACKLOG, SILENT_SHARE, live_sites
 
+from ..child_signals import stop
 from .conftest import ADMIN_TOKEN, KIOSK_TOKEN, write_config
 
 FLOOD = 1100
@@ -63,8 +64,7 @@ async def slowloris(port: int, count: int) -> AsyncIterator[asyncio.subprocess.P
             try:
                 await asyncio.wait_for(process.wait(), 10)
             except TimeoutError:
-                process.kill()
-                await process.wait()
+                await stop(process)
 
 
 async def flood_stats(process: asyncio.subprocess.Process) -> tuple[int, int, int]:

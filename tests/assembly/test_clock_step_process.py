@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import signal
 import sys
 import textwrap
 import time
@@ -27,6 +28,7 @@ from kiosk_agent.service.client import ServiceClient
 from kiosk_agent.service.models import TransactionFilter, TransStatus
 from kiosk_agent.sim.faults import faults_of
 from tests.assembly.crash_driver import _free_port
+from tests.child_signals import stop
 from tests.faketime import SteppedClock
 from tests.helpers import service_yaml
 
@@ -90,13 +92,7 @@ class AgentProcess:
 
     async def stop(self) -> None:
         if self.proc is not None and self.proc.returncode is None:
-            self.proc.terminate()
-            try:
-                async with asyncio.timeout(15):
-                    await self.proc.wait()
-            except TimeoutError:
-                self.proc.kill()
-                await self.proc.wait()
+            await stop(self.proc, signal.SIGTERM, within=15)
 
     def log_tail(self) -> str:
         return (self.workdir / "agent.log").read_text(errors="replace")[-3000:]

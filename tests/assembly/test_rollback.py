@@ -28,6 +28,7 @@ from kiosk_agent.sales.unit import OwnUnit
 from kiosk_agent.service.models import TransStatus
 from tests.assembly.crash_driver import WarmDrivers
 from tests.assembly.test_crash import TIME_SCALE, Driver, write_config
+from tests.child_signals import send_signal
 
 from .disk_helpers import ledger
 
@@ -119,7 +120,7 @@ async def test_the_previous_release_runs_on_a_journal_this_one_wrote(
         [row] = await ledger_of(sim, order_id)
         assert row.status is TransStatus.VOIDED
     finally:
-        proc.send_signal(signal.SIGTERM)
+        send_signal(proc, signal.SIGTERM)
         async with asyncio.timeout(30):
             code = await proc.wait()
     assert code == 0, log.read_text()[-3000:]

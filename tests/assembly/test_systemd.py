@@ -19,6 +19,7 @@ from kiosk_agent.assembly.systemd import (
 from kiosk_agent.config.load import HTTP_SCHEMA
 from kiosk_agent.health.model import Health
 from kiosk_agent.sales.settings import STOP_TIMEOUT
+from tests.child_signals import send_signal, stop
 from tests.helpers import until
 
 UNIT = Path(__file__).parents[2] / "systemd" / "kiosk-agent.service"
@@ -198,12 +199,10 @@ async def test_kiosk_agent_run_speaks_to_systemd(tmp_path: Path) -> None:
     try:
         await until("READY=1")
         await until("WATCHDOG=1")
-        proc.send_signal(signal.SIGTERM)
+        send_signal(proc, signal.SIGTERM)
         await until("STOPPING=1")
         assert await asyncio.wait_for(proc.wait(), 20) == 0
     finally:
-        if proc.returncode is None:
-            proc.kill()
-            await proc.wait()
+        await stop(proc)
         server.close()
     assert messages[0].startswith("READY=1")

@@ -8,7 +8,6 @@ is bounded, and what the agent logged is in the failure message.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import os
 import signal
 import sqlite3
@@ -21,6 +20,7 @@ from kiosk_agent.service.client import ServiceClient
 from kiosk_agent.service.models import TransactionFilter, TransStatus
 from kiosk_agent.service.settings import ServiceSettings
 
+from ..child_signals import SignalledChild
 from ..helpers import service_yaml
 
 TIME_SCALE = 50  # a card is presented 30 ms after the charge-card starts
@@ -60,31 +60,6 @@ triggers:
     dispense_time: 1.0
     seed: 7
 """
-
-
-class SignalledChild:
-    """An asyncio child process signalled through a pidfd, never through
-    ``Process.send_signal``: before Python 3.13 that calls ``Popen.send_signal``, whose poll
-    (``waitpid(pid, WNOHANG)``) reaps a child that has just exited before asyncio's child
-    watcher thread can, and the watcher then reports 255 for its exit code (CPython
-    gh-87744). A pidfd names this one process: signalling it reaps nothing and cannot reach
-    another process that reuses its pid. Once the child is reaped, a signal raises
-    ProcessLookupError, as ``os.kill`` would."""
-
-    def __init__(self, proc: asyncio.subprocess.Process) -> None:
-        self.proc = proc
-        self._pidfd = os.pidfd_open(proc.pid)
-
-    def send(self, signum: int) -> None:
-        signal.pidfd_send_signal(self._pidfd, signum)
-
-    async def close(self) -> None:
-        """Nothing left running, and the pidfd closed."""
-        if self.proc.returncode is None:
-            with contextlib.suppress(ProcessLookupError):  # it ended meanwhile
-                self.send(signal.SIGKILL)
-            await self.proc.wait()
-        os.close(self._pidfd)
 
 
 class AgentProcess:

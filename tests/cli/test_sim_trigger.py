@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import json
+import signal
 
 import aiohttp
 import pytest
 
 from kiosk_agent.cli import build_parser
 from kiosk_agent.sim.server import SimServer
+from tests.child_signals import stop
 from tests.helpers import free_port
 
 
@@ -150,8 +152,7 @@ async def test_sim_verbose_logs_each_request_and_event_on_one_line(
         request = next(line for line in lines if "POST /sim/terminals/SIM-0003/offline" in line)
         assert " 200 " in request
     finally:
-        process.terminate()
-        await process.wait()
+        await stop(process, signal.SIGTERM)
 
 
 def test_the_trigger_option_offers_who_the_service_says_may_move_a_merchant() -> None:

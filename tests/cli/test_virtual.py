@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import json
+import signal
 import sys
 from pathlib import Path
 
 import pytest
 
 from kiosk_agent.sim.machine import read_record
+from tests.child_signals import stop
 
 
 async def _spawn(*args: str) -> asyncio.subprocess.Process:
@@ -60,8 +62,7 @@ async def test_the_machine_sells_over_a_socket_and_records_what_came_out(tmp_pat
         )
         writer.close()
     finally:
-        proc.terminate()
-        assert await proc.wait() == 0
+        assert await stop(proc, signal.SIGTERM) == 0
 
     events = [(r["event"], r["visit"], r["vended_cents"]) for r in read_record(record)]
     assert events == [
@@ -94,8 +95,7 @@ async def test_the_machine_answers_dex_with_its_books_cash_customers_counted() -
         await _line(proc.stdout, "DONE ")  # three customers served, all paying cash
         audit = await asyncio.wait_for(read_audit(ready["dex_port"]), 30)
     finally:
-        proc.terminate()
-        assert await proc.wait() == 0
+        assert await stop(proc, signal.SIGTERM) == 0
     figures = figures_of(parse_audit(audit))
     assert figures.cash is not None
     assert (figures.cash.since_init.count, figures.cash.since_init.value) == (3, 450)

@@ -11,6 +11,7 @@ import pytest
 from kiosk_agent.cli.sim import parse_ready
 from kiosk_agent.sim.server import SimOptions, SimServer
 
+from ..child_signals import send_signal
 from .sim_api import Api
 from .test_vault import ACCOUNT
 
@@ -92,7 +93,7 @@ async def test_kiosk_agent_sim_prints_ready_and_stops_on_sigterm(tmp_path: Path)
             status, body = await api.get("/api/terminal")
             assert (status, len(body["terminals"])) == (200, 8)
     finally:
-        process.send_signal(signal.SIGTERM)
+        send_signal(process, signal.SIGTERM)
         assert await asyncio.wait_for(process.wait(), 10) == 0
     assert (tmp_path / "sim.db").exists()
 

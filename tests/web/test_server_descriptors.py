@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import json
+import signal
 import socket
 import sys
 import textwrap
 
 import aiohttp
+
+from ..child_signals import send_signal
 
 # The server in a process of its own, with 48 descriptors: fewer than the connections the test
 # opens, far fewer than its connection cap (256), so accept() itself meets EMFILE.
@@ -59,7 +62,7 @@ async def test_out_of_descriptors_the_server_pauses_accepting_then_serves_again(
     finally:
         for sock in held:
             sock.close()
-        server.kill()
+        send_signal(server, signal.SIGKILL)
         _, stderr = await server.communicate()
     assert b"Traceback" not in stderr, stderr.decode()[-2000:]
 

@@ -1,4 +1,4 @@
-"""The process helpers themselves: a signal the test sends never takes a child's exit code.
+"""tests/child_signals.py: a signal the test sends never takes a child's exit code.
 
 asyncio (before Python 3.13) learns a child's exit code from a watcher thread blocked in
 ``waitpid``. A signal sent through ``Process.send_signal`` first polls the child with its own
@@ -17,8 +17,8 @@ from typing import Any
 
 import pytest
 
-from ..helpers import until
-from .agent_process import SignalledChild
+from .child_signals import SignalledChild, send_signal, stop
+from .helpers import until
 
 
 def _has_ended(pid: int) -> bool:
@@ -64,3 +64,33 @@ async def test_a_signal_to_a_child_that_has_just_ended_leaves_its_exit_code_to_a
     finally:
         slow_watcher.set()
         await child.close()
+
+
+async def test_a_signal_once_to_a_child_that_has_just_ended_leaves_its_exit_code_to_asyncio(
+    slow_watcher: threading.Event,
+) -> None:
+    proc = await asyncio.create_subprocess_exec(
+        "/bin/sh", "-c", "read line; exit 7", stdin=asyncio.subprocess.PIPE
+    )
+    try:
+        assert proc.stdin is not None
+        proc.stdin.close()
+        await until(lambda: _has_ended(proc.pid), timeout=10)
+        assert send_signal(proc, signal.SIGTERM)  # a zombie: heard by no one, reaped by no one
+        slow_watcher.set()
+        assert await stop(proc, signal.SIGINT) == 7  # ended: nothing sent, its own code
+        assert not send_signal(proc, signal.SIGTERM)  # gone: said, not raised
+    finally:
+        slow_watcher.set()
+        await stop(proc)
+
+
+async def test_stop_asks_then_kills_a_child_that_does_not_listen() -> None:
+    polite = await asyncio.create_subprocess_exec("sleep", "60")
+    assert await stop(polite, signal.SIGTERM) == -signal.SIGTERM
+    deaf = await asyncio.create_subprocess_exec(
+        "/bin/sh", "-c", "trap '' TERM; echo deaf; exec sleep 60", stdout=asyncio.subprocess.PIPE
+    )
+    assert deaf.stdout is not None
+    assert await asyncio.wait_for(deaf.stdout.readline(), 10) == b"deaf\n"  # the trap is set
+    assert await stop(deaf, signal.SIGTERM, within=0.2) == -signal.SIGKILL
