@@ -360,3 +360,38 @@ async def test_a_stop_waits_for_the_prunes_thread_to_end_its_batch(
     finally:
         await agent.stop()
     assert batch_done.is_set()
+
+
+async def test_a_terminal_offline_at_boot_is_starting_and_offline_once_ready_an_outage(
+    agent_factory: Any, sim_factory: Any
+) -> None:
+    # the agent's start hears the terminal offline before any reader is enabled: part of
+    # starting (no event, no count, no problem); once it was in service, the same is an outage
+    from tests.helpers import sim_call, until
+
+    from .agent_helpers import TIME_SCALE
+
+    sim = await sim_factory(time_scale=TIME_SCALE, seed=1, transactions=0)
+    await sim_call(sim, "POST", "/sim/terminals/SIM-0001/offline")
+    agent = await agent_factory(sim=sim)
+    state = agent.availability.state("SIM-0001")
+    assert (state.available, state.starting) == (False, True), state
+    snapshot = agent.health.snapshot()
+    [shown] = [a for a in snapshot.availability if a.device_id == "SIM-0001"]
+    assert (shown.starting, shown.changes) == (True, 0)
+    assert not [p for p in snapshot.problems if p.startswith("card payment unavailable")]
+
+    await sim_call(sim, "POST", "/sim/terminals/SIM-0001/online")
+    agent.availability.wake()  # the checker's next round, now
+    await until(lambda: agent.availability.state("SIM-0001").available, timeout=15)
+    kinds = {"out_of_service", "in_service"}
+    assert [e for e in agent.event_log.recent() if e.kind in kinds] == []
+
+    await sim_call(sim, "POST", "/sim/terminals/SIM-0001/offline")
+    agent.availability.wake()
+    await until(lambda: not agent.availability.state("SIM-0001").available, timeout=15)
+    state = agent.availability.state("SIM-0001")
+    assert not state.starting
+    assert [e.kind for e in agent.event_log.recent() if e.kind in kinds] == ["out_of_service"]
+    [shown] = [a for a in agent.health.snapshot().availability if a.device_id == "SIM-0001"]
+    assert (shown.starting, shown.changes) == (False, 1)
