@@ -341,6 +341,8 @@ class Availability:
             self._report(tracked)
             self._tell(tracked.state)
             return
+        if was_starting:  # the start became an outage: it ends as one, never as a start
+            tracked.starting_kinds = frozenset()
         if not available:
             tracked.changes += 1
             _LOGGER.warning("terminal %s out of service: %s", device_id, reason)

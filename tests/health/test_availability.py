@@ -346,3 +346,24 @@ def test_how_long_a_terminal_was_out_is_real_time_whatever_the_wall_clock_did(
     assert availability.log is not None
     back = availability.log.recent()[0]
     assert (back.kind, back.detail) == ("in_service", {"out_of_service_s": 30.0})
+
+
+def test_a_start_that_became_an_outage_ends_as_one(journal: Journal) -> None:
+    # out for the start's file check, then offline too: an outage. The terminal answering
+    # again while the check goes on must not turn the outage back into a quiet start: the
+    # episode ends with its in_service event when the terminal can take cards
+    availability, health, _ = _make(journal, hold_off=30, starting=True)
+    health.report_journal_state(file_checking=True)
+    availability.evaluate(at_start=True)
+    availability.readers_started()
+    health.report_terminal("SIM-0001", online=False, detail="timed out")
+    availability.evaluate()
+    health.report_terminal("SIM-0001", online=True)
+    availability.evaluate()
+    state = availability.state()
+    assert (state.available, state.starting, state.reason) == (False, False, FILE_CHECK_REASON)
+    health.report_journal_state(file_checking=False)
+    availability.evaluate()
+    assert availability.state().available
+    assert availability.log is not None
+    assert [e.kind for e in availability.log.recent()] == ["in_service", "out_of_service"]
