@@ -6,6 +6,8 @@ import logging
 from pathlib import Path
 
 import pytest
+from hypothesis import example, given, settings
+from hypothesis import strategies as st
 
 from kiosk_agent.health.availability import FILE_CHECK_REASON, Availability, TerminalState
 from kiosk_agent.health.model import Health
@@ -367,3 +369,70 @@ def test_a_start_that_became_an_outage_ends_as_one(journal: Journal) -> None:
     assert availability.state().available
     assert availability.log is not None
     assert [e.kind for e in availability.log.recent()] == ["in_service", "out_of_service"]
+
+
+class _Events:
+    """The agent's event log as the decider writes it: (kind, terminal) in order."""
+
+    def __init__(self) -> None:
+        self.written: list[tuple[str, str]] = []
+
+    def record(self, kind: str, subject: str, detail: object = None) -> None:
+        self.written.append((kind, subject))
+
+
+_MOVES = st.sampled_from([
+    "file_check", "file_checked", "offline", "online", "unreachable", "reachable",
+    "not_writable", "writable", "evaluate", "evaluate", "later", "readers_started", "stop",
+])  # fmt: skip
+
+
+@settings(deadline=None)
+@given(st.lists(_MOVES, max_size=40))
+@example(["file_check", "readers_started", "offline", "evaluate", "online", "evaluate",
+          "file_checked", "evaluate"])  # a start turned outage, then back: the episode ends
+def test_whatever_happens_episodes_are_whole_and_a_start_is_none(moves: list[str]) -> None:
+    health = Health("1")
+    health.report_service(True)
+    health.report_terminal("SIM-0001", online=True)
+    clock = Clock()
+    events = _Events()
+    availability = Availability(health, ["SIM-0001"], hold_off=2.0, recheck_interval=0.5,
+                                log=events, clock=clock, starting=True)  # type: ignore[arg-type]
+    availability.evaluate(at_start=True)
+    apply = {
+        "file_check": lambda: health.report_journal_state(file_checking=True),
+        "file_checked": lambda: health.report_journal_state(file_checking=False),
+        "offline": lambda: health.report_terminal("SIM-0001", online=False, detail="timed out"),
+        "online": lambda: health.report_terminal("SIM-0001", online=True),
+        "unreachable": lambda: health.report_service(False, "cannot connect"),
+        "reachable": lambda: health.report_service(True),
+        "not_writable": lambda: health.report_journal(False, "disk full"),
+        "writable": lambda: health.report_journal(True),
+        "later": lambda: setattr(clock, "now", clock.now + 1.5),
+        "readers_started": availability.readers_started,
+        "stop": lambda: availability.stop_taking_cards("the agent is stopping"),
+        "evaluate": availability.evaluate,
+    }
+    ever_ready = False
+    for move in moves:
+        if move == "readers_started" and availability.readers_enabled:
+            continue
+        apply[move]()
+        state = availability.state()
+        assert not (state.starting and state.available)
+        if not availability.readers_enabled:  # before any reader: nothing is an outage
+            assert events.written == [], move
+        ever_ready = ever_ready or (availability.readers_enabled and state.available)
+        if ever_ready:
+            assert not state.starting  # once in service, never starting again
+    kinds = [kind for kind, _ in events.written]
+    # whole episodes: out, in, out, in ..., never two of a kind in a row, never in first
+    assert kinds == ["out_of_service", "in_service"] * (len(kinds) // 2) + (
+        ["out_of_service"] if len(kinds) % 2 else []
+    )
+    state = availability.state()
+    [shown] = health.snapshot().availability
+    assert shown.changes == kinds.count("out_of_service")
+    assert (shown.available, shown.starting) == (state.available, state.starting)
+    assert not state.available or len(kinds) % 2 == 0  # in service: no episode left open
