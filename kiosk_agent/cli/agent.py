@@ -206,13 +206,13 @@ def port_warnings(config: Config) -> list[str]:
     ports that do exist."""
     from kiosk_agent.config.load import locate
     from kiosk_agent.config.yaml_loader import load_yaml
-    from kiosk_agent.platforms.serial_doctor import serial_ports_present
+    from kiosk_agent.platforms.serial_ports import resolve_port, serial_ports_present
 
     missing = [
         (index, trigger["port"])
         for index, trigger in enumerate(config.triggers)
         if isinstance(trigger.get("port"), str) and trigger["port"]
-        and "://" not in trigger["port"] and not Path(trigger["port"]).exists()
+        and "://" not in trigger["port"] and not _present(resolve_port(trigger["port"]))
     ]
     if not missing:
         return []
@@ -228,6 +228,11 @@ def port_warnings(config: Config) -> list[str]:
             "/dev/serial/by-id/ name"
         )
     return warnings
+
+
+def _present(port: str | None) -> bool:
+    """A port as the serial transport would open it (a glob: its first match) exists."""
+    return port is not None and Path(port).exists()
 
 
 def trigger_warnings(config: Config) -> list[str]:

@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import enum
-import glob
 import logging
 import random
 import time
@@ -25,12 +24,10 @@ import serial
 import serial_asyncio_fast
 
 from kiosk_agent.logs import RefusalLog
+from kiosk_agent.platforms.serial_ports import resolve_port as resolve_port
 from kiosk_agent.tasks import BackgroundTask, cancel_and_wait, wait_event
 
 _LOGGER = logging.getLogger(__name__)
-
-_GLOB_CHARS = frozenset("*?[")
-
 
 class LinkState(enum.StrEnum):
     CONNECTING = "connecting"
@@ -80,20 +77,6 @@ class LinkStats:
 LineHandler = Callable[[str], None]
 StateHandler = Callable[[LinkState, str], None]
 ConnectedHandler = Callable[[], Awaitable[None]]
-
-
-def resolve_port(port: str) -> str | None:
-    """The port to open now: URLs as given, globs to their first match, paths as configured.
-
-    Paths are kept as written (a by-id symlink is reopened through the link each time, so an adapter
-    that comes back as ttyUSB1 instead of ttyUSB0 is found again).
-    """
-    if "://" in port:
-        return port
-    if _GLOB_CHARS & set(port):
-        matches = sorted(glob.glob(port))
-        return matches[0] if matches else None
-    return port
 
 
 def backoff_delay(attempt: int, minimum: float, maximum: float) -> float:

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
+from kiosk_agent.platforms.serial_ports import resolve_port, serial_ports_present
 from kiosk_agent.verdicts import Report, Verdict, describe
 
 if TYPE_CHECKING:
@@ -61,8 +62,10 @@ def check_serial_ports(report: Report, config: Config) -> None:
         check = f"serial port {name}"
         if "://" in port:
             continue
-        path = Path(port)
-        if not path.exists():
+        opened = resolve_port(port)  # a glob: its first match, as the transport opens it
+        path = Path(opened or port)
+        shown = port if opened in (None, port) else f"{port} ({opened})"
+        if opened is None or not path.exists():
             present = serial_ports_present()
             report.add(
                 check,
@@ -76,11 +79,11 @@ def check_serial_ports(report: Report, config: Config) -> None:
             report.add(
                 check,
                 Verdict.FAIL,
-                f"{port} exists but this user cannot open it",
+                f"{shown} exists but this user cannot open it",
                 "add the service user to the dialout group (usermod -aG dialout USER)",
             )
         else:
-            report.add(check, Verdict.PASS, f"{port} present and accessible")
+            report.add(check, Verdict.PASS, f"{shown} present and accessible")
 
 
 # pyserial's URLs that name a TCP host and port (ser2net, an ESP-Link, the virtual machine's)
@@ -133,14 +136,3 @@ def _link_verdict(report: Report, check: str, port: str, link: Any) -> None:
     )  # fmt: skip
 
 
-# Where serial adapters appear on Linux: the stable names first, then the kernel's.
-SERIAL_PORT_PATTERNS = ("/dev/serial/by-id/*", "/dev/ttyUSB*", "/dev/ttyACM*", "/dev/ttyAMA*",
-                        "/dev/ttyS[0-3]")
-
-
-def serial_ports_present(patterns: tuple[str, ...] = SERIAL_PORT_PATTERNS) -> list[str]:
-    """The serial ports that exist on this machine (at most 12 named, stable names first)."""
-    import glob
-
-    found = [p for pattern in patterns for p in sorted(glob.glob(pattern))]
-    return found[:12] + ([f"... {len(found) - 12} more"] if len(found) > 12 else [])

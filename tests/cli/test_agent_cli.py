@@ -130,6 +130,28 @@ def test_check_config_warns_of_a_serial_port_that_does_not_exist(
     assert "/dev/ttyUSB77 does not exist" in warning
 
 
+def test_check_config_takes_a_glob_port_as_the_serial_transport_opens_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Before: a glob (which the transport opens as its first match) was warned of as a port
+    that does not exist, whatever was plugged in."""
+    (tmp_path / "ttyACM0").touch()
+    config = """\
+        service: {simulator: {}}
+        terminals: [{device_id: SIM-0001}]
+        triggers:
+          - platform: mdb
+            name: front
+            port: PORT
+        """
+    path = write(tmp_path, config.replace("PORT", f"{tmp_path}/ttyACM*"))
+    assert main(["check-config", str(path)]) == 0
+    assert capsys.readouterr().err == ""
+    path = write(tmp_path, config.replace("PORT", f"{tmp_path}/ttyUSB*"))
+    assert main(["check-config", str(path)]) == 0
+    assert f"triggers[0].port: {tmp_path}/ttyUSB* does not exist" in capsys.readouterr().err
+
+
 def fill_journal(directory: Path) -> None:
     journal = Journal(directory / "journal.db")
     journal.open()

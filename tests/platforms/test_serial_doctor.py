@@ -89,3 +89,22 @@ async def test_the_running_agent_judges_a_socket_port_by_its_own_link(
     [check] = report.checks
     assert check.verdict is Verdict.FAIL
     assert check.detail == f"{port}: the agent's link is disconnected (connection refused)"
+
+
+def test_a_glob_port_is_checked_as_the_transport_opens_it(tmp_path: Path, sim: Any) -> None:
+    """Before: a port given as a glob (``/dev/ttyUSB*``, which the transport opens as its
+    first match) failed as "not present" whatever was plugged in."""
+    (tmp_path / "ttyACM1").touch()
+    (tmp_path / "ttyACM0").touch()
+    pattern = str(tmp_path / "ttyACM*")
+    report = Report()
+    check_serial_ports(report, load_config(mixed_config(tmp_path, sim, pattern)))
+    assert [(c.verdict, c.detail) for c in report.checks] == [
+        (Verdict.PASS, f"{pattern} ({tmp_path}/ttyACM0) present and accessible")
+    ]
+    nothing = str(tmp_path / "ttyUSB*")
+    report = Report()
+    check_serial_ports(report, load_config(mixed_config(tmp_path, sim, nothing)))
+    assert [(c.verdict, c.detail) for c in report.checks] == [
+        (Verdict.FAIL, f"{nothing} is not present")
+    ]
