@@ -10,6 +10,7 @@ measures its own tests; the figures travel in the reports' user properties).
 
 from __future__ import annotations
 
+import json
 import resource
 import time
 from collections.abc import Generator
@@ -54,11 +55,19 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         help="list the N tests that waited most (wall minus the CPU of pytest and its children) "
              "and the N that wrote most to disk, with totals per directory; 0: none (default)",
     )
+    parser.addoption(
+        "--costs-json", metavar="PATH", default=None,
+        help="also write every test's costs to PATH, one JSON object a line (implies --costs)",
+    )
+
+
+def _measuring(config: pytest.Config) -> bool:
+    return bool(config.getoption("costs") or config.getoption("costs_json"))
 
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_runtest_setup(item: pytest.Item) -> None:
-    if item.config.getoption("costs"):
+    if _measuring(item.config):
         item.stash[_STARTED] = now()
 
 
@@ -83,6 +92,13 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
     shown = terminalreporter.config.getoption("costs")
+    dump = terminalreporter.config.getoption("costs_json")
+    if dump and _SEEN:
+        with open(dump, "w", encoding="utf-8") as out:
+            for nodeid, costs in _SEEN.items():
+                out.write(json.dumps({"test": nodeid, "wall_s": round(costs.wall_s, 3),
+                                      "cpu_s": round(costs.cpu_s, 3),
+                                      "written_bytes": costs.written_bytes}) + "\n")
     if not shown or not _SEEN:
         return
     write = terminalreporter.write_line
