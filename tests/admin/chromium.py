@@ -5,6 +5,7 @@ needs a fresh browser context, which connecting over CDP gives it for a fraction
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import queue
@@ -14,6 +15,9 @@ import subprocess
 import tempfile
 import threading
 from typing import IO
+
+from playwright.async_api import Browser, Playwright
+from playwright.async_api import Error as PlaywrightError
 
 CHROMIUM = "/usr/bin/chromium"  # Debian's, installed by ./dev test; never a downloaded build
 CHROMIUM_ARGS = [
@@ -39,6 +43,9 @@ LAUNCH_LIKE_ARGS = [
 DEVTOOLS_LINE = "DevTools listening on "
 START_TIMEOUT_S = 60.0  # a cold start on a loaded machine takes a few seconds
 STOP_TIMEOUT_S = 10.0
+# attaching to a running chromium takes well under a second; one that hangs there (seen once:
+# the attach timed out, cause unknown) is stopped and a new one started
+ATTACH_TIMEOUT_S = 20.0
 
 
 class ChromiumStartError(RuntimeError):
@@ -52,6 +59,7 @@ class SharedChromium:
         self.executable = executable
         self.process: subprocess.Popen[str] | None = None
         self.starts = 0
+        self.attach_failures = 0  # attaches that failed and had chromium started anew
         self._endpoint = ""
         self._profile = ""
 
@@ -112,6 +120,26 @@ class SharedChromium:
         if self._profile:
             shutil.rmtree(self._profile, ignore_errors=True)
             self._profile = ""
+
+
+async def connect(
+    playwright: Playwright, chromium: SharedChromium, timeout_s: float = ATTACH_TIMEOUT_S
+) -> Browser:
+    """The worker's chromium over CDP. An attach that fails or hangs is tried once more on a
+    chromium started anew (the old one stopped): a test fails only when a fresh one fails too."""
+    for attempt in (1, 2):
+        # a (re)start blocks for a second or two: off the loop, where the agent already runs
+        endpoint = await asyncio.to_thread(chromium.endpoint)
+        try:
+            return await playwright.chromium.connect_over_cdp(
+                endpoint, timeout=timeout_s * 1000
+            )
+        except PlaywrightError:
+            if attempt == 2:
+                raise
+            chromium.attach_failures += 1
+            await asyncio.to_thread(chromium.stop)
+    raise AssertionError("unreachable")
 
 
 def _read_stderr(stderr: IO[str], found: queue.Queue[str | None]) -> None:

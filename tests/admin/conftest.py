@@ -1,6 +1,5 @@
 """A real agent on the simulator, with the admin API and the webhook receiver on loopback."""
 
-import asyncio
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
@@ -10,7 +9,7 @@ import pytest
 from playwright.async_api import Browser, async_playwright
 
 from kiosk_agent.app import load_agent
-from tests.admin.chromium import CHROMIUM, SharedChromium
+from tests.admin.chromium import CHROMIUM, SharedChromium, connect
 
 ADMIN_TOKEN = "admin-token-0123456789abcdef"
 READ_TOKEN = "read-token-0123456789abcdefgh"
@@ -52,10 +51,8 @@ async def browser(shared_chromium: SharedChromium) -> AsyncIterator[Browser]:
     connection throws away (chromium keeps running); a chromium that died is started again."""
     if not Path(CHROMIUM).exists():
         pytest.fail(f"{CHROMIUM} is missing: `./dev test` installs Debian's chromium (apt-get)")
-    # a (re)start blocks for a second or two: off the loop, where the agent is already running
-    endpoint = await asyncio.to_thread(shared_chromium.endpoint)
     async with async_playwright() as playwright:
-        browser = await playwright.chromium.connect_over_cdp(endpoint)
+        browser = await connect(playwright, shared_chromium)
         yield browser
         await browser.close()
 

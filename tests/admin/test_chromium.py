@@ -3,12 +3,14 @@ started again, and stopping it leaves no process and no profile behind."""
 
 import os
 import signal
+import socket
 from pathlib import Path
 
 import pytest
 from playwright.async_api import Browser, async_playwright
+from playwright.async_api import Error as PlaywrightError
 
-from tests.admin.chromium import ChromiumStartError, SharedChromium
+from tests.admin.chromium import ChromiumStartError, SharedChromium, connect
 
 
 async def _read_heading(browser: Browser) -> str:
@@ -86,3 +88,44 @@ def test_a_chromium_that_never_listens_is_a_clear_error() -> None:
     with pytest.raises(ChromiumStartError, match=r"/bin/false printed no 'DevTools listening"):
         chromium.endpoint()
     assert chromium.process is None
+
+
+async def test_an_attach_that_hangs_is_tried_again_on_a_chromium_started_anew() -> None:
+    """The first endpoint accepts the connection and never answers (a chromium hung while
+    attaching): it is stopped, a new one started, and the test gets a browser from that."""
+    silent = socket.create_server(("127.0.0.1", 0))  # listens, never speaks WebSocket
+    port = silent.getsockname()[1]
+
+    class HangsFirst(SharedChromium):
+        def endpoint(self) -> str:
+            if self.starts == 0 and self.attach_failures == 0:
+                return f"ws://127.0.0.1:{port}/devtools/browser/hung"
+            return super().endpoint()
+
+    chromium = HangsFirst()
+    try:
+        async with async_playwright() as playwright:
+            browser = await connect(playwright, chromium, timeout_s=1.0)
+            assert await _read_heading(browser) == "shared"
+            await browser.close()
+        assert chromium.attach_failures == 1
+        assert chromium.starts == 1
+    finally:
+        chromium.stop()
+        silent.close()
+
+
+async def test_a_second_attach_that_fails_fails_the_test() -> None:
+    silent = socket.create_server(("127.0.0.1", 0))
+    port = silent.getsockname()[1]
+
+    class AlwaysHangs(SharedChromium):
+        def endpoint(self) -> str:
+            return f"ws://127.0.0.1:{port}/devtools/browser/hung"
+
+    try:
+        async with async_playwright() as playwright:
+            with pytest.raises(PlaywrightError, match=r"[Tt]imeout"):
+                await connect(playwright, AlwaysHangs(), timeout_s=0.5)
+    finally:
+        silent.close()
