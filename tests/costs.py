@@ -2,7 +2,8 @@
 
 For every test (setup, call and teardown together) the wall time, the CPU of the pytest process
 and of the children it reaped meanwhile (agents, simulators, browsers), and the bytes it wrote
-to disk (the kernel's write accounting: pages dirtied, fsynced or not). The tests that waited
+to disk (the kernel's write accounting: pages dirtied, fsynced or not; a file deleted before
+the kernel wrote it back, as SQLite's WAL at close, is counted though the disk never saw it). The tests that waited
 most (wall minus CPU) are listed, and the totals: a test that mostly waits is one to put on the
 injected clock, a test that writes megabytes one to look at. Works under xdist (each worker
 measures its own tests; the figures travel in the reports' user properties).
