@@ -3,10 +3,11 @@
 For every test (setup, call and teardown together) the wall time, the CPU of the pytest process
 and of the children it reaped meanwhile (agents, simulators, browsers), and the bytes it wrote
 to disk (the kernel's write accounting: pages dirtied, fsynced or not; a file deleted before
-the kernel wrote it back, as SQLite's WAL at close, is counted though the disk never saw it). The tests that waited
-most (wall minus CPU) are listed, and the totals: a test that mostly waits is one to put on the
-injected clock, a test that writes megabytes one to look at. Works under xdist (each worker
-measures its own tests; the figures travel in the reports' user properties).
+the kernel wrote it back, as SQLite's WAL at close, is counted though the disk never saw it).
+The tests that waited most (wall minus CPU) are listed, and the totals: a test that mostly
+waits is one to put on the injected clock, a test that writes megabytes one to look at. Works
+under xdist (each worker measures its own tests; the figures travel in the reports' user
+properties), where it also says when each worker's last test ended: the tail of the run.
 """
 
 from __future__ import annotations
@@ -48,6 +49,8 @@ def now() -> Costs:
 
 _STARTED = pytest.StashKey[Costs]()
 _SEEN: dict[str, Costs] = {}  # by test id, in the process that prints (xdist's controller)
+_WORKER_LAST: dict[str, float] = {}  # when each xdist worker's last test ended
+_SESSION_START = time.perf_counter()
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -85,6 +88,9 @@ def pytest_runtest_makereport(
 
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    worker = getattr(report, "node", None)  # xdist's controller: the worker that ran it
+    if worker is not None and report.when == "teardown":
+        _WORKER_LAST[str(worker.gateway.id)] = time.perf_counter()
     for name, value in report.user_properties:
         if name == _KEY and report.when == "teardown":
             wall_s, cpu_s, written_bytes = value
@@ -118,6 +124,12 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
     for name, costs_list in sorted(directories.items()):
         write(_line(_sum(costs_list), f"{name} ({len(costs_list)} tests)"))
     write(_line(_sum(list(_SEEN.values())), f"all ({len(_SEEN)} tests)"))
+    if len(_WORKER_LAST) > 1:
+        ends = sorted(_WORKER_LAST.items(), key=lambda kv: kv[1])
+        write("workers' last test ended at " + ", ".join(
+            f"{name} {end - _SESSION_START:.0f} s" for name, end in ends
+        ) + f" (from pytest's start); the last worker ran alone for the last "
+            f"{ends[-1][1] - ends[-2][1]:.1f} s")
 
 
 def _directory(nodeid: str) -> str:
