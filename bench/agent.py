@@ -291,8 +291,7 @@ def journal_commit_times(path: Path, count: int, *, steps: int = 1) -> list[floa
     whose WAL is grown ahead as a run's is (``Agent`` does it once ready)."""
     journal = Journal(path)
     journal.open()
-    for _ in journal.reserve_wal():
-        pass
+    journal.reserve_wal()
     record = journal.create(
         SaleRecord(
             sale_id="b",

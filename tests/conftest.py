@@ -104,3 +104,21 @@ def _expected_seconds(item: pytest.Item) -> float:
     """A slow test's rough length on a quiet machine: ``@pytest.mark.slow(seconds=50)``."""
     marker = item.get_closest_marker("slow")
     return float(marker.kwargs.get("seconds", 10)) if marker else 0.0
+
+
+# `pytest --costs=N`: each test's wall, CPU and bytes written (tests/costs.py)
+from tests.costs import (  # noqa: E402
+    pytest_addoption,
+    pytest_runtest_logreport,
+    pytest_runtest_makereport,
+    pytest_runtest_setup,
+    pytest_terminal_summary,
+)
+
+__all__ = [
+    "pytest_addoption",
+    "pytest_runtest_logreport",
+    "pytest_runtest_makereport",
+    "pytest_runtest_setup",
+    "pytest_terminal_summary",
+]

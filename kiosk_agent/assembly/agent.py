@@ -481,10 +481,9 @@ class Agent:
     async def _after_ready(self) -> None:
         """What READY=1 does not wait for, a step per loop turn so sales go on meanwhile: the
         models a sale needs built, start-up frozen (assembly/collector.py), the journal's WAL grown
-        ahead so commits overwrite it in place (Journal.reserve_wal), old sales pruned."""
+        ahead so commits overwrite it in place (Journal.reserve_wal, one step), old sales pruned."""
         await settle_after_ready(self.settling)
-        for _ in self.journal.reserve_wal():
-            await asyncio.sleep(0)
+        self.journal.reserve_wal()
         await self._prune()
         self.settled.set()
 

@@ -1,6 +1,6 @@
 """A real agent on the simulator, with the admin API and the webhook receiver on loopback."""
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -9,6 +9,7 @@ import pytest
 from playwright.async_api import Browser, async_playwright
 
 from kiosk_agent.app import load_agent
+from tests.admin.chromium import CHROMIUM, SharedChromium, connect
 
 ADMIN_TOKEN = "admin-token-0123456789abcdef"
 READ_TOKEN = "read-token-0123456789abcdefgh"
@@ -36,24 +37,22 @@ webhooks:
 """
 
 
-CHROMIUM = "/usr/bin/chromium"  # Debian's, installed by ./dev test; never a downloaded build
-CHROMIUM_ARGS = [
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-    "--no-first-run",
-]
+@pytest.fixture(scope="session")
+def shared_chromium() -> Iterator[SharedChromium]:
+    """One chromium for this pytest worker's browser tests, stopped at the session's end."""
+    chromium = SharedChromium()
+    yield chromium
+    chromium.stop()
 
 
 @pytest.fixture
-async def browser() -> AsyncIterator[Browser]:
+async def browser(shared_chromium: SharedChromium) -> AsyncIterator[Browser]:
+    """The worker's chromium over CDP: each test opens its own contexts, which closing the
+    connection throws away (chromium keeps running); a chromium that died is started again."""
     if not Path(CHROMIUM).exists():
         pytest.fail(f"{CHROMIUM} is missing: `./dev test` installs Debian's chromium (apt-get)")
     async with async_playwright() as playwright:
-        browser = await playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        browser = await connect(playwright, shared_chromium)
         yield browser
         await browser.close()
 

@@ -14,6 +14,10 @@ TIME_SCALE = 300
 # The agents' service timeout in tests: with ``answer_margin`` 0.5 below, an authorization
 # whose answer was lost is believed uncharged 5.5 s after it was sent.
 REQUEST_TIMEOUT = 5.0
+# The service client's retry-safe calls wait 0.2, 0.4, 0.8 and 1.6 s (and jitter) between tries
+# by default: 3 s of real time each time a test's service is down, for no test's meaning (the
+# backoff itself is tested in tests/service). The agents in tests retry as often, sooner.
+BACKOFF = {"backoff_base": 0.01, "backoff_max": 0.05}
 
 
 class ScriptedDispenser:

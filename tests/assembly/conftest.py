@@ -15,7 +15,7 @@ from kiosk_agent.cli.virtual import simulated_machines
 from kiosk_agent.config.load import load_config
 from kiosk_agent.sales.clock import SYSTEM_CLOCK, Clock, FakeClock
 
-from .agent_helpers import REQUEST_TIMEOUT, TIME_SCALE, write_config
+from .agent_helpers import BACKOFF, REQUEST_TIMEOUT, TIME_SCALE, write_config
 from .crash_driver import WarmDrivers
 
 AgentFactory = Callable[..., Awaitable[Agent]]
@@ -52,6 +52,8 @@ async def agent_factory(sim_factory: Any, tmp_path: Path) -> AsyncIterator[Agent
         )
         # a short request timeout: a money call's deadline (timeout + answer_margin) stays short
         tuning.setdefault("timeout", REQUEST_TIMEOUT)
+        for name, value in BACKOFF.items():
+            tuning.setdefault(name, value)
         settings = settings_from_ready(sim.ready_info(), **tuning)
         agent = build_agent(config, settings, systemd=False, clock=clock,
                             machines=simulated_machines)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import os
+import resource
 import sqlite3
 import stat
 import time
@@ -390,8 +391,7 @@ def test_the_wal_is_grown_ahead_so_commits_overwrite_it_in_place(journal: Journa
     sale = journal.create(SaleRecord(sale_id="s1", order_id="KAS1", source="t",
                                      flow="charge_card", terminal="SIM-0001",
                                      amount_cents=100, state=SaleState.STARTED))
-    chunks = sum(1 for _ in journal.reserve_wal())
-    assert chunks >= 5  # a step at a time, for the loop to run sales in between
+    assert journal.reserve_wal() is True
     grown = _wal(journal).stat().st_size
     assert grown >= WAL_RESERVE_BYTES
     for n in range(20):  # commits after it land inside the file: it does not get longer
@@ -399,19 +399,58 @@ def test_the_wal_is_grown_ahead_so_commits_overwrite_it_in_place(journal: Journa
                               SaleState.CHARGING)
     assert _wal(journal).stat().st_size == grown
     tables = {r[0] for r in journal.db.execute("SELECT name FROM sqlite_master")}
-    assert "wal_reserve" not in tables  # the scratch table is gone
+    assert "wal_reserve" not in tables  # the scratch table was never committed
     assert journal.get("s1").state is SaleState.CHARGING  # type: ignore[union-attr]
-    assert list(journal.reserve_wal()) == []  # grown already: nothing more this run
+    assert journal.reserve_wal() is False  # grown already: nothing more this run
 
 
-def test_a_wal_growth_cut_short_is_cleaned_up_by_the_next(journal: Journal) -> None:
-    growing = journal.reserve_wal()
-    next(growing)  # the process ends here (the chunk before is committed)
-    growing.close()
+def test_growing_the_wal_writes_it_once_and_leaves_the_database_as_it_was(
+    journal: Journal,
+) -> None:
+    journal.create(new_sale(1))
+    journal.close()  # the last connection: SQLite checkpoints and removes the WAL
+    journal.open()
+    size = journal.path.stat().st_size
+    written = _written_bytes()
+    assert journal.reserve_wal() is True
+    # the reserve itself and little more: committed chunks, their checkpoint and the file
+    # system's journal wrote 16.7 MB (4 MB into the database as free pages)
+    assert _written_bytes() - written < 1.5 * WAL_RESERVE_BYTES
+    journal.close()
+    assert journal.path.stat().st_size == size  # no free pages left behind
+    journal.open()
+    assert [s.sale_id for s in journal.query()] == [new_sale(1).sale_id]
+
+
+def test_a_journal_whose_wal_was_grown_is_read_whole_after_a_crash(tmp_path: Path) -> None:
+    """The reserve's frames belong to no commit: read back after the process died (the WAL
+    left as it was, here a copy of it), the journal holds its sales and no scratch table."""
+    journal = Journal(tmp_path / "journal.db")
+    journal.open()
+    journal.create(new_sale(1))
+    journal.reserve_wal()
+    journal.create(new_sale(2))  # committed over the reserve's first frames
+    crashed = tmp_path / "crashed"
+    crashed.mkdir()
+    for part in ("journal.db", "journal.db-wal"):  # as the disk holds them: no checkpoint
+        (crashed / part).write_bytes((tmp_path / part).read_bytes())
+    journal.close()
+    reopened = Journal(crashed / "journal.db")
+    reopened.open()
+    assert sorted(s.sale_id for s in reopened.query()) == sorted(
+        [new_sale(1).sale_id, new_sale(2).sale_id])
+    tables = {r[0] for r in reopened.db.execute("SELECT name FROM sqlite_master")}
+    assert "wal_reserve" not in tables
+    assert reopened.db.execute("PRAGMA quick_check").fetchone()[0] == "ok"
+    reopened.close()
+
+
+def test_a_scratch_table_an_older_release_left_is_dropped(journal: Journal) -> None:
+    journal.db.execute("CREATE TABLE wal_reserve (filler BLOB)")  # its growth stopped midway
     journal.close()
     _wal(journal).unlink(missing_ok=True)
     journal.open()
-    list(journal.reserve_wal())
+    journal.reserve_wal()
     tables = {r[0] for r in journal.db.execute("SELECT name FROM sqlite_master")}
     assert "wal_reserve" not in tables
 
@@ -427,17 +466,42 @@ def test_on_a_tight_disk_the_wal_is_not_grown(
         f_flag = real.f_flag
 
     monkeypatch.setattr("kiosk_agent.sales.journal.os.statvfs", lambda path: Tight())
-    assert list(journal.reserve_wal()) == []
+    assert journal.reserve_wal() is False
     assert not _wal(journal).exists() or _wal(journal).stat().st_size < WAL_RESERVE_BYTES
 
 
 def test_growing_the_wal_keeps_the_page_cache_as_it_was(journal: Journal) -> None:
     before = journal.db.execute("PRAGMA cache_size").fetchone()[0]
-    growing = journal.reserve_wal()
-    next(growing)
-    assert journal.db.execute("PRAGMA cache_size").fetchone()[0] == -64  # filler not cached
-    growing.close()  # stopped midway: the cache is given back its size all the same
+    journal.reserve_wal()
     assert journal.db.execute("PRAGMA cache_size").fetchone()[0] == before
+
+
+def test_a_disk_that_fails_while_the_wal_grows_leaves_the_journal_writable(
+    journal: Journal, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The filler fails midway (a disk error): the transaction is rolled back, the journal
+    takes the next sale, and the cache has its size back."""
+    before = journal.db.execute("PRAGMA cache_size").fetchone()[0]
+    real = journal.db
+
+    class FailingFiller:
+        def __getattr__(self, name: str) -> object:
+            return getattr(real, name)
+
+        def executemany(self, sql: str, rows: object) -> None:
+            raise sqlite3.OperationalError("disk I/O error")
+
+    monkeypatch.setattr(journal, "_db", FailingFiller())
+    assert journal.reserve_wal() is False
+    monkeypatch.setattr(journal, "_db", real)
+    assert not real.in_transaction
+    assert real.execute("PRAGMA cache_size").fetchone()[0] == before
+    journal.create(new_sale(3))
+    assert journal.get(new_sale(3).sale_id) is not None
+
+
+def _written_bytes() -> int:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_oublock * 512
 
 
 def test_pages_give_querys_sales_in_its_order_a_page_at_a_time(journal: Journal) -> None:

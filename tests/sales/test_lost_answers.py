@@ -75,9 +75,10 @@ class AnswerLosingProxy:
 async def lossy(
     sim_factory: Any, tmp_path: Path, request: pytest.FixtureRequest
 ) -> AsyncIterator[tuple[Agent, AnswerLosingProxy]]:
-    # a lost card read's 3-minute lifetime is 9 s here, never the 0.6 s that a loaded machine's
-    # next sale could miss (the tests end such a read themselves, once they see it waited for)
-    scale = 20 if request.param == "/read-card" else 300
+    # a lost card read's (or another's pending one) 3-minute lifetime is 9 s here, never the
+    # 0.6 s that a loaded machine's next sale could miss (the tests end such a read themselves,
+    # once they see it waited for)
+    scale = 20 if request.param in ("/read-card", "/no-call-ends-so") else 300
     sim = await sim_factory(time_scale=scale, transactions=0)
     proxy = AnswerLosingProxy(sim.base_url, request.param)
     await proxy.start()
