@@ -1233,15 +1233,43 @@ def serve() -> int:
 
 
 def _warm_up() -> None:
-    """What a driver imports after its start, imported before the forks, and the heap frozen
-    so the drivers' collections leave these objects (and their copy-on-write pages) alone."""
+    """What a driver imports after its start, imported before the forks, its models built, and
+    the heap frozen so the drivers' collections leave these objects (and their copy-on-write
+    pages) alone."""
     import gc
 
     import kiosk_agent.cli
     import kiosk_agent.cli.agent  # noqa: F401
 
+    _build_models()
     gc.collect()
     gc.freeze()
+
+
+def _build_models() -> None:
+    """Every pydantic model of the agent's built once here, not in each driver.
+
+    The agent builds its models on first use (``defer_build``) and after READY=1
+    (assembly/collector.py): in a driver forked from an unbuilt server every start built them
+    again, about half of a driver's CPU (reporting's ``Page[Transaction]``, the sale's models
+    the settling builds, the terminal and payment answers). A driver still validates with them
+    exactly as a fresh process would; only the building is shared."""
+    from pydantic import BaseModel
+
+    from kiosk_agent.service.models.reporting import Page, ReportRecord
+
+    models: list[type[BaseModel]] = []
+    pending = list(BaseModel.__subclasses__())
+    while pending:
+        model = pending.pop()
+        pending.extend(model.__subclasses__())
+        if model.__module__.startswith("kiosk_agent.") and "[" not in model.__name__:
+            models.append(model)
+    for model in models:
+        if not model.__pydantic_complete__:
+            model.model_rebuild()
+    for record in [m for m in models if issubclass(m, ReportRecord)]:
+        Page[record]  # type: ignore[valid-type]  # the collections' pages, cached by pydantic
 
 
 def _run_forked(spec: dict[str, Any]) -> None:
