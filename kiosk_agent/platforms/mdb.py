@@ -62,13 +62,12 @@ from kiosk_agent.sales.model import (
     DispenseStatus,
     Flow,
     SaleRequest,
-    vend_refusal,
+    Selection,
 )
 from kiosk_agent.tasks import TaskSet
 
 # The `mdb` platform's defaults, written once (tests/config/test_defaults.py)
 ADDRESS = 0x10  # the MDB cashless device 1's address
-SESSION_TIMEOUT = 60.0  # card first: how long an open session waits for a selection
 NO_MAX_FUNDS = 0  # no `max_funds`: a card-first session offers what the price list allows
 
 _LOGGER = logging.getLogger(__name__)
@@ -105,8 +104,8 @@ _MDB_SCHEMA = BASE_PLATFORM_SCHEMA.extend(
         vol.Optional("max_funds"): positive_price,
         # its own bound on a dispense; none: sales.vend_timeout (docs/platforms.md)
         vol.Optional("vend_timeout"): positive_float,
-        # card first: how long an open session waits for a selection (seconds)
-        vol.Optional("session_timeout", default=SESSION_TIMEOUT): positive_float,
+        # card first: its own time to choose (seconds); none: sales.choice_timeout
+        vol.Optional("session_timeout"): positive_float,
         vol.Optional("silence_timeout"): positive_float,
         vol.Optional("probe"): str,
         vol.Optional("reconnect_max", default=RECONNECT_MAX): positive_float,
@@ -140,7 +139,7 @@ class MdbOptions:
     max_funds_cents: int = NO_MAX_FUNDS
     max_price_cents: int | None = None
     vend_timeout: float | None = None  # None: sales.vend_timeout
-    session_timeout: float = SESSION_TIMEOUT
+    session_timeout: float | None = None  # card first, None: sales.choice_timeout
     card_first_pause: float = 0.2  # between one card-first sale ending and the next starting
 
     @classmethod
@@ -155,7 +154,7 @@ class MdbOptions:
             max_funds_cents=config.get("max_funds", NO_MAX_FUNDS),
             max_price_cents=config["max_price"],
             vend_timeout=config.get("vend_timeout"),
-            session_timeout=config["session_timeout"],
+            session_timeout=config.get("session_timeout"),
         )
 
 
@@ -212,9 +211,9 @@ class MdbSession(Dispenser):
     """One customer's session on the machine; the sale runner's ``Dispenser`` for it.
 
     It reports what the controller says (a selection, a vend result, an abort) and tells the
-    machine what the sale decided; the sale keeps the vend timeout. Card first, the customer's
-    choice is part of the dispense: its wait (``session_timeout``) runs on the sale's clock and
-    the sale's bound covers it (``SaleRequest.choice_timeout``)."""
+    machine what the sale decided; the sale keeps the timers. Card first, the sale asks for the
+    customer's choice (``choose``), bounded by its choice timeout (``session_timeout`` is this
+    trigger's own), and decides on it."""
 
     def __init__(self, device: MdbCashless, request: SaleRequest) -> None:
         super().__init__(request)
@@ -234,14 +233,26 @@ class MdbSession(Dispenser):
 
     # -- Dispenser ---------------------------------------------------------------------------
 
-    async def dispense(self, authorized_cents: int) -> DispenseOutcome:
+    async def choose(self, funds_cents: int) -> Selection | DispenseOutcome:
+        """Card first: offer the funds (``C,START``) and report the customer's choice. No timer:
+        the sale bounds the choice and denies (``C,STOP``) when nobody chose in time."""
         if self.phase is Phase.ABORTED:
             return self.end(DispenseStatus.CANCELLED, self.abort_reason)
-        if self.device.options.mode is Mode.CARD_FIRST:
-            chosen = await self._open_session(authorized_cents)
-            if chosen is not None:
-                return chosen
-        # selection first: the sale vends only a price it holds (sales.model.vend_refusal)
+        self.move_to(Phase.SELECTING)
+        self.device.session_opened()
+        self.device.send(wire.start_session(funds_cents, self.device.options.unit))
+        choice = await asyncio.shield(self.selection)
+        if self.aborted:  # the controller ended the session instead
+            return self.end(DispenseStatus.CANCELLED, self.abort_reason)
+        self.vend_cents, self.product = choice.amount_cents, choice.product
+        return Selection(choice.product, choice.amount_cents)
+
+    async def dispense(self, authorized_cents: int) -> DispenseOutcome:
+        """Approve the vend (selection first: the price asked; card first: the choice)."""
+        if self.phase is Phase.ABORTED:
+            return self.end(DispenseStatus.CANCELLED, self.abort_reason)
+        if self.device.options.mode is Mode.CARD_FIRST and self.phase is not Phase.SELECTING:
+            return self.end(DispenseStatus.CANCELLED, "no session opened: nothing chosen")
         return await self._vend()
 
     async def deny(self, reason: str) -> None:
@@ -254,6 +265,10 @@ class MdbSession(Dispenser):
         self.end(DispenseStatus.CANCELLED, f"denied: {reason}")
 
     @property
+    def aborted(self) -> bool:
+        return self.phase is Phase.ABORTED
+
+    @property
     def machine_waiting(self) -> bool:
         """Whether the controller waits for our answer (else a C,STOP would be out of turn)."""
         if self.phase is Phase.ABORTED:
@@ -263,29 +278,6 @@ class MdbSession(Dispenser):
         return True
 
     # -- steps -------------------------------------------------------------------------------
-
-    async def _open_session(self, funds_cents: int) -> DispenseOutcome | None:
-        """Card first: offer the funds and wait for a selection within them; None when chosen."""
-        self.move_to(Phase.SELECTING)
-        device = self.device
-        device.card_first_idle_rounds = 0
-        device.send(wire.start_session(funds_cents, device.options.unit))
-        try:
-            choice = await device.clock.wait_for(
-                asyncio.shield(self.selection), device.options.session_timeout
-            )
-        except TimeoutError:
-            device.send(wire.deny_vend())
-            return self.end(DispenseStatus.CANCELLED, "session timeout: nothing selected")
-        if self.phase is Phase.ABORTED:
-            return self.end(DispenseStatus.CANCELLED, self.abort_reason)
-        refused = vend_refusal(choice.amount_cents, funds_cents, choice.product)
-        if refused:
-            # the sale's rule, heard only now: the machine is told no, the hold given back
-            device.send(wire.deny_vend())
-            return self.end(DispenseStatus.CANCELLED, refused)
-        self.vend_cents, self.product = choice.amount_cents, choice.product
-        return None
 
     async def _vend(self) -> DispenseOutcome:
         self.move_to(Phase.VENDING)
@@ -348,7 +340,7 @@ class MdbCashless:
     ) -> None:
         self.sales = sales
         self.options = options
-        self.clock = clock  # the sale's: the card-first session's wait and retry pause
+        self.clock = clock  # the sale's: the pause between card-first sales
         self.name = options.source
         self.stats = MdbStats()
         self.controller_status: wire.ControllerStatus | None = None
@@ -622,6 +614,7 @@ class MdbCashless:
                 terminal=self.options.terminal,
                 max_cents=self.options.max_price_cents,
                 vend_timeout=self.options.vend_timeout,
+                chosen_at_machine=True,
                 choice_timeout=self.options.session_timeout,
             )
             self._begin(request)
@@ -667,6 +660,10 @@ class MdbCashless:
                 self.card_first_idle_rounds += 1
                 await self.clock.sleep(pause)
                 self._maybe_start_card_first()
+
+    def session_opened(self) -> None:
+        """Card first: a card was authorized and the machine offers it: the terminal works."""
+        self.card_first_idle_rounds = 0
 
     def _session_over(self, session: MdbSession) -> None:
         """The machine and the terminal are done with ``session``'s customer: the selection

@@ -27,7 +27,7 @@ from kiosk_agent.platforms.mdb import (
     PhaseRefused,
 )
 from kiosk_agent.sales.clock import SYSTEM_CLOCK, Clock, FakeClock
-from kiosk_agent.sales.model import DispenseStatus, Flow, SaleRequest
+from kiosk_agent.sales.model import DispenseStatus, Flow, SaleRequest, Selection
 
 
 class FakeLink:
@@ -40,13 +40,16 @@ class FakeCashless:
 
     def __init__(self, mode: Mode = Mode.SELECTION_FIRST, clock: Clock = SYSTEM_CLOCK) -> None:
         self.name = "mdb:test"
-        self.options = MdbOptions(source=self.name, mode=mode, session_timeout=30.0)
+        self.options = MdbOptions(source=self.name, mode=mode)
         self.stats = MdbStats()
         self.link = FakeLink()
         self.clock = clock
         self.sent: list[str] = []
         self.cancelled: list[MdbSession] = []
-        self.card_first_idle_rounds = 0
+        self.sessions_opened = 0
+
+    def session_opened(self) -> None:
+        self.sessions_opened += 1
 
     def send(self, line: str) -> bool:
         self.sent.append(line)
@@ -102,7 +105,8 @@ async def test_every_other_move_is_refused_by_name_and_changes_nothing(
 
 
 NEWS = st.lists(st.sampled_from(
-    ["selection", "vended", "failed", "abort", "deny", "dispense", "give_up"]), max_size=12)
+    ["selection", "vended", "failed", "abort", "deny", "choose", "dispense", "give_up"]),
+    max_size=12)
 
 
 @settings(max_examples=150, deadline=None)
@@ -130,7 +134,9 @@ async def _play(mode: Mode, news: list[str]) -> None:
                 made.abort("controller reset")
             case "deny":
                 await made.deny("declined")
-            case "dispense" if dispensing is None:
+            case "choose" if dispensing is None and mode is Mode.CARD_FIRST:
+                dispensing = asyncio.create_task(made.choose(500))
+            case "dispense" if dispensing is None or dispensing.done():
                 dispensing = asyncio.create_task(made.dispense(500))
             case "give_up" if dispensing is not None:
                 dispensing.cancel()
@@ -169,24 +175,49 @@ async def test_an_abort_before_the_vend_is_a_phase_and_the_machine_hears_no_stop
     assert made.phase is Phase.ENDED
 
 
-async def test_card_first_choice_waits_on_the_sales_clock_not_a_real_one() -> None:
-    """Nobody chooses: the session closes at ``session_timeout`` on the injected clock, 30 s
-    of it passing at once, and the machine hears C,STOP."""
+async def test_the_card_first_choice_has_no_timer_of_its_own() -> None:
+    """Card first: the session offers the funds and waits for a choice as long as the sale
+    does (the sale keeps the choice timeout); the sale giving up leaves the session SELECTING,
+    and its denial then closes it with C,STOP."""
     clock = FakeClock(wall=time.time())
     made = session(Mode.CARD_FIRST, clock)
-    began = time.monotonic()
-    choosing = asyncio.create_task(made.dispense(500))
-    assert await clock.next_due(pauses_only=False) == pytest.approx(clock.monotonic() + 30.0)
-    await clock.advance(29.9)
-    assert not choosing.done()
-    await clock.advance(0.1)
-    outcome = await asyncio.wait_for(choosing, 5)
-    assert time.monotonic() - began < 5  # no 30 s sleep
-    assert (outcome.status, outcome.detail) == (
-        DispenseStatus.CANCELLED, "session timeout: nothing selected")
-    assert made.device.sent[0].startswith("C,START")
+    choosing = asyncio.create_task(made.choose(500))
+    for _ in range(5):
+        await asyncio.sleep(0)
+    assert made.phase is Phase.SELECTING
+    assert made.device.sent == [wire.start_session(500, made.device.options.unit)]
+    assert clock.pending() == []  # nothing armed on the clock
+    choosing.cancel()  # the sale's choice timeout
+    await asyncio.gather(choosing, return_exceptions=True)
+    assert made.phase is Phase.SELECTING
+    assert not made.ended
+    await made.deny("session timeout: nothing selected within 60 s")
     assert made.device.sent[-1] == wire.deny_vend()
+    assert made.result.result().status is DispenseStatus.CANCELLED
     assert made.phase is Phase.ENDED
+
+
+async def test_a_card_first_choice_is_reported_and_the_vend_approves_it() -> None:
+    made = session(Mode.CARD_FIRST)
+    choosing = asyncio.create_task(made.choose(500))
+    await asyncio.sleep(0)
+    assert made.on_selection(wire.VendRequested(275, "B2"))
+    assert await choosing == Selection("B2", 275)
+    vending = asyncio.create_task(made.dispense(500))
+    await asyncio.sleep(0)
+    assert made.phase is Phase.VENDING
+    assert made.device.sent[-1] == wire.approve_vend(275, made.device.options.unit)
+    assert made.on_vend_result(DispenseStatus.VENDED, "vend success")
+    outcome = await vending
+    assert (outcome.status, outcome.vended_cents, outcome.product) == (
+        DispenseStatus.VENDED, 275, "B2")
+
+
+async def test_card_first_a_dispense_without_a_choice_vends_nothing() -> None:
+    made = session(Mode.CARD_FIRST)
+    outcome = await made.dispense(500)
+    assert outcome.status is DispenseStatus.CANCELLED
+    assert made.device.sent == []
 
 
 async def test_the_vend_wait_has_no_timer_of_its_own() -> None:
