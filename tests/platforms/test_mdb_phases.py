@@ -10,6 +10,7 @@ import asyncio
 import itertools
 import time
 from collections import Counter
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -19,6 +20,7 @@ from hypothesis import strategies as st
 from kiosk_agent.platforms import mdb_protocol as wire
 from kiosk_agent.platforms.mdb import (
     PHASES,
+    MdbCashless,
     MdbOptions,
     MdbSession,
     MdbStats,
@@ -26,8 +28,10 @@ from kiosk_agent.platforms.mdb import (
     Phase,
     PhaseRefused,
 )
+from kiosk_agent.platforms.serial import SerialSettings
 from kiosk_agent.sales.clock import SYSTEM_CLOCK, Clock, FakeClock
 from kiosk_agent.sales.model import DispenseStatus, Flow, SaleRequest, Selection
+from kiosk_agent.sales.states import SaleState
 
 
 class FakeLink:
@@ -65,6 +69,9 @@ def session(mode: Mode = Mode.SELECTION_FIRST, clock: Clock = SYSTEM_CLOCK) -> M
 
 
 def in_phase(phase: Phase) -> MdbSession:
+    if phase is Phase.QUEUED:  # a selection heard while the sale before it holds the terminal
+        before = session()
+        return MdbSession(before.device, before.request, behind=before)
     made = session()
     path = {Phase.AUTHORIZING: [], Phase.SELECTING: [Phase.SELECTING],
             Phase.VENDING: [Phase.VENDING], Phase.ABORTED: [Phase.ABORTED],
@@ -234,3 +241,94 @@ async def test_the_vend_wait_has_no_timer_of_its_own() -> None:
     assert made.result.result().status is DispenseStatus.TIMEOUT
     assert made.device.stats.timeouts == 1
     assert not made.on_vend_result(DispenseStatus.VENDED, "late")
+
+
+# -- a selection queued behind the last customer's sale (the device, at the trigger seam) -------
+
+
+class HeldSale:
+    """A sale whose terminal the test lets go of (its card read being cancelled, say)."""
+
+    def __init__(self, sale_id: str, request: SaleRequest) -> None:
+        self.sale_id, self.request = sale_id, request
+        self.released = asyncio.Event()
+        self.final: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+
+    async def terminal_released(self) -> None:
+        await self.released.wait()
+
+    async def result(self) -> Any:
+        return await asyncio.shield(self.final)
+
+    def end(self) -> None:
+        self.final.set_result(SimpleNamespace(
+            sale_id=self.sale_id, state=SaleState.CANCELLED, message="cancelled"))
+        self.released.set()
+
+
+class HoldingRunner:
+    """``agent.sales`` whose sales hold the terminal until the test ends them."""
+
+    def __init__(self) -> None:
+        self.sales: list[HeldSale] = []
+        self.cancelled: list[str] = []
+        self.running: list[Any] = []
+
+    async def start(self, request: SaleRequest, dispenser: Any) -> HeldSale:
+        sale = HeldSale(f"sale-{len(self.sales) + 1}", request)
+        self.sales.append(sale)
+        return sale
+
+    async def cancel(self, sale_id: str) -> None:
+        self.cancelled.append(sale_id)
+
+
+async def settle() -> None:
+    for _ in range(10):
+        await asyncio.sleep(0)
+
+
+async def walked_away(sales: HoldingRunner) -> MdbCashless:
+    """A customer chose A1 and walked away (ENABLED) while the card was read: the machine is
+    done with the session; its sale, being cancelled, still holds the terminal."""
+    device = MdbCashless(sales, SerialSettings(port="/dev/null"), MdbOptions(source="mdb:t"))
+    device.handle_line(wire.vend_request_line(150, "A1"))
+    await settle()
+    device.handle_line(wire.status_line(wire.ControllerStatus.ENABLED))
+    await settle()
+    assert device.status()["session"] == Phase.ABORTED.value
+    assert sales.cancelled == ["sale-1"]
+    return device
+
+
+async def test_a_selection_heard_while_the_terminal_is_held_is_a_queued_session() -> None:
+    """The next customer's selection is a session in QUEUED (no flag beside the table); a newer
+    one replaces it; it starts, as AUTHORIZING, once the sale before it lets the terminal go."""
+    sales = HoldingRunner()
+    device = await walked_away(sales)
+    device.handle_line(wire.vend_request_line(250, "A2"))
+    device.handle_line(wire.vend_request_line(100, "A3"))  # that customer chose again
+    await settle()
+    assert device.status()["session"] == Phase.QUEUED.value
+    assert len(sales.sales) == 1  # no sale for it while the terminal is held
+    sales.sales[0].end()
+    await settle()
+    assert [s.request.product for s in sales.sales] == ["A1", "A3"]
+    assert device.status()["session"] == Phase.AUTHORIZING.value
+    assert device.stats.outcomes == Counter({"cancelled": 1})  # the replaced one was no sale
+    await device.stop()
+
+
+async def test_a_queued_session_the_controller_ends_is_dropped_the_sale_before_keeps_it() -> None:
+    sales = HoldingRunner()
+    device = await walked_away(sales)
+    device.handle_line(wire.vend_request_line(250, "A2"))
+    await settle()
+    device.handle_line(wire.status_line(wire.ControllerStatus.ENABLED))  # gone too
+    await settle()
+    assert device.status()["session"] == Phase.ABORTED.value  # the first one's, still held
+    sales.sales[0].end()
+    await settle()
+    assert device.status()["session"] is None
+    assert len(sales.sales) == 1  # nothing started for the customer who left
+    await device.stop()
