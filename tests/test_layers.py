@@ -156,8 +156,6 @@ PLATFORM_TIMERS: dict[tuple[str, str], str] = {
     ("gpio", "GpioKiosk.pulse"): "the relay's physical pulse",
     ("gpio", "GpioKiosk.stop"): "a relay pulsing or a sensor watching finishes before the lines "
     "are let go",
-    ("mdb", "MdbCashless._run_sale"): "the pause between card-first offers: the trigger's pace "
-    "on a terminal that keeps failing (no sale is running), as a link's reconnect backoff",
     ("serial", "SerialLink._run"): "the link's reconnect backoff",
     ("serial", "SerialLink._watchdog"): "the link's silence watchdog (silence_timeout, probe)",
     ("serial", "SerialLink._close_transport"): "the port's close, waited for at most 5 s",

@@ -56,7 +56,6 @@ from kiosk_agent.platforms.serial import (
     SerialSettings,
     StateHandler,
 )
-from kiosk_agent.sales.clock import SYSTEM_CLOCK, Clock
 from kiosk_agent.sales.model import (
     DispenseOutcome,
     DispenseStatus,
@@ -155,7 +154,6 @@ class MdbOptions:
     max_price_cents: int | None = None
     vend_timeout: float | None = None  # None: sales.vend_timeout
     session_timeout: float | None = None  # card first, None: sales.choice_timeout
-    card_first_pause: float = 0.2  # between one card-first sale ending and the next starting
 
     @classmethod
     def from_config(cls, config: dict[str, Any], source: str) -> MdbOptions:
@@ -262,7 +260,6 @@ class MdbSession(Dispenser):
         if self.phase is Phase.ABORTED:
             return self.end(DispenseStatus.CANCELLED, self.abort_reason)
         self.move_to(Phase.SELECTING)
-        self.device.session_opened()
         self.device.send(wire.start_session(funds_cents, self.device.options.unit))
         choice = await asyncio.shield(self.selection)
         if self.aborted:  # the controller ended the session instead
@@ -365,17 +362,12 @@ class MdbCashless:
         options: MdbOptions,
         *,
         on_link_state: StateHandler | None = None,
-        clock: Clock = SYSTEM_CLOCK,
     ) -> None:
         self.sales = sales
         self.options = options
-        self.clock = clock  # the sale's: the pause between card-first sales
         self.name = options.source
         self.stats = MdbStats()
         self.facts = LinkFacts()  # the link's; the customer's session is its Phase
-        # card first: offers in a row that ended before a session opened (the trigger's pace
-        # between offers grows with them, as a link's reconnect backoff: no session's state)
-        self.offers_without_session = 0
         self.session: MdbSession | None = None
         self._tasks = TaskSet()
         # What the agent tells the device (facts from outside, not a session's state): it is
@@ -683,15 +675,9 @@ class MdbCashless:
         finally:
             self._session_over(session)
             if self.options.mode is Mode.CARD_FIRST and not self._stopping:
-                # A terminal that keeps failing (busy, offline) is retried ever more slowly.
-                pause = min(30.0, self.options.card_first_pause * 2**self.offers_without_session)
-                self.offers_without_session += 1
-                await self.clock.sleep(pause)
+                # the sale's pace: a terminal that keeps failing is asked ever more slowly
+                await self.sales.pause_before_offer(self.name)
                 self._maybe_start_card_first()
-
-    def session_opened(self) -> None:
-        """Card first: a card was authorized and the machine offers it: the terminal works."""
-        self.offers_without_session = 0
 
     def _session_over(self, session: MdbSession) -> None:
         """The machine and the terminal are done with ``session``'s customer: the selection
@@ -741,7 +727,6 @@ async def async_setup_platform(agent: Any, config: dict[str, Any]) -> MdbPlatfor
         SerialSettings.from_config(config),
         MdbOptions.from_config(config, source),
         on_link_state=link_reporter(agent, source),
-        clock=agent.clock,
     )
     device.unfollow = follow_availability(agent, config.get("terminal"), device.set_available)
     await device.start()

@@ -21,6 +21,10 @@ CARD_TIMEOUT = 200.0  # how long a card may take at the terminal before the sale
 VEND_TIMEOUT = 60.0
 # Card first: how long the customer may take to choose once the card is authorized (seconds)
 CHOICE_TIMEOUT = 60.0
+# Card first: the pause before a trigger's next offer (a sale waiting for a card), doubled for
+# each offer in a row that got no authorization (a terminal busy or offline), at most the second
+OFFER_PAUSE = 0.2
+OFFER_PAUSE_MOST = 30.0
 # On a stopping signal, how long the sales already running may take to finish before what is
 # still open is parked (``sales.stop_timeout``; systemd/kiosk-agent.service's TimeoutStopSec is
 # this plus the stop's own margin, tests/assembly/test_systemd.py keeps them in step).
@@ -61,6 +65,12 @@ class SaleSettings:
         over it (docs/platforms.md, "Vend timeout"). A card-first choice has its own, before it
         (:meth:`choice_timeout_for`)."""
         return self.vend_timeout if request.vend_timeout is None else request.vend_timeout
+
+    @staticmethod
+    def offer_pause(unanswered: int) -> float:
+        """Card first: the pause before the next offer after ``unanswered`` offers in a row got
+        no authorization (0: the last one did)."""
+        return min(OFFER_PAUSE_MOST, OFFER_PAUSE * (1 << min(unanswered, 16)))
 
     def choice_timeout_for(self, request: SaleRequest) -> float:
         """The same rule for a card-first customer's time to choose: the trigger's own (an

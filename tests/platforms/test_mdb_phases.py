@@ -50,10 +50,6 @@ class FakeCashless:
         self.clock = clock
         self.sent: list[str] = []
         self.cancelled: list[MdbSession] = []
-        self.sessions_opened = 0
-
-    def session_opened(self) -> None:
-        self.sessions_opened += 1
 
     def send(self, line: str) -> bool:
         self.sent.append(line)

@@ -33,6 +33,9 @@ class RecordingRunner:
     async def cancel(self, sale_id: str) -> None:
         return None
 
+    async def pause_before_offer(self, source: str) -> None:
+        await asyncio.Event().wait()  # one offer is all these tests look at
+
     async def next_request(self) -> SaleRequest:
         async with asyncio.timeout(2):
             while not self.requests:

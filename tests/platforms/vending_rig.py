@@ -70,6 +70,8 @@ class CardDesk:
         self.held_elsewhere = False  # another trigger holds the terminal
         self.refused = 0
         self.refused_at: list[float] = []  # loop time of each refusal
+        self.unanswered_offers = 0  # card first: the runner's offer pace, played the same way
+        self.offer_answered = False
 
     async def start(self, request: SaleRequest, dispenser: Dispenser) -> DeskSale:
         if self._busy or self.held_elsewhere:
@@ -82,6 +84,14 @@ class CardDesk:
         task = asyncio.create_task(self._run(sale, dispenser))
         self._waiting[sale.sale_id] = task
         return sale
+
+    async def pause_before_offer(self, source: str) -> None:
+        """Like the real runner: SaleSettings.offer_pause, set back by an authorized offer."""
+        if self.offer_answered:
+            self.offer_answered, self.unanswered_offers = False, 0
+        pause = SaleSettings.offer_pause(self.unanswered_offers)
+        self.unanswered_offers += 1
+        await asyncio.sleep(pause)
 
     async def cancel(self, sale_id: str) -> None:
         await asyncio.sleep(self.cancel_time)
@@ -104,6 +114,7 @@ class CardDesk:
                 await dispenser.deny("declined")
                 self._finish(sale, SaleState.DECLINED, 0, "declined")
                 return
+            self.offer_answered = request.chosen_at_machine  # authorized
             outcome = await self._dispense(request, dispenser)
             sale.outcome = outcome
             self._release(sale)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import sqlite3
 import time
+from collections import Counter
 from typing import Any
 
 import pytest
@@ -31,7 +32,8 @@ from tests.service.test_cable import sim_call
 
 
 def request(cents: int, flow: Flow = Flow.CHARGE_CARD, **fields: Any) -> SaleRequest:
-    return SaleRequest(source="test:front", flow=flow, amount_cents=cents, **fields)
+    fields.setdefault("source", "test:front")
+    return SaleRequest(flow=flow, amount_cents=cents, **fields)
 
 
 async def sell(agent: Agent, cents: int, dispenser: ScriptedDispenser, **fields: Any) -> SaleEvent:
@@ -254,6 +256,47 @@ async def test_card_first_on_a_machine_that_offers_no_choice_vends_nothing(
     assert machine.authorized == []
     assert machine.denied == ["test:front offers no choice at the machine"]
     assert event.state is SaleState.REVERSED
+
+
+async def test_card_first_offers_are_paced_by_the_sale_slower_while_none_is_authorized(
+    agent_factory: Any
+) -> None:
+    """The pause before a card-first trigger's next offer is the sale's (SaleRunner, on its
+    clock, SaleSettings.offer_pause): 0.2 s, doubling for each offer in a row that got no
+    authorization (a terminal busy or offline), at most 30 s; an authorized one sets it back."""
+    clock = FakeClock(wall=time.time())
+    agent = await agent_factory(clock=clock)
+
+    async def paused(expected: float) -> bool:
+        """A pause of ``expected`` s was armed on the sale's clock and ended then, not before."""
+        began, before = clock.monotonic(), clock.pending()
+        pausing = asyncio.create_task(agent.sales.pause_before_offer("test:front"))
+        new = await asyncio.wait_for(_new_waits(clock, before), 5)
+        assert began + expected == pytest.approx(min(new, key=lambda d: abs(d - began - expected)))
+        await clock.advance(expected - 0.01)
+        early = pausing.done()
+        await clock.advance(0.01)
+        await asyncio.wait_for(pausing, 5)
+        return not early
+
+    for expected in [0.2, 0.4, 0.8, 1.6, 3.2, 6.4, 12.8, 25.6, 30.0, 30.0]:
+        assert await paused(expected)
+    machine = ChoosingMachine(clock, Selection("B2", 275), 1.0)
+    event = await clock.run(sell(agent, 500, machine, flow=Flow.AUTHORIZE_CAPTURE,
+                                 chosen_at_machine=True))
+    assert event.state is SaleState.COMPLETED
+    assert await paused(0.2)
+    other = await agent.sales.start(request(500, Flow.AUTHORIZE_CAPTURE, chosen_at_machine=True,
+                                            source="test:back"), ScriptedDispenser())
+    await clock.run(other.result())
+    assert await paused(0.4)  # another trigger's offer is not this one's
+
+
+async def _new_waits(clock: FakeClock, before: list[float]) -> list[float]:
+    """The waits armed on the clock since ``before`` (the agent's own sweeps are there too)."""
+    while not (new := list((Counter(clock.pending()) - Counter(before)).elements())):
+        await asyncio.sleep(0)
+    return new
 
 
 async def test_authorize_capture_declined(agent: Agent) -> None:
