@@ -257,6 +257,8 @@ class MdbSession(Dispenser):
     async def choose(self, funds_cents: int) -> Selection | DispenseOutcome:
         """Card first: offer the funds (``C,START``) and report the customer's choice. No timer:
         the sale bounds the choice and denies (``C,STOP``) when nobody chose in time."""
+        if self.ended:  # denied already: the first end is the outcome
+            return self.result.result()
         if self.phase is Phase.ABORTED:
             return self.end(DispenseStatus.CANCELLED, self.abort_reason)
         self.move_to(Phase.SELECTING)
@@ -269,6 +271,8 @@ class MdbSession(Dispenser):
 
     async def dispense(self, authorized_cents: int) -> DispenseOutcome:
         """Approve the vend (selection first: the price asked; card first: the choice)."""
+        if self.ended:  # denied already: the first end is the outcome, no vend out of turn
+            return self.result.result()
         if self.phase is Phase.ABORTED:
             return self.end(DispenseStatus.CANCELLED, self.abort_reason)
         if self.device.options.mode is Mode.CARD_FIRST and self.phase is not Phase.SELECTING:

@@ -108,25 +108,33 @@ async def test_every_other_move_is_refused_by_name_and_changes_nothing(
 
 
 NEWS = st.lists(st.sampled_from(
-    ["selection", "vended", "failed", "abort", "deny", "choose", "dispense", "give_up"]),
+    ["selection", "vended", "failed", "abort", "deny", "choose", "dispense", "give_up", "begin"]),
     max_size=12)
+SALE_NEWS = {"deny", "choose", "dispense", "give_up"}  # only once its sale has begun
 
 
 @settings(max_examples=150, deadline=None)
-@given(mode=st.sampled_from(list(Mode)), news=NEWS)
-def test_no_sequence_of_news_leaves_the_table(mode: Mode, news: list[str]) -> None:
+@given(mode=st.sampled_from(list(Mode)), queued=st.booleans(), news=NEWS)
+def test_no_sequence_of_news_leaves_the_table(mode: Mode, queued: bool, news: list[str]) -> None:
     """The controller's news in any order, the sale's dispense and denial among them, and the
-    sale giving up its wait: the phase moves only along the table, the outcome is settled once,
-    the session has ended exactly when it is, and only a vend takes money."""
-    asyncio.run(_play(mode, news))
+    sale giving up its wait, for a session that begins at once or queued behind another: the
+    phase moves only along the table, the outcome is settled once, the session has ended
+    exactly when it is, only a vend takes money, and one dropped while queued counts nothing."""
+    asyncio.run(_play(mode, news, queued=queued))
 
 
-async def _play(mode: Mode, news: list[str]) -> None:
+async def _play(mode: Mode, news: list[str], *, queued: bool = False) -> None:
     made = session(mode)
+    if queued:
+        made = MdbSession(made.device, made.request, behind=made)
     seen = [made.phase]
     dispensing: asyncio.Task[Any] | None = None
     for item in news:
+        if made.phase is Phase.QUEUED and item in SALE_NEWS:
+            continue  # no sale has it yet
         match item:
+            case "begin" if made.phase is Phase.QUEUED:
+                made.move_to(Phase.AUTHORIZING)  # the sale before it let the terminal go
             case "selection":
                 made.on_selection(wire.VendRequested(150, "A1"))
             case "vended":
@@ -151,8 +159,11 @@ async def _play(mode: Mode, news: list[str]) -> None:
         assert (made.phase is Phase.ENDED) == made.ended
     if dispensing is not None and not dispensing.done():
         dispensing.cancel()
-    await asyncio.gather(*(t for t in [dispensing] if t), return_exceptions=True)
-    if made.ended:
+    ended = await asyncio.gather(*(t for t in [dispensing] if t), return_exceptions=True)
+    assert not [e for e in ended if isinstance(e, Exception)], ended  # no move refused
+    if seen == [Phase.QUEUED, Phase.ENDED]:
+        assert not made.device.stats.outcomes  # dropped before its sale: nothing sold
+    elif made.ended:
         outcome = made.result.result()
         assert sum(made.device.stats.outcomes.values()) == 1
         assert made.device.stats.outcomes == Counter({outcome.status.value: 1})
