@@ -21,14 +21,9 @@ ARCHITECTURE = PACKAGE.parent / "docs" / "architecture.md"
 # this list (test_a_known_circle_still_exists), a new one fails.
 KNOWN_CIRCLES: dict[frozenset[str], str] = {}
 
-# What a platform may take from the sale domain: the dispenser's contract and the refusals a
-# sale's start answers with (the kiosk API says them to its caller).
+# What a platform may take from the sale domain: the dispenser's contract (the request, the
+# outcome, the choice, the refusals a sale's start answers with) and the sale's clock.
 SALES_FOR_PLATFORMS = {"kiosk_agent.sales.model", "kiosk_agent.sales.clock"}
-SALE_REFUSALS = {
-    ("kiosk_agent.sales.runner", "STOPPING"), ("kiosk_agent.sales.runner", "AgentStopping"),
-    ("kiosk_agent.sales.runner", "TerminalBusy"), ("kiosk_agent.sales.settings", "UnknownTerminal"),
-    ("kiosk_agent.sales.journal", "JournalError"),
-}  # fmt: skip
 
 
 @dataclass(frozen=True, slots=True)
@@ -147,10 +142,97 @@ def test_platforms_take_from_sales_only_the_dispensers_types() -> None:
     offenders = [
         f"{i.where}: {i.module} {i.name}"
         for i in project_imports()
-        if i.source == "platforms" and i.target == "sales"
-        and i.module not in SALES_FOR_PLATFORMS and (i.module, i.name) not in SALE_REFUSALS
-    ]  # fmt: skip
+        if i.source == "platforms" and i.target == "sales" and i.module not in SALES_FOR_PLATFORMS
+    ]
     assert not offenders, offenders
+
+
+# The timers a platform may arm, each a fact of its hardware or of its link, not a sale's: a
+# sale's deadlines (the vend, the card-first choice) are armed in sales/ (SaleSettings's
+# *_for rules, the flows' waits) and a platform only reports what its machine said.
+PLATFORM_TIMERS: dict[tuple[str, str], str] = {
+    ("gpio", "_Drop.dispense"): "the drop sensor's window: a product falls within it after the "
+    "relay's pulse or did not come out (FAILED); the sale's vend timeout still bounds it",
+    ("gpio", "GpioKiosk.pulse"): "the relay's physical pulse",
+    ("gpio", "GpioKiosk.stop"): "a relay pulsing or a sensor watching finishes before the lines "
+    "are let go",
+    ("serial", "SerialLink._run"): "the link's reconnect backoff",
+    ("serial", "SerialLink._watchdog"): "the link's silence watchdog (silence_timeout, probe)",
+    ("serial", "SerialLink._close_transport"): "the port's close, waited for at most 5 s",
+    ("virtual", "VirtualPlatform.stop"): "the simulated customer finishing on stop",
+}
+# What arms a timer: a call of one of these names, or any call given a ``timeout=``
+TIMER_CALLS = {"sleep", "wait_for", "timeout", "timeout_at", "call_later", "call_at", "wait_event"}
+
+
+def timers_in(source: str) -> Iterator[tuple[str, int]]:
+    """Each timer armed in ``source``: the qualified name of the function it is in, its line.
+    ``sleep(0)`` arms none (a yield to the loop)."""
+
+    def visit(node: ast.AST, scope: tuple[str, ...]) -> Iterator[tuple[str, int]]:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+                yield from visit(child, (*scope, child.name))
+                continue
+            if isinstance(child, ast.Call) and _arms_a_timer(child):
+                yield ".".join(scope), child.lineno
+            yield from visit(child, scope)
+
+    yield from visit(ast.parse(source), ())
+
+
+def _arms_a_timer(call: ast.Call) -> bool:
+    func = call.func
+    name = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", None)
+    if any(k.arg == "timeout" for k in call.keywords):
+        return True
+    if name == "sleep" and call.args and isinstance(call.args[0], ast.Constant):
+        return call.args[0].value != 0
+    return name in TIMER_CALLS
+
+
+def platform_timers() -> dict[tuple[str, str], list[int]]:
+    found: dict[tuple[str, str], list[int]] = defaultdict(list)
+    for path in sorted((PACKAGE / "platforms").glob("*.py")):
+        for function, line in timers_in(path.read_text()):
+            found[(path.stem, function)].append(line)
+    return found
+
+
+def test_platforms_arm_no_timer_but_their_hardwares_and_links() -> None:
+    offenders = [f"platforms/{module}.py:{lines[0]} {function}"
+                 for (module, function), lines in platform_timers().items()
+                 if (module, function) not in PLATFORM_TIMERS]  # fmt: skip
+    assert not offenders, f"a platform arms a timer; a sale's belongs in sales/: {offenders}"
+
+
+def test_every_allowed_platform_timer_is_still_there() -> None:
+    gone = sorted(set(PLATFORM_TIMERS) - set(platform_timers()))
+    assert not gone, f"no longer arms a timer, take it off PLATFORM_TIMERS: {gone}"
+
+
+def test_the_timer_reading_finds_what_arms_one_and_nothing_else() -> None:
+    source = """
+import asyncio
+class Session:
+    async def choose(self):
+        await self.clock.wait_for(self.selection, self.timeout)
+    async def yield_(self):
+        await asyncio.sleep(0)
+    async def pause(self):
+        await self.clock.sleep(0.2)
+    def later(self):
+        loop.call_later(5, self.fire)
+        def inner():
+            asyncio.wait(tasks, timeout=3)
+    async def bounded(self):
+        async with asyncio.timeout(2):
+            pass
+"""
+    assert list(timers_in(source)) == [
+        ("Session.choose", 5), ("Session.pause", 9), ("Session.later", 11),
+        ("Session.later.inner", 13), ("Session.bounded", 15),
+    ]
 
 
 def test_core_is_gone() -> None:

@@ -114,6 +114,7 @@ def sale_settings_from_config(
         retries=sales["retries"],
         card_timeout=sales["card_timeout"],
         vend_timeout=sales["vend_timeout"],
+        choice_timeout=sales["choice_timeout"],
         currency=sales["currency"],
         interaction_lifetime=sales.get("interaction_lifetime", INTERACTION_LIFETIME / time_scale),
         stop_timeout=sales["stop_timeout"],

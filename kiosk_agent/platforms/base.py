@@ -92,12 +92,14 @@ class LiveSale(Protocol):
 
 
 class SaleStarter(Protocol):
-    """``agent.sales``: start a sale for a trigger; cancel it while it waits for a card; the
-    sales not ended yet."""
+    """``agent.sales``: start a sale for a trigger; cancel it while it waits for a card; wait
+    the sale's pause before a card-first trigger's next offer; the sales not ended yet."""
 
     async def start(self, request: SaleRequest, dispenser: SaleDispenser) -> Any: ...
 
     async def cancel(self, sale_id: str) -> Any: ...
+
+    async def pause_before_offer(self, source: str) -> None: ...
 
     @property
     def running(self) -> Sequence[LiveSale]: ...

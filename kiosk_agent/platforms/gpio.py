@@ -265,8 +265,10 @@ class Button:
 class _Drop(Dispenser):
     """One sale's dispense: pulse the relay, then (if there is a sensor) watch it fall.
 
-    The drop sensor's window is the machine's fact (a product falls within it or did not come
-    out: FAILED), kept on the sale's clock; the vend timeout over it is the sale's."""
+    The drop sensor's window is the machine's fact (a product falls within it after the pulse or
+    did not come out: FAILED), kept here, on the agent's clock, as MDB's link keeps its own
+    non-response time: it is how a silent sensor is read, not a sale's deadline. The vend
+    timeout over it is the sale's (tests/test_layers.py's PLATFORM_TIMERS)."""
 
     def __init__(self, kiosk: GpioKiosk, button: Button, request: SaleRequest) -> None:
         super().__init__(request)

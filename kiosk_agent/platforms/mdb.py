@@ -56,25 +56,38 @@ from kiosk_agent.platforms.serial import (
     SerialSettings,
     StateHandler,
 )
-from kiosk_agent.sales.clock import SYSTEM_CLOCK, Clock
 from kiosk_agent.sales.model import (
     DispenseOutcome,
     DispenseStatus,
     Flow,
     SaleRequest,
-    vend_refusal,
+    Selection,
 )
 from kiosk_agent.tasks import TaskSet
 
 # The `mdb` platform's defaults, written once (tests/config/test_defaults.py)
 ADDRESS = 0x10  # the MDB cashless device 1's address
-SESSION_TIMEOUT = 60.0  # card first: how long an open session waits for a selection
 NO_MAX_FUNDS = 0  # no `max_funds`: a card-first session offers what the price list allows
 
 _LOGGER = logging.getLogger(__name__)
 
 # An adapter answers a probe well within this (seconds); a later status line is news of its own.
 PROBE_ANSWER_WINDOW = 2.0
+
+
+@dataclass(slots=True)
+class LinkFacts:
+    """What the adapter link has said since it connected: facts of the link, kept beside the
+    session's phase table, not in it (they outlive a session and come before one)."""
+
+    controller: wire.ControllerStatus | None = None  # its last status line; None: none yet
+    # the controller's own session is open: a vend request or IDLE since its last ENABLED
+    controller_session_open: bool = False
+    # what the adapter was last told: on the bus (C,1), off it (C,0); None: not told yet
+    reader_enabled: bool | None = None
+
+
+READER_SAYS = {True: "enabled", False: "disabled", None: "unknown"}  # status()["reader"]
 
 
 class Mode(enum.StrEnum):
@@ -105,8 +118,8 @@ _MDB_SCHEMA = BASE_PLATFORM_SCHEMA.extend(
         vol.Optional("max_funds"): positive_price,
         # its own bound on a dispense; none: sales.vend_timeout (docs/platforms.md)
         vol.Optional("vend_timeout"): positive_float,
-        # card first: how long an open session waits for a selection (seconds)
-        vol.Optional("session_timeout", default=SESSION_TIMEOUT): positive_float,
+        # card first: its own time to choose (seconds); none: sales.choice_timeout
+        vol.Optional("session_timeout"): positive_float,
         vol.Optional("silence_timeout"): positive_float,
         vol.Optional("probe"): str,
         vol.Optional("reconnect_max", default=RECONNECT_MAX): positive_float,
@@ -140,8 +153,7 @@ class MdbOptions:
     max_funds_cents: int = NO_MAX_FUNDS
     max_price_cents: int | None = None
     vend_timeout: float | None = None  # None: sales.vend_timeout
-    session_timeout: float = SESSION_TIMEOUT
-    card_first_pause: float = 0.2  # between one card-first sale ending and the next starting
+    session_timeout: float | None = None  # card first, None: sales.choice_timeout
 
     @classmethod
     def from_config(cls, config: dict[str, Any], source: str) -> MdbOptions:
@@ -155,7 +167,7 @@ class MdbOptions:
             max_funds_cents=config.get("max_funds", NO_MAX_FUNDS),
             max_price_cents=config["max_price"],
             vend_timeout=config.get("vend_timeout"),
-            session_timeout=config["session_timeout"],
+            session_timeout=config.get("session_timeout"),
         )
 
 
@@ -179,6 +191,9 @@ class MdbStats:
 class Phase(enum.StrEnum):
     """Where one cashless session is, as the machine sees it (``status()["session"]``)."""
 
+    # selection first: the controller asked for it once the last customer was served, while
+    # that sale still held the terminal; its sale starts when the terminal is released
+    QUEUED = "queued"
     AUTHORIZING = "authorizing"  # the sale reads the card / authorizes; the machine waits
     SELECTING = "selecting"  # card first: the session is open, the customer chooses
     VENDING = "vending"  # approved: the machine vends and will report it
@@ -188,6 +203,7 @@ class Phase(enum.StrEnum):
 
 # Each phase's allowed next phases; every other move is refused by ``MdbSession.move_to``.
 PHASES: Mapping[Phase, frozenset[Phase]] = {
+    Phase.QUEUED: frozenset({Phase.AUTHORIZING, Phase.ENDED}),  # ended: dropped before its sale
     Phase.AUTHORIZING: frozenset({Phase.SELECTING, Phase.VENDING, Phase.ABORTED, Phase.ENDED}),
     Phase.SELECTING: frozenset({Phase.VENDING, Phase.ABORTED, Phase.ENDED}),
     Phase.VENDING: frozenset({Phase.ENDED}),  # an abort mid-vend ends it: not dispensed
@@ -212,14 +228,18 @@ class MdbSession(Dispenser):
     """One customer's session on the machine; the sale runner's ``Dispenser`` for it.
 
     It reports what the controller says (a selection, a vend result, an abort) and tells the
-    machine what the sale decided; the sale keeps the vend timeout. Card first, the customer's
-    choice is part of the dispense: its wait (``session_timeout``) runs on the sale's clock and
-    the sale's bound covers it (``SaleRequest.choice_timeout``)."""
+    machine what the sale decided; the sale keeps the timers. Card first, the sale asks for the
+    customer's choice (``choose``), bounded by its choice timeout (``session_timeout`` is this
+    trigger's own), and decides on it."""
 
-    def __init__(self, device: MdbCashless, request: SaleRequest) -> None:
+    def __init__(
+        self, device: MdbCashless, request: SaleRequest, *, behind: MdbSession | None = None
+    ) -> None:
         super().__init__(request)
         self.device = device
-        self.phase = Phase.AUTHORIZING
+        # queued behind a session the machine is done with, whose sale still holds the terminal
+        self.behind = behind
+        self.phase = Phase.AUTHORIZING if behind is None else Phase.QUEUED
         self.began_at = device.link.now()  # the link's clock: probes are timed on it
         self.abort_reason = ""  # what the controller did, once ABORTED
         self.selection: asyncio.Future[wire.VendRequested] = (
@@ -234,14 +254,29 @@ class MdbSession(Dispenser):
 
     # -- Dispenser ---------------------------------------------------------------------------
 
-    async def dispense(self, authorized_cents: int) -> DispenseOutcome:
+    async def choose(self, funds_cents: int) -> Selection | DispenseOutcome:
+        """Card first: offer the funds (``C,START``) and report the customer's choice. No timer:
+        the sale bounds the choice and denies (``C,STOP``) when nobody chose in time."""
+        if self.ended:  # denied already: the first end is the outcome
+            return self.result.result()
         if self.phase is Phase.ABORTED:
             return self.end(DispenseStatus.CANCELLED, self.abort_reason)
-        if self.device.options.mode is Mode.CARD_FIRST:
-            chosen = await self._open_session(authorized_cents)
-            if chosen is not None:
-                return chosen
-        # selection first: the sale vends only a price it holds (sales.model.vend_refusal)
+        self.move_to(Phase.SELECTING)
+        self.device.send(wire.start_session(funds_cents, self.device.options.unit))
+        choice = await asyncio.shield(self.selection)
+        if self.aborted:  # the controller ended the session instead
+            return self.end(DispenseStatus.CANCELLED, self.abort_reason)
+        self.vend_cents, self.product = choice.amount_cents, choice.product
+        return Selection(choice.product, choice.amount_cents)
+
+    async def dispense(self, authorized_cents: int) -> DispenseOutcome:
+        """Approve the vend (selection first: the price asked; card first: the choice)."""
+        if self.ended:  # denied already: the first end is the outcome, no vend out of turn
+            return self.result.result()
+        if self.phase is Phase.ABORTED:
+            return self.end(DispenseStatus.CANCELLED, self.abort_reason)
+        if self.device.options.mode is Mode.CARD_FIRST and self.phase is not Phase.SELECTING:
+            return self.end(DispenseStatus.CANCELLED, "no session opened: nothing chosen")
         return await self._vend()
 
     async def deny(self, reason: str) -> None:
@@ -254,6 +289,10 @@ class MdbSession(Dispenser):
         self.end(DispenseStatus.CANCELLED, f"denied: {reason}")
 
     @property
+    def aborted(self) -> bool:
+        return self.phase is Phase.ABORTED
+
+    @property
     def machine_waiting(self) -> bool:
         """Whether the controller waits for our answer (else a C,STOP would be out of turn)."""
         if self.phase is Phase.ABORTED:
@@ -263,29 +302,6 @@ class MdbSession(Dispenser):
         return True
 
     # -- steps -------------------------------------------------------------------------------
-
-    async def _open_session(self, funds_cents: int) -> DispenseOutcome | None:
-        """Card first: offer the funds and wait for a selection within them; None when chosen."""
-        self.move_to(Phase.SELECTING)
-        device = self.device
-        device.card_first_idle_rounds = 0
-        device.send(wire.start_session(funds_cents, device.options.unit))
-        try:
-            choice = await device.clock.wait_for(
-                asyncio.shield(self.selection), device.options.session_timeout
-            )
-        except TimeoutError:
-            device.send(wire.deny_vend())
-            return self.end(DispenseStatus.CANCELLED, "session timeout: nothing selected")
-        if self.phase is Phase.ABORTED:
-            return self.end(DispenseStatus.CANCELLED, self.abort_reason)
-        refused = vend_refusal(choice.amount_cents, funds_cents, choice.product)
-        if refused:
-            # the sale's rule, heard only now: the machine is told no, the hold given back
-            device.send(wire.deny_vend())
-            return self.end(DispenseStatus.CANCELLED, refused)
-        self.vend_cents, self.product = choice.amount_cents, choice.product
-        return None
 
     async def _vend(self) -> DispenseOutcome:
         self.move_to(Phase.VENDING)
@@ -316,6 +332,9 @@ class MdbSession(Dispenser):
         """The controller ended the session (reset, disable, cancel, lost adapter)."""
         if self.phase in (Phase.ENDED, Phase.ABORTED):
             return
+        if self.phase is Phase.QUEUED:  # no sale yet: nothing to tell, nothing was sold
+            self.end(DispenseStatus.CANCELLED, reason)
+            return
         self.abort_reason = reason
         if self.phase is Phase.VENDING:
             self.end(DispenseStatus.CANCELLED, reason)
@@ -328,7 +347,10 @@ class MdbSession(Dispenser):
             self.selection.set_result(wire.VendRequested(0, ""))
 
     def ended_as(self, outcome: DispenseOutcome) -> None:
+        never_sold = self.phase is Phase.QUEUED  # dropped before its sale: not an outcome
         self.move_to(Phase.ENDED)
+        if never_sold:
+            return
         self.device.stats.outcomes[outcome.status.value] += 1
         if outcome.status is DispenseStatus.TIMEOUT:
             self.device.stats.timeouts += 1
@@ -344,28 +366,19 @@ class MdbCashless:
         options: MdbOptions,
         *,
         on_link_state: StateHandler | None = None,
-        clock: Clock = SYSTEM_CLOCK,
     ) -> None:
         self.sales = sales
         self.options = options
-        self.clock = clock  # the sale's: the card-first session's wait and retry pause
         self.name = options.source
         self.stats = MdbStats()
-        self.controller_status: wire.ControllerStatus | None = None
-        # the controller has a session open (a vend request or IDLE since the last ENABLED)
-        self._controller_session = False
-        # a vend request that came once the machine was done with the last customer, while that
-        # sale still held the terminal (a cancelled card read ending, say)
-        self._queued: wire.VendRequested | None = None
-        # card first: sales in a row that ended before any session opened (for the retry pause)
-        self.card_first_idle_rounds = 0
+        self.facts = LinkFacts()  # the link's; the customer's session is its Phase
         self.session: MdbSession | None = None
         self._tasks = TaskSet()
+        # What the agent tells the device (facts from outside, not a session's state): it is
+        # stopping (the drain), and whether its terminal can take cards (health's availability).
         self._stopping = False
-        # Out of service: what the agent wants (available) and what the adapter was told.
         self.available = True
         self.unavailable_reason = ""
-        self.reader_enabled: bool | None = None  # None: not told yet (not connected)
         self.unfollow: Callable[[], None] | None = None
         self.link = SerialLink(
             options.source,
@@ -383,7 +396,6 @@ class MdbCashless:
 
     async def stop(self) -> None:
         self._stopping = True
-        self._queued = None
         if self.unfollow is not None:
             self.unfollow()
         # A vend in flight was heard during the agent's drain (Agent.drain), which parked its
@@ -391,7 +403,7 @@ class MdbCashless:
         session = self.session
         if session is not None:
             waiting_for_card = session.phase is Phase.AUTHORIZING
-            session.abort("agent stopping")
+            self._end_session("agent stopping")
             if waiting_for_card and session.sale_id is not None:
                 # here, before the tasks are cancelled
                 await request_cancel(self.sales, session.sale_id, self.name)
@@ -401,7 +413,7 @@ class MdbCashless:
     def status(self) -> dict[str, Any]:
         return {
             "link": self.link.status(),
-            "controller": self.controller_status.value if self.controller_status else None,
+            "controller": self.facts.controller.value if self.facts.controller else None,
             "mode": self.options.mode.value,
             # the machine's MDB session; a sale may go on after it (open_sales)
             "session": self.session.phase.value if self.session else None,
@@ -413,9 +425,9 @@ class MdbCashless:
             "unknown_lines": self.stats.unknown_lines,
             "available": self.available,
             "unavailable_reason": self.unavailable_reason,
-            "reader": {True: "enabled", False: "disabled", None: "unknown"}[self.reader_enabled],
+            "reader": READER_SAYS[self.facts.reader_enabled],
             # out of service, but a sale is still on: the reader steps aside when it ends
-            "steps_aside_after_sale": not self.available and self.reader_enabled is True,
+            "steps_aside_after_sale": not self.available and self.facts.reader_enabled is True,
             "denied_out_of_service": self.stats.denied_out_of_service,
         }
 
@@ -429,16 +441,15 @@ class MdbCashless:
     def _apply_availability(self) -> None:
         if self.session is not None or self._stopping:
             return  # never cut a sale short: _run_sale applies it when the sale ends
-        if self.reader_enabled is None or self.reader_enabled == self.available:
+        if self.facts.reader_enabled is None or self.facts.reader_enabled == self.available:
             return  # not connected yet (setup sends the right state), or already so
         if self.available:
             if self.send(wire.enable_reader()):
-                self.reader_enabled = True
+                self.facts.reader_enabled = True
                 _LOGGER.info("%s: back in service: reader enabled", self.name)
         else:
-            self._queued = None
             if self.send(wire.disable_reader()):
-                self.reader_enabled = False
+                self.facts.reader_enabled = False
                 self.stats.disabled += 1
                 _LOGGER.warning(
                     "%s: out of service: reader disabled (%s)", self.name, self.unavailable_reason
@@ -473,32 +484,30 @@ class MdbCashless:
 
     def _on_status(self, message: wire.StatusChanged) -> None:
         status = message.status
-        previous, self.controller_status = self.controller_status, status
+        previous, self.facts.controller = self.facts.controller, status
         session = self.session
         if status in (wire.ControllerStatus.INACTIVE, wire.ControllerStatus.DISABLED):
-            self._controller_session = False
-            self._queued = None
+            self.facts.controller_session_open = False
             _LOGGER.info("%s: controller %s", self.name, status.value)
             if session is not None:
                 _LOGGER.warning("%s: controller %s mid-session", self.name, status.value)
-                session.abort(f"controller {status.value.lower()} mid-session")
+                self._end_session(f"controller {status.value.lower()} mid-session")
         elif status is wire.ControllerStatus.IDLE:
-            self._controller_session = True
+            self.facts.controller_session_open = True
         elif status is wire.ControllerStatus.ENABLED:
             if self._answers_probe(session):
                 # the controller's resting state, from before the session: not its end
                 _LOGGER.debug("%s: probe answered ENABLED as the session began", self.name)
                 return
-            if not self._controller_session and previous is status:
+            if not self.facts.controller_session_open and previous is status:
                 # Some controllers repeat ENABLED while nothing happens: not a session end.
                 _LOGGER.debug("%s: controller enabled again (repeat)", self.name)
             else:
                 _LOGGER.info("%s: controller enabled", self.name)
-            ended = self._controller_session
-            self._controller_session = False
-            self._queued = None  # a queued request's session is over too
-            if session is not None and ended:
-                session.abort("session ended by the controller")
+            ended = self.facts.controller_session_open
+            self.facts.controller_session_open = False
+            if session is not None and ended:  # a queued selection's session is over too
+                self._end_session("session ended by the controller")
             elif session is None:
                 self._maybe_start_card_first()
 
@@ -514,7 +523,7 @@ class MdbCashless:
 
     def _on_vend_request(self, message: wire.VendRequested) -> None:
         self.stats.vend_requests += 1
-        self._controller_session = True
+        self.facts.controller_session_open = True
         session = self.session
         if session is None and not self.available:
             # The controller asked before it heard us leave the bus: no sale can start now.
@@ -543,12 +552,17 @@ class MdbCashless:
                 session.on_vend_result(
                     DispenseStatus.TIMEOUT, "no vend result before the next selection"
                 )
-            over = session.phase in (Phase.ENDED, Phase.ABORTED)
+            over = session.phase in (Phase.ENDED, Phase.ABORTED, Phase.QUEUED)
             if over and self.options.mode is Mode.SELECTION_FIRST:
                 # The machine is done with the last customer (served, or gone: the controller
                 # ended the session); that sale still holds the terminal (its card read being
-                # cancelled, say). Next in line: started once the terminal is released.
-                self._queued = message
+                # cancelled, say). Next in line: started once the terminal is released. A
+                # newer request replaces one already queued (that customer chose again).
+                behind = session
+                if session.phase is Phase.QUEUED and session.behind is not None:
+                    behind = session.behind
+                    session.abort("replaced by the next selection")
+                self.session = MdbSession(self, self._selection_request(message), behind=behind)
                 return
             self.link.noise(
                 "vend_during_session",
@@ -572,7 +586,10 @@ class MdbCashless:
         self._begin_selection(message)
 
     def _begin_selection(self, message: wire.VendRequested) -> None:
-        request = SaleRequest(
+        self._begin(MdbSession(self, self._selection_request(message)))
+
+    def _selection_request(self, message: wire.VendRequested) -> SaleRequest:
+        return SaleRequest(
             source=self.options.source,
             flow=self.options.flow,
             amount_cents=message.amount_cents,
@@ -581,7 +598,6 @@ class MdbCashless:
             max_cents=self.options.max_price_cents,
             vend_timeout=self.options.vend_timeout,
         )
-        self._begin(request)
 
     def _on_vend_result(self, status: DispenseStatus, detail: str) -> None:
         if self.session is None or not self.session.on_vend_result(status, detail):
@@ -597,13 +613,11 @@ class MdbCashless:
 
     async def _on_connected(self) -> None:
         if self.session is not None:
-            self.session.abort("adapter reconnected")
-        self.controller_status = None
-        self._controller_session = False
-        self._queued = None
+            self._end_session("adapter reconnected")
+        self.facts = LinkFacts()  # a new connection: nothing heard on it yet
         for line in wire.setup_commands(self.options.address, enable=self.available):
             self.send(line)
-        self.reader_enabled = self.available
+        self.facts.reader_enabled = self.available
 
     # -- sales -------------------------------------------------------------------------------
 
@@ -613,7 +627,7 @@ class MdbCashless:
             and self.session is None
             and not self._stopping
             and self.available
-            and self.controller_status is wire.ControllerStatus.ENABLED
+            and self.facts.controller is wire.ControllerStatus.ENABLED
         ):
             request = SaleRequest(
                 source=self.options.source,
@@ -622,12 +636,15 @@ class MdbCashless:
                 terminal=self.options.terminal,
                 max_cents=self.options.max_price_cents,
                 vend_timeout=self.options.vend_timeout,
+                chosen_at_machine=True,
                 choice_timeout=self.options.session_timeout,
             )
-            self._begin(request)
+            self._begin(MdbSession(self, request))
 
-    def _begin(self, request: SaleRequest) -> None:
-        session = MdbSession(self, request)
+    def _begin(self, session: MdbSession) -> None:
+        if session.phase is Phase.QUEUED:
+            session.move_to(Phase.AUTHORIZING)
+            session.behind = None  # the sale before it let the terminal go
         self.session = session
         self._tasks.spawn(self._run_sale(session), name=f"{self.name}:sale")
 
@@ -662,27 +679,40 @@ class MdbCashless:
         finally:
             self._session_over(session)
             if self.options.mode is Mode.CARD_FIRST and not self._stopping:
-                # A terminal that keeps failing (busy, offline) is retried ever more slowly.
-                pause = min(30.0, self.options.card_first_pause * 2**self.card_first_idle_rounds)
-                self.card_first_idle_rounds += 1
-                await self.clock.sleep(pause)
+                # the sale's pace: a terminal that keeps failing is asked ever more slowly
+                await self.sales.pause_before_offer(self.name)
                 self._maybe_start_card_first()
 
     def _session_over(self, session: MdbSession) -> None:
         """The machine and the terminal are done with ``session``'s customer: the selection
         queued behind it starts, and the reader steps aside if it was asked to (once)."""
-        if self.session is not session:
+        current = self.session
+        if current is None or session not in (current, current.behind):
             return  # already over (the terminal was released before the sale ended)
         self.session = None
-        queued, self._queued = self._queued, None
-        if queued is not None and not self._stopping:
-            if self.available:
-                self._begin_selection(queued)
+        if current is not session:  # queued behind it
+            if self._stopping:
+                current.abort("agent stopping")
+            elif self.available:
+                self._begin(current)
             else:
+                current.abort("out of service")
                 self.stats.denied += 1
                 self.stats.denied_out_of_service += 1
                 self.send(wire.deny_vend())
         self._apply_availability()  # the reader steps aside now if it was asked to
+
+    def _end_session(self, reason: str) -> None:
+        """The controller (or the agent) ended the machine's session: its sale is told; a
+        selection still queued is dropped, and the sale before it keeps the terminal."""
+        session = self.session
+        if session is None:
+            return
+        if session.phase is Phase.QUEUED:
+            session.abort(reason)
+            self.session = session.behind
+            return
+        session.abort(reason)
 
     def cancel_sale(self, session: MdbSession) -> None:
         if session.sale_id is None or self._stopping:
@@ -701,7 +731,6 @@ async def async_setup_platform(agent: Any, config: dict[str, Any]) -> MdbPlatfor
         SerialSettings.from_config(config),
         MdbOptions.from_config(config, source),
         on_link_state=link_reporter(agent, source),
-        clock=agent.clock,
     )
     device.unfollow = follow_availability(agent, config.get("terminal"), device.set_available)
     await device.start()

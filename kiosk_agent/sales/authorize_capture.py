@@ -10,7 +10,7 @@ import logging
 
 from kiosk_agent.money import format_cents
 from kiosk_agent.sales.live import SaleFlow, declined, outcome_detail
-from kiosk_agent.sales.model import SaleEvent, vend_refusal
+from kiosk_agent.sales.model import DispenseOutcome, SaleEvent, vend_refusal
 from kiosk_agent.sales.states import AUTHORIZE_REPORTING, SaleState, Step
 from kiosk_agent.sales.steps import unknown_outcome
 from kiosk_agent.service.errors import OUTCOME_UNKNOWN, ServiceError
@@ -85,18 +85,21 @@ class AuthorizeCaptureFlow(SaleFlow):
             await self._deny("cancelled")
             await self.release_terminal(may_complete=False)  # the void needs no terminal
             return await self.reverse("cancelled by the customer")
-        refused = "" if self.request.chosen_at_machine else vend_refusal(
-            self.record.amount_cents, authorized, self.request.product)
+        price, product = self.record.amount_cents, self.request.product
+        if self.request.chosen_at_machine:  # card first: the price comes with the choice
+            chosen = await self._choose(authorized)
+            if isinstance(chosen, DispenseOutcome):
+                return await self._not_dispensed(chosen)
+            price, product = chosen.amount_cents, chosen.product
+        refused = vend_refusal(price, authorized, product)
         if refused:
-            # a partial authorization: the price is not covered, the machine vends nothing
+            # a partial authorization, or a choice the card does not cover: no vend
             await self._deny(refused)
             await self.release_terminal(may_complete=False)
             return await self.reverse(refused)
         outcome = await self._dispense(authorized)
         if not outcome.dispensed:
-            self.step(Step.DISPENSE_RESULT, detail=outcome_detail(outcome))
-            await self.release_terminal(may_complete=False)
-            return await self.reverse(f"dispense {outcome.status.value} {outcome.detail}".strip())
+            return await self._not_dispensed(outcome)
         # the capture needs no terminal: the next customer may start (unless a receipt prints)
         await self.release_terminal(may_complete=True)
         vended = outcome.vended_cents or authorized
@@ -108,3 +111,8 @@ class AuthorizeCaptureFlow(SaleFlow):
             vended = authorized
         # capture() journals the confirmed vend (CAPTURING) before it calls the service
         return await self.capture(vended, outcome_detail(outcome))
+
+    async def _not_dispensed(self, outcome: DispenseOutcome) -> SaleEvent:
+        self.step(Step.DISPENSE_RESULT, detail=outcome_detail(outcome))
+        await self.release_terminal(may_complete=False)
+        return await self.reverse(f"dispense {outcome.status.value} {outcome.detail}".strip())

@@ -27,11 +27,13 @@ from typing import Any, ClassVar
 from kiosk_agent.money import format_cents
 from kiosk_agent.sales.journal import SaleRecord
 from kiosk_agent.sales.model import (
+    ChoosingDispenser,
     DispenseOutcome,
     Dispenser,
     DispenseStatus,
     SaleEvent,
     SaleRequest,
+    Selection,
 )
 from kiosk_agent.sales.receipts import prints_on_terminal, send_receipts
 from kiosk_agent.sales.states import ReportingSteps, SaleState, Step
@@ -162,6 +164,25 @@ class SaleFlow(SaleSteps):
                 vend = f"{vend_text} {format_cents(cents)}"
                 self.step(Step.DISPENSE_REQUEST, SaleState.DISPENSING, vend)
         return cents
+
+    async def _choose(self, funds_cents: int) -> Selection | DispenseOutcome:
+        """Card first: the customer's choice at the machine, within the sale's choice timeout.
+        Nobody chose in time: the machine is told no (it closes the session)."""
+        chooser = self.dispenser
+        if not isinstance(chooser, ChoosingDispenser):
+            why = f"{self.request.source} offers no choice at the machine"
+            await self._deny(why)
+            return DispenseOutcome(DispenseStatus.CANCELLED, detail=why)
+        bound = self.settings.choice_timeout_for(self.request)
+        try:
+            return await self.clock.wait_for(chooser.choose(funds_cents), bound)
+        except TimeoutError:
+            why = f"session timeout: nothing selected within {bound:g} s"
+        except Exception as err:
+            _LOGGER.exception("sale %s: the dispenser raised", self.record.sale_id)
+            why = f"dispenser error: {err}"
+        await self._deny(why)
+        return DispenseOutcome(DispenseStatus.CANCELLED, detail=why)
 
     async def _dispense(self, authorized_cents: int) -> DispenseOutcome:
         """Let the machine vend; an exception or no answer within the vend timeout is TIMEOUT."""

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
-from typing import Literal, Protocol
+from typing import Literal, Protocol, runtime_checkable
 
 from kiosk_agent.money import CURRENCY, format_cents
 from kiosk_agent.sales.states import Flow as Flow  # re-exported: a request names its flow
@@ -55,15 +55,19 @@ class SaleRequest:
     max_cents: int | None = None
     # the trigger's own ``vend_timeout`` (seconds); None: the sales section's
     vend_timeout: float | None = None
-    # card first: the dispense begins with the customer's choice, for at most this (seconds);
-    # the sale's bound on it is this plus the vend timeout (SaleSettings.vend_timeout_for)
-    choice_timeout: float = 0.0
+    # card first: ``amount_cents`` is the most the customer may choose; the price comes with
+    # the choice (``ChoosingDispenser.choose``), which the sale bounds
+    chosen_at_machine: bool = False
+    # the trigger's own time to choose (seconds); None: the sales section's (choice_timeout_for)
+    choice_timeout: float | None = None
 
-    @property
-    def chosen_at_machine(self) -> bool:
-        """Card first: ``amount_cents`` is the most the customer may choose; the price comes
-        with the choice, inside the dispense."""
-        return self.choice_timeout > 0
+
+@dataclass(frozen=True, slots=True)
+class Selection:
+    """What the customer chose at the machine (card first): the product and its price."""
+
+    product: str | None
+    amount_cents: int
 
 
 def vend_refusal(price_cents: int, authorized_cents: int, product: str | None = None) -> str:
@@ -125,14 +129,31 @@ class Dispenser(Protocol):
     async def dispense(self, authorized_cents: int) -> DispenseOutcome:
         """Allow the machine to vend up to ``authorized_cents`` and wait for its result.
 
-        The sale bounds this call by the vend timeout (``SaleSettings.vend_timeout_for``) and
-        cancels it then: the outcome is ``TIMEOUT``, as for an exception. A platform keeps no
-        timer of its own over it. Money is captured only for a ``VENDED`` outcome.
+        Card first, the customer has chosen (``ChoosingDispenser.choose``): the machine vends
+        that choice. The sale bounds this call by the vend timeout
+        (``SaleSettings.vend_timeout_for``) and cancels it then: the outcome is ``TIMEOUT``, as
+        for an exception. A platform keeps no timer of its own over it. Money is captured only
+        for a ``VENDED`` outcome.
         """
         ...
 
     async def deny(self, reason: str) -> None:
         """Tell the machine not to vend (declined, card error, busy). Must not raise."""
+        ...
+
+
+@runtime_checkable
+class ChoosingDispenser(Dispenser, Protocol):
+    """A dispenser whose customer chooses after the card (``SaleRequest.chosen_at_machine``)."""
+
+    async def choose(self, funds_cents: int) -> Selection | DispenseOutcome:
+        """Offer ``funds_cents`` at the machine and wait for the customer's choice; the outcome
+        (not dispensed) instead when the machine ended the session without one.
+
+        No timer here: the sale bounds the choice (``SaleSettings.choice_timeout_for``),
+        cancels this wait and denies. Then the sale applies its money rule to the choice
+        (``vend_refusal``) and calls ``dispense`` or ``deny``.
+        """
         ...
 
 

@@ -117,6 +117,9 @@ class SaleRunner:
         self._stopping = False
         self.stopping_until: float | None = None  # the drain's end (Unix time), once closed
         self.limits = TriggerLimits()
+        # card first, per trigger: offers in a row that got no authorization (the offer pace)
+        self._unanswered: dict[str, int] = {}
+        self._answered: set[str] = set()  # triggers whose last offer was authorized
 
     def limit_trigger(self, platform: str, name: str | None, max_cents: int) -> None:
         """A trigger's ``max_price`` from its configuration: every request it sends is held to
@@ -228,8 +231,25 @@ class SaleRunner:
                 return _not_written(flow, f"error: {err}; not journaled: the next start "
                                           "finishes it")
         finally:
+            self._offer_ended(flow)
             self._release(device, flow.record.sale_id)
             del self._live[flow.record.sale_id]
+
+    async def pause_before_offer(self, source: str) -> None:
+        """Card first: ``source`` keeps a sale waiting for a card; after one ends (or is refused
+        at its start) it offers the next after this pause, on the sale's clock. A terminal that
+        keeps failing (busy, offline) is asked ever more slowly (SaleSettings.offer_pause); an
+        authorized offer sets the pace back."""
+        if source in self._answered:
+            self._answered.discard(source)
+            self._unanswered[source] = 0
+        unanswered = self._unanswered.get(source, 0)
+        self._unanswered[source] = unanswered + 1
+        await self.context.clock.sleep(self.settings.offer_pause(unanswered))
+
+    def _offer_ended(self, flow: SaleFlow) -> None:
+        if flow.request.chosen_at_machine and flow.record.authorized_cents > 0:
+            self._answered.add(flow.request.source)
 
     async def cancel(self, sale_id: str) -> bool:
         """Ask a running sale to stop: before payment it ends CANCELLED, after it is reversed.

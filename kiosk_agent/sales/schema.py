@@ -15,6 +15,7 @@ from kiosk_agent.sales.settings import (
     CHARGE_CHECK_INTERVAL,
     CHARGE_CHECK_MAX_GIVE_BACK,
     CHARGE_HISTORY_INTERVAL,
+    CHOICE_TIMEOUT,
     CURRENCY,
     RETRIES,
     STOP_TIMEOUT,
@@ -49,6 +50,8 @@ SALES_SCHEMA = vol.Schema(
         vol.Optional("card_timeout", default=CARD_TIMEOUT): positive_float,
         # authorize_capture: how long the machine may take to vend (seconds)
         vol.Optional("vend_timeout", default=VEND_TIMEOUT): positive_float,
+        # card first: how long a customer may take to choose once the card is authorized
+        vol.Optional("choice_timeout", default=CHOICE_TIMEOUT): positive_float,
         # ISO 4217, as the service and Home Assistant's monetary sensors take it: "usd" is USD
         vol.Optional("currency", default=CURRENCY): vol.All(
             str, vol.Match(r"^[A-Za-z]{3}$", msg="expected a three-letter currency code like USD"),

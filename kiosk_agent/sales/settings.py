@@ -19,6 +19,12 @@ RETRIES = 2  # charge_card: how many times a B (retry) answer is asked again
 CARD_TIMEOUT = 200.0  # how long a card may take at the terminal before the sale gives up
 # How long the machine may take to report a dispense, unless its trigger sets its own (seconds)
 VEND_TIMEOUT = 60.0
+# Card first: how long the customer may take to choose once the card is authorized (seconds)
+CHOICE_TIMEOUT = 60.0
+# Card first: the pause before a trigger's next offer (a sale waiting for a card), doubled for
+# each offer in a row that got no authorization (a terminal busy or offline), at most the second
+OFFER_PAUSE = 0.2
+OFFER_PAUSE_MOST = 30.0
 # On a stopping signal, how long the sales already running may take to finish before what is
 # still open is parked (``sales.stop_timeout``; systemd/kiosk-agent.service's TimeoutStopSec is
 # this plus the stop's own margin, tests/assembly/test_systemd.py keeps them in step).
@@ -40,6 +46,7 @@ class SaleSettings:
     retries: int = RETRIES
     card_timeout: float = CARD_TIMEOUT
     vend_timeout: float = VEND_TIMEOUT  # sales.vend_timeout; a trigger's own replaces it
+    choice_timeout: float = CHOICE_TIMEOUT  # sales.choice_timeout; a trigger's own replaces it
     currency: str = CURRENCY
     # the service's clock: a simulator with a time scale shortens the interaction lifetime
     interaction_lifetime: float = INTERACTION_LIFETIME
@@ -54,11 +61,21 @@ class SaleSettings:
         """The one rule of the vend timeout: how long a sale waits for its dispense outcome.
 
         The trigger's own ``vend_timeout`` when it sets one (a slow spiral, an app that needs
-        longer), else the ``sales`` section's; a card-first session's choice comes before the
-        vend, so its time to choose (``choice_timeout``) is added. The sale keeps this timer; a
-        platform keeps none over it (docs/platforms.md, "Vend timeout")."""
-        vend = self.vend_timeout if request.vend_timeout is None else request.vend_timeout
-        return request.choice_timeout + vend
+        longer), else the ``sales`` section's. The sale keeps this timer; a platform keeps none
+        over it (docs/platforms.md, "Vend timeout"). A card-first choice has its own, before it
+        (:meth:`choice_timeout_for`)."""
+        return self.vend_timeout if request.vend_timeout is None else request.vend_timeout
+
+    @staticmethod
+    def offer_pause(unanswered: int) -> float:
+        """Card first: the pause before the next offer after ``unanswered`` offers in a row got
+        no authorization (0: the last one did)."""
+        return min(OFFER_PAUSE_MOST, OFFER_PAUSE * (1 << min(unanswered, 16)))
+
+    def choice_timeout_for(self, request: SaleRequest) -> float:
+        """The same rule for a card-first customer's time to choose: the trigger's own (an
+        ``mdb`` trigger's ``session_timeout``) else ``sales.choice_timeout``."""
+        return self.choice_timeout if request.choice_timeout is None else request.choice_timeout
 
     @property
     def default_terminal(self) -> str:

@@ -10,6 +10,7 @@ import asyncio
 import itertools
 import time
 from collections import Counter
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -19,6 +20,7 @@ from hypothesis import strategies as st
 from kiosk_agent.platforms import mdb_protocol as wire
 from kiosk_agent.platforms.mdb import (
     PHASES,
+    MdbCashless,
     MdbOptions,
     MdbSession,
     MdbStats,
@@ -26,8 +28,10 @@ from kiosk_agent.platforms.mdb import (
     Phase,
     PhaseRefused,
 )
+from kiosk_agent.platforms.serial import SerialSettings
 from kiosk_agent.sales.clock import SYSTEM_CLOCK, Clock, FakeClock
-from kiosk_agent.sales.model import DispenseStatus, Flow, SaleRequest
+from kiosk_agent.sales.model import DispenseStatus, Flow, SaleRequest, Selection
+from kiosk_agent.sales.states import SaleState
 
 
 class FakeLink:
@@ -40,13 +44,12 @@ class FakeCashless:
 
     def __init__(self, mode: Mode = Mode.SELECTION_FIRST, clock: Clock = SYSTEM_CLOCK) -> None:
         self.name = "mdb:test"
-        self.options = MdbOptions(source=self.name, mode=mode, session_timeout=30.0)
+        self.options = MdbOptions(source=self.name, mode=mode)
         self.stats = MdbStats()
         self.link = FakeLink()
         self.clock = clock
         self.sent: list[str] = []
         self.cancelled: list[MdbSession] = []
-        self.card_first_idle_rounds = 0
 
     def send(self, line: str) -> bool:
         self.sent.append(line)
@@ -62,6 +65,9 @@ def session(mode: Mode = Mode.SELECTION_FIRST, clock: Clock = SYSTEM_CLOCK) -> M
 
 
 def in_phase(phase: Phase) -> MdbSession:
+    if phase is Phase.QUEUED:  # a selection heard while the sale before it holds the terminal
+        before = session()
+        return MdbSession(before.device, before.request, behind=before)
     made = session()
     path = {Phase.AUTHORIZING: [], Phase.SELECTING: [Phase.SELECTING],
             Phase.VENDING: [Phase.VENDING], Phase.ABORTED: [Phase.ABORTED],
@@ -102,24 +108,33 @@ async def test_every_other_move_is_refused_by_name_and_changes_nothing(
 
 
 NEWS = st.lists(st.sampled_from(
-    ["selection", "vended", "failed", "abort", "deny", "dispense", "give_up"]), max_size=12)
+    ["selection", "vended", "failed", "abort", "deny", "choose", "dispense", "give_up", "begin"]),
+    max_size=12)
+SALE_NEWS = {"deny", "choose", "dispense", "give_up"}  # only once its sale has begun
 
 
 @settings(max_examples=150, deadline=None)
-@given(mode=st.sampled_from(list(Mode)), news=NEWS)
-def test_no_sequence_of_news_leaves_the_table(mode: Mode, news: list[str]) -> None:
+@given(mode=st.sampled_from(list(Mode)), queued=st.booleans(), news=NEWS)
+def test_no_sequence_of_news_leaves_the_table(mode: Mode, queued: bool, news: list[str]) -> None:
     """The controller's news in any order, the sale's dispense and denial among them, and the
-    sale giving up its wait: the phase moves only along the table, the outcome is settled once,
-    the session has ended exactly when it is, and only a vend takes money."""
-    asyncio.run(_play(mode, news))
+    sale giving up its wait, for a session that begins at once or queued behind another: the
+    phase moves only along the table, the outcome is settled once, the session has ended
+    exactly when it is, only a vend takes money, and one dropped while queued counts nothing."""
+    asyncio.run(_play(mode, news, queued=queued))
 
 
-async def _play(mode: Mode, news: list[str]) -> None:
+async def _play(mode: Mode, news: list[str], *, queued: bool = False) -> None:
     made = session(mode)
+    if queued:
+        made = MdbSession(made.device, made.request, behind=made)
     seen = [made.phase]
     dispensing: asyncio.Task[Any] | None = None
     for item in news:
+        if made.phase is Phase.QUEUED and item in SALE_NEWS:
+            continue  # no sale has it yet
         match item:
+            case "begin" if made.phase is Phase.QUEUED:
+                made.move_to(Phase.AUTHORIZING)  # the sale before it let the terminal go
             case "selection":
                 made.on_selection(wire.VendRequested(150, "A1"))
             case "vended":
@@ -130,7 +145,9 @@ async def _play(mode: Mode, news: list[str]) -> None:
                 made.abort("controller reset")
             case "deny":
                 await made.deny("declined")
-            case "dispense" if dispensing is None:
+            case "choose" if dispensing is None and mode is Mode.CARD_FIRST:
+                dispensing = asyncio.create_task(made.choose(500))
+            case "dispense" if dispensing is None or dispensing.done():
                 dispensing = asyncio.create_task(made.dispense(500))
             case "give_up" if dispensing is not None:
                 dispensing.cancel()
@@ -142,8 +159,11 @@ async def _play(mode: Mode, news: list[str]) -> None:
         assert (made.phase is Phase.ENDED) == made.ended
     if dispensing is not None and not dispensing.done():
         dispensing.cancel()
-    await asyncio.gather(*(t for t in [dispensing] if t), return_exceptions=True)
-    if made.ended:
+    ended = await asyncio.gather(*(t for t in [dispensing] if t), return_exceptions=True)
+    assert not [e for e in ended if isinstance(e, Exception)], ended  # no move refused
+    if seen == [Phase.QUEUED, Phase.ENDED]:
+        assert not made.device.stats.outcomes  # dropped before its sale: nothing sold
+    elif made.ended:
         outcome = made.result.result()
         assert sum(made.device.stats.outcomes.values()) == 1
         assert made.device.stats.outcomes == Counter({outcome.status.value: 1})
@@ -169,24 +189,49 @@ async def test_an_abort_before_the_vend_is_a_phase_and_the_machine_hears_no_stop
     assert made.phase is Phase.ENDED
 
 
-async def test_card_first_choice_waits_on_the_sales_clock_not_a_real_one() -> None:
-    """Nobody chooses: the session closes at ``session_timeout`` on the injected clock, 30 s
-    of it passing at once, and the machine hears C,STOP."""
+async def test_the_card_first_choice_has_no_timer_of_its_own() -> None:
+    """Card first: the session offers the funds and waits for a choice as long as the sale
+    does (the sale keeps the choice timeout); the sale giving up leaves the session SELECTING,
+    and its denial then closes it with C,STOP."""
     clock = FakeClock(wall=time.time())
     made = session(Mode.CARD_FIRST, clock)
-    began = time.monotonic()
-    choosing = asyncio.create_task(made.dispense(500))
-    assert await clock.next_due(pauses_only=False) == pytest.approx(clock.monotonic() + 30.0)
-    await clock.advance(29.9)
-    assert not choosing.done()
-    await clock.advance(0.1)
-    outcome = await asyncio.wait_for(choosing, 5)
-    assert time.monotonic() - began < 5  # no 30 s sleep
-    assert (outcome.status, outcome.detail) == (
-        DispenseStatus.CANCELLED, "session timeout: nothing selected")
-    assert made.device.sent[0].startswith("C,START")
+    choosing = asyncio.create_task(made.choose(500))
+    for _ in range(5):
+        await asyncio.sleep(0)
+    assert made.phase is Phase.SELECTING
+    assert made.device.sent == [wire.start_session(500, made.device.options.unit)]
+    assert clock.pending() == []  # nothing armed on the clock
+    choosing.cancel()  # the sale's choice timeout
+    await asyncio.gather(choosing, return_exceptions=True)
+    assert made.phase is Phase.SELECTING
+    assert not made.ended
+    await made.deny("session timeout: nothing selected within 60 s")
     assert made.device.sent[-1] == wire.deny_vend()
+    assert made.result.result().status is DispenseStatus.CANCELLED
     assert made.phase is Phase.ENDED
+
+
+async def test_a_card_first_choice_is_reported_and_the_vend_approves_it() -> None:
+    made = session(Mode.CARD_FIRST)
+    choosing = asyncio.create_task(made.choose(500))
+    await asyncio.sleep(0)
+    assert made.on_selection(wire.VendRequested(275, "B2"))
+    assert await choosing == Selection("B2", 275)
+    vending = asyncio.create_task(made.dispense(500))
+    await asyncio.sleep(0)
+    assert made.phase is Phase.VENDING
+    assert made.device.sent[-1] == wire.approve_vend(275, made.device.options.unit)
+    assert made.on_vend_result(DispenseStatus.VENDED, "vend success")
+    outcome = await vending
+    assert (outcome.status, outcome.vended_cents, outcome.product) == (
+        DispenseStatus.VENDED, 275, "B2")
+
+
+async def test_card_first_a_dispense_without_a_choice_vends_nothing() -> None:
+    made = session(Mode.CARD_FIRST)
+    outcome = await made.dispense(500)
+    assert outcome.status is DispenseStatus.CANCELLED
+    assert made.device.sent == []
 
 
 async def test_the_vend_wait_has_no_timer_of_its_own() -> None:
@@ -203,3 +248,94 @@ async def test_the_vend_wait_has_no_timer_of_its_own() -> None:
     assert made.result.result().status is DispenseStatus.TIMEOUT
     assert made.device.stats.timeouts == 1
     assert not made.on_vend_result(DispenseStatus.VENDED, "late")
+
+
+# -- a selection queued behind the last customer's sale (the device, at the trigger seam) -------
+
+
+class HeldSale:
+    """A sale whose terminal the test lets go of (its card read being cancelled, say)."""
+
+    def __init__(self, sale_id: str, request: SaleRequest) -> None:
+        self.sale_id, self.request = sale_id, request
+        self.released = asyncio.Event()
+        self.final: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+
+    async def terminal_released(self) -> None:
+        await self.released.wait()
+
+    async def result(self) -> Any:
+        return await asyncio.shield(self.final)
+
+    def end(self) -> None:
+        self.final.set_result(SimpleNamespace(
+            sale_id=self.sale_id, state=SaleState.CANCELLED, message="cancelled"))
+        self.released.set()
+
+
+class HoldingRunner:
+    """``agent.sales`` whose sales hold the terminal until the test ends them."""
+
+    def __init__(self) -> None:
+        self.sales: list[HeldSale] = []
+        self.cancelled: list[str] = []
+        self.running: list[Any] = []
+
+    async def start(self, request: SaleRequest, dispenser: Any) -> HeldSale:
+        sale = HeldSale(f"sale-{len(self.sales) + 1}", request)
+        self.sales.append(sale)
+        return sale
+
+    async def cancel(self, sale_id: str) -> None:
+        self.cancelled.append(sale_id)
+
+
+async def settle() -> None:
+    for _ in range(10):
+        await asyncio.sleep(0)
+
+
+async def walked_away(sales: HoldingRunner) -> MdbCashless:
+    """A customer chose A1 and walked away (ENABLED) while the card was read: the machine is
+    done with the session; its sale, being cancelled, still holds the terminal."""
+    device = MdbCashless(sales, SerialSettings(port="/dev/null"), MdbOptions(source="mdb:t"))
+    device.handle_line(wire.vend_request_line(150, "A1"))
+    await settle()
+    device.handle_line(wire.status_line(wire.ControllerStatus.ENABLED))
+    await settle()
+    assert device.status()["session"] == Phase.ABORTED.value
+    assert sales.cancelled == ["sale-1"]
+    return device
+
+
+async def test_a_selection_heard_while_the_terminal_is_held_is_a_queued_session() -> None:
+    """The next customer's selection is a session in QUEUED (no flag beside the table); a newer
+    one replaces it; it starts, as AUTHORIZING, once the sale before it lets the terminal go."""
+    sales = HoldingRunner()
+    device = await walked_away(sales)
+    device.handle_line(wire.vend_request_line(250, "A2"))
+    device.handle_line(wire.vend_request_line(100, "A3"))  # that customer chose again
+    await settle()
+    assert device.status()["session"] == Phase.QUEUED.value
+    assert len(sales.sales) == 1  # no sale for it while the terminal is held
+    sales.sales[0].end()
+    await settle()
+    assert [s.request.product for s in sales.sales] == ["A1", "A3"]
+    assert device.status()["session"] == Phase.AUTHORIZING.value
+    assert device.stats.outcomes == Counter({"cancelled": 1})  # the replaced one was no sale
+    await device.stop()
+
+
+async def test_a_queued_session_the_controller_ends_is_dropped_the_sale_before_keeps_it() -> None:
+    sales = HoldingRunner()
+    device = await walked_away(sales)
+    device.handle_line(wire.vend_request_line(250, "A2"))
+    await settle()
+    device.handle_line(wire.status_line(wire.ControllerStatus.ENABLED))  # gone too
+    await settle()
+    assert device.status()["session"] == Phase.ABORTED.value  # the first one's, still held
+    sales.sales[0].end()
+    await settle()
+    assert device.status()["session"] is None
+    assert len(sales.sales) == 1  # nothing started for the customer who left
+    await device.stop()

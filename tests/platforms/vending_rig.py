@@ -1,7 +1,7 @@
 """The platforms' test rig: a virtual vending machine on a real pty, and the agent's side.
 
 ``CardDesk`` plays ``agent.sales`` for the protocol-layer tests: it follows the authorize/capture
-contract of ``core/sale.py`` (read a card, approve or decline by the amount's cents like the
+contract of the real sale (sales/) (read a card, approve or decline by the amount's cents like the
 simulator, dispense, capture or give back) without a payment service, so the serial protocol is
 tested on its own. End-to-end tests use the real Agent and simulator instead.
 """
@@ -21,11 +21,13 @@ from typing import Any
 from kiosk_agent.platforms.mdb import MdbCashless, MdbOptions, Mode
 from kiosk_agent.platforms.serial import SerialSettings
 from kiosk_agent.sales.model import (
+    ChoosingDispenser,
     DispenseOutcome,
     Dispenser,
     DispenseStatus,
     SaleEvent,
     SaleRequest,
+    vend_refusal,
 )
 from kiosk_agent.sales.settings import VEND_TIMEOUT, SaleSettings
 from kiosk_agent.sales.states import SaleState
@@ -68,6 +70,8 @@ class CardDesk:
         self.held_elsewhere = False  # another trigger holds the terminal
         self.refused = 0
         self.refused_at: list[float] = []  # loop time of each refusal
+        self.unanswered_offers = 0  # card first: the runner's offer pace, played the same way
+        self.offer_answered = False
 
     async def start(self, request: SaleRequest, dispenser: Dispenser) -> DeskSale:
         if self._busy or self.held_elsewhere:
@@ -80,6 +84,14 @@ class CardDesk:
         task = asyncio.create_task(self._run(sale, dispenser))
         self._waiting[sale.sale_id] = task
         return sale
+
+    async def pause_before_offer(self, source: str) -> None:
+        """Like the real runner: SaleSettings.offer_pause, set back by an authorized offer."""
+        if self.offer_answered:
+            self.offer_answered, self.unanswered_offers = False, 0
+        pause = SaleSettings.offer_pause(self.unanswered_offers)
+        self.unanswered_offers += 1
+        await asyncio.sleep(pause)
 
     async def cancel(self, sale_id: str) -> None:
         await asyncio.sleep(self.cancel_time)
@@ -102,13 +114,8 @@ class CardDesk:
                 await dispenser.deny("declined")
                 self._finish(sale, SaleState.DECLINED, 0, "declined")
                 return
-            # like the real sale: the dispense bounded by the trigger's vend timeout (the sale's
-            # timer, SaleSettings.vend_timeout_for), cancelled then
-            bound = SaleSettings("mid", {}, vend_timeout=VEND_TIMEOUT).vend_timeout_for(request)
-            try:
-                outcome = await asyncio.wait_for(dispenser.dispense(request.amount_cents), bound)
-            except TimeoutError:
-                outcome = DispenseOutcome(DispenseStatus.TIMEOUT, detail="no vend result")
+            self.offer_answered = request.chosen_at_machine  # authorized
+            outcome = await self._dispense(request, dispenser)
             sale.outcome = outcome
             self._release(sale)
             await asyncio.sleep(self.capture_time)
@@ -118,6 +125,33 @@ class CardDesk:
                 self._finish(sale, SaleState.REVERSED, 0, f"voided: {outcome.detail}")
         finally:
             self._release(sale)
+
+    @staticmethod
+    async def _dispense(request: SaleRequest, dispenser: Dispenser) -> DispenseOutcome:
+        """Like the real sale: card first, the choice bounded by the sale's choice timeout and
+        held to its money rule; the dispense bounded by the vend timeout (the sale's timers,
+        SaleSettings.*_for), each wait cancelled then."""
+        rules = SaleSettings("mid", {}, vend_timeout=VEND_TIMEOUT)
+        if request.chosen_at_machine:
+            assert isinstance(dispenser, ChoosingDispenser)
+            bound = rules.choice_timeout_for(request)
+            try:
+                chosen = await asyncio.wait_for(dispenser.choose(request.amount_cents), bound)
+            except TimeoutError:
+                why = f"session timeout: nothing selected within {bound:g} s"
+                chosen = DispenseOutcome(DispenseStatus.CANCELLED, detail=why)
+                await dispenser.deny(chosen.detail)
+            if isinstance(chosen, DispenseOutcome):
+                return chosen
+            refused = vend_refusal(chosen.amount_cents, request.amount_cents, chosen.product)
+            if refused:
+                await dispenser.deny(refused)
+                return DispenseOutcome(DispenseStatus.CANCELLED, detail=refused)
+        bound = rules.vend_timeout_for(request)
+        try:
+            return await asyncio.wait_for(dispenser.dispense(request.amount_cents), bound)
+        except TimeoutError:
+            return DispenseOutcome(DispenseStatus.TIMEOUT, detail="no vend result")
 
     def _release(self, sale: DeskSale) -> None:
         if not sale.released.is_set():

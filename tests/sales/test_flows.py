@@ -9,13 +9,21 @@ from __future__ import annotations
 import asyncio
 import sqlite3
 import time
+from collections import Counter
 from typing import Any
 
 import pytest
 
 from kiosk_agent.assembly.agent import Agent
 from kiosk_agent.sales.clock import FakeClock
-from kiosk_agent.sales.model import DispenseStatus, Flow, SaleEvent, SaleRequest
+from kiosk_agent.sales.model import (
+    DispenseOutcome,
+    DispenseStatus,
+    Flow,
+    SaleEvent,
+    SaleRequest,
+    Selection,
+)
 from kiosk_agent.sales.runner import TerminalBusy
 from kiosk_agent.sales.states import SaleState
 from kiosk_agent.service.models import TransactionFilter, TransStatus
@@ -24,7 +32,8 @@ from tests.service.test_cable import sim_call
 
 
 def request(cents: int, flow: Flow = Flow.CHARGE_CARD, **fields: Any) -> SaleRequest:
-    return SaleRequest(source="test:front", flow=flow, amount_cents=cents, **fields)
+    fields.setdefault("source", "test:front")
+    return SaleRequest(flow=flow, amount_cents=cents, **fields)
 
 
 async def sell(agent: Agent, cents: int, dispenser: ScriptedDispenser, **fields: Any) -> SaleEvent:
@@ -157,6 +166,137 @@ async def test_the_vend_timeout_is_the_triggers_own_else_the_sales_sections(
     assert machine.gave_up_at is not None
     assert machine.gave_up_at - started == pytest.approx(
         ends_at, abs=0.5)
+
+
+class ChoosingMachine(ScriptedDispenser):
+    """Card first: a customer who chooses ``choice`` after ``choose_after`` seconds of the
+    clock (None: only after 100 s, past any timeout under test), then a machine that vends as
+    told."""
+
+    def __init__(self, clock: FakeClock, choice: Selection, choose_after: float | None) -> None:
+        super().__init__(DispenseStatus.VENDED, vended_cents=choice.amount_cents, clock=clock)
+        self.choice, self.choose_after = choice, choose_after
+        self.offered: list[int] = []
+
+    async def choose(self, funds_cents: int) -> Selection | DispenseOutcome:
+        self.offered.append(funds_cents)
+        assert self.clock is not None
+        try:
+            await self.clock.sleep(100.0 if self.choose_after is None else self.choose_after)
+        except asyncio.CancelledError:
+            self.gave_up_at = self.clock.monotonic()
+            raise
+        return self.choice
+
+
+async def _card_first(agent_factory: Any, machine_of: Any, **fields: Any) -> Any:
+    clock = FakeClock(wall=time.time())
+    agent = await agent_factory(clock=clock)
+    machine = machine_of(clock)
+    started = clock.monotonic()
+    event = await clock.run(sell(agent, 500, machine, flow=Flow.AUTHORIZE_CAPTURE,
+                                 chosen_at_machine=True, **fields), horizon=120.0)
+    return agent, machine, event, (machine.gave_up_at or started) - started
+
+
+@pytest.mark.parametrize(
+    ("trigger_timeout", "ends_at"), [(None, 60.0), (5.0, 5.0)],
+    ids=["the-sales-section", "the-triggers-own"],
+)
+async def test_card_first_the_sale_bounds_the_choice_and_tells_the_machine_no(
+    agent_factory: Any, trigger_timeout: float | None, ends_at: float
+) -> None:
+    """The choice's timer is the sale's (SaleSettings.choice_timeout_for): nobody chooses, the
+    sale stops waiting at the trigger's own time else sales.choice_timeout (60 s), denies, vends
+    nothing and releases the hold."""
+    agent, machine, event, waited = await _card_first(
+        agent_factory, lambda clock: ChoosingMachine(clock, Selection("A1", 150), None),
+        choice_timeout=trigger_timeout)
+    assert machine.offered == [500]
+    assert waited == pytest.approx(ends_at, abs=0.5)
+    why = f"session timeout: nothing selected within {ends_at:g} s"
+    assert machine.denied == [why]
+    assert machine.authorized == []  # no vend
+    assert event.state is SaleState.REVERSED
+    assert why in event.message
+    sale = agent.journal.get(event.sale_id)
+    assert sale is not None
+    [row] = await ledger(agent, sale.order_id)
+    assert row.status is TransStatus.VOIDED
+
+
+async def test_card_first_a_choice_the_card_does_not_cover_is_refused_by_the_sale(
+    agent_factory: Any
+) -> None:
+    _, machine, event, _ = await _card_first(
+        agent_factory, lambda clock: ChoosingMachine(clock, Selection("C3", 650), 2.0))
+    assert machine.authorized == []
+    assert machine.denied == ["selection C3 costs $6.50, above the $5.00 authorized"]
+    assert event.state is SaleState.REVERSED
+
+
+async def test_card_first_a_choice_in_time_is_vended_and_only_its_price_captured(
+    agent_factory: Any
+) -> None:
+    _, machine, event, _ = await _card_first(
+        agent_factory, lambda clock: ChoosingMachine(clock, Selection("B2", 275), 30.0))
+    assert (machine.offered, machine.authorized, machine.denied) == ([500], [500], [])
+    assert event.state is SaleState.COMPLETED
+    assert event.captured_cents == 275
+
+
+async def test_card_first_on_a_machine_that_offers_no_choice_vends_nothing(
+    agent_factory: Any
+) -> None:
+    clock = FakeClock(wall=time.time())
+    agent = await agent_factory(clock=clock)
+    machine = ScriptedDispenser(clock=clock)
+    event = await clock.run(sell(agent, 500, machine, flow=Flow.AUTHORIZE_CAPTURE,
+                                 chosen_at_machine=True))
+    assert machine.authorized == []
+    assert machine.denied == ["test:front offers no choice at the machine"]
+    assert event.state is SaleState.REVERSED
+
+
+async def test_card_first_offers_are_paced_by_the_sale_slower_while_none_is_authorized(
+    agent_factory: Any
+) -> None:
+    """The pause before a card-first trigger's next offer is the sale's (SaleRunner, on its
+    clock, SaleSettings.offer_pause): 0.2 s, doubling for each offer in a row that got no
+    authorization (a terminal busy or offline), at most 30 s; an authorized one sets it back."""
+    clock = FakeClock(wall=time.time())
+    agent = await agent_factory(clock=clock)
+
+    async def paused(expected: float) -> bool:
+        """A pause of ``expected`` s was armed on the sale's clock and ended then, not before."""
+        began, before = clock.monotonic(), clock.pending()
+        pausing = asyncio.create_task(agent.sales.pause_before_offer("test:front"))
+        new = await asyncio.wait_for(_new_waits(clock, before), 5)
+        assert began + expected == pytest.approx(min(new, key=lambda d: abs(d - began - expected)))
+        await clock.advance(expected - 0.01)
+        early = pausing.done()
+        await clock.advance(0.01)
+        await asyncio.wait_for(pausing, 5)
+        return not early
+
+    for expected in [0.2, 0.4, 0.8, 1.6, 3.2, 6.4, 12.8, 25.6, 30.0, 30.0]:
+        assert await paused(expected)
+    machine = ChoosingMachine(clock, Selection("B2", 275), 1.0)
+    event = await clock.run(sell(agent, 500, machine, flow=Flow.AUTHORIZE_CAPTURE,
+                                 chosen_at_machine=True))
+    assert event.state is SaleState.COMPLETED
+    assert await paused(0.2)
+    other = await agent.sales.start(request(500, Flow.AUTHORIZE_CAPTURE, chosen_at_machine=True,
+                                            source="test:back"), ScriptedDispenser())
+    await clock.run(other.result())
+    assert await paused(0.4)  # another trigger's offer is not this one's
+
+
+async def _new_waits(clock: FakeClock, before: list[float]) -> list[float]:
+    """The waits armed on the clock since ``before`` (the agent's own sweeps are there too)."""
+    while not (new := list((Counter(clock.pending()) - Counter(before)).elements())):
+        await asyncio.sleep(0)
+    return new
 
 
 async def test_authorize_capture_declined(agent: Agent) -> None:
