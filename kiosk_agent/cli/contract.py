@@ -126,6 +126,7 @@ def signal_name(signum: int) -> str:
         return f"SIGRTMIN+{signum - signal.SIGRTMIN}"
 
 M = TypeVar("M", bound="BaseModel")
+T = TypeVar("T")
 
 CONFIG_ENV = "KIOSK_CONFIG"
 DEFAULT_TIMEOUT_S = DEFAULT_TIMEOUT  # --timeout: the service's one default (service.timeout)
@@ -455,6 +456,34 @@ def _cancelled(err: BaseException) -> bool:
     """Whether ``err`` is asyncio's cancellation; without asyncio imported, none can be."""
     asyncio = sys.modules.get("asyncio")
     return asyncio is not None and isinstance(err, asyncio.CancelledError)
+
+
+async def awaited_anyhow(step: Coroutine[Any, Any, T]) -> T:
+    """``step``'s result, from a handler made with ``guarded(..., loop=False)`` that waits only
+    on some paths (``terminals``: the service, not the running agent): awaited on the caller's
+    loop where there is one (a test, an in-process caller), else run in a loop of its own."""
+    import asyncio  # this path waits: the import is its own
+
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:  # started without a loop (the command line)
+        return asyncio.run(step)
+    return await step
+
+
+async def off_the_loop(call: Callable[[], T]) -> T:
+    """A blocking call from a handler made with ``guarded(..., loop=False)``: made right here
+    when it runs without a loop (the command line), in a worker thread where a caller's loop
+    runs (a test, an in-process caller: the loop may serve what the call asks)."""
+    loaded = sys.modules.get("asyncio")  # not imported: no loop can be running
+    if loaded is None:
+        return call()
+    try:
+        loaded.get_running_loop()
+    except RuntimeError:
+        return call()
+    result: T = await loaded.to_thread(call)
+    return result
 
 
 def run_without_loop(handler: Handler, args: argparse.Namespace) -> int:
