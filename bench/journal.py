@@ -24,7 +24,10 @@ Then, on a copy, a real ``kiosk-agent run`` (kiosk API and admin API) is measure
 - RSS over ``--rss-sales`` kiosk API sales: after the first 1,000 and at the end (target:
   within 3 MB).
 
-Figures are upper bounds on a shared machine; the last line is one JSON object.
+Figures are upper bounds on a shared machine: each wall time is printed with the load average
+when it was taken and, for the start and the commands, the share of it the process ran
+(``cpu/wall``: well under 1, the wall time is the machine's load). The last line is one JSON
+object.
 """
 
 from __future__ import annotations
@@ -424,6 +427,8 @@ class Running:
         return {
             "start_to_ready_s": round(ready, 3),
             "start_cpu_s": round(ready_cpu, 3),  # what the machine's load does not move
+            "start_to_ready_load_average": round(os.getloadavg()[0], 2),
+            "start_to_ready_cpu_over_wall": round(ready_cpu / ready, 2),
             "old_sales_before": old_before,
             "old_sales_at_ready": old_at_ready,
             "pruned_before_ready": int(old_before > 0 and old_at_ready < old_before / 2),
@@ -587,8 +592,11 @@ async def faces_and_commands(agent: Running, directory: Path,
         COMMAND_CPU.clear()
         seen = await while_it_runs(agent, action)
         figures[f"{name}_s"] = round(seen["s"], 3)
+        figures[f"{name}_load_average"] = round(os.getloadavg()[0], 2)
         if COMMAND_CPU:
             figures[f"{name}_cpu_s"] = round(sum(COMMAND_CPU.values()), 3)
+            # the share of its wall time the command ran: well under 1, the machine's load
+            figures[f"{name}_cpu_over_wall"] = round(figures[f"{name}_cpu_s"] / seen["s"], 2)
         figures[f"{name}_status_max_ms"] = round(seen["status_max_s"] * 1000, 1)
         figures[f"{name}_sale_ms"] = round(seen["sale_s"] * 1000, 1)
         failed += int(seen["sale_failed"])  # its time: the action's whole (it was dropped)
@@ -686,6 +694,17 @@ async def measure(journal: Path, args: argparse.Namespace) -> dict[str, Any]:
     return figures
 
 
+def measured_under(figures: dict[str, Any], name: str) -> str:
+    """A wall time's circumstances: the load average when it was taken, and the share of it
+    the process ran (CPU over wall), where known."""
+    key = name.removesuffix("_s")
+    if f"{key}_load_average" not in figures:
+        return ""
+    ratio = figures.get(f"{key}_cpu_over_wall")
+    return (f"   [load {figures[f'{key}_load_average']}"
+            + (f", cpu/wall {ratio}]" if ratio is not None else "]"))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sales", type=int, default=200_000, help="sales in the journal")
@@ -714,11 +733,13 @@ def main() -> None:
                "worst_delay_caused_ms": 50.0, "rss_growth_after_1000_mb": 3.0,
                "pruned_before_ready": 0}
     for name, value in figures.items():
+        if name.endswith(("_cpu_over_wall", "_load_average")):
+            continue  # printed with their figure
         verdict = ""
         if name in targets:
             ok = value <= targets[name]
             verdict = f"   (target <= {targets[name]}: {'ok' if ok else 'MISSED'})"
-        print(f"{name:40} {value}{verdict}")
+        print(f"{name:40} {value}{verdict}{measured_under(figures, name)}")
     load = os.getloadavg()[0]
     figures["load_average"] = round(load, 2)
     print(f"load average {load:.2f}")

@@ -5,9 +5,11 @@
 Each command runs ``--runs`` times in a fresh ``python -m kiosk_agent`` (median wall time, and
 the CPU time it used, from the kernel's accounting of the child: on a loaded machine the CPU
 time is the steadier figure), round by round with the floors so a busy machine slows both
-alike, in the venv as ``./dev`` makes it (its modules and the project's compiled to bytecode)
-and two environments: ``PYTHONDONTWRITEBYTECODE=1`` (as in many container images: bytecode is
-read, never written) and without it. Targets (issue 32):
+alike (each wall time is printed with the load average while it ran and the share of it the
+process ran, ``cpu/wall``: well under 1, the wall time is the machine's load), in the venv as
+``./dev`` makes it (its modules and the project's compiled to bytecode) and two environments:
+``PYTHONDONTWRITEBYTECODE=1`` (as in many container images: bytecode is read, never written)
+and without it. Targets (issue 32):
 
 - ``check-config``, ``sales``, ``terminals``, ``health`` and ``doctor --help``: under 0.3 s
   each. ``terminals -c config/demo.yaml`` starts the embedded simulator and asks it (what the
@@ -128,16 +130,23 @@ def measure(argvs: dict[str, list[str]], runs: int, from_source: bool) -> dict[s
         envs = {name: environment(name, cache) for name in ENVIRONMENTS}
         walls: dict[str, list[float]] = {}
         cpus: dict[str, list[float]] = {}
+        loads: dict[str, list[float]] = {}
         for _ in range(runs):  # round by round: a burst of load hits floors and commands alike
             for env_name, env in envs.items():
                 for name, argv in argvs.items():
                     wall, cpu = run_once(name, argv, env)
                     walls.setdefault(f"{name}_{env_name}", []).append(wall)
                     cpus.setdefault(f"{name}_{env_name}", []).append(cpu)
+                    loads.setdefault(f"{name}_{env_name}", []).append(os.getloadavg()[0])
     result: dict[str, float] = {}
     for key in walls:
         result[f"{key}_s"] = round(statistics.median(walls[key]), 3)
         result[f"{key}_cpu_s"] = round(statistics.median(cpus[key]), 3)
+        # the share of its wall time the process ran: near 1 on a quiet machine; well under it,
+        # the wall time is the machine's load, not the command's own work
+        ratios = [cpu / wall for cpu, wall in zip(cpus[key], walls[key], strict=True) if wall]
+        result[f"{key}_cpu_over_wall"] = round(statistics.median(ratios), 2)
+        result[f"{key}_load_average"] = round(statistics.median(loads[key]), 2)
     for env_name in ENVIRONMENTS:
         python = result[f"floor_python_{env_name}_s"]
         aiohttp = result[f"floor_aiohttp_import_{env_name}_s"]
@@ -157,6 +166,16 @@ def measure(argvs: dict[str, list[str]], runs: int, from_source: bool) -> dict[s
             result[f"slowest_timed_command_{env_name}_s"] = max(
                 result[f"{n}_{env_name}_s"] for n in timed)
     return result
+
+
+def measured_under(result: dict[str, float], name: str) -> str:
+    """A wall time's circumstances: the load average while it ran, and the share of it the
+    process itself ran (CPU over wall)."""
+    key = name.removesuffix("_s")
+    if f"{key}_load_average" not in result:
+        return ""
+    return (f"   [load {result[f'{key}_load_average']}, cpu/wall "
+            f"{result[f'{key}_cpu_over_wall']}]")
 
 
 def targets() -> dict[str, float]:
@@ -197,9 +216,11 @@ def main() -> None:
           f"import aiohttp); {how}; median of {args.runs}")
     limits = targets()
     for name, value in result.items():
+        if name.endswith(("_cpu_over_wall", "_load_average")):
+            continue  # printed with their figure
         limit = limits.get(name)
         verdict = f"   (target < {limit}: {'ok' if value < limit else 'MISSED'})" if limit else ""
-        print(f"{name:48} {value}{verdict}")
+        print(f"{name:48} {value}{verdict}{measured_under(result, name)}")
     missed = sorted(name for name, limit in limits.items()
                     if name in result and result[name] >= limit)
     print(f"targets missed: {', '.join(missed) or 'none'}")

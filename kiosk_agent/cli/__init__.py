@@ -179,7 +179,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     import json
 
-    from kiosk_agent.cli.contract import EXIT_INTERRUPTED, EXIT_USAGE, check_contract
+    from kiosk_agent.cli.contract import (
+        EXIT_INTERRUPTED,
+        EXIT_USAGE,
+        WITHOUT_LOOP,
+        check_contract,
+        run_without_loop,
+    )
 
     parser = overview_parser() if command is None else build_parser(command)
     try:
@@ -197,12 +203,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     # its first model: 10-17 ms of each start here (ten times that on a Pi Zero) for plugins the
     # program never uses. A plugin set up on purpose (the variable given) is left as asked.
     os.environ.setdefault("PYDANTIC_DISABLE_PLUGINS", "__all__")
-    import asyncio  # here: `--help` and a usage error never wait for it
-
     # the process's own command line: its signals are the command's to keep, also as it exits
     # (`run` then ignores late ones); a caller in the same process gets its handlers back
     args.owns_process = argv is None
     try:
+        if handler in WITHOUT_LOOP:  # a command that reads a file or the journal: no asyncio
+            return run_without_loop(handler, args)
+        import asyncio  # here: `--help` and a usage error never wait for it
+
         return asyncio.run(handler(args))
     except KeyboardInterrupt:
         return EXIT_INTERRUPTED

@@ -68,7 +68,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help="print the resolved configuration (defaults filled, includes "
         "read), every secret as ***",
     )
-    check.set_defaults(handler=guarded(check_config_command))
+    check.set_defaults(handler=guarded(check_config_command, loop=False))
 
     sales = subparsers.add_parser(
         "sales",
@@ -77,13 +77,13 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         description="The local sales journal. Without an action: `sales list`.",
     )
     _sales_list_options(sales)
-    sales.set_defaults(handler=guarded(sales_command))
+    sales.set_defaults(handler=guarded(sales_command, loop=False))
     actions = sales.add_subparsers(dest="action", metavar="ACTION")
     listing = actions.add_parser(
         "list", help="list or export sales (the default)", parents=options()
     )
     _sales_list_options(listing)
-    listing.set_defaults(handler=guarded(sales_command))
+    listing.set_defaults(handler=guarded(sales_command, loop=False))
     shown = actions.add_parser(
         "show", parents=options(),
         help="one sale with every step, as the status page and GET /api/sales/{id} show it",
@@ -91,7 +91,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     shown.add_argument(
         "sale", metavar="SALE", help="sale id (or a unique start of it), or order id"
     )
-    shown.set_defaults(handler=guarded(show_command))
+    shown.set_defaults(handler=guarded(show_command, loop=False))
     attention = actions.add_parser(
         "attention", parents=options(),
         help="the sales a person must decide (state attention), with why and since when",
@@ -99,7 +99,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "and the open sales not moving. Exit 1 when it lists any (so `kiosk-agent sales "
         "attention || alert` works from cron), 0 when there is none.",
     )  # fmt: skip
-    attention.set_defaults(handler=guarded(attention_command))
+    attention.set_defaults(handler=guarded(attention_command, loop=False))
     resolve = actions.add_parser(
         "resolve", parents=options(),
         help="record what a person did about an attention sale, and why",
@@ -120,7 +120,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help="what was done",
     )
     resolve.add_argument("--why", required=True, help="what you did and why (kept with the sale)")
-    resolve.set_defaults(handler=guarded(resolve_command))
+    resolve.set_defaults(handler=guarded(resolve_command, loop=False))
 
 
 def _sales_list_options(parser: argparse.ArgumentParser) -> None:

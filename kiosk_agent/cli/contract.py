@@ -30,7 +30,7 @@ import os
 import signal
 import sys
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Iterable, Sequence
 from decimal import Decimal
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO, TypeVar
@@ -126,6 +126,7 @@ def signal_name(signum: int) -> str:
         return f"SIGRTMIN+{signum - signal.SIGRTMIN}"
 
 M = TypeVar("M", bound="BaseModel")
+T = TypeVar("T")
 
 CONFIG_ENV = "KIOSK_CONFIG"
 DEFAULT_TIMEOUT_S = DEFAULT_TIMEOUT  # --timeout: the service's one default (service.timeout)
@@ -421,9 +422,12 @@ class StopSignals:
             log.warning("%s received: already stopping, the wait for running sales ended", name)
 
 
-def guarded(handler: Handler) -> Handler:
+def guarded(handler: Handler, *, loop: bool = True) -> Handler:
     """Every expected failure becomes one line on stderr (and, under ``--json``, a JSON object
-    on stdout) and an exit code from the table; never a traceback."""
+    on stdout) and an exit code from the table; never a traceback.
+
+    ``loop=False``: the handler never waits (it reads a file or the journal), so it runs without
+    an event loop and asyncio is never imported (:func:`run_without_loop`)."""
 
     @functools.wraps(handler)
     async def run(args: argparse.Namespace) -> int:
@@ -432,15 +436,71 @@ def guarded(handler: Handler) -> Handler:
         except BrokenPipeError:  # `... | head`: the reader left, nothing to say
             return EXIT_OK
         except BaseException as err:
-            import asyncio
-
-            if isinstance(err, KeyboardInterrupt | SystemExit | asyncio.CancelledError):
+            if isinstance(err, KeyboardInterrupt | SystemExit) or _cancelled(err):
                 raise
             message, code, details, scrub = _explain(err)
             _fail(args, message, code, details, scrub=scrub)
             return code
 
+    if not loop:
+        WITHOUT_LOOP.add(run)
     return run
+
+
+# The handlers that run without an event loop: asyncio's import (and ssl's, and subprocess's,
+# which it brings) was a third of the CPU of `sales` or `check-config` at their start.
+WITHOUT_LOOP: set[Handler] = set()
+
+
+def _cancelled(err: BaseException) -> bool:
+    """Whether ``err`` is asyncio's cancellation; without asyncio imported, none can be."""
+    asyncio = sys.modules.get("asyncio")
+    return asyncio is not None and isinstance(err, asyncio.CancelledError)
+
+
+async def awaited_anyhow(step: Coroutine[Any, Any, T]) -> T:
+    """``step``'s result, from a handler made with ``guarded(..., loop=False)`` that waits only
+    on some paths (``terminals``: the service, not the running agent): awaited on the caller's
+    loop where there is one (a test, an in-process caller), else run in a loop of its own."""
+    import asyncio  # this path waits: the import is its own
+
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:  # started without a loop (the command line)
+        return asyncio.run(step)
+    return await step
+
+
+async def off_the_loop(call: Callable[[], T]) -> T:
+    """A blocking call from a handler made with ``guarded(..., loop=False)``: made right here
+    when it runs without a loop (the command line), in a worker thread where a caller's loop
+    runs (a test, an in-process caller: the loop may serve what the call asks)."""
+    loaded = sys.modules.get("asyncio")  # not imported: no loop can be running
+    if loaded is None:
+        return call()
+    try:
+        loaded.get_running_loop()
+    except RuntimeError:
+        return call()
+    result: T = await loaded.to_thread(call)
+    return result
+
+
+def run_without_loop(handler: Handler, args: argparse.Namespace) -> int:
+    """Run a handler made with ``guarded(..., loop=False)`` to its end on this thread. One that
+    waits after all (a step given to an event loop that is not there) is a mistake of its
+    registration, said as such."""
+    step = handler(args)
+    if not isinstance(step, Coroutine):
+        raise TypeError(f"{handler.__name__} is not a coroutine function")
+    try:
+        step.send(None)
+    except StopIteration as done:
+        result: int = done.value
+        return result
+    step.close()
+    raise RuntimeError(f"{handler.__name__} waited for an event loop: register it with "
+                       "guarded(..., loop=True)")
 
 
 def _explain(err: BaseException) -> tuple[str, int, list[str], bool]:

@@ -575,10 +575,19 @@ def admin_address(args: argparse.Namespace) -> tuple[str, str]:
         raise CliError(f"give -c/--config FILE (or set ${CONFIG_ENV}), or --url with "
                        f"${TOKEN_ENV} set", EXIT_USAGE)
     config = load(path, check_platforms=False)
-    admin = config.get("admin")
-    if not admin:
+    address = configured_admin(config, token)
+    if address is None:
         raise CliError(f"{path} has no admin: section; the agent serves no admin API",
                        EXIT_USAGE)
+    return address
+
+
+def configured_admin(config: Config, token: str | None = None) -> tuple[str, str] | None:
+    """The admin API of the agent run on ``config``: its address on this machine and ``token``,
+    else the configuration's first admin token; None without an ``admin:`` section."""
+    admin = config.get("admin")
+    if not admin:
+        return None
     host = admin["host"] if admin["host"] not in ("0.0.0.0", "::") else "127.0.0.1"  # noqa: S104
     if not token:
         admin_tokens = [t for t in admin["tokens"] if t["role"] == "admin"] or admin["tokens"]

@@ -7,6 +7,8 @@ at is fine: ``list`` exits 1 with a reader offline, ``ping`` with no answer.
 from __future__ import annotations
 
 import argparse
+import json
+import os
 import sys
 from collections.abc import Sequence
 from datetime import UTC, datetime
@@ -15,10 +17,14 @@ from typing import Any, TextIO
 from kiosk_agent.cli.contract import (
     EXIT_FAILED,
     EXIT_OK,
+    EXIT_UNREACHABLE,
     EXIT_USAGE,
+    STATUS,
     CliError,
     as_text,
+    awaited_anyhow,
     guarded,
+    off_the_loop,
     options,
     print_json,
     safe_dump,
@@ -26,6 +32,7 @@ from kiosk_agent.cli.contract import (
     service_client,
     wants_json,
 )
+from kiosk_agent.service.timeouts import DEFAULT_TIMEOUT
 
 SERVICE = options(timeout=True)
 
@@ -37,10 +44,10 @@ def register(subparsers: Any) -> None:
         help="card readers: list, ping, connect, test print (start here when a reader is down)",
         description="List the card readers with their capabilities and online state, or check one.",
     )
-    parser.set_defaults(handler=guarded(terminals_list))
+    parser.set_defaults(handler=guarded(terminals_list, loop=False))
     actions = parser.add_subparsers(dest="action", metavar="ACTION")
     actions.add_parser("list", parents=SERVICE, help="every reader and its state").set_defaults(
-        handler=guarded(terminals_list)
+        handler=guarded(terminals_list, loop=False)
     )
     for name, handler, text in (
         ("ping", terminals_ping, "is the reader online, and how fast does it answer"),
@@ -56,27 +63,30 @@ def register(subparsers: Any) -> None:
 
 
 async def terminals_list(args: argparse.Namespace) -> int:
-    async with service_client(args) as svc:
-        terminals = await svc.terminal.list()
+    """Registered without an event loop: the running agent is asked with the standard library
+    (:func:`agents_terminals`); the service, or a simulator started for the command, in a loop
+    of their own."""
+    terminals = await agents_terminals(args)
+    if terminals is None:
+        terminals = await awaited_anyhow(_service_terminals(args))
     out = sys.stdout
-    offline = [t.device_id for t in terminals if not t.online]
+    offline = [t["device_id"] for t in terminals if not t.get("online")]
     code = EXIT_FAILED if offline else EXIT_OK  # a reader down is a failed check
     configured = configured_names(args)
     if wants_json(args):
-        print_json([{**safe_dump(t), "configured_name": configured.get(t.device_id)}
-                    for t in terminals])
+        print_json([{**t, "configured_name": configured.get(t["device_id"])} for t in terminals])
         return code
     header = ("DEVICE", "CONFIGURED", "SERVICE NAME", "VENDOR", "MODEL", "ONLINE", "SESSION",
               "SIGNATURE", "PRINTS", "LAST SEEN")
     now = datetime.now(UTC)
-    rows = [
-        (
-            t.device_id, configured.get(t.device_id), t.name, t.vendor, t.model, t.online,
-            t.connected, t.capabilities.signature_capture, t.capabilities.receipt_printing,
-            seen(t.last_seen_at, now),
-        )
-        for t in terminals
-    ]
+    rows = []
+    for t in terminals:
+        can = t.get("capabilities") or {}
+        rows.append((
+            t["device_id"], configured.get(t["device_id"]), t.get("name"), t.get("vendor"),
+            t.get("model"), t.get("online"), t.get("connected"), can.get("signature_capture"),
+            can.get("receipt_printing"), seen(_instant(t.get("last_seen_at")), now),
+        ))  # fmt: skip
     _print_table(header, rows, out)
     if not terminals:
         print("no terminals on this account", file=out)
@@ -94,6 +104,66 @@ async def terminals_list(args: argparse.Namespace) -> int:
     else:
         print(f"\nall {len(terminals)} terminals online", file=out)
     return code
+
+
+async def _service_terminals(args: argparse.Namespace) -> list[dict[str, Any]]:
+    async with service_client(args) as svc:
+        return [safe_dump(t) for t in await svc.terminal.list()]
+
+
+async def agents_terminals(args: argparse.Namespace) -> list[dict[str, Any]] | None:
+    """The terminals as the agent running on this configuration has them from its service
+    (``GET /api/terminals`` of its admin API), when the configuration embeds the simulator:
+    that simulator lives in the agent, and one started for the command would be another (its
+    readers fresh, none of the agent's offline ones), and cost a second to start. None where
+    there is nothing to ask (no such configuration, no ``admin:`` section, a ``KIOSK_*``
+    service address given, or no agent listening there): the command then asks the service
+    itself, the embedded simulator started for it."""
+    from kiosk_agent.cli.contract import ENVIRONMENT, load, optional_config_path
+
+    path = optional_config_path(args)
+    if path is None or os.environ.get(ENVIRONMENT["base_url"]):
+        return None
+    config = load(path, check_platforms=False)
+    if config["service"].get("simulator") is None:
+        return None  # a real service: asked directly
+    from kiosk_agent.cli.fleet import check_admin_answer, configured_admin, get_once
+
+    address = configured_admin(config)
+    if address is None:
+        return None
+    url, token = address
+    within = getattr(args, "timeout", None) or DEFAULT_TIMEOUT
+    try:
+        status, location, body = await off_the_loop(
+            lambda: get_once(f"{url}/api/terminals", token, within))
+    except ConnectionRefusedError:
+        return None  # no agent runs on it: the simulator is started for the command
+    except (OSError, ValueError) as err:
+        from kiosk_agent.service.errors import network_words
+
+        raise CliError(
+            f"the agent at {url} runs the simulator of {path}; asking it for its terminals "
+            f"failed: {network_words(err)}", EXIT_UNREACHABLE,
+        ) from None
+    check_admin_answer(url, status, location)
+    try:
+        listed: list[dict[str, Any]] = json.loads(body)["terminals"]
+    except (ValueError, KeyError, TypeError):
+        raise CliError(f"{url} answered no terminal list: is it the agent's admin API?") from None
+    STATUS.done(f"{path}: the terminals of the agent running on it ({url}), from its embedded "
+                "simulator")
+    return listed
+
+
+def _instant(text: object) -> datetime | None:
+    """An ISO 8601 time of the JSON (``...Z``), as a datetime; None when there is none."""
+    if not isinstance(text, str) or not text:
+        return None
+    try:
+        return datetime.fromisoformat(text)
+    except ValueError:
+        return None
 
 
 def configured_names(args: argparse.Namespace) -> dict[str, str | None]:

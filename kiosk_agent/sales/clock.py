@@ -16,7 +16,6 @@ sleeps in order; ``step_wall`` steps the wall clock alone, as NTP does).
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import heapq
 import itertools
@@ -24,7 +23,12 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol, TypeVar
+from typing import TYPE_CHECKING, Protocol, TypeVar
+
+# asyncio is imported where a wait is made: a command that reads the journal (`sales`) imports
+# this module and never waits, and asyncio's import was a third of that command's start
+if TYPE_CHECKING:
+    import asyncio
 
 T = TypeVar("T")
 
@@ -79,9 +83,13 @@ class SystemClock:
         return self._boot_id
 
     async def sleep(self, seconds: float) -> None:
+        import asyncio
+
         await asyncio.sleep(seconds)
 
     async def wait_for(self, awaitable: Awaitable[T], seconds: float) -> T:
+        import asyncio
+
         # asyncio.timeout, not asyncio.wait_for: on 3.11 wait_for runs the awaitable in a task
         # of its own (two more loop turns per money call and card wait), and can swallow a
         # cancel that lands with the result
@@ -166,6 +174,8 @@ class FakeClock:
         boot_id: str | None = "fake-boot-1",
         booted_at: float = 0.0,
     ) -> None:
+        import asyncio
+
         self._wall = wall
         self._mono = monotonic
         self._boot = boot_id
@@ -206,6 +216,8 @@ class FakeClock:
         await self._wait_until(self._mono + max(0.0, seconds), False)
 
     async def wait_for(self, awaitable: Awaitable[T], seconds: float) -> T:
+        import asyncio
+
         task = asyncio.ensure_future(awaitable)
         timer = asyncio.ensure_future(self._wait_until(self._mono + max(0.0, seconds), True))
         timed_out = False
@@ -223,6 +235,8 @@ class FakeClock:
         return task.result()
 
     async def _wait_until(self, due: float, bounds_work: bool) -> None:
+        import asyncio
+
         future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         sleeper = _Sleeper(due, next(self._seq), future, bounds_work)
         heapq.heappush(self._sleepers, sleeper)
@@ -267,6 +281,8 @@ class FakeClock:
     ) -> float:
         """Wait (in real time, bounded) until some task waits on this clock for at most
         ``horizon`` seconds (a pause, or any wait); when it is due."""
+        import asyncio
+
         async with asyncio.timeout(real_timeout):
             while True:
                 due = [
@@ -293,6 +309,8 @@ class FakeClock:
         alone: a sale's own pauses are seconds.
         ``on_pause(n)`` runs before the n-th jump (a test steps the wall clock there).
         """
+        import asyncio
+
         task = asyncio.ensure_future(awaitable)
         jumps = 0
         async with asyncio.timeout(real_timeout):
@@ -329,5 +347,7 @@ class FakeClock:
 
 async def _let_run(rounds: int = 5) -> None:
     """A few turns of the event loop, so that woken tasks run up to their next wait."""
+    import asyncio
+
     for _ in range(rounds):
         await asyncio.sleep(0)

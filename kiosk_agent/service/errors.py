@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 import socket
-import ssl
+import sys
 
 from kiosk_agent.redact import redact
 
@@ -76,7 +76,10 @@ def _os_words(err: OSError) -> str:
         return "nothing listens there (connection refused)"
     if isinstance(err, TimeoutError):
         return "no answer in time"
-    if isinstance(err, ssl.SSLError):
+    # ssl as loaded by whatever made the connection: without it, no TLS error can have happened
+    # (a command that reads the journal imports this module and never connects)
+    ssl = sys.modules.get("ssl")
+    if ssl is not None and isinstance(err, ssl.SSLError):
         return "the TLS handshake failed (is it https?)"
     if err.errno:
         return os.strerror(err.errno).lower()

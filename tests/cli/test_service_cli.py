@@ -97,6 +97,109 @@ async def test_terminals_lists_every_reader_with_capabilities_and_state(
     assert "Fix:" in ran.out
 
 
+@pytest.fixture
+async def agents_admin_api() -> Any:
+    """A stand-in for the admin API of an agent that runs a simulator of its own: its
+    ``GET /api/terminals`` (the admin server's answer: the service's models as JSON), with one
+    reader the agent's simulator has offline; what it was asked, with which token, is kept."""
+    from aiohttp import web
+
+    from kiosk_agent.export import json_value
+    from kiosk_agent.service.models.terminal import Terminal
+
+    asked: list[tuple[str, str]] = []
+    readers = [
+        Terminal(device_id="SIM-0001", name="Counter 1", vendor="Simtronic", model="ST-100",
+                 online=True, last_seen_at="2026-11-28T21:47:03Z"),
+        Terminal(device_id="SIM-0003", name="Drive-through", vendor="Simtronic",
+                 model="ST-300", online=False),
+    ]
+
+    async def terminals(request: web.Request) -> web.Response:
+        asked.append((request.path, request.headers.get("Authorization", "")))
+        return web.json_response({"terminals": [json_value(t) for t in readers]})
+
+    app = web.Application()
+    app.router.add_get("/api/terminals", terminals)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    try:
+        yield runner.addresses[0][1], asked
+    finally:
+        await runner.cleanup()
+
+
+def agent_config(tmp_path: Path, admin_port: int) -> Path:
+    """A unit on the embedded simulator, with the admin API its agent serves."""
+    config = tmp_path / "unit.yaml"
+    config.write_text(
+        "service: {simulator: {time_scale: 60}}\n"
+        "terminals: [{device_id: SIM-0001, name: front}, {device_id: SIM-0003, name: drive}]\n"
+        "journal: {path: journal.db}\n"
+        f"admin: {{port: {admin_port}, tokens: [{{name: tech, token: !env_var "
+        "KIOSK_TEST_ADMIN_TOKEN}]}\n"
+    )
+    return config
+
+
+async def test_terminals_asks_the_running_agent_for_its_simulators_readers(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
+    agents_admin_api: tuple[int, list[tuple[str, str]]],
+) -> None:
+    """With a configuration that embeds the simulator, `terminals` started a simulator of its
+    own (a second of CPU here) and listed ITS readers, fresh and all online, while the agent
+    running on that configuration had one offline. It now asks that agent."""
+    port, asked = agents_admin_api
+    for name in cli.ENVIRONMENT.values():
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("KIOSK_TEST_ADMIN_TOKEN", "a" * 24)
+    config = agent_config(tmp_path, port)
+    ran = await kiosk(capsys, "terminals", "-c", str(config))
+    assert ran.code == 1, ran  # the agent's reader offline: a failed check
+    assert asked == [("/api/terminals", "Bearer " + "a" * 24)]
+    assert "started the embedded simulator" not in ran.err
+    assert f"the terminals of the agent running on it (http://127.0.0.1:{port})" in ran.err
+    rows = {line.split()[0]: line.split() for line in ran.out.splitlines()[1:3]}
+    assert rows["SIM-0001"][1:3] == ["front", "Counter"]
+    assert rows["SIM-0003"][1] == "drive"
+    assert "2026-11-28 21:47:03Z" in ran.out
+    assert "1 of 2 offline: SIM-0003" in ran.out
+    ran = await kiosk(capsys, "terminals", "list", "--json", "-c", str(config))
+    listed = {t["device_id"]: t for t in json.loads(ran.out)}
+    assert listed["SIM-0003"]["online"] is False
+    assert listed["SIM-0003"]["configured_name"] == "drive"
+    assert listed["SIM-0001"]["last_seen_at"] == "2026-11-28T21:47:03Z"
+    # as a command: neither the simulator nor the service client is imported for it
+    probe = ("import contextlib, io, sys\nfrom kiosk_agent.cli import main\n"
+             "with contextlib.redirect_stdout(io.StringIO()):\n"
+             "    code = main(['terminals', '-c', sys.argv[1]])\n"
+             "heavy = [m for m in ('aiohttp', 'asyncio', 'pydantic', 'kiosk_agent.sim') "
+             "if m in sys.modules]\nprint(code, heavy)\n")
+    done = await asyncio.create_subprocess_exec(
+        sys.executable, "-c", probe, str(config), stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE)
+    out, _err = await asyncio.wait_for(done.communicate(), 60)
+    assert out.decode().split("\n")[-2] == "1 []"
+
+
+async def test_terminals_starts_the_simulator_where_no_agent_runs_on_the_configuration(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
+) -> None:
+    """No agent listens at the configuration's admin API: the embedded simulator is the only
+    service the configuration names, so it is started for the command, and said."""
+    from tests.helpers import free_port
+
+    for name in cli.ENVIRONMENT.values():
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("KIOSK_TEST_ADMIN_TOKEN", "a" * 24)
+    ran = await kiosk(capsys, "terminals", "-c", str(agent_config(tmp_path, free_port())))
+    assert ran.code == 0, ran
+    assert "started the embedded simulator" in ran.err
+    assert "all 8 terminals online" in ran.out
+
+
 async def test_ping_gives_a_verdict_and_a_fix(
     env: dict[str, str], capsys: pytest.CaptureFixture[str], sim: SimServer
 ) -> None:

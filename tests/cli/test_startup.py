@@ -184,6 +184,56 @@ def test_check_config_and_sales_import_no_server_and_no_models(
         assert imported(modules, package) == [], package
 
 
+def test_the_sales_commands_start_no_event_loop(tmp_path: Path) -> None:
+    """`sales` and its actions read or write the journal and never wait: they ran in an event
+    loop all the same, and asyncio's import (ssl, subprocess and concurrent.futures with it) was
+    a third of the command's CPU at its start."""
+    from kiosk_agent.sales.journal import Journal, SaleRecord
+    from kiosk_agent.sales.states import SaleState, Step
+
+    config = tmp_path / "config.yaml"
+    config.write_text("service: {simulator: {}}\nterminals: [{device_id: SIM-0001}]\n"
+                      "journal: {path: journal.db}\n")
+    journal = Journal(tmp_path / "journal.db")
+    journal.open()
+    sale = journal.create(SaleRecord("5a1e", "KA000000000000000001", "virtual:front",
+                                     "charge_card", "SIM-0001", 250, SaleState.STARTED))
+    sale = journal.record(sale, Step.CHARGE_CARD_REQUEST, SaleState.CHARGING)
+    journal.record(sale, Step.CHARGE_CARD_UNKNOWN, SaleState.ATTENTION)
+    journal.close()
+    output, modules = modules_after(
+        ["sales", "-c", str(config)], ["sales", "list", "--json", "-c", str(config)],
+        ["sales", "attention", "-c", str(config)], ["sales", "show", "5a", "-c", str(config)],
+        ["sales", "show", "nothing-like-it", "-c", str(config)],  # a refusal, too
+    )
+    assert "1 sale in attention" in output
+    assert "charge_card.unknown      -> attention" in output  # the sale shown with its steps
+    for package in ("asyncio", "ssl", "subprocess", "concurrent.futures"):
+        assert imported(modules, package) == [], package
+    # resolving writes the journal through the attention module (the sweeper's, which imports
+    # the sale steps and asyncio with them) and waits for nothing either
+    output, _modules = modules_after(["sales", "resolve", "5a1e", "--as", "reversed", "--why",
+                                      "refunded by hand", "-c", str(config)])
+    assert "resolved as reversed" in output
+
+
+def test_a_handler_registered_without_a_loop_that_waits_is_named() -> None:
+    import asyncio
+
+    from kiosk_agent.cli.contract import guarded, run_without_loop
+
+    async def waits(args: argparse.Namespace) -> int:
+        await asyncio.sleep(0)
+        return 0
+
+    async def answers(args: argparse.Namespace) -> int:
+        return 3
+
+    assert run_without_loop(guarded(answers, loop=False), argparse.Namespace()) == 3
+    with pytest.raises(RuntimeError, match="waits waited for an event loop"):
+        run_without_loop(guarded(waits, loop=False), argparse.Namespace())
+
+
 @pytest.mark.parametrize("command", ["doctor", "health", "fleet", "check-config", "sales"])
 def test_a_commands_help_waits_for_no_event_loop(command: str) -> None:
     """`doctor --help` imported asyncio with its module (cli/fleet.py)."""
