@@ -86,3 +86,21 @@ def test_the_service_models_come_on_first_use() -> None:
     assert models.BillingPlan.__module__ == "kiosk_agent.service.models.plans"
     assert models.HostedPage.__module__ == "kiosk_agent.service.models.hpp"
     assert models.Deposit.__module__ == "kiosk_agent.service.models.reports"
+
+
+def test_building_the_models_a_start_uses_parses_no_builtins_signature() -> None:
+    # pydantic reads each default factory's signature; a builtin's (list) is parsed by the
+    # tokenizer, whose patterns compile on first use: milliseconds before the first charge check
+    probe = (
+        "import json, tokenize\n"
+        "from kiosk_agent.service.models import reporting, terminal\n"
+        "for module in (reporting, terminal):\n"
+        "    for model in vars(module).values():\n"
+        "        if getattr(model, '__module__', '') == module.__name__ and "
+        "hasattr(model, 'model_rebuild'):\n"
+        "            model.model_rebuild(force=True)\n"
+        "print(json.dumps(tokenize._compile.cache_info().misses))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                          check=True, timeout=60)
+    assert json.loads(done.stdout) == 0
