@@ -311,8 +311,7 @@ async def run_command(args: argparse.Namespace) -> int:
 async def _run(args: argparse.Namespace) -> int:
     config = load(config_path(args))
     from kiosk_agent.app import agent_for
-    from kiosk_agent.cli.sim import embedded_simulator
-    from kiosk_agent.cli.virtual import simulated_machines
+    from kiosk_agent.cli.sim import embedded_simulator, simulated_machines
     from kiosk_agent.logs import setup_logging
     from kiosk_agent.sales.journal import JournalError
     from kiosk_agent.sales.owner import JournalOwned

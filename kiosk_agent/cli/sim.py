@@ -16,6 +16,7 @@ from kiosk_agent.cli.contract import EXIT_USAGE, positive_number, stop_on_signal
 # `--help` and shell completion build this parser without them.
 if TYPE_CHECKING:
     from kiosk_agent.service.settings import ServiceSettings
+    from kiosk_agent.sim.machine import VirtualController
     from kiosk_agent.sim.server import SimOptions, SimServer
 
 DEFAULT_PORT = 8990
@@ -104,6 +105,18 @@ def embedded_simulator(conf: dict[str, Any]) -> SimServer:
     options = SimOptions(port=0, time_scale=conf["time_scale"], seed=conf["seed"],
                          transactions=conf["transactions"])
     return SimServer(options)
+
+
+def simulated_machines(
+    *, products: dict[str, int], dispense_time: float, dex: bool, seed: int | None
+) -> VirtualController:
+    """The factory of the agent's ``virtual`` triggers (``Agent.machines``): the CLI gives it,
+    so nothing below the CLI imports ``kiosk_agent.sim``; imported only when a machine is made.
+    Here, not in ``cli.virtual`` (the ``virtual`` command, with the MDB adapter's wire codec):
+    every ``run`` hands it over, and one with no virtual trigger loads neither."""
+    from kiosk_agent.sim.machine import make_machine
+
+    return make_machine(products=products, dispense_time=dispense_time, dex=dex, seed=seed)
 
 
 def parse_ready(line: str) -> dict[str, Any] | None:

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from kiosk_agent.cli.contract import positive_int, positive_number, stop_on_signals
+from kiosk_agent.cli.sim import simulated_machines  # noqa: F401 - where the tests take it
 from kiosk_agent.platforms import mdb_protocol as wire
 
 # The controller and the configuration's price rule are imported when a machine starts (or a
@@ -178,16 +179,6 @@ async def run_virtual(args: argparse.Namespace) -> int:
     finally:
         if record is not None:
             record.close()
-
-
-def simulated_machines(
-    *, products: dict[str, int], dispense_time: float, dex: bool, seed: int | None
-) -> VirtualController:
-    """The factory of the agent's ``virtual`` triggers (``Agent.machines``): the CLI gives it,
-    so nothing below the CLI imports ``kiosk_agent.sim``; imported only when a machine is made."""
-    from kiosk_agent.sim.machine import make_machine
-
-    return make_machine(products=products, dispense_time=dispense_time, dex=dex, seed=seed)
 
 
 async def _customers(controller: VirtualController, args: argparse.Namespace) -> Any:

@@ -19,7 +19,7 @@ from typing import Annotated, Any, Generic, TypeVar
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
 from kiosk_agent.money import reported_dollars_to_cents
-from kiosk_agent.service.models.common import Dollars, ServiceModel
+from kiosk_agent.service.models.common import Dollars, ServiceModel, empty_list
 
 __all__ = [
     "Page",
@@ -160,7 +160,7 @@ class PageInfo(ServiceModel):
     limit: int | None = None
     offset: int | None = None
     count: int | None = None
-    links: list[PageLink] = Field(default_factory=list)
+    links: list[PageLink] = Field(default_factory=empty_list)
 
     @property
     def next_href(self) -> str | None:

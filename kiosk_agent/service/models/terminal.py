@@ -8,7 +8,7 @@ from typing import Any
 
 from pydantic import Field
 
-from kiosk_agent.service.models.common import ServiceModel, Tolerant
+from kiosk_agent.service.models.common import ServiceModel, Tolerant, empty_list
 from kiosk_agent.service.models.payments import ChargeResult
 
 
@@ -103,7 +103,7 @@ class Interaction(ServiceModel):
     created_at: datetime | None = None
     expires_at: datetime | None = None
     result: dict[str, Any] | None = None
-    stage_errors: list[StageError] = Field(default_factory=list)
+    stage_errors: list[StageError] = Field(default_factory=empty_list)
 
     @property
     def finished(self) -> bool:
