@@ -20,7 +20,6 @@ import logging
 import random
 import secrets
 import ssl
-import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -43,6 +42,7 @@ from kiosk_agent.fleet.topics import (
     unit_base_topic,
 )
 from kiosk_agent.logs import RefusalLog
+from kiosk_agent.sales.clock import SYSTEM_CLOCK, Clock
 
 _LOGGER = logging.getLogger(__name__)
 
@@ -88,11 +88,13 @@ class MqttSink(SinkBase):
         *,
         births: BirthPolicy | None = None,
         rng: random.Random | None = None,
-        clock: Callable[[], float] = time.monotonic,
+        clock: Clock = SYSTEM_CLOCK,
         connect_timeout: float = 10.0,
     ):
+        """Every wait of the sink (reconnect back-off, birth policy, log limit) runs on
+        ``clock``'s monotonic time; aiomqtt's own timeouts stay real."""
         # a newer report replaces the one not sent yet (counted as dropped)
-        super().__init__(1, clock)
+        super().__init__(1, clock.monotonic)
         self._conf = conf
         self.device_id = device_id
         self._version = version
@@ -125,6 +127,7 @@ class MqttSink(SinkBase):
             first=1,
             interval=60.0,
             level=logging.INFO,
+            clock=clock.monotonic,
             what="birth message(s)",
         )
         self._birth_first: float | None = None  # when the births now waited on began
@@ -180,7 +183,7 @@ class MqttSink(SinkBase):
                 async with self._new_client() as client:
                     self._client = client
                     self.online = False
-                    connected_at = self._clock()
+                    connected_at = self._clock.monotonic()
                     await self._announce(client, first=self.connects == 0)
                     if self.last_report is not None and not self.queue:
                         # a broker restarted without persistence lost it: HA would show
@@ -202,7 +205,7 @@ class MqttSink(SinkBase):
                 if self._client is not None:
                     _heard_disconnect(self._client)
                 self._client = None
-            await asyncio.sleep(self._backoff.next())
+            await self._clock.sleep(self._backoff.next())
 
     async def _say_online(self, client: aiomqtt.Client) -> None:
         """``online``, once a report of this run is on the broker: before it, the retained
@@ -223,7 +226,7 @@ class MqttSink(SinkBase):
         if connected_at is None:
             self._dropped_in_row = 0
             return ""  # never connected: the broker is away or refused (its words say which)
-        held = self._clock() - connected_at
+        held = self._clock.monotonic() - connected_at
         if held >= STABLE_AFTER:
             self._backoff.reset()
             self._dropped_in_row = 0
@@ -242,7 +245,7 @@ class MqttSink(SinkBase):
         if self.on_command is not None:  # the unit's own command topics only
             await client.subscribe(self.commands_filter, qos=1)
         lost: asyncio.Future[None] = asyncio.ensure_future(self._listen(client))
-        woken: asyncio.Future[Any] | None = None
+        waits: list[asyncio.Future[Any]] = []
         try:
             while True:
                 await self._flush(client)
@@ -250,23 +253,28 @@ class MqttSink(SinkBase):
                     await self._hear_arrived(client, lost)
                 if self._reannounce_due():
                     await self._reannounce(client)
-                woken = asyncio.ensure_future(self._wakeup.wait())
-                timeout = None
+                waits = [asyncio.ensure_future(self._wakeup.wait())]
                 if self.reannounce_at is not None:
-                    timeout = max(0.0, self.reannounce_at - self._clock())
-                await asyncio.wait(
-                    (woken, lost), timeout=timeout, return_when=asyncio.FIRST_COMPLETED
-                )
+                    waits.append(asyncio.ensure_future(self._sleep_until(self.reannounce_at)))
+                await asyncio.wait((*waits, lost), return_when=asyncio.FIRST_COMPLETED)
+                for wait in waits:
+                    wait.cancel()
                 if lost.done():
                     lost.result()
                 self._wakeup.clear()
         finally:
             lost.cancel()
-            if woken is not None:
-                woken.cancel()
+            for wait in waits:
+                wait.cancel()
+
+    async def _sleep_until(self, moment: float) -> None:
+        """Until ``moment`` on the sink's clock: the wait is measured when it begins (a task
+        starts a turn later, and the clock may have moved past it meanwhile)."""
+        if (delay := moment - self._clock.monotonic()) > 0:
+            await self._clock.sleep(delay)
 
     def _reannounce_due(self) -> bool:
-        return self.reannounce_at is not None and self._clock() >= self.reannounce_at
+        return self.reannounce_at is not None and self._clock.monotonic() >= self.reannounce_at
 
     async def _hear_arrived(self, client: aiomqtt.Client, lost: asyncio.Future[None]) -> None:
         """Let the listener read the messages that already arrived: a birth that came before
@@ -320,7 +328,7 @@ class MqttSink(SinkBase):
 
     def heard_birth(self) -> None:
         """A birth message: (re)schedule the one re-announce that answers it and its fellows."""
-        now = self._clock()
+        now = self._clock.monotonic()
         self.births_heard += 1
         policy = self._births
         if self._birth_first is None:
@@ -374,7 +382,7 @@ class MqttSink(SinkBase):
                 topic = discovery_topic(self._prefix, component, self.device_id, key)
                 await client.publish(topic, b"", qos=1, retain=True)
         self.announcements += 1
-        self._last_announce = self._clock()
+        self._last_announce = self._clock.monotonic()
 
     async def _flush(self, client: aiomqtt.Client) -> None:
         while (report := self.queue.peek()) is not None:
