@@ -145,6 +145,8 @@ class MqttSink(SinkBase):
         self.events_sent = 0
         self.last_report: dict[str, Any] | None = None
         self._client: aiomqtt.Client | None = None
+        # the connection's listener: it ends (MqttError) when the connection is lost
+        self._lost: asyncio.Future[None] | None = None
         # announces and `online` hold it: a stop's goodbye waits for them, and none starts after
         self._announcing = asyncio.Lock()
         self._stopping = False
@@ -182,6 +184,7 @@ class MqttSink(SinkBase):
             try:
                 async with self._new_client() as client:
                     self._client = client
+                    self._lost = asyncio.ensure_future(self._listen(client))
                     self.online = False
                     connected_at = self._clock.monotonic()
                     await self._announce(client, first=self.connects == 0)
@@ -202,6 +205,7 @@ class MqttSink(SinkBase):
                 self._unexpected(err)
             finally:
                 self.connected = False
+                self._stop_listening()
                 if self._client is not None:
                     _heard_disconnect(self._client)
                 self._client = None
@@ -215,7 +219,7 @@ class MqttSink(SinkBase):
             return
         async with self._announcing:
             if not self._stopping:
-                await client.publish(self.availability_topic, ONLINE, qos=1, retain=True)
+                await self._publish(client, self.availability_topic, ONLINE, retain=True)
                 self.online = True
 
     def _short_lived(self, connected_at: float | None) -> str:
@@ -244,7 +248,9 @@ class MqttSink(SinkBase):
             await client.subscribe([(self.birth_topic, 1), (self.configs_filter, 1)])
         if self.on_command is not None:  # the unit's own command topics only
             await client.subscribe(self.commands_filter, qos=1)
-        lost: asyncio.Future[None] = asyncio.ensure_future(self._listen(client))
+        if self._lost is None:
+            self._lost = asyncio.ensure_future(self._listen(client))
+        lost = self._lost
         waits: list[asyncio.Future[Any]] = []
         try:
             while True:
@@ -263,7 +269,7 @@ class MqttSink(SinkBase):
                     lost.result()
                 self._wakeup.clear()
         finally:
-            lost.cancel()
+            self._stop_listening()
             for wait in waits:
                 wait.cancel()
 
@@ -272,6 +278,42 @@ class MqttSink(SinkBase):
         starts a turn later, and the clock may have moved past it meanwhile)."""
         if (delay := moment - self._clock.monotonic()) > 0:
             await self._clock.sleep(delay)
+
+    def _stop_listening(self) -> None:
+        """The connection is over: its listener ends, and why it ended is read (asyncio logs
+        a task's error that nobody read)."""
+        lost, self._lost = self._lost, None
+        if lost is None:
+            return
+        if lost.done():
+            if not lost.cancelled():
+                lost.exception()
+        else:
+            lost.cancel()
+
+    async def _publish(
+        self, client: aiomqtt.Client, topic: str, payload: str | bytes, *, retain: bool = False
+    ) -> None:
+        """Publish at QoS 1 and wait for the broker's acknowledgement, or fail (MqttError) at
+        once when the connection is lost meanwhile. aiomqtt waits out its whole timeout (10 s)
+        for an acknowledgement that cannot come on a connection reset; what was not
+        acknowledged stays to be sent on the next connection."""
+        lost = self._lost
+        sending = asyncio.ensure_future(client.publish(topic, payload, qos=1, retain=retain))
+        if lost is None:
+            await sending
+            return
+        try:
+            await asyncio.wait((sending, lost), return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            if not sending.done():
+                sending.cancel()
+        if sending.done() and not sending.cancelled():
+            sending.result()  # its own error, if it has one
+            return
+        if not lost.cancelled():
+            lost.result()  # raises why the connection ended
+        raise aiomqtt.MqttError("connection closed before the broker acknowledged a publish")
 
     def _reannounce_due(self) -> bool:
         return self.reannounce_at is not None and self._clock.monotonic() >= self.reannounce_at
@@ -357,7 +399,7 @@ class MqttSink(SinkBase):
             await self._say_online(client)
 
     async def _publish_state(self, client: aiomqtt.Client, report: dict[str, Any]) -> None:
-        await client.publish(self.state_topic, json.dumps(report), qos=1, retain=True)
+        await self._publish(client, self.state_topic, json.dumps(report), retain=True)
 
     async def _announce(self, client: aiomqtt.Client, *, first: bool = False) -> None:
         async with self._announcing:
@@ -376,11 +418,11 @@ class MqttSink(SinkBase):
         )
         self._announced = {topic for topic, _ in messages}
         for topic, config in messages:
-            await client.publish(topic, json.dumps(config), qos=1, retain=True)
+            await self._publish(client, topic, json.dumps(config), retain=True)
         if first and self._prefix:  # configs an earlier version announced: HA drops them
             for component, key in RETIRED:
                 topic = discovery_topic(self._prefix, component, self.device_id, key)
-                await client.publish(topic, b"", qos=1, retain=True)
+                await self._publish(client, topic, b"", retain=True)
         self.announcements += 1
         self._last_announce = self._clock.monotonic()
 
@@ -391,12 +433,12 @@ class MqttSink(SinkBase):
             self._took(report)
             await self._say_online(client)
         while self.events:
-            await client.publish(self.event_topic, json.dumps(self.events[0]), qos=1)
+            await self._publish(client, self.event_topic, json.dumps(self.events[0]))
             self.events.popleft()
             self.events_sent += 1
         while self._stale_configs:
             topic = self._stale_configs[0]
-            await client.publish(topic, b"", qos=1, retain=True)
+            await self._publish(client, topic, b"", retain=True)
             self._stale_configs.pop(0)
             self.configs_cleared += 1
             _LOGGER.info("upstream mqtt: cleared %s, no longer announced (Home Assistant "
@@ -420,7 +462,7 @@ class MqttSink(SinkBase):
                     if (report := self.queue.peek()) is not None:
                         await self._publish_state(client, report)
                         self._took(report)
-                    await client.publish(self.availability_topic, OFFLINE, qos=1, retain=True)
+                    await self._publish(client, self.availability_topic, OFFLINE, retain=True)
         await super().stop()
 
 

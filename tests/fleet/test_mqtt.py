@@ -693,6 +693,52 @@ async def test_a_connection_lost_during_an_announce_is_said_as_it_was(mosquitto:
     assert not disconnected._log_traceback  # type: ignore[attr-defined]  # read: nothing to log
 
 
+@pytest.mark.mqtt
+async def test_a_publish_fails_at_once_when_its_connection_is_reset_and_goes_out_on_the_next(
+    mosquitto: int,
+) -> None:
+    """Before: a connection reset while the unit waited for its configs' acknowledgements left
+    each publish waiting aiomqtt's whole timeout (10 s) for an answer that could not come; the
+    unit reconnected only then. Now the publish fails as the connection goes, and what it
+    carried (the configs, the report, `online`) goes out on the next connection."""
+    device_id = f"unit-{uuid.uuid4().hex[:6]}"
+    proxy = TcpProxy(mosquitto)
+    await proxy.open()
+    proxy.answer_delay = 0.1  # a slow broker: the announce is under way when the link goes
+    clock = FakeClock(monotonic=0.0)
+    conf = {"device_id": device_id, "interval": 3600,
+            "mqtt": {"host": "127.0.0.1", "port": proxy.port, "reconnect_interval": 1.0,
+                     "reconnect_max": 1.0, "discovery_prefix": f"ha-{device_id}"}}
+    upstream = Upstream(settled_agent(), conf, clock=clock)
+    sink = upstream.mqtt
+    assert sink is not None
+    sink._connect_timeout = 3600.0  # aiomqtt's wait for an acknowledgement: far off
+    observer = Observer(mosquitto)
+    await observer.start(f"kiosk-agent/{device_id}/#")
+    await upstream.start()
+    try:
+        await until(lambda: sink._client is not None)  # connected, announcing
+        await proxy.cut()
+        await until(lambda: sink.failures == 1)  # within until's 5 s, not aiomqtt's hour
+        assert "after connecting" in sink.last_error
+        assert "timed out" not in sink.last_error
+        assert (sink.announcements, sink.sent, sink.online) == (0, 0, False)
+        proxy.answer_delay = 0.0
+        await proxy.open()  # the network is back
+        await clock.advance_to(await clock.next_due(horizon=1.0))  # the back-off's wait
+        await until(lambda: sink.online)
+        assert (sink.connects, sink.announcements, sink.sent) == (1, 1, 1)
+        availability = f"kiosk-agent/{device_id}/availability"
+        # the first connection's will, then the second's word, once the report is out
+        await until(lambda: observer.on(availability) == ["offline", "online"])
+        [state] = observer.on(f"kiosk-agent/{device_id}/state")
+        assert json.loads(state)["status"] == "ok"
+    finally:
+        await upstream.stop()
+        await observer.stop()
+        await proxy.cut()
+
+
 class _QueuedMessages:
     """aiomqtt's message iterator over messages that already arrived (then the link drops)."""
 
