@@ -54,6 +54,7 @@ from types import SimpleNamespace
 from typing import Any
 
 import aiomqtt
+from fleet_units import serve_units
 
 from kiosk_agent.fleet.component import Upstream
 from kiosk_agent.fleet.discovery import discovery_messages
@@ -70,24 +71,6 @@ BROKER_SETTINGS = "max_queued_messages 200000\nmax_inflight_messages 100\n"
 # with the persistence both blocks there name
 BROKER_SETTINGS_10K = "max_queued_messages 2000000\nmax_inflight_messages 100\n"
 PERSISTENCE = "persistence true\nautosave_interval 300\npersistence_location {directory}/\n"
-# aiomqtt wakes each client every second for paho's keepalive check (loop_misc); a unit has one
-# client, this process has thousands: 10,000 wake-ups a second, half of what 10,000 idle units
-# cost it (500 idle units: 0.29 s of CPU in 10 s, 0.15 s with this). Each client is checked
-# every 5 s instead: its PINGREQ (keepalive 60 s, the broker waits 90 s) is at most 5 s late.
-KEEPALIVE_CHECK_S = 5.0
-
-
-def check_keepalives_less_often() -> None:
-    """The simulation's own cost, not a unit's: see KEEPALIVE_CHECK_S."""
-    import paho.mqtt.client as paho
-
-    async def misc_loop(self: aiomqtt.Client) -> None:
-        while self._client.loop_misc() == paho.MQTT_ERR_SUCCESS:  # noqa: ASYNC110
-            await asyncio.sleep(KEEPALIVE_CHECK_S)
-
-    aiomqtt.Client._misc_loop = misc_loop  # type: ignore[method-assign]
-
-
 def load_average() -> str:
     return " ".join(f"{x:.2f}" for x in os.getloadavg())
 
@@ -121,6 +104,9 @@ class Broker:
             except OSError:
                 time.sleep(0.02)
         raise SystemExit("mosquitto did not start")
+
+    def cpu_s(self) -> float:
+        return 0.0 if self.proc is None else process_cpu_s(self.proc.pid)
 
     def stop(self) -> None:
         if self.proc is not None:
@@ -407,14 +393,81 @@ async def run_retained(units: int) -> dict[str, Any]:
     return figures
 
 
-async def run_scale(count: int) -> dict[str, Any]:
+class UnitProcesses:
+    """The simulated units (bench/fleet_units.py) in ``processes`` processes of their own; the
+    newest status line of each, summed."""
+
+    def __init__(self, count: int, processes: int, port: int) -> None:
+        self.count = count
+        self.port = port
+        share = math.ceil(count / processes)
+        self.shares = [(first, min(share, count - first)) for first in range(0, count, share)]
+        self.procs: list[asyncio.subprocess.Process] = []
+        self.latest: list[dict[str, int]] = [{} for _ in self.shares]
+        self._readers: list[asyncio.Task[None]] = []
+        self.pids: list[int] = []
+
+    async def start(self) -> None:
+        for slot, (first, count) in enumerate(self.shares):
+            proc = await asyncio.create_subprocess_exec(
+                sys.executable, __file__, "--sim-units", f"{first},{count}", "--port",
+                str(self.port), stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
+            )
+            self.procs.append(proc)
+            self.pids.append(proc.pid)
+            self._readers.append(asyncio.create_task(self._read(slot, proc)))
+
+    async def _read(self, slot: int, proc: asyncio.subprocess.Process) -> None:
+        assert proc.stdout is not None
+        while line := await proc.stdout.readline():
+            self.latest[slot] = json.loads(line)
+
+    def total(self, key: str) -> int:
+        return sum(status.get(key, 0) for status in self.latest)
+
+    async def tell(self, command: str) -> None:
+        for proc in self.procs:
+            assert proc.stdin is not None
+            proc.stdin.write(f"{command}\n".encode())
+            await proc.stdin.drain()
+        self.latest = [{} for _ in self.shares]  # wait for the answer to the command
+
+    async def stop(self) -> None:
+        for proc in self.procs:
+            if proc.returncode is None and proc.stdin is not None:
+                proc.stdin.write(b"stop\n")
+                proc.stdin.close()
+        for proc in self.procs:
+            try:
+                await asyncio.wait_for(proc.wait(), 30)
+            except TimeoutError:
+                proc.kill()
+                await proc.wait()
+        for reader in self._readers:
+            reader.cancel()
+
+    def cpu_s(self) -> float:
+        return sum(process_cpu_s(pid) for pid in self.pids)
+
+
+def process_cpu_s(pid: int) -> float:
+    """User and system CPU seconds of a live process (0 when it is gone)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+async def run_scale(count: int, processes: int) -> dict[str, Any]:
     """``--part scale``: what one subscriber arriving like Home Assistant is handed of 1,000
-    units' retained configs on a broker with the 1,000-unit settings; then ``count`` real units
-    on a broker with the 10,000-unit settings and persistence: all announced (configs, first
-    report, ``online``), all listed by the real ``fleet list``, all back (connected and
-    ``online`` again) after a broker restart. A phase not done in its limit is reported with
-    how many units it reached, not dropped."""
-    check_keepalives_less_often()
+    units' retained configs on a broker with the 1,000-unit settings; then ``count`` simulated
+    units (bench/fleet_units.py: each a real MQTT connection with its will, its retained configs
+    and report, built by the product's code) in ``processes`` processes, on a broker with the
+    10,000-unit settings and persistence: all announced (configs, first report, ``online``),
+    all listed by the real ``fleet list``, all back (connected and ``online`` again) after a
+    broker restart. A phase not done in its limit is reported with how many units it reached,
+    not dropped."""
     figures: dict[str, Any] = {"load_average_start": load_average()}
     seconds, received, expected = await retained_burst(1000, BROKER_SETTINGS, 0)
     figures.update(retained_received_ratio=round(received / expected, 4),
@@ -432,45 +485,48 @@ async def run_scale(count: int) -> dict[str, Any]:
         "service: {simulator: {}}\nterminals: [{device_id: SIM-0001}]\n"
         f"upstream:\n  mqtt: {{host: 127.0.0.1, port: {broker.port}}}\n"
     )
-    fleet: list[Upstream] = []
+    fleet = UnitProcesses(count, processes, broker.port)
     name = f"units_{count // 1000}k" if count % 1000 == 0 else f"units_{count}"
-    cpu_started = time.process_time()
+    figures[f"{name}_processes"] = len(fleet.shares)
+    broker_cpu = 0.0
     try:
+        await fleet.start()
+        await within(lambda: fleet.total("built") == count, PHASE_LIMIT_S)
+        figures[f"{name}_build_cpu_s"] = round(fleet.cpu_s(), 1)
+        print(f"{count} simulated units built in {len(fleet.shares)} processes "
+              f"({fleet.cpu_s():.1f} s of CPU; load {load_average()})")
         started = time.monotonic()
-        for index in range(count):
-            mqtt = {"host": "127.0.0.1", "port": broker.port}
-            upstream = Upstream(unit_agent(index), {"device_id": f"unit-{index:05d}",
-                                                    "interval": SCALE_INTERVAL_S, "mqtt": mqtt})
-            await upstream.start()
-            fleet.append(upstream)
-        sinks = [u.mqtt for u in fleet if u.mqtt is not None]
-        announced_s = await within(lambda: all(s.online for s in sinks), PHASE_LIMIT_S)
-        online = sum(s.online for s in sinks)
-        announced_s = None if announced_s is None else time.monotonic() - started
+        await fleet.tell("go")
+        announced_s = await within(lambda: fleet.total("online") == count, PHASE_LIMIT_S)
+        online = fleet.total("online")
         figures.update({f"{name}_all_announced_s": _rounded(announced_s),
                         f"{name}_announced_units": online,
-                        f"{name}_announce_cpu_s": round(time.process_time() - cpu_started, 1),
+                        f"{name}_announce_units_cpu_s": round(fleet.cpu_s(), 1),
+                        f"{name}_announce_broker_cpu_s": round(broker.cpu_s(), 1),
                         "load_average_announced": load_average()})
         print(f"{count} units: {online} announced and online in "
-              f"{time.monotonic() - started:.2f} s (load {load_average()})")
+              f"{time.monotonic() - started:.2f} s (units' processes {fleet.cpu_s():.1f} s of "
+              f"CPU, Mosquitto {broker.cpu_s():.1f} s; load {load_average()})")
         listed_s, listed = fleet_list(config)
         figures.update({f"{name}_fleet_list_s": round(listed_s, 2),
                         f"{name}_fleet_list_units": listed})
-        print(f"`fleet list` listed {listed} in {listed_s:.2f} s")
-        before = {id(s): s.connects for s in sinks}
+        print(f"`fleet list` listed {listed} in {listed_s:.2f} s (load {load_average()})")
+        await fleet.tell("mark")
+        broker_cpu = broker.cpu_s()
         broker.stop()
-        await within(lambda: not any(s.connected for s in sinks), 120)
+        await within(lambda: len(fleet.latest[-1]) > 0 and fleet.total("connected") == 0, 120)
         up_at = broker.start()
-        back_s = await within(lambda: all(s.connects > before[id(s)] and s.online
-                                          for s in sinks), PHASE_LIMIT_S)
-        back = sum(s.connects > before[id(s)] and s.online for s in sinks)
+        back_s = await within(lambda: fleet.total("back") == count, PHASE_LIMIT_S)
+        back = fleet.total("back")
         figures.update({f"{name}_restart_all_back_s": _rounded(back_s),
                         f"{name}_restart_back_units": back,
+                        f"{name}_broker_cpu_s": round(broker_cpu + broker.cpu_s(), 1),
+                        f"{name}_units_cpu_s": round(fleet.cpu_s(), 1),
                         "load_average_end": load_average()})
         print(f"broker restart (persistence): {back} of {count} back and online "
               f"{time.monotonic() - up_at:.2f} s after it listened again (load {load_average()})")
     finally:
-        await asyncio.gather(*(u.stop() for u in fleet), return_exceptions=True)
+        await fleet.stop()
         broker.stop()
         shutil.rmtree(directory, ignore_errors=True)
     return figures
@@ -512,17 +568,24 @@ def main() -> None:
     parser.add_argument("--storm-units", type=int, default=20)
     parser.add_argument("--births", type=int, default=2000)
     parser.add_argument("--part", choices=("all", "retained", "scale"), default="all")
+    parser.add_argument("--processes", type=int, default=2,
+                        help="processes that play the units of --part scale")
+    parser.add_argument("--sim-units", help=argparse.SUPPRESS)  # first,count: one such process
     parser.add_argument("--send-births", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--port", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.send_births:
         asyncio.run(send_births(args.port, args.send_births))
         return
+    if args.sim_units:
+        first, count = (int(part) for part in args.sim_units.split(","))
+        asyncio.run(serve_units(first, count, args.port, SCALE_INTERVAL_S, unit_agent))
+        return
     os.environ.setdefault("PYTHONUNBUFFERED", "1")
     logging.basicConfig(level=logging.ERROR)
     logging.getLogger("mqtt").setLevel(logging.ERROR)  # paho's "pending publish calls", meant
     if args.part == "scale":
-        figures = asyncio.run(run_scale(args.units))
+        figures = asyncio.run(run_scale(args.units, args.processes))
     else:
         figures = asyncio.run(run(args)) if args.part == "all" else {}
         figures.update(asyncio.run(run_retained(args.units)))

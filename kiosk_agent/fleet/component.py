@@ -49,6 +49,7 @@ from kiosk_agent.fleet.sink import Sink
 from kiosk_agent.fleet.topics import command_topic
 from kiosk_agent.health.model import Health, HealthSnapshot
 from kiosk_agent.redact import redact
+from kiosk_agent.sales.clock import SYSTEM_CLOCK, Clock
 from kiosk_agent.sales.terminal_actions import ActionRefused, ping_terminal, print_test_receipt
 from kiosk_agent.service.errors import ServiceError
 from kiosk_agent.tasks import BackgroundTask, wait_event
@@ -90,9 +91,10 @@ class Upstream:
         change_gap: float = CHANGE_GAP,
         births: BirthPolicy | None = None,
         rng: random.Random | None = None,
-        clock: Callable[[], float] = time.monotonic,
+        clock: Clock = SYSTEM_CLOCK,
     ) -> None:
-        """``clock`` is the MQTT sink's monotonic clock: its birth policy's waits run on it."""
+        """``clock`` is the MQTT sink's: its reconnect back-off, birth policy and log limit
+        run on it."""
         conf = UPSTREAM_SCHEMA(conf)
         self._health: Health = agent.health
         self.device_id: str = conf.get("device_id") or host_device_id()

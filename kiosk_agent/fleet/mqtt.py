@@ -20,7 +20,6 @@ import logging
 import random
 import secrets
 import ssl
-import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -43,6 +42,7 @@ from kiosk_agent.fleet.topics import (
     unit_base_topic,
 )
 from kiosk_agent.logs import RefusalLog
+from kiosk_agent.sales.clock import SYSTEM_CLOCK, Clock
 
 _LOGGER = logging.getLogger(__name__)
 
@@ -88,11 +88,13 @@ class MqttSink(SinkBase):
         *,
         births: BirthPolicy | None = None,
         rng: random.Random | None = None,
-        clock: Callable[[], float] = time.monotonic,
+        clock: Clock = SYSTEM_CLOCK,
         connect_timeout: float = 10.0,
     ):
+        """Every wait of the sink (reconnect back-off, birth policy, log limit) runs on
+        ``clock``'s monotonic time; aiomqtt's own timeouts stay real."""
         # a newer report replaces the one not sent yet (counted as dropped)
-        super().__init__(1, clock)
+        super().__init__(1, clock.monotonic)
         self._conf = conf
         self.device_id = device_id
         self._version = version
@@ -125,6 +127,7 @@ class MqttSink(SinkBase):
             first=1,
             interval=60.0,
             level=logging.INFO,
+            clock=clock.monotonic,
             what="birth message(s)",
         )
         self._birth_first: float | None = None  # when the births now waited on began
@@ -142,6 +145,8 @@ class MqttSink(SinkBase):
         self.events_sent = 0
         self.last_report: dict[str, Any] | None = None
         self._client: aiomqtt.Client | None = None
+        # the connection's listener: it ends (MqttError) when the connection is lost
+        self._lost: asyncio.Future[None] | None = None
         # announces and `online` hold it: a stop's goodbye waits for them, and none starts after
         self._announcing = asyncio.Lock()
         self._stopping = False
@@ -179,8 +184,9 @@ class MqttSink(SinkBase):
             try:
                 async with self._new_client() as client:
                     self._client = client
+                    self._lost = asyncio.ensure_future(self._listen(client))
                     self.online = False
-                    connected_at = self._clock()
+                    connected_at = self._clock.monotonic()
                     await self._announce(client, first=self.connects == 0)
                     if self.last_report is not None and not self.queue:
                         # a broker restarted without persistence lost it: HA would show
@@ -199,10 +205,11 @@ class MqttSink(SinkBase):
                 self._unexpected(err)
             finally:
                 self.connected = False
+                self._stop_listening()
                 if self._client is not None:
                     _heard_disconnect(self._client)
                 self._client = None
-            await asyncio.sleep(self._backoff.next())
+            await self._clock.sleep(self._backoff.next())
 
     async def _say_online(self, client: aiomqtt.Client) -> None:
         """``online``, once a report of this run is on the broker: before it, the retained
@@ -212,7 +219,7 @@ class MqttSink(SinkBase):
             return
         async with self._announcing:
             if not self._stopping:
-                await client.publish(self.availability_topic, ONLINE, qos=1, retain=True)
+                await self._publish(client, self.availability_topic, ONLINE, retain=True)
                 self.online = True
 
     def _short_lived(self, connected_at: float | None) -> str:
@@ -223,7 +230,7 @@ class MqttSink(SinkBase):
         if connected_at is None:
             self._dropped_in_row = 0
             return ""  # never connected: the broker is away or refused (its words say which)
-        held = self._clock() - connected_at
+        held = self._clock.monotonic() - connected_at
         if held >= STABLE_AFTER:
             self._backoff.reset()
             self._dropped_in_row = 0
@@ -241,8 +248,10 @@ class MqttSink(SinkBase):
             await client.subscribe([(self.birth_topic, 1), (self.configs_filter, 1)])
         if self.on_command is not None:  # the unit's own command topics only
             await client.subscribe(self.commands_filter, qos=1)
-        lost: asyncio.Future[None] = asyncio.ensure_future(self._listen(client))
-        woken: asyncio.Future[Any] | None = None
+        if self._lost is None:
+            self._lost = asyncio.ensure_future(self._listen(client))
+        lost = self._lost
+        waits: list[asyncio.Future[Any]] = []
         try:
             while True:
                 await self._flush(client)
@@ -250,23 +259,64 @@ class MqttSink(SinkBase):
                     await self._hear_arrived(client, lost)
                 if self._reannounce_due():
                     await self._reannounce(client)
-                woken = asyncio.ensure_future(self._wakeup.wait())
-                timeout = None
+                waits = [asyncio.ensure_future(self._wakeup.wait())]
                 if self.reannounce_at is not None:
-                    timeout = max(0.0, self.reannounce_at - self._clock())
-                await asyncio.wait(
-                    (woken, lost), timeout=timeout, return_when=asyncio.FIRST_COMPLETED
-                )
+                    waits.append(asyncio.ensure_future(self._sleep_until(self.reannounce_at)))
+                await asyncio.wait((*waits, lost), return_when=asyncio.FIRST_COMPLETED)
+                for wait in waits:
+                    wait.cancel()
                 if lost.done():
                     lost.result()
                 self._wakeup.clear()
         finally:
+            self._stop_listening()
+            for wait in waits:
+                wait.cancel()
+
+    async def _sleep_until(self, moment: float) -> None:
+        """Until ``moment`` on the sink's clock: the wait is measured when it begins (a task
+        starts a turn later, and the clock may have moved past it meanwhile)."""
+        if (delay := moment - self._clock.monotonic()) > 0:
+            await self._clock.sleep(delay)
+
+    def _stop_listening(self) -> None:
+        """The connection is over: its listener ends, and why it ended is read (asyncio logs
+        a task's error that nobody read)."""
+        lost, self._lost = self._lost, None
+        if lost is None:
+            return
+        if lost.done():
+            if not lost.cancelled():
+                lost.exception()
+        else:
             lost.cancel()
-            if woken is not None:
-                woken.cancel()
+
+    async def _publish(
+        self, client: aiomqtt.Client, topic: str, payload: str | bytes, *, retain: bool = False
+    ) -> None:
+        """Publish at QoS 1 and wait for the broker's acknowledgement, or fail (MqttError) at
+        once when the connection is lost meanwhile. aiomqtt waits out its whole timeout (10 s)
+        for an acknowledgement that cannot come on a connection reset; what was not
+        acknowledged stays to be sent on the next connection."""
+        lost = self._lost
+        sending = asyncio.ensure_future(client.publish(topic, payload, qos=1, retain=retain))
+        if lost is None:
+            await sending
+            return
+        try:
+            await asyncio.wait((sending, lost), return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            if not sending.done():
+                sending.cancel()
+        if sending.done() and not sending.cancelled():
+            sending.result()  # its own error, if it has one
+            return
+        if not lost.cancelled():
+            lost.result()  # raises why the connection ended
+        raise aiomqtt.MqttError("connection closed before the broker acknowledged a publish")
 
     def _reannounce_due(self) -> bool:
-        return self.reannounce_at is not None and self._clock() >= self.reannounce_at
+        return self.reannounce_at is not None and self._clock.monotonic() >= self.reannounce_at
 
     async def _hear_arrived(self, client: aiomqtt.Client, lost: asyncio.Future[None]) -> None:
         """Let the listener read the messages that already arrived: a birth that came before
@@ -320,7 +370,7 @@ class MqttSink(SinkBase):
 
     def heard_birth(self) -> None:
         """A birth message: (re)schedule the one re-announce that answers it and its fellows."""
-        now = self._clock()
+        now = self._clock.monotonic()
         self.births_heard += 1
         policy = self._births
         if self._birth_first is None:
@@ -349,7 +399,7 @@ class MqttSink(SinkBase):
             await self._say_online(client)
 
     async def _publish_state(self, client: aiomqtt.Client, report: dict[str, Any]) -> None:
-        await client.publish(self.state_topic, json.dumps(report), qos=1, retain=True)
+        await self._publish(client, self.state_topic, json.dumps(report), retain=True)
 
     async def _announce(self, client: aiomqtt.Client, *, first: bool = False) -> None:
         async with self._announcing:
@@ -368,13 +418,13 @@ class MqttSink(SinkBase):
         )
         self._announced = {topic for topic, _ in messages}
         for topic, config in messages:
-            await client.publish(topic, json.dumps(config), qos=1, retain=True)
+            await self._publish(client, topic, json.dumps(config), retain=True)
         if first and self._prefix:  # configs an earlier version announced: HA drops them
             for component, key in RETIRED:
                 topic = discovery_topic(self._prefix, component, self.device_id, key)
-                await client.publish(topic, b"", qos=1, retain=True)
+                await self._publish(client, topic, b"", retain=True)
         self.announcements += 1
-        self._last_announce = self._clock()
+        self._last_announce = self._clock.monotonic()
 
     async def _flush(self, client: aiomqtt.Client) -> None:
         while (report := self.queue.peek()) is not None:
@@ -383,12 +433,12 @@ class MqttSink(SinkBase):
             self._took(report)
             await self._say_online(client)
         while self.events:
-            await client.publish(self.event_topic, json.dumps(self.events[0]), qos=1)
+            await self._publish(client, self.event_topic, json.dumps(self.events[0]))
             self.events.popleft()
             self.events_sent += 1
         while self._stale_configs:
             topic = self._stale_configs[0]
-            await client.publish(topic, b"", qos=1, retain=True)
+            await self._publish(client, topic, b"", retain=True)
             self._stale_configs.pop(0)
             self.configs_cleared += 1
             _LOGGER.info("upstream mqtt: cleared %s, no longer announced (Home Assistant "
@@ -412,7 +462,7 @@ class MqttSink(SinkBase):
                     if (report := self.queue.peek()) is not None:
                         await self._publish_state(client, report)
                         self._took(report)
-                    await client.publish(self.availability_topic, OFFLINE, qos=1, retain=True)
+                    await self._publish(client, self.availability_topic, OFFLINE, retain=True)
         await super().stop()
 
 

@@ -21,10 +21,11 @@ from kiosk_agent.fleet.component import Upstream
 from kiosk_agent.fleet.mqtt import STABLE_AFTER, BirthPolicy, MqttSink
 from kiosk_agent.fleet.schema import UPSTREAM_SCHEMA
 from kiosk_agent.health.availability import Availability
+from kiosk_agent.sales.clock import FakeClock
 from kiosk_agent.sales.model import SaleEvent
 from kiosk_agent.sales.states import SaleState
 
-from ..helpers import until
+from ..helpers import free_port, until
 from ..mqtt_broker import Observer, mosquitto, start_broker, stop_broker
 from . import home_assistant_rules as ha
 from .helpers import TcpProxy, make_certificates, settled_agent
@@ -160,17 +161,17 @@ async def test_a_storm_of_birth_messages_costs_one_announce_and_one_log_line(
     the test's clock: births heard with gaps shorter than `settle` are one storm however long
     the broker and a loaded machine take to deliver them (on real time, a busy machine's pauses
     between births outlasted `settle`, and the test counted a second, rightful, re-announce)."""
-    now = [0.0]
+    clock = FakeClock(monotonic=0.0)
     conf = {"device_id": "unit-s", "interval": 3600,
             "mqtt": {"host": "127.0.0.1", "port": mosquitto, "reconnect_interval": 0.1}}
-    upstream = Upstream(settled_agent(), conf, births=QUICK_BIRTHS, clock=lambda: now[0])
+    upstream = Upstream(settled_agent(), conf, births=QUICK_BIRTHS, clock=clock)
     await upstream.start()
     sink = upstream.mqtt
     assert sink is not None
     try:
         await until(lambda: sink.sent == 1)
         assert sink.announcements == 1
-        now[0] = 10.0  # long after the first announce: min_gap does not hold this one back
+        await clock.advance_to(10.0)  # long after the first announce: min_gap holds none back
         with caplog.at_level("INFO", logger="kiosk_agent.fleet.mqtt"):
             async with aiomqtt.Client("127.0.0.1", mosquitto) as rogue:
                 for heard in (100, 200):
@@ -180,18 +181,15 @@ async def test_a_storm_of_birth_messages_costs_one_announce_and_one_log_line(
                     assert sink.announcements == 1  # still coming: not answered yet
                     assert sink.reannounce_at is not None
                     if heard == 100:
-                        now[0] += QUICK_BIRTHS.settle * 0.9  # a pause, shorter than settle
+                        await clock.advance(QUICK_BIRTHS.settle * 0.9)  # shorter than settle
             due = sink.reannounce_at
-            assert due <= now[0] + QUICK_BIRTHS.settle + QUICK_BIRTHS.spread
-            now[0] = due - 0.001
-            sink.wake()
+            assert due <= clock.monotonic() + QUICK_BIRTHS.settle + QUICK_BIRTHS.spread
+            await clock.advance_to(due - 0.001)
             await asyncio.sleep(0.05)
             assert sink.announcements == 1  # not a moment before the births settled
-            now[0] = due
-            sink.wake()
+            await clock.advance_to(due)  # the sink's own wait ends: no wake-up from the test
             await until(lambda: sink.announcements == 2)
-            now[0] += QUICK_BIRTHS.max_gap + QUICK_BIRTHS.longest  # long quiet: nothing more
-            sink.wake()
+            await clock.advance(QUICK_BIRTHS.max_gap + QUICK_BIRTHS.longest)  # long quiet
             await asyncio.sleep(0.05)
         assert sink.announcements == 2  # the first, and one for the whole storm
         assert sink.reannounce_at is None
@@ -213,17 +211,26 @@ async def test_a_retained_birth_message_is_not_a_restart(mosquitto: int) -> None
     conf = {"device_id": "unit-rb", "interval": 3600,
             "mqtt": {"host": "127.0.0.1", "port": mosquitto, "reconnect_interval": 0.1,
                      "discovery_prefix": prefix}}
-    upstream = Upstream(settled_agent(), conf, births=QUICK_BIRTHS)
+    clock = FakeClock(monotonic=0.0)
+    upstream = Upstream(settled_agent(), conf, births=QUICK_BIRTHS, clock=clock)
     await upstream.start()
     sink = upstream.mqtt
     assert sink is not None
+    every_wait = QUICK_BIRTHS.longest + QUICK_BIRTHS.spread + QUICK_BIRTHS.max_gap
     try:
-        await until(lambda: sink.sent == 1)
-        await asyncio.sleep(1.0)  # settle + spread + min_gap of QUICK_BIRTHS, and more
+        await until(lambda: sink.sent == 1)  # subscribed: the old birth was handed over
+        await clock.advance(every_wait)
         assert sink.announcements == 1
         async with aiomqtt.Client("127.0.0.1", mosquitto) as home_assistant:
             await home_assistant.publish(f"{prefix}/status", "online", qos=1)  # a restart
+        # the broker hands over the retained birth before the live one: hearing the live one
+        # proves the old one was read, and not taken for a restart
+        await until(lambda: sink.births_heard >= 1)
+        await clock.advance(every_wait)
         await until(lambda: sink.announcements == 2)
+        await clock.advance(every_wait)
+        assert sink.births_heard == 1
+        assert sink.announcements == 2
     finally:
         await upstream.stop()
         async with aiomqtt.Client("127.0.0.1", mosquitto) as home_assistant:
@@ -356,25 +363,68 @@ async def test_a_broker_that_refuses_qos_1_is_named_as_a_possible_cause(
     assert "kiosk-agent doctor" in sink.last_error
 
 
-def test_births_that_keep_coming_are_answered_ever_more_rarely() -> None:
+async def test_births_that_keep_coming_are_answered_ever_more_rarely() -> None:
     """The gap between announces doubles while births keep coming (up to max_gap), and one
     that never stops is still answered after `longest`."""
-    now = [0.0]
+    clock = FakeClock(monotonic=0.0)
     sink = MqttSink({"host": "broker"}, "u", "1", births=QUICK_BIRTHS,
-                    rng=random.Random(1), clock=lambda: now[0])
+                    rng=random.Random(1), clock=clock)
     sink._last_announce = 0.0
     due = []
     for _ in range(3):
         for _ in range(40):  # a birth every 0.05 s for 2 s: never settles
             sink.heard_birth()
-            now[0] += 0.05
-            if sink.reannounce_at is not None and now[0] >= sink.reannounce_at:
+            await clock.advance(0.05)
+            now = clock.monotonic()
+            if sink.reannounce_at is not None and now >= sink.reannounce_at:
                 due.append(round(sink.reannounce_at, 2))
-                sink._last_announce, sink.reannounce_at, sink._birth_first = now[0], None, None
+                sink._last_announce, sink.reannounce_at, sink._birth_first = now, None, None
     gaps = [b - a for a, b in zip([0.0, *due], due, strict=False)]
     assert len(due) >= 3
     assert all(gap >= 0.3 for gap in gaps)  # never closer than min_gap
     assert gaps[-1] > gaps[0]  # backing off
+
+
+async def test_the_reconnect_back_off_waits_on_the_sinks_clock() -> None:
+    """Before: the wait between connects was a real asyncio.sleep, whatever clock the sink was
+    given: a test of reconnects waited real seconds (or set the back-off tiny). Now the wait is
+    the sink's clock's: nothing is tried again until that clock reaches it."""
+    clock = FakeClock(monotonic=0.0)
+    conf = {"host": "127.0.0.1", "port": free_port(), "reconnect_interval": 5.0,
+            "reconnect_max": 5.0}  # nobody listens there: each connect is refused at once
+    sink = MqttSink(conf, "unit-bo", "1", rng=random.Random(1), clock=clock)
+    await sink.start()
+    try:
+        await until(lambda: sink.failures == 1)
+        due = await clock.next_due(horizon=conf["reconnect_max"])
+        assert 5.0 / 20 <= due <= 5.0  # full jitter below the first ceiling, never zero
+        await asyncio.sleep(0.05)
+        assert sink.failures == 1  # no real time ends the wait
+        await clock.advance_to(due)
+        await until(lambda: sink.failures == 2)
+    finally:
+        await sink.stop()
+
+
+async def test_births_are_logged_once_a_minute_of_the_sinks_clock(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The once-a-minute limit on the birth log line counted real minutes; now the sink's
+    clock's: a storm within a minute is one line, the next minute's storm another, and the
+    births held back in between are summed up in one line."""
+    clock = FakeClock(monotonic=0.0)
+    sink = MqttSink({"host": "broker"}, "u", "1", births=QUICK_BIRTHS,
+                    rng=random.Random(1), clock=clock)
+    with caplog.at_level("INFO", logger="kiosk_agent.fleet.mqtt"):
+        for _ in range(3):
+            sink.heard_birth()
+            await clock.advance(20.0)
+        sink.heard_birth()  # 60 s after the first: a new minute
+    lines = [r.getMessage() for r in caplog.records]
+    assert sum("Home Assistant (re)started: announcing again" in line for line in lines) == 2
+    assert [line for line in lines if "more birth message(s)" in line] == [
+        "mqtt_birth: 2 more birth message(s) in the last 60 s, not logged one by one "
+        "(birth 2)"]
 
 
 @pytest.mark.mqtt
@@ -411,23 +461,23 @@ async def test_alerts_go_out_as_home_assistant_events_at_once(mosquitto: int) ->
         await observer.stop()
 
 
-def test_a_broker_restart_is_not_blamed_on_a_twin() -> None:
+async def test_a_broker_restart_is_not_blamed_on_a_twin() -> None:
     """Before: any connection dropped within 30 s of connecting was logged as "another client
     with the id kiosk-agent-<id>, such as a second unit with this device_id, takes the
     connection so": a broker restart 5 s after a connect sent the field tech after a twin that
     does not exist. A twin's mark is a drop again and again with the broker there between
     (each reconnect taken); a broker that restarts refuses the next connect."""
-    now = [0.0]
-    sink = MqttSink({"host": "broker"}, "solo-unit", "1", rng=random.Random(1),
-                    clock=lambda: now[0])
-    now[0] += 4.8
+    clock = FakeClock(monotonic=0.0)
+    sink = MqttSink({"host": "broker"}, "solo-unit", "1", rng=random.Random(1), clock=clock)
+    await clock.advance(4.8)
     assert sink._short_lived(0.0) == " (4.8 s after connecting)"  # the broker went away
     assert sink._short_lived(None) == ""  # ... and refused the next connect: a restart
-    connected_at = now[0] = 20.0
-    now[0] += 2.0
+    await clock.advance_to(20.0)
+    connected_at = clock.monotonic()
+    await clock.advance(2.0)
     assert "another client" not in sink._short_lived(connected_at)
-    connected_at = now[0]
-    now[0] += 0.5
+    connected_at = clock.monotonic()
+    await clock.advance(0.5)
     assert "another client with the id kiosk-agent-solo-unit" in sink._short_lived(connected_at)
 
 
@@ -461,25 +511,25 @@ async def test_after_a_broker_restart_the_unit_is_back_with_its_state(tmp_path: 
         stop_broker(proc)
 
 
-def test_the_reconnect_back_off_starts_over_only_after_a_connection_that_held() -> None:
+async def test_the_reconnect_back_off_starts_over_only_after_a_connection_that_held() -> None:
     """A copied configuration: two agents, one client id; each connect drops the other. Before,
     the back-off started over at every CONNACK: on Mosquitto the twins took the id from each
     other 9 times a second each, forever, announcing at each connect. Now a connection counts
     as a success once it held STABLE_AFTER seconds, and a shorter one says what may drop it."""
-    now = [0.0]
+    clock = FakeClock(monotonic=0.0)
     sink = MqttSink({"host": "broker", "reconnect_interval": 1.0, "reconnect_max": 8.0},
-                    "twin-unit", "1", rng=random.Random(1), clock=lambda: now[0])
+                    "twin-unit", "1", rng=random.Random(1), clock=clock)
     for _ in range(3):  # connected, dropped 0.5 s later, three times: the waits keep growing
-        connected_at = now[0]
-        now[0] += 0.5
+        connected_at = clock.monotonic()
+        await clock.advance(0.5)
         hint = sink._short_lived(connected_at)
         sink._backoff.next()
     assert sink._backoff.attempts == 3
     assert sink._backoff.ceiling() == 8.0
     assert "0.5 s after connecting, 3 times in a row; another client with the id " in hint
     assert "kiosk-agent-twin-unit" in hint
-    connected_at = now[0]
-    now[0] += STABLE_AFTER  # this one held: the next wait is short again
+    connected_at = clock.monotonic()
+    await clock.advance(STABLE_AFTER)  # this one held: the next wait is short again
     assert sink._short_lived(connected_at) == ""
     assert sink._backoff.ceiling() == 1.0
     assert sink._short_lived(None) == ""  # never connected: the broker's own error says why
@@ -600,8 +650,9 @@ def test_a_fleet_answers_a_birth_spread_over_the_announce_spread() -> None:
     conf = UPSTREAM_SCHEMA({"mqtt": {"host": "broker"}})["mqtt"]
     assert conf["announce_spread"] == 30.0
     births = BirthPolicy(spread=conf["announce_spread"])
+    clock = FakeClock(monotonic=100.0)
     fleet = [MqttSink(conf, f"unit-{i}", "1", births=births, rng=random.Random(i),
-                      clock=lambda: 100.0) for i in range(1000)]
+                      clock=clock) for i in range(1000)]
     for sink in fleet:
         sink.heard_birth()
     seconds = Counter(int(sink.reannounce_at or 0) for sink in fleet)
@@ -642,6 +693,52 @@ async def test_a_connection_lost_during_an_announce_is_said_as_it_was(mosquitto:
     assert not disconnected._log_traceback  # type: ignore[attr-defined]  # read: nothing to log
 
 
+@pytest.mark.mqtt
+async def test_a_publish_fails_at_once_when_its_connection_is_reset_and_goes_out_on_the_next(
+    mosquitto: int,
+) -> None:
+    """Before: a connection reset while the unit waited for its configs' acknowledgements left
+    each publish waiting aiomqtt's whole timeout (10 s) for an answer that could not come; the
+    unit reconnected only then. Now the publish fails as the connection goes, and what it
+    carried (the configs, the report, `online`) goes out on the next connection."""
+    device_id = f"unit-{uuid.uuid4().hex[:6]}"
+    proxy = TcpProxy(mosquitto)
+    await proxy.open()
+    proxy.answer_delay = 0.1  # a slow broker: the announce is under way when the link goes
+    clock = FakeClock(monotonic=0.0)
+    conf = {"device_id": device_id, "interval": 3600,
+            "mqtt": {"host": "127.0.0.1", "port": proxy.port, "reconnect_interval": 1.0,
+                     "reconnect_max": 1.0, "discovery_prefix": f"ha-{device_id}"}}
+    upstream = Upstream(settled_agent(), conf, clock=clock)
+    sink = upstream.mqtt
+    assert sink is not None
+    sink._connect_timeout = 3600.0  # aiomqtt's wait for an acknowledgement: far off
+    observer = Observer(mosquitto)
+    await observer.start(f"kiosk-agent/{device_id}/#")
+    await upstream.start()
+    try:
+        await until(lambda: sink._client is not None)  # connected, announcing
+        await proxy.cut()
+        await until(lambda: sink.failures == 1)  # within until's 5 s, not aiomqtt's hour
+        assert "after connecting" in sink.last_error
+        assert "timed out" not in sink.last_error
+        assert (sink.announcements, sink.sent, sink.online) == (0, 0, False)
+        proxy.answer_delay = 0.0
+        await proxy.open()  # the network is back
+        await clock.advance_to(await clock.next_due(horizon=1.0))  # the back-off's wait
+        await until(lambda: sink.online)
+        assert (sink.connects, sink.announcements, sink.sent) == (1, 1, 1)
+        availability = f"kiosk-agent/{device_id}/availability"
+        # the first connection's will, then the second's word, once the report is out
+        await until(lambda: observer.on(availability) == ["offline", "online"])
+        [state] = observer.on(f"kiosk-agent/{device_id}/state")
+        assert json.loads(state)["status"] == "ok"
+    finally:
+        await upstream.stop()
+        await observer.stop()
+        await proxy.cut()
+
+
 class _QueuedMessages:
     """aiomqtt's message iterator over messages that already arrived (then the link drops)."""
 
@@ -677,11 +774,11 @@ async def test_births_that_arrived_before_the_storm_settled_are_heard_before_ans
     """On a busy machine the re-announce came due while births that had already arrived
     waited unread in the client's queue: the unit answered, then read them as a new storm and
     answered again. It now reads what arrived first; those births push the answer back."""
-    now = [0.0]
+    clock = FakeClock(monotonic=0.0)
     sink = MqttSink({"host": "broker"}, "u", "1", births=QUICK_BIRTHS,
-                    rng=random.Random(1), clock=lambda: now[0])
+                    rng=random.Random(1), clock=clock)
     sink.heard_birth()
-    now[0] = sink.reannounce_at or 0.0  # due, and 50 more births already arrived
+    await clock.advance_to(sink.reannounce_at or 0.0)  # due, and 50 more births arrived
     client = _ClientWithBirthsWaiting(50)
     serving = asyncio.ensure_future(sink._serve(client))  # type: ignore[arg-type]
     try:
@@ -689,9 +786,8 @@ async def test_births_that_arrived_before_the_storm_settled_are_heard_before_ans
         await asyncio.sleep(0.01)
         assert sink.announcements == 0  # the storm went on: not answered yet
         assert sink.reannounce_at is not None
-        assert sink.reannounce_at > now[0]  # pushed back by the births read
-        now[0] = sink.reannounce_at
-        sink.wake()
+        assert sink.reannounce_at > clock.monotonic()  # pushed back by the births read
+        await clock.advance_to(sink.reannounce_at)
         await until(lambda: sink.announcements == 1)
     finally:
         serving.cancel()

@@ -1,0 +1,299 @@
+"""Thousands of simulated units in one process, each a real MQTT connection, cheaply.
+
+``bench/fleet.py --part scale`` starts a few of these processes (``--sim-units``). A unit here is
+not the agent's ``MqttSink``: the sink's aiomqtt client (paho underneath, a task per publish, a
+timer a second) costs one loaded core for about 2,000 units, and the units timed out before the
+broker was busy. Each unit here is a minimal MQTT 3.1.1 client on an asyncio protocol, and sends
+the broker what the sink sends, built by the product's own code: its client id and last will,
+the discovery configs (``discovery_messages``), the clears of retired configs on the first
+connect, the report (``build_report``), ``online`` after it; it subscribes where the sink does
+(the birth topic, its own configs), waits for each QoS 1 acknowledgement in turn as the sink
+does, pings at the keepalive, and after a lost connection waits the sink's back-off
+(``fleet.backoff.Backoff`` with the shipped ``reconnect_interval`` and ``reconnect_max``).
+
+The process builds its units and says so (``{"built": n}``), starts them at ``go`` on stdin,
+then prints one JSON status line a second: connected, online, and back (online on a connection
+made after the last ``mark``, a command on stdin); ``stop`` (or the end of stdin) ends it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import random
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+from kiosk_agent.fleet.backoff import Backoff
+from kiosk_agent.fleet.component import Upstream
+from kiosk_agent.fleet.discovery import discovery_messages
+from kiosk_agent.fleet.entities import RETIRED
+from kiosk_agent.fleet.report import build_report
+from kiosk_agent.fleet.schema import KEEPALIVE, RECONNECT_INTERVAL, RECONNECT_MAX
+from kiosk_agent.fleet.topics import OFFLINE, ONLINE, discovery_topic
+
+ACK_TIMEOUT_S = 10.0  # what aiomqtt waits for an acknowledgement (the sink's connect_timeout)
+CONNECTING_AT_ONCE = 200  # handshakes under way at once in one process (the listen backlog)
+
+CONNECT, CONNACK, PUBLISH, PUBACK, SUBSCRIBE, SUBACK = 1, 2, 3, 4, 8, 9
+PINGREQ = b"\xc0\x00"
+
+
+def _length(n: int) -> bytes:
+    out = bytearray()
+    while True:
+        n, digit = divmod(n, 128)
+        out.append(digit | (0x80 if n else 0))
+        if not n:
+            return bytes(out)
+
+
+def _text(value: str | bytes) -> bytes:
+    raw = value.encode() if isinstance(value, str) else value
+    return len(raw).to_bytes(2, "big") + raw
+
+
+def _packet(first: int, body: bytes) -> bytes:
+    return bytes((first,)) + _length(len(body)) + body
+
+
+def connect_packet(client_id: str, will_topic: str, keepalive: int) -> bytes:
+    # clean session, a will at QoS 1, retained: what aiomqtt sends for the sink's Will
+    flags = 0x02 | 0x04 | 0x08 | 0x20
+    body = (_text("MQTT") + bytes((4, flags)) + keepalive.to_bytes(2, "big")
+            + _text(client_id) + _text(will_topic) + _text(OFFLINE))
+    return _packet(CONNECT << 4, body)
+
+
+def publish_packet(topic: str, payload: bytes, packet_id: int, *, retain: bool) -> bytes:
+    return _packet((PUBLISH << 4) | 0x02 | int(retain),
+                   _text(topic) + packet_id.to_bytes(2, "big") + payload)
+
+
+def subscribe_packet(packet_id: int, topics: list[str]) -> bytes:
+    body = packet_id.to_bytes(2, "big") + b"".join(_text(t) + b"\x01" for t in topics)
+    return _packet((SUBSCRIBE << 4) | 0x02, body)
+
+
+class Link(asyncio.Protocol):
+    """One connection: frames what arrives, answers the broker's QoS 1 messages, and settles
+    the futures of what waits for an answer (CONNACK, PUBACK, SUBACK by packet id)."""
+
+    def __init__(self) -> None:
+        self.transport: asyncio.Transport | None = None
+        self.buffer = bytearray()
+        self.waiting: dict[tuple[int, int], asyncio.Future[bytes]] = {}
+        self.lost: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self.last_sent = time.monotonic()
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self.transport = transport
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if not self.lost.done():
+            self.lost.set_result(None)
+        for future in self.waiting.values():
+            if not future.done():
+                future.set_exception(ConnectionError("connection lost"))
+        self.waiting.clear()
+
+    def send(self, data: bytes) -> None:
+        if self.transport is not None and not self.transport.is_closing():
+            self.transport.write(data)
+            self.last_sent = time.monotonic()
+
+    async def ask(self, data: bytes, answer: int, packet_id: int = 0) -> bytes:
+        """Send ``data`` and wait for its answer: a lost connection fails it at once."""
+        if self.lost.done():
+            raise ConnectionError("connection lost")
+        future: asyncio.Future[bytes] = asyncio.get_running_loop().create_future()
+        self.waiting[(answer, packet_id)] = future
+        self.send(data)
+        try:
+            async with asyncio.timeout(ACK_TIMEOUT_S):
+                return await future
+        finally:
+            self.waiting.pop((answer, packet_id), None)
+
+    def data_received(self, data: bytes) -> None:
+        self.buffer += data
+        while (frame := self._frame()) is not None:
+            kind, flags, body = frame
+            if kind == PUBLISH and (flags >> 1) & 3:  # the broker's retained configs, births
+                topic_length = int.from_bytes(body[:2], "big")
+                self.send(_packet(PUBACK << 4, body[2 + topic_length: 4 + topic_length]))
+            elif kind in (PUBACK, SUBACK):
+                self._settle(kind, int.from_bytes(body[:2], "big"), body)
+            elif kind == CONNACK:
+                self._settle(kind, 0, body)
+
+    def _settle(self, kind: int, packet_id: int, body: bytes) -> None:
+        future = self.waiting.get((kind, packet_id))
+        if future is not None and not future.done():
+            future.set_result(bytes(body))
+
+    def _frame(self) -> tuple[int, int, bytes] | None:
+        length, multiplier, index = 0, 1, 1
+        while True:
+            if index >= len(self.buffer):
+                return None
+            digit = self.buffer[index]
+            length += (digit & 0x7F) * multiplier
+            multiplier *= 128
+            index += 1
+            if not digit & 0x80:
+                break
+        if len(self.buffer) < index + length:
+            return None
+        first = self.buffer[0]
+        body = bytes(self.buffer[index: index + length])
+        del self.buffer[: index + length]
+        return first >> 4, first & 0x0F, body
+
+
+class SimulatedUnit:
+    """What one unit's MQTT sink sends, over a ``Link``."""
+
+    def __init__(self, upstream: Upstream, port: int, rng: random.Random) -> None:
+        sink = upstream.mqtt
+        assert sink is not None
+        self.sink = sink
+        self.port = port
+        self.client_id = f"kiosk-agent-{sink.device_id}"
+        self.configs = [(topic, json.dumps(config).encode()) for topic, config in
+                        discovery_messages(sink.device_id, sink._version, sink.state_topic,
+                                           sink.availability_topic, sink._prefix,
+                                           sink._discovery, sink.event_topic)]
+        snapshot = upstream._health.snapshot()
+        self.report = json.dumps(build_report(sink.device_id, snapshot,
+                                              upstream._interval)).encode()
+        self.backoff = Backoff(RECONNECT_INTERVAL, RECONNECT_MAX, rng)
+        self.link: Link | None = None
+        self.connects = 0
+        self.online_on = 0  # the connect (by number) on which `online` was said; 0: not now
+        self._packet_id = 0
+
+    def next_id(self) -> int:
+        self._packet_id = self._packet_id % 65535 + 1
+        return self._packet_id
+
+    async def publish(self, link: Link, topic: str, payload: bytes) -> None:
+        packet_id = self.next_id()
+        await link.ask(publish_packet(topic, payload, packet_id, retain=True), PUBACK, packet_id)
+
+    async def run(self, connecting: asyncio.Semaphore) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            try:
+                async with connecting:
+                    _, link = await loop.create_connection(Link, "127.0.0.1", self.port)
+                    self.link = link
+                    answer = await link.ask(connect_packet(self.client_id,
+                                                           self.sink.availability_topic,
+                                                           KEEPALIVE), CONNACK)
+                if answer[1:2] != b"\x00":
+                    raise ConnectionError(f"refused: {answer.hex()}")
+                self.connects += 1
+                await self.serve(link)
+            except (OSError, TimeoutError):
+                pass
+            finally:
+                self.online_on = 0
+                if self.link is not None and self.link.transport is not None:
+                    self.link.transport.abort()
+                self.link = None
+            await asyncio.sleep(self.backoff.next())
+
+    async def serve(self, link: Link) -> None:
+        """The sink's order: announce (and clear retired configs the first time), subscribe,
+        the report, then ``online``; then hold the connection until it is lost."""
+        for topic, payload in self.configs:
+            await self.publish(link, topic, payload)
+        sink = self.sink
+        if self.connects == 1 and sink._prefix:
+            for component, key in RETIRED:
+                await self.publish(link, discovery_topic(sink._prefix, component,
+                                                         sink.device_id, key), b"")
+        topics = [t for t in (sink.birth_topic, sink.configs_filter) if t is not None]
+        packet_id = self.next_id()
+        await link.ask(subscribe_packet(packet_id, topics), SUBACK, packet_id)
+        await self.publish(link, sink.state_topic, self.report)
+        await self.publish(link, sink.availability_topic, ONLINE.encode())
+        self.online_on = self.connects
+        self.backoff.reset()  # the sink resets once a connection held 30 s; the same here
+        await link.lost
+
+
+def make_units(first: int, count: int, port: int, interval: float,
+               agent: Callable[[int], Any]) -> list[SimulatedUnit]:
+    """Units ``first`` .. ``first + count - 1``, each an ``Upstream`` of ``agent(index)`` as
+    the agent makes it (not started: only its sink's topics, options and report are used)."""
+    units = []
+    for index in range(first, first + count):
+        conf = {"device_id": f"unit-{index:05d}", "interval": interval,
+                "mqtt": {"host": "127.0.0.1", "port": port}}
+        units.append(SimulatedUnit(Upstream(agent(index), conf), port, random.Random(index)))
+    return units
+
+
+async def keep_alive(units: list[SimulatedUnit]) -> None:
+    """A PINGREQ from each connection quiet for most of its keepalive (one timer for all)."""
+    while True:
+        await asyncio.sleep(5.0)
+        quiet_since = time.monotonic() - (KEEPALIVE - 10)
+        for unit in units:
+            if unit.link is not None and unit.link.last_sent < quiet_since:
+                unit.link.send(PINGREQ)
+
+
+def status(units: list[SimulatedUnit], marks: dict[int, int]) -> dict[str, Any]:
+    return {
+        "connected": sum(unit.link is not None and unit.connects > 0 for unit in units),
+        "online": sum(unit.online_on > 0 for unit in units),
+        "back": sum(unit.online_on > marks.get(id(unit), 1 << 30) for unit in units),
+        "connects": sum(unit.connects for unit in units),
+    }
+
+
+async def serve_units(first: int, count: int, port: int, interval: float,
+                      agent: Callable[[int], Any]) -> None:
+    units = make_units(first, count, port, interval, agent)
+    commands: asyncio.Queue[str] = asyncio.Queue()
+    loop = asyncio.get_running_loop()
+    reader = loop.run_in_executor(None, _read_commands, loop, commands)
+    # built (the simulation's own cost, seconds of CPU a thousand units): the units start at
+    # "go", all processes' together
+    print(json.dumps({"built": len(units)}), flush=True)
+    if await commands.get() != "go":
+        return
+    connecting = asyncio.Semaphore(CONNECTING_AT_ONCE)
+    tasks = [asyncio.ensure_future(unit.run(connecting)) for unit in units]
+    tasks.append(asyncio.ensure_future(keep_alive(units)))
+    marks: dict[int, int] = {}
+    try:
+        while True:
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(1.0):
+                    command = await commands.get()
+                    if command == "stop":
+                        return
+                    if command == "mark":
+                        marks = {id(unit): unit.connects for unit in units}
+            print(json.dumps(status(units, marks)), flush=True)
+    finally:
+        for task in tasks:
+            task.cancel()
+        for unit in units:
+            if unit.link is not None and unit.link.transport is not None:
+                unit.link.transport.abort()
+        reader.cancel()
+
+
+def _read_commands(loop: asyncio.AbstractEventLoop, commands: asyncio.Queue[str]) -> None:
+    for line in sys.stdin:
+        loop.call_soon_threadsafe(commands.put_nowait, line.strip())
+    loop.call_soon_threadsafe(commands.put_nowait, "stop")
