@@ -50,6 +50,7 @@ from kiosk_agent.health.model import UNIX_TIMES
 from kiosk_agent.logs import RefusalLog
 from kiosk_agent.money import format_cents
 from kiosk_agent.sales.journal import SaleRecord, StepRecord
+from kiosk_agent.sales.kinds import SaleKind
 from kiosk_agent.sales.model import SaleEvent, money_text
 from kiosk_agent.sales.unit import others_open
 from kiosk_agent.tasks import BackgroundTask
@@ -339,7 +340,8 @@ class StatusPage:
         open_sales: list[dict[str, Any]] = []
         attention: list[dict[str, Any]] = []
         if journal is not None:
-            for record in journal.query(limit=RECENT_SALES):
+            # sales only (sales.kinds): a card-first machine's idle sessions are no sale
+            for record in journal.query(limit=RECENT_SALES, kind=SaleKind.SALE):
                 steps = [
                     {"at": s.at, "step": s.step, "state": s.state.value, "detail": s.detail}
                     for s in journal.steps(record.sale_id)

@@ -94,7 +94,8 @@ class AuthorizeCaptureFlow(SaleFlow):
             return await self.reverse(refused)
         outcome = await self._dispense(authorized)
         if not outcome.dispensed:
-            self.step(Step.DISPENSE_RESULT, detail=outcome_detail(outcome))
+            self.step(Step.DISPENSE_RESULT, detail=outcome_detail(outcome),
+                      **self.named(outcome.product))
             await self.release_terminal(may_complete=False)
             return await self.reverse(f"dispense {outcome.status.value} {outcome.detail}".strip())
         # the capture needs no terminal: the next customer may start (unless a receipt prints)
