@@ -161,6 +161,11 @@ class JournalReads:
         kind: SaleKind | None = None,
     ) -> int:
         """How many sales :meth:`query` would give without a limit."""
+        if kind is SaleKind.SALE:
+            # both counts read an index (the sessions' is partial); NOT read every row: 0.24 s
+            # for 200,000 sales
+            return self.count(since=since, until=until, states=states) - self.count(
+                since=since, until=until, states=states, kind=SaleKind.NO_SELECTION)
         where, args = _filters(since, until, states, None, kind)
         # the clause is ours; every value travels as an argument
         sql = f"SELECT COUNT(*) FROM sales{where}"  # noqa: S608

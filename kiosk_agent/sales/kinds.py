@@ -75,7 +75,7 @@ def no_selection(row: _Row) -> bool:
 NO_SELECTION_SQL = (
     f"(flow = '{Flow.AUTHORIZE_CAPTURE.value}' AND COALESCE(product, '') = ''"
     " AND vended_cents = 0 AND captured_cents = 0"
-    f" AND state IN ({', '.join(repr(s.value) for s in _NO_SELECTION_ENDS)}))"
+    f" AND +state IN ({', '.join(repr(s.value) for s in _NO_SELECTION_ENDS)}))"
 )
 
 
