@@ -22,8 +22,7 @@ import secrets
 import sys
 import time
 from collections import Counter
-from collections.abc import Callable, Coroutine
-from dataclasses import dataclass
+from collections.abc import Coroutine
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
@@ -48,7 +47,6 @@ from kiosk_agent.tasks import TaskSet, cancel_and_wait
 
 if TYPE_CHECKING:
     from kiosk_agent.bus import Subscription
-    from kiosk_agent.sales.journal import SaleRecord
 
 DEFAULT_CONFIG = Path(__file__).resolve().parents[2] / "config" / "demo.yaml"
 # At the end, how long the machine's last sale may take to end before its books are read anyway.
@@ -118,9 +116,7 @@ class LiveView:
         self.fancy = fancy  # a redrawn running total (a terminal)
         self.colour = fancy if colour is None else colour and fancy
         self.started = time.monotonic()
-        self.tally = Tally()  # the sales that ended, by the journal's rule (sales.kinds)
-        # the journal's record of an ended sale (the agent's journal); None: shown as a sale
-        self.record: Callable[[str], SaleRecord | None] = lambda sale_id: None
+        self.tally = Tally()  # the sales that ended, by the rule of every face (sales.kinds)
         self._status_shown = False
         self._last_state: dict[str, SaleState] = {}  # a sale's steps repeat a state: show it once
         self.customers: Customers | None = None  # --sales N: which sales count
@@ -154,14 +150,12 @@ class LiveView:
         self._last_state[event.sale_id] = event.state
         if event.state.final:
             del self._last_state[event.sale_id]
-            record = self.record(event.sale_id)
-            if record is not None and no_selection(record):
+            self.tally.add(event)
+            if no_selection(event):
                 # a card-first machine's session that no one chose in: not a sale anywhere
-                self.tally.add(record)
                 self._line(event.source, f"card session ended with no selection "
                            f"({event.state.value}, {format_cents(0)} kept): not a sale", "dim")
                 return
-            self.tally.add(record or _EndedSale(event.state, event.captured_cents, event.product))
             text = f"{event.state.value.upper()}: {event.message or ''}".rstrip(": ")
             self._line(event.source, text, _STATE_COLOUR.get(event.state, "bold"))
             return
@@ -230,17 +224,6 @@ class LiveView:
         if self._status_shown:
             self.out.write("\r\x1b[K")
             self._status_shown = False
-
-
-@dataclass(frozen=True)
-class _EndedSale:
-    """An ended sale the journal has no record of, as the tally reads it: a sale."""
-
-    state: SaleState
-    captured_cents: int
-    product: str | None
-    flow: str = ""  # not known: never a session with no selection
-    vended_cents: int = 0
 
 
 class Customers:
@@ -438,7 +421,6 @@ async def _run(config: Any, args: argparse.Namespace, page_token: str | None = N
             view.note(f"simulator listening on {sim_url}; Ctrl-C stops the demo")
             view.note(f"sales journal: {journal} (kept after the demo: {_journal_hint(config)})")
             outage = Outage(sim_url, next(iter(agent.settings.terminals)), view)
-            view.record = functools.partial(_ended_record, agent.journal)
             async with agent.events.subscribe() as queue, outage:
                 await agent.start()
                 _announce_status_page(agent, view, page_token)
@@ -461,20 +443,6 @@ async def _run(config: Any, args: argparse.Namespace, page_token: str | None = N
     view.note(f"the demo's sales stay in {journal}: {_journal_hint(config)}")
     view.summary(journal_tally(config, began))
     return EXIT_OK
-
-
-def _ended_record(journal: Any, sale_id: str) -> SaleRecord | None:
-    """The journal's record of a sale that ended, or None once the agent closed its journal
-    (the last sales of the stop: the summary reads them from the journal again)."""
-    import sqlite3
-
-    from kiosk_agent.sales.model import JournalError
-
-    try:
-        record: SaleRecord | None = journal.get(sale_id)
-    except (sqlite3.Error, JournalError, AttributeError):
-        return None
-    return record
 
 
 def journal_tally(config: Any, since: float) -> Tally:

@@ -579,4 +579,6 @@ def event_of(record: SaleRecord, step: Step | Literal[""] = "", *, clock: Clock)
         authorized_cents=record.authorized_cents,
         currency=record.currency,
         created_at=record.created_at,
+        flow=record.flow,
+        vended_cents=record.vended_cents,
     )
