@@ -13,6 +13,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -170,6 +171,10 @@ async def test_every_face_counts_the_sales_the_journal_holds_by_one_rule(
             page = await answer.json()
         shown = [s["sale_id"] for s in page["recent"]]
         assert shown == [r.sale_id for r in sales][: len(shown)]
+        sessions_today = sum(1 for r in apart if day_of(r.created_at) == day_of(time.time()))
+        assert page["no_selection_today"] == (
+            f"not sales: {sessions_text(sessions_today)}" if sessions_today else ""
+        )
         # "Sales today": completed sales created today (the page, health, Home Assistant)
         async with http.get("/api/health") as answer:
             health = await answer.json()

@@ -592,6 +592,9 @@ function renderAttention() {
 
 function renderOpenAndRecent() {
   const page = state.page;
+  // a card-first machine's sessions no one chose in: not sales, counted apart (as `sales` says)
+  setText($("sessions-apart"), page.no_selection_today || "");
+  $("sessions-apart").hidden = !page.no_selection_today;
   // a sale whose steps the tech opened stays open when the list is redrawn
   const opened = new Set([...$("recent").querySelectorAll("details[open]")].map((d) => d.dataset.sale));
   $("open").replaceChildren(...(page.open.length
