@@ -326,7 +326,8 @@ function renderHealth() {
   renderService();
   renderAudit();
   const sales = health.sales;
-  setText($("today"), `${sales.today_count} sale(s), ${page.today_amount}`);
+  // completed sales, as `sales --since today --state completed` lists them (the demo's word)
+  setText($("today"), `${sales.today_count} completed, ${page.today_amount}`);
   setText($("footer"),
     `kiosk-agent ${health.version} · up ${duration(health.uptime_s)} · as of ${clock(health.at)}` +
     " · times are UTC (Z), as the command line prints them");
