@@ -292,7 +292,8 @@ def health_families(snapshot: HealthSnapshot) -> Iterator[Metric]:
 def sale_families(totals: SaleTotals, terminals: Iterable[str]) -> Iterator[Metric]:
     """The running totals; every known terminal shows every outcome from zero, so the first
     sale of a kind is an increase Prometheus sees, not a series that appears at 1."""
-    known = sorted(set(terminals) | {t for t, _ in totals.sales} | set(totals.captured_cents))
+    known = sorted(set(terminals) | {t for t, _ in totals.sales} | set(totals.captured_cents)
+                   | set(totals.no_selection))
     yield counter(
         "sales",
         "Sales that reached each final state since the agent started, by terminal.",
@@ -314,6 +315,13 @@ def sale_families(totals: SaleTotals, terminals: Iterable[str]) -> Iterator[Metr
         "Cents voided or refunded (reversed sales; an authorization hold released included) "
         "since the agent started, by terminal.",
         [({"terminal": t}, totals.reversed_cents.get(t, 0)) for t in known],
+        ["terminal"],
+    )
+    yield counter(
+        "card_sessions_no_selection",
+        "Card sessions that ended with nothing chosen and nothing kept (a card-first machine's "
+        "customer who walked away): not sales, so not in sales_total; by terminal.",
+        [({"terminal": t}, totals.no_selection.get(t, 0)) for t in known],
         ["terminal"],
     )
 

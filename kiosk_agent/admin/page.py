@@ -48,8 +48,10 @@ from kiosk_agent.card_brands import card_brand_name
 from kiosk_agent.doctor import Report, Verdict, check_running
 from kiosk_agent.health.model import UNIX_TIMES
 from kiosk_agent.logs import RefusalLog
+from kiosk_agent.moments import day_of, day_start
 from kiosk_agent.money import format_cents
 from kiosk_agent.sales.journal import SaleRecord, StepRecord
+from kiosk_agent.sales.kinds import SaleKind, sessions_text
 from kiosk_agent.sales.model import SaleEvent, money_text
 from kiosk_agent.sales.unit import others_open
 from kiosk_agent.tasks import BackgroundTask
@@ -338,8 +340,13 @@ class StatusPage:
         recent: list[dict[str, Any]] = []
         open_sales: list[dict[str, Any]] = []
         attention: list[dict[str, Any]] = []
+        apart = ""  # today's card sessions of no selection, said under "Sales today"
         if journal is not None:
-            for record in journal.query(limit=RECENT_SALES):
+            midnight = day_start(day_of(journal.clock.time()))  # the one rule of days
+            sessions = journal.count(since=midnight, kind=SaleKind.NO_SELECTION)
+            apart = f"not sales: {sessions_text(sessions)}" if sessions else ""
+            # sales only (sales.kinds): a card-first machine's idle sessions are no sale
+            for record in journal.query(limit=RECENT_SALES, kind=SaleKind.SALE):
                 steps = [
                     {"at": s.at, "step": s.step, "state": s.state.value, "detail": s.detail}
                     for s in journal.steps(record.sale_id)
@@ -360,6 +367,7 @@ class StatusPage:
                 "recent": recent,
                 "open": open_sales,
                 "attention": attention,
+                "no_selection_today": apart,
                 "doctor": self._doctor_view(),
             },
             headers=_NO_STORE,

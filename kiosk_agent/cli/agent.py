@@ -37,6 +37,7 @@ from kiosk_agent.cli.contract import (
 from kiosk_agent.export import SALE_FORMATS, export_sales, sale_json, step_json
 from kiosk_agent.moments import MOMENT_FORMS, display_time
 from kiosk_agent.money import format_cents
+from kiosk_agent.sales.kinds import KIND_CHOICES, SaleKind, no_selection, sessions_text
 from kiosk_agent.sales.model import money_text
 from kiosk_agent.sales.states import RESOLUTIONS, SaleState
 
@@ -136,6 +137,11 @@ def _sales_list_options(parser: argparse.ArgumentParser) -> None:
         "--state", action="append", default=argparse.SUPPRESS,
         type=case_insensitive([s.value for s in SaleState]),
         help=f"repeatable, any case: {', '.join(s.value for s in SaleState)}",
+    )  # fmt: skip
+    parser.add_argument(
+        "--kind", choices=KIND_CHOICES, default=argparse.SUPPRESS,
+        help="sale (default), no_selection (card sessions that ended with nothing chosen and "
+        "nothing kept: not sales, counted apart) or all",
     )  # fmt: skip
     parser.add_argument(
         "--format",
@@ -396,12 +402,12 @@ def sales_window(
 TABLE_LIMIT = 25
 
 
-def render(sales: Sequence[SaleRecord], fmt: str) -> str:
+def render(sales: Sequence[SaleRecord], fmt: str, kind: SaleKind = SaleKind.SALE) -> str:
     """The sales as a table for people, or the one CSV / JSON export (kiosk_agent.export, which
     the admin API's ``GET /api/sales?format=csv|json`` writes too)."""
     if fmt in SALE_FORMATS:
         return "".join(export_sales(sales, fmt))
-    return _table(sales) + "\n"
+    return _table(sales, kind) + "\n"
 
 
 def _each_counted(pages: Iterable[list[SaleRecord]], count: list[int]) -> Iterator[SaleRecord]:
@@ -411,7 +417,7 @@ def _each_counted(pages: Iterable[list[SaleRecord]], count: list[int]) -> Iterat
         yield from page
 
 
-def _table(sales: Sequence[SaleRecord]) -> str:
+def _table(sales: Sequence[SaleRecord], kind: SaleKind) -> str:
     from kiosk_agent.text import for_terminal  # on use: `--help` does not wait for it
 
     headers = ("created", "order_id", "source", "money", "state", "message")
@@ -430,7 +436,11 @@ def _table(sales: Sequence[SaleRecord]) -> str:
     widths = [max([len(h)] + [len(str(line[i])) for line in lines]) for i, h in enumerate(headers)]
     fmt = "  ".join(f"{{:<{w}}}" for w in widths[:-1]) + "  {}"
     out = [fmt.format(*headers)] + [fmt.format(*line) for line in lines]
-    out.append(plural(len(sales), "sale"))
+    apart = sum(1 for s in sales if no_selection(s))  # what sales.kinds says is not a sale
+    counted = [plural(len(sales) - apart, "sale")] if kind is not SaleKind.NO_SELECTION else []
+    if apart or kind is SaleKind.NO_SELECTION:
+        counted.append(sessions_text(apart))
+    out.append(", ".join(counted))
     return "\n".join(out)
 
 
@@ -538,24 +548,33 @@ async def sales_command(args: argparse.Namespace) -> int:
     journal = open_journal(unit_config(args))
     try:
         states = [SaleState(s) for s in getattr(args, "state", None) or []] or None
+        kind = SaleKind(getattr(args, "kind", SaleKind.SALE))
         if fmt in SALE_FORMATS:
             # written as the journal is read, a page at a time: a year of sales read whole took
             # 270 MB here, enough to push a small unit's agent out of memory
-            pages = journal.pages(since=since, until=until, states=states, limit=limit)
+            pages = journal.pages(since=since, until=until, states=states, kind=kind,
+                                  limit=limit)
             written = [0]
             for piece in export_sales(_each_counted(pages, written), fmt):
                 sys.stdout.write(piece)
             shown = written[0]
         else:
-            sales = journal.query(since=since, until=until, states=states, limit=limit)
-            sys.stdout.write(render(sales, fmt))
+            sales = journal.query(since=since, until=until, states=states, kind=kind,
+                                  limit=limit)
+            sys.stdout.write(render(sales, fmt, kind))
             shown = len(sales)
-        more = journal.count(since=since, until=until, states=states) - shown if limit else 0
+        more = (journal.count(since=since, until=until, states=states, kind=kind) - shown
+                if limit else 0)
+        apart = (journal.count(since=since, until=until, states=states,
+                               kind=SaleKind.NO_SELECTION) if kind is SaleKind.SALE else 0)
     finally:
         journal.close()
+    # on stderr: a pipe or an export gets the rows only
     if more > 0:
-        # on stderr: a pipe or an export gets the rows only
         print(f"{more:,} more (older); use --limit N or --all", file=sys.stderr)
+    if apart:
+        print(f"not sales: {sessions_text(apart)} (--kind no_selection lists them)",
+              file=sys.stderr)
     return EXIT_OK
 
 

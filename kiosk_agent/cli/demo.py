@@ -35,12 +35,12 @@ from kiosk_agent.cli.contract import (
     is_tty,
     load,
     options,
-    plural,
     positive_int,
     use_colour,
 )
 from kiosk_agent.moments import display_clock
 from kiosk_agent.money import format_cents
+from kiosk_agent.sales.kinds import Tally, no_selection
 from kiosk_agent.sales.model import SaleEvent
 from kiosk_agent.sales.states import SaleState
 from kiosk_agent.tasks import TaskSet, cancel_and_wait
@@ -90,7 +90,10 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         formatter_class=argparse.RawDescriptionHelpFormatter,
         parents=options(json=False),
     )
-    demo.add_argument("--sales", type=positive_int, help="end after this many finished sales")
+    demo.add_argument(
+        "--sales", type=positive_int,
+        help="end after this many sales have ended (a card session no one chose in is no sale)",
+    )
     demo.add_argument("--duration", type=float, help="end after this many seconds")
     demo.add_argument(
         "--speed", type=float, default=1.0, help="customers and simulated time N times faster"
@@ -113,8 +116,7 @@ class LiveView:
         self.fancy = fancy  # a redrawn running total (a terminal)
         self.colour = fancy if colour is None else colour and fancy
         self.started = time.monotonic()
-        self.captured_cents = 0
-        self.finished: Counter[SaleState] = Counter()
+        self.tally = Tally()  # the sales that ended, by the rule of every face (sales.kinds)
         self._status_shown = False
         self._last_state: dict[str, SaleState] = {}  # a sale's steps repeat a state: show it once
         self.customers: Customers | None = None  # --sales N: which sales count
@@ -148,13 +150,12 @@ class LiveView:
         self._last_state[event.sale_id] = event.state
         if event.state.final:
             del self._last_state[event.sale_id]
-            if self.customers is not None and not self.customers.counts(event.sale_id):
-                # a card-first machine's session opened for a customer who never came
-                self._line(event.source, f"the session waiting for the next customer ended "
-                           f"({event.state.value}; not a sale)", "dim")
+            self.tally.add(event)
+            if no_selection(event):
+                # a card-first machine's session that no one chose in: not a sale anywhere
+                self._line(event.source, f"card session ended with no selection "
+                           f"({event.state.value}, {format_cents(0)} kept): not a sale", "dim")
                 return
-            self.finished[event.state] += 1
-            self.captured_cents += event.captured_cents
             text = f"{event.state.value.upper()}: {event.message or ''}".rstrip(": ")
             self._line(event.source, text, _STATE_COLOUR.get(event.state, "bold"))
             return
@@ -195,15 +196,15 @@ class LiveView:
     # -- output --------------------------------------------------------------------------------
 
     def totals(self) -> str:
-        count = sum(self.finished.values())
-        parts = [plural(count, "sale")]
-        parts += [f"{n} {state.value}" for state, n in sorted(self.finished.items())]
-        return f"{', '.join(parts)}; captured {format_cents(self.captured_cents)}"
+        return self.tally.text()
 
-    def summary(self) -> None:
+    def summary(self, journal: Tally | None = None) -> None:
+        """The end: the journal's count of the demo's sales (``journal``), as `kiosk-agent
+        sales` lists them; else what the view saw end."""
         self._clear_status()
         elapsed = time.monotonic() - self.started
-        self.out.write(f"demo ended after {elapsed:.1f}s: {self.totals()}\n")
+        totals = (journal or self.tally).text()
+        self.out.write(f"demo ended after {elapsed:.1f}s: {totals}\n")
         self.out.flush()
 
     def _line(self, source: str, text: str, colour: str) -> None:
@@ -226,13 +227,15 @@ class LiveView:
 
 
 class Customers:
-    """``--sales N``: the sales of the first N customers, and no customer after them.
+    """``--sales N``: the sales of the first N customers who choose, and no customer after.
 
-    A sale counts when a customer is in it: the one who selects (selection first: the sale opens
-    after the choice) or takes the session (card first: the machine opens it in advance). Once
-    the N-th customer has come, the machines take no one new; the demo ends when those N sales
-    have ended, so it shows exactly N (a session a card-first machine opened for a next customer
-    who never comes is closed at the stop, and said not to be a sale).
+    A customer's sale is a sale once they choose (sales.kinds, the rule of every face): the
+    sale opens after the choice (selection first), or the machine opened it in advance and the
+    customer took it (card first: ``session``, then the choice). A customer who takes a card
+    session and walks away chose nothing: no sale, not counted. Once the N-th customer has
+    chosen, the machines take no one new; the demo ends when those N sales have ended, so it
+    shows exactly N (a session a card-first machine opened for a next customer who never comes
+    is closed at the stop: a session with no selection, counted apart).
     """
 
     def __init__(self, limit: int, machines: list[Any]) -> None:
@@ -244,18 +247,21 @@ class Customers:
         self._open: dict[str, str] = {}  # machine -> its sale under way
         self._waiting: Counter[str] = Counter()  # machine -> customers whose sale is to open
         self._seen: set[tuple[str, int]] = set()  # (machine, customer number)
+        self._sessions: dict[tuple[str, int], str] = {}  # card first: the session taken
 
     def customer(self, source: str, what: str, number: int) -> None:
-        """A machine's observer: a customer chose (selection first) or took the session (card
-        first, then chose: the same customer)."""
-        if what not in ("selects", "session") or (source, number) in self._seen:
+        """A machine's observer: a customer took the session (card first) or chose."""
+        if what == "session":
+            sale_id = self._open.get(source)
+            if sale_id is not None:
+                self._sessions[(source, number)] = sale_id
             return
-        if self.arrived >= self.limit:
+        if what != "selects" or (source, number) in self._seen or self.arrived >= self.limit:
             return
         self._seen.add((source, number))
         self.arrived += 1
-        sale_id = self._open.get(source)
-        if what == "session" and sale_id is not None and sale_id not in self.counted:
+        sale_id = self._sessions.pop((source, number), None)
+        if sale_id is not None and sale_id not in self.counted:
             self.counted.add(sale_id)
         else:
             self._waiting[source] += 1
@@ -403,6 +409,7 @@ async def _run(config: Any, args: argparse.Namespace, page_token: str | None = N
     view = LiveView(sys.stdout, fancy=is_tty(sys.stdout) and not args.plain,
                     colour=use_colour(sys.stdout))
     journal = demo_journal(config)
+    began = time.time()  # the demo's sales are those created since (a config's own journal)
     signals = StopSignals("stopping the demo").install()
     try:
         async with agent_for(
@@ -433,8 +440,24 @@ async def _run(config: Any, args: argparse.Namespace, page_token: str | None = N
     finally:
         signals.remove()
     view.note(f"the demo's sales stay in {journal}: {_journal_hint(config)}")
-    view.summary()
+    view.summary(journal_tally(config, began))
     return EXIT_OK
+
+
+def journal_tally(config: Any, since: float) -> Tally:
+    """The demo's sales as the journal holds them (those created since ``since``), counted by
+    the rule every face counts by (sales.kinds): what `kiosk-agent sales --since` lists."""
+    from kiosk_agent.cli.contract import open_journal
+
+    tally = Tally()
+    journal = open_journal(config)
+    try:
+        for page in journal.pages(since=since):
+            for record in page:
+                tally.add(record)
+    finally:
+        journal.close()
+    return tally
 
 
 async def _show_audit(agent: Any, view: LiveView) -> None:

@@ -17,7 +17,7 @@ import logging
 import time
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Annotated, Any, Protocol
 
 from pydantic import BaseModel, ConfigDict, PlainSerializer, SerializationInfo
@@ -27,6 +27,7 @@ from kiosk_agent.health.defaults import KEY_WARNING, PING_INTERVAL, PING_TIMEOUT
 from kiosk_agent.moments import day_of, day_start, display_clock, timestamp
 from kiosk_agent.money import format_cents
 from kiosk_agent.redact import redact
+from kiosk_agent.sales.kinds import no_selection
 from kiosk_agent.sales.model import SaleEvent
 from kiosk_agent.sales.states import SaleState
 from kiosk_agent.service.errors import AuthenticationError
@@ -170,6 +171,8 @@ class SaleTotals:
     sales: Mapping[tuple[str, SaleState], int]
     captured_cents: Mapping[str, int]  # taken and kept (COMPLETED sales)
     reversed_cents: Mapping[str, int]  # voided or refunded (REVERSED sales), holds too
+    # card sessions that ended with no selection: not sales (sales.kinds), counted apart
+    no_selection: Mapping[str, int] = field(default_factory=dict)
 
 
 class AuditHealth(_Model):
@@ -239,6 +242,7 @@ class Health:
         self._sales_total: Counter[tuple[str, SaleState]] = Counter()
         self._captured_total: Counter[str] = Counter()
         self._reversed_total: Counter[str] = Counter()
+        self._no_selection_total: Counter[str] = Counter()
         self._fatal: dict[str, str] = {}
         self._not_started: dict[str, str] = {}  # trigger -> why it cannot start
         self._triggers_running = 0
@@ -495,7 +499,10 @@ class Health:
 
     def _count_total(self, event: SaleEvent) -> None:
         terminal = event.terminal or ""
-        self._sales_total[(terminal, event.state)] += 1
+        if no_selection(event):  # not a sale, on every face; its hold released is counted
+            self._no_selection_total[terminal] += 1
+        else:
+            self._sales_total[(terminal, event.state)] += 1
         if event.state is SaleState.COMPLETED:
             self._captured_total[terminal] += event.captured_cents
         elif event.state is SaleState.REVERSED:
@@ -504,7 +511,8 @@ class Health:
     def sale_totals(self) -> SaleTotals:
         """The running totals (copies): what ended how, since the process started."""
         return SaleTotals(
-            dict(self._sales_total), dict(self._captured_total), dict(self._reversed_total)
+            dict(self._sales_total), dict(self._captured_total), dict(self._reversed_total),
+            dict(self._no_selection_total),
         )
 
     def set_sales(

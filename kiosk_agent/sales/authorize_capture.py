@@ -113,6 +113,7 @@ class AuthorizeCaptureFlow(SaleFlow):
         return await self.capture(vended, outcome_detail(outcome))
 
     async def _not_dispensed(self, outcome: DispenseOutcome) -> SaleEvent:
-        self.step(Step.DISPENSE_RESULT, detail=outcome_detail(outcome))
+        self.step(Step.DISPENSE_RESULT, detail=outcome_detail(outcome),
+                  **self.named(outcome.product))
         await self.release_terminal(may_complete=False)
         return await self.reverse(f"dispense {outcome.status.value} {outcome.detail}".strip())

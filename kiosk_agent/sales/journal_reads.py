@@ -15,6 +15,7 @@ from typing import Any
 from kiosk_agent.moments import day_of, day_start
 from kiosk_agent.sales.clock import Clock
 from kiosk_agent.sales.journal_records import _SELECT_SALES, SaleRecord, StepRecord, _record
+from kiosk_agent.sales.kinds import SaleKind, kind_sql
 from kiosk_agent.sales.states import SaleState, Step
 
 # named as a list, not as "not final": an IN list is looked up in the state's index, a NOT IN
@@ -101,10 +102,11 @@ class JournalReads:
         states: list[SaleState] | None = None,
         last_steps: Iterable[Step] | None = None,
         limit: int | None = None,
+        kind: SaleKind | None = None,
     ) -> list[SaleRecord]:
-        """Sales newest first, filtered by creation time, state and the name of their last step
-        (all in one query)."""
-        where, args = _filters(since, until, states, last_steps)
+        """Sales newest first, filtered by creation time, state, the name of their last step
+        and their kind (sales.kinds; None: every row), all in one query."""
+        where, args = _filters(since, until, states, last_steps, kind)
         sql = f"{_SELECT_SALES}{where} ORDER BY created_at DESC, sales.rowid DESC"
         if limit is not None:
             sql += " LIMIT ?"
@@ -119,13 +121,14 @@ class JournalReads:
         states: list[SaleState] | None = None,
         limit: int | None = None,
         size: int = 500,
+        kind: SaleKind | None = None,
     ) -> Iterator[list[SaleRecord]]:
         """:meth:`query`'s sales a page of ``size`` at a time, in its order, each page read
         when asked for: an export of a year of sales from the event loop lets the loop run
         between pages (one query of 100,000 sales held it for 2 s). Pages follow the last
         sale seen (its time and rowid), so a sale made meanwhile neither repeats nor shifts
         them."""
-        where, args = _filters(since, until, states, None)
+        where, args = _filters(since, until, states, None, kind)
         after: tuple[float, int] | None = None
         left = limit
         while left is None or left > 0:
@@ -155,9 +158,15 @@ class JournalReads:
         since: float | None = None,
         until: float | None = None,
         states: list[SaleState] | None = None,
+        kind: SaleKind | None = None,
     ) -> int:
         """How many sales :meth:`query` would give without a limit."""
-        where, args = _filters(since, until, states, None)
+        if kind is SaleKind.SALE:
+            # both counts read an index (the sessions' is partial); NOT read every row: 0.24 s
+            # for 200,000 sales
+            return self.count(since=since, until=until, states=states) - self.count(
+                since=since, until=until, states=states, kind=SaleKind.NO_SELECTION)
+        where, args = _filters(since, until, states, None, kind)
         # the clause is ours; every value travels as an argument
         sql = f"SELECT COUNT(*) FROM sales{where}"  # noqa: S608
         return int(self.db.execute(sql, args).fetchone()[0])
@@ -218,6 +227,7 @@ def _filters(
     until: float | None,
     states: list[SaleState] | None,
     last_steps: Iterable[Step] | None,
+    kind: SaleKind | None = None,
 ) -> tuple[str, list[Any]]:
     """The WHERE clause (with its leading space, or empty) and its arguments of a sales query."""
     where: list[str] = []
@@ -237,6 +247,8 @@ def _filters(
         last = "SELECT step FROM steps WHERE steps.sale_id = sales.sale_id ORDER BY id DESC"
         where.append(f"({last} LIMIT 1) IN ({marks})")
         args.extend(steps)
+    if condition := kind_sql(kind):
+        where.append(condition)
     return (" WHERE " + " AND ".join(where) if where else ""), args
 
 

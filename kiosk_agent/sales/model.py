@@ -179,6 +179,9 @@ class SaleEvent:
     authorized_cents: int = 0
     currency: str = CURRENCY
     created_at: float = 0.0  # when the sale was created: the day it counts on (moments.day_of)
+    # what sales.kinds reads to tell a sale from a card session with no selection
+    flow: str = ""
+    vended_cents: int = 0
 
     @property
     def receipt(self) -> bool:

@@ -476,14 +476,18 @@ class SaleSteps:
             reversed_cents=amount,
         )
 
+    def named(self, chosen: object) -> dict[str, Any]:
+        """The journal fields of the product a card-first machine names only with the
+        customer's choice (the sale takes it, vended or not): a session someone chose in is a
+        sale on every face (sales.kinds)."""
+        return {"product": str(chosen)[:100]} if chosen and not self.record.product else {}
+
     async def capture(self, cents: int, vend: Mapping[str, Any] | None = None) -> SaleEvent:
         """Capture the vended amount of an authorization (journaled first, reconciled on error)."""
         trans_id = self.record.trans_id
         assert trans_id is not None
         self.require_own()
-        chosen = (vend or {}).get("product")
-        # a card-first machine names the product only now: the sale takes it
-        named = {"product": str(chosen)[:100]} if chosen and not self.record.product else {}
+        named = self.named((vend or {}).get("product"))
         self.step(
             Step.CAPTURE_REQUEST,
             SaleState.CAPTURING,
@@ -575,4 +579,6 @@ def event_of(record: SaleRecord, step: Step | Literal[""] = "", *, clock: Clock)
         authorized_cents=record.authorized_cents,
         currency=record.currency,
         created_at=record.created_at,
+        flow=record.flow,
+        vended_cents=record.vended_cents,
     )

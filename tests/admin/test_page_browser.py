@@ -125,7 +125,7 @@ async def test_a_tech_logs_in_on_a_phone_and_sees_a_reader_go_offline(
     front = _terminal(page, "SIM-0001")
     await expect(front.locator('[data-field="online"]')).to_have_text("online", timeout=WAIT_MS)
     await expect(page.locator("#live")).to_have_text("live", timeout=WAIT_MS)
-    await expect(page.locator("#today")).to_have_text("1 sale(s), $2.50")
+    await expect(page.locator("#today")).to_have_text("1 completed, $2.50")
     await expect(page.locator("#attention")).to_contain_text("$3.50")
     assert seen.errors == []
 

@@ -185,6 +185,16 @@ async def test_the_page_shows_what_was_charged_the_card_by_name_and_how_many_rea
     await expect(page.locator("#available")).to_have_text("1 of 2 readers can take cards")
     snapshot = agent.health.snapshot()
     assert [a.device_id for a in snapshot.availability if not a.available] == ["SIM-0001"]
+    # every part follows the outage as it happens, not only after a sale step reloads a list:
+    # the machine's reader steps aside, the status and the problems are the agent's own, and
+    # the Doctor card runs again and names the reader (issue 32: "reader enabled" and
+    # "0 failed" were shown for a whole outage)
+    snacks = page.locator('#links li[data-platform="virtual:snacks"] summary')
+    await expect(snacks).to_contain_text(f"virtual:snacks: out of service: {reason}")
+    await expect(snacks).not_to_contain_text("reader enabled")
+    await _the_page_shows_the_agents_health(page, agent)
+    await _the_doctor_card_is_the_doctors(page, admin.url, lambda doctor: any(
+        c["verdict"] == "FAIL" and "SIM-0001" in c["name"] for c in doctor["checks"]))
 
     # the offline reader: Connect and Test print cannot work, so they are off, and say why
     front = _terminal(page, "SIM-0001")
@@ -217,7 +227,61 @@ async def test_the_page_shows_what_was_charged_the_card_by_name_and_how_many_rea
     width = await page.evaluate("document.documentElement.scrollWidth")
     assert width <= DESKTOP["width"]
     await _screenshot(page, _screenshot_path(tmp_path, "status-page-desktop.png"))
+
+    # the reader comes back: every part follows again, and the doctor no longer fails it
+    online = f"{sim.base_url}/sim/terminals/SIM-0001/online"
+    async with aiohttp.ClientSession() as session, session.post(online) as response:
+        assert response.status == 200
+    await expect(page.locator("#available")).to_have_text(
+        "2 of 2 readers can take cards", timeout=WAIT_MS
+    )
+    await expect(page.locator("#unavailable li")).to_have_count(0)
+    await expect(snacks).to_contain_text("virtual:snacks: reader enabled", timeout=WAIT_MS)
+    await expect(snacks).not_to_contain_text("out of service")
+    await until(lambda: agent.availability.state("SIM-0001").available)
+    await _the_page_shows_the_agents_health(page, agent)
+    await _the_doctor_card_is_the_doctors(page, admin.url, lambda doctor: not any(
+        c["verdict"] == "FAIL" and "SIM-0001" in c["name"] for c in doctor["checks"]))
     assert seen.errors == []
+
+
+async def _the_page_shows_the_agents_health(page: Any, agent: Any) -> None:
+    """The status pill and the problems card say what the agent's health says, both read at
+    one moment (the page follows each change: it catches up within the wait)."""
+    deadline = time.monotonic() + WAIT_MS / 1000 * 3
+    while True:
+        shown = (await page.locator("#status").text_content(),
+                 await page.locator("#problems li").all_text_contents())
+        snapshot = agent.health.snapshot()
+        held = (snapshot.status.value, list(snapshot.problems) or ["none"])
+        if shown == held:
+            return
+        assert time.monotonic() < deadline, (shown, held)
+        await asyncio.sleep(0.05)
+
+
+async def _the_doctor_card_is_the_doctors(page: Any, url: str, wanted: Any) -> None:
+    """The Doctor card shows the doctor's latest run (GET /api/doctor), once that run says
+    what ``wanted`` asks of it: it runs again by itself when the health's problems change."""
+    headers = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
+    doctor: dict[str, Any] = {}
+
+    async def latest() -> bool:
+        nonlocal doctor
+        async with aiohttp.ClientSession(headers=headers) as session, session.get(
+            f"{url}/api/doctor"
+        ) as answer:
+            doctor = await answer.json()
+        return bool(doctor.get("finished_at")) and not doctor.get("running") and wanted(doctor)
+
+    deadline = time.monotonic() + WAIT_MS / 1000 * 3
+    while not await latest():
+        assert time.monotonic() < deadline, f"the doctor never ran as wanted: {doctor}"
+        await asyncio.sleep(0.1)
+    summary = page.locator('[data-field="doctor-summary"]')
+    await expect(summary).to_contain_text(
+        f"{doctor['failed']} failed, {len(doctor['checks'])} checked", timeout=WAIT_MS
+    )
 
 
 async def test_none_of_the_readers_can_take_cards_is_red(

@@ -31,7 +31,7 @@ def _env() -> dict[str, str]:
     return {**os.environ, "PYTHONUNBUFFERED": "1"}
 
 
-def test_demo_runs_sales_and_ends_by_itself() -> None:
+def test_demo_runs_sales_and_ends_by_itself(capsys: pytest.CaptureFixture[str]) -> None:
     done = subprocess.run(
         [*DEMO, "--sales", "4", "--speed", "5"],
         capture_output=True, text=True, timeout=60, env=_env(), check=False,
@@ -43,11 +43,19 @@ def test_demo_runs_sales_and_ends_by_itself() -> None:
     assert "present a card" in out
     assert "stopping: a sale under way is finished or its money given back" in out
     summary = out.strip().splitlines()[-1]
-    counted = re.match(r"demo ended after [\d.]+s: (\d+) sales, .*captured \$\d+\.\d\d$", summary)
+    counted = re.match(
+        r"demo ended after [\d.]+s: (\d+) sales, .*captured \$\d+\.\d\d"
+        r"(?:; (\d+) card sessions? ended with no selection, \$0\.00 kept)?$", summary
+    )
     assert counted, summary
     # every sale that ended is shown and counted, also one that ended while the agent stopped
     finals = re.findall(r"(COMPLETED|DECLINED|REVERSED|CANCELLED|FAILED|ATTENTION):", out)
     assert len(finals) == int(counted.group(1)) == 4  # --sales 4 stops after 4, not 5
+    # the journal holds what the summary says, by the same rule (sales.kinds)
+    apart = out.count("card session ended with no selection")
+    assert int(counted.group(2) or 0) == apart
+    assert len(_sales_listed(capsys)) == 4
+    assert len(_sales_listed(capsys, "--kind", "no_selection")) == apart
     assert "Traceback" not in done.stderr
     # the banner says where the simulator listens and how to stop
     assert re.search(r"simulator listening on http://127\.0\.0\.1:\d+; Ctrl-C stops the demo", out)
@@ -89,11 +97,11 @@ def test_the_hint_names_the_program_as_it_was_started(
     assert program_command(str(program)) == str(program)
 
 
-def _sales_listed(capsys: pytest.CaptureFixture[str]) -> list[dict[str, object]]:
+def _sales_listed(capsys: pytest.CaptureFixture[str], *extra: str) -> list[dict[str, object]]:
     """`kiosk-agent sales -c config/demo.yaml --json`, in this process (the demo, which wrote
     the journal, is the real process; $HOME is the test's, so ~ is the same place)."""
     capsys.readouterr()
-    assert main(["sales", "-c", str(DEMO_CONFIG), "--json"]) == 0
+    assert main(["sales", "-c", str(DEMO_CONFIG), "--json", *extra]) == 0
     listed: list[dict[str, object]] = json.loads(capsys.readouterr().out)
     return listed
 

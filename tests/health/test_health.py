@@ -424,3 +424,21 @@ def test_the_day_is_the_utc_day_whatever_the_units_zone(monkeypatch: pytest.Monk
     finally:
         monkeypatch.undo()
         time.tzset()
+
+
+def test_a_card_session_with_no_selection_is_counted_apart_from_the_sales() -> None:
+    """One rule of what a sale is (sales.kinds): a card-first session that ended with nothing
+    chosen is not in the sales' totals (kiosk_agent_sales_total), it is counted apart; the
+    hold it released is still money given back."""
+    health = Health("1")
+    session = dataclasses.replace(
+        _event("walked", SaleState.REVERSED, amount=500), flow="authorize_capture",
+        terminal="SIM-0008", reversed_cents=500,
+    )
+    chosen = dataclasses.replace(session, sale_id="chose", product="K1")  # the vend failed
+    for event in (session, chosen):
+        health.record_sale(event)
+    totals = health.sale_totals()
+    assert totals.sales == {("SIM-0008", SaleState.REVERSED): 1}
+    assert totals.no_selection == {"SIM-0008": 1}
+    assert totals.reversed_cents == {"SIM-0008": 1000}

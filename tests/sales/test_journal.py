@@ -29,6 +29,7 @@ from kiosk_agent.sales.journal import (
     SaleRecord,
 )
 from kiosk_agent.sales.journal_records import replaced
+from kiosk_agent.sales.kinds import SaleKind
 from kiosk_agent.sales.states import SaleState, Step, TransitionRefused
 from tests.helpers import walk_to
 
@@ -697,6 +698,13 @@ def test_the_hot_reads_of_a_years_journal_use_an_index(journal: Journal) -> None
         "list": (lambda: journal.query(limit=100), "SCAN sales USING INDEX sales_created"),
         "today's list": (lambda: journal.query(since=now - 86400),
                          "SEARCH sales USING INDEX sales_created (created_at>?)"),
+        # the same with the card sessions of no selection apart (sales.kinds), and their count
+        "sales only": (lambda: journal.query(limit=100, kind=SaleKind.SALE),
+                       "SCAN sales USING INDEX sales_created"),
+        "sessions apart": (lambda: journal.count(since=now - 86400, kind=SaleKind.NO_SELECTION),
+                           "SEARCH sales USING INDEX sales_no_selection (created_at>?)"),
+        "sales counted": (lambda: journal.count(since=now - 86400, kind=SaleKind.SALE),
+                          "SEARCH sales USING INDEX sales_no_selection (created_at>?)"),
         "completed": (lambda: journal.query(states=[SaleState.COMPLETED], limit=20),
                       "SEARCH sales USING INDEX sales_state_created (state=?)"),
         # `sales show 0000a1`, /api/sales/{id} by a prefix of it

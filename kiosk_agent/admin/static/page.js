@@ -326,7 +326,8 @@ function renderHealth() {
   renderService();
   renderAudit();
   const sales = health.sales;
-  setText($("today"), `${sales.today_count} sale(s), ${page.today_amount}`);
+  // completed sales, as `sales --since today --state completed` lists them (the demo's word)
+  setText($("today"), `${sales.today_count} completed, ${page.today_amount}`);
   setText($("footer"),
     `kiosk-agent ${health.version} · up ${duration(health.uptime_s)} · as of ${clock(health.at)}` +
     " · times are UTC (Z), as the command line prints them");
@@ -592,6 +593,9 @@ function renderAttention() {
 
 function renderOpenAndRecent() {
   const page = state.page;
+  // a card-first machine's sessions no one chose in: not sales, counted apart (as `sales` says)
+  setText($("sessions-apart"), page.no_selection_today || "");
+  $("sessions-apart").hidden = !page.no_selection_today;
   // a sale whose steps the tech opened stays open when the list is redrawn
   const opened = new Set([...$("recent").querySelectorAll("details[open]")].map((d) => d.dataset.sale));
   $("open").replaceChildren(...(page.open.length
