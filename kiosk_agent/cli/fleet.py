@@ -632,8 +632,9 @@ def format_health(report: dict[str, Any]) -> str:
         )
     for state in snapshot.get("availability", []):
         if not state.get("available", True):
-            # UTC, as every time the command line prints
-            lines.append(f"card:     {state['device_id']:<12} OUT OF SERVICE since "
+            # UTC, as every time the command line prints; a start is no outage, and says so
+            out = "STARTING" if state.get("starting") else "OUT OF SERVICE"
+            lines.append(f"card:     {state['device_id']:<12} {out} since "
                          f"{display_clock(state['since'])}: "
                          f"{state.get('reason', '')}")
     if snapshot.get("journal", {}).get("writable") is False:

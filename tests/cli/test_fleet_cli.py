@@ -702,6 +702,16 @@ def test_health_shows_outside_words_and_never_lets_the_terminal_obey_them() -> N
     assert "OUT OF SERVICE since 00:00:00Z: " in text
 
 
+def test_health_says_a_terminal_waiting_for_the_start_is_starting_not_out_of_service() -> None:
+    waiting = {"device_id": "SIM-0001", "available": False, "since": 0.0, "starting": True,
+               "reason": "journal: reading its file whole before money moves on it"}
+    text = format_health({"status": "ok", "service": {"reachable": True}, "problems": [],
+                          "availability": [waiting]})
+    assert ("card:     SIM-0001     STARTING since 00:00:00Z: journal: reading its file whole "
+            "before money moves on it") in text
+    assert "OUT OF SERVICE" not in text
+
+
 def test_the_fleet_table_shows_outside_words_and_never_lets_the_terminal_obey_them() -> None:
     from kiosk_agent.cli.fleet import format_fleet
 
