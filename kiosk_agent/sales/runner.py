@@ -167,6 +167,10 @@ class SaleRunner:
             # enroll too: the terminal shows an amount while it reads the card
             raise ValueError(f"a sale needs an amount above zero, got {request.amount_cents}")
         self._check_max_price(request)
+        if request.chosen_at_machine and request.flow is not Flow.AUTHORIZE_CAPTURE:
+            # charge_card would take the most the customer may choose, whatever was chosen
+            raise ValueError(f"a choice at the machine needs flow authorize_capture (only the"
+                             f" chosen price is captured), got {request.flow.value}")
         if not self.context.unit.confirmed:  # platforms step aside first (availability)
             raise TerminalBusy(device, self.context.unit.refusal())
         sale_id, order_id = new_ids(self.context.unit)

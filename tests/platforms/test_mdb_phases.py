@@ -1,14 +1,13 @@
 """MDB's cashless session is one enum, one table of allowed moves and one setter that refuses
 the rest, checked as sales/states.py is: each allowed move is made, each other is refused by
-name and changes nothing, and no sequence of the controller's news leaves the table. Its waits
-run on the sale's clock. A fake device stands in for the adapter link (no pty: the session's
-rules, not the serial line, are under test here)."""
+name and changes nothing, and no sequence of the controller's news leaves the table. It keeps
+no timer: the sale does (tests/test_layers.py holds platforms to it). A fake device stands in
+for the adapter link (no pty: the session's rules, not the serial line, are under test here)."""
 
 from __future__ import annotations
 
 import asyncio
 import itertools
-import time
 from collections import Counter
 from types import SimpleNamespace
 from typing import Any
@@ -29,7 +28,6 @@ from kiosk_agent.platforms.mdb import (
     PhaseRefused,
 )
 from kiosk_agent.platforms.serial import SerialSettings
-from kiosk_agent.sales.clock import SYSTEM_CLOCK, Clock, FakeClock
 from kiosk_agent.sales.model import DispenseStatus, Flow, SaleRequest, Selection
 from kiosk_agent.sales.states import SaleState
 
@@ -40,14 +38,13 @@ class FakeLink:
 
 
 class FakeCashless:
-    """What a session uses of ``MdbCashless``: its options, stats, lines sent and clock."""
+    """What a session uses of ``MdbCashless``: its options, stats and lines sent."""
 
-    def __init__(self, mode: Mode = Mode.SELECTION_FIRST, clock: Clock = SYSTEM_CLOCK) -> None:
+    def __init__(self, mode: Mode = Mode.SELECTION_FIRST) -> None:
         self.name = "mdb:test"
         self.options = MdbOptions(source=self.name, mode=mode)
         self.stats = MdbStats()
         self.link = FakeLink()
-        self.clock = clock
         self.sent: list[str] = []
         self.cancelled: list[MdbSession] = []
 
@@ -59,9 +56,9 @@ class FakeCashless:
         self.cancelled.append(session)
 
 
-def session(mode: Mode = Mode.SELECTION_FIRST, clock: Clock = SYSTEM_CLOCK) -> MdbSession:
+def session(mode: Mode = Mode.SELECTION_FIRST) -> MdbSession:
     request = SaleRequest("mdb:test", Flow.AUTHORIZE_CAPTURE, 150, product="A1")
-    return MdbSession(FakeCashless(mode, clock), request)  # type: ignore[arg-type]
+    return MdbSession(FakeCashless(mode), request)  # type: ignore[arg-type]
 
 
 def in_phase(phase: Phase) -> MdbSession:
@@ -193,14 +190,13 @@ async def test_the_card_first_choice_has_no_timer_of_its_own() -> None:
     """Card first: the session offers the funds and waits for a choice as long as the sale
     does (the sale keeps the choice timeout); the sale giving up leaves the session SELECTING,
     and its denial then closes it with C,STOP."""
-    clock = FakeClock(wall=time.time())
-    made = session(Mode.CARD_FIRST, clock)
+    made = session(Mode.CARD_FIRST)
     choosing = asyncio.create_task(made.choose(500))
     for _ in range(5):
         await asyncio.sleep(0)
     assert made.phase is Phase.SELECTING
     assert made.device.sent == [wire.start_session(500, made.device.options.unit)]
-    assert clock.pending() == []  # nothing armed on the clock
+    assert not choosing.done()  # it waits for the customer, not for a time
     choosing.cancel()  # the sale's choice timeout
     await asyncio.gather(choosing, return_exceptions=True)
     assert made.phase is Phase.SELECTING

@@ -258,6 +258,19 @@ async def test_card_first_on_a_machine_that_offers_no_choice_vends_nothing(
     assert event.state is SaleState.REVERSED
 
 
+async def test_a_choice_at_the_machine_is_refused_on_a_flow_that_charges_up_front(
+    agent: Agent
+) -> None:
+    """charge_card would take the most the customer may choose, whatever was then chosen: a
+    request that says the price comes with the choice is refused at its start, by name."""
+    machine = ScriptedDispenser()
+    wrong = request(500, Flow.CHARGE_CARD, chosen_at_machine=True)
+    with pytest.raises(ValueError, match=r"needs flow authorize_capture.*got charge_card"):
+        await agent.sales.start(wrong, machine)
+    assert agent.journal.query() == []
+    assert machine.authorized == []
+
+
 async def test_card_first_offers_are_paced_by_the_sale_slower_while_none_is_authorized(
     agent_factory: Any
 ) -> None:
