@@ -613,6 +613,8 @@ def sale_text(record: SaleRecord, steps: Sequence[Any]) -> str:
         ("sale", record.sale_id),
         ("order_id", record.order_id),
         ("state", record.state.value),
+        ("kind", "card session ended with no selection: not a sale" if no_selection(record)
+         else "sale"),
         ("money", money_text(record)),
         ("asked", format_cents(record.amount_cents, record.currency)),
         ("authorized", format_cents(record.authorized_cents, record.currency)),
