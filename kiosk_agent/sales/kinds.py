@@ -48,6 +48,8 @@ class SaleKind(enum.StrEnum):
 
 
 KIND_CHOICES = tuple(k.value for k in SaleKind)
+# What a face says of one such session (`sales show`, `events`, the status page's live events).
+NOT_A_SALE = "card session ended with no selection: not a sale"
 
 
 # The platforms with a card-first mode: a sale's source is "<platform>:<trigger name>".
