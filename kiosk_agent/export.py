@@ -296,8 +296,12 @@ SALE_TIMES = ("created_at", "updated_at", "finished_at", "answer_by", "sent_at")
 def sale_json(sale: SaleRecord) -> dict[str, Any]:
     """A sale of the journal in JSON (``sales show|attention|resolve --json``, ``GET
     /api/sales``, ``GET /api/sales/{id}``): every field, times in ISO 8601 UTC, the
-    resolution as an object with its time so too."""
+    resolution as an object with its time so too, and its ``kind`` (sales.kinds: ``sale``, or
+    ``no_selection`` for a card session that ended with nothing chosen)."""
+    from kiosk_agent.sales.kinds import SaleKind, no_selection  # on use, as the records are
+
     data = sale.as_dict()
+    data["kind"] = (SaleKind.NO_SELECTION if no_selection(sale) else SaleKind.SALE).value
     for key in SALE_TIMES:
         data[key] = optional_timestamp(data[key])
     resolution = data["resolution"]

@@ -51,7 +51,7 @@ from kiosk_agent.logs import RefusalLog
 from kiosk_agent.moments import day_of, day_start
 from kiosk_agent.money import format_cents
 from kiosk_agent.sales.journal import SaleRecord, StepRecord
-from kiosk_agent.sales.kinds import SaleKind, sessions_text
+from kiosk_agent.sales.kinds import SaleKind, no_selection, sessions_text
 from kiosk_agent.sales.model import SaleEvent, money_text
 from kiosk_agent.sales.unit import others_open
 from kiosk_agent.tasks import BackgroundTask
@@ -595,6 +595,7 @@ def sale_event_view(event: SaleEvent) -> dict[str, Any]:
         "source": event.source,
         "amount": format_cents(event.amount_cents, event.currency),
         "money": money_text(event),
+        "kind": _kind(event),
         "message": event.message,
         "at": event.at or time.time(),
         "unwritten": event.unwritten,  # a step that could not be written (state: the journal's)
@@ -623,7 +624,14 @@ def _sale_fields(record: SaleRecord) -> dict[str, Any]:
         "source": record.source,
         "amount": format_cents(record.amount_cents, record.currency),
         "money": money_text(record),
+        "kind": _kind(record),
     }
+
+
+def _kind(sale: SaleRecord | SaleEvent) -> str:
+    """``sale``, or ``no_selection``: a card session that ended with nothing chosen (the
+    rule of every face, sales.kinds); the page and `events` say it is not a sale."""
+    return (SaleKind.NO_SELECTION if no_selection(sale) else SaleKind.SALE).value
 
 
 def _step_key(view: dict[str, Any]) -> tuple[Any, ...]:

@@ -37,7 +37,13 @@ from kiosk_agent.cli.contract import (
 from kiosk_agent.export import SALE_FORMATS, export_sales, sale_json, step_json
 from kiosk_agent.moments import MOMENT_FORMS, display_time
 from kiosk_agent.money import format_cents
-from kiosk_agent.sales.kinds import KIND_CHOICES, SaleKind, no_selection, sessions_text
+from kiosk_agent.sales.kinds import (
+    KIND_CHOICES,
+    NOT_A_SALE,
+    SaleKind,
+    no_selection,
+    sessions_text,
+)
 from kiosk_agent.sales.model import money_text
 from kiosk_agent.sales.states import RESOLUTIONS, SaleState
 
@@ -617,6 +623,7 @@ def sale_text(record: SaleRecord, steps: Sequence[Any]) -> str:
         ("sale", record.sale_id),
         ("order_id", record.order_id),
         ("state", record.state.value),
+        ("kind", NOT_A_SALE if no_selection(record) else "sale"),
         ("money", money_text(record)),
         ("asked", format_cents(record.amount_cents, record.currency)),
         ("authorized", format_cents(record.authorized_cents, record.currency)),

@@ -282,9 +282,6 @@ class Customers:
             if self._open.get(event.source) == event.sale_id:
                 del self._open[event.source]
 
-    def counts(self, sale_id: str) -> bool:
-        return sale_id in self.counted
-
     @property
     def done(self) -> bool:
         waiting = sum(self._waiting.values())

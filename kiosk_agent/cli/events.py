@@ -32,6 +32,7 @@ from kiosk_agent.cli.contract import (
 )
 from kiosk_agent.export import stream_json
 from kiosk_agent.moments import display_clock
+from kiosk_agent.sales.kinds import NOT_A_SALE, SaleKind
 
 if TYPE_CHECKING:
     import aiohttp
@@ -385,5 +386,7 @@ def event_line(kind: str, data: dict[str, Any]) -> str:
         ]  # fmt: skip
         if data.get("message"):
             parts.append(str(data["message"]))
+        if data.get("kind") == SaleKind.NO_SELECTION:  # the rule of every face
+            parts.append(f"({NOT_A_SALE})")
         return for_terminal("  ".join(parts))  # outside words are shown, never obeyed
     return for_terminal(f"{stamp}  {kind:<10}  {data.get('text', '')}")

@@ -69,6 +69,11 @@ class SaleRecord:
     sent_mono: float | None = None
     sent_boot: str | None = None
 
+    @property
+    def resolved(self) -> bool:
+        """A person decided it (from ``attention``)."""
+        return self.resolution is not None
+
     def attempt_order_id(self, attempt: int | None = None) -> str:
         """The order_id sent for one attempt: the sale's own for the first, suffixed after."""
         n = self.attempt if attempt is None else attempt

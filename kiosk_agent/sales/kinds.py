@@ -7,8 +7,11 @@ that ended with nothing chosen and nothing kept (no one came, or the customer wa
 hold is released) is a **card session with no selection**, not a sale. Every other sale in the
 journal is a sale, whatever its end (completed, declined, failed, reversed, attention).
 
-The journal holds such a session as a sale of ``authorize_capture`` with no product, nothing
-vended or captured, ended ``cancelled``, ``reversed``, ``failed`` or ``declined``. The demo's
+The journal holds such a session as a sale of a vending machine controller's trigger
+(``mdb:``, ``virtual:``: the platforms with a card-first mode) in ``authorize_capture`` with no
+product, nothing vended or captured, ended ``cancelled``, ``reversed``, ``failed`` or
+``declined``, and no person's decision on it (a sale a person resolved stays a sale). A kiosk
+app or a serial device may name no product: its sales are sales, whatever they kept. The demo's
 summary, ``kiosk-agent sales`` (table, CSV, JSON), ``GET /api/sales`` (and its exports) and the
 status page's recent sales list sales only and count those sessions apart ("2 card sessions
 ended with no selection, $0 kept"); ``--kind no_selection`` (``kind=no_selection``) lists them,
@@ -45,9 +48,19 @@ class SaleKind(enum.StrEnum):
 
 
 KIND_CHOICES = tuple(k.value for k in SaleKind)
+# What a face says of one such session (`sales show`, `events`, the status page's live events).
+NOT_A_SALE = "card session ended with no selection: not a sale"
+
+
+# The platforms with a card-first mode: a sale's source is "<platform>:<trigger name>".
+CARD_FIRST_PLATFORMS = ("mdb", "virtual")
 
 
 class _Row(Protocol):
+    @property
+    def source(self) -> str: ...
+    @property
+    def resolved(self) -> bool: ...
     @property
     def flow(self) -> str: ...
     @property
@@ -64,6 +77,8 @@ def no_selection(row: _Row) -> bool:
     """A card session that ended with nothing chosen and nothing kept: not a sale."""
     return (
         row.flow == Flow.AUTHORIZE_CAPTURE
+        and row.source.partition(":")[0] in CARD_FIRST_PLATFORMS
+        and not row.resolved
         and not row.product
         and row.vended_cents == 0
         and row.captured_cents == 0
@@ -72,8 +87,11 @@ def no_selection(row: _Row) -> bool:
 
 
 # The same rule over the journal's ``sales`` table (every value a literal of ours).
+_FROM_CARD_FIRST_PLATFORMS = " OR ".join(f"source LIKE '{p}:%'" for p in CARD_FIRST_PLATFORMS)
 NO_SELECTION_SQL = (
     f"(flow = '{Flow.AUTHORIZE_CAPTURE.value}' AND COALESCE(product, '') = ''"
+    f" AND ({_FROM_CARD_FIRST_PLATFORMS})"
+    " AND resolution IS NULL"
     " AND vended_cents = 0 AND captured_cents = 0"
     f" AND +state IN ({', '.join(repr(s.value) for s in _NO_SELECTION_ENDS)}))"
 )

@@ -182,6 +182,7 @@ class SaleEvent:
     # what sales.kinds reads to tell a sale from a card session with no selection
     flow: str = ""
     vended_cents: int = 0
+    resolved: bool = False  # a person decided it (from attention)
 
     @property
     def receipt(self) -> bool:

@@ -581,4 +581,5 @@ def event_of(record: SaleRecord, step: Step | Literal[""] = "", *, clock: Clock)
         created_at=record.created_at,
         flow=record.flow,
         vended_cents=record.vended_cents,
+        resolved=record.resolved,
     )

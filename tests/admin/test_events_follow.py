@@ -2,6 +2,7 @@
 runs them: a real process reading the admin API's event stream, ended with Ctrl-C."""
 
 import asyncio
+import dataclasses
 import json
 import os
 import signal
@@ -314,3 +315,18 @@ def test_a_terminal_filter_keeps_every_problem_and_clear_about_that_terminal() -
                                                                   "offline", "device_id": None})
     assert not Filters(terminal="SIM-000").wants("problem", {"text": "problem: terminal "
                                                                      "SIM-0001 offline"})
+
+
+def test_a_card_session_of_no_selection_is_said_not_to_be_a_sale() -> None:
+    """The rule of every face (sales.kinds): `events` says so where the session ends."""
+    from kiosk_agent.admin.page import sale_event_view
+    from kiosk_agent.sales.model import SaleEvent
+    from kiosk_agent.sales.states import SaleState, Step
+
+    walked = SaleEvent(sale_id="c0ffee00", order_id="o-1", source="virtual:coffee",
+                       state=SaleState.REVERSED, amount_cents=500, terminal="SIM-0008",
+                       step=Step.REVERSE_DONE, flow="authorize_capture", at=1.0)
+    line = event_line("sale", sale_event_view(walked))
+    assert line.endswith("(card session ended with no selection: not a sale)"), line
+    chose = dataclasses.replace(walked, product="K1")  # the vend failed: a sale, reversed
+    assert "not a sale" not in event_line("sale", sale_event_view(chose))

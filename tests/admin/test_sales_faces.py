@@ -161,6 +161,12 @@ async def test_every_face_counts_the_sales_the_journal_holds_by_one_rule(
         async with http.get("/api/sales", params={"kind": "no_selection"}) as answer:
             body = await answer.json()
         assert [s["sale_id"] for s in body["sales"]] == [r.sale_id for r in apart]
+        assert {s["kind"] for s in body["sales"]} == {"no_selection"}
+        async with http.get("/api/sales", params={"kind": "all", "limit": "1000"}) as answer:
+            body = await answer.json()
+        assert {s["sale_id"] for s in body["sales"] if s["kind"] == "sale"} == {
+            r.sale_id for r in sales
+        }
         async with http.get("/api/sales", params={"format": "csv"}) as answer:
             exported = list(csv.DictReader(io.StringIO(await answer.text())))
         assert [row["order_id"] for row in exported] == [r.order_id for r in sales]

@@ -27,7 +27,8 @@ HEAVY = ("aiohttp", "kiosk_agent.sim", "kiosk_agent.admin", "kiosk_agent.assembl
 PARSER_MODULES = {
     "kiosk_agent", "kiosk_agent.cli", "kiosk_agent.export", "kiosk_agent.money",
     "kiosk_agent.service", "kiosk_agent.service.timeouts", "kiosk_agent.sales",
-    "kiosk_agent.sales.states", "kiosk_agent.sales.model", "kiosk_agent.platforms",
+    "kiosk_agent.sales.states", "kiosk_agent.sales.kinds", "kiosk_agent.sales.model",
+    "kiosk_agent.platforms",
     "kiosk_agent.platforms.mdb_protocol", "kiosk_agent.tasks", "kiosk_agent.moments",
 }  # fmt: skip
 LIBRARIES = ("aiohttp", "pydantic", "yaml", "voluptuous", "serial", "aiomqtt", "sqlite3")

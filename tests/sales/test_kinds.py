@@ -3,6 +3,7 @@ and read as examples."""
 
 from __future__ import annotations
 
+import dataclasses
 import sqlite3
 from dataclasses import dataclass
 
@@ -20,6 +21,8 @@ class Row:
     vended_cents: int
     captured_cents: int
     state: SaleState
+    source: str = "mdb:coffee"
+    resolved: bool = False
 
 
 SESSION = Row(Flow.AUTHORIZE_CAPTURE, None, 0, 0, SaleState.REVERSED)  # a walk-away: hold released
@@ -34,6 +37,11 @@ def test_a_card_session_that_ended_with_nothing_chosen_and_nothing_kept_is_not_a
     assert not no_selection(Row(Flow.AUTHORIZE_CAPTURE, None, 180, 180, SaleState.COMPLETED))
     assert not no_selection(Row(Flow.CHARGE_CARD, None, 0, 0, SaleState.DECLINED))
     assert not no_selection(Row(Flow.AUTHORIZE_CAPTURE, None, 0, 0, SaleState.ATTENTION))
+    # one a person resolved; a kiosk app's or a serial device's sale that named no product
+    assert not no_selection(dataclasses.replace(SESSION, resolved=True))
+    assert not no_selection(dataclasses.replace(SESSION, source="kiosk_api:app"))
+    assert not no_selection(dataclasses.replace(SESSION, source="serial_line:locker"))
+    assert no_selection(dataclasses.replace(SESSION, source="virtual:coffee"))
 
 
 def test_the_tally_counts_sales_by_their_end_and_the_sessions_apart() -> None:
@@ -55,6 +63,8 @@ rows = st.builds(
     vended_cents=st.sampled_from([0, 180]),
     captured_cents=st.sampled_from([0, 180]),
     state=st.sampled_from(list(SaleState)),
+    source=st.sampled_from(["mdb:coffee", "virtual:coffee", "kiosk_api:app", "mdbx:odd", "gpio:x"]),
+    resolved=st.booleans(),
 )
 
 
@@ -62,9 +72,10 @@ rows = st.builds(
 def test_the_journals_query_and_the_python_rule_agree(drawn: list[Row]) -> None:
     db = sqlite3.connect(":memory:")
     db.execute("CREATE TABLE sales (id INTEGER, flow TEXT, product TEXT, vended_cents INTEGER,"
-               " captured_cents INTEGER, state TEXT)")
-    db.executemany("INSERT INTO sales VALUES (?, ?, ?, ?, ?, ?)", [
-        (n, r.flow, r.product, r.vended_cents, r.captured_cents, r.state.value)
+               " captured_cents INTEGER, state TEXT, source TEXT, resolution TEXT)")
+    db.executemany("INSERT INTO sales VALUES (?, ?, ?, ?, ?, ?, ?, ?)", [
+        (n, r.flow, r.product, r.vended_cents, r.captured_cents, r.state.value, r.source,
+         '{"as": "reversed"}' if r.resolved else None)
         for n, r in enumerate(drawn)
     ])
 

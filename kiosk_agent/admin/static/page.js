@@ -269,7 +269,9 @@ function follow() {
       sale.terminal || sale.source, `sale ${sale.sale_id.slice(0, 8)}`, sale.step || sale.state,
       `→ ${sale.state}`, `· ${sale.money}`,
     ].join(" ");
-    addEvent(sale.at, sale.message ? `${what} · ${sale.message}` : what,
+    const said = sale.kind === "no_selection"  // not a sale, on every face (sales.kinds)
+      ? `${what} · card session ended with no selection: not a sale` : what;
+    addEvent(sale.at, sale.message ? `${said} · ${sale.message}` : said,
       sale.state === "attention" ? "bad" : "", { sale: sale.sale_id, step: sale.step });
     reloadSoon();
   });
