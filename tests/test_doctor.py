@@ -262,7 +262,7 @@ async def test_a_running_agents_doctor_checks_the_journal_off_the_event_loop(
     import threading
 
     from kiosk_agent.doctor import check_journal_running
-    from kiosk_agent.sales import journal_guard
+    from kiosk_agent.sales import journal_inspect
     from kiosk_agent.sales.journal import Journal
 
     config_file = tmp_path / "agent.yaml"
@@ -280,7 +280,7 @@ async def test_a_running_agents_doctor_checks_the_journal_off_the_event_loop(
         seen.append((quick, loop_turned.wait(timeout=10)))
         return []
 
-    monkeypatch.setattr(journal_guard, "integrity", integrity)
+    monkeypatch.setattr(journal_inspect, "integrity", integrity)
 
     async def turn() -> None:
         await asyncio.sleep(0)
