@@ -21,6 +21,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from kiosk_agent.config.load import SECTION_OWNERS, Config, ConfigInvalid, load_config
+from kiosk_agent.service.errors import describe as describe  # its home: `health` needs no doctor
 
 # The checks of a section that another package owns, registered by it (``register_check``),
 # imported by name (config's SECTION_OWNERS, ``checks``) when the doctor runs: the doctor imports
@@ -567,12 +568,3 @@ def last_trans_id(config: Config) -> str | None:
         journal.close()
 
 
-def describe(err: BaseException) -> str:
-    """An error in words: a failed connection as where and why, no library jargon."""
-    if isinstance(err, TimeoutError):
-        return "timed out"
-    if isinstance(err, OSError) or type(err).__module__.startswith("aiohttp"):
-        from kiosk_agent.service.errors import network_words
-
-        return network_words(err)
-    return str(err) or type(err).__name__
