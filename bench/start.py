@@ -148,6 +148,38 @@ def running_agent(config: Path) -> Iterator[None]:
         agent.wait(timeout=60)
 
 
+# Run in a fresh Python: the commands given (JSON), then every module they imported from a .py
+# file whose bytecode is missing or older than it: each is compiled from source at every start
+# where PYTHONDONTWRITEBYTECODE is set (./dev compiles the venv's and the checkout's).
+UNCOMPILED_PROBE = """\
+import contextlib, importlib.util, io, json, os, sys
+from kiosk_agent.cli import main
+for argv in json.loads(sys.argv[1]):
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+        with contextlib.suppress(SystemExit):
+            main(argv)
+stale = []
+for name, module in list(sys.modules.items()):
+    source = getattr(module, "__file__", None) or ""
+    if not source.endswith(".py"):
+        continue
+    compiled = importlib.util.cache_from_source(source)
+    if not os.path.exists(compiled) or os.path.getmtime(compiled) < os.path.getmtime(source):
+        stale.append(name)
+print(json.dumps(sorted(stale)))
+"""
+
+
+def uncompiled(argvs: dict[str, list[str]]) -> list[str]:
+    """The modules the timed commands import that have no up-to-date bytecode."""
+    commands = [argv[3:] for name, argv in argvs.items() if name in TIMED_COMMANDS]
+    env = environment("dontwrite", None)
+    done = subprocess.run([sys.executable, "-c", UNCOMPILED_PROBE, json.dumps(commands)],
+                          env=env, cwd=ROOT, capture_output=True, text=True, check=True)
+    stale: list[str] = json.loads(done.stdout.splitlines()[-1])
+    return stale
+
+
 def run_once(name: str, argv: list[str], env: dict[str, str]) -> tuple[float, float]:
     """(wall seconds, CPU seconds of the child)."""
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -257,6 +289,7 @@ def main() -> None:
                      if name.startswith("floor_") or name in args.only.split(",")}
         with running_agent(Path(scratch) / "agent.yaml") if "terminals_agent" in argvs else (
                 contextlib.nullcontext()):
+            stale = uncompiled(argvs)  # before the runs without the variable write any
             result = measure(argvs, args.runs, args.from_source)
     load = os.getloadavg()[0]
     how = "from source (every module compiled)" if args.from_source else "bytecode as ./dev makes"
@@ -272,9 +305,11 @@ def main() -> None:
         print(f"{name:48} {value}{verdict}{measured_under(result, name)}")
     missed = sorted(name for name, limit in limits.items()
                     if name in result and result[name] >= limit)
+    print(f"modules the timed commands import without up-to-date bytecode: {len(stale)}"
+          + (f" ({', '.join(stale)}; ./dev compiles them)" if stale else ""))
     print(f"targets missed: {', '.join(missed) or 'none'}")
     extra = {"load_average": round(load, 2), "load_average_before": round(load_before, 2),
-             "from_source": int(args.from_source),
+             "from_source": int(args.from_source), "uncompiled_modules": len(stale),
              "targets_missed_count": len(missed)}
     print(json.dumps(result | extra))
 
