@@ -13,8 +13,10 @@ and without it. Targets (issue 32):
 
 - ``check-config``, ``sales``, ``terminals``, ``health`` and ``doctor --help``: under 0.3 s
   each. ``terminals -c config/demo.yaml`` starts the embedded simulator and asks it (what the
-  command does with that configuration); ``health`` asks a running agent's admin API, here one
-  that is not running (the command's answer then: exit 4 at once); ``sales`` reads a journal;
+  command does with that configuration where no agent runs on it); ``terminals_agent`` is the
+  same command on a unit whose agent runs meanwhile (it asks that agent, no simulator
+  started); ``health`` asks a running agent's admin API, here one that is not running (the
+  command's answer then: exit 4 at once); ``sales`` reads a journal;
 - ``--version``, ``--help``, every command's ``--help`` and ``completion bash|zsh|fish``: under
   0.2 s each (the scripts are static: no Python runs when the user presses Tab).
 
@@ -33,15 +35,18 @@ an upper bound, and ``python -c pass`` is no floor there).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import resource
 import secrets
+import socket
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -53,14 +58,15 @@ LIBRARIES = "aiohttp, pydantic, voluptuous, yaml, serial, aiomqtt"
 SHELLS = ("bash", "zsh", "fish")
 QUICK_S = 0.2  # --version, --help, a command's --help, a completion script
 COMMAND_S = 0.3  # check-config, sales, terminals, health, doctor --help
-TIMED_COMMANDS = ("check_config", "sales", "terminals", "health", "doctor_help")
+TIMED_COMMANDS = ("check_config", "sales", "terminals", "terminals_agent", "health", "doctor_help")
 # exit codes a run may end with and still be the command's answer
-ANSWERS = {"terminals": (0, 1), "health": (4,)}
+ANSWERS = {"terminals": (0, 1), "terminals_agent": (0, 1), "health": (4,)}
 ENVIRONMENTS = {"dontwrite": {"PYTHONDONTWRITEBYTECODE": "1"}, "default": {}}
 
 
-def commands(config: Path) -> dict[str, list[str]]:
-    """figure name -> the arguments of ``python`` that run it."""
+def commands(config: Path, agents: Path) -> dict[str, list[str]]:
+    """figure name -> the arguments of ``python`` that run it (``agents``: the configuration
+    of the agent running meanwhile)."""
     cli = [sys.executable, "-m", "kiosk_agent"]
     runs = {
         "floor_python": [sys.executable, "-c", "pass"],
@@ -71,6 +77,7 @@ def commands(config: Path) -> dict[str, list[str]]:
         "check_config": [*cli, "check-config", str(config)],
         "sales": [*cli, "sales", "-c", str(config)],
         "terminals": [*cli, "terminals", "-c", str(config)],
+        "terminals_agent": [*cli, "terminals", "-c", str(agents)],
         "health": [*cli, "health", "-c", str(config), "--timeout", "5"],
         "doctor_help": [*cli, "doctor", "--help"],
         "version": [*cli, "--version"],
@@ -99,6 +106,78 @@ def demo_unit(directory: Path) -> Path:
                       f"KIOSK_BENCH_TOKEN}}]\n")
     os.environ["KIOSK_BENCH_TOKEN"] = secrets.token_urlsafe(24)  # made for the run
     return config
+
+
+def agent_unit(directory: Path) -> Path:
+    """A unit on the embedded simulator whose agent runs while the figures are taken:
+    ``terminals_agent`` asks it for its simulator's readers (without it, the command starts a
+    simulator of its own, as ``terminals`` does here)."""
+    with socket.socket() as probe:  # a free port for its admin API
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    config = directory / "agent.yaml"
+    config.write_text(
+        "service: {simulator: {time_scale: 60}}\n"
+        "terminals: [{device_id: SIM-0001, name: front}]\n"
+        f"journal: {{path: {directory / 'agent-journal.db'}}}\n"
+        "logging: {level: WARNING}\n"
+        f"admin: {{port: {port}, tokens: [{{name: bench, token: !env_var KIOSK_BENCH_TOKEN}}]}}\n"
+    )
+    return config
+
+
+@contextlib.contextmanager
+def running_agent(config: Path) -> Iterator[None]:
+    """``kiosk-agent run`` on ``config`` for as long as the block runs, its admin API answering."""
+    agent = subprocess.Popen([sys.executable, "-m", "kiosk_agent", "run", "-c", str(config)],
+                             cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    port = int(config.read_text().split("admin: {port: ")[1].split(",")[0])
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                with socket.create_connection(("127.0.0.1", port), timeout=1):
+                    break
+            except OSError:
+                if agent.poll() is not None or time.monotonic() > deadline:
+                    raise SystemExit(f"the agent on {config} did not start") from None
+                time.sleep(0.2)
+        yield
+    finally:
+        agent.terminate()
+        agent.wait(timeout=60)
+
+
+# Run in a fresh Python: the commands given (JSON), then every module they imported from a .py
+# file whose bytecode is missing or older than it: each is compiled from source at every start
+# where PYTHONDONTWRITEBYTECODE is set (./dev compiles the venv's and the checkout's).
+UNCOMPILED_PROBE = """\
+import contextlib, importlib.util, io, json, os, sys
+from kiosk_agent.cli import main
+for argv in json.loads(sys.argv[1]):
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+        with contextlib.suppress(SystemExit):
+            main(argv)
+stale = []
+for name, module in list(sys.modules.items()):
+    source = getattr(module, "__file__", None) or ""
+    if not source.endswith(".py"):
+        continue
+    compiled = importlib.util.cache_from_source(source)
+    if not os.path.exists(compiled) or os.path.getmtime(compiled) < os.path.getmtime(source):
+        stale.append(name)
+print(json.dumps(sorted(stale)))
+"""
+
+
+def uncompiled(argvs: dict[str, list[str]]) -> list[str]:
+    """The modules the timed commands import that have no up-to-date bytecode."""
+    commands = [argv[3:] for name, argv in argvs.items() if name in TIMED_COMMANDS]
+    env = environment("dontwrite", None)
+    done = subprocess.run([sys.executable, "-c", UNCOMPILED_PROBE, json.dumps(commands)],
+                          env=env, cwd=ROOT, capture_output=True, text=True, check=True)
+    stale: list[str] = json.loads(done.stdout.splitlines()[-1])
+    return stale
 
 
 def run_once(name: str, argv: list[str], env: dict[str, str]) -> tuple[float, float]:
@@ -201,14 +280,17 @@ def main() -> None:
     args = parser.parse_args()
     load_before = os.getloadavg()[0]
     with tempfile.TemporaryDirectory(prefix="bench-start-") as scratch:
-        argvs = commands(demo_unit(Path(scratch)))
+        argvs = commands(demo_unit(Path(scratch)), agent_unit(Path(scratch)))
         if args.only:
             wanted = set(args.only.split(",")) - set(argvs)
             if wanted:
                 raise SystemExit(f"--only: no such figure: {', '.join(sorted(wanted))}")
             argvs = {name: argv for name, argv in argvs.items()
                      if name.startswith("floor_") or name in args.only.split(",")}
-        result = measure(argvs, args.runs, args.from_source)
+        with running_agent(Path(scratch) / "agent.yaml") if "terminals_agent" in argvs else (
+                contextlib.nullcontext()):
+            stale = uncompiled(argvs)  # before the runs without the variable write any
+            result = measure(argvs, args.runs, args.from_source)
     load = os.getloadavg()[0]
     how = "from source (every module compiled)" if args.from_source else "bytecode as ./dev makes"
     print(f"load average {load_before:.1f} before, {load:.1f} after, on {os.cpu_count()} cores "
@@ -223,9 +305,11 @@ def main() -> None:
         print(f"{name:48} {value}{verdict}{measured_under(result, name)}")
     missed = sorted(name for name, limit in limits.items()
                     if name in result and result[name] >= limit)
+    print(f"modules the timed commands import without up-to-date bytecode: {len(stale)}"
+          + (f" ({', '.join(stale)}; ./dev compiles them)" if stale else ""))
     print(f"targets missed: {', '.join(missed) or 'none'}")
     extra = {"load_average": round(load, 2), "load_average_before": round(load_before, 2),
-             "from_source": int(args.from_source),
+             "from_source": int(args.from_source), "uncompiled_modules": len(stale),
              "targets_missed_count": len(missed)}
     print(json.dumps(result | extra))
 

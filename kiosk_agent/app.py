@@ -142,15 +142,17 @@ async def agent_for(
     systemd: bool = True,
     simulator: SimulatorFactory | None = None,
     machines: MachineFactory | None = None,
+    owner: JournalLock | None = None,
 ) -> AsyncIterator[tuple[Agent, ConfiguredService]]:
     """An agent for ``config``, wired and not started, with the service it uses.
 
     The journal is claimed first: while another agent owns it this raises
     :class:`~kiosk_agent.sales.owner.JournalOwned` before anything is read, started or written
-    (not even the embedded simulator). When the block ends the agent is stopped (a running sale
-    finished or parked), the simulator stopped and the journal let go."""
-    owner = JournalLock(config.resolve(config["journal"]["path"]))
-    owner.acquire()
+    (not even the embedded simulator); ``owner``, when given, is that claim already taken.
+    When the block ends the agent is stopped (a running sale finished or parked), the simulator
+    stopped and the journal let go."""
+    owner = owner or JournalLock(config.resolve(config["journal"]["path"]))
+    owner.acquire()  # taking it again while held is a no-op
     try:
         async with configured_service(config, simulator) as service:
             agent = build_agent(

@@ -22,7 +22,8 @@ from kiosk_agent.config.load import SECTION_OWNERS, Config, ConfigInvalid, load_
 from kiosk_agent.platforms.doctor import check_triggers
 from kiosk_agent.platforms.serial_doctor import check_port_urls, check_serial_ports
 from kiosk_agent.sales.journal_doctor import check_journal, check_journal_running
-from kiosk_agent.verdicts import Check, Report, Verdict, describe
+from kiosk_agent.service.errors import describe
+from kiosk_agent.verdicts import Check, Report, Verdict
 
 __all__ = ["Check", "Report", "Verdict", "check_running", "check_this_unit", "describe"]
 

@@ -79,14 +79,3 @@ class Report:
             "failed": len(self.failed),
             "checks": [c.as_dict() for c in self.checks],
         }
-
-
-def describe(err: BaseException) -> str:
-    """An error in words: a failed connection as where and why, no library jargon."""
-    if isinstance(err, TimeoutError):
-        return "timed out"
-    if isinstance(err, OSError) or type(err).__module__.startswith("aiohttp"):
-        from kiosk_agent.service.errors import network_words
-
-        return network_words(err)
-    return str(err) or type(err).__name__

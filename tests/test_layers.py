@@ -159,6 +159,8 @@ PLATFORM_TIMERS: dict[tuple[str, str], str] = {
     ("serial", "SerialLink._run"): "the link's reconnect backoff",
     ("serial", "SerialLink._watchdog"): "the link's silence watchdog (silence_timeout, probe)",
     ("serial", "SerialLink._close_transport"): "the port's close, waited for at most 5 s",
+    ("serial_doctor", "check_port_urls"): "the doctor's TCP connect to a socket:// port, "
+    "bounded by the doctor's own time limit (no sale runs through it)",
     ("virtual", "VirtualPlatform.stop"): "the simulated customer finishing on stop",
 }
 # What arms a timer: a call of one of these names, or any call given a ``timeout=``

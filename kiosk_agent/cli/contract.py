@@ -624,6 +624,42 @@ class StatusLine:
                 await task
             self.clear()
 
+    def wait_in_thread(self, what: str, limit_s: float, call: Callable[[], T]) -> T:
+        """``call()`` in a thread of its own, for a command without an event loop: bounded by
+        ``limit_s`` (TimeoutError after it; the thread is left to end on its own), with the
+        waiting line :meth:`waiting` draws shown meanwhile."""
+        import threading
+
+        results: list[T] = []
+        errors: list[BaseException] = []
+
+        def run() -> None:
+            try:
+                results.append(call())
+            except BaseException as err:  # noqa: BLE001 - raised on the waiting thread
+                errors.append(err)
+
+        worker = threading.Thread(target=run, name="command-request", daemon=True)
+        worker.start()
+        started = time.monotonic()
+        pause = WAIT_LINE_AFTER_S
+        try:
+            while True:
+                worker.join(max(0.0, min(pause, started + limit_s - time.monotonic())))
+                if not worker.is_alive():
+                    break
+                waited = time.monotonic() - started
+                if waited >= limit_s:
+                    raise TimeoutError(f"no answer within {limit_s:g} s")
+                self.show(f"waiting for {what}: {waited:.0f} s (gives up after {limit_s:g} s "
+                          "per request, --timeout)")
+                pause = 1.0
+        finally:
+            self.clear()
+        if errors:
+            raise errors[0]
+        return results[0]
+
     async def _tick(self, what: str, limit_s: float) -> None:
         import asyncio
 

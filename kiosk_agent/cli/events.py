@@ -254,7 +254,7 @@ class Cursor:
 async def _follow_through(
     url: str, token: str, within: float, show: Callable[[str, dict[str, Any]], None]
 ) -> None:
-    from kiosk_agent.verdicts import describe
+    from kiosk_agent.service.errors import describe
 
     cursor = Cursor()
     wait = RECONNECT_FIRST_S
@@ -290,7 +290,7 @@ async def _read(
     import aiohttp  # here, not at import: `kiosk-agent --help` stays quick
 
     from kiosk_agent.cli.fleet import check_admin_answer
-    from kiosk_agent.verdicts import describe
+    from kiosk_agent.service.errors import describe
 
     # --timeout bounds the connection and the first answer; the stream then runs for ever
     # (the agent writes a keepalive every 10 s, so a dead link is noticed by the socket)

@@ -29,10 +29,12 @@ from kiosk_agent.cli.contract import (
     EXIT_USAGE,
     STATUS,
     CliError,
+    awaited_anyhow,
     config_path,
     guarded,
     load,
     named_config,
+    off_the_loop,
     optional_config_path,
     options,
     plural,
@@ -80,7 +82,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "--watch", action="store_true",
         help="show it again whenever it changes, until Ctrl-C (the agent's event stream)",
     )  # fmt: skip
-    health.set_defaults(handler=guarded(health_command))
+    health.set_defaults(handler=guarded(health_command, loop=False))
 
     fleet = subparsers.add_parser("fleet", help="the fleet on the MQTT broker (Home Assistant)",
                                   parents=options())
@@ -219,7 +221,7 @@ def _broker(args: argparse.Namespace) -> tuple[Path, dict[str, Any], dict[str, A
 
 
 def _unreachable(mqtt: dict[str, Any], err: BaseException) -> CliError:
-    from kiosk_agent.verdicts import describe
+    from kiosk_agent.service.errors import describe
 
     return CliError(f"cannot reach the MQTT broker {mqtt['host']}:{mqtt['port']}: "
                     f"{describe(err)}", EXIT_UNREACHABLE)
@@ -454,24 +456,23 @@ async def _check_cleared(
 
 
 async def health_command(args: argparse.Namespace) -> int:
+    """Registered without an event loop: one question, asked with the standard library in a
+    thread bounded by the timeout (``--watch`` follows a stream, in a loop of its own)."""
     if args.watch:
         from kiosk_agent.cli.events import watch_health
 
-        return await watch_health(args)
-    import asyncio
+        return await awaited_anyhow(watch_health(args))
     import http.client
-
-    from kiosk_agent.verdicts import describe
 
     url, token = admin_address(args)
     within = timeout_of(args)
     try:
-        async with STATUS.waiting(f"the agent at {url}", within):
-            status, location, body = await asyncio.wait_for(
-                asyncio.to_thread(get_once, f"{url.rstrip('/')}/api/health", token, within),
-                within,
-            )
+        status, location, body = await off_the_loop(lambda: STATUS.wait_in_thread(
+            f"the agent at {url}", within,
+            lambda: get_once(f"{url.rstrip('/')}/api/health", token, within)))
     except (OSError, ValueError, http.client.HTTPException, TimeoutError) as err:
+        from kiosk_agent.service.errors import describe
+
         raise CliError(
             f"cannot reach the agent at {url}: {describe(err)}",
             EXIT_UNREACHABLE, ["is it running? `systemctl status kiosk-agent`"],

@@ -14,7 +14,8 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 from kiosk_agent.platforms.serial_ports import resolve_port, serial_ports_present
-from kiosk_agent.verdicts import Report, Verdict, describe
+from kiosk_agent.service.errors import describe
+from kiosk_agent.verdicts import Report, Verdict
 
 if TYPE_CHECKING:
     from kiosk_agent.config.load import Config

@@ -101,7 +101,7 @@ def check_journal_file(report: Report, path: Path, *, quick: bool = False) -> No
     ``quick``, the ``quick_check`` alone), and whether one that was in use here is missing or
     empty (the ``.in-use`` marker beside it)."""
     from kiosk_agent.sales.journal import integrity, marker_path, side_files
-    from kiosk_agent.sales.journal_guard import inspect_journal
+    from kiosk_agent.sales.journal_inspect import inspect_journal
 
     wal = side_files(path)[0]
     wal_text = f"WAL {wal.stat().st_size} bytes" if wal.exists() else "no WAL"

@@ -23,11 +23,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import datetime as dt
 import logging
 import os
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -38,7 +36,13 @@ from kiosk_agent.sales.journal import (
     JournalError,
     JournalTooNew,
     integrity,
-    side_files,
+)
+from kiosk_agent.sales.journal_inspect import (
+    JournalNotice,
+    _not_damage,
+    damage_note,
+    inspect_journal,
+    taken_ahead,
 )
 from kiosk_agent.sales.settings import (
     CHARGE_CHECK_INTERVAL,
@@ -55,10 +59,6 @@ FATAL_COMPONENT = "journal"
 # before any write fails: an idle unit learns its disk is full within a second.
 LOW_SPACE_BYTES = 256 * 1024
 DISK_WATCH_S = 1.0
-DAMAGE_NOTE_SUFFIX = ".damage-found"
-# The journal's bulk (most of a year's file): read after it opened, in a worker thread, before
-# money moves; the start reads none of it but an open sale's steps (JournalGuard._read_whole)
-BULK = ("steps",)
 FILE_COMPONENT = "journal file"  # the fatal a damaged file reports: a restart moves it aside
 
 
@@ -84,60 +84,6 @@ class GuardedHealth(Protocol):
     def clear_fatal(self, component: str) -> None: ...
 
 
-@dataclass(frozen=True, slots=True)
-class JournalNotice:
-    """What was found wrong with the journal's file at start (``kind``: lost or damaged)."""
-
-    kind: str
-    message: str
-    kept_at: Path | None = None
-
-
-def inspect_journal(
-    path: Path, *, move_damaged: bool = True, whole: bool = True, clock: Clock = SYSTEM_CLOCK
-) -> JournalNotice | None:
-    """Check the journal's file before it is opened; None when it is fine (or new). With
-    ``whole`` False every table but the steps (``BULK``), unless the last run's check in the
-    worker thread found it damaged (``damage_note``): then the whole ``quick_check``. A damaged
-    one moved aside is named after the ``clock``'s wall time."""
-    marker = Journal(path).marker
-    present = path.exists() and path.stat().st_size > 0
-    if not present:
-        if not marker.exists():
-            return None  # a first start
-        what = "missing" if not path.exists() else "empty (0 bytes)"
-        return _lost(path, marker, what)
-    noted = damage_note(path)
-    # what the start reads (every table but the steps) unless told to read it whole
-    problems = integrity(path, quick=True, but=() if whole or noted.exists() else BULK)
-    if not problems or _not_damage(problems):
-        if not problems and move_damaged:  # read whole (the note made it) and found sound
-            noted.unlink(missing_ok=True)
-        return None  # readable, or a fault of the disk (full, read-only): open() says which
-    if problems == ["no sales table: the journal is empty"]:
-        if marker.exists():
-            return _lost(path, marker, "empty (no tables: its WAL was removed, or never synced)")
-        return None
-    kept = _move_aside(path, clock.time()) if move_damaged else None
-    found = "; ".join(problems[:3])
-    if kept is None:
-        return JournalNotice("damaged", f"the journal at {path} is damaged ({found})")
-    return JournalNotice(
-        "damaged",
-        f"the journal at {path} was damaged ({found}); it was moved to {kept} (with its WAL) "
-        "and a new journal begun. Its sales are not lost to you: `sqlite3 "
-        f"{kept} .recover` saves what it can. Reporting's recent charges were compared with "
-        "the new journal; any it did not hold was given back or put to attention",
-        kept,
-    )
-
-
-def damage_note(path: Path) -> Path:
-    """Beside the journal: the check after the last open found it damaged; the next start
-    reads it whole before it opens, and moves it aside."""
-    return path.with_name(path.name + DAMAGE_NOTE_SUFFIX)
-
-
 def disk_fault(directory: Path) -> str | None:
     """What is wrong with the journal's file system (full, out of inodes, read-only), for
     people; None when it is neither (or cannot be looked at)."""
@@ -153,38 +99,6 @@ def disk_fault(directory: Path) -> str | None:
     if stat.f_files and not stat.f_favail:  # the WAL and its shared memory are files to make
         return f"the file system of {directory} has no inodes left (no file can be made)"
     return None
-
-
-def _not_damage(problems: list[str]) -> bool:
-    """An error of the disk (full, read-only, I/O), not of the file: nothing is moved aside."""
-    text = " ".join(problems).lower()
-    return any(word in text for word in ("disk i/o", "disk is full", "readonly", "read-only",
-                                         "unable to open"))
-
-
-def _lost(path: Path, marker: Path, what: str) -> JournalNotice:
-    return JournalNotice(
-        "lost",
-        f"the journal at {path} is {what}, but {marker} says one was in use here. If it was "
-        "removed on purpose, delete that marker; else restore it from a backup to see its "
-        "sales. Reporting's recent charges were compared with the new journal; any it did "
-        "not hold was given back or put to attention",
-    )
-
-
-def _move_aside(path: Path, now: float) -> Path | None:
-    stamp = dt.datetime.fromtimestamp(now, dt.UTC).strftime("%Y%m%dT%H%M%SZ")
-    kept = path.with_name(f"{path.name}.damaged-{stamp}")
-    try:
-        path.rename(kept)
-        for side, moved in zip(side_files(path), side_files(kept), strict=True):
-            if side.exists():
-                side.rename(moved)
-        damage_note(path).unlink(missing_ok=True)
-    except OSError as err:
-        _LOGGER.error("cannot move the damaged journal %s aside: %s", path, err)
-        return None
-    return kept
 
 
 class JournalGuard:
@@ -241,7 +155,11 @@ class JournalGuard:
     def before_open(self) -> None:
         """Check the file (lost; damaged: all but its steps, or whole when the last run found
         it damaged) and say so; the first charge check is then due."""
-        self.notice = inspect_journal(self.journal.path, whole=False, clock=self.clock)
+        ahead = taken_ahead(self.journal.path)
+        if ahead is not None:  # begun before the agent was imported (inspect_ahead)
+            self.notice = ahead.result()
+        else:
+            self.notice = inspect_journal(self.journal.path, whole=False, clock=self.clock)
         self.health.report_journal_state(path=str(self.journal.path), charges_pending=True)
         if self.notice is not None:
             _LOGGER.error("journal: %s", self.notice.message)

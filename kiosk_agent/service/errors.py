@@ -69,6 +69,16 @@ def network_words(exc: BaseException) -> str:
     return str(exc) or "failed"
 
 
+def describe(err: BaseException) -> str:
+    """An error in words: a failed connection as where and why, no library jargon (the
+    doctor's checks, `health`)."""
+    if isinstance(err, TimeoutError):
+        return "timed out"
+    if isinstance(err, OSError) or type(err).__module__.startswith("aiohttp"):
+        return network_words(err)
+    return str(err) or type(err).__name__
+
+
 def _os_words(err: OSError) -> str:
     if isinstance(err, socket.gaierror):
         return "no such host (the name does not resolve)"

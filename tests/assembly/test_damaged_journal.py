@@ -170,7 +170,7 @@ async def test_a_journal_removed_under_the_running_agent_is_written_back(
 
 def overwrite_the_steps(path: Path) -> None:
     """Damage the steps' table alone: the bulk of a year's journal, which the start reads
-    none of (sales/journal_guard.BULK)."""
+    none of (sales/journal_inspect.BULK)."""
     checkpointed(path)
     delete_wal(path)
     db = sqlite3.connect(path)
@@ -197,7 +197,7 @@ def a_journal_with_an_open_sale(path: Path) -> None:
 def test_before_open_the_start_reads_all_but_the_steps_and_whole_once_told(
     tmp_path: Path,
 ) -> None:
-    from kiosk_agent.sales.journal_guard import damage_note, inspect_journal
+    from kiosk_agent.sales.journal_inspect import damage_note, inspect_journal
 
     path = tmp_path / "journal.db"
     a_journal_with_an_open_sale(path)
@@ -302,4 +302,47 @@ async def test_the_start_is_ready_before_the_whole_read_and_takes_no_customer_un
         assert whole_reads == [True]
     finally:
         let_go.set()
+        await agent.stop()
+
+
+async def test_the_look_begun_ahead_of_the_agents_import_is_the_one_its_start_takes(
+    sim_factory: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`kiosk-agent run` begins the look at the file (all but the steps) in a thread of its own
+    once it holds the journal, before it imports the agent (a year of sales: 0.3 s of a second
+    core); the start takes that verdict, here a damaged file moved aside, and does not read the
+    file again before it opens it."""
+    import threading
+
+    from kiosk_agent.sales import journal_inspect
+
+    sim = await sim_factory(time_scale=TIME_SCALE, seed=3, transactions=0)
+    info = sim.ready_info()
+    monkeypatch.setenv("KIOSK_API_KEY", info["api_key"])
+    monkeypatch.setenv("KIOSK_CLIENT_SECRET", info["client_secret"])
+    config = load_config(write_config(tmp_path, sim))
+    path = tmp_path / "journal.db"
+    a_journal_with_an_open_sale(path)
+    overwrite_a_page(path)  # the sales' own b-tree: what the start reads
+    looks: list[tuple[str, tuple[str, ...]]] = []
+    real = journal_inspect.integrity
+
+    def recorded(path: Path, *, quick: bool = False, but: Any = ()) -> list[str]:
+        looks.append((threading.current_thread().name, tuple(but)))
+        return real(path, quick=quick, but=but)
+
+    monkeypatch.setattr(journal_inspect, "integrity", recorded)
+    journal_inspect.inspect_ahead(path)
+    agent = Agent(config, service_settings_from_config(config))
+    await agent.start()
+    try:
+        assert looks == [("journal-inspect", journal_inspect.BULK)]
+        notice = agent.health.snapshot().journal.notice
+        [kept] = tmp_path.glob("journal.db.damaged-*Z")
+        assert "damaged" in notice
+        assert str(kept) in notice
+        assert journal_inspect.taken_ahead(path) is None  # taken once
+        await asyncio.wait_for(agent.journal_guard.first_check(), 20)
+        assert await agent.journal_guard.file_intact()  # the new journal, read whole
+    finally:
         await agent.stop()

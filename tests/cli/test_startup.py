@@ -250,6 +250,28 @@ def test_health_asks_the_agent_without_aiohttp(monkeypatch: pytest.MonkeyPatch) 
     _output, modules = modules_after(["health", "--url", "http://127.0.0.1:9", "--timeout", "2"])
     for package in ("aiohttp", "kiosk_agent.admin.server", "kiosk_agent.sim", "pydantic"):
         assert imported(modules, package) == [], package
+    # nor an event loop for its one question, nor the doctor's checks for the words of a
+    # refused connection (they imported asyncio): a third of the command's CPU
+    for package in ("asyncio", "kiosk_agent.doctor"):
+        assert imported(modules, package) == [], package
+
+
+def test_a_question_asked_without_an_event_loop_gives_up_at_its_bound() -> None:
+    import threading
+    import time
+
+    from kiosk_agent.cli.contract import StatusLine
+
+    never = threading.Event()
+    started = time.monotonic()
+    with pytest.raises(TimeoutError, match=r"no answer within 0\.2 s"):
+        StatusLine().wait_in_thread("an agent that never answers", 0.2, never.wait)
+    assert time.monotonic() - started < 5
+    never.set()
+    assert StatusLine().wait_in_thread("an answer", 5, lambda: 42) == 42
+    with pytest.raises(ConnectionRefusedError):
+        StatusLine().wait_in_thread("a refusal", 5, lambda: (_ for _ in ()).throw(
+            ConnectionRefusedError(111, "refused")))
 
 
 def test_a_command_on_a_config_with_a_dex_section_does_not_wait_for_the_eva_dts_reader() -> None:

@@ -61,7 +61,7 @@ async def test_a_running_agents_doctor_checks_the_journal_off_the_event_loop(
     from another thread (on the loop it would wait out its bound and say so)."""
     import threading
 
-    from kiosk_agent.sales import journal_guard
+    from kiosk_agent.sales import journal_inspect
 
     journal = Journal(tmp_path / "journal.db")
     journal.open()
@@ -73,7 +73,7 @@ async def test_a_running_agents_doctor_checks_the_journal_off_the_event_loop(
         seen.append((quick, loop_turned.wait(timeout=10)))
         return []
 
-    monkeypatch.setattr(journal_guard, "integrity", integrity)
+    monkeypatch.setattr(journal_inspect, "integrity", integrity)
 
     async def turn() -> None:
         await asyncio.sleep(0)
