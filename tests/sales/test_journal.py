@@ -8,6 +8,8 @@ import os
 import resource
 import sqlite3
 import stat
+import subprocess
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -443,6 +445,42 @@ def test_a_journal_whose_wal_was_grown_is_read_whole_after_a_crash(tmp_path: Pat
     tables = {r[0] for r in reopened.db.execute("SELECT name FROM sqlite_master")}
     assert "wal_reserve" not in tables
     assert reopened.db.execute("PRAGMA quick_check").fetchone()[0] == "ok"
+    reopened.close()
+
+
+def test_a_process_killed_while_the_wal_grows_leaves_its_sales_and_nothing_else(
+    tmp_path: Path,
+) -> None:
+    """The process dies with half the filler spilled into the WAL (os._exit from inside the
+    insert's rows): the next open finds the sales committed before it, whole, and no table."""
+    path = tmp_path / "journal.db"
+    script = f"""
+import itertools, os
+from kiosk_agent.sales import journal as module
+from tests.sales.test_journal import new_sale
+journal = module.Journal({str(path)!r})
+journal.open()
+journal.create(new_sale(1))
+def dying(rows, times):
+    for n, row in enumerate(itertools.repeat(rows, times)):
+        if n == 500:
+            os._exit(9)  # the filler's first 500 pages are in the WAL, none committed
+        yield row
+module.itertools = type("It", (), {{"repeat": staticmethod(dying)}})
+journal.reserve_wal()
+os._exit(0)
+"""
+    died = subprocess.run([sys.executable, "-c", script], cwd=Path(__file__).parents[2],
+                          check=False, timeout=60)
+    assert died.returncode == 9
+    assert _wal(Journal(path)).stat().st_size > 400 * 4096  # the spilled frames are there
+    reopened = Journal(path)
+    reopened.open()
+    assert [s.sale_id for s in reopened.query()] == [new_sale(1).sale_id]
+    tables = {r[0] for r in reopened.db.execute("SELECT name FROM sqlite_master")}
+    assert "wal_reserve" not in tables
+    assert reopened.db.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
+    reopened.create(new_sale(2))
     reopened.close()
 
 
