@@ -54,6 +54,7 @@ from types import SimpleNamespace
 from typing import Any
 
 import aiomqtt
+from _support import free_port  # shared with the tests, without the test tree
 from fleet_units import serve_units
 
 from kiosk_agent.fleet.component import Upstream
@@ -73,12 +74,6 @@ BROKER_SETTINGS_10K = "max_queued_messages 2000000\nmax_inflight_messages 100\n"
 PERSISTENCE = "persistence true\nautosave_interval 300\npersistence_location {directory}/\n"
 def load_average() -> str:
     return " ".join(f"{x:.2f}" for x in os.getloadavg())
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 class Broker:

@@ -41,14 +41,10 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+from _support import free_port  # shared with the tests, without the test tree
+
 UNITS = 4
 INTERVAL_S = 10  # a report every 10 s: the sequences show within a minute
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def wait_port(port: int, limit: float = 20) -> None:

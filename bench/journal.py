@@ -62,6 +62,7 @@ from kiosk_agent.service.client import ServiceClient
 from kiosk_agent.sim.server import SimOptions, SimServer
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _support import free_port  # shared with the tests, without the test tree
 from agent import (  # the sibling bench's helpers
     KIOSK_TOKEN,
     PROCESS_TIME_SCALE,
@@ -344,12 +345,6 @@ def agent_config(info: dict[str, Any], kiosk_port: int, admin_port: int) -> str:
     )
 
 
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
-
-
 def old_sales(path: Path) -> int:
     """Finished sales older than the retention (what a prune removes)."""
     if not path.exists():
@@ -380,6 +375,8 @@ class Ports:
 
     def pick(self) -> None:
         self.kiosk, self.admin = free_port(), free_port()
+        while self.admin == self.kiosk:  # two picks, neither bound yet, can meet
+            self.admin = free_port()
         (self.directory / "config.yaml").write_text(
             agent_config(self.info, self.kiosk, self.admin))
 

@@ -16,7 +16,6 @@ import argparse
 import asyncio
 import json
 import os
-import socket
 import statistics
 import struct
 import sys
@@ -25,6 +24,7 @@ import time
 from pathlib import Path
 
 import aiohttp
+from _support import free_port  # shared with the tests, without the test tree
 
 TOKEN = "bench-kiosk-token-0123456789"  # noqa: S105 - a local bench's own token
 
@@ -34,12 +34,6 @@ def rss_mib(pid: int) -> float:
         if line.startswith("VmRSS:"):
             return int(line.split()[1]) / 1024
     return 0.0
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 async def start_agent(directory: Path, port: int) -> asyncio.subprocess.Process:

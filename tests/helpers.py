@@ -1,4 +1,4 @@
-"""Small waiting and port helpers shared by the test folders."""
+"""Small waiting, port and configuration helpers shared by the test folders."""
 
 from __future__ import annotations
 
@@ -6,6 +6,7 @@ import asyncio
 import logging
 import re
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 # one copy, the benches' too (they run without the test tree): bench/_support.py
@@ -34,6 +35,52 @@ def service_yaml(info: dict[str, Any], timeout: float = 5) -> str:
         "  client_secret: !env_var KIOSK_CLIENT_SECRET\n"
         f"  timeout: {timeout}\n"
     )
+
+
+ADMIN_TOKEN = "doctor-admin-token-0123456789"  # endpoint_config's secret admin_token
+
+
+def write_config(directory: Path, body: str, secrets: dict[str, str] | None = None) -> Path:
+    """``config.yaml`` holding ``body`` in ``directory``, and beside it ``secrets.yaml`` (mode 600,
+    as a unit keeps it) holding ``secrets`` when given; returns the config's path."""
+    if secrets:
+        (directory / "secrets.yaml").write_text(
+            "".join(f"{key}: {value}\n" for key, value in secrets.items())
+        )
+        (directory / "secrets.yaml").chmod(0o600)
+    path = directory / "config.yaml"
+    path.write_text(body)
+    return path
+
+
+def endpoint_config(directory: Path, sim: Any, terminals: str, extra: str = "") -> Path:
+    """A config reaching the simulator ``sim`` with its secrets in ``secrets.yaml`` (``!secret``:
+    the api key, refresh token, client secret and ``admin_token``), a journal, ``terminals``
+    (YAML list items) and any ``extra`` sections; returns its path."""
+    info = sim.ready_info()
+    body = f"""
+service:
+  base_url: {info["base_url"]}
+  reporting_url: {info["reporting_url"]}
+  ws_url: {info["ws_url"]}
+  api_key: !secret api_key
+  refresh_token: !secret refresh_token
+  mid: "{info["mid"]}"
+  client_id: {info["client_id"]}
+  client_secret: !secret client_secret
+  credentials_path: keys.json
+terminals:
+{terminals}
+journal: {{path: journal.db}}
+{extra}
+"""
+    secrets = {
+        "api_key": info["api_key"],
+        "refresh_token": info["refresh_token"],
+        "client_secret": info["client_secret"],
+        "admin_token": ADMIN_TOKEN,
+    }
+    return write_config(directory, body, secrets)
 
 
 async def sim_call(sim: Any, method: str, path: str, body: dict[str, Any] | None = None) -> Any:

@@ -1,5 +1,6 @@
 """The benches run without the test tree: none imports ``tests`` (what they share with the
-tests is bench/_support.py), read from their code with ``ast``."""
+tests is bench/_support.py), and none keeps its own copy of what bench/_support.py holds
+(``free_port``), read from their code with ``ast``."""
 
 from __future__ import annotations
 
@@ -7,6 +8,8 @@ import ast
 from pathlib import Path
 
 BENCH = Path(__file__).resolve().parents[1] / "bench"
+SHARED = "_support.py"  # the one place a bench's shared helper is defined
+SHARED_NAMES = ("free_port",)  # what the benches import from it, never define again
 
 
 def imports_of_the_test_tree(source: str, name: str = "<test>") -> list[str]:
@@ -20,13 +23,35 @@ def imports_of_the_test_tree(source: str, name: str = "<test>") -> list[str]:
     return found
 
 
+def own_copies_of_shared_helpers(source: str, name: str = "<test>") -> list[str]:
+    """Each function in ``source``, at any depth, named like a helper of bench/_support.py."""
+    return [
+        f"{name}:{node.lineno}: def {node.name}"
+        for node in ast.walk(ast.parse(source, name))
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and node.name in SHARED_NAMES
+    ]
+
+
+def benches() -> list[Path]:
+    found = sorted(BENCH.glob("*.py"))
+    assert len(found) > 5  # the folder is really there
+    return found
+
+
 def test_no_bench_imports_the_test_tree() -> None:
-    benches = sorted(BENCH.glob("*.py"))
-    assert len(benches) > 5  # the folder is really there
     offenders = [
-        hit for path in benches for hit in imports_of_the_test_tree(path.read_text(), path.name)
+        hit for path in benches() for hit in imports_of_the_test_tree(path.read_text(), path.name)
     ]
     assert not offenders, offenders
+
+
+def test_no_bench_defines_its_own_free_port() -> None:
+    assert own_copies_of_shared_helpers((BENCH / SHARED).read_text(), SHARED)  # the one copy
+    offenders = [
+        hit for path in benches() if path.name != SHARED
+        for hit in own_copies_of_shared_helpers(path.read_text(), path.name)
+    ]
+    assert not offenders, f"import it from bench/_support.py instead: {offenders}"
 
 
 def test_the_reading_finds_both_forms_of_import_at_any_depth() -> None:
@@ -36,3 +61,15 @@ def test_the_reading_finds_both_forms_of_import_at_any_depth() -> None:
     ]
     clean = "import testsuite\nfrom bench._support import free_port\n"
     assert imports_of_the_test_tree(clean) == []
+
+
+def test_the_reading_finds_a_copy_of_free_port_at_any_depth() -> None:
+    source = (
+        "def free_port() -> int:\n    return 0\n"
+        "class Broker:\n    async def free_port(self) -> int:\n        return 0\n"
+    )
+    assert own_copies_of_shared_helpers(source) == [
+        "<test>:1: def free_port", "<test>:4: def free_port"
+    ]
+    clean = "from _support import free_port\nport = free_port()\ndef free_ports(): pass\n"
+    assert own_copies_of_shared_helpers(clean) == []

@@ -38,6 +38,7 @@ from kiosk_agent.cli.contract import (
     positive_int,
     use_colour,
 )
+from kiosk_agent.health.availability import TerminalState, unavailable_text
 from kiosk_agent.moments import display_clock
 from kiosk_agent.money import format_cents
 from kiosk_agent.sales.kinds import Tally, no_selection
@@ -120,6 +121,7 @@ class LiveView:
         self._status_shown = False
         self._last_state: dict[str, SaleState] = {}  # a sale's steps repeat a state: show it once
         self.customers: Customers | None = None  # --sales N: which sales count
+        self._starting: set[str] = set()  # terminals last shown starting: in service, not back
 
     # -- inputs --------------------------------------------------------------------------------
 
@@ -178,13 +180,25 @@ class LiveView:
     def note(self, text: str) -> None:
         self._line("demo", text, "yellow")
 
-    def availability(self, state: Any) -> None:
-        """A terminal went out of service (the readers step aside) or came back."""
+    def availability(self, state: TerminalState) -> None:
+        """A terminal waiting for the agent's start, out of service (the reader steps aside),
+        or taking cards: in the words of `kiosk-agent health`."""
+        was_starting = state.device_id in self._starting
         if state.available:
-            self._line(state.device_id, "back in service: card readers enabled again", "green")
+            self._starting.discard(state.device_id)
+            text = ("in service: card readers enabled" if was_starting
+                    else "back in service: card readers enabled again")
+            self._line(state.device_id, text, "green")
+            return
+        out = unavailable_text(starting=state.starting, since=state.since, reason=state.reason)
+        if state.starting:
+            self._starting.add(state.device_id)
+            self._line(state.device_id, f"{out}; the reader waits for the agent's start, the "
+                       "machine sells for cash", "yellow")
         else:
-            self._line(state.device_id, f"OUT OF SERVICE ({state.reason}): the reader steps "
-                       "aside, the machine sells for cash", "red")
+            self._starting.discard(state.device_id)
+            self._line(state.device_id, f"{out}; the reader steps aside, the machine sells "
+                       "for cash", "red")
 
     def receipt(self, source: str, note: str) -> None:
         self._line(
@@ -523,6 +537,11 @@ class Outage:
 
     async def _show(self, availability: Any) -> None:
         async with availability.changes.subscribe() as changes:
+            # a terminal still starting (or out) when the view begins: its next change reads
+            # as the end of that, not as a return from an outage the view never showed
+            for state in availability.states():
+                if not state.available:
+                    self.view.availability(state)
             while True:
                 self.view.availability(await changes.get())
 

@@ -44,7 +44,7 @@ from kiosk_agent.cli.contract import (
     wants_json,
     zero_or_more_seconds,
 )
-from kiosk_agent.moments import display_clock, optional_timestamp
+from kiosk_agent.moments import optional_timestamp
 from kiosk_agent.money import format_cents
 
 # The checks (doctor.py, verdicts.py), the configuration and aiohttp are imported by the
@@ -633,11 +633,11 @@ def format_health(report: dict[str, Any]) -> str:
         )
     for state in snapshot.get("availability", []):
         if not state.get("available", True):
-            # UTC, as every time the command line prints; a start is no outage, and says so
-            out = "STARTING" if state.get("starting") else "OUT OF SERVICE"
-            lines.append(f"card:     {state['device_id']:<12} {out} since "
-                         f"{display_clock(state['since'])}: "
-                         f"{state.get('reason', '')}")
+            from kiosk_agent.health.availability import unavailable_text
+
+            out = unavailable_text(starting=bool(state.get("starting")), since=state["since"],
+                                   reason=state.get("reason", ""))
+            lines.append(f"card:     {state['device_id']:<12} {out}")
     if snapshot.get("journal", {}).get("writable") is False:
         lines.append(f"journal:  NOT WRITABLE {snapshot['journal'].get('detail', '')}")
     for link in snapshot.get("links", []):

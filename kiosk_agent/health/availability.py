@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING
 
 from kiosk_agent.bus import EventBus
 from kiosk_agent.health.defaults import HOLD_OFF, RECHECK_INTERVAL
+from kiosk_agent.moments import display_clock
 from kiosk_agent.sales.model import SaleEvent
 from kiosk_agent.sales.states import SaleState
 
@@ -71,6 +72,15 @@ class TerminalState:
 
 
 Listener = Callable[[TerminalState], None]
+
+
+def unavailable_text(*, starting: bool, since: float, reason: str) -> str:
+    """A terminal that cannot take cards, in the words of every command-line face
+    (``kiosk-agent health``, the demo's live view): a start is no outage, and says so.
+    ``STARTING since 10:15:30Z: journal: reading its file whole ...``; UTC, as every time
+    the command line prints."""
+    label = "STARTING" if starting else "OUT OF SERVICE"
+    return f"{label} since {display_clock(since)}: {reason}"
 
 
 FILE_CHECK_REASON = "journal: reading its file whole before money moves on it"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import re
@@ -15,6 +16,9 @@ import pytest
 
 from kiosk_agent.cli import main
 from kiosk_agent.cli.demo import program_command
+from kiosk_agent.health.availability import TerminalState
+
+from ..helpers import until
 
 DEMO = [sys.executable, "-m", "kiosk_agent", "demo"]
 DEMO_CONFIG = Path(__file__).parents[2] / "config" / "demo.yaml"
@@ -271,7 +275,6 @@ def test_the_demos_lines_say_their_time_in_utc_as_the_status_page_it_announces(
 ) -> None:
     """Before: the live view stamped its lines in the machine's zone, unlabelled, beside the
     status page (and every other command) writing UTC."""
-    import io
 
     from kiosk_agent.cli.demo import LiveView
 
@@ -290,3 +293,78 @@ def test_the_demos_lines_say_their_time_in_utc_as_the_status_page_it_announces(
     shown = int(stamp[:2]) * 60 + int(stamp[3:5])
     assert abs(shown - (now.tm_hour * 60 + now.tm_min)) % (24 * 60) in (0, 1, 1439)
 
+
+
+READING = "journal: reading its file whole before money moves on it"
+
+
+def _view_lines(states: list[TerminalState]) -> list[str]:
+    from kiosk_agent.cli.demo import LiveView
+
+    out = io.StringIO()
+    view = LiveView(out, fancy=False)
+    for state in states:
+        view.availability(state)
+    return [line.split(" ", 2)[2] for line in out.getvalue().splitlines()]  # no stamp, source
+
+
+def test_the_demo_says_a_terminal_waiting_for_the_start_is_starting_in_healths_words() -> None:
+    """Before: the live view said OUT OF SERVICE for a terminal that was only starting, and
+    then "back in service ... again" for the end of a start, where `kiosk-agent health` said
+    STARTING since ...."""
+    from kiosk_agent.cli.fleet import format_health
+
+    waiting = TerminalState("SIM-0001", False, READING, 0.0, starting=True)
+    started = TerminalState("SIM-0001", True, "", 60.0)
+    shown, taking = _view_lines([waiting, started])
+    health = format_health({"status": "ok", "service": {"reachable": True}, "problems": [],
+                            "availability": [waiting.as_dict()]})
+    [card] = [line for line in health.splitlines() if line.startswith("card:")]
+    words = card.split("SIM-0001", 1)[1].strip()  # "STARTING since 00:00:00Z: journal: ..."
+    assert words == f"STARTING since 00:00:00Z: {READING}"
+    assert shown.startswith(words), shown
+    assert "OUT OF SERVICE" not in shown
+    assert taking == "in service: card readers enabled"  # a start ends; nothing came back
+
+
+def test_the_demo_still_says_an_outage_is_one_and_its_end_a_return() -> None:
+    waiting = TerminalState("SIM-0001", False, READING, 0.0, starting=True)
+    started = TerminalState("SIM-0001", True, "", 60.0)
+    out = TerminalState("SIM-0001", False, "terminal offline", 120.0)
+    back = TerminalState("SIM-0001", True, "", 130.0)
+    lines = _view_lines([waiting, started, out, back])
+    assert lines[2].startswith("OUT OF SERVICE since 00:02:00Z: terminal offline; the reader "
+                               "steps aside"), lines
+    assert lines[3] == "back in service: card readers enabled again"
+    # a start that became an outage (a new reason once the readers were on) ends as one
+    became = TerminalState("SIM-0001", False, "service unreachable: timed out", 70.0)
+    assert _view_lines([waiting, became, back])[2] == "back in service: card readers enabled again"
+
+
+async def test_the_demo_shows_a_terminal_still_starting_when_its_view_begins() -> None:
+    """The view follows the agent's decider after the agent's start: a terminal still
+    starting then is shown so, and its first change reads as the start's end."""
+    from kiosk_agent.cli.demo import LiveView, Outage
+    from kiosk_agent.health.availability import Availability
+    from kiosk_agent.health.model import Health
+
+    health = Health("1")
+    health.report_service(True)
+    health.report_terminal("SIM-0001", online=True)
+    availability = Availability(health, ["SIM-0001"], starting=True)
+    health.report_journal_state(file_checking=True)
+    availability.evaluate(at_start=True)
+    availability.readers_started()  # the file check outlasts the start of the readers
+    out = io.StringIO()
+    outage = Outage("http://127.0.0.1:9", "SIM-0001", LiveView(out, fancy=False))
+    async with outage:
+        outage.follow(availability, after=None)
+        await until(lambda: "STARTING" in out.getvalue())
+        health.report_journal_state(file_checking=False)
+        availability.evaluate()
+        await until(lambda: "card readers enabled" in out.getvalue())
+    starting, started = out.getvalue().splitlines()
+    assert "SIM-0001 STARTING since " in starting
+    assert starting.endswith(
+        f"{READING}; the reader waits for the agent's start, the machine sells for cash")
+    assert started.endswith("SIM-0001 in service: card readers enabled")

@@ -10,7 +10,6 @@ import time
 import uuid
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any
 
 import aiohttp
 import aiomqtt
@@ -23,55 +22,15 @@ from kiosk_agent.fleet.component import Upstream
 from kiosk_agent.health.model import Health
 
 from ..fleet.helpers import TcpProxy
-from ..helpers import free_port, until
+from ..helpers import ADMIN_TOKEN, endpoint_config, free_port, until, write_config
 from ..mqtt_broker import Observer, mosquitto, start_broker, stop_broker
 
 __all__ = ["mosquitto"]  # the broker fixture, imported for the tests below
-
-ADMIN_TOKEN = "doctor-admin-token-0123456789"
 
 
 async def run_cli(*argv: str) -> int:
     args = build_parser(argv[0]).parse_args(list(argv))
     return int(await args.handler(args))
-
-
-def write_config(directory: Path, body: str, secrets: dict[str, str] | None = None) -> Path:
-    if secrets:
-        (directory / "secrets.yaml").write_text(
-            "".join(f"{key}: {value}\n" for key, value in secrets.items())
-        )
-        (directory / "secrets.yaml").chmod(0o600)
-    path = directory / "config.yaml"
-    path.write_text(body)
-    return path
-
-
-def endpoint_config(directory: Path, sim: Any, terminals: str, extra: str = "") -> Path:
-    info = sim.ready_info()
-    body = f"""
-service:
-  base_url: {info["base_url"]}
-  reporting_url: {info["reporting_url"]}
-  ws_url: {info["ws_url"]}
-  api_key: !secret api_key
-  refresh_token: !secret refresh_token
-  mid: "{info["mid"]}"
-  client_id: {info["client_id"]}
-  client_secret: !secret client_secret
-  credentials_path: keys.json
-terminals:
-{terminals}
-journal: {{path: journal.db}}
-{extra}
-"""
-    secrets = {
-        "api_key": info["api_key"],
-        "refresh_token": info["refresh_token"],
-        "client_secret": info["client_secret"],
-        "admin_token": ADMIN_TOKEN,
-    }
-    return write_config(directory, body, secrets)
 
 
 async def test_doctor_names_each_config_mistake_and_fails(tmp_path: Path, capsys) -> None:

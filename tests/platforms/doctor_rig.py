@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from ..cli.test_fleet_cli import endpoint_config
+from ..helpers import endpoint_config
 
 
 @pytest.fixture
