@@ -26,6 +26,7 @@ instead, the first capturing while the second runs to its step KILL_AT (``overla
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import dataclasses
 import itertools
@@ -294,6 +295,8 @@ FAULT_FALLBACK = {
     "latency": "delay",
 }
 KILL_MODES = ("start", "recovery", "money", "money", "random")
+# the moments a round may be planned to kill at (ChaosOptions.moments): a mode, or a money step
+MOMENTS = frozenset({"start", "recovery", "random"} | MONEY_STEPS)
 # how NTP may step the agent's wall clock (seconds): days or hours, either way, or back to true
 CLOCK_STEPS = (3 * 86_400.0, 2 * 3600.0, -2 * 3600.0, -3 * 86_400.0, 0.0)
 CLOCK_STEP_SHARE = 0.35  # of agent starts during which the wall clock steps once
@@ -314,6 +317,7 @@ class ChaosOptions:
     time_scale: float = 60.0  # the simulator's: a card in 25 ms, interactions live 3 s
     pause: tuple[float, float] = (0.05, 1.2)  # seconds between a kill and the restart
     slow: tuple[float, float] = (1.5, 4.0)  # a slow answer: longer than most pauses
+    timeout: float = 3.0  # the agent's service timeout: a slow answer may outlast it
     faults: bool = True  # inject slow/lost answers and errors on the money calls
     clock_steps: bool = True  # step the agent's wall clock (libfaketime) at random moments
     rate: float = 4.0  # customers per second per machine
@@ -324,6 +328,16 @@ class ChaosOptions:
     # once, half-way, between a kill and the restart ("wal_deleted", "page_overwritten")
     disk_full: float = 0.0
     damage_journal: str = ""
+    # The first rounds' kill moments, in order, instead of drawn ones: "start", "recovery",
+    # "random" or a money step (MONEY_STEPS). A planned recovery or money step the round does
+    # not meet (no open sale to recover, no such call in time) is planned again for a later
+    # round, and the run goes on until each is met (up to ``max_kills``).
+    moments: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        unknown = [m for m in self.moments if m not in MOMENTS]
+        if unknown:
+            raise ValueError(f"unknown kill moments {unknown}: each is one of {sorted(MOMENTS)}")
 
 
 @dataclass(slots=True)
@@ -616,12 +630,11 @@ class Chaos:
         self.disk = DiskFaults(options, self.report, self.dir)
         self.clock: SteppedClock | None = None  # the agent's wall clock, when it steps
         self._steps: set[asyncio.Task[None]] = set()
+        self._planned = collections.deque(options.moments)  # kill moments not met yet
 
     # -- the processes ---------------------------------------------------------------------------
 
     async def __aenter__(self) -> Chaos:
-        from kiosk_agent.cli.sim import parse_ready
-
         opts = self.options
         if opts.clock_steps:
             from tests.faketime import SteppedClock
@@ -630,35 +643,23 @@ class Chaos:
         # every agent is forked from one server (libfaketime preloaded there when the clock
         # steps, so in every agent too): a restart costs its start, not 1.2 s of imports
         server_env = {**self.env, **self.clock.env()} if self.clock is not None else self.env
-        self.drivers = await WarmDrivers(self.dir / "drivers-server.log", server_env).__aenter__()
-        self.sim = await Child.spawn(
-            "sim",
-            ["-m", "kiosk_agent", "sim", "--port", "0", "--time-scale", str(opts.time_scale),
-             "--seed", str(opts.seed), "--transactions", "0", "--rate-limit", "1000/1"],
-            self.log, self.env,
-        )  # fmt: skip
-        info = parse_ready(await self.sim.line("READY ", 60))
-        assert info is not None
+        # the server, the simulator and the machines start side by side (each a cold
+        # interpreter: one after the other they took 4 imports' time before the first round)
+        try:
+            async with asyncio.TaskGroup() as starting:  # one fails: the others are cancelled
+                starting.create_task(self._start_drivers(server_env))
+                sim = starting.create_task(self._start_sim())
+                machines = starting.create_task(self._start_machines())
+        except BaseException:
+            await self.__aexit__()
+            raise
+        info, ports = sim.result(), machines.result()
         self.ready = info
         self.env.update(
             KIOSK_API_KEY=info["api_key"],
             KIOSK_CLIENT_SECRET=info["client_secret"],
             KIOSK_ADMIN_TOKEN=AGENT_TOKEN,
         )
-        ports = []
-        for n in range(1, opts.machines + 1):
-            record = self.dir / f"m{n}.jsonl"
-            machine = await Child.spawn(
-                f"m{n}",
-                ["-m", "kiosk_agent", "virtual", "--listen", "socket://127.0.0.1:0",
-                 "--name", f"m{n}", "--record", str(record), "--seed", str(opts.seed * 100 + n),
-                 "--rate", str(opts.rate), "--fail-rate", "0.15", "--dispense-time", "0.05",
-                 "--patience", "8", *[a for p in PRODUCTS for a in ("--product", p)]],
-                self.log, self.env,
-            )  # fmt: skip
-            ports.append(json.loads((await machine.line("READY ", 30))[6:])["port"])
-            self.machines.append(machine)
-            self.records.append(record)
         self.admin_port = _free_port()
         self.disk.mount()
         self.proxy = LateCommitProxy(info["base_url"])
@@ -669,6 +670,48 @@ class Chaos:
         await self.faults.detect()
         self.report.fault_contract = "shared" if self.faults.new_contract else "old"
         return self
+
+    async def _start_drivers(self, env: dict[str, str]) -> None:
+        drivers = WarmDrivers(self.dir / "drivers-server.log", env)
+        try:
+            await drivers.__aenter__()
+        except BaseException:
+            if drivers.proc is not None and drivers.proc.returncode is None:
+                drivers.proc.kill()
+                await drivers.proc.wait()
+            raise
+        self.drivers = drivers
+
+    async def _start_sim(self) -> dict[str, Any]:
+        from kiosk_agent.cli.sim import parse_ready
+
+        opts = self.options
+        self.sim = await Child.spawn(
+            "sim",
+            ["-m", "kiosk_agent", "sim", "--port", "0", "--time-scale", str(opts.time_scale),
+             "--seed", str(opts.seed), "--transactions", "0", "--rate-limit", "1000/1"],
+            self.log, self.env,
+        )  # fmt: skip
+        info = parse_ready(await self.sim.line("READY ", 60))
+        assert info is not None
+        return info
+
+    async def _start_machines(self) -> list[str]:
+        """The vending machines, started side by side; their ports in order."""
+        opts = self.options
+        for n in range(1, opts.machines + 1):
+            record = self.dir / f"m{n}.jsonl"
+            self.machines.append(await Child.spawn(
+                f"m{n}",
+                ["-m", "kiosk_agent", "virtual", "--listen", "socket://127.0.0.1:0",
+                 "--name", f"m{n}", "--record", str(record), "--seed", str(opts.seed * 100 + n),
+                 "--rate", str(opts.rate), "--fail-rate", "0.15", "--dispense-time", "0.05",
+                 "--patience", "8", *[a for p in PRODUCTS for a in ("--product", p)]],
+                self.log, self.env,
+            ))  # fmt: skip
+            self.records.append(record)
+        said = await asyncio.gather(*(machine.line("READY ", 30) for machine in self.machines))
+        return [json.loads(line[6:])["port"] for line in said]
 
     async def __aexit__(self, *exc: object) -> None:
         await self._no_more_steps()
@@ -708,15 +751,16 @@ class Chaos:
                   api_key: !env_var KIOSK_API_KEY
                   client_id: {info["client_id"]}
                   client_secret: !env_var KIOSK_CLIENT_SECRET
-                  # a money call is given up after 3 s. The harness may stack a late commit
-                  # (the proxy, up to 4 s) and the simulator's delay (up to 4 s): a call can be
-                  # committed 8 s after it reached the proxy, so answer_margin is 9 (deadline 12 s).
+                  # a money call is given up after `timeout`. The harness may stack a late
+                  # commit (the proxy, up to slow[1]) and the simulator's delay (up to slow[1]):
+                  # a call can be committed 2 x slow[1] after it reached the proxy, so
+                  # answer_margin is that and 1 s more (3 s and slow up to 4 s: deadline 12 s).
                   # The agent's promise holds only for a service inside its margin.
-                  timeout: 3
+                  timeout: {opts.timeout}
                 terminals: [{terminals}]
                 journal: {{path: {self.disk.journal}}}
                 sales: {{vend_timeout: 5, interaction_lifetime: {180 / opts.time_scale},
-                         answer_margin: 9, attention_recheck: 2,
+                         answer_margin: {2 * opts.slow[1] + 1}, attention_recheck: 2,
                          charge_check_max_give_back: 1000}}
                 admin:
                   port: {self.admin_port}
@@ -783,8 +827,8 @@ class Chaos:
         started = time.monotonic()
         opts = self.options
         while self._more_rounds():
-            mode = self.rng.choice(KILL_MODES)
-            target = self.rng.choice(sorted(MONEY_STEPS)) if mode == "money" else None
+            planned = self._planned.popleft() if self._planned else None
+            mode, target = self._moment(planned)
             if opts.faults:
                 await self._arm_faults(target)
             agent = await self._start_agent()
@@ -792,6 +836,8 @@ class Chaos:
             if self.clock is not None and self.rng.random() < CLOCK_STEP_SHARE:
                 self._step_clock_later(self.rng.uniform(0.0, 2.0))
             mode = await self._kill_moment(agent, mode, target)
+            if planned is not None and mode == "random" and planned != "random":
+                self._planned.append(planned)  # not met this round: tried again later
             await self.disk.first_fill(episode)
             self.check_alive()
             agent.kill()
@@ -808,16 +854,25 @@ class Chaos:
         await self.check()
         return self.report
 
+    def _moment(self, planned: str | None) -> tuple[str, str | None]:
+        """The round's kill mode and, for "money", the step it aims at: as planned, or drawn."""
+        if planned in MONEY_STEPS:
+            return "money", planned
+        if planned is not None:
+            return planned, None
+        mode = self.rng.choice(KILL_MODES)
+        return mode, self.rng.choice(sorted(MONEY_STEPS)) if mode == "money" else None
+
     def _more_rounds(self) -> bool:
-        """``kills`` rounds, then more until ``min_sales`` sales are journaled (up to
-        ``max_kills``)."""
+        """``kills`` rounds, then more until ``min_sales`` sales are journaled and every planned
+        moment was met (up to ``max_kills``)."""
         opts = self.options
         kills = self.report.kills
         if kills < opts.kills:
             return True
         if kills >= (opts.max_kills if opts.max_kills is not None else 4 * opts.kills):
             return False
-        return self._sales_journaled() < opts.min_sales
+        return bool(self._planned) or self._sales_journaled() < opts.min_sales
 
     def _sales_journaled(self) -> int:
         """Sales in the journal now (read between rounds, while no agent runs)."""
