@@ -26,6 +26,7 @@ instead, the first capturing while the second runs to its step KILL_AT (``overla
 from __future__ import annotations
 
 import asyncio
+import atexit
 import collections
 import contextlib
 import dataclasses
@@ -33,12 +34,15 @@ import itertools
 import json
 import logging
 import os
+import queue
 import random
 import signal
 import sqlite3
 import subprocess
 import sys
+import tempfile
 import textwrap
+import threading
 import time
 from collections.abc import Awaitable, Callable, Coroutine, Iterator
 from dataclasses import dataclass, field
@@ -1416,6 +1420,207 @@ class WarmDrivers:
             os.kill(self.pid, signal.SIGKILL)
 
 
+# =============================================================================================
+# Warm commands: `kiosk-agent ...` processes side by side, forked from one warm interpreter.
+# =============================================================================================
+
+
+def serve_commands() -> int:
+    """``python crash_driver.py commands``: one ``kiosk-agent ARGV...`` forked per JSON line read
+    on stdin, ``{"argv": [...], "env": {...}, "stdout": PATH, "stderr": PATH, "nohup": bool}``,
+    each running as ``python -m kiosk_agent ARGV...`` with that environment would (its own
+    command line: ``main()`` reads it from ``sys.argv``, so its signals are its own), but from
+    this interpreter's modules, imported once. Unlike :func:`serve`, the commands run side by
+    side: this server says ``FORKED pid`` for each, and ``EXITED pid code`` once it has ended
+    (``-9`` for a SIGKILL). Its stdin closed, it kills what still runs and ends."""
+    import selectors
+
+    _warm_up()
+    wake_read, wake_write = os.pipe()
+    os.set_blocking(wake_write, False)
+    signal.signal(signal.SIGCHLD, lambda _signum, _frame: None)  # only to wake the select
+    signal.set_wakeup_fd(wake_write)
+    running: set[int] = set()
+    selector = selectors.DefaultSelector()
+    selector.register(0, selectors.EVENT_READ, "request")
+    selector.register(wake_read, selectors.EVENT_READ, "ended")
+    say("SERVING")
+    pending = b""
+    while True:
+        for key, _ in selector.select():
+            if key.data == "ended":
+                os.read(wake_read, 4096)
+                _say_exits(running)
+                continue
+            chunk = os.read(0, 65536)
+            if not chunk:
+                for pid in running:
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(pid, signal.SIGKILL)
+                for _pid in list(running):
+                    os.wait()
+                return 0
+            pending += chunk
+            while b"\n" in pending:
+                request, pending = pending.split(b"\n", 1)
+                pid = os.fork()
+                if pid == 0:
+                    signal.set_wakeup_fd(-1)
+                    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+                    _run_command(json.loads(request))  # never returns
+                running.add(pid)
+                say(f"FORKED {pid}")  # before its EXITED: the exits are read in this loop only
+
+
+def _say_exits(running: set[int]) -> None:
+    while running:
+        pid, status = os.waitpid(-1, os.WNOHANG)
+        if pid == 0:
+            return
+        running.discard(pid)
+        say(f"EXITED {pid} {os.waitstatus_to_exitcode(status)}")
+
+
+def _run_command(spec: dict[str, Any]) -> None:
+    code = 1
+    try:
+        os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
+        for fd, path in ((1, spec.get("stdout") or os.devnull), (2, spec["stderr"])):
+            os.dup2(os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT), fd)
+        # as a shell starts it, or as `nohup` does
+        signal.signal(signal.SIGHUP, signal.SIG_IGN if spec.get("nohup") else signal.SIG_DFL)
+        os.environ.clear()
+        os.environ.update(spec["env"])
+        random.seed()
+        sys.argv = ["kiosk-agent", *spec["argv"]]
+        from kiosk_agent.cli import main as cli_main
+
+        code = cli_main()
+    except SystemExit as exit_:
+        code = exit_.code if isinstance(exit_.code, int) else 1
+    except BaseException:
+        import traceback
+
+        traceback.print_exc()
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+
+
+class WarmCommand:
+    """What a test uses of ``asyncio.subprocess.Process`` for a command :class:`WarmCommands`
+    forked: ``pid``, ``returncode`` and ``wait()`` (its exit code is the server's word)."""
+
+    def __init__(self, server: WarmCommands, pid: int) -> None:
+        self.server = server
+        self.pid = pid
+
+    @property
+    def returncode(self) -> int | None:
+        return self.server.exits.get(self.pid)
+
+    async def wait(self) -> int:
+        return await self.server.wait(self.pid)
+
+
+class WarmCommands:
+    """The test process's side of :func:`serve_commands`, one server for the whole test process
+    (``WarmCommands.shared()``: started at its first use, ended with the process), read by a
+    thread so that any test's event loop can wait for its commands."""
+
+    _shared: WarmCommands | None = None
+
+    @classmethod
+    def shared(cls) -> WarmCommands:
+        if cls._shared is None or cls._shared.proc.poll() is not None:
+            cls._shared = cls()
+            atexit.register(cls._shared.close)
+        return cls._shared
+
+    def __init__(self) -> None:
+        made, name = tempfile.mkstemp(prefix="kiosk-warm-commands-", suffix=".log")
+        os.close(made)
+        self.log = Path(name)  # the server's own stderr (each command names its own)
+        with self.log.open("a") as err:
+            self.proc = subprocess.Popen(
+                [sys.executable, str(Path(__file__)), "commands"],
+                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err,
+            )  # fmt: skip
+        assert self.proc.stdout is not None
+        first = self.proc.stdout.readline().decode()
+        assert first == "SERVING\n", first + self.log.read_text()[-3000:]
+        self.exits: dict[int, int] = {}
+        self._waiters: dict[int, list[asyncio.Future[int]]] = {}
+        self._forked: queue.Queue[int] = queue.Queue()
+        self._lock = threading.Lock()
+        self._starting = threading.Lock()
+        threading.Thread(target=self._read, name="warm-commands", daemon=True).start()
+
+    def start(
+        self, argv: list[str], env: dict[str, str], stderr: Path, *,
+        stdout: Path | None = None, nohup: bool = False,
+    ) -> WarmCommand:
+        """``kiosk-agent ARGV...`` forked with ``env``, its output in those files."""
+        request = {"argv": argv, "env": env, "stderr": str(stderr),
+                   "stdout": str(stdout) if stdout else None, "nohup": nohup}  # fmt: skip
+        assert self.proc.stdin is not None
+        with self._starting:
+            self.proc.stdin.write(json.dumps(request).encode() + b"\n")
+            self.proc.stdin.flush()
+            pid = self._forked.get(timeout=30)
+        return WarmCommand(self, pid)
+
+    async def wait(self, pid: int) -> int:
+        future = asyncio.get_running_loop().create_future()
+        with self._lock:
+            if pid in self.exits:
+                return self.exits[pid]
+            self._waiters.setdefault(pid, []).append(future)
+        return await future
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for raw in self.proc.stdout:
+            words = raw.decode().split()
+            if words[:1] == ["FORKED"]:
+                with self._lock:
+                    self.exits.pop(int(words[1]), None)  # a pid used again
+                self._forked.put(int(words[1]))
+            elif words[:1] == ["EXITED"]:
+                pid, code = int(words[1]), int(words[2])
+                with self._lock:
+                    self.exits[pid] = code
+                    waiters = self._waiters.pop(pid, [])
+                for future in waiters:
+                    future.get_loop().call_soon_threadsafe(_settle, future, code)
+        with self._lock:  # the server is gone: no exit code will come for what still waits
+            waiting = [future for futures in self._waiters.values() for future in futures]
+            self._waiters.clear()
+        for future in waiting:
+            future.get_loop().call_soon_threadsafe(_settle, future, None)
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            assert self.proc.stdin is not None
+            self.proc.stdin.close()
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.log.unlink(missing_ok=True)
+
+
+def _settle(future: asyncio.Future[int], code: int | None) -> None:
+    if future.done():
+        return
+    if code is None:
+        future.set_exception(RuntimeError("the warm commands' server ended (its log is gone)"))
+    else:
+        future.set_result(code)
+
+
 def _entry(argv: list[str]) -> int:
     if argv[:1] == ["agent"]:
         return run_agent(argv[1])
@@ -1425,4 +1630,6 @@ def _entry(argv: list[str]) -> int:
 if __name__ == "__main__":
     if sys.argv[1:2] == ["serve"]:
         sys.exit(serve())
+    if sys.argv[1:2] == ["commands"]:
+        sys.exit(serve_commands())
     sys.exit(_entry(sys.argv[1:]))
