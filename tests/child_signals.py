@@ -18,6 +18,20 @@ import asyncio
 import contextlib
 import os
 import signal
+from typing import Protocol
+
+
+class Child(Protocol):
+    """What a signalled child is: an asyncio process, or a command forked from the warm
+    interpreter (tests/assembly/crash_driver.WarmCommand)."""
+
+    @property
+    def pid(self) -> int: ...
+
+    @property
+    def returncode(self) -> int | None: ...
+
+    async def wait(self) -> int: ...
 
 
 class SignalledChild:
@@ -29,7 +43,7 @@ class SignalledChild:
     another process that reuses its pid. Once the child is reaped, a signal raises
     ProcessLookupError, as ``os.kill`` would."""
 
-    def __init__(self, proc: asyncio.subprocess.Process) -> None:
+    def __init__(self, proc: Child) -> None:
         self.proc = proc
         self._pidfd = os.pidfd_open(proc.pid)
 

@@ -26,18 +26,23 @@ instead, the first capturing while the second runs to its step KILL_AT (``overla
 from __future__ import annotations
 
 import asyncio
+import atexit
+import collections
 import contextlib
 import dataclasses
 import itertools
 import json
 import logging
 import os
+import queue
 import random
 import signal
 import sqlite3
 import subprocess
 import sys
+import tempfile
 import textwrap
+import threading
 import time
 from collections.abc import Awaitable, Callable, Coroutine, Iterator
 from dataclasses import dataclass, field
@@ -294,6 +299,8 @@ FAULT_FALLBACK = {
     "latency": "delay",
 }
 KILL_MODES = ("start", "recovery", "money", "money", "random")
+# the moments a round may be planned to kill at (ChaosOptions.moments): a mode, or a money step
+MOMENTS = frozenset({"start", "recovery", "random"} | MONEY_STEPS)
 # how NTP may step the agent's wall clock (seconds): days or hours, either way, or back to true
 CLOCK_STEPS = (3 * 86_400.0, 2 * 3600.0, -2 * 3600.0, -3 * 86_400.0, 0.0)
 CLOCK_STEP_SHARE = 0.35  # of agent starts during which the wall clock steps once
@@ -314,6 +321,7 @@ class ChaosOptions:
     time_scale: float = 60.0  # the simulator's: a card in 25 ms, interactions live 3 s
     pause: tuple[float, float] = (0.05, 1.2)  # seconds between a kill and the restart
     slow: tuple[float, float] = (1.5, 4.0)  # a slow answer: longer than most pauses
+    timeout: float = 3.0  # the agent's service timeout: a slow answer may outlast it
     faults: bool = True  # inject slow/lost answers and errors on the money calls
     clock_steps: bool = True  # step the agent's wall clock (libfaketime) at random moments
     rate: float = 4.0  # customers per second per machine
@@ -324,6 +332,16 @@ class ChaosOptions:
     # once, half-way, between a kill and the restart ("wal_deleted", "page_overwritten")
     disk_full: float = 0.0
     damage_journal: str = ""
+    # The first rounds' kill moments, in order, instead of drawn ones: "start", "recovery",
+    # "random" or a money step (MONEY_STEPS). A planned recovery or money step the round does
+    # not meet (no open sale to recover, no such call in time) is planned again for a later
+    # round, and the run goes on until each is met (up to ``max_kills``).
+    moments: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        unknown = [m for m in self.moments if m not in MOMENTS]
+        if unknown:
+            raise ValueError(f"unknown kill moments {unknown}: each is one of {sorted(MOMENTS)}")
 
 
 @dataclass(slots=True)
@@ -616,12 +634,11 @@ class Chaos:
         self.disk = DiskFaults(options, self.report, self.dir)
         self.clock: SteppedClock | None = None  # the agent's wall clock, when it steps
         self._steps: set[asyncio.Task[None]] = set()
+        self._planned = collections.deque(options.moments)  # kill moments not met yet
 
     # -- the processes ---------------------------------------------------------------------------
 
     async def __aenter__(self) -> Chaos:
-        from kiosk_agent.cli.sim import parse_ready
-
         opts = self.options
         if opts.clock_steps:
             from bench._support import SteppedClock  # the chaos bench runs without tests/
@@ -630,35 +647,23 @@ class Chaos:
         # every agent is forked from one server (libfaketime preloaded there when the clock
         # steps, so in every agent too): a restart costs its start, not 1.2 s of imports
         server_env = {**self.env, **self.clock.env()} if self.clock is not None else self.env
-        self.drivers = await WarmDrivers(self.dir / "drivers-server.log", server_env).__aenter__()
-        self.sim = await Child.spawn(
-            "sim",
-            ["-m", "kiosk_agent", "sim", "--port", "0", "--time-scale", str(opts.time_scale),
-             "--seed", str(opts.seed), "--transactions", "0", "--rate-limit", "1000/1"],
-            self.log, self.env,
-        )  # fmt: skip
-        info = parse_ready(await self.sim.line("READY ", 60))
-        assert info is not None
+        # the server, the simulator and the machines start side by side (each a cold
+        # interpreter: one after the other they took 4 imports' time before the first round)
+        try:
+            async with asyncio.TaskGroup() as starting:  # one fails: the others are cancelled
+                starting.create_task(self._start_drivers(server_env))
+                sim = starting.create_task(self._start_sim())
+                machines = starting.create_task(self._start_machines())
+        except BaseException:
+            await self.__aexit__()
+            raise
+        info, ports = sim.result(), machines.result()
         self.ready = info
         self.env.update(
             KIOSK_API_KEY=info["api_key"],
             KIOSK_CLIENT_SECRET=info["client_secret"],
             KIOSK_ADMIN_TOKEN=AGENT_TOKEN,
         )
-        ports = []
-        for n in range(1, opts.machines + 1):
-            record = self.dir / f"m{n}.jsonl"
-            machine = await Child.spawn(
-                f"m{n}",
-                ["-m", "kiosk_agent", "virtual", "--listen", "socket://127.0.0.1:0",
-                 "--name", f"m{n}", "--record", str(record), "--seed", str(opts.seed * 100 + n),
-                 "--rate", str(opts.rate), "--fail-rate", "0.15", "--dispense-time", "0.05",
-                 "--patience", "8", *[a for p in PRODUCTS for a in ("--product", p)]],
-                self.log, self.env,
-            )  # fmt: skip
-            ports.append(json.loads((await machine.line("READY ", 30))[6:])["port"])
-            self.machines.append(machine)
-            self.records.append(record)
         self.admin_port = _free_port()
         self.disk.mount()
         self.proxy = LateCommitProxy(info["base_url"])
@@ -669,6 +674,48 @@ class Chaos:
         await self.faults.detect()
         self.report.fault_contract = "shared" if self.faults.new_contract else "old"
         return self
+
+    async def _start_drivers(self, env: dict[str, str]) -> None:
+        drivers = WarmDrivers(self.dir / "drivers-server.log", env)
+        try:
+            await drivers.__aenter__()
+        except BaseException:
+            if drivers.proc is not None and drivers.proc.returncode is None:
+                drivers.proc.kill()
+                await drivers.proc.wait()
+            raise
+        self.drivers = drivers
+
+    async def _start_sim(self) -> dict[str, Any]:
+        from kiosk_agent.cli.sim import parse_ready
+
+        opts = self.options
+        self.sim = await Child.spawn(
+            "sim",
+            ["-m", "kiosk_agent", "sim", "--port", "0", "--time-scale", str(opts.time_scale),
+             "--seed", str(opts.seed), "--transactions", "0", "--rate-limit", "1000/1"],
+            self.log, self.env,
+        )  # fmt: skip
+        info = parse_ready(await self.sim.line("READY ", 60))
+        assert info is not None
+        return info
+
+    async def _start_machines(self) -> list[str]:
+        """The vending machines, started side by side; their ports in order."""
+        opts = self.options
+        for n in range(1, opts.machines + 1):
+            record = self.dir / f"m{n}.jsonl"
+            self.machines.append(await Child.spawn(
+                f"m{n}",
+                ["-m", "kiosk_agent", "virtual", "--listen", "socket://127.0.0.1:0",
+                 "--name", f"m{n}", "--record", str(record), "--seed", str(opts.seed * 100 + n),
+                 "--rate", str(opts.rate), "--fail-rate", "0.15", "--dispense-time", "0.05",
+                 "--patience", "8", *[a for p in PRODUCTS for a in ("--product", p)]],
+                self.log, self.env,
+            ))  # fmt: skip
+            self.records.append(record)
+        said = await asyncio.gather(*(machine.line("READY ", 30) for machine in self.machines))
+        return [json.loads(line[6:])["port"] for line in said]
 
     async def __aexit__(self, *exc: object) -> None:
         await self._no_more_steps()
@@ -708,15 +755,16 @@ class Chaos:
                   api_key: !env_var KIOSK_API_KEY
                   client_id: {info["client_id"]}
                   client_secret: !env_var KIOSK_CLIENT_SECRET
-                  # a money call is given up after 3 s. The harness may stack a late commit
-                  # (the proxy, up to 4 s) and the simulator's delay (up to 4 s): a call can be
-                  # committed 8 s after it reached the proxy, so answer_margin is 9 (deadline 12 s).
+                  # a money call is given up after `timeout`. The harness may stack a late
+                  # commit (the proxy, up to slow[1]) and the simulator's delay (up to slow[1]):
+                  # a call can be committed 2 x slow[1] after it reached the proxy, so
+                  # answer_margin is that and 1 s more (3 s and slow up to 4 s: deadline 12 s).
                   # The agent's promise holds only for a service inside its margin.
-                  timeout: 3
+                  timeout: {opts.timeout}
                 terminals: [{terminals}]
                 journal: {{path: {self.disk.journal}}}
                 sales: {{vend_timeout: 5, interaction_lifetime: {180 / opts.time_scale},
-                         answer_margin: 9, attention_recheck: 2,
+                         answer_margin: {2 * opts.slow[1] + 1}, attention_recheck: 2,
                          charge_check_max_give_back: 1000}}
                 admin:
                   port: {self.admin_port}
@@ -783,8 +831,8 @@ class Chaos:
         started = time.monotonic()
         opts = self.options
         while self._more_rounds():
-            mode = self.rng.choice(KILL_MODES)
-            target = self.rng.choice(sorted(MONEY_STEPS)) if mode == "money" else None
+            planned = self._planned.popleft() if self._planned else None
+            mode, target = self._moment(planned)
             if opts.faults:
                 await self._arm_faults(target)
             agent = await self._start_agent()
@@ -792,6 +840,8 @@ class Chaos:
             if self.clock is not None and self.rng.random() < CLOCK_STEP_SHARE:
                 self._step_clock_later(self.rng.uniform(0.0, 2.0))
             mode = await self._kill_moment(agent, mode, target)
+            if planned is not None and mode == "random" and planned != "random":
+                self._planned.append(planned)  # not met this round: tried again later
             await self.disk.first_fill(episode)
             self.check_alive()
             agent.kill()
@@ -808,16 +858,25 @@ class Chaos:
         await self.check()
         return self.report
 
+    def _moment(self, planned: str | None) -> tuple[str, str | None]:
+        """The round's kill mode and, for "money", the step it aims at: as planned, or drawn."""
+        if planned in MONEY_STEPS:
+            return "money", planned
+        if planned is not None:
+            return planned, None
+        mode = self.rng.choice(KILL_MODES)
+        return mode, self.rng.choice(sorted(MONEY_STEPS)) if mode == "money" else None
+
     def _more_rounds(self) -> bool:
-        """``kills`` rounds, then more until ``min_sales`` sales are journaled (up to
-        ``max_kills``)."""
+        """``kills`` rounds, then more until ``min_sales`` sales are journaled and every planned
+        moment was met (up to ``max_kills``)."""
         opts = self.options
         kills = self.report.kills
         if kills < opts.kills:
             return True
         if kills >= (opts.max_kills if opts.max_kills is not None else 4 * opts.kills):
             return False
-        return self._sales_journaled() < opts.min_sales
+        return bool(self._planned) or self._sales_journaled() < opts.min_sales
 
     def _sales_journaled(self) -> int:
         """Sales in the journal now (read between rounds, while no agent runs)."""
@@ -1362,6 +1421,207 @@ class WarmDrivers:
             os.kill(self.pid, signal.SIGKILL)
 
 
+# =============================================================================================
+# Warm commands: `kiosk-agent ...` processes side by side, forked from one warm interpreter.
+# =============================================================================================
+
+
+def serve_commands() -> int:
+    """``python crash_driver.py commands``: one ``kiosk-agent ARGV...`` forked per JSON line read
+    on stdin, ``{"argv": [...], "env": {...}, "stdout": PATH, "stderr": PATH, "nohup": bool}``,
+    each running as ``python -m kiosk_agent ARGV...`` with that environment would (its own
+    command line: ``main()`` reads it from ``sys.argv``, so its signals are its own), but from
+    this interpreter's modules, imported once. Unlike :func:`serve`, the commands run side by
+    side: this server says ``FORKED pid`` for each, and ``EXITED pid code`` once it has ended
+    (``-9`` for a SIGKILL). Its stdin closed, it kills what still runs and ends."""
+    import selectors
+
+    _warm_up()
+    wake_read, wake_write = os.pipe()
+    os.set_blocking(wake_write, False)
+    signal.signal(signal.SIGCHLD, lambda _signum, _frame: None)  # only to wake the select
+    signal.set_wakeup_fd(wake_write)
+    running: set[int] = set()
+    selector = selectors.DefaultSelector()
+    selector.register(0, selectors.EVENT_READ, "request")
+    selector.register(wake_read, selectors.EVENT_READ, "ended")
+    say("SERVING")
+    pending = b""
+    while True:
+        for key, _ in selector.select():
+            if key.data == "ended":
+                os.read(wake_read, 4096)
+                _say_exits(running)
+                continue
+            chunk = os.read(0, 65536)
+            if not chunk:
+                for pid in running:
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(pid, signal.SIGKILL)
+                for _pid in list(running):
+                    os.wait()
+                return 0
+            pending += chunk
+            while b"\n" in pending:
+                request, pending = pending.split(b"\n", 1)
+                pid = os.fork()
+                if pid == 0:
+                    signal.set_wakeup_fd(-1)
+                    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+                    _run_command(json.loads(request))  # never returns
+                running.add(pid)
+                say(f"FORKED {pid}")  # before its EXITED: the exits are read in this loop only
+
+
+def _say_exits(running: set[int]) -> None:
+    while running:
+        pid, status = os.waitpid(-1, os.WNOHANG)
+        if pid == 0:
+            return
+        running.discard(pid)
+        say(f"EXITED {pid} {os.waitstatus_to_exitcode(status)}")
+
+
+def _run_command(spec: dict[str, Any]) -> None:
+    code = 1
+    try:
+        os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
+        for fd, path in ((1, spec.get("stdout") or os.devnull), (2, spec["stderr"])):
+            os.dup2(os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT), fd)
+        # as a shell starts it, or as `nohup` does
+        signal.signal(signal.SIGHUP, signal.SIG_IGN if spec.get("nohup") else signal.SIG_DFL)
+        os.environ.clear()
+        os.environ.update(spec["env"])
+        random.seed()
+        sys.argv = ["kiosk-agent", *spec["argv"]]
+        from kiosk_agent.cli import main as cli_main
+
+        code = cli_main()
+    except SystemExit as exit_:
+        code = exit_.code if isinstance(exit_.code, int) else 1
+    except BaseException:
+        import traceback
+
+        traceback.print_exc()
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+
+
+class WarmCommand:
+    """What a test uses of ``asyncio.subprocess.Process`` for a command :class:`WarmCommands`
+    forked: ``pid``, ``returncode`` and ``wait()`` (its exit code is the server's word)."""
+
+    def __init__(self, server: WarmCommands, pid: int) -> None:
+        self.server = server
+        self.pid = pid
+
+    @property
+    def returncode(self) -> int | None:
+        return self.server.exits.get(self.pid)
+
+    async def wait(self) -> int:
+        return await self.server.wait(self.pid)
+
+
+class WarmCommands:
+    """The test process's side of :func:`serve_commands`, one server for the whole test process
+    (``WarmCommands.shared()``: started at its first use, ended with the process), read by a
+    thread so that any test's event loop can wait for its commands."""
+
+    _shared: WarmCommands | None = None
+
+    @classmethod
+    def shared(cls) -> WarmCommands:
+        if cls._shared is None or cls._shared.proc.poll() is not None:
+            cls._shared = cls()
+            atexit.register(cls._shared.close)
+        return cls._shared
+
+    def __init__(self) -> None:
+        made, name = tempfile.mkstemp(prefix="kiosk-warm-commands-", suffix=".log")
+        os.close(made)
+        self.log = Path(name)  # the server's own stderr (each command names its own)
+        with self.log.open("a") as err:
+            self.proc = subprocess.Popen(
+                [sys.executable, str(Path(__file__)), "commands"],
+                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err,
+            )  # fmt: skip
+        assert self.proc.stdout is not None
+        first = self.proc.stdout.readline().decode()
+        assert first == "SERVING\n", first + self.log.read_text()[-3000:]
+        self.exits: dict[int, int] = {}
+        self._waiters: dict[int, list[asyncio.Future[int]]] = {}
+        self._forked: queue.Queue[int] = queue.Queue()
+        self._lock = threading.Lock()
+        self._starting = threading.Lock()
+        threading.Thread(target=self._read, name="warm-commands", daemon=True).start()
+
+    def start(
+        self, argv: list[str], env: dict[str, str], stderr: Path, *,
+        stdout: Path | None = None, nohup: bool = False,
+    ) -> WarmCommand:
+        """``kiosk-agent ARGV...`` forked with ``env``, its output in those files."""
+        request = {"argv": argv, "env": env, "stderr": str(stderr),
+                   "stdout": str(stdout) if stdout else None, "nohup": nohup}  # fmt: skip
+        assert self.proc.stdin is not None
+        with self._starting:
+            self.proc.stdin.write(json.dumps(request).encode() + b"\n")
+            self.proc.stdin.flush()
+            pid = self._forked.get(timeout=30)
+        return WarmCommand(self, pid)
+
+    async def wait(self, pid: int) -> int:
+        future = asyncio.get_running_loop().create_future()
+        with self._lock:
+            if pid in self.exits:
+                return self.exits[pid]
+            self._waiters.setdefault(pid, []).append(future)
+        return await future
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for raw in self.proc.stdout:
+            words = raw.decode().split()
+            if words[:1] == ["FORKED"]:
+                with self._lock:
+                    self.exits.pop(int(words[1]), None)  # a pid used again
+                self._forked.put(int(words[1]))
+            elif words[:1] == ["EXITED"]:
+                pid, code = int(words[1]), int(words[2])
+                with self._lock:
+                    self.exits[pid] = code
+                    waiters = self._waiters.pop(pid, [])
+                for future in waiters:
+                    future.get_loop().call_soon_threadsafe(_settle, future, code)
+        with self._lock:  # the server is gone: no exit code will come for what still waits
+            waiting = [future for futures in self._waiters.values() for future in futures]
+            self._waiters.clear()
+        for future in waiting:
+            future.get_loop().call_soon_threadsafe(_settle, future, None)
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            assert self.proc.stdin is not None
+            self.proc.stdin.close()
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.log.unlink(missing_ok=True)
+
+
+def _settle(future: asyncio.Future[int], code: int | None) -> None:
+    if future.done():
+        return
+    if code is None:
+        future.set_exception(RuntimeError("the warm commands' server ended (its log is gone)"))
+    else:
+        future.set_result(code)
+
+
 def _entry(argv: list[str]) -> int:
     if argv[:1] == ["agent"]:
         return run_agent(argv[1])
@@ -1371,4 +1631,6 @@ def _entry(argv: list[str]) -> int:
 if __name__ == "__main__":
     if sys.argv[1:2] == ["serve"]:
         sys.exit(serve())
+    if sys.argv[1:2] == ["commands"]:
+        sys.exit(serve_commands())
     sys.exit(_entry(sys.argv[1:]))

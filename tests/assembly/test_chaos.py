@@ -2,7 +2,7 @@
 
 The agent (``kiosk-agent run``, through ``crash_driver.py agent``), the simulator
 (``kiosk-agent sim``) and two vending machines (``kiosk-agent virtual``) run as separate
-processes. The agent is killed during start, during recovery, within milliseconds of a money
+processes. The agent is killed during start, during recovery, within milliseconds of each money
 call and at random, and restarted after a random pause; the simulator meanwhile answers some
 money calls late, loses some answers and fails some. Then one last agent ends every sale and
 the simulator's ledger and the machines' own records judge the journal (``crash_driver.judge``):
@@ -23,26 +23,38 @@ from kiosk_agent.money import cents_to_dollars
 from kiosk_agent.sales.journal import Journal, SaleRecord, StepRecord
 from kiosk_agent.sales.states import SaleState, Step
 from kiosk_agent.service.models import Transaction, TransStatus
-from tests.assembly.crash_driver import Chaos, ChaosOptions, ChaosReport, judge
+from tests.assembly.crash_driver import MONEY_STEPS, Chaos, ChaosOptions, ChaosReport, judge
 from tests.faketime import SteppedClock
 
-KILLS = 20  # about 40 s on a quiet machine
-# Sales the run must have seen: it goes on past KILLS rounds until the journal holds them (a
-# loaded machine sells fewer a round: 6 and 8 in 20 rounds at load 10, where a wall-clock pass
-# mark failed the suite), up to MAX_KILLS rounds, which only an agent that cannot sell reaches.
-MIN_SALES = KILLS // 2
+# Each kind of moment killed at once, planned rather than drawn: 20 drawn rounds met some money
+# calls two or three times and could miss one (a moment missed is planned again, below). A kill
+# during start, one as recovery begins, one within milliseconds of each money call, two at random.
+MOMENTS = ("start", "recovery", *sorted(MONEY_STEPS), "random", "random")
+KILLS = len(MOMENTS)  # about 25 s on a quiet machine
+# Sales the run must have seen: it goes on past KILLS rounds until the journal holds them and
+# every planned moment was met (a loaded machine sells fewer a round: 6 and 8 in 20 rounds at
+# load 10, where a wall-clock pass mark failed the suite), up to MAX_KILLS rounds, which only an
+# agent that cannot sell reaches.
+MIN_SALES = 10
 MAX_KILLS = 4 * KILLS
+# The service's faults on half bench/chaos.py's time scale (slow answers of 0.75-2 s against a
+# timeout of 1.5 s, still outlasting it at times): a start after a kill mid-call waits out that
+# call's deadline before it sells, 6 s here where it was 12 s, most of a round.
+FAULT_SCALE = {"slow": (0.75, 2.0), "timeout": 1.5}
 
 
 @pytest.mark.slow(seconds=50)
 @pytest.mark.timeout(900)  # a bound that only a hang meets, on a machine at load 20 too
 async def test_random_sigkills_under_service_faults_keep_the_money_right(tmp_path: Path) -> None:
     options = ChaosOptions(workdir=tmp_path, kills=KILLS, seed=9, pause=(0.05, 0.8),
-                           min_sales=MIN_SALES, max_kills=MAX_KILLS)
+                           min_sales=MIN_SALES, max_kills=MAX_KILLS, moments=MOMENTS,
+                           **FAULT_SCALE)
     async with Chaos(options) as chaos:
         report = await chaos.run()
 
     assert KILLS <= report.kills <= MAX_KILLS
+    met = {"start", "recovery:recovery.start", *(f"money:{step}" for step in MONEY_STEPS)}
+    assert met <= set(report.kill_modes), report.kill_modes
     assert report.sales >= MIN_SALES, report.summary()  # no throughput: a count, however slow
     assert report.vends > 0, report.summary()
     assert sum(report.faults_armed.values()) > 0
@@ -62,7 +74,7 @@ async def test_a_journal_disk_that_fills_and_a_journal_that_loses_its_wal_keep_t
     (when it lives that long), and its WAL deleted
     once between a kill and the restart: every charge still ends right in the ledger."""
     options = ChaosOptions(workdir=tmp_path, kills=DISK_KILLS, seed=12, pause=(0.05, 0.8),
-                           disk_full=1.0, damage_journal="wal_deleted")
+                           disk_full=1.0, damage_journal="wal_deleted", **FAULT_SCALE)
     async with Chaos(options) as chaos:
         report = await chaos.run()
 
@@ -89,6 +101,25 @@ async def test_a_run_is_bounded_by_counts_of_kills_and_sales_not_by_the_clock(
     chaos.options.min_sales = 3  # the agent sells no more: the run still ends
     chaos.report.kills = 5
     assert not chaos._more_rounds()
+
+
+def test_planned_moments_are_taken_in_order_and_a_missed_one_keeps_the_run_going(
+    tmp_path: Path,
+) -> None:
+    with pytest.raises(ValueError, match=r"unknown kill moments \['capture'\]"):
+        ChaosOptions(workdir=tmp_path, moments=("start", "capture"))
+    chaos = Chaos(ChaosOptions(workdir=tmp_path, kills=1, min_sales=0, max_kills=4,
+                               moments=("start", Step.CAPTURE_REQUEST)))
+    assert chaos._moment(chaos._planned.popleft()) == ("start", None)
+    assert chaos._moment(chaos._planned.popleft()) == ("money", Step.CAPTURE_REQUEST)
+    mode, _target = chaos._moment(None)  # nothing planned: drawn
+    assert mode in ("start", "recovery", "money", "random")
+    chaos.report.kills = 1
+    assert not chaos._more_rounds()  # every planned moment met, no sales asked for
+    chaos._planned.append(Step.CAPTURE_REQUEST)  # missed: planned again
+    assert chaos._more_rounds()
+    chaos.report.kills = 4
+    assert not chaos._more_rounds()  # up to max_kills only
 
 
 # -- the judge itself, on made-up evidence ---------------------------------------------------------

@@ -51,7 +51,8 @@ async def test_whichever_agent_starts_second_on_one_journal_is_refused(
 ) -> None:
     sim = await sim_factory(time_scale=50, seed=3, transactions=0)
     journal = tmp_path / "shared" / "journal.db"
-    one = AgentProcess(write_config(tmp_path / "one", sim, journal, MACHINE), sim)
+    # the owners start cold: the refusal names their command line (/proc), not a warm fork's
+    one = AgentProcess(write_config(tmp_path / "one", sim, journal, MACHINE), sim, cold=True)
     two = AgentProcess(write_config(tmp_path / "two", sim, journal, ADMIN), sim)
     again = AgentProcess(one.config, sim, log="again.log")
     try:
@@ -68,7 +69,7 @@ async def test_whichever_agent_starts_second_on_one_journal_is_refused(
         assert await one.exit_code() == 0, one.text()[-3000:]
 
         # the other order: the second configuration owns it now, the first is refused
-        two = AgentProcess(two.config, sim, log="owner.log")
+        two = AgentProcess(two.config, sim, log="owner.log", cold=True)
         await two.start()
         await two.wait_ready()
         await refused_by(again, two, journal)
@@ -114,7 +115,8 @@ async def test_a_lock_file_removed_under_a_running_agent_still_keeps_a_second_on
     ran, a second `run` found no claim and started on the same journal."""
     sim = await sim_factory(time_scale=50, seed=3, transactions=0)
     journal = tmp_path / "shared" / "journal.db"
-    one = AgentProcess(write_config(tmp_path / "one", sim, journal, MACHINE), sim)
+    # the owners start cold: the refusal names their command line (/proc), not a warm fork's
+    one = AgentProcess(write_config(tmp_path / "one", sim, journal, MACHINE), sim, cold=True)
     two = AgentProcess(write_config(tmp_path / "two", sim, journal, ADMIN), sim)
     try:
         await one.start()
