@@ -38,7 +38,6 @@ from kiosk_agent.cli.contract import (
     positive_int,
     use_colour,
 )
-from kiosk_agent.health.availability import TerminalState, unavailable_text
 from kiosk_agent.moments import display_clock
 from kiosk_agent.money import format_cents
 from kiosk_agent.sales.kinds import Tally, no_selection
@@ -48,6 +47,7 @@ from kiosk_agent.tasks import TaskSet, cancel_and_wait
 
 if TYPE_CHECKING:
     from kiosk_agent.bus import Subscription
+    from kiosk_agent.health.availability import TerminalState
 
 DEFAULT_CONFIG = Path(__file__).resolve().parents[2] / "config" / "demo.yaml"
 # At the end, how long the machine's last sale may take to end before its books are read anyway.
@@ -190,6 +190,8 @@ class LiveView:
                     else "back in service: card readers enabled again")
             self._line(state.device_id, text, "green")
             return
+        from kiosk_agent.health.availability import unavailable_text  # not for `demo --help`
+
         out = unavailable_text(starting=state.starting, since=state.since, reason=state.reason)
         if state.starting:
             self._starting.add(state.device_id)

@@ -18,7 +18,9 @@ def test_demo_shows_the_reader_stepping_aside_during_an_outage() -> None:
     assert done.returncode == 0, done.stderr
     out = done.stdout
     offline = out.index("SIM-0007 goes offline (simulator)")
-    stepped_aside = out.index("SIM-0007 OUT OF SERVICE (terminal offline): the reader steps aside")
+    stepped_aside = out.index("SIM-0007 OUT OF SERVICE since ")  # in `kiosk-agent health`'s words
+    assert out.index("terminal offline; the reader steps aside", stepped_aside) < out.index(
+        "SIM-0007 goes online (simulator)")
     online = out.index("SIM-0007 goes online (simulator)")
     back = out.index("SIM-0007 back in service: card readers enabled again")
     assert offline < stepped_aside < online < back
