@@ -31,6 +31,7 @@ from kiosk_agent.fleet.backoff import Backoff
 from kiosk_agent.fleet.component import Upstream
 from kiosk_agent.fleet.discovery import discovery_messages
 from kiosk_agent.fleet.entities import RETIRED
+from kiosk_agent.fleet.mqtt import STABLE_AFTER
 from kiosk_agent.fleet.report import build_report
 from kiosk_agent.fleet.schema import KEEPALIVE, RECONNECT_INTERVAL, RECONNECT_MAX
 from kiosk_agent.fleet.topics import OFFLINE, ONLINE, discovery_topic
@@ -198,7 +199,12 @@ class SimulatedUnit:
                 if answer[1:2] != b"\x00":
                     raise ConnectionError(f"refused: {answer.hex()}")
                 self.connects += 1
-                await self.serve(link)
+                connected_at = time.monotonic()
+                try:
+                    await self.serve(link)
+                finally:
+                    if time.monotonic() - connected_at >= STABLE_AFTER:  # as the sink does
+                        self.backoff.reset()
             except (OSError, TimeoutError):
                 pass
             finally:
@@ -224,7 +230,6 @@ class SimulatedUnit:
         await self.publish(link, sink.state_topic, self.report)
         await self.publish(link, sink.availability_topic, ONLINE.encode())
         self.online_on = self.connects
-        self.backoff.reset()  # the sink resets once a connection held 30 s; the same here
         await link.lost
 
 

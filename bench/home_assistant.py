@@ -5,7 +5,12 @@
 Home Assistant is not a dependency of the project: give the ``hass`` of a virtualenv it is
 installed in (HA 2024.3.3: ``python3.11 -m venv /tmp/ha2024 && /tmp/ha2024/bin/pip install
 homeassistant==2024.3.3 paho-mqtt==1.6.1 'josepy<2'``); without one the script says so and
-exits 0 (skipped).
+exits 0 (skipped). HA 2026.2 needs Python 3.13: a Debian trixie chroot (``debootstrap
+--variant=minbase --include=python3-venv,python3-dev,build-essential,libffi-dev,libssl-dev,
+zlib1g-dev,libjpeg-dev,libturbojpeg0,libpcap-dev,ca-certificates trixie ROOT``, then
+``/srv/ha/bin/pip install homeassistant==2026.2.3`` in a venv there), with ``/proc``, ``/dev``
+and this machine's ``/tmp`` bound into it (the script's files live in /tmp), and ``--hass`` a
+wrapper that runs ``chroot ROOT /srv/ha/bin/hass "$@"``; ``--release 2026.2``.
 
 It starts Mosquitto, the payment simulator, Home Assistant (the MQTT integration set up as a
 config entry, the recorder on SQLite) and four ``kiosk-agent run`` processes, each with an
