@@ -12,6 +12,7 @@ import shutil
 import socket
 import subprocess
 import time
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -70,7 +71,13 @@ class Observer:
         self.port = port
         self.messages: list[tuple[str, str, bool]] = []
         self._task: asyncio.Task[None] | None = None
+        self._client: aiomqtt.Client | None = None
         self.subscribed = asyncio.Event()
+        # a topic of this observer's own: what it publishes there comes back behind everything
+        # the broker had queued for it (one client's messages keep their order)
+        self._marker = f"test-observer/{uuid.uuid4().hex}"
+        self._markers_heard = 0
+        self._heard = asyncio.Condition()
 
     async def start(self, *topics: str) -> None:
         self._task = asyncio.create_task(self._run(topics))
@@ -78,13 +85,30 @@ class Observer:
 
     async def _run(self, topics: tuple[str, ...]) -> None:
         async with aiomqtt.Client("127.0.0.1", self.port) as client:
-            for topic in topics:
+            for topic in (*topics, self._marker):
                 await client.subscribe(topic, qos=1)
+            self._client = client
             self.subscribed.set()
             async for message in client.messages:
+                if str(message.topic) == self._marker:
+                    async with self._heard:
+                        self._markers_heard += 1
+                        self._heard.notify_all()
+                    continue
                 payload = message.payload
                 text = payload.decode() if isinstance(payload, bytes) else str(payload)
                 self.messages.append((str(message.topic), text, message.retain))
+
+    async def caught_up(self, within: float = 30.0) -> None:
+        """Everything the broker had for this observer when called is in ``messages`` (the
+        retained ones a subscription is handed, too): no fixed wait that a busy machine
+        outlasts."""
+        assert self._client is not None, "start() first"
+        async with self._heard:
+            wanted = self._markers_heard + 1
+        await self._client.publish(self._marker, b"", qos=1)
+        async with asyncio.timeout(within), self._heard:
+            await self._heard.wait_for(lambda: self._markers_heard >= wanted)
 
     async def stop(self) -> None:
         if self._task is not None:

@@ -273,7 +273,7 @@ async def _retained(broker: int, *topics: str) -> dict[str, str]:
     """What a newcomer (Home Assistant starting) is handed for ``topics``."""
     observer = Observer(broker)
     await observer.start(*topics)
-    await asyncio.sleep(0.3)  # retained messages come right after the subscription
+    await observer.caught_up()  # the retained ones come right after the subscription
     await observer.stop()
     return {topic: payload for topic, payload, retain in observer.messages if retain and payload}
 

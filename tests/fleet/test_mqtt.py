@@ -306,7 +306,7 @@ async def test_a_replaced_terminals_entities_are_removed_from_home_assistant(
             await upstream.stop()
     observer = Observer(mosquitto)
     await observer.start(f"{prefix}/+/unit-sw/+/config")
-    await asyncio.sleep(0.3)  # retained messages come right after the subscription
+    await observer.caught_up()  # the retained ones come right after the subscription
     await observer.stop()
     kept = {topic.split("/")[3] for topic, payload, retain in observer.messages if payload}
     assert {"terminal_sim_0002", "card_payments_sim_0002", "status", "cpu_load"} <= kept
