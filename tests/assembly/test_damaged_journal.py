@@ -26,6 +26,20 @@ from tests.assembly.test_crash import TIME_SCALE, Driver, write_config
 from .disk_helpers import ledger
 
 
+def keys_in_the_environment(sim: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    info = sim.ready_info()
+    monkeypatch.setenv("KIOSK_API_KEY", info["api_key"])
+    monkeypatch.setenv("KIOSK_CLIENT_SECRET", info["client_secret"])
+
+
+@pytest.fixture
+async def configured(sim_factory: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """The agent's configuration on a simulator of its own, its keys in the environment."""
+    sim = await sim_factory(time_scale=TIME_SCALE, seed=3, transactions=0)
+    keys_in_the_environment(sim, monkeypatch)
+    return write_config(tmp_path, sim)
+
+
 def checkpointed(path: Path) -> None:
     """Move everything the WAL holds into the database file (as a clean stop would)."""
     db = sqlite3.connect(path)
@@ -61,9 +75,7 @@ async def test_a_charge_the_damaged_journal_lost_is_given_back_before_any_custom
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     sim = await sim_factory(time_scale=TIME_SCALE, seed=3, transactions=0)
-    info = sim.ready_info()
-    monkeypatch.setenv("KIOSK_API_KEY", info["api_key"])
-    monkeypatch.setenv("KIOSK_CLIENT_SECRET", info["client_secret"])
+    keys_in_the_environment(sim, monkeypatch)
     markers = tmp_path / "vended.txt"
     markers.touch()
     config_path = write_config(tmp_path, sim)
@@ -216,15 +228,11 @@ def test_before_open_the_start_reads_all_but_the_steps_and_whole_once_told(
 
 
 async def test_steps_found_damaged_after_open_move_no_money_and_the_restart_moves_them_aside(
-    sim_factory: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    configured: Path, tmp_path: Path
 ) -> None:
     from kiosk_agent.sales.journal_guard import FILE_COMPONENT, damage_note
 
-    sim = await sim_factory(time_scale=TIME_SCALE, seed=3, transactions=0)
-    info = sim.ready_info()
-    monkeypatch.setenv("KIOSK_API_KEY", info["api_key"])
-    monkeypatch.setenv("KIOSK_CLIENT_SECRET", info["client_secret"])
-    config = load_config(write_config(tmp_path, sim))
+    config = load_config(configured)
     path = tmp_path / "journal.db"
     a_journal_with_an_open_sale(path)
     overwrite_the_steps(path)
@@ -261,7 +269,7 @@ async def test_steps_found_damaged_after_open_move_no_money_and_the_restart_move
 
 
 async def test_the_start_is_ready_before_the_whole_read_and_takes_no_customer_until_it(
-    sim_factory: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    configured: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The whole-file read after the open (a second of a core for a year of sales) is off the
     path to READY=1, never off the path to a customer: held here until the test lets it go."""
@@ -269,11 +277,7 @@ async def test_the_start_is_ready_before_the_whole_read_and_takes_no_customer_un
 
     from kiosk_agent.sales import journal_guard
 
-    sim = await sim_factory(time_scale=TIME_SCALE, seed=3, transactions=0)
-    info = sim.ready_info()
-    monkeypatch.setenv("KIOSK_API_KEY", info["api_key"])
-    monkeypatch.setenv("KIOSK_CLIENT_SECRET", info["client_secret"])
-    config = load_config(write_config(tmp_path, sim))
+    config = load_config(configured)
     a_journal_with_an_open_sale(tmp_path / "journal.db")
     let_go = threading.Event()
     whole_reads: list[bool] = []
@@ -306,7 +310,7 @@ async def test_the_start_is_ready_before_the_whole_read_and_takes_no_customer_un
 
 
 async def test_the_look_begun_ahead_of_the_agents_import_is_the_one_its_start_takes(
-    sim_factory: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    configured: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """`kiosk-agent run` begins the look at the file (all but the steps) in a thread of its own
     once it holds the journal, before it imports the agent (a year of sales: 0.3 s of a second
@@ -316,11 +320,7 @@ async def test_the_look_begun_ahead_of_the_agents_import_is_the_one_its_start_ta
 
     from kiosk_agent.sales import journal_inspect
 
-    sim = await sim_factory(time_scale=TIME_SCALE, seed=3, transactions=0)
-    info = sim.ready_info()
-    monkeypatch.setenv("KIOSK_API_KEY", info["api_key"])
-    monkeypatch.setenv("KIOSK_CLIENT_SECRET", info["client_secret"])
-    config = load_config(write_config(tmp_path, sim))
+    config = load_config(configured)
     path = tmp_path / "journal.db"
     a_journal_with_an_open_sale(path)
     overwrite_a_page(path)  # the sales' own b-tree: what the start reads
