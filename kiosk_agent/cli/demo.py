@@ -120,8 +120,6 @@ class LiveView:
         self.tally = Tally()  # the sales that ended, by the rule of every face (sales.kinds)
         self._status_shown = False
         self._last_state: dict[str, SaleState] = {}  # a sale's steps repeat a state: show it once
-        # an ended sale may be heard again (a snapshot of it, step ""): its end is shown once
-        self._ended: set[str] = set()
         self.customers: Customers | None = None  # --sales N: which sales count
         self._starting: set[str] = set()  # terminals last shown starting: in service, not back
 
@@ -149,12 +147,11 @@ class LiveView:
         self._line(source, text, colour)
 
     def sale(self, event: SaleEvent) -> None:
-        if event.sale_id in self._ended or self._last_state.get(event.sale_id) is event.state:
+        if self._last_state.get(event.sale_id) is event.state:
             return
         self._last_state[event.sale_id] = event.state
         if event.state.final:
             del self._last_state[event.sale_id]
-            self._ended.add(event.sale_id)
             self.tally.add(event)
             if no_selection(event):
                 # a card-first machine's session that no one chose in: not a sale anywhere

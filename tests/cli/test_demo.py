@@ -368,24 +368,3 @@ async def test_the_demo_shows_a_terminal_still_starting_when_its_view_begins() -
     assert starting.endswith(
         f"{READING}; the reader waits for the agent's start, the machine sells for cash")
     assert started.endswith("SIM-0001 in service: card readers enabled")
-
-
-def test_a_sale_heard_again_after_its_end_is_shown_and_counted_once() -> None:
-    """Under ./dev test --stress the view printed one card session's end twice (2 lines, the
-    journal 1): an ended sale can be heard again as a snapshot of it (step ""), and the view
-    had forgotten it ended."""
-    from kiosk_agent.cli.demo import LiveView
-    from kiosk_agent.sales.model import SaleEvent
-    from kiosk_agent.sales.states import SaleState
-
-    out = io.StringIO()
-    view = LiveView(out, fancy=False)
-    session = SaleEvent("s1", "o1", "virtual:coffee", SaleState.REVERSED, 500,
-                        flow="authorize_capture")
-    opened = SaleEvent("s1", "o1", "virtual:coffee", SaleState.AUTHORIZING, 500,
-                       flow="authorize_capture")
-    for event in (opened, session, session, opened):  # the end, then heard again
-        view.sale(event)
-    assert out.getvalue().count("card session ended with no selection") == 1
-    assert view.tally.apart == 1
-    assert view.tally.sales == 0
