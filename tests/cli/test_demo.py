@@ -56,7 +56,9 @@ def test_demo_runs_sales_and_ends_by_itself(capsys: pytest.CaptureFixture[str]) 
     finals = re.findall(r"(COMPLETED|DECLINED|REVERSED|CANCELLED|FAILED|ATTENTION):", out)
     assert len(finals) == int(counted.group(1)) == 4  # --sales 4 stops after 4, not 5
     # the journal holds what the summary says, by the same rule (sales.kinds)
-    apart = out.count("card session ended with no selection")
+    # the view's lines ("... with no selection (cancelled, $0.00 kept)"), not the summary's own
+    # "1 card session ended with no selection, $0.00 kept"
+    apart = out.count("card session ended with no selection (")
     assert int(counted.group(2) or 0) == apart, out  # the lines, to tell which session
     assert len(_sales_listed(capsys)) == 4
     assert len(_sales_listed(capsys, "--kind", "no_selection")) == apart
