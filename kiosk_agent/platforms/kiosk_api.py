@@ -40,6 +40,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import hmac
+import json
 import logging
 import math
 import re
@@ -47,11 +48,13 @@ import sqlite3
 import time
 from collections import OrderedDict
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import voluptuous as vol
 from aiohttp import WSMsgType, web
 
+from kiosk_agent.bus import EventBus
 from kiosk_agent.config.load import PLATFORM_SCHEMA as BASE_PLATFORM_SCHEMA
 from kiosk_agent.config.load import max_price_check, positive_float, price_map
 from kiosk_agent.logs import RefusalLog
@@ -278,6 +281,19 @@ def event_json(event: SaleEvent) -> dict[str, Any]:
     }
 
 
+def event_text(event: SaleEvent) -> str:
+    """A step as the app reads it: :func:`event_json`, encoded."""
+    return json.dumps(event_json(event))
+
+
+@dataclass(frozen=True, slots=True)
+class _Frame:
+    """A step of this app's, encoded once for every stream that sends it."""
+
+    event: SaleEvent
+    text: str
+
+
 def gap_json(missed: int, sale_id: str | None) -> dict[str, Any]:
     """Said in a stream where steps were lost (the app read slower than the agent wrote)."""
     where = f"GET /api/v1/sales/{sale_id}" if sale_id else "GET /api/v1/sales/{sale_id}"
@@ -306,6 +322,9 @@ class KioskApi:
         self._origins: list[str] = config["allowed_origins"]
         self._refused = RefusalLog(_LOGGER, "kiosk_api")
         self._unfollow: Callable[[], None] = lambda: None  # stops _follow
+        # this app's steps, each encoded once by _follow, for the open streams (a step is JSON
+        # as many times as it is published, not once per stream that sends it)
+        self._frames: EventBus[_Frame] = EventBus()
         self._sockets: set[web.WebSocketResponse] = set()
         self.requests = 0
         self.rejected = 0
@@ -374,6 +393,8 @@ class KioskApi:
             self._latest.popitem(last=False)
         if event.state.final:
             self._dispensers.pop(event.sale_id, None)
+        if self._frames.subscriber_count:
+            self._frames.publish(_Frame(event, event_text(event)))
 
     # -- auth ----------------------------------------------------------------------------------
 
@@ -573,7 +594,7 @@ class KioskApi:
         event = self._latest.get(request.match_info["sale_id"])
         if event is None:
             return _error(404, "not_found", "sale_id", "no such sale from this kiosk")
-        return web.json_response(event_json(event))
+        return web.json_response(text=event_text(event))
 
     async def _cancel_sale(self, request: web.Request) -> web.Response:
         sale_id = request.match_info["sale_id"]
@@ -623,32 +644,32 @@ class KioskApi:
     async def _stream_in_slot(
         self, request: web.Request, wanted: Any, sale_id: str | None
     ) -> web.WebSocketResponse:
-        # the app sends nothing but a close: a larger frame is refused before it is buffered
-        ws = web.WebSocketResponse(heartbeat=15.0, max_msg_size=MAX_STREAM_FRAME)
+        # the app sends nothing but a close: a larger frame is refused before it is buffered.
+        # No permessage-deflate (a browser offers it): a step is a few hundred bytes on the
+        # kiosk's own machine, and zlib on each would cost more CPU than the bytes it saves.
+        ws = web.WebSocketResponse(heartbeat=15.0, max_msg_size=MAX_STREAM_FRAME, compress=False)
         await ws.prepare(request)
         self._sockets.add(ws)
         try:
-            # only this app's steps are queued: a busy bus elsewhere costs this stream nothing
-            async with self.agent.events.subscribe(
-                lambda event: event.source == self.name and not event.receipt and wanted(event)
-            ) as queue:
+            # only this app's steps are queued (_follow): a busy bus elsewhere costs nothing here
+            async with self._frames.subscribe(lambda frame: wanted(frame.event)) as queue:
                 # the follower filed every step published before (a listener: at once)
                 latest = self._latest.get(sale_id) if sale_id else None
                 if latest is not None:
-                    await ws.send_json(event_json(latest))
+                    await ws.send_str(event_text(latest))
                     if latest.state.final:
                         return ws
                 reader = asyncio.create_task(_drain(ws))
                 try:
                     while not ws.closed:
-                        event = await queue.next(reader)
-                        if event is None:
+                        frame = await queue.next(reader)
+                        if frame is None:
                             break  # the app closed the socket
                         missed = queue.take_missed()
                         if missed:  # the app fell behind: it must not take a hole for a whole
                             await ws.send_json(gap_json(missed, sale_id))
-                        await ws.send_json(event_json(event))
-                        if sale_id is not None and event.state.final:
+                        await ws.send_str(frame.text)
+                        if sale_id is not None and frame.event.state.final:
                             break
                 finally:
                     await cancel_and_wait(reader)

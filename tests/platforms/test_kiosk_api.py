@@ -541,6 +541,48 @@ async def test_an_app_that_fell_behind_is_told_how_many_steps_it_missed_and_wher
     assert [m["sale_id"] for m in messages[1:]] == ids[44:]
 
 
+async def test_each_step_is_encoded_once_however_many_streams_send_it(
+    app: App, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Before: every open stream encoded each step itself (an app following its sale and the
+    app-wide stream paid the JSON twice). Both streams still send the same text."""
+    from kiosk_agent.platforms import kiosk_api
+
+    encoded: list[str] = []
+
+    def counted(event: Any) -> dict[str, Any]:
+        encoded.append(event.state.value)
+        return kiosk_api_event_json(event)
+
+    kiosk_api_event_json = kiosk_api.event_json
+    monkeypatch.setattr(kiosk_api, "event_json", counted)
+    async with app.session.ws_connect(f"{app.base}/events?token={TOKEN}") as everything:
+        await until(lambda: _streaming(app))
+        status, started = await app.post("/sales", {"product": "coffee"})
+        assert status == 202
+        async with app.session.ws_connect(
+            f"{app.base}/sales/{started['sale_id']}/events?token={TOKEN}"
+        ) as one_sale:
+            its_texts = [message.data async for message in one_sale]
+        all_texts = []
+        while not all_texts or not json.loads(all_texts[-1])["final"]:
+            all_texts.append((await asyncio.wait_for(everything.receive(), 10)).data)
+    assert json.loads(its_texts[-1])["state"] == "completed"
+    # the sale's stream joined late: its first step is the latest one, sent at the join
+    assert its_texts[1:] == all_texts[-len(its_texts) + 1 :]
+    assert len(encoded) == len(all_texts) + 1  # each step once, and the join's
+
+
+async def test_a_stream_offers_no_compression_to_a_client_that_asks(app: App) -> None:
+    """A browser offers permessage-deflate; a step is a few hundred bytes on the kiosk's own
+    machine, so zlib on each frame would cost CPU and save nothing worth it."""
+    async with app.session.ws_connect(f"{app.base}/events?token={TOKEN}", compress=15) as ws:
+        assert ws.compress == 0
+        assert "permessage-deflate" not in ws._response.headers.get(
+            "Sec-WebSocket-Extensions", ""
+        )
+
+
 def _streaming(app: App) -> bool:
     return bool(app.api._sockets)  # the stream's subscription is open
 
