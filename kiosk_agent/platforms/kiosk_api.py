@@ -48,7 +48,6 @@ import sqlite3
 import time
 from collections import OrderedDict
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 import voluptuous as vol
@@ -286,12 +285,21 @@ def event_text(event: SaleEvent) -> str:
     return json.dumps(event_json(event))
 
 
-@dataclass(frozen=True, slots=True)
 class _Frame:
-    """A step of this app's, encoded once for every stream that sends it."""
+    """A step of this app's, encoded once for every stream that sends it, and only if one does
+    (a stream of one sale filters out the others' steps unread)."""
 
-    event: SaleEvent
-    text: str
+    __slots__ = ("_text", "event")
+
+    def __init__(self, event: SaleEvent) -> None:
+        self.event = event
+        self._text: str | None = None
+
+    @property
+    def text(self) -> str:
+        if self._text is None:
+            self._text = event_text(self.event)
+        return self._text
 
 
 def gap_json(missed: int, sale_id: str | None) -> dict[str, Any]:
@@ -394,7 +402,7 @@ class KioskApi:
         if event.state.final:
             self._dispensers.pop(event.sale_id, None)
         if self._frames.subscriber_count:
-            self._frames.publish(_Frame(event, event_text(event)))
+            self._frames.publish(_Frame(event))
 
     # -- auth ----------------------------------------------------------------------------------
 

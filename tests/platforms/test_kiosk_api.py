@@ -573,6 +573,45 @@ async def test_each_step_is_encoded_once_however_many_streams_send_it(
     assert len(encoded) == len(all_texts) + 1  # each step once, and the join's
 
 
+async def test_a_stream_of_one_sale_encodes_no_other_sales_steps(
+    tmp_path: Path, sim_settings: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Before: while any stream was open, every step of this app's was encoded, also those of
+    sales no open stream follows (a busy kiosk with several terminals)."""
+    from kiosk_agent.platforms import kiosk_api
+    from kiosk_agent.sales.model import SaleEvent
+
+    encoded: list[str] = []
+    kiosk_api_event_json = kiosk_api.event_json
+
+    def counted(event: Any) -> dict[str, Any]:
+        encoded.append(event.sale_id)
+        return kiosk_api_event_json(event)
+
+    monkeypatch.setattr(kiosk_api, "event_json", counted)
+    async for app in _app(tmp_path, sim_settings, confirm_dispense=True):
+        _, started = await app.post("/sales", {"product": "tea"})
+        sale_id = started["sale_id"]
+        async with app.session.ws_connect(
+            f"{app.base}/sales/{sale_id}/events?token={TOKEN}"
+        ) as ws:
+            async for message in ws:
+                if message.json()["state"] != "dispensing":
+                    continue
+                for n in range(3):  # another terminal's sales, from the same app
+                    app.api.agent.events.publish(SaleEvent(
+                        sale_id=f"other{n}", order_id=f"o-{n}", source=app.api.name,
+                        state=SaleState.STARTED, amount_cents=100,
+                    ))  # fmt: skip
+                status, _ = await app.post(f"/sales/{sale_id}/dispensed", {"status": "vended"})
+                assert status == 202
+        status, others = await app.get("/sales/other1")  # known, and encoded when asked
+        assert (status, others["sale_id"]) == (200, "other1")
+    assert encoded.count("other0") == encoded.count("other2") == 0
+    assert encoded.count("other1") == 1
+    assert encoded.count(sale_id) >= 3
+
+
 async def test_a_stream_offers_no_compression_to_a_client_that_asks(app: App) -> None:
     """A browser offers permessage-deflate; a step is a few hundred bytes on the kiosk's own
     machine, so zlib on each frame would cost CPU and save nothing worth it."""
