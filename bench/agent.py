@@ -29,8 +29,12 @@
 
 Probes (issue 33): ``--profile FILE`` profiles the agent process over its kiosk API sales and
 prints its event loop's turns a sale; ``--tracemalloc FILE`` prints the idle agent's live
-allocations by file; ``--event-loop uvloop`` runs the agent on uvloop (installed beside). The
-load average before and after is in the figures.
+allocations by file (with one frame a module's import shows as importlib's: read it beside
+``--modules``); ``--modules`` lists each module an idle agent imported above the libraries in
+use with the memory its import traces and its CPU (the least of three), and what making the
+dataclasses, pydantic models and voluptuous schemas took (a separate, unmeasured run reports
+the modules through bench/agent_probe.py); ``--event-loop uvloop`` runs the agent on uvloop
+(installed beside). The load average before and after is in the figures.
 
 Baselines measured here, for ratios that do not depend on the machine: one plain HTTP round
 trip to the simulator and one journal commit (fsync).
@@ -55,6 +59,7 @@ import pstats
 import shutil
 import socket
 import statistics
+import subprocess
 import sys
 import tempfile
 import textwrap
@@ -348,12 +353,14 @@ async def spawn_agent(
     if probe is None and env.get("BENCH_EVENT_LOOP", "asyncio") != "asyncio":
         probe = Path("-")  # the launcher picks the loop, and takes no requests
     launcher = ["-m", "kiosk_agent"] if probe is None else [agent_probe.LAUNCHER, str(probe)]
+    # traced from its first allocation, a start at load 11 took longer than 30 s
+    within_s = 300 if env.get("PYTHONTRACEMALLOC") else 30
     spawned = time.perf_counter()
     proc = await asyncio.create_subprocess_exec(
         sys.executable, *launcher, "run", "--config", str(config),
         env=env, stdout=asyncio.subprocess.DEVNULL,
     )
-    while not (await asyncio.wait_for(loop.sock_recv(listener, 1024), 30)).startswith(
+    while not (await asyncio.wait_for(loop.sock_recv(listener, 1024), within_s)).startswith(
         b"READY=1"
     ):
         pass
@@ -546,6 +553,9 @@ async def main() -> None:
                         help="the measured agent traces its allocations from its start; a "
                              "snapshot of it idle to FILE, its top modules printed (its RSS "
                              "then carries tracemalloc's own cost)")
+    parser.add_argument("--modules", action="store_true",
+                        help="after the figures: each module an idle agent imported above the "
+                             "libraries in use, its import's CPU and traced memory (stderr)")
     parser.add_argument("--event-loop", choices=("asyncio", "uvloop"), default="asyncio",
                         help="the agent process's event loop (uvloop: installed beside, not a "
                              "dependency; through bench/agent_probe.py)")
@@ -588,6 +598,10 @@ async def main() -> None:
                     field_sim.ready_info(), process_dir, args.idle_seconds, args.kiosk_sales,
                     args.tracemalloc, args.profile,
                 )
+                if args.modules:
+                    modules_dir = directory / "modules"
+                    modules_dir.mkdir()
+                    imported = await modules_of_an_idle_agent(field_sim.ready_info(), modules_dir)
             finally:
                 await field_sim.stop()
     finally:
@@ -596,6 +610,8 @@ async def main() -> None:
     report(figures, args)
     if args.tracemalloc:
         print_snapshot(args.tracemalloc)
+    if args.modules:
+        print_module_costs(imported)
     if args.profile:
         print_profile(args.profile, args.kiosk_sales + 5)  # the warm-up's five sales too
 
@@ -609,6 +625,99 @@ def print_profile(path: Path, sales: int) -> None:
           f"{stats.total_tt / sales * 1000:.2f} ms of profiled CPU a sale")  # type: ignore[attr-defined]
     stats.sort_stats("tottime").print_stats(30)
     stats.sort_stats("cumulative").print_stats(40)
+
+
+async def modules_of_an_idle_agent(info: dict[str, Any], directory: Path) -> list[str]:
+    """The modules a ``kiosk-agent run`` of the bench's kiosk configuration has imported once
+    idle, in their import order (through bench/agent_probe.py; not a measured run)."""
+    (directory / "config.yaml").write_text(config_text(info, free_port(), PROCESS_TIME_SCALE))
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    listener.bind(str(directory / "notify.sock"))
+    listener.setblocking(False)
+    env = {**os.environ, "NOTIFY_SOCKET": str(directory / "notify.sock"),
+           "BENCH_API_KEY": info["api_key"], "BENCH_CLIENT_SECRET": info["client_secret"],
+           "BENCH_KIOSK_TOKEN": KIOSK_TOKEN}
+    probe = directory / "probe"
+    probe.mkdir()
+    proc, _, _ = await spawn_agent(directory / "config.yaml", env, listener, probe)
+    try:
+        await asyncio.sleep(2.0)  # settled: what it builds after READY=1 is built
+        await agent_probe.request(probe, "modules")
+    finally:
+        proc.terminate()
+        await proc.wait()
+        listener.close()
+    return (probe / "modules.txt").read_text().split()
+
+
+# Imports each of the agent's modules (argv: their names, in the run's order) in a process
+# that already holds the libraries in use (IN_USE_CODE): the CPU and the traced memory each
+# import adds (with its own modules not imported yet), and the class-making it spends.
+MODULE_COSTS_CODE = IN_USE_CODE + """
+import dataclasses, importlib, json, sys, time, tracemalloc
+import voluptuous.schema_builder
+from pydantic._internal import _model_construction
+spent = {"dataclasses": 0.0, "pydantic models": 0.0, "voluptuous schemas": 0.0}
+made = dict.fromkeys(spent, 0)
+
+def timed(owner, name, what):  # the outermost call only: a schema compiles the ones it holds
+    original, depth = getattr(owner, name), [0]
+    def wrapper(*args, **kwargs):
+        depth[0] += 1
+        started = time.process_time()
+        try:
+            return original(*args, **kwargs)
+        finally:
+            depth[0] -= 1
+            if not depth[0]:
+                spent[what] += time.process_time() - started
+                made[what] += 1
+    setattr(owner, name, wrapper)
+
+timed(dataclasses, "_process_class", "dataclasses")
+timed(_model_construction.ModelMetaclass, "__new__", "pydantic models")
+timed(voluptuous.schema_builder.Schema, "__init__", "voluptuous schemas")
+traced = sys.argv[1] == "memory"
+if traced:
+    tracemalloc.start()
+costs = {}
+for name in sys.argv[2:]:
+    if name in sys.modules:
+        continue
+    before = tracemalloc.get_traced_memory()[0] if traced else time.process_time()
+    importlib.import_module(name)
+    after = tracemalloc.get_traced_memory()[0] if traced else time.process_time()
+    costs[name] = after - before
+print(json.dumps({"costs": costs, "spent": spent, "made": made}))
+"""
+
+
+def print_module_costs(imported: list[str], runs: int = 3, top: int = 25) -> None:
+    """Each of the agent's modules an idle agent imported, by the traced memory its import adds
+    above the libraries in use, with its CPU (the least of ``runs``); stderr."""
+    ours = [name for name in imported if name.startswith("kiosk_agent")]
+    others = [name for name in imported if not name.startswith("kiosk_agent")]
+
+    def measured(kind: str) -> dict[str, Any]:
+        done = subprocess.run([sys.executable, "-c", MODULE_COSTS_CODE, kind, *others, *ours],
+                              capture_output=True, text=True, check=True, timeout=300)
+        result: dict[str, Any] = json.loads(done.stdout.splitlines()[-1])
+        return result
+
+    memory = measured("memory")["costs"]
+    timings = [measured("cpu") for _ in range(runs)]
+    cpu = {name: min(t["costs"].get(name, 0.0) for t in timings) for name in memory}
+    least = min(timings, key=lambda t: sum(t["costs"].values()))
+    ours_kib = sum(v for k, v in memory.items() if k.startswith("kiosk_agent")) / 1024
+    ours_ms = sum(v for k, v in cpu.items() if k.startswith("kiosk_agent")) * 1000
+    print(f"an idle agent's modules above the libraries in use: {len(memory)} imported "
+          f"({sum(1 for k in memory if k.startswith('kiosk_agent'))} of kiosk_agent: "
+          f"{ours_kib:.0f} KiB traced, {ours_ms:.1f} ms of CPU, the least of {runs}); in the "
+          "least run, making " + "; ".join(
+              f"{least['made'][what]} {what} {spent * 1000:.1f} ms"
+              for what, spent in least["spent"].items()), file=sys.stderr)
+    for name, size in sorted(memory.items(), key=lambda item: -item[1])[:top]:
+        print(f"  {size / 1024:7.1f} KiB {cpu[name] * 1000:6.1f} ms  {name}", file=sys.stderr)
 
 
 def print_snapshot(path: Path, top: int = 30) -> None:

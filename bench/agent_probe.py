@@ -11,7 +11,9 @@ this launcher instead of ``python -m kiosk_agent``. A thread looks for a request
 - ``profile.start``: cProfile on, timing the thread's CPU (an fsync or a throttled wait does not
   count); ``profile.stop``: off, its statistics to ``DIR/profile.pstats``;
 - ``snapshot``: a tracemalloc snapshot to ``DIR/tracemalloc.snapshot`` (tracing runs from the
-  start, so the agent's own imports are in it: started with ``PYTHONTRACEMALLOC=1``).
+  start, so the agent's own imports are in it: started with ``PYTHONTRACEMALLOC=1``);
+- ``modules``: the names in ``sys.modules``, in the order they were imported, to
+  ``DIR/modules.txt`` (``bench/agent.py --modules``).
 
 Each request file is removed once done, and ``DIR/<request>.done`` written: the bench waits for it.
 DIR ``-``: no requests (no thread). With ``BENCH_EVENT_LOOP=uvloop`` the agent runs on uvloop's
@@ -59,8 +61,12 @@ def serve(directory: Path) -> None:
     def snapshot() -> None:
         tracemalloc.take_snapshot().dump(str(directory / "tracemalloc.snapshot"))
 
+    def modules() -> None:  # in the order they were imported
+        (directory / "modules.txt").write_text("\n".join(list(sys.modules)))
+
     actions: dict[str, Callable[[], None]] = {
         "profile.start": profiler.enable, "profile.stop": stop_profile, "snapshot": snapshot,
+        "modules": modules,
     }
     while True:
         time.sleep(0.05)

@@ -318,7 +318,6 @@ class Agent:
         self._tasks.append(asyncio.create_task(self.availability.follow_sales(self.events)))
         self.recovery.start()
         self.health.report_unit(not_ours_open=len(self.recovery.not_ours))
-        self._checker.start()
         self.journal_guard.start()
         if self.recovery.state == "done":
             # nothing to recover: the triggers start once reporting's charges were compared
@@ -349,6 +348,10 @@ class Agent:
                 self._tasks.append(self._ready_task)
         self.started = True
         self.ready_at = time.monotonic()
+        # The health checker's rounds begin once the triggers run: the terminals were just
+        # listed above, and its first round (the list again, a ping each, a journal write) was
+        # a tenth of the CPU above the libraries' imports before READY=1
+        self._checker.start()
         self._tasks.append(asyncio.create_task(self._after_ready()))
         _LOGGER.log(
             logging.WARNING if not_started else logging.INFO,

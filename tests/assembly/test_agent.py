@@ -395,3 +395,30 @@ async def test_a_terminal_offline_at_boot_is_starting_and_offline_once_ready_an_
     assert [e.kind for e in agent.event_log.recent() if e.kind in kinds] == ["out_of_service"]
     [shown] = [a for a in agent.health.snapshot().availability if a.device_id == "SIM-0001"]
     assert (shown.starting, shown.changes) == (False, 1)
+
+
+async def test_the_health_checkers_rounds_begin_once_the_agent_is_ready(
+    sim_factory: Any, tmp_path: Path
+) -> None:
+    """The start lists the terminals itself; the checker's first round (the list again, a ping
+    a terminal, a journal write) is none of READY=1's business: 19 requests before it, now 10."""
+    from tests.helpers import until
+
+    sim = await sim_factory(time_scale=300, transactions=0)
+    agent = Agent(load_config(write_config(tmp_path)), settings_from_ready(sim.ready_info()))
+    pinged_while_ready: list[bool] = []
+    ping = agent.service.terminal.ping
+
+    async def noted_ping(device_id: str) -> Any:
+        pinged_while_ready.append(agent.started)
+        return await ping(device_id)
+
+    agent.service.terminal.ping = noted_ping  # type: ignore[method-assign]
+    await agent.start()
+    try:
+        assert pinged_while_ready == []  # no ping on the way to ready
+        await until(lambda: len(pinged_while_ready) == 2, timeout=15)  # the first round, after
+        assert pinged_while_ready == [True, True]
+        assert agent.health.terminal("SIM-0001").last_ping_at is not None  # type: ignore[union-attr]
+    finally:
+        await agent.stop()
