@@ -301,6 +301,22 @@ def format_fleet(units: list[dict[str, Any]], now: float) -> str:
     return "\n".join(line.rstrip() for line in text)
 
 
+def _sales_day(sales: dict[str, Any], now: float | None = None) -> str:
+    """Which day a report's "sales today" are of, by the one rule of days (moments.py: the
+    completed sales created since 00:00 UTC, as the status page's "Sales today" and `sales
+    --since today --state completed`): ``today (since 00:00 UTC)``; the day by its date when
+    the report is of an earlier day (`fleet show` of a unit that last reported yesterday)."""
+    from kiosk_agent.moments import day_of
+
+    started = sales.get("day_started_at")
+    if not isinstance(started, int | float) or isinstance(started, bool) or started <= 0:
+        return "today (since 00:00 UTC)"  # a report that does not name its day
+    day = day_of(started)
+    if day == day_of(time.time() if now is None else now):
+        return "today (since 00:00 UTC)"
+    return f"on {day.isoformat()} (UTC, the report's day)"
+
+
 def _ago(at: str | None, now: float) -> str:
     """How long before ``now`` a unit's ``last_seen`` (ISO 8601) was."""
     if at is None:
@@ -329,7 +345,7 @@ async def show_command(args: argparse.Namespace) -> int:
     print(for_terminal(f"unit:     {device_id}  ({unit.availability or 'availability unknown'}, "
                        f"last seen {_ago(summary['last_seen'], now)})"))
     if unit.report is not None:
-        print(format_health({**unit.report, "status": summary["status"]}))
+        print(format_health({**unit.report, "status": summary["status"]}, now))
     if unit.defect is not None:
         print(f"status:   {summary['status'].upper()}\nproblem:  {for_terminal(unit.defect)}")
     elif unit.report is None:  # its availability alone: say why it is not ok
@@ -596,7 +612,7 @@ def configured_admin(config: Config, token: str | None = None) -> tuple[str, str
     return f"http://{host}:{admin['port']}", str(token)
 
 
-def format_health(report: dict[str, Any]) -> str:
+def format_health(report: dict[str, Any], now: float | None = None) -> str:
     """An agent's health for people. Its words come from outside (a service's answer, a
     machine's message, a unit's report): shown, never obeyed by the terminal."""
     from kiosk_agent.text import for_terminal_in  # on use: `--help` does not wait for it
@@ -613,8 +629,8 @@ def format_health(report: dict[str, Any]) -> str:
             if service.get("key_expires_in_s") is not None
             else ""
         ),
-        f"sales:    today {sales.get('today_count', 0)} for "
-        f"{format_cents(int(sales.get('today_amount_cents', 0)))}, "
+        f"sales:    {_sales_day(sales, now)} {sales.get('today_count', 0)} completed, "
+        f"{format_cents(int(sales.get('today_amount_cents', 0)))}; "
         f"open {sales.get('open', 0)}, attention {sales.get('attention', 0)}",
     ]
     if snapshot.get("availability"):

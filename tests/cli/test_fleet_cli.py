@@ -99,7 +99,7 @@ def test_health_is_readable_for_people() -> None:
     text = format_health(snapshot)
     assert "status:   DEGRADED  (version 1.0, up 1h 2m)" in text
     assert "key expires in 2h 0m" in text
-    assert "today 3 for $12.50" in text
+    assert "sales:    today (since 00:00 UTC) 3 completed, $12.50; open 0, attention 1" in text
     assert "SIM-0001     OFFLINE  timed out" in text
     assert "problem:  1 sale(s) need attention" in text
     out_of_service = r"card: +SIM-0001 +OUT OF SERVICE since \d\d:\d\d:\d\dZ: terminal offline"
@@ -636,6 +636,30 @@ async def test_fleet_list_names_what_other_clients_left_on_unit_topics_and_lists
 
 
 HOSTILE = "\x1b]0;pwned\x07\x1b[2J"  # retitles the terminal, then clears the screen
+
+
+def test_health_and_fleet_show_say_what_sales_today_counts_and_of_which_day() -> None:
+    """`fleet show` (and `health`) said "today 3": not what the 3 were (the completed sales,
+    as the page's "3 completed, $12.50") nor by which day (UTC), nor that a unit's last report
+    was of an earlier day."""
+    from kiosk_agent.moments import day_of, day_start
+
+    today = day_start(day_of(time.time()))
+    sales = {"today_count": 3, "today_amount_cents": 1250, "open": 1, "attention": 0}
+
+    def line(report_sales: dict[str, object]) -> str:
+        text = format_health({"status": "ok", "sales": report_sales}, now=today + 60)
+        [sales_line] = [ln for ln in text.splitlines() if ln.startswith("sales:")]
+        return sales_line
+
+    expected = "sales:    today (since 00:00 UTC) 3 completed, $12.50; open 1, attention 0"
+    assert line({**sales, "day_started_at": today}) == expected
+    assert line(sales) == expected  # a report that does not name its day: the agent's own
+    yesterday = day_start(day_of(today - 3600))
+    assert line({**sales, "day_started_at": yesterday}) == (
+        f"sales:    on {day_of(yesterday).isoformat()} (UTC, the report's day) 3 completed, "
+        "$12.50; open 1, attention 0"
+    )
 
 
 def test_health_shows_outside_words_and_never_lets_the_terminal_obey_them() -> None:
