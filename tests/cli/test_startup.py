@@ -299,6 +299,48 @@ def test_checking_a_dex_section_loads_no_link_no_codec_and_no_serial(tmp_path: P
         assert imported(modules, module) == [], module
 
 
+# A unit with a vending machine on an MDB adapter and the demo's virtual machine: each
+# platform's schema is checked from its `<name>_schema` module (config.registry).
+TRIGGERS_CONFIG = """\
+service: {simulator: {}}
+terminals: [{device_id: SIM-0001, name: front}]
+journal: {path: journal.db}
+triggers:
+  - {platform: mdb, name: snacks, port: /dev/ttyUSB0, terminal: front}
+  - {platform: virtual, name: coffee, terminal: front, mode: card_first,
+     flow: authorize_capture, products: {K1: "1.80"}}
+"""
+# What checking those triggers must not wait for: the platforms' runtime (the adapter link,
+# the machine's driver), pyserial, asyncio (ssl and subprocess come with it).
+PLATFORM_RUNTIME = ("asyncio", "ssl", "subprocess", "serial", "serial_asyncio_fast",
+                    "kiosk_agent.platforms.mdb", "kiosk_agent.platforms.virtual",
+                    "kiosk_agent.platforms.serial", "kiosk_agent.platforms.base",
+                    "kiosk_agent.health.availability", "kiosk_agent.bus")
+
+
+def test_check_config_checks_the_triggers_without_their_platforms_runtime(
+    tmp_path: Path,
+) -> None:
+    """`check-config` imported asyncio through the `virtual` platform's module (and the MDB
+    link, pyserial and the availability bus with it): a third of its CPU on config/demo.yaml,
+    to read a schema. The doctor's trigger warnings did too."""
+    config = tmp_path / "c.yaml"
+    config.write_text(TRIGGERS_CONFIG)
+    output, modules = modules_after(["check-config", str(config)],
+                                    ["check-config", str(DEMO_CONFIG)])
+    assert f"{config}: valid" in output
+    assert "triggers:  snacks, coffee" in output
+    assert {"kiosk_agent.platforms.mdb_schema", "kiosk_agent.platforms.virtual_schema"} <= modules
+    for package in PLATFORM_RUNTIME:
+        assert package not in modules, package
+    # a mistake in a trigger is still found, at its line
+    config.write_text(TRIGGERS_CONFIG.replace("mode: card_first", "mode: card_last"))
+    done = subprocess.run([sys.executable, "-m", "kiosk_agent", "check-config", str(config)],
+                          capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == 2, done.stderr
+    assert "c.yaml:6: triggers[1].mode: value must be one of" in done.stderr
+
+
 def test_the_audit_packages_contract_names_are_still_there_on_first_use() -> None:
     import kiosk_agent.audit as audit
 
