@@ -704,3 +704,23 @@ def test_the_fleet_table_shows_outside_words_and_never_lets_the_terminal_obey_th
     text = format_fleet([row], 60.0)
     assert not {"\x1b", "\x07"} & set(text)
     assert "\ufffd]0;pwned" in text
+
+
+def test_an_answer_read_whole_is_parsed_as_http_or_refused_as_not_http() -> None:
+    """`health` and `terminals` ask the agent over plain HTTP on a socket (cli/fleet.py's
+    get_once, HTTP/1.0): what comes back is its status, Location and body, or a ValueError
+    that says it is no HTTP answer (the command then says it cannot reach the agent)."""
+    from kiosk_agent.cli.fleet import ANSWER_LIMIT, parse_answer
+
+    answer = (b"HTTP/1.0 200 OK\r\nContent-Type: application/json\r\nContent-Length: 11\r\n"
+              b"\r\n{\"a\": 1}\r\nextra")
+    assert parse_answer(answer) == (200, None, b'{"a": 1}\r\ne')
+    assert parse_answer(b"HTTP/1.1 307 Temporary Redirect\r\nlocation: http://x/y\r\n\r\n") == (
+        307, "http://x/y", b"")
+    assert parse_answer(b"HTTP/1.1 200 OK\r\n\r\n" + b"x" * (ANSWER_LIMIT + 5))[2] == (
+        b"x" * ANSWER_LIMIT)
+    for not_http in (b"", b"SSH-2.0-OpenSSH_9.2\r\n", b"HTTP/1.1 200 OK\r\nno end",
+                     b"<html>hello</html>\r\n\r\n", b"HTTP/2 200\r\n\r\n",
+                     b"HTTP/1.1 abc\r\n\r\n"):
+        with pytest.raises(ValueError, match="no HTTP answer"):
+            parse_answer(not_http)

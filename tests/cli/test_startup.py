@@ -251,8 +251,9 @@ def test_health_asks_the_agent_without_aiohttp(monkeypatch: pytest.MonkeyPatch) 
     for package in ("aiohttp", "kiosk_agent.admin.server", "kiosk_agent.sim", "pydantic"):
         assert imported(modules, package) == [], package
     # nor an event loop for its one question, nor the doctor's checks for the words of a
-    # refused connection (they imported asyncio): a third of the command's CPU
-    for package in ("asyncio", "kiosk_agent.doctor"):
+    # refused connection (they imported asyncio): a third of the command's CPU; nor, for a
+    # plain http:// agent, http.client with ssl and the e-mail parser (a tenth of its CPU)
+    for package in ("asyncio", "kiosk_agent.doctor", "http.client", "ssl", "email"):
         assert imported(modules, package) == [], package
 
 
