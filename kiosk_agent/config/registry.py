@@ -37,7 +37,7 @@ ENTRY_POINT_GROUP = "kiosk_agent.platforms"
 BUNDLED_PACKAGE = "kiosk_agent.platforms"
 # Modules in the platforms package that are shared code, not platforms: never imported as
 # candidates (nor offered as "did you mean").
-_NOT_PLATFORMS = frozenset({"base", "serial", "mdb_protocol"})
+_NOT_PLATFORMS = frozenset({"base", "serial", "mdb_protocol", "mdb_units"})
 SCHEMA_SUFFIX = "_schema"  # a bundled platform's schema module: mdb_schema for mdb
 
 

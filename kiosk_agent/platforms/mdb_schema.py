@@ -19,9 +19,9 @@ from kiosk_agent.config.load import (
     positive_float,
     positive_price,
 )
-from kiosk_agent.platforms import mdb_protocol as wire
+from kiosk_agent.platforms.mdb_units import AmountUnit
 from kiosk_agent.platforms.serial_ports import BAUDRATE, RECONNECT_MAX
-from kiosk_agent.sales.states import Flow
+from kiosk_agent.sales.model import Flow
 
 # The `mdb` platform's defaults, written once (tests/config/test_defaults.py)
 ADDRESS = 0x10  # the MDB cashless device 1's address
@@ -49,8 +49,8 @@ _MDB_SCHEMA = BASE_PLATFORM_SCHEMA.extend(
         vol.Optional("baudrate", default=BAUDRATE): vol.All(int, vol.Range(min=1200)),
         vol.Optional("mode", default=Mode.SELECTION_FIRST.value): vol.In([m.value for m in Mode]),
         vol.Optional("address", default=ADDRESS): _address,
-        vol.Optional("amount_unit", default=wire.AmountUnit.DOLLARS.value): vol.In(
-            [u.value for u in wire.AmountUnit]
+        vol.Optional("amount_unit", default=AmountUnit.DOLLARS.value): vol.In(
+            [u.value for u in AmountUnit]
         ),
         # card first: the most a customer may spend in one session
         vol.Optional("max_funds"): positive_price,

@@ -29,7 +29,8 @@ PARSER_MODULES = {
     "kiosk_agent.service", "kiosk_agent.service.timeouts", "kiosk_agent.sales",
     "kiosk_agent.sales.states", "kiosk_agent.sales.kinds", "kiosk_agent.sales.model",
     "kiosk_agent.platforms",
-    "kiosk_agent.platforms.mdb_protocol", "kiosk_agent.tasks", "kiosk_agent.moments",
+    "kiosk_agent.platforms.mdb_protocol", "kiosk_agent.platforms.mdb_units", "kiosk_agent.tasks",
+    "kiosk_agent.moments",
 }  # fmt: skip
 LIBRARIES = ("aiohttp", "pydantic", "yaml", "voluptuous", "serial", "aiomqtt", "sqlite3")
 
@@ -316,7 +317,9 @@ triggers:
 PLATFORM_RUNTIME = ("asyncio", "ssl", "subprocess", "serial", "serial_asyncio_fast",
                     "kiosk_agent.platforms.mdb", "kiosk_agent.platforms.virtual",
                     "kiosk_agent.platforms.serial", "kiosk_agent.platforms.base",
-                    "kiosk_agent.health.availability", "kiosk_agent.bus")
+                    "kiosk_agent.health.availability", "kiosk_agent.bus",
+                    "kiosk_agent.platforms.mdb_protocol",  # the wire's dataclasses
+                    "kiosk_agent.verdicts")  # the doctor's verdicts: warnings need none
 
 
 def test_check_config_checks_the_triggers_without_their_platforms_runtime(
