@@ -25,6 +25,7 @@ import serial_asyncio_fast
 
 from kiosk_agent.logs import RefusalLog
 from kiosk_agent.platforms.serial_ports import BAUDRATE as BAUDRATE
+from kiosk_agent.platforms.serial_ports import LINE_END as LINE_END
 from kiosk_agent.platforms.serial_ports import RECONNECT_MAX as RECONNECT_MAX
 from kiosk_agent.platforms.serial_ports import resolve_port as resolve_port
 from kiosk_agent.tasks import BackgroundTask, cancel_and_wait, wait_event
@@ -38,7 +39,6 @@ class LinkState(enum.StrEnum):
     CLOSED = "closed"  # stopped on purpose
 
 
-LINE_END = "\n"
 
 
 @dataclass(slots=True)

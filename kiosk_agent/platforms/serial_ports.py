@@ -14,6 +14,7 @@ _GLOB_CHARS = frozenset("*?[")
 # The serial platforms' shared defaults, written once (tests/config/test_defaults.py)
 BAUDRATE = 115200  # the MDB adapters' speed (a plain serial line has its own: serial_line.py)
 RECONNECT_MAX = 30.0  # the reconnect back-off's cap, seconds
+LINE_END = "\n"
 
 
 def resolve_port(port: str) -> str | None:
