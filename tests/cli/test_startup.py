@@ -301,8 +301,9 @@ def test_checking_a_dex_section_loads_no_link_no_codec_and_no_serial(tmp_path: P
         assert imported(modules, module) == [], module
 
 
-# A unit with a vending machine on an MDB adapter, the demo's virtual machine and a line-based
-# serial device: each platform's schema is checked from its `<name>_schema` module.
+# A unit with a vending machine on an MDB adapter, the demo's virtual machine, a line-based
+# serial device and buttons on GPIO: each platform's schema (and gpio's check of the machine) is
+# read from its `<name>_schema` module.
 TRIGGERS_CONFIG = """\
 service: {simulator: {}}
 terminals: [{device_id: SIM-0001, name: front}]
@@ -313,12 +314,14 @@ triggers:
      flow: authorize_capture, products: {K1: "1.80"}}
   - {platform: serial_line, name: lockers, port: /dev/ttyUSB1, terminal: front,
      vend_request: 'VEND (?P<price>[0-9.]+)', dispense_ok: 'OK', approve: 'GO {cents}'}
+  - {platform: gpio, name: kiosk, terminal: front,
+     buttons: [{line: 17, product: espresso, price: "2.50", relay: 22}]}
 """
 # What checking those triggers must not wait for: the platforms' runtime (the adapter link,
 # the machine's driver), pyserial, asyncio (ssl and subprocess come with it).
 PLATFORM_RUNTIME = ("asyncio", "ssl", "subprocess", "serial", "serial_asyncio_fast",
                     "kiosk_agent.platforms.mdb", "kiosk_agent.platforms.virtual",
-                    "kiosk_agent.platforms.serial_line",
+                    "kiosk_agent.platforms.serial_line", "kiosk_agent.platforms.gpio",
                     "kiosk_agent.platforms.serial", "kiosk_agent.platforms.base",
                     "kiosk_agent.health.availability", "kiosk_agent.bus",
                     "kiosk_agent.platforms.mdb_protocol",  # the wire's dataclasses
@@ -336,9 +339,10 @@ def test_check_config_checks_the_triggers_without_their_platforms_runtime(
     output, modules = modules_after(["check-config", str(config)],
                                     ["check-config", str(DEMO_CONFIG)])
     assert f"{config}: valid" in output
-    assert "triggers:  snacks, coffee, lockers" in output
+    assert "triggers:  snacks, coffee, lockers, kiosk" in output
     assert {"kiosk_agent.platforms.mdb_schema", "kiosk_agent.platforms.virtual_schema",
-            "kiosk_agent.platforms.serial_line_schema"} <= modules
+            "kiosk_agent.platforms.serial_line_schema",
+            "kiosk_agent.platforms.gpio_schema"} <= modules
     for package in PLATFORM_RUNTIME:
         assert package not in modules, package
     # a mistake in a trigger is still found, at its line

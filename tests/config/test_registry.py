@@ -34,7 +34,7 @@ def test_a_platform_module_has_its_schema_and_setup() -> None:
     assert callable(module.async_setup_platform)
 
 
-@pytest.mark.parametrize("name", ["mdb", "virtual", "serial_line"])
+@pytest.mark.parametrize("name", ["mdb", "virtual", "serial_line", "gpio"])
 def test_a_platform_checked_from_its_schema_module_is_checked_by_the_schema_it_runs_with(
     name: str,
 ) -> None:
