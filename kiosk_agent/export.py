@@ -61,6 +61,7 @@ SALE_COLUMNS = (
     "trans_id",
     "last_four",
     "message",
+    "kind",  # a new column goes last: a script reading columns by position keeps working
 )
 
 
@@ -269,7 +270,8 @@ def export_sales(sales: Iterable[SaleRecord], fmt: str) -> Iterator[str]:
 
 
 def sale_values(sale: SaleRecord) -> dict[str, Any]:
-    """One sale of the journal for export (``sales --format csv|json``)."""
+    """One sale of the journal for export (``sales --format csv|json``), its ``kind`` as
+    :func:`sale_json` says it (``--kind all`` lists both kinds: each row says which)."""
     return {
         "created": timestamp(sale.created_at),
         "sale_id": sale.sale_id,
@@ -285,7 +287,16 @@ def sale_values(sale: SaleRecord) -> dict[str, Any]:
         "trans_id": sale.trans_id or "",
         "last_four": sale.last_four or "",
         "message": sale.message,
+        "kind": sale_kind(sale),
     }
+
+
+def sale_kind(sale: SaleRecord) -> str:
+    """``sale``, or ``no_selection`` for a card session that ended with nothing chosen
+    (sales.kinds: the one rule)."""
+    from kiosk_agent.sales.kinds import SaleKind, no_selection  # on use, as the records are
+
+    return (SaleKind.NO_SELECTION if no_selection(sale) else SaleKind.SALE).value
 
 
 # A sale's wall times (Unix seconds in the journal); its sent_mono is the monotonic clock's, no
@@ -298,10 +309,8 @@ def sale_json(sale: SaleRecord) -> dict[str, Any]:
     /api/sales``, ``GET /api/sales/{id}``): every field, times in ISO 8601 UTC, the
     resolution as an object with its time so too, and its ``kind`` (sales.kinds: ``sale``, or
     ``no_selection`` for a card session that ended with nothing chosen)."""
-    from kiosk_agent.sales.kinds import SaleKind, no_selection  # on use, as the records are
-
     data = sale.as_dict()
-    data["kind"] = (SaleKind.NO_SELECTION if no_selection(sale) else SaleKind.SALE).value
+    data["kind"] = sale_kind(sale)
     for key in SALE_TIMES:
         data[key] = optional_timestamp(data[key])
     resolution = data["resolution"]

@@ -231,3 +231,53 @@ def test_the_books_json_gives_the_reads_and_the_comparisons_times_in_iso_8601() 
                                                           "2026-11-28T11:55:30Z")
     assert [s["vended_at"] for s in comparison["sales"]] == ["2026-11-28T11:54:30Z", None]
     assert report["last_read"]["at"] == at  # the books themselves keep Unix seconds
+
+
+def test_every_exported_sale_says_its_kind_as_the_journal_and_the_api_records_do(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`sales --kind all --format csv|json` mixed the sales with the card sessions that ended
+    with no selection, and no column told them apart (the API's records and `sales show` said
+    it). Each row now says its kind by the one rule, as `sale_json` does."""
+    from kiosk_agent.export import SALE_COLUMNS, sale_json
+    from kiosk_agent.sales.kinds import no_selection
+
+    config = tmp_path / "config.yaml"
+    config.write_text("service: {simulator: {}}\nterminals: [{device_id: SIM-0001}]\n"
+                      "journal: {path: journal.db}\n")
+    journal = Journal(tmp_path / "journal.db")
+    journal.open()
+    rows = (  # sale id, source, product, end, what it kept
+        ("walked", "virtual:coffee", None, SaleState.REVERSED, 0),  # walked away: not a sale
+        ("nobody", "mdb:coffee", None, SaleState.CANCELLED, 0),  # no one came: not a sale
+        ("chose", "virtual:coffee", "K1", SaleState.COMPLETED, 180),
+        ("failed_vend", "virtual:coffee", "K3", SaleState.REVERSED, 0),  # chose: a sale
+        ("app", "kiosk_api:front", None, SaleState.COMPLETED, 250),  # an app names no product
+    )
+    for n, (sale_id, source, product, end, kept) in enumerate(rows):
+        sale = journal.create(SaleRecord(
+            sale_id=sale_id, order_id=f"KA{n}", source=source, flow="authorize_capture",
+            terminal="SIM-0001", amount_cents=500, product=product, state=SaleState.STARTED,
+            created_at=1_790_000_000.0 + n,
+        ))
+        walk_to(journal, sale, end, captured_cents=kept)
+    records = {r.sale_id: r for r in journal}
+    journal.close()
+    expected = {sale_id: "no_selection" if no_selection(r) else "sale"
+                for sale_id, r in records.items()}
+    assert sorted(expected.values()) == ["no_selection"] * 2 + ["sale"] * 3  # the rule's own
+    assert all(sale_json(r)["kind"] == expected[i] for i, r in records.items())  # the API's
+
+    assert main(["sales", "-c", str(config), "--format", "csv", "--kind", "all"]) == 0
+    text = capsys.readouterr().out
+    assert text.splitlines()[0].split(",") == list(SALE_COLUMNS)
+    assert SALE_COLUMNS[-1] == "kind"  # added last: columns read by position stay where they were
+    assert {r["sale_id"]: r["kind"] for r in csv.DictReader(io.StringIO(text))} == expected
+    assert main(["sales", "-c", str(config), "--format", "json", "--kind", "all"]) == 0
+    exported = json.loads(capsys.readouterr().out)
+    assert {r["sale_id"]: r["kind"] for r in exported} == expected
+    assert all(list(r) == list(SALE_COLUMNS) for r in exported)  # the CSV's columns, in order
+    assert main(["sales", "-c", str(config), "--format", "csv", "--kind", "no_selection"]) == 0
+    apart = list(csv.DictReader(io.StringIO(capsys.readouterr().out)))
+    assert {r["sale_id"] for r in apart} == {"walked", "nobody"}
+    assert {r["kind"] for r in apart} == {"no_selection"}

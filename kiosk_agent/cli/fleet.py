@@ -301,6 +301,22 @@ def format_fleet(units: list[dict[str, Any]], now: float) -> str:
     return "\n".join(line.rstrip() for line in text)
 
 
+def _sales_day(sales: dict[str, Any], now: float | None = None) -> str:
+    """Which day a report's "sales today" are of, by the one rule of days (moments.py: the
+    completed sales created since 00:00 UTC, as the status page's "Sales today" and `sales
+    --since today --state completed`): ``today (since 00:00 UTC)``; the day by its date when
+    the report is of an earlier day (`fleet show` of a unit that last reported yesterday)."""
+    from kiosk_agent.moments import day_of
+
+    started = sales.get("day_started_at")
+    if not isinstance(started, int | float) or isinstance(started, bool) or started <= 0:
+        return "today (since 00:00 UTC)"  # a report that does not name its day
+    day = day_of(started)
+    if day == day_of(time.time() if now is None else now):
+        return "today (since 00:00 UTC)"
+    return f"on {day.isoformat()} (UTC, the report's day)"
+
+
 def _ago(at: str | None, now: float) -> str:
     """How long before ``now`` a unit's ``last_seen`` (ISO 8601) was."""
     if at is None:
@@ -329,7 +345,7 @@ async def show_command(args: argparse.Namespace) -> int:
     print(for_terminal(f"unit:     {device_id}  ({unit.availability or 'availability unknown'}, "
                        f"last seen {_ago(summary['last_seen'], now)})"))
     if unit.report is not None:
-        print(format_health({**unit.report, "status": summary["status"]}))
+        print(format_health({**unit.report, "status": summary["status"]}, now))
     if unit.defect is not None:
         print(f"status:   {summary['status'].upper()}\nproblem:  {for_terminal(unit.defect)}")
     elif unit.report is None:  # its availability alone: say why it is not ok
@@ -462,15 +478,13 @@ async def health_command(args: argparse.Namespace) -> int:
         from kiosk_agent.cli.events import watch_health
 
         return await awaited_anyhow(watch_health(args))
-    import http.client
-
     url, token = admin_address(args)
     within = timeout_of(args)
     try:
         status, location, body = await off_the_loop(lambda: STATUS.wait_in_thread(
             f"the agent at {url}", within,
             lambda: get_once(f"{url.rstrip('/')}/api/health", token, within)))
-    except (OSError, ValueError, http.client.HTTPException, TimeoutError) as err:
+    except (OSError, ValueError, TimeoutError) as err:
         from kiosk_agent.service.errors import describe
 
         raise CliError(
@@ -493,22 +507,74 @@ ANSWER_LIMIT = 8 << 20
 def get_once(url: str, token: str, within: float) -> tuple[int, str | None, bytes]:
     """One GET of the admin API with the standard library: (status, Location, body). A
     redirect is not followed. ``health`` asks once: aiohttp's import (a quarter of a second of
-    CPU here, seconds on a Pi Zero) is for the commands that follow a stream."""
-    import http.client
+    CPU here, seconds on a Pi Zero) is for the commands that follow a stream. An answer that
+    is not HTTP is a ValueError, as an address that is not http:// or https://."""
     from urllib.parse import urlsplit
 
     parts = urlsplit(url)
     if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise http.client.InvalidURL(f"not an http:// or https:// address: {url}")
-    kind = http.client.HTTPSConnection if parts.scheme == "https" else http.client.HTTPConnection
-    connection = kind(parts.hostname, parts.port, timeout=within)
+        raise ValueError(f"not an http:// or https:// address: {url}")
+    if parts.scheme == "http":  # the agent on this machine, as its configuration gives it
+        return _plain_get(parts.hostname, parts.port or 80, parts.netloc, parts.path or "/",
+                          token, within)
+    import http.client
+
+    connection = http.client.HTTPSConnection(parts.hostname, parts.port, timeout=within)
     try:
         connection.request("GET", parts.path or "/", headers={
             "Authorization": f"Bearer {token}", "Accept": "application/json"})
         response = connection.getresponse()
         return response.status, response.getheader("Location"), response.read(ANSWER_LIMIT)
+    except http.client.HTTPException as err:  # not an HTTP answer: said as one
+        raise ValueError(f"no HTTP answer ({type(err).__name__})") from None
     finally:
         connection.close()
+
+
+def _plain_get(host: str, port: int, netloc: str, path: str, token: str,
+               within: float) -> tuple[int, str | None, bytes]:
+    """:func:`get_once` over plain HTTP on a socket: HTTP/1.0, so the answer is the bytes
+    until the agent closes (no chunks, no second request). http.client's import (with ssl and
+    the e-mail parser it brings) was a tenth of `health`'s CPU for this one question."""
+    import socket
+
+    request = (f"GET {path} HTTP/1.0\r\nHost: {netloc}\r\nAuthorization: Bearer {token}\r\n"
+               "Accept: application/json\r\nConnection: close\r\n\r\n")
+    limit = ANSWER_LIMIT + HEAD_LIMIT
+    received = bytearray()
+    with socket.create_connection((host, port), timeout=within) as connection:
+        connection.sendall(request.encode("latin-1"))
+        while len(received) <= limit:
+            piece = connection.recv(65536)
+            if not piece:
+                break
+            received += piece
+    return parse_answer(bytes(received))
+
+
+HEAD_LIMIT = 64 << 10  # an answer's status line and headers, at most
+
+
+def parse_answer(received: bytes) -> tuple[int, str | None, bytes]:
+    """(status, Location, body) of an HTTP/1.x answer read whole; ValueError when it is not
+    one (a server that speaks something else, an answer cut before its headers end)."""
+    head, ended, body = received.partition(b"\r\n\r\n")
+    if not ended or len(head) > HEAD_LIMIT:
+        raise ValueError("no HTTP answer (its headers did not end)")
+    status_line, *header_lines = head.decode("latin-1").split("\r\n")
+    version, _, rest = status_line.partition(" ")
+    code = rest[:3]
+    if not version.startswith("HTTP/1.") or len(code) != 3 or not code.isdigit():
+        raise ValueError("no HTTP answer (no status line)")
+    headers = {}
+    for line in header_lines:
+        name, colon, value = line.partition(":")
+        if colon:
+            headers[name.strip().lower()] = value.strip()
+    length = headers.get("content-length", "")
+    if length.isdigit():
+        body = body[: int(length)]
+    return int(code), headers.get("location"), body[:ANSWER_LIMIT]
 
 
 def check_admin_answer(url: str, status: int, location: str | None) -> None:
@@ -596,7 +662,7 @@ def configured_admin(config: Config, token: str | None = None) -> tuple[str, str
     return f"http://{host}:{admin['port']}", str(token)
 
 
-def format_health(report: dict[str, Any]) -> str:
+def format_health(report: dict[str, Any], now: float | None = None) -> str:
     """An agent's health for people. Its words come from outside (a service's answer, a
     machine's message, a unit's report): shown, never obeyed by the terminal."""
     from kiosk_agent.text import for_terminal_in  # on use: `--help` does not wait for it
@@ -613,8 +679,8 @@ def format_health(report: dict[str, Any]) -> str:
             if service.get("key_expires_in_s") is not None
             else ""
         ),
-        f"sales:    today {sales.get('today_count', 0)} for "
-        f"{format_cents(int(sales.get('today_amount_cents', 0)))}, "
+        f"sales:    {_sales_day(sales, now)} {sales.get('today_count', 0)} completed, "
+        f"{format_cents(int(sales.get('today_amount_cents', 0)))}; "
         f"open {sales.get('open', 0)}, attention {sales.get('attention', 0)}",
     ]
     if snapshot.get("availability"):

@@ -64,8 +64,7 @@ def register(subparsers: Any) -> None:
 
 async def terminals_list(args: argparse.Namespace) -> int:
     """Registered without an event loop: the running agent is asked with the standard library
-    (:func:`agents_terminals`); the service, or a simulator started for the command, in a loop
-    of their own."""
+    (:func:`agents_terminals`); the service in a loop of its own."""
     terminals = await agents_terminals(args)
     if terminals is None:
         terminals = await awaited_anyhow(_service_terminals(args))
@@ -116,9 +115,10 @@ async def agents_terminals(args: argparse.Namespace) -> list[dict[str, Any]] | N
     (``GET /api/terminals`` of its admin API), when the configuration embeds the simulator:
     that simulator lives in the agent, and one started for the command would be another (its
     readers fresh, none of the agent's offline ones), and cost a second to start. None where
-    there is nothing to ask (no such configuration, no ``admin:`` section, a ``KIOSK_*``
-    service address given, or no agent listening there): the command then asks the service
-    itself, the embedded simulator started for it."""
+    the service itself is to be asked (no configuration, a real service, or a ``KIOSK_*``
+    service address given). With no agent to ask (none listens at its admin API, or the
+    configuration has no ``admin:`` section), a :class:`CliError` (exit 4) that says so at
+    once and names the configured readers: no simulator is started."""
     from kiosk_agent.cli.contract import ENVIRONMENT, load, optional_config_path
 
     path = optional_config_path(args)
@@ -131,14 +131,20 @@ async def agents_terminals(args: argparse.Namespace) -> list[dict[str, Any]] | N
 
     address = configured_admin(config)
     if address is None:
-        return None
+        raise _no_agent_to_ask(
+            path, config, f"{path} has no admin: section to ask its agent",
+            "give it an admin: section (docs/operations.md) to ask the agent running on it; "
+            "`kiosk-agent demo` shows its readers in its live view and on its status page")
     url, token = address
     within = getattr(args, "timeout", None) or DEFAULT_TIMEOUT
     try:
         status, location, body = await off_the_loop(
             lambda: get_once(f"{url}/api/terminals", token, within))
     except ConnectionRefusedError:
-        return None  # no agent runs on it: the simulator is started for the command
+        raise _no_agent_to_ask(
+            path, config, f"no agent runs on {path}: nothing listens at its admin API ({url})",
+            f"start it (`kiosk-agent run -c {path}`) and ask again",
+        ) from None
     except (OSError, ValueError) as err:
         from kiosk_agent.service.errors import network_words
 
@@ -154,6 +160,22 @@ async def agents_terminals(args: argparse.Namespace) -> list[dict[str, Any]] | N
     STATUS.done(f"{path}: the terminals of the agent running on it ({url}), from its embedded "
                 "simulator")
     return listed
+
+
+def _no_agent_to_ask(path: object, config: Any, why: str, fix: str) -> CliError:
+    """The answer of ``terminals`` on a configuration that embeds the simulator when no agent
+    can be asked: the simulator runs inside the agent, so there is no service to ask, and one
+    started for the command would list readers of its own, none of the agent's."""
+    readers = ", ".join(
+        f"{t['device_id']} ({t['name']})" if t.get("name") else t["device_id"]
+        for t in config["terminals"]
+    )
+    return CliError(
+        f"{why}; its service is the embedded simulator, which runs inside the agent: no "
+        "reader's state to show",
+        EXIT_UNREACHABLE,
+        [f"its readers: {readers}", fix],
+    )
 
 
 def _instant(text: object) -> datetime | None:

@@ -4,6 +4,12 @@ Bundled platforms live in ``kiosk_agent.platforms.<name>`` and are found by name
 packages add theirs through the ``kiosk_agent.platforms`` entry-point group, Home Assistant style.
 A platform module provides ``PLATFORM_SCHEMA`` (extending ``config.load.PLATFORM_SCHEMA``) and
 ``async def async_setup_platform(agent, config) -> PlatformInstance``.
+
+A bundled platform whose module is heavy (a serial link, asyncio) keeps its schema (and its
+optional ``environment_problems``) in a module of their own, ``<name>_schema``, which the
+platform's module re-exports: checking a configuration (:func:`platform_checks`) imports that
+one alone, so ``check-config`` and every command that loads a configuration wait for no
+platform's runtime (``tests/cli/test_startup.py``).
 """
 
 from __future__ import annotations
@@ -31,7 +37,8 @@ ENTRY_POINT_GROUP = "kiosk_agent.platforms"
 BUNDLED_PACKAGE = "kiosk_agent.platforms"
 # Modules in the platforms package that are shared code, not platforms: never imported as
 # candidates (nor offered as "did you mean").
-_NOT_PLATFORMS = frozenset({"base", "serial", "mdb_protocol"})
+_NOT_PLATFORMS = frozenset({"base", "serial", "mdb_protocol", "mdb_units"})
+SCHEMA_SUFFIX = "_schema"  # a bundled platform's schema module: mdb_schema for mdb
 
 
 class PlatformInstance(Protocol):
@@ -60,7 +67,8 @@ def environment_problems(config: dict[str, Any]) -> list[str]:
     ``environment_problems(config)``: check-config warns of it, doctor fails it, and the
     platform's setup refuses with it (:class:`CannotStart`)."""
     try:
-        check = getattr(get_platform(str(config.get("platform"))), "environment_problems", None)
+        check = getattr(platform_checks(str(config.get("platform"))), "environment_problems",
+                        None)
     except PlatformNotFound:
         return []
     return list(check(config)) if check is not None else []
@@ -86,12 +94,18 @@ def _entry_points() -> dict[str, metadata.EntryPoint]:
     return {ep.name: ep for ep in metadata.entry_points(group=ENTRY_POINT_GROUP)}
 
 
-def _bundled_modules() -> list[str]:
+@cache
+def _package_modules() -> frozenset[str]:
     package = importlib.import_module(BUNDLED_PACKAGE)
+    return frozenset(info.name for info in pkgutil.iter_modules(package.__path__))
+
+
+def _bundled_modules() -> list[str]:
     return sorted(
-        info.name
-        for info in pkgutil.iter_modules(package.__path__)
-        if not info.name.startswith("_") and info.name not in _NOT_PLATFORMS
+        name
+        for name in _package_modules()
+        if not name.startswith("_") and name not in _NOT_PLATFORMS
+        and not name.endswith(SCHEMA_SUFFIX)
     )
 
 
@@ -132,6 +146,16 @@ def get_platform(name: str) -> ModuleType:
     return module
 
 
+@cache
+def platform_checks(name: str) -> ModuleType:
+    """Where platform ``name``'s ``PLATFORM_SCHEMA`` (and ``environment_problems``) are read
+    from to check a configuration: a bundled platform's ``<name>_schema`` module when it has
+    one (voluptuous and plain data: no link, no asyncio), else the platform's own module."""
+    if name in _bundled_modules() and f"{name}{SCHEMA_SUFFIX}" in _package_modules():
+        return importlib.import_module(f"{BUNDLED_PACKAGE}.{name}{SCHEMA_SUFFIX}")
+    return get_platform(name)
+
+
 def validate_trigger(
     trigger: Any, raw: Any, prefix: list[Any]
 ) -> tuple[dict[str, Any] | None, list[ConfigError]]:
@@ -139,7 +163,7 @@ def validate_trigger(
     default = locate(raw, prefix, None) or Position("?", 0)
     name = str(trigger.get("platform"))
     try:
-        module = get_platform(name)
+        module = platform_checks(name)
     except PlatformNotFound as err:
         where = locate(raw, [*prefix, "platform"], default)
         assert where is not None

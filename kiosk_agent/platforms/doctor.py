@@ -7,10 +7,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from kiosk_agent.verdicts import Report, Verdict
-
 if TYPE_CHECKING:
     from kiosk_agent.config.load import Config
+    from kiosk_agent.verdicts import Report
 
 
 def trigger_problems(config: Config) -> list[tuple[int, str, str]]:
@@ -27,6 +26,8 @@ def trigger_problems(config: Config) -> list[tuple[int, str, str]]:
 
 def check_triggers(report: Report, config: Config) -> None:
     """Each trigger whose platform can tell: it can start on this machine as it is."""
+    from kiosk_agent.verdicts import Verdict  # the doctor's: check-config's warnings need none
+
     problems = trigger_problems(config)
     names = {name for _, name, _ in problems}
     for name in sorted(names):

@@ -28,15 +28,6 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-import voluptuous as vol
-
-from kiosk_agent.config.load import PLATFORM_SCHEMA as BASE_PLATFORM_SCHEMA
-from kiosk_agent.config.load import (
-    max_price_check,
-    no_enrollment,
-    positive_float,
-    positive_price,
-)
 from kiosk_agent.health.availability import follow_availability
 from kiosk_agent.platforms import mdb_protocol as wire
 from kiosk_agent.platforms.base import (
@@ -49,9 +40,15 @@ from kiosk_agent.platforms.base import (
     request_cancel,
     start_sale,
 )
+
+# the schema is plain voluptuous, in a module of its own: checking a configuration loads none of
+# this module (config.registry.platform_checks); re-exported, as a platform module provides it
+from kiosk_agent.platforms.mdb_schema import ADDRESS as ADDRESS
+from kiosk_agent.platforms.mdb_schema import NO_MAX_FUNDS as NO_MAX_FUNDS
+from kiosk_agent.platforms.mdb_schema import PLATFORM_SCHEMA as PLATFORM_SCHEMA
+from kiosk_agent.platforms.mdb_schema import Mode as Mode
+from kiosk_agent.platforms.mdb_schema import check_modes as check_modes
 from kiosk_agent.platforms.serial import (
-    BAUDRATE,
-    RECONNECT_MAX,
     SerialLink,
     SerialSettings,
     StateHandler,
@@ -64,10 +61,6 @@ from kiosk_agent.sales.model import (
     Selection,
 )
 from kiosk_agent.tasks import TaskSet
-
-# The `mdb` platform's defaults, written once (tests/config/test_defaults.py)
-ADDRESS = 0x10  # the MDB cashless device 1's address
-NO_MAX_FUNDS = 0  # no `max_funds`: a card-first session offers what the price list allows
 
 _LOGGER = logging.getLogger(__name__)
 
@@ -88,58 +81,6 @@ class LinkFacts:
 
 
 READER_SAYS = {True: "enabled", False: "disabled", None: "unknown"}  # status()["reader"]
-
-
-class Mode(enum.StrEnum):
-    SELECTION_FIRST = "selection_first"
-    CARD_FIRST = "card_first"
-
-
-def _address(value: Any) -> int:
-    try:
-        number = int(value, 0) if isinstance(value, str) else int(value)
-    except (TypeError, ValueError):
-        raise vol.Invalid(f"expected an MDB address like 0x10, got {value!r}") from None
-    if number not in (0x10, 0x60):
-        raise vol.Invalid(f"cashless devices use MDB address 0x10 or 0x60, got {value!r}")
-    return number
-
-
-_MDB_SCHEMA = BASE_PLATFORM_SCHEMA.extend(
-    {
-        vol.Required("port"): vol.All(str, vol.Length(min=1)),
-        vol.Optional("baudrate", default=BAUDRATE): vol.All(int, vol.Range(min=1200)),
-        vol.Optional("mode", default=Mode.SELECTION_FIRST.value): vol.In([m.value for m in Mode]),
-        vol.Optional("address", default=ADDRESS): _address,
-        vol.Optional("amount_unit", default=wire.AmountUnit.DOLLARS.value): vol.In(
-            [u.value for u in wire.AmountUnit]
-        ),
-        # card first: the most a customer may spend in one session
-        vol.Optional("max_funds"): positive_price,
-        # its own bound on a dispense; none: sales.vend_timeout (docs/platforms.md)
-        vol.Optional("vend_timeout"): positive_float,
-        # card first: its own time to choose (seconds); none: sales.choice_timeout
-        vol.Optional("session_timeout"): positive_float,
-        vol.Optional("silence_timeout"): positive_float,
-        vol.Optional("probe"): str,
-        vol.Optional("reconnect_max", default=RECONNECT_MAX): positive_float,
-    }
-)
-
-
-def check_modes(config: dict[str, Any]) -> dict[str, Any]:
-    if config["mode"] == Mode.CARD_FIRST.value:
-        if "max_funds" not in config:
-            raise vol.Invalid("card_first mode needs max_funds", path=["max_funds"])
-        if config["flow"] != Flow.AUTHORIZE_CAPTURE.value:
-            raise vol.Invalid(
-                "card_first mode needs flow: authorize_capture (only the chosen price is captured)",
-                path=["flow"],
-            )
-    return config
-
-
-PLATFORM_SCHEMA = vol.All(_MDB_SCHEMA, no_enrollment, check_modes, max_price_check("max_funds"))
 
 
 @dataclass(slots=True)

@@ -27,6 +27,7 @@ import enum
 from dataclasses import dataclass
 
 from kiosk_agent.money import MoneyError, cents_to_dollars, parse_wire_amount
+from kiosk_agent.platforms.mdb_units import AmountUnit as AmountUnit  # the wire's, re-exported
 
 VEND_FAILED_CODE = "VEND 3"
 # The longest line worth reading: real adapter lines are under 40 characters.
@@ -35,11 +36,6 @@ MAX_LINE = 200
 
 class ProtocolError(ValueError):
     """A line that looks like the adapter's but cannot be understood; says what was wrong."""
-
-
-class AmountUnit(enum.StrEnum):
-    DOLLARS = "dollars"  # "2.50"
-    CENTS = "cents"  # "250"
 
 
 class ControllerStatus(enum.StrEnum):

@@ -24,6 +24,9 @@ import serial
 import serial_asyncio_fast
 
 from kiosk_agent.logs import RefusalLog
+from kiosk_agent.platforms.serial_ports import BAUDRATE as BAUDRATE
+from kiosk_agent.platforms.serial_ports import LINE_END as LINE_END
+from kiosk_agent.platforms.serial_ports import RECONNECT_MAX as RECONNECT_MAX
 from kiosk_agent.platforms.serial_ports import resolve_port as resolve_port
 from kiosk_agent.tasks import BackgroundTask, cancel_and_wait, wait_event
 
@@ -36,10 +39,6 @@ class LinkState(enum.StrEnum):
     CLOSED = "closed"  # stopped on purpose
 
 
-# The serial platforms' shared defaults, written once (tests/config/test_defaults.py)
-BAUDRATE = 115200  # the MDB adapters' speed (a plain serial line has its own: serial_line.py)
-RECONNECT_MAX = 30.0  # the reconnect back-off's cap, seconds
-LINE_END = "\n"
 
 
 @dataclass(slots=True)

@@ -1,7 +1,8 @@
 """Where a serial port is: the port a configuration names resolved as the serial transport opens
-it (a glob to its first match), and the ports this machine has. Light (no pyserial): the
-transport (``serial.py``), the doctor's check (``serial_doctor.py``) and ``check-config``'s
-warnings all take it from here.
+it (a glob to its first match), the ports this machine has, and the serial links' defaults.
+Light (no pyserial, no asyncio): the transport (``serial.py``), the doctor's check
+(``serial_doctor.py``), the platforms' schemas and ``check-config``'s warnings all take it from
+here.
 """
 
 from __future__ import annotations
@@ -9,6 +10,11 @@ from __future__ import annotations
 import glob
 
 _GLOB_CHARS = frozenset("*?[")
+
+# The serial platforms' shared defaults, written once (tests/config/test_defaults.py)
+BAUDRATE = 115200  # the MDB adapters' speed (a plain serial line has its own: serial_line.py)
+RECONNECT_MAX = 30.0  # the reconnect back-off's cap, seconds
+LINE_END = "\n"
 
 
 def resolve_port(port: str) -> str | None:

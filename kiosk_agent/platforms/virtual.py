@@ -13,20 +13,15 @@ import contextlib
 from collections.abc import Mapping
 from typing import Any, Protocol
 
-import voluptuous as vol
-
-from kiosk_agent.config.load import PLATFORM_SCHEMA as BASE_PLATFORM_SCHEMA
-from kiosk_agent.config.load import (
-    max_price_check,
-    no_enrollment,
-    positive_float,
-    positive_price,
-)
 from kiosk_agent.config.registry import CannotStart
 from kiosk_agent.health.availability import follow_availability
 from kiosk_agent.platforms.base import instance_name, link_reporter
-from kiosk_agent.platforms.mdb import MdbCashless, MdbOptions, Mode, check_modes
+from kiosk_agent.platforms.mdb import MdbCashless, MdbOptions, Mode
 from kiosk_agent.platforms.serial import SerialSettings
+
+# the schema is plain voluptuous, in a module of its own: checking a configuration loads none of
+# this module (config.registry.platform_checks); re-exported, as a platform module provides it
+from kiosk_agent.platforms.virtual_schema import PLATFORM_SCHEMA as PLATFORM_SCHEMA
 from kiosk_agent.sales.model import Flow
 from kiosk_agent.tasks import cancel_and_wait
 
@@ -67,48 +62,6 @@ class MachineFactory(Protocol):
 NO_MACHINES = (
     "no simulated machine to run here: `kiosk-agent run` and `kiosk-agent demo` give the agent"
     " one (Agent.machines); a real machine is an `mdb` trigger"
-)
-
-
-def _products(value: Any) -> dict[str, int]:
-    if not isinstance(value, dict) or not value:
-        raise vol.Invalid("expected a map of product code to price, like {A1: \"1.50\"}")
-    # every bad price at once, each at its own key: a tech fixes them in one go
-    prices: dict[str, int] = {}
-    errors: list[vol.Invalid] = []
-    for code, price in value.items():
-        try:
-            prices[str(code)] = positive_price(price)
-        except vol.Invalid as err:
-            errors.append(vol.Invalid(err.msg, path=[code]))
-    if errors:
-        raise vol.MultipleInvalid(errors)
-    return prices
-
-
-_VIRTUAL_SCHEMA = BASE_PLATFORM_SCHEMA.extend(
-    {
-        vol.Optional("products", default={"A1": "1.50", "A2": "2.50", "B1": "3.25"}): _products,
-        vol.Optional("mode", default=Mode.SELECTION_FIRST.value): vol.In([m.value for m in Mode]),
-        vol.Optional("max_funds", default="5.00"): positive_price,
-        vol.Optional("customers", default=True): bool,  # random customers keep coming
-        vol.Optional("gap", default=[1.0, 3.0]): vol.All(
-            [positive_float], vol.Length(min=2, max=2)
-        ),
-        vol.Optional("fail_rate", default=0.1): vol.All(vol.Coerce(float), vol.Range(0, 1)),
-        vol.Optional("walk_away_rate", default=0.05): vol.All(vol.Coerce(float), vol.Range(0, 1)),
-        # share of customers who pay cash: no sale, counted in the machine's books (docs/audit.md)
-        # a DEX port answering with the machine's books (a `dex:` section's `port: virtual:NAME`)
-        vol.Optional("dex", default=False): bool,
-        vol.Optional("cash_rate", default=0.0): vol.All(vol.Coerce(float), vol.Range(0, 1)),
-        vol.Optional("dispense_time", default=0.5): positive_float,
-        # its own bound on a dispense; none: sales.vend_timeout (docs/platforms.md)
-        vol.Optional("vend_timeout"): positive_float,
-        vol.Optional("seed"): int,
-    }
-)
-PLATFORM_SCHEMA = vol.All(
-    _VIRTUAL_SCHEMA, no_enrollment, check_modes, max_price_check("products{}", "max_funds")
 )
 
 

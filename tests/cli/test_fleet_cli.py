@@ -99,7 +99,7 @@ def test_health_is_readable_for_people() -> None:
     text = format_health(snapshot)
     assert "status:   DEGRADED  (version 1.0, up 1h 2m)" in text
     assert "key expires in 2h 0m" in text
-    assert "today 3 for $12.50" in text
+    assert "sales:    today (since 00:00 UTC) 3 completed, $12.50; open 0, attention 1" in text
     assert "SIM-0001     OFFLINE  timed out" in text
     assert "problem:  1 sale(s) need attention" in text
     out_of_service = r"card: +SIM-0001 +OUT OF SERVICE since \d\d:\d\d:\d\dZ: terminal offline"
@@ -638,6 +638,30 @@ async def test_fleet_list_names_what_other_clients_left_on_unit_topics_and_lists
 HOSTILE = "\x1b]0;pwned\x07\x1b[2J"  # retitles the terminal, then clears the screen
 
 
+def test_health_and_fleet_show_say_what_sales_today_counts_and_of_which_day() -> None:
+    """`fleet show` (and `health`) said "today 3": not what the 3 were (the completed sales,
+    as the page's "3 completed, $12.50") nor by which day (UTC), nor that a unit's last report
+    was of an earlier day."""
+    from kiosk_agent.moments import day_of, day_start
+
+    today = day_start(day_of(time.time()))
+    sales = {"today_count": 3, "today_amount_cents": 1250, "open": 1, "attention": 0}
+
+    def line(report_sales: dict[str, object]) -> str:
+        text = format_health({"status": "ok", "sales": report_sales}, now=today + 60)
+        [sales_line] = [ln for ln in text.splitlines() if ln.startswith("sales:")]
+        return sales_line
+
+    expected = "sales:    today (since 00:00 UTC) 3 completed, $12.50; open 1, attention 0"
+    assert line({**sales, "day_started_at": today}) == expected
+    assert line(sales) == expected  # a report that does not name its day: the agent's own
+    yesterday = day_start(day_of(today - 3600))
+    assert line({**sales, "day_started_at": yesterday}) == (
+        f"sales:    on {day_of(yesterday).isoformat()} (UTC, the report's day) 3 completed, "
+        "$12.50; open 1, attention 0"
+    )
+
+
 def test_health_shows_outside_words_and_never_lets_the_terminal_obey_them() -> None:
     """Before: `health` printed a service's words, a machine's message and a unit's report raw;
     an escape sequence in them retitled or cleared the tech's terminal."""
@@ -680,3 +704,23 @@ def test_the_fleet_table_shows_outside_words_and_never_lets_the_terminal_obey_th
     text = format_fleet([row], 60.0)
     assert not {"\x1b", "\x07"} & set(text)
     assert "\ufffd]0;pwned" in text
+
+
+def test_an_answer_read_whole_is_parsed_as_http_or_refused_as_not_http() -> None:
+    """`health` and `terminals` ask the agent over plain HTTP on a socket (cli/fleet.py's
+    get_once, HTTP/1.0): what comes back is its status, Location and body, or a ValueError
+    that says it is no HTTP answer (the command then says it cannot reach the agent)."""
+    from kiosk_agent.cli.fleet import ANSWER_LIMIT, parse_answer
+
+    answer = (b"HTTP/1.0 200 OK\r\nContent-Type: application/json\r\nContent-Length: 11\r\n"
+              b"\r\n{\"a\": 1}\r\nextra")
+    assert parse_answer(answer) == (200, None, b'{"a": 1}\r\ne')
+    assert parse_answer(b"HTTP/1.1 307 Temporary Redirect\r\nlocation: http://x/y\r\n\r\n") == (
+        307, "http://x/y", b"")
+    assert parse_answer(b"HTTP/1.1 200 OK\r\n\r\n" + b"x" * (ANSWER_LIMIT + 5))[2] == (
+        b"x" * ANSWER_LIMIT)
+    for not_http in (b"", b"SSH-2.0-OpenSSH_9.2\r\n", b"HTTP/1.1 200 OK\r\nno end",
+                     b"<html>hello</html>\r\n\r\n", b"HTTP/2 200\r\n\r\n",
+                     b"HTTP/1.1 abc\r\n\r\n"):
+        with pytest.raises(ValueError, match="no HTTP answer"):
+            parse_answer(not_http)

@@ -184,20 +184,50 @@ async def test_terminals_asks_the_running_agent_for_its_simulators_readers(
     assert out.decode().split("\n")[-2] == "1 []"
 
 
-async def test_terminals_starts_the_simulator_where_no_agent_runs_on_the_configuration(
+async def test_terminals_says_at_once_that_no_agent_runs_on_a_simulator_configuration(
     capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
 ) -> None:
-    """No agent listens at the configuration's admin API: the embedded simulator is the only
-    service the configuration names, so it is started for the command, and said."""
+    """No agent listens at the configuration's admin API: `terminals` started a simulator of
+    its own (1.2-1.3 s on a 2-core machine) and listed its 8 fresh readers, none of them the
+    unit's (the simulator the configuration names runs inside the agent). It now says at once
+    that no agent runs, names the configured readers, and starts nothing (exit 4: the service
+    cannot be reached)."""
     from tests.helpers import free_port
 
     for name in cli.ENVIRONMENT.values():
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("KIOSK_TEST_ADMIN_TOKEN", "a" * 24)
-    ran = await kiosk(capsys, "terminals", "-c", str(agent_config(tmp_path, free_port())))
-    assert ran.code == 0, ran
-    assert "started the embedded simulator" in ran.err
-    assert "all 8 terminals online" in ran.out
+    port = free_port()
+    config = agent_config(tmp_path, port)
+    ran = await kiosk(capsys, "terminals", "-c", str(config))
+    assert ran.code == 4, ran
+    assert ran.out == ""
+    assert (f"error: no agent runs on {config}: nothing listens at its admin API "
+            f"(http://127.0.0.1:{port}); its service is the embedded simulator") in ran.err
+    assert "its readers: SIM-0001 (front), SIM-0003 (drive)" in ran.err
+    assert f"start it (`kiosk-agent run -c {config}`) and ask again" in ran.err
+    assert "started the embedded simulator" not in ran.err
+    assert not (tmp_path / "journal.db").exists()  # nothing of the unit's touched
+    ran = await kiosk(capsys, "terminals", "list", "--json", "-c", str(config))
+    answer = json.loads(ran.out)
+    assert answer["exit_code"] == 4
+    assert "its readers: SIM-0001 (front), SIM-0003 (drive)" in answer["details"]
+    # without an admin: section there is no agent to ask either: said as such
+    config.write_text(config.read_text().split("admin:")[0])
+    ran = await kiosk(capsys, "terminals", "-c", str(config))
+    assert ran.code == 4, ran
+    assert f"{config} has no admin: section to ask its agent" in ran.err
+    # as a command: no simulator, no service client, no event loop for it
+    probe = ("import contextlib, io, sys\nfrom kiosk_agent.cli import main\n"
+             "with contextlib.redirect_stderr(io.StringIO()):\n"
+             "    code = main(['terminals', '-c', sys.argv[1]])\n"
+             "heavy = [m for m in ('aiohttp', 'asyncio', 'pydantic', 'kiosk_agent.sim') "
+             "if m in sys.modules]\nprint(code, heavy)\n")
+    done = await asyncio.create_subprocess_exec(
+        sys.executable, "-c", probe, str(agent_config(tmp_path, port)),
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+    out, _err = await asyncio.wait_for(done.communicate(), 60)
+    assert out.decode().split("\n")[-2] == "4 []"
 
 
 async def test_ping_gives_a_verdict_and_a_fix(
@@ -701,12 +731,11 @@ async def test_a_services_error_is_shown_and_never_obeyed_by_the_terminal(
 
 
 async def test_terminals_show_the_configured_name_beside_the_services(
-    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+    env: dict[str, str], capsys: pytest.CaptureFixture[str]
 ) -> None:
     """Before: only the service's names ("Counter 1"), not the configuration's, which the
-    unit's triggers, logs and `events --terminal` use."""
-    for name in cli.ENVIRONMENT.values():
-        monkeypatch.delenv(name, raising=False)
+    unit's triggers, logs and `events --terminal` use. (The service: the one of the
+    environment, a simulator's, as a tech would point the command at it.)"""
     demo = str(Path(__file__).parents[2] / "config" / "demo.yaml")
     args = build_parser("terminals").parse_args(["terminals", "--config", demo, "--json"])
     await args.handler(args)

@@ -29,7 +29,8 @@ PARSER_MODULES = {
     "kiosk_agent.service", "kiosk_agent.service.timeouts", "kiosk_agent.sales",
     "kiosk_agent.sales.states", "kiosk_agent.sales.kinds", "kiosk_agent.sales.model",
     "kiosk_agent.platforms",
-    "kiosk_agent.platforms.mdb_protocol", "kiosk_agent.tasks", "kiosk_agent.moments",
+    "kiosk_agent.platforms.mdb_protocol", "kiosk_agent.platforms.mdb_units", "kiosk_agent.tasks",
+    "kiosk_agent.moments",
 }  # fmt: skip
 LIBRARIES = ("aiohttp", "pydantic", "yaml", "voluptuous", "serial", "aiomqtt", "sqlite3")
 
@@ -251,8 +252,9 @@ def test_health_asks_the_agent_without_aiohttp(monkeypatch: pytest.MonkeyPatch) 
     for package in ("aiohttp", "kiosk_agent.admin.server", "kiosk_agent.sim", "pydantic"):
         assert imported(modules, package) == [], package
     # nor an event loop for its one question, nor the doctor's checks for the words of a
-    # refused connection (they imported asyncio): a third of the command's CPU
-    for package in ("asyncio", "kiosk_agent.doctor"):
+    # refused connection (they imported asyncio): a third of the command's CPU; nor, for a
+    # plain http:// agent, http.client with ssl and the e-mail parser (a tenth of its CPU)
+    for package in ("asyncio", "kiosk_agent.doctor", "http.client", "ssl", "email"):
         assert imported(modules, package) == [], package
 
 
@@ -297,6 +299,58 @@ def test_checking_a_dex_section_loads_no_link_no_codec_and_no_serial(tmp_path: P
     for module in ("kiosk_agent.audit.link", "kiosk_agent.audit.dexucs",
                    "kiosk_agent.audit.ddcmp", "kiosk_agent.platforms.serial", "serial"):
         assert imported(modules, module) == [], module
+
+
+# A unit with a vending machine on an MDB adapter, the demo's virtual machine, a line-based
+# serial device and buttons on GPIO: each platform's schema (and gpio's check of the machine) is
+# read from its `<name>_schema` module.
+TRIGGERS_CONFIG = """\
+service: {simulator: {}}
+terminals: [{device_id: SIM-0001, name: front}]
+journal: {path: journal.db}
+triggers:
+  - {platform: mdb, name: snacks, port: /dev/ttyUSB0, terminal: front}
+  - {platform: virtual, name: coffee, terminal: front, mode: card_first,
+     flow: authorize_capture, products: {K1: "1.80"}}
+  - {platform: serial_line, name: lockers, port: /dev/ttyUSB1, terminal: front,
+     vend_request: 'VEND (?P<price>[0-9.]+)', dispense_ok: 'OK', approve: 'GO {cents}'}
+  - {platform: gpio, name: kiosk, terminal: front,
+     buttons: [{line: 17, product: espresso, price: "2.50", relay: 22}]}
+"""
+# What checking those triggers must not wait for: the platforms' runtime (the adapter link,
+# the machine's driver), pyserial, asyncio (ssl and subprocess come with it).
+PLATFORM_RUNTIME = ("asyncio", "ssl", "subprocess", "serial", "serial_asyncio_fast",
+                    "kiosk_agent.platforms.mdb", "kiosk_agent.platforms.virtual",
+                    "kiosk_agent.platforms.serial_line", "kiosk_agent.platforms.gpio",
+                    "kiosk_agent.platforms.serial", "kiosk_agent.platforms.base",
+                    "kiosk_agent.health.availability", "kiosk_agent.bus",
+                    "kiosk_agent.platforms.mdb_protocol",  # the wire's dataclasses
+                    "kiosk_agent.verdicts")  # the doctor's verdicts: warnings need none
+
+
+def test_check_config_checks_the_triggers_without_their_platforms_runtime(
+    tmp_path: Path,
+) -> None:
+    """`check-config` imported asyncio through the `virtual` platform's module (and the MDB
+    link, pyserial and the availability bus with it): a third of its CPU on config/demo.yaml,
+    to read a schema. The doctor's trigger warnings did too."""
+    config = tmp_path / "c.yaml"
+    config.write_text(TRIGGERS_CONFIG)
+    output, modules = modules_after(["check-config", str(config)],
+                                    ["check-config", str(DEMO_CONFIG)])
+    assert f"{config}: valid" in output
+    assert "triggers:  snacks, coffee, lockers, kiosk" in output
+    assert {"kiosk_agent.platforms.mdb_schema", "kiosk_agent.platforms.virtual_schema",
+            "kiosk_agent.platforms.serial_line_schema",
+            "kiosk_agent.platforms.gpio_schema"} <= modules
+    for package in PLATFORM_RUNTIME:
+        assert package not in modules, package
+    # a mistake in a trigger is still found, at its line
+    config.write_text(TRIGGERS_CONFIG.replace("mode: card_first", "mode: card_last"))
+    done = subprocess.run([sys.executable, "-m", "kiosk_agent", "check-config", str(config)],
+                          capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == 2, done.stderr
+    assert "c.yaml:6: triggers[1].mode: value must be one of" in done.stderr
 
 
 def test_the_audit_packages_contract_names_are_still_there_on_first_use() -> None:

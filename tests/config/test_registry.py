@@ -4,13 +4,19 @@ from __future__ import annotations
 
 import pytest
 
-from kiosk_agent.config.registry import PlatformNotFound, get_platform, known_platforms
+from kiosk_agent.config.registry import (
+    PlatformNotFound,
+    get_platform,
+    known_platforms,
+    platform_checks,
+)
 
 
 def test_the_bundled_platforms_are_listed_and_their_helpers_are_not() -> None:
     known = known_platforms()
     assert {"gpio", "kiosk_api", "mdb", "serial_line", "virtual"} <= set(known)
     assert not {"base", "serial", "mdb_protocol"} & set(known)
+    assert not [name for name in known if name.endswith("_schema")]
 
 
 def test_a_shared_module_is_an_unknown_platform() -> None:
@@ -26,3 +32,20 @@ def test_a_platform_module_has_its_schema_and_setup() -> None:
     module = get_platform("serial_line")
     assert module.PLATFORM_SCHEMA is not None
     assert callable(module.async_setup_platform)
+
+
+@pytest.mark.parametrize("name", ["mdb", "virtual", "serial_line", "gpio"])
+def test_a_platform_checked_from_its_schema_module_is_checked_by_the_schema_it_runs_with(
+    name: str,
+) -> None:
+    """check-config reads the schema from `<name>_schema` (no link, no asyncio); the platform
+    re-exports that very schema, so what is checked is what runs."""
+    checks = platform_checks(name)
+    assert checks.__name__ == f"kiosk_agent.platforms.{name}_schema"
+    assert get_platform(name).PLATFORM_SCHEMA is checks.PLATFORM_SCHEMA
+    with pytest.raises(PlatformNotFound, match=f"unknown platform '{name}_schema'"):
+        get_platform(f"{name}_schema")
+
+
+def test_a_platform_without_a_schema_module_is_checked_from_its_own_module() -> None:
+    assert platform_checks("kiosk_api") is get_platform("kiosk_api")

@@ -16,7 +16,7 @@ import voluptuous as vol
 
 from kiosk_agent.cli import main
 from kiosk_agent.config.load import load_config
-from kiosk_agent.platforms import gpio
+from kiosk_agent.platforms import gpio_schema
 from kiosk_agent.platforms.doctor import check_triggers
 from kiosk_agent.platforms.gpio import PLATFORM_SCHEMA, Edge, GpioPlatform, setup_with_chip
 from kiosk_agent.sales.model import SaleEvent
@@ -375,7 +375,7 @@ triggers:
 @pytest.fixture
 def no_gpiod(monkeypatch: pytest.MonkeyPatch) -> None:
     """This machine as most are before `pip install 'kiosk-agent[gpio]'`."""
-    monkeypatch.setattr(gpio, "gpiod_installed", lambda: False)
+    monkeypatch.setattr(gpio_schema, "gpiod_installed", lambda: False)  # check and setup alike
 
 
 def test_check_config_says_the_chip_is_missing_and_gpiod_with_its_install_command(
