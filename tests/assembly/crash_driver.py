@@ -1652,14 +1652,15 @@ class WarmCommands:
             atexit.register(cls._shared.close)
         return cls._shared
 
-    def __init__(self) -> None:
+    def __init__(self, env: dict[str, str] | None = None) -> None:
+        """``env``: the server's own (libfaketime preloaded, say); a command's is its start's."""
         made, name = tempfile.mkstemp(prefix="kiosk-warm-commands-", suffix=".log")
         os.close(made)
         self.log = Path(name)  # the server's own stderr (each command names its own)
         with self.log.open("a") as err:
             self.proc = subprocess.Popen(
                 [sys.executable, str(Path(__file__)), "commands"],
-                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err,
+                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err, env=env,
             )  # fmt: skip
         assert self.proc.stdout is not None
         first = self.proc.stdout.readline().decode()
