@@ -62,10 +62,18 @@ def library() -> str | None:
 
 
 class SteppedClock:
-    """The offset file of one process tree's wall clock."""
+    """The offset file of one process tree's wall clock.
 
-    def __init__(self, path: Path) -> None:
+    ``immediate``: the process reads the file at every wall clock read, so a step is seen at
+    once. That read is a file's open, read and close, and a Python process reads its wall clock
+    (and libfaketime the file, for its waits too) thousands of times a second: about half an
+    agent's CPU under the chaos run. Not immediate, it reads the file once a wall second at most
+    (``FAKETIME_CACHE_DURATION=0``): a step is seen within a second of the file's change, which
+    ``real_time`` places right (the offsets it tells apart are hours apart)."""
+
+    def __init__(self, path: Path, *, immediate: bool = True) -> None:
         self.path = path
+        self.immediate = immediate
         # (real wall time of the change, offset in seconds from then on), oldest first
         self.history: list[tuple[float, float]] = []
         self.step(0.0)
@@ -78,7 +86,8 @@ class SteppedClock:
         return {
             "LD_PRELOAD": lib,
             "FAKETIME_TIMESTAMP_FILE": str(self.path),
-            "FAKETIME_NO_CACHE": "1",  # read the file at every clock read: a step is immediate
+            **({"FAKETIME_NO_CACHE": "1"} if self.immediate
+               else {"FAKETIME_CACHE_DURATION": "0"}),  # read again once its second is past
             "FAKETIME_DONT_FAKE_MONOTONIC": "1",
         }
 
@@ -93,8 +102,11 @@ class SteppedClock:
         """The real wall time of a moment the process wrote down as ``stepped``.
 
         The offset in force is the one whose interval the moment falls in; offsets are hours or
-        days apart while a run lasts minutes, so only one fits (else the nearest is taken)."""
-        ends = [at for at, _ in self.history[1:]] + [float("inf")]
+        days apart while a run lasts minutes, so only one fits (else the nearest is taken: a
+        moment a clock not ``immediate`` wrote on the old offset just after a step). The last
+        interval ends now, not never: under a step back, the old offset's moment read with the
+        new one would fall hours into the future."""
+        ends = [at for at, _ in self.history[1:]] + [time.time()]
         best = stepped
         miss = float("inf")
         for (began, offset), ended in zip(self.history, ends, strict=True):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -16,17 +17,20 @@ from kiosk_agent.config.load import load_config
 from kiosk_agent.sales.clock import SYSTEM_CLOCK, Clock, FakeClock
 
 from .agent_helpers import BACKOFF, REQUEST_TIMEOUT, TIME_SCALE, write_config
-from .crash_driver import WarmDrivers
+from .crash_driver import SharedDrivers, WarmDrivers
 
 AgentFactory = Callable[..., Awaitable[Agent]]
 
 
 @pytest.fixture
-async def drivers(tmp_path: Path) -> AsyncIterator[WarmDrivers]:
-    """The crash drivers' server (``crash_driver.py serve``): each driver a process of its own,
-    forked with the agent already imported."""
-    async with WarmDrivers(tmp_path / "server.log") as server:
+async def drivers() -> AsyncIterator[WarmDrivers]:
+    """The crash drivers' server (``crash_driver.py serve``), the test process's one: each
+    driver a process of its own, forked with the agent already imported."""
+    server = await asyncio.to_thread(SharedDrivers.shared)
+    try:
         yield server
+    finally:
+        await server.release()  # a driver the test left running ends with it
 
 
 @pytest.fixture

@@ -643,7 +643,9 @@ class Chaos:
         if opts.clock_steps:
             from bench._support import SteppedClock  # the chaos bench runs without tests/
 
-            self.clock = SteppedClock(self.dir / "faketime")
+            # a step is seen within a second, not at once: the steps fall at random moments
+            # anyway, and the offset file read at every clock read was half the agents' CPU
+            self.clock = SteppedClock(self.dir / "faketime", immediate=False)
         # every agent is forked from one server (libfaketime preloaded there when the clock
         # steps, so in every agent too): a restart costs its start, not 1.2 s of imports
         server_env = {**self.env, **self.clock.env()} if self.clock is not None else self.env
@@ -1388,6 +1390,11 @@ class WarmDrivers:
             self.proc.kill()
             await self.proc.wait()
 
+    @property
+    def server_pid(self) -> int:
+        assert self.proc is not None
+        return self.proc.pid
+
     async def start(self, argv: list[str], env: dict[str, str], stderr: Path) -> int:
         """A driver forked with ``argv`` and ``env``; its pid once it runs."""
         assert self.proc is not None
@@ -1509,6 +1516,112 @@ def _run_command(spec: dict[str, Any]) -> None:
         os._exit(code)
 
 
+class SharedDrivers(WarmDrivers):
+    """One :func:`serve` for the whole test process (``SharedDrivers.shared()``: started at its
+    first use, ended with the process), where each test started its own: a server's start is a
+    second of CPU (its imports, the models built), more than the driver a test forks from it.
+    The same ``start``, ``line``, ``ended`` and ``kill``, from any test's event loop (a thread
+    reads the server's stdout); a test ends its driver (``release``) before the next forks."""
+
+    _shared: SharedDrivers | None = None
+
+    @classmethod
+    def shared(cls) -> SharedDrivers:
+        """Blocks while a server starts: call it in a thread (``asyncio.to_thread``)."""
+        if cls._shared is None or cls._shared.server.poll() is not None:
+            cls._shared = cls()
+            atexit.register(cls._shared.close)
+        return cls._shared
+
+    def __init__(self) -> None:
+        made, name = tempfile.mkstemp(prefix="kiosk-warm-drivers-", suffix=".log")
+        os.close(made)
+        super().__init__(Path(name))
+        with self.log.open("a") as err:
+            self.server = subprocess.Popen(
+                [sys.executable, str(Path(__file__)), "serve"],
+                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err,
+            )  # fmt: skip
+        assert self.server.stdout is not None
+        first = self.server.stdout.readline().decode()
+        assert first == "SERVING\n", first + self.log.read_text()[-3000:]
+        self._heard: collections.deque[str] = collections.deque()
+        self._waiter: asyncio.Future[str] | None = None
+        self._gone = False
+        self._lock = threading.Lock()
+        threading.Thread(target=self._read, name="shared-drivers", daemon=True).start()
+
+    @property
+    def server_pid(self) -> int:
+        return self.server.pid
+
+    async def start(self, argv: list[str], env: dict[str, str], stderr: Path) -> int:
+        await self.release()  # a driver a failed test left running
+        assert self.server.stdin is not None
+        request = {"argv": argv, "env": env, "stderr": str(stderr)}
+        self.server.stdin.write(json.dumps(request).encode() + b"\n")
+        self.server.stdin.flush()
+        async with asyncio.timeout(30):
+            first = await self.line()
+        assert first.startswith("FORKED "), first
+        self.pid = int(first.split()[1])
+        return self.pid
+
+    async def line(self) -> str:
+        waiter: asyncio.Future[str] | None = None
+        with self._lock:
+            if self._heard:
+                said = self._heard.popleft()
+            elif self._gone:
+                return ""
+            else:
+                self._waiter = waiter = asyncio.get_running_loop().create_future()
+        if waiter is not None:
+            said = await waiter
+        if said.startswith("ENDED "):
+            self.pid = 0  # gone: its pid may be another process's soon
+        return said
+
+    async def release(self) -> None:
+        """Ends the running driver, its remaining lines skipped."""
+        if self.pid:
+            self.kill()
+            async with asyncio.timeout(30):
+                await self.ended()
+
+    def close(self) -> None:
+        if self.server.stdin is not None:
+            self.server.stdin.close()  # the server ends when its requests do
+        try:
+            self.server.wait(10)
+        except subprocess.TimeoutExpired:
+            self.server.kill()
+
+    def _read(self) -> None:
+        assert self.server.stdout is not None
+        for raw in self.server.stdout:
+            self._hear(raw.decode(errors="replace").rstrip("\n"))
+        with self._lock:
+            self._gone = True
+        self._hear("")  # the server is gone: a test waiting for a line hears so
+
+    def _hear(self, said: str) -> None:
+        with self._lock:
+            waiter, self._waiter = self._waiter, None
+            if waiter is None or waiter.done():  # nobody waits: kept for the next line()
+                if said or not self._gone:
+                    self._heard.append(said)
+                return
+        waiter.get_loop().call_soon_threadsafe(self._hand, waiter, said)
+
+    def _hand(self, waiter: asyncio.Future[str], said: str) -> None:
+        if waiter.done():  # the test stopped waiting meanwhile: the line is the next one's
+            with self._lock:
+                self._heard.appendleft(said)
+        else:
+            waiter.set_result(said)
+
+
 class WarmCommand:
     """What a test uses of ``asyncio.subprocess.Process`` for a command :class:`WarmCommands`
     forked: ``pid``, ``returncode`` and ``wait()`` (its exit code is the server's word)."""
@@ -1539,14 +1652,15 @@ class WarmCommands:
             atexit.register(cls._shared.close)
         return cls._shared
 
-    def __init__(self) -> None:
+    def __init__(self, env: dict[str, str] | None = None) -> None:
+        """``env``: the server's own (libfaketime preloaded, say); a command's is its start's."""
         made, name = tempfile.mkstemp(prefix="kiosk-warm-commands-", suffix=".log")
         os.close(made)
         self.log = Path(name)  # the server's own stderr (each command names its own)
         with self.log.open("a") as err:
             self.proc = subprocess.Popen(
                 [sys.executable, str(Path(__file__)), "commands"],
-                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err,
+                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err, env=env,
             )  # fmt: skip
         assert self.proc.stdout is not None
         first = self.proc.stdout.readline().decode()

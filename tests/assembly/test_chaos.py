@@ -14,6 +14,7 @@ same for hundreds of kills.
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 from typing import Any
 
@@ -206,3 +207,20 @@ def test_a_stepped_journal_time_is_set_back_to_real_time(tmp_path: Path) -> None
     assert clock.real_time(1015.0 + 3 * 86_400.0) == 1015.0
     assert clock.real_time(1030.0 - 7200.0) == 1030.0
     assert (tmp_path / "faketime").read_text() == "+0\n"
+
+
+def test_a_time_written_on_the_old_offset_just_after_a_step_is_placed_by_that_offset(
+    tmp_path: Path,
+) -> None:
+    """The chaos run's agent reads its offset file once a wall second (``immediate=False``):
+    in the second after a step it may still write times on the old offset."""
+    clock = SteppedClock(tmp_path / "faketime", immediate=False)
+    assert clock.env()["FAKETIME_CACHE_DURATION"] == "0"
+    assert "FAKETIME_NO_CACHE" not in clock.env()
+    assert SteppedClock(tmp_path / "immediate").env()["FAKETIME_NO_CACHE"] == "1"
+    now = time.time()
+    clock.history = [(now - 30.0, 0.0), (now - 20.0, 3 * 86_400.0), (now - 10.0, -7200.0)]
+    assert clock.real_time(now - 19.5) == now - 19.5  # still true, just after the step ahead
+    late = now - 9.5 + 3 * 86_400.0  # still three days ahead, just after the step back
+    assert clock.real_time(late) == now - 9.5  # not two hours into the future
+    assert clock.real_time(now - 5.0 - 7200.0) == now - 5.0

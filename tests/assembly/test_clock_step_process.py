@@ -1,6 +1,7 @@
 """The real agent process's wall clock steps (libfaketime) while a charge-card's answer is slow.
 
-``kiosk-agent run`` runs as its own process under libfaketime; the kiosk app's API starts a sale;
+``kiosk-agent run`` runs as its own process under libfaketime (forked from a warm interpreter
+that preloaded it, ``warm_under_faketime``); the kiosk app's API starts a sale;
 the simulator (in this process, so its ledger can be read) takes the charge-card late. NTP then
 steps the agent's wall clock, three days forward or two hours back. Before the one clock, the
 forward step ended the sale ``charge_card.none`` at once and left a captured charge for a machine
@@ -10,9 +11,12 @@ that vended nothing; the backward step kept the terminal busy for two hours.
 from __future__ import annotations
 
 import asyncio
+import atexit
+import functools
 import os
+import shutil
 import signal
-import sys
+import tempfile
 import textwrap
 import time
 from collections.abc import AsyncIterator
@@ -27,7 +31,7 @@ from kiosk_agent.sales.settings import SaleSettings
 from kiosk_agent.service.client import ServiceClient
 from kiosk_agent.service.models import TransactionFilter, TransStatus
 from kiosk_agent.sim.faults import faults_of
-from tests.assembly.crash_driver import _free_port
+from tests.assembly.crash_driver import WarmCommand, WarmCommands, _free_port
 from tests.child_signals import stop
 from tests.faketime import SteppedClock
 from tests.helpers import service_yaml
@@ -49,12 +53,26 @@ def bound() -> float:
     return settings.silence_bound("charge_card")
 
 
+@functools.cache
+def warm_under_faketime() -> tuple[WarmCommands, SteppedClock]:
+    """The warm server this file's agents are forked from (one a test process), libfaketime
+    preloaded there with the one offset file, set true again at each agent's start: an agent
+    costs its start, not a cold interpreter's 1.2 s of imports. Blocks while it starts."""
+    directory = Path(tempfile.mkdtemp(prefix="kiosk-clock-step-"))
+    atexit.register(shutil.rmtree, directory, ignore_errors=True)
+    clock = SteppedClock(directory / "faketime")
+    server = WarmCommands(env={**os.environ, **clock.env()})
+    atexit.register(server.close)
+    return server, clock
+
+
 class AgentProcess:
     """``kiosk-agent run`` in its own process, its wall clock on a libfaketime offset file."""
 
-    def __init__(self, workdir: Path, info: dict[str, Any]) -> None:
+    def __init__(self, workdir: Path, info: dict[str, Any], clock: SteppedClock) -> None:
         self.workdir = workdir
-        self.clock = SteppedClock(workdir / "faketime")
+        self.clock = clock
+        clock.step(0.0)  # true again: the agent before stepped it
         self.port = _free_port()
         (workdir / "config.yaml").write_text(
             service_yaml(info, TIMEOUT)
@@ -76,15 +94,13 @@ class AgentProcess:
             "KIOSK_CLIENT_SECRET": info["client_secret"],
             "KIOSK_TOKEN": KIOSK_TOKEN,
         }
-        self.proc: asyncio.subprocess.Process | None = None
+        self.proc: WarmCommand | None = None
         self.url = f"http://127.0.0.1:{self.port}/api/v1"
 
-    async def start(self, http: aiohttp.ClientSession) -> None:
-        log = (self.workdir / "agent.log").open("ab")
-        self.proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "kiosk_agent", "run", "--config",
-            str(self.workdir / "config.yaml"), stdout=log, stderr=log, env=self.env,
-        )  # fmt: skip
+    async def start(self, http: aiohttp.ClientSession, server: WarmCommands) -> None:
+        log = self.workdir / "agent.log"
+        argv = ["run", "--config", str(self.workdir / "config.yaml")]
+        self.proc = await asyncio.to_thread(server.start, argv, self.env, log, stdout=log)
         async with asyncio.timeout(30):
             while await self.status(http) is None:
                 assert self.proc.returncode is None, self.log_tail()
@@ -124,9 +140,10 @@ async def agent_process(
     sim_factory: Any, tmp_path: Path
 ) -> AsyncIterator[tuple[Any, AgentProcess, aiohttp.ClientSession]]:
     sim = await sim_factory(time_scale=TIME_SCALE, seed=3, transactions=0)
-    agent = AgentProcess(tmp_path, sim.ready_info())
+    server, clock = await asyncio.to_thread(warm_under_faketime)
+    agent = AgentProcess(tmp_path, sim.ready_info(), clock)
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=5)) as http:
-        await agent.start(http)
+        await agent.start(http, server)
         try:
             yield sim, agent, http
         finally:

@@ -33,7 +33,7 @@ from kiosk_agent.sales.journal import Journal
 from kiosk_agent.sales.states import SaleState
 from kiosk_agent.service.client import ServiceClient
 from kiosk_agent.service.models import TransactionFilter, TransStatus
-from tests.assembly.crash_driver import CHARGED, HELD, WarmDrivers
+from tests.assembly.crash_driver import CHARGED, HELD, SharedDrivers, WarmDrivers
 from tests.helpers import service_yaml, sim_call
 
 DRIVER = Path(__file__).with_name("crash_driver.py")
@@ -326,8 +326,32 @@ async def test_a_warm_driver_is_a_process_of_its_own_whose_failure_is_its_exit_c
     log = tmp_path / "driver.log"
     argv = [str(tmp_path / "missing.yaml"), str(tmp_path / "m.txt")]
     pid = await drivers.start(argv, dict(os.environ), log)
-    assert drivers.proc is not None
-    assert pid not in (os.getpid(), drivers.proc.pid)
+    assert pid not in (os.getpid(), drivers.server_pid)
     assert (await drivers.ended()) == 1
     assert "missing.yaml" in log.read_text()  # its traceback, in the file it was given
     assert drivers.pid == 0  # ended: its pid is no longer killed by the server's user
+
+
+def test_one_drivers_server_serves_every_test_and_ends_what_one_left_running(
+    tmp_path: Path,
+) -> None:
+    """SharedDrivers, the `drivers` fixture's: one server for the test process, used from each
+    test's own event loop; a driver a test left running (its lines unread) is ended before the
+    next is forked, so the next test hears only its own."""
+    shared = SharedDrivers.shared()
+    assert SharedDrivers.shared() is shared
+    argv = [str(tmp_path / "missing.yaml"), str(tmp_path / "m.txt")]
+
+    async def left_running() -> int:
+        return await shared.start(argv, dict(os.environ), tmp_path / "first.log")
+
+    async def the_next_test() -> tuple[int, int]:
+        pid = await shared.start(argv, dict(os.environ), tmp_path / "second.log")
+        return pid, await shared.ended()
+
+    first = asyncio.run(left_running())
+    second, code = asyncio.run(the_next_test())
+    assert second != first
+    assert code == 1  # its own end, not the first one's lines
+    assert shared.server_pid == SharedDrivers.shared().server_pid
+    assert "missing.yaml" in (tmp_path / "second.log").read_text()

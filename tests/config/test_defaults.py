@@ -81,19 +81,31 @@ def doubles(files: dict[Path, str]) -> dict[tuple[str, str], list[str]]:
     """(package, setting) -> where its default is a literal, for each setting a package's schema
     declares and the package writes again (two sections' own keys, like admin's and webhooks'
     ``port``, are two settings: a schema's defaults are not compared with each other)."""
-    trees = {path: ast.parse(text) for path, text in files.items()}
+    trees: dict[Path, ast.AST] = {}
+
+    def tree_of(path: Path) -> ast.AST:
+        if path not in trees:
+            trees[path] = ast.parse(files[path])
+        return trees[path]
+
+    # Only the files whose text names what is looked for are parsed (most name none of it):
+    # parsing and walking every module was most of the test's CPU.
     declared: dict[tuple[str, str], list[str]] = defaultdict(list)
-    for path, tree in trees.items():
-        for key, line, value in schema_defaults(tree):
+    for path, text in files.items():
+        if "Optional" not in text:  # a schema's default is written vol.Optional(key, default=)
+            continue
+        for key, line, value in schema_defaults(tree_of(path)):
             where = f"{path.relative_to(PACKAGE)}:{line} = {value!r}"
             places = declared[(package_of(path), key)]
             if value is not None:  # a name is the one default's: nothing written there
                 places.append(where)
     again: dict[tuple[str, str], list[str]] = defaultdict(list)
-    for path, tree in trees.items():
+    for path, text in files.items():
         package = package_of(path)
         settings = {key for (owner, key) in declared if owner == package}
-        for key, line, value in other_defaults(tree, settings):
+        if not any(key in text or key.upper() in text for key in settings):
+            continue  # names none of its package's settings, in either spelling
+        for key, line, value in other_defaults(tree_of(path), settings):
             again[(package, key)].append(f"{path.relative_to(PACKAGE)}:{line} = {value!r}")
     return {where: [*declared[where], *found] for where, found in again.items()
             if len(found) + min(1, len(declared[where])) > 1}

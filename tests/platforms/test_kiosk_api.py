@@ -192,27 +192,6 @@ async def test_a_sale_that_only_captures_leaves_the_terminal_to_the_next_202(
         assert second_steps[-1]["captured_cents"] == 175
 
 
-@pytest.mark.parametrize(
-    ("body", "field", "message"),
-    [
-        ({"amount": 2.5}, "amount", 'expected an amount like "2.50"'),
-        ({"amount": "abc"}, "amount", "expected an amount like"),
-        ({"product": "coffee", "amount": "3.00"}, "amount", "coffee costs 2.50, not 3.00"),
-        ({}, "amount", "required"),
-        ({"amount": "1.00", "flow": "barter"}, "flow", "expected one of charge_card"),
-        ({"amount": "1.00", "email": "nope"}, "email", "expected an e-mail address"),
-        ({"amount": "1.00", "terminal": "SIM-9999"}, "terminal", "unknown terminal"),
-        ({"product": 7}, "product", "expected a string"),
-        ([1, 2], "body", "expected a JSON object"),
-    ],
-)
-async def test_bad_bodies_name_the_field(app: App, body: Any, field: str, message: str) -> None:
-    status, answer = await app.post("/sales", body)
-    assert status == 400
-    assert answer["field"] == field
-    assert message in answer["message"]
-
-
 async def test_unknown_sale_is_404(app: App) -> None:
     status, answer = await app.get("/sales/0123456789abcdef")
     assert status == 404
@@ -270,49 +249,10 @@ def test_schema_requires_a_real_token_and_loopback_default() -> None:
         PLATFORM_SCHEMA({"platform": "kiosk_api", "token": "short"})
 
 
-@pytest.mark.parametrize(
-    ("amount", "error"),
-    [
-        (10**20, "at most"),
-        ("1e2", "expected an amount"),
-        ("1_0.00", "expected an amount"),
-        ("\u0662.\u0665\u0660", "expected an amount"),
-        ("150.00", "above this machine's max_price $100.00"),
-        (15_000, "above this machine's max_price $100.00"),
-    ],
-)
-async def test_hostile_amounts_are_refused_naming_the_field(
-    app: App, amount: Any, error: str
-) -> None:
-    status, body = await app.post("/sales", {"amount": amount})
-    assert status == 400
-    assert body["field"] == "amount"
-    assert error in body["message"]
-
-
-@pytest.mark.parametrize(
-    ("body", "field", "error"),
-    [
-        ({"amount": "1.00", "product": "W" * 101}, "product", "101 characters; at most 100"),
-        ({"amount": "1.00", "product": "tea\x1b[2J"}, "product", "control character (U+001B)"),
-        ({"amount": "1.00", "product": "\u202eaet"}, "product", "control character (U+202E)"),
-        ({"amount": "1.00", "product": "tea\x00"}, "product", "control character (U+0000)"),
-        ({"amount": "1.00", "terminal": "SIM\n0001"}, "terminal", "control character (U+000A)"),
-        ({"amount": "1.00", "terminal": "S" * 65}, "terminal", "at most 64"),
-        ({"amount": "1.00", "email": "a@b\u2066c"}, "email", "control character (U+2066)"),
-    ],
-)
-async def test_names_people_read_later_must_be_plain_and_short(
-    app: App, body: dict[str, Any], field: str, error: str
-) -> None:
-    """A product name goes to the journal, the status page, the CLI's tables and receipts: a
-    terminal escape or a right-to-left override there would show something else."""
-    status, answer = await app.post("/sales", body)
-    assert (status, answer["field"]) == (400, field)
-    assert error in answer["message"]
+async def test_markup_and_any_printable_script_in_a_name_are_fine(app: App) -> None:
     markup = {"amount": "1.00", "product": "<b>tea</b> & \"milk\" \u00e9\u00e8 \u6f22"}
     status, started = await app.post("/sales", markup)
-    assert status == 202, started  # markup and any printable script are fine: shown as text
+    assert status == 202, started  # shown as text, never taken for markup
     await app.post(f"/sales/{started['sale_id']}/cancel", {})
 
 
@@ -478,42 +418,6 @@ async def test_an_enrollment_from_the_app_saves_the_card_with_the_customers_deta
         "Pat Doe", "12345", "Springfield", "pat@example.com")
     plan = await app.api.agent.service.plans.get(int(sale.plan_id))
     assert plan.payment_account_uuid == sale.vault_uuid
-
-
-@pytest.mark.parametrize(
-    ("change", "field", "message"),
-    [
-        ({"customer": None}, "customer", "required to save a card"),
-        ({"customer": {**CUSTOMER, "account_zip": ""}}, "customer.account_zip", "required"),
-        ({"customer": {k: v for k, v in CUSTOMER.items() if k != "phone"}}, "customer.phone",
-         "required"),
-        ({"customer": {**CUSTOMER, "account_zip": "1" * 20}}, "customer.account_zip",
-         "at most 10"),
-        ({"customer": {**CUSTOMER, "account_zip": "12345!"}}, "customer.account_zip",
-         "a ZIP or postal code"),
-        ({"customer": {**CUSTOMER, "country": "USA"}}, "customer.country", "two-letter"),
-        ({"customer": {**CUSTOMER, "city": 7}}, "customer.city", "expected text"),
-        ({"customer": {**CUSTOMER, "name": "Pat\x1b[2J"}}, "customer.name", "U+001B"),
-        ({"customer": {**CUSTOMER, "nickname": "x"}}, "customer.nickname", "unknown"),
-        ({"customer": "Pat"}, "customer", "expected an object"),
-        ({"email": None}, "email", "required to save a card"),
-        ({"plan": {**PLAN, "amount": "0"}}, "plan.amount", "above zero"),
-        ({"plan": {**PLAN, "rrule": "FREQ=MONTHLY"}}, "plan.rrule", "RRULE"),
-        ({"flow": "charge_card"}, "customer", "only an enroll sale"),
-        ({"amount": None}, "amount", "required for an enrollment without a plan"),
-        ({"amount": "0"}, "amount", "above zero"),
-    ],
-)
-async def test_an_enrollment_without_what_the_vault_needs_is_refused_naming_the_field(
-    app: App, change: dict[str, Any], field: str, message: str
-) -> None:
-    body = {"flow": "enroll", "amount": "1.00", "email": "pat@example.com", "customer": CUSTOMER,
-            **change}
-    status, answer = await app.post("/sales", {k: v for k, v in body.items() if v is not None})
-    assert status == 400
-    assert answer["field"] == field
-    assert message in answer["message"]
-    assert app.api.agent.journal.count() == 0  # refused before anything is journaled
 
 
 async def test_an_app_that_fell_behind_is_told_how_many_steps_it_missed_and_where(
