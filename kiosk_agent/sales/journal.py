@@ -705,17 +705,28 @@ def _update_sql(names: tuple[str, ...]) -> str:
 
 def _write_beside(db: sqlite3.Connection, sale_id: str, row: Mapping[str, Any]) -> None:
     """The sale's facts kept beside ``sales`` (``_BESIDE``), when it has any."""
-    for table, columns in _BESIDE.items():
-        if all(row.get(c) is None for c in columns):
+    for columns, upsert in _BESIDE_UPSERTS:
+        values = {c: row.get(c) for c in columns}
+        if all(value is None for value in values.values()):
             continue
-        names = ", ".join(columns)
-        marks = ", ".join(f":{c}" for c in columns)
-        updates = ", ".join(f"{c} = excluded.{c}" for c in columns)
-        db.execute(
-            f"INSERT INTO {table} (sale_id, {names}) VALUES (:sale_id, {marks}) "  # noqa: S608
-            f"ON CONFLICT(sale_id) DO UPDATE SET {updates}",
-            {**{c: row.get(c) for c in columns}, "sale_id": sale_id},
-        )
+        values["sale_id"] = sale_id
+        db.execute(upsert, values)
+
+
+def _beside_upsert(table: str, columns: tuple[str, ...]) -> str:
+    names = ", ".join(columns)
+    marks = ", ".join(f":{c}" for c in columns)
+    updates = ", ".join(f"{c} = excluded.{c}" for c in columns)
+    return (
+        f"INSERT INTO {table} (sale_id, {names}) VALUES (:sale_id, {marks}) "  # noqa: S608
+        f"ON CONFLICT(sale_id) DO UPDATE SET {updates}"
+    )
+
+
+# each table beside ``sales``: its columns and the one statement that writes them (made once)
+_BESIDE_UPSERTS = tuple(
+    (columns, _beside_upsert(table, columns)) for table, columns in _BESIDE.items()
+)
 
 
 def _quoted(table: str) -> str:
