@@ -73,3 +73,26 @@ def test_the_reading_finds_a_copy_of_free_port_at_any_depth() -> None:
     ]
     clean = "from _support import free_port\nport = free_port()\ndef free_ports(): pass\n"
     assert own_copies_of_shared_helpers(clean) == []
+
+
+def test_the_sale_steps_bench_counts_a_charge_card_sales_statements_and_commits(
+    tmp_path: Path,
+) -> None:
+    """bench/sale_steps.py's sale is the kiosk API's charge_card sale as the journal takes it:
+    four commits (the promise's least) and 21 statements; a write that reads back, or a commit
+    more, shows here before it shows in a sale's CPU."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("sale_steps", BENCH / "sale_steps.py")
+    assert spec is not None
+    assert spec.loader is not None
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    context, journal = bench.make_context(tmp_path)
+    try:
+        assert bench.counted(context, journal) == (21, 4)
+        [sale] = journal.db.execute("SELECT state, captured_cents FROM sales").fetchall()
+        assert tuple(sale) == ("completed", 250)
+        assert bench.cpu_per_sale(context, sales=2, rounds=1) > 0
+    finally:
+        journal.close()

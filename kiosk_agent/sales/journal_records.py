@@ -11,7 +11,7 @@ import dataclasses
 import json
 import operator
 import sqlite3
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -153,9 +153,7 @@ def replaced(sale: SaleRecord, **changes: Any) -> SaleRecord:
     """``dataclasses.replace`` for the write path, which makes one record a step: that one
     checks each field's kind and calls the frozen ``__init__`` (a ``__setattr__`` call a
     field), a third of a step's Python. Same result; an unknown name raises AttributeError."""
-    made = _NEW(SaleRecord)
-    for name, value in zip(_COLUMNS, _FIELDS(sale), strict=True):
-        _SET(made, name, value)
+    made = _copied(sale)
     for name, value in changes.items():
         _SET(made, name, value)
     return made
@@ -163,3 +161,18 @@ def replaced(sale: SaleRecord, **changes: Any) -> SaleRecord:
 
 _NEW = object.__new__
 _SET = object.__setattr__  # the record is frozen to its users, not to the one making it
+
+
+def _copier() -> Callable[[SaleRecord], SaleRecord]:
+    """A copy of a record, every field set by name in one straight function (made once): a
+    loop over the fields with zip and a getter cost a third more a step."""
+    lines = ["def copied(sale):", "    made = new(SaleRecord)"]
+    lines += [f"    put(made, {name!r}, sale.{name})" for name in _COLUMNS]
+    lines.append("    return made")
+    scope: dict[str, Any] = {"new": _NEW, "put": _SET, "SaleRecord": SaleRecord}
+    exec("\n".join(lines), scope)  # noqa: S102 - names from the dataclass's own fields
+    copied: Callable[[SaleRecord], SaleRecord] = scope["copied"]
+    return copied
+
+
+_copied = _copier()

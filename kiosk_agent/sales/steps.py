@@ -134,6 +134,7 @@ class SaleSteps:
         self.held: list[HeldStep] = []
         self._batch: list[HeldStep] | None = None  # inside one_commit(): its steps so far
         self._held: list[SaleEvent] | None = None  # inside one_commit(): published after it
+        self.announced: SaleEvent | None = None  # the event of the last step journaled
 
     @property
     def device(self) -> str:
@@ -170,10 +171,11 @@ class SaleSteps:
 
     def _announce(self, name: Step) -> None:
         """Publish a journaled step; inside one_commit(), once the commit holds it."""
+        event = self.announced = event_of(self.record, name, clock=self.clock)
         if self._held is not None:
-            self._held.append(event_of(self.record, name, clock=self.clock))
+            self._held.append(event)
         else:
-            self.publish(name)
+            self.events.publish(event)
 
     @contextlib.contextmanager
     def one_commit(self) -> Iterator[None]:
@@ -254,7 +256,9 @@ class SaleSteps:
         self.step(name, state, message, detail, **changes)
         log = _LOGGER.warning if state is SaleState.ATTENTION else _LOGGER.info
         log("sale %s %s: %s", self.record.sale_id, state.value, message)
-        return event_of(self.record, name, clock=self.clock)
+        ended = self.announced  # the end as published: one event, not a second made alike
+        assert ended is not None  # step() announced it, or raised
+        return ended
 
     async def _deny(self, reason: str) -> None:
         """Tell the machine not to vend; recovery has no machine to tell (SaleFlow does)."""

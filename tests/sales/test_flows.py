@@ -517,6 +517,22 @@ async def test_the_approval_and_the_dispense_request_are_one_commit_before_the_v
     assert len(commits) == len(steps) - shared  # every step kept, some sharing a commit
 
 
+@pytest.mark.parametrize("flow", [Flow.CHARGE_CARD, Flow.AUTHORIZE_CAPTURE])
+async def test_a_sales_end_is_the_event_its_listeners_heard_made_once(
+    agent: Agent, flow: Flow
+) -> None:
+    heard: list[SaleEvent] = []
+    stop = agent.events.listen(heard.append)
+    try:
+        event = await sell(agent, 250, ScriptedDispenser(), flow=flow)
+    finally:
+        stop()
+    ends = [e for e in heard if e.sale_id == event.sale_id and e.state.final]
+    assert len(ends) == 1
+    assert ends[0] is event  # the end as published, not a second event made alike
+    assert event.step == "completed"
+
+
 def last_step_on_disk(agent: Agent) -> tuple[str, str] | None:
     """The sale's state and last step as a crash would leave them (read by another connection)."""
     other = sqlite3.connect(agent.journal.path)

@@ -162,6 +162,15 @@ def test_a_name_that_is_no_step_is_refused(journal: Journal) -> None:
         journal.record(record, "oops")  # type: ignore[arg-type]
 
 
+def test_the_flow_is_read_by_its_name_and_an_unknown_one_is_refused() -> None:
+    for flow in Flow:  # the journal stores the name; a Flow is that name too
+        assert check_transition("s", flow.value, None, S.STARTED, "created") is Step.CREATED
+        assert check_transition("s", flow, None, S.STARTED, Step.CREATED) is Step.CREATED
+    for unknown in ("barter", "", None, 3):
+        with pytest.raises(TransitionRefused, match="unknown flow"):
+            check_transition("s", unknown, None, S.STARTED, Step.CREATED)  # type: ignore[arg-type]
+
+
 def test_the_late_charge_net_reopens_only_a_sale_that_ended_on_no_charge(
     journal: Journal,
 ) -> None:
