@@ -8,17 +8,23 @@ Without chaos, first attempts go out one at a time in the order the events were 
 receiver sees the natural order; a failing receiver never holds up the next event because retries
 run on their own tasks. With chaos, every delivery waits a random (seeded) moment first and some
 are sent twice, so receivers meet the reordering and duplicates the interface warns about.
+
+Events made further apart than that moment never swap, so how much chaos reorders would depend
+on how fast its caller makes them; ``held()`` keeps deliveries back while a burst is made, and
+lets them go out together, in the order the seed's delays give them.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import hmac
 import json
 import logging
 import random
 import uuid
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -121,6 +127,9 @@ class WebhookDispatcher:
         self._random = random.Random(f"webhooks:{seed}")  # chaos decisions only
         self._store = store
         self._queue: asyncio.Queue[WebhookEvent] = asyncio.Queue()
+        self._released = asyncio.Event()  # cleared while held()
+        self._released.set()
+        self._in_hand = False  # the worker's event, between the queue and a delivery task
         self._tasks = TaskSet()  # retries and chaotic deliveries
         self._worker = BackgroundTask(self._run, name="sim-webhooks")
         self._session: aiohttp.ClientSession | None = None
@@ -181,6 +190,21 @@ class WebhookDispatcher:
             self._queue.put_nowait(event)
         return event
 
+    @contextlib.contextmanager
+    def held(self) -> Iterator[None]:
+        """The events made inside are delivered only at its end, all at once (retries already
+        under way carry on)."""
+        self._released.clear()
+        try:
+            yield
+        finally:
+            self._released.set()
+
+    @property
+    def busy(self) -> bool:
+        """Deliveries still to make: queued, waiting (chaos, backoff) or under way."""
+        return not self._queue.empty() or self._in_hand or len(self._tasks) > 0
+
     async def start(self) -> None:
         if self._url is None or self._worker.started:
             return
@@ -207,7 +231,9 @@ class WebhookDispatcher:
     async def _run(self) -> None:
         while True:
             event = await self._queue.get()
+            self._in_hand = True
             try:
+                await self._released.wait()
                 if self._chaos:
                     self._tasks.spawn(self._chaotic(event, duplicate=False))
                     if self._random.random() < CHAOS_DUPLICATE_SHARE:
@@ -215,6 +241,7 @@ class WebhookDispatcher:
                 elif not await self._attempt(event):
                     self._tasks.spawn(self._retry(event))
             finally:
+                self._in_hand = False
                 self._queue.task_done()
 
     async def _chaotic(self, event: WebhookEvent, *, duplicate: bool) -> None:

@@ -30,6 +30,7 @@ from kiosk_agent.service.webhooks import (
     WebhookSignatureError,
 )
 from kiosk_agent.sim.server import SimServer
+from kiosk_agent.sim.webhooks import dispatcher_for
 
 from ..helpers import until
 
@@ -169,20 +170,25 @@ async def test_reordered_and_duplicated_webhooks_end_in_the_services_state(
 ) -> None:
     hook, url = receiver
     sim = await sim_factory(seed=5, webhook_url=url, webhook_secret=SECRET, chaos=True)
+    assert sim.ctx is not None
+    dispatcher = dispatcher_for(sim.ctx)
+    # the events are made as one burst, however slow the machine: chaos then reorders them by
+    # its seeded delays (2 simulated seconds at most, 40 ms here; calls further apart never swap)
     async with ServiceClient(settings_from_ready(sim.ready_info())) as svc:
-        live = await svc.boarding.create(MerchantCreate(dba_name="Goes Live"))
-        await svc.boarding.update(live.merchant_id, status="sent_for_signature")
-        await svc.boarding.update(live.merchant_id, status="sent_for_signature")  # resent
-        for status in ("signed", "in_underwriting", "boarded", "live"):
-            await sim_post(sim, f"/sim/merchants/{live.merchant_id}/status",
-                           {"merchant_status": status, "trigger": "system"})
-        gone = await svc.boarding.create(MerchantCreate(dba_name="Changes Its Mind"))
-        await svc.boarding.update(gone.merchant_id, status="sent_for_signature")
-        await svc.boarding.update(gone.merchant_id, status="new")  # retracted
-        await sim_post(sim, f"/sim/merchants/{gone.merchant_id}/status",
-                       {"merchant_status": "deleted", "trigger": "ui"})
+        with dispatcher.held():
+            live = await svc.boarding.create(MerchantCreate(dba_name="Goes Live"))
+            await svc.boarding.update(live.merchant_id, status="sent_for_signature")
+            await svc.boarding.update(live.merchant_id, status="sent_for_signature")  # resent
+            for status in ("signed", "in_underwriting", "boarded", "live"):
+                await sim_post(sim, f"/sim/merchants/{live.merchant_id}/status",
+                               {"merchant_status": status, "trigger": "system"})
+            gone = await svc.boarding.create(MerchantCreate(dba_name="Changes Its Mind"))
+            await svc.boarding.update(gone.merchant_id, status="sent_for_signature")
+            await svc.boarding.update(gone.merchant_id, status="new")  # retracted
+            await sim_post(sim, f"/sim/merchants/{gone.merchant_id}/status",
+                           {"merchant_status": "deleted", "trigger": "ui"})
         events = await wait_delivered(sim)
-        await asyncio.sleep(0.1)  # chaos duplicates may trail the first delivery
+        await until(lambda: not dispatcher.busy)  # chaos duplicates may trail the first delivery
         final_live = await svc.boarding.get(live.merchant_id)
 
     assert hook.refused == []

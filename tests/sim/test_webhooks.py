@@ -21,6 +21,8 @@ from kiosk_agent.sim.webhooks import (
     IDEMPOTENCY_HEADER,
     MAX_ATTEMPTS,
     SIGNATURE_HEADER,
+    WebhookDispatcher,
+    dispatcher_for,
     sign,
     signature_matches,
 )
@@ -47,7 +49,7 @@ class Receiver:
 
     url: str = ""
     answer: Callable[[dict[str, Any]], int] = lambda envelope: 200
-    delay_s: float = 0.0
+    answers: asyncio.Event | None = None  # when given, each answer waits until it is set
     deliveries: list[Delivery] = field(default_factory=list)
 
     async def handle(self, request: web.Request) -> web.Response:
@@ -61,8 +63,8 @@ class Receiver:
                 time.monotonic(),
             )
         )
-        if self.delay_s:
-            await asyncio.sleep(self.delay_s)
+        if self.answers is not None:
+            await self.answers.wait()
         return web.Response(status=self.answer(envelope))
 
     def ok(self) -> list[Delivery]:
@@ -95,6 +97,11 @@ async def create(boarding: Api, name: str = "Corner Snacks") -> int:
     status, merchant = await boarding.post(MERCHANTS, {"dba_name": name})
     assert status == 201
     return int(merchant["merchant_id"])
+
+
+def webhooks_of(sim: SimServer) -> WebhookDispatcher:
+    assert sim.ctx is not None
+    return dispatcher_for(sim.ctx)
 
 
 async def sim_events(boarding: Api) -> list[dict[str, Any]]:
@@ -158,16 +165,36 @@ async def test_delivery_gives_up_after_eight_attempts(
 async def test_events_arrive_in_order_without_chaos_and_never_block_the_api(
     receiver: Receiver, sim_factory, http: aiohttp.ClientSession
 ) -> None:
-    receiver.delay_s = 0.5  # a slow receiver
+    receiver.answers = asyncio.Event()  # a receiver that answers nothing yet
     sim = await start_sim(sim_factory, receiver)
     boarding = await oauth_api(http, sim)
 
-    started = time.monotonic()
-    ids = [await create(boarding, f"Shop {n}") for n in range(4)]
-    assert time.monotonic() - started < 1.2  # four answers, not held up by 2 s of receiver
+    async with asyncio.timeout(10):  # the API answers while the first delivery hangs
+        ids = [await create(boarding, f"Shop {n}") for n in range(4)]
+    await until(lambda: len(receiver.deliveries) == 1)
+    receiver.answers.set()
 
     await until(lambda: len(receiver.deliveries) == 4)
     assert [int(d.envelope["source_id"]) for d in receiver.deliveries] == ids
+
+
+async def test_events_made_while_held_go_out_together_when_released(
+    receiver: Receiver, sim_factory, http: aiohttp.ClientSession
+) -> None:
+    sim = await start_sim(sim_factory, receiver)
+    boarding = await oauth_api(http, sim)
+    dispatcher = webhooks_of(sim)
+
+    with dispatcher.held():
+        ids = [await create(boarding, f"Shop {n}") for n in range(3)]
+        await asyncio.sleep(0.05)  # 50 simulated seconds: time enough to deliver, were it free
+        assert receiver.deliveries == []
+        assert dispatcher.busy
+    await until(lambda: len(receiver.deliveries) == 3)
+    await until(lambda: not dispatcher.busy)
+
+    assert [int(d.envelope["source_id"]) for d in receiver.deliveries] == ids
+    assert all(item["delivered"] for item in await sim_events(boarding))
 
 
 async def test_chaos_duplicates_and_reorders(
@@ -175,10 +202,14 @@ async def test_chaos_duplicates_and_reorders(
 ) -> None:
     sim = await start_sim(sim_factory, receiver, time_scale=50, chaos=True)
     boarding = await oauth_api(http, sim)
+    dispatcher = webhooks_of(sim)
 
-    ids = [await create(boarding, f"Shop {n}") for n in range(15)]
+    # one burst, however slow the machine: chaos delays are at most 2 simulated seconds (40 ms
+    # here), and events made further apart than that are never swapped
+    with dispatcher.held():
+        ids = [await create(boarding, f"Shop {n}") for n in range(15)]
     await until(lambda: len({d.idempotency_header for d in receiver.deliveries}) == 15)
-    await asyncio.sleep(0.1)  # chaos delays are at most 2 simulated seconds (40 ms)
+    await until(lambda: not dispatcher.busy)  # duplicates may trail the first deliveries
 
     assert len(receiver.ok()) == len(receiver.deliveries)
     seen = Counter(d.idempotency_header for d in receiver.deliveries)
