@@ -135,7 +135,7 @@ class MqttSink(SinkBase):
             first=1,
             interval=60.0,
             level=logging.INFO,
-            clock=clock.monotonic,
+            clock=clock,
             what="birth message(s)",
         )
         self._birth_first: float | None = None  # when the births now waited on began
