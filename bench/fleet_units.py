@@ -37,52 +37,37 @@ from kiosk_agent.fleet.mqtt import STABLE_AFTER
 from kiosk_agent.fleet.report import build_report
 from kiosk_agent.fleet.schema import KEEPALIVE, RECONNECT_INTERVAL, RECONNECT_MAX
 from kiosk_agent.fleet.topics import OFFLINE, ONLINE
+from kiosk_agent.fleet.wire import (
+    CONNACK,
+    CONNECT,
+    PUBACK,
+    PUBLISH,
+    SUBACK,
+    Frames,
+    length_prefixed,
+    packet,
+    publish_parts,
+    publish_qos0_packet,
+    subscribe_packet,
+)
 
 ACK_TIMEOUT_S = 10.0  # what aiomqtt waits for an acknowledgement (the sink's connect_timeout)
 CONNECTING_AT_ONCE = 200  # handshakes under way at once in one process (the listen backlog)
 
-CONNECT, CONNACK, PUBLISH, PUBACK, SUBSCRIBE, SUBACK = 1, 2, 3, 4, 8, 9
 PINGREQ = b"\xc0\x00"
-
-
-def _length(n: int) -> bytes:
-    out = bytearray()
-    while True:
-        n, digit = divmod(n, 128)
-        out.append(digit | (0x80 if n else 0))
-        if not n:
-            return bytes(out)
-
-
-def _text(value: str | bytes) -> bytes:
-    raw = value.encode() if isinstance(value, str) else value
-    return len(raw).to_bytes(2, "big") + raw
-
-
-def _packet(first: int, body: bytes) -> bytes:
-    return bytes((first,)) + _length(len(body)) + body
 
 
 def connect_packet(client_id: str, will_topic: str, keepalive: int) -> bytes:
     # clean session, a will at QoS 1, retained: what aiomqtt sends for the sink's Will
     flags = 0x02 | 0x04 | 0x08 | 0x20
-    body = (_text("MQTT") + bytes((4, flags)) + keepalive.to_bytes(2, "big")
-            + _text(client_id) + _text(will_topic) + _text(OFFLINE))
-    return _packet(CONNECT << 4, body)
+    body = (length_prefixed("MQTT") + bytes((4, flags)) + keepalive.to_bytes(2, "big")
+            + length_prefixed(client_id) + length_prefixed(will_topic) + length_prefixed(OFFLINE))
+    return packet(CONNECT << 4, body)
 
 
 def publish_packet(topic: str, payload: bytes, packet_id: int, *, retain: bool) -> bytes:
-    return _packet((PUBLISH << 4) | 0x02 | int(retain),
-                   _text(topic) + packet_id.to_bytes(2, "big") + payload)
-
-
-def publish_qos0_packet(topic: str, payload: bytes) -> bytes:
-    return _packet(PUBLISH << 4, _text(topic) + payload)
-
-
-def subscribe_packet(packet_id: int, topics: list[tuple[str, int]]) -> bytes:
-    body = packet_id.to_bytes(2, "big") + b"".join(_text(t) + bytes((q,)) for t, q in topics)
-    return _packet((SUBSCRIBE << 4) | 0x02, body)
+    return packet((PUBLISH << 4) | 0x02 | int(retain),
+                  length_prefixed(topic) + packet_id.to_bytes(2, "big") + payload)
 
 
 class Link(asyncio.Protocol):
@@ -91,7 +76,7 @@ class Link(asyncio.Protocol):
 
     def __init__(self) -> None:
         self.transport: asyncio.Transport | None = None
-        self.buffer = bytearray()
+        self.frames = Frames()  # the product's framing (fleet list's)
         self.waiting: dict[tuple[int, int], asyncio.Future[bytes]] = {}
         self.lost: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self.last_sent = time.monotonic()
@@ -129,18 +114,13 @@ class Link(asyncio.Protocol):
             self.waiting.pop((answer, packet_id), None)
 
     def data_received(self, data: bytes) -> None:
-        self.buffer += data
-        while (frame := self._frame()) is not None:
-            kind, flags, body = frame
+        for kind, flags, body in self.frames.feed(data):
             if kind == PUBLISH:  # the unit's configs read back, its marker, births
-                topic_length = int.from_bytes(body[:2], "big")
-                payload_at = 2 + topic_length
-                if (flags >> 1) & 3:
-                    self.send(_packet(PUBACK << 4, body[payload_at: payload_at + 2]))
-                    payload_at += 2
+                topic, payload, retained, packet_id = publish_parts(flags, body)
+                if packet_id:
+                    self.send(packet(PUBACK << 4, packet_id))
                 if self.on_publish is not None:
-                    self.on_publish(body[2: 2 + topic_length].decode(), body[payload_at:],
-                                    bool(flags & 1))
+                    self.on_publish(topic, payload, retained)
             elif kind in (PUBACK, SUBACK):
                 self._settle(kind, int.from_bytes(body[:2], "big"), body)
             elif kind == CONNACK:
@@ -150,24 +130,6 @@ class Link(asyncio.Protocol):
         future = self.waiting.get((kind, packet_id))
         if future is not None and not future.done():
             future.set_result(bytes(body))
-
-    def _frame(self) -> tuple[int, int, bytes] | None:
-        length, multiplier, index = 0, 1, 1
-        while True:
-            if index >= len(self.buffer):
-                return None
-            digit = self.buffer[index]
-            length += (digit & 0x7F) * multiplier
-            multiplier *= 128
-            index += 1
-            if not digit & 0x80:
-                break
-        if len(self.buffer) < index + length:
-            return None
-        first = self.buffer[0]
-        body = bytes(self.buffer[index: index + length])
-        del self.buffer[: index + length]
-        return first >> 4, first & 0x0F, body
 
 
 class SimulatedUnit:

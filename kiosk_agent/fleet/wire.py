@@ -43,7 +43,8 @@ def _length(n: int) -> bytes:
             return bytes(out)
 
 
-def _text(value: str | bytes) -> bytes:
+def length_prefixed(value: str | bytes) -> bytes:
+    """An MQTT string: its length in two bytes, then its UTF-8."""
     raw = value.encode() if isinstance(value, str) else value
     return len(raw).to_bytes(2, "big") + raw
 
@@ -56,21 +57,23 @@ def connect_packet(client_id: str, *, keepalive: int, username: str | None = Non
                    password: str | None = None) -> bytes:
     """A clean session, no will."""
     flags = 0x02 | (0x80 if username is not None else 0) | (0x40 if password is not None else 0)
-    body = _text("MQTT") + bytes((4, flags)) + keepalive.to_bytes(2, "big") + _text(client_id)
+    body = (length_prefixed("MQTT") + bytes((4, flags)) + keepalive.to_bytes(2, "big")
+            + length_prefixed(client_id))
     if username is not None:
-        body += _text(username)
+        body += length_prefixed(username)
     if password is not None:
-        body += _text(password)
+        body += length_prefixed(password)
     return packet(CONNECT << 4, body)
 
 
 def subscribe_packet(packet_id: int, topics: list[tuple[str, int]]) -> bytes:
-    body = packet_id.to_bytes(2, "big") + b"".join(_text(t) + bytes((q,)) for t, q in topics)
+    body = packet_id.to_bytes(2, "big") + b"".join(
+        length_prefixed(topic) + bytes((qos,)) for topic, qos in topics)
     return packet((SUBSCRIBE << 4) | 0x02, body)
 
 
 def publish_qos0_packet(topic: str, payload: bytes, *, retain: bool = False) -> bytes:
-    return packet((PUBLISH << 4) | int(retain), _text(topic) + payload)
+    return packet((PUBLISH << 4) | int(retain), length_prefixed(topic) + payload)
 
 
 class Frames:
