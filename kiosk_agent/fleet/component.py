@@ -90,11 +90,12 @@ class Upstream:
         change_gap: float = CHANGE_GAP,
         births: BirthPolicy | None = None,
         rng: random.Random | None = None,
-        clock: Clock = SYSTEM_CLOCK,
+        clock: Clock | None = None,
     ) -> None:
-        """Every wait runs on ``clock``'s monotonic time: the heartbeat schedule, the first
-        report's settling, and the MQTT sink's reconnect back-off, birth policy and log
-        limit."""
+        """Every wait runs on ``clock``'s monotonic time (default: the agent's, else the
+        machine's): the heartbeat schedule, the first report's settling, and the MQTT sink's
+        reconnect back-off, birth policy and log limit."""
+        clock = clock or getattr(agent, "clock", None) or SYSTEM_CLOCK
         conf = UPSTREAM_SCHEMA(conf)
         self._health: Health = agent.health
         self.device_id: str = conf.get("device_id") or host_device_id()

@@ -23,7 +23,7 @@ from kiosk_agent.fleet.component import (
     network_mac,
 )
 from kiosk_agent.health.availability import Availability
-from kiosk_agent.sales.clock import FakeClock
+from kiosk_agent.sales.clock import SYSTEM_CLOCK, FakeClock
 from kiosk_agent.sales.model import SaleEvent
 from kiosk_agent.sales.states import SaleState
 
@@ -382,3 +382,16 @@ async def test_the_heartbeat_schedule_runs_on_the_injected_clock() -> None:
         assert upstream.prompt_heartbeats == 1
     finally:
         await upstream.stop()
+
+
+def test_an_agents_upstream_waits_on_the_agents_clock() -> None:
+    """The agent builds the component from its section alone (``Upstream(agent, conf)``): it
+    takes the agent's clock, as every other wait of the agent does; without one, the
+    machine's."""
+    agent = settled_agent()
+    agent.clock = FakeClock(monotonic=0.0)
+    upstream = Upstream(agent, {"interval": 60, "mqtt": {"host": "broker"}})
+    assert upstream._clock is agent.clock
+    assert upstream.mqtt is not None
+    assert upstream.mqtt._clock is agent.clock
+    assert Upstream(settled_agent(), {"interval": 60})._clock is SYSTEM_CLOCK
