@@ -19,7 +19,7 @@ import aiomqtt
 
 from kiosk_agent.fleet.schema import KEEPALIVE, MQTT_PORT
 
-CONNECT, CONNACK, PUBLISH, PUBACK, SUBSCRIBE, SUBACK, DISCONNECT = 1, 2, 3, 4, 8, 9, 14
+CONNECT, CONNACK, PUBLISH, PUBACK, SUBSCRIBE, SUBACK, PINGREQ, DISCONNECT = 1, 2, 3, 4, 8, 9, 12, 14
 # MQTT 3.1.1, 3.2.2.3: why a broker refuses a connection
 REFUSALS = {
     1: "unacceptable protocol version",
@@ -127,12 +127,27 @@ class Visit(asyncio.Protocol):
         self.lost: asyncio.Future[None] = loop.create_future()
         self._answers: dict[tuple[int, int], asyncio.Future[bytes]] = {}
         self._packet_id = 0
+        self._ping: asyncio.TimerHandle | None = None
+
+    def keep_alive(self, keepalive: float) -> None:
+        """A PINGREQ every half ``keepalive``: a listing given a long --wait is not dropped
+        by the broker (at 1.5 keepalives of silence) while it reads (the network's own time,
+        as aiomqtt's keep-alive)."""
+        if keepalive > 0 and not self.lost.done():
+            self._ping = asyncio.get_running_loop().call_later(keepalive / 2, self._pinged,
+                                                               keepalive)
+
+    def _pinged(self, keepalive: float) -> None:
+        self.send(packet(PINGREQ << 4, b""))
+        self.keep_alive(keepalive)
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         assert isinstance(transport, asyncio.Transport)
         self.transport = transport
 
     def connection_lost(self, exc: Exception | None) -> None:
+        if self._ping is not None:
+            self._ping.cancel()
         if not self.lost.done():
             why = exc or "by the broker"
             self.lost.set_exception(aiomqtt.MqttError(f"connection closed: {why}"))
@@ -177,6 +192,8 @@ class Visit(asyncio.Protocol):
         self.send(publish_qos0_packet(topic, payload))
 
     def close(self) -> None:
+        if self._ping is not None:
+            self._ping.cancel()
         if self.transport is not None and not self.transport.is_closing():
             self.transport.write(packet(DISCONNECT << 4, b""))
             self.transport.close()
@@ -191,6 +208,7 @@ async def visit(
     from kiosk_agent.fleet.mqtt import mqtt_tls_context
 
     host = conf["host"]
+    keepalive = conf.get("keepalive", KEEPALIVE)
     tls = mqtt_tls_context(conf)
     loop = asyncio.get_running_loop()
     async with asyncio.timeout(within):
@@ -199,7 +217,7 @@ async def visit(
             server_hostname=host if tls is not None else None)
         try:
             answer = await link.ask(connect_packet(
-                client_id, keepalive=conf.get("keepalive", KEEPALIVE),
+                client_id, keepalive=keepalive,
                 username=conf.get("username"), password=conf.get("password")), CONNACK)
         except BaseException:
             link.close()
@@ -209,4 +227,5 @@ async def visit(
         link.close()
         raise BrokerRefused(f"the broker refused the connection: "
                             f"{REFUSALS.get(code, f'code {code}')}")
+    link.keep_alive(keepalive)
     return link
