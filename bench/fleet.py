@@ -494,6 +494,7 @@ async def run_scale(count: int, processes: int) -> dict[str, Any]:
         await fleet.tell("go")
         announced_s = await within(lambda: fleet.total("online") == count, PHASE_LIMIT_S)
         online = fleet.total("online")
+        announces = fleet.total("announces")
         figures.update({f"{name}_all_announced_s": _rounded(announced_s),
                         f"{name}_announced_units": online,
                         f"{name}_announce_units_cpu_s": round(fleet.cpu_s(), 1),
@@ -520,11 +521,17 @@ async def run_scale(count: int, processes: int) -> dict[str, Any]:
         back = fleet.total("back")
         figures.update({f"{name}_restart_all_back_s": _rounded(back_s),
                         f"{name}_restart_back_units": back,
+                        # connects that published configs again: the broker kept them all
+                        f"{name}_restart_announces": fleet.total("announces") - announces,
+                        f"{name}_restart_connects": fleet.total("connects") - count,
                         f"{name}_broker_cpu_s": round(broker_cpu + broker.cpu_s(), 1),
                         f"{name}_units_cpu_s": round(fleet.cpu_s(), 1),
                         "load_average_end": load_average()})
         print(f"broker restart (persistence): {back} of {count} back and online "
-              f"{time.monotonic() - up_at:.2f} s after it listened again (load {load_average()})")
+              f"{time.monotonic() - up_at:.2f} s after it listened again; "
+              f"{figures[f'{name}_restart_announces']} of "
+              f"{figures[f'{name}_restart_connects']} reconnects published configs "
+              f"(load {load_average()})")
     finally:
         await fleet.stop()
         broker.stop()

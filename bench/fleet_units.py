@@ -5,11 +5,13 @@ not the agent's ``MqttSink``: the sink's aiomqtt client (paho underneath, a task
 timer a second) costs one loaded core for about 2,000 units, and the units timed out before the
 broker was busy. Each unit here is a minimal MQTT 3.1.1 client on an asyncio protocol, and sends
 the broker what the sink sends, built by the product's own code: its client id and last will,
-the discovery configs (``discovery_messages``), the clears of retired configs on the first
-connect, the report (``build_report``), ``online`` after it; it subscribes where the sink does
-(the birth topic, its own configs), waits for each QoS 1 acknowledgement in turn as the sink
-does, pings at the keepalive, and after a lost connection waits the sink's back-off
-(``fleet.backoff.Backoff`` with the shipped ``reconnect_interval`` and ``reconnect_max``).
+the discovery configs (``discovery_messages``), the report (``build_report``), ``online``
+after it; on each connect it reads its configs back as the sink does (the birth topic, its
+own configs and its end marker subscribed, the marker sent) and publishes what the product's
+``fleet.announce.plan_announce`` says the broker lacks; it waits for each QoS 1
+acknowledgement in turn as the sink does, pings at the keepalive, and after a lost
+connection waits the sink's back-off (``fleet.backoff.Backoff`` with the shipped
+``reconnect_interval`` and ``reconnect_max``).
 
 The process builds its units and says so (``{"built": n}``), starts them at ``go`` on stdin,
 then prints one JSON status line a second: connected, online, and back (online on a connection
@@ -27,56 +29,45 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from kiosk_agent.fleet.announce import END, KEPT_WAIT, config_payloads, plan_announce
 from kiosk_agent.fleet.backoff import Backoff
 from kiosk_agent.fleet.component import Upstream
 from kiosk_agent.fleet.discovery import discovery_messages
-from kiosk_agent.fleet.entities import RETIRED
 from kiosk_agent.fleet.mqtt import STABLE_AFTER
 from kiosk_agent.fleet.report import build_report
 from kiosk_agent.fleet.schema import KEEPALIVE, RECONNECT_INTERVAL, RECONNECT_MAX
-from kiosk_agent.fleet.topics import OFFLINE, ONLINE, discovery_topic
+from kiosk_agent.fleet.topics import OFFLINE, ONLINE
+from kiosk_agent.fleet.wire import (
+    CONNACK,
+    CONNECT,
+    PUBACK,
+    PUBLISH,
+    SUBACK,
+    Frames,
+    length_prefixed,
+    packet,
+    publish_parts,
+    publish_qos0_packet,
+    subscribe_packet,
+)
 
 ACK_TIMEOUT_S = 10.0  # what aiomqtt waits for an acknowledgement (the sink's connect_timeout)
 CONNECTING_AT_ONCE = 200  # handshakes under way at once in one process (the listen backlog)
 
-CONNECT, CONNACK, PUBLISH, PUBACK, SUBSCRIBE, SUBACK = 1, 2, 3, 4, 8, 9
 PINGREQ = b"\xc0\x00"
-
-
-def _length(n: int) -> bytes:
-    out = bytearray()
-    while True:
-        n, digit = divmod(n, 128)
-        out.append(digit | (0x80 if n else 0))
-        if not n:
-            return bytes(out)
-
-
-def _text(value: str | bytes) -> bytes:
-    raw = value.encode() if isinstance(value, str) else value
-    return len(raw).to_bytes(2, "big") + raw
-
-
-def _packet(first: int, body: bytes) -> bytes:
-    return bytes((first,)) + _length(len(body)) + body
 
 
 def connect_packet(client_id: str, will_topic: str, keepalive: int) -> bytes:
     # clean session, a will at QoS 1, retained: what aiomqtt sends for the sink's Will
     flags = 0x02 | 0x04 | 0x08 | 0x20
-    body = (_text("MQTT") + bytes((4, flags)) + keepalive.to_bytes(2, "big")
-            + _text(client_id) + _text(will_topic) + _text(OFFLINE))
-    return _packet(CONNECT << 4, body)
+    body = (length_prefixed("MQTT") + bytes((4, flags)) + keepalive.to_bytes(2, "big")
+            + length_prefixed(client_id) + length_prefixed(will_topic) + length_prefixed(OFFLINE))
+    return packet(CONNECT << 4, body)
 
 
 def publish_packet(topic: str, payload: bytes, packet_id: int, *, retain: bool) -> bytes:
-    return _packet((PUBLISH << 4) | 0x02 | int(retain),
-                   _text(topic) + packet_id.to_bytes(2, "big") + payload)
-
-
-def subscribe_packet(packet_id: int, topics: list[str]) -> bytes:
-    body = packet_id.to_bytes(2, "big") + b"".join(_text(t) + b"\x01" for t in topics)
-    return _packet((SUBSCRIBE << 4) | 0x02, body)
+    return packet((PUBLISH << 4) | 0x02 | int(retain),
+                  length_prefixed(topic) + packet_id.to_bytes(2, "big") + payload)
 
 
 class Link(asyncio.Protocol):
@@ -85,10 +76,12 @@ class Link(asyncio.Protocol):
 
     def __init__(self) -> None:
         self.transport: asyncio.Transport | None = None
-        self.buffer = bytearray()
+        self.frames = Frames()  # the product's framing (fleet list's)
         self.waiting: dict[tuple[int, int], asyncio.Future[bytes]] = {}
         self.lost: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self.last_sent = time.monotonic()
+        # what the broker hands this connection: (topic, payload, retained)
+        self.on_publish: Callable[[str, bytes, bool], None] | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         assert isinstance(transport, asyncio.Transport)
@@ -121,12 +114,13 @@ class Link(asyncio.Protocol):
             self.waiting.pop((answer, packet_id), None)
 
     def data_received(self, data: bytes) -> None:
-        self.buffer += data
-        while (frame := self._frame()) is not None:
-            kind, flags, body = frame
-            if kind == PUBLISH and (flags >> 1) & 3:  # the broker's retained configs, births
-                topic_length = int.from_bytes(body[:2], "big")
-                self.send(_packet(PUBACK << 4, body[2 + topic_length: 4 + topic_length]))
+        for kind, flags, body in self.frames.feed(data):
+            if kind == PUBLISH:  # the unit's configs read back, its marker, births
+                topic, payload, retained, packet_id = publish_parts(flags, body)
+                if packet_id:
+                    self.send(packet(PUBACK << 4, packet_id))
+                if self.on_publish is not None:
+                    self.on_publish(topic, payload, retained)
             elif kind in (PUBACK, SUBACK):
                 self._settle(kind, int.from_bytes(body[:2], "big"), body)
             elif kind == CONNACK:
@@ -136,24 +130,6 @@ class Link(asyncio.Protocol):
         future = self.waiting.get((kind, packet_id))
         if future is not None and not future.done():
             future.set_result(bytes(body))
-
-    def _frame(self) -> tuple[int, int, bytes] | None:
-        length, multiplier, index = 0, 1, 1
-        while True:
-            if index >= len(self.buffer):
-                return None
-            digit = self.buffer[index]
-            length += (digit & 0x7F) * multiplier
-            multiplier *= 128
-            index += 1
-            if not digit & 0x80:
-                break
-        if len(self.buffer) < index + length:
-            return None
-        first = self.buffer[0]
-        body = bytes(self.buffer[index: index + length])
-        del self.buffer[: index + length]
-        return first >> 4, first & 0x0F, body
 
 
 class SimulatedUnit:
@@ -165,10 +141,9 @@ class SimulatedUnit:
         self.sink = sink
         self.port = port
         self.client_id = f"kiosk-agent-{sink.device_id}"
-        self.configs = [(topic, json.dumps(config).encode()) for topic, config in
-                        discovery_messages(sink.device_id, sink._version, sink.state_topic,
-                                           sink.availability_topic, sink._prefix,
-                                           sink._discovery, sink.event_topic)]
+        self.configs = config_payloads(discovery_messages(
+            sink.device_id, sink._version, sink.state_topic, sink.availability_topic,
+            sink._prefix, sink._discovery, sink.event_topic))
         snapshot = upstream._health.snapshot()
         self.report = json.dumps(build_report(sink.device_id, snapshot,
                                               upstream._interval)).encode()
@@ -176,6 +151,7 @@ class SimulatedUnit:
         self.link: Link | None = None
         self.connects = 0
         self.online_on = 0  # the connect (by number) on which `online` was said; 0: not now
+        self.announced = 0  # connects on which it published configs (all, or what changed)
         self._packet_id = 0
 
     def next_id(self) -> int:
@@ -215,22 +191,56 @@ class SimulatedUnit:
             await asyncio.sleep(self.backoff.next())
 
     async def serve(self, link: Link) -> None:
-        """The sink's order: announce (and clear retired configs the first time), subscribe,
-        the report, then ``online``; then hold the connection until it is lost."""
-        for topic, payload in self.configs:
-            await self.publish(link, topic, payload)
+        """The sink's order: its configs read back, what the broker lacks of them announced
+        (the product's plan), the report, then ``online``; then hold the connection until it
+        is lost."""
         sink = self.sink
-        if self.connects == 1 and sink._prefix:
-            for component, key in RETIRED:
-                await self.publish(link, discovery_topic(sink._prefix, component,
-                                                         sink.device_id, key), b"")
-        topics = [t for t in (sink.birth_topic, sink.configs_filter) if t is not None]
-        packet_id = self.next_id()
-        await link.ask(subscribe_packet(packet_id, topics), SUBACK, packet_id)
+        kept = await self.configs_kept(link)
+        plan = plan_announce(sink.device_id, sink._prefix, self.configs, kept,
+                             first=self.connects == 1)
+        for topic, payload in plan.publish:
+            await self.publish(link, topic, payload)
+        for topic in plan.clear:
+            await self.publish(link, topic, b"")
+        self.announced += bool(plan.publish or plan.clear)
         await self.publish(link, sink.state_topic, self.report)
         await self.publish(link, sink.availability_topic, ONLINE.encode())
         self.online_on = self.connects
         await link.lost
+
+    async def configs_kept(self, link: Link) -> dict[str, bytes] | None:
+        """What the sink's ``_configs_kept`` does: subscribe (the birth topic at QoS 1, the
+        configs and the end marker at 0), send the marker, keep each retained config handed
+        back until the marker comes; None when it does not come within ``KEPT_WAIT``."""
+        sink = self.sink
+        if sink.birth_topic is None or sink.configs_filter is None:
+            return None
+        kept: dict[str, bytes] = {}
+        ended: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+        def heard(topic: str, payload: bytes, retained: bool) -> None:
+            if topic == sink.end_topic:
+                if payload == END and not ended.done():
+                    ended.set_result(None)
+            elif retained and topic != sink.birth_topic:
+                kept[topic] = payload
+
+        link.on_publish = heard
+        try:
+            packet_id = self.next_id()
+            await link.ask(subscribe_packet(packet_id, [(sink.birth_topic, 1),
+                                                        (sink.configs_filter, 0),
+                                                        (sink.end_topic, 0)]), SUBACK, packet_id)
+            link.send(publish_qos0_packet(sink.end_topic, END))
+            async with asyncio.timeout(KEPT_WAIT):
+                await asyncio.wait((ended, link.lost), return_when=asyncio.FIRST_COMPLETED)
+        except TimeoutError:
+            return None
+        finally:
+            link.on_publish = None
+        if not ended.done():
+            raise ConnectionError("connection lost")
+        return kept
 
 
 def make_units(first: int, count: int, port: int, interval: float,
@@ -261,6 +271,7 @@ def status(units: list[SimulatedUnit], marks: dict[int, int]) -> dict[str, Any]:
         "online": sum(unit.online_on > 0 for unit in units),
         "back": sum(unit.online_on > marks.get(id(unit), 1 << 30) for unit in units),
         "connects": sum(unit.connects for unit in units),
+        "announces": sum(unit.announced for unit in units),
     }
 
 

@@ -16,9 +16,8 @@ import math
 import sys
 import time
 from collections import Counter
-from collections.abc import Callable
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, Protocol
 
 from kiosk_agent.redact import RedactingFilter, redact
 
@@ -99,6 +98,26 @@ def suppressed_counts() -> dict[str, int]:
     return dict(_SUPPRESSED)
 
 
+class LogClock(Protocol):
+    """What a RefusalLog asks of time (``sales.clock.Clock`` has it; not imported here: the
+    sale package logs through this module)."""
+
+    def monotonic(self) -> float: ...
+
+    async def sleep(self, seconds: float) -> None: ...
+
+
+class _MachineClock:
+    def monotonic(self) -> float:
+        return time.monotonic()
+
+    async def sleep(self, seconds: float) -> None:
+        await asyncio.sleep(seconds)
+
+
+_MACHINE_CLOCK = _MachineClock()
+
+
 class RefusalLog:
     """Log a refusal that an outsider can repeat at will (forged webhooks, bad tokens, ...).
 
@@ -117,24 +136,26 @@ class RefusalLog:
         first: int = 5,
         interval: float = 60.0,
         level: int = logging.WARNING,
-        clock: Callable[[], float] = time.monotonic,
+        clock: LogClock | None = None,
         what: str = "refusal(s)",
     ) -> None:
+        """``clock``: the intervals and the wait for the summary line run on its monotonic time
+        (an agent's ``sales.clock.Clock``; the machine's by default)."""
         self.logger = logger
         self.what = what  # what the summary line counts
         self.source = source
         self.first = first
         self.interval = interval
         self.level = level
-        self._clock = clock
+        self._clock = clock or _MACHINE_CLOCK
         self._window_start = -math.inf
         self._logged = 0
         self._held: Counter[str] = Counter()
-        self._flush_handle: asyncio.TimerHandle | None = None
+        self._flush_task: asyncio.Task[None] | None = None
 
     def __call__(self, reason: str, msg: str, *args: Any, level: int | None = None) -> None:
         _REFUSALS[(self.source, reason)] += 1
-        now = self._clock()
+        now = self._clock.monotonic()
         if now - self._window_start >= self.interval:
             self.flush()
             self._window_start, self._logged = now, 0
@@ -144,21 +165,26 @@ class RefusalLog:
             return
         _SUPPRESSED[self.source] += 1
         self._held[reason] += 1
-        if self._flush_handle is None:
+        if self._flush_task is None:
             self._schedule_flush(self._window_start + self.interval - now)
 
     def _schedule_flush(self, delay: float) -> None:
         try:
-            loop = asyncio.get_running_loop()
+            asyncio.get_running_loop()
         except RuntimeError:
             return  # no loop (a thread, a script): the next call or flush() writes the summary
-        self._flush_handle = loop.call_later(max(delay, 0.0), self.flush)
+        self._flush_task = asyncio.ensure_future(self._flush_after(max(delay, 0.0)))
+
+    async def _flush_after(self, delay: float) -> None:
+        await self._clock.sleep(delay)
+        self._flush_task = None  # done: flush() has no timer left to cancel
+        self.flush()
 
     def flush(self) -> None:
         """Write the summary of what this interval held back (nothing when nothing was)."""
-        if self._flush_handle is not None:
-            self._flush_handle.cancel()
-            self._flush_handle = None
+        if self._flush_task is not None:
+            self._flush_task.cancel()
+            self._flush_task = None
         if not self._held:
             return
         total = sum(self._held.values())

@@ -13,6 +13,8 @@ def control_character(text: str) -> str | None:
     person reads later: printed by the CLI or shown on the status page they would say something
     else than what is stored. The zero-width (non-)joiner is writing, not formatting: allowed.
     """
+    if text.isprintable():  # holds no Cc or Cf character: no walk (most text, at C speed)
+        return None
     for char in text:
         if unicodedata.category(char) in ("Cc", "Cf") and char not in _JOINERS:
             return f"U+{ord(char):04X}"
@@ -28,6 +30,8 @@ def for_terminal(text: str, *, keep_lines: bool = False) -> str:
     control or invisible format character from outside (an escape sequence in a service's
     answer, a right-to-left override) becomes U+FFFD, a tab or line end a space (with
     ``keep_lines``, line ends stay: the command's own layout), the joiners writing needs stay."""
+    if text.isprintable():  # no control, format or line character: shown as it is
+        return text
     kept = "\n" if keep_lines else ""
     out = []
     for char in text:

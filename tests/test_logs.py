@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from kiosk_agent.logs import RefusalLog, refusal_counts, setup_logging, suppressed_counts
+from kiosk_agent.sales.clock import FakeClock
 
 CARD = "4111 1111 1111 1111"
 
@@ -67,18 +68,31 @@ def test_setting_up_again_replaces_the_handler(root_restored: None) -> None:
     assert len(named) == 1
 
 
+class _Stopped:
+    """A clock that moves only when told (no event loop: nothing sleeps on it)."""
+
+    now = 0.0
+
+    def monotonic(self) -> float:
+        return self.now
+
+    async def sleep(self, seconds: float) -> None:
+        raise AssertionError("no event loop, no sleep")
+
+
 def test_a_flood_of_refusals_logs_the_first_few_then_counts(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    """3,000 forged deliveries write a handful of lines, not 3,000; every one is counted."""
-    now = [0.0]
+    """3,000 forged deliveries write a handful of lines, not 3,000; every one is counted.
+    (No event loop here: the summary comes with the next interval's first refusal.)"""
+    clock = _Stopped()
     refused = RefusalLog(logging.getLogger("test.refusals"), "test_flood", first=3,
-                         interval=60.0, clock=lambda: now[0])
+                         interval=60.0, clock=clock)
     before = refusal_counts().get(("test_flood", "forged"), 0)
     with caplog.at_level(logging.WARNING, "test.refusals"):
         for n in range(3000):
             refused("forged" if n % 10 else "malformed", "refused delivery %d", n)
-        now[0] = 61.0  # the next interval: its first line, after the summary of the last
+        clock.now = 61.0  # the next interval: its first line, after the summary of the last
         refused("forged", "refused delivery %d", 3000)
     lines = [r.getMessage() for r in caplog.records]
     assert lines[:3] == ["refused delivery 0", "refused delivery 1", "refused delivery 2"]
@@ -94,12 +108,19 @@ def test_a_flood_of_refusals_logs_the_first_few_then_counts(
 async def test_the_summary_comes_when_the_interval_ends_even_if_the_flood_stops(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    refused = RefusalLog(logging.getLogger("test.refusals"), "test_quiet", first=1, interval=0.05)
+    """Before: the summary line waited on the event loop's real time (loop.call_later),
+    whatever clock the log was given. It now waits on that clock: nothing is written until
+    the clock reaches the interval's end, then the summary at once."""
+    clock = FakeClock(monotonic=0.0)
+    refused = RefusalLog(logging.getLogger("test.refusals"), "test_quiet", first=1,
+                         interval=60.0, clock=clock)
     with caplog.at_level(logging.WARNING, "test.refusals"):
         for _ in range(10):
             refused("bad", "bad line")
-        for _ in range(100):  # no more refusals: the timer writes the summary
-            if len(caplog.records) == 2:
-                break
-            await asyncio.sleep(0.01)
+        await asyncio.sleep(0.01)
+        assert len(caplog.records) == 1  # no real time ends the interval
+        await clock.advance(59.0)
+        assert len(caplog.records) == 1
+        await clock.advance(1.0)  # no more refusals: the timer writes the summary
     assert [r.getMessage() for r in caplog.records][-1].startswith("test_quiet: 9 more refusal(s)")
+    assert clock.pending() == []

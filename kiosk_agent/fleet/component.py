@@ -16,7 +16,6 @@ import math
 import random
 import re
 import socket
-import time
 from collections import deque
 from collections.abc import Callable
 from pathlib import Path
@@ -52,7 +51,7 @@ from kiosk_agent.redact import redact
 from kiosk_agent.sales.clock import SYSTEM_CLOCK, Clock
 from kiosk_agent.sales.terminal_actions import ActionRefused, ping_terminal, print_test_receipt
 from kiosk_agent.service.errors import ServiceError
-from kiosk_agent.tasks import BackgroundTask, wait_event
+from kiosk_agent.tasks import BackgroundTask
 
 _LOGGER = logging.getLogger(__name__)
 
@@ -91,10 +90,12 @@ class Upstream:
         change_gap: float = CHANGE_GAP,
         births: BirthPolicy | None = None,
         rng: random.Random | None = None,
-        clock: Clock = SYSTEM_CLOCK,
+        clock: Clock | None = None,
     ) -> None:
-        """``clock`` is the MQTT sink's: its reconnect back-off, birth policy and log limit
-        run on it."""
+        """Every wait runs on ``clock``'s monotonic time (default: the agent's, else the
+        machine's): the heartbeat schedule, the first report's settling, and the MQTT sink's
+        reconnect back-off, birth policy and log limit."""
+        clock = clock or getattr(agent, "clock", None) or SYSTEM_CLOCK
         conf = UPSTREAM_SCHEMA(conf)
         self._health: Health = agent.health
         self.device_id: str = conf.get("device_id") or host_device_id()
@@ -103,6 +104,7 @@ class Upstream:
         self._start_grace: float = conf["start_grace"]
         self._change_gap = change_gap
         self._rng = rng or random.Random()
+        self._clock = clock
         self.sinks: list[Sink] = []
         self.mqtt: MqttSink | None = None
         if "http" in conf:
@@ -182,7 +184,7 @@ class Upstream:
         report = build_report(self.device_id, self._health.snapshot(), self._interval)
         last = self._last_report or report
         report.update(status=STOPPED, problems=last["problems"],
-                      out_of_service=last["out_of_service"], stopped=iso(time.time()))
+                      out_of_service=last["out_of_service"], stopped=iso(self._clock.time()))
         return report
 
     def _stopping(self) -> bool:
@@ -206,14 +208,16 @@ class Upstream:
         """The unit's next scheduled beat, or sooner when what a person must act on changed
         (a sale into attention, a terminal out of service, a link down): at once, but at most
         one such report per ``change_gap``, so a flapping part does not flood the broker."""
-        deadline = time.monotonic() + jittered(self._interval, self._jitter, self._rng)
-        while (remaining := deadline - time.monotonic()) > 0:
-            await wait_event(self._changed, remaining)  # a stop's cancellation is never lost
+        clock = self._clock
+        deadline = clock.monotonic() + jittered(self._interval, self._jitter, self._rng)
+        while (remaining := deadline - clock.monotonic()) > 0:
+            with contextlib.suppress(TimeoutError):  # (a stop's cancellation goes through)
+                await clock.wait_for(self._changed.wait(), remaining)
             self._changed.clear()
             if self._stopping():
                 continue  # the stop's own report (final_report) says it
             if self._told is not None and _must_tell(self._health.snapshot()) != self._told:
-                await asyncio.sleep(max(0.0, self._last_beat + self._change_gap - time.monotonic()))
+                await clock.sleep(max(0.0, self._last_beat + self._change_gap - clock.monotonic()))
                 self.prompt_heartbeats += 1
                 return
 
@@ -231,13 +235,13 @@ class Upstream:
                 terminal=event.terminal,
                 amount_cents=event.amount_cents,
                 reason=redact(event.message),  # it leaves the unit: the last safety net
-                at=iso(event.at or time.time()),
+                at=iso(event.at or self._clock.time()),
             )
 
     async def _settle(self) -> None:
         """Before the first report: wait for the links, first checks and recovery of the sales
         a crash left open, or the start grace; what is still settling then is reported."""
-        started = time.monotonic()
+        started = self._clock.monotonic()
         deadline = started + max(0.0, self._start_grace - self._health.uptime)
         while True:
             pending = self._health.settling()
@@ -245,14 +249,14 @@ class Upstream:
                 pending.append("recovery")
             if not pending:
                 break
-            if time.monotonic() >= deadline:
+            if self._clock.monotonic() >= deadline:
                 _LOGGER.info(
                     "upstream: first report after the start grace; still settling: %s",
                     ", ".join(pending),
                 )
                 break
-            await asyncio.sleep(0.05)
-        self.first_report_waited_s = round(time.monotonic() - started, 3)
+            await self._clock.sleep(0.05)
+        self.first_report_waited_s = round(self._clock.monotonic() - started, 3)
 
     def heartbeat(self) -> dict[str, Any]:
         """Queue one report on every sink and wake them; returns the report."""
@@ -264,7 +268,7 @@ class Upstream:
         self.heartbeats += 1
         self._last_report = report
         self._told = _must_tell(snapshot)
-        self._last_beat = time.monotonic()
+        self._last_beat = self._clock.monotonic()
         self._tell_availability(snapshot)
         return report
 

@@ -2,6 +2,8 @@
 
 Built to hold for thousands of units on one broker:
 
+- on connect a unit reads its discovery configs back and publishes only what the broker lacks
+  (``fleet.announce``): a broker restart with persistence costs no re-announce;
 - reconnects wait a random time below a doubling ceiling (``fleet.backoff``), so a broker
   restart is not met by every unit in the same second;
 - Home Assistant's birth message (``<prefix>/status`` = ``online``) is answered by one
@@ -21,15 +23,16 @@ import random
 import secrets
 import ssl
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import aiomqtt
 
+from kiosk_agent.fleet.announce import END, KEPT_WAIT, config_payloads, end_topic, plan_announce
 from kiosk_agent.fleet.backoff import Backoff
 from kiosk_agent.fleet.discovery import discovery_messages, own_config
-from kiosk_agent.fleet.entities import RETIRED, DiscoveryOptions
+from kiosk_agent.fleet.entities import DiscoveryOptions
 from kiosk_agent.fleet.loopback import insecure_mqtt
 from kiosk_agent.fleet.schema import KEEPALIVE, MQTT_PORT, RECONNECT_INTERVAL, RECONNECT_MAX
 from kiosk_agent.fleet.sink import GOODBYE_TIMEOUT, SinkBase
@@ -38,13 +41,13 @@ from kiosk_agent.fleet.topics import (
     DEFAULT_DISCOVERY_PREFIX,
     OFFLINE,
     ONLINE,
-    discovery_topic,
     unit_base_topic,
 )
 from kiosk_agent.logs import RefusalLog
 from kiosk_agent.sales.clock import SYSTEM_CLOCK, Clock
 
 _LOGGER = logging.getLogger(__name__)
+T = TypeVar("T")
 
 MAX_EVENTS = 100  # Home Assistant events kept while the broker is away (oldest dropped)
 # A connection counts as a success (the reconnect back-off starts over) once it has held this
@@ -109,6 +112,11 @@ class MqttSink(SinkBase):
         # every config under this unit's device id: those it no longer announces (a terminal
         # replaced) are cleared, so Home Assistant removes their entities
         self.configs_filter = f"{self._prefix}/+/{device_id}/+/config" if self._prefix else None
+        # on connect the unit reads its configs back, up to its own marker (fleet.announce)
+        self.end_topic = end_topic(self.base_topic)
+        self._kept: dict[str, bytes] | None = None  # the configs read back, while reading
+        self._kept_all = asyncio.Event()  # the marker came back: every kept config was handed
+        self._said_unread = False
         self._announced: set[str] = set()
         self._stale_configs: list[str] = []
         self.configs_cleared = 0
@@ -127,7 +135,7 @@ class MqttSink(SinkBase):
             first=1,
             interval=60.0,
             level=logging.INFO,
-            clock=clock.monotonic,
+            clock=clock,
             what="birth message(s)",
         )
         self._birth_first: float | None = None  # when the births now waited on began
@@ -140,7 +148,9 @@ class MqttSink(SinkBase):
         self._dropped_in_row = 0  # connections lost soon after connecting, none refused between
         self.connected = False
         self.connects = 0
-        self.announcements = 0
+        self.announcements = 0  # announces that published configs (all, or what changed)
+        self.announces_skipped = 0  # connects that found every config kept as it would be
+        self.configs_published = 0
         self.events: deque[dict[str, Any]] = deque(maxlen=MAX_EVENTS)
         self.events_sent = 0
         self.last_report: dict[str, Any] | None = None
@@ -187,7 +197,8 @@ class MqttSink(SinkBase):
                     self._lost = asyncio.ensure_future(self._listen(client))
                     self.online = False
                     connected_at = self._clock.monotonic()
-                    await self._announce(client, first=self.connects == 0)
+                    kept = await self._configs_kept(client)
+                    await self._announce(client, first=self.connects == 0, kept=kept)
                     if self.last_report is not None and not self.queue:
                         # a broker restarted without persistence lost it: HA would show
                         # "unknown" until the next beat
@@ -242,12 +253,37 @@ class MqttSink(SinkBase):
                 f"another client with the id kiosk-agent-{self.device_id}, such as a second "
                 "unit with this device_id, takes the connection so)")
 
+    async def _configs_kept(self, client: aiomqtt.Client) -> dict[str, bytes] | None:
+        """The unit's retained configs as the broker holds them (topic -> payload), read back
+        on connect; None when the unit announces nothing, or they were not all handed back
+        within ``KEPT_WAIT`` (an ACL that refuses the marker, a broker far behind).
+
+        Subscribed with the birth topic, as before: a retained config of its own that it no
+        longer announces is cleared. At QoS 0: a config that does not come back is published
+        again, never skipped."""
+        if self.birth_topic is None or self.configs_filter is None:
+            return None
+        self._kept, self._kept_all = {}, asyncio.Event()
+        try:
+            await self._or_lost(client.subscribe(
+                [(self.birth_topic, 1), (self.configs_filter, 0), (self.end_topic, 0)]))
+            await client.publish(self.end_topic, END, qos=0)
+            await self._clock.wait_for(self._or_lost(self._kept_all.wait()), KEPT_WAIT)
+        except TimeoutError:
+            if not self._said_unread:
+                self._said_unread = True
+                _LOGGER.info("upstream mqtt: the broker did not hand back this unit's discovery "
+                             "configs within %g s (busy, or its ACL refuses %s): announcing "
+                             "every config", KEPT_WAIT, self.end_topic)
+            return None
+        finally:
+            kept, self._kept = self._kept, None
+        return kept
+
     async def _serve(self, client: aiomqtt.Client) -> None:
         """Flush on every wake-up until the connection is lost (then raise MqttError)."""
-        if self.birth_topic is not None and self.configs_filter is not None:
-            await client.subscribe([(self.birth_topic, 1), (self.configs_filter, 1)])
         if self.on_command is not None:  # the unit's own command topics only
-            await client.subscribe(self.commands_filter, qos=1)
+            await self._or_lost(client.subscribe(self.commands_filter, qos=1))
         if self._lost is None:
             self._lost = asyncio.ensure_future(self._listen(client))
         lost = self._lost
@@ -298,22 +334,24 @@ class MqttSink(SinkBase):
         once when the connection is lost meanwhile. aiomqtt waits out its whole timeout (10 s)
         for an acknowledgement that cannot come on a connection reset; what was not
         acknowledged stays to be sent on the next connection."""
+        await self._or_lost(client.publish(topic, payload, qos=1, retain=retain))
+
+    async def _or_lost(self, call: Awaitable[T]) -> T:
+        """``call``'s result, or MqttError at once when the connection is lost first."""
         lost = self._lost
-        sending = asyncio.ensure_future(client.publish(topic, payload, qos=1, retain=retain))
+        sending = asyncio.ensure_future(call)
         if lost is None:
-            await sending
-            return
+            return await sending
         try:
             await asyncio.wait((sending, lost), return_when=asyncio.FIRST_COMPLETED)
         finally:
             if not sending.done():
                 sending.cancel()
         if sending.done() and not sending.cancelled():
-            sending.result()  # its own error, if it has one
-            return
+            return sending.result()  # its own error, if it has one
         if not lost.cancelled():
             lost.result()  # raises why the connection ended
-        raise aiomqtt.MqttError("connection closed before the broker acknowledged a publish")
+        raise aiomqtt.MqttError("connection closed before the broker answered")
 
     def _reannounce_due(self) -> bool:
         return self.reannounce_at is not None and self._clock.monotonic() >= self.reannounce_at
@@ -334,6 +372,8 @@ class MqttSink(SinkBase):
             if message.topic.matches(self.commands_filter):
                 self._command(message)
                 continue
+            if self._kept is not None and self._read_back(message):
+                continue
             if not message.retain:  # a retained one is old (the subscription hands it over)
                 if str(message.topic) == self.birth_topic and message.payload in (b"online",
                                                                                   ONLINE):
@@ -342,6 +382,21 @@ class MqttSink(SinkBase):
                 self._stale_configs.append(str(message.topic))
                 self.wake()
         raise aiomqtt.MqttError("connection closed")
+
+    def _read_back(self, message: aiomqtt.Message) -> bool:
+        """A config of the unit's read back on connect, or the marker that ends them."""
+        assert self._kept is not None
+        if str(message.topic) == self.end_topic:
+            if message.payload == END:
+                self._kept_all.set()
+            return True
+        if (message.retain and self.configs_filter is not None
+                and message.topic.matches(self.configs_filter)):
+            payload = message.payload
+            self._kept[str(message.topic)] = (payload if isinstance(payload, bytes)
+                                              else str(payload or "").encode())
+            return True
+        return False
 
     def _command(self, message: aiomqtt.Message) -> None:
         """A command on the unit's own topic, to ``on_command``; a retained one would act at
@@ -401,13 +456,20 @@ class MqttSink(SinkBase):
     async def _publish_state(self, client: aiomqtt.Client, report: dict[str, Any]) -> None:
         await self._publish(client, self.state_topic, json.dumps(report), retain=True)
 
-    async def _announce(self, client: aiomqtt.Client, *, first: bool = False) -> None:
+    async def _announce(
+        self, client: aiomqtt.Client, *, first: bool = False,
+        kept: dict[str, bytes] | None = None,
+    ) -> None:
+        """Every config, or with ``kept`` (what the broker holds) only those it lacks or
+        holds otherwise, and the clears of the unit's own configs no longer announced."""
         async with self._announcing:
             if not self._stopping:
-                await self._announce_now(client, first=first)
+                await self._announce_now(client, first=first, kept=kept)
 
-    async def _announce_now(self, client: aiomqtt.Client, *, first: bool) -> None:
-        messages = discovery_messages(
+    async def _announce_now(
+        self, client: aiomqtt.Client, *, first: bool, kept: dict[str, bytes] | None
+    ) -> None:
+        wanted = config_payloads(discovery_messages(
             self.device_id,
             self._version,
             self.state_topic,
@@ -415,14 +477,19 @@ class MqttSink(SinkBase):
             self._prefix,
             self._discovery,
             self.event_topic,
-        )
-        self._announced = {topic for topic, _ in messages}
-        for topic, config in messages:
-            await self._publish(client, topic, json.dumps(config), retain=True)
-        if first and self._prefix:  # configs an earlier version announced: HA drops them
-            for component, key in RETIRED:
-                topic = discovery_topic(self._prefix, component, self.device_id, key)
-                await self._publish(client, topic, b"", retain=True)
+        ))
+        self._announced = {topic for topic, _ in wanted}
+        plan = plan_announce(self.device_id, self._prefix, wanted, kept, first=first)
+        for topic, payload in plan.publish:
+            await self._publish(client, topic, payload, retain=True)
+            self.configs_published += 1
+        for topic in plan.clear:  # unchecked: configs an earlier version announced
+            await self._publish(client, topic, b"", retain=True)
+            if plan.checked:
+                self._cleared(topic)
+        if not plan.publish and not plan.clear:
+            self.announces_skipped += 1  # the broker keeps them all as they are
+            return
         self.announcements += 1
         self._last_announce = self._clock.monotonic()
 
@@ -440,9 +507,12 @@ class MqttSink(SinkBase):
             topic = self._stale_configs[0]
             await self._publish(client, topic, b"", retain=True)
             self._stale_configs.pop(0)
-            self.configs_cleared += 1
-            _LOGGER.info("upstream mqtt: cleared %s, no longer announced (Home Assistant "
-                         "removes its entity)", topic)
+            self._cleared(topic)
+
+    def _cleared(self, topic: str) -> None:
+        self.configs_cleared += 1
+        _LOGGER.info("upstream mqtt: cleared %s, no longer announced (Home Assistant "
+                     "removes its entity)", topic)
 
     def _took(self, report: dict[str, Any]) -> None:
         """The broker took ``report``: off the queue, unless the stop's goodbye (which may

@@ -2,6 +2,7 @@
 
 import asyncio
 import json
+import random
 import socket
 import time
 from pathlib import Path
@@ -22,6 +23,7 @@ from kiosk_agent.fleet.component import (
     network_mac,
 )
 from kiosk_agent.health.availability import Availability
+from kiosk_agent.sales.clock import SYSTEM_CLOCK, FakeClock
 from kiosk_agent.sales.model import SaleEvent
 from kiosk_agent.sales.states import SaleState
 
@@ -348,3 +350,48 @@ def test_the_default_device_id_is_one_plain_topic_level(
     refused the id; an empty host name gave topics `kiosk-agent//state`."""
     monkeypatch.setattr(socket, "gethostname", lambda: hostname)
     assert host_device_id() == device_id
+
+
+async def test_the_heartbeat_schedule_runs_on_the_injected_clock() -> None:
+    """Before: the schedule waited on real time whatever clock the upstream was given (only
+    its MQTT sink took it), so a test of it waited real intervals or set them tiny. Now each
+    wait is the clock's: the next beat comes when the clock reaches its jittered interval, a
+    change is reported at once but no sooner than change_gap after the last report, and no
+    real time moves either."""
+    clock = FakeClock(monotonic=0.0)
+    agent = settled_agent()
+    upstream = Upstream(agent, {"interval": 60}, change_gap=1.0, rng=random.Random(3),
+                        clock=clock)
+    await upstream.start()
+    try:
+        await until(lambda: upstream.heartbeats == 1)  # settled: at once
+        due = await clock.next_due(pauses_only=False)
+        assert 54.0 <= due <= 66.0  # the interval, moved by up to its jitter (10 %)
+        await asyncio.sleep(0.05)
+        await clock.advance_to(due - 0.01)
+        assert upstream.heartbeats == 1  # neither real time nor the clock short of it
+        await clock.advance_to(due)
+        await until(lambda: upstream.heartbeats == 2)
+
+        agent.health.report_service(False)  # news: reported at once, after the change gap
+        await until(lambda: bool(clock.pending(pauses_only=True)))
+        assert clock.pending(pauses_only=True)[0] == pytest.approx(due + 1.0)
+        assert upstream.heartbeats == 2
+        await clock.advance(1.0)
+        await until(lambda: upstream.heartbeats == 3)
+        assert upstream.prompt_heartbeats == 1
+    finally:
+        await upstream.stop()
+
+
+def test_an_agents_upstream_waits_on_the_agents_clock() -> None:
+    """The agent builds the component from its section alone (``Upstream(agent, conf)``): it
+    takes the agent's clock, as every other wait of the agent does; without one, the
+    machine's."""
+    agent = settled_agent()
+    agent.clock = FakeClock(monotonic=0.0)
+    upstream = Upstream(agent, {"interval": 60, "mqtt": {"host": "broker"}})
+    assert upstream._clock is agent.clock
+    assert upstream.mqtt is not None
+    assert upstream.mqtt._clock is agent.clock
+    assert Upstream(settled_agent(), {"interval": 60})._clock is SYSTEM_CLOCK

@@ -9,12 +9,22 @@ import zoneinfo
 
 import aiomqtt
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
-from kiosk_agent.fleet.inventory import MAX_PAYLOAD_BYTES, Unit, _payload_text, retained, units
+from kiosk_agent.fleet.inventory import (
+    MAX_PAYLOAD_BYTES,
+    Unit,
+    _control_in,
+    _may_hold_control,
+    _payload_text,
+    retained,
+    units,
+)
 from kiosk_agent.fleet.report import build_report
 
 from ..mqtt_broker import mosquitto
-from .helpers import settled_agent
+from .helpers import TcpProxy, settled_agent
 
 __all__ = ["mosquitto"]  # the broker fixture, imported for the tests below
 
@@ -173,6 +183,33 @@ async def test_the_listing_ends_when_the_broker_has_handed_every_retained_report
                 await units.publish(f"{prefix}/u{i}/state", b"", qos=0, retain=True)
 
 
+@pytest.mark.mqtt
+async def test_reports_kept_at_qos_1_are_all_handed_before_the_end_marker(mosquitto: int) -> None:
+    """Units publish their reports at QoS 1, and the broker hands them back at QoS 1 to a QoS
+    1 subscription: Mosquitto holds those past its in-flight window (20 by default, 100 as
+    docs/fleet.md sets it) in a queue that the QoS 0 end marker overtook. `fleet list` of
+    10,000 units said it was complete with 785 of them. The listing now subscribes at QoS 0,
+    one order for all."""
+    prefix = f"qos1-{uuid.uuid4().hex[:8]}"
+    report = _state("u")
+    async with aiomqtt.Client("127.0.0.1", mosquitto) as units:
+        await asyncio.gather(*(units.publish(f"{prefix}/u{i}/state", report, qos=1, retain=True)
+                               for i in range(300)))
+    slow_link = TcpProxy(mosquitto)  # the listing's acknowledgements come late: a queue
+    slow_link.answer_delay = 0.02
+    await slow_link.open()
+    conf = {"host": "127.0.0.1", "port": slow_link.port, "topic_prefix": prefix}
+    try:
+        found = await retained(conf, [f"{prefix}/+/state"], wait=20.0)
+        assert found.complete
+        assert len(found) == 300
+    finally:
+        await slow_link.cut()
+        async with aiomqtt.Client("127.0.0.1", mosquitto) as units:
+            for i in range(300):
+                await units.publish(f"{prefix}/u{i}/state", b"", qos=0, retain=True)
+
+
 @pytest.mark.parametrize(
     ("day", "hours"),
     [("2026-11-01", 25), ("2026-03-08", 23), ("2026-07-01", 24)],  # fall back, spring forward
@@ -202,3 +239,16 @@ def test_a_units_day_is_the_utc_day_whatever_its_zone_does(day: str, hours: int)
     local_end = local_midnight.timestamp() + 86400
     assert unit.sales_today(local_end - 60) == (183, 45750)
     assert unit.sales_today(local_end + 60) is None
+
+
+@given(st.dictionaries(st.text(max_size=8), st.text() | st.lists(st.text(), max_size=3),
+                       max_size=4), st.booleans())
+def test_the_quick_look_misses_no_control_character_the_walk_finds(
+    report: dict[str, object], ascii_only: bool,
+) -> None:
+    """`fleet list` walks a report string by string only when its text may hold a control
+    character (a second a thousand reports, walked always): whatever a unit or a stranger
+    sends, escaped or not, the quick look says "may" whenever the walk finds one."""
+    payload = json.dumps(report, ensure_ascii=ascii_only)
+    if _control_in(json.loads(payload), "") is not None:
+        assert _may_hold_control(payload)

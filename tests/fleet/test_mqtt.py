@@ -16,6 +16,7 @@ import aiomqtt
 import pytest
 
 from kiosk_agent.bus import EventBus
+from kiosk_agent.fleet.announce import KEPT_WAIT
 from kiosk_agent.fleet.backoff import Backoff
 from kiosk_agent.fleet.component import Upstream
 from kiosk_agent.fleet.mqtt import STABLE_AFTER, BirthPolicy, MqttSink
@@ -127,10 +128,15 @@ async def test_home_assistants_birth_message_brings_the_discovery_again(mosquitt
     }
     upstream = Upstream(settled_agent(), conf, births=QUICK_BIRTHS)
     problem_topic = "homeassistant/binary_sensor/unit-b/problem/config"
+    uptime = "homeassistant/sensor/unit-b/uptime/config"  # an earlier version's, still kept
+    async with aiomqtt.Client("127.0.0.1", mosquitto) as earlier:
+        await earlier.publish(uptime, json.dumps({"unique_id": "kiosk_agent_unit-b_uptime"}),
+                              qos=1, retain=True)
     await upstream.start()
     try:
         await until(lambda: len(observer.on("kiosk-agent/unit-b/state")) == 1)
-        configs = [t for t, payload, _ in observer.messages if t.endswith("/config") and payload]
+        configs = [t for t, payload, _ in observer.messages if t.endswith("/config") and payload
+                   and t != uptime]
         assert len(configs) == 14
         for topic in configs:  # what the broker hands Home Assistant passes HA's rules
             payload = json.loads(observer.on(topic)[0])
@@ -138,7 +144,7 @@ async def test_home_assistants_birth_message_brings_the_discovery_again(mosquitt
             assert ha.violations(topic, payload, "2026.2") == []
         assert json.loads(observer.on(problem_topic)[0])["expire_after"] == 11880
         # the uptime sensor of earlier versions is cleared: HA removes it
-        assert observer.on("homeassistant/sensor/unit-b/uptime/config") == [""]
+        await until(lambda: observer.on(uptime)[-1:] == [""])
 
         # Home Assistant restarts and says so: the unit announces itself and its state again
         async with aiomqtt.Client("127.0.0.1", mosquitto) as home_assistant:
@@ -793,3 +799,103 @@ async def test_births_that_arrived_before_the_storm_settled_are_heard_before_ans
         serving.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await serving
+
+
+# --- a reconnect publishes only what the broker lacks (fleet.announce) ---------------------------
+
+
+async def _reconnect(proxy: TcpProxy, clock: FakeClock, sink: MqttSink, connects: int) -> None:
+    """The network drops and comes back; the back-off's wait passes on the sink's clock."""
+    await proxy.cut()
+    await until(lambda: not sink.connected)
+    await proxy.open()
+    await clock.advance_to(await clock.next_due(horizon=60.0))
+    await until(lambda: sink.connects == connects and sink.online)
+
+
+@pytest.mark.mqtt
+async def test_a_reconnect_publishes_only_the_configs_the_broker_lacks(mosquitto: int) -> None:
+    """Before: every connect published all of a unit's configs again, though a broker with
+    persistence kept them: a broker restart of 10,000 units was 170,000 retained publishes
+    within seconds, and the broker fell so far behind that units dropped and announced again
+    for 336 s. Now the unit reads its configs back first and publishes only what the broker
+    lacks or holds otherwise: nothing after a plain reconnect; a config a person cleared (Home
+    Assistant's "delete device") or another client changed, that one; everything after
+    `fleet forget`."""
+    device_id = f"unit-{uuid.uuid4().hex[:6]}"
+    prefix = f"ha-{device_id}"
+    proxy = TcpProxy(mosquitto)
+    await proxy.open()
+    clock = FakeClock(monotonic=0.0)
+    conf = {"device_id": device_id, "interval": 3600,
+            "mqtt": {"host": "127.0.0.1", "port": proxy.port, "reconnect_interval": 1.0,
+                     "reconnect_max": 1.0, "discovery_prefix": prefix}}
+    upstream = Upstream(settled_agent(), conf, clock=clock)
+    sink = upstream.mqtt
+    assert sink is not None
+    observer = Observer(mosquitto)
+    await observer.start(f"{prefix}/+/{device_id}/+/config")
+    status = f"{prefix}/sensor/{device_id}/status/config"
+    problem = f"{prefix}/binary_sensor/{device_id}/problem/config"
+    await upstream.start()
+    try:
+        await until(lambda: sink.online)
+        await observer.caught_up()
+        announced = {t: p for t, p, _ in observer.messages}
+        assert len(announced) == sink.configs_published == 14
+
+        await _reconnect(proxy, clock, sink, 2)
+        await observer.caught_up()
+        assert len(observer.messages) == 14  # not one config again
+        assert (sink.announcements, sink.announces_skipped) == (1, 1)
+
+        async with aiomqtt.Client("127.0.0.1", mosquitto) as person:
+            await person.publish(status, b"", qos=1, retain=True)
+            await person.publish(problem, b'{"unique_id": "changed"}', qos=1, retain=True)
+        await _reconnect(proxy, clock, sink, 3)
+        await observer.caught_up()
+        assert observer.on(status) == [announced[status], "", announced[status]]
+        assert observer.on(problem)[-1] == announced[problem]
+        assert sink.configs_published == 16
+
+        async with aiomqtt.Client("127.0.0.1", mosquitto) as forget:
+            for topic in announced:
+                await forget.publish(topic, b"", qos=1, retain=True)
+        await _reconnect(proxy, clock, sink, 4)
+        assert sink.configs_published == 30
+        kept = Observer(mosquitto)
+        await kept.start(f"{prefix}/+/{device_id}/+/config")
+        await kept.caught_up()
+        await kept.stop()
+        assert {t: p for t, p, _ in kept.messages} == announced  # the broker holds them all
+    finally:
+        await upstream.stop()
+        await observer.stop()
+        await proxy.cut()
+
+
+@pytest.mark.mqtt
+async def test_configs_not_read_back_in_time_are_all_published(tmp_path: Path) -> None:
+    """A broker whose ACL refuses the unit its marker hands nothing back to end the read: the
+    unit waits KEPT_WAIT on its clock, then publishes every config, as before the read-back
+    (and on its first connect clears the configs of earlier versions)."""
+    (tmp_path / "acl").write_text("topic deny kiosk-agent/+/end\ntopic readwrite #\n")
+    proc, port = start_broker(tmp_path, f"acl_file {tmp_path / 'acl'}\n")
+    clock = FakeClock(monotonic=0.0)
+    conf = {"device_id": "unit-acl", "interval": 3600,
+            "mqtt": {"host": "127.0.0.1", "port": port}}
+    upstream = Upstream(settled_agent(), conf, clock=clock)
+    sink = upstream.mqtt
+    assert sink is not None
+    await upstream.start()
+    try:
+        due = await clock.next_due(pauses_only=False, horizon=KEPT_WAIT)
+        await asyncio.sleep(0.1)
+        assert sink.configs_published == 0  # no real time ends the wait
+        await clock.advance_to(due)
+        await until(lambda: sink.online)
+        assert sink.configs_published == 14
+        assert sink.announcements == 1
+    finally:
+        await upstream.stop()
+        stop_broker(proc)
