@@ -50,7 +50,7 @@ async def browser(shared_chromium: SharedChromium) -> AsyncIterator[Browser]:
     """The worker's chromium over CDP: each test opens its own contexts, which closing the
     connection throws away (chromium keeps running); a chromium that died is started again."""
     if not Path(CHROMIUM).exists():
-        pytest.fail(f"{CHROMIUM} is missing: `./dev test` installs Debian's chromium (apt-get)")
+        pytest.fail(f"{CHROMIUM} is missing: `./dev test` installs it (apt-get)")
     async with async_playwright() as playwright:
         browser = await connect(playwright, shared_chromium)
         yield browser
