@@ -35,6 +35,7 @@ import math
 import re
 import secrets
 import shlex
+import socket
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -70,6 +71,10 @@ KEEPALIVE_S = 10.0  # a comment line on a quiet stream, so a gone client is noti
 # A stream whose client takes nothing for this long (its socket full) is cut: a client that
 # never reads must not hold one of the MAX_STREAMS slots, nor its buffers, for ever.
 STREAM_WRITE_TIMEOUT_S = 10.0
+# The kernel's send buffer of a stream's socket: a client that never reads holds at most this
+# (the kernel doubles it) besides aiohttp's 64 KiB, where autotuning let each stream hold up to
+# 4 MB (MAX_STREAMS of them: 64 MB on a small unit). A stream sends a few KB a minute.
+STREAM_SEND_BUFFER = 64 * 1024
 # Wrong tokens (login or bearer) one address may present in GUESS_WINDOW_S; then 429 until the
 # oldest is that old. A token has >= 24 characters: this only keeps a script from trying.
 GUESSES_ALLOWED = 10
@@ -416,6 +421,7 @@ class StatusPage:
             }
         )
         await response.prepare(request)
+        _bound_send_buffer(request)
         try:
             await _write(response, f"retry: {RECONNECT_MS}\n\n".encode())  # a browser's wait
             await self._stream(response, self._alive(request), since)
@@ -873,6 +879,15 @@ async def _send(response: web.StreamResponse, event: str, data: dict[str, Any]) 
 
 class _Stalled(Exception):
     """A stream's client took nothing for STREAM_WRITE_TIMEOUT_S."""
+
+
+def _bound_send_buffer(request: web.Request) -> None:
+    """STREAM_SEND_BUFFER for the stream's socket (none in a test's mocked request)."""
+    transport = request.transport
+    sock = transport.get_extra_info("socket") if transport is not None else None
+    if sock is not None:
+        with contextlib.suppress(OSError):  # a socket already closed: the stream ends anyway
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, STREAM_SEND_BUFFER)
 
 
 async def _write(response: web.StreamResponse, data: bytes) -> None:

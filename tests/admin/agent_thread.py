@@ -63,6 +63,14 @@ class AgentThread:
         headers: dict[str, str] | None = None,
     ) -> tuple[int, Any]:
         """One request over a fresh connection: (status, decoded JSON or the raw text)."""
+        status, answer, _ = self.exchange(server, method, path, body, headers)
+        return status, answer
+
+    def exchange(
+        self, server: str, method: str, path: str, body: bytes | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> tuple[int, Any, http.client.HTTPMessage]:
+        """:meth:`request`, and the answer's headers."""
         connection = http.client.HTTPConnection("127.0.0.1", self.ports[server], timeout=30)
         try:
             connection.request(method, path, body=body, headers=headers or {})
@@ -71,9 +79,9 @@ class AgentThread:
         finally:
             connection.close()
         try:
-            return response.status, json.loads(raw)
+            return response.status, json.loads(raw), response.headers
         except ValueError:
-            return response.status, raw.decode("utf-8", "replace")
+            return response.status, raw.decode("utf-8", "replace"), response.headers
 
 
 @contextlib.contextmanager

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import sys
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +19,7 @@ from kiosk_agent.sales.states import SaleState, Step
 from tests.helpers import walk_to
 from tests.sales.test_recovery import leave_open
 
+from .agent_thread import AgentThread, agent_thread
 from .conftest import ADMIN_TOKEN, READ_TOKEN, write_config
 
 ADMIN = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
@@ -34,6 +36,29 @@ async def api(tmp_path: Path, sim_settings: Any) -> AsyncIterator[tuple[Any, Any
     async with aiohttp.ClientSession(base_url=admin.url) as session:
         yield agent, session
     await agent.stop()
+
+
+@pytest.fixture(scope="module")
+def refusing(tmp_path_factory: pytest.TempPathFactory) -> Iterator[AgentThread]:
+    """The ``api`` fixture's agent and its ATTENTION sale, ``crashed1``, once for the resolutions
+    it refuses (an agent for each of these twenty tests cost 2.6 s of CPU): a refusal changes
+    nothing, so the tests sharing it leave each other the sale as they found it."""
+    directory = tmp_path_factory.mktemp("refusals")
+    leave_open(directory, state=SaleState.ATTENTION, answer_by=time.time() - 1)
+    with agent_thread(write_config(directory)) as rig:
+        yield rig
+
+
+def _refused(
+    rig: AgentThread, path: str, data: bytes, status: int, headers: dict[str, str] | None = None
+) -> Any:
+    """POST ``data`` to ``path`` as an admin: answered ``status``, and crashed1 still ATTENTION."""
+    headers = {"Content-Type": "application/json", **(headers or {}), **ADMIN}
+    got, answer = rig.request("AdminServer", "POST", path, body=data, headers=headers)
+    assert got == status, answer
+    got, shown = rig.request("AdminServer", "GET", "/api/sales/crashed1", headers=ADMIN)
+    assert (got, shown["sale"]["state"]) == (200, SaleState.ATTENTION.value), shown
+    return answer
 
 
 async def test_status_says_when_recovery_has_finished(api: tuple[Any, Any]) -> None:
@@ -79,13 +104,11 @@ async def test_an_admin_resolves_an_attention_sale(api: tuple[Any, Any]) -> None
         ("/api/sales/nope/resolve", {"as": "reversed", "why": "x"}, 404, "no sale 'nope'"),
     ],
 )
-async def test_a_resolution_names_what_was_wrong(
-    api: tuple[Any, Any], path: str, body: dict[str, Any], status: int, detail: str
+def test_a_resolution_names_what_was_wrong(
+    refusing: AgentThread, path: str, body: dict[str, Any], status: int, detail: str
 ) -> None:
-    _agent, session = api
-    async with session.post(path, json=body, headers=ADMIN) as answer:
-        assert answer.status == status
-        assert detail in (await answer.json())["detail"]
+    answer = _refused(refusing, path, json.dumps(body).encode(), status)
+    assert detail in answer["detail"]
 
 
 async def test_two_resolutions_at_once_journal_one(api: tuple[Any, Any]) -> None:
@@ -120,14 +143,11 @@ async def test_two_resolutions_at_once_journal_one(api: tuple[Any, Any]) -> None
         ("/api/sales/crashed1/resolve", [], 400, "JSON object"),
     ],
 )
-async def test_hostile_resolutions_are_refused_by_name(
-    api: tuple[Any, Any], path: str, body: Any, status: int, detail: str
+def test_hostile_resolutions_are_refused_by_name(
+    refusing: AgentThread, path: str, body: Any, status: int, detail: str
 ) -> None:
-    agent, session = api
-    async with session.post(path, json=body, headers=ADMIN) as answer:
-        assert answer.status == status, await answer.text()
-        assert detail in (await answer.json())["detail"]
-    assert agent.journal.get("crashed1").state is SaleState.ATTENTION
+    answer = _refused(refusing, path, json.dumps(body).encode(), status)
+    assert detail in answer["detail"]
 
 
 @pytest.mark.parametrize(
@@ -140,15 +160,11 @@ async def test_hostile_resolutions_are_refused_by_name(
         (b'{"as": "captured", "why": "\\ud800"}', {}, 400),
     ],
 )
-async def test_hostile_resolution_bodies_get_a_clear_no(
-    api: tuple[Any, Any], data: bytes, headers: dict[str, str], status: int
+def test_hostile_resolution_bodies_get_a_clear_no(
+    refusing: AgentThread, data: bytes, headers: dict[str, str], status: int
 ) -> None:
-    agent, session = api
-    headers = {"Content-Type": "application/json", **headers, **ADMIN}
-    async with session.post("/api/sales/crashed1/resolve", data=data, headers=headers) as answer:
-        assert answer.status == status, await answer.text()
-        assert (await answer.json())["detail"]
-    assert agent.journal.get("crashed1").state is SaleState.ATTENTION
+    answer = _refused(refusing, "/api/sales/crashed1/resolve", data, status, headers)
+    assert answer["detail"]
 
 
 async def test_the_cli_and_the_api_resolving_at_once_journal_one(

@@ -714,7 +714,7 @@ def test_an_export_is_written_as_the_journal_is_read(
     assert main(["sales", "-c", str(path), "--format", fmt]) == 0
     _forget_journal(tmp_path)
     peaks = []
-    for count in (1_500, 4_500):  # three pages of 500 against nine: tracing costs CPU per sale
+    for count in (1_000, 3_000):  # two pages of 500 against six: tracing costs CPU per sale
         _many_sales(tmp_path, count - 3)
         capfd.readouterr()
         tracemalloc.start()
