@@ -1,14 +1,12 @@
 """A real agent on the simulator, with the admin API and the webhook receiver on loopback."""
 
-import asyncio
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
 import aiohttp
 import pytest
-import pytest_asyncio
-from playwright.async_api import Browser, Playwright, async_playwright
+from playwright.async_api import Browser, async_playwright
 
 from kiosk_agent.app import load_agent
 from tests.admin.chromium import CHROMIUM, SharedChromium, connect
@@ -47,45 +45,16 @@ def shared_chromium() -> Iterator[SharedChromium]:
     chromium.stop()
 
 
-@pytest_asyncio.fixture(scope="session", loop_scope="session")
-async def playwright_driver() -> AsyncIterator[Playwright]:
-    """Playwright's driver (a Node.js process) for this pytest worker's browser tests: started
-    for each test, it cost 0.5-0.9 s of CPU a test, more than the agent the test drives."""
-    async with async_playwright() as playwright:
-        yield playwright
-
-
 @pytest.fixture
-def _function_scoped_runner(
-    request: pytest.FixtureRequest, _function_scoped_runner: Any, _session_scoped_runner: Any
-) -> Iterator[Any]:
-    """pytest-asyncio's loop for one test: a browser test's is the worker's session loop, the
-    one the shared driver lives on (a driver is bound to the loop it started on); every other
-    test keeps a loop of its own. Whatever a browser test starts (its agent, its simulator)
-    must have stopped at its end, as on a loop of its own: a task left running fails it."""
-    if "browser" not in request.fixturenames:
-        yield _function_scoped_runner
-        return
-    loop = _session_scoped_runner.get_loop()
-    before = asyncio.all_tasks(loop)
-    yield _session_scoped_runner  # torn down after every async fixture of the test
-    left = asyncio.all_tasks(loop) - before
-    for task in left:
-        task.cancel()
-    assert not left, f"the test left tasks running on the shared loop: {left}"
-
-
-@pytest.fixture
-async def browser(
-    shared_chromium: SharedChromium, playwright_driver: Playwright
-) -> AsyncIterator[Browser]:
+async def browser(shared_chromium: SharedChromium) -> AsyncIterator[Browser]:
     """The worker's chromium over CDP: each test opens its own contexts, which closing the
     connection throws away (chromium keeps running); a chromium that died is started again."""
     if not Path(CHROMIUM).exists():
         pytest.fail(f"{CHROMIUM} is missing: `./dev test` installs it (apt-get)")
-    browser = await connect(playwright_driver, shared_chromium)
-    yield browser
-    await browser.close()
+    async with async_playwright() as playwright:
+        browser = await connect(playwright, shared_chromium)
+        yield browser
+        await browser.close()
 
 
 def write_config(directory: Path, extra: str = "") -> Path:
