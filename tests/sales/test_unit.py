@@ -453,6 +453,9 @@ async def test_an_open_sale_of_another_unit_id_is_left_as_it_is_and_shown(
     assert record.state is SaleState.CHARGING  # nothing sent, nothing written
     assert any("1 open sale(s) of another unit id" in p
                for p in agent.health.snapshot().problems)
+    # the start reads the journal's file whole off the loop; until then no terminal is
+    # available for any reason, so the open sale's own effect is read after it
+    assert await asyncio.wait_for(agent.journal_guard.file_intact(), 20)
     assert agent.availability.state("SIM-0001").available  # its terminal is not held
 
 
