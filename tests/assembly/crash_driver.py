@@ -47,7 +47,7 @@ import time
 from collections.abc import Awaitable, Callable, Coroutine, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Self
 
 import aiohttp
 from aiohttp import web
@@ -1516,22 +1516,36 @@ def _run_command(spec: dict[str, Any]) -> None:
         os._exit(code)
 
 
-class SharedDrivers(WarmDrivers):
-    """One :func:`serve` for the whole test process (``SharedDrivers.shared()``: started at its
-    first use, ended with the process), where each test started its own: a server's start is a
-    second of CPU (its imports, the models built), more than the driver a test forks from it.
-    The same ``start``, ``line``, ``ended`` and ``kill``, from any test's event loop (a thread
-    reads the server's stdout); a test ends its driver (``release``) before the next forks."""
+class OnePerProcess:
+    """A warm server the whole test process shares: ``shared()`` starts it at its first use
+    (blocking while it starts: from a test, call it in a thread), starts it again if it died,
+    and ends it with the process. Each kind keeps its own."""
 
-    _shared: SharedDrivers | None = None
+    def process(self) -> subprocess.Popen[Any]:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        raise NotImplementedError
 
     @classmethod
-    def shared(cls) -> SharedDrivers:
-        """Blocks while a server starts: call it in a thread (``asyncio.to_thread``)."""
-        if cls._shared is None or cls._shared.server.poll() is not None:
-            cls._shared = cls()
-            atexit.register(cls._shared.close)
-        return cls._shared
+    def shared(cls) -> Self:
+        current = cls.__dict__.get("_shared")
+        if current is None or current.process().poll() is not None:
+            current = cls()
+            cls._shared = current
+            atexit.register(current.close)
+        return current
+
+
+class SharedDrivers(WarmDrivers, OnePerProcess):
+    """One :func:`serve` for the whole test process (``SharedDrivers.shared()``), where each
+    test started its own: a server's start is a second of CPU (its imports, the models built),
+    more than the driver a test forks from it. The same ``start``, ``line``, ``ended`` and
+    ``kill``, from any test's event loop (a thread reads the server's stdout); a test ends its
+    driver (``release``) before the next forks."""
+
+    def process(self) -> subprocess.Popen[Any]:
+        return self.server
 
     def __init__(self) -> None:
         made, name = tempfile.mkstemp(prefix="kiosk-warm-drivers-", suffix=".log")
@@ -1638,19 +1652,13 @@ class WarmCommand:
         return await self.server.wait(self.pid)
 
 
-class WarmCommands:
+class WarmCommands(OnePerProcess):
     """The test process's side of :func:`serve_commands`, one server for the whole test process
-    (``WarmCommands.shared()``: started at its first use, ended with the process), read by a
-    thread so that any test's event loop can wait for its commands."""
+    (``WarmCommands.shared()``), read by a thread so that any test's event loop can wait for
+    its commands."""
 
-    _shared: WarmCommands | None = None
-
-    @classmethod
-    def shared(cls) -> WarmCommands:
-        if cls._shared is None or cls._shared.proc.poll() is not None:
-            cls._shared = cls()
-            atexit.register(cls._shared.close)
-        return cls._shared
+    def process(self) -> subprocess.Popen[Any]:
+        return self.proc
 
     def __init__(self, env: dict[str, str] | None = None) -> None:
         """``env``: the server's own (libfaketime preloaded, say); a command's is its start's."""
