@@ -58,6 +58,14 @@ def make_certificates(directory: Path) -> Path:
     return directory / "ca.crt"
 
 
+def tls_listener(directory: Path) -> tuple[Path, str]:
+    """Throwaway certificates in ``directory`` and Mosquitto's listener lines that serve them:
+    (the CA a client verifies with, the lines for ``start_broker``)."""
+    ca = make_certificates(directory)
+    key, cert = directory / "server.key", directory / "server.crt"
+    return ca, f"cafile {ca}\ncertfile {cert}\nkeyfile {key}\n"
+
+
 class TcpProxy:
     """Forwards 127.0.0.1:<port> to a target; `cut()` aborts every connection and refuses more."""
 

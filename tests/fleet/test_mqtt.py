@@ -29,7 +29,7 @@ from kiosk_agent.sales.states import SaleState
 from ..helpers import free_port, until
 from ..mqtt_broker import Observer, mosquitto, start_broker, stop_broker
 from . import home_assistant_rules as ha
-from .helpers import TcpProxy, make_certificates, settled_agent
+from .helpers import TcpProxy, settled_agent, tls_listener
 
 __all__ = ["mosquitto"]  # the broker fixture, imported for the tests below
 
@@ -83,8 +83,7 @@ async def test_mqtt_discovery_heartbeat_last_will_and_catch_up(mosquitto: int) -
 
 @pytest.mark.mqtt
 async def test_mqtt_over_tls_verifies_the_broker(tmp_path: Path) -> None:
-    ca = make_certificates(tmp_path)
-    tls = f"cafile {ca}\ncertfile {tmp_path / 'server.crt'}\nkeyfile {tmp_path / 'server.key'}\n"
+    ca, tls = tls_listener(tmp_path)
     proc, port = start_broker(tmp_path, tls)
     try:
         mqtt = {"host": "127.0.0.1", "port": port, "tls": True, "reconnect_interval": 0.1}

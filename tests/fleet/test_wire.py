@@ -18,7 +18,7 @@ from kiosk_agent.fleet.wire import (
 
 from ..helpers import free_port
 from ..mqtt_broker import start_broker, stop_broker
-from .helpers import make_certificates
+from .helpers import tls_listener
 
 messages = st.lists(st.tuples(st.text(min_size=1, max_size=30).filter(lambda t: "\x00" not in t),
                               st.binary(max_size=300)), min_size=1, max_size=20)
@@ -58,8 +58,7 @@ async def test_a_wrong_password_is_said_as_the_brokers_refusal(tmp_path: Path) -
 
 @pytest.mark.mqtt
 async def test_the_listing_reads_over_tls_and_verifies_the_broker(tmp_path: Path) -> None:
-    ca = make_certificates(tmp_path)
-    tls = f"cafile {ca}\ncertfile {tmp_path / 'server.crt'}\nkeyfile {tmp_path / 'server.key'}\n"
+    ca, tls = tls_listener(tmp_path)
     proc, port = start_broker(tmp_path, tls)
     try:
         conf = {"host": "127.0.0.1", "port": port, "tls": True, "ca_file": str(ca)}
