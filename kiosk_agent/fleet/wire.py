@@ -91,6 +91,9 @@ class Frames:
                 length += (buffer[index] & 0x7F) << shift
                 shift += 7
                 index += 1
+                if index - at > 4:  # MQTT's is at most 4 bytes: not a stream to wait on
+                    raise aiomqtt.MqttError("the broker sent a malformed packet (its length "
+                                            "runs over 4 bytes)")
             if index >= len(buffer):
                 break  # not all of its header has arrived
             length += buffer[index] << shift

@@ -41,6 +41,31 @@ def test_packets_are_framed_however_the_stream_is_cut(
     assert [publish_parts(flags, body)[:2] for _, flags, body in heard] == sent
 
 
+@given(st.lists(st.binary(max_size=64), max_size=20))
+def test_any_bytes_from_the_broker_are_framed_or_refused_never_a_crash(
+    chunks: list[bytes],
+) -> None:
+    """Whatever a broker (or a port that is not one) sends: frames, a wait for more, or the
+    one clear refusal of a malformed length."""
+    frames, refused = Frames(), ""
+    try:
+        for chunk in chunks:
+            for kind, flags, body in frames.feed(chunk):
+                if kind == PUBLISH:
+                    publish_parts(flags, body)
+    except aiomqtt.MqttError as err:
+        refused = str(err)
+    assert refused in ("", "the broker sent a malformed packet (its length runs over 4 bytes)")
+
+
+def test_a_length_past_four_bytes_is_refused_not_waited_on() -> None:
+    """MQTT's remaining length has at most 4 bytes; a fifth would have the listing buffer a
+    packet that never ends until its --wait."""
+    with pytest.raises(aiomqtt.MqttError, match="malformed packet"):
+        Frames().feed(bytes([PUBLISH << 4]) + b"\xff" * 4 + b"\x01")
+    assert Frames().feed(bytes([PUBLISH << 4]) + b"\xff" * 3 + b"\x7f") == []  # 4: waits
+
+
 @pytest.mark.mqtt
 async def test_a_wrong_password_is_said_as_the_brokers_refusal(tmp_path: Path) -> None:
     (tmp_path / "users").write_text("")
