@@ -1,7 +1,8 @@
 """What the benches share with the tests, importable without the test tree: a loopback port
 for a server that must come back on it (``free_port``), a process's wall clock stepped from
 outside with libfaketime (``SteppedClock``), and a harness of the test tree loaded from its file
-(``load_harness``: ``bench/chaos.py`` runs ``tests/assembly/crash_driver.py``'s ``Chaos``).
+(``load_harness``: ``bench/chaos.py`` runs ``tests/assembly/crash_driver.py``'s ``Chaos``), and
+a small file system of its own for a journal that must fill (``mount_tmpfs``).
 
 The benches put this directory on ``sys.path`` (``import _support``); the tests import it as
 ``bench._support`` (``tests/helpers.py``, ``tests/faketime.py``), so each lives here once.
@@ -14,12 +15,17 @@ not step that either.
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import importlib.util
+import json
+import os
 import random
 import socket
+import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
 
@@ -131,3 +137,88 @@ def load_harness(relative: str) -> ModuleType:
     sys.modules[name] = module  # its dataclasses look their module up while it loads
     spec.loader.exec_module(module)
     return module
+
+
+# Beside each mount point: which process mounted it, so that a mount whose process was killed
+# (a test run ended by SIGKILL, a timeout, a crash) is found and given back by the next run
+# instead of staying mounted under /tmp for good.
+MOUNT_OWNER_SUFFIX = ".mounted-by"
+
+
+@contextlib.contextmanager
+def mount_tmpfs(directory: Path, options: str) -> Iterator[Path]:
+    """A tmpfs at ``directory`` (``options`` as ``mount -o`` takes them) for the block; raises
+    ``OSError`` with mount's own words where the kernel refuses it (not root, no tmpfs)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(directory)],
+                             capture_output=True, text=True, check=False)
+    if mounted.returncode != 0:
+        raise OSError(f"cannot mount a tmpfs at {directory}: {mounted.stderr.strip()}")
+    with owned_mount(directory):
+        yield directory
+
+
+@contextlib.contextmanager
+def owned_mount(mount_point: Path) -> Iterator[None]:
+    """For a file system just mounted at ``mount_point``: records this process as its owner for
+    the block, then unmounts it (and detaches its loop device, if it has one)."""
+    owner = _owner_file(mount_point)
+    owner.write_text(json.dumps({"pid": os.getpid(), "started": _process_start(os.getpid())}))
+    try:
+        yield
+    finally:
+        _give_back(mount_point, _mounts_under(mount_point.parent).get(mount_point))
+
+
+def release_leaked_mounts(root: Path) -> list[Path]:
+    """Unmount every file system under ``root`` that ``owned_mount`` recorded for a process that
+    is gone; the mount points given back. One still owned by a live process (another test run
+    at the same time) is left alone, and so is one without an owner file (not ours)."""
+    released = []
+    for mount_point, source in _mounts_under(root).items():
+        try:
+            recorded = json.loads(_owner_file(mount_point).read_text())
+        except (OSError, ValueError):
+            continue
+        if _process_start(recorded.get("pid", 0)) == recorded.get("started"):
+            continue  # its process still runs
+        _give_back(mount_point, source)
+        released.append(mount_point)
+    return released
+
+
+def _give_back(mount_point: Path, source: str | None) -> None:
+    subprocess.run(["umount", "-l", str(mount_point)], check=False, capture_output=True)
+    if source is not None and source.startswith("/dev/loop"):
+        subprocess.run(["losetup", "-d", source], check=False, capture_output=True)
+    _owner_file(mount_point).unlink(missing_ok=True)
+
+
+def _owner_file(mount_point: Path) -> Path:
+    return mount_point.with_name(mount_point.name + MOUNT_OWNER_SUFFIX)
+
+
+def _process_start(pid: int) -> int | None:
+    """The process's start time in clock ticks since boot (field 22 of /proc/PID/stat): with the
+    pid, it names one process even after the pid is reused."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return int(stat.rsplit(")", 1)[1].split()[19])
+
+
+def _mounts_under(root: Path) -> dict[Path, str]:
+    """Each file system mounted under ``root``: its mount point and its source."""
+    prefix = str(root.resolve()).rstrip("/") + "/"
+    try:
+        lines = Path("/proc/self/mounts").read_text().splitlines()
+    except OSError:
+        return {}
+    mounts = {}
+    for line in lines:
+        # fields are octal-escaped in /proc/self/mounts (a space is \\040)
+        source, point = (field.encode().decode("unicode_escape") for field in line.split()[:2])
+        if point.startswith(prefix):
+            mounts[Path(point)] = source
+    return mounts

@@ -5,12 +5,15 @@ from __future__ import annotations
 import itertools
 import os
 import sys
+import tempfile
 from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, settings
 
+from bench._support import release_leaked_mounts
 from kiosk_agent.cli.sim import settings_from_ready
 from kiosk_agent.service.client import ServiceClient
 from kiosk_agent.service.settings import ServiceSettings
@@ -122,3 +125,12 @@ __all__ = [
     "pytest_runtest_setup",
     "pytest_terminal_summary",
 ]
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    """Give back the small file systems an earlier run mounted and could not unmount (killed by
+    a timeout or SIGKILL): each would stay mounted under the temporary directory for good."""
+    if hasattr(session.config, "workerinput"):
+        return  # the controller does it once, before its workers start
+    for mount_point in release_leaked_mounts(Path(tempfile.gettempdir())):
+        print(f"unmounted {mount_point}: left mounted by a test run that was killed")

@@ -7,6 +7,8 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
+import pytest
+
 BENCH = Path(__file__).resolve().parents[1] / "bench"
 SHARED = "_support.py"  # the one place a bench's shared helper is defined
 SHARED_NAMES = ("free_port",)  # what the benches import from it, never define again
@@ -96,3 +98,42 @@ def test_the_sale_steps_bench_counts_a_charge_card_sales_statements_and_commits(
         assert bench.cpu_per_sale(context, sales=2, rounds=1) > 0
     finally:
         journal.close()
+
+
+def _mounted(point: Path) -> bool:
+    return any(line.split()[1] == str(point)
+               for line in Path("/proc/self/mounts").read_text().splitlines())
+
+
+def test_a_tmpfs_left_by_a_killed_process_is_given_back_and_a_live_ones_kept(
+    tmp_path: Path,
+) -> None:
+    """A test run killed mid-test (a timeout, SIGKILL) never reaches its unmount: the next run
+    finds the mount's owner gone and unmounts it; another run's mount, still in use, stays."""
+    import os
+    import subprocess
+    import sys
+
+    from bench._support import mount_tmpfs, release_leaked_mounts
+
+    if os.geteuid() != 0:
+        pytest.skip("mounting a tmpfs needs root")
+    orphan = tmp_path / "orphan"
+    # a process that mounts, then is killed before its block ends
+    code = ("import os, sys; from pathlib import Path; from bench._support import mount_tmpfs\n"
+            f"mounted = mount_tmpfs(Path({str(orphan)!r}), 'size=1m'); mounted.__enter__()\n"
+            "os._exit(0)  # no finally, as after SIGKILL")
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=Path(__file__).parents[1])
+    assert _mounted(orphan)
+    with mount_tmpfs(tmp_path / "in-use", "size=1m") as in_use:
+        foreign = tmp_path / "foreign"  # mounted by hand: no owner recorded, not ours to touch
+        foreign.mkdir()
+        subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(foreign)], check=True)
+        try:
+            assert release_leaked_mounts(tmp_path) == [orphan]
+            assert not _mounted(orphan)
+            assert _mounted(in_use)
+            assert _mounted(foreign)
+        finally:
+            subprocess.run(["umount", str(foreign)], check=True)
+    assert not _mounted(in_use)

@@ -1041,7 +1041,7 @@ class DiskFaults:
         self.options = options
         self.report = report
         self.mount_point = workdir / "journal-disk"
-        self.mounted = False
+        self.mounted: contextlib.ExitStack | None = None
         self.journal = (self.mount_point if options.disk_full else workdir) / "journal.db"
         self.filled_once = asyncio.Event()
 
@@ -1057,15 +1057,15 @@ class DiskFaults:
     def mount(self) -> None:
         if not self.options.disk_full:
             return
-        self.mount_point.mkdir(exist_ok=True)
-        subprocess.run(["mount", "-t", "tmpfs", "-o", "size=32m", "tmpfs",
-                        str(self.mount_point)], check=True)
-        self.mounted = True
+        from bench._support import mount_tmpfs  # the chaos bench runs without tests/
+
+        self.mounted = contextlib.ExitStack()
+        self.mounted.enter_context(mount_tmpfs(self.mount_point, "size=32m"))
 
     def unmount(self) -> None:
-        if self.mounted:
-            subprocess.run(["umount", "-l", str(self.mount_point)], check=False)
-            self.mounted = False
+        if self.mounted is not None:
+            self.mounted.close()
+            self.mounted = None
 
     def maybe_fill(
         self, rng: random.Random, ready: Callable[[], Awaitable[None]]

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from bench._support import mount_tmpfs, owned_mount
 from kiosk_agent.service.client import ServiceClient
 from kiosk_agent.service.models import Transaction, TransactionFilter
 
@@ -24,18 +25,16 @@ BALLAST = "ballast"
 
 
 @contextlib.contextmanager
-def small_disk(directory: Path, size: str = "4m") -> Iterator[Path]:
-    directory.mkdir(parents=True, exist_ok=True)
-    mounted = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", f"size={size},mode=0700", "tmpfs", str(directory)],
-        capture_output=True, text=True, check=False,
-    )
-    if mounted.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs for the journal: {mounted.stderr.strip()}")
-    try:
+def small_disk(directory: Path, size: str = "4m", options: str = "") -> Iterator[Path]:
+    """A tmpfs of ``size`` at ``directory`` (``options``: more of mount's, e.g. ``nr_inodes=40``);
+    the test is skipped where the kernel refuses the mount."""
+    mount_options = ",".join(filter(None, [f"size={size}", "mode=0700", options]))
+    with contextlib.ExitStack() as mounted:
+        try:
+            mounted.enter_context(mount_tmpfs(directory, mount_options))
+        except OSError as err:
+            pytest.skip(str(err))
         yield directory
-    finally:
-        subprocess.run(["umount", "-l", str(directory)], check=False)
 
 
 def fill(disk: Path) -> int:
@@ -86,7 +85,8 @@ def ext4_disk(directory: Path, size_mb: int = 16) -> Iterator[tuple[Path, Callab
     try:
         subprocess.run(["mkfs.ext4", "-q", device], check=True)
         mount()
-        yield mount_point, remount_fresh
+        with owned_mount(mount_point):
+            yield mount_point, remount_fresh
     finally:
         subprocess.run(["umount", "-l", str(mount_point)], check=False)
         subprocess.run(["losetup", "-d", device], check=False)

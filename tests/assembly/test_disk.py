@@ -262,15 +262,7 @@ async def test_an_agent_started_on_a_disk_without_inodes_waits_for_one(
     database file"), and the start exited instead of waiting as for a full disk."""
     from tests.cli.agent_process import AgentProcess, write_config
 
-    disk = tmp_path / "disk"
-    disk.mkdir()
-    mounted = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", "size=8m,nr_inodes=40,mode=0700", "tmpfs", str(disk)],
-        capture_output=True, text=True, check=False,
-    )
-    if mounted.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs: {mounted.stderr.strip()}")
-    try:
+    with small_disk(tmp_path / "disk", "8m", "nr_inodes=40") as disk:
         sim = await sim_factory(time_scale=50, seed=3, transactions=0)
         config = write_config(tmp_path / "conf", sim, disk / "journal.db")
         journal = Journal(disk / "journal.db")
@@ -293,5 +285,3 @@ async def test_an_agent_started_on_a_disk_without_inodes_waits_for_one(
             assert await agent.exit_code() == 0
         finally:
             await agent.close()
-    finally:
-        subprocess.run(["umount", "-l", str(disk)], check=False)
