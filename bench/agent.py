@@ -21,6 +21,30 @@
   followed on one app-wide stream (``/api/v1/events``) the app keeps open
   (``kiosk_sale_cpu_app_stream_ms``): what a WebSocket of its own (a connection, its
   handshake and close) costs the agent each sale is the difference.
+- the sale floor (bench/sale_floor.py): a process of the same libraries that does, per sale,
+  the I/O an agent's kiosk API charge_card sale does and nothing of the agent's own work,
+  driven by the same driver and measured the same way, in blocks alternating with the agent's
+  (floor, agent, floor, agent: ``--floor-blocks``) so that the machine's load falls on both
+  alike: ``kiosk_sale_cpu_floor_ms``, and ``kiosk_sale_cpu_above_floor`` (the agent's over the
+  floor's, the median of the pairs of blocks), which the machine's speed and load move far
+  less than milliseconds. Each part of the floor is I/O no agent can skip and keep its
+  promise: the app's ``POST /api/v1/sales`` answered 202 (its JSON read, the four fields
+  answered) and the app's WebSocket for the sale (five text frames of the agent's sizes, closed
+  after the final step), the app's contract; the service's ``charge-card`` POST on a kept-alive
+  connection and the sale's ``subscribe``/``unsubscribe`` on the one open cable with the
+  records read until the charge is no longer pending, the least a charge costs (one cable
+  opened once, as the agent keeps it); and the journal's four commits of the agent's 21
+  statements (their shapes checked against the agent's own sale by tests/test_bench.py) on
+  the agent's schema, WAL, ``synchronous=FULL``, the WAL grown ahead: the write-ahead promise,
+  which issue 33 keeps. Not in it: the agent's token check, state table, bus, health, logs
+  and the steps' Python, which are the agent's to make light. The floor's charges go to a
+  simulator of its own (on the agent's, its charge check would find charges its journal does
+  not hold);
+- a machine factor: ``reference_cpu_ms``, a fixed pure-Python workload's CPU timed in this
+  process before each pair of blocks (the median), and ``kiosk_sale_cpu_per_reference``: runs
+  on different machines, or on one machine at other times, compare in its units.
+  ``--agent-path DIR`` measures the agent (only it) of another commit's worktree through the
+  same driver, floors and simulators, to read an old figure again on today's machine.
 - a sale that starts while the machine's audit is read over DEX is not slowed: trigger ->
   first request of sales started during a read (the agent's scheduler reading a virtual
   machine's DEX port on a pty, written at 9600 baud's pace) against sales with no read, in
@@ -106,6 +130,7 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
+SALE_FLOOR = Path(__file__).resolve().parent / "sale_floor.py"  # its process, run beside the agent
 START_RUNS = 5  # starts timed, each after a floor of its own: the medians are reported
 KIOSK_TOKEN = "bench-kiosk-token-0123456789"  # noqa: S105 - a throwaway token for the bench
 FLOOR_LIBRARIES = "aiohttp, pydantic, voluptuous, yaml, serial, aiomqtt"
@@ -367,9 +392,11 @@ async def spawn_agent(
     return proc, time.perf_counter() - spawned, _cpu_ns(proc.pid) / 1e9
 
 
-async def kiosk_sales_cpu(pid: int, port: int, sales: int, *, app_stream: bool = False) -> float:
+async def kiosk_sales_cpu(
+    pid: int, port: int, sales: int, *, app_stream: bool = False, warm_up: int = 5
+) -> float:
     """CPU ms of process ``pid`` per kiosk API sale, each followed on its WebSocket (with
-    ``app_stream``: on one app-wide stream, opened once, instead)."""
+    ``app_stream``: on one app-wide stream, opened once, instead), after ``warm_up`` sales."""
     base = f"http://127.0.0.1:{port}/api/v1"
     auth = {"Authorization": f"Bearer {KIOSK_TOKEN}"}
     async with aiohttp.ClientSession(headers=auth) as http, contextlib.AsyncExitStack() as stack:
@@ -387,12 +414,89 @@ async def kiosk_sales_cpu(pid: int, port: int, sales: int, *, app_stream: bool =
             async with http.ws_connect(f"{base}/sales/{sale_id}/events") as ws:
                 await _until_final(ws, sale_id)
 
-        for _ in range(5):  # warm up: first connections, first queries
+        for _ in range(warm_up):  # first connections, first queries
             await one()
         before = _cpu_ns(pid)
         for _ in range(sales):
             await one()
         return (_cpu_ns(pid) - before) / 1e6 / sales
+
+
+async def sales_cpu_beside_floor(
+    agent: tuple[int, int], floor: tuple[int, int], sales: int, blocks: int
+) -> dict[str, float]:
+    """CPU ms a kiosk API sale of the agent and of the sale floor, each a (pid, port), driven
+    alike in alternating blocks (floor, agent, floor, agent...) so that the machine's load
+    falls on both; the agent's over the floor's (the median of the pairs of blocks); and the
+    reference workload's CPU, timed before each pair."""
+    per_block = max(1, sales // blocks)
+    agent_ms, floor_ms, reference_ms = [], [], []
+    for n in range(blocks):
+        warm_up = 5 if n == 0 else 1  # then only the new session's first connection
+        reference_ms += [reference_cpu_ms() for _ in range(3)]
+        floor_ms.append(await kiosk_sales_cpu(*floor, per_block, warm_up=warm_up))
+        agent_ms.append(await kiosk_sales_cpu(*agent, per_block, warm_up=warm_up))
+    ratios = [a / f for a, f in zip(agent_ms, floor_ms, strict=True)]
+    return {
+        "kiosk_sale_cpu_ms": round(statistics.mean(agent_ms), 2),
+        "kiosk_sale_cpu_floor_ms": round(statistics.mean(floor_ms), 2),
+        "kiosk_sale_cpu_above_floor": round(statistics.median(ratios), 3),
+        "reference_cpu_ms": round(statistics.median(reference_ms), 2),
+        "kiosk_sale_cpu_per_reference": round(
+            statistics.mean(agent_ms) / statistics.median(reference_ms), 3
+        ),
+    }
+
+
+def agent_sales_driven(sales: int, blocks: int) -> int:
+    """How many kiosk API sales :func:`sales_cpu_beside_floor` makes the agent do, warm-ups
+    included (a profile's per-sale figures divide by it)."""
+    return max(1, sales // blocks) * blocks + 5 + (blocks - 1)
+
+
+def reference_workload() -> int:
+    """A fixed pure-Python workload, never to be changed (runs before and after would no longer
+    compare): a sale-like record built, encoded and decoded as JSON, formatted, sorted and
+    summed, 2,000 times; the interpreter's kind of work, as an agent's sale is."""
+    total = 0
+    for n in range(2000):
+        dollars, cents = divmod(250 + n, 100)
+        record = {
+            "sale_id": f"{n:032x}", "state": ("charging", "dispensing", "completed")[n % 3],
+            "amount_cents": 250 + n, "final": n % 3 == 2, "steps": list(range(n % 17)),
+            "message": f"asking for ${dollars}.{cents:02d} on SIM-{n % 8:04d}",
+        }  # fmt: skip
+        decoded = json.loads(json.dumps(record))
+        total += len(decoded["message"]) + sum(sorted(decoded["steps"], reverse=True))
+        total += len([key for key in decoded if key.startswith("s")])
+    return total
+
+
+def reference_cpu_ms() -> float:
+    """CPU ms of :func:`reference_workload` in this thread: the machine's speed (and its load's
+    toll on a core), measured beside the sales so that a figure can be read in its units."""
+    started = time.thread_time()
+    reference_workload()
+    return (time.thread_time() - started) * 1000
+
+
+async def spawn_sale_floor(
+    info: dict[str, Any], directory: Path
+) -> tuple[asyncio.subprocess.Process, int]:
+    """bench/sale_floor.py spawned on a simulator of its own (``info``) with its journal in
+    ``directory``: (the process, its kiosk API port) once it takes sales."""
+    port = free_port()
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, str(SALE_FLOOR),
+        "--journal", str(directory / "floor-journal.db"), "--port", str(port),
+        "--base-url", info["base_url"], "--ws-url", info["ws_url"],
+        env={**os.environ, "BENCH_API_KEY": info["api_key"]}, stdout=asyncio.subprocess.PIPE,
+    )
+    assert proc.stdout is not None
+    line = await asyncio.wait_for(proc.stdout.readline(), 60)
+    if not line:
+        raise RuntimeError(f"the sale floor ended before it took sales (exit {await proc.wait()})")
+    return proc, port
 
 
 async def _until_final(ws: aiohttp.ClientWebSocketResponse, sale_id: str) -> None:
@@ -405,24 +509,33 @@ async def _until_final(ws: aiohttp.ClientWebSocketResponse, sale_id: str) -> Non
     raise AssertionError(f"the stream ended before sale {sale_id} did")
 
 
-async def warm_up_run(directory: Path) -> None:
-    """One short run on a simulator of its own: its charges, on the measured run's service,
-    would be charges that run's journal does not hold (put to a person by its charge check)."""
+@contextlib.asynccontextmanager
+async def field_simulator() -> Any:
+    """A simulator as the agent as a process meets it (PROCESS_TIME_SCALE): its ready info."""
     sim = SimServer(SimOptions(port=0, time_scale=PROCESS_TIME_SCALE, transactions=0,
                                rate_limit="1000000/1"))
     await sim.start()
     try:
-        await as_a_process(sim.ready_info(), directory, 0.1, 1)
+        yield sim.ready_info()
     finally:
         await sim.stop()
 
 
+async def warm_up_run(directory: Path) -> None:
+    """One short run on simulators of its own: its charges, on the measured run's service,
+    would be charges that run's journal does not hold (put to a person by its charge check)."""
+    async with field_simulator() as info, field_simulator() as floor_info:
+        await as_a_process(info, floor_info, directory, 0.1, 1, blocks=1)
+
+
 async def as_a_process(
-    info: dict[str, Any], directory: Path, idle: float, kiosk_sales: int,
-    snapshot: Path | None = None, profile: Path | None = None,
+    info: dict[str, Any], floor_info: dict[str, Any], directory: Path, idle: float,
+    kiosk_sales: int, snapshot: Path | None = None, profile: Path | None = None,
+    blocks: int = 4,
 ) -> dict[str, float]:
     """Spawn `kiosk-agent run`: time to READY=1, then RSS and CPU while idle, then CPU per
-    kiosk API sale; against the library floor."""
+    kiosk API sale; against the library floor, and the sales against the sale floor
+    (bench/sale_floor.py, on ``floor_info``'s simulator)."""
     in_use_s, in_use_mb, _ = await library_floor(IN_USE_CODE)
     kiosk_port = free_port()  # below the ephemeral range: no outgoing connection takes it
     (directory / "config.yaml").write_text(config_text(info, kiosk_port, PROCESS_TIME_SCALE))
@@ -437,6 +550,8 @@ async def as_a_process(
         "BENCH_CLIENT_SECRET": info["client_secret"],
         "BENCH_KIOSK_TOKEN": KIOSK_TOKEN,
     }
+    if os.environ.get("BENCH_AGENT_PATH"):  # --agent-path: the agent only, not its floors
+        env["PYTHONPATH"] = os.environ["BENCH_AGENT_PATH"]
     starts = []
     for _ in range(START_RUNS - 1):  # the last start goes on to be measured idle and selling
         floor = await library_floor()
@@ -469,9 +584,16 @@ async def as_a_process(
         if snapshot:
             await agent_probe.request(probe_dir, "snapshot", within_s=120)
             shutil.copy(probe_dir / "tracemalloc.snapshot", snapshot)
-        if profile:
-            await agent_probe.request(probe_dir, "profile.start")
-        sale_cpu_ms = await kiosk_sales_cpu(proc.pid, kiosk_port, kiosk_sales)
+        floor, floor_port = await spawn_sale_floor(floor_info, directory)
+        try:
+            if profile:
+                await agent_probe.request(probe_dir, "profile.start")
+            sales_cpu = await sales_cpu_beside_floor(
+                (proc.pid, kiosk_port), (floor.pid, floor_port), kiosk_sales, blocks
+            )
+        finally:
+            floor.terminate()
+            await floor.wait()
         if profile:
             await agent_probe.request(probe_dir, "profile.stop", within_s=120)
             shutil.copy(probe_dir / "profile.pstats", profile)
@@ -498,7 +620,7 @@ async def as_a_process(
         "idle_rss_above_libraries_in_use_mb": round(rss - in_use_mb, 1),
         "idle_cpu_percent": round(cpu * 100, 3),
         "idle_wakeups_per_s": round(wakeups, 2),
-        "kiosk_sale_cpu_ms": round(sale_cpu_ms, 2),
+        **sales_cpu,
         "kiosk_sale_cpu_app_stream_ms": round(app_stream_cpu_ms, 2),
     }
 
@@ -562,9 +684,18 @@ async def main() -> None:
     parser.add_argument("--profile", type=Path, default=None, metavar="FILE",
                         help="cProfile the agent process over its kiosk API sales (warm-up "
                              "included), statistics to FILE (see bench/pi.py --profile)")
+    parser.add_argument("--floor-blocks", type=int, default=4,
+                        help="the kiosk API sales in this many blocks, each after one of the "
+                             "sale floor's (floor, agent, floor, agent...)")
+    parser.add_argument("--agent-path", type=Path, default=None, metavar="DIR",
+                        help="the measured agent (only it) from the kiosk_agent in DIR, a "
+                             "worktree of another commit (its PYTHONPATH): the same driver, "
+                             "floors and simulators read an older agent")
     args = parser.parse_args()
     args.bytecode = not args.from_source
     os.environ["BENCH_EVENT_LOOP"] = args.event_loop
+    if args.agent_path:
+        os.environ["BENCH_AGENT_PATH"] = str(args.agent_path.resolve())
     bytecode_cache = tempfile.TemporaryDirectory(prefix="bench-agent-bytecode-")
     if args.bytecode:
         os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
@@ -586,24 +717,21 @@ async def main() -> None:
                 return report(figures, args)
             process_dir = directory / "process"
             process_dir.mkdir()
-            field_sim = SimServer(SimOptions(port=0, time_scale=PROCESS_TIME_SCALE,
-                                             transactions=0, rate_limit="1000000/1"))
-            await field_sim.start()
-            try:
+            # the sale floor's charges on a simulator of its own: on the agent's, its charge
+            # check would find charges its journal does not hold, and work on them
+            async with field_simulator() as field_info, field_simulator() as floor_info:
                 if args.bytecode:  # a first run writes the bytecode of whatever the runs import
                     warm_up = directory / "warm-up"
                     warm_up.mkdir()
                     await warm_up_run(warm_up)
                 figures |= await as_a_process(
-                    field_sim.ready_info(), process_dir, args.idle_seconds, args.kiosk_sales,
-                    args.tracemalloc, args.profile,
+                    field_info, floor_info, process_dir, args.idle_seconds, args.kiosk_sales,
+                    args.tracemalloc, args.profile, args.floor_blocks,
                 )
                 if args.modules:
                     modules_dir = directory / "modules"
                     modules_dir.mkdir()
-                    imported = await modules_of_an_idle_agent(field_sim.ready_info(), modules_dir)
-            finally:
-                await field_sim.stop()
+                    imported = await modules_of_an_idle_agent(field_info, modules_dir)
     finally:
         await sim.stop()
         bytecode_cache.cleanup()
@@ -613,7 +741,7 @@ async def main() -> None:
     if args.modules:
         print_module_costs(imported)
     if args.profile:
-        print_profile(args.profile, args.kiosk_sales + 5)  # the warm-up's five sales too
+        print_profile(args.profile, agent_sales_driven(args.kiosk_sales, args.floor_blocks))
 
 
 def print_profile(path: Path, sales: int) -> None:
