@@ -369,6 +369,20 @@ async def library_floor(code: str = FLOOR_CODE) -> tuple[float, float, float]:
     return imported, rss, cpu
 
 
+def agent_imported_from(tree: Path) -> str:
+    """Where the agent spawned with ``--agent-path`` ``tree`` imports kiosk_agent from: checked
+    before anything is measured (an editable install, or the working directory, would give this
+    worktree's agent instead, with no error)."""
+    found = subprocess.run(
+        [sys.executable, "-c", "import kiosk_agent; print(kiosk_agent.__file__)"],
+        env={**os.environ, "PYTHONPATH": str(tree)}, cwd=tree, capture_output=True, text=True,
+        check=True,
+    ).stdout.strip()
+    if not Path(found).is_relative_to(tree):
+        raise SystemExit(f"--agent-path {tree}: the agent would import {found}")
+    return found
+
+
 async def spawn_agent(
     config: Path, env: dict[str, str], listener: socket.socket, probe: Path | None = None
 ) -> tuple[asyncio.subprocess.Process, float, float]:
@@ -380,10 +394,15 @@ async def spawn_agent(
     launcher = ["-m", "kiosk_agent"] if probe is None else [agent_probe.LAUNCHER, str(probe)]
     # traced from its first allocation, a start at load 11 took longer than 30 s
     within_s = 300 if env.get("PYTHONTRACEMALLOC") else 30
+    # --agent-path: that tree first on the agent's path, and its working directory (``-m``
+    # puts the working directory before PYTHONPATH: from this worktree, this worktree's agent)
+    other_tree = os.environ.get("BENCH_AGENT_PATH")
+    if other_tree:
+        env = {**env, "PYTHONPATH": other_tree}
     spawned = time.perf_counter()
     proc = await asyncio.create_subprocess_exec(
         sys.executable, *launcher, "run", "--config", str(config),
-        env=env, stdout=asyncio.subprocess.DEVNULL,
+        env=env, stdout=asyncio.subprocess.DEVNULL, cwd=other_tree,
     )
     while not (await asyncio.wait_for(loop.sock_recv(listener, 1024), within_s)).startswith(
         b"READY=1"
@@ -550,8 +569,6 @@ async def as_a_process(
         "BENCH_CLIENT_SECRET": info["client_secret"],
         "BENCH_KIOSK_TOKEN": KIOSK_TOKEN,
     }
-    if os.environ.get("BENCH_AGENT_PATH"):  # --agent-path: the agent only, not its floors
-        env["PYTHONPATH"] = os.environ["BENCH_AGENT_PATH"]
     starts = []
     for _ in range(START_RUNS - 1):  # the last start goes on to be measured idle and selling
         floor = await library_floor()
@@ -696,6 +713,7 @@ async def main() -> None:
     os.environ["BENCH_EVENT_LOOP"] = args.event_loop
     if args.agent_path:
         os.environ["BENCH_AGENT_PATH"] = str(args.agent_path.resolve())
+        print(f"the measured agent: {agent_imported_from(args.agent_path.resolve())}")
     bytecode_cache = tempfile.TemporaryDirectory(prefix="bench-agent-bytecode-")
     if args.bytecode:
         os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
@@ -885,6 +903,8 @@ def report(figures: dict[str, Any], args: argparse.Namespace) -> None:
         print(f"{name:34} {value}{verdict}")
     figures["bytecode"] = int(args.bytecode)  # 1: as installed; 0: compiled on each start
     figures["event_loop"] = args.event_loop
+    if args.agent_path:
+        figures["agent_path"] = str(args.agent_path)
     print(json.dumps(figures))
 
 
