@@ -1,6 +1,7 @@
 """Agent benchmark: trigger latency, sale throughput, idle footprint and start-up time.
 
-    python bench/agent.py [--sales 200] [--idle-seconds 30] [--dir DIR]
+    python bench/agent.py [--sales 200] [--idle-seconds 30] [--dir DIR] [--process-only]
+                          [--kiosk-sales 100] [--floor-blocks 4] [--agent-path DIR]
 
 - trigger -> first request: from ``agent.sales.start()`` to the charge-card request leaving
   the client (aiohttp trace), journal on disk with fsync; p50/p99 (target p99 < 20 ms);
@@ -456,6 +457,9 @@ async def sales_cpu_beside_floor(
         floor_ms.append(await kiosk_sales_cpu(*floor, per_block, warm_up=warm_up))
         agent_ms.append(await kiosk_sales_cpu(*agent, per_block, warm_up=warm_up))
     ratios = [a / f for a, f in zip(agent_ms, floor_ms, strict=True)]
+    print(f"kiosk API sales in {blocks} blocks of {per_block}, CPU ms a sale (floor/agent): "
+          + ", ".join(f"{f:.2f}/{a:.2f}" for f, a in zip(floor_ms, agent_ms, strict=True))
+          + f"; reference ms {min(reference_ms):.1f}-{max(reference_ms):.1f}", file=sys.stderr)
     return {
         "kiosk_sale_cpu_ms": round(statistics.mean(agent_ms), 2),
         "kiosk_sale_cpu_floor_ms": round(statistics.mean(floor_ms), 2),
