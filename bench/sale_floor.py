@@ -212,7 +212,7 @@ class Floor:
         sale_id, order_id = new_ids()
         self.journal.asked(sale_id, order_id)
         self.publish(sale_id, frame(sale_id, order_id, "asked", False))
-        sale = asyncio.ensure_future(self.charge(sale_id, order_id))
+        sale = asyncio.ensure_future(self.charge_or_fail(sale_id, order_id))
         self.sales.add(sale)
         sale.add_done_callback(self.sales.discard)
         return web.json_response(
@@ -220,6 +220,15 @@ class Floor:
              "events": f"/api/v1/sales/{sale_id}/events"},
             status=202,
         )  # fmt: skip
+
+    async def charge_or_fail(self, sale_id: str, order_id: str) -> None:
+        """The sale's charge; what goes wrong ends it with a final frame that says so (the
+        driver stops on it and shows it, instead of waiting on the WebSocket)."""
+        try:
+            await self.charge(sale_id, order_id)
+        except Exception as exc:  # told to the driver, which fails the bench with it
+            failed = {"sale_id": sale_id, "state": "failed", "final": True, "error": repr(exc)}
+            self.publish(sale_id, json.dumps(failed))
 
     async def charge(self, sale_id: str, order_id: str) -> None:
         body = {"amount": AMOUNT_CENTS, "order_id": order_id}

@@ -7,6 +7,7 @@ from __future__ import annotations
 import ast
 import json
 import re
+import sqlite3
 from pathlib import Path
 from typing import Any
 
@@ -168,3 +169,62 @@ def test_the_sale_floor_sends_frames_of_the_agents_sizes() -> None:
         read = json.loads(text)
         assert (read["sale_id"], read["final"]) == (sale_id, step == "completed")
     assert json.loads(floor.frame(sale_id, order_id, "completed", True))["state"] == "completed"
+
+
+def test_the_reference_workload_is_the_one_the_figures_were_read_with() -> None:
+    """reference_cpu_ms compares runs only while its workload stays the same: a change to it
+    changes this total (and must not be made: docs/architecture.md's figures were read with
+    it)."""
+    assert _bench_module("agent").reference_workload() == 142975
+
+
+async def test_a_sale_through_the_sale_floor_completes_as_the_driver_reads_it(
+    tmp_path: Path,
+) -> None:
+    """The floor process takes a kiosk API sale from the bench's own driver end to end: its
+    charge on a real simulator, its frames on the sale's WebSocket to the final one, its
+    commits on disk; and its CPU is measured."""
+    from kiosk_agent.sim.server import SimOptions, SimServer
+
+    bench = _bench_module("agent")
+    sim = SimServer(SimOptions(port=0, time_scale=bench.PROCESS_TIME_SCALE, transactions=0))
+    await sim.start()
+    try:
+        floor, port = await bench.spawn_sale_floor(sim.ready_info(), tmp_path)
+        try:
+            assert await bench.kiosk_sales_cpu(floor.pid, port, 2, warm_up=0) > 0
+        finally:
+            floor.terminate()
+            await floor.wait()
+    finally:
+        await sim.stop()
+    db = sqlite3.connect(tmp_path / "floor-journal.db")
+    try:
+        assert db.execute("SELECT state, count(*) FROM sales GROUP BY state").fetchall() == [
+            ("completed", 2)
+        ]
+        assert db.execute("SELECT count(*) FROM steps").fetchone() == (12,)
+    finally:
+        db.close()
+
+
+async def test_a_sale_the_floor_cannot_charge_ends_the_drive_with_its_error(
+    tmp_path: Path,
+) -> None:
+    """With its simulator gone, the floor's sale ends on a final frame saying why, and the
+    driver fails on it at once (no bench waits on a WebSocket that never ends)."""
+    import pytest
+
+    from kiosk_agent.sim.server import SimOptions, SimServer
+
+    bench = _bench_module("agent")
+    sim = SimServer(SimOptions(port=0, time_scale=bench.PROCESS_TIME_SCALE, transactions=0))
+    await sim.start()
+    floor, port = await bench.spawn_sale_floor(sim.ready_info(), tmp_path)
+    try:
+        await sim.stop()
+        with pytest.raises(AssertionError, match=r"'state': 'failed'.*Client"):
+            await bench.kiosk_sales_cpu(floor.pid, port, 1, warm_up=0)
+    finally:
+        floor.terminate()
+        await floor.wait()
