@@ -897,6 +897,9 @@ def report(figures: dict[str, Any], args: argparse.Namespace) -> None:
         "start_above_floor_s": ("<", 0.15),
         "idle_rss_above_floor_mb": ("<", 5),
         "kiosk_sale_cpu_ms": ("<", 5),
+        # issue 33's 4 ms in the floor's units: 6d642d4 read 5.1 ms on 2026-11-26 and 1.64
+        # times its floor on 2026-11-29 (docs/architecture.md), so 4 ms is 1.64 * 4 / 5.1
+        "kiosk_sale_cpu_above_floor": ("<", 1.29),
         "trigger_to_request_during_read_ratio": ("<", 1.25),  # unchanged within noise
     }
     for name, value in figures.items():
