@@ -1,6 +1,7 @@
 """Agent benchmark: trigger latency, sale throughput, idle footprint and start-up time.
 
-    python bench/agent.py [--sales 200] [--idle-seconds 30] [--dir DIR]
+    python bench/agent.py [--sales 200] [--idle-seconds 30] [--dir DIR] [--process-only]
+                          [--kiosk-sales 100] [--floor-blocks 4] [--agent-path DIR]
 
 - trigger -> first request: from ``agent.sales.start()`` to the charge-card request leaving
   the client (aiohttp trace), journal on disk with fsync; p50/p99 (target p99 < 20 ms);
@@ -21,6 +22,30 @@
   followed on one app-wide stream (``/api/v1/events``) the app keeps open
   (``kiosk_sale_cpu_app_stream_ms``): what a WebSocket of its own (a connection, its
   handshake and close) costs the agent each sale is the difference.
+- the sale floor (bench/sale_floor.py): a process of the same libraries that does, per sale,
+  the I/O an agent's kiosk API charge_card sale does and nothing of the agent's own work,
+  driven by the same driver and measured the same way, in blocks alternating with the agent's
+  (floor, agent, floor, agent: ``--floor-blocks``) so that the machine's load falls on both
+  alike: ``kiosk_sale_cpu_floor_ms``, and ``kiosk_sale_cpu_above_floor`` (the agent's over the
+  floor's, the median of the pairs of blocks), which the machine's speed and load move far
+  less than milliseconds. Each part of the floor is I/O no agent can skip and keep its
+  promise: the app's ``POST /api/v1/sales`` answered 202 (its JSON read, the four fields
+  answered) and the app's WebSocket for the sale (five text frames of the agent's sizes, closed
+  after the final step), the app's contract; the service's ``charge-card`` POST on a kept-alive
+  connection and the sale's ``subscribe``/``unsubscribe`` on the one open cable with the
+  records read until the charge is no longer pending, the least a charge costs (one cable
+  opened once, as the agent keeps it); and the journal's four commits of the agent's 21
+  statements (their shapes checked against the agent's own sale by tests/test_bench.py) on
+  the agent's schema, WAL, ``synchronous=FULL``, the WAL grown ahead: the write-ahead promise,
+  which issue 33 keeps. Not in it: the agent's token check, state table, bus, health, logs
+  and the steps' Python, which are the agent's to make light. The floor's charges go to a
+  simulator of its own (on the agent's, its charge check would find charges its journal does
+  not hold);
+- a machine factor: ``reference_cpu_ms``, a fixed pure-Python workload's CPU timed in this
+  process before each pair of blocks (the median), and ``kiosk_sale_cpu_per_reference``: runs
+  on different machines, or on one machine at other times, compare in its units.
+  ``--agent-path DIR`` measures the agent (only it) of another commit's worktree through the
+  same driver, floors and simulators, to read an old figure again on today's machine.
 - a sale that starts while the machine's audit is read over DEX is not slowed: trigger ->
   first request of sales started during a read (the agent's scheduler reading a virtual
   machine's DEX port on a pty, written at 9600 baud's pace) against sales with no read, in
@@ -106,6 +131,7 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
+SALE_FLOOR = Path(__file__).resolve().parent / "sale_floor.py"  # its process, run beside the agent
 START_RUNS = 5  # starts timed, each after a floor of its own: the medians are reported
 KIOSK_TOKEN = "bench-kiosk-token-0123456789"  # noqa: S105 - a throwaway token for the bench
 FLOOR_LIBRARIES = "aiohttp, pydantic, voluptuous, yaml, serial, aiomqtt"
@@ -344,6 +370,20 @@ async def library_floor(code: str = FLOOR_CODE) -> tuple[float, float, float]:
     return imported, rss, cpu
 
 
+def agent_imported_from(tree: Path) -> str:
+    """Where the agent spawned with ``--agent-path`` ``tree`` imports kiosk_agent from: checked
+    before anything is measured (an editable install, or the working directory, would give this
+    worktree's agent instead, with no error)."""
+    found = subprocess.run(
+        [sys.executable, "-c", "import kiosk_agent; print(kiosk_agent.__file__)"],
+        env={**os.environ, "PYTHONPATH": str(tree)}, cwd=tree, capture_output=True, text=True,
+        check=True,
+    ).stdout.strip()
+    if not Path(found).is_relative_to(tree):
+        raise SystemExit(f"--agent-path {tree}: the agent would import {found}")
+    return found
+
+
 async def spawn_agent(
     config: Path, env: dict[str, str], listener: socket.socket, probe: Path | None = None
 ) -> tuple[asyncio.subprocess.Process, float, float]:
@@ -355,10 +395,15 @@ async def spawn_agent(
     launcher = ["-m", "kiosk_agent"] if probe is None else [agent_probe.LAUNCHER, str(probe)]
     # traced from its first allocation, a start at load 11 took longer than 30 s
     within_s = 300 if env.get("PYTHONTRACEMALLOC") else 30
+    # --agent-path: that tree first on the agent's path, and its working directory (``-m``
+    # puts the working directory before PYTHONPATH: from this worktree, this worktree's agent)
+    other_tree = os.environ.get("BENCH_AGENT_PATH")
+    if other_tree:
+        env = {**env, "PYTHONPATH": other_tree}
     spawned = time.perf_counter()
     proc = await asyncio.create_subprocess_exec(
         sys.executable, *launcher, "run", "--config", str(config),
-        env=env, stdout=asyncio.subprocess.DEVNULL,
+        env=env, stdout=asyncio.subprocess.DEVNULL, cwd=other_tree,
     )
     while not (await asyncio.wait_for(loop.sock_recv(listener, 1024), within_s)).startswith(
         b"READY=1"
@@ -367,9 +412,11 @@ async def spawn_agent(
     return proc, time.perf_counter() - spawned, _cpu_ns(proc.pid) / 1e9
 
 
-async def kiosk_sales_cpu(pid: int, port: int, sales: int, *, app_stream: bool = False) -> float:
+async def kiosk_sales_cpu(
+    pid: int, port: int, sales: int, *, app_stream: bool = False, warm_up: int = 5
+) -> float:
     """CPU ms of process ``pid`` per kiosk API sale, each followed on its WebSocket (with
-    ``app_stream``: on one app-wide stream, opened once, instead)."""
+    ``app_stream``: on one app-wide stream, opened once, instead), after ``warm_up`` sales."""
     base = f"http://127.0.0.1:{port}/api/v1"
     auth = {"Authorization": f"Bearer {KIOSK_TOKEN}"}
     async with aiohttp.ClientSession(headers=auth) as http, contextlib.AsyncExitStack() as stack:
@@ -387,12 +434,92 @@ async def kiosk_sales_cpu(pid: int, port: int, sales: int, *, app_stream: bool =
             async with http.ws_connect(f"{base}/sales/{sale_id}/events") as ws:
                 await _until_final(ws, sale_id)
 
-        for _ in range(5):  # warm up: first connections, first queries
+        for _ in range(warm_up):  # first connections, first queries
             await one()
         before = _cpu_ns(pid)
         for _ in range(sales):
             await one()
         return (_cpu_ns(pid) - before) / 1e6 / sales
+
+
+async def sales_cpu_beside_floor(
+    agent: tuple[int, int], floor: tuple[int, int], sales: int, blocks: int
+) -> dict[str, float]:
+    """CPU ms a kiosk API sale of the agent and of the sale floor, each a (pid, port), driven
+    alike in alternating blocks (floor, agent, floor, agent...) so that the machine's load
+    falls on both; the agent's over the floor's (the median of the pairs of blocks); and the
+    reference workload's CPU, timed before each pair."""
+    per_block = max(1, sales // blocks)
+    agent_ms, floor_ms, reference_ms = [], [], []
+    for n in range(blocks):
+        warm_up = 5 if n == 0 else 1  # then only the new session's first connection
+        reference_ms += [reference_cpu_ms() for _ in range(3)]
+        floor_ms.append(await kiosk_sales_cpu(*floor, per_block, warm_up=warm_up))
+        agent_ms.append(await kiosk_sales_cpu(*agent, per_block, warm_up=warm_up))
+    ratios = [a / f for a, f in zip(agent_ms, floor_ms, strict=True)]
+    print(f"kiosk API sales in {blocks} blocks of {per_block}, CPU ms a sale (floor/agent): "
+          + ", ".join(f"{f:.2f}/{a:.2f}" for f, a in zip(floor_ms, agent_ms, strict=True))
+          + f"; reference ms {min(reference_ms):.1f}-{max(reference_ms):.1f}", file=sys.stderr)
+    return {
+        "kiosk_sale_cpu_ms": round(statistics.mean(agent_ms), 2),
+        "kiosk_sale_cpu_floor_ms": round(statistics.mean(floor_ms), 2),
+        "kiosk_sale_cpu_above_floor": round(statistics.median(ratios), 3),
+        "reference_cpu_ms": round(statistics.median(reference_ms), 2),
+        "kiosk_sale_cpu_per_reference": round(
+            statistics.mean(agent_ms) / statistics.median(reference_ms), 3
+        ),
+    }
+
+
+def agent_sales_driven(sales: int, blocks: int) -> int:
+    """How many kiosk API sales :func:`sales_cpu_beside_floor` makes the agent do, warm-ups
+    included (a profile's per-sale figures divide by it)."""
+    return max(1, sales // blocks) * blocks + 5 + (blocks - 1)
+
+
+def reference_workload() -> int:
+    """A fixed pure-Python workload, never to be changed (runs before and after would no longer
+    compare): a sale-like record built, encoded and decoded as JSON, formatted, sorted and
+    summed, 2,000 times; the interpreter's kind of work, as an agent's sale is."""
+    total = 0
+    for n in range(2000):
+        dollars, cents = divmod(250 + n, 100)
+        record = {
+            "sale_id": f"{n:032x}", "state": ("charging", "dispensing", "completed")[n % 3],
+            "amount_cents": 250 + n, "final": n % 3 == 2, "steps": list(range(n % 17)),
+            "message": f"asking for ${dollars}.{cents:02d} on SIM-{n % 8:04d}",
+        }  # fmt: skip
+        decoded = json.loads(json.dumps(record))
+        total += len(decoded["message"]) + sum(sorted(decoded["steps"], reverse=True))
+        total += len([key for key in decoded if key.startswith("s")])
+    return total
+
+
+def reference_cpu_ms() -> float:
+    """CPU ms of :func:`reference_workload` in this thread: the machine's speed (and its load's
+    toll on a core), measured beside the sales so that a figure can be read in its units."""
+    started = time.thread_time()
+    reference_workload()
+    return (time.thread_time() - started) * 1000
+
+
+async def spawn_sale_floor(
+    info: dict[str, Any], directory: Path
+) -> tuple[asyncio.subprocess.Process, int]:
+    """bench/sale_floor.py spawned on a simulator of its own (``info``) with its journal in
+    ``directory``: (the process, its kiosk API port) once it takes sales."""
+    port = free_port()
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, str(SALE_FLOOR),
+        "--journal", str(directory / "floor-journal.db"), "--port", str(port),
+        "--base-url", info["base_url"], "--ws-url", info["ws_url"],
+        env={**os.environ, "BENCH_API_KEY": info["api_key"]}, stdout=asyncio.subprocess.PIPE,
+    )
+    assert proc.stdout is not None
+    line = await asyncio.wait_for(proc.stdout.readline(), 60)
+    if not line:
+        raise RuntimeError(f"the sale floor ended before it took sales (exit {await proc.wait()})")
+    return proc, port
 
 
 async def _until_final(ws: aiohttp.ClientWebSocketResponse, sale_id: str) -> None:
@@ -405,24 +532,33 @@ async def _until_final(ws: aiohttp.ClientWebSocketResponse, sale_id: str) -> Non
     raise AssertionError(f"the stream ended before sale {sale_id} did")
 
 
-async def warm_up_run(directory: Path) -> None:
-    """One short run on a simulator of its own: its charges, on the measured run's service,
-    would be charges that run's journal does not hold (put to a person by its charge check)."""
+@contextlib.asynccontextmanager
+async def field_simulator() -> Any:
+    """A simulator as the agent as a process meets it (PROCESS_TIME_SCALE): its ready info."""
     sim = SimServer(SimOptions(port=0, time_scale=PROCESS_TIME_SCALE, transactions=0,
                                rate_limit="1000000/1"))
     await sim.start()
     try:
-        await as_a_process(sim.ready_info(), directory, 0.1, 1)
+        yield sim.ready_info()
     finally:
         await sim.stop()
 
 
+async def warm_up_run(directory: Path) -> None:
+    """One short run on simulators of its own: its charges, on the measured run's service,
+    would be charges that run's journal does not hold (put to a person by its charge check)."""
+    async with field_simulator() as info, field_simulator() as floor_info:
+        await as_a_process(info, floor_info, directory, 0.1, 1, blocks=1)
+
+
 async def as_a_process(
-    info: dict[str, Any], directory: Path, idle: float, kiosk_sales: int,
-    snapshot: Path | None = None, profile: Path | None = None,
+    info: dict[str, Any], floor_info: dict[str, Any], directory: Path, idle: float,
+    kiosk_sales: int, snapshot: Path | None = None, profile: Path | None = None,
+    blocks: int = 4,
 ) -> dict[str, float]:
     """Spawn `kiosk-agent run`: time to READY=1, then RSS and CPU while idle, then CPU per
-    kiosk API sale; against the library floor."""
+    kiosk API sale; against the library floor, and the sales against the sale floor
+    (bench/sale_floor.py, on ``floor_info``'s simulator)."""
     in_use_s, in_use_mb, _ = await library_floor(IN_USE_CODE)
     kiosk_port = free_port()  # below the ephemeral range: no outgoing connection takes it
     (directory / "config.yaml").write_text(config_text(info, kiosk_port, PROCESS_TIME_SCALE))
@@ -469,9 +605,16 @@ async def as_a_process(
         if snapshot:
             await agent_probe.request(probe_dir, "snapshot", within_s=120)
             shutil.copy(probe_dir / "tracemalloc.snapshot", snapshot)
-        if profile:
-            await agent_probe.request(probe_dir, "profile.start")
-        sale_cpu_ms = await kiosk_sales_cpu(proc.pid, kiosk_port, kiosk_sales)
+        floor, floor_port = await spawn_sale_floor(floor_info, directory)
+        try:
+            if profile:
+                await agent_probe.request(probe_dir, "profile.start")
+            sales_cpu = await sales_cpu_beside_floor(
+                (proc.pid, kiosk_port), (floor.pid, floor_port), kiosk_sales, blocks
+            )
+        finally:
+            floor.terminate()
+            await floor.wait()
         if profile:
             await agent_probe.request(probe_dir, "profile.stop", within_s=120)
             shutil.copy(probe_dir / "profile.pstats", profile)
@@ -486,6 +629,8 @@ async def as_a_process(
     return {
         "start_to_ready_s": round(statistics.median(r for _, r, _ in starts), 3),
         "floor_import_s": round(statistics.median(f[0] for f, _, _ in starts), 3),
+        # the floor's imports on CPU time: a second machine reference, beside reference_cpu_ms
+        "floor_import_cpu_s": round(statistics.median(f[2] for f, _, _ in starts), 3),
         "start_above_floor_s": round(statistics.median(r - f[0] for f, r, _ in starts), 3),
         # the same on CPU time (user + system, to the nanosecond): what load on the machine
         # does not move
@@ -498,7 +643,7 @@ async def as_a_process(
         "idle_rss_above_libraries_in_use_mb": round(rss - in_use_mb, 1),
         "idle_cpu_percent": round(cpu * 100, 3),
         "idle_wakeups_per_s": round(wakeups, 2),
-        "kiosk_sale_cpu_ms": round(sale_cpu_ms, 2),
+        **sales_cpu,
         "kiosk_sale_cpu_app_stream_ms": round(app_stream_cpu_ms, 2),
     }
 
@@ -562,9 +707,19 @@ async def main() -> None:
     parser.add_argument("--profile", type=Path, default=None, metavar="FILE",
                         help="cProfile the agent process over its kiosk API sales (warm-up "
                              "included), statistics to FILE (see bench/pi.py --profile)")
+    parser.add_argument("--floor-blocks", type=int, default=4,
+                        help="the kiosk API sales in this many blocks, each after one of the "
+                             "sale floor's (floor, agent, floor, agent...)")
+    parser.add_argument("--agent-path", type=Path, default=None, metavar="DIR",
+                        help="the measured agent (only it) from the kiosk_agent in DIR, a "
+                             "worktree of another commit (its PYTHONPATH): the same driver, "
+                             "floors and simulators read an older agent")
     args = parser.parse_args()
     args.bytecode = not args.from_source
     os.environ["BENCH_EVENT_LOOP"] = args.event_loop
+    if args.agent_path:
+        os.environ["BENCH_AGENT_PATH"] = str(args.agent_path.resolve())
+        print(f"the measured agent: {agent_imported_from(args.agent_path.resolve())}")
     bytecode_cache = tempfile.TemporaryDirectory(prefix="bench-agent-bytecode-")
     if args.bytecode:
         os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
@@ -586,24 +741,21 @@ async def main() -> None:
                 return report(figures, args)
             process_dir = directory / "process"
             process_dir.mkdir()
-            field_sim = SimServer(SimOptions(port=0, time_scale=PROCESS_TIME_SCALE,
-                                             transactions=0, rate_limit="1000000/1"))
-            await field_sim.start()
-            try:
+            # the sale floor's charges on a simulator of its own: on the agent's, its charge
+            # check would find charges its journal does not hold, and work on them
+            async with field_simulator() as field_info, field_simulator() as floor_info:
                 if args.bytecode:  # a first run writes the bytecode of whatever the runs import
                     warm_up = directory / "warm-up"
                     warm_up.mkdir()
                     await warm_up_run(warm_up)
                 figures |= await as_a_process(
-                    field_sim.ready_info(), process_dir, args.idle_seconds, args.kiosk_sales,
-                    args.tracemalloc, args.profile,
+                    field_info, floor_info, process_dir, args.idle_seconds, args.kiosk_sales,
+                    args.tracemalloc, args.profile, args.floor_blocks,
                 )
                 if args.modules:
                     modules_dir = directory / "modules"
                     modules_dir.mkdir()
-                    imported = await modules_of_an_idle_agent(field_sim.ready_info(), modules_dir)
-            finally:
-                await field_sim.stop()
+                    imported = await modules_of_an_idle_agent(field_info, modules_dir)
     finally:
         await sim.stop()
         bytecode_cache.cleanup()
@@ -613,7 +765,7 @@ async def main() -> None:
     if args.modules:
         print_module_costs(imported)
     if args.profile:
-        print_profile(args.profile, args.kiosk_sales + 5)  # the warm-up's five sales too
+        print_profile(args.profile, agent_sales_driven(args.kiosk_sales, args.floor_blocks))
 
 
 def print_profile(path: Path, sales: int) -> None:
@@ -745,6 +897,9 @@ def report(figures: dict[str, Any], args: argparse.Namespace) -> None:
         "start_above_floor_s": ("<", 0.15),
         "idle_rss_above_floor_mb": ("<", 5),
         "kiosk_sale_cpu_ms": ("<", 5),
+        # issue 33's 4 ms in the floor's units: 6d642d4 read 5.1 ms on 2026-11-26 and 1.64
+        # times its floor on 2026-11-29 (docs/architecture.md), so 4 ms is 1.64 * 4 / 5.1
+        "kiosk_sale_cpu_above_floor": ("<", 1.29),
         "trigger_to_request_during_read_ratio": ("<", 1.25),  # unchanged within noise
     }
     for name, value in figures.items():
@@ -757,6 +912,8 @@ def report(figures: dict[str, Any], args: argparse.Namespace) -> None:
         print(f"{name:34} {value}{verdict}")
     figures["bytecode"] = int(args.bytecode)  # 1: as installed; 0: compiled on each start
     figures["event_loop"] = args.event_loop
+    if args.agent_path:
+        figures["agent_path"] = str(args.agent_path)
     print(json.dumps(figures))
 
 

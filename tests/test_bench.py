@@ -5,7 +5,11 @@ tests is bench/_support.py), and none keeps its own copy of what bench/_support.
 from __future__ import annotations
 
 import ast
+import json
+import re
+import sqlite3
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -137,3 +141,129 @@ def test_a_tmpfs_left_by_a_killed_process_is_given_back_and_a_live_ones_kept(
         finally:
             subprocess.run(["umount", str(foreign)], check=True)
     assert not _mounted(in_use)
+def _bench_module(name: str) -> Any:
+    """A bench file loaded as a module (bench/ is not a package)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(name, BENCH / f"{name}.py")
+    assert spec is not None
+    assert spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def statement_shapes(statements: list[str]) -> list[str]:
+    """SQL as SQLite's trace shows it, its literals (strings, numbers) each made ``?``: the
+    statements' shape, whatever values they were bound."""
+    literal = re.compile(r"'(?:[^']|'')*'|(?<![\w.])-?\d+(?:\.\d+)?(?:[eE][-+]?\d+)?(?![\w.])")
+    return [literal.sub("?", sql) for sql in statements]
+
+
+def test_the_sale_floor_writes_the_statements_of_an_agents_sale(tmp_path: Path) -> None:
+    """bench/sale_floor.py's journal work is the agent's own sale's, statement for statement
+    (bench/sale_steps.py runs the agent's SaleSteps): a commit, a statement or a column more
+    in the agent's sale shows here, and the floor must follow it or the ratio
+    kiosk_sale_cpu_above_floor no longer measures what is the agent's own."""
+    steps, floor = _bench_module("sale_steps"), _bench_module("sale_floor")
+    (tmp_path / "agent").mkdir()
+    context, journal = steps.make_context(tmp_path / "agent")
+    agents: list[str] = []
+    try:
+        steps.one_sale(context)  # the first sale's reads of the unit are not a sale's
+        journal.db.set_trace_callback(agents.append)
+        steps.one_sale(context)
+    finally:
+        journal.close()
+    db = floor.open_journal(tmp_path / "floor.db")
+    floors: list[str] = []
+    try:
+        db.set_trace_callback(floors.append)
+        floor.FloorJournal(db).one_sale()
+        db.set_trace_callback(None)
+        [sale] = db.execute("SELECT state, captured_cents FROM sales").fetchall()
+        assert tuple(sale) == ("completed", 250)
+    finally:
+        db.close()
+    assert len(agents) == 21
+    assert agents.count("COMMIT") == 4
+    assert statement_shapes(floors) == statement_shapes(agents)
+
+
+def test_the_shapes_hide_values_and_keep_names() -> None:
+    traced = "UPDATE s SET a = 'it''s', b = 2.5, c = -3, d = NULL WHERE id = 'x1' AND t2 = 1e3"
+    assert statement_shapes([traced]) == [
+        "UPDATE s SET a = ?, b = ?, c = ?, d = NULL WHERE id = ? AND t2 = ?"
+    ]
+
+
+def test_the_sale_floor_sends_frames_of_the_agents_sizes() -> None:
+    """Each step's frame on the app's WebSocket is as long as the agent's, and says what the
+    bench's driver reads (the sale, its state, whether it is final)."""
+    floor = _bench_module("sale_floor")
+    sale_id, order_id = floor.new_ids()
+    for step, size in floor.FRAME_BYTES.items():
+        text = floor.frame(sale_id, order_id, step, step == "completed")
+        assert len(text) == size
+        read = json.loads(text)
+        assert (read["sale_id"], read["final"]) == (sale_id, step == "completed")
+    assert json.loads(floor.frame(sale_id, order_id, "completed", True))["state"] == "completed"
+
+
+def test_the_reference_workload_is_the_one_the_figures_were_read_with() -> None:
+    """reference_cpu_ms compares runs only while its workload stays the same: a change to it
+    changes this total (and must not be made: docs/architecture.md's figures were read with
+    it)."""
+    assert _bench_module("agent").reference_workload() == 142975
+
+
+async def test_a_sale_through_the_sale_floor_completes_as_the_driver_reads_it(
+    tmp_path: Path,
+) -> None:
+    """The floor process takes a kiosk API sale from the bench's own driver end to end: its
+    charge on a real simulator, its frames on the sale's WebSocket to the final one, its
+    commits on disk; and its CPU is measured."""
+    from kiosk_agent.sim.server import SimOptions, SimServer
+
+    bench = _bench_module("agent")
+    sim = SimServer(SimOptions(port=0, time_scale=bench.PROCESS_TIME_SCALE, transactions=0))
+    await sim.start()
+    try:
+        floor, port = await bench.spawn_sale_floor(sim.ready_info(), tmp_path)
+        try:
+            assert await bench.kiosk_sales_cpu(floor.pid, port, 2, warm_up=0) > 0
+        finally:
+            floor.terminate()
+            await floor.wait()
+    finally:
+        await sim.stop()
+    db = sqlite3.connect(tmp_path / "floor-journal.db")
+    try:
+        assert db.execute("SELECT state, count(*) FROM sales GROUP BY state").fetchall() == [
+            ("completed", 2)
+        ]
+        assert db.execute("SELECT count(*) FROM steps").fetchone() == (12,)
+    finally:
+        db.close()
+
+
+async def test_a_sale_the_floor_cannot_charge_ends_the_drive_with_its_error(
+    tmp_path: Path,
+) -> None:
+    """With its simulator gone, the floor's sale ends on a final frame saying why, and the
+    driver fails on it at once (no bench waits on a WebSocket that never ends)."""
+    import pytest
+
+    from kiosk_agent.sim.server import SimOptions, SimServer
+
+    bench = _bench_module("agent")
+    sim = SimServer(SimOptions(port=0, time_scale=bench.PROCESS_TIME_SCALE, transactions=0))
+    await sim.start()
+    floor, port = await bench.spawn_sale_floor(sim.ready_info(), tmp_path)
+    try:
+        await sim.stop()
+        with pytest.raises(AssertionError, match=r"'state': 'failed'.*Client"):
+            await bench.kiosk_sales_cpu(floor.pid, port, 1, warm_up=0)
+    finally:
+        floor.terminate()
+        await floor.wait()
