@@ -894,12 +894,13 @@ def report(figures: dict[str, Any], args: argparse.Namespace) -> None:
         "idle_rss_mb": ("<", 60),
         "idle_cpu_percent": ("<", 0.1),
         "start_to_ready_s": ("<", 1.5),
-        "start_above_floor_s": ("<", 0.15),
-        "idle_rss_above_floor_mb": ("<", 5),
-        "kiosk_sale_cpu_ms": ("<", 5),
+        # issue 33's (each "at most"); the floors are explained in the module's docstring
+        "start_above_floor_s": ("<=", 0.15),
+        "idle_rss_above_libraries_in_use_mb": ("<=", 4),
+        "kiosk_sale_cpu_ms": ("<=", 4),
         # issue 33's 4 ms in the floor's units: 6d642d4 read 5.1 ms on 2026-11-26 and 1.64
         # times its floor on 2026-11-29 (docs/architecture.md), so 4 ms is 1.64 * 4 / 5.1
-        "kiosk_sale_cpu_above_floor": ("<", 1.29),
+        "kiosk_sale_cpu_above_floor": ("<=", 1.29),
         "trigger_to_request_during_read_ratio": ("<", 1.25),  # unchanged within noise
     }
     for name, value in figures.items():
@@ -907,7 +908,7 @@ def report(figures: dict[str, Any], args: argparse.Namespace) -> None:
         verdict = ""
         if target:
             op, limit = target
-            ok = value < limit if op == "<" else value >= limit
+            ok = {"<": value < limit, "<=": value <= limit, ">=": value >= limit}[op]
             verdict = f"   (target {op} {limit}: {'ok' if ok else 'MISSED'})"
         print(f"{name:34} {value}{verdict}")
     figures["bytecode"] = int(args.bytecode)  # 1: as installed; 0: compiled on each start
