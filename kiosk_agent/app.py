@@ -5,7 +5,7 @@ Also the one place that chooses the service a configuration names (:func:`config
 the embedded simulator, started for as long as it is used, or the real service) and assembles
 an agent for a command (:func:`agent_for`: the journal claimed first). ``run``, ``demo``,
 ``doctor`` and the service commands all come here. Nothing here imports the simulator: the
-command line passes the factory that makes one (``cli.sim.embedded_simulator``), used only when
+command line passes the factory that makes one (``cli.embedded.embedded_simulator``), used only when
 a configuration embeds one.
 """
 

@@ -43,7 +43,10 @@ NOT_FOR_A_SALE = [
     "kiosk_agent.service.models.hpp",  # hosted pages' models
     "kiosk_agent.service.models.reports",  # deposits, chargebacks, adjustments; ReportKind
     "kiosk_agent.sim",
-    "kiosk_agent.cli.virtual",  # the `virtual` command; a run takes its machines from cli.sim
+    "kiosk_agent.cli.virtual",  # the `virtual` command; a run takes its machines from cli.embedded
+    "kiosk_agent.cli.sim",  # the `sim` command
+    "kiosk_agent.cli.sales",  # the `sales` command: its views and exports
+    "kiosk_agent.export",  # CSV/JSON exports and printed records: a run prints none
     "kiosk_agent.platforms.mdb_protocol",  # the MDB adapter's wire: only with an mdb trigger
     "kiosk_agent.admin",
     "prometheus_client",  # /metrics: loaded when the admin API starts

@@ -33,7 +33,7 @@ COMMAND_MODULES: dict[str, str] = {
     "sim": "sim",
     "run": "agent",
     "check-config": "agent",
-    "sales": "agent",
+    "sales": "sales",
     "audit": "audit",
     "demo": "demo",
     "virtual": "virtual",
@@ -199,6 +199,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if handler is None:
         parser.print_help()
         return EXIT_USAGE
+    del parser  # a run lives for months: it keeps no parser of its command's family
     # pydantic looks for plugins of its own in every installed package's metadata when it builds
     # its first model: 10-17 ms of each start here (ten times that on a Pi Zero) for plugins the
     # program never uses. A plugin set up on purpose (the variable given) is left as asked.

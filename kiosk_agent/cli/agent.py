@@ -1,58 +1,34 @@
-"""`kiosk-agent run | check-config | sales`: the agent's own commands."""
+"""`kiosk-agent run | check-config`: the agent's own commands (`sales` is cli/sales.py's)."""
 
 from __future__ import annotations
 
 import argparse
 import contextlib
-import datetime as dt
 import json
 import sys
-import time
-from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from kiosk_agent.cli.contract import (
-    EXIT_FAILED,
     EXIT_JOURNAL_OWNED,
     EXIT_OK,
     EXIT_USAGE,
     CliError,
     StopSignals,
-    case_insensitive,
     config_path,
     existing_config,
     guarded,
     load,
-    open_journal,
     options,
-    parse_moment,
     plural,
-    positive_int,
-    print_json,
-    say,
-    unit_config,
     wants_json,
 )
-from kiosk_agent.export import SALE_FORMATS, export_sales, sale_json, step_json
-from kiosk_agent.moments import MOMENT_FORMS, display_time
-from kiosk_agent.money import format_cents
-from kiosk_agent.sales.kinds import (
-    KIND_CHOICES,
-    NOT_A_SALE,
-    SaleKind,
-    no_selection,
-    sessions_text,
-)
-from kiosk_agent.sales.model import money_text
-from kiosk_agent.sales.states import RESOLUTIONS, SaleState
 
 # The configuration loader and the journal are imported by the commands that use them: the
 # parser (`--help`, shell completion) must not wait for YAML, voluptuous and sqlite.
 if TYPE_CHECKING:
     from kiosk_agent.assembly.agent import Agent
     from kiosk_agent.config.load import Config
-    from kiosk_agent.sales.journal import SaleRecord
     from kiosk_agent.sales.owner import JournalLock
 
 
@@ -77,94 +53,6 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "read), every secret as ***",
     )
     check.set_defaults(handler=guarded(check_config_command, loop=False))
-
-    sales = subparsers.add_parser(
-        "sales",
-        help="list or export the sales journal",
-        parents=options(),
-        description="The local sales journal. Without an action: `sales list`.",
-    )
-    _sales_list_options(sales)
-    sales.set_defaults(handler=guarded(sales_command, loop=False))
-    actions = sales.add_subparsers(dest="action", metavar="ACTION")
-    listing = actions.add_parser(
-        "list", help="list or export sales (the default)", parents=options()
-    )
-    _sales_list_options(listing)
-    listing.set_defaults(handler=guarded(sales_command, loop=False))
-    shown = actions.add_parser(
-        "show", parents=options(),
-        help="one sale with every step, as the status page and GET /api/sales/{id} show it",
-    )  # fmt: skip
-    shown.add_argument(
-        "sale", metavar="SALE", help="sale id (or a unique start of it), or order id"
-    )
-    shown.set_defaults(handler=guarded(show_command, loop=False))
-    attention = actions.add_parser(
-        "attention", parents=options(),
-        help="the sales a person must decide (state attention), with why and since when",
-        description="The sales a person must decide (state attention), with why and since when, "
-        "and the open sales not moving. Exit 1 when it lists any (so `kiosk-agent sales "
-        "attention || alert` works from cron), 0 when there is none.",
-    )  # fmt: skip
-    attention.set_defaults(handler=guarded(attention_command, loop=False))
-    resolve = actions.add_parser(
-        "resolve", parents=options(),
-        help="record what a person did about an attention sale, and why",
-        description="Journal a person's decision on a sale in state attention, or on an open "
-        "sale of another unit id (`sales attention` lists both): --as captured "
-        "(the money was taken by hand: the sale ends completed) or --as reversed (it was given "
-        "back: the sale ends reversed). Nothing is sent to the payment service.",
-    )  # fmt: skip
-    resolve.add_argument(
-        "sale", metavar="SALE", help="sale id (or a unique start of it), or order id"
-    )
-    resolve.add_argument(
-        "--as",
-        dest="resolve_as",
-        required=True,
-        choices=sorted(RESOLUTIONS),
-        type=case_insensitive(sorted(RESOLUTIONS)),
-        help="what was done",
-    )
-    resolve.add_argument("--why", required=True, help="what you did and why (kept with the sale)")
-    resolve.set_defaults(handler=guarded(resolve_command, loop=False))
-
-
-def _sales_list_options(parser: argparse.ArgumentParser) -> None:
-    # SUPPRESS: the options may stand before or after `list` (`sales --since 7d list`).
-    parser.add_argument(
-        "--since", default=argparse.SUPPRESS, help=f"from: {MOMENT_FORMS} (days and times in UTC)"
-    )
-    parser.add_argument(
-        "--until", default=argparse.SUPPRESS,
-        help="up to this day (the whole of it) or time, in the same forms as --since",
-    )  # fmt: skip
-    parser.add_argument(
-        "--state", action="append", default=argparse.SUPPRESS,
-        type=case_insensitive([s.value for s in SaleState]),
-        help=f"repeatable, any case: {', '.join(s.value for s in SaleState)}",
-    )  # fmt: skip
-    parser.add_argument(
-        "--kind", choices=KIND_CHOICES, default=argparse.SUPPRESS,
-        help="sale (default), no_selection (card sessions that ended with nothing chosen and "
-        "nothing kept: not sales, counted apart) or all",
-    )  # fmt: skip
-    parser.add_argument(
-        "--format",
-        choices=["table", "csv", "json"],
-        default=argparse.SUPPRESS,
-        help="table (default), csv or json (--json is --format json)",
-    )
-    parser.add_argument(
-        "--limit", type=positive_int, default=argparse.SUPPRESS,
-        help=f"at most N sales, newest first (the table shows {TABLE_LIMIT} unless told; "
-        "CSV and JSON export every sale)",
-    )  # fmt: skip
-    parser.add_argument(
-        "--all", action="store_true", default=argparse.SUPPRESS,
-        help="every sale, also in the table",
-    )  # fmt: skip
 
 
 # -- check-config ------------------------------------------------------------------------------
@@ -354,7 +242,7 @@ async def _run_owning(args: argparse.Namespace, config: Config, owner: JournalLo
 
     inspect_ahead(owner.journal)
     from kiosk_agent.app import agent_for
-    from kiosk_agent.cli.sim import embedded_simulator, simulated_machines
+    from kiosk_agent.cli.embedded import embedded_simulator, simulated_machines
     from kiosk_agent.logs import setup_logging
     from kiosk_agent.sales.journal import JournalError
     from kiosk_agent.sales.owner import JournalOwned
@@ -406,275 +294,3 @@ async def _start_unless_stopped(agent: Agent, signals: StopSignals) -> None:
             await starting
         return
     starting.result()
-
-
-# -- sales -------------------------------------------------------------------------------------
-
-
-def parse_since(text: str, now: float | None = None) -> float:
-    """``"24h"``/``"7d"`` back from now, or an ISO day or time (UTC unless it says): a Unix time."""
-    current = dt.datetime.fromtimestamp(now, dt.UTC) if now is not None else None
-    moment = parse_moment(text, option="--since", now=current)
-    assert moment is not None
-    return moment.timestamp()
-
-
-def sales_window(
-    since_text: str | None, until_text: str | None
-) -> tuple[float | None, float | None]:
-    """``--since``/``--until`` as Unix seconds (an until day is the whole day), as the admin
-    API's ``since``/``until`` read them; an empty or backwards window is a usage error."""
-    since = parse_moment(since_text, option="--since")
-    until = parse_moment(until_text, end=True, option="--until")
-    if since is not None and until is not None and since >= until:
-        raise CliError("--since must be before --until", EXIT_USAGE)
-    return (
-        since.timestamp() if since is not None else None,
-        until.timestamp() if until is not None else None,
-    )
-
-
-# Rows the table shows unless --limit or --all says otherwise (as `journalctl -n`): after a
-# demo the journal holds hundreds of sales, and a tech wants the newest.
-TABLE_LIMIT = 25
-
-
-def render(sales: Sequence[SaleRecord], fmt: str, kind: SaleKind = SaleKind.SALE) -> str:
-    """The sales as a table for people, or the one CSV / JSON export (kiosk_agent.export, which
-    the admin API's ``GET /api/sales?format=csv|json`` writes too)."""
-    if fmt in SALE_FORMATS:
-        return "".join(export_sales(sales, fmt))
-    return _table(sales, kind) + "\n"
-
-
-def _each_counted(pages: Iterable[list[SaleRecord]], count: list[int]) -> Iterator[SaleRecord]:
-    """Each sale of ``pages``, counted in ``count[0]`` as it goes."""
-    for page in pages:
-        count[0] += len(page)
-        yield from page
-
-
-def _table(sales: Sequence[SaleRecord], kind: SaleKind) -> str:
-    from kiosk_agent.text import for_terminal  # on use: `--help` does not wait for it
-
-    headers = ("created", "order_id", "source", "money", "state", "message")
-    lines = [
-        (
-            display_time(s.created_at),  # for people, as every table (CSV and JSON: ISO 8601)
-            for_terminal(s.order_id),
-            for_terminal(s.source),
-            money_text(s),  # what was charged, or is held: never the price asked as if taken
-            s.state.value,
-            # a service's or a machine's words: shown, never obeyed by the terminal
-            for_terminal(s.message),
-        )
-        for s in sales
-    ]
-    widths = [max([len(h)] + [len(str(line[i])) for line in lines]) for i, h in enumerate(headers)]
-    fmt = "  ".join(f"{{:<{w}}}" for w in widths[:-1]) + "  {}"
-    out = [fmt.format(*headers)] + [fmt.format(*line) for line in lines]
-    apart = sum(1 for s in sales if no_selection(s))  # what sales.kinds says is not a sale
-    counted = [plural(len(sales) - apart, "sale")] if kind is not SaleKind.NO_SELECTION else []
-    if apart or kind is SaleKind.NO_SELECTION:
-        counted.append(sessions_text(apart))
-    out.append(", ".join(counted))
-    return "\n".join(out)
-
-
-# An open sale that has not moved for this long is shown with the attention sales: a running
-# agent may hold it in memory while its journal cannot take the step (docs/journal.md).
-STALLED_OPEN_S = 30.0
-
-
-async def attention_command(args: argparse.Namespace) -> int:
-    from kiosk_agent.sales.unit import others_open
-
-    journal = open_journal(unit_config(args))
-    try:
-        sales = journal.attention_sales()
-        # open sales of another unit id (a journal adopted under a new id): never the agent's
-        # to finish, whatever their age; a person decides
-        others = others_open(journal)
-        theirs = {sale.sale_id for sale, _ in others}
-        now = time.time()
-        # either way: a last step dated after now means the clock was stepped back since (NTP
-        # after a boot on a saved clock), and the sale may have stalled as long
-        stalled = [s for s in journal.open_sales()
-                   if abs(now - s.updated_at) > STALLED_OPEN_S and s.sale_id not in theirs]
-    finally:
-        journal.close()
-    # a cron job alerts on the exit code: 1 while anything here waits for a person or the agent
-    waiting = EXIT_FAILED if sales or stalled or others else EXIT_OK
-    if wants_json(args):
-        print(json.dumps({"sales": [sale_json(s) for s in sales],
-                          "stalled_open": [sale_json(s) for s in stalled],
-                          "other_unit_open": [{**sale_json(s), "why": why} for s, why in others]},
-                         indent=2))
-        return waiting
-    from kiosk_agent.text import for_terminal
-
-    for sale in stalled:
-        moved = (
-            f"not moved for {now - sale.updated_at:.0f} s" if sale.updated_at <= now else
-            f"its last step is dated {sale.updated_at - now:.0f} s after now (the clock was "
-            "stepped back since)"
-        )  # fmt: skip
-        print(
-            f"{sale.sale_id}  {sale.order_id}  {for_terminal(sale.source)}  open "
-            f"({sale.state.value}) since {display_time(sale.updated_at)}\n  {moved}: the agent "
-            "finishes it (a journal that cannot take writes keeps it in memory meanwhile)"
-        )
-    for sale, why in others:
-        print(
-            f"{sale.sale_id}  {sale.order_id}  {for_terminal(sale.source)}  {money_text(sale)}  "
-            f"open ({sale.state.value}) since {display_time(sale.updated_at)}\n  {why}"
-        )
-    for sale in sales:
-        # the sales list's words: "held $0.00" said of a charge whose answer was lost
-        print(
-            f"{sale.sale_id}  {sale.order_id}  {for_terminal(sale.source)}  {money_text(sale)}  "
-            f"since {display_time(sale.finished_at or sale.updated_at)}\n"
-            f"  {for_terminal(sale.message)}"
-        )
-    counted = plural(len(sales), "sale") + " in attention"
-    if others:
-        counted += f", {len(others)} open sale(s) of another unit id"
-    print(
-        counted
-        + (
-            "; resolve each with: kiosk-agent sales resolve SALE --as captured|reversed --why TEXT"
-            if sales or others
-            else ""
-        )
-    )
-    return waiting
-
-
-async def resolve_command(args: argparse.Namespace) -> int:
-    import getpass
-
-    from kiosk_agent.sales.attention import ResolveError, resolve
-
-    journal = open_journal(unit_config(args), to_write=True)
-    try:
-        record = resolve(
-            journal, args.sale, args.resolve_as, args.why, f"cli ({getpass.getuser()})"
-        )
-    except ResolveError as err:  # an unknown sale, one not in attention, no reason
-        raise CliError(str(err), EXIT_FAILED) from None
-    finally:
-        journal.close()
-    say(
-        args,
-        f"sale {record.sale_id} resolved as {args.resolve_as}: now {record.state.value}",
-        sale=sale_json(record),
-    )
-    return EXIT_OK
-
-
-async def sales_command(args: argparse.Namespace) -> int:
-    from kiosk_agent.cli.report import output_format
-
-    fmt = output_format(args)
-    limit = getattr(args, "limit", None)
-    if limit is not None and getattr(args, "all", False):
-        raise CliError("give --limit N or --all, not both", EXIT_USAGE)
-    if limit is None and fmt == "table" and not getattr(args, "all", False):
-        limit = TABLE_LIMIT
-    since, until = sales_window(getattr(args, "since", None), getattr(args, "until", None))
-    journal = open_journal(unit_config(args))
-    try:
-        states = [SaleState(s) for s in getattr(args, "state", None) or []] or None
-        kind = SaleKind(getattr(args, "kind", SaleKind.SALE))
-        if fmt in SALE_FORMATS:
-            # written as the journal is read, a page at a time: a year of sales read whole took
-            # 270 MB here, enough to push a small unit's agent out of memory
-            pages = journal.pages(since=since, until=until, states=states, kind=kind,
-                                  limit=limit)
-            written = [0]
-            for piece in export_sales(_each_counted(pages, written), fmt):
-                sys.stdout.write(piece)
-            shown = written[0]
-        else:
-            sales = journal.query(since=since, until=until, states=states, kind=kind,
-                                  limit=limit)
-            sys.stdout.write(render(sales, fmt, kind))
-            shown = len(sales)
-        more = (journal.count(since=since, until=until, states=states, kind=kind) - shown
-                if limit else 0)
-        apart = (journal.count(since=since, until=until, states=states,
-                               kind=SaleKind.NO_SELECTION) if kind is SaleKind.SALE else 0)
-    finally:
-        journal.close()
-    # on stderr: a pipe or an export gets the rows only
-    if more > 0:
-        print(f"{more:,} more (older); use --limit N or --all", file=sys.stderr)
-    if apart:
-        print(f"not sales: {sessions_text(apart)} (--kind no_selection lists them)",
-              file=sys.stderr)
-    return EXIT_OK
-
-
-async def show_command(args: argparse.Namespace) -> int:
-    """One sale with its steps: ``kiosk-agent sales show SALE``."""
-    from kiosk_agent.sales.journal_reads import SaleNotFound
-
-    journal = open_journal(unit_config(args))
-    try:
-        try:
-            record = journal.find(args.sale)
-        except SaleNotFound as err:  # unknown, or a prefix of several
-            raise CliError(str(err), EXIT_FAILED) from None
-        steps = journal.steps(record.sale_id)
-    finally:
-        journal.close()
-    if wants_json(args):  # the admin API's GET /api/sales/{id}
-        print_json({
-            "sale": sale_json(record),
-            "steps": [step_json(s) for s in steps],
-        })  # fmt: skip
-        return EXIT_OK
-    from kiosk_agent.text import for_terminal
-
-    print(for_terminal(sale_text(record, steps), keep_lines=True))
-    return EXIT_OK
-
-
-def sale_text(record: SaleRecord, steps: Sequence[Any]) -> str:
-    """A sale and its steps for people, times in UTC to the second."""
-    from kiosk_agent.card_brands import card_brand_name
-
-    def at(unix: float | None) -> str:
-        if unix is None:
-            return "-"
-        return display_time(unix)
-
-    card = " ".join(p for p in (card_brand_name(record.card_brand), record.last_four) if p)
-    pairs = [
-        ("sale", record.sale_id),
-        ("order_id", record.order_id),
-        ("state", record.state.value),
-        ("kind", NOT_A_SALE if no_selection(record) else "sale"),
-        ("money", money_text(record)),
-        ("asked", format_cents(record.amount_cents, record.currency)),
-        ("authorized", format_cents(record.authorized_cents, record.currency)),
-        ("captured", format_cents(record.captured_cents, record.currency)),
-        ("reversed", format_cents(record.reversed_cents, record.currency)),
-        ("source", record.source),
-        ("flow", record.flow),
-        ("terminal", record.terminal),
-        ("product", record.product or "-"),
-        ("card", card or "-"),
-        ("trans_id", record.trans_id or "-"),
-        ("created", at(record.created_at)),
-        ("finished", at(record.finished_at)),
-        ("message", record.message or "-"),
-    ]
-    width = max(len(key) for key, _ in pairs)
-    lines = [f"{key:<{width}}  {value}" for key, value in pairs]
-    lines.append(f"steps ({len(steps)}):")
-    for step in steps:
-        detail = step.detail.get("message") if isinstance(step.detail, dict) else None
-        shown = f"  {detail}" if isinstance(detail, str) and detail else ""
-        lines.append(f"  {at(step.at)}  {step.step:<24} -> {step.state.value}{shown}")
-    return "\n".join(lines)

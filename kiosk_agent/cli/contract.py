@@ -36,7 +36,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO, TypeVar
 
 from kiosk_agent import moments
-from kiosk_agent.export import HIDDEN_FIELDS, Amount, is_model, json_value, model_values, plain
 from kiosk_agent.moments import display_time
 from kiosk_agent.money import MoneyError, format_cents, parse_price
 from kiosk_agent.service.timeouts import DEFAULT_TIMEOUT
@@ -151,7 +150,6 @@ __all__ = [
     "ENVIRONMENT",
     "EXIT_CODES",
     "EXIT_JOURNAL_OWNED",
-    "HIDDEN_FIELDS",
     "CliError",
     "guarded",
     "options",
@@ -788,7 +786,7 @@ async def _configured_values(path: Path) -> AsyncIterator[dict[str, Any]]:
     from pydantic import ValidationError
 
     from kiosk_agent.app import configured_service
-    from kiosk_agent.cli.sim import embedded_simulator
+    from kiosk_agent.cli.embedded import embedded_simulator
 
     config = load(path, check_platforms=False)
     settings_made = False
@@ -956,13 +954,14 @@ def parse_amount(text: str) -> int:
 
 def safe_dump(model: BaseModel) -> dict[str, Any]:
     """A model as JSON-ready data without tokens or keys, times and amounts as exports have them."""
+    from kiosk_agent.export import json_value, model_values
+
     return {key: json_value(value) for key, value in model_values(model).items()}
 
 
-Money = Amount  # integer cents in a printed record: ``$2.50`` for people, ``"2.50"`` in JSON
-
-
 def jsonable(value: object) -> object:
+    from kiosk_agent.export import is_model, json_value
+
     if is_model(value):
         return safe_dump(value)
     return json_value(value)
@@ -971,6 +970,8 @@ def jsonable(value: object) -> object:
 def as_text(value: object) -> str:
     """A value for people: ``-`` for none (or an empty list), yes/no, ``$2.50``, times in UTC to
     the second, a list's items with commas."""
+    from kiosk_agent.export import Amount, plain  # on use: a run never prints a record
+
     if value is None:
         return "-"
     if isinstance(value, Amount):
@@ -990,6 +991,8 @@ def as_text(value: object) -> str:
 
 
 def print_record(pairs: Iterable[tuple[str, object]], *, as_json: bool, out: TextIO) -> None:
+    from kiosk_agent.export import HIDDEN_FIELDS
+
     items = [(k, v) for k, v in pairs if k not in HIDDEN_FIELDS]
     if as_json:
         print(json.dumps({k: jsonable(v) for k, v in items}, indent=2), file=out)

@@ -415,7 +415,7 @@ def _demo_config(args: argparse.Namespace) -> Path:
 
 async def _run(config: Any, args: argparse.Namespace, page_token: str | None = None) -> int:
     from kiosk_agent.app import agent_for
-    from kiosk_agent.cli.sim import embedded_simulator, simulated_machines
+    from kiosk_agent.cli.embedded import embedded_simulator, simulated_machines
     from kiosk_agent.platforms.virtual import VirtualPlatform
     from kiosk_agent.sim.machine import VirtualController
 

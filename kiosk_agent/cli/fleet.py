@@ -187,7 +187,7 @@ def _print_check(check: Check) -> None:
 
 async def _check_service(report: Report, config: Config, args: argparse.Namespace) -> None:
     from kiosk_agent.app import configured_service
-    from kiosk_agent.cli.sim import embedded_simulator
+    from kiosk_agent.cli.embedded import embedded_simulator
     from kiosk_agent.doctor import Verdict, check_terminals
     from kiosk_agent.service.client import ServiceClient
 

@@ -16,7 +16,6 @@ from kiosk_agent.cli.contract import (
     EXIT_OK,
     EXIT_USAGE,
     CliError,
-    Money,
     as_text,
     given,
     guarded,
@@ -33,6 +32,7 @@ from kiosk_agent.cli.contract import (
     validated,
     wants_json,
 )
+from kiosk_agent.export import Amount as Money  # integer cents: $2.50 for people, "2.50" in JSON
 from kiosk_agent.moments import timestamp
 from kiosk_agent.money import dollars_to_cents, format_cents
 

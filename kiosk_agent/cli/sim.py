@@ -11,13 +11,16 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from kiosk_agent.cli.contract import EXIT_USAGE, positive_number, stop_on_signals
+from kiosk_agent.cli.embedded import (  # noqa: F401 - where the tests take them
+    embedded_simulator,
+    simulated_machines,
+)
 
 # The simulator and the service's settings (pydantic) are imported when a simulator starts:
 # `--help` and shell completion build this parser without them.
 if TYPE_CHECKING:
     from kiosk_agent.service.settings import ServiceSettings
-    from kiosk_agent.sim.machine import VirtualController
-    from kiosk_agent.sim.server import SimOptions, SimServer
+    from kiosk_agent.sim.server import SimOptions
 
 DEFAULT_PORT = 8990
 READY = "READY "  # the line `kiosk-agent sim` prints once it listens: READY {json}
@@ -95,28 +98,6 @@ def settings_from_ready(info: Mapping[str, Any], **tuning: Any) -> ServiceSettin
     from kiosk_agent.service.settings import ServiceSettings
 
     return ServiceSettings.reaching_simulator(info, **tuning)
-
-
-def embedded_simulator(conf: dict[str, Any]) -> SimServer:
-    """The simulator a configuration embeds (``service: {simulator: ...}``) on a free port: the
-    factory the commands hand to ``app.configured_service`` (nothing below the CLI imports sim)."""
-    from kiosk_agent.sim.server import SimOptions, SimServer
-
-    options = SimOptions(port=0, time_scale=conf["time_scale"], seed=conf["seed"],
-                         transactions=conf["transactions"])
-    return SimServer(options)
-
-
-def simulated_machines(
-    *, products: dict[str, int], dispense_time: float, dex: bool, seed: int | None
-) -> VirtualController:
-    """The factory of the agent's ``virtual`` triggers (``Agent.machines``): the CLI gives it,
-    so nothing below the CLI imports ``kiosk_agent.sim``; imported only when a machine is made.
-    Here, not in ``cli.virtual`` (the ``virtual`` command, with the MDB adapter's wire codec):
-    every ``run`` hands it over, and one with no virtual trigger loads neither."""
-    from kiosk_agent.sim.machine import make_machine
-
-    return make_machine(products=products, dispense_time=dispense_time, dex=dex, seed=seed)
 
 
 def parse_ready(line: str) -> dict[str, Any] | None:

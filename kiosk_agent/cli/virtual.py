@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from kiosk_agent.cli.contract import positive_int, positive_number, stop_on_signals
-from kiosk_agent.cli.sim import simulated_machines  # noqa: F401 - where the tests take it
+from kiosk_agent.cli.embedded import simulated_machines  # noqa: F401 - where the tests take it
 from kiosk_agent.platforms import mdb_protocol as wire
 
 # The controller and the configuration's price rule are imported when a machine starts (or a

@@ -641,9 +641,11 @@ def _head_arrived(sock: socket.socket) -> bool:
 async def _listen(host: str, port: int) -> list[socket.socket]:
     """Listening sockets on every address ``host`` names (as asyncio's create_server binds)."""
     loop = asyncio.get_running_loop()
-    infos = await loop.getaddrinfo(
-        host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
-    )
+    # An ASCII name goes to getaddrinfo as bytes: given a str, the socket module encodes every
+    # host with the "idna" codec, whose import (with stringprep's tables) an idle agent would
+    # keep, some 0.1 MB, for an address like 127.0.0.1. A name that is not ASCII still gets it.
+    name = host.encode("ascii") if host and host.isascii() else host or None
+    infos = await loop.getaddrinfo(name, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
     listeners: list[socket.socket] = []
     try:
         for family, kind, proto, _name, address in dict.fromkeys(infos):

@@ -156,3 +156,31 @@ async def test_a_settling_cut_short_still_resumes_the_collector() -> None:
         assert gc.isenabled()
     finally:
         gc.enable()
+
+
+def test_start_up_caches_are_let_go_before_the_freeze() -> None:
+    import abc
+    import linecache
+    import re
+    import typing
+    from collections.abc import Sized
+
+    class Made:  # a class start-up asked an ABC about
+        pass
+
+    pattern = "start-up-only [0-9]+"
+    compiled = re.compile(pattern)
+    assert re.compile(pattern) is compiled  # re's cache holds it
+    alias = typing.Literal["made at start-up"]
+    assert typing.Literal["made at start-up"] is alias  # typing's cache holds it
+    assert not isinstance(Made(), Sized)
+    linecache.cache["<generated at import>"] = (1, None, ["x = 1\n"], "<generated at import>")
+
+    collector.shed_start_up_caches()
+
+    assert re.compile(pattern) is not compiled
+    assert typing.Literal["made at start-up"] is not alias
+    assert "<generated at import>" not in linecache.cache
+    _registry, _cache, negative, _version = abc._get_dump(Sized)  # type: ignore[attr-defined]
+    assert not negative  # Made is no longer remembered as not Sized
+    assert not isinstance(Made(), Sized)  # and is still answered right

@@ -22,8 +22,8 @@ import pytest
 
 from kiosk_agent import cli
 from kiosk_agent.cli import main
-from kiosk_agent.cli.agent import parse_since
 from kiosk_agent.cli.contract import EXIT_FAILED, EXIT_OK, EXIT_USAGE, STOP_SIGNALS, StopSignals
+from kiosk_agent.cli.sales import parse_since
 from kiosk_agent.sales.journal import Journal, SaleRecord
 from kiosk_agent.sales.states import SaleState, Step
 from tests.helpers import walk_to

@@ -45,6 +45,32 @@ async def test_a_site_on_port_0_learns_its_port_and_stops_listening() -> None:
     await site.stop()  # a second stop is harmless
 
 
+@pytest.mark.parametrize(
+    ("host", "asked"), [("127.0.0.1", b"127.0.0.1"), ("localhost", b"localhost")]
+)
+async def test_a_site_asks_for_an_ascii_host_as_bytes(
+    host: str, asked: bytes, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # as a str, getaddrinfo encodes the host with the "idna" codec, whose import (and its
+    # stringprep tables) an idle agent would keep for nothing
+    loop = asyncio.get_running_loop()
+    real = loop.getaddrinfo
+    hosts: list[object] = []
+
+    async def recorded(name: object, *args: object, **kwargs: object) -> object:
+        hosts.append(name)
+        return await real(name, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(loop, "getaddrinfo", recorded)
+    site = LocalSite(host, 0)
+    await site.start(web.Application())
+    try:
+        assert hosts == [asked]
+        assert site.port
+    finally:
+        await site.stop()
+
+
 def _limits(**overrides: float) -> HttpLimits:
     conf = {"header_timeout": 0.3, "body_timeout": 0.3, "keepalive_timeout": 0.6,
             "max_connections": 4, "shutdown_grace": 0.5, **overrides}
