@@ -143,6 +143,15 @@ def stream_slot(request: web.BaseRequest) -> StreamSlot | None:
     return contextlib.nullcontext() if site is None else site.stream_slot(request)
 
 
+def client_heard(request: web.BaseRequest) -> asyncio.Future[None] | None:
+    """A future set once the client of ``request``'s connection sends anything after it (or
+    the connection is lost): a stream that only writes waits on it instead of a reader task.
+    None where no LocalSite serves the request (a bare test app): read at once there."""
+    site = request.app.get(SITE) if isinstance(request, web.Request) else None
+    connection = None if site is None else site._connections.get(request.protocol)
+    return None if connection is None else connection.heard()
+
+
 def live_sites() -> list[LocalSite]:
     """Every site listening in this process, by name."""
     return sorted(_LIVE, key=lambda site: site.name)
@@ -176,6 +185,7 @@ class _Connection(asyncio.Protocol):
         self.closing = False
         self.gone = False  # the connection is lost (its last request may still be ending)
         self._stall: asyncio.TimerHandle | None = None  # armed while the client takes nothing
+        self._heard: asyncio.Future[None] | None = None  # set by the client's next bytes
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         if self.closing:  # closed to make room before the connection was even made
@@ -185,7 +195,20 @@ class _Connection(asyncio.Protocol):
         self.handler.connection_made(transport)
 
     def data_received(self, data: bytes) -> None:
-        self.handler.data_received(data)
+        self.handler.data_received(data)  # parsed first: whoever hears it then reads it
+        self._tell_heard()
+
+    def heard(self) -> asyncio.Future[None]:
+        """Set once the client sends anything from now on, or the connection is lost."""
+        if self._heard is None or self._heard.done():
+            self._heard = asyncio.get_running_loop().create_future()
+            if self.gone:
+                self._heard.set_result(None)
+        return self._heard
+
+    def _tell_heard(self) -> None:
+        if self._heard is not None and not self._heard.done():
+            self._heard.set_result(None)
 
     def eof_received(self) -> None:
         self.handler.eof_received()  # None: the transport closes its side
@@ -204,6 +227,7 @@ class _Connection(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.gone = True
+        self._tell_heard()
         self._cancel_stall()
         self.site._forget(self)
         if self.transport is not None:  # the handler saw the connection made
