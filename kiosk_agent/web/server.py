@@ -698,6 +698,8 @@ async def read_body(request: web.Request) -> bytes:
     """The whole body, within the server's ``body_timeout`` and its size limit (else 408/413)."""
     limits = request.config_dict.get(LIMITS) or HttpLimits.from_config()
     try:
+        if request.content.is_eof():  # all of it is here (a small body mostly is): no wait to bound
+            return await request.read()
         async with asyncio.timeout(limits.body_timeout):
             return await request.read()
     except TimeoutError:

@@ -134,6 +134,34 @@ async def test_a_body_that_trickles_gets_408_and_a_good_one_is_read() -> None:
         await site.stop()
 
 
+async def test_a_body_already_arrived_is_read_without_a_timer(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Before: every body was read inside ``asyncio.timeout(body_timeout)``, a timer armed and
+    cancelled on each kiosk API sale whose small body had come with its head. A body still
+    on its way is bounded as before (the 408 test above)."""
+    from kiosk_agent.web import server
+
+    bounded: list[float] = []
+    timeout = asyncio.timeout
+
+    def counted(delay: float | None) -> asyncio.Timeout:
+        bounded.append(delay or 0.0)
+        return timeout(delay)
+
+    site = await _site(_limits())
+    try:
+        monkeypatch.setattr(server.asyncio, "timeout", counted)
+        async with aiohttp.ClientSession() as http, http.post(
+            f"{site.url}/echo", json={"a": [1, 2]}
+        ) as response:
+            assert await response.json() == {"got": {"a": [1, 2]}}
+        monkeypatch.undo()
+        assert 0.3 not in bounded  # the body_timeout's
+    finally:
+        await site.stop()
+
+
 async def test_past_the_cap_the_oldest_idle_connection_makes_room() -> None:
     site = await _site(_limits(header_timeout=30, keepalive_timeout=30))
     try:
