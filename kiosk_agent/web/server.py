@@ -500,9 +500,11 @@ class LocalSite:
                 if not _head_arrived(sock) and self._room.take() > 0:
                     self._turn_away(sock)
                     continue
-            task = asyncio.get_running_loop().create_task(self._connect(sock, self._accept()))
-            self._connecting.add(task)
-            task.add_done_callback(self._connecting.discard)
+            protocol = self._accept()
+            if not _transport_at_once(sock, protocol):
+                task = asyncio.get_running_loop().create_task(self._connect(sock, protocol))
+                self._connecting.add(task)
+                task.add_done_callback(self._connecting.discard)
 
     def _turn_away(self, sock: socket.socket) -> None:
         """Close a silent newcomer past the budget, told 503 like an evicted one, without
@@ -533,13 +535,12 @@ class LocalSite:
         self._pause_accepting(_OUT_OF_DESCRIPTORS_PAUSE_S)
 
     async def _connect(self, sock: socket.socket, protocol: asyncio.Protocol) -> None:
+        """The transport made by the loop's coroutine (a loop that cannot make it at once)."""
         loop = asyncio.get_running_loop()
         try:
             await loop.connect_accepted_socket(lambda: protocol, sock)
-        except OSError:  # the client went before its transport was made
-            sock.close()
-            if isinstance(protocol, _Connection) and protocol.transport is None:
-                protocol.close()
+        except OSError:
+            _not_connected(sock, protocol)
 
     def _accept(self) -> asyncio.Protocol:
         """The protocol of a connection just accepted (room made for it, or a 503)."""
@@ -684,6 +685,28 @@ async def _listen(host: str, port: int) -> list[socket.socket]:
             listener.close()
         raise
     return listeners
+
+
+def _transport_at_once(sock: socket.socket, protocol: asyncio.Protocol) -> bool:
+    """Make an accepted socket's transport now, as asyncio's selector loop does inside its
+    ``connect_accepted_socket`` (the protocol told ``connection_made`` on the next turn), without
+    that coroutine's task, waiter and done callback: a connection a kiosk API sale. False
+    where the loop has no such method (another event loop): the coroutine makes it then."""
+    make = getattr(asyncio.get_running_loop(), "_make_socket_transport", None)
+    if make is None:
+        return False
+    try:
+        make(sock, protocol)
+    except OSError:
+        _not_connected(sock, protocol)
+    return True
+
+
+def _not_connected(sock: socket.socket, protocol: asyncio.Protocol) -> None:
+    """The client went before its transport was made."""
+    sock.close()
+    if isinstance(protocol, _Connection) and protocol.transport is None:
+        protocol.close()
 
 
 def _peer(transport: asyncio.BaseTransport | None) -> str:
