@@ -163,3 +163,74 @@ async def test_a_redirected_handshake_is_not_followed_and_the_wait_polls(
         assert "wst-secret" not in caplog.text  # the token sat in its query
     finally:
         await elsewhere.stop()
+
+
+def cable_then(frames: list[object], pause: float, last: object | None) -> object:
+    """A /cable endpoint that welcomes and confirms, sends ``frames`` ``pause`` seconds apart,
+    then ``last`` (as the channel's message), or nothing more when None."""
+
+    async def cable(request: web.Request) -> web.StreamResponse:
+        ws = web.WebSocketResponse(protocols=("actioncable-v1-json",))
+        await ws.prepare(request)
+        await ws.send_json({"type": "welcome"})
+        identifier = json.loads((await ws.receive()).data)["identifier"]
+        await ws.send_json({"type": "confirm_subscription", "identifier": identifier})
+        for frame in frames:
+            await asyncio.sleep(pause)
+            await ws.send_json(frame)
+        if last is not None:
+            await ws.send_json({"identifier": identifier, "message": last})
+        await ws.receive()  # until the client goes
+        return ws
+
+    return cable
+
+
+async def test_a_cable_silent_past_its_bound_is_dropped_and_the_status_endpoint_asked(
+    scripted: ScriptedServer, scripted_settings: ServiceSettings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from kiosk_agent.service import cable
+
+    monkeypatch.setattr(cable, "STALE_AFTER", 0.3)
+    scripted.script("POST", START, ACCEPTED)
+    scripted.script("POST", "/api/ws-token", json_reply({"token": "wst", "expires_at": 1}))
+    scripted.script("GET", "/cable", cable_then([], 0.0, None))
+    scripted.script("GET", STATUS, json_reply(CHARGED))
+    async with ServiceClient(scripted_settings) as svc:
+        handle = await svc.terminal.charge_card("SIM-0001", 100)
+        started = asyncio.get_running_loop().time()
+        interaction = await handle.wait(timeout=5)
+        waited = asyncio.get_running_loop().time() - started
+    assert interaction.status is InteractionStatus.SUCCEEDED
+    assert (handle.socket_failures, handle.via) == (1, "polling")
+    assert 0.3 <= waited < 2.0
+
+
+async def test_frames_keep_the_cable_open_without_a_timer_each(
+    scripted: ScriptedServer, scripted_settings: ServiceSettings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Before: each frame was read inside a timeout of its own (a timer armed and cancelled per
+    frame, two a sale). Server pings 0.1 s apart keep a cable whose bound is 0.3 s open for
+    0.8 s, with one timer moved on, not one per frame."""
+    from kiosk_agent.service import cable
+
+    monkeypatch.setattr(cable, "STALE_AFTER", 0.3)
+    scripted.script("POST", START, ACCEPTED)
+    scripted.script("POST", "/api/ws-token", json_reply({"token": "wst", "expires_at": 1}))
+    pings = [{"type": "ping", "message": n} for n in range(8)]
+    scripted.script("GET", "/cable", cable_then(pings, 0.1, CHARGED))
+    bounds: list[float | None] = []
+    timeout = asyncio.timeout
+
+    def counted(delay: float | None) -> asyncio.Timeout:
+        bounds.append(delay)
+        return timeout(delay)
+
+    async with ServiceClient(scripted_settings) as svc:
+        handle = await svc.terminal.charge_card("SIM-0001", 100)
+        monkeypatch.setattr(asyncio, "timeout", counted)
+        interaction = await handle.wait(timeout=5)
+        monkeypatch.setattr(asyncio, "timeout", timeout)
+    assert interaction.status is InteractionStatus.SUCCEEDED
+    assert (handle.socket_failures, handle.via) == (0, "websocket")
+    assert bounds.count(0.3) <= 1  # the welcome's wait only
