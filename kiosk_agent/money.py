@@ -52,8 +52,19 @@ def dollars_to_cents(value: str | Decimal | int) -> int:
 
 
 def cents_to_dollars(cents: int) -> str:
-    """1250 -> ``"12.50"``: the interface's two-place dollar string."""
-    return f"{cents_to_decimal(cents):.2f}"
+    """1250 -> ``"12.50"``: the interface's two-place dollar string (the digits of
+    :func:`cents_to_decimal`'s, made from the integer: no Decimal for every step a stream sends)."""
+    if isinstance(cents, bool) or not isinstance(cents, int):
+        raise MoneyError(f"expected integer cents, got {type(cents).__name__}")
+    if not -_DECIMAL_CENTS_BOUND < cents < _DECIMAL_CENTS_BOUND:  # as Decimal's precision does
+        return f"{cents_to_decimal(cents):.2f}"
+    if cents < 0:
+        return "-" + cents_to_dollars(-cents)
+    dollars, part = divmod(cents, 100)
+    return f"{dollars}.{part:02d}"
+
+
+_DECIMAL_CENTS_BOUND = 10**26  # 28 significant digits, two of them the cents
 
 
 def cents_to_decimal(cents: int) -> Decimal:

@@ -26,6 +26,21 @@ def test_dollar_strings_round_trip_exactly() -> None:
     assert cents_to_dollars(5) == "0.05"
 
 
+@given(cents=st.integers(min_value=-(10**30), max_value=10**30) | st.integers(-999, 999))
+def test_dollar_strings_are_the_decimal_ones_made_from_the_integer(cents: int) -> None:
+    """cents_to_dollars runs on every step a stream sends: made from the integer, not a
+    Decimal, it must say what the Decimal said (and refuse what it refused)."""
+    from kiosk_agent.money import CENT
+
+    try:
+        expected = f"{(Decimal(cents) / 100).quantize(CENT):.2f}"
+    except ArithmeticError:
+        with pytest.raises(ArithmeticError):
+            cents_to_dollars(cents)
+        return
+    assert cents_to_dollars(cents) == expected
+
+
 def test_sub_cent_amounts_are_refused_not_rounded() -> None:
     with pytest.raises(MoneyError, match="two decimal places"):
         dollars_to_cents("1.005")

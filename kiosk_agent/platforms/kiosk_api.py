@@ -77,6 +77,7 @@ from kiosk_agent.web.server import (
     BodyError,
     HttpLimits,
     LocalSite,
+    client_heard,
     read_json,
     stream_slot,
     text_fault,
@@ -655,9 +656,15 @@ class KioskApi:
         # the app sends nothing but a close: a larger frame is refused before it is buffered.
         # No permessage-deflate (a browser offers it): a step is a few hundred bytes on the
         # kiosk's own machine, and zlib on each would cost more CPU than the bytes it saves.
-        ws = web.WebSocketResponse(heartbeat=15.0, max_msg_size=MAX_STREAM_FRAME, compress=False)
+        # A sale's own stream ends with its sale, whose deadlines bound it: no heartbeat (its
+        # timer armed and re-armed on every sale); the app-wide stream lives on, and pings.
+        ws = web.WebSocketResponse(
+            heartbeat=None if sale_id else 15.0, max_msg_size=MAX_STREAM_FRAME, compress=False
+        )
+        heard = client_heard(request)  # before the 101: the app may speak only after it
         await ws.prepare(request)
         self._sockets.add(ws)
+        reader: asyncio.Task[None] | None = None
         try:
             # only this app's steps are queued (_follow): a busy bus elsewhere costs nothing here
             async with self._frames.subscribe(lambda frame: wanted(frame.event)) as queue:
@@ -667,21 +674,26 @@ class KioskApi:
                     await ws.send_str(event_text(latest))
                     if latest.state.final:
                         return ws
-                reader = asyncio.create_task(_drain(ws))
-                try:
-                    while not ws.closed:
-                        frame = await queue.next(reader)
-                        if frame is None:
-                            break  # the app closed the socket
-                        missed = queue.take_missed()
-                        if missed:  # the app fell behind: it must not take a hole for a whole
-                            await ws.send_json(gap_json(missed, sale_id))
-                        await ws.send_str(frame.text)
-                        if sale_id is not None and frame.event.state.final:
-                            break
-                finally:
-                    await cancel_and_wait(reader)
+                while not ws.closed:
+                    # what the app sends (its close, a ping) is read from the first byte it
+                    # sends: until then no reader task waits beside the stream
+                    if reader is None and (heard is None or heard.done()):
+                        reader = asyncio.create_task(_drain(ws))
+                    listening = reader or heard
+                    assert listening is not None
+                    frame = await queue.next(listening)
+                    if frame is None:
+                        if reader is None:
+                            continue  # the app spoke: read it from now on
+                        break  # the app closed the socket
+                    missed = queue.take_missed()
+                    if missed:  # the app fell behind: it must not take a hole for a whole
+                        await ws.send_json(gap_json(missed, sale_id))
+                    await ws.send_str(frame.text)
+                    if sale_id is not None and frame.event.state.final:
+                        break
         finally:
+            await cancel_and_wait(reader)
             self._sockets.discard(ws)
             await ws.close()
         return ws

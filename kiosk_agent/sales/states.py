@@ -20,6 +20,7 @@ docs/journal.md draws this table; a test holds the drawing and the table to each
 from __future__ import annotations
 
 import enum
+import functools
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 
@@ -45,7 +46,7 @@ class SaleState(enum.StrEnum):
     REVERSED = "reversed"  # money moved and was given back
     ATTENTION = "attention"  # could not be decided: the sweeper or a person decides later
 
-    @property
+    @functools.cached_property  # read on every step by many: kept on the member once known
     def final(self) -> bool:
         """The sale's flow has ended: recovery leaves it alone (attention included)."""
         return self in _FINAL

@@ -308,17 +308,23 @@ class Cable:
 
     async def _read(self, connection: _Connection) -> None:
         """Dispatch the socket's frames until it ends; then every subscription hears why."""
+        silence = _Silence(STALE_AFTER)
         try:
             while True:
-                connection.dispatch(await _receive(connection.ws, STALE_AFTER))
+                connection.dispatch(await _receive(connection.ws))
+                silence.heard()
         except SocketUnavailable as exc:
             reason = exc
         except asyncio.CancelledError:
-            connection.end(SocketUnavailable("the cable was closed"))
-            raise
+            if not silence.ended_it():
+                connection.end(SocketUnavailable("the cable was closed"))
+                raise
+            reason = SocketUnavailable(f"no frame for {STALE_AFTER:g} s")
         except Exception as exc:  # never a silent death: the waits fall back, and say why
             _LOGGER.exception("the cable's reader failed")
             reason = SocketUnavailable(f"the cable's reader failed: {type(exc).__name__}")
+        finally:
+            silence.stop()
         connection.end(reason)
         if self._connection is connection:
             self._connection = None
@@ -346,9 +352,43 @@ class Cable:
             await connection.ws.close()
 
 
-async def _receive(ws: aiohttp.ClientWebSocketResponse, stale_after: float) -> Frame:
+class _Silence:
+    """The open cable's bound on silence: one timer for the socket, moved on lazily. A bound
+    around each frame's read armed and cancelled a timer per frame (two a sale); here a frame
+    only notes when it came, and the timer, firing before the bound, is set for the rest. Past
+    it, the reading task is cancelled (:meth:`ended_it` tells that cancel from any other)."""
+
+    def __init__(self, after: float) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._reader = asyncio.current_task()
+        self.after = after
+        self.heard_at = self._loop.time()
+        self._fired = False
+        self._timer = self._loop.call_at(self.heard_at + after, self._check)
+
+    def heard(self) -> None:
+        self.heard_at = self._loop.time()
+
+    def _check(self) -> None:
+        due = self.heard_at + self.after
+        if self._loop.time() < due:
+            self._timer = self._loop.call_at(due, self._check)
+            return
+        self._fired = True
+        if self._reader is not None:
+            self._reader.cancel()
+
+    def ended_it(self) -> bool:
+        """The reader's cancel was this bound's (taken back), not its owner's."""
+        return self._fired and self._reader is not None and self._reader.uncancel() == 0
+
+    def stop(self) -> None:
+        self._timer.cancel()
+
+
+async def _receive(ws: aiohttp.ClientWebSocketResponse, stale_after: float | None = None) -> Frame:
     """The socket's next frame as a JSON object; SocketUnavailable when it is not one, or when
-    the socket ends or stays silent ``stale_after`` seconds."""
+    the socket ends or (with ``stale_after``) stays silent that many seconds."""
     try:
         message = await ws.receive(timeout=stale_after)
     except TimeoutError:

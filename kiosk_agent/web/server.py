@@ -143,6 +143,15 @@ def stream_slot(request: web.BaseRequest) -> StreamSlot | None:
     return contextlib.nullcontext() if site is None else site.stream_slot(request)
 
 
+def client_heard(request: web.BaseRequest) -> asyncio.Future[None] | None:
+    """A future set once the client of ``request``'s connection sends anything after it (or
+    the connection is lost): a stream that only writes waits on it instead of a reader task.
+    None where no LocalSite serves the request (a bare test app): read at once there."""
+    site = request.app.get(SITE) if isinstance(request, web.Request) else None
+    connection = None if site is None else site._connections.get(request.protocol)
+    return None if connection is None else connection.heard()
+
+
 def live_sites() -> list[LocalSite]:
     """Every site listening in this process, by name."""
     return sorted(_LIVE, key=lambda site: site.name)
@@ -176,6 +185,7 @@ class _Connection(asyncio.Protocol):
         self.closing = False
         self.gone = False  # the connection is lost (its last request may still be ending)
         self._stall: asyncio.TimerHandle | None = None  # armed while the client takes nothing
+        self._heard: asyncio.Future[None] | None = None  # set by the client's next bytes
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         if self.closing:  # closed to make room before the connection was even made
@@ -185,7 +195,20 @@ class _Connection(asyncio.Protocol):
         self.handler.connection_made(transport)
 
     def data_received(self, data: bytes) -> None:
-        self.handler.data_received(data)
+        self.handler.data_received(data)  # parsed first: whoever hears it then reads it
+        self._tell_heard()
+
+    def heard(self) -> asyncio.Future[None]:
+        """Set once the client sends anything from now on, or the connection is lost."""
+        if self._heard is None or self._heard.done():
+            self._heard = asyncio.get_running_loop().create_future()
+            if self.gone:
+                self._heard.set_result(None)
+        return self._heard
+
+    def _tell_heard(self) -> None:
+        if self._heard is not None and not self._heard.done():
+            self._heard.set_result(None)
 
     def eof_received(self) -> None:
         self.handler.eof_received()  # None: the transport closes its side
@@ -204,6 +227,7 @@ class _Connection(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.gone = True
+        self._tell_heard()
         self._cancel_stall()
         self.site._forget(self)
         if self.transport is not None:  # the handler saw the connection made
@@ -476,9 +500,11 @@ class LocalSite:
                 if not _head_arrived(sock) and self._room.take() > 0:
                     self._turn_away(sock)
                     continue
-            task = asyncio.get_running_loop().create_task(self._connect(sock, self._accept()))
-            self._connecting.add(task)
-            task.add_done_callback(self._connecting.discard)
+            protocol = self._accept()
+            if not _transport_at_once(sock, protocol):
+                task = asyncio.get_running_loop().create_task(self._connect(sock, protocol))
+                self._connecting.add(task)
+                task.add_done_callback(self._connecting.discard)
 
     def _turn_away(self, sock: socket.socket) -> None:
         """Close a silent newcomer past the budget, told 503 like an evicted one, without
@@ -509,13 +535,12 @@ class LocalSite:
         self._pause_accepting(_OUT_OF_DESCRIPTORS_PAUSE_S)
 
     async def _connect(self, sock: socket.socket, protocol: asyncio.Protocol) -> None:
+        """The transport made by the loop's coroutine (a loop that cannot make it at once)."""
         loop = asyncio.get_running_loop()
         try:
             await loop.connect_accepted_socket(lambda: protocol, sock)
-        except OSError:  # the client went before its transport was made
-            sock.close()
-            if isinstance(protocol, _Connection) and protocol.transport is None:
-                protocol.close()
+        except OSError:
+            _not_connected(sock, protocol)
 
     def _accept(self) -> asyncio.Protocol:
         """The protocol of a connection just accepted (room made for it, or a 503)."""
@@ -664,6 +689,28 @@ async def _listen(host: str, port: int) -> list[socket.socket]:
     return listeners
 
 
+def _transport_at_once(sock: socket.socket, protocol: asyncio.Protocol) -> bool:
+    """Make an accepted socket's transport now, as asyncio's selector loop does inside its
+    ``connect_accepted_socket`` (the protocol told ``connection_made`` on the next turn), without
+    that coroutine's task, waiter and done callback: a connection a kiosk API sale. False
+    where the loop has no such method (another event loop): the coroutine makes it then."""
+    make = getattr(asyncio.get_running_loop(), "_make_socket_transport", None)
+    if make is None:
+        return False
+    try:
+        make(sock, protocol)
+    except OSError:
+        _not_connected(sock, protocol)
+    return True
+
+
+def _not_connected(sock: socket.socket, protocol: asyncio.Protocol) -> None:
+    """The client went before its transport was made."""
+    sock.close()
+    if isinstance(protocol, _Connection) and protocol.transport is None:
+        protocol.close()
+
+
 def _peer(transport: asyncio.BaseTransport | None) -> str:
     peer = transport.get_extra_info("peername") if transport is not None else None
     return str(peer[0]) if isinstance(peer, tuple) and peer else "?"
@@ -676,6 +723,8 @@ async def read_body(request: web.Request) -> bytes:
     """The whole body, within the server's ``body_timeout`` and its size limit (else 408/413)."""
     limits = request.config_dict.get(LIMITS) or HttpLimits.from_config()
     try:
+        if request.content.is_eof():  # all of it is here (a small body mostly is): no wait to bound
+            return await request.read()
         async with asyncio.timeout(limits.body_timeout):
             return await request.read()
     except TimeoutError:

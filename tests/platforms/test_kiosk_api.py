@@ -752,3 +752,90 @@ async def _any_answer(workdir: Path, change: dict[str, Any] | int, flow: str) ->
         errors.close()
         await sim.stop()
     assert not errors.records, [r.getMessage() for r in errors.records]
+
+
+async def test_a_sales_stream_reads_nothing_until_the_app_speaks(
+    app: App, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Before: each sale's stream started a task to read what the app sends (nothing, until
+    the close it answers with) and armed a heartbeat timer, both ended with the sale: a task
+    and two timers a sale. Now neither, and the close handshake is whole (1000 both ways)."""
+    from kiosk_agent.platforms import kiosk_api
+
+    readers: list[object] = []
+    drain = kiosk_api._drain
+
+    async def counted(ws: Any) -> None:
+        readers.append(ws)
+        await drain(ws)
+
+    monkeypatch.setattr(kiosk_api, "_drain", counted)
+    for _ in range(2):
+        _, started = await app.post("/sales", {"product": "coffee"})
+        async with app.session.ws_connect(
+            f"{app.base}/sales/{started['sale_id']}/events?token={TOKEN}"
+        ) as ws:
+            [server_side] = app.api._sockets
+            assert server_side._heartbeat is None  # aiohttp's: no timer armed or re-armed
+            steps = [message.json() async for message in ws]
+        assert steps[-1]["state"] == "completed"
+        assert ws.close_code == 1000  # the agent's close, answered by the app
+        await until(lambda: not app.api._sockets)
+    assert readers == []
+
+
+async def test_an_app_that_closes_its_sales_stream_early_is_answered_at_once(
+    tmp_path: Path, sim_settings: Any
+) -> None:
+    """The app gives up following a sale that waits for it: its close is answered then, not
+    when the sale ends, and the stream's slot is free; the sale goes on."""
+    async for app in _app(tmp_path, sim_settings, confirm_dispense=True):
+        _, started = await app.post("/sales", {"product": "tea"})
+        sale_id = started["sale_id"]
+        async with app.session.ws_connect(
+            f"{app.base}/sales/{sale_id}/events?token={TOKEN}"
+        ) as ws:
+            async for message in ws:
+                if message.json()["state"] == "dispensing":
+                    break
+            assert await asyncio.wait_for(ws.close(), 5)  # answered by the agent's close
+        assert ws.close_code == 1000
+        await until(functools.partial(_no_stream, app))
+        assert app.api._site.streams == 0
+        status, _ = await app.post(f"/sales/{sale_id}/dispensed", {"status": "vended"})
+        assert status == 202
+        await until(functools.partial(_ended, app, sale_id))
+        assert app.api._latest[sale_id].state is SaleState.COMPLETED
+
+
+async def test_an_app_that_pings_or_drops_its_sales_stream_is_heard(
+    tmp_path: Path, sim_settings: Any
+) -> None:
+    """What the app sends is read from its first byte: a ping is answered while the sale
+    waits, and a connection dropped without a close frees the stream before the sale ends."""
+    async for app in _app(tmp_path, sim_settings, confirm_dispense=True):
+        _, started = await app.post("/sales", {"product": "tea"})
+        sale_id = started["sale_id"]
+        async with app.session.ws_connect(
+            f"{app.base}/sales/{sale_id}/events?token={TOKEN}", autoping=False
+        ) as ws:
+            while (await asyncio.wait_for(ws.receive_json(), 5))["state"] != "dispensing":
+                pass
+            await ws.ping(b"still here")
+            pong = await asyncio.wait_for(ws.receive(), 5)
+            assert (pong.type, pong.data) == (aiohttp.WSMsgType.PONG, b"still here")
+            assert app.api._sockets
+            ws._conn.transport.abort()  # type: ignore[union-attr]  # gone, no close frame
+            await until(functools.partial(_no_stream, app))
+            assert app.api._site.streams == 0
+        assert not app.api._latest[sale_id].state.final  # the sale still waits for the app
+        status, _ = await app.post(f"/sales/{sale_id}/dispensed", {"status": "vended"})
+        assert status == 202
+
+
+def _no_stream(app: App) -> bool:
+    return not app.api._sockets
+
+
+def _ended(app: App, sale_id: str) -> bool:
+    return app.api._latest[sale_id].state.final

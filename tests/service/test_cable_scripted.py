@@ -163,3 +163,112 @@ async def test_a_redirected_handshake_is_not_followed_and_the_wait_polls(
         assert "wst-secret" not in caplog.text  # the token sat in its query
     finally:
         await elsewhere.stop()
+
+
+def cable_then(frames: list[object], pause: float, last: object | None) -> object:
+    """A /cable endpoint that welcomes and confirms, sends ``frames`` ``pause`` seconds apart,
+    then ``last`` (as the channel's message), or nothing more when None."""
+
+    async def cable(request: web.Request) -> web.StreamResponse:
+        ws = web.WebSocketResponse(protocols=("actioncable-v1-json",))
+        await ws.prepare(request)
+        await ws.send_json({"type": "welcome"})
+        identifier = json.loads((await ws.receive()).data)["identifier"]
+        await ws.send_json({"type": "confirm_subscription", "identifier": identifier})
+        for frame in frames:
+            await asyncio.sleep(pause)
+            await ws.send_json(frame)
+        if last is not None:
+            await ws.send_json({"identifier": identifier, "message": last})
+        await ws.receive()  # until the client goes
+        return ws
+
+    return cable
+
+
+async def test_a_cable_silent_past_its_bound_is_dropped_and_the_status_endpoint_asked(
+    scripted: ScriptedServer, scripted_settings: ServiceSettings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from kiosk_agent.service import cable
+
+    monkeypatch.setattr(cable, "STALE_AFTER", 0.3)
+    scripted.script("POST", START, ACCEPTED)
+    scripted.script("POST", "/api/ws-token", json_reply({"token": "wst", "expires_at": 1}))
+    scripted.script("GET", "/cable", cable_then([], 0.0, None))
+    scripted.script("GET", STATUS, json_reply(CHARGED))
+    async with ServiceClient(scripted_settings) as svc:
+        handle = await svc.terminal.charge_card("SIM-0001", 100)
+        started = asyncio.get_running_loop().time()
+        interaction = await handle.wait(timeout=10)
+        waited = asyncio.get_running_loop().time() - started
+    assert interaction.status is InteractionStatus.SUCCEEDED
+    assert (handle.socket_failures, handle.via) == (1, "polling")
+    assert 0.3 <= waited < 5.0  # the bound, then one GET (a loaded machine takes its time)
+
+
+async def test_frames_keep_the_cable_open_without_a_timer_each(
+    scripted: ScriptedServer, scripted_settings: ServiceSettings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Before: each frame was read inside a timeout of its own (a timer armed and cancelled per
+    frame, two a sale). Now the socket's silence has one bound, whatever the frames."""
+    from kiosk_agent.service import cable
+
+    monkeypatch.setattr(cable, "STALE_AFTER", 7.5)  # told apart from every other bound here
+    scripted.script("POST", START, ACCEPTED)
+    scripted.script("POST", "/api/ws-token", json_reply({"token": "wst", "expires_at": 1}))
+    pings = [{"type": "ping", "message": n} for n in range(8)]
+    scripted.script("GET", "/cable", cable_then(pings, 0.01, CHARGED))
+    bounds: list[float | None] = []
+    timeout = asyncio.timeout
+
+    def counted(delay: float | None) -> asyncio.Timeout:
+        bounds.append(delay)
+        return timeout(delay)
+
+    async with ServiceClient(scripted_settings) as svc:
+        handle = await svc.terminal.charge_card("SIM-0001", 100)
+        monkeypatch.setattr(asyncio, "timeout", counted)
+        interaction = await handle.wait(timeout=10)
+        monkeypatch.setattr(asyncio, "timeout", timeout)
+    assert interaction.status is InteractionStatus.SUCCEEDED
+    assert (handle.socket_failures, handle.via) == (0, "websocket")
+    assert bounds.count(7.5) <= 1  # the welcome's wait only
+
+
+async def test_the_silence_bound_moves_on_with_each_frame_and_ends_only_its_own_reader() -> None:
+    """The one timer, firing before the bound because a frame came since, is set for the rest
+    and cancels nothing; past the bound it cancels the reader, and says the cancel was its
+    own; a cancel from the reader's owner is not taken for it."""
+    from kiosk_agent.service.cable import _Silence
+
+    loop = asyncio.get_running_loop()
+    ready = asyncio.Event()
+    silences: list[_Silence] = []
+
+    async def reader() -> None:
+        silences.append(_Silence(60.0))
+        ready.set()
+        await asyncio.sleep(3600)
+
+    task = asyncio.create_task(reader())
+    await ready.wait()
+    [silence] = silences
+    silence.stop()  # fired by hand here
+    silence.heard_at = loop.time() - 59.0  # a frame came 59 s ago: 1 s of the bound left
+    silence._check()  # fired early (as its first deadline, set at the start, would)
+    await asyncio.sleep(0)
+    assert not task.done()  # neither cancelled nor ended
+    silence.heard_at = loop.time() - 61.0  # nothing since: past the bound
+    silence._check()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert silence.ended_it()
+    silence.stop()
+
+    owner_cancelled = asyncio.create_task(reader())
+    await asyncio.sleep(0)
+    owner_cancelled.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await owner_cancelled
+    assert not silences[-1].ended_it()
+    silences[-1].stop()

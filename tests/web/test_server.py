@@ -160,6 +160,77 @@ async def test_a_body_that_trickles_gets_408_and_a_good_one_is_read() -> None:
         await site.stop()
 
 
+async def test_a_body_already_arrived_is_read_without_a_timer(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Before: every body was read inside ``asyncio.timeout(body_timeout)``, a timer armed and
+    cancelled on each kiosk API sale whose small body had come with its head. A body still
+    on its way is bounded as before (the 408 test above)."""
+    from kiosk_agent.web import server
+
+    bounded: list[float] = []
+    timeout = asyncio.timeout
+
+    def counted(delay: float | None) -> asyncio.Timeout:
+        bounded.append(delay or 0.0)
+        return timeout(delay)
+
+    site = await _site(_limits())
+    try:
+        monkeypatch.setattr(server.asyncio, "timeout", counted)
+        async with aiohttp.ClientSession() as http, http.post(
+            f"{site.url}/echo", json={"a": [1, 2]}
+        ) as response:
+            assert await response.json() == {"got": {"a": [1, 2]}}
+        monkeypatch.undo()
+        assert 0.3 not in bounded  # the body_timeout's
+    finally:
+        await site.stop()
+
+
+async def test_a_connection_is_served_without_a_task_to_make_its_transport(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Before: each accepted connection ran asyncio's connect_accepted_socket in a task of its
+    own (the task, two steps, a waiter, a done callback: a connection each kiosk API sale)."""
+    made_in_a_task: list[object] = []
+    connect = LocalSite._connect
+
+    async def counted(site: LocalSite, sock: socket.socket, protocol: asyncio.Protocol) -> None:
+        made_in_a_task.append(protocol)
+        await connect(site, sock, protocol)
+
+    monkeypatch.setattr(LocalSite, "_connect", counted)
+    site = await _site(_limits())
+    try:
+        async with aiohttp.ClientSession() as http:
+            for n in range(3):  # a connection each
+                async with http.post(f"{site.url}/echo", json={"n": n},
+                                     headers={"Connection": "close"}) as response:
+                    assert await response.json() == {"got": {"n": n}}
+        assert made_in_a_task == []
+    finally:
+        await site.stop()
+
+
+async def test_a_loop_that_cannot_make_a_transport_at_once_still_serves(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Another event loop (uvloop has no ``_make_socket_transport``): its coroutine makes the
+    transport, in a task, as before."""
+    from kiosk_agent.web import server
+
+    monkeypatch.setattr(server, "_transport_at_once", lambda sock, protocol: False)
+    site = await _site(_limits())
+    try:
+        async with aiohttp.ClientSession() as http, http.post(
+            f"{site.url}/echo", json={"a": 1}
+        ) as response:
+            assert await response.json() == {"got": {"a": 1}}
+    finally:
+        await site.stop()
+
+
 async def test_past_the_cap_the_oldest_idle_connection_makes_room() -> None:
     site = await _site(_limits(header_timeout=30, keepalive_timeout=30))
     try:
