@@ -23,11 +23,12 @@ from __future__ import annotations
 import os
 import stat
 from collections.abc import Iterable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
 import yaml
+
+from kiosk_agent.data_class import data_class
 
 SECRETS_FILE = "secrets.yaml"
 
@@ -54,7 +55,7 @@ def suggest(word: str, choices: Iterable[str]) -> str | None:
 # --------------------------------------------------------------------------- errors
 
 
-@dataclass(frozen=True, slots=True)
+@data_class(frozen=True, slots=True)
 class ConfigError:
     """One mistake in a configuration, located and explained."""
 
@@ -102,7 +103,7 @@ class ConfigInvalid(Exception):
 # --------------------------------------------------------------------------- loaded values
 
 
-@dataclass(frozen=True, slots=True)
+@data_class(frozen=True, slots=True)
 class Position:
     file: str
     line: int  # 1-based

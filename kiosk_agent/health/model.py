@@ -17,12 +17,13 @@ import logging
 import time
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import Annotated, Any, Protocol
 
 from pydantic import BaseModel, ConfigDict, PlainSerializer, SerializationInfo
 
 from kiosk_agent.bus import EventBus
+from kiosk_agent.data_class import data_class
 from kiosk_agent.health.defaults import KEY_WARNING, PING_INTERVAL, PING_TIMEOUT
 from kiosk_agent.moments import day_of, day_start, display_clock, timestamp
 from kiosk_agent.money import format_cents
@@ -157,7 +158,7 @@ class SalesHealth(_Model):
     day_started_at: WallTime = 0.0  # Unix time of the UTC midnight the day's figures count from
 
 
-@dataclass(frozen=True, slots=True)
+@data_class(frozen=True, slots=True)
 class SaleTotals:
     """Running totals since the process started: they only grow (Prometheus counters).
 

@@ -8,12 +8,12 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Mapping
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
 
+from kiosk_agent.data_class import data_class
 from kiosk_agent.service.errors import MissingCredentialsError
 from kiosk_agent.service.timeouts import DEFAULT_TIMEOUT as DEFAULT_TIMEOUT  # one default
 
@@ -33,7 +33,7 @@ class CallKind(enum.Enum):
     WEBSOCKET = "websocket"  # the cable handshake (token, then the upgrade)
 
 
-@dataclass(frozen=True, slots=True)
+@data_class(frozen=True, slots=True)
 class Timeouts:
     """Seconds. ``connect``: to open the connection; ``read``: the longest silence while waiting
     for or reading the answer (one attempt); ``total``: the whole call, every attempt, backoff,
