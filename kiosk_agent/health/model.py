@@ -8,7 +8,6 @@ Nothing here holds card data or secrets: terminals by device id, sales by count 
 free-text detail (often an exception's message) passes through `redact` on the way in.
 """
 
-from __future__ import annotations
 
 import asyncio
 import datetime as dt
