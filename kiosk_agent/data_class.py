@@ -4,7 +4,7 @@ Python 3.11 writes each method a dataclass generates as source text and compiles
 start: ``__init__``, ``__repr__``, ``__eq__``, ``__hash__`` and, frozen, ``__setattr__`` and
 ``__delattr__``. Some 40 dataclasses on the way to a run's READY=1 spent 57-68 ms of one core
 making their classes on the shared 2-core machine (about 1.5 ms each; ten times that on a Pi
-Zero), half of it compiling ``__repr__``, ``__eq__`` and ``__hash__``. Here those three are
+Zero), a quarter of it compiling ``__repr__``, ``__eq__`` and ``__hash__``. Here those three are
 closures over one function each, written once in this module, over the class's fields: the same
 results as the generated ones (the same text, the same comparison of field tuples, the same
 hash), made without compiling. ``__init__`` and the frozen guards are still the dataclass's own.
