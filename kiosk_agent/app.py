@@ -14,7 +14,6 @@ from __future__ import annotations
 import contextlib
 import importlib
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -22,6 +21,7 @@ from kiosk_agent.assembly.agent import Agent, ComponentFactory, service_settings
 from kiosk_agent.assembly.systemd import SystemdLifecycle
 from kiosk_agent.config.load import SECTION_OWNERS, Config, load_config
 from kiosk_agent.config.registry import setup_function
+from kiosk_agent.data_class import data_class
 from kiosk_agent.sales.clock import SYSTEM_CLOCK, Clock
 from kiosk_agent.sales.owner import JournalLock
 from kiosk_agent.service.settings import ServiceSettings
@@ -102,7 +102,7 @@ def load_agent(
     return build_agent(load_config(path), service_settings, **kw)
 
 
-@dataclass(frozen=True, slots=True)
+@data_class(frozen=True, slots=True)
 class ConfiguredService:
     """The service a configuration names: how to reach it, and the embedded simulator that
     plays it (None for a real service)."""

@@ -25,10 +25,10 @@ import io
 import json
 import sys
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
 from decimal import Decimal
 from typing import TYPE_CHECKING, Any
 
+from kiosk_agent.data_class import data_class
 from kiosk_agent.moments import optional_timestamp, timestamp
 from kiosk_agent.money import cents_to_dollars
 
@@ -65,7 +65,7 @@ SALE_COLUMNS = (
 )
 
 
-@dataclass(frozen=True, slots=True)
+@data_class(frozen=True, slots=True)
 class Amount:
     """Integer cents: ``"2.50"`` in CSV and JSON, never a float (``$2.50`` for people)."""
 

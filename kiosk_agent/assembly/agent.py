@@ -16,7 +16,6 @@ import sqlite3
 import threading
 import time
 from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass
 from typing import Any, Protocol
 
 from kiosk_agent import __version__
@@ -25,6 +24,7 @@ from kiosk_agent.assembly.systemd import SystemdLifecycle
 from kiosk_agent.bus import EventBus
 from kiosk_agent.config.load import Config
 from kiosk_agent.config.registry import CannotStart, PlatformInstance
+from kiosk_agent.data_class import data_class
 from kiosk_agent.health.availability import Availability
 from kiosk_agent.health.model import Health, HealthChecker
 from kiosk_agent.health.schema import HEALTH_SCHEMA
@@ -72,7 +72,7 @@ PlatformSetup = Callable[["Agent", dict[str, Any]], Awaitable[PlatformInstance]]
 ComponentFactory = Callable[["Agent", Any], Component]
 
 
-@dataclass(slots=True)
+@data_class(slots=True)
 class _PendingPlatform:
     setup: PlatformSetup
     conf: dict[str, Any]

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import importlib
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -47,6 +46,7 @@ from kiosk_agent.config.yaml_loader import (
 from kiosk_agent.config.yaml_loader import (
     load_yaml as load_yaml,
 )
+from kiosk_agent.data_class import data_class
 from kiosk_agent.money import format_cents
 from kiosk_agent.sales.schema import JOURNAL_SCHEMA, RECEIPTS_SCHEMA, SALES_SCHEMA
 from kiosk_agent.service.timeouts import DEFAULT_TIMEOUT
@@ -63,7 +63,7 @@ SECRET_KEYS = frozenset(
 
 
 
-@dataclass(frozen=True, slots=True)
+@data_class(frozen=True, slots=True)
 class SectionOwner:
     """Where a section that another package owns lives, each part imported by name when a
     configuration has the section: the configuration, the assembly and the doctor import no
@@ -268,7 +268,7 @@ def _core_keys() -> list[str]:
 # --------------------------------------------------------------------------- validation
 
 
-@dataclass(slots=True)
+@data_class(slots=True)
 class Config:
     """A validated configuration."""
 

@@ -23,11 +23,12 @@ from __future__ import annotations
 import os
 import stat
 from collections.abc import Iterable
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import yaml
+
+from kiosk_agent.data_class import data_class
 
 SECRETS_FILE = "secrets.yaml"
 
@@ -54,7 +55,7 @@ def suggest(word: str, choices: Iterable[str]) -> str | None:
 # --------------------------------------------------------------------------- errors
 
 
-@dataclass(frozen=True, slots=True)
+@data_class(frozen=True, slots=True)
 class ConfigError:
     """One mistake in a configuration, located and explained."""
 
@@ -102,7 +103,7 @@ class ConfigInvalid(Exception):
 # --------------------------------------------------------------------------- loaded values
 
 
-@dataclass(frozen=True, slots=True)
+@data_class(frozen=True, slots=True)
 class Position:
     file: str
     line: int  # 1-based
@@ -441,6 +442,66 @@ def _bounded_load(loader: _Bounded) -> Any:
         loader.dispose()
 
 
+B = TypeVar("B", bound=_Bounded)
+
+
+class _PyYAMLReadsThis(yaml.YAMLError):
+    """What libyaml reads otherwise than PyYAML: the file is read by PyYAML."""
+
+
+def _on_libyaml(loader: type[B]) -> type[B]:
+    """``loader`` reading its events from libyaml's parser (in C) where PyYAML was built with
+    it: PyYAML's own reader, scanner and parser, in Python, were 4-5 ms of a start's 6 ms of
+    reading its configuration (ten times that on a Pi Zero). The rest stays PyYAML's Python:
+    the composer, so the nesting bound (``compose_node``) still holds, and the constructors.
+
+    A file libyaml will not read is read again by PyYAML alone, whose error (or, where the two
+    disagree, whose reading) is the one used: libyaml words its mistakes otherwise, and
+    :func:`syntax_error` explains PyYAML's. So is a file with a value left out (`key:` and
+    nothing after it: libyaml places the empty value where the next line starts, PyYAML after
+    the key, and a mistake's line is the one PyYAML names), a file with a tab (libyaml takes
+    tabs where PyYAML refuses them) and one with any character beyond ASCII (a byte order mark
+    inside the text, Unicode's own line breaks: the two disagree on some). Nothing is
+    constructed before that: no error, no secret, no include is looked at twice
+    (``tests/config/test_config_properties.py`` holds the two readings to be alike)."""
+    if not yaml.__with_libyaml__:
+        return loader
+    from yaml._yaml import CParser
+
+    class OnLibyaml(CParser, loader):  # type: ignore[valid-type,misc]
+        def __init__(self, stream: str) -> None:
+            CParser.__init__(self, stream)
+            yaml.composer.Composer.__init__(self)
+            yaml.constructor.SafeConstructor.__init__(self)
+            yaml.resolver.Resolver.__init__(self)
+            self.text = stream
+
+        # the nodes are composed by PyYAML's composer (CParser's own would skip the bound)
+        check_node = yaml.composer.Composer.check_node
+        get_node = yaml.composer.Composer.get_node
+
+        def compose_scalar_node(self, anchor: Any) -> Any:
+            event: Any = self.peek_event()
+            if event.value == "" and event.implicit[0]:  # a value left out: `key:`, `- `
+                raise _PyYAMLReadsThis
+            return super().compose_scalar_node(anchor)
+
+        def get_single_node(self) -> Any:
+            try:
+                if "\t" in self.text or not self.text.isascii():
+                    raise _PyYAMLReadsThis
+                return yaml.composer.Composer.get_single_node(self)
+            except yaml.YAMLError:
+                again = loader(self.text)
+                try:
+                    return again.get_single_node()
+                finally:
+                    again.dispose()
+
+    OnLibyaml.__name__ = OnLibyaml.__qualname__ = f"{loader.__name__}OnLibyaml"
+    return OnLibyaml
+
+
 # --------------------------------------------------------------------------- the configuration
 
 
@@ -521,7 +582,7 @@ class _Context:
                 f"{unprintable.column}: {unprintable.message}"
             )
             return None
-        loader = _Bounded(text)
+        loader = _SECRETS_LOADER(text)
         loader.budget = [MAX_VALUES]
         try:
             loaded = _bounded_load(loader)
@@ -567,7 +628,7 @@ class _Context:
         if unprintable is not None:
             self.errors.append(unprintable)
             return None
-        loader = _Loader(text)
+        loader = _FILE_LOADER(text)
         loader.context = self
         loader.budget = self.budget
         loader.file_label = label
@@ -725,6 +786,9 @@ _Loader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_SEQUENCE_TAG, _constr
 _Loader.add_constructor("!secret", _construct_secret)
 _Loader.add_constructor("!env_var", _construct_env_var)
 _Loader.add_constructor("!include", _construct_include)
+# What reads each file (_Context.load_file) and the secrets file: on libyaml where it is built.
+_FILE_LOADER = _on_libyaml(_Loader)
+_SECRETS_LOADER = _on_libyaml(_Bounded)
 
 
 def load_yaml(path: Path) -> tuple[Any, list[ConfigError]]:

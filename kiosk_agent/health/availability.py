@@ -29,10 +29,10 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from kiosk_agent.bus import EventBus
+from kiosk_agent.data_class import data_class
 from kiosk_agent.health.defaults import HOLD_OFF, RECHECK_INTERVAL
 from kiosk_agent.moments import display_clock
 from kiosk_agent.sales.model import SaleEvent
@@ -51,7 +51,7 @@ IN_SERVICE = "in_service"
 _SUSPECT_ENDS = frozenset({SaleState.FAILED, SaleState.ATTENTION})
 
 
-@dataclass(frozen=True, slots=True)
+@data_class(frozen=True, slots=True)
 class TerminalState:
     """Whether card payment works on ``device_id`` now; ``reason`` says why not (for people)."""
 
@@ -90,7 +90,7 @@ FILE_CHECK_REASON = "journal: reading its file whole before money moves on it"
 Cause = tuple[str, str]
 
 
-@dataclass(slots=True)
+@data_class(slots=True)
 class _Tracked:
     state: TerminalState
     failing_since: float | None = None  # monotonic: first check that found it unusable

@@ -8,7 +8,6 @@ Nothing here holds card data or secrets: terminals by device id, sales by count 
 free-text detail (often an exception's message) passes through `redact` on the way in.
 """
 
-from __future__ import annotations
 
 import asyncio
 import datetime as dt
@@ -17,12 +16,13 @@ import logging
 import time
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import Annotated, Any, Protocol
 
 from pydantic import BaseModel, ConfigDict, PlainSerializer, SerializationInfo
 
 from kiosk_agent.bus import EventBus
+from kiosk_agent.data_class import data_class
 from kiosk_agent.health.defaults import KEY_WARNING, PING_INTERVAL, PING_TIMEOUT
 from kiosk_agent.moments import day_of, day_start, display_clock, timestamp
 from kiosk_agent.money import format_cents
@@ -157,7 +157,7 @@ class SalesHealth(_Model):
     day_started_at: WallTime = 0.0  # Unix time of the UTC midnight the day's figures count from
 
 
-@dataclass(frozen=True, slots=True)
+@data_class(frozen=True, slots=True)
 class SaleTotals:
     """Running totals since the process started: they only grow (Prometheus counters).
 

@@ -28,10 +28,10 @@ import datetime as dt
 import logging
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any, Protocol
 
 from kiosk_agent.config.registry import CannotStart
+from kiosk_agent.data_class import data_class
 from kiosk_agent.health.availability import follow_availability
 from kiosk_agent.platforms.base import (
     DevicePlatform,
@@ -66,7 +66,7 @@ _LOGGER = logging.getLogger(__name__)
 # -- the chip interface ---------------------------------------------------------------------------
 
 
-@dataclass(frozen=True, slots=True)
+@data_class(frozen=True, slots=True)
 class Edge:
     line: int
     active: bool  # True: the line became active (a press, a product falling past the sensor)
@@ -176,7 +176,7 @@ class _LibgpiodOutputs:
 
 # -- configuration --------------------------------------------------------------------------------
 
-@dataclass(frozen=True, slots=True)
+@data_class(frozen=True, slots=True)
 class Button:
     line: int
     product: str

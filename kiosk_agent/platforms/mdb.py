@@ -25,9 +25,10 @@ import enum
 import logging
 from collections import Counter
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import Any
 
+from kiosk_agent.data_class import data_class
 from kiosk_agent.health.availability import follow_availability
 from kiosk_agent.platforms import mdb_protocol as wire
 from kiosk_agent.platforms.base import (
@@ -68,7 +69,7 @@ _LOGGER = logging.getLogger(__name__)
 PROBE_ANSWER_WINDOW = 2.0
 
 
-@dataclass(slots=True)
+@data_class(slots=True)
 class LinkFacts:
     """What the adapter link has said since it connected: facts of the link, kept beside the
     session's phase table, not in it (they outlive a session and come before one)."""
@@ -83,7 +84,7 @@ class LinkFacts:
 READER_SAYS = {True: "enabled", False: "disabled", None: "unknown"}  # status()["reader"]
 
 
-@dataclass(slots=True)
+@data_class(slots=True)
 class MdbOptions:
     source: str = "mdb"
     mode: Mode = Mode.SELECTION_FIRST
@@ -112,7 +113,7 @@ class MdbOptions:
         )
 
 
-@dataclass(slots=True)
+@data_class(slots=True)
 class MdbStats:
     vend_requests: int = 0
     sales_started: int = 0

@@ -24,8 +24,8 @@ conversion goes through ``kiosk_agent.money``.
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass
 
+from kiosk_agent.data_class import data_class
 from kiosk_agent.money import MoneyError, cents_to_dollars, parse_wire_amount
 from kiosk_agent.platforms.mdb_units import AmountUnit as AmountUnit  # the wire's, re-exported
 
@@ -65,34 +65,34 @@ def _shown(line: str) -> str:
 # -- what the adapter says ---------------------------------------------------------------------
 
 
-@dataclass(frozen=True, slots=True)
+@data_class(frozen=True, slots=True)
 class StatusChanged:
     status: ControllerStatus
     funds_cents: int | None = None
 
 
-@dataclass(frozen=True, slots=True)
+@data_class(frozen=True, slots=True)
 class VendRequested:
     amount_cents: int
     product: str
 
 
-@dataclass(frozen=True, slots=True)
+@data_class(frozen=True, slots=True)
 class VendSucceeded:
     pass
 
 
-@dataclass(frozen=True, slots=True)
+@data_class(frozen=True, slots=True)
 class VendFailed:
     code: str
 
 
-@dataclass(frozen=True, slots=True)
+@data_class(frozen=True, slots=True)
 class AdapterError:
     text: str
 
 
-@dataclass(frozen=True, slots=True)
+@data_class(frozen=True, slots=True)
 class Chatter:
     """Acknowledgements, echoes and master-side lines: expected, meaningless for the session."""
 
@@ -182,7 +182,7 @@ def start_session(funds_cents: int, unit: AmountUnit = AmountUnit.DOLLARS) -> st
 # -- what the controller side sees (used by the virtual controller) ----------------------------
 
 
-@dataclass(frozen=True, slots=True)
+@data_class(frozen=True, slots=True)
 class AgentCommand:
     """A parsed ``C,...`` line, as the adapter/controller receives it."""
 

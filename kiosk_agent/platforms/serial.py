@@ -17,12 +17,13 @@ import logging
 import random
 import time
 from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import Any
 
 import serial
 import serial_asyncio_fast
 
+from kiosk_agent.data_class import data_class
 from kiosk_agent.logs import RefusalLog
 from kiosk_agent.platforms.serial_ports import BAUDRATE as BAUDRATE
 from kiosk_agent.platforms.serial_ports import LINE_END as LINE_END
@@ -41,7 +42,7 @@ class LinkState(enum.StrEnum):
 
 
 
-@dataclass(slots=True)
+@data_class(slots=True)
 class SerialSettings:
     port: str  # a path, a glob (/dev/ttyUSB*), a by-id symlink, or socket://host:port
     baudrate: int = BAUDRATE
@@ -61,7 +62,7 @@ class SerialSettings:
         return cls(port=config["port"], **{key: config[key] for key in tuning if key in config})
 
 
-@dataclass(slots=True)
+@data_class(slots=True)
 class LinkStats:
     lines: int = 0
     dropped: int = 0  # garbage, overlong or undecodable input

@@ -33,9 +33,9 @@ import logging
 import re
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
+from kiosk_agent.data_class import data_class
 from kiosk_agent.health.availability import follow_availability, short_reason
 from kiosk_agent.money import MoneyError, cents_to_dollars, parse_wire_amount
 from kiosk_agent.platforms.base import (
@@ -63,7 +63,7 @@ from kiosk_agent.tasks import TaskSet
 
 _LOGGER = logging.getLogger(__name__)
 
-@dataclass(slots=True)
+@data_class(slots=True)
 class LineRules:
     vend_request: re.Pattern[str]
     dispense_ok: re.Pattern[str]

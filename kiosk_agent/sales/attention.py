@@ -20,9 +20,9 @@ import json
 import logging
 import sqlite3
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from kiosk_agent.data_class import data_class
 from kiosk_agent.money import format_cents
 from kiosk_agent.redact import redact
 from kiosk_agent.sales import unit
@@ -68,7 +68,7 @@ LATE_CHARGE_WINDOW = 24 * 3600.0
 _OUTSIDE_FAULTS = (ServiceError, JournalError, sqlite3.Error)
 
 
-@dataclass(slots=True)
+@data_class(slots=True)
 class SweepStats:
     sweeps: int = 0
     ended: int = 0  # ATTENTION sales the sweeper ended by itself

@@ -31,8 +31,9 @@ from __future__ import annotations
 import datetime as dt
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Collection
-from dataclasses import dataclass, field
+from dataclasses import field
 
+from kiosk_agent.data_class import data_class
 from kiosk_agent.sales.journal import CHARGE_LOOKBACK_S, SaleRecord
 from kiosk_agent.sales.model import Flow, SaleEvent
 from kiosk_agent.sales.runner import new_ids
@@ -62,7 +63,7 @@ AUDIT_SOURCE = "audit"
 HELD_SUFFIX = "-held"
 
 
-@dataclass(frozen=True, slots=True)
+@data_class(frozen=True, slots=True)
 class ForeignCharge:
     """A charge on one of the unit's terminals that is not provably its own."""
 
@@ -128,7 +129,7 @@ def _when(at: float) -> str:
     return dt.datetime.fromtimestamp(at, dt.UTC).strftime("%Y-%m-%d %H:%MZ")
 
 
-@dataclass(slots=True)
+@data_class(slots=True)
 class AuditResult:
     """One check: how many charges reporting showed, and what became of the unaccounted."""
 

@@ -25,6 +25,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol, TypeVar
 
+from kiosk_agent.data_class import data_class
+
 # asyncio is imported where a wait is made: a command that reads the journal (`sales`) imports
 # this module and never waits, and asyncio's import was a third of that command's start
 if TYPE_CHECKING:
@@ -108,7 +110,7 @@ def _read_boot_id(path: Path) -> str | None:
 SYSTEM_CLOCK = SystemClock()
 
 
-@dataclass(frozen=True, slots=True)
+@data_class(frozen=True, slots=True)
 class Anchor:
     """One moment as the journal keeps it, to measure from after a restart."""
 

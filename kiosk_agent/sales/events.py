@@ -14,10 +14,11 @@ import json
 import logging
 import sqlite3
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import Any, TypeVar
 
 from kiosk_agent.bus import EventBus
+from kiosk_agent.data_class import data_class
 from kiosk_agent.redact import redact
 from kiosk_agent.sales.clock import SYSTEM_CLOCK, Clock
 from kiosk_agent.sales.journal import transaction
@@ -48,7 +49,7 @@ CREATE TABLE IF NOT EXISTS agent_probe (
 _MAX_UNWRITTEN = 1000
 
 
-@dataclass(frozen=True, slots=True)
+@data_class(frozen=True, slots=True)
 class AgentEvent:
     """Something that happened to the agent itself, not to a sale (``out_of_service``, ...)."""
 

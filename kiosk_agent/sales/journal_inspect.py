@@ -12,9 +12,9 @@ import concurrent.futures
 import datetime as dt
 import logging
 import threading
-from dataclasses import dataclass
 from pathlib import Path
 
+from kiosk_agent.data_class import data_class
 from kiosk_agent.sales.clock import SYSTEM_CLOCK, Clock
 from kiosk_agent.sales.journal import Journal, integrity, side_files
 
@@ -26,7 +26,7 @@ DAMAGE_NOTE_SUFFIX = ".damage-found"
 BULK = ("steps",)
 
 
-@dataclass(frozen=True, slots=True)
+@data_class(frozen=True, slots=True)
 class JournalNotice:
     """What was found wrong with the journal's file at start (``kind``: lost or damaged)."""
 

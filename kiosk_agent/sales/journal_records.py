@@ -12,9 +12,9 @@ import json
 import operator
 import sqlite3
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass
 from typing import Any
 
+from kiosk_agent.data_class import data_class
 from kiosk_agent.money import CURRENCY
 from kiosk_agent.sales.states import SaleState, Step
 
@@ -27,7 +27,7 @@ _BESIDE = {
 }
 
 
-@dataclass(frozen=True, slots=True)
+@data_class(frozen=True, slots=True)
 class SaleRecord:
     """One row of the sales table."""
 
@@ -96,7 +96,7 @@ class SaleRecord:
         return data
 
 
-@dataclass(frozen=True, slots=True)
+@data_class(frozen=True, slots=True)
 class StepRecord:
     sale_id: str
     at: float
@@ -118,7 +118,7 @@ _SELECT_SALES = "SELECT sales.*, " + ", ".join(  # noqa: S608 - names from this 
 )
 
 
-@dataclass(frozen=True, slots=True)
+@data_class(frozen=True, slots=True)
 class HeldStep:
     """A step memory took while the journal could not (``SaleSteps.held``): written later by
     :meth:`Journal.restore`, in order, through the same check as every write."""

@@ -23,9 +23,10 @@ from __future__ import annotations
 
 import enum
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import Protocol
 
+from kiosk_agent.data_class import data_class
 from kiosk_agent.money import format_cents
 from kiosk_agent.sales.states import Flow, SaleState
 
@@ -112,7 +113,7 @@ def sessions_text(count: int) -> str:
     return f"{count:,} {sessions} ended with no selection, {format_cents(0)} kept"
 
 
-@dataclass
+@data_class
 class Tally:
     """Sales by how they ended, what they captured, and the sessions counted apart: the demo's
     running total and summary, read from the journal by this module's rule."""

@@ -17,8 +17,9 @@ import dataclasses
 import json
 import os
 import re
-from dataclasses import dataclass
 from pathlib import Path
+
+from kiosk_agent.data_class import data_class
 
 MACHINE_ROOT_ENV = "KIOSK_MACHINE_ROOT"
 _MACHINE_ID = "etc/machine-id"
@@ -30,7 +31,7 @@ _MAC = re.compile(r"^[0-9a-f]{2}(:[0-9a-f]{2}){5}$")
 _MAX_TEXT = 200
 
 
-@dataclass(frozen=True, slots=True)
+@data_class(frozen=True, slots=True)
 class Machine:
     """``machine_id`` and ``hardware`` (``serial:...`` or ``mac:...``); empty: not found.
     ``journal``: where the journal was made (a copy at another place on the same machine, a

@@ -9,9 +9,10 @@ says what really came out.
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import Literal, Protocol, runtime_checkable
 
+from kiosk_agent.data_class import data_class
 from kiosk_agent.money import CURRENCY, format_cents
 from kiosk_agent.sales.states import Flow as Flow  # re-exported: a request names its flow
 from kiosk_agent.sales.states import SaleState, Step
@@ -24,7 +25,7 @@ class DispenseStatus(enum.StrEnum):
     TIMEOUT = "timeout"  # no result within the vend timeout: treated as not dispensed
 
 
-@dataclass(frozen=True, slots=True)
+@data_class(frozen=True, slots=True)
 class DispenseOutcome:
     status: DispenseStatus
     # What was actually dispensed, in cents. For a card-first (pre-authorized) session this is
@@ -38,7 +39,7 @@ class DispenseOutcome:
         return self.status is DispenseStatus.VENDED
 
 
-@dataclass(frozen=True, slots=True)
+@data_class(frozen=True, slots=True)
 class SaleRequest:
     """One customer's purchase, as a trigger sees it. Amounts are integer cents."""
 
@@ -62,7 +63,7 @@ class SaleRequest:
     choice_timeout: float | None = None
 
 
-@dataclass(frozen=True, slots=True)
+@data_class(frozen=True, slots=True)
 class Selection:
     """What the customer chose at the machine (card first): the product and its price."""
 
@@ -157,7 +158,7 @@ class ChoosingDispenser(Dispenser, Protocol):
         ...
 
 
-@dataclass(frozen=True, slots=True)
+@data_class(frozen=True, slots=True)
 class SaleEvent:
     """One step of one sale, published on the agent's event bus (live views, health, metrics).
 

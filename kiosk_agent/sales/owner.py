@@ -16,9 +16,9 @@ import json
 import logging
 import os
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
+from kiosk_agent.data_class import data_class
 from kiosk_agent.moments import display_time
 from kiosk_agent.sales.clock import SYSTEM_CLOCK, Clock
 from kiosk_agent.sales.journal import JournalError
@@ -38,7 +38,7 @@ def lock_path(journal: Path | str) -> Path:
     return real.with_name(real.name + LOCK_SUFFIX)
 
 
-@dataclass(frozen=True, slots=True)
+@data_class(frozen=True, slots=True)
 class Holder:
     """The process that holds a journal, as it described itself in the lock file."""
 

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from kiosk_agent.data_class import data_class
 from kiosk_agent.service.errors import ServiceError
 
 if TYPE_CHECKING:
@@ -22,7 +22,7 @@ PRINT = "auto"  # print when the terminal's capabilities say it prints
 EMAIL = True
 
 
-@dataclass(frozen=True, slots=True)
+@data_class(frozen=True, slots=True)
 class ReceiptSettings:
     """``print``: auto (when the terminal's capabilities say it prints), always or never."""
 

@@ -9,9 +9,9 @@ rather than guessing.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from kiosk_agent.data_class import data_class
 from kiosk_agent.service.errors import ServiceError
 
 if TYPE_CHECKING:
@@ -28,7 +28,7 @@ _HELD = frozenset({1, 2, 3})  # AUTHORIZED, CAPTURED, SETTLED
 _REVERSED = frozenset({4, 9})  # VOIDED, REFUNDED
 
 
-@dataclass(frozen=True, slots=True)
+@data_class(frozen=True, slots=True)
 class ChargeLookup:
     """What reporting knows about the charges made under a sale's order ids."""
 
@@ -40,7 +40,7 @@ class ChargeLookup:
     reversed: bool = False
 
 
-@dataclass(frozen=True, slots=True)
+@data_class(frozen=True, slots=True)
 class TransactionLookup:
     """What reporting knows about one transaction."""
 

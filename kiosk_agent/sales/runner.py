@@ -19,9 +19,9 @@ import logging
 import sqlite3
 import uuid
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from typing import Any
 
+from kiosk_agent.data_class import data_class
 from kiosk_agent.money import format_cents
 from kiosk_agent.sales.authorize_capture import AuthorizeCaptureFlow
 from kiosk_agent.sales.charge_card import ChargeCardFlow
@@ -59,7 +59,7 @@ def new_ids(unit: OwnUnit) -> tuple[str, str]:
     return sale_id, unit.order_id(sale_id)
 
 
-@dataclass(slots=True)
+@data_class(slots=True)
 class Sale:
     """A running sale, as returned to the platform that started it."""
 

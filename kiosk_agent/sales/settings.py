@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import field
 
+from kiosk_agent.data_class import data_class
 from kiosk_agent.money import CURRENCY as CURRENCY
 from kiosk_agent.sales.model import SaleRequest
 from kiosk_agent.sales.model import UnknownTerminal as UnknownTerminal  # re-exported
@@ -37,7 +38,7 @@ CHARGE_CHECK_MAX_GIVE_BACK = 5  # more unaccounted charges than this go to a per
 UNWRITTEN_RESTART_AFTER = 120.0  # a sale left unwritten this long has the agent restarted
 
 
-@dataclass(frozen=True, slots=True)
+@data_class(frozen=True, slots=True)
 class SaleSettings:
     """How the flows behave; from the ``sales``, ``receipts`` and ``terminals`` sections."""
 

@@ -22,7 +22,8 @@ from __future__ import annotations
 import enum
 import functools
 from collections.abc import Collection, Mapping
-from dataclasses import dataclass
+
+from kiosk_agent.data_class import data_class
 
 
 class SaleState(enum.StrEnum):
@@ -168,7 +169,7 @@ class Step(enum.StrEnum):
     AUDIT_UNDECIDED = "audit.undecided"  # too many such at once: a person looks
 
 
-@dataclass(frozen=True, slots=True)
+@data_class(frozen=True, slots=True)
 class ReportingSteps:
     """The steps of one kind of "did money move?" question asked of reporting after a lost
     answer or a crash (``SaleSteps.settle_by_reporting``)."""

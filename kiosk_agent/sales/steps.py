@@ -13,10 +13,11 @@ import contextlib
 import dataclasses
 import logging
 from collections.abc import Awaitable, Callable, Iterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 from kiosk_agent.bus import EventBus
+from kiosk_agent.data_class import data_class
 from kiosk_agent.moments import display_clock
 from kiosk_agent.money import format_cents
 from kiosk_agent.sales.clock import SYSTEM_CLOCK, Clock
@@ -87,7 +88,7 @@ class NotOurs(Exception):
                          f"unit {unit.id}'s: its money is not moved")
 
 
-@dataclass(frozen=True, slots=True)
+@data_class(frozen=True, slots=True)
 class SaleContext:
     """What every sale needs, whether it runs live or is recovered: one per agent."""
 

@@ -33,10 +33,11 @@ import os
 import re
 import secrets
 import sqlite3
-from dataclasses import dataclass, field
+from dataclasses import field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from kiosk_agent.data_class import data_class
 from kiosk_agent.sales.clock import SYSTEM_CLOCK, Clock
 from kiosk_agent.sales.machine import Machine
 
@@ -113,7 +114,7 @@ def make_order_id(unit_id: str, key: str, sale_id: str) -> str:
     return f"KA{unit_id}-{sale_part}{_tag(key, unit_id, sale_part)}"
 
 
-@dataclass(slots=True)
+@data_class(slots=True)
 class OwnUnit:
     """This unit as the sale code sees it: its id, and whether its money is its own to move.
 
@@ -172,7 +173,7 @@ class OwnUnit:
                 "confirmed": self.confirmed, "mismatch": self.mismatch}
 
 
-@dataclass(frozen=True, slots=True)
+@data_class(frozen=True, slots=True)
 class UnitRow:
     unit_id: str
     machine: Machine

@@ -17,9 +17,10 @@ import logging
 import os
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 
+from kiosk_agent.data_class import data_class
 from kiosk_agent.service.errors import (
     AuthenticationError,
     CredentialsError,
@@ -38,7 +39,7 @@ NOMINAL_KEY_LIFETIME = 3600.0  # a payments API key lives one hour (pub)
 MAX_PLAUSIBLE_LIFETIME = 2 * 86400.0
 
 
-@dataclass(frozen=True, slots=True)
+@data_class(frozen=True, slots=True)
 class ApiCredentials:
     """A payments API key with its refresh token and expiry times (Unix seconds; None: unknown)."""
 

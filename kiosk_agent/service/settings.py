@@ -4,16 +4,15 @@ Also the one place where the timeouts of service calls are decided (:class:`Call
 :meth:`ServiceSettings.timeouts`); docs/architecture.md has them as a table.
 """
 
-from __future__ import annotations
 
 import enum
 from collections.abc import Mapping
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
 
+from kiosk_agent.data_class import data_class
 from kiosk_agent.service.errors import MissingCredentialsError
 from kiosk_agent.service.timeouts import DEFAULT_TIMEOUT as DEFAULT_TIMEOUT  # one default
 
@@ -33,7 +32,7 @@ class CallKind(enum.Enum):
     WEBSOCKET = "websocket"  # the cable handshake (token, then the upgrade)
 
 
-@dataclass(frozen=True, slots=True)
+@data_class(frozen=True, slots=True)
 class Timeouts:
     """Seconds. ``connect``: to open the connection; ``read``: the longest silence while waiting
     for or reading the answer (one attempt); ``total``: the whole call, every attempt, backoff,
@@ -98,7 +97,7 @@ class ServiceSettings(BaseModel):
     websocket: bool = True  # False: wait for interactions by polling only
 
     @model_validator(mode="after")
-    def _trim_urls(self) -> ServiceSettings:
+    def _trim_urls(self) -> "ServiceSettings":
         for name in ("base_url", "reporting_url", "ws_url"):
             value = getattr(self, name)
             if value is not None:
@@ -109,7 +108,7 @@ class ServiceSettings(BaseModel):
         return self
 
     @model_validator(mode="after")
-    def _no_blank_credentials(self) -> ServiceSettings:
+    def _no_blank_credentials(self) -> "ServiceSettings":
         # A blank key or mid is a configuration slip, not "not configured": say so now.
         if self.api_key is not None and not self.api_key.get_secret_value().strip():
             raise ValueError("api_key is empty: leave it out, or give the payments API key")
@@ -128,13 +127,13 @@ class ServiceSettings(BaseModel):
         return self.configured_mid
 
     @classmethod
-    def reaching_simulator(cls, ready: Mapping[str, Any], **tuning: Any) -> ServiceSettings:
+    def reaching_simulator(cls, ready: Mapping[str, Any], **tuning: Any) -> "ServiceSettings":
         """The settings that reach a simulator as its merchant, from its READY information
         (``SimServer.ready_info()``, or the JSON of its ``READY`` line); ``tuning``: the rest."""
         reach = {name: ready[name] for name in _SIMULATOR_FIELDS}
         return cls(**reach, **tuning)
 
-    def replace(self, **changes: Any) -> ServiceSettings:
+    def replace(self, **changes: Any) -> "ServiceSettings":
         """A copy with ``changes`` applied and validated (secrets given as text become secret)."""
         current = self.model_dump(by_alias=True, exclude_none=True)
         return type(self).model_validate({**current, **changes})

@@ -55,13 +55,13 @@ import resource
 import socket
 import time
 from collections.abc import Awaitable, Callable, Iterator
-from dataclasses import dataclass
 from typing import Any
 
 from aiohttp import web
 from aiohttp.web_protocol import RequestHandler
 
 from kiosk_agent.bucket import TokenBucket
+from kiosk_agent.data_class import data_class
 from kiosk_agent.logs import RefusalLog
 from kiosk_agent.text import control_character
 from kiosk_agent.web.schema import HTTP_SCHEMA
@@ -104,7 +104,7 @@ _OVERLOADED = (
 )
 
 
-@dataclass(frozen=True, slots=True)
+@data_class(frozen=True, slots=True)
 class HttpLimits:
     """The ``http:`` section, validated: every local server uses the same limits."""
 

@@ -30,7 +30,7 @@ PARSER_MODULES = {
     "kiosk_agent.sales.states", "kiosk_agent.sales.kinds", "kiosk_agent.sales.model",
     "kiosk_agent.platforms",
     "kiosk_agent.platforms.mdb_protocol", "kiosk_agent.platforms.mdb_units", "kiosk_agent.tasks",
-    "kiosk_agent.moments",
+    "kiosk_agent.moments", "kiosk_agent.data_class",
 }  # fmt: skip
 LIBRARIES = ("aiohttp", "pydantic", "yaml", "voluptuous", "serial", "aiomqtt", "sqlite3")
 

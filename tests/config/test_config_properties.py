@@ -167,3 +167,82 @@ def test_load_config_raises_only_config_invalid(config_dir: Path) -> None:
     path.write_text("- [")
     with pytest.raises(ConfigInvalid):
         load_config(path)
+
+
+# -- libyaml's events, PyYAML's composer (config/yaml_loader.py's _on_libyaml)
+
+
+def composed(loader: type[Any], text: str) -> Any:
+    """What ``loader`` composes of ``text`` as far as the configuration uses it: every node's
+    tag, value and start (a key's position, an error's place); or its error (type and words).
+    Not the end marks or a scalar's style, which no constructor reads and libyaml sets
+    otherwise (a sequence ends where its next line starts; an empty scalar's style is '')."""
+    reading = loader(text)
+    try:
+        return _shape(reading.get_single_node())
+    except yaml.YAMLError as err:
+        return (type(err).__name__, str(err))
+    finally:
+        reading.dispose()
+
+
+def _shape(node: Any, holding: frozenset[int] = frozenset()) -> Any:
+    if node is None:
+        return None
+    if id(node) in holding:  # an alias of the list or mapping that holds it
+        return "itself"
+    places = (node.start_mark.line, node.start_mark.column)
+    if isinstance(node, yaml.ScalarNode):
+        return (node.tag, node.value, places)
+    inner = holding | {id(node)}
+    if isinstance(node, yaml.SequenceNode):
+        return (node.tag, [_shape(child, inner) for child in node.value], places)
+    return (node.tag, [(_shape(k, inner), _shape(v, inner)) for k, v in node.value], places)
+
+
+def assert_read_alike(text: str) -> None:
+    from kiosk_agent.config import yaml_loader
+
+    if not yaml.__with_libyaml__:
+        pytest.skip("PyYAML without libyaml: the configuration is read by PyYAML alone")
+    assert composed(yaml_loader._FILE_LOADER, text) == composed(yaml_loader._Loader, text)
+
+
+# line breaks and characters the two might count otherwise (a column, a line)
+BREAKS = ["\r\n", "\r", "\x85", "\u2028", "\u2029", "\ufeff", "é", "€", "😀", "\u00a0"]
+
+
+@given(st.lists(st.sampled_from(TOKENS + BREAKS), max_size=80))
+def test_libyaml_reads_a_soup_of_tokens_as_pyyaml_does(tokens: list[str]) -> None:
+    # where libyaml refuses, PyYAML reads the file again: the same error, in PyYAML's words
+    assert_read_alike("".join(tokens))
+
+
+@given(SECTIONS, st.sampled_from([None, True, False]), st.integers(2, 6))
+def test_libyaml_reads_well_formed_yaml_as_pyyaml_does(
+    config: dict[str, Any], flow: bool | None, indent: int
+) -> None:
+    assert_read_alike(
+        yaml.safe_dump(config, allow_unicode=True, default_flow_style=flow, indent=indent)
+    )
+
+
+def test_libyaml_reads_the_shipped_configurations_as_pyyaml_does() -> None:
+    shipped = sorted(Path(__file__).resolve().parents[2].glob("config/*.yaml"))
+    assert shipped
+    for path in shipped:
+        assert_read_alike(path.read_text())
+
+
+def test_a_configuration_is_read_without_pyyamls_scanner(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    if not yaml.__with_libyaml__:
+        pytest.skip("PyYAML without libyaml: the configuration is read by PyYAML alone")
+
+    def refused(*_: Any) -> None:
+        raise AssertionError("PyYAML's scanner, in Python, read the file")
+
+    monkeypatch.setattr(yaml.scanner.Scanner, "fetch_more_tokens", refused)
+    demo = Path(__file__).resolve().parents[2] / "config" / "demo.yaml"
+    assert load_config(demo)["terminals"]

@@ -5,7 +5,6 @@ a field it does not know (``extra="allow"``) and a status or reason it does not 
 text (:data:`Tolerant`) instead of failing a whole page of results.
 """
 
-from __future__ import annotations
 
 import enum
 from collections.abc import Iterator

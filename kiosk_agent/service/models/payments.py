@@ -5,7 +5,6 @@ own: a running agent never builds them.
 Amounts follow choices.md: integer cents for charge, capture and void-or-refund.
 """
 
-from __future__ import annotations
 
 import enum
 from typing import Any
@@ -77,7 +76,7 @@ class ChargeRequest(RequestBody):
         return value
 
     @model_validator(mode="after")
-    def _one_account(self) -> ChargeRequest:
+    def _one_account(self) -> "ChargeRequest":
         if (self.account_token is None) == (self.payment_account_uuid is None):
             raise ValueError("give exactly one of account_token and payment_account_uuid")
         if self.payment_account_uuid is not None and (self.cof is None or self.cof_sched is None):

@@ -7,7 +7,6 @@ through ``kiosk_agent.money`` on the way in (never kept as floats), and every re
 ``amount_cents`` for arithmetic.
 """
 
-from __future__ import annotations
 
 import enum
 import json
@@ -69,7 +68,7 @@ class TransStatus(enum.IntEnum):
     REFUNDED = 9
 
     @classmethod
-    def parse(cls, text: str) -> TransStatus:
+    def parse(cls, text: str) -> "TransStatus":
         """``"3"``, ``"settled"`` or ``"SETTLED"`` -> SETTLED."""
         text = text.strip()
         if text.isdigit():

@@ -1,6 +1,5 @@
 """Models of the terminal interface: readers, their capabilities and card-present interactions."""
 
-from __future__ import annotations
 
 import enum
 from datetime import datetime

@@ -1,0 +1,106 @@
+"""``data_class``: :func:`dataclasses.dataclass`, made for less CPU at import.
+
+Python 3.11 writes each method a dataclass generates as source text and compiles it, at every
+start: ``__init__``, ``__repr__``, ``__eq__``, ``__hash__`` and, frozen, ``__setattr__`` and
+``__delattr__``. Some 40 dataclasses on the way to a run's READY=1 spent 57-68 ms of one core
+making their classes on the shared 2-core machine (about 1.5 ms each; ten times that on a Pi
+Zero), a quarter of it compiling ``__repr__``, ``__eq__`` and ``__hash__``. Here those three are
+closures over one function each, written once in this module, over the class's fields: the same
+results as the generated ones (the same text, the same comparison of field tuples, the same
+hash), made without compiling. ``__init__`` and the frozen guards are still the dataclass's own.
+
+Used by the modules a ``kiosk-agent run`` imports before READY=1; elsewhere plain
+``dataclasses.dataclass`` is as good. The class is a dataclass in every other way
+(``fields``, ``replace``, ``asdict``; mypy reads it as one through ``dataclass_transform``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import reprlib
+from collections.abc import Callable
+from operator import attrgetter
+from typing import Any, TypeVar, dataclass_transform, overload
+
+T = TypeVar("T")
+
+
+@overload
+def data_class(cls: type[T], /) -> type[T]: ...
+
+
+@overload
+def data_class(
+    *, frozen: bool = False, slots: bool = False, eq: bool = True, repr: bool = True
+) -> Callable[[type[T]], type[T]]: ...
+
+
+@dataclass_transform(field_specifiers=(dataclasses.field, dataclasses.Field))
+def data_class(
+    cls: type[T] | None = None,
+    /,
+    *,
+    frozen: bool = False,
+    slots: bool = False,
+    eq: bool = True,
+    repr: bool = True,
+) -> type[T] | Callable[[type[T]], type[T]]:
+    """``@dataclass`` (bare, or with ``frozen``, ``slots``, ``eq``, ``repr``), its ``__repr__``,
+    ``__eq__`` and ``__hash__`` made without compiling (see the module's docstring)."""
+
+    def wrap(cls: type[T]) -> type[T]:
+        return _made(cls, frozen=frozen, slots=slots, eq=eq, repr=repr)
+
+    return wrap if cls is None else wrap(cls)
+
+
+def _made(cls: type[T], *, frozen: bool, slots: bool, eq: bool, repr: bool) -> type[T]:
+    own = cls.__dict__
+    explicit_hash = "__hash__" in own and not (own["__hash__"] is None and "__eq__" in own)
+    keep = {name for name in ("__repr__", "__eq__") if name in own}
+    made: Any = dataclasses.dataclass(frozen=frozen, slots=slots, eq=False, repr=False)(cls)
+    fields = dataclasses.fields(made)
+    if repr and "__repr__" not in keep:
+        made.__repr__ = _repr_of([f.name for f in fields if f.repr])
+    if eq and "__eq__" not in keep:
+        compared = _values_of([f.name for f in fields if f.compare])
+        made.__eq__ = _eq_of(compared)
+        if not explicit_hash:  # dataclass's rule: frozen hashes its fields, mutable is unhashable
+            hashed = [f.name for f in fields if f.hash or (f.hash is None and f.compare)]
+            made.__hash__ = _hash_of(_values_of(hashed)) if frozen else None
+    return made  # type: ignore[no-any-return]
+
+
+def _values_of(names: list[str]) -> Callable[[Any], tuple[Any, ...]]:
+    """The tuple of these attributes of an object (``attrgetter`` gives one name bare)."""
+    if not names:
+        return lambda _: ()
+    get = attrgetter(*names)
+    if len(names) == 1:
+        return lambda obj: (get(obj),)
+    return get
+
+
+def _repr_of(names: list[str]) -> Callable[[Any], str]:
+    @reprlib.recursive_repr()
+    def __repr__(self: Any) -> str:
+        shown = ", ".join(f"{name}={getattr(self, name)!r}" for name in names)
+        return f"{self.__class__.__qualname__}({shown})"
+
+    return __repr__
+
+
+def _eq_of(values: Callable[[Any], tuple[Any, ...]]) -> Callable[[Any, Any], Any]:
+    def __eq__(self: Any, other: Any) -> Any:
+        if other.__class__ is self.__class__:
+            return values(self) == values(other)
+        return NotImplemented
+
+    return __eq__
+
+
+def _hash_of(values: Callable[[Any], tuple[Any, ...]]) -> Callable[[Any], int]:
+    def __hash__(self: Any) -> int:
+        return hash(values(self))
+
+    return __hash__

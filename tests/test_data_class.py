@@ -1,0 +1,145 @@
+"""kiosk_agent.data_class: every shape the agent declares behaves as dataclasses' own does."""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from kiosk_agent.data_class import data_class
+
+OPTIONS: list[dict[str, bool]] = [
+    {},
+    {"slots": True},
+    {"frozen": True},
+    {"frozen": True, "slots": True},
+    {"eq": False},
+    {"repr": False},
+    {"frozen": True, "eq": False},
+]
+
+
+def twins(options: dict[str, bool], body: Callable[[], type]) -> tuple[type, type]:
+    """The same class body made by dataclasses.dataclass and by data_class."""
+    return dataclasses.dataclass(**options)(body()), data_class(**options)(body())
+
+
+def point() -> type:
+    class Point:
+        x: int
+        y: Any = None
+        hidden: str = dataclasses.field(default="h", repr=False)
+        ignored: float = dataclasses.field(default=0.0, compare=False)
+        tags: list[str] = dataclasses.field(default_factory=list, hash=False)
+
+    return Point
+
+
+def single() -> type:
+    class Single:
+        value: Any
+
+    return Single
+
+
+def empty() -> type:
+    class Empty:
+        pass
+
+    return Empty
+
+
+VALUES = st.one_of(st.integers(), st.text(max_size=5), st.none(), st.floats(allow_nan=True))
+
+
+@pytest.mark.parametrize("options", OPTIONS, ids=str)
+@given(x=st.integers(-3, 3), y=VALUES, other_x=st.integers(-3, 3), other_y=VALUES,
+       ignored=st.floats(allow_nan=False))  # fmt: skip
+def test_repr_eq_and_hash_are_the_dataclasses_own(
+    options: dict[str, bool], x: int, y: Any, other_x: int, other_y: Any, ignored: float
+) -> None:
+    theirs, ours = twins(options, point)
+    a, b = theirs(x, y), theirs(other_x, other_y, ignored=ignored)
+    c, d = ours(x, y), ours(other_x, other_y, ignored=ignored)
+    assert (repr(c) == repr(a)) if options.get("repr", True) else "object at 0x" in repr(c)
+    assert (c == d) == (a == b)
+    assert (c == c) == (a == a)  # a NaN in y: the tuples compare by identity first, as theirs
+    assert (c != d) == (a != b)
+    assert c.__eq__(a) is NotImplemented  # another class, even of the same fields
+    if not options.get("eq", True):
+        assert hash(c) == object.__hash__(c)  # by identity, as theirs
+    elif options.get("frozen"):
+        assert hash(c) == hash(a)
+    else:
+        with pytest.raises(TypeError, match="unhashable"):
+            hash(c)
+
+
+@pytest.mark.parametrize("options", OPTIONS, ids=str)
+@pytest.mark.parametrize("body", [single, empty])
+def test_one_field_and_none_compare_and_hash_as_tuples(options: dict[str, bool], body: Any) -> None:
+    theirs, ours = twins(options, body)
+    arguments = [float("nan")] if body is single else []
+    a, b, c, d = (theirs(*arguments), theirs(*arguments), ours(*arguments), ours(*arguments))
+    assert (c == d) == (a == b)
+    assert (c == c) == (a == a)
+    if options.get("repr", True):
+        assert repr(c) == repr(a)
+    if options.get("frozen") and options.get("eq", True):
+        assert hash(c) == hash(a)
+
+
+def test_frozen_stays_frozen_and_slots_stay_slots() -> None:
+    ours = data_class(frozen=True, slots=True)(point())
+    record = ours(1)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        record.x = 2  # type: ignore[attr-defined]
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        del record.x  # type: ignore[attr-defined]
+    assert not hasattr(record, "__dict__")
+    assert dataclasses.replace(record, x=3).x == 3  # type: ignore[attr-defined]
+    assert copy.deepcopy(record) == record  # through __getstate__/__setstate__, as pickle
+
+
+def test_a_method_the_class_writes_itself_is_kept() -> None:
+    def written() -> type:
+        class Written:
+            value: int
+
+            def __repr__(self) -> str:
+                return "mine"
+
+            def __eq__(self, other: object) -> bool:
+                return True
+
+            def __hash__(self) -> int:
+                return 7
+
+        return Written
+
+    for options in OPTIONS:
+        theirs, ours = twins(options, written)
+        assert repr(ours(1)) == repr(theirs(1)) == "mine"
+        assert ours(1) == ours(2)
+        assert hash(ours(1)) == hash(theirs(1)) == 7
+
+
+def test_a_class_that_holds_itself_shows_the_dataclasses_ellipsis() -> None:
+    theirs, ours = twins({}, single)
+    a, c = theirs(None), ours(None)
+    a.value, c.value = a, c
+    assert repr(c) == repr(a)
+    assert repr(c).endswith("Single(value=...)")
+
+
+def test_the_agents_dataclasses_are_dataclasses() -> None:
+    from kiosk_agent.sales.journal_records import SaleRecord
+
+    assert dataclasses.is_dataclass(SaleRecord)
+    names = [f.name for f in dataclasses.fields(SaleRecord)]
+    assert names[:2] == ["sale_id", "order_id"]
