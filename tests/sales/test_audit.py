@@ -398,3 +398,60 @@ async def test_a_check_keeps_no_row_the_journal_accounts_for(agent: Any) -> None
         assert (result.seen, result.unaccounted) == (count, []), result
     per_row = (peaks[1] - peaks[0]) / 300
     assert per_row < 400, f"{per_row:.0f} bytes a row the journal accounts for"
+
+
+async def test_a_check_lets_sales_go_on_between_chunks_of_a_page(agent: Any) -> None:
+    """A year's settled charges come in pages of 500 rows, each decided on the event loop: a
+    page held it 0.2 s on a slow machine (a read and a record a row), every sale waiting. The
+    check now decides ``CHUNK_ROWS`` at a time, one journal read for their order ids, and lets
+    the loop turn between chunks."""
+    from kiosk_agent.sales.audit import CHUNK_ROWS
+
+    await until(lambda: agent.journal_guard.history_read)  # the start's checks are done
+    audit = agent.journal_guard.audit
+    now = time.time()
+    with agent.journal.batch():
+        orders = [agent.journal.create(SaleRecord(
+            sale_id=f"turn{n:05d}", order_id=own(agent, 0x7000 + n), source="test",
+            flow="charge_card", terminal="SIM-0001", amount_cents=250,
+            state=SaleState.STARTED)).order_id
+            for n in range(500)]  # fmt: skip
+    page = [Transaction.model_validate({
+        "trans_id": f"8{n:011d}", "order_id": order_id, "amount": "2.50",
+        "trans_status_id": TransStatus.CAPTURED.value, "terminal_id": "SIM-0001",
+        "trans_date": dt.datetime.fromtimestamp(now - n, dt.UTC).isoformat(),
+    }) for n, order_id in enumerate(orders)]  # fmt: skip
+
+    async def reporting(*_args: Any, **_kwargs: Any) -> AsyncIterator[Transaction]:
+        for row in page:  # one page, read without a turn of the loop, as the client's
+            yield row
+
+    agent.service.reporting.transactions = reporting
+    reads: list[int] = []
+    order_states = agent.journal.order_states
+
+    def counted(order_ids: Any) -> Any:
+        found = order_states(list(order_ids))
+        reads.append(len(found))
+        return found
+
+    agent.journal.order_states = counted
+    turns = 0
+    checking = True
+
+    async def other_work() -> None:  # a sale's steps, say: each waits for a turn of the loop
+        nonlocal turns
+        while checking:
+            turns += 1
+            await asyncio.sleep(0)
+
+    beside = asyncio.create_task(other_work())
+    result = await audit.check(settled=False)
+    checking = False
+    await beside
+    assert (result.seen, result.unaccounted) == (500, [])  # each accounted for, counted once
+    # the page as each terminal's answer, a chunk at a time: a read of the journal each, a
+    # turn of the loop between
+    chunks = len(audit.settings.terminals) * 2 * (500 // CHUNK_ROWS)  # two statuses asked
+    assert reads == [CHUNK_ROWS] * chunks
+    assert turns >= chunks

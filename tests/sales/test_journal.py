@@ -184,6 +184,24 @@ def test_today_counts_the_sales_created_since_the_utc_midnight_as_since_today_li
         journal.close()
 
 
+def test_order_states_reads_many_order_ids_at_once_beyond_one_statements_limit(
+    journal: Journal,
+) -> None:
+    """The charge check's read: the sale and state of each order id the journal holds, a
+    chunk of reporting's rows in one statement (more than SQLite binds in one: in parts)."""
+    with journal.batch():
+        for n in range(1203):
+            journal.create(new_sale(n))
+    walk_to(journal, journal.by_order_id("KA000007") or new_sale(7), SaleState.COMPLETED)
+    asked = [f"KA{n:06d}" for n in range(0, 1203, 2)] + ["KA000007", "KA999999", "KA000000"]
+    found = journal.order_states(iter(asked))  # read as it comes, each once
+    assert len(found) == 603  # 602 even ones and KA000007; no KA999999
+    assert found["KA000007"] == ("s7", SaleState.COMPLETED)
+    assert found["KA001202"] == ("s1202", SaleState.STARTED)
+    assert "KA999999" not in found
+    assert journal.order_states([]) == {}
+
+
 def test_query_filters_by_time_and_state_newest_first(journal: Journal) -> None:
     for n in range(1, 5):
         sale = journal.create(new_sale(n))
