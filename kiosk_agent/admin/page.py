@@ -12,7 +12,7 @@ cookie instead of a bearer token:
     GET    /api/page           everything the page shows, in one answer
     GET    /api/events         server-sent events: health changes and sale steps as they happen
     GET    /api/doctor         the last run of the doctor's checks
-    POST   /api/doctor         run them now (admin)
+    POST   /api/doctor         run them now (admin): answers at once (202), ?wait=S for the end
 
 Authentication never puts a token in a URL: the login form posts the token once, and the
 answer sets ``kiosk_session``, an HttpOnly, SameSite=Strict cookie (Secure over HTTPS) naming a
@@ -82,6 +82,8 @@ GUESS_WINDOW_S = 60.0
 _GUESSERS_KEPT = 1024  # addresses remembered; the quietest goes first
 RECENT_SALES = 20
 DOCTOR_WITHIN_S = 10.0
+# POST /api/doctor?wait=S: the longest a caller may wait for the run's verdicts
+DOCTOR_WAIT_MAX_S = 60.0
 RECONNECT_MS = 1000  # how long a browser waits before it opens a lost stream again
 REPLAY_LIMIT = 1000  # steps a reconnecting follower is sent from the journal
 
@@ -189,6 +191,7 @@ class StatusPage:
         self._doctor_task = BackgroundTask(self._run_doctor, "status-page-doctor")
         self._doctor_done = asyncio.Event()
         self._doctor_problems: list[str] = []  # the health's problems when the checks began
+        self._doctor_run = Report()  # the run under way (or the last): its checks so far
 
     def add_routes(self, app: web.Application) -> None:
         self._closing = asyncio.Event()
@@ -525,12 +528,28 @@ class StatusPage:
         return web.json_response(self._doctor_view(), headers=_NO_STORE)
 
     async def run_doctor(self, request: web.Request) -> web.Response:
-        """Run the doctor's checks now (admin); answers when they are done."""
-        if not self._doctor_task.started or self._doctor_done.is_set():
-            await self._doctor_task.stop()
+        """Run the doctor's checks now (admin), or follow the run under way: answers at once,
+        202 with the run's progress beside the last run's verdicts (its journal check alone,
+        SQLite's quick check of a year's file, takes a second of a core); ``?wait=S`` waits up
+        to S seconds for this run's verdicts (200 once it ended). GET /api/doctor and the
+        page's stream say when it has."""
+        text = request.query.get("wait", "0")
+        try:
+            wait = float(text)
+        except ValueError:
+            wait = math.nan
+        if not 0 <= wait <= DOCTOR_WAIT_MAX_S:  # NaN too
+            return _error(400, "bad_parameter", f"wait is seconds from 0 to "
+                          f"{DOCTOR_WAIT_MAX_S:g}, got {text[:40]!r}")
+        if not self._doctor_running():
+            await self._doctor_task.stop()  # the finished run's task
             self._start_doctor()
-        await self._doctor_done.wait()
-        return web.json_response(self._doctor_view(), headers=_NO_STORE)
+        if wait:
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(wait):
+                    await self._doctor_done.wait()
+        status = 202 if self._doctor_running() else 200
+        return web.json_response(self._doctor_view(), status=status, headers=_NO_STORE)
 
     async def _doctor_follows(self, problems: list[str]) -> None:
         """The checks again once the health's problems are not those they ran beside: a Doctor
@@ -546,6 +565,7 @@ class StatusPage:
     def _start_doctor(self) -> None:
         self._doctor_problems = list(self.agent.health.snapshot().problems)
         self._doctor_done = asyncio.Event()
+        self._doctor_run = Report()  # its checks as they are made: the run's progress
         self._doctor_task.start()
 
     async def _run_doctor(self) -> None:
@@ -553,7 +573,8 @@ class StatusPage:
         try:
             links = {link.name: link for link in self.agent.health.snapshot().links}
             self.doctor = await check_running(
-                self.agent.config, self.agent.service, within=DOCTOR_WITHIN_S, links=links
+                self.agent.config, self.agent.service, within=DOCTOR_WITHIN_S, links=links,
+                report=self._doctor_run,
             )
         except Exception as err:
             _LOGGER.exception("status page: the doctor's checks failed")
@@ -568,10 +589,17 @@ class StatusPage:
         return self._doctor_task.started and not self._doctor_done.is_set()
 
     def _doctor_view(self) -> dict[str, Any]:
+        """The last run's verdicts (its ``finished_at`` says how old they are) and, while a run
+        is under way, ``run``: when it began and the checks it has made so far."""
         running = self._doctor_running()
-        if self.doctor is None:
-            return {"running": running, "checks": [], "failed": 0, "finished_at": None}
-        return {**self.doctor.as_dict(), "running": running}
+        view: dict[str, Any] = {"running": running, "checks": [], "failed": 0,
+                                "finished_at": None}
+        if self.doctor is not None:
+            view = {**self.doctor.as_dict(), "running": running}
+        if running:
+            view["run"] = {"started_at": self._doctor_run.started_at,
+                           "checked": [c.name for c in self._doctor_run.checks]}
+        return view
 
 
 # -- views -------------------------------------------------------------------------------------
