@@ -58,6 +58,8 @@ _LOGGER = logging.getLogger(__name__)
 _START_EXTENSION = 30.0
 # between two of the prune's batches: the agent's own writes take the journal meanwhile
 PRUNE_PAUSE_S = 0.02
+# the prune's batches wait for no sale to be running, at most this long each (Journal.prune)
+PRUNE_IDLE_WAIT_S = 5.0
 
 
 class Component(Protocol):
@@ -473,7 +475,8 @@ class Agent:
             # shielded: a stop cancels this task, not the thread, and waits for the thread to
             # end its batch before it closes the journal (stop)
             self._prune_thread = asyncio.ensure_future(asyncio.to_thread(
-                self.journal.prune, keep_days, pause=PRUNE_PAUSE_S, stopping=self._stopping.is_set
+                self.journal.prune, keep_days, pause=PRUNE_PAUSE_S, stopping=self._stopping.is_set,
+                idle=self.sales.idle, idle_wait=PRUNE_IDLE_WAIT_S,
             ))
             pruned = await asyncio.shield(self._prune_thread)
         except (sqlite3.Error, JournalError) as err:

@@ -317,6 +317,56 @@ def test_prune_deletes_in_batches_of_its_own_and_stops_when_told(journal: Journa
     assert [s.sale_id for s in journal.query()] == ["s7"]
 
 
+def test_prune_waits_for_no_sale_running_before_each_batch_at_most_idle_wait(
+    journal: Journal,
+) -> None:
+    """A batch holds the journal's write lock, and a sale's step waited for it with the whole
+    event loop (a year's prune doubled a kiosk sale, 70 -> 170 ms): each batch begins once no
+    sale runs, or after ``idle_wait`` all the same (a unit that never stops selling prunes)."""
+    for n in range(6):
+        walk_to(journal, journal.create(new_sale(n)), SaleState.COMPLETED)
+    later = time.time() + 30 * DAY
+    seen: list[str] = []  # what happened, in order
+    selling = iter([True, True, False, True, True, True, True, True, False])
+
+    def idle() -> bool:
+        busy = next(selling, False)
+        seen.append("busy" if busy else "idle")
+        return not busy
+
+    def sleep(seconds: float) -> None:  # the thread's waits, counted (no real time passes)
+        seen.append(f"sleep {seconds:g}")
+
+    pruned = journal.prune(keep_days=1, now=later, batch=2, pause=0.02, idle=idle,
+                           idle_wait=0.05, sleep=sleep)
+
+    assert pruned == 6
+    assert seen == [
+        "busy", "sleep 0.02", "busy", "sleep 0.02", "idle",  # batch 1 once idle
+        "sleep 0.02",  # its pause
+        "busy", "sleep 0.02", "busy", "sleep 0.02", "busy", "sleep 0.02",  # 0.06 >= 0.05:
+        "sleep 0.02",  # batch 2 all the same, then its pause
+        "busy", "sleep 0.02", "busy", "sleep 0.02", "idle",  # batch 3 once idle
+        "sleep 0.02",  # its pause
+        "idle",  # the batch that finds none left
+    ]
+    assert journal.query() == []
+
+
+def test_prune_stops_while_it_waits_for_the_sales(journal: Journal) -> None:
+    walk_to(journal, journal.create(new_sale(1)), SaleState.COMPLETED)
+    asked: list[str] = []
+
+    def stopping() -> bool:
+        asked.append("stopping")
+        return len(asked) >= 2
+
+    pruned = journal.prune(keep_days=1, now=time.time() + 30 * DAY, idle=lambda: False,
+                           idle_wait=60.0, stopping=stopping, sleep=lambda _s: None)
+    assert pruned == 0  # told to stop before any batch: the next start goes on
+    assert len(journal.query()) == 1
+
+
 def test_retry_attempts_get_their_own_order_ids() -> None:
     sale = new_sale(7, attempt=3)
     assert sale.all_order_ids() == ["KA000007", "KA000007-2", "KA000007-3"]
