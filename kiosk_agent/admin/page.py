@@ -48,6 +48,7 @@ from aiohttp import web
 from kiosk_agent.card_brands import card_brand_name
 from kiosk_agent.doctor import Report, Verdict, check_running
 from kiosk_agent.health.model import UNIX_TIMES
+from kiosk_agent.health.readers import availability
 from kiosk_agent.logs import RefusalLog
 from kiosk_agent.moments import day_of, day_start
 from kiosk_agent.money import format_cents
@@ -739,52 +740,6 @@ def unit_view(unit: dict[str, Any], config: str | None = None) -> dict[str, Any]
         "banner": banner,
         "command": command if elsewhere else "",
     }
-
-
-def availability(snapshot: dict[str, Any]) -> dict[str, Any]:
-    """How many readers can take cards now, and which cannot and why: the agent's own
-    out-of-service decision per terminal (``health.availability``, in the health snapshot), and a
-    terminal whose checks fail while it is held in service a moment longer (the hold-off: one
-    lost ping must not take a reader off the bus) counted as one that cannot, with its trouble:
-    "2 of 2 can take cards" beside an OFFLINE terminal would be a lie for that moment.
-    A terminal out while the agent starts says so (``starting``, its reason "starting: ...").
-    ``level`` is ``ok`` when all can, ``degraded`` when some cannot, ``down`` when none can."""
-    states = snapshot.get("availability") or []
-    names = {t["device_id"]: t.get("name") for t in snapshot.get("terminals", [])}
-    out = [s for s in states if not s.get("available", True) or s.get("failing")]
-    able = len(states) - len(out)
-    if not states:
-        return {"available": False, "level": "down", "summary": "no reader checked yet",
-                "reason": "no terminal checked yet", "able": 0, "total": 0, "cannot": [],
-                "terminals": states}  # fmt: skip
-    cannot = [
-        {
-            "device_id": s["device_id"],
-            "name": names.get(s["device_id"]),
-            "reason": _cannot_reason(s),
-            "since": s.get("since") if not s.get("available", True) else None,
-            "starting": bool(s.get("starting")),
-        }
-        for s in out
-    ]
-    readers = "reader" if len(states) == 1 else "readers"
-    return {
-        "available": able > 0,
-        "level": "ok" if not out else "degraded" if able else "down",
-        "summary": f"{able} of {len(states)} {readers} can take cards",
-        "reason": "; ".join(f"{c['device_id']}: {c['reason']}" for c in cannot),
-        "able": able,
-        "total": len(states),
-        "cannot": cannot,
-        "terminals": states,
-    }
-
-
-def _cannot_reason(state: dict[str, Any]) -> str:
-    if state.get("available", True):
-        return f"{state['failing']} (checked again before it is taken out of service)"
-    reason = state.get("reason") or "unavailable"
-    return f"starting: {reason}" if state.get("starting") else reason
 
 
 def health_notes(before: dict[str, Any] | None, after: dict[str, Any]) -> list[str]:
