@@ -371,6 +371,26 @@ async def test_the_prunes_batches_wait_for_no_sale_to_be_running(
         await agent.stop()
 
 
+async def test_a_prune_that_breaks_is_said_and_counted_and_the_agent_settles(
+    sim_factory: Any, tmp_path: Path
+) -> None:
+    """Only a journal's errors were caught: any other ended the task of what follows READY=1
+    silently, and the agent never said it had settled."""
+    sim = await sim_factory(time_scale=300, transactions=0)
+    agent = Agent(load_config(write_config(tmp_path)), settings_from_ready(sim.ready_info()))
+
+    def broken_prune(keep_days: int, **kwargs: Any) -> int:
+        raise RuntimeError("a bug in the prune")
+
+    agent.journal.prune = broken_prune  # type: ignore[method-assign]
+    await agent.start()
+    try:
+        await asyncio.wait_for(agent.settled.wait(), 30)
+        assert agent.health.snapshot().errors["journal prune"] == 1
+    finally:
+        await agent.stop()
+
+
 async def test_a_stop_waits_for_the_prunes_thread_to_end_its_batch(
     sim_factory: Any, tmp_path: Path
 ) -> None:
