@@ -36,11 +36,17 @@ _SECTION_CHECKS: dict[str, SectionCheck] = {}
 
 
 async def check_running(
-    config: Config, service: Any, *, within: float = 10.0, links: dict[str, Any] | None = None
+    config: Config,
+    service: Any,
+    *,
+    within: float = 10.0,
+    links: dict[str, Any] | None = None,
+    report: Report | None = None,
 ) -> Report:
     """The checks a running agent can make of itself (no test print: that is a button);
-    ``links``: its health's serial links by name."""
-    report = Report()
+    ``links``: its health's serial links by name; ``report``: where they go as they are made
+    (the status page shows a run's progress), else a new one."""
+    report = report if report is not None else Report()
     report.add("config", Verdict.PASS, f"{config.path} loaded by the running agent")
     await check_this_unit(report, config, within, links=links, running=True)
     await check_terminals(report, config, service, within=within)

@@ -12,7 +12,7 @@ cookie instead of a bearer token:
     GET    /api/page           everything the page shows, in one answer
     GET    /api/events         server-sent events: health changes and sale steps as they happen
     GET    /api/doctor         the last run of the doctor's checks
-    POST   /api/doctor         run them now (admin)
+    POST   /api/doctor         run them now (admin): answers at once (202), ?wait=S for the end
 
 Authentication never puts a token in a URL: the login form posts the token once, and the
 answer sets ``kiosk_session``, an HttpOnly, SameSite=Strict cookie (Secure over HTTPS) naming a
@@ -48,6 +48,7 @@ from aiohttp import web
 from kiosk_agent.card_brands import card_brand_name
 from kiosk_agent.doctor import Report, Verdict, check_running
 from kiosk_agent.health.model import UNIX_TIMES
+from kiosk_agent.health.readers import availability
 from kiosk_agent.logs import RefusalLog
 from kiosk_agent.moments import day_of, day_start
 from kiosk_agent.money import format_cents
@@ -82,6 +83,8 @@ GUESS_WINDOW_S = 60.0
 _GUESSERS_KEPT = 1024  # addresses remembered; the quietest goes first
 RECENT_SALES = 20
 DOCTOR_WITHIN_S = 10.0
+# POST /api/doctor?wait=S: the longest a caller may wait for the run's verdicts
+DOCTOR_WAIT_MAX_S = 60.0
 RECONNECT_MS = 1000  # how long a browser waits before it opens a lost stream again
 REPLAY_LIMIT = 1000  # steps a reconnecting follower is sent from the journal
 
@@ -189,6 +192,7 @@ class StatusPage:
         self._doctor_task = BackgroundTask(self._run_doctor, "status-page-doctor")
         self._doctor_done = asyncio.Event()
         self._doctor_problems: list[str] = []  # the health's problems when the checks began
+        self._doctor_run = Report()  # the run under way (or the last): its checks so far
 
     def add_routes(self, app: web.Application) -> None:
         self._closing = asyncio.Event()
@@ -525,12 +529,28 @@ class StatusPage:
         return web.json_response(self._doctor_view(), headers=_NO_STORE)
 
     async def run_doctor(self, request: web.Request) -> web.Response:
-        """Run the doctor's checks now (admin); answers when they are done."""
-        if not self._doctor_task.started or self._doctor_done.is_set():
-            await self._doctor_task.stop()
+        """Run the doctor's checks now (admin), or follow the run under way: answers at once,
+        202 with the run's progress beside the last run's verdicts (its journal check alone,
+        SQLite's quick check of a year's file, takes a second of a core); ``?wait=S`` waits up
+        to S seconds for this run's verdicts (200 once it ended). GET /api/doctor and the
+        page's stream say when it has."""
+        text = request.query.get("wait", "0")
+        try:
+            wait = float(text)
+        except ValueError:
+            wait = math.nan
+        if not 0 <= wait <= DOCTOR_WAIT_MAX_S:  # NaN too
+            return _error(400, "bad_parameter", f"wait is seconds from 0 to "
+                          f"{DOCTOR_WAIT_MAX_S:g}, got {text[:40]!r}")
+        if not self._doctor_running():
+            await self._doctor_task.stop()  # the finished run's task
             self._start_doctor()
-        await self._doctor_done.wait()
-        return web.json_response(self._doctor_view(), headers=_NO_STORE)
+        if wait:
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(wait):
+                    await self._doctor_done.wait()
+        status = 202 if self._doctor_running() else 200
+        return web.json_response(self._doctor_view(), status=status, headers=_NO_STORE)
 
     async def _doctor_follows(self, problems: list[str]) -> None:
         """The checks again once the health's problems are not those they ran beside: a Doctor
@@ -546,6 +566,7 @@ class StatusPage:
     def _start_doctor(self) -> None:
         self._doctor_problems = list(self.agent.health.snapshot().problems)
         self._doctor_done = asyncio.Event()
+        self._doctor_run = Report()  # its checks as they are made: the run's progress
         self._doctor_task.start()
 
     async def _run_doctor(self) -> None:
@@ -553,7 +574,8 @@ class StatusPage:
         try:
             links = {link.name: link for link in self.agent.health.snapshot().links}
             self.doctor = await check_running(
-                self.agent.config, self.agent.service, within=DOCTOR_WITHIN_S, links=links
+                self.agent.config, self.agent.service, within=DOCTOR_WITHIN_S, links=links,
+                report=self._doctor_run,
             )
         except Exception as err:
             _LOGGER.exception("status page: the doctor's checks failed")
@@ -568,10 +590,17 @@ class StatusPage:
         return self._doctor_task.started and not self._doctor_done.is_set()
 
     def _doctor_view(self) -> dict[str, Any]:
+        """The last run's verdicts (its ``finished_at`` says how old they are) and, while a run
+        is under way, ``run``: when it began and the checks it has made so far."""
         running = self._doctor_running()
-        if self.doctor is None:
-            return {"running": running, "checks": [], "failed": 0, "finished_at": None}
-        return {**self.doctor.as_dict(), "running": running}
+        view: dict[str, Any] = {"running": running, "checks": [], "failed": 0,
+                                "finished_at": None}
+        if self.doctor is not None:
+            view = {**self.doctor.as_dict(), "running": running}
+        if running:
+            view["run"] = {"started_at": self._doctor_run.started_at,
+                           "checked": [c.name for c in self._doctor_run.checks]}
+        return view
 
 
 # -- views -------------------------------------------------------------------------------------
@@ -711,52 +740,6 @@ def unit_view(unit: dict[str, Any], config: str | None = None) -> dict[str, Any]
         "banner": banner,
         "command": command if elsewhere else "",
     }
-
-
-def availability(snapshot: dict[str, Any]) -> dict[str, Any]:
-    """How many readers can take cards now, and which cannot and why: the agent's own
-    out-of-service decision per terminal (``health.availability``, in the health snapshot), and a
-    terminal whose checks fail while it is held in service a moment longer (the hold-off: one
-    lost ping must not take a reader off the bus) counted as one that cannot, with its trouble:
-    "2 of 2 can take cards" beside an OFFLINE terminal would be a lie for that moment.
-    A terminal out while the agent starts says so (``starting``, its reason "starting: ...").
-    ``level`` is ``ok`` when all can, ``degraded`` when some cannot, ``down`` when none can."""
-    states = snapshot.get("availability") or []
-    names = {t["device_id"]: t.get("name") for t in snapshot.get("terminals", [])}
-    out = [s for s in states if not s.get("available", True) or s.get("failing")]
-    able = len(states) - len(out)
-    if not states:
-        return {"available": False, "level": "down", "summary": "no reader checked yet",
-                "reason": "no terminal checked yet", "able": 0, "total": 0, "cannot": [],
-                "terminals": states}  # fmt: skip
-    cannot = [
-        {
-            "device_id": s["device_id"],
-            "name": names.get(s["device_id"]),
-            "reason": _cannot_reason(s),
-            "since": s.get("since") if not s.get("available", True) else None,
-            "starting": bool(s.get("starting")),
-        }
-        for s in out
-    ]
-    readers = "reader" if len(states) == 1 else "readers"
-    return {
-        "available": able > 0,
-        "level": "ok" if not out else "degraded" if able else "down",
-        "summary": f"{able} of {len(states)} {readers} can take cards",
-        "reason": "; ".join(f"{c['device_id']}: {c['reason']}" for c in cannot),
-        "able": able,
-        "total": len(states),
-        "cannot": cannot,
-        "terminals": states,
-    }
-
-
-def _cannot_reason(state: dict[str, Any]) -> str:
-    if state.get("available", True):
-        return f"{state['failing']} (checked again before it is taken out of service)"
-    reason = state.get("reason") or "unavailable"
-    return f"starting: {reason}" if state.get("starting") else reason
 
 
 def health_notes(before: dict[str, Any] | None, after: dict[str, Any]) -> list[str]:

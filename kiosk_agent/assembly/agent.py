@@ -58,6 +58,8 @@ _LOGGER = logging.getLogger(__name__)
 _START_EXTENSION = 30.0
 # between two of the prune's batches: the agent's own writes take the journal meanwhile
 PRUNE_PAUSE_S = 0.02
+# the prune's batches wait for no sale to be running, at most this long each (Journal.prune)
+PRUNE_IDLE_WAIT_S = 5.0
 
 
 class Component(Protocol):
@@ -245,6 +247,7 @@ class Agent:
     def _count_errors_in_health(self) -> None:
         """The parts whose unexpected errors health counts and shows (nothing dies silently)."""
         self.settling = Settling()  # the models built after READY=1 (assembly/collector.py)
+        self.prune_errors = 0  # unexpected errors of the prune after READY=1 (Agent._prune)
         for part, count in {
             "health check": lambda: self._checker.errors,
             "availability": lambda: self.availability.listener_errors,
@@ -252,6 +255,7 @@ class Agent:
             "model builds after ready": lambda: self.settling.errors,
             "attention sweeper": lambda: self.attention.stats.unexpected,
             "unwritten sales": lambda: self.unwritten.unexpected,
+            "journal prune": lambda: self.prune_errors,
         }.items():
             self.health.count_errors_of(part, count)
 
@@ -473,11 +477,16 @@ class Agent:
             # shielded: a stop cancels this task, not the thread, and waits for the thread to
             # end its batch before it closes the journal (stop)
             self._prune_thread = asyncio.ensure_future(asyncio.to_thread(
-                self.journal.prune, keep_days, pause=PRUNE_PAUSE_S, stopping=self._stopping.is_set
+                self.journal.prune, keep_days, pause=PRUNE_PAUSE_S, stopping=self._stopping.is_set,
+                idle=self.sales.idle, idle_wait=PRUNE_IDLE_WAIT_S,
             ))
             pruned = await asyncio.shield(self._prune_thread)
         except (sqlite3.Error, JournalError) as err:
             _LOGGER.warning("journal: old sales not pruned (%s); the next start tries again", err)
+            return
+        except Exception:  # a bug: said and counted in health, and what follows it still runs
+            self.prune_errors += 1
+            _LOGGER.exception("journal: pruning old sales failed; the next start tries again")
             return
         if pruned:
             _LOGGER.info("journal: %d finished sale(s) older than the retention removed", pruned)

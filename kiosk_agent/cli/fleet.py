@@ -684,7 +684,7 @@ def format_health(report: dict[str, Any], now: float | None = None) -> str:
         f"open {sales.get('open', 0)}, attention {sales.get('attention', 0)}",
     ]
     if snapshot.get("availability"):
-        from kiosk_agent.admin.page import availability
+        from kiosk_agent.health.readers import availability
 
         # the status page's words: how many readers can take cards
         lines.append(f"cards:    {availability(snapshot)['summary']}")

@@ -28,9 +28,10 @@ mismatch: then none is given back and each is put to a person (``attention``) in
 
 from __future__ import annotations
 
+import asyncio
 import datetime as dt
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable, Collection
+from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Mapping
 from dataclasses import field
 
 from kiosk_agent.data_class import data_class
@@ -56,6 +57,9 @@ _CHARGES = frozenset({*_HOLDING, TransStatus.VOIDED, TransStatus.REFUNDED,
 FOREIGN_QUIET_S = 24 * 3600.0
 _FOREIGN_NAMED = 3  # order ids named in the problem
 _SHOWN_MAX = 40  # characters of another program's order id shown
+# Reporting's rows decided at a time: one read of the journal for their order ids, then the
+# event loop's turn (a page of 500 held it 0.2 s: sales waited)
+CHUNK_ROWS = 50
 # Ended sales that say no money moved: a charge held under one is unaccounted.
 _NO_MONEY = frozenset({SaleState.FAILED, SaleState.DECLINED, SaleState.CANCELLED})
 AUDIT_SOURCE = "audit"
@@ -238,8 +242,11 @@ class ChargeAudit:
         accounted: dict[str, float | None] = {}  # trans id -> its date, of those let go
         asked: dict[str, str] = {}  # trans id -> the terminal it was asked under
         newest = 0.0  # the service's latest charge on these terminals: real time, at most now
-        for device in self.settings.terminals:
-            async for row in self._terminal_rows(device, settled):
+        async for device, chunk in self._chunks(settled):
+            sales = self.journal.order_states(
+                parts[0] for row in chunk if (parts := split_order_id(row.order_id))
+            )
+            for row in chunk:
                 if row.trans_date is not None:
                     newest = max(newest, row.trans_date.timestamp())
                 if row.status not in _CHARGES:
@@ -247,11 +254,14 @@ class ChargeAudit:
                 mine = self._provably_ours(row.order_id)
                 if mine and row.status not in _HOLDING:
                     continue  # this unit's, holding nothing: never looked at again
-                if mine and self._plainly_accounted(row, running):
+                if mine and _plainly_accounted(row, sales, running):
                     accounted[row.trans_id] = _date_of(row)
                     continue
                 rows[row.trans_id] = row
                 asked[row.trans_id] = device
+            # a chunk's rows at a time: a year's settled charges (thousands of rows) held the
+            # event loop a page at a time, 0.2 s and more on a slow machine, sales waiting
+            await asyncio.sleep(0)
         # The window ends now by this unit's clock, or at the service's latest charge when that
         # is later: a clock not yet set by NTP (a Pi booted from a new card: its image's date,
         # or 1970) would stretch it over the terminals' whole history, and every charge of a
@@ -275,6 +285,18 @@ class ChargeAudit:
         if parts is None or not self.unit.owns_sale(parts[0]):
             return False
         return self.journal.by_order_id(parts[0]) is not None
+
+    async def _chunks(self, settled: bool) -> AsyncIterator[tuple[str, list[Transaction]]]:
+        """Each terminal's rows (:meth:`_terminal_rows`), ``CHUNK_ROWS`` at a time."""
+        for device in self.settings.terminals:
+            chunk: list[Transaction] = []
+            async for row in self._terminal_rows(device, settled):
+                chunk.append(row)
+                if len(chunk) == CHUNK_ROWS:
+                    yield device, chunk
+                    chunk = []
+            if chunk:
+                yield device, chunk
 
     async def _terminal_rows(self, device: str, settled: bool) -> AsyncIterator[Transaction]:
         """The terminal's rows that may hold money. With the settled: one query, the statuses
@@ -313,13 +335,6 @@ class ChargeAudit:
             return None  # given back (or being given back) under its own sale already
         self.held_under_ended.add(record.sale_id)
         return self._new_record(row, held, 1)
-
-    def _plainly_accounted(self, row: Transaction, running: Collection[str]) -> bool:
-        """The journal holds this charge's sale, in flight or ended with money moved: nothing
-        to decide (``_unaccounted`` says None for it too)."""
-        parts = split_order_id(row.order_id)
-        record = None if parts is None else self.journal.by_order_id(parts[0])
-        return record is not None and _accounts_for(record, running)
 
     def _new_record(self, row: Transaction, order_id: str, attempt: int) -> SaleRecord:
         device = row.terminal_id or next(iter(self.settings.terminals), "")
@@ -365,6 +380,17 @@ def _accounts_for(record: SaleRecord, running: Collection[str]) -> bool:
     """A sale of the journal that accounts for a charge under its order id: in flight now, or
     in any state but an end where no money moved."""
     return record.sale_id in running or record.state not in _NO_MONEY
+
+
+def _plainly_accounted(
+    row: Transaction, sales: Mapping[str, tuple[str, SaleState]], running: Collection[str]
+) -> bool:
+    """The journal holds this charge's sale (``sales``: sale id and state by order id), in
+    flight or ended with money moved: nothing to decide (``_unaccounted`` says None for it
+    too)."""
+    parts = split_order_id(row.order_id)
+    sale = None if parts is None else sales.get(parts[0])
+    return sale is not None and (sale[0] in running or sale[1] not in _NO_MONEY)
 
 
 def _date_of(row: Transaction) -> float | None:

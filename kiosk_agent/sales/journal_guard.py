@@ -273,6 +273,12 @@ class JournalGuard:
         await self._checked.wait()
         return self.audit.last
 
+    @property
+    def history_read(self) -> bool:
+        """Whether a check read the settled charges too (on an intact journal, the check right
+        after the start's first) and is not due to read them again now."""
+        return self._history_next > 0.0
+
     # -- every write -----------------------------------------------------------------------------
 
     def written(self, err: JournalError | None) -> None:
@@ -328,6 +334,12 @@ class JournalGuard:
     async def _check_charges(self) -> bool:
         """One comparison; True when it must be tried again soon (it could not be made)."""
         settled = self.clock.monotonic() >= self._history_next
+        # A start on an intact journal: the triggers wait for the unsettled charges only (a few
+        # rows); the settled, every charge a terminal ever made (a year: thousands of rows, the
+        # start's 5 s bound), are read by the check that follows at once, with sales going on
+        history_next = settled and self.notice is None and not self._checked.is_set()
+        if history_next:
+            settled = False
         try:
             result = await self.audit.check(self._running(), settled=settled)
         except JournalError as err:  # the journal broke while the check wrote: once it is back
@@ -367,6 +379,9 @@ class JournalGuard:
             self._checked.set()
         if pending != self.health.journal.charges_pending:
             self._evaluate()
+        if history_next and result.ok:  # the settled now, as every start reads them
+            self._audit_due.set()
+            self._wakeup.set()
         return self.health.journal.charges_pending
 
     def watch(self) -> None:

@@ -270,6 +270,11 @@ class SaleRunner:
         flow.journal.record(flow.record, Step.CANCEL_REQUESTED)
         return True
 
+    def idle(self) -> bool:
+        """No sale is live: housekeeping may take the journal (the prune, in its thread: a
+        dict's truth is read whole under the GIL, where listing it could see it change)."""
+        return not self._live
+
     @property
     def running(self) -> list[SaleRecord]:
         """Every live sale, those holding a terminal and those only capturing or giving back."""

@@ -213,9 +213,10 @@ async def test_doctor_checks_run_from_the_agent_with_their_fixes(
     async with aiohttp.ClientSession() as plain:
         await plain.post(f"{sim.base_url}/sim/terminals/SIM-0001/offline")
     headers = {**_origin(admin_server), "X-CSRF-Token": csrf}
-    async with api.post("/api/doctor", headers=headers) as r:
-        assert r.status == 200
+    async with api.post("/api/doctor?wait=30", headers=headers) as r:
+        assert r.status == 200  # ended within the wait: its verdicts
         report = await r.json()
+    assert not report["running"]
     checks = {c["name"]: c for c in report["checks"]}
     assert checks["service"]["verdict"] == "PASS"
     assert checks["ping SIM-0001"]["verdict"] == "FAIL"
@@ -226,6 +227,69 @@ async def test_doctor_checks_run_from_the_agent_with_their_fixes(
     assert report["failed"] == 1
     async with api.get("/api/doctor") as r:
         assert (await r.json())["finished_at"] == report["finished_at"]
+
+
+async def test_run_doctor_answers_at_once_and_says_the_runs_progress_until_its_verdicts(
+    agent: Any, api: Any, admin_server: Any, monkeypatch: Any
+) -> None:
+    """The journal's check alone (SQLite's quick check of a year's file, 280 MiB) took the
+    doctor's POST 1-2 s, 8 s at load 13: it answers at once now, 202, with the last verdicts
+    (their ``finished_at``: how old) and the run's progress; GET says the same until the run
+    ends; ``?wait=S`` waits up to S seconds for it. A second POST follows the run under way."""
+    import threading
+
+    from kiosk_agent.sales import journal_doctor
+
+    reading = threading.Event()  # the journal's check, held in its worker thread
+    check = journal_doctor.check_journal
+
+    def slow_check(*args: Any, **kwargs: Any) -> None:
+        assert reading.wait(30)
+        check(*args, **kwargs)
+
+    monkeypatch.setattr(journal_doctor, "check_journal", slow_check)
+    csrf = await _login(api, admin_server)
+    headers = {**_origin(admin_server), "X-CSRF-Token": csrf}
+    began = time.monotonic()
+    async with api.post("/api/doctor", headers=headers) as r:
+        assert r.status == 202
+        first = await r.json()
+    assert time.monotonic() - began < 2.0  # not the journal's check: that is still held
+    assert first["running"]
+    assert first["finished_at"] is None  # no run ended yet: none to show
+    await until_checked(api, "config")
+    async with api.post("/api/doctor?wait=0.05", headers=headers) as r:
+        assert r.status == 202  # still under way: the same run, not a second
+        again = await r.json()
+    assert again["run"]["started_at"] == first["run"]["started_at"]
+    assert "journal" not in again["run"]["checked"]
+    reading.set()
+    async with api.post("/api/doctor?wait=30", headers=headers) as r:
+        assert r.status == 200
+        ended = await r.json()
+    assert not ended["running"]
+    assert "run" not in ended
+    names = [c["name"] for c in ended["checks"]]
+    assert "journal" in names
+    assert ended["started_at"] == first["run"]["started_at"]  # that run, not one more
+    for wrong in ("-1", "61", "soon", "nan"):
+        async with api.post(f"/api/doctor?wait={wrong}", headers=headers) as r:
+            assert r.status == 400, wrong
+            refused = await r.json()
+        assert refused["error"] == "bad_parameter"
+        assert "wait is seconds from 0 to 60" in refused["detail"]
+
+
+async def until_checked(api: Any, name: str) -> None:
+    """Until the doctor's run under way has made the check ``name`` (GET /api/doctor)."""
+    deadline = time.monotonic() + 10
+    while True:
+        async with api.get("/api/doctor") as r:
+            view = await r.json()
+        if name in view.get("run", {}).get("checked", []):
+            return
+        assert time.monotonic() < deadline, view
+        await asyncio.sleep(0.02)
 
 
 def test_availability_counts_the_readers_that_can_take_cards_and_names_the_rest() -> None:

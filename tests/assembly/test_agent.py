@@ -333,6 +333,64 @@ async def test_old_sales_are_pruned_after_ready_not_on_the_way_to_it(
         await agent.stop()
 
 
+async def test_the_prunes_batches_wait_for_no_sale_to_be_running(
+    sim_factory: Any, tmp_path: Path, monkeypatch: Any
+) -> None:
+    """A batch holds the journal's write lock, which a sale's step waits for with the whole
+    event loop: on a year's journal the prune's minutes doubled a kiosk sale (70 -> 170 ms,
+    bench/journal.py). Each batch now waits for the runner to be idle (at most
+    PRUNE_IDLE_WAIT_S)."""
+    from kiosk_agent.assembly import agent as agent_module
+    from kiosk_agent.sales.journal import Journal
+    from tests.helpers import walk_to
+    from tests.sales.test_journal import new_sale
+
+    month_ago = FakeClock(wall=time.time() - 30 * 86400, boot_id="an-earlier-boot")
+    journal = Journal(tmp_path / "journal.db", month_ago)
+    journal.open()
+    walk_to(journal, journal.create(new_sale(1)), SaleState.COMPLETED)
+    journal.close()
+    sim = await sim_factory(time_scale=300, transactions=0)
+    config_path = write_config(tmp_path)
+    config_path.write_text(config_path.read_text().replace(
+        "journal: {path: journal.db}", "journal: {path: journal.db, keep_days: 1}"))
+    monkeypatch.setattr(agent_module, "PRUNE_IDLE_WAIT_S", 60.0)
+    agent = Agent(load_config(config_path), settings_from_ready(sim.ready_info(), timeout=5.0))
+    assert agent.sales.idle()  # no sale live
+    selling = True
+    monkeypatch.setattr(agent.sales, "idle", lambda: not selling)
+    await agent.start()
+    try:
+        await asyncio.wait_for(agent.settling.done.wait(), 30)  # then the prune begins
+        await asyncio.sleep(0.3)
+        assert [s.sale_id for s in agent.journal.query()] == ["s1"]  # waiting for the sale
+        selling = False
+        await asyncio.wait_for(agent.settled.wait(), 30)
+        assert agent.journal.query() == []
+    finally:
+        await agent.stop()
+
+
+async def test_a_prune_that_breaks_is_said_and_counted_and_the_agent_settles(
+    sim_factory: Any, tmp_path: Path
+) -> None:
+    """Only a journal's errors were caught: any other ended the task of what follows READY=1
+    silently, and the agent never said it had settled."""
+    sim = await sim_factory(time_scale=300, transactions=0)
+    agent = Agent(load_config(write_config(tmp_path)), settings_from_ready(sim.ready_info()))
+
+    def broken_prune(keep_days: int, **kwargs: Any) -> int:
+        raise RuntimeError("a bug in the prune")
+
+    agent.journal.prune = broken_prune  # type: ignore[method-assign]
+    await agent.start()
+    try:
+        await asyncio.wait_for(agent.settled.wait(), 30)
+        assert agent.health.snapshot().errors["journal prune"] == 1
+    finally:
+        await agent.stop()
+
+
 async def test_a_stop_waits_for_the_prunes_thread_to_end_its_batch(
     sim_factory: Any, tmp_path: Path
 ) -> None:
@@ -345,7 +403,7 @@ async def test_a_stop_waits_for_the_prunes_thread_to_end_its_batch(
     agent = Agent(load_config(write_config(tmp_path)), settings_from_ready(sim.ready_info()))
     in_batch, batch_done = threading.Event(), threading.Event()
 
-    def slow_prune(keep_days: int, *, pause: float, stopping: Any) -> int:
+    def slow_prune(keep_days: int, *, pause: float, stopping: Any, **waits: Any) -> int:
         in_batch.set()
         while not stopping():  # a batch in progress until the stop is told
             time.sleep(0.01)

@@ -230,6 +230,40 @@ async def test_terminals_says_at_once_that_no_agent_runs_on_a_simulator_configur
     assert out.decode().split("\n")[-2] == "4 []"
 
 
+async def test_terminals_on_a_real_service_asks_it_through_its_running_agent(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
+    sim: SimServer, agents_admin_api: tuple[int, list[tuple[str, str]]],
+) -> None:
+    """On a unit whose service is a real one, `terminals` made a service client of its own
+    (aiohttp, pydantic, the OAuth exchange: 1.3 s of CPU and 7.7 s wall on the 200,000-sale
+    bench's loaded machine) while its agent, which asks the service at once for its admin
+    API's GET /api/terminals, ran beside it. It asks that agent now; with none to ask, the
+    service itself, as before."""
+    from tests.helpers import free_port, service_yaml
+
+    port, asked = agents_admin_api
+    info = sim.ready_info()
+    for name in cli.ENVIRONMENT.values():
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("KIOSK_API_KEY", info["api_key"])
+    monkeypatch.setenv("KIOSK_CLIENT_SECRET", info["client_secret"])
+    monkeypatch.setenv("KIOSK_TEST_ADMIN_TOKEN", "a" * 24)
+    config = agent_config(tmp_path, port)
+    config.write_text(config.read_text().replace(
+        "service: {simulator: {time_scale: 60}}\n", service_yaml(info)))
+    ran = await kiosk(capsys, "terminals", "-c", str(config))
+    assert asked == [("/api/terminals", "Bearer " + "a" * 24)]
+    assert ran.code == 1, ran  # the agent's answer: its reader offline
+    assert "1 of 2 offline: SIM-0003" in ran.out
+    assert f"as the agent running on it (http://127.0.0.1:{port})" in ran.err
+    # no agent listens there: the service itself (the simulator's eight readers, online)
+    config.write_text(config.read_text().replace(f"port: {port}", f"port: {free_port()}"))
+    ran = await kiosk(capsys, "terminals", "-c", str(config))
+    assert ran.code == 0, ran
+    assert "all 8 terminals online" in ran.out
+    assert len(asked) == 1
+
+
 async def test_ping_gives_a_verdict_and_a_fix(
     env: dict[str, str], capsys: pytest.CaptureFixture[str], sim: SimServer
 ) -> None:

@@ -184,6 +184,24 @@ def test_today_counts_the_sales_created_since_the_utc_midnight_as_since_today_li
         journal.close()
 
 
+def test_order_states_reads_many_order_ids_at_once_beyond_one_statements_limit(
+    journal: Journal,
+) -> None:
+    """The charge check's read: the sale and state of each order id the journal holds, a
+    chunk of reporting's rows in one statement (more than SQLite binds in one: in parts)."""
+    with journal.batch():
+        for n in range(1203):
+            journal.create(new_sale(n))
+    walk_to(journal, journal.by_order_id("KA000007") or new_sale(7), SaleState.COMPLETED)
+    asked = [f"KA{n:06d}" for n in range(0, 1203, 2)] + ["KA000007", "KA999999", "KA000000"]
+    found = journal.order_states(iter(asked))  # read as it comes, each once
+    assert len(found) == 603  # 602 even ones and KA000007; no KA999999
+    assert found["KA000007"] == ("s7", SaleState.COMPLETED)
+    assert found["KA001202"] == ("s1202", SaleState.STARTED)
+    assert "KA999999" not in found
+    assert journal.order_states([]) == {}
+
+
 def test_query_filters_by_time_and_state_newest_first(journal: Journal) -> None:
     for n in range(1, 5):
         sale = journal.create(new_sale(n))
@@ -297,6 +315,56 @@ def test_prune_deletes_in_batches_of_its_own_and_stops_when_told(journal: Journa
     assert len(journal.query()) == 4
     assert journal.prune(keep_days=1, now=later, batch=2) == 3
     assert [s.sale_id for s in journal.query()] == ["s7"]
+
+
+def test_prune_waits_for_no_sale_running_before_each_batch_at_most_idle_wait(
+    journal: Journal,
+) -> None:
+    """A batch holds the journal's write lock, and a sale's step waited for it with the whole
+    event loop (a year's prune doubled a kiosk sale, 70 -> 170 ms): each batch begins once no
+    sale runs, or after ``idle_wait`` all the same (a unit that never stops selling prunes)."""
+    for n in range(6):
+        walk_to(journal, journal.create(new_sale(n)), SaleState.COMPLETED)
+    later = time.time() + 30 * DAY
+    seen: list[str] = []  # what happened, in order
+    selling = iter([True, True, False, True, True, True, True, True, False])
+
+    def idle() -> bool:
+        busy = next(selling, False)
+        seen.append("busy" if busy else "idle")
+        return not busy
+
+    def sleep(seconds: float) -> None:  # the thread's waits, counted (no real time passes)
+        seen.append(f"sleep {seconds:g}")
+
+    pruned = journal.prune(keep_days=1, now=later, batch=2, pause=0.02, idle=idle,
+                           idle_wait=0.05, sleep=sleep)
+
+    assert pruned == 6
+    assert seen == [
+        "busy", "sleep 0.02", "busy", "sleep 0.02", "idle",  # batch 1 once idle
+        "sleep 0.02",  # its pause
+        "busy", "sleep 0.02", "busy", "sleep 0.02", "busy", "sleep 0.02",  # 0.06 >= 0.05:
+        "sleep 0.02",  # batch 2 all the same, then its pause
+        "busy", "sleep 0.02", "busy", "sleep 0.02", "idle",  # batch 3 once idle
+        "sleep 0.02",  # its pause
+        "idle",  # the batch that finds none left
+    ]
+    assert journal.query() == []
+
+
+def test_prune_stops_while_it_waits_for_the_sales(journal: Journal) -> None:
+    walk_to(journal, journal.create(new_sale(1)), SaleState.COMPLETED)
+    asked: list[str] = []
+
+    def stopping() -> bool:
+        asked.append("stopping")
+        return len(asked) >= 2
+
+    pruned = journal.prune(keep_days=1, now=time.time() + 30 * DAY, idle=lambda: False,
+                           idle_wait=60.0, stopping=stopping, sleep=lambda _s: None)
+    assert pruned == 0  # told to stop before any batch: the next start goes on
+    assert len(journal.query()) == 1
 
 
 def test_retry_attempts_get_their_own_order_ids() -> None:

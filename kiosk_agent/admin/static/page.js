@@ -655,8 +655,12 @@ async function runDoctor() {
   state.busy.doctor = true;
   renderDoctor();
   try {
+    // answered at once (202, the run under way): the stream brings its end, perhaps already
     const answer = await call("POST", "/api/doctor", {});
-    if (answer.ok) state.page.doctor = state.streamDoctor = answer.data;
+    const streamed = state.streamDoctor;
+    const run = answer.ok ? answer.data.run : null;
+    const ended = run && streamed && !streamed.running && streamed.started_at >= run.started_at;
+    if (answer.ok && !ended) state.page.doctor = state.streamDoctor = answer.data;
   } finally {
     delete state.busy.doctor;
     renderDoctor();

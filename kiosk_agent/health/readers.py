@@ -1,0 +1,56 @@
+"""How many readers can take cards now, in words: the status page's and ``kiosk-agent
+health``'s one reading of a health snapshot (a dict, as the admin API sends it).
+
+Apart from the page (``admin/page.py``, which imports aiohttp's server): ``health`` asks the
+agent over a plain socket and must not import a web server to say "2 of 2 readers".
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def availability(snapshot: dict[str, Any]) -> dict[str, Any]:
+    """How many readers can take cards now, and which cannot and why: the agent's own
+    out-of-service decision per terminal (``health.availability``, in the health snapshot), and a
+    terminal whose checks fail while it is held in service a moment longer (the hold-off: one
+    lost ping must not take a reader off the bus) counted as one that cannot, with its trouble:
+    "2 of 2 can take cards" beside an OFFLINE terminal would be a lie for that moment.
+    A terminal out while the agent starts says so (``starting``, its reason "starting: ...").
+    ``level`` is ``ok`` when all can, ``degraded`` when some cannot, ``down`` when none can."""
+    states = snapshot.get("availability") or []
+    names = {t["device_id"]: t.get("name") for t in snapshot.get("terminals", [])}
+    out = [s for s in states if not s.get("available", True) or s.get("failing")]
+    able = len(states) - len(out)
+    if not states:
+        return {"available": False, "level": "down", "summary": "no reader checked yet",
+                "reason": "no terminal checked yet", "able": 0, "total": 0, "cannot": [],
+                "terminals": states}  # fmt: skip
+    cannot = [
+        {
+            "device_id": s["device_id"],
+            "name": names.get(s["device_id"]),
+            "reason": _cannot_reason(s),
+            "since": s.get("since") if not s.get("available", True) else None,
+            "starting": bool(s.get("starting")),
+        }
+        for s in out
+    ]
+    readers = "reader" if len(states) == 1 else "readers"
+    return {
+        "available": able > 0,
+        "level": "ok" if not out else "degraded" if able else "down",
+        "summary": f"{able} of {len(states)} {readers} can take cards",
+        "reason": "; ".join(f"{c['device_id']}: {c['reason']}" for c in cannot),
+        "able": able,
+        "total": len(states),
+        "cannot": cannot,
+        "terminals": states,
+    }
+
+
+def _cannot_reason(state: dict[str, Any]) -> str:
+    if state.get("available", True):
+        return f"{state['failing']} (checked again before it is taken out of service)"
+    reason = state.get("reason") or "unavailable"
+    return f"starting: {reason}" if state.get("starting") else reason
