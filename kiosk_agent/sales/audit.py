@@ -28,13 +28,13 @@ mismatch: then none is given back and each is put to a person (``attention``) in
 
 from __future__ import annotations
 
-import asyncio
 import datetime as dt
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Mapping
 from dataclasses import field
 
 from kiosk_agent.data_class import data_class
+from kiosk_agent.sales.clock import next_turn
 from kiosk_agent.sales.journal import CHARGE_LOOKBACK_S, SaleRecord
 from kiosk_agent.sales.model import Flow, SaleEvent
 from kiosk_agent.sales.runner import new_ids
@@ -261,7 +261,7 @@ class ChargeAudit:
                 asked[row.trans_id] = device
             # a chunk's rows at a time: a year's settled charges (thousands of rows) held the
             # event loop a page at a time, 0.2 s and more on a slow machine, sales waiting
-            await asyncio.sleep(0)
+            await next_turn()
         # The window ends now by this unit's clock, or at the service's latest charge when that
         # is later: a clock not yet set by NTP (a Pi booted from a new card: its image's date,
         # or 1970) would stretch it over the terminals' whole history, and every charge of a

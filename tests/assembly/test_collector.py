@@ -38,7 +38,9 @@ def test_start_up_objects_leave_the_collectors_sight_once_per_process() -> None:
     frozen = gc.get_freeze_count()
     assert frozen >= len(kept)  # a full collection no longer walks them
     assert not collector.freeze_start_up_objects()  # a second agent: its garbage stays collectable
-    assert gc.get_freeze_count() == frozen
+    # not more: a second freeze would add every object made since. (Fewer may be: a frozen
+    # object is still freed when its last reference goes, and the suite's other tests run here.)
+    assert gc.get_freeze_count() <= frozen
 
 
 @pytest.mark.usefixtures("fresh_process")
