@@ -305,11 +305,9 @@ async def test_a_vended_sale_past_keep_days_is_not_given_back_by_the_charge_chec
         await second.stop()
 
 
-async def test_old_sales_are_pruned_after_ready_not_on_the_way_to_it(
-    sim_factory: Any, tmp_path: Path
-) -> None:
-    """A year of sales to prune held the start 1.5 s before READY=1: the prune now runs after
-    it, in a worker thread, with what else the agent does once ready (``settled``)."""
+async def _a_unit_with_a_month_old_sale(tmp_path: Path, sim_factory: Any) -> tuple[Path, Any]:
+    """A configuration keeping a day of sales, its journal holding one completed a month ago
+    (due for the prune), and the simulator it names."""
     from kiosk_agent.sales.journal import Journal
     from tests.helpers import walk_to
     from tests.sales.test_journal import new_sale
@@ -323,6 +321,15 @@ async def test_old_sales_are_pruned_after_ready_not_on_the_way_to_it(
     config_path = write_config(tmp_path)
     config_path.write_text(config_path.read_text().replace(
         "journal: {path: journal.db}", "journal: {path: journal.db, keep_days: 1}"))
+    return config_path, sim
+
+
+async def test_old_sales_are_pruned_after_ready_not_on_the_way_to_it(
+    sim_factory: Any, tmp_path: Path
+) -> None:
+    """A year of sales to prune held the start 1.5 s before READY=1: the prune now runs after
+    it, in a worker thread, with what else the agent does once ready (``settled``)."""
+    config_path, sim = await _a_unit_with_a_month_old_sale(tmp_path, sim_factory)
     agent = Agent(load_config(config_path), settings_from_ready(sim.ready_info(), timeout=5.0))
     await agent.start()
     try:
@@ -341,19 +348,7 @@ async def test_the_prunes_batches_wait_for_no_sale_to_be_running(
     bench/journal.py). Each batch now waits for the runner to be idle (at most
     PRUNE_IDLE_WAIT_S)."""
     from kiosk_agent.assembly import agent as agent_module
-    from kiosk_agent.sales.journal import Journal
-    from tests.helpers import walk_to
-    from tests.sales.test_journal import new_sale
-
-    month_ago = FakeClock(wall=time.time() - 30 * 86400, boot_id="an-earlier-boot")
-    journal = Journal(tmp_path / "journal.db", month_ago)
-    journal.open()
-    walk_to(journal, journal.create(new_sale(1)), SaleState.COMPLETED)
-    journal.close()
-    sim = await sim_factory(time_scale=300, transactions=0)
-    config_path = write_config(tmp_path)
-    config_path.write_text(config_path.read_text().replace(
-        "journal: {path: journal.db}", "journal: {path: journal.db, keep_days: 1}"))
+    config_path, sim = await _a_unit_with_a_month_old_sale(tmp_path, sim_factory)
     monkeypatch.setattr(agent_module, "PRUNE_IDLE_WAIT_S", 60.0)
     agent = Agent(load_config(config_path), settings_from_ready(sim.ready_info(), timeout=5.0))
     assert agent.sales.idle()  # no sale live
