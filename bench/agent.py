@@ -898,9 +898,9 @@ def report(figures: dict[str, Any], args: argparse.Namespace) -> None:
         "start_above_floor_s": ("<=", 0.15),
         "idle_rss_above_libraries_in_use_mb": ("<=", 4),
         "kiosk_sale_cpu_ms": ("<=", 4),
-        # issue 33's 4 ms in the floor's units: 6d642d4 read 5.1 ms on 2026-11-26 and 1.64
-        # times its floor on 2026-11-29 (docs/architecture.md), so 4 ms is 1.64 * 4 / 5.1
-        "kiosk_sale_cpu_above_floor": ("<=", 1.29),
+        # issue 33's 4 ms in the floor's units: 6d642d4 read 5.1 ms on 2026-11-26 and, quiet,
+        # 1.75 times its floor on 2026-11-29 (docs/architecture.md), so 4 ms is 1.75 * 4 / 5.1
+        "kiosk_sale_cpu_above_floor": ("<=", 1.37),
         "trigger_to_request_during_read_ratio": ("<", 1.25),  # unchanged within noise
     }
     for name, value in figures.items():
