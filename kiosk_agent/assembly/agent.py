@@ -395,10 +395,13 @@ class Agent:
         written back if its file was removed (else every later step would be lost with it:
         Journal.put_back); sales resolved by another process (`kiosk-agent sales resolve`)
         told to the bus (OutsideResolutions)."""
-        claimed, said = True, ""
+        claimed, said, aside = True, "", False
         while True:
             await asyncio.sleep(DISK_WATCH_S)
             try:
+                if not aside:  # from the first look at an open journal on
+                    self.journal.checkpoint_aside()
+                    aside = True
                 self.journal_guard.watch()
                 self.attention.outside.watch()
                 if self.recovery.not_ours:  # another unit's open sales a person resolved
@@ -415,12 +418,24 @@ class Agent:
                 if done is not None:
                     _LOGGER.warning("journal: %s while the agent ran; the open journal written "
                                     "back there, nothing lost", done)
+                await self._checkpoint_aside()
             except JournalError as err:
                 if str(err) != said:  # once, not every second
                     _LOGGER.error("journal: %s", err)
                 said = str(err)
             except Exception:  # never dies silently: said, and the next look tries again
                 _LOGGER.exception("journal: watching its disk and files failed")
+
+    async def _checkpoint_aside(self) -> None:
+        """The WAL copied into the database in a worker thread, not inside a sale's commit on the
+        event loop (Journal.checkpoint_aside); one that fails is tried again at the next due."""
+        if not self.journal.checkpoint_due():
+            return
+        try:
+            await asyncio.to_thread(self.journal.checkpoint)
+        except sqlite3.Error as err:
+            _LOGGER.warning("journal: its WAL not copied into the database now (%s); "
+                            "the next checkpoint tries again", err)
 
     def _count_not_ours(self) -> None:
         """Health's count of another unit's open sales, once a person resolved some."""

@@ -867,3 +867,41 @@ def test_prune_makes_no_file_where_the_journal_was_removed(journal: Journal) -> 
     with pytest.raises(sqlite3.Error):
         journal.prune(keep_days=1)
     assert not journal.path.exists()
+
+
+def test_a_running_agents_commits_leave_the_checkpoint_to_a_connection_aside(
+    journal: Journal,
+) -> None:
+    """SQLite checkpoints inside the commit that passes 1,000 pages of WAL (10 ms and more: the
+    pages copied and the database fsynced), and the agent commits on its event loop. With
+    checkpoints aside, no commit copies anything into the database; ``checkpoint`` does, on a
+    connection of its own, once enough rows were written."""
+    from kiosk_agent.sales.journal import CHECKPOINT_AFTER_ROWS
+    from kiosk_agent.sales.states import SaleState
+
+    journal.checkpoint_aside()
+    database = journal.path.stat().st_size
+    n = 0
+    while not journal.checkpoint_due():
+        n += 1
+        walk_to(journal, journal.create(new_sale(n)), SaleState.COMPLETED)
+    assert journal.db.total_changes >= CHECKPOINT_AFTER_ROWS
+    wal = journal.path.with_name(journal.path.name + "-wal").stat().st_size
+    assert wal > 1000 * 4096  # past where SQLite would have checkpointed on its own
+    assert journal.path.stat().st_size == database  # and nothing was copied by a commit
+    assert journal.checkpoint() > 1000
+    assert journal.path.stat().st_size > database
+    assert not journal.checkpoint_due()
+    assert journal.get(f"s{n}").state is SaleState.COMPLETED  # every step still there
+
+
+def test_without_checkpoints_aside_sqlite_checkpoints_in_a_commit(journal: Journal) -> None:
+    """What the test above changes: a journal's own connection (a command's) still lets SQLite
+    checkpoint as it commits, and never says a checkpoint is due."""
+    from kiosk_agent.sales.states import SaleState
+
+    database = journal.path.stat().st_size
+    for n in range(1, 120):
+        walk_to(journal, journal.create(new_sale(n)), SaleState.COMPLETED)
+    assert journal.path.stat().st_size > database
+    assert not journal.checkpoint_due()
