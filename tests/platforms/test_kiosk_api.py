@@ -53,11 +53,13 @@ class App:
         ) as response:
             return response.status, await response.json()
 
+    def sale_stream(self, sale_id: str) -> Any:
+        """The sale's own event stream (a WebSocket), as the app opens it."""
+        return self.session.ws_connect(f"{self.base}/sales/{sale_id}/events?token={TOKEN}")
+
     async def follow(self, sale_id: str) -> list[dict[str, Any]]:
         steps = []
-        async with self.session.ws_connect(
-            f"{self.base}/sales/{sale_id}/events?token={TOKEN}"
-        ) as ws:
+        async with self.sale_stream(sale_id) as ws:
             async for message in ws:
                 steps.append(message.json())
         return steps
@@ -213,9 +215,7 @@ async def test_app_confirms_the_dispense(tmp_path: Path, sim_settings: Any) -> N
     async for app in _app(tmp_path, sim_settings, confirm_dispense=True,
                           flow="authorize_capture"):
         _, vended = await app.post("/sales", {"product": "tea"})
-        async with app.session.ws_connect(
-            f"{app.base}/sales/{vended['sale_id']}/events?token={TOKEN}"
-        ) as ws:
+        async with app.sale_stream(vended['sale_id']) as ws:
             async for message in ws:
                 step = message.json()
                 if step["state"] == "dispensing":
@@ -227,9 +227,7 @@ async def test_app_confirms_the_dispense(tmp_path: Path, sim_settings: Any) -> N
         assert last["captured_cents"] == 175
 
         _, failed = await app.post("/sales", {"product": "coffee"})
-        async with app.session.ws_connect(
-            f"{app.base}/sales/{failed['sale_id']}/events?token={TOKEN}"
-        ) as ws:
+        async with app.sale_stream(failed['sale_id']) as ws:
             async for message in ws:
                 step = message.json()
                 if step["state"] == "dispensing":
@@ -464,9 +462,7 @@ async def test_each_step_is_encoded_once_however_many_streams_send_it(
         await until(lambda: _streaming(app))
         status, started = await app.post("/sales", {"product": "coffee"})
         assert status == 202
-        async with app.session.ws_connect(
-            f"{app.base}/sales/{started['sale_id']}/events?token={TOKEN}"
-        ) as one_sale:
+        async with app.sale_stream(started['sale_id']) as one_sale:
             its_texts = [message.data async for message in one_sale]
         all_texts = []
         while not all_texts or not json.loads(all_texts[-1])["final"]:
@@ -496,9 +492,7 @@ async def test_a_stream_of_one_sale_encodes_no_other_sales_steps(
     async for app in _app(tmp_path, sim_settings, confirm_dispense=True):
         _, started = await app.post("/sales", {"product": "tea"})
         sale_id = started["sale_id"]
-        async with app.session.ws_connect(
-            f"{app.base}/sales/{sale_id}/events?token={TOKEN}"
-        ) as ws:
+        async with app.sale_stream(sale_id) as ws:
             async for message in ws:
                 if message.json()["state"] != "dispensing":
                     continue
@@ -772,9 +766,7 @@ async def test_a_sales_stream_reads_nothing_until_the_app_speaks(
     monkeypatch.setattr(kiosk_api, "_drain", counted)
     for _ in range(2):
         _, started = await app.post("/sales", {"product": "coffee"})
-        async with app.session.ws_connect(
-            f"{app.base}/sales/{started['sale_id']}/events?token={TOKEN}"
-        ) as ws:
+        async with app.sale_stream(started['sale_id']) as ws:
             [server_side] = app.api._sockets
             assert server_side._heartbeat is None  # aiohttp's: no timer armed or re-armed
             steps = [message.json() async for message in ws]
@@ -792,9 +784,7 @@ async def test_an_app_that_closes_its_sales_stream_early_is_answered_at_once(
     async for app in _app(tmp_path, sim_settings, confirm_dispense=True):
         _, started = await app.post("/sales", {"product": "tea"})
         sale_id = started["sale_id"]
-        async with app.session.ws_connect(
-            f"{app.base}/sales/{sale_id}/events?token={TOKEN}"
-        ) as ws:
+        async with app.sale_stream(sale_id) as ws:
             async for message in ws:
                 if message.json()["state"] == "dispensing":
                     break
