@@ -24,6 +24,19 @@ async def cancel_and_wait(task: asyncio.Future[Any] | None) -> None:
         await task
 
 
+def cancel_requested() -> bool:
+    """Whether the running task was asked to end, though no ``CancelledError`` may have reached it.
+
+    On Python 3.11 ``asyncio.wait_for`` returns what it waited for, or raises its error, when a
+    cancel lands in the turn that it completes (aiomqtt waits for the broker's answers so): a loop
+    that takes that error for one more failure and goes round again never ends, and its owner's
+    stop waits for ever. Such a loop asks this before it goes round (``asyncio.timeout`` takes
+    back only the cancels it made itself, so the count stays up for the owner's).
+    """
+    task = asyncio.current_task()
+    return task is not None and task.cancelling() > 0
+
+
 async def wait_event(event: asyncio.Event, seconds: float) -> bool:
     """Wait until ``event`` is set or ``seconds`` pass; whether it is set.
 

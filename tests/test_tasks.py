@@ -6,7 +6,13 @@ import asyncio
 
 import pytest
 
-from kiosk_agent.tasks import BackgroundTask, TaskSet, cancel_and_wait, wait_event
+from kiosk_agent.tasks import (
+    BackgroundTask,
+    TaskSet,
+    cancel_and_wait,
+    cancel_requested,
+    wait_event,
+)
 
 
 async def test_cancel_and_wait_returns_once_the_task_has_run_its_cleanup() -> None:
@@ -104,3 +110,37 @@ async def test_a_stop_that_lands_as_the_event_is_set_still_ends_the_loop() -> No
     assert done == {task}, "the cancellation was lost: the loop runs on"
     assert task.cancelled()
     assert rounds == 1
+
+
+async def test_a_cancel_a_library_turned_into_its_error_is_still_asked() -> None:
+    """A library waiting with ``asyncio.wait_for`` on Python 3.11 (aiomqtt, for the broker's
+    answer) raises the answer's error in place of a cancel that lands with it; the loop around
+    it asks ``cancel_requested`` before it goes round, and ends."""
+    answer: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+    errors = []
+
+    async def reconnects_until_cancelled() -> None:
+        while True:
+            try:
+                await asyncio.wait_for(answer, 60)
+            except ConnectionRefusedError as err:
+                errors.append(err)
+            if cancel_requested():
+                raise asyncio.CancelledError
+            await asyncio.sleep(60)  # the back-off: a lost cancel would wait here for ever
+
+    task = asyncio.create_task(reconnects_until_cancelled())
+    await asyncio.sleep(0)  # it waits for the answer now
+    answer.set_exception(ConnectionRefusedError("not authorized"))
+    task.cancel()  # in the same turn
+    done, _ = await asyncio.wait({task}, timeout=2)
+    assert len(errors) == 1  # the library did hand back its error in place of the cancel
+    assert done == {task}, "the cancellation was lost: the loop runs on"
+    assert task.cancelled()
+
+
+async def test_no_cancel_is_asked_of_a_task_whose_own_timeout_fired() -> None:
+    with pytest.raises(TimeoutError):
+        async with asyncio.timeout(0):
+            await asyncio.sleep(1)
+    assert not cancel_requested()

@@ -45,6 +45,7 @@ from kiosk_agent.fleet.topics import (
 )
 from kiosk_agent.logs import RefusalLog
 from kiosk_agent.sales.clock import SYSTEM_CLOCK, Clock
+from kiosk_agent.tasks import cancel_requested
 
 _LOGGER = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -220,6 +221,8 @@ class MqttSink(SinkBase):
                 if self._client is not None:
                     _heard_disconnect(self._client)
                 self._client = None
+            if cancel_requested():  # the stop's cancel, handed back by aiomqtt as its error
+                raise asyncio.CancelledError
             await self._clock.sleep(self._backoff.next())
 
     async def _say_online(self, client: aiomqtt.Client) -> None:

@@ -647,6 +647,53 @@ async def test_a_broker_refusing_the_password_is_a_problem_in_health_within_an_i
         stop_broker(proc)
 
 
+@pytest.mark.mqtt
+async def test_a_stop_that_lands_with_the_brokers_refusal_ends(tmp_path: Path) -> None:
+    """Before: a stop that began in the loop turn the broker refused the password never ended
+    (the test above hung until pytest's 300 s timeout, about 1 run in 90 on a busy machine).
+    aiomqtt waits for the CONNACK with asyncio.wait_for, which on Python 3.11 hands back the
+    refusal in place of a cancel that lands with it: the loop took the stop's cancel for one
+    more refusal, slept its back-off and connected again, for ever. Here the stop begins once
+    the refusal is in and before aiomqtt's connect has read it, so the race is met at every
+    run."""
+    subprocess.run(["mosquitto_passwd", "-b", "-c", str(tmp_path / "users"), "unit", "right"],
+                   check=True, capture_output=True)
+    proc, port = start_broker(tmp_path, f"password_file {tmp_path / 'users'}\n")
+    conf = {"host": "127.0.0.1", "port": port, "username": "unit", "password": "wrong-secret"}
+    sink = MqttSink(conf, "unit-race", "1", clock=FakeClock(monotonic=0.0))
+    stops: list[asyncio.Task[None]] = []
+    made = sink._new_client
+
+    def racing_client() -> aiomqtt.Client:
+        client = made()
+        wait_for = client._wait_for
+
+        async def refused_then_stopped(future: Any, timeout: float | None) -> Any:
+            if future is client._connected and not stops:
+                await asyncio.wait({future})  # the broker's refusal is in ...
+                stops.append(asyncio.ensure_future(sink.stop()))  # ... and the stop begins
+            return await wait_for(future, timeout)
+
+        client._wait_for = refused_then_stopped  # type: ignore[method-assign]
+        return client
+
+    sink._new_client = racing_client  # type: ignore[method-assign]
+    try:
+        await sink.start()
+        await until(lambda: bool(stops))
+        # real seconds, and no cancel of the stop (it would end the loop the stop could not):
+        # the stop ends within a few loop turns
+        await asyncio.wait(stops, timeout=5)
+        assert stops[0].done(), "the stop did not end"
+        stops[0].result()
+        assert sink.failures == 1  # the refusal the stop landed with; no reconnect after it
+    finally:
+        for stop in stops:
+            stop.cancel()  # a stop that hung: its cancel reaches the loop it waits for
+        await sink.stop()
+        stop_broker(proc)
+
+
 def test_a_fleet_answers_a_birth_spread_over_the_announce_spread() -> None:
     """Before: every unit answered Home Assistant's birth within 1 to 3 s: 1,000 units were
     17,000 configs in one burst, and Mosquitto dropped what overflowed Home Assistant's queue
