@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
 
 
@@ -35,6 +35,29 @@ def cancel_requested() -> bool:
     """
     task = asyncio.current_task()
     return task is not None and task.cancelling() > 0
+
+
+async def cancel_and_wait_within(
+    task: asyncio.Future[Any],
+    seconds: float,
+    wait_for: Callable[[Awaitable[Any], float], Awaitable[Any]],
+) -> bool:
+    """Cancel ``task`` and wait at most ``seconds`` for its end; whether it ended.
+
+    ``wait_for`` is a clock's (``sales.clock.Clock.wait_for``: the deadline is the clock's).
+    Halfway the task is cancelled once more: a library may have lost the first cancel, or waits
+    out a timeout of its own on the way out. A task that still runs is left to run; its owner
+    says so. An error it ended with, other than its ``CancelledError``, is raised.
+    """
+    for _ in range(2):
+        task.cancel()
+        with contextlib.suppress(TimeoutError):
+            await wait_for(asyncio.wait({task}), seconds / 2)
+        if task.done():
+            if not task.cancelled():
+                task.result()
+            return True
+    return False
 
 
 async def wait_event(event: asyncio.Event, seconds: float) -> bool:
@@ -70,6 +93,14 @@ class BackgroundTask:
     async def stop(self) -> None:
         task, self._task = self._task, None
         await cancel_and_wait(task)
+
+    async def stop_within(
+        self, seconds: float, wait_for: Callable[[Awaitable[Any], float], Awaitable[Any]]
+    ) -> bool:
+        """Stop it, waiting at most ``seconds`` (``cancel_and_wait_within``); whether it ended.
+        Either way it is no longer this owner's: a second start makes a new one."""
+        task, self._task = self._task, None
+        return task is None or await cancel_and_wait_within(task, seconds, wait_for)
 
 
 class TaskSet:

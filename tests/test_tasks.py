@@ -6,10 +6,12 @@ import asyncio
 
 import pytest
 
+from kiosk_agent.sales.clock import FakeClock
 from kiosk_agent.tasks import (
     BackgroundTask,
     TaskSet,
     cancel_and_wait,
+    cancel_and_wait_within,
     cancel_requested,
     wait_event,
 )
@@ -144,3 +146,21 @@ async def test_no_cancel_is_asked_of_a_task_whose_own_timeout_fired() -> None:
         async with asyncio.timeout(0):
             await asyncio.sleep(1)
     assert not cancel_requested()
+
+
+async def test_a_bounded_stop_raises_what_the_task_failed_with() -> None:
+    async def broken() -> None:
+        raise RuntimeError("the socket vanished")
+
+    task = asyncio.create_task(broken())
+    await asyncio.sleep(0)
+    with pytest.raises(RuntimeError, match="the socket vanished"):
+        await cancel_and_wait_within(task, 1.0, FakeClock().wait_for)
+
+
+async def test_a_bounded_stop_of_a_task_that_ends_at_the_cancel_waits_no_time() -> None:
+    task = asyncio.create_task(asyncio.sleep(60))
+    await asyncio.sleep(0)
+    # a clock nobody moves: had the stop waited for its bound, it would never return
+    assert await asyncio.wait_for(cancel_and_wait_within(task, 1.0, FakeClock().wait_for), 5)
+    assert task.cancelled()

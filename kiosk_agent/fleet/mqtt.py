@@ -98,7 +98,7 @@ class MqttSink(SinkBase):
         """Every wait of the sink (reconnect back-off, birth policy, log limit) runs on
         ``clock``'s monotonic time; aiomqtt's own timeouts stay real."""
         # a newer report replaces the one not sent yet (counted as dropped)
-        super().__init__(1, clock.monotonic)
+        super().__init__(1, clock)
         self._conf = conf
         self.device_id = device_id
         self._version = version
@@ -122,7 +122,6 @@ class MqttSink(SinkBase):
         self._stale_configs: list[str] = []
         self.configs_cleared = 0
         self._rng = rng or random.Random()
-        self._clock = clock
         self._connect_timeout = connect_timeout
         self._backoff = Backoff(
             conf.get("reconnect_interval", RECONNECT_INTERVAL),

@@ -5,11 +5,11 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
 from typing import Protocol
 
 from kiosk_agent.fleet.queue import ReportQueue
 from kiosk_agent.redact import redact
+from kiosk_agent.sales.clock import SYSTEM_CLOCK, Clock
 from kiosk_agent.tasks import BackgroundTask
 
 _LOGGER = logging.getLogger(__name__)
@@ -19,6 +19,11 @@ _LOGGER = logging.getLogger(__name__)
 # the stop's margin beside the drain (core/systemd.py STOP_MARGIN). A destination that does
 # not answer by then is not waited for: the process must exit.
 GOODBYE_TIMEOUT = 3.0
+# What the sink's loop is given to end once the stop cancels it (on the sink's clock). A loop
+# that has not ended by then (a library that lost the cancel, or waits out a timeout of its own
+# on the way out: aiomqtt's 10 s for a disconnect) is left behind, said at ERROR: the process
+# must exit.
+LOOP_END_TIMEOUT = 1.0
 
 
 class Sink(Protocol):
@@ -42,9 +47,10 @@ class Sink(Protocol):
 class SinkBase:
     name = "sink"
 
-    def __init__(self, queue_size: int, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, queue_size: int, clock: Clock = SYSTEM_CLOCK) -> None:
         self.queue = ReportQueue(queue_size)
-        self._trouble_clock = clock
+        self._clock = clock  # the trouble's grace and the loop's end are measured on it
+        self._trouble_clock = clock.monotonic
         self.failing_since: float | None = None  # the first failure since the last success
         self.sent = 0
         self.failures = 0
@@ -61,7 +67,11 @@ class SinkBase:
         self._loop.start()
 
     async def stop(self) -> None:
-        await self._loop.stop()
+        """The loop ends; one that has not within ``LOOP_END_TIMEOUT`` is left, said, counted."""
+        if not await self._loop.stop_within(LOOP_END_TIMEOUT, self._clock.wait_for):
+            self.unexpected += 1
+            _LOGGER.error("upstream %s: its loop did not end within %g s of the stop; left "
+                          "behind (the process exits anyway)", self.name, LOOP_END_TIMEOUT)
 
     async def _run(self) -> None:
         raise NotImplementedError

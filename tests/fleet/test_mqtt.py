@@ -21,6 +21,7 @@ from kiosk_agent.fleet.backoff import Backoff
 from kiosk_agent.fleet.component import Upstream
 from kiosk_agent.fleet.mqtt import STABLE_AFTER, BirthPolicy, MqttSink
 from kiosk_agent.fleet.schema import UPSTREAM_SCHEMA
+from kiosk_agent.fleet.sink import LOOP_END_TIMEOUT
 from kiosk_agent.health.availability import Availability
 from kiosk_agent.sales.clock import FakeClock
 from kiosk_agent.sales.model import SaleEvent
@@ -692,6 +693,91 @@ async def test_a_stop_that_lands_with_the_brokers_refusal_ends(tmp_path: Path) -
             stop.cancel()  # a stop that hung: its cancel reaches the loop it waits for
         await sink.stop()
         stop_broker(proc)
+
+
+class DeafConnect:
+    """A client whose connect never ends and takes no notice of the first ``deaf_to`` cancels
+    (a library that lost them, or waits out a timeout of its own); ``hear()`` ends that."""
+
+    def __init__(self, deaf_to: int) -> None:
+        self.deaf_to = deaf_to
+        self.task: asyncio.Task[Any] | None = None
+        self.cancels_ignored = 0
+
+    def __call__(self) -> "DeafConnect":
+        return self
+
+    async def __aenter__(self) -> "DeafConnect":
+        self.task = asyncio.current_task()
+        while True:
+            try:
+                await asyncio.Event().wait()
+            except asyncio.CancelledError:
+                if self.cancels_ignored >= self.deaf_to:
+                    raise
+                self.cancels_ignored += 1
+                self.task.uncancel()  # as if it never came
+
+    async def __aexit__(self, *exc: object) -> None:
+        return None
+
+    async def hear(self) -> None:
+        self.deaf_to = 0
+        if self.task is not None and not self.task.done():
+            self.task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self.task
+
+
+async def deaf_sink(deaf_to: int) -> tuple[MqttSink, DeafConnect, FakeClock]:
+    clock = FakeClock(monotonic=0.0)
+    sink = MqttSink({"host": "127.0.0.1", "port": 1}, "unit-deaf", "1", clock=clock)
+    client = DeafConnect(deaf_to)
+    sink._new_client = client  # type: ignore[assignment]
+    await sink.start()
+    await until(lambda: client.task is not None)
+    return sink, client, clock
+
+
+async def test_a_loop_that_loses_the_stops_cancel_is_cancelled_again_halfway() -> None:
+    sink, client, clock = await deaf_sink(deaf_to=1)
+    try:
+        stop = asyncio.ensure_future(sink.stop())
+        await clock.next_due(pauses_only=False)  # the stop waits for the loop, on the clock
+        await clock.advance(LOOP_END_TIMEOUT / 2 - 0.01)
+        assert not stop.done()  # nothing gives up early
+        await clock.advance(0.01)
+        await until(stop.done)  # real seconds: a guard against the hang, without a cancel
+        stop.result()
+        assert client.cancels_ignored == 1
+        assert client.task is not None
+        assert client.task.cancelled()
+        assert sink.unexpected == 0  # it ended: nothing to say
+    finally:
+        await client.hear()
+
+
+async def test_a_stop_whose_loop_does_not_end_says_so_and_ends_anyway(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Before: the stop waited for the loop without a bound; a loop that never ended (a cancel
+    lost on the way, a library's own 10 s wait for a disconnect) held the agent's stop past
+    systemd's stop timeout, and it was killed without a word of why."""
+    sink, client, clock = await deaf_sink(deaf_to=1_000)
+    try:
+        stop = asyncio.ensure_future(sink.stop())
+        await clock.next_due(pauses_only=False)
+        await clock.advance(LOOP_END_TIMEOUT - 0.01)
+        assert not stop.done()
+        await clock.advance(0.01)
+        await until(stop.done)
+        stop.result()
+        assert client.cancels_ignored == 2  # cancelled at the stop and once more halfway
+        assert sink.unexpected == 1  # counted: health shows it while the process lasts
+        assert (f"upstream mqtt: its loop did not end within {LOOP_END_TIMEOUT:g} s of the "
+                "stop; left behind") in caplog.text
+    finally:
+        await client.hear()
 
 
 def test_a_fleet_answers_a_birth_spread_over_the_announce_spread() -> None:
