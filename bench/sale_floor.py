@@ -6,8 +6,11 @@ load move far less than milliseconds.
     python bench/sale_floor.py --journal PATH --port PORT --base-url URL --ws-url URL
 
 (the simulator's API key in ``BENCH_API_KEY``; prints one JSON line ``{"ready": true}`` once it
-takes sales). Per sale, as the agent (read off an agent's own sales: bench/agent.py's docstring
-says what each part is and why it belongs here):
+takes sales; ``--profile FILE``: cProfile on the loop thread's CPU from then until terminated,
+its statistics to FILE, as bench/agent_probe.py profiles the agent, so that ``bench/agent.py
+--profile`` can print the agent's profile minus the floor's). Per sale, as the agent (read off
+an agent's own sales: bench/agent.py's docstring says what each part is and why it belongs
+here):
 
 - the app's ``POST /api/v1/sales`` (aiohttp server, its JSON body read) answered 202 with the
   agent's four fields (185 bytes);
@@ -25,8 +28,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import cProfile
 import json
 import os
+import signal
 import sqlite3
 import time
 import uuid
@@ -292,6 +297,7 @@ async def main() -> None:
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--base-url", required=True)
     parser.add_argument("--ws-url", required=True)
+    parser.add_argument("--profile", type=Path, default=None, metavar="FILE")
     args = parser.parse_args()
     api_key = os.environ["BENCH_API_KEY"]
     db = open_journal(args.journal)
@@ -304,10 +310,18 @@ async def main() -> None:
         runner = web.AppRunner(app, access_log=None)
         await runner.setup()
         await web.TCPSite(runner, "127.0.0.1", args.port).start()
+        terminated = asyncio.Event()
+        asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, terminated.set)
+        profiler = cProfile.Profile(time.thread_time)  # the loop thread's CPU, as the agent's
+        if args.profile:
+            profiler.enable()
         print(json.dumps({"ready": True}), flush=True)
         try:
-            await asyncio.Event().wait()  # until terminated
+            await terminated.wait()
         finally:
+            if args.profile:
+                profiler.disable()
+                profiler.dump_stats(args.profile)
             await runner.cleanup()
             await cable.ws.close()
 
