@@ -59,7 +59,9 @@ allocations by file (with one frame a module's import shows as importlib's: read
 use with the memory its import traces and its CPU (the least of three), and what making the
 dataclasses, pydantic models and voluptuous schemas took (a separate, unmeasured run reports
 the modules through bench/agent_probe.py); ``--event-loop uvloop`` runs the agent on uvloop
-(installed beside). The load average before and after is in the figures.
+(installed beside); ``--log-level INFO`` runs the measured agent at a unit's default logging level
+(a line a sale: its end) instead of WARNING, as every figure here was read. The load average
+before and after is in the figures.
 
 Baselines measured here, for ratios that do not depend on the machine: one plain HTTP round
 trip to the simulator and one journal commit (fsync).
@@ -134,6 +136,9 @@ def percentile(values: list[float], q: float) -> float:
 SALE_FLOOR = Path(__file__).resolve().parent / "sale_floor.py"  # its process, run beside the agent
 START_RUNS = 5  # starts timed, each after a floor of its own: the medians are reported
 KIOSK_TOKEN = "bench-kiosk-token-0123456789"  # noqa: S105 - a throwaway token for the bench
+# the agent's logging level in the configurations made here (--log-level; a unit's default is
+# INFO, a line a sale)
+LOG_LEVELS = {"level": "WARNING"}
 FLOOR_LIBRARIES = "aiohttp, pydantic, voluptuous, yaml, serial, aiomqtt"
 FLOOR_CODE = f"import {FLOOR_LIBRARIES}"
 # The same libraries, used as any agent must use them: `import aiohttp` and `import pydantic`
@@ -184,7 +189,7 @@ def config_text(
           client_secret: !env_var BENCH_CLIENT_SECRET
         journal: {{path: journal.db}}
         sales: {{interaction_lifetime: {180 / time_scale}}}
-        logging: {{level: WARNING}}{kiosk}
+        logging: {{level: {LOG_LEVELS["level"]}}}{kiosk}
         terminals:
         """
         )
@@ -714,11 +719,15 @@ async def main() -> None:
     parser.add_argument("--floor-blocks", type=int, default=4,
                         help="the kiosk API sales in this many blocks, each after one of the "
                              "sale floor's (floor, agent, floor, agent...)")
+    parser.add_argument("--log-level", choices=("WARNING", "INFO"), default="WARNING",
+                        help="the measured agent's logging level (INFO: a unit's default; "
+                             "every figure before was read at WARNING)")
     parser.add_argument("--agent-path", type=Path, default=None, metavar="DIR",
                         help="the measured agent (only it) from the kiosk_agent in DIR, a "
                              "worktree of another commit (its PYTHONPATH): the same driver, "
                              "floors and simulators read an older agent")
     args = parser.parse_args()
+    LOG_LEVELS["level"] = args.log_level
     args.bytecode = not args.from_source
     os.environ["BENCH_EVENT_LOOP"] = args.event_loop
     if args.agent_path:
@@ -974,6 +983,7 @@ def report(figures: dict[str, Any], args: argparse.Namespace) -> None:
         print(f"{name:34} {value}{verdict}")
     figures["bytecode"] = int(args.bytecode)  # 1: as installed; 0: compiled on each start
     figures["event_loop"] = args.event_loop
+    figures["log_level"] = args.log_level
     if args.agent_path:
         figures["agent_path"] = str(args.agent_path)
     print(json.dumps(figures))
