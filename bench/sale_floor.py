@@ -310,20 +310,29 @@ async def main() -> None:
         runner = web.AppRunner(app, access_log=None)
         await runner.setup()
         await web.TCPSite(runner, "127.0.0.1", args.port).start()
-        terminated = asyncio.Event()
-        asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, terminated.set)
-        profiler = cProfile.Profile(time.thread_time)  # the loop thread's CPU, as the agent's
         if args.profile:
-            profiler.enable()
+            profile_until_terminated(args.profile)
         print(json.dumps({"ready": True}), flush=True)
         try:
-            await terminated.wait()
+            await asyncio.Event().wait()  # until terminated
         finally:
-            if args.profile:
-                profiler.disable()
-                profiler.dump_stats(args.profile)
             await runner.cleanup()
             await cable.ws.close()
+
+
+def profile_until_terminated(path: Path) -> None:
+    """cProfile on the loop thread's CPU, as the agent's; at SIGTERM its statistics to ``path``,
+    and the process ends at once, as SIGTERM ends it unprofiled (no cleanup waits on a stream
+    whose driver is gone)."""
+    profiler = cProfile.Profile(time.thread_time)
+
+    def dump_and_end() -> None:
+        profiler.disable()
+        profiler.dump_stats(path)
+        os._exit(0)
+
+    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, dump_and_end)
+    profiler.enable()
 
 
 if __name__ == "__main__":
