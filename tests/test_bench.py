@@ -218,6 +218,16 @@ def test_the_reference_workload_is_the_one_the_figures_were_read_with() -> None:
     assert _bench_module("agent").reference_workload() == 142975
 
 
+def test_paired_blocks_are_read_as_medians_and_the_median_of_their_ratios() -> None:
+    """bench/agent_pair.py's figures: each agent's median block, and the median of the blocks'
+    ratios (this over other), with their spread: a block of a busy minute moves neither."""
+    figures = _bench_module("agent_pair").summary([8.0, 9.0, 30.0], [10.0, 9.0, 10.0])
+    assert figures == {
+        "this_sale_cpu_ms": 9.0, "other_sale_cpu_ms": 10.0, "this_over_other": 1.0,
+        "block_ratio_min": 0.8, "block_ratio_max": 3.0,
+    }  # fmt: skip
+
+
 async def test_a_sale_through_the_sale_floor_completes_as_the_driver_reads_it(
     tmp_path: Path,
 ) -> None:
