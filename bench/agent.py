@@ -59,7 +59,9 @@ allocations by file (with one frame a module's import shows as importlib's: read
 use with the memory its import traces and its CPU (the least of three), and what making the
 dataclasses, pydantic models and voluptuous schemas took (a separate, unmeasured run reports
 the modules through bench/agent_probe.py); ``--event-loop uvloop`` runs the agent on uvloop
-(installed beside). The load average before and after is in the figures.
+(installed beside); ``--log-level INFO`` runs the measured agent at a unit's default logging level
+(a line a sale: its end) instead of WARNING, as every figure here was read. The load average
+before and after is in the figures.
 
 Baselines measured here, for ratios that do not depend on the machine: one plain HTTP round
 trip to the simulator and one journal commit (fsync).
@@ -134,6 +136,9 @@ def percentile(values: list[float], q: float) -> float:
 SALE_FLOOR = Path(__file__).resolve().parent / "sale_floor.py"  # its process, run beside the agent
 START_RUNS = 5  # starts timed, each after a floor of its own: the medians are reported
 KIOSK_TOKEN = "bench-kiosk-token-0123456789"  # noqa: S105 - a throwaway token for the bench
+# the agent's logging level in the configurations made here (--log-level; a unit's default is
+# INFO, a line a sale)
+LOG_LEVELS = {"level": "WARNING"}
 FLOOR_LIBRARIES = "aiohttp, pydantic, voluptuous, yaml, serial, aiomqtt"
 FLOOR_CODE = f"import {FLOOR_LIBRARIES}"
 # The same libraries, used as any agent must use them: `import aiohttp` and `import pydantic`
@@ -184,7 +189,7 @@ def config_text(
           client_secret: !env_var BENCH_CLIENT_SECRET
         journal: {{path: journal.db}}
         sales: {{interaction_lifetime: {180 / time_scale}}}
-        logging: {{level: WARNING}}{kiosk}
+        logging: {{level: {LOG_LEVELS["level"]}}}{kiosk}
         terminals:
         """
         )
@@ -504,15 +509,17 @@ def reference_cpu_ms() -> float:
 
 
 async def spawn_sale_floor(
-    info: dict[str, Any], directory: Path
+    info: dict[str, Any], directory: Path, profile: Path | None = None
 ) -> tuple[asyncio.subprocess.Process, int]:
     """bench/sale_floor.py spawned on a simulator of its own (``info``) with its journal in
-    ``directory``: (the process, its kiosk API port) once it takes sales."""
+    ``directory``: (the process, its kiosk API port) once it takes sales; with ``profile``, it
+    profiles itself until terminated, into that file."""
     port = free_port()
     proc = await asyncio.create_subprocess_exec(
         sys.executable, str(SALE_FLOOR),
         "--journal", str(directory / "floor-journal.db"), "--port", str(port),
         "--base-url", info["base_url"], "--ws-url", info["ws_url"],
+        *(["--profile", str(profile)] if profile else []),
         env={**os.environ, "BENCH_API_KEY": info["api_key"]}, stdout=asyncio.subprocess.PIPE,
     )
     assert proc.stdout is not None
@@ -605,7 +612,9 @@ async def as_a_process(
         if snapshot:
             await agent_probe.request(probe_dir, "snapshot", within_s=120)
             shutil.copy(probe_dir / "tracemalloc.snapshot", snapshot)
-        floor, floor_port = await spawn_sale_floor(floor_info, directory)
+        floor, floor_port = await spawn_sale_floor(
+            floor_info, directory, floor_profile(profile) if profile else None
+        )
         try:
             if profile:
                 await agent_probe.request(probe_dir, "profile.start")
@@ -710,11 +719,15 @@ async def main() -> None:
     parser.add_argument("--floor-blocks", type=int, default=4,
                         help="the kiosk API sales in this many blocks, each after one of the "
                              "sale floor's (floor, agent, floor, agent...)")
+    parser.add_argument("--log-level", choices=("WARNING", "INFO"), default="WARNING",
+                        help="the measured agent's logging level (INFO: a unit's default; "
+                             "every figure before was read at WARNING)")
     parser.add_argument("--agent-path", type=Path, default=None, metavar="DIR",
                         help="the measured agent (only it) from the kiosk_agent in DIR, a "
                              "worktree of another commit (its PYTHONPATH): the same driver, "
                              "floors and simulators read an older agent")
     args = parser.parse_args()
+    LOG_LEVELS["level"] = args.log_level
     args.bytecode = not args.from_source
     os.environ["BENCH_EVENT_LOOP"] = args.event_loop
     if args.agent_path:
@@ -768,8 +781,65 @@ async def main() -> None:
         print_profile(args.profile, agent_sales_driven(args.kiosk_sales, args.floor_blocks))
 
 
+def floor_profile(profile: Path) -> Path:
+    """Where the sale floor's profile goes beside the agent's (``--profile FILE``)."""
+    return profile.with_name(profile.name + ".floor")
+
+
+def profile_origin(file: str) -> str:
+    """The library (or the agent, or the standard library's module) a profiled function is in."""
+    if file.startswith("~") or file.startswith("<"):
+        return "C calls"
+    parts = Path(file).parts
+    for package in ("kiosk_agent", "site-packages"):
+        if package in parts:
+            index = parts.index(package)
+            return parts[index] if package == "kiosk_agent" else parts[index + 1].split(".")[0]
+    return "stdlib " + (parts[-2] if parts[-2] in ("asyncio", "json", "logging") else parts[-1])
+
+
+def profile_per_sale(path: Path, sales: int) -> dict[tuple[str, int, str], tuple[float, float]]:
+    """Each profiled function's (calls, own CPU us) a sale."""
+    stats = pstats.Stats(str(path)).stats  # type: ignore[attr-defined]
+    return {key: (calls / sales, own_s * 1e6 / sales)
+            for key, (_prim, calls, own_s, _cum, _callers) in stats.items()}
+
+
+def print_profile_against_floor(agent: Path, floor: Path, sales: int) -> None:
+    """The agent's profile minus the sale floor's, per sale, by library and by function: what
+    the agent runs that the floor (the same I/O, none of the agent's own work) does not."""
+    mine, floors = profile_per_sale(agent, sales), profile_per_sale(floor, sales)
+    by_origin: dict[str, list[float]] = {}
+    for table, column in ((mine, 0), (floors, 2)):
+        for (file, _line, _name), (calls, own_us) in table.items():
+            row = by_origin.setdefault(profile_origin(file), [0.0, 0.0, 0.0, 0.0])
+            row[column] += own_us
+            row[column + 1] += calls
+    print(f"\nthe agent's profile minus the sale floor's, a sale ({sales} sales each; own CPU us "
+          "under the profiler, calls):")
+    print(f"{'library':28} {'agent us':>9} {'floor us':>9} {'minus us':>9} {'calls':>7} "
+          f"{'floor':>7}")
+    for origin, (own, calls, floor_own, floor_calls) in sorted(
+        by_origin.items(), key=lambda item: item[1][2] - item[1][0]
+    ):
+        print(f"{origin:28} {own:9.1f} {floor_own:9.1f} {own - floor_own:9.1f} {calls:7.1f} "
+              f"{floor_calls:7.1f}")
+    print("\nby function, the 40 the agent spends most on above the floor:")
+    keys = set(mine) | set(floors)
+    rows = sorted(keys, key=lambda key: floors.get(key, (0, 0))[1] - mine.get(key, (0, 0))[1])
+    for file, line, name in rows[:40]:
+        calls, own = mine.get((file, line, name), (0.0, 0.0))
+        floor_calls, floor_own = floors.get((file, line, name), (0.0, 0.0))
+        where = f"{profile_origin(file)}:{Path(file).name}:{line}({name})"
+        print(f"{where[:70]:70} {own - floor_own:7.1f} us {calls:6.1f} calls "
+              f"(floor {floor_calls:.1f})")
+
+
 def print_profile(path: Path, sales: int) -> None:
-    """The profile's top functions, and the event loop's turns, per sale."""
+    """The profile's top functions, and the event loop's turns, per sale; and against the sale
+    floor's profile, when there is one beside it."""
+    if floor_profile(path).exists():
+        print_profile_against_floor(path, floor_profile(path), sales)
     stats = pstats.Stats(str(path))
     turns = sum(calls for (file, _line, name), (_, calls, *_rest) in stats.stats.items()  # type: ignore[attr-defined]
                 if name == "_run_once" and file.endswith("base_events.py"))
@@ -913,6 +983,7 @@ def report(figures: dict[str, Any], args: argparse.Namespace) -> None:
         print(f"{name:34} {value}{verdict}")
     figures["bytecode"] = int(args.bytecode)  # 1: as installed; 0: compiled on each start
     figures["event_loop"] = args.event_loop
+    figures["log_level"] = args.log_level
     if args.agent_path:
         figures["agent_path"] = str(args.agent_path)
     print(json.dumps(figures))

@@ -6,8 +6,11 @@ load move far less than milliseconds.
     python bench/sale_floor.py --journal PATH --port PORT --base-url URL --ws-url URL
 
 (the simulator's API key in ``BENCH_API_KEY``; prints one JSON line ``{"ready": true}`` once it
-takes sales). Per sale, as the agent (read off an agent's own sales: bench/agent.py's docstring
-says what each part is and why it belongs here):
+takes sales; ``--profile FILE``: cProfile on the loop thread's CPU from then until terminated,
+its statistics to FILE, as bench/agent_probe.py profiles the agent, so that ``bench/agent.py
+--profile`` can print the agent's profile minus the floor's). Per sale, as the agent (read off
+an agent's own sales: bench/agent.py's docstring says what each part is and why it belongs
+here):
 
 - the app's ``POST /api/v1/sales`` (aiohttp server, its JSON body read) answered 202 with the
   agent's four fields (185 bytes);
@@ -25,8 +28,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import cProfile
 import json
 import os
+import signal
 import sqlite3
 import time
 import uuid
@@ -292,6 +297,7 @@ async def main() -> None:
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--base-url", required=True)
     parser.add_argument("--ws-url", required=True)
+    parser.add_argument("--profile", type=Path, default=None, metavar="FILE")
     args = parser.parse_args()
     api_key = os.environ["BENCH_API_KEY"]
     db = open_journal(args.journal)
@@ -304,12 +310,29 @@ async def main() -> None:
         runner = web.AppRunner(app, access_log=None)
         await runner.setup()
         await web.TCPSite(runner, "127.0.0.1", args.port).start()
+        if args.profile:
+            profile_until_terminated(args.profile)
         print(json.dumps({"ready": True}), flush=True)
         try:
             await asyncio.Event().wait()  # until terminated
         finally:
             await runner.cleanup()
             await cable.ws.close()
+
+
+def profile_until_terminated(path: Path) -> None:
+    """cProfile on the loop thread's CPU, as the agent's; at SIGTERM its statistics to ``path``,
+    and the process ends at once, as SIGTERM ends it unprofiled (no cleanup waits on a stream
+    whose driver is gone)."""
+    profiler = cProfile.Profile(time.thread_time)
+
+    def dump_and_end() -> None:
+        profiler.disable()
+        profiler.dump_stats(path)
+        os._exit(0)
+
+    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, dump_and_end)
+    profiler.enable()
 
 
 if __name__ == "__main__":

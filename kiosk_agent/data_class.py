@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import reprlib
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from operator import attrgetter
 from typing import Any, TypeVar, dataclass_transform, overload
 
@@ -104,3 +104,25 @@ def _hash_of(values: Callable[[Any], tuple[Any, ...]]) -> Callable[[Any], int]:
         return hash(values(self))
 
     return __hash__
+
+
+def maker_from(
+    cls: type[T], source_fields: Sequence[str], given: Sequence[str] = ()
+) -> Callable[..., T]:
+    """A function ``(source, *given) -> cls`` for the write path: each of ``source_fields`` read
+    off ``source`` by name, each of ``given`` from the arguments, in order, set in one straight
+    function made once. A frozen dataclass's ``__init__`` parses keywords and calls
+    ``object.__setattr__`` through a global a field (7.4 us for a sale's event against 2.7).
+    Every field of ``cls`` must be named once: no default is filled in."""
+    fields = [f.name for f in dataclasses.fields(cls)]  # type: ignore[arg-type]
+    named = [*source_fields, *given]
+    if sorted(named) != sorted(fields) or any(name.startswith("_") for name in named):
+        raise ValueError(f"{cls.__name__}: name every field once, got {', '.join(named)}")
+    lines = [f"def _maker({', '.join(['_source', *given])}):", "    _made = _new(_cls)"]
+    lines += [f"    _put(_made, {name!r}, _source.{name})" for name in source_fields]
+    lines += [f"    _put(_made, {name!r}, {name})" for name in given]
+    lines.append("    return _made")
+    scope: dict[str, Any] = {"_new": object.__new__, "_put": object.__setattr__, "_cls": cls}
+    exec("\n".join(lines), scope)  # noqa: S102 - names checked against the class's fields
+    maker: Callable[..., T] = scope["_maker"]
+    return maker

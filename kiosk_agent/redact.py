@@ -34,6 +34,11 @@ _PLAIN = re.compile(
     rf"(?![\"'\s]|(?:bearer|basic)\s|\[REDACTED\])[^\s&,;)}}\]]+"
 )
 
+# What both need somewhere in the text, looked for once: their lazy name prefix tries every
+# word at every position of every run of letters and digits (190 us for the 70 characters of
+# "sale <id> completed: paid $2.50 (captured)", a log line each sale at INFO), this 3 us.
+_A_SECRET_WORD = re.compile(rf"(?i){_SECRET_WORDS}")
+
 
 def luhn_valid(digits: str) -> bool:
     total = 0
@@ -60,8 +65,9 @@ def redact(text: str) -> str:
     if not text:
         return text
     text = _BEARER.sub(lambda m: f"{m.group(1)} {MASK}", text)
-    text = _QUOTED.sub(lambda m: f"{m.group(1)}{m.group(2)}{MASK}{m.group(2)}", text)
-    text = _PLAIN.sub(lambda m: f"{m.group(1)}{MASK}", text)
+    if _A_SECRET_WORD.search(text):  # else neither of the two below can match
+        text = _QUOTED.sub(lambda m: f"{m.group(1)}{m.group(2)}{MASK}{m.group(2)}", text)
+        text = _PLAIN.sub(lambda m: f"{m.group(1)}{MASK}", text)
     return _CARD.sub(_mask_card, text)
 
 

@@ -5,6 +5,7 @@ tests is bench/_support.py), and none keeps its own copy of what bench/_support.
 from __future__ import annotations
 
 import ast
+import asyncio
 import json
 import re
 import sqlite3
@@ -217,6 +218,16 @@ def test_the_reference_workload_is_the_one_the_figures_were_read_with() -> None:
     assert _bench_module("agent").reference_workload() == 142975
 
 
+def test_paired_blocks_are_read_as_medians_and_the_median_of_their_ratios() -> None:
+    """bench/agent_pair.py's figures: each agent's median block, and the median of the blocks'
+    ratios (this over other), with their spread: a block of a busy minute moves neither."""
+    figures = _bench_module("agent_pair").summary([8.0, 9.0, 30.0], [10.0, 9.0, 10.0])
+    assert figures == {
+        "this_sale_cpu_ms": 9.0, "other_sale_cpu_ms": 10.0, "this_over_other": 1.0,
+        "block_ratio_min": 0.8, "block_ratio_max": 3.0,
+    }  # fmt: skip
+
+
 async def test_a_sale_through_the_sale_floor_completes_as_the_driver_reads_it(
     tmp_path: Path,
 ) -> None:
@@ -245,6 +256,33 @@ async def test_a_sale_through_the_sale_floor_completes_as_the_driver_reads_it(
         assert db.execute("SELECT count(*) FROM steps").fetchone() == (12,)
     finally:
         db.close()
+
+
+async def test_the_floor_profiled_writes_its_profile_when_terminated(tmp_path: Path) -> None:
+    """bench/agent.py --profile has the floor profile its sales beside the agent's: at SIGTERM
+    it writes what it ran (its handlers, its commits) and ends at once, as it ends unprofiled;
+    the agent-minus-floor table reads it."""
+    import pstats
+
+    from kiosk_agent.sim.server import SimOptions, SimServer
+
+    bench = _bench_module("agent")
+    sim = SimServer(SimOptions(port=0, time_scale=bench.PROCESS_TIME_SCALE, transactions=0))
+    await sim.start()
+    profile = tmp_path / "floor.pstats"
+    try:
+        floor, port = await bench.spawn_sale_floor(sim.ready_info(), tmp_path, profile)
+        try:
+            await bench.kiosk_sales_cpu(floor.pid, port, 2, warm_up=0)
+        finally:
+            floor.terminate()
+            assert await asyncio.wait_for(floor.wait(), 10) == 0
+    finally:
+        await sim.stop()
+    ran = {name for (_file, _line, name) in pstats.Stats(str(profile)).stats}  # type: ignore[attr-defined]
+    assert {"start_sale", "charge", "commit", "events"} <= ran
+    per_sale = bench.profile_per_sale(profile, 2)
+    assert max(calls for calls, _us in per_sale.values()) >= 1
 
 
 async def test_a_sale_the_floor_cannot_charge_ends_the_drive_with_its_error(

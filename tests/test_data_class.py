@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from kiosk_agent.data_class import data_class
+from kiosk_agent.data_class import data_class, maker_from
 
 OPTIONS: list[dict[str, bool]] = [
     {},
@@ -143,3 +143,25 @@ def test_the_agents_dataclasses_are_dataclasses() -> None:
     assert dataclasses.is_dataclass(SaleRecord)
     names = [f.name for f in dataclasses.fields(SaleRecord)]
     assert names[:2] == ["sale_id", "order_id"]
+
+
+def test_a_maker_makes_what_the_classs_own_init_makes() -> None:
+    """maker_from: fields read off a source by name and given in order, as the frozen class's
+    own __init__ would set them (equal, frozen, slotted); its default is not filled in."""
+    made_by = data_class(frozen=True, slots=True)(point())
+    source = made_by(3, "y", hidden="shown", ignored=1.5, tags=["a"])
+    make = maker_from(made_by, ["x", "hidden", "tags"], ("y", "ignored"))
+    made = make(source, "other", 2.5)
+    assert made == made_by(3, "other", hidden="shown", ignored=2.5, tags=["a"])
+    assert (made.ignored, made.hidden) == (2.5, "shown")  # compare=False and repr=False alike
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        made.x = 4
+    assert not hasattr(made, "__dict__")
+
+
+@pytest.mark.parametrize("named", [["x", "y", "hidden", "ignored"], ["x", "y", "hidden", "ignored",
+                                   "tags", "x"], ["x", "y", "hidden", "ignored", "tags", "other"]])
+def test_a_maker_names_every_field_once(named: list[str]) -> None:
+    """A field left out (it would be missing), named twice or unknown is refused at once."""
+    with pytest.raises(ValueError, match="name every field once"):
+        maker_from(data_class(frozen=True)(point()), named)

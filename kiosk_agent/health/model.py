@@ -479,10 +479,10 @@ class Health:
         """Follow one step of a sale from the agent's event bus."""
         if event.receipt:
             return  # a note on a sale already counted
-        self._roll_day()
         if not event.state.final:
             self._open_sales.add(event.sale_id)
             return
+        self._roll_day()  # only an end counts toward the day; every read rolls it itself
         self._open_sales.discard(event.sale_id)
         self._count_total(event)
         if event.state is SaleState.ATTENTION:

@@ -17,7 +17,7 @@ from dataclasses import field
 from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 from kiosk_agent.bus import EventBus
-from kiosk_agent.data_class import data_class
+from kiosk_agent.data_class import data_class, maker_from
 from kiosk_agent.moments import display_clock
 from kiosk_agent.money import format_cents
 from kiosk_agent.sales.clock import SYSTEM_CLOCK, Clock
@@ -568,23 +568,13 @@ class SaleSteps:
 
 def event_of(record: SaleRecord, step: Step | Literal[""] = "", *, clock: Clock) -> SaleEvent:
     """The event of a journaled record, dated by its last write (else by ``clock`` now)."""
-    return SaleEvent(
-        sale_id=record.sale_id,
-        order_id=record.order_id,
-        source=record.source,
-        state=record.state,
-        amount_cents=record.amount_cents,
-        captured_cents=record.captured_cents,
-        reversed_cents=record.reversed_cents,
-        product=record.product,
-        terminal=record.terminal,
-        message=record.message,
-        at=record.updated_at or clock.time(),
-        step=step,
-        authorized_cents=record.authorized_cents,
-        currency=record.currency,
-        created_at=record.created_at,
-        flow=record.flow,
-        vended_cents=record.vended_cents,
-        resolved=record.resolved,
-    )
+    return _event_from(record, record.updated_at or clock.time(), step)
+
+
+# every field but the date and the step read off the record (a frozen __init__ with keywords
+# was a quarter of a step's Python: 7.4 us an event against 2.7)
+_event_from = maker_from(
+    SaleEvent,
+    [f.name for f in dataclasses.fields(SaleEvent) if f.name not in ("at", "step")],
+    ("at", "step"),
+)

@@ -771,9 +771,9 @@ def loads_bounded(raw: bytes) -> Any:
         message = f"the body is not UTF-8 (byte {err.start})"
         raise BodyError(400, "malformed", BODY, message) from None
     try:
-        value = json.loads(
-            text, parse_int=_parse_int, parse_float=_parse_float, parse_constant=_parse_constant
-        )
+        if text.startswith("\ufeff"):  # as json.loads refuses it
+            raise json.JSONDecodeError("Unexpected UTF-8 BOM (decode using utf-8-sig)", text, 0)
+        value = _DECODER.decode(text)
     except RecursionError:
         raise _too_deep() from None
     except json.JSONDecodeError as err:  # its message says where, never echoes the body
@@ -812,6 +812,13 @@ def _parse_float(text: str) -> float:
 
 def _parse_constant(text: str) -> Any:
     raise BodyError(400, "malformed", BODY, f"{text} is not a JSON number")
+
+
+# made once: json.loads with these options makes a decoder and its scanner a call (4.0 us a
+# body against 1.9)
+_DECODER = json.JSONDecoder(
+    parse_int=_parse_int, parse_float=_parse_float, parse_constant=_parse_constant
+)
 
 
 def _check_tree(value: Any) -> None:

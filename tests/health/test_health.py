@@ -14,6 +14,7 @@ from kiosk_agent.health.model import (
     Status,
 )
 from kiosk_agent.health.schema import HEALTH_SCHEMA
+from kiosk_agent.moments import day_start
 from kiosk_agent.sales.model import SaleEvent
 from kiosk_agent.sales.states import SaleState, Step
 
@@ -145,6 +146,32 @@ def test_running_totals_only_grow_across_midnight_where_the_day_starts_again() -
     assert (totals.captured_cents, totals.reversed_cents) == ({"": 250, "SIM-0001": 100},
                                                               {"": 300})
     assert health.snapshot().sales.today_count == 1
+
+
+def test_a_step_that_ends_nothing_does_not_read_the_day() -> None:
+    """The day is read when a count of it changes (a sale's end) and when it is shown, not on
+    each of a sale's steps (a date made from the clock, five times a kiosk API sale); a sale
+    that starts before midnight and ends after it still counts on the day it began."""
+    day = [dt.date(2026, 11, 24)]
+    reads = []
+
+    def today() -> dt.date:
+        reads.append(day[0])
+        return day[0]
+
+    health = Health("1", today=today)
+    reads.clear()
+    for state in (SaleState.STARTED, SaleState.CHARGING, SaleState.DISPENSING):
+        health.record_sale(_event("a", state))
+    assert reads == []
+    assert health.snapshot().sales.open == 1
+    day[0] = dt.date(2026, 11, 25)  # midnight passes while the sale dispenses
+    ended = dataclasses.replace(_event("a", SaleState.COMPLETED, captured=250),
+                                created_at=day_start(dt.date(2026, 11, 24)) + 86399)
+    health.record_sale(ended)
+    assert reads[-1] == dt.date(2026, 11, 25)
+    assert health.snapshot().sales.today_count == 0  # it began yesterday
+    assert health.snapshot().sales.open == 0
 
 
 def test_a_sale_held_then_resolved_counts_in_both_outcomes() -> None:

@@ -829,3 +829,22 @@ def _no_stream(app: App) -> bool:
 
 def _ended(app: App, sale_id: str) -> bool:
     return app.api._latest[sale_id].state.final
+
+
+@given(
+    message=st.text(max_size=40), product=st.one_of(st.none(), st.text(max_size=12)),
+    at=st.floats(min_value=0, max_value=4e9), cents=st.integers(0, 10**9),
+    state=st.sampled_from(SaleState),
+)  # fmt: skip
+def test_a_frame_is_the_text_json_dumps_makes_of_it(
+    message: str, product: str | None, at: float, cents: int, state: SaleState
+) -> None:
+    """A step's frame comes from one JSON encoder made once, not one made a call by json.dumps:
+    the same text, escapes, floats and all."""
+    from kiosk_agent.platforms.kiosk_api import event_json, event_text
+    from kiosk_agent.sales.model import SaleEvent
+
+    event = SaleEvent(sale_id="s1", order_id="KA1", source="kiosk_api:screen", state=state,
+                      amount_cents=cents, captured_cents=cents // 2, product=product,
+                      terminal="SIM-0001", message=message, at=at)  # fmt: skip
+    assert event_text(event) == json.dumps(event_json(event))

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import pytest
 
+from kiosk_agent.sales.clock import FakeClock
 from kiosk_agent.sales.journal import SaleRecord
-from kiosk_agent.sales.model import money_text, vend_refusal
-from kiosk_agent.sales.states import SaleState
+from kiosk_agent.sales.model import SaleEvent, money_text, vend_refusal
+from kiosk_agent.sales.states import SaleState, Step
+from kiosk_agent.sales.steps import event_of
 
 
 def _sale(state: SaleState, **cents: int) -> SaleRecord:
@@ -55,3 +57,26 @@ def test_the_vend_money_rule_is_the_sales(price: int, authorized: int, why: str)
 
 def test_without_a_product_the_rule_names_the_price() -> None:
     assert vend_refusal(300, 200) == "the price is $3.00, above the $2.00 authorized"
+
+
+@pytest.mark.parametrize("updated_at", [1_790_000_123.25, None])
+def test_a_steps_event_is_its_record_field_for_field(updated_at: float | None) -> None:
+    """event_of (made by one straight function, not the frozen __init__) carries every field
+    the record has, its step, and the record's last write as its date (none yet: the clock's)."""
+    record = SaleRecord(
+        sale_id="s1", order_id="KA1", source="kiosk_api:app", flow="authorize_capture",
+        terminal="SIM-0002", amount_cents=500, state=SaleState.DISPENSING, product="tea",
+        currency="CAD", captured_cents=180, reversed_cents=20, authorized_cents=500,
+        vended_cents=180, message="vending", created_at=1_790_000_000.5, updated_at=updated_at,
+        resolution='{"by": "a person"}',
+    )  # type: ignore[arg-type]
+    event = event_of(record, Step.DISPENSE_REQUEST, clock=FakeClock(wall=1_790_000_999.0))
+    assert event == SaleEvent(
+        sale_id="s1", order_id="KA1", source="kiosk_api:app", state=SaleState.DISPENSING,
+        amount_cents=500, captured_cents=180, reversed_cents=20, product="tea",
+        terminal="SIM-0002", message="vending", at=updated_at or 1_790_000_999.0,
+        step=Step.DISPENSE_REQUEST, authorized_cents=500, currency="CAD",
+        created_at=1_790_000_000.5, flow="authorize_capture", vended_cents=180,
+        resolved=record.resolved,
+    )
+    assert event.resolved  # read off the record (a property there), not the default

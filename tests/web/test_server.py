@@ -442,6 +442,7 @@ async def test_when_every_connection_is_busy_a_newcomer_gets_503() -> None:
         (b'"\\udc00"', "unpaired surrogate"),
         (b"\xc3\x28", "not UTF-8"),
         (b"", "not JSON"),
+        (b"\xef\xbb\xbf{}", "Unexpected UTF-8 BOM"),  # as json.loads says it
     ],
 )
 def test_hostile_json_is_refused_naming_the_fault(raw: bytes, message: str) -> None:
@@ -462,6 +463,22 @@ JSON_VALUES = st.recursive(
     lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(), inner, max_size=4),
     max_leaves=30,
 )
+
+
+@given(JSON_VALUES.filter(lambda v: "NaN" not in json.dumps(v) and "Infinity" not in json.dumps(v)))
+def test_a_body_decodes_as_json_loads_decodes_it(value: object) -> None:
+    """One decoder made once (json.loads with options makes one a call): the same values, or
+    a refusal of what the bounds refuse (a deep nest, a long number)."""
+    text = json.dumps(value)
+    refusal = ""
+    try:
+        decoded = loads_bounded(text.encode())
+    except BodyError as err:
+        refusal = err.message
+    if refusal:
+        assert "nests deeper" in refusal or "characters (at most" in refusal
+    else:
+        assert decoded == json.loads(text)
 
 
 @given(st.one_of(JSON_VALUES.map(lambda v: json.dumps(v).encode()), st.binary(max_size=200)))
