@@ -26,8 +26,8 @@ That garbage and those caches are let go *before* the models are built, not afte
 (:func:`collect_start_up_garbage`): Python's small objects live in 1 MiB arenas, every page of
 which an idle agent has touched, and what is freed becomes room for the next allocations. Freed
 after the builds, start-up's 0.5 MB of garbage left holes that nothing filled, while the builds
-had taken a 23rd arena; freed before them, the builds fill the holes (22 arenas at idle, some
-0.15 MB less RSS: docs/architecture.md, "Idle memory: fifth round"). The freeze then collects
+had taken a 23rd arena; freed before them, the builds fill the holes (22 arenas at idle,
+0.1-0.4 MB less RSS: docs/architecture.md, "Idle memory: fifth round"). The freeze then collects
 only what was made since (the builds' own garbage), not the whole heap again.
 """
 
