@@ -21,6 +21,14 @@ collects once and resumes it: 20-30 ms less of one core before READY=1 on a desk
 about 0.5 MB more idle RSS (start-up's cyclic garbage is freed at the freeze, not reused while
 start-up still allocates). Before the freeze, what start-up's one-time work left in the
 standard library's caches is let go (:func:`shed_start_up_caches`).
+
+That garbage and those caches are let go *before* the models are built, not after
+(:func:`collect_start_up_garbage`): Python's small objects live in 1 MiB arenas, every page of
+which an idle agent has touched, and what is freed becomes room for the next allocations. Freed
+after the builds, start-up's 0.5 MB of garbage left holes that nothing filled, while the builds
+had taken a 23rd arena; freed before them, the builds fill the holes (22 arenas at idle,
+0.1-0.4 MB less RSS: docs/architecture.md, "Idle memory: fifth round"). The freeze then collects
+only what was made since (the builds' own garbage), not the whole heap again.
 """
 
 from __future__ import annotations
@@ -36,6 +44,7 @@ if TYPE_CHECKING:
 _LOGGER = logging.getLogger(__name__)
 
 _frozen = False
+_collected = False  # start-up's garbage collected ahead of the freeze (collect_start_up_garbage)
 
 
 # The areas whose models a sale validates (a card read, a charge, a void or refund): built
@@ -78,6 +87,7 @@ async def settle_after_ready(
     resume the collector: also when the agent stops before the models are built)."""
     settling = settling or Settling()
     try:
+        collect_start_up_garbage()  # first: the builds below reuse the room it frees
         for model in deferred_models(modules):
             try:
                 if not model.__pydantic_complete__:  # a sale may have built it meanwhile
@@ -99,6 +109,18 @@ def pause_for_start_up() -> None:
     gc.disable()
 
 
+def collect_start_up_garbage() -> None:
+    """Let go of start-up's garbage and caches now, once a process and before the freeze, so
+    that what is still made before it (the models built after READY=1) takes the room they
+    leave instead of new memory. The collector stays as it is (paused by a run)."""
+    global _collected
+    if _frozen or _collected:
+        return
+    _collected = True
+    shed_start_up_caches()
+    gc.collect()
+
+
 def freeze_start_up_objects() -> bool:
     """Freeze what exists now, once a process (a second agent in the same process, as in the
     tests, must not freeze the first one's garbage), and resume a paused collector. True when
@@ -108,8 +130,13 @@ def freeze_start_up_objects() -> bool:
         gc.enable()
         return False
     _frozen = True
-    shed_start_up_caches()
-    gc.collect()  # the start-up garbage goes now, not into the permanent generation
+    if _collected:
+        # only what was made since start-up's garbage went (young generations: a paused
+        # collector leaves every new object there); the rest was walked once already
+        gc.collect(1)
+    else:
+        shed_start_up_caches()
+        gc.collect()  # the start-up garbage goes now, not into the permanent generation
     gc.freeze()
     gc.enable()
     return True

@@ -28,7 +28,12 @@ from pathlib import Path
 from typing import Any
 
 from kiosk_agent.sales.clock import SYSTEM_CLOCK, Clock
-from kiosk_agent.sales.journal_prune import CHARGE_LOOKBACK_S, PRUNE_BATCH, JournalPrune
+from kiosk_agent.sales.journal_prune import (
+    ASIDE_CACHE_KIB,
+    CHARGE_LOOKBACK_S,
+    PRUNE_BATCH,
+    JournalPrune,
+)
 from kiosk_agent.sales.journal_reads import JournalReads
 from kiosk_agent.sales.journal_records import (
     _BESIDE,
@@ -56,6 +61,7 @@ from kiosk_agent.sales.states import (
 
 # the journal's public names, wherever they live (callers import them from here)
 __all__ = [
+    "ASIDE_CACHE_KIB",
     "CHARGE_LOOKBACK_S",
     "MARKER_SUFFIX",
     "PRUNE_BATCH",
@@ -332,6 +338,7 @@ class Journal(JournalReads, JournalPrune):
         aside = sqlite3.connect(f"file:{self.path}?mode=rw", uri=True, isolation_level=None)
         try:
             aside.execute("PRAGMA busy_timeout=5000")
+            aside.execute(f"PRAGMA cache_size=-{ASIDE_CACHE_KIB}")  # a worker thread's pass
             row = aside.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()
         finally:
             aside.close()
@@ -828,6 +835,7 @@ def integrity(path: Path, *, quick: bool = False, but: Sequence[str] = ()) -> li
     except sqlite3.Error as err:
         return [f"cannot open: {err}"]
     try:
+        db.execute(f"PRAGMA cache_size=-{ASIDE_CACHE_KIB}")  # a pass, in a worker thread
         pragma = "quick_check" if quick else "integrity_check"
         tables = {str(r[0]) for r in db.execute("SELECT name FROM sqlite_master WHERE type = "
                                                 "'table'")}

@@ -13,6 +13,7 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import given, settings
@@ -21,6 +22,7 @@ from hypothesis import strategies as st
 from kiosk_agent.moments import parse_moment
 from kiosk_agent.sales.clock import Anchor, FakeClock
 from kiosk_agent.sales.journal import (
+    ASIDE_CACHE_KIB,
     CHARGE_LOOKBACK_S,
     WAL_RESERVE_BYTES,
     WAL_ROOM_NEEDED,
@@ -29,6 +31,7 @@ from kiosk_agent.sales.journal import (
     JournalError,
     SaleMoved,
     SaleRecord,
+    integrity,
 )
 from kiosk_agent.sales.journal_records import replaced
 from kiosk_agent.sales.kinds import SaleKind
@@ -905,3 +908,63 @@ def test_without_checkpoints_aside_sqlite_checkpoints_in_a_commit(journal: Journ
         walk_to(journal, journal.create(new_sale(n)), SaleState.COMPLETED)
     assert journal.path.stat().st_size > database
     assert not journal.checkpoint_due()
+
+
+# SQLite's high-water mark of its own memory (process-wide: measured in a process of its own)
+_PASS_PEAK = """
+import ctypes, sys
+import _sqlite3
+from kiosk_agent.sales.journal import integrity
+library = ctypes.CDLL(_sqlite3.__file__)
+library.sqlite3_memory_highwater.restype = ctypes.c_int64
+library.sqlite3_memory_used.restype = ctypes.c_int64
+before = library.sqlite3_memory_used()
+library.sqlite3_memory_highwater(1)
+assert integrity(sys.argv[1], quick=True) == []
+print(library.sqlite3_memory_highwater(0) - before)
+"""
+
+
+def test_the_integrity_check_holds_a_small_page_cache_over_a_big_journal(journal: Journal) -> None:
+    """A pass in a worker thread (a year's journal checked at start): SQLite's default cache
+    would hold 2 MB of it in that thread's malloc arena, which glibc keeps after the close."""
+    journal.db.execute("CREATE TABLE padding (filler BLOB)")
+    journal.db.executemany("INSERT INTO padding VALUES (zeroblob(3000))", [()] * 1200)
+    assert journal.db.execute("PRAGMA page_count").fetchone()[0] * 4096 > 4_000_000
+    measured = subprocess.run(
+        [sys.executable, "-c", _PASS_PEAK, str(journal.path)],
+        capture_output=True, text=True, check=True, timeout=60,
+    )
+    pass_peak = int(measured.stdout)
+    assert pass_peak < ASIDE_CACHE_KIB * 1024 + 600_000  # the cache and SQLite's own (schema...)
+
+
+def test_every_pass_on_a_connection_aside_holds_a_small_page_cache(
+    journal: Journal, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The prune, the checkpoint and the integrity check each open a connection of their own
+    in a worker thread: each asks for the small cache before it reads anything."""
+    walk_to(journal, journal.create(new_sale(1)), SaleState.COMPLETED)
+    opened: list[list[str]] = []
+    connect = sqlite3.connect
+
+    def traced(*args: Any, **kwargs: Any) -> sqlite3.Connection:
+        db = connect(*args, **kwargs)
+        if str(journal.path) in str(args[0]):  # this journal's passes, no other thread's
+            statements: list[str] = []
+            db.set_trace_callback(statements.append)
+            opened.append(statements)
+        return db
+
+    monkeypatch.setattr(sqlite3, "connect", traced)
+    journal.prune(keep_days=1, now=time.time() + 30 * DAY)
+    journal.checkpoint()
+    integrity(journal.path, quick=True)
+    assert len(opened) == 3
+    small = f"PRAGMA cache_size=-{ASIDE_CACHE_KIB}"
+    for statements in opened:
+        reads = [n for n, s in enumerate(statements) if s.startswith(("SELECT", "INSERT",
+                                                                       "DELETE", "PRAGMA wal",
+                                                                       "PRAGMA quick"))]
+        assert small in statements
+        assert statements.index(small) < min(reads, default=len(statements))
