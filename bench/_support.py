@@ -2,7 +2,9 @@
 for a server that must come back on it (``free_port``), a process's wall clock stepped from
 outside with libfaketime (``SteppedClock``), and a harness of the test tree loaded from its file
 (``load_harness``: ``bench/chaos.py`` runs ``tests/assembly/crash_driver.py``'s ``Chaos``), and
-a small file system of its own for a journal that must fill (``mount_tmpfs``).
+a small file system of its own for a journal that must fill (``mount_tmpfs``), and the
+environment the systemd unit gives the agent (``unit_environment``: the benches run the agent as
+installed).
 
 The benches put this directory on ``sys.path`` (``import _support``); the tests import it as
 ``bench._support`` (``tests/helpers.py``, ``tests/faketime.py``), so each lives here once.
@@ -30,6 +32,20 @@ from pathlib import Path
 from types import ModuleType
 
 ROOT = Path(__file__).resolve().parents[1]
+UNIT = ROOT / "systemd" / "kiosk-agent.service"
+
+
+def unit_environment() -> dict[str, str]:
+    """The variables the systemd unit sets for the agent (its ``Environment=`` lines), so that a
+    bench measures the agent as a unit runs it (``MALLOC_ARENA_MAX``, docs/operations.md)."""
+    variables = {}
+    for line in UNIT.read_text().splitlines():
+        key, _, assignments = line.partition("=")
+        if key.strip() == "Environment":
+            for assignment in assignments.split():
+                name, _, value = assignment.partition("=")
+                variables[name] = value.strip('"')
+    return variables
 
 
 def free_port() -> int:

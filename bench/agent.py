@@ -101,7 +101,7 @@ from kiosk_agent.assembly.agent import Agent
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import agent_probe  # the launcher that probes the agent from outside
-from _support import free_port  # shared with the tests, without the test tree
+from _support import free_port, unit_environment  # shared with the tests, not the test tree
 
 from kiosk_agent.cli.sim import settings_from_ready
 from kiosk_agent.config.load import load_config
@@ -727,6 +727,7 @@ async def main() -> None:
                              "worktree of another commit (its PYTHONPATH): the same driver, "
                              "floors and simulators read an older agent")
     args = parser.parse_args()
+    os.environ.update(unit_environment())  # the agent as its systemd unit runs it
     LOG_LEVELS["level"] = args.log_level
     args.bytecode = not args.from_source
     os.environ["BENCH_EVENT_LOOP"] = args.event_loop

@@ -64,7 +64,7 @@ from kiosk_agent.service.client import ServiceClient
 from kiosk_agent.sim.server import SimOptions, SimServer
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _support import free_port  # shared with the tests, without the test tree
+from _support import free_port, unit_environment  # shared with the tests, not the test tree
 from agent import (  # the sibling bench's helpers
     KIOSK_TOKEN,
     PROCESS_TIME_SCALE,
@@ -732,6 +732,7 @@ def main() -> None:
                         help="where the made journal is kept, by schema version and size")
     parser.add_argument("--dir", type=Path, default=None, help="where the copy runs (a disk)")
     args = parser.parse_args()
+    os.environ.update(unit_environment())  # the agent as its systemd unit runs it
     path, made = made_journal(args.cache, args.sales, args.days)
     # as installed: the processes read bytecode (a scratch cache the warm-up run fills)
     bytecode = tempfile.TemporaryDirectory(prefix="bench-journal-bytecode-")

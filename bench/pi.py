@@ -60,6 +60,7 @@ from kiosk_agent.sim.server import SimOptions, SimServer
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import agent_probe  # the launcher that profiles the agent from outside
+from _support import unit_environment  # the unit's Environment= lines
 from agent import _cpu_ns, load_average, percentile, print_profile  # the sibling bench's
 
 TIME_SCALE = 1000.0
@@ -347,6 +348,7 @@ def main() -> int:
                              "statistics to FILE; prints the top functions and the event loop's "
                              "turns per sale (the figures then carry the profiler's cost)")
     args = parser.parse_args()
+    os.environ.update(unit_environment())  # the agent as its systemd unit runs it
     budget = Budget(args.cpu_percent, args.period_ms, args.memory_mb)
     load_before = load_average()
     try:

@@ -305,3 +305,16 @@ async def test_a_sale_the_floor_cannot_charge_ends_the_drive_with_its_error(
     finally:
         floor.terminate()
         await floor.wait()
+
+
+def test_the_benches_run_the_agent_with_the_units_environment() -> None:
+    """A bench measures the agent as its systemd unit runs it: every ``Environment=`` line."""
+    from bench._support import UNIT, unit_environment
+
+    lines = [line for line in UNIT.read_text().splitlines() if line.startswith("Environment=")]
+    assert lines, "the unit sets no environment: this test says nothing"
+    assert unit_environment()["MALLOC_ARENA_MAX"] == "1"
+    assert len(unit_environment()) == sum(len(line.split("=", 1)[1].split()) for line in lines)
+    bench = Path(__file__).resolve().parents[1] / "bench"
+    for name in ("agent.py", "pi.py", "journal.py"):
+        assert "os.environ.update(unit_environment())" in (bench / name).read_text(), name
