@@ -149,8 +149,9 @@ class SaleFlow(SaleSteps):
     def approved_for_vend(self, step: Step, result: ChargeResult, vend_text: str) -> int:
         """The money's approval and the dispense request it pays for follow each other: one
         commit, before the vend (no request when the customer cancelled meanwhile). The cents
-        approved."""
-        with self.one_commit():
+        approved. Both are published at the loop's next turn: the machine's approve (C,VEND;
+        card first, C,START) is written in this one, after the commit, before them."""
+        with self.one_commit(announce_next_turn=True):
             held = self.charge_found(
                 step, result.trans_id, result.amount, {"trans_id": result.trans_id}
             )
@@ -337,7 +338,7 @@ class SaleFlow(SaleSteps):
             # journaled, then published as a note on the completed sale (the demo shows it)
             noted = self.journal.record(self.record, Step.RECEIPT, detail={"note": note})
             event = event_of(noted, Step.RECEIPT, clock=self.clock)
-            self.events.publish(dataclasses.replace(event, message=note))
+            self.publish_event(dataclasses.replace(event, message=note))
 
 
 def declined(result: ChargeResult) -> str:

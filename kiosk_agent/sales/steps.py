@@ -135,6 +135,9 @@ class SaleSteps:
         self.held: list[HeldStep] = []
         self._batch: list[HeldStep] | None = None  # inside one_commit(): its steps so far
         self._held: list[SaleEvent] | None = None  # inside one_commit(): published after it
+        # published at the loop's next turn (one_commit(announce_next_turn=True)); any later
+        # event of the sale joins them, so its events stay in order
+        self._next_turn: list[SaleEvent] | None = None
         self.announced: SaleEvent | None = None  # the event of the last step journaled
 
     @property
@@ -176,12 +179,16 @@ class SaleSteps:
         if self._held is not None:
             self._held.append(event)
         else:
-            self.events.publish(event)
+            self.publish_event(event)
 
     @contextlib.contextmanager
-    def one_commit(self) -> Iterator[None]:
+    def one_commit(self, *, announce_next_turn: bool = False) -> Iterator[None]:
         """The steps inside are journaled in one commit (``Journal.batch``: synchronous code
         only), then published; for steps with nothing between them the journal must hold first.
+
+        ``announce_next_turn``: published at the event loop's next turn instead, so that what
+        the caller does next in this turn (the vend's line to the machine) goes first: the
+        bus's listeners (health, metrics, Home Assistant, the streams) are nobody's wait.
         """
         self._held, self._batch = [], []
         before = self.record
@@ -196,13 +203,34 @@ class SaleSteps:
             raise
         finally:
             held, self._held, self._batch = self._held, None, None
+        if announce_next_turn:
+            self._publish_next_turn(held)
+            return
         for event in held:
-            self.events.publish(event)
+            self.publish_event(event)
 
     def publish(self, step: Step | Literal[""] = "") -> SaleEvent:
         event = event_of(self.record, step, clock=self.clock)
-        self.events.publish(event)
+        self.publish_event(event)
         return event
+
+    def publish_event(self, event: SaleEvent) -> None:
+        """Publish one of the sale's events, after any of its own still waiting to be."""
+        if self._next_turn is not None:  # behind the sale's events still to be published
+            self._next_turn.append(event)
+        else:
+            self.events.publish(event)
+
+    def _publish_next_turn(self, events: list[SaleEvent]) -> None:
+        if self._next_turn is None:
+            self._next_turn = []
+            asyncio.get_running_loop().call_soon(self._publish_waiting)
+        self._next_turn.extend(events)
+
+    def _publish_waiting(self) -> None:
+        events, self._next_turn = self._next_turn or [], None
+        for event in events:
+            self.events.publish(event)
 
     def charge_found(
         self,

@@ -517,6 +517,50 @@ async def test_the_approval_and_the_dispense_request_are_one_commit_before_the_v
     assert len(commits) == len(steps) - shared  # every step kept, some sharing a commit
 
 
+class PublishWitness(ScriptedDispenser):
+    """A machine that notes, as it is asked to vend (or, card first, to offer the funds), what
+    the bus's listeners have heard of the sale and what the journal holds on disk."""
+
+    def __init__(self, agent: Agent) -> None:
+        super().__init__()
+        self.agent = agent
+        self.heard: list[str] = []
+        self.at_the_machine: list[tuple[list[str], tuple[str, str] | None]] = []
+        agent.events.listen(lambda event: self.heard.append(event.step))
+
+    def note(self) -> None:
+        self.at_the_machine.append((list(self.heard), last_step_on_disk(self.agent)))
+
+    async def choose(self, funds_cents: int) -> Selection:
+        self.note()
+        return Selection("A1", funds_cents)
+
+    async def dispense(self, authorized_cents: int) -> Any:
+        self.note()
+        return await super().dispense(authorized_cents)
+
+
+# the money's approval and the dispense request: committed, then the machine is told (the
+# vend's line, or card first the session's funds), then the bus hears them; in that order
+@pytest.mark.parametrize(("flow", "approval", "chosen_at_machine"), [
+    (Flow.CHARGE_CARD, "charge_card.approved", False),
+    (Flow.AUTHORIZE_CAPTURE, "authorize.approved", False),
+    (Flow.AUTHORIZE_CAPTURE, "authorize.approved", True),
+])
+async def test_the_machine_is_told_before_the_approval_is_published_and_after_its_commit(
+    agent: Agent, flow: Flow, approval: str, chosen_at_machine: bool
+) -> None:
+    machine = PublishWitness(agent)
+    event = await sell(agent, 250, machine, flow=flow, chosen_at_machine=chosen_at_machine)
+    assert event.state is SaleState.COMPLETED
+    heard_then, on_disk = machine.at_the_machine[0]
+    assert on_disk == ("dispensing", "dispense.request")  # the commit came first
+    journaled = [s.step for s in agent.journal.steps(event.sale_id)]
+    assert heard_then == journaled[: journaled.index(approval)]  # neither heard yet
+    # then heard, in the order the journal holds them, with nothing lost or doubled
+    assert machine.heard == journaled
+
+
 @pytest.mark.parametrize("flow", [Flow.CHARGE_CARD, Flow.AUTHORIZE_CAPTURE])
 async def test_a_sales_end_is_the_event_its_listeners_heard_made_once(
     agent: Agent, flow: Flow
