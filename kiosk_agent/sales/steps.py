@@ -38,7 +38,6 @@ from kiosk_agent.service.errors import (
     ServiceUnreachableError,
 )
 from kiosk_agent.service.models import ChargeResult, Interaction, InteractionKind
-from kiosk_agent.tasks import cancel_and_wait
 
 if TYPE_CHECKING:
     from kiosk_agent.service.client import ServiceClient
@@ -422,8 +421,13 @@ class SaleSteps:
             return await self.interaction_status(kind)
         finally:
             if canceller is not None:
-                # a read that ended first is not cancelled after it (nor a cancel cut short)
-                await (canceller if asked else cancel_and_wait(canceller))
+                # a read that ended first is not cancelled after it (nor a cancel cut short);
+                # one never asked holds nothing: told to stop, not waited for (two loop turns
+                # between the card and the authorization's commit)
+                if asked:
+                    await canceller
+                else:
+                    canceller.cancel()
 
     async def interaction_status(self, kind: InteractionKind) -> Interaction | None:
         if self.record.interaction_id is None:

@@ -561,6 +561,52 @@ async def test_the_machine_is_told_before_the_approval_is_published_and_after_it
     assert machine.heard == journaled
 
 
+async def test_the_card_reaches_the_authorizations_commit_in_the_loop_turn_it_came_in(
+    agent: Agent, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # the turns of the event loop, counted by a task that runs once in each
+    turns = 0
+
+    async def count_turns() -> None:
+        nonlocal turns
+        while True:
+            await asyncio.sleep(0)
+            turns += 1
+
+    counter = asyncio.ensure_future(count_turns())
+    card_at: list[int] = []
+    real_read_card = agent.service.terminal.read_card
+
+    async def witnessed_read_card(*args: Any, **kwargs: Any) -> Any:
+        handle = await real_read_card(*args, **kwargs)
+        real_wait = handle.wait
+
+        async def wait(timeout: float | None = None) -> Any:
+            interaction = await real_wait(timeout)
+            card_at.append(turns)
+            return interaction
+
+        handle.wait = wait
+        return handle
+
+    monkeypatch.setattr(agent.service.terminal, "read_card", witnessed_read_card)
+    commit_at: list[int] = []
+    try:
+        sale = await agent.sales.start(request(250, flow=Flow.AUTHORIZE_CAPTURE),
+                                       ScriptedDispenser())
+        agent.journal.db.set_trace_callback(
+            lambda sql: sql == "COMMIT" and card_at and not commit_at and commit_at.append(turns)
+        )
+        event = await asyncio.wait_for(sale.result(), 10)
+    finally:
+        agent.journal.db.set_trace_callback(None)
+        counter.cancel()
+    assert event.state is SaleState.COMPLETED
+    assert len(card_at) == 1
+    # no turn given to the card read's cancel helper (the customer never asked to cancel)
+    assert commit_at == card_at
+
+
 @pytest.mark.parametrize("flow", [Flow.CHARGE_CARD, Flow.AUTHORIZE_CAPTURE])
 async def test_a_sales_end_is_the_event_its_listeners_heard_made_once(
     agent: Agent, flow: Flow
