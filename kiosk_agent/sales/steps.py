@@ -409,15 +409,15 @@ class SaleSteps:
         # the card to the vend). A helper beside it journals the held step when the card is
         # slow, and asks the terminal to end the read on a cancel, which ends the wait.
         asked = False  # the terminal was asked to cancel: that call is heard to its end
-        unwritten: list[JournalError] = []  # the held step's write, failed in the helper
+        failed: list[Exception] = []  # the held step's write, failed in the helper
 
         async def beside_the_wait(cancelled: asyncio.Event | None) -> None:
             nonlocal asked
             if held is not None and not await self._set_within(cancelled, ACCEPTED_HELD_AT_MOST):
                 try:
                     held()
-                except JournalError as err:  # raised in the sale's own task, after the wait
-                    unwritten.append(err)
+                except Exception as err:  # noqa: BLE001 - raised in the sale's task, after the wait
+                    failed.append(err)
             if cancelled is None or kind is not InteractionKind.READ_CARD:
                 return
             await cancelled.wait()
@@ -446,8 +446,8 @@ class SaleSteps:
                     await helper
                 else:
                     helper.cancel()
-        if unwritten:
-            raise unwritten[0]  # as if written in line: the sale goes no further
+        if failed:
+            raise failed[0]  # as if written in line: the runner's handling, the sale no further
         if interaction is not None:
             return interaction
         if held is not None:

@@ -676,6 +676,30 @@ async def test_a_slow_card_reads_accepted_step_is_on_disk_once_it_was_held_back_
                              "read_card.done", "authorize.request"]  # once, in order
 
 
+async def test_a_held_accepted_step_the_journal_refuses_stops_the_sale_before_its_authorization(
+    agent_factory: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    clock = FakeClock(wall=time.time())
+    agent = await agent_factory(clock=clock)
+    card_may_come = await _a_card_held_back(agent, monkeypatch)
+    sale = await agent.sales.start(request(250, flow=Flow.AUTHORIZE_CAPTURE), ScriptedDispenser())
+    held_until = clock.monotonic() + steps_module.ACCEPTED_HELD_AT_MOST
+    for _ in range(1000):
+        if held_until in clock.pending():
+            break
+        await asyncio.sleep(0.01)
+    agent.journal.db.execute("PRAGMA query_only=ON")  # the disk turns read-only
+    try:
+        await clock.advance(steps_module.ACCEPTED_HELD_AT_MOST)  # the helper's write fails
+        card_may_come.set()
+        kept = await asyncio.wait_for(sale.result(), 10)
+    finally:
+        agent.journal.db.execute("PRAGMA query_only=OFF")
+    assert kept.unwritten  # said, as any step the journal refused
+    assert kept.state is SaleState.READING_CARD  # what the journal holds
+    assert await ledger(agent, sale.order_id) == []  # no authorization was sent
+
+
 async def test_an_agent_stopping_while_the_card_is_awaited_leaves_the_reads_id_for_recovery(
     agent: Agent, monkeypatch: pytest.MonkeyPatch
 ) -> None:
