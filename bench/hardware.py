@@ -1,7 +1,7 @@
 """Hardware-side figures: vend request -> approve/deny latency, reconnect time, lines per second.
 
     python bench/hardware.py [--sales 200] [--reconnects 10] [--lines 50000] [--outages 6]
-                             [--slow-capture-ms 20] [--latency-only] [--gap-ms 0]
+                             [--slow-capture-ms 20] [--latency-only]
 
 Everything real but the card: the simulator over HTTP/WebSocket, the agent with its SQLite
 journal, the mdb platform talking to the virtual vending machine controller over a pty.
@@ -19,11 +19,6 @@ journal, the mdb platform talking to the virtual vending machine controller over
    figure is the median of each block of sales' p50 over the floor timed just before it, so that
    a disk or a machine busy with another's work weighs on both alike
    (``latency_ratio_above_floor_pooled``: every sale's p50 over every block's floor).
-   The customers follow each other at once, so the previous sale's capture (an HTTP exchange
-   and two commits) falls inside the next one's vend -> approve; ``--gap-ms`` serves each that
-   long after the one before was answered instead (``gap_ms`` in the figures; 0 by default), so
-   that the figures read a lone customer's path against the same floor (and the slow capture's
-   run, a back-to-back figure, is left out).
    Then the same back-to-back customers with the service slow on the capture alone (``--slow-
    capture-ms``, a simulator fault): ``slow_capture_ratio`` is their p50 over the first one's, 1
    when the next customer does not wait for the last one's capture.
@@ -122,11 +117,10 @@ async def machine_and_agent(
 
 async def vend_latencies(
     sim: SimServer, sales: int, scratch: Path, name: str,
-    between: Callable[[], Awaitable[None]] | None = None, blocks: int = 1, gap_s: float = 0.0,
+    between: Callable[[], Awaitable[None]] | None = None, blocks: int = 1,
 ) -> list[list[float]]:
-    """Vend request -> approve/deny of ``sales`` customers, minus the card time, each
-    ``gap_s`` after the one before was answered (0: back to back), in ``blocks`` blocks (each
-    after ``between``, while the agent idles): each block's."""
+    """Vend request -> approve/deny of ``sales`` back-to-back customers, minus the card time,
+    in ``blocks`` blocks (each after ``between``, while the agent idles): each block's."""
     card_s = CARD_DELAY_SIM_S / TIME_SCALE
     controller, agent = await machine_and_agent(sim, scratch, name)
     rng = random.Random(1)
@@ -138,8 +132,6 @@ async def vend_latencies(
                 await between()
             for _ in range(max(1, sales // blocks)):
                 await controller.customer(rng.choice(sorted(PRODUCTS)))
-                if gap_s:
-                    await asyncio.sleep(gap_s)
             done.append(len(controller.visits))
         await asyncio.sleep(0.2)  # the last capture
     finally:
@@ -153,8 +145,7 @@ async def vend_latencies(
 
 
 async def bench_latency(
-    sim: SimServer, sales: int, scratch: Path, slow_capture_ms: float, blocks: int = 8,
-    gap_ms: float = 0.0,
+    sim: SimServer, sales: int, scratch: Path, slow_capture_ms: float, blocks: int = 8
 ) -> dict[str, float]:
     # The floor's parts are timed in blocks between the sales' (floor, sales, floor, sales...):
     # timed after all the sales, a disk busy with another's work in one and not the other read
@@ -169,12 +160,19 @@ async def bench_latency(
             "line": await pty_round_trips(max(10, 200 // blocks)),
         })  # fmt: skip
 
-    by_block = await vend_latencies(sim, sales, scratch, "bench", floor_block, blocks,
-                                    gap_ms / 1000)
+    by_block = await vend_latencies(sim, sales, scratch, "bench", floor_block, blocks)
     latencies = [v for block in by_block for v in block]
     baseline = [v for part in floors for v in part["direct"]]
-    slow = [] if gap_ms else await back_to_back_with_a_slow_capture(
-        sim, max(20, sales // 4), scratch, slow_capture_ms)
+    # a service slow to capture (far away, retrying): the next customer must not wait for it
+    fault = {"path": "/api/v1/capture", "fault": "latency", "delay_s": slow_capture_ms / 1000}
+    async with aiohttp.ClientSession() as http:
+        async with http.post(f"{sim.base_url}/sim/faults", json=fault) as answer:
+            assert answer.status == 200, await answer.text()
+        try:
+            [slow] = await vend_latencies(sim, max(20, sales // 4), scratch, "slowcapture")
+        finally:
+            async with http.delete(f"{sim.base_url}/sim/faults") as answer:
+                assert answer.status == 200, await answer.text()
     commit = statistics.median(v for part in floors for v in part["commit"]) * 1000
     line_trip = statistics.median(v for part in floors for v in part["line"]) * 1000
     direct = statistics.median(baseline)
@@ -189,7 +187,7 @@ async def bench_latency(
         for block, part in zip(by_block, floors, strict=True)
     )
     p99 = percentile(latencies, 99)
-    figures = {
+    return {
         "vend_answer_p50_ms": round(percentile(latencies, 50), 2),
         "vend_answer_p99_ms": round(p99, 2),
         "vend_answer_max_ms": round(max(latencies), 2),
@@ -202,32 +200,10 @@ async def bench_latency(
         "latency_ratio_above_floor": round(above_floor, 2),
         "latency_ratio_above_floor_pooled": round(statistics.median(latencies) / floor, 2),
         "sales": len(latencies),
-        "gap_ms": gap_ms,
+        "slow_capture_ms": slow_capture_ms,
+        "vend_answer_slow_capture_p50_ms": round(percentile(slow, 50), 2),
+        "slow_capture_ratio": round(statistics.median(slow) / statistics.median(latencies), 2),
     }
-    if slow:  # back to back only: it says whether the next customer waits for the last capture
-        figures.update({
-            "slow_capture_ms": slow_capture_ms,
-            "vend_answer_slow_capture_p50_ms": round(percentile(slow, 50), 2),
-            "slow_capture_ratio": round(statistics.median(slow) / statistics.median(latencies), 2),
-        })
-    return figures
-
-
-async def back_to_back_with_a_slow_capture(
-    sim: SimServer, sales: int, scratch: Path, slow_capture_ms: float
-) -> list[float]:
-    """Vend -> approve of back-to-back customers with every capture ``slow_capture_ms`` slower
-    at the service (far away, retrying): the next customer must not wait for it."""
-    fault = {"path": "/api/v1/capture", "fault": "latency", "delay_s": slow_capture_ms / 1000}
-    async with aiohttp.ClientSession() as http:
-        async with http.post(f"{sim.base_url}/sim/faults", json=fault) as answer:
-            assert answer.status == 200, await answer.text()
-        try:
-            [slow] = await vend_latencies(sim, sales, scratch, "slowcapture")
-        finally:
-            async with http.delete(f"{sim.base_url}/sim/faults") as answer:
-                assert answer.status == 200, await answer.text()
-    return slow
 
 
 def block_floor(part: dict[str, list[float]]) -> float:
@@ -446,16 +422,13 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
         sim = SimServer(SimOptions(port=0, time_scale=TIME_SCALE, rate_limit="100000/1"))
         await sim.start()
         try:
-            figures.update(await bench_latency(sim, args.sales, scratch, args.slow_capture_ms,
-                                               gap_ms=args.gap_ms))
+            figures.update(await bench_latency(sim, args.sales, scratch, args.slow_capture_ms))
             if not args.latency_only:
                 figures.update(await bench_out_of_service(sim, args.outages, scratch))
         finally:
             await sim.stop()
         figures["load_average_after_latency"] = load_average()
-        apart = (f"customers {args.gap_ms:g} ms apart" if args.gap_ms
-                 else "customers back to back")
-        print(f"vend request -> approve/deny ({apart}), minus card time: p50 "
+        print(f"vend request -> approve/deny, minus card time: p50 "
               f"{figures['vend_answer_p50_ms']} ms, p99 {figures['vend_answer_p99_ms']} ms "
               f"(target p99 < 25 ms); direct service calls p50 "
               f"{figures['direct_service_p50_ms']} ms; ratio {figures['latency_ratio']}")
@@ -464,11 +437,9 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
               f"({figures['pty_round_trip_p50_ms']} ms) = {figures['vend_answer_floor_ms']} ms, "
               f"ratio {figures['latency_ratio_floor']} (target 1.5); the agent's code adds "
               f"{figures['latency_ratio_above_floor']} x that floor")
-        if "slow_capture_ratio" in figures:
-            print(f"the same with each capture {figures['slow_capture_ms']:g} ms slower at the "
-                  f"service: p50 {figures['vend_answer_slow_capture_p50_ms']} ms, "
-                  f"{figures['slow_capture_ratio']} times the first (1: no wait for the last "
-                  "capture)")
+        print(f"the same with each capture {figures['slow_capture_ms']:g} ms slower at the service:"
+              f" p50 {figures['vend_answer_slow_capture_p50_ms']} ms, "
+              f"{figures['slow_capture_ratio']} times the first (1: no wait for the last capture)")
         print(f"load average {figures['load_average_before']} before, "
               f"{figures['load_average_after_latency']} after")
         if args.latency_only:
@@ -498,9 +469,6 @@ if __name__ == "__main__":
     parser.add_argument("--lines", type=int, default=50_000)
     parser.add_argument("--outages", type=int, default=6)
     parser.add_argument("--slow-capture-ms", type=float, default=20.0)
-    parser.add_argument("--gap-ms", type=float, default=0.0,
-                        help="serve each customer this long after the one before was answered "
-                             "(0: back to back, the previous capture inside the next vend)")
     parser.add_argument("--latency-only", action="store_true",
                         help="only part 1 (vend -> approve, its floor, the slow capture)")
     result = asyncio.run(main(parser.parse_args()))
