@@ -371,7 +371,7 @@ def _not_written(flow: SaleFlow, why: str) -> SaleEvent:
     carrying the sale as the journal last took it, never a state the journal does not hold."""
     held = dataclasses.replace(flow.record, message=why)
     event = event_of(held, Step.JOURNAL_UNWRITTEN, clock=flow.clock)
-    flow.events.publish(event)
+    flow.publish_event(event)
     return event
 
 
@@ -390,7 +390,7 @@ async def _as_the_journal_has_it(flow: SaleFlow, moved: SaleMoved) -> SaleEvent:
         return _not_written(flow, f"{gone}: {moved}")
     flow.record = held
     event = event_of(held, clock=flow.clock)
-    flow.events.publish(event)
+    flow.publish_event(event)
     return event
 
 

@@ -38,7 +38,6 @@ from kiosk_agent.service.errors import (
     ServiceUnreachableError,
 )
 from kiosk_agent.service.models import ChargeResult, Interaction, InteractionKind
-from kiosk_agent.tasks import cancel_and_wait
 
 if TYPE_CHECKING:
     from kiosk_agent.service.client import ServiceClient
@@ -53,6 +52,11 @@ T = TypeVar("T")
 # a void or refund that may have worked: reporting is asked before a second try
 _REVERSE_UNCLEAR: tuple[type[ServiceError], ...] = (BadRequestError, *OUTCOME_UNKNOWN)
 _FOUND_CAPTURED = "captured (found in reporting)"
+# How long a card read's accepted step (its interaction id) may stay held back while the card
+# may come: read within it, the step is journaled in one commit with the read (one fsync less
+# before the vend). A crash meanwhile leaves the sale reading a card with no interaction id, as
+# a crash before the read's answer does (sales/lost_reads.py): no money moves in a read.
+ACCEPTED_HELD_AT_MOST = 0.25
 SWEEP_MONEY_RETRIES = 3  # money calls the attention sweeper may make for one sale, in all
 RESOLVE = "`kiosk-agent sales resolve`"
 
@@ -135,6 +139,9 @@ class SaleSteps:
         self.held: list[HeldStep] = []
         self._batch: list[HeldStep] | None = None  # inside one_commit(): its steps so far
         self._held: list[SaleEvent] | None = None  # inside one_commit(): published after it
+        # published at the loop's next turn (one_commit(announce_next_turn=True)); any later
+        # event of the sale joins them, so its events stay in order
+        self._next_turn: list[SaleEvent] | None = None
         self.announced: SaleEvent | None = None  # the event of the last step journaled
 
     @property
@@ -176,12 +183,16 @@ class SaleSteps:
         if self._held is not None:
             self._held.append(event)
         else:
-            self.events.publish(event)
+            self.publish_event(event)
 
     @contextlib.contextmanager
-    def one_commit(self) -> Iterator[None]:
+    def one_commit(self, *, announce_next_turn: bool = False) -> Iterator[None]:
         """The steps inside are journaled in one commit (``Journal.batch``: synchronous code
         only), then published; for steps with nothing between them the journal must hold first.
+
+        ``announce_next_turn``: published at the event loop's next turn instead, so that what
+        the caller does next in this turn (the vend's line to the machine) goes first: the
+        bus's listeners (health, metrics, Home Assistant, the streams) are nobody's wait.
         """
         self._held, self._batch = [], []
         before = self.record
@@ -196,13 +207,34 @@ class SaleSteps:
             raise
         finally:
             held, self._held, self._batch = self._held, None, None
+        if announce_next_turn:
+            self._publish_next_turn(held)
+            return
         for event in held:
-            self.events.publish(event)
+            self.publish_event(event)
 
     def publish(self, step: Step | Literal[""] = "") -> SaleEvent:
         event = event_of(self.record, step, clock=self.clock)
-        self.events.publish(event)
+        self.publish_event(event)
         return event
+
+    def publish_event(self, event: SaleEvent) -> None:
+        """Publish one of the sale's events, after any of its own still waiting to be."""
+        if self._next_turn is not None:  # behind the sale's events still to be published
+            self._next_turn.append(event)
+        else:
+            self.events.publish(event)
+
+    def _publish_next_turn(self, events: list[SaleEvent]) -> None:
+        if self._next_turn is None:
+            self._next_turn = []
+            asyncio.get_running_loop().call_soon(self._publish_waiting)
+        self._next_turn.extend(events)
+
+    def _publish_waiting(self) -> None:
+        events, self._next_turn = self._next_turn or [], None
+        for event in events:
+            self.events.publish(event)
 
     def charge_found(
         self,
@@ -359,43 +391,76 @@ class SaleSteps:
     # -- waiting for a card ----------------------------------------------------------------------
 
     async def wait_interaction(
-        self, handle: Any, kind: InteractionKind, cancelled: asyncio.Event | None = None
+        self,
+        handle: Any,
+        kind: InteractionKind,
+        cancelled: asyncio.Event | None = None,
+        *,
+        held: Callable[[], None] | None = None,
     ) -> Interaction | None:
         """The interaction's final record; None when it could not be learned in time.
 
         A cancel request during a read-card cancels it on the terminal and waits for the end.
+        ``held`` journals a step held back while the end may come soon: called once the end has
+        not come within ``ACCEPTED_HELD_AT_MOST``, or before the interaction's status is asked.
         """
         # The sale's own task waits for the card: its end wakes the flow in one loop turn (a
         # task of its own raced against the cancel by asyncio.wait took three, on the path from
-        # the card to the vend). A cancel asks the terminal to end the read, which ends the wait.
+        # the card to the vend). A helper beside it journals the held step when the card is
+        # slow, and asks the terminal to end the read on a cancel, which ends the wait.
         asked = False  # the terminal was asked to cancel: that call is heard to its end
+        failed: list[Exception] = []  # the held step's write, failed in the helper
 
-        async def cancel_read_when_cancelled(cancelled: asyncio.Event) -> None:
+        async def beside_the_wait(cancelled: asyncio.Event | None) -> None:
             nonlocal asked
+            if held is not None and not await self._set_within(cancelled, ACCEPTED_HELD_AT_MOST):
+                try:
+                    held()
+                except Exception as err:  # noqa: BLE001 - raised in the sale's task, after the wait
+                    failed.append(err)
+            if cancelled is None or kind is not InteractionKind.READ_CARD:
+                return
             await cancelled.wait()
-            interaction_id = self.record.interaction_id
+            interaction_id = handle.interaction_id  # journaled or held back
             if interaction_id:
                 asked = True
                 with contextlib.suppress(ServiceError):  # the read's own end decides
                     await self.service.terminal.cancel(self.device, interaction_id)
 
-        canceller = (
-            asyncio.ensure_future(cancel_read_when_cancelled(cancelled))
-            if cancelled is not None and kind is InteractionKind.READ_CARD
+        helper = (
+            asyncio.ensure_future(beside_the_wait(cancelled))
+            if held is not None or (cancelled is not None and kind is InteractionKind.READ_CARD)
             else None
         )
+        interaction: Interaction | None = None
         try:
-            interaction: Interaction = await self.clock.wait_for(
-                handle.wait(), self.settings.card_wait
-            )
-            return interaction
+            interaction = await self.clock.wait_for(handle.wait(), self.settings.card_wait)
         except (TimeoutError, ServiceError) as err:
             _LOGGER.info("sale %s: waiting for the card ended: %s", self.record.sale_id, err)
-            return await self.interaction_status(kind)
         finally:
-            if canceller is not None:
-                # a read that ended first is not cancelled after it (nor a cancel cut short)
-                await (canceller if asked else cancel_and_wait(canceller))
+            if helper is not None:
+                # a read that ended first is not cancelled after it (nor a cancel cut short);
+                # a helper never asked holds nothing: told to stop, not waited for (two loop
+                # turns between the card and the authorization's commit)
+                if asked:
+                    await helper
+                else:
+                    helper.cancel()
+        if failed:
+            raise failed[0]  # as if written in line: the runner's handling, the sale no further
+        if interaction is not None:
+            return interaction
+        if held is not None:
+            held()  # the interaction's id on disk before its status is asked by it
+        return await self.interaction_status(kind)
+
+    async def _set_within(self, event: asyncio.Event | None, seconds: float) -> bool:
+        """Whether ``event`` is set within ``seconds`` of the sale's clock (None: never). A
+        bound on the wait, not a pause: a test's FakeClock.run does not jump over it."""
+        event = event or asyncio.Event()
+        with contextlib.suppress(TimeoutError):
+            await self.clock.wait_for(event.wait(), seconds)
+        return event.is_set()
 
     async def interaction_status(self, kind: InteractionKind) -> Interaction | None:
         if self.record.interaction_id is None:

@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 
 from kiosk_agent.assembly.agent import Agent
+from kiosk_agent.sales import steps as steps_module
 from kiosk_agent.sales.clock import FakeClock
 from kiosk_agent.sales.model import (
     DispenseOutcome,
@@ -498,11 +499,13 @@ class JournalWitness(ScriptedDispenser):
 
 
 # steps that share a commit: the new sale and its first request, the approval and the dispense
-# request; in authorize_capture also the card read and the authorization's request
-@pytest.mark.parametrize(("flow", "shared"), [(Flow.CHARGE_CARD, 2), (Flow.AUTHORIZE_CAPTURE, 3)])
+# request; in authorize_capture also the card read with its accepted step (a card that came
+# soon) and the authorization's request
+@pytest.mark.parametrize(("flow", "shared"), [(Flow.CHARGE_CARD, 2), (Flow.AUTHORIZE_CAPTURE, 4)])
 async def test_the_approval_and_the_dispense_request_are_one_commit_before_the_vend(
-    agent: Agent, flow: Flow, shared: int
+    agent: Agent, flow: Flow, shared: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    monkeypatch.setattr(steps_module, "ACCEPTED_HELD_AT_MOST", 30.0)  # however loaded the machine
     machine = JournalWitness(agent)
     await asyncio.wait_for(agent.settled.wait(), 30)  # start-up's own commits (the WAL) done
     commits: list[str] = []
@@ -515,6 +518,200 @@ async def test_the_approval_and_the_dispense_request_are_one_commit_before_the_v
     assert trans_id  # the money's id is on disk before anything is vended
     steps = [s.step for s in agent.journal.steps(event.sale_id)]
     assert len(commits) == len(steps) - shared  # every step kept, some sharing a commit
+
+
+class PublishWitness(ScriptedDispenser):
+    """A machine that notes, as it is asked to vend (or, card first, to offer the funds), what
+    the bus's listeners have heard of the sale and what the journal holds on disk."""
+
+    def __init__(self, agent: Agent) -> None:
+        super().__init__()
+        self.agent = agent
+        self.heard: list[str] = []
+        self.at_the_machine: list[tuple[list[str], tuple[str, str] | None]] = []
+        agent.events.listen(lambda event: self.heard.append(event.step))
+
+    def note(self) -> None:
+        self.at_the_machine.append((list(self.heard), last_step_on_disk(self.agent)))
+
+    async def choose(self, funds_cents: int) -> Selection:
+        self.note()
+        return Selection("A1", funds_cents)
+
+    async def dispense(self, authorized_cents: int) -> Any:
+        self.note()
+        return await super().dispense(authorized_cents)
+
+
+# the money's approval and the dispense request: committed, then the machine is told (the
+# vend's line, or card first the session's funds), then the bus hears them; in that order
+@pytest.mark.parametrize(("flow", "approval", "chosen_at_machine"), [
+    (Flow.CHARGE_CARD, "charge_card.approved", False),
+    (Flow.AUTHORIZE_CAPTURE, "authorize.approved", False),
+    (Flow.AUTHORIZE_CAPTURE, "authorize.approved", True),
+])
+async def test_the_machine_is_told_before_the_approval_is_published_and_after_its_commit(
+    agent: Agent, flow: Flow, approval: str, chosen_at_machine: bool
+) -> None:
+    machine = PublishWitness(agent)
+    event = await sell(agent, 250, machine, flow=flow, chosen_at_machine=chosen_at_machine)
+    assert event.state is SaleState.COMPLETED
+    heard_then, on_disk = machine.at_the_machine[0]
+    assert on_disk == ("dispensing", "dispense.request")  # the commit came first
+    journaled = [s.step for s in agent.journal.steps(event.sale_id)]
+    assert heard_then == journaled[: journaled.index(approval)]  # neither heard yet
+    # then heard, in the order the journal holds them, with nothing lost or doubled
+    assert machine.heard == journaled
+
+
+async def test_the_card_reaches_the_authorizations_commit_in_the_loop_turn_it_came_in(
+    agent: Agent, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # the turns of the event loop, counted by a task that runs once in each
+    turns = 0
+
+    async def count_turns() -> None:
+        nonlocal turns
+        while True:
+            await asyncio.sleep(0)
+            turns += 1
+
+    counter = asyncio.ensure_future(count_turns())
+    card_at: list[int] = []
+    real_read_card = agent.service.terminal.read_card
+
+    async def witnessed_read_card(*args: Any, **kwargs: Any) -> Any:
+        handle = await real_read_card(*args, **kwargs)
+        real_wait = handle.wait
+
+        async def wait(timeout: float | None = None) -> Any:
+            interaction = await real_wait(timeout)
+            card_at.append(turns)
+            return interaction
+
+        handle.wait = wait
+        return handle
+
+    monkeypatch.setattr(agent.service.terminal, "read_card", witnessed_read_card)
+    commit_at: list[int] = []
+    try:
+        sale = await agent.sales.start(request(250, flow=Flow.AUTHORIZE_CAPTURE),
+                                       ScriptedDispenser())
+        agent.journal.db.set_trace_callback(
+            lambda sql: sql == "COMMIT" and card_at and not commit_at and commit_at.append(turns)
+        )
+        event = await asyncio.wait_for(sale.result(), 10)
+    finally:
+        agent.journal.db.set_trace_callback(None)
+        counter.cancel()
+    assert event.state is SaleState.COMPLETED
+    assert len(card_at) == 1
+    # no turn given to the card read's cancel helper (the customer never asked to cancel)
+    assert commit_at == card_at
+
+
+def on_disk_now(agent: Agent) -> tuple[str, str, str | None]:
+    """The sale's state, last step and interaction id as a crash would leave them."""
+    other = sqlite3.connect(agent.journal.path)
+    try:
+        row = other.execute(
+            "SELECT sales.state, (SELECT step FROM steps WHERE steps.sale_id = sales.sale_id "
+            "ORDER BY id DESC LIMIT 1), sales.interaction_id FROM sales"
+        ).fetchone()
+    finally:
+        other.close()
+    return row[0], row[1], row[2]
+
+
+async def _a_card_held_back(agent: Agent, monkeypatch: pytest.MonkeyPatch) -> asyncio.Event:
+    """The terminal answers the read at once, and the card comes when the test says so."""
+    card_may_come = asyncio.Event()
+    real_read_card = agent.service.terminal.read_card
+
+    async def slow_read_card(*args: Any, **kwargs: Any) -> Any:
+        handle = await real_read_card(*args, **kwargs)
+        real_wait = handle.wait
+
+        async def wait(timeout: float | None = None) -> Any:
+            await card_may_come.wait()
+            return await real_wait(timeout)
+
+        handle.wait = wait
+        return handle
+
+    monkeypatch.setattr(agent.service.terminal, "read_card", slow_read_card)
+    return card_may_come
+
+
+async def _until_on_disk(agent: Agent, step: str) -> tuple[str, str, str | None]:
+    for _ in range(500):
+        now = on_disk_now(agent)
+        if now[1] == step:
+            return now
+        await asyncio.sleep(0.01)
+    raise AssertionError(f"{step} never journaled: {on_disk_now(agent)}")
+
+
+async def test_a_slow_card_reads_accepted_step_is_on_disk_once_it_was_held_back_its_most(
+    agent_factory: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    clock = FakeClock(wall=time.time())
+    agent = await agent_factory(clock=clock)
+    card_may_come = await _a_card_held_back(agent, monkeypatch)
+    sale = await agent.sales.start(request(250, flow=Flow.AUTHORIZE_CAPTURE), ScriptedDispenser())
+    held_until = clock.monotonic() + steps_module.ACCEPTED_HELD_AT_MOST
+    for _ in range(1000):  # the read answered: the card awaited, its accepted step held until
+        if held_until in clock.pending():
+            break
+        await asyncio.sleep(0.01)
+    assert on_disk_now(agent) == ("reading_card", "read_card.request", None)
+    await clock.advance(steps_module.ACCEPTED_HELD_AT_MOST)
+    state, _, interaction_id = await _until_on_disk(agent, "read_card.accepted")
+    assert (state, interaction_id is not None) == ("reading_card", True)
+    card_may_come.set()
+    event = await asyncio.wait_for(sale.result(), 10)
+    assert event.state is SaleState.COMPLETED
+    journaled = [s.step for s in agent.journal.steps(sale.sale_id)]
+    assert journaled[:5] == ["created", "read_card.request", "read_card.accepted",
+                             "read_card.done", "authorize.request"]  # once, in order
+
+
+async def test_a_held_accepted_step_the_journal_refuses_stops_the_sale_before_its_authorization(
+    agent_factory: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    clock = FakeClock(wall=time.time())
+    agent = await agent_factory(clock=clock)
+    card_may_come = await _a_card_held_back(agent, monkeypatch)
+    sale = await agent.sales.start(request(250, flow=Flow.AUTHORIZE_CAPTURE), ScriptedDispenser())
+    held_until = clock.monotonic() + steps_module.ACCEPTED_HELD_AT_MOST
+    for _ in range(1000):
+        if held_until in clock.pending():
+            break
+        await asyncio.sleep(0.01)
+    agent.journal.db.execute("PRAGMA query_only=ON")  # the disk turns read-only
+    try:
+        await clock.advance(steps_module.ACCEPTED_HELD_AT_MOST)  # the helper's write fails
+        card_may_come.set()
+        kept = await asyncio.wait_for(sale.result(), 10)
+    finally:
+        agent.journal.db.execute("PRAGMA query_only=OFF")
+    assert kept.unwritten  # said, as any step the journal refused
+    assert kept.state is SaleState.READING_CARD  # what the journal holds
+    assert await ledger(agent, sale.order_id) == []  # no authorization was sent
+
+
+async def test_an_agent_stopping_while_the_card_is_awaited_leaves_the_reads_id_for_recovery(
+    agent: Agent, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(steps_module, "ACCEPTED_HELD_AT_MOST", 30.0)  # held through the stop
+    await _a_card_held_back(agent, monkeypatch)
+    await agent.sales.start(request(250, flow=Flow.AUTHORIZE_CAPTURE), ScriptedDispenser())
+    await asyncio.sleep(0.2)  # the accepted step held back
+    assert on_disk_now(agent)[1] == "read_card.request"
+    await agent.stop()
+    state, step, interaction_id = on_disk_now(agent)
+    assert (state, step) == ("reading_card", "parked")
+    assert interaction_id is not None  # recovery cancels the read by it
 
 
 @pytest.mark.parametrize("flow", [Flow.CHARGE_CARD, Flow.AUTHORIZE_CAPTURE])
