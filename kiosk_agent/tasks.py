@@ -15,13 +15,20 @@ from typing import Any
 async def cancel_and_wait(task: asyncio.Future[Any] | None) -> None:
     """Cancel ``task`` (None: nothing to do) and wait until it has ended.
 
-    Its ``CancelledError`` stays here; any other error it ended with is raised.
+    Its ``CancelledError`` stays here; any other error it ended with is raised. A cancel aimed
+    at the caller while it waits is the caller's, not the task's: it goes on (a stop with a
+    bound put around this one must still end at its bound).
     """
     if task is None:
         return
+    caller = asyncio.current_task()
+    asked_before = 0 if caller is None else caller.cancelling()
     task.cancel()
-    with contextlib.suppress(asyncio.CancelledError):
+    try:
         await task
+    except asyncio.CancelledError:
+        if caller is not None and caller.cancelling() > asked_before:
+            raise
 
 
 def cancel_requested() -> bool:

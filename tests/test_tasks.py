@@ -48,6 +48,48 @@ async def test_cancel_and_wait_raises_what_the_task_failed_with() -> None:
         await cancel_and_wait(task)
 
 
+
+async def test_a_cancel_of_the_caller_while_it_waits_for_a_cancelled_task_goes_on() -> None:
+    """A stop cancelled while it waits for its task's cleanup ends cancelled: that cancel is the
+    stop's (a bound around it), not the task's, and was swallowed before."""
+    cleaning, ending = asyncio.Event(), asyncio.Event()
+
+    async def slow_to_end() -> None:
+        try:
+            await asyncio.sleep(60)
+        finally:
+            cleaning.set()
+            await ending.wait()  # a cleanup that waits for something
+
+    task = asyncio.create_task(slow_to_end())
+    await asyncio.sleep(0)
+    stop = asyncio.create_task(cancel_and_wait(task))
+    await cleaning.wait()
+    stop.cancel()  # asyncio passes it on to the task it waits for, too
+    done, _ = await asyncio.wait({stop}, timeout=5)
+    assert done == {stop}
+    assert stop.cancelled(), "the stop's own cancel was swallowed"
+    assert task.cancelled()
+    assert not ending.is_set()
+
+
+async def test_cancel_and_wait_in_a_cleanup_after_the_callers_own_cancel_returns() -> None:
+    """An owner cancelled already (its ``finally`` ends its children) still waits for each."""
+    child = asyncio.create_task(asyncio.sleep(60))
+    waited = []
+
+    async def owner() -> None:
+        try:
+            await asyncio.sleep(60)
+        finally:
+            await cancel_and_wait(child)
+            waited.append(child.cancelled())
+
+    task = asyncio.create_task(owner())
+    await asyncio.sleep(0)
+    await cancel_and_wait(task)
+    assert waited == [True]
+
 async def test_task_set_forgets_finished_tasks_and_ends_the_rest() -> None:
     tasks = TaskSet()
     quick = tasks.spawn(asyncio.sleep(0), name="quick")
