@@ -108,6 +108,54 @@ async def test_a_check_asks_reporting_once_a_terminal(agent_factory: Any) -> Non
     assert kinds.count(CallKind.REPORT) == len(audit.settings.terminals)
 
 
+def most_reporting_calls_at_once(agent: Any) -> tuple[list[tuple[float, float]], Any]:
+    """Every reporting call's (start, end) on the monotonic clock, and the unsubscribe."""
+    spans: list[tuple[float, float]] = []
+
+    def seen(kind: CallKind, seconds: float, _outcome: str) -> None:
+        if kind is CallKind.REPORT:
+            now = time.monotonic()
+            spans.append((now - seconds, now))
+
+    return spans, agent.service.transport.observe(seen)
+
+
+def at_once(spans: list[tuple[float, float]]) -> int:
+    """The most calls in flight together."""
+    edges = sorted([(start, 1) for start, _ in spans] + [(end, -1) for _, end in spans])
+    most = now = 0
+    for _at, step in edges:
+        now += step
+        most = max(most, now)
+    return most
+
+
+async def test_the_unsettled_are_asked_of_every_terminal_at_once_the_settled_one_at_a_time(
+    agent_factory: Any, sim_factory: Any
+) -> None:
+    """The start's first check waits for the unsettled charges, two queries a terminal: one
+    after the other they were sixteen round trips on eight terminals before the triggers started
+    (a second or more over the internet); they are now in flight together, and what the check
+    finds is the same. A terminal's whole history (the settled) is still read one terminal at a
+    time: thousands of rows each, a page of them in memory."""
+    sim = await sim_factory(time_scale=TIME_SCALE, transactions=0)
+    agent = await checked_start(agent_factory, sim=sim)
+    audit = agent.journal_guard.audit
+    held = await _charge(agent, own(agent, 0x21), 200, capture=False)
+    spans, forget = most_reporting_calls_at_once(agent)
+    try:
+        between = await audit.check(settled=False)
+        unsettled = list(spans)
+        spans.clear()
+        await audit.check()
+    finally:
+        forget()
+    assert between.unaccounted == [held]
+    assert len(unsettled) == 2 * len(audit.settings.terminals)
+    assert at_once(unsettled) > 1
+    assert at_once(spans) == 1
+
+
 def own(agent: Any, n: int) -> str:
     """An order id of the agent's own making (its unit id inside), as its sales have."""
     return str(agent.unit.order_id(f"{n:016x}"))
