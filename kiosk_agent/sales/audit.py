@@ -61,10 +61,12 @@ _SHOWN_MAX = 40  # characters of another program's order id shown
 # Reporting's rows decided at a time: one read of the journal for their order ids, then the
 # event loop's turn (a page of 500 held it 0.2 s: sales waited)
 CHUNK_ROWS = 50
-# The unsettled charges' queries (two a terminal, a few rows each) in flight together, within
-# the client's rate limit: one after the other, the start's first check waited for sixteen round
-# trips on eight terminals before the triggers started (a second or more over the internet)
-UNSETTLED_AHEAD = 8
+# The unsettled charges' queries (two a terminal, a few rows each) this many in flight together,
+# within the client's rate limit: one after the other, the start's first check waited for sixteen
+# round trips on eight terminals before the triggers started (a second or more over the
+# internet). Each in flight holds a connection of its own (HTTP/1.1): a TLS handshake each on a
+# small computer's core, so a few, not all
+UNSETTLED_AHEAD = 4
 # Ended sales that say no money moved: a charge held under one is unaccounted.
 _NO_MONEY = frozenset({SaleState.FAILED, SaleState.DECLINED, SaleState.CANCELLED})
 AUDIT_SOURCE = "audit"
