@@ -136,8 +136,9 @@ async def test_the_unsettled_are_asked_of_every_terminal_at_once_the_settled_one
     """The start's first check waits for the unsettled charges, two queries a terminal: one
     after the other they were sixteen round trips on eight terminals before the triggers started
     (a second or more over the internet); they are now a few at a time in flight together (a
-    connection each), and what the check finds is the same. A terminal's whole history (the settled) is still read one terminal at a
-    time: thousands of rows each, a page of them in memory."""
+    connection each), and what the check finds is the same. A terminal's whole history (the
+    settled) is still read one terminal at a time: thousands of rows each, a page of them in
+    memory."""
     sim = await sim_factory(time_scale=TIME_SCALE, transactions=0)
     agent = await checked_start(agent_factory, sim=sim)
     audit = agent.journal_guard.audit
