@@ -2,8 +2,9 @@
 the event bus, the health model, the platforms and the components.
 
 Start order: the claim on the journal (one agent per journal), journal, service client,
-terminals, recovery (in the background, holding the terminals it works on), platforms,
-components, then systemd READY. Stop order is the reverse,
+terminals, recovery (in the background, holding the terminals it works on), the first charge
+check (with no sale to recover, while the terminals are being listed), platforms, components,
+then systemd READY. Stop order is the reverse,
 and a running sale is finished or safely parked in the journal before anything else goes away.
 """
 
