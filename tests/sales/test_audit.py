@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
+import gc
 import time
 import tracemalloc
 from collections.abc import AsyncIterator
@@ -155,6 +156,35 @@ async def test_the_unsettled_are_asked_of_every_terminal_at_once_the_settled_one
     assert len(unsettled) == 2 * len(audit.settings.terminals)
     assert 1 < at_once(unsettled) <= UNSETTLED_AHEAD  # each a connection of its own: a few
     assert at_once(spans) == 1
+
+
+async def test_a_query_refused_while_others_are_in_flight_fails_the_check_and_leaves_none(
+    agent_factory: Any, sim_factory: Any
+) -> None:
+    """Reporting refuses the unsettled queries (some are in flight together): the check says it
+    could not be made, no query is left running, nothing is reported as never retrieved, and
+    the next check, once reporting answers, is made."""
+    sim = await sim_factory(time_scale=TIME_SCALE, transactions=0)
+    agent = await checked_start(agent_factory, sim=sim)
+    audit = agent.journal_guard.audit
+    loop = asyncio.get_running_loop()
+    unretrieved: list[dict[str, Any]] = []
+    loop.set_exception_handler(lambda _loop, context: unretrieved.append(context))
+    try:
+        refused = {"fault": "unavailable", "method": "GET", "count": 1000,
+                   "path": "/ords/sprint/api/3p/v1/transactions"}
+        await sim_call(sim, "POST", "/sim/faults", refused)
+        failed = await audit.check(settled=False)
+        assert not failed.ok
+        assert "reporting could not be asked" in failed.error
+        await sim_call(sim, "DELETE", "/sim/faults")
+        await asyncio.sleep(0)
+        gc.collect()  # a task's unretrieved error is told when the task is freed
+        assert unretrieved == []
+        assert [t for t in asyncio.all_tasks() if "_first" in repr(t.get_coro())] == []
+        assert (await audit.check(settled=False)).ok
+    finally:
+        loop.set_exception_handler(None)
 
 
 def own(agent: Any, n: int) -> str:
