@@ -8,8 +8,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Awaitable, Callable, Coroutine
-from typing import Any
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Sequence
+from typing import Any, TypeVar
+
+K = TypeVar("K")
+T = TypeVar("T")
 
 
 async def cancel_and_wait(task: asyncio.Future[Any] | None) -> None:
@@ -78,6 +81,47 @@ async def wait_event(event: asyncio.Event, seconds: float) -> bool:
         async with asyncio.timeout(seconds):
             await event.wait()
     return event.is_set()
+
+
+async def read_ahead(
+    sources: Sequence[tuple[K, AsyncIterator[T]]], ahead: int
+) -> AsyncIterator[tuple[K, T]]:
+    """Every item of each source, as ``(its source's key, item)``, in the sources' order; the
+    first item of the next ``ahead`` sources asked for while one is read, so their round trips
+    are in flight together instead of one after the other. At most ``ahead`` sources are started
+    and not yet read (each holds what its first item needs, a page of a collection). Leaving
+    early, or an error of any source, ends every source started (none is left running)."""
+    firsts: dict[int, asyncio.Future[T]] = {}
+    try:
+        for index, (key, items) in enumerate(sources):
+            for started in range(index, min(index + ahead, len(sources))):
+                if started not in firsts:  # a source's first step, as a task of its own
+                    firsts[started] = asyncio.ensure_future(_first(sources[started][1]))
+            try:
+                first = await firsts.pop(index)
+            except StopAsyncIteration:
+                continue
+            yield key, first
+            async for item in items:
+                yield key, item
+    finally:
+        # before their sources are closed (each runs in its own); what one raised meanwhile is
+        # taken here, not left for the loop to report as never retrieved
+        for pending in firsts.values():
+            pending.cancel()
+        if firsts:
+            await asyncio.wait(firsts.values())
+        for pending in firsts.values():
+            if not pending.cancelled():
+                pending.exception()
+        for _key, items in sources:
+            aclose = getattr(items, "aclose", None)
+            if aclose is not None:
+                await aclose()
+
+
+async def _first(items: AsyncIterator[T]) -> T:
+    return await anext(items)
 
 
 class BackgroundTask:

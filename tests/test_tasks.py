@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import AsyncIterator
+from typing import Any
 
 import pytest
 
@@ -13,6 +15,7 @@ from kiosk_agent.tasks import (
     cancel_and_wait,
     cancel_and_wait_within,
     cancel_requested,
+    read_ahead,
     wait_event,
 )
 
@@ -206,3 +209,105 @@ async def test_a_bounded_stop_of_a_task_that_ends_at_the_cancel_waits_no_time() 
     # a clock nobody moves: had the stop waited for its bound, it would never return
     assert await asyncio.wait_for(cancel_and_wait_within(task, 1.0, FakeClock().wait_for), 5)
     assert task.cancelled()
+
+
+class Source:
+    """A collection read over the network: its first item waits for ``answer`` (its round
+    trip); records whether it was asked, is in flight, and was closed."""
+
+    def __init__(self, items: list[int], fails: bool = False) -> None:
+        self.items, self.fails = items, fails
+        self.asked = self.closed = False
+        self.answer = asyncio.Event()
+        self.in_flight: list[Source] = []  # shared by the sources of one test
+
+    async def rows(self) -> AsyncIterator[int]:
+        self.asked = True
+        self.in_flight.append(self)
+        try:
+            try:
+                await self.answer.wait()
+            finally:
+                self.in_flight.remove(self)
+            if self.fails:
+                raise ConnectionError("reporting went away")
+            for item in self.items:
+                yield item
+        finally:
+            self.closed = True
+
+
+def sources(*made: Source) -> list[Source]:
+    in_flight: list[Source] = []
+    for source in made:
+        source.in_flight = in_flight
+    return list(made)
+
+
+async def _answer_when_asked(all_sources: list[Source], most_in_flight: list[int]) -> None:
+    """Answers every source once asked, noting how many were in flight together."""
+    while not all(s.answer.is_set() for s in all_sources):
+        await asyncio.sleep(0)
+        most_in_flight.append(len(all_sources[0].in_flight))
+        for source in all_sources:
+            if source.asked:
+                source.answer.set()
+
+
+async def test_read_ahead_gives_every_item_in_the_sources_order_with_their_round_trips_together(
+) -> None:
+    made = sources(Source([1, 2]), Source([]), Source([3]), Source([4, 5]), Source([6]))
+    in_flight: list[int] = []
+    answering = asyncio.create_task(_answer_when_asked(made, in_flight))
+    read = [pair async for pair in read_ahead([(n, s.rows()) for n, s in enumerate(made)], 3)]
+    await answering
+    assert read == [(0, 1), (0, 2), (2, 3), (3, 4), (3, 5), (4, 6)]
+    assert max(in_flight) == 3  # three asked at once, never more
+    assert all(s.closed for s in made if s.items)
+
+
+async def test_read_ahead_one_at_a_time_asks_the_next_source_only_once_one_is_read() -> None:
+    made = sources(Source([1]), Source([2]), Source([3]))
+    in_flight: list[int] = []
+    answering = asyncio.create_task(_answer_when_asked(made, in_flight))
+    read = [pair async for pair in read_ahead([(n, s.rows()) for n, s in enumerate(made)], 1)]
+    await answering
+    assert read == [(0, 1), (1, 2), (2, 3)]
+    assert max(in_flight) == 1
+
+
+async def test_a_source_that_fails_ends_the_read_and_every_source_started_is_ended() -> None:
+    loop = asyncio.get_running_loop()
+    unretrieved: list[dict[str, Any]] = []
+    loop.set_exception_handler(lambda _loop, context: unretrieved.append(context))
+    made = sources(Source([1]), Source([2], fails=True), Source([3]), Source([4]))
+    for source in made[:3]:
+        source.answer.set()  # the fourth is still in flight when the second fails
+    read: list[tuple[int, int]] = []
+
+    async def read_all() -> None:
+        async for pair in read_ahead([(n, s.rows()) for n, s in enumerate(made)], 4):
+            read.append(pair)
+
+    with pytest.raises(ConnectionError):
+        await read_all()
+    assert read == [(0, 1)]
+    assert made[3].asked
+    assert not made[3].in_flight  # its round trip was cancelled, not left running
+    assert made[3].closed
+    assert made[2].closed  # started and answered, never read: closed all the same
+    await asyncio.sleep(0)
+    assert unretrieved == []
+    loop.set_exception_handler(None)
+
+
+async def test_leaving_a_read_early_ends_the_sources_asked_ahead() -> None:
+    made = sources(Source([1, 2]), Source([3]), Source([4]))
+    for source in made:
+        source.answer.set()
+    reader = read_ahead([(n, s.rows()) for n, s in enumerate(made)], 3)
+    assert await anext(reader) == (0, 1)
+    await reader.aclose()
+    assert all(s.asked for s in made)
+    assert all(s.closed for s in made)
+    assert not made[0].in_flight

@@ -2,8 +2,9 @@
 the event bus, the health model, the platforms and the components.
 
 Start order: the claim on the journal (one agent per journal), journal, service client,
-terminals, recovery (in the background, holding the terminals it works on), platforms,
-components, then systemd READY. Stop order is the reverse,
+terminals, recovery (in the background, holding the terminals it works on), the first charge
+check (with no sale to recover, while the terminals are being listed), platforms, components,
+then systemd READY. Stop order is the reverse,
 and a running sale is finished or safely parked in the journal before anything else goes away.
 """
 
@@ -268,6 +269,7 @@ class Agent:
         self._pending_platforms: list[_PendingPlatform] = []
         self._pending_components: list[tuple[ComponentFactory, Any]] = []
         self._terminals: dict[str, Terminal] = {}
+        self._start_listing: asyncio.Future[None] | None = None  # the start's terminal list
         self._tasks: list[asyncio.Task[Any]] = []
         self._ready_task: asyncio.Task[None] | None = None  # READY=1 once recovery has finished
         self._systemd = systemd
@@ -308,21 +310,21 @@ class Agent:
         self._journal_watch.start()
         self.event_log.open()
         await self.service.start()
-        await self.refresh_terminals()
+        # With no open sale to recover (the usual start), the terminal list's round trip goes
+        # on beside the first charge check's (reporting's token and queries): one after the
+        # other, each waited for the service in turn before the triggers started. Until the
+        # readers are enabled a terminal not listed yet is only starting
+        # (health/availability.py). Recovery's sales are started on a listed terminal, as ever.
+        listing = self._start_listing = asyncio.ensure_future(self.refresh_terminals())
+        try:
+            if self.journal.open_sales():
+                await listing
+            open_ids = self._start_recovery_and_checks()
+        except BaseException:
+            await _ended(listing)
+            raise
+        await listing
         self.availability.evaluate(at_start=True)
-        open_ids = [r.sale_id for r in self.journal.open_sales()]
-        count, cents = self.journal.today()
-        self.health.set_sales(
-            open_ids=open_ids,
-            attention_ids=[r.sale_id for r in self.journal.attention_sales()],
-            today_count=count,
-            today_amount_cents=cents,
-        )
-        self._tasks.append(asyncio.create_task(self.health.follow_sales(self.events)))
-        self._tasks.append(asyncio.create_task(self.availability.follow_sales(self.events)))
-        self.recovery.start()
-        self.health.report_unit(not_ours_open=len(self.recovery.not_ours))
-        self.journal_guard.start()
         if self.recovery.state == "done":
             # nothing to recover: the triggers start once reporting's charges were compared
             # (the usual case, a few ms); past the bound they start out of service until then
@@ -367,6 +369,25 @@ class Agent:
             len(open_ids),
             "; NOT ready to sell on " + ", ".join(not_started) if not_started else "",
         )
+
+    def _start_recovery_and_checks(self) -> list[str]:
+        """The journal's open sales and the day's figures in health, recovery started on the
+        open sales, then the journal's guard (its first charge check waits for recovery);
+        returns the open sales' ids."""
+        open_ids = [r.sale_id for r in self.journal.open_sales()]
+        count, cents = self.journal.today()
+        self.health.set_sales(
+            open_ids=open_ids,
+            attention_ids=[r.sale_id for r in self.journal.attention_sales()],
+            today_count=count,
+            today_amount_cents=cents,
+        )
+        self._tasks.append(asyncio.create_task(self.health.follow_sales(self.events)))
+        self._tasks.append(asyncio.create_task(self.availability.follow_sales(self.events)))
+        self.recovery.start()
+        self.health.report_unit(not_ours_open=len(self.recovery.not_ours))
+        self.journal_guard.start()
+        return open_ids
 
     async def _start_platforms(self) -> dict[str, str]:
         """Start each trigger; those that cannot start, by name with why (logged, in health).
@@ -652,3 +673,12 @@ class Agent:
             await self.refresh_terminals()
         terminal = self._terminals.get(device_id)
         return terminal is not None and terminal.capabilities.receipt_printing
+
+
+async def _ended(task: asyncio.Future[Any]) -> None:
+    """``task`` cancelled and waited for; what it raised meanwhile is taken, not raised (the
+    start already fails for its own error)."""
+    task.cancel()
+    await asyncio.wait([task])
+    if not task.cancelled():
+        task.exception()

@@ -204,6 +204,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     # its first model: 10-17 ms of each start here (ten times that on a Pi Zero) for plugins the
     # program never uses. A plugin set up on purpose (the variable given) is left as asked.
     os.environ.setdefault("PYDANTIC_DISABLE_PLUGINS", "__all__")
+    # and with them off, its plugin loader's import (importlib.metadata: 15-19 ms more)
+    from kiosk_agent.pydantic_setup import skip_plugin_loader
+
+    skip_plugin_loader()
     # the process's own command line: its signals are the command's to keep, also as it exits
     # (`run` then ignores late ones); a caller in the same process gets its handlers back
     args.owns_process = argv is None

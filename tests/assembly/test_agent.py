@@ -16,11 +16,14 @@ from kiosk_agent.assembly.agent import Agent
 from kiosk_agent.assembly.systemd import SystemdLifecycle, SystemdNotifier
 from kiosk_agent.cli.sim import settings_from_ready
 from kiosk_agent.config.load import load_config
+from kiosk_agent.sales.audit import ChargeAudit
 from kiosk_agent.sales.clock import SYSTEM_CLOCK, Clock, FakeClock
 from kiosk_agent.sales.model import Flow, SaleRequest
+from kiosk_agent.sales.recovery import Recovery
 from kiosk_agent.sales.runner import TerminalBusy
 from kiosk_agent.sales.settings import UnknownTerminal
 from kiosk_agent.sales.states import SaleState
+from kiosk_agent.service.terminal import TerminalClient
 from tests.sales.test_recovery import leave_open
 
 from .agent_helpers import ScriptedDispenser, write_config
@@ -145,6 +148,64 @@ async def test_a_failed_start_leaves_nothing_open(sim_factory: Any, tmp_path: Pa
     assert agent.stopped.is_set()
     with pytest.raises(Exception, match="not open"):
         agent.journal.query()
+
+
+async def test_the_terminal_list_is_in_flight_beside_the_first_charge_check(
+    agent_factory: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The start listed the terminals, then began the first charge check (reporting's token and
+    its queries): each waited for the service in turn before the triggers started. The list is
+    now answered only once the check has begun: a start that waits for one before the other
+    does not finish."""
+    check_begun = asyncio.Event()
+    check, listing = ChargeAudit.check, TerminalClient.list
+
+    async def begun(audit: ChargeAudit, running: Any = (), settled: bool = True) -> Any:
+        check_begun.set()
+        return await check(audit, running, settled=settled)
+
+    async def after_the_check(client: TerminalClient) -> Any:
+        await asyncio.wait_for(check_begun.wait(), 5)  # only a start that never overlaps waits
+        return await listing(client)
+
+    monkeypatch.setattr(ChargeAudit, "check", begun)
+    monkeypatch.setattr(TerminalClient, "list", after_the_check)
+    agent = await agent_factory()
+    assert agent.started
+    assert not agent.health.journal.charges_pending  # the check was made before ready
+    snapshot = agent.health.snapshot()
+    assert {t.device_id for t in snapshot.terminals} == set(agent.settings.terminals)
+    assert all(t.online for t in snapshot.terminals)  # listed: not the start's "unknown"
+
+
+async def test_a_start_that_fails_beside_the_terminal_list_leaves_no_list_running(
+    sim_factory: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The list runs beside the rest of the start: a start that fails meanwhile ends it too
+    (the session it would use is closed by the stop), and says its own error."""
+    sim = await sim_factory(time_scale=300, transactions=0)
+    agent = Agent(load_config(write_config(tmp_path)), settings_from_ready(sim.ready_info()))
+    asked: list[str] = []
+
+    async def never_answered(_client: TerminalClient) -> Any:
+        asked.append("asked")
+        try:
+            await asyncio.Event().wait()
+        finally:
+            asked.append("ended")
+
+    def broken(_recovery: Any) -> Any:
+        raise sqlite3.OperationalError("disk I/O error")
+
+    monkeypatch.setattr(TerminalClient, "list", never_answered)
+    monkeypatch.setattr(Recovery, "start", broken)
+    with pytest.raises(sqlite3.OperationalError, match="disk I/O error"):
+        await agent.start()
+    assert asked in ([], ["asked", "ended"])  # not left waiting
+    listing = agent._start_listing  # the task the start made
+    assert listing is not None
+    assert listing.done()
+    assert agent.stopped.is_set()
 
 
 async def _recovering_under_systemd(

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
+import gc
 import time
 import tracemalloc
 from collections.abc import AsyncIterator
 from typing import Any
 
-from kiosk_agent.sales.audit import HELD_SUFFIX, ChargeAudit
+from kiosk_agent.sales.audit import HELD_SUFFIX, UNSETTLED_AHEAD, ChargeAudit
 from kiosk_agent.sales.journal import JournalError, SaleRecord
 from kiosk_agent.sales.states import SaleState, Step
 from kiosk_agent.sales.unit import OwnUnit
@@ -106,6 +107,84 @@ async def test_a_check_asks_reporting_once_a_terminal(agent_factory: Any) -> Non
     assert result.ok, result.error
     assert len(audit.settings.terminals) > 1
     assert kinds.count(CallKind.REPORT) == len(audit.settings.terminals)
+
+
+def most_reporting_calls_at_once(agent: Any) -> tuple[list[tuple[float, float]], Any]:
+    """Every reporting call's (start, end) on the monotonic clock, and the unsubscribe."""
+    spans: list[tuple[float, float]] = []
+
+    def seen(kind: CallKind, seconds: float, _outcome: str) -> None:
+        if kind is CallKind.REPORT:
+            now = time.monotonic()
+            spans.append((now - seconds, now))
+
+    return spans, agent.service.transport.observe(seen)
+
+
+def at_once(spans: list[tuple[float, float]]) -> int:
+    """The most calls in flight together."""
+    edges = sorted([(start, 1) for start, _ in spans] + [(end, -1) for _, end in spans])
+    most = now = 0
+    for _at, step in edges:
+        now += step
+        most = max(most, now)
+    return most
+
+
+async def test_the_unsettled_are_asked_of_every_terminal_at_once_the_settled_one_at_a_time(
+    agent_factory: Any, sim_factory: Any
+) -> None:
+    """The start's first check waits for the unsettled charges, two queries a terminal: one
+    after the other they were sixteen round trips on eight terminals before the triggers started
+    (a second or more over the internet); they are now a few at a time in flight together (a
+    connection each), and what the check finds is the same. A terminal's whole history (the
+    settled) is still read one terminal at a time: thousands of rows each, a page of them in
+    memory."""
+    sim = await sim_factory(time_scale=TIME_SCALE, transactions=0)
+    agent = await checked_start(agent_factory, sim=sim)
+    audit = agent.journal_guard.audit
+    held = await _charge(agent, own(agent, 0x21), 200, capture=False)
+    spans, forget = most_reporting_calls_at_once(agent)
+    try:
+        between = await audit.check(settled=False)
+        unsettled = list(spans)
+        spans.clear()
+        await audit.check()
+    finally:
+        forget()
+    assert between.unaccounted == [held]
+    assert len(unsettled) == 2 * len(audit.settings.terminals)
+    assert 1 < at_once(unsettled) <= UNSETTLED_AHEAD  # each a connection of its own: a few
+    assert at_once(spans) == 1
+
+
+async def test_a_query_refused_while_others_are_in_flight_fails_the_check_and_leaves_none(
+    agent_factory: Any, sim_factory: Any
+) -> None:
+    """Reporting refuses the unsettled queries (some are in flight together): the check says it
+    could not be made, no query is left running, nothing is reported as never retrieved, and
+    the next check, once reporting answers, is made."""
+    sim = await sim_factory(time_scale=TIME_SCALE, transactions=0)
+    agent = await checked_start(agent_factory, sim=sim)
+    audit = agent.journal_guard.audit
+    loop = asyncio.get_running_loop()
+    unretrieved: list[dict[str, Any]] = []
+    loop.set_exception_handler(lambda _loop, context: unretrieved.append(context))
+    try:
+        refused = {"fault": "unavailable", "method": "GET", "count": 1000,
+                   "path": "/ords/sprint/api/3p/v1/transactions"}
+        await sim_call(sim, "POST", "/sim/faults", refused)
+        failed = await audit.check(settled=False)
+        assert not failed.ok
+        assert "reporting could not be asked" in failed.error
+        await sim_call(sim, "DELETE", "/sim/faults")
+        await asyncio.sleep(0)
+        gc.collect()  # a task's unretrieved error is told when the task is freed
+        assert unretrieved == []
+        assert [t for t in asyncio.all_tasks() if "_first" in repr(t.get_coro())] == []
+        assert (await audit.check(settled=False)).ok
+    finally:
+        loop.set_exception_handler(None)
 
 
 def own(agent: Any, n: int) -> str:
