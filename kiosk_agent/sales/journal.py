@@ -157,6 +157,16 @@ WAL_RESERVE_BYTES = 1000 * 4096
 CHECKPOINT_AFTER_ROWS = 1000
 WAL_ROOM_NEEDED = 16 * WAL_RESERVE_BYTES  # free space under which it is not grown
 _WAL_SPILL_CACHE_KIB = 64  # SQLite's page cache while growing it: full at once, so it spills
+# SQLite's page cache of the journal's own connection. A sale's commit touches a few dozen
+# pages (the newest of each table and index); SQLite's default, 2,000 KiB, filled with pages of
+# a year's journal as the agent sold and was held for good: RSS grew by it after the first
+# 1,000 sales (bench/journal.py). Full at READY=1 at this size, so it does not grow after.
+CACHE_KIB = 512
+# ... of a connection opened for one job in a worker thread (the whole file's quick check, a
+# checkpoint): each page read once, so a cache saves nothing (a quick check of 200,000 sales
+# took as much CPU with 64 KiB as with 2,000), and the 2 MB it filled, freed at close, stayed
+# in that thread's malloc arena (malloc_trim gave 2.4 MB of it back after a doctor's run)
+ASIDE_CACHE_KIB = 64
 _WAL_RESERVE = "wal_reserve"  # the scratch table that grows it, never committed
 # Beside the journal, written once it holds its tables: "a journal was in use here". A journal
 # found missing or empty while this exists was lost (deleted, truncated, its WAL removed).
@@ -234,6 +244,7 @@ class Journal(JournalReads, JournalPrune):
             db.execute("PRAGMA synchronous=FULL")
             db.execute("PRAGMA foreign_keys=ON")
             db.execute("PRAGMA busy_timeout=5000")
+            db.execute(f"PRAGMA cache_size=-{CACHE_KIB}")
             if self._checkpoints_aside:
                 db.execute("PRAGMA wal_autocheckpoint=0")
             _migrate(db)
@@ -332,6 +343,7 @@ class Journal(JournalReads, JournalPrune):
         aside = sqlite3.connect(f"file:{self.path}?mode=rw", uri=True, isolation_level=None)
         try:
             aside.execute("PRAGMA busy_timeout=5000")
+            aside.execute(f"PRAGMA cache_size=-{ASIDE_CACHE_KIB}")
             row = aside.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()
         finally:
             aside.close()
@@ -828,6 +840,7 @@ def integrity(path: Path, *, quick: bool = False, but: Sequence[str] = ()) -> li
     except sqlite3.Error as err:
         return [f"cannot open: {err}"]
     try:
+        db.execute(f"PRAGMA cache_size=-{ASIDE_CACHE_KIB}")
         pragma = "quick_check" if quick else "integrity_check"
         tables = {str(r[0]) for r in db.execute("SELECT name FROM sqlite_master WHERE type = "
                                                 "'table'")}

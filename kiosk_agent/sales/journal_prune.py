@@ -23,6 +23,11 @@ CHARGE_LOOKBACK_S = 7 * 86400.0
 # on a Pi Zero), which an agent's own write waits out
 PRUNE_BATCH = 50
 MIN_IDLE_LOOK_S = 0.01  # how often the prune looks whether the sales let it go on
+# SQLite's page cache of the prune's connection (KiB): a batch's deletes touch pages of every
+# table and index. Its default, 2,000, filled over a year's prune in the worker thread's malloc
+# arena and stayed there after it closed; 512 took as much CPU (40 batches of the 200,000-sale
+# journal: 0.67-0.70 s against 0.65-0.72 s), 256 some 15 % more
+PRUNE_CACHE_KIB = 512
 
 
 class JournalPrune:
@@ -104,6 +109,7 @@ class JournalPrune:
             db.execute("PRAGMA foreign_keys=ON")  # as the journal's own connection
             db.execute("PRAGMA busy_timeout=5000")
             db.execute("PRAGMA temp_store=MEMORY")
+            db.execute(f"PRAGMA cache_size=-{PRUNE_CACHE_KIB}")
             db.execute("CREATE TEMP TABLE pruning (sale_id TEXT, created_at REAL, rid INTEGER)")
             args["young_first"] = db.execute(young_first, args).fetchone()[0]
             args["after_at"], args["after_rowid"] = float("-inf"), -1

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ctypes
 import dataclasses
 import datetime as dt
 import os
@@ -21,6 +22,8 @@ from hypothesis import strategies as st
 from kiosk_agent.moments import parse_moment
 from kiosk_agent.sales.clock import Anchor, FakeClock
 from kiosk_agent.sales.journal import (
+    ASIDE_CACHE_KIB,
+    CACHE_KIB,
     CHARGE_LOOKBACK_S,
     WAL_RESERVE_BYTES,
     WAL_ROOM_NEEDED,
@@ -29,6 +32,7 @@ from kiosk_agent.sales.journal import (
     JournalError,
     SaleMoved,
     SaleRecord,
+    integrity,
 )
 from kiosk_agent.sales.journal_records import replaced
 from kiosk_agent.sales.kinds import SaleKind
@@ -905,3 +909,54 @@ def test_without_checkpoints_aside_sqlite_checkpoints_in_a_commit(journal: Journ
         walk_to(journal, journal.create(new_sale(n)), SaleState.COMPLETED)
     assert journal.path.stat().st_size > database
     assert not journal.checkpoint_due()
+
+
+def _sqlite_memory() -> ctypes.CDLL:
+    """The SQLite library Python's sqlite3 runs on, for its process-wide memory figures."""
+    try:
+        library = ctypes.CDLL("libsqlite3.so.0")
+    except OSError:
+        pytest.skip("Python's sqlite3 is not the shared libsqlite3 here")
+    library.sqlite3_memory_used.restype = ctypes.c_int64
+    library.sqlite3_memory_highwater.restype = ctypes.c_int64
+    if library.sqlite3_libversion_number() != sqlite3.sqlite_version_info[0] * 1000000 + \
+            sqlite3.sqlite_version_info[1] * 1000 + sqlite3.sqlite_version_info[2]:
+        pytest.skip("Python's sqlite3 is linked with another SQLite")
+    return library
+
+
+def _fill(db: sqlite3.Connection, mib: int = 4) -> None:
+    """``mib`` MiB of pages (one row a page) in a table of their own."""
+    db.execute("CREATE TABLE filler (b BLOB)")
+    db.execute("BEGIN")
+    db.executemany("INSERT INTO filler VALUES (zeroblob(3000))", [()] * (mib * 256))
+    db.execute("COMMIT")
+
+
+def test_the_agents_connection_keeps_a_small_page_cache_whatever_it_reads(
+    journal: Journal,
+) -> None:
+    """SQLite's default page cache (2,000 KiB) filled with a year's pages as the agent sold and
+    stayed: RSS grew 2 MB after the first 1,000 sales of bench/journal.py."""
+    sqlite = _sqlite_memory()
+    before = sqlite.sqlite3_memory_used()
+    _fill(journal.db)
+    read = journal.db.execute("SELECT COUNT(*) FROM filler WHERE b != x''").fetchone()[0]
+    assert read == 4 * 256  # every page read through the journal's connection
+    held = sqlite.sqlite3_memory_used() - before
+    assert held < (CACHE_KIB + 256) * 1024, held  # its cache, and little else
+
+
+def test_the_whole_files_check_reads_it_with_a_cache_of_a_few_pages(tmp_path: Path) -> None:
+    """The quick check (a running agent's doctor, the start's file read in its thread) reads
+    each page once: the 2 MB its cache filled stayed in the worker thread's malloc arena."""
+    sqlite = _sqlite_memory()
+    path = tmp_path / "journal.db"
+    made = sqlite3.connect(path, isolation_level=None)
+    _fill(made)
+    made.close()
+    before = sqlite.sqlite3_memory_used()
+    sqlite.sqlite3_memory_highwater(1)
+    assert integrity(path, quick=True) == ["no sales table: the journal is empty"]
+    peak = sqlite.sqlite3_memory_highwater(1) - before
+    assert peak < (ASIDE_CACHE_KIB + 256) * 1024, peak
