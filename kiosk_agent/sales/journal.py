@@ -481,6 +481,7 @@ class Journal(JournalReads, JournalPrune):
         if self._batching:
             raise RuntimeError("journal batches do not nest")
         db = self.db
+        self.prune_gives_way()
         try:
             db.execute("BEGIN IMMEDIATE")
         except sqlite3.Error as err:
@@ -509,6 +510,8 @@ class Journal(JournalReads, JournalPrune):
 
     def _transaction(self) -> _WriteTransaction:
         """One write's transaction, or the batch's it joins (which commits or rolls back)."""
+        if not self._batching:
+            self.prune_gives_way()
         return _WriteTransaction(self.db, joins=self._batching)
 
     def create(self, sale: SaleRecord, detail: Mapping[str, Any] | None = None) -> SaleRecord:
