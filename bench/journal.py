@@ -22,13 +22,13 @@ Then, on a copy, a real ``kiosk-agent run`` (kiosk API and admin API) is measure
   run ``--runs`` times: its slowest run's time, target <= 0.5 s;
   the doctor's run whole (``doctor_run``: a check in the background, not a face); while each
   run goes on, the longest ``/api/status`` answer of a prober asking back to back and the time
-  of a kiosk API sale, against the medians of quiet windows (nothing running, ``--runs`` + 2 of
-  them): a run's delay is the larger of the two excesses, an action's the median of its runs'
+  of a kiosk API sale, against the medians of quiet windows (nothing running, one before each
+  run): a run's delay is the larger of the two excesses, an action's the median of its runs'
   (``worst_delay_caused_ms``, the worst action's: target <= 50 ms; one scheduler hiccup of a
   busy machine does not decide it), the single worst run's printed beside it
   (``worst_delay_one_run_ms``);
 - RSS over ``--rss-sales`` kiosk API sales: after the first 1,000 and at the end (target:
-  within 3 MB).
+  within 3 MB), and every 1,000 on the way.
 
 Figures are upper bounds on a shared machine: each wall time is printed with the load average
 when it was taken and, for the start and the commands, the share of it the process ran
@@ -625,22 +625,19 @@ async def faces_and_commands(agent: Running, directory: Path, env: dict[str, str
         "cmd_health": lambda: command(directory, env, "health"),
         "cmd_terminals": lambda: command(directory, env, "terminals"),
     }
-    # the baseline: windows with nothing running, as many as an action's runs and two more
-    quiet = [await while_it_runs(agent, lambda: asyncio.sleep(QUIET_S, QUIET_S))
-             for _ in range(runs + 2)]
-    figures: dict[str, Any] = {
-        "quiet_status_max_ms": round(statistics.median(w.status_max_s for w in quiet) * 1000, 1),
-        "quiet_sale_ms": round(statistics.median(w.sale_s for w in quiet) * 1000, 1),
-        "quiet_status_max_ms_range": [round(min(w.status_max_s for w in quiet) * 1000, 1),
-                                      round(max(w.status_max_s for w in quiet) * 1000, 1)],
-    }
+    figures: dict[str, Any] = {}
     worst_delay, worst_run, failed = 0.0, 0.0, 0
+    every_quiet: list[Window] = []
     for name, action in actions.items():
-        seen, cpu = [], []
+        # its baseline: a window with nothing running before each run (the machine's load moves
+        # over the minutes the actions take)
+        quiet, seen, cpu = [], [], []
         for _ in range(runs):
+            quiet.append(await while_it_runs(agent, lambda: asyncio.sleep(QUIET_S, QUIET_S)))
             COMMAND_CPU.clear()
             seen.append(await while_it_runs(agent, action))
             cpu.append(sum(COMMAND_CPU.values()))
+        every_quiet += quiet
         slowest = max(range(runs), key=lambda n: seen[n].s)  # the face's time: its slowest run
         delay = Delay.of(quiet, seen)
         figures[f"{name}_s"] = round(seen[slowest].s, 3)
@@ -655,11 +652,17 @@ async def faces_and_commands(agent: Running, directory: Path, env: dict[str, str
         failed += sum(w.sale_failed for w in seen)  # its time: the action's whole (dropped)
         worst_delay = max(worst_delay, delay.median_s)
         worst_run = max(worst_run, delay.worst_s)
-        print(f"  {name}: {seen[slowest].s:.3f} s (slowest of {runs}); meanwhile /api/status "
+        print(f"  {name}: {seen[slowest].s:.3f} s (slowest of {runs}); quiet "
+              + "/".join(f"{w.status_max_s * 1000:.0f}" for w in quiet) + " ms and "
+              + "/".join(f"{w.sale_s * 1000:.0f}" for w in quiet) + " ms; meanwhile /api/status "
               "at most " + "/".join(f"{w.status_max_s * 1000:.0f}" for w in seen) + " ms, a sale "
               + "/".join(f"{w.sale_s * 1000:.0f}" for w in seen) + " ms: delay "
               f"{delay.median_s * 1000:.0f} ms (median), {delay.worst_s * 1000:.0f} ms (worst)",
               flush=True)
+    quiet_status = [round(w.status_max_s * 1000, 1) for w in every_quiet]
+    figures["quiet_status_max_ms"] = statistics.median(quiet_status)
+    figures["quiet_status_max_ms_range"] = [min(quiet_status), max(quiet_status)]
+    figures["quiet_sale_ms"] = round(statistics.median(w.sale_s for w in every_quiet) * 1000, 1)
     figures["slowest_face_or_command_s"] = max(
         v for k, v in figures.items()
         if k.endswith("_s") and not k.endswith("cpu_s") and not k.startswith("quiet")
@@ -681,21 +684,28 @@ async def doctor_run(agent: Running) -> float:
     return await agent.fetch("/api/doctor?wait=60", "POST")
 
 
-async def rss_over_sales(agent: Running, sales: int) -> dict[str, float]:
+async def rss_over_sales(agent: Running, sales: int) -> dict[str, Any]:
+    """RSS after the first 1,000 kiosk API sales and after ``sales``; printed every 1,000 on
+    the way (where it grows, and when: a plateau or a step at a charge check)."""
     assert agent.proc is not None
     first = min(1000, sales)
-    for _ in range(first):
+    every: list[float] = []
+    began = 0.0
+    for n in range(1, sales + 1):
         await agent.sale()
-    after_first = _rss_mb(agent.proc.pid)
-    began = time.perf_counter()
-    for _ in range(sales - first):
-        await agent.sale()
+        if n == first:
+            began = time.perf_counter()
+        if n % 1000 == 0 or n == sales:
+            every.append(round(_rss_mb(agent.proc.pid), 1))
+            print(f"  RSS after {n:,} sales: {every[-1]} MB "
+                  f"[load {os.getloadavg()[0]:.2f}]", flush=True)
     rate = (sales - first) / max(1e-9, time.perf_counter() - began)
-    at_end = _rss_mb(agent.proc.pid)
+    after_first, at_end = every[0], every[-1]
     return {
-        "rss_after_1000_sales_mb": round(after_first, 1),
-        f"rss_after_{sales}_sales_mb": round(at_end, 1),
+        "rss_after_1000_sales_mb": after_first,
+        f"rss_after_{sales}_sales_mb": at_end,
         "rss_growth_after_1000_mb": round(at_end - after_first, 1),
+        "rss_every_1000_sales_mb": every,
         "rss_sales_per_s": round(rate, 1),
     }
 
