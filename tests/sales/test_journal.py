@@ -15,6 +15,7 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import given, settings
@@ -424,6 +425,28 @@ def test_a_prune_gives_way_at_most_three_batches_in_a_row(
     assert journal.prune(keep_days=1, now=time.time() + 30 * DAY, batch=5) == 2
     assert may_give_way == [True, True, True, False]
     assert journal.query() == []
+
+
+def test_a_prunes_commit_does_not_fsync_inside_the_write_lock(
+    journal: Journal, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A COMMIT cannot give way: the prune's connection commits without an fsync of its own
+    (synchronous=NORMAL); the agent's next commit, FULL, makes its frames durable."""
+    walk_to(journal, journal.create(new_sale(1)), SaleState.COMPLETED)
+    connect = sqlite3.connect
+    said: list[str] = []
+
+    def traced(*args: Any, **kwargs: Any) -> sqlite3.Connection:
+        db = connect(*args, **kwargs)
+        db.set_trace_callback(said.append)
+        return db
+
+    monkeypatch.setattr(journal_prune.sqlite3, "connect", traced)
+    assert journal.prune(keep_days=1, now=time.time() + 30 * DAY) == 1
+    assert [s for s in said if "synchronous" in s] == ["PRAGMA synchronous=NORMAL"]
+    assert said.index("PRAGMA synchronous=NORMAL") < said.index("BEGIN IMMEDIATE")
+    monkeypatch.undo()
+    assert journal.db.execute("PRAGMA synchronous").fetchone()[0] == 2  # the agent's: FULL
 
 
 def test_retry_attempts_get_their_own_order_ids() -> None:
