@@ -977,6 +977,49 @@ def test_a_running_agents_commits_leave_the_checkpoint_to_a_connection_aside(
     assert journal.get(f"s{n}").state is SaleState.COMPLETED  # every step still there
 
 
+def test_a_checkpoint_aside_begins_the_wal_again_though_its_pass_left_frames_behind(
+    journal: Journal, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A WAL is written from its beginning again only after a checkpoint that left nothing
+    behind; with sales and the prune writing, frames were always left behind by the PASSIVE
+    pass, and the WAL of a year's journal grew to 1.1 GB (and its index in the agent's RSS).
+    Here a reader (a page, a command) holds the pass back and leaves right after it: the
+    checkpoint still leaves the WAL whole in the database, and the next commit writes it from
+    its beginning."""
+    journal.checkpoint_aside()
+    n = 0
+    while not journal.checkpoint_due():
+        n += 1
+        walk_to(journal, journal.create(new_sale(n)), SaleState.COMPLETED)
+    reader = sqlite3.connect(journal.path, isolation_level=None)
+    reader.execute("BEGIN")
+    reader.execute("SELECT COUNT(*) FROM sales").fetchone()  # its snapshot: the pass stops there
+    for more in range(n + 1, n + 4):
+        walk_to(journal, journal.create(new_sale(more)), SaleState.COMPLETED)
+    connect = sqlite3.connect
+
+    def the_reader_leaves_after_the_pass(*args: Any, **kwargs: Any) -> sqlite3.Connection:
+        aside = connect(*args, **kwargs)
+
+        def said(sql: str) -> None:
+            if sql == "PRAGMA busy_timeout=0":  # the PASSIVE pass is over
+                reader.execute("COMMIT")
+        aside.set_trace_callback(said)
+        return aside
+
+    monkeypatch.setattr(sqlite3, "connect", the_reader_leaves_after_the_pass)
+    assert journal.checkpoint() > 1000
+    monkeypatch.undo()
+    reader.close()
+    walk_to(journal, journal.create(new_sale(n + 9)), SaleState.COMPLETED)  # the next commits
+    look = sqlite3.connect(journal.path)
+    try:
+        _busy, frames, _copied = look.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()
+    finally:
+        look.close()
+    assert frames < 100, frames  # those commits' frames alone, from the WAL's beginning
+
+
 def test_without_checkpoints_aside_sqlite_checkpoints_in_a_commit(journal: Journal) -> None:
     """What the test above changes: a journal's own connection (a command's) still lets SQLite
     checkpoint as it commits, and never says a checkpoint is due."""
