@@ -143,13 +143,16 @@ def test_a_tmpfs_left_by_a_killed_process_is_given_back_and_a_live_ones_kept(
             subprocess.run(["umount", str(foreign)], check=True)
     assert not _mounted(in_use)
 def _bench_module(name: str) -> Any:
-    """A bench file loaded as a module (bench/ is not a package)."""
+    """A bench file loaded as a module (bench/ is not a package), registered as
+    ``bench_<name>`` (a dataclass's module must be found in ``sys.modules``)."""
     import importlib.util
+    import sys
 
-    spec = importlib.util.spec_from_file_location(name, BENCH / f"{name}.py")
+    spec = importlib.util.spec_from_file_location(f"bench_{name}", BENCH / f"{name}.py")
     assert spec is not None
     assert spec.loader is not None
     module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
     spec.loader.exec_module(module)
     return module
 
@@ -318,3 +321,18 @@ def test_the_benches_run_the_agent_with_the_units_environment() -> None:
     bench = Path(__file__).resolve().parents[1] / "bench"
     for name in ("agent.py", "pi.py", "journal.py"):
         assert "os.environ.update(unit_environment())" in (bench / name).read_text(), name
+
+
+def test_the_journal_benchs_delay_is_the_median_run_against_the_quiet_medians() -> None:
+    """bench/journal.py's delay figure: one hiccup of a busy machine, in a quiet window or in
+    one run of an action, does not decide it; an action that delays every run does."""
+    bench = _bench_module("journal")
+    window = bench.Window
+    # status at most, sale: the second quiet window and the second run each met a hiccup
+    quiet = [window(0.3, 0.020, 0.080), window(0.3, 0.200, 0.085), window(0.3, 0.025, 0.090)]
+    runs = [window(0.1, 0.030, 0.085), window(0.1, 0.150, 0.090), window(0.1, 0.028, 0.095)]
+    delay = bench.Delay.of(quiet, runs)
+    assert delay.median_s == pytest.approx(0.010)  # the third run's sale, 10 ms over 85
+    assert delay.worst_s == pytest.approx(0.125)  # the hiccup: 150 ms against 25
+    stalls = [window(0.1, 0.090, 0.090), window(0.1, 0.095, 0.150), window(0.1, 0.020, 0.160)]
+    assert bench.Delay.of(quiet, stalls).median_s == pytest.approx(0.070)  # of 65, 70, 75 ms

@@ -29,7 +29,6 @@ from typing import Any
 
 from kiosk_agent.sales.clock import SYSTEM_CLOCK, Clock
 from kiosk_agent.sales.journal_prune import (
-    ASIDE_CACHE_KIB,
     CHARGE_LOOKBACK_S,
     PRUNE_BATCH,
     JournalPrune,
@@ -163,6 +162,16 @@ WAL_RESERVE_BYTES = 1000 * 4096
 CHECKPOINT_AFTER_ROWS = 1000
 WAL_ROOM_NEEDED = 16 * WAL_RESERVE_BYTES  # free space under which it is not grown
 _WAL_SPILL_CACHE_KIB = 64  # SQLite's page cache while growing it: full at once, so it spills
+# SQLite's page cache of the journal's own connection. A sale's commit touches a few dozen
+# pages (the newest of each table and index); SQLite's default, 2,000 KiB, filled with pages of
+# a year's journal as the agent sold and was held for good: RSS grew by it after the first
+# 1,000 sales (bench/journal.py). Full at READY=1 at this size, so it does not grow after.
+CACHE_KIB = 512
+# ... of a connection opened for one job in a worker thread (the whole file's quick check, a
+# checkpoint): each page read once, so a cache saves nothing (a quick check of 200,000 sales
+# took as much CPU with 64 KiB as with 2,000), and the 2 MB it filled, freed at close, stayed
+# in that thread's malloc arena (malloc_trim gave 2.4 MB of it back after a doctor's run)
+ASIDE_CACHE_KIB = 64
 _WAL_RESERVE = "wal_reserve"  # the scratch table that grows it, never committed
 # Beside the journal, written once it holds its tables: "a journal was in use here". A journal
 # found missing or empty while this exists was lost (deleted, truncated, its WAL removed).
@@ -240,6 +249,7 @@ class Journal(JournalReads, JournalPrune):
             db.execute("PRAGMA synchronous=FULL")
             db.execute("PRAGMA foreign_keys=ON")
             db.execute("PRAGMA busy_timeout=5000")
+            db.execute(f"PRAGMA cache_size=-{CACHE_KIB}")
             if self._checkpoints_aside:
                 db.execute("PRAGMA wal_autocheckpoint=0")
             _migrate(db)
@@ -334,12 +344,24 @@ class Journal(JournalReads, JournalPrune):
         """Copy the WAL into the database on a connection of its own (for a worker thread: it
         touches nothing of this one); the frames copied. PASSIVE: it waits for no writer and no
         reader, and what it cannot copy now the next one does. A committed step is durable in
-        the WAL already: this only keeps the WAL from growing past what reserve_wal grew it to."""
+        the WAL already: this only keeps the WAL from growing past what reserve_wal grew it to.
+
+        Then RESTART, waiting for nobody (``busy_timeout`` 0): when no write is under way it
+        takes the write lock, copies what was committed during the pass (a few frames) and, with
+        no reader inside the WAL, leaves it whole in the database, so the next commit writes the
+        WAL from its beginning again. A WAL is only begun again after a pass that left nothing
+        behind, and with sales and the prune writing, a commit always landed during a PASSIVE
+        pass: on the 200,000-sale journal the WAL grew to 1.1 GB in 13 minutes of the prune and
+        kiosk sales, and its index (mapped into the agent, 32 KiB for every 16 MiB of WAL) by
+        2.1 MB of the agent's RSS (bench/journal.py). Where it cannot now, the next one tries."""
         aside = sqlite3.connect(f"file:{self.path}?mode=rw", uri=True, isolation_level=None)
         try:
             aside.execute("PRAGMA busy_timeout=5000")
-            aside.execute(f"PRAGMA cache_size=-{ASIDE_CACHE_KIB}")  # a worker thread's pass
+            aside.execute(f"PRAGMA cache_size=-{ASIDE_CACHE_KIB}")
             row = aside.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()
+            aside.execute("PRAGMA busy_timeout=0")
+            with contextlib.suppress(sqlite3.OperationalError):  # busy: the next one does
+                aside.execute("PRAGMA wal_checkpoint(RESTART)").fetchone()
         finally:
             aside.close()
         return int(row[2]) if row is not None else 0
@@ -476,6 +498,7 @@ class Journal(JournalReads, JournalPrune):
         if self._batching:
             raise RuntimeError("journal batches do not nest")
         db = self.db
+        self.prune_gives_way()
         try:
             db.execute("BEGIN IMMEDIATE")
         except sqlite3.Error as err:
@@ -504,6 +527,8 @@ class Journal(JournalReads, JournalPrune):
 
     def _transaction(self) -> _WriteTransaction:
         """One write's transaction, or the batch's it joins (which commits or rolls back)."""
+        if not self._batching:
+            self.prune_gives_way()
         return _WriteTransaction(self.db, joins=self._batching)
 
     def create(self, sale: SaleRecord, detail: Mapping[str, Any] | None = None) -> SaleRecord:
@@ -835,7 +860,7 @@ def integrity(path: Path, *, quick: bool = False, but: Sequence[str] = ()) -> li
     except sqlite3.Error as err:
         return [f"cannot open: {err}"]
     try:
-        db.execute(f"PRAGMA cache_size=-{ASIDE_CACHE_KIB}")  # a pass, in a worker thread
+        db.execute(f"PRAGMA cache_size=-{ASIDE_CACHE_KIB}")
         pragma = "quick_check" if quick else "integrity_check"
         tables = {str(r[0]) for r in db.execute("SELECT name FROM sqlite_master WHERE type = "
                                                 "'table'")}

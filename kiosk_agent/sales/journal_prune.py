@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from kiosk_agent.sales.clock import Clock
-from kiosk_agent.sales.journal_records import _BESIDE, transaction
+from kiosk_agent.sales.journal_records import _BESIDE
 from kiosk_agent.sales.states import SaleState
 
 # How far back the charge check (sales/audit.py) reads reporting for charges the journal does
@@ -23,13 +23,14 @@ CHARGE_LOOKBACK_S = 7 * 86400.0
 # on a Pi Zero), which an agent's own write waits out
 PRUNE_BATCH = 50
 MIN_IDLE_LOOK_S = 0.01  # how often the prune looks whether the sales let it go on
-# SQLite's page cache of a connection made for one pass in a worker thread (the prune, the
-# integrity check, the WAL's checkpoint), in KiB. SQLite's default, 2 MB, filled by a pass over
-# a year's journal, lives in that thread's own malloc arena, and glibc kept most of it after
-# the connection closed (the worker threads live on): the prune's left an idle agent 2.6 MB of
-# RSS on bench/journal.py's 200,000-sale journal. Each pass reads most pages once: 40,146 sales
-# pruned took 6.15 s of CPU with this cache against 5.8-6.1 s (7.5 s at 256 KiB).
-ASIDE_CACHE_KIB = 512
+# SQLite's page cache of the prune's connection (KiB): a batch's deletes touch pages of every
+# table and index. Its default, 2,000, filled over a year's prune in the worker thread's malloc
+# arena and stayed there after it closed; 512 took as much CPU (40 batches of the 200,000-sale
+# journal: 0.67-0.70 s against 0.65-0.72 s), 256 some 15 % more
+PRUNE_CACHE_KIB = 512
+# Batches in a row that may give way to the agent's own writes (prune_gives_way); the next one
+# holds its turn, so a unit that never stops selling still prunes
+GIVE_WAY_AT_MOST = 3
 
 
 class JournalPrune:
@@ -37,6 +38,21 @@ class JournalPrune:
 
     path: Path
     clock: Clock
+    # the prune's connection while a batch of it runs, and whether one of the agent's writes
+    # asked it to give way (prune_gives_way, from the event loop's thread)
+    _pruning: sqlite3.Connection | None = None
+    _way_asked = False
+
+    def prune_gives_way(self) -> None:
+        """A batch of the prune under way rolls back now, and is done again once the sales let
+        it (``idle``): called before each of the agent's own writes, on its event loop. The
+        batch held the journal's write lock, and the write waited for it with the whole loop
+        (SQLite's busy wait is on the caller's thread, in sleeps of 1 to 100 ms): a sale that
+        began during a batch held every request 40-680 ms at load 7-9 (bench/journal.py)."""
+        pruning = self._pruning
+        if pruning is not None:
+            self._way_asked = True
+            pruning.interrupt()  # a statement running ends now; between two, the flag does
 
     def prune(
         self,
@@ -70,7 +86,9 @@ class JournalPrune:
         ``idle`` says so (no sale running), or ``idle_wait`` seconds after the last ended
         whatever it says (a unit that never stops selling still prunes): a batch holds the
         journal's write lock, and a sale's step waited for it with the whole event loop (a
-        year's prune doubled a kiosk sale, 70 -> 170 ms, while it ran).
+        year's prune doubled a kiosk sale, 70 -> 170 ms, while it ran). A sale that begins
+        during a batch all the same goes first: the batch rolls back at its word
+        (:meth:`prune_gives_way`) and is done again after, ``GIVE_WAY_AT_MOST`` times in a row.
         """
         keep_s = max(keep_days * 86400.0, CHARGE_LOOKBACK_S + 86400.0)
         cutoff = (now if now is not None else self.clock.time()) - keep_s
@@ -107,25 +125,29 @@ class JournalPrune:
         # mode=rw: a journal removed meanwhile is not made anew here (put_back writes it back)
         db = sqlite3.connect(f"file:{self.path}?mode=rw", uri=True, isolation_level=None)
         try:
-            db.execute("PRAGMA synchronous=FULL")
+            # NORMAL: a batch's COMMIT writes its WAL frames without an fsync of its own, inside
+            # the write lock a sale's step may be waiting for (a batch was 20-170 ms of it at
+            # load 11, and a COMMIT cannot give way). The agent's next commit (FULL) fsyncs the
+            # WAL through these frames; a power cut before that loses deletions only, done
+            # again by the next prune (WAL keeps the file whole either way)
+            db.execute("PRAGMA synchronous=NORMAL")
             db.execute("PRAGMA foreign_keys=ON")  # as the journal's own connection
             db.execute("PRAGMA busy_timeout=5000")
             db.execute("PRAGMA temp_store=MEMORY")
-            db.execute(f"PRAGMA cache_size=-{ASIDE_CACHE_KIB}")
+            db.execute(f"PRAGMA cache_size=-{PRUNE_CACHE_KIB}")
             db.execute("CREATE TEMP TABLE pruning (sale_id TEXT, created_at REAL, rid INTEGER)")
             args["young_first"] = db.execute(young_first, args).fetchone()[0]
             args["after_at"], args["after_rowid"] = float("-inf"), -1
-            pruned = 0
+            pruned, gave_way = 0, 0
             while True:
                 if _stopped_waiting(idle, stopping, idle_wait, max(pause, MIN_IDLE_LOOK_S), sleep):
                     return pruned
-                with transaction(db):
-                    db.execute(old, args)
-                    count, last = _picked(db)
-                    for table in ("steps", *_BESIDE, "sales"):
-                        db.execute(f"DELETE FROM {table} WHERE sale_id IN "  # noqa: S608
-                                   "(SELECT sale_id FROM temp.pruning)")
-                    db.execute("DELETE FROM temp.pruning")
+                picked = self._one_batch(db, old, args, may_give_way=gave_way < GIVE_WAY_AT_MOST)
+                if picked is None:
+                    gave_way += 1
+                    continue  # it gave way to a sale: again once the sales let it
+                gave_way = 0
+                count, last = picked
                 pruned += count
                 if count < batch or stopping():
                     return pruned
@@ -134,6 +156,48 @@ class JournalPrune:
                     sleep(pause)
         finally:
             db.close()
+
+    def _one_batch(
+        self, db: sqlite3.Connection, pick: str, args: dict[str, Any], *, may_give_way: bool
+    ) -> tuple[int, tuple[float, int]] | None:
+        """One batch in one transaction: the sales picked by ``pick`` and their rows deleted;
+        how many, and where the next batch's pick begins. None when it gave way to one of the
+        agent's writes (prune_gives_way; only ``may_give_way``): rolled back whole."""
+        self._way_asked = False
+        self._pruning = db if may_give_way else None
+        try:
+            db.execute("BEGIN IMMEDIATE")
+            try:
+                self._go_on(db, pick, args)
+                count, last = _picked(db)
+                for table in ("steps", *_BESIDE, "sales"):
+                    self._go_on(db, f"DELETE FROM {table} WHERE sale_id IN "  # noqa: S608
+                                "(SELECT sale_id FROM temp.pruning)")
+                self._go_on(db, "DELETE FROM temp.pruning")
+                db.execute("COMMIT")
+            except BaseException:
+                if db.in_transaction:  # an interrupted delete rolled it back already
+                    db.execute("ROLLBACK")
+                raise
+        except _GaveWay:
+            return None
+        except sqlite3.OperationalError as err:
+            if getattr(err, "sqlite_errorname", "") != "SQLITE_INTERRUPT":
+                raise
+            return None
+        finally:
+            self._pruning = None
+        return count, last
+
+    def _go_on(self, db: sqlite3.Connection, sql: str, args: dict[str, Any] | None = None) -> None:
+        """One statement of a batch, unless one of the agent's writes asked it to give way."""
+        if self._way_asked:
+            raise _GaveWay
+        db.execute(sql, args or {})
+
+
+class _GaveWay(Exception):
+    """A batch of the prune rolled back for one of the agent's own writes."""
 
 
 def _picked(db: sqlite3.Connection) -> tuple[int, tuple[float, int]]:
