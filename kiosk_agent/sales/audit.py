@@ -30,6 +30,8 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
+import math
+from array import array
 from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Mapping
 from dataclasses import field
 
@@ -61,6 +63,10 @@ _SHOWN_MAX = 40  # characters of another program's order id shown
 # Reporting's rows decided at a time: one read of the journal for their order ids, then the
 # event loop's turn (a page of 500 held it 0.2 s: sales waited)
 CHUNK_ROWS = 50
+# Reporting's rows a page, for the check's own reads (the client's default is 500): a page of
+# 500 models and its text held 2.6 MB at once, one read ahead beside it, and the heap the agent
+# grew to for it stayed after the check (docs/architecture.md, "The charge check's step")
+CHECK_PAGE_SIZE = 100
 # The unsettled charges' queries (two a terminal, a few rows each) this many in flight together,
 # within the client's rate limit: one after the other, the start's first check waited for sixteen
 # round trips on eight terminals before the triggers started (a second or more over the
@@ -246,7 +252,7 @@ class ChargeAudit:
         every charge of the window (a week of a busy machine's, a model each: a 15-minute check
         over 14,000 of them grew the agent by 25 MB, kept after)."""
         rows: dict[str, Transaction] = {}
-        accounted: dict[str, float | None] = {}  # trans id -> its date, of those let go
+        accounted = _Accounted(self._now() - self.lookback)
         asked: dict[str, str] = {}  # trans id -> the terminal it was asked under
         newest = 0.0  # the service's latest charge on these terminals: real time, at most now
         async for device, chunk in self._chunks(settled):
@@ -262,7 +268,7 @@ class ChargeAudit:
                 if mine and row.status not in _HOLDING:
                     continue  # this unit's, holding nothing: never looked at again
                 if mine and _plainly_accounted(row, sales, running):
-                    accounted[row.trans_id] = _date_of(row)
+                    accounted.add(row.trans_id, _date_of(row))
                     continue
                 rows[row.trans_id] = row
                 asked[row.trans_id] = device
@@ -279,8 +285,7 @@ class ChargeAudit:
         foreign = [row for row in recent if not self._provably_ours(row.order_id)]
         self.foreign.saw([(asked[row.trans_id], row) for row in foreign], start + self.lookback)
         held = [row for row in ours if row.status in _HOLDING]
-        accounted_seen = sum(1 for at in accounted.values() if _in_window(at, start))
-        return held, foreign, len(held) + accounted_seen
+        return held, foreign, len(held) + accounted.count(start)
 
     def _provably_ours(self, order_id: str | None) -> bool:
         """Its order id carries this unit's id and tag; or the journal holds the sale and it
@@ -323,12 +328,13 @@ class ChargeAudit:
         and the answer is the terminal's whole history either way). Read one terminal at a
         time: thousands of rows a year, a page of them in memory."""
         reporting = self.context.service.reporting
-        return reporting.transactions(TransactionFilter(mid=self.settings.mid, terminal_id=device))
+        query = TransactionFilter(mid=self.settings.mid, terminal_id=device)
+        return reporting.transactions(query, page_size=CHECK_PAGE_SIZE)
 
     def _unsettled_rows(self, device: str, status: TransStatus) -> AsyncIterator[Transaction]:
         """The terminal's charges in one status not yet settled: a query each, a few rows."""
         query = TransactionFilter(mid=self.settings.mid, terminal_id=device, trans_status_id=status)
-        return self.context.service.reporting.transactions(query)
+        return self.context.service.reporting.transactions(query, page_size=CHECK_PAGE_SIZE)
 
     def _unaccounted(self, row: Transaction, running: Collection[str]) -> SaleRecord | None:
         """The sale to settle it under (a new one), or None: accounted for, or not ours to
@@ -389,6 +395,30 @@ class ChargeAudit:
         if event.state is SaleState.REVERSED:
             self.given_back += 1
         return event
+
+
+class _Accounted:
+    """The charges of this unit's the journal accounts for, counted and let go: 16 bytes each
+    (a hash of its trans id, its date), where a dict of trans id to date held some 120 (1.5 MB
+    over a week of a busy machine's, kept in Python's arenas after the check). Those dated
+    before ``earliest`` (the window's earliest start) are not kept at all."""
+
+    def __init__(self, earliest: float) -> None:
+        self.earliest = earliest
+        self._ids = array("q")
+        self._dates = array("d")  # NaN: no date (always in the window)
+
+    def add(self, trans_id: str, at: float | None) -> None:
+        if at is not None and at < self.earliest:
+            return  # before any start the window may have
+        self._ids.append(hash(trans_id))
+        self._dates.append(math.nan if at is None else at)
+
+    def count(self, start: float) -> int:
+        """How many distinct ones are in the window from ``start`` (a row reporting repeats
+        across pages is counted once)."""
+        return len({key for key, at in zip(self._ids, self._dates, strict=True)
+                    if math.isnan(at) or at >= start})
 
 
 def _accounts_for(record: SaleRecord, running: Collection[str]) -> bool:
