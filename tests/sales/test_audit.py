@@ -530,6 +530,37 @@ async def test_a_check_holds_16_bytes_or_so_a_row_the_journal_accounts_for(agent
     assert per_row < 32, f"{per_row:.0f} bytes kept a row the journal accounts for"
 
 
+async def test_a_check_counts_each_accounted_charge_of_its_window_once(agent: Any) -> None:
+    """What the check keeps of an accounted row is a hash and a date, not the row: a row that
+    reporting repeats (a page's offset moved by a charge made meanwhile) is still counted once,
+    and one older than the window is not counted (nor kept)."""
+    await until(lambda: agent.journal_guard.history_read)  # the start's checks are done
+    audit = agent.journal_guard.audit
+    now = time.time()
+    rows = []
+    with agent.journal.batch():
+        for n in range(100):
+            record = agent.journal.create(SaleRecord(
+                sale_id=f"once{n:05d}", order_id=own(agent, 0xA000 + n), source="test",
+                flow="charge_card", terminal="SIM-0001", amount_cents=250,
+                state=SaleState.STARTED))  # fmt: skip
+            age = n * 60.0 if n < 60 else audit.lookback + 3600.0 * n  # 40 before the window
+            rows.append(Transaction.model_validate({
+                "trans_id": f"4{n:011d}", "order_id": record.order_id, "amount": "2.50",
+                "trans_status_id": TransStatus.CAPTURED.value, "terminal_id": "SIM-0001",
+                "trans_date": dt.datetime.fromtimestamp(now - age, dt.UTC).isoformat(),
+            }))  # fmt: skip
+
+    async def reporting(*_args: Any, **_kwargs: Any) -> AsyncIterator[Transaction]:
+        for row in (*rows[:50], *rows[45:]):  # five rows served again on the next page
+            yield row
+
+    agent.service.reporting.transactions = reporting
+    result = await audit.check()
+
+    assert (result.seen, result.unaccounted) == (60, []), result
+
+
 async def test_a_check_reads_reporting_a_small_page_at_a_time(
     agent_factory: Any, sim_factory: Any
 ) -> None:
