@@ -45,12 +45,7 @@ from kiosk_agent.service.errors import (
     ServiceUnreachableError,
     conflict_words,
 )
-from kiosk_agent.service.models import (
-    ChargeResult,
-    Interaction,
-    InteractionKind,
-    InteractionStatus,
-)
+from kiosk_agent.service.models import ChargeResult, InteractionKind, InteractionStatus
 
 _LOGGER = logging.getLogger(__name__)
 
@@ -77,9 +72,6 @@ class SaleFlow(SaleSteps):
         self.on_release: Callable[[], None] | None = None
         self._printing: bool | None = None  # whether a receipt is printed on the terminal
         self._waited = False  # whether the wait for a terminal held by a lost read was said
-        # the card read's accepted step (its interaction id), held back while the card may come
-        # soon: journaled with the read (say_accepted)
-        self._accepted: dict[str, Any] | None = None
 
     def open(self, detail: Mapping[str, Any]) -> None:
         """Journal the new sale together with its flow's first step, in one commit.
@@ -108,7 +100,6 @@ class SaleFlow(SaleSteps):
             # The agent is stopping: the sale is parked where the journal says; recovery on the
             # next start finishes it. (A sale that had just ended needs no note.)
             if not self.record.state.final:
-                self.say_accepted()  # recovery cancels the read by its id
                 self.journal.record(self.record, Step.PARKED, detail={"reason": "agent stopping"})
             raise
         if event.state is SaleState.COMPLETED and self.receipts:
@@ -263,34 +254,28 @@ class SaleFlow(SaleSteps):
                             "(the next sale waits for it)")
                 # a read-card moves no money: a lost answer needs no reconciliation
                 return None, await self._fail(SaleState.FAILED, Step.READ_CARD_ERROR, why)
-        # The accepted step is held back while the card may come soon: a card read within
-        # ACCEPTED_HELD_AT_MOST (steps.py) is journaled in one commit with it (card_read): one fsync
-        # less on the way to the vend; else it is journaled alone then, or before the read ends.
-        self._accepted = {
-            "interaction_id": handle.interaction_id,
-            "interaction_kind": InteractionKind.READ_CARD.value,
-        }
-        interaction = await self.wait_interaction(
-            handle, InteractionKind.READ_CARD, self.cancelled, held=self.say_accepted
+        self.step(
+            Step.READ_CARD_ACCEPTED,
+            interaction_id=handle.interaction_id,
+            interaction_kind=InteractionKind.READ_CARD.value,
         )
-        ended = self._read_ended(interaction)
-        if ended is not None:
-            self.say_accepted()  # the read ended without a card: its interaction on disk first
-            return None, await self._fail(*ended)
-        assert interaction is not None  # else the read ended without a card
-        return interaction.read_card_result, None
-
-    def _read_ended(self, interaction: Interaction | None) -> tuple[SaleState, Step, str] | None:
-        """How a card read that gave no card ends the sale; None when it gave one."""
+        interaction = await self.wait_interaction(handle, InteractionKind.READ_CARD, self.cancelled)
         if interaction is None or interaction.status == InteractionStatus.PENDING:
-            return SaleState.FAILED, Step.READ_CARD_TIMEOUT, "no card in time"
+            return None, await self._fail(
+                SaleState.FAILED, Step.READ_CARD_TIMEOUT, "no card in time"
+            )
         if interaction.status == InteractionStatus.CANCELLED or self.cancelled.is_set():
-            return SaleState.CANCELLED, Step.READ_CARD_CANCELLED, "cancelled"
+            return None, await self._fail(
+                SaleState.CANCELLED, Step.READ_CARD_CANCELLED, "cancelled"
+            )
         if interaction.status == InteractionStatus.EXPIRED:
-            return SaleState.FAILED, Step.READ_CARD_EXPIRED, "no card was presented"
-        if interaction.read_card_result is None:
-            return SaleState.FAILED, Step.READ_CARD_FAULT, interaction.fault
-        return None
+            return None, await self._fail(
+                SaleState.FAILED, Step.READ_CARD_EXPIRED, "no card was presented"
+            )
+        card = interaction.read_card_result
+        if card is None:
+            return None, await self._fail(SaleState.FAILED, Step.READ_CARD_FAULT, interaction.fault)
+        return card, None
 
     async def held_by_lost_read(self, err: ConflictError) -> bool:
         """Whether to ask the terminal again: it answered busy while a card read whose answer
@@ -328,16 +313,8 @@ class SaleFlow(SaleSteps):
             Step.READ_CARD_REQUEST, SaleState.READING_CARD, f"present a card on {self.device}"
         )
 
-    def say_accepted(self) -> None:
-        """Journal the card read's accepted step (its interaction id) if it is held back."""
-        accepted, self._accepted = self._accepted, None
-        if accepted is not None:
-            self.step(Step.READ_CARD_ACCEPTED, **accepted)
-
     def card_read(self, card: Any) -> None:
-        """Journal the card read (its brand and last four, never the token), after its
-        accepted step when that was held back (in the caller's commit)."""
-        self.say_accepted()
+        """Journal the card read (its brand and last four, never the token)."""
         self.step(
             Step.READ_CARD_DONE,
             card_brand=None if card.card_brand_id is None else str(card.card_brand_id),

@@ -52,11 +52,6 @@ T = TypeVar("T")
 # a void or refund that may have worked: reporting is asked before a second try
 _REVERSE_UNCLEAR: tuple[type[ServiceError], ...] = (BadRequestError, *OUTCOME_UNKNOWN)
 _FOUND_CAPTURED = "captured (found in reporting)"
-# How long a card read's accepted step (its interaction id) may stay held back while the card
-# may come: read within it, the step is journaled in one commit with the read (one fsync less
-# before the vend). A crash meanwhile leaves the sale reading a card with no interaction id, as
-# a crash before the read's answer does (sales/lost_reads.py): no money moves in a read.
-ACCEPTED_HELD_AT_MOST = 0.25
 SWEEP_MONEY_RETRIES = 3  # money calls the attention sweeper may make for one sale, in all
 RESOLVE = "`kiosk-agent sales resolve`"
 
@@ -391,76 +386,48 @@ class SaleSteps:
     # -- waiting for a card ----------------------------------------------------------------------
 
     async def wait_interaction(
-        self,
-        handle: Any,
-        kind: InteractionKind,
-        cancelled: asyncio.Event | None = None,
-        *,
-        held: Callable[[], None] | None = None,
+        self, handle: Any, kind: InteractionKind, cancelled: asyncio.Event | None = None
     ) -> Interaction | None:
         """The interaction's final record; None when it could not be learned in time.
 
         A cancel request during a read-card cancels it on the terminal and waits for the end.
-        ``held`` journals a step held back while the end may come soon: called once the end has
-        not come within ``ACCEPTED_HELD_AT_MOST``, or before the interaction's status is asked.
         """
         # The sale's own task waits for the card: its end wakes the flow in one loop turn (a
         # task of its own raced against the cancel by asyncio.wait took three, on the path from
-        # the card to the vend). A helper beside it journals the held step when the card is
-        # slow, and asks the terminal to end the read on a cancel, which ends the wait.
+        # the card to the vend). A cancel asks the terminal to end the read, which ends the wait.
         asked = False  # the terminal was asked to cancel: that call is heard to its end
-        failed: list[Exception] = []  # the held step's write, failed in the helper
 
-        async def beside_the_wait(cancelled: asyncio.Event | None) -> None:
+        async def cancel_read_when_cancelled(cancelled: asyncio.Event) -> None:
             nonlocal asked
-            if held is not None and not await self._set_within(cancelled, ACCEPTED_HELD_AT_MOST):
-                try:
-                    held()
-                except Exception as err:  # noqa: BLE001 - raised in the sale's task, after the wait
-                    failed.append(err)
-            if cancelled is None or kind is not InteractionKind.READ_CARD:
-                return
             await cancelled.wait()
-            interaction_id = handle.interaction_id  # journaled or held back
+            interaction_id = self.record.interaction_id
             if interaction_id:
                 asked = True
                 with contextlib.suppress(ServiceError):  # the read's own end decides
                     await self.service.terminal.cancel(self.device, interaction_id)
 
-        helper = (
-            asyncio.ensure_future(beside_the_wait(cancelled))
-            if held is not None or (cancelled is not None and kind is InteractionKind.READ_CARD)
+        canceller = (
+            asyncio.ensure_future(cancel_read_when_cancelled(cancelled))
+            if cancelled is not None and kind is InteractionKind.READ_CARD
             else None
         )
-        interaction: Interaction | None = None
         try:
-            interaction = await self.clock.wait_for(handle.wait(), self.settings.card_wait)
+            interaction: Interaction = await self.clock.wait_for(
+                handle.wait(), self.settings.card_wait
+            )
+            return interaction
         except (TimeoutError, ServiceError) as err:
             _LOGGER.info("sale %s: waiting for the card ended: %s", self.record.sale_id, err)
+            return await self.interaction_status(kind)
         finally:
-            if helper is not None:
+            if canceller is not None:
                 # a read that ended first is not cancelled after it (nor a cancel cut short);
-                # a helper never asked holds nothing: told to stop, not waited for (two loop
-                # turns between the card and the authorization's commit)
+                # one never asked holds nothing: told to stop, not waited for (two loop turns
+                # between the card and the authorization's commit)
                 if asked:
-                    await helper
+                    await canceller
                 else:
-                    helper.cancel()
-        if failed:
-            raise failed[0]  # as if written in line: the runner's handling, the sale no further
-        if interaction is not None:
-            return interaction
-        if held is not None:
-            held()  # the interaction's id on disk before its status is asked by it
-        return await self.interaction_status(kind)
-
-    async def _set_within(self, event: asyncio.Event | None, seconds: float) -> bool:
-        """Whether ``event`` is set within ``seconds`` of the sale's clock (None: never). A
-        bound on the wait, not a pause: a test's FakeClock.run does not jump over it."""
-        event = event or asyncio.Event()
-        with contextlib.suppress(TimeoutError):
-            await self.clock.wait_for(event.wait(), seconds)
-        return event.is_set()
+                    canceller.cancel()
 
     async def interaction_status(self, kind: InteractionKind) -> Interaction | None:
         if self.record.interaction_id is None:

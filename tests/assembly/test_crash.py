@@ -233,14 +233,7 @@ async def assert_no_unearned_money(sim: Any, sales: dict[str, Any], markers: Pat
 # The second sale's steps when the agent is killed, the first one capturing all along.
 OVERLAP_KILLS = [
     ("2", ["created", "read_card.request"], SaleState.FAILED),
-    # the card comes soon: its accepted step shares the commit of the read and the
-    # authorization's request, and the agent dies before the authorization is sent
-    (
-        "3",
-        ["created", "read_card.request", "read_card.accepted", "read_card.done",
-         "authorize.request"],
-        SaleState.FAILED,
-    ),
+    ("3", ["created", "read_card.request", "read_card.accepted"], SaleState.FAILED),
     (
         "5a",
         ["created", "read_card.request", "read_card.accepted", "read_card.done",

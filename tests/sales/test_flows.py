@@ -15,7 +15,6 @@ from typing import Any
 import pytest
 
 from kiosk_agent.assembly.agent import Agent
-from kiosk_agent.sales import steps as steps_module
 from kiosk_agent.sales.clock import FakeClock
 from kiosk_agent.sales.model import (
     DispenseOutcome,
@@ -499,13 +498,11 @@ class JournalWitness(ScriptedDispenser):
 
 
 # steps that share a commit: the new sale and its first request, the approval and the dispense
-# request; in authorize_capture also the card read with its accepted step (a card that came
-# soon) and the authorization's request
-@pytest.mark.parametrize(("flow", "shared"), [(Flow.CHARGE_CARD, 2), (Flow.AUTHORIZE_CAPTURE, 4)])
+# request; in authorize_capture also the card read and the authorization's request
+@pytest.mark.parametrize(("flow", "shared"), [(Flow.CHARGE_CARD, 2), (Flow.AUTHORIZE_CAPTURE, 3)])
 async def test_the_approval_and_the_dispense_request_are_one_commit_before_the_vend(
-    agent: Agent, flow: Flow, shared: int, monkeypatch: pytest.MonkeyPatch
+    agent: Agent, flow: Flow, shared: int
 ) -> None:
-    monkeypatch.setattr(steps_module, "ACCEPTED_HELD_AT_MOST", 30.0)  # however loaded the machine
     machine = JournalWitness(agent)
     await asyncio.wait_for(agent.settled.wait(), 30)  # start-up's own commits (the WAL) done
     commits: list[str] = []
@@ -608,110 +605,6 @@ async def test_the_card_reaches_the_authorizations_commit_in_the_loop_turn_it_ca
     assert len(card_at) == 1
     # no turn given to the card read's cancel helper (the customer never asked to cancel)
     assert commit_at == card_at
-
-
-def on_disk_now(agent: Agent) -> tuple[str, str, str | None]:
-    """The sale's state, last step and interaction id as a crash would leave them."""
-    other = sqlite3.connect(agent.journal.path)
-    try:
-        row = other.execute(
-            "SELECT sales.state, (SELECT step FROM steps WHERE steps.sale_id = sales.sale_id "
-            "ORDER BY id DESC LIMIT 1), sales.interaction_id FROM sales"
-        ).fetchone()
-    finally:
-        other.close()
-    return row[0], row[1], row[2]
-
-
-async def _a_card_held_back(agent: Agent, monkeypatch: pytest.MonkeyPatch) -> asyncio.Event:
-    """The terminal answers the read at once, and the card comes when the test says so."""
-    card_may_come = asyncio.Event()
-    real_read_card = agent.service.terminal.read_card
-
-    async def slow_read_card(*args: Any, **kwargs: Any) -> Any:
-        handle = await real_read_card(*args, **kwargs)
-        real_wait = handle.wait
-
-        async def wait(timeout: float | None = None) -> Any:
-            await card_may_come.wait()
-            return await real_wait(timeout)
-
-        handle.wait = wait
-        return handle
-
-    monkeypatch.setattr(agent.service.terminal, "read_card", slow_read_card)
-    return card_may_come
-
-
-async def _until_on_disk(agent: Agent, step: str) -> tuple[str, str, str | None]:
-    for _ in range(500):
-        now = on_disk_now(agent)
-        if now[1] == step:
-            return now
-        await asyncio.sleep(0.01)
-    raise AssertionError(f"{step} never journaled: {on_disk_now(agent)}")
-
-
-async def test_a_slow_card_reads_accepted_step_is_on_disk_once_it_was_held_back_its_most(
-    agent_factory: Any, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    clock = FakeClock(wall=time.time())
-    agent = await agent_factory(clock=clock)
-    card_may_come = await _a_card_held_back(agent, monkeypatch)
-    sale = await agent.sales.start(request(250, flow=Flow.AUTHORIZE_CAPTURE), ScriptedDispenser())
-    held_until = clock.monotonic() + steps_module.ACCEPTED_HELD_AT_MOST
-    for _ in range(1000):  # the read answered: the card awaited, its accepted step held until
-        if held_until in clock.pending():
-            break
-        await asyncio.sleep(0.01)
-    assert on_disk_now(agent) == ("reading_card", "read_card.request", None)
-    await clock.advance(steps_module.ACCEPTED_HELD_AT_MOST)
-    state, _, interaction_id = await _until_on_disk(agent, "read_card.accepted")
-    assert (state, interaction_id is not None) == ("reading_card", True)
-    card_may_come.set()
-    event = await asyncio.wait_for(sale.result(), 10)
-    assert event.state is SaleState.COMPLETED
-    journaled = [s.step for s in agent.journal.steps(sale.sale_id)]
-    assert journaled[:5] == ["created", "read_card.request", "read_card.accepted",
-                             "read_card.done", "authorize.request"]  # once, in order
-
-
-async def test_a_held_accepted_step_the_journal_refuses_stops_the_sale_before_its_authorization(
-    agent_factory: Any, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    clock = FakeClock(wall=time.time())
-    agent = await agent_factory(clock=clock)
-    card_may_come = await _a_card_held_back(agent, monkeypatch)
-    sale = await agent.sales.start(request(250, flow=Flow.AUTHORIZE_CAPTURE), ScriptedDispenser())
-    held_until = clock.monotonic() + steps_module.ACCEPTED_HELD_AT_MOST
-    for _ in range(1000):
-        if held_until in clock.pending():
-            break
-        await asyncio.sleep(0.01)
-    agent.journal.db.execute("PRAGMA query_only=ON")  # the disk turns read-only
-    try:
-        await clock.advance(steps_module.ACCEPTED_HELD_AT_MOST)  # the helper's write fails
-        card_may_come.set()
-        kept = await asyncio.wait_for(sale.result(), 10)
-    finally:
-        agent.journal.db.execute("PRAGMA query_only=OFF")
-    assert kept.unwritten  # said, as any step the journal refused
-    assert kept.state is SaleState.READING_CARD  # what the journal holds
-    assert await ledger(agent, sale.order_id) == []  # no authorization was sent
-
-
-async def test_an_agent_stopping_while_the_card_is_awaited_leaves_the_reads_id_for_recovery(
-    agent: Agent, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setattr(steps_module, "ACCEPTED_HELD_AT_MOST", 30.0)  # held through the stop
-    await _a_card_held_back(agent, monkeypatch)
-    await agent.sales.start(request(250, flow=Flow.AUTHORIZE_CAPTURE), ScriptedDispenser())
-    await asyncio.sleep(0.2)  # the accepted step held back
-    assert on_disk_now(agent)[1] == "read_card.request"
-    await agent.stop()
-    state, step, interaction_id = on_disk_now(agent)
-    assert (state, step) == ("reading_card", "parked")
-    assert interaction_id is not None  # recovery cancels the read by it
 
 
 @pytest.mark.parametrize("flow", [Flow.CHARGE_CARD, Flow.AUTHORIZE_CAPTURE])
