@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import pytest
@@ -41,14 +41,21 @@ async def test_cancel_and_wait_accepts_no_task() -> None:
     await cancel_and_wait(None)
 
 
-async def test_cancel_and_wait_raises_what_the_task_failed_with() -> None:
+@pytest.mark.parametrize(
+    "stop",
+    [cancel_and_wait, lambda task: cancel_and_wait_within(task, 1.0, FakeClock().wait_for)],
+    ids=["cancel_and_wait", "cancel_and_wait_within"],
+)
+async def test_a_stop_raises_what_the_task_failed_with(
+    stop: Callable[[asyncio.Task[None]], Awaitable[object]],
+) -> None:
     async def broken() -> None:
         raise RuntimeError("the port vanished")
 
     task = asyncio.create_task(broken())
     await asyncio.sleep(0)
     with pytest.raises(RuntimeError, match="the port vanished"):
-        await cancel_and_wait(task)
+        await stop(task)
 
 
 
@@ -191,16 +198,6 @@ async def test_no_cancel_is_asked_of_a_task_whose_own_timeout_fired() -> None:
         async with asyncio.timeout(0):
             await asyncio.sleep(1)
     assert not cancel_requested()
-
-
-async def test_a_bounded_stop_raises_what_the_task_failed_with() -> None:
-    async def broken() -> None:
-        raise RuntimeError("the socket vanished")
-
-    task = asyncio.create_task(broken())
-    await asyncio.sleep(0)
-    with pytest.raises(RuntimeError, match="the socket vanished"):
-        await cancel_and_wait_within(task, 1.0, FakeClock().wait_for)
 
 
 async def test_a_bounded_stop_of_a_task_that_ends_at_the_cancel_waits_no_time() -> None:
