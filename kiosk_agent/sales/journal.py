@@ -23,6 +23,7 @@ import os
 import shutil
 import sqlite3
 import tempfile
+import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -498,11 +499,13 @@ class Journal(JournalReads, JournalPrune):
         if self._batching:
             raise RuntimeError("journal batches do not nest")
         db = self.db
-        self.prune_gives_way()
+        way_taken = self.prune_gives_way()
         try:
             db.execute("BEGIN IMMEDIATE")
         except sqlite3.Error as err:
             raise self._write_failed(err) from err
+        if way_taken is not None:
+            way_taken.set()
         self._batching = True
         try:
             yield
@@ -527,9 +530,9 @@ class Journal(JournalReads, JournalPrune):
 
     def _transaction(self) -> _WriteTransaction:
         """One write's transaction, or the batch's it joins (which commits or rolls back)."""
-        if not self._batching:
-            self.prune_gives_way()
-        return _WriteTransaction(self.db, joins=self._batching)
+        if self._batching:
+            return _WriteTransaction(self.db, joins=True, way_taken=None)
+        return _WriteTransaction(self.db, joins=False, way_taken=self.prune_gives_way())
 
     def create(self, sale: SaleRecord, detail: Mapping[str, Any] | None = None) -> SaleRecord:
         """Write a new sale and its first step in one transaction (always STARTED)."""
@@ -710,15 +713,20 @@ class _WriteTransaction:
     """``transaction(db)`` for one write of a sale, or nothing when it joins a batch. A class,
     not a generator: two generator context managers a write were a tenth of its Python."""
 
-    __slots__ = ("db", "joins")
+    __slots__ = ("db", "joins", "way_taken")
 
-    def __init__(self, db: sqlite3.Connection, *, joins: bool) -> None:
+    def __init__(
+        self, db: sqlite3.Connection, *, joins: bool, way_taken: threading.Event | None
+    ) -> None:
         self.db = db
         self.joins = joins
+        self.way_taken = way_taken  # a batch of the prune gave way: told once the lock is held
 
     def __enter__(self) -> sqlite3.Connection:
         if not self.joins:
             self.db.execute("BEGIN IMMEDIATE")
+            if self.way_taken is not None:
+                self.way_taken.set()
         return self.db
 
     def __exit__(self, kind: type[BaseException] | None, *_: object) -> None:

@@ -7,6 +7,7 @@ the agent's worker thread after it is ready (never on the path to ready).
 from __future__ import annotations
 
 import sqlite3
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -31,6 +32,10 @@ PRUNE_CACHE_KIB = 512
 # Batches in a row that may give way to the agent's own writes (prune_gives_way); the next one
 # holds its turn, so a unit that never stops selling still prunes
 GIVE_WAY_AT_MOST = 3
+# How long a batch that gave way waits for the write it gave way to to take the lock (seconds):
+# the write is in SQLite's busy wait, in sleeps of 1 to 100 ms, and a batch begun again at once
+# took the lock back before it woke. Past this (a write that failed), the batch goes on
+GIVE_WAY_WAIT_S = 1.0
 
 
 class JournalPrune:
@@ -39,20 +44,26 @@ class JournalPrune:
     path: Path
     clock: Clock
     # the prune's connection while a batch of it runs, and whether one of the agent's writes
-    # asked it to give way (prune_gives_way, from the event loop's thread)
+    # asked it to give way (prune_gives_way, from the event loop's thread), and set once that
+    # write holds the lock (the batch begins again only then)
     _pruning: sqlite3.Connection | None = None
     _way_asked = False
+    _way_taken: threading.Event | None = None
 
-    def prune_gives_way(self) -> None:
+    def prune_gives_way(self) -> threading.Event | None:
         """A batch of the prune under way rolls back now, and is done again once the sales let
         it (``idle``): called before each of the agent's own writes, on its event loop. The
         batch held the journal's write lock, and the write waited for it with the whole loop
         (SQLite's busy wait is on the caller's thread, in sleeps of 1 to 100 ms): a sale that
-        began during a batch held every request 40-680 ms at load 7-9 (bench/journal.py)."""
+        began during a batch held every request 40-680 ms at load 7-9 (bench/journal.py).
+
+        Returns the event the write sets once it holds the lock, when a batch gave way to it."""
         pruning = self._pruning
-        if pruning is not None:
-            self._way_asked = True
-            pruning.interrupt()  # a statement running ends now; between two, the flag does
+        if pruning is None:
+            return None
+        self._way_asked = True
+        pruning.interrupt()  # a statement running ends now; between two, the flag does
+        return self._way_taken
 
     def prune(
         self,
@@ -139,12 +150,14 @@ class JournalPrune:
             args["young_first"] = db.execute(young_first, args).fetchone()[0]
             args["after_at"], args["after_rowid"] = float("-inf"), -1
             pruned, gave_way = 0, 0
+            self._way_taken = threading.Event()
             while True:
                 if _stopped_waiting(idle, stopping, idle_wait, max(pause, MIN_IDLE_LOOK_S), sleep):
                     return pruned
                 picked = self._one_batch(db, old, args, may_give_way=gave_way < GIVE_WAY_AT_MOST)
                 if picked is None:
                     gave_way += 1
+                    self._way_taken.wait(GIVE_WAY_WAIT_S)  # the write goes first, truly
                     continue  # it gave way to a sale: again once the sales let it
                 gave_way = 0
                 count, last = picked
@@ -164,6 +177,8 @@ class JournalPrune:
         how many, and where the next batch's pick begins. None when it gave way to one of the
         agent's writes (prune_gives_way; only ``may_give_way``): rolled back whole."""
         self._way_asked = False
+        if self._way_taken is not None:
+            self._way_taken.clear()
         self._pruning = db if may_give_way else None
         try:
             db.execute("BEGIN IMMEDIATE")

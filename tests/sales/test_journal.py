@@ -12,6 +12,7 @@ import sqlite3
 import stat
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -381,29 +382,38 @@ def test_a_batch_of_the_prune_gives_way_to_the_agents_own_write(
     the whole event loop (SQLite's busy wait, in sleeps of up to 100 ms: 40-680 ms at load 7-9).
     The batch rolls back at the write's word and is done again after it. Here the batch stands
     still holding the lock until the write asks: without giving way, the write waits out the
-    busy timeout (5 s) and fails "database is locked"."""
+    busy timeout (5 s) and fails "database is locked". And the next batch begins only once the
+    write holds the lock: begun again at once, it took the lock back while the write slept in
+    its busy wait, and held it (CI, 2026-11-29)."""
     for n in range(4):
         walk_to(journal, journal.create(new_sale(n)), SaleState.COMPLETED)
     picked = journal_prune._picked
-    stood: list[bool] = []
+    holding = threading.Event()  # the first batch has picked its sales, the write lock held
+    stood: list[bool] = []  # whether the write asked while the first batch held the lock
+    write_seen: list[bool] = []  # by each batch after the first: the write was in before it
 
     def standing_still(db: sqlite3.Connection) -> tuple[int, tuple[float, int]]:
-        if not stood:  # the first batch, its sales picked and the write lock held
+        if not stood:
+            holding.set()
             give_up_at = time.monotonic() + 30
             while not journal._way_asked and time.monotonic() < give_up_at:
                 time.sleep(0.001)
             stood.append(journal._way_asked)
+            time.sleep(0.05)  # the write's busy wait sleeps longer each time it looks
+        else:
+            found = db.execute("SELECT COUNT(*) FROM sales WHERE sale_id = 's9'").fetchone()
+            write_seen.append(found[0] == 1)
         return picked(db)
 
     monkeypatch.setattr(journal_prune, "_picked", standing_still)
     with concurrent.futures.ThreadPoolExecutor(1) as pool:
         pruning = pool.submit(journal.prune, keep_days=1, now=time.time() + 30 * DAY, batch=2)
-        while journal._pruning is None and not pruning.done():
-            time.sleep(0.001)  # the batch under way
+        assert holding.wait(timeout=30)
         written = journal.create(new_sale(9))  # the agent's own write: it goes first
         assert pruning.result(timeout=60) == 4  # then the prune, whole
 
     assert stood == [True]
+    assert write_seen == [True, True, True]  # the batch done again, the next, and the last
     assert [s.sale_id for s in journal.query()] == [written.sale_id]
 
 
@@ -418,7 +428,9 @@ def test_a_prune_gives_way_at_most_three_batches_in_a_row(
 
     def a_sale_writes_each_time(db: sqlite3.Connection) -> tuple[int, tuple[float, int]]:
         may_give_way.append(journal._pruning is not None)
-        journal.prune_gives_way()  # a sale's write, while the batch holds the lock
+        way_taken = journal.prune_gives_way()  # a sale's write, while the batch holds the lock
+        if way_taken is not None:
+            way_taken.set()  # as the write does once it holds the lock
         return picked(db)
 
     monkeypatch.setattr(journal_prune, "_picked", a_sale_writes_each_time)
