@@ -92,6 +92,7 @@ import tempfile
 import textwrap
 import time
 import tracemalloc
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -356,15 +357,18 @@ def journal_commit_times(path: Path, count: int, *, steps: int = 1) -> list[floa
     return times
 
 
-async def library_floor(code: str = FLOOR_CODE) -> tuple[float, float, float]:
+async def library_floor(
+    code: str = FLOOR_CODE, preexec_fn: Callable[[], None] | None = None
+) -> tuple[float, float, float]:
     """(spawn -> done seconds, idle RSS MB, CPU seconds) of a Python running only ``code`` (by
-    default, importing the dependencies), under the environment every command sets itself."""
+    default, importing the dependencies), under the environment every command sets itself;
+    ``preexec_fn`` runs in the child before it starts (bench/pi.py: into the agent's budget)."""
     spawned = time.perf_counter()
     proc = await asyncio.create_subprocess_exec(
         sys.executable, "-c", f"{code}\nimport sys; print('ok', flush=True); sys.stdin.read()",
         stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
         # as every kiosk-agent command sets it (cli/__init__.py)
-        env={"PYDANTIC_DISABLE_PLUGINS": "__all__", **os.environ},
+        env={"PYDANTIC_DISABLE_PLUGINS": "__all__", **os.environ}, preexec_fn=preexec_fn,
     )
     assert proc.stdout is not None and proc.stdin is not None  # noqa: PT018
     await proc.stdout.readline()
