@@ -422,8 +422,8 @@ class KioskApi:
             self._latest.popitem(last=False)
         if event.state.final:
             self._dispensers.pop(event.sale_id, None)
-        if self._frames.subscriber_count:
-            self._frames.publish(_Frame(event))
+        if self._frames.reaches(event.sale_id):  # a stream of its own or the app-wide one
+            self._frames.publish(_Frame(event), event.sale_id)
 
     # -- auth ----------------------------------------------------------------------------------
 
@@ -655,23 +655,21 @@ class KioskApi:
         sale_id = request.match_info["sale_id"]
         if sale_id not in self._latest and sale_id not in self._dispensers:
             return _error(404, "not_found", "sale_id", "no such sale from this kiosk")
-        return await self._stream(request, lambda event: event.sale_id == sale_id, sale_id)
+        return await self._stream(request, sale_id)
 
     async def _all_events(self, request: web.Request) -> web.StreamResponse:
-        return await self._stream(request, lambda event: True, None)
+        return await self._stream(request, None)
 
-    async def _stream(
-        self, request: web.Request, wanted: Any, sale_id: str | None
-    ) -> web.StreamResponse:
+    async def _stream(self, request: web.Request, sale_id: str | None) -> web.StreamResponse:
         slot = stream_slot(request)
         if slot is None:
             return _error(503, "too_many_streams", None,
                           "every event stream slot is taken; retry, or poll the sale")
         with slot:
-            return await self._stream_in_slot(request, wanted, sale_id)
+            return await self._stream_in_slot(request, sale_id)
 
     async def _stream_in_slot(
-        self, request: web.Request, wanted: Any, sale_id: str | None
+        self, request: web.Request, sale_id: str | None
     ) -> web.WebSocketResponse:
         # the app sends nothing but a close: a larger frame is refused before it is buffered.
         # No permessage-deflate (a browser offers it): a step is a few hundred bytes on the
@@ -686,8 +684,9 @@ class KioskApi:
         self._sockets.add(ws)
         reader: asyncio.Task[None] | None = None
         try:
-            # only this app's steps are queued (_follow): a busy bus elsewhere costs nothing here
-            async with self._frames.subscribe(lambda frame: wanted(frame.event)) as queue:
+            # only this app's steps are queued (_follow): a busy bus elsewhere costs nothing
+            # here; a sale's own stream is handed its sale's steps by key, none filtered out
+            async with self._frames.subscribe(key=sale_id) as queue:
                 # the follower filed every step published before (a listener: at once)
                 latest = self._latest.get(sale_id) if sale_id else None
                 if latest is not None:
