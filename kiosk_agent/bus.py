@@ -121,7 +121,8 @@ class EventBus(Generic[T]):
             self._offer(queue, event)
         if key is not None and (keyed := self._keyed.get(key)):
             for queue in keyed:
-                self._offer(queue, event)
+                if queue.wanted is None or self._wanted(queue.wanted, event):
+                    self._offer(queue, event)
 
     def _offer(self, queue: Subscription[T], event: T) -> None:
         try:

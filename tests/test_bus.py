@@ -105,3 +105,12 @@ async def test_a_keyed_subscriber_gets_its_keys_events_with_no_filter_called() -
     assert bus.subscriber_count == 0
     assert not bus.reaches("s1")
     assert bus.dropped == 2 + 2  # each subscriber lost two of d..h
+
+
+async def test_a_keyed_subscriber_with_a_filter_gets_only_its_keys_events_it_wants() -> None:
+    bus: EventBus[str] = EventBus()
+    async with bus.subscribe(lambda e: e != "note", key="s1") as mine:
+        bus.publish("note", "s1")
+        bus.publish("approved", "s1")
+        assert mine.get_nowait() == "approved"
+        assert mine.empty()
