@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Hashable
 from typing import Any, Generic, TypeVar
 
 T = TypeVar("T")
@@ -41,7 +41,7 @@ class Subscription(asyncio.Queue[T]):
         wakes its reader in one loop turn instead of three (the getter's, its completion
         callback's, the reader's)."""
         while self.empty():
-            if any(future.done() for future in until):
+            if _any_done(until):
                 return None
             reader: asyncio.Future[None] = asyncio.get_running_loop().create_future()
             self._readers.append(reader)
@@ -58,7 +58,7 @@ class Subscription(asyncio.Queue[T]):
                 self._readers.remove(reader)
                 for future in until:
                     future.remove_done_callback(wake)
-        if any(future.done() for future in until):
+        if _any_done(until):
             return None  # told to stop: what is queued stays (a caller drains it, or not)
         return self.get_nowait()
 
@@ -89,15 +89,26 @@ class Subscription(asyncio.Queue[T]):
         return missed
 
 
+def _any_done(futures: tuple[asyncio.Future[Any], ...]) -> bool:
+    # a loop, not any() over a generator: no generator frame made and resumed at each look
+    for future in futures:  # noqa: SIM110
+        if future.done():
+            return True
+    return False
+
+
 class EventBus(Generic[T]):
     def __init__(self, queue_size: int = 256) -> None:
         self._queue_size = queue_size
         self._subscribers: set[Subscription[T]] = set()
+        # subscribers of one key's events only (a sale's stream): reached without a filter
+        self._keyed: dict[Hashable, set[Subscription[T]]] = {}
         self._listeners: list[Callable[[T], None]] = []
         self.dropped = 0
         self.listener_errors = 0  # listeners that raised (logged; the publisher never sees it)
 
-    def publish(self, event: T) -> None:
+    def publish(self, event: T, key: Hashable = None) -> None:
+        """``event`` to every listener and subscriber, and to those of ``key`` (when given)."""
         for listener in tuple(self._listeners):
             try:
                 listener(event)
@@ -107,10 +118,26 @@ class EventBus(Generic[T]):
         for queue in self._subscribers:
             if queue.wanted is not None and not self._wanted(queue.wanted, event):
                 continue
-            if queue.full():
-                queue.drop_oldest()
-                self.dropped += 1
+            self._offer(queue, event)
+        if key is not None and (keyed := self._keyed.get(key)):
+            for queue in keyed:
+                if queue.wanted is None or self._wanted(queue.wanted, event):
+                    self._offer(queue, event)
+
+    def _offer(self, queue: Subscription[T], event: T) -> None:
+        try:
+            queue.put_nowait(event)  # it looks whether it is full itself: no second look first
+        except asyncio.QueueFull:
+            queue.drop_oldest()
+            self.dropped += 1
             queue.put_nowait(event)
+
+    def reaches(self, key: Hashable = None) -> bool:
+        """Whether an event published now (for ``key``) would reach anyone: a publisher that
+        must make the event first (encode it) skips that for nobody."""
+        if self._subscribers or self._listeners:
+            return True
+        return key is not None and key in self._keyed
 
     def _wanted(self, wanted: Callable[[T], bool], event: T) -> bool:
         try:
@@ -122,16 +149,32 @@ class EventBus(Generic[T]):
 
     @contextlib.asynccontextmanager
     async def subscribe(
-        self, wanted: Callable[[T], bool] | None = None
+        self, wanted: Callable[[T], bool] | None = None, *, key: Hashable = None
     ) -> AsyncIterator[Subscription[T]]:
         """A queue of every event published from now on (only those ``wanted``, when given:
-        quick and synchronous, called in ``publish``), for as long as the context runs."""
+        quick and synchronous, called in ``publish``), for as long as the context runs.
+
+        ``key``: only the events published for that key (``publish(event, key)``), found by
+        the key rather than by a filter called on every event (a stream of one sale)."""
         queue: Subscription[T] = Subscription(self._queue_size, wanted)
-        self._subscribers.add(queue)
+        if key is None:
+            self._subscribers.add(queue)
+        else:
+            self._keyed.setdefault(key, set()).add(queue)
         try:
             yield queue
         finally:
-            self._subscribers.discard(queue)
+            if key is None:
+                self._subscribers.discard(queue)
+            else:
+                self._drop_keyed(key, queue)
+
+    def _drop_keyed(self, key: Hashable, queue: Subscription[T]) -> None:
+        keyed = self._keyed.get(key)
+        if keyed is not None:
+            keyed.discard(queue)
+            if not keyed:
+                del self._keyed[key]
 
     def listen(self, listener: Callable[[T], None]) -> Callable[[], None]:
         """Call ``listener(event)`` on every publish, in it (quick and synchronous only);
@@ -154,4 +197,5 @@ class EventBus(Generic[T]):
 
     @property
     def subscriber_count(self) -> int:
-        return len(self._subscribers) + len(self._listeners)
+        keyed = sum(len(queues) for queues in self._keyed.values())
+        return len(self._subscribers) + keyed + len(self._listeners)

@@ -37,7 +37,12 @@ _PLAIN = re.compile(
 # What both need somewhere in the text, looked for once: their lazy name prefix tries every
 # word at every position of every run of letters and digits (190 us for the 70 characters of
 # "sale <id> completed: paid $2.50 (captured)", a log line each sale at INFO), this 3 us.
-_A_SECRET_WORD = re.compile(rf"(?i){_SECRET_WORDS}")
+# Where the text cannot begin a name (the first letters of the words, matched under the same
+# flag, so a long s still counts as an s), no word is tried: most positions of a sale id and a
+# price are digits and other letters (on the sale's line 18-19 us -> 5-7 us, load 2-3,
+# 2026-11-29).
+_NAME_STARTS = "".join(sorted({word[0] for word in _SECRET_WORDS.split("|")}))
+_A_SECRET_WORD = re.compile(rf"(?i)(?=[{_NAME_STARTS}])(?:{_SECRET_WORDS})")
 
 
 def luhn_valid(digits: str) -> bool:

@@ -82,3 +82,35 @@ async def test_a_full_subscription_drops_the_oldest_and_says_how_many_before_the
         assert await queue.next() == 4
         assert queue.take_missed() == 0
     assert bus.dropped == 3
+
+
+async def test_a_keyed_subscriber_gets_its_keys_events_with_no_filter_called() -> None:
+    # a stream of one sale: handed that sale's steps by key, not by a filter run on each step
+    bus: EventBus[str] = EventBus(queue_size=3)
+    assert not bus.reaches("s1")
+    async with bus.subscribe(key="s1") as mine, bus.subscribe(lambda e: e != "x") as every:
+        assert bus.reaches("s1")
+        assert bus.reaches("s2")  # the unkeyed one hears every key
+        bus.publish("a", "s1")
+        bus.publish("b", "s2")
+        bus.publish("c")
+        assert [mine.get_nowait()] == ["a"]
+        assert mine.empty()
+        assert [every.get_nowait(), every.get_nowait(), every.get_nowait()] == ["a", "b", "c"]
+        for step in "defgh":
+            bus.publish(step, "s1")
+        assert await mine.next() == "f"  # full at three: the oldest lost, and counted
+        assert mine.take_missed() == 2
+        assert bus.subscriber_count == 2
+    assert bus.subscriber_count == 0
+    assert not bus.reaches("s1")
+    assert bus.dropped == 2 + 2  # each subscriber lost two of d..h
+
+
+async def test_a_keyed_subscriber_with_a_filter_gets_only_its_keys_events_it_wants() -> None:
+    bus: EventBus[str] = EventBus()
+    async with bus.subscribe(lambda e: e != "note", key="s1") as mine:
+        bus.publish("note", "s1")
+        bus.publish("approved", "s1")
+        assert mine.get_nowait() == "approved"
+        assert mine.empty()

@@ -15,13 +15,17 @@ from kiosk_agent.logs import RefusalLog, refusal_counts, setup_logging, suppress
 from kiosk_agent.sales.clock import FakeClock
 
 CARD = "4111 1111 1111 1111"
+_SWITCHES = ("_srcfile", "logThreads", "logProcesses", "logMultiprocessing")
 
 
 @pytest.fixture
 def root_restored() -> Iterator[None]:
     root = logging.getLogger()
     handlers, level = list(root.handlers), root.level
+    switches = {name: getattr(logging, name) for name in _SWITCHES}
     yield
+    for name, value in switches.items():
+        setattr(logging, name, value)
     for handler in list(root.handlers):
         if handler not in handlers:
             root.removeHandler(handler)
@@ -59,6 +63,21 @@ def test_text_to_a_file_and_debug_hidden_at_info(root_restored: None, tmp_path: 
     text = path.read_text()
     assert "not shown" not in text
     assert "WARNING kiosk_agent.test: refresh_token: [REDACTED] rejected" in text
+
+
+def test_a_record_looks_up_nothing_the_formats_do_not_show(root_restored: None) -> None:
+    # a unit logs a line at every sale's end: its caller's frame, thread and process were a
+    # third of the line's calls, and neither format shows them
+    out = io.StringIO()
+    setup_logging({"level": "INFO"}, stream=out)
+    kept: list[logging.LogRecord] = []
+    keeper = logging.Handler()
+    keeper.emit = kept.append  # type: ignore[method-assign]
+    logging.getLogger().addHandler(keeper)  # removed again by root_restored
+    logging.getLogger("kiosk_agent.test").info("sale %s completed", "s1")
+    (record,) = kept
+    assert (record.thread, record.process, record.lineno) == (None, None, 0)
+    assert out.getvalue().endswith(" INFO    kiosk_agent.test: sale s1 completed\n")
 
 
 def test_setting_up_again_replaces_the_handler(root_restored: None) -> None:

@@ -38,6 +38,7 @@ read (``customer.account_zip`` names the field).
 from __future__ import annotations
 
 import asyncio
+import functools
 import hashlib
 import hmac
 import json
@@ -268,9 +269,9 @@ def event_json(event: SaleEvent) -> dict[str, Any]:
     return {
         "sale_id": event.sale_id,
         "order_id": event.order_id,
-        "state": event.state.value,
+        "state": event.state._value_,  # the text itself: .value is two Python calls a frame
         "final": event.state.final,
-        "amount": cents_to_dollars(event.amount_cents),
+        "amount": _dollars(event.amount_cents),
         "amount_cents": event.amount_cents,
         "captured_cents": event.captured_cents,
         "product": event.product,
@@ -280,6 +281,11 @@ def event_json(event: SaleEvent) -> dict[str, Any]:
         # its own kind: a step that could not be written; state is what the journal holds
         "unwritten": event.unwritten,
     }
+
+
+# the amount of a sale, as each of its frames shows it: made once, not at each of its steps
+# (typed: True is refused as cents, never taken for a cached 1)
+_dollars = functools.lru_cache(maxsize=256, typed=True)(cents_to_dollars)
 
 
 def event_text(event: SaleEvent) -> str:
@@ -422,8 +428,8 @@ class KioskApi:
             self._latest.popitem(last=False)
         if event.state.final:
             self._dispensers.pop(event.sale_id, None)
-        if self._frames.subscriber_count:
-            self._frames.publish(_Frame(event))
+        if self._frames.reaches(event.sale_id):  # a stream of its own or the app-wide one
+            self._frames.publish(_Frame(event), event.sale_id)
 
     # -- auth ----------------------------------------------------------------------------------
 
@@ -495,7 +501,7 @@ class KioskApi:
             {
                 "sale_id": sale.sale_id,
                 "order_id": sale.order_id,
-                "amount": cents_to_dollars(sale_request.amount_cents),
+                "amount": _dollars(sale_request.amount_cents),
                 "events": f"/api/v1/sales/{sale.sale_id}/events",
             },
             status=202,
@@ -655,23 +661,21 @@ class KioskApi:
         sale_id = request.match_info["sale_id"]
         if sale_id not in self._latest and sale_id not in self._dispensers:
             return _error(404, "not_found", "sale_id", "no such sale from this kiosk")
-        return await self._stream(request, lambda event: event.sale_id == sale_id, sale_id)
+        return await self._stream(request, sale_id)
 
     async def _all_events(self, request: web.Request) -> web.StreamResponse:
-        return await self._stream(request, lambda event: True, None)
+        return await self._stream(request, None)
 
-    async def _stream(
-        self, request: web.Request, wanted: Any, sale_id: str | None
-    ) -> web.StreamResponse:
+    async def _stream(self, request: web.Request, sale_id: str | None) -> web.StreamResponse:
         slot = stream_slot(request)
         if slot is None:
             return _error(503, "too_many_streams", None,
                           "every event stream slot is taken; retry, or poll the sale")
         with slot:
-            return await self._stream_in_slot(request, wanted, sale_id)
+            return await self._stream_in_slot(request, sale_id)
 
     async def _stream_in_slot(
-        self, request: web.Request, wanted: Any, sale_id: str | None
+        self, request: web.Request, sale_id: str | None
     ) -> web.WebSocketResponse:
         # the app sends nothing but a close: a larger frame is refused before it is buffered.
         # No permessage-deflate (a browser offers it): a step is a few hundred bytes on the
@@ -686,8 +690,9 @@ class KioskApi:
         self._sockets.add(ws)
         reader: asyncio.Task[None] | None = None
         try:
-            # only this app's steps are queued (_follow): a busy bus elsewhere costs nothing here
-            async with self._frames.subscribe(lambda frame: wanted(frame.event)) as queue:
+            # only this app's steps are queued (_follow): a busy bus elsewhere costs nothing
+            # here; a sale's own stream is handed its sale's steps by key, none filtered out
+            async with self._frames.subscribe(key=sale_id) as queue:
                 # the follower filed every step published before (a listener: at once)
                 latest = self._latest.get(sale_id) if sale_id else None
                 if latest is not None:

@@ -448,6 +448,8 @@ class InteractionHandle:
         """
         if self.last is not None and self.last.finished:
             return self.last
+        if timeout is None:  # bounded by the caller (a sale's card wait): no bound of its own
+            return await self._wait()
         try:
             async with asyncio.timeout(timeout):
                 return await self._wait()

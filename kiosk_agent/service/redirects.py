@@ -6,7 +6,8 @@ that answers the upgrade with a 307 would have the agent open its cable on whate
 answer names and read that server's interaction records (a charge "succeeded") as the
 service's. A client middleware sees each request's answer before aiohttp decides to follow it:
 :func:`refuse_upgrade_redirects` turns a 3xx to an upgrade into :class:`RedirectRefused`, and no
-second request is made.
+second request is made. The transport's own calls skip that layer (they follow nothing
+anyway): only a handshake goes through it.
 """
 
 from __future__ import annotations

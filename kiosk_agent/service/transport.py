@@ -105,6 +105,10 @@ class Transport:
         self.settings = settings
         self._session = session
         self._own_session = session is None
+        # the middlewares of each call's request: none on the transport's own session, whose
+        # one (redirects.refuse_upgrade_redirects) is for the cable's handshake alone (a call
+        # follows no redirect anyway); a session given from outside keeps its own
+        self._call_middlewares: tuple[()] | None = () if session is None else None
         self.store = (
             CredentialStore(settings.credentials_path) if settings.credentials_path else None
         )
@@ -377,6 +381,7 @@ class Transport:
         async with self.session.request(
             call.method, call.url, json=call.json, params=call.params, data=call.data,
             headers=headers, timeout=call.timeout, allow_redirects=False,
+            middlewares=self._call_middlewares,
         ) as resp:  # fmt: skip
             body = await _read_bounded(resp, call.what)
             return _Answer(

@@ -586,15 +586,17 @@ class LocalSite:
         return True
 
     def _settle(self, connection: _Connection) -> None:
-        """The connection spoke, or is closing: neither silent nor idle any longer."""
+        """The connection spoke, or is closing: neither silent nor idle any longer.
+
+        The head sweep stays armed even when nobody silent is left: it lapses at its deadline
+        (one wake-up, then none) instead of a timer armed and cancelled for every connection
+        (one a kiosk API sale: its stream's)."""
         self._unserved.pop(connection, None)
         self._idle.pop(connection, None)
-        if not self._unserved and self._head_sweep is not None:
-            self._head_sweep.cancel()  # nobody left to time out: no wake-up for nothing
-            self._head_sweep = None
 
     def _arm_head_sweep(self) -> None:
-        """One timer for every header deadline: the oldest silent connection's."""
+        """One timer for every header deadline: the oldest silent connection's (none while
+        nobody is silent)."""
         deadline = next(iter(self._unserved.values()), None)
         if deadline is not None:
             delay = max(0.0, deadline - self._clock())

@@ -16,6 +16,7 @@ from hypothesis import Phase, given, settings
 from hypothesis import strategies as st
 
 from kiosk_agent.cli.sim import settings_from_ready
+from kiosk_agent.money import cents_to_dollars
 from kiosk_agent.platforms.kiosk_api import PLATFORM_SCHEMA, KioskApi
 from kiosk_agent.sales.states import SaleState
 from kiosk_agent.sim.context import SimOptions
@@ -848,3 +849,21 @@ def test_a_frame_is_the_text_json_dumps_makes_of_it(
                       amount_cents=cents, captured_cents=cents // 2, product=product,
                       terminal="SIM-0001", message=message, at=at)  # fmt: skip
     assert event_text(event) == json.dumps(event_json(event))
+    assert event_json(event)["amount"] == cents_to_dollars(cents)
+    assert event_json(event)["state"] == state.value
+
+
+def test_a_sales_amount_is_written_out_once_for_all_its_frames() -> None:
+    from kiosk_agent.money import MoneyError
+    from kiosk_agent.platforms.kiosk_api import _dollars, event_text
+    from kiosk_agent.sales.model import SaleEvent
+
+    event = SaleEvent(sale_id="s1", order_id="KA1", source="kiosk_api:screen",
+                      state=SaleState.CHARGING, amount_cents=987_654_301)  # fmt: skip
+    before = _dollars.cache_info().misses
+    for _ in range(5):
+        assert '"amount": "9876543.01"' in event_text(event)
+    assert _dollars.cache_info().misses == before + 1
+    _dollars(1)
+    with pytest.raises(MoneyError):
+        _dollars(True)  # not taken for the 1 just made

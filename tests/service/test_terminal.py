@@ -71,6 +71,27 @@ async def test_charge_card_outcomes(
     assert result.order_id == f"o-{amount}"
 
 
+async def test_a_wait_the_caller_bounds_enters_no_bound_of_its_own(
+    service: ServiceClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # a sale bounds its card wait on its own clock: the handle's wait(None) entered a timeout
+    # of None besides (nothing armed, but made, entered and left at every sale)
+    bounds: list[float | None] = []
+    real = asyncio.timeout
+
+    def recorded(delay: float | None) -> Any:
+        bounds.append(delay)
+        return real(delay)
+
+    handle = await service.terminal.charge_card(READER, 1000, order_id="o-unbounded")
+    monkeypatch.setattr(asyncio, "timeout", recorded)
+    interaction = await asyncio.wait_for(handle.wait(), 10)
+    monkeypatch.undo()
+    assert interaction.status is InteractionStatus.SUCCEEDED
+    assert None not in bounds
+    assert bounds  # each frame's read is still bounded by the interaction's lifetime
+
+
 async def test_device_fault_is_failed_with_stage_errors(service: ServiceClient) -> None:
     interaction = await (await service.terminal.charge_card(READER, 1007)).wait(timeout=10)
     assert interaction.status is InteractionStatus.FAILED

@@ -7,6 +7,7 @@ import asyncio
 import contextlib
 import json
 import time
+from typing import Any
 
 import pytest
 from aiohttp import web
@@ -321,6 +322,32 @@ async def test_a_redirect_is_not_followed_the_card_goes_nowhere_else(
         assert scripted.count("POST", "/api/v1/charge") == 1  # and nothing was sent twice
     finally:
         await elsewhere.stop()
+
+
+async def test_a_call_passes_through_no_client_middleware_the_handshake_keeps_its_own(
+    scripted: ScriptedServer, scripted_settings: ServiceSettings,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The transport's session refuses a redirected WebSocket handshake in a client middleware;
+    a call follows no redirect by itself (``allow_redirects=False``), so its request skips that
+    layer (a coroutine and its chain every call: a kiosk API sale's charge-card)."""
+    from kiosk_agent.service import redirects
+
+    seen: list[str] = []
+    real = redirects.refuse_upgrade_redirects
+
+    async def spy(request: Any, handler: Any) -> Any:
+        seen.append(request.url.path)
+        return await real(request, handler)
+
+    monkeypatch.setattr(redirects, "refuse_upgrade_redirects", spy)
+    scripted.script("GET", TERMINALS, json_reply(ONE_TERMINAL))
+    async with ServiceClient(scripted_settings) as svc:
+        await svc.terminal.list()
+        assert seen == []
+        with contextlib.suppress(Exception):  # the scripted server has no WebSocket
+            await (await svc.transport.session.ws_connect(f"{scripted.url}/cable")).close()
+    assert seen == ["/cable"]  # the handshake still goes through it
 
 
 async def test_a_failed_oauth_token_request_reads_whole_after_redaction(

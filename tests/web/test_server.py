@@ -392,6 +392,29 @@ async def test_one_timer_keeps_every_connections_header_deadline() -> None:
         await site.stop()
 
 
+async def test_connections_that_speak_leave_the_one_head_sweep_armed_until_it_lapses() -> None:
+    # a kiosk API sale opens a connection (its stream) that speaks at once: no timer is armed
+    # and cancelled for each; the one sweep lapses at its deadline and arms none for nobody
+    site = await _site(_limits(header_timeout=30, keepalive_timeout=30))
+    try:
+        first = await asyncio.open_connection("127.0.0.1", site.port)
+        assert (await _post_echo(*first)).startswith(b"HTTP/1.1 200")
+        sweep = site._head_sweep
+        assert sweep is not None  # armed by the first newcomer, left to lapse
+        for _ in range(3):
+            reader, writer = await asyncio.open_connection("127.0.0.1", site.port)
+            assert (await _post_echo(reader, writer)).startswith(b"HTTP/1.1 200")
+            assert site._head_sweep is sweep
+            writer.close()
+        sweep.cancel()
+        site._sweep_heads()  # its deadline came: nobody silent, nothing closed, none armed
+        assert site._head_sweep is None
+        assert (await _post_echo(*first)).startswith(b"HTTP/1.1 200")
+        first[1].close()
+    finally:
+        await site.stop()
+
+
 async def test_out_of_descriptors_the_site_stops_accepting_for_a_while() -> None:
     site = await _site(_limits())
     try:
