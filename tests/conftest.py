@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import itertools
+import logging
 import os
 import sys
 import tempfile
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +38,19 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "kiosk"))
 sys.dont_write_bytecode = False
 
 SimFactory = Callable[..., Awaitable[SimServer]]
+
+_LOOKUPS = ("_srcfile", "logThreads", "logProcesses", "logMultiprocessing")
+
+
+@pytest.fixture(autouse=True)
+def _logging_lookups_kept() -> Iterator[None]:
+    """A test that runs setup_logging in this process turns off logging's caller lookup (as a
+    unit's agent does, kiosk_agent/logs.py); put back after it, so that a later test's failure
+    report in the same worker still names the file and line each captured record came from."""
+    kept = [getattr(logging, name) for name in _LOOKUPS]
+    yield
+    for name, value in zip(_LOOKUPS, kept, strict=True):
+        setattr(logging, name, value)
 
 
 @pytest.fixture
