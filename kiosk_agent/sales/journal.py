@@ -2,9 +2,11 @@
 
 SQLite in WAL mode with ``synchronous=FULL``: a step is committed (fsynced) before the flow makes
 the external call the step announces, so after a crash or a power cut the journal always says
-what might have happened, and recovery can find out what did. Writes are synchronous on purpose:
-each is one small transaction (about a millisecond on flash), and ordering is then trivially
-right.
+what might have happened, and recovery can find out what did. The one kind of step that
+announces no call and moves no money, the card read's interaction id (``UNSYNCED_STEPS``), is
+committed without an fsync of its own: a killed process keeps it, the next commit makes it
+durable. Writes are synchronous on purpose: each is one small transaction (about a millisecond
+on flash), and ordering is then trivially right.
 
 Nothing here ever holds a card number, a card token, an API key or a secret: sales carry the
 locally made ``order_id``, the service's ``interaction_id`` and ``trans_id``, amounts, states, and
@@ -66,6 +68,7 @@ __all__ = [
     "MARKER_SUFFIX",
     "PRUNE_BATCH",
     "SCHEMA_VERSION",
+    "UNSYNCED_STEPS",
     "WAL_RESERVE_BYTES",
     "HeldStep",
     "Journal",
@@ -178,6 +181,15 @@ _WAL_RESERVE = "wal_reserve"  # the scratch table that grows it, never committed
 # found missing or empty while this exists was lost (deleted, truncated, its WAL removed).
 MARKER_SUFFIX = ".in-use"
 
+
+# Steps committed without an fsync of their own (``synchronous=NORMAL`` for their one
+# transaction). In WAL mode such a commit is written into the WAL at once, into the OS's page
+# cache: a killed process keeps it, only a power cut can undo it, and the next commit (FULL)
+# fsyncs the WAL through it. Only a step that moves no money and announces no call: the card
+# read's interaction id, which recovery cancels the read by after a kill; after a power cut it
+# finds a read without an id, as after a kill before the read's answer (the lost-read wait).
+# Every other step, and every money step, is fsynced before what it announces (docs/journal.md).
+UNSYNCED_STEPS = frozenset({Step.READ_CARD_ACCEPTED})
 
 # a sale's flow is fixed: the states it may be in follow from it
 _UPDATABLE = _COLUMN_SET - {"sale_id", "order_id", "created_at", "flow"}
@@ -528,11 +540,14 @@ class Journal(JournalReads, JournalPrune):
         if not self._batching:
             self._tell(None)
 
-    def _transaction(self) -> _WriteTransaction:
-        """One write's transaction, or the batch's it joins (which commits or rolls back)."""
+    def _transaction(self, *, fsynced: bool = True) -> _WriteTransaction:
+        """One write's transaction, or the batch's it joins (which commits or rolls back).
+        ``fsynced=False``: committed without an fsync of its own (``UNSYNCED_STEPS``)."""
         if self._batching:
             return _WriteTransaction(self.db, joins=True, way_taken=None)
-        return _WriteTransaction(self.db, joins=False, way_taken=self.prune_gives_way())
+        return _WriteTransaction(
+            self.db, joins=False, way_taken=self.prune_gives_way(), fsynced=fsynced
+        )
 
     def create(self, sale: SaleRecord, detail: Mapping[str, Any] | None = None) -> SaleRecord:
         """Write a new sale and its first step in one transaction (always STARTED)."""
@@ -571,7 +586,7 @@ class Journal(JournalReads, JournalPrune):
         assignments["updated_at"] = now
         expected = sale.state if if_state is None else if_state
         try:
-            with self._transaction() as db:
+            with self._transaction(fsynced=step not in UNSYNCED_STEPS) as db:
                 named = self._check_in_memory(db, sale, expected, new_state, step, changed)
                 assignments["sale_id"], assignments["was"] = sale.sale_id, expected.value
                 moved = db.execute(_update_sql(tuple(assignments)), assignments)
@@ -711,20 +726,36 @@ class Journal(JournalReads, JournalPrune):
 
 class _WriteTransaction:
     """``transaction(db)`` for one write of a sale, or nothing when it joins a batch. A class,
-    not a generator: two generator context managers a write were a tenth of its Python."""
+    not a generator: two generator context managers a write were a tenth of its Python.
 
-    __slots__ = ("db", "joins", "way_taken")
+    Not ``fsynced``: the connection is ``synchronous=NORMAL`` for this transaction alone (SQLite
+    refuses to change it inside one), and FULL again after it whatever happened, so that no
+    other write on the connection (a money step, the events, the probe) commits without one."""
+
+    __slots__ = ("db", "fsynced", "joins", "way_taken")
 
     def __init__(
-        self, db: sqlite3.Connection, *, joins: bool, way_taken: threading.Event | None
+        self,
+        db: sqlite3.Connection,
+        *,
+        joins: bool,
+        way_taken: threading.Event | None,
+        fsynced: bool = True,
     ) -> None:
         self.db = db
         self.joins = joins
         self.way_taken = way_taken  # a batch of the prune gave way: told once the lock is held
+        self.fsynced = fsynced
 
     def __enter__(self) -> sqlite3.Connection:
         if not self.joins:
-            self.db.execute("BEGIN IMMEDIATE")
+            if not self.fsynced:
+                self.db.execute("PRAGMA synchronous=NORMAL")
+            try:
+                self.db.execute("BEGIN IMMEDIATE")
+            except BaseException:
+                self._fsynced_again()
+                raise
             if self.way_taken is not None:
                 self.way_taken.set()
         return self.db
@@ -732,7 +763,18 @@ class _WriteTransaction:
     def __exit__(self, kind: type[BaseException] | None, *_: object) -> None:
         if self.joins:
             return  # the batch commits or rolls back
-        self.db.execute("COMMIT" if kind is None else "ROLLBACK")
+        try:
+            self.db.execute("COMMIT" if kind is None else "ROLLBACK")
+        finally:
+            self._fsynced_again()
+
+    def _fsynced_again(self) -> None:
+        if self.fsynced:
+            return
+        if self.db.in_transaction:  # a COMMIT that failed: undone, so FULL can be set again
+            with contextlib.suppress(sqlite3.Error):
+                self.db.execute("ROLLBACK")
+        self.db.execute("PRAGMA synchronous=FULL")
 
 
 def _refuse_newer(db: sqlite3.Connection, path: Path) -> None:

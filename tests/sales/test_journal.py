@@ -29,6 +29,7 @@ from kiosk_agent.sales.journal import (
     ASIDE_CACHE_KIB,
     CACHE_KIB,
     CHARGE_LOOKBACK_S,
+    UNSYNCED_STEPS,
     WAL_RESERVE_BYTES,
     WAL_ROOM_NEEDED,
     HeldStep,
@@ -459,6 +460,88 @@ def test_a_prunes_commit_does_not_fsync_inside_the_write_lock(
     assert said.index("PRAGMA synchronous=NORMAL") < said.index("BEGIN IMMEDIATE")
     monkeypatch.undo()
     assert journal.db.execute("PRAGMA synchronous").fetchone()[0] == 2  # the agent's: FULL
+
+
+def reading_a_card(journal: Journal, n: int = 1) -> SaleRecord:
+    """An authorize_capture sale whose read-card request is journaled (its answer not yet)."""
+    sale = journal.create(new_sale(n, flow="authorize_capture"))
+    return journal.record(sale, Step.READ_CARD_REQUEST, SaleState.READING_CARD)
+
+
+def test_the_card_reads_interaction_id_is_committed_without_an_fsync_of_its_own(
+    journal: Journal,
+) -> None:
+    """The accepted step moves no money and announces no call: its one transaction runs at
+    synchronous=NORMAL (no fsync: a kill keeps it, the next commit makes it durable); every
+    other step, the card read and the authorization's request after it, at FULL."""
+    sale = reading_a_card(journal)
+    said: list[str] = []
+    journal.db.set_trace_callback(said.append)
+    sale = journal.record(sale, Step.READ_CARD_ACCEPTED, interaction_id="ix-1",
+                          interaction_kind="read_card")
+    accepted = said[:]
+    with journal.batch():
+        sale = journal.record(sale, Step.READ_CARD_DONE, last_four="4242")
+        journal.record(sale, Step.AUTHORIZE_REQUEST, SaleState.AUTHORIZING)
+    journal.db.set_trace_callback(None)
+    assert accepted[0] == "PRAGMA synchronous=NORMAL"
+    assert accepted[1] == "BEGIN IMMEDIATE"
+    assert accepted[-2:] == ["COMMIT", "PRAGMA synchronous=FULL"]
+    assert [s for s in said if "synchronous" in s] == accepted[:1] + accepted[-1:]
+    assert journal.db.execute("PRAGMA synchronous").fetchone()[0] == 2  # FULL again
+    assert {Step.READ_CARD_ACCEPTED} == UNSYNCED_STEPS  # docs/journal.md names it alone
+    other = sqlite3.connect(journal.path)  # committed: what a killed process leaves
+    assert other.execute("SELECT interaction_id FROM sales").fetchone() == ("ix-1",)
+    other.close()
+
+
+def test_an_unsynced_write_that_fails_leaves_the_connection_fsyncing(
+    journal: Journal,
+) -> None:
+    """Whether its BEGIN, its check or its COMMIT fails, the connection is FULL again after
+    the accepted step's write: no later write (a money step) commits without an fsync."""
+    sale = reading_a_card(journal)
+    other = sqlite3.connect(journal.path, isolation_level=None)
+    other.execute("BEGIN IMMEDIATE")  # another writer holds the lock: the BEGIN fails
+    journal.db.execute("PRAGMA busy_timeout=0")
+    with pytest.raises(JournalError, match="locked"):
+        journal.record(sale, Step.READ_CARD_ACCEPTED, interaction_id="ix-1")
+    assert journal.db.execute("PRAGMA synchronous").fetchone()[0] == 2
+    other.execute("UPDATE sales SET state = 'failed'")  # ... then moves the sale itself
+    other.execute("COMMIT")
+    other.close()
+    with pytest.raises(SaleMoved):  # rolled back inside its transaction
+        journal.record(sale, Step.READ_CARD_ACCEPTED, interaction_id="ix-1")
+    assert journal.db.execute("PRAGMA synchronous").fetchone()[0] == 2
+    assert not journal.db.in_transaction
+
+
+def test_an_unsynced_commit_that_fails_is_undone_and_fsyncs_again(journal: Journal) -> None:
+    """A COMMIT that fails may leave its transaction open, where SQLite refuses to change the
+    safety level: it is rolled back first, then the connection is FULL again."""
+    sale = reading_a_card(journal)
+    real = journal.db
+
+    class CommitFails:  # the connection, whose COMMIT fails as a disk that went bad does
+        def __init__(self) -> None:
+            self.in_transaction = False
+
+        def execute(self, sql: str, *args: Any) -> Any:
+            if sql == "COMMIT":
+                raise sqlite3.OperationalError("disk I/O error")
+            found = real.execute(sql, *args)
+            self.in_transaction = real.in_transaction
+            return found
+
+    journal._db = CommitFails()  # type: ignore[assignment]
+    try:
+        with pytest.raises(JournalError, match="disk I/O error"):
+            journal.record(sale, Step.READ_CARD_ACCEPTED, interaction_id="ix-1")
+    finally:
+        journal._db = real
+    assert not real.in_transaction
+    assert real.execute("PRAGMA synchronous").fetchone()[0] == 2
+    assert journal.get(sale.sale_id) == sale  # nothing of it kept
 
 
 def test_retry_attempts_get_their_own_order_ids() -> None:
