@@ -7,14 +7,18 @@ Card outcomes follow the simulator's cents: ..01 retry (B), ..02 declined (C), .
 from __future__ import annotations
 
 import asyncio
+import errno
 import sqlite3
+import threading
 import time
 from collections import Counter
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from kiosk_agent.assembly.agent import Agent
+from kiosk_agent.sales import journal as journal_module
 from kiosk_agent.sales.clock import FakeClock
 from kiosk_agent.sales.model import (
     DispenseOutcome,
@@ -679,3 +683,63 @@ async def test_a_cable_dropped_mid_sale_loses_neither_the_sale_nor_the_next_one(
     assert [e.state for e in (first, second)] == [SaleState.COMPLETED] * 2
     assert [f["hits"] for f in faults["faults"]] == [1]
     assert agent.service.terminal.cable.connects == 2  # reopened with a fresh token
+
+
+async def test_a_captures_end_is_fsynced_off_the_loop_and_heard_only_once_durable(
+    agent: Agent, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Back to back, the capture's answer comes in the next customer's vend: its completion is
+    # committed without an fsync on the event loop, the WAL's fdatasync is a worker thread's,
+    # and the bus hears the end only once that is done.
+    flushing, release = threading.Event(), threading.Event()
+    flushed_by: list[tuple[str, bool]] = []  # (file, off the loop's thread)
+    fdatasync = journal_module._fdatasync
+
+    def held(path: Path) -> None:
+        flushed_by.append((path.name, threading.current_thread() is not threading.main_thread()))
+        flushing.set()
+        release.wait(10)
+        fdatasync(path)
+
+    monkeypatch.setattr(journal_module, "_fdatasync", held)
+    heard: list[str] = []
+    agent.events.listen(lambda event: heard.append(event.step))
+    machine = ScriptedDispenser(vended_cents=300)
+    sale = await agent.sales.start(request(300, flow=Flow.AUTHORIZE_CAPTURE), machine)
+    assert await asyncio.to_thread(flushing.wait, 10)  # the loop runs on while the disk works
+    assert last_step_on_disk(agent) == ("completed", "completed")  # committed: a kill keeps it
+    assert "completed" not in heard  # not yet announced
+    assert heard[-1] == "capture.request"
+    release.set()
+    event = await asyncio.wait_for(sale.result(), 10)
+    assert event.state is SaleState.COMPLETED
+    assert heard[-1] == "completed"
+    assert flushed_by == [(agent.journal.path.name + "-wal", True)]
+
+
+async def test_a_disk_that_fails_the_ends_fdatasync_is_a_failed_write_and_the_end_unwritten(
+    agent: Agent, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def failing(path: Path) -> None:
+        raise OSError(errno.EIO, "Input/output error")
+
+    monkeypatch.setattr(journal_module, "_fdatasync", failing)
+    told: list[Any] = []
+    on_write = agent.journal.on_write
+    assert on_write is not None
+
+    def witness(err: Any) -> None:
+        told.append(err)
+        on_write(err)
+
+    agent.journal.on_write = witness
+    event = await sell(agent, 300, ScriptedDispenser(vended_cents=300),
+                       flow=Flow.AUTHORIZE_CAPTURE)
+    # said as the journal last made it durable, not as paid: the next start asks the service
+    assert event.unwritten
+    assert event.state is SaleState.CAPTURING
+    assert "not durable" in event.message
+    assert "Input/output error" in event.message
+    assert [str(err) for err in told if err is not None] == [
+        f"cannot write the journal at {agent.journal.path}: [Errno 5] Input/output error"
+    ]  # the unit goes out of service, as at any failed write
