@@ -208,6 +208,42 @@ class SaleSteps:
         for event in held:
             self.publish_event(event)
 
+    async def step_fsynced_aside(
+        self,
+        name: Step,
+        state: SaleState | None = None,
+        message: str | None = None,
+        detail: Mapping[str, Any] | None = None,
+        **changes: Any,
+    ) -> SaleRecord:
+        """:meth:`step`, its commit's fsync off the event loop (``Journal.fsynced``): published,
+        and its call made, only once durable, while the loop serves the other sales. For a step
+        whose call can wait for the disk: back to back, the confirmed vend's capture request
+        comes in the next customer's vend.
+
+        A disk that fails that fdatasync fails the step as a failed commit does: not durable, so
+        no call; the sale is kept as the journal should hold it and written again (the runner's
+        unwritten sales), and the unit goes out of service."""
+        before = self.record
+        self._held = []
+        try:
+            with self.journal.fsync_later():
+                self.step(name, state, message, detail, **changes)
+        finally:
+            held, self._held = self._held, None
+        try:
+            await self.journal.fsynced()
+        except JournalError:
+            if self.unwritten is None:
+                if message is not None:
+                    changes["message"] = message
+                self.unwritten, self.record = self.record, before
+                self.held = [HeldStep(name, state, detail, changes)]
+            raise
+        for event in held:
+            self.publish_event(event)
+        return self.record
+
     async def end_fsynced_aside(self, end: Callable[[], SaleEvent]) -> SaleEvent:
         """The sale's end, journaled by ``end`` (synchronous code) without an fsync on the event
         loop, and published once durable (``Journal.fsynced``: the WAL's fdatasync in a worker
@@ -554,7 +590,7 @@ class SaleSteps:
         assert trans_id is not None
         self.require_own()
         named = self.named((vend or {}).get("product"))
-        self.step(
+        await self.step_fsynced_aside(
             Step.CAPTURE_REQUEST,
             SaleState.CAPTURING,
             detail={"trans_id": trans_id, "cents": cents, **(vend or {})},
