@@ -15,7 +15,6 @@ at most the card brand and the last four digits.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import datetime as dt
 import functools
@@ -235,9 +234,6 @@ class Journal(JournalReads, JournalPrune):
         self._reopen = False  # put back, not reopened yet (put_back tries again)
         self._identity: tuple[int, int] | None = None  # the file open(): put_back compares
         self._batching = False  # inside batch(): writes join its one transaction
-        self._fsync_later = False  # inside fsync_later(): commits without an fsync of their own
-        self._fsync_owed = False  # a commit since this connection's last fsynced one made none
-        self._fsync_waiters: list[asyncio.Future[None]] = []  # fsynced(): woken by the next
         # checkpoints made off this connection (checkpoint_aside), not inside a commit of its
         # own: the running agent's, whose commits are on its event loop
         self._checkpoints_aside = False
@@ -538,62 +534,11 @@ class Journal(JournalReads, JournalPrune):
                 db.execute("ROLLBACK")
             raise self._write_failed(err) from err
         self._tell(None)  # taken: only now (a write inside a batch is not durable before this)
-        self._committed(fsynced=True)
 
-    def _told_written(self, *, fsynced: bool = True) -> None:
+    def _told_written(self) -> None:
         """A write was taken: told at once, or by its batch's commit (which may still fail)."""
         if not self._batching:
             self._tell(None)
-            self._committed(fsynced=fsynced)
-
-    def _committed(self, *, fsynced: bool) -> None:
-        """A commit of this connection: one fsynced makes every commit before it durable too
-        (the WAL's fdatasync covers the whole file), so whoever waits in fsynced() is woken."""
-        if not fsynced:
-            self._fsync_owed = True
-            return
-        self._fsync_owed = False
-        waiters, self._fsync_waiters = self._fsync_waiters, []
-        for waiter in waiters:
-            if not waiter.done():
-                waiter.set_result(None)
-
-    @contextlib.contextmanager
-    def fsync_later(self) -> Iterator[None]:
-        """The writes inside are committed without an fsync of their own (``synchronous=NORMAL``:
-        a killed process keeps them); their caller announces them only after :meth:`fsynced`.
-        Synchronous code only inside."""
-        self._fsync_later = True
-        try:
-            yield
-        finally:
-            self._fsync_later = False
-
-    async def fsynced(self) -> None:
-        """Return once every commit so far is durable: at the next fsynced commit of this
-        connection (another sale's, on the event loop), or when the WAL's fdatasync, begun now
-        in a worker thread, is done, whichever comes first. The loop goes on meanwhile: the
-        disk's wait is the thread's. A failing fdatasync is a failed write (told, and raised as
-        :class:`JournalError`)."""
-        if not self._fsync_owed:
-            return
-        loop = asyncio.get_running_loop()
-        waiter: asyncio.Future[None] = loop.create_future()
-        self._fsync_waiters.append(waiter)
-        flushing = loop.run_in_executor(None, _fdatasync, side_files(self.path)[0])
-        flushing.add_done_callback(functools.partial(self._flushed, waiter))
-        await waiter
-
-    def _flushed(self, waiter: asyncio.Future[None], flushing: asyncio.Future[None]) -> None:
-        if waiter.done():
-            return  # made durable by a commit first, or given up by a cancelled caller
-        err = flushing.exception()
-        if err is None:
-            waiter.set_result(None)
-            return
-        failed = JournalError(f"cannot write the journal at {self.path}: {err}")
-        self._tell(failed)
-        waiter.set_exception(failed)
 
     def _transaction(self, *, fsynced: bool = True) -> _WriteTransaction:
         """One write's transaction, or the batch's it joins (which commits or rolls back).
@@ -641,8 +586,7 @@ class Journal(JournalReads, JournalPrune):
         assignments["updated_at"] = now
         expected = sale.state if if_state is None else if_state
         try:
-            fsynced = not self._fsync_later and step not in UNSYNCED_STEPS
-            with self._transaction(fsynced=fsynced) as db:
+            with self._transaction(fsynced=step not in UNSYNCED_STEPS) as db:
                 named = self._check_in_memory(db, sale, expected, new_state, step, changed)
                 assignments["sale_id"], assignments["was"] = sale.sale_id, expected.value
                 moved = db.execute(_update_sql(tuple(assignments)), assignments)
@@ -654,7 +598,7 @@ class Journal(JournalReads, JournalPrune):
                 self._insert_step(db, sale.sale_id, now, named, new_state, detail)
         except sqlite3.Error as err:
             raise self._write_failed(err) from err
-        self._told_written(fsynced=fsynced)
+        self._told_written()
         return updated
 
     def _check_in_memory(
@@ -831,16 +775,6 @@ class _WriteTransaction:
             with contextlib.suppress(sqlite3.Error):
                 self.db.execute("ROLLBACK")
         self.db.execute("PRAGMA synchronous=FULL")
-
-
-def _fdatasync(path: Path) -> None:
-    """What a FULL commit ends with, for every commit made before: the WAL's fdatasync (a file's
-    data is the file's, whichever descriptor asks)."""
-    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-    try:
-        os.fdatasync(fd)
-    finally:
-        os.close(fd)
 
 
 def _refuse_newer(db: sqlite3.Connection, path: Path) -> None:

@@ -208,71 +208,6 @@ class SaleSteps:
         for event in held:
             self.publish_event(event)
 
-    async def step_fsynced_aside(
-        self,
-        name: Step,
-        state: SaleState | None = None,
-        message: str | None = None,
-        detail: Mapping[str, Any] | None = None,
-        **changes: Any,
-    ) -> SaleRecord:
-        """:meth:`step`, its commit's fsync off the event loop (``Journal.fsynced``): published,
-        and its call made, only once durable, while the loop serves the other sales. For a step
-        whose call can wait for the disk: back to back, the confirmed vend's capture request
-        comes in the next customer's vend.
-
-        A disk that fails that fdatasync fails the step as a failed commit does: not durable, so
-        no call; the sale is kept as the journal should hold it and written again (the runner's
-        unwritten sales), and the unit goes out of service."""
-        before = self.record
-        self._held = []
-        try:
-            with self.journal.fsync_later():
-                self.step(name, state, message, detail, **changes)
-        finally:
-            held, self._held = self._held, None
-        try:
-            await self.journal.fsynced()
-        except JournalError:
-            if self.unwritten is None:
-                if message is not None:
-                    changes["message"] = message
-                self.unwritten, self.record = self.record, before
-                self.held = [HeldStep(name, state, detail, changes)]
-            raise
-        for event in held:
-            self.publish_event(event)
-        return self.record
-
-    async def end_fsynced_aside(self, end: Callable[[], SaleEvent]) -> SaleEvent:
-        """The sale's end, journaled by ``end`` (synchronous code) without an fsync on the event
-        loop, and published once durable (``Journal.fsynced``: the WAL's fdatasync in a worker
-        thread, or another sale's commit first). Back to back, the capture's answer comes in
-        the next customer's vend: that customer's steps go on while the disk works. Nothing
-        follows a sale's end that the journal must hold first; only its announcement waits.
-
-        A disk that fails that fdatasync is a failed write (the unit goes out of service): the
-        end is then published as not written, the sale as the journal last made it durable."""
-        before = self.record
-        self._held = []
-        try:
-            with self.journal.fsync_later():
-                ended = end()
-        finally:
-            held, self._held = self._held, None
-        try:
-            await self.journal.fsynced()
-        except JournalError as err:
-            _LOGGER.error("sale %s: its end is not durable: %s", self.record.sale_id, err)
-            why = f"{ended.message}; not durable ({err}): the next start asks the service"
-            self.record = dataclasses.replace(before, message=why)
-            event = event_of(self.record, Step.JOURNAL_UNWRITTEN, clock=self.clock)
-            self.publish_event(event)
-            return event
-        for event in held:
-            self.publish_event(event)
-        return ended
-
     def publish(self, step: Step | Literal[""] = "") -> SaleEvent:
         event = event_of(self.record, step, clock=self.clock)
         self.publish_event(event)
@@ -590,7 +525,7 @@ class SaleSteps:
         assert trans_id is not None
         self.require_own()
         named = self.named((vend or {}).get("product"))
-        await self.step_fsynced_aside(
+        self.step(
             Step.CAPTURE_REQUEST,
             SaleState.CAPTURING,
             detail={"trans_id": trans_id, "cents": cents, **(vend or {})},
@@ -601,7 +536,7 @@ class SaleSteps:
             result = await self.service.payments.capture(trans_id, amount=cents)
         except ServiceError as err:
             return await self._capture_unclear(trans_id, cents, err)
-        return await self.end_fsynced_aside(lambda: self._captured(result, cents))
+        return self._captured(result, cents)
 
     async def _capture_unclear(self, trans_id: str, cents: int, err: ServiceError) -> SaleEvent:
         """The capture answered an error: reporting says whether it went through (a lost answer

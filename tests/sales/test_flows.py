@@ -7,18 +7,14 @@ Card outcomes follow the simulator's cents: ..01 retry (B), ..02 declined (C), .
 from __future__ import annotations
 
 import asyncio
-import errno
 import sqlite3
-import threading
 import time
 from collections import Counter
-from pathlib import Path
 from typing import Any
 
 import pytest
 
 from kiosk_agent.assembly.agent import Agent
-from kiosk_agent.sales import journal as journal_module
 from kiosk_agent.sales.clock import FakeClock
 from kiosk_agent.sales.model import (
     DispenseOutcome,
@@ -683,136 +679,3 @@ async def test_a_cable_dropped_mid_sale_loses_neither_the_sale_nor_the_next_one(
     assert [e.state for e in (first, second)] == [SaleState.COMPLETED] * 2
     assert [f["hits"] for f in faults["faults"]] == [1]
     assert agent.service.terminal.cable.connects == 2  # reopened with a fresh token
-
-
-class HeldDisk:
-    """The WAL's fdatasync of ``Journal.fsynced``, each call held until the test lets it go."""
-
-    def __init__(self, calls: int) -> None:
-        self.begun = [threading.Event() for _ in range(calls)]
-        self.gates = [threading.Event() for _ in range(calls)]
-        self.by: list[tuple[str, bool]] = []  # (file, off the loop's thread)
-        self.fdatasync = journal_module._fdatasync
-
-    def __call__(self, path: Path) -> None:
-        n = len(self.by)
-        self.by.append((path.name, threading.current_thread() is not threading.main_thread()))
-        self.begun[n].set()
-        self.gates[n].wait(10)
-        self.fdatasync(path)
-
-    async def wait_begun(self, n: int) -> None:
-        assert await asyncio.to_thread(self.begun[n].wait, 10)  # the loop runs on meanwhile
-
-
-async def test_the_capture_request_and_the_end_are_fsynced_off_the_loop_each_before_it_counts(
-    agent: Agent, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    # Back to back, the previous customer's capture comes in the next customer's vend: its
-    # request (the confirmed vend) and its end are committed without an fsync on the event
-    # loop; the WAL's fdatasync is a worker thread's. The capture is sent only once its request
-    # is durable, and the bus hears each step only then.
-    disk = HeldDisk(2)
-    monkeypatch.setattr(journal_module, "_fdatasync", disk)
-    heard: list[str] = []
-    agent.events.listen(lambda event: heard.append(event.step))
-    capture_sent: list[tuple[str, str] | None] = []
-    capture = agent.service.payments.capture
-
-    async def witnessed(*args: Any, **kwargs: Any) -> Any:
-        capture_sent.append(last_step_on_disk(agent))
-        return await capture(*args, **kwargs)
-
-    monkeypatch.setattr(agent.service.payments, "capture", witnessed)
-    machine = ScriptedDispenser(vended_cents=300)
-    sale = await agent.sales.start(request(300, flow=Flow.AUTHORIZE_CAPTURE), machine)
-    await disk.wait_begun(0)
-    assert last_step_on_disk(agent) == ("capturing", "capture.request")  # a kill keeps it
-    assert capture_sent == []  # not durable yet: not sent
-    assert heard[-1] == "dispense.request"
-    disk.gates[0].set()
-    await disk.wait_begun(1)
-    assert capture_sent == [("capturing", "capture.request")]
-    assert last_step_on_disk(agent) == ("completed", "completed")
-    assert heard[-1] == "capture.request"  # the end not yet
-    disk.gates[1].set()
-    event = await asyncio.wait_for(sale.result(), 10)
-    assert event.state is SaleState.COMPLETED
-    assert heard[-1] == "completed"
-    assert disk.by == [(agent.journal.path.name + "-wal", True)] * 2
-
-
-async def test_a_disk_that_fails_the_capture_requests_fdatasync_sends_no_capture_until_written(
-    agent: Agent, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    # not durable, so not sent: the sale is kept as the journal should hold it, written again
-    # once the journal takes writes, then captured as recovery would
-    failed: list[Path] = []
-    fdatasync = journal_module._fdatasync
-
-    def failing_once(path: Path) -> None:
-        if not failed:
-            failed.append(path)
-            raise OSError(errno.EIO, "Input/output error")
-        fdatasync(path)
-
-    monkeypatch.setattr(journal_module, "_fdatasync", failing_once)
-    captures: list[str] = []
-    capture = agent.service.payments.capture
-
-    async def counted(*args: Any, **kwargs: Any) -> Any:
-        captures.append(str(args[0]))
-        return await capture(*args, **kwargs)
-
-    monkeypatch.setattr(agent.service.payments, "capture", counted)
-    event = await sell(agent, 300, ScriptedDispenser(vended_cents=300),
-                       flow=Flow.AUTHORIZE_CAPTURE)
-    assert event.unwritten
-    assert event.state is SaleState.DISPENSING  # as last durable
-    assert captures == []
-    async with asyncio.timeout(10):  # written again, then finished: captured once
-        while (kept := agent.journal.get(event.sale_id)) is None or not kept.state.final:
-            await asyncio.sleep(0.05)
-    assert kept.state is SaleState.COMPLETED, kept.message
-    assert len(captures) == 1
-    steps = [s.step for s in agent.journal.steps(event.sale_id)]
-    # its own (not durable), written again after the keeper's note, then finished as recovery
-    # does: the capture sent once, after the request was written again
-    restored = steps.index("journal.restored")
-    assert steps[restored - 1 : restored + 2] == [
-        "capture.request", "journal.restored", "capture.request"]
-    assert steps[-1] == "completed"
-
-
-async def test_a_disk_that_fails_the_ends_fdatasync_is_a_failed_write_and_the_end_unwritten(
-    agent: Agent, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    calls: list[Path] = []
-    fdatasync = journal_module._fdatasync
-
-    def failing_second(path: Path) -> None:  # the capture request's works, the end's fails
-        calls.append(path)
-        if len(calls) == 2:
-            raise OSError(errno.EIO, "Input/output error")
-        fdatasync(path)
-
-    monkeypatch.setattr(journal_module, "_fdatasync", failing_second)
-    told: list[Any] = []
-    on_write = agent.journal.on_write
-    assert on_write is not None
-
-    def witness(err: Any) -> None:
-        told.append(err)
-        on_write(err)
-
-    agent.journal.on_write = witness
-    event = await sell(agent, 300, ScriptedDispenser(vended_cents=300),
-                       flow=Flow.AUTHORIZE_CAPTURE)
-    # said as the journal last made it durable, not as paid: the next start asks the service
-    assert event.unwritten
-    assert event.state is SaleState.CAPTURING
-    assert "not durable" in event.message
-    assert "Input/output error" in event.message
-    assert [str(err) for err in told if err is not None] == [
-        f"cannot write the journal at {agent.journal.path}: [Errno 5] Input/output error"
-    ]  # the unit goes out of service, as at any failed write

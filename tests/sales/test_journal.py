@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import concurrent.futures
 import ctypes
 import dataclasses
@@ -24,7 +23,6 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kiosk_agent.moments import parse_moment
-from kiosk_agent.sales import journal as journal_module
 from kiosk_agent.sales import journal_prune
 from kiosk_agent.sales.clock import Anchor, FakeClock
 from kiosk_agent.sales.journal import (
@@ -544,45 +542,6 @@ def test_an_unsynced_commit_that_fails_is_undone_and_fsyncs_again(journal: Journ
     assert not real.in_transaction
     assert real.execute("PRAGMA synchronous").fetchone()[0] == 2
     assert journal.get(sale.sale_id) == sale  # nothing of it kept
-
-
-async def test_writes_made_to_fsync_later_are_durable_at_the_next_fsynced_commit(
-    journal: Journal, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """fsync_later(): committed at synchronous=NORMAL; fsynced() returns at the next fsynced
-    commit of the connection (it fdatasyncs the whole WAL), before its own worker thread's
-    fdatasync is done; a commit without an fsync of its own does not count."""
-    begun, release = threading.Event(), threading.Event()
-    flushed: list[str] = []
-
-    def slow_disk(path: Path) -> None:
-        flushed.append(path.name)
-        begun.set()
-        release.wait(10)
-
-    monkeypatch.setattr(journal_module, "_fdatasync", slow_disk)
-    await journal.fsynced()  # nothing owed: no fdatasync of its own
-    assert flushed == []
-    first, second = reading_a_card(journal, 1), reading_a_card(journal, 2)
-    said: list[str] = []
-    journal.db.set_trace_callback(said.append)
-    with journal.fsync_later():
-        journal.record(first, Step.READ_CARD_CANCELLED, SaleState.CANCELLED)
-    journal.db.set_trace_callback(None)
-    assert said[0] == "PRAGMA synchronous=NORMAL"
-    assert said[-1] == "PRAGMA synchronous=FULL"
-    waiting = asyncio.ensure_future(journal.fsynced())
-    assert await asyncio.to_thread(begun.wait, 10)
-    assert flushed == ["journal.db-wal"]
-    assert not waiting.done()
-    second = journal.record(second, Step.READ_CARD_ACCEPTED, interaction_id="ix-2")
-    await asyncio.sleep(0)
-    assert not waiting.done()  # the accepted step fsyncs nothing either
-    journal.record(second, Step.READ_CARD_DONE, last_four="4242")  # FULL: the WAL fsynced
-    await asyncio.wait_for(waiting, 1)
-    release.set()
-    await journal.fsynced()  # nothing owed again
-    assert flushed == ["journal.db-wal"]
 
 
 def test_retry_attempts_get_their_own_order_ids() -> None:
