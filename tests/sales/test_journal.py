@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
 import concurrent.futures
 import ctypes
 import dataclasses
 import datetime as dt
+import errno
 import os
 import resource
 import sqlite3
@@ -23,12 +25,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kiosk_agent.moments import parse_moment
+from kiosk_agent.sales import journal as journal_module
 from kiosk_agent.sales import journal_prune
 from kiosk_agent.sales.clock import Anchor, FakeClock
 from kiosk_agent.sales.journal import (
     ASIDE_CACHE_KIB,
     CACHE_KIB,
     CHARGE_LOOKBACK_S,
+    FSYNC_SHARED_TURNS,
     UNSYNCED_STEPS,
     WAL_RESERVE_BYTES,
     WAL_ROOM_NEEDED,
@@ -542,6 +546,69 @@ def test_an_unsynced_commit_that_fails_is_undone_and_fsyncs_again(journal: Journ
     assert not real.in_transaction
     assert real.execute("PRAGMA synchronous").fetchone()[0] == 2
     assert journal.get(sale.sale_id) == sale  # nothing of it kept
+
+
+async def test_a_shared_fsync_write_is_durable_with_another_sales_commit_in_its_turns(
+    journal: Journal, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """fsync_shared(): committed at synchronous=NORMAL; fsynced() returns with the next fsynced
+    commit made within FSYNC_SHARED_TURNS turns of the loop (it fdatasyncs the whole WAL), and
+    the journal then makes no fsync of its own; an unsynced commit does not count."""
+    flushed: list[Path] = []
+    monkeypatch.setattr(journal_module, "_fdatasync", flushed.append)
+    await journal.fsynced()  # nothing owed
+    first, second = reading_a_card(journal, 1), reading_a_card(journal, 2)
+    said: list[str] = []
+    journal.db.set_trace_callback(said.append)
+    with journal.fsync_shared():
+        journal.record(first, Step.READ_CARD_CANCELLED, SaleState.CANCELLED)
+    journal.db.set_trace_callback(None)
+    assert said[0] == "PRAGMA synchronous=NORMAL"
+    assert said[-1] == "PRAGMA synchronous=FULL"
+    waiting = asyncio.ensure_future(journal.fsynced())
+    await asyncio.sleep(0)  # it waits, counting turns
+    second = journal.record(second, Step.READ_CARD_ACCEPTED, interaction_id="ix-2")
+    await asyncio.sleep(0)
+    assert not waiting.done()  # the accepted step fsyncs nothing either
+    journal.record(second, Step.READ_CARD_DONE, last_four="4242")  # FULL: the WAL fsynced
+    await asyncio.wait_for(waiting, 1)
+    for _ in range(FSYNC_SHARED_TURNS + 2):
+        await asyncio.sleep(0)
+    assert flushed == []  # shared: no fsync of its own
+
+
+async def test_a_shared_fsync_write_that_none_shares_is_fsynced_on_the_loop_after_its_turns(
+    journal: Journal, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    flushed: list[tuple[str, bool]] = []  # (file, on the loop's thread)
+
+    def witnessed(path: Path) -> None:
+        flushed.append((path.name, threading.current_thread() is threading.main_thread()))
+
+    monkeypatch.setattr(journal_module, "_fdatasync", witnessed)
+    sale = reading_a_card(journal)
+    with journal.fsync_shared():
+        journal.record(sale, Step.READ_CARD_CANCELLED, SaleState.CANCELLED)
+    await asyncio.wait_for(journal.fsynced(), 1)
+    assert flushed == [("journal.db-wal", True)]
+    await journal.fsynced()  # durable now: nothing owed
+    assert len(flushed) == 1
+
+
+async def test_a_failed_fsync_of_a_shared_write_is_a_failed_write(
+    journal: Journal, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def failing(path: Path) -> None:
+        raise OSError(errno.EIO, "Input/output error")
+
+    monkeypatch.setattr(journal_module, "_fdatasync", failing)
+    told: list[JournalError | None] = []
+    journal.on_write = told.append
+    with journal.fsync_shared():
+        journal.record(reading_a_card(journal), Step.READ_CARD_CANCELLED, SaleState.CANCELLED)
+    with pytest.raises(JournalError, match="Input/output error"):
+        await journal.fsynced()
+    assert isinstance(told[-1], JournalError)  # the unit goes out of service on it
 
 
 def test_retry_attempts_get_their_own_order_ids() -> None:
