@@ -2,9 +2,13 @@
 
 SQLite in WAL mode with ``synchronous=FULL``: a step is committed (fsynced) before the flow makes
 the external call the step announces, so after a crash or a power cut the journal always says
-what might have happened, and recovery can find out what did. Writes are synchronous on purpose:
-each is one small transaction (about a millisecond on flash), and ordering is then trivially
-right.
+what might have happened, and recovery can find out what did. The one kind of step that
+announces no call and moves no money, the card read's interaction id (``UNSYNCED_STEPS``), is
+committed without an fsync of its own: a killed process keeps it, the next commit makes it
+durable. A step written in :meth:`Journal.fsync_shared` (the capture request) is fsynced with
+another sale's commit made beside it, else by the journal itself: its caller waits for that
+before it announces it or makes its call. Writes are synchronous on purpose: each is one small
+transaction (about a millisecond on flash), and ordering is then trivially right.
 
 Nothing here ever holds a card number, a card token, an API key or a secret: sales carry the
 locally made ``order_id``, the service's ``interaction_id`` and ``trans_id``, amounts, states, and
@@ -13,6 +17,7 @@ at most the card brand and the last four digits.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import datetime as dt
 import functools
@@ -66,6 +71,7 @@ __all__ = [
     "MARKER_SUFFIX",
     "PRUNE_BATCH",
     "SCHEMA_VERSION",
+    "UNSYNCED_STEPS",
     "WAL_RESERVE_BYTES",
     "HeldStep",
     "Journal",
@@ -179,6 +185,21 @@ _WAL_RESERVE = "wal_reserve"  # the scratch table that grows it, never committed
 MARKER_SUFFIX = ".in-use"
 
 
+# Steps committed without an fsync of their own (``synchronous=NORMAL`` for their one
+# transaction). In WAL mode such a commit is written into the WAL at once, into the OS's page
+# cache: a killed process keeps it, only a power cut can undo it, and the next commit (FULL)
+# fsyncs the WAL through it. Only a step that moves no money and announces no call: the card
+# read's interaction id, which recovery cancels the read by after a kill; after a power cut it
+# finds a read without an id, as after a kill before the read's answer (the lost-read wait).
+# Every other step, and every money step, is fsynced before what it announces (docs/journal.md).
+UNSYNCED_STEPS = frozenset({Step.READ_CARD_ACCEPTED})
+
+# Turns of the event loop a commit made in fsync_shared() waits for another sale's fsynced
+# commit before the journal fsyncs it alone. Back to back, the next customer's sale is written
+# one turn after the previous customer's capture request (59 of 60 bench customers; the 60th
+# had no next); a lone customer's waits two turns, a few microseconds each.
+FSYNC_SHARED_TURNS = 2
+
 # a sale's flow is fixed: the states it may be in follow from it
 _UPDATABLE = _COLUMN_SET - {"sale_id", "order_id", "created_at", "flow"}
 # Keys that must never reach the journal, whatever a caller passes in a step's detail.
@@ -222,6 +243,9 @@ class Journal(JournalReads, JournalPrune):
         self._reopen = False  # put back, not reopened yet (put_back tries again)
         self._identity: tuple[int, int] | None = None  # the file open(): put_back compares
         self._batching = False  # inside batch(): writes join its one transaction
+        self._fsync_shared = False  # inside fsync_shared(): commits without an fsync of their own
+        self._fsync_owed = False  # a commit since this connection's last fsynced one made none
+        self._fsync_waiters: list[asyncio.Future[None]] = []  # fsynced(): woken by the next
         # checkpoints made off this connection (checkpoint_aside), not inside a commit of its
         # own: the running agent's, whose commits are on its event loop
         self._checkpoints_aside = False
@@ -522,17 +546,78 @@ class Journal(JournalReads, JournalPrune):
                 db.execute("ROLLBACK")
             raise self._write_failed(err) from err
         self._tell(None)  # taken: only now (a write inside a batch is not durable before this)
+        self._committed(fsynced=True)
 
-    def _told_written(self) -> None:
+    def _told_written(self, *, fsynced: bool = True) -> None:
         """A write was taken: told at once, or by its batch's commit (which may still fail)."""
         if not self._batching:
             self._tell(None)
+            self._committed(fsynced=fsynced)
 
-    def _transaction(self) -> _WriteTransaction:
-        """One write's transaction, or the batch's it joins (which commits or rolls back)."""
+    def _committed(self, *, fsynced: bool) -> None:
+        """A commit of this connection: one fsynced makes every commit before it durable too
+        (the WAL's fdatasync covers the whole file), so whoever waits in fsynced() is woken."""
+        if not fsynced:
+            self._fsync_owed = True
+            return
+        self._fsync_owed = False
+        waiters, self._fsync_waiters = self._fsync_waiters, []
+        for waiter in waiters:
+            if not waiter.done():
+                waiter.set_result(None)
+
+    @contextlib.contextmanager
+    def fsync_shared(self) -> Iterator[None]:
+        """The writes inside are committed without an fsync of their own (``synchronous=NORMAL``:
+        a killed process keeps them); their caller announces them, and makes the call they lead
+        to, only after :meth:`fsynced`. Synchronous code only inside."""
+        self._fsync_shared = True
+        try:
+            yield
+        finally:
+            self._fsync_shared = False
+
+    async def fsynced(self) -> None:
+        """Return once every commit so far is durable: with the next fsynced commit of this
+        connection if one comes within ``FSYNC_SHARED_TURNS`` turns of the event loop (another
+        sale's, written beside this one), else by the WAL's own fdatasync then, on the loop as a
+        commit's is. A failing fdatasync is a failed write (told, raised as JournalError)."""
+        if not self._fsync_owed:
+            return
+        loop = asyncio.get_running_loop()
+        waiter: asyncio.Future[None] = loop.create_future()
+        self._fsync_waiters.append(waiter)
+        if len(self._fsync_waiters) == 1:  # the first since the last fsync: the turns count
+            loop.call_soon(self._fsync_after, FSYNC_SHARED_TURNS, self._fsync_waiters)
+        await waiter
+
+    def _fsync_after(self, turns: int, waiters: list[asyncio.Future[None]]) -> None:
+        if self._fsync_waiters is not waiters:
+            return  # a commit made them durable meanwhile, and woke them
+        if turns > 0:
+            asyncio.get_running_loop().call_soon(self._fsync_after, turns - 1, waiters)
+            return
+        try:
+            _fdatasync(side_files(self.path)[0])
+        except OSError as err:
+            failed = JournalError(f"cannot write the journal at {self.path}: {err}")
+            self._tell(failed)
+            self._fsync_waiters = []
+            for waiter in waiters:
+                if not waiter.done():
+                    waiter.set_exception(failed)
+            return
+        self._committed(fsynced=True)
+
+    def _transaction(self, *, fsynced: bool = True) -> _WriteTransaction:
+        """One write's transaction, or the batch's it joins (which commits or rolls back).
+        ``fsynced=False``: committed without an fsync of its own (``UNSYNCED_STEPS``,
+        :meth:`fsync_shared`)."""
         if self._batching:
             return _WriteTransaction(self.db, joins=True, way_taken=None)
-        return _WriteTransaction(self.db, joins=False, way_taken=self.prune_gives_way())
+        return _WriteTransaction(
+            self.db, joins=False, way_taken=self.prune_gives_way(), fsynced=fsynced
+        )
 
     def create(self, sale: SaleRecord, detail: Mapping[str, Any] | None = None) -> SaleRecord:
         """Write a new sale and its first step in one transaction (always STARTED)."""
@@ -571,7 +656,8 @@ class Journal(JournalReads, JournalPrune):
         assignments["updated_at"] = now
         expected = sale.state if if_state is None else if_state
         try:
-            with self._transaction() as db:
+            fsynced = not self._fsync_shared and step not in UNSYNCED_STEPS
+            with self._transaction(fsynced=fsynced) as db:
                 named = self._check_in_memory(db, sale, expected, new_state, step, changed)
                 assignments["sale_id"], assignments["was"] = sale.sale_id, expected.value
                 moved = db.execute(_update_sql(tuple(assignments)), assignments)
@@ -583,7 +669,7 @@ class Journal(JournalReads, JournalPrune):
                 self._insert_step(db, sale.sale_id, now, named, new_state, detail)
         except sqlite3.Error as err:
             raise self._write_failed(err) from err
-        self._told_written()
+        self._told_written(fsynced=fsynced)
         return updated
 
     def _check_in_memory(
@@ -711,20 +797,36 @@ class Journal(JournalReads, JournalPrune):
 
 class _WriteTransaction:
     """``transaction(db)`` for one write of a sale, or nothing when it joins a batch. A class,
-    not a generator: two generator context managers a write were a tenth of its Python."""
+    not a generator: two generator context managers a write were a tenth of its Python.
 
-    __slots__ = ("db", "joins", "way_taken")
+    Not ``fsynced``: the connection is ``synchronous=NORMAL`` for this transaction alone (SQLite
+    refuses to change it inside one), and FULL again after it whatever happened, so that no
+    other write on the connection (a money step, the events, the probe) commits without one."""
+
+    __slots__ = ("db", "fsynced", "joins", "way_taken")
 
     def __init__(
-        self, db: sqlite3.Connection, *, joins: bool, way_taken: threading.Event | None
+        self,
+        db: sqlite3.Connection,
+        *,
+        joins: bool,
+        way_taken: threading.Event | None,
+        fsynced: bool = True,
     ) -> None:
         self.db = db
         self.joins = joins
         self.way_taken = way_taken  # a batch of the prune gave way: told once the lock is held
+        self.fsynced = fsynced
 
     def __enter__(self) -> sqlite3.Connection:
         if not self.joins:
-            self.db.execute("BEGIN IMMEDIATE")
+            if not self.fsynced:
+                self.db.execute("PRAGMA synchronous=NORMAL")
+            try:
+                self.db.execute("BEGIN IMMEDIATE")
+            except BaseException:
+                self._fsynced_again()
+                raise
             if self.way_taken is not None:
                 self.way_taken.set()
         return self.db
@@ -732,7 +834,28 @@ class _WriteTransaction:
     def __exit__(self, kind: type[BaseException] | None, *_: object) -> None:
         if self.joins:
             return  # the batch commits or rolls back
-        self.db.execute("COMMIT" if kind is None else "ROLLBACK")
+        try:
+            self.db.execute("COMMIT" if kind is None else "ROLLBACK")
+        finally:
+            self._fsynced_again()
+
+    def _fsynced_again(self) -> None:
+        if self.fsynced:
+            return
+        if self.db.in_transaction:  # a COMMIT that failed: undone, so FULL can be set again
+            with contextlib.suppress(sqlite3.Error):
+                self.db.execute("ROLLBACK")
+        self.db.execute("PRAGMA synchronous=FULL")
+
+
+def _fdatasync(path: Path) -> None:
+    """What a FULL commit ends with, for every commit made before it: the WAL's fdatasync (a
+    file's data is the file's, whichever descriptor asks)."""
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        os.fdatasync(fd)
+    finally:
+        os.close(fd)
 
 
 def _refuse_newer(db: sqlite3.Connection, path: Path) -> None:

@@ -208,6 +208,42 @@ class SaleSteps:
         for event in held:
             self.publish_event(event)
 
+    async def step_fsync_shared(
+        self,
+        name: Step,
+        state: SaleState | None = None,
+        message: str | None = None,
+        detail: Mapping[str, Any] | None = None,
+        **changes: Any,
+    ) -> SaleRecord:
+        """:meth:`step`, durable by the fsync of another sale's commit made in the same turn of
+        the event loop, else by the journal's own at the next turn (``Journal.fsynced``); only
+        then published, and its call made. Back to back, the confirmed vend's capture request
+        and the next customer's sale are written in one turn: one fsync for both.
+
+        A disk that fails that fsync fails the step as a failed commit does: not durable, so no
+        call; the sale is kept as the journal should hold it and written again (the runner's
+        unwritten sales), and the unit goes out of service."""
+        before = self.record
+        self._held = []
+        try:
+            with self.journal.fsync_shared():
+                self.step(name, state, message, detail, **changes)
+        finally:
+            held, self._held = self._held, None
+        try:
+            await self.journal.fsynced()
+        except JournalError:
+            if self.unwritten is None:
+                if message is not None:
+                    changes["message"] = message
+                self.unwritten, self.record = self.record, before
+                self.held = [HeldStep(name, state, detail, changes)]
+            raise
+        for event in held:
+            self.publish_event(event)
+        return self.record
+
     def publish(self, step: Step | Literal[""] = "") -> SaleEvent:
         event = event_of(self.record, step, clock=self.clock)
         self.publish_event(event)
@@ -525,7 +561,7 @@ class SaleSteps:
         assert trans_id is not None
         self.require_own()
         named = self.named((vend or {}).get("product"))
-        self.step(
+        await self.step_fsync_shared(
             Step.CAPTURE_REQUEST,
             SaleState.CAPTURING,
             detail={"trans_id": trans_id, "cents": cents, **(vend or {})},

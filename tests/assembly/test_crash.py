@@ -32,7 +32,12 @@ from kiosk_agent.cli.sim import settings_from_ready
 from kiosk_agent.sales.journal import Journal
 from kiosk_agent.sales.states import SaleState
 from kiosk_agent.service.client import ServiceClient
-from kiosk_agent.service.models import TransactionFilter, TransStatus
+from kiosk_agent.service.models import (
+    InteractionKind,
+    InteractionStatus,
+    TransactionFilter,
+    TransStatus,
+)
 from tests.assembly.crash_driver import CHARGED, HELD, SharedDrivers, WarmDrivers
 from tests.helpers import service_yaml, sim_call
 
@@ -315,6 +320,34 @@ async def test_sigkill_with_a_lost_authorization_and_a_newer_sale_on_its_termina
         assert (first.authorized_cents, first.reversed_cents) == (300, 300)
         assert sales[second_id].state is second_ends, sales[second_id].message
     await assert_no_unearned_money(sim, sales, driver.markers)
+
+
+@pytest.mark.slow(seconds=4)
+async def test_sigkill_right_after_the_unfsynced_accepted_step_keeps_the_reads_id_to_cancel_by(
+    sim_factory: Any, drivers: WarmDrivers, tmp_path: Path
+) -> None:
+    # The card read's accepted step is committed without an fsync of its own (a WAL commit at
+    # synchronous=NORMAL: in the OS's page cache). A kill right after it must leave the
+    # interaction id on disk, so that the next start cancels the read by it and the terminal
+    # is free at once, not held by a read nobody can end for an interaction's lifetime.
+    # the read lives 12 s of the simulator's (not 1.2 s): a start on a loaded machine finds it
+    # still waiting for a card
+    sim = await sim_factory(time_scale=TIME_SCALE / 10, seed=5, transactions=0)
+    driver = driver_on(sim, drivers, tmp_path)
+    no_card = 305  # ..05: no card is presented, the read waits (choices.md)
+    assert await driver.run("authorize_capture", no_card, "vended", 3) == "killed"
+    assert driver.steps == ["created", "read_card.request", "read_card.accepted"]
+    [killed] = journaled_sales(tmp_path).values()
+    assert killed.state is SaleState.READING_CARD
+    assert killed.interaction_id is not None
+    assert await driver.run() == "done"  # recovers it: cancels the read by its id
+    [recovered] = journaled_sales(tmp_path).values()
+    assert recovered.state is SaleState.FAILED, recovered.message
+    async with ServiceClient(settings_from_ready(sim.ready_info())) as service:
+        read = await service.terminal.get_interaction(
+            "SIM-0001", InteractionKind.READ_CARD, killed.interaction_id
+        )
+    assert read.status is InteractionStatus.CANCELLED  # ended by recovery, not by its lifetime
 
 
 async def test_a_warm_driver_is_a_process_of_its_own_whose_failure_is_its_exit_code(

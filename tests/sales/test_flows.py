@@ -7,14 +7,17 @@ Card outcomes follow the simulator's cents: ..01 retry (B), ..02 declined (C), .
 from __future__ import annotations
 
 import asyncio
+import errno
 import sqlite3
 import time
 from collections import Counter
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from kiosk_agent.assembly.agent import Agent
+from kiosk_agent.sales import journal as journal_module
 from kiosk_agent.sales.clock import FakeClock
 from kiosk_agent.sales.model import (
     DispenseOutcome,
@@ -679,3 +682,74 @@ async def test_a_cable_dropped_mid_sale_loses_neither_the_sale_nor_the_next_one(
     assert [e.state for e in (first, second)] == [SaleState.COMPLETED] * 2
     assert [f["hits"] for f in faults["faults"]] == [1]
     assert agent.service.terminal.cable.connects == 2  # reopened with a fresh token
+
+
+async def test_the_capture_is_sent_and_its_request_heard_only_once_the_request_is_fsynced(
+    agent: Agent, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The confirmed vend's capture request waits to share another sale's fsync (back to back,
+    # the next customer's sale is written a turn later); a lone sale's gets the journal's own,
+    # on the loop, before the capture is sent and before the bus hears it.
+    flushed: list[tuple[str, str] | None] = []  # what was on disk at each of the journal's own
+    fdatasync = journal_module._fdatasync
+
+    def witnessed_fsync(path: Path) -> None:
+        flushed.append(last_step_on_disk(agent))
+        fdatasync(path)
+
+    monkeypatch.setattr(journal_module, "_fdatasync", witnessed_fsync)
+    heard: list[str] = []
+    agent.events.listen(lambda event: heard.append(event.step))
+    sent: list[tuple[int, str]] = []  # (the journal's own fsyncs by then, the last step heard)
+    capture = agent.service.payments.capture
+
+    async def witnessed(*args: Any, **kwargs: Any) -> Any:
+        sent.append((len(flushed), heard[-1]))
+        return await capture(*args, **kwargs)
+
+    monkeypatch.setattr(agent.service.payments, "capture", witnessed)
+    event = await sell(agent, 300, ScriptedDispenser(vended_cents=300),
+                       flow=Flow.AUTHORIZE_CAPTURE)
+    assert event.state is SaleState.COMPLETED
+    assert flushed == [("capturing", "capture.request")]  # none shared it: its own
+    assert sent == [(1, "capture.request")]  # durable, then heard, then sent
+
+
+async def test_a_disk_that_fails_the_capture_requests_fsync_sends_no_capture_until_written(
+    agent: Agent, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # not durable, so not sent: the sale is kept as the journal should hold it, written again
+    # once the journal takes writes, then captured as recovery would
+    failed: list[Path] = []
+    fdatasync = journal_module._fdatasync
+
+    def failing_once(path: Path) -> None:
+        if not failed:
+            failed.append(path)
+            raise OSError(errno.EIO, "Input/output error")
+        fdatasync(path)
+
+    monkeypatch.setattr(journal_module, "_fdatasync", failing_once)
+    captures: list[str] = []
+    capture = agent.service.payments.capture
+
+    async def counted(*args: Any, **kwargs: Any) -> Any:
+        captures.append(str(args[0]))
+        return await capture(*args, **kwargs)
+
+    monkeypatch.setattr(agent.service.payments, "capture", counted)
+    event = await sell(agent, 300, ScriptedDispenser(vended_cents=300),
+                       flow=Flow.AUTHORIZE_CAPTURE)
+    assert event.unwritten
+    assert event.state is SaleState.DISPENSING  # as last durable
+    assert captures == []
+    async with asyncio.timeout(10):  # written again, then finished: captured once
+        while (kept := agent.journal.get(event.sale_id)) is None or not kept.state.final:
+            await asyncio.sleep(0.05)
+    assert kept.state is SaleState.COMPLETED, kept.message
+    assert len(captures) == 1
+    steps = [s.step for s in agent.journal.steps(event.sale_id)]
+    restored = steps.index("journal.restored")  # its own (not durable), then written again
+    assert steps[restored - 1 : restored + 2] == [
+        "capture.request", "journal.restored", "capture.request"]
+    assert steps[-1] == "completed"

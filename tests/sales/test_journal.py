@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
 import concurrent.futures
 import ctypes
 import dataclasses
 import datetime as dt
+import errno
 import os
 import resource
 import sqlite3
@@ -23,12 +25,15 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kiosk_agent.moments import parse_moment
+from kiosk_agent.sales import journal as journal_module
 from kiosk_agent.sales import journal_prune
 from kiosk_agent.sales.clock import Anchor, FakeClock
 from kiosk_agent.sales.journal import (
     ASIDE_CACHE_KIB,
     CACHE_KIB,
     CHARGE_LOOKBACK_S,
+    FSYNC_SHARED_TURNS,
+    UNSYNCED_STEPS,
     WAL_RESERVE_BYTES,
     WAL_ROOM_NEEDED,
     HeldStep,
@@ -459,6 +464,151 @@ def test_a_prunes_commit_does_not_fsync_inside_the_write_lock(
     assert said.index("PRAGMA synchronous=NORMAL") < said.index("BEGIN IMMEDIATE")
     monkeypatch.undo()
     assert journal.db.execute("PRAGMA synchronous").fetchone()[0] == 2  # the agent's: FULL
+
+
+def reading_a_card(journal: Journal, n: int = 1) -> SaleRecord:
+    """An authorize_capture sale whose read-card request is journaled (its answer not yet)."""
+    sale = journal.create(new_sale(n, flow="authorize_capture"))
+    return journal.record(sale, Step.READ_CARD_REQUEST, SaleState.READING_CARD)
+
+
+def test_the_card_reads_interaction_id_is_committed_without_an_fsync_of_its_own(
+    journal: Journal,
+) -> None:
+    """The accepted step moves no money and announces no call: its one transaction runs at
+    synchronous=NORMAL (no fsync: a kill keeps it, the next commit makes it durable); every
+    other step, the card read and the authorization's request after it, at FULL."""
+    sale = reading_a_card(journal)
+    said: list[str] = []
+    journal.db.set_trace_callback(said.append)
+    sale = journal.record(sale, Step.READ_CARD_ACCEPTED, interaction_id="ix-1",
+                          interaction_kind="read_card")
+    accepted = said[:]
+    with journal.batch():
+        sale = journal.record(sale, Step.READ_CARD_DONE, last_four="4242")
+        journal.record(sale, Step.AUTHORIZE_REQUEST, SaleState.AUTHORIZING)
+    journal.db.set_trace_callback(None)
+    assert accepted[0] == "PRAGMA synchronous=NORMAL"
+    assert accepted[1] == "BEGIN IMMEDIATE"
+    assert accepted[-2:] == ["COMMIT", "PRAGMA synchronous=FULL"]
+    assert [s for s in said if "synchronous" in s] == accepted[:1] + accepted[-1:]
+    assert journal.db.execute("PRAGMA synchronous").fetchone()[0] == 2  # FULL again
+    assert {Step.READ_CARD_ACCEPTED} == UNSYNCED_STEPS  # docs/journal.md names it alone
+    other = sqlite3.connect(journal.path)  # committed: what a killed process leaves
+    assert other.execute("SELECT interaction_id FROM sales").fetchone() == ("ix-1",)
+    other.close()
+
+
+def test_an_unsynced_write_that_fails_leaves_the_connection_fsyncing(
+    journal: Journal,
+) -> None:
+    """Whether its BEGIN, its check or its COMMIT fails, the connection is FULL again after
+    the accepted step's write: no later write (a money step) commits without an fsync."""
+    sale = reading_a_card(journal)
+    other = sqlite3.connect(journal.path, isolation_level=None)
+    other.execute("BEGIN IMMEDIATE")  # another writer holds the lock: the BEGIN fails
+    journal.db.execute("PRAGMA busy_timeout=0")
+    with pytest.raises(JournalError, match="locked"):
+        journal.record(sale, Step.READ_CARD_ACCEPTED, interaction_id="ix-1")
+    assert journal.db.execute("PRAGMA synchronous").fetchone()[0] == 2
+    other.execute("UPDATE sales SET state = 'failed'")  # ... then moves the sale itself
+    other.execute("COMMIT")
+    other.close()
+    with pytest.raises(SaleMoved):  # rolled back inside its transaction
+        journal.record(sale, Step.READ_CARD_ACCEPTED, interaction_id="ix-1")
+    assert journal.db.execute("PRAGMA synchronous").fetchone()[0] == 2
+    assert not journal.db.in_transaction
+
+
+def test_an_unsynced_commit_that_fails_is_undone_and_fsyncs_again(journal: Journal) -> None:
+    """A COMMIT that fails may leave its transaction open, where SQLite refuses to change the
+    safety level: it is rolled back first, then the connection is FULL again."""
+    sale = reading_a_card(journal)
+    real = journal.db
+
+    class CommitFails:  # the connection, whose COMMIT fails as a disk that went bad does
+        def __init__(self) -> None:
+            self.in_transaction = False
+
+        def execute(self, sql: str, *args: Any) -> Any:
+            if sql == "COMMIT":
+                raise sqlite3.OperationalError("disk I/O error")
+            found = real.execute(sql, *args)
+            self.in_transaction = real.in_transaction
+            return found
+
+    journal._db = CommitFails()  # type: ignore[assignment]
+    try:
+        with pytest.raises(JournalError, match="disk I/O error"):
+            journal.record(sale, Step.READ_CARD_ACCEPTED, interaction_id="ix-1")
+    finally:
+        journal._db = real
+    assert not real.in_transaction
+    assert real.execute("PRAGMA synchronous").fetchone()[0] == 2
+    assert journal.get(sale.sale_id) == sale  # nothing of it kept
+
+
+async def test_a_shared_fsync_write_is_durable_with_another_sales_commit_in_its_turns(
+    journal: Journal, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """fsync_shared(): committed at synchronous=NORMAL; fsynced() returns with the next fsynced
+    commit made within FSYNC_SHARED_TURNS turns of the loop (it fdatasyncs the whole WAL), and
+    the journal then makes no fsync of its own; an unsynced commit does not count."""
+    flushed: list[Path] = []
+    monkeypatch.setattr(journal_module, "_fdatasync", flushed.append)
+    await journal.fsynced()  # nothing owed
+    first, second = reading_a_card(journal, 1), reading_a_card(journal, 2)
+    said: list[str] = []
+    journal.db.set_trace_callback(said.append)
+    with journal.fsync_shared():
+        journal.record(first, Step.READ_CARD_CANCELLED, SaleState.CANCELLED)
+    journal.db.set_trace_callback(None)
+    assert said[0] == "PRAGMA synchronous=NORMAL"
+    assert said[-1] == "PRAGMA synchronous=FULL"
+    waiting = asyncio.ensure_future(journal.fsynced())
+    await asyncio.sleep(0)  # it waits, counting turns
+    second = journal.record(second, Step.READ_CARD_ACCEPTED, interaction_id="ix-2")
+    await asyncio.sleep(0)
+    assert not waiting.done()  # the accepted step fsyncs nothing either
+    journal.record(second, Step.READ_CARD_DONE, last_four="4242")  # FULL: the WAL fsynced
+    await asyncio.wait_for(waiting, 1)
+    for _ in range(FSYNC_SHARED_TURNS + 2):
+        await asyncio.sleep(0)
+    assert flushed == []  # shared: no fsync of its own
+
+
+async def test_a_shared_fsync_write_that_none_shares_is_fsynced_on_the_loop_after_its_turns(
+    journal: Journal, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    flushed: list[tuple[str, bool]] = []  # (file, on the loop's thread)
+
+    def witnessed(path: Path) -> None:
+        flushed.append((path.name, threading.current_thread() is threading.main_thread()))
+
+    monkeypatch.setattr(journal_module, "_fdatasync", witnessed)
+    sale = reading_a_card(journal)
+    with journal.fsync_shared():
+        journal.record(sale, Step.READ_CARD_CANCELLED, SaleState.CANCELLED)
+    await asyncio.wait_for(journal.fsynced(), 1)
+    assert flushed == [("journal.db-wal", True)]
+    await journal.fsynced()  # durable now: nothing owed
+    assert len(flushed) == 1
+
+
+async def test_a_failed_fsync_of_a_shared_write_is_a_failed_write(
+    journal: Journal, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def failing(path: Path) -> None:
+        raise OSError(errno.EIO, "Input/output error")
+
+    monkeypatch.setattr(journal_module, "_fdatasync", failing)
+    told: list[JournalError | None] = []
+    journal.on_write = told.append
+    with journal.fsync_shared():
+        journal.record(reading_a_card(journal), Step.READ_CARD_CANCELLED, SaleState.CANCELLED)
+    with pytest.raises(JournalError, match="Input/output error"):
+        await journal.fsynced()
+    assert isinstance(told[-1], JournalError)  # the unit goes out of service on it
 
 
 def test_retry_attempts_get_their_own_order_ids() -> None:
