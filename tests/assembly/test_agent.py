@@ -160,9 +160,11 @@ async def test_the_terminal_list_is_in_flight_beside_the_first_charge_check(
     check_begun = asyncio.Event()
     check, listing = ChargeAudit.check, TerminalClient.list
 
-    async def begun(audit: ChargeAudit, running: Any = (), settled: bool = True) -> Any:
+    async def begun(
+        audit: ChargeAudit, running: Any = (), settled: bool = True, **kwargs: Any
+    ) -> Any:
         check_begun.set()
-        return await check(audit, running, settled=settled)
+        return await check(audit, running, settled=settled, **kwargs)
 
     async def after_the_check(client: TerminalClient) -> Any:
         await asyncio.wait_for(check_begun.wait(), 5)  # only a start that never overlaps waits
