@@ -32,7 +32,7 @@ import datetime as dt
 import logging
 import math
 from array import array
-from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Collection
 from dataclasses import field
 
 from kiosk_agent.data_class import data_class
@@ -266,19 +266,22 @@ class ChargeAudit:
         asked: dict[str, str] = {}  # trans id -> the terminal it was asked under
         newest = 0.0  # the service's latest charge on these terminals: real time, at most now
         async for device, chunk in self._chunks(settled, page_size):
-            sales = self.journal.order_states(
-                parts[0] for row in chunk if (parts := split_order_id(row.order_id))
-            )
-            for row in chunk:
-                if row.trans_date is not None:
-                    newest = max(newest, row.trans_date.timestamp())
-                if row.status not in _CHARGES:
+            bases = [parts[0] if (parts := split_order_id(row.order_id)) else None
+                     for row in chunk]
+            sales = self.journal.order_states(base for base in bases if base is not None)
+            for row, base in zip(chunk, bases, strict=True):
+                at = _date_of(row)
+                if at is not None:
+                    newest = max(newest, at)
+                status = row.status
+                if status not in _CHARGES:
                     continue
-                mine = self._provably_ours(row.order_id)
-                if mine and row.status not in _HOLDING:
+                sale = None if base is None else sales.get(base)
+                mine = self._held_by_journal(base, sale) or self._provably_ours(row.order_id)
+                if mine and status not in _HOLDING:
                     continue  # this unit's, holding nothing: never looked at again
-                if mine and _plainly_accounted(row, sales, running):
-                    accounted.add(row.trans_id, _date_of(row))
+                if mine and _plainly_accounted(sale, running):
+                    accounted.add(row.trans_id, at)
                     continue
                 rows[row.trans_id] = row
                 asked[row.trans_id] = device
@@ -296,6 +299,14 @@ class ChargeAudit:
         self.foreign.saw([(asked[row.trans_id], row) for row in foreign], start + self.lookback)
         held = [row for row in ours if row.status in _HOLDING]
         return held, foreign, len(held) + accounted.count(start)
+
+    def _held_by_journal(self, base: str | None, sale: tuple[str, SaleState] | None) -> bool:
+        """Provably this unit's as :meth:`_provably_ours` says, for a row whose sale the journal
+        holds (``sale``, read by its order id's ``base``: nearly every row): a sale of the
+        journal that is this unit's, without computing the order id's tag (an HMAC a row, a
+        fifth of a check's CPU over 20,000 rows). Its base carries the tag the journal's own
+        sale was made with."""
+        return sale is not None and base is not None and self.unit.owns_sale(base)
 
     def _provably_ours(self, order_id: str | None) -> bool:
         """Its order id carries this unit's id and tag; or the journal holds the sale and it
@@ -441,14 +452,10 @@ def _accounts_for(record: SaleRecord, running: Collection[str]) -> bool:
     return record.sale_id in running or record.state not in _NO_MONEY
 
 
-def _plainly_accounted(
-    row: Transaction, sales: Mapping[str, tuple[str, SaleState]], running: Collection[str]
-) -> bool:
-    """The journal holds this charge's sale (``sales``: sale id and state by order id), in
-    flight or ended with money moved: nothing to decide (``_unaccounted`` says None for it
-    too)."""
-    parts = split_order_id(row.order_id)
-    sale = None if parts is None else sales.get(parts[0])
+def _plainly_accounted(sale: tuple[str, SaleState] | None, running: Collection[str]) -> bool:
+    """The journal holds this charge's sale (``sale``: its id and state, read by the row's
+    order id), in flight or ended with money moved: nothing to decide (``_unaccounted`` says
+    None for it too)."""
     return sale is not None and (sale[0] in running or sale[1] not in _NO_MONEY)
 
 
