@@ -46,7 +46,6 @@ from kiosk_agent.sales.steps import SaleContext, SaleSteps
 from kiosk_agent.sales.unit import split_order_id
 from kiosk_agent.service.errors import ServiceError
 from kiosk_agent.service.models import Transaction, TransactionFilter, TransStatus
-from kiosk_agent.service.reporting import DEFAULT_PAGE_SIZE
 from kiosk_agent.tasks import read_ahead
 
 _LOGGER = logging.getLogger(__name__)
@@ -68,11 +67,12 @@ CHUNK_ROWS = 50
 # 500 models and its text held 2.6 MB at once, one read ahead beside it, and the heap the agent
 # grew to for it stayed after the check (docs/architecture.md, "The charge check's step")
 CHECK_PAGE_SIZE = 100
-# ... but the start's first check, which the triggers wait for, reads the client's pages (500):
-# a start after a busy stretch (20,000 captured charges not yet settled) asked 200 pages of 100,
-# each a round trip the start waited for (some 10 s over the internet, against its 5 s bound).
-# Its heap is the start's, grown once (docs/architecture.md, "Start-up: sixth round")
-START_CHECK_PAGE_SIZE = DEFAULT_PAGE_SIZE
+# ... but the start's first check, which the triggers wait for, reads the client's own pages
+# (None: its DEFAULT_PAGE_SIZE, 500): a start after a busy stretch (20,000 captured charges not
+# yet settled) asked 200 pages of 100, each a round trip the start waited for (some 10 s over
+# the internet, against its 5 s bound). Its heap is the start's, grown once
+# (docs/architecture.md, "Start-up: sixth round")
+START_CHECK_PAGE_SIZE: int | None = None
 # The unsettled charges' queries (two a terminal, a few rows each) this many in flight together,
 # within the client's rate limit: one after the other, the start's first check waited for sixteen
 # round trips on eight terminals before the triggers started (a second or more over the
@@ -210,14 +210,15 @@ class ChargeAudit:
 
     async def check(
         self, running: Collection[str] = (), settled: bool = True, *,
-        page_size: int = CHECK_PAGE_SIZE,
+        page_size: int | None = CHECK_PAGE_SIZE,
     ) -> AuditResult:
         """One comparison; ``running``: sale ids in flight now (their charges are accounted).
 
         ``settled`` False asks only for the charges not yet settled (authorized, captured): a
         few rows a terminal, where the settled are every charge it ever made (reporting cannot
         be asked for a date range), thousands a year on a busy machine. ``page_size``:
-        reporting's rows a page (``START_CHECK_PAGE_SIZE`` for the start's first check)."""
+        reporting's rows a page (``START_CHECK_PAGE_SIZE`` for the start's first check; None:
+        the client's own)."""
         result = AuditResult(at=self._now())
         if not self.unit.confirmed:  # a cloned journal: nothing here is provably its own
             result.error = self.unit.refusal()
@@ -251,7 +252,7 @@ class ChargeAudit:
         return result
 
     async def _held_charges(
-        self, settled: bool, running: Collection[str], page_size: int
+        self, settled: bool, running: Collection[str], page_size: int | None
     ) -> tuple[list[Transaction], list[Transaction], int]:
         """This unit's charges that hold money and the journal may not account for, the
         charges of others, in the window; and how many of this unit's holding money the
@@ -320,7 +321,7 @@ class ChargeAudit:
         return self.journal.by_order_id(parts[0]) is not None
 
     async def _chunks(
-        self, settled: bool, page_size: int
+        self, settled: bool, page_size: int | None
     ) -> AsyncIterator[tuple[str, list[Transaction]]]:
         """Each terminal's rows (:meth:`_terminal_rows`), ``CHUNK_ROWS`` at a time, in the
         terminals' order."""
@@ -345,7 +346,7 @@ class ChargeAudit:
         if chunk:
             yield at, chunk
 
-    def _terminal_rows(self, device: str, page_size: int) -> AsyncIterator[Transaction]:
+    def _terminal_rows(self, device: str, page_size: int | None) -> AsyncIterator[Transaction]:
         """The terminal's whole history: one query, the statuses that may hold money picked by
         the caller (``q`` is equalities only; a query for each status was three round trips,
         and the answer is the terminal's whole history either way). Read one terminal at a
@@ -355,7 +356,7 @@ class ChargeAudit:
         return reporting.transactions(query, page_size=page_size)
 
     def _unsettled_rows(
-        self, device: str, status: TransStatus, page_size: int
+        self, device: str, status: TransStatus, page_size: int | None
     ) -> AsyncIterator[Transaction]:
         """The terminal's charges in one status not yet settled: a query each, a few rows."""
         query = TransactionFilter(mid=self.settings.mid, terminal_id=device, trans_status_id=status)

@@ -669,11 +669,11 @@ async def test_a_check_reads_reporting_a_small_page_at_a_time(
         [(0, CHECK_PAGE_SIZE)] * (others + 1)
         + [(CHECK_PAGE_SIZE, CHECK_PAGE_SIZE), (2 * CHECK_PAGE_SIZE, CHECK_PAGE_SIZE)]
     )
-    asked.clear()  # the start's page (its first check's): the whole terminal in one
+    asked.clear()  # the start's pages (its first check's): the whole terminal in one
     result = await audit.check(page_size=START_CHECK_PAGE_SIZE)
     assert (result.seen, result.unaccounted) == (count, []), result
-    assert count < START_CHECK_PAGE_SIZE
-    assert asked == [(0, START_CHECK_PAGE_SIZE)] * (others + 1)
+    assert count < DEFAULT_PAGE_SIZE
+    assert asked == [(0, DEFAULT_PAGE_SIZE)] * (others + 1)
 
 
 async def test_the_starts_first_check_reads_the_clients_pages_the_checks_after_small_ones(
@@ -701,7 +701,7 @@ async def test_the_starts_first_check_reads_the_clients_pages_the_checks_after_s
     guard.check_again()  # (a whole read first: the unit's id changed)
     await until(lambda: len(pages) >= 5)
 
-    assert START_CHECK_PAGE_SIZE == DEFAULT_PAGE_SIZE > CHECK_PAGE_SIZE
+    assert START_CHECK_PAGE_SIZE is None  # the client's own: DEFAULT_PAGE_SIZE, 500
     assert pages[:2] == [(False, START_CHECK_PAGE_SIZE), (True, CHECK_PAGE_SIZE)]
     assert {size for _settled, size in pages[2:]} == {CHECK_PAGE_SIZE}
     assert (False, CHECK_PAGE_SIZE) in pages[2:]  # the periodic, the unsettled only
