@@ -28,7 +28,12 @@ Then, on a copy, a real ``kiosk-agent run`` (kiosk API and admin API) is measure
   busy machine does not decide it), the single worst run's printed beside it
   (``worst_delay_one_run_ms``);
 - RSS over ``--rss-sales`` kiosk API sales: after the first 1,000 and at the end (target:
-  within 3 MB), and every 1,000 on the way.
+  within 3 MB), and every 1,000 on the way;
+- a second start (``start_to_ready_again_s``), whose first charge check reads every charge the
+  simulator holds not yet settled (it never settles: each of the run's sales). ``--seed-charges
+  N`` adds N completed sales and their captured charges before it (the last kiosk API sale's
+  steps replayed under the unit's order ids, its ledger row copied): what N more RSS sales leave
+  it, made in seconds instead of a quarter of an hour.
 
 Figures are upper bounds on a shared machine: each wall time is printed with the load average
 when it was taken and, for the start and the commands, the share of it the process ran
@@ -62,9 +67,12 @@ import aiohttp
 
 from kiosk_agent.assembly.agent import Agent
 from kiosk_agent.config.load import load_config
+from kiosk_agent.sales.clock import SYSTEM_CLOCK
 from kiosk_agent.sales.journal import SCHEMA_VERSION, Journal, SaleRecord, side_files
+from kiosk_agent.sales.machine import this_machine
 from kiosk_agent.sales.model import DispenseOutcome, DispenseStatus, Flow, SaleRequest
 from kiosk_agent.sales.states import SaleState, Step
+from kiosk_agent.sales.unit import load as load_unit
 from kiosk_agent.service.client import ServiceClient
 from kiosk_agent.sim.server import SimOptions, SimServer
 
@@ -760,15 +768,62 @@ async def measure(journal: Path, args: argparse.Namespace) -> dict[str, Any]:
             if args.rss_sales:
                 figures |= await rss_over_sales(agent, args.rss_sales)
             await agent.stop()
+            if args.seed_charges:
+                figures["seeded_charges"] = seed_charges(
+                    directory / "journal.db", sim, info["mid"], args.seed_charges)
             # a second start: nothing left to prune
             agent = Running(directory, env, ports)
             again = await agent.start(listener)
             figures["start_to_ready_again_s"] = again["start_to_ready_s"]
+            figures["start_cpu_again_s"] = again["start_cpu_s"]
+            figures["first_charge_check_again_s"] = again["first_charge_check_s"]
         finally:
             await agent.stop()
             listener.close()
             await sim.stop()
     return figures
+
+
+def seed_charges(path: Path, sim: SimServer, mid: str, count: int) -> int:
+    """``count`` completed sales added to the journal at ``path``, each the last completed kiosk
+    API sale's steps replayed under an order id of the journal's unit, and a captured charge of
+    each in ``sim`` (that sale's ledger row, copied): what ``count`` more real sales leave the
+    next start's charge check, made in seconds. Returns ``count``."""
+    ledger = sim.ctx.ledger if sim.ctx is not None else None
+    assert ledger is not None, "the simulator is started"
+    journal = Journal(path)
+    journal.open()
+    try:
+        unit = load_unit(journal.db, journal.path, this_machine(), SYSTEM_CLOCK)
+        # the latest real one (the replayed sales' older order ids have no charge in ``sim``)
+        last = next((sale_id for sale_id, order_id in journal.db.execute(
+            "SELECT sale_id, order_id FROM sales WHERE source LIKE 'kiosk_api%' AND state = ? "
+            "ORDER BY rowid DESC", (SaleState.COMPLETED.value,)) if unit.made_here(order_id)),
+            None)
+        if last is None:
+            raise SystemExit("--seed-charges: no completed kiosk API sale to copy (run faces)")
+        template = journal.get(last)
+        assert template is not None
+        steps = journal.steps(template.sale_id)
+        charge = dict(ledger.find_order(mid, template.order_id)[0])
+        charge.pop("seq", None)
+        rows = []
+        for start in range(0, count, BATCH_SALES):
+            with journal.batch():
+                for n in range(start, min(count, start + BATCH_SALES)):
+                    sale_id = f"{n + 1:016x}" + "5eed" * 4
+                    record = journal.create(dataclasses.replace(
+                        template, sale_id=sale_id, order_id=unit.order_id(sale_id),
+                        state=steps[0].state, trans_id=None))
+                    for step in steps[1:]:
+                        record = journal.record(
+                            record, Step(step.step),
+                            step.state if step.state is not record.state else None, step.detail)
+                    rows.append({**charge, "trans_id": f"9{n:011d}", "order_id": record.order_id})
+    finally:
+        journal.close()
+    ledger.add_many(rows)
+    return count
 
 
 def measured_under(figures: dict[str, Any], name: str) -> str:
@@ -791,6 +846,9 @@ def main() -> None:
                         help="kiosk API sales over which RSS is followed (0: skip)")
     parser.add_argument("--runs", type=int, default=3,
                         help="runs of each face and command (the delay is their median's)")
+    parser.add_argument("--seed-charges", type=int, default=0,
+                        help="completed sales and captured charges added before the second "
+                             "start (as that many more RSS sales leave its charge check)")
     parser.add_argument("--cache", type=Path, default=default_cache(),
                         help="where the made journal is kept, by schema version and size")
     parser.add_argument("--dir", type=Path, default=None, help="where the copy runs (a disk)")

@@ -530,9 +530,12 @@ class Agent:
     async def _after_ready(self) -> None:
         """What READY=1 does not wait for, a step per loop turn so sales go on meanwhile: the
         models a sale needs built, start-up frozen (assembly/collector.py), the journal's WAL grown
-        ahead so commits overwrite it in place (Journal.reserve_wal, one step), old sales pruned."""
+        ahead so commits overwrite it in place (Journal.reserve_wal, one step, 12 ms), old sales
+        pruned; none of them in the turn of another."""
         await settle_after_ready(self.settling)
+        await asyncio.sleep(0)  # the freeze's turn ends here
         self.journal.reserve_wal()
+        await asyncio.sleep(0)
         await self._prune()
         self.settled.set()
 

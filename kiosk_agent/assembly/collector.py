@@ -45,6 +45,7 @@ _LOGGER = logging.getLogger(__name__)
 
 _frozen = False
 _collected = False  # start-up's garbage collected ahead of the freeze (collect_start_up_garbage)
+_shed = False  # start-up's caches let go (shed_start_up_caches): once a process is enough
 
 
 # The areas whose models a sale validates (a card read, a charge, a void or refund): built
@@ -83,11 +84,17 @@ class Settling:
 async def settle_after_ready(
     settling: Settling | None = None, modules: tuple[str, ...] = SALE_MODELS
 ) -> Settling:
-    """Build the sale's deferred models, one per loop turn, then freeze what start-up left (and
-    resume the collector: also when the agent stops before the models are built)."""
+    """Let go of start-up's caches and garbage, build the sale's deferred models, then freeze
+    what start-up left (and resume the collector: also when the agent stops before the models
+    are built); each its own loop turn, so a sale that arrives meanwhile waits for one of them
+    (the collection, one walk of every object start-up made, is the longest)."""
     settling = settling or Settling()
     try:
+        if not (_frozen or _collected):
+            shed_start_up_caches()
+            await asyncio.sleep(0)
         collect_start_up_garbage()  # first: the builds below reuse the room it frees
+        await asyncio.sleep(0)
         for model in deferred_models(modules):
             try:
                 if not model.__pydantic_complete__:  # a sale may have built it meanwhile
@@ -117,7 +124,8 @@ def collect_start_up_garbage() -> None:
     if _frozen or _collected:
         return
     _collected = True
-    shed_start_up_caches()
+    if not _shed:
+        shed_start_up_caches()
     gc.collect()
 
 
@@ -156,6 +164,8 @@ def shed_start_up_caches() -> None:
     import re
     import typing
 
+    global _shed
+    _shed = True
     re.purge()
     for clear in getattr(typing, "_cleanups", ()):  # each of typing's functools caches
         clear()

@@ -32,7 +32,7 @@ import datetime as dt
 import logging
 import math
 from array import array
-from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Collection
 from dataclasses import field
 
 from kiosk_agent.data_class import data_class
@@ -67,6 +67,12 @@ CHUNK_ROWS = 50
 # 500 models and its text held 2.6 MB at once, one read ahead beside it, and the heap the agent
 # grew to for it stayed after the check (docs/architecture.md, "The charge check's step")
 CHECK_PAGE_SIZE = 100
+# ... but the start's first check, which the triggers wait for, reads the client's own pages
+# (None: its DEFAULT_PAGE_SIZE, 500): a start after a busy stretch (20,000 captured charges not
+# yet settled) asked 200 pages of 100, each a round trip the start waited for (some 10 s over
+# the internet, against its 5 s bound). Its heap is the start's, grown once
+# (docs/architecture.md, "Start-up: sixth round")
+START_CHECK_PAGE_SIZE: int | None = None
 # The unsettled charges' queries (two a terminal, a few rows each) this many in flight together,
 # within the client's rate limit: one after the other, the start's first check waited for sixteen
 # round trips on eight terminals before the triggers started (a second or more over the
@@ -202,12 +208,17 @@ class ChargeAudit:
         # is found damaged (core/journal_guard.py reads it whole after it opened)
         self.before_money: Callable[[], Awaitable[bool]] | None = None
 
-    async def check(self, running: Collection[str] = (), settled: bool = True) -> AuditResult:
+    async def check(
+        self, running: Collection[str] = (), settled: bool = True, *,
+        page_size: int | None = CHECK_PAGE_SIZE,
+    ) -> AuditResult:
         """One comparison; ``running``: sale ids in flight now (their charges are accounted).
 
         ``settled`` False asks only for the charges not yet settled (authorized, captured): a
         few rows a terminal, where the settled are every charge it ever made (reporting cannot
-        be asked for a date range), thousands a year on a busy machine."""
+        be asked for a date range), thousands a year on a busy machine. ``page_size``:
+        reporting's rows a page (``START_CHECK_PAGE_SIZE`` for the start's first check; None:
+        the client's own)."""
         result = AuditResult(at=self._now())
         if not self.unit.confirmed:  # a cloned journal: nothing here is provably its own
             result.error = self.unit.refusal()
@@ -215,7 +226,7 @@ class ChargeAudit:
             self.last = result
             return result
         try:
-            held, foreign, seen = await self._held_charges(settled, running)
+            held, foreign, seen = await self._held_charges(settled, running, page_size)
         except ServiceError as err:
             result.error = f"reporting could not be asked: {err}"
             _LOGGER.warning("charge check: %s", result.error)
@@ -241,7 +252,7 @@ class ChargeAudit:
         return result
 
     async def _held_charges(
-        self, settled: bool, running: Collection[str]
+        self, settled: bool, running: Collection[str], page_size: int | None
     ) -> tuple[list[Transaction], list[Transaction], int]:
         """This unit's charges that hold money and the journal may not account for, the
         charges of others, in the window; and how many of this unit's holding money the
@@ -255,20 +266,23 @@ class ChargeAudit:
         accounted = _Accounted(self._now() - self.lookback)
         asked: dict[str, str] = {}  # trans id -> the terminal it was asked under
         newest = 0.0  # the service's latest charge on these terminals: real time, at most now
-        async for device, chunk in self._chunks(settled):
-            sales = self.journal.order_states(
-                parts[0] for row in chunk if (parts := split_order_id(row.order_id))
-            )
-            for row in chunk:
-                if row.trans_date is not None:
-                    newest = max(newest, row.trans_date.timestamp())
-                if row.status not in _CHARGES:
+        async for device, chunk in self._chunks(settled, page_size):
+            bases = [parts[0] if (parts := split_order_id(row.order_id)) else None
+                     for row in chunk]
+            sales = self.journal.order_states(base for base in bases if base is not None)
+            for row, base in zip(chunk, bases, strict=True):
+                at = _date_of(row)
+                if at is not None:
+                    newest = max(newest, at)
+                status = row.status
+                if status not in _CHARGES:
                     continue
-                mine = self._provably_ours(row.order_id)
-                if mine and row.status not in _HOLDING:
+                sale = None if base is None else sales.get(base)
+                mine = self._held_by_journal(base, sale) or self._provably_ours(row.order_id)
+                if mine and status not in _HOLDING:
                     continue  # this unit's, holding nothing: never looked at again
-                if mine and _plainly_accounted(row, sales, running):
-                    accounted.add(row.trans_id, _date_of(row))
+                if mine and _plainly_accounted(sale, running):
+                    accounted.add(row.trans_id, at)
                     continue
                 rows[row.trans_id] = row
                 asked[row.trans_id] = device
@@ -287,6 +301,14 @@ class ChargeAudit:
         held = [row for row in ours if row.status in _HOLDING]
         return held, foreign, len(held) + accounted.count(start)
 
+    def _held_by_journal(self, base: str | None, sale: tuple[str, SaleState] | None) -> bool:
+        """Provably this unit's as :meth:`_provably_ours` says, for a row whose sale the journal
+        holds (``sale``, read by its order id's ``base``: nearly every row): a sale of the
+        journal that is this unit's, without computing the order id's tag (an HMAC a row, a
+        fifth of a check's CPU over 20,000 rows). Its base carries the tag the journal's own
+        sale was made with."""
+        return sale is not None and base is not None and self.unit.owns_sale(base)
+
     def _provably_ours(self, order_id: str | None) -> bool:
         """Its order id carries this unit's id and tag; or the journal holds the sale and it
         is this unit's (its id, or the older form while the unit keeps the journal's first
@@ -298,15 +320,17 @@ class ChargeAudit:
             return False
         return self.journal.by_order_id(parts[0]) is not None
 
-    async def _chunks(self, settled: bool) -> AsyncIterator[tuple[str, list[Transaction]]]:
+    async def _chunks(
+        self, settled: bool, page_size: int | None
+    ) -> AsyncIterator[tuple[str, list[Transaction]]]:
         """Each terminal's rows (:meth:`_terminal_rows`), ``CHUNK_ROWS`` at a time, in the
         terminals' order."""
         rows = (
             ((device, row) for device in self.settings.terminals
-             async for row in self._terminal_rows(device))
+             async for row in self._terminal_rows(device, page_size))
             if settled
             else read_ahead(
-                [(device, self._unsettled_rows(device, status))
+                [(device, self._unsettled_rows(device, status, page_size))
                  for device in self.settings.terminals for status in _UNSETTLED],
                 UNSETTLED_AHEAD,
             )
@@ -322,19 +346,21 @@ class ChargeAudit:
         if chunk:
             yield at, chunk
 
-    def _terminal_rows(self, device: str) -> AsyncIterator[Transaction]:
+    def _terminal_rows(self, device: str, page_size: int | None) -> AsyncIterator[Transaction]:
         """The terminal's whole history: one query, the statuses that may hold money picked by
         the caller (``q`` is equalities only; a query for each status was three round trips,
         and the answer is the terminal's whole history either way). Read one terminal at a
         time: thousands of rows a year, a page of them in memory."""
         reporting = self.context.service.reporting
         query = TransactionFilter(mid=self.settings.mid, terminal_id=device)
-        return reporting.transactions(query, page_size=CHECK_PAGE_SIZE)
+        return reporting.transactions(query, page_size=page_size)
 
-    def _unsettled_rows(self, device: str, status: TransStatus) -> AsyncIterator[Transaction]:
+    def _unsettled_rows(
+        self, device: str, status: TransStatus, page_size: int | None
+    ) -> AsyncIterator[Transaction]:
         """The terminal's charges in one status not yet settled: a query each, a few rows."""
         query = TransactionFilter(mid=self.settings.mid, terminal_id=device, trans_status_id=status)
-        return self.context.service.reporting.transactions(query, page_size=CHECK_PAGE_SIZE)
+        return self.context.service.reporting.transactions(query, page_size=page_size)
 
     def _unaccounted(self, row: Transaction, running: Collection[str]) -> SaleRecord | None:
         """The sale to settle it under (a new one), or None: accounted for, or not ours to
@@ -427,14 +453,10 @@ def _accounts_for(record: SaleRecord, running: Collection[str]) -> bool:
     return record.sale_id in running or record.state not in _NO_MONEY
 
 
-def _plainly_accounted(
-    row: Transaction, sales: Mapping[str, tuple[str, SaleState]], running: Collection[str]
-) -> bool:
-    """The journal holds this charge's sale (``sales``: sale id and state by order id), in
-    flight or ended with money moved: nothing to decide (``_unaccounted`` says None for it
-    too)."""
-    parts = split_order_id(row.order_id)
-    sale = None if parts is None else sales.get(parts[0])
+def _plainly_accounted(sale: tuple[str, SaleState] | None, running: Collection[str]) -> bool:
+    """The journal holds this charge's sale (``sale``: its id and state, read by the row's
+    order id), in flight or ended with money moved: nothing to decide (``_unaccounted`` says
+    None for it too)."""
     return sale is not None and (sale[0] in running or sale[1] not in _NO_MONEY)
 
 

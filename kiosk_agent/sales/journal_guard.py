@@ -29,7 +29,12 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any, Protocol
 
-from kiosk_agent.sales.audit import AuditResult, ChargeAudit
+from kiosk_agent.sales.audit import (
+    CHECK_PAGE_SIZE,
+    START_CHECK_PAGE_SIZE,
+    AuditResult,
+    ChargeAudit,
+)
 from kiosk_agent.sales.clock import SYSTEM_CLOCK, Clock
 from kiosk_agent.sales.journal import (
     Journal,
@@ -340,8 +345,10 @@ class JournalGuard:
         history_next = settled and self.notice is None and not self._checked.is_set()
         if history_next:
             settled = False
+        # the start's first check, which the triggers wait for: the client's larger pages
+        page_size = CHECK_PAGE_SIZE if self._checked.is_set() else START_CHECK_PAGE_SIZE
         try:
-            result = await self.audit.check(self._running(), settled=settled)
+            result = await self.audit.check(self._running(), settled=settled, page_size=page_size)
         except JournalError as err:  # the journal broke while the check wrote: once it is back
             self._audit_due.set()
             self._wakeup.set()

@@ -160,9 +160,11 @@ async def test_the_terminal_list_is_in_flight_beside_the_first_charge_check(
     check_begun = asyncio.Event()
     check, listing = ChargeAudit.check, TerminalClient.list
 
-    async def begun(audit: ChargeAudit, running: Any = (), settled: bool = True) -> Any:
+    async def begun(
+        audit: ChargeAudit, running: Any = (), settled: bool = True, **kwargs: Any
+    ) -> Any:
         check_begun.set()
-        return await check(audit, running, settled=settled)
+        return await check(audit, running, settled=settled, **kwargs)
 
     async def after_the_check(client: TerminalClient) -> Any:
         await asyncio.wait_for(check_begun.wait(), 5)  # only a start that never overlaps waits
@@ -536,3 +538,49 @@ async def test_the_health_checkers_rounds_begin_once_the_agent_is_ready(
         assert agent.health.terminal("SIM-0001").last_ping_at is not None  # type: ignore[union-attr]
     finally:
         await agent.stop()
+
+
+async def test_after_ready_the_freeze_the_wal_and_the_prune_each_take_a_turn_of_their_own(
+    agent_factory: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """After READY=1 the freeze, the WAL grown ahead (12 ms of a core) and the prune's start
+    ran in one turn of the loop: a sale arriving then waited for all three. Each has a turn of
+    its own now (the collector's own steps: tests/assembly/test_collector.py)."""
+    from kiosk_agent.assembly import collector
+
+    turn = 0
+    steps: list[tuple[str, int]] = []
+    agent = await agent_factory()  # its after-ready task made, not yet run: patched in time
+    freeze, reserve, prune = (collector.freeze_start_up_objects, agent.journal.reserve_wal,
+                              agent._prune)
+
+    def frozen() -> bool:
+        steps.append(("freeze", turn))
+        return freeze()
+
+    def reserved() -> bool:
+        steps.append(("wal", turn))
+        return reserve()
+
+    async def pruned() -> None:
+        steps.append(("prune", turn))
+        await prune()
+
+    monkeypatch.setattr(collector, "freeze_start_up_objects", frozen)
+    monkeypatch.setattr(agent.journal, "reserve_wal", reserved)
+    monkeypatch.setattr(agent, "_prune", pruned)
+
+    async def count_turns() -> None:
+        nonlocal turn
+        while True:
+            turn += 1
+            await asyncio.sleep(0)
+
+    counter = asyncio.create_task(count_turns())
+    try:
+        await asyncio.wait_for(agent.settled.wait(), 10)
+    finally:
+        counter.cancel()
+    assert [name for name, _turn in steps] == ["freeze", "wal", "prune"]
+    turns = [at for _name, at in steps]
+    assert turns == sorted(set(turns))  # each in a turn of its own

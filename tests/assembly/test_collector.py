@@ -9,6 +9,7 @@ import subprocess
 import sys
 import weakref
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 from pydantic import BaseModel, ConfigDict, create_model
@@ -26,6 +27,7 @@ def fresh_process(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     """As if no agent had started in this process yet; what the test froze is given back."""
     monkeypatch.setattr(collector, "_frozen", False)
     monkeypatch.setattr(collector, "_collected", False)
+    monkeypatch.setattr(collector, "_shed", False)
     frozen_before = gc.get_freeze_count()
     yield
     if frozen_before == 0:
@@ -125,7 +127,8 @@ async def test_start_ups_garbage_is_freed_before_the_first_model_is_built() -> N
         gone = weakref.ref(garbage)
         del garbage
         settling = asyncio.create_task(collector.settle_after_ready(modules=(TEST_MODELS,)))
-        await asyncio.sleep(0)  # settling has built its first model, and yielded
+        for _turn in range(3):  # the caches let go, the garbage collected, the first model
+            await asyncio.sleep(0)
         assert not settling.done()
         assert gone() is None
         assert models[0].__pydantic_complete__  # built into the room it left
@@ -133,6 +136,51 @@ async def test_start_ups_garbage_is_freed_before_the_first_model_is_built() -> N
         assert models[1].__pydantic_complete__
     finally:
         gc.enable()
+
+
+@pytest.mark.usefixtures("fresh_process")
+async def test_settling_takes_a_loop_turn_for_each_of_its_steps(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Right after READY=1 the caches were let go, start-up's garbage collected and the first
+    model built in one turn of the loop, and the last model, the freeze, the WAL grown and the
+    prune's start in another: a sale arriving then waited for all of them (0.11-0.17 s on a
+    quiet machine). Each is its own turn now; the collection (one walk of every object start-up
+    made) is the longest."""
+    models = [_deferred_model(f"Stepped{n}", "int") for n in range(3)]
+    turn = 0
+    steps: list[tuple[str, int]] = []
+
+    def at_turn(name: str, real: Any) -> Any:
+        def step(*args: Any, **kwargs: Any) -> Any:
+            steps.append((name, turn))
+            return real(*args, **kwargs)
+        return step
+
+    for name in ("shed_start_up_caches", "collect_start_up_garbage", "freeze_start_up_objects"):
+        monkeypatch.setattr(collector, name, at_turn(name, getattr(collector, name)))
+    for model in models:
+        monkeypatch.setattr(model, "model_rebuild", at_turn("build", model.model_rebuild))
+
+    async def count_turns() -> None:
+        nonlocal turn
+        while True:
+            turn += 1
+            await asyncio.sleep(0)
+
+    collector.pause_for_start_up()
+    counter = asyncio.create_task(count_turns())
+    try:
+        await collector.settle_after_ready(modules=(TEST_MODELS,))
+    finally:
+        counter.cancel()
+        gc.enable()
+    assert [name for name, _turn in steps] == [
+        "shed_start_up_caches", "collect_start_up_garbage", "build", "build", "build",
+        "freeze_start_up_objects",
+    ]
+    turns = [at for _name, at in steps]
+    assert turns == sorted(set(turns))  # each in a turn of its own
 
 
 @pytest.mark.usefixtures("fresh_process")
