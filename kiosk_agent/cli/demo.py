@@ -31,6 +31,7 @@ from kiosk_agent.cli.contract import (
     EXIT_USAGE,
     CliError,
     StopSignals,
+    described,
     guarded,
     is_tty,
     load,
@@ -87,7 +88,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     demo = subparsers.add_parser(
         "demo",
         help="simulator + virtual vending machine + agent, with a live view (no hardware)",
-        description=__doc__.split(": ", 1)[1],  # the docstring without its `kiosk-agent demo`
+        description=described(__doc__, "demo"),
         formatter_class=argparse.RawDescriptionHelpFormatter,
         parents=options(json=False),
     )
