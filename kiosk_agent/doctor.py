@@ -16,7 +16,6 @@ import importlib
 import importlib.util
 import os
 import sys
-import sysconfig
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -102,6 +101,8 @@ def check_bytecode(report: Report) -> None:
         detail = f"compiled for the unit's -OO ({len(sources)} modules)"
         report.add("bytecode", Verdict.PASS, detail)
         return
+    import sysconfig  # only to say where: not imported by a healthy install's doctor
+
     places = [sysconfig.get_path("purelib"), sysconfig.get_path("stdlib")]
     report.add(
         "bytecode",
