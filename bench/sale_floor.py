@@ -292,7 +292,8 @@ def open_journal(path: Path) -> sqlite3.Connection:
 
 
 async def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    # run as the agent is (the unit's PYTHONOPTIMIZE=2 drops docstrings)
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--journal", type=Path, required=True)
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--base-url", required=True)

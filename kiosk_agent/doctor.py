@@ -13,6 +13,9 @@ from __future__ import annotations
 
 import asyncio
 import importlib
+import importlib.util
+import os
+import sys
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -33,6 +36,12 @@ __all__ = ["Check", "Report", "Verdict", "check_running", "check_this_unit", "de
 CHECK_OWNERS = {section: owner.checks for section, owner in SECTION_OWNERS.items() if owner.checks}
 SectionCheck = Callable[["Report", dict[str, Any], float], Awaitable[None]]
 _SECTION_CHECKS: dict[str, SectionCheck] = {}
+# The unit runs Python at -OO (systemd/kiosk-agent.service: PYTHONOPTIMIZE=2), which reads
+# bytecode files of that level only; tests/test_doctor.py keeps this in step with the unit.
+UNIT_OPTIMIZATION = 2
+# Whose modules stand for the install's bytecode: the agent's own, and its largest library and
+# the standard library's package it runs on (an install compiles them all in one step, or none).
+_BYTECODE_SAMPLE = ("kiosk_agent", "pydantic", "asyncio")
 
 
 async def check_running(
@@ -68,11 +77,41 @@ async def check_this_unit(
     check_serial_ports(report, config)
     await check_port_urls(report, config, within, links)
     check_triggers(report, config)
+    check_bytecode(report)
     journal = config.resolve(config["journal"]["path"])
     if running:
         await check_journal_running(report, journal)
     else:
         check_journal(report, journal)
+
+
+def check_bytecode(report: Report) -> None:
+    """The agent's modules have bytecode at the unit's -OO level: pip writes another level's,
+    and the unit may not write any, so without it every start compiles them from source."""
+    sources = sorted(
+        origin for name, module in list(sys.modules.items())
+        if name.partition(".")[0] in _BYTECODE_SAMPLE
+        and (origin := getattr(getattr(module, "__spec__", None), "origin", None))
+        and origin.endswith(".py")
+    )
+    missing = [source for source in sources if not os.path.exists(
+        importlib.util.cache_from_source(source, optimization=UNIT_OPTIMIZATION)
+    )]
+    if not missing:
+        detail = f"compiled for the unit's -OO ({len(sources)} modules)"
+        report.add("bytecode", Verdict.PASS, detail)
+        return
+    import sysconfig  # only to say where: not imported by a healthy install's doctor
+
+    places = [sysconfig.get_path("purelib"), sysconfig.get_path("stdlib")]
+    report.add(
+        "bytecode",
+        Verdict.WARN,
+        f"{len(missing)} of {len(sources)} modules not compiled for the unit's -OO: each start "
+        "compiles them from source (seconds on a small computer)",
+        f"sudo {sys.executable} -m compileall -q -o {UNIT_OPTIMIZATION} " + " ".join(places),
+        notes=missing[:3],
+    )
 
 
 def register_check(section: str, check: SectionCheck) -> None:

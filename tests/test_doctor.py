@@ -116,3 +116,45 @@ def test_the_fleets_checks_are_its_own_and_found_through_the_one_table_of_sectio
     assert doctor.CHECK_OWNERS == {"upstream": "kiosk_agent.fleet.doctor"}
     assert SECTION_OWNERS["upstream"].checks == fleet_doctor.__name__
     assert doctor._SECTION_CHECKS["upstream"] is fleet_doctor.check_upstream
+
+
+# -- the bytecode the unit's -OO reads ---------------------------------------------------------
+
+
+def test_the_bytecode_check_reads_the_level_the_unit_runs_at() -> None:
+    from kiosk_agent import doctor
+
+    unit = (Path(__file__).parents[1] / "systemd" / "kiosk-agent.service").read_text()
+    assert f"Environment=PYTHONOPTIMIZE={doctor.UNIT_OPTIMIZATION}\n" in unit
+
+
+def test_modules_without_bytecode_for_the_units_level_are_named_with_the_fix(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """pip writes bytecode without -OO, and the unit may not write its own: an install without
+    the compile step starts every time from source, seconds slower, and says nothing else."""
+    import importlib.util
+    import json.decoder  # noqa: F401 - the sample's modules are imported
+    import py_compile
+
+    from kiosk_agent import doctor
+
+    monkeypatch.setattr(doctor, "_BYTECODE_SAMPLE", ("json",))
+    monkeypatch.setattr(sys, "pycache_prefix", str(tmp_path))  # a cache with nothing in it
+    report = Report()
+    doctor.check_bytecode(report)
+    [check] = report.checks
+    sources = sorted(str(m.__file__) for n, m in sys.modules.items()
+                     if n.partition(".")[0] == "json" and str(m.__file__).endswith(".py"))
+    assert check.verdict is Verdict.WARN, check.detail
+    assert check.detail.startswith(f"{len(sources)} of {len(sources)} modules not compiled")
+    assert check.fix.startswith(f"sudo {sys.executable} -m compileall -q -o 2 ")
+    assert check.notes == sources[:3]
+    for source in sources:
+        py_compile.compile(source, importlib.util.cache_from_source(source, optimization=2),
+                           optimize=2, doraise=True)
+    report = Report()
+    doctor.check_bytecode(report)
+    assert [(c.verdict, c.detail) for c in report.checks] == [
+        (Verdict.PASS, f"compiled for the unit's -OO ({len(sources)} modules)")
+    ]

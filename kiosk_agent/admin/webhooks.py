@@ -157,11 +157,13 @@ class SqliteIdempotencyStore:
 
     def bodies(self) -> Iterator[bytes]:
         """Every stored event body, in arrival order (for rebuilding state on start)."""
-        assert self._db is not None
+        if self._db is None:
+            raise RuntimeError("the webhook store is not open")
         return _stored_bodies(self._db)
 
     def __len__(self) -> int:
-        assert self._db is not None
+        if self._db is None:
+            raise RuntimeError("the webhook store is not open")
         return int(self._db.execute("SELECT count(*) FROM webhook_events").fetchone()[0])
 
     # -- group commit ------------------------------------------------------------------------

@@ -540,7 +540,8 @@ class Agent:
         self.settled.set()
 
     async def _ready_after_recovery(self, ready_text: str) -> None:
-        assert self._systemd is not None
+        if self._systemd is None:
+            raise RuntimeError("ready after recovery without a systemd lifecycle")
         recovered = asyncio.ensure_future(self.recovery.wait())
         while not recovered.done():
             self._systemd.extend_start(_START_EXTENSION)

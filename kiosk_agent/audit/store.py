@@ -132,7 +132,8 @@ class AuditStore:
                 ),
             )
         read_id = cursor.lastrowid
-        assert read_id is not None
+        if read_id is None:
+            raise RuntimeError("the audit read was stored without a row id")
         return StoredRead(read_id, at, step_mark, clean, figures, tuple(changes))
 
     def reads(self, limit: int = 50, *, clean: bool | None = None,

@@ -16,7 +16,7 @@ import sys
 from dataclasses import dataclass, field
 from typing import Any
 
-from kiosk_agent.cli.contract import EXIT_OK, guarded, options
+from kiosk_agent.cli.contract import EXIT_OK, described, guarded, options
 
 SHELLS = ("bash", "zsh", "fish")
 PROG = "kiosk-agent"
@@ -26,7 +26,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     parser = subparsers.add_parser(
         "completion",
         help="print a shell completion script (bash, zsh, fish)",
-        description=__doc__.split(": ", 1)[1],
+        description=described(__doc__, "completion"),
         formatter_class=argparse.RawDescriptionHelpFormatter,
         parents=options(config=False, json=False),
     )

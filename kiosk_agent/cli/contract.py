@@ -216,6 +216,17 @@ def _parent(part: str) -> argparse.ArgumentParser:
     return parent
 
 
+def described(docstring: str | None, command: str) -> str:
+    """A command's ``--help`` description from its module's docstring (without its leading
+    ``kiosk-agent COMMAND:``), or its one line in the overview where docstrings were dropped
+    (``PYTHONOPTIMIZE=2``, as the systemd unit runs Python)."""
+    if docstring:
+        return docstring.split(": ", 1)[1]
+    from kiosk_agent.cli import COMMAND_HELP
+
+    return COMMAND_HELP[command]
+
+
 def options(
     *, config: bool = True, json: bool = True, timeout: bool = False
 ) -> list[argparse.ArgumentParser]:

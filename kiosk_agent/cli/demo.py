@@ -31,6 +31,7 @@ from kiosk_agent.cli.contract import (
     EXIT_USAGE,
     CliError,
     StopSignals,
+    described,
     guarded,
     is_tty,
     load,
@@ -87,7 +88,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     demo = subparsers.add_parser(
         "demo",
         help="simulator + virtual vending machine + agent, with a live view (no hardware)",
-        description=__doc__.split(": ", 1)[1],  # the docstring without its `kiosk-agent demo`
+        description=described(__doc__, "demo"),
         formatter_class=argparse.RawDescriptionHelpFormatter,
         parents=options(json=False),
     )
@@ -428,7 +429,8 @@ async def _run(config: Any, args: argparse.Namespace, page_token: str | None = N
         async with agent_for(
             config, systemd=False, simulator=embedded_simulator, machines=simulated_machines
         ) as (agent, service):
-            assert service.simulator is not None  # demo_command checked the configuration
+            if service.simulator is None:  # demo_command checked the configuration
+                raise RuntimeError("the demo's agent has no simulator")
             sim_url = service.simulator.base_url
             view.note(f"simulator listening on {sim_url}; Ctrl-C stops the demo")
             view.note(f"sales journal: {journal} (kept after the demo: {_journal_hint(config)})")
@@ -441,7 +443,8 @@ async def _run(config: Any, args: argparse.Namespace, page_token: str | None = N
                     view.customers = Customers(args.sales, machines)
                 for platform in machines:
                     # the demo's machines are the simulated ones it gave the agent
-                    assert isinstance(platform.controller, VirtualController)
+                    if not isinstance(platform.controller, VirtualController):
+                        raise TypeError(f"{platform.name}: not a simulated machine")
                     observer = functools.partial(view.machine, platform.name)
                     platform.controller.observers.append(observer)
                 outage.follow(agent.availability, after=args.outage)

@@ -254,7 +254,8 @@ async def plans_create(args: argparse.Namespace) -> int:
 
     start = parse_moment(args.start, end=False)
     until = parse_moment(args.until, end=False) if args.until else None
-    assert start is not None
+    if start is None:
+        raise RuntimeError("--start named no moment")
     rule = build_rrule(start, args.every, args.interval,
                        until.date() if until and len(args.until) == 10 else until)
     amount = cents_to_decimal(parse_amount(args.amount))

@@ -147,7 +147,8 @@ def parse_since(text: str, now: float | None = None) -> float:
     """``"24h"``/``"7d"`` back from now, or an ISO day or time (UTC unless it says): a Unix time."""
     current = dt.datetime.fromtimestamp(now, dt.UTC) if now is not None else None
     moment = parse_moment(text, option="--since", now=current)
-    assert moment is not None
+    if moment is None:
+        raise RuntimeError("--since named no moment")
     return moment.timestamp()
 
 

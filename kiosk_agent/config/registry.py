@@ -165,12 +165,10 @@ def validate_trigger(
     try:
         module = platform_checks(name)
     except PlatformNotFound as err:
-        where = locate(raw, [*prefix, "platform"], default)
-        assert where is not None
+        where = locate(raw, [*prefix, "platform"], default) or default
         return None, [ConfigError(where.file, where.line, _path(prefix, "platform"), str(err))]
     except Exception as err:  # noqa: BLE001 - a broken third-party platform must not hide other mistakes
-        where = locate(raw, [*prefix, "platform"], default)
-        assert where is not None
+        where = locate(raw, [*prefix, "platform"], default) or default
         return None, [
             ConfigError(
                 where.file,

@@ -228,7 +228,8 @@ class Upstream:
             event, "unwritten", False
         )
         if needs_a_look and not getattr(event, "receipt", False):
-            assert self.mqtt is not None
+            if self.mqtt is None:
+                raise RuntimeError("an MQTT event without an MQTT connection")
             self.mqtt.publish_event(
                 EVENT_SALE_ATTENTION,
                 sale_id=event.sale_id,
@@ -290,7 +291,8 @@ class Upstream:
     def _on_command(self, key: str, payload: bytes) -> None:
         """A command on the unit's own topic: done in a task of its own (the MQTT loop goes on
         hearing), logged with who asked and what came of it."""
-        assert self.mqtt is not None
+        if self.mqtt is None:
+            raise RuntimeError("an MQTT event without an MQTT connection")
         topic = command_topic(self.mqtt.base_topic, key)
         try:
             by = asked_by(payload)

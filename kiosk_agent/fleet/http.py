@@ -76,7 +76,8 @@ class HttpSink(SinkBase):
                 self._unexpected(err)  # the report stays queued for the next beat
 
     async def flush(self) -> None:
-        assert self._session is not None
+        if self._session is None:
+            raise RuntimeError("the HTTP reporter flushed before it started")
         while (report := self.queue.peek()) is not None:
             try:
                 async with self._session.post(

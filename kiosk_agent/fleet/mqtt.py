@@ -387,7 +387,8 @@ class MqttSink(SinkBase):
 
     def _read_back(self, message: aiomqtt.Message) -> bool:
         """A config of the unit's read back on connect, or the marker that ends them."""
-        assert self._kept is not None
+        if self._kept is None:
+            raise RuntimeError("a config read back outside the read-back")
         if str(message.topic) == self.end_topic:
             if message.payload == END:
                 self._kept_all.set()

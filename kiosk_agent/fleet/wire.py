@@ -145,7 +145,8 @@ class Visit(asyncio.Protocol):
         self.keep_alive(keepalive)
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
+        if not isinstance(transport, asyncio.Transport):
+            raise TypeError(f"transport: {type(transport).__name__}, not Transport")
         self.transport = transport
 
     def connection_lost(self, exc: Exception | None) -> None:

@@ -365,7 +365,8 @@ class GpioKiosk:
         }
 
     async def pulse(self, relay: int, seconds: float) -> None:
-        assert self._outputs is not None
+        if self._outputs is None:
+            raise RuntimeError("a relay pulsed before the GPIO outputs were opened")
         self._outputs.set(relay, True)
         try:
             await asyncio.sleep(seconds)  # the relay's physical pulse, not a wait of the sale

@@ -705,7 +705,8 @@ class KioskApi:
                     if reader is None and (heard is None or heard.done()):
                         reader = asyncio.create_task(_drain(ws))
                     listening = reader or heard
-                    assert listening is not None
+                    if listening is None:
+                        raise RuntimeError("a sale's event stream with nothing to listen to")
                     frame = await queue.next(listening)
                     if frame is None:
                         if reader is None:

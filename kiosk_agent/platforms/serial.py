@@ -196,7 +196,8 @@ class SerialLink:
         if not self.connected or transport is None or transport.is_closing():
             _LOGGER.warning("%s: not connected, cannot send %r", self.name, line)
             return False
-        assert isinstance(transport, asyncio.WriteTransport)
+        if not isinstance(transport, asyncio.WriteTransport):
+            raise TypeError(f"transport: {type(transport).__name__}, not WriteTransport")
         transport.write((line + self.settings.line_end).encode("ascii", "replace"))
         return True
 
@@ -296,7 +297,8 @@ class SerialLink:
     async def _serve(self) -> str:
         """Stay connected until the link is lost or falls silent; return why it ended."""
         protocol = self._protocol
-        assert protocol is not None
+        if protocol is None:
+            raise RuntimeError("the serial link has no protocol")
         # Let connection_made run before anything is written.
         await asyncio.sleep(0)
         self._set_state(LinkState.CONNECTED, self.port_in_use or self.settings.port)
@@ -323,7 +325,7 @@ class SerialLink:
         timeout = self.settings.silence_timeout
         if timeout is None:
             await asyncio.Event().wait()  # no watchdog: wait for the link to be lost
-        assert timeout is not None
+            raise RuntimeError("the serial link's wait without a watchdog ended")
         probed = False
         while True:
             self.activity.clear()

@@ -367,7 +367,8 @@ class ChargeAudit:
         move (a sale the journal ended with no money moved is final; the late-charge net and
         people look at those, and the check says so in its result)."""
         parts = split_order_id(row.order_id)
-        assert parts is not None
+        if parts is None:
+            raise RuntimeError("an order id of ours that does not split")
         base, suffix = parts
         record = self.journal.by_order_id(base)
         if record is None:

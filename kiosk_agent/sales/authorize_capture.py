@@ -70,7 +70,8 @@ class AuthorizeCaptureFlow(SaleFlow):
             if result.result != ChargeResultCode.RETRY:
                 break
             self.step(Step.AUTHORIZE_ANSWER, detail={"result": "B"})
-        assert result is not None
+        if result is None:
+            raise RuntimeError("the authorization was never asked")
         if result.result == ChargeResultCode.RETRY:
             return await self._fail(
                 SaleState.DECLINED, Step.AUTHORIZE_RETRIES, "retry limit reached"

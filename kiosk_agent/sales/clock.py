@@ -132,7 +132,8 @@ def elapsed_at_least(clock: Clock, anchor: Anchor) -> float:
     is never trusted for it: a step of any size either way would count.
     """
     if anchor.same_boot(clock):
-        assert anchor.mono is not None
+        if anchor.mono is None:
+            raise RuntimeError("an anchor of this boot without its monotonic time")
         return max(0.0, clock.monotonic() - anchor.mono)
     return clock.since_boot() or 0.0
 

@@ -47,7 +47,8 @@ class AnswerDeadlines:
         """
         anchor, window = _send_of(record, window, last_send)
         if anchor.same_boot(self.clock):
-            assert anchor.mono is not None
+            if anchor.mono is None:
+                raise RuntimeError("an anchor of this boot without its monotonic time")
             return anchor.mono + window
         key = (record.sale_id, record.answer_by if record.answer_by is not None else anchor.wall)
         if key not in self._fixed:

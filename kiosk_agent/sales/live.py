@@ -207,8 +207,10 @@ class SaleFlow(SaleSteps):
         until the charge is found (:meth:`reverse`) or the sale ends. Such a sale never
         completes, so no receipt will print there."""
         steps = self.reporting
-        assert steps is not None  # a flow without a money call never loses its answer
-        assert steps.lost is not None
+        if steps is None:  # a flow without a money call never loses its answer
+            raise RuntimeError("a lost answer in a flow without a money call")
+        if steps.lost is None:
+            raise RuntimeError("a lost answer in a flow with no step for it")
         self.step(steps.lost, detail={"why": why})
         if terminal_done:
             await self._deny(UNCONFIRMED)  # first: the platforms end the customer's session on it

@@ -313,7 +313,8 @@ class Recovery:
     async def _capturing(self, steps: SaleSteps) -> SaleEvent:
         """The dispense was confirmed; the capture was (maybe) sent: make sure it happened."""
         record = steps.record
-        assert record.trans_id is not None
+        if record.trans_id is None:
+            raise RuntimeError(f"sale {record.sale_id}: no transaction id to look up")
         lookup = await steps.reconciler.transaction_state(record.trans_id)
         if lookup.captured:
             return steps.finish(
@@ -335,7 +336,8 @@ class Recovery:
 
     async def _reversing(self, steps: SaleSteps) -> SaleEvent:
         record = steps.record
-        assert record.trans_id is not None
+        if record.trans_id is None:
+            raise RuntimeError(f"sale {record.sale_id}: no transaction id to look up")
         lookup = await steps.reconciler.transaction_state(record.trans_id)
         if lookup.reversed:
             return steps.finish(

@@ -358,7 +358,8 @@ async def _strand(
                   flow.record.sale_id, err)
     with contextlib.suppress(Exception):
         await flow._deny("journal not writable")
-    assert flow.unwritten is not None
+    if flow.unwritten is None:
+        raise RuntimeError("a sale not journaled without its unwritten record")
     why = f"not journaled yet ({err}); finished once the journal is back"
     flow.unwritten = dataclasses.replace(flow.unwritten, message=why)
     keep(flow)

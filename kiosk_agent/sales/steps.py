@@ -321,7 +321,8 @@ class SaleSteps:
         log = _LOGGER.warning if state is SaleState.ATTENTION else _LOGGER.info
         log("sale %s %s: %s", self.record.sale_id, state.value, message)
         ended = self.announced  # the end as published: one event, not a second made alike
-        assert ended is not None  # step() announced it, or raised
+        if ended is None:  # step() announced it, or raised
+            raise RuntimeError("a sale ended without announcing its end")
         return ended
 
     async def _deny(self, reason: str) -> None:
@@ -558,7 +559,8 @@ class SaleSteps:
     async def capture(self, cents: int, vend: Mapping[str, Any] | None = None) -> SaleEvent:
         """Capture the vended amount of an authorization (journaled first, reconciled on error)."""
         trans_id = self.record.trans_id
-        assert trans_id is not None
+        if trans_id is None:
+            raise RuntimeError(f"sale {self.record.sale_id}: a capture without a transaction id")
         self.require_own()
         named = self.named((vend or {}).get("product"))
         await self.step_fsync_shared(

@@ -70,7 +70,8 @@ class ApiCredentials:
         # RTC before NTP): a lifetime that is negative or absurd means the clocks disagree, and
         # the key is taken to live its nominal hour from when we got it, so a wrong clock can
         # neither make every call refresh nor keep a dead key forever (a 401 still renews it).
-        assert self.api_key_expires_at is not None
+        if self.api_key_expires_at is None:
+            raise RuntimeError("an API key without its expiry")
         issued = self.issued_at if self.issued_at is not None else now
         life = self.api_key_expires_at - issued
         return life if 0 < life <= MAX_PLAUSIBLE_LIFETIME else NOMINAL_KEY_LIFETIME
@@ -248,7 +249,8 @@ class ApiKeyManager:
         return saved
 
     def _save_or_log(self, credentials: ApiCredentials) -> None:
-        assert self._store is not None
+        if self._store is None:
+            raise RuntimeError("credentials saved without a store")
         try:
             self._store.save(credentials)
         except CredentialsError as exc:

@@ -141,7 +141,8 @@ class Auth:
 
     def _rotate(self, old_key: str, old_token: str, now: float) -> dict[str, Any]:
         owner = self._store.row("SELECT * FROM api_keys WHERE api_key = ?", (old_key,))
-        assert owner is not None
+        if owner is None:
+            raise RuntimeError("a key rotated that is not stored")
         new_key = f"sim_key_{secrets.token_hex(16)}"
         new_token = f"sim_refresh_{secrets.token_hex(16)}"
         key_expiry = now + API_KEY_LIFETIME

@@ -389,8 +389,10 @@ async def force_status(request: web.Request) -> web.Response:
     status = body.choice("merchant_status", allowed, required=True)
     trigger = body.choice("trigger", TRIGGERS, default=MerchantTrigger.UI.value)
     deleted_by = body.text("deleted_by") or "partner-portal"
-    assert status is not None
-    assert trigger is not None
+    if status is None:
+        raise RuntimeError("no status")
+    if trigger is None:
+        raise RuntimeError("no trigger")
     row = request.app[BOARDING_KEY].force_status(
         merchant_id, status, MerchantTrigger(trigger), deleted_by
     )

@@ -153,7 +153,8 @@ class Body:
 
     def req_text(self, name: str, *, max_length: int = 512) -> str:
         value = self.text(name, required=True, max_length=max_length)
-        assert value is not None
+        if value is None:
+            raise RuntimeError(f"{name} is required")
         return value
 
     def integer(
@@ -177,7 +178,8 @@ class Body:
 
     def req_cents(self, name: str) -> int:
         value = self.cents(name, required=True)
-        assert value is not None
+        if value is None:
+            raise RuntimeError(f"{name} is required")
         return value
 
     def dollars(self, name: str, *, required: bool = False) -> int | None:
@@ -195,7 +197,8 @@ class Body:
 
     def req_dollars(self, name: str) -> int:
         value = self.dollars(name, required=True)
-        assert value is not None
+        if value is None:
+            raise RuntimeError(f"{name} is required")
         return value
 
     def flag(self, name: str, *, default: bool = False) -> bool:

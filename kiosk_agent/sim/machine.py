@@ -151,7 +151,8 @@ class VirtualController:
             return f"socket://{host}:{port}"
         if self.options.link_path is not None:
             return str(self.options.link_path)
-        assert self._pty is not None, "controller not started"
+        if self._pty is None:
+            raise RuntimeError("the controller is not started")
         return self._pty.name
 
     @property
@@ -282,7 +283,8 @@ class VirtualController:
             _LOGGER.debug("virtual adapter wrote %d of %d bytes", written, len(data))
 
     def _read_ready(self) -> None:
-        assert self._pty is not None
+        if self._pty is None:
+            raise RuntimeError("the controller is not started")
         try:
             data = os.read(self._pty.master, 4096)
         except OSError:
@@ -359,7 +361,8 @@ class VirtualController:
             return
         if nobody_waits:
             self._session_funds = asyncio.get_running_loop().create_future()
-        assert self._session_funds is not None
+        if self._session_funds is None:
+            raise RuntimeError("no session waits for funds")
         self._session_funds.set_result(funds)
 
     async def _enable(self) -> None:
@@ -521,7 +524,8 @@ class VirtualController:
         unheard: bool = False,
         phantom: bool = False,
     ) -> None:
-        assert visit.product is not None
+        if visit.product is None:
+            raise RuntimeError("a visit with no product")
         epoch = self._epoch
         self._answer = asyncio.get_running_loop().create_future()
         self._notify("selects", visit)
@@ -648,7 +652,8 @@ class _AdapterSocket(asyncio.Protocol):
         self.transport: asyncio.Transport | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
+        if not isinstance(transport, asyncio.Transport):
+            raise TypeError(f"transport: {type(transport).__name__}, not Transport")
         self.transport = transport
         self.controller._connection_made(transport)
 

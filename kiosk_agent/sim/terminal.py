@@ -114,7 +114,8 @@ class Terminals:
 
     def _state(self, device_id: str) -> dict[str, Any]:
         state = self._states.get(device_id)
-        assert state is not None
+        if state is None:
+            raise RuntimeError(f"unknown terminal {device_id}")
         return state
 
     def _touch(self, device_id: str, **changes: Any) -> dict[str, Any]:
@@ -325,7 +326,8 @@ class Terminals:
     ) -> dict[str, Any]:  # fmt: skip
         changed_at = time.monotonic()
         stored = self._interactions.get(interaction_id)
-        assert stored is not None
+        if stored is None:
+            raise RuntimeError(f"unknown interaction {interaction_id}")
         record = stored["record"]
         record.update(status=status, result=result, stage_errors=stage_errors)
         self._interactions.put(interaction_id, stored)

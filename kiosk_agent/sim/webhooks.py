@@ -272,8 +272,10 @@ class WebhookDispatcher:
         return await self._post(event, event.attempts, count=True)
 
     async def _post(self, event: WebhookEvent, attempt: int, *, count: bool) -> bool:
-        assert self._session is not None
-        assert self._url is not None
+        if self._session is None:
+            raise RuntimeError("the webhook sender is not started")
+        if self._url is None:
+            raise RuntimeError("the webhook sender has no URL")
         body = json.dumps(event.envelope(attempt), separators=(",", ":")).encode()
         headers = {
             "Content-Type": "application/json",

@@ -545,8 +545,10 @@ class LocalSite:
     def _accept(self) -> asyncio.Protocol:
         """The protocol of a connection just accepted (room made for it, or a 503)."""
         runner = self._runner
-        assert runner is not None
-        assert runner.server is not None
+        if runner is None:
+            raise RuntimeError("a connection accepted before the server started")
+        if runner.server is None:
+            raise RuntimeError("a connection accepted before the server started")
         if self.open_connections >= self.limits.max_connections and not self._make_room():
             self.overloaded += 1
             self.refusals(

@@ -1,6 +1,7 @@
 import asyncio
 import os
 import platform
+import re
 import signal
 import socket
 import subprocess
@@ -8,7 +9,9 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
+import aiohttp
 import pytest
 
 from kiosk_agent.assembly.systemd import (
@@ -22,6 +25,8 @@ from kiosk_agent.config.load import HTTP_SCHEMA
 from kiosk_agent.health.model import Health
 from kiosk_agent.sales.settings import STOP_TIMEOUT
 from tests.child_signals import send_signal, stop
+from tests.cli.agent_process import AgentProcess, money_agrees, sale_reaches, write_config
+from tests.cli.kiosk_app_rig import TOKEN, App, kiosk_app
 from tests.helpers import until
 
 UNIT = Path(__file__).parents[2] / "systemd" / "kiosk-agent.service"
@@ -115,6 +120,41 @@ def test_the_units_environment_keeps_a_worker_threads_allocations_on_the_main_ar
                                     env={**environment, **_unit_environment()},
                                     capture_output=True, text=True, check=True, timeout=60)
     assert under_the_unit.stdout.strip() == "main"
+
+
+@pytest.mark.slow(seconds=3)
+async def test_the_agent_sells_under_the_units_environment(
+    sim_factory: Any, tmp_path: Path
+) -> None:
+    """The unit's Environment= changes how Python runs the agent and every library it uses
+    (PYTHONOPTIMIZE=2: no docstrings, no asserts): a real `kiosk-agent run` under it starts,
+    sells a coffee through the kiosk API to its end, and its journal and the simulator's ledger
+    agree on the money."""
+    environment = _unit_environment()
+    assert environment["PYTHONOPTIMIZE"] == "2"
+    sim = await sim_factory(transactions=0)
+    journal = tmp_path / "journal.db"
+    agent = AgentProcess(write_config(tmp_path, sim, journal, kiosk_app()), sim, cold=True)
+    agent.env |= {**environment, "KIOSK_APP_TOKEN": TOKEN}
+    try:
+        await agent.start()
+        await agent.wait_ready()
+        found = re.search(r"kiosk API on 127\.0\.0\.1:(\d+)", agent.text())
+        assert found, agent.text()[-3000:]
+        async with aiohttp.ClientSession() as session:
+            app = App(session, int(found.group(1)))
+            sale = await app.buy_coffee()
+            await sale_reaches(journal, sale, "dispensing")
+            status, body, _ = await app.call("POST", f"/sales/{sale}/dispensed",
+                                             {"status": "vended"})
+            assert status == 202, body
+            await sale_reaches(journal, sale, "completed")
+        agent.send(signal.SIGTERM)
+        assert await agent.exit_code() == 0, agent.text()[-3000:]
+    finally:
+        await agent.close()
+    assert "Traceback" not in agent.text(), agent.text()[-3000:]
+    await money_agrees(sim, journal)  # captured $2.50, nothing voided or refunded
 
 
 def test_abstract_namespace_socket() -> None:

@@ -16,7 +16,10 @@ import argparse
 import asyncio
 import functools
 import json
+import os
 import re
+import subprocess
+import sys
 import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -233,6 +236,31 @@ def test_json_is_refused_where_there_is_no_result(
         out, err = capsys.readouterr()
         assert "--json" in err
         assert json.loads(out)["exit_code"] == cli.EXIT_USAGE  # a script still gets JSON
+
+
+def test_a_command_without_its_docstring_is_described_by_its_overview_line() -> None:
+    """Under the unit's PYTHONOPTIMIZE=2 a module has no docstring: the description falls back."""
+    assert cli.described(None, "demo") == "simulator + virtual vending machine + agent, with a " \
+        "live view (no hardware)"
+    assert cli.described("`kiosk-agent completion`: print a script.", "completion") == \
+        "print a script."
+
+
+def test_every_commands_help_is_made_without_docstrings() -> None:
+    """Python as the systemd unit runs it (PYTHONOPTIMIZE=2: no docstrings, no asserts) builds
+    every command's parser and help: no command reads a docstring it cannot do without."""
+    walk_every_help = (
+        "import sys\n"
+        "sys.exit('not optimized') if sys.flags.optimize != 2 else None\n"
+        "from kiosk_agent.cli import build_parser, walk\n"
+        "print(sum(len(sub.format_help()) > 0 for _, sub in walk(build_parser())))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", walk_every_help], env={**os.environ, "PYTHONOPTIMIZE": "2"},
+        capture_output=True, text=True, timeout=120, check=False,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert int(done.stdout) == len(list(walk(build_parser())))
 
 
 def test_the_exit_code_table_in_docs_is_the_one_in_the_code() -> None:
