@@ -17,7 +17,6 @@ at most the card brand and the last four digits.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import datetime as dt
 import functools
@@ -31,7 +30,10 @@ import tempfile
 import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # the journal's commands (`kiosk-agent sales`) run without an event loop
+    import asyncio
 
 from kiosk_agent.sales.clock import SYSTEM_CLOCK, Clock
 from kiosk_agent.sales.journal_prune import (
@@ -584,6 +586,8 @@ class Journal(JournalReads, JournalPrune):
         commit's is. A failing fdatasync is a failed write (told, raised as JournalError)."""
         if not self._fsync_owed:
             return
+        import asyncio  # here: only a running agent waits; the commands import no loop
+
         loop = asyncio.get_running_loop()
         waiter: asyncio.Future[None] = loop.create_future()
         self._fsync_waiters.append(waiter)
@@ -595,6 +599,8 @@ class Journal(JournalReads, JournalPrune):
         if self._fsync_waiters is not waiters:
             return  # a commit made them durable meanwhile, and woke them
         if turns > 0:
+            import asyncio  # as in fsynced()
+
             asyncio.get_running_loop().call_soon(self._fsync_after, turns - 1, waiters)
             return
         try:
