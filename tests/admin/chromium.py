@@ -19,6 +19,8 @@ import signal
 import subprocess
 import tempfile
 import threading
+import time
+from pathlib import Path
 from typing import IO
 
 from playwright.async_api import Browser, Playwright
@@ -121,6 +123,9 @@ class SharedChromium:
                 process.wait()
         if process is not None:
             _signal_group(process, signal.SIGKILL)  # children left behind by a chromium that died
+            # a SIGKILL is delivered, not done: on a busy machine a renderer still ran when
+            # stop() returned. Not our children (chromium's), so no wait(): looked for instead
+            _wait_until_gone(process.pid, STOP_TIMEOUT_S)
         if self._profile:
             shutil.rmtree(self._profile, ignore_errors=True)
             self._profile = ""
@@ -160,3 +165,24 @@ def _read_stderr(stderr: IO[str], found: queue.Queue[str | None]) -> None:
 def _signal_group(process: subprocess.Popen[str], signum: int) -> None:
     with contextlib.suppress(ProcessLookupError):
         os.killpg(process.pid, signum)
+
+
+def _wait_until_gone(group: int, timeout_s: float) -> None:
+    """Until no process of ``group`` runs any more (zombies wait for init: they do not)."""
+    give_up_at = time.monotonic() + timeout_s
+    while running_in_group(group) and time.monotonic() < give_up_at:
+        time.sleep(0.01)
+
+
+def running_in_group(group: int) -> list[int]:
+    """Processes of a process group that still run (zombies, waiting for init, do not)."""
+    running = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue  # ended while we looked
+        state, process_group = fields[0], int(fields[2])
+        if process_group == group and state != "Z":
+            running.append(int(stat.parent.name))
+    return running

@@ -10,7 +10,7 @@ import pytest
 from playwright.async_api import Browser, async_playwright
 from playwright.async_api import Error as PlaywrightError
 
-from tests.admin.chromium import ChromiumStartError, SharedChromium, connect
+from tests.admin.chromium import ChromiumStartError, SharedChromium, connect, running_in_group
 
 
 async def _read_heading(browser: Browser) -> str:
@@ -66,21 +66,7 @@ async def test_a_chromium_that_died_is_started_again_and_stop_leaves_nothing_beh
     assert second is not None
     assert second.returncode is not None
     assert not second_profile.exists()
-    assert _running_in_group(second.pid) == []  # no renderer or zygote left behind
-
-
-def _running_in_group(group: int) -> list[int]:
-    """Processes of a process group that still run (zombies, waiting for init, do not)."""
-    running = []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue  # ended while we looked
-        state, process_group = fields[0], int(fields[2])
-        if process_group == group and state != "Z":
-            running.append(int(stat.parent.name))
-    return running
+    assert running_in_group(second.pid) == []  # no renderer or zygote left behind
 
 
 def test_a_chromium_that_never_listens_is_a_clear_error() -> None:
