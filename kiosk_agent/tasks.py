@@ -7,10 +7,7 @@ a socket or a database connection when the next start (or the next test) wants i
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import contextlib
-import os
-import threading
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Sequence
 from typing import Any, TypeVar
 
@@ -84,32 +81,6 @@ async def wait_event(event: asyncio.Event, seconds: float) -> bool:
         async with asyncio.timeout(seconds):
             await event.wait()
     return event.is_set()
-
-
-LOWEST_PRIORITY = 19  # nice: the scheduler runs such a thread when the others have no use for it
-
-
-async def in_a_thread_at_lowest_priority(work: Callable[[], T], name: str) -> T:
-    """``work()`` in a thread of its own at the lowest scheduling priority, its result (or its
-    error) here. For housekeeping that may take its time: on a small budget (a tenth of a core,
-    bench/pi.py) the event loop's thread is served first whenever both want the CPU, so a
-    customer's sale does not wait for it. Its own thread: the default executor's serve others
-    at normal priority (a thread's priority, once lowered, is not raised again without
-    privileges). A cancel of the wait lets ``work`` finish on its own once it has begun."""
-    done: concurrent.futures.Future[T] = concurrent.futures.Future()
-
-    def run() -> None:
-        with contextlib.suppress(OSError):  # a platform without per-thread priorities
-            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), LOWEST_PRIORITY)
-        if not done.set_running_or_notify_cancel():
-            return
-        try:
-            done.set_result(work())
-        except BaseException as err:  # noqa: BLE001 - handed to the waiting task, raised there
-            done.set_exception(err)
-
-    threading.Thread(target=run, name=name, daemon=True).start()
-    return await asyncio.wrap_future(done)
 
 
 async def read_ahead(

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import os
-import threading
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
@@ -12,13 +10,11 @@ import pytest
 
 from kiosk_agent.sales.clock import FakeClock
 from kiosk_agent.tasks import (
-    LOWEST_PRIORITY,
     BackgroundTask,
     TaskSet,
     cancel_and_wait,
     cancel_and_wait_within,
     cancel_requested,
-    in_a_thread_at_lowest_priority,
     read_ahead,
     wait_event,
 )
@@ -312,40 +308,3 @@ async def test_leaving_a_read_early_ends_the_sources_asked_ahead() -> None:
     assert all(s.asked for s in made)
     assert all(s.closed for s in made)
     assert not made[0].in_flight
-
-
-def _where() -> tuple[int, int]:
-    """The calling thread's id and its scheduling priority (nice)."""
-    tid = threading.get_native_id()
-    return tid, os.getpriority(os.PRIO_PROCESS, tid)
-
-
-async def test_housekeeping_runs_in_a_thread_of_its_own_at_the_lowest_priority(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    # The journal's checkpoint: at a tenth of a core the event loop's sales come first. (Under
-    # `nice -n 19` every thread is at the lowest already: what is asked tells it apart.)
-    asked: list[tuple[int, int, int]] = []
-    set_priority = os.setpriority
-
-    def spy(which: int, who: int, priority: int) -> None:
-        asked.append((which, who, priority))
-        set_priority(which, who, priority)
-
-    monkeypatch.setattr(os, "setpriority", spy)
-    loop_thread, loop_priority = _where()
-    thread, priority = await in_a_thread_at_lowest_priority(_where, "housekeeping")
-    assert thread != loop_thread
-    assert asked == [(os.PRIO_PROCESS, thread, LOWEST_PRIORITY)]  # that thread alone
-    assert priority == LOWEST_PRIORITY
-    assert _where() == (loop_thread, loop_priority)  # the loop's own thread is left as it was
-    [_, pool_priority] = await asyncio.to_thread(_where)  # and the default executor's threads
-    assert pool_priority == loop_priority
-
-
-async def test_an_error_of_housekeeping_in_its_thread_is_raised_to_the_waiting_task() -> None:
-    def fails() -> None:
-        raise OSError("the disk went away")
-
-    with pytest.raises(OSError, match="the disk went away"):
-        await in_a_thread_at_lowest_priority(fails, "housekeeping")

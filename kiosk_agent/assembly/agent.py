@@ -51,7 +51,7 @@ from kiosk_agent.service.errors import ServiceError
 from kiosk_agent.service.models import Terminal
 from kiosk_agent.service.settings import DEFAULT_TIMEOUT, ServiceSettings
 from kiosk_agent.service.timeouts import INTERACTION_LIFETIME
-from kiosk_agent.tasks import BackgroundTask, in_a_thread_at_lowest_priority
+from kiosk_agent.tasks import BackgroundTask
 
 _LOGGER = logging.getLogger(__name__)
 
@@ -455,8 +455,8 @@ class Agent:
         if not self.journal.checkpoint_due():
             return
         await self.sales.between_customers(CHECKPOINT_WAITS_FOR_CUSTOMER_S)
-        try:  # lowest priority: sales that follow without a gap are served first
-            await in_a_thread_at_lowest_priority(self.journal.checkpoint, "journal-checkpoint")
+        try:
+            await asyncio.to_thread(self.journal.checkpoint)
         except sqlite3.Error as err:
             _LOGGER.warning("journal: its WAL not copied into the database now (%s); "
                             "the next checkpoint tries again", err)
