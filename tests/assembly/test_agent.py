@@ -328,13 +328,15 @@ async def test_after_ready_the_journals_wal_is_grown_ahead(agent: Agent) -> None
 
 
 async def _checkpoint_due_while_vending(
-    agent_factory: Any, monkeypatch: pytest.MonkeyPatch, dispense_s: float
+    agent_factory: Any, sim_factory: Any, monkeypatch: pytest.MonkeyPatch, dispense_s: float
 ) -> tuple[FakeClock, Agent, list[float], float]:
     """An agent on a FakeClock whose journal has a checkpoint due, and a sale approved and
     vending for ``dispense_s`` on that clock; (the clock, the agent, when each checkpoint ran,
     when the vend began)."""
     clock = FakeClock(wall=time.time())
-    agent = await agent_factory(clock=clock)
+    # the service's interaction lives 6 s of real time (not 0.6): a loaded machine still pays
+    sim = await sim_factory(time_scale=30, transactions=0)
+    agent = await agent_factory(sim=sim, clock=clock)
     ran: list[float] = []
 
     def checkpoint() -> int:
@@ -353,12 +355,12 @@ async def _checkpoint_due_while_vending(
 
 
 async def test_a_due_checkpoint_waits_until_the_customer_being_served_has_their_answer(
-    agent_factory: Any, monkeypatch: pytest.MonkeyPatch
+    agent_factory: Any, sim_factory: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # At a tenth of a core its worker thread's 2-3 ms of CPU were 25 ms more of the customer's
     # wait (bench/pi.py): it starts once the sale lets go of its terminal.
     clock, agent, ran, vending_at = await _checkpoint_due_while_vending(
-        agent_factory, monkeypatch, dispense_s=0.5
+        agent_factory, sim_factory, monkeypatch, dispense_s=0.5
     )
     checkpoint = asyncio.create_task(agent._checkpoint_aside())
     await until(lambda: vending_at + 1.0 in clock.pending())  # it waits, one second at most
@@ -371,11 +373,11 @@ async def test_a_due_checkpoint_waits_until_the_customer_being_served_has_their_
 
 
 async def test_a_due_checkpoint_waits_for_a_customer_one_second_at_most(
-    agent_factory: Any, monkeypatch: pytest.MonkeyPatch
+    agent_factory: Any, sim_factory: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # A card-first offer holds its terminal until a card comes: the WAL is still copied.
     clock, agent, ran, vending_at = await _checkpoint_due_while_vending(
-        agent_factory, monkeypatch, dispense_s=30
+        agent_factory, sim_factory, monkeypatch, dispense_s=30
     )
     checkpoint = asyncio.create_task(agent._checkpoint_aside())
     await until(lambda: vending_at + 1.0 in clock.pending())  # it waits, one second at most
