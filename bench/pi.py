@@ -1,7 +1,7 @@
 """A Pi Zero-class run: the agent alone under a small CPU and memory budget.
 
     python bench/pi.py [--cpu-percent 10] [--period-ms 10] [--memory-mb 128] [--sales 200]
-                       [--idle-seconds 20]
+                       [--idle-seconds 20] [--agent-path DIR]
 
 A Raspberry Pi Zero 2 W runs Python roughly ten times slower than a desktop core and has 512 MB
 for everything. This bench puts ``kiosk-agent run`` (and only it: the simulator, the virtual
@@ -29,9 +29,14 @@ start above it (``start_above_floor_s``), which do not depend on the machine's s
 start alone does; vend request -> approve p50/p99
 (target p99 < 100 ms), sales a minute on one terminal, idle CPU (% of one core, target < 0.1),
 peak RSS (VmHWM), and how often the limit throttled the agent. Targets (issue 33): start -> ready
-< 5 s, back-to-back p99 < 150 ms. The last line is one JSON object of the figures, with the load
-average before and after. ``--profile FILE`` profiles the agent over the back-to-back sales (through
-bench/agent_probe.py) and prints its top functions and event loop turns a sale.
+< 5 s, back-to-back p99 < 150 ms. Beside each latency, the agent's CPU inside each customer's
+window (vend request -> approve, every thread's, from the scheduler's account:
+``vend_window_agent_cpu_*``): at a tenth of a core a millisecond of it is some ten of the wait,
+and unlike the wait the machine's load does not move it, so a tail's cause shows in it. The last
+line is one JSON object of the figures, with the load average before and after. ``--agent-path
+DIR`` measures the agent (only it) of another worktree, as bench/agent.py's does. ``--profile
+FILE`` profiles the agent over the back-to-back sales (through bench/agent_probe.py) and prints
+its top functions and event loop turns a sale.
 
 The sales run twice. First ``--sales`` customers back to back: sales a minute, CPU per sale, and
 the vend -> approve of customers who queue behind each other (``back_to_back_*``): at 10 % of a
@@ -66,7 +71,15 @@ from kiosk_agent.sim.server import SimOptions, SimServer
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import agent_probe  # the launcher that profiles the agent from outside
 from _support import unit_environment  # the unit's Environment= lines
-from agent import IN_USE_CODE, _cpu_ns, library_floor, load_average, percentile, print_profile
+from agent import (  # the sibling bench's
+    IN_USE_CODE,
+    _cpu_ns,
+    agent_imported_from,
+    library_floor,
+    load_average,
+    percentile,
+    print_profile,
+)
 
 TIME_SCALE = 1000.0
 CARD_DELAY_SIM_S = 1.5  # choices.md: a card is presented 1.5 simulated seconds after the start
@@ -171,6 +184,28 @@ def _v1_mount(controller: str) -> Path:
     raise CgroupUnavailable(f"no cgroup v1 {controller} controller is mounted")
 
 
+class WindowCpu:
+    """The agent's CPU while each customer waited (the controller's vend request -> the agent's
+    approve), read from the scheduler's account of every thread of the agent at the two
+    moments the controller tells its observers. At a tenth of a core each millisecond of it is
+    some ten of the customer's wait, whatever else the machine runs: what a tail is made of, in
+    a figure the machine's load does not move (the wall-clock latency it does)."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self._at_request: dict[int, int] = {}
+        self.ms: dict[int, float] = {}  # visit number -> CPU ms in its window
+
+    def __call__(self, what: str, visit: Any) -> None:
+        if what == "selects":  # just before the request goes out
+            self._at_request[visit.number] = _cpu_ns(self.pid)
+        elif what == "approved" and visit.number in self._at_request:  # just after the answer
+            self.ms[visit.number] = (_cpu_ns(self.pid) - self._at_request.pop(visit.number)) / 1e6
+
+    def of(self, visits: list[Any]) -> list[float]:
+        return [self.ms[v.number] for v in visits if v.number in self.ms]
+
+
 def _config(sim: SimServer, controller: VirtualController, scratch: Path) -> Path:
     info = sim.ready_info()
     document = {
@@ -254,7 +289,8 @@ async def _measure(
     spawned = time.perf_counter()
     proc = await asyncio.create_subprocess_exec(
         sys.executable, *launcher, "run", "--config", str(config),
-        env=env, stdout=asyncio.subprocess.DEVNULL, preexec_fn=budget.enter,
+        env=_agent_env(env), stdout=asyncio.subprocess.DEVNULL, preexec_fn=budget.enter,
+        cwd=os.environ.get("BENCH_AGENT_PATH"),
     )
     try:
         while not (await asyncio.wait_for(loop.sock_recv(listener, 1024), 60)).startswith(
@@ -271,6 +307,8 @@ async def _measure(
         await asyncio.sleep(args.idle_seconds)
         idle = (_cpu_ns(proc.pid) / 1e9 - cpu_before) / (time.perf_counter() - wall_before)
 
+        window_cpu = WindowCpu(proc.pid)
+        controller.observers.append(window_cpu)
         rng = random.Random(1)
         throttled_before = budget.throttled()
         if args.profile:
@@ -285,11 +323,13 @@ async def _measure(
         sale_cpu = (_cpu_ns(proc.pid) / 1e9 - cpu_before) / args.sales
         throttled = budget.throttled() - throttled_before
         back_to_back = _latencies(controller.visits)
+        back_to_back_cpu = window_cpu.of(controller.visits)
         first_alone = len(controller.visits)
         for _ in range(args.sales):  # one at a time: what each customer waits
             await asyncio.sleep(args.gap_ms / 1000)
             await asyncio.wait_for(controller.customer(rng.choice(sorted(PRODUCTS))), 30)
         alone = _latencies(controller.visits[first_alone:])
+        alone_cpu = window_cpu.of(controller.visits[first_alone:])
         peak_mb = _status_kb(proc.pid, "VmHWM") / 1024
     finally:
         proc.terminate()
@@ -309,6 +349,10 @@ async def _measure(
         "vend_answer_max_ms": round(max(alone), 1),
         "back_to_back_vend_answer_p50_ms": round(percentile(back_to_back, 0.5), 1),
         "back_to_back_vend_answer_p99_ms": round(percentile(back_to_back, 0.99), 1),
+        "vend_window_agent_cpu_p50_ms": round(percentile(alone_cpu, 0.5), 2),
+        "vend_window_agent_cpu_p99_ms": round(percentile(alone_cpu, 0.99), 2),
+        "back_to_back_vend_window_agent_cpu_p50_ms": round(percentile(back_to_back_cpu, 0.5), 2),
+        "back_to_back_vend_window_agent_cpu_p99_ms": round(percentile(back_to_back_cpu, 0.99), 2),
         "sales_vended": len(back_to_back) + len(alone),
         "sales_per_minute_one_terminal": round(args.sales / elapsed * 60, 1),
         "agent_cpu_ms_per_sale": round(sale_cpu * 1000, 1),
@@ -336,7 +380,8 @@ async def _write_bytecode(config: Path, env: dict[str, str], listener: socket.so
     loop = asyncio.get_running_loop()
     proc = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "kiosk_agent", "run", "--config", str(config),
-        env=env, stdout=asyncio.subprocess.DEVNULL,
+        env=_agent_env(env), stdout=asyncio.subprocess.DEVNULL,
+        cwd=os.environ.get("BENCH_AGENT_PATH"),
     )
     try:
         while not (await asyncio.wait_for(loop.sock_recv(listener, 1024), 60)).startswith(
@@ -347,6 +392,13 @@ async def _write_bytecode(config: Path, env: dict[str, str], listener: socket.so
     finally:
         proc.terminate()
         await proc.wait()
+
+
+def _agent_env(env: dict[str, str]) -> dict[str, str]:
+    """``--agent-path``: that tree first on the agent's path (and its working directory, where
+    the spawn runs: ``-m`` puts the working directory first)."""
+    other_tree = os.environ.get("BENCH_AGENT_PATH")
+    return {**env, "PYTHONPATH": other_tree} if other_tree else env
 
 
 def main() -> int:
@@ -365,8 +417,15 @@ def main() -> int:
                         help="cProfile the agent over the back-to-back sales (its loop's thread), "
                              "statistics to FILE; prints the top functions and the event loop's "
                              "turns per sale (the figures then carry the profiler's cost)")
+    parser.add_argument("--agent-path", type=Path, default=None, metavar="DIR",
+                        help="the measured agent (only it) from the kiosk_agent in DIR, a "
+                             "worktree of another commit: the same bench, simulator and "
+                             "controller read an older agent (as bench/agent.py's)")
     args = parser.parse_args()
     os.environ.update(unit_environment())  # the agent as its systemd unit runs it
+    if args.agent_path:
+        os.environ["BENCH_AGENT_PATH"] = str(args.agent_path.resolve())
+        print(f"the measured agent: {agent_imported_from(args.agent_path.resolve())}")
     budget = Budget(args.cpu_percent, args.period_ms, args.memory_mb)
     load_before = load_average()
     try:

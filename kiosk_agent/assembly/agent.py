@@ -33,7 +33,7 @@ from kiosk_agent.sales.attention import AttentionSweeper
 from kiosk_agent.sales.audit import ChargeAudit
 from kiosk_agent.sales.clock import SYSTEM_CLOCK, Clock
 from kiosk_agent.sales.events import EventLog
-from kiosk_agent.sales.journal import Journal, JournalError
+from kiosk_agent.sales.journal import CHECKPOINT_WAITS_FOR_CUSTOMER_S, Journal, JournalError
 from kiosk_agent.sales.journal_guard import DISK_WATCH_S, JournalGuard
 from kiosk_agent.sales.machine import Machine, this_machine
 from kiosk_agent.sales.model import SaleEvent
@@ -449,9 +449,12 @@ class Agent:
 
     async def _checkpoint_aside(self) -> None:
         """The WAL copied into the database in a worker thread, not inside a sale's commit on the
-        event loop (Journal.checkpoint_aside); one that fails is tried again at the next due."""
+        event loop (Journal.checkpoint_aside); one that fails is tried again at the next due.
+        Not while a customer waits for a machine's answer, if that ends within a second: the
+        thread's CPU would be theirs to wait (SaleRunner.between_customers)."""
         if not self.journal.checkpoint_due():
             return
+        await self.sales.between_customers(CHECKPOINT_WAITS_FOR_CUSTOMER_S)
         try:
             await asyncio.to_thread(self.journal.checkpoint)
         except sqlite3.Error as err:

@@ -111,6 +111,8 @@ class SaleRunner:
         self.journal = context.journal
         self.settings = context.settings
         self._holding: dict[str, SaleFlow] = {}  # device_id -> the sale holding that terminal
+        self._none_held = asyncio.Event()  # no terminal held: no customer waits for an answer
+        self._none_held.set()
         self._live: dict[str, tuple[SaleFlow, Sale]] = {}  # sale_id -> every sale not ended
         # device_id -> who refuses its new sales (recovery, the unwritten sales) -> why
         self._blocked: dict[str, dict[str, str]] = {}
@@ -188,6 +190,7 @@ class SaleRunner:
         flow = FLOWS[request.flow](record, request, dispenser, self.context)
         flow.open({"source": request.source, "product": request.product})
         self._holding[device] = flow
+        self._none_held.clear()
         task = asyncio.create_task(self._run(device, flow), name=f"sale-{sale_id}")
         sale = Sale(sale_id, order_id, device, task)
         self._live[sale_id] = (flow, sale)
@@ -202,6 +205,8 @@ class SaleRunner:
         flow, sale = live
         if self._holding.get(device) is flow:
             del self._holding[device]
+            if not self._holding:
+                self._none_held.set()
         sale.released.set()
 
     def _check_max_price(self, request: SaleRequest) -> None:
@@ -269,6 +274,18 @@ class SaleRunner:
         flow.cancelled.set()
         flow.journal.record(flow.record, Step.CANCEL_REQUESTED)
         return True
+
+    async def between_customers(self, within: float) -> None:
+        """Return once no sale holds a terminal (no customer waits for the machine's answer), or
+        after ``within`` seconds on the sale clock, whichever comes first: housekeeping that can
+        wait a moment runs between two customers' answers rather than inside one. At a tenth of
+        a core (bench/pi.py) each millisecond of CPU in a customer's wait is ten of it. Bounded:
+        a card-first offer holds its terminal until a card comes, and sales may follow each
+        other without a gap."""
+        if self._none_held.is_set():
+            return
+        with contextlib.suppress(TimeoutError):
+            await self.context.clock.wait_for(self._none_held.wait(), within)
 
     def idle(self) -> bool:
         """No sale is live: housekeeping may take the journal (the prune, in its thread: a

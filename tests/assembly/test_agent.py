@@ -24,6 +24,7 @@ from kiosk_agent.sales.runner import TerminalBusy
 from kiosk_agent.sales.settings import UnknownTerminal
 from kiosk_agent.sales.states import SaleState
 from kiosk_agent.service.terminal import TerminalClient
+from tests.helpers import until
 from tests.sales.test_recovery import leave_open
 
 from .agent_helpers import ScriptedDispenser, write_config
@@ -326,6 +327,68 @@ async def test_after_ready_the_journals_wal_is_grown_ahead(agent: Agent) -> None
     await asyncio.wait_for(agent.settled.wait(), 30)
     wal = agent.journal.path.with_name(agent.journal.path.name + "-wal")
     assert wal.stat().st_size >= WAL_RESERVE_BYTES
+
+
+async def _checkpoint_due_while_vending(
+    agent_factory: Any, sim_factory: Any, monkeypatch: pytest.MonkeyPatch, dispense_s: float
+) -> tuple[FakeClock, Agent, list[float], float]:
+    """An agent on a FakeClock whose journal has a checkpoint due, and a sale approved and
+    vending for ``dispense_s`` on that clock; (the clock, the agent, when each checkpoint ran,
+    when the vend began)."""
+    clock = FakeClock(wall=time.time())
+    # the service's interaction lives 6 s of real time (not 0.6): a loaded machine still pays
+    sim = await sim_factory(time_scale=30, transactions=0)
+    agent = await agent_factory(sim=sim, clock=clock)
+    ran: list[float] = []
+
+    def checkpoint() -> int:
+        ran.append(clock.monotonic())
+        return 0
+
+    await agent._journal_watch.stop()  # its own look each second would checkpoint too
+    monkeypatch.setattr(agent.journal, "checkpoint_due", lambda: True)
+    monkeypatch.setattr(agent.journal, "checkpoint", checkpoint)
+    machine = ScriptedDispenser(delay=dispense_s, clock=clock)
+    await agent.sales.start(
+        SaleRequest(source="test", flow=Flow.AUTHORIZE_CAPTURE, amount_cents=300), machine
+    )
+    await asyncio.wait_for(machine.started.wait(), 10)  # the customer's vend is approved
+    return clock, agent, ran, clock.monotonic()
+
+
+async def test_a_due_checkpoint_waits_until_the_customer_being_served_has_their_answer(
+    agent_factory: Any, sim_factory: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # At a tenth of a core its worker thread's 2-3 ms of CPU were 25 ms more of the customer's
+    # wait (bench/pi.py): it starts once the sale lets go of its terminal.
+    clock, agent, ran, vending_at = await _checkpoint_due_while_vending(
+        agent_factory, sim_factory, monkeypatch, dispense_s=0.5
+    )
+    checkpoint = asyncio.create_task(agent._checkpoint_aside())
+    await until(lambda: vending_at + 1.0 in clock.pending())  # it waits, one second at most
+    await clock.advance(0.4)
+    assert ran == []  # the terminal is still held
+    assert not checkpoint.done()
+    await clock.advance_to(vending_at + 0.5)  # the machine reports the vend: the terminal is free
+    await asyncio.wait_for(checkpoint, 5)
+    assert ran == [vending_at + 0.5]
+
+
+async def test_a_due_checkpoint_waits_for_a_customer_one_second_at_most(
+    agent_factory: Any, sim_factory: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A card-first offer holds its terminal until a card comes: the WAL is still copied.
+    clock, agent, ran, vending_at = await _checkpoint_due_while_vending(
+        agent_factory, sim_factory, monkeypatch, dispense_s=30
+    )
+    checkpoint = asyncio.create_task(agent._checkpoint_aside())
+    await until(lambda: vending_at + 1.0 in clock.pending())  # it waits, one second at most
+    await clock.advance(0.9)
+    assert ran == []
+    await clock.advance_to(vending_at + 1.0)
+    await asyncio.wait_for(checkpoint, 5)
+    assert ran == [vending_at + 1.0]
+    assert agent.sales.busy_reason("SIM-0001") is not None  # the vend goes on meanwhile
 
 
 async def test_a_vended_sale_past_keep_days_is_not_given_back_by_the_charge_check(
