@@ -201,6 +201,8 @@ UNSYNCED_STEPS = frozenset({Step.READ_CARD_ACCEPTED})
 # one turn after the previous customer's capture request (59 of 60 bench customers; the 60th
 # had no next); a lone customer's waits two turns, a few microseconds each.
 FSYNC_SHARED_TURNS = 2
+# A write refused for the lock (another process holds it) touched no page of the journal.
+_LOCK_REFUSED = frozenset({sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED})
 
 # a sale's flow is fixed: the states it may be in follow from it
 _UPDATABLE = _COLUMN_SET - {"sale_id", "order_id", "created_at", "flow"}
@@ -526,6 +528,7 @@ class Journal(JournalReads, JournalPrune):
             raise RuntimeError("journal batches do not nest")
         db = self.db
         way_taken = self.prune_gives_way()
+        changes = db.total_changes
         try:
             db.execute("BEGIN IMMEDIATE")
         except sqlite3.Error as err:
@@ -548,7 +551,8 @@ class Journal(JournalReads, JournalPrune):
                 db.execute("ROLLBACK")
             raise self._write_failed(err) from err
         self._tell(None)  # taken: only now (a write inside a batch is not durable before this)
-        self._committed(fsynced=True)
+        if db.total_changes != changes:  # with no row written, SQLite fsyncs nothing
+            self._committed(fsynced=True)
 
     def _told_written(self, *, fsynced: bool = True) -> None:
         """A write was taken: told at once, or by its batch's commit (which may still fail)."""
@@ -568,6 +572,13 @@ class Journal(JournalReads, JournalPrune):
             if not waiter.done():
                 waiter.set_result(None)
 
+    def _fail_waiters(self, failed: JournalError) -> None:
+        """Whoever waits in fsynced() learns that what it wrote is not durable."""
+        waiters, self._fsync_waiters = self._fsync_waiters, []
+        for waiter in waiters:
+            if not waiter.done():
+                waiter.set_exception(failed)
+
     @contextlib.contextmanager
     def fsync_shared(self) -> Iterator[None]:
         """The writes inside are committed without an fsync of their own (``synchronous=NORMAL``:
@@ -583,7 +594,8 @@ class Journal(JournalReads, JournalPrune):
         """Return once every commit so far is durable: with the next fsynced commit of this
         connection if one comes within ``FSYNC_SHARED_TURNS`` turns of the event loop (another
         sale's, written beside this one), else by the WAL's own fdatasync then, on the loop as a
-        commit's is. A failing fdatasync is a failed write (told, raised as JournalError)."""
+        commit's is. A failing fdatasync is a failed write (told, raised as JournalError), and so is
+        any other write that fails meanwhile (but for the lock: ``_write_failed``)."""
         if not self._fsync_owed:
             return
         import asyncio  # here: only a running agent waits; the commands import no loop
@@ -608,10 +620,7 @@ class Journal(JournalReads, JournalPrune):
         except OSError as err:
             failed = JournalError(f"cannot write the journal at {self.path}: {err}")
             self._tell(failed)
-            self._fsync_waiters = []
-            for waiter in waiters:
-                if not waiter.done():
-                    waiter.set_exception(failed)
+            self._fail_waiters(failed)
             return
         self._committed(fsynced=True)
 
@@ -746,6 +755,11 @@ class Journal(JournalReads, JournalPrune):
     def _write_failed(self, err: sqlite3.Error) -> JournalError:
         # a full or failing disk: the flow must stop before the call this step announces
         failed = JournalError(f"cannot write the journal at {self.path}: {err}")
+        if (getattr(err, "sqlite_errorcode", None) or 0) & 0xFF not in _LOCK_REFUSED:
+            # Pages written before it may be lost with it, a waiter's among them (the WAL is one
+            # file), and Linux reports a failed writeback once: a later fdatasync could succeed
+            # over pages never written. What waits for an fsync is not durable.
+            self._fail_waiters(failed)
         self._tell(failed)
         return failed
 

@@ -42,6 +42,7 @@ from kiosk_agent.sales.journal import (
     SaleMoved,
     SaleRecord,
     integrity,
+    side_files,
 )
 from kiosk_agent.sales.journal_records import replaced
 from kiosk_agent.sales.kinds import SaleKind
@@ -609,6 +610,101 @@ async def test_a_failed_fsync_of_a_shared_write_is_a_failed_write(
     with pytest.raises(JournalError, match="Input/output error"):
         await journal.fsynced()
     assert isinstance(told[-1], JournalError)  # the unit goes out of service on it
+
+
+class _CommitFails:
+    """The journal's connection, whose COMMIT fails as a disk that went bad does."""
+
+    def __init__(self, real: sqlite3.Connection) -> None:
+        self.real = real
+        self.in_transaction = False
+        self.total_changes = real.total_changes
+
+    def execute(self, sql: str, *args: Any) -> Any:
+        if sql == "COMMIT":
+            raise sqlite3.OperationalError("disk I/O error")
+        found = self.real.execute(sql, *args)
+        self.in_transaction = self.real.in_transaction
+        self.total_changes = self.real.total_changes
+        return found
+
+
+async def test_a_commit_that_fails_while_a_shared_write_waits_fails_it_too(
+    journal: Journal, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Another sale's FULL commit fails while a capture request waits for its fsync: the wait
+    fails as its own fsync would, and the capture is not sent. A COMMIT that fails at its
+    fsync means the disk lost written pages, the waiter's among them (the WAL is one file);
+    Linux reports a writeback error once, so the journal's own fdatasync after it could
+    succeed over pages that were never written."""
+    flushed: list[Path] = []
+    monkeypatch.setattr(journal_module, "_fdatasync", flushed.append)  # would succeed
+    first, second = reading_a_card(journal, 1), reading_a_card(journal, 2)
+    with journal.fsync_shared():
+        journal.record(first, Step.READ_CARD_CANCELLED, SaleState.CANCELLED)
+    waiting = asyncio.ensure_future(journal.fsynced())
+    await asyncio.sleep(0)
+    real = journal.db
+    journal._db = _CommitFails(real)  # type: ignore[assignment]
+    try:
+        with pytest.raises(JournalError, match="disk I/O error"):
+            journal.record(second, Step.READ_CARD_DONE, last_four="4242")
+    finally:
+        journal._db = real
+    with pytest.raises(JournalError, match="disk I/O error"):
+        await asyncio.wait_for(waiting, 1)
+    assert flushed == []  # no fsync of its own was trusted after the failure
+
+
+async def test_a_busy_journal_does_not_fail_a_shared_write_that_waits(
+    journal: Journal, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A write refused for the lock (another process holds it) touched no page: the waiter
+    is made durable by the journal's own fsync as before."""
+    flushed: list[Path] = []
+    monkeypatch.setattr(journal_module, "_fdatasync", flushed.append)
+    first, second = reading_a_card(journal, 1), reading_a_card(journal, 2)
+    with journal.fsync_shared():
+        journal.record(first, Step.READ_CARD_CANCELLED, SaleState.CANCELLED)
+    waiting = asyncio.ensure_future(journal.fsynced())
+    other = sqlite3.connect(journal.path, isolation_level=None)
+    other.execute("BEGIN IMMEDIATE")
+    journal.db.execute("PRAGMA busy_timeout=0")
+    with pytest.raises(JournalError, match="locked"):
+        journal.record(second, Step.READ_CARD_DONE, last_four="4242")
+    other.execute("ROLLBACK")
+    other.close()
+    await asyncio.wait_for(waiting, 1)
+    assert flushed == [side_files(journal.path)[0]]
+
+
+async def test_a_batch_that_wrote_nothing_does_not_make_a_shared_write_durable(
+    journal: Journal, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A COMMIT with no page to write fsyncs nothing (SQLite syncs the WAL when it appends
+    frames): the waiter still gets the journal's own fdatasync. So does one after a batch that
+    rolled back, or a single write that did."""
+    flushed: list[Path] = []
+    monkeypatch.setattr(journal_module, "_fdatasync", flushed.append)
+    first, second = reading_a_card(journal, 1), reading_a_card(journal, 2)
+    with journal.fsync_shared():
+        journal.record(first, Step.READ_CARD_CANCELLED, SaleState.CANCELLED)
+    waiting = asyncio.ensure_future(journal.fsynced())
+    await asyncio.sleep(0)
+    with journal.batch():
+        pass
+
+    def a_batch_whose_caller_fails() -> None:
+        with journal.batch():
+            journal.record(second, Step.READ_CARD_DONE, last_four="4242")
+            raise RuntimeError("the batch's caller failed")
+
+    with pytest.raises(RuntimeError):
+        a_batch_whose_caller_fails()
+    with pytest.raises(TransitionRefused):  # rolled back inside its transaction
+        journal.record(second, Step.COMPLETED, SaleState.COMPLETED)
+    await asyncio.wait_for(waiting, 1)
+    assert flushed == [side_files(journal.path)[0]]
 
 
 def test_retry_attempts_get_their_own_order_ids() -> None:
