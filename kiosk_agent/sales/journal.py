@@ -840,9 +840,9 @@ class _WriteTransaction:
 
     def __enter__(self) -> sqlite3.Connection:
         if not self.joins:
-            if not self.fsynced:
-                self.db.execute("PRAGMA synchronous=NORMAL")
-            try:
+            try:  # an interrupt right after the PRAGMA too: FULL again
+                if not self.fsynced:
+                    self.db.execute("PRAGMA synchronous=NORMAL")
                 self.db.execute("BEGIN IMMEDIATE")
             except BaseException:
                 self._fsynced_again()
@@ -862,10 +862,12 @@ class _WriteTransaction:
     def _fsynced_again(self) -> None:
         if self.fsynced:
             return
-        if self.db.in_transaction:  # a COMMIT that failed: undone, so FULL can be set again
-            with contextlib.suppress(sqlite3.Error):
-                self.db.execute("ROLLBACK")
-        self.db.execute("PRAGMA synchronous=FULL")
+        try:
+            if self.db.in_transaction:  # a COMMIT that failed: undone, so FULL can be set again
+                with contextlib.suppress(sqlite3.Error):
+                    self.db.execute("ROLLBACK")
+        finally:  # an interrupt during the ROLLBACK too
+            self.db.execute("PRAGMA synchronous=FULL")
 
 
 def _fdatasync(path: Path) -> None:

@@ -549,6 +549,92 @@ def test_an_unsynced_commit_that_fails_is_undone_and_fsyncs_again(journal: Journ
     assert journal.get(sale.sale_id) == sale  # nothing of it kept
 
 
+class _InterruptedAfter:
+    """The journal's connection, where a signal's exception (or a task's cancellation) arrives
+    right after its ``nth`` statement returned (or the first ``statement``): once, the
+    statement itself done."""
+
+    def __init__(
+        self,
+        real: sqlite3.Connection,
+        nth: int,
+        interrupt: type[BaseException],
+        statement: str | None = None,
+    ) -> None:
+        self.real, self.nth, self.interrupt, self.statement = real, nth, interrupt, statement
+        self.said: list[str] = []
+
+    @property
+    def in_transaction(self) -> bool:
+        return self.real.in_transaction
+
+    @property
+    def total_changes(self) -> int:
+        return self.real.total_changes
+
+    def execute(self, sql: str, *args: Any) -> Any:
+        found = self.real.execute(sql, *args)
+        self.said.append(sql)
+        if len(self.said) == self.nth or sql == self.statement:
+            self.nth, self.statement = 0, None
+            raise self.interrupt()
+        return found
+
+
+@pytest.mark.parametrize("interrupt", [KeyboardInterrupt, asyncio.CancelledError])
+def test_an_interrupt_after_any_statement_of_an_unsynced_write_leaves_the_connection_fsyncing(
+    journal: Journal, interrupt: type[BaseException]
+) -> None:
+    """Whichever statement of the accepted step's write (NORMAL, in one transaction) an
+    interrupt follows, the connection is FULL again and out of any transaction: the money step
+    written next is fsynced (no PRAGMA of its own, at FULL)."""
+    statements = 0
+    for nth in range(1, 12):
+        sale = reading_a_card(journal, nth)
+        real = journal.db
+        journal._db = shim = _InterruptedAfter(real, nth, interrupt)  # type: ignore[assignment]
+        try:
+            journal.record(sale, Step.READ_CARD_ACCEPTED, interaction_id=f"ix-{nth}")
+        except interrupt:
+            statements = max(statements, nth)
+        finally:
+            journal._db = real
+        assert not real.in_transaction, shim.said
+        assert real.execute("PRAGMA synchronous").fetchone()[0] == 2, shim.said
+        said: list[str] = []
+        real.set_trace_callback(said.append)
+        journal.record(journal.get(sale.sale_id) or sale, Step.READ_CARD_CANCELLED,
+                       SaleState.CANCELLED)
+        real.set_trace_callback(None)
+        assert not [s for s in said if "synchronous" in s]
+    assert statements >= 5  # the PRAGMA, BEGIN, the write's statements, COMMIT, the PRAGMA
+
+
+def test_an_interrupt_during_the_undoing_of_a_failed_unsynced_commit_leaves_it_fsyncing(
+    journal: Journal,
+) -> None:
+    """The accepted step's COMMIT fails, and a signal's exception arrives as its ROLLBACK
+    returns: the connection is FULL again all the same."""
+    sale = reading_a_card(journal)
+    real = journal.db
+
+    class CommitFails(_InterruptedAfter):
+        def execute(self, sql: str, *args: Any) -> Any:
+            if sql == "COMMIT":
+                raise sqlite3.OperationalError("disk I/O error")
+            return super().execute(sql, *args)
+
+    journal._db = shim = CommitFails(real, 0, KeyboardInterrupt, "ROLLBACK")  # type: ignore[assignment]
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            journal.record(sale, Step.READ_CARD_ACCEPTED, interaction_id="ix-1")
+    finally:
+        journal._db = real
+    assert shim.said[-2:] == ["ROLLBACK", "PRAGMA synchronous=FULL"]
+    assert not real.in_transaction
+    assert real.execute("PRAGMA synchronous").fetchone()[0] == 2
+
+
 async def test_a_shared_fsync_write_is_durable_with_another_sales_commit_in_its_turns(
     journal: Journal, monkeypatch: pytest.MonkeyPatch
 ) -> None:
