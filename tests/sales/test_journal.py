@@ -753,6 +753,7 @@ async def test_a_busy_journal_does_not_fail_a_shared_write_that_waits(
     with journal.fsync_shared():
         journal.record(first, Step.READ_CARD_CANCELLED, SaleState.CANCELLED)
     waiting = asyncio.ensure_future(journal.fsynced())
+    await asyncio.sleep(0)  # it waits
     other = sqlite3.connect(journal.path, isolation_level=None)
     other.execute("BEGIN IMMEDIATE")
     journal.db.execute("PRAGMA busy_timeout=0")
@@ -791,6 +792,75 @@ async def test_a_batch_that_wrote_nothing_does_not_make_a_shared_write_durable(
         journal.record(second, Step.COMPLETED, SaleState.COMPLETED)
     await asyncio.wait_for(waiting, 1)
     assert flushed == [side_files(journal.path)[0]]
+
+
+async def test_a_shared_write_checkpointed_and_the_wal_begun_again_before_its_fsync_is_kept(
+    journal: Journal,
+) -> None:
+    """The aside checkpoint (PASSIVE then RESTART, on a worker thread) runs between a capture
+    request's NORMAL commit and its fsync, and the next commit writes the WAL from its
+    beginning, over the request's frames. The request is kept all the same: a checkpoint
+    fdatasyncs the WAL before it copies a frame (its connection is FULL, SQLite's default;
+    checked with strace), then copies them into the database and fdatasyncs that, and SQLite
+    begins the WAL again only once every frame of it is in the database. So the request is in
+    the database file itself, durable before the wait ends; the waiter's own fdatasync of the
+    new WAL is then one fsync more, never one less. (A power cut cannot be simulated here: the
+    database file alone, read without its WAL, is what the checkpoint made durable.)"""
+    journal.checkpoint_aside()
+    first, second = reading_a_card(journal, 1), reading_a_card(journal, 2)
+    with journal.fsync_shared():
+        journal.record(first, Step.READ_CARD_CANCELLED, SaleState.CANCELLED)
+    waiting = asyncio.ensure_future(journal.fsynced())
+    await asyncio.to_thread(journal.checkpoint)
+    journal.record(second, Step.READ_CARD_ACCEPTED, interaction_id="ix-2")  # the WAL anew
+    await asyncio.wait_for(waiting, 1)
+    wal = side_files(journal.path)[0]
+    assert wal.stat().st_size > 0
+    header = wal.read_bytes()[:32]
+    assert int.from_bytes(header[12:16], "big") >= 1  # checkpoint sequence: begun again
+    alone = journal.path.parent / "alone"
+    alone.mkdir()
+    (alone / journal.path.name).write_bytes(journal.path.read_bytes())  # no WAL beside it
+    db = sqlite3.connect(alone / journal.path.name)
+    try:
+        rows = db.execute("SELECT sale_id, state FROM sales ORDER BY sale_id").fetchall()
+    finally:
+        db.close()
+    assert (first.sale_id, "cancelled") in rows
+
+
+async def test_a_shared_write_whose_journal_is_put_back_while_it_waits_is_kept(
+    journal: Journal, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The journal's file is removed under it (a person cleaning up) between a capture
+    request's NORMAL commit and its fsync, and put back: the request was committed, so the
+    copy written back (VACUUM INTO, which fsyncs what it writes) holds it, and the wait ends
+    with the new file's WAL fsynced; nothing committed is left behind in the removed file."""
+    flushed: list[Path] = []
+    fdatasync = journal_module._fdatasync
+
+    def witnessed(path: Path) -> None:
+        flushed.append(path)
+        fdatasync(path)
+
+    monkeypatch.setattr(journal_module, "_fdatasync", witnessed)
+    sale = reading_a_card(journal)
+    with journal.fsync_shared():
+        journal.record(sale, Step.READ_CARD_CANCELLED, SaleState.CANCELLED)
+    waiting = asyncio.ensure_future(journal.fsynced())
+    await asyncio.sleep(0)  # it waits
+    journal.path.unlink()
+    assert journal.put_back() is not None
+    await asyncio.wait_for(waiting, 1)
+    assert flushed == [side_files(journal.path)[0]]
+    again = Journal(journal.path)
+    again.open_to_read()
+    try:
+        kept = again.get(sale.sale_id)
+    finally:
+        again.close()
+    assert kept is not None
+    assert kept.state is SaleState.CANCELLED
 
 
 def test_retry_attempts_get_their_own_order_ids() -> None:
