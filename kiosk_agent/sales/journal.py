@@ -615,6 +615,9 @@ class Journal(JournalReads, JournalPrune):
 
             asyncio.get_running_loop().call_soon(self._fsync_after, turns - 1, waiters)
             return
+        if self._db is None:  # closed meanwhile (a stop): not a disk's fault, not told
+            self._fail_waiters(JournalError(f"the journal at {self.path} closed before an fsync"))
+            return
         try:
             _fdatasync(side_files(self.path)[0])
         except OSError as err:

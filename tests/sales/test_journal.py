@@ -863,6 +863,31 @@ async def test_a_shared_write_whose_journal_is_put_back_while_it_waits_is_kept(
     assert kept.state is SaleState.CANCELLED
 
 
+async def test_a_shared_write_whose_journal_closes_while_it_waits_is_refused_and_kept(
+    journal: Journal,
+) -> None:
+    """The journal is closed (the agent stopping) between a capture request's NORMAL commit
+    and its fsync: the wait ends refused, never hanging and never claiming an fsync it did
+    not see, so the capture is not sent; the request is on disk (the last connection's close
+    checkpoints the WAL into the database and fsyncs it) for the next start to capture."""
+    sale = reading_a_card(journal)
+    with journal.fsync_shared():
+        journal.record(sale, Step.READ_CARD_CANCELLED, SaleState.CANCELLED)
+    told: list[JournalError | None] = []
+    journal.on_write = told.append
+    waiting = asyncio.ensure_future(journal.fsynced())
+    await asyncio.sleep(0)  # it waits
+    journal.close()
+    with pytest.raises(JournalError, match="closed before an fsync"):
+        await asyncio.wait_for(waiting, 1)
+    assert told == []  # a stop is no fault of the disk's
+    assert not side_files(journal.path)[0].exists()  # checkpointed whole at close
+    journal.open()
+    kept = journal.get(sale.sale_id)
+    assert kept is not None
+    assert kept.state is SaleState.CANCELLED
+
+
 def test_retry_attempts_get_their_own_order_ids() -> None:
     sale = new_sale(7, attempt=3)
     assert sale.all_order_ids() == ["KA000007", "KA000007-2", "KA000007-3"]
