@@ -848,7 +848,7 @@ class _WriteTransaction:
                     self.db.execute("PRAGMA synchronous=NORMAL")
                 self.db.execute("BEGIN IMMEDIATE")
             except BaseException:
-                self._fsynced_again()
+                self._ended()
                 raise
             if self.way_taken is not None:
                 self.way_taken.set()
@@ -860,17 +860,19 @@ class _WriteTransaction:
         try:
             self.db.execute("COMMIT" if kind is None else "ROLLBACK")
         finally:
-            self._fsynced_again()
+            self._ended()
 
-    def _fsynced_again(self) -> None:
-        if self.fsynced:
-            return
+    def _ended(self) -> None:
+        """A COMMIT that failed may leave its transaction open (SQLite rolls back on most of
+        its errors, not all): undone, so that the next write can begin and FULL can be set
+        again after an unsynced one."""
         try:
-            if self.db.in_transaction:  # a COMMIT that failed: undone, so FULL can be set again
+            if self.db.in_transaction:
                 with contextlib.suppress(sqlite3.Error):
                     self.db.execute("ROLLBACK")
         finally:  # an interrupt during the ROLLBACK too
-            self.db.execute("PRAGMA synchronous=FULL")
+            if not self.fsynced:
+                self.db.execute("PRAGMA synchronous=FULL")
 
 
 def _fdatasync(path: Path) -> None:

@@ -715,6 +715,24 @@ class _CommitFails:
         return found
 
 
+def test_a_commit_that_fails_and_leaves_its_transaction_open_is_undone(journal: Journal) -> None:
+    """SQLite rolls a transaction back on most errors of its COMMIT, not on all: a money
+    step's (FULL) left open would refuse every later write ("cannot start a transaction within
+    a transaction") until the process ends. It is rolled back, and the next write goes in."""
+    sale = reading_a_card(journal)
+    real = journal.db
+    journal._db = _CommitFails(real)  # type: ignore[assignment]
+    try:
+        with pytest.raises(JournalError, match="disk I/O error"):
+            journal.record(sale, Step.READ_CARD_DONE, last_four="4242")
+    finally:
+        journal._db = real
+    assert not real.in_transaction
+    assert journal.get(sale.sale_id) == sale  # nothing of it kept
+    written = journal.record(sale, Step.READ_CARD_DONE, last_four="4242")
+    assert journal.get(sale.sale_id) == written
+
+
 async def test_a_commit_that_fails_while_a_shared_write_waits_fails_it_too(
     journal: Journal, monkeypatch: pytest.MonkeyPatch
 ) -> None:
