@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import ctypes
 import dataclasses
 import datetime as dt
@@ -904,6 +905,128 @@ async def test_a_shared_write_whose_journal_closes_while_it_waits_is_refused_and
     kept = journal.get(sale.sale_id)
     assert kept is not None
     assert kept.state is SaleState.CANCELLED
+
+
+# What a connection may do while capture requests wait for their shared fsync (hypothesis).
+_WAIT_OPS = ("shared", "unsynced", "full", "batch", "empty_batch", "rolled_back_batch",
+             "busy", "io_error", "checkpoint", "turn")
+
+
+class _SharedFsyncRun:
+    """One journal on disk driven through ``ops``; ``log`` is what the disk saw, in order:
+    ("normal", n) a commit with no fsync, "fsync" one that fdatasyncs the WAL (a FULL commit
+    that wrote rows, the journal's own fdatasync), "io_error" a commit that failed at it."""
+
+    def __init__(self, directory: Path, ops: list[str], log: list[str | tuple[str, int]]) -> None:
+        self.journal = Journal(directory / "journal.db")
+        self.journal.open()
+        self.journal.checkpoint_aside()
+        self.pool = [reading_a_card(self.journal, n) for n in range(len(ops) + 1)]
+        self.log = log  # the journal's own fdatasyncs are logged there too
+        self.log.clear()
+        self.waiters: dict[int, asyncio.Future[None]] = {}  # the log's index of each one's commit
+
+    def next_sale(self) -> SaleRecord:
+        return self.pool.pop()
+
+    async def do(self, op: str) -> None:
+        journal = self.journal
+        if op == "shared":
+            with journal.fsync_shared():
+                journal.record(self.next_sale(), Step.READ_CARD_CANCELLED, SaleState.CANCELLED)
+            self.log.append(("normal", len(self.log)))
+            self.waiters[len(self.log) - 1] = asyncio.ensure_future(journal.fsynced())
+        elif op == "unsynced":
+            journal.record(self.next_sale(), Step.READ_CARD_ACCEPTED, interaction_id="ix")
+            self.log.append(("normal", len(self.log)))
+        elif op == "full":
+            journal.record(self.next_sale(), Step.READ_CARD_DONE, last_four="4242")
+            self.log.append("fsync")
+        elif op == "batch":
+            with journal.batch():
+                journal.record(self.next_sale(), Step.READ_CARD_DONE, last_four="4242")
+            self.log.append("fsync")
+        elif op == "empty_batch":
+            with journal.batch():
+                pass
+        elif op == "rolled_back_batch":
+            with contextlib.suppress(TransitionRefused), journal.batch():
+                journal.record(self.pool[-1], Step.COMPLETED, SaleState.COMPLETED)
+        elif op == "busy":
+            self.refused_for_the_lock()
+        elif op == "io_error":
+            real = journal.db
+            journal._db = _CommitFails(real)  # type: ignore[assignment]
+            try:
+                with contextlib.suppress(JournalError):
+                    journal.record(self.pool[-1], Step.READ_CARD_DONE, last_four="4242")
+            finally:
+                journal._db = real
+            self.log.append("io_error")
+        elif op == "checkpoint":
+            journal.checkpoint()
+        await asyncio.sleep(0)  # a turn of the loop after each: the waiters count them
+
+    def refused_for_the_lock(self) -> None:
+        other = sqlite3.connect(self.journal.path, isolation_level=None)
+        other.execute("BEGIN IMMEDIATE")
+        self.journal.db.execute("PRAGMA busy_timeout=0")
+        try:
+            with contextlib.suppress(JournalError):
+                self.journal.record(self.pool[-1], Step.READ_CARD_DONE, last_four="4242")
+        finally:
+            self.journal.db.execute("PRAGMA busy_timeout=5000")
+            other.execute("ROLLBACK")
+            other.close()
+
+    def durable_by(self, commit: int, upto: int) -> bool:
+        """An fsync came after the commit, with no failed one between (the pages it lost may
+        be the commit's, and Linux reports the failure once)."""
+        for event in self.log[commit + 1 : upto]:
+            if event == "io_error":
+                return False
+            if event == "fsync":
+                return True
+        return False
+
+
+@settings(max_examples=40, deadline=None)
+@given(ops=st.lists(st.sampled_from(_WAIT_OPS), min_size=1, max_size=10))
+def test_a_capture_request_is_released_only_once_an_fsync_after_it_held(
+    ops: list[str], tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """Whatever the connection does meanwhile, a wait in fsynced() ends well only after an
+    fsync of the WAL that followed its commit, none failing between; and it always ends."""
+
+    log: list[str | tuple[str, int]] = []
+    fdatasync = journal_module._fdatasync
+
+    def logged(path: Path) -> None:
+        fdatasync(path)
+        log.append("fsync")
+
+    async def run() -> tuple[_SharedFsyncRun, dict[int, int]]:
+        driven = _SharedFsyncRun(tmp_path_factory.mktemp("fsynced"), ops, log)
+        ended_at: dict[int, int] = {}  # each waiter's commit: the log's length when it ended
+        try:
+            for op in [*ops, *["turn"] * (FSYNC_SHARED_TURNS + 2)]:
+                await driven.do(op)
+                for commit, waiter in driven.waiters.items():
+                    if waiter.done() and commit not in ended_at:
+                        ended_at[commit] = len(driven.log)
+        finally:
+            driven.journal.close()
+        return driven, ended_at
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(journal_module, "_fdatasync", logged)
+        driven, ended_at = asyncio.run(run())
+    for commit, waiter in driven.waiters.items():
+        assert waiter.done(), f"still waiting: {ops}"
+        if waiter.exception() is None:
+            assert driven.durable_by(commit, ended_at[commit]), (ops, driven.log)
+        else:
+            assert "io_error" in driven.log[commit:], (ops, driven.log)
 
 
 def test_retry_attempts_get_their_own_order_ids() -> None:
