@@ -139,14 +139,22 @@ def _record(row: sqlite3.Row) -> SaleRecord:
 @contextlib.contextmanager
 def transaction(db: sqlite3.Connection) -> Iterator[sqlite3.Connection]:
     """One write transaction on the journal's database (``isolation_level=None``): taken at
-    once (``BEGIN IMMEDIATE``), committed at the end, rolled back on any exception."""
+    once (``BEGIN IMMEDIATE``), committed at the end, rolled back on any exception, and after
+    a COMMIT that failed and left it open (SQLite rolls back on most of its errors, not all):
+    else every later write on the connection is refused."""
     db.execute("BEGIN IMMEDIATE")
     try:
         yield db
     except BaseException:
         db.execute("ROLLBACK")
         raise
-    db.execute("COMMIT")
+    try:
+        db.execute("COMMIT")
+    except BaseException:
+        if db.in_transaction:
+            with contextlib.suppress(sqlite3.Error):
+                db.execute("ROLLBACK")
+        raise
 
 
 def replaced(sale: SaleRecord, **changes: Any) -> SaleRecord:

@@ -44,6 +44,7 @@ from kiosk_agent.sales.journal import (
     SaleRecord,
     integrity,
     side_files,
+    transaction,
 )
 from kiosk_agent.sales.journal_records import replaced
 from kiosk_agent.sales.kinds import SaleKind
@@ -699,7 +700,7 @@ async def test_a_failed_fsync_of_a_shared_write_is_a_failed_write(
     assert isinstance(told[-1], JournalError)  # the unit goes out of service on it
 
 
-class _CommitFails:
+class FailingCommits:
     """The journal's connection, whose COMMIT fails as a disk that went bad does."""
 
     def __init__(self, real: sqlite3.Connection) -> None:
@@ -722,7 +723,7 @@ def test_a_commit_that_fails_and_leaves_its_transaction_open_is_undone(journal: 
     a transaction") until the process ends. It is rolled back, and the next write goes in."""
     sale = reading_a_card(journal)
     real = journal.db
-    journal._db = _CommitFails(real)  # type: ignore[assignment]
+    journal._db = FailingCommits(real)  # type: ignore[assignment]
     try:
         with pytest.raises(JournalError, match="disk I/O error"):
             journal.record(sale, Step.READ_CARD_DONE, last_four="4242")
@@ -732,6 +733,17 @@ def test_a_commit_that_fails_and_leaves_its_transaction_open_is_undone(journal: 
     assert journal.get(sale.sale_id) == sale  # nothing of it kept
     written = journal.record(sale, Step.READ_CARD_DONE, last_four="4242")
     assert journal.get(sale.sale_id) == written
+
+
+def test_a_transaction_whose_commit_fails_and_leaves_it_open_is_undone(journal: Journal) -> None:
+    """transaction() (the agent's events, the audit store) after a COMMIT that failed and
+    left its transaction open: rolled back, so the journal's next write can begin."""
+    with pytest.raises(sqlite3.OperationalError, match="disk I/O error"), transaction(
+        FailingCommits(journal.db)
+    ):
+        pass
+    assert not journal.db.in_transaction
+    assert journal.create(new_sale(1)).state is SaleState.STARTED
 
 
 async def test_a_commit_that_fails_while_a_shared_write_waits_fails_it_too(
@@ -750,7 +762,7 @@ async def test_a_commit_that_fails_while_a_shared_write_waits_fails_it_too(
     waiting = asyncio.ensure_future(journal.fsynced())
     await asyncio.sleep(0)
     real = journal.db
-    journal._db = _CommitFails(real)  # type: ignore[assignment]
+    journal._db = FailingCommits(real)  # type: ignore[assignment]
     try:
         with pytest.raises(JournalError, match="disk I/O error"):
             journal.record(second, Step.READ_CARD_DONE, last_four="4242")
@@ -956,7 +968,7 @@ class _SharedFsyncRun:
             self.refused_for_the_lock()
         elif op == "io_error":
             real = journal.db
-            journal._db = _CommitFails(real)  # type: ignore[assignment]
+            journal._db = FailingCommits(real)  # type: ignore[assignment]
             try:
                 with contextlib.suppress(JournalError):
                     journal.record(self.pool[-1], Step.READ_CARD_DONE, last_four="4242")
