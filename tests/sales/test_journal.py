@@ -612,6 +612,23 @@ def test_an_interrupt_after_any_statement_of_an_unsynced_write_leaves_the_connec
     assert statements >= 5  # the PRAGMA, BEGIN, the write's statements, COMMIT, the PRAGMA
 
 
+def test_an_interrupt_after_any_statement_of_a_money_steps_write_leaves_no_transaction_open(
+    journal: Journal,
+) -> None:
+    """Whichever statement of a FULL write an interrupt follows (its BEGIN among them), no
+    transaction is left open on the connection: the next write goes in."""
+    for nth in range(1, 8):
+        sale = reading_a_card(journal, nth)
+        real = journal.db
+        journal._db = shim = _InterruptedAfter(real, nth, KeyboardInterrupt)  # type: ignore[assignment]
+        with contextlib.suppress(KeyboardInterrupt):
+            journal.record(sale, Step.READ_CARD_DONE, last_four="4242")
+        journal._db = real
+        assert not real.in_transaction, shim.said
+        journal.record(journal.get(sale.sale_id) or sale, Step.READ_CARD_CANCELLED,
+                       SaleState.CANCELLED)
+
+
 def test_an_interrupt_during_the_undoing_of_a_failed_unsynced_commit_leaves_it_fsyncing(
     journal: Journal,
 ) -> None:
