@@ -533,10 +533,15 @@ class Journal(JournalReads, JournalPrune):
             db.execute("BEGIN IMMEDIATE")
         except sqlite3.Error as err:
             raise self._write_failed(err) from err
-        if way_taken is not None:
-            way_taken.set()
+        except BaseException:  # an interrupt right after it: no transaction left open
+            if db.in_transaction:
+                with contextlib.suppress(sqlite3.Error):
+                    db.execute("ROLLBACK")
+            raise
         self._batching = True
         try:
+            if way_taken is not None:
+                way_taken.set()
             yield
         except BaseException:
             self._batching = False

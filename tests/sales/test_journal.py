@@ -9,6 +9,7 @@ import ctypes
 import dataclasses
 import datetime as dt
 import errno
+import itertools
 import os
 import resource
 import sqlite3
@@ -615,13 +616,14 @@ def test_an_interrupt_after_any_statement_of_an_unsynced_write_leaves_the_connec
 def test_an_interrupt_after_any_statement_of_a_money_steps_write_leaves_no_transaction_open(
     journal: Journal,
 ) -> None:
-    """Whichever statement of a FULL write an interrupt follows (its BEGIN among them), no
-    transaction is left open on the connection: the next write goes in."""
-    for nth in range(1, 8):
-        sale = reading_a_card(journal, nth)
+    """Whichever statement of a FULL write, alone or in a batch, an interrupt follows (its
+    BEGIN among them), no transaction is left open on the connection: the next write goes in."""
+    for nth, batched in itertools.product(range(1, 8), (False, True)):
+        sale = reading_a_card(journal, nth * 2 + batched)
         real = journal.db
         journal._db = shim = _InterruptedAfter(real, nth, KeyboardInterrupt)  # type: ignore[assignment]
-        with contextlib.suppress(KeyboardInterrupt):
+        alone_or_batched = journal.batch() if batched else contextlib.nullcontext()
+        with contextlib.suppress(KeyboardInterrupt), alone_or_batched:
             journal.record(sale, Step.READ_CARD_DONE, last_four="4242")
         journal._db = real
         assert not real.in_transaction, shim.said
