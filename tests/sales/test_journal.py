@@ -756,13 +756,20 @@ def test_a_commit_that_fails_and_leaves_its_transaction_open_is_undone(journal: 
 
 def test_a_transaction_whose_commit_fails_and_leaves_it_open_is_undone(journal: Journal) -> None:
     """transaction() (the agent's events, the audit store) after a COMMIT that failed and
-    left its transaction open: rolled back, so the journal's next write can begin."""
+    left its transaction open, or an interrupt after any of its statements: rolled back, so
+    the journal's next write can begin."""
     with pytest.raises(sqlite3.OperationalError, match="disk I/O error"), transaction(
         FailingCommits(journal.db)
     ):
         pass
     assert not journal.db.in_transaction
     assert journal.create(new_sale(1)).state is SaleState.STARTED
+    for nth in range(1, 4):  # BEGIN, the write, COMMIT
+        shim = _InterruptedAfter(journal.db, nth, KeyboardInterrupt)
+        with contextlib.suppress(KeyboardInterrupt), transaction(shim) as db:  # type: ignore[arg-type]
+            db.execute("UPDATE sales SET message = 'interrupted'")
+        assert not journal.db.in_transaction, shim.said
+    assert journal.create(new_sale(2)).state is SaleState.STARTED
 
 
 async def test_a_commit_that_fails_while_a_shared_write_waits_fails_it_too(
