@@ -207,6 +207,8 @@ UNSYNCED_STEPS = frozenset({Step.READ_CARD_ACCEPTED})
 # one turn after the previous customer's capture request (59 of 60 bench customers; the 60th
 # had no next); a lone customer's waits two turns, a few microseconds each.
 FSYNC_SHARED_TURNS = 2
+# A write refused for the lock (another process holds it) touched no page of the journal.
+_LOCK_REFUSED = frozenset({sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED})
 
 # a sale's flow is fixed: the states it may be in follow from it
 _UPDATABLE = _COLUMN_SET - {"sale_id", "order_id", "created_at", "flow"}
@@ -532,14 +534,20 @@ class Journal(JournalReads, JournalPrune):
             raise RuntimeError("journal batches do not nest")
         db = self.db
         way_taken = self.prune_gives_way()
+        changes = db.total_changes
         try:
             db.execute("BEGIN IMMEDIATE")
         except sqlite3.Error as err:
             raise self._write_failed(err) from err
-        if way_taken is not None:
-            way_taken.set()
+        except BaseException:  # an interrupt right after it: no transaction left open
+            if db.in_transaction:
+                with contextlib.suppress(sqlite3.Error):
+                    db.execute("ROLLBACK")
+            raise
         self._batching = True
         try:
+            if way_taken is not None:
+                way_taken.set()
             yield
         except BaseException:
             self._batching = False
@@ -554,7 +562,8 @@ class Journal(JournalReads, JournalPrune):
                 db.execute("ROLLBACK")
             raise self._write_failed(err) from err
         self._tell(None)  # taken: only now (a write inside a batch is not durable before this)
-        self._committed(fsynced=True)
+        if db.total_changes != changes:  # with no row written, SQLite fsyncs nothing
+            self._committed(fsynced=True)
 
     def _told_written(self, *, fsynced: bool = True) -> None:
         """A write was taken: told at once, or by its batch's commit (which may still fail)."""
@@ -574,6 +583,13 @@ class Journal(JournalReads, JournalPrune):
             if not waiter.done():
                 waiter.set_result(None)
 
+    def _fail_waiters(self, failed: JournalError) -> None:
+        """Whoever waits in fsynced() learns that what it wrote is not durable."""
+        waiters, self._fsync_waiters = self._fsync_waiters, []
+        for waiter in waiters:
+            if not waiter.done():
+                waiter.set_exception(failed)
+
     @contextlib.contextmanager
     def fsync_shared(self) -> Iterator[None]:
         """The writes inside are committed without an fsync of their own (``synchronous=NORMAL``:
@@ -589,7 +605,8 @@ class Journal(JournalReads, JournalPrune):
         """Return once every commit so far is durable: with the next fsynced commit of this
         connection if one comes within ``FSYNC_SHARED_TURNS`` turns of the event loop (another
         sale's, written beside this one), else by the WAL's own fdatasync then, on the loop as a
-        commit's is. A failing fdatasync is a failed write (told, raised as JournalError)."""
+        commit's is. A failing fdatasync is a failed write (told, raised as JournalError), and so is
+        any other write that fails meanwhile (but for the lock: ``_write_failed``)."""
         if not self._fsync_owed:
             return
         import asyncio  # here: only a running agent waits; the commands import no loop
@@ -609,15 +626,15 @@ class Journal(JournalReads, JournalPrune):
 
             asyncio.get_running_loop().call_soon(self._fsync_after, turns - 1, waiters)
             return
+        if self._db is None:  # closed meanwhile (a stop): not a disk's fault, not told
+            self._fail_waiters(JournalError(f"the journal at {self.path} closed before an fsync"))
+            return
         try:
             _fdatasync(side_files(self.path)[0])
         except OSError as err:
             failed = JournalError(f"cannot write the journal at {self.path}: {err}")
             self._tell(failed)
-            self._fsync_waiters = []
-            for waiter in waiters:
-                if not waiter.done():
-                    waiter.set_exception(failed)
+            self._fail_waiters(failed)
             return
         self._committed(fsynced=True)
 
@@ -752,6 +769,11 @@ class Journal(JournalReads, JournalPrune):
     def _write_failed(self, err: sqlite3.Error) -> JournalError:
         # a full or failing disk: the flow must stop before the call this step announces
         failed = JournalError(f"cannot write the journal at {self.path}: {err}")
+        if (getattr(err, "sqlite_errorcode", None) or 0) & 0xFF not in _LOCK_REFUSED:
+            # Pages written before it may be lost with it, a waiter's among them (the WAL is one
+            # file), and Linux reports a failed writeback once: a later fdatasync could succeed
+            # over pages never written. What waits for an fsync is not durable.
+            self._fail_waiters(failed)
         self._tell(failed)
         return failed
 
@@ -832,12 +854,12 @@ class _WriteTransaction:
 
     def __enter__(self) -> sqlite3.Connection:
         if not self.joins:
-            if not self.fsynced:
-                self.db.execute("PRAGMA synchronous=NORMAL")
-            try:
+            try:  # an interrupt right after the PRAGMA too: FULL again
+                if not self.fsynced:
+                    self.db.execute("PRAGMA synchronous=NORMAL")
                 self.db.execute("BEGIN IMMEDIATE")
             except BaseException:
-                self._fsynced_again()
+                self._ended()
                 raise
             if self.way_taken is not None:
                 self.way_taken.set()
@@ -849,15 +871,19 @@ class _WriteTransaction:
         try:
             self.db.execute("COMMIT" if kind is None else "ROLLBACK")
         finally:
-            self._fsynced_again()
+            self._ended()
 
-    def _fsynced_again(self) -> None:
-        if self.fsynced:
-            return
-        if self.db.in_transaction:  # a COMMIT that failed: undone, so FULL can be set again
-            with contextlib.suppress(sqlite3.Error):
-                self.db.execute("ROLLBACK")
-        self.db.execute("PRAGMA synchronous=FULL")
+    def _ended(self) -> None:
+        """A COMMIT that failed may leave its transaction open (SQLite rolls back on most of
+        its errors, not all): undone, so that the next write can begin and FULL can be set
+        again after an unsynced one."""
+        try:
+            if self.db.in_transaction:
+                with contextlib.suppress(sqlite3.Error):
+                    self.db.execute("ROLLBACK")
+        finally:  # an interrupt during the ROLLBACK too
+            if not self.fsynced:
+                self.db.execute("PRAGMA synchronous=FULL")
 
 
 def _fdatasync(path: Path) -> None:

@@ -139,14 +139,19 @@ def _record(row: sqlite3.Row) -> SaleRecord:
 @contextlib.contextmanager
 def transaction(db: sqlite3.Connection) -> Iterator[sqlite3.Connection]:
     """One write transaction on the journal's database (``isolation_level=None``): taken at
-    once (``BEGIN IMMEDIATE``), committed at the end, rolled back on any exception."""
-    db.execute("BEGIN IMMEDIATE")
+    once (``BEGIN IMMEDIATE``), committed at the end, rolled back on any exception: in the
+    writes, in a COMMIT that failed and left it open (SQLite rolls back on most of its errors,
+    not all), an interrupt right after its BEGIN. Else every later write on the connection is
+    refused."""
     try:
+        db.execute("BEGIN IMMEDIATE")
         yield db
+        db.execute("COMMIT")
     except BaseException:
-        db.execute("ROLLBACK")
+        if db.in_transaction:
+            with contextlib.suppress(sqlite3.Error):
+                db.execute("ROLLBACK")
         raise
-    db.execute("COMMIT")
 
 
 def replaced(sale: SaleRecord, **changes: Any) -> SaleRecord:

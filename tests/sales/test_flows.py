@@ -23,6 +23,7 @@ from kiosk_agent.sales.model import (
     DispenseOutcome,
     DispenseStatus,
     Flow,
+    JournalError,
     SaleEvent,
     SaleRequest,
     Selection,
@@ -31,6 +32,7 @@ from kiosk_agent.sales.runner import TerminalBusy
 from kiosk_agent.sales.states import SaleState
 from kiosk_agent.service.models import TransactionFilter, TransStatus
 from tests.assembly.agent_helpers import ScriptedDispenser
+from tests.sales.test_journal import FailingCommits, new_sale
 from tests.service.test_cable import sim_call
 
 
@@ -713,6 +715,56 @@ async def test_the_capture_is_sent_and_its_request_heard_only_once_the_request_i
     assert event.state is SaleState.COMPLETED
     assert flushed == [("capturing", "capture.request")]  # none shared it: its own
     assert sent == [(1, "capture.request")]  # durable, then heard, then sent
+
+
+async def test_a_next_sales_commit_that_fails_while_a_capture_request_waits_sends_no_capture(
+    agent: Agent, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Back to back, the next customer's sale is written while the previous capture request
+    # waits to share its fsync. That commit fails (a disk I/O error): the request is not
+    # durable for it, nor for the journal's own fdatasync after it (the pages the failure lost
+    # may be the request's), so no capture is sent until the sale is written again; then it
+    # is captured once, as recovery would.
+    journal = agent.journal
+    fsynced = journal.fsynced
+    failed: list[JournalError] = []
+
+    def next_customers_sale_fails() -> None:
+        real = journal.db
+        journal._db = FailingCommits(real)  # type: ignore[assignment]
+        try:
+            journal.create(new_sale(99))
+        except JournalError as err:
+            failed.append(err)
+        finally:
+            journal._db = real
+
+    async def shared_with_a_failing_commit() -> None:
+        if not failed:
+            asyncio.get_running_loop().call_soon(next_customers_sale_fails)
+        await fsynced()
+
+    monkeypatch.setattr(journal, "fsynced", shared_with_a_failing_commit)
+    captures: list[str] = []
+    capture = agent.service.payments.capture
+
+    async def counted(*args: Any, **kwargs: Any) -> Any:
+        captures.append(str(args[0]))
+        return await capture(*args, **kwargs)
+
+    monkeypatch.setattr(agent.service.payments, "capture", counted)
+    event = await sell(agent, 300, ScriptedDispenser(vended_cents=300),
+                       flow=Flow.AUTHORIZE_CAPTURE)
+    assert failed
+    assert event.unwritten
+    assert event.state is SaleState.DISPENSING  # as last durable
+    assert captures == []
+    async with asyncio.timeout(10):  # written again, then finished: captured once
+        while (kept := journal.get(event.sale_id)) is None or not kept.state.final:
+            await asyncio.sleep(0.05)
+    assert kept.state is SaleState.COMPLETED, kept.message
+    assert len(captures) == 1
+    assert journal.get("s99") is None  # the failed commit left nothing
 
 
 async def test_a_disk_that_fails_the_capture_requests_fsync_sends_no_capture_until_written(

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import ctypes
 import dataclasses
 import datetime as dt
 import errno
+import itertools
 import os
 import resource
 import sqlite3
@@ -42,6 +44,8 @@ from kiosk_agent.sales.journal import (
     SaleMoved,
     SaleRecord,
     integrity,
+    side_files,
+    transaction,
 )
 from kiosk_agent.sales.journal_records import replaced
 from kiosk_agent.sales.kinds import SaleKind
@@ -548,6 +552,110 @@ def test_an_unsynced_commit_that_fails_is_undone_and_fsyncs_again(journal: Journ
     assert journal.get(sale.sale_id) == sale  # nothing of it kept
 
 
+class _InterruptedAfter:
+    """The journal's connection, where a signal's exception (or a task's cancellation) arrives
+    right after its ``nth`` statement returned (or the first ``statement``): once, the
+    statement itself done."""
+
+    def __init__(
+        self,
+        real: sqlite3.Connection,
+        nth: int,
+        interrupt: type[BaseException],
+        statement: str | None = None,
+    ) -> None:
+        self.real, self.nth, self.interrupt, self.statement = real, nth, interrupt, statement
+        self.said: list[str] = []
+
+    @property
+    def in_transaction(self) -> bool:
+        return self.real.in_transaction
+
+    @property
+    def total_changes(self) -> int:
+        return self.real.total_changes
+
+    def execute(self, sql: str, *args: Any) -> Any:
+        found = self.real.execute(sql, *args)
+        self.said.append(sql)
+        if len(self.said) == self.nth or sql == self.statement:
+            self.nth, self.statement = 0, None
+            raise self.interrupt()
+        return found
+
+
+@pytest.mark.parametrize("interrupt", [KeyboardInterrupt, asyncio.CancelledError])
+def test_an_interrupt_after_any_statement_of_an_unsynced_write_leaves_the_connection_fsyncing(
+    journal: Journal, interrupt: type[BaseException]
+) -> None:
+    """Whichever statement of the accepted step's write (NORMAL, in one transaction) an
+    interrupt follows, the connection is FULL again and out of any transaction: the money step
+    written next is fsynced (no PRAGMA of its own, at FULL)."""
+    statements = 0
+    for nth in range(1, 12):
+        sale = reading_a_card(journal, nth)
+        real = journal.db
+        journal._db = shim = _InterruptedAfter(real, nth, interrupt)  # type: ignore[assignment]
+        try:
+            journal.record(sale, Step.READ_CARD_ACCEPTED, interaction_id=f"ix-{nth}")
+        except interrupt:
+            statements = max(statements, nth)
+        finally:
+            journal._db = real
+        assert not real.in_transaction, shim.said
+        assert real.execute("PRAGMA synchronous").fetchone()[0] == 2, shim.said
+        said: list[str] = []
+        real.set_trace_callback(said.append)
+        journal.record(journal.get(sale.sale_id) or sale, Step.READ_CARD_CANCELLED,
+                       SaleState.CANCELLED)
+        real.set_trace_callback(None)
+        assert not [s for s in said if "synchronous" in s]
+    assert statements >= 5  # the PRAGMA, BEGIN, the write's statements, COMMIT, the PRAGMA
+
+
+def test_an_interrupt_after_any_statement_of_a_money_steps_write_leaves_no_transaction_open(
+    journal: Journal,
+) -> None:
+    """Whichever statement of a FULL write, alone or in a batch, an interrupt follows (its
+    BEGIN among them), no transaction is left open on the connection: the next write goes in."""
+    for nth, batched in itertools.product(range(1, 8), (False, True)):
+        sale = reading_a_card(journal, nth * 2 + batched)
+        real = journal.db
+        journal._db = shim = _InterruptedAfter(real, nth, KeyboardInterrupt)  # type: ignore[assignment]
+        alone_or_batched = journal.batch() if batched else contextlib.nullcontext()
+        with contextlib.suppress(KeyboardInterrupt), alone_or_batched:
+            journal.record(sale, Step.READ_CARD_DONE, last_four="4242")
+        journal._db = real
+        assert not real.in_transaction, shim.said
+        journal.record(journal.get(sale.sale_id) or sale, Step.READ_CARD_CANCELLED,
+                       SaleState.CANCELLED)
+
+
+def test_an_interrupt_during_the_undoing_of_a_failed_unsynced_commit_leaves_it_fsyncing(
+    journal: Journal,
+) -> None:
+    """The accepted step's COMMIT fails, and a signal's exception arrives as its ROLLBACK
+    returns: the connection is FULL again all the same."""
+    sale = reading_a_card(journal)
+    real = journal.db
+
+    class CommitFails(_InterruptedAfter):
+        def execute(self, sql: str, *args: Any) -> Any:
+            if sql == "COMMIT":
+                raise sqlite3.OperationalError("disk I/O error")
+            return super().execute(sql, *args)
+
+    journal._db = shim = CommitFails(real, 0, KeyboardInterrupt, "ROLLBACK")  # type: ignore[assignment]
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            journal.record(sale, Step.READ_CARD_ACCEPTED, interaction_id="ix-1")
+    finally:
+        journal._db = real
+    assert shim.said[-2:] == ["ROLLBACK", "PRAGMA synchronous=FULL"]
+    assert not real.in_transaction
+    assert real.execute("PRAGMA synchronous").fetchone()[0] == 2
+
+
 async def test_a_shared_fsync_write_is_durable_with_another_sales_commit_in_its_turns(
     journal: Journal, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -609,6 +717,354 @@ async def test_a_failed_fsync_of_a_shared_write_is_a_failed_write(
     with pytest.raises(JournalError, match="Input/output error"):
         await journal.fsynced()
     assert isinstance(told[-1], JournalError)  # the unit goes out of service on it
+
+
+class FailingCommits:
+    """The journal's connection, whose COMMIT fails as a disk that went bad does."""
+
+    def __init__(self, real: sqlite3.Connection) -> None:
+        self.real = real
+        self.in_transaction = False
+        self.total_changes = real.total_changes
+
+    def execute(self, sql: str, *args: Any) -> Any:
+        if sql == "COMMIT":
+            raise sqlite3.OperationalError("disk I/O error")
+        found = self.real.execute(sql, *args)
+        self.in_transaction = self.real.in_transaction
+        self.total_changes = self.real.total_changes
+        return found
+
+
+def test_a_commit_that_fails_and_leaves_its_transaction_open_is_undone(journal: Journal) -> None:
+    """SQLite rolls a transaction back on most errors of its COMMIT, not on all: a money
+    step's (FULL) left open would refuse every later write ("cannot start a transaction within
+    a transaction") until the process ends. It is rolled back, and the next write goes in."""
+    sale = reading_a_card(journal)
+    real = journal.db
+    journal._db = FailingCommits(real)  # type: ignore[assignment]
+    try:
+        with pytest.raises(JournalError, match="disk I/O error"):
+            journal.record(sale, Step.READ_CARD_DONE, last_four="4242")
+    finally:
+        journal._db = real
+    assert not real.in_transaction
+    assert journal.get(sale.sale_id) == sale  # nothing of it kept
+    written = journal.record(sale, Step.READ_CARD_DONE, last_four="4242")
+    assert journal.get(sale.sale_id) == written
+
+
+def test_a_transaction_whose_commit_fails_and_leaves_it_open_is_undone(journal: Journal) -> None:
+    """transaction() (the agent's events, the audit store) after a COMMIT that failed and
+    left its transaction open, or an interrupt after any of its statements: rolled back, so
+    the journal's next write can begin."""
+    with pytest.raises(sqlite3.OperationalError, match="disk I/O error"), transaction(
+        FailingCommits(journal.db)
+    ):
+        pass
+    assert not journal.db.in_transaction
+    assert journal.create(new_sale(1)).state is SaleState.STARTED
+    for nth in range(1, 4):  # BEGIN, the write, COMMIT
+        shim = _InterruptedAfter(journal.db, nth, KeyboardInterrupt)
+        with contextlib.suppress(KeyboardInterrupt), transaction(shim) as db:  # type: ignore[arg-type]
+            db.execute("UPDATE sales SET message = 'interrupted'")
+        assert not journal.db.in_transaction, shim.said
+    assert journal.create(new_sale(2)).state is SaleState.STARTED
+
+
+async def test_a_commit_that_fails_while_a_shared_write_waits_fails_it_too(
+    journal: Journal, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Another sale's FULL commit fails while a capture request waits for its fsync: the wait
+    fails as its own fsync would, and the capture is not sent. A COMMIT that fails at its
+    fsync means the disk lost written pages, the waiter's among them (the WAL is one file);
+    Linux reports a writeback error once, so the journal's own fdatasync after it could
+    succeed over pages that were never written."""
+    flushed: list[Path] = []
+    monkeypatch.setattr(journal_module, "_fdatasync", flushed.append)  # would succeed
+    first, second = reading_a_card(journal, 1), reading_a_card(journal, 2)
+    with journal.fsync_shared():
+        journal.record(first, Step.READ_CARD_CANCELLED, SaleState.CANCELLED)
+    waiting = asyncio.ensure_future(journal.fsynced())
+    await asyncio.sleep(0)
+    real = journal.db
+    journal._db = FailingCommits(real)  # type: ignore[assignment]
+    try:
+        with pytest.raises(JournalError, match="disk I/O error"):
+            journal.record(second, Step.READ_CARD_DONE, last_four="4242")
+    finally:
+        journal._db = real
+    with pytest.raises(JournalError, match="disk I/O error"):
+        await asyncio.wait_for(waiting, 1)
+    assert flushed == []  # no fsync of its own was trusted after the failure
+
+
+async def test_a_busy_journal_does_not_fail_a_shared_write_that_waits(
+    journal: Journal, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A write refused for the lock (another process holds it) touched no page: the waiter
+    is made durable by the journal's own fsync as before."""
+    flushed: list[Path] = []
+    monkeypatch.setattr(journal_module, "_fdatasync", flushed.append)
+    first, second = reading_a_card(journal, 1), reading_a_card(journal, 2)
+    with journal.fsync_shared():
+        journal.record(first, Step.READ_CARD_CANCELLED, SaleState.CANCELLED)
+    waiting = asyncio.ensure_future(journal.fsynced())
+    await asyncio.sleep(0)  # it waits
+    other = sqlite3.connect(journal.path, isolation_level=None)
+    other.execute("BEGIN IMMEDIATE")
+    journal.db.execute("PRAGMA busy_timeout=0")
+    with pytest.raises(JournalError, match="locked"):
+        journal.record(second, Step.READ_CARD_DONE, last_four="4242")
+    other.execute("ROLLBACK")
+    other.close()
+    await asyncio.wait_for(waiting, 1)
+    assert flushed == [side_files(journal.path)[0]]
+
+
+async def test_a_batch_that_wrote_nothing_does_not_make_a_shared_write_durable(
+    journal: Journal, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A COMMIT with no page to write fsyncs nothing (SQLite syncs the WAL when it appends
+    frames): the waiter still gets the journal's own fdatasync. So does one after a batch that
+    rolled back, or a single write that did."""
+    flushed: list[Path] = []
+    monkeypatch.setattr(journal_module, "_fdatasync", flushed.append)
+    first, second = reading_a_card(journal, 1), reading_a_card(journal, 2)
+    with journal.fsync_shared():
+        journal.record(first, Step.READ_CARD_CANCELLED, SaleState.CANCELLED)
+    waiting = asyncio.ensure_future(journal.fsynced())
+    await asyncio.sleep(0)
+    with journal.batch():
+        pass
+
+    def a_batch_whose_caller_fails() -> None:
+        with journal.batch():
+            journal.record(second, Step.READ_CARD_DONE, last_four="4242")
+            raise RuntimeError("the batch's caller failed")
+
+    with pytest.raises(RuntimeError):
+        a_batch_whose_caller_fails()
+    with pytest.raises(TransitionRefused):  # rolled back inside its transaction
+        journal.record(second, Step.COMPLETED, SaleState.COMPLETED)
+    await asyncio.wait_for(waiting, 1)
+    assert flushed == [side_files(journal.path)[0]]
+
+
+async def test_a_shared_write_checkpointed_and_the_wal_begun_again_before_its_fsync_is_kept(
+    journal: Journal,
+) -> None:
+    """The aside checkpoint (PASSIVE then RESTART, on a worker thread) runs between a capture
+    request's NORMAL commit and its fsync, and the next commit writes the WAL from its
+    beginning, over the request's frames. The request is kept all the same: a checkpoint
+    fdatasyncs the WAL before it copies a frame (its connection is FULL, SQLite's default;
+    checked with strace), then copies them into the database and fdatasyncs that, and SQLite
+    begins the WAL again only once every frame of it is in the database. So the request is in
+    the database file itself, durable before the wait ends; the waiter's own fdatasync of the
+    new WAL is then one fsync more, never one less. (A power cut cannot be simulated here: the
+    database file alone, read without its WAL, is what the checkpoint made durable.)"""
+    journal.checkpoint_aside()
+    first, second = reading_a_card(journal, 1), reading_a_card(journal, 2)
+    with journal.fsync_shared():
+        journal.record(first, Step.READ_CARD_CANCELLED, SaleState.CANCELLED)
+    waiting = asyncio.ensure_future(journal.fsynced())
+    await asyncio.to_thread(journal.checkpoint)
+    journal.record(second, Step.READ_CARD_ACCEPTED, interaction_id="ix-2")  # the WAL anew
+    await asyncio.wait_for(waiting, 1)
+    wal = side_files(journal.path)[0]
+    assert wal.stat().st_size > 0
+    header = wal.read_bytes()[:32]
+    assert int.from_bytes(header[12:16], "big") >= 1  # checkpoint sequence: begun again
+    alone = journal.path.parent / "alone"
+    alone.mkdir()
+    (alone / journal.path.name).write_bytes(journal.path.read_bytes())  # no WAL beside it
+    db = sqlite3.connect(alone / journal.path.name)
+    try:
+        rows = db.execute("SELECT sale_id, state FROM sales ORDER BY sale_id").fetchall()
+    finally:
+        db.close()
+    assert (first.sale_id, "cancelled") in rows
+
+
+async def test_a_shared_write_whose_journal_is_put_back_while_it_waits_is_kept(
+    journal: Journal, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The journal's file is removed under it (a person cleaning up) between a capture
+    request's NORMAL commit and its fsync, and put back: the request was committed, so the
+    copy written back (VACUUM INTO, which fsyncs what it writes) holds it, and the wait ends
+    with the new file's WAL fsynced; nothing committed is left behind in the removed file."""
+    flushed: list[Path] = []
+    fdatasync = journal_module._fdatasync
+
+    def witnessed(path: Path) -> None:
+        flushed.append(path)
+        fdatasync(path)
+
+    monkeypatch.setattr(journal_module, "_fdatasync", witnessed)
+    sale = reading_a_card(journal)
+    with journal.fsync_shared():
+        journal.record(sale, Step.READ_CARD_CANCELLED, SaleState.CANCELLED)
+    waiting = asyncio.ensure_future(journal.fsynced())
+    await asyncio.sleep(0)  # it waits
+    journal.path.unlink()
+    assert journal.put_back() is not None
+    await asyncio.wait_for(waiting, 1)
+    assert flushed == [side_files(journal.path)[0]]
+    again = Journal(journal.path)
+    again.open_to_read()
+    try:
+        kept = again.get(sale.sale_id)
+    finally:
+        again.close()
+    assert kept is not None
+    assert kept.state is SaleState.CANCELLED
+
+
+async def test_a_shared_write_whose_journal_closes_while_it_waits_is_refused_and_kept(
+    journal: Journal,
+) -> None:
+    """The journal is closed (the agent stopping) between a capture request's NORMAL commit
+    and its fsync: the wait ends refused, never hanging and never claiming an fsync it did
+    not see, so the capture is not sent; the request is on disk (the last connection's close
+    checkpoints the WAL into the database and fsyncs it) for the next start to capture."""
+    sale = reading_a_card(journal)
+    with journal.fsync_shared():
+        journal.record(sale, Step.READ_CARD_CANCELLED, SaleState.CANCELLED)
+    told: list[JournalError | None] = []
+    journal.on_write = told.append
+    waiting = asyncio.ensure_future(journal.fsynced())
+    await asyncio.sleep(0)  # it waits
+    journal.close()
+    with pytest.raises(JournalError, match="closed before an fsync"):
+        await asyncio.wait_for(waiting, 1)
+    assert told == []  # a stop is no fault of the disk's
+    assert not side_files(journal.path)[0].exists()  # checkpointed whole at close
+    journal.open()
+    kept = journal.get(sale.sale_id)
+    assert kept is not None
+    assert kept.state is SaleState.CANCELLED
+
+
+# What a connection may do while capture requests wait for their shared fsync (hypothesis).
+_WAIT_OPS = ("shared", "unsynced", "full", "batch", "empty_batch", "rolled_back_batch",
+             "busy", "io_error", "checkpoint", "turn")
+
+
+class _SharedFsyncRun:
+    """One journal on disk driven through ``ops``; ``log`` is what the disk saw, in order:
+    ("normal", n) a commit with no fsync, "fsync" one that fdatasyncs the WAL (a FULL commit
+    that wrote rows, the journal's own fdatasync), "io_error" a commit that failed at it."""
+
+    def __init__(self, directory: Path, ops: list[str], log: list[str | tuple[str, int]]) -> None:
+        self.journal = Journal(directory / "journal.db")
+        self.journal.open()
+        self.journal.checkpoint_aside()
+        self.pool = [reading_a_card(self.journal, n) for n in range(len(ops) + 1)]
+        self.log = log  # the journal's own fdatasyncs are logged there too
+        self.log.clear()
+        self.waiters: dict[int, asyncio.Future[None]] = {}  # the log's index of each one's commit
+
+    def next_sale(self) -> SaleRecord:
+        return self.pool.pop()
+
+    async def do(self, op: str) -> None:
+        journal = self.journal
+        if op == "shared":
+            with journal.fsync_shared():
+                journal.record(self.next_sale(), Step.READ_CARD_CANCELLED, SaleState.CANCELLED)
+            self.log.append(("normal", len(self.log)))
+            self.waiters[len(self.log) - 1] = asyncio.ensure_future(journal.fsynced())
+        elif op == "unsynced":
+            journal.record(self.next_sale(), Step.READ_CARD_ACCEPTED, interaction_id="ix")
+            self.log.append(("normal", len(self.log)))
+        elif op == "full":
+            journal.record(self.next_sale(), Step.READ_CARD_DONE, last_four="4242")
+            self.log.append("fsync")
+        elif op == "batch":
+            with journal.batch():
+                journal.record(self.next_sale(), Step.READ_CARD_DONE, last_four="4242")
+            self.log.append("fsync")
+        elif op == "empty_batch":
+            with journal.batch():
+                pass
+        elif op == "rolled_back_batch":
+            with contextlib.suppress(TransitionRefused), journal.batch():
+                journal.record(self.pool[-1], Step.COMPLETED, SaleState.COMPLETED)
+        elif op == "busy":
+            self.refused_for_the_lock()
+        elif op == "io_error":
+            real = journal.db
+            journal._db = FailingCommits(real)  # type: ignore[assignment]
+            try:
+                with contextlib.suppress(JournalError):
+                    journal.record(self.pool[-1], Step.READ_CARD_DONE, last_four="4242")
+            finally:
+                journal._db = real
+            self.log.append("io_error")
+        elif op == "checkpoint":
+            journal.checkpoint()
+        await asyncio.sleep(0)  # a turn of the loop after each: the waiters count them
+
+    def refused_for_the_lock(self) -> None:
+        other = sqlite3.connect(self.journal.path, isolation_level=None)
+        other.execute("BEGIN IMMEDIATE")
+        self.journal.db.execute("PRAGMA busy_timeout=0")
+        try:
+            with contextlib.suppress(JournalError):
+                self.journal.record(self.pool[-1], Step.READ_CARD_DONE, last_four="4242")
+        finally:
+            self.journal.db.execute("PRAGMA busy_timeout=5000")
+            other.execute("ROLLBACK")
+            other.close()
+
+    def durable_by(self, commit: int, upto: int) -> bool:
+        """An fsync came after the commit, with no failed one between (the pages it lost may
+        be the commit's, and Linux reports the failure once)."""
+        for event in self.log[commit + 1 : upto]:
+            if event == "io_error":
+                return False
+            if event == "fsync":
+                return True
+        return False
+
+
+@settings(max_examples=40, deadline=None)
+@given(ops=st.lists(st.sampled_from(_WAIT_OPS), min_size=1, max_size=10))
+def test_a_capture_request_is_released_only_once_an_fsync_after_it_held(
+    ops: list[str], tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """Whatever the connection does meanwhile, a wait in fsynced() ends well only after an
+    fsync of the WAL that followed its commit, none failing between; and it always ends."""
+
+    log: list[str | tuple[str, int]] = []
+    fdatasync = journal_module._fdatasync
+
+    def logged(path: Path) -> None:
+        fdatasync(path)
+        log.append("fsync")
+
+    async def run() -> tuple[_SharedFsyncRun, dict[int, int]]:
+        driven = _SharedFsyncRun(tmp_path_factory.mktemp("fsynced"), ops, log)
+        ended_at: dict[int, int] = {}  # each waiter's commit: the log's length when it ended
+        try:
+            for op in [*ops, *["turn"] * (FSYNC_SHARED_TURNS + 2)]:
+                await driven.do(op)
+                for commit, waiter in driven.waiters.items():
+                    if waiter.done() and commit not in ended_at:
+                        ended_at[commit] = len(driven.log)
+        finally:
+            driven.journal.close()
+        return driven, ended_at
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(journal_module, "_fdatasync", logged)
+        driven, ended_at = asyncio.run(run())
+    for commit, waiter in driven.waiters.items():
+        assert waiter.done(), f"still waiting: {ops}"
+        if waiter.exception() is None:
+            assert driven.durable_by(commit, ended_at[commit]), (ops, driven.log)
+        else:
+            assert "io_error" in driven.log[commit:], (ops, driven.log)
 
 
 def test_retry_attempts_get_their_own_order_ids() -> None:
