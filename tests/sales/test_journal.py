@@ -18,7 +18,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -736,18 +736,25 @@ class FailingCommits:
         return found
 
 
+@contextlib.contextmanager
+def commits_failing(journal: Journal) -> Iterator[sqlite3.Connection]:
+    """Inside, the journal's every COMMIT fails as on a disk gone bad; the real connection
+    (given) is put back after."""
+    real = journal.db
+    journal._db = FailingCommits(real)  # type: ignore[assignment]
+    try:
+        yield real
+    finally:
+        journal._db = real
+
+
 def test_a_commit_that_fails_and_leaves_its_transaction_open_is_undone(journal: Journal) -> None:
     """SQLite rolls a transaction back on most errors of its COMMIT, not on all: a money
     step's (FULL) left open would refuse every later write ("cannot start a transaction within
     a transaction") until the process ends. It is rolled back, and the next write goes in."""
     sale = reading_a_card(journal)
-    real = journal.db
-    journal._db = FailingCommits(real)  # type: ignore[assignment]
-    try:
-        with pytest.raises(JournalError, match="disk I/O error"):
-            journal.record(sale, Step.READ_CARD_DONE, last_four="4242")
-    finally:
-        journal._db = real
+    with commits_failing(journal) as real, pytest.raises(JournalError, match="disk I/O error"):
+        journal.record(sale, Step.READ_CARD_DONE, last_four="4242")
     assert not real.in_transaction
     assert journal.get(sale.sale_id) == sale  # nothing of it kept
     written = journal.record(sale, Step.READ_CARD_DONE, last_four="4242")
@@ -787,13 +794,8 @@ async def test_a_commit_that_fails_while_a_shared_write_waits_fails_it_too(
         journal.record(first, Step.READ_CARD_CANCELLED, SaleState.CANCELLED)
     waiting = asyncio.ensure_future(journal.fsynced())
     await asyncio.sleep(0)
-    real = journal.db
-    journal._db = FailingCommits(real)  # type: ignore[assignment]
-    try:
-        with pytest.raises(JournalError, match="disk I/O error"):
-            journal.record(second, Step.READ_CARD_DONE, last_four="4242")
-    finally:
-        journal._db = real
+    with commits_failing(journal), pytest.raises(JournalError, match="disk I/O error"):
+        journal.record(second, Step.READ_CARD_DONE, last_four="4242")
     with pytest.raises(JournalError, match="disk I/O error"):
         await asyncio.wait_for(waiting, 1)
     assert flushed == []  # no fsync of its own was trusted after the failure
@@ -993,13 +995,8 @@ class _SharedFsyncRun:
         elif op == "busy":
             self.refused_for_the_lock()
         elif op == "io_error":
-            real = journal.db
-            journal._db = FailingCommits(real)  # type: ignore[assignment]
-            try:
-                with contextlib.suppress(JournalError):
-                    journal.record(self.pool[-1], Step.READ_CARD_DONE, last_four="4242")
-            finally:
-                journal._db = real
+            with commits_failing(journal), contextlib.suppress(JournalError):
+                journal.record(self.pool[-1], Step.READ_CARD_DONE, last_four="4242")
             self.log.append("io_error")
         elif op == "checkpoint":
             journal.checkpoint()
