@@ -19,6 +19,7 @@ import pytest
 from kiosk_agent.assembly.agent import Agent
 from kiosk_agent.sales import journal as journal_module
 from kiosk_agent.sales.clock import FakeClock
+from kiosk_agent.sales.journal import SaleRecord
 from kiosk_agent.sales.model import (
     DispenseOutcome,
     DispenseStatus,
@@ -745,6 +746,21 @@ async def test_a_next_sales_commit_that_fails_while_a_capture_request_waits_send
         await fsynced()
 
     monkeypatch.setattr(journal, "fsynced", shared_with_a_failing_commit)
+    captures = captures_sent(agent, monkeypatch)
+    event = await sell(agent, 300, ScriptedDispenser(vended_cents=300),
+                       flow=Flow.AUTHORIZE_CAPTURE)
+    assert failed
+    assert event.unwritten
+    assert event.state is SaleState.DISPENSING  # as last durable
+    assert captures == []
+    kept = await written_again_and_final(agent, event.sale_id)  # then captured once
+    assert kept.state is SaleState.COMPLETED, kept.message
+    assert len(captures) == 1
+    assert journal.get("s99") is None  # the failed commit left nothing
+
+
+def captures_sent(agent: Agent, monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The payments captures the agent sends from now on, by their first argument."""
     captures: list[str] = []
     capture = agent.service.payments.capture
 
@@ -753,18 +769,16 @@ async def test_a_next_sales_commit_that_fails_while_a_capture_request_waits_send
         return await capture(*args, **kwargs)
 
     monkeypatch.setattr(agent.service.payments, "capture", counted)
-    event = await sell(agent, 300, ScriptedDispenser(vended_cents=300),
-                       flow=Flow.AUTHORIZE_CAPTURE)
-    assert failed
-    assert event.unwritten
-    assert event.state is SaleState.DISPENSING  # as last durable
-    assert captures == []
-    async with asyncio.timeout(10):  # written again, then finished: captured once
-        while (kept := journal.get(event.sale_id)) is None or not kept.state.final:
+    return captures
+
+
+async def written_again_and_final(agent: Agent, sale_id: str) -> SaleRecord:
+    """The sale once the journal holds it in a final state (an unwritten sale is written again
+    when the journal takes writes, then finished)."""
+    async with asyncio.timeout(10):
+        while (kept := agent.journal.get(sale_id)) is None or not kept.state.final:
             await asyncio.sleep(0.05)
-    assert kept.state is SaleState.COMPLETED, kept.message
-    assert len(captures) == 1
-    assert journal.get("s99") is None  # the failed commit left nothing
+    return kept
 
 
 async def test_a_disk_that_fails_the_capture_requests_fsync_sends_no_capture_until_written(
@@ -782,22 +796,13 @@ async def test_a_disk_that_fails_the_capture_requests_fsync_sends_no_capture_unt
         fdatasync(path)
 
     monkeypatch.setattr(journal_module, "_fdatasync", failing_once)
-    captures: list[str] = []
-    capture = agent.service.payments.capture
-
-    async def counted(*args: Any, **kwargs: Any) -> Any:
-        captures.append(str(args[0]))
-        return await capture(*args, **kwargs)
-
-    monkeypatch.setattr(agent.service.payments, "capture", counted)
+    captures = captures_sent(agent, monkeypatch)
     event = await sell(agent, 300, ScriptedDispenser(vended_cents=300),
                        flow=Flow.AUTHORIZE_CAPTURE)
     assert event.unwritten
     assert event.state is SaleState.DISPENSING  # as last durable
     assert captures == []
-    async with asyncio.timeout(10):  # written again, then finished: captured once
-        while (kept := agent.journal.get(event.sale_id)) is None or not kept.state.final:
-            await asyncio.sleep(0.05)
+    kept = await written_again_and_final(agent, event.sale_id)  # then captured once
     assert kept.state is SaleState.COMPLETED, kept.message
     assert len(captures) == 1
     steps = [s.step for s in agent.journal.steps(event.sale_id)]
