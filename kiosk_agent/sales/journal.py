@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:  # the journal's commands (`kiosk-agent sales`) run without an event loop
     import asyncio
 
+from kiosk_agent import durable
 from kiosk_agent.sales.clock import SYSTEM_CLOCK, Clock
 from kiosk_agent.sales.journal_prune import (
     CHARGE_LOOKBACK_S,
@@ -490,8 +491,9 @@ class Journal(JournalReads, JournalPrune):
                 kept = self.path.with_name(f"{self.path.name}.replaced-{stamp}")
                 self.path.rename(kept)
                 what = f"{self.path} was replaced by another file (kept as {kept})"
-            # in place before the old connection closes: until then it holds every step
-            os.replace(fresh, self.path)
+            # in place before the old connection closes: until then it holds every step; on
+            # disk, the rename too, before the old file's last connection lets it go
+            durable.replace(fresh, self.path)
         except (sqlite3.Error, OSError) as err:
             fresh.unlink(missing_ok=True)
             raise JournalError(f"cannot put the journal back at {self.path}: {err}") from err

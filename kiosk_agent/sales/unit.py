@@ -37,6 +37,7 @@ from dataclasses import field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from kiosk_agent import durable
 from kiosk_agent.data_class import data_class
 from kiosk_agent.sales.clock import SYSTEM_CLOCK, Clock
 from kiosk_agent.sales.machine import Machine
@@ -290,9 +291,7 @@ def _write_unit_file(path: Path, row: UnitRow) -> None:
         descriptor = os.open(scratch, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         with open(descriptor, "w", encoding="utf-8") as file:
             file.write(text)
-            file.flush()
-            os.fsync(file.fileno())
-        os.replace(scratch, path)
+        durable.replace(scratch, path)
     except OSError:
         with contextlib.suppress(OSError):
             scratch.unlink()

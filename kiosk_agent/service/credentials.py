@@ -20,6 +20,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import asdict
 from pathlib import Path
 
+from kiosk_agent import durable
 from kiosk_agent.data_class import data_class
 from kiosk_agent.service.errors import (
     AuthenticationError,
@@ -130,15 +131,9 @@ class CredentialStore:
             try:
                 os.fchmod(fd, 0o600)  # O_CREAT's mode is masked by umask; be exact
                 os.write(fd, data)
-                os.fsync(fd)
             finally:
                 os.close(fd)
-            os.replace(temp, self.path)
-            dir_fd = os.open(directory, os.O_RDONLY)
-            try:
-                os.fsync(dir_fd)  # make the rename itself durable
-            finally:
-                os.close(dir_fd)
+            durable.replace(temp, self.path)
         except OSError as exc:
             with contextlib.suppress(OSError):
                 temp.unlink()

@@ -26,6 +26,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from kiosk_agent import durable
 from kiosk_agent.moments import parse_moment
 from kiosk_agent.sales import journal as journal_module
 from kiosk_agent.sales import journal_prune
@@ -1396,6 +1397,28 @@ def test_put_back_keeps_a_file_moved_over_the_journal_beside_it(journal: Journal
     reader.close()
     assert journal.put_back() is None
 
+
+
+def test_put_back_has_the_written_back_journal_and_its_name_on_disk_before_going_on(
+    journal: Journal, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A power cut after the put back must not leave the directory without the journal's name
+    (the next start would find it lost and give back vended sales' charges): the copy's
+    content, then the directory holding the rename, are fsynced before the old file goes."""
+    walk_to(journal, journal.create(new_sale(1)), SaleState.COMPLETED)
+    journal.path.unlink()
+    synced: list[tuple[bool, int]] = []
+    real_fsync = os.fsync
+
+    def fsync(descriptor: int) -> None:
+        info = os.fstat(descriptor)
+        synced.append((stat.S_ISDIR(info.st_mode), info.st_ino))
+        real_fsync(descriptor)
+
+    monkeypatch.setattr(durable.os, "fsync", fsync)
+    assert journal.put_back() is not None
+    assert synced == [(False, journal.path.stat().st_ino),
+                      (True, journal.path.parent.stat().st_ino)]
 
 # -- restore: the steps memory took while the journal could not, through the table ---------------
 
