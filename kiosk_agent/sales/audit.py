@@ -33,7 +33,7 @@ import logging
 import math
 from array import array
 from collections.abc import AsyncIterator, Awaitable, Callable, Collection
-from dataclasses import field
+from dataclasses import field, replace
 
 from kiosk_agent.data_class import data_class
 from kiosk_agent.sales.clock import next_turn
@@ -240,8 +240,10 @@ class ChargeAudit:
             self.last = result
             return result
         give_back = len(found) <= self.max_give_back
+        taken: set[str] = set()
         for row, record in found:
             result.unaccounted.append(row.trans_id)
+            record = self._order_id_of_its_own(row, record, taken)
             event = await self._settle(row, record, give_back, len(found))
             result.events.append(event)
         if found:
@@ -383,6 +385,26 @@ class ChargeAudit:
             return None  # given back (or being given back) under its own sale already
         self.held_under_ended.add(record.sale_id)
         return self._new_record(row, held, 1)
+
+    def _order_id_of_its_own(
+        self, row: Transaction, record: SaleRecord, taken: set[str]
+    ) -> SaleRecord:
+        """``record`` under an order id no sale has: two charges of one sale's order ids (an
+        attempt and its retry, both holding) are each given back under a sale of their own.
+        Under one order id, the second's write broke the journal's unique order id: the check
+        failed as a disk that takes no writes, and that charge was never given back. The
+        candidates are the unit's own forms, so the sale stays provably its own."""
+        parts = split_order_id(record.order_id)
+        base = record.order_id if parts is None else parts[0]
+        candidates = [record.order_id, row.order_id or "", f"{base}{HELD_SUFFIX}",
+                      *(f"{base}-{n}" for n in range(2, 100))]
+        for order_id in candidates:
+            if order_id and order_id not in taken and self.journal.by_order_id(order_id) is None:
+                taken.add(order_id)
+                if order_id == record.order_id:
+                    return record
+                return replace(record, order_id=order_id, attempt=1)
+        raise RuntimeError(f"no order id left for a charge under {base}")  # pragma: no cover
 
     def _new_record(self, row: Transaction, order_id: str, attempt: int) -> SaleRecord:
         device = row.terminal_id or next(iter(self.settings.terminals), "")
