@@ -114,3 +114,56 @@ async def test_a_power_cut_that_loses_the_capture_request_gives_the_money_back(
         rows = [r async for r in service.reporting.transactions(
             TransactionFilter(order_id=killed.order_id))]
     assert [r.status.name for r in rows if r.status] == ["VOIDED"]
+
+
+# The next customer's steps, killed at each, while the first sale's capture waits for that
+# customer's answer (sales/answers.py): every moment of the wait, whether the power was cut
+# too (the journal put back as at its last fsync), and how the next sale ends.
+IN_THE_WAIT = [
+    ("1", True, SaleState.FAILED),  # created (its fsync holds the first's capture request)
+    ("2a", False, SaleState.FAILED),  # the card read answered, not heard
+    ("3", True, SaleState.FAILED),  # the card read accepted, its id lost with the power
+    ("4", False, SaleState.FAILED),  # the card read done
+    ("5", False, SaleState.FAILED),  # the authorization's request on disk, not sent
+    ("5a", True, SaleState.REVERSED),  # the authorization answered, not heard
+    ("7", False, SaleState.REVERSED),  # approved and the vend asked for, the machine not told
+]
+
+
+@pytest.mark.slow(seconds=12)
+async def test_a_kill_or_a_power_cut_at_any_moment_of_a_captures_wait_captures_it_once(
+    sim_factory: Any, drivers: WarmDrivers, tmp_path: Path
+) -> None:
+    # Back to back: the first sale's vend is confirmed and its capture request on disk; the
+    # capture waits while the next customer waits for the machine's answer. Killed at each
+    # step of the next sale up to the approve (and for some, the power cut too), the next
+    # start captures the first sale exactly once and ends the next one as its own steps say.
+    sim = await sim_factory(time_scale=TIME_SCALE, seed=9, transactions=0)
+    driver = driver_on(sim, drivers, tmp_path)
+    rounds = []
+    for kill_at, cut, second_ends in IN_THE_WAIT:
+        disk = power_cut_after(driver, tmp_path) if cut else None
+        before = set(journaled_sales(tmp_path)) if (tmp_path / "journal.db").exists() else set()
+        assert await driver.run("overlap", kill_at) == "killed"
+        killed = sorted((s for s in journaled_sales(tmp_path).values() if s.sale_id not in before),
+                        key=lambda s: s.created_at)
+        first, second = killed
+        assert first.state is SaleState.CAPTURING, (kill_at, driver.steps)
+        if disk is not None:
+            power_back(disk, tmp_path, driver)
+            kept = journaled_sales(tmp_path)
+            assert kept[first.sale_id].state is SaleState.CAPTURING  # fsynced before the wait
+            if kill_at == "3":
+                assert kept[second.sale_id].interaction_id is None  # what the cut took
+        assert await driver.run() == "done"
+        rounds.append((kill_at, first, second, second_ends))
+
+    sales = journaled_sales(tmp_path)
+    async with ServiceClient(settings_from_ready(sim.ready_info())) as service:
+        for kill_at, first, second, second_ends in rounds:
+            rows = [r async for r in service.reporting.transactions(
+                TransactionFilter(order_id=first.order_id))]
+            assert [r.status.name for r in rows if r.status] == ["CAPTURED"], kill_at
+            assert sales[first.sale_id].state is SaleState.COMPLETED, kill_at
+            assert sales[second.sale_id].state is second_ends, (kill_at, sales[second.sale_id])
+    await assert_no_unearned_money(sim, sales, driver.markers)
