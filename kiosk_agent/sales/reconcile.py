@@ -3,7 +3,9 @@
 Used after a lost answer (by the flows) and after a crash (by recovery): a charge is never sent
 again blind. Reporting is asked by the locally made ``order_id`` (or by ``trans_id``); when
 reporting cannot answer, the lookup says *unknown* and the caller marks the sale for attention
-rather than guessing.
+rather than guessing. Only a row that is what was asked about counts (its order id or trans id,
+this unit's merchant): an answer that disagrees with its question (a filter dropped, a next
+page's link that lost it) never makes another sale's charge this one's.
 """
 
 from __future__ import annotations
@@ -64,6 +66,10 @@ class Reconciler:
             _LOGGER.warning("reporting lookup failed: %s", err)
             return None
 
+    def _merchants(self, row: Transaction) -> bool:
+        """The row is of this unit's merchant (or says no merchant)."""
+        return not row.mid or not self.mid or row.mid == self.mid
+
     async def find_charge(self, order_ids: list[str]) -> ChargeLookup:
         """The charge made under any of ``order_ids``, if one holds money.
 
@@ -78,6 +84,8 @@ class Reconciler:
             if rows is None:
                 return ChargeLookup(unknown=True)
             for row in rows:
+                if row.order_id != order_id or not self._merchants(row):
+                    continue  # not the charge asked about, whatever reporting answered
                 status = row.status
                 if status in _HELD:
                     return ChargeLookup(
@@ -95,14 +103,15 @@ class Reconciler:
         from kiosk_agent.service.models.reporting import TransactionFilter, TransStatus
 
         rows = await self._rows(TransactionFilter(trans_id=trans_id))
-        if not rows:
+        row = next((r for r in rows or () if r.trans_id == trans_id and self._merchants(r)), None)
+        if row is None:
             return TransactionLookup()
-        row = rows[0]
         status = row.status
         reverse_id = None
         if status in _REVERSED or status is TransStatus.PARTIALLY_REFUNDED:
             related = await self._rows(TransactionFilter(related_trans_id=trans_id)) or []
-            reverse_id = related[0].trans_id if related else trans_id
+            back = [r for r in related if r.related_trans_id == trans_id and self._merchants(r)]
+            reverse_id = back[0].trans_id if back else trans_id
         return TransactionLookup(
             known=True,
             authorized=status is TransStatus.AUTHORIZED,
