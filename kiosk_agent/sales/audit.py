@@ -14,7 +14,9 @@ hold money (authorized or captured), and compares:
   cancelled): the journal lost what moved it (a WAL deleted after the charge's step, say). That
   sale stays as it ended (final, the transition table), and the charge is given back under a
   sale of its own (order id suffixed ``-held``), as for a charge of no sale at all. The sales
-  that ended on "no charge" after a lost answer are left to the late-charge net, whose own.
+  that ended on "no charge" after a lost answer are left to the late-charge net while it
+  watches them (a day of real time, and an hour's handover after it); a charge it never saw
+  is then given back here.
 
 Only charges provably this unit's are compared (sales/unit.py): an order id carrying its unit
 id, or one of the older form (no unit id) that the journal holds. Every other charge on its
@@ -36,6 +38,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Collection
 from dataclasses import field, replace
 
 from kiosk_agent.data_class import data_class
+from kiosk_agent.sales.attention import LATE_CHARGE_HANDOVER_S, late_charge_watched
 from kiosk_agent.sales.clock import next_turn
 from kiosk_agent.sales.journal import CHARGE_LOOKBACK_S, SaleRecord
 from kiosk_agent.sales.model import Flow, SaleEvent
@@ -378,8 +381,10 @@ class ChargeAudit:
         if _accounts_for(record, running):
             return None
         steps = self.journal.steps(record.sale_id)
-        if steps and steps[-1].step in NO_CHARGE_STEPS:
-            return None  # the late-charge net's: it reopens the sale itself
+        if steps and steps[-1].step in NO_CHARGE_STEPS and late_charge_watched(
+            self.context.clock, record, LATE_CHARGE_HANDOVER_S
+        ):
+            return None  # the late-charge net's while it watches: it reopens the sale itself
         held = f"{base}{HELD_SUFFIX}"
         if self.journal.by_order_id(held) is not None:
             return None  # given back (or being given back) under its own sale already
