@@ -578,11 +578,15 @@ class SaleSteps:
             vended_cents=cents,
             **named,
         )
-        await self.context.customers.none_waiting()
+        customers = self.context.customers
+        await customers.none_waiting()
         try:
             result = await self.service.payments.capture(trans_id, amount=cents)
         except ServiceError as err:
             return await self._capture_unclear(trans_id, cents, err)
+        # its completion's commit (an fsync) is back-office work too: a kill meanwhile leaves
+        # CAPTURING, and recovery finds the capture in reporting
+        await customers.none_waiting()
         return self._captured(result, cents)
 
     async def _capture_unclear(self, trans_id: str, cents: int, err: ServiceError) -> SaleEvent:

@@ -292,7 +292,7 @@ async def capture_waits_behind_a_waiting_customer(
     return clock, agent, first, second, sent
 
 
-async def test_a_released_sales_capture_is_sent_at_the_bound_while_a_customer_keeps_waiting(
+async def test_a_released_sales_capture_and_its_completion_wait_a_second_each_at_most(
     agent_factory: Any, sim_factory: Any
 ) -> None:
     # A customer waiting for the machine's answer comes before back-office work, for a second
@@ -306,10 +306,18 @@ async def test_a_released_sales_capture_is_sent_at_the_bound_while_a_customer_ke
     assert sent == []
     assert state_of(agent, first.sale_id) is SaleState.CAPTURING
     await clock.advance(0.01)
+    await until(lambda: sent != [])
+    assert sent == [pytest.approx(began + 1.0)]
+    # answered while the customer still waits: its completion's commit (an fsync) waits too,
+    # a second at most; the service holds the capture meanwhile, the journal CAPTURING
+    await until(lambda: clock.monotonic() + 1.0 in clock.pending())
+    assert state_of(agent, first.sale_id) is SaleState.CAPTURING
+    [row] = await ledger(agent, first.order_id)
+    assert row.status is TransStatus.CAPTURED
+    await clock.advance(1.0)
     final = await asyncio.wait_for(first.result(), 5)
     assert final.state is SaleState.COMPLETED
-    assert sent == [pytest.approx(began + 1.0)]
-    assert not second.task.done()  # the customer still waits: sent at the bound, not after
+    assert not second.task.done()  # the customer still waits: ended at the bound, not after
     await agent.sales.cancel(second.sale_id)
     assert (await asyncio.wait_for(second.result(), 5)).state is SaleState.CANCELLED
     [row] = await ledger(agent, first.order_id)
