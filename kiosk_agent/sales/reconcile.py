@@ -11,6 +11,7 @@ page's link that lost it) never makes another sale's charge this one's.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from kiosk_agent.data_class import data_class
@@ -66,9 +67,18 @@ class Reconciler:
             _LOGGER.warning("reporting lookup failed: %s", err)
             return None
 
-    def _merchants(self, row: Transaction) -> bool:
-        """The row is of this unit's merchant (or says no merchant)."""
-        return not row.mid or not self.mid or row.mid == self.mid
+    def _asked(
+        self, rows: list[Transaction], asked: str, *, key: Callable[[Transaction], object]
+    ) -> list[Transaction]:
+        """The rows that are what was asked about (the ``key`` of each is ``asked``), of
+        this unit's merchant when a row names one; the others, whatever reporting answered, are
+        left out and said in the log."""
+        kept = [r for r in rows
+                if key(r) == asked and (not r.mid or not self.mid or r.mid == self.mid)]
+        if len(kept) != len(rows):
+            _LOGGER.warning("reporting answered %d row(s) that are not %s: left out",
+                            len(rows) - len(kept), asked)
+        return kept
 
     async def find_charge(self, order_ids: list[str]) -> ChargeLookup:
         """The charge made under any of ``order_ids``, if one holds money.
@@ -83,9 +93,7 @@ class Reconciler:
             rows = await self._rows(TransactionFilter(order_id=order_id))
             if rows is None:
                 return ChargeLookup(unknown=True)
-            for row in rows:
-                if row.order_id != order_id or not self._merchants(row):
-                    continue  # not the charge asked about, whatever reporting answered
+            for row in self._asked(rows, order_id, key=lambda r: r.order_id):
                 status = row.status
                 if status in _HELD:
                     return ChargeLookup(
@@ -103,14 +111,15 @@ class Reconciler:
         from kiosk_agent.service.models.reporting import TransactionFilter, TransStatus
 
         rows = await self._rows(TransactionFilter(trans_id=trans_id))
-        row = next((r for r in rows or () if r.trans_id == trans_id and self._merchants(r)), None)
+        row = next(iter(self._asked(rows or [], trans_id, key=lambda r: r.trans_id)),
+                   None)
         if row is None:
             return TransactionLookup()
         status = row.status
         reverse_id = None
         if status in _REVERSED or status is TransStatus.PARTIALLY_REFUNDED:
             related = await self._rows(TransactionFilter(related_trans_id=trans_id)) or []
-            back = [r for r in related if r.related_trans_id == trans_id and self._merchants(r)]
+            back = self._asked(related, trans_id, key=lambda r: r.related_trans_id)
             reverse_id = back[0].trans_id if back else trans_id
         return TransactionLookup(
             known=True,

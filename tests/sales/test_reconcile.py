@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from types import SimpleNamespace
 
+import pytest
+
 from kiosk_agent.sales.reconcile import _HELD, _REVERSED, Reconciler
 from kiosk_agent.service.models.reporting import Transaction, TransStatus
 
@@ -41,7 +43,9 @@ def _reconciler(*rows: Transaction) -> Reconciler:
     return Reconciler(SimpleNamespace(reporting=_Reporting(*rows)), MID)  # type: ignore[arg-type]
 
 
-async def test_a_charge_under_another_order_id_is_not_taken_for_the_one_asked_about() -> None:
+async def test_a_charge_under_another_order_id_is_not_taken_for_the_one_asked_about(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
     # Asked by a sale's order id, reporting answered a row of another sale (another unit's
     # charge of the same amount, a filter it dropped, a next page's link that lost the filter).
     # Found, it was given back as the sale's own: another customer's money moved.
@@ -49,6 +53,7 @@ async def test_a_charge_under_another_order_id_is_not_taken_for_the_one_asked_ab
     lookup = await _reconciler(other).find_charge([ASKED])
     assert not lookup.approved
     assert lookup.trans_id is None
+    assert f"reporting answered 1 row(s) that are not {ASKED}: left out" in caplog.text
     mine = _row("700000000001", ASKED, TransStatus.AUTHORIZED)
     found = await _reconciler(other, mine).find_charge([ASKED])
     assert (found.approved, found.trans_id) == (True, "700000000001")
