@@ -2,9 +2,10 @@
 
 test_crash.py kills the agent once at every journal step of each flow against a service that
 always answers; test_chaos.py at random moments of a long run. Here each example is a few
-customers, each with one fault armed on one money endpoint (the card's interaction, the charge,
-the capture, the give-back) and the agent killed at a step or as a call answers; then a start
-recovers with the faults cleared, and the service's own records judge every sale
+customers (alone, or two back to back on one terminal, the first one's capture going on while
+the second is served), each with one fault armed on one money endpoint (the card's interaction,
+the charge, the capture, the give-back) and the agent killed at a step or as a call answers;
+then a start recovers with the faults cleared, and the service's own records judge every sale
 (test_crash.assert_no_unearned_money: no sale lost or open, no double charge, no money kept
 without a confirmed dispense, no authorization left hanging). ``CRASH_MOMENTS_EXAMPLES`` asks
 for more examples than the suite's few (a search, not a run of the suite).
@@ -46,19 +47,28 @@ CUSTOMERS = st.one_of(
 )
 
 
+FAULT = st.none() | st.fixed_dictionaries({
+    "path": st.sampled_from(ENDPOINTS),
+    "fault": st.sampled_from(FAULTS),
+    "delay_s": st.sampled_from([0.3, 1.0, 2.5]),  # shorter, about, longer than a pause
+})
+KILL_AT = st.builds(lambda n, answer: f"{n}{answer}", st.integers(1, 9), st.sampled_from(["", "a"]))
+
+
 @st.composite
 def customers(draw: st.DrawFn) -> dict[str, Any]:
+    """One customer, or (``overlap``) two back to back on one terminal: the first vends and
+    its capture goes on (waiting for the next customer's answer) while the second is killed."""
+    if draw(st.booleans()):
+        return {"overlap": True, "kill_at": draw(KILL_AT), "fault": draw(FAULT)}
     flow, cents = draw(CUSTOMERS)
     return {
+        "overlap": False,
         "flow": flow,
         "cents": cents,
         "dispense": draw(st.sampled_from(["vended", "failed"])),
-        "kill_at": f"{draw(st.integers(1, 9))}{draw(st.sampled_from(['', 'a']))}",
-        "fault": draw(st.none() | st.fixed_dictionaries({
-            "path": st.sampled_from(ENDPOINTS),
-            "fault": st.sampled_from(FAULTS),
-            "delay_s": st.sampled_from([0.3, 1.0, 2.5]),  # shorter, about, longer than a pause
-        })),
+        "kill_at": draw(KILL_AT),
+        "fault": draw(FAULT),
     }
 
 
@@ -90,8 +100,11 @@ async def run_customers(plan: list[dict[str, Any]], directory: Path) -> None:
         for customer in plan:
             if customer["fault"] is not None:
                 await sim_call(sim, "POST", "/sim/faults", {**customer["fault"], "count": 1})
-            await driver.run(customer["flow"], customer["cents"], customer["dispense"],
-                             customer["kill_at"])
+            if customer["overlap"]:
+                await driver.run("overlap", customer["kill_at"])
+            else:
+                await driver.run(customer["flow"], customer["cents"], customer["dispense"],
+                                 customer["kill_at"])
             await sim_call(sim, "DELETE", "/sim/faults")
         assert await driver.run() == "done"  # recovers the last killed sale, if any
         sales = journaled_sales(directory)
