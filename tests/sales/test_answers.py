@@ -60,7 +60,7 @@ async def drive(ops: list[tuple[str, str]]) -> None:
         task.cancel()
 
 
-@settings(max_examples=200, deadline=None)
+@settings(deadline=None)  # the profile's examples: 100 in the suite
 @given(ops=st.lists(OPS, min_size=1, max_size=25))
 def test_a_capture_waits_only_while_a_customer_waits_and_never_past_its_bound(
     ops: list[Any],
