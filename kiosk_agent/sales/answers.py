@@ -19,8 +19,8 @@ from kiosk_agent.sales.clock import Clock
 # Turns of the event loop from a customer's request on the wire to its sale's start: the turn
 # whose select reads it, the platform's handler (mdb: the line), the sale task's first step. A
 # capture (or its completion) lets them pass first, so a request that came in with the last
-# answer is served before back-office work (counted: a fourth fsync in 10 of 80 back-to-back
-# windows with them, 28 of 80 without; a few microseconds for a lone customer).
+# answer is served before back-office work (counted: a fourth fsync in 9 and 17 of 80
+# back-to-back windows with them, 26 and 31 without; a few microseconds for a lone customer).
 TURNS_TO_A_SALES_START = 3
 # The longest a released sale's capture waits, once its request is on disk, for no customer to
 # wait for an answer: a capture never starves under a stream of customers, and the service's
