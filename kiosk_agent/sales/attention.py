@@ -26,7 +26,7 @@ from kiosk_agent.data_class import data_class
 from kiosk_agent.money import format_cents
 from kiosk_agent.redact import redact
 from kiosk_agent.sales import unit
-from kiosk_agent.sales.clock import Anchor, elapsed_at_least
+from kiosk_agent.sales.clock import Anchor, Clock, elapsed_at_least
 from kiosk_agent.sales.journal import Journal, JournalError, SaleMoved, SaleRecord
 from kiosk_agent.sales.journal_reads import SaleNotFound
 from kiosk_agent.sales.model import Flow, SaleEvent
@@ -62,6 +62,22 @@ class NotInAttention(ResolveError):
 # A sale that ended "no charge was made" after a lost answer is looked at again for this long:
 # a service slower than its answer margin may still have charged.
 LATE_CHARGE_WINDOW = 24 * 3600.0
+# ... and the charge check takes over this long after the net let go (a charge the net never
+# saw is then given back as any held under a sale that ended with no money moved): never both
+# at once, whatever a sweep's lookups took.
+LATE_CHARGE_HANDOVER_S = 3600.0
+
+
+def late_charge_watched(clock: Clock, record: SaleRecord, extra: float = 0.0) -> bool:
+    """Whether the sale's money call was sent less than ``LATE_CHARGE_WINDOW`` (+ ``extra``)
+    ago in real time, or may have been: measured on the monotonic clock within a boot; after a
+    reboot, at least as long as this boot has run, or (wall time) less than the window ago, so
+    a step of the wall clock either way never drops a sale early."""
+    window = LATE_CHARGE_WINDOW + extra
+    sent = Anchor(record.sent_at or record.created_at, record.sent_mono, record.sent_boot)
+    if elapsed_at_least(clock, sent) < window:
+        return True
+    return not sent.same_boot(clock) and clock.time() - sent.wall < window
 
 # What a sweep meets in the field and tries again at the next one: the service failing or
 # unreachable, the journal's disk. Anything else is a bug.
@@ -181,14 +197,7 @@ class AttentionSweeper:
         return [r for r in sales if unit.owns_sale(r.order_id)]
 
     def _still_watched(self, record: SaleRecord) -> bool:
-        """Whether the sale's money call was sent less than ``LATE_CHARGE_WINDOW`` ago in real
-        time, or may have been: measured on the monotonic clock within a boot; after a reboot,
-        at least as long as this boot has run, or (wall time) less than the window ago, so a
-        step of the wall clock either way never drops a sale early."""
-        sent = Anchor(record.sent_at or record.created_at, record.sent_mono, record.sent_boot)
-        if elapsed_at_least(self.clock, sent) < LATE_CHARGE_WINDOW:
-            return True
-        return not sent.same_boot(self.clock) and self.clock.time() - sent.wall < LATE_CHARGE_WINDOW
+        return late_charge_watched(self.clock, record)
 
     def _count_error(self, text: str, err: Exception | None = None) -> None:
         self.stats.errors += 1

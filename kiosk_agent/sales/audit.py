@@ -14,7 +14,9 @@ hold money (authorized or captured), and compares:
   cancelled): the journal lost what moved it (a WAL deleted after the charge's step, say). That
   sale stays as it ended (final, the transition table), and the charge is given back under a
   sale of its own (order id suffixed ``-held``), as for a charge of no sale at all. The sales
-  that ended on "no charge" after a lost answer are left to the late-charge net, whose own.
+  that ended on "no charge" after a lost answer are left to the late-charge net while it
+  watches them (a day of real time, and an hour's handover after it); a charge it never saw
+  is then given back here.
 
 Only charges provably this unit's are compared (sales/unit.py): an order id carrying its unit
 id, or one of the older form (no unit id) that the journal holds. Every other charge on its
@@ -33,9 +35,10 @@ import logging
 import math
 from array import array
 from collections.abc import AsyncIterator, Awaitable, Callable, Collection
-from dataclasses import field
+from dataclasses import field, replace
 
 from kiosk_agent.data_class import data_class
+from kiosk_agent.sales.attention import LATE_CHARGE_HANDOVER_S, late_charge_watched
 from kiosk_agent.sales.clock import next_turn
 from kiosk_agent.sales.journal import CHARGE_LOOKBACK_S, SaleRecord
 from kiosk_agent.sales.model import Flow, SaleEvent
@@ -240,8 +243,10 @@ class ChargeAudit:
             self.last = result
             return result
         give_back = len(found) <= self.max_give_back
+        taken: set[str] = set()
         for row, record in found:
             result.unaccounted.append(row.trans_id)
+            record = self._order_id_of_its_own(row, record, taken)
             event = await self._settle(row, record, give_back, len(found))
             result.events.append(event)
         if found:
@@ -376,13 +381,35 @@ class ChargeAudit:
         if _accounts_for(record, running):
             return None
         steps = self.journal.steps(record.sale_id)
-        if steps and steps[-1].step in NO_CHARGE_STEPS:
-            return None  # the late-charge net's: it reopens the sale itself
+        if steps and steps[-1].step in NO_CHARGE_STEPS and late_charge_watched(
+            self.context.clock, record, LATE_CHARGE_HANDOVER_S
+        ):
+            return None  # the late-charge net's while it watches: it reopens the sale itself
         held = f"{base}{HELD_SUFFIX}"
         if self.journal.by_order_id(held) is not None:
             return None  # given back (or being given back) under its own sale already
         self.held_under_ended.add(record.sale_id)
         return self._new_record(row, held, 1)
+
+    def _order_id_of_its_own(
+        self, row: Transaction, record: SaleRecord, taken: set[str]
+    ) -> SaleRecord:
+        """``record`` under an order id no sale has: two charges of one sale's order ids (an
+        attempt and its retry, both holding) are each given back under a sale of their own.
+        Under one order id, the second's write broke the journal's unique order id: the check
+        failed as a disk that takes no writes, and that charge was never given back. The
+        candidates are the unit's own forms, so the sale stays provably its own."""
+        parts = split_order_id(record.order_id)
+        base = record.order_id if parts is None else parts[0]
+        candidates = [record.order_id, row.order_id or "", f"{base}{HELD_SUFFIX}",
+                      *(f"{base}-{n}" for n in range(2, 100))]
+        for order_id in candidates:
+            if order_id and order_id not in taken and self.journal.by_order_id(order_id) is None:
+                taken.add(order_id)
+                if order_id == record.order_id:
+                    return record
+                return replace(record, order_id=order_id, attempt=1)
+        raise RuntimeError(f"no order id left for a charge under {base}")  # pragma: no cover
 
     def _new_record(self, row: Transaction, order_id: str, attempt: int) -> SaleRecord:
         device = row.terminal_id or next(iter(self.settings.terminals), "")

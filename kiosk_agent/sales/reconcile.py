@@ -3,12 +3,15 @@
 Used after a lost answer (by the flows) and after a crash (by recovery): a charge is never sent
 again blind. Reporting is asked by the locally made ``order_id`` (or by ``trans_id``); when
 reporting cannot answer, the lookup says *unknown* and the caller marks the sale for attention
-rather than guessing.
+rather than guessing. Only a row that is what was asked about counts (its order id or trans id,
+this unit's merchant): an answer that disagrees with its question (a filter dropped, a next
+page's link that lost it) never makes another sale's charge this one's.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from kiosk_agent.data_class import data_class
@@ -64,6 +67,19 @@ class Reconciler:
             _LOGGER.warning("reporting lookup failed: %s", err)
             return None
 
+    def _asked(
+        self, rows: list[Transaction], asked: str, *, key: Callable[[Transaction], object]
+    ) -> list[Transaction]:
+        """The rows that are what was asked about (the ``key`` of each is ``asked``), of
+        this unit's merchant when a row names one; the others, whatever reporting answered, are
+        left out and said in the log."""
+        kept = [r for r in rows
+                if key(r) == asked and (not r.mid or not self.mid or r.mid == self.mid)]
+        if len(kept) != len(rows):
+            _LOGGER.warning("reporting answered %d row(s) that are not %s: left out",
+                            len(rows) - len(kept), asked)
+        return kept
+
     async def find_charge(self, order_ids: list[str]) -> ChargeLookup:
         """The charge made under any of ``order_ids``, if one holds money.
 
@@ -77,7 +93,7 @@ class Reconciler:
             rows = await self._rows(TransactionFilter(order_id=order_id))
             if rows is None:
                 return ChargeLookup(unknown=True)
-            for row in rows:
+            for row in self._asked(rows, order_id, key=lambda r: r.order_id):
                 status = row.status
                 if status in _HELD:
                     return ChargeLookup(
@@ -95,14 +111,16 @@ class Reconciler:
         from kiosk_agent.service.models.reporting import TransactionFilter, TransStatus
 
         rows = await self._rows(TransactionFilter(trans_id=trans_id))
-        if not rows:
+        row = next(iter(self._asked(rows or [], trans_id, key=lambda r: r.trans_id)),
+                   None)
+        if row is None:
             return TransactionLookup()
-        row = rows[0]
         status = row.status
         reverse_id = None
         if status in _REVERSED or status is TransStatus.PARTIALLY_REFUNDED:
             related = await self._rows(TransactionFilter(related_trans_id=trans_id)) or []
-            reverse_id = related[0].trans_id if related else trans_id
+            back = self._asked(related, trans_id, key=lambda r: r.related_trans_id)
+            reverse_id = back[0].trans_id if back else trans_id
         return TransactionLookup(
             known=True,
             authorized=status is TransStatus.AUTHORIZED,

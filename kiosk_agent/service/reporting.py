@@ -229,10 +229,19 @@ def _next_params(
         raise InvalidResponseError(
             f"next link has no numeric offset: {redact(href)!r}", field="links"
         )
-    # The service's link keeps the filter and the page size; keep ours where it does not.
-    for key in ("q", "limit"):
-        if key in current and key not in query:
-            query[key] = current[key]
+    if int(offset) <= int(current["offset"]):  # the same page again and again, never ending
+        raise InvalidResponseError(
+            f"next link does not move forward (offset {offset} after {current['offset']})",
+            field="links",
+        )
+    # The filter is the one asked for, whatever the link says (rows of another question are
+    # not this one's answer); the page size is the link's, else ours.
+    if "q" in current:
+        query["q"] = current["q"]
+    else:
+        query.pop("q", None)
+    if "limit" in current and "limit" not in query:
+        query["limit"] = current["limit"]
     return query
 
 

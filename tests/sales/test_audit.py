@@ -762,3 +762,63 @@ async def test_a_check_lets_sales_go_on_between_chunks_of_a_page(agent: Any) -> 
     chunks = len(audit.settings.terminals) * 2 * (500 // CHUNK_ROWS)  # two statuses asked
     assert reads == [CHUNK_ROWS] * chunks
     assert turns >= chunks
+
+
+async def test_two_held_charges_of_one_sales_order_ids_the_journal_lost_are_both_given_back(
+    agent_factory: Any,
+) -> None:
+    """A journal that lost a charge-card sale whose first attempt and its retry (``-2``) both
+    hold money (a service that charged the attempt it answered "retry" for): each is the
+    unit's own, and each is given back in one check, the second under a sale of its own. The
+    two once made sales under one order id: the second's write broke the journal's unique
+    order id, the check failed as a disk that takes no writes (the unit out of service) and
+    the second charge was never given back."""
+    agent = await checked_start(agent_factory)
+    base = own(agent, 0x21)
+    first = await _charge(agent, base, 300, capture=True)
+    retry = await _charge(agent, f"{base}-2", 300, capture=True)
+    written: list[object] = []
+    agent.journal.on_write, told = (
+        lambda err: (written.append(err), told(err)), agent.journal.on_write)
+
+    result = await agent.journal_guard.audit.check(settled=False)
+
+    assert result.ok, result.error
+    assert sorted(result.unaccounted) == sorted([first, retry])
+    assert [e.state for e in result.events] == [SaleState.REVERSED] * 2
+    assert not [err for err in written if err is not None]
+    for order_id in (base, f"{base}-2"):
+        rows = [t async for t in agent.service.reporting.transactions(
+            TransactionFilter(order_id=order_id))]
+        assert {t.status for t in rows} <= {TransStatus.VOIDED, TransStatus.REFUNDED}, rows
+    again = await agent.journal_guard.audit.check(settled=False)
+    assert again.ok
+    assert again.unaccounted == []
+
+
+async def test_two_held_charges_under_a_sale_the_journal_ended_uncharged_are_both_given_back(
+    agent_factory: Any, tmp_path: Any
+) -> None:
+    """The same under a sale the journal ended with no money moved: both charges would be
+    given back under one ``-held`` order id; the second needs a sale of its own."""
+    order = "KA" + "0123456789ABCDEF03"
+    leave_open(tmp_path, state=SaleState.FAILED, order_id=order, flow="charge_card")
+    agent = await checked_start(agent_factory)
+    first = await _charge(agent, order, 300, capture=False)
+    retry = await _charge(agent, f"{order}-2", 300, capture=False)
+    written: list[object] = []
+    agent.journal.on_write, told = (
+        lambda err: (written.append(err), told(err)), agent.journal.on_write)
+
+    result = await agent.journal_guard.audit.check(settled=False)
+
+    assert result.ok, result.error
+    assert sorted(result.unaccounted) == sorted([first, retry])
+    assert [e.state for e in result.events] == [SaleState.REVERSED] * 2
+    assert not [err for err in written if err is not None]
+    ended = agent.journal.by_order_id(order)
+    assert ended is not None
+    assert ended.state is SaleState.FAILED
+    again = await agent.journal_guard.audit.check(settled=False)
+    assert again.ok
+    assert again.unaccounted == []

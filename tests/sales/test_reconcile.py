@@ -2,10 +2,79 @@
 
 from __future__ import annotations
 
-from kiosk_agent.sales.reconcile import _HELD, _REVERSED
-from kiosk_agent.service.models.reporting import TransStatus
+from collections.abc import AsyncIterator
+from types import SimpleNamespace
+
+import pytest
+
+from kiosk_agent.sales.reconcile import _HELD, _REVERSED, Reconciler
+from kiosk_agent.service.models.reporting import Transaction, TransStatus
 
 
 def test_held_and_reversed_are_reportings_statuses_by_name() -> None:
     assert frozenset({TransStatus.AUTHORIZED, TransStatus.CAPTURED, TransStatus.SETTLED}) == _HELD
     assert frozenset({TransStatus.VOIDED, TransStatus.REFUNDED}) == _REVERSED
+
+
+# -- a reporting answer that disagrees with its question (rule 13: only money the unit can
+# prove is its own) ------------------------------------------------------------------------------
+
+MID = "887000003193"
+ASKED = "KA3F9C0E12AB-9F3C0A77D21B4E551A2B3C4D"
+
+
+def _row(trans_id: str, order_id: str, status: TransStatus, **fields: object) -> Transaction:
+    return Transaction.model_validate({"trans_id": trans_id, "order_id": order_id, "mid": MID,
+                                       "trans_status_id": int(status), "amount": 3.0, **fields})
+
+
+class _Reporting:
+    """Reporting that answers every question with the same rows, whatever it was asked."""
+
+    def __init__(self, *rows: Transaction) -> None:
+        self.rows = rows
+
+    async def transactions(self, query: object, **_: object) -> AsyncIterator[Transaction]:
+        for row in self.rows:
+            yield row
+
+
+def _reconciler(*rows: Transaction) -> Reconciler:
+    return Reconciler(SimpleNamespace(reporting=_Reporting(*rows)), MID)  # type: ignore[arg-type]
+
+
+async def test_a_charge_under_another_order_id_is_not_taken_for_the_one_asked_about(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # Asked by a sale's order id, reporting answered a row of another sale (another unit's
+    # charge of the same amount, a filter it dropped, a next page's link that lost the filter).
+    # Found, it was given back as the sale's own: another customer's money moved.
+    other = _row("700000000009", "KA3F9C0E12AB-0000000000000001DEADBEEF", TransStatus.CAPTURED)
+    lookup = await _reconciler(other).find_charge([ASKED])
+    assert not lookup.approved
+    assert lookup.trans_id is None
+    assert f"reporting answered 1 row(s) that are not {ASKED}: left out" in caplog.text
+    mine = _row("700000000001", ASKED, TransStatus.AUTHORIZED)
+    found = await _reconciler(other, mine).find_charge([ASKED])
+    assert (found.approved, found.trans_id) == (True, "700000000001")
+
+
+async def test_a_charge_of_another_merchant_under_the_same_order_id_is_not_taken() -> None:
+    theirs = _row("700000000009", ASKED, TransStatus.CAPTURED, mid="887000009999")
+    lookup = await _reconciler(theirs).find_charge([ASKED])
+    assert not lookup.approved
+    assert not lookup.reversed
+
+
+async def test_a_transaction_asked_by_its_id_is_read_only_from_its_own_row() -> None:
+    other = _row("700000000009", ASKED, TransStatus.CAPTURED)
+    state = await _reconciler(other).transaction_state("700000000001")
+    assert not state.known
+    assert not state.captured
+    # a give-back's row names the charge it gave back; another's is not this one's
+    voided = _row("700000000001", ASKED, TransStatus.VOIDED)
+    stranger = _row("700000000010", "x", TransStatus.VOIDED, related_trans_id="700000000005")
+    given_back = await _reconciler(voided, stranger).transaction_state("700000000001")
+    assert given_back.known
+    assert given_back.reversed
+    assert given_back.reverse_trans_id == "700000000001"  # no row of its give-back: its own id

@@ -11,6 +11,7 @@ simulator over HTTP. The properties, in a run and across a restart:
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -22,12 +23,14 @@ from kiosk_agent.app import build_agent
 from kiosk_agent.assembly.agent import Agent
 from kiosk_agent.cli.sim import settings_from_ready
 from kiosk_agent.config.load import load_config
+from kiosk_agent.sales.attention import LATE_CHARGE_HANDOVER_S
+from kiosk_agent.sales.audit import HELD_SUFFIX
 from kiosk_agent.sales.clock import FakeClock
 from kiosk_agent.sales.journal import Journal, SaleRecord
 from kiosk_agent.sales.model import Flow, SaleEvent, SaleRequest
 from kiosk_agent.sales.states import SaleState, Step
 from kiosk_agent.service.client import ServiceClient
-from kiosk_agent.service.models import TransactionFilter, TransStatus
+from kiosk_agent.service.models import ChargeRequest, TransactionFilter, TransStatus
 from kiosk_agent.sim.faults import faults_of
 from tests.assembly.agent_helpers import (
     REQUEST_TIMEOUT,
@@ -419,7 +422,7 @@ async def test_the_net_lets_go_after_a_day_of_real_time_whatever_the_wall_says(
     clock.step_wall(step)
     await clock.advance(DAY + HOUR)
     await authorize(agent.service, event.order_id, capture=False)
-    assert await agent.attention.sweep() == []  # past the net's day: a person's business
+    assert await agent.attention.sweep() == []  # past the net's day: the charge check's (below)
 
 
 @pytest.mark.parametrize("step", [30 * DAY, -30 * DAY])
@@ -450,3 +453,51 @@ async def test_a_500_is_said_as_the_services_answer_not_as_an_answer_lost(
         event.message
     )
     assert "answer was lost" not in event.message
+
+
+async def test_a_late_charge_the_net_let_go_of_is_given_back_by_the_charge_check(
+    agent_on: Factory, sim: Any
+) -> None:
+    # The net covers a sale that ended "no charge" for a day of real time; the charge check
+    # leaves such a sale to it. A charge the net never saw (reporting down all day, the agent
+    # stopped longer than a day on the same boot) was then left to nobody: every check took it
+    # as accounted for, the customer charged for goods the machine was told not to give, and
+    # no person told. Once the net has let go, the check gives it back under a sale of its
+    # own, as any charge held under a sale that ended with no money moved; the sale stays
+    # as it ended. (The wall clock is the service's: its charges are in the check's window.)
+    clock = FakeClock(wall=time.time())
+    agent = await agent_on(clock)
+    await agent.journal_guard.first_check()
+    await agent.journal_guard.stop()  # the test checks by itself
+    event = await no_charge_sale(agent, clock, sim)
+    charged = await on_its_terminal(agent, event.order_id)
+    audit = agent.journal_guard.audit
+
+    await clock.advance(DAY - HOUR)
+    inside = await audit.check(settled=False)
+    assert inside.ok, inside.error
+    assert inside.unaccounted == []  # the net's, while it watches
+    await clock.advance(HOUR + LATE_CHARGE_HANDOVER_S + 1)
+    assert await agent.attention.sweep() == []  # the net let go
+    after = await audit.check(settled=False)
+
+    assert after.unaccounted == [charged]
+    held = agent.journal.by_order_id(event.order_id + HELD_SUFFIX)
+    assert held is not None
+    assert held.state is SaleState.REVERSED, held.message
+    assert record_of(agent, event.sale_id).state is SaleState.FAILED
+    [row] = await ledger(agent, event.order_id)
+    assert row.status is TransStatus.VOIDED
+
+
+async def on_its_terminal(agent: Agent, order_id: str) -> str:
+    """An authorization under ``order_id`` on the sale's terminal, as a late commit makes it."""
+    handle = await agent.service.terminal.read_card("SIM-0001", 300)
+    card = (await handle.wait(timeout=5)).read_card_result
+    assert card is not None
+    charged = await agent.service.payments.charge(ChargeRequest(
+        mid=agent.service.settings.mid, amount=300, account_token=card.token,
+        expiration=card.expiration, capture=False, order_id=order_id, terminal_id="SIM-0001",
+    ))
+    assert charged.approved
+    return str(charged.trans_id)

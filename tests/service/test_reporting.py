@@ -340,3 +340,26 @@ async def test_an_amount_no_money_can_be_is_refused_naming_it(
         with pytest.raises(InvalidResponseError) as caught:
             await collect(svc.reporting.transactions())
     assert caught.value.field == "items.0.amount"
+
+
+def test_a_next_link_that_does_not_move_forward_is_an_invalid_answer() -> None:
+    # A next link back at this page's offset (or before it) was followed as given: the same
+    # page asked for again and again, a lookup in recovery or the charge check never ending.
+    for offset in (0, 3):
+        page: Page[Transaction] = Page[Transaction](items=[], hasMore=True, links=[
+            PageLink(rel="next", href=f"http://x/t?limit=5&offset={offset}")])
+        with pytest.raises(InvalidResponseError, match="forward") as caught:
+            _next_params(page, 8, {"limit": 5, "offset": 3})
+        assert caught.value.field == "links"
+
+
+def test_a_next_link_keeps_the_filter_asked_for() -> None:
+    # A next link whose q differs from the one asked for (none at all, another order id) was
+    # followed as given: the next page held rows the question never asked about.
+    ours = '{"order_id":"KA3F9C0E12AB-9F3C0A77D21B4E551A2B3C4D"}'
+    for theirs in ("", "&q=%7B%7D", "&q=%7B%22order_id%22%3A%22KA0%22%7D"):
+        page: Page[Transaction] = Page[Transaction](items=[], hasMore=True, links=[
+            PageLink(rel="next", href=f"http://x/t?limit=5&offset=5{theirs}")])
+        following = _next_params(page, 5, {"limit": 5, "offset": 0, "q": ours})
+        assert following["q"] == ours
+        assert following["offset"] == "5"
