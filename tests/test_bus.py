@@ -188,3 +188,23 @@ async def test_an_event_reaches_a_subscriber_and_is_taken_in_a_few_python_calls(
             sys.setprofile(None)
     assert (taken, missed) == ("approved", 0)
     assert len(calls) <= 6, calls
+
+
+async def test_a_subscription_is_entered_and_left_in_a_few_python_calls() -> None:
+    # a generator context manager (asynccontextmanager) around an asyncio.Queue took 15 Python
+    # calls to enter and leave: a kiosk API sale's own stream opens one
+    bus: EventBus[str] = EventBus()
+    calls: list[str] = []
+
+    def count(frame: types.FrameType, event: str, _arg: object) -> None:
+        if event == "call":
+            calls.append(frame.f_code.co_name)
+
+    sys.setprofile(count)
+    try:
+        async with bus.subscribe(key="s1"):
+            assert bus.reaches("s1")
+    finally:
+        sys.setprofile(None)
+    assert not bus.reaches("s1")
+    assert len(calls) <= 8 + 2, calls  # and the two looks of reaches()
