@@ -867,3 +867,40 @@ def test_a_sales_amount_is_written_out_once_for_all_its_frames() -> None:
     _dollars(1)
     with pytest.raises(MoneyError):
         _dollars(True)  # not taken for the 1 just made
+
+
+async def test_a_streams_frames_are_sent_from_one_coroutine_of_the_api(
+    app: App, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each wake-up of a stream resumes every coroutine its handler awaits in: a sale's stream
+    sent its frames three deep (_sale_events, _stream, _stream_in_slot; the app-wide one two),
+    a Python call each at every wake-up. Both routes are one coroutine now, and send the same."""
+    import sys
+
+    from aiohttp import web
+
+    senders: list[list[str]] = []
+    send_str = web.WebSocketResponse.send_str
+
+    async def recorded(ws: web.WebSocketResponse, *args: Any, **kwargs: Any) -> None:
+        if ws not in app.api._sockets:  # the simulator's cable, in this process too
+            return await send_str(ws, *args, **kwargs)
+        frame, names = sys._getframe(1), []
+        while frame is not None:
+            if frame.f_globals.get("__name__") == "kiosk_agent.platforms.kiosk_api":
+                names.append(frame.f_code.co_name)
+            frame = frame.f_back
+        senders.append(names)
+        return await send_str(ws, *args, **kwargs)
+
+    monkeypatch.setattr(web.WebSocketResponse, "send_str", recorded)
+    async with app.session.ws_connect(f"{app.base}/events?token={TOKEN}") as everything:
+        await until(lambda: _streaming(app))
+        _, started = await app.post("/sales", {"product": "coffee"})
+        steps = await asyncio.wait_for(app.follow(started["sale_id"]), 10)
+        seen = [json.loads((await asyncio.wait_for(everything.receive(), 10)).data)]
+        while not seen[-1]["final"]:
+            seen.append(json.loads((await asyncio.wait_for(everything.receive(), 10)).data))
+    assert steps[-1]["state"] == seen[-1]["state"] == "completed"
+    assert len(senders) == len(steps) + len(seen)
+    assert all(names == ["_stream", "_auth"] for names in senders), senders
