@@ -483,7 +483,7 @@ class KioskApi:
         except ValueError as err:  # a zero amount
             raise BadRequest("amount", str(err)) from None
         self._dispensers[sale.sale_id] = dispenser
-        return web.json_response(
+        return _json_response(
             {
                 "sale_id": sale.sale_id,
                 "order_id": sale.order_id,
@@ -749,7 +749,13 @@ def _origin_allowed(origin: str, allowed: list[str]) -> bool:
 
 
 def _error(status: int, error: str, field: str | None, message: str) -> web.Response:
-    return web.json_response({"error": error, "field": field, "message": message}, status=status)
+    return _json_response({"error": error, "field": field, "message": message}, status=status)
+
+
+def _json_response(body: dict[str, Any], status: int) -> web.Response:
+    """``web.json_response`` of a flat body made here, by the frames' encoder (the same text
+    as ``json.dumps``: three Python calls fewer, at every sale's 202)."""
+    return web.json_response(text="".join(_encode(body, 0)), status=status)
 
 
 async def async_setup_platform(agent: Any, config: dict[str, Any]) -> KioskApi:

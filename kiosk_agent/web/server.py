@@ -850,7 +850,9 @@ def _check_tree(value: Any) -> None:
             continue
         if depth >= MAX_JSON_DEPTH:
             raise _too_deep()
-        stack.extend((child, depth + 1) for child in children)
+        depth += 1
+        for child in children:  # a loop, not extend() over a generator: no frame per child
+            stack.append((child, depth))
 
 
 def _check_text(text: str) -> None:

@@ -904,3 +904,20 @@ async def test_a_streams_frames_are_sent_from_one_coroutine_of_the_api(
     assert steps[-1]["state"] == seen[-1]["state"] == "completed"
     assert len(senders) == len(steps) + len(seen)
     assert all(names == ["_stream", "_auth"] for names in senders), senders
+
+
+@given(
+    status=st.sampled_from([202, 400, 404, 409, 503]), error=st.text(max_size=20),
+    field=st.one_of(st.none(), st.text(max_size=20)), message=st.text(max_size=80),
+)  # fmt: skip
+def test_an_answer_is_the_text_json_dumps_makes_of_it(
+    status: int, error: str, field: str | None, message: str
+) -> None:
+    """The 202 and the refusals come from the frames' encoder made once, not json.dumps's made a
+    call (three Python calls at each sale's 202): the same text, escapes and all."""
+    from kiosk_agent.platforms.kiosk_api import _error
+
+    response = _error(status, error, field, message)
+    assert response.status == status
+    assert response.content_type == "application/json"
+    assert response.text == json.dumps({"error": error, "field": field, "message": message})
