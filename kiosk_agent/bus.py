@@ -36,6 +36,9 @@ class Subscription(Generic[T]):
         self._missed = 0  # lost since the item last taken: all before the oldest still queued
         self._missed_before_taken = 0
         self._readers: list[asyncio.Future[None]] = []  # set by the next event put
+        # hands an event on at once when nothing is queued before it (True: taken, so neither
+        # queued nor a reader woken): a stream that can write it now (kiosk API); must not raise
+        self.deliver: Callable[[T], bool] | None = None
 
     def qsize(self) -> int:
         return len(self._items)
@@ -48,7 +51,10 @@ class Subscription(Generic[T]):
 
     def put_nowait(self, item: T) -> None:
         """Queue ``item`` and wake every reader (each looks again: one takes it, the others
-        wait on); :class:`asyncio.QueueFull` when full (the bus drops the oldest first)."""
+        wait on); :class:`asyncio.QueueFull` when full (the bus drops the oldest first).
+        Handed to :attr:`deliver` instead when nothing waits before it and it takes it."""
+        if self.deliver is not None and not self._items and self.deliver(item):
+            return
         if 0 < self.maxsize <= len(self._items):
             raise asyncio.QueueFull
         self._items.append(item)

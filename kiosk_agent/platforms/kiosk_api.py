@@ -47,6 +47,7 @@ import logging
 import math
 import re
 import sqlite3
+import struct
 import time
 from collections import OrderedDict
 from collections.abc import Callable
@@ -55,7 +56,7 @@ from typing import Any
 import voluptuous as vol
 from aiohttp import WSMsgType, web
 
-from kiosk_agent.bus import EventBus
+from kiosk_agent.bus import EventBus, Subscription
 from kiosk_agent.config.load import PLATFORM_SCHEMA as BASE_PLATFORM_SCHEMA
 from kiosk_agent.config.load import max_price_check, positive_float, price_map
 from kiosk_agent.logs import RefusalLog
@@ -678,6 +679,7 @@ class KioskApi:
                         await ws.send_str(event_text(latest))
                         if latest.state.final:
                             return ws
+                    written = _write_at_once(queue, ws, request, heard) if sale_id else None
                     while not ws.closed:
                         # what the app sends (its close, a ping) is read from the first byte it
                         # sends: until then no reader task waits beside the stream
@@ -686,8 +688,11 @@ class KioskApi:
                         listening = reader or heard
                         if listening is None:
                             raise RuntimeError("a sale's event stream with nothing to listen to")
-                        frame = await queue.next(listening)
+                        ends = (listening,) if written is None else (listening, written)
+                        frame = await queue.next(*ends)
                         if frame is None:
+                            if written is not None and written.done():
+                                break  # the sale's end went out at once: nothing more to send
                             if reader is None:
                                 continue  # the app spoke: read it from now on
                             break  # the app closed the socket
@@ -706,6 +711,55 @@ class KioskApi:
 
     async def _status(self, request: web.Request) -> web.Response:
         return web.json_response({"name": self.name, **self.status()})
+
+
+def _write_at_once(
+    queue: Subscription[_Frame], ws: web.WebSocketResponse, request: web.Request,
+    heard: asyncio.Future[None] | None,
+) -> asyncio.Future[None] | None:
+    """Have a sale's own stream write each of its steps as it is published, from the listener
+    itself, while nothing waits before it: no queue, no wake-up of the handler and the six
+    coroutines it awaits in, no aiohttp send coroutines (some 50 Python calls a sale). Only while
+    the app has sent nothing (nothing of aiohttp's then writes on the socket: no heartbeat on a
+    sale's stream, no pong, no close) and the socket has taken every byte so far; else the step is
+    queued and the handler sends it as before (a slow app: its bound, its gaps). The future
+    returned is set once the sale's end went out that way: the handler then closes."""
+    transport = request.transport
+    if heard is None or transport is None:
+        return None  # a bare test app: the handler sends all
+    written: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+    def write(frame: _Frame) -> bool:
+        if heard.done() or ws.closed or transport.is_closing():
+            return False
+        if transport.get_write_buffer_size():  # the app is behind: queued, bounded, as before
+            return False
+        event, text = frame
+        transport.write(text_frame(text))
+        if event.state.final and not written.done():
+            written.set_result(None)
+        return True
+
+    queue.deliver = write
+    return written
+
+
+_FRAME_HEAD_SHORT = struct.Struct("!BB").pack
+_FRAME_HEAD_16 = struct.Struct("!BBH").pack
+_FRAME_HEAD_64 = struct.Struct("!BBQ").pack
+
+
+def text_frame(text: str) -> bytes:
+    """A WebSocket text message in one frame as a server sends it (RFC 6455 5.2: FIN, opcode 1,
+    unmasked, no extension), the bytes aiohttp's writer makes of ``send_str`` on a stream
+    without compression (tests/platforms/test_kiosk_api.py holds it to them)."""
+    payload = text.encode("utf-8")
+    size = len(payload)
+    if size < 126:
+        return _FRAME_HEAD_SHORT(0x81, size) + payload
+    if size < 65536:
+        return _FRAME_HEAD_16(0x81, 126, size) + payload
+    return _FRAME_HEAD_64(0x81, 127, size) + payload
 
 
 async def _drain(ws: web.WebSocketResponse) -> None:
