@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import deque
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Collection, Hashable
 from typing import Any, Generic, TypeVar
 
 T = TypeVar("T")
@@ -131,18 +131,26 @@ def _any_done(futures: tuple[asyncio.Future[Any], ...]) -> bool:
 
 
 class EventBus(Generic[T]):
-    def __init__(self, queue_size: int = 256) -> None:
+    def __init__(
+        self, queue_size: int = 256, kind: Callable[[T], Hashable] | None = None
+    ) -> None:
         self._queue_size = queue_size
+        # an event's kind (a sale step's state: operator.attrgetter, no Python call), which a
+        # listener may name the only ones of (listen(kinds=)): the others are not called
+        self._kind = kind
         self._subscribers: set[Subscription[T]] = set()
         # subscribers of one key's events only (a sale's stream): reached without a filter
         self._keyed: dict[Hashable, set[Subscription[T]]] = {}
-        self._listeners: list[Callable[[T], None]] = []
+        self._listeners: list[tuple[Callable[[T], None], Collection[Hashable] | None]] = []
         self.dropped = 0
         self.listener_errors = 0  # listeners that raised (logged; the publisher never sees it)
 
     def publish(self, event: T, key: Hashable = None) -> None:
         """``event`` to every listener and subscriber, and to those of ``key`` (when given)."""
-        for listener in tuple(self._listeners):
+        kind = None if self._kind is None else self._kind(event)
+        for listener, kinds in tuple(self._listeners):
+            if kinds is not None and kind is not None and kind not in kinds:
+                continue
             try:
                 listener(event)
             except Exception:  # a listener's bug must not fail the step that published
@@ -210,20 +218,29 @@ class EventBus(Generic[T]):
             if not keyed:
                 del self._keyed[key]
 
-    def listen(self, listener: Callable[[T], None]) -> Callable[[], None]:
+    def listen(
+        self, listener: Callable[[T], None], *, kinds: Collection[Hashable] | None = None
+    ) -> Callable[[], None]:
         """Call ``listener(event)`` on every publish, in it (quick and synchronous only);
-        returns the function that stops it."""
-        self._listeners.append(listener)
+        returns the function that stops it.
+
+        ``kinds``: the only kinds of event (the bus's ``kind``) the listener acts on; the
+        others do not call it (a listener of sales' ends is not called on each of their steps).
+        A hint, not a filter the listener may rely on: a bus with no ``kind`` calls it on all."""
+        entry = (listener, kinds)
+        self._listeners.append(entry)
 
         def stop() -> None:
-            if listener in self._listeners:
-                self._listeners.remove(listener)
+            if entry in self._listeners:
+                self._listeners.remove(entry)
 
         return stop
 
-    async def listen_until_cancelled(self, listener: Callable[[T], None]) -> None:
+    async def listen_until_cancelled(
+        self, listener: Callable[[T], None], *, kinds: Collection[Hashable] | None = None
+    ) -> None:
         """``listen`` for as long as the calling task runs (an owner's background task)."""
-        stop = self.listen(listener)
+        stop = self.listen(listener, kinds=kinds)
         try:
             await asyncio.get_running_loop().create_future()
         finally:

@@ -208,3 +208,29 @@ async def test_a_subscription_is_entered_and_left_in_a_few_python_calls() -> Non
         sys.setprofile(None)
     assert not bus.reaches("s1")
     assert len(calls) <= 8 + 2, calls  # and the two looks of reaches()
+
+
+async def test_a_listener_of_some_kinds_is_not_called_on_the_others() -> None:
+    # availability's listener wants a failed end and attention's an ended sale, yet each was
+    # called on every step of every sale: two Python calls a step for nothing
+    bus: EventBus[str] = EventBus(kind=len)
+    heard: list[str] = []
+    every: list[str] = []
+    stop = bus.listen(heard.append, kinds={3})
+    bus.listen(every.append)
+    for event in ("one", "three", "six", "seven"):
+        bus.publish(event)
+    assert heard == ["one", "six"]
+    assert every == ["one", "three", "six", "seven"]
+    stop()
+    bus.publish("two")
+    assert heard == ["one", "six"]
+    assert bus.subscriber_count == 1
+
+
+async def test_kinds_are_a_hint_a_bus_without_a_kind_calls_every_listener() -> None:
+    bus: EventBus[str] = EventBus()
+    heard: list[str] = []
+    bus.listen(heard.append, kinds={3})
+    bus.publish("three")
+    assert heard == ["three"]

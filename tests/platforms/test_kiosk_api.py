@@ -1072,3 +1072,30 @@ def test_a_frame_written_at_once_is_the_bytes_aiohttps_writer_sends(text: str) -
         return b"".join(transport.written)
 
     assert text_frame(text) == asyncio.run(aiohttps(text))
+
+
+async def test_a_sales_steps_do_not_call_the_listeners_of_other_states(app: App) -> None:
+    """Before: availability's listener (it acts on a FAILED or ATTENTION end) and attention's
+    (on ATTENTION or an end) were called on each of a sale's six steps; the agent's bus knows a
+    step's state and calls them on those only. The kiosk API's and health's hear every step."""
+    import collections
+    import sys
+    import types
+
+    calls: collections.Counter[str] = collections.Counter()
+    watched = {"on_sale_event", "_seen", "_follow", "record_sale"}
+
+    def count(frame: types.FrameType, event: str, _arg: object) -> None:
+        if event == "call" and frame.f_code.co_name in watched:
+            calls[frame.f_code.co_name] += 1
+
+    sys.setprofile(count)
+    try:
+        _, started = await app.post("/sales", {"product": "coffee"})
+        steps = await asyncio.wait_for(app.follow(started["sale_id"]), 10)
+    finally:
+        sys.setprofile(None)
+    assert steps[-1]["state"] == "completed"
+    assert calls["_follow"] == calls["record_sale"] >= 5
+    assert calls["on_sale_event"] == 0  # a completed sale is no suspect end
+    assert 1 <= calls["_seen"] < calls["_follow"]  # its end (and a receipt note, if any)
