@@ -1099,3 +1099,29 @@ async def test_a_sales_steps_do_not_call_the_listeners_of_other_states(app: App)
     assert calls["_follow"] == calls["record_sale"] >= 5
     assert calls["on_sale_event"] == 0  # a completed sale is no suspect end
     assert 1 <= calls["_seen"] < calls["_follow"]  # its end (and a receipt note, if any)
+
+
+async def test_a_sales_stream_dropped_while_the_app_is_silent_takes_no_more_frames(
+    tmp_path: Path, sim_settings: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The listener writes a sale's steps while its app is silent: an app gone without a word
+    (its connection cut) is no longer written to; the stream ends, the sale goes on."""
+    errors = ErrorLog()
+    try:
+        async for app in _app(tmp_path, sim_settings, confirm_dispense=True):
+            _, started = await app.post("/sales", {"product": "tea"})
+            sale_id = started["sale_id"]
+            async with app.sale_stream(sale_id) as ws:
+                while (await asyncio.wait_for(ws.receive_json(), 5))["state"] != "dispensing":
+                    pass
+                ws._conn.transport.abort()  # type: ignore[union-attr]  # gone, not a byte sent
+                await until(functools.partial(_no_stream, app))
+            status, _ = await app.post(f"/sales/{sale_id}/dispensed", {"status": "vended"})
+            assert status == 202
+            await until(functools.partial(_ended, app, sale_id))
+            assert app.api._latest[sale_id].state is SaleState.COMPLETED
+            assert app.api._site.streams == 0
+    finally:
+        errors.close()
+    assert errors.records == []
+    assert "socket.send() raised exception" not in caplog.text
