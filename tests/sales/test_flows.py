@@ -613,6 +613,44 @@ async def test_the_card_reaches_the_authorizations_commit_in_the_loop_turn_it_ca
     assert commit_at == card_at
 
 
+async def test_a_card_read_nobody_cancels_makes_no_task_to_watch_for_a_cancel(
+    agent: Agent, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    loop = asyncio.get_running_loop()
+    made: list[str] = []  # the coroutines the card wait made tasks of
+
+    def factory(loop: asyncio.AbstractEventLoop, coro: Any, **kwargs: Any) -> asyncio.Task[Any]:
+        if ".wait_interaction." in coro.__qualname__:
+            made.append(coro.__qualname__)
+        return asyncio.Task(coro, loop=loop, **kwargs)
+
+    asked: list[str] = []
+    real_cancel = agent.service.terminal.cancel
+
+    async def cancel(device_id: str, interaction_id: str) -> Any:
+        asked.append(interaction_id)
+        return await real_cancel(device_id, interaction_id)
+
+    monkeypatch.setattr(agent.service.terminal, "cancel", cancel)
+    loop.set_task_factory(factory)
+    try:
+        event = await sell(agent, 250, ScriptedDispenser(), flow=Flow.AUTHORIZE_CAPTURE)
+        assert event.state is SaleState.COMPLETED
+        assert made == []  # two loop turns in the window between the vend request and the approve
+        assert asked == []
+        # a cancel makes the one task that asks the terminal to end the read
+        sale = await agent.sales.start(request(105, Flow.AUTHORIZE_CAPTURE), ScriptedDispenser())
+        while agent.journal.get(sale.sale_id).interaction_id is None:  # type: ignore[union-attr]
+            await asyncio.sleep(0.001)
+        assert await agent.sales.cancel(sale.sale_id)
+        event = await asyncio.wait_for(sale.result(), 10)
+    finally:
+        loop.set_task_factory(None)
+    assert event.state is SaleState.CANCELLED
+    assert len(made) == 1
+    assert asked == [agent.journal.get(sale.sale_id).interaction_id]  # type: ignore[union-attr]
+
+
 @pytest.mark.parametrize("flow", [Flow.CHARGE_CARD, Flow.AUTHORIZE_CAPTURE])
 async def test_a_sales_end_is_the_event_its_listeners_heard_made_once(
     agent: Agent, flow: Flow
