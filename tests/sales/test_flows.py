@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import errno
+import json
 import sqlite3
 import time
 from collections import Counter
@@ -649,6 +650,49 @@ async def test_a_card_read_nobody_cancels_makes_no_task_to_watch_for_a_cancel(
     assert event.state is SaleState.CANCELLED
     assert len(made) == 1
     assert asked == [agent.journal.get(sale.sale_id).interaction_id]  # type: ignore[union-attr]
+
+
+async def test_the_card_waits_unsubscribe_is_sent_once_no_customer_waits(agent: Agent) -> None:
+    cable = agent.service.terminal.cable
+    machine = ScriptedDispenser(delay=0.3)  # the terminal is held while the machine vends
+    sale = await agent.sales.start(request(250, Flow.AUTHORIZE_CAPTURE), machine)
+    while not machine.authorized:  # approved: the card wait is over, the machine vends
+        await asyncio.sleep(0.005)
+    connection = cable._connection
+    assert connection is not None
+    interaction_id = agent.journal.get(sale.sale_id).interaction_id  # type: ignore[union-attr]
+    assert [json.loads(left)["channel"] for left in connection.leaving] == [
+        f"terminal_job:{interaction_id}"
+    ]  # not said on the way from the card to the approve
+    event = await asyncio.wait_for(sale.result(), 10)
+    assert event.state is SaleState.COMPLETED
+    await asyncio.sleep(0)  # the terminal released: the frame goes at the loop's next turns
+    for _ in range(20):
+        if not connection.leaving:
+            break
+        await asyncio.sleep(0.005)
+    assert connection.leaving == []
+
+
+async def test_what_waits_for_no_customer_is_called_once_the_terminal_is_released(
+    agent: Agent, caplog: pytest.LogCaptureFixture
+) -> None:
+    called: list[str] = []
+    agent.sales.when_no_customer_waits(lambda: called.append("idle"))  # none held: at once
+    assert called == ["idle"]
+    machine = ScriptedDispenser(delay=0.2)
+    sale = await agent.sales.start(request(250, Flow.AUTHORIZE_CAPTURE), machine)
+
+    def broken() -> None:
+        raise RuntimeError("a bug in a callback")
+
+    agent.sales.when_no_customer_waits(broken)  # said, and never the release's own failure
+    agent.sales.when_no_customer_waits(lambda: called.append("released"))
+    assert called == ["idle"]  # the sale holds its terminal
+    event = await asyncio.wait_for(sale.result(), 10)
+    assert event.state is SaleState.COMPLETED
+    assert called == ["idle", "released"]
+    assert "work that waited for no customer to wait failed" in caplog.text
 
 
 @pytest.mark.parametrize("flow", [Flow.CHARGE_CARD, Flow.AUTHORIZE_CAPTURE])
