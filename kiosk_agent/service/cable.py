@@ -7,7 +7,8 @@ a WebSocket handshake of its own.
 - The cable opens on first need: a fresh single-use token (``POST /api/ws-token``), connect
   ``{ws_url}/cable?token=``, wait for ``welcome``. A redirect answering the upgrade is refused,
   not followed (``redirects.py``): this wait polls. Each wait subscribes ``terminal_job:<id>`` on
-  it and unsubscribes when done. Server pings (every 3 s) prove the socket alive; silence for
+  it and unsubscribes when done (the frame once no customer waits for a machine's answer:
+  :attr:`Cable.leave_when`). Server pings (every 3 s) prove the socket alive; silence for
   :data:`STALE_AFTER` seconds counts as a drop.
 - With no subscription left it lingers :data:`CABLE_LINGER` seconds for the next sale, then
   closes, so an idle agent is not woken by the pings. A dropped cable is not reopened by itself:
