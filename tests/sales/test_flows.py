@@ -32,8 +32,10 @@ from kiosk_agent.sales.model import (
 )
 from kiosk_agent.sales.runner import TerminalBusy
 from kiosk_agent.sales.states import SaleState
+from kiosk_agent.service import cable as cable_module
 from kiosk_agent.service.models import TransactionFilter, TransStatus
 from tests.assembly.agent_helpers import ScriptedDispenser
+from tests.helpers import until
 from tests.sales.test_journal import FailingCommits, new_sale
 from tests.service.test_cable import sim_call
 
@@ -652,26 +654,33 @@ async def test_a_card_read_nobody_cancels_makes_no_task_to_watch_for_a_cancel(
     assert asked == [agent.journal.get(sale.sale_id).interaction_id]  # type: ignore[union-attr]
 
 
-async def test_the_card_waits_unsubscribe_is_sent_once_no_customer_waits(agent: Agent) -> None:
+async def test_the_card_waits_unsubscribe_is_sent_once_no_customer_waits(
+    agent: Agent, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(cable_module, "LEAVE_WAITS_FOR_CUSTOMER_S", 60.0)  # the release, not it
     cable = agent.service.terminal.cable
-    machine = ScriptedDispenser(delay=0.3)  # the terminal is held while the machine vends
+    machine = ScriptedDispenser()
+    vending, vended = asyncio.Event(), asyncio.Event()  # the terminal is held while it vends
+    real_dispense = machine.dispense
+
+    async def dispense(authorized_cents: int) -> DispenseOutcome:
+        vending.set()
+        await vended.wait()
+        return await real_dispense(authorized_cents)
+
+    machine.dispense = dispense  # type: ignore[method-assign]
     sale = await agent.sales.start(request(250, Flow.AUTHORIZE_CAPTURE), machine)
-    while not machine.authorized:  # approved: the card wait is over, the machine vends
-        await asyncio.sleep(0.005)
+    await asyncio.wait_for(vending.wait(), 10)  # approved: the card wait is over
     connection = cable._connection
     assert connection is not None
     interaction_id = agent.journal.get(sale.sale_id).interaction_id  # type: ignore[union-attr]
     assert [json.loads(left)["channel"] for left in connection.leaving] == [
         f"terminal_job:{interaction_id}"
     ]  # not said on the way from the card to the approve
+    vended.set()
     event = await asyncio.wait_for(sale.result(), 10)
     assert event.state is SaleState.COMPLETED
-    await asyncio.sleep(0)  # the terminal released: the frame goes at the loop's next turns
-    for _ in range(20):
-        if not connection.leaving:
-            break
-        await asyncio.sleep(0.005)
-    assert connection.leaving == []
+    await until(lambda: not connection.leaving)  # the terminal released: the frame goes
 
 
 async def test_what_waits_for_no_customer_is_called_once_the_terminal_is_released(
