@@ -31,6 +31,8 @@ class AuthorizeCaptureFlow(SaleFlow):
         card, ended = await self.read_card()
         if ended is not None:
             return ended
+        if self.request.chosen_at_machine:  # card first: tapped, the customer waits for C,START
+            self.customer_waits()
         amount = self.record.amount_cents
         result: ChargeResult | None = None
         for attempt in range(1, self.settings.retries + 2):

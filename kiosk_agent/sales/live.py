@@ -117,6 +117,15 @@ class SaleFlow(SaleSteps):
             await self.dispenser.deny(reason)
         except Exception:  # the contract says deny never raises; a broken platform must not
             _LOGGER.exception("sale %s: the dispenser failed to deny", self.record.sale_id)
+        self.customer_answered()
+
+    def customer_waits(self) -> None:
+        """The customer now waits for the machine's answer: captures of other sales wait."""
+        self.context.customers.waits(self.record.sale_id)
+
+    def customer_answered(self) -> None:
+        """The machine is told (approve or deny written), or the customer waits no more."""
+        self.context.customers.answered(self.record.sale_id)
 
     async def release_terminal(self, *, may_complete: bool) -> None:
         """What remains of the sale needs no terminal call: the next customer's sale may start
@@ -127,6 +136,7 @@ class SaleFlow(SaleSteps):
         a terminal call. Money given back gets no receipt. The sale's end releases it anyway."""
         if may_complete and await self._prints_receipt():
             return
+        self.customer_answered()  # the outcome is known: nobody waits on this sale
         release, self.on_release = self.on_release, None
         if release is not None:
             release()
@@ -175,8 +185,14 @@ class SaleFlow(SaleSteps):
             await self._deny(why)
             return DispenseOutcome(DispenseStatus.CANCELLED, detail=why)
         bound = self.settings.choice_timeout_for(self.request)
+        # C,START is written at the call's first step (the wake of a waiting capture comes a
+        # turn later); the customer waits again once they chose
+        self.customer_answered()
         try:
-            return await self.clock.wait_for(chooser.choose(funds_cents), bound)
+            chosen = await self.clock.wait_for(chooser.choose(funds_cents), bound)
+            if isinstance(chosen, Selection):
+                self.customer_waits()
+            return chosen
         except TimeoutError:
             why = f"session timeout: nothing selected within {bound:g} s"
         except Exception as err:
@@ -188,6 +204,9 @@ class SaleFlow(SaleSteps):
     async def _dispense(self, authorized_cents: int) -> DispenseOutcome:
         """Let the machine vend; an exception or no answer within the vend timeout is TIMEOUT."""
         bound = self.settings.vend_timeout_for(self.request)
+        # the approve (C,VEND) is written at the call's first step, before it waits: a capture
+        # woken here runs a turn later, after it
+        self.customer_answered()
         try:
             return await self.clock.wait_for(self.dispenser.dispense(authorized_cents), bound)
         except TimeoutError:

@@ -192,6 +192,8 @@ class SaleRunner:
         flow.open({"source": request.source, "product": request.product})
         self._holding[device] = flow
         self._none_held.clear()
+        if not request.chosen_at_machine:  # a vend request: the customer waits from now on
+            flow.customer_waits()
         task = asyncio.create_task(self._run(device, flow), name=f"sale-{sale_id}")
         sale = Sale(sale_id, order_id, device, task)
         self._live[sale_id] = (flow, sale)
@@ -260,6 +262,7 @@ class SaleRunner:
                                           "finishes it")
         finally:
             self._offer_ended(flow)
+            flow.customer_answered()
             self._release(device, flow.record.sale_id)
             del self._live[flow.record.sale_id]
 
@@ -320,6 +323,7 @@ class SaleRunner:
         """Refuse every new sale from now on: the first thing a stop does. ``until``: when the
         drain ends (Unix time), told to whoever is refused."""
         self._stopping = True
+        self.context.customers.stop()  # the drain sends the waiting captures at once
         if until is not None:
             self.stopping_until = until
 

@@ -20,6 +20,7 @@ from kiosk_agent.bus import EventBus
 from kiosk_agent.data_class import data_class, maker_from
 from kiosk_agent.moments import display_clock
 from kiosk_agent.money import format_cents
+from kiosk_agent.sales.answers import WaitingCustomers
 from kiosk_agent.sales.clock import SYSTEM_CLOCK, Clock
 from kiosk_agent.sales.deadlines import AnswerDeadlines
 from kiosk_agent.sales.journal import HeldStep, Journal, JournalError, SaleRecord
@@ -108,11 +109,14 @@ class SaleContext:
     lost_reads: LostReads = field(init=False)
     # when the attention sweeper looks next (sales/attention.py sets it)
     recheck: Recheck = field(init=False)
+    # the sales whose customer waits for the machine's answer: a capture waits for them
+    customers: WaitingCustomers = field(init=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "deadlines", AnswerDeadlines(self.clock))
         object.__setattr__(self, "lost_reads", LostReads(self.clock))
         object.__setattr__(self, "recheck", Recheck())
+        object.__setattr__(self, "customers", WaitingCustomers(self.clock))
 
 
 class CancelRequest(asyncio.Event):
@@ -600,7 +604,11 @@ class SaleSteps:
         return {"product": str(chosen)[:100]} if chosen and not self.record.product else {}
 
     async def capture(self, cents: int, vend: Mapping[str, Any] | None = None) -> SaleEvent:
-        """Capture the vended amount of an authorization (journaled first, reconciled on error)."""
+        """Capture the vended amount of an authorization (journaled first, reconciled on error).
+
+        The confirmed vend is on disk as soon as today; the capture itself is back-office work:
+        sent once no other customer waits for their machine's answer, a second at most
+        (sales/answers.py). A kill in that wait leaves CAPTURING for recovery to settle."""
         trans_id = self.record.trans_id
         if trans_id is None:
             raise RuntimeError(f"sale {self.record.sale_id}: a capture without a transaction id")
@@ -613,10 +621,15 @@ class SaleSteps:
             vended_cents=cents,
             **named,
         )
+        customers = self.context.customers
+        await customers.none_waiting()
         try:
             result = await self.service.payments.capture(trans_id, amount=cents)
         except ServiceError as err:
             return await self._capture_unclear(trans_id, cents, err)
+        # its completion's commit (an fsync) is back-office work too: a kill meanwhile leaves
+        # CAPTURING, and recovery finds the capture in reporting
+        await customers.none_waiting()
         return self._captured(result, cents)
 
     async def _capture_unclear(self, trans_id: str, cents: int, err: ServiceError) -> SaleEvent:

@@ -295,6 +295,36 @@ async def test_sigkill_with_a_capturing_sale_and_a_newer_one_on_its_terminal_end
     await assert_no_unearned_money(sim, sales, driver.markers)
 
 
+async def statuses_of(sim: Any, order_id: str) -> list[TransStatus]:
+    """What the service's reporting holds under an order id."""
+    async with ServiceClient(settings_from_ready(sim.ready_info())) as service:
+        query = TransactionFilter(order_id=order_id)
+        return [r.status async for r in service.reporting.transactions(query)]
+
+
+@pytest.mark.slow(seconds=6)
+async def test_sigkill_while_a_capture_waits_for_the_next_customers_answer_captures_it_once(
+    sim_factory: Any, drivers: WarmDrivers, tmp_path: Path
+) -> None:
+    # The first sale's vend is confirmed and its capture request (CAPTURING) on disk; its
+    # capture waits while the next customer waits for the machine's answer (sales/answers.py).
+    # Killed there (the next sale's card read accepted, many turns after the capture would
+    # have been sent before), nothing was sent: the next start captures it, exactly once.
+    sim = await sim_factory(time_scale=TIME_SCALE, seed=6, transactions=0)
+    driver = driver_on(sim, drivers, tmp_path)
+    assert await driver.run("overlap", "3") == "killed"
+    assert driver.steps == ["created", "read_card.request", "read_card.accepted"]
+    first, second = sorted(journaled_sales(tmp_path).values(), key=lambda s: s.created_at)
+    assert first.state is SaleState.CAPTURING
+    assert await statuses_of(sim, first.order_id) == [TransStatus.AUTHORIZED]  # not sent
+    assert await driver.run() == "done"  # the next start recovers both
+    sales = journaled_sales(tmp_path)
+    assert sales[first.sale_id].state is SaleState.COMPLETED, sales[first.sale_id].message
+    assert await statuses_of(sim, first.order_id) == [TransStatus.CAPTURED]
+    assert sales[second.sale_id].state is SaleState.FAILED
+    await assert_no_unearned_money(sim, sales, driver.markers)
+
+
 @pytest.mark.slow(seconds=23)
 async def test_sigkill_with_a_lost_authorization_and_a_newer_sale_on_its_terminal_ends_both(
     sim_factory: Any, drivers: WarmDrivers, tmp_path: Path

@@ -62,7 +62,8 @@ async def test_mdb_sales_through_the_agent(
         vended = await controller.customer("A2")
         declined = await controller.customer("D2")  # ..02 cents: the simulator declines
         failed = await controller.customer("B1", fail=True)
-        completed, refused, reversed_ = await collector
+        # in the customers' order: a capture waits while the next customer waits for an answer
+        completed, refused, reversed_ = sorted(await collector, key=lambda e: e.created_at)
 
         assert vended.outcome is VisitOutcome.VENDED
         assert completed.state is SaleState.COMPLETED
@@ -262,6 +263,8 @@ async def test_hundreds_of_sales_through_the_agent_none_lost_none_doubled_nothin
     assert len(finals) == count
     assert len({f.sale_id for f in finals}) == count
     assert len({f.order_id for f in finals}) == count
+    # in the customers' order: a capture waits while the next customer waits for an answer
+    finals.sort(key=lambda f: f.created_at)
     for visit, final in zip(controller.visits, finals, strict=True):
         assert final.product == visit.product
         expected = {

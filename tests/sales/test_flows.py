@@ -901,3 +901,43 @@ async def test_a_disk_that_fails_the_capture_requests_fsync_sends_no_capture_unt
     assert steps[restored - 1 : restored + 2] == [
         "capture.request", "journal.restored", "capture.request"]
     assert steps[-1] == "completed"
+
+
+class WaitWitness(ChoosingMachine):
+    """A machine that notes how many customers wait for an answer when it is told something."""
+
+    def __init__(self, agent: Agent, clock: FakeClock, choice: Selection) -> None:
+        super().__init__(clock, choice, 1.0)
+        self.customers = agent.sales.context.customers
+        self.told: list[tuple[str, int]] = []
+
+    async def choose(self, funds_cents: int) -> Selection | DispenseOutcome:
+        self.told.append(("C,START", self.customers.waiting()))
+        return await super().choose(funds_cents)
+
+    async def dispense(self, authorized_cents: int) -> DispenseOutcome:
+        self.told.append(("C,VEND", self.customers.waiting()))
+        return await super().dispense(authorized_cents)
+
+
+@pytest.mark.parametrize("card_first", [False, True], ids=["selection-first", "card-first"])
+async def test_a_customer_waits_from_their_request_until_the_machine_is_told(
+    agent_factory: Any, card_first: bool
+) -> None:
+    # What a released sale's capture waits for (sales/answers.py): selection first, from the
+    # vend request on; card first, only once the card is tapped (an offer waiting for a card is
+    # nobody's wait); never once the machine has its answer, nor after the sale.
+    clock = FakeClock(wall=time.time())
+    agent = await agent_factory(clock=clock)
+    machine = WaitWitness(agent, clock, Selection("B2", 275))
+    waiting_at: dict[str, int] = {}
+    agent.events.listen(
+        lambda event: waiting_at.setdefault(event.step, agent.sales.context.customers.waiting()))
+    event = await clock.run(sell(agent, 500, machine, flow=Flow.AUTHORIZE_CAPTURE,
+                                 chosen_at_machine=card_first))
+    assert event.state is SaleState.COMPLETED
+    assert waiting_at["read_card.accepted"] == (0 if card_first else 1)
+    assert waiting_at["authorize.request"] == 1
+    assert waiting_at["dispense.request"] == 0  # published after C,VEND
+    assert machine.told == ([("C,START", 0)] if card_first else []) + [("C,VEND", 0)]
+    assert agent.sales.context.customers.waiting() == 0

@@ -255,3 +255,117 @@ async def test_a_sale_whose_charge_card_answer_was_lost_keeps_the_terminal_until
     assert ended.state is SaleState.REVERSED, ended.message
     [charged] = await ledger(agent, first.order_id)
     assert charged.status is TransStatus.VOIDED
+
+
+# -- a released sale's capture waits for the next customer's answer (issue 33, i36-defer) ----
+
+
+def captures_sent_at(agent: Agent, clock: FakeClock) -> list[float]:
+    """When (the sale clock) each capture is sent from now on."""
+    sent: list[float] = []
+    capture = agent.service.payments.capture
+
+    async def timed(*args: Any, **kwargs: Any) -> Any:
+        sent.append(clock.monotonic())
+        return await capture(*args, **kwargs)
+
+    agent.service.payments.capture = timed  # type: ignore[method-assign]
+    return sent
+
+
+async def capture_waits_behind_a_waiting_customer(
+    agent_factory: Any, sim_factory: Any
+) -> tuple[FakeClock, Agent, Any, Any, list[float]]:
+    """Back to back: the first customer's vend confirmed, the terminal released, the next
+    customer's sale starts (a card that never comes, ..05: a customer who keeps waiting for
+    the machine's answer). The first sale's confirmed vend is on disk; its capture waits."""
+    clock = FakeClock(wall=time.time())
+    sim = await sim_factory(time_scale=30, transactions=0)  # the read lives 6 s, not 0.6
+    agent = await agent_factory(sim=sim, clock=clock)
+    sent = captures_sent_at(agent, clock)
+    first = await agent.sales.start(vend(), ScriptedDispenser(vended_cents=300))
+    await asyncio.wait_for(first.terminal_released(), 5)
+    second = await agent.sales.start(vend(305), ScriptedDispenser())
+    await until(lambda: state_of(agent, first.sale_id) is SaleState.CAPTURING)
+    # the capture's wait is armed on the sale clock: a second from the request on disk
+    await until(lambda: clock.monotonic() + 1.0 in clock.pending())
+    return clock, agent, first, second, sent
+
+
+async def test_a_released_sales_capture_and_its_completion_wait_a_second_each_at_most(
+    agent_factory: Any, sim_factory: Any
+) -> None:
+    # A customer waiting for the machine's answer comes before back-office work, for a second
+    # at most: a stream of customers never starves a capture.
+    clock, agent, first, second, sent = await capture_waits_behind_a_waiting_customer(
+        agent_factory, sim_factory)
+    began = clock.monotonic()
+    await clock.advance(0.99)
+    for _ in range(20):  # turns of the loop: nothing else would send it
+        await asyncio.sleep(0)
+    assert sent == []
+    assert state_of(agent, first.sale_id) is SaleState.CAPTURING
+    await clock.advance(0.01)
+    await until(lambda: sent != [])
+    assert sent == [pytest.approx(began + 1.0)]
+    # answered while the customer still waits: its completion's commit (an fsync) waits too,
+    # a second at most; the service holds the capture meanwhile, the journal CAPTURING
+    await until(lambda: clock.monotonic() + 1.0 in clock.pending())
+    assert state_of(agent, first.sale_id) is SaleState.CAPTURING
+    [row] = await ledger(agent, first.order_id)
+    assert row.status is TransStatus.CAPTURED
+    await clock.advance(1.0)
+    final = await asyncio.wait_for(first.result(), 5)
+    assert final.state is SaleState.COMPLETED
+    assert not second.task.done()  # the customer still waits: ended at the bound, not after
+    await agent.sales.cancel(second.sale_id)
+    assert (await asyncio.wait_for(second.result(), 5)).state is SaleState.CANCELLED
+    [row] = await ledger(agent, first.order_id)
+    assert row.status is TransStatus.CAPTURED
+
+
+async def test_a_waiting_capture_is_sent_as_soon_as_the_waiting_customer_is_answered(
+    agent_factory: Any, sim_factory: Any
+) -> None:
+    clock, agent, first, second, sent = await capture_waits_behind_a_waiting_customer(
+        agent_factory, sim_factory)
+    began = clock.monotonic()
+    assert await agent.sales.cancel(second.sale_id)  # the machine is told no: answered
+    final = await asyncio.wait_for(first.result(), 5)
+    assert final.state is SaleState.COMPLETED
+    assert sent == [began]  # the sale clock never moved: not the bound
+    assert (await asyncio.wait_for(second.result(), 5)).state is SaleState.CANCELLED
+
+
+async def test_a_stop_sends_the_waiting_captures_at_once_and_once(
+    agent_factory: Any, sim_factory: Any
+) -> None:
+    # SIGTERM: the drain hears every sale to its end; a waiting capture is sent then, not
+    # left to the bound, not dropped, not sent twice.
+    clock, agent, first, second, sent = await capture_waits_behind_a_waiting_customer(
+        agent_factory, sim_factory)
+    began = clock.monotonic()
+    agent.sales.close()
+    final = await asyncio.wait_for(first.result(), 5)
+    assert final.state is SaleState.COMPLETED
+    assert sent == [began]
+    agent.sales.cancel_unpaid()
+    await asyncio.wait_for(second.result(), 5)
+    [row] = await ledger(agent, first.order_id)
+    assert row.status is TransStatus.CAPTURED
+    assert len(sent) == 1
+
+
+async def test_a_lone_customers_capture_is_not_delayed(agent_factory: Any) -> None:
+    # Nobody else waits for an answer: the capture goes as soon as its request is on disk, the
+    # sale clock never moved (a wait for the bound would never end: this clock moves only when
+    # told to).
+    clock = FakeClock(wall=time.time())
+    agent = await agent_factory(clock=clock)
+    sent = captures_sent_at(agent, clock)
+    began = clock.monotonic()
+    sale = await agent.sales.start(vend(), ScriptedDispenser(vended_cents=300))
+    final = await asyncio.wait_for(sale.result(), 5)
+    assert final.state is SaleState.COMPLETED
+    assert sent == [began]
+    assert agent.sales.context.customers.waiting() == 0
