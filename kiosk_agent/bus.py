@@ -52,8 +52,10 @@ class Subscription(Generic[T]):
     def put_nowait(self, item: T) -> None:
         """Queue ``item`` and wake every reader (each looks again: one takes it, the others
         wait on); :class:`asyncio.QueueFull` when full (the bus drops the oldest first).
-        Handed to :attr:`deliver` instead when nothing waits before it and it takes it."""
-        if self.deliver is not None and not self._items and self.deliver(item):
+        Handed to :attr:`deliver` instead when nothing waits before it, no loss is still to be
+        said, and it takes it."""
+        # not after a loss (a queue of one just dropped its only event): its reader says it first
+        if self.deliver is not None and not self._items and not self._missed and self.deliver(item):
             return
         if 0 < self.maxsize <= len(self._items):
             raise asyncio.QueueFull
