@@ -23,8 +23,10 @@ from kiosk_agent.bus import Subscription
 from kiosk_agent.platforms.kiosk_api import event_json, event_text
 from kiosk_agent.sales.model import SaleEvent
 from kiosk_agent.sales.states import SaleState
+from kiosk_agent.service.models import TransStatus
+from tests.assembly.test_slow_service import ledger
 
-from ..helpers import until
+from ..helpers import ErrorLog, until
 from .test_kiosk_api import TOKEN, App, _app, _no_stream
 
 
@@ -177,3 +179,71 @@ def test_a_frames_text_is_main_s_json_dumps_of_the_step(
                       amount_cents=cents, captured_cents=captured, product=product,
                       terminal=terminal, message=message, at=at)  # fmt: skip
     assert event_text(event) == json.dumps(event_json(event))
+
+
+async def test_a_capture_waiting_for_another_customer_keeps_its_sales_stream_until_it_is_sent(
+    tmp_path: Path, sim_settings: Any
+) -> None:
+    """i36-defer meets i36-sale: a kiosk API sale's capture waits while another customer of this
+    agent waits for their machine's answer. Its own stream (written at once, the app silent)
+    stays open through the wait, then gets the capture's end in order, and closes; the app-wide
+    stream hears the same end; one capture at the service."""
+    async for app in _app(tmp_path, sim_settings, confirm_dispense=True, flow="authorize_capture"):
+        customers = app.api.agent.sales.context.customers
+        _, started = await app.post("/sales", {"product": "coffee"})
+        sale_id = started["sale_id"]
+        async with (
+            app.session.ws_connect(f"{app.base}/events?token={TOKEN}") as everything,
+            app.sale_stream(sale_id) as own,
+        ):
+            seen: list[dict[str, Any]] = []
+            while not seen or seen[-1]["state"] != "dispensing":
+                seen.append(await asyncio.wait_for(own.receive_json(), 10))
+            customers.waits("another machine's customer")
+            status, _ = await app.post(f"/sales/{sale_id}/dispensed", {"status": "vended"})
+            assert status == 202
+            seen.append(await asyncio.wait_for(own.receive_json(), 10))
+            assert seen[-1]["state"] == "capturing"
+            for _ in range(20):
+                await asyncio.sleep(0)
+            assert not app.api._latest[sale_id].state.final  # the capture waits
+            assert len(app.api._sockets) == 2  # its stream with it
+            customers.answered("another machine's customer")
+            seen.extend(await asyncio.wait_for(_read_all(own), 10))
+            everything_seen = [await asyncio.wait_for(everything.receive_json(), 10)]
+            while not everything_seen[-1]["final"]:
+                everything_seen.append(await asyncio.wait_for(everything.receive_json(), 10))
+        assert [f["state"] for f in seen][-2:] == ["capturing", "completed"]
+        assert not any("gap" in f for f in seen)
+        assert seen[-1]["captured_cents"] == 250
+        assert everything_seen[-1] == seen[-1]
+        await until(functools.partial(_no_stream_nor_slot, app))
+        [charged] = await ledger(app.api.agent, started["order_id"])
+        assert charged.status is TransStatus.CAPTURED
+
+
+async def test_the_agent_stopping_under_a_silent_apps_sale_stream_closes_it_and_stops(
+    tmp_path: Path, sim_settings: Any
+) -> None:
+    """A sale waits for a card, its app silent on its stream (steps written at once): the agent
+    stops. The stream closes after the sale's end (the stop cancels an unpaid sale) or with 1001,
+    nothing after an end; the stop does not hang on it, and nothing is logged as an error."""
+    errors = ErrorLog()
+    try:
+        async with aiohttp.ClientSession() as own_session:  # not closed by the agent's stop
+            running = _app(tmp_path, sim_settings)
+            app = App((await anext(running)).api, own_session)
+            _, started = await app.post("/sales", {"amount": 305, "flow": "authorize_capture"})
+            ws = await app.sale_stream(started["sale_id"])
+            reader = asyncio.create_task(_read_all(ws))
+            await until(lambda: bool(app.api._sockets))
+            await asyncio.wait_for(running.aclose(), 30)
+            frames = await asyncio.wait_for(reader, 10)
+    finally:
+        errors.close()
+    assert frames, "not even the step it joined at"
+    # its end first (the stop cancels an unpaid sale), then a normal close; else the 1001
+    assert ws.close_code == (1000 if frames[-1]["final"] else 1001), (ws.close_code, frames)
+    assert frames[-1]["state"] in ("cancelled", "reading_card", "started")
+    assert all(not f["final"] for f in frames[:-1])
+    assert errors.records == []
