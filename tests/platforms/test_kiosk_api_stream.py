@@ -247,3 +247,22 @@ async def test_the_agent_stopping_under_a_silent_apps_sale_stream_closes_it_and_
     assert frames[-1]["state"] in ("cancelled", "reading_card", "started")
     assert all(not f["final"] for f in frames[:-1])
     assert errors.records == []
+
+
+async def test_a_bad_websocket_handshake_gives_its_stream_slot_back(app: App) -> None:
+    """The slot is taken before the 101 (a small class now, not a generator context manager): a
+    handshake aiohttp refuses raises inside it; the slot is given back, and the API serves on."""
+    sale_id = "attack-handshake"
+    app.api._follow(_step(app, sale_id, 0))
+    headers = {"Upgrade": "websocket", "Connection": "Upgrade", "Sec-WebSocket-Version": "13"}
+    for _ in range(3):  # no Sec-WebSocket-Key: refused
+        async with app.session.get(
+            f"{app.base}/sales/{sale_id}/events?token={TOKEN}", headers=headers
+        ) as response:
+            assert response.status == 400
+    assert app.api._site.streams == 0
+    assert not app.api._sockets
+    app.api._follow(_step(app, sale_id, 1, SaleState.COMPLETED))
+    status, latest = await app.get(f"/sales/{sale_id}")
+    assert status == 200
+    assert latest["state"] == "completed"
