@@ -120,3 +120,30 @@ async def test_a_subscription_whose_body_raises_is_left_and_its_deliver_no_longe
     assert delivered == ["charging"]
     assert bus.subscriber_count == 0
     assert not bus.reaches("s1")
+
+
+@pytest.mark.parametrize("how", ["get", "next"])
+async def test_a_reader_woken_then_cancelled_leaves_the_event_to_the_other_reader(how: str) -> None:
+    """asyncio.Queue handed a cancelled getter's wake-up to the next one; the deque wakes every
+    reader instead: one cancelled after its wake-up (before it ran) loses no event."""
+    queue: Subscription[str] = Subscription(8)
+    stop = asyncio.get_running_loop().create_future()
+
+    def read() -> asyncio.Future[str | None]:
+        return asyncio.ensure_future(queue.get() if how == "get" else queue.next(stop))
+
+    first, second = read(), read()
+    await asyncio.sleep(0)
+    queue.put_nowait("completed")
+    first.cancel()  # woken, not yet run
+    assert await asyncio.wait_for(second, 1) == "completed"
+    assert first.cancelled()
+    third = read()
+    await asyncio.sleep(0)
+    third.cancel()  # alone, cancelled while it waits: nothing taken, nobody left waiting
+    queue.put_nowait("receipt")
+    with pytest.raises(asyncio.CancelledError):
+        await third
+    assert queue.get_nowait() == "receipt"
+    assert queue._readers == []
+    assert not stop.done()
