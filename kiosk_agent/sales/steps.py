@@ -606,7 +606,7 @@ class SaleSteps:
     async def capture(self, cents: int, vend: Mapping[str, Any] | None = None) -> SaleEvent:
         """Capture the vended amount of an authorization (journaled first, reconciled on error).
 
-        The confirmed vend is on disk as soon as today; the capture itself is back-office work:
+        The confirmed vend is on disk as early as before; the capture itself is back-office work:
         sent once no other customer waits for their machine's answer, a second at most
         (sales/answers.py). A kill in that wait leaves CAPTURING for recovery to settle."""
         trans_id = self.record.trans_id
