@@ -16,6 +16,7 @@ from kiosk_agent.sales.model import Flow, SaleEvent
 from kiosk_agent.sales.states import SaleState
 from kiosk_agent.sales.steps import CancelRequest
 from tests.assembly.agent_helpers import ScriptedDispenser
+from tests.helpers import ErrorLog, until
 from tests.sales.test_flows import request
 
 NO_CARD, CARD = 305, 250  # the simulator's cents: ..05 no card comes (it expires); else approved
@@ -149,3 +150,42 @@ def test_a_cancel_request_calls_each_listener_once_and_not_after_it_is_forgotten
         assert await asyncio.wait_for(waiter, 1)
 
     asyncio.run(run())
+
+
+@pytest.mark.parametrize("cancelled_first", [False, True])
+async def test_a_stop_during_the_card_read_cancels_it_once_and_leaves_no_task(
+    agent: Agent, monkeypatch: pytest.MonkeyPatch, cancelled_first: bool
+) -> None:
+    """The agent stops while a read waits for a card (the stop cancels an unpaid sale: the
+    same CancelRequest), after the customer's own cancel too, made in the same turn: the sale
+    ends CANCELLED, the terminal is asked once, the stop returns, no cancel task is left."""
+    terminal = agent.service.terminal
+    real_cancel = terminal.cancel
+    asked: list[str] = []
+
+    async def cancel(device_id: str, interaction_id: str) -> Any:
+        asked.append(interaction_id)
+        return await real_cancel(device_id, interaction_id)
+
+    monkeypatch.setattr(terminal, "cancel", cancel)
+    errors = ErrorLog()
+    try:
+        machine = ScriptedDispenser()
+        sale = await agent.sales.start(request(NO_CARD, Flow.AUTHORIZE_CAPTURE), machine)
+        await until(lambda: _interaction_of(agent, sale.sale_id) is not None)
+        interaction_id = _interaction_of(agent, sale.sale_id)
+        if cancelled_first:
+            assert await agent.sales.cancel(sale.sale_id)
+        await asyncio.wait_for(agent.stop(), 20)
+        event = await asyncio.wait_for(sale.result(), 5)
+    finally:
+        errors.close()
+    assert event.state is SaleState.CANCELLED, event
+    assert asked == [interaction_id]
+    assert _cancel_reads_left() == []
+    assert errors.records == []
+
+
+def _interaction_of(agent: Agent, sale_id: str) -> str | None:
+    record = agent.journal.get(sale_id)
+    return None if record is None else record.interaction_id
