@@ -3,8 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import collections
+import sys
+import types
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from kiosk_agent.bus import EventBus, Subscription
 
@@ -114,3 +119,118 @@ async def test_a_keyed_subscriber_with_a_filter_gets_only_its_keys_events_it_wan
         bus.publish("approved", "s1")
         assert mine.get_nowait() == "approved"
         assert mine.empty()
+
+
+@given(st.lists(st.one_of(st.integers(0, 99), st.none()), max_size=40), st.integers(1, 4))
+def test_a_subscription_keeps_the_newest_and_counts_each_loss_before_the_next_taken(
+    script: list[int | None], size: int
+) -> None:
+    # the queue a stream reads, against a model of it: a number is published, None is a take
+    asyncio.run(_follow_script(script, size))
+
+
+async def _follow_script(script: list[int | None], size: int) -> None:
+    bus: EventBus[int] = EventBus(queue_size=size)
+    kept: collections.deque[int] = collections.deque()
+    lost = every_loss = 0
+    async with bus.subscribe() as queue:
+        for item in script:
+            if item is not None:
+                bus.publish(item)
+                if len(kept) == size:
+                    kept.popleft()
+                    lost += 1
+                    every_loss += 1
+                kept.append(item)
+            elif kept:
+                assert queue.get_nowait() == kept.popleft()
+                assert queue.take_missed() == lost
+                lost = 0
+            else:
+                with pytest.raises(asyncio.QueueEmpty):
+                    queue.get_nowait()
+            assert queue.qsize() == len(kept)
+            assert queue.full() == (len(kept) == size)
+    assert bus.dropped == every_loss
+
+
+async def test_a_get_waits_for_the_next_event_and_a_cancelled_one_takes_nothing() -> None:
+    bus: EventBus[str] = EventBus()
+    async with bus.subscribe() as queue:
+        given_up = asyncio.ensure_future(queue.get())
+        await asyncio.sleep(0)
+        given_up.cancel()
+        await asyncio.sleep(0)
+        waiting = asyncio.ensure_future(queue.get())
+        await asyncio.sleep(0)
+        bus.publish("approved")
+        assert await waiting == "approved"
+        assert queue.empty()
+
+
+async def test_an_event_reaches_a_subscriber_and_is_taken_in_a_few_python_calls() -> None:
+    # asyncio.Queue under a subscription made a put and a take a dozen Python calls (its full(),
+    # qsize(), _put, _get and _wakeup_next hooks, ours over them): five or six a sale's stream
+    bus: EventBus[str] = EventBus()
+    calls: list[str] = []
+
+    def count(frame: types.FrameType, event: str, _arg: object) -> None:
+        if event == "call":
+            calls.append(frame.f_code.co_name)
+
+    async with bus.subscribe(key="s1") as queue:
+        sys.setprofile(count)
+        try:
+            bus.publish("approved", "s1")
+            taken = queue.get_nowait()
+            missed = queue.take_missed()
+        finally:
+            sys.setprofile(None)
+    assert (taken, missed) == ("approved", 0)
+    assert len(calls) <= 6, calls
+
+
+async def test_a_subscription_is_entered_and_left_in_a_few_python_calls() -> None:
+    # a generator context manager (asynccontextmanager) around an asyncio.Queue took 15 Python
+    # calls to enter and leave: a kiosk API sale's own stream opens one
+    bus: EventBus[str] = EventBus()
+    calls: list[str] = []
+
+    def count(frame: types.FrameType, event: str, _arg: object) -> None:
+        if event == "call":
+            calls.append(frame.f_code.co_name)
+
+    sys.setprofile(count)
+    try:
+        async with bus.subscribe(key="s1"):
+            assert bus.reaches("s1")
+    finally:
+        sys.setprofile(None)
+    assert not bus.reaches("s1")
+    assert len(calls) <= 8 + 2, calls  # and the two looks of reaches()
+
+
+async def test_a_listener_of_some_kinds_is_not_called_on_the_others() -> None:
+    # availability's listener wants a failed end and attention's an ended sale, yet each was
+    # called on every step of every sale: two Python calls a step for nothing
+    bus: EventBus[str] = EventBus(kind=len)
+    heard: list[str] = []
+    every: list[str] = []
+    stop = bus.listen(heard.append, kinds={3})
+    bus.listen(every.append)
+    for event in ("one", "three", "six", "seven"):
+        bus.publish(event)
+    assert heard == ["one", "six"]
+    assert every == ["one", "three", "six", "seven"]
+    stop()
+    bus.publish("two")
+    assert heard == ["one", "six"]
+    assert bus.subscriber_count == 1
+
+
+async def test_kinds_are_a_hint_a_bus_without_a_kind_calls_every_listener() -> None:
+    bus: EventBus[str] = EventBus()
+    heard: list[str] = []
+    bus.listen(heard.append, kinds={3})
+    bus.publish("three")
+    assert heard == ["three"]

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import operator
 import sqlite3
 import threading
 import time
@@ -179,7 +180,8 @@ class Agent:
         # one agent per journal: claimed before anything reads it, let go after it is closed
         self.owner = owner or JournalLock(self.journal.path)
         self._journal_watch = BackgroundTask(self._watch_journal, "journal-watch")
-        self.events: EventBus[SaleEvent] = EventBus()
+        # the state a step reached names its kind: listeners of some states only skip the rest
+        self.events: EventBus[SaleEvent] = EventBus(kind=operator.attrgetter("state"))
 
     def _assemble_health(self, health_conf: Mapping[str, Any]) -> None:
         """Health, the agent's event log, out of service per terminal, and the checker."""
@@ -223,6 +225,8 @@ class Agent:
             unit=self.unit,
         )
         self.sales = SaleRunner(context)
+        # a card wait's unsubscribe frame is sent once no customer waits for an answer
+        self.service.terminal.cable.leave_when = self.sales.when_no_customer_waits
         self.recovery = Recovery(context, runner=self.sales)
         self.attention = AttentionSweeper(context, interval=sales_conf["attention_recheck"])
         # a step that cannot be written, a journal lost or damaged, a charge it does not hold

@@ -309,7 +309,8 @@ class Availability:
             self.wake()
 
     async def follow_sales(self, events: EventBus[SaleEvent]) -> None:
-        await events.listen_until_cancelled(self.on_sale_event)  # called as each step is published
+        # called as each step is published; only on a suspect end where the bus knows states
+        await events.listen_until_cancelled(self.on_sale_event, kinds=_SUSPECT_ENDS)
 
     # -- inside --------------------------------------------------------------------------------
 

@@ -82,6 +82,8 @@ def late_charge_watched(clock: Clock, record: SaleRecord, extra: float = 0.0) ->
 # What a sweep meets in the field and tries again at the next one: the service failing or
 # unreachable, the journal's disk. Anything else is a bug.
 _OUTSIDE_FAULTS = (ServiceError, JournalError, sqlite3.Error)
+# the steps _seen acts on: a sale into attention, or ended (out of it, or never in it)
+_ATTENTION_OR_ENDED = frozenset(s for s in SaleState if s is SaleState.ATTENTION or s.final)
 
 
 @data_class(slots=True)
@@ -313,7 +315,7 @@ class OutsideResolutions:
         self._stop_listening: Callable[[], None] | None = None
 
     def start(self) -> None:
-        self._stop_listening = self.events.listen(self._seen)
+        self._stop_listening = self.events.listen(self._seen, kinds=_ATTENTION_OR_ENDED)
         try:
             self._version = self.journal.outside_writes()
             self._attention = {r.sale_id for r in self.journal.attention_sales()}

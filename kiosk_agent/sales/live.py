@@ -37,7 +37,7 @@ from kiosk_agent.sales.model import (
 )
 from kiosk_agent.sales.receipts import prints_on_terminal, send_receipts
 from kiosk_agent.sales.states import ReportingSteps, SaleState, Step
-from kiosk_agent.sales.steps import UNCONFIRMED, SaleContext, SaleSteps, event_of
+from kiosk_agent.sales.steps import UNCONFIRMED, CancelRequest, SaleContext, SaleSteps, event_of
 from kiosk_agent.service.errors import (
     ConflictError,
     ServerError,
@@ -66,7 +66,7 @@ class SaleFlow(SaleSteps):
         super().__init__(record, context)
         self.request = request
         self.dispenser = dispenser
-        self.cancelled = asyncio.Event()
+        self.cancelled = CancelRequest()  # the runner's cancel sets it
         self._denied = False
         # the runner's: the terminal is free for the next sale (called once, by release_terminal)
         self.on_release: Callable[[], None] | None = None

@@ -119,6 +119,43 @@ class SaleContext:
         object.__setattr__(self, "customers", WaitingCustomers(self.clock))
 
 
+class CancelRequest(asyncio.Event):
+    """A sale's cancel request: an :class:`asyncio.Event` that also calls back at once whoever
+    listens (:meth:`when_set`), so that a wait a cancel may end needs no task of its own
+    watching it (a task made and stopped on every card read, two loop turns, in the window
+    between the vend request and the approve)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._listeners: list[Callable[[], None]] = []
+
+    def set(self) -> None:
+        if self.is_set():
+            return
+        super().set()
+        listeners, self._listeners = self._listeners, []
+        for listener in listeners:
+            listener()
+
+    def when_set(self, listener: Callable[[], None]) -> Callable[[], None]:
+        """Call ``listener`` once when the request is set (now, if it is); returns the way to
+        stop listening."""
+        if self.is_set():
+            listener()
+            return _nothing
+        self._listeners.append(listener)
+
+        def forget() -> None:
+            with contextlib.suppress(ValueError):
+                self._listeners.remove(listener)
+
+        return forget
+
+
+def _nothing() -> None:
+    """Nothing to forget."""
+
+
 class SaleSteps:
     """One sale's journal-then-act helpers, shared by the flows and by recovery."""
 
@@ -427,7 +464,7 @@ class SaleSteps:
     # -- waiting for a card ----------------------------------------------------------------------
 
     async def wait_interaction(
-        self, handle: Any, kind: InteractionKind, cancelled: asyncio.Event | None = None
+        self, handle: Any, kind: InteractionKind, cancelled: CancelRequest | None = None
     ) -> Interaction | None:
         """The interaction's final record; None when it could not be learned in time.
 
@@ -435,20 +472,25 @@ class SaleSteps:
         """
         # The sale's own task waits for the card: its end wakes the flow in one loop turn (a
         # task of its own raced against the cancel by asyncio.wait took three, on the path from
-        # the card to the vend). A cancel asks the terminal to end the read, which ends the wait.
+        # the card to the vend). A cancel asks the terminal to end the read, which ends the wait:
+        # the task that asks is made by the cancel itself, so a read nobody cancels makes none.
         asked = False  # the terminal was asked to cancel: that call is heard to its end
+        canceller: asyncio.Task[None] | None = None
 
-        async def cancel_read_when_cancelled(cancelled: asyncio.Event) -> None:
+        async def cancel_read() -> None:
             nonlocal asked
-            await cancelled.wait()
             interaction_id = self.record.interaction_id
             if interaction_id:
                 asked = True
                 with contextlib.suppress(ServiceError):  # the read's own end decides
                     await self.service.terminal.cancel(self.device, interaction_id)
 
-        canceller = (
-            asyncio.ensure_future(cancel_read_when_cancelled(cancelled))
+        def on_cancel() -> None:  # in the canceller's call: the terminal is asked a turn later
+            nonlocal canceller
+            canceller = asyncio.ensure_future(cancel_read())
+
+        forget = (
+            cancelled.when_set(on_cancel)
             if cancelled is not None and kind is InteractionKind.READ_CARD
             else None
         )
@@ -461,10 +503,11 @@ class SaleSteps:
             _LOGGER.info("sale %s: waiting for the card ended: %s", self.record.sale_id, err)
             return await self.interaction_status(kind)
         finally:
+            if forget is not None:
+                forget()
             if canceller is not None:
                 # a read that ended first is not cancelled after it (nor a cancel cut short);
-                # one never asked holds nothing: told to stop, not waited for (two loop turns
-                # between the card and the authorization's commit)
+                # one never asked holds nothing: told to stop, not waited for
                 if asked:
                     await canceller
                 else:
@@ -563,7 +606,7 @@ class SaleSteps:
     async def capture(self, cents: int, vend: Mapping[str, Any] | None = None) -> SaleEvent:
         """Capture the vended amount of an authorization (journaled first, reconciled on error).
 
-        The confirmed vend is on disk as soon as today; the capture itself is back-office work:
+        The confirmed vend is on disk as early as before; the capture itself is back-office work:
         sent once no other customer waits for their machine's answer, a second at most
         (sales/answers.py). A kill in that wait leaves CAPTURING for recovery to settle."""
         trans_id = self.record.trans_id

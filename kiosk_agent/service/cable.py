@@ -7,7 +7,8 @@ a WebSocket handshake of its own.
 - The cable opens on first need: a fresh single-use token (``POST /api/ws-token``), connect
   ``{ws_url}/cable?token=``, wait for ``welcome``. A redirect answering the upgrade is refused,
   not followed (``redirects.py``): this wait polls. Each wait subscribes ``terminal_job:<id>`` on
-  it and unsubscribes when done. Server pings (every 3 s) prove the socket alive; silence for
+  it and unsubscribes when done (the frame once no customer waits for a machine's answer:
+  :attr:`Cable.leave_when`). Server pings (every 3 s) prove the socket alive; silence for
   :data:`STALE_AFTER` seconds counts as a drop.
 - With no subscription left it lingers :data:`CABLE_LINGER` seconds for the next sale, then
   closes, so an idle agent is not woken by the pings. A dropped cable is not reopened by itself:
@@ -41,6 +42,7 @@ import json
 import logging
 import random
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
 import aiohttp
@@ -76,6 +78,10 @@ RECONNECT_BASE = 0.1  # seconds, doubled per failure
 RECONNECT_MAX = 2.0
 EXPIRY_GRACE = 2.0  # at most this long past the lifetime, then the status endpoint's word
 PROTOCOLS = ("actioncable-v1-json",)
+# A finished wait's unsubscribe frame waits at most this long for no customer to wait for a
+# machine's answer (Cable.leave_when): sent inside the window, it was a socket write and some
+# 0.1 ms of CPU before the approve, ten times that at a tenth of a core.
+LEAVE_WAITS_FOR_CUSTOMER_S = 1.0
 
 
 class SocketUnavailable(Exception):
@@ -136,6 +142,8 @@ class _Connection:
         self.ended: SocketUnavailable | None = None
         self.idle_since = 0.0
         self.reader: asyncio.Task[None] | None = None
+        # channels left whose unsubscribe frame is still to send (Cable.leave_when)
+        self.leaving: list[str] = []
 
     def dispatch(self, frame: Frame) -> None:
         kind = frame.get("type")
@@ -189,6 +197,14 @@ class Cable:
         self._opening: asyncio.Task[_Connection] | None = None
         self._lingering: asyncio.Task[None] | None = None
         self.connects = 0  # sockets opened (diagnostics, tests, benchmarks)
+        # Calls back once no customer waits for a machine's answer (the agent's
+        # SaleRunner.when_no_customer_waits): a finished wait's unsubscribe frame is sent then,
+        # or after LEAVE_WAITS_FOR_CUSTOMER_S, not on the way from the card to the approve.
+        # None: sent at once.
+        self.leave_when: Callable[[Callable[[], None]], None] | None = None
+        self._leave_asked = False
+        self._leave_bound: asyncio.TimerHandle | None = None
+        self._leaving: asyncio.Task[None] | None = None
 
     @property
     def is_open(self) -> bool:
@@ -200,6 +216,9 @@ class Cable:
         SocketUnavailable when the cable cannot be opened or the subscribe cannot be sent.
         """
         connection = await self._open_connection()
+        if identifier in connection.leaving:  # left and not yet said: said first, in order
+            connection.leaving.remove(identifier)
+            await _send_leave(connection, identifier)
         subscription = Subscription(identifier, connection)
         subscribers = connection.subscriptions.setdefault(identifier, [])
         subscribers.append(subscription)
@@ -224,15 +243,47 @@ class Cable:
         if not connection.subscriptions:
             connection.idle_since = self.clock.monotonic()
         if connection.ended is None and not connection.ws.closed:
-            command = {"command": "unsubscribe", "identifier": subscription.identifier}
-            with contextlib.suppress(aiohttp.ClientError, OSError):
-                await connection.ws.send_str(json.dumps(command))
+            if self.leave_when is None:
+                await _send_leave(connection, subscription.identifier)
+                return
+            connection.leaving.append(subscription.identifier)
+            if not self._leave_asked:  # no task and no loop turn here: a callback and a timer
+                self._leave_asked = True
+                self._leave_bound = asyncio.get_running_loop().call_later(
+                    LEAVE_WAITS_FOR_CUSTOMER_S, self._leave_now
+                )
+                self.leave_when(self._leave_now)
+
+    def _leave_now(self) -> None:
+        """No customer waits (or the bound is over): the frames go, in a task of their own."""
+        if not self._leave_asked:
+            return  # the other of the two came first, or the cable closed
+        self._leave_asked = False
+        if self._leave_bound is not None:
+            self._leave_bound.cancel()
+            self._leave_bound = None
+        if self._leaving is None or self._leaving.done():
+            self._leaving = asyncio.ensure_future(self._send_leaving())
+
+    async def _send_leaving(self) -> None:
+        """The unsubscribe frames of finished waits. A cable closed or dropped meanwhile has
+        left every channel with its socket."""
+        connection = self._connection
+        while connection is not None and connection.leaving:
+            if connection.ended is not None or connection.ws.closed:
+                connection.leaving.clear()
+                return
+            await _send_leave(connection, connection.leaving.pop(0))
 
     async def close(self) -> None:
         """Close the cable (the client is closing); a later wait would open it again."""
         await cancel_and_wait(self._opening)
         await cancel_and_wait(self._lingering)
-        self._opening = self._lingering = None
+        self._leave_asked = False
+        if self._leave_bound is not None:
+            self._leave_bound.cancel()
+        await cancel_and_wait(self._leaving)
+        self._opening = self._lingering = self._leaving = self._leave_bound = None
         connection, self._connection = self._connection, None
         if connection is not None:
             await self._shut(connection, SocketUnavailable("the client closed the cable"))
@@ -384,6 +435,13 @@ class _Silence:
 
     def stop(self) -> None:
         self._timer.cancel()
+
+
+async def _send_leave(connection: _Connection, identifier: str) -> None:
+    """The unsubscribe frame of one channel (a socket that fails it has left them all)."""
+    command = {"command": "unsubscribe", "identifier": identifier}
+    with contextlib.suppress(aiohttp.ClientError, OSError):
+        await connection.ws.send_str(json.dumps(command))
 
 
 async def _receive(ws: aiohttp.ClientWebSocketResponse, stale_after: float | None = None) -> Frame:

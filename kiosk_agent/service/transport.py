@@ -58,7 +58,7 @@ from kiosk_agent.service.models.payments import ApiKeySet
 from kiosk_agent.service.parsing import BODY, decode_json, describe_body, parse, parse_json
 from kiosk_agent.service.ratelimit import RateLimiter, share_limiter, shared_limiter
 from kiosk_agent.service.redirects import service_session
-from kiosk_agent.service.settings import NO_API_KEY, CallKind, ServiceSettings
+from kiosk_agent.service.settings import NO_API_KEY, CallKind, ServiceSettings, Timeouts
 
 _LOGGER = logging.getLogger(__name__)
 
@@ -120,6 +120,9 @@ class Transport:
         self.oauth = OAuthTokens(self)
         self.rate_limited_count = 0  # 429 answers seen (diagnostics)
         self._observers: list[CallObserver] = []
+        # each kind's timeouts, for the settings they were made from (_timeouts_of)
+        self._timeouts_for: ServiceSettings | None = None
+        self._timeouts_by_kind: dict[CallKind, tuple[Timeouts, aiohttp.ClientTimeout, float]] = {}
 
     def _initial_credentials(self) -> ApiCredentials | None:
         settings = self.settings
@@ -299,12 +302,11 @@ class Transport:
                 CallKind.REPORT if auth is Auth.OAUTH
                 else CallKind.CONTROL if retry_safe else CallKind.MONEY
             )  # fmt: skip
-        timeouts = self.settings.timeouts(kind)
+        timeouts, client_timeout, patience = self._timeouts_of(kind)
         call = _Call(
             method, self.url(path), what, *self._place_mid(auth, mid, json, params),
-            data, headers, auth, retry_safe, rate_limited,
-            aiohttp.ClientTimeout(sock_connect=timeouts.connect, sock_read=timeouts.read),
-            time.monotonic() + min(self.settings.rate_limit_patience, timeouts.total), [],
+            data, headers, auth, retry_safe, rate_limited, client_timeout,
+            time.monotonic() + patience, [],
         )  # fmt: skip
         started, outcome = time.monotonic(), "error"
         try:
@@ -331,6 +333,22 @@ class Transport:
         finally:
             if outcome:
                 self.report_call(kind, started, outcome)
+
+    def _timeouts_of(self, kind: CallKind) -> tuple[Timeouts, aiohttp.ClientTimeout, float]:
+        """One kind of call's timeouts, aiohttp's per-request timeout made of them and its
+        patience for 429 waits: made once per kind (and per settings), not at every request."""
+        settings = self.settings
+        if self._timeouts_for is not settings:
+            self._timeouts_for, self._timeouts_by_kind = settings, {}
+        made = self._timeouts_by_kind.get(kind)
+        if made is None:
+            timeouts = settings.timeouts(kind)
+            made = self._timeouts_by_kind[kind] = (
+                timeouts,
+                aiohttp.ClientTimeout(sock_connect=timeouts.connect, sock_read=timeouts.read),
+                min(settings.rate_limit_patience, timeouts.total),
+            )
+        return made
 
     async def _attempts(self, call: _Call) -> tuple[int, bytes, str]:
         what, headers, auth, retry_safe = call.what, call.headers, call.auth, call.retry_safe

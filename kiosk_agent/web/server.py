@@ -54,7 +54,7 @@ import os
 import resource
 import socket
 import time
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from aiohttp import web
@@ -390,22 +390,7 @@ class LocalSite:
                 self.limits.max_streams,
             )
             return None
-        return self._hold_stream(self._connections.get(request.protocol))
-
-    @contextlib.contextmanager
-    def _hold_stream(self, connection: _Connection | None) -> Iterator[None]:
-        self.streams += 1
-        if connection is not None and not connection.closing:
-            connection.streaming = True
-            self._streaming += 1
-        try:
-            yield
-        finally:
-            self.streams -= 1
-            if connection is not None and connection.streaming:
-                connection.streaming = False
-                if not connection.closing:
-                    self._streaming -= 1
+        return _StreamHold(self, self._connections.get(request.protocol))
 
     async def start(self, app: web.Application) -> None:
         app[LIMITS] = self.limits
@@ -638,6 +623,31 @@ class LocalSite:
             connection.request_ended()
 
 
+class _StreamHold:
+    """A stream's slot while it is open (``with``): a class, not a generator context manager
+    (three Python calls where that took six, at each stream a kiosk API sale opens)."""
+
+    __slots__ = ("_connection", "_site")
+
+    def __init__(self, site: LocalSite, connection: _Connection | None) -> None:
+        self._site, self._connection = site, connection
+
+    def __enter__(self) -> None:
+        site, connection = self._site, self._connection
+        site.streams += 1
+        if connection is not None and not connection.closing:
+            connection.streaming = True
+            site._streaming += 1
+
+    def __exit__(self, *_exc: object) -> None:
+        site, connection = self._site, self._connection
+        site.streams -= 1
+        if connection is not None and connection.streaming:
+            connection.streaming = False
+            if not connection.closing:
+                site._streaming -= 1
+
+
 # Descriptors the agent needs besides its servers' connections: journal, serial links, the
 # service's sockets, listening sockets, logs.
 _DESCRIPTOR_RESERVE = 256
@@ -840,7 +850,9 @@ def _check_tree(value: Any) -> None:
             continue
         if depth >= MAX_JSON_DEPTH:
             raise _too_deep()
-        stack.extend((child, depth + 1) for child in children)
+        depth += 1
+        for child in children:  # a loop, not extend() over a generator: no frame per child
+            stack.append((child, depth))
 
 
 def _check_text(text: str) -> None:

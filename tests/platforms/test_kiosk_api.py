@@ -867,3 +867,261 @@ def test_a_sales_amount_is_written_out_once_for_all_its_frames() -> None:
     _dollars(1)
     with pytest.raises(MoneyError):
         _dollars(True)  # not taken for the 1 just made
+
+
+async def test_a_streams_frames_are_sent_from_one_coroutine_of_the_api(
+    app: App, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each wake-up of a stream resumes every coroutine its handler awaits in: a sale's stream
+    sent its frames three deep (_sale_events, _stream, _stream_in_slot; the app-wide one two),
+    a Python call each at every wake-up. Both routes are one coroutine now, and send the same."""
+    import sys
+
+    from aiohttp import web
+
+    senders: list[list[str]] = []
+    send_str = web.WebSocketResponse.send_str
+
+    async def recorded(ws: web.WebSocketResponse, *args: Any, **kwargs: Any) -> None:
+        if ws not in app.api._sockets:  # the simulator's cable, in this process too
+            return await send_str(ws, *args, **kwargs)
+        frame, names = sys._getframe(1), []
+        while frame is not None:
+            if frame.f_globals.get("__name__") == "kiosk_agent.platforms.kiosk_api":
+                names.append(frame.f_code.co_name)
+            frame = frame.f_back
+        senders.append(names)
+        return await send_str(ws, *args, **kwargs)
+
+    monkeypatch.setattr(web.WebSocketResponse, "send_str", recorded)
+    async with app.session.ws_connect(f"{app.base}/events?token={TOKEN}") as everything:
+        await until(lambda: _streaming(app))
+        _, started = await app.post("/sales", {"product": "coffee"})
+        steps = await asyncio.wait_for(app.follow(started["sale_id"]), 10)
+        seen = [json.loads((await asyncio.wait_for(everything.receive(), 10)).data)]
+        while not seen[-1]["final"]:
+            seen.append(json.loads((await asyncio.wait_for(everything.receive(), 10)).data))
+    assert steps[-1]["state"] == seen[-1]["state"] == "completed"
+    # the sale's own stream sent its join's step so; the later ones went from the listener
+    assert len(senders) == len(seen) + 1
+    assert all(names == ["_stream", "_auth"] for names in senders), senders
+
+
+@given(
+    status=st.sampled_from([202, 400, 404, 409, 503]), error=st.text(max_size=20),
+    field=st.one_of(st.none(), st.text(max_size=20)), message=st.text(max_size=80),
+)  # fmt: skip
+def test_an_answer_is_the_text_json_dumps_makes_of_it(
+    status: int, error: str, field: str | None, message: str
+) -> None:
+    """The 202 and the refusals come from the frames' encoder made once, not json.dumps's made a
+    call (three Python calls at each sale's 202): the same text, escapes and all."""
+    from kiosk_agent.platforms.kiosk_api import _error
+
+    response = _error(status, error, field, message)
+    assert response.status == status
+    assert response.content_type == "application/json"
+    assert response.text == json.dumps({"error": error, "field": field, "message": message})
+
+
+async def test_a_sales_own_stream_writes_its_steps_from_the_listener_while_the_app_is_silent(
+    app: App, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Before: each step went through the stream's queue, a wake-up of its handler and aiohttp's
+    send coroutines. Now the listener writes it at once: the handler sends the join's step only
+    and wakes once, at the end; the app reads the same frames as the app-wide stream's."""
+    from aiohttp import web
+
+    from kiosk_agent.bus import Subscription
+
+    sent_by_handler: list[str] = []
+    waits: list[int] = []
+    send_str, next_step = web.WebSocketResponse.send_str, Subscription.next
+
+    async def recorded(ws: web.WebSocketResponse, data: str, *args: Any) -> None:
+        if ws in app.api._sockets:
+            sent_by_handler.append(json.loads(data)["state"])
+        await send_str(ws, data, *args)
+
+    async def counted(queue: Subscription[Any], *until: Any) -> Any:
+        waits.append(len(until))
+        return await next_step(queue, *until)
+
+    monkeypatch.setattr(web.WebSocketResponse, "send_str", recorded)
+    monkeypatch.setattr(Subscription, "next", counted)
+    async with app.session.ws_connect(f"{app.base}/events?token={TOKEN}") as everything:
+        await until(lambda: _streaming(app))
+        _, started = await app.post("/sales", {"product": "coffee"})
+        async with app.sale_stream(started["sale_id"]) as one_sale:
+            its_texts = [message.data async for message in one_sale]
+        all_texts = [(await asyncio.wait_for(everything.receive(), 10)).data]
+        while not json.loads(all_texts[-1])["final"]:
+            all_texts.append((await asyncio.wait_for(everything.receive(), 10)).data)
+    assert json.loads(its_texts[-1])["state"] == "completed"
+    assert its_texts[1:] == all_texts[-len(its_texts) + 1 :]  # the same text, byte for byte
+    assert len(sent_by_handler) == len(all_texts) + 1  # and of its own stream, the join's step
+    assert waits.count(2) == 1  # the sale's stream waited once: for its end or the app
+
+
+async def test_a_sales_own_stream_queues_its_steps_once_the_app_speaks(
+    tmp_path: Path, sim_settings: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The listener writes a step only while the app has sent nothing: once it speaks (a ping,
+    its close) aiohttp may write on the socket too (a pong), so the handler sends the rest."""
+    from aiohttp import web
+
+    sent_by_handler: list[str] = []
+    send_str = web.WebSocketResponse.send_str
+
+    async def recorded(ws: web.WebSocketResponse, data: str, *args: Any) -> None:
+        frame = json.loads(data)
+        if "sale_id" in frame:  # not the simulator's cable, in this process too
+            sent_by_handler.append(frame["state"])
+        await send_str(ws, data, *args)
+
+    monkeypatch.setattr(web.WebSocketResponse, "send_str", recorded)
+    async for app in _app(tmp_path, sim_settings, confirm_dispense=True):
+        _, started = await app.post("/sales", {"product": "tea"})
+        sale_id = started["sale_id"]
+        states = []
+        async with app.sale_stream(sale_id) as ws:
+            async for message in ws:
+                states.append(message.json()["state"])
+                if states[-1] == "dispensing" and states.count("dispensing") == 1:
+                    await ws.ping()  # the app speaks
+                    await asyncio.sleep(0.05)
+                    status, _ = await app.post(f"/sales/{sale_id}/dispensed", {"status": "vended"})
+                    assert status == 202
+        assert states[-1] == "completed"
+        assert states.count("completed") == 1
+        # the join's step by the handler, the next ones at once (the app silent), and after
+        # its ping the end by the handler again
+        assert sent_by_handler == [states[0], "completed"]
+
+
+class _Transport:
+    def __init__(self, buffered: int = 0) -> None:
+        self.buffered = buffered
+        self.written: list[bytes] = []
+
+    def is_closing(self) -> bool:
+        return False
+
+    def get_write_buffer_size(self) -> int:
+        return self.buffered
+
+    def write(self, data: bytes) -> None:
+        self.written.append(data)
+
+
+@pytest.mark.parametrize("buffered", [0, 1])
+async def test_a_step_is_written_at_once_only_to_a_socket_that_took_every_byte(
+    buffered: int,
+) -> None:
+    """A slow app (bytes still waiting for its socket) gets its steps through the stream's
+    bounded queue, as before: its bound and its gaps; a quick one, at once."""
+    from types import SimpleNamespace
+
+    from kiosk_agent.bus import EventBus
+    from kiosk_agent.platforms.kiosk_api import _write_at_once, text_frame
+    from kiosk_agent.sales.model import SaleEvent
+
+    transport = _Transport(buffered)
+    heard = asyncio.get_running_loop().create_future()
+    ws, request = SimpleNamespace(closed=False), SimpleNamespace(transport=transport)
+    bus: EventBus[Any] = EventBus()
+    async with bus.subscribe(key="s1") as queue:
+        written = _write_at_once(queue, ws, request, heard)  # type: ignore[arg-type]
+        assert written is not None
+        for state in (SaleState.CHARGING, SaleState.COMPLETED):
+            event = SaleEvent(sale_id="s1", order_id="o", source="kiosk_api:screen",
+                              state=state, amount_cents=250)  # fmt: skip
+            bus.publish((event, f'{{"state": "{state.value}"}}'), "s1")
+        if buffered:
+            assert transport.written == []
+            assert queue.qsize() == 2
+            assert not written.done()
+        else:
+            assert queue.empty()
+            assert written.done()
+            assert transport.written == [text_frame('{"state": "charging"}'),
+                                         text_frame('{"state": "completed"}')]  # fmt: skip
+        heard.set_result(None)  # the app spoke: queued from now on
+        transport.buffered = 0
+        bus.publish((event, "{}"), "s1")
+        assert queue.qsize() == 1 + 2 * buffered
+
+
+@given(st.text(max_size=70_000).filter(lambda t: len(t) < 300 or len(t) > 60_000)
+       | st.integers(0, 3).map(lambda n: "x" * (125 + n))
+       | st.integers(0, 3).map(lambda n: "y" * (65_534 + n)))  # fmt: skip
+@settings(max_examples=60, deadline=None)
+def test_a_frame_written_at_once_is_the_bytes_aiohttps_writer_sends(text: str) -> None:
+    from types import SimpleNamespace
+
+    from aiohttp import WSMsgType
+    from aiohttp._websocket.writer import WebSocketWriter
+
+    from kiosk_agent.platforms.kiosk_api import text_frame
+
+    async def aiohttps(text: str) -> bytes:
+        transport = _Transport()
+        protocol = SimpleNamespace(_paused=False)
+        writer = WebSocketWriter(protocol, transport, use_mask=False)  # type: ignore[arg-type]
+        await writer.send_frame(text.encode(), WSMsgType.TEXT)
+        return b"".join(transport.written)
+
+    assert text_frame(text) == asyncio.run(aiohttps(text))
+
+
+async def test_a_sales_steps_do_not_call_the_listeners_of_other_states(app: App) -> None:
+    """Before: availability's listener (it acts on a FAILED or ATTENTION end) and attention's
+    (on ATTENTION or an end) were called on each of a sale's six steps; the agent's bus knows a
+    step's state and calls them on those only. The kiosk API's and health's hear every step."""
+    import collections
+    import sys
+    import types
+
+    calls: collections.Counter[str] = collections.Counter()
+    watched = {"on_sale_event", "_seen", "_follow", "record_sale"}
+
+    def count(frame: types.FrameType, event: str, _arg: object) -> None:
+        if event == "call" and frame.f_code.co_name in watched:
+            calls[frame.f_code.co_name] += 1
+
+    sys.setprofile(count)
+    try:
+        _, started = await app.post("/sales", {"product": "coffee"})
+        steps = await asyncio.wait_for(app.follow(started["sale_id"]), 10)
+    finally:
+        sys.setprofile(None)
+    assert steps[-1]["state"] == "completed"
+    assert calls["_follow"] == calls["record_sale"] >= 5
+    assert calls["on_sale_event"] == 0  # a completed sale is no suspect end
+    assert 1 <= calls["_seen"] < calls["_follow"]  # its end (and a receipt note, if any)
+
+
+async def test_a_sales_stream_dropped_while_the_app_is_silent_takes_no_more_frames(
+    tmp_path: Path, sim_settings: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The listener writes a sale's steps while its app is silent: an app gone without a word
+    (its connection cut) is no longer written to; the stream ends, the sale goes on."""
+    errors = ErrorLog()
+    try:
+        async for app in _app(tmp_path, sim_settings, confirm_dispense=True):
+            _, started = await app.post("/sales", {"product": "tea"})
+            sale_id = started["sale_id"]
+            async with app.sale_stream(sale_id) as ws:
+                while (await asyncio.wait_for(ws.receive_json(), 5))["state"] != "dispensing":
+                    pass
+                ws._conn.transport.abort()  # type: ignore[union-attr]  # gone, not a byte sent
+                await until(functools.partial(_no_stream, app))
+            status, _ = await app.post(f"/sales/{sale_id}/dispensed", {"status": "vended"})
+            assert status == 202
+            await until(functools.partial(_ended, app, sale_id))
+            assert app.api._latest[sale_id].state is SaleState.COMPLETED
+            assert app.api._site.streams == 0
+    finally:
+        errors.close()
+    assert errors.records == []
+    assert "socket.send() raised exception" not in caplog.text

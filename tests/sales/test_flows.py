@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import errno
+import json
 import sqlite3
 import time
 from collections import Counter
@@ -31,8 +32,10 @@ from kiosk_agent.sales.model import (
 )
 from kiosk_agent.sales.runner import TerminalBusy
 from kiosk_agent.sales.states import SaleState
+from kiosk_agent.service import cable as cable_module
 from kiosk_agent.service.models import TransactionFilter, TransStatus
 from tests.assembly.agent_helpers import ScriptedDispenser
+from tests.helpers import until
 from tests.sales.test_journal import FailingCommits, new_sale
 from tests.service.test_cable import sim_call
 
@@ -611,6 +614,94 @@ async def test_the_card_reaches_the_authorizations_commit_in_the_loop_turn_it_ca
     assert len(card_at) == 1
     # no turn given to the card read's cancel helper (the customer never asked to cancel)
     assert commit_at == card_at
+
+
+async def test_a_card_read_nobody_cancels_makes_no_task_to_watch_for_a_cancel(
+    agent: Agent, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    loop = asyncio.get_running_loop()
+    made: list[str] = []  # the coroutines the card wait made tasks of
+
+    def factory(loop: asyncio.AbstractEventLoop, coro: Any, **kwargs: Any) -> asyncio.Task[Any]:
+        if ".wait_interaction." in coro.__qualname__:
+            made.append(coro.__qualname__)
+        return asyncio.Task(coro, loop=loop, **kwargs)
+
+    asked: list[str] = []
+    real_cancel = agent.service.terminal.cancel
+
+    async def cancel(device_id: str, interaction_id: str) -> Any:
+        asked.append(interaction_id)
+        return await real_cancel(device_id, interaction_id)
+
+    monkeypatch.setattr(agent.service.terminal, "cancel", cancel)
+    loop.set_task_factory(factory)
+    try:
+        event = await sell(agent, 250, ScriptedDispenser(), flow=Flow.AUTHORIZE_CAPTURE)
+        assert event.state is SaleState.COMPLETED
+        assert made == []  # two loop turns in the window between the vend request and the approve
+        assert asked == []
+        # a cancel makes the one task that asks the terminal to end the read
+        sale = await agent.sales.start(request(105, Flow.AUTHORIZE_CAPTURE), ScriptedDispenser())
+        while agent.journal.get(sale.sale_id).interaction_id is None:  # type: ignore[union-attr]
+            await asyncio.sleep(0.001)
+        assert await agent.sales.cancel(sale.sale_id)
+        event = await asyncio.wait_for(sale.result(), 10)
+    finally:
+        loop.set_task_factory(None)
+    assert event.state is SaleState.CANCELLED
+    assert len(made) == 1
+    assert asked == [agent.journal.get(sale.sale_id).interaction_id]  # type: ignore[union-attr]
+
+
+async def test_the_card_waits_unsubscribe_is_sent_once_no_customer_waits(
+    agent: Agent, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(cable_module, "LEAVE_WAITS_FOR_CUSTOMER_S", 60.0)  # the release, not it
+    cable = agent.service.terminal.cable
+    machine = ScriptedDispenser()
+    vending, vended = asyncio.Event(), asyncio.Event()  # the terminal is held while it vends
+    real_dispense = machine.dispense
+
+    async def dispense(authorized_cents: int) -> DispenseOutcome:
+        vending.set()
+        await vended.wait()
+        return await real_dispense(authorized_cents)
+
+    machine.dispense = dispense  # type: ignore[method-assign]
+    sale = await agent.sales.start(request(250, Flow.AUTHORIZE_CAPTURE), machine)
+    await asyncio.wait_for(vending.wait(), 10)  # approved: the card wait is over
+    connection = cable._connection
+    assert connection is not None
+    interaction_id = agent.journal.get(sale.sale_id).interaction_id  # type: ignore[union-attr]
+    assert [json.loads(left)["channel"] for left in connection.leaving] == [
+        f"terminal_job:{interaction_id}"
+    ]  # not said on the way from the card to the approve
+    vended.set()
+    event = await asyncio.wait_for(sale.result(), 10)
+    assert event.state is SaleState.COMPLETED
+    await until(lambda: not connection.leaving)  # the terminal released: the frame goes
+
+
+async def test_what_waits_for_no_customer_is_called_once_the_terminal_is_released(
+    agent: Agent, caplog: pytest.LogCaptureFixture
+) -> None:
+    called: list[str] = []
+    agent.sales.when_no_customer_waits(lambda: called.append("idle"))  # none held: at once
+    assert called == ["idle"]
+    machine = ScriptedDispenser(delay=0.2)
+    sale = await agent.sales.start(request(250, Flow.AUTHORIZE_CAPTURE), machine)
+
+    def broken() -> None:
+        raise RuntimeError("a bug in a callback")
+
+    agent.sales.when_no_customer_waits(broken)  # said, and never the release's own failure
+    agent.sales.when_no_customer_waits(lambda: called.append("released"))
+    assert called == ["idle"]  # the sale holds its terminal
+    event = await asyncio.wait_for(sale.result(), 10)
+    assert event.state is SaleState.COMPLETED
+    assert called == ["idle", "released"]
+    assert "work that waited for no customer to wait failed" in caplog.text
 
 
 @pytest.mark.parametrize("flow", [Flow.CHARGE_CARD, Flow.AUTHORIZE_CAPTURE])

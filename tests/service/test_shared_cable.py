@@ -5,12 +5,15 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Callable
 from typing import Any
 
+import pytest
 from aiohttp import web
 
 from kiosk_agent.cli.sim import settings_from_ready
 from kiosk_agent.sales.clock import FakeClock
+from kiosk_agent.service import cable as cable_module
 from kiosk_agent.service.cable import CABLE_LINGER
 from kiosk_agent.service.client import ServiceClient
 from kiosk_agent.service.models import InteractionStatus
@@ -169,3 +172,50 @@ async def test_a_refused_token_is_asked_afresh_by_the_next_wait(
         assert (await handle.wait(timeout=5)).status is InteractionStatus.SUCCEEDED
         assert (handle.via, handle.socket_connects, handle.socket_failures) == ("polling", 0, 1)
         assert not svc.terminal.cable.is_open
+
+
+def sim_subscriptions(sim: SimServer) -> list[str]:
+    """The channels each of the simulator's cable connections holds a subscription to."""
+    assert sim.app is not None
+    return [identifier for connection in sim.app[CABLE_KEY].connections
+            for identifier in connection._subscriptions]
+
+
+async def test_a_finished_waits_unsubscribe_waits_until_no_customer_waits(
+    sim: SimServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The card wait's unsubscribe frame is not sent between the card and the approve (a socket
+    write and some 0.1 ms of CPU there) but once the agent says no customer waits
+    (SaleRunner.when_no_customer_waits), or after LEAVE_WAITS_FOR_CUSTOMER_S; a new wait on a
+    channel left and not yet said says it first, in order."""
+    waiting: list[Callable[[], None]] = []  # the callbacks the cable left with the "agent"
+    monkeypatch.setattr(cable_module, "LEAVE_WAITS_FOR_CUSTOMER_S", 60.0)  # not on a slow run
+    async with ServiceClient(settings_from_ready(sim.ready_info())) as svc:
+        cable = svc.terminal.cable
+        cable.leave_when = waiting.append
+        first = await svc.terminal.charge_card(READERS[0], 1000)
+        await first.wait(timeout=10)
+        assert first.via == "websocket"
+        await asyncio.sleep(0.05)  # the frame would be at the simulator by now
+        assert sim_subscriptions(sim) == [first.identifier]  # not said yet
+        assert len(waiting) == 1
+        waiting.pop()()  # no customer waits now
+        await until(lambda: sim_subscriptions(sim) == [])
+        # nobody says so: the bound sends it
+        monkeypatch.setattr(cable_module, "LEAVE_WAITS_FOR_CUSTOMER_S", 0.1)
+        second = await svc.terminal.charge_card(READERS[0], 1000)
+        await second.wait(timeout=10)
+        await until(lambda: sim_subscriptions(sim) == [])
+        assert len(waiting) == 1  # never called back
+        waiting.pop()()  # late: nothing more to say
+        monkeypatch.setattr(cable_module, "LEAVE_WAITS_FOR_CUSTOMER_S", 60.0)
+        # a wait again on a channel left and not yet said: the leave first, then its subscribe
+        third = await svc.terminal.charge_card(READERS[0], 1000)
+        await third.wait(timeout=10)
+        connection = cable._connection
+        assert connection is not None
+        assert connection.leaving == [third.identifier]
+        await cable.subscribe(third.identifier)  # the sim confirms; a finished job: no record
+        assert connection.leaving == []
+        await until(lambda: sim_subscriptions(sim) == [third.identifier])
+    assert cable._leaving is None or cable._leaving.done()

@@ -393,3 +393,40 @@ async def test_an_answer_larger_than_any_page_is_refused_before_it_is_held(
     assert caught.value.field == "<body>"
     assert f"larger than {MAX_ANSWER_BYTES // (1024 * 1024)} MiB" in str(caught.value)
     assert sent < 2 * MAX_ANSWER_BYTES  # stopped reading, not read to the end
+
+
+async def test_each_kind_of_calls_timeouts_are_made_once_and_follow_the_settings(
+    scripted: ScriptedServer, scripted_settings: ServiceSettings,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A call's timeouts (the kind's table, aiohttp's per-request timeout, the 429 patience) are
+    made once per kind, not at every request (a sale's read-card and authorization); settings
+    replaced are read afresh."""
+    made: list[CallKind] = []
+    real = ServiceSettings.timeouts
+
+    def counted(self: ServiceSettings, kind: CallKind) -> Any:
+        made.append(kind)
+        return real(self, kind)
+
+    monkeypatch.setattr(ServiceSettings, "timeouts", counted)
+    sent: list[Any] = []
+    scripted.script("GET", TERMINALS, *[json_reply(ONE_TERMINAL)] * 4)
+    async with ServiceClient(scripted_settings) as svc:
+        real_request = svc.transport.session.request
+
+        def request(*args: Any, **kwargs: Any) -> Any:
+            sent.append(kwargs["timeout"])
+            return real_request(*args, **kwargs)
+
+        monkeypatch.setattr(svc.transport.session, "request", request)
+        made.clear()  # the session's own floor, at its start
+        await svc.terminal.list()
+        await svc.terminal.list()
+        assert made == [CallKind.CONTROL]
+        assert sent[0] is sent[1]
+        assert sent[0].sock_read == real(scripted_settings, CallKind.CONTROL).read
+        svc.transport.settings = scripted_settings.replace(timeout=2.0)  # read afresh
+        await svc.terminal.list()
+        assert made == [CallKind.CONTROL, CallKind.CONTROL]
+        assert sent[2].sock_read == min(2.0, real(scripted_settings, CallKind.CONTROL).read)
