@@ -130,12 +130,17 @@ def collecting_while_loading() -> Iterator[None]:
     the agent's own imports took new room beside it; collected here, they fill its room. A young
     pass every :data:`LOAD_YOUNG_THRESHOLD` allocations walks each object made meanwhile about
     once (none of the middle generation's walks, which Python's 700 would add every tenth
-    pass), and the last pass, at the end, takes what the load dropped."""
+    pass), and the last pass, at the end, takes what the load dropped. The source lines attrs
+    put in ``linecache`` for each method it generated (aiohttp's classes, some 100 KiB) go too,
+    read only by a traceback's print, which reads the files again."""
+    import linecache
+
     thresholds = gc.get_threshold()
     gc.set_threshold(LOAD_YOUNG_THRESHOLD, LOAD_YOUNG_PASSES, LOAD_YOUNG_PASSES)
     gc.enable()
     try:
         yield
+        linecache.clearcache()
         gc.collect(0)
     finally:
         gc.set_threshold(*thresholds)
