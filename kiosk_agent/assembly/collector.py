@@ -15,7 +15,8 @@ sales allocate afterwards is collected as before.
 
 Collecting while they are made is wasted work too: each young-generation pass walks the
 start-up objects made since the last one, all of which live for the whole run. ``kiosk-agent
-run`` therefore pauses the collector (:func:`pause_for_start_up`) until the freeze, which
+run`` therefore pauses the collector (:func:`pause_for_start_up`), once its configuration is
+loaded (:func:`collecting_while_loading`: the libraries' import garbage), until the freeze, which
 collects once and resumes it: 20-30 ms less of one core before READY=1 on a desktop machine
 (bench/agent.py: 0.145-0.148 -> 0.122-0.128 s above the library floor's CPU), at the cost of
 about 0.5 MB more idle RSS (start-up's cyclic garbage is freed at the freeze, not reused while
@@ -34,14 +35,22 @@ only what was made since (the builds' own garbage), not the whole heap again.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
 import logging
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from collections.abc import Iterator
+
     from pydantic import BaseModel
 
 _LOGGER = logging.getLogger(__name__)
+
+# While the configuration loads (collecting_while_loading): a young collection every this many
+# net allocations (Python's default is 700), and no older generation's before this many of them
+LOAD_YOUNG_THRESHOLD = 5000
+LOAD_YOUNG_PASSES = 1000
 
 _frozen = False
 _collected = False  # start-up's garbage collected ahead of the freeze (collect_start_up_garbage)
@@ -108,6 +117,34 @@ async def settle_after_ready(
         freeze_start_up_objects()
     settling.done.set()
     return settling
+
+
+@contextlib.contextmanager
+def collecting_while_loading() -> Iterator[None]:
+    """Young collections only while the configuration loads, then the start-up pause.
+
+    The load imports the libraries (aiohttp, pydantic, attrs ...), which make garbage as they
+    import: the classes attrs and dataclasses make twice (42 of them aiohttp's), ``http``'s
+    enums, pydantic's decorator records; and the load's own schemas, built for it and dropped
+    after it. Paused from the start, that garbage (some 0.3 MB) stayed until after READY=1 while
+    the agent's own imports took new room beside it; collected here, they fill its room. A young
+    pass every :data:`LOAD_YOUNG_THRESHOLD` allocations walks each object made meanwhile about
+    once (none of the middle generation's walks, which Python's 700 would add every tenth
+    pass), and the last pass, at the end, takes what the load dropped. The source lines attrs
+    put in ``linecache`` for each method it generated (aiohttp's classes, some 100 KiB) go too,
+    read only by a traceback's print, which reads the files again."""
+    import linecache
+
+    thresholds = gc.get_threshold()
+    gc.set_threshold(LOAD_YOUNG_THRESHOLD, LOAD_YOUNG_PASSES, LOAD_YOUNG_PASSES)
+    gc.enable()
+    try:
+        yield
+        linecache.clearcache()
+        gc.collect(0)
+    finally:
+        gc.set_threshold(*thresholds)
+        pause_for_start_up()
 
 
 def pause_for_start_up() -> None:

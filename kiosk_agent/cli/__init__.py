@@ -184,6 +184,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         EXIT_USAGE,
         WITHOUT_LOOP,
         check_contract,
+        forget_parsers,
         run_without_loop,
     )
 
@@ -199,7 +200,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     if handler is None:
         parser.print_help()
         return EXIT_USAGE
-    del parser  # a run lives for months: it keeps no parser of its command's family
+    # a run lives for months: it keeps no parser, neither its command's family nor the leaf
+    # the contract check read (args.leaf_parser) nor the contract's shared option parsers
+    del parser
+    vars(args).pop("leaf_parser", None)
+    forget_parsers()
     # pydantic looks for plugins of its own in every installed package's metadata when it builds
     # its first model: 10-17 ms of each start here (ten times that on a Pi Zero) for plugins the
     # program never uses. A plugin set up on purpose (the variable given) is left as asked.

@@ -200,9 +200,6 @@ async def run_command(args: argparse.Namespace) -> int:
     that wait) and what is still open parked; the exit code says which signal it was."""
     import gc
 
-    from kiosk_agent.assembly.collector import pause_for_start_up
-
-    pause_for_start_up()  # until the agent settles after READY=1 (assembly/collector.py)
     try:
         return await _run(args)
     finally:
@@ -210,7 +207,12 @@ async def run_command(args: argparse.Namespace) -> int:
 
 
 async def _run(args: argparse.Namespace) -> int:
-    config = load(config_path(args))
+    from kiosk_agent.assembly.collector import collecting_while_loading
+
+    # the libraries' import garbage collected as they load, then no collection until the agent
+    # settles after READY=1 (assembly/collector.py)
+    with collecting_while_loading():
+        config = load(config_path(args))
     from kiosk_agent.sales.journal import JournalError
     from kiosk_agent.sales.owner import JournalLock, JournalOwned
 

@@ -236,6 +236,12 @@ def options(
     return [_parent(name) for name, on in wanted if on]
 
 
+def forget_parsers() -> None:
+    """Let go of the option parsers :func:`options` shares, once the command line is parsed:
+    a run would keep them (and the actions they hold) for months."""
+    _parent.cache_clear()
+
+
 def top_level_options() -> list[argparse.ArgumentParser]:
     """``kiosk-agent -c FILE --json --timeout S COMMAND``: each applies where the command has it."""
     return options(config=True, json=True, timeout=True)

@@ -177,8 +177,9 @@ def validate_trigger(
                 f"platform {name!r} failed to load: {type(err).__name__}: {err}",
             )
         ]
-    value, errors = validate(module.PLATFORM_SCHEMA, trigger, raw, prefix, default)
-    errors.extend(_unknown_keys(module.PLATFORM_SCHEMA, trigger, raw, prefix, default))
+    schema = module.PLATFORM_SCHEMA  # read once: a platform may build it on each read
+    value, errors = validate(schema, trigger, raw, prefix, default)
+    errors.extend(_unknown_keys(schema, trigger, raw, prefix, default))
     return (value if not errors else None), errors
 
 

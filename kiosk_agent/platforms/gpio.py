@@ -33,6 +33,7 @@ from typing import Any, Protocol
 from kiosk_agent.config.registry import CannotStart
 from kiosk_agent.data_class import data_class
 from kiosk_agent.health.availability import follow_availability
+from kiosk_agent.platforms import gpio_schema
 from kiosk_agent.platforms.base import (
     DevicePlatform,
     Dispenser,
@@ -48,7 +49,6 @@ from kiosk_agent.platforms.base import (
 # platform module provides them
 from kiosk_agent.platforms.gpio_schema import CHIP as CHIP
 from kiosk_agent.platforms.gpio_schema import DEBOUNCE as DEBOUNCE
-from kiosk_agent.platforms.gpio_schema import PLATFORM_SCHEMA as PLATFORM_SCHEMA
 from kiosk_agent.platforms.gpio_schema import SENSOR_TIMEOUT as SENSOR_TIMEOUT
 from kiosk_agent.platforms.gpio_schema import environment_problems as environment_problems
 from kiosk_agent.sales.clock import SYSTEM_CLOCK, Clock
@@ -496,3 +496,10 @@ async def setup_with_chip(agent: Any, config: dict[str, Any], chip: GpioChip) ->
 
 class GpioPlatform(DevicePlatform[GpioKiosk]):
     """The platform instance the agent keeps for a ``platform: gpio`` trigger."""
+
+
+def __getattr__(name: str) -> Any:
+    """``PLATFORM_SCHEMA``, read from gpio_schema.py on each read (built there each time)."""
+    if name == "PLATFORM_SCHEMA":
+        return gpio_schema.PLATFORM_SCHEMA
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

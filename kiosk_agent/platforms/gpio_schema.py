@@ -68,29 +68,38 @@ def _unique_lines(config: dict[str, Any]) -> dict[str, Any]:
     return config
 
 
-PLATFORM_SCHEMA = vol.All(
-    BASE_PLATFORM_SCHEMA.extend(
-        {
-            vol.Optional("chip", default=CHIP): str,
-            vol.Required("buttons"): vol.All([BUTTON_SCHEMA], vol.Length(min=1)),
-            vol.Optional("buttons_active_low", default=True): bool,  # pressed pulls to ground
-            vol.Optional("pull_up", default=True): bool,
-            vol.Optional("relays_active_low", default=False): bool,
-            vol.Optional("sensors_active_low", default=False): bool,
-            vol.Optional("debounce", default=DEBOUNCE): positive_float,
-            vol.Optional("pulse", default=0.5): positive_float,
-            vol.Optional("sensor_timeout", default=SENSOR_TIMEOUT): positive_float,
-            # its own bound on a dispense; none: sales.vend_timeout (docs/platforms.md)
-            vol.Optional("vend_timeout"): positive_float,
-            # a lamp or relay that is on while card payment works (out of service: off)
-            vol.Optional("available_output"): _LINE,
-            vol.Optional("available_active_low", default=False): bool,
-        }
-    ),
-    no_enrollment,
-    _unique_lines,
-    max_price_check("buttons[].price"),
-)
+def __getattr__(name: str) -> Any:
+    """``PLATFORM_SCHEMA``, the registry's contract, built on each read: a running agent checks
+    its configuration once, at start (kiosk_api.py's ``__getattr__`` says why)."""
+    if name == "PLATFORM_SCHEMA":
+        return _platform_schema()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def _platform_schema() -> vol.All:
+    return vol.All(
+        BASE_PLATFORM_SCHEMA.extend(
+            {
+                vol.Optional("chip", default=CHIP): str,
+                vol.Required("buttons"): vol.All([BUTTON_SCHEMA], vol.Length(min=1)),
+                vol.Optional("buttons_active_low", default=True): bool,  # pressed pulls to ground
+                vol.Optional("pull_up", default=True): bool,
+                vol.Optional("relays_active_low", default=False): bool,
+                vol.Optional("sensors_active_low", default=False): bool,
+                vol.Optional("debounce", default=DEBOUNCE): positive_float,
+                vol.Optional("pulse", default=0.5): positive_float,
+                vol.Optional("sensor_timeout", default=SENSOR_TIMEOUT): positive_float,
+                # its own bound on a dispense; none: sales.vend_timeout (docs/platforms.md)
+                vol.Optional("vend_timeout"): positive_float,
+                # a lamp or relay that is on while card payment works (out of service: off)
+                vol.Optional("available_output"): _LINE,
+                vol.Optional("available_active_low", default=False): bool,
+            }
+        ),
+        no_enrollment,
+        _unique_lines,
+        max_price_check("buttons[].price"),
+    )
 
 
 GPIOD_INSTALL = "pip install 'kiosk-agent[gpio]'"

@@ -108,25 +108,36 @@ def _names(value: Any) -> list[str]:
     return [v.strip().lower() for v in value]
 
 
-PLATFORM_SCHEMA = vol.All(BASE_PLATFORM_SCHEMA.extend(
-    {
-        vol.Required("token"): _token,
-        vol.Optional("host", default="127.0.0.1"): str,
-        vol.Optional("port", default=8765): vol.All(int, vol.Range(min=0, max=65535)),
-        vol.Optional("products", default={}): price_map,  # each bad price at its product
-        # only configured products may be sold (no free amounts from the app)
-        vol.Optional("products_only", default=False): bool,
-        # the app confirms what came out (POST .../dispensed); otherwise payment is the product
-        vol.Optional("confirm_dispense", default=False): bool,
-        # its own bound on a dispense; none: sales.vend_timeout (docs/platforms.md)
-        vol.Optional("vend_timeout"): positive_float,
-        # Host header names accepted (DNS rebinding); the bound host is always accepted too
-        vol.Optional("allowed_hosts", default=list(LOOPBACK_HOSTS)): _names,
-        # Origin headers accepted from browsers: exact, or "scheme://host:*" for any port;
-        # a request with no Origin (not a browser page) is not checked
-        vol.Optional("allowed_origins", default=list(LOOPBACK_ORIGINS)): _names,
-    }
-), max_price_check("products{}"))
+def __getattr__(name: str) -> Any:
+    """``PLATFORM_SCHEMA``, the registry's contract (config/registry.py), built on each read: a
+    running agent checks its configuration once, at start, and the schema kept at the module's
+    top stayed in an idle agent's heap for the whole run (33 KiB; docs/architecture.md, "Idle
+    memory: the start's leftovers")."""
+    if name == "PLATFORM_SCHEMA":
+        return _platform_schema()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def _platform_schema() -> vol.All:
+    return vol.All(BASE_PLATFORM_SCHEMA.extend(
+        {
+            vol.Required("token"): _token,
+            vol.Optional("host", default="127.0.0.1"): str,
+            vol.Optional("port", default=8765): vol.All(int, vol.Range(min=0, max=65535)),
+            vol.Optional("products", default={}): price_map,  # each bad price at its product
+            # only configured products may be sold (no free amounts from the app)
+            vol.Optional("products_only", default=False): bool,
+            # the app confirms what came out (POST .../dispensed); otherwise payment is the product
+            vol.Optional("confirm_dispense", default=False): bool,
+            # its own bound on a dispense; none: sales.vend_timeout (docs/platforms.md)
+            vol.Optional("vend_timeout"): positive_float,
+            # Host header names accepted (DNS rebinding); the bound host is always accepted too
+            vol.Optional("allowed_hosts", default=list(LOOPBACK_HOSTS)): _names,
+            # Origin headers accepted from browsers: exact, or "scheme://host:*" for any port;
+            # a request with no Origin (not a browser page) is not checked
+            vol.Optional("allowed_origins", default=list(LOOPBACK_ORIGINS)): _names,
+        }
+    ), max_price_check("products{}"))
 
 
 # Texts from the app that people read later (status page, CLI, journal): short, plain.

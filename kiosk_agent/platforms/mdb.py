@@ -31,6 +31,7 @@ from typing import Any
 from kiosk_agent.data_class import data_class
 from kiosk_agent.health.availability import follow_availability
 from kiosk_agent.platforms import mdb_protocol as wire
+from kiosk_agent.platforms import mdb_schema
 from kiosk_agent.platforms.base import (
     DevicePlatform,
     Dispenser,
@@ -46,7 +47,6 @@ from kiosk_agent.platforms.base import (
 # this module (config.registry.platform_checks); re-exported, as a platform module provides it
 from kiosk_agent.platforms.mdb_schema import ADDRESS as ADDRESS
 from kiosk_agent.platforms.mdb_schema import NO_MAX_FUNDS as NO_MAX_FUNDS
-from kiosk_agent.platforms.mdb_schema import PLATFORM_SCHEMA as PLATFORM_SCHEMA
 from kiosk_agent.platforms.mdb_schema import Mode as Mode
 from kiosk_agent.platforms.mdb_schema import check_modes as check_modes
 from kiosk_agent.platforms.serial import (
@@ -677,3 +677,10 @@ async def async_setup_platform(agent: Any, config: dict[str, Any]) -> MdbPlatfor
     device.unfollow = follow_availability(agent, config.get("terminal"), device.set_available)
     await device.start()
     return MdbPlatform(device)
+
+
+def __getattr__(name: str) -> Any:
+    """``PLATFORM_SCHEMA``, read from mdb_schema.py on each read (built there each time)."""
+    if name == "PLATFORM_SCHEMA":
+        return mdb_schema.PLATFORM_SCHEMA
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

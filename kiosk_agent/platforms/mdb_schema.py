@@ -43,26 +43,29 @@ def _address(value: Any) -> int:
     return number
 
 
-_MDB_SCHEMA = BASE_PLATFORM_SCHEMA.extend(
-    {
-        vol.Required("port"): vol.All(str, vol.Length(min=1)),
-        vol.Optional("baudrate", default=BAUDRATE): vol.All(int, vol.Range(min=1200)),
-        vol.Optional("mode", default=Mode.SELECTION_FIRST.value): vol.In([m.value for m in Mode]),
-        vol.Optional("address", default=ADDRESS): _address,
-        vol.Optional("amount_unit", default=AmountUnit.DOLLARS.value): vol.In(
-            [u.value for u in AmountUnit]
-        ),
-        # card first: the most a customer may spend in one session
-        vol.Optional("max_funds"): positive_price,
-        # its own bound on a dispense; none: sales.vend_timeout (docs/platforms.md)
-        vol.Optional("vend_timeout"): positive_float,
-        # card first: its own time to choose (seconds); none: sales.choice_timeout
-        vol.Optional("session_timeout"): positive_float,
-        vol.Optional("silence_timeout"): positive_float,
-        vol.Optional("probe"): str,
-        vol.Optional("reconnect_max", default=RECONNECT_MAX): positive_float,
-    }
-)
+def _mdb_schema() -> vol.Schema:
+    return BASE_PLATFORM_SCHEMA.extend(
+        {
+            vol.Required("port"): vol.All(str, vol.Length(min=1)),
+            vol.Optional("baudrate", default=BAUDRATE): vol.All(int, vol.Range(min=1200)),
+            vol.Optional("mode", default=Mode.SELECTION_FIRST.value): vol.In(
+                [m.value for m in Mode]
+            ),
+            vol.Optional("address", default=ADDRESS): _address,
+            vol.Optional("amount_unit", default=AmountUnit.DOLLARS.value): vol.In(
+                [u.value for u in AmountUnit]
+            ),
+            # card first: the most a customer may spend in one session
+            vol.Optional("max_funds"): positive_price,
+            # its own bound on a dispense; none: sales.vend_timeout (docs/platforms.md)
+            vol.Optional("vend_timeout"): positive_float,
+            # card first: its own time to choose (seconds); none: sales.choice_timeout
+            vol.Optional("session_timeout"): positive_float,
+            vol.Optional("silence_timeout"): positive_float,
+            vol.Optional("probe"): str,
+            vol.Optional("reconnect_max", default=RECONNECT_MAX): positive_float,
+        }
+    )
 
 
 def check_modes(config: dict[str, Any]) -> dict[str, Any]:
@@ -77,4 +80,13 @@ def check_modes(config: dict[str, Any]) -> dict[str, Any]:
     return config
 
 
-PLATFORM_SCHEMA = vol.All(_MDB_SCHEMA, no_enrollment, check_modes, max_price_check("max_funds"))
+def __getattr__(name: str) -> Any:
+    """``PLATFORM_SCHEMA``, the registry's contract, built on each read: a running agent checks
+    its configuration once, at start (kiosk_api.py's ``__getattr__`` says why)."""
+    if name == "PLATFORM_SCHEMA":
+        return _platform_schema()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def _platform_schema() -> vol.All:
+    return vol.All(_mdb_schema(), no_enrollment, check_modes, max_price_check("max_funds"))

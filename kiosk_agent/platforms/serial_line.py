@@ -38,6 +38,10 @@ from typing import Any
 from kiosk_agent.data_class import data_class
 from kiosk_agent.health.availability import follow_availability, short_reason
 from kiosk_agent.money import MoneyError, cents_to_dollars, parse_wire_amount
+
+# the schema is plain voluptuous, in a module of its own: checking a configuration loads none of
+# this module (config.registry.platform_checks); re-exported, as a platform module provides it
+from kiosk_agent.platforms import serial_line_schema
 from kiosk_agent.platforms.base import (
     DevicePlatform,
     Dispenser,
@@ -53,10 +57,6 @@ from kiosk_agent.platforms.serial import (
     SerialSettings,
     StateHandler,
 )
-
-# the schema is plain voluptuous, in a module of its own: checking a configuration loads none of
-# this module (config.registry.platform_checks); re-exported, as a platform module provides it
-from kiosk_agent.platforms.serial_line_schema import PLATFORM_SCHEMA as PLATFORM_SCHEMA
 from kiosk_agent.platforms.serial_line_schema import PRICE_UNIT
 from kiosk_agent.sales.model import DispenseOutcome, DispenseStatus, Flow, SaleRequest
 from kiosk_agent.tasks import TaskSet
@@ -375,3 +375,10 @@ async def async_setup_platform(agent: Any, config: dict[str, Any]) -> SerialLine
     device.unfollow = follow_availability(agent, config.get("terminal"), device.set_available)
     await device.start()
     return SerialLinePlatform(device)
+
+
+def __getattr__(name: str) -> Any:
+    """``PLATFORM_SCHEMA``, read from serial_line_schema.py on each read (built there each time)."""
+    if name == "PLATFORM_SCHEMA":
+        return serial_line_schema.PLATFORM_SCHEMA
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

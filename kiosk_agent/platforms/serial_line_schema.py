@@ -55,27 +55,39 @@ def _template(value: Any) -> str:
 PRICE_UNIT = "dollars"  # how a vend request's price is written unless `price_unit` says cents
 LINE_BAUDRATE = 9600  # a plain serial line's usual speed (MDB adapters: serial.BAUDRATE)
 
-_SERIAL_LINE_SCHEMA = BASE_PLATFORM_SCHEMA.extend(
-    {
-        vol.Required("port"): vol.All(str, vol.Length(min=1)),
-        vol.Optional("baudrate", default=LINE_BAUDRATE): vol.All(int, vol.Range(min=300)),
-        vol.Optional("init", default=[]): [str],
-        vol.Required("vend_request"): _regex("price"),
-        vol.Optional("price_unit", default=PRICE_UNIT): vol.In(["dollars", "cents"]),
-        vol.Required("dispense_ok"): _regex(),
-        vol.Optional("dispense_failed"): _regex(),
-        vol.Optional("cancel"): _regex(),
-        vol.Required("approve"): _template,
-        vol.Optional("deny"): _template,
-        # told to the device when its terminal goes out of service and comes back
-        vol.Optional("out_of_service"): _template,
-        vol.Optional("in_service"): _template,
-        # its own bound on a dispense; none: sales.vend_timeout (docs/platforms.md)
-        vol.Optional("vend_timeout"): positive_float,
-        vol.Optional("line_end", default=LINE_END): vol.In(["\n", "\r\n", "\r"]),
-        vol.Optional("silence_timeout"): positive_float,
-        vol.Optional("probe"): str,
-        vol.Optional("reconnect_max", default=RECONNECT_MAX): positive_float,
-    }
-)
-PLATFORM_SCHEMA = vol.All(_SERIAL_LINE_SCHEMA, no_enrollment)
+def _serial_line_schema() -> vol.Schema:
+    return BASE_PLATFORM_SCHEMA.extend(
+        {
+            vol.Required("port"): vol.All(str, vol.Length(min=1)),
+            vol.Optional("baudrate", default=LINE_BAUDRATE): vol.All(int, vol.Range(min=300)),
+            vol.Optional("init", default=[]): [str],
+            vol.Required("vend_request"): _regex("price"),
+            vol.Optional("price_unit", default=PRICE_UNIT): vol.In(["dollars", "cents"]),
+            vol.Required("dispense_ok"): _regex(),
+            vol.Optional("dispense_failed"): _regex(),
+            vol.Optional("cancel"): _regex(),
+            vol.Required("approve"): _template,
+            vol.Optional("deny"): _template,
+            # told to the device when its terminal goes out of service and comes back
+            vol.Optional("out_of_service"): _template,
+            vol.Optional("in_service"): _template,
+            # its own bound on a dispense; none: sales.vend_timeout (docs/platforms.md)
+            vol.Optional("vend_timeout"): positive_float,
+            vol.Optional("line_end", default=LINE_END): vol.In(["\n", "\r\n", "\r"]),
+            vol.Optional("silence_timeout"): positive_float,
+            vol.Optional("probe"): str,
+            vol.Optional("reconnect_max", default=RECONNECT_MAX): positive_float,
+        }
+    )
+
+
+def __getattr__(name: str) -> Any:
+    """``PLATFORM_SCHEMA``, the registry's contract, built on each read: a running agent checks
+    its configuration once, at start (kiosk_api.py's ``__getattr__`` says why)."""
+    if name == "PLATFORM_SCHEMA":
+        return _platform_schema()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def _platform_schema() -> vol.All:
+    return vol.All(_serial_line_schema(), no_enrollment)

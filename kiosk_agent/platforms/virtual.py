@@ -15,13 +15,13 @@ from typing import Any, Protocol
 
 from kiosk_agent.config.registry import CannotStart
 from kiosk_agent.health.availability import follow_availability
-from kiosk_agent.platforms.base import instance_name, link_reporter
-from kiosk_agent.platforms.mdb import MdbCashless, MdbOptions, Mode
-from kiosk_agent.platforms.serial import SerialSettings
 
 # the schema is plain voluptuous, in a module of its own: checking a configuration loads none of
 # this module (config.registry.platform_checks); re-exported, as a platform module provides it
-from kiosk_agent.platforms.virtual_schema import PLATFORM_SCHEMA as PLATFORM_SCHEMA
+from kiosk_agent.platforms import virtual_schema
+from kiosk_agent.platforms.base import instance_name, link_reporter
+from kiosk_agent.platforms.mdb import MdbCashless, MdbOptions, Mode
+from kiosk_agent.platforms.serial import SerialSettings
 from kiosk_agent.sales.model import Flow
 from kiosk_agent.tasks import cancel_and_wait
 
@@ -143,3 +143,10 @@ async def async_setup_platform(agent: Any, config: dict[str, Any]) -> VirtualPla
             cash_rate=config["cash_rate"],
         )
     return platform
+
+
+def __getattr__(name: str) -> Any:
+    """``PLATFORM_SCHEMA``, read from virtual_schema.py on each read (built there each time)."""
+    if name == "PLATFORM_SCHEMA":
+        return virtual_schema.PLATFORM_SCHEMA
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

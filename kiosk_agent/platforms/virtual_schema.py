@@ -37,27 +37,45 @@ def _products(value: Any) -> dict[str, int]:
     return prices
 
 
-_VIRTUAL_SCHEMA = BASE_PLATFORM_SCHEMA.extend(
-    {
-        vol.Optional("products", default={"A1": "1.50", "A2": "2.50", "B1": "3.25"}): _products,
-        vol.Optional("mode", default=Mode.SELECTION_FIRST.value): vol.In([m.value for m in Mode]),
-        vol.Optional("max_funds", default="5.00"): positive_price,
-        vol.Optional("customers", default=True): bool,  # random customers keep coming
-        vol.Optional("gap", default=[1.0, 3.0]): vol.All(
-            [positive_float], vol.Length(min=2, max=2)
-        ),
-        vol.Optional("fail_rate", default=0.1): vol.All(vol.Coerce(float), vol.Range(0, 1)),
-        vol.Optional("walk_away_rate", default=0.05): vol.All(vol.Coerce(float), vol.Range(0, 1)),
-        # share of customers who pay cash: no sale, counted in the machine's books (docs/audit.md)
-        # a DEX port answering with the machine's books (a `dex:` section's `port: virtual:NAME`)
-        vol.Optional("dex", default=False): bool,
-        vol.Optional("cash_rate", default=0.0): vol.All(vol.Coerce(float), vol.Range(0, 1)),
-        vol.Optional("dispense_time", default=0.5): positive_float,
-        # its own bound on a dispense; none: sales.vend_timeout (docs/platforms.md)
-        vol.Optional("vend_timeout"): positive_float,
-        vol.Optional("seed"): int,
-    }
-)
-PLATFORM_SCHEMA = vol.All(
-    _VIRTUAL_SCHEMA, no_enrollment, check_modes, max_price_check("products{}", "max_funds")
-)
+def _virtual_schema() -> vol.Schema:
+    return BASE_PLATFORM_SCHEMA.extend(
+        {
+            vol.Optional("products", default={"A1": "1.50", "A2": "2.50", "B1": "3.25"}): _products,
+            vol.Optional("mode", default=Mode.SELECTION_FIRST.value): vol.In(
+                [m.value for m in Mode]
+            ),
+            vol.Optional("max_funds", default="5.00"): positive_price,
+            vol.Optional("customers", default=True): bool,  # random customers keep coming
+            vol.Optional("gap", default=[1.0, 3.0]): vol.All(
+                [positive_float], vol.Length(min=2, max=2)
+            ),
+            vol.Optional("fail_rate", default=0.1): vol.All(vol.Coerce(float), vol.Range(0, 1)),
+            vol.Optional("walk_away_rate", default=0.05): vol.All(
+                vol.Coerce(float), vol.Range(0, 1)
+            ),
+            # share of customers who pay cash: no sale, counted in the machine's books
+            # (docs/audit.md)
+            # a DEX port answering with the machine's books (a `dex:` section's
+            # `port: virtual:NAME`)
+            vol.Optional("dex", default=False): bool,
+            vol.Optional("cash_rate", default=0.0): vol.All(vol.Coerce(float), vol.Range(0, 1)),
+            vol.Optional("dispense_time", default=0.5): positive_float,
+            # its own bound on a dispense; none: sales.vend_timeout (docs/platforms.md)
+            vol.Optional("vend_timeout"): positive_float,
+            vol.Optional("seed"): int,
+        }
+    )
+
+
+def __getattr__(name: str) -> Any:
+    """``PLATFORM_SCHEMA``, the registry's contract, built on each read: a running agent checks
+    its configuration once, at start (kiosk_api.py's ``__getattr__`` says why)."""
+    if name == "PLATFORM_SCHEMA":
+        return _platform_schema()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def _platform_schema() -> vol.All:
+    return vol.All(
+        _virtual_schema(), no_enrollment, check_modes, max_price_check("products{}", "max_funds")
+    )

@@ -4,7 +4,7 @@ themselves alike.
 Each binds a configured host and port; port 0 takes any free one (tests, several agents on one
 machine), so the port really bound is read back once listening.
 
-Limits (the ``http:`` section, :data:`kiosk_agent.web.schema.HTTP_SCHEMA`), the same for all:
+Limits (the ``http:`` section, :func:`kiosk_agent.web.schema.http_schema`), the same for all:
 
 - a new connection must send its first request's headers within ``header_timeout``;
 - an idle connection, or one slow to send its next request, is closed after
@@ -64,7 +64,7 @@ from kiosk_agent.bucket import TokenBucket
 from kiosk_agent.data_class import data_class
 from kiosk_agent.logs import RefusalLog
 from kiosk_agent.text import control_character
-from kiosk_agent.web.schema import HTTP_SCHEMA
+from kiosk_agent.web.schema import http_schema
 
 _LOGGER = logging.getLogger(__name__)
 
@@ -118,8 +118,8 @@ class HttpLimits:
 
     @classmethod
     def from_config(cls, conf: dict[str, Any] | None = None) -> HttpLimits:
-        """The limits of an ``http:`` section; the defaults (one place: HTTP_SCHEMA) for None."""
-        return cls(**HTTP_SCHEMA(dict(conf or {})))
+        """The limits of an ``http:`` section; the defaults (one place: http_schema) for None."""
+        return cls(**http_schema()(dict(conf or {})))
 
     @classmethod
     def of(cls, agent: Any) -> HttpLimits:

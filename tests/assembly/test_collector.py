@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import linecache
 import subprocess
 import sys
 import weakref
@@ -275,3 +276,72 @@ def test_start_up_caches_are_let_go_before_the_freeze() -> None:
     _registry, _cache, negative, _version = abc._get_dump(Sized)  # type: ignore[attr-defined]
     assert not negative  # Made is no longer remembered as not Sized
     assert not isinstance(Made(), Sized)  # and is still answered right
+
+
+@pytest.fixture
+def thresholds_kept() -> Iterator[tuple[int, int, int]]:
+    """The collector's thresholds and state as the test found them, put back after it."""
+    before = gc.get_threshold()
+    yield before
+    gc.set_threshold(*before)
+    gc.enable()
+
+
+def test_the_loads_garbage_is_collected_as_it_loads_then_the_collector_is_paused(
+    thresholds_kept: tuple[int, int, int],
+) -> None:
+    """The libraries the configuration's load imports make garbage (classes made twice, the
+    load's own schemas): collected while it loads, young passes only, so the agent's imports
+    after it fill that room; then paused until settling, as before."""
+    gc.disable()
+    with collector.collecting_while_loading():
+        assert gc.isenabled()
+        assert gc.get_threshold() == (
+            collector.LOAD_YOUNG_THRESHOLD, collector.LOAD_YOUNG_PASSES,
+            collector.LOAD_YOUNG_PASSES,
+        )
+        early = Node()
+        early_gone = weakref.ref(early)
+        del early
+        kept = [Node() for _ in range(2 * collector.LOAD_YOUNG_THRESHOLD)]  # the imports
+        assert early_gone() is None  # a pass came while it still loaded
+        last = Node()  # dropped as the load ends (its schemas)
+        last_gone = weakref.ref(last)
+        del last
+        linecache.cache["<attrs generated __init__>"] = (1, None, ["x = 1\n"], "<generated>")
+    assert last_gone() is None
+    assert "<attrs generated __init__>" not in linecache.cache  # its room for the imports
+    assert not gc.isenabled()  # start-up's pause
+    assert gc.get_threshold() == thresholds_kept
+    assert len(kept) == 2 * collector.LOAD_YOUNG_THRESHOLD
+
+
+def test_a_load_that_fails_still_leaves_the_collector_as_it_was_paused(
+    thresholds_kept: tuple[int, int, int],
+) -> None:
+    with (
+        pytest.raises(ValueError, match="broken configuration"),
+        collector.collecting_while_loading(),
+    ):
+        raise ValueError("broken configuration")
+    assert not gc.isenabled()  # the run's own `finally` resumes it (cli/agent.py)
+    assert gc.get_threshold() == thresholds_kept
+
+
+async def test_a_run_whose_configuration_is_broken_leaves_the_collector_running(
+    tmp_path: Any, thresholds_kept: tuple[int, int, int],
+) -> None:
+    """`kiosk-agent run` with a configuration it refuses: the exit with its mistakes, and the
+    collector as it was (running, at its usual thresholds), not left paused for a process that
+    goes on (the tests, an embedding)."""
+    import argparse
+
+    from kiosk_agent.cli.agent import run_command
+    from kiosk_agent.cli.contract import CliError
+
+    broken = tmp_path / "kiosk.yaml"
+    broken.write_text("service: {base_url: 7}\n")
+    with pytest.raises(CliError, match="mistake"):
+        await run_command(argparse.Namespace(config=str(broken)))
+    assert gc.isenabled()
+    assert gc.get_threshold() == thresholds_kept

@@ -21,9 +21,9 @@ from kiosk_agent.assembly.systemd import (
     Watchdog,
     watchdog_interval,
 )
-from kiosk_agent.config.load import HTTP_SCHEMA
 from kiosk_agent.health.model import Health
 from kiosk_agent.sales.settings import STOP_TIMEOUT
+from kiosk_agent.web.schema import http_schema
 from tests.child_signals import send_signal, stop
 from tests.cli.agent_process import AgentProcess, money_agrees, sale_reaches, write_config
 from tests.cli.kiosk_app_rig import TOKEN, App, kiosk_app
@@ -80,7 +80,7 @@ def test_the_units_stop_timeout_is_the_drain_plus_the_stops_margin() -> None:
     sales.stop_timeout plus what the rest of the stop takes (parking, HTTP servers' grace)."""
     settings = dict(line.split("=", 1) for line in UNIT.read_text().splitlines() if "=" in line)
     assert float(settings["TimeoutStopSec"]) == STOP_TIMEOUT + STOP_MARGIN
-    assert HTTP_SCHEMA({})["shutdown_grace"] < STOP_MARGIN
+    assert http_schema()({})["shutdown_grace"] < STOP_MARGIN
     assert settings["KillMode"] == "mixed"
 
 

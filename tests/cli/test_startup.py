@@ -401,3 +401,28 @@ def test_the_audit_packages_contract_names_are_still_there_on_first_use() -> Non
         assert getattr(audit, name) is not None, name
     with pytest.raises(AttributeError, match="no attribute 'parse_dex'"):
         audit.parse_dex  # noqa: B018  (a name the contract does not have)
+
+
+def test_a_command_runs_with_no_parser_left(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """A run lives for months: once the command line is parsed, no argparse parser is kept (the
+    command's, the leaf the contract check read, the contract's shared option parsers)."""
+    import gc
+
+    from kiosk_agent.cli import agent, main
+
+    def parsers() -> int:
+        gc.collect()
+        return sum(isinstance(o, argparse.ArgumentParser) for o in gc.get_objects())
+
+    alive: list[int] = []
+
+    async def counting(args: argparse.Namespace) -> int:
+        alive.append(parsers())
+        return 0
+
+    monkeypatch.setattr(agent, "check_config_command", counting)
+    before = parsers()  # pytest's own
+    assert main(["check-config", "--json", str(tmp_path / "config.yaml")]) == 0
+    assert alive == [before]

@@ -10,9 +10,11 @@ from pathlib import Path
 import pytest
 
 from kiosk_agent.config.load import (
+    CORE_SECTIONS,
     ConfigInvalid,
     SecretValue,
     check_config,
+    core_schema,
     load_config,
 )
 from kiosk_agent.service.settings import DEFAULT_TIMEOUT
@@ -70,6 +72,51 @@ def test_a_good_config_loads_with_defaults(tmp_path: Path) -> None:
     assert config["sales"]["retries"] == 2
     assert config.resolve(config["journal"]["path"]) == tmp_path / "data/journal.db"
     assert check_config(tmp_path / "config.yaml") == []
+
+
+def test_the_core_sections_are_the_core_schemas_keys() -> None:
+    assert tuple(str(key.schema) for key in core_schema().schema) == CORE_SECTIONS
+
+
+def test_a_load_leaves_no_schema_behind(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A running agent reads its configuration once: the schemas it was checked with (the
+    core sections', the service's, the sales', the http section's, the kiosk API's) are
+    garbage after the load, not kept for the whole run (docs/architecture.md, "Idle memory:
+    the start's leftovers")."""
+    import gc
+
+    import voluptuous as vol
+
+    from kiosk_agent.config import load
+    from kiosk_agent.platforms import kiosk_api
+    from kiosk_agent.sales import schema as sales_schema
+    from kiosk_agent.web import schema as web_schema
+
+    monkeypatch.setenv("KIOSK_TOKEN", "a-kiosk-token-of-32-characters-x")
+    path = write(
+        tmp_path, "config.yaml",
+        GOOD + "http: {max_connections: 64}\n"
+        "triggers:\n  - {platform: kiosk_api, token: !env_var KIOSK_TOKEN, port: 8123}\n",
+    )
+
+    def schemas() -> int:
+        gc.collect()
+        return sum(isinstance(thing, vol.Schema) for thing in gc.get_objects())
+
+    load_config(path)  # the first load imports and registers what it needs
+    before = schemas()
+    config = load_config(path)
+    assert schemas() == before
+    assert config["http"]["max_connections"] == 64
+    assert config["sales"]["retries"] == 2
+    assert config.triggers[0]["port"] == 8123
+    kept = {
+        f"{module.__name__}.{name}"
+        for module in (load, sales_schema, web_schema, kiosk_api)
+        for name, value in vars(module).items()
+        if isinstance(value, (vol.Schema, vol.All)) and value is not load.PLATFORM_SCHEMA
+    }
+    assert kept == set()  # only the base a third-party platform extends is kept
 
 
 def test_a_float_price_is_refused_with_its_line_and_a_fix(tmp_path: Path, coin_box: str) -> None:
