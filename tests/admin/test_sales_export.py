@@ -148,6 +148,7 @@ def _copies(agent: Any, sale_id: str, count: int) -> None:
     db.execute("COMMIT")
 
 
+@pytest.mark.slow(seconds=27)
 async def test_a_years_export_streams_and_lets_the_agent_run_meanwhile(
     agent: Any, admin_server: Any, admin_headers: dict[str, str], tmp_path: Path,
     capsys: pytest.CaptureFixture[str],
