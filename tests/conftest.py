@@ -18,6 +18,7 @@ from bench._support import release_leaked_mounts
 from kiosk_agent.cli.sim import settings_from_ready
 from kiosk_agent.service.client import ServiceClient
 from kiosk_agent.service.settings import ServiceSettings
+from kiosk_agent.sim import dataset
 from kiosk_agent.sim.server import SimOptions, SimServer
 
 # Property tests run on a busy 2-core CI machine: hypothesis's per-example deadline would make
@@ -53,6 +54,24 @@ def _logging_lookups_kept() -> Iterator[None]:
         setattr(logging, name, value)
 
 
+_GENERATE = dataset.generate
+_DATA_SETS: dict[tuple[Any, ...], list[dataset.Record]] = {}
+
+
+def _generated_once(
+    seed: int, count: int, end: float, ids: dataset.IdBases | None = None
+) -> Iterator[dataset.Record]:
+    """``dataset.generate``'s rows, drawn once a worker for each set of its arguments (it is a
+    function of them alone: its own seeded random, the day-aligned end, the id blocks). Every
+    simulator the fixtures start seeds the same 200 transactions; drawing them was half of a
+    start's CPU. Each start still stores them whole, from copies of the rows."""
+    key = (seed, count, end, ids)
+    if key not in _DATA_SETS:
+        _DATA_SETS[key] = list(_GENERATE(seed, count, end, ids))
+    for kind, row in _DATA_SETS[key]:
+        yield kind, dict(row)
+
+
 @pytest.fixture
 async def sim_factory() -> AsyncIterator[SimFactory]:
     """Start simulators with any ``SimOptions`` (port 0, time_scale 50 unless given)."""
@@ -63,7 +82,9 @@ async def sim_factory() -> AsyncIterator[SimFactory]:
         options.setdefault("time_scale", 50)
         options.setdefault("transactions", 200)
         server = SimServer(SimOptions(**options))
-        await server.start()
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(dataset, "generate", _generated_once)
+            await server.start()
         started.append(server)
         return server
 

@@ -4,8 +4,10 @@ For every test (setup, call and teardown together) the wall time, the CPU of the
 and of the children it reaped meanwhile (agents, simulators, browsers), and the bytes it wrote
 to disk (the kernel's write accounting: pages dirtied, fsynced or not; a file deleted before
 the kernel wrote it back, as SQLite's WAL at close, is counted though the disk never saw it).
-The tests that waited most (wall minus CPU) are listed, and the totals: a test that mostly
-waits is one to put on the injected clock, a test that writes megabytes one to look at. Works
+The tests that waited most (wall minus CPU), those that spent most CPU and those that wrote
+most are listed, and the totals: a test that mostly waits is one to put on the injected clock,
+one that spends seconds of CPU one to make cheaper (on 2 cores the suite's wall follows its
+CPU), a test that writes megabytes one to look at. Works
 under xdist (each worker measures its own tests; the figures travel in the reports' user
 properties), where it also says when each worker's last test ended: the tail of the run.
 """
@@ -108,28 +110,38 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
                                       "written_bytes": costs.written_bytes}) + "\n")
     if not shown or not _SEEN:
         return
+    terminalreporter.section(
+        f"costs: the {shown} tests that waited most, spent most CPU, and wrote most"
+    )
+    for line in listing(_SEEN, shown):
+        terminalreporter.write_line(line)
     write = terminalreporter.write_line
-    terminalreporter.section(f"costs: the {shown} tests that waited most, and wrote most")
-    write(f"{'wall s':>8} {'cpu s':>7} {'waited s':>8} {'written MB':>10}  test")
-    for nodeid, costs in sorted(_SEEN.items(), key=lambda kv: -kv[1].waited_s)[:shown]:
-        write(_line(costs, nodeid))
-    write("")
-    writers = [kv for kv in _SEEN.items() if kv[1].written_bytes > 0]
-    for nodeid, costs in sorted(writers, key=lambda kv: -kv[1].written_bytes)[:shown]:
-        write(_line(costs, nodeid))
-    write("")
-    directories: dict[str, list[Costs]] = {}
-    for nodeid, costs in _SEEN.items():
-        directories.setdefault(_directory(nodeid), []).append(costs)
-    for name, costs_list in sorted(directories.items()):
-        write(_line(_sum(costs_list), f"{name} ({len(costs_list)} tests)"))
-    write(_line(_sum(list(_SEEN.values())), f"all ({len(_SEEN)} tests)"))
     if len(_WORKER_LAST) > 1:
         ends = sorted(_WORKER_LAST.items(), key=lambda kv: kv[1])
         write("workers' last test ended at " + ", ".join(
             f"{name} {end - _SESSION_START:.0f} s" for name, end in ends
         ) + f" (from pytest's start); the last worker ran alone for the last "
             f"{ends[-1][1] - ends[-2][1]:.1f} s")
+
+
+def listing(seen: dict[str, Costs], shown: int) -> list[str]:
+    """The ``shown`` tests that waited most, those that spent most CPU (on 2 cores the suite's
+    wall follows its CPU: these are the ones to make cheaper), those that wrote most, and the
+    totals per directory."""
+    lines = [f"{'wall s':>8} {'cpu s':>7} {'waited s':>8} {'written MB':>10}  test"]
+    writers = {nodeid: costs for nodeid, costs in seen.items() if costs.written_bytes > 0}
+    for rows, key in ((seen, lambda c: c.waited_s), (seen, lambda c: c.cpu_s),
+                      (writers, lambda c: c.written_bytes)):
+        ranked = sorted(rows.items(), key=lambda kv: -key(kv[1]))[:shown]
+        lines += [_line(costs, nodeid) for nodeid, costs in ranked]
+        lines.append("")
+    directories: dict[str, list[Costs]] = {}
+    for nodeid, costs in seen.items():
+        directories.setdefault(_directory(nodeid), []).append(costs)
+    for name, costs_list in sorted(directories.items()):
+        lines.append(_line(_sum(costs_list), f"{name} ({len(costs_list)} tests)"))
+    lines.append(_line(_sum(list(seen.values())), f"all ({len(seen)} tests)"))
+    return lines
 
 
 def _directory(nodeid: str) -> str:

@@ -44,7 +44,7 @@ MAX_KILLS = 4 * KILLS
 FAULT_SCALE = {"slow": (0.75, 2.0), "timeout": 1.5}
 
 
-@pytest.mark.slow(seconds=50)
+@pytest.mark.slow(seconds=36)
 @pytest.mark.timeout(900)  # a bound that only a hang meets, on a machine at load 20 too
 async def test_random_sigkills_under_service_faults_keep_the_money_right(tmp_path: Path) -> None:
     options = ChaosOptions(workdir=tmp_path, kills=KILLS, seed=9, pause=(0.05, 0.8),
@@ -66,7 +66,7 @@ async def test_random_sigkills_under_service_faults_keep_the_money_right(tmp_pat
 DISK_KILLS = 10  # about 25 s
 
 
-@pytest.mark.slow(seconds=28)
+@pytest.mark.slow(seconds=37)
 @pytest.mark.skipif(os.geteuid() != 0, reason="mounting the journal's own tmpfs needs root")
 async def test_a_journal_disk_that_fills_and_a_journal_that_loses_its_wal_keep_the_money_right(
     tmp_path: Path,

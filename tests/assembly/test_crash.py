@@ -134,7 +134,7 @@ def driver_on(sim: Any, drivers: WarmDrivers, tmp_path: Path) -> Driver:
     return Driver(drivers, write_config(tmp_path, sim), markers, env)
 
 
-@pytest.mark.slow(seconds=55)
+@pytest.mark.slow(seconds=21)
 async def test_sigkill_at_every_step_loses_no_sale_and_keeps_no_unearned_money(
     sim_factory: Any, drivers: WarmDrivers, tmp_path: Path
 ) -> None:
@@ -275,7 +275,7 @@ async def kill_at_each_overlap(
     return pairs
 
 
-@pytest.mark.slow(seconds=20)
+@pytest.mark.slow(seconds=7)
 async def test_sigkill_with_a_capturing_sale_and_a_newer_one_on_its_terminal_ends_both(
     sim_factory: Any, drivers: WarmDrivers, tmp_path: Path
 ) -> None:

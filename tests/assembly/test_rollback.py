@@ -72,7 +72,7 @@ def previous_release() -> Path:
     return tree
 
 
-@pytest.mark.slow
+@pytest.mark.slow(seconds=16)
 async def test_the_previous_release_runs_on_a_journal_this_one_wrote(
     sim_factory: Any, tmp_path: Path
 ) -> None:

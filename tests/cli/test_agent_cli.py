@@ -698,6 +698,7 @@ def _many_sales(directory: Path, count: int) -> None:
     journal.close()
 
 
+@pytest.mark.slow(seconds=12)
 @pytest.mark.parametrize("fmt", ["csv", "json"])
 def test_an_export_is_written_as_the_journal_is_read(
     tmp_path: Path, capfd: pytest.CaptureFixture[str], fmt: str

@@ -13,6 +13,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from kiosk_agent.cli.contract import EXIT_JOURNAL_OWNED
 
 from .agent_process import MACHINE, AgentProcess, money_agrees, sale_in, states, write_config
@@ -46,6 +48,7 @@ async def refused_by(second: AgentProcess, owner: AgentProcess, journal: Path) -
     assert "recovery" not in said
 
 
+@pytest.mark.slow(seconds=10)
 async def test_whichever_agent_starts_second_on_one_journal_is_refused(
     sim_factory: Any, tmp_path: Path
 ) -> None:

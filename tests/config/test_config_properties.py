@@ -154,7 +154,7 @@ SECTIONS = st.fixed_dictionaries(
 )
 
 
-@pytest.mark.slow
+@pytest.mark.slow(seconds=13)
 @given(SECTIONS)
 def test_well_formed_yaml_of_the_config_sections(config_dir: Path, config: dict[str, Any]) -> None:
     errors = check_text(config_dir, yaml.safe_dump(config, allow_unicode=True))

@@ -278,7 +278,7 @@ DEVICE_STEPS = st.one_of(
 )
 
 
-@pytest.mark.slow(seconds=20)
+@pytest.mark.slow(seconds=13)
 @settings(max_examples=12, deadline=None, derandomize=True,
           phases=(Phase.explicit, Phase.reuse, Phase.generate))
 @given(steps=st.lists(DEVICE_STEPS, min_size=1, max_size=14),
