@@ -226,7 +226,7 @@ class Agent:
         )
         self.sales = SaleRunner(context)
         # a card wait's unsubscribe frame is sent once no customer waits for an answer
-        self.service.terminal.cable.leave_when = self.sales.when_no_customer_waits
+        self.service.terminal.cable.leave_when = self.sales.when_no_terminal_held
         self.recovery = Recovery(context, runner=self.sales)
         self.attention = AttentionSweeper(context, interval=sales_conf["attention_recheck"])
         # a step that cannot be written, a journal lost or damaged, a charge it does not hold

@@ -113,7 +113,7 @@ class SaleRunner:
         self._holding: dict[str, SaleFlow] = {}  # device_id -> the sale holding that terminal
         self._none_held = asyncio.Event()  # no terminal held: no customer waits for an answer
         self._none_held.set()
-        self._when_none_held: list[Callable[[], None]] = []  # when_no_customer_waits()
+        self._when_none_held: list[Callable[[], None]] = []  # when_no_terminal_held()
         self._live: dict[str, tuple[SaleFlow, Sale]] = {}  # sale_id -> every sale not ended
         # device_id -> who refuses its new sales (recovery, the unwritten sales) -> why
         self._blocked: dict[str, dict[str, str]] = {}
@@ -210,25 +210,27 @@ class SaleRunner:
             del self._holding[device]
             if not self._holding:
                 self._none_held.set()
-                self._no_customer_waits()
+                self._no_terminal_held()
         sale.released.set()
 
-    def when_no_customer_waits(self, callback: Callable[[], None]) -> None:
+    def when_no_terminal_held(self, callback: Callable[[], None]) -> None:
         """Call ``callback`` once no sale holds a terminal (at once if none does), in the call
         that releases the last one: work that can wait a moment (the cable's unsubscribe
-        frames) then needs no task or loop turn while a customer waits for an answer."""
+        frames) then needs no task or loop turn while a customer waits for an answer. Wider than
+        ``SaleContext.customers`` (sales/answers.py: a customer awaiting the machine's answer),
+        which a capture waits on: a held terminal also covers a card-first offer's wait."""
         if self._none_held.is_set():
             callback()
         else:
             self._when_none_held.append(callback)
 
-    def _no_customer_waits(self) -> None:
+    def _no_terminal_held(self) -> None:
         callbacks, self._when_none_held = self._when_none_held, []
         for callback in callbacks:
             try:
                 callback()
             except Exception:  # never a silent death, and never the release's own
-                _LOGGER.exception("work that waited for no customer to wait failed")
+                _LOGGER.exception("work that waited for no terminal to be held failed")
 
     def _check_max_price(self, request: SaleRequest) -> None:
         """The lower of the trigger's configured ``max_price`` and the request's own bound."""

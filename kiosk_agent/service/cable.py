@@ -198,7 +198,7 @@ class Cable:
         self._lingering: asyncio.Task[None] | None = None
         self.connects = 0  # sockets opened (diagnostics, tests, benchmarks)
         # Calls back once no customer waits for a machine's answer (the agent's
-        # SaleRunner.when_no_customer_waits): a finished wait's unsubscribe frame is sent then,
+        # SaleRunner.when_no_terminal_held): a finished wait's unsubscribe frame is sent then,
         # or after LEAVE_WAITS_FOR_CUSTOMER_S, not on the way from the card to the approve.
         # None: sent at once.
         self.leave_when: Callable[[Callable[[], None]], None] | None = None

@@ -654,7 +654,7 @@ async def test_a_card_read_nobody_cancels_makes_no_task_to_watch_for_a_cancel(
     assert asked == [agent.journal.get(sale.sale_id).interaction_id]  # type: ignore[union-attr]
 
 
-async def test_the_card_waits_unsubscribe_is_sent_once_no_customer_waits(
+async def test_the_card_waits_unsubscribe_is_sent_once_no_terminal_is_held(
     agent: Agent, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(cable_module, "LEAVE_WAITS_FOR_CUSTOMER_S", 60.0)  # the release, not it
@@ -683,11 +683,11 @@ async def test_the_card_waits_unsubscribe_is_sent_once_no_customer_waits(
     await until(lambda: not connection.leaving)  # the terminal released: the frame goes
 
 
-async def test_what_waits_for_no_customer_is_called_once_the_terminal_is_released(
+async def test_what_waits_for_no_terminal_held_is_called_once_the_terminal_is_released(
     agent: Agent, caplog: pytest.LogCaptureFixture
 ) -> None:
     called: list[str] = []
-    agent.sales.when_no_customer_waits(lambda: called.append("idle"))  # none held: at once
+    agent.sales.when_no_terminal_held(lambda: called.append("idle"))  # none held: at once
     assert called == ["idle"]
     machine = ScriptedDispenser(delay=0.2)
     sale = await agent.sales.start(request(250, Flow.AUTHORIZE_CAPTURE), machine)
@@ -695,13 +695,13 @@ async def test_what_waits_for_no_customer_is_called_once_the_terminal_is_release
     def broken() -> None:
         raise RuntimeError("a bug in a callback")
 
-    agent.sales.when_no_customer_waits(broken)  # said, and never the release's own failure
-    agent.sales.when_no_customer_waits(lambda: called.append("released"))
+    agent.sales.when_no_terminal_held(broken)  # said, and never the release's own failure
+    agent.sales.when_no_terminal_held(lambda: called.append("released"))
     assert called == ["idle"]  # the sale holds its terminal
     event = await asyncio.wait_for(sale.result(), 10)
     assert event.state is SaleState.COMPLETED
     assert called == ["idle", "released"]
-    assert "work that waited for no customer to wait failed" in caplog.text
+    assert "work that waited for no terminal to be held failed" in caplog.text
 
 
 @pytest.mark.parametrize("flow", [Flow.CHARGE_CARD, Flow.AUTHORIZE_CAPTURE])

@@ -181,12 +181,12 @@ def sim_subscriptions(sim: SimServer) -> list[str]:
             for identifier in connection._subscriptions]
 
 
-async def test_a_finished_waits_unsubscribe_waits_until_no_customer_waits(
+async def test_a_finished_waits_unsubscribe_waits_until_no_terminal_is_held(
     sim: SimServer, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The card wait's unsubscribe frame is not sent between the card and the approve (a socket
     write and some 0.1 ms of CPU there) but once the agent says no customer waits
-    (SaleRunner.when_no_customer_waits), or after LEAVE_WAITS_FOR_CUSTOMER_S; a new wait on a
+    (SaleRunner.when_no_terminal_held), or after LEAVE_WAITS_FOR_CUSTOMER_S; a new wait on a
     channel left and not yet said says it first, in order."""
     waiting: list[Callable[[], None]] = []  # the callbacks the cable left with the "agent"
     monkeypatch.setattr(cable_module, "LEAVE_WAITS_FOR_CUSTOMER_S", 60.0)  # not on a slow run
