@@ -9,6 +9,7 @@ from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
 from kiosk_agent.data_class import data_class
+from kiosk_agent.sales.defaults import EMAIL, PRINT  # the ``receipts:`` section's
 from kiosk_agent.service.errors import ServiceError
 
 if TYPE_CHECKING:
@@ -17,9 +18,6 @@ if TYPE_CHECKING:
 _LOGGER = logging.getLogger(__name__)
 
 
-# The defaults of the ``receipts:`` section (sales/schema.py takes them from here)
-PRINT = "auto"  # print when the terminal's capabilities say it prints
-EMAIL = True
 
 
 @data_class(frozen=True, slots=True)

@@ -1,15 +1,16 @@
 """The sections the sale domain owns: ``sales:``, ``journal:`` and ``receipts:``. Voluptuous
-alone (checking a configuration imports no flow, no journal, no service model); every default
-is the one written in sales/settings.py, and the configuration's core schema takes these.
-Built on each call, for the one load that checks with them (config/load.py says why).
+alone (checking a configuration imports no flow, no journal, no service model, nor the sale's
+model, states and receipts); every default is the one written in sales/defaults.py, and the
+configuration's core schema takes these. Built on each call, for the one load that checks with
+them (config/load.py says why).
 """
 
 from __future__ import annotations
 
 import voluptuous as vol
 
-from kiosk_agent.sales import receipts
-from kiosk_agent.sales.settings import (
+from kiosk_agent.money import CURRENCY
+from kiosk_agent.sales.defaults import (
     ANSWER_MARGIN,
     ATTENTION_RECHECK,
     CARD_TIMEOUT,
@@ -17,7 +18,8 @@ from kiosk_agent.sales.settings import (
     CHARGE_CHECK_MAX_GIVE_BACK,
     CHARGE_HISTORY_INTERVAL,
     CHOICE_TIMEOUT,
-    CURRENCY,
+    EMAIL,
+    PRINT,
     RETRIES,
     STOP_TIMEOUT,
     UNWRITTEN_RESTART_AFTER,
@@ -44,8 +46,8 @@ def receipts_schema() -> vol.Schema:
     """The ``receipts:`` section."""
     return vol.Schema(
         {
-            vol.Optional("print", default=receipts.PRINT): vol.In(["auto", "always", "never"]),
-            vol.Optional("email", default=receipts.EMAIL): bool,
+            vol.Optional("print", default=PRINT): vol.In(["auto", "always", "never"]),
+            vol.Optional("email", default=EMAIL): bool,
         }
     )
 

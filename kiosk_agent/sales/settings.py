@@ -7,35 +7,30 @@ from dataclasses import field
 
 from kiosk_agent.data_class import data_class
 from kiosk_agent.money import CURRENCY as CURRENCY
+
+# The ``sales:`` section's defaults are written once in sales/defaults.py (its schema reads
+# them there, importing nothing of the sale); re-exported here for the objects they configure.
+from kiosk_agent.sales.defaults import ANSWER_MARGIN as ANSWER_MARGIN
+from kiosk_agent.sales.defaults import ATTENTION_RECHECK as ATTENTION_RECHECK
+from kiosk_agent.sales.defaults import CARD_TIMEOUT as CARD_TIMEOUT
+from kiosk_agent.sales.defaults import CHARGE_CHECK_INTERVAL as CHARGE_CHECK_INTERVAL
+from kiosk_agent.sales.defaults import CHARGE_CHECK_MAX_GIVE_BACK as CHARGE_CHECK_MAX_GIVE_BACK
+from kiosk_agent.sales.defaults import CHARGE_HISTORY_INTERVAL as CHARGE_HISTORY_INTERVAL
+from kiosk_agent.sales.defaults import CHOICE_TIMEOUT as CHOICE_TIMEOUT
+from kiosk_agent.sales.defaults import RETRIES as RETRIES
+from kiosk_agent.sales.defaults import STOP_TIMEOUT as STOP_TIMEOUT
+from kiosk_agent.sales.defaults import UNWRITTEN_RESTART_AFTER as UNWRITTEN_RESTART_AFTER
+from kiosk_agent.sales.defaults import VEND_TIMEOUT as VEND_TIMEOUT
 from kiosk_agent.sales.model import SaleRequest
 from kiosk_agent.sales.model import UnknownTerminal as UnknownTerminal  # re-exported
 from kiosk_agent.sales.receipts import ReceiptSettings
 from kiosk_agent.sales.states import Flow
 from kiosk_agent.service.timeouts import DEFAULT_TIMEOUT, INTERACTION_LIFETIME
 
-# The defaults of the ``sales:`` section, each written here once: its schema (sales/schema.py)
-# and the objects it configures (SaleSettings, JournalGuard, AttentionSweeper, ChargeAudit)
-# take them from here (tests/config/test_defaults.py).
-RETRIES = 2  # charge_card: how many times a B (retry) answer is asked again
-CARD_TIMEOUT = 200.0  # how long a card may take at the terminal before the sale gives up
-# How long the machine may take to report a dispense, unless its trigger sets its own (seconds)
-VEND_TIMEOUT = 60.0
-# Card first: how long the customer may take to choose once the card is authorized (seconds)
-CHOICE_TIMEOUT = 60.0
 # Card first: the pause before a trigger's next offer (a sale waiting for a card), doubled for
 # each offer in a row that got no authorization (a terminal busy or offline), at most the second
 OFFER_PAUSE = 0.2
 OFFER_PAUSE_MOST = 30.0
-# On a stopping signal, how long the sales already running may take to finish before what is
-# still open is parked (``sales.stop_timeout``; systemd/kiosk-agent.service's TimeoutStopSec is
-# this plus the stop's own margin, tests/assembly/test_systemd.py keeps them in step).
-STOP_TIMEOUT = 30.0
-ANSWER_MARGIN = 10.0  # how long the service may still commit a call after the agent gave up
-ATTENTION_RECHECK = 300.0  # how often sales in ATTENTION are looked at again in reporting
-CHARGE_CHECK_INTERVAL = 900.0  # how often reporting's recent charges meet the journal
-CHARGE_HISTORY_INTERVAL = 21600.0  # how often a charge check reads the settled charges too
-CHARGE_CHECK_MAX_GIVE_BACK = 5  # more unaccounted charges than this go to a person
-UNWRITTEN_RESTART_AFTER = 120.0  # a sale left unwritten this long has the agent restarted
 
 
 @data_class(frozen=True, slots=True)
