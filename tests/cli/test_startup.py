@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from kiosk_agent import __version__
-from kiosk_agent.cli import COMMAND_HELP, COMMAND_MODULES, build_parser
+from kiosk_agent.cli import COMMAND_HELP, COMMAND_MODULES, build_parser, contract
 
 DEMO_CONFIG = Path(__file__).parents[2] / "config" / "demo.yaml"
 
@@ -471,6 +471,7 @@ def test_a_command_runs_with_no_parser_left(
         return 0
 
     monkeypatch.setattr(agent, "check_config_command", counting)
+    contract.forget_parsers()  # what earlier tests of this process built and the cache kept
     before = parsers()  # pytest's own
     assert main(["check-config", "--json", str(tmp_path / "config.yaml")]) == 0
     assert alive == [before]
