@@ -11,6 +11,8 @@ import tracemalloc
 from collections.abc import AsyncIterator
 from typing import Any
 
+import pytest
+
 from kiosk_agent.sales.audit import (
     CHECK_PAGE_SIZE,
     HELD_SUFFIX,
@@ -24,6 +26,7 @@ from kiosk_agent.sales.unit import OwnUnit
 from kiosk_agent.service.models import ChargeRequest, Transaction, TransactionFilter, TransStatus
 from kiosk_agent.service.reporting import DEFAULT_PAGE_SIZE
 from kiosk_agent.service.settings import CallKind
+from kiosk_agent.sim.payments import Payments
 
 from ..assembly.agent_helpers import TIME_SCALE
 from ..helpers import sim_call, until
@@ -822,3 +825,112 @@ async def test_two_held_charges_under_a_sale_the_journal_ended_uncharged_are_bot
     again = await agent.journal_guard.audit.check(settled=False)
     assert again.ok
     assert again.unaccounted == []
+
+
+def give_backs_of(agent: Any, trans_id: str) -> list[tuple[str, str]]:
+    """(order id, state) of each sale of the check's own that gives back ``trans_id``."""
+    rows = agent.journal.db.execute(
+        "SELECT order_id, state FROM sales WHERE source = 'audit' AND trans_id = ?", (trans_id,))
+    return [(order_id, state) for order_id, state in rows]
+
+
+async def statuses(agent: Any, order_id: str) -> dict[str, TransStatus | None]:
+    rows = [t async for t in agent.service.reporting.transactions(
+        TransactionFilter(order_id=order_id))]
+    return {t.trans_id: t.status for t in rows if t.order_id == order_id}
+
+
+@pytest.mark.parametrize("second", ["-2", ""], ids=["its-retry", "its-order-id-again"])
+async def test_a_second_charge_of_a_lost_sales_order_ids_found_in_a_later_check_is_given_back(
+    agent_factory: Any, monkeypatch: pytest.MonkeyPatch, second: str
+) -> None:
+    """A journal that lost a sale: one check finds its attempt's charge and gives it back under
+    a sale of its own (that sale's order id, the lost sale's). A later check finds a second
+    charge of the same order ids (the retry, or the order id charged again under another
+    trans id): given back too, once, and the first never again. That first give-back once
+    counted as the sale of every charge under those order ids: the second was kept, the
+    customer charged twice for one sale and no person told. (The simulator answers a second
+    charge of an approved order id with the first, as a gateway's duplicate check does: one
+    without it, or whose window passed, takes it anew.)"""
+    monkeypatch.setattr(Payments, "_approved_charge", lambda *_args: None)
+    agent = await checked_start(agent_factory)
+    audit = agent.journal_guard.audit
+    base = own(agent, 0x31)
+    first = await _charge(agent, base, 300, capture=True)
+    found = await audit.check(settled=False)
+    assert found.unaccounted == [first]
+    assert [e.state for e in found.events] == [SaleState.REVERSED]
+
+    later = await _charge(agent, f"{base}{second}", 250, capture=True)
+    assert later != first
+    result = await audit.check(settled=False)
+
+    assert result.ok, result.error
+    assert result.unaccounted == [later]
+    assert [e.state for e in result.events] == [SaleState.REVERSED]
+    assert len(give_backs_of(agent, first)) == 1
+    assert [state for _, state in give_backs_of(agent, later)] == [SaleState.REVERSED.value]
+    held = (await statuses(agent, base)) | (await statuses(agent, f"{base}{second}"))
+    assert {held[first], held[later]} <= {TransStatus.VOIDED, TransStatus.REFUNDED}, held
+    again = await audit.check(settled=False)
+    assert (again.unaccounted, len(give_backs_of(agent, later))) == ([], 1)
+
+
+async def test_a_retry_held_under_a_sale_ended_uncharged_found_in_a_later_check_is_given_back(
+    agent_factory: Any, tmp_path: Any
+) -> None:
+    """The same under a sale the journal ended with no money moved: its charge is given back
+    under ``-held``; the retry's, found later, is not accounted for by that give-back."""
+    order = "KA" + "0123456789ABCDEF04"
+    leave_open(tmp_path, state=SaleState.FAILED, order_id=order, flow="charge_card")
+    agent = await checked_start(agent_factory)
+    audit = agent.journal_guard.audit
+    first = await _charge(agent, order, 300, capture=False)
+    assert (await audit.check(settled=False)).unaccounted == [first]
+    assert give_backs_of(agent, first) == [(order + HELD_SUFFIX, SaleState.REVERSED.value)]
+
+    retry = await _charge(agent, f"{order}-2", 300, capture=False)
+    result = await audit.check(settled=False)
+
+    assert result.unaccounted == [retry]
+    assert [e.state for e in result.events] == [SaleState.REVERSED]
+    assert len(give_backs_of(agent, first)) == 1
+    assert len(give_backs_of(agent, retry)) == 1
+    ended = agent.journal.by_order_id(order)
+    assert ended is not None
+    assert ended.state is SaleState.FAILED
+    assert (await audit.check(settled=False)).unaccounted == []
+
+
+async def test_a_give_back_whose_void_failed_is_not_given_back_twice_by_later_checks(
+    agent_factory: Any, sim_factory: Any
+) -> None:
+    """The void of a found charge fails: its give-back sale is put to a person (the sweeper
+    tries again) and the charge still holds money. Later checks take that charge as the
+    give-back's (one sale, never a second void under another), while a retry of the same sale
+    found meanwhile is given back under a sale of its own."""
+    sim = await sim_factory(time_scale=TIME_SCALE, transactions=0)
+    agent = await checked_start(agent_factory, sim=sim)
+    audit = agent.journal_guard.audit
+    base = own(agent, 0x32)
+    first = await _charge(agent, base, 300, capture=True)
+    await sim_call(sim, "POST", "/sim/faults", {
+        "fault": "unavailable", "method": "POST", "count": 1000,
+        "path": "/api/v1/void-or-refund"})
+    try:
+        failed = await audit.check(settled=False)
+    finally:
+        await sim_call(sim, "DELETE", "/sim/faults")
+    assert failed.unaccounted == [first]
+    assert [e.state for e in failed.events] == [SaleState.ATTENTION]
+    assert (await statuses(agent, base))[first] == TransStatus.CAPTURED
+
+    again = await audit.check(settled=False)
+    assert (again.ok, again.unaccounted) == (True, [])
+    retry = await _charge(agent, f"{base}-2", 300, capture=True)
+    with_retry = await audit.check(settled=False)
+
+    assert with_retry.unaccounted == [retry]
+    assert give_backs_of(agent, first) == [(base, SaleState.ATTENTION.value)]
+    assert [state for _, state in give_backs_of(agent, retry)] == [SaleState.REVERSED.value]
+    assert (await statuses(agent, base))[first] == TransStatus.CAPTURED  # the person's, still
