@@ -17,6 +17,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kiosk_agent.sales.audit import (
+    AUDIT_SOURCE,
     CHECK_PAGE_SIZE,
     HELD_SUFFIX,
     START_CHECK_PAGE_SIZE,
@@ -937,6 +938,30 @@ async def test_a_give_back_whose_void_failed_is_not_given_back_twice_by_later_ch
     assert give_backs_of(agent, first) == [(base, SaleState.ATTENTION.value)]
     assert [state for _, state in give_backs_of(agent, retry)] == [SaleState.REVERSED.value]
     assert (await statuses(agent, base))[first] == TransStatus.CAPTURED  # the person's, still
+
+
+async def test_a_give_back_killed_before_its_charge_was_journaled_accounts_for_nothing(
+    agent_factory: Any,
+) -> None:
+    """A check killed between its give-back sale's creation and its ``audit.found`` (two
+    commits): recovery ends that sale failed, no trans id, no void sent. It gives back
+    nothing, so it accounts for nothing: the next check gives the charge back under a sale of
+    its own, once."""
+    agent = await checked_start(agent_factory)
+    base = own(agent, 0x33)
+    first = await _charge(agent, base, 300, capture=True)
+    interrupted = agent.journal.create(SaleRecord(
+        sale_id="interrupted", order_id=base, source=AUDIT_SOURCE, flow="charge_card",
+        terminal="SIM-0001", amount_cents=300, state=SaleState.STARTED))
+    walk_to(agent.journal, interrupted, SaleState.FAILED)  # as recovery ends it
+
+    result = await agent.journal_guard.audit.check(settled=False)
+
+    assert result.unaccounted == [first]
+    assert [e.state for e in result.events] == [SaleState.REVERSED]
+    assert [state for _, state in give_backs_of(agent, first)] == [SaleState.REVERSED.value]
+    assert (await statuses(agent, base))[first] == TransStatus.VOIDED
+    assert (await agent.journal_guard.audit.check(settled=False)).unaccounted == []
 
 
 # The suite's few examples, 0.2 s each; a search asks more (GIVE_BACKS_EXAMPLES=300)
