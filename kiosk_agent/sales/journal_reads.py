@@ -21,7 +21,8 @@ from kiosk_agent.sales.states import SaleState, Step
 # named as a list, not as "not final": an IN list is looked up in the state's index, a NOT IN
 # scans every sale of the journal (200,000 in a busy unit's year)
 _OPEN_STATES = tuple(s.value for s in SaleState if not s.final)
-_ORDER_STATES = "SELECT order_id, sale_id, state, source FROM sales WHERE order_id IN"
+_ORDER_STATES = (
+    "SELECT order_id, sale_id, state, source, attempt, trans_id FROM sales WHERE order_id IN")
 _STATE_OF = {state.value: state for state in SaleState}  # a dict's look, not the enum's call
 _IN_LIST_MAX = 500  # values bound in one statement (SQLite's limit: 999 in older builds)
 # An order id's suffixes ('-2', '-held') follow its base after this character; the next one
@@ -36,6 +37,8 @@ class OrderState(NamedTuple):
     sale_id: str
     state: SaleState
     source: str
+    attempt: int  # its last attempt's: the order id suffixed -N
+    trans_id: str | None  # the charge it holds, once known
 
 
 class SaleNotFound(LookupError):
@@ -62,7 +65,8 @@ class JournalReads:
         return None if row is None else _record(row)
 
     def order_states(self, order_ids: Iterable[str]) -> dict[str, OrderState]:
-        """The sale id, state and source of each of ``order_ids`` the journal holds, in one
+        """The sale id, state, source, attempt and trans id of each of ``order_ids`` the journal
+        holds, in one
         read of the order id's index a few hundred at a time: the charge check decides a page
         of reporting's rows by them (a read and a record a row was most of its time)."""
         wanted = list(dict.fromkeys(order_ids))
@@ -71,8 +75,10 @@ class JournalReads:
             part = wanted[start:start + _IN_LIST_MAX]
             marks = ", ".join("?" for _ in part)
             query = f"{_ORDER_STATES} ({marks})"  # placeholders only: the ids are bound
-            for order_id, sale_id, state, source in self.db.execute(query, part):
-                found[order_id] = OrderState(sale_id, _STATE_OF[state], source)
+            for order_id, sale_id, state, source, attempt, trans_id in self.db.execute(
+                query, part
+            ):
+                found[order_id] = OrderState(sale_id, _STATE_OF[state], source, attempt, trans_id)
         return found
 
     def under_order_base(self, base: str) -> list[SaleRecord]:

@@ -9,7 +9,7 @@ import os
 import sys
 import time
 import tracemalloc
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import pytest
@@ -964,6 +964,43 @@ async def test_a_give_back_killed_before_its_charge_was_journaled_accounts_for_n
     assert (await agent.journal_guard.audit.check(settled=False)).unaccounted == []
 
 
+@pytest.mark.parametrize("holds", ["the-retrys", "the-attempts"])
+async def test_a_charge_of_an_earlier_attempt_of_a_sale_that_ended_charged_is_given_back(
+    agent_factory: Any, holds: str
+) -> None:
+    """A sale the journal holds, completed on its retry (``-2``): a service that charged the
+    attempt it answered "retry" for charged the customer twice. The attempt's charge is no
+    money of the sale's: given back under a sale of its own, once; the retry's (the sale's
+    trans id) is the sale's, left alone. Once the sale counted for both. A sale that holds
+    the attempt's charge itself (recovery or the sweeper found it, reporting's lookup reads
+    every attempt's order id) keeps it: nothing is given back."""
+    agent = await checked_start(agent_factory)
+    audit = agent.journal_guard.audit
+    base = own(agent, 0x34 if holds == "the-retrys" else 0x35)
+    first = await _charge(agent, base, 300, capture=True)
+    retry = await _charge(agent, f"{base}-2", 300, capture=True) if holds == "the-retrys" else ""
+    held = retry or first
+    sale = agent.journal.create(SaleRecord(
+        sale_id=f"completed{holds}", order_id=base, source="test", flow="charge_card",
+        terminal="SIM-0001", amount_cents=300, state=SaleState.STARTED))
+    walk_to(agent.journal, sale, SaleState.COMPLETED, attempt=2, trans_id=held)
+
+    result = await audit.check(settled=False)
+
+    assert result.ok, result.error
+    ledger = (await statuses(agent, base)) | (await statuses(agent, f"{base}-2"))
+    if holds == "the-retrys":
+        assert result.unaccounted == [first]
+        assert [state for _, state in give_backs_of(agent, first)] == [SaleState.REVERSED.value]
+        assert (ledger[first], ledger[retry]) == (TransStatus.VOIDED, TransStatus.CAPTURED)
+    else:
+        assert result.unaccounted == []
+        assert ledger[first] == TransStatus.CAPTURED
+    assert give_backs_of(agent, held) == []
+    assert agent.journal.by_order_id(base).state is SaleState.COMPLETED
+    assert (await audit.check(settled=False)).unaccounted == []
+
+
 # The suite's few examples, 0.2 s each; a search asks more (GIVE_BACKS_EXAMPLES=300)
 GIVE_BACKS_EXAMPLES = int(os.environ.get("GIVE_BACKS_EXAMPLES", "5"))
 _CHARGES_OF_ONE_SALE = st.lists(st.one_of(
@@ -978,10 +1015,13 @@ async def test_every_charge_of_one_sales_order_ids_is_given_back_once_whatever_t
 ) -> None:
     """Hypothesis: the charges of one sale's order ids (its attempt, retries, the order id
     charged again) made between checks (of the unsettled, or whole reads) and settlements in
-    any order, some checks' voids failing, under a sale the journal lost or ended uncharged.
-    After a last check, each charge has exactly one give-back sale, its own by trans id, and is
+    any order, some checks' voids failing, under a sale the journal lost, ended uncharged, or
+    completed on its retry (``-2``: its own charge; the others under its other attempts' order
+    ids, as a service that charged an attempt it answered "retry" for; one under ``-2`` again
+    is not modelled, the sale counts every charge of its last attempt). After a last check,
+    each charge not the sale's has exactly one give-back sale, its own by trans id, and is
     given back (voided or refunded), or held with that give-back put to a person (its void
-    failed); no check fails. (The examples drive the agent's loop from
+    failed); the sale's own is kept; no check fails. (The examples drive the agent's loop from
     hypothesis's thread.)"""
     monkeypatch.setattr(Payments, "_approved_charge", lambda *_args: None)
     sim = await sim_factory(time_scale=TIME_SCALE, transactions=0)
@@ -992,6 +1032,13 @@ async def test_every_charge_of_one_sales_order_ids_is_given_back_once_whatever_t
 
     def run(coroutine: Any) -> Any:
         return asyncio.run_coroutine_threadsafe(coroutine, loop).result(timeout=60)
+
+    async def on_loop(read: Callable[..., Any], *args: Any, **fields: Any) -> Any:
+        """The journal's connection is the agent's, used from its loop's thread only."""
+        return read(*args, **fields)
+
+    async def journaled(record: SaleRecord, state: SaleState, **fields: Any) -> None:
+        walk_to(agent.journal, agent.journal.create(record), state, **fields)
 
     async def check(voids_fail: bool, whole: bool) -> None:
         if voids_fail:
@@ -1005,18 +1052,20 @@ async def test_every_charge_of_one_sales_order_ids_is_given_back_once_whatever_t
         assert result.ok, result.error
 
     @settings(max_examples=GIVE_BACKS_EXAMPLES, deadline=None)
-    @given(ops=_CHARGES_OF_ONE_SALE, ended=st.booleans())
-    def one_sale(ops: list[tuple[Any, ...]], ended: bool) -> None:
+    @given(ops=_CHARGES_OF_ONE_SALE, sale=st.sampled_from(["lost", "failed", "completed"]))
+    def one_sale(ops: list[tuple[Any, ...]], sale: str) -> None:
         base = own(agent, next(sales))
-        if ended:  # a sale the journal holds, ended with no money moved
-            walk_to(agent.journal, agent.journal.create(SaleRecord(
-                sale_id=f"ended{base[-8:]}", order_id=base, source="test", flow="charge_card",
-                terminal="SIM-0001", amount_cents=300, state=SaleState.STARTED)),
-                SaleState.FAILED)
+        kept = run(_charge(agent, f"{base}-2", 300, capture=True)) if sale == "completed" else ""
+        if sale != "lost":  # a sale the journal holds, ended as it says
+            run(journaled(SaleRecord(
+                sale_id=f"{sale}{base[-8:]}", order_id=base, source="test", flow="charge_card",
+                terminal="SIM-0001", amount_cents=300, state=SaleState.STARTED),
+                SaleState.COMPLETED if kept else SaleState.FAILED,
+                **({"attempt": 2, "trans_id": kept} if kept else {})))
         charges: list[tuple[str, str]] = []
         for op, *args in ops:
             if op == "charge":
-                order_id = f"{base}{args[0]}"
+                order_id = f"{base}{'-3' if kept and args[0] == '-2' else args[0]}"
                 charges.append((run(_charge(agent, order_id, 300, capture=True)), order_id))
             elif op == "check":
                 run(check(*args))
@@ -1024,7 +1073,7 @@ async def test_every_charge_of_one_sales_order_ids_is_given_back_once_whatever_t
                 run(sim_call(sim, "POST", "/sim/settle"))
         run(check(False, True))
         for trans_id, order_id in charges:
-            backs = give_backs_of(agent, trans_id)
+            backs = run(on_loop(give_backs_of, agent, trans_id))
             assert len(backs) == 1, f"{trans_id} under {order_id}: given back by {backs}"
             [(_, state)] = backs
             status = run(statuses(agent, order_id))[trans_id]
@@ -1033,7 +1082,12 @@ async def test_every_charge_of_one_sales_order_ids_is_given_back_once_whatever_t
             else:
                 assert state == SaleState.REVERSED.value, (trans_id, state)
                 assert status in {TransStatus.VOIDED, TransStatus.REFUNDED}, (trans_id, status)
-        if ended:
-            assert agent.journal.by_order_id(base).state is SaleState.FAILED
+        if sale != "lost":
+            ended = run(on_loop(agent.journal.by_order_id, base))
+            assert ended.state is (SaleState.COMPLETED if kept else SaleState.FAILED)
+        if kept:
+            assert run(on_loop(give_backs_of, agent, kept)) == []
+            status = run(statuses(agent, f"{base}-2"))[kept]
+            assert status in {TransStatus.CAPTURED, TransStatus.SETTLED}, status
 
     await asyncio.to_thread(one_sale)

@@ -213,8 +213,8 @@ def test_order_states_reads_many_order_ids_at_once_beyond_one_statements_limit(
     asked = [f"KA{n:06d}" for n in range(0, 1203, 2)] + ["KA000007", "KA999999", "KA000000"]
     found = journal.order_states(iter(asked))  # read as it comes, each once
     assert len(found) == 603  # 602 even ones and KA000007; no KA999999
-    assert found["KA000007"] == ("s7", SaleState.COMPLETED, "virtual:front")
-    assert found["KA001202"] == ("s1202", SaleState.STARTED, "virtual:front")
+    assert found["KA000007"] == ("s7", SaleState.COMPLETED, "virtual:front", 1, None)
+    assert found["KA001202"] == ("s1202", SaleState.STARTED, "virtual:front", 1, None)
     assert "KA999999" not in found
     assert journal.order_states([]) == {}
 
