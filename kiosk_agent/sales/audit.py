@@ -41,6 +41,7 @@ from kiosk_agent.data_class import data_class
 from kiosk_agent.sales.attention import LATE_CHARGE_HANDOVER_S, late_charge_watched
 from kiosk_agent.sales.clock import next_turn
 from kiosk_agent.sales.journal import CHARGE_LOOKBACK_S, SaleRecord
+from kiosk_agent.sales.journal_reads import OrderState
 from kiosk_agent.sales.model import Flow, SaleEvent
 from kiosk_agent.sales.runner import new_ids
 from kiosk_agent.sales.settings import CHARGE_CHECK_MAX_GIVE_BACK
@@ -272,10 +273,10 @@ class ChargeAudit:
         asked: dict[str, str] = {}  # trans id -> the terminal it was asked under
         newest = 0.0  # the service's latest charge on these terminals: real time, at most now
         async for device, chunk in self._chunks(settled, page_size):
-            bases = [parts[0] if (parts := split_order_id(row.order_id)) else None
-                     for row in chunk]
-            sales = self.journal.order_states(base for base in bases if base is not None)
-            for row, base in zip(chunk, bases, strict=True):
+            splits = [split_order_id(row.order_id) for row in chunk]
+            sales = self.journal.order_states(parts[0] for parts in splits if parts is not None)
+            for row, parts in zip(chunk, splits, strict=True):
+                base = None if parts is None else parts[0]
                 at = _date_of(row)
                 if at is not None:
                     newest = max(newest, at)
@@ -286,7 +287,7 @@ class ChargeAudit:
                 mine = self._held_by_journal(base, sale) or self._provably_ours(row.order_id)
                 if mine and status not in _HOLDING:
                     continue  # this unit's, holding nothing: never looked at again
-                if mine and _plainly_accounted(sale, running):
+                if mine and parts is not None and _plainly_accounted(sale, running, row, parts[1]):
                     accounted.add(row.trans_id, at)
                     continue
                 rows[row.trans_id] = row
@@ -306,7 +307,7 @@ class ChargeAudit:
         held = [row for row in ours if row.status in _HOLDING]
         return held, foreign, len(held) + accounted.count(start)
 
-    def _held_by_journal(self, base: str | None, sale: tuple[str, SaleState] | None) -> bool:
+    def _held_by_journal(self, base: str | None, sale: OrderState | None) -> bool:
         """Provably this unit's as :meth:`_provably_ours` says, for a row whose sale the journal
         holds (``sale``, read by its order id's ``base``: nearly every row): a sale of the
         journal that is this unit's, without computing the order id's tag (an HMAC a row, a
@@ -376,20 +377,33 @@ class ChargeAudit:
             raise RuntimeError("an order id of ours that does not split")
         base, suffix = parts
         record = self.journal.by_order_id(base)
-        if record is None:
-            return self._new_record(row, base, int(suffix) if suffix.isdigit() else 1)
-        if _accounts_for(record, running):
+        if record is not None and record.source == AUDIT_SOURCE:
+            record = None  # a give-back took the order id of a sale the journal lost
+        if record is not None:
+            if _accounts_for(record, running) and not _another_attempts(
+                record.state, record.attempt, record.trans_id, row, suffix
+            ):
+                return None
+            steps = self.journal.steps(record.sale_id)
+            if steps and steps[-1].step in NO_CHARGE_STEPS and late_charge_watched(
+                self.context.clock, record, LATE_CHARGE_HANDOVER_S
+            ):
+                return None  # the late-charge net's while it watches: it reopens the sale itself
+        if self._given_back(base, row.trans_id):
             return None
-        steps = self.journal.steps(record.sale_id)
-        if steps and steps[-1].step in NO_CHARGE_STEPS and late_charge_watched(
-            self.context.clock, record, LATE_CHARGE_HANDOVER_S
-        ):
-            return None  # the late-charge net's while it watches: it reopens the sale itself
-        held = f"{base}{HELD_SUFFIX}"
-        if self.journal.by_order_id(held) is not None:
-            return None  # given back (or being given back) under its own sale already
+        if record is None:
+            return self._new_record(row, base, _attempt_of(suffix))
         self.held_under_ended.add(record.sale_id)
-        return self._new_record(row, held, 1)
+        return self._new_record(row, f"{base}{HELD_SUFFIX}", 1)
+
+    def _given_back(self, base: str, trans_id: str) -> bool:
+        """A give-back sale of the check's own under ``base``'s order ids (``base`` itself,
+        ``-held``, ``-N``: a few, read by the order id's index) holds this very charge: given
+        back, being given back, or put to a person. Another charge of the same order ids is
+        not accounted for by it: once it was, a retry found in a later check than its attempt
+        was kept, the customer charged twice and no person told."""
+        return any(sale.source == AUDIT_SOURCE and sale.trans_id == trans_id
+                   for sale in self.journal.under_order_base(base))
 
     def _order_id_of_its_own(
         self, row: Transaction, record: SaleRecord, taken: set[str]
@@ -481,11 +495,36 @@ def _accounts_for(record: SaleRecord, running: Collection[str]) -> bool:
     return record.sale_id in running or record.state not in _NO_MONEY
 
 
-def _plainly_accounted(sale: tuple[str, SaleState] | None, running: Collection[str]) -> bool:
-    """The journal holds this charge's sale (``sale``: its id and state, read by the row's
-    order id), in flight or ended with money moved: nothing to decide (``_unaccounted`` says
-    None for it too)."""
-    return sale is not None and (sale[0] in running or sale[1] not in _NO_MONEY)
+def _plainly_accounted(
+    sale: OrderState | None, running: Collection[str], row: Transaction, suffix: str
+) -> bool:
+    """The journal holds this charge's sale (``sale``: read by the row's order id, whose
+    ``suffix`` it has), in flight or ended with money moved and the charge its own: nothing to
+    decide (``_unaccounted`` says None for it too). A give-back sale under that order id
+    accounts only for the charge it gives back: decided by :meth:`ChargeAudit._unaccounted`,
+    by trans id."""
+    if sale is None or sale.source == AUDIT_SOURCE:
+        return False
+    if sale.sale_id in running:
+        return True
+    return sale.state not in _NO_MONEY and not _another_attempts(
+        sale.state, sale.attempt, sale.trans_id, row, suffix)
+
+
+def _another_attempts(
+    state: SaleState, attempt: int, trans_id: str | None, row: Transaction, suffix: str
+) -> bool:
+    """A charge under an earlier attempt's order id of a sale that ended with money moved
+    under another charge (its ``trans_id``): that attempt was answered "retry" (else the sale
+    had not asked again), so its charge is no money of the sale's; a service that charged it
+    anyway charged the customer twice. An open sale (recovery's, the sweeper's: ``attention``)
+    may still take it for its own."""
+    return (state.final and state is not SaleState.ATTENTION and trans_id is not None
+            and row.trans_id != trans_id and _attempt_of(suffix) != attempt)
+
+
+def _attempt_of(suffix: str) -> int:
+    return int(suffix) if suffix.isdigit() else 1
 
 
 def _date_of(row: Transaction) -> float | None:

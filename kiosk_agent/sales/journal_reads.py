@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import sqlite3
 from collections.abc import Iterable, Iterator
-from typing import Any
+from typing import Any, NamedTuple
 
 from kiosk_agent.moments import day_of, day_start
 from kiosk_agent.sales.clock import Clock
@@ -21,8 +21,24 @@ from kiosk_agent.sales.states import SaleState, Step
 # named as a list, not as "not final": an IN list is looked up in the state's index, a NOT IN
 # scans every sale of the journal (200,000 in a busy unit's year)
 _OPEN_STATES = tuple(s.value for s in SaleState if not s.final)
-_ORDER_STATES = "SELECT order_id, sale_id, state FROM sales WHERE order_id IN"
+_ORDER_STATES = (
+    "SELECT order_id, sale_id, state, source, attempt, trans_id FROM sales WHERE order_id IN")
+_STATE_OF = {state.value: state for state in SaleState}  # a dict's look, not the enum's call
 _IN_LIST_MAX = 500  # values bound in one statement (SQLite's limit: 999 in older builds)
+# An order id's suffixes ('-2', '-held') follow its base after this character; the next one
+# ('.') ends the range of the order id's index that holds the base and every suffixed form
+_SUFFIX_MARK = "-"
+_AFTER_SUFFIX_MARK = chr(ord(_SUFFIX_MARK) + 1)
+
+
+class OrderState(NamedTuple):
+    """What :meth:`JournalReads.order_states` says of the sale under one order id."""
+
+    sale_id: str
+    state: SaleState
+    source: str
+    attempt: int  # its last attempt's: the order id suffixed -N
+    trans_id: str | None  # the charge it holds, once known
 
 
 class SaleNotFound(LookupError):
@@ -48,19 +64,33 @@ class JournalReads:
         row = self.db.execute(f"{_SELECT_SALES} WHERE order_id = ?", (order_id,)).fetchone()
         return None if row is None else _record(row)
 
-    def order_states(self, order_ids: Iterable[str]) -> dict[str, tuple[str, SaleState]]:
-        """The sale id and state of each of ``order_ids`` the journal holds, in one read of the
-        order id's index a few hundred at a time: the charge check decides a page of
-        reporting's rows by them (a read and a record a row was most of its time)."""
+    def order_states(self, order_ids: Iterable[str]) -> dict[str, OrderState]:
+        """The sale id, state, source, attempt and trans id of each of ``order_ids`` the journal
+        holds, in one
+        read of the order id's index a few hundred at a time: the charge check decides a page
+        of reporting's rows by them (a read and a record a row was most of its time)."""
         wanted = list(dict.fromkeys(order_ids))
-        found: dict[str, tuple[str, SaleState]] = {}
+        found: dict[str, OrderState] = {}
         for start in range(0, len(wanted), _IN_LIST_MAX):
             part = wanted[start:start + _IN_LIST_MAX]
             marks = ", ".join("?" for _ in part)
             query = f"{_ORDER_STATES} ({marks})"  # placeholders only: the ids are bound
-            for order_id, sale_id, state in self.db.execute(query, part):
-                found[order_id] = (sale_id, SaleState(state))
+            for order_id, sale_id, state, source, attempt, trans_id in self.db.execute(
+                query, part
+            ):
+                found[order_id] = OrderState(sale_id, _STATE_OF[state], source, attempt, trans_id)
         return found
+
+    def under_order_base(self, base: str) -> list[SaleRecord]:
+        """The sales under order id ``base`` and its suffixed forms (``base-2``,
+        ``base-held``): one range of the order id's index, a few rows, never a walk through
+        every sale."""
+        rows = self.db.execute(
+            f"{_SELECT_SALES} WHERE order_id >= ? AND order_id < ?",
+            (base, f"{base}{_AFTER_SUFFIX_MARK}"),
+        )
+        return [record for record in map(_record, rows)
+                if record.order_id == base or record.order_id.startswith(base + _SUFFIX_MARK)]
 
     def with_id_prefix(self, prefix: str, limit: int = 2) -> list[SaleRecord]:
         """Sales whose id starts with ``prefix`` (as people copy ids from a list), at most

@@ -214,10 +214,34 @@ def test_order_states_reads_many_order_ids_at_once_beyond_one_statements_limit(
     asked = [f"KA{n:06d}" for n in range(0, 1203, 2)] + ["KA000007", "KA999999", "KA000000"]
     found = journal.order_states(iter(asked))  # read as it comes, each once
     assert len(found) == 603  # 602 even ones and KA000007; no KA999999
-    assert found["KA000007"] == ("s7", SaleState.COMPLETED)
-    assert found["KA001202"] == ("s1202", SaleState.STARTED)
+    assert found["KA000007"] == ("s7", SaleState.COMPLETED, "virtual:front", 1, None)
+    assert found["KA001202"] == ("s1202", SaleState.STARTED, "virtual:front", 1, None)
     assert "KA999999" not in found
     assert journal.order_states([]) == {}
+
+
+def test_the_sales_under_an_order_base_are_its_own_and_its_suffixed_forms_only(
+    journal: Journal,
+) -> None:
+    """The charge check's read of the give-backs of one sale's order ids: the base, ``-2``,
+    ``-held``; not another order id that merely starts with the same characters, nor one
+    just beside it in the index, and the order id's index searched, not every sale."""
+    orders = ["KA0001", "KA0001-2", "KA0001-held", "KA00011", "KA0001!", "KA0001.", "KA0000",
+              "KA0002-held"]
+    for n, order_id in enumerate(orders):
+        journal.create(new_sale(n, order_id=order_id))
+    statements: list[str] = []
+    journal.db.set_trace_callback(statements.append)
+    try:
+        found = journal.under_order_base("KA0001")
+    finally:
+        journal.db.set_trace_callback(None)
+    assert sorted(r.order_id for r in found) == ["KA0001", "KA0001-2", "KA0001-held"]
+    assert journal.under_order_base("KA0003") == []
+    [statement] = statements  # the ids bound, as run
+    plan = " ".join(str(tuple(r)) for r in journal.db.execute(f"EXPLAIN QUERY PLAN {statement}"))
+    assert "SEARCH sales USING INDEX" in plan, plan
+    assert "SCAN sales" not in plan, plan
 
 
 def test_query_filters_by_time_and_state_newest_first(journal: Journal) -> None:
