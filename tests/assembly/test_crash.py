@@ -275,14 +275,17 @@ async def kill_at_each_overlap(
     return pairs
 
 
-@pytest.mark.slow(seconds=7)
+@pytest.mark.slow(seconds=22)
 async def test_sigkill_with_a_capturing_sale_and_a_newer_one_on_its_terminal_ends_both(
     sim_factory: Any, drivers: WarmDrivers, tmp_path: Path
 ) -> None:
     # The first sale vended and released the terminal; its capture is held by the service (a
     # black hole: never processed) when the agent is killed at a step of the second sale. The
     # next start must capture the first (the goods are out) and end the second as its own
-    # step says: nothing moved, an authorization given back, or its capture made.
+    # step says: nothing moved, an authorization given back, or its capture made. Since the
+    # capture waits for the next customer's answer (sales/answers.py), a kill before that
+    # answer finds it unsent, and the black hole holds the recovering start's capture instead:
+    # its deadline then its reporting lookup, some 2 s a round of waiting (22 s in all).
     sim = await sim_factory(time_scale=TIME_SCALE, seed=3, transactions=0)
     driver = driver_on(sim, drivers, tmp_path)
     held_capture = {"path": "/api/v1/capture", "fault": "black_hole", "count": 1}
