@@ -169,6 +169,20 @@ PLATFORM_SCHEMA = vol.Schema(
 )
 
 
+
+def schema_built_on_read(module: str, build: Callable[[], Any]) -> Callable[[str], Any]:
+    """A platform module's ``__getattr__`` (PEP 562) giving ``PLATFORM_SCHEMA``, the registry's
+    contract, built by ``build`` on each read: a running agent checks its configuration once, at
+    start, and a schema kept at the module's top stayed in an idle agent's heap for the whole
+    run (docs/architecture.md, "Idle memory: the start's leftovers")."""
+
+    def __getattr__(name: str) -> Any:
+        if name == "PLATFORM_SCHEMA":
+            return build()
+        raise AttributeError(f"module {module!r} has no attribute {name!r}")
+
+    return __getattr__
+
 # The schemas below are built by the function that checks with them, each time, not kept at the
 # module's top: a running agent reads its configuration once, at start, and a module-level
 # schema (with the sales', journal's and http sections' it holds) stayed in memory for the whole

@@ -30,6 +30,7 @@ from collections import Counter
 from collections.abc import Callable
 from typing import Any, Protocol
 
+from kiosk_agent.config.load import schema_built_on_read
 from kiosk_agent.config.registry import CannotStart
 from kiosk_agent.data_class import data_class
 from kiosk_agent.health.availability import follow_availability
@@ -498,8 +499,4 @@ class GpioPlatform(DevicePlatform[GpioKiosk]):
     """The platform instance the agent keeps for a ``platform: gpio`` trigger."""
 
 
-def __getattr__(name: str) -> Any:
-    """``PLATFORM_SCHEMA``, read from gpio_schema.py on each read (built there each time)."""
-    if name == "PLATFORM_SCHEMA":
-        return gpio_schema.PLATFORM_SCHEMA
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__getattr__ = schema_built_on_read(__name__, lambda: gpio_schema.PLATFORM_SCHEMA)

@@ -58,7 +58,7 @@ from aiohttp import WSMsgType, web
 
 from kiosk_agent.bus import EventBus, Subscription
 from kiosk_agent.config.load import PLATFORM_SCHEMA as BASE_PLATFORM_SCHEMA
-from kiosk_agent.config.load import max_price_check, positive_float, price_map
+from kiosk_agent.config.load import max_price_check, positive_float, price_map, schema_built_on_read
 from kiosk_agent.logs import RefusalLog
 from kiosk_agent.money import MoneyError, cents_to_dollars, parse_price
 from kiosk_agent.platforms.base import Dispenser, instance_name
@@ -108,14 +108,7 @@ def _names(value: Any) -> list[str]:
     return [v.strip().lower() for v in value]
 
 
-def __getattr__(name: str) -> Any:
-    """``PLATFORM_SCHEMA``, the registry's contract (config/registry.py), built on each read: a
-    running agent checks its configuration once, at start, and the schema kept at the module's
-    top stayed in an idle agent's heap for the whole run (33 KiB; docs/architecture.md, "Idle
-    memory: the start's leftovers")."""
-    if name == "PLATFORM_SCHEMA":
-        return _platform_schema()
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__getattr__ = schema_built_on_read(__name__, lambda: _platform_schema())
 
 
 def _platform_schema() -> vol.All:

@@ -28,6 +28,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import field
 from typing import Any
 
+from kiosk_agent.config.load import schema_built_on_read
 from kiosk_agent.data_class import data_class
 from kiosk_agent.health.availability import follow_availability
 from kiosk_agent.platforms import mdb_protocol as wire
@@ -679,8 +680,4 @@ async def async_setup_platform(agent: Any, config: dict[str, Any]) -> MdbPlatfor
     return MdbPlatform(device)
 
 
-def __getattr__(name: str) -> Any:
-    """``PLATFORM_SCHEMA``, read from mdb_schema.py on each read (built there each time)."""
-    if name == "PLATFORM_SCHEMA":
-        return mdb_schema.PLATFORM_SCHEMA
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__getattr__ = schema_built_on_read(__name__, lambda: mdb_schema.PLATFORM_SCHEMA)

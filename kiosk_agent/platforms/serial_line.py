@@ -35,6 +35,7 @@ from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
+from kiosk_agent.config.load import schema_built_on_read
 from kiosk_agent.data_class import data_class
 from kiosk_agent.health.availability import follow_availability, short_reason
 from kiosk_agent.money import MoneyError, cents_to_dollars, parse_wire_amount
@@ -377,8 +378,4 @@ async def async_setup_platform(agent: Any, config: dict[str, Any]) -> SerialLine
     return SerialLinePlatform(device)
 
 
-def __getattr__(name: str) -> Any:
-    """``PLATFORM_SCHEMA``, read from serial_line_schema.py on each read (built there each time)."""
-    if name == "PLATFORM_SCHEMA":
-        return serial_line_schema.PLATFORM_SCHEMA
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__getattr__ = schema_built_on_read(__name__, lambda: serial_line_schema.PLATFORM_SCHEMA)

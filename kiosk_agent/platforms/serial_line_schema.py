@@ -14,7 +14,7 @@ from typing import Any
 import voluptuous as vol
 
 from kiosk_agent.config.load import PLATFORM_SCHEMA as BASE_PLATFORM_SCHEMA
-from kiosk_agent.config.load import no_enrollment, positive_float
+from kiosk_agent.config.load import no_enrollment, positive_float, schema_built_on_read
 from kiosk_agent.platforms.serial_ports import LINE_END, RECONNECT_MAX
 
 _TEMPLATE_FIELDS = frozenset({"product", "price", "cents", "amount", "reason"})
@@ -81,12 +81,7 @@ def _serial_line_schema() -> vol.Schema:
     )
 
 
-def __getattr__(name: str) -> Any:
-    """``PLATFORM_SCHEMA``, the registry's contract, built on each read: a running agent checks
-    its configuration once, at start (kiosk_api.py's ``__getattr__`` says why)."""
-    if name == "PLATFORM_SCHEMA":
-        return _platform_schema()
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__getattr__ = schema_built_on_read(__name__, lambda: _platform_schema())
 
 
 def _platform_schema() -> vol.All:

@@ -13,6 +13,7 @@ import contextlib
 from collections.abc import Mapping
 from typing import Any, Protocol
 
+from kiosk_agent.config.load import schema_built_on_read
 from kiosk_agent.config.registry import CannotStart
 from kiosk_agent.health.availability import follow_availability
 
@@ -145,8 +146,4 @@ async def async_setup_platform(agent: Any, config: dict[str, Any]) -> VirtualPla
     return platform
 
 
-def __getattr__(name: str) -> Any:
-    """``PLATFORM_SCHEMA``, read from virtual_schema.py on each read (built there each time)."""
-    if name == "PLATFORM_SCHEMA":
-        return virtual_schema.PLATFORM_SCHEMA
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__getattr__ = schema_built_on_read(__name__, lambda: virtual_schema.PLATFORM_SCHEMA)

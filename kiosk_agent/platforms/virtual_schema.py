@@ -17,6 +17,7 @@ from kiosk_agent.config.load import (
     no_enrollment,
     positive_float,
     positive_price,
+    schema_built_on_read,
 )
 from kiosk_agent.platforms.mdb_schema import Mode, check_modes
 
@@ -67,12 +68,7 @@ def _virtual_schema() -> vol.Schema:
     )
 
 
-def __getattr__(name: str) -> Any:
-    """``PLATFORM_SCHEMA``, the registry's contract, built on each read: a running agent checks
-    its configuration once, at start (kiosk_api.py's ``__getattr__`` says why)."""
-    if name == "PLATFORM_SCHEMA":
-        return _platform_schema()
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__getattr__ = schema_built_on_read(__name__, lambda: _platform_schema())
 
 
 def _platform_schema() -> vol.All:
