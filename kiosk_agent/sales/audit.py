@@ -205,8 +205,6 @@ class ChargeAudit:
         self._now = now or context.clock.time  # wall time: the window's end
         self.last: AuditResult | None = None
         self.given_back = 0
-        # ended sales (no money moved, says the journal) whose charge reporting still holds
-        self.held_under_ended: set[str] = set()
         self.foreign = ForeignCharges(foreign_quiet)
         # waited for before a charge is journaled or given back: False when the journal's file
         # is found damaged (core/journal_guard.py reads it whole after it opened)
@@ -393,7 +391,6 @@ class ChargeAudit:
             return None
         if record is None:
             return self._new_record(row, base, _attempt_of(suffix))
-        self.held_under_ended.add(record.sale_id)
         return self._new_record(row, f"{base}{HELD_SUFFIX}", 1)
 
     def _given_back(self, base: str, trans_id: str) -> bool:
