@@ -74,14 +74,10 @@ class Subscription(Generic[T]):
 
     async def get(self) -> T:
         """The next event, waiting for one (a reader nothing stops but its cancel)."""
-        while not self._items:
-            reader: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-            self._readers.append(reader)
-            try:
-                await reader
-            finally:
-                self._readers.remove(reader)
-        return self.get_nowait()
+        item = await self.next()
+        if item is None:  # next() without ``until`` only returns an event
+            raise RuntimeError("a subscription's reader woke with no event")
+        return item
 
     async def next(self, *until: asyncio.Future[Any]) -> T | None:
         """The next event; None when one of ``until`` ends first (a stop, the reader's socket
