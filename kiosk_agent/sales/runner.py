@@ -111,7 +111,7 @@ class SaleRunner:
         self.journal = context.journal
         self.settings = context.settings
         self._holding: dict[str, SaleFlow] = {}  # device_id -> the sale holding that terminal
-        self._none_held = asyncio.Event()  # no terminal held: no customer waits for an answer
+        self._none_held = asyncio.Event()  # no sale holds a terminal (between_customers)
         self._none_held.set()
         self._when_none_held: list[Callable[[], None]] = []  # when_no_terminal_held()
         self._live: dict[str, tuple[SaleFlow, Sale]] = {}  # sale_id -> every sale not ended
