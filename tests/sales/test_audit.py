@@ -771,6 +771,22 @@ async def test_a_check_lets_sales_go_on_between_chunks_of_a_page(agent: Any) -> 
     assert turns >= chunks
 
 
+async def _one_check_gives_back_both(agent: Any, first: str, retry: str) -> None:
+    """One check of the agent's charges finds ``first`` and ``retry`` (trans ids) under no sale
+    its journal holds and gives each back under a sale of its own (REVERSED), with no write to
+    the journal failing meanwhile."""
+    written: list[object] = []
+    agent.journal.on_write, told = (
+        lambda err: (written.append(err), told(err)), agent.journal.on_write)
+
+    result = await agent.journal_guard.audit.check(settled=False)
+
+    assert result.ok, result.error
+    assert sorted(result.unaccounted) == sorted([first, retry])
+    assert [e.state for e in result.events] == [SaleState.REVERSED] * 2
+    assert not [err for err in written if err is not None]
+
+
 async def test_two_held_charges_of_one_sales_order_ids_the_journal_lost_are_both_given_back(
     agent_factory: Any,
 ) -> None:
@@ -784,16 +800,9 @@ async def test_two_held_charges_of_one_sales_order_ids_the_journal_lost_are_both
     base = own(agent, 0x21)
     first = await _charge(agent, base, 300, capture=True)
     retry = await _charge(agent, f"{base}-2", 300, capture=True)
-    written: list[object] = []
-    agent.journal.on_write, told = (
-        lambda err: (written.append(err), told(err)), agent.journal.on_write)
 
-    result = await agent.journal_guard.audit.check(settled=False)
+    await _one_check_gives_back_both(agent, first, retry)
 
-    assert result.ok, result.error
-    assert sorted(result.unaccounted) == sorted([first, retry])
-    assert [e.state for e in result.events] == [SaleState.REVERSED] * 2
-    assert not [err for err in written if err is not None]
     for order_id in (base, f"{base}-2"):
         rows = [t async for t in agent.service.reporting.transactions(
             TransactionFilter(order_id=order_id))]
@@ -813,16 +822,9 @@ async def test_two_held_charges_under_a_sale_the_journal_ended_uncharged_are_bot
     agent = await checked_start(agent_factory)
     first = await _charge(agent, order, 300, capture=False)
     retry = await _charge(agent, f"{order}-2", 300, capture=False)
-    written: list[object] = []
-    agent.journal.on_write, told = (
-        lambda err: (written.append(err), told(err)), agent.journal.on_write)
 
-    result = await agent.journal_guard.audit.check(settled=False)
+    await _one_check_gives_back_both(agent, first, retry)
 
-    assert result.ok, result.error
-    assert sorted(result.unaccounted) == sorted([first, retry])
-    assert [e.state for e in result.events] == [SaleState.REVERSED] * 2
-    assert not [err for err in written if err is not None]
     ended = agent.journal.by_order_id(order)
     assert ended is not None
     assert ended.state is SaleState.FAILED
