@@ -336,3 +336,52 @@ def test_the_journal_benchs_delay_is_the_median_run_against_the_quiet_medians() 
     assert delay.worst_s == pytest.approx(0.125)  # the hiccup: 150 ms against 25
     stalls = [window(0.1, 0.090, 0.090), window(0.1, 0.095, 0.150), window(0.1, 0.020, 0.160)]
     assert bench.Delay.of(quiet, stalls).median_s == pytest.approx(0.070)  # of 65, 70, 75 ms
+
+
+async def test_the_hardware_benchs_controller_answers_across_a_process_boundary() -> None:
+    """bench/hardware.py's controller runs in a process of its own, as a vending machine is
+    another device: the customer's wait is timed in that process, from its vend request to
+    the answer it reads (played here by the test on the adapter's side of its pty); the
+    floor's bare pty line is timed across the same boundary."""
+    import os
+    import tty
+
+    from kiosk_agent.platforms import mdb_protocol as wire
+
+    bench = _bench_module("controller_process")
+    controller = bench.ControllerProcess({"A1": 150})
+    await controller.start()
+    loop = asyncio.get_running_loop()
+    adapter = os.open(controller.port, os.O_RDWR | os.O_NOCTTY | os.O_NONBLOCK)
+    tty.setraw(adapter)
+    lines: asyncio.Queue[str] = asyncio.Queue()
+    buffer = bytearray()
+
+    def read() -> None:
+        buffer.extend(os.read(adapter, 256))
+        while (end := buffer.find(b"\n")) >= 0:
+            lines.put_nowait(buffer[:end].decode())
+            del buffer[: end + 1]
+
+    async def line_starting(prefix: str) -> str:
+        while not (line := await asyncio.wait_for(lines.get(), 10)).startswith(prefix):
+            pass
+        return line
+
+    loop.add_reader(adapter, read)
+    try:
+        os.write(adapter, f"{wire.enable_reader()}\n".encode())
+        await asyncio.wait_for(controller.wait_enabled(), 10)
+        customer = asyncio.create_task(controller.customer("A1"))
+        assert await line_starting("c,STATUS,VEND") == wire.vend_request_line(150, "A1")
+        os.write(adapter, f"{wire.approve_vend(150)}\n".encode())
+        visit = await asyncio.wait_for(customer, 10)
+        assert visit.outcome == "vended"
+        assert visit.answered_at > visit.requested_at
+        trips = await controller.line_trips(3)
+        assert len(trips) == 3
+        assert all(0 < seconds < 10 for seconds in trips)
+    finally:
+        loop.remove_reader(adapter)
+        os.close(adapter)
+        await controller.stop()
