@@ -146,10 +146,10 @@ async def vend_latencies(
         controller = VirtualController(ControllerOptions(products=PRODUCTS, dispense_time=0.0))
     else:
         controller = ControllerProcess(PRODUCTS)
-    await controller.start()
     rng = random.Random(1)
     done: list[int] = []  # how many visits each block ended with
     try:
+        await controller.start()
         agent = await agent_on(sim, scratch, name, controller.port)
         try:
             await asyncio.wait_for(controller.wait_enabled(), 5)
