@@ -3,7 +3,8 @@
     python bench/start_phases.py [--starts 6] [--compare DIR] [--latency-ms 0]
 
 Each start is a real `kiosk-agent run` of bench/agent.py's kiosk configuration (eight terminals,
-a kiosk API trigger) on a simulator of its own, spawned through this file as its launcher: the
+a kiosk API trigger) on a simulator of its own, under the systemd unit's environment (``-OO``, as
+bench/agent.py runs it), spawned through this file as its launcher: the
 launcher imports the library floor (the six libraries bench/agent.py's floor imports), then runs
 the command with marks of the process's CPU (user + system) at each phase: the configuration's
 module and its read, the agent's modules, the agent assembled, the journal opened, the terminal
@@ -161,7 +162,7 @@ async def _held_answers(base_url: str, seconds: float) -> tuple[asyncio.Server, 
 
 async def measure(args: argparse.Namespace) -> dict[str, Any]:
     import agent as bench_agent  # the sibling bench: its simulator and configuration
-    from _support import free_port
+    from _support import free_port, unit_environment
 
     trees = [HERE.parent.parent] + ([args.compare.resolve()] if args.compare else [])
     for tree in trees[1:]:
@@ -185,7 +186,9 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
             listener.bind(str(scratch / "notify.sock"))
             listener.setblocking(False)
             env = {
-                **os.environ, "NOTIFY_SOCKET": str(scratch / "notify.sock"),
+                **os.environ,
+                **unit_environment(),  # as its systemd unit runs it (-OO), as bench/agent.py does
+                "NOTIFY_SOCKET": str(scratch / "notify.sock"),
                 "BENCH_API_KEY": info["api_key"], "BENCH_CLIENT_SECRET": info["client_secret"],
                 "BENCH_KIOSK_TOKEN": bench_agent.KIOSK_TOKEN,
                 "PYTHONPYCACHEPREFIX": str(scratch / "bytecode"),  # as installed

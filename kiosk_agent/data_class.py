@@ -83,17 +83,31 @@ if _STDLIB_GUARDS is not None and _STDLIB_GUARDS.__code__.co_varnames[:3] != (
 
 
 def _dataclass(cls: type[T], *, frozen: bool, slots: bool) -> type[T]:
-    """``dataclasses.dataclass`` without ``__repr__`` and ``__eq__``; a frozen class's guards
-    made by :func:`_frozen_guards` (29 frozen classes on the way to READY=1: 58 compiles, some
-    13 ms of the start's CPU on the shared 2-core machine)."""
+    """``dataclasses.dataclass`` without ``__repr__`` and ``__eq__``, nor a docstring written
+    for a class that has none (:func:`_undocumented`); a frozen class's guards made by
+    :func:`_frozen_guards` (29 frozen classes on the way to READY=1: 58 compiles, some 13 ms of
+    the start's CPU on the shared 2-core machine)."""
     make = dataclasses.dataclass(frozen=frozen, slots=slots, eq=False, repr=False)
     if not frozen or _STDLIB_GUARDS is None:
-        return make(cls)
+        return _undocumented(make, cls)
     dataclasses._frozen_get_del_attr = _frozen_guards  # type: ignore[attr-defined]
     try:
-        return make(cls)
+        return _undocumented(make, cls)
     finally:
         dataclasses._frozen_get_del_attr = _STDLIB_GUARDS  # type: ignore[attr-defined]
+
+
+def _undocumented(make: Callable[[type[T]], type[T]], cls: type[T]) -> type[T]:
+    """``make(cls)``, where a class with no docstring keeps none. dataclasses writes one for it
+    from ``inspect.signature`` of the class (``Name(field: type, ...)``), read by ``help()``
+    alone; under the unit's ``-OO`` no class has a docstring, so every dataclass on the way to
+    READY=1 paid it: 40 signatures, 5-6 ms of the start's CPU on the shared 2-core machine."""
+    if cls.__dict__.get("__doc__") is not None:
+        return make(cls)
+    cls.__doc__ = cls.__qualname__  # any text: dataclasses writes one only where there is none
+    made = make(cls)
+    made.__doc__ = None  # slots=True makes the class anew: cleared on the class returned
+    return made
 
 
 def _frozen_guards(cls: type, fields: list[dataclasses.Field[Any]], _globals: Any) -> tuple[

@@ -195,7 +195,7 @@ def _vault_lines(account: Any) -> list[tuple[str, object]]:
 
 
 async def vault_create(args: argparse.Namespace) -> int:
-    from kiosk_agent.service.models.payments import VaultAccountRequest
+    from kiosk_agent.service.models.vault import VaultAccountRequest
 
     request = VaultAccountRequest(account_token=_token(args.token), **given(args, VAULT_FIELDS))
     async with service_client(args) as svc:

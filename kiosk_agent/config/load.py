@@ -14,7 +14,7 @@ from __future__ import annotations
 import importlib
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import voluptuous as vol
 
@@ -55,6 +55,9 @@ from kiosk_agent.validators import positive_price as positive_price
 from kiosk_agent.validators import price as price
 from kiosk_agent.validators import price_map as price_map
 from kiosk_agent.web.schema import http_schema
+
+if TYPE_CHECKING:
+    from types import ModuleType
 
 # Keys whose value must come from !secret or !env_var, never be written inline.
 SECRET_KEYS = frozenset(
@@ -175,13 +178,33 @@ def schema_built_on_read(module: str, build: Callable[[], Any]) -> Callable[[str
     contract, built by ``build`` on each read: a running agent checks its configuration once, at
     start, and a schema kept at the module's top stayed in an idle agent's heap for the whole
     run (docs/architecture.md, "Idle memory: the start's leftovers")."""
+    return _BuiltOnRead(module, build)
 
-    def __getattr__(name: str) -> Any:
+
+class _BuiltOnRead:
+    """What :func:`schema_built_on_read` gives: known by :func:`gives_platform_schema` as a
+    module's promise of ``PLATFORM_SCHEMA``, without building it."""
+
+    def __init__(self, module: str, build: Callable[[], Any]) -> None:
+        self._module = module
+        self._build = build
+
+    def __call__(self, name: str) -> Any:
         if name == "PLATFORM_SCHEMA":
-            return build()
-        raise AttributeError(f"module {module!r} has no attribute {name!r}")
+            return self._build()
+        raise AttributeError(f"module {self._module!r} has no attribute {name!r}")
 
-    return __getattr__
+
+def gives_platform_schema(module: ModuleType) -> bool:
+    """Whether ``module`` has a ``PLATFORM_SCHEMA``. One built on each read is not built to
+    find out (``hasattr`` did, then threw it away: a schema built twice a trigger at every
+    start); a third party's module is asked as any other."""
+    own = vars(module)
+    return (
+        "PLATFORM_SCHEMA" in own
+        or isinstance(own.get("__getattr__"), _BuiltOnRead)
+        or hasattr(module, "PLATFORM_SCHEMA")
+    )
 
 # The schemas below are built by the function that checks with them, each time, not kept at the
 # module's top: a running agent reads its configuration once, at start, and a module-level

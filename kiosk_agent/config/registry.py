@@ -24,6 +24,7 @@ from kiosk_agent.config.load import (
     ConfigError,
     Position,
     format_path,
+    gives_platform_schema,
     known_keys,
     locate,
     validate,
@@ -139,7 +140,7 @@ def get_platform(name: str) -> ModuleType:
         if not isinstance(loaded, ModuleType):
             raise PlatformNotFound(name, known_platforms(), "its entry point is not a module")
         module = loaded
-    if not hasattr(module, "PLATFORM_SCHEMA") or not hasattr(module, "async_setup_platform"):
+    if not gives_platform_schema(module) or not hasattr(module, "async_setup_platform"):
         raise PlatformNotFound(
             name, known_platforms(), "the module lacks PLATFORM_SCHEMA or async_setup_platform"
         )

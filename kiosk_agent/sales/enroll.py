@@ -7,14 +7,16 @@ the card: ATTENTION (a person looks). The terminal is free once the card is read
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kiosk_agent.money import cents_to_decimal, parse_price
 from kiosk_agent.sales.live import SaleFlow
 from kiosk_agent.sales.model import SaleEvent, SaleRequest
 from kiosk_agent.sales.states import SaleState, Step
 from kiosk_agent.service.errors import ServerError, ServiceError, ServiceUnreachableError
-from kiosk_agent.service.models import VaultAccountRequest
+
+if TYPE_CHECKING:
+    from kiosk_agent.service.models.vault import VaultAccountRequest
 
 
 class EnrollFlow(SaleFlow):
@@ -64,6 +66,9 @@ class EnrollFlow(SaleFlow):
 
 def _vault_request(card: Any, request: SaleRequest) -> VaultAccountRequest:
     """The vault body: the card token (in memory only) and what the kiosk asked of the customer."""
+    # here: a start imports this flow, and only an enroll sale the vault's models
+    from kiosk_agent.service.models.vault import VaultAccountRequest
+
     info = request.metadata
     return VaultAccountRequest(
         account_token=card.token,

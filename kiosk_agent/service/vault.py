@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 from urllib.parse import quote
 
-from kiosk_agent.service.models.payments import VaultAccountRequest, VaultPaymentAccount
+from kiosk_agent.service.models.vault import VaultAccountRequest, VaultPaymentAccount
 from kiosk_agent.service.parsing import parse, sent_back
 from kiosk_agent.service.transport import MidPlacement, Transport
 

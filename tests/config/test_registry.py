@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
+import types
+from typing import Any
+
 import pytest
 
+from kiosk_agent.config import load
 from kiosk_agent.config.load import known_keys
 from kiosk_agent.config.registry import (
     PlatformNotFound,
     get_platform,
     known_platforms,
     platform_checks,
+    validate_trigger,
 )
 
 
@@ -54,3 +59,34 @@ def test_a_platform_checked_from_its_schema_module_is_checked_by_the_schema_it_r
 
 def test_a_platform_without_a_schema_module_is_checked_from_its_own_module() -> None:
     assert platform_checks("kiosk_api") is get_platform("kiosk_api")
+
+
+@pytest.mark.parametrize("name", ["kiosk_api", "mdb", "virtual", "serial_line", "gpio"])
+def test_finding_a_platform_builds_no_schema(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Its schema is built on each read: the registry does not build one only to see that it is
+    there (a start built each trigger's twice, the first thrown away); validating a trigger
+    builds it once."""
+    builds: list[str] = []
+    build = load._BuiltOnRead.__call__
+
+    def counted(self: Any, attribute: str) -> Any:
+        builds.append(attribute)
+        return build(self, attribute)
+
+    monkeypatch.setattr(load._BuiltOnRead, "__call__", counted)
+    get_platform.cache_clear()
+    platform_checks.cache_clear()
+    module = get_platform(name)
+    assert builds == []
+    assert load.gives_platform_schema(module)
+    trigger = {"platform": name}
+    validate_trigger(trigger, trigger, ["triggers", 0])
+    assert builds == ["PLATFORM_SCHEMA"]
+
+
+def test_a_module_gives_a_platform_schema_only_when_it_has_one() -> None:
+    module = types.ModuleType("kiosk_agent.platforms.broken")
+    module.async_setup_platform = lambda agent, conf: None  # type: ignore[attr-defined]
+    assert not load.gives_platform_schema(module)
+    module.PLATFORM_SCHEMA = load.PLATFORM_SCHEMA  # type: ignore[attr-defined]
+    assert load.gives_platform_schema(module)

@@ -32,9 +32,6 @@ if TYPE_CHECKING:
         ReceiptSent,
         StoredCredentialType,
         Surcharge,
-        VaultAccountRequest,
-        VaultAccountType,
-        VaultPaymentAccount,
         VoidOrRefundResult,
     )
     from kiosk_agent.service.models.plans import (
@@ -61,8 +58,14 @@ if TYPE_CHECKING:
         TerminalList,
         WsToken,
     )
+    from kiosk_agent.service.models.vault import (
+        VaultAccountRequest,
+        VaultAccountType,
+        VaultPaymentAccount,
+    )
 
-# each name re-exported from the areas every sale needs, and the area it lives in
+# each name re-exported from the areas every sale needs (and the vault's, an enroll sale's), and
+# the area it lives in
 _NAMED: dict[str, str] = {
     **dict.fromkeys(
         [
@@ -73,11 +76,11 @@ _NAMED: dict[str, str] = {
     **dict.fromkeys(
         [
             "ApiKeySet", "ChargeRequest", "ChargeResult", "ChargeResultCode", "ReceiptSent",
-            "StoredCredentialType", "Surcharge", "VaultAccountRequest", "VaultAccountType",
-            "VaultPaymentAccount", "VoidOrRefundResult"
+            "StoredCredentialType", "Surcharge", "VoidOrRefundResult"
         ],
         "payments",
     ),
+    **dict.fromkeys(["VaultAccountRequest", "VaultAccountType", "VaultPaymentAccount"], "vault"),
     **dict.fromkeys(
         [
             "BillingPlan", "BillingPlanCreated", "BillingPlanRequest", "BillingPlanStatus",
