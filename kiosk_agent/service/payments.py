@@ -7,9 +7,14 @@ so that an answer lost on the way back can be reconciled by that id instead of c
 from __future__ import annotations
 
 import uuid
+from collections.abc import Mapping, Sequence
 from typing import Any
 
-from kiosk_agent.service.errors import ServerError, ServiceUnreachableError
+from kiosk_agent.service.errors import (
+    InvalidResponseError,
+    ServerError,
+    ServiceUnreachableError,
+)
 from kiosk_agent.service.models.payments import (
     ChargeRequest,
     ChargeResult,
@@ -50,29 +55,34 @@ class PaymentsClient:
         body = request.to_wire()
         body.setdefault("mid", self._mid)
         body.setdefault("order_id", request.order_id or new_order_id())
+        what = f"charge order {body['order_id']}"
         try:
-            return await self._transport.request_model(
+            answer = await self._transport.request_model(
                 ChargeResult,
                 "POST",
                 "/api/v1/charge",
                 json=body,
                 mid=MidPlacement.NONE,  # mid is in the body already
-                what=f"charge order {body['order_id']}",
+                what=what,
             )
         except (ServiceUnreachableError, ServerError) as exc:
             exc.order_id = body["order_id"]  # the outcome is unknown: reconcile by this id
             raise
+        return answer_to(body, answer, ("order_id", "mid", "currency"), what)
 
     async def capture(self, trans_id: str, amount: int | None = None) -> ChargeResult:
         """Capture an authorization, in full or for ``amount`` cents (at most the authorized)."""
-        return await self._transport.request_model(
+        body = self._on_transaction(trans_id, amount)
+        what = f"capture {trans_id}"
+        answer = await self._transport.request_model(
             ChargeResult,
             "POST",
             "/api/v1/capture",
-            json=self._on_transaction(trans_id, amount),
+            json=body,
             mid=MidPlacement.NONE,
-            what=f"capture {trans_id}",
+            what=what,
         )
+        return answer_to(body, answer, ("trans_id", "mid"), what)
 
     async def void_or_refund(
         self, trans_id: str, amount: int | None = None, user_identifier: str | None = None
@@ -121,6 +131,27 @@ class PaymentsClient:
             retry_safe=True,  # a second e-mail is harmless; a lost one is not
             what=f"send receipt for {trans_id}",
         )
+
+
+def answer_to(
+    body: Mapping[str, Any], answer: ChargeResult, fields: Sequence[str], what: str
+) -> ChargeResult:
+    """``answer``, when it is the answer to ``body``: each of ``fields`` it names says what was
+    asked, and an approval names its transaction. Else InvalidResponseError naming the field:
+    the service answered 2xx, so it may have acted, but on what cannot be told (another order,
+    merchant or currency, no transaction to capture or give back). The caller treats it as a
+    lost answer: looked up by what it asked, never taken for its own."""
+    for name in fields:
+        if name in answer.model_fields_set and getattr(answer, name) != body.get(name):
+            raise InvalidResponseError(
+                f"{what}: field {name!r}: the answer names another {name} than asked",
+                field=name,
+            )
+    if answer.approved and not answer.trans_id.strip():
+        raise InvalidResponseError(
+            f"{what}: field 'trans_id': an approval without a transaction id", field="trans_id"
+        )
+    return answer
 
 
 def require_cents(amount: int) -> int:

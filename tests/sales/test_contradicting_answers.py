@@ -1,0 +1,148 @@
+"""A live sale whose money call is answered 200 with valid JSON that contradicts the request.
+
+A real HTTP proxy sits between the agent and the simulator. The service acts on the request as
+sent; the proxy then rewrites the answer of the chosen call (another order id, an empty
+transaction id, another currency, a void that was not approved or gave back less). The agent
+must not take such an answer for its own: it moves no money it cannot tie to its request, and
+what it cannot prove goes to reporting's word, then a person (rule 13).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import textwrap
+from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+from aiohttp import web
+
+from kiosk_agent.app import build_agent
+from kiosk_agent.assembly.agent import Agent
+from kiosk_agent.cli.sim import settings_from_ready
+from kiosk_agent.config.load import load_config
+from kiosk_agent.sales.model import DispenseStatus, Flow, SaleRequest
+from kiosk_agent.sales.states import SaleState
+from kiosk_agent.service.models import TransactionFilter, TransStatus
+from kiosk_agent.web.server import LocalSite
+from tests.assembly.agent_helpers import ScriptedDispenser
+
+Rewrite = Callable[[dict[str, Any]], dict[str, Any]]
+
+
+class RewritingProxy:
+    """Forwards to ``target``; the first answer of a POST whose path ends with ``path`` is
+    rewritten by ``rewrite`` (the service acted on the request as the agent sent it)."""
+
+    def __init__(self, target: str) -> None:
+        self.target = target
+        self.rules: dict[str, Rewrite] = {}
+        self.rewritten: list[dict[str, Any]] = []  # what the service really answered
+        # a POST whose path ends so is answered here, never forwarded (the service refused it)
+        self.answer_instead: dict[str, Callable[[web.Request], Awaitable[web.Response]]] = {}
+        self.seen: list[str] = []
+        self._site = LocalSite("127.0.0.1", 0)
+
+    async def start(self) -> None:
+        self._session = aiohttp.ClientSession()
+        app = web.Application()
+        app.router.add_route("*", "/{tail:.*}", self.forward)
+        await self._site.start(app)
+        self.url = self._site.url
+
+    async def stop(self) -> None:
+        await self._session.close()
+        await self._site.stop()
+
+    async def forward(self, request: web.Request) -> web.StreamResponse:
+        body = await request.read()
+        headers = {k: v for k, v in request.headers.items() if k.lower() != "host"}
+        self.seen.append(f"{request.method} {request.path}")
+        for path, answer_here in self.answer_instead.items():
+            if request.method == "POST" and request.path.endswith(path):
+                return await answer_here(request)
+        async with self._session.request(
+            request.method, self.target + request.path_qs, data=body, headers=headers
+        ) as answer:
+            payload = await answer.read()
+            status = answer.status
+        rule = next((r for p, r in self.rules.items() if request.path.endswith(p)), None)
+        if request.method == "POST" and rule is not None and status == 200:
+            del self.rules[next(p for p in self.rules if request.path.endswith(p))]
+            real = json.loads(payload)
+            self.rewritten.append(real)
+            payload = json.dumps(rule(dict(real))).encode()
+        return web.Response(status=status, body=payload, content_type="application/json")
+
+
+@pytest.fixture
+async def rewriting(
+    sim_factory: Any, tmp_path: Path
+) -> AsyncIterator[tuple[Agent, RewritingProxy]]:
+    sim = await sim_factory(time_scale=300, transactions=0)
+    proxy = RewritingProxy(sim.base_url)
+    await proxy.start()
+    config_path = tmp_path / "config.yaml"
+    config_path.write_text(
+        textwrap.dedent(
+            """\
+            service: {simulator: {time_scale: 300}}
+            terminals: [{device_id: SIM-0001}]
+            journal: {path: journal.db}
+            """
+        )
+    )
+    settings = settings_from_ready(sim.ready_info()).model_copy(
+        update={"base_url": proxy.url, "reporting_url": sim.base_url, "ws_url": sim.ws_url}
+    )
+    agent = build_agent(load_config(config_path), settings, systemd=False)
+    await agent.start()
+    yield agent, proxy
+    await agent.stop()
+    await proxy.stop()
+
+
+async def ledger(agent: Agent, order_id: str) -> list[Any]:
+    query = TransactionFilter(order_id=order_id)
+    return [t async for t in agent.service.reporting.transactions(query)]
+
+
+async def a_vending_sale(agent: Agent, machine: ScriptedDispenser, cents: int = 300) -> Any:
+    sale = await agent.sales.start(
+        SaleRequest(source="test", flow=Flow.AUTHORIZE_CAPTURE, amount_cents=cents), machine
+    )
+    return sale, await asyncio.wait_for(sale.result(), 15)
+
+
+_AUTHORIZATION_CONTRADICTIONS: dict[str, Rewrite] = {
+    "another-order-id": lambda a: {**a, "order_id": "KA0000000000-00000000000000000000000000"},
+    "no-trans-id": lambda a: {**a, "trans_id": ""},
+    "another-currency": lambda a: {**a, "currency": "EUR"},
+    "another-mid": lambda a: {**a, "mid": "999000000002"},
+}
+
+
+@pytest.mark.parametrize("contradiction", list(_AUTHORIZATION_CONTRADICTIONS))
+async def test_an_approval_that_contradicts_the_authorization_asked_vends_nothing(
+    rewriting: tuple[Agent, RewritingProxy], contradiction: str
+) -> None:
+    """An approval naming another order id (or another merchant, currency, or no transaction)
+    is not this sale's: the machine is told no, and the charge the service really made under
+    the sale's own order id is found in reporting and given back, never captured."""
+    agent, proxy = rewriting
+    proxy.rules["/api/v1/charge"] = _AUTHORIZATION_CONTRADICTIONS[contradiction]
+    machine = ScriptedDispenser(DispenseStatus.VENDED, vended_cents=300)
+    sale, event = await a_vending_sale(agent, machine)
+    assert len(proxy.rewritten) == 1
+    assert machine.authorized == []  # nothing vended on an answer not its own
+    assert machine.denied
+    assert event.state is SaleState.REVERSED, event.message
+    [row] = await ledger(agent, sale.order_id)
+    assert row.status is TransStatus.VOIDED
+    record = agent.journal.get(sale.sale_id)
+    assert record is not None
+    assert record.trans_id == proxy.rewritten[0]["trans_id"]  # the real one, from reporting
+    assert [s for s in proxy.seen if s.endswith("/capture")] == []
