@@ -38,7 +38,12 @@ from kiosk_agent.service.errors import (
     ServiceError,
     ServiceUnreachableError,
 )
-from kiosk_agent.service.models import ChargeResult, Interaction, InteractionKind
+from kiosk_agent.service.models import (
+    ChargeResult,
+    Interaction,
+    InteractionKind,
+    VoidOrRefundResult,
+)
 
 if TYPE_CHECKING:
     from kiosk_agent.service.client import ServiceClient
@@ -567,8 +572,39 @@ class SaleSteps:
                     f"{why}; void or refund refused: {err}; {self._retried()} gives "
                     f"back {format_cents(self._held_cents)}",
                 )
-            return self._reversed(why, result.trans_id, result.amount, voided=result.voided)
+            if self._gave_back_all(result, trans_id):
+                return self._reversed(why, result.trans_id, result.amount, voided=result.voided)
+            return await self._give_back_unclear(why, trans_id, result)
         raise AssertionError("unreachable")  # pragma: no cover
+
+    def _gave_back_all(self, result: VoidOrRefundResult, trans_id: str) -> bool:
+        """Whether a 200 to the void says what was asked: approved, the whole hold given back,
+        a void of this very transaction (a refund has a trans id of its own)."""
+        voided_this = result.voided and result.trans_id == trans_id
+        return (result.result == "A" and (voided_this or result.refunded)
+                and result.amount == self._held_cents)
+
+    async def _give_back_unclear(
+        self, why: str, trans_id: str, result: VoidOrRefundResult
+    ) -> SaleEvent:
+        """A 200 to the void that says something else (not approved, less given back, another
+        transaction): the service may have given it all back, or nothing. Reporting decides;
+        unproven, the sale is not called reversed while the money may still be held."""
+        lookup = await self.reconciler.transaction_state(trans_id)
+        if lookup.reversed:
+            refunded = lookup.reverse_trans_id not in (None, trans_id)
+            return self._reversed(
+                why, lookup.reverse_trans_id, lookup.amount_cents, voided=not refunded
+            )
+        answered = (f"{result.result} {result.resp_text}: {format_cents(result.amount)} "
+                    f"of {result.trans_id}")
+        return self.finish(
+            SaleState.ATTENTION,
+            Step.REVERSE_FAILED,
+            f"{why}; the give-back was answered {answered}, and reporting does not show "
+            f"{trans_id} given back; {self._retried()} gives back "
+            f"{format_cents(self._held_cents)}",
+        )
 
     def require_own(self) -> None:
         """The last guard before money moves: every caller picks only this unit's sales

@@ -146,3 +146,59 @@ async def test_an_approval_that_contradicts_the_authorization_asked_vends_nothin
     assert record is not None
     assert record.trans_id == proxy.rewritten[0]["trans_id"]  # the real one, from reporting
     assert [s for s in proxy.seen if s.endswith("/capture")] == []
+
+
+_VOID_CONTRADICTIONS: dict[str, Rewrite] = {
+    "declined": lambda a: {**a, "result": "C", "resp_text": "Declined", "resp_code": "05"},
+    "retry": lambda a: {**a, "result": "B", "resp_text": "Retry", "resp_code": "91"},
+    "less-given-back": lambda a: {**a, "amount": a["amount"] - 100},
+    "another-trans-id": lambda a: {**a, "trans_id": "999999999999"},
+}
+
+
+@pytest.mark.parametrize("contradiction", list(_VOID_CONTRADICTIONS))
+async def test_a_give_back_answer_that_contradicts_the_void_is_checked_in_reporting(
+    rewriting: tuple[Agent, RewritingProxy], contradiction: str
+) -> None:
+    """The vend failed, the void was sent and the service voided the whole hold; its answer
+    says otherwise (declined, retry, less given back, another transaction). The sale ends on
+    reporting's word: reversed, holding what reporting holds, not the answer's figures."""
+    agent, proxy = rewriting
+    proxy.rules["/void-or-refund"] = _VOID_CONTRADICTIONS[contradiction]
+    machine = ScriptedDispenser(DispenseStatus.FAILED)
+    sale, event = await a_vending_sale(agent, machine)
+    assert len(proxy.rewritten) == 1
+    assert event.state is SaleState.REVERSED, event.message
+    assert event.reversed_cents == 300
+    [row] = await ledger(agent, sale.order_id)
+    assert row.status is TransStatus.VOIDED
+    record = agent.journal.get(sale.sale_id)
+    assert record is not None
+    assert record.reverse_trans_id == proxy.rewritten[0]["trans_id"]
+    assert record.reversed_cents == 300
+
+
+async def test_a_void_answered_declined_that_gave_nothing_back_goes_to_a_person(
+    rewriting: tuple[Agent, RewritingProxy],
+) -> None:
+    """A void the service really refused (answered 200, result C; reporting still shows the
+    hold): the sale is not called reversed. It waits in attention for the sweeper's retry or
+    a person, saying the money is still held."""
+    agent, proxy = rewriting
+
+    async def refuse(request: web.Request) -> web.Response:
+        body = await request.json()
+        return web.json_response({
+            "result": "C", "trans_id": body["trans_id"], "resp_code": "12",
+            "resp_text": "Void not allowed", "resp_proc": "SIM", "user_identifier": "",
+            "mid": body["mid"], "amount": 0, "currency": "USD", "order_id": "",
+            "auth_code": "",
+        })
+
+    proxy.answer_instead["/void-or-refund"] = refuse
+    machine = ScriptedDispenser(DispenseStatus.FAILED)
+    sale, event = await a_vending_sale(agent, machine)
+    assert event.state is SaleState.ATTENTION, event.message
+    assert "$3.00" in event.message
+    [row] = await ledger(agent, sale.order_id)
+    assert row.status is TransStatus.AUTHORIZED  # the money is still held: a person knows
