@@ -7,7 +7,7 @@ typed error that names the field, never as a KeyError or AttributeError deep ins
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, TypeVar
 
 from pydantic import BaseModel, ValidationError
@@ -62,6 +62,37 @@ def parse(model: type[M], data: Any, *, what: str, prefix: str = "") -> M:
         return model.model_validate(data)
     except ValidationError as exc:
         raise invalid_response(exc, data, what=what, prefix=prefix) from None
+
+
+def answer_to(
+    body: Mapping[str, Any], answer: ChargeResult, fields: Sequence[str], what: str
+) -> ChargeResult:
+    """``answer``, when it is the answer to ``body``: each of ``fields`` it names says what was
+    asked, and an approval names its transaction. Else InvalidResponseError naming the field:
+    the service answered 2xx, so it may have acted, but on what cannot be told (another order,
+    merchant or currency, no transaction to capture or give back). The caller treats it as a
+    lost answer: looked up by what it asked, never taken for its own."""
+    for name in fields:
+        if name in answer.model_fields_set and getattr(answer, name) != body.get(name):
+            raise InvalidResponseError(
+                f"{what}: field {name!r}: the answer names another {name} than asked",
+                field=name,
+            )
+    if answer.approved and not answer.trans_id.strip():
+        raise InvalidResponseError(
+            f"{what}: field 'trans_id': an approval without a transaction id", field="trans_id"
+        )
+    return answer
+
+
+def charge_card_result(interaction: Interaction, order_id: str) -> ChargeResult | None:
+    """The result of a succeeded charge-card sent with ``order_id`` (None: no result), or
+    InvalidResponseError when it cannot be read or names another charge (:func:`answer_to`)."""
+    if interaction.result is None or interaction.status != InteractionStatus.SUCCEEDED:
+        return None
+    what = f"charge-card {interaction.interaction_id} result"
+    result = parse(ChargeResult, interaction.result, what=what, prefix="result")
+    return answer_to({"order_id": order_id}, result, ("order_id",), what)
 
 
 def parse_json(model: type[M], body: bytes, *, what: str) -> M:

@@ -7,14 +7,9 @@ so that an answer lost on the way back can be reconciled by that id instead of c
 from __future__ import annotations
 
 import uuid
-from collections.abc import Mapping, Sequence
 from typing import Any
 
-from kiosk_agent.service.errors import (
-    InvalidResponseError,
-    ServerError,
-    ServiceUnreachableError,
-)
+from kiosk_agent.service.errors import ServerError, ServiceUnreachableError
 from kiosk_agent.service.models.payments import (
     ChargeRequest,
     ChargeResult,
@@ -22,6 +17,7 @@ from kiosk_agent.service.models.payments import (
     Surcharge,
     VoidOrRefundResult,
 )
+from kiosk_agent.service.parsing import answer_to
 from kiosk_agent.service.transport import MidPlacement, Transport
 
 
@@ -131,27 +127,6 @@ class PaymentsClient:
             retry_safe=True,  # a second e-mail is harmless; a lost one is not
             what=f"send receipt for {trans_id}",
         )
-
-
-def answer_to(
-    body: Mapping[str, Any], answer: ChargeResult, fields: Sequence[str], what: str
-) -> ChargeResult:
-    """``answer``, when it is the answer to ``body``: each of ``fields`` it names says what was
-    asked, and an approval names its transaction. Else InvalidResponseError naming the field:
-    the service answered 2xx, so it may have acted, but on what cannot be told (another order,
-    merchant or currency, no transaction to capture or give back). The caller treats it as a
-    lost answer: looked up by what it asked, never taken for its own."""
-    for name in fields:
-        if name in answer.model_fields_set and getattr(answer, name) != body.get(name):
-            raise InvalidResponseError(
-                f"{what}: field {name!r}: the answer names another {name} than asked",
-                field=name,
-            )
-    if answer.approved and not answer.trans_id.strip():
-        raise InvalidResponseError(
-            f"{what}: field 'trans_id': an approval without a transaction id", field="trans_id"
-        )
-    return answer
 
 
 def require_cents(amount: int) -> int:

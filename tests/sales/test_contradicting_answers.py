@@ -26,7 +26,13 @@ from kiosk_agent.cli.sim import settings_from_ready
 from kiosk_agent.config.load import load_config
 from kiosk_agent.sales.model import DispenseStatus, Flow, SaleRequest
 from kiosk_agent.sales.states import SaleState
-from kiosk_agent.service.models import TransactionFilter, TransStatus
+from kiosk_agent.service.cable import InteractionHandle
+from kiosk_agent.service.models import (
+    Interaction,
+    InteractionKind,
+    TransactionFilter,
+    TransStatus,
+)
 from kiosk_agent.web.server import LocalSite
 from tests.assembly.agent_helpers import ScriptedDispenser
 
@@ -202,3 +208,52 @@ async def test_a_void_answered_declined_that_gave_nothing_back_goes_to_a_person(
     assert "$3.00" in event.message
     [row] = await ledger(agent, sale.order_id)
     assert row.status is TransStatus.AUTHORIZED  # the money is still held: a person knows
+
+
+def _without_trans_id(result: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in result.items() if k != "trans_id"}
+
+
+_CHARGE_CARD_CONTRADICTIONS: dict[str, Rewrite] = {
+    "another-order-id": lambda r: {**r, "order_id": "KA0000000000-00000000000000000000000000"},
+    "empty-trans-id": lambda r: {**r, "trans_id": ""},
+    "no-trans-id": _without_trans_id,
+    "amount-not-a-number": lambda r: {**r, "amount": "lots"},
+}
+
+
+@pytest.mark.parametrize("contradiction", list(_CHARGE_CARD_CONTRADICTIONS))
+async def test_a_charge_card_result_that_contradicts_the_charge_asked_vends_nothing(
+    rewriting: tuple[Agent, RewritingProxy],
+    monkeypatch: pytest.MonkeyPatch,
+    contradiction: str,
+) -> None:
+    """The terminal's charge-card succeeded, and its result (over the socket, or the status
+    endpoint) names another order, no transaction, or cannot be read: the machine is told no,
+    and the charge the service made under the sale's order id is found and given back."""
+    agent, _proxy = rewriting
+    rewrite = _CHARGE_CARD_CONTRADICTIONS[contradiction]
+    real: list[dict[str, Any]] = []
+    wait = InteractionHandle.wait
+
+    async def contradicted(handle: InteractionHandle) -> Interaction:
+        interaction = await wait(handle)
+        if handle.kind is not InteractionKind.CHARGE_CARD or interaction.result is None:
+            return interaction
+        real.append(interaction.result)
+        return interaction.model_copy(update={"result": rewrite(dict(interaction.result))})
+
+    monkeypatch.setattr(InteractionHandle, "wait", contradicted)
+    machine = ScriptedDispenser(DispenseStatus.VENDED, vended_cents=300)
+    sale = await agent.sales.start(
+        SaleRequest(source="test", flow=Flow.CHARGE_CARD, amount_cents=300), machine
+    )
+    event = await asyncio.wait_for(sale.result(), 15)
+    assert len(real) == 1
+    assert machine.authorized == []  # nothing vended on a result not its own
+    assert event.state is SaleState.REVERSED, event.message
+    [row] = await ledger(agent, sale.order_id)
+    assert row.status is TransStatus.VOIDED
+    record = agent.journal.get(sale.sale_id)
+    assert record is not None
+    assert record.trans_id == real[0]["trans_id"]  # the real one, from reporting

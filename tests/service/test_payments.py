@@ -10,7 +10,7 @@ import pytest
 from kiosk_agent.service.client import ServiceClient
 from kiosk_agent.service.errors import BadRequestError, InvalidResponseError
 from kiosk_agent.service.models import ChargeRequest, ChargeResult, ChargeResultCode
-from kiosk_agent.service.payments import answer_to
+from kiosk_agent.service.parsing import answer_to
 
 # A simulator card token: 9, the card's first digit (4: credit), ten digits, the last four.
 CREDIT_TOKEN = "9412345678901111"
