@@ -666,7 +666,7 @@ class SaleSteps:
         # its completion's commit (an fsync) is back-office work too: a kill meanwhile leaves
         # CAPTURING, and recovery finds the capture in reporting
         await customers.none_waiting()
-        return self._captured(result, cents)
+        return await self._capture_answered(result, cents)
 
     async def _capture_unclear(self, trans_id: str, cents: int, err: ServiceError) -> SaleEvent:
         """The capture answered an error: reporting says whether it went through (a lost answer
@@ -695,6 +695,18 @@ class SaleSteps:
                 f"capture {self.context.recheck.when()} (up to {SWEEP_MONEY_RETRIES} times), "
                 f"then a person ({RESOLVE})",
             )
+        return await self._capture_answered(result, cents)
+
+    async def _capture_answered(self, result: ChargeResult, cents: int) -> SaleEvent:
+        """A capture's answer that says less than was asked (declined, or fewer cents taken) is
+        checked in reporting first: a capture the service made is what every face shows, not
+        the answer's figure (the customer paid what reporting holds)."""
+        trans_id = self.record.trans_id
+        if trans_id is None or (result.approved and (result.amount or cents) >= cents):
+            return self._captured(result, cents)
+        lookup = await self.reconciler.transaction_state(trans_id)
+        if lookup.captured:
+            return self._completed(lookup.amount_cents or cents, _FOUND_CAPTURED)
         return self._captured(result, cents)
 
     def _captured(self, result: ChargeResult, cents: int) -> SaleEvent:

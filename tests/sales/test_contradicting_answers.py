@@ -257,3 +257,30 @@ async def test_a_charge_card_result_that_contradicts_the_charge_asked_vends_noth
     record = agent.journal.get(sale.sale_id)
     assert record is not None
     assert record.trans_id == real[0]["trans_id"]  # the real one, from reporting
+
+
+_CAPTURE_CONTRADICTIONS: dict[str, Rewrite] = {
+    "another-trans-id": lambda a: {**a, "trans_id": "999999999999"},
+    "less-taken": lambda a: {**a, "amount": a["amount"] - 50},
+    "declined": lambda a: {**a, "result": "C", "respstat": "C", "resptext": "Declined"},
+    "no-trans-id": lambda a: {k: v for k, v in a.items() if k != "trans_id"},
+}
+
+
+@pytest.mark.parametrize("contradiction", list(_CAPTURE_CONTRADICTIONS))
+async def test_a_capture_answer_that_contradicts_the_capture_ends_on_reporting_s_word(
+    rewriting: tuple[Agent, RewritingProxy], contradiction: str
+) -> None:
+    """The machine vended $2.00 of the $3.00 held and the service captured $2.00; its answer
+    says otherwise (another transaction, less taken, declined, none named). The sale ends as
+    the service holds it: completed, $2.00 captured, what every face shows."""
+    agent, proxy = rewriting
+    proxy.rules["/api/v1/capture"] = _CAPTURE_CONTRADICTIONS[contradiction]
+    machine = ScriptedDispenser(DispenseStatus.VENDED, vended_cents=200)
+    sale, event = await a_vending_sale(agent, machine)
+    assert len(proxy.rewritten) == 1
+    [row] = await ledger(agent, sale.order_id)
+    assert row.status is TransStatus.CAPTURED
+    assert row.amount_cents == 200
+    assert event.state is SaleState.COMPLETED, event.message
+    assert event.captured_cents == 200
