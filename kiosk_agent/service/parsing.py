@@ -160,12 +160,35 @@ def sent_back(data: Any, key: str | None = None) -> bool:
     return key is None or key in data
 
 
-def parse_interaction(data: Any, *, what: str) -> Interaction:
-    """An interaction record, with a succeeded one's result checked against its kind's model."""
+def _known(kind: InteractionKind | str | None, default: InteractionKind) -> Any:
+    """A record's kind when the client knows it, else ``default`` (a newer service's kind is
+    not a contradiction)."""
+    return kind if isinstance(kind, InteractionKind) else default
+
+
+def parse_interaction(
+    data: Any, *, what: str, asked: tuple[str, InteractionKind] | None = None
+) -> Interaction:
+    """An interaction record, with a succeeded one's result checked against its kind's model.
+
+    ``asked``: the interaction id and kind the caller asked about. A record of another id or
+    kind is not its answer; one naming no kind has its result checked as the kind asked (a
+    read or charge whose result is not one would reach the sale unchecked)."""
     interaction = parse(Interaction, data, what=what)
+    kind = interaction.kind
+    if asked is not None:
+        asked_id, asked_kind = asked
+        for name, got, want in (("interaction_id", interaction.interaction_id, asked_id),
+                                ("kind", _known(kind, asked_kind), asked_kind)):
+            if got != want:
+                raise InvalidResponseError(
+                    f"{what}: field {name!r}: the record names another {name} than asked",
+                    field=name,
+                )
+        kind = asked_kind
     if interaction.status == InteractionStatus.SUCCEEDED:
-        if interaction.kind == InteractionKind.READ_CARD:
+        if kind == InteractionKind.READ_CARD:
             parse(ReadCardResult, interaction.result, what=what, prefix="result")
-        elif interaction.kind == InteractionKind.CHARGE_CARD:
+        elif kind == InteractionKind.CHARGE_CARD:
             parse(ChargeResult, interaction.result, what=what, prefix="result")
     return interaction

@@ -26,13 +26,14 @@ from kiosk_agent.cli.sim import settings_from_ready
 from kiosk_agent.config.load import load_config
 from kiosk_agent.sales.model import DispenseStatus, Flow, SaleRequest
 from kiosk_agent.sales.states import SaleState
-from kiosk_agent.service.cable import InteractionHandle
+from kiosk_agent.service import cable, terminal
 from kiosk_agent.service.models import (
     Interaction,
     InteractionKind,
     TransactionFilter,
     TransStatus,
 )
+from kiosk_agent.service.parsing import parse_interaction
 from kiosk_agent.web.server import LocalSite
 from tests.assembly.agent_helpers import ScriptedDispenser
 
@@ -214,6 +215,25 @@ def _without_trans_id(result: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in result.items() if k != "trans_id"}
 
 
+def rewrite_records(
+    monkeypatch: pytest.MonkeyPatch, kind: InteractionKind, rewrite: Rewrite
+) -> list[dict[str, Any]]:
+    """Every succeeded record of ``kind`` the terminal sends (over the socket or the status
+    endpoint) reaches the client's parser naming no kind and with ``rewrite``'s result; the
+    real results, in order."""
+    real: list[dict[str, Any]] = []
+
+    def rewritten(data: Any, **how: Any) -> Interaction:
+        if isinstance(data, dict) and data.get("kind") == kind.value and data.get("result"):
+            real.append(data["result"])
+            data = {**data, "kind": None, "result": rewrite(dict(data["result"]))}
+        return parse_interaction(data, **how)
+
+    for module in (cable, terminal):
+        monkeypatch.setattr(module, "parse_interaction", rewritten)
+    return real
+
+
 _CHARGE_CARD_CONTRADICTIONS: dict[str, Rewrite] = {
     "another-order-id": lambda r: {**r, "order_id": "KA0000000000-00000000000000000000000000"},
     "empty-trans-id": lambda r: {**r, "trans_id": ""},
@@ -228,30 +248,21 @@ async def test_a_charge_card_result_that_contradicts_the_charge_asked_vends_noth
     monkeypatch: pytest.MonkeyPatch,
     contradiction: str,
 ) -> None:
-    """The terminal's charge-card succeeded, and its result (over the socket, or the status
-    endpoint) names another order, no transaction, or cannot be read: the machine is told no,
-    and the charge the service made under the sale's order id is found and given back."""
+    """The terminal's charge-card succeeded, and its record (naming no kind) names another
+    order, no transaction, or cannot be read as a charge: the machine is told no, and the
+    charge the service made under the sale's order id is found and given back."""
     agent, _proxy = rewriting
     rewrite = _CHARGE_CARD_CONTRADICTIONS[contradiction]
-    real: list[dict[str, Any]] = []
-    wait = InteractionHandle.wait
-
-    async def contradicted(handle: InteractionHandle) -> Interaction:
-        interaction = await wait(handle)
-        if handle.kind is not InteractionKind.CHARGE_CARD or interaction.result is None:
-            return interaction
-        real.append(interaction.result)
-        return interaction.model_copy(update={"result": rewrite(dict(interaction.result))})
-
-    monkeypatch.setattr(InteractionHandle, "wait", contradicted)
+    real = rewrite_records(monkeypatch, InteractionKind.CHARGE_CARD, rewrite)
     machine = ScriptedDispenser(DispenseStatus.VENDED, vended_cents=300)
     sale = await agent.sales.start(
         SaleRequest(source="test", flow=Flow.CHARGE_CARD, amount_cents=300), machine
     )
     event = await asyncio.wait_for(sale.result(), 15)
-    assert len(real) == 1
+    assert real
     assert machine.authorized == []  # nothing vended on a result not its own
     assert event.state is SaleState.REVERSED, event.message
+    assert "internal error" not in event.message
     [row] = await ledger(agent, sale.order_id)
     assert row.status is TransStatus.VOIDED
     record = agent.journal.get(sale.sale_id)
@@ -259,28 +270,24 @@ async def test_a_charge_card_result_that_contradicts_the_charge_asked_vends_noth
     assert record.trans_id == real[0]["trans_id"]  # the real one, from reporting
 
 
-_CAPTURE_CONTRADICTIONS: dict[str, Rewrite] = {
-    "another-trans-id": lambda a: {**a, "trans_id": "999999999999"},
-    "less-taken": lambda a: {**a, "amount": a["amount"] - 50},
-    "declined": lambda a: {**a, "result": "C", "respstat": "C", "resptext": "Declined"},
-    "no-trans-id": lambda a: {k: v for k, v in a.items() if k != "trans_id"},
-}
-
-
-@pytest.mark.parametrize("contradiction", list(_CAPTURE_CONTRADICTIONS))
-async def test_a_capture_answer_that_contradicts_the_capture_ends_on_reporting_s_word(
-    rewriting: tuple[Agent, RewritingProxy], contradiction: str
+async def test_a_card_read_whose_result_cannot_be_read_fails_the_sale_with_no_money_moved(
+    rewriting: tuple[Agent, RewritingProxy], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The machine vended $2.00 of the $3.00 held and the service captured $2.00; its answer
-    says otherwise (another transaction, less taken, declined, none named). The sale ends as
-    the service holds it: completed, $2.00 captured, what every face shows."""
-    agent, proxy = rewriting
-    proxy.rules["/api/v1/capture"] = _CAPTURE_CONTRADICTIONS[contradiction]
-    machine = ScriptedDispenser(DispenseStatus.VENDED, vended_cents=200)
+    """A succeeded read-card whose record names no kind and whose result carries no token:
+    nothing was charged, so the sale fails saying why (not an internal error), and the
+    terminal takes the next customer."""
+    agent, _proxy = rewriting
+    tokenless = rewrite_records(
+        monkeypatch, InteractionKind.READ_CARD,
+        lambda r: {k: v for k, v in r.items() if k != "token"},
+    )  # fmt: skip
+    machine = ScriptedDispenser(DispenseStatus.VENDED, vended_cents=300)
     sale, event = await a_vending_sale(agent, machine)
-    assert len(proxy.rewritten) == 1
-    [row] = await ledger(agent, sale.order_id)
-    assert row.status is TransStatus.CAPTURED
-    assert row.amount_cents == 200
-    assert event.state is SaleState.COMPLETED, event.message
-    assert event.captured_cents == 200
+    assert tokenless
+    assert machine.authorized == []
+    assert event.state is SaleState.FAILED, event.message
+    assert "internal error" not in event.message, event.message
+    assert await ledger(agent, sale.order_id) == []
+    monkeypatch.undo()
+    _next, served = await a_vending_sale(agent, ScriptedDispenser(vended_cents=300))
+    assert served.state is SaleState.COMPLETED, served.message

@@ -20,6 +20,7 @@ from kiosk_agent.service.models import (
     HostedPage,
     HostedPageLink,
     Interaction,
+    InteractionKind,
     InteractionStatus,
     MerchantPayload,
     ReadCardResult,
@@ -30,7 +31,7 @@ from kiosk_agent.service.models import (
 )
 from kiosk_agent.service.models.reporting import Page, Transaction
 from kiosk_agent.service.models.reports import Chargeback
-from kiosk_agent.service.parsing import parse_json
+from kiosk_agent.service.parsing import parse_interaction, parse_json
 
 
 def test_charge_result_reads_both_spellings_and_keeps_extras() -> None:
@@ -210,3 +211,32 @@ def test_an_answers_values_are_not_kept_in_the_parsers_string_cache() -> None:
     assert first.interaction_id is not second.interaction_id
     token = b'{"token": "tok-cache-0001", "expires_at": 60}'
     assert WsToken.model_validate_json(token).token is not WsToken.model_validate_json(token).token
+
+
+def _record(**fields: Any) -> dict[str, Any]:
+    base = {"interaction_id": "i-1", "kind": "read_card", "status": "succeeded",
+            "result": {"token": "9412345678901111"}}  # fmt: skip
+    return {**base, **fields}
+
+
+@pytest.mark.parametrize(
+    ("record", "field"),
+    [
+        (_record(interaction_id="i-0"), "interaction_id"),  # another customer's read
+        (_record(kind="charge_card"), "kind"),
+        (_record(kind=None, result={"last_four": "1111"}), "result.token"),  # checked as asked
+    ],
+)
+def test_an_interaction_record_is_held_to_the_one_asked_about(
+    record: dict[str, Any], field: str
+) -> None:
+    with pytest.raises(InvalidResponseError) as refused:
+        parse_interaction(record, what="read", asked=("i-1", InteractionKind.READ_CARD))
+    assert refused.value.field == field
+
+
+def test_an_interaction_of_a_kind_the_client_does_not_know_is_no_contradiction() -> None:
+    record = parse_interaction(
+        _record(kind="read_card_v2"), what="read", asked=("i-1", InteractionKind.READ_CARD)
+    )
+    assert record.interaction_id == "i-1"
