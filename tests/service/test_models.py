@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import json
+import time
+from collections.abc import Iterator
 from decimal import Decimal
 from typing import Any
 
@@ -240,3 +243,26 @@ def test_an_interaction_of_a_kind_the_client_does_not_know_is_no_contradiction()
         _record(kind="read_card_v2"), what="read", asked=("i-1", InteractionKind.READ_CARD)
     )
     assert record.interaction_id == "i-1"
+
+
+@pytest.fixture
+def far_east_of_utc(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """The unit's local time 14 hours ahead of UTC (Kiribati), as a Pi's TZ may be."""
+    monkeypatch.setenv("TZ", "Pacific/Kiritimati")
+    time.tzset()
+    yield
+    monkeypatch.undo()
+    time.tzset()
+
+
+@pytest.mark.usefixtures("far_east_of_utc")
+@pytest.mark.parametrize(
+    "sent", ["2026-11-29T10:15:30.123", "2026-11-29T10:15:30.123Z", "2026-11-30T00:15:30.123+14:00"]
+)
+def test_a_transaction_date_sent_without_an_offset_is_utc_whatever_the_unit_s_zone(
+    sent: str,
+) -> None:
+    row = Transaction.model_validate({"trans_id": "1", "amount": 3, "trans_date": sent})
+    utc = dt.datetime(2026, 11, 29, 10, 15, 30, 123000, tzinfo=dt.UTC).timestamp()
+    assert row.trans_at == utc  # read as local time it was 14 hours early
+    assert Transaction.model_validate({"trans_id": "2", "amount": 3}).trans_at is None
