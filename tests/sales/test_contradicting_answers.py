@@ -291,3 +291,39 @@ async def test_a_card_read_whose_result_cannot_be_read_fails_the_sale_with_no_mo
     monkeypatch.undo()
     _next, served = await a_vending_sale(agent, ScriptedDispenser(vended_cents=300))
     assert served.state is SaleState.COMPLETED, served.message
+
+
+@pytest.mark.parametrize(
+    ("status", "times", "retry_after"),
+    # once within patience (0 s: no real wait in the suite); every time, 429 beyond patience
+    [(429, 1, "0"), (503, 1, "0"), (429, 9, "3600"), (503, 9, "1")],
+)
+async def test_a_give_back_met_by_retry_after_ends_as_the_service_holds_it(
+    rewriting: tuple[Agent, RewritingProxy], status: int, times: int, retry_after: str
+) -> None:
+    """The void is answered 429 or 503 with Retry-After (once, or every time): the sale ends
+    reversed only when reporting shows the hold voided, else in attention naming the money
+    still held (the sweeper gives it back later)."""
+    agent, proxy = rewriting
+    answered: list[int] = []
+
+    async def busy(request: web.Request) -> web.Response:
+        if len(answered) >= times:
+            del proxy.answer_instead["/void-or-refund"]
+            return await proxy.forward(request)
+        answered.append(status)
+        error = "rate_limited" if status == 429 else "unavailable"
+        return web.json_response(
+            {"error": error}, status=status, headers={"Retry-After": retry_after}
+        )
+
+    proxy.answer_instead["/void-or-refund"] = busy
+    sale, event = await a_vending_sale(agent, ScriptedDispenser(DispenseStatus.FAILED))
+    assert answered
+    [row] = await ledger(agent, sale.order_id)
+    if event.state is SaleState.REVERSED:
+        assert row.status is TransStatus.VOIDED
+    else:
+        assert event.state is SaleState.ATTENTION, event.message
+        assert row.status is TransStatus.AUTHORIZED
+        assert "$3.00" in event.message
