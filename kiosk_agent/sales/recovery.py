@@ -321,6 +321,10 @@ class Recovery:
         if record.trans_id is None:
             raise RuntimeError(f"sale {record.sale_id}: no transaction id to look up")
         lookup = await steps.reconciler.transaction_state(record.trans_id)
+        asked = record.vended_cents or record.authorized_cents
+        taken = lookup.amount_cents or asked
+        if lookup.captured and taken > asked:
+            return steps.captured_above("reporting shows captured", taken, asked)
         if lookup.captured:
             return steps.finish(
                 SaleState.COMPLETED,

@@ -673,7 +673,7 @@ class SaleSteps:
         may have worked); an authorization still open after a server error is captured again."""
         lookup = await self.reconciler.transaction_state(trans_id)
         if lookup.captured:
-            return self._completed(lookup.amount_cents or cents, _FOUND_CAPTURED)
+            return self.found_captured(lookup.amount_cents, cents)
         if not (isinstance(err, (ServerError, ServiceUnreachableError)) and lookup.authorized):
             return self.finish(
                 SaleState.ATTENTION,
@@ -687,7 +687,7 @@ class SaleSteps:
         except ServiceError as again:
             lookup = await self.reconciler.transaction_state(trans_id)
             if lookup.captured:
-                return self._completed(lookup.amount_cents or cents, _FOUND_CAPTURED)
+                return self.found_captured(lookup.amount_cents, cents)
             return self.finish(
                 SaleState.ATTENTION,
                 Step.CAPTURE_FAILED,
@@ -706,7 +706,7 @@ class SaleSteps:
             return self._captured(result, cents)
         lookup = await self.reconciler.transaction_state(trans_id)
         if lookup.captured:
-            return self._completed(lookup.amount_cents or cents, _FOUND_CAPTURED)
+            return self.found_captured(lookup.amount_cents, cents)
         return self._captured(result, cents)
 
     def _captured(self, result: ChargeResult, cents: int) -> SaleEvent:
@@ -720,16 +720,27 @@ class SaleSteps:
             )
         taken = result.amount or cents
         if taken > cents:
-            # the service says it took more than asked (a wrong unit, its fault): not a sale to
-            # call paid; held for reporting's word or a person's
-            return self.finish(
-                SaleState.ATTENTION,
-                Step.CAPTURE_ABOVE,
-                f"dispensed, but the capture answered {format_cents(taken)} for the"
-                f" {format_cents(cents)} asked; a person decides ({RESOLVE})",
-                captured_cents=taken,
-            )
+            return self.captured_above("the capture answered", taken, cents)
         return self._completed(taken, "captured")
+
+    def found_captured(self, taken: int | None, cents: int) -> SaleEvent:
+        """The end of a sale whose capture of ``cents`` reporting shows made: paid what it
+        took, unless that is above what was asked."""
+        taken = taken or cents
+        if taken > cents:
+            return self.captured_above("reporting shows captured", taken, cents)
+        return self._completed(taken, _FOUND_CAPTURED)
+
+    def captured_above(self, who: str, taken: int, cents: int) -> SaleEvent:
+        """The service took more than the capture asked (a wrong unit, its fault): not a sale
+        to call paid, whoever says so (its answer or reporting); held for a person."""
+        return self.finish(
+            SaleState.ATTENTION,
+            Step.CAPTURE_ABOVE,
+            f"dispensed, but {who} {format_cents(taken)} for the {format_cents(cents)} asked;"
+            f" a person decides ({RESOLVE})",
+            captured_cents=taken,
+        )
 
     def _completed(self, cents: int, how: str) -> SaleEvent:
         return self.finish(

@@ -327,3 +327,30 @@ async def test_a_give_back_met_by_retry_after_ends_as_the_service_holds_it(
         assert event.state is SaleState.ATTENTION, event.message
         assert row.status is TransStatus.AUTHORIZED
         assert "$3.00" in event.message
+
+
+async def test_a_capture_found_above_what_was_asked_is_put_to_a_person(
+    rewriting: tuple[Agent, RewritingProxy],
+) -> None:
+    """The machine vended $2.00 of the $3.00 held; the capture of $2.00 reached a service
+    that captured the whole $3.00 (its fault), and its answer was lost (503). Reporting shows
+    $3.00 captured: the sale is not called paid $3.00 for a $2.00 vend; a person decides,
+    shown the two amounts, as when the answer itself says so."""
+    agent, proxy = rewriting
+
+    async def capture_in_full(request: web.Request) -> web.Response:
+        body = {k: v for k, v in (await request.json()).items() if k != "amount"}
+        headers = {"Authorization": request.headers["Authorization"]}
+        async with proxy._session.post(
+            proxy.target + request.path_qs, json=body, headers=headers
+        ) as answer:
+            assert answer.status == 200, await answer.text()
+        return web.json_response({"error": "unavailable"}, status=503)
+
+    proxy.answer_instead["/api/v1/capture"] = capture_in_full
+    sale, event = await a_vending_sale(agent, ScriptedDispenser(vended_cents=200))
+    [row] = await ledger(agent, sale.order_id)
+    assert (row.status, row.amount_cents) == (TransStatus.CAPTURED, 300)
+    assert event.state is SaleState.ATTENTION, event.message
+    assert "$3.00" in event.message
+    assert "$2.00" in event.message

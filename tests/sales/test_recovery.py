@@ -442,3 +442,29 @@ async def test_a_charge_card_result_naming_another_charge_is_not_given_back_by_r
     record = agent.journal.get("crashed1")
     assert record is not None
     assert record.trans_id == own.trans_id
+
+
+async def test_a_capture_found_above_the_vend_at_recovery_is_put_to_a_person(
+    agent_factory: Any, sim_factory: Any, tmp_path: Path
+) -> None:
+    """Killed while capturing the $1.75 vended of a $3.00 hold; the service captured the
+    whole $3.00 (its fault). Recovery finds it captured, and does not call the sale paid
+    $3.00 for a $1.75 vend: a person decides, shown both amounts."""
+    sim = await sim_factory(time_scale=300, transactions=0)
+    async with ServiceClient(settings_from_ready(sim.ready_info())) as service:
+        trans_id = await authorize(service, "KACRASHED1", capture=False)
+        await service.payments.capture(trans_id)  # in full, not the 175 the agent asked
+    leave_open(
+        tmp_path, state=SaleState.CAPTURING, trans_id=trans_id, authorized_cents=300,
+        vended_cents=175,
+    )  # fmt: skip
+    agent = await agent_factory(sim=sim)
+    [event] = await asyncio.wait_for(agent.recovery.wait(), 10)
+    assert event.state is SaleState.ATTENTION, event.message
+    assert "$3.00 for the $1.75 asked" in event.message
+    assert event.captured_cents == 300  # what the service holds
+    # nor does the attention sweeper, which bounded a capture by the price held, not the vend
+    assert await agent.attention.sweep() == []
+    record = agent.journal.get("crashed1")
+    assert record is not None
+    assert record.state is SaleState.ATTENTION
