@@ -128,6 +128,9 @@ class MdbStats:
     last_unknown: str = ""
     denied_out_of_service: int = 0  # vend requests that came while the reader was stepping aside
     disabled: int = 0  # times the reader left the bus (out of service)
+    # a vend success heard after its sale stopped waiting (its money given back: unpaid)
+    late_vends: int = 0
+    last_late_vend_sale: str | None = None
     outcomes: Counter[str] = field(default_factory=Counter)  # dispense status -> count
 
 
@@ -248,6 +251,7 @@ class MdbSession(Dispenser):
 
     async def _vend(self) -> DispenseOutcome:
         self.move_to(Phase.VENDING)
+        self.device.gave_up_on = None  # a result from now on is this vend's
         self.device.stats.approved += 1
         if not self.device.send(wire.approve_vend(self.vend_cents, self.device.options.unit)):
             return self.end(DispenseStatus.CANCELLED, "adapter not connected: vend not approved")
@@ -297,6 +301,7 @@ class MdbSession(Dispenser):
         self.device.stats.outcomes[outcome.status.value] += 1
         if outcome.status is DispenseStatus.TIMEOUT:
             self.device.stats.timeouts += 1
+            self.device.gave_up_on = self  # the machine may still say how its vend ended
 
 
 class MdbCashless:
@@ -316,6 +321,8 @@ class MdbCashless:
         self.stats = MdbStats()
         self.facts = LinkFacts()  # the link's; the customer's session is its Phase
         self.session: MdbSession | None = None
+        # the last session whose sale stopped waiting for the vend result (vend timeout)
+        self.gave_up_on: MdbSession | None = None
         self._tasks = TaskSet()
         # What the agent tells the device (facts from outside, not a session's state): it is
         # stopping (the drain), and whether its terminal can take cards (health's availability).
@@ -372,6 +379,8 @@ class MdbCashless:
             # out of service, but a sale is still on: the reader steps aside when it ends
             "steps_aside_after_sale": not self.available and self.facts.reader_enabled is True,
             "denied_out_of_service": self.stats.denied_out_of_service,
+            "late_vends": self.stats.late_vends,
+            "last_late_vend_sale": self.stats.last_late_vend_sale,
         }
 
     # -- out of service ------------------------------------------------------------------------
@@ -543,10 +552,24 @@ class MdbCashless:
         )
 
     def _on_vend_result(self, status: DispenseStatus, detail: str) -> None:
-        if self.session is None or not self.session.on_vend_result(status, detail):
-            self.link.noise(
-                "result_without_vend", "%s: %s with no vend pending: ignored", self.name, detail
+        if self.session is not None and self.session.on_vend_result(status, detail):
+            return
+        late, self.gave_up_on = self.gave_up_on, None
+        if late is not None and status is DispenseStatus.VENDED:
+            # the sale gave the money back at its vend timeout: the product went out unpaid.
+            # Nothing to take again; a person must hear it (rule: what the agent knows of
+            # money it cannot move, it says)
+            self.stats.late_vends += 1
+            self.stats.last_late_vend_sale = late.sale_id
+            _LOGGER.warning(
+                "%s: vend success for sale %s after its vend timeout (the sale gives its "
+                "money back): the product %s went out unpaid", self.name, late.sale_id,
+                late.product or "(unnamed)",
             )
+            return
+        self.link.noise(
+            "result_without_vend", "%s: %s with no vend pending: ignored", self.name, detail
+        )
 
     def _on_adapter_error(self, message: wire.AdapterError) -> None:
         self.link.noise("adapter_error", "%s: adapter error %s", self.name, message.text)
