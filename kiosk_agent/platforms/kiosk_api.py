@@ -61,7 +61,7 @@ from kiosk_agent.config.load import PLATFORM_SCHEMA as BASE_PLATFORM_SCHEMA
 from kiosk_agent.config.load import max_price_check, positive_float, price_map, schema_built_on_read
 from kiosk_agent.logs import RefusalLog
 from kiosk_agent.money import MoneyError, cents_to_dollars, parse_price
-from kiosk_agent.platforms.base import Dispenser, instance_name
+from kiosk_agent.platforms.base import Dispenser, LateVends, instance_name
 from kiosk_agent.sales.model import (
     STOPPING,
     AgentStopping,
@@ -89,8 +89,6 @@ from kiosk_agent.web.server import (
 _LOGGER = logging.getLogger(__name__)
 
 _KEPT_SALES = 500  # latest step of this many recent sales, for GET and late WebSocket joins
-_TOLD = object()  # a late "vended" already said and counted
-_NOT_GIVEN_UP = object()
 
 
 def _token(value: Any) -> str:
@@ -272,11 +270,6 @@ class AppDispenser(Dispenser):
         return True
 
 
-def _gave_up(dispenser: AppDispenser) -> bool:
-    """The sale stopped waiting for the app's result (its vend timeout ended the dispense)."""
-    return dispenser.ended and dispenser.result.result().status is DispenseStatus.TIMEOUT
-
-
 def event_json(event: SaleEvent) -> dict[str, Any]:
     return {
         "sale_id": event.sale_id,
@@ -347,11 +340,8 @@ class KioskApi:
         self._token_digest = hashlib.sha256(config["token"].encode()).digest()
         self._latest: OrderedDict[str, SaleEvent] = OrderedDict()
         self._dispensers: dict[str, AppDispenser] = {}
-        # recent sales that stopped waiting for the app's dispense (vend timeout): a "vended"
-        # reported later is a product gone out unpaid
-        self._gave_up: OrderedDict[str, object] = OrderedDict()  # sale id -> product, or _TOLD
-        self.late_vends = 0
-        self.last_late_vend_sale: str | None = None
+        # a "vended" reported after its sale stopped waiting is a product gone out unpaid
+        self.late = LateVends(self.name)
         self._site = LocalSite(
             config["host"], config["port"], name=self.name,
             limits=HttpLimits.of(agent),
@@ -409,8 +399,7 @@ class KioskApi:
             "live_sockets": len(self._sockets),
             "sales_known": len(self._latest),
             "card_payment": self.card_payment(),
-            "late_vends": self.late_vends,
-            "last_late_vend_sale": self.last_late_vend_sale,
+            **self.late.status(),
         }
 
     def card_payment(self) -> dict[str, Any]:
@@ -433,8 +422,8 @@ class KioskApi:
             self._latest.popitem(last=False)
         if event.state.final:
             dispenser = self._dispensers.pop(event.sale_id, None)
-            if dispenser is not None and _gave_up(dispenser):
-                self._keep_gave_up(event.sale_id, dispenser.product)
+            if dispenser is not None:
+                self.late.gave_up(dispenser)
         if self._frames.reaches(event.sale_id):  # a stream of its own or the app-wide one
             self._frames.publish((event, event_text(event)), event.sale_id)
 
@@ -504,6 +493,7 @@ class KioskApi:
         except ValueError as err:  # a zero amount
             raise BadRequest("amount", str(err)) from None
         self._dispensers[sale.sale_id] = dispenser
+        dispenser.sale_id = sale.sale_id
         return _json_response(
             {
                 "sale_id": sale.sale_id,
@@ -669,28 +659,10 @@ class KioskApi:
         return web.json_response({"sale_id": sale_id, "status": status_text}, status=202)
 
     def _late(self, sale_id: str, dispenser: AppDispenser | None) -> bool:
-        """Whether a "vended" for ``sale_id`` came after the sale gave up on it (its vend
-        timeout): the agent cannot take that money again, so it says so, once, and counts it."""
-        if dispenser is not None and _gave_up(dispenser):
-            self._keep_gave_up(sale_id, dispenser.product)
-        product = self._gave_up.get(sale_id, _NOT_GIVEN_UP)
-        if product is _NOT_GIVEN_UP:
-            return False
-        if product is not _TOLD:  # a repeat is not a second product
-            self._gave_up[sale_id] = _TOLD
-            self.late_vends += 1
-            self.last_late_vend_sale = sale_id
-            _LOGGER.warning(
-                "%s: vended reported for sale %s after its vend timeout (the sale gives its "
-                "money back): the product %s went out unpaid", self.name, sale_id,
-                product or "(unnamed)",
-            )
-        return True
-
-    def _keep_gave_up(self, sale_id: str, product: str | None) -> None:
-        self._gave_up.setdefault(sale_id, product)
-        while len(self._gave_up) > _KEPT_SALES:
-            self._gave_up.popitem(last=False)
+        """Whether a "vended" for ``sale_id`` came after the sale gave up on it."""
+        if dispenser is not None:
+            self.late.gave_up(dispenser)
+        return self.late.heard(sale_id)
 
     async def _stream(self, request: web.Request) -> web.StreamResponse:
         """A WebSocket of steps: one sale's (``/sales/{sale_id}/events``, closed after its last)

@@ -36,6 +36,7 @@ from kiosk_agent.platforms import mdb_schema
 from kiosk_agent.platforms.base import (
     DevicePlatform,
     Dispenser,
+    LateVends,
     SaleStarter,
     instance_name,
     link_reporter,
@@ -128,9 +129,6 @@ class MdbStats:
     last_unknown: str = ""
     denied_out_of_service: int = 0  # vend requests that came while the reader was stepping aside
     disabled: int = 0  # times the reader left the bus (out of service)
-    # a vend success heard after its sale stopped waiting (its money given back: unpaid)
-    late_vends: int = 0
-    last_late_vend_sale: str | None = None
     outcomes: Counter[str] = field(default_factory=Counter)  # dispense status -> count
 
 
@@ -302,6 +300,7 @@ class MdbSession(Dispenser):
         if outcome.status is DispenseStatus.TIMEOUT:
             self.device.stats.timeouts += 1
             self.device.gave_up_on = self  # the machine may still say how its vend ended
+            self.device.late.gave_up(self)
 
 
 class MdbCashless:
@@ -323,6 +322,7 @@ class MdbCashless:
         self.session: MdbSession | None = None
         # the last session whose sale stopped waiting for the vend result (vend timeout)
         self.gave_up_on: MdbSession | None = None
+        self.late = LateVends(self.name)
         self._tasks = TaskSet()
         # What the agent tells the device (facts from outside, not a session's state): it is
         # stopping (the drain), and whether its terminal can take cards (health's availability).
@@ -379,8 +379,7 @@ class MdbCashless:
             # out of service, but a sale is still on: the reader steps aside when it ends
             "steps_aside_after_sale": not self.available and self.facts.reader_enabled is True,
             "denied_out_of_service": self.stats.denied_out_of_service,
-            "late_vends": self.stats.late_vends,
-            "last_late_vend_sale": self.stats.last_late_vend_sale,
+            **self.late.status(),
         }
 
     # -- out of service ------------------------------------------------------------------------
@@ -554,18 +553,9 @@ class MdbCashless:
     def _on_vend_result(self, status: DispenseStatus, detail: str) -> None:
         if self.session is not None and self.session.on_vend_result(status, detail):
             return
-        late, self.gave_up_on = self.gave_up_on, None
-        if late is not None and status is DispenseStatus.VENDED:
-            # the sale gave the money back at its vend timeout: the product went out unpaid.
-            # Nothing to take again; a person must hear it (rule: what the agent knows of
-            # money it cannot move, it says)
-            self.stats.late_vends += 1
-            self.stats.last_late_vend_sale = late.sale_id
-            _LOGGER.warning(
-                "%s: vend success for sale %s after its vend timeout (the sale gives its "
-                "money back): the product %s went out unpaid", self.name, late.sale_id,
-                late.product or "(unnamed)",
-            )
+        # MDB names no sale in a result: a success now is the last given-up vend's, if any
+        late = self.gave_up_on
+        if late is not None and status is DispenseStatus.VENDED and self.late.heard(late.sale_id):
             return
         self.link.noise(
             "result_without_vend", "%s: %s with no vend pending: ignored", self.name, detail

@@ -17,6 +17,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kiosk_agent.platforms import mdb_protocol as wire
+from kiosk_agent.platforms.base import LateVends
 from kiosk_agent.platforms.mdb import (
     PHASES,
     MdbCashless,
@@ -47,6 +48,8 @@ class FakeCashless:
         self.link = FakeLink()
         self.sent: list[str] = []
         self.cancelled: list[MdbSession] = []
+        self.gave_up_on: MdbSession | None = None
+        self.late = LateVends(self.name)
 
     def send(self, line: str) -> bool:
         self.sent.append(line)
@@ -367,7 +370,7 @@ async def test_a_vend_success_heard_after_the_sale_gave_up_is_told_not_dropped(
     assert "after its vend timeout" in said
     # the next customer's vend: a result now is theirs, and no late one
     device.handle_line(wire.vend_request_line(150, "B1"))
-    assert device.stats.late_vends == 1
+    assert device.late.count == 1
     await device.stop()
 
 
