@@ -581,8 +581,9 @@ class SaleSteps:
         """Whether a 200 to the void says what was asked: approved, the whole hold given back,
         a void of this very transaction (a refund has a trans id of its own)."""
         voided_this = result.voided and result.trans_id == trans_id
+        held = self._held_cents  # 0: a journal that never knew the amount takes the answer's
         return (result.result == "A" and (voided_this or result.refunded)
-                and result.amount == self._held_cents)
+                and result.amount == (held or result.amount))
 
     async def _give_back_unclear(
         self, why: str, trans_id: str, result: VoidOrRefundResult
