@@ -73,7 +73,8 @@ def answer_to(
     merchant or currency, no transaction to capture or give back). The caller treats it as a
     lost answer: looked up by what it asked, never taken for its own."""
     for name in fields:
-        if name in answer.model_fields_set and getattr(answer, name) != body.get(name):
+        got = getattr(answer, name) if name in answer.model_fields_set else None
+        if got is not None and _said(name, got) != _said(name, body.get(name)):
             raise InvalidResponseError(
                 f"{what}: field {name!r}: the answer names another {name} than asked",
                 field=name,
@@ -83,6 +84,11 @@ def answer_to(
             f"{what}: field 'trans_id': an approval without a transaction id", field="trans_id"
         )
     return answer
+
+
+def _said(name: str, value: Any) -> Any:
+    """A field's value as compared: a currency code in any case (``usd`` is USD)."""
+    return value.upper() if name == "currency" and isinstance(value, str) else value
 
 
 def charge_card_result(interaction: Interaction, order_id: str) -> ChargeResult | None:

@@ -135,6 +135,9 @@ def test_an_answer_is_held_only_to_what_it_names() -> None:
     # no order id, currency or mid in the answer: nothing contradicts the request
     bare = ChargeResult.model_validate({"result": "A", "trans_id": "100200300"})
     assert answer_to(_ASKED, bare, ("order_id", "mid", "currency"), "charge") is bare
+    # a field sent as null names nothing; a currency code in another case is the same code
+    nulls = _answer(order_id=None, mid=None, currency="usd")
+    assert answer_to(_ASKED, nulls, ("order_id", "mid", "currency"), "charge") is nulls
     # a decline carries no transaction to act on: no trans id is no contradiction
     declined = _answer(result="C", trans_id="")
     assert answer_to(_ASKED, declined, ("order_id",), "charge") is declined
