@@ -258,8 +258,12 @@ class AdminServer:
             apart = (journal.count(since=since, until=until, states=chosen,
                                    kind=SaleKind.NO_SELECTION)
                      if kind is SaleKind.SALE else 0)
+            # the sales of the window past this page (older), as `sales` says "N more": a
+            # client tells a page from the whole; counted only when the page is full
+            more = (journal.count(since=since, until=until, states=chosen, kind=kind)
+                    - len(records) if len(records) == limit else 0)
             return web.json_response({"sales": self._with_unwritten(records, states),
-                                      "no_selection": apart})
+                                      "no_selection": apart, "more": more})
         # A year of sales is streamed page by page, the loop running sales between pages: read
         # and written whole, 100,000 sales held the agent 4.6 s (and 20 MB) here.
         pages = journal.pages(since=since, until=until, states=chosen, kind=kind, limit=limit)
