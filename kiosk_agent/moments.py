@@ -45,6 +45,13 @@ def day_start(day: dt.date) -> float:
     return dt.datetime.combine(day, dt.time(), dt.UTC).timestamp()
 
 
+def day_bounds(unix_time: float) -> tuple[float, float]:
+    """The UTC day a moment belongs to, as Unix times: its midnight and the next (a wall
+    clock stepped back over midnight leaves sales dated on a later day: not this one's)."""
+    midnight = day_start(day_of(unix_time))
+    return midnight, midnight + 86_400.0  # a UTC day in Unix time: 24 hours, always
+
+
 def parse_moment(text: str, *, end: bool = False, now: dt.datetime | None = None) -> dt.datetime:
     """The moment ``text`` names, timezone-aware; with ``end``, a day stands for its end."""
     text = text.strip()

@@ -12,7 +12,7 @@ import sqlite3
 from collections.abc import Iterable, Iterator
 from typing import Any, NamedTuple
 
-from kiosk_agent.moments import day_of, day_start
+from kiosk_agent.moments import day_bounds
 from kiosk_agent.sales.clock import Clock
 from kiosk_agent.sales.journal_records import _SELECT_SALES, SaleRecord, StepRecord, _record
 from kiosk_agent.sales.kinds import SaleKind, kind_sql
@@ -25,7 +25,6 @@ _ORDER_STATES = (
     "SELECT order_id, sale_id, state, source, attempt, trans_id FROM sales WHERE order_id IN")
 _STATE_OF = {state.value: state for state in SaleState}  # a dict's look, not the enum's call
 _IN_LIST_MAX = 500  # values bound in one statement (SQLite's limit: 999 in older builds)
-_DAY_S = 86_400.0  # a UTC day in Unix seconds: always 24 hours (no leap seconds)
 # An order id's suffixes ('-2', '-held') follow its base after this character; the next one
 # ('.') ends the range of the order id's index that holds the base and every suffixed form
 _SUFFIX_MARK = "-"
@@ -255,13 +254,13 @@ class JournalReads:
         """(count, cents) of today's completed sales: those created on its UTC day, by the one
         rule of days (kiosk_agent.moments), as ``sales --since today --until today`` lists them
         (none of a later day's: a wall clock stepped back over midnight)."""
-        midnight = day_start(day_of(now if now is not None else self.clock.time()))
+        midnight, next_midnight = day_bounds(now if now is not None else self.clock.time())
         row = self.db.execute(
             # by the time it was created (its index); "+state" keeps the planner off the
             # state's index, which would read every completed sale of the journal
             "SELECT COUNT(*), COALESCE(SUM(captured_cents), 0) FROM sales "
             "WHERE created_at >= ? AND created_at < ? AND +state = ?",
-            (midnight, midnight + _DAY_S, SaleState.COMPLETED.value),
+            (midnight, next_midnight, SaleState.COMPLETED.value),
         ).fetchone()
         return int(row[0]), int(row[1])
 
