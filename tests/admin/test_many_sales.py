@@ -16,6 +16,7 @@ from kiosk_agent.sales.clock import FakeClock
 from kiosk_agent.sales.journal import Journal, SaleRecord
 from kiosk_agent.sales.states import SaleState, Step
 from tests.admin.test_sales_export import _cli
+from tests.admin.test_server import _sell
 
 SALES = 10_050
 
@@ -29,7 +30,8 @@ def _many_sales(journal: Journal, count: int) -> None:
     try:
         with journal.batch():
             for n in range(count):
-                clock.step_wall(7)
+                if n % 3:  # every third shares its time with the one before: pages split no tie
+                    clock.step_wall(7)
                 sale = journal.create(SaleRecord(
                     sale_id=f"{n:08x}{'f' * 24}", order_id=f"KAMANY{n:06d}", source="test",
                     flow="charge_card", terminal="SIM-0007", amount_cents=100 + n % 900,
@@ -113,3 +115,44 @@ def _csv_bytes(rows: list[dict[str, str]]) -> bytes:
     writer.writeheader()
     writer.writerows(rows)
     return buffer.getvalue().encode()
+
+
+@pytest.mark.slow(seconds=12)
+async def test_the_api_pages_through_every_sale_by_a_cursor_none_lost_none_twice(
+    agent: Any, admin_server: Any, read_headers: dict[str, str]
+) -> None:
+    """`more` said there were more; `until` could not fetch them exactly (the records' times
+    are to the second; sales share a second). `before` (a sale id: the page's `next`) pages
+    through the window in the journal's order, a sale made meanwhile shifting nothing."""
+    _many_sales(agent.journal, 2_345)
+    db = agent.journal.db
+    every = [row[0] for row in db.execute(
+        "SELECT sale_id FROM sales ORDER BY created_at DESC, rowid DESC")]
+    refunded = [row[0] for row in db.execute(
+        "SELECT sale_id FROM sales WHERE state = 'reversed' ORDER BY created_at DESC, rowid DESC")]
+    async with aiohttp.ClientSession(base_url=admin_server.url, headers=read_headers) as http:
+        async def walk(**params: str) -> list[str]:
+            seen: list[str] = []
+            cursor: dict[str, str] = {}
+            while True:
+                async with http.get("/api/sales", params={**params, **cursor}) as answer:
+                    assert answer.status == 200, await answer.text()
+                    page = await answer.json()
+                seen += [s["sale_id"] for s in page["sales"]]
+                if not seen:
+                    return seen
+                assert page["more"] == len(every if not params.get("state") else refunded) - len(
+                    seen)
+                if page["next"] is None:
+                    return seen
+                assert page["next"] == seen[-1]
+                cursor = {"before": page["next"]}
+                if len(seen) == 1000:  # a customer meanwhile: newer, on no page of this walk
+                    await _sell(agent, 250)
+
+        assert await walk(limit="500") == every
+        assert await walk(limit="100", state="reversed") == refunded
+        async with http.get("/api/sales", params={"before": "nosuchsale"}) as answer:
+            assert answer.status == 400
+            assert (await answer.json())["detail"] == (
+                "before: no sale 'nosuchsale' in the journal (give a sale_id: a page's next)")

@@ -1551,6 +1551,13 @@ def test_the_hot_reads_of_a_years_journal_use_an_index(journal: Journal) -> None
         # the same with the card sessions of no selection apart (sales.kinds), and their count
         "sales only": (lambda: journal.query(limit=100, kind=SaleKind.SALE),
                        "SCAN sales USING INDEX sales_created"),
+        # the admin API's next page (?before=), and how many more after it
+        "a page after a cursor": (
+            lambda: journal.query(limit=100, kind=SaleKind.SALE, older_than=(now - 600, 1)),
+            "SEARCH sales USING INDEX sales_created (created_at<?)"),
+        "more after a cursor": (
+            lambda: journal.count(kind=SaleKind.SALE, older_than=(now - 600, 1)),
+            "SEARCH sales USING INDEX sales_no_selection (created_at<?)"),
         "sessions apart": (lambda: journal.count(since=now - 86400, kind=SaleKind.NO_SELECTION),
                            "SEARCH sales USING INDEX sales_no_selection (created_at>?)"),
         "sales counted": (lambda: journal.count(since=now - 86400, kind=SaleKind.SALE),
