@@ -170,14 +170,15 @@ class JournalReads:
         limit: int | None = None,
         size: int = 500,
         kind: SaleKind | None = None,
+        older_than: tuple[float, int] | None = None,
     ) -> Iterator[list[SaleRecord]]:
         """:meth:`query`'s sales a page of ``size`` at a time, in its order, each page read
         when asked for: an export of a year of sales from the event loop lets the loop run
         between pages (one query of 100,000 sales held it for 2 s). Pages follow the last
         sale seen (its time and rowid), so a sale made meanwhile neither repeats nor shifts
-        them."""
+        them; ``older_than``: from that place in the order on (:meth:`place`)."""
         where, args = _filters(since, until, states, None, kind)
-        after: tuple[float, int] | None = None
+        after = older_than
         left = limit
         while left is None or left > 0:
             clause, page_args = where, list(args)

@@ -140,6 +140,10 @@ async def test_the_api_pages_through_every_sale_by_a_cursor_none_lost_none_twice
 
         assert await walk(limit="500") == every
         assert await walk(limit="100", state="reversed") == refunded
+        # an export from a cursor on: the sales after it, none of the page before
+        async with http.get("/api/sales", params={"format": "csv", "before": every[99]}) as answer:
+            exported = [row["sale_id"] for row in csv.DictReader(io.StringIO(await answer.text()))]
+        assert exported == every[100:]
         async with http.get("/api/sales", params={"before": "nosuchsale"}) as answer:
             assert answer.status == 400
             assert (await answer.json())["detail"] == (
