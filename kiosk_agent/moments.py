@@ -4,8 +4,9 @@ rule of days, which "Sales today" (status page, ``health``, the heartbeat, Home 
 ``fleet list``) counts by too.
 
 A day is a UTC day, as every time the agent writes is UTC: ``today``, ``yesterday`` or
-``2026-11-22`` (as an end, the whole day). An ISO 8601 time is UTC unless it carries an offset
-(``Z`` is UTC). A span back from now (``90m``, ``24h``, ``7d``, ``2w``) or Unix seconds.
+``2026-11-22`` (also ``20261122``, ISO 8601's basic form; as an end, the whole day). An
+ISO 8601 time is UTC unless it carries an offset (``Z`` is UTC). A span back from now
+(``90m``, ``24h``, ``7d``, ``2w``) or Unix seconds.
 
 A sale belongs to the day it was created (the customer's moment): ``created_at``, which the
 journal's ``since``/``until`` filter and :meth:`Journal.today` both read.
@@ -21,9 +22,12 @@ MOMENT_FORMS = (
     '"90m", "24h", "7d", "2w"'
 )
 
-_RELATIVE = re.compile(r"^(\d+)\s*([mhdw])$")
+# ASCII digits only: Python's \d and float() also read Arabic-Indic or full-width ones
+_RELATIVE = re.compile(r"^(\d+)\s*([mhdw])$", re.ASCII)
 _UNIT_SECONDS = {"m": 60, "h": 3600, "d": 86400, "w": 604800}
-_UNIX_SECONDS = re.compile(r"^\d{1,11}(\.\d+)?$")
+_UNIX_SECONDS = re.compile(r"^\d{1,11}(\.\d+)?$", re.ASCII)
+# ISO 8601's basic form of a day (`date +%Y%m%d`): a day, never Unix seconds of 1970-1973
+_BASIC_DAY = re.compile(r"^\d{8}$", re.ASCII)
 _DAYS_BACK = {"today": 0, "yesterday": 1}
 
 
@@ -41,6 +45,13 @@ def day_start(day: dt.date) -> float:
     return dt.datetime.combine(day, dt.time(), dt.UTC).timestamp()
 
 
+def day_bounds(unix_time: float) -> tuple[float, float]:
+    """The UTC day a moment belongs to, as Unix times: its midnight and the next (a wall
+    clock stepped back over midnight leaves sales dated on a later day: not this one's)."""
+    midnight = day_start(day_of(unix_time))
+    return midnight, midnight + 86_400.0  # a UTC day in Unix time: 24 hours, always
+
+
 def parse_moment(text: str, *, end: bool = False, now: dt.datetime | None = None) -> dt.datetime:
     """The moment ``text`` names, timezone-aware; with ``end``, a day stands for its end."""
     text = text.strip()
@@ -49,6 +60,8 @@ def parse_moment(text: str, *, end: bool = False, now: dt.datetime | None = None
     if named is not None:
         return _day_bound(current.astimezone(dt.UTC).date() - dt.timedelta(days=named), end)
     try:
+        if _BASIC_DAY.match(text):
+            return _day_bound(dt.date.fromisoformat(text), end)
         if _UNIX_SECONDS.match(text):
             return dt.datetime.fromtimestamp(float(text), dt.UTC)
     except (ValueError, OverflowError, OSError):  # past the year 9999

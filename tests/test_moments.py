@@ -48,6 +48,32 @@ def test_anything_else_is_refused_with_the_forms(text: str) -> None:
         parse_moment(text, now=NOW)
 
 
+@pytest.mark.parametrize(("text", "end", "moment"), [
+    ("20261122", False, dt.datetime(2026, 11, 22, tzinfo=UTC)),
+    ("20261122", True, dt.datetime(2026, 11, 23, tzinfo=UTC)),  # an end: the whole day
+    ("20261122.0", False, dt.datetime(1970, 8, 23, 12, 5, 22, tzinfo=UTC)),  # Unix, said so
+    ("1700000000", False, dt.datetime(2023, 11, 14, 22, 13, 20, tzinfo=UTC)),
+])
+def test_a_day_in_iso_8601s_basic_form_is_that_day_not_seconds_of_1970(
+    text: str, end: bool, moment: dt.datetime
+) -> None:
+    """`date +%Y%m%d` gives 20261122: it was read as Unix seconds, 1970-08-23, and
+    `sales --since 20261122` listed every sale the journal holds, with no word of why."""
+    assert parse_moment(text, end=end, now=NOW) == moment
+
+
+@pytest.mark.parametrize("text", [
+    "\u0663\u0663",  # Arabic-Indic 33
+    "\uff11\uff17" + "\uff10" * 8,  # full-width 1700000000
+    "\u0967\u0969",  # Devanagari 13
+])
+def test_digits_of_other_scripts_are_refused_not_read_as_unix_seconds(text: str) -> None:
+    """Python's \\d and float() take Arabic-Indic and full-width digits: such a paste was
+    read as Unix seconds."""
+    with pytest.raises(MomentError, match='expected "today"'):
+        parse_moment(text, now=NOW)
+
+
 @pytest.mark.parametrize("text", ["99999999w", "9999999999999999999999d", "999999999999999m"])
 def test_a_span_back_past_the_year_1_is_refused_not_an_overflow(text: str) -> None:
     with pytest.raises(MomentError, match="within the years 1 to 9999"):

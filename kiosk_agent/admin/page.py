@@ -50,7 +50,7 @@ from kiosk_agent.doctor import Report, Verdict, check_running
 from kiosk_agent.health.model import UNIX_TIMES
 from kiosk_agent.health.readers import availability
 from kiosk_agent.logs import RefusalLog
-from kiosk_agent.moments import day_of, day_start
+from kiosk_agent.moments import day_bounds
 from kiosk_agent.money import format_cents
 from kiosk_agent.sales.journal import SaleRecord, StepRecord
 from kiosk_agent.sales.kinds import SaleKind, no_selection, sessions_text
@@ -351,8 +351,9 @@ class StatusPage:
         attention: list[dict[str, Any]] = []
         apart = ""  # today's card sessions of no selection, said under "Sales today"
         if journal is not None:
-            midnight = day_start(day_of(journal.clock.time()))  # the one rule of days
-            sessions = journal.count(since=midnight, kind=SaleKind.NO_SELECTION)
+            midnight, next_midnight = day_bounds(journal.clock.time())  # the rule of days
+            sessions = journal.count(since=midnight, until=next_midnight,
+                                     kind=SaleKind.NO_SELECTION)
             apart = f"not sales: {sessions_text(sessions)}" if sessions else ""
             # sales only (sales.kinds): a card-first machine's idle sessions are no sale
             for record in journal.query(limit=RECENT_SALES, kind=SaleKind.SALE):

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import datetime as dt
 import logging
 import operator
 import sqlite3
@@ -30,6 +31,7 @@ from kiosk_agent.data_class import data_class
 from kiosk_agent.health.availability import Availability
 from kiosk_agent.health.model import Health, HealthChecker
 from kiosk_agent.health.schema import HEALTH_SCHEMA
+from kiosk_agent.moments import day_of, day_start
 from kiosk_agent.sales.attention import AttentionSweeper
 from kiosk_agent.sales.audit import ChargeAudit
 from kiosk_agent.sales.clock import SYSTEM_CLOCK, Clock
@@ -185,7 +187,11 @@ class Agent:
 
     def _assemble_health(self, health_conf: Mapping[str, Any]) -> None:
         """Health, the agent's event log, out of service per terminal, and the checker."""
-        self.health = Health(self.version, key_warning=health_conf["key_warning"])
+        self.health = Health(
+            self.version, key_warning=health_conf["key_warning"],
+            # the day of the clock the journal dates its sales by, as Journal.today counts it
+            today=lambda: day_of(self.clock.time()), day_figures=self._day_figures,
+        )  # fmt: skip
         keys = self.service.transport.keys
         # out of service, gracefully: the agent's events in the journal, one decider for all
         self.event_log = EventLog(lambda: self.journal.db, self.clock)
@@ -373,6 +379,14 @@ class Agent:
             len(open_ids),
             "; NOT ready to sell on " + ", ".join(not_started) if not_started else "",
         )
+
+    def _day_figures(self, day: dt.date) -> tuple[int, int] | None:
+        """A day's completed sales as the journal counts them; None where it cannot be read."""
+        try:
+            return self.journal.today(day_start(day))
+        except (sqlite3.Error, JournalError) as err:  # the journal's own health says why
+            _LOGGER.warning("the day's sales could not be read from the journal: %s", err)
+            return None
 
     def _start_recovery_and_checks(self) -> list[str]:
         """The journal's open sales and the day's figures in health, recovery started on the

@@ -157,6 +157,12 @@ async def fill_command(args: argparse.Namespace) -> int:
         if args.all == bool(args.columns):
             raise CliError("name the columns refilled, or give --all (not both)", EXIT_USAGE)
         columns = list(dict.fromkeys(args.columns))
+        for column in columns:  # checked also where nothing is known to check it against
+            if not column.strip() or column != column.strip() or not column.isprintable():
+                raise CliError(
+                    f"column {column!r} is no column name (a column's id on the machine, as "
+                    "`kiosk-agent audit` lists them: A1, 12); nothing recorded", EXIT_USAGE,
+                )  # fmt: skip
         last = store.last_read()
         known = sorted(set(settings.planogram) | set(last.figures.columns if last else ()))
         if args.all:

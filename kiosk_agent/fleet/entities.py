@@ -161,7 +161,7 @@ UNIT_ENTITIES: tuple[Entity, ...] = (
         "sales_today",
         "Sales today",
         {
-            # drops to 0 at local midnight: a meter reset for total_increasing, never a negative
+            # drops at midnight UTC (the one rule of days): a meter reset for total_increasing
             "value_template": "{{ value_json.sales.today_count }}",
             "state_class": "total_increasing",
             "unit_of_measurement": "sales",

@@ -221,10 +221,14 @@ class Health:
         *,
         key_warning: float = KEY_WARNING,
         today: Callable[[], dt.date] | None = None,
+        day_figures: Callable[[dt.date], tuple[int, int] | None] | None = None,
     ) -> None:
         self.version = version
-        # the day the day's figures belong to (tests move it): today's UTC date
+        # the day the day's figures belong to (the agent's clock; tests move it): its UTC date
         self.today: Callable[[], dt.date] = today or _utc_today
+        # (count, cents) of a day's completed sales as the journal counts them, read when the
+        # day changes: a wall clock stepped back over midnight lands on a day that had sales
+        self._day_figures = day_figures
         self.key_warning = key_warning
         self._started_wall = time.time()
         self._started_mono = time.monotonic()
@@ -482,7 +486,9 @@ class Health:
         if not event.state.final:
             self._open_sales.add(event.sale_id)
             return
-        self._roll_day()  # only an end counts toward the day; every read rolls it itself
+        # only an end counts toward the day; every read rolls it itself. A day read from the
+        # journal holds this end already (journaled before it is published)
+        counted = self._roll_day()
         self._open_sales.discard(event.sale_id)
         self._count_total(event)
         if event.state is SaleState.ATTENTION:
@@ -492,7 +498,7 @@ class Health:
         # a sale is today's when it was created today, as Journal.today and `sales --since
         # today` count it: one begun at 23:59 and paid at 00:01 is yesterday's on every face
         created = day_of(event.created_at) if event.created_at else self._today
-        if event.state is SaleState.COMPLETED and created == self._today:
+        if event.state is SaleState.COMPLETED and created == self._today and not counted:
             self._today_count += 1
             self._today_cents += event.captured_cents  # as Journal.today sums it
         self._changed()
@@ -672,10 +678,14 @@ class Health:
             return Status.DOWN, problems
         return (Status.DEGRADED if problems else Status.OK), problems
 
-    def _roll_day(self) -> None:
+    def _roll_day(self) -> bool:
+        """Follow the clock's day; True when the new day's figures were read from the journal."""
         today = self.today()
-        if today != self._today:
-            self._today, self._today_count, self._today_cents = today, 0, 0
+        if today == self._today:
+            return False
+        figures = self._day_figures(today) if self._day_figures is not None else None
+        self._today, (self._today_count, self._today_cents) = today, figures or (0, 0)
+        return figures is not None
 
 
 def _audit_problems(audit: AuditHealth | None) -> list[str]:

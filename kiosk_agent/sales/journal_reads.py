@@ -12,7 +12,7 @@ import sqlite3
 from collections.abc import Iterable, Iterator
 from typing import Any, NamedTuple
 
-from kiosk_agent.moments import day_of, day_start
+from kiosk_agent.moments import day_bounds
 from kiosk_agent.sales.clock import Clock
 from kiosk_agent.sales.journal_records import _SELECT_SALES, SaleRecord, StepRecord, _record
 from kiosk_agent.sales.kinds import SaleKind, kind_sql
@@ -149,10 +149,12 @@ class JournalReads:
         last_steps: Iterable[Step] | None = None,
         limit: int | None = None,
         kind: SaleKind | None = None,
+        older_than: tuple[float, int] | None = None,
     ) -> list[SaleRecord]:
         """Sales newest first, filtered by creation time, state, the name of their last step
-        and their kind (sales.kinds; None: every row), all in one query."""
-        where, args = _filters(since, until, states, last_steps, kind)
+        and their kind (sales.kinds; None: every row), all in one query; ``older_than``: only
+        those after that place in the order (:meth:`place`: a page's cursor)."""
+        where, args = _filters(since, until, states, last_steps, kind, older_than)
         sql = f"{_SELECT_SALES}{where} ORDER BY created_at DESC, sales.rowid DESC"
         if limit is not None:
             sql += " LIMIT ?"
@@ -168,14 +170,15 @@ class JournalReads:
         limit: int | None = None,
         size: int = 500,
         kind: SaleKind | None = None,
+        older_than: tuple[float, int] | None = None,
     ) -> Iterator[list[SaleRecord]]:
         """:meth:`query`'s sales a page of ``size`` at a time, in its order, each page read
         when asked for: an export of a year of sales from the event loop lets the loop run
         between pages (one query of 100,000 sales held it for 2 s). Pages follow the last
         sale seen (its time and rowid), so a sale made meanwhile neither repeats nor shifts
-        them."""
+        them; ``older_than``: from that place in the order on (:meth:`place`)."""
         where, args = _filters(since, until, states, None, kind)
-        after: tuple[float, int] | None = None
+        after = older_than
         left = limit
         while left is None or left > 0:
             clause, page_args = where, list(args)
@@ -198,6 +201,14 @@ class JournalReads:
             if len(rows) < wanted:
                 return
 
+    def place(self, sale_id: str) -> tuple[float, int] | None:
+        """A sale's place in the order every listing reads (newest first, ties by rowid), or
+        None: the cursor of a page that ends with it."""
+        row = self.db.execute(
+            "SELECT created_at, rowid FROM sales WHERE sale_id = ?", (sale_id,)
+        ).fetchone()
+        return None if row is None else (float(row[0]), int(row[1]))
+
     def count(
         self,
         *,
@@ -205,14 +216,17 @@ class JournalReads:
         until: float | None = None,
         states: list[SaleState] | None = None,
         kind: SaleKind | None = None,
+        older_than: tuple[float, int] | None = None,
     ) -> int:
         """How many sales :meth:`query` would give without a limit."""
         if kind is SaleKind.SALE:
             # both counts read an index (the sessions' is partial); NOT read every row: 0.24 s
             # for 200,000 sales
-            return self.count(since=since, until=until, states=states) - self.count(
-                since=since, until=until, states=states, kind=SaleKind.NO_SELECTION)
-        where, args = _filters(since, until, states, None, kind)
+            return self.count(
+                since=since, until=until, states=states, older_than=older_than
+            ) - self.count(since=since, until=until, states=states, older_than=older_than,
+                           kind=SaleKind.NO_SELECTION)
+        where, args = _filters(since, until, states, None, kind, older_than)
         # the clause is ours; every value travels as an argument
         sql = f"SELECT COUNT(*) FROM sales{where}"  # noqa: S608
         return int(self.db.execute(sql, args).fetchone()[0])
@@ -251,15 +265,16 @@ class JournalReads:
         ]
 
     def today(self, now: float | None = None) -> tuple[int, int]:
-        """(count, cents) of today's completed sales: those created since the UTC midnight, by
-        the one rule of days (kiosk_agent.moments), as ``sales --since today`` lists them."""
-        midnight = day_start(day_of(now if now is not None else self.clock.time()))
+        """(count, cents) of today's completed sales: those created on its UTC day, by the one
+        rule of days (kiosk_agent.moments), as ``sales --since today --until today`` lists them
+        (none of a later day's: a wall clock stepped back over midnight)."""
+        midnight, next_midnight = day_bounds(now if now is not None else self.clock.time())
         row = self.db.execute(
             # by the time it was created (its index); "+state" keeps the planner off the
             # state's index, which would read every completed sale of the journal
             "SELECT COUNT(*), COALESCE(SUM(captured_cents), 0) FROM sales "
-            "WHERE created_at >= ? AND +state = ?",
-            (midnight, SaleState.COMPLETED.value),
+            "WHERE created_at >= ? AND created_at < ? AND +state = ?",
+            (midnight, next_midnight, SaleState.COMPLETED.value),
         ).fetchone()
         return int(row[0]), int(row[1])
 
@@ -274,10 +289,15 @@ def _filters(
     states: list[SaleState] | None,
     last_steps: Iterable[Step] | None,
     kind: SaleKind | None = None,
+    older_than: tuple[float, int] | None = None,
 ) -> tuple[str, list[Any]]:
-    """The WHERE clause (with its leading space, or empty) and its arguments of a sales query."""
+    """The WHERE clause (with its leading space, or empty) and its arguments of a sales query;
+    ``older_than``: a sale's place in the order (:meth:`JournalReads.place`), the sales after it."""
     where: list[str] = []
     args: list[Any] = []
+    if older_than is not None:
+        where.append("(created_at < ? OR (created_at = ? AND sales.rowid < ?))")
+        args += [older_than[0], older_than[0], older_than[1]]
     if since is not None:
         where.append("created_at >= ?")
         args.append(since)

@@ -670,3 +670,27 @@ async def test_a_trigger_that_cannot_start_is_on_the_page_with_why(
         assert seen.errors == []
     finally:
         await agent.stop()
+
+
+async def test_at_midnight_the_pages_sessions_apart_go_with_the_day(
+    browser: Browser, agent: Any, admin_server: Any
+) -> None:
+    """At midnight the stream's health said "Sales today: 0 completed, $0.00" while the line
+    under it kept yesterday's "not sales: 2 card sessions ..." until a sale or a reload: the
+    page read that line only with its lists. A new day in health reads the page again."""
+    from kiosk_agent.moments import day_of
+    from kiosk_agent.sales.clock import FakeClock
+    from tests.admin.test_page_day import DAY, _walked_away
+
+    now = agent.journal.clock.time()
+    _walked_away(agent.journal, now, 2)
+    page, seen = await _open(browser, admin_server.url, DESKTOP, ADMIN_TOKEN)
+    await expect(page.locator("#sessions-apart")).to_contain_text(
+        "not sales: 2 card sessions ended with no selection", timeout=WAIT_MS)
+    await expect(page.locator("#live")).to_have_text("live", timeout=WAIT_MS)
+    # midnight passes on the agent's clock: the journal's and health's day
+    agent.journal.clock = FakeClock(wall=now + DAY)
+    agent.health.today = lambda: day_of(now + DAY)
+    await expect(page.locator("#today")).to_have_text("0 completed, $0.00", timeout=WAIT_MS)
+    await expect(page.locator("#sessions-apart")).to_be_hidden(timeout=WAIT_MS)
+    assert seen.errors == []

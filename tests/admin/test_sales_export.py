@@ -99,6 +99,9 @@ async def test_a_window_and_a_state_in_any_case_export_alike_from_the_cli_and_th
     windows = [  # each with the completed amounts it holds
         ({"since": "1h", "until": today.isoformat()}, ["2.50"]),  # until a day: all of it
         ({"until": (today - dt.timedelta(days=1)).isoformat()}, []),  # before every sale
+        # `date +%Y%m%d`: the day after, not Unix seconds of 1970 (every sale)
+        ({"since": (today + dt.timedelta(days=1)).strftime("%Y%m%d")}, []),
+        ({"since": today.strftime("%Y%m%d"), "until": today.strftime("%Y%m%d")}, ["2.50"]),
     ]
     for window, amounts in windows:
         argv = [f"--{key}={value}" for key, value in window.items()]

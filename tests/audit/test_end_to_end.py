@@ -16,6 +16,7 @@ from kiosk_agent.audit.ddcmp import DdcmpSlave
 from kiosk_agent.audit.dexucs import DexSlave
 from kiosk_agent.audit.schema import DEX_SCHEMA
 from kiosk_agent.sales.states import SaleState
+from kiosk_agent.service.models import TransactionFilter, TransStatus
 from kiosk_agent.sim.machine import VirtualController, VisitOutcome
 from tests.assembly.conftest import agent_factory
 
@@ -93,6 +94,20 @@ async def test_a_vend_the_machine_never_made_is_a_mismatch(agent_factory: Any) -
     assert comparison.verdict == "mismatch"
     assert "the machine counted 0 card vends worth $0.00" in comparison.text()
     assert "the journal holds 1 card vend worth $1.50" in comparison.text()
+    # a person is told; no money moves on the machine's word alone (docs/audit.md): the sale
+    # stays paid in the journal and at the service, after the charge check has looked too
+    problems = agent.health.snapshot().problems
+    assert any(p.startswith("audit mismatch on snacks: the machine counted 0") for p in problems)
+    await agent.journal_guard.audit.check()
+    [kept] = comparison.sales
+    record = agent.journal.get(kept.sale_id)
+    assert record is not None
+    assert (record.state, record.captured_cents, record.reversed_cents) == (
+        SaleState.COMPLETED, 150, 0
+    )
+    query = TransactionFilter(order_id=record.order_id)
+    rows = [t async for t in agent.service.reporting.transactions(query)]
+    assert [(t.status, t.amount_cents) for t in rows] == [(TransStatus.CAPTURED, 150)]
 
 
 async def test_honest_vends_match(agent_factory: Any) -> None:

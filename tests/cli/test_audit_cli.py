@@ -125,3 +125,25 @@ def test_one_read_alone_compares_nothing_and_says_so(
     journal.close()
     assert main(["audit", "-c", str(config)]) == 0
     assert "journal: nothing compared yet" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("column", ["", " ", "A1 ", "A1\x1b[2J", "A1\u202e"])
+def test_a_column_that_is_no_name_is_refused_named_and_nothing_recorded(
+    config: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], column: str
+) -> None:
+    """Before any read and with no planogram nothing is known to check a column against: an
+    empty name was recorded as a refill (`refill recorded: `), a terminal escape too, printed
+    as the terminal's own command; one with a space after it is never the machine's."""
+    Journal(tmp_path / "journal.db").open()  # the agent has run: no read yet
+    assert main(["audit", "fill", column, "-c", str(config)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: column {column!r} is no column name"), err
+    journal = Journal(tmp_path / "journal.db")
+    journal.open()
+    try:
+        store = AuditStore(lambda: journal.db)
+        store.open()
+        assert store.last_fills() == {}
+    finally:
+        journal.close()
+

@@ -1543,7 +1543,7 @@ def test_the_hot_reads_of_a_years_journal_use_an_index(journal: Journal) -> None
                       "SEARCH sales USING INDEX sales_state_created (state=?)"),
         # health's count of today, at start
         "today": (lambda: journal.today(now),
-                  "SEARCH sales USING INDEX sales_created (created_at>?)"),
+                  "SEARCH sales USING INDEX sales_created (created_at>? AND created_at<?)"),
         # `sales`, /api/sales, the page: newest first, a page of them
         "list": (lambda: journal.query(limit=100), "SCAN sales USING INDEX sales_created"),
         "today's list": (lambda: journal.query(since=now - 86400),
@@ -1551,6 +1551,13 @@ def test_the_hot_reads_of_a_years_journal_use_an_index(journal: Journal) -> None
         # the same with the card sessions of no selection apart (sales.kinds), and their count
         "sales only": (lambda: journal.query(limit=100, kind=SaleKind.SALE),
                        "SCAN sales USING INDEX sales_created"),
+        # the admin API's next page (?before=), and how many more after it
+        "a page after a cursor": (
+            lambda: journal.query(limit=100, kind=SaleKind.SALE, older_than=(now - 600, 1)),
+            "SEARCH sales USING INDEX sales_created (created_at<?)"),
+        "more after a cursor": (
+            lambda: journal.count(kind=SaleKind.SALE, older_than=(now - 600, 1)),
+            "SEARCH sales USING INDEX sales_no_selection (created_at<?)"),
         "sessions apart": (lambda: journal.count(since=now - 86400, kind=SaleKind.NO_SELECTION),
                            "SEARCH sales USING INDEX sales_no_selection (created_at>?)"),
         "sales counted": (lambda: journal.count(since=now - 86400, kind=SaleKind.SALE),

@@ -11,6 +11,7 @@ simulator over HTTP. The properties, in a run and across a restart:
 from __future__ import annotations
 
 import asyncio
+import datetime as dt
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
@@ -23,6 +24,7 @@ from kiosk_agent.app import build_agent
 from kiosk_agent.assembly.agent import Agent
 from kiosk_agent.cli.sim import settings_from_ready
 from kiosk_agent.config.load import load_config
+from kiosk_agent.moments import day_of, day_start
 from kiosk_agent.sales.attention import LATE_CHARGE_HANDOVER_S
 from kiosk_agent.sales.audit import HELD_SUFFIX
 from kiosk_agent.sales.clock import FakeClock
@@ -501,3 +503,56 @@ async def on_its_terminal(agent: Agent, order_id: str) -> str:
     ))
     assert charged.approved
     return str(charged.trans_id)
+
+
+# -- what people see of the day ------------------------------------------------------------------
+
+
+async def test_sales_today_is_the_journals_day_on_the_agents_clock_whichever_way_it_steps(
+    agent_on: Factory, sim: Any
+) -> None:
+    """"Sales today" (health: the page, `health`, the heartbeat, Home Assistant) read its day
+    from time.time() while the sales' created_at, Journal.today and the page's "not sales
+    today" read the agent's clock; a wall clock stepped back over midnight (NTP correcting one
+    that ran ahead) zeroed the day's figures while the journal holds that day's sales, and one
+    stepped forward again onto a day of sales zeroed them too. Each read is compared with the
+    journal's own rows: the completed sales created on the clock's UTC day."""
+    midnight = day_start(dt.date(2026, 3, 8))  # New York's clocks spring forward: UTC does not
+    clock = FakeClock(wall=midnight - 600)
+    agent = await agent_on(clock)
+
+    def journals_day() -> tuple[int, int]:
+        day = day_of(clock.time())
+        done = [r for r in agent.journal.query(states=[SaleState.COMPLETED])
+                if day_of(r.created_at) == day]
+        return len(done), sum(r.captured_cents for r in done)
+
+    def shown() -> tuple[int, int]:
+        sales = agent.health.snapshot().sales
+        assert sales.day_started_at == day_start(day_of(clock.time()))
+        return sales.today_count, sales.today_amount_cents
+
+    async def sell(cents: int) -> None:
+        request = SaleRequest("test", Flow.CHARGE_CARD, cents, terminal="SIM-0001")
+        sale = await agent.sales.start(request, ScriptedDispenser())
+        event = await clock.run(sale.result())
+        assert event.state is SaleState.COMPLETED, event.message
+
+    await sell(300)
+    assert shown() == journals_day() == (1, 300)
+    clock.step_wall(1200)  # 00:10 the next day
+    assert shown() == journals_day() == (0, 0)
+    await sell(250)
+    assert shown() == journals_day() == (1, 250)
+    clock.step_wall(-1200)  # NTP steps it back: 23:50 the day before
+    assert shown() == journals_day() == (1, 300)
+    await sell(180)
+    assert shown() == journals_day() == (2, 480)
+    # the day changes with no read of it between: a sale's end is the first to see it
+    clock.step_wall(1200)
+    await sell(120)
+    assert shown() == journals_day() == (2, 370)
+    clock.step_wall(-1200)
+    await sell(110)
+    assert shown() == journals_day() == (3, 590)
+    assert agent.journal.today(clock.time()) == journals_day()

@@ -244,8 +244,11 @@ function follow() {
     const view = JSON.parse(event.data);
     state.streamHealth = view;
     if (!state.page) return;
+    // a new day (midnight, a clock stepped): the lines read with the lists go with it
+    const newDay = view.health.sales.day_started_at !== state.page.health.sales.day_started_at;
     Object.assign(state.page, view);
     renderHealth();
+    if (newDay) reloadSoon();
   });
   stream.addEventListener("note", (event) => {
     const note = JSON.parse(event.data);
