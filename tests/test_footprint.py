@@ -52,6 +52,7 @@ NOT_FOR_A_SALE = [
     "prometheus_client",  # /metrics: loaded when the admin API starts
     "dateutil",
     "resource",  # the servers' descriptor check reads the limit through os.sysconf
+    "pkgutil",  # the platform registry asks for its platform by name, lists no package
     "difflib",
 ]
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from kiosk_agent.config import registry
 from kiosk_agent.config.load import known_keys
 from kiosk_agent.config.registry import (
     PlatformNotFound,
@@ -54,3 +55,16 @@ def test_a_platform_checked_from_its_schema_module_is_checked_by_the_schema_it_r
 
 def test_a_platform_without_a_schema_module_is_checked_from_its_own_module() -> None:
     assert platform_checks("kiosk_api") is get_platform("kiosk_api")
+
+
+@pytest.mark.parametrize(
+    "name",
+    ["mdb", "kiosk_api", "virtual", "mdb_schema", "base", "mdb_protocol", "_private", "__init__",
+     "nonexistent", "", "mdb.schema", "../mdb", "mdb ", "class", "Mdb", "serial"],
+)
+def test_a_platform_is_looked_up_by_name_as_the_packages_listing_would_find_it(name: str) -> None:
+    # a run asks the import system for its one platform; listing the package (pkgutil) is left
+    # to the names an error or a listing shows
+    assert registry._is_bundled(name) == (name in registry._bundled_modules())
+    if not name.startswith("_"):  # the package's own __init__ is no module of it
+        assert registry._in_package(name) == (name in registry._package_modules())
