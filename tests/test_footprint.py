@@ -51,6 +51,8 @@ NOT_FOR_A_SALE = [
     "kiosk_agent.admin",
     "prometheus_client",  # /metrics: loaded when the admin API starts
     "dateutil",
+    "resource",  # the servers' descriptor check reads the limit through os.sysconf
+    "pkgutil",  # the platform registry asks for its platform by name, lists no package
     "difflib",
 ]
 
@@ -136,3 +138,19 @@ def test_building_the_models_a_start_uses_parses_no_builtins_signature() -> None
     done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
                           check=True, timeout=60)
     assert json.loads(done.stdout) == 0
+
+
+def test_the_agents_modules_leave_the_health_sections_schema_to_a_configuration_that_has_one(
+) -> None:
+    # imported after the journal is claimed (past imported_by_a_run's stop): the agent reads the
+    # section's defaults as plain numbers; config.load imports the schema for a health: section
+    probe = (
+        "import json, sys\n"
+        "import kiosk_agent.app\n"
+        "print(json.dumps(sorted(m for m in sys.modules if m.startswith('kiosk_agent.'))))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                          check=True, timeout=60)
+    loaded = set(json.loads(done.stdout))
+    assert "kiosk_agent.assembly.agent" in loaded
+    assert "kiosk_agent.health.schema" not in loaded

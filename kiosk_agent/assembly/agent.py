@@ -29,8 +29,8 @@ from kiosk_agent.config.load import Config
 from kiosk_agent.config.registry import CannotStart, PlatformInstance
 from kiosk_agent.data_class import data_class
 from kiosk_agent.health.availability import Availability
+from kiosk_agent.health.defaults import section_defaults
 from kiosk_agent.health.model import Health, HealthChecker
-from kiosk_agent.health.schema import HEALTH_SCHEMA
 from kiosk_agent.moments import day_of, day_start
 from kiosk_agent.sales.attention import AttentionSweeper
 from kiosk_agent.sales.audit import ChargeAudit
@@ -160,7 +160,7 @@ class Agent:
             config, service_settings.mid, service_settings.timeout
         )
         self._assemble_service_and_journal(service_settings, service, journal, owner)
-        self._assemble_health(config.get("health") or HEALTH_SCHEMA({}))
+        self._assemble_health(config.get("health") or section_defaults())
         self._assemble_sales(config["sales"])
         self._count_errors_in_health()
         self._lifecycle_before_start(systemd)

@@ -15,7 +15,7 @@ platform's runtime (``tests/cli/test_startup.py``).
 from __future__ import annotations
 
 import importlib
-import pkgutil
+import importlib.util
 from functools import cache
 from types import ModuleType
 from typing import TYPE_CHECKING, Any, Protocol
@@ -97,8 +97,32 @@ def _entry_points() -> dict[str, metadata.EntryPoint]:
 
 @cache
 def _package_modules() -> frozenset[str]:
+    """Every module of the platforms package, listed (for the known platforms' names)."""
+    import pkgutil  # here: a run looks its platform up by name (_in_package), lists nothing
+
     package = importlib.import_module(BUNDLED_PACKAGE)
     return frozenset(info.name for info in pkgutil.iter_modules(package.__path__))
+
+
+@cache
+def _in_package(name: str) -> bool:
+    """Whether the platforms package has a module ``name``: asked of the import system by name,
+    as the import itself will (listing the package needs pkgutil, some 55 KiB that a running
+    agent kept for this one look-up)."""
+    if not name.isidentifier():
+        return False
+    try:
+        return importlib.util.find_spec(f"{BUNDLED_PACKAGE}.{name}") is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def _is_bundled(name: str) -> bool:
+    """Whether ``name`` is one of :func:`_bundled_modules`, without listing the package."""
+    return (
+        not name.startswith("_") and name not in _NOT_PLATFORMS
+        and not name.endswith(SCHEMA_SUFFIX) and _in_package(name)
+    )
 
 
 def _bundled_modules() -> list[str]:
@@ -130,7 +154,7 @@ def known_platforms() -> list[str]:
 @cache
 def get_platform(name: str) -> ModuleType:
     """The module for platform ``name``: bundled first, then the entry-point group."""
-    if name in _bundled_modules():
+    if _is_bundled(name):
         module = importlib.import_module(f"{BUNDLED_PACKAGE}.{name}")
     else:
         entry = _entry_points().get(name)
@@ -152,7 +176,7 @@ def platform_checks(name: str) -> ModuleType:
     """Where platform ``name``'s ``PLATFORM_SCHEMA`` (and ``environment_problems``) are read
     from to check a configuration: a bundled platform's ``<name>_schema`` module when it has
     one (voluptuous and plain data: no link, no asyncio), else the platform's own module."""
-    if name in _bundled_modules() and f"{name}{SCHEMA_SUFFIX}" in _package_modules():
+    if _is_bundled(name) and _in_package(f"{name}{SCHEMA_SUFFIX}"):
         return importlib.import_module(f"{BUNDLED_PACKAGE}.{name}{SCHEMA_SUFFIX}")
     return get_platform(name)
 

@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 
 from kiosk_agent.config import load
+from kiosk_agent.config import registry
 from kiosk_agent.config.load import known_keys
 from kiosk_agent.config.registry import (
     PlatformNotFound,
@@ -90,3 +91,14 @@ def test_a_module_gives_a_platform_schema_only_when_it_has_one() -> None:
     assert not load.gives_platform_schema(module)
     module.PLATFORM_SCHEMA = load.PLATFORM_SCHEMA  # type: ignore[attr-defined]
     assert load.gives_platform_schema(module)
+@pytest.mark.parametrize(
+    "name",
+    ["mdb", "kiosk_api", "virtual", "mdb_schema", "base", "mdb_protocol", "_private", "__init__",
+     "nonexistent", "", "mdb.schema", "../mdb", "mdb ", "class", "Mdb", "serial"],
+)
+def test_a_platform_is_looked_up_by_name_as_the_packages_listing_would_find_it(name: str) -> None:
+    # a run asks the import system for its one platform; listing the package (pkgutil) is left
+    # to the names an error or a listing shows
+    assert registry._is_bundled(name) == (name in registry._bundled_modules())
+    if not name.startswith("_"):  # the package's own __init__ is no module of it
+        assert registry._in_package(name) == (name in registry._package_modules())

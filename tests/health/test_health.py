@@ -7,6 +7,7 @@ import pytest
 import voluptuous as vol
 
 from kiosk_agent.bus import EventBus
+from kiosk_agent.health.defaults import section_defaults
 from kiosk_agent.health.model import (
     Health,
     HealthChecker,
@@ -204,6 +205,8 @@ def test_schema_defaults_and_refuses_nonsense() -> None:
         "recheck_interval": 1.0,
     }
     assert HEALTH_SCHEMA({}) == defaults
+    # what an agent whose configuration has no health: section reads, without the schema
+    assert section_defaults() == defaults
     with pytest.raises(vol.Invalid, match="ping_interval"):
         HEALTH_SCHEMA({"ping_interval": 0})
 

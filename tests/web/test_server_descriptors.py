@@ -65,6 +65,8 @@ async def test_out_of_descriptors_the_server_pauses_accepting_then_serves_again(
         send_signal(server, signal.SIGKILL)
         _, stderr = await server.communicate()
     assert b"Traceback" not in stderr, stderr.decode()[-2000:]
+    # its start said its caps do not fit the limit it was given (read without `resource`)
+    assert b"descriptors but the limit is 48" in stderr, stderr.decode()[-2000:]
 
 
 async def _stats_within(port: int, seconds: float) -> dict[str, int]:
