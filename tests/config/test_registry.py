@@ -7,8 +7,7 @@ from typing import Any
 
 import pytest
 
-from kiosk_agent.config import load
-from kiosk_agent.config import registry
+from kiosk_agent.config import load, registry
 from kiosk_agent.config.load import known_keys
 from kiosk_agent.config.registry import (
     PlatformNotFound,
