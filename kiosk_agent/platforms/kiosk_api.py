@@ -74,6 +74,7 @@ from kiosk_agent.sales.model import (
     TerminalBusy,
     UnknownTerminal,
 )
+from kiosk_agent.sales.states import Step
 from kiosk_agent.tasks import cancel_and_wait
 from kiosk_agent.web.server import (
     MAX_STREAM_FRAME,
@@ -411,7 +412,9 @@ class KioskApi:
 
     def _follow(self, event: SaleEvent) -> None:
         """Keep this app's latest step of each sale (a listener: called as each is published)."""
-        if event.source != self.name or event.receipt:
+        # the step compared here, not through SaleEvent.receipt: a property is a Python call on
+        # each of a sale's six steps, in each of the listeners every step calls
+        if event.source != self.name or event.step == Step.RECEIPT:
             return
         self._latest[event.sale_id] = event
         self._latest.move_to_end(event.sale_id)

@@ -368,7 +368,7 @@ def declined(result: ChargeResult) -> str:
 
 def outcome_detail(outcome: DispenseOutcome) -> dict[str, Any]:
     return {
-        "status": outcome.status.value,
+        "status": outcome.status._value_,
         "vended_cents": outcome.vended_cents,
         "product": outcome.product,
         "detail": outcome.detail,

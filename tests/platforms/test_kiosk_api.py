@@ -1125,3 +1125,33 @@ async def test_a_sales_stream_dropped_while_the_app_is_silent_takes_no_more_fram
         errors.close()
     assert errors.records == []
     assert "socket.send() raised exception" not in caplog.text
+
+
+async def test_a_sale_reads_no_enum_value_property_nor_the_receipt_property(app: App) -> None:
+    """Before: a kiosk API sale read an enum member's ``.value`` 24 times (the journal's state,
+    was-state and step texts at each write, the sale's row, the flow, the interaction kind, the
+    log line), each two Python calls of enum's property, and ``SaleEvent.receipt`` 12 times
+    (the kiosk API's and health's listeners at each step). Their texts are read as
+    ``_value_`` and the step compared where it is needed: none of those calls is left."""
+    import collections
+    import sys
+    import types
+
+    calls: collections.Counter[str] = collections.Counter()
+
+    def count(frame: types.FrameType, event: str, _arg: object) -> None:
+        if event == "call":
+            code = frame.f_code
+            if (code.co_name == "value" and code.co_filename.endswith("enum.py")) or (
+                code.co_name == "receipt" and code.co_filename.endswith("model.py")
+            ):
+                calls[code.co_name] += 1
+
+    sys.setprofile(count)
+    try:
+        _, started = await app.post("/sales", {"product": "coffee"})
+        steps = await asyncio.wait_for(app.follow(started["sale_id"]), 10)
+    finally:
+        sys.setprofile(None)
+    assert steps[-1]["state"] == "completed"
+    assert calls == {}, calls
