@@ -1155,3 +1155,33 @@ async def test_a_sale_reads_no_enum_value_property_nor_the_receipt_property(app:
         sys.setprofile(None)
     assert steps[-1]["state"] == "completed"
     assert calls == {}, calls
+
+
+async def test_a_sale_whose_app_does_not_confirm_arms_no_vend_timer(app: App) -> None:
+    """An app that does not confirm its dispense (``confirm_dispense: false``, the fixture's)
+    has its outcome at once: the vend timeout around it was an ``asyncio.timeout`` entered and
+    a timer armed and cancelled each sale. The sale's bounds are now the money call's and the
+    card wait's, each on the sale's clock; the dispense ends before any is entered."""
+    import collections
+    import sys
+    import types
+
+    bounded_from: collections.Counter[str] = collections.Counter()
+
+    def count(frame: types.FrameType, event: str, _arg: object) -> None:
+        code = frame.f_code
+        if event == "call" and code.co_name == "wait_for" and code.co_filename.endswith(
+            "clock.py"
+        ) and frame.f_back is not None:
+            bounded_from[frame.f_back.f_code.co_name] += 1
+
+    sys.setprofile(count)
+    try:
+        _, started = await app.post("/sales", {"product": "coffee"})
+        steps = await asyncio.wait_for(app.follow(started["sale_id"]), 10)
+    finally:
+        sys.setprofile(None)
+    assert steps[-1]["state"] == "completed"
+    assert bounded_from["money_call"] >= 1
+    assert bounded_from["wait_interaction"] >= 1
+    assert bounded_from["_dispense"] == bounded_from["wait_at_most"] == 0, bounded_from
