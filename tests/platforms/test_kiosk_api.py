@@ -319,6 +319,38 @@ async def test_dns_rebinding_a_foreign_host_is_refused(app: App) -> None:
     assert app.api.status()["sales_known"] == 0
 
 
+async def test_an_allowed_host_header_is_parsed_once_and_a_refused_one_is_never_kept(
+    app: App, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each request's Host header was parsed again (``_host_name``: five calls, twice a sale);
+    one found allowed is kept as sent, so the app's next requests compare it alone. A refused
+    one is parsed and refused every time, and a host sending many spellings keeps a few."""
+    from kiosk_agent.platforms import kiosk_api
+
+    parsed: list[str] = []
+    parse = kiosk_api._host_name
+    monkeypatch.setattr(kiosk_api, "_host_name", lambda header: parsed.append(header) or parse(
+        header))
+    port = app.api.port
+
+    async def status_for(host: str) -> int:
+        async with app.session.get(app.base + "/status", headers={
+                "Authorization": f"Bearer {TOKEN}", "Host": host}) as response:
+            return response.status
+
+    for _ in range(3):
+        assert await status_for(f"127.0.0.1:{port}") == 200
+        assert await status_for(f"evil.example:{port}") == 403
+    assert parsed == [f"127.0.0.1:{port}", f"evil.example:{port}", f"evil.example:{port}",
+                      f"evil.example:{port}"]
+    assert f"evil.example:{port}" not in app.api._hosts_seen
+    for other_port in range(1, 41):  # allowed, each spelled its own way
+        assert await status_for(f"localhost:{other_port}") == 200
+    assert len(app.api._hosts_seen) == kiosk_api._HOSTS_SEEN_KEPT
+    assert await status_for(f"localhost:{40}") == 200  # past the kept ones: parsed, allowed
+    assert await status_for("evil.example") == 403
+
+
 async def test_a_foreign_origin_is_refused_and_loopback_pages_are_not(app: App) -> None:
     auth = {"Authorization": f"Bearer {TOKEN}"}
     for origin in ("https://evil.example", "null", "http://localhost.evil.example:8080",
