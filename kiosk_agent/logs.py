@@ -56,19 +56,21 @@ class TextFormatter(logging.Formatter):
 
     def __init__(self) -> None:
         super().__init__(TEXT_FORMAT)
-        self._second = -1
-        self._stamp = ""
+        # (the second, its time of day): one attribute, so that two threads formatting at once
+        # never pair one second with another's text
+        self._kept: tuple[int, str] = (-1, "")
 
     def format(self, record: logging.LogRecord) -> str:
         # the handler's RedactingFilter leaves the final text in msg and no args: no second
         # %-formatting (getMessage) when it ran
         message = record.msg if record.args is None and isinstance(record.msg, str) else None
         record.message = message = record.getMessage() if message is None else message
-        second = int(record.created)
-        if second != self._second:
-            self._second = second
-            self._stamp = time.strftime(self.default_time_format, self.converter(record.created))
-        record.asctime = f"{self._stamp},{int(record.msecs):03d}"
+        second, stamp = self._kept
+        if int(record.created) != second:
+            second = int(record.created)
+            stamp = time.strftime(self.default_time_format, self.converter(record.created))
+            self._kept = (second, stamp)
+        record.asctime = f"{stamp},{int(record.msecs):03d}"
         line = f"{record.asctime} {record.levelname:<7} {record.name}: {message}"
         if record.exc_info and not record.exc_text:
             record.exc_text = self.formatException(record.exc_info)
