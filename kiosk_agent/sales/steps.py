@@ -365,7 +365,7 @@ class SaleSteps:
     ) -> SaleEvent:
         self.step(name, state, message, detail, **changes)
         log = _LOGGER.warning if state is SaleState.ATTENTION else _LOGGER.info
-        log("sale %s %s: %s", self.record.sale_id, state.value, message)
+        log("sale %s %s: %s", self.record.sale_id, state, message)  # a StrEnum: %s is its text
         ended = self.announced  # the end as published: one event, not a second made alike
         if ended is None:  # step() announced it, or raised
             raise RuntimeError("a sale ended without announcing its end")
