@@ -805,7 +805,8 @@ async def test_the_capture_is_sent_and_its_request_heard_only_once_the_request_i
     event = await sell(agent, 300, ScriptedDispenser(vended_cents=300),
                        flow=Flow.AUTHORIZE_CAPTURE)
     assert event.state is SaleState.COMPLETED
-    assert flushed == [("capturing", "capture.request")]  # none shared it: its own
+    # none shared them: the request's own, and its completion's (committed without one)
+    assert flushed == [("capturing", "capture.request"), ("completed", "completed")]
     assert sent == [(1, "capture.request")]  # durable, then heard, then sent
 
 
