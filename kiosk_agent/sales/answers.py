@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 
-from kiosk_agent.sales.clock import Clock, after_turns
+from kiosk_agent.sales.clock import Clock, next_turn
 
 # Turns of the event loop from a customer's request on the wire to its sale's start: the turn
 # whose select reads it, the platform's handler (mdb: the line), the sale task's first step. A
@@ -63,7 +63,8 @@ class WaitingCustomers:
         """Return once no customer waits for an answer, or after ``within`` seconds on the sale
         clock, whichever comes first (at once when none waits, or the agent stops). A request
         already received goes first: its sale starts within TURNS_TO_A_SALES_START turns."""
-        await after_turns(TURNS_TO_A_SALES_START)
+        for _ in range(TURNS_TO_A_SALES_START):
+            await next_turn()
         if self._none_waiting.is_set():
             return
         with contextlib.suppress(TimeoutError):

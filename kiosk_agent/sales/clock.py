@@ -367,31 +367,6 @@ async def next_turn() -> None:
     await asyncio.sleep(0)
 
 
-async def after_turns(turns: int) -> None:
-    """Return after ``turns`` turns of the event loop, as that many :func:`next_turn` would,
-    with one wake of the awaiting task: the turns between are hopped by a plain callback. A
-    sale's task resumes through its whole stack of coroutines (the flow, the capture, the
-    wait) at each wake; a hop is one call (issue 33: a released sale's two waits for the next
-    customer's request, three turns each, on every back-to-back sale)."""
-    import asyncio
-
-    if turns <= 1:
-        if turns == 1:
-            await asyncio.sleep(0)
-        return
-    loop = asyncio.get_running_loop()
-    woken: asyncio.Future[None] = loop.create_future()
-
-    def hop(left: int) -> None:
-        if left > 1:
-            loop.call_soon(hop, left - 1)
-        elif not woken.done():  # its task was cancelled meanwhile: nothing to wake
-            woken.set_result(None)
-
-    loop.call_soon(hop, turns - 1)
-    await woken
-
-
 async def _let_run(rounds: int = 5) -> None:
     """A few turns of the event loop, so that woken tasks run up to their next wait."""
     for _ in range(rounds):

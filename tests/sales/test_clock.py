@@ -3,23 +3,13 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Generator
 from pathlib import Path
-from typing import Any
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from kiosk_agent.sales.clock import (
-    Anchor,
-    FakeClock,
-    SystemClock,
-    after_turns,
-    elapsed_at_least,
-    next_turn,
-    remaining,
-)
+from kiosk_agent.sales.clock import Anchor, FakeClock, SystemClock, elapsed_at_least, remaining
 
 WINDOW = 240.0
 DAY = 86_400.0
@@ -169,55 +159,3 @@ async def test_wait_for_passes_on_a_cancellation_from_inside_as_asyncio_does() -
     inner.cancel()  # someone else cancels the work: not a timeout
     with pytest.raises(asyncio.CancelledError):
         await waiting
-
-
-class Wakes:
-    """Awaits a coroutine and counts how often its task resumes it (each suspension)."""
-
-    def __init__(self, coro: Awaitable[None]) -> None:
-        self.coro = coro
-        self.count = 0
-
-    def __await__(self) -> Generator[Any, Any, None]:
-        inner = self.coro.__await__()
-        sent: Any = None
-        while True:
-            try:
-                yielded = inner.send(sent)
-            except StopIteration:
-                return
-            self.count += 1
-            sent = yield yielded
-
-
-async def turns_of(wait: Awaitable[None]) -> tuple[int, int]:
-    """The loop turns ``wait`` took (counted by a task ticking once a turn), and its wakes."""
-    turns = 0
-
-    async def tick() -> None:
-        nonlocal turns
-        while True:
-            await asyncio.sleep(0)
-            turns += 1
-
-    ticker = asyncio.create_task(tick())
-    await asyncio.sleep(0)  # the ticker's first step: from here on it ticks before the wait
-    start = turns
-    wakes = Wakes(wait)
-    await wakes
-    ticker.cancel()
-    return turns - start, wakes.count
-
-
-async def each_next_turn(n: int) -> None:
-    for _ in range(n):
-        await next_turn()
-
-
-@pytest.mark.parametrize("n", [0, 1, 2, 3, 5])
-async def test_after_turns_returns_when_as_many_next_turns_would_with_one_wake(n: int) -> None:
-    # The capture's wait for a request already read (sales/answers.py): the same turns, but a
-    # sale's deep stack of coroutines resumed once, not once a turn.
-    turns, wakes = await turns_of(after_turns(n))
-    assert (turns, wakes) == ((await turns_of(each_next_turn(n)))[0], min(n, 1))
-    assert turns == n
