@@ -904,6 +904,39 @@ async def test_a_disk_that_fails_the_capture_requests_fsync_sends_no_capture_unt
     assert steps[-1] == "completed"
 
 
+async def test_a_disk_that_fails_the_completions_fsync_keeps_the_sale_and_captures_it_once(
+    agent: Agent, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The completion is committed without an fsync of its own; the journal's own, before it is
+    # announced, fails: not durable, so not announced. The sale is kept as the journal should
+    # hold it, written again once the journal takes writes, and ends completed without a
+    # second capture (the service holds the first)
+    synced: list[Path] = []
+    fdatasync = journal_module._fdatasync
+
+    def failing_second(path: Path) -> None:
+        synced.append(path)
+        if len(synced) == 2:  # the capture request's own, then the completion's
+            raise OSError(errno.EIO, "Input/output error")
+        fdatasync(path)
+
+    monkeypatch.setattr(journal_module, "_fdatasync", failing_second)
+    captures = captures_sent(agent, monkeypatch)
+    heard: list[str] = []
+    agent.events.listen(lambda event: heard.append(event.step))
+    event = await sell(agent, 300, ScriptedDispenser(vended_cents=300),
+                       flow=Flow.AUTHORIZE_CAPTURE)
+    assert event.unwritten
+    assert event.state is SaleState.CAPTURING  # as last durable
+    assert "completed" not in heard  # never announced before it is durable
+    kept = await written_again_and_final(agent, event.sale_id)
+    assert kept.state is SaleState.COMPLETED, kept.message
+    assert len(captures) == 1
+    [row] = [r async for r in agent.service.reporting.transactions(
+        TransactionFilter(order_id=event.order_id))]
+    assert row.status is TransStatus.CAPTURED
+
+
 class WaitWitness(ChoosingMachine):
     """A machine that notes how many customers wait for an answer when it is told something."""
 
