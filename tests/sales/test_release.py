@@ -394,6 +394,28 @@ async def test_a_stop_sends_the_waiting_captures_at_once_and_once(
     assert len(sent) == 1
 
 
+async def test_a_stop_announces_a_completion_waiting_for_a_customer_at_once_and_durable(
+    agent_factory: Any, sim_factory: Any
+) -> None:
+    # SIGTERM while the completion (committed, no fsync of its own) waits for the customer:
+    # it is fsynced and announced then, not left to the bound, once.
+    clock, agent, first, second, sent = await capture_waits_behind_a_waiting_customer(
+        agent_factory, sim_factory)
+    said = ends_said(agent, first.sale_id)
+    await clock.advance(1.0)  # the capture goes at its bound
+    await until(lambda: state_of(agent, first.sale_id) is SaleState.COMPLETED)
+    stopped_at = clock.monotonic()
+    agent.sales.close()
+    final = await asyncio.wait_for(first.result(), 5)
+    assert final.state is SaleState.COMPLETED
+    assert said == [SaleState.COMPLETED]
+    assert clock.monotonic() == stopped_at  # at once, not at the bound
+    assert not agent.journal._fsync_owed  # durable before announced
+    agent.sales.cancel_unpaid()
+    await asyncio.wait_for(second.result(), 5)
+    assert len(sent) == 1
+
+
 async def test_a_lone_customers_capture_is_not_delayed(agent_factory: Any) -> None:
     # Nobody else waits for an answer: the capture goes as soon as its request is on disk, the
     # sale clock never moved (a wait for the bound would never end: this clock moves only when
