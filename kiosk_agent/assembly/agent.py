@@ -469,10 +469,10 @@ class Agent:
         """The WAL copied into the database in a worker thread, not inside a sale's commit on the
         event loop (Journal.checkpoint_aside); one that fails is tried again at the next due.
         Not while a customer waits for a machine's answer, if that ends within a second: the
-        thread's CPU would be theirs to wait (SaleRunner.between_customers)."""
+        thread's CPU would be theirs to wait (sales/answers.py, as a released sale's capture)."""
         if not self.journal.checkpoint_due():
             return
-        await self.sales.between_customers(CHECKPOINT_WAITS_FOR_CUSTOMER_S)
+        await self.sales.context.customers.none_waiting(CHECKPOINT_WAITS_FOR_CUSTOMER_S)
         try:
             await asyncio.to_thread(self.journal.checkpoint)
         except sqlite3.Error as err:

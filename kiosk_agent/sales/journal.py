@@ -171,10 +171,9 @@ WAL_RESERVE_BYTES = 1000 * 4096
 # 70 sales, a few hundred pages of WAL, under the 1,000 that WAL_RESERVE_BYTES grows it to
 CHECKPOINT_AFTER_ROWS = 1000
 # A due checkpoint waits this long at most for no customer to be waiting for a machine's answer
-# (SaleRunner.between_customers): its worker thread's 2-3 ms of CPU at a tenth of a core was
-# 25 ms more of one customer's vend -> approve, once every ~70 sales (bench/pi.py). One watch
-# period: the journal watch (which waits with it) looks again at most a second late, also while
-# card-first offers hold their terminals.
+# (sales/answers.py, WaitingCustomers): its worker thread's 2-3 ms of CPU at a tenth of a core
+# was 25 ms more of one customer's vend -> approve, once every ~70 sales (bench/pi.py). One
+# watch period: the journal watch (which waits with it) looks again at most a second late.
 CHECKPOINT_WAITS_FOR_CUSTOMER_S = 1.0
 WAL_ROOM_NEEDED = 16 * WAL_RESERVE_BYTES  # free space under which it is not grown
 _WAL_SPILL_CACHE_KIB = 64  # SQLite's page cache while growing it: full at once, so it spills

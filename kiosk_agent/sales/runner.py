@@ -111,8 +111,6 @@ class SaleRunner:
         self.journal = context.journal
         self.settings = context.settings
         self._holding: dict[str, SaleFlow] = {}  # device_id -> the sale holding that terminal
-        self._none_held = asyncio.Event()  # no sale holds a terminal (between_customers)
-        self._none_held.set()
         self._when_none_held: list[Callable[[], None]] = []  # when_no_terminal_held()
         self._live: dict[str, tuple[SaleFlow, Sale]] = {}  # sale_id -> every sale not ended
         # device_id -> who refuses its new sales (recovery, the unwritten sales) -> why
@@ -191,7 +189,6 @@ class SaleRunner:
         flow = FLOWS[request.flow](record, request, dispenser, self.context)
         flow.open({"source": request.source, "product": request.product})
         self._holding[device] = flow
-        self._none_held.clear()
         if not request.chosen_at_machine:  # a vend request: the customer waits from now on
             flow.customer_waits()
         task = asyncio.create_task(self._run(device, flow), name=f"sale-{sale_id}")
@@ -209,7 +206,6 @@ class SaleRunner:
         if self._holding.get(device) is flow:
             del self._holding[device]
             if not self._holding:
-                self._none_held.set()
                 self._no_terminal_held()
         sale.released.set()
 
@@ -218,8 +214,9 @@ class SaleRunner:
         that releases the last one: work that can wait a moment (the cable's unsubscribe
         frames) then needs no task or loop turn while a customer waits for an answer. Wider than
         ``SaleContext.customers`` (sales/answers.py: a customer awaiting the machine's answer),
-        which a capture waits on: a held terminal also covers a card-first offer's wait."""
-        if self._none_held.is_set():
+        which a capture and a due checkpoint wait on: a held terminal also covers a card-first
+        offer's wait and a vend."""
+        if not self._holding:
             callback()
         else:
             self._when_none_held.append(callback)
@@ -298,18 +295,6 @@ class SaleRunner:
         flow.cancelled.set()
         flow.journal.record(flow.record, Step.CANCEL_REQUESTED)
         return True
-
-    async def between_customers(self, within: float) -> None:
-        """Return once no sale holds a terminal (no customer waits for the machine's answer), or
-        after ``within`` seconds on the sale clock, whichever comes first: housekeeping that can
-        wait a moment runs between two customers' answers rather than inside one. At a tenth of
-        a core (bench/pi.py) each millisecond of CPU in a customer's wait is ten of it. Bounded:
-        a card-first offer holds its terminal until a card comes, and sales may follow each
-        other without a gap."""
-        if self._none_held.is_set():
-            return
-        with contextlib.suppress(TimeoutError):
-            await self.context.clock.wait_for(self._none_held.wait(), within)
 
     def idle(self) -> bool:
         """No sale is live: housekeeping may take the journal (the prune, in its thread: a

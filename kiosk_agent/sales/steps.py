@@ -178,12 +178,15 @@ class SaleSteps:
         self.unwritten: SaleRecord | None = None
         # the steps that took it there, in order: Journal.restore replays them through the table
         self.held: list[HeldStep] = []
-        self._batch: list[HeldStep] | None = None  # inside one_commit(): its steps so far
+        # inside one_commit() (or durable_then_announced()): its steps so far
+        self._batch: list[HeldStep] | None = None
         self._held: list[SaleEvent] | None = None  # inside one_commit(): published after it
         # published at the loop's next turn (one_commit(announce_next_turn=True)); any later
         # event of the sale joins them, so its events stay in order
         self._next_turn: list[SaleEvent] | None = None
         self.announced: SaleEvent | None = None  # the event of the last step journaled
+        # inside durable_then_announced(): the log lines of the sale's end, said once durable
+        self._ends_held: list[Callable[[], None]] | None = None
 
     @property
     def device(self) -> str:
@@ -270,25 +273,40 @@ class SaleSteps:
         A disk that fails that fsync fails the step as a failed commit does: not durable, so no
         call; the sale is kept as the journal should hold it and written again (the runner's
         unwritten sales), and the unit goes out of service."""
+        return await self.durable_then_announced(
+            lambda: self.step(name, state, message, detail, **changes)
+        )
+
+    async def durable_then_announced(
+        self, write: Callable[[], T], meanwhile: Callable[[], Awaitable[None]] | None = None
+    ) -> T:
+        """``write``'s one step (synchronous) committed without an fsync of its own; then
+        ``meanwhile`` awaited (a wait in which another sale's fsynced commit makes it durable
+        for free), then :meth:`Journal.fsynced`; only then is it published, and a sale it ends
+        logged. A kill before keeps it (the OS holds the WAL); a power cut loses it, as it
+        would a write not made yet. A failed fsync fails it as :meth:`step_fsync_shared` says."""
         before = self.record
-        self._held = []
+        self._held, self._batch, self._ends_held = [], [], []
         try:
             with self.journal.fsync_shared():
-                self.step(name, state, message, detail, **changes)
+                written = write()
         finally:
-            held, self._held = self._held, None
+            held, taken, ends = self._held, self._batch, self._ends_held
+            self._held, self._batch, self._ends_held = None, None, None
+        if meanwhile is not None:
+            await meanwhile()
         try:
             await self.journal.fsynced()
         except JournalError:
             if self.unwritten is None:
-                if message is not None:
-                    changes["message"] = message
                 self.unwritten, self.record = self.record, before
-                self.held = [HeldStep(name, state, detail, changes)]
+                self.held = list(taken or ())
             raise
-        for event in held:
+        for event in held or ():
             self.publish_event(event)
-        return self.record
+        for log_end in ends or ():
+            log_end()
+        return written
 
     def publish(self, step: Step | Literal[""] = "") -> SaleEvent:
         event = event_of(self.record, step, clock=self.clock)
@@ -365,7 +383,11 @@ class SaleSteps:
     ) -> SaleEvent:
         self.step(name, state, message, detail, **changes)
         log = _LOGGER.warning if state is SaleState.ATTENTION else _LOGGER.info
-        log("sale %s %s: %s", self.record.sale_id, state, message)  # a StrEnum: %s is its text
+        sale_id = self.record.sale_id
+        if self._ends_held is not None:  # said once durable, with its announcement
+            self._ends_held.append(lambda: log("sale %s %s: %s", sale_id, state, message))
+        else:
+            log("sale %s %s: %s", sale_id, state, message)  # a StrEnum: %s is its text
         ended = self.announced  # the end as published: one event, not a second made alike
         if ended is None:  # step() announced it, or raised
             raise RuntimeError("a sale ended without announcing its end")
@@ -645,7 +667,8 @@ class SaleSteps:
 
         The confirmed vend is on disk as early as before; the capture itself is back-office work:
         sent once no other customer waits for their machine's answer, a second at most
-        (sales/answers.py). A kill in that wait leaves CAPTURING for recovery to settle."""
+        (sales/answers.py). A kill in that wait leaves CAPTURING for recovery to settle. Its
+        completion shares another commit's fsync (:meth:`durable_then_announced`)."""
         trans_id = self.record.trans_id
         if trans_id is None:
             raise RuntimeError(f"sale {self.record.sale_id}: a capture without a transaction id")
@@ -664,10 +687,16 @@ class SaleSteps:
             result = await self.service.payments.capture(trans_id, amount=cents)
         except ServiceError as err:
             return await self._capture_unclear(trans_id, cents, err)
-        # its completion's commit (an fsync) is back-office work too: a kill meanwhile leaves
-        # CAPTURING, and recovery finds the capture in reporting
-        await customers.none_waiting()
-        return await self._capture_answered(result, cents)
+        if not _completes(result, cents):  # checked in reporting, or attention: fsynced
+            await customers.none_waiting()
+            return await self._capture_answered(result, cents)
+        # its completion is back-office work too: committed in this turn without an fsync of
+        # its own (a customer waiting meanwhile fsyncs it with their next commit), announced
+        # and logged once no customer waits and it is durable. A kill meanwhile keeps it; a
+        # power cut leaves CAPTURING, and recovery finds the capture in reporting
+        return await self.durable_then_announced(
+            lambda: self._captured(result, cents), customers.none_waiting
+        )
 
     async def _capture_unclear(self, trans_id: str, cents: int, err: ServiceError) -> SaleEvent:
         """The capture answered an error: reporting says whether it went through (a lost answer
@@ -750,6 +779,13 @@ class SaleSteps:
             f"paid {format_cents(cents)} ({how})",
             captured_cents=cents,
         )
+
+
+def _completes(result: ChargeResult, cents: int) -> bool:
+    """Whether a capture's answer completes the sale as it stands (``SaleSteps._captured``'s
+    COMPLETED): approved, for what was asked. Less is checked in reporting, more is attention
+    (``_capture_answered``)."""
+    return result.approved and (result.amount or cents) == cents
 
 
 def event_of(record: SaleRecord, step: Step | Literal[""] = "", *, clock: Clock) -> SaleEvent:

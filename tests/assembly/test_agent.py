@@ -20,7 +20,7 @@ from kiosk_agent.sales.audit import ChargeAudit
 from kiosk_agent.sales.clock import SYSTEM_CLOCK, Clock, FakeClock
 from kiosk_agent.sales.model import Flow, SaleRequest
 from kiosk_agent.sales.recovery import Recovery
-from kiosk_agent.sales.runner import TerminalBusy
+from kiosk_agent.sales.runner import Sale, TerminalBusy
 from kiosk_agent.sales.settings import UnknownTerminal
 from kiosk_agent.sales.states import SaleState
 from kiosk_agent.service.terminal import TerminalClient
@@ -329,12 +329,11 @@ async def test_after_ready_the_journals_wal_is_grown_ahead(agent: Agent) -> None
     assert wal.stat().st_size >= WAL_RESERVE_BYTES
 
 
-async def _checkpoint_due_while_vending(
-    agent_factory: Any, sim_factory: Any, monkeypatch: pytest.MonkeyPatch, dispense_s: float
-) -> tuple[FakeClock, Agent, list[float], float]:
-    """An agent on a FakeClock whose journal has a checkpoint due, and a sale approved and
-    vending for ``dispense_s`` on that clock; (the clock, the agent, when each checkpoint ran,
-    when the vend began)."""
+async def _checkpoint_due(
+    agent_factory: Any, sim_factory: Any, monkeypatch: pytest.MonkeyPatch
+) -> tuple[FakeClock, Agent, list[float]]:
+    """An agent on a FakeClock whose journal has a checkpoint due; (the clock, the agent, when
+    each checkpoint ran)."""
     clock = FakeClock(wall=time.time())
     # the service's interaction lives 6 s of real time (not 0.6): a loaded machine still pays
     sim = await sim_factory(time_scale=30, transactions=0)
@@ -348,46 +347,73 @@ async def _checkpoint_due_while_vending(
     await agent._journal_watch.stop()  # its own look each second would checkpoint too
     monkeypatch.setattr(agent.journal, "checkpoint_due", lambda: True)
     monkeypatch.setattr(agent.journal, "checkpoint", checkpoint)
-    machine = ScriptedDispenser(delay=dispense_s, clock=clock)
-    await agent.sales.start(
-        SaleRequest(source="test", flow=Flow.AUTHORIZE_CAPTURE, amount_cents=300), machine
+    return clock, agent, ran
+
+
+async def _a_customer_waits(agent: Agent) -> Sale:
+    """A customer's vend request whose card never comes (..05): they wait for the answer."""
+    sale = await agent.sales.start(
+        SaleRequest(source="test", flow=Flow.AUTHORIZE_CAPTURE, amount_cents=305),
+        ScriptedDispenser(),
     )
-    await asyncio.wait_for(machine.started.wait(), 10)  # the customer's vend is approved
-    return clock, agent, ran, clock.monotonic()
+    await until(lambda: agent.sales.context.customers.waiting() == 1)
+    return sale
 
 
 async def test_a_due_checkpoint_waits_until_the_customer_being_served_has_their_answer(
     agent_factory: Any, sim_factory: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # At a tenth of a core its worker thread's 2-3 ms of CPU were 25 ms more of the customer's
-    # wait (bench/pi.py): it starts once the sale lets go of its terminal.
-    clock, agent, ran, vending_at = await _checkpoint_due_while_vending(
-        agent_factory, sim_factory, monkeypatch, dispense_s=0.5
-    )
+    # wait (bench/pi.py): it starts once the machine is told (here C,STOP: the customer
+    # cancels), as a released sale's capture does (sales/answers.py).
+    clock, agent, ran = await _checkpoint_due(agent_factory, sim_factory, monkeypatch)
+    sale = await _a_customer_waits(agent)
+    began = clock.monotonic()
     checkpoint = asyncio.create_task(agent._checkpoint_aside())
-    await until(lambda: vending_at + 1.0 in clock.pending())  # it waits, one second at most
+    await until(lambda: began + 1.0 in clock.pending())  # it waits, one second at most
     await clock.advance(0.4)
-    assert ran == []  # the terminal is still held
+    assert ran == []  # the customer still waits
     assert not checkpoint.done()
-    await clock.advance_to(vending_at + 0.5)  # the machine reports the vend: the terminal is free
+    assert await agent.sales.cancel(sale.sale_id)
     await asyncio.wait_for(checkpoint, 5)
-    assert ran == [vending_at + 0.5]
+    assert ran == [began + 0.4]
+    assert (await asyncio.wait_for(sale.result(), 5)).state is SaleState.CANCELLED
 
 
 async def test_a_due_checkpoint_waits_for_a_customer_one_second_at_most(
     agent_factory: Any, sim_factory: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # A card-first offer holds its terminal until a card comes: the WAL is still copied.
-    clock, agent, ran, vending_at = await _checkpoint_due_while_vending(
-        agent_factory, sim_factory, monkeypatch, dispense_s=30
-    )
+    # Customers may follow each other without a gap: the WAL is still copied.
+    clock, agent, ran = await _checkpoint_due(agent_factory, sim_factory, monkeypatch)
+    sale = await _a_customer_waits(agent)
+    began = clock.monotonic()
     checkpoint = asyncio.create_task(agent._checkpoint_aside())
-    await until(lambda: vending_at + 1.0 in clock.pending())  # it waits, one second at most
+    await until(lambda: began + 1.0 in clock.pending())  # it waits, one second at most
     await clock.advance(0.9)
     assert ran == []
-    await clock.advance_to(vending_at + 1.0)
+    await clock.advance_to(began + 1.0)
     await asyncio.wait_for(checkpoint, 5)
-    assert ran == [vending_at + 1.0]
+    assert ran == [began + 1.0]
+    assert agent.sales.context.customers.waiting() == 1  # the customer still waits meanwhile
+    await agent.sales.cancel(sale.sale_id)
+    await asyncio.wait_for(sale.result(), 5)
+
+
+async def test_a_due_checkpoint_runs_at_once_while_the_machine_vends(
+    agent_factory: Any, sim_factory: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The customer was told (C,VEND) and the machine vends, the terminal still held: nobody
+    # waits for an answer, the loop has nothing to do, and the WAL is copied then (until
+    # 2026-11-29's i37-b2b it waited for the terminal, as long as a card-first offer's wait).
+    clock, agent, ran = await _checkpoint_due(agent_factory, sim_factory, monkeypatch)
+    machine = ScriptedDispenser(delay=30, clock=clock)
+    await agent.sales.start(
+        SaleRequest(source="test", flow=Flow.AUTHORIZE_CAPTURE, amount_cents=300), machine
+    )
+    await asyncio.wait_for(machine.started.wait(), 10)  # the customer's vend is approved
+    vending_at = clock.monotonic()
+    await asyncio.wait_for(agent._checkpoint_aside(), 5)
+    assert ran == [vending_at]
     assert agent.sales.busy_reason("SIM-0001") is not None  # the vend goes on meanwhile
 
 

@@ -1,8 +1,9 @@
 """A power cut: the journal as the disk held it after its last fsync, the service living on.
 
-Two commits carry no fsync of their own (docs/journal.md, "Which commits are fsynced"): the card
-read's accepted step (``UNSYNCED_STEPS``) and the confirmed vend's capture request (it waits for
-a shared fsync before the capture is sent). A SIGKILL keeps both (the OS's page cache holds
+Three commits carry no fsync of their own (docs/journal.md, "Which commits are fsynced"): the card
+read's accepted step (``UNSYNCED_STEPS``), the confirmed vend's capture request (it waits for
+a shared fsync before the capture is sent) and the capture's completion (a shared fsync before
+it is announced). A SIGKILL keeps both (the OS's page cache holds
 them: test_crash.py); a power cut before the next fsync loses them. The agent runs as a real
 process (``crash_driver.py``), which copies the journal's files after each fsync; it is killed
 right after the unsynced commit, and the copy is put in the journal's place, as the disk would
@@ -114,6 +115,36 @@ async def test_a_power_cut_that_loses_the_capture_request_gives_the_money_back(
         rows = [r async for r in service.reporting.transactions(
             TransactionFilter(order_id=killed.order_id))]
     assert [r.status.name for r in rows if r.status] == ["VOIDED"]
+
+
+@pytest.mark.slow(seconds=8)
+async def test_a_kill_or_a_power_cut_before_the_completions_shared_fsync_captures_once(
+    sim_factory: Any, drivers: WarmDrivers, tmp_path: Path
+) -> None:
+    # The capture answered, its completion committed without an fsync of its own (it waits to
+    # share the next customer's, or for its own once nobody waits), not announced yet. A kill
+    # keeps it: the next start has nothing left to do. A power cut loses it: the journal says
+    # CAPTURING, and the next start finds the capture in reporting. Captured once either way.
+    sim = await sim_factory(time_scale=TIME_SCALE, seed=10, transactions=0)
+    driver = driver_on(sim, drivers, tmp_path)
+    for cut in (False, True):
+        disk = power_cut_after(driver, tmp_path) if cut else None
+        before = set(journaled_sales(tmp_path)) if (tmp_path / "journal.db").exists() else set()
+        assert await driver.run("authorize_capture", 300, "vended", 9) == "killed"
+        assert driver.steps[-2:] == ["capture.request", "completed"]
+        [killed] = [s for s in journaled_sales(tmp_path).values() if s.sale_id not in before]
+        assert killed.state is SaleState.COMPLETED  # a kill alone keeps it
+        if disk is not None:
+            power_back(disk, tmp_path, driver)
+            assert journaled_sales(tmp_path)[killed.sale_id].state is SaleState.CAPTURING
+        assert await driver.run() == "done"
+        sales = journaled_sales(tmp_path)
+        assert sales[killed.sale_id].state is SaleState.COMPLETED, sales[killed.sale_id].message
+        await assert_no_unearned_money(sim, sales, driver.markers)
+        async with ServiceClient(settings_from_ready(sim.ready_info())) as service:
+            rows = [r async for r in service.reporting.transactions(
+                TransactionFilter(order_id=killed.order_id))]
+        assert [r.status.name for r in rows if r.status] == ["CAPTURED"], cut
 
 
 # The next customer's steps, killed at each, while the first sale's capture waits for that

@@ -805,7 +805,8 @@ async def test_the_capture_is_sent_and_its_request_heard_only_once_the_request_i
     event = await sell(agent, 300, ScriptedDispenser(vended_cents=300),
                        flow=Flow.AUTHORIZE_CAPTURE)
     assert event.state is SaleState.COMPLETED
-    assert flushed == [("capturing", "capture.request")]  # none shared it: its own
+    # none shared them: the request's own, and its completion's (committed without one)
+    assert flushed == [("capturing", "capture.request"), ("completed", "completed")]
     assert sent == [(1, "capture.request")]  # durable, then heard, then sent
 
 
@@ -901,6 +902,39 @@ async def test_a_disk_that_fails_the_capture_requests_fsync_sends_no_capture_unt
     assert steps[restored - 1 : restored + 2] == [
         "capture.request", "journal.restored", "capture.request"]
     assert steps[-1] == "completed"
+
+
+async def test_a_disk_that_fails_the_completions_fsync_keeps_the_sale_and_captures_it_once(
+    agent: Agent, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The completion is committed without an fsync of its own; the journal's own, before it is
+    # announced, fails: not durable, so not announced. The sale is kept as the journal should
+    # hold it, written again once the journal takes writes, and ends completed without a
+    # second capture (the service holds the first)
+    synced: list[Path] = []
+    fdatasync = journal_module._fdatasync
+
+    def failing_second(path: Path) -> None:
+        synced.append(path)
+        if len(synced) == 2:  # the capture request's own, then the completion's
+            raise OSError(errno.EIO, "Input/output error")
+        fdatasync(path)
+
+    monkeypatch.setattr(journal_module, "_fdatasync", failing_second)
+    captures = captures_sent(agent, monkeypatch)
+    heard: list[str] = []
+    agent.events.listen(lambda event: heard.append(event.step))
+    event = await sell(agent, 300, ScriptedDispenser(vended_cents=300),
+                       flow=Flow.AUTHORIZE_CAPTURE)
+    assert event.unwritten
+    assert event.state is SaleState.CAPTURING  # as last durable
+    assert "completed" not in heard  # never announced before it is durable
+    kept = await written_again_and_final(agent, event.sale_id)
+    assert kept.state is SaleState.COMPLETED, kept.message
+    assert len(captures) == 1
+    [row] = [r async for r in agent.service.reporting.transactions(
+        TransactionFilter(order_id=event.order_id))]
+    assert row.status is TransStatus.CAPTURED
 
 
 class WaitWitness(ChoosingMachine):

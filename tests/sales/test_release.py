@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 
 from kiosk_agent.assembly.agent import Agent
+from kiosk_agent.sales import journal as journal_module
 from kiosk_agent.sales.clock import FakeClock
 from kiosk_agent.sales.model import Flow, SaleRequest
 from kiosk_agent.sales.runner import TerminalBusy
@@ -299,6 +300,7 @@ async def test_a_released_sales_capture_and_its_completion_wait_a_second_each_at
     # at most: a stream of customers never starves a capture.
     clock, agent, first, second, sent = await capture_waits_behind_a_waiting_customer(
         agent_factory, sim_factory)
+    said = ends_said(agent, first.sale_id)
     began = clock.monotonic()
     await clock.advance(0.99)
     for _ in range(20):  # turns of the loop: nothing else would send it
@@ -308,20 +310,56 @@ async def test_a_released_sales_capture_and_its_completion_wait_a_second_each_at
     await clock.advance(0.01)
     await until(lambda: sent != [])
     assert sent == [pytest.approx(began + 1.0)]
-    # answered while the customer still waits: its completion's commit (an fsync) waits too,
-    # a second at most; the service holds the capture meanwhile, the journal CAPTURING
+    # answered while the customer still waits: its completion is committed (no fsync of its
+    # own) and its announcement waits, a second at most; the service holds the capture
     await until(lambda: clock.monotonic() + 1.0 in clock.pending())
-    assert state_of(agent, first.sale_id) is SaleState.CAPTURING
+    assert state_of(agent, first.sale_id) is SaleState.COMPLETED
+    assert said == []
+    assert not first.task.done()
     [row] = await ledger(agent, first.order_id)
     assert row.status is TransStatus.CAPTURED
     await clock.advance(1.0)
     final = await asyncio.wait_for(first.result(), 5)
     assert final.state is SaleState.COMPLETED
+    assert said == [SaleState.COMPLETED]
     assert not second.task.done()  # the customer still waits: ended at the bound, not after
     await agent.sales.cancel(second.sale_id)
     assert (await asyncio.wait_for(second.result(), 5)).state is SaleState.CANCELLED
     [row] = await ledger(agent, first.order_id)
     assert row.status is TransStatus.CAPTURED
+
+
+def ends_said(agent: Agent, sale_id: str) -> list[SaleState]:
+    """The final states published for ``sale_id`` from now on."""
+    said: list[SaleState] = []
+    agent.events.listen(
+        lambda e: said.append(e.state) if e.sale_id == sale_id and e.state.final else None
+    )
+    return said
+
+
+async def test_a_completion_answered_while_a_customer_waits_shares_that_customers_fsync(
+    agent_factory: Any, sim_factory: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Back to back: the previous customer's completion is committed without an fsync of its
+    # own; the waiting customer's next commit (fsynced) makes it durable, and it is announced
+    # once that customer is answered: no fsync of the journal's own, none of its commit.
+    clock, agent, first, second, sent = await capture_waits_behind_a_waiting_customer(
+        agent_factory, sim_factory)
+    said = ends_said(agent, first.sale_id)
+    fdatasyncs: list[str] = []
+    monkeypatch.setattr(journal_module, "_fdatasync", fdatasyncs.append)
+    await clock.advance(1.0)  # the capture goes at its bound
+    await until(lambda: state_of(agent, first.sale_id) is SaleState.COMPLETED)
+    assert agent.journal._fsync_owed  # committed, not fsynced
+    assert said == []
+    assert await agent.sales.cancel(second.sale_id)  # an fsynced commit, then answered
+    final = await asyncio.wait_for(first.result(), 5)
+    assert final.state is SaleState.COMPLETED
+    assert said == [SaleState.COMPLETED]
+    assert (await asyncio.wait_for(second.result(), 5)).state is SaleState.CANCELLED
+    assert fdatasyncs == []
+    assert len(sent) == 1
 
 
 async def test_a_waiting_capture_is_sent_as_soon_as_the_waiting_customer_is_answered(
@@ -353,6 +391,28 @@ async def test_a_stop_sends_the_waiting_captures_at_once_and_once(
     await asyncio.wait_for(second.result(), 5)
     [row] = await ledger(agent, first.order_id)
     assert row.status is TransStatus.CAPTURED
+    assert len(sent) == 1
+
+
+async def test_a_stop_announces_a_completion_waiting_for_a_customer_at_once_and_durable(
+    agent_factory: Any, sim_factory: Any
+) -> None:
+    # SIGTERM while the completion (committed, no fsync of its own) waits for the customer:
+    # it is fsynced and announced then, not left to the bound, once.
+    clock, agent, first, second, sent = await capture_waits_behind_a_waiting_customer(
+        agent_factory, sim_factory)
+    said = ends_said(agent, first.sale_id)
+    await clock.advance(1.0)  # the capture goes at its bound
+    await until(lambda: state_of(agent, first.sale_id) is SaleState.COMPLETED)
+    stopped_at = clock.monotonic()
+    agent.sales.close()
+    final = await asyncio.wait_for(first.result(), 5)
+    assert final.state is SaleState.COMPLETED
+    assert said == [SaleState.COMPLETED]
+    assert clock.monotonic() == stopped_at  # at once, not at the bound
+    assert not agent.journal._fsync_owed  # durable before announced
+    agent.sales.cancel_unpaid()
+    await asyncio.wait_for(second.result(), 5)
     assert len(sent) == 1
 
 
