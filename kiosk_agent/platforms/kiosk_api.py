@@ -71,10 +71,10 @@ from kiosk_agent.sales.model import (
     JournalError,
     SaleEvent,
     SaleRequest,
+    Step,
     TerminalBusy,
     UnknownTerminal,
 )
-from kiosk_agent.sales.states import Step
 from kiosk_agent.tasks import cancel_and_wait
 from kiosk_agent.web.server import (
     MAX_STREAM_FRAME,

@@ -15,7 +15,8 @@ from typing import Literal, Protocol, runtime_checkable
 from kiosk_agent.data_class import data_class
 from kiosk_agent.money import CURRENCY, format_cents
 from kiosk_agent.sales.states import Flow as Flow  # re-exported: a request names its flow
-from kiosk_agent.sales.states import SaleState, Step
+from kiosk_agent.sales.states import SaleState
+from kiosk_agent.sales.states import Step as Step  # re-exported: a listener compares the step
 
 
 class DispenseStatus(enum.StrEnum):
