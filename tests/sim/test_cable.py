@@ -3,13 +3,18 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from typing import Any
 
 import aiohttp
+import pytest
 
+from kiosk_agent.sim.cable import PING_INTERVAL_S
 from kiosk_agent.sim.server import SimServer
 
 from .sim_api import Api
+
+WAIT_S = 30.0  # a frame's hang guard, not a bound (a busy 2-core machine)
 
 
 def identifier(interaction_id: str) -> str:
@@ -19,16 +24,34 @@ def identifier(interaction_id: str) -> str:
 async def open_cable(api: Api, sim: SimServer, key: str | None = None) -> Any:
     _, issued = await api.post("/api/ws-token", key=key)
     ws = await api.http.ws_connect(f"{sim.ws_url}/cable?token={issued['token']}")
-    assert (await ws.receive_json(timeout=2))["type"] == "welcome"
+    assert (await ws.receive_json(timeout=WAIT_S))["type"] == "welcome"
     return ws
 
 
 async def receive_message(ws: Any) -> dict[str, Any]:
     """The next frame that is not a ping."""
     while True:
-        frame = await ws.receive_json(timeout=5)
+        frame = await ws.receive_json(timeout=WAIT_S)
         if frame.get("type") != "ping":
             return dict(frame)
+
+
+def holding_cards(sim: SimServer, monkeypatch: pytest.MonkeyPatch) -> dict[str, Callable[[], None]]:
+    """Each interaction started from now on waits with its card until the test presents it
+    (by interaction id). Held as it starts: a card that came before the subscription (30 ms
+    after the start at this time scale, often passed at load 11-15) is sent as the
+    subscription's current record, not pushed."""
+    assert sim.ctx is not None
+    terminals = sim.ctx.terminals
+    start, cards = terminals.start, {}
+
+    def start_holding(*args: Any) -> dict[str, Any]:
+        record = start(*args)
+        cards[record["interaction_id"]] = terminals.hold_card(record["interaction_id"])
+        return record
+
+    monkeypatch.setattr(terminals, "start", start_holding)
+    return cards
 
 
 async def test_subscribe_then_every_change_is_pushed(api: Api, sim: SimServer) -> None:
@@ -81,7 +104,10 @@ async def test_unknown_or_foreign_interactions_are_rejected(api: Api, sim: SimSe
 
 async def test_pings_every_three_seconds(api: Api, sim: SimServer) -> None:
     ws = await open_cable(api, sim)
-    frame = await ws.receive_json(timeout=4)
+    # the first frame after the welcome is a ping, PING_INTERVAL_S real seconds on (the wait
+    # is a hang's guard: a 4 s bound on the 3 s ping failed at load 11-15)
+    frame = await ws.receive_json(timeout=WAIT_S)
+    assert PING_INTERVAL_S == 3.0
     assert frame["type"] == "ping"
     assert isinstance(frame["message"], int)
     await ws.close()
@@ -107,14 +133,19 @@ async def test_stopping_the_server_says_disconnect(sim_factory: Any, http: Any) 
     await ws.close()
 
 
-async def test_push_delays_are_counted_for_benchmarks(api: Api, sim: SimServer) -> None:
+async def test_push_delays_are_counted_for_benchmarks(
+    api: Api, sim: SimServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
     ws = await open_cable(api, sim)
+    cards = holding_cards(sim, monkeypatch)
     _, started = await api.post("/api/terminal/SIM-0004/read-card", {"amount": 100})
     await ws.send_json(
         {"command": "subscribe", "identifier": identifier(started["interaction_id"])}
     )
-    while (await receive_message(ws)).get("message", {}).get("status") != "succeeded":
-        pass
+    assert (await receive_message(ws))["type"] == "confirm_subscription"
+    assert (await receive_message(ws))["message"]["status"] == "pending"
+    cards[started["interaction_id"]]()  # the card, once subscribed: its change is pushed
+    assert (await receive_message(ws))["message"]["status"] == "succeeded"
     _, stats = await api.get("/sim/stats")
     assert stats["pushes"] >= 1
     assert 0 <= stats["push_p50_ms"] <= stats["push_p99_ms"]
