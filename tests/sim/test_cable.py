@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
 from typing import Any
 
 import aiohttp
@@ -12,6 +11,7 @@ import pytest
 from kiosk_agent.sim.cable import PING_INTERVAL_S
 from kiosk_agent.sim.server import SimServer
 
+from ..helpers import holding_cards
 from .sim_api import Api
 
 WAIT_S = 30.0  # a frame's hang guard, not a bound (a busy 2-core machine)
@@ -34,24 +34,6 @@ async def receive_message(ws: Any) -> dict[str, Any]:
         frame = await ws.receive_json(timeout=WAIT_S)
         if frame.get("type") != "ping":
             return dict(frame)
-
-
-def holding_cards(sim: SimServer, monkeypatch: pytest.MonkeyPatch) -> dict[str, Callable[[], None]]:
-    """Each interaction started from now on waits with its card until the test presents it
-    (by interaction id). Held as it starts: a card that came before the subscription (30 ms
-    after the start at this time scale, often passed at load 11-15) is sent as the
-    subscription's current record, not pushed."""
-    assert sim.ctx is not None
-    terminals = sim.ctx.terminals
-    start, cards = terminals.start, {}
-
-    def start_holding(*args: Any) -> dict[str, Any]:
-        record = start(*args)
-        cards[record["interaction_id"]] = terminals.hold_card(record["interaction_id"])
-        return record
-
-    monkeypatch.setattr(terminals, "start", start_holding)
-    return cards
 
 
 async def test_subscribe_then_every_change_is_pushed(api: Api, sim: SimServer) -> None:
@@ -134,8 +116,10 @@ async def test_stopping_the_server_says_disconnect(sim_factory: Any, http: Any) 
 
 
 async def test_push_delays_are_counted_for_benchmarks(
-    api: Api, sim: SimServer, monkeypatch: pytest.MonkeyPatch
+    sim_factory: Any, http: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    sim = await sim_factory(time_scale=1)  # the held card's interaction lives 3 real minutes
+    api = Api(http, sim.base_url, "sim_api_key")
     ws = await open_cable(api, sim)
     cards = holding_cards(sim, monkeypatch)
     _, started = await api.post("/api/terminal/SIM-0004/read-card", {"amount": 100})
