@@ -13,8 +13,11 @@ from typing import Any
 from bench._support import free_port as free_port
 
 
-async def until(predicate: Callable[[], object], timeout: float = 5.0) -> None:
-    """Wait until ``predicate()`` is true; TimeoutError after ``timeout`` seconds."""
+async def until(predicate: Callable[[], object], timeout: float = 30.0) -> None:
+    """Wait until ``predicate()`` is true; TimeoutError after ``timeout`` seconds: a hang's
+    guard, never what a test claims (5 s, the old default, was passed at load 11-15 by waits
+    that take 0.1 s on a quiet machine). A wait that must end by a deadline of the product
+    runs on its clock (FakeClock), not here."""
     async with asyncio.timeout(timeout):
         while not predicate():
             await asyncio.sleep(0.005)
