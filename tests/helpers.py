@@ -13,11 +13,31 @@ from typing import Any
 from bench._support import free_port as free_port
 
 
-async def until(predicate: Callable[[], object], timeout: float = 5.0) -> None:
-    """Wait until ``predicate()`` is true; TimeoutError after ``timeout`` seconds."""
+async def until(predicate: Callable[[], object], timeout: float = 30.0) -> None:
+    """Wait until ``predicate()`` is true; TimeoutError after ``timeout`` seconds: a hang's
+    guard, never what a test claims (5 s, the old default, was passed at load 11-15 by waits
+    that take 0.1 s on a quiet machine). A wait that must end by a deadline of the product
+    runs on its clock (FakeClock), not here."""
     async with asyncio.timeout(timeout):
         while not predicate():
             await asyncio.sleep(0.005)
+
+
+def holding_cards(sim: Any, monkeypatch: Any) -> dict[str, Callable[[], None]]:
+    """Each interaction the simulator ``sim`` (in this process) starts from now on waits with
+    its card until the test presents it: ``holding_cards(...)[interaction_id]()``. Held as it
+    starts, so no machine is too slow for it: a card 30 ms after the start (time scale 50)
+    often came before the test's next step at load 11-15."""
+    terminals = sim.ctx.terminals
+    start, cards = terminals.start, {}
+
+    def start_holding(*args: Any) -> dict[str, Any]:
+        record: dict[str, Any] = start(*args)
+        cards[record["interaction_id"]] = terminals.hold_card(record["interaction_id"])
+        return record
+
+    monkeypatch.setattr(terminals, "start", start_holding)
+    return cards
 
 
 def service_yaml(info: dict[str, Any], timeout: float = 5) -> str:

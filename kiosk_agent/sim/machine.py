@@ -442,6 +442,9 @@ class VirtualController:
             # the two (the wake-up is not immediate) leaves the reader off the bus.
             await self._step_up()
             visit = self._new_visit(product)
+            if self.closing.is_set():  # closed while this customer stepped up: no choice made
+                self._close_visit(visit, VisitOutcome.WALKED_AWAY)
+                return visit
             self._in_session = True
             try:
                 await self._sell(visit, fail=fail, no_result=no_result, patience=walk_away_after,
@@ -480,7 +483,9 @@ class VirtualController:
                     return visit
                 visit.funds_cents = funds
                 self._notify("session", visit)
-                if product is None:
+                # closed while the session was offered (another machine's customer was the
+                # last one): this one chooses nothing, as one who walks away
+                if product is None or self.closing.is_set():
                     self._close_visit(visit, VisitOutcome.WALKED_AWAY)
                     self._in_session = False
                     self._set_status(Status.ENABLED)

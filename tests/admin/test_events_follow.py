@@ -11,6 +11,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+import pytest
+
+from kiosk_agent.admin import page
 from kiosk_agent.app import load_agent
 from kiosk_agent.cli.events import Filters, event_line
 from kiosk_agent.sales.journal import Journal, SaleRecord
@@ -39,15 +42,22 @@ async def _follow(admin_server: Any, *argv: str) -> asyncio.subprocess.Process:
     return proc
 
 
-async def _interrupt(proc: asyncio.subprocess.Process) -> tuple[int, float, str]:
+@pytest.fixture
+def quiet_stream(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The agent's stream sends nothing unasked (its keepalive an hour away): a follower that
+    ends on Ctrl-C within WAIT_S did not wait for the stream's next line. (A bound of 2 s on
+    the follower's whole exit read 2.02 s at load 11-15: an interpreter's exit, not a wait.)"""
+    monkeypatch.setattr(page, "KEEPALIVE_S", 3600.0)
+
+
+async def _interrupt(proc: asyncio.subprocess.Process) -> tuple[int, str]:
     send_signal(proc, signal.SIGINT)
-    began = time.monotonic()
     _out, err = await asyncio.wait_for(proc.communicate(), WAIT_S)
-    return proc.returncode or 0, time.monotonic() - began, err.decode()
+    return proc.returncode or 0, err.decode()
 
 
 async def test_events_show_a_sales_steps_in_order_and_end_on_ctrl_c(
-    agent: Any, admin_server: Any
+    agent: Any, admin_server: Any, quiet_stream: None
 ) -> None:
     proc = await _follow(admin_server, "events", "--kind", "sale", "--terminal", "SIM-0007",
                          "--json")
@@ -60,7 +70,7 @@ async def test_events_show_a_sales_steps_in_order_and_end_on_ctrl_c(
                 event = json.loads(await proc.stdout.readline())  # one object a line
                 if event["sale_id"] == final.sale_id:
                     steps.append(event)
-        code, took, err = await _interrupt(proc)
+        code, err = await _interrupt(proc)
     finally:
         await stop(proc)
     # the steps as the journal has them, in its order, each once
@@ -70,7 +80,6 @@ async def test_events_show_a_sales_steps_in_order_and_end_on_ctrl_c(
     assert steps[-1]["state"] == "completed"
     assert steps[-1]["money"] == "$2.50 charged"
     assert code == 130  # interrupted, as the contract's exit table says
-    assert took < 2.0
     assert "Traceback" not in err
 
 
@@ -86,7 +95,7 @@ async def test_events_take_a_terminal_by_its_configured_name(
         assert proc.stdout is not None
         async with asyncio.timeout(WAIT_S):
             event = json.loads(await proc.stdout.readline())
-        code, _took, _err = await _interrupt(proc)
+        code, _err = await _interrupt(proc)
     finally:
         await stop(proc)
     assert (event["sale_id"], event["terminal"]) == (final.sale_id, "SIM-0007")
@@ -104,7 +113,7 @@ async def test_events_name_a_reader_that_stops_taking_cards(
         async with asyncio.timeout(WAIT_S):
             while len(lines) < 2:
                 lines.append((await proc.stdout.readline()).decode())
-        code, _took, _err = await _interrupt(proc)
+        code, _err = await _interrupt(proc)
     finally:
         await stop(proc)
     assert lines[0].split("  ", 1)[1].strip() == "status      status ok -> degraded"
@@ -113,7 +122,7 @@ async def test_events_name_a_reader_that_stops_taking_cards(
 
 
 async def test_health_watch_prints_the_health_again_when_it_changes(
-    agent: Any, admin_server: Any
+    agent: Any, admin_server: Any, quiet_stream: None
 ) -> None:
     proc = await _follow(admin_server, "health", "--watch", "--json")
     try:
@@ -121,13 +130,12 @@ async def test_health_watch_prints_the_health_again_when_it_changes(
         first = json.loads(await asyncio.wait_for(proc.stdout.readline(), WAIT_S))
         agent.health.report_terminal("SIM-0001", online=False, detail="ping: terminal offline")
         second = json.loads(await asyncio.wait_for(proc.stdout.readline(), WAIT_S))
-        code, took, err = await _interrupt(proc)
+        code, err = await _interrupt(proc)
     finally:
         await stop(proc)
     assert first["status"] == "ok"
     assert second["status"] == "degraded"
     assert code == 130
-    assert took < 2.0
     assert "Traceback" not in err
 
 
@@ -200,7 +208,7 @@ async def test_a_reader_that_fell_behind_is_told_how_many_steps_it_missed_and_wh
         async with asyncio.timeout(WAIT_S):
             while not lines or lines[-1].get("sale_id") != ids[-1]:
                 lines.append(json.loads(await proc.stdout.readline()))
-        code, _took, err = await _interrupt(proc)
+        code, err = await _interrupt(proc)
     finally:
         await stop(proc)
     shown = [line for line in lines if line.get("sale_id", "").startswith("burst")
@@ -239,7 +247,7 @@ async def test_events_follow_the_agent_through_a_restart_and_fetch_what_they_mis
                         "missed were fetched\n")
         after = await _sell(second, 250)
         seen += await _lines_until(proc, after.sale_id, "receipt")
-        code, _took, err = await _interrupt(proc)
+        code, err = await _interrupt(proc)
     finally:
         await stop(proc)
         if second is not None:

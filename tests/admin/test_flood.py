@@ -23,6 +23,7 @@ from ..child_signals import stop
 from .conftest import ADMIN_TOKEN, KIOSK_TOKEN, write_config
 
 FLOOD = 1100
+FLOOD_ANSWER_S = 120.0  # the flood process's answers (READY, STATS): a hang's guard
 KIOSK = """
 triggers:
   - platform: kiosk_api
@@ -54,7 +55,7 @@ async def slowloris(port: int, count: int) -> AsyncIterator[asyncio.subprocess.P
     )
     assert process.stdout is not None
     try:
-        ready = await asyncio.wait_for(process.stdout.readline(), 60)
+        ready = await asyncio.wait_for(process.stdout.readline(), FLOOD_ANSWER_S)
         assert ready.startswith(b"READY"), ready
         yield process
     finally:
@@ -71,7 +72,9 @@ async def flood_stats(process: asyncio.subprocess.Process) -> tuple[int, int, in
     assert process.stdin is not None
     assert process.stdout is not None
     process.stdin.write(b"stats\n")
-    line = (await asyncio.wait_for(process.stdout.readline(), 10)).split()
+    # a hang's guard: the flood's 1,100 connections each wake once a second, and at load 11-15
+    # (the flood niced as the tests are) its loop ran more than 10 s behind its stdin
+    line = (await asyncio.wait_for(process.stdout.readline(), FLOOD_ANSWER_S)).split()
     return int(line[1]), int(line[2]), int(line[3])
 
 

@@ -173,7 +173,7 @@ async def test_counters_only_grow_across_local_midnight_and_a_sale_shows_in_the_
     before = _only_growing(await _scrape(url, read_headers))
     assert (await _sell(agent, 250)).state is SaleState.COMPLETED
     assert (await _sell(agent, 402)).state is SaleState.DECLINED  # ..02: declined
-    await until(lambda: agent.health.snapshot().sales.today_count == 1, timeout=3)
+    await until(lambda: agent.health.snapshot().sales.today_count == 1)
     await until(lambda: admin_server.prometheus.timings.sale_seconds.collect()[0].samples,
                 timeout=3)
 
@@ -220,7 +220,7 @@ async def test_counters_start_from_zero_after_a_restart_on_the_same_journal(
         assert await sales_total(agent) == 0
         sale = await agent.sales.start(request, VendingMachine())
         assert (await sale.result()).state is SaleState.COMPLETED
-        await until(lambda: agent.health.snapshot().sales.today_count == 1, timeout=3)
+        await until(lambda: agent.health.snapshot().sales.today_count == 1)
         assert await sales_total(agent) == 1
     async with running_agent(tmp_path, sim_settings, [], sections={"admin": ADMIN},
                              secrets=SECRETS) as agent:  # the same journal
@@ -250,10 +250,10 @@ async def test_metrics_follow_a_terminal_out_of_service_and_back(
 
         assert await scrape() == (1, 0)
         await sim_call(sim, "POST", "/sim/terminals/SIM-0001/offline")
-        await until(lambda: not agent.availability.state().available, timeout=3)
+        await until(lambda: not agent.availability.state().available)
         assert await scrape() == (0, 1)
         await sim_call(sim, "POST", "/sim/terminals/SIM-0001/online")
-        await until(lambda: agent.availability.state().available, timeout=3)
+        await until(lambda: agent.availability.state().available)
         assert await scrape() == (1, 1)  # a counter: it never goes back
 
 

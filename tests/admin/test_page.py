@@ -192,7 +192,10 @@ async def test_an_open_stream_does_not_hold_up_the_agents_stop(
     from kiosk_agent.app import load_agent
     from tests.admin.conftest import write_config
 
-    agent = load_agent(write_config(tmp_path), sim_settings, systemd=False)
+    # a stream that held the stop would cost the whole grace (a minute here), then be cut: a
+    # bound of 5 s on the stop, the default grace, was the stop's own work at load 11-15
+    config = write_config(tmp_path, "http: {shutdown_grace: 60}\n")
+    agent = load_agent(config, sim_settings, systemd=False)
     await agent.start()
     server = next(c for c in agent.components if type(c).__name__ == "AdminServer")
     headers = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
@@ -203,7 +206,7 @@ async def test_an_open_stream_does_not_hold_up_the_agents_stop(
         assert response.status == 200
         began = time.monotonic()
         await agent.stop()
-        assert time.monotonic() - began < 5.0
+        assert time.monotonic() - began < 30.0
 
 
 async def test_doctor_checks_run_from_the_agent_with_their_fixes(
@@ -254,7 +257,8 @@ async def test_run_doctor_answers_at_once_and_says_the_runs_progress_until_its_v
     async with api.post("/api/doctor", headers=headers) as r:
         assert r.status == 202
         first = await r.json()
-    assert time.monotonic() - began < 2.0  # not the journal's check: that is still held
+    # not the journal's check, held up to 30 s (a bound of 2 s read load, not the wait)
+    assert time.monotonic() - began < 15.0
     assert first["running"]
     assert first["finished_at"] is None  # no run ended yet: none to show
     await until_checked(api, "config")

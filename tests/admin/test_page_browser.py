@@ -20,7 +20,7 @@ from typing import Any
 import aiohttp
 import pytest
 from aiohttp import web
-from playwright.async_api import Browser, Page, ViewportSize, expect
+from playwright.async_api import Browser, Locator, Page, Route, ViewportSize, expect
 
 from kiosk_agent.admin.page import availability as page_availability
 from kiosk_agent.app import load_agent
@@ -483,15 +483,34 @@ async def test_two_techs_resolving_one_sale_from_two_phones(
         await form.get_by_label(as_label).check()
         await form.get_by_label("Why").fill(f"{as_label} by hand")
         opened.append((page, form, seen))
-    await asyncio.gather(
-        *(form.get_by_role("button", name="Resolve").click() for _, form, _ in opened)
-    )
-    refused = []
-    for page, _, seen in opened:
+    # "at the same moment" made so on a machine of any speed: each post waits in its browser
+    # until both were sent (at load 11-15 one phone's press came after its page had heard of
+    # the other's resolution, or the refusal's console line after the page's update)
+    sent: list[Route] = []
+    both_sent = asyncio.Event()
+
+    async def hold_until_both_sent(route: Route) -> None:
+        sent.append(route)
+        if len(sent) == len(opened):
+            both_sent.set()
+        await both_sent.wait()
+        await route.continue_()
+
+    async def press(page: Page, form: Locator) -> int:
+        await page.route("**/resolve", hold_until_both_sent)
+        async with page.expect_response("**/resolve", timeout=WAIT_MS) as answer:
+            await form.get_by_role("button", name="Resolve").click()
+        return (await answer.value).status
+
+    statuses = await asyncio.gather(*(press(page, form) for page, form, _ in opened))
+    assert sorted(statuses) == [200, 409]  # one resolution; the other told it came second
+    for page, _, _ in opened:
         await expect(page.locator("#attention")).to_contain_text("none", timeout=WAIT_MS)
-        refused += [e for e in seen.errors if "status of 409 (Conflict)" in e]
+    refused_on = opened[statuses.index(409)][2]
+    await until(lambda: any("status of 409 (Conflict)" in e for e in refused_on.errors))
+    for _, _, seen in opened:  # the browser logs the second one's refusal; nothing else failed
         assert [e for e in seen.errors if "409" not in e] == []
-    assert len(refused) == 1  # the browser logs the second one's refusal; nothing else failed
+    assert sum("status of 409 (Conflict)" in e for _, _, s in opened for e in s.errors) == 1
     steps = [s.step for s in agent.journal.steps(record.sale_id)]
     assert steps.count("attention.resolved") == 1
     assert agent.journal.get(record.sale_id).state in (SaleState.COMPLETED, SaleState.REVERSED)

@@ -206,9 +206,9 @@ def test_including_one_file_many_times_is_bounded(site: Path) -> None:
         write(site, f"l{level}.yaml", items)
     write(site, "l6.yaml", "- 1\n")
     path = write(site, "config.yaml", HEAD + "journal: !include l0.yaml\n")
-    started = time.monotonic()
+    started = time.process_time()  # CPU, not wall: a bound load cannot pass
     text = report(path)
-    assert time.monotonic() - started < 10
+    assert time.process_time() - started < 10
     assert "more than 100 includes" in text
 
 
@@ -229,9 +229,9 @@ def test_an_alias_bomb_fails_fast_with_a_clear_error(
         else BILLION_LAUGHS + HEAD
     )
     path = write(tmp_path, "config.yaml", body)
-    started = time.monotonic()
+    started = time.process_time()  # CPU, not wall: a bound load cannot pass
     assert main(["check-config", str(path)]) == 2
-    assert time.monotonic() - started < 5
+    assert time.process_time() - started < 5
     err = capsys.readouterr().err
     assert "anchors and aliases expand to more than 100,000 values" in err
     assert "Traceback" not in err
@@ -268,9 +268,9 @@ def test_a_5_6_mb_config_is_refused_before_it_is_read(tmp_path: Path) -> None:
     body = HEAD.replace("terminals: [{device_id: SIM-0001}]\n", "terminals:\n")
     path = write(tmp_path, "config.yaml", body + line * (5_600_000 // len(line)))
     assert path.stat().st_size > 5_500_000
-    started = time.monotonic()
+    started = time.process_time()  # CPU, not wall: a bound load cannot pass
     [error] = check_config(path)
-    assert time.monotonic() - started < 1
+    assert time.process_time() - started < 1
     assert error.message == (
         f"{path} is {path.stat().st_size:,} bytes; a configuration file may have at most "
         f"{MAX_FILE_BYTES:,}"
@@ -321,9 +321,9 @@ def test_run_refuses_each_attack_at_once(
     site: Path, body: str, message: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
     path = write(site, "config.yaml", body)
-    started = time.monotonic()
+    started = time.process_time()  # CPU, not wall: a bound load cannot pass
     assert main(["run", "--config", str(path)]) != 0
-    assert time.monotonic() - started < 5
+    assert time.process_time() - started < 5
     err = capsys.readouterr().err
     assert message in err
     assert "Traceback" not in err

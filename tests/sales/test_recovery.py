@@ -26,6 +26,10 @@ from kiosk_agent.service.terminal import TerminalClient
 from tests.assembly.agent_helpers import ScriptedDispenser
 from tests.helpers import sim_call, until, walk_to
 
+# every wait's hang guard, not a bound: each takes under a second on a quiet machine, and the
+# agent, its simulator and the test share one loop (10 s ones were passed at load 11-15)
+WAIT_S = 60.0
+
 
 async def rows(service: ServiceClient, order_id: str) -> list[Any]:
     query = TransactionFilter(order_id=order_id)
@@ -79,7 +83,7 @@ async def test_a_parked_dispense_is_voided_on_the_next_start(agent_factory: Any)
     machine = ScriptedDispenser(delay=30)
     request = SaleRequest(source="test", flow=Flow.AUTHORIZE_CAPTURE, amount_cents=300)
     sale = await first.sales.start(request, machine)
-    await asyncio.wait_for(machine.started.wait(), 5)
+    await asyncio.wait_for(machine.started.wait(), WAIT_S)
     await first.sales.stop(grace=0.05)  # SIGTERM with a machine that never answers: parked
     await first.stop()
     parked = first.journal
@@ -91,7 +95,7 @@ async def test_a_parked_dispense_is_voided_on_the_next_start(agent_factory: Any)
     parked.close()
 
     second = await agent_factory()
-    [event] = await asyncio.wait_for(second.recovery.wait(), 10)
+    [event] = await asyncio.wait_for(second.recovery.wait(), WAIT_S)
     assert event.state is SaleState.REVERSED
     [row] = await rows(second.service, record.order_id)
     assert row.status is TransStatus.VOIDED
@@ -111,7 +115,7 @@ async def test_a_confirmed_vend_whose_capture_was_lost_is_captured(
         vended_cents=175,
     )
     agent = await agent_factory(sim=sim)
-    [event] = await asyncio.wait_for(agent.recovery.wait(), 10)
+    [event] = await asyncio.wait_for(agent.recovery.wait(), WAIT_S)
     assert event.state is SaleState.COMPLETED
     assert event.captured_cents == 175
     [row] = await rows(agent.service, "KACRASHED1")
@@ -135,7 +139,7 @@ async def test_an_interrupted_refund_is_finished_once(
         message="dispense failed",
     )
     agent = await agent_factory(sim=sim)
-    [event] = await asyncio.wait_for(agent.recovery.wait(), 10)
+    [event] = await asyncio.wait_for(agent.recovery.wait(), WAIT_S)
     assert event.state is SaleState.REVERSED
     assert "given back" in event.message
     [row] = await rows(agent.service, "KACRASHED1")
@@ -148,7 +152,7 @@ async def test_a_charge_that_never_reached_the_service_fails_cleanly(
     # the authorization's deadline has passed: the service can no longer answer it
     leave_open(tmp_path, state=SaleState.AUTHORIZING, answer_by=time.time() - 1)
     agent = await agent_factory()
-    [event] = await asyncio.wait_for(agent.recovery.wait(), 10)
+    [event] = await asyncio.wait_for(agent.recovery.wait(), WAIT_S)
     assert event.state is SaleState.FAILED
     assert "no charge was made" in event.message
 
@@ -160,7 +164,7 @@ async def test_what_cannot_be_decided_is_marked_for_attention(
     sim = await sim_factory(time_scale=300, transactions=0)
     await sim.stop()  # the service is unreachable: reporting cannot say whether money moved
     agent = await agent_factory(sim=sim)
-    [event] = await asyncio.wait_for(agent.recovery.wait(), 30)
+    [event] = await asyncio.wait_for(agent.recovery.wait(), WAIT_S)
     assert event.state is SaleState.ATTENTION
     assert "reporting cannot say" in event.message
     assert agent.health.snapshot().sales.attention == 1
@@ -171,7 +175,7 @@ async def test_an_interrupted_enrollment_asks_for_a_person(
 ) -> None:
     leave_open(tmp_path, state=SaleState.ENROLLING, flow=Flow.ENROLL.value)
     agent = await agent_factory()
-    [event] = await asyncio.wait_for(agent.recovery.wait(), 10)
+    [event] = await asyncio.wait_for(agent.recovery.wait(), WAIT_S)
     assert event.state is SaleState.ATTENTION
 
 
@@ -216,7 +220,7 @@ async def test_a_capturing_sale_does_not_keep_its_terminal_refusing_sales_while_
     capturing = agent.journal.get("crashed1")
     assert capturing is not None
     assert capturing.state is SaleState.CAPTURING  # still with the service
-    ended = await asyncio.wait_for(agent.recovery.wait(), 10)
+    ended = await asyncio.wait_for(agent.recovery.wait(), WAIT_S)
     states = {e.sale_id: e.state for e in ended}
     assert states == {"crashed1": SaleState.COMPLETED, "crashed2": SaleState.FAILED}
     [row] = await rows(agent.service, "KACRASHED1")
@@ -257,7 +261,7 @@ async def test_a_settled_charge_left_undispensed_is_refunded(
             assert answer.status == 200
     leave_open(tmp_path, state=SaleState.DISPENSING, trans_id=trans_id, captured_cents=300)
     agent = await agent_factory(sim=sim)
-    [event] = await asyncio.wait_for(agent.recovery.wait(), 10)
+    [event] = await asyncio.wait_for(agent.recovery.wait(), WAIT_S)
     assert event.state is SaleState.REVERSED
     assert "$3.00 refunded" in event.message
     record = agent.journal.get("crashed1")
@@ -289,7 +293,7 @@ async def test_a_confirmed_vend_that_cannot_be_written_is_written_once_the_journ
         SaleRequest(source="test", flow=Flow.CHARGE_CARD, amount_cents=250),
         JournalBreakingMachine(agent.journal),
     )
-    kept = await asyncio.wait_for(sale.result(), 10)
+    kept = await asyncio.wait_for(sale.result(), WAIT_S)
     # its own kind, carrying what the journal holds: never a state the journal does not
     # (it was published as a final "attention" the journal never held)
     assert kept.unwritten
@@ -304,7 +308,7 @@ async def test_a_confirmed_vend_that_cannot_be_written_is_written_once_the_journ
     assert row.status is TransStatus.CAPTURED  # no call was made without its journal step
 
     agent.journal.db.execute("PRAGMA query_only=OFF")
-    async with asyncio.timeout(10):
+    async with asyncio.timeout(WAIT_S):
         while agent.unwritten.sale_ids:
             await asyncio.sleep(0.05)
     record = agent.journal.get(sale.sale_id)
@@ -336,7 +340,7 @@ async def test_a_lost_charge_card_found_already_given_back_shows_the_money_taken
         back = await service.payments.void_or_refund(trans_id)  # given back before the restart
     leave_open(tmp_path, state=SaleState.UNRESOLVED, flow=Flow.CHARGE_CARD.value)
     agent = await agent_factory(sim=sim)
-    [event] = await asyncio.wait_for(agent.recovery.wait(), 10)
+    [event] = await asyncio.wait_for(agent.recovery.wait(), WAIT_S)
     record = agent.journal.get("crashed1")
     assert record is not None
     assert event.state is SaleState.REVERSED
@@ -383,7 +387,7 @@ async def test_a_card_read_sent_before_the_crash_is_waited_out_by_the_next_custo
         read = await service.terminal.read_card("SIM-0001", 305)
         leave_open(tmp_path, state=SaleState.READING_CARD, amount_cents=305)
         agent = await agent_factory(sim=sim)
-        [ended] = await asyncio.wait_for(agent.recovery.wait(), 10)
+        [ended] = await asyncio.wait_for(agent.recovery.wait(), WAIT_S)
         assert ended.state is SaleState.FAILED
         machine = ScriptedDispenser(DispenseStatus.VENDED, vended_cents=300)
         sale = await agent.sales.start(
@@ -393,12 +397,12 @@ async def test_a_card_read_sent_before_the_crash_is_waited_out_by_the_next_custo
         def waiting() -> bool:
             return "terminal.wait" in [s.step for s in agent.journal.steps(sale.sale_id)]
 
-        async with asyncio.timeout(20):
+        async with asyncio.timeout(WAIT_S):
             while not waiting():
                 await asyncio.sleep(0.02)
         assert not sale.task.done()  # waiting, not refused
         await service.terminal.cancel("SIM-0001", read.interaction_id)
-        event = await asyncio.wait_for(sale.result(), 20)
+        event = await asyncio.wait_for(sale.result(), WAIT_S)
     assert event.state is SaleState.COMPLETED, event.message
 
 

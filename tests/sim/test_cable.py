@@ -6,10 +6,15 @@ import json
 from typing import Any
 
 import aiohttp
+import pytest
 
+from kiosk_agent.sim.cable import PING_INTERVAL_S
 from kiosk_agent.sim.server import SimServer
 
+from ..helpers import holding_cards
 from .sim_api import Api
+
+WAIT_S = 30.0  # a frame's hang guard, not a bound (a busy 2-core machine)
 
 
 def identifier(interaction_id: str) -> str:
@@ -19,14 +24,14 @@ def identifier(interaction_id: str) -> str:
 async def open_cable(api: Api, sim: SimServer, key: str | None = None) -> Any:
     _, issued = await api.post("/api/ws-token", key=key)
     ws = await api.http.ws_connect(f"{sim.ws_url}/cable?token={issued['token']}")
-    assert (await ws.receive_json(timeout=2))["type"] == "welcome"
+    assert (await ws.receive_json(timeout=WAIT_S))["type"] == "welcome"
     return ws
 
 
 async def receive_message(ws: Any) -> dict[str, Any]:
     """The next frame that is not a ping."""
     while True:
-        frame = await ws.receive_json(timeout=5)
+        frame = await ws.receive_json(timeout=WAIT_S)
         if frame.get("type") != "ping":
             return dict(frame)
 
@@ -81,7 +86,10 @@ async def test_unknown_or_foreign_interactions_are_rejected(api: Api, sim: SimSe
 
 async def test_pings_every_three_seconds(api: Api, sim: SimServer) -> None:
     ws = await open_cable(api, sim)
-    frame = await ws.receive_json(timeout=4)
+    # the first frame after the welcome is a ping, PING_INTERVAL_S real seconds on (the wait
+    # is a hang's guard: a 4 s bound on the 3 s ping failed at load 11-15)
+    frame = await ws.receive_json(timeout=WAIT_S)
+    assert PING_INTERVAL_S == 3.0
     assert frame["type"] == "ping"
     assert isinstance(frame["message"], int)
     await ws.close()
@@ -107,14 +115,21 @@ async def test_stopping_the_server_says_disconnect(sim_factory: Any, http: Any) 
     await ws.close()
 
 
-async def test_push_delays_are_counted_for_benchmarks(api: Api, sim: SimServer) -> None:
+async def test_push_delays_are_counted_for_benchmarks(
+    sim_factory: Any, http: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    sim = await sim_factory(time_scale=1)  # the held card's interaction lives 3 real minutes
+    api = Api(http, sim.base_url, "sim_api_key")
     ws = await open_cable(api, sim)
+    cards = holding_cards(sim, monkeypatch)
     _, started = await api.post("/api/terminal/SIM-0004/read-card", {"amount": 100})
     await ws.send_json(
         {"command": "subscribe", "identifier": identifier(started["interaction_id"])}
     )
-    while (await receive_message(ws)).get("message", {}).get("status") != "succeeded":
-        pass
+    assert (await receive_message(ws))["type"] == "confirm_subscription"
+    assert (await receive_message(ws))["message"]["status"] == "pending"
+    cards[started["interaction_id"]]()  # the card, once subscribed: its change is pushed
+    assert (await receive_message(ws))["message"]["status"] == "succeeded"
     _, stats = await api.get("/sim/stats")
     assert stats["pushes"] >= 1
     assert 0 <= stats["push_p50_ms"] <= stats["push_p99_ms"]

@@ -124,6 +124,35 @@ async def test_card_first_the_agents_session_offers_the_funds() -> None:
         VisitOutcome.VENDED, 500, 150)
 
 
+async def test_a_customer_who_steps_up_after_the_machine_closed_chooses_nothing() -> None:
+    """`demo --sales 4` showed 5 sales at load 10-13: the 4th customer's choice closes every
+    machine, and a customer on another one, waiting to step up, chose once woken."""
+    machine = VirtualController(
+        ControllerOptions(dispense_time=0.0, enable_delay=0.0, step_up_time=0.0), seed=1
+    )
+    line = ListWire()
+    machine.attach(line)
+    visiting = asyncio.create_task(machine.customer("A2"))  # waits for the reader
+    await asyncio.sleep(0)
+    machine.close()  # another machine's customer was the last one
+    agent_says(machine, *wire.setup_commands(0x10))
+    visit = await asyncio.wait_for(visiting, 2)
+    assert visit.outcome is VisitOutcome.WALKED_AWAY
+    assert not [text for text in line.lines if text.startswith("c,STATUS,VEND")]
+
+
+async def test_a_card_first_customer_offered_a_session_after_the_close_chooses_nothing() -> None:
+    machine, line = await enabled_machine()
+    visiting = asyncio.create_task(machine.card_first_customer("A1", wait=2))
+    await asyncio.sleep(0)
+    machine.close()
+    agent_says(machine, wire.start_session(500))  # the agent's session, offered meanwhile
+    visit = await asyncio.wait_for(visiting, 2)
+    assert visit.outcome is VisitOutcome.WALKED_AWAY
+    assert not [text for text in line.lines if text.startswith("c,STATUS,VEND")]
+    assert machine.status is Status.ENABLED  # the session ends unused: the agent gives it back
+
+
 async def test_an_unknown_command_is_answered_with_an_error_and_kept() -> None:
     machine, line = await enabled_machine()
     agent_says(machine, "C,FROBNICATE")

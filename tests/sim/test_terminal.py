@@ -9,6 +9,7 @@ from typing import Any
 import aiohttp
 import pytest
 
+from kiosk_agent.sim.clock import parse_iso
 from kiosk_agent.sim.server import SimServer
 
 from .sim_api import Api
@@ -118,11 +119,15 @@ async def test_device_fault_fails_with_a_stage_error(api: Api) -> None:
 async def test_no_card_expires_after_three_simulated_minutes(sim_factory: Any, http: Any) -> None:
     sim = await sim_factory(time_scale=1000)  # 3 minutes = 0.18 s
     api = Api(http, sim.base_url, "sim_api_key")
-    started = time.monotonic()
     interaction_id = await start(api, "SIM-0001", "read-card", {"amount": 1005})
     record = await wait_final(api, "SIM-0001", "read-card", interaction_id)
     assert record["status"] == "expired"
-    assert time.monotonic() - started < 1.0
+    # on the simulated clock (a bound of 1 s real on the whole wait was passed at load 11-15):
+    # three minutes after its start, and not before them; an unscaled expiry outlasts the polls
+    expires_at = parse_iso(record["expires_at"])
+    assert expires_at - parse_iso(record["created_at"]) == pytest.approx(180)
+    assert sim.ctx is not None
+    assert sim.ctx.clock.time() >= expires_at
     # the terminal is free again
     await start(api, "SIM-0001", "read-card", {"amount": 100})
 

@@ -506,13 +506,13 @@ def test_a_body_decodes_as_json_loads_decodes_it(value: object) -> None:
 
 @given(st.one_of(JSON_VALUES.map(lambda v: json.dumps(v).encode()), st.binary(max_size=200)))
 def test_any_body_gives_a_value_or_a_clear_400_quickly(raw: bytes) -> None:
-    started = time.monotonic()
+    started = time.process_time()  # CPU, not wall: a bound load cannot pass
     error: BodyError | None = None
     try:
         loads_bounded(raw)
     except BodyError as err:
         error = err
-    assert time.monotonic() - started < 1.0
+    assert time.process_time() - started < 1.0
     if error is not None:
         assert (error.status, bool(error.message)) == (400, True)
 
