@@ -29,7 +29,7 @@ from kiosk_agent.money import format_cents
 from kiosk_agent.redact import redact
 from kiosk_agent.sales.kinds import no_selection
 from kiosk_agent.sales.model import SaleEvent
-from kiosk_agent.sales.states import SaleState
+from kiosk_agent.sales.states import SaleState, Step
 from kiosk_agent.service.errors import AuthenticationError
 from kiosk_agent.tasks import BackgroundTask, wait_event
 
@@ -477,7 +477,7 @@ class Health:
 
     def record_sale(self, event: SaleEvent) -> None:
         """Follow one step of a sale from the agent's event bus."""
-        if event.receipt:
+        if event.step == Step.RECEIPT:  # SaleEvent.receipt, without a call at each step
             return  # a note on a sale already counted
         if not event.state.final:
             self._open_sales.add(event.sale_id)

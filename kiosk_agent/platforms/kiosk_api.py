@@ -74,6 +74,7 @@ from kiosk_agent.sales.model import (
     TerminalBusy,
     UnknownTerminal,
 )
+from kiosk_agent.sales.states import Step
 from kiosk_agent.tasks import cancel_and_wait
 from kiosk_agent.web.server import (
     MAX_STREAM_FRAME,
@@ -345,6 +346,10 @@ class KioskApi:
             limits=HttpLimits.of(agent),
         )
         self._hosts = {*config["allowed_hosts"], config["host"].lower()} - _ANY_ADDRESS
+        # Host headers already found allowed, as sent ("127.0.0.1:8090"): an app sends the same
+        # one at each request, read here without parsing it again (a few, so that headers sent
+        # by outsiders, refused, never fill it)
+        self._hosts_seen: set[str] = set()
         self._origins: list[str] = config["allowed_origins"]
         self._refused = RefusalLog(_LOGGER, "kiosk_api")
         self._unfollow: Callable[[], None] = lambda: None  # stops _follow
@@ -411,7 +416,9 @@ class KioskApi:
 
     def _follow(self, event: SaleEvent) -> None:
         """Keep this app's latest step of each sale (a listener: called as each is published)."""
-        if event.source != self.name or event.receipt:
+        # the step compared here, not through SaleEvent.receipt: a property is a Python call on
+        # each of a sale's six steps, in each of the listeners every step calls
+        if event.source != self.name or event.step == Step.RECEIPT:
             return
         self._latest[event.sale_id] = event
         self._latest.move_to_end(event.sale_id)
@@ -447,10 +454,14 @@ class KioskApi:
 
     def _refusal(self, request: web.Request) -> tuple[int, str, str | None, str] | None:
         """Why a request is refused before its handler runs (status, error, field, message)."""
-        host = _host_name(request.headers.get("Host", ""))
-        if host not in self._hosts:
-            allowed = ", ".join(sorted(self._hosts))
-            return 403, "bad_host", "Host", f"Host {host or '(none)'!r} is not one of {allowed}"
+        header = request.headers.get("Host", "")
+        if header not in self._hosts_seen:
+            host = _host_name(header)
+            if host not in self._hosts:
+                allowed = ", ".join(sorted(self._hosts))
+                return 403, "bad_host", "Host", f"Host {host or '(none)'!r} is not one of {allowed}"
+            if len(self._hosts_seen) < _HOSTS_SEEN_KEPT:
+                self._hosts_seen.add(header)
         origin = request.headers.get("Origin")
         if origin is not None and not _origin_allowed(origin.strip().lower(), self._origins):
             return 403, "bad_origin", "Origin", f"Origin {origin[:100]!r} is not allowed"
@@ -778,6 +789,10 @@ async def _json_body(request: web.Request) -> dict[str, Any]:
     if not isinstance(body, dict):
         raise BadRequest("body", "expected a JSON object")
     return body
+
+
+# allowed Host headers kept as sent (KioskApi._hosts_seen): an app's few spellings of its host
+_HOSTS_SEEN_KEPT = 16
 
 
 def _is_websocket_handshake(request: web.Request) -> bool:

@@ -74,7 +74,7 @@ class ChargeCardFlow(SaleFlow):
             self.step(
                 Step.CHARGE_CARD_ACCEPTED,
                 interaction_id=handle.interaction_id,
-                interaction_kind=InteractionKind.CHARGE_CARD.value,
+                interaction_kind=InteractionKind.CHARGE_CARD._value_,
             )
             interaction = await self.wait_interaction(handle, InteractionKind.CHARGE_CARD)
             if interaction is None or not interaction.finished:

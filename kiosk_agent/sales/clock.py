@@ -20,9 +20,9 @@ import contextlib
 import heapq
 import itertools
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine, Generator
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
 
 from kiosk_agent.data_class import data_class
 
@@ -96,6 +96,53 @@ class SystemClock:
         # cancel that lands with the result
         async with asyncio.timeout(seconds):
             return await awaitable
+
+
+async def wait_at_most(clock: Clock, work: Coroutine[Any, Any, T], seconds: float) -> T:
+    """``clock.wait_for(work, seconds)``, with nothing armed for work that ends at its first step.
+
+    ``work`` runs here to its first wait: ended there (a dispenser whose outcome is known at
+    once, an app that does not confirm its dispense), its result is returned and no timeout is
+    entered, no timer armed and cancelled (some fifteen Python calls a kiosk API sale). Else it
+    goes on from that wait under the bound, cancelled by it as ``wait_for`` cancels; the bound
+    counts from its first wait, microseconds after the call."""
+    try:
+        waiting_on = work.send(None)
+    except StopIteration as done:
+        result: T = done.value
+        return result
+    return await clock.wait_for(_Resumed(work, waiting_on), seconds)
+
+
+class _Resumed(Generic[T]):
+    """A coroutine run by hand to its first wait, awaited from there: what ``await`` does with
+    a fresh one (PEP 380's ``yield from``: sends, throws and closes passed on)."""
+
+    __slots__ = ("_waiting_on", "_work")
+
+    def __init__(self, work: Coroutine[Any, Any, T], waiting_on: Any) -> None:
+        self._work, self._waiting_on = work, waiting_on
+
+    def __await__(self) -> Generator[Any, Any, T]:
+        work, waiting_on = self._work, self._waiting_on
+        while True:
+            try:
+                sent = yield waiting_on
+            except GeneratorExit:
+                work.close()
+                raise
+            except BaseException as thrown:  # noqa: BLE001  # a cancel (the bound's): the work handles it
+                try:
+                    waiting_on = work.throw(thrown)
+                except StopIteration as done:
+                    result: T = done.value
+                    return result
+            else:
+                try:
+                    waiting_on = work.send(sent)
+                except StopIteration as done:
+                    result = done.value
+                    return result
 
 
 def _read_boot_id(path: Path) -> str | None:

@@ -682,14 +682,15 @@ class Journal(JournalReads, JournalPrune):
         updated = replaced(sale, state=new_state, updated_at=now, **changes)
         assignments = {k: v for k, v in changes.items() if k not in _BESIDE_COLUMNS}
         beside = len(assignments) != len(changes)
-        assignments["state"] = new_state.value
+        # each state's text as _value_: .value is two Python calls (enum's property), four a step
+        assignments["state"] = new_state._value_
         assignments["updated_at"] = now
         expected = sale.state if if_state is None else if_state
         try:
             fsynced = not self._fsync_shared and step not in UNSYNCED_STEPS
             with self._transaction(fsynced=fsynced) as db:
                 named = self._check_in_memory(db, sale, expected, new_state, step, changed)
-                assignments["sale_id"], assignments["was"] = sale.sale_id, expected.value
+                assignments["sale_id"], assignments["was"] = sale.sale_id, expected._value_
                 moved = db.execute(_update_sql(tuple(assignments)), assignments)
                 if moved.rowcount != 1:  # another writer moved it: the disk says where to
                     self._check(db, sale, expected, new_state, step, changed)
@@ -764,7 +765,7 @@ class Journal(JournalReads, JournalPrune):
             text = _DETAIL_JSON({k: v for k, v in detail.items() if k not in _FORBIDDEN_DETAIL})
         db.execute(
             "INSERT INTO steps (sale_id, at, step, state, detail) VALUES (?, ?, ?, ?, ?)",
-            (sale_id, at, step, state.value, text),
+            (sale_id, at, step._value_, state._value_, text),  # texts: no enum call, no adapter
         )
 
     def _write_failed(self, err: sqlite3.Error) -> JournalError:

@@ -86,7 +86,7 @@ class SaleRecord:
         """The sale as stored: column name -> SQLite value."""
         # every field is a plain value: a shallow read (asdict deep-copies each, on every sale)
         data = dict(zip(_COLUMNS, _FIELDS(self), strict=True))
-        data["state"] = self.state.value
+        data["state"] = self.state._value_  # .value: two Python calls (enum's property)
         return data
 
     def as_dict(self) -> dict[str, Any]:

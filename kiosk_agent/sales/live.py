@@ -25,6 +25,7 @@ from collections.abc import Callable, Mapping
 from typing import Any, ClassVar
 
 from kiosk_agent.money import format_cents
+from kiosk_agent.sales.clock import wait_at_most
 from kiosk_agent.sales.journal import SaleRecord
 from kiosk_agent.sales.model import (
     ChoosingDispenser,
@@ -208,7 +209,8 @@ class SaleFlow(SaleSteps):
         # woken here runs a turn later, after it
         self.customer_answered()
         try:
-            return await self.clock.wait_for(self.dispenser.dispense(authorized_cents), bound)
+            # an outcome known at once (an app that does not confirm) arms no vend timer
+            return await wait_at_most(self.clock, self.dispenser.dispense(authorized_cents), bound)
         except TimeoutError:
             why = f"no vend result within {bound:g} s"
             return DispenseOutcome(DispenseStatus.TIMEOUT, detail=why)
@@ -368,7 +370,7 @@ def declined(result: ChargeResult) -> str:
 
 def outcome_detail(outcome: DispenseOutcome) -> dict[str, Any]:
     return {
-        "status": outcome.status.value,
+        "status": outcome.status._value_,
         "vended_cents": outcome.vended_cents,
         "product": outcome.product,
         "detail": outcome.detail,

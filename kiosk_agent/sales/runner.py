@@ -179,7 +179,7 @@ class SaleRunner:
             sale_id=sale_id,
             order_id=order_id,
             source=request.source,
-            flow=request.flow.value,
+            flow=request.flow._value_,
             terminal=device,
             amount_cents=request.amount_cents,
             state=SaleState.STARTED,

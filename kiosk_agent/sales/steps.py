@@ -379,9 +379,9 @@ class SaleSteps:
         log = _LOGGER.warning if state is SaleState.ATTENTION else _LOGGER.info
         sale_id = self.record.sale_id
         if self._ends_held is not None:  # said once durable, with its announcement
-            self._ends_held.append(lambda: log("sale %s %s: %s", sale_id, state.value, message))
+            self._ends_held.append(lambda: log("sale %s %s: %s", sale_id, state, message))
         else:
-            log("sale %s %s: %s", sale_id, state.value, message)
+            log("sale %s %s: %s", sale_id, state, message)  # a StrEnum: %s is its text
         ended = self.announced  # the end as published: one event, not a second made alike
         if ended is None:  # step() announced it, or raised
             raise RuntimeError("a sale ended without announcing its end")

@@ -237,7 +237,7 @@ class TerminalClient:
             f"{_device(device_id)}/{kind.path}",
             json=body,
             retry_safe=False,  # a second POST would start a second interaction
-            what=f"{kind.value} on {device_id}",
+            what=f"{kind._value_} on {device_id}",
         )
         return InteractionHandle(
             self,

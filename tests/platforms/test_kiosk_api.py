@@ -319,6 +319,38 @@ async def test_dns_rebinding_a_foreign_host_is_refused(app: App) -> None:
     assert app.api.status()["sales_known"] == 0
 
 
+async def test_an_allowed_host_header_is_parsed_once_and_a_refused_one_is_never_kept(
+    app: App, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each request's Host header was parsed again (``_host_name``: five calls, twice a sale);
+    one found allowed is kept as sent, so the app's next requests compare it alone. A refused
+    one is parsed and refused every time, and a host sending many spellings keeps a few."""
+    from kiosk_agent.platforms import kiosk_api
+
+    parsed: list[str] = []
+    parse = kiosk_api._host_name
+    monkeypatch.setattr(kiosk_api, "_host_name", lambda header: parsed.append(header) or parse(
+        header))
+    port = app.api.port
+
+    async def status_for(host: str) -> int:
+        async with app.session.get(app.base + "/status", headers={
+                "Authorization": f"Bearer {TOKEN}", "Host": host}) as response:
+            return response.status
+
+    for _ in range(3):
+        assert await status_for(f"127.0.0.1:{port}") == 200
+        assert await status_for(f"evil.example:{port}") == 403
+    assert parsed == [f"127.0.0.1:{port}", f"evil.example:{port}", f"evil.example:{port}",
+                      f"evil.example:{port}"]
+    assert f"evil.example:{port}" not in app.api._hosts_seen
+    for other_port in range(1, 41):  # allowed, each spelled its own way
+        assert await status_for(f"localhost:{other_port}") == 200
+    assert len(app.api._hosts_seen) == kiosk_api._HOSTS_SEEN_KEPT
+    assert await status_for(f"localhost:{40}") == 200  # past the kept ones: parsed, allowed
+    assert await status_for("evil.example") == 403
+
+
 async def test_a_foreign_origin_is_refused_and_loopback_pages_are_not(app: App) -> None:
     auth = {"Authorization": f"Bearer {TOKEN}"}
     for origin in ("https://evil.example", "null", "http://localhost.evil.example:8080",
@@ -1125,3 +1157,63 @@ async def test_a_sales_stream_dropped_while_the_app_is_silent_takes_no_more_fram
         errors.close()
     assert errors.records == []
     assert "socket.send() raised exception" not in caplog.text
+
+
+async def test_a_sale_reads_no_enum_value_property_nor_the_receipt_property(app: App) -> None:
+    """Before: a kiosk API sale read an enum member's ``.value`` 24 times (the journal's state,
+    was-state and step texts at each write, the sale's row, the flow, the interaction kind, the
+    log line), each two Python calls of enum's property, and ``SaleEvent.receipt`` 12 times
+    (the kiosk API's and health's listeners at each step). Their texts are read as
+    ``_value_`` and the step compared where it is needed: none of those calls is left."""
+    import collections
+    import sys
+    import types
+
+    calls: collections.Counter[str] = collections.Counter()
+
+    def count(frame: types.FrameType, event: str, _arg: object) -> None:
+        if event == "call":
+            code = frame.f_code
+            if (code.co_name == "value" and code.co_filename.endswith("enum.py")) or (
+                code.co_name == "receipt" and code.co_filename.endswith("model.py")
+            ):
+                calls[code.co_name] += 1
+
+    sys.setprofile(count)
+    try:
+        _, started = await app.post("/sales", {"product": "coffee"})
+        steps = await asyncio.wait_for(app.follow(started["sale_id"]), 10)
+    finally:
+        sys.setprofile(None)
+    assert steps[-1]["state"] == "completed"
+    assert calls == {}, calls
+
+
+async def test_a_sale_whose_app_does_not_confirm_arms_no_vend_timer(app: App) -> None:
+    """An app that does not confirm its dispense (``confirm_dispense: false``, the fixture's)
+    has its outcome at once: the vend timeout around it was an ``asyncio.timeout`` entered and
+    a timer armed and cancelled each sale. The sale's bounds are now the money call's and the
+    card wait's, each on the sale's clock; the dispense ends before any is entered."""
+    import collections
+    import sys
+    import types
+
+    bounded_from: collections.Counter[str] = collections.Counter()
+
+    def count(frame: types.FrameType, event: str, _arg: object) -> None:
+        code = frame.f_code
+        if event == "call" and code.co_name == "wait_for" and code.co_filename.endswith(
+            "clock.py"
+        ) and frame.f_back is not None:
+            bounded_from[frame.f_back.f_code.co_name] += 1
+
+    sys.setprofile(count)
+    try:
+        _, started = await app.post("/sales", {"product": "coffee"})
+        steps = await asyncio.wait_for(app.follow(started["sale_id"]), 10)
+    finally:
+        sys.setprofile(None)
+    assert steps[-1]["state"] == "completed"
+    assert bounded_from["money_call"] >= 1
+    assert bounded_from["wait_interaction"] >= 1
+    assert bounded_from["_dispense"] == bounded_from["wait_at_most"] == 0, bounded_from

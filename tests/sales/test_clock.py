@@ -4,12 +4,20 @@ from __future__ import annotations
 
 import asyncio
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from kiosk_agent.sales.clock import Anchor, FakeClock, SystemClock, elapsed_at_least, remaining
+from kiosk_agent.sales.clock import (
+    Anchor,
+    FakeClock,
+    SystemClock,
+    elapsed_at_least,
+    remaining,
+    wait_at_most,
+)
 
 WINDOW = 240.0
 DAY = 86_400.0
@@ -84,6 +92,102 @@ async def test_run_fires_a_timeout_due_on_the_way_to_a_pause() -> None:
     await clock.run(clock.sleep(10))
     with pytest.raises(TimeoutError):
         await bounded
+
+
+class _CountedWaits(FakeClock):
+    """A fake clock that counts the bounds entered (wait_for)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.bounds = 0
+
+    async def wait_for(self, awaitable: Any, seconds: float) -> Any:
+        self.bounds += 1
+        return await super().wait_for(awaitable, seconds)
+
+
+async def test_wait_at_most_enters_no_bound_for_work_that_ends_at_its_first_step() -> None:
+    # an app that does not confirm its dispense knows its outcome at once: its vend timeout
+    # was a timeout entered and a timer armed and cancelled, each sale, for nothing
+    clock = _CountedWaits()
+
+    async def at_once() -> str:
+        return "vended"
+
+    assert await wait_at_most(clock, at_once(), 30) == "vended"
+    assert clock.bounds == 0
+
+    async def refused() -> str:
+        raise ValueError("the machine refused")
+
+    with pytest.raises(ValueError, match="refused"):
+        await wait_at_most(clock, refused(), 30)
+    assert clock.bounds == 0
+
+
+async def test_wait_at_most_bounds_work_that_waits_and_cancels_it_at_the_bound() -> None:
+    clock = _CountedWaits()
+    answer: asyncio.Future[str] = asyncio.get_running_loop().create_future()
+    seen: list[str] = []
+
+    async def waits(on: asyncio.Future[str]) -> str:
+        seen.append("asked")
+        try:
+            got = await on
+            await asyncio.sleep(0)  # more than one wait, each passed through
+            return f"{got} after {len(seen)}"
+        except asyncio.CancelledError:
+            seen.append("cancelled")
+            raise
+
+    waiting = asyncio.create_task(wait_at_most(clock, waits(answer), 30))
+    await asyncio.sleep(0)
+    assert seen == ["asked"]
+    assert clock.bounds == 1
+    answer.set_result("vended")
+    assert await waiting == "vended after 1"
+
+    never: asyncio.Future[str] = asyncio.get_running_loop().create_future()
+    bounded = asyncio.create_task(wait_at_most(clock, waits(never), 30))
+    await asyncio.sleep(0)
+    await clock.advance(29)
+    assert not bounded.done()
+    await clock.advance(1)
+    with pytest.raises(TimeoutError):
+        await bounded
+    assert seen[-1] == "cancelled"
+    assert never.cancelled()
+
+
+async def test_wait_at_most_on_the_system_clock_times_out_and_passes_errors_on() -> None:
+    clock = SystemClock()
+    never: asyncio.Future[str] = asyncio.get_running_loop().create_future()
+
+    async def waits() -> str:
+        return await never
+
+    with pytest.raises(TimeoutError):
+        await wait_at_most(clock, waits(), 0.01)
+    assert never.cancelled()
+
+    async def fails_after_a_wait() -> str:
+        await asyncio.sleep(0)
+        raise LookupError("no such product")
+
+    with pytest.raises(LookupError, match="no such product"):
+        await wait_at_most(clock, fails_after_a_wait(), 5)
+
+    async def caught_cancel() -> str:  # work that answers its cancel with an outcome
+        try:
+            await asyncio.get_running_loop().create_future()
+        except asyncio.CancelledError:
+            return "timed out, said so"
+        return "never"
+
+    outer = asyncio.create_task(wait_at_most(clock, caught_cancel(), 5))
+    await asyncio.sleep(0)
+    outer.cancel()  # a cancel from outside reaches the work, which returns: as with await
+    assert await outer == "timed out, said so"
 
 
 def test_the_system_clock_reads_this_boot(tmp_path: Path) -> None:

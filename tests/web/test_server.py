@@ -517,6 +517,56 @@ def test_any_body_gives_a_value_or_a_clear_400_quickly(raw: bytes) -> None:
         assert (error.status, bool(error.message)) == (400, True)
 
 
+def _outcome(raw: bytes) -> object:
+    try:
+        return ("value", loads_bounded(raw))
+    except BodyError as err:
+        return ("refused", err.status, err.error, err.message)
+
+
+_NESTS = st.integers(0, 40).map(lambda depth: "[" * depth + "0" + "]" * depth)
+_ESCAPES = st.sampled_from(['"\\ud800"', '"\\udfff x"', '"\\u00e9"', '"a\\\\u"', '"{["'])
+
+
+@given(st.one_of(
+    JSON_VALUES.map(json.dumps), _NESTS, _ESCAPES,
+    st.lists(st.one_of(_NESTS, _ESCAPES, JSON_VALUES.map(json.dumps)), max_size=4).map(
+        lambda items: "[" + ", ".join(items) + "]"),
+))
+def test_a_body_the_text_shows_within_bounds_is_not_walked_and_decodes_the_same(
+    text: str,
+) -> None:
+    """The tree walk (depth, unpaired surrogates) is skipped for a text with no \\u escape and
+    no more brackets than the depth bound: the same value or the same refusal as with the walk
+    for every body, deep nests and surrogate escapes among them."""
+    from kiosk_agent.web import server
+
+    raw = text.encode()
+    walked = _outcome(raw)
+    shortcut = server._plainly_within_bounds
+    server._plainly_within_bounds = lambda _text: False  # type: ignore[assignment]
+    try:
+        always = _outcome(raw)
+    finally:
+        server._plainly_within_bounds = shortcut  # type: ignore[assignment]
+    assert walked == always
+
+
+def test_an_apps_sale_body_is_not_walked(monkeypatch: pytest.MonkeyPatch) -> None:
+    # each sale's body was walked (a dozen Python calls) for faults it cannot hold
+    from kiosk_agent.web import server
+
+    walks: list[object] = []
+    walk = server._check_tree
+    monkeypatch.setattr(server, "_check_tree", lambda value: walks.append(value) or walk(value))
+    assert loads_bounded(b'{"product": "coffee", "amount": "2.50"}') == {
+        "product": "coffee", "amount": "2.50"}
+    assert walks == []
+    with pytest.raises(BodyError, match="unpaired surrogate"):
+        loads_bounded(b'{"product": "\\ud800"}')
+    assert len(walks) == 1
+
+
 async def test_a_port_in_use_is_named_with_what_to_change() -> None:
     """Not 'unexpected OSError ... (please report this)': which server, where, and the fix."""
     holder = await asyncio.start_server(lambda r, w: w.close(), "127.0.0.1", 0)

@@ -53,7 +53,7 @@ class InteractionKind(enum.StrEnum):
     @property
     def path(self) -> str:
         """The path segment of this kind's status endpoint (``read-card``/``charge-card``)."""
-        return self.value.replace("_", "-")
+        return self._value_.replace("_", "-")
 
 
 class InteractionStatus(enum.StrEnum):
