@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import sys
 from collections.abc import Sequence
@@ -335,10 +336,11 @@ async def _latest_trans_id(svc: Any) -> str:
     """The newest transaction's id, read from reporting (needs the OAuth client)."""
     from kiosk_agent.service.errors import MissingCredentialsError
 
-    newest: tuple[datetime, str] | None = None
+    newest: tuple[float, str] | None = None
     try:
         async for transaction in svc.reporting.transactions(page_size=1000):
-            when = transaction.trans_date or datetime.min.replace(tzinfo=UTC)
+            when = transaction.trans_at
+            when = -math.inf if when is None else when
             if newest is None or when > newest[0]:
                 newest = (when, transaction.trans_id)
     except MissingCredentialsError:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import enum
 import logging
+from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from typing import Any, Generic, Protocol, TypeVar
 
@@ -75,6 +76,55 @@ class Dispenser:
 
     async def deny(self, reason: str) -> None:
         raise NotImplementedError
+
+
+class LateVends:
+    """Vends heard after their sale stopped waiting for them (its vend timeout: the sale gives
+    the money back), each a product gone out unpaid. The agent cannot take that money again;
+    it says so once at WARNING, naming the sale, and counts it in the platform's status."""
+
+    KEPT = 500  # sales given up on that a late result may still name
+
+    def __init__(self, source: str) -> None:
+        self.source = source
+        self.count = 0
+        self.last_sale: str | None = None
+        self._gave_up: OrderedDict[str, object] = OrderedDict()  # sale id -> product, or _TOLD
+
+    def gave_up(self, dispenser: Dispenser) -> None:
+        """Keep ``dispenser``'s sale if it ended by the sale giving up (TIMEOUT)."""
+        sale_id = dispenser.sale_id
+        if sale_id is None or not dispenser.ended:
+            return
+        if dispenser.result.result().status is not DispenseStatus.TIMEOUT:
+            return
+        self._gave_up.setdefault(sale_id, dispenser.product)
+        while len(self._gave_up) > self.KEPT:
+            self._gave_up.popitem(last=False)
+
+    def heard(self, sale_id: str | None) -> bool:
+        """A vend success for ``sale_id``: whether it came after its sale gave up (then said
+        and counted, once; a repeat is not a second product)."""
+        product = _NOT_KEPT if sale_id is None else self._gave_up.get(sale_id, _NOT_KEPT)
+        if product is _NOT_KEPT or sale_id is None:
+            return False
+        if product is not _TOLD:
+            self._gave_up[sale_id] = _TOLD
+            self.count += 1
+            self.last_sale = sale_id
+            _LOGGER.warning(
+                "%s: vend success for sale %s after its vend timeout (the sale gives its money "
+                "back): the product %s went out unpaid", self.source, sale_id,
+                product or "(unnamed)",
+            )
+        return True
+
+    def status(self) -> dict[str, Any]:
+        return {"late_vends": self.count, "last_late_vend_sale": self.last_sale}
+
+
+_TOLD = object()  # a late vend already said and counted
+_NOT_KEPT = object()
 
 
 class LiveSale(Protocol):

@@ -61,7 +61,7 @@ from kiosk_agent.config.load import PLATFORM_SCHEMA as BASE_PLATFORM_SCHEMA
 from kiosk_agent.config.load import max_price_check, positive_float, price_map, schema_built_on_read
 from kiosk_agent.logs import RefusalLog
 from kiosk_agent.money import MoneyError, cents_to_dollars, parse_price
-from kiosk_agent.platforms.base import Dispenser, instance_name
+from kiosk_agent.platforms.base import Dispenser, LateVends, instance_name
 from kiosk_agent.sales.model import (
     STOPPING,
     AgentStopping,
@@ -341,6 +341,8 @@ class KioskApi:
         self._token_digest = hashlib.sha256(config["token"].encode()).digest()
         self._latest: OrderedDict[str, SaleEvent] = OrderedDict()
         self._dispensers: dict[str, AppDispenser] = {}
+        # a "vended" reported after its sale stopped waiting is a product gone out unpaid
+        self.late = LateVends(self.name)
         self._site = LocalSite(
             config["host"], config["port"], name=self.name,
             limits=HttpLimits.of(agent),
@@ -402,6 +404,7 @@ class KioskApi:
             "live_sockets": len(self._sockets),
             "sales_known": len(self._latest),
             "card_payment": self.card_payment(),
+            **self.late.status(),
         }
 
     def card_payment(self) -> dict[str, Any]:
@@ -425,7 +428,9 @@ class KioskApi:
         while len(self._latest) > _KEPT_SALES:
             self._latest.popitem(last=False)
         if event.state.final:
-            self._dispensers.pop(event.sale_id, None)
+            dispenser = self._dispensers.pop(event.sale_id, None)
+            if dispenser is not None:
+                self.late.gave_up(dispenser)
         if self._frames.reaches(event.sale_id):  # a stream of its own or the app-wide one
             self._frames.publish((event, event_text(event)), event.sale_id)
 
@@ -499,6 +504,7 @@ class KioskApi:
         except ValueError as err:  # a zero amount
             raise BadRequest("amount", str(err)) from None
         self._dispensers[sale.sale_id] = dispenser
+        dispenser.sale_id = sale.sale_id
         return _json_response(
             {
                 "sale_id": sale.sale_id,
@@ -656,8 +662,18 @@ class KioskApi:
         _plain("detail", detail, MAX_DETAIL_CHARS)
         dispenser = self._dispensers.get(sale_id)
         if dispenser is None or not dispenser.confirm_result(DispenseStatus(status_text), detail):
+            if status_text == "vended" and self._late(sale_id, dispenser):
+                return _error(409, "not_dispensing", "sale_id", (
+                    "this sale stopped waiting for the dispense at its vend timeout and gives "
+                    "its money back: the product went out unpaid"))  # fmt: skip
             return _error(409, "not_dispensing", "sale_id", "this sale is not waiting to dispense")
         return web.json_response({"sale_id": sale_id, "status": status_text}, status=202)
+
+    def _late(self, sale_id: str, dispenser: AppDispenser | None) -> bool:
+        """Whether a "vended" for ``sale_id`` came after the sale gave up on it."""
+        if dispenser is not None:
+            self.late.gave_up(dispenser)
+        return self.late.heard(sale_id)
 
     async def _stream(self, request: web.Request) -> web.StreamResponse:
         """A WebSocket of steps: one sale's (``/sales/{sale_id}/events``, closed after its last)

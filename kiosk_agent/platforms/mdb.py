@@ -36,6 +36,7 @@ from kiosk_agent.platforms import mdb_schema
 from kiosk_agent.platforms.base import (
     DevicePlatform,
     Dispenser,
+    LateVends,
     SaleStarter,
     instance_name,
     link_reporter,
@@ -248,6 +249,7 @@ class MdbSession(Dispenser):
 
     async def _vend(self) -> DispenseOutcome:
         self.move_to(Phase.VENDING)
+        self.device.gave_up_on = None  # a result from now on is this vend's
         self.device.stats.approved += 1
         if not self.device.send(wire.approve_vend(self.vend_cents, self.device.options.unit)):
             return self.end(DispenseStatus.CANCELLED, "adapter not connected: vend not approved")
@@ -297,6 +299,8 @@ class MdbSession(Dispenser):
         self.device.stats.outcomes[outcome.status.value] += 1
         if outcome.status is DispenseStatus.TIMEOUT:
             self.device.stats.timeouts += 1
+            self.device.gave_up_on = self  # the machine may still say how its vend ended
+            self.device.late.gave_up(self)
 
 
 class MdbCashless:
@@ -316,6 +320,9 @@ class MdbCashless:
         self.stats = MdbStats()
         self.facts = LinkFacts()  # the link's; the customer's session is its Phase
         self.session: MdbSession | None = None
+        # the last session whose sale stopped waiting for the vend result (vend timeout)
+        self.gave_up_on: MdbSession | None = None
+        self.late = LateVends(self.name)
         self._tasks = TaskSet()
         # What the agent tells the device (facts from outside, not a session's state): it is
         # stopping (the drain), and whether its terminal can take cards (health's availability).
@@ -372,6 +379,7 @@ class MdbCashless:
             # out of service, but a sale is still on: the reader steps aside when it ends
             "steps_aside_after_sale": not self.available and self.facts.reader_enabled is True,
             "denied_out_of_service": self.stats.denied_out_of_service,
+            **self.late.status(),
         }
 
     # -- out of service ------------------------------------------------------------------------
@@ -543,10 +551,15 @@ class MdbCashless:
         )
 
     def _on_vend_result(self, status: DispenseStatus, detail: str) -> None:
-        if self.session is None or not self.session.on_vend_result(status, detail):
-            self.link.noise(
-                "result_without_vend", "%s: %s with no vend pending: ignored", self.name, detail
-            )
+        if self.session is not None and self.session.on_vend_result(status, detail):
+            return
+        # MDB names no sale in a result: a success now is the last given-up vend's, if any
+        late = self.gave_up_on
+        if late is not None and status is DispenseStatus.VENDED and self.late.heard(late.sale_id):
+            return
+        self.link.noise(
+            "result_without_vend", "%s: %s with no vend pending: ignored", self.name, detail
+        )
 
     def _on_adapter_error(self, message: wire.AdapterError) -> None:
         self.link.noise("adapter_error", "%s: adapter error %s", self.name, message.text)

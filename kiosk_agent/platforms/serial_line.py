@@ -46,6 +46,7 @@ from kiosk_agent.platforms import serial_line_schema
 from kiosk_agent.platforms.base import (
     DevicePlatform,
     Dispenser,
+    LateVends,
     SaleStarter,
     instance_name,
     link_reporter,
@@ -129,9 +130,15 @@ class Vend(Dispenser):
         if self.cancelled is not None:
             return self.end(DispenseStatus.CANCELLED, self.cancelled)
         self.vending = True
+        self.device.gave_up_on = None  # a result from now on is this dispense's
         if not self.device.send(self.device.rules.approve.format(**self.fields())):
             return self.end(DispenseStatus.CANCELLED, "device not connected: not approved")
         return await self.wait()
+
+    def ended_as(self, outcome: DispenseOutcome) -> None:
+        if outcome.status is DispenseStatus.TIMEOUT:  # the device may still say how it ended
+            self.device.gave_up_on = self
+            self.device.late.gave_up(self)
 
     async def deny(self, reason: str) -> None:
         if self.ended:
@@ -172,6 +179,10 @@ class SerialLineDevice:
         self.unavailable_reason = ""
         self._told_available = True  # init lines put a (re)connected device in service
         self.denied_out_of_service = 0
+        # the last dispense whose sale stopped waiting (vend timeout); a success heard for it
+        # later is a product gone out unpaid
+        self.gave_up_on: Vend | None = None
+        self.late = LateVends(source)
         self.unfollow: Callable[[], None] | None = None
         self.link = SerialLink(
             source, settings, self.handle_line, on_state=on_link_state,
@@ -208,6 +219,7 @@ class SerialLineDevice:
             "available": self.available,
             "unavailable_reason": self.unavailable_reason,
             "denied_out_of_service": self.denied_out_of_service,
+            **self.late.status(),
         }
 
     def set_available(self, available: bool, reason: str = "") -> None:
@@ -303,7 +315,12 @@ class SerialLineDevice:
 
     def _on_result(self, status: DispenseStatus, detail: str) -> None:
         vend = self.vend
-        if vend is None or not vend.vending:
+        if vend is None or not vend.vending or vend.ended:
+            late = self.gave_up_on
+            if late is not None and status is DispenseStatus.VENDED and self.late.heard(
+                late.sale_id
+            ):
+                return
             self.link.noise(
                 "result_without_vend", "%s: %s with no dispense pending: ignored", self.name, detail
             )

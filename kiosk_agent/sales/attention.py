@@ -262,8 +262,10 @@ class AttentionSweeper:
             )
         vended = record.vended_cents
         if lookup.captured and vended:
-            if (lookup.amount_cents or vended) > max(vended, record.amount_cents):
-                return None  # taken above the price asked: a person decides (the sale says so)
+            # what the capture asked: the vend (a charge-card's: its price, taken at once)
+            asked = record.amount_cents if record.flow == Flow.CHARGE_CARD else vended
+            if (lookup.amount_cents or vended) > max(vended, asked):
+                return None  # taken above what was asked: a person decides (the sale says so)
             return steps.finish(
                 SaleState.COMPLETED,
                 Step.ATTENTION_DONE,

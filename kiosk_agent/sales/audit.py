@@ -113,7 +113,8 @@ class ForeignCharges:
         """``rows``: (the terminal asked about, its row) for each charge not this unit's."""
         before = self.terminals()
         for device, row in rows:
-            at = row.trans_date.timestamp() if row.trans_date is not None else now
+            at = row.trans_at
+            at = now if at is None else at
             if at < now - self.quiet:
                 continue
             if row.trans_id not in self._seen:
@@ -525,7 +526,7 @@ def _attempt_of(suffix: str) -> int:
 
 
 def _date_of(row: Transaction) -> float | None:
-    return None if row.trans_date is None else row.trans_date.timestamp()
+    return row.trans_at
 
 
 def _in_window(at: float | None, start: float) -> bool:

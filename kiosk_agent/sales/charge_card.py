@@ -17,6 +17,7 @@ from kiosk_agent.sales.steps import RESOLVE, unknown_outcome
 from kiosk_agent.service.errors import (
     OUTCOME_UNKNOWN,
     ConflictError,
+    InvalidResponseError,
     ServiceError,
 )
 from kiosk_agent.service.models import (
@@ -26,6 +27,7 @@ from kiosk_agent.service.models import (
     InteractionKind,
     InteractionStatus,
 )
+from kiosk_agent.service.parsing import charge_card_result
 
 if TYPE_CHECKING:
     from kiosk_agent.service.cable import InteractionHandle
@@ -82,7 +84,7 @@ class ChargeCardFlow(SaleFlow):
                 return await self._answer_lost(
                     "the terminal never said how the charge ended", terminal_done=False
                 )
-            ended = await self._charge_ended(interaction)
+            ended = await self._charge_ended(interaction, order_id)
             if ended is not None:
                 return ended
         return await self._fail(
@@ -106,11 +108,15 @@ class ChargeCardFlow(SaleFlow):
                     raise
             self._ask_to_charge()
 
-    async def _charge_ended(self, interaction: Interaction) -> SaleEvent | None:
+    async def _charge_ended(self, interaction: Interaction, order_id: str) -> SaleEvent | None:
         """The end of one charge-card attempt; None means ask again (a B answer)."""
         status = interaction.status
         if status == InteractionStatus.SUCCEEDED:
-            result = interaction.charge_result
+            try:
+                result = charge_card_result(interaction, order_id)
+            except InvalidResponseError as err:
+                # charged, maybe, but not as asked: the interaction is over, reporting says
+                return await self._answer_lost(unknown_outcome("charge", err), terminal_done=True)
             if result is None:
                 return self.finish(
                     SaleState.ATTENTION, Step.CHARGE_CARD_UNKNOWN,

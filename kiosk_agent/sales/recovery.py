@@ -26,13 +26,14 @@ from kiosk_agent.sales.model import Flow, SaleEvent
 from kiosk_agent.sales.runner import SaleRunner
 from kiosk_agent.sales.states import RECOVERY_REPORTING, SaleState, Step, TransitionRefused
 from kiosk_agent.sales.steps import RESOLVE, SaleContext, SaleSteps
-from kiosk_agent.service.errors import ServiceError
+from kiosk_agent.service.errors import InvalidResponseError, ServiceError
 from kiosk_agent.service.models import (
     ChargeResultCode,
     Interaction,
     InteractionKind,
     InteractionStatus,
 )
+from kiosk_agent.service.parsing import charge_card_result
 from kiosk_agent.tasks import cancel_and_wait
 
 if TYPE_CHECKING:
@@ -282,7 +283,11 @@ class Recovery:
         self, steps: SaleSteps, interaction: Interaction
     ) -> SaleEvent:
         if interaction.status == InteractionStatus.SUCCEEDED:
-            result = interaction.charge_result
+            try:
+                result = charge_card_result(interaction, steps.record.attempt_order_id())
+            except InvalidResponseError as err:
+                # charged, maybe, but not as asked: the sale's own order id in reporting says
+                return await self._held_or_none(steps, f"the charge's result: {err}")
             if result is not None and result.result == ChargeResultCode.APPROVED:
                 steps.charge_found(Step.RECOVERY_CHARGED, result.trans_id, result.amount)
                 return await steps.reverse("charged while the agent was down; not dispensed")
@@ -316,6 +321,10 @@ class Recovery:
         if record.trans_id is None:
             raise RuntimeError(f"sale {record.sale_id}: no transaction id to look up")
         lookup = await steps.reconciler.transaction_state(record.trans_id)
+        asked = record.vended_cents or record.authorized_cents
+        taken = lookup.amount_cents or asked
+        if lookup.captured and taken > asked:
+            return steps.captured_above("reporting shows captured", taken, asked)
         if lookup.captured:
             return steps.finish(
                 SaleState.COMPLETED,

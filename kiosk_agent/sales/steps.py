@@ -38,7 +38,12 @@ from kiosk_agent.service.errors import (
     ServiceError,
     ServiceUnreachableError,
 )
-from kiosk_agent.service.models import ChargeResult, Interaction, InteractionKind
+from kiosk_agent.service.models import (
+    ChargeResult,
+    Interaction,
+    InteractionKind,
+    VoidOrRefundResult,
+)
 
 if TYPE_CHECKING:
     from kiosk_agent.service.client import ServiceClient
@@ -588,8 +593,40 @@ class SaleSteps:
                     f"{why}; void or refund refused: {err}; {self._retried()} gives "
                     f"back {format_cents(self._held_cents)}",
                 )
-            return self._reversed(why, result.trans_id, result.amount, voided=result.voided)
+            if self._gave_back_all(result, trans_id):
+                return self._reversed(why, result.trans_id, result.amount, voided=result.voided)
+            return await self._give_back_unclear(why, trans_id, result)
         raise AssertionError("unreachable")  # pragma: no cover
+
+    def _gave_back_all(self, result: VoidOrRefundResult, trans_id: str) -> bool:
+        """Whether a 200 to the void says what was asked: approved, the whole hold given back,
+        a void of this very transaction (a refund has a trans id of its own)."""
+        voided_this = result.voided and result.trans_id == trans_id
+        held = self._held_cents  # 0: a journal that never knew the amount takes the answer's
+        return (result.result == "A" and (voided_this or result.refunded)
+                and result.amount == (held or result.amount))
+
+    async def _give_back_unclear(
+        self, why: str, trans_id: str, result: VoidOrRefundResult
+    ) -> SaleEvent:
+        """A 200 to the void that says something else (not approved, less given back, another
+        transaction): the service may have given it all back, or nothing. Reporting decides;
+        unproven, the sale is not called reversed while the money may still be held."""
+        lookup = await self.reconciler.transaction_state(trans_id)
+        if lookup.reversed:
+            refunded = lookup.reverse_trans_id not in (None, trans_id)
+            return self._reversed(
+                why, lookup.reverse_trans_id, lookup.amount_cents, voided=not refunded
+            )
+        answered = (f"{result.result} {result.resp_text}: {format_cents(result.amount)} "
+                    f"of {result.trans_id}")
+        return self.finish(
+            SaleState.ATTENTION,
+            Step.REVERSE_FAILED,
+            f"{why}; the give-back was answered {answered}, and reporting does not show "
+            f"{trans_id} given back; {self._retried()} gives back "
+            f"{format_cents(self._held_cents)}",
+        )
 
     def require_own(self) -> None:
         """The last guard before money moves: every caller picks only this unit's sales
@@ -649,9 +686,9 @@ class SaleSteps:
             result = await self.service.payments.capture(trans_id, amount=cents)
         except ServiceError as err:
             return await self._capture_unclear(trans_id, cents, err)
-        if not _completes(result, cents):  # a person is told at once, as before (fsynced)
+        if not _completes(result, cents):  # checked in reporting or told at once (fsynced)
             await customers.none_waiting()
-            return self._captured(result, cents)
+            return await self._capture_answered(result, cents)
         # its completion is back-office work too: committed in this turn without an fsync of
         # its own (a customer waiting meanwhile fsyncs it with their next commit), announced
         # and logged once no customer waits and it is durable. A kill meanwhile keeps it; a
@@ -665,7 +702,7 @@ class SaleSteps:
         may have worked); an authorization still open after a server error is captured again."""
         lookup = await self.reconciler.transaction_state(trans_id)
         if lookup.captured:
-            return self._completed(lookup.amount_cents or cents, _FOUND_CAPTURED)
+            return self.found_captured(lookup.amount_cents, cents)
         if not (isinstance(err, (ServerError, ServiceUnreachableError)) and lookup.authorized):
             return self.finish(
                 SaleState.ATTENTION,
@@ -679,7 +716,7 @@ class SaleSteps:
         except ServiceError as again:
             lookup = await self.reconciler.transaction_state(trans_id)
             if lookup.captured:
-                return self._completed(lookup.amount_cents or cents, _FOUND_CAPTURED)
+                return self.found_captured(lookup.amount_cents, cents)
             return self.finish(
                 SaleState.ATTENTION,
                 Step.CAPTURE_FAILED,
@@ -687,6 +724,18 @@ class SaleSteps:
                 f"capture {self.context.recheck.when()} (up to {SWEEP_MONEY_RETRIES} times), "
                 f"then a person ({RESOLVE})",
             )
+        return await self._capture_answered(result, cents)
+
+    async def _capture_answered(self, result: ChargeResult, cents: int) -> SaleEvent:
+        """A capture's answer that says less than was asked (declined, or fewer cents taken) is
+        checked in reporting first: a capture the service made is what every face shows, not
+        the answer's figure (the customer paid what reporting holds)."""
+        trans_id = self.record.trans_id
+        if trans_id is None or (result.approved and (result.amount or cents) >= cents):
+            return self._captured(result, cents)
+        lookup = await self.reconciler.transaction_state(trans_id)
+        if lookup.captured:
+            return self.found_captured(lookup.amount_cents, cents)
         return self._captured(result, cents)
 
     def _captured(self, result: ChargeResult, cents: int) -> SaleEvent:
@@ -700,16 +749,27 @@ class SaleSteps:
             )
         taken = result.amount or cents
         if taken > cents:
-            # the service says it took more than asked (a wrong unit, its fault): not a sale to
-            # call paid; held for reporting's word or a person's
-            return self.finish(
-                SaleState.ATTENTION,
-                Step.CAPTURE_ABOVE,
-                f"dispensed, but the capture answered {format_cents(taken)} for the"
-                f" {format_cents(cents)} asked; a person decides ({RESOLVE})",
-                captured_cents=taken,
-            )
+            return self.captured_above("the capture answered", taken, cents)
         return self._completed(taken, "captured")
+
+    def found_captured(self, taken: int | None, cents: int) -> SaleEvent:
+        """The end of a sale whose capture of ``cents`` reporting shows made: paid what it
+        took, unless that is above what was asked."""
+        taken = taken or cents
+        if taken > cents:
+            return self.captured_above("reporting shows captured", taken, cents)
+        return self._completed(taken, _FOUND_CAPTURED)
+
+    def captured_above(self, who: str, taken: int, cents: int) -> SaleEvent:
+        """The service took more than the capture asked (a wrong unit, its fault): not a sale
+        to call paid, whoever says so (its answer or reporting); held for a person."""
+        return self.finish(
+            SaleState.ATTENTION,
+            Step.CAPTURE_ABOVE,
+            f"dispensed, but {who} {format_cents(taken)} for the {format_cents(cents)} asked;"
+            f" a person decides ({RESOLVE})",
+            captured_cents=taken,
+        )
 
     def _completed(self, cents: int, how: str) -> SaleEvent:
         return self.finish(
@@ -721,9 +781,9 @@ class SaleSteps:
 
 
 def _completes(result: ChargeResult, cents: int) -> bool:
-    """Whether a capture's answer completes the sale (``SaleSteps._captured``'s COMPLETED):
-    approved, for no more than asked."""
-    return result.approved and (result.amount or cents) <= cents
+    """Whether a capture's answer completes the sale as it stands: approved, for the amount
+    asked (fewer cents are checked in reporting first: ``SaleSteps._capture_answered``)."""
+    return result.approved and (result.amount or cents) == cents
 
 
 def event_of(record: SaleRecord, step: Step | Literal[""] = "", *, clock: Clock) -> SaleEvent:

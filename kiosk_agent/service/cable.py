@@ -594,7 +594,10 @@ class InteractionHandle:
             while True:
                 frame = await self._next_frame(subscription)
                 try:
-                    record = parse_interaction(frame["message"], what="interaction over WebSocket")
+                    record = parse_interaction(
+                        frame["message"], what="interaction over WebSocket",
+                        asked=(self.interaction_id, self.kind),
+                    )  # fmt: skip
                 except InvalidResponseError as exc:
                     # the status endpoint decides instead (and names the field if bad too)
                     raise SocketUnavailable(str(exc), retry=False) from None

@@ -7,7 +7,7 @@ typed error that names the field, never as a KeyError or AttributeError deep ins
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, TypeVar
 
 from pydantic import BaseModel, ValidationError
@@ -62,6 +62,43 @@ def parse(model: type[M], data: Any, *, what: str, prefix: str = "") -> M:
         return model.model_validate(data)
     except ValidationError as exc:
         raise invalid_response(exc, data, what=what, prefix=prefix) from None
+
+
+def answer_to(
+    body: Mapping[str, Any], answer: ChargeResult, fields: Sequence[str], what: str
+) -> ChargeResult:
+    """``answer``, when it is the answer to ``body``: each of ``fields`` it names says what was
+    asked, and an approval names its transaction. Else InvalidResponseError naming the field:
+    the service answered 2xx, so it may have acted, but on what cannot be told (another order,
+    merchant or currency, no transaction to capture or give back). The caller treats it as a
+    lost answer: looked up by what it asked, never taken for its own."""
+    for name in fields:
+        got = getattr(answer, name) if name in answer.model_fields_set else None
+        if got is not None and _said(name, got) != _said(name, body.get(name)):
+            raise InvalidResponseError(
+                f"{what}: field {name!r}: the answer names another {name} than asked",
+                field=name,
+            )
+    if answer.approved and not answer.trans_id.strip():
+        raise InvalidResponseError(
+            f"{what}: field 'trans_id': an approval without a transaction id", field="trans_id"
+        )
+    return answer
+
+
+def _said(name: str, value: Any) -> Any:
+    """A field's value as compared: a currency code in any case (``usd`` is USD)."""
+    return value.upper() if name == "currency" and isinstance(value, str) else value
+
+
+def charge_card_result(interaction: Interaction, order_id: str) -> ChargeResult | None:
+    """The result of a succeeded charge-card sent with ``order_id`` (None: no result), or
+    InvalidResponseError when it cannot be read or names another charge (:func:`answer_to`)."""
+    if interaction.result is None or interaction.status != InteractionStatus.SUCCEEDED:
+        return None
+    what = f"charge-card {interaction.interaction_id} result"
+    result = parse(ChargeResult, interaction.result, what=what, prefix="result")
+    return answer_to({"order_id": order_id}, result, ("order_id",), what)
 
 
 def parse_json(model: type[M], body: bytes, *, what: str) -> M:
@@ -129,12 +166,35 @@ def sent_back(data: Any, key: str | None = None) -> bool:
     return key is None or key in data
 
 
-def parse_interaction(data: Any, *, what: str) -> Interaction:
-    """An interaction record, with a succeeded one's result checked against its kind's model."""
+def _known(kind: InteractionKind | str | None, default: InteractionKind) -> Any:
+    """A record's kind when the client knows it, else ``default`` (a newer service's kind is
+    not a contradiction)."""
+    return kind if isinstance(kind, InteractionKind) else default
+
+
+def parse_interaction(
+    data: Any, *, what: str, asked: tuple[str, InteractionKind] | None = None
+) -> Interaction:
+    """An interaction record, with a succeeded one's result checked against its kind's model.
+
+    ``asked``: the interaction id and kind the caller asked about. A record of another id or
+    kind is not its answer; one naming no kind has its result checked as the kind asked (a
+    read or charge whose result is not one would reach the sale unchecked)."""
     interaction = parse(Interaction, data, what=what)
+    kind = interaction.kind
+    if asked is not None:
+        asked_id, asked_kind = asked
+        for name, got, want in (("interaction_id", interaction.interaction_id, asked_id),
+                                ("kind", _known(kind, asked_kind), asked_kind)):
+            if got != want:
+                raise InvalidResponseError(
+                    f"{what}: field {name!r}: the record names another {name} than asked",
+                    field=name,
+                )
+        kind = asked_kind
     if interaction.status == InteractionStatus.SUCCEEDED:
-        if interaction.kind == InteractionKind.READ_CARD:
+        if kind == InteractionKind.READ_CARD:
             parse(ReadCardResult, interaction.result, what=what, prefix="result")
-        elif interaction.kind == InteractionKind.CHARGE_CARD:
+        elif kind == InteractionKind.CHARGE_CARD:
             parse(ChargeResult, interaction.result, what=what, prefix="result")
     return interaction

@@ -17,6 +17,7 @@ from kiosk_agent.service.models.payments import (
     Surcharge,
     VoidOrRefundResult,
 )
+from kiosk_agent.service.parsing import answer_to
 from kiosk_agent.service.transport import MidPlacement, Transport
 
 
@@ -50,29 +51,34 @@ class PaymentsClient:
         body = request.to_wire()
         body.setdefault("mid", self._mid)
         body.setdefault("order_id", request.order_id or new_order_id())
+        what = f"charge order {body['order_id']}"
         try:
-            return await self._transport.request_model(
+            answer = await self._transport.request_model(
                 ChargeResult,
                 "POST",
                 "/api/v1/charge",
                 json=body,
                 mid=MidPlacement.NONE,  # mid is in the body already
-                what=f"charge order {body['order_id']}",
+                what=what,
             )
         except (ServiceUnreachableError, ServerError) as exc:
             exc.order_id = body["order_id"]  # the outcome is unknown: reconcile by this id
             raise
+        return answer_to(body, answer, ("order_id", "mid", "currency"), what)
 
     async def capture(self, trans_id: str, amount: int | None = None) -> ChargeResult:
         """Capture an authorization, in full or for ``amount`` cents (at most the authorized)."""
-        return await self._transport.request_model(
+        body = self._on_transaction(trans_id, amount)
+        what = f"capture {trans_id}"
+        answer = await self._transport.request_model(
             ChargeResult,
             "POST",
             "/api/v1/capture",
-            json=self._on_transaction(trans_id, amount),
+            json=body,
             mid=MidPlacement.NONE,
-            what=f"capture {trans_id}",
+            what=what,
         )
+        return answer_to(body, answer, ("trans_id", "mid"), what)
 
     async def void_or_refund(
         self, trans_id: str, amount: int | None = None, user_identifier: str | None = None

@@ -194,7 +194,7 @@ class TerminalClient:
             f"{_device(device_id)}/{kind.path}/{quote(interaction_id, safe='')}",
             what=what,
         )
-        return parse_interaction(data, what=what)
+        return parse_interaction(data, what=what, asked=(interaction_id, kind))
 
     async def cancel(self, device_id: str, interaction_id: str) -> Interaction | None:
         """Cancel a pending read-card (anything else: ``ConflictError`` not_cancellable).

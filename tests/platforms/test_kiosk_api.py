@@ -1217,3 +1217,25 @@ async def test_a_sale_whose_app_does_not_confirm_arms_no_vend_timer(app: App) ->
     assert bounded_from["money_call"] >= 1
     assert bounded_from["wait_interaction"] >= 1
     assert bounded_from["_dispense"] == bounded_from["wait_at_most"] == 0, bounded_from
+
+
+async def test_a_vended_reported_after_the_vend_timeout_is_told_as_a_product_gone_unpaid(
+    tmp_path: Path, sim_settings: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The app confirms the tea only after the sale stopped waiting (its vend timeout) and
+    gave the money back. The agent cannot take it again; it answers the app why, says once at
+    WARNING that the product went out unpaid, and counts it in the kiosk's status."""
+    async for app in _app(tmp_path, sim_settings, confirm_dispense=True, vend_timeout=0.3):
+        _, started = await app.post("/sales", {"product": "tea"})
+        sale_id = started["sale_id"]
+        await until(functools.partial(_ended, app, sale_id))
+        assert app.api._latest[sale_id].state is SaleState.REVERSED
+        with caplog.at_level("WARNING"):
+            status, answer = await app.post(f"/sales/{sale_id}/dispensed", {"status": "vended"})
+            again, _ = await app.post(f"/sales/{sale_id}/dispensed", {"status": "vended"})
+        assert (status, again) == (409, 409)
+        assert "went out unpaid" in answer["message"]
+        assert (app.api.status()["late_vends"], app.api.status()["last_late_vend_sale"]) == (
+            1, sale_id)  # fmt: skip
+        [said] = [r.getMessage() for r in caplog.records if sale_id in r.getMessage()]
+        assert "tea went out unpaid" in said

@@ -17,6 +17,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kiosk_agent.platforms import mdb_protocol as wire
+from kiosk_agent.platforms.base import LateVends
 from kiosk_agent.platforms.mdb import (
     PHASES,
     MdbCashless,
@@ -47,6 +48,8 @@ class FakeCashless:
         self.link = FakeLink()
         self.sent: list[str] = []
         self.cancelled: list[MdbSession] = []
+        self.gave_up_on: MdbSession | None = None
+        self.late = LateVends(self.name)
 
     def send(self, line: str) -> bool:
         self.sent.append(line)
@@ -335,3 +338,53 @@ async def test_a_queued_session_the_controller_ends_is_dropped_the_sale_before_k
     assert device.status()["session"] is None
     assert len(sales.sales) == 1  # nothing started for the customer who left
     await device.stop()
+
+
+async def test_a_vend_success_heard_after_the_sale_gave_up_is_told_not_dropped(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The sale stopped waiting (its vend timeout) and gave the money back; then the machine
+    says the product came out. The agent cannot take the money again, but it knows the product
+    went unpaid: said once at WARNING naming the sale, counted in the device's status (the
+    page, the admin API), never taken for a later vend's result."""
+    device = MdbCashless(_StartsNothing(), SerialSettings(port="/dev/null"),
+                         MdbOptions(source="mdb:front"))  # fmt: skip
+    late = MdbSession(device, SaleRequest("mdb:front", Flow.AUTHORIZE_CAPTURE, 150, product="A1"))
+    late.sale_id = "s-late"
+    sent: list[str] = []
+    device.send = lambda line: sent.append(line) is None  # type: ignore[method-assign]
+    device.session = late
+    waiting = asyncio.create_task(late.dispense(150))
+    for _ in range(5):
+        await asyncio.sleep(0)
+    waiting.cancel()  # the sale's vend timeout
+    await asyncio.gather(waiting, return_exceptions=True)
+    assert sent == ["C,VEND,1.50"]
+    device.session = None  # the sale let the machine go (its money given back)
+    with caplog.at_level("WARNING"):
+        device.handle_line(wire.VEND_SUCCESS_LINE)
+        device.handle_line(wire.VEND_SUCCESS_LINE)  # a repeat is not a second product
+    status = device.status()
+    assert (status["late_vends"], status["last_late_vend_sale"]) == (1, "s-late")
+    [said] = [r.getMessage() for r in caplog.records if "s-late" in r.getMessage()]
+    assert "after its vend timeout" in said
+    # the next customer's vend: a result now is theirs, and no late one
+    device.handle_line(wire.vend_request_line(150, "B1"))
+    assert device.late.count == 1
+    await device.stop()
+
+
+class _StartsNothing:
+    """``agent.sales`` that never starts a sale (the test drives the session itself)."""
+
+    def __init__(self) -> None:
+        self.running: list[Any] = []
+
+    async def start(self, request: SaleRequest, dispenser: Any) -> Any:
+        await asyncio.Event().wait()
+
+    async def cancel(self, sale_id: str) -> None:
+        return None
+
+    async def pause_before_offer(self, source: str) -> None:
+        await asyncio.Event().wait()

@@ -21,8 +21,8 @@ from kiosk_agent.health.availability import short_reason
 from kiosk_agent.money import parse_wire_amount
 from kiosk_agent.platforms import mdb_protocol as wire
 from kiosk_agent.platforms.serial import SerialSettings
-from kiosk_agent.platforms.serial_line import PLATFORM_SCHEMA, LineRules, SerialLineDevice
-from kiosk_agent.sales.model import DispenseStatus
+from kiosk_agent.platforms.serial_line import PLATFORM_SCHEMA, LineRules, SerialLineDevice, Vend
+from kiosk_agent.sales.model import DispenseStatus, Flow, SaleRequest
 from kiosk_agent.sales.states import SaleState
 from kiosk_agent.sim.context import SimOptions
 from kiosk_agent.sim.machine import Status, VirtualController, VisitOutcome
@@ -385,3 +385,41 @@ async def _sells_again(agent: Any, device: LineDevice) -> None:
                             for r in agent.journal.query()), timeout=10)
     [new] = [r for r in agent.journal.query() if r.sale_id not in before]
     assert (new.state, new.captured_cents) == (SaleState.COMPLETED, 150), new
+
+
+async def test_a_dispense_success_heard_after_the_sale_gave_up_is_told_not_dropped(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """As on MDB (tests/platforms/test_mdb_phases.py): the sale stopped waiting (its vend
+    timeout) and gives the money back; the device then says the locker opened. Said once at
+    WARNING naming the sale, counted in the device's status; a repeat is not a second one."""
+
+    class StartsNothing:
+        running: tuple[Any, ...] = ()
+
+        async def start(self, request: Any, dispenser: Any) -> Any:
+            await asyncio.Event().wait()
+
+    config = PLATFORM_SCHEMA({**DEVICE_RULES, "port": "/dev/null"})
+    device = SerialLineDevice(StartsNothing(), SerialSettings(port="/dev/null"),  # type: ignore[arg-type]
+                              LineRules.from_config(config), source="serial_line:locker")
+    sent: list[str] = []
+    device.send = lambda line: sent.append(line) is None  # type: ignore[method-assign]
+    vend = Vend(device, SaleRequest("serial_line:locker", Flow.CHARGE_CARD, 150, product="A1"),
+                "1.50")  # fmt: skip
+    vend.sale_id = "s-late"
+    device.vend = vend
+    waiting = asyncio.create_task(vend.dispense(150))
+    for _ in range(5):
+        await asyncio.sleep(0)
+    waiting.cancel()  # the sale's vend timeout
+    await asyncio.gather(waiting, return_exceptions=True)
+    assert sent == ["OPEN A1 150"]
+    with caplog.at_level("WARNING"):
+        device.handle_line("DONE")  # while the sale still gives the money back
+        device.vend = None
+        device.handle_line("DONE")
+    assert (device.status()["late_vends"], device.status()["last_late_vend_sale"]) == (
+        1, "s-late")  # fmt: skip
+    [said] = [r.getMessage() for r in caplog.records if "s-late" in r.getMessage()]
+    assert "A1 went out unpaid" in said

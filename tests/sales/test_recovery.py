@@ -16,7 +16,13 @@ from kiosk_agent.sales.journal import Journal, SaleRecord
 from kiosk_agent.sales.model import DispenseStatus, Flow, SaleRequest, money_text
 from kiosk_agent.sales.states import SaleState, Step
 from kiosk_agent.service.client import ServiceClient
-from kiosk_agent.service.models import ChargeRequest, TransactionFilter, TransStatus
+from kiosk_agent.service.models import (
+    ChargeRequest,
+    Interaction,
+    TransactionFilter,
+    TransStatus,
+)
+from kiosk_agent.service.terminal import TerminalClient
 from tests.assembly.agent_helpers import ScriptedDispenser
 from tests.helpers import sim_call, until, walk_to
 
@@ -394,3 +400,71 @@ async def test_a_card_read_sent_before_the_crash_is_waited_out_by_the_next_custo
         await service.terminal.cancel("SIM-0001", read.interaction_id)
         event = await asyncio.wait_for(sale.result(), 20)
     assert event.state is SaleState.COMPLETED, event.message
+
+
+async def test_a_charge_card_result_naming_another_charge_is_not_given_back_by_recovery(
+    agent_factory: Any, sim_factory: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The crashed sale's charge-card succeeded; the terminal's record of it, read at
+    recovery, names another program's order and charge on the same merchant. Recovery gives
+    back the charge reporting holds under the sale's own order id, never the one named."""
+    sim = await sim_factory(time_scale=300, transactions=0)
+    async with ServiceClient(settings_from_ready(sim.ready_info())) as service:
+        handle = await service.terminal.charge_card("SIM-0001", 300, order_id="KACRASHED1")
+        interaction = await handle.wait(timeout=5)
+        own = interaction.charge_result
+        assert own is not None
+        assert own.approved
+        foreign = await service.payments.charge(ChargeRequest(
+            amount=300, account_token="9412345678901111", expiration="1230",
+            order_id="OTHER-PROGRAM-7", terminal_id="SIM-0001",
+        ))  # fmt: skip
+    leave_open(
+        tmp_path, state=SaleState.CHARGING, flow=Flow.CHARGE_CARD.value,
+        interaction_id=interaction.interaction_id, interaction_kind="charge_card",
+    )  # fmt: skip
+    get_interaction = TerminalClient.get_interaction
+
+    async def contradicted(self: TerminalClient, *args: Any) -> Interaction:
+        record = await get_interaction(self, *args)
+        named = {**(record.result or {}), "order_id": "OTHER-PROGRAM-7",
+                 "trans_id": foreign.trans_id}  # fmt: skip
+        return record.model_copy(update={"result": named})
+
+    monkeypatch.setattr(TerminalClient, "get_interaction", contradicted)
+    agent = await agent_factory(sim=sim)
+    [event] = await asyncio.wait_for(agent.recovery.wait(), 10)
+    assert event.state is SaleState.REVERSED, event.message
+    [mine] = await rows(agent.service, "KACRASHED1")
+    assert mine.status is TransStatus.VOIDED
+    [theirs] = await rows(agent.service, "OTHER-PROGRAM-7")
+    assert theirs.status is TransStatus.CAPTURED  # another's money: never moved
+    record = agent.journal.get("crashed1")
+    assert record is not None
+    assert record.trans_id == own.trans_id
+
+
+async def test_a_capture_found_above_the_vend_at_recovery_is_put_to_a_person(
+    agent_factory: Any, sim_factory: Any, tmp_path: Path
+) -> None:
+    """Killed while capturing the $1.75 vended of a $3.00 hold; the service captured the
+    whole $3.00 (its fault). Recovery finds it captured, and does not call the sale paid
+    $3.00 for a $1.75 vend: a person decides, shown both amounts."""
+    sim = await sim_factory(time_scale=300, transactions=0)
+    async with ServiceClient(settings_from_ready(sim.ready_info())) as service:
+        trans_id = await authorize(service, "KACRASHED1", capture=False)
+        await service.payments.capture(trans_id)  # in full, not the 175 the agent asked
+    leave_open(
+        tmp_path, state=SaleState.CAPTURING, trans_id=trans_id, authorized_cents=300,
+        vended_cents=175,
+    )  # fmt: skip
+    agent = await agent_factory(sim=sim)
+    [event] = await asyncio.wait_for(agent.recovery.wait(), 10)
+    assert event.state is SaleState.ATTENTION, event.message
+    assert "$3.00 for the $1.75 asked" in event.message
+    assert event.captured_cents == 300  # what the service holds
+    # nor does the attention sweeper, which bounded a capture by the price held, not the vend
+    assert await agent.attention.sweep() == []
+    record = agent.journal.get("crashed1")
+    assert record is not None
+    assert record.state is SaleState.ATTENTION

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import json
+import time
+from collections.abc import Iterator
 from decimal import Decimal
 from typing import Any
 
@@ -20,6 +23,7 @@ from kiosk_agent.service.models import (
     HostedPage,
     HostedPageLink,
     Interaction,
+    InteractionKind,
     InteractionStatus,
     MerchantPayload,
     ReadCardResult,
@@ -30,7 +34,7 @@ from kiosk_agent.service.models import (
 )
 from kiosk_agent.service.models.reporting import Page, Transaction
 from kiosk_agent.service.models.reports import Chargeback
-from kiosk_agent.service.parsing import parse_json
+from kiosk_agent.service.parsing import parse_interaction, parse_json
 
 
 def test_charge_result_reads_both_spellings_and_keeps_extras() -> None:
@@ -210,3 +214,55 @@ def test_an_answers_values_are_not_kept_in_the_parsers_string_cache() -> None:
     assert first.interaction_id is not second.interaction_id
     token = b'{"token": "tok-cache-0001", "expires_at": 60}'
     assert WsToken.model_validate_json(token).token is not WsToken.model_validate_json(token).token
+
+
+def _record(**fields: Any) -> dict[str, Any]:
+    base = {"interaction_id": "i-1", "kind": "read_card", "status": "succeeded",
+            "result": {"token": "9412345678901111"}}  # fmt: skip
+    return {**base, **fields}
+
+
+@pytest.mark.parametrize(
+    ("record", "field"),
+    [
+        (_record(interaction_id="i-0"), "interaction_id"),  # another customer's read
+        (_record(kind="charge_card"), "kind"),
+        (_record(kind=None, result={"last_four": "1111"}), "result.token"),  # checked as asked
+    ],
+)
+def test_an_interaction_record_is_held_to_the_one_asked_about(
+    record: dict[str, Any], field: str
+) -> None:
+    with pytest.raises(InvalidResponseError) as refused:
+        parse_interaction(record, what="read", asked=("i-1", InteractionKind.READ_CARD))
+    assert refused.value.field == field
+
+
+def test_an_interaction_of_a_kind_the_client_does_not_know_is_no_contradiction() -> None:
+    record = parse_interaction(
+        _record(kind="read_card_v2"), what="read", asked=("i-1", InteractionKind.READ_CARD)
+    )
+    assert record.interaction_id == "i-1"
+
+
+@pytest.fixture
+def far_east_of_utc(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """The unit's local time 14 hours ahead of UTC (Kiribati), as a Pi's TZ may be."""
+    monkeypatch.setenv("TZ", "Pacific/Kiritimati")
+    time.tzset()
+    yield
+    monkeypatch.undo()
+    time.tzset()
+
+
+@pytest.mark.usefixtures("far_east_of_utc")
+@pytest.mark.parametrize(
+    "sent", ["2026-11-29T10:15:30.123", "2026-11-29T10:15:30.123Z", "2026-11-30T00:15:30.123+14:00"]
+)
+def test_a_transaction_date_sent_without_an_offset_is_utc_whatever_the_unit_s_zone(
+    sent: str,
+) -> None:
+    row = Transaction.model_validate({"trans_id": "1", "amount": 3, "trans_date": sent})
+    utc = dt.datetime(2026, 11, 29, 10, 15, 30, 123000, tzinfo=dt.UTC).timestamp()
+    assert row.trans_at == utc  # read as local time it was 14 hours early
+    assert Transaction.model_validate({"trans_id": "2", "amount": 3}).trans_at is None

@@ -8,8 +8,9 @@ from typing import Any
 import pytest
 
 from kiosk_agent.service.client import ServiceClient
-from kiosk_agent.service.errors import BadRequestError
-from kiosk_agent.service.models import ChargeRequest, ChargeResultCode
+from kiosk_agent.service.errors import BadRequestError, InvalidResponseError
+from kiosk_agent.service.models import ChargeRequest, ChargeResult, ChargeResultCode
+from kiosk_agent.service.parsing import answer_to
 
 # A simulator card token: 9, the card's first digit (4: credit), ten digits, the last four.
 CREDIT_TOKEN = "9412345678901111"
@@ -101,3 +102,48 @@ def test_amounts_must_be_integer_cents() -> None:
         ChargeRequest(amount=12.5, account_token=CREDIT_TOKEN)  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="integer cents"):
         ChargeRequest(amount="1250", account_token=CREDIT_TOKEN)  # type: ignore[arg-type]
+
+
+def _answer(**fields: Any) -> ChargeResult:
+    base = {"result": "A", "trans_id": "100200300", "order_id": "kiosk-1", "mid": "999000000001"}
+    return ChargeResult.model_validate({**base, **fields})
+
+
+_ASKED = {"order_id": "kiosk-1", "mid": "999000000001", "currency": "USD", "trans_id": "100200300"}
+
+
+@pytest.mark.parametrize(
+    ("answer", "field"),
+    [
+        ({"order_id": "kiosk-2"}, "order_id"),
+        ({"mid": "999000000002"}, "mid"),
+        ({"currency": "EUR"}, "currency"),
+        ({"trans_id": "  "}, "trans_id"),  # an approval with no transaction to capture or void
+    ],
+)
+def test_an_answer_to_another_request_is_refused_naming_the_field(
+    answer: dict[str, Any], field: str
+) -> None:
+    fields = ("order_id", "mid", "currency")
+    with pytest.raises(InvalidResponseError) as refused:
+        answer_to(_ASKED, _answer(**answer), fields, "charge order kiosk-1")
+    assert refused.value.field == field
+    assert "charge order kiosk-1" in str(refused.value)
+
+
+def test_an_answer_is_held_only_to_what_it_names() -> None:
+    # no order id, currency or mid in the answer: nothing contradicts the request
+    bare = ChargeResult.model_validate({"result": "A", "trans_id": "100200300"})
+    assert answer_to(_ASKED, bare, ("order_id", "mid", "currency"), "charge") is bare
+    # a field sent as null names nothing; a currency code in another case is the same code
+    nulls = _answer(order_id=None, mid=None, currency="usd")
+    assert answer_to(_ASKED, nulls, ("order_id", "mid", "currency"), "charge") is nulls
+    # a decline carries no transaction to act on: no trans id is no contradiction
+    declined = _answer(result="C", trans_id="")
+    assert answer_to(_ASKED, declined, ("order_id",), "charge") is declined
+
+
+def test_a_capture_answered_for_another_transaction_is_refused() -> None:
+    with pytest.raises(InvalidResponseError) as refused:
+        answer_to(_ASKED, _answer(trans_id="999"), ("trans_id", "mid"), "capture 100200300")
+    assert refused.value.field == "trans_id"

@@ -11,7 +11,7 @@ through ``kiosk_agent.money`` on the way in (never kept as floats), and every re
 import enum
 import json
 from collections.abc import Iterator
-from datetime import datetime
+from datetime import UTC, datetime
 from decimal import Decimal
 from typing import Annotated, Any, Generic, TypeVar
 
@@ -128,6 +128,16 @@ class Transaction(ReportRecord):
     def __repr_args__(self) -> Iterator[tuple[str | None, Any]]:
         # The account token stands in for the card: keep it out of reprs and so out of logs.
         return ((k, v) for k, v in super().__repr_args__() if k != "account_token")
+
+    @property
+    def trans_at(self) -> float | None:
+        """``trans_date`` in Unix seconds. A date-time sent without an offset is UTC, as every
+        date-time of the interface (choices.md): read as the unit's local time it moved the
+        charge check's window by the unit's offset, and could not be compared with a dated one."""
+        moment = self.trans_date
+        if moment is None:
+            return None
+        return (moment if moment.tzinfo else moment.replace(tzinfo=UTC)).timestamp()
 
     @property
     def status(self) -> TransStatus | None:
