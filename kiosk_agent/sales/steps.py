@@ -731,7 +731,7 @@ class SaleSteps:
         checked in reporting first: a capture the service made is what every face shows, not
         the answer's figure (the customer paid what reporting holds)."""
         trans_id = self.record.trans_id
-        if trans_id is None or (result.approved and (result.amount or cents) >= cents):
+        if trans_id is None or (result.approved and _taken(result, cents) >= cents):
             return self._captured(result, cents)
         lookup = await self.reconciler.transaction_state(trans_id)
         if lookup.captured:
@@ -747,7 +747,15 @@ class SaleSteps:
                 f"agent asks reporting again {self.context.recheck.when()}, then a person "
                 f"({RESOLVE})",
             )
-        taken = result.amount or cents
+        taken = _taken(result, cents)
+        if not taken:  # an approval of nothing: no capture to call paid, as a refusal
+            return self.finish(
+                SaleState.ATTENTION,
+                Step.CAPTURE_REFUSED,
+                f"dispensed, but the capture answered approved for {format_cents(0)} and "
+                f"reporting shows none; the agent asks reporting again "
+                f"{self.context.recheck.when()}, then a person ({RESOLVE})",
+            )
         if taken > cents:
             return self.captured_above("the capture answered", taken, cents)
         return self._completed(taken, "captured")
@@ -783,7 +791,13 @@ class SaleSteps:
 def _completes(result: ChargeResult, cents: int) -> bool:
     """Whether a capture's answer completes the sale as it stands: approved, for the amount
     asked (fewer cents are checked in reporting first: ``SaleSteps._capture_answered``)."""
-    return result.approved and (result.amount or cents) == cents
+    return result.approved and _taken(result, cents) == cents
+
+
+def _taken(result: ChargeResult, cents: int) -> int:
+    """The cents a capture's answer says it took: those asked when it names none; a 0 it names
+    is 0 (nothing taken), not a missing figure."""
+    return cents if result.amount is None else result.amount
 
 
 def event_of(record: SaleRecord, step: Step | Literal[""] = "", *, clock: Clock) -> SaleEvent:

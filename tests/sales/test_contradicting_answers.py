@@ -354,3 +354,40 @@ async def test_a_capture_found_above_what_was_asked_is_put_to_a_person(
     assert event.state is SaleState.ATTENTION, event.message
     assert "$3.00" in event.message
     assert "$2.00" in event.message
+
+
+_CAPTURE_CONTRADICTIONS: dict[str, Rewrite] = {
+    "another-trans-id": lambda a: {**a, "trans_id": "999999999999"},
+    "less-taken": lambda a: {**a, "amount": a["amount"] - 50},
+    "none-taken": lambda a: {**a, "amount": 0},
+    "declined": lambda a: {**a, "result": "C", "respstat": "C", "resptext": "Declined"},
+    "no-trans-id": lambda a: {k: v for k, v in a.items() if k != "trans_id"},
+    "trans-id-of-spaces": lambda a: {**a, "trans_id": "   "},
+}
+# the answers that name the sale's own capture but say it took less: reporting's word decides
+_CAPTURE_SAYING_LESS = {"less-taken", "none-taken", "declined"}
+
+
+@pytest.mark.parametrize("contradiction", list(_CAPTURE_CONTRADICTIONS))
+async def test_a_capture_answer_that_contradicts_the_capture_ends_on_reporting_s_word(
+    rewriting: tuple[Agent, RewritingProxy], contradiction: str
+) -> None:
+    """The machine vended $2.00 of the $3.00 held and the service captured $2.00; its answer
+    says otherwise (another transaction, less or nothing taken, declined, none named). The sale
+    ends as the service holds it: completed, $2.00 captured, what every face shows, and an
+    answer that said less is not the figure it ends on (reporting's is)."""
+    agent, proxy = rewriting
+    proxy.rules["/api/v1/capture"] = _CAPTURE_CONTRADICTIONS[contradiction]
+    machine = ScriptedDispenser(DispenseStatus.VENDED, vended_cents=200)
+    sale, event = await a_vending_sale(agent, machine)
+    assert len(proxy.rewritten) == 1
+    [row] = await ledger(agent, sale.order_id)
+    assert row.status is TransStatus.CAPTURED
+    assert row.amount_cents == 200
+    assert event.state is SaleState.COMPLETED, event.message
+    assert event.captured_cents == 200
+    if contradiction in _CAPTURE_SAYING_LESS:
+        assert "found in reporting" in event.message, event.message
+    record = agent.journal.get(sale.sale_id)
+    assert record is not None
+    assert (record.state, record.captured_cents) == (SaleState.COMPLETED, 200)
