@@ -1239,3 +1239,44 @@ async def test_a_vended_reported_after_the_vend_timeout_is_told_as_a_product_gon
             1, sale_id)  # fmt: skip
         [said] = [r.getMessage() for r in caplog.records if sale_id in r.getMessage()]
         assert "tea went out unpaid" in said
+
+
+@pytest.mark.parametrize("flow", ["charge_card", "authorize_capture"])
+async def test_an_app_that_confirms_is_given_up_on_at_its_vend_timeout_on_the_sale_clock(
+    tmp_path: Path, sim_settings: Any, flow: str
+) -> None:
+    """i37-sale enters the vend timeout only once a dispense waits (sales/clock.wait_at_most).
+    An app that confirms its dispense still has it, in each flow, on the sale's clock: not a
+    moment early, and at the bound the money is given back and a late 'vended' told."""
+    import time
+
+    from kiosk_agent.sales.clock import FakeClock
+
+    clock = FakeClock(wall=time.time())
+    trigger = {"platform": "kiosk_api", "name": "screen", "token": "!secret kiosk_token",
+               "port": 0, "products": {"tea": "1.75"}, "flow": flow, "confirm_dispense": True}
+    async with (
+        running_agent(tmp_path, sim_settings, [trigger], clock=clock,
+                      sales={"vend_timeout": 30.0}, secrets={"kiosk_token": TOKEN}) as agent,
+        aiohttp.ClientSession() as session,
+    ):  # fmt: skip
+        [api] = agent.platforms
+        assert isinstance(api, KioskApi)
+        app = App(api, session)
+        _, started = await app.post("/sales", {"product": "tea"})
+        sale_id = started["sale_id"]
+        await until(lambda: api._latest[sale_id].state is SaleState.DISPENSING)
+        await until(lambda: clock.monotonic() + 30.0 in clock.pending())
+        await clock.advance(29.9)
+        for _ in range(20):
+            await asyncio.sleep(0)
+        assert api._latest[sale_id].state is SaleState.DISPENSING
+        await clock.advance(0.1)
+        await until(functools.partial(_ended, app, sale_id))
+        assert api._latest[sale_id].state is SaleState.REVERSED, api._latest[sale_id].message
+        record = agent.journal.get(sale_id)
+        assert record is not None
+        assert record.state is SaleState.REVERSED
+        status, answer = await app.post(f"/sales/{sale_id}/dispensed", {"status": "vended"})
+        assert status == 409
+        assert "went out unpaid" in answer["message"]
