@@ -70,8 +70,9 @@ def answer_to(
     """``answer``, when it is the answer to ``body``: each of ``fields`` it names says what was
     asked, and an approval names its transaction. Else InvalidResponseError naming the field:
     the service answered 2xx, so it may have acted, but on what cannot be told (another order,
-    merchant or currency, no transaction to capture or give back). The caller treats it as a
-    lost answer: looked up by what it asked, never taken for its own."""
+    merchant or currency, no transaction to capture or give back, an approval of 0 cents: every
+    charge and capture asks for more, and a 0 read as no amount would vend the whole price).
+    The caller treats it as a lost answer: looked up by what it asked, never taken for its own."""
     for name in fields:
         got = getattr(answer, name) if name in answer.model_fields_set else None
         if got is not None and _said(name, got) != _said(name, body.get(name)):
@@ -82,6 +83,10 @@ def answer_to(
     if answer.approved and not answer.trans_id.strip():
         raise InvalidResponseError(
             f"{what}: field 'trans_id': an approval without a transaction id", field="trans_id"
+        )
+    if answer.approved and answer.amount == 0:  # None names no amount; 0 approves nothing
+        raise InvalidResponseError(
+            f"{what}: field 'amount': an approval of 0 cents for a charge of more", field="amount"
         )
     return answer
 

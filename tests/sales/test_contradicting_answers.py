@@ -129,6 +129,7 @@ _AUTHORIZATION_CONTRADICTIONS: dict[str, Rewrite] = {
     "no-trans-id": lambda a: {**a, "trans_id": ""},
     "another-currency": lambda a: {**a, "currency": "EUR"},
     "another-mid": lambda a: {**a, "mid": "999000000002"},
+    "nothing-approved": lambda a: {**a, "amount": 0},
 }
 
 
@@ -239,6 +240,7 @@ _CHARGE_CARD_CONTRADICTIONS: dict[str, Rewrite] = {
     "empty-trans-id": lambda r: {**r, "trans_id": ""},
     "no-trans-id": _without_trans_id,
     "amount-not-a-number": lambda r: {**r, "amount": "lots"},
+    "nothing-approved": lambda r: {**r, "amount": 0},
 }
 
 
