@@ -1280,3 +1280,51 @@ async def test_an_app_that_confirms_is_given_up_on_at_its_vend_timeout_on_the_sa
         status, answer = await app.post(f"/sales/{sale_id}/dispensed", {"status": "vended"})
         assert status == 409
         assert "went out unpaid" in answer["message"]
+
+
+async def test_late_vendeds_for_two_sales_given_back_are_each_told_once(
+    tmp_path: Path, sim_settings: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    """An attack on e119073/bfafd93 (LateVends): two sales in a row time out and give the money
+    back; the app then confirms both, the first after the second gave up too, each twice. Each
+    is its own product gone unpaid (named, counted once); neither sale's journal moves."""
+    import time
+
+    from kiosk_agent.sales.clock import FakeClock
+
+    clock = FakeClock(wall=time.time())
+    trigger = {"platform": "kiosk_api", "name": "screen", "token": "!secret kiosk_token",
+               "port": 0, "products": {"tea": "1.75", "coffee": "2.50"},
+               "confirm_dispense": True}
+    async with (
+        running_agent(tmp_path, sim_settings, [trigger], clock=clock,
+                      sales={"vend_timeout": 30.0}, secrets={"kiosk_token": TOKEN}) as agent,
+        aiohttp.ClientSession() as session,
+    ):  # fmt: skip
+        [api] = agent.platforms
+        assert isinstance(api, KioskApi)
+        app = App(api, session)
+        given_back = []
+        for product in ("tea", "coffee"):
+            _, started = await app.post("/sales", {"product": product})
+            sale_id = started["sale_id"]
+            await until(lambda: api._latest[sale_id].state is SaleState.DISPENSING)  # noqa: B023
+            await until(lambda: clock.monotonic() + 30.0 in clock.pending())
+            await clock.advance(30.0)
+            await until(functools.partial(_ended, app, sale_id))
+            assert api._latest[sale_id].state is SaleState.REVERSED
+            given_back.append((sale_id, product))
+        with caplog.at_level("WARNING"):
+            for sale_id, _ in given_back * 2:
+                status, _answer = await app.post(
+                    f"/sales/{sale_id}/dispensed", {"status": "vended"})
+                assert status == 409
+        assert app.api.status()["late_vends"] == 2
+        assert app.api.status()["last_late_vend_sale"] == given_back[1][0]
+        for sale_id, product in given_back:
+            said = [r.getMessage() for r in caplog.records if sale_id in r.getMessage()]
+            assert len(said) == 1, said
+            assert f"{product} went out unpaid" in said[0]
+            record = agent.journal.get(sale_id)
+            assert record is not None
+            assert record.state is SaleState.REVERSED
