@@ -130,6 +130,8 @@ _AUTHORIZATION_CONTRADICTIONS: dict[str, Rewrite] = {
     "another-currency": lambda a: {**a, "currency": "EUR"},
     "another-mid": lambda a: {**a, "mid": "999000000002"},
     "nothing-approved": lambda a: {**a, "amount": 0},
+    "trans-id-of-spaces": lambda a: {**a, "trans_id": "   "},
+    "currency-in-lower-case-of-another": lambda a: {**a, "currency": "eur"},
 }
 
 
@@ -393,3 +395,20 @@ async def test_a_capture_answer_that_contradicts_the_capture_ends_on_reporting_s
     record = agent.journal.get(sale.sale_id)
     assert record is not None
     assert (record.state, record.captured_cents) == (SaleState.COMPLETED, 200)
+
+
+async def test_an_approval_naming_the_sales_currency_in_lower_case_is_the_sales(
+    rewriting: tuple[Agent, RewritingProxy],
+) -> None:
+    """'usd' is USD (7799c5e): the approval is the sale's own, vended and captured once; not
+    a contradiction that has every sale's authorization voided."""
+    agent, proxy = rewriting
+    proxy.rules["/api/v1/charge"] = lambda a: {**a, "currency": "usd"}
+    machine = ScriptedDispenser(DispenseStatus.VENDED, vended_cents=300)
+    sale, event = await a_vending_sale(agent, machine)
+    assert len(proxy.rewritten) == 1
+    assert machine.authorized == [300]
+    assert event.state is SaleState.COMPLETED, event.message
+    [row] = await ledger(agent, sale.order_id)
+    assert row.status is TransStatus.CAPTURED
+    assert row.amount_cents == 300
