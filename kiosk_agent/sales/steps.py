@@ -178,7 +178,8 @@ class SaleSteps:
         self.unwritten: SaleRecord | None = None
         # the steps that took it there, in order: Journal.restore replays them through the table
         self.held: list[HeldStep] = []
-        self._batch: list[HeldStep] | None = None  # inside one_commit(): its steps so far
+        # inside one_commit() (or durable_then_announced()): its steps so far
+        self._batch: list[HeldStep] | None = None
         self._held: list[SaleEvent] | None = None  # inside one_commit(): published after it
         # published at the loop's next turn (one_commit(announce_next_turn=True)); any later
         # event of the sale joins them, so its events stay in order
@@ -686,7 +687,7 @@ class SaleSteps:
             result = await self.service.payments.capture(trans_id, amount=cents)
         except ServiceError as err:
             return await self._capture_unclear(trans_id, cents, err)
-        if not _completes(result, cents):  # checked in reporting or told at once (fsynced)
+        if not _completes(result, cents):  # checked in reporting or attention: own fsync
             await customers.none_waiting()
             return await self._capture_answered(result, cents)
         # its completion is back-office work too: committed in this turn without an fsync of
