@@ -1176,6 +1176,31 @@ def test_batches_do_not_nest(journal: Journal) -> None:
         pass
 
 
+def test_a_batch_is_entered_and_left_in_a_few_python_calls(journal: Journal) -> None:
+    # a generator context manager took six calls of contextlib and the generator's own around
+    # the batch's work, at each of a kiosk API sale's four batches
+    import types
+
+    sale = journal.create(new_sale(1))
+    calls: list[str] = []
+
+    def count(frame: types.FrameType, event: str, _arg: object) -> None:
+        if event == "call":
+            calls.append(frame.f_code.co_name)
+
+    sys.setprofile(count)
+    try:
+        with journal.batch():
+            pass
+    finally:
+        sys.setprofile(None)
+    # batch, __init__, __enter__, db, prune_gives_way, __exit__, _tell, _committed: none of
+    # contextlib's; nothing written, so nothing committed to tell (no _committed)
+    assert "helper" not in calls
+    assert len(calls) <= 7, calls
+    assert journal.get("s1") == sale
+
+
 def _wal(journal: Journal) -> Path:
     return journal.path.with_name(journal.path.name + "-wal")
 
