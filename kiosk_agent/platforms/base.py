@@ -96,9 +96,14 @@ class LateVends:
         sale_id = dispenser.sale_id
         if sale_id is None or not dispenser.ended:
             return
-        if dispenser.result.result().status is not DispenseStatus.TIMEOUT:
+        if dispenser.result.result().status is DispenseStatus.TIMEOUT:
+            self.keep(sale_id, dispenser.product)
+
+    def keep(self, sale_id: str | None, product: str | None) -> None:
+        """Keep a sale the machine's own watch gave up on (a drop sensor's window)."""
+        if sale_id is None:
             return
-        self._gave_up.setdefault(sale_id, dispenser.product)
+        self._gave_up.setdefault(sale_id, product)
         while len(self._gave_up) > self.KEPT:
             self._gave_up.popitem(last=False)
 

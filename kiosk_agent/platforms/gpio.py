@@ -38,6 +38,7 @@ from kiosk_agent.platforms import gpio_schema
 from kiosk_agent.platforms.base import (
     DevicePlatform,
     Dispenser,
+    LateVends,
     SaleStarter,
     instance_name,
     open_sales,
@@ -212,16 +213,21 @@ class _Drop(Dispenser):
             return self.end(DispenseStatus.CANCELLED, "kiosk stopping")
         self.dispensing = True
         self.watching = button.sensor is not None
+        self.kiosk.gave_up_on = None  # a fall from now on is this dispense's
         try:
             await self.kiosk.pulse(button.relay, button.pulse)
             if button.sensor is None:
                 return self.end(DispenseStatus.VENDED, "relay pulsed")
             with contextlib.suppress(TimeoutError):
                 await self.kiosk.clock.wait_for(self.wait(), self.kiosk.sensor_timeout)
-            return self.end(
+            outcome = self.end(
                 DispenseStatus.FAILED,
                 f"drop sensor saw nothing within {self.kiosk.sensor_timeout:g}s",
             )
+            if outcome.status is DispenseStatus.FAILED:  # a fall seen later: out unpaid
+                self.kiosk.gave_up_on = self
+                self.kiosk.late.keep(self.sale_id, self.product)
+            return outcome
         finally:
             self.watching = False
             self.dispensed.set()
@@ -265,6 +271,9 @@ class GpioKiosk:
         self.chip = chip
         self.buttons = {b.line: b for b in buttons}
         self.sensors = {b.sensor: b for b in buttons if b.sensor is not None}
+        # the last dispense whose sensor window closed unseen; a fall after it went out unpaid
+        self.gave_up_on: _Drop | None = None
+        self.late = LateVends(source)
         self.name = source
         self.flow = flow
         self.terminal = terminal
@@ -363,6 +372,7 @@ class GpioKiosk:
             "outcomes": dict(self.outcomes),
             "available": self.available,
             "unavailable_reason": self.unavailable_reason,
+            **self.late.status(),
         }
 
     async def pulse(self, relay: int, seconds: float) -> None:
@@ -387,8 +397,17 @@ class GpioKiosk:
                 continue
             if edge.line in self.buttons:
                 self._on_press(self.buttons[edge.line], edge.timestamp_ns)
-            elif edge.line in self.sensors and self._drop is not None:
-                self._drop.fell()
+            elif edge.line in self.sensors:
+                self._on_fall(edge.line)
+
+    def _on_fall(self, sensor: int) -> None:
+        drop = self._drop
+        if drop is not None and drop.watching:
+            drop.fell()
+            return
+        late = self.gave_up_on
+        if late is not None and late.button.sensor == sensor:
+            self.late.heard(late.sale_id)  # the sensor's window had closed: money goes back
 
     def _on_press(self, button: Button, timestamp_ns: int) -> None:
         # The kernel debounces where the chip can; this catches the chips that cannot.

@@ -430,3 +430,27 @@ async def test_run_with_a_trigger_that_cannot_start_says_which_and_why(
     assert said[0].getMessage() == f"trigger gpio:kiosk cannot start: {why}"
     assert said[0].exc_info is None  # a known cause, in words: no traceback
     assert "NOT ready to sell on gpio:kiosk" in said[-1].getMessage()
+
+
+async def test_a_product_falling_after_the_sensor_window_is_told_as_gone_unpaid(
+    kiosk: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The latte's sensor saw nothing in its window: the money went back. Then it falls past
+    the sensor after all: the product went out unpaid. Said once at WARNING naming the sale,
+    counted in the trigger's status; a second edge is not a second latte."""
+    agent, chip, platform = kiosk
+    waiting = asyncio.create_task(_next_final(agent))
+    await asyncio.sleep(0)
+    chip.press(18)
+    stuck = await waiting
+    assert stuck.state is SaleState.REVERSED
+    with caplog.at_level("WARNING"):
+        chip.edge(27)
+        chip.edge(27)
+        await until(lambda: platform.status()["late_vends"] == 1)
+        for _ in range(5):  # the second edge read too
+            await asyncio.sleep(0.01)
+    assert platform.status()["late_vends"] == 1
+    assert platform.status()["last_late_vend_sale"] == stuck.sale_id
+    [said] = [r.getMessage() for r in caplog.records if stuck.sale_id in r.getMessage()]
+    assert "latte went out unpaid" in said
