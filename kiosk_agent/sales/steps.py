@@ -601,11 +601,19 @@ class SaleSteps:
 
     def _gave_back_all(self, result: VoidOrRefundResult, trans_id: str) -> bool:
         """Whether a 200 to the void says what was asked: approved, the whole hold given back,
-        a void of this very transaction (a refund has a trans id of its own)."""
+        a void of this very transaction (a refund has a trans id of its own), of the sale's
+        order and the unit's merchant."""
         voided_this = result.voided and result.trans_id == trans_id
         held = self._held_cents  # 0: a journal that never knew the amount takes the answer's
         return (result.result == "A" and (voided_this or result.refunded)
-                and result.amount == (held or result.amount))
+                and result.amount == (held or result.amount) and self._names_this_sale(result))
+
+    def _names_this_sale(self, result: VoidOrRefundResult) -> bool:
+        """Whether a give-back's answer is of this sale's charge: its order id one the sale
+        sent and its merchant the unit's (an empty one names nothing). A refund has a trans id
+        of its own, so these are all that tie it to the sale."""
+        return result.order_id in ("", *self.record.all_order_ids()) and result.mid in (
+            "", self.service.settings.mid)
 
     async def _give_back_unclear(
         self, why: str, trans_id: str, result: VoidOrRefundResult

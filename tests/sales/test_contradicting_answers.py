@@ -163,6 +163,11 @@ _VOID_CONTRADICTIONS: dict[str, Rewrite] = {
     "retry": lambda a: {**a, "result": "B", "resp_text": "Retry", "resp_code": "91"},
     "less-given-back": lambda a: {**a, "amount": a["amount"] - 100},
     "another-trans-id": lambda a: {**a, "trans_id": "999999999999"},
+    "another-order-s-refund": lambda a: {
+        **a, "trans_id": "999999999999", "resp_text": "Refund approved",
+        "order_id": "KA0000000000-00000000000000000000000000"},
+    "another-merchant-s-refund": lambda a: {
+        **a, "trans_id": "999999999999", "resp_text": "Refund approved", "mid": "999000000002"},
 }
 
 
