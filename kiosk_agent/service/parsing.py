@@ -96,14 +96,20 @@ def _said(name: str, value: Any) -> Any:
     return value.upper() if name == "currency" and isinstance(value, str) else value
 
 
-def charge_card_result(interaction: Interaction, order_id: str) -> ChargeResult | None:
+def charge_card_result(
+    interaction: Interaction, order_id: str, *, mid: str | None = None, currency: str | None = None
+) -> ChargeResult | None:
     """The result of a succeeded charge-card sent with ``order_id`` (None: no result), or
-    InvalidResponseError when it cannot be read or names another charge (:func:`answer_to`)."""
+    InvalidResponseError when it cannot be read or names another charge (:func:`answer_to`):
+    another order id, or, when given, another merchant than ``mid`` or currency than
+    ``currency`` (the unit's; the terminal's request names neither, the charge is theirs)."""
     if interaction.result is None or interaction.status != InteractionStatus.SUCCEEDED:
         return None
     what = f"charge-card {interaction.interaction_id} result"
     result = parse(ChargeResult, interaction.result, what=what, prefix="result")
-    return answer_to({"order_id": order_id}, result, ("order_id",), what)
+    asked = {"order_id": order_id, "mid": mid, "currency": currency}
+    fields = [name for name, value in asked.items() if value is not None]
+    return answer_to(asked, result, fields, what)
 
 
 def parse_json(model: type[M], body: bytes, *, what: str) -> M:

@@ -248,6 +248,8 @@ _CHARGE_CARD_CONTRADICTIONS: dict[str, Rewrite] = {
     "no-trans-id": _without_trans_id,
     "amount-not-a-number": lambda r: {**r, "amount": "lots"},
     "nothing-approved": lambda r: {**r, "amount": 0},
+    "another-currency": lambda r: {**r, "currency": "EUR"},
+    "another-mid": lambda r: {**r, "mid": "999000000002"},
 }
 
 
