@@ -221,3 +221,33 @@ def _count_a_line(log: logging.Logger) -> None:
     finally:
         sys.setprofile(None)
     assert len(calls) <= 22, calls
+
+
+def test_the_text_line_on_a_stream_carries_no_card_nor_key(root_restored: None) -> None:
+    """An attack on 8317356 (TextFormatter takes the redacting filter's text as it is, and the
+    stream handler writes in emit): the unit's own line (stderr, read by journald) masks a card
+    and a key in the args and in a traceback, an end logged later by the sale (i37-b2b's held
+    end line: a record made after the fact) too, and a record another handler saw first."""
+    out = io.StringIO()
+    setup_logging({"level": "INFO"}, stream=out)
+    log = logging.getLogger("kiosk_agent.test")
+    log.info("charged card %s with api_key=%s", CARD, "sk_live_abcdef123456")
+    try:
+        raise RuntimeError(f"refused Authorization: Bearer sk_live_abcdef123456 for {CARD}")
+    except RuntimeError:
+        log.exception("call failed")
+    held = [lambda: log.info("sale %s %s: %s", "s1", "completed", f"token={'t0k3n-abc'}")]
+    for say in held:
+        say()
+    seen_first = logging.StreamHandler(io.StringIO())  # no filter: formats the raw record
+    log.addHandler(seen_first)
+    try:
+        log.warning("password: %s card %s", "hunter2-long", CARD)
+    finally:
+        log.removeHandler(seen_first)
+    text = out.getvalue()
+    for secret in ("sk_live_abcdef123456", CARD, "4111111111111111", "t0k3n-abc", "hunter2-long"):
+        assert secret not in text, secret
+    assert "411111******1111" in text
+    assert "Traceback" in text
+    assert len([line for line in text.splitlines() if " INFO    " in line]) == 2

@@ -113,7 +113,10 @@ class ChargeCardFlow(SaleFlow):
         status = interaction.status
         if status == InteractionStatus.SUCCEEDED:
             try:
-                result = charge_card_result(interaction, order_id)
+                result = charge_card_result(
+                    interaction, order_id, mid=self.service.settings.mid,
+                    currency=self.record.currency,
+                )
             except InvalidResponseError as err:
                 # charged, maybe, but not as asked: the interaction is over, reporting says
                 return await self._answer_lost(unknown_outcome("charge", err), terminal_done=True)

@@ -284,7 +284,10 @@ class Recovery:
     ) -> SaleEvent:
         if interaction.status == InteractionStatus.SUCCEEDED:
             try:
-                result = charge_card_result(interaction, steps.record.attempt_order_id())
+                result = charge_card_result(
+                    interaction, steps.record.attempt_order_id(),
+                    mid=self.service.settings.mid, currency=steps.record.currency,
+                )
             except InvalidResponseError as err:
                 # charged, maybe, but not as asked: the sale's own order id in reporting says
                 return await self._held_or_none(steps, f"the charge's result: {err}")

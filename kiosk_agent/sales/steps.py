@@ -601,11 +601,19 @@ class SaleSteps:
 
     def _gave_back_all(self, result: VoidOrRefundResult, trans_id: str) -> bool:
         """Whether a 200 to the void says what was asked: approved, the whole hold given back,
-        a void of this very transaction (a refund has a trans id of its own)."""
+        a void of this very transaction (a refund has a trans id of its own), of the sale's
+        order and the unit's merchant."""
         voided_this = result.voided and result.trans_id == trans_id
         held = self._held_cents  # 0: a journal that never knew the amount takes the answer's
         return (result.result == "A" and (voided_this or result.refunded)
-                and result.amount == (held or result.amount))
+                and result.amount == (held or result.amount) and self._names_this_sale(result))
+
+    def _names_this_sale(self, result: VoidOrRefundResult) -> bool:
+        """Whether a give-back's answer is of this sale's charge: its order id one the sale
+        sent and its merchant the unit's (an empty one names nothing). A refund has a trans id
+        of its own, so these are all that tie it to the sale."""
+        return result.order_id in ("", *self.record.all_order_ids()) and result.mid in (
+            "", self.service.settings.mid)
 
     async def _give_back_unclear(
         self, why: str, trans_id: str, result: VoidOrRefundResult
@@ -687,7 +695,7 @@ class SaleSteps:
             result = await self.service.payments.capture(trans_id, amount=cents)
         except ServiceError as err:
             return await self._capture_unclear(trans_id, cents, err)
-        if not _completes(result, cents):  # checked in reporting, or attention: fsynced
+        if not _completes(result, cents):  # checked in reporting or attention: own fsync
             await customers.none_waiting()
             return await self._capture_answered(result, cents)
         # its completion is back-office work too: committed in this turn without an fsync of
@@ -732,7 +740,7 @@ class SaleSteps:
         checked in reporting first: a capture the service made is what every face shows, not
         the answer's figure (the customer paid what reporting holds)."""
         trans_id = self.record.trans_id
-        if trans_id is None or (result.approved and (result.amount or cents) >= cents):
+        if trans_id is None or (result.approved and _taken(result, cents) >= cents):
             return self._captured(result, cents)
         lookup = await self.reconciler.transaction_state(trans_id)
         if lookup.captured:
@@ -748,7 +756,15 @@ class SaleSteps:
                 f"agent asks reporting again {self.context.recheck.when()}, then a person "
                 f"({RESOLVE})",
             )
-        taken = result.amount or cents
+        taken = _taken(result, cents)
+        if not taken:  # an approval of nothing: no capture to call paid, as a refusal
+            return self.finish(
+                SaleState.ATTENTION,
+                Step.CAPTURE_REFUSED,
+                f"dispensed, but the capture answered approved for {format_cents(0)} and "
+                f"reporting shows none; the agent asks reporting again "
+                f"{self.context.recheck.when()}, then a person ({RESOLVE})",
+            )
         if taken > cents:
             return self.captured_above("the capture answered", taken, cents)
         return self._completed(taken, "captured")
@@ -782,10 +798,15 @@ class SaleSteps:
 
 
 def _completes(result: ChargeResult, cents: int) -> bool:
-    """Whether a capture's answer completes the sale as it stands (``SaleSteps._captured``'s
-    COMPLETED): approved, for what was asked. Less is checked in reporting, more is attention
-    (``_capture_answered``)."""
-    return result.approved and (result.amount or cents) == cents
+    """Whether a capture's answer completes the sale as it stands: approved, for the amount
+    asked (fewer cents are checked in reporting first: ``SaleSteps._capture_answered``)."""
+    return result.approved and _taken(result, cents) == cents
+
+
+def _taken(result: ChargeResult, cents: int) -> int:
+    """The cents a capture's answer says it took: those asked when it names none; a 0 it names
+    is 0 (nothing taken), not a missing figure."""
+    return cents if result.amount is None else result.amount
 
 
 def event_of(record: SaleRecord, step: Step | Literal[""] = "", *, clock: Clock) -> SaleEvent:

@@ -70,8 +70,9 @@ def answer_to(
     """``answer``, when it is the answer to ``body``: each of ``fields`` it names says what was
     asked, and an approval names its transaction. Else InvalidResponseError naming the field:
     the service answered 2xx, so it may have acted, but on what cannot be told (another order,
-    merchant or currency, no transaction to capture or give back). The caller treats it as a
-    lost answer: looked up by what it asked, never taken for its own."""
+    merchant or currency, no transaction to capture or give back, an approval of 0 cents: every
+    charge and capture asks for more, and a 0 read as no amount would vend the whole price).
+    The caller treats it as a lost answer: looked up by what it asked, never taken for its own."""
     for name in fields:
         got = getattr(answer, name) if name in answer.model_fields_set else None
         if got is not None and _said(name, got) != _said(name, body.get(name)):
@@ -83,6 +84,10 @@ def answer_to(
         raise InvalidResponseError(
             f"{what}: field 'trans_id': an approval without a transaction id", field="trans_id"
         )
+    if answer.approved and answer.amount == 0:  # None names no amount; 0 approves nothing
+        raise InvalidResponseError(
+            f"{what}: field 'amount': an approval of 0 cents for a charge of more", field="amount"
+        )
     return answer
 
 
@@ -91,14 +96,20 @@ def _said(name: str, value: Any) -> Any:
     return value.upper() if name == "currency" and isinstance(value, str) else value
 
 
-def charge_card_result(interaction: Interaction, order_id: str) -> ChargeResult | None:
+def charge_card_result(
+    interaction: Interaction, order_id: str, *, mid: str | None = None, currency: str | None = None
+) -> ChargeResult | None:
     """The result of a succeeded charge-card sent with ``order_id`` (None: no result), or
-    InvalidResponseError when it cannot be read or names another charge (:func:`answer_to`)."""
+    InvalidResponseError when it cannot be read or names another charge (:func:`answer_to`):
+    another order id, or, when given, another merchant than ``mid`` or currency than
+    ``currency`` (the unit's; the terminal's request names neither, the charge is theirs)."""
     if interaction.result is None or interaction.status != InteractionStatus.SUCCEEDED:
         return None
     what = f"charge-card {interaction.interaction_id} result"
     result = parse(ChargeResult, interaction.result, what=what, prefix="result")
-    return answer_to({"order_id": order_id}, result, ("order_id",), what)
+    asked = {"order_id": order_id, "mid": mid, "currency": currency}
+    fields = [name for name, value in asked.items() if value is not None]
+    return answer_to(asked, result, fields, what)
 
 
 def parse_json(model: type[M], body: bytes, *, what: str) -> M:

@@ -1159,26 +1159,6 @@ async def test_a_sales_stream_dropped_while_the_app_is_silent_takes_no_more_fram
     assert "socket.send() raised exception" not in caplog.text
 
 
-async def test_a_vended_reported_after_the_vend_timeout_is_told_as_a_product_gone_unpaid(
-    tmp_path: Path, sim_settings: Any, caplog: pytest.LogCaptureFixture
-) -> None:
-    """The app confirms the tea only after the sale stopped waiting (its vend timeout) and
-    gave the money back. The agent cannot take it again; it answers the app why, says once at
-    WARNING that the product went out unpaid, and counts it in the kiosk's status."""
-    async for app in _app(tmp_path, sim_settings, confirm_dispense=True, vend_timeout=0.3):
-        _, started = await app.post("/sales", {"product": "tea"})
-        sale_id = started["sale_id"]
-        await until(functools.partial(_ended, app, sale_id))
-        assert app.api._latest[sale_id].state is SaleState.REVERSED
-        with caplog.at_level("WARNING"):
-            status, answer = await app.post(f"/sales/{sale_id}/dispensed", {"status": "vended"})
-            again, _ = await app.post(f"/sales/{sale_id}/dispensed", {"status": "vended"})
-        assert (status, again) == (409, 409)
-        assert "went out unpaid" in answer["message"]
-        assert (app.api.status()["late_vends"], app.api.status()["last_late_vend_sale"]) == (
-            1, sale_id)  # fmt: skip
-        [said] = [r.getMessage() for r in caplog.records if sale_id in r.getMessage()]
-        assert "tea went out unpaid" in said
 async def test_a_sale_reads_no_enum_value_property_nor_the_receipt_property(app: App) -> None:
     """Before: a kiosk API sale read an enum member's ``.value`` 24 times (the journal's state,
     was-state and step texts at each write, the sale's row, the flow, the interaction kind, the
@@ -1237,3 +1217,114 @@ async def test_a_sale_whose_app_does_not_confirm_arms_no_vend_timer(app: App) ->
     assert bounded_from["money_call"] >= 1
     assert bounded_from["wait_interaction"] >= 1
     assert bounded_from["_dispense"] == bounded_from["wait_at_most"] == 0, bounded_from
+
+
+async def test_a_vended_reported_after_the_vend_timeout_is_told_as_a_product_gone_unpaid(
+    tmp_path: Path, sim_settings: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The app confirms the tea only after the sale stopped waiting (its vend timeout) and
+    gave the money back. The agent cannot take it again; it answers the app why, says once at
+    WARNING that the product went out unpaid, and counts it in the kiosk's status."""
+    async for app in _app(tmp_path, sim_settings, confirm_dispense=True, vend_timeout=0.3):
+        _, started = await app.post("/sales", {"product": "tea"})
+        sale_id = started["sale_id"]
+        await until(functools.partial(_ended, app, sale_id))
+        assert app.api._latest[sale_id].state is SaleState.REVERSED
+        with caplog.at_level("WARNING"):
+            status, answer = await app.post(f"/sales/{sale_id}/dispensed", {"status": "vended"})
+            again, _ = await app.post(f"/sales/{sale_id}/dispensed", {"status": "vended"})
+        assert (status, again) == (409, 409)
+        assert "went out unpaid" in answer["message"]
+        assert (app.api.status()["late_vends"], app.api.status()["last_late_vend_sale"]) == (
+            1, sale_id)  # fmt: skip
+        [said] = [r.getMessage() for r in caplog.records if sale_id in r.getMessage()]
+        assert "tea went out unpaid" in said
+
+
+@pytest.mark.parametrize("flow", ["charge_card", "authorize_capture"])
+async def test_an_app_that_confirms_is_given_up_on_at_its_vend_timeout_on_the_sale_clock(
+    tmp_path: Path, sim_settings: Any, flow: str
+) -> None:
+    """i37-sale enters the vend timeout only once a dispense waits (sales/clock.wait_at_most).
+    An app that confirms its dispense still has it, in each flow, on the sale's clock: not a
+    moment early, and at the bound the money is given back and a late 'vended' told."""
+    import time
+
+    from kiosk_agent.sales.clock import FakeClock
+
+    clock = FakeClock(wall=time.time())
+    trigger = {"platform": "kiosk_api", "name": "screen", "token": "!secret kiosk_token",
+               "port": 0, "products": {"tea": "1.75"}, "flow": flow, "confirm_dispense": True}
+    async with (
+        running_agent(tmp_path, sim_settings, [trigger], clock=clock,
+                      sales={"vend_timeout": 30.0}, secrets={"kiosk_token": TOKEN}) as agent,
+        aiohttp.ClientSession() as session,
+    ):  # fmt: skip
+        [api] = agent.platforms
+        assert isinstance(api, KioskApi)
+        app = App(api, session)
+        _, started = await app.post("/sales", {"product": "tea"})
+        sale_id = started["sale_id"]
+        await until(lambda: api._latest[sale_id].state is SaleState.DISPENSING)
+        await until(lambda: clock.monotonic() + 30.0 in clock.pending())
+        await clock.advance(29.9)
+        for _ in range(20):
+            await asyncio.sleep(0)
+        assert api._latest[sale_id].state is SaleState.DISPENSING
+        await clock.advance(0.1)
+        await until(functools.partial(_ended, app, sale_id))
+        assert api._latest[sale_id].state is SaleState.REVERSED, api._latest[sale_id].message
+        record = agent.journal.get(sale_id)
+        assert record is not None
+        assert record.state is SaleState.REVERSED
+        status, answer = await app.post(f"/sales/{sale_id}/dispensed", {"status": "vended"})
+        assert status == 409
+        assert "went out unpaid" in answer["message"]
+
+
+async def test_late_vendeds_for_two_sales_given_back_are_each_told_once(
+    tmp_path: Path, sim_settings: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    """An attack on e119073/bfafd93 (LateVends): two sales in a row time out and give the money
+    back; the app then confirms both, the first after the second gave up too, each twice. Each
+    is its own product gone unpaid (named, counted once); neither sale's journal moves."""
+    import time
+
+    from kiosk_agent.sales.clock import FakeClock
+
+    clock = FakeClock(wall=time.time())
+    trigger = {"platform": "kiosk_api", "name": "screen", "token": "!secret kiosk_token",
+               "port": 0, "products": {"tea": "1.75", "coffee": "2.50"},
+               "confirm_dispense": True}
+    async with (
+        running_agent(tmp_path, sim_settings, [trigger], clock=clock,
+                      sales={"vend_timeout": 30.0}, secrets={"kiosk_token": TOKEN}) as agent,
+        aiohttp.ClientSession() as session,
+    ):  # fmt: skip
+        [api] = agent.platforms
+        assert isinstance(api, KioskApi)
+        app = App(api, session)
+        given_back = []
+        for product in ("tea", "coffee"):
+            _, started = await app.post("/sales", {"product": product})
+            sale_id = started["sale_id"]
+            await until(lambda: api._latest[sale_id].state is SaleState.DISPENSING)  # noqa: B023
+            await until(lambda: clock.monotonic() + 30.0 in clock.pending())
+            await clock.advance(30.0)
+            await until(functools.partial(_ended, app, sale_id))
+            assert api._latest[sale_id].state is SaleState.REVERSED
+            given_back.append((sale_id, product))
+        with caplog.at_level("WARNING"):
+            for sale_id, _ in given_back * 2:
+                status, _answer = await app.post(
+                    f"/sales/{sale_id}/dispensed", {"status": "vended"})
+                assert status == 409
+        assert app.api.status()["late_vends"] == 2
+        assert app.api.status()["last_late_vend_sale"] == given_back[1][0]
+        for sale_id, product in given_back:
+            said = [r.getMessage() for r in caplog.records if sale_id in r.getMessage()]
+            assert len(said) == 1, said
+            assert f"{product} went out unpaid" in said[0]
+            record = agent.journal.get(sale_id)
+            assert record is not None
+            assert record.state is SaleState.REVERSED

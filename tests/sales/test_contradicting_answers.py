@@ -129,6 +129,9 @@ _AUTHORIZATION_CONTRADICTIONS: dict[str, Rewrite] = {
     "no-trans-id": lambda a: {**a, "trans_id": ""},
     "another-currency": lambda a: {**a, "currency": "EUR"},
     "another-mid": lambda a: {**a, "mid": "999000000002"},
+    "nothing-approved": lambda a: {**a, "amount": 0},
+    "trans-id-of-spaces": lambda a: {**a, "trans_id": "   "},
+    "currency-in-lower-case-of-another": lambda a: {**a, "currency": "eur"},
 }
 
 
@@ -160,6 +163,11 @@ _VOID_CONTRADICTIONS: dict[str, Rewrite] = {
     "retry": lambda a: {**a, "result": "B", "resp_text": "Retry", "resp_code": "91"},
     "less-given-back": lambda a: {**a, "amount": a["amount"] - 100},
     "another-trans-id": lambda a: {**a, "trans_id": "999999999999"},
+    "another-order-s-refund": lambda a: {
+        **a, "trans_id": "999999999999", "resp_text": "Refund approved",
+        "order_id": "KA0000000000-00000000000000000000000000"},
+    "another-merchant-s-refund": lambda a: {
+        **a, "trans_id": "999999999999", "resp_text": "Refund approved", "mid": "999000000002"},
 }
 
 
@@ -239,6 +247,9 @@ _CHARGE_CARD_CONTRADICTIONS: dict[str, Rewrite] = {
     "empty-trans-id": lambda r: {**r, "trans_id": ""},
     "no-trans-id": _without_trans_id,
     "amount-not-a-number": lambda r: {**r, "amount": "lots"},
+    "nothing-approved": lambda r: {**r, "amount": 0},
+    "another-currency": lambda r: {**r, "currency": "EUR"},
+    "another-mid": lambda r: {**r, "mid": "999000000002"},
 }
 
 
@@ -354,3 +365,57 @@ async def test_a_capture_found_above_what_was_asked_is_put_to_a_person(
     assert event.state is SaleState.ATTENTION, event.message
     assert "$3.00" in event.message
     assert "$2.00" in event.message
+
+
+_CAPTURE_CONTRADICTIONS: dict[str, Rewrite] = {
+    "another-trans-id": lambda a: {**a, "trans_id": "999999999999"},
+    "less-taken": lambda a: {**a, "amount": a["amount"] - 50},
+    "none-taken": lambda a: {**a, "amount": 0},
+    "declined": lambda a: {**a, "result": "C", "respstat": "C", "resptext": "Declined"},
+    "no-trans-id": lambda a: {k: v for k, v in a.items() if k != "trans_id"},
+    "trans-id-of-spaces": lambda a: {**a, "trans_id": "   "},
+}
+# the answers that name the sale's own capture but say it took less: reporting's word decides
+_CAPTURE_SAYING_LESS = {"less-taken", "none-taken", "declined"}
+
+
+@pytest.mark.parametrize("contradiction", list(_CAPTURE_CONTRADICTIONS))
+async def test_a_capture_answer_that_contradicts_the_capture_ends_on_reporting_s_word(
+    rewriting: tuple[Agent, RewritingProxy], contradiction: str
+) -> None:
+    """The machine vended $2.00 of the $3.00 held and the service captured $2.00; its answer
+    says otherwise (another transaction, less or nothing taken, declined, none named). The sale
+    ends as the service holds it: completed, $2.00 captured, what every face shows, and an
+    answer that said less is not the figure it ends on (reporting's is)."""
+    agent, proxy = rewriting
+    proxy.rules["/api/v1/capture"] = _CAPTURE_CONTRADICTIONS[contradiction]
+    machine = ScriptedDispenser(DispenseStatus.VENDED, vended_cents=200)
+    sale, event = await a_vending_sale(agent, machine)
+    assert len(proxy.rewritten) == 1
+    [row] = await ledger(agent, sale.order_id)
+    assert row.status is TransStatus.CAPTURED
+    assert row.amount_cents == 200
+    assert event.state is SaleState.COMPLETED, event.message
+    assert event.captured_cents == 200
+    if contradiction in _CAPTURE_SAYING_LESS:
+        assert "found in reporting" in event.message, event.message
+    record = agent.journal.get(sale.sale_id)
+    assert record is not None
+    assert (record.state, record.captured_cents) == (SaleState.COMPLETED, 200)
+
+
+async def test_an_approval_naming_the_sales_currency_in_lower_case_is_the_sales(
+    rewriting: tuple[Agent, RewritingProxy],
+) -> None:
+    """'usd' is USD (7799c5e): the approval is the sale's own, vended and captured once; not
+    a contradiction that has every sale's authorization voided."""
+    agent, proxy = rewriting
+    proxy.rules["/api/v1/charge"] = lambda a: {**a, "currency": "usd"}
+    machine = ScriptedDispenser(DispenseStatus.VENDED, vended_cents=300)
+    sale, event = await a_vending_sale(agent, machine)
+    assert len(proxy.rewritten) == 1
+    assert machine.authorized == [300]
+    assert event.state is SaleState.COMPLETED, event.message
+    [row] = await ledger(agent, sale.order_id)
+    assert row.status is TransStatus.CAPTURED
+    assert row.amount_cents == 300

@@ -1827,3 +1827,34 @@ def test_every_pass_on_a_connection_aside_holds_a_small_page_cache(
         asked = [n for n, s in enumerate(statements) if s in small]
         assert asked, statements
         assert asked[0] < min(reads, default=len(statements))
+
+
+@pytest.mark.parametrize("raised", [asyncio.CancelledError, KeyboardInterrupt, ValueError])
+def test_a_batch_rolls_back_whatever_is_raised_inside_and_nests_nothing(
+    journal: Journal, raised: type[BaseException]
+) -> None:
+    """An attack on 363a65f (Journal.batch a class, not a generator context manager): a cancel,
+    an interrupt or a bug raised inside rolls every write of the batch back and leaves the
+    connection out of any transaction, taking the next write (fsynced) at once; a batch begun
+    inside another is refused, and the outer one still commits whole."""
+    def two_writes_then_raised() -> None:
+        with journal.batch():
+            journal.create(new_sale(1))
+            journal.create(new_sale(2))
+            raise raised
+
+    with pytest.raises(raised):
+        two_writes_then_raised()
+    assert journal.get("s1") is None
+    assert journal.get("s2") is None
+    assert not journal.db.in_transaction
+    assert not journal._batching
+    journal.create(new_sale(3))
+    assert not journal._fsync_owed
+    with journal.batch():
+        journal.create(new_sale(4))
+        with pytest.raises(RuntimeError, match="do not nest"), journal.batch():
+            pass  # pragma: no cover
+        journal.create(new_sale(5))
+    assert [journal.get(f"s{n}") is not None for n in (3, 4, 5)] == [True, True, True]
+    assert not journal.db.in_transaction

@@ -429,3 +429,45 @@ async def test_a_lone_customers_capture_is_not_delayed(agent_factory: Any) -> No
     assert final.state is SaleState.COMPLETED
     assert sent == [began]
     assert agent.sales.context.customers.waiting() == 0
+
+
+async def test_a_held_completion_waits_for_customers_at_both_terminals_and_fsyncs_with_theirs(
+    agent_factory: Any, sim_factory: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # An attack on 38fac9e with two terminals: the first customer's completion (committed, no
+    # fsync of its own) waits while customers wait at both terminals. The first answered
+    # (cancelled: an fsynced commit) makes it durable, but another still waits: not announced
+    # yet. Announced once the last is answered, before the bound; no fdatasync of its own.
+    clock = FakeClock(wall=time.time())
+    sim = await sim_factory(time_scale=30, transactions=0)  # the read lives 6 s, not 0.6
+    agent = await agent_factory(sim=sim, clock=clock)
+    sent = captures_sent_at(agent, clock)
+    first = await agent.sales.start(vend(), ScriptedDispenser(vended_cents=300))
+    await asyncio.wait_for(first.terminal_released(), 5)
+    here = await agent.sales.start(vend(305), ScriptedDispenser())  # a card that never comes
+    there = await agent.sales.start(vend(305, "SIM-0007"), ScriptedDispenser())
+    await until(lambda: state_of(agent, first.sale_id) is SaleState.CAPTURING)
+    await until(lambda: clock.monotonic() + 1.0 in clock.pending())
+    said = ends_said(agent, first.sale_id)
+    fdatasyncs: list[str] = []
+    monkeypatch.setattr(journal_module, "_fdatasync", fdatasyncs.append)
+    await clock.advance(1.0)  # the capture goes at its bound
+    await until(lambda: state_of(agent, first.sale_id) is SaleState.COMPLETED)
+    assert agent.journal._fsync_owed
+    began = clock.monotonic()
+    assert await agent.sales.cancel(there.sale_id)  # one answered: its commit is fsynced
+    assert (await asyncio.wait_for(there.result(), 5)).state is SaleState.CANCELLED
+    assert not agent.journal._fsync_owed  # durable now, with the cancel's commit
+    for _ in range(20):
+        await asyncio.sleep(0)
+    assert said == []  # a customer still waits at the other terminal
+    assert await agent.sales.cancel(here.sale_id)
+    final = await asyncio.wait_for(first.result(), 5)
+    assert final.state is SaleState.COMPLETED
+    assert said == [SaleState.COMPLETED]
+    assert clock.monotonic() == began  # before the bound
+    assert (await asyncio.wait_for(here.result(), 5)).state is SaleState.CANCELLED
+    assert fdatasyncs == []
+    assert len(sent) == 1
+    [row] = await ledger(agent, first.order_id)
+    assert row.status is TransStatus.CAPTURED

@@ -147,3 +147,15 @@ def test_a_capture_answered_for_another_transaction_is_refused() -> None:
     with pytest.raises(InvalidResponseError) as refused:
         answer_to(_ASKED, _answer(trans_id="999"), ("trans_id", "mid"), "capture 100200300")
     assert refused.value.field == "trans_id"
+
+
+def test_an_approval_of_nothing_is_refused_and_no_amount_is_not() -> None:
+    # 0 cents approved is no answer to a charge of 300 (read as "no amount", it vended 300);
+    # an approval naming no amount, and a decline of 0, are taken as before
+    with pytest.raises(InvalidResponseError) as refused:
+        answer_to(_ASKED, _answer(amount=0), ("order_id",), "charge")
+    assert refused.value.field == "amount"
+    bare = ChargeResult.model_validate({"result": "A", "trans_id": "100200300"})
+    assert answer_to(_ASKED, bare, ("order_id",), "charge") is bare
+    declined = _answer(result="C", amount=0)
+    assert answer_to(_ASKED, declined, ("order_id",), "charge") is declined
