@@ -11,71 +11,45 @@ from __future__ import annotations
 
 import asyncio
 import json
-import textwrap
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
-import aiohttp
 import pytest
 from aiohttp import web
 
-from kiosk_agent.app import build_agent
 from kiosk_agent.assembly.agent import Agent
-from kiosk_agent.cli.sim import settings_from_ready
-from kiosk_agent.config.load import load_config
 from kiosk_agent.sales.model import DispenseStatus, Flow, SaleRequest
 from kiosk_agent.sales.states import SaleState
 from kiosk_agent.service import cable, terminal
 from kiosk_agent.service.models import (
     Interaction,
     InteractionKind,
-    TransactionFilter,
     TransStatus,
 )
 from kiosk_agent.service.parsing import parse_interaction
-from kiosk_agent.web.server import LocalSite
 from tests.assembly.agent_helpers import ScriptedDispenser
+from tests.sales.test_lost_answers import ForwardingProxy, ledger, started_agent_behind
 
 Rewrite = Callable[[dict[str, Any]], dict[str, Any]]
 
 
-class RewritingProxy:
+class RewritingProxy(ForwardingProxy):
     """Forwards to ``target``; the first answer of a POST whose path ends with ``path`` is
     rewritten by ``rewrite`` (the service acted on the request as the agent sent it)."""
 
     def __init__(self, target: str) -> None:
-        self.target = target
+        super().__init__(target)
         self.rules: dict[str, Rewrite] = {}
         self.rewritten: list[dict[str, Any]] = []  # what the service really answered
         # a POST whose path ends so is answered here, never forwarded (the service refused it)
         self.answer_instead: dict[str, Callable[[web.Request], Awaitable[web.Response]]] = {}
-        self.seen: list[str] = []
-        self._site = LocalSite("127.0.0.1", 0)
 
-    async def start(self) -> None:
-        self._session = aiohttp.ClientSession()
-        app = web.Application()
-        app.router.add_route("*", "/{tail:.*}", self.forward)
-        await self._site.start(app)
-        self.url = self._site.url
-
-    async def stop(self) -> None:
-        await self._session.close()
-        await self._site.stop()
-
-    async def forward(self, request: web.Request) -> web.StreamResponse:
-        body = await request.read()
-        headers = {k: v for k, v in request.headers.items() if k.lower() != "host"}
-        self.seen.append(f"{request.method} {request.path}")
+    async def answer(self, request: web.Request) -> web.StreamResponse:
         for path, answer_here in self.answer_instead.items():
             if request.method == "POST" and request.path.endswith(path):
                 return await answer_here(request)
-        async with self._session.request(
-            request.method, self.target + request.path_qs, data=body, headers=headers
-        ) as answer:
-            payload = await answer.read()
-            status = answer.status
+        status, payload, _ = await self.ask_service(request)
         rule = next((r for p, r in self.rules.items() if request.path.endswith(p)), None)
         if request.method == "POST" and rule is not None and status == 200:
             del self.rules[next(p for p in self.rules if request.path.endswith(p))]
@@ -92,29 +66,10 @@ async def rewriting(
     sim = await sim_factory(time_scale=300, transactions=0)
     proxy = RewritingProxy(sim.base_url)
     await proxy.start()
-    config_path = tmp_path / "config.yaml"
-    config_path.write_text(
-        textwrap.dedent(
-            """\
-            service: {simulator: {time_scale: 300}}
-            terminals: [{device_id: SIM-0001}]
-            journal: {path: journal.db}
-            """
-        )
-    )
-    settings = settings_from_ready(sim.ready_info()).model_copy(
-        update={"base_url": proxy.url, "reporting_url": sim.base_url, "ws_url": sim.ws_url}
-    )
-    agent = build_agent(load_config(config_path), settings, systemd=False)
-    await agent.start()
+    agent = await started_agent_behind(proxy, sim, tmp_path, 300)
     yield agent, proxy
     await agent.stop()
     await proxy.stop()
-
-
-async def ledger(agent: Agent, order_id: str) -> list[Any]:
-    query = TransactionFilter(order_id=order_id)
-    return [t async for t in agent.service.reporting.transactions(query)]
 
 
 async def a_vending_sale(agent: Agent, machine: ScriptedDispenser, cents: int = 300) -> Any:

@@ -28,14 +28,11 @@ from kiosk_agent.web.server import LocalSite
 from tests.assembly.agent_helpers import ScriptedDispenser
 
 
-class AnswerLosingProxy:
-    """Forwards to ``target``; swallows the answer of the first request whose path ends so."""
+class ForwardingProxy:
+    """Forwards every request to ``target``, noting each; a subclass chooses what goes back."""
 
-    def __init__(self, target: str, lose: str) -> None:
+    def __init__(self, target: str) -> None:
         self.target = target
-        self.lose = lose
-        self.lost = 0
-        self.lost_answers: list[bytes] = []  # what the service answered, never forwarded
         self.seen: list[str] = []
         self._site = LocalSite("127.0.0.1", 0)
 
@@ -51,24 +48,63 @@ class AnswerLosingProxy:
         await self._site.stop()
 
     async def forward(self, request: web.Request) -> web.StreamResponse:
+        self.seen.append(f"{request.method} {request.path}")
+        return await self.answer(request)
+
+    async def answer(self, request: web.Request) -> web.StreamResponse:
+        raise NotImplementedError
+
+    async def ask_service(self, request: web.Request) -> tuple[int, bytes, str]:
+        """The service's status, body and content type for ``request`` as the agent sent it."""
         body = await request.read()
         headers = {k: v for k, v in request.headers.items() if k.lower() != "host"}
-        self.seen.append(f"{request.method} {request.path}")
         async with self._session.request(
             request.method, self.target + request.path_qs, data=body, headers=headers
         ) as answer:
             payload = await answer.read()
-            if request.method == "POST" and request.path.endswith(self.lose) and not self.lost:
-                self.lost += 1
-                self.lost_answers.append(payload)
-                assert request.transport is not None
-                request.transport.close()  # the service acted; the agent hears nothing
-                raise asyncio.CancelledError
-            return web.Response(
-                status=answer.status,
-                body=payload,
-                headers={"Content-Type": answer.headers.get("Content-Type", "application/json")},
-            )
+            return answer.status, payload, answer.headers.get("Content-Type", "application/json")
+
+
+class AnswerLosingProxy(ForwardingProxy):
+    """Forwards to ``target``; swallows the answer of the first request whose path ends so."""
+
+    def __init__(self, target: str, lose: str) -> None:
+        super().__init__(target)
+        self.lose = lose
+        self.lost = 0
+        self.lost_answers: list[bytes] = []  # what the service answered, never forwarded
+
+    async def answer(self, request: web.Request) -> web.StreamResponse:
+        status, payload, content_type = await self.ask_service(request)
+        if request.method == "POST" and request.path.endswith(self.lose) and not self.lost:
+            self.lost += 1
+            self.lost_answers.append(payload)
+            assert request.transport is not None
+            request.transport.close()  # the service acted; the agent hears nothing
+            raise asyncio.CancelledError
+        return web.Response(status=status, body=payload, headers={"Content-Type": content_type})
+
+
+async def started_agent_behind(
+    proxy: ForwardingProxy, sim: Any, tmp_path: Path, time_scale: int
+) -> Agent:
+    """An agent whose money calls go through ``proxy``; reporting and events go straight."""
+    config_path = tmp_path / "config.yaml"
+    config_path.write_text(
+        textwrap.dedent(
+            f"""\
+            service: {{simulator: {{time_scale: {time_scale}}}}}
+            terminals: [{{device_id: SIM-0001}}]
+            journal: {{path: journal.db}}
+            """
+        )
+    )
+    settings = settings_from_ready(sim.ready_info()).model_copy(
+        update={"base_url": proxy.url, "reporting_url": sim.base_url, "ws_url": sim.ws_url}
+    )
+    agent = build_agent(load_config(config_path), settings, systemd=False)
+    await agent.start()
+    return agent
 
 
 @pytest.fixture
@@ -82,21 +118,7 @@ async def lossy(
     sim = await sim_factory(time_scale=scale, transactions=0)
     proxy = AnswerLosingProxy(sim.base_url, request.param)
     await proxy.start()
-    config_path = tmp_path / "config.yaml"
-    config_path.write_text(
-        textwrap.dedent(
-            f"""\
-            service: {{simulator: {{time_scale: {scale}}}}}
-            terminals: [{{device_id: SIM-0001}}]
-            journal: {{path: journal.db}}
-            """
-        )
-    )
-    settings = settings_from_ready(sim.ready_info()).model_copy(
-        update={"base_url": proxy.url, "reporting_url": sim.base_url, "ws_url": sim.ws_url}
-    )
-    agent = build_agent(load_config(config_path), settings, systemd=False)
-    await agent.start()
+    agent = await started_agent_behind(proxy, sim, tmp_path, scale)
     yield agent, proxy
     await agent.stop()
     await proxy.stop()
