@@ -4,14 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import sys
-import types
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from kiosk_agent.bus import EventBus, Subscription
+from tests.helpers import PythonCalls
 
 
 async def test_next_gives_the_event_or_none_once_told_to_stop() -> None:
@@ -172,20 +171,11 @@ async def test_an_event_reaches_a_subscriber_and_is_taken_in_a_few_python_calls(
     # asyncio.Queue under a subscription made a put and a take a dozen Python calls (its full(),
     # qsize(), _put, _get and _wakeup_next hooks, ours over them): five or six a sale's stream
     bus: EventBus[str] = EventBus()
-    calls: list[str] = []
-
-    def count(frame: types.FrameType, event: str, _arg: object) -> None:
-        if event == "call":
-            calls.append(frame.f_code.co_name)
-
     async with bus.subscribe(key="s1") as queue:
-        sys.setprofile(count)
-        try:
+        with PythonCalls() as calls:
             bus.publish("approved", "s1")
             taken = queue.get_nowait()
             missed = queue.take_missed()
-        finally:
-            sys.setprofile(None)
     assert (taken, missed) == ("approved", 0)
     assert len(calls) <= 6, calls
 
@@ -194,18 +184,9 @@ async def test_a_subscription_is_entered_and_left_in_a_few_python_calls() -> Non
     # a generator context manager (asynccontextmanager) around an asyncio.Queue took 15 Python
     # calls to enter and leave: a kiosk API sale's own stream opens one
     bus: EventBus[str] = EventBus()
-    calls: list[str] = []
-
-    def count(frame: types.FrameType, event: str, _arg: object) -> None:
-        if event == "call":
-            calls.append(frame.f_code.co_name)
-
-    sys.setprofile(count)
-    try:
+    with PythonCalls() as calls:
         async with bus.subscribe(key="s1"):
             assert bus.reaches("s1")
-    finally:
-        sys.setprofile(None)
     assert not bus.reaches("s1")
     assert len(calls) <= 8 + 2, calls  # and the two looks of reaches()
 

@@ -22,6 +22,7 @@ from kiosk_agent.logs import (
     suppressed_counts,
 )
 from kiosk_agent.sales.clock import FakeClock
+from tests.helpers import PythonCalls
 
 CARD = "4111 1111 1111 1111"
 _SWITCHES = ("_srcfile", "logThreads", "logProcesses", "logMultiprocessing")
@@ -205,21 +206,9 @@ def test_a_text_line_at_info_is_written_in_fewer_python_calls(root_restored: Non
 
 
 def _count_a_line(log: logging.Logger) -> None:
-    import sys
-    import types
-
     log.info("warm: the second's stamp is made")
-    calls: list[str] = []
-
-    def count(frame: types.FrameType, event: str, _arg: object) -> None:
-        if event == "call":
-            calls.append(frame.f_code.co_name)
-
-    sys.setprofile(count)
-    try:
+    with PythonCalls() as calls:
         log.info("sale %s %s: %s", "0f3c9a2b4d5e6f70", "completed", "paid $2.50 (captured)")
-    finally:
-        sys.setprofile(None)
     assert len(calls) <= 22, calls
 
 

@@ -51,7 +51,7 @@ from kiosk_agent.sales.journal import (
 from kiosk_agent.sales.journal_records import replaced
 from kiosk_agent.sales.kinds import SaleKind
 from kiosk_agent.sales.states import SaleState, Step, TransitionRefused
-from tests.helpers import walk_to
+from tests.helpers import PythonCalls, walk_to
 
 
 @pytest.fixture
@@ -1179,21 +1179,9 @@ def test_batches_do_not_nest(journal: Journal) -> None:
 def test_a_batch_is_entered_and_left_in_a_few_python_calls(journal: Journal) -> None:
     # a generator context manager took six calls of contextlib and the generator's own around
     # the batch's work, at each of a kiosk API sale's four batches
-    import types
-
     sale = journal.create(new_sale(1))
-    calls: list[str] = []
-
-    def count(frame: types.FrameType, event: str, _arg: object) -> None:
-        if event == "call":
-            calls.append(frame.f_code.co_name)
-
-    sys.setprofile(count)
-    try:
-        with journal.batch():
-            pass
-    finally:
-        sys.setprofile(None)
+    with PythonCalls() as calls, journal.batch():
+        pass
     # batch, __init__, __enter__, db, prune_gives_way, __exit__, _tell, _committed: none of
     # contextlib's; nothing written, so nothing committed to tell (no _committed)
     assert "helper" not in calls
