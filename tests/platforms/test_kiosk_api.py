@@ -15,9 +15,11 @@ import pytest
 from hypothesis import Phase, given, settings
 from hypothesis import strategies as st
 
+from kiosk_agent.assembly.agent import Agent
 from kiosk_agent.cli.sim import settings_from_ready
 from kiosk_agent.money import cents_to_dollars
 from kiosk_agent.platforms.kiosk_api import PLATFORM_SCHEMA, KioskApi
+from kiosk_agent.sales.clock import Clock
 from kiosk_agent.sales.states import SaleState
 from kiosk_agent.sim.context import SimOptions
 from kiosk_agent.sim.server import SimServer
@@ -1241,6 +1243,24 @@ async def test_a_vended_reported_after_the_vend_timeout_is_told_as_a_product_gon
         assert "tea went out unpaid" in said
 
 
+@contextlib.asynccontextmanager
+async def _confirming_on(
+    clock: Clock, tmp_path: Path, sim_settings: Any, **options: Any
+) -> AsyncIterator[tuple[Agent, App]]:
+    """A kiosk whose app confirms each dispense, its agent on ``clock`` (30 s vend timeout)."""
+    trigger = {"platform": "kiosk_api", "name": "screen", "token": "!secret kiosk_token",
+               "port": 0, "products": {"tea": "1.75", "coffee": "2.50"},
+               "confirm_dispense": True, **options}
+    async with (
+        running_agent(tmp_path, sim_settings, [trigger], clock=clock,
+                      sales={"vend_timeout": 30.0}, secrets={"kiosk_token": TOKEN}) as agent,
+        aiohttp.ClientSession() as session,
+    ):  # fmt: skip
+        [api] = agent.platforms
+        assert isinstance(api, KioskApi)
+        yield agent, App(api, session)
+
+
 @pytest.mark.parametrize("flow", ["charge_card", "authorize_capture"])
 async def test_an_app_that_confirms_is_given_up_on_at_its_vend_timeout_on_the_sale_clock(
     tmp_path: Path, sim_settings: Any, flow: str
@@ -1253,16 +1273,8 @@ async def test_an_app_that_confirms_is_given_up_on_at_its_vend_timeout_on_the_sa
     from kiosk_agent.sales.clock import FakeClock
 
     clock = FakeClock(wall=time.time())
-    trigger = {"platform": "kiosk_api", "name": "screen", "token": "!secret kiosk_token",
-               "port": 0, "products": {"tea": "1.75"}, "flow": flow, "confirm_dispense": True}
-    async with (
-        running_agent(tmp_path, sim_settings, [trigger], clock=clock,
-                      sales={"vend_timeout": 30.0}, secrets={"kiosk_token": TOKEN}) as agent,
-        aiohttp.ClientSession() as session,
-    ):  # fmt: skip
-        [api] = agent.platforms
-        assert isinstance(api, KioskApi)
-        app = App(api, session)
+    async with _confirming_on(clock, tmp_path, sim_settings, flow=flow) as (agent, app):
+        api = app.api
         _, started = await app.post("/sales", {"product": "tea"})
         sale_id = started["sale_id"]
         await until(lambda: api._latest[sale_id].state is SaleState.DISPENSING)
@@ -1293,17 +1305,8 @@ async def test_late_vendeds_for_two_sales_given_back_are_each_told_once(
     from kiosk_agent.sales.clock import FakeClock
 
     clock = FakeClock(wall=time.time())
-    trigger = {"platform": "kiosk_api", "name": "screen", "token": "!secret kiosk_token",
-               "port": 0, "products": {"tea": "1.75", "coffee": "2.50"},
-               "confirm_dispense": True}
-    async with (
-        running_agent(tmp_path, sim_settings, [trigger], clock=clock,
-                      sales={"vend_timeout": 30.0}, secrets={"kiosk_token": TOKEN}) as agent,
-        aiohttp.ClientSession() as session,
-    ):  # fmt: skip
-        [api] = agent.platforms
-        assert isinstance(api, KioskApi)
-        app = App(api, session)
+    async with _confirming_on(clock, tmp_path, sim_settings) as (agent, app):
+        api = app.api
         given_back = []
         for product in ("tea", "coffee"):
             _, started = await app.post("/sales", {"product": product})
