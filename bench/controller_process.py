@@ -118,24 +118,26 @@ class ControllerProcess:
         return answer
 
 
-async def _line_trips(fd: int, count: int) -> list[float]:
+async def read_when_ready(fd: int) -> bytes:
+    """What a non-blocking ``fd`` holds (64 bytes at most) once the event loop sees it readable:
+    a pty line read as the agent's serial link reads it, with no stack above it."""
     loop = asyncio.get_running_loop()
+    ready = loop.create_future()
+    loop.add_reader(fd, ready.set_result, None)
+    try:
+        await ready
+    finally:
+        loop.remove_reader(fd)
+    return os.read(fd, 64)
+
+
+async def _line_trips(fd: int, count: int) -> list[float]:
     os.set_blocking(fd, False)
-
-    async def readable() -> None:
-        ready = loop.create_future()
-        loop.add_reader(fd, ready.set_result, None)
-        try:
-            await ready
-        finally:
-            loop.remove_reader(fd)
-
     seconds = []
     for _ in range(count):
         started = time.monotonic()
         os.write(fd, _REQUEST)
-        await readable()
-        os.read(fd, 64)
+        await read_when_ready(fd)
         seconds.append(time.monotonic() - started)
     return seconds
 

@@ -79,7 +79,7 @@ from kiosk_agent.sim.server import SimOptions, SimServer
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from agent import journal_commit_times, load_average  # the sibling bench's
-from controller_process import ControllerProcess
+from controller_process import ControllerProcess, read_when_ready
 
 # Large, so the simulator's own timer jitter around the card (a few ms at time scale 50) does not
 # count as agent latency; the nominal card time is subtracted either way.
@@ -291,28 +291,17 @@ async def bench_direct_service(sim: SimServer, count: int) -> list[float]:
 async def pty_round_trips(count: int) -> list[float]:
     """Seconds for one short line each way over a bare pty pair, read by the event loop: what
     the serial link costs a vend with no serial stack or parser above it."""
-    loop = asyncio.get_running_loop()
     controller, adapter = os.openpty()
     tty.setraw(controller)
     tty.setraw(adapter)
-
-    async def readable(fd: int) -> bytes:
-        ready = loop.create_future()
-        loop.add_reader(fd, ready.set_result, None)
-        try:
-            await ready
-        finally:
-            loop.remove_reader(fd)
-        return os.read(fd, 64)
-
     times = []
     try:
         for _ in range(count):
             started = time.perf_counter()
             os.write(controller, b"VEND,250,1\n")
-            await readable(adapter)
+            await read_when_ready(adapter)
             os.write(adapter, b"C,VEND,250\n")
-            await readable(controller)
+            await read_when_ready(controller)
             times.append(time.perf_counter() - started)
     finally:
         os.close(controller)
