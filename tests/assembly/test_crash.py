@@ -59,11 +59,12 @@ SERVICE_CALL_STEPS = {
 }
 
 
-def write_config(directory: Path, sim: Any) -> Path:
+def write_config(directory: Path, sim: Any, timeout: float = 5) -> Path:
+    """The crash driver's agent on ``sim``: ``timeout`` the service's per-call one."""
     info = sim.ready_info()
     path = directory / "config.yaml"
     path.write_text(
-        service_yaml(info)
+        service_yaml(info, timeout=timeout)
         + textwrap.dedent(
             f"""\
             terminals: [{{device_id: SIM-0001}}]

@@ -16,7 +16,6 @@ from __future__ import annotations
 import asyncio
 import os
 import tempfile
-import textwrap
 from pathlib import Path
 from typing import Any
 
@@ -31,8 +30,9 @@ from tests.assembly.test_crash import (
     Driver,
     assert_no_unearned_money,
     journaled_sales,
+    write_config,
 )
-from tests.helpers import service_yaml, sim_call
+from tests.helpers import sim_call
 
 EXAMPLES = int(os.environ.get("CRASH_MOMENTS_EXAMPLES", "2"))
 # a money call's answer window: 1.5 s of timeout and 0.5 s of margin (a lost answer is
@@ -72,21 +72,6 @@ def customers(draw: st.DrawFn) -> dict[str, Any]:
     }
 
 
-def write_config(directory: Path, sim: SimServer) -> Path:
-    path = directory / "config.yaml"
-    path.write_text(
-        service_yaml(sim.ready_info(), timeout=TIMEOUT_S)
-        + textwrap.dedent(
-            f"""\
-            terminals: [{{device_id: SIM-0001}}]
-            journal: {{path: journal.db}}
-            sales: {{vend_timeout: 5, answer_margin: 0.5, interaction_lifetime: {180 / TIME_SCALE}}}
-            """
-        )
-    )
-    return path
-
-
 async def run_customers(plan: list[dict[str, Any]], directory: Path) -> None:
     sim = SimServer(SimOptions(port=0, time_scale=TIME_SCALE, seed=8, transactions=0))
     await sim.start()
@@ -96,7 +81,8 @@ async def run_customers(plan: list[dict[str, Any]], directory: Path) -> None:
                "KIOSK_CLIENT_SECRET": info["client_secret"]}
         markers = directory / "vended.txt"
         markers.touch()
-        driver = Driver(SharedDrivers.shared(), write_config(directory, sim), markers, env)
+        config = write_config(directory, sim, TIMEOUT_S)
+        driver = Driver(SharedDrivers.shared(), config, markers, env)
         for customer in plan:
             if customer["fault"] is not None:
                 await sim_call(sim, "POST", "/sim/faults", {**customer["fault"], "count": 1})
