@@ -200,6 +200,11 @@ def killed_already(killed: set[tuple[str, ...]], flow: str) -> tuple[str, ...]:
     return ()
 
 
+def sale_ids_so_far(directory: Path) -> set[str]:
+    """The sales journaled in ``directory`` before a round (none before the first start)."""
+    return set(journaled_sales(directory)) if (directory / "journal.db").exists() else set()
+
+
 def journaled_sales(directory: Path) -> dict[str, Any]:
     journal = Journal(directory / "journal.db")
     journal.open()
@@ -264,7 +269,7 @@ async def kill_at_each_overlap(
     pairs = []
     for kill_at, steps, second_ends in OVERLAP_KILLS:
         await sim_call(sim, "POST", "/sim/faults", fault)
-        before = set(journaled_sales(tmp_path)) if (tmp_path / "journal.db").exists() else set()
+        before = sale_ids_so_far(tmp_path)
         assert await driver.run("overlap", kill_at) == "killed"
         assert driver.steps == steps
         killed = {s.sale_id: s for s in journaled_sales(tmp_path).values()

@@ -22,7 +22,7 @@ import pytest
 from kiosk_agent.cli.sim import settings_from_ready
 from kiosk_agent.sales.states import SaleState
 from kiosk_agent.service.client import ServiceClient
-from kiosk_agent.service.models import InteractionKind, InteractionStatus, TransactionFilter
+from kiosk_agent.service.models import InteractionKind, InteractionStatus, TransStatus
 from tests.assembly.crash_driver import WarmDrivers
 from tests.assembly.test_crash import (
     TIME_SCALE,
@@ -30,6 +30,8 @@ from tests.assembly.test_crash import (
     assert_no_unearned_money,
     driver_on,
     journaled_sales,
+    sale_ids_so_far,
+    statuses_of,
 )
 
 NO_CARD = 305  # ..05: no card is presented, the read waits (choices.md)
@@ -111,10 +113,7 @@ async def test_a_power_cut_that_loses_the_capture_request_gives_the_money_back(
     ended = sales[killed.sale_id]
     assert ended.state is SaleState.REVERSED, ended.message
     await assert_no_unearned_money(sim, sales, driver.markers)
-    async with ServiceClient(settings_from_ready(sim.ready_info())) as service:
-        rows = [r async for r in service.reporting.transactions(
-            TransactionFilter(order_id=killed.order_id))]
-    assert [r.status.name for r in rows if r.status] == ["VOIDED"]
+    assert [s for s in await statuses_of(sim, killed.order_id) if s] == [TransStatus.VOIDED]
 
 
 @pytest.mark.slow(seconds=8)
@@ -129,7 +128,7 @@ async def test_a_kill_or_a_power_cut_before_the_completions_shared_fsync_capture
     driver = driver_on(sim, drivers, tmp_path)
     for cut in (False, True):
         disk = power_cut_after(driver, tmp_path) if cut else None
-        before = set(journaled_sales(tmp_path)) if (tmp_path / "journal.db").exists() else set()
+        before = sale_ids_so_far(tmp_path)
         assert await driver.run("authorize_capture", 300, "vended", 9) == "killed"
         assert driver.steps[-2:] == ["capture.request", "completed"]
         [killed] = [s for s in journaled_sales(tmp_path).values() if s.sale_id not in before]
@@ -141,10 +140,8 @@ async def test_a_kill_or_a_power_cut_before_the_completions_shared_fsync_capture
         sales = journaled_sales(tmp_path)
         assert sales[killed.sale_id].state is SaleState.COMPLETED, sales[killed.sale_id].message
         await assert_no_unearned_money(sim, sales, driver.markers)
-        async with ServiceClient(settings_from_ready(sim.ready_info())) as service:
-            rows = [r async for r in service.reporting.transactions(
-                TransactionFilter(order_id=killed.order_id))]
-        assert [r.status.name for r in rows if r.status] == ["CAPTURED"], cut
+        statuses = [s for s in await statuses_of(sim, killed.order_id) if s]
+        assert statuses == [TransStatus.CAPTURED], cut
 
 
 # The next customer's steps, killed at each, while the first sale's capture waits for that
@@ -173,7 +170,7 @@ async def test_a_kill_or_a_power_cut_at_any_moment_of_a_captures_wait_captures_i
     rounds = []
     for kill_at, cut, second_ends in IN_THE_WAIT:
         disk = power_cut_after(driver, tmp_path) if cut else None
-        before = set(journaled_sales(tmp_path)) if (tmp_path / "journal.db").exists() else set()
+        before = sale_ids_so_far(tmp_path)
         assert await driver.run("overlap", kill_at) == "killed"
         killed = sorted((s for s in journaled_sales(tmp_path).values() if s.sale_id not in before),
                         key=lambda s: s.created_at)
@@ -189,11 +186,9 @@ async def test_a_kill_or_a_power_cut_at_any_moment_of_a_captures_wait_captures_i
         rounds.append((kill_at, first, second, second_ends))
 
     sales = journaled_sales(tmp_path)
-    async with ServiceClient(settings_from_ready(sim.ready_info())) as service:
-        for kill_at, first, second, second_ends in rounds:
-            rows = [r async for r in service.reporting.transactions(
-                TransactionFilter(order_id=first.order_id))]
-            assert [r.status.name for r in rows if r.status] == ["CAPTURED"], kill_at
-            assert sales[first.sale_id].state is SaleState.COMPLETED, kill_at
-            assert sales[second.sale_id].state is second_ends, (kill_at, sales[second.sale_id])
+    for kill_at, first, second, second_ends in rounds:
+        statuses = [s for s in await statuses_of(sim, first.order_id) if s]
+        assert statuses == [TransStatus.CAPTURED], kill_at
+        assert sales[first.sale_id].state is SaleState.COMPLETED, kill_at
+        assert sales[second.sale_id].state is second_ends, (kill_at, sales[second.sale_id])
     await assert_no_unearned_money(sim, sales, driver.markers)
