@@ -6,6 +6,8 @@ import asyncio
 import contextlib
 import functools
 import json
+import sys
+import types
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
@@ -1108,13 +1110,24 @@ def test_a_frame_written_at_once_is_the_bytes_aiohttps_writer_sends(text: str) -
     assert text_frame(text) == asyncio.run(aiohttps(text))
 
 
+async def _a_coffee_sale_profiled_by(
+    count: Callable[[types.FrameType, str, object], None], app: App
+) -> list[dict[str, Any]]:
+    """A coffee sale followed to its end with ``count`` as the profile function: its steps."""
+    sys.setprofile(count)
+    try:
+        _, started = await app.post("/sales", {"product": "coffee"})
+        steps: list[dict[str, Any]] = await asyncio.wait_for(app.follow(started["sale_id"]), 10)
+    finally:
+        sys.setprofile(None)
+    return steps
+
+
 async def test_a_sales_steps_do_not_call_the_listeners_of_other_states(app: App) -> None:
     """Before: availability's listener (it acts on a FAILED or ATTENTION end) and attention's
     (on ATTENTION or an end) were called on each of a sale's six steps; the agent's bus knows a
     step's state and calls them on those only. The kiosk API's and health's hear every step."""
     import collections
-    import sys
-    import types
 
     calls: collections.Counter[str] = collections.Counter()
     watched = {"on_sale_event", "_seen", "_follow", "record_sale"}
@@ -1123,12 +1136,7 @@ async def test_a_sales_steps_do_not_call_the_listeners_of_other_states(app: App)
         if event == "call" and frame.f_code.co_name in watched:
             calls[frame.f_code.co_name] += 1
 
-    sys.setprofile(count)
-    try:
-        _, started = await app.post("/sales", {"product": "coffee"})
-        steps = await asyncio.wait_for(app.follow(started["sale_id"]), 10)
-    finally:
-        sys.setprofile(None)
+    steps = await _a_coffee_sale_profiled_by(count, app)
     assert steps[-1]["state"] == "completed"
     assert calls["_follow"] == calls["record_sale"] >= 5
     assert calls["on_sale_event"] == 0  # a completed sale is no suspect end
@@ -1168,8 +1176,6 @@ async def test_a_sale_reads_no_enum_value_property_nor_the_receipt_property(app:
     (the kiosk API's and health's listeners at each step). Their texts are read as
     ``_value_`` and the step compared where it is needed: none of those calls is left."""
     import collections
-    import sys
-    import types
 
     calls: collections.Counter[str] = collections.Counter()
 
@@ -1181,12 +1187,7 @@ async def test_a_sale_reads_no_enum_value_property_nor_the_receipt_property(app:
             ):
                 calls[code.co_name] += 1
 
-    sys.setprofile(count)
-    try:
-        _, started = await app.post("/sales", {"product": "coffee"})
-        steps = await asyncio.wait_for(app.follow(started["sale_id"]), 10)
-    finally:
-        sys.setprofile(None)
+    steps = await _a_coffee_sale_profiled_by(count, app)
     assert steps[-1]["state"] == "completed"
     assert calls == {}, calls
 
@@ -1197,8 +1198,6 @@ async def test_a_sale_whose_app_does_not_confirm_arms_no_vend_timer(app: App) ->
     a timer armed and cancelled each sale. The sale's bounds are now the money call's and the
     card wait's, each on the sale's clock; the dispense ends before any is entered."""
     import collections
-    import sys
-    import types
 
     bounded_from: collections.Counter[str] = collections.Counter()
 
@@ -1209,12 +1208,7 @@ async def test_a_sale_whose_app_does_not_confirm_arms_no_vend_timer(app: App) ->
         ) and frame.f_back is not None:
             bounded_from[frame.f_back.f_code.co_name] += 1
 
-    sys.setprofile(count)
-    try:
-        _, started = await app.post("/sales", {"product": "coffee"})
-        steps = await asyncio.wait_for(app.follow(started["sale_id"]), 10)
-    finally:
-        sys.setprofile(None)
+    steps = await _a_coffee_sale_profiled_by(count, app)
     assert steps[-1]["state"] == "completed"
     assert bounded_from["money_call"] >= 1
     assert bounded_from["wait_interaction"] >= 1
