@@ -25,6 +25,13 @@ def _consume(
             seen.append(item)  # no way to tell the reader of a loss here
         return accept[0]
 
+    def take() -> None:
+        item = queue.get_nowait()
+        missed = queue.take_missed()
+        if missed:
+            seen.append(f"-{missed}")
+        seen.append(item)
+
     queue.deliver = deliver
     published = 0
     for op, takes in ops:
@@ -37,17 +44,9 @@ def _consume(
                 queue.put_nowait(published)
             published += 1
         elif not queue.empty():
-            item = queue.get_nowait()
-            missed = queue.take_missed()
-            if missed:
-                seen.append(f"-{missed}")
-            seen.append(item)
+            take()
     while not queue.empty():
-        item = queue.get_nowait()
-        missed = queue.take_missed()
-        if missed:
-            seen.append(f"-{missed}")
-        seen.append(item)
+        take()
     return seen, published
 
 
