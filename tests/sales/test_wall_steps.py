@@ -32,7 +32,7 @@ from kiosk_agent.sales.journal import Journal, SaleRecord
 from kiosk_agent.sales.model import Flow, SaleEvent, SaleRequest
 from kiosk_agent.sales.states import SaleState, Step
 from kiosk_agent.service.client import ServiceClient
-from kiosk_agent.service.models import ChargeRequest, TransactionFilter, TransStatus
+from kiosk_agent.service.models import TransactionFilter, TransStatus
 from kiosk_agent.sim.faults import faults_of
 from tests.assembly.agent_helpers import (
     REQUEST_TIMEOUT,
@@ -41,6 +41,7 @@ from tests.assembly.agent_helpers import (
     write_config,
 )
 from tests.helpers import walk_to
+from tests.sales.test_audit import _charge as charge_no_sale_holds
 from tests.sales.test_recovery import authorize
 
 HOUR = 3600.0
@@ -472,7 +473,7 @@ async def test_a_late_charge_the_net_let_go_of_is_given_back_by_the_charge_check
     await agent.journal_guard.first_check()
     await agent.journal_guard.stop()  # the test checks by itself
     event = await no_charge_sale(agent, clock, sim)
-    charged = await on_its_terminal(agent, event.order_id)
+    charged = await charge_no_sale_holds(agent, event.order_id, 300, capture=False)
     audit = agent.journal_guard.audit
 
     await clock.advance(DAY - HOUR)
@@ -490,19 +491,6 @@ async def test_a_late_charge_the_net_let_go_of_is_given_back_by_the_charge_check
     assert record_of(agent, event.sale_id).state is SaleState.FAILED
     [row] = await ledger(agent, event.order_id)
     assert row.status is TransStatus.VOIDED
-
-
-async def on_its_terminal(agent: Agent, order_id: str) -> str:
-    """An authorization under ``order_id`` on the sale's terminal, as a late commit makes it."""
-    handle = await agent.service.terminal.read_card("SIM-0001", 300)
-    card = (await handle.wait(timeout=5)).read_card_result
-    assert card is not None
-    charged = await agent.service.payments.charge(ChargeRequest(
-        mid=agent.service.settings.mid, amount=300, account_token=card.token,
-        expiration=card.expiration, capture=False, order_id=order_id, terminal_id="SIM-0001",
-    ))
-    assert charged.approved
-    return str(charged.trans_id)
 
 
 # -- what people see of the day ------------------------------------------------------------------
