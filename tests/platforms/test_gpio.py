@@ -138,12 +138,17 @@ async def _next_final(agent: Any, timeout: float = 10) -> SaleEvent:
                 return event
 
 
-async def test_press_pays_then_pulses_the_relay(kiosk: Any) -> None:
-    agent, chip, _ = kiosk
+async def _pressed(agent: Any, chip: Any, pin: int, **press: Any) -> SaleEvent:
+    """The end of the sale that pressing ``pin`` starts."""
     waiting = asyncio.create_task(_next_final(agent))
     await asyncio.sleep(0)
-    chip.press(17)
-    final = await waiting
+    chip.press(pin, **press)
+    return await waiting
+
+
+async def test_press_pays_then_pulses_the_relay(kiosk: Any) -> None:
+    agent, chip, _ = kiosk
+    final = await _pressed(agent, chip, 17)
     assert final.state is SaleState.COMPLETED
     assert final.product == "espresso"
     assert final.captured_cents == 250
@@ -152,10 +157,7 @@ async def test_press_pays_then_pulses_the_relay(kiosk: Any) -> None:
 
 async def test_contact_bounce_is_one_press(kiosk: Any) -> None:
     agent, chip, platform = kiosk
-    waiting = asyncio.create_task(_next_final(agent))
-    await asyncio.sleep(0)
-    chip.press(17, bounces=4)
-    await waiting
+    await _pressed(agent, chip, 17, bounces=4)
     assert platform.status()["presses"] == 1
     assert chip.pulses(22) == 1
 
@@ -256,18 +258,12 @@ async def test_a_press_while_the_last_sale_finds_out_a_lost_authorization_sells(
 async def test_drop_sensor_confirms_or_the_money_goes_back(kiosk: Any) -> None:
     agent, chip, _ = kiosk
     chip.falls_onto[23] = 27
-    waiting = asyncio.create_task(_next_final(agent))
-    await asyncio.sleep(0)
-    chip.press(18)
-    confirmed = await waiting
+    confirmed = await _pressed(agent, chip, 18)
     assert confirmed.state is SaleState.COMPLETED
     assert confirmed.captured_cents == 320
 
     del chip.falls_onto[23]  # the latte gets stuck: the sensor sees nothing
-    waiting = asyncio.create_task(_next_final(agent))
-    await asyncio.sleep(0)
-    chip.press(18)
-    stuck = await waiting
+    stuck = await _pressed(agent, chip, 18)
     assert stuck.state is SaleState.REVERSED
     assert stuck.captured_cents == 0
     assert "drop sensor saw nothing" in stuck.message
@@ -275,10 +271,7 @@ async def test_drop_sensor_confirms_or_the_money_goes_back(kiosk: Any) -> None:
 
 async def test_declined_card_never_touches_the_relay(kiosk: Any) -> None:
     agent, chip, _ = kiosk
-    waiting = asyncio.create_task(_next_final(agent))
-    await asyncio.sleep(0)
-    chip.press(19)
-    final = await waiting
+    final = await _pressed(agent, chip, 19)
     assert final.state is SaleState.DECLINED
     assert chip.pulses(24) == 0
 
@@ -334,10 +327,7 @@ async def test_the_available_lamp_follows_the_terminal_and_presses_wait_for_it(
 
             await sim_call(sim, "POST", "/sim/terminals/SIM-0001/online")
             await until(lambda: chip.relays[25] is True, timeout=2)
-            waiting = asyncio.create_task(_next_final(agent))
-            await asyncio.sleep(0)
-            chip.press(17)
-            assert (await waiting).state is SaleState.COMPLETED
+            assert (await _pressed(agent, chip, 17)).state is SaleState.COMPLETED
         finally:
             await platform.stop()
     assert chip.relays[25] is False  # a stopped agent takes no cards
@@ -439,10 +429,7 @@ async def test_a_product_falling_after_the_sensor_window_is_told_as_gone_unpaid(
     the sensor after all: the product went out unpaid. Said once at WARNING naming the sale,
     counted in the trigger's status; a second edge is not a second latte."""
     agent, chip, platform = kiosk
-    waiting = asyncio.create_task(_next_final(agent))
-    await asyncio.sleep(0)
-    chip.press(18)
-    stuck = await waiting
+    stuck = await _pressed(agent, chip, 18)
     assert stuck.state is SaleState.REVERSED
     with caplog.at_level("WARNING"):
         chip.edge(27)
