@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import re
+import subprocess
 import sys
 import types
 from collections.abc import Callable, Iterator
@@ -239,3 +240,14 @@ class PythonCalls:
     def _count(self, frame: types.FrameType, event: str, _arg: object) -> None:
         if event == "call" and frame.f_code is not PythonCalls.__exit__.__code__:
             self.names.append(frame.f_code.co_name)
+
+
+def in_a_fresh_python(
+    probe: str, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    """``probe`` run by a Python process of its own (nothing imported yet); the test fails if
+    it fails or takes over a minute."""
+    return subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, check=True, timeout=60,
+        env=env,
+    )

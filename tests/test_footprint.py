@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
+
+from tests.helpers import in_a_fresh_python
 
 # What `kiosk-agent run` imports for an agent with a kiosk API trigger and no admin section:
 # the run itself, up to claiming its journal (which this one cannot: its directory is a file).
@@ -70,8 +70,7 @@ def imported_by_a_run(tmp_path: Path) -> set[str]:
         "print(json.dumps(sorted(sys.modules)))\n"
     )
     env = {**os.environ, "FOOTPRINT_SECRET": "footprint-secret-0123456789"}
-    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
-                          check=True, timeout=60, env=env)
+    done = in_a_fresh_python(probe, env)
     assert "cannot claim the journal" in done.stderr  # stopped where it was meant to
     return set(json.loads(done.stdout.splitlines()[-1]))
 
@@ -111,8 +110,7 @@ print(json.dumps({"modules": sorted(sys.modules), "models": sorted(declared)}))
 
 
 def test_the_agents_modules_declare_no_vault_model() -> None:
-    done = subprocess.run([sys.executable, "-c", MODELS_DECLARED], capture_output=True,
-                          text=True, check=True, timeout=60)
+    done = in_a_fresh_python(MODELS_DECLARED)
     found = json.loads(done.stdout.splitlines()[-1])
     assert {"kiosk_agent.sales.enroll", "kiosk_agent.service.models.payments"} <= set(
         found["modules"]
@@ -135,8 +133,7 @@ def test_building_the_models_a_start_uses_parses_no_builtins_signature() -> None
         "            model.model_rebuild(force=True)\n"
         "print(json.dumps(tokenize._compile.cache_info().misses))\n"
     )
-    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
-                          check=True, timeout=60)
+    done = in_a_fresh_python(probe)
     assert json.loads(done.stdout) == 0
 
 
@@ -149,8 +146,7 @@ def test_the_agents_modules_leave_the_health_sections_schema_to_a_configuration_
         "import kiosk_agent.app\n"
         "print(json.dumps(sorted(m for m in sys.modules if m.startswith('kiosk_agent.'))))\n"
     )
-    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
-                          check=True, timeout=60)
+    done = in_a_fresh_python(probe)
     loaded = set(json.loads(done.stdout))
     assert "kiosk_agent.assembly.agent" in loaded
     assert "kiosk_agent.health.schema" not in loaded

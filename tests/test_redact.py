@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 
 from kiosk_agent import redact as redact_module
 from kiosk_agent.redact import MASK, RedactingFilter, luhn_valid, redact, redirect_target
+from tests.helpers import in_a_fresh_python
 
 VISA = "4111111111111111"  # a Luhn-valid test number
 
@@ -182,8 +183,6 @@ def test_the_two_largest_patterns_are_compiled_only_for_a_text_that_names_a_secr
     that imports redaction), whose log lines name no secret. A start's lines at INFO (as a
     unit logs them: recovery, each reader's availability, the kiosk API) compile neither; the
     first text that names a secret does, and is masked."""
-    import subprocess
-    import sys
 
     probe = (
         "from kiosk_agent import redact\n"
@@ -198,8 +197,7 @@ def test_the_two_largest_patterns_are_compiled_only_for_a_text_that_names_a_secr
         "print(redact.redact('api_key=abc123 and \"token\": \"xyz\"'))\n"
         "print(redact._secret_values.cache_info().currsize)\n"
     )
-    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
-                          check=True, timeout=60)
+    done = in_a_fresh_python(probe)
     before, masked, after = done.stdout.splitlines()
     assert (before, after) == ("0", "1")
     assert masked == f'api_key={MASK} and "token": "{MASK}"'

@@ -18,6 +18,7 @@ import pytest
 
 from kiosk_agent import __version__
 from kiosk_agent.cli import COMMAND_HELP, COMMAND_MODULES, build_parser, contract
+from tests.helpers import in_a_fresh_python
 
 DEMO_CONFIG = Path(__file__).parents[2] / "config" / "demo.yaml"
 
@@ -50,8 +51,7 @@ def modules_after(*argvs: list[str]) -> tuple[str, set[str]]:
         "        main(argv)\n"
         "print(json.dumps([out.getvalue(), sorted(sys.modules)]))\n"
     )
-    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
-                          check=True, timeout=60)
+    done = in_a_fresh_python(probe)
     output, modules = json.loads(done.stdout.splitlines()[-1])
     return output, set(modules)
 
