@@ -202,6 +202,18 @@ async def test_a_query_refused_while_others_are_in_flight_fails_the_check_and_le
         loop.set_exception_handler(None)
 
 
+async def check_with(sim: Any, audit: Any, *, settled: bool, voids_fail: bool) -> Any:
+    """One charge check; with ``voids_fail``, the service refuses every give-back meanwhile."""
+    if voids_fail:
+        await sim_call(sim, "POST", "/sim/faults", {
+            "fault": "unavailable", "method": "POST", "count": 1000,
+            "path": "/api/v1/void-or-refund"})
+    try:
+        return await audit.check(settled=settled)
+    finally:
+        await sim_call(sim, "DELETE", "/sim/faults")
+
+
 def own(agent: Any, n: int) -> str:
     """An order id of the agent's own making (its unit id inside), as its sales have."""
     return str(agent.unit.order_id(f"{n:016x}"))
@@ -920,13 +932,7 @@ async def test_a_give_back_whose_void_failed_is_not_given_back_twice_by_later_ch
     audit = agent.journal_guard.audit
     base = own(agent, 0x32)
     first = await _charge(agent, base, 300, capture=True)
-    await sim_call(sim, "POST", "/sim/faults", {
-        "fault": "unavailable", "method": "POST", "count": 1000,
-        "path": "/api/v1/void-or-refund"})
-    try:
-        failed = await audit.check(settled=False)
-    finally:
-        await sim_call(sim, "DELETE", "/sim/faults")
+    failed = await check_with(sim, audit, settled=False, voids_fail=True)
     assert failed.unaccounted == [first]
     assert [e.state for e in failed.events] == [SaleState.ATTENTION]
     assert (await statuses(agent, base))[first] == TransStatus.CAPTURED
@@ -1043,14 +1049,7 @@ async def test_every_charge_of_one_sales_order_ids_is_given_back_once_whatever_t
         walk_to(agent.journal, agent.journal.create(record), state, **fields)
 
     async def check(voids_fail: bool, whole: bool) -> None:
-        if voids_fail:
-            await sim_call(sim, "POST", "/sim/faults", {
-                "fault": "unavailable", "method": "POST", "count": 1000,
-                "path": "/api/v1/void-or-refund"})
-        try:
-            result = await audit.check(settled=whole)
-        finally:
-            await sim_call(sim, "DELETE", "/sim/faults")
+        result = await check_with(sim, audit, settled=whole, voids_fail=voids_fail)
         assert result.ok, result.error
 
     @settings(max_examples=GIVE_BACKS_EXAMPLES, deadline=None)
