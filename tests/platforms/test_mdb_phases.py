@@ -32,6 +32,8 @@ from kiosk_agent.platforms.serial import SerialSettings
 from kiosk_agent.sales.model import DispenseStatus, Flow, SaleRequest, Selection
 from kiosk_agent.sales.states import SaleState
 
+from .vending_rig import given_up_while_waiting
+
 
 class FakeLink:
     def now(self) -> float:
@@ -354,11 +356,7 @@ async def test_a_vend_success_heard_after_the_sale_gave_up_is_told_not_dropped(
     sent: list[str] = []
     device.send = lambda line: sent.append(line) is None  # type: ignore[method-assign]
     device.session = late
-    waiting = asyncio.create_task(late.dispense(150))
-    for _ in range(5):
-        await asyncio.sleep(0)
-    waiting.cancel()  # the sale's vend timeout
-    await asyncio.gather(waiting, return_exceptions=True)
+    await given_up_while_waiting(late.dispense(150))
     assert sent == ["C,VEND,1.50"]
     device.session = None  # the sale let the machine go (its money given back)
     with caplog.at_level("WARNING"):

@@ -30,7 +30,7 @@ from kiosk_agent.sim.server import SimServer
 
 from ..helpers import ErrorLog, sim_call, until
 from .agent_rig import running_agent
-from .vending_rig import CardDesk, LineDevice
+from .vending_rig import CardDesk, LineDevice, given_up_while_waiting
 
 MDB_AS_LINES = {
     "platform": "serial_line",
@@ -409,11 +409,7 @@ async def test_a_dispense_success_heard_after_the_sale_gave_up_is_told_not_dropp
                 "1.50")  # fmt: skip
     vend.sale_id = "s-late"
     device.vend = vend
-    waiting = asyncio.create_task(vend.dispense(150))
-    for _ in range(5):
-        await asyncio.sleep(0)
-    waiting.cancel()  # the sale's vend timeout
-    await asyncio.gather(waiting, return_exceptions=True)
+    await given_up_while_waiting(vend.dispense(150))
     assert sent == ["OPEN A1 150"]
     with caplog.at_level("WARNING"):
         device.handle_line("DONE")  # while the sale still gives the money back

@@ -14,6 +14,7 @@ import itertools
 import os
 import time
 import tty
+from collections.abc import Awaitable
 from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import Any
@@ -256,3 +257,13 @@ class LineDevice:
         asyncio.get_running_loop().remove_reader(self.master)
         os.close(self.master)
         os.close(self.slave)
+
+
+async def given_up_while_waiting(dispensing: Awaitable[Any]) -> None:
+    """``dispensing`` left waiting for the machine a few turns of the loop, then given up on
+    as the sale's vend timeout does."""
+    waiting = asyncio.ensure_future(dispensing)
+    for _ in range(5):
+        await asyncio.sleep(0)
+    waiting.cancel()  # the sale's vend timeout
+    await asyncio.gather(waiting, return_exceptions=True)
