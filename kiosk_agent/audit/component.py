@@ -217,7 +217,7 @@ class AuditReads:
         self.vends = {
             kind: counter.since_init.count
             for kind, counter in (("cash", figures.cash), ("cashless", figures.cashless))
-            if counter is not None
+            if counter is not None and counter.since_init is not None
         }
         comparison = recorded.comparison
         if comparison is not None and comparison.mismatch:
