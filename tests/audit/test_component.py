@@ -259,6 +259,7 @@ async def test_metrics_count_reads_by_outcome_and_the_machines_vends(
     assert 'kiosk_agent_audit_vends_total{payment="cash"} 2.0' in text
     assert 'kiosk_agent_audit_vends_total{payment="cashless"} 5.0' in text
     assert "kiosk_agent_audit_mismatch 1.0" in text
+    assert "kiosk_agent_audit_not_compared 0.0" in text  # two reads compared
 
 
 async def test_a_flooding_port_ends_the_read_with_the_links_reason_in_health(
@@ -283,3 +284,52 @@ async def test_a_port_that_is_not_there_is_named(fake_agent: SimpleNamespace) ->
     await reads.read_once()
     problems = fake_agent.health.snapshot().problems
     assert any("cannot open /dev/no-such-dex-port" in p for p in problems), problems
+
+
+async def test_a_reinitialised_machine_shows_in_health_until_a_read_compares_again(
+    reads: AuditReads, port: ScriptedPort, clock: FakeClock, journal: Journal,
+    fake_agent: SimpleNamespace,
+) -> None:
+    from kiosk_agent.fleet.report import audit_state
+    from kiosk_agent.moments import display_time
+
+    port.answers.append(figures((40, 6000)))
+    await next_read(reads, clock, 5)
+    before = [tuple(r) for r in journal.db.execute("SELECT * FROM sales ORDER BY sale_id")]
+    vended_sale(journal, 150)
+    sales = [tuple(r) for r in journal.db.execute("SELECT * FROM sales ORDER BY sale_id")]
+    assert len(sales) == len(before) + 1
+    port.answers.append(figures((1, 150)))  # the machine re-initialised: its DA2 went down
+    await next_read(reads, clock, 600)
+    snapshot = fake_agent.health.snapshot()
+    stored = reads.store.last_comparison()
+    assert stored is not None
+    assert (stored.verdict, stored.cause) == ("not_compared", "reinitialised")
+    # what health, the page, Home Assistant and /metrics show is what the store holds
+    assert snapshot.audit.not_compared == stored.text()
+    assert f"not compared at {display_time(stored.until)}" in stored.text()
+    assert "the machine was re-initialised" in stored.text()
+    assert f"audit of snacks {stored.text()}" in snapshot.problems
+    assert snapshot.audit.mismatches == []
+    assert audit_state(snapshot)["not_compared"] == stored.text()  # type: ignore[index]
+    assert reads.figures()["not_compared"] == 1
+    assert reads.report()["comparisons"][0]["text"] == stored.text()
+    # the audit only reports: no sale of the journal was touched
+    assert [tuple(r) for r in journal.db.execute("SELECT * FROM sales ORDER BY sale_id")] == sales
+    # an unclean read compares nothing: still shown
+    fake_agent.sales.running.append(live_sale())
+    port.answers.append(figures((1, 150)))
+    task = asyncio.ensure_future(reads.read_once())
+    await asyncio.wait_for(task, 5)
+    fake_agent.sales.running.clear()
+    assert fake_agent.health.snapshot().audit.not_compared == stored.text()
+    vended_sale(journal, 150)
+    port.answers.append(figures((2, 300)))  # the next clean read compares again
+    await next_read(reads, clock, 600)
+    snapshot = fake_agent.health.snapshot()
+    latest = reads.store.last_comparison()
+    assert latest is not None
+    assert latest.verdict == "match"
+    assert snapshot.audit.not_compared == ""
+    assert not any(p.startswith("audit of snacks") for p in snapshot.problems)
+    assert reads.figures()["not_compared"] == 0
