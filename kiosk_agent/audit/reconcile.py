@@ -46,9 +46,9 @@ def changes(before: Figures, after: Figures) -> list[Change]:
     for block, old, new in _blocks(before, after):
         if old is None or new is None:
             continue
-        if _went_down(old, new):
-            found.append(Change("reinitialised", f"{block} since initialisation went down "
-                                f"({_init(old)} -> {_init(new)})"))
+        lost = _reinitialised(block, old, new)
+        if lost:
+            found.append(Change("reinitialised", lost))
         elif old.since_reset and new.since_reset and new.since_reset.went_down_from(
             old.since_reset
         ):
@@ -78,18 +78,25 @@ def _count(count: Tally) -> str:
     return f"{count.count} worth {format_cents(count.value)}"
 
 
-def _init(counters: Counters) -> str:
-    since_init = counters.since_init
-    return "not sent" if since_init is None else _count(since_init)
-
-
-def _went_down(old: Counters, new: Counters) -> bool:
-    """A since-initialisation pair that went down; one not sent went nowhere anyone knows."""
-    return (
-        old.since_init is not None
-        and new.since_init is not None
-        and new.since_init.went_down_from(old.since_init)
-    )
+def _reinitialised(block: str, old: Counters, new: Counters) -> str:
+    """How ``block``'s counters show the machine re-initialised between two reads, in words, or
+    "". Its since-initialisation pair went down (or wrapped); or, with no reset between, it grew
+    less than the since-reset pair: every vend adds to both, and a tech's reset only makes the
+    since-initialisation pair grow more, so this is a machine re-initialised whose counters
+    climbed back past the last read. A pair not sent went nowhere anyone knows."""
+    before, after = old.since_init, new.since_init
+    if before is None or after is None:
+        return ""
+    if after.went_down_from(before):
+        return f"{block} since initialisation went down ({_count(before)} -> {_count(after)})"
+    reset_before, reset_after = old.since_reset, new.since_reset
+    if reset_before is None or reset_after is None or reset_after.went_down_from(reset_before):
+        return ""
+    grew, grew_since_reset = after - before, reset_after - reset_before
+    if not grew.went_down_from(grew_since_reset):
+        return ""
+    return (f"{block} grew by {_count(grew)} since initialisation but by "
+            f"{_count(grew_since_reset)} since the reset, with no reset between")
 
 
 # -- the journal's side --------------------------------------------------------------------------
@@ -264,11 +271,11 @@ def _cashless_difference(before: Figures, after: Figures) -> tuple[Tally | None,
             f"{which} DA2 (cashless) has no since-initialisation counts: the machine left them "
             "empty (not sent, not 0)"
         )
-    if not new.since_init.went_down_from(old.since_init):
+    lost = _reinitialised("DA2 (cashless)", old, new)
+    if not lost:
         return new.since_init - old.since_init, "", ""
     return None, "reinitialised", (
-        f"the machine was re-initialised: its DA2 (cashless) since initialisation went down "
-        f"({_count(old.since_init)} -> {_count(new.since_init)}; or the counter wrapped)"
+        f"the machine was re-initialised (or a counter wrapped): its {lost}"
     )
 
 

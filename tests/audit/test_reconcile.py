@@ -128,5 +128,29 @@ def test_a_column_whose_pa7_sent_no_counts_is_said_not_compared_the_total_is() -
 def test_a_machine_reinitialised_says_so_with_both_figures() -> None:
     result = compare(Side(TEN, figures((40, 6000))), Side(TEN + 60, figures((1, 150))), [])
     assert result.cause == "reinitialised"
-    assert "re-initialised: its DA2 (cashless) since initialisation went down " in result.reason
-    assert "(40 worth $60.00 -> 1 worth $1.50; or the counter wrapped)" in result.reason
+    assert result.reason == (
+        "the machine was re-initialised (or a counter wrapped): its DA2 (cashless) since "
+        "initialisation went down (40 worth $60.00 -> 1 worth $1.50)"
+    )
+
+
+def test_a_machine_reinitialised_whose_counters_climbed_back_is_still_seen() -> None:
+    # 40 vends since initialisation, 10 since the tech's last reset; then re-initialised (both
+    # to 0) and 41 vends: since initialisation +1, since the reset +31, no reset between
+    before = Side(TEN, figures((40, 6000), reset=(10, 1500)))
+    after = Side(TEN + 60, figures((41, 6150), reset=(41, 6150)))
+    result = compare(before, after, [sale(n, 150) for n in range(41)])
+    assert (result.verdict, result.cause) == ("not_compared", "reinitialised")
+    assert "grew by 1 worth $1.50 since initialisation but by 31 worth $46.50 since the reset" in (
+        result.reason
+    )
+    assert "reinitialised" in [c.kind for c in changes(before.figures, after.figures)]
+
+
+def test_a_techs_reset_then_more_vends_than_before_it_is_compared() -> None:
+    # since the reset 10 -> 0 -> 12: it went up, but since initialisation went up more
+    before = Side(TEN, figures((40, 6000), reset=(10, 1500)))
+    after = Side(TEN + 60, figures((52, 7800), reset=(12, 1800)))
+    result = compare(before, after, [sale(n, 150) for n in range(12)])
+    assert result.verdict == "match"
+    assert changes(before.figures, after.figures) == []
