@@ -15,6 +15,7 @@ import pytest
 
 from kiosk_agent.audit.books import Figures
 from kiosk_agent.audit.component import AuditReads, Port
+from kiosk_agent.audit.evadts import Tally
 from kiosk_agent.audit.schema import DEX_SCHEMA
 from kiosk_agent.bus import EventBus
 from kiosk_agent.health.model import Health
@@ -333,3 +334,43 @@ async def test_a_reinitialised_machine_shows_in_health_until_a_read_compares_aga
     assert snapshot.audit.not_compared == ""
     assert not any(p.startswith("audit of snacks") for p in snapshot.problems)
     assert reads.figures()["not_compared"] == 0
+
+
+async def test_a_file_stating_da2_twice_is_unreadable_naming_both_lines_and_reads_go_on(
+    fake_agent: SimpleNamespace, clock: FakeClock, journal: Journal
+) -> None:
+    from kiosk_agent.audit.books import figures_of
+    from kiosk_agent.audit.evadts import AuditError, parse_audit, render_audit
+
+    files = [
+        render_audit([("ID1", "VM-1"), ("DA2", "300", "2"), ("DA2", "450", "3")]),
+        render_audit([("ID1", "VM-1"), ("DA2", "450", "3")]),
+    ]
+
+    async def read_file() -> bytes:
+        return files.pop(0)
+
+    port = Port(read_file, lambda data: figures_of(parse_audit(data)), (LinkDown,), (AuditError,))
+    conf = {"trigger": "snacks", "interval": 600.0, "first_read": 5.0, "retry_min": 10.0,
+            "retry_max": 40.0, "deadline": 30.0}
+    reads = AuditReads(fake_agent, conf, port)  # type: ignore[arg-type]
+    await reads.start()
+    await asyncio.sleep(0)  # its schedule waits for the first read
+    try:
+        await next_read(reads, clock, 5)
+        audit = fake_agent.health.snapshot().audit
+        assert (audit.last_outcome, audit.failures) == ("unreadable", 1)
+        assert audit.detail == (
+            "the audit could not be read: line 5, DA2: a second DA2 for the file (the first on "
+            "line 4): which one the machine means cannot be known"
+        )
+        assert reads.store.last_read() is None  # nothing stored, nothing compared on a guess
+        await next_read(reads, clock, audit.next_read_in_s)  # the agent reads on
+        audit = fake_agent.health.snapshot().audit
+        assert (audit.last_outcome, audit.failures) == ("ok", 0)
+        stored = reads.store.last_read()
+        assert stored is not None
+        assert stored.figures.cashless is not None
+        assert stored.figures.cashless.since_init == Tally(3, 450)
+    finally:
+        await reads.stop()
