@@ -17,11 +17,18 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kiosk_agent.audit.books import figures_of
-from kiosk_agent.audit.evadts import AuditError, Counters, Tally, parse_audit, render_audit
+from kiosk_agent.audit.evadts import (
+    AuditError,
+    Counters,
+    Tally,
+    parse_audit,
+    render_audit,
+)
 from kiosk_agent.audit.ledger import record_read
 from kiosk_agent.audit.store import AuditStore
 from kiosk_agent.sales.journal import Journal
@@ -75,14 +82,15 @@ class Meant:
 
 
 def _units_for(places: int | None) -> st.SearchStrategy[int]:
-    if places == 3:  # a tenth of a cent is refused: whole cents only here
-        return st.integers(0, 10**14 - 1).map(lambda u: u * 10)
+    if places is not None and places > 2:  # a part of a cent is refused: whole cents only here
+        step = 10 ** (places - 2)
+        return st.integers(0, 10**15 // step - 1).map(lambda u: u * step)
     return _units
 
 
 @st.composite
 def _meant(draw: st.DrawFn) -> Meant:
-    places = draw(st.sampled_from([None, 0, 1, 2, 3]))
+    places = draw(st.sampled_from([None, 0, 1, 2, 3, 4, 6]))
     units = _units_for(places)
     columns = draw(st.lists(
         st.tuples(_column_id, units, _name, st.tuples(_count, units),
@@ -98,7 +106,9 @@ def _meant(draw: st.DrawFn) -> Meant:
     )
 
 
-_FAULTS = ["none", "repeat", "16 digits", "tenth of a cent", "beyond one byte", "lost line"]
+_FAULTS = [
+    "none", "repeat", "16 digits", "tenth of a cent", "beyond one byte", "lost line", "ID4 of 7"
+]
 
 
 @settings(max_examples=150, deadline=None)
@@ -123,14 +133,17 @@ def test_a_whole_file_reads_back_to_what_the_machine_meant_or_names_its_fault(
         at = pick % len(body)
         body.insert(at + 1, body[at])
         expected_tag = body[at][0]
+    elif fault == "ID4 of 7":  # at most 6 decimal places
+        body = [b for b in body if b[0] != "ID4"] + [("ID4", "7")]
+        expected_tag = "ID401"
     elif fault == "16 digits":
         body.append(("CA2", "1" * 16, "1"))
         expected_tag = "CA2"
-    elif fault == "tenth of a cent" and meant.places == 3:
-        body.append(("CA2", "1005", "1"))  # 1.005
+    elif fault == "tenth of a cent" and meant.places is not None and meant.places > 2:
+        body.append(("CA2", "1" + "0" * (meant.places - 1) + "5", "1"))  # 10.0...05
         expected_tag = "CA2"
     elif fault == "tenth of a cent":
-        fault = "none"  # (only a file of 3 places can say a tenth of a cent)
+        fault = "none"  # (only a file of 3 places or more can say a part of a cent)
     data = before + render_audit(body, line_end=line_end, with_check=with_check) + after
     if fault == "lost line":
         lines = data.split(b"\n")
@@ -237,7 +250,9 @@ class Interval:
 @settings(max_examples=60, deadline=None)
 @given(st.lists(_EVENTS, min_size=1, max_size=25), st.integers(1, 40))
 def test_a_machines_life_between_reads_is_compared_truly_or_not_at_all(events, wrap_at):
-    with tempfile.TemporaryDirectory() as folder:
+    # a journal of its own each example, in memory where the system has it (no disk waits)
+    memory = "/dev/shm" if Path("/dev/shm").is_dir() else None
+    with tempfile.TemporaryDirectory(dir=memory) as folder:
         journal = Journal(Path(folder) / "journal.db")
         journal.open()
         try:
@@ -337,3 +352,40 @@ def _truthful(comparison, interval: Interval, base: Tally, base_reset: Tally, no
     # a vend the agent never heard and a sale the machine never vended cancel in one
     # interval's counts: only the counts can be compared, not which vend was which
     assert comparison.verdict == ("match" if counted == journal else "mismatch"), comparison.text()
+
+
+# --- real files' shapes ------------------------------------------------------------------------
+
+_DATA = Path(__file__).parent.parent / "data" / "dex"
+# EVA-DTS: once a file, or once a column (PA7: once a column, device and price list)
+_ONCE = {"ID1", "ID4", "ID5", "CB1", "VA1", "VA2", "VA3", "CA2", "CA3", "CA4", "EA3", "PA1",
+         "PA2", "PA3", "PA4", "PA5", "PA7", *(f"D{d}{n}" for d in "AB" for n in range(1, 6))}
+_REAL = sorted(p for p in _DATA.glob("*") if p.suffix != ".md")
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.sampled_from(_REAL), st.integers(0, 10**6), st.sampled_from([b"\r\n", b"\n"]))
+def test_a_real_files_blocks_rewritten_read_the_same_and_its_faults_are_named(
+    path, pick, line_end
+):
+    real = parse_audit(path.read_bytes())
+    body = [(s.tag, *s.elements) for s in real.body()]
+    again = parse_audit(render_audit(body, line_end=line_end))
+    assert figures_of(again) == figures_of(real)
+    # any block of it stated twice: refused, or kept where EVA-DTS lets it repeat
+    at = pick % len(body)
+    twice = [*body[: at + 1], body[at], *body[at + 1 :]]
+    tag = body[at][0]
+    if tag in _ONCE:
+        with pytest.raises(AuditError) as refused:
+            parse_audit(render_audit(twice, line_end=line_end))
+        assert (refused.value.field, refused.value.line) == (tag, at + 4)
+        assert "a second" in refused.value.problem
+    else:  # LA1, EA1, EA2, a maker's own: they may repeat
+        parse_audit(render_audit(twice, line_end=line_end))
+    # its DA2 with the since-initialisation fields left empty: not sent, and not compared
+    blank = [(b[0], "", "", *b[3:]) if b[0] == "DA2" else b for b in body]
+    if any(b[0] == "DA2" for b in body):
+        figures = figures_of(parse_audit(render_audit(blank, line_end=line_end)))
+        assert figures.cashless is not None
+        assert figures.cashless.since_init is None
