@@ -344,7 +344,7 @@ class SaleSteps:
         A charge-card captures at once, an authorization only holds; an answer without an
         amount holds the sale's price. Returns the cents held.
         """
-        cents = cents or self.record.amount_cents
+        cents = self.record.amount_cents if cents is None else cents
         self.step(name, state, detail=detail, **self._charge_fields(trans_id, cents))
         return cents
 
@@ -362,7 +362,9 @@ class SaleSteps:
         journal never heard of): the sale holds that charge and its give-back as the service
         does, so what people see says money was taken and given back, not "nothing charged"."""
         if lookup.trans_id is not None:
-            cents = lookup.amount_cents or self.record.amount_cents
+            cents = lookup.amount_cents
+            if cents is None:  # reporting named no amount: the price; a 0 it names is 0
+                cents = self.record.amount_cents
             back = await self.reconciler.transaction_state(lookup.trans_id)
             changes.update(
                 self._charge_fields(lookup.trans_id, cents),
@@ -654,7 +656,7 @@ class SaleSteps:
     def _reversed(
         self, why: str, reverse_trans_id: str | None, cents: int | None, voided: bool = True
     ) -> SaleEvent:
-        amount = cents or self.record.captured_cents or self.record.authorized_cents
+        amount = self._held_cents if cents is None else cents  # 0 named is 0
         how = "voided" if voided else "refunded"
         return self.finish(
             SaleState.REVERSED,
@@ -771,11 +773,25 @@ class SaleSteps:
 
     def found_captured(self, taken: int | None, cents: int) -> SaleEvent:
         """The end of a sale whose capture of ``cents`` reporting shows made: paid what it
-        took, unless that is above what was asked."""
-        taken = taken or cents
+        took, unless that is nothing or above what was asked. ``taken`` None is reporting
+        naming no amount (the capture as asked); 0 is a figure: nothing taken."""
+        if taken == 0:
+            return self.captured_nothing(cents, Step.CAPTURE_REFUSED)
+        taken = cents if taken is None else taken
         if taken > cents:
             return self.captured_above("reporting shows captured", taken, cents)
         return self._completed(taken, _FOUND_CAPTURED)
+
+    def captured_nothing(self, cents: int, name: Step) -> SaleEvent:
+        """Reporting shows the capture of a dispensed product made for $0.00: not paid, not
+        a figure missing either; the agent asks reporting again, then a person decides (it
+        never captures a second time on its own)."""
+        return self.finish(
+            SaleState.ATTENTION,
+            name,
+            nothing_captured(cents, self.context.recheck.when()),
+            captured_cents=0,
+        )
 
     def captured_above(self, who: str, taken: int, cents: int) -> SaleEvent:
         """The service took more than the capture asked (a wrong unit, its fault): not a sale
@@ -795,6 +811,13 @@ class SaleSteps:
             f"paid {format_cents(cents)} ({how})",
             captured_cents=cents,
         )
+
+
+def nothing_captured(cents: int, when: str) -> str:
+    """The words of a dispensed sale whose capture reporting shows made for $0.00."""
+    return (f"dispensed, but reporting shows {format_cents(0)} captured for the "
+            f"{format_cents(cents)} asked: the product went out unpaid; the agent asks "
+            f"reporting again {when}, then a person decides ({RESOLVE})")
 
 
 def _completes(result: ChargeResult, cents: int) -> bool:
