@@ -34,6 +34,7 @@ from kiosk_agent.service.errors import (
     OUTCOME_UNKNOWN,
     BadRequestError,
     InvalidResponseError,
+    RateLimitedError,
     ServerError,
     ServiceError,
     ServiceUnreachableError,
@@ -70,6 +71,19 @@ def unknown_outcome(call: str, err: ServiceError) -> str:
     if isinstance(err, InvalidResponseError):
         return f"the {call}'s answer could not be read ({err})"
     return f"the {call}'s answer was lost ({err})"
+
+
+def give_back_failed(err: ServiceError) -> str:
+    """Why a void or refund gave nothing back that the agent knows of, as what happened: a
+    429 is the service asking to wait and a 5xx its failure, a lost or unreadable answer no
+    answer; only a 4xx that is not a 429 is the request refused."""
+    call = "void or refund"
+    if isinstance(err, RateLimitedError):
+        wait = f", asking to wait {err.retry_after:g} s" if err.retry_after else ""
+        return f"the service rate-limited the {call} (429{wait}): nothing was given back"
+    if isinstance(err, OUTCOME_UNKNOWN):
+        return unknown_outcome(call, err) + ", and reporting does not show it given back"
+    return f"the service refused the {call} ({err})"
 
 
 class Recheck:
@@ -583,18 +597,12 @@ class SaleSteps:
                     )
                 if attempt == 2 or (isinstance(err, BadRequestError) and not lookup.known):
                     return self.finish(
-                        SaleState.ATTENTION,
-                        Step.REVERSE_FAILED,
-                        f"{why}; giving the money back failed ({err}); {self._retried()} "
-                        f"gives back {format_cents(self._held_cents)}",
+                        SaleState.ATTENTION, Step.REVERSE_FAILED, self._not_given_back(why, err)
                     )
                 continue
             except ServiceError as err:
                 return self.finish(
-                    SaleState.ATTENTION,
-                    Step.REVERSE_FAILED,
-                    f"{why}; void or refund refused: {err}; {self._retried()} gives "
-                    f"back {format_cents(self._held_cents)}",
+                    SaleState.ATTENTION, Step.REVERSE_FAILED, self._not_given_back(why, err)
                 )
             if self._gave_back_all(result, trans_id):
                 return self._reversed(why, result.trans_id, result.amount, voided=result.voided)
@@ -635,9 +643,15 @@ class SaleSteps:
             SaleState.ATTENTION,
             Step.REVERSE_FAILED,
             f"{why}; the give-back was answered {answered}, and reporting does not show "
-            f"{trans_id} given back; {self._retried()} gives back "
-            f"{format_cents(self._held_cents)}",
+            f"{trans_id} given back; {format_cents(self._held_cents)} is still held: "
+            f"{self._retried()}",
         )
+
+    def _not_given_back(self, why: str, err: ServiceError) -> str:
+        """A sale's words when its give-back failed: what happened, the money still held, and
+        who gives it back when."""
+        return (f"{why}; {give_back_failed(err)}; {format_cents(self._held_cents)} is still "
+                f"held: {self._retried()}")
 
     def require_own(self) -> None:
         """The last guard before money moves: every caller picks only this unit's sales
@@ -646,8 +660,8 @@ class SaleSteps:
             raise NotOurs(self.record, self.context.unit)
     def _retried(self) -> str:
         """Who acts next on a sale left in attention, and when."""
-        return (f"the agent tries again {self.context.recheck.when()} (up to "
-                f"{SWEEP_MONEY_RETRIES} times), then a person ({RESOLVE})")
+        return (f"the agent tries again {self.context.recheck.when()} to give it back (up to "
+                f"{SWEEP_MONEY_RETRIES} times), then a person decides ({RESOLVE})")
 
     @property
     def _held_cents(self) -> int:
