@@ -322,7 +322,7 @@ class MdbCashless:
         self.session: MdbSession | None = None
         # the last session whose sale stopped waiting for the vend result (vend timeout)
         self.gave_up_on: MdbSession | None = None
-        self.late = LateVends(self.name)
+        self.late = LateVends(self.name, sales)
         self._tasks = TaskSet()
         # What the agent tells the device (facts from outside, not a session's state): it is
         # stopping (the drain), and whether its terminal can take cards (health's availability).

@@ -182,7 +182,7 @@ class SerialLineDevice:
         # the last dispense whose sale stopped waiting (vend timeout); a success heard for it
         # later is a product gone out unpaid
         self.gave_up_on: Vend | None = None
-        self.late = LateVends(source)
+        self.late = LateVends(source, sales)
         self.unfollow: Callable[[], None] | None = None
         self.link = SerialLink(
             source, settings, self.handle_line, on_state=on_link_state,
