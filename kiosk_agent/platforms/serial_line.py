@@ -139,6 +139,11 @@ class Vend(Dispenser):
         if outcome.status is DispenseStatus.TIMEOUT:  # the device may still say how it ended
             self.device.gave_up_on = self
             self.device.late.gave_up(self)
+        elif self.vending and outcome.status is DispenseStatus.CANCELLED:
+            # ended mid-dispense with no result (its cancel line, the link back): the device
+            # may still say the dispense succeeded, as after the vend timeout
+            self.device.gave_up_on = self
+            self.device.late.keep(self.sale_id, self.product)
 
     async def deny(self, reason: str) -> None:
         if self.ended:

@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 
 from kiosk_agent.cli import main
+from kiosk_agent.platforms.mdb_protocol import VEND_SUCCESS_LINE
 from kiosk_agent.sales.clock import FakeClock
 from kiosk_agent.sales.journal import Journal, SaleRecord
 from kiosk_agent.sales.late_vends import LATE_VEND_SHOWN, LateVendWatch
@@ -127,3 +128,31 @@ def test_sales_late_vends_lists_and_acknowledges(
     assert main(["sales", "late-vends", "-c", config]) == 0
     assert "0 late vends not acknowledged" in capsys.readouterr().out
     assert main(["sales", "late-vends", "-c", config, "--ack", "all"]) == 1  # none left
+
+
+@pytest.mark.parametrize("kind", _MACHINES)
+async def test_a_vend_success_after_the_controller_ended_the_vend_reaches_a_person(
+    tmp_path: Path, sim_settings: Any, controller: VirtualController, kind: str
+) -> None:
+    """An attack on "a dispense it can no longer hear about is taken as not made": the
+    controller goes inactive mid-vend (a power blip), the sale gives the money back at once,
+    and then the machine says VEND,SUCCESS after all (the product was dropping). Before, that
+    success was a line "with no vend pending" (ignored): the product went out unpaid and no
+    person heard of it. It is a late vend like one after the vend timeout: journaled on the
+    sale, in health until acknowledged, no money moved."""
+    trigger = {**_MACHINES[kind], "port": controller.port, "vend_timeout": 5}
+    async with running_agent(tmp_path, sim_settings, [trigger]) as agent:
+        await asyncio.wait_for(controller.wait_enabled(), 5)
+        controller.options.dispense_time = 0.3
+        visit = asyncio.create_task(controller.customer("B1"))
+        async with asyncio.timeout(5):
+            while "C,VEND,3.25" not in controller.received:
+                await asyncio.sleep(0.005)
+        controller.reset()
+        assert (await visit).outcome is VisitOutcome.ABORTED
+        [record] = agent.journal.query()
+        await until(lambda: agent.journal.get(record.sale_id).state.final)
+        assert agent.journal.get(record.sale_id).state is SaleState.REVERSED
+        await asyncio.wait_for(controller.wait_enabled(), 5)
+        controller.send(VEND_SUCCESS_LINE)
+        await told_to_a_person(agent, record.sale_id, "B1")
