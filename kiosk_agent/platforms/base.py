@@ -81,15 +81,29 @@ class Dispenser:
 class LateVends:
     """Vends heard after their sale stopped waiting for them (its vend timeout: the sale gives
     the money back), each a product gone out unpaid. The agent cannot take that money again;
-    it says so once at WARNING, naming the sale, and counts it in the platform's status."""
+    it says so once at WARNING, naming the sale, counts it in the platform's status, and tells
+    the agent (``sales.late_vend``: journaled on the sale, a problem in health until a person
+    acknowledges it: sales/late_vends.py). No money moves on it."""
 
     KEPT = 500  # sales given up on that a late result may still name
 
-    def __init__(self, source: str) -> None:
+    def __init__(self, source: str, sales: object = None) -> None:
         self.source = source
+        # the agent's SaleRunner (its late_vend), or a test's stand-in without one
+        self._tell: Callable[[str, str | None, str], None] | None = getattr(
+            sales, "late_vend", None)
         self.count = 0
         self.last_sale: str | None = None
         self._gave_up: OrderedDict[str, object] = OrderedDict()  # sale id -> product, or _TOLD
+        # The sales of this trigger a stop or a crash left dispensing: the next start gives their
+        # money back (recovery), and the machine may still say how the vend ended. Kept as given
+        # up; ``restart_sale`` is the last of them, for a machine whose result names no sale
+        # (until its next dispense is approved: the platform clears it)
+        self.restart_sale: str | None = None
+        left = getattr(sales, "left_dispensing", None)
+        for sale_id, product in left(source) if callable(left) else ():
+            self.keep(sale_id, product)
+            self.restart_sale = sale_id
 
     def gave_up(self, dispenser: Dispenser) -> None:
         """Keep ``dispenser``'s sale if it ended by the sale giving up (TIMEOUT)."""
@@ -122,6 +136,13 @@ class LateVends:
                 "back): the product %s went out unpaid", self.source, sale_id,
                 product or "(unnamed)",
             )
+            if self._tell is not None:
+                try:
+                    self._tell(sale_id, product if isinstance(product, str) else None,
+                               self.source)
+                except Exception:  # the platform goes on; the log holds the late vend
+                    _LOGGER.exception("%s: the late vend of sale %s not told to the agent",
+                                      self.source, sale_id)
         return True
 
     def status(self) -> dict[str, Any]:

@@ -250,6 +250,7 @@ class MdbSession(Dispenser):
     async def _vend(self) -> DispenseOutcome:
         self.move_to(Phase.VENDING)
         self.device.gave_up_on = None  # a result from now on is this vend's
+        self.device.late.restart_sale = None
         self.device.stats.approved += 1
         if not self.device.send(wire.approve_vend(self.vend_cents, self.device.options.unit)):
             return self.end(DispenseStatus.CANCELLED, "adapter not connected: vend not approved")
@@ -293,6 +294,9 @@ class MdbSession(Dispenser):
 
     def ended_as(self, outcome: DispenseOutcome) -> None:
         never_sold = self.phase is Phase.QUEUED  # dropped before its sale: not an outcome
+        # ended mid-vend with no result (the controller inactive or reset, the adapter back):
+        # the machine may still say the vend succeeded, as after the vend timeout
+        unheard = self.phase is Phase.VENDING and outcome.status is DispenseStatus.CANCELLED
         self.move_to(Phase.ENDED)
         if never_sold:
             return
@@ -301,6 +305,9 @@ class MdbSession(Dispenser):
             self.device.stats.timeouts += 1
             self.device.gave_up_on = self  # the machine may still say how its vend ended
             self.device.late.gave_up(self)
+        elif unheard:
+            self.device.gave_up_on = self
+            self.device.late.keep(self.sale_id, self.product)
 
 
 class MdbCashless:
@@ -322,7 +329,7 @@ class MdbCashless:
         self.session: MdbSession | None = None
         # the last session whose sale stopped waiting for the vend result (vend timeout)
         self.gave_up_on: MdbSession | None = None
-        self.late = LateVends(self.name)
+        self.late = LateVends(self.name, sales)
         self._tasks = TaskSet()
         # What the agent tells the device (facts from outside, not a session's state): it is
         # stopping (the drain), and whether its terminal can take cards (health's availability).
@@ -553,9 +560,13 @@ class MdbCashless:
     def _on_vend_result(self, status: DispenseStatus, detail: str) -> None:
         if self.session is not None and self.session.on_vend_result(status, detail):
             return
-        # MDB names no sale in a result: a success now is the last given-up vend's, if any
+        # MDB names no sale in a result: a success now is the last given-up vend's, if any (a
+        # vend the last stop or crash left, before any of this start's)
         late = self.gave_up_on
-        if late is not None and status is DispenseStatus.VENDED and self.late.heard(late.sale_id):
+        late_sale = late.sale_id if late is not None else self.late.restart_sale
+        if late_sale is not None and status is DispenseStatus.VENDED and self.late.heard(
+            late_sale
+        ):
             return
         self.link.noise(
             "result_without_vend", "%s: %s with no vend pending: ignored", self.name, detail

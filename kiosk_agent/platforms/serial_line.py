@@ -131,6 +131,7 @@ class Vend(Dispenser):
             return self.end(DispenseStatus.CANCELLED, self.cancelled)
         self.vending = True
         self.device.gave_up_on = None  # a result from now on is this dispense's
+        self.device.late.restart_sale = None
         if not self.device.send(self.device.rules.approve.format(**self.fields())):
             return self.end(DispenseStatus.CANCELLED, "device not connected: not approved")
         return await self.wait()
@@ -139,6 +140,11 @@ class Vend(Dispenser):
         if outcome.status is DispenseStatus.TIMEOUT:  # the device may still say how it ended
             self.device.gave_up_on = self
             self.device.late.gave_up(self)
+        elif self.vending and outcome.status is DispenseStatus.CANCELLED:
+            # ended mid-dispense with no result (its cancel line, the link back): the device
+            # may still say the dispense succeeded, as after the vend timeout
+            self.device.gave_up_on = self
+            self.device.late.keep(self.sale_id, self.product)
 
     async def deny(self, reason: str) -> None:
         if self.ended:
@@ -182,7 +188,7 @@ class SerialLineDevice:
         # the last dispense whose sale stopped waiting (vend timeout); a success heard for it
         # later is a product gone out unpaid
         self.gave_up_on: Vend | None = None
-        self.late = LateVends(source)
+        self.late = LateVends(source, sales)
         self.unfollow: Callable[[], None] | None = None
         self.link = SerialLink(
             source, settings, self.handle_line, on_state=on_link_state,
@@ -317,8 +323,9 @@ class SerialLineDevice:
         vend = self.vend
         if vend is None or not vend.vending or vend.ended:
             late = self.gave_up_on
-            if late is not None and status is DispenseStatus.VENDED and self.late.heard(
-                late.sale_id
+            late_sale = late.sale_id if late is not None else self.late.restart_sale
+            if late_sale is not None and status is DispenseStatus.VENDED and self.late.heard(
+                late_sale
             ):
                 return
             self.link.noise(
