@@ -60,12 +60,13 @@ def _said(out: Path) -> str:
     return out.read_text() if out.exists() else ""
 
 
-async def _demo(*args: str, home: Path) -> tuple[int, str, str]:
-    """A whole demo run: its exit code, standard output and standard error."""
+async def _demo(*args: str, home: Path, within: float = 60.0) -> tuple[int, str, str]:
+    """A whole demo run: its exit code, standard output and standard error (``within``: a
+    hang's guard)."""
     run = len(list(home.glob("demo*.out")))  # the home's runs so far: each its own files
     out, err = home / f"demo{run}.out", home / f"demo{run}.err"
     proc = await _start_demo(*args, out=out, err=err)
-    async with asyncio.timeout(60):  # a hang's guard
+    async with asyncio.timeout(within):
         code = await proc.wait()
     return code, out.read_text(), err.read_text()
 
