@@ -1,12 +1,13 @@
 """`kiosk-agent events` and `health --watch` follow a running agent, as a tech at the machine
 runs them: a real process reading the admin API's event stream, ended with Ctrl-C."""
 
+from __future__ import annotations
+
 import asyncio
 import dataclasses
 import json
 import os
 import signal
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -20,23 +21,22 @@ from kiosk_agent.sales.journal import Journal, SaleRecord
 from kiosk_agent.sales.states import SaleState
 from tests.admin.conftest import ADMIN_TOKEN, write_config
 from tests.admin.test_server import _sell
+from tests.assembly.crash_driver import PipedCommand
 from tests.child_signals import send_signal, stop
 from tests.helpers import free_port, walk_to
 
 WAIT_S = 20.0  # the longest any wait here lasts (a busy 2-core machine)
 
 
-async def _follow(admin_server: Any, *argv: str) -> asyncio.subprocess.Process:
-    """``kiosk-agent ARGV --url ...`` as its own process, once its stream is open."""
-    env = {**os.environ, "KIOSK_AGENT_TOKEN": ADMIN_TOKEN, "PYTHONUNBUFFERED": "1"}
+async def _follow(admin_server: Any, *argv: str) -> PipedCommand:
+    """``kiosk-agent ARGV --url ...`` as its own process (forked from the test process's warm
+    server, not a cold interpreter's 0.2 s of imports), once its stream is open."""
+    env = {**os.environ, "KIOSK_AGENT_TOKEN": ADMIN_TOKEN}
     env.pop("KIOSK_CONFIG", None)
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "kiosk_agent", *argv, "--url", admin_server.url,
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, env=env,
-    )  # fmt: skip
+    proc = await PipedCommand.start([*argv, "--url", admin_server.url], env)
     deadline = time.monotonic() + WAIT_S
     while admin_server.page._streams == 0:  # the follower listens
-        assert proc.returncode is None, await proc.stderr.read()
+        assert proc.returncode is None, (await proc.communicate())[1]
         assert time.monotonic() < deadline, "the follower never opened the stream"
         await asyncio.sleep(0.02)
     return proc
@@ -50,7 +50,7 @@ def quiet_stream(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(page, "KEEPALIVE_S", 3600.0)
 
 
-async def _interrupt(proc: asyncio.subprocess.Process) -> tuple[int, str]:
+async def _interrupt(proc: PipedCommand) -> tuple[int, str]:
     send_signal(proc, signal.SIGINT)
     _out, err = await asyncio.wait_for(proc.communicate(), WAIT_S)
     return proc.returncode or 0, err.decode()
@@ -266,7 +266,7 @@ def _admin(agent: Any) -> Any:
 
 
 async def _lines_until(
-    proc: asyncio.subprocess.Process, sale_id: str, step: str
+    proc: PipedCommand, sale_id: str, step: str
 ) -> list[dict[str, Any]]:
     assert proc.stdout is not None
     lines: list[dict[str, Any]] = []

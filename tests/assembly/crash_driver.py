@@ -440,7 +440,7 @@ class Child:
     """A child process whose stdout lines are read as they come."""
 
     def __init__(
-        self, name: str, proc: asyncio.subprocess.Process | ForkedProcess,
+        self, name: str, proc: asyncio.subprocess.Process | ForkedProcess | PipedCommand,
         server: WarmDrivers | None = None,
     ) -> None:
         self.name = name
@@ -469,16 +469,15 @@ class Child:
             self.lines.put_nowait(said)
 
     @classmethod
-    async def spawn(cls, name: str, args: list[str], log: Path, env: dict[str, str]) -> Child:
+    async def command(cls, name: str, argv: list[str], log: Path, env: dict[str, str]) -> Child:
+        """``kiosk-agent ARGV...``, forked from the test process's warm server (a process of
+        its own all the same, its imports done once): its stderr appended to ``log``."""
         with log.open("a") as err:
-            err.write(f"--- {name}: {' '.join(args)}\n")
-            err.flush()
-            proc = await asyncio.create_subprocess_exec(
-                sys.executable, *args, stdout=asyncio.subprocess.PIPE, stderr=err, env=env
-            )
-        return cls(name, proc)
+            err.write(f"--- {name} (forked warm): kiosk-agent {' '.join(argv)}\n")
+        return cls(name, await PipedCommand.start(argv, env, stderr=log))
 
     async def _read(self) -> None:
+        assert not isinstance(self.proc, ForkedProcess)
         assert self.proc.stdout is not None
         while line := await self.proc.stdout.readline():
             self.lines.put_nowait(line.decode(errors="replace").rstrip("\n"))
@@ -661,8 +660,8 @@ class Chaos:
         # every agent is forked from one server (libfaketime preloaded there when the clock
         # steps, so in every agent too): a restart costs its start, not 1.2 s of imports
         server_env = {**self.env, **self.clock.env()} if self.clock is not None else self.env
-        # the server, the simulator and the machines start side by side (each a cold
-        # interpreter: one after the other they took 4 imports' time before the first round)
+        # the server, the simulator and the machines start side by side (the server a cold
+        # interpreter; the simulator and the machines forked from the test process's warm one)
         try:
             async with asyncio.TaskGroup() as starting:  # one fails: the others are cancelled
                 starting.create_task(self._start_drivers(server_env))
@@ -704,9 +703,9 @@ class Chaos:
         from kiosk_agent.cli.sim import parse_ready
 
         opts = self.options
-        self.sim = await Child.spawn(
+        self.sim = await Child.command(
             "sim",
-            ["-m", "kiosk_agent", "sim", "--port", "0", "--time-scale", str(opts.time_scale),
+            ["sim", "--port", "0", "--time-scale", str(opts.time_scale),
              "--seed", str(opts.seed), "--transactions", "0", "--rate-limit", "1000/1"],
             self.log, self.env,
         )  # fmt: skip
@@ -719,9 +718,9 @@ class Chaos:
         opts = self.options
         for n in range(1, opts.machines + 1):
             record = self.dir / f"m{n}.jsonl"
-            self.machines.append(await Child.spawn(
+            self.machines.append(await Child.command(
                 f"m{n}",
-                ["-m", "kiosk_agent", "virtual", "--listen", "socket://127.0.0.1:0",
+                ["virtual", "--listen", "socket://127.0.0.1:0",
                  "--name", f"m{n}", "--record", str(record), "--seed", str(opts.seed * 100 + n),
                  "--rate", str(opts.rate), "--fail-rate", "0.15", "--dispense-time", "0.05",
                  "--patience", "8", *[a for p in PRODUCTS for a in ("--product", p)]],
@@ -1447,8 +1446,9 @@ class WarmDrivers:
 
 def serve_commands() -> int:
     """``python crash_driver.py commands``: one ``kiosk-agent ARGV...`` forked per JSON line read
-    on stdin, ``{"argv": [...], "env": {...}, "stdout": PATH, "stderr": PATH, "nohup": bool}``,
-    each running as ``python -m kiosk_agent ARGV...`` with that environment would (its own
+    on stdin, ``{"argv": [...], "env": {...}, "stdout": PATH, "stderr": PATH, "nohup": bool,
+    "cwd": PATH, "argv0": NAME}``, each running as ``python -m kiosk_agent ARGV...`` with that
+    environment (in ``cwd`` and named ``argv0`` when given) would (its own
     command line: ``main()`` reads it from ``sys.argv``, so its signals are its own), but from
     this interpreter's modules, imported once. Unlike :func:`serve`, the commands run side by
     side: this server says ``FORKED pid`` for each, and ``EXITED pid code`` once it has ended
@@ -1509,10 +1509,12 @@ def _run_command(spec: dict[str, Any]) -> None:
             os.dup2(os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT), fd)
         # as a shell starts it, or as `nohup` does
         signal.signal(signal.SIGHUP, signal.SIG_IGN if spec.get("nohup") else signal.SIG_DFL)
+        if spec.get("cwd"):
+            os.chdir(spec["cwd"])
         os.environ.clear()
         os.environ.update(spec["env"])
         random.seed()
-        sys.argv = ["kiosk-agent", *spec["argv"]]
+        sys.argv = [spec.get("argv0") or "kiosk-agent", *spec["argv"]]
         from kiosk_agent.cli import main as cli_main
 
         code = cli_main()
@@ -1694,11 +1696,15 @@ class WarmCommands(OnePerProcess):
 
     def start(
         self, argv: list[str], env: dict[str, str], stderr: Path, *,
-        stdout: Path | None = None, nohup: bool = False,
+        stdout: Path | None = None, nohup: bool = False, cwd: Path | None = None,
+        argv0: str | None = None,
     ) -> WarmCommand:
-        """``kiosk-agent ARGV...`` forked with ``env``, its output in those files."""
+        """``kiosk-agent ARGV...`` forked with ``env``, its output in those files (``stdout`` may
+        be a terminal's, ``/dev/pts/N``), in ``cwd`` if given (else the server's), its
+        ``sys.argv[0]`` ``argv0`` if given (``python -m kiosk_agent`` gives its ``__main__.py``)."""
         request = {"argv": argv, "env": env, "stderr": str(stderr),
-                   "stdout": str(stdout) if stdout else None, "nohup": nohup}  # fmt: skip
+                   "stdout": str(stdout) if stdout else None, "nohup": nohup,
+                   "cwd": str(cwd) if cwd else None, "argv0": argv0}  # fmt: skip
         assert self.proc.stdin is not None
         with self._starting:
             self.proc.stdin.write(json.dumps(request).encode() + b"\n")
@@ -1745,6 +1751,96 @@ class WarmCommands(OnePerProcess):
                 self.proc.kill()
                 self.proc.wait()
         self.log.unlink(missing_ok=True)
+
+
+class PipedCommand:
+    """``kiosk-agent ARGV...`` forked from the test process's warm server (:class:`WarmCommands`:
+    not a cold interpreter's 0.2-0.4 s of CPU in imports), used as an ``asyncio.subprocess.
+    Process`` started with ``stdout=PIPE`` (and ``stderr=PIPE`` unless a file is named) is:
+    ``stdout`` and ``stderr`` are StreamReaders, ``pid``, ``returncode``, ``wait()``,
+    ``communicate()``, ``send_signal()``, ``kill()``. Each pipe is a FIFO this side also holds
+    open for writing, so that none ends before the command has ended (its exit closes its own
+    ends); then this side's close ends them."""
+
+    def __init__(self, command: WarmCommand, held: list[int], directory: Path) -> None:
+        self.command = command
+        self.pid = command.pid
+        self._held = held
+        self._directory = directory
+        self.stdout = asyncio.StreamReader()
+        self.stderr: asyncio.StreamReader | None = asyncio.StreamReader()
+
+    @classmethod
+    async def start(
+        cls, argv: list[str], env: dict[str, str], stderr: Path | None = None
+    ) -> PipedCommand:
+        """``stderr``: a file its standard error is appended to, instead of a pipe."""
+        loop = asyncio.get_running_loop()
+        directory = Path(tempfile.mkdtemp(prefix="kiosk-piped-"))
+        names = ("out",) if stderr is not None else ("out", "err")
+        readers, held, paths = [], [], []
+        for name in names:
+            path = directory / name
+            os.mkfifo(path)
+            readers.append(os.open(path, os.O_RDONLY | os.O_NONBLOCK))
+            held.append(os.open(path, os.O_WRONLY | os.O_NONBLOCK))
+            paths.append(path)
+        commands = await asyncio.to_thread(WarmCommands.shared)
+        command = await asyncio.to_thread(
+            commands.start, argv, env, stderr or paths[1], stdout=paths[0]
+        )
+        piped = cls(command, held, directory)
+        if stderr is not None:
+            piped.stderr = None
+        streams = [piped.stdout] if piped.stderr is None else [piped.stdout, piped.stderr]
+        for fd, stream in zip(readers, streams, strict=True):
+            pipe = open(fd, "rb", 0)  # noqa: SIM115 - its transport closes it at the pipe's end
+            await loop.connect_read_pipe(lambda s=stream: asyncio.StreamReaderProtocol(s), pipe)
+        return piped
+
+    @property
+    def returncode(self) -> int | None:
+        return self.command.returncode
+
+    async def wait(self) -> int:
+        code = await self.command.wait()
+        for fd in self._held:  # the command's ends are closed: the pipes end here
+            os.close(fd)
+        self._held = []
+        shutil.rmtree(self._directory, ignore_errors=True)  # the open pipes stay readable
+        return code
+
+    async def communicate(self) -> tuple[bytes, bytes]:
+        await self.wait()
+        err = await self.stderr.read() if self.stderr is not None else b""
+        return await self.stdout.read(), err
+
+    def send_signal(self, signum: int) -> None:
+        if self.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.pid, signum)
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
+
+
+async def warm_command(
+    argv: list[str], directory: Path, env: dict[str, str] | None = None, within: float = 60.0
+) -> tuple[int, str, str]:
+    """``kiosk-agent ARGV...`` run to its end as a process of its own, forked from the test
+    process's warm server (a cold interpreter spends 0.2-0.4 s of CPU on the imports of one
+    command): its exit code, standard output and standard error (kept in ``directory``, one
+    pair of files per command). ``env``: this process's, unless given."""
+    commands = await asyncio.to_thread(WarmCommands.shared)
+    made, name = tempfile.mkstemp(prefix="command-", dir=directory)
+    os.close(made)
+    out, err = Path(f"{name}.out"), Path(f"{name}.err")
+    command = await asyncio.to_thread(
+        commands.start, argv, dict(os.environ) if env is None else env, err, stdout=out
+    )
+    async with asyncio.timeout(within):  # a hang's guard
+        code = await command.wait()
+    return code, out.read_text(), err.read_text()
 
 
 def _settle(future: asyncio.Future[int], code: int | None) -> None:

@@ -128,13 +128,15 @@ async def test_sim_verbose_logs_each_request_and_event_on_one_line(
     """`kiosk-agent sim -v` as a developer runs it: READY on stdout, one line per request and
     per event on stderr."""
     import asyncio
-    import sys
+    import os
 
     from kiosk_agent.cli.sim import parse_ready
+    from tests.assembly.crash_driver import PipedCommand
 
-    process = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "kiosk_agent", "sim", "-v", "--port", "0", "--time-scale", "50",
-        "--transactions", "10", stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+    # its own process, forked from the test process's warm server (not a cold interpreter)
+    process = await PipedCommand.start(
+        ["sim", "-v", "--port", "0", "--time-scale", "50", "--transactions", "10"],
+        dict(os.environ),
     )
     try:
         assert process.stdout is not None

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import signal
-import sys
 import threading
 from pathlib import Path
 
@@ -14,14 +14,14 @@ import pytest
 from kiosk_agent.cli import main
 from kiosk_agent.cli.contract import EXIT_USAGE
 from kiosk_agent.sim.machine import read_record
+from tests.assembly.crash_driver import PipedCommand
 from tests.child_signals import stop
 
 
-async def _spawn(*args: str) -> asyncio.subprocess.Process:
-    return await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "kiosk_agent", "virtual", *args,
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
-    )  # fmt: skip
+async def _spawn(*args: str) -> PipedCommand:
+    """``kiosk-agent virtual ARGS...`` as its own process, forked from the test process's warm
+    server (not a cold interpreter's imports), its output read through pipes."""
+    return await PipedCommand.start(["virtual", *args], dict(os.environ))
 
 
 async def _line(stream: asyncio.StreamReader, prefix: str) -> str:
