@@ -89,7 +89,8 @@ async def test_a_wait_the_caller_bounds_enters_no_bound_of_its_own(
     monkeypatch.undo()
     assert interaction.status is InteractionStatus.SUCCEEDED
     assert None not in bounds
-    assert bounds  # each frame's read is still bounded by the interaction's lifetime
+    # each frame's read is still bounded by the interaction's lifetime: a timer of the
+    # subscription's now (tests/service/test_cable.py), not a timeout entered around it
 
 
 async def test_device_fault_is_failed_with_stage_errors(service: ServiceClient) -> None:
