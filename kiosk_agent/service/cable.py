@@ -39,6 +39,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import json.encoder
 import logging
 import random
 import time
@@ -254,9 +255,8 @@ class Cable:
         subscribers = connection.subscriptions.setdefault(identifier, [])
         subscribers.append(subscription)
         if len(subscribers) == 1:
-            command = {"command": "subscribe", "identifier": identifier}
             try:
-                await connection.ws.send_str(json.dumps(command))
+                await connection.ws.send_str(_command("subscribe", identifier))
             except (aiohttp.ClientError, OSError) as exc:
                 await self.unsubscribe(subscription)
                 raise SocketUnavailable(f"subscribe not sent: {type(exc).__name__}") from None
@@ -470,9 +470,39 @@ class _Silence:
 
 async def _send_leave(connection: _Connection, identifier: str) -> None:
     """The unsubscribe frame of one channel (a socket that fails it has left them all)."""
-    command = {"command": "unsubscribe", "identifier": identifier}
     with contextlib.suppress(aiohttp.ClientError, OSError):
-        await connection.ws.send_str(json.dumps(command))
+        await connection.ws.send_str(_command("unsubscribe", identifier))
+
+
+# JSON as json.dumps writes it (its defaults: ASCII, ", " and ": ") by its C string encoder,
+# and read by its C scanner: one Python call each where json.dumps makes three (dumps, encode,
+# iterencode) at each of a sale's channel identifier, subscribe and unsubscribe, and json.loads
+# three (loads, decode, raw_decode) at each frame the cable reads
+_quoted = json.encoder.encode_basestring_ascii
+# json.scanner.make_scanner(a decoder of json.loads's defaults): the C scanner, (value, end)
+# (set by the decoder's __init__; typeshed does not declare it)
+_scan: Callable[[str, int], tuple[Any, int]] = json.JSONDecoder().scan_once  # type: ignore[attr-defined]
+
+
+def _command(command: str, identifier: str) -> str:
+    """``json.dumps({"command": command, "identifier": identifier})``."""
+    return f'{{"command": {_quoted(command)}, "identifier": {_quoted(identifier)}}}'
+
+
+def _channel(interaction_id: str) -> str:
+    """``json.dumps({"channel": f"terminal_job:{interaction_id}"})``."""
+    return f'{{"channel": {_quoted("terminal_job:" + interaction_id)}}}'
+
+
+def _loads(text: str) -> Any:
+    """``json.loads(text)``: a frame as a server sends it (a value from its first character to
+    its last) by the C scanner alone; anything else (spaces around it, extra data, no JSON) by
+    json.loads itself, for its result or its error."""
+    try:
+        value, end = _scan(text, 0)
+    except (StopIteration, ValueError):
+        return json.loads(text)
+    return value if end == len(text) else json.loads(text)
 
 
 async def _receive(ws: aiohttp.ClientWebSocketResponse, stale_after: float | None = None) -> Frame:
@@ -485,7 +515,7 @@ async def _receive(ws: aiohttp.ClientWebSocketResponse, stale_after: float | Non
     if message.type is not aiohttp.WSMsgType.TEXT:
         raise SocketUnavailable(f"socket {message.type.name.lower()}")
     try:
-        frame = json.loads(message.data)
+        frame = _loads(message.data)
     except json.JSONDecodeError:
         raise SocketUnavailable("a frame that is not JSON") from None
     if not isinstance(frame, dict):
@@ -511,7 +541,7 @@ class InteractionHandle:
         self.interaction_id = interaction_id
         self.order_id = order_id
         # the ActionCable channel identifier (JSON text, sent and matched verbatim)
-        self.identifier = json.dumps({"channel": f"terminal_job:{interaction_id}"})
+        self.identifier = _channel(interaction_id)
         self.last: Interaction | None = None
         loop = asyncio.get_running_loop()
         self._started = loop.time()

@@ -226,3 +226,55 @@ async def test_a_cancelled_reader_leaves_no_bound_armed() -> None:
     assert all(h.cancelled() for h in loop._scheduled[armed:])  # type: ignore[attr-defined]
     subscription.put({"message": "after"})  # no reader left to wake: kept for the next
     assert await subscription.next(None) == {"message": "after"}
+
+
+@pytest.mark.parametrize(
+    "interaction_id",
+    ["i-1", "int_7f3a9c", 'a"quote', "back\\slash", "ctl\x01\n", "ünï €😀", ""],
+)
+def test_the_cables_json_is_json_dumps_text_in_fewer_calls(interaction_id: str) -> None:
+    # json.dumps was three Python calls (dumps, encode, iterencode) at each identifier,
+    # subscribe and unsubscribe of a sale; the text sent must stay the same, byte for byte
+    import json
+
+    from kiosk_agent.service.cable import _channel, _command
+
+    with PythonCalls() as calls:
+        identifier = _channel(interaction_id)
+        subscribe = _command("subscribe", identifier)
+    assert identifier == json.dumps({"channel": f"terminal_job:{interaction_id}"})
+    assert subscribe == json.dumps({"command": "subscribe", "identifier": identifier})
+    assert json.loads(json.loads(subscribe)["identifier"])["channel"].endswith(interaction_id)
+    assert calls == ["_channel", "_command"]
+
+
+@pytest.mark.parametrize(
+    "text",
+    ['{"type":"ping","message":1764000000}', '{"identifier":"{\\"channel\\":\\"x\\"}","message":'
+     '{"status":"succeeded","amount":1.5e2}}', "[1, 2]", '"text"', "  {} ", "{}\n", "{} {}",
+     "", "nope", "{", '{"a": NaN}', "\ufeff{}"],
+)
+def test_a_frame_is_read_as_json_loads_reads_it(text: str) -> None:
+    import json
+
+    from kiosk_agent.service.cable import _loads
+
+    try:
+        expected: Any = ("value", json.loads(text))
+    except ValueError as err:
+        expected = ("error", type(err), str(err))
+    try:
+        got: Any = ("value", _loads(text))
+    except ValueError as err:
+        got = ("error", type(err), str(err))
+    assert repr(got) == repr(expected)
+
+
+def test_a_frame_as_a_server_sends_it_is_read_in_one_call() -> None:
+    from kiosk_agent.service.cable import _loads
+
+    frame = '{"identifier":"{\\"channel\\":\\"terminal_job:i-1\\"}","message":{"status":"ok"}}'
+    with PythonCalls() as calls:
+        value = _loads(frame)
+    assert value["message"] == {"status": "ok"}
+    assert calls == ["_loads"]
