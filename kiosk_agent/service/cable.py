@@ -39,9 +39,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import json.encoder
 import logging
 import random
 import time
+from collections import deque
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -116,21 +118,53 @@ Frame = dict[str, Any]
 
 
 class Subscription:
-    """One wait's place on the cable: its channel's frames, then the socket's end, in order."""
+    """One wait's place on the cable: its channel's frames, then the socket's end, in order.
+
+    A deque and the one reader's future, not an ``asyncio.Queue``: a frame put and taken is a
+    few Python calls where the queue's own took a dozen (its ``put_nowait``, ``_put``,
+    ``_wakeup_next``, ``get``, ``empty``, ``get_nowait``, ``_get``), and :meth:`next` is bounded
+    by one timer on the loop's clock instead of an ``asyncio.timeout`` entered around it."""
 
     def __init__(self, identifier: str, connection: _Connection) -> None:
         self.identifier = identifier
         self.connection = connection
-        self.frames: asyncio.Queue[Frame | SocketUnavailable] = asyncio.Queue()
+        self._frames: deque[Frame | SocketUnavailable] = deque()
+        self._reader: asyncio.Future[None] | None = None  # set when a frame or the end comes
         self.confirmed = False  # the server confirmed it
         self.heard = False  # a record for it arrived
 
-    async def next(self) -> Frame:
-        """The channel's next record frame; SocketUnavailable once the socket cannot say more."""
-        item = await self.frames.get()
+    def put(self, item: Frame | SocketUnavailable) -> None:
+        """A frame for the channel, or why the socket can say no more (never refused)."""
+        self._frames.append(item)
+        reader = self._reader
+        if reader is not None and not reader.done():
+            reader.set_result(None)
+
+    async def next(self, deadline: float | None = None) -> Frame:
+        """The channel's next record frame; SocketUnavailable once the socket cannot say more;
+        :class:`_LifetimeOver` when none came by ``deadline`` (the loop's time)."""
+        frames = self._frames
+        if not frames:
+            loop = asyncio.get_running_loop()
+            reader = self._reader = loop.create_future()
+            bound = None if deadline is None else loop.call_at(deadline, _lapse, reader)
+            try:
+                await reader
+            finally:
+                self._reader = None
+                if bound is not None:
+                    bound.cancel()
+            if not frames:  # the bound lapsed with nothing come
+                raise _LifetimeOver
+        item = frames.popleft()
         if isinstance(item, SocketUnavailable):
             raise item
         return item
+
+
+def _lapse(reader: asyncio.Future[None]) -> None:
+    if not reader.done():
+        reader.set_result(None)
 
 
 class _Connection:
@@ -162,13 +196,11 @@ class _Connection:
                 subscription.confirmed = True
         elif kind == "reject_subscription":
             for subscription in subscribers:
-                subscription.frames.put_nowait(
-                    SocketUnavailable("subscription rejected", retry=False)
-                )
+                subscription.put(SocketUnavailable("subscription rejected", retry=False))
         elif "message" in frame:
             for subscription in subscribers:
                 subscription.heard = True
-                subscription.frames.put_nowait(frame)
+                subscription.put(frame)
 
     def end(self, reason: SocketUnavailable) -> None:
         """No more frames: every subscription hears why."""
@@ -177,7 +209,7 @@ class _Connection:
         self.ended = reason
         for subscribers in self.subscriptions.values():
             for subscription in subscribers:
-                subscription.frames.put_nowait(reason)
+                subscription.put(reason)
 
 
 class Cable:
@@ -223,9 +255,8 @@ class Cable:
         subscribers = connection.subscriptions.setdefault(identifier, [])
         subscribers.append(subscription)
         if len(subscribers) == 1:
-            command = {"command": "subscribe", "identifier": identifier}
             try:
-                await connection.ws.send_str(json.dumps(command))
+                await connection.ws.send_str(_command("subscribe", identifier))
             except (aiohttp.ClientError, OSError) as exc:
                 await self.unsubscribe(subscription)
                 raise SocketUnavailable(f"subscribe not sent: {type(exc).__name__}") from None
@@ -439,9 +470,39 @@ class _Silence:
 
 async def _send_leave(connection: _Connection, identifier: str) -> None:
     """The unsubscribe frame of one channel (a socket that fails it has left them all)."""
-    command = {"command": "unsubscribe", "identifier": identifier}
     with contextlib.suppress(aiohttp.ClientError, OSError):
-        await connection.ws.send_str(json.dumps(command))
+        await connection.ws.send_str(_command("unsubscribe", identifier))
+
+
+# JSON as json.dumps writes it (its defaults: ASCII, ", " and ": ") by its C string encoder,
+# and read by its C scanner: one Python call each where json.dumps makes three (dumps, encode,
+# iterencode) at each of a sale's channel identifier, subscribe and unsubscribe, and json.loads
+# three (loads, decode, raw_decode) at each frame the cable reads
+_quoted = json.encoder.encode_basestring_ascii
+# json.scanner.make_scanner(a decoder of json.loads's defaults): the C scanner, (value, end)
+# (set by the decoder's __init__; typeshed does not declare it)
+_scan: Callable[[str, int], tuple[Any, int]] = json.JSONDecoder().scan_once  # type: ignore[attr-defined]
+
+
+def _command(command: str, identifier: str) -> str:
+    """``json.dumps({"command": command, "identifier": identifier})``."""
+    return f'{{"command": {_quoted(command)}, "identifier": {_quoted(identifier)}}}'
+
+
+def _channel(interaction_id: str) -> str:
+    """``json.dumps({"channel": f"terminal_job:{interaction_id}"})``."""
+    return f'{{"channel": {_quoted("terminal_job:" + interaction_id)}}}'
+
+
+def _loads(text: str) -> Any:
+    """``json.loads(text)``: a frame as a server sends it (a value from its first character to
+    its last) by the C scanner alone; anything else (spaces around it, extra data, no JSON) by
+    json.loads itself, for its result or its error."""
+    try:
+        value, end = _scan(text, 0)
+    except (StopIteration, ValueError):
+        return json.loads(text)
+    return value if end == len(text) else json.loads(text)
 
 
 async def _receive(ws: aiohttp.ClientWebSocketResponse, stale_after: float | None = None) -> Frame:
@@ -454,7 +515,7 @@ async def _receive(ws: aiohttp.ClientWebSocketResponse, stale_after: float | Non
     if message.type is not aiohttp.WSMsgType.TEXT:
         raise SocketUnavailable(f"socket {message.type.name.lower()}")
     try:
-        frame = json.loads(message.data)
+        frame = _loads(message.data)
     except json.JSONDecodeError:
         raise SocketUnavailable("a frame that is not JSON") from None
     if not isinstance(frame, dict):
@@ -480,7 +541,7 @@ class InteractionHandle:
         self.interaction_id = interaction_id
         self.order_id = order_id
         # the ActionCable channel identifier (JSON text, sent and matched verbatim)
-        self.identifier = json.dumps({"channel": f"terminal_job:{interaction_id}"})
+        self.identifier = _channel(interaction_id)
         self.last: Interaction | None = None
         loop = asyncio.get_running_loop()
         self._started = loop.time()
@@ -613,14 +674,9 @@ class InteractionHandle:
 
     async def _next_frame(self, subscription: Subscription) -> Frame:
         # The lifetime is read afresh for every frame: the first record tells the real one.
-        until_expiry = self._expiry - asyncio.get_running_loop().time()
-        if until_expiry <= 0:
+        if self._expiry <= asyncio.get_running_loop().time():
             raise _LifetimeOver
-        try:
-            async with asyncio.timeout(until_expiry):
-                return await subscription.next()
-        except TimeoutError:
-            raise _LifetimeOver from None
+        return await subscription.next(self._expiry)
 
     def _note(self, record: Interaction) -> None:
         """Keep the latest record and learn the real lifetime from it."""

@@ -340,6 +340,8 @@ class LocalSite:
         self._wanted_port = port
         self.port: int | None = None  # the bound port, once started
         self._runner: web.AppRunner | None = None
+        # the app's handler of a request (aiohttp's Application._handle), which _track wraps
+        self._app_handler: Callable[[web.BaseRequest], Awaitable[web.StreamResponse]] = _unstarted
         self._listeners: list[socket.socket] = []
         self._resume: asyncio.TimerHandle | None = None  # accepting again, while paused
         # at the cap: newcomers accepted a second (each looked at), and the silent ones among
@@ -394,7 +396,6 @@ class LocalSite:
     async def start(self, app: web.Application) -> None:
         app[LIMITS] = self.limits
         app[SITE] = self
-        app.middlewares.insert(0, self._track)
         runner = web.AppRunner(
             app,
             access_log=None,
@@ -403,6 +404,14 @@ class LocalSite:
             shutdown_timeout=self.limits.shutdown_grace,
         )
         await runner.setup()
+        # each request counted around the app's own handling, not as a middleware of the app's:
+        # an app with no middleware (the kiosk API) then runs none of aiohttp's chain (its
+        # _fix_request_current_app layer, the chain's build and its cache, some 25 Python calls
+        # at each kiosk API sale's two requests and its stream's wake-ups)
+        server = runner.server
+        if server is not None:  # made by setup()
+            self._app_handler = server.request_handler
+            server.request_handler = self._track
         self._runner = runner
         try:
             self._listeners = await _listen(self.host, self._wanted_port)
@@ -608,10 +617,10 @@ class LocalSite:
                 self._streaming -= 1
                 connection.streaming = False
 
-    @web.middleware
-    async def _track(
-        self, request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
-    ) -> web.StreamResponse:
+    async def _track(self, request: web.BaseRequest) -> web.StreamResponse:
+        """The server's handler of every request: the app's own (its routes, its middlewares),
+        with the request counted on its connection while it runs."""
+        handler = self._app_handler
         connection = self._connections.get(request.protocol)
         if connection is None:
             return await handler(request)
@@ -620,6 +629,10 @@ class LocalSite:
             return await handler(request)
         finally:
             connection.request_ended()
+
+
+async def _unstarted(_request: web.BaseRequest) -> web.StreamResponse:
+    raise RuntimeError("a request handled before the server started")
 
 
 class _StreamHold:

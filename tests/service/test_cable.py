@@ -16,7 +16,7 @@ from kiosk_agent.service.settings import ServiceSettings
 from kiosk_agent.sim.cable import CABLE_KEY
 from kiosk_agent.sim.server import SimServer
 
-from ..helpers import free_port, until
+from ..helpers import PythonCalls, free_port, until
 
 READER = "SIM-0002"
 
@@ -162,3 +162,119 @@ async def test_a_socket_dropped_once_after_confirming_is_reconnected(sim_factory
     assert interaction.status is InteractionStatus.SUCCEEDED
     assert (handle.empty_sessions, handle.socket_connects) == (1, 2)
     assert handle.via == "websocket"
+
+
+class _NoSocket:
+    """A subscription's connection, never written to by the subscription itself."""
+
+
+def _subscription() -> Any:
+    from kiosk_agent.service.cable import Subscription
+
+    return Subscription('{"channel":"terminal_job:i-1"}', _NoSocket())  # type: ignore[arg-type]
+
+
+async def test_a_frame_put_and_taken_costs_a_few_calls_and_no_queue() -> None:
+    # a frame on the cable was an asyncio.Queue's put_nowait and get: a dozen Python calls
+    # (put_nowait, _put, _wakeup_next, get, empty, get_nowait, _get, ...) at each record, and
+    # the read an asyncio.timeout entered and left around it
+    subscription = _subscription()
+    frame = {"identifier": subscription.identifier, "message": {"status": "succeeded"}}
+    deadline = asyncio.get_running_loop().time() + 60
+    with PythonCalls() as calls:
+        subscription.put(frame)
+        taken = await subscription.next(deadline)
+    assert taken is frame
+    assert calls == ["put", "next"], calls
+
+
+async def test_a_waiting_reader_is_woken_in_order_and_its_bound_lapses() -> None:
+    from kiosk_agent.service.cable import SocketUnavailable, _LifetimeOver
+
+    loop = asyncio.get_running_loop()
+    subscription = _subscription()
+    reader = asyncio.ensure_future(subscription.next(loop.time() + 60))
+    await asyncio.sleep(0)
+    assert not reader.done()  # nothing yet: it waits
+    first, second = {"message": 1}, {"message": 2}
+    subscription.put(first)
+    subscription.put(second)
+    assert await reader is first
+    assert await subscription.next(loop.time() + 60) is second  # kept, in order
+    subscription.put(SocketUnavailable("socket closed"))
+    with pytest.raises(SocketUnavailable, match="socket closed"):
+        await subscription.next(loop.time() + 60)
+    started = loop.time()
+    with pytest.raises(_LifetimeOver):  # the interaction's lifetime: nothing came by then
+        await subscription.next(started + 0.05)
+    assert loop.time() - started >= 0.04
+    late = {"message": 3}
+    subscription.put(late)  # a frame after a lapse is the next read's, not lost
+    assert await subscription.next(None) is late
+
+
+async def test_a_cancelled_reader_leaves_no_bound_armed() -> None:
+    loop = asyncio.get_running_loop()
+    subscription = _subscription()
+    armed = len(loop._scheduled)  # type: ignore[attr-defined]
+    reader = asyncio.ensure_future(subscription.next(loop.time() + 3600))
+    await asyncio.sleep(0)
+    assert len(loop._scheduled) == armed + 1  # type: ignore[attr-defined]
+    reader.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await reader
+    assert all(h.cancelled() for h in loop._scheduled[armed:])  # type: ignore[attr-defined]
+    subscription.put({"message": "after"})  # no reader left to wake: kept for the next
+    assert await subscription.next(None) == {"message": "after"}
+
+
+@pytest.mark.parametrize(
+    "interaction_id",
+    ["i-1", "int_7f3a9c", 'a"quote', "back\\slash", "ctl\x01\n", "ünï €😀", ""],
+)
+def test_the_cables_json_is_json_dumps_text_in_fewer_calls(interaction_id: str) -> None:
+    # json.dumps was three Python calls (dumps, encode, iterencode) at each identifier,
+    # subscribe and unsubscribe of a sale; the text sent must stay the same, byte for byte
+    import json
+
+    from kiosk_agent.service.cable import _channel, _command
+
+    with PythonCalls() as calls:
+        identifier = _channel(interaction_id)
+        subscribe = _command("subscribe", identifier)
+    assert identifier == json.dumps({"channel": f"terminal_job:{interaction_id}"})
+    assert subscribe == json.dumps({"command": "subscribe", "identifier": identifier})
+    assert json.loads(json.loads(subscribe)["identifier"])["channel"].endswith(interaction_id)
+    assert calls == ["_channel", "_command"]
+
+
+@pytest.mark.parametrize(
+    "text",
+    ['{"type":"ping","message":1764000000}', '{"identifier":"{\\"channel\\":\\"x\\"}","message":'
+     '{"status":"succeeded","amount":1.5e2}}', "[1, 2]", '"text"', "  {} ", "{}\n", "{} {}",
+     "", "nope", "{", '{"a": NaN}', "\ufeff{}"],
+)
+def test_a_frame_is_read_as_json_loads_reads_it(text: str) -> None:
+    import json
+
+    from kiosk_agent.service.cable import _loads
+
+    try:
+        expected: Any = ("value", json.loads(text))
+    except ValueError as err:
+        expected = ("error", type(err), str(err))
+    try:
+        got: Any = ("value", _loads(text))
+    except ValueError as err:
+        got = ("error", type(err), str(err))
+    assert repr(got) == repr(expected)
+
+
+def test_a_frame_as_a_server_sends_it_is_read_in_one_call() -> None:
+    from kiosk_agent.service.cable import _loads
+
+    frame = '{"identifier":"{\\"channel\\":\\"terminal_job:i-1\\"}","message":{"status":"ok"}}'
+    with PythonCalls() as calls:
+        value = _loads(frame)
+    assert value["message"] == {"status": "ok"}
+    assert calls == ["_loads"]
