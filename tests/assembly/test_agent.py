@@ -417,6 +417,42 @@ async def test_a_due_checkpoint_runs_at_once_while_the_machine_vends(
     assert agent.sales.busy_reason("SIM-0001") is not None  # the vend goes on meanwhile
 
 
+async def test_a_burst_of_sales_is_checkpointed_by_the_commit_that_makes_it_due(
+    agent_factory: Any, sim_factory: Any
+) -> None:
+    # Customers back to back (bench/hardware.py: some 100 sales a second) wrote three times the
+    # WAL's reserve between two of the watch's once-a-second looks, and every commit past the
+    # reserve fsynced the file's new size too. The commit that makes a checkpoint due asks for
+    # it (after its customer is answered): the WAL stays within what reserve_wal grew it to.
+    from kiosk_agent.sales.journal import CHECKPOINT_AFTER_ROWS, WAL_RESERVE_BYTES
+
+    sim = await sim_factory(time_scale=1000, transactions=0)
+    agent = await agent_factory(sim=sim)
+    await asyncio.wait_for(agent.settled.wait(), 30)
+    await agent._journal_watch.stop()  # no look each second: only the commits ask
+    wal = agent.journal.path.with_name(agent.journal.path.name + "-wal")
+    reserved = wal.stat().st_size
+    assert reserved >= WAL_RESERVE_BYTES
+    ran: list[int] = []
+    checkpoint = agent.journal.checkpoint
+
+    def counted() -> int:
+        ran.append(copied := checkpoint())
+        return copied
+
+    agent.journal.checkpoint = counted  # type: ignore[method-assign]
+    began = agent.journal.db.total_changes
+    while agent.journal.db.total_changes - began < 4 * CHECKPOINT_AFTER_ROWS:
+        sale = await agent.sales.start(
+            SaleRequest(source="test", flow=Flow.AUTHORIZE_CAPTURE, amount_cents=300),
+            ScriptedDispenser(vended_cents=300),
+        )
+        assert (await asyncio.wait_for(sale.result(), 10)).state is SaleState.COMPLETED
+    assert wal.stat().st_size == reserved  # every commit wrote inside the reserve
+    await until(lambda: len(ran) >= 3)
+    assert all(copied > 0 for copied in ran)
+
+
 async def test_a_vended_sale_past_keep_days_is_not_given_back_by_the_charge_check(
     agent_factory: Any, sim_factory: Any, tmp_path: Path
 ) -> None:
