@@ -233,6 +233,9 @@ class Agent:
             unit=self.unit,
         )
         self.sales = SaleRunner(context)
+        # a product dispensed after its sale gave up waiting: a problem until a person saw it
+        self.sales.late_vends.on_change = self.health.problem_changed
+        self.health.report_problem_of("late vends", self.sales.late_vends.problem)
         # a card wait's unsubscribe frame is sent once no customer waits for an answer
         self.service.terminal.cable.leave_when = self.sales.when_no_terminal_held
         self.recovery = Recovery(context, runner=self.sales)

@@ -101,6 +101,21 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     )
     resolve.add_argument("--why", required=True, help="what you did and why (kept with the sale)")
     resolve.set_defaults(handler=guarded(resolve_command, loop=False))
+    late = actions.add_parser(
+        "late-vends", parents=options(),
+        help="products the machine dispensed after their sale gave up waiting (unpaid)",
+        description="The products the machine reported dispensed after their sale had given up "
+        "waiting (its vend timeout) within the last 24 hours, not yet acknowledged: each went "
+        "out unpaid (its money went back), and the machine's stock is one less than the sales "
+        "say. Health shows them as a problem until acknowledged (--ack) or 24 hours have "
+        "passed. Exit 1 when it lists any. Nothing is sent to the payment service.",
+    )  # fmt: skip
+    late.add_argument(
+        "--ack", metavar="SALE",
+        help="acknowledge the late vend of SALE (a unique start of its id), or of every one "
+        "with 'all': journaled on the sale with who",
+    )  # fmt: skip
+    late.set_defaults(handler=guarded(late_vends_command, loop=False))
 
 
 
@@ -303,6 +318,44 @@ async def resolve_command(args: argparse.Namespace) -> int:
         sale=sale_json(record),
     )
     return EXIT_OK
+
+
+async def late_vends_command(args: argparse.Namespace) -> int:
+    import getpass
+
+    from kiosk_agent.sales.clock import SYSTEM_CLOCK
+    from kiosk_agent.sales.late_vends import LateVendWatch
+
+    ack = getattr(args, "ack", None)
+    journal = open_journal(unit_config(args), to_write=ack is not None)
+    try:
+        watch = LateVendWatch(journal, SYSTEM_CLOCK)
+        if ack is not None:
+            done = watch.acknowledge(ack, f"cli ({getpass.getuser()})")
+            if not done:
+                raise CliError(f"no late vend to acknowledge for {ack!r} (`kiosk-agent sales "
+                               "late-vends` lists them)", EXIT_FAILED)
+            say(args, f"acknowledged the late vend of {plural(len(done), 'sale')}: "
+                f"{', '.join(done)}", acknowledged=done)
+            return EXIT_OK
+        late = watch.unseen()
+    finally:
+        journal.close()
+    if wants_json(args):
+        print(json.dumps({"late_vends": [
+            {"sale_id": v.sale_id, "product": v.product, "source": v.source, "at": v.at}
+            for v in late]}, indent=2))
+        return EXIT_FAILED if late else EXIT_OK
+    from kiosk_agent.text import for_terminal
+
+    for vend in late:
+        print(f"{vend.sale_id}  {for_terminal(vend.product or '(product unnamed)')}  "
+              f"{for_terminal(vend.source)}  dispensed {display_time(vend.at)}, after its sale "
+              "gave up waiting: unpaid, the money went back")
+    print(plural(len(late), "late vend") + " not acknowledged"
+          + ("; check the stock, then: kiosk-agent sales late-vends --ack SALE|all"
+             if late else ""))
+    return EXIT_FAILED if late else EXIT_OK
 
 
 async def sales_command(args: argparse.Namespace) -> int:

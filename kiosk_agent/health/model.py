@@ -430,8 +430,14 @@ class Health:
         return f"stopping (draining {count} sale{'s' if count != 1 else ''}, until {at})"
     def report_problem_of(self, part: str, problem: Callable[[], str | None]) -> None:
         """Show ``problem()`` (None: none now) among the problems of every snapshot: a fault
-        outside the sales that a person must fix (an upstream broker refusing the unit)."""
+        outside the sales that a person must fix (an upstream broker refusing the unit), or
+        a fact they must look at (a product dispensed after its sale gave up waiting)."""
         self._problem_sources[part] = problem
+
+    def problem_changed(self) -> None:
+        """A source of :meth:`report_problem_of` has a new problem: told at once (upstream
+        sends it now, not at the next heartbeat)."""
+        self._changed()
 
     def report_fatal(self, component: str, reason: str) -> None:
         """An internal part broke in a way a restart may cure (journal unwritable, a dead task).

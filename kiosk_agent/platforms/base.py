@@ -81,12 +81,17 @@ class Dispenser:
 class LateVends:
     """Vends heard after their sale stopped waiting for them (its vend timeout: the sale gives
     the money back), each a product gone out unpaid. The agent cannot take that money again;
-    it says so once at WARNING, naming the sale, and counts it in the platform's status."""
+    it says so once at WARNING, naming the sale, counts it in the platform's status, and tells
+    the agent (``sales.late_vend``: journaled on the sale, a problem in health until a person
+    acknowledges it: sales/late_vends.py). No money moves on it."""
 
     KEPT = 500  # sales given up on that a late result may still name
 
-    def __init__(self, source: str) -> None:
+    def __init__(self, source: str, sales: object = None) -> None:
         self.source = source
+        # the agent's SaleRunner (its late_vend), or a test's stand-in without one
+        self._tell: Callable[[str, str | None, str], None] | None = getattr(
+            sales, "late_vend", None)
         self.count = 0
         self.last_sale: str | None = None
         self._gave_up: OrderedDict[str, object] = OrderedDict()  # sale id -> product, or _TOLD
@@ -122,6 +127,13 @@ class LateVends:
                 "back): the product %s went out unpaid", self.source, sale_id,
                 product or "(unnamed)",
             )
+            if self._tell is not None:
+                try:
+                    self._tell(sale_id, product if isinstance(product, str) else None,
+                               self.source)
+                except Exception:  # the platform goes on; the log holds the late vend
+                    _LOGGER.exception("%s: the late vend of sale %s not told to the agent",
+                                      self.source, sale_id)
         return True
 
     def status(self) -> dict[str, Any]:

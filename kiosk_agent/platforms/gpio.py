@@ -273,7 +273,7 @@ class GpioKiosk:
         self.sensors = {b.sensor: b for b in buttons if b.sensor is not None}
         # the last dispense whose sensor window closed unseen; a fall after it went out unpaid
         self.gave_up_on: _Drop | None = None
-        self.late = LateVends(source)
+        self.late = LateVends(source, sales)
         self.name = source
         self.flow = flow
         self.terminal = terminal

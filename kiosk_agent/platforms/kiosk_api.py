@@ -344,7 +344,7 @@ class KioskApi:
         self._latest: OrderedDict[str, SaleEvent] = OrderedDict()
         self._dispensers: dict[str, AppDispenser] = {}
         # a "vended" reported after its sale stopped waiting is a product gone out unpaid
-        self.late = LateVends(self.name)
+        self.late = LateVends(self.name, getattr(agent, "sales", None))
         self._site = LocalSite(
             config["host"], config["port"], name=self.name,
             limits=HttpLimits.of(agent),

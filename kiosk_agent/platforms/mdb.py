@@ -293,6 +293,9 @@ class MdbSession(Dispenser):
 
     def ended_as(self, outcome: DispenseOutcome) -> None:
         never_sold = self.phase is Phase.QUEUED  # dropped before its sale: not an outcome
+        # ended mid-vend with no result (the controller inactive or reset, the adapter back):
+        # the machine may still say the vend succeeded, as after the vend timeout
+        unheard = self.phase is Phase.VENDING and outcome.status is DispenseStatus.CANCELLED
         self.move_to(Phase.ENDED)
         if never_sold:
             return
@@ -301,6 +304,9 @@ class MdbSession(Dispenser):
             self.device.stats.timeouts += 1
             self.device.gave_up_on = self  # the machine may still say how its vend ended
             self.device.late.gave_up(self)
+        elif unheard:
+            self.device.gave_up_on = self
+            self.device.late.keep(self.sale_id, self.product)
 
 
 class MdbCashless:
@@ -322,7 +328,7 @@ class MdbCashless:
         self.session: MdbSession | None = None
         # the last session whose sale stopped waiting for the vend result (vend timeout)
         self.gave_up_on: MdbSession | None = None
-        self.late = LateVends(self.name)
+        self.late = LateVends(self.name, sales)
         self._tasks = TaskSet()
         # What the agent tells the device (facts from outside, not a session's state): it is
         # stopping (the drain), and whether its terminal can take cards (health's availability).

@@ -139,6 +139,11 @@ class Vend(Dispenser):
         if outcome.status is DispenseStatus.TIMEOUT:  # the device may still say how it ended
             self.device.gave_up_on = self
             self.device.late.gave_up(self)
+        elif self.vending and outcome.status is DispenseStatus.CANCELLED:
+            # ended mid-dispense with no result (its cancel line, the link back): the device
+            # may still say the dispense succeeded, as after the vend timeout
+            self.device.gave_up_on = self
+            self.device.late.keep(self.sale_id, self.product)
 
     async def deny(self, reason: str) -> None:
         if self.ended:
@@ -182,7 +187,7 @@ class SerialLineDevice:
         # the last dispense whose sale stopped waiting (vend timeout); a success heard for it
         # later is a product gone out unpaid
         self.gave_up_on: Vend | None = None
-        self.late = LateVends(source)
+        self.late = LateVends(source, sales)
         self.unfollow: Callable[[], None] | None = None
         self.link = SerialLink(
             source, settings, self.handle_line, on_state=on_link_state,

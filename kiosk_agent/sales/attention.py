@@ -32,7 +32,13 @@ from kiosk_agent.sales.journal_reads import SaleNotFound
 from kiosk_agent.sales.model import Flow, SaleEvent
 from kiosk_agent.sales.settings import ATTENTION_RECHECK
 from kiosk_agent.sales.states import NO_CHARGE_STEPS, RESOLUTIONS, SaleState, Step
-from kiosk_agent.sales.steps import SWEEP_MONEY_RETRIES, SaleContext, SaleSteps, event_of
+from kiosk_agent.sales.steps import (
+    SWEEP_MONEY_RETRIES,
+    SaleContext,
+    SaleSteps,
+    event_of,
+    nothing_captured,
+)
 from kiosk_agent.service.errors import ServiceError
 from kiosk_agent.tasks import BackgroundTask
 from kiosk_agent.text import control_character
@@ -257,20 +263,25 @@ class AttentionSweeper:
                 Step.ATTENTION_DONE,
                 "given back (found in reporting)",
                 reverse_trans_id=lookup.reverse_trans_id,
-                reversed_cents=lookup.amount_cents or record.captured_cents,
+                reversed_cents=record.captured_cents
+                if lookup.amount_cents is None else lookup.amount_cents,
                 if_state=SaleState.ATTENTION,
             )
         vended = record.vended_cents
         if lookup.captured and vended:
             # what the capture asked: the vend (a charge-card's: its price, taken at once)
             asked = record.amount_cents if record.flow == Flow.CHARGE_CARD else vended
-            if (lookup.amount_cents or vended) > max(vended, asked):
+            # reporting naming no amount: the vend's; 0 is a figure (nothing taken)
+            taken = vended if lookup.amount_cents is None else lookup.amount_cents
+            if taken == 0:
+                return self._captured_nothing(steps, vended)
+            if taken > max(vended, asked):
                 return None  # taken above what was asked: a person decides (the sale says so)
             return steps.finish(
                 SaleState.COMPLETED,
                 Step.ATTENTION_DONE,
-                f"paid {format_cents(lookup.amount_cents or vended)} (found captured)",
-                captured_cents=lookup.amount_cents or vended,
+                f"paid {format_cents(taken)} (found captured)",
+                captured_cents=taken,
                 if_state=SaleState.ATTENTION,
             )
         if not (lookup.captured or lookup.authorized) or not may_move_money:
@@ -282,6 +293,16 @@ class AttentionSweeper:
             return await steps.capture(vended)
         return await steps.reverse("money held without a confirmed vend (found in reporting)")
 
+
+    def _captured_nothing(self, steps: SaleSteps, vended: int) -> SaleEvent | None:
+        """Reporting shows the dispensed sale's capture made for $0.00: it stays for a person,
+        its words saying so (written once: a later sweep finding the same writes nothing)."""
+        words = nothing_captured(vended, self.context.recheck.when())
+        record = steps.record
+        if record.captured_cents == 0 and record.message.startswith(words.split(";")[0]):
+            return None
+        return steps.finish(SaleState.ATTENTION, Step.ATTENTION_FOUND, words,
+                            captured_cents=0, if_state=SaleState.ATTENTION)
 
     def _still_attention(self, steps: SaleSteps) -> bool:
         """Whether nobody resolved the sale while reporting was asked (then: leave it be).

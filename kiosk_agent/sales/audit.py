@@ -286,7 +286,7 @@ class ChargeAudit:
                 mine = self._held_by_journal(base, sale) or self._provably_ours(row.order_id)
                 if mine and status not in _HOLDING:
                     continue  # this unit's, holding nothing: never looked at again
-                if mine and parts is not None and _plainly_accounted(sale, running, row, parts[1]):
+                if mine and parts is not None and _plainly_accounted(sale, running, row):
                     accounted.add(row.trans_id, at)
                     continue
                 rows[row.trans_id] = row
@@ -379,8 +379,8 @@ class ChargeAudit:
         if record is not None and record.source == AUDIT_SOURCE:
             record = None  # a give-back took the order id of a sale the journal lost
         if record is not None:
-            if _accounts_for(record, running) and not _another_attempts(
-                record.state, record.attempt, record.trans_id, row, suffix
+            if _accounts_for(record, running) and not _not_its_charge(
+                record.state, record.trans_id, row
             ):
                 return None
             steps = self.journal.steps(record.sale_id)
@@ -494,10 +494,10 @@ def _accounts_for(record: SaleRecord, running: Collection[str]) -> bool:
 
 
 def _plainly_accounted(
-    sale: OrderState | None, running: Collection[str], row: Transaction, suffix: str
+    sale: OrderState | None, running: Collection[str], row: Transaction
 ) -> bool:
-    """The journal holds this charge's sale (``sale``: read by the row's order id, whose
-    ``suffix`` it has), in flight or ended with money moved and the charge its own: nothing to
+    """The journal holds this charge's sale (``sale``: read by the base of the row's order
+    id), in flight or ended with money moved and the charge its own: nothing to
     decide (``_unaccounted`` says None for it too). A give-back sale under that order id
     accounts only for the charge it gives back: decided by :meth:`ChargeAudit._unaccounted`,
     by trans id."""
@@ -505,20 +505,20 @@ def _plainly_accounted(
         return False
     if sale.sale_id in running:
         return True
-    return sale.state not in _NO_MONEY and not _another_attempts(
-        sale.state, sale.attempt, sale.trans_id, row, suffix)
+    return sale.state not in _NO_MONEY and not _not_its_charge(sale.state, sale.trans_id, row)
 
 
-def _another_attempts(
-    state: SaleState, attempt: int, trans_id: str | None, row: Transaction, suffix: str
-) -> bool:
-    """A charge under an earlier attempt's order id of a sale that ended with money moved
-    under another charge (its ``trans_id``): that attempt was answered "retry" (else the sale
-    had not asked again), so its charge is no money of the sale's; a service that charged it
-    anyway charged the customer twice. An open sale (recovery's, the sweeper's: ``attention``)
-    may still take it for its own."""
+def _not_its_charge(state: SaleState, trans_id: str | None, row: Transaction) -> bool:
+    """A charge under one of the order ids of a sale that ended with money moved under another
+    charge (its ``trans_id``): no money of the sale's. Under an earlier attempt's order id,
+    that attempt was answered "retry" (else the sale had not asked again); under the sale's
+    own attempt, the order id was charged again (a request replayed past the service's
+    duplicate check: the agent sends each attempt once). Either way a service that charged it
+    charged the customer twice, for no vend the agent heard (2026-11-29, i38-money: the
+    second case was counted the sale's, and kept). An open sale (recovery's, the sweeper's:
+    ``attention``) may still take it for its own."""
     return (state.final and state is not SaleState.ATTENTION and trans_id is not None
-            and row.trans_id != trans_id and _attempt_of(suffix) != attempt)
+            and row.trans_id != trans_id)
 
 
 def _attempt_of(suffix: str) -> int:

@@ -98,6 +98,9 @@ __all__ = [
 # whose version is above its own.
 SCHEMA_VERSION = 2
 
+# steps_late_vend: the products dispensed after their sale gave up waiting, and a person's
+# acknowledgement of each (sales/late_vends.py), partial: health reads them at every snapshot,
+# and no other step's write pays for it
 # sales_no_selection: the card sessions that ended with no selection (sales.kinds), partial, so
 # every face counts them apart from an index (a scan of 200,000 sales took 0.17 s)
 _SCHEMA = """
@@ -144,6 +147,8 @@ CREATE TABLE IF NOT EXISTS steps (
     detail   TEXT NOT NULL DEFAULT '{}'
 );
 CREATE INDEX IF NOT EXISTS steps_sale ON steps(sale_id);
+CREATE INDEX IF NOT EXISTS steps_late_vend ON steps(at)
+    WHERE step IN ('late.vend', 'late.vend.seen');
 CREATE TABLE IF NOT EXISTS sale_sends (
     sale_id   TEXT PRIMARY KEY REFERENCES sales(sale_id),
     sent_at   REAL,

@@ -251,6 +251,20 @@ class JournalReads:
             for r in rows
         ]
 
+    def late_vend_steps(self, since: float) -> list[StepRecord]:
+        """The ``late.vend`` and ``late.vend.seen`` steps journaled at ``since`` or later, in
+        time order (sales/late_vends.py), from their own partial index."""
+        rows = self.db.execute(
+            "SELECT * FROM steps WHERE step IN ('late.vend', 'late.vend.seen') AND at >= ? "
+            "ORDER BY at", (since,)
+        ).fetchall()
+        return [
+            StepRecord(
+                r["sale_id"], r["at"], r["step"], SaleState(r["state"]), json.loads(r["detail"])
+            )
+            for r in rows
+        ]
+
     def steps_since(self, at: float, limit: int) -> list[StepRecord]:
         """The steps journaled at ``at`` or later, in their order, at most ``limit`` (a live
         view catching up after it lost its connection)."""

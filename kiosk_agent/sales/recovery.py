@@ -325,7 +325,10 @@ class Recovery:
             raise RuntimeError(f"sale {record.sale_id}: no transaction id to look up")
         lookup = await steps.reconciler.transaction_state(record.trans_id)
         asked = record.vended_cents or record.authorized_cents
-        taken = lookup.amount_cents or asked
+        # reporting naming no amount is the capture as asked; 0 is a figure: nothing taken
+        taken = asked if lookup.amount_cents is None else lookup.amount_cents
+        if lookup.captured and taken == 0:
+            return steps.captured_nothing(asked, Step.RECOVERY_UNDECIDED)
         if lookup.captured and taken > asked:
             return steps.captured_above("reporting shows captured", taken, asked)
         if lookup.captured:
@@ -333,7 +336,7 @@ class Recovery:
                 SaleState.COMPLETED,
                 Step.RECOVERY_DONE,
                 "dispensed and captured before the interruption",
-                captured_cents=lookup.amount_cents or record.vended_cents,
+                captured_cents=taken,
             )
         if lookup.authorized:
             return await steps.capture(record.vended_cents or record.authorized_cents)
@@ -357,6 +360,7 @@ class Recovery:
                 Step.RECOVERY_DONE,
                 f"{record.message}; given back",
                 reverse_trans_id=lookup.reverse_trans_id,
-                reversed_cents=lookup.amount_cents or 0,
+                reversed_cents=(record.captured_cents or record.authorized_cents)
+                if lookup.amount_cents is None else lookup.amount_cents,
             )
         return await steps.reverse(record.message or "interrupted while giving the money back")

@@ -27,6 +27,7 @@ from kiosk_agent.sales.authorize_capture import AuthorizeCaptureFlow
 from kiosk_agent.sales.charge_card import ChargeCardFlow
 from kiosk_agent.sales.enroll import EnrollFlow
 from kiosk_agent.sales.journal import JournalError, SaleMoved, SaleRecord
+from kiosk_agent.sales.late_vends import LateVendWatch
 from kiosk_agent.sales.live import SaleFlow
 from kiosk_agent.sales.model import STOPPING as STOPPING  # re-exported: where callers look
 from kiosk_agent.sales.model import AgentStopping as AgentStopping
@@ -121,6 +122,14 @@ class SaleRunner:
         # card first, per trigger: offers in a row that got no authorization (the offer pace)
         self._unanswered: dict[str, int] = {}
         self._answered: set[str] = set()  # triggers whose last offer was authorized
+        # products the machine reported after their sale gave up waiting: to a person
+        self.late_vends = LateVendWatch(context.journal, context.clock)
+
+    def late_vend(self, sale_id: str, product: str | None, source: str) -> None:
+        """The machine reported ``sale_id``'s vend after the sale gave up waiting for it
+        (platforms/base.py ``LateVends``): journaled on the sale and shown in health until a
+        person acknowledges it (sales/late_vends.py). No money moves on it."""
+        self.late_vends.heard(sale_id, product, source)
 
     def limit_trigger(self, platform: str, name: str | None, max_cents: int) -> None:
         """A trigger's ``max_price`` from its configuration: every request it sends is held to

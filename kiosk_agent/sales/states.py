@@ -162,6 +162,9 @@ class Step(enum.StrEnum):
     ATTENTION_DONE = "attention.done"
     ATTENTION_RESOLVED = "attention.resolved"  # a person's decision
     LATE_FOUND = "late.found"
+    # a note: the machine reported the vend after the sale gave up waiting (sales/late_vends.py)
+    LATE_VEND = "late.vend"
+    LATE_VEND_SEEN = "late.vend.seen"  # a note: a person acknowledged it
     # the journal's disk failed (sales/journal_guard.py, sales/unwritten.py, sales/audit.py)
     JOURNAL_UNWRITTEN = "journal.unwritten"  # an event only: the step could not be written
     JOURNAL_RESTORED = "journal.restored"  # the sale as memory held it, written again
@@ -226,6 +229,9 @@ NO_CHARGE_STEPS = frozenset(
 REOPENED_AFTER: Mapping[Step, frozenset[Step]] = {Step.LATE_FOUND: NO_CHARGE_STEPS}
 
 S = SaleState
+# a product dispensed after its sale gave up waiting, and a person's acknowledgement: notes on
+# the sale in whatever state it is (they change none of its fields)
+_LATE_VEND_NOTES = frozenset({Step.LATE_VEND, Step.LATE_VEND_SEEN})
 ANY_STEP = None  # an edge any step may take
 _Edges = Mapping[SaleState, frozenset[Step] | None]
 
@@ -254,7 +260,7 @@ TRANSITIONS: Mapping[SaleState, _Edges] = {
     # decided by the sweeper (from what reporting shows) or by a person
     S.ATTENTION: {
         S.ATTENTION: frozenset({Step.ATTENTION_RECHECK, Step.ATTENTION_FOUND,
-                                Step.REVERSE_UNKNOWN, Step.JOURNAL_RESTORED}),
+                                Step.REVERSE_UNKNOWN, Step.JOURNAL_RESTORED, *_LATE_VEND_NOTES}),
         S.REVERSING: frozenset({Step.REVERSE_REQUEST}),
         S.CAPTURING: frozenset({Step.CAPTURE_REQUEST}),
         S.COMPLETED: frozenset({Step.ATTENTION_DONE, Step.ATTENTION_RESOLVED}),
@@ -262,11 +268,11 @@ TRANSITIONS: Mapping[SaleState, _Edges] = {
         S.FAILED: frozenset({Step.ATTENTION_DONE}),
     },
     # reopened by the late-charge net only, after a NO_CHARGE_STEPS end
-    S.FAILED: {S.REVERSING: frozenset({Step.LATE_FOUND})},
-    S.COMPLETED: {S.COMPLETED: frozenset({Step.RECEIPT})},
-    S.DECLINED: {},
-    S.CANCELLED: {},
-    S.REVERSED: {},
+    S.FAILED: {S.REVERSING: frozenset({Step.LATE_FOUND}), S.FAILED: _LATE_VEND_NOTES},
+    S.COMPLETED: {S.COMPLETED: frozenset({Step.RECEIPT, *_LATE_VEND_NOTES})},
+    S.DECLINED: {S.DECLINED: _LATE_VEND_NOTES},
+    S.CANCELLED: {S.CANCELLED: _LATE_VEND_NOTES},
+    S.REVERSED: {S.REVERSED: _LATE_VEND_NOTES},
 }
 
 # Final states whose facts are settled (attention's are still being found out): a step that
@@ -363,7 +369,7 @@ _STATES_BY_FLOW: dict[str, frozenset[SaleState]] = {
 
 
 def _no_edge(current: SaleState) -> str:
-    if current.final and not TRANSITIONS[current]:
+    if current.final and not [to for to in TRANSITIONS[current] if to is not current]:
         return f"{current.value} is final"
     return f"not a move from {current.value}"
 

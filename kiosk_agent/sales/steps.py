@@ -34,6 +34,7 @@ from kiosk_agent.service.errors import (
     OUTCOME_UNKNOWN,
     BadRequestError,
     InvalidResponseError,
+    RateLimitedError,
     ServerError,
     ServiceError,
     ServiceUnreachableError,
@@ -70,6 +71,19 @@ def unknown_outcome(call: str, err: ServiceError) -> str:
     if isinstance(err, InvalidResponseError):
         return f"the {call}'s answer could not be read ({err})"
     return f"the {call}'s answer was lost ({err})"
+
+
+def give_back_failed(err: ServiceError) -> str:
+    """Why a void or refund gave nothing back that the agent knows of, as what happened: a
+    429 is the service asking to wait and a 5xx its failure, a lost or unreadable answer no
+    answer; only a 4xx that is not a 429 is the request refused."""
+    call = "void or refund"
+    if isinstance(err, RateLimitedError):
+        wait = f", asking to wait {err.retry_after:g} s" if err.retry_after else ""
+        return f"the service rate-limited the {call} (429{wait}): nothing was given back"
+    if isinstance(err, OUTCOME_UNKNOWN):
+        return unknown_outcome(call, err) + ", and reporting does not show it given back"
+    return f"the service refused the {call} ({err})"
 
 
 class Recheck:
@@ -344,7 +358,7 @@ class SaleSteps:
         A charge-card captures at once, an authorization only holds; an answer without an
         amount holds the sale's price. Returns the cents held.
         """
-        cents = cents or self.record.amount_cents
+        cents = self.record.amount_cents if cents is None else cents
         self.step(name, state, detail=detail, **self._charge_fields(trans_id, cents))
         return cents
 
@@ -362,7 +376,9 @@ class SaleSteps:
         journal never heard of): the sale holds that charge and its give-back as the service
         does, so what people see says money was taken and given back, not "nothing charged"."""
         if lookup.trans_id is not None:
-            cents = lookup.amount_cents or self.record.amount_cents
+            cents = lookup.amount_cents
+            if cents is None:  # reporting named no amount: the price; a 0 it names is 0
+                cents = self.record.amount_cents
             back = await self.reconciler.transaction_state(lookup.trans_id)
             changes.update(
                 self._charge_fields(lookup.trans_id, cents),
@@ -581,18 +597,12 @@ class SaleSteps:
                     )
                 if attempt == 2 or (isinstance(err, BadRequestError) and not lookup.known):
                     return self.finish(
-                        SaleState.ATTENTION,
-                        Step.REVERSE_FAILED,
-                        f"{why}; giving the money back failed ({err}); {self._retried()} "
-                        f"gives back {format_cents(self._held_cents)}",
+                        SaleState.ATTENTION, Step.REVERSE_FAILED, self._not_given_back(why, err)
                     )
                 continue
             except ServiceError as err:
                 return self.finish(
-                    SaleState.ATTENTION,
-                    Step.REVERSE_FAILED,
-                    f"{why}; void or refund refused: {err}; {self._retried()} gives "
-                    f"back {format_cents(self._held_cents)}",
+                    SaleState.ATTENTION, Step.REVERSE_FAILED, self._not_given_back(why, err)
                 )
             if self._gave_back_all(result, trans_id):
                 return self._reversed(why, result.trans_id, result.amount, voided=result.voided)
@@ -633,9 +643,15 @@ class SaleSteps:
             SaleState.ATTENTION,
             Step.REVERSE_FAILED,
             f"{why}; the give-back was answered {answered}, and reporting does not show "
-            f"{trans_id} given back; {self._retried()} gives back "
-            f"{format_cents(self._held_cents)}",
+            f"{trans_id} given back; {format_cents(self._held_cents)} is still held: "
+            f"{self._retried()}",
         )
+
+    def _not_given_back(self, why: str, err: ServiceError) -> str:
+        """A sale's words when its give-back failed: what happened, the money still held, and
+        who gives it back when."""
+        return (f"{why}; {give_back_failed(err)}; {format_cents(self._held_cents)} is still "
+                f"held: {self._retried()}")
 
     def require_own(self) -> None:
         """The last guard before money moves: every caller picks only this unit's sales
@@ -644,8 +660,8 @@ class SaleSteps:
             raise NotOurs(self.record, self.context.unit)
     def _retried(self) -> str:
         """Who acts next on a sale left in attention, and when."""
-        return (f"the agent tries again {self.context.recheck.when()} (up to "
-                f"{SWEEP_MONEY_RETRIES} times), then a person ({RESOLVE})")
+        return (f"the agent tries again {self.context.recheck.when()} to give it back (up to "
+                f"{SWEEP_MONEY_RETRIES} times), then a person decides ({RESOLVE})")
 
     @property
     def _held_cents(self) -> int:
@@ -654,7 +670,7 @@ class SaleSteps:
     def _reversed(
         self, why: str, reverse_trans_id: str | None, cents: int | None, voided: bool = True
     ) -> SaleEvent:
-        amount = cents or self.record.captured_cents or self.record.authorized_cents
+        amount = self._held_cents if cents is None else cents  # 0 named is 0
         how = "voided" if voided else "refunded"
         return self.finish(
             SaleState.REVERSED,
@@ -771,11 +787,25 @@ class SaleSteps:
 
     def found_captured(self, taken: int | None, cents: int) -> SaleEvent:
         """The end of a sale whose capture of ``cents`` reporting shows made: paid what it
-        took, unless that is above what was asked."""
-        taken = taken or cents
+        took, unless that is nothing or above what was asked. ``taken`` None is reporting
+        naming no amount (the capture as asked); 0 is a figure: nothing taken."""
+        if taken == 0:
+            return self.captured_nothing(cents, Step.CAPTURE_REFUSED)
+        taken = cents if taken is None else taken
         if taken > cents:
             return self.captured_above("reporting shows captured", taken, cents)
         return self._completed(taken, _FOUND_CAPTURED)
+
+    def captured_nothing(self, cents: int, name: Step) -> SaleEvent:
+        """Reporting shows the capture of a dispensed product made for $0.00: not paid, not
+        a figure missing either; the agent asks reporting again, then a person decides (it
+        never captures a second time on its own)."""
+        return self.finish(
+            SaleState.ATTENTION,
+            name,
+            nothing_captured(cents, self.context.recheck.when()),
+            captured_cents=0,
+        )
 
     def captured_above(self, who: str, taken: int, cents: int) -> SaleEvent:
         """The service took more than the capture asked (a wrong unit, its fault): not a sale
@@ -795,6 +825,13 @@ class SaleSteps:
             f"paid {format_cents(cents)} ({how})",
             captured_cents=cents,
         )
+
+
+def nothing_captured(cents: int, when: str) -> str:
+    """The words of a dispensed sale whose capture reporting shows made for $0.00."""
+    return (f"dispensed, but reporting shows {format_cents(0)} captured for the "
+            f"{format_cents(cents)} asked: the product went out unpaid; the agent asks "
+            f"reporting again {when}, then a person decides ({RESOLVE})")
 
 
 def _completes(result: ChargeResult, cents: int) -> bool:

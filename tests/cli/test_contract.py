@@ -73,6 +73,7 @@ EXAMPLES: list[tuple[str, ...]] = [
     ("sales", "-c", "{config}"),
     ("sales", "list", "-c", "{config}"),
     ("sales", "attention", "-c", "{config}"),
+    ("sales", "late-vends", "-c", "{config}"),
     ("sales", "show", "nosuchsale", "-c", "{config}"),
     ("sales", "resolve", "nosuchsale", "--as", "reversed", "--why", "by hand", "-c", "{config}"),
     ("audit", "-c", "{config}"),
@@ -536,6 +537,7 @@ async def test_health_asks_for_the_health_with_its_token_and_refuses_an_answer_n
 # -- the unit's journal: one way to open it ------------------------------------------------------
 
 JOURNAL_READERS = [["sales"], ["sales", "attention"], ["sales", "show", "s1"],
+                   ["sales", "late-vends"],
                    ["sales", "resolve", "s1", "--as", "reversed", "--why", "by hand"],
                    ["audit"], ["audit", "fill", "A1"], ["unit", "show"], ["unit", "adopt"]]
 

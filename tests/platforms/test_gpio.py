@@ -31,6 +31,7 @@ from .agent_rig import (
     stopped_on_failure,
     until_final,
 )
+from .test_late_vends import told_to_a_person
 
 
 class FakeInputs:
@@ -427,7 +428,8 @@ async def test_a_product_falling_after_the_sensor_window_is_told_as_gone_unpaid(
 ) -> None:
     """The latte's sensor saw nothing in its window: the money went back. Then it falls past
     the sensor after all: the product went out unpaid. Said once at WARNING naming the sale,
-    counted in the trigger's status; a second edge is not a second latte."""
+    counted in the trigger's status, journaled on the sale and shown in health until a person
+    acknowledges it (test_late_vends.told_to_a_person); a second edge is not a second latte."""
     agent, chip, platform = kiosk
     stuck = await _pressed(agent, chip, 18)
     assert stuck.state is SaleState.REVERSED
@@ -441,3 +443,4 @@ async def test_a_product_falling_after_the_sensor_window_is_told_as_gone_unpaid(
     assert platform.status()["last_late_vend_sale"] == stuck.sale_id
     [said] = [r.getMessage() for r in caplog.records if stuck.sale_id in r.getMessage()]
     assert "latte went out unpaid" in said
+    await told_to_a_person(agent, stuck.sale_id, "latte")

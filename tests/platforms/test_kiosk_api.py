@@ -34,6 +34,7 @@ from .agent_rig import (
     stopped_on_failure,
     until_final,
 )
+from .test_late_vends import told_to_a_person
 
 TOKEN = "kiosk-app-token-0123456789"
 
@@ -1235,6 +1236,7 @@ async def test_a_vended_reported_after_the_vend_timeout_is_told_as_a_product_gon
             1, sale_id)  # fmt: skip
         [said] = [r.getMessage() for r in caplog.records if sale_id in r.getMessage()]
         assert "tea went out unpaid" in said
+        await told_to_a_person(app.api.agent, sale_id, "tea")
 
 
 @contextlib.asynccontextmanager
@@ -1325,6 +1327,12 @@ async def test_late_vendeds_for_two_sales_given_back_are_each_told_once(
             record = agent.journal.get(sale_id)
             assert record is not None
             assert record.state is SaleState.REVERSED
+            # one late.vend each, however many times the app said it
+            assert [s.detail["product"] for s in agent.journal.steps(sale_id)
+                    if s.step == "late.vend"] == [product]
+        problems = [p for p in agent.health.snapshot().problems if "gave up waiting" in p]
+        [problem] = problems
+        assert problem.startswith("2 product(s)"), problem
 
 
 async def test_an_unknown_path_or_method_is_checked_first_then_answered_as_aiohttp_does(

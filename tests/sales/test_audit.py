@@ -1092,3 +1092,45 @@ async def test_every_charge_of_one_sales_order_ids_is_given_back_once_whatever_t
             assert status in {TransStatus.CAPTURED, TransStatus.SETTLED}, status
 
     await asyncio.to_thread(one_sale)
+
+
+@pytest.mark.parametrize("ended", [SaleState.REVERSED, SaleState.COMPLETED])
+async def test_a_charge_of_a_sales_own_order_id_that_is_not_its_charge_is_given_back(
+    agent_factory: Any, sim_factory: Any, ended: SaleState
+) -> None:
+    """An attack on the charge check (2026-11-29, i38-money): a sale the journal ended with its
+    charge (voided: reversed; or captured: completed). Its order id is then charged again,
+    same attempt (a request replayed past the service's duplicate check). That charge is not
+    the sale's (its trans id is another; the agent
+    sends each attempt once): no vend was heard for it. Once, the sale counted for it and the
+    check kept the money; now it is given back under a sale of its own, once, and the sale's
+    own charge is left as it is."""
+    sim = await sim_factory(time_scale=TIME_SCALE, transactions=0)
+    agent = await checked_start(agent_factory, sim=sim)
+    audit = agent.journal_guard.audit
+    base = own(agent, 0x38 if ended is SaleState.REVERSED else 0x39)
+    first = await _charge(agent, base, 300, capture=True)
+    sale = agent.journal.create(SaleRecord(
+        sale_id=f"ended{ended.value}", order_id=base, source="test", flow="charge_card",
+        terminal="SIM-0001", amount_cents=300, state=SaleState.STARTED))
+    template = sim.ctx.ledger.get(first)
+    assert template is not None
+    del template["seq"]
+    if ended is SaleState.REVERSED:
+        await agent.service.payments.void_or_refund(first)
+    again = "599999999999"  # the same order id charged again, past the duplicate check
+    sim.ctx.ledger.add({**template, "trans_id": again})
+    walk_to(agent.journal, sale, ended, trans_id=first)
+
+    result = await audit.check(settled=False)
+
+    assert result.ok, result.error
+    assert result.unaccounted == [again]
+    assert [state for _, state in give_backs_of(agent, again)] == [SaleState.REVERSED.value]
+    ledger = await statuses(agent, base)
+    assert ledger[again] is TransStatus.VOIDED
+    assert ledger[first] is (TransStatus.VOIDED if ended is SaleState.REVERSED
+                             else TransStatus.CAPTURED)  # the sale's own: as it was
+    assert give_backs_of(agent, first) == []
+    assert agent.journal.by_order_id(base).state is ended
+    assert (await audit.check(settled=False)).unaccounted == []

@@ -1587,6 +1587,9 @@ def test_the_hot_reads_of_a_years_journal_use_an_index(journal: Journal) -> None
                         "SEARCH sales USING INDEX sqlite_autoindex_sales_2 (order_id=?)"),
         "steps": (lambda: journal.steps("000000a1" + "e" * 24),
                   "SEARCH steps USING INDEX steps_sale (sale_id=?)"),
+        # health's late vends, at every snapshot (sales/late_vends.py): their own partial index
+        "late vends": (lambda: journal.late_vend_steps(now - 86400),
+                       "SEARCH steps USING INDEX steps_late_vend (at>?)"),
     }
     for name, (read, plan) in wanted.items():
         found = plans_of(journal, read)

@@ -1,0 +1,121 @@
+"""Products dispensed after their sale gave up waiting: each reaches a person.
+
+A machine that reports a vend after the sale's vend timeout (MDB vend success, a kiosk app's
+late ``vended``, a drop sensor after its window, a serial device's line) dispensed a product
+whose money went back (or was never captured): the operator lost the sale and the machine's
+stock is off. The agent never moves money on it (no capture after a give-back: the customer's
+card was told the money is back). It says so where a person looks:
+
+- the sale it belongs to gets a ``late.vend`` step with the product and the trigger (a note: the
+  sale's state, money and message are as they were; the bus hears nothing, since no listener
+  must count a second end);
+- health shows a problem (DEGRADED; the status page, the upstream heartbeat and Home Assistant
+  show it) naming the sale and the product, until a person acknowledges it
+  (``kiosk-agent sales late-vends --ack``, journaled as ``late.vend.seen`` with who) or
+  ``LATE_VEND_SHOWN`` has passed since it was heard.
+
+The problem is read from the journal (the two steps have a partial index of their own), so a
+restart keeps showing it and an acknowledgement made by another process is seen at once.
+"""
+
+from __future__ import annotations
+
+import logging
+import sqlite3
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from kiosk_agent.data_class import data_class
+from kiosk_agent.moments import display_clock
+from kiosk_agent.sales.journal import JournalError
+from kiosk_agent.sales.states import Step
+
+if TYPE_CHECKING:
+    from kiosk_agent.sales.clock import Clock
+    from kiosk_agent.sales.journal import Journal
+
+_LOGGER = logging.getLogger(__name__)
+
+# how long a late vend stays a problem in health unless a person acknowledges it first
+LATE_VEND_SHOWN = 24 * 3600.0
+ACK = "kiosk-agent sales late-vends --ack"
+
+
+@data_class(frozen=True, slots=True)
+class LateVend:
+    sale_id: str
+    product: str
+    source: str
+    at: float  # when it was heard (Unix time)
+
+
+class LateVendWatch:
+    """Journals each late vend on its sale and shows the ones not yet seen in health."""
+
+    def __init__(self, journal: Journal, clock: Clock,
+                 on_change: Callable[[], None] | None = None) -> None:
+        self.journal = journal
+        self.clock = clock
+        self.on_change = on_change  # health's: the page and the heartbeat hear of it at once
+        self.heard_count = 0  # since start
+
+    def heard(self, sale_id: str, product: str | None, source: str) -> None:
+        """A vend success for ``sale_id`` after its sale gave up waiting: a note on the sale."""
+        record = self.journal.get(sale_id)
+        if record is None:
+            _LOGGER.error("%s: late vend for sale %s, which the journal does not hold",
+                          source, sale_id)
+            return
+        detail = {"product": product or "", "source": source}
+        try:
+            self.journal.record(record, Step.LATE_VEND, detail=detail)
+        except (JournalError, sqlite3.Error) as err:  # the journal's own health says why
+            _LOGGER.error("sale %s: the late vend could not be journaled: %s", sale_id, err)
+        self.heard_count += 1
+        if self.on_change is not None:
+            self.on_change()
+
+    def unseen(self) -> list[LateVend]:
+        """The late vends heard within ``LATE_VEND_SHOWN`` that no person acknowledged, oldest
+        first."""
+        late: dict[str, LateVend] = {}
+        for step in self.journal.late_vend_steps(self.clock.time() - LATE_VEND_SHOWN):
+            if step.step == Step.LATE_VEND_SEEN:
+                late.pop(step.sale_id, None)
+            else:
+                facts = step.detail
+                late[step.sale_id] = LateVend(step.sale_id, str(facts.get("product") or ""),
+                                              str(facts.get("source") or ""), step.at)
+        return list(late.values())
+
+    def problem(self) -> str | None:
+        """Health's line while any late vend is unseen; None when none is."""
+        try:
+            late = self.unseen()
+        except (sqlite3.Error, JournalError) as err:
+            _LOGGER.debug("late vends: cannot read the journal: %s", err)
+            return None
+        if not late:
+            return None
+        shown = "; ".join(
+            f"sale {v.sale_id[:8]} ({v.product or 'product unnamed'} on {v.source}, "
+            f"{display_clock(v.at)})" for v in late[-3:]
+        )
+        more = f" and {len(late) - 3} more" if len(late) > 3 else ""
+        return (f"{len(late)} product(s) dispensed after the sale gave up waiting, unpaid (the "
+                f"money went back): {shown}{more}; check the stock and the sale, then `{ACK}`")
+
+    def acknowledge(self, sale_id: str, by: str) -> list[str]:
+        """A person saw the late vends (of ``sale_id``, or all with ``"all"``): journaled on each
+        sale as ``late.vend.seen`` with who. The sale ids acknowledged."""
+        done = []
+        for vend in self.unseen():
+            if sale_id not in ("all", vend.sale_id) and not vend.sale_id.startswith(sale_id):
+                continue
+            record = self.journal.get(vend.sale_id)
+            if record is None:
+                continue
+            self.journal.record(record, Step.LATE_VEND_SEEN, detail={"by": by})
+            done.append(vend.sale_id)
+        return done
+

@@ -1,0 +1,158 @@
+"""A product the machine reports dispensed after its sale gave up waiting reaches a person.
+
+On every platform, through the real agent (simulator over HTTP, ptys, SQLite): the sale gets a
+``late.vend`` step naming the product, health shows a problem naming the sale and the product
+(DEGRADED: the status page, the heartbeat and Home Assistant show it) until a person
+acknowledges it (``kiosk-agent sales late-vends --ack``) or 24 hours pass, and no money moves
+on it (the give-back stands: no capture after it). The GPIO and kiosk-API cases are in their
+platform's late-vend test (test_gpio.py, test_kiosk_api.py), checked by :func:`told_to_a_person`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from kiosk_agent.cli import main
+from kiosk_agent.platforms.mdb_protocol import VEND_SUCCESS_LINE
+from kiosk_agent.sales.clock import FakeClock
+from kiosk_agent.sales.journal import Journal, SaleRecord
+from kiosk_agent.sales.late_vends import LATE_VEND_SHOWN, LateVendWatch
+from kiosk_agent.sales.model import Flow
+from kiosk_agent.sales.states import SaleState, Step
+from kiosk_agent.service.models import TransactionFilter, TransStatus
+from kiosk_agent.sim.machine import VirtualController, VisitOutcome
+
+from ..helpers import until, walk_to
+from .agent_rig import running_agent
+from .test_serial_line import MDB_AS_LINES
+
+
+async def told_to_a_person(agent: Any, sale_id: str, product: str) -> None:
+    """The late vend of ``sale_id`` (given back) is journaled on it and shown in health until
+    acknowledged; its money stays given back, nothing captured."""
+    await until(lambda: any(s.step == Step.LATE_VEND for s in agent.journal.steps(sale_id)))
+    [late] = [s for s in agent.journal.steps(sale_id) if s.step == Step.LATE_VEND]
+    assert late.detail["product"] == product
+    record = agent.journal.get(sale_id)
+    assert record is not None
+    assert record.state is SaleState.REVERSED, record.message
+    assert record.captured_cents == 0 or record.flow == Flow.CHARGE_CARD
+    query = TransactionFilter(order_id=record.order_id)
+    rows = [t async for t in agent.service.reporting.transactions(query)]
+    assert [r.status for r in rows] in ([TransStatus.VOIDED], [])  # no capture after it
+    snapshot = agent.health.snapshot()
+    [problem] = [p for p in snapshot.problems if "dispensed after the sale gave up" in p]
+    assert sale_id[:8] in problem, problem
+    assert product in problem, problem
+    assert "kiosk-agent sales late-vends --ack" in problem
+    assert snapshot.status != "ok"
+    assert agent.sales.late_vends.acknowledge(sale_id[:8], by="test") == [sale_id]
+    assert not [p for p in agent.health.snapshot().problems if "gave up waiting" in p]
+    assert [s.detail for s in agent.journal.steps(sale_id)
+            if s.step == Step.LATE_VEND_SEEN] == [{"by": "test"}]
+
+
+_MACHINES = {
+    "mdb": {"platform": "mdb", "name": "front", "flow": "authorize_capture"},
+    "serial_line": {**MDB_AS_LINES, "flow": "authorize_capture"},
+}
+
+
+@pytest.mark.parametrize("kind", _MACHINES)
+async def test_a_vend_success_after_the_vend_timeout_reaches_a_person(
+    tmp_path: Path, sim_settings: Any, controller: VirtualController, kind: str
+) -> None:
+    """The machine takes longer to drop the B1 than the sale waits (its vend timeout): the
+    sale gives the money back, then the machine says VEND,SUCCESS."""
+    trigger = {**_MACHINES[kind], "port": controller.port, "vend_timeout": 0.5}
+    async with running_agent(tmp_path, sim_settings, [trigger]) as agent:
+        await asyncio.wait_for(controller.wait_enabled(), 5)
+        controller.options.dispense_time = 1.5
+        visit = await asyncio.wait_for(controller.customer("B1"), 10)
+        assert visit.outcome is VisitOutcome.VENDED
+        [record] = agent.journal.query()
+        await told_to_a_person(agent, record.sale_id, "B1")
+
+
+def _reversed_sale(journal: Journal, sale_id: str) -> SaleRecord:
+    record = journal.create(SaleRecord(
+        sale_id=sale_id, order_id=f"KA{sale_id.upper()}", source="mdb:front",
+        flow=Flow.AUTHORIZE_CAPTURE.value, terminal="SIM-0001", amount_cents=150,
+        state=SaleState.STARTED,
+    ))  # fmt: skip
+    return walk_to(journal, record, SaleState.REVERSED)  # type: ignore[no-any-return]
+
+
+async def test_a_late_vend_stops_being_a_problem_after_its_time(tmp_path: Path) -> None:
+    """Unacknowledged, a late vend is a problem for LATE_VEND_SHOWN, then no more; a restart
+    (a new watch on the same journal) shows it as before."""
+    clock = FakeClock()
+    journal = Journal(tmp_path / "journal.db", clock=clock)
+    journal.open()
+    _reversed_sale(journal, "late0001")
+    watch = LateVendWatch(journal, clock)
+    watch.heard("late0001", "A1", "mdb:front")
+    assert "late0001" in (watch.problem() or "")
+    await clock.advance(LATE_VEND_SHOWN - 1)
+    assert "late0001" in (LateVendWatch(journal, clock).problem() or "")
+    await clock.advance(2)
+    assert watch.problem() is None
+    journal.close()
+
+
+def test_sales_late_vends_lists_and_acknowledges(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`kiosk-agent sales late-vends` lists what health shows (exit 1 while any); `--ack`
+    journals the person's acknowledgement, and the problem is gone for the agent too."""
+    (tmp_path / "config.yaml").write_text(
+        "service: {simulator: {time_scale: 300}}\n"
+        "terminals: [{device_id: SIM-0001, name: front}]\njournal: {path: journal.db}\n"
+    )
+    journal = Journal(tmp_path / "journal.db")
+    journal.open()
+    _reversed_sale(journal, "late0002")
+    LateVendWatch(journal, journal.clock).heard("late0002", "B1", "serial_line:vmc")
+    journal.close()
+    config = str(tmp_path / "config.yaml")
+    assert main(["sales", "late-vends", "-c", config, "--json"]) == 1
+    [listed] = json.loads(capsys.readouterr().out)["late_vends"]
+    assert (listed["sale_id"], listed["product"]) == ("late0002", "B1")
+    assert main(["sales", "late-vends", "-c", config, "--ack", "late00"]) == 0
+    assert "late0002" in capsys.readouterr().out
+    assert main(["sales", "late-vends", "-c", config]) == 0
+    assert "0 late vends not acknowledged" in capsys.readouterr().out
+    assert main(["sales", "late-vends", "-c", config, "--ack", "all"]) == 1  # none left
+
+
+@pytest.mark.parametrize("kind", _MACHINES)
+async def test_a_vend_success_after_the_controller_ended_the_vend_reaches_a_person(
+    tmp_path: Path, sim_settings: Any, controller: VirtualController, kind: str
+) -> None:
+    """An attack on "a dispense it can no longer hear about is taken as not made": the
+    controller goes inactive mid-vend (a power blip), the sale gives the money back at once,
+    and then the machine says VEND,SUCCESS after all (the product was dropping). Before, that
+    success was a line "with no vend pending" (ignored): the product went out unpaid and no
+    person heard of it. It is a late vend like one after the vend timeout: journaled on the
+    sale, in health until acknowledged, no money moved."""
+    trigger = {**_MACHINES[kind], "port": controller.port, "vend_timeout": 5}
+    async with running_agent(tmp_path, sim_settings, [trigger]) as agent:
+        await asyncio.wait_for(controller.wait_enabled(), 5)
+        controller.options.dispense_time = 0.3
+        visit = asyncio.create_task(controller.customer("B1"))
+        async with asyncio.timeout(5):
+            while "C,VEND,3.25" not in controller.received:
+                await asyncio.sleep(0.005)
+        controller.reset()
+        assert (await visit).outcome is VisitOutcome.ABORTED
+        [record] = agent.journal.query()
+        await until(lambda: agent.journal.get(record.sale_id).state.final)
+        assert agent.journal.get(record.sale_id).state is SaleState.REVERSED
+        await asyncio.wait_for(controller.wait_enabled(), 5)
+        controller.send(VEND_SUCCESS_LINE)
+        await told_to_a_person(agent, record.sale_id, "B1")

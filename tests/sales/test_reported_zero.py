@@ -1,0 +1,128 @@
+"""Reporting saying a capture took 0 cents for a product the machine dispensed.
+
+0 is a figure (the service took nothing), not a missing one (reporting named no amount): the
+sale is not "paid in full" on it, by the live flow, by recovery or by the attention sweeper. It
+goes to a person, worded as what reporting shows; the agent moves no money on it by itself.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from aiohttp import web
+
+from kiosk_agent.assembly.agent import Agent
+from kiosk_agent.cli.sim import settings_from_ready
+from kiosk_agent.sales.model import DispenseStatus, Flow, SaleRequest
+from kiosk_agent.sales.states import SaleState
+from kiosk_agent.service.client import ServiceClient
+from kiosk_agent.service.models import TransStatus
+from tests.assembly.agent_helpers import ScriptedDispenser
+from tests.sales.test_attention import found_in_reporting
+from tests.sales.test_contradicting_answers import RewritingProxy
+from tests.sales.test_lost_answers import ledger, started_agent_behind
+from tests.sales.test_recovery import authorize, leave_open, rows
+
+NOTHING_TAKEN = "reporting shows $0.00 captured"
+
+
+@pytest.fixture
+async def behind_proxy(
+    sim_factory: Any, tmp_path: Path
+) -> AsyncIterator[tuple[Any, Agent, RewritingProxy]]:
+    sim = await sim_factory(time_scale=300, transactions=0)
+    proxy = RewritingProxy(sim.base_url)
+    await proxy.start()
+    agent = await started_agent_behind(proxy, sim, tmp_path, 300)
+    yield sim, agent, proxy
+    await agent.stop()
+    await proxy.stop()
+
+
+async def test_a_capture_reporting_shows_of_nothing_is_put_to_a_person(
+    behind_proxy: tuple[Any, Agent, RewritingProxy],
+) -> None:
+    """The machine vended $2.00; the capture reached the service, its answer was a 503, and
+    reporting shows the capture made for $0.00. Not "paid $2.00": a person decides, told
+    what reporting shows, and the sale holds 0 captured, as the service does."""
+    sim, agent, proxy = behind_proxy
+
+    async def captured_nothing(request: web.Request) -> web.Response:
+        del proxy.answer_instead["/api/v1/capture"]
+        await proxy.forward(request)  # the service captures the $2.00 asked
+        trans_id = (await request.json())["trans_id"]
+        sim.ctx.ledger.update(trans_id, amount_cents=0)  # ... and reports it as $0.00
+        return web.json_response({"error": "unavailable"}, status=503)
+
+    proxy.answer_instead["/api/v1/capture"] = captured_nothing
+    machine = ScriptedDispenser(DispenseStatus.VENDED, vended_cents=200)
+    sale = await agent.sales.start(
+        SaleRequest(source="test", flow=Flow.AUTHORIZE_CAPTURE, amount_cents=300), machine
+    )
+    event = await asyncio.wait_for(sale.result(), 15)
+    assert machine.authorized == [300]  # dispensed
+    [row] = await ledger(agent, sale.order_id)
+    assert (row.status, row.amount_cents) == (TransStatus.CAPTURED, 0)
+    assert event.state is SaleState.ATTENTION, event.message
+    assert NOTHING_TAKEN in event.message
+    assert "$2.00" in event.message  # what the vend asked
+    assert event.captured_cents == 0
+
+
+async def test_recovery_and_the_sweeper_do_not_call_a_capture_of_nothing_paid(
+    agent_factory: Any, sim_factory: Any, tmp_path: Path
+) -> None:
+    """Killed while capturing the $1.75 vended; reporting shows the capture made for $0.00.
+    Recovery does not end the sale "dispensed and captured", and the sweeper after it does not
+    end it "paid $1.75 (found captured)": it waits for a person, with nothing captured."""
+    sim = await sim_factory(time_scale=300, transactions=0)
+    async with ServiceClient(settings_from_ready(sim.ready_info())) as service:
+        trans_id = await authorize(service, "KACRASHED1", capture=False)
+        await service.payments.capture(trans_id, amount=175)
+    sim.ctx.ledger.update(trans_id, amount_cents=0)
+    leave_open(
+        tmp_path, state=SaleState.CAPTURING, trans_id=trans_id, authorized_cents=300,
+        vended_cents=175,
+    )  # fmt: skip
+    agent = await agent_factory(sim=sim)
+    [event] = await asyncio.wait_for(agent.recovery.wait(), 60)
+    assert event.state is SaleState.ATTENTION, event.message
+    assert NOTHING_TAKEN in event.message
+    assert event.captured_cents == 0
+    assert await agent.attention.sweep() == []
+    record = agent.journal.get("crashed1")
+    assert record is not None
+    assert (record.state, record.captured_cents) == (SaleState.ATTENTION, 0)
+    [row] = await rows(agent.service, "KACRASHED1")
+    assert row.status is TransStatus.CAPTURED  # nothing more was asked of the service
+
+
+async def test_the_sweeper_says_a_capture_of_nothing_found_later(
+    agent_factory: Any, tmp_path: Path, sim_factory: Any
+) -> None:
+    """A sale in attention for a failed capture of its $2.50 vend; reporting shows it later
+    captured for $0.00. The sweeper keeps it for a person and says so, once (a second sweep
+    finding the same writes nothing more)."""
+    sim = await sim_factory(time_scale=300, transactions=0)
+    leave_open(tmp_path, state=SaleState.ATTENTION, answer_by=time.time() - 1, vended_cents=250)
+    agent = await agent_factory(sim=sim)
+    trans_id = await authorize(agent.service, "KACRASHED1", capture=False)
+    await agent.service.payments.capture(trans_id, amount=250)
+    sim.ctx.ledger.update(trans_id, amount_cents=0)
+    found_in_reporting(agent, trans_id)
+    assert await agent.attention.sweep() == []  # nothing ended
+    record = agent.journal.get("crashed1")
+    assert record is not None
+    assert record.state is SaleState.ATTENTION, record.message
+    assert NOTHING_TAKEN in record.message
+    assert "$2.50" in record.message
+    assert record.captured_cents == 0
+    steps = len(agent.journal.steps("crashed1"))
+    assert await agent.attention.sweep() == []
+    assert len(agent.journal.steps("crashed1")) == steps
+    assert agent.health.snapshot().sales.attention == 1
