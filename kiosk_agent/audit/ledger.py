@@ -128,12 +128,15 @@ def _sold(base: StoredRead | None, latest: StoredRead | None, name: str) -> int 
     if base is None or latest is None:
         return None
     old, new = base.figures.columns.get(name), latest.figures.columns.get(name)
-    if new is None or new.paid is None:
-        return None
+    if new is None or new.paid is None or new.paid.since_init is None:
+        return None  # no PA2, or its since-initialisation counts left empty: not known
+    now = new.paid.since_init.count
     if old is None or old.paid is None:
-        return 0 if base.id == latest.id else new.paid.since_init.count
-    sold = new.paid.since_init.count - old.paid.since_init.count
-    return sold if sold >= 0 else new.paid.since_init.count  # re-initialised: from zero
+        return 0 if base.id == latest.id else now
+    if old.paid.since_init is None:
+        return None
+    sold = now - old.paid.since_init.count
+    return sold if sold >= 0 else now  # re-initialised: from zero
 
 
 def audit_report(
