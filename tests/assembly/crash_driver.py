@@ -1447,8 +1447,9 @@ class WarmDrivers:
 
 def serve_commands() -> int:
     """``python crash_driver.py commands``: one ``kiosk-agent ARGV...`` forked per JSON line read
-    on stdin, ``{"argv": [...], "env": {...}, "stdout": PATH, "stderr": PATH, "nohup": bool}``,
-    each running as ``python -m kiosk_agent ARGV...`` with that environment would (its own
+    on stdin, ``{"argv": [...], "env": {...}, "stdout": PATH, "stderr": PATH, "nohup": bool,
+    "cwd": PATH, "argv0": NAME}``, each running as ``python -m kiosk_agent ARGV...`` with that
+    environment (in ``cwd`` and named ``argv0`` when given) would (its own
     command line: ``main()`` reads it from ``sys.argv``, so its signals are its own), but from
     this interpreter's modules, imported once. Unlike :func:`serve`, the commands run side by
     side: this server says ``FORKED pid`` for each, and ``EXITED pid code`` once it has ended
@@ -1509,10 +1510,12 @@ def _run_command(spec: dict[str, Any]) -> None:
             os.dup2(os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT), fd)
         # as a shell starts it, or as `nohup` does
         signal.signal(signal.SIGHUP, signal.SIG_IGN if spec.get("nohup") else signal.SIG_DFL)
+        if spec.get("cwd"):
+            os.chdir(spec["cwd"])
         os.environ.clear()
         os.environ.update(spec["env"])
         random.seed()
-        sys.argv = ["kiosk-agent", *spec["argv"]]
+        sys.argv = [spec.get("argv0") or "kiosk-agent", *spec["argv"]]
         from kiosk_agent.cli import main as cli_main
 
         code = cli_main()
@@ -1694,11 +1697,15 @@ class WarmCommands(OnePerProcess):
 
     def start(
         self, argv: list[str], env: dict[str, str], stderr: Path, *,
-        stdout: Path | None = None, nohup: bool = False,
+        stdout: Path | None = None, nohup: bool = False, cwd: Path | None = None,
+        argv0: str | None = None,
     ) -> WarmCommand:
-        """``kiosk-agent ARGV...`` forked with ``env``, its output in those files."""
+        """``kiosk-agent ARGV...`` forked with ``env``, its output in those files (``stdout`` may
+        be a terminal's, ``/dev/pts/N``), in ``cwd`` if given (else the server's), its
+        ``sys.argv[0]`` ``argv0`` if given (``python -m kiosk_agent`` gives its ``__main__.py``)."""
         request = {"argv": argv, "env": env, "stderr": str(stderr),
-                   "stdout": str(stdout) if stdout else None, "nohup": nohup}  # fmt: skip
+                   "stdout": str(stdout) if stdout else None, "nohup": nohup,
+                   "cwd": str(cwd) if cwd else None, "argv0": argv0}  # fmt: skip
         assert self.proc.stdin is not None
         with self._starting:
             self.proc.stdin.write(json.dumps(request).encode() + b"\n")
