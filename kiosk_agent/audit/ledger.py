@@ -61,7 +61,7 @@ class ColumnStock:
     price: int | None
     capacity: int | None  # from the planogram; None: not in it
     sold_since_fill: int | None  # None: no read yet since the counting began
-    estimate: int | None  # capacity - sold, at least 0; None without a capacity
+    estimate: int | None  # capacity - sold, at least 0; None without a capacity or sales known
     low: bool
     sold_out: bool
     filled_at: float | None
@@ -96,8 +96,11 @@ def column_stock(
         base = _base_read(store, fill.read_id if fill else None, fill, first)
         sold = _sold(base, latest, name)
         capacity = planogram.get(name)
-        estimate = None if capacity is None else max(0, capacity - (sold or 0))
         column = latest.figures.columns.get(name) if latest else None
+        # the last read has the column but no PA2 counts (none, or left empty): what is left is
+        # not known (no 0 sold made up)
+        unsent = column is not None and sold is None
+        estimate = None if capacity is None or unsent else max(0, capacity - (sold or 0))
         out.append(
             ColumnStock(
                 column=name,

@@ -153,4 +153,4 @@ def test_a_read_with_its_da2_counts_left_empty_is_stored_as_not_sent_and_not_com
     )
     # nor is a column's stock made up from a PA2 whose counts were left empty
     [a1] = column_stock(store, {"A1": 10}, low_at=1)
-    assert a1.sold_since_fill is None
+    assert (a1.sold_since_fill, a1.estimate, a1.low, a1.sold_out) == (None, None, False, False)
