@@ -114,3 +114,36 @@ async def test_a_route_added_later_is_checked_too(app: App) -> None:
                          f"Host: 127.0.0.1:{api.port}\r\nAuthorization: Bearer {TOKEN}\r\n")
     assert said == 200
     assert called == ["/extra"]
+
+
+async def test_a_handlers_unexpected_error_is_a_clear_500_counted_and_shown_in_health(
+    app: App, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A bug in a handler (here the card payment's look-up raising) answers the app a 500 in
+    the API's own JSON, is logged with its traceback and counted, and health shows it as the
+    agent's other parts' unexpected errors: nothing dies silently behind a bare 500."""
+    api = app.api
+
+    def broken() -> dict[str, Any]:
+        raise RuntimeError("a bug in a handler")
+
+    api.card_payment = broken  # type: ignore[method-assign]
+    status, body = await app.get("/status")
+    assert status == 500
+    assert body["error"] == "internal_error"
+    assert "RuntimeError" not in body["message"]  # the app is told, not the traceback
+    assert api.status()["unexpected"] == 1
+    [logged] = [r for r in caplog.records
+                if r.exc_info and r.name == "kiosk_agent.platforms.kiosk_api"]
+    assert "GET /api/v1/status" in logged.getMessage()
+    assert TOKEN not in logged.getMessage()
+    problems = api.agent.health.snapshot().problems
+    assert any("unexpected errors" in p and f"{api.name} 1" in p for p in problems), problems
+    # the refusals and the API's own answers are not unexpected
+    del api.card_payment
+    status, _ = await app.get("/status")
+    assert status == 200
+    said, _ = await _raw(api, "GET", "/nope", f"Host: 127.0.0.1:{api.port}\r\n"
+                         f"Authorization: Bearer {TOKEN}\r\n")
+    assert said == 404
+    assert api.status()["unexpected"] == 1
