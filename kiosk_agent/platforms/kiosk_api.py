@@ -363,6 +363,7 @@ class KioskApi:
         self._sockets: set[web.WebSocketResponse] = set()
         self.requests = 0
         self.rejected = 0
+        self.unexpected = 0  # requests a handler failed with an unexpected error (a bug)
         self.refused_out_of_service = 0  # sales refused at once: the terminal was out of service
         self.refused_stopping = 0  # sales refused at once: the agent was stopping (draining)
 
@@ -384,6 +385,9 @@ class KioskApi:
         app.router.add_get("/api/v1/events", self._stream)
         app.router.add_get("/api/v1/status", self._status)
         await self._site.start(app, guard=self._auth)
+        health = getattr(self.agent, "health", None)  # a test's stand-in agent may have none
+        if health is not None:
+            health.count_errors_of(self.name, lambda: self.unexpected)
         self._unfollow = self.agent.events.listen(self._follow)
         _LOGGER.info("%s: kiosk API on %s:%d", self.name, self.config["host"], self.port)
 
@@ -407,6 +411,7 @@ class KioskApi:
             "port": self.port,
             "requests": self.requests,
             "rejected": self.rejected,
+            "unexpected": self.unexpected,
             "refused_out_of_service": self.refused_out_of_service,
             "refused_stopping": self.refused_stopping,
             "live_sockets": len(self._sockets),
@@ -462,6 +467,16 @@ class KioskApi:
         except (JournalError, sqlite3.Error) as err:
             # the journal cannot hold a sale: out of service, said as the app expects it
             return self._journal_refusal(err)
+        except web.HTTPException:
+            raise  # aiohttp's own answers (404, 405, 413 ...): not a bug
+        except Exception:
+            # a bug: the app told in the API's words, the traceback logged, counted in health
+            # (its unexpected errors), where aiohttp answered a bare text 500 counted nowhere
+            self.unexpected += 1
+            _LOGGER.exception("%s: %s %s failed unexpectedly", self.name, request.method,
+                              request.path)
+            return _error(500, "internal_error", None,
+                          "the agent could not answer this request; it is logged")
         return response
 
     def _refusal(self, request: web.Request) -> tuple[int, str, str | None, str] | None:

@@ -129,6 +129,7 @@ async def test_a_handlers_unexpected_error_is_a_clear_500_counted_and_shown_in_h
 
     api.card_payment = broken  # type: ignore[method-assign]
     status, body = await app.get("/status")
+    del api.card_payment
     assert status == 500
     assert body["error"] == "internal_error"
     assert "RuntimeError" not in body["message"]  # the app is told, not the traceback
@@ -140,7 +141,6 @@ async def test_a_handlers_unexpected_error_is_a_clear_500_counted_and_shown_in_h
     problems = api.agent.health.snapshot().problems
     assert any("unexpected errors" in p and f"{api.name} 1" in p for p in problems), problems
     # the refusals and the API's own answers are not unexpected
-    del api.card_payment
     status, _ = await app.get("/status")
     assert status == 200
     said, _ = await _raw(api, "GET", "/nope", f"Host: 127.0.0.1:{api.port}\r\n"
