@@ -467,8 +467,11 @@ class KioskApi:
         except (JournalError, sqlite3.Error) as err:
             # the journal cannot hold a sale: out of service, said as the app expects it
             return self._journal_refusal(err)
-        except web.HTTPException:
-            raise  # aiohttp's own answers (404, 405, 413 ...): not a bug
+        except (web.HTTPException, ConnectionError, TimeoutError):
+            # aiohttp's own answers (404, 405, 413 ...), a client gone mid-answer (a stream's
+            # app closed: a write raises ConnectionResetError), a timeout (aiohttp's 504): as
+            # aiohttp answers them, none a bug of the agent's
+            raise
         except Exception:
             # a bug: the app told in the API's words, the traceback logged, counted in health
             # (its unexpected errors), where aiohttp answered a bare text 500 counted nowhere

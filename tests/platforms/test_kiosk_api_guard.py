@@ -147,3 +147,25 @@ async def test_a_handlers_unexpected_error_is_a_clear_500_counted_and_shown_in_h
                          f"Authorization: Bearer {TOKEN}\r\n")
     assert said == 404
     assert api.status()["unexpected"] == 1
+
+
+@pytest.mark.parametrize("gone", [ConnectionResetError, TimeoutError])
+async def test_a_client_gone_or_a_timeout_is_not_counted_a_bug(
+    app: App, gone: type[Exception]
+) -> None:
+    """A stream's app that closed its socket makes the next write raise ConnectionResetError
+    in the handler: aiohttp ends that request as before, and health counts no bug (a kiosk
+    app closing its streams would otherwise show the unit DEGRADED). A timeout is aiohttp's
+    504, as before."""
+    api = app.api
+
+    def leaving() -> dict[str, Any]:
+        raise gone("the client is gone")
+
+    api.card_payment = leaving  # type: ignore[method-assign]
+    async with app.session.get(app.base + "/status",
+                               headers={"Authorization": f"Bearer {TOKEN}"}) as response:
+        assert response.status in (500, 504)
+    del api.card_payment
+    assert api.unexpected == 0
+    assert not [p for p in api.agent.health.snapshot().problems if "unexpected" in p]
