@@ -95,6 +95,15 @@ class LateVends:
         self.count = 0
         self.last_sale: str | None = None
         self._gave_up: OrderedDict[str, object] = OrderedDict()  # sale id -> product, or _TOLD
+        # The sales of this trigger a stop or a crash left dispensing: the next start gives their
+        # money back (recovery), and the machine may still say how the vend ended. Kept as given
+        # up; ``restart_sale`` is the last of them, for a machine whose result names no sale
+        # (until its next dispense is approved: the platform clears it)
+        self.restart_sale: str | None = None
+        left = getattr(sales, "left_dispensing", None)
+        for sale_id, product in left(source) if callable(left) else ():
+            self.keep(sale_id, product)
+            self.restart_sale = sale_id
 
     def gave_up(self, dispenser: Dispenser) -> None:
         """Keep ``dispenser``'s sale if it ended by the sale giving up (TIMEOUT)."""

@@ -250,6 +250,7 @@ class MdbSession(Dispenser):
     async def _vend(self) -> DispenseOutcome:
         self.move_to(Phase.VENDING)
         self.device.gave_up_on = None  # a result from now on is this vend's
+        self.device.late.restart_sale = None
         self.device.stats.approved += 1
         if not self.device.send(wire.approve_vend(self.vend_cents, self.device.options.unit)):
             return self.end(DispenseStatus.CANCELLED, "adapter not connected: vend not approved")
@@ -559,9 +560,13 @@ class MdbCashless:
     def _on_vend_result(self, status: DispenseStatus, detail: str) -> None:
         if self.session is not None and self.session.on_vend_result(status, detail):
             return
-        # MDB names no sale in a result: a success now is the last given-up vend's, if any
+        # MDB names no sale in a result: a success now is the last given-up vend's, if any (a
+        # vend the last stop or crash left, before any of this start's)
         late = self.gave_up_on
-        if late is not None and status is DispenseStatus.VENDED and self.late.heard(late.sale_id):
+        late_sale = late.sale_id if late is not None else self.late.restart_sale
+        if late_sale is not None and status is DispenseStatus.VENDED and self.late.heard(
+            late_sale
+        ):
             return
         self.link.noise(
             "result_without_vend", "%s: %s with no vend pending: ignored", self.name, detail

@@ -131,6 +131,7 @@ class Vend(Dispenser):
             return self.end(DispenseStatus.CANCELLED, self.cancelled)
         self.vending = True
         self.device.gave_up_on = None  # a result from now on is this dispense's
+        self.device.late.restart_sale = None
         if not self.device.send(self.device.rules.approve.format(**self.fields())):
             return self.end(DispenseStatus.CANCELLED, "device not connected: not approved")
         return await self.wait()
@@ -322,8 +323,9 @@ class SerialLineDevice:
         vend = self.vend
         if vend is None or not vend.vending or vend.ended:
             late = self.gave_up_on
-            if late is not None and status is DispenseStatus.VENDED and self.late.heard(
-                late.sale_id
+            late_sale = late.sale_id if late is not None else self.late.restart_sale
+            if late_sale is not None and status is DispenseStatus.VENDED and self.late.heard(
+                late_sale
             ):
                 return
             self.link.noise(

@@ -102,6 +102,8 @@ class Recovery:
         by_terminal: dict[str, list[SaleRecord]] = defaultdict(list)
         for record in open_sales:
             by_terminal[record.terminal].append(record)
+            if record.state is SaleState.DISPENSING:  # the machine may still report its vend
+                self.runner.was_dispensing(record)
             if released_its_terminal(record, self.journal):
                 self._released.add(record.sale_id)
             else:

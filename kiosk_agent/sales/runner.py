@@ -124,6 +124,20 @@ class SaleRunner:
         self._answered: set[str] = set()  # triggers whose last offer was authorized
         # products the machine reported after their sale gave up waiting: to a person
         self.late_vends = LateVendWatch(context.journal, context.clock)
+        # trigger -> (sale id, product) of its sales the last stop or crash left dispensing,
+        # oldest first (Recovery.start fills it before the triggers start)
+        self._left_dispensing: dict[str, list[tuple[str, str | None]]] = {}
+
+    def left_dispensing(self, source: str) -> list[tuple[str, str | None]]:
+        """The sales of trigger ``source`` left dispensing by the last stop or crash (recovery
+        gives their money back): a vend success the machine reports after this start is one of
+        theirs, a late vend (platforms/base.py ``LateVends``)."""
+        return list(self._left_dispensing.get(source, ()))
+
+    def was_dispensing(self, record: SaleRecord) -> None:
+        """Recovery found ``record`` left dispensing (:meth:`left_dispensing`)."""
+        self._left_dispensing.setdefault(record.source, []).append(
+            (record.sale_id, record.product))
 
     def late_vend(self, sale_id: str, product: str | None, source: str) -> None:
         """The machine reported ``sale_id``'s vend after the sale gave up waiting for it

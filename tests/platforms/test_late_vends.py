@@ -156,3 +156,32 @@ async def test_a_vend_success_after_the_controller_ended_the_vend_reaches_a_pers
         await asyncio.wait_for(controller.wait_enabled(), 5)
         controller.send(VEND_SUCCESS_LINE)
         await told_to_a_person(agent, record.sale_id, "B1")
+
+
+@pytest.mark.parametrize("kind", _MACHINES)
+async def test_a_vend_success_after_a_restart_mid_dispense_reaches_a_person(
+    tmp_path: Path, sim_settings: Any, controller: VirtualController, kind: str
+) -> None:
+    """An attack on "a dispense it can no longer hear about is taken as not made": the agent
+    stops mid-dispense (SIGTERM's drain runs out: the sale is parked dispensing); the next
+    start's recovery gives the money back; then the machine says VEND,SUCCESS (the product was
+    dropping all along). Before, the new process knew no given-up vend: the success was a line
+    with no vend pending, ignored, and nobody heard of the product gone out unpaid."""
+    trigger = {**_MACHINES[kind], "port": controller.port, "vend_timeout": 30}
+    async with running_agent(tmp_path, sim_settings, [trigger]) as first:
+        await asyncio.wait_for(controller.wait_enabled(), 5)
+        controller.options.dispense_time = 3600.0  # the machine is still dropping it
+        visit = asyncio.create_task(controller.customer("B1"))
+        async with asyncio.timeout(5):
+            while "C,VEND,3.25" not in controller.received:
+                await asyncio.sleep(0.005)
+        [record] = first.journal.query()
+        await until(lambda: first.journal.get(record.sale_id).state is SaleState.DISPENSING)
+        await first.sales.stop(grace=0.05)  # parked where it stands
+    async with running_agent(tmp_path, sim_settings, [trigger]) as second:
+        await asyncio.wait_for(second.recovery.wait(), 30)
+        assert second.journal.get(record.sale_id).state is SaleState.REVERSED
+        await until(lambda: [lk.state for lk in second.health.snapshot().links] == ["connected"])
+        controller.send(VEND_SUCCESS_LINE)
+        await told_to_a_person(second, record.sale_id, "B1")
+    visit.cancel()  # the machine would drop its product for an hour
