@@ -363,26 +363,31 @@ class KioskApi:
         self._sockets: set[web.WebSocketResponse] = set()
         self.requests = 0
         self.rejected = 0
+        self.unexpected = 0  # requests a handler failed with an unexpected error (a bug)
         self.refused_out_of_service = 0  # sales refused at once: the terminal was out of service
         self.refused_stopping = 0  # sales refused at once: the agent was stopping (draining)
 
     # -- lifecycle -----------------------------------------------------------------------------
 
     async def start(self) -> None:
-        # Every request passes the checks (_guarded) before anything else, an unknown path or
-        # method too (_no_route, the last route, answers it 404 or 405 after them, as aiohttp
-        # would): each route's handler is guarded itself, not through a middleware, so aiohttp
-        # runs no middleware chain at each request (some 25 Python calls a sale)
-        guarded, app = self._guarded, web.Application(client_max_size=64 * 1024)
-        app.router.add_post("/api/v1/sales", guarded(self._start_sale))
-        app.router.add_get("/api/v1/sales/{sale_id}", guarded(self._get_sale))
-        app.router.add_post("/api/v1/sales/{sale_id}/cancel", guarded(self._cancel_sale))
-        app.router.add_post("/api/v1/sales/{sale_id}/dispensed", guarded(self._dispensed))
-        app.router.add_get("/api/v1/sales/{sale_id}/events", guarded(self._stream))
-        app.router.add_get("/api/v1/events", guarded(self._stream))
-        app.router.add_get("/api/v1/status", guarded(self._status))
-        self._any_path = app.router.add_route("*", "/{path:.*}", guarded(self._no_route))
-        await self._site.start(app)
+        # Every request passes the checks (_auth) before anything else, whatever its target:
+        # the site runs them around the app's own handling (its routes, aiohttp's 404 and 405
+        # for a target no route matches), not as a middleware, so aiohttp runs no middleware
+        # chain at each request (some 25 Python calls a sale), and not on each route, which
+        # missed the targets no route matches (OPTIONS *, CONNECT's host:port, a path with a
+        # line break): those were answered unchecked and uncounted
+        app = web.Application(client_max_size=64 * 1024)
+        app.router.add_post("/api/v1/sales", self._start_sale)
+        app.router.add_get("/api/v1/sales/{sale_id}", self._get_sale)
+        app.router.add_post("/api/v1/sales/{sale_id}/cancel", self._cancel_sale)
+        app.router.add_post("/api/v1/sales/{sale_id}/dispensed", self._dispensed)
+        app.router.add_get("/api/v1/sales/{sale_id}/events", self._stream)
+        app.router.add_get("/api/v1/events", self._stream)
+        app.router.add_get("/api/v1/status", self._status)
+        await self._site.start(app, guard=self._auth)
+        health = getattr(self.agent, "health", None)  # a test's stand-in agent may have none
+        if health is not None:
+            health.count_errors_of(self.name, lambda: self.unexpected)
         self._unfollow = self.agent.events.listen(self._follow)
         _LOGGER.info("%s: kiosk API on %s:%d", self.name, self.config["host"], self.port)
 
@@ -406,6 +411,7 @@ class KioskApi:
             "port": self.port,
             "requests": self.requests,
             "rejected": self.rejected,
+            "unexpected": self.unexpected,
             "refused_out_of_service": self.refused_out_of_service,
             "refused_stopping": self.refused_stopping,
             "live_sockets": len(self._sockets),
@@ -443,10 +449,6 @@ class KioskApi:
 
     # -- auth ----------------------------------------------------------------------------------
 
-    def _guarded(self, handler: _Handler) -> _Handler:
-        """``handler`` behind the checks (:meth:`_auth`)."""
-        return functools.partial(self._auth, handler=handler)
-
     async def _auth(self, request: web.Request, handler: _Handler) -> web.StreamResponse:
         self.requests += 1
         refusal = self._refusal(request)
@@ -465,6 +467,19 @@ class KioskApi:
         except (JournalError, sqlite3.Error) as err:
             # the journal cannot hold a sale: out of service, said as the app expects it
             return self._journal_refusal(err)
+        except (web.HTTPException, ConnectionError, TimeoutError):
+            # aiohttp's own answers (404, 405, 413 ...), a client gone mid-answer (a stream's
+            # app closed: a write raises ConnectionResetError), a timeout (aiohttp's 504): as
+            # aiohttp answers them, none a bug of the agent's
+            raise
+        except Exception:
+            # a bug: the app told in the API's words, the traceback logged, counted in health
+            # (its unexpected errors), where aiohttp answered a bare text 500 counted nowhere
+            self.unexpected += 1
+            _LOGGER.exception("%s: %s %s failed unexpectedly", self.name, request.method,
+                              request.path)
+            return _error(500, "internal_error", None,
+                          "the agent could not answer this request; it is logged")
         return response
 
     def _refusal(self, request: web.Request) -> tuple[int, str, str | None, str] | None:
@@ -493,17 +508,6 @@ class KioskApi:
         return None
 
     # -- handlers ------------------------------------------------------------------------------
-
-    async def _no_route(self, request: web.Request) -> web.StreamResponse:
-        """No route of the API's: 405 with the methods its path allows, else 404 (aiohttp's
-        own answers), once the checks passed."""
-        allowed: set[str] = set()
-        for resource in request.app.router.resources():
-            if resource is not self._any_path.resource:
-                allowed |= (await resource.resolve(request))[1]
-        if allowed:
-            raise web.HTTPMethodNotAllowed(request.method, allowed)
-        raise web.HTTPNotFound()
 
     async def _start_sale(self, request: web.Request) -> web.Response:
         body = await _json_body(request)

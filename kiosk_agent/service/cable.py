@@ -145,6 +145,8 @@ class Subscription:
         :class:`_LifetimeOver` when none came by ``deadline`` (the loop's time)."""
         frames = self._frames
         if not frames:
+            if self._reader is not None:  # its wake-up would be taken: the first one stranded
+                raise RuntimeError("a cable subscription has one reader at a time")
             loop = asyncio.get_running_loop()
             reader = self._reader = loop.create_future()
             bound = None if deadline is None else loop.call_at(deadline, _lapse, reader)

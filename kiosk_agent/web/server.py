@@ -48,13 +48,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import errno
+import functools
 import json
 import logging
 import os
 import socket
 import time
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, Protocol
 
 from aiohttp import web
 from aiohttp.web_protocol import RequestHandler
@@ -393,7 +394,12 @@ class LocalSite:
             return None
         return _StreamHold(self, self._connections.get(request.protocol))
 
-    async def start(self, app: web.Application) -> None:
+    async def start(self, app: web.Application, guard: Guard | None = None) -> None:
+        """Serve ``app``. ``guard``, if given, stands before the app's handling of every request
+        (its routes, the 404 or 405 of a target no route matches, whatever the target): an
+        app's checks there cannot miss a route or a request, where a check on each route
+        misses what no route matches (``OPTIONS *``, CONNECT's host:port, a path with a line
+        break, a route added later), and it costs no middleware chain."""
         app[LIMITS] = self.limits
         app[SITE] = self
         runner = web.AppRunner(
@@ -410,7 +416,10 @@ class LocalSite:
         # at each kiosk API sale's two requests and its stream's wake-ups)
         server = runner.server
         if server is not None:  # made by setup()
-            self._app_handler = server.request_handler
+            handler = server.request_handler
+            if guard is not None:
+                handler = functools.partial(guard, handler=handler)
+            self._app_handler = handler
             server.request_handler = self._track
         self._runner = runner
         try:
@@ -629,6 +638,16 @@ class LocalSite:
             return await handler(request)
         finally:
             connection.request_ended()
+
+
+_Response = web.StreamResponse
+_AppHandler = Callable[[web.Request], Awaitable[_Response]]
+
+
+class Guard(Protocol):
+    """A site's checks around its app's handling of a request (:meth:`LocalSite.start`)."""
+
+    def __call__(self, request: web.Request, *, handler: _AppHandler) -> Awaitable[_Response]: ...
 
 
 async def _unstarted(_request: web.BaseRequest) -> web.StreamResponse:

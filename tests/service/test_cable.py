@@ -278,3 +278,19 @@ def test_a_frame_as_a_server_sends_it_is_read_in_one_call() -> None:
         value = _loads(frame)
     assert value["message"] == {"status": "ok"}
     assert calls == ["_loads"]
+
+
+async def test_a_second_reader_at_once_is_refused_not_left_stranded() -> None:
+    """A subscription has one reader (a deque and its one future, not asyncio.Queue, whose
+    readers queue up). A second reading while the first waits took its wake-up: the first then
+    waited to its bound (or, with none, forever) and ended its lifetime over, though the frame
+    had come; a frame, not its reader, decides. The second is refused at once; the first
+    reads the frame."""
+    loop = asyncio.get_running_loop()
+    subscription = _subscription()
+    first = asyncio.ensure_future(subscription.next(loop.time() + 60))
+    await asyncio.sleep(0)
+    with pytest.raises(RuntimeError, match="one reader"):  # at once: wait_for only a guard
+        await asyncio.wait_for(subscription.next(loop.time() + 60), 5)
+    subscription.put({"message": "one"})
+    assert await asyncio.wait_for(first, 5) == {"message": "one"}
