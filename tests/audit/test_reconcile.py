@@ -154,3 +154,15 @@ def test_a_techs_reset_then_more_vends_than_before_it_is_compared() -> None:
     result = compare(before, after, [sale(n, 150) for n in range(12)])
     assert result.verdict == "match"
     assert changes(before.figures, after.figures) == []
+
+
+def test_a_since_reset_pair_sent_by_half_is_read_as_nothing_never_a_zero() -> None:
+    # DA2 since the reset with its value left empty (1 vend of $1.50 in truth), then whole:
+    # read as 0 the value "grew" $3.00 since the reset and $1.50 since initialisation, a
+    # re-initialisation that never was; and a later half pair's 0 a reset that never was
+    half = dataclasses.replace(figures((40, 6000)), cashless=Counters.of(6000, 40, None, 1))
+    whole = dataclasses.replace(figures((41, 6150)), cashless=Counters.of(6150, 41, 300, 2))
+    half_again = dataclasses.replace(figures((42, 6300)), cashless=Counters.of(6300, 42, None, 3))
+    result = compare(Side(TEN, half), Side(TEN + 60, whole), [sale(1, 150)])
+    assert (result.verdict, result.machine) == ("match", Tally(1, 150))
+    assert changes(half, whole) == [] == changes(whole, half_again)
