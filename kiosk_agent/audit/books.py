@@ -57,9 +57,10 @@ class Figures:
     cash: Counters | None = None  # CA2
     cashless: Counters | None = None  # DA2 (or DB2): the cashless device the unit is
     columns: Mapping[str, Column] = field(default_factory=dict)
+    cashless_device: str = CASHLESS_DEVICE  # whose block ``cashless`` is: "DA", or "DB"
 
     def as_dict(self) -> dict[str, Any]:
-        return {
+        stored = {
             "machine": self.machine,
             "currency": self.currency,
             "paid": self.paid.as_dict() if self.paid else None,
@@ -67,6 +68,9 @@ class Figures:
             "cashless": self.cashless.as_dict() if self.cashless else None,
             "columns": {name: column.as_dict() for name, column in self.columns.items()},
         }
+        if self.cashless_device != CASHLESS_DEVICE:  # device 1's reads stored as they always were
+            stored["cashless_device"] = self.cashless_device
+        return stored
 
     @classmethod
     def of(cls, data: Mapping[str, Any]) -> Figures:
@@ -78,6 +82,8 @@ class Figures:
             cash=Counters.from_dict(data.get("cash")),
             cashless=Counters.from_dict(data.get("cashless")),
             columns={str(k): Column.of(v) for k, v in columns.items()},
+            # a read stored before the device was: device 1, the only one then
+            cashless_device=str(data.get("cashless_device") or CASHLESS_DEVICE),
         )
 
 
@@ -104,4 +110,5 @@ def figures_of(audit: AuditFile, cashless_device: str = CASHLESS_DEVICE) -> Figu
         cash=audit.cash_sales,
         cashless=audit.cashless.get(cashless_device),
         columns=columns,
+        cashless_device=cashless_device,
     )

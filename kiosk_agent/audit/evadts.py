@@ -102,13 +102,15 @@ class Tally:
 @dataclass(frozen=True, slots=True)
 class Counters:
     """A counter pair since initialisation, and since the last reset (None where the file
-    gives no since-reset pair). ``since_init`` is None where the machine left either of its two
-    figures empty: an element left empty is *not sent*, never 0, so no comparison is built on
-    it. A since-reset pair with one figure sent keeps it and reads the other as 0 (the Animo
-    sends its columns' vends since the reset without their value): no comparison reads it."""
+    gives no since-reset pair). Each is None where the machine left either of its two figures
+    empty: an element left empty is *not sent*, never 0, so no comparison, reset or stock is
+    built on it. A since-reset pair sent by half keeps the figure sent in ``reset_half``
+    (count, value; the other None), for showing as sent: the Animo sends its columns' vends
+    since the reset without their value."""
 
     since_init: Tally | None
     since_reset: Tally | None = None
+    reset_half: tuple[int | None, int | None] | None = None
 
     @classmethod
     def of(
@@ -122,20 +124,26 @@ class Counters:
         figures = (value_since_init, count_since_init, value_since_reset, count_since_reset)
         if all(figure is None for figure in figures):
             return None
-        reset = None
-        if value_since_reset is not None or count_since_reset is not None:
-            reset = Tally(count_since_reset or 0, value_since_reset or 0)
+        reset, half = None, None
+        if value_since_reset is not None and count_since_reset is not None:
+            reset = Tally(count_since_reset, value_since_reset)
+        elif value_since_reset is not None or count_since_reset is not None:
+            half = (count_since_reset, value_since_reset)
         since_init = None
         if count_since_init is not None and value_since_init is not None:
             since_init = Tally(count_since_init, value_since_init)
-        return cls(since_init, reset)
+        return cls(since_init, reset, half)
 
     def as_dict(self) -> dict[str, Any]:
-        """The stored form: ``{"since_init": {...} or None, "since_reset": {...} or None}``."""
-        return {
+        """The stored form: ``{"since_init": {...} or None, "since_reset": {...} or None}``,
+        and ``"reset_half": {"count": ..., "value": ...}`` (one of them null) where it is."""
+        stored: dict[str, Any] = {
             "since_init": self.since_init.as_dict() if self.since_init else None,
             "since_reset": self.since_reset.as_dict() if self.since_reset else None,
         }
+        if self.reset_half is not None:
+            stored["reset_half"] = {"count": self.reset_half[0], "value": self.reset_half[1]}
+        return stored
 
     @classmethod
     def from_dict(cls, data: Any) -> Counters | None:
@@ -143,7 +151,9 @@ class Counters:
         if not isinstance(data, Mapping):
             return None
         since_init, since_reset = data.get("since_init"), data.get("since_reset")
-        return cls(Tally.from_dict(since_init), Tally.from_dict(since_reset))
+        half = data.get("reset_half")
+        sent = (half.get("count"), half.get("value")) if isinstance(half, Mapping) else None
+        return cls(Tally.from_dict(since_init), Tally.from_dict(since_reset), sent)
 
     @property
     def value_since_init(self) -> int | None:
@@ -155,11 +165,16 @@ class Counters:
 
     @property
     def value_since_reset(self) -> int | None:
-        return None if self.since_reset is None else self.since_reset.value
+        """As sent: the pair's, or the one figure of a pair sent by half."""
+        if self.since_reset is not None:
+            return self.since_reset.value
+        return None if self.reset_half is None else self.reset_half[1]
 
     @property
     def count_since_reset(self) -> int | None:
-        return None if self.since_reset is None else self.since_reset.count
+        if self.since_reset is not None:
+            return self.since_reset.count
+        return None if self.reset_half is None else self.reset_half[0]
 
 
 @dataclass(frozen=True, slots=True)
@@ -700,6 +715,7 @@ _new = object.__new__
 _set_count, _set_value = Tally.__dict__["count"].__set__, Tally.__dict__["value"].__set__
 _set_init = Counters.__dict__["since_init"].__set__
 _set_reset = Counters.__dict__["since_reset"].__set__
+_set_half = Counters.__dict__["reset_half"].__set__
 
 
 _set_line = Segment.__dict__["line"].__set__
@@ -740,6 +756,7 @@ def _counters(since_init: Tally, since_reset: Tally | None) -> Counters:
     made = _new(Counters)
     _set_init(made, since_init)
     _set_reset(made, since_reset)
+    _set_half(made, None)
     return made
 
 
@@ -847,11 +864,14 @@ def _product(fields: dict[str, Any], by_device: dict[str, Counters]) -> Product:
 def _added(total: Counters | None, more: Counters) -> Counters:
     """Two pairs of counters added, since initialisation and since the reset (a since-reset
     pair only one of them has is kept as it is). A since-initialisation pair either of them
-    did not send makes the sum unknown (None), never a sum of what was sent."""
+    did not send makes the sum unknown (None), never a sum of what was sent; so does a
+    since-reset pair either of them sent by half."""
     if total is None:
         return more
     old, new = total.since_init, more.since_init
     since_init = None if old is None or new is None else old + new
+    if total.reset_half is not None or more.reset_half is not None:
+        return Counters(since_init)
     if total.since_reset is None or more.since_reset is None:
         return Counters(since_init, total.since_reset or more.since_reset)
     return Counters(since_init, total.since_reset + more.since_reset)

@@ -6,10 +6,11 @@ Pure: figures and sales in, a verdict out (docs/audit.md, "The reconciliation ru
 The interval is (the read before, this read], both reads *clean*: no sale of the machine was in
 progress while either was taken (the scheduler never starts one during a sale; a sale that
 started during one makes it unclean, and the interval runs on to the next clean read). The
-machine's side is the cashless device's since-initialisation counter difference (``DA2``),
-and per column ``PA7`` for that device where the file has it; the journal's side is the sales
-of this machine whose vend the journal holds between the two reads, by their order of writing
-(the journal's step ids, which no clock step moves).
+machine's side is the cashless device's since-initialisation counter difference (``DA2``, or
+``DB2`` for device 2: every reason names the block compared), and per column ``PA7`` for that
+device where the file has it; the journal's side is the sales of this machine whose vend the
+journal holds between the two reads, by their order of writing (the journal's step ids, which
+no clock step moves).
 """
 
 from __future__ import annotations
@@ -70,8 +71,13 @@ def _blocks(before: Figures, after: Figures) -> list[tuple[str, Counters | None,
     return [
         ("VA1 paid vends", before.paid, after.paid),
         ("CA2 cash", before.cash, after.cash),
-        ("DA2 cashless", before.cashless, after.cashless),
+        (f"{_cashless_block(after)} cashless", before.cashless, after.cashless),
     ]
+
+
+def _cashless_block(read: Figures) -> str:
+    """The block the cashless figures are: DA2 (device 1) or DB2 (device 2)."""
+    return f"{read.cashless_device}2"
 
 
 def _count(count: Tally) -> str:
@@ -263,15 +269,16 @@ def _cashless_difference(before: Figures, after: Figures) -> tuple[Tally | None,
             f"another machine answered ({before.machine!r} then {after.machine!r})"
         )
     old, new = before.cashless, after.cashless
+    block = f"{_cashless_block(after)} (cashless)"
     if old is None or new is None:
-        return None, "no_counters", "a read has no DA2 (cashless) counters"
+        return None, "no_counters", f"a read has no {block} counters"
     if old.since_init is None or new.since_init is None:
         which = "this read's" if new.since_init is None else "the read before's"
         return None, "unsent", (
-            f"{which} DA2 (cashless) has no since-initialisation counts: the machine left them "
+            f"{which} {block} has no since-initialisation counts: the machine left them "
             "empty (not sent, not 0)"
         )
-    lost = _reinitialised("DA2 (cashless)", old, new)
+    lost = _reinitialised(block, old, new)
     if not lost:
         return new.since_init - old.since_init, "", ""
     return None, "reinitialised", (

@@ -165,12 +165,12 @@ def summary(audit: AuditFile, read: LinkRead | None = None) -> dict[str, object]
     def tally(value: Counters | None) -> dict[str, object] | None:
         if value is None:
             return None
-        init, reset = value.since_init, value.since_reset
+        init, reset_value = value.since_init, value.value_since_reset  # as sent: a half too
         return {
             "value_since_init": None if init is None else cents_to_dollars(init.value),
             "count_since_init": None if init is None else init.count,
-            "value_since_reset": None if reset is None else cents_to_dollars(reset.value),
-            "count_since_reset": None if reset is None else reset.count,
+            "value_since_reset": None if reset_value is None else cents_to_dollars(reset_value),
+            "count_since_reset": value.count_since_reset,
         }
 
     machine = audit.machine

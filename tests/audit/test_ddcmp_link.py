@@ -192,20 +192,41 @@ async def quiet(port: VirtualDexPort) -> None:
                 return
 
 
+SLOW = 2.5  # a slow machine's block, held this long after the last ACK (its other wait: 1 s)
+
+
+async def holding_a_block(port: VirtualDexPort, clock: FakeClock) -> None:
+    """Until the machine has made its next block and holds it, waiting on ``clock`` alone."""
+    async with asyncio.timeout(10):
+        while not (
+            port.answered
+            and port.slave.wait == SLOW
+            and clock.pending() == [clock.monotonic() + SLOW]
+        ):
+            await asyncio.sleep(0.001)
+
+
 @pytest.mark.parametrize("then", ["ddcmp", "dex_ucs"])
 async def test_a_read_abandoned_half_way_leaves_the_machine_ready_for_the_next(then):
-    clock = FakeClock()
-    async with VirtualDexPort(AUDIT, clock=FakeClock()) as port:  # protocol None: either
+    clock = FakeClock()  # the machine's, and the next read's; the abandoned read waits forever
+    faults = DdcmpFaults(slow_blocks=SLOW)  # each block goes only when the clock lets it
+    async with VirtualDexPort(AUDIT, faults=faults, clock=clock) as port:  # protocol None: either
         abandoned = asyncio.ensure_future(
             read_link(LinkSettings(port=port.port, protocol=DDCMP), clock=FakeClock())
         )
-        async with asyncio.timeout(10):
-            while port.bytes_sent < 3 * BLOCK_TEXT:  # three blocks out, then the agent stops
-                await asyncio.sleep(0.001)
-        abandoned.cancel()
+        for _ in range(3):  # three blocks out
+            await holding_a_block(port, clock)
+            await clock.advance(SLOW)
+        await holding_a_block(port, clock)  # the fourth made: the agent is waiting for it
+        assert port.bytes_sent > 3 * BLOCK_TEXT
+        assert not abandoned.done()
+        abandoned.cancel()  # and then the agent stops
         with pytest.raises(asyncio.CancelledError):
             await abandoned
+        await clock.advance(SLOW)  # the fourth block goes to a line nobody reads
         await quiet(port)  # what the abandoned read wrote last has been heard and answered
+        assert port.unread() > 0  # the fourth block waits in the line
+        assert port.reads == 0
         settings = LinkSettings(port=port.port, protocol=LinkProtocol(then))
         task, line = await read_counted(port, clock, settings)
         await run_out_the_clock(clock, task, port, line)

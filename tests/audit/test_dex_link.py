@@ -41,6 +41,30 @@ async def test_a_clean_read_brings_the_audit_whole():
     assert port.slave.reads == 1
 
 
+class CancelledAtTheClose(FakeClock):
+    """The agent stops (its shutdown cancels the read) just as a finished read closes its port."""
+
+    async def wait_for(self, awaitable, seconds):  # type: ignore[no-untyped-def]
+        if getattr(awaitable, "__qualname__", "").endswith("wait_closed"):
+            asyncio.current_task().cancel()  # type: ignore[union-attr]
+        return await super().wait_for(awaitable, seconds)
+
+
+async def test_a_read_cancelled_while_closing_its_port_is_cancelled_not_returned():
+    async with VirtualDexPort(AUDIT, clock=FakeClock()) as port:
+        read = asyncio.ensure_future(
+            read_link(LinkSettings(port=port.port), clock=CancelledAtTheClose())
+        )
+        with pytest.raises(asyncio.CancelledError):
+            await asyncio.wait_for(read, 20)
+        assert read.cancelled()  # the agent's stop is not swallowed by the port's close
+        # the port was closed all the same: the next read opens it and reads whole
+        again = await asyncio.wait_for(
+            read_link(LinkSettings(port=port.port), clock=FakeClock()), 20
+        )
+    assert again.audit == AUDIT
+
+
 async def test_a_corrupted_block_is_refused_and_sent_again():
     clock = FakeClock()
     faults = SlaveFaults(corrupt_blocks={2, 4})

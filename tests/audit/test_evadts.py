@@ -134,6 +134,26 @@ def test_empty_since_initialisation_counts_are_not_sent_never_zero():
     assert column.by_device["DA"] == Counters(None, Tally(1, 250))
 
 
+def test_a_since_reset_pair_with_one_figure_empty_keeps_the_one_sent_never_a_zero():
+    audit = parse_audit(
+        a_file(
+            [
+                ("VA1", "1250", "6", "", "2"),
+                ("DA2", "500", "2", "250", ""),
+                ("PA1", "11", "250"),
+                ("PA2", "3", "750", "1", ""),  # the Animo's form: vends since reset, no value
+            ]
+        )
+    )
+    vends, card, [column] = audit.paid_vends, audit.cashless["DA"], audit.products
+    assert column.paid is not None
+    for pair, count, value in ((vends, 2, None), (card, None, 250), (column.paid, 1, None)):
+        assert pair.since_init is not None
+        assert pair.since_reset is None  # half a pair: nothing compared or reset rests on it
+        assert (pair.count_since_reset, pair.value_since_reset) == (count, value)  # as sent
+        assert Counters.from_dict(pair.as_dict()) == pair  # stored and read back as it was
+
+
 def test_a_pa7_without_counts_is_no_sales_known_even_beside_a_price_list_with_them():
     audit = parse_audit(
         a_file(

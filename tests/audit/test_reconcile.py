@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import dataclasses
 
-from kiosk_agent.audit.evadts import Counters, Tally
+from kiosk_agent.audit.books import Figures, figures_of
+from kiosk_agent.audit.evadts import Counters, Tally, parse_audit, render_audit
 from kiosk_agent.audit.reconcile import CardSale, Side, changes, compare
 from tests.audit.helpers import figures
 
@@ -154,3 +155,50 @@ def test_a_techs_reset_then_more_vends_than_before_it_is_compared() -> None:
     result = compare(before, after, [sale(n, 150) for n in range(12)])
     assert result.verdict == "match"
     assert changes(before.figures, after.figures) == []
+
+
+def test_a_since_reset_pair_sent_by_half_is_read_as_nothing_never_a_zero() -> None:
+    # DA2 since the reset with its value left empty (1 vend of $1.50 in truth), then whole:
+    # read as 0 the value "grew" $3.00 since the reset and $1.50 since initialisation, a
+    # re-initialisation that never was; and a later half pair's 0 a reset that never was
+    half = dataclasses.replace(figures((40, 6000)), cashless=Counters.of(6000, 40, None, 1))
+    whole = dataclasses.replace(figures((41, 6150)), cashless=Counters.of(6150, 41, 300, 2))
+    half_again = dataclasses.replace(figures((42, 6300)), cashless=Counters.of(6300, 42, None, 3))
+    result = compare(Side(TEN, half), Side(TEN + 60, whole), [sale(1, 150)])
+    assert (result.verdict, result.machine) == ("match", Tally(1, 150))
+    assert changes(half, whole) == [] == changes(whole, half_again)
+
+
+def test_a_unit_on_device_2_names_db2_in_every_reason_never_da2() -> None:
+    def on_db(read: Figures) -> Figures:
+        return dataclasses.replace(read, cashless_device="DB")
+
+    sent, reinitialised = on_db(figures((40, 6000))), on_db(figures((1, 150)))
+    unsent = dataclasses.replace(sent, cashless=Counters(None, Tally(1, 150)))
+    none = dataclasses.replace(sent, cashless=None)
+    reasons = [
+        compare(Side(TEN, before), Side(TEN + 60, after), [sale(1, 150)]).text()
+        for before, after in ((sent, reinitialised), (sent, unsent), (sent, none))
+    ]
+    assert "its DB2 (cashless) since initialisation went down" in reasons[0]
+    assert "this read's DB2 (cashless) has no since-initialisation counts" in reasons[1]
+    assert "a read has no DB2 (cashless) counters" in reasons[2]
+    changed = [c.text for c in changes(sent, reinitialised)]
+    assert changed[-1] == (
+        "DB2 cashless since initialisation went down (40 worth $60.00 -> 1 worth $1.50)"
+    )
+    assert not any("DA2" in text for text in reasons + changed)
+    assert Figures.of(sent.as_dict()) == sent  # the device is stored with the read
+    assert Figures.of({k: v for k, v in sent.as_dict().items() if k != "cashless_device"}) == (
+        dataclasses.replace(sent, cashless_device="DA")  # a read stored before: device 1
+    )
+
+
+def test_the_figures_of_a_file_name_the_device_they_were_taken_for() -> None:
+    audit = parse_audit(
+        render_audit([("ID1", "SN1"), ("DA2", "250", "1"), ("DB2", "500", "2")])
+    )
+    assert (figures_of(audit, "DB").cashless_device, figures_of(audit).cashless_device) == (
+        "DB", "DA"
+    )
+    assert figures_of(audit, "DB").cashless == Counters.of(500, 2)

@@ -86,8 +86,8 @@ async def test_parse_csv_lists_the_columns_through_the_one_export(capsys):
     assert code == cli.EXIT_OK
     lines = out.split("\r\n")
     assert lines[0].startswith("selection,name,price,paid_since_init")
-    # its PA2 sends no value since the reset: a pair's left-out element counts 0 (Counters)
-    assert lines[1] == "0,COFFEE,1.00,412,412.00,2655,0.00,359,0"
+    # its PA2 sends no value since the reset: not sent, left empty (never 0.00)
+    assert lines[1] == "0,COFFEE,1.00,412,412.00,2655,,359,0"
 
 
 async def test_a_file_that_is_no_audit_names_line_and_field_exit_2(capsys, tmp_path):
