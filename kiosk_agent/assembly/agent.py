@@ -272,6 +272,7 @@ class Agent:
             "attention sweeper": lambda: self.attention.stats.unexpected,
             "unwritten sales": lambda: self.unwritten.unexpected,
             "journal prune": lambda: self.prune_errors,
+            "journal checkpoint due": lambda: self.journal.checkpoint_due_errors,
         }.items():
             self.health.count_errors_of(part, count)
 

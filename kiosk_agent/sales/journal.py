@@ -279,6 +279,7 @@ class Journal(JournalReads, JournalPrune):
         # burst of customers had run the WAL past its reserve (each commit past it fsyncs the
         # file's new size too)
         self.on_checkpoint_due: Callable[[], None] | None = None
+        self.checkpoint_due_errors = 0  # on_checkpoint_due raised (a bug): counted, not fatal
         # Told after every write: None when it went through, the error when it did not (the
         # agent takes the unit out of service at once, from whichever path wrote).
         self.on_write: WriteListener | None = None
@@ -570,17 +571,24 @@ class Journal(JournalReads, JournalPrune):
 
     def _committed(self, *, fsynced: bool) -> None:
         """A commit of this connection: one fsynced makes every commit before it durable too
-        (the WAL's fdatasync covers the whole file), so whoever waits in fsynced() is woken."""
-        if self.on_checkpoint_due is not None and self._checkpoint_owed():
-            self.on_checkpoint_due()
+        (the WAL's fdatasync covers the whole file), so whoever waits in fsynced() is woken.
+        Then, the bookkeeping done, ``on_checkpoint_due`` if a checkpoint is due: a callback
+        that raises (a bug) is logged and counted (``checkpoint_due_errors``, in health), never
+        the commit's failure (it committed), nor left to strand the waiters."""
         if not fsynced:
             self._fsync_owed = True
-            return
-        self._fsync_owed = False
-        waiters, self._fsync_waiters = self._fsync_waiters, []
-        for waiter in waiters:
-            if not waiter.done():
-                waiter.set_result(None)
+        else:
+            self._fsync_owed = False
+            waiters, self._fsync_waiters = self._fsync_waiters, []
+            for waiter in waiters:
+                if not waiter.done():
+                    waiter.set_result(None)
+        if self.on_checkpoint_due is not None and self._checkpoint_owed():
+            try:
+                self.on_checkpoint_due()
+            except Exception:
+                self.checkpoint_due_errors += 1
+                _LOGGER.exception("journal: telling that a checkpoint is due failed")
 
     def _fail_waiters(self, failed: JournalError) -> None:
         """Whoever waits in fsynced() learns that what it wrote is not durable."""
