@@ -1187,6 +1187,6 @@ async def test_a_charge_of_a_sales_order_id_none_of_which_is_provably_its_own_go
     assert [state for _, state in give_backs_of(agent, held)] == [SaleState.ATTENTION.value]
     assert (await statuses(agent, base))[held] is TransStatus.CAPTURED  # nothing moved
     [event] = result.events
-    assert "cannot tell" in event.reason
-    assert "completed-unproven" in event.reason
+    assert "cannot tell" in event.message
+    assert "completed-unproven" in event.message
     assert (await audit.check(settled=False)).unaccounted == []  # told once
