@@ -340,7 +340,7 @@ async def _checkpoint_due(
     agent = await agent_factory(sim=sim, clock=clock)
     ran: list[float] = []
 
-    def checkpoint() -> int:
+    def checkpoint(stopping: Any = None) -> int:
         ran.append(clock.monotonic())
         return 0
 
@@ -436,8 +436,8 @@ async def test_a_burst_of_sales_is_checkpointed_by_the_commit_that_makes_it_due(
     ran: list[int] = []
     checkpoint = agent.journal.checkpoint
 
-    def counted() -> int:
-        ran.append(copied := checkpoint())
+    def counted(stopping: Any = None) -> int:
+        ran.append(copied := checkpoint(stopping))
         return copied
 
     agent.journal.checkpoint = counted  # type: ignore[method-assign]
