@@ -670,14 +670,39 @@ class SaleSteps:
     def _reversed(
         self, why: str, reverse_trans_id: str | None, cents: int | None, voided: bool = True
     ) -> SaleEvent:
-        amount = self._held_cents if cents is None else cents  # 0 named is 0
+        return self.given_back(Step.REVERSE_DONE, Step.REVERSE_FAILED, why, reverse_trans_id,
+                               cents, voided)
+
+    def given_back(
+        self, done: Step, undecided: Step, why: str, reverse_trans_id: str | None,
+        cents: int | None, voided: bool, **changes: Any,
+    ) -> SaleEvent:
+        """The end of a sale whose give-back an answer or reporting shows made, for ``cents``
+        (None: no figure named, the money held). A void releases the whole hold: a voided row
+        reporting shows as $0.00 still gave back all the sale held, said so. A refund of $0.00
+        gives nothing back: the agent cannot tell the money went back and refunds nothing
+        again on its own; a person decides (``undecided``), told what reporting shows."""
+        held = self._held_cents
+        if cents == 0 and not voided:
+            return self.finish(
+                SaleState.ATTENTION, undecided,
+                refunded_nothing(why, self.record.trans_id, held), **changes,
+            )
+        if cents is None or (cents == 0 and voided):
+            amount = held
+            shown = "" if cents is None else (
+                f" (a void releases the whole hold; reporting shows {format_cents(0)} on the "
+                "voided row)")
+        else:
+            amount, shown = cents, ""
         how = "voided" if voided else "refunded"
         return self.finish(
             SaleState.REVERSED,
-            Step.REVERSE_DONE,
-            f"{why}; {format_cents(amount)} {how}",
+            done,
+            f"{why}; {format_cents(amount)} {how}{shown}",
             reverse_trans_id=reverse_trans_id,
             reversed_cents=amount,
+            **changes,
         )
 
     def named(self, chosen: object) -> dict[str, Any]:
@@ -825,6 +850,13 @@ class SaleSteps:
             f"paid {format_cents(cents)} ({how})",
             captured_cents=cents,
         )
+
+
+def refunded_nothing(why: str, trans_id: str | None, held: int) -> str:
+    """The words of a sale whose refund reporting shows made for $0.00."""
+    return (f"{why}; reporting shows {trans_id} refunded for {format_cents(0)}: a refund of "
+            f"nothing gives nothing back, so the {format_cents(held)} may still be held; the "
+            f"agent refunds nothing again on its own: a person decides ({RESOLVE})")
 
 
 def nothing_captured(cents: int, when: str) -> str:
