@@ -75,13 +75,13 @@ async def test_each_local_servers_unexpected_error_is_a_503_counted_under_its_na
 
         # the admin API and its status page: {error, detail}
         monkeypatch.setattr(agent.health, "snapshot", _broken)
-        for path in ("/api/status", "/api/health"):
+        for path in ("/api/status", "/api/health", "/api/page"):  # the last: the status page
             async with session.get(admin.url + path,
                                    headers={"Authorization": f"Bearer {ADMIN_TOKEN}"}) as response:
                 assert "detail" in await _refused(response)
         monkeypatch.undo()
         problems = agent.health.snapshot().problems
-        assert any("admin API 2" in p for p in problems), problems
+        assert any("admin API 3" in p for p in problems), problems
         async with session.get(admin.url + "/api/status",
                                headers={"Authorization": f"Bearer {ADMIN_TOKEN}"}) as response:
             assert response.status == 200
@@ -98,6 +98,6 @@ async def test_each_local_servers_unexpected_error_is_a_503_counted_under_its_na
             assert response.status == 200
 
     logged = [r for r in caplog.records if r.exc_info and "failed unexpectedly" in r.getMessage()]
-    assert len(logged) == 4
+    assert len(logged) == 5
     assert not [r for r in logged if KIOSK_TOKEN in r.getMessage() or ADMIN_TOKEN in r.getMessage()]
     assert str(agent.health.snapshot().status) != "ok"
