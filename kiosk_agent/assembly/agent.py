@@ -299,7 +299,9 @@ class Agent:
         self.stopped = asyncio.Event()
         self._stopping = threading.Event()  # told to work in threads (the prune)
         self._prune_thread: asyncio.Future[int] | None = None
-        self._checkpoint_thread: asyncio.Future[int] | None = None  # a checkpoint's, running
+        # checkpoints' worker threads still running (the watch's look and a commit's due may
+        # each have one): a stop waits for them before it closes the journal
+        self._checkpoint_threads: set[asyncio.Future[int]] = set()
 
 
     # -- wiring (by app.py, before start) --------------------------------------------------------
@@ -513,10 +515,12 @@ class Agent:
         try:
             # shielded: a stop cancels the task, not the thread, and waits for the thread to
             # end (told by _stopping) before it closes the journal and lets its claim go
-            self._checkpoint_thread = asyncio.ensure_future(
+            thread = asyncio.ensure_future(
                 asyncio.to_thread(self.journal.checkpoint, self._stopping.is_set)
             )
-            await asyncio.shield(self._checkpoint_thread)
+            self._checkpoint_threads.add(thread)
+            thread.add_done_callback(self._checkpoint_thread_ended)
+            await asyncio.shield(thread)
         except sqlite3.Error as err:
             _LOGGER.warning("journal: its WAL not copied into the database now (%s); "
                             "the next checkpoint tries again", err)
@@ -526,18 +530,20 @@ class Agent:
         before the journal closes and its claim is let go: else a second agent could open the
         journal while that thread's connection still writes (RESTART tried again). Told to stop
         trying (``_stopping``), it ends within one try; bounded all the same (a disk that hangs)."""
-        thread = self._checkpoint_thread
-        if thread is None or thread.done():
+        if not self._checkpoint_threads:
             return True
-        done, _ = await asyncio.wait({thread}, timeout=CHECKPOINT_STOP_WAIT_S)
-        if not done:
+        _, running = await asyncio.wait(self._checkpoint_threads, timeout=CHECKPOINT_STOP_WAIT_S)
+        if running:
             _LOGGER.error("journal: its checkpoint's thread still runs %g s into the stop; the "
                           "journal's claim is kept until this process ends",
                           CHECKPOINT_STOP_WAIT_S)
             return False
-        if not thread.cancelled():
-            thread.exception()  # retrieved (a failure is said by _checkpoint_aside, if awaited)
         return True
+
+    def _checkpoint_thread_ended(self, thread: asyncio.Future[int]) -> None:
+        self._checkpoint_threads.discard(thread)
+        if not thread.cancelled():
+            thread.exception()  # retrieved: its caller says it, unless a stop cancelled that
 
     def _count_not_ours(self) -> None:
         """Health's count of another unit's open sales, once a person resolved some."""
