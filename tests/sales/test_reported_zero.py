@@ -179,3 +179,37 @@ async def test_a_refund_whose_row_reporting_shows_as_nothing_goes_to_a_person(
     record = agent.journal.get(event.sale_id)
     assert record is not None
     assert record.reversed_cents == 0
+
+
+@pytest.mark.parametrize("settled", [False, True], ids=["void", "refund"])
+async def test_recovery_and_the_sweeper_word_a_give_back_shown_as_nothing(
+    agent_factory: Any, sim_factory: Any, tmp_path: Path, settled: bool
+) -> None:
+    """Killed while giving back a $3.00 charge; reporting shows it given back for $0.00.
+    Recovery ends a void reversed with the whole $3.00 given back; a refund of nothing goes
+    to a person, and the sweeper after it writes nothing more and moves no money."""
+    sim = await sim_factory(time_scale=300, transactions=0)
+    async with ServiceClient(settings_from_ready(sim.ready_info())) as service:
+        trans_id = await authorize(service, "KACRASHED1", capture=True)
+        if settled:
+            sim.ctx.ledger.update(trans_id, trans_status_id=TransStatus.SETTLED)
+        await service.payments.void_or_refund(trans_id)
+    sim.ctx.ledger.update(trans_id, amount_cents=0)
+    leave_open(tmp_path, state=SaleState.REVERSING, trans_id=trans_id, authorized_cents=300,
+               captured_cents=300)
+    agent = await agent_factory(sim=sim)
+    [event] = await asyncio.wait_for(agent.recovery.wait(), 60)
+    if not settled:
+        assert event.state is SaleState.REVERSED, event.message
+        assert event.reversed_cents == 300
+        assert "$3.00 voided" in event.message
+        return
+    assert event.state is SaleState.ATTENTION, event.message
+    assert "refunded for $0.00" in event.message
+    steps = len(agent.journal.steps("crashed1"))
+    assert await agent.attention.sweep() == []
+    assert len(agent.journal.steps("crashed1")) == steps  # said once
+    record = agent.journal.get("crashed1")
+    assert record is not None
+    assert (record.state, record.reversed_cents) == (SaleState.ATTENTION, 0)
+    assert len(await rows(agent.service, "KACRASHED1")) == 2  # the charge and its one refund
