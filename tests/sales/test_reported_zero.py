@@ -213,3 +213,23 @@ async def test_recovery_and_the_sweeper_word_a_give_back_shown_as_nothing(
     assert record is not None
     assert (record.state, record.reversed_cents) == (SaleState.ATTENTION, 0)
     assert len(await rows(agent.service, "KACRASHED1")) == 2  # the charge and its one refund
+
+
+async def test_a_charge_found_already_voided_as_nothing_is_held_and_given_back_whole(
+    agent_factory: Any, tmp_path: Path, sim_factory: Any
+) -> None:
+    """A sale in attention that never heard its $3.00 charge's answer; reporting later shows
+    that charge already voided, its row reading $0.00. A void releases the whole hold: the
+    sale ends reversed holding $3.00 taken and given back, not $0.00 of each."""
+    sim = await sim_factory(time_scale=300, transactions=0)
+    leave_open(tmp_path, state=SaleState.ATTENTION, answer_by=time.time() - 1)
+    agent = await agent_factory(sim=sim)
+    trans_id = await authorize(agent.service, "KACRASHED1", capture=False)
+    await agent.service.payments.void_or_refund(trans_id)
+    sim.ctx.ledger.update(trans_id, amount_cents=0)
+    [event] = await agent.attention.sweep()
+    assert event.state is SaleState.REVERSED, event.message
+    assert event.reversed_cents == 300
+    record = agent.journal.get("crashed1")
+    assert record is not None
+    assert (record.authorized_cents, record.reversed_cents) == (300, 300)
