@@ -377,9 +377,12 @@ class SaleSteps:
         does, so what people see says money was taken and given back, not "nothing charged"."""
         if lookup.trans_id is not None:
             cents = lookup.amount_cents
-            if cents is None:  # reporting named no amount: the price; a 0 it names is 0
-                cents = self.record.amount_cents
             back = await self.reconciler.transaction_state(lookup.trans_id)
+            voided = back.reverse_trans_id in (None, lookup.trans_id)
+            if cents is None or (cents == 0 and voided):
+                # reporting named no amount: the price; nor does a voided row reading $0.00
+                # (a void releases the whole hold); a refund's 0 stays 0
+                cents = self.record.amount_cents
             changes.update(
                 self._charge_fields(lookup.trans_id, cents),
                 reverse_trans_id=back.reverse_trans_id or lookup.trans_id,
