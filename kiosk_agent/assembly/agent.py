@@ -36,7 +36,12 @@ from kiosk_agent.sales.attention import AttentionSweeper
 from kiosk_agent.sales.audit import ChargeAudit
 from kiosk_agent.sales.clock import SYSTEM_CLOCK, Clock
 from kiosk_agent.sales.events import EventLog
-from kiosk_agent.sales.journal import CHECKPOINT_WAITS_FOR_CUSTOMER_S, Journal, JournalError
+from kiosk_agent.sales.journal import (
+    CHECKPOINT_STOP_WAIT_S,
+    CHECKPOINT_WAITS_FOR_CUSTOMER_S,
+    Journal,
+    JournalError,
+)
 from kiosk_agent.sales.journal_guard import DISK_WATCH_S, JournalGuard
 from kiosk_agent.sales.machine import Machine, this_machine
 from kiosk_agent.sales.model import SaleEvent
@@ -272,6 +277,7 @@ class Agent:
             "attention sweeper": lambda: self.attention.stats.unexpected,
             "unwritten sales": lambda: self.unwritten.unexpected,
             "journal prune": lambda: self.prune_errors,
+            "journal checkpoint due": lambda: self.journal.checkpoint_due_errors,
         }.items():
             self.health.count_errors_of(part, count)
 
@@ -293,6 +299,9 @@ class Agent:
         self.stopped = asyncio.Event()
         self._stopping = threading.Event()  # told to work in threads (the prune)
         self._prune_thread: asyncio.Future[int] | None = None
+        # checkpoints' worker threads still running (the watch's look and a commit's due may
+        # each have one): a stop waits for them before it closes the journal
+        self._checkpoint_threads: set[asyncio.Future[int]] = set()
 
 
     # -- wiring (by app.py, before start) --------------------------------------------------------
@@ -504,10 +513,37 @@ class Agent:
             return
         await self.sales.context.customers.none_waiting(CHECKPOINT_WAITS_FOR_CUSTOMER_S)
         try:
-            await asyncio.to_thread(self.journal.checkpoint)
+            # shielded: a stop cancels the task, not the thread, and waits for the thread to
+            # end (told by _stopping) before it closes the journal and lets its claim go
+            thread = asyncio.ensure_future(
+                asyncio.to_thread(self.journal.checkpoint, self._stopping.is_set)
+            )
+            self._checkpoint_threads.add(thread)
+            thread.add_done_callback(self._checkpoint_thread_ended)
+            await asyncio.shield(thread)
         except sqlite3.Error as err:
             _LOGGER.warning("journal: its WAL not copied into the database now (%s); "
                             "the next checkpoint tries again", err)
+
+    async def _checkpoint_ended(self) -> bool:
+        """A checkpoint's worker thread still running (its task cancelled by the stop) ends
+        before the journal closes and its claim is let go: else a second agent could open the
+        journal while that thread's connection still writes (RESTART tried again). Told to stop
+        trying (``_stopping``), it ends within one try; bounded all the same (a disk that hangs)."""
+        if not self._checkpoint_threads:
+            return True
+        _, running = await asyncio.wait(self._checkpoint_threads, timeout=CHECKPOINT_STOP_WAIT_S)
+        if running:
+            _LOGGER.error("journal: its checkpoint's thread still runs %g s into the stop; the "
+                          "journal's claim is kept until this process ends",
+                          CHECKPOINT_STOP_WAIT_S)
+            return False
+        return True
+
+    def _checkpoint_thread_ended(self, thread: asyncio.Future[int]) -> None:
+        self._checkpoint_threads.discard(thread)
+        if not thread.cancelled():
+            thread.exception()  # retrieved: its caller says it, unless a stop cancelled that
 
     def _count_not_ours(self) -> None:
         """Health's count of another unit's open sales, once a person resolved some."""
@@ -632,8 +668,10 @@ class Agent:
         await self._journal_watch.stop()
         self.journal.on_checkpoint_due = None
         await cancel_and_wait(self._checkpointing)
+        ended = await self._checkpoint_ended()
         self.journal.close()
-        self.owner.release()
+        if ended:  # else the claim stays until this process ends: that thread may still write
+            self.owner.release()
         self.started = False
         self.stopped.set()
 

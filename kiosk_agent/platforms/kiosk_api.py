@@ -78,6 +78,7 @@ from kiosk_agent.sales.model import (
 from kiosk_agent.tasks import cancel_and_wait
 from kiosk_agent.web.server import (
     MAX_STREAM_FRAME,
+    UNEXPECTED_RETRY_AFTER_S,
     BodyError,
     HttpLimits,
     LocalSite,
@@ -348,6 +349,8 @@ class KioskApi:
         self._site = LocalSite(
             config["host"], config["port"], name=self.name,
             limits=HttpLimits.of(agent),
+            health=getattr(agent, "health", None),  # a test's stand-in agent may have none
+            refuse_unexpected=_unexpected,
         )
         self._hosts = {*config["allowed_hosts"], config["host"].lower()} - _ANY_ADDRESS
         # Host headers already found allowed, as sent ("127.0.0.1:8090"): an app sends the same
@@ -363,7 +366,6 @@ class KioskApi:
         self._sockets: set[web.WebSocketResponse] = set()
         self.requests = 0
         self.rejected = 0
-        self.unexpected = 0  # requests a handler failed with an unexpected error (a bug)
         self.refused_out_of_service = 0  # sales refused at once: the terminal was out of service
         self.refused_stopping = 0  # sales refused at once: the agent was stopping (draining)
 
@@ -385,9 +387,6 @@ class KioskApi:
         app.router.add_get("/api/v1/events", self._stream)
         app.router.add_get("/api/v1/status", self._status)
         await self._site.start(app, guard=self._auth)
-        health = getattr(self.agent, "health", None)  # a test's stand-in agent may have none
-        if health is not None:
-            health.count_errors_of(self.name, lambda: self.unexpected)
         self._unfollow = self.agent.events.listen(self._follow)
         _LOGGER.info("%s: kiosk API on %s:%d", self.name, self.config["host"], self.port)
 
@@ -411,7 +410,7 @@ class KioskApi:
             "port": self.port,
             "requests": self.requests,
             "rejected": self.rejected,
-            "unexpected": self.unexpected,
+            "unexpected": self._site.unexpected,  # requests a handler failed (a bug)
             "refused_out_of_service": self.refused_out_of_service,
             "refused_stopping": self.refused_stopping,
             "live_sockets": len(self._sockets),
@@ -467,19 +466,8 @@ class KioskApi:
         except (JournalError, sqlite3.Error) as err:
             # the journal cannot hold a sale: out of service, said as the app expects it
             return self._journal_refusal(err)
-        except (web.HTTPException, ConnectionError, TimeoutError):
-            # aiohttp's own answers (404, 405, 413 ...), a client gone mid-answer (a stream's
-            # app closed: a write raises ConnectionResetError), a timeout (aiohttp's 504): as
-            # aiohttp answers them, none a bug of the agent's
-            raise
-        except Exception:
-            # a bug: the app told in the API's words, the traceback logged, counted in health
-            # (its unexpected errors), where aiohttp answered a bare text 500 counted nowhere
-            self.unexpected += 1
-            _LOGGER.exception("%s: %s %s failed unexpectedly", self.name, request.method,
-                              request.path)
-            return _error(500, "internal_error", None,
-                          "the agent could not answer this request; it is logged")
+        # any other error (a bug) is the site's to answer: 503 in this API's words
+        # (_unexpected), logged, counted and shown in health (LocalSite._track)
         return response
 
     def _refusal(self, request: web.Request) -> tuple[int, str, str | None, str] | None:
@@ -864,6 +852,13 @@ def _origin_allowed(origin: str, allowed: list[str]) -> bool:
 
 def _error(status: int, error: str, field: str | None, message: str) -> web.Response:
     return _json_response({"error": error, "field": field, "message": message}, status=status)
+
+
+def _unexpected(detail: str) -> web.Response:
+    """A handler's unexpected error (a bug), said in this API's error form (LocalSite)."""
+    response = _error(503, "unavailable", None, detail)
+    response.headers["Retry-After"] = str(UNEXPECTED_RETRY_AFTER_S)
+    return response
 
 
 def _json_response(body: dict[str, Any], status: int) -> web.Response:

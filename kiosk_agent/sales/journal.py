@@ -188,6 +188,9 @@ RESTART_RETRY_S = 0.002
 # was 25 ms more of one customer's vend -> approve, once every ~70 sales (bench/pi.py). One
 # watch period: the journal watch (which waits with it) looks again at most a second late.
 CHECKPOINT_WAITS_FOR_CUSTOMER_S = 1.0
+# A stop waits this long at most for a checkpoint's worker thread (told to stop trying, it ends
+# within one RESTART try) before it closes the journal (Agent._checkpoint_ended)
+CHECKPOINT_STOP_WAIT_S = 10.0
 WAL_ROOM_NEEDED = 16 * WAL_RESERVE_BYTES  # free space under which it is not grown
 _WAL_SPILL_CACHE_KIB = 64  # SQLite's page cache while growing it: full at once, so it spills
 # SQLite's page cache of the journal's own connection. A sale's commit touches a few dozen
@@ -279,6 +282,7 @@ class Journal(JournalReads, JournalPrune):
         # burst of customers had run the WAL past its reserve (each commit past it fsyncs the
         # file's new size too)
         self.on_checkpoint_due: Callable[[], None] | None = None
+        self.checkpoint_due_errors = 0  # on_checkpoint_due raised (a bug): counted, not fatal
         # Told after every write: None when it went through, the error when it did not (the
         # agent takes the unit out of service at once, from whichever path wrote).
         self.on_write: WriteListener | None = None
@@ -396,7 +400,7 @@ class Journal(JournalReads, JournalPrune):
         return (self._checkpoints_aside and db is not None
                 and db.total_changes - self._changes_at_checkpoint >= CHECKPOINT_AFTER_ROWS)
 
-    def checkpoint(self) -> int:
+    def checkpoint(self, stopping: Callable[[], bool] | None = None) -> int:
         """Copy the WAL into the database on a connection of its own (for a worker thread: it
         touches nothing of this one); the frames copied. PASSIVE: it waits for no writer and no
         reader, and what it cannot copy now the next one does. A committed step is durable in
@@ -413,7 +417,8 @@ class Journal(JournalReads, JournalPrune):
         way, a reader still in an older snapshot) is tried again ``RESTART_TRIES`` times,
         ``RESTART_RETRY_S`` apart, waiting for nobody each time: customers back to back keep a
         write under way much of the time, and a burst ran the WAL past its reserve before the
-        next checkpoint. Where it cannot, the next checkpoint tries."""
+        next checkpoint. Where it cannot, the next checkpoint tries. ``stopping()`` True ends
+        the tries (a stop waits for this thread before it closes the journal)."""
         aside = sqlite3.connect(f"file:{self.path}?mode=rw", uri=True, isolation_level=None)
         try:
             aside.execute("PRAGMA busy_timeout=5000")
@@ -424,6 +429,8 @@ class Journal(JournalReads, JournalPrune):
                 with contextlib.suppress(sqlite3.OperationalError):  # busy, said as an error
                     if aside.execute("PRAGMA wal_checkpoint(RESTART)").fetchone()[0] == 0:
                         break
+                if stopping is not None and stopping():
+                    break
                 time.sleep(RESTART_RETRY_S)
         finally:
             aside.close()
@@ -570,17 +577,24 @@ class Journal(JournalReads, JournalPrune):
 
     def _committed(self, *, fsynced: bool) -> None:
         """A commit of this connection: one fsynced makes every commit before it durable too
-        (the WAL's fdatasync covers the whole file), so whoever waits in fsynced() is woken."""
-        if self.on_checkpoint_due is not None and self._checkpoint_owed():
-            self.on_checkpoint_due()
+        (the WAL's fdatasync covers the whole file), so whoever waits in fsynced() is woken.
+        Then, the bookkeeping done, ``on_checkpoint_due`` if a checkpoint is due: a callback
+        that raises (a bug) is logged and counted (``checkpoint_due_errors``, in health), never
+        the commit's failure (it committed), nor left to strand the waiters."""
         if not fsynced:
             self._fsync_owed = True
-            return
-        self._fsync_owed = False
-        waiters, self._fsync_waiters = self._fsync_waiters, []
-        for waiter in waiters:
-            if not waiter.done():
-                waiter.set_result(None)
+        else:
+            self._fsync_owed = False
+            waiters, self._fsync_waiters = self._fsync_waiters, []
+            for waiter in waiters:
+                if not waiter.done():
+                    waiter.set_result(None)
+        if self.on_checkpoint_due is not None and self._checkpoint_owed():
+            try:
+                self.on_checkpoint_due()
+            except Exception:
+                self.checkpoint_due_errors += 1
+                _LOGGER.exception("journal: telling that a checkpoint is due failed")
 
     def _fail_waiters(self, failed: JournalError) -> None:
         """Whoever waits in fsynced() learns that what it wrote is not durable."""

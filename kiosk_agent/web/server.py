@@ -96,6 +96,11 @@ _PEEK_BYTES = 8192
 # How long to stop accepting when the process has no descriptor left for one more.
 _OUT_OF_DESCRIPTORS_PAUSE_S = 1.0
 
+# A request whose handler failed with an unexpected error (a bug) is told to come back after
+# this (503 with Retry-After): never a 500 (LocalSite._track)
+UNEXPECTED_RETRY_AFTER_S = 5
+UNEXPECTED_DETAIL = "the agent could not answer this request now (an unexpected error, logged)"
+
 _OVERLOADED_BODY = b'{"error": "unavailable", "detail": "every connection is busy; retry"}'
 _OVERLOADED = (
     b"HTTP/1.1 503 Service Unavailable\r\nConnection: close\r\nRetry-After: 1\r\n"
@@ -130,6 +135,23 @@ class HttpLimits:
 
 
 LIMITS = web.AppKey("kiosk_agent.http_limits", HttpLimits)
+
+
+class ErrorCounts(Protocol):
+    """Where a site's unexpected errors are shown (the agent's health)."""
+
+    def count_errors_of(self, part: str, count: Callable[[], int]) -> None: ...
+
+
+def unexpected_refusal(detail: str) -> web.Response:
+    """The answer to a request whose handler failed unexpectedly, in the admin API's and the
+    webhook receiver's error form (``{error, detail}``); a site whose API says its errors
+    otherwise gives its own (LocalSite's ``refuse_unexpected``)."""
+    return web.json_response(
+        {"error": "unavailable", "detail": detail},
+        status=503,
+        headers={"Retry-After": str(UNEXPECTED_RETRY_AFTER_S)},
+    )
 
 _LIVE: set[LocalSite] = set()  # sites listening now, for /metrics
 SITE: web.AppKey[LocalSite] = web.AppKey("kiosk_agent.local_site")
@@ -333,9 +355,19 @@ class LocalSite:
         name: str = "http",
         limits: HttpLimits | None = None,
         clock: Callable[[], float] = time.monotonic,
+        health: ErrorCounts | None = None,
+        counted_as: str | None = None,
+        refuse_unexpected: Callable[[str], web.StreamResponse] = unexpected_refusal,
     ) -> None:
         self.host = host
         self.name = name
+        # a handler's unexpected error (a bug): answered refuse_unexpected(detail) (a 503 in the
+        # API's own error form, never aiohttp's 500), logged, counted here and shown in
+        # ``health`` (its unexpected errors) as ``counted_as``; the server goes on serving
+        self.unexpected = 0
+        self._refuse_unexpected = refuse_unexpected
+        self._health = health
+        self._counted_as = counted_as or name
         self.limits = limits or HttpLimits.from_config()
         self._clock = clock
         self._wanted_port = port
@@ -429,6 +461,8 @@ class LocalSite:
             self._runner = None
             raise ListenError(self.name, self.host, self._wanted_port, err) from None
         self.port = int(self._listeners[0].getsockname()[1])
+        if self._health is not None:
+            self._health.count_errors_of(self._counted_as, lambda: self.unexpected)
         self._start_accepting()
         _LIVE.add(self)
         _check_descriptors()
@@ -631,13 +665,32 @@ class LocalSite:
         with the request counted on its connection while it runs."""
         handler = self._app_handler
         connection = self._connections.get(request.protocol)
-        if connection is None:
-            return await handler(request)
-        connection.request_started()
+        if connection is not None:
+            connection.request_started()
         try:
             return await handler(request)
+        except (web.HTTPException, TimeoutError):
+            raise  # aiohttp's own answers (404, 405, 413 ...; a timeout's 504): as they are
+        except ConnectionError:
+            # a client gone mid-answer (a stream's app closed its socket: the next write
+            # raises), not a bug: not counted; told 503 if it still hears anything
+            return self._unexpected_answer(request)
+        except Exception:
+            # a bug: the client told in its API's words (never a 500), the traceback logged,
+            # counted and shown in health; the server goes on
+            self.unexpected += 1
+            _LOGGER.exception("%s: %s %s failed unexpectedly", self.name, request.method,
+                              request.path)
+            return self._unexpected_answer(request)
         finally:
-            connection.request_ended()
+            if connection is not None:
+                connection.request_ended()
+
+    def _unexpected_answer(self, request: web.BaseRequest) -> web.StreamResponse:
+        if request.writer is not None and request.writer.output_size > 0:
+            # its answer had begun (a stream): no other can follow; the connection is ended
+            raise ConnectionError(f"{self.name}: the answer had begun; the connection is ended")
+        return self._refuse_unexpected(UNEXPECTED_DETAIL)
 
 
 _Response = web.StreamResponse

@@ -1932,3 +1932,40 @@ def test_a_batch_rolls_back_whatever_is_raised_inside_and_nests_nothing(
         journal.create(new_sale(5))
     assert [journal.get(f"s{n}") is not None for n in (3, 4, 5)] == [True, True, True]
     assert not journal.db.in_transaction
+
+
+async def test_a_raising_checkpoint_callback_is_counted_after_the_commits_fsync_bookkeeping(
+    journal: Journal, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``on_checkpoint_due`` is told after a commit's fsync bookkeeping, and a callback that
+    raises (a bug) is counted, never the commit's failure: before, the raise left the fsync
+    owed (the commit looked not durable, or durable when it was not) and ``fsynced()``'s
+    waiters were never woken, and the write that had committed raised to its sale."""
+    from kiosk_agent.sales.journal import CHECKPOINT_AFTER_ROWS
+
+    monkeypatch.setattr(journal_module, "_fdatasync", lambda path: None)
+    journal.checkpoint_aside()
+    told: list[int] = []
+
+    def broken() -> None:
+        told.append(journal.db.total_changes)
+        raise RuntimeError("a bug in the checkpoint's callback")
+
+    journal.on_checkpoint_due = broken
+    began, n = journal.db.total_changes, 0
+    while journal.db.total_changes - began < CHECKPOINT_AFTER_ROWS - 10:  # just short of due
+        n += 1
+        walk_to(journal, journal.create(new_sale(n)), SaleState.COMPLETED)
+    assert told == []
+    shared = reading_a_card(journal, n + 1)
+    with journal.fsync_shared():
+        journal.record(shared, Step.READ_CARD_CANCELLED, SaleState.CANCELLED)
+    waiting = asyncio.ensure_future(journal.fsynced())
+    await asyncio.sleep(0)
+    assert not waiting.done()
+    while not told:  # the fsynced commit that makes it due: taken, its waiter woken
+        n += 1
+        walk_to(journal, journal.create(new_sale(n + 1)), SaleState.COMPLETED)
+    await asyncio.wait_for(waiting, 1)
+    assert journal.checkpoint_due_errors == len(told) >= 1
+    assert journal.get(shared.sale_id) is not None
