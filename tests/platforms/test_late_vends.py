@@ -227,3 +227,35 @@ async def test_a_link_back_mid_vend_still_hears_the_vend_result(
         await asyncio.wait_for(controller.wait_enabled(), 5)
         assert (await asyncio.wait_for(controller.customer("A1"), 10)).outcome is (
             VisitOutcome.VENDED)
+
+
+@pytest.mark.parametrize("kind", _MACHINES)
+async def test_a_link_back_mid_vend_with_nothing_heard_gives_back_at_the_vend_timeout(
+    tmp_path: Path, sim_settings: Any, controller: VirtualController, kind: str
+) -> None:
+    """The link comes back mid-vend and the controller says nothing: the sale still waits on
+    the new link (dispensing after the reconnect, the setup held back), gives the money back at
+    its vend timeout, then sets the adapter up; a success heard after that is a late vend."""
+    trigger = {**_MACHINES[kind], "port": controller.port, "vend_timeout": 1.5}
+    async with running_agent(tmp_path, sim_settings, [trigger]) as agent:
+        await asyncio.wait_for(controller.wait_enabled(), 5)
+        controller.options.dispense_time = 0.05
+        visit = asyncio.create_task(controller.customer("B1", no_result=True))
+        async with asyncio.timeout(5):
+            while "C,VEND,3.25" not in controller.received:
+                await asyncio.sleep(0.005)
+        [record] = agent.journal.query()
+        await until(lambda: agent.journal.get(record.sale_id).state is SaleState.DISPENSING)
+        sent = len(controller.received)
+        controller.glitch()
+        [platform] = agent.platforms
+        await until(lambda: platform.device.link.stats.reconnects == 1)
+        await until(lambda: platform.device.link.connected)
+        assert agent.journal.get(record.sale_id).state is SaleState.DISPENSING
+        assert "C,0" not in controller.received[sent:]  # held back while it waits
+        assert (await asyncio.wait_for(visit, 10)).outcome is VisitOutcome.NO_RESULT
+        await until(lambda: agent.journal.get(record.sale_id).state.final)
+        assert agent.journal.get(record.sale_id).state is SaleState.REVERSED
+        await until(lambda: "C,1" in controller.received[sent:])  # set up once it is over
+        controller.send(VEND_SUCCESS_LINE)
+        await told_to_a_person(agent, record.sale_id, "B1")
