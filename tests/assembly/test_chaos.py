@@ -80,7 +80,8 @@ async def test_a_journal_disk_that_fills_and_a_journal_that_loses_its_wal_keep_t
     (when it lives that long), and its WAL deleted
     once between a kill and the restart: every charge still ends right in the ledger."""
     options = ChaosOptions(workdir=tmp_path, kills=DISK_KILLS, seed=12, pause=(0.05, 0.8),
-                           disk_full=1.0, damage_journal="wal_deleted", **FAULT_SCALE)
+                           disk_full=1.0, damage_journal="wal_deleted", aim_sales=AIM_SALES,
+                           **FAULT_SCALE)
     async with Chaos(options) as chaos:
         report = await chaos.run()
 
