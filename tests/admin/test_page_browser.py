@@ -72,11 +72,14 @@ class Seen:
 
 
 async def _open(
-    browser: Browser, url: str, viewport: ViewportSize, token: str, timezone_id: str | None = None
+    browser: Browser, url: str, viewport: ViewportSize, token: str, timezone_id: str | None = None,
+    init_script: str | None = None,
 ) -> tuple[Page, Seen]:
-    """A fresh browser context at the page (in ``timezone_id``'s zone when given), logged in
-    the way a person does it."""
+    """A fresh browser context at the page (in ``timezone_id``'s zone when given, with
+    ``init_script`` run before the page's own), logged in the way a person does it."""
     context = await browser.new_context(viewport=viewport, timezone_id=timezone_id)
+    if init_script is not None:
+        await context.add_init_script(init_script)
     page = await context.new_page()
     seen = Seen()
     page.on("request", lambda request: seen.urls.append(request.url))

@@ -311,6 +311,7 @@ FAULT_FALLBACK = {
     "latency": "delay",
 }
 KILL_MODES = ("start", "recovery", "money", "money", "random")
+AIM_HANG_S = 120.0  # the longest a money round waits for its step or its sales (a hang)
 # the moments a round may be planned to kill at (ChaosOptions.moments): a mode, or a money step
 MOMENTS = frozenset({"start", "recovery", "random"} | MONEY_STEPS)
 # how NTP may step the agent's wall clock (seconds): days or hours, either way, or back to true
@@ -349,6 +350,11 @@ class ChaosOptions:
     # not meet (no open sale to recover, no such call in time) is planned again for a later
     # round, and the run goes on until each is met (up to ``max_kills``).
     moments: tuple[str, ...] = ()
+    # How long a "money" round waits for its step before it kills anyway (and counts the kill
+    # "random"): through this many sales begun in the round (a count, the same on a loaded
+    # machine), or, when None, 3 - 6 s after the agent is ready (wall time: a loaded machine
+    # sells fewer in it, misses more aimed moments and so needs more rounds).
+    aim_sales: int | None = None
 
     def __post_init__(self) -> None:
         unknown = [m for m in self.moments if m not in MOMENTS]
@@ -915,14 +921,44 @@ class Chaos:
             delay = rng.uniform(0.0, 0.3) if mode == "recovery" else rng.uniform(0.0, 0.015)
             # looked for until some seconds after the agent is ready: a loaded machine starts
             # it slower, and a wait counted from the spawn killed it before it sold (a run of
-            # 75 rounds at load 14 that never opened its journal)
-            if await self._first(self._step_line(agent, target),
-                                 self._after_ready(rng.uniform(3.0, 6.0))):
+            # 75 rounds at load 14 that never opened its journal). With ``aim_sales``, a money
+            # step is looked for through that many sales begun instead (recovery begins
+            # before the agent is ready or not at all: looked for until then)
+            sales = self.options.aim_sales
+            wait = rng.uniform(3.0, 6.0)  # drawn either way: the same seed, the same run
+            if mode == "money" and sales is not None:
+                bound = asyncio.sleep(AIM_HANG_S)  # only a hang meets it
+                met = await self._first(self._step_line(agent, target, sales), bound)
+            elif mode == "recovery" and sales is not None:
+                met = await self._first(self._step_line(agent, target), self._after_ready(0.2))
+            else:
+                met = await self._first(self._step_line(agent, target),
+                                        self._after_ready(wait))
+            if met:
                 await asyncio.sleep(delay)
                 return f"{mode}:{target}"
             return "random"
-        await self._after_ready(rng.uniform(0.3, 3.0))
+        after = rng.uniform(0.3, 3.0)
+        if self.options.aim_sales is not None:
+            # at a random step of one of the next few sales: a count, as the aimed kills
+            begun, steps = rng.randint(0, 3), rng.randint(0, 8)
+            await self._first(self._nth_step(agent, begun, steps), asyncio.sleep(AIM_HANG_S))
+            return "random"
+        await self._after_ready(after)
         return "random"
+
+    @staticmethod
+    async def _nth_step(agent: Child, sales: int, steps: int) -> None:
+        """Until ``sales`` sales began and then ``steps`` more journal steps came."""
+        begun, after = 0, -1
+        while begun < sales or after < steps:
+            words = (await agent.lines.get()).split()
+            if len(words) < 3 or words[0] != "STEP":
+                continue
+            if begun < sales:
+                begun += words[2] == Step.CREATED
+            else:
+                after += 1
 
     @staticmethod
     async def _first(
@@ -940,12 +976,20 @@ class Chaos:
         return waiting.done() and not waiting.cancelled() and waiting.exception() is None
 
     @staticmethod
-    async def _step_line(agent: Child, step: str) -> None:
-        """Until the agent prints that it journaled ``step``."""
+    async def _step_line(agent: Child, step: str, sales: int | None = None) -> None:
+        """Until the agent prints that it journaled ``step`` (or, with ``sales``, until that
+        many sales began without it: then it raises LookupError)."""
+        begun = 0
         while True:
             words = (await agent.lines.get()).split()
-            if len(words) >= 3 and words[0] == "STEP" and words[2] == step:
+            if len(words) < 3 or words[0] != "STEP":
+                continue
+            if words[2] == step:
                 return
+            if sales is not None and words[2] == Step.CREATED:
+                begun += 1
+                if begun > sales:
+                    raise LookupError(f"{step} not in {sales} sales")
 
     async def _after_ready(self, seconds: float) -> None:
         """``seconds`` after the agent is ready (or gave up waiting for it: see wait_ready)."""
