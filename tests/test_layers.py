@@ -157,7 +157,8 @@ PLATFORM_TIMERS: dict[tuple[str, str], str] = {
     ("gpio", "GpioKiosk.stop"): "a relay pulsing or a sensor watching finishes before the lines "
     "are let go",
     ("serial", "SerialLink._run"): "the link's reconnect backoff",
-    ("serial", "SerialLink._watchdog"): "the link's silence watchdog (silence_timeout, probe)",
+    ("serial", "SerialLink._heard_within"): "the link's silence watchdog (silence_timeout, "
+    "probe), on the link's clock",
     ("serial", "SerialLink._close_transport"): "the port's close, waited for at most 5 s",
     ("serial_doctor", "check_port_urls"): "the doctor's TCP connect to a socket:// port, "
     "bounded by the doctor's own time limit (no sale runs through it)",

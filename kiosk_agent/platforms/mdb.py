@@ -57,6 +57,7 @@ from kiosk_agent.platforms.serial import (
     SerialSettings,
     StateHandler,
 )
+from kiosk_agent.sales.clock import SYSTEM_CLOCK, Clock
 from kiosk_agent.sales.model import (
     DispenseOutcome,
     DispenseStatus,
@@ -324,6 +325,7 @@ class MdbCashless:
         options: MdbOptions,
         *,
         on_link_state: StateHandler | None = None,
+        clock: Clock = SYSTEM_CLOCK,
     ) -> None:
         self.sales = sales
         self.options = options
@@ -349,6 +351,7 @@ class MdbCashless:
             self.handle_line,
             on_state=on_link_state,
             on_connected=self._on_connected,
+            clock=clock,
         )
         # a probe answered mid-sale ("c,STATUS,ENABLED") would read as the session's end
         self.link.busy = lambda: self.session is not None
@@ -724,6 +727,7 @@ async def async_setup_platform(agent: Any, config: dict[str, Any]) -> MdbPlatfor
         SerialSettings.from_config(config),
         MdbOptions.from_config(config, source),
         on_link_state=link_reporter(agent, source),
+        clock=agent.clock,
     )
     device.unfollow = follow_availability(agent, config.get("terminal"), device.set_available)
     await device.start()

@@ -15,7 +15,6 @@ import contextlib
 import enum
 import logging
 import random
-import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import field
 from typing import Any
@@ -29,7 +28,8 @@ from kiosk_agent.platforms.serial_ports import BAUDRATE as BAUDRATE
 from kiosk_agent.platforms.serial_ports import LINE_END as LINE_END
 from kiosk_agent.platforms.serial_ports import RECONNECT_MAX as RECONNECT_MAX
 from kiosk_agent.platforms.serial_ports import resolve_port as resolve_port
-from kiosk_agent.tasks import BackgroundTask, cancel_and_wait, wait_event
+from kiosk_agent.sales.clock import SYSTEM_CLOCK, Clock
+from kiosk_agent.tasks import BackgroundTask, cancel_and_wait
 
 _LOGGER = logging.getLogger(__name__)
 
@@ -100,7 +100,7 @@ class _LineProtocol(asyncio.Protocol):
         self.transport = transport
 
     def data_received(self, data: bytes) -> None:
-        self._link.stats.last_rx_at = time.monotonic()
+        self._link.stats.last_rx_at = self._link.now()
         self._link.stats.bytes_in += len(data)
         self._link.activity.set()
         self._buffer += data
@@ -139,9 +139,14 @@ class SerialLink:
         *,
         on_state: StateHandler | None = None,
         on_connected: ConnectedHandler | None = None,
+        clock: Clock = SYSTEM_CLOCK,
     ) -> None:
         self.name = name
         self.settings = settings
+        # The watchdog's silences and the probes' times run on it (monotonic seconds): the
+        # machine's in the product, a test's FakeClock so a test moves time and a starved loop
+        # cannot make an answer late. Reconnect backoff and closing the port stay real.
+        self.clock = clock
         self.stats = LinkStats()
         self.noise = RefusalLog(_LOGGER, name)  # a device spewing garbage must not flood the log
         self.activity = asyncio.Event()
@@ -293,8 +298,8 @@ class SerialLink:
         self._protocol = protocol
         self.port_in_use = port
         self.stats.connects += 1
-        self.stats.connected_at = time.monotonic()
-        self.stats.last_rx_at = time.monotonic()
+        self.stats.connected_at = self.now()
+        self.stats.last_rx_at = self.now()
 
     async def _serve(self) -> str:
         """Stay connected until the link is lost or falls silent; return why it ended."""
@@ -332,7 +337,7 @@ class SerialLink:
         while True:
             self.activity.clear()
             # a busy link sets activity all the time: a stop's cancellation must not be lost
-            if await wait_event(self.activity, timeout):
+            if await self._heard_within(timeout):
                 probed = False
                 continue
             if self.busy():
@@ -344,9 +349,17 @@ class SerialLink:
                 continue
             return f"silent for {timeout * (2 if self.settings.probe else 1):.1f}s"
 
+    async def _heard_within(self, seconds: float) -> bool:
+        """Whether a byte came within ``seconds`` on the link's clock. The system clock's
+        ``wait_for`` is ``asyncio.timeout``, as ``tasks.wait_event``: a cancel that lands as the
+        event is set is passed on, not lost (``asyncio.wait_for`` on 3.11 loses it)."""
+        with contextlib.suppress(TimeoutError):
+            await self.clock.wait_for(self.activity.wait(), seconds)
+        return self.activity.is_set()
+
     def now(self) -> float:
         """The link's clock (monotonic seconds): when its lines and probes come and go."""
-        return time.monotonic()
+        return self.clock.monotonic()
 
     def take_probe_answer(self, *, before: float, within: float) -> bool:
         """Whether the line just read answers a probe sent before ``before`` (``now()``), no
@@ -391,7 +404,7 @@ class SerialLink:
             self._connected.clear()
         if not changed:
             return
-        self.stats.history.append((time.monotonic(), state))
+        self.stats.history.append((self.now(), state))
         del self.stats.history[:-50]
         log = _LOGGER.info if state in (LinkState.CONNECTED, LinkState.CLOSED) else _LOGGER.warning
         if state is LinkState.CONNECTING:

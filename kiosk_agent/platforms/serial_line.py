@@ -60,6 +60,7 @@ from kiosk_agent.platforms.serial import (
     StateHandler,
 )
 from kiosk_agent.platforms.serial_line_schema import PRICE_UNIT
+from kiosk_agent.sales.clock import SYSTEM_CLOCK, Clock
 from kiosk_agent.sales.model import DispenseOutcome, DispenseStatus, Flow, SaleRequest
 from kiosk_agent.tasks import TaskSet
 
@@ -169,6 +170,7 @@ class SerialLineDevice:
         max_cents: int | None = None,
         vend_timeout: float | None = None,
         on_link_state: StateHandler | None = None,
+        clock: Clock = SYSTEM_CLOCK,
     ) -> None:
         self.sales = sales
         self.rules = rules
@@ -197,7 +199,7 @@ class SerialLineDevice:
         self.unfollow: Callable[[], None] | None = None
         self.link = SerialLink(
             source, settings, self.handle_line, on_state=on_link_state,
-            on_connected=self._on_connected,
+            on_connected=self._on_connected, clock=clock,
         )
 
     async def start(self) -> None:
@@ -421,6 +423,7 @@ async def async_setup_platform(agent: Any, config: dict[str, Any]) -> SerialLine
         max_cents=config["max_price"],
         vend_timeout=config.get("vend_timeout"),
         on_link_state=link_reporter(agent, source),
+        clock=agent.clock,
     )
     device.unfollow = follow_availability(agent, config.get("terminal"), device.set_available)
     await device.start()

@@ -131,6 +131,7 @@ async def async_setup_platform(agent: Any, config: dict[str, Any]) -> VirtualPla
         SerialSettings(port=controller.port, reconnect_max=2.0),
         options,
         on_link_state=link_reporter(agent, source),
+        clock=agent.clock,
     )
     device.unfollow = follow_availability(agent, config.get("terminal"), device.set_available)
     await device.start()

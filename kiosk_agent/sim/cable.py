@@ -58,7 +58,9 @@ class CableConnection:
             self._subscriptions.clear()
             self._outbox.put_nowait(_CLOSE)
             await cancel_and_wait(pinger)
-            with contextlib.suppress(asyncio.CancelledError, ConnectionError):
+            # the writer ends at _CLOSE; a socket gone meanwhile is no error. A cancel while it
+            # ends (the server stopping) is this task's and goes on: never swallowed here.
+            with contextlib.suppress(ConnectionError):
                 await writer
 
     def disconnect(self, reason: str, reconnect: bool) -> None:

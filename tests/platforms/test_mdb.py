@@ -16,6 +16,8 @@ from kiosk_agent.assembly.agent import Agent
 from kiosk_agent.cli.sim import settings_from_ready
 from kiosk_agent.platforms import mdb_protocol as wire
 from kiosk_agent.platforms.mdb import PLATFORM_SCHEMA, Mode
+from kiosk_agent.platforms.serial import SerialLink
+from kiosk_agent.sales.clock import FakeClock
 from kiosk_agent.sales.model import DispenseStatus
 from kiosk_agent.sales.states import SaleState
 from kiosk_agent.sim.machine import Status, VirtualController, VisitOutcome
@@ -322,20 +324,59 @@ async def test_stopping_while_the_card_is_read_cancels_the_sale(machine: Machine
         await visit_task
 
 
+async def _a_silence(clock: FakeClock) -> None:
+    """One silence on the link's clock: time moves to the end of the watchdog's wait, and the
+    test waits (in real time, as long as the loop needs) until the watchdog waits again, having
+    done what the silence asked (nothing, a probe, or a drop)."""
+    due = await clock.next_due(pauses_only=False)
+    await clock.advance_to(due)
+    await until(lambda: any(later > due for later in clock.pending()))
+
+
+async def _probed(clock: FakeClock, link: SerialLink) -> None:
+    """Silences until one sends a probe (one in which a line came sends none)."""
+    await _a_silence(clock)
+    while link.probe_sent_at != clock.monotonic():
+        await _a_silence(clock)
+
+
+async def _settled(machine: Machine) -> None:
+    """The link has heard the controller's last line of the connect (enabled): from here on
+    an idle controller says nothing unasked."""
+    await until(lambda: machine.device.facts.controller is Status.ENABLED)
+
+
 async def test_no_probe_while_a_sale_waits_on_its_card(controller: VirtualController) -> None:
-    # The card takes 10 silences; a probe then would be answered "c,STATUS,ENABLED" (the
-    # controller's resting state), which reads as the customer's session ending mid-sale.
-    desk = CardDesk(card_time=0.5)
+    # Ten silences pass on the link's clock while the card is at the terminal; a probe then
+    # would be answered "c,STATUS,ENABLED" (the controller's resting state), which reads as the
+    # customer's session ending mid-sale. The link's clock is the test's: on the wall clock a
+    # starved loop let the idle probe's answer come after a second silence, the link was
+    # dropped as dead, and its reconnect (C,0) aborted the visit (1 of 376 runs, load 15-17).
+    clock = FakeClock()
+    desk = CardDesk()
+    desk.card_held = asyncio.Event()
     machine = await make_machine(
-        controller, desk=desk, link={"silence_timeout": 0.05, "probe": "C,STATUS"}
+        controller, desk=desk, link={"silence_timeout": 0.05, "probe": "C,STATUS"}, clock=clock
     )
+    link = machine.device.link
     try:
-        await until(lambda: "C,STATUS" in controller.received)  # probed while idle
-        visit = await controller.customer("A1")
-        assert visit.outcome is VisitOutcome.VENDED
+        await _settled(machine)
+        heard = link.stats.lines
+        await _probed(clock, link)  # probed while idle
+        await until(lambda: "C,STATUS" in controller.received)
+        await until(lambda: link.stats.lines > heard)  # and answered
+        visit = asyncio.ensure_future(controller.customer("A1"))
+        await until(lambda: len(desk.sales) == 1)  # the sale waits on its card
+        probes = controller.received.count("C,STATUS")
+        for _ in range(10):
+            await _a_silence(clock)
+        assert link.probe_sent_at != clock.monotonic()
+        desk.card_held.set()
+        assert (await visit).outcome is VisitOutcome.VENDED
+        assert controller.received.count("C,STATUS") == probes
         [final] = await desk.settled()
         assert final.state is SaleState.COMPLETED
-        assert machine.device.link.stats.reconnects == 0
+        assert link.stats.reconnects == 0
     finally:
         await machine.device.stop()
 
@@ -369,11 +410,22 @@ async def test_a_probe_crossing_the_vend_request_does_not_end_the_sale(
 
 
 async def test_quiet_controller_is_probed_not_dropped(controller: VirtualController) -> None:
-    machine = await make_machine(controller, link={"silence_timeout": 0.05, "probe": "C,STATUS"})
+    # Five silences on the link's clock, each probed and answered, however late the answer
+    # comes in real time (on the wall clock a starved loop's answer came after the second
+    # silence: the link was dropped, 1 of 209 runs at load 15-17).
+    clock = FakeClock()
+    machine = await make_machine(
+        controller, link={"silence_timeout": 0.05, "probe": "C,STATUS"}, clock=clock
+    )
+    link = machine.device.link
     try:
-        await until(lambda: "C,STATUS" in controller.received)
-        await asyncio.sleep(0.3)  # several more silences of 0.05 s, each probed
-        assert machine.device.link.stats.reconnects == 0
+        await _settled(machine)
+        for probe in range(1, 6):
+            heard = link.stats.lines
+            await _probed(clock, link)
+            await until(lambda n=probe: controller.received.count("C,STATUS") == n)
+            await until(lambda h=heard: link.stats.lines > h)  # its answer, the one line since
+        assert link.stats.reconnects == 0
         assert (await controller.customer("A1")).outcome is VisitOutcome.VENDED
     finally:
         await machine.device.stop()

@@ -17,8 +17,10 @@ from kiosk_agent.platforms.serial import (
     backoff_delay,
     resolve_port,
 )
+from kiosk_agent.sales.clock import FakeClock
 
 from ..helpers import until
+from .vending_rig import LineDevice
 
 
 class LineServer:
@@ -174,6 +176,64 @@ async def test_watchdog_probes_then_reconnects_a_silent_link(line_server: LineSe
     finally:
         await answered.stop()
         await silent.stop()
+
+
+async def test_a_silent_device_on_a_real_pty_is_probed_then_dropped_and_reconnected() -> None:
+    # The product's clock (the machine's monotonic one, the default): a device that never
+    # answers is probed after one silence and dropped after the next, then reconnected.
+    device = LineDevice()
+    link = SerialLink(
+        "mute", SerialSettings(port=device.port, silence_timeout=0.05, probe="HELLO",
+                               reconnect_min=0.01), lambda _: None,
+    )
+    await link.start()
+    try:
+        await until(lambda: link.stats.reconnects >= 1 and link.connected)
+        assert link.stats.last_error == "silent for 0.1s"
+        assert link.stats.connects >= 2
+        await until(lambda: "HELLO" in device.heard)  # the device's read of it can come later
+    finally:
+        await link.stop()
+        device.close()
+
+
+async def test_the_watchdog_counts_silences_on_the_links_clock() -> None:
+    # On a test's clock: probed at the first silence, dropped at the second, and nothing in
+    # between however long the loop takes in real time.
+    clock = FakeClock()
+    device = LineDevice()
+    link = SerialLink(
+        "mute", SerialSettings(port=device.port, silence_timeout=0.05, probe="HELLO",
+                               reconnect_min=0.01), lambda _: None, clock=clock,
+    )
+    await link.start()
+    try:
+        await asyncio.wait_for(link.wait_connected(), 5)
+        start = clock.monotonic()
+        await until(lambda: clock.pending() == [start + 0.05])
+        await asyncio.sleep(0.1)  # real time passes: not the link's
+        assert link.connected
+        assert device.heard == []
+        await clock.advance(0.05)  # one silence: the probe
+        await until(lambda: device.heard == ["HELLO"])
+        probed = start + 0.05
+        assert link.probe_sent_at == probed
+        await until(lambda: clock.pending() == [probed + 0.05])
+        assert link.connected
+        assert link.stats.reconnects == 0
+        await clock.advance(0.05)  # a second, unanswered: dropped, then connected again
+        await until(lambda: link.stats.reconnects == 1 and link.connected)
+        assert link.stats.last_error == "silent for 0.1s"
+        dropped = probed + 0.05
+        assert clock.monotonic() == dropped
+        assert link.stats.history[-3:] == [
+            (dropped, LinkState.DISCONNECTED),
+            (dropped, LinkState.CONNECTING),
+            (dropped, LinkState.CONNECTED),
+        ]
+    finally:
+        await link.stop()
+        device.close()
 
 
 async def test_one_probe_at_a_time(line_server: LineServer) -> None:

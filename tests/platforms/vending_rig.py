@@ -21,6 +21,7 @@ from typing import Any
 
 from kiosk_agent.platforms.mdb import MdbCashless, MdbOptions, Mode
 from kiosk_agent.platforms.serial import SerialSettings
+from kiosk_agent.sales.clock import SYSTEM_CLOCK, Clock
 from kiosk_agent.sales.model import (
     ChoosingDispenser,
     DispenseOutcome,
@@ -63,6 +64,7 @@ class CardDesk:
     def __init__(self, card_time: float = 0.005) -> None:
         self.card_time = card_time
         self.cancel_time = 0.0  # how long the terminal takes to cancel a card wait
+        self.card_held: asyncio.Event | None = None  # set: the card comes when the test sets it
         self.capture_time = 0.0  # how long the payments API takes to capture or void
         self.sales: list[DeskSale] = []
         self._ids = itertools.count(1)
@@ -105,6 +107,8 @@ class CardDesk:
         try:
             try:
                 await asyncio.sleep(self.card_time)  # the card at the terminal
+                if self.card_held is not None:
+                    await self.card_held.wait()
             except asyncio.CancelledError:
                 sale.cancelled = True
                 self._finish(sale, SaleState.CANCELLED, 0, "cancelled")
@@ -209,8 +213,10 @@ async def make_machine(
     mode: Mode = Mode.SELECTION_FIRST,
     link: dict[str, Any] | None = None,
     desk: CardDesk | None = None,
+    clock: Clock = SYSTEM_CLOCK,
     **options: object,
 ) -> Machine:
+    """``clock``: the link's (its silence watchdog, its probes); a FakeClock: the test moves it."""
     desk = desk or CardDesk()
     states: list[str] = []
     device = MdbCashless(
@@ -220,6 +226,7 @@ async def make_machine(
         ),
         MdbOptions(source="mdb:test", mode=mode, max_funds_cents=500, **options),  # type: ignore[arg-type]
         on_link_state=lambda state, detail: states.append(state.value),
+        clock=clock,
     )
     await device.start()
     machine = Machine(controller, device, desk, states)

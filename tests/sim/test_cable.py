@@ -2,16 +2,19 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
+from collections.abc import Awaitable
 from typing import Any
 
 import aiohttp
 import pytest
 
-from kiosk_agent.sim.cable import PING_INTERVAL_S
+from kiosk_agent.sim import cable
+from kiosk_agent.sim.cable import PING_INTERVAL_S, CableConnection
 from kiosk_agent.sim.server import SimServer
 
-from ..helpers import holding_cards
+from ..helpers import holding_cards, until
 from .sim_api import Api
 
 WAIT_S = 30.0  # a frame's hang guard, not a bound (a busy 2-core machine)
@@ -134,3 +137,40 @@ async def test_push_delays_are_counted_for_benchmarks(
     assert stats["pushes"] >= 1
     assert 0 <= stats["push_p50_ms"] <= stats["push_p99_ms"]
     await ws.close()
+
+
+async def test_a_connection_cancelled_while_its_writer_ends_is_cancelled_not_returned(
+    api: Api, sim: SimServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The client goes; the connection stops its pinger and waits for its writer to end. A
+    # cancel that lands there (the server stopping) must end the connection cancelled: it
+    # was swallowed with the writer's own end, and the connection returned as if done.
+    ended: list[str] = []
+    run = CableConnection.run
+
+    async def recorded(connection: CableConnection) -> None:
+        try:
+            await run(connection)
+        except asyncio.CancelledError:
+            ended.append("cancelled")
+            raise
+        ended.append("returned")
+
+    def cancelled_here(pinger: asyncio.Task[Any]) -> Awaitable[None]:
+        pinger.cancel()
+        task = asyncio.current_task()
+        assert task is not None
+        task.cancel()  # lands at the connection's next wait: its writer's end
+        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        done.set_result(None)
+        return done
+
+    monkeypatch.setattr(CableConnection, "run", recorded)
+    monkeypatch.setattr(cable, "cancel_and_wait", cancelled_here)
+    ws = await open_cable(api, sim)
+    await ws.close()
+    await until(lambda: ended)
+    assert ended == ["cancelled"]
+    monkeypatch.undo()
+    second = await open_cable(api, sim)  # the server serves on
+    await second.close()
