@@ -376,6 +376,12 @@ def audit_families(figures: Mapping[str, Any]) -> Iterator[Metric]:
     )
     yield gauge("audit_columns_low", "Columns low or sold out by the planogram.",
                 [({}, figures["columns_low"])])
+    yield gauge(
+        "audit_not_compared",
+        "1 while the latest comparison could not be made (a machine re-initialised, another "
+        "machine, counters not sent); 0 once a read compares again.",
+        [({}, figures.get("not_compared", 0))],
+    )
     if figures["last_read_at"] is not None:
         yield gauge("audit_last_read_timestamp_seconds", "When the machine's audit was last read.",
                     [({}, figures["last_read_at"])])

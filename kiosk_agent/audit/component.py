@@ -99,7 +99,7 @@ class AuditReads:
         self._dirty = False
         self._reading = False
         self.unexpected = 0
-        self._shown = (0, 0)  # mismatches and columns low, as last reported
+        self._shown = (0, 0, 0)  # mismatches, columns low, not compared: as last reported
         self.done = asyncio.Event()  # set after each read (tests wait on it)
         self._one_read = asyncio.Lock()
         self._task = BackgroundTask(self._run, "audit-reads")
@@ -217,7 +217,7 @@ class AuditReads:
         self.vends = {
             kind: counter.since_init.count
             for kind, counter in (("cash", figures.cash), ("cashless", figures.cashless))
-            if counter is not None
+            if counter is not None and counter.since_init is not None
         }
         comparison = recorded.comparison
         if comparison is not None and comparison.mismatch:
@@ -239,6 +239,7 @@ class AuditReads:
             "vends": dict(self.vends),
             "mismatches": self._shown[0],
             "columns_low": self._shown[1],
+            "not_compared": self._shown[2],
             "last_read_at": self.last_read_at,
         }
 
@@ -255,10 +256,13 @@ class AuditReads:
         try:
             mismatches = self.mismatches()
             stock = self.stock()
+            latest = self.store.last_comparison()
         except (sqlite3.Error, JournalError) as err:
             _LOGGER.warning("audit: cannot read the stored reads: %s", err)
-            mismatches, stock = [], []
-        self._shown = (len(mismatches), sum(1 for c in stock if c.low))
+            mismatches, stock, latest = [], [], None
+        # the latest comparison, when it could not be made, until a newer read compares again
+        not_compared = latest.text() if latest and latest.verdict == "not_compared" else ""
+        self._shown = (len(mismatches), sum(1 for c in stock if c.low), int(bool(not_compared)))
         next_in: float | None = None
         if self._next_at is not None and not self._reading:
             # to the millisecond, up: the read is due by then, never a moment after
@@ -274,6 +278,7 @@ class AuditReads:
                 next_read_in_s=next_in,
                 reads=dict(self.reads),
                 mismatches=[_with_sales(c) for c in mismatches],
+                not_compared=not_compared,
                 low=[c.column for c in stock if c.low and not c.sold_out],
                 sold_out=[c.column for c in stock if c.sold_out],
             )

@@ -102,9 +102,12 @@ class Tally:
 @dataclass(frozen=True, slots=True)
 class Counters:
     """A counter pair since initialisation, and since the last reset (None where the file
-    gives no since-reset pair). An element the machine left out of a pair it sent counts 0."""
+    gives no since-reset pair). ``since_init`` is None where the machine left either of its two
+    figures empty: an element left empty is *not sent*, never 0, so no comparison is built on
+    it. A since-reset pair with one figure sent keeps it and reads the other as 0 (the Animo
+    sends its columns' vends since the reset without their value): no comparison reads it."""
 
-    since_init: Tally
+    since_init: Tally | None
     since_reset: Tally | None = None
 
     @classmethod
@@ -122,32 +125,33 @@ class Counters:
         reset = None
         if value_since_reset is not None or count_since_reset is not None:
             reset = Tally(count_since_reset or 0, value_since_reset or 0)
-        return cls(Tally(count_since_init or 0, value_since_init or 0), reset)
+        since_init = None
+        if count_since_init is not None and value_since_init is not None:
+            since_init = Tally(count_since_init, value_since_init)
+        return cls(since_init, reset)
 
     def as_dict(self) -> dict[str, Any]:
-        """The stored form: ``{"since_init": {...}, "since_reset": {...} or None}``."""
+        """The stored form: ``{"since_init": {...} or None, "since_reset": {...} or None}``."""
         return {
-            "since_init": self.since_init.as_dict(),
+            "since_init": self.since_init.as_dict() if self.since_init else None,
             "since_reset": self.since_reset.as_dict() if self.since_reset else None,
         }
 
     @classmethod
     def from_dict(cls, data: Any) -> Counters | None:
-        """As stored by ``as_dict``; None for anything else (None stored, no since_init)."""
+        """As stored by ``as_dict``; None for anything that is not a mapping (None stored)."""
         if not isinstance(data, Mapping):
             return None
-        since_init = Tally.from_dict(data.get("since_init"))
-        if since_init is None:
-            return None
-        return cls(since_init, Tally.from_dict(data.get("since_reset")))
+        since_init, since_reset = data.get("since_init"), data.get("since_reset")
+        return cls(Tally.from_dict(since_init), Tally.from_dict(since_reset))
 
     @property
-    def value_since_init(self) -> int:
-        return self.since_init.value
+    def value_since_init(self) -> int | None:
+        return None if self.since_init is None else self.since_init.value
 
     @property
-    def count_since_init(self) -> int:
-        return self.since_init.count
+    def count_since_init(self) -> int | None:
+        return None if self.since_init is None else self.since_init.count
 
     @property
     def value_since_reset(self) -> int | None:
@@ -363,12 +367,16 @@ def parse_audit(data: bytes | str) -> AuditFile:
     envelope = _Envelope.read(lines)
     fields = _Fields(_places(envelope.body))
     draft = _Draft()
+    first_of: dict[str, int] = {}  # each block stated once: its line
     for segment in envelope.body:
-        reader = _READERS.get(segment.tag)
+        tag = segment.tag
+        reader = _READERS.get(tag)
         if reader is None:
             draft.other.append(segment)
-        else:
-            reader(draft, fields, segment)
+            continue
+        if tag in _ONCE and first_of.setdefault(tag, segment.line) != segment.line:
+            raise _repeated(segment, first_of[tag], "the file")
+        reader(draft, fields, segment)
     return AuditFile(
         sender=envelope.sender,
         version=envelope.version,
@@ -701,7 +709,8 @@ _set_sale_line, _set_product, _set_device, _set_price_list, _set_price, _set_sal
     DeviceSale.__dict__[name].__set__
     for name in ("line", "product", "device", "price_list", "price", "sales")
 )
-_NO_SALES = Counters(Tally(0, 0))
+# A PA7 whose counts are all empty: sent, but saying nothing (never 0 sales).
+_NOTHING_SENT = Counters(None)
 
 
 def _device_sale(
@@ -739,6 +748,16 @@ def _plain_number(text: str) -> bool:
     return text.isdigit() and text.isascii() and len(text) <= 15
 
 
+def _repeated(segment: Segment, first: int, where: str) -> AuditError:
+    """A block stated twice where EVA-DTS has it once: malformed, never a guess at which."""
+    return AuditError(
+        segment.line,
+        segment.tag,
+        f"a second {segment.tag} for {where} (the first on line {first}): which one the machine "
+        "means cannot be known",
+    )
+
+
 def _field_error(segment: Segment, position: int, problem: str) -> AuditError:
     return AuditError(segment.line, f"{segment.tag}{position:02d}", problem)
 
@@ -761,6 +780,9 @@ class _Draft:
     cash_out: CashOut | None = None
     cashless: dict[str, Cashless] = field(default_factory=dict)
     products: list[dict[str, Any]] = field(default_factory=list)  # a Product's fields each
+    columns: dict[str, int] = field(default_factory=dict)  # each PA1's column: its line
+    # each PA7's product, payment device and price list: its line
+    device_lines: dict[tuple[str, str, str], int] = field(default_factory=dict)
     device_sales: list[DeviceSale] = field(default_factory=list)
     price_list_sales: list[PriceListSale] = field(default_factory=list)
     events: list[Event] = field(default_factory=list)
@@ -780,7 +802,11 @@ class _Draft:
         if not self.products:
             self.other.append(segment)
             return
-        self.products[-1][key] = value
+        product = self.products[-1]
+        first = product.setdefault(segment.tag, segment.line)
+        if first != segment.line:
+            raise _repeated(segment, first, f"column {product['column']}")
+        product[key] = value
 
 
 _Reader = Callable[[_Draft, _Fields, Segment], None]
@@ -795,7 +821,6 @@ def _products(
     for sale in device_sales:
         by_device = by_product.setdefault(sale.product, {})
         by_device[sale.device] = _added(by_device.get(sale.device), sale.sales)
-    # Two PA1 of one column each get their own copy, as when each was summed on its own.
     return tuple(
         _product(fields, dict(by_product.get(fields["column"], {}))) for fields in products
     )
@@ -821,12 +846,15 @@ def _product(fields: dict[str, Any], by_device: dict[str, Counters]) -> Product:
 
 def _added(total: Counters | None, more: Counters) -> Counters:
     """Two pairs of counters added, since initialisation and since the reset (a since-reset
-    pair only one of them has is kept as it is)."""
+    pair only one of them has is kept as it is). A since-initialisation pair either of them
+    did not send makes the sum unknown (None), never a sum of what was sent."""
     if total is None:
         return more
+    old, new = total.since_init, more.since_init
+    since_init = None if old is None or new is None else old + new
     if total.since_reset is None or more.since_reset is None:
-        return Counters(total.since_init + more.since_init, total.since_reset or more.since_reset)
-    return Counters(total.since_init + more.since_init, total.since_reset + more.since_reset)
+        return Counters(since_init, total.since_reset or more.since_reset)
+    return Counters(since_init, total.since_reset + more.since_reset)
 
 
 def _id1(draft: _Draft, f: _Fields, s: Segment) -> None:
@@ -899,6 +927,9 @@ def _pa1(draft: _Draft, f: _Fields, s: Segment) -> None:
     column = f.text(s, 1).strip()
     if not column:
         raise _field_error(s, 1, "a product needs its identifier")
+    first = draft.columns.setdefault(column, s.line)
+    if first != s.line:
+        raise _repeated(s, first, f"column {column}")
     draft.products.append(
         {"line": s.line, "column": column, "price": f.price(s, 2), "name": f.text(s, 3)}
     )
@@ -928,9 +959,13 @@ def _pa7(draft: _Draft, f: _Fields, s: Segment) -> None:
     device = elements[1].strip()
     if not device:
         raise _field_error(s, 2, "a sale by payment device needs its device (CA, DA, DB, TA)")
-    sales = f.tally(s, count_first=True, at=5) or _NO_SALES
+    price_list = elements[2].strip()
+    first = draft.device_lines.setdefault((product, device, price_list), s.line)
+    if first != s.line:
+        raise _repeated(s, first, f"column {product}, device {device}, price list {price_list!r}")
+    sales = f.tally(s, count_first=True, at=5) or _NOTHING_SENT
     draft.device_sales.append(
-        _device_sale(s.line, product, device, elements[2].strip(), f.price(s, 4), sales)
+        _device_sale(s.line, product, device, price_list, f.price(s, 4), sales)
     )
 
 
@@ -1003,6 +1038,11 @@ for _device in ("DA", "DB"):
         f"{_device}5": _cashless_discounts,
     }
 
+
+# The blocks EVA-DTS states once a file (the machine, its totals, each cashless device's): a
+# second one is malformed. PA2-PA5 are once a column (``_Draft.update_product``), PA1 once a
+# column id, PA7 once a column, payment device and price list; LA1, EA1, EA2 repeat.
+_ONCE = frozenset(_READERS) - {"PA1", "PA2", "PA3", "PA4", "PA5", "PA7", "LA1", "EA1", "EA2"}
 
 # Tags that need no check of their form (the regex is for the others: a maker's own blocks).
 _KNOWN_TAGS = frozenset(_READERS) | _ENVELOPE | {"DXE"}

@@ -61,7 +61,7 @@ class ColumnStock:
     price: int | None
     capacity: int | None  # from the planogram; None: not in it
     sold_since_fill: int | None  # None: no read yet since the counting began
-    estimate: int | None  # capacity - sold, at least 0; None without a capacity
+    estimate: int | None  # capacity - sold, at least 0; None without a capacity or sales known
     low: bool
     sold_out: bool
     filled_at: float | None
@@ -96,8 +96,11 @@ def column_stock(
         base = _base_read(store, fill.read_id if fill else None, fill, first)
         sold = _sold(base, latest, name)
         capacity = planogram.get(name)
-        estimate = None if capacity is None else max(0, capacity - (sold or 0))
         column = latest.figures.columns.get(name) if latest else None
+        # the last read has the column but no PA2 counts (none, or left empty): what is left is
+        # not known (no 0 sold made up)
+        unsent = column is not None and sold is None
+        estimate = None if capacity is None or unsent else max(0, capacity - (sold or 0))
         out.append(
             ColumnStock(
                 column=name,
@@ -128,12 +131,15 @@ def _sold(base: StoredRead | None, latest: StoredRead | None, name: str) -> int 
     if base is None or latest is None:
         return None
     old, new = base.figures.columns.get(name), latest.figures.columns.get(name)
-    if new is None or new.paid is None:
-        return None
+    if new is None or new.paid is None or new.paid.since_init is None:
+        return None  # no PA2, or its since-initialisation counts left empty: not known
+    now = new.paid.since_init.count
     if old is None or old.paid is None:
-        return 0 if base.id == latest.id else new.paid.since_init.count
-    sold = new.paid.since_init.count - old.paid.since_init.count
-    return sold if sold >= 0 else new.paid.since_init.count  # re-initialised: from zero
+        return 0 if base.id == latest.id else now
+    if old.paid.since_init is None:
+        return None
+    sold = now - old.paid.since_init.count
+    return sold if sold >= 0 else now  # re-initialised: from zero
 
 
 def audit_report(

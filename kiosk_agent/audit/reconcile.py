@@ -46,9 +46,9 @@ def changes(before: Figures, after: Figures) -> list[Change]:
     for block, old, new in _blocks(before, after):
         if old is None or new is None:
             continue
-        if new.since_init.went_down_from(old.since_init):
-            found.append(Change("reinitialised", f"{block} since initialisation went down "
-                                f"({_count(old.since_init)} -> {_count(new.since_init)})"))
+        lost = _reinitialised(block, old, new)
+        if lost:
+            found.append(Change("reinitialised", lost))
         elif old.since_reset and new.since_reset and new.since_reset.went_down_from(
             old.since_reset
         ):
@@ -76,6 +76,27 @@ def _blocks(before: Figures, after: Figures) -> list[tuple[str, Counters | None,
 
 def _count(count: Tally) -> str:
     return f"{count.count} worth {format_cents(count.value)}"
+
+
+def _reinitialised(block: str, old: Counters, new: Counters) -> str:
+    """How ``block``'s counters show the machine re-initialised between two reads, in words, or
+    "". Its since-initialisation pair went down (or wrapped); or, with no reset between, it grew
+    less than the since-reset pair: every vend adds to both, and a tech's reset only makes the
+    since-initialisation pair grow more, so this is a machine re-initialised whose counters
+    climbed back past the last read. A pair not sent went nowhere anyone knows."""
+    before, after = old.since_init, new.since_init
+    if before is None or after is None:
+        return ""
+    if after.went_down_from(before):
+        return f"{block} since initialisation went down ({_count(before)} -> {_count(after)})"
+    reset_before, reset_after = old.since_reset, new.since_reset
+    if reset_before is None or reset_after is None or reset_after.went_down_from(reset_before):
+        return ""
+    grew, grew_since_reset = after - before, reset_after - reset_before
+    if not grew.went_down_from(grew_since_reset):
+        return ""
+    return (f"{block} grew by {_count(grew)} since initialisation but by "
+            f"{_count(grew_since_reset)} since the reset, with no reset between")
 
 
 # -- the journal's side --------------------------------------------------------------------------
@@ -136,6 +157,10 @@ class Comparison:
     columns: tuple[ColumnDifference, ...] = ()
     reason: str = ""  # why it was not compared
     currency: str = "USD"
+    # why it was not compared, for programs: "reinitialised", "machine", "no_counters", "unsent"
+    cause: str = ""
+    # columns whose PA7 for the cashless device sent no counts: not compared per column
+    unsent_columns: tuple[str, ...] = ()
 
     @property
     def mismatch(self) -> bool:
@@ -146,7 +171,7 @@ class Comparison:
         since = _clock_time(self.since)
         held = f"the journal holds {_vends(self.journal, self.currency)}"
         if self.machine is None:
-            return f"not compared since {since}: {self.reason}; {held}"
+            return f"not compared at {_clock_time(self.until)} since {since}: {self.reason}; {held}"
         counted = f"the machine counted {_vends(self.machine, self.currency)}"
         text = f"{counted} since {since}; {held}"
         if self.columns:
@@ -154,6 +179,9 @@ class Comparison:
                 f"{d.column} machine {d.machine.count} journal {d.journal.count}"
                 for d in self.columns
             )
+        if self.unsent_columns:
+            text += (f"; not compared by column: {', '.join(self.unsent_columns)} (its PA7 for "
+                     "the cashless device sent no counts)")
         return text
 
     def as_dict(self) -> dict[str, Any]:
@@ -167,6 +195,8 @@ class Comparison:
             "columns": [c.as_dict() for c in self.columns],
             "reason": self.reason,
             "currency": self.currency,
+            "cause": self.cause,
+            "unsent_columns": list(self.unsent_columns),
             "text": self.text(),
         }
 
@@ -189,6 +219,8 @@ class Comparison:
             ),
             reason=str(data.get("reason") or ""),
             currency=str(data.get("currency") or "USD"),
+            cause=str(data.get("cause") or ""),
+            unsent_columns=tuple(str(c) for c in data.get("unsent_columns") or ()),
         )
 
 
@@ -208,49 +240,71 @@ def compare(
     """The machine's card vends from ``before`` to ``after`` against ``sales`` (the journal's
     vends of this machine in that interval)."""
     journal = Tally(len(sales), sum(s.vended_cents for s in sales))
-    machine, reason = _cashless_difference(before.figures, after.figures)
-    columns = _column_differences(before.figures, after.figures, sales) if machine else ()
+    machine, cause, reason = _cashless_difference(before.figures, after.figures)
+    columns: tuple[ColumnDifference, ...] = ()
+    unsent: tuple[str, ...] = ()
+    if machine is not None:
+        columns, unsent = _column_differences(before.figures, after.figures, sales)
     verdict: Verdict = "not_compared"
     if machine is not None:
         verdict = "match" if machine == journal and not columns else "mismatch"
     return Comparison(
         verdict=verdict, since=before.at, until=after.at, machine=machine, journal=journal,
-        sales=tuple(sales), columns=columns, reason=reason, currency=currency,
+        sales=tuple(sales), columns=columns, reason=reason, currency=currency, cause=cause,
+        unsent_columns=unsent,
     )
 
 
-def _cashless_difference(before: Figures, after: Figures) -> tuple[Tally | None, str]:
-    """The machine's card vends between two reads, or why they cannot be known."""
+def _cashless_difference(before: Figures, after: Figures) -> tuple[Tally | None, str, str]:
+    """The machine's card vends between two reads, or why they cannot be known (a cause for
+    programs, a reason for people)."""
     if before.machine and after.machine and before.machine != after.machine:
-        return None, f"another machine answered ({before.machine!r} then {after.machine!r})"
+        return None, "machine", (
+            f"another machine answered ({before.machine!r} then {after.machine!r})"
+        )
     old, new = before.cashless, after.cashless
     if old is None or new is None:
-        return None, "a read has no DA2 (cashless) counters"
-    if not new.since_init.went_down_from(old.since_init):
-        return new.since_init - old.since_init, ""
-    # since initialisation went down: the machine was re-initialised (or the counter wrapped)
-    return None, "the machine's DA2 since initialisation went down (re-initialised)"
+        return None, "no_counters", "a read has no DA2 (cashless) counters"
+    if old.since_init is None or new.since_init is None:
+        which = "this read's" if new.since_init is None else "the read before's"
+        return None, "unsent", (
+            f"{which} DA2 (cashless) has no since-initialisation counts: the machine left them "
+            "empty (not sent, not 0)"
+        )
+    lost = _reinitialised("DA2 (cashless)", old, new)
+    if not lost:
+        return new.since_init - old.since_init, "", ""
+    return None, "reinitialised", (
+        f"the machine was re-initialised (or a counter wrapped): its {lost}"
+    )
 
 
 def _column_differences(
     before: Figures, after: Figures, sales: Sequence[CardSale]
-) -> tuple[ColumnDifference, ...]:
-    """Per column with PA7 for the cashless device in both reads: vends that differ. Only when
-    every sale names a column of the file: a platform whose product codes are not the
+) -> tuple[tuple[ColumnDifference, ...], tuple[str, ...]]:
+    """Per column with PA7 for the cashless device in both reads: vends that differ, and the
+    columns whose PA7 sent no since-initialisation counts (not compared, never read as 0).
+    Only when every sale names a column of the file: a platform whose product codes are not the
     machine's column ids (another numbering) says nothing per column."""
     if any(sale.product not in after.columns for sale in sales):
-        return ()
+        return (), ()
     by_column: dict[str, list[CardSale]] = {}
     for sale in sales:
         by_column.setdefault(sale.product or "", []).append(sale)
     differences: list[ColumnDifference] = []
+    unsent: list[str] = []
     for name in sorted(after.columns.keys() & before.columns.keys()):
         old, new = before.columns[name].cashless, after.columns[name].cashless
-        if old is None or new is None or new.since_init.went_down_from(old.since_init):
+        if old is None or new is None:
+            continue
+        if old.since_init is None or new.since_init is None:
+            unsent.append(name)
+            continue
+        if new.since_init.went_down_from(old.since_init):
             continue
         machine = new.since_init - old.since_init
         held = by_column.get(name, [])
         journal = Tally(len(held), sum(s.vended_cents for s in held))
         if machine.count != journal.count:
             differences.append(ColumnDifference(name, machine, journal))
-    return tuple(differences)
+    return tuple(differences), tuple(unsent)

@@ -133,9 +133,9 @@ def audit_table(report: dict[str, Any]) -> str:
                    "sale of the machine ran)")
     if comparisons:
         latest = comparisons[0]
-        label = {"match": "matches", "mismatch": "MISMATCH",
-                 "not_compared": "not compared"}[latest["verdict"]]
-        out.append(f"journal: {label}: {latest['text']}")
+        label = {"match": "matches: ", "mismatch": "MISMATCH: ",
+                 "not_compared": ""}[latest["verdict"]]  # its text says "not compared at ..."
+        out.append(f"journal: {label}{latest['text']}")
         if latest["verdict"] == "mismatch":
             ids = ", ".join(s["sale_id"] for s in latest["sales"]) or "none"
             out.append(f"  the journal's sales of that interval: {ids}")

@@ -165,10 +165,10 @@ def summary(audit: AuditFile, read: LinkRead | None = None) -> dict[str, object]
     def tally(value: Counters | None) -> dict[str, object] | None:
         if value is None:
             return None
-        reset = value.since_reset
+        init, reset = value.since_init, value.since_reset
         return {
-            "value_since_init": cents_to_dollars(value.since_init.value),
-            "count_since_init": value.since_init.count,
+            "value_since_init": None if init is None else cents_to_dollars(init.value),
+            "count_since_init": None if init is None else init.count,
             "value_since_reset": None if reset is None else cents_to_dollars(reset.value),
             "count_since_reset": None if reset is None else reset.count,
         }

@@ -70,6 +70,7 @@ def audit_state(snapshot: HealthSnapshot) -> dict[str, Any] | None:
         "sold_out": audit.sold_out,
         "mismatch": bool(audit.mismatches),
         "mismatches": audit.mismatches,
+        "not_compared": audit.not_compared,
         "last_read": iso(audit.last_read_at) if audit.last_read_at is not None else None,
         "last_outcome": audit.last_outcome,
     }

@@ -186,6 +186,9 @@ class AuditHealth(_Model):
     next_read_in_s: float | None = None
     reads: dict[str, int] = {}  # reads since start by outcome
     mismatches: list[str] = []  # each mismatch found lately, in words, with its sale ids
+    # the latest comparison when it could not be made (a machine re-initialised, another machine,
+    # counters not sent), in words with when it was seen; "" once a newer read compares again
+    not_compared: str = ""
     low: list[str] = []  # columns low by the planogram
     sold_out: list[str] = []
 
@@ -401,8 +404,9 @@ class Health:
     def report_audit(self, audit: AuditHealth) -> None:
         """The machine's books: its reads' outcome, mismatches with the journal, stock."""
         changed = self._audit is None or (
-            (self._audit.failures > 0, self._audit.mismatches, self._audit.low)
-            != (audit.failures > 0, audit.mismatches, audit.low)
+            (self._audit.failures > 0, self._audit.mismatches, self._audit.low,
+             self._audit.not_compared)
+            != (audit.failures > 0, audit.mismatches, audit.low, audit.not_compared)
         )
         self._audit = audit
         if changed:
@@ -698,6 +702,8 @@ def _audit_problems(audit: AuditHealth | None) -> list[str]:
     if audit is None:
         return []
     problems = [f"audit mismatch on {audit.machine}: {text}" for text in audit.mismatches]
+    if audit.not_compared:
+        problems.append(f"audit of {audit.machine} {audit.not_compared}")
     if audit.failures:
         problems.append(f"audit read of {audit.machine} failing ({audit.failures} in a row): "
                         f"{audit.detail}")

@@ -36,3 +36,29 @@ async def test_the_page_shows_the_last_read_the_columns_out_and_the_mismatch(
     await expect(card.locator("[data-audit=mismatch]")).to_contain_text(mismatch)
     await expect(page.locator("#problems")).to_contain_text("audit mismatch on lobby")
     assert seen.errors == []
+
+
+async def test_the_page_shows_a_machine_reinitialised_as_the_store_holds_it(
+    agent: Any, admin_server: Any, browser: Browser
+) -> None:
+    answers = [figures((40, 6000)), figures((1, 150))]  # its DA2 went down: re-initialised
+
+    async def read_file() -> bytes:
+        return b"an audit file"
+
+    books = AuditReads(agent, {"trigger": "lobby"}, Port(read_file, lambda _: answers.pop(0)))
+    await books.start()
+    agent.components.append(books)
+    await books.read_once()
+    await books.read_once()
+    stored = books.store.last_comparison()
+    assert stored is not None
+    assert stored.cause == "reinitialised"
+    page, seen = await _open(browser, admin_server.url, DESKTOP, READ_TOKEN)
+    card = page.locator("#audit")
+    await expect(card.locator("[data-audit=not-compared]")).to_have_text(
+        stored.text(), timeout=WAIT_MS
+    )
+    await expect(card.locator("[data-audit=mismatch]")).to_have_text("no mismatch")
+    await expect(page.locator("#problems")).to_contain_text(f"audit of lobby {stored.text()}")
+    assert seen.errors == []

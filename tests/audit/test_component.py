@@ -15,6 +15,7 @@ import pytest
 
 from kiosk_agent.audit.books import Figures
 from kiosk_agent.audit.component import AuditReads, Port
+from kiosk_agent.audit.evadts import Tally
 from kiosk_agent.audit.schema import DEX_SCHEMA
 from kiosk_agent.bus import EventBus
 from kiosk_agent.health.model import Health
@@ -259,6 +260,7 @@ async def test_metrics_count_reads_by_outcome_and_the_machines_vends(
     assert 'kiosk_agent_audit_vends_total{payment="cash"} 2.0' in text
     assert 'kiosk_agent_audit_vends_total{payment="cashless"} 5.0' in text
     assert "kiosk_agent_audit_mismatch 1.0" in text
+    assert "kiosk_agent_audit_not_compared 0.0" in text  # two reads compared
 
 
 async def test_a_flooding_port_ends_the_read_with_the_links_reason_in_health(
@@ -283,3 +285,92 @@ async def test_a_port_that_is_not_there_is_named(fake_agent: SimpleNamespace) ->
     await reads.read_once()
     problems = fake_agent.health.snapshot().problems
     assert any("cannot open /dev/no-such-dex-port" in p for p in problems), problems
+
+
+async def test_a_reinitialised_machine_shows_in_health_until_a_read_compares_again(
+    reads: AuditReads, port: ScriptedPort, clock: FakeClock, journal: Journal,
+    fake_agent: SimpleNamespace,
+) -> None:
+    from kiosk_agent.fleet.report import audit_state
+    from kiosk_agent.moments import display_time
+
+    port.answers.append(figures((40, 6000)))
+    await next_read(reads, clock, 5)
+    before = [tuple(r) for r in journal.db.execute("SELECT * FROM sales ORDER BY sale_id")]
+    vended_sale(journal, 150)
+    sales = [tuple(r) for r in journal.db.execute("SELECT * FROM sales ORDER BY sale_id")]
+    assert len(sales) == len(before) + 1
+    port.answers.append(figures((1, 150)))  # the machine re-initialised: its DA2 went down
+    await next_read(reads, clock, 600)
+    snapshot = fake_agent.health.snapshot()
+    stored = reads.store.last_comparison()
+    assert stored is not None
+    assert (stored.verdict, stored.cause) == ("not_compared", "reinitialised")
+    # what health, the page, Home Assistant and /metrics show is what the store holds
+    assert snapshot.audit.not_compared == stored.text()
+    assert f"not compared at {display_time(stored.until)}" in stored.text()
+    assert "the machine was re-initialised" in stored.text()
+    assert f"audit of snacks {stored.text()}" in snapshot.problems
+    assert snapshot.audit.mismatches == []
+    assert audit_state(snapshot)["not_compared"] == stored.text()  # type: ignore[index]
+    assert reads.figures()["not_compared"] == 1
+    assert reads.report()["comparisons"][0]["text"] == stored.text()
+    # the audit only reports: no sale of the journal was touched
+    assert [tuple(r) for r in journal.db.execute("SELECT * FROM sales ORDER BY sale_id")] == sales
+    # an unclean read compares nothing: still shown
+    fake_agent.sales.running.append(live_sale())
+    port.answers.append(figures((1, 150)))
+    task = asyncio.ensure_future(reads.read_once())
+    await asyncio.wait_for(task, 5)
+    fake_agent.sales.running.clear()
+    assert fake_agent.health.snapshot().audit.not_compared == stored.text()
+    vended_sale(journal, 150)
+    port.answers.append(figures((2, 300)))  # the next clean read compares again
+    await next_read(reads, clock, 600)
+    snapshot = fake_agent.health.snapshot()
+    latest = reads.store.last_comparison()
+    assert latest is not None
+    assert latest.verdict == "match"
+    assert snapshot.audit.not_compared == ""
+    assert not any(p.startswith("audit of snacks") for p in snapshot.problems)
+    assert reads.figures()["not_compared"] == 0
+
+
+async def test_a_file_stating_da2_twice_is_unreadable_naming_both_lines_and_reads_go_on(
+    fake_agent: SimpleNamespace, clock: FakeClock, journal: Journal
+) -> None:
+    from kiosk_agent.audit.books import figures_of
+    from kiosk_agent.audit.evadts import AuditError, parse_audit, render_audit
+
+    files = [
+        render_audit([("ID1", "VM-1"), ("DA2", "300", "2"), ("DA2", "450", "3")]),
+        render_audit([("ID1", "VM-1"), ("DA2", "450", "3")]),
+    ]
+
+    async def read_file() -> bytes:
+        return files.pop(0)
+
+    port = Port(read_file, lambda data: figures_of(parse_audit(data)), (LinkDown,), (AuditError,))
+    conf = {"trigger": "snacks", "interval": 600.0, "first_read": 5.0, "retry_min": 10.0,
+            "retry_max": 40.0, "deadline": 30.0}
+    reads = AuditReads(fake_agent, conf, port)  # type: ignore[arg-type]
+    await reads.start()
+    await asyncio.sleep(0)  # its schedule waits for the first read
+    try:
+        await next_read(reads, clock, 5)
+        audit = fake_agent.health.snapshot().audit
+        assert (audit.last_outcome, audit.failures) == ("unreadable", 1)
+        assert audit.detail == (
+            "the audit could not be read: line 5, DA2: a second DA2 for the file (the first on "
+            "line 4): which one the machine means cannot be known"
+        )
+        assert reads.store.last_read() is None  # nothing stored, nothing compared on a guess
+        await next_read(reads, clock, audit.next_read_in_s)  # the agent reads on
+        audit = fake_agent.health.snapshot().audit
+        assert (audit.last_outcome, audit.failures) == ("ok", 0)
+        stored = reads.store.last_read()
+        assert stored is not None
+        assert stored.figures.cashless is not None
+        assert stored.figures.cashless.since_init == Tally(3, 450)
+    finally:
+        await reads.stop()

@@ -112,7 +112,67 @@ def test_empty_elements_and_elements_left_out_are_none():
     card = audit.cashless_device("DA")
     assert card is not None
     assert card.discounts is None
-    assert audit.cash_sales == Counters.of(5, None, None, None)
+    assert audit.cash_sales == Counters(None)  # a value without its count: no pair known
+
+
+def test_empty_since_initialisation_counts_are_not_sent_never_zero():
+    audit = parse_audit(
+        a_file(
+            [
+                ("VA1", "1250", "", "500", "2"),
+                ("DA2", "", "", "250", "1"),
+                ("PA1", "11", "250"),
+                ("PA2", "", "", "1", "250"),
+                ("PA7", "11", "DA", "0", "250", "", "", "1", "250"),
+            ]
+        )
+    )
+    assert audit.paid_vends == Counters(None, Tally(2, 500))
+    assert audit.cashless["DA"] == Counters(None, Tally(1, 250))
+    [column] = audit.products
+    assert column.paid == Counters(None, Tally(1, 250))
+    assert column.by_device["DA"] == Counters(None, Tally(1, 250))
+
+
+def test_a_pa7_without_counts_is_no_sales_known_even_beside_a_price_list_with_them():
+    audit = parse_audit(
+        a_file(
+            [
+                ("PA1", "11", "250"),
+                ("PA7", "11", "DA", "0", "250", "3", "750", "1", "250"),
+                ("PA7", "11", "DA", "1", "250"),  # its counts left out: not 0 sales
+                ("PA7", "11", "CA", "0", "250", "2", "500"),
+            ]
+        )
+    )
+    [column] = audit.products
+    assert column.by_device["DA"].since_init is None
+    assert column.by_device["CA"] == Counters.of(500, 2)
+    assert [s.sales.since_init for s in audit.device_sales] == [Tally(3, 750), None, Tally(2, 500)]
+
+
+@pytest.mark.parametrize(
+    ("body", "line", "tag", "first"),
+    [
+        ([("DA2", "500", "2"), ("VA1", "100", "1"), ("DA2", "700", "3")], 5, "DA2", 3),
+        ([("VA1", "100", "1"), ("VA1", "100", "1")], 4, "VA1", 3),  # even the same figures
+        ([("ID4", "2", "840", "USD"), ("ID4", "0")], 4, "ID4", 3),
+        ([("ID1", "SN1"), ("CA2", "1", "1"), ("ID1", "SN2")], 5, "ID1", 3),
+        ([("PA1", "11", "250"), ("PA2", "1", "250"), ("PA2", "2", "500")], 5, "PA2", 4),
+        ([("PA1", "11", "250"), ("PA1", "12", "250"), ("PA1", "11 ", "300")], 5, "PA1", 3),
+        (
+            [("PA1", "11", "250"), ("PA7", "11", "DA", "0", "250", "1", "250"),
+             ("PA7", "", "DA", "0", "250", "2", "500")],
+            5, "PA7", 4,
+        ),
+    ],
+)
+def test_a_block_stated_twice_is_refused_naming_both_lines(body, line, tag, first):
+    with pytest.raises(AuditError) as refused:
+        parse_audit(a_file(body))
+    assert (refused.value.line, refused.value.field) == (line, tag)
+    assert f"a second {tag}" in refused.value.problem
+    assert f"the first on line {first}" in refused.value.problem
 
 
 def test_blocks_a_maker_invented_are_kept_as_sent():
@@ -425,7 +485,9 @@ _tally = st.tuples(_count, _count, _count, _count)
 @given(
     vends=_tally,
     cash=_tally,
-    products=st.lists(st.tuples(st.integers(1, 99), _count, _tally), max_size=6),
+    products=st.lists(
+        st.tuples(st.integers(1, 99), _count, _tally), max_size=6, unique_by=lambda p: p[0]
+    ),
     places=st.integers(0, 2),
     line_end=st.sampled_from([b"\r\n", b"\n"]),
 )

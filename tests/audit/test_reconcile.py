@@ -3,7 +3,9 @@ journal's card sales of that interval (docs/audit.md)."""
 
 from __future__ import annotations
 
-from kiosk_agent.audit.evadts import Tally
+import dataclasses
+
+from kiosk_agent.audit.evadts import Counters, Tally
 from kiosk_agent.audit.reconcile import CardSale, Side, changes, compare
 from tests.audit.helpers import figures
 
@@ -95,3 +97,60 @@ def test_a_comparison_reads_back_from_its_json_as_it_was() -> None:
     from kiosk_agent.audit.reconcile import Comparison
 
     assert Comparison.of(result.as_dict()).as_dict() == result.as_dict()
+
+
+def test_a_read_whose_da2_since_initialisation_was_not_sent_is_not_compared() -> None:
+    sent = figures((40, 6000))
+    unsent = dataclasses.replace(sent, cashless=Counters(None, Tally(1, 150)))
+    for before, after, which in (
+        (sent, unsent, "this read's"), (unsent, sent, "the read before's")
+    ):
+        result = compare(Side(TEN, before), Side(TEN + 60, after), [sale(1, 150)])
+        assert (result.verdict, result.cause, result.machine) == ("not_compared", "unsent", None)
+        assert f"{which} DA2 (cashless) has no since-initialisation counts" in result.text()
+        assert "not sent, not 0" in result.text()
+    # and no change is claimed on a figure that was not sent
+    assert changes(sent, unsent) == [] == changes(unsent, sent)
+
+
+def test_a_column_whose_pa7_sent_no_counts_is_said_not_compared_the_total_is() -> None:
+    before = figures((2, 300), columns={"A1": (150, 1, 1), "A2": (150, 1, 1)})
+    after = figures((3, 450), columns={"A1": (150, 2, 2), "A2": (150, 1, 1)})
+    blank = dataclasses.replace(after.columns["A1"], cashless=Counters(None))
+    after = dataclasses.replace(after, columns={**after.columns, "A1": blank})
+    result = compare(Side(TEN, before), Side(TEN + 60, after), [sale(1, 150, "A1")])
+    assert result.verdict == "match"  # the total, on counters the machine sent
+    assert result.columns == ()
+    assert result.unsent_columns == ("A1",)
+    assert "not compared by column: A1" in result.text()
+
+
+def test_a_machine_reinitialised_says_so_with_both_figures() -> None:
+    result = compare(Side(TEN, figures((40, 6000))), Side(TEN + 60, figures((1, 150))), [])
+    assert result.cause == "reinitialised"
+    assert result.reason == (
+        "the machine was re-initialised (or a counter wrapped): its DA2 (cashless) since "
+        "initialisation went down (40 worth $60.00 -> 1 worth $1.50)"
+    )
+
+
+def test_a_machine_reinitialised_whose_counters_climbed_back_is_still_seen() -> None:
+    # 40 vends since initialisation, 10 since the tech's last reset; then re-initialised (both
+    # to 0) and 41 vends: since initialisation +1, since the reset +31, no reset between
+    before = Side(TEN, figures((40, 6000), reset=(10, 1500)))
+    after = Side(TEN + 60, figures((41, 6150), reset=(41, 6150)))
+    result = compare(before, after, [sale(n, 150) for n in range(41)])
+    assert (result.verdict, result.cause) == ("not_compared", "reinitialised")
+    assert "grew by 1 worth $1.50 since initialisation but by 31 worth $46.50 since the reset" in (
+        result.reason
+    )
+    assert "reinitialised" in [c.kind for c in changes(before.figures, after.figures)]
+
+
+def test_a_techs_reset_then_more_vends_than_before_it_is_compared() -> None:
+    # since the reset 10 -> 0 -> 12: it went up, but since initialisation went up more
+    before = Side(TEN, figures((40, 6000), reset=(10, 1500)))
+    after = Side(TEN + 60, figures((52, 7800), reset=(12, 1800)))
+    result = compare(before, after, [sale(n, 150) for n in range(12)])
+    assert result.verdict == "match"
+    assert changes(before.figures, after.figures) == []

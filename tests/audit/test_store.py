@@ -7,6 +7,8 @@ from pathlib import Path
 
 import pytest
 
+from kiosk_agent.audit.books import figures_of
+from kiosk_agent.audit.evadts import parse_audit, render_audit
 from kiosk_agent.audit.ledger import column_stock, record_read
 from kiosk_agent.audit.store import AuditStore
 from kiosk_agent.sales.journal import Journal
@@ -124,3 +126,31 @@ def test_the_raw_file_is_kept_as_read(store: AuditStore) -> None:
     raw = b"DXS*XYZ*VA*V0/6*1\r\nST*001*0001\r\n"
     done = record_read(store, figures((1, 150)), at=TEN, clean=True, sources=[MACHINE], raw=raw)
     assert store.raw(done.read.id) == raw
+
+
+def _file(da2: tuple[str, ...], pa2: tuple[str, ...] = ("1", "150")) -> bytes:
+    return render_audit([("ID1", "VM-1"), ("VA1", "150", "1"), ("DA2", *da2),
+                         ("PA1", "A1", "150"), ("PA2", *pa2)])
+
+
+def test_a_read_with_its_da2_counts_left_empty_is_stored_as_not_sent_and_not_compared(
+    journal: Journal, store: AuditStore
+) -> None:
+    record_read(store, figures_of(parse_audit(_file(("1500", "10")))), at=TEN, clean=True,
+                sources=[MACHINE])
+    vended_sale(journal, 150)
+    blank = figures_of(parse_audit(_file(("", "", "150", "1"), pa2=("", ""))))
+    record_read(store, blank, at=TEN + 60, clean=True, sources=[MACHINE])
+    stored = store.last_read()
+    assert stored is not None
+    assert stored.figures.cashless is not None
+    assert stored.figures.cashless.since_init is None  # kept as not sent, through the JSON
+    assert stored.figures == blank
+    comparison = store.last_comparison()
+    assert comparison is not None
+    assert (comparison.verdict, comparison.cause, comparison.machine) == (
+        "not_compared", "unsent", None
+    )
+    # nor is a column's stock made up from a PA2 whose counts were left empty
+    [a1] = column_stock(store, {"A1": 10}, low_at=1)
+    assert (a1.sold_since_fill, a1.estimate, a1.low, a1.sold_out) == (None, None, False, False)

@@ -147,3 +147,24 @@ def test_a_column_that_is_no_name_is_refused_named_and_nothing_recorded(
     finally:
         journal.close()
 
+
+
+def test_a_machine_reinitialised_is_said_as_the_store_holds_it(
+    config: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    journal = Journal(tmp_path / "journal.db")
+    journal.open()
+    store = AuditStore(lambda: journal.db)
+    store.open()
+    record_read(store, figures((40, 6000)), at=TEN, clean=True, sources=[MACHINE])
+    vended_sale(journal, 150)
+    record_read(store, figures((1, 150)), at=TEN + 3600, clean=True, sources=[MACHINE])
+    stored = store.last_comparison()
+    journal.close()
+    assert stored is not None
+    assert stored.cause == "reinitialised"
+    assert main(["audit", "-c", str(config)]) == 0
+    out = capsys.readouterr().out
+    assert f"journal: {stored.text()}" in out
+    assert "not compared at 2025-11-28 11:00:00Z" in out
+    assert "changed: DA2 cashless since initialisation went down" in out

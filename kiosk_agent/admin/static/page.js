@@ -391,7 +391,9 @@ function renderAudit() {
     el("dt", {}, "low"), el("dd", { class: audit.low.length ? "warn" : "", "data-audit": "low" }, list(audit.low)),
     el("dt", {}, "journal"),
     el("dd", { class: audit.mismatches.length ? "bad" : "good", "data-audit": "mismatch" },
-      audit.mismatches.length ? audit.mismatches.join("; ") : "no mismatch"));
+      audit.mismatches.length ? audit.mismatches.join("; ") : "no mismatch"),
+    audit.not_compared ? [el("dt", {}, "compared"),
+      el("dd", { class: "bad", "data-audit": "not-compared" }, audit.not_compared)] : null);
 }
 
 function result(key) {
