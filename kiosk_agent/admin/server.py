@@ -62,6 +62,7 @@ from kiosk_agent.sales.attention import (
 )
 from kiosk_agent.sales.journal import Journal, JournalError, SaleRecord
 from kiosk_agent.sales.kinds import KIND_CHOICES, SaleKind
+from kiosk_agent.sales.late_vends import late_vended
 from kiosk_agent.sales.states import SaleState
 from kiosk_agent.sales.terminal_actions import ActionRefused, ping_terminal, print_test_receipt
 from kiosk_agent.service.errors import (
@@ -285,7 +286,9 @@ class AdminServer:
         )
         await response.prepare(request)
         async with _until_hung_up(request):
-            await _write_pieces(response, export_sales(_each_sale(first, pages), fmt))
+            # the late vends said on their sale: a handful, read from their own index
+            late = {i: v.at for i, v in late_vended(journal).items()}
+            await _write_pieces(response, export_sales(_each_sale(first, pages), fmt, late))
             await response.write_eof()
         return response
 

@@ -49,6 +49,17 @@ class LateVend:
     at: float  # when it was heard (Unix time)
 
 
+def late_vended(journal: Journal) -> dict[str, LateVend]:
+    """Every sale the journal holds a late vend for, acknowledged or not, by sale id (its last
+    one): what the sales list, ``sales show`` and the export say of the sale. The steps come
+    from their own partial index (a handful in a journal of years)."""
+    return {
+        step.sale_id: LateVend(step.sale_id, str(step.detail.get("product") or ""),
+                               str(step.detail.get("source") or ""), step.at)
+        for step in journal.late_vend_steps(0.0) if step.step == Step.LATE_VEND
+    }
+
+
 class LateVendWatch:
     """Journals each late vend on its sale and shows the ones not yet seen in health."""
 
