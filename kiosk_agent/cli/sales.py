@@ -199,11 +199,6 @@ def render(sales: Sequence[SaleRecord], fmt: str, kind: SaleKind = SaleKind.SALE
     return _table(sales, kind, late) + "\n"
 
 
-def late_vend_text(vend: LateVend) -> str:
-    """A late vend said on its sale, where the state alone reads as "nothing went out"."""
-    return (f"late vend: {vend.product or 'product unnamed'} dispensed {display_time(vend.at)}"
-            ", after the sale gave up waiting (unpaid)")
-
 
 def _each_counted(pages: Iterable[list[SaleRecord]], count: list[int]) -> Iterator[SaleRecord]:
     """Each sale of ``pages``, counted in ``count[0]`` as it goes."""
@@ -225,7 +220,7 @@ def _table(sales: Sequence[SaleRecord], kind: SaleKind, late: Mapping[str, LateV
             s.state.value,
             # a service's or a machine's words: shown, never obeyed by the terminal
             for_terminal("; ".join(
-                t for t in (late_vend_text(late[s.sale_id]) if s.sale_id in late else "",
+                t for t in (late[s.sale_id].text() if s.sale_id in late else "",
                             s.message) if t)),
         )
         for s in sales
@@ -445,8 +440,7 @@ async def show_command(args: argparse.Namespace) -> int:
 def sale_text(record: SaleRecord, steps: Sequence[Any]) -> str:
     """A sale and its steps for people, times in UTC to the second."""
     from kiosk_agent.card_brands import card_brand_name
-    from kiosk_agent.sales.late_vends import LateVend
-    from kiosk_agent.sales.states import Step
+    from kiosk_agent.sales.late_vends import late_vend_of
 
     def at(unix: float | None) -> str:
         if unix is None:
@@ -476,11 +470,9 @@ def sale_text(record: SaleRecord, steps: Sequence[Any]) -> str:
     ]
     width = max(len(key) for key, _ in pairs)
     lines = [f"{key:<{width}}  {value}" for key, value in pairs]
-    late = [s for s in steps if s.step == Step.LATE_VEND]
-    if late:  # its state says reversed: the product that went out anyway is said first
-        vend = LateVend(record.sale_id, str(late[-1].detail.get("product") or ""),
-                        str(late[-1].detail.get("source") or ""), late[-1].at)
-        lines.append(f"{'late vend':<{width}}  {late_vend_text(vend)}")
+    vend = late_vend_of(steps)
+    if vend is not None:  # its state says reversed: the product that went out anyway
+        lines.append(f"{'late vend':<{width}}  {vend.text()}")
     lines.append(f"steps ({len(steps)}):")
     for step in steps:
         lines.append(f"  {at(step.at)}  {step.step:<24} -> {step.state.value}"

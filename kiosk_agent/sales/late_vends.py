@@ -22,17 +22,17 @@ from __future__ import annotations
 
 import logging
 import sqlite3
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING
 
 from kiosk_agent.data_class import data_class
-from kiosk_agent.moments import display_clock
+from kiosk_agent.moments import display_clock, display_time
 from kiosk_agent.sales.journal import JournalError
 from kiosk_agent.sales.states import Step
 
 if TYPE_CHECKING:
     from kiosk_agent.sales.clock import Clock
-    from kiosk_agent.sales.journal import Journal
+    from kiosk_agent.sales.journal import Journal, StepRecord
 
 _LOGGER = logging.getLogger(__name__)
 
@@ -47,6 +47,22 @@ class LateVend:
     product: str
     source: str
     at: float  # when it was heard (Unix time)
+
+    def text(self) -> str:
+        """Said on its sale (the sales table, `sales show`, the page's sale line), where the
+        sale's state alone reads as "nothing went out"."""
+        return (f"late vend: {self.product or 'product unnamed'} dispensed "
+                f"{display_time(self.at)}, after the sale gave up waiting (unpaid)")
+
+
+def late_vend_of(steps: Iterable[StepRecord]) -> LateVend | None:
+    """The last late vend among one sale's steps (acknowledged or not), or None."""
+    found = None
+    for step in steps:
+        if step.step == Step.LATE_VEND:
+            found = LateVend(step.sale_id, str(step.detail.get("product") or ""),
+                             str(step.detail.get("source") or ""), step.at)
+    return found
 
 
 def late_vended(journal: Journal) -> dict[str, LateVend]:
