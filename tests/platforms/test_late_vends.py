@@ -54,10 +54,22 @@ async def told_to_a_person(agent: Any, sale_id: str, product: str) -> None:
     assert product in problem, problem
     assert "kiosk-agent sales late-vends --ack" in problem
     assert snapshot.status != "ok"
+    assert _unacknowledged_on_metrics(agent) == 1  # /metrics counts what the journal holds
     assert agent.sales.late_vends.acknowledge(sale_id[:8], by="test") == [sale_id]
     assert not [p for p in agent.health.snapshot().problems if "gave up waiting" in p]
+    assert _unacknowledged_on_metrics(agent) == 0
     assert [s.detail for s in agent.journal.steps(sale_id)
             if s.step == Step.LATE_VEND_SEEN] == [{"by": "test"}]
+
+
+def _unacknowledged_on_metrics(agent: Any) -> float:
+    """``kiosk_agent_late_vends_unacknowledged`` as /metrics' collector gives it."""
+    from kiosk_agent.admin.metrics import AgentCollector
+
+    [family] = [f for f in AgentCollector(agent, lambda name: None).collect()
+                if f.name == "kiosk_agent_late_vends_unacknowledged"]
+    [sample] = family.samples
+    return float(sample.value)
 
 
 _MACHINES = {
