@@ -26,7 +26,7 @@ from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING
 
 from kiosk_agent.data_class import data_class
-from kiosk_agent.moments import display_clock, display_time
+from kiosk_agent.moments import day_of, display_clock, display_time
 from kiosk_agent.sales.journal import JournalError
 from kiosk_agent.sales.states import Step
 
@@ -124,9 +124,14 @@ class LateVendWatch:
             return None
         if not late:
             return None
+        today = day_of(self.clock.time())
+
+        def when(at: float) -> str:  # shown for 24 h: yesterday's time of day needs its date
+            return display_clock(at) if day_of(at) == today else display_time(at)
+
         shown = "; ".join(
             f"sale {v.sale_id[:8]} ({v.product or 'product unnamed'} on {v.source}, "
-            f"{display_clock(v.at)})" for v in late[-3:]
+            f"{when(v.at)})" for v in late[-3:]
         )
         more = f" and {len(late) - 3} more" if len(late) > 3 else ""
         return (f"{len(late)} product(s) dispensed after the sale gave up waiting, unpaid (the "

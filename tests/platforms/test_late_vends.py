@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 
 from kiosk_agent.cli import main
-from kiosk_agent.moments import timestamp
+from kiosk_agent.moments import display_clock, display_time, timestamp
 from kiosk_agent.platforms.mdb_protocol import VEND_SUCCESS_LINE
 from kiosk_agent.sales.clock import FakeClock
 from kiosk_agent.sales.journal import Journal, SaleRecord
@@ -112,9 +112,12 @@ async def test_a_late_vend_stops_being_a_problem_after_its_time(tmp_path: Path) 
     _reversed_sale(journal, "late0001")
     watch = LateVendWatch(journal, clock)
     watch.heard("late0001", "A1", "mdb:front")
-    assert "late0001" in (watch.problem() or "")
+    [heard] = [s.at for s in journal.steps("late0001") if s.step == Step.LATE_VEND]
+    assert f"A1 on mdb:front, {display_clock(heard)})" in (watch.problem() or "")  # today
     await clock.advance(LATE_VEND_SHOWN - 1)
-    assert "late0001" in (LateVendWatch(journal, clock).problem() or "")
+    # the next day, a time of day alone would read as today's: the date is said
+    assert f"A1 on mdb:front, {display_time(heard)})" in (
+        LateVendWatch(journal, clock).problem() or "")
     await clock.advance(2)
     assert watch.problem() is None
     journal.close()
