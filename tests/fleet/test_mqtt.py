@@ -1085,6 +1085,12 @@ async def test_a_late_vend_and_an_audit_not_compared_reach_home_assistant_and_go
         assert report["audit"]["not_compared"] == made.text()
         assert "service log" in report["audit"]["not_compared"]  # what to do, on this face too
         assert report["status"] != "ok"
+        # `kiosk-agent health` / `fleet health` say the report's words, each on its own line
+        from kiosk_agent.cli.fleet import format_health
+
+        said = format_health(report).splitlines()
+        assert f"problem:  {shown}" in said
+        assert f"problem:  audit of snacks {made.text()}" in said
 
         watch.acknowledge(record.sale_id, by="test")  # as `sales late-vends --ack` journals it
         agent.health.report_audit(AuditHealth(machine="snacks"))  # a read compared again
