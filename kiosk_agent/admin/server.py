@@ -312,15 +312,21 @@ class AdminServer:
         memory holds it: ``attention`` with ``unwritten: true`` until the journal has it."""
         unwritten = getattr(self.agent, "unwritten", None)
         kept = {r.sale_id: r for r in (unwritten.records if unwritten is not None else [])}
+        # when the machine said the product went out after the sale gave up (a late vend), as
+        # the export's late_vend column says it: the state alone reads "nothing went out"
+        late = late_vended(self._journal())
         shown = []
         for record in records:
             if record.sale_id in kept:
                 continue
-            shown.append(sale_json(record))
+            vend = late.get(record.sale_id)
+            shown.append({**sale_json(record),
+                          "late_vend": optional_timestamp(vend.at if vend else None)})
         if not states or SaleState.ATTENTION in states:
             for record in kept.values():
                 shown.insert(0, {**sale_json(record), "state": SaleState.ATTENTION.value,
-                                 "unwritten": True, "state_unwritten": record.state.value})
+                                 "unwritten": True, "state_unwritten": record.state.value,
+                                 "late_vend": None})
         return shown
 
     async def sale(self, request: web.Request) -> web.Response:

@@ -63,6 +63,13 @@ async def test_the_cli_and_the_api_export_the_same_sales_byte_for_byte(
         late = {r["sale_id"]: r["late_vend"] for r in rows if r["late_vend"]}
         assert list(late) == [declined.sale_id], late
         assert late[declined.sale_id].endswith("Z")
+        async with aiohttp.ClientSession(headers=admin_headers) as http, http.get(
+            f"{admin_server.url}/api/sales"
+        ) as response:
+            records = (await response.json())["sales"]
+        # the API's records say it as the export does, and null for every other sale
+        assert {r["sale_id"]: r["late_vend"] for r in records if r["late_vend"]} == late
+        assert all("late_vend" in r for r in records)
     else:
         assert [r["captured"] for r in json.loads(cli_out)] == ["0.00", "19.99", "0.00", "2.50"]
 
