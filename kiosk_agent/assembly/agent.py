@@ -291,6 +291,7 @@ class Agent:
         self.stopped = asyncio.Event()
         self._stopping = threading.Event()  # told to work in threads (the prune)
         self._prune_thread: asyncio.Future[int] | None = None
+        self._index_thread: asyncio.Future[bool] | None = None
 
 
     # -- wiring (by app.py, before start) --------------------------------------------------------
@@ -560,8 +561,26 @@ class Agent:
         await asyncio.sleep(0)  # the freeze's turn ends here
         self.journal.reserve_wal()
         await asyncio.sleep(0)
+        await self._build_late_vend_index()
         await self._prune()
         self.settled.set()
+
+    async def _build_late_vend_index(self) -> None:
+        """A journal made before the late-vend index gains it here, after ready, in a worker
+        thread (Journal.build_late_vend_index: one scan of every step; the late-vend read
+        looks among this start's steps meanwhile). A failure is said; the next start tries
+        again."""
+        if self.journal.late_vend_after is None:
+            return
+        try:
+            self._index_thread = asyncio.ensure_future(
+                asyncio.to_thread(self.journal.build_late_vend_index))
+            await asyncio.shield(self._index_thread)
+        except (sqlite3.Error, JournalError) as err:
+            _LOGGER.warning("journal: the late-vend index not built (%s); the next start tries "
+                            "again", err)
+        else:
+            _LOGGER.info("journal: the late-vend index built")
 
     async def _ready_after_recovery(self, ready_text: str) -> None:
         if self._systemd is None:
@@ -601,6 +620,8 @@ class Agent:
         await asyncio.gather(*self._tasks, return_exceptions=True)
         if self._prune_thread is not None:  # told to stop: it ends after the batch it is in
             await asyncio.gather(self._prune_thread, return_exceptions=True)
+        if self._index_thread is not None:  # its own connection: done before the journal closes
+            await asyncio.gather(self._index_thread, return_exceptions=True)
         await self.service.close()
         await self._journal_watch.stop()
         self.journal.close()

@@ -308,6 +308,8 @@ def open_journal(config: Config, *, to_write: bool = False) -> Journal:
     """The configuration's journal; only to read it unless ``to_write`` (a reader never writes:
     it works beside the agent, and on a full or read-only disk). A journal not made yet or one
     that cannot be opened is a clear refusal (exit 1)."""
+    import sqlite3
+
     from kiosk_agent.sales.journal import Journal, JournalError
 
     path = config.resolve(config["journal"]["path"])
@@ -315,8 +317,13 @@ def open_journal(config: Config, *, to_write: bool = False) -> Journal:
         raise CliError(f"no journal at {path} (the agent has not run yet)")
     journal = Journal(path)
     try:
-        journal.open() if to_write else journal.open_to_read()
-    except JournalError as err:
+        if to_write:
+            journal.open()
+            # a command is on no path to ready: the late-vend index is built now if missing
+            journal.build_late_vend_index()
+        else:
+            journal.open_to_read()
+    except (JournalError, sqlite3.Error) as err:
         raise CliError(str(err)) from None
     return journal
 

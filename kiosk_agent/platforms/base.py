@@ -100,10 +100,11 @@ class LateVends:
         # up; ``restart_sale`` is the last of them, for a machine whose result names no sale
         # (until its next dispense is approved: the platform clears it)
         self.restart_sale: str | None = None
+        self.restart_product: str | None = None  # its product (gpio: the buttons that sell it)
         left = getattr(sales, "left_dispensing", None)
         for sale_id, product in left(source) if callable(left) else ():
             self.keep(sale_id, product)
-            self.restart_sale = sale_id
+            self.restart_sale, self.restart_product = sale_id, product
 
     def gave_up(self, dispenser: Dispenser) -> None:
         """Keep ``dispenser``'s sale if it ended by the sale giving up (TIMEOUT)."""

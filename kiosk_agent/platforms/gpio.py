@@ -214,6 +214,7 @@ class _Drop(Dispenser):
         self.dispensing = True
         self.watching = button.sensor is not None
         self.kiosk.gave_up_on = None  # a fall from now on is this dispense's
+        self.kiosk.late.restart_sale = None
         try:
             await self.kiosk.pulse(button.relay, button.pulse)
             if button.sensor is None:
@@ -274,6 +275,13 @@ class GpioKiosk:
         # the last dispense whose sensor window closed unseen; a fall after it went out unpaid
         self.gave_up_on: _Drop | None = None
         self.late = LateVends(source, sales)
+        # The sale the last stop or crash left dispensing (recovery gives its money back): a
+        # fall past the sensor of a button selling its product, before this start's first
+        # dispense, is its product gone out unpaid (one sale at a time: no other can be)
+        restart = self.late.restart_product
+        self._restart_sensors = frozenset(
+            b.sensor for b in buttons if b.sensor is not None and b.product == restart
+        ) if restart is not None else frozenset()
         self.name = source
         self.flow = flow
         self.terminal = terminal
@@ -406,8 +414,12 @@ class GpioKiosk:
             drop.fell()
             return
         late = self.gave_up_on
-        if late is not None and late.button.sensor == sensor:
-            self.late.heard(late.sale_id)  # the sensor's window had closed: money goes back
+        if late is not None:
+            if late.button.sensor == sensor:
+                self.late.heard(late.sale_id)  # the sensor's window had closed: money goes back
+            return
+        if self.late.restart_sale is not None and sensor in self._restart_sensors:
+            self.late.heard(self.late.restart_sale)  # left dispensing by the last stop or crash
 
     def _on_press(self, button: Button, timestamp_ns: int) -> None:
         # The kernel debounces where the chip can; this catches the chips that cannot.

@@ -294,10 +294,13 @@ class MdbSession(Dispenser):
 
     def ended_as(self, outcome: DispenseOutcome) -> None:
         never_sold = self.phase is Phase.QUEUED  # dropped before its sale: not an outcome
-        # ended mid-vend with no result (the controller inactive or reset, the adapter back):
+        vending = self.phase is Phase.VENDING
+        # ended mid-vend with no result (the controller inactive or reset, the agent stopping):
         # the machine may still say the vend succeeded, as after the vend timeout
-        unheard = self.phase is Phase.VENDING and outcome.status is DispenseStatus.CANCELLED
+        unheard = vending and outcome.status is DispenseStatus.CANCELLED
         self.move_to(Phase.ENDED)
+        if vending:
+            self.device.vend_over()
         if never_sold:
             return
         self.device.stats.outcomes[outcome.status.value] += 1
@@ -334,6 +337,8 @@ class MdbCashless:
         # What the agent tells the device (facts from outside, not a session's state): it is
         # stopping (the drain), and whether its terminal can take cards (health's availability).
         self._stopping = False
+        # the link came back mid-vend: its setup (C,0, C,1) waits for the vend to end
+        self._setup_after_vend = False
         self.available = True
         self.unavailable_reason = ""
         self.unfollow: Callable[[], None] | None = None
@@ -579,12 +584,32 @@ class MdbCashless:
             session.abort(f"adapter refused the session: {message.text}")
 
     async def _on_connected(self) -> None:
-        if self.session is not None:
-            self._end_session("adapter reconnected")
         self.facts = LinkFacts()  # a new connection: nothing heard on it yet
+        session = self.session
+        if session is not None and session.phase is Phase.VENDING:
+            # The link came back mid-vend (a USB glitch): the controller may still be vending
+            # and say how it ended on this link, and the setup's C,0 would end its session.
+            # The vend keeps waiting (its vend timeout); the setup comes once it is over. A
+            # controller that did lose the session says so (INACTIVE, a reset): that ends it.
+            _LOGGER.warning("%s: adapter back mid-vend: still waiting for the vend result",
+                            self.name)
+            self._setup_after_vend = True
+            return
+        if session is not None:
+            self._end_session("adapter reconnected")
+        self._setup()
+
+    def _setup(self) -> None:
+        self._setup_after_vend = False
         for line in wire.setup_commands(self.options.address, enable=self.available):
             self.send(line)
         self.facts.reader_enabled = self.available
+
+    def vend_over(self) -> None:
+        """A vend ended (its result, an abort, its vend timeout): a setup the link's return
+        held back is sent now."""
+        if self._setup_after_vend and self.link.connected and not self._stopping:
+            self._setup()
 
     # -- sales -------------------------------------------------------------------------------
 

@@ -66,6 +66,7 @@ class SerialSettings:
 class LinkStats:
     lines: int = 0
     dropped: int = 0  # garbage, overlong or undecodable input
+    bytes_in: int = 0  # every byte read, lines or not (a peer can tell all it wrote was read)
     connects: int = 0
     reconnects: int = 0
     last_error: str = ""
@@ -100,6 +101,7 @@ class _LineProtocol(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         self._link.stats.last_rx_at = time.monotonic()
+        self._link.stats.bytes_in += len(data)
         self._link.activity.set()
         self._buffer += data
         end = self._link.settings.line_end.encode()

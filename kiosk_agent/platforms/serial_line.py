@@ -6,7 +6,7 @@ answers with::
     - platform: serial_line
       name: locker
       port: /dev/serial/by-id/usb-FTDI_FT232R-if00-port0
-      init: ["HELLO"]                                   # sent on every (re)connect
+      init: ["HELLO"]                                   # each (re)connect, after any dispense
       vend_request: '^REQ (?P<product>\\w+) (?P<price>\\d+\\.\\d\\d)$'
       dispense_ok: '^DONE'
       dispense_failed: '^FAIL (?P<reason>.*)$'
@@ -137,12 +137,14 @@ class Vend(Dispenser):
         return await self.wait()
 
     def ended_as(self, outcome: DispenseOutcome) -> None:
+        if self.vending:
+            self.device.dispense_over()
         if outcome.status is DispenseStatus.TIMEOUT:  # the device may still say how it ended
             self.device.gave_up_on = self
             self.device.late.gave_up(self)
         elif self.vending and outcome.status is DispenseStatus.CANCELLED:
-            # ended mid-dispense with no result (its cancel line, the link back): the device
-            # may still say the dispense succeeded, as after the vend timeout
+            # ended mid-dispense with no result (its cancel line, the agent stopping): the
+            # device may still say the dispense succeeded, as after the vend timeout
             self.device.gave_up_on = self
             self.device.late.keep(self.sale_id, self.product)
 
@@ -185,6 +187,9 @@ class SerialLineDevice:
         self.unavailable_reason = ""
         self._told_available = True  # init lines put a (re)connected device in service
         self.denied_out_of_service = 0
+        # the link came back mid-dispense: its init lines wait for the dispense to end
+        self._init_after_dispense = False
+        self._stopping = False
         # the last dispense whose sale stopped waiting (vend timeout); a success heard for it
         # later is a product gone out unpaid
         self.gave_up_on: Vend | None = None
@@ -196,9 +201,11 @@ class SerialLineDevice:
         )
 
     async def start(self) -> None:
+        self._stopping = False
         await self.link.start()
 
     async def stop(self) -> None:
+        self._stopping = True
         if self.unfollow is not None:
             self.unfollow()
         self._queued = None
@@ -248,10 +255,28 @@ class SerialLineDevice:
         return self.link.write_line(line)
 
     async def _on_connected(self) -> None:
+        vend = self.vend
+        if vend is not None and vend.vending and not vend.ended:
+            # The link came back mid-dispense (a USB glitch): the device may still be dispensing
+            # and say how it ended on this link, and the init lines may reset it. The dispense
+            # keeps waiting (its vend timeout); the init lines come once it is over.
+            _LOGGER.warning("%s: link back mid-dispense: still waiting for its result", self.name)
+            self._init_after_dispense = True
+            return
+        self._init()
+
+    def _init(self) -> None:
+        self._init_after_dispense = False
         for line in self.rules.init:
             self.send(line)
         self._told_available = True
         self._tell_availability()
+
+    def dispense_over(self) -> None:
+        """A dispense ended (its result, its cancel line, its vend timeout): init lines the
+        link's return held back are sent now."""
+        if self._init_after_dispense and self.link.connected and not self._stopping:
+            self._init()
 
     def handle_line(self, line: str) -> None:
         rules = self.rules

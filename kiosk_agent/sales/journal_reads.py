@@ -49,6 +49,9 @@ class JournalReads:
     """The reads of an open journal (its ``db``, its ``clock`` dating today)."""
 
     clock: Clock
+    # While the late-vend index is built after ready (Journal.build_late_vend_index): the last
+    # step's id at open; the late vends are read among the steps written since (None: indexed)
+    late_vend_after: int | None = None
 
     @property
     def db(self) -> sqlite3.Connection:
@@ -253,11 +256,21 @@ class JournalReads:
 
     def late_vend_steps(self, since: float) -> list[StepRecord]:
         """The ``late.vend`` and ``late.vend.seen`` steps journaled at ``since`` or later, in
-        time order (sales/late_vends.py), from their own partial index."""
-        rows = self.db.execute(
-            "SELECT * FROM steps WHERE step IN ('late.vend', 'late.vend.seen') AND at >= ? "
-            "ORDER BY at", (since,)
-        ).fetchall()
+        time order (sales/late_vends.py), from their own partial index. While that index is
+        built (the first start on a journal made before it), among the steps written since the
+        journal opened: a journal without the index holds none from before, but for a start
+        that died within its build (those are read once it is built)."""
+        after = self.late_vend_after
+        if after is not None:
+            rows = self.db.execute(
+                "SELECT * FROM steps WHERE id > ? AND step IN ('late.vend', 'late.vend.seen') "
+                "AND at >= ? ORDER BY at", (after, since)
+            ).fetchall()
+        else:
+            rows = self.db.execute(
+                "SELECT * FROM steps WHERE step IN ('late.vend', 'late.vend.seen') AND at >= ? "
+                "ORDER BY at", (since,)
+            ).fetchall()
         return [
             StepRecord(
                 r["sale_id"], r["at"], r["step"], SaleState(r["state"]), json.loads(r["detail"])

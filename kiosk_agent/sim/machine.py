@@ -247,12 +247,8 @@ class VirtualController:
 
     def unplug(self) -> None:
         """Pull the USB cable: the pty disappears and the agent's reads fail."""
-        pty_, self._pty = self._pty, None
-        if pty_ is None:
+        if not self._close_pty():
             return
-        asyncio.get_running_loop().remove_reader(pty_.master)
-        os.close(pty_.master)
-        os.close(pty_.slave)
         if self.options.link_path is not None:
             with contextlib.suppress(FileNotFoundError):
                 self.options.link_path.unlink()
@@ -260,6 +256,22 @@ class VirtualController:
         self.status = Status.INACTIVE
         self._enabled.clear()
         _LOGGER.debug("virtual adapter unplugged")
+
+    def glitch(self) -> None:
+        """A USB glitch: the adapter's link drops and comes back at once (a new pty, as a
+        re-enumerated adapter), while the controller goes on with its session: a vend under way
+        still ends, and its result is said on the new link."""
+        if self._close_pty():
+            self.plug()
+
+    def _close_pty(self) -> bool:
+        pty_, self._pty = self._pty, None
+        if pty_ is None:
+            return False
+        asyncio.get_running_loop().remove_reader(pty_.master)
+        os.close(pty_.master)
+        os.close(pty_.slave)
+        return True
 
     def send(self, line: str) -> None:
         self.send_raw((line + "\n").encode("ascii"))

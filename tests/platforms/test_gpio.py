@@ -444,3 +444,34 @@ async def test_a_product_falling_after_the_sensor_window_is_told_as_gone_unpaid(
     [said] = [r.getMessage() for r in caplog.records if stuck.sale_id in r.getMessage()]
     assert "latte went out unpaid" in said
     await told_to_a_person(agent, stuck.sale_id, "latte")
+
+
+async def test_a_fall_after_a_restart_mid_dispense_reaches_a_person(
+    tmp_path: Path, sim_settings: Any
+) -> None:
+    """The agent stops while the latte's sensor watches (the drain runs out: the sale parked
+    dispensing); the next start's recovery gives the money back; then the latte falls past
+    its sensor. The new process knows the sale only from recovery (SaleRunner.left_dispensing,
+    with its product): the sensor of the button that sells it maps the fall to that sale, a
+    person is told, no money moves. Before, a fall with no dispense of this start was no one's."""
+    config = PLATFORM_SCHEMA({"platform": "gpio", "name": "coffee", "buttons": BUTTONS,
+                              "flow": "authorize_capture", "sensor_timeout": 60})
+    chip = FakeChip()
+    async with running_agent(tmp_path, sim_settings, []) as first:
+        platform = await setup_with_chip(first, config, chip)
+        chip.press(18)  # the latte: no fall within the window (60 s)
+        await until(lambda: [r.state for r in first.journal.query()] == [SaleState.DISPENSING])
+        [record] = first.journal.query()
+        await first.sales.stop(grace=0.05)  # parked where it stands
+        await platform.stop()
+    chip = FakeChip()
+    async with running_agent(tmp_path, sim_settings, []) as second:
+        await asyncio.wait_for(second.recovery.wait(), 30)
+        assert second.journal.get(record.sale_id).state is SaleState.REVERSED
+        platform = await setup_with_chip(second, config, chip)
+        try:
+            chip.edge(27)
+            await told_to_a_person(second, record.sale_id, "latte")
+            assert platform.status()["late_vends"] == 1
+        finally:
+            await platform.stop()

@@ -1333,3 +1333,30 @@ async def test_late_vendeds_for_two_sales_given_back_are_each_told_once(
         problems = [p for p in agent.health.snapshot().problems if "gave up waiting" in p]
         [problem] = problems
         assert problem.startswith("2 product(s)"), problem
+
+
+async def test_a_vended_after_a_restart_mid_dispense_reaches_a_person(
+    tmp_path: Path, sim_settings: Any
+) -> None:
+    """The agent stops while the app dispenses the tea (the drain runs out: the sale parked
+    dispensing); the next start's recovery gives the money back; then the app says "vended".
+    The new process knows the sale only from recovery (SaleRunner.left_dispensing): the app
+    hears why (409, gone out unpaid), and a person is told; no money moves."""
+    async for first in _app(tmp_path, sim_settings, confirm_dispense=True, vend_timeout=30):
+        _, started = await first.post("/sales", {"product": "tea"})
+        sale_id = started["sale_id"]
+        await until(functools.partial(_in_state, first, sale_id, SaleState.DISPENSING))
+        await first.api.agent.sales.stop(grace=0.05)  # parked where it stands
+    async for second in _app(tmp_path, sim_settings, confirm_dispense=True, vend_timeout=30):
+        agent = second.api.agent
+        await asyncio.wait_for(agent.recovery.wait(), 30)
+        assert agent.journal.get(sale_id).state is SaleState.REVERSED
+        status, answer = await second.post(f"/sales/{sale_id}/dispensed", {"status": "vended"})
+        assert status == 409
+        assert "went out unpaid" in answer["message"]
+        await told_to_a_person(agent, sale_id, "tea")
+
+
+def _in_state(app: App, sale_id: str, state: SaleState) -> bool:
+    record = app.api.agent.journal.get(sale_id)
+    return record is not None and record.state is state

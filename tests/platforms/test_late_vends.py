@@ -249,3 +249,77 @@ def test_a_late_vended_sale_says_so_in_the_sales_list_show_and_export(
     assert "by=cli (" in seen, seen
     assert main(["sales", "-c", config]) == 0
     assert "late vend: C4 dispensed" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("kind", _MACHINES)
+@pytest.mark.parametrize("fails", [False, True], ids=["success", "failure"])
+async def test_a_link_back_mid_vend_still_hears_the_vend_result(
+    tmp_path: Path, sim_settings: Any, controller: VirtualController, kind: str, fails: bool
+) -> None:
+    """Standing rule 13 (never give up a dispense while it can still hear its result): the
+    adapter's USB link drops and comes back mid-vend (the pty closed and a new one opened) while
+    the controller goes on vending. The sale keeps waiting on the new link: the controller's
+    VEND,SUCCESS is captured, its failure given back; nothing is a late vend. Before, the
+    reconnect gave the money back at once (mdb) or its init lines (C,0) ended the controller's
+    session mid-vend (serial_line): the product went out unpaid."""
+    trigger = {**_MACHINES[kind], "port": controller.port, "vend_timeout": 30}
+    async with running_agent(tmp_path, sim_settings, [trigger]) as agent:
+        await asyncio.wait_for(controller.wait_enabled(), 5)
+        controller.options.dispense_time = 1.0  # still dropping when the link is back
+        visit = asyncio.create_task(controller.customer("B1", fail=fails))
+        async with asyncio.timeout(5):
+            while "C,VEND,3.25" not in controller.received:
+                await asyncio.sleep(0.005)
+        [record] = agent.journal.query()
+        await until(lambda: agent.journal.get(record.sale_id).state is SaleState.DISPENSING)
+        sent = len(controller.received)
+        controller.glitch()
+        [platform] = agent.platforms
+        await until(lambda: platform.device.link.stats.reconnects == 1)
+        expected = VisitOutcome.FAILED if fails else VisitOutcome.VENDED
+        assert (await asyncio.wait_for(visit, 10)).outcome is expected
+        await until(lambda: agent.journal.get(record.sale_id).state.final)
+        final = agent.journal.get(record.sale_id)
+        assert final is not None
+        if fails:
+            assert (final.state, final.captured_cents) == (SaleState.REVERSED, 0), final.message
+        else:
+            assert (final.state, final.captured_cents) == (SaleState.COMPLETED, 325), final.message
+        assert not [s for s in agent.journal.steps(record.sale_id) if s.step == Step.LATE_VEND]
+        # the adapter is set up again once the vend is over, not in the middle of it
+        await until(lambda: "C,1" in controller.received[sent:])
+        await asyncio.wait_for(controller.wait_enabled(), 5)
+        assert (await asyncio.wait_for(controller.customer("A1"), 10)).outcome is (
+            VisitOutcome.VENDED)
+
+
+@pytest.mark.parametrize("kind", _MACHINES)
+async def test_a_link_back_mid_vend_with_nothing_heard_gives_back_at_the_vend_timeout(
+    tmp_path: Path, sim_settings: Any, controller: VirtualController, kind: str
+) -> None:
+    """The link comes back mid-vend and the controller says nothing: the sale still waits on
+    the new link (dispensing after the reconnect, the setup held back), gives the money back at
+    its vend timeout, then sets the adapter up; a success heard after that is a late vend."""
+    trigger = {**_MACHINES[kind], "port": controller.port, "vend_timeout": 1.5}
+    async with running_agent(tmp_path, sim_settings, [trigger]) as agent:
+        await asyncio.wait_for(controller.wait_enabled(), 5)
+        controller.options.dispense_time = 0.05
+        visit = asyncio.create_task(controller.customer("B1", no_result=True))
+        async with asyncio.timeout(5):
+            while "C,VEND,3.25" not in controller.received:
+                await asyncio.sleep(0.005)
+        [record] = agent.journal.query()
+        await until(lambda: agent.journal.get(record.sale_id).state is SaleState.DISPENSING)
+        sent = len(controller.received)
+        controller.glitch()
+        [platform] = agent.platforms
+        await until(lambda: platform.device.link.stats.reconnects == 1)
+        await until(lambda: platform.device.link.connected)
+        assert agent.journal.get(record.sale_id).state is SaleState.DISPENSING
+        assert "C,0" not in controller.received[sent:]  # held back while it waits
+        assert (await asyncio.wait_for(visit, 10)).outcome is VisitOutcome.NO_RESULT
+        await until(lambda: agent.journal.get(record.sale_id).state.final)
+        assert agent.journal.get(record.sale_id).state is SaleState.REVERSED
+        await until(lambda: "C,1" in controller.received[sent:])  # set up once it is over
+        controller.send(VEND_SUCCESS_LINE)
+        await told_to_a_person(agent, record.sale_id, "B1")

@@ -52,6 +52,7 @@ class FakeCashless:
         self.cancelled: list[MdbSession] = []
         self.gave_up_on: MdbSession | None = None
         self.late = LateVends(self.name)
+        self.vends_over = 0
 
     def send(self, line: str) -> bool:
         self.sent.append(line)
@@ -59,6 +60,9 @@ class FakeCashless:
 
     def cancel_sale(self, session: MdbSession) -> None:
         self.cancelled.append(session)
+
+    def vend_over(self) -> None:  # the setup a link's return mid-vend held back: none here
+        self.vends_over += 1
 
 
 def session(mode: Mode = Mode.SELECTION_FIRST) -> MdbSession:
@@ -248,6 +252,7 @@ async def test_the_vend_wait_has_no_timer_of_its_own() -> None:
     await asyncio.gather(waiting, return_exceptions=True)
     assert made.result.result().status is DispenseStatus.TIMEOUT
     assert made.device.stats.timeouts == 1
+    assert made.device.vends_over == 1  # a setup held back by the link's return goes now
     assert not made.on_vend_result(DispenseStatus.VENDED, "late")
 
 

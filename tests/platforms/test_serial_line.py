@@ -308,7 +308,7 @@ async def _hostile_device(
             asked: list[int] = []  # every price the device asked, as cents, when it was one
             for step in steps:
                 await _device_step(device, step, split, asked)
-            await _settled(agent)
+            await _settled(agent, device)
             _check_money(agent, device, steps, asked)
             await _sells_again(agent, device)
     finally:
@@ -347,11 +347,15 @@ async def _device_step(
     await asyncio.sleep(0.005)
 
 
-async def _settled(agent: Any) -> None:
-    """Until the device is done and every sale has ended (a lost DONE times out at 0.4 s)."""
+async def _settled(agent: Any, device: LineDevice) -> None:
+    """Until the agent has read every byte the device wrote, and then the device is done and
+    every sale has ended (a lost DONE times out at 0.4 s). Without the first, a loaded machine
+    (the pty's bytes reach the agent's side a moment later) could look settled before the last
+    request was read: "sells again" then came while that sale ran, and was denied as busy."""
     [platform] = agent.platforms
     await until(
-        lambda: platform.device.vend is None and not agent.sales.running, timeout=15
+        lambda: platform.device.link.stats.bytes_in == device.written
+        and platform.device.vend is None and not agent.sales.running, timeout=15
     )
 
 

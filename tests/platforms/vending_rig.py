@@ -236,6 +236,7 @@ class LineDevice:
         os.set_blocking(self.master, False)
         self.port = os.ttyname(self.slave)
         self.heard: list[str] = []
+        self.written = 0  # bytes written to the agent
         self._buffer = b""
         asyncio.get_running_loop().add_reader(self.master, self._read)
 
@@ -249,7 +250,9 @@ class LineDevice:
         view = memoryview(data)
         while view:  # a full pty buffer: the agent reads it soon
             try:
-                view = view[os.write(self.master, view):]
+                written = os.write(self.master, view)
+                self.written += written
+                view = view[written:]
             except BlockingIOError:
                 time.sleep(0.001)
 
