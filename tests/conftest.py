@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import logging
 import os
@@ -75,6 +76,14 @@ def _generated_once(
 @pytest.fixture
 async def sim_factory() -> AsyncIterator[SimFactory]:
     """Start simulators with any ``SimOptions`` (port 0, time_scale 50 unless given)."""
+    async with simulators() as start:
+        yield start
+
+
+@contextlib.asynccontextmanager
+async def simulators() -> AsyncIterator[SimFactory]:
+    """``sim_factory``'s body, for a fixture on another event loop (tests/admin/
+    browser_session.py): each simulator started is stopped at the end."""
     started: list[SimServer] = []
 
     async def start(**options: Any) -> SimServer:

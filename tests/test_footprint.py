@@ -54,6 +54,7 @@ NOT_FOR_A_SALE = [
     "resource",  # the servers' descriptor check reads the limit through os.sysconf
     "pkgutil",  # the platform registry asks for its platform by name, lists no package
     "difflib",
+    "kiosk_agent.sales.fake_clock",  # the tests' clock: sales.clock hands it to them on use
 ]
 
 
@@ -150,3 +151,30 @@ def test_the_agents_modules_leave_the_health_sections_schema_to_a_configuration_
     loaded = set(json.loads(done.stdout))
     assert "kiosk_agent.assembly.agent" in loaded
     assert "kiosk_agent.health.schema" not in loaded
+
+
+def test_the_agents_modules_look_up_no_codec_and_leave_the_tests_clock_out() -> None:
+    # the boot id is read as bytes: a text file opened with encoding="ascii" looks the codec up
+    # by name, and imported encodings.ascii into every run for that one read
+    probe = (
+        "import json, sys\n"
+        "before = set(sys.modules)\n"
+        "import kiosk_agent.app\n"
+        "from kiosk_agent.sales.clock import SYSTEM_CLOCK\n"
+        "print(json.dumps({'boot': SYSTEM_CLOCK.boot_id(),\n"
+        "                  'new': sorted(set(sys.modules) - before)}))\n"
+    )
+    done = in_a_fresh_python(probe)
+    found = json.loads(done.stdout.splitlines()[-1])
+    assert "kiosk_agent.sales.clock" in found["new"]
+    assert [m for m in found["new"] if m.startswith("encodings.")] == []
+    assert "kiosk_agent.sales.fake_clock" not in found["new"]
+    if Path("/proc/sys/kernel/random/boot_id").exists():  # read as before: its text, stripped
+        assert found["boot"] == Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+
+
+def test_the_tests_clock_is_where_the_tests_take_it() -> None:
+    from kiosk_agent.sales import clock, fake_clock
+
+    assert clock.FakeClock is fake_clock.FakeClock
+    assert clock.FakeClock().boot_id() == "fake-boot-1"

@@ -104,7 +104,8 @@ class AdminServer:
         conf = ADMIN_SCHEMA(conf)
         self.agent = agent
         self._site = LocalSite(
-            conf["host"], conf["port"], name="admin", limits=HttpLimits.of(agent)
+            conf["host"], conf["port"], name="admin", limits=HttpLimits.of(agent),
+            health=getattr(agent, "health", None), counted_as="admin API",
         )
         self._refused = RefusalLog(_LOGGER, "admin_api")
         self._tokens: list[tuple[str, bytes, str]] = [

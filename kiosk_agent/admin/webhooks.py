@@ -277,10 +277,11 @@ class WebhookReceiver:
         conf = WEBHOOKS_SCHEMA(conf)
         self._secret: str = conf["secret"]
         self._limits = HttpLimits.of(agent)
-        self._site = LocalSite(conf["host"], conf["port"], name="webhooks", limits=self._limits)
+        self._health = getattr(agent, "health", None)
+        self._site = LocalSite(conf["host"], conf["port"], name="webhooks", limits=self._limits,
+                               health=self._health, counted_as="webhook receiver")
         self.path: str = conf["path"]
         self._max_body: int = conf["max_body"]
-        self._health = getattr(agent, "health", None)
         self.store = SqliteIdempotencyStore(
             _resolve(agent, conf["store"]), on_trouble=self._store_trouble
         )

@@ -36,7 +36,12 @@ from kiosk_agent.sales.attention import AttentionSweeper
 from kiosk_agent.sales.audit import ChargeAudit
 from kiosk_agent.sales.clock import SYSTEM_CLOCK, Clock
 from kiosk_agent.sales.events import EventLog
-from kiosk_agent.sales.journal import CHECKPOINT_WAITS_FOR_CUSTOMER_S, Journal, JournalError
+from kiosk_agent.sales.journal import (
+    CHECKPOINT_STOP_WAIT_S,
+    CHECKPOINT_WAITS_FOR_CUSTOMER_S,
+    Journal,
+    JournalError,
+)
 from kiosk_agent.sales.journal_guard import DISK_WATCH_S, JournalGuard
 from kiosk_agent.sales.machine import Machine, this_machine
 from kiosk_agent.sales.model import SaleEvent
@@ -54,7 +59,7 @@ from kiosk_agent.service.errors import ServiceError
 from kiosk_agent.service.models import Terminal
 from kiosk_agent.service.settings import DEFAULT_TIMEOUT, ServiceSettings
 from kiosk_agent.service.timeouts import INTERACTION_LIFETIME
-from kiosk_agent.tasks import BackgroundTask
+from kiosk_agent.tasks import BackgroundTask, cancel_and_wait
 
 _LOGGER = logging.getLogger(__name__)
 
@@ -182,6 +187,8 @@ class Agent:
         # one agent per journal: claimed before anything reads it, let go after it is closed
         self.owner = owner or JournalLock(self.journal.path)
         self._journal_watch = BackgroundTask(self._watch_journal, "journal-watch")
+        # a checkpoint a commit asked for (_checkpoint_soon)
+        self._checkpointing: asyncio.Task[None] | None = None
         # the state a step reached names its kind: listeners of some states only skip the rest
         self.events: EventBus[SaleEvent] = EventBus(kind=operator.attrgetter("state"))
 
@@ -270,6 +277,7 @@ class Agent:
             "attention sweeper": lambda: self.attention.stats.unexpected,
             "unwritten sales": lambda: self.unwritten.unexpected,
             "journal prune": lambda: self.prune_errors,
+            "journal checkpoint due": lambda: self.journal.checkpoint_due_errors,
         }.items():
             self.health.count_errors_of(part, count)
 
@@ -292,6 +300,9 @@ class Agent:
         self._stopping = threading.Event()  # told to work in threads (the prune)
         self._prune_thread: asyncio.Future[int] | None = None
         self._index_thread: asyncio.Future[bool] | None = None
+        # checkpoints' worker threads still running (the watch's look and a commit's due may
+        # each have one): a stop waits for them before it closes the journal
+        self._checkpoint_threads: set[asyncio.Future[int]] = set()
 
 
     # -- wiring (by app.py, before start) --------------------------------------------------------
@@ -322,6 +333,10 @@ class Agent:
         await self.journal_guard.open_journal(self._waiting_for_disk)
         self._read_unit()
         self._journal_watch.start()
+        # open now: its checkpoints are the agent's from here, not from the watch's first look
+        # a second on (customers in that second ran the WAL past its reserve)
+        with contextlib.suppress(sqlite3.Error, JournalError):  # a disk failing: the watch's
+            self._checkpoints_aside()
         self.event_log.open()
         await self.service.start()
         # With no open sale to recover (the usual start), the terminal list's round trip goes
@@ -438,13 +453,12 @@ class Agent:
         written back if its file was removed (else every later step would be lost with it:
         Journal.put_back); sales resolved by another process (`kiosk-agent sales resolve`)
         told to the bus (OutsideResolutions)."""
-        claimed, said, aside = True, "", False
+        claimed, said = True, ""
         while True:
             await asyncio.sleep(DISK_WATCH_S)
             try:
-                if not aside:  # from the first look at an open journal on
-                    self.journal.checkpoint_aside()
-                    aside = True
+                if self.journal.on_checkpoint_due is None:  # the start's could not: from here on
+                    self._checkpoints_aside()
                 self.journal_guard.watch()
                 self.attention.outside.watch()
                 if self.recovery.not_ours:  # another unit's open sales a person resolved
@@ -469,6 +483,28 @@ class Agent:
             except Exception:  # never dies silently: said, and the next look tries again
                 _LOGGER.exception("journal: watching its disk and files failed")
 
+    def _checkpoints_aside(self) -> None:
+        """The journal's commits leave the WAL's checkpoints to the agent
+        (Journal.checkpoint_aside), each asked for by the commit that makes one due."""
+        self.journal.checkpoint_aside()
+        self.journal.on_checkpoint_due = self._checkpoint_soon
+
+    def _checkpoint_soon(self) -> None:
+        """A commit brought a checkpoint due (``Journal.on_checkpoint_due``): run now, not at the
+        watch's next look a second later, one at a time. Customers back to back wrote ~100 sales
+        a second (bench/hardware.py): by the next look the WAL was three times its reserve, and
+        each commit past the reserve fsynced the file's new size too (docs/architecture.md)."""
+        if self._checkpointing is None or self._checkpointing.done():
+            self._checkpointing = asyncio.create_task(
+                self._checkpoint_now(), name="journal-checkpoint"
+            )
+
+    async def _checkpoint_now(self) -> None:
+        try:
+            await self._checkpoint_aside()
+        except Exception:  # never a silent death: the next due (or the watch's look) tries again
+            _LOGGER.exception("journal: its checkpoint failed")
+
     async def _checkpoint_aside(self) -> None:
         """The WAL copied into the database in a worker thread, not inside a sale's commit on the
         event loop (Journal.checkpoint_aside); one that fails is tried again at the next due.
@@ -478,10 +514,37 @@ class Agent:
             return
         await self.sales.context.customers.none_waiting(CHECKPOINT_WAITS_FOR_CUSTOMER_S)
         try:
-            await asyncio.to_thread(self.journal.checkpoint)
+            # shielded: a stop cancels the task, not the thread, and waits for the thread to
+            # end (told by _stopping) before it closes the journal and lets its claim go
+            thread = asyncio.ensure_future(
+                asyncio.to_thread(self.journal.checkpoint, self._stopping.is_set)
+            )
+            self._checkpoint_threads.add(thread)
+            thread.add_done_callback(self._checkpoint_thread_ended)
+            await asyncio.shield(thread)
         except sqlite3.Error as err:
             _LOGGER.warning("journal: its WAL not copied into the database now (%s); "
                             "the next checkpoint tries again", err)
+
+    async def _checkpoint_ended(self) -> bool:
+        """A checkpoint's worker thread still running (its task cancelled by the stop) ends
+        before the journal closes and its claim is let go: else a second agent could open the
+        journal while that thread's connection still writes (RESTART tried again). Told to stop
+        trying (``_stopping``), it ends within one try; bounded all the same (a disk that hangs)."""
+        if not self._checkpoint_threads:
+            return True
+        _, running = await asyncio.wait(self._checkpoint_threads, timeout=CHECKPOINT_STOP_WAIT_S)
+        if running:
+            _LOGGER.error("journal: its checkpoint's thread still runs %g s into the stop; the "
+                          "journal's claim is kept until this process ends",
+                          CHECKPOINT_STOP_WAIT_S)
+            return False
+        return True
+
+    def _checkpoint_thread_ended(self, thread: asyncio.Future[int]) -> None:
+        self._checkpoint_threads.discard(thread)
+        if not thread.cancelled():
+            thread.exception()  # retrieved: its caller says it, unless a stop cancelled that
 
     def _count_not_ours(self) -> None:
         """Health's count of another unit's open sales, once a person resolved some."""
@@ -624,8 +687,12 @@ class Agent:
             await asyncio.gather(self._index_thread, return_exceptions=True)
         await self.service.close()
         await self._journal_watch.stop()
+        self.journal.on_checkpoint_due = None
+        await cancel_and_wait(self._checkpointing)
+        ended = await self._checkpoint_ended()
         self.journal.close()
-        self.owner.release()
+        if ended:  # else the claim stays until this process ends: that thread may still write
+            self.owner.release()
         self.started = False
         self.stopped.set()
 

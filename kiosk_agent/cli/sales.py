@@ -331,6 +331,7 @@ async def late_vends_command(args: argparse.Namespace) -> int:
     import getpass
 
     from kiosk_agent.sales.clock import SYSTEM_CLOCK
+    from kiosk_agent.sales.journal_reads import SaleNotFound
     from kiosk_agent.sales.late_vends import LateVendWatch
 
     ack = getattr(args, "ack", None)
@@ -338,7 +339,10 @@ async def late_vends_command(args: argparse.Namespace) -> int:
     try:
         watch = LateVendWatch(journal, SYSTEM_CLOCK)
         if ack is not None:
-            done = watch.acknowledge(ack, f"cli ({getpass.getuser()})")
+            try:
+                done = watch.acknowledge(ack, f"cli ({getpass.getuser()})")
+            except SaleNotFound as err:  # unknown, or a start of several sales' ids
+                raise CliError(str(err), EXIT_FAILED) from None
             if not done:
                 raise CliError(f"no late vend to acknowledge for {ack!r} (`kiosk-agent sales "
                                "late-vends` lists them)", EXIT_FAILED)

@@ -50,7 +50,7 @@ import sqlite3
 import struct
 import time
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import voluptuous as vol
@@ -78,6 +78,7 @@ from kiosk_agent.sales.model import (
 from kiosk_agent.tasks import cancel_and_wait
 from kiosk_agent.web.server import (
     MAX_STREAM_FRAME,
+    UNEXPECTED_RETRY_AFTER_S,
     BodyError,
     HttpLimits,
     LocalSite,
@@ -320,6 +321,8 @@ _encode = _json_encoder()
 # handed to it, so it is encoded at once, in the listener (a plain pair: no frame object)
 _Frame = tuple[SaleEvent, str]
 
+_Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
 
 def gap_json(missed: int, sale_id: str | None) -> dict[str, Any]:
     """Said in a stream where steps were lost (the app read slower than the agent wrote)."""
@@ -346,6 +349,8 @@ class KioskApi:
         self._site = LocalSite(
             config["host"], config["port"], name=self.name,
             limits=HttpLimits.of(agent),
+            health=getattr(agent, "health", None),  # a test's stand-in agent may have none
+            refuse_unexpected=_unexpected,
         )
         self._hosts = {*config["allowed_hosts"], config["host"].lower()} - _ANY_ADDRESS
         # Host headers already found allowed, as sent ("127.0.0.1:8090"): an app sends the same
@@ -367,7 +372,13 @@ class KioskApi:
     # -- lifecycle -----------------------------------------------------------------------------
 
     async def start(self) -> None:
-        app = web.Application(middlewares=[self._auth], client_max_size=64 * 1024)
+        # Every request passes the checks (_auth) before anything else, whatever its target:
+        # the site runs them around the app's own handling (its routes, aiohttp's 404 and 405
+        # for a target no route matches), not as a middleware, so aiohttp runs no middleware
+        # chain at each request (some 25 Python calls a sale), and not on each route, which
+        # missed the targets no route matches (OPTIONS *, CONNECT's host:port, a path with a
+        # line break): those were answered unchecked and uncounted
+        app = web.Application(client_max_size=64 * 1024)
         app.router.add_post("/api/v1/sales", self._start_sale)
         app.router.add_get("/api/v1/sales/{sale_id}", self._get_sale)
         app.router.add_post("/api/v1/sales/{sale_id}/cancel", self._cancel_sale)
@@ -375,7 +386,7 @@ class KioskApi:
         app.router.add_get("/api/v1/sales/{sale_id}/events", self._stream)
         app.router.add_get("/api/v1/events", self._stream)
         app.router.add_get("/api/v1/status", self._status)
-        await self._site.start(app)
+        await self._site.start(app, guard=self._auth)
         self._unfollow = self.agent.events.listen(self._follow)
         _LOGGER.info("%s: kiosk API on %s:%d", self.name, self.config["host"], self.port)
 
@@ -399,6 +410,7 @@ class KioskApi:
             "port": self.port,
             "requests": self.requests,
             "rejected": self.rejected,
+            "unexpected": self._site.unexpected,  # requests a handler failed (a bug)
             "refused_out_of_service": self.refused_out_of_service,
             "refused_stopping": self.refused_stopping,
             "live_sockets": len(self._sockets),
@@ -436,8 +448,7 @@ class KioskApi:
 
     # -- auth ----------------------------------------------------------------------------------
 
-    @web.middleware
-    async def _auth(self, request: web.Request, handler: Any) -> web.StreamResponse:
+    async def _auth(self, request: web.Request, handler: _Handler) -> web.StreamResponse:
         self.requests += 1
         refusal = self._refusal(request)
         if refusal is not None:
@@ -455,6 +466,8 @@ class KioskApi:
         except (JournalError, sqlite3.Error) as err:
             # the journal cannot hold a sale: out of service, said as the app expects it
             return self._journal_refusal(err)
+        # any other error (a bug) is the site's to answer: 503 in this API's words
+        # (_unexpected), logged, counted and shown in health (LocalSite._track)
         return response
 
     def _refusal(self, request: web.Request) -> tuple[int, str, str | None, str] | None:
@@ -839,6 +852,13 @@ def _origin_allowed(origin: str, allowed: list[str]) -> bool:
 
 def _error(status: int, error: str, field: str | None, message: str) -> web.Response:
     return _json_response({"error": error, "field": field, "message": message}, status=status)
+
+
+def _unexpected(detail: str) -> web.Response:
+    """A handler's unexpected error (a bug), said in this API's error form (LocalSite)."""
+    response = _error(503, "unavailable", None, detail)
+    response.headers["Retry-After"] = str(UNEXPECTED_RETRY_AFTER_S)
+    return response
 
 
 def _json_response(body: dict[str, Any], status: int) -> web.Response:

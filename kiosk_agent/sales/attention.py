@@ -258,13 +258,12 @@ class AttentionSweeper:
         if not lookup.known or not self._still_attention(steps):
             return None
         if lookup.reversed:
-            return steps.finish(
-                SaleState.REVERSED,
-                Step.ATTENTION_DONE,
-                "given back (found in reporting)",
-                reverse_trans_id=lookup.reverse_trans_id,
-                reversed_cents=record.captured_cents
-                if lookup.amount_cents is None else lookup.amount_cents,
+            refunded = lookup.reverse_trans_id not in (None, trans_id)
+            if refunded and lookup.amount_cents == 0 and "refunded for $0.00" in record.message:
+                return None  # said already: a person decides
+            return steps.given_back(
+                Step.ATTENTION_DONE, Step.ATTENTION_FOUND, "given back (found in reporting)",
+                lookup.reverse_trans_id, lookup.amount_cents, voided=not refunded,
                 if_state=SaleState.ATTENTION,
             )
         vended = record.vended_cents

@@ -210,6 +210,10 @@ class ChargeAudit:
         # waited for before a charge is journaled or given back: False when the journal's file
         # is found damaged (core/journal_guard.py reads it whole after it opened)
         self.before_money: Callable[[], Awaitable[bool]] | None = None
+        # a check's charges under the attempt's own order id of a sale ended with money moved
+        # under another trans id (trans id -> that sale): given back only once reporting shows
+        # the sale's own charge under that order id too (_own_charge_shown)
+        self._unproven: dict[str, SaleRecord] = {}
 
     async def check(
         self, running: Collection[str] = (), settled: bool = True, *,
@@ -237,6 +241,7 @@ class ChargeAudit:
             return result
         result.seen = seen
         result.foreign = [row.trans_id for row in foreign]
+        self._unproven = {}
         found = [(row, record) for row in held if (record := self._unaccounted(row, running))]
         if found and self.before_money is not None and not await self.before_money():
             result.error = "the journal's file is damaged: nothing is given back on it"
@@ -245,9 +250,20 @@ class ChargeAudit:
         give_back = len(found) <= self.max_give_back
         taken: set[str] = set()
         for row, record in found:
+            undecided = ""
+            sale = self._unproven.get(row.trans_id)
+            if sale is not None:
+                try:
+                    shown = await self._own_charge_shown(row, sale)
+                except ServiceError as err:  # neither given back nor told: the next check asks
+                    _LOGGER.warning("charge check: %s not looked at now: reporting could not "
+                                    "be asked for its order id's charges (%s)", row.trans_id, err)
+                    continue
+                if not shown:
+                    undecided = _unproven_words(sale)
             result.unaccounted.append(row.trans_id)
             record = self._order_id_of_its_own(row, record, taken)
-            event = await self._settle(row, record, give_back, len(found))
+            event = await self._settle(row, record, give_back, len(found), undecided)
             result.events.append(event)
         if found:
             _LOGGER.warning("charge check: %d charge(s) the journal did not hold: %s",
@@ -383,6 +399,11 @@ class ChargeAudit:
                 record.state, record.trans_id, row
             ):
                 return None
+            if (_accounts_for(record, running) and record.state.final
+                    and _attempt_of(suffix) == record.attempt):
+                # the sale's own attempt charged again, or its own charge written otherwise
+                # than a normalised comparison sees: not given back unless proven another's
+                self._unproven[row.trans_id] = record
             steps = self.journal.steps(record.sale_id)
             if steps and steps[-1].step in NO_CHARGE_STEPS and late_charge_watched(
                 self.context.clock, record, LATE_CHARGE_HANDOVER_S
@@ -441,8 +462,22 @@ class ChargeAudit:
             message="a charge in reporting the journal did not hold",
         )
 
+    async def _own_charge_shown(self, row: Transaction, sale: SaleRecord) -> bool:
+        """Whether reporting shows ``sale``'s own charge (its trans id, compared as
+        :func:`trans_key` does) under ``row``'s order id, in any status: then ``row`` is
+        another charge of that order id, provably not the customer's payment for the sale."""
+        if sale.trans_id is None:
+            return False
+        own = trans_key(sale.trans_id)
+        query = TransactionFilter(mid=self.settings.mid, order_id=row.order_id)
+        async for other in self.context.service.reporting.transactions(query):
+            if other.order_id == row.order_id and trans_key(other.trans_id) == own:
+                return True
+        return False
+
     async def _settle(
-        self, row: Transaction, record: SaleRecord, give_back: bool, found: int
+        self, row: Transaction, record: SaleRecord, give_back: bool, found: int,
+        undecided: str = "",
     ) -> SaleEvent:
         detail = {"trans_id": row.trans_id, "order_id": row.order_id,
                   "status": row.status.name if row.status else None}
@@ -451,6 +486,8 @@ class ChargeAudit:
         cents = row.amount_cents
         steps.step(Step.AUDIT_FOUND, SaleState.CHARGING, detail=detail, trans_id=row.trans_id,
                    authorized_cents=cents, captured_cents=cents)
+        if undecided:
+            return steps.finish(SaleState.ATTENTION, Step.AUDIT_UNDECIDED, undecided)
         if not give_back:
             return steps.finish(
                 SaleState.ATTENTION, Step.AUDIT_UNDECIDED,
@@ -508,6 +545,23 @@ def _plainly_accounted(
     return sale.state not in _NO_MONEY and not _not_its_charge(sale.state, sale.trans_id, row)
 
 
+def trans_key(trans_id: str | None) -> str:
+    """A transaction reference number as compared: the interface types it a string and says
+    no more, so a charge answer and reporting may write one charge otherwise (whitespace
+    around it, letters' case, leading zeros). Compared exactly, a completed sale's own capture
+    read as another charge of its order id and was given back: a paid customer refunded."""
+    key = (trans_id or "").strip().casefold()
+    return key.lstrip("0") or key
+
+
+def _unproven_words(sale: SaleRecord) -> str:
+    return (f"a charge held under the order id of sale {sale.sale_id} (ended "
+            f"{sale.state.value} with its charge {sale.trans_id}): reporting does not show "
+            "that charge under the order id, so the agent cannot tell which of them is the "
+            "customer's payment and gives none back; a person decides now "
+            "(`kiosk-agent sales resolve`)")
+
+
 def _not_its_charge(state: SaleState, trans_id: str | None, row: Transaction) -> bool:
     """A charge under one of the order ids of a sale that ended with money moved under another
     charge (its ``trans_id``): no money of the sale's. Under an earlier attempt's order id,
@@ -518,7 +572,7 @@ def _not_its_charge(state: SaleState, trans_id: str | None, row: Transaction) ->
     second case was counted the sale's, and kept). An open sale (recovery's, the sweeper's:
     ``attention``) may still take it for its own."""
     return (state.final and state is not SaleState.ATTENTION and trans_id is not None
-            and row.trans_id != trans_id)
+            and trans_key(row.trans_id) != trans_key(trans_id))
 
 
 def _attempt_of(suffix: str) -> int:

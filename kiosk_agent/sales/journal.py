@@ -28,6 +28,7 @@ import shutil
 import sqlite3
 import tempfile
 import threading
+import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -177,14 +178,24 @@ _SIDE = ("-wal", "-shm")
 # What SQLite lets the WAL hold before it checkpoints on its own (wal_autocheckpoint: 1000
 # pages of 4 KiB by default): grown ahead once a run (Journal.reserve_wal).
 WAL_RESERVE_BYTES = 1000 * 4096
-# Rows a running agent writes between two of its checkpoints (Journal.checkpoint_due): some
-# 70 sales, a few hundred pages of WAL, under the 1,000 that WAL_RESERVE_BYTES grows it to
-CHECKPOINT_AFTER_ROWS = 1000
+# Rows a running agent writes between two of its checkpoints (Journal.checkpoint_due), told
+# by the commit that reaches it (Journal.on_checkpoint_due): a sale over mdb writes some 19
+# rows in some 38 pages of WAL (2 a row: each commit writes the newest page of each table and
+# index it touches), so 300 rows are some 16 sales and 600 pages, under the 1,000 that
+# WAL_RESERVE_BYTES grows it to with room for the wait below. At 1,000 rows, looked at once a
+# second, a burst of customers (bench/hardware.py) ran it to three times its reserve.
+CHECKPOINT_AFTER_ROWS = 300
+# A checkpoint's RESTART that cannot now is tried again this often, this far apart (a thread's)
+RESTART_TRIES = 10
+RESTART_RETRY_S = 0.002
 # A due checkpoint waits this long at most for no customer to be waiting for a machine's answer
 # (sales/answers.py, WaitingCustomers): its worker thread's 2-3 ms of CPU at a tenth of a core
 # was 25 ms more of one customer's vend -> approve, once every ~70 sales (bench/pi.py). One
 # watch period: the journal watch (which waits with it) looks again at most a second late.
 CHECKPOINT_WAITS_FOR_CUSTOMER_S = 1.0
+# A stop waits this long at most for a checkpoint's worker thread (told to stop trying, it ends
+# within one RESTART try) before it closes the journal (Agent._checkpoint_ended)
+CHECKPOINT_STOP_WAIT_S = 10.0
 WAL_ROOM_NEEDED = 16 * WAL_RESERVE_BYTES  # free space under which it is not grown
 _WAL_SPILL_CACHE_KIB = 64  # SQLite's page cache while growing it: full at once, so it spills
 # SQLite's page cache of the journal's own connection. A sale's commit touches a few dozen
@@ -270,6 +281,13 @@ class Journal(JournalReads, JournalPrune):
         # own: the running agent's, whose commits are on its event loop
         self._checkpoints_aside = False
         self._changes_at_checkpoint = 0
+        # Told by the commit that brings the rows written since the last checkpoint aside to
+        # CHECKPOINT_AFTER_ROWS (and by each commit after it until checkpoint_due() is asked):
+        # the running agent checkpoints then, not at its next once-a-second look, by which a
+        # burst of customers had run the WAL past its reserve (each commit past it fsyncs the
+        # file's new size too)
+        self.on_checkpoint_due: Callable[[], None] | None = None
+        self.checkpoint_due_errors = 0  # on_checkpoint_due raised (a bug): counted, not fatal
         # Told after every write: None when it went through, the error when it did not (the
         # agent takes the unit out of service at once, from whichever path wrote).
         self.on_write: WriteListener | None = None
@@ -378,15 +396,17 @@ class Journal(JournalReads, JournalPrune):
         """This connection has written ``CHECKPOINT_AFTER_ROWS`` rows since the last checkpoint
         made aside: True once, and the count starts again (the caller then runs
         :meth:`checkpoint`). Asked on the connection's own thread."""
-        if not self._checkpoints_aside or self._db is None:
+        if not self._checkpoint_owed():
             return False
-        changes = self._db.total_changes
-        if changes - self._changes_at_checkpoint < CHECKPOINT_AFTER_ROWS:
-            return False
-        self._changes_at_checkpoint = changes
+        self._changes_at_checkpoint = self.db.total_changes
         return True
 
-    def checkpoint(self) -> int:
+    def _checkpoint_owed(self) -> bool:
+        db = self._db
+        return (self._checkpoints_aside and db is not None
+                and db.total_changes - self._changes_at_checkpoint >= CHECKPOINT_AFTER_ROWS)
+
+    def checkpoint(self, stopping: Callable[[], bool] | None = None) -> int:
         """Copy the WAL into the database on a connection of its own (for a worker thread: it
         touches nothing of this one); the frames copied. PASSIVE: it waits for no writer and no
         reader, and what it cannot copy now the next one does. A committed step is durable in
@@ -399,15 +419,25 @@ class Journal(JournalReads, JournalPrune):
         behind, and with sales and the prune writing, a commit always landed during a PASSIVE
         pass: on the 200,000-sale journal the WAL grew to 1.1 GB in 13 minutes of the prune and
         kiosk sales, and its index (mapped into the agent, 32 KiB for every 16 MiB of WAL) by
-        2.1 MB of the agent's RSS (bench/journal.py). Where it cannot now, the next one tries."""
+        2.1 MB of the agent's RSS (bench/journal.py). A RESTART that cannot now (a write under
+        way, a reader still in an older snapshot) is tried again ``RESTART_TRIES`` times,
+        ``RESTART_RETRY_S`` apart, waiting for nobody each time: customers back to back keep a
+        write under way much of the time, and a burst ran the WAL past its reserve before the
+        next checkpoint. Where it cannot, the next checkpoint tries. ``stopping()`` True ends
+        the tries (a stop waits for this thread before it closes the journal)."""
         aside = sqlite3.connect(f"file:{self.path}?mode=rw", uri=True, isolation_level=None)
         try:
             aside.execute("PRAGMA busy_timeout=5000")
             aside.execute(f"PRAGMA cache_size=-{ASIDE_CACHE_KIB}")
             row = aside.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()
             aside.execute("PRAGMA busy_timeout=0")
-            with contextlib.suppress(sqlite3.OperationalError):  # busy: the next one does
-                aside.execute("PRAGMA wal_checkpoint(RESTART)").fetchone()
+            for _ in range(RESTART_TRIES):
+                with contextlib.suppress(sqlite3.OperationalError):  # busy, said as an error
+                    if aside.execute("PRAGMA wal_checkpoint(RESTART)").fetchone()[0] == 0:
+                        break
+                if stopping is not None and stopping():
+                    break
+                time.sleep(RESTART_RETRY_S)
         finally:
             aside.close()
         return int(row[2]) if row is not None else 0
@@ -458,6 +488,8 @@ class Journal(JournalReads, JournalPrune):
             # (PASSIVE: never waits for a reader, a tech's `kiosk-agent sales`)
             self.db.execute("PRAGMA wal_checkpoint(PASSIVE)")
             self._spill_into_the_wal()
+            # the filler's rows were rolled back: no frame of them for a checkpoint to copy
+            self._changes_at_checkpoint = self.db.total_changes
         except (sqlite3.Error, OSError) as err:
             _LOGGER.warning("journal: the WAL was not grown ahead (%s); commits lengthen it", err)
             return False
@@ -567,15 +599,24 @@ class Journal(JournalReads, JournalPrune):
 
     def _committed(self, *, fsynced: bool) -> None:
         """A commit of this connection: one fsynced makes every commit before it durable too
-        (the WAL's fdatasync covers the whole file), so whoever waits in fsynced() is woken."""
+        (the WAL's fdatasync covers the whole file), so whoever waits in fsynced() is woken.
+        Then, the bookkeeping done, ``on_checkpoint_due`` if a checkpoint is due: a callback
+        that raises (a bug) is logged and counted (``checkpoint_due_errors``, in health), never
+        the commit's failure (it committed), nor left to strand the waiters."""
         if not fsynced:
             self._fsync_owed = True
-            return
-        self._fsync_owed = False
-        waiters, self._fsync_waiters = self._fsync_waiters, []
-        for waiter in waiters:
-            if not waiter.done():
-                waiter.set_result(None)
+        else:
+            self._fsync_owed = False
+            waiters, self._fsync_waiters = self._fsync_waiters, []
+            for waiter in waiters:
+                if not waiter.done():
+                    waiter.set_result(None)
+        if self.on_checkpoint_due is not None and self._checkpoint_owed():
+            try:
+                self.on_checkpoint_due()
+            except Exception:
+                self.checkpoint_due_errors += 1
+                _LOGGER.exception("journal: telling that a checkpoint is due failed")
 
     def _fail_waiters(self, failed: JournalError) -> None:
         """Whoever waits in fsynced() learns that what it wrote is not durable."""

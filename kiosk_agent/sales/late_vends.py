@@ -139,10 +139,14 @@ class LateVendWatch:
 
     def acknowledge(self, sale_id: str, by: str) -> list[str]:
         """A person saw the late vends (of ``sale_id``, or all with ``"all"``): journaled on each
-        sale as ``late.vend.seen`` with who. The sale ids acknowledged."""
+        sale as ``late.vend.seen`` with who. The sale ids acknowledged. ``sale_id`` is a sale
+        id, a unique start of one or an order id (Journal.find): a start of several sales (an
+        empty one starts them all) is SaleNotFound, never all of them, so one person's look
+        at one sale hides no other sale's unpaid product from health."""
+        named = None if sale_id == "all" else self.journal.find(sale_id).sale_id
         done = []
         for vend in self.unseen():
-            if sale_id not in ("all", vend.sale_id) and not vend.sale_id.startswith(sale_id):
+            if named not in (None, vend.sale_id):
                 continue
             record = self.journal.get(vend.sale_id)
             if record is None:

@@ -357,12 +357,9 @@ class Recovery:
             raise RuntimeError(f"sale {record.sale_id}: no transaction id to look up")
         lookup = await steps.reconciler.transaction_state(record.trans_id)
         if lookup.reversed:
-            return steps.finish(
-                SaleState.REVERSED,
-                Step.RECOVERY_DONE,
-                f"{record.message}; given back",
-                reverse_trans_id=lookup.reverse_trans_id,
-                reversed_cents=(record.captured_cents or record.authorized_cents)
-                if lookup.amount_cents is None else lookup.amount_cents,
+            refunded = lookup.reverse_trans_id not in (None, record.trans_id)
+            return steps.given_back(
+                Step.RECOVERY_DONE, Step.RECOVERY_UNDECIDED, f"{record.message}; given back",
+                lookup.reverse_trans_id, lookup.amount_cents, voided=not refunded,
             )
         return await steps.reverse(record.message or "interrupted while giving the money back")

@@ -377,9 +377,12 @@ class SaleSteps:
         does, so what people see says money was taken and given back, not "nothing charged"."""
         if lookup.trans_id is not None:
             cents = lookup.amount_cents
-            if cents is None:  # reporting named no amount: the price; a 0 it names is 0
-                cents = self.record.amount_cents
             back = await self.reconciler.transaction_state(lookup.trans_id)
+            voided = back.reverse_trans_id in (None, lookup.trans_id)
+            if cents is None or (cents == 0 and voided):
+                # reporting named no amount: the price; nor does a voided row reading $0.00
+                # (a void releases the whole hold); a refund's 0 stays 0
+                cents = self.record.amount_cents
             changes.update(
                 self._charge_fields(lookup.trans_id, cents),
                 reverse_trans_id=back.reverse_trans_id or lookup.trans_id,
@@ -670,14 +673,39 @@ class SaleSteps:
     def _reversed(
         self, why: str, reverse_trans_id: str | None, cents: int | None, voided: bool = True
     ) -> SaleEvent:
-        amount = self._held_cents if cents is None else cents  # 0 named is 0
+        return self.given_back(Step.REVERSE_DONE, Step.REVERSE_FAILED, why, reverse_trans_id,
+                               cents, voided)
+
+    def given_back(
+        self, done: Step, undecided: Step, why: str, reverse_trans_id: str | None,
+        cents: int | None, voided: bool, **changes: Any,
+    ) -> SaleEvent:
+        """The end of a sale whose give-back an answer or reporting shows made, for ``cents``
+        (None: no figure named, the money held). A void releases the whole hold: a voided row
+        reporting shows as $0.00 still gave back all the sale held, said so. A refund of $0.00
+        gives nothing back: the agent cannot tell the money went back and refunds nothing
+        again on its own; a person decides (``undecided``), told what reporting shows."""
+        held = self._held_cents
+        if cents == 0 and not voided:
+            return self.finish(
+                SaleState.ATTENTION, undecided,
+                refunded_nothing(why, self.record.trans_id, held), **changes,
+            )
+        if cents is None or (cents == 0 and voided):
+            amount = held
+            shown = "" if cents is None else (
+                f" (a void releases the whole hold; reporting shows {format_cents(0)} on the "
+                "voided row)")
+        else:
+            amount, shown = cents, ""
         how = "voided" if voided else "refunded"
         return self.finish(
             SaleState.REVERSED,
-            Step.REVERSE_DONE,
-            f"{why}; {format_cents(amount)} {how}",
+            done,
+            f"{why}; {format_cents(amount)} {how}{shown}",
             reverse_trans_id=reverse_trans_id,
             reversed_cents=amount,
+            **changes,
         )
 
     def named(self, chosen: object) -> dict[str, Any]:
@@ -825,6 +853,13 @@ class SaleSteps:
             f"paid {format_cents(cents)} ({how})",
             captured_cents=cents,
         )
+
+
+def refunded_nothing(why: str, trans_id: str | None, held: int) -> str:
+    """The words of a sale whose refund reporting shows made for $0.00."""
+    return (f"{why}; reporting shows {trans_id} refunded for {format_cents(0)}: a refund of "
+            f"nothing gives nothing back, so the {format_cents(held)} may still be held; the "
+            f"agent refunds nothing again on its own: a person decides ({RESOLVE})")
 
 
 def nothing_captured(cents: int, when: str) -> str:

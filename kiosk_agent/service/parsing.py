@@ -73,18 +73,25 @@ def answer_to(
     merchant or currency, no transaction to capture or give back, an approval of 0 cents: every
     charge and capture asks for more, and a 0 read as no amount would vend the whole price).
     The caller treats it as a lost answer: looked up by what it asked, never taken for its own."""
+    given = answer.model_fields_set
     for name in fields:
-        got = getattr(answer, name) if name in answer.model_fields_set else None
-        if got is not None and _said(name, got) != _said(name, body.get(name)):
+        got = getattr(answer, name) if name in given else None
+        if got is None:
+            continue
+        asked = body.get(name)
+        if name == "currency":  # a currency code in any case (usd is USD): _said's compare
+            got, asked = _said(name, got), _said(name, asked)
+        if got != asked:
             raise InvalidResponseError(
                 f"{what}: field {name!r}: the answer names another {name} than asked",
                 field=name,
             )
-    if answer.approved and not answer.trans_id.strip():
+    approved = answer.approved
+    if approved and not answer.trans_id.strip():
         raise InvalidResponseError(
             f"{what}: field 'trans_id': an approval without a transaction id", field="trans_id"
         )
-    if answer.approved and answer.amount == 0:  # None names no amount; 0 approves nothing
+    if approved and answer.amount == 0:  # None names no amount; 0 approves nothing
         raise InvalidResponseError(
             f"{what}: field 'amount': an approval of 0 cents for a charge of more", field="amount"
         )

@@ -9,6 +9,7 @@ caller reconciles (the charge-card ``order_id`` is made here for that).
 
 from __future__ import annotations
 
+import functools
 import logging
 from typing import Any
 from urllib.parse import quote
@@ -42,6 +43,7 @@ CLOCK_BASELINE_S = 2.0
 CLOCK_RATE_TOLERANCE = 0.25
 
 
+@functools.lru_cache(maxsize=64)  # a unit's few terminals: quoted once, not at each request
 def _device(device_id: str) -> str:
     return f"{_BASE}/{quote(device_id, safe='')}"
 

@@ -292,7 +292,7 @@ class Transport:
         and MONEY for the rest.
         """
         method = method.upper()
-        what = _label(method, path, what)
+        what = what or _label(method, path, what)  # request() and request_model() name it
         if retry_safe is None:
             retry_safe = method in _IDEMPOTENT_METHODS
         if rate_limited is None:
@@ -355,16 +355,30 @@ class Transport:
         rate_limited, patience_ends = call.rate_limited, call.patience_ends
         attempt = 0
         renewed = False
+        limiter = self.limiter if rate_limited else None  # a property: read once a call
         while True:
-            if rate_limited:
-                await self.limiter.acquire()
+            if limiter is not None:
+                await limiter.acquire()
             token = await self._bearer(auth)
             call_headers = dict(headers or {})
             if token is not None:
                 call_headers["Authorization"] = f"Bearer {token}"
             attempt += 1
             try:
-                answer = await self._exchange(call, call_headers)
+                # the exchange in place, not a coroutine of its own: each of a call's waits
+                # resumed one more frame (two Python calls a charge-card, and its making).
+                # No redirect is followed: a 307 would send the call (a charge, its card
+                # token) to whatever server the answer names, and read that server's answer
+                # as the service's.
+                async with self.session.request(
+                    call.method, call.url, json=call.json, params=call.params, data=call.data,
+                    headers=call_headers, timeout=call.timeout, allow_redirects=False,
+                    middlewares=self._call_middlewares,
+                ) as resp:  # fmt: skip
+                    answer = _Answer(
+                        resp.status, await _read_bounded(resp, call.what), resp.content_type,
+                        resp.headers.get("Retry-After"), resp.headers.get("Location"),
+                    )  # fmt: skip
             except aiohttp.ClientConnectorError as exc:
                 call.failures.append(network_words(exc))
                 if await self._backed_off(attempt):  # never reached the service: always safe
@@ -379,8 +393,8 @@ class Transport:
                 ) from exc
             _LOGGER.debug("%s -> %s (%d bytes)", what, answer.status, len(answer.body))
 
-            if rate_limited and answer.status != 429:
-                self.limiter.succeeded()
+            if limiter is not None and answer.status != 429:
+                limiter.succeeded()
             if 200 <= answer.status < 300:
                 return answer.status, answer.body, answer.content_type
             if answer.status == 401 and auth is not Auth.NONE and not renewed:
@@ -392,20 +406,6 @@ class Transport:
             if answer.status >= 500 and retry_safe and await self._backed_off(attempt):
                 continue
             raise self._status_error(answer, what)
-
-    async def _exchange(self, call: _Call, headers: dict[str, str]) -> _Answer:
-        # No redirect is followed: a 307 would send the call (a charge, its card token) to
-        # whatever server the answer names, and read that server's answer as the service's.
-        async with self.session.request(
-            call.method, call.url, json=call.json, params=call.params, data=call.data,
-            headers=headers, timeout=call.timeout, allow_redirects=False,
-            middlewares=self._call_middlewares,
-        ) as resp:  # fmt: skip
-            body = await _read_bounded(resp, call.what)
-            return _Answer(
-                resp.status, body, resp.content_type, resp.headers.get("Retry-After"),
-                resp.headers.get("Location"),
-            )  # fmt: skip
 
     async def _backed_off(self, attempt: int) -> bool:
         """Sleep before retry number ``attempt`` and say True, or False when retries are spent."""

@@ -48,13 +48,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import errno
+import functools
 import json
 import logging
 import os
 import socket
 import time
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, Protocol
 
 from aiohttp import web
 from aiohttp.web_protocol import RequestHandler
@@ -95,6 +96,11 @@ _PEEK_BYTES = 8192
 # How long to stop accepting when the process has no descriptor left for one more.
 _OUT_OF_DESCRIPTORS_PAUSE_S = 1.0
 
+# A request whose handler failed with an unexpected error (a bug) is told to come back after
+# this (503 with Retry-After): never a 500 (LocalSite._track)
+UNEXPECTED_RETRY_AFTER_S = 5
+UNEXPECTED_DETAIL = "the agent could not answer this request now (an unexpected error, logged)"
+
 _OVERLOADED_BODY = b'{"error": "unavailable", "detail": "every connection is busy; retry"}'
 _OVERLOADED = (
     b"HTTP/1.1 503 Service Unavailable\r\nConnection: close\r\nRetry-After: 1\r\n"
@@ -129,6 +135,23 @@ class HttpLimits:
 
 
 LIMITS = web.AppKey("kiosk_agent.http_limits", HttpLimits)
+
+
+class ErrorCounts(Protocol):
+    """Where a site's unexpected errors are shown (the agent's health)."""
+
+    def count_errors_of(self, part: str, count: Callable[[], int]) -> None: ...
+
+
+def unexpected_refusal(detail: str) -> web.Response:
+    """The answer to a request whose handler failed unexpectedly, in the admin API's and the
+    webhook receiver's error form (``{error, detail}``); a site whose API says its errors
+    otherwise gives its own (LocalSite's ``refuse_unexpected``)."""
+    return web.json_response(
+        {"error": "unavailable", "detail": detail},
+        status=503,
+        headers={"Retry-After": str(UNEXPECTED_RETRY_AFTER_S)},
+    )
 
 _LIVE: set[LocalSite] = set()  # sites listening now, for /metrics
 SITE: web.AppKey[LocalSite] = web.AppKey("kiosk_agent.local_site")
@@ -332,14 +355,26 @@ class LocalSite:
         name: str = "http",
         limits: HttpLimits | None = None,
         clock: Callable[[], float] = time.monotonic,
+        health: ErrorCounts | None = None,
+        counted_as: str | None = None,
+        refuse_unexpected: Callable[[str], web.StreamResponse] = unexpected_refusal,
     ) -> None:
         self.host = host
         self.name = name
+        # a handler's unexpected error (a bug): answered refuse_unexpected(detail) (a 503 in the
+        # API's own error form, never aiohttp's 500), logged, counted here and shown in
+        # ``health`` (its unexpected errors) as ``counted_as``; the server goes on serving
+        self.unexpected = 0
+        self._refuse_unexpected = refuse_unexpected
+        self._health = health
+        self._counted_as = counted_as or name
         self.limits = limits or HttpLimits.from_config()
         self._clock = clock
         self._wanted_port = port
         self.port: int | None = None  # the bound port, once started
         self._runner: web.AppRunner | None = None
+        # the app's handler of a request (aiohttp's Application._handle), which _track wraps
+        self._app_handler: Callable[[web.BaseRequest], Awaitable[web.StreamResponse]] = _unstarted
         self._listeners: list[socket.socket] = []
         self._resume: asyncio.TimerHandle | None = None  # accepting again, while paused
         # at the cap: newcomers accepted a second (each looked at), and the silent ones among
@@ -391,10 +426,14 @@ class LocalSite:
             return None
         return _StreamHold(self, self._connections.get(request.protocol))
 
-    async def start(self, app: web.Application) -> None:
+    async def start(self, app: web.Application, guard: Guard | None = None) -> None:
+        """Serve ``app``. ``guard``, if given, stands before the app's handling of every request
+        (its routes, the 404 or 405 of a target no route matches, whatever the target): an
+        app's checks there cannot miss a route or a request, where a check on each route
+        misses what no route matches (``OPTIONS *``, CONNECT's host:port, a path with a line
+        break, a route added later), and it costs no middleware chain."""
         app[LIMITS] = self.limits
         app[SITE] = self
-        app.middlewares.insert(0, self._track)
         runner = web.AppRunner(
             app,
             access_log=None,
@@ -403,6 +442,17 @@ class LocalSite:
             shutdown_timeout=self.limits.shutdown_grace,
         )
         await runner.setup()
+        # each request counted around the app's own handling, not as a middleware of the app's:
+        # an app with no middleware (the kiosk API) then runs none of aiohttp's chain (its
+        # _fix_request_current_app layer, the chain's build and its cache, some 25 Python calls
+        # at each kiosk API sale's two requests and its stream's wake-ups)
+        server = runner.server
+        if server is not None:  # made by setup()
+            handler = server.request_handler
+            if guard is not None:
+                handler = functools.partial(guard, handler=handler)
+            self._app_handler = handler
+            server.request_handler = self._track
         self._runner = runner
         try:
             self._listeners = await _listen(self.host, self._wanted_port)
@@ -411,6 +461,8 @@ class LocalSite:
             self._runner = None
             raise ListenError(self.name, self.host, self._wanted_port, err) from None
         self.port = int(self._listeners[0].getsockname()[1])
+        if self._health is not None:
+            self._health.count_errors_of(self._counted_as, lambda: self.unexpected)
         self._start_accepting()
         _LIVE.add(self)
         _check_descriptors()
@@ -608,18 +660,51 @@ class LocalSite:
                 self._streaming -= 1
                 connection.streaming = False
 
-    @web.middleware
-    async def _track(
-        self, request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
-    ) -> web.StreamResponse:
+    async def _track(self, request: web.BaseRequest) -> web.StreamResponse:
+        """The server's handler of every request: the app's own (its routes, its middlewares),
+        with the request counted on its connection while it runs."""
+        handler = self._app_handler
         connection = self._connections.get(request.protocol)
-        if connection is None:
-            return await handler(request)
-        connection.request_started()
+        if connection is not None:
+            connection.request_started()
         try:
             return await handler(request)
+        except (web.HTTPException, TimeoutError):
+            raise  # aiohttp's own answers (404, 405, 413 ...; a timeout's 504): as they are
+        except ConnectionError:
+            # a client gone mid-answer (a stream's app closed its socket: the next write
+            # raises), not a bug: not counted; told 503 if it still hears anything
+            return self._unexpected_answer(request)
+        except Exception:
+            # a bug: the client told in its API's words (never a 500), the traceback logged,
+            # counted and shown in health; the server goes on
+            self.unexpected += 1
+            _LOGGER.exception("%s: %s %s failed unexpectedly", self.name, request.method,
+                              request.path)
+            return self._unexpected_answer(request)
         finally:
-            connection.request_ended()
+            if connection is not None:
+                connection.request_ended()
+
+    def _unexpected_answer(self, request: web.BaseRequest) -> web.StreamResponse:
+        if request.writer is not None and request.writer.output_size > 0:
+            # its answer had begun (a stream): no other can follow; the connection is ended
+            raise ConnectionError(f"{self.name}: the answer had begun; the connection is ended")
+        return self._refuse_unexpected(UNEXPECTED_DETAIL)
+
+
+_Response = web.StreamResponse
+_AppHandler = Callable[[web.Request], Awaitable[_Response]]
+
+
+class Guard(Protocol):
+    """A site's checks around its app's handling of a request (:meth:`LocalSite.start`)."""
+
+    def __call__(self, request: web.Request, *, handler: _AppHandler) -> Awaitable[_Response]: ...
+
+
+async def _unstarted(_request: web.BaseRequest) -> web.StreamResponse:
+    raise RuntimeError("a request handled before the server started")
 
 
 class _StreamHold:

@@ -4,12 +4,20 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
 from playwright.async_api import Browser, expect
 
 from kiosk_agent.audit.component import AuditReads, Port
+from tests.admin import browser_session
 from tests.admin.conftest import READ_TOKEN
 from tests.admin.test_page_browser import DESKTOP, WAIT_MS, _open
 from tests.audit.helpers import figures
+
+# On the worker's one loop, sharing its Playwright driver (tests/admin/browser_session.py).
+pytestmark = pytest.mark.asyncio(loop_scope="session")
+playwright, browser = browser_session.playwright, browser_session.browser
+sim_factory, sim = browser_session.sim_factory, browser_session.sim
+agent = browser_session.agent
 
 
 async def test_the_page_shows_the_last_read_the_columns_out_and_the_mismatch(

@@ -7,10 +7,16 @@ import socket
 from pathlib import Path
 
 import pytest
-from playwright.async_api import Browser, async_playwright
+from playwright.async_api import Browser, Playwright
 from playwright.async_api import Error as PlaywrightError
 
+from tests.admin import browser_session
 from tests.admin.chromium import ChromiumStartError, SharedChromium, connect, running_in_group
+
+# The async tests attach through the worker's Playwright driver, on its loop
+# (tests/admin/browser_session.py), as the browser tests do: not a driver of their own each.
+on_the_drivers_loop = pytest.mark.asyncio(loop_scope="session")
+playwright = browser_session.playwright
 
 
 async def _read_heading(browser: Browser) -> str:
@@ -20,27 +26,30 @@ async def _read_heading(browser: Browser) -> str:
     return await page.inner_text("h1")
 
 
+@on_the_drivers_loop
 async def test_closing_a_test_s_connection_leaves_the_shared_chromium_running(
-    shared_chromium: SharedChromium,
+    shared_chromium: SharedChromium, playwright: Playwright
 ) -> None:
     endpoint = shared_chromium.endpoint()
     process = shared_chromium.process
-    async with async_playwright() as playwright:
-        first = await playwright.chromium.connect_over_cdp(endpoint)
-        assert await _read_heading(first) == "shared"
-        await first.close()
+    first = await playwright.chromium.connect_over_cdp(endpoint)
+    assert await _read_heading(first) == "shared"
+    await first.close()
 
-        assert process is not None
-        assert process.poll() is None
-        assert shared_chromium.endpoint() == endpoint
-        second = await playwright.chromium.connect_over_cdp(endpoint)
-        left = [page.url for context in second.contexts for page in context.pages]
-        assert not [url for url in left if url.startswith("data:")]  # the first one's are gone
-        assert await _read_heading(second) == "shared"
-        await second.close()
+    assert process is not None
+    assert process.poll() is None
+    assert shared_chromium.endpoint() == endpoint
+    second = await playwright.chromium.connect_over_cdp(endpoint)
+    left = [page.url for context in second.contexts for page in context.pages]
+    assert not [url for url in left if url.startswith("data:")]  # the first one's are gone
+    assert await _read_heading(second) == "shared"
+    await second.close()
 
 
-async def test_a_chromium_that_died_is_started_again_and_stop_leaves_nothing_behind() -> None:
+@on_the_drivers_loop
+async def test_a_chromium_that_died_is_started_again_and_stop_leaves_nothing_behind(
+    playwright: Playwright,
+) -> None:
     chromium = SharedChromium()
     try:
         first_endpoint = chromium.endpoint()
@@ -55,10 +64,9 @@ async def test_a_chromium_that_died_is_started_again_and_stop_leaves_nothing_beh
         assert chromium.starts == 2
         assert second_endpoint != first_endpoint
         assert not profile.exists()  # the dead one's profile went with it
-        async with async_playwright() as playwright:
-            browser = await playwright.chromium.connect_over_cdp(second_endpoint)
-            assert await _read_heading(browser) == "shared"
-            await browser.close()
+        browser = await playwright.chromium.connect_over_cdp(second_endpoint)
+        assert await _read_heading(browser) == "shared"
+        await browser.close()
     finally:
         second = chromium.process
         second_profile = Path(chromium._profile)
@@ -76,7 +84,10 @@ def test_a_chromium_that_never_listens_is_a_clear_error() -> None:
     assert chromium.process is None
 
 
-async def test_an_attach_that_hangs_is_tried_again_on_a_chromium_started_anew() -> None:
+@on_the_drivers_loop
+async def test_an_attach_that_hangs_is_tried_again_on_a_chromium_started_anew(
+    playwright: Playwright,
+) -> None:
     """The first endpoint accepts the connection and never answers (a chromium hung while
     attaching): it is stopped, a new one started, and the test gets a browser from that."""
     silent = socket.create_server(("127.0.0.1", 0))  # listens, never speaks WebSocket
@@ -90,10 +101,9 @@ async def test_an_attach_that_hangs_is_tried_again_on_a_chromium_started_anew() 
 
     chromium = HangsFirst()
     try:
-        async with async_playwright() as playwright:
-            browser = await connect(playwright, chromium, timeout_s=1.0)
-            assert await _read_heading(browser) == "shared"
-            await browser.close()
+        browser = await connect(playwright, chromium, timeout_s=1.0)
+        assert await _read_heading(browser) == "shared"
+        await browser.close()
         assert chromium.attach_failures == 1
         assert chromium.starts == 1
     finally:
@@ -101,7 +111,8 @@ async def test_an_attach_that_hangs_is_tried_again_on_a_chromium_started_anew() 
         silent.close()
 
 
-async def test_a_second_attach_that_fails_fails_the_test() -> None:
+@on_the_drivers_loop
+async def test_a_second_attach_that_fails_fails_the_test(playwright: Playwright) -> None:
     silent = socket.create_server(("127.0.0.1", 0))
     port = silent.getsockname()[1]
 
@@ -110,8 +121,7 @@ async def test_a_second_attach_that_fails_fails_the_test() -> None:
             return f"ws://127.0.0.1:{port}/devtools/browser/hung"
 
     try:
-        async with async_playwright() as playwright:
-            with pytest.raises(PlaywrightError, match=r"[Tt]imeout"):
-                await connect(playwright, AlwaysHangs(), timeout_s=0.5)
+        with pytest.raises(PlaywrightError, match=r"[Tt]imeout"):
+            await connect(playwright, AlwaysHangs(), timeout_s=0.5)
     finally:
         silent.close()

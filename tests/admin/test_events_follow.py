@@ -1,12 +1,15 @@
 """`kiosk-agent events` and `health --watch` follow a running agent, as a tech at the machine
 runs them: a real process reading the admin API's event stream, ended with Ctrl-C."""
 
+from __future__ import annotations
+
 import asyncio
 import dataclasses
 import json
 import os
+import shutil
 import signal
-import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -20,23 +23,74 @@ from kiosk_agent.sales.journal import Journal, SaleRecord
 from kiosk_agent.sales.states import SaleState
 from tests.admin.conftest import ADMIN_TOKEN, write_config
 from tests.admin.test_server import _sell
+from tests.assembly.crash_driver import WarmCommand, WarmCommands
 from tests.child_signals import send_signal, stop
 from tests.helpers import free_port, walk_to
 
 WAIT_S = 20.0  # the longest any wait here lasts (a busy 2-core machine)
 
 
-async def _follow(admin_server: Any, *argv: str) -> asyncio.subprocess.Process:
+class Follower:
+    """``kiosk-agent ARGV...`` as its own process, forked from the test process's warm server
+    (crash_driver.WarmCommands: not a cold interpreter's 0.2 s of imports each), its standard
+    output and error read as pipes are: each a FIFO this side holds open for writing too, so
+    neither ends before the follower has ended (its exit closes its own ends), then both do."""
+
+    def __init__(self, command: WarmCommand, held: list[int], directory: Path) -> None:
+        self.command = command
+        self.pid = command.pid
+        self._held = held
+        self._directory = directory
+        self.stdout = asyncio.StreamReader()
+        self.stderr = asyncio.StreamReader()
+
+    @classmethod
+    async def start(cls, argv: list[str], env: dict[str, str]) -> Follower:
+        loop = asyncio.get_running_loop()
+        directory = Path(tempfile.mkdtemp(prefix="kiosk-follower-"))
+        readers, held, paths = [], [], []
+        for name in ("out", "err"):
+            path = directory / name
+            os.mkfifo(path)
+            read_end = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+            held.append(os.open(path, os.O_WRONLY | os.O_NONBLOCK))
+            readers.append(read_end)
+            paths.append(path)
+        commands = await asyncio.to_thread(WarmCommands.shared)
+        command = await asyncio.to_thread(
+            commands.start, argv, env, paths[1], stdout=paths[0]
+        )
+        follower = cls(command, held, directory)
+        for fd, stream in zip(readers, (follower.stdout, follower.stderr), strict=True):
+            pipe = open(fd, "rb", 0)  # noqa: SIM115 - its transport closes it at the pipe's end
+            await loop.connect_read_pipe(lambda s=stream: asyncio.StreamReaderProtocol(s), pipe)
+        return follower
+
+    @property
+    def returncode(self) -> int | None:
+        return self.command.returncode
+
+    async def wait(self) -> int:
+        code = await self.command.wait()
+        for fd in self._held:  # the follower's ends are closed: the pipes end here
+            os.close(fd)
+        self._held = []
+        shutil.rmtree(self._directory, ignore_errors=True)  # open pipes stay readable
+        return code
+
+    async def communicate(self) -> tuple[bytes, bytes]:
+        await self.wait()
+        return await self.stdout.read(), await self.stderr.read()
+
+
+async def _follow(admin_server: Any, *argv: str) -> Follower:
     """``kiosk-agent ARGV --url ...`` as its own process, once its stream is open."""
-    env = {**os.environ, "KIOSK_AGENT_TOKEN": ADMIN_TOKEN, "PYTHONUNBUFFERED": "1"}
+    env = {**os.environ, "KIOSK_AGENT_TOKEN": ADMIN_TOKEN}
     env.pop("KIOSK_CONFIG", None)
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "kiosk_agent", *argv, "--url", admin_server.url,
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, env=env,
-    )  # fmt: skip
+    proc = await Follower.start([*argv, "--url", admin_server.url], env)
     deadline = time.monotonic() + WAIT_S
     while admin_server.page._streams == 0:  # the follower listens
-        assert proc.returncode is None, await proc.stderr.read()
+        assert proc.returncode is None, (await proc.communicate())[1]
         assert time.monotonic() < deadline, "the follower never opened the stream"
         await asyncio.sleep(0.02)
     return proc
@@ -50,7 +104,7 @@ def quiet_stream(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(page, "KEEPALIVE_S", 3600.0)
 
 
-async def _interrupt(proc: asyncio.subprocess.Process) -> tuple[int, str]:
+async def _interrupt(proc: Follower) -> tuple[int, str]:
     send_signal(proc, signal.SIGINT)
     _out, err = await asyncio.wait_for(proc.communicate(), WAIT_S)
     return proc.returncode or 0, err.decode()
@@ -266,7 +320,7 @@ def _admin(agent: Any) -> Any:
 
 
 async def _lines_until(
-    proc: asyncio.subprocess.Process, sale_id: str, step: str
+    proc: Follower, sale_id: str, step: str
 ) -> list[dict[str, Any]]:
     assert proc.stdout is not None
     lines: list[dict[str, Any]] = []

@@ -13,6 +13,7 @@ from typing import Any
 
 import aiohttp
 import pytest
+import pytest_asyncio
 from playwright.async_api import Browser, expect
 
 from kiosk_agent.app import load_agent
@@ -20,6 +21,7 @@ from kiosk_agent.cli.virtual import simulated_machines
 from kiosk_agent.money import format_cents
 from kiosk_agent.sales.journal import SaleRecord
 from kiosk_agent.sales.states import SaleState
+from tests.admin import browser_session
 from tests.admin.conftest import ADMIN_TOKEN, CONFIG, write_config
 from tests.admin.test_page_browser import (
     DESKTOP,
@@ -31,6 +33,11 @@ from tests.admin.test_page_browser import (
     _terminal,
 )
 from tests.helpers import until
+
+# On the worker's one loop, sharing its Playwright driver (tests/admin/browser_session.py).
+pytestmark = pytest.mark.asyncio(loop_scope="session")
+playwright, browser = browser_session.playwright, browser_session.browser
+sim_factory, sim = browser_session.sim_factory, browser_session.sim
 
 # As config/demo.yaml: a coffee machine taking the card first (the agent authorizes $5.00, the
 # customer's choice is captured) and a snack machine choosing first; nobody walks away here.
@@ -63,7 +70,7 @@ triggers:
 BRANDS = {"1": "Visa", "2": "Mastercard", "3": "American Express", "4": "Discover"}
 
 
-@pytest.fixture
+@pytest_asyncio.fixture(loop_scope="session")
 async def selling(tmp_path: Path, sim_settings: Any) -> AsyncIterator[Any]:
     path = write_config(tmp_path)
     path.write_text(DEMO_LIKE)

@@ -13,10 +13,16 @@ from playwright.async_api import Browser, expect
 
 from kiosk_agent.app import load_agent
 from kiosk_agent.sales import unit
+from tests.admin import browser_session
 from tests.admin.conftest import ADMIN_TOKEN, write_config
 from tests.admin.test_page_browser import DESKTOP, WAIT_MS, _open
 from tests.helpers import until
 from tests.sales.test_unit import a_machine
+
+# On the worker's one loop, sharing its Playwright driver (tests/admin/browser_session.py).
+pytestmark = pytest.mark.asyncio(loop_scope="session")
+playwright, browser = browser_session.playwright, browser_session.browser
+sim_factory, sim = browser_session.sim_factory, browser_session.sim
 
 
 def _journal_unit(directory: Path) -> list[unit.UnitRow]:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import sys
 import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -16,6 +15,7 @@ import pytest
 from kiosk_agent.app import load_agent
 from kiosk_agent.sales.journal import SaleRecord
 from kiosk_agent.sales.states import SaleState, Step
+from tests.assembly.crash_driver import warm_command
 from tests.helpers import walk_to
 from tests.sales.test_recovery import leave_open
 
@@ -176,13 +176,12 @@ async def test_the_cli_and_the_api_resolving_at_once_journal_one(
     config = tmp_path / "config.yaml"
 
     async def cli(as_: str) -> tuple[int, str]:
-        process = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "kiosk_agent", "sales", "resolve", "crashed1", "--as", as_,
-            "--why", f"{as_} by hand", "-c", str(config),
-            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
-        )
-        out, err = await process.communicate()
-        return int(process.returncode or 0), (out + err).decode()
+        # each a process of its own, forked warm (not a cold interpreter's imports each)
+        code, out, err = await warm_command(
+            ["sales", "resolve", "crashed1", "--as", as_, "--why", f"{as_} by hand",
+             "-c", str(config)], tmp_path,
+        )  # fmt: skip
+        return code, out + err
 
     async def press(as_: str) -> tuple[int, str]:
         body = {"as": as_, "why": f"{as_} by hand"}
@@ -234,13 +233,11 @@ async def test_a_resolution_from_the_cli_reaches_the_running_agent_within_a_seco
     await agent.recovery.wait()
     assert agent.health.snapshot().sales.attention == 1
     async with agent.events.subscribe() as steps:
-        process = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "kiosk_agent", "sales", "resolve", "crashed1", "--as",
-            "reversed", "--why", "refunded in the portal", "-c", str(tmp_path / "config.yaml"),
-            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
-        )
-        out, err = await process.communicate()
-        assert process.returncode == 0, (out + err).decode()
+        code, out, err = await warm_command(
+            ["sales", "resolve", "crashed1", "--as", "reversed", "--why",
+             "refunded in the portal", "-c", str(tmp_path / "config.yaml")], tmp_path,
+        )  # fmt: skip
+        assert code == 0, out + err
         resolved_at = time.monotonic()
         async with asyncio.timeout(5):
             event = await steps.get()

@@ -1447,8 +1447,9 @@ class WarmDrivers:
 
 def serve_commands() -> int:
     """``python crash_driver.py commands``: one ``kiosk-agent ARGV...`` forked per JSON line read
-    on stdin, ``{"argv": [...], "env": {...}, "stdout": PATH, "stderr": PATH, "nohup": bool}``,
-    each running as ``python -m kiosk_agent ARGV...`` with that environment would (its own
+    on stdin, ``{"argv": [...], "env": {...}, "stdout": PATH, "stderr": PATH, "nohup": bool,
+    "cwd": PATH, "argv0": NAME}``, each running as ``python -m kiosk_agent ARGV...`` with that
+    environment (in ``cwd`` and named ``argv0`` when given) would (its own
     command line: ``main()`` reads it from ``sys.argv``, so its signals are its own), but from
     this interpreter's modules, imported once. Unlike :func:`serve`, the commands run side by
     side: this server says ``FORKED pid`` for each, and ``EXITED pid code`` once it has ended
@@ -1509,10 +1510,12 @@ def _run_command(spec: dict[str, Any]) -> None:
             os.dup2(os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT), fd)
         # as a shell starts it, or as `nohup` does
         signal.signal(signal.SIGHUP, signal.SIG_IGN if spec.get("nohup") else signal.SIG_DFL)
+        if spec.get("cwd"):
+            os.chdir(spec["cwd"])
         os.environ.clear()
         os.environ.update(spec["env"])
         random.seed()
-        sys.argv = ["kiosk-agent", *spec["argv"]]
+        sys.argv = [spec.get("argv0") or "kiosk-agent", *spec["argv"]]
         from kiosk_agent.cli import main as cli_main
 
         code = cli_main()
@@ -1694,11 +1697,15 @@ class WarmCommands(OnePerProcess):
 
     def start(
         self, argv: list[str], env: dict[str, str], stderr: Path, *,
-        stdout: Path | None = None, nohup: bool = False,
+        stdout: Path | None = None, nohup: bool = False, cwd: Path | None = None,
+        argv0: str | None = None,
     ) -> WarmCommand:
-        """``kiosk-agent ARGV...`` forked with ``env``, its output in those files."""
+        """``kiosk-agent ARGV...`` forked with ``env``, its output in those files (``stdout`` may
+        be a terminal's, ``/dev/pts/N``), in ``cwd`` if given (else the server's), its
+        ``sys.argv[0]`` ``argv0`` if given (``python -m kiosk_agent`` gives its ``__main__.py``)."""
         request = {"argv": argv, "env": env, "stderr": str(stderr),
-                   "stdout": str(stdout) if stdout else None, "nohup": nohup}  # fmt: skip
+                   "stdout": str(stdout) if stdout else None, "nohup": nohup,
+                   "cwd": str(cwd) if cwd else None, "argv0": argv0}  # fmt: skip
         assert self.proc.stdin is not None
         with self._starting:
             self.proc.stdin.write(json.dumps(request).encode() + b"\n")
@@ -1745,6 +1752,25 @@ class WarmCommands(OnePerProcess):
                 self.proc.kill()
                 self.proc.wait()
         self.log.unlink(missing_ok=True)
+
+
+async def warm_command(
+    argv: list[str], directory: Path, env: dict[str, str] | None = None, within: float = 60.0
+) -> tuple[int, str, str]:
+    """``kiosk-agent ARGV...`` run to its end as a process of its own, forked from the test
+    process's warm server (a cold interpreter spends 0.2-0.4 s of CPU on the imports of one
+    command): its exit code, standard output and standard error (kept in ``directory``, one
+    pair of files per command). ``env``: this process's, unless given."""
+    commands = await asyncio.to_thread(WarmCommands.shared)
+    made, name = tempfile.mkstemp(prefix="command-", dir=directory)
+    os.close(made)
+    out, err = Path(f"{name}.out"), Path(f"{name}.err")
+    command = await asyncio.to_thread(
+        commands.start, argv, dict(os.environ) if env is None else env, err, stdout=out
+    )
+    async with asyncio.timeout(within):  # a hang's guard
+        code = await command.wait()
+    return code, out.read_text(), err.read_text()
 
 
 def _settle(future: asyncio.Future[int], code: int | None) -> None:

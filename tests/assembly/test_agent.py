@@ -340,7 +340,7 @@ async def _checkpoint_due(
     agent = await agent_factory(sim=sim, clock=clock)
     ran: list[float] = []
 
-    def checkpoint() -> int:
+    def checkpoint(stopping: Any = None) -> int:
         ran.append(clock.monotonic())
         return 0
 
@@ -415,6 +415,45 @@ async def test_a_due_checkpoint_runs_at_once_while_the_machine_vends(
     await asyncio.wait_for(agent._checkpoint_aside(), 5)
     assert ran == [vending_at]
     assert agent.sales.busy_reason("SIM-0001") is not None  # the vend goes on meanwhile
+
+
+async def test_a_burst_of_sales_is_checkpointed_by_the_commit_that_makes_it_due(
+    agent_factory: Any, sim_factory: Any
+) -> None:
+    # Customers back to back (bench/hardware.py: some 100 sales a second) wrote three times the
+    # WAL's reserve between two of the watch's once-a-second looks, and every commit past the
+    # reserve fsynced the file's new size too. The commit that makes a checkpoint due asks for
+    # it (after its customer is answered): the WAL stays within what reserve_wal grew it to.
+    from kiosk_agent.sales.journal import CHECKPOINT_AFTER_ROWS, WAL_RESERVE_BYTES
+
+    sim = await sim_factory(time_scale=1000, transactions=0)
+    agent = await agent_factory(sim=sim)
+    await asyncio.wait_for(agent.settled.wait(), 30)
+    await agent._journal_watch.stop()  # no look each second: only the commits ask
+    wal = agent.journal.path.with_name(agent.journal.path.name + "-wal")
+    reserved = wal.stat().st_size
+    assert reserved >= WAL_RESERVE_BYTES
+    ran: list[int] = []
+    checkpoint = agent.journal.checkpoint
+
+    def counted(stopping: Any = None) -> int:
+        ran.append(copied := checkpoint(stopping))
+        return copied
+
+    agent.journal.checkpoint = counted  # type: ignore[method-assign]
+    began = agent.journal.db.total_changes
+    while agent.journal.db.total_changes - began < 4 * CHECKPOINT_AFTER_ROWS:
+        sale = await agent.sales.start(
+            SaleRequest(source="test", flow=Flow.AUTHORIZE_CAPTURE, amount_cents=300),
+            ScriptedDispenser(vended_cents=300),
+        )
+        assert (await asyncio.wait_for(sale.result(), 10)).state is SaleState.COMPLETED
+        # the next customer after this one's checkpoint, if one runs (a loaded machine may
+        # hold its worker thread longer than a sale takes here)
+        await until(lambda: agent._checkpointing is None or agent._checkpointing.done())
+    assert wal.stat().st_size == reserved  # every commit wrote inside the reserve
+    await until(lambda: len(ran) >= 3)
+    assert all(copied > 0 for copied in ran)
 
 
 async def test_a_vended_sale_past_keep_days_is_not_given_back_by_the_charge_check(
@@ -673,3 +712,63 @@ async def test_after_ready_the_freeze_the_wal_and_the_prune_each_take_a_turn_of_
     assert [name for name, _turn in steps] == ["freeze", "wal", "prune"]
     turns = [at for _name, at in steps]
     assert turns == sorted(set(turns))  # each in a turn of its own
+
+
+async def test_a_stop_lets_the_journal_go_only_once_its_checkpoints_worker_thread_ended(
+    agent_factory: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A stop cancels the checkpoint's task, not its worker thread: that thread's connection
+    may still be retrying RESTART (a reader in the way) when the journal closes. Its claim
+    let go then, a second agent could open the journal while the first's thread still wrote
+    to it. The stop now tells the thread (it ends its tries) and waits for it, bounded, before
+    it closes the journal and lets the claim go."""
+    import threading
+
+    from kiosk_agent.sales import journal as journal_module
+
+    agent = await agent_factory()
+    await asyncio.wait_for(agent.settled.wait(), 30)
+    await agent._journal_watch.stop()  # its own look each second would checkpoint too
+    monkeypatch.setattr(journal_module, "RESTART_TRIES", 2000)  # some 10 s held busy
+    monkeypatch.setattr(journal_module, "RESTART_RETRY_S", 0.005)
+    from kiosk_agent.sales.journal import SaleRecord
+    from tests.helpers import walk_to
+
+    sale = agent.journal.create(SaleRecord(
+        sale_id="before-the-reader", order_id=str(agent.unit.order_id("0" * 15 + "c")),
+        source="test", flow="charge_card", terminal="SIM-0001", amount_cents=100,
+        state=SaleState.STARTED))
+    walk_to(agent.journal, sale, SaleState.CANCELLED)  # frames in the WAL
+    reader = sqlite3.connect(agent.journal.path, isolation_level=None)
+    reader.execute("BEGIN")
+    reader.execute("SELECT COUNT(*) FROM sales").fetchone()  # in the WAL: each RESTART waits
+    started, ended = threading.Event(), threading.Event()
+    checkpoint = agent.journal.checkpoint
+
+    def held(*args: Any, **kwargs: Any) -> int:
+        started.set()
+        try:
+            return checkpoint(*args, **kwargs)
+        finally:
+            ended.set()
+
+    monkeypatch.setattr(agent.journal, "checkpoint", held)
+    monkeypatch.setattr(agent.journal, "checkpoint_due", lambda: True)
+    let_go_while_it_ran: list[bool] = []
+    release = agent.owner.release
+
+    def release_watched() -> None:
+        let_go_while_it_ran.append(not ended.is_set())
+        release()
+
+    monkeypatch.setattr(agent.owner, "release", release_watched)
+    try:
+        agent._checkpoint_soon()
+        await until(started.is_set)
+        await until(lambda: not agent.journal.db.in_transaction, 5)
+        assert not ended.is_set()  # held busy by the reader
+        await asyncio.wait_for(agent.stop(), 30)
+    finally:
+        reader.close()
+    assert let_go_while_it_ran == [False]
+    assert ended.is_set()

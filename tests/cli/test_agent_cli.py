@@ -11,10 +11,8 @@ import os
 import signal
 import sqlite3
 import subprocess
-import sys
 import tempfile
 import textwrap
-import time
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +24,8 @@ from kiosk_agent.cli.contract import EXIT_FAILED, EXIT_OK, EXIT_USAGE, STOP_SIGN
 from kiosk_agent.cli.sales import parse_since
 from kiosk_agent.sales.journal import Journal, SaleRecord
 from kiosk_agent.sales.states import SaleState, Step
+from tests.assembly.crash_driver import WarmCommands, warm_command
+from tests.child_signals import SignalledChild
 from tests.helpers import walk_to
 
 GOOD = """\
@@ -338,7 +338,7 @@ def test_parse_since_relative_and_absolute() -> None:
     assert parse_since("2026-11-01T00:00:00+00:00") == 1793491200.0
 
 
-def test_run_sells_on_the_embedded_simulator_and_stops_on_sigterm(tmp_path: Path) -> None:
+async def test_run_sells_on_the_embedded_simulator_and_stops_on_sigterm(tmp_path: Path) -> None:
     path = write(
         tmp_path,
         GOOD
@@ -358,48 +358,46 @@ def test_run_sells_on_the_embedded_simulator_and_stops_on_sigterm(tmp_path: Path
         ),
     )
     log = tmp_path / "agent.log"  # a file, not a pipe: a full pipe would stall the agent
-    with log.open("w") as stderr:
-        agent = subprocess.Popen(
-            [sys.executable, "-m", "kiosk_agent", "run", "--config", str(path)],
-            stdout=subprocess.DEVNULL,
-            stderr=stderr,
-        )
+    # a process of its own, forked from the test process's warm interpreter (WarmCommands)
+    commands = await asyncio.to_thread(WarmCommands.shared)
+    agent = await asyncio.to_thread(
+        commands.start, ["run", "--config", str(path)], dict(os.environ), log
+    )
+    child = SignalledChild(agent)
     try:
-        deadline = time.monotonic() + 30
-        completed: list[str] = []
-        while time.monotonic() < deadline and len(completed) < 3:
-            time.sleep(0.2)
-            assert agent.poll() is None, log.read_text()[-3000:]
-            if (tmp_path / "journal.db").exists():
-                listing = subprocess.run(
-                    [
-                        sys.executable,
-                        "-m",
-                        "kiosk_agent",
-                        "sales",
-                        "--config",
-                        str(path),
-                        "--format",
-                        "json",
-                        "--state",
-                        "completed",
-                    ],
-                    capture_output=True,
-                    text=True,
-                    check=True,
-                )
-                completed = json.loads(listing.stdout)
-        assert len(completed) >= 3, log.read_text()[-3000:]
-        agent.send_signal(signal.SIGTERM)
-        agent.wait(timeout=20)
+        async with asyncio.timeout(30):  # a hang's guard
+            while _completed_in(tmp_path / "journal.db") < 3:
+                assert agent.returncode is None, log.read_text()[-3000:]
+                await asyncio.sleep(0.2)
+        # read beside the running agent by another process, as a tech would
+        code, out, listing_err = await warm_command(
+            ["sales", "--config", str(path), "--format", "json", "--state", "completed"],
+            tmp_path,
+        )  # fmt: skip
+        assert code == 0, listing_err
+        assert len(json.loads(out)) >= 3, log.read_text()[-3000:]
+        child.send(signal.SIGTERM)
+        async with asyncio.timeout(20):
+            code = await agent.wait()
     finally:
-        if agent.poll() is None:
-            agent.kill()
-            agent.wait()
+        await child.close()
     err = log.read_text()
-    assert agent.returncode == 0, err[-3000:]
+    assert code == 0, err[-3000:]
     lines = [json.loads(line) for line in err.splitlines() if line.startswith("{")]
     assert any("ready in" in line["msg"] for line in lines)
+
+
+def _completed_in(journal: Path) -> int:
+    """Sales completed in ``journal`` so far, read as any reader beside the agent would."""
+    if not journal.exists():
+        return 0
+    db = sqlite3.connect(f"file:{journal}?mode=ro", uri=True, timeout=5)
+    try:
+        return int(db.execute("SELECT count(*) FROM sales WHERE state = 'completed'").fetchone()[0])
+    except sqlite3.OperationalError:  # created, its tables not yet
+        return 0
+    finally:
+        db.close()
 
 
 def test_check_config_show_prints_the_resolved_config_with_secrets_masked(

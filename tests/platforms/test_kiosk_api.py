@@ -1360,3 +1360,59 @@ async def test_a_vended_after_a_restart_mid_dispense_reaches_a_person(
 def _in_state(app: App, sale_id: str, state: SaleState) -> bool:
     record = app.api.agent.journal.get(sale_id)
     return record is not None and record.state is state
+
+
+async def test_an_unknown_path_or_method_is_checked_first_then_answered_as_aiohttp_does(
+    app: App,
+) -> None:
+    """The checks stand before every route, not only the API's own: an outsider (no token, a
+    foreign Host) learns nothing of which paths exist. With them passed, aiohttp's own 404, and
+    405 with the methods a known path allows."""
+    auth = {"Authorization": f"Bearer {TOKEN}"}
+    foreign = {**auth, "Host": "evil.example"}
+    for method, path in (("GET", "/nope"), ("GET", "/sales"), ("DELETE", "/status"),
+                         ("PUT", "/sales/x/cancel"), ("GET", "/../../etc/passwd")):
+        async with app.session.request(method, app.base + path) as response:
+            assert response.status == 401, (method, path)
+            assert (await response.json())["error"] == "unauthorized"
+        async with app.session.request(method, app.base + path, headers=foreign) as response:
+            assert response.status == 403, (method, path)
+    rejected = app.api.rejected
+    async with app.session.get(app.base + "/nope", headers=auth) as response:
+        assert response.status == 404
+    async with app.session.get(f"http://127.0.0.1:{app.api.port}/", headers=auth) as response:
+        assert response.status == 404
+    async with app.session.get(app.base + "/sales", headers=auth) as response:
+        assert response.status == 405
+        assert response.headers["Allow"] == "POST"
+    async with app.session.delete(app.base + "/sales/x", headers=auth) as response:
+        assert response.status == 405
+        assert set(response.headers["Allow"].split(",")) == {"GET", "HEAD"}
+    assert app.api.rejected == rejected  # past the checks: not counted as refused
+
+
+async def test_a_request_runs_no_middleware_chain(app: App) -> None:
+    """The checks guard each route themselves and the server counts a request around the app:
+    aiohttp then builds and runs no middleware chain for the kiosk API (its
+    _fix_request_current_app layer and the chain's cache, some 25 Python calls at each of a
+    sale's requests and stream wake-ups). The simulator in this process keeps its own."""
+    chains: list[int | None] = []  # the port of each request a middleware chain ran for
+    checked: list[str] = []
+
+    def seen(frame: types.FrameType, event: str, _arg: object) -> None:
+        if event != "call":
+            return
+        code = frame.f_code
+        if code.co_filename.endswith("web_middlewares.py") and code.co_name == "impl":
+            chains.append(frame.f_locals["request"].url.port)
+        elif code.co_filename.endswith("kiosk_api.py") and code.co_name == "_auth":
+            checked.append(frame.f_locals["request"].path)
+
+    sys.setprofile(seen)
+    try:
+        status, _ = await app.get("/status")
+    finally:
+        sys.setprofile(None)
+    assert status == 200
+    assert checked == ["/api/v1/status"]  # the checks ran, once
+    assert app.api.port not in chains

@@ -1648,13 +1648,15 @@ def test_a_running_agents_commits_leave_the_checkpoint_to_a_connection_aside(
 
     journal.checkpoint_aside()
     database = journal.path.stat().st_size
-    n = 0
-    while not journal.checkpoint_due():
+    wal = journal.path.with_name(journal.path.name + "-wal")
+    n, due = 0, False
+    # past where SQLite would have checkpointed on its own (due on the way: CHECKPOINT_AFTER_ROWS
+    # keeps a running agent's WAL under it)
+    while not (due and wal.stat().st_size > 1000 * 4096):
         n += 1
         walk_to(journal, journal.create(new_sale(n)), SaleState.COMPLETED)
+        due = journal.checkpoint_due() or due
     assert journal.db.total_changes >= CHECKPOINT_AFTER_ROWS
-    wal = journal.path.with_name(journal.path.name + "-wal").stat().st_size
-    assert wal > 1000 * 4096  # past where SQLite would have checkpointed on its own
     assert journal.path.stat().st_size == database  # and nothing was copied by a commit
     assert journal.checkpoint() > 1000
     assert journal.path.stat().st_size > database
@@ -1693,7 +1695,7 @@ def test_a_checkpoint_aside_begins_the_wal_again_though_its_pass_left_frames_beh
         return aside
 
     monkeypatch.setattr(sqlite3, "connect", the_reader_leaves_after_the_pass)
-    assert journal.checkpoint() > 1000
+    assert journal.checkpoint() > 500  # the rows of a due checkpoint (CHECKPOINT_AFTER_ROWS)
     monkeypatch.undo()
     reader.close()
     walk_to(journal, journal.create(new_sale(n + 9)), SaleState.COMPLETED)  # the next commits
@@ -1703,6 +1705,87 @@ def test_a_checkpoint_aside_begins_the_wal_again_though_its_pass_left_frames_beh
     finally:
         look.close()
     assert frames < 100, frames  # those commits' frames alone, from the WAL's beginning
+
+
+def test_the_commit_that_makes_a_checkpoint_due_says_so(journal: Journal) -> None:
+    """A running agent checkpoints when a commit makes one due, not at its next look a second
+    later (customers back to back ran the WAL past its reserve meanwhile): ``on_checkpoint_due``
+    is told from the commit that reaches CHECKPOINT_AFTER_ROWS on, until ``checkpoint_due`` is
+    asked; never before, and never without checkpoints aside."""
+    from kiosk_agent.sales.journal import CHECKPOINT_AFTER_ROWS
+
+    told: list[int] = []
+    journal.on_checkpoint_due = lambda: told.append(journal.db.total_changes)
+    for n in range(1, 40):  # SQLite's own checkpoints: nobody is told
+        walk_to(journal, journal.create(new_sale(n)), SaleState.COMPLETED)
+    assert told == []
+    journal.checkpoint_aside()
+    began, n = journal.db.total_changes, 100
+    while not told:
+        n += 1
+        with journal.batch():  # a batch's commit tells as a single write's does
+            record = journal.create(new_sale(n))
+        walk_to(journal, record, SaleState.COMPLETED)
+        assert told or journal.db.total_changes - began < CHECKPOINT_AFTER_ROWS + 20
+    assert told[0] - began >= CHECKPOINT_AFTER_ROWS
+    walk_to(journal, journal.create(new_sale(n + 1)), SaleState.COMPLETED)
+    assert len(told) > 1  # each commit until it is asked
+    assert journal.checkpoint_due()
+    count = len(told)
+    walk_to(journal, journal.create(new_sale(n + 2)), SaleState.COMPLETED)
+    assert len(told) == count  # asked: the count starts again
+
+
+def test_a_checkpoint_begins_the_wal_again_once_a_reader_leaves_after_its_first_restart(
+    journal: Journal, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A RESTART that cannot now (a reader still in an older snapshot, a write under way) is
+    tried again, waiting for nobody each time, instead of leaving the WAL to run on past its
+    reserve until the next checkpoint (customers back to back: a write under way much of the
+    time). Here a reader leaves only after the first RESTART found it there."""
+    journal.checkpoint_aside()
+    for n in range(1, 20):
+        walk_to(journal, journal.create(new_sale(n)), SaleState.COMPLETED)
+    reader = sqlite3.connect(journal.path, isolation_level=None)
+    reader.execute("BEGIN")
+    reader.execute("SELECT COUNT(*) FROM sales").fetchone()  # its snapshot: the pass stops there
+    for more in range(20, 23):
+        walk_to(journal, journal.create(new_sale(more)), SaleState.COMPLETED)
+    connect = sqlite3.connect
+
+    def the_reader_leaves_after_the_first_restart(*args: Any, **kwargs: Any) -> sqlite3.Connection:
+        aside = connect(*args, **kwargs)
+        restarts: list[str] = []
+
+        def said(sql: str) -> None:
+            if sql == "PRAGMA wal_checkpoint(RESTART)":
+                restarts.append(sql)
+                if len(restarts) == 2:
+                    reader.execute("COMMIT")
+        aside.set_trace_callback(said)
+        return aside
+
+    monkeypatch.setattr(sqlite3, "connect", the_reader_leaves_after_the_first_restart)
+    assert journal.checkpoint() > 100
+    monkeypatch.undo()
+    reader.close()
+    walk_to(journal, journal.create(new_sale(99)), SaleState.COMPLETED)  # the next commits
+    look = sqlite3.connect(journal.path)
+    try:
+        _busy, frames, _copied = look.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()
+    finally:
+        look.close()
+    assert frames < 50, frames  # those commits' frames alone, from the WAL's beginning
+
+
+def test_growing_the_wal_ahead_makes_no_checkpoint_due(journal: Journal) -> None:
+    """reserve_wal's filler is rolled back: its rows leave no frame to copy, so they do not
+    count towards a checkpoint (else one ran right after every start, for nothing)."""
+    journal.checkpoint_aside()
+    changes = journal.db.total_changes
+    assert journal.reserve_wal()
+    assert journal.db.total_changes > changes  # SQLite counts the rolled-back rows
+    assert not journal.checkpoint_due()
 
 
 def test_without_checkpoints_aside_sqlite_checkpoints_in_a_commit(journal: Journal) -> None:
@@ -1849,3 +1932,40 @@ def test_a_batch_rolls_back_whatever_is_raised_inside_and_nests_nothing(
         journal.create(new_sale(5))
     assert [journal.get(f"s{n}") is not None for n in (3, 4, 5)] == [True, True, True]
     assert not journal.db.in_transaction
+
+
+async def test_a_raising_checkpoint_callback_is_counted_after_the_commits_fsync_bookkeeping(
+    journal: Journal, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``on_checkpoint_due`` is told after a commit's fsync bookkeeping, and a callback that
+    raises (a bug) is counted, never the commit's failure: before, the raise left the fsync
+    owed (the commit looked not durable, or durable when it was not) and ``fsynced()``'s
+    waiters were never woken, and the write that had committed raised to its sale."""
+    from kiosk_agent.sales.journal import CHECKPOINT_AFTER_ROWS
+
+    monkeypatch.setattr(journal_module, "_fdatasync", lambda path: None)
+    journal.checkpoint_aside()
+    told: list[int] = []
+
+    def broken() -> None:
+        told.append(journal.db.total_changes)
+        raise RuntimeError("a bug in the checkpoint's callback")
+
+    journal.on_checkpoint_due = broken
+    began, n = journal.db.total_changes, 0
+    while journal.db.total_changes - began < CHECKPOINT_AFTER_ROWS - 10:  # just short of due
+        n += 1
+        walk_to(journal, journal.create(new_sale(n)), SaleState.COMPLETED)
+    assert told == []
+    shared = reading_a_card(journal, n + 1)
+    with journal.fsync_shared():
+        journal.record(shared, Step.READ_CARD_CANCELLED, SaleState.CANCELLED)
+    waiting = asyncio.ensure_future(journal.fsynced())
+    await asyncio.sleep(0)
+    assert not waiting.done()
+    while not told:  # the fsynced commit that makes it due: taken, its waiter woken
+        n += 1
+        walk_to(journal, journal.create(new_sale(n + 1)), SaleState.COMPLETED)
+    await asyncio.wait_for(waiting, 1)
+    assert journal.checkpoint_due_errors == len(told) >= 1
+    assert journal.get(shared.sale_id) is not None

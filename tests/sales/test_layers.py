@@ -68,7 +68,8 @@ def real_time_reads(source: str, name: str = "<test>") -> list[str]:
 def test_only_the_clock_module_reads_a_real_clock_in_sales() -> None:
     offenders = [
         read
-        for path in SALES.glob("*.py") if path.name != "clock.py"
+        # fake_clock.py: the tests' clock, moved out of clock.py (its wait_for's timeout)
+        for path in SALES.glob("*.py") if path.name not in ("clock.py", "fake_clock.py")
         for read in real_time_reads(path.read_text(), path.name)
     ]  # fmt: skip
     assert not offenders, offenders

@@ -126,3 +126,110 @@ async def test_the_sweeper_says_a_capture_of_nothing_found_later(
     assert await agent.attention.sweep() == []
     assert len(agent.journal.steps("crashed1")) == steps
     assert agent.health.snapshot().sales.attention == 1
+
+
+async def _give_back_answered_503(
+    behind_proxy: tuple[Any, Agent, RewritingProxy], *, settled: bool
+) -> Any:
+    """A $3.00 authorization whose dispense failed: the agent gives it back; the give-back
+    reaches the service (a void, or a refund once ``settled``), its answer is a 503, and
+    reporting shows the original's row given back for $0.00. The sale's end."""
+    sim, agent, proxy = behind_proxy
+
+    async def given_back_shown_as_nothing(request: web.Request) -> web.Response:
+        del proxy.answer_instead["/api/v1/void-or-refund"]
+        trans_id = (await request.json())["trans_id"]
+        if settled:
+            sim.ctx.ledger.update(trans_id, trans_status_id=TransStatus.SETTLED)
+        await proxy.forward(request)  # the service gives it back ...
+        sim.ctx.ledger.update(trans_id, amount_cents=0)  # ... and its row reads $0.00
+        return web.json_response({"error": "unavailable"}, status=503)
+
+    proxy.answer_instead["/api/v1/void-or-refund"] = given_back_shown_as_nothing
+    sale = await agent.sales.start(
+        SaleRequest(source="test", flow=Flow.AUTHORIZE_CAPTURE, amount_cents=300),
+        ScriptedDispenser(DispenseStatus.FAILED),
+    )
+    return await asyncio.wait_for(sale.result(), 15)
+
+
+async def test_a_void_whose_row_reporting_shows_as_nothing_gave_back_the_whole_hold(
+    behind_proxy: tuple[Any, Agent, RewritingProxy],
+) -> None:
+    """A void releases the whole hold, whatever figure its row shows: the sale ends reversed
+    with the $3.00 it held given back, worded so, not "$0.00 voided" (the money was right,
+    the words and the figure were not)."""
+    event = await _give_back_answered_503(behind_proxy, settled=False)
+    assert event.state is SaleState.REVERSED, event.message
+    assert event.reversed_cents == 300
+    assert "$3.00 voided" in event.message
+    assert "$0.00 voided" not in event.message
+
+
+async def test_a_refund_whose_row_reporting_shows_as_nothing_goes_to_a_person(
+    behind_proxy: tuple[Any, Agent, RewritingProxy],
+) -> None:
+    """A refund of $0.00 is no refund: the agent cannot tell that the $3.00 went back, does
+    not refund again on its own, and a person decides, told what reporting shows."""
+    _sim, agent, _proxy = behind_proxy
+    event = await _give_back_answered_503(behind_proxy, settled=True)
+    assert event.state is SaleState.ATTENTION, event.message
+    assert "refunded for $0.00" in event.message
+    assert "$3.00" in event.message
+    record = agent.journal.get(event.sale_id)
+    assert record is not None
+    assert record.reversed_cents == 0
+
+
+@pytest.mark.parametrize("settled", [False, True], ids=["void", "refund"])
+async def test_recovery_and_the_sweeper_word_a_give_back_shown_as_nothing(
+    agent_factory: Any, sim_factory: Any, tmp_path: Path, settled: bool
+) -> None:
+    """Killed while giving back a $3.00 charge; reporting shows it given back for $0.00.
+    Recovery ends a void reversed with the whole $3.00 given back; a refund of nothing goes
+    to a person, and the sweeper after it writes nothing more and moves no money."""
+    sim = await sim_factory(time_scale=300, transactions=0)
+    async with ServiceClient(settings_from_ready(sim.ready_info())) as service:
+        trans_id = await authorize(service, "KACRASHED1", capture=True)
+        if settled:
+            sim.ctx.ledger.update(trans_id, trans_status_id=TransStatus.SETTLED)
+        await service.payments.void_or_refund(trans_id)
+    sim.ctx.ledger.update(trans_id, amount_cents=0)
+    leave_open(tmp_path, state=SaleState.REVERSING, trans_id=trans_id, authorized_cents=300,
+               captured_cents=300)
+    agent = await agent_factory(sim=sim)
+    [event] = await asyncio.wait_for(agent.recovery.wait(), 60)
+    if not settled:
+        assert event.state is SaleState.REVERSED, event.message
+        assert event.reversed_cents == 300
+        assert "$3.00 voided" in event.message
+        return
+    assert event.state is SaleState.ATTENTION, event.message
+    assert "refunded for $0.00" in event.message
+    steps = len(agent.journal.steps("crashed1"))
+    assert await agent.attention.sweep() == []
+    assert len(agent.journal.steps("crashed1")) == steps  # said once
+    record = agent.journal.get("crashed1")
+    assert record is not None
+    assert (record.state, record.reversed_cents) == (SaleState.ATTENTION, 0)
+    assert len(await rows(agent.service, "KACRASHED1")) == 2  # the charge and its one refund
+
+
+async def test_a_charge_found_already_voided_as_nothing_is_held_and_given_back_whole(
+    agent_factory: Any, tmp_path: Path, sim_factory: Any
+) -> None:
+    """A sale in attention that never heard its $3.00 charge's answer; reporting later shows
+    that charge already voided, its row reading $0.00. A void releases the whole hold: the
+    sale ends reversed holding $3.00 taken and given back, not $0.00 of each."""
+    sim = await sim_factory(time_scale=300, transactions=0)
+    leave_open(tmp_path, state=SaleState.ATTENTION, answer_by=time.time() - 1)
+    agent = await agent_factory(sim=sim)
+    trans_id = await authorize(agent.service, "KACRASHED1", capture=False)
+    await agent.service.payments.void_or_refund(trans_id)
+    sim.ctx.ledger.update(trans_id, amount_cents=0)
+    [event] = await agent.attention.sweep()
+    assert event.state is SaleState.REVERSED, event.message
+    assert event.reversed_cents == 300
+    record = agent.journal.get("crashed1")
+    assert record is not None
+    assert (record.authorized_cents, record.reversed_cents) == (300, 300)

@@ -16,7 +16,7 @@ from kiosk_agent.service.settings import ServiceSettings
 from kiosk_agent.sim.cable import CABLE_KEY
 from kiosk_agent.sim.server import SimServer
 
-from ..helpers import free_port, until
+from ..helpers import PythonCalls, free_port, until
 
 READER = "SIM-0002"
 
@@ -162,3 +162,83 @@ async def test_a_socket_dropped_once_after_confirming_is_reconnected(sim_factory
     assert interaction.status is InteractionStatus.SUCCEEDED
     assert (handle.empty_sessions, handle.socket_connects) == (1, 2)
     assert handle.via == "websocket"
+
+
+class _NoSocket:
+    """A subscription's connection, never written to by the subscription itself."""
+
+
+def _subscription() -> Any:
+    from kiosk_agent.service.cable import Subscription
+
+    return Subscription('{"channel":"terminal_job:i-1"}', _NoSocket())  # type: ignore[arg-type]
+
+
+async def test_a_frame_put_and_taken_costs_a_few_calls_and_no_queue() -> None:
+    # a frame on the cable was an asyncio.Queue's put_nowait and get: a dozen Python calls
+    # (put_nowait, _put, _wakeup_next, get, empty, get_nowait, _get, ...) at each record, and
+    # the read an asyncio.timeout entered and left around it
+    subscription = _subscription()
+    frame = {"identifier": subscription.identifier, "message": {"status": "succeeded"}}
+    deadline = asyncio.get_running_loop().time() + 60
+    with PythonCalls() as calls:
+        subscription.put(frame)
+        taken = await subscription.next(deadline)
+    assert taken is frame
+    assert calls == ["put", "next"], calls
+
+
+async def test_a_waiting_reader_is_woken_in_order_and_its_bound_lapses() -> None:
+    from kiosk_agent.service.cable import SocketUnavailable, _LifetimeOver
+
+    loop = asyncio.get_running_loop()
+    subscription = _subscription()
+    reader = asyncio.ensure_future(subscription.next(loop.time() + 60))
+    await asyncio.sleep(0)
+    assert not reader.done()  # nothing yet: it waits
+    first, second = {"message": 1}, {"message": 2}
+    subscription.put(first)
+    subscription.put(second)
+    assert await reader is first
+    assert await subscription.next(loop.time() + 60) is second  # kept, in order
+    subscription.put(SocketUnavailable("socket closed"))
+    with pytest.raises(SocketUnavailable, match="socket closed"):
+        await subscription.next(loop.time() + 60)
+    started = loop.time()
+    with pytest.raises(_LifetimeOver):  # the interaction's lifetime: nothing came by then
+        await subscription.next(started + 0.05)
+    assert loop.time() - started >= 0.04
+    late = {"message": 3}
+    subscription.put(late)  # a frame after a lapse is the next read's, not lost
+    assert await subscription.next(None) is late
+
+
+async def test_a_cancelled_reader_leaves_no_bound_armed() -> None:
+    loop = asyncio.get_running_loop()
+    subscription = _subscription()
+    armed = len(loop._scheduled)  # type: ignore[attr-defined]
+    reader = asyncio.ensure_future(subscription.next(loop.time() + 3600))
+    await asyncio.sleep(0)
+    assert len(loop._scheduled) == armed + 1  # type: ignore[attr-defined]
+    reader.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await reader
+    assert all(h.cancelled() for h in loop._scheduled[armed:])  # type: ignore[attr-defined]
+    subscription.put({"message": "after"})  # no reader left to wake: kept for the next
+    assert await subscription.next(None) == {"message": "after"}
+
+
+async def test_a_second_reader_at_once_is_refused_not_left_stranded() -> None:
+    """A subscription has one reader (a deque and its one future, not asyncio.Queue, whose
+    readers queue up). A second reading while the first waits took its wake-up: the first then
+    waited to its bound (or, with none, forever) and ended its lifetime over, though the frame
+    had come; a frame, not its reader, decides. The second is refused at once; the first
+    reads the frame."""
+    loop = asyncio.get_running_loop()
+    subscription = _subscription()
+    first = asyncio.ensure_future(subscription.next(loop.time() + 60))
+    await asyncio.sleep(0)
+    with pytest.raises(RuntimeError, match="one reader"):  # at once: wait_for only a guard
+        await asyncio.wait_for(subscription.next(loop.time() + 60), 5)
+    subscription.put({"message": "one"})
+    assert await asyncio.wait_for(first, 5) == {"message": "one"}

@@ -12,6 +12,8 @@ from kiosk_agent.service.errors import BadRequestError, InvalidResponseError
 from kiosk_agent.service.models import ChargeRequest, ChargeResult, ChargeResultCode
 from kiosk_agent.service.parsing import answer_to
 
+from ..helpers import PythonCalls
+
 # A simulator card token: 9, the card's first digit (4: credit), ten digits, the last four.
 CREDIT_TOKEN = "9412345678901111"
 DEBIT_TOKEN = "9612345678904444"
@@ -141,6 +143,16 @@ def test_an_answer_is_held_only_to_what_it_names() -> None:
     # a decline carries no transaction to act on: no trans id is no contradiction
     declined = _answer(result="C", trans_id="")
     assert answer_to(_ASKED, declined, ("order_id",), "charge") is declined
+
+
+def test_a_charge_cards_answer_is_checked_in_few_calls() -> None:
+    # each field named was compared through _said() on both sides (six calls a sale), and the
+    # approval read twice (a property: a call each); only a currency's case needs a call
+    answer = _answer(currency="usd")
+    with PythonCalls() as calls:
+        assert answer_to(_ASKED, answer, ("order_id", "mid", "currency"), "charge") is answer
+    assert calls.count("_said") == 2, calls  # the currency, on both sides
+    assert calls.count("approved") == 1, calls
 
 
 def test_a_capture_answered_for_another_transaction_is_refused() -> None:

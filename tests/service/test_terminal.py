@@ -18,6 +18,8 @@ from kiosk_agent.service.models import (
 )
 from kiosk_agent.service.terminal import CLOCK_BASELINE_S
 
+from ..helpers import PythonCalls
+
 READER = "SIM-0001"  # captures signatures, does not print
 PRINTER = "SIM-0007"  # prints, does not capture signatures
 
@@ -89,7 +91,8 @@ async def test_a_wait_the_caller_bounds_enters_no_bound_of_its_own(
     monkeypatch.undo()
     assert interaction.status is InteractionStatus.SUCCEEDED
     assert None not in bounds
-    assert bounds  # each frame's read is still bounded by the interaction's lifetime
+    # each frame's read is still bounded by the interaction's lifetime: a timer of the
+    # subscription's now (tests/service/test_cable.py), not a timeout entered around it
 
 
 async def test_device_fault_is_failed_with_stage_errors(service: ServiceClient) -> None:
@@ -216,3 +219,17 @@ async def test_a_real_time_service_keeps_its_lifetime(sim_factory: Any) -> None:
             await (await service.terminal.charge_card(device, 300)).wait(timeout=10)
             await asyncio.sleep(CLOCK_BASELINE_S / 2 + 0.1)
         assert (service.terminal.clock_rate, service.terminal.lifetime_seen) == (1.0, 180.0)
+
+
+def test_a_terminals_path_is_quoted_once() -> None:
+    # quote() and quote_from_bytes() were two Python calls at each request of a sale
+    from urllib.parse import quote
+
+    from kiosk_agent.service.terminal import _device
+
+    for device_id in ("SIM-0001", "a/b c?#%", "ÜNIT 7"):
+        _device(device_id)
+        with PythonCalls() as calls:
+            path = _device(device_id)
+        assert path.endswith("/" + quote(device_id, safe=""))
+        assert calls == []

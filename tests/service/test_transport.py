@@ -6,7 +6,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import sys
 import time
+import types
 from typing import Any
 
 import pytest
@@ -430,3 +432,26 @@ async def test_each_kind_of_calls_timeouts_are_made_once_and_follow_the_settings
         await svc.terminal.list()
         assert made == [CallKind.CONTROL, CallKind.CONTROL]
         assert sent[2].sock_read == min(2.0, real(scripted_settings, CallKind.CONTROL).read)
+
+
+async def test_a_charge_card_goes_through_few_layers_of_the_transport(
+    service: ServiceClient,
+) -> None:
+    """A charge-card's request resumes each coroutine it awaits in at every wait: the exchange
+    is made in the retry loop itself (no _exchange coroutine of its own), its label made once,
+    the rate limiter (a property) read once."""
+    calls: list[str] = []
+
+    def seen(frame: types.FrameType, event: str, _arg: object) -> None:
+        if event == "call" and frame.f_code.co_filename.endswith("service/transport.py"):
+            calls.append(frame.f_code.co_name)
+
+    sys.setprofile(seen)
+    try:
+        handle = await service.terminal.charge_card("SIM-0001", 1000, order_id="o-layers")
+    finally:
+        sys.setprofile(None)
+    assert handle.interaction_id
+    assert "_exchange" not in calls
+    assert calls.count("_label") == 1, calls
+    assert calls.count("limiter") == 1, calls

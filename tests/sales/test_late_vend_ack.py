@@ -1,0 +1,70 @@
+"""A person acknowledges the late vend of the sale they name, and only it: a start of a sale
+id that names several sales (or an empty one, which starts every id) acknowledges nothing and
+says so, else one person's look at one sale hides the others' unpaid products from health."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from kiosk_agent.cli import main
+from kiosk_agent.sales.journal import Journal, SaleRecord
+from kiosk_agent.sales.journal_reads import SaleNotFound
+from kiosk_agent.sales.late_vends import LateVendWatch
+from kiosk_agent.sales.model import Flow
+from kiosk_agent.sales.states import SaleState
+
+from ..helpers import walk_to
+
+
+def _late(journal: Journal, sale_id: str, product: str) -> None:
+    record = journal.create(SaleRecord(
+        sale_id=sale_id, order_id=f"KA{sale_id.upper()}", source="mdb:front",
+        flow=Flow.AUTHORIZE_CAPTURE.value, terminal="SIM-0001", amount_cents=150,
+        state=SaleState.STARTED,
+    ))  # fmt: skip
+    walk_to(journal, record, SaleState.REVERSED)
+    LateVendWatch(journal, journal.clock).heard(sale_id, product, "mdb:front")
+
+
+@pytest.fixture
+def journal(tmp_path: Path) -> Journal:
+    journal = Journal(tmp_path / "journal.db")
+    journal.open()
+    _late(journal, "late0001", "A1")
+    _late(journal, "late0002", "B1")
+    return journal
+
+
+@pytest.mark.parametrize("named", ["late000", "late", ""])
+def test_a_start_of_several_ids_acknowledges_none(journal: Journal, named: str) -> None:
+    watch = LateVendWatch(journal, journal.clock)
+    with pytest.raises(SaleNotFound):
+        watch.acknowledge(named, by="test")
+    assert [v.sale_id for v in watch.unseen()] == ["late0001", "late0002"]
+    journal.close()
+
+
+def test_a_unique_start_or_the_order_id_acknowledges_that_sale_only(journal: Journal) -> None:
+    watch = LateVendWatch(journal, journal.clock)
+    assert watch.acknowledge("late0002", by="test") == ["late0002"]
+    assert [v.sale_id for v in watch.unseen()] == ["late0001"]
+    assert watch.acknowledge("KALATE0001", by="test") == ["late0001"]
+    assert watch.unseen() == []
+    journal.close()
+
+
+def test_the_command_refuses_a_start_of_several_ids(
+    journal: Journal, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    journal.close()
+    (tmp_path / "config.yaml").write_text(
+        "service: {simulator: {time_scale: 300}}\n"
+        "terminals: [{device_id: SIM-0001, name: front}]\njournal: {path: journal.db}\n"
+    )
+    config = str(tmp_path / "config.yaml")
+    assert main(["sales", "late-vends", "-c", config, "--ack", "late"]) != 0
+    assert "2 sales" in capsys.readouterr().err
+    assert main(["sales", "late-vends", "-c", config]) == 1  # both still shown
+    assert "2 late vends not acknowledged" in capsys.readouterr().out
