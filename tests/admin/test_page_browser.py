@@ -559,7 +559,7 @@ async def test_every_time_on_the_page_is_utc_and_says_so_as_the_command_line(
     # went out, at the journal's time in UTC, and the problem shows until acknowledged; after
     # it, the line still says it (the journal keeps the note), the problem is gone.
     late = walk_to(agent.journal, agent.journal.create(SaleRecord(
-        sale_id="1a7e-late", order_id="ka-1a7e", source="mdb:front", flow="authorize_capture",
+        sale_id="1a7e0late", order_id="ka-1a7e", source="mdb:front", flow="authorize_capture",
         terminal="SIM-0001", amount_cents=200, product="C4", state=SaleState.STARTED,
     )), SaleState.REVERSED)  # fmt: skip
     agent.sales.late_vends.heard(late.sale_id, "C4", "mdb:front")
@@ -568,7 +568,7 @@ async def test_every_time_on_the_page_is_utc_and_says_so_as_the_command_line(
     line = page.locator(f'#recent [data-sale="{late.sale_id}"] summary')
     await expect(line).to_contain_text(said, timeout=WAIT_MS)
     await expect(line).to_have_class("bad")
-    problem = page.locator("#problems li", has_text="sale 1a7e-lat (C4 on mdb:front")
+    problem = page.locator("#problems li", has_text="sale 1a7e0lat (C4 on mdb:front")
     await expect(problem).to_be_visible(timeout=WAIT_MS)
     assert agent.sales.late_vends.acknowledge(late.sale_id, by="test") == [late.sale_id]
     await expect(problem).to_have_count(0, timeout=WAIT_MS)
