@@ -486,7 +486,10 @@ def sale_text(record: SaleRecord, steps: Sequence[Any]) -> str:
 
 def step_detail_text(detail: object) -> str:
     """A step's detail as the status page says it: its message, else its facts as key=value
-    (a late vend's product and source, who acknowledged it), at most 160 characters."""
+    (a late vend's product and source, who acknowledged it), at most 160 characters; never a
+    field the exports hide (a token, a key)."""
+    from kiosk_agent.export import HIDDEN_FIELDS
+
     if not isinstance(detail, dict) or not detail:
         return ""
     message = detail.get("message")
@@ -495,6 +498,6 @@ def step_detail_text(detail: object) -> str:
     else:
         text = " ".join(
             f"{k}={v if isinstance(v, str) else json.dumps(v, separators=(',', ':'))}"
-            for k, v in detail.items()
+            for k, v in detail.items() if k not in HIDDEN_FIELDS
         )
-    return f"  {text[:160]}"
+    return f"  {text[:160]}" if text else ""
