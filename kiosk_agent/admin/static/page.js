@@ -394,8 +394,10 @@ function renderAudit() {
     el("dt", {}, "sold out"), el("dd", { class: audit.sold_out.length ? "bad" : "", "data-audit": "sold-out" }, list(audit.sold_out)),
     el("dt", {}, "low"), el("dd", { class: audit.low.length ? "warn" : "", "data-audit": "low" }, list(audit.low)),
     el("dt", {}, "journal"),
-    el("dd", { class: audit.mismatches.length ? "bad" : "good", "data-audit": "mismatch" },
-      audit.mismatches.length ? audit.mismatches.join("; ") : "no mismatch"),
+    // a comparison not made checked nothing: never "no mismatch" in green beside it
+    el("dd", { class: audit.mismatches.length ? "bad" : audit.not_compared ? "warn" : "good", "data-audit": "mismatch" },
+      audit.mismatches.length ? audit.mismatches.join("; ")
+        : audit.not_compared ? "not checked: the latest read was not compared (below)" : "no mismatch"),
     audit.not_compared ? [el("dt", {}, "compared"),
       el("dd", { class: "bad", "data-audit": "not-compared" }, audit.not_compared)] : null);
 }
