@@ -452,7 +452,8 @@ class Agent:
         second agent would start on this journal too: sales/owner.py), and the journal itself
         written back if its file was removed (else every later step would be lost with it:
         Journal.put_back); sales resolved by another process (`kiosk-agent sales resolve`)
-        told to the bus (OutsideResolutions)."""
+        told to the bus (OutsideResolutions); late vends acknowledged by another process or past
+        their 24 hours told to health (LateVendWatch.look)."""
         claimed, said = True, ""
         while True:
             await asyncio.sleep(DISK_WATCH_S)
@@ -461,6 +462,9 @@ class Agent:
                     self._checkpoints_aside()
                 self.journal_guard.watch()
                 self.attention.outside.watch()
+                # an --ack by another process, or a late vend's 24 hours over: the heartbeat
+                # (Home Assistant) is told, as it is of a late vend heard
+                self.sales.late_vends.look()
                 if self.recovery.not_ours:  # another unit's open sales a person resolved
                     self._count_not_ours()
                 if not self.unit.confirmed:  # `kiosk-agent unit adopt` from another process

@@ -20,6 +20,7 @@ restart keeps showing it and an acknowledgement made by another process is seen 
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import sqlite3
 from collections.abc import Callable, Iterable
@@ -85,6 +86,8 @@ class LateVendWatch:
         self.clock = clock
         self.on_change = on_change  # health's: the page and the heartbeat hear of it at once
         self.heard_count = 0  # since start
+        # the sales whose late vends health showed at the last look (``look``)
+        self._shown: tuple[str, ...] = ()
 
     def heard(self, sale_id: str, product: str | None, source: str) -> None:
         """A vend success for ``sale_id`` after its sale gave up waiting: a note on the sale."""
@@ -99,6 +102,26 @@ class LateVendWatch:
         except (JournalError, sqlite3.Error) as err:  # the journal's own health says why
             _LOGGER.error("sale %s: the late vend could not be journaled: %s", sale_id, err)
         self.heard_count += 1
+        self._tell()
+
+    def look(self) -> None:
+        """The agent's look each second (its journal watch): health reads the late vends at
+        each snapshot, but the heartbeat (Home Assistant) hears only of a change it is told of.
+        An acknowledgement by another process (`sales late-vends --ack`) or a late vend's 24
+        hours passing changes what is shown with no call here: told once, when it is seen.
+        One read through the late-vend index (some 13 us with none to show)."""
+        try:
+            shown = tuple(v.sale_id for v in self.unseen())
+        except (sqlite3.Error, JournalError):  # the journal's own health says why
+            return
+        if shown != self._shown:
+            self._shown = shown
+            if self.on_change is not None:
+                self.on_change()
+
+    def _tell(self) -> None:
+        with contextlib.suppress(sqlite3.Error, JournalError):  # the next look compares again
+            self._shown = tuple(v.sale_id for v in self.unseen())
         if self.on_change is not None:
             self.on_change()
 

@@ -123,6 +123,37 @@ async def test_a_late_vend_stops_being_a_problem_after_its_time(tmp_path: Path) 
     journal.close()
 
 
+async def test_an_acknowledgement_from_another_process_or_the_24_hours_end_is_told(
+    tmp_path: Path,
+) -> None:
+    """Health reads the late vends at each snapshot, but the heartbeat (Home Assistant) hears
+    of a change only when told: the agent's look each second (its journal watch) tells health
+    when the late vends shown changed under it (`sales late-vends --ack` in another process,
+    the 24 hours passed), once; nothing when they did not."""
+    clock = FakeClock()
+    journal = Journal(tmp_path / "journal.db", clock=clock)
+    journal.open()
+    _reversed_sale(journal, "late0004")
+    told: list[int] = []
+    watch = LateVendWatch(journal, clock, on_change=lambda: told.append(1))
+    watch.heard("late0004", "D1", "mdb:front")
+    assert told == [1]  # at once, as before
+    watch.look()
+    assert told == [1]  # nothing changed since: not told twice
+    LateVendWatch(journal, clock).acknowledge("late0004", by="cli (tech)")  # another process
+    watch.look()
+    assert told == [1, 1]
+    watch.look()
+    assert told == [1, 1]
+    _reversed_sale(journal, "late0005")
+    watch.heard("late0005", "D2", "mdb:front")
+    await clock.advance(LATE_VEND_SHOWN + 1)
+    watch.look()  # its 24 hours are over: no longer shown
+    assert told == [1, 1, 1, 1]
+    assert watch.problem() is None
+    journal.close()
+
+
 def test_sales_late_vends_lists_and_acknowledges(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
