@@ -8,9 +8,10 @@ controller's vend result. Two modes:
 - card first: the agent keeps a sale waiting for a card for ``max_funds``; once authorized it opens
   a session (``C,START,<funds>``), the customer chooses, and only the chosen price is captured.
 
-Anything that ends a session without a confirmed vend (cancel, controller reset or disable, lost
-adapter, no vend result in time) returns an outcome that is not ``VENDED``, so the flow gives the
-money back.
+Anything that ends a session without a confirmed vend (cancel, controller reset or disable, the
+adapter back before the vend was approved, no vend result in time) returns an outcome that is
+not ``VENDED``, so the flow gives the money back. An adapter back mid-vend does not end the vend:
+the controller may still say how it ended, on the new link (its setup waits until it is over).
 
 Out of service (``health.availability``): while the terminal cannot take cards the cashless slave
 is off the bus (``C,0``), so the machine shows cashless unavailable and sells for cash; it joins

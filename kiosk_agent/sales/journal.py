@@ -157,7 +157,7 @@ CREATE TABLE IF NOT EXISTS sale_sends (
 
 # Built at open on a journal with no steps yet; on one made before it, after ready in a worker
 # thread (Journal.build_late_vend_index): one scan of every step, on bench/journal.py's
-# 200,000 sales (1.18 million steps) 103-107 ms of a core, 226-373 ms at load 16, and holding
+# 200,000 sales (1.18 million steps) 100-107 ms of a core (101-156 ms wall at load 5), holding
 # the journal's write lock meanwhile (docs/journal.md)
 _LATE_VEND_INDEX = """CREATE INDEX IF NOT EXISTS steps_late_vend ON steps(at)
     WHERE step IN ('late.vend', 'late.vend.seen')"""
