@@ -62,6 +62,7 @@ SALE_COLUMNS = (
     "last_four",
     "message",
     "kind",  # a new column goes last: a script reading columns by position keeps working
+    "late_vend",  # when the machine said the product went out after the sale gave up, or ""
 )
 
 
@@ -250,15 +251,18 @@ def column_value(record: BaseModel, column: str) -> object:
 SALE_FORMATS = ("csv", "json")
 
 
-def export_sales(sales: Iterable[SaleRecord], fmt: str) -> Iterator[str]:
+def export_sales(sales: Iterable[SaleRecord], fmt: str,
+                 late: Mapping[str, float] | None = None) -> Iterator[str]:
     """The sales as the one CSV or JSON export, piece by piece: ``kiosk-agent sales --format
     csv|json`` and the admin API's ``GET /api/sales?format=csv|json`` both write this, so the
-    two give the same bytes."""
+    two give the same bytes. ``late``: when each late-vended sale's product went out
+    (sales/late_vends.py's ``late_vended``)."""
+    late = late or {}
     if fmt == "json":
         json_export = JsonExport()
         yield json_export.start()
         for sale in sales:
-            yield json_export.row(sale_values(sale))
+            yield json_export.row(sale_values(sale, late.get(sale.sale_id)))
         yield json_export.end()
         return
     if fmt != "csv":
@@ -266,12 +270,14 @@ def export_sales(sales: Iterable[SaleRecord], fmt: str) -> Iterator[str]:
     csv_export = CsvExport(SALE_COLUMNS)
     yield csv_export.header()
     for sale in sales:
-        yield csv_export.row(sale_values(sale))
+        yield csv_export.row(sale_values(sale, late.get(sale.sale_id)))
 
 
-def sale_values(sale: SaleRecord) -> dict[str, Any]:
+def sale_values(sale: SaleRecord, late_vend_at: float | None = None) -> dict[str, Any]:
     """One sale of the journal for export (``sales --format csv|json``), its ``kind`` as
-    :func:`sale_json` says it (``--kind all`` lists both kinds: each row says which)."""
+    :func:`sale_json` says it (``--kind all`` lists both kinds: each row says which), and when
+    the machine said its product went out after the sale gave up waiting (a late vend: the
+    state says reversed, the product is gone unpaid)."""
     return {
         "created": timestamp(sale.created_at),
         "sale_id": sale.sale_id,
@@ -288,6 +294,7 @@ def sale_values(sale: SaleRecord) -> dict[str, Any]:
         "last_four": sale.last_four or "",
         "message": sale.message,
         "kind": sale_kind(sale),
+        "late_vend": optional_timestamp(late_vend_at) or "",
     }
 
 

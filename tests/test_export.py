@@ -271,7 +271,8 @@ def test_every_exported_sale_says_its_kind_as_the_journal_and_the_api_records_do
     assert main(["sales", "-c", str(config), "--format", "csv", "--kind", "all"]) == 0
     text = capsys.readouterr().out
     assert text.splitlines()[0].split(",") == list(SALE_COLUMNS)
-    assert SALE_COLUMNS[-1] == "kind"  # added last: columns read by position stay where they were
+    # each added last: columns read by position stay where they were
+    assert SALE_COLUMNS[-2:] == ("kind", "late_vend")
     assert {r["sale_id"]: r["kind"] for r in csv.DictReader(io.StringIO(text))} == expected
     assert main(["sales", "-c", str(config), "--format", "json", "--kind", "all"]) == 0
     exported = json.loads(capsys.readouterr().out)

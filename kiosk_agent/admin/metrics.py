@@ -20,6 +20,7 @@ that never serves ``/metrics`` never loads it (its cost is in pyproject.toml's c
 
 from __future__ import annotations
 
+import sqlite3
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
@@ -38,6 +39,7 @@ from prometheus_client.registry import Collector
 
 from kiosk_agent.health.model import HealthSnapshot, SaleTotals, Status
 from kiosk_agent.logs import refusal_counts, suppressed_counts
+from kiosk_agent.sales.journal import JournalError
 from kiosk_agent.sales.model import SaleEvent
 from kiosk_agent.sales.states import SaleState
 from kiosk_agent.service.settings import CallKind
@@ -164,6 +166,9 @@ class AgentCollector(Collector):
         books = self._component("AuditReads")
         if books is not None:
             yield from audit_families(books.figures())
+        late = getattr(getattr(self._agent, "sales", None), "late_vends", None)
+        if late is not None:
+            yield from late_vend_families(late)
         yield from refusal_families(refusal_counts(), suppressed_counts())
         yield from http_families({site.name: site.open_connections for site in live_sites()})
 
@@ -385,6 +390,21 @@ def audit_families(figures: Mapping[str, Any]) -> Iterator[Metric]:
     if figures["last_read_at"] is not None:
         yield gauge("audit_last_read_timestamp_seconds", "When the machine's audit was last read.",
                     [({}, figures["last_read_at"])])
+
+
+def late_vend_families(late: Any) -> Iterator[Metric]:
+    """The late vends health shows (sales/late_vends.py), read from the journal at the scrape:
+    an acknowledgement by ``kiosk-agent sales late-vends --ack`` in another process counts."""
+    try:
+        unseen = len(late.unseen())
+    except (sqlite3.Error, JournalError):  # the journal's own health says why
+        return
+    yield gauge(
+        "late_vends_unacknowledged",
+        "Products the machine said it dispensed after their sale gave up waiting (unpaid), "
+        "within 24 h and not yet acknowledged (kiosk-agent sales late-vends --ack).",
+        [({}, unseen)],
+    )
 
 
 def refusal_families(

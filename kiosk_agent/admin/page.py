@@ -54,6 +54,7 @@ from kiosk_agent.moments import day_bounds
 from kiosk_agent.money import format_cents
 from kiosk_agent.sales.journal import SaleRecord, StepRecord
 from kiosk_agent.sales.kinds import SaleKind, no_selection, sessions_text
+from kiosk_agent.sales.late_vends import late_vend_of
 from kiosk_agent.sales.model import SaleEvent, money_text
 from kiosk_agent.sales.unit import others_open
 from kiosk_agent.tasks import BackgroundTask
@@ -357,11 +358,15 @@ class StatusPage:
             apart = f"not sales: {sessions_text(sessions)}" if sessions else ""
             # sales only (sales.kinds): a card-first machine's idle sessions are no sale
             for record in journal.query(limit=RECENT_SALES, kind=SaleKind.SALE):
+                held = journal.steps(record.sale_id)
                 steps = [
                     {"at": s.at, "step": s.step, "state": s.state.value, "detail": s.detail}
-                    for s in journal.steps(record.sale_id)
+                    for s in held
                 ]
-                recent.append({**sale_view(record), "steps": steps})
+                # a late vend's sale reads "reversed": its line says the product went out
+                vend = late_vend_of(held)
+                recent.append({**sale_view(record), "steps": steps,
+                               "late_vend": vend.text() if vend is not None else None})
             # an open sale of another unit id needs a person too: the agent will not finish it
             others = others_open(journal)
             theirs = {r.sale_id for r, _ in others}

@@ -62,6 +62,7 @@ from kiosk_agent.sales.attention import (
 )
 from kiosk_agent.sales.journal import Journal, JournalError, SaleRecord
 from kiosk_agent.sales.kinds import KIND_CHOICES, SaleKind
+from kiosk_agent.sales.late_vends import late_vended
 from kiosk_agent.sales.states import SaleState
 from kiosk_agent.sales.terminal_actions import ActionRefused, ping_terminal, print_test_receipt
 from kiosk_agent.service.errors import (
@@ -286,7 +287,9 @@ class AdminServer:
         )
         await response.prepare(request)
         async with _until_hung_up(request):
-            await _write_pieces(response, export_sales(_each_sale(first, pages), fmt))
+            # the late vends said on their sale: a handful, read from their own index
+            late = {i: v.at for i, v in late_vended(journal).items()}
+            await _write_pieces(response, export_sales(_each_sale(first, pages), fmt, late))
             await response.write_eof()
         return response
 
@@ -310,15 +313,21 @@ class AdminServer:
         memory holds it: ``attention`` with ``unwritten: true`` until the journal has it."""
         unwritten = getattr(self.agent, "unwritten", None)
         kept = {r.sale_id: r for r in (unwritten.records if unwritten is not None else [])}
+        # when the machine said the product went out after the sale gave up (a late vend), as
+        # the export's late_vend column says it: the state alone reads "nothing went out"
+        late = late_vended(self._journal())
         shown = []
         for record in records:
             if record.sale_id in kept:
                 continue
-            shown.append(sale_json(record))
+            vend = late.get(record.sale_id)
+            shown.append({**sale_json(record),
+                          "late_vend": optional_timestamp(vend.at if vend else None)})
         if not states or SaleState.ATTENTION in states:
             for record in kept.values():
                 shown.insert(0, {**sale_json(record), "state": SaleState.ATTENTION.value,
-                                 "unwritten": True, "state_unwritten": record.state.value})
+                                 "unwritten": True, "state_unwritten": record.state.value,
+                                 "late_vend": None})
         return shown
 
     async def sale(self, request: web.Request) -> web.Response:

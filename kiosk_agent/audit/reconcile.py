@@ -177,7 +177,9 @@ class Comparison:
         since = _clock_time(self.since)
         held = f"the journal holds {_vends(self.journal, self.currency)}"
         if self.machine is None:
-            return f"not compared at {_clock_time(self.until)} since {since}: {self.reason}; {held}"
+            text = f"not compared at {_clock_time(self.until)} since {since}: {self.reason}; {held}"
+            todo = _NOT_COMPARED_TODO.get(self.cause)
+            return f"{text}; {todo}" if todo else text
         counted = f"the machine counted {_vends(self.machine, self.currency)}"
         text = f"{counted} since {since}; {held}"
         if self.columns:
@@ -233,6 +235,20 @@ class Comparison:
 def _vends(count: Tally, currency: str) -> str:
     plural = "" if count.count == 1 else "s"
     return f"{count.count} card vend{plural} worth {format_cents(count.value, currency)}"
+
+
+# What a tech does about a comparison not made, by its cause: said with it on every face (the
+# page, health's problems, Home Assistant, `kiosk-agent audit`), as docs/audit.md's table says.
+_NOT_COMPARED_TODO = {
+    "reinitialised": "look for the re-initialisation in the machine's service log: the card "
+                     "vends of this interval are not checked, the next read compares from this one",
+    "machine": "check which machine the audit cable is on (or the board swapped): the next read "
+               "compares from this one",
+    "unsent": "set the machine's audit to a full one with its cashless (DA2) counters since "
+              "initialisation (not since-reset only)",
+    "no_counters": "set the machine's audit to a full one with its cashless (DA2) counters since "
+                   "initialisation (not since-reset only)",
+}
 
 
 def _clock_time(at: float) -> str:

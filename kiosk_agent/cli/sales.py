@@ -10,7 +10,7 @@ import datetime as dt
 import json
 import sys
 import time
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from kiosk_agent.cli.contract import (
@@ -47,6 +47,7 @@ from kiosk_agent.sales.states import RESOLUTIONS, SaleState
 # must not wait for sqlite.
 if TYPE_CHECKING:
     from kiosk_agent.sales.journal import SaleRecord
+    from kiosk_agent.sales.late_vends import LateVend
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -187,12 +188,16 @@ def sales_window(
 TABLE_LIMIT = 25
 
 
-def render(sales: Sequence[SaleRecord], fmt: str, kind: SaleKind = SaleKind.SALE) -> str:
+def render(sales: Sequence[SaleRecord], fmt: str, kind: SaleKind = SaleKind.SALE,
+           late: Mapping[str, LateVend] | None = None) -> str:
     """The sales as a table for people, or the one CSV / JSON export (kiosk_agent.export, which
-    the admin API's ``GET /api/sales?format=csv|json`` writes too)."""
+    the admin API's ``GET /api/sales?format=csv|json`` writes too). ``late``: the late vends
+    of sales/late_vends.py's ``late_vended``, said on their sale."""
+    late = late or {}
     if fmt in SALE_FORMATS:
-        return "".join(export_sales(sales, fmt))
-    return _table(sales, kind) + "\n"
+        return "".join(export_sales(sales, fmt, {i: v.at for i, v in late.items()}))
+    return _table(sales, kind, late) + "\n"
+
 
 
 def _each_counted(pages: Iterable[list[SaleRecord]], count: list[int]) -> Iterator[SaleRecord]:
@@ -202,7 +207,7 @@ def _each_counted(pages: Iterable[list[SaleRecord]], count: list[int]) -> Iterat
         yield from page
 
 
-def _table(sales: Sequence[SaleRecord], kind: SaleKind) -> str:
+def _table(sales: Sequence[SaleRecord], kind: SaleKind, late: Mapping[str, LateVend]) -> str:
     from kiosk_agent.text import for_terminal  # on use: `--help` does not wait for it
 
     headers = ("created", "order_id", "source", "money", "state", "message")
@@ -214,7 +219,9 @@ def _table(sales: Sequence[SaleRecord], kind: SaleKind) -> str:
             money_text(s),  # what was charged, or is held: never the price asked as if taken
             s.state.value,
             # a service's or a machine's words: shown, never obeyed by the terminal
-            for_terminal(s.message),
+            for_terminal("; ".join(
+                t for t in (late[s.sale_id].text() if s.sale_id in late else "",
+                            s.message) if t)),
         )
         for s in sales
     ]
@@ -372,23 +379,27 @@ async def sales_command(args: argparse.Namespace) -> int:
     if limit is None and fmt == "table" and not getattr(args, "all", False):
         limit = TABLE_LIMIT
     since, until = sales_window(getattr(args, "since", None), getattr(args, "until", None))
+    from kiosk_agent.sales.late_vends import late_vended
+
     journal = open_journal(unit_config(args))
     try:
         states = [SaleState(s) for s in getattr(args, "state", None) or []] or None
         kind = SaleKind(getattr(args, "kind", SaleKind.SALE))
+        late = late_vended(journal)  # a handful, from their own index
         if fmt in SALE_FORMATS:
             # written as the journal is read, a page at a time: a year of sales read whole took
             # 270 MB here, enough to push a small unit's agent out of memory
             pages = journal.pages(since=since, until=until, states=states, kind=kind,
                                   limit=limit)
             written = [0]
-            for piece in export_sales(_each_counted(pages, written), fmt):
+            late_at = {i: v.at for i, v in late.items()}
+            for piece in export_sales(_each_counted(pages, written), fmt, late_at):
                 sys.stdout.write(piece)
             shown = written[0]
         else:
             sales = journal.query(since=since, until=until, states=states, kind=kind,
                                   limit=limit)
-            sys.stdout.write(render(sales, fmt, kind))
+            sys.stdout.write(render(sales, fmt, kind, late))
             shown = len(sales)
         more = (journal.count(since=since, until=until, states=states, kind=kind) - shown
                 if limit else 0)
@@ -433,6 +444,7 @@ async def show_command(args: argparse.Namespace) -> int:
 def sale_text(record: SaleRecord, steps: Sequence[Any]) -> str:
     """A sale and its steps for people, times in UTC to the second."""
     from kiosk_agent.card_brands import card_brand_name
+    from kiosk_agent.sales.late_vends import late_vend_of
 
     def at(unix: float | None) -> str:
         if unix is None:
@@ -462,9 +474,30 @@ def sale_text(record: SaleRecord, steps: Sequence[Any]) -> str:
     ]
     width = max(len(key) for key, _ in pairs)
     lines = [f"{key:<{width}}  {value}" for key, value in pairs]
+    vend = late_vend_of(steps)
+    if vend is not None:  # its state says reversed: the product that went out anyway
+        lines.append(f"{'late vend':<{width}}  {vend.text()}")
     lines.append(f"steps ({len(steps)}):")
     for step in steps:
-        detail = step.detail.get("message") if isinstance(step.detail, dict) else None
-        shown = f"  {detail}" if isinstance(detail, str) and detail else ""
-        lines.append(f"  {at(step.at)}  {step.step:<24} -> {step.state.value}{shown}")
+        lines.append(f"  {at(step.at)}  {step.step:<24} -> {step.state.value}"
+                     f"{step_detail_text(step.detail)}")
     return "\n".join(lines)
+
+
+def step_detail_text(detail: object) -> str:
+    """A step's detail as the status page says it: its message, else its facts as key=value
+    (a late vend's product and source, who acknowledged it), at most 160 characters; never a
+    field the exports hide (a token, a key)."""
+    from kiosk_agent.export import HIDDEN_FIELDS
+
+    if not isinstance(detail, dict) or not detail:
+        return ""
+    message = detail.get("message")
+    if isinstance(message, str) and message:
+        text = message
+    else:
+        text = " ".join(
+            f"{k}={v if isinstance(v, str) else json.dumps(v, separators=(',', ':'))}"
+            for k, v in detail.items() if k not in HIDDEN_FIELDS
+        )
+    return f"  {text[:160]}" if text else ""

@@ -318,8 +318,11 @@ AUDIT_ENTITIES: tuple[Entity, ...] = (
             "value_template": _ON_OFF.format(
                 value="(value_json.audit.mismatch if value_json.audit else None)"
             ),
+            # off also while the latest comparison was not made: what was not checked, and
+            # what to do, beside it (the report's audit.not_compared, "" once compared again)
             "json_attributes_template": (
-                "{{ {'mismatches': value_json.audit.mismatches} | tojson"
+                "{{ {'mismatches': value_json.audit.mismatches,"
+                " 'not_compared': value_json.audit.not_compared} | tojson"
                 " if value_json.audit else '{}' }}"
             ),
         },

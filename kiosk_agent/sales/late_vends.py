@@ -20,19 +20,20 @@ restart keeps showing it and an acknowledgement made by another process is seen 
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import sqlite3
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING
 
 from kiosk_agent.data_class import data_class
-from kiosk_agent.moments import display_clock
+from kiosk_agent.moments import day_of, display_clock, display_time
 from kiosk_agent.sales.journal import JournalError
 from kiosk_agent.sales.states import Step
 
 if TYPE_CHECKING:
     from kiosk_agent.sales.clock import Clock
-    from kiosk_agent.sales.journal import Journal
+    from kiosk_agent.sales.journal import Journal, StepRecord
 
 _LOGGER = logging.getLogger(__name__)
 
@@ -48,6 +49,33 @@ class LateVend:
     source: str
     at: float  # when it was heard (Unix time)
 
+    def text(self) -> str:
+        """Said on its sale (the sales table, `sales show`, the page's sale line), where the
+        sale's state alone reads as "nothing went out"."""
+        return (f"late vend: {self.product or 'product unnamed'} dispensed "
+                f"{display_time(self.at)}, after the sale gave up waiting (unpaid)")
+
+
+def late_vend_of(steps: Iterable[StepRecord]) -> LateVend | None:
+    """The last late vend among one sale's steps (acknowledged or not), or None."""
+    found = None
+    for step in steps:
+        if step.step == Step.LATE_VEND:
+            found = LateVend(step.sale_id, str(step.detail.get("product") or ""),
+                             str(step.detail.get("source") or ""), step.at)
+    return found
+
+
+def late_vended(journal: Journal) -> dict[str, LateVend]:
+    """Every sale the journal holds a late vend for, acknowledged or not, by sale id (its last
+    one): what the sales list, ``sales show`` and the export say of the sale. The steps come
+    from their own partial index (a handful in a journal of years)."""
+    return {
+        step.sale_id: LateVend(step.sale_id, str(step.detail.get("product") or ""),
+                               str(step.detail.get("source") or ""), step.at)
+        for step in journal.late_vend_steps(0.0) if step.step == Step.LATE_VEND
+    }
+
 
 class LateVendWatch:
     """Journals each late vend on its sale and shows the ones not yet seen in health."""
@@ -58,6 +86,8 @@ class LateVendWatch:
         self.clock = clock
         self.on_change = on_change  # health's: the page and the heartbeat hear of it at once
         self.heard_count = 0  # since start
+        # the sales whose late vends health showed at the last look (``look``)
+        self._shown: tuple[str, ...] = ()
 
     def heard(self, sale_id: str, product: str | None, source: str) -> None:
         """A vend success for ``sale_id`` after its sale gave up waiting: a note on the sale."""
@@ -72,6 +102,26 @@ class LateVendWatch:
         except (JournalError, sqlite3.Error) as err:  # the journal's own health says why
             _LOGGER.error("sale %s: the late vend could not be journaled: %s", sale_id, err)
         self.heard_count += 1
+        self._tell()
+
+    def look(self) -> None:
+        """The agent's look each second (its journal watch): health reads the late vends at
+        each snapshot, but the heartbeat (Home Assistant) hears only of a change it is told of.
+        An acknowledgement by another process (`sales late-vends --ack`) or a late vend's 24
+        hours passing changes what is shown with no call here: told once, when it is seen.
+        One read through the late-vend index (some 13 us with none to show)."""
+        try:
+            shown = tuple(v.sale_id for v in self.unseen())
+        except (sqlite3.Error, JournalError):  # the journal's own health says why
+            return
+        if shown != self._shown:
+            self._shown = shown
+            if self.on_change is not None:
+                self.on_change()
+
+    def _tell(self) -> None:
+        with contextlib.suppress(sqlite3.Error, JournalError):  # the next look compares again
+            self._shown = tuple(v.sale_id for v in self.unseen())
         if self.on_change is not None:
             self.on_change()
 
@@ -97,9 +147,14 @@ class LateVendWatch:
             return None
         if not late:
             return None
+        today = day_of(self.clock.time())
+
+        def when(at: float) -> str:  # shown for 24 h: yesterday's time of day needs its date
+            return display_clock(at) if day_of(at) == today else display_time(at)
+
         shown = "; ".join(
             f"sale {v.sale_id[:8]} ({v.product or 'product unnamed'} on {v.source}, "
-            f"{display_clock(v.at)})" for v in late[-3:]
+            f"{when(v.at)})" for v in late[-3:]
         )
         more = f" and {len(late) - 3} more" if len(late) > 3 else ""
         return (f"{len(late)} product(s) dispensed after the sale gave up waiting, unpaid (the "

@@ -67,6 +67,20 @@ async def test_the_page_shows_a_machine_reinitialised_as_the_store_holds_it(
     await expect(card.locator("[data-audit=not-compared]")).to_have_text(
         stored.text(), timeout=WAIT_MS
     )
-    await expect(card.locator("[data-audit=mismatch]")).to_have_text("no mismatch")
+    # not "no mismatch" in green: the latest interval was not checked at all
+    await expect(card.locator("[data-audit=mismatch]")).to_have_text(
+        "not checked: the latest read was not compared (below)")
+    await expect(card.locator("[data-audit=mismatch]")).not_to_have_class("good")
     await expect(page.locator("#problems")).to_contain_text(f"audit of lobby {stored.text()}")
+    assert "service log" in stored.text()  # what to do, said on the card and in the problems
+    # the next read compares again (nothing sold since): the store's latest is a match, and the
+    # card and the problem go
+    answers.append(figures((1, 150)))
+    await books.read_once()
+    latest = books.store.last_comparison()
+    assert latest is not None
+    assert latest.verdict == "match"
+    await expect(card.locator("[data-audit=not-compared]")).to_have_count(0, timeout=WAIT_MS)
+    await expect(card.locator("[data-audit=mismatch]")).to_have_text("no mismatch")
+    await expect(page.locator("#problems")).not_to_contain_text("not compared")
     assert seen.errors == []

@@ -27,6 +27,7 @@ from kiosk_agent.admin.page import availability as page_availability
 from kiosk_agent.app import load_agent
 from kiosk_agent.cli.virtual import simulated_machines
 from kiosk_agent.logs import refusal_counts
+from kiosk_agent.moments import display_time
 from kiosk_agent.sales.journal import SaleRecord
 from kiosk_agent.sales.model import SaleEvent
 from kiosk_agent.sales.states import SaleState, Step
@@ -556,6 +557,25 @@ async def test_every_time_on_the_page_is_utc_and_says_so_as_the_command_line(
     # a UTC time of day within seconds of now (New York's would be 5 hours off)
     assert abs((utc_now - moment.replace(year=utc_now.year, month=utc_now.month,
                                          day=utc_now.day)).total_seconds()) % 86400 < 30
+
+    # A late vend (a note on a reversed sale, no sale step): its sale's line says the product
+    # went out, at the journal's time in UTC, and the problem shows until acknowledged; after
+    # it, the line still says it (the journal keeps the note), the problem is gone.
+    late = walk_to(agent.journal, agent.journal.create(SaleRecord(
+        sale_id="1a7e0late", order_id="ka-1a7e", source="mdb:front", flow="authorize_capture",
+        terminal="SIM-0001", amount_cents=200, product="C4", state=SaleState.STARTED,
+    )), SaleState.REVERSED)  # fmt: skip
+    agent.sales.late_vends.heard(late.sale_id, "C4", "mdb:front")
+    [note] = [s for s in agent.journal.steps(late.sale_id) if s.step == Step.LATE_VEND]
+    said = f"late vend: C4 dispensed {display_time(note.at)}, after the sale gave up waiting"
+    line = page.locator(f'#recent [data-sale="{late.sale_id}"] summary')
+    await expect(line).to_contain_text(said, timeout=WAIT_MS)
+    await expect(line).to_have_class("bad")
+    problem = page.locator("#problems li", has_text="sale 1a7e0lat (C4 on mdb:front")
+    await expect(problem).to_be_visible(timeout=WAIT_MS)
+    assert agent.sales.late_vends.acknowledge(late.sale_id, by="test") == [late.sale_id]
+    await expect(problem).to_have_count(0, timeout=WAIT_MS)
+    await expect(line).to_contain_text(said)
     assert seen.errors == []
 
 

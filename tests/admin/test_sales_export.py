@@ -34,7 +34,9 @@ async def test_the_cli_and_the_api_export_the_same_sales_byte_for_byte(
     capsys: pytest.CaptureFixture[str], fmt: str,
 ) -> None:
     await _sell(agent, 250)
-    await _sell(agent, 402)  # declined
+    declined = await _sell(agent, 402)  # declined
+    # then the machine said it went out anyway: a late vend, in both exports' last column
+    agent.sales.late_vends.heard(declined.sale_id, "A2", "mdb:front")
     await _sell(agent, 1999)
     # text a spreadsheet would run, and a sale that has not ended
     agent.journal.create(SaleRecord(
@@ -58,6 +60,16 @@ async def test_the_cli_and_the_api_export_the_same_sales_byte_for_byte(
         assert [r["amount"] for r in rows] == ["1.25", "19.99", "4.02", "2.50"]
         assert rows[0]["source"] == "'=HYPERLINK(\"x\")"
         assert rows[1]["created"].endswith("Z")
+        late = {r["sale_id"]: r["late_vend"] for r in rows if r["late_vend"]}
+        assert list(late) == [declined.sale_id], late
+        assert late[declined.sale_id].endswith("Z")
+        async with aiohttp.ClientSession(headers=admin_headers) as http, http.get(
+            f"{admin_server.url}/api/sales"
+        ) as response:
+            records = (await response.json())["sales"]
+        # the API's records say it as the export does, and null for every other sale
+        assert {r["sale_id"]: r["late_vend"] for r in records if r["late_vend"]} == late
+        assert all("late_vend" in r for r in records)
     else:
         assert [r["captured"] for r in json.loads(cli_out)] == ["0.00", "19.99", "0.00", "2.50"]
 

@@ -58,6 +58,10 @@ def test_a_machine_reinitialised_is_not_compared_and_says_why() -> None:
     assert result.verdict == "not_compared"
     assert "re-initialised" in result.text()
     assert "the journal holds 1 card vend worth $1.50" in result.text()
+    # what a tech does about it, on every face that shows the text
+    assert result.text().endswith(
+        "; look for the re-initialisation in the machine's service log: the card vends of this "
+        "interval are not checked, the next read compares from this one"), result.text()
 
 
 def test_another_machine_answering_is_not_compared() -> None:
@@ -65,6 +69,9 @@ def test_another_machine_answering_is_not_compared() -> None:
                      Side(TEN + 60, figures((5, 750), machine="VM-2")), [sale(1, 150)])
     assert result.verdict == "not_compared"
     assert "another machine" in result.reason
+    assert result.text().endswith(
+        "; check which machine the audit cable is on (or the board swapped): the next read "
+        "compares from this one"), result.text()
 
 
 def test_per_column_a_vend_in_the_wrong_column_is_a_mismatch() -> None:
@@ -110,6 +117,9 @@ def test_a_read_whose_da2_since_initialisation_was_not_sent_is_not_compared() ->
         assert (result.verdict, result.cause, result.machine) == ("not_compared", "unsent", None)
         assert f"{which} DA2 (cashless) has no since-initialisation counts" in result.text()
         assert "not sent, not 0" in result.text()
+        assert result.text().endswith(
+            "; set the machine's audit to a full one with its cashless (DA2) counters since "
+            "initialisation (not since-reset only)"), result.text()
     # and no change is claimed on a figure that was not sent
     assert changes(sent, unsent) == [] == changes(unsent, sent)
 

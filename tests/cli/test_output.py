@@ -289,3 +289,17 @@ def test_a_verdict_line_shows_a_services_words_never_obeyed(
     args = build_parser("kiosk-agent").parse_args(["terminals", "list", "--json"])
     cli.say(args, "printed 70\x1b[2J", ok=True)
     assert json.loads(capsys.readouterr().out)["message"] == "printed 70\x1b[2J"
+
+
+def test_sales_show_says_a_steps_facts_but_never_a_hidden_field() -> None:
+    """`sales show` prints a step's detail without a message as key=value, as the page does; a
+    field the exports hide (a token, a key) is never among them."""
+    from kiosk_agent.cli.sales import step_detail_text
+
+    assert step_detail_text({"product": "C4", "source": "mdb:front"}) == (
+        "  product=C4 source=mdb:front")
+    assert step_detail_text({"by": "cli (tech)", "token": "tok_secret", "api_key": "k"}) == (
+        "  by=cli (tech)")
+    assert step_detail_text({"token": "tok_secret"}) == ""
+    assert step_detail_text({"message": "declined", "product": "C4"}) == "  declined"
+    assert step_detail_text({"n": 2, "x": None}) == "  n=2 x=null"  # as the page writes them

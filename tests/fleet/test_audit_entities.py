@@ -47,9 +47,11 @@ def test_their_templates_read_what_the_report_holds() -> None:
     agent.health.report_audit(AuditHealth(
         machine="snacks", last_read_at=1_764_324_000.0, last_outcome="ok",
         mismatches=["the machine counted 2 card vends worth $3.00 since ..."],
-        low=["A1"], sold_out=["B2"],
+        low=["A1"], sold_out=["B2"], not_compared="not compared at ...: another machine ...",
     ))
     report = build_report("unit-1", agent.health.snapshot(), 60.0)
+    attributes = _discovery(True)["audit_mismatch"]["json_attributes_template"]
+    assert "value_json.audit.not_compared" in attributes  # said beside the mismatch sensor
     assert report["audit"]["columns_low"] == 2
     assert report["audit"]["mismatch"] is True
     for key in ("columns_low", "audit_mismatch", "last_audit"):

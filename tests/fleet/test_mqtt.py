@@ -1031,3 +1031,73 @@ async def test_configs_not_read_back_in_time_are_all_published(tmp_path: Path) -
     finally:
         await upstream.stop()
         stop_broker(proc)
+
+
+@pytest.mark.mqtt
+async def test_a_late_vend_and_an_audit_not_compared_reach_home_assistant_and_go(
+    mosquitto: int, tmp_path: Path
+) -> None:
+    """This round's facts on the fleet's face, against the journal's rows: a late vend (a
+    journal note read by health) and an audit comparison not made are in the state topic's
+    problems (what HA's Problem shows as attributes) and its audit block, in the words of the
+    journal's step and the comparison; both go with the next report after the acknowledgement
+    and a read that compares again."""
+    from kiosk_agent.audit.reconcile import CardSale, Side, compare
+    from kiosk_agent.health.model import AuditHealth
+    from kiosk_agent.sales.journal import Journal, SaleRecord
+    from kiosk_agent.sales.late_vends import LateVendWatch
+    from kiosk_agent.sales.model import Flow
+    from kiosk_agent.sales.states import Step
+    from tests.audit.helpers import figures
+    from tests.helpers import walk_to
+
+    agent = settled_agent()
+    journal = Journal(tmp_path / "journal.db")
+    journal.open()
+    watch = LateVendWatch(journal, journal.clock, on_change=agent.health.problem_changed)
+    agent.health.report_problem_of("late vends", watch.problem)
+    record = walk_to(journal, journal.create(SaleRecord(
+        sale_id="1a7e0001", order_id="KA1A7E", source="mdb:front",
+        flow=Flow.AUTHORIZE_CAPTURE.value, terminal="SIM-0001", amount_cents=150, product="C4",
+        state=SaleState.STARTED,
+    )), SaleState.REVERSED)  # fmt: skip
+    observer = Observer(mosquitto)
+    await observer.start("kiosk-agent/unit-7/state")
+    upstream = Upstream(agent, {"device_id": "unit-7", "interval": 3600,
+                                "mqtt": {"host": "127.0.0.1", "port": mosquitto}})
+    state = "kiosk-agent/unit-7/state"
+    await upstream.start()
+    try:
+        await until(lambda: len(observer.on(state)) == 1)
+        watch.heard(record.sale_id, "C4", "mdb:front")  # told at once, not at the interval
+        ten = 1_764_324_000.0
+        made = compare(Side(ten, figures((40, 6000))), Side(ten + 60, figures((1, 150))),
+                       [CardSale("s1", 150, "A1", "completed", ten + 1)])
+        agent.health.report_audit(AuditHealth(machine="snacks", not_compared=made.text()))
+        await until(lambda: any("not compared" in p for p in
+                                json.loads(observer.on(state)[-1])["problems"]))
+        report = json.loads(observer.on(state)[-1])
+        [late] = [s for s in journal.steps(record.sale_id) if s.step == Step.LATE_VEND]
+        [shown] = [p for p in report["problems"] if "gave up waiting" in p]
+        assert f"sale {record.sale_id[:8]} ({late.detail['product']} on {late.detail['source']}"\
+            in shown, shown
+        assert f"audit of snacks {made.text()}" in report["problems"]
+        assert report["audit"]["not_compared"] == made.text()
+        assert "service log" in report["audit"]["not_compared"]  # what to do, on this face too
+        assert report["status"] != "ok"
+        # `kiosk-agent health` / `fleet health` say the report's words, each on its own line
+        from kiosk_agent.cli.fleet import format_health
+
+        said = format_health(report).splitlines()
+        assert f"problem:  {shown}" in said
+        assert f"problem:  audit of snacks {made.text()}" in said
+
+        watch.acknowledge(record.sale_id, by="test")  # as `sales late-vends --ack` journals it
+        agent.health.report_audit(AuditHealth(machine="snacks"))  # a read compared again
+        upstream.heartbeat()
+        await until(lambda: not json.loads(observer.on(state)[-1])["problems"])
+        assert json.loads(observer.on(state)[-1])["audit"]["not_compared"] == ""
+    finally:
+        await upstream.stop()
+        await observer.stop()
+        journal.close()

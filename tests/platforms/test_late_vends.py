@@ -11,6 +11,8 @@ platform's late-vend test (test_gpio.py, test_kiosk_api.py), checked by :func:`t
 from __future__ import annotations
 
 import asyncio
+import csv
+import io
 import json
 from pathlib import Path
 from typing import Any
@@ -18,6 +20,7 @@ from typing import Any
 import pytest
 
 from kiosk_agent.cli import main
+from kiosk_agent.moments import display_clock, display_time, timestamp
 from kiosk_agent.platforms.mdb_protocol import VEND_SUCCESS_LINE
 from kiosk_agent.sales.clock import FakeClock
 from kiosk_agent.sales.journal import Journal, SaleRecord
@@ -51,10 +54,22 @@ async def told_to_a_person(agent: Any, sale_id: str, product: str) -> None:
     assert product in problem, problem
     assert "kiosk-agent sales late-vends --ack" in problem
     assert snapshot.status != "ok"
+    assert _unacknowledged_on_metrics(agent) == 1  # /metrics counts what the journal holds
     assert agent.sales.late_vends.acknowledge(sale_id[:8], by="test") == [sale_id]
     assert not [p for p in agent.health.snapshot().problems if "gave up waiting" in p]
+    assert _unacknowledged_on_metrics(agent) == 0
     assert [s.detail for s in agent.journal.steps(sale_id)
             if s.step == Step.LATE_VEND_SEEN] == [{"by": "test"}]
+
+
+def _unacknowledged_on_metrics(agent: Any) -> float:
+    """``kiosk_agent_late_vends_unacknowledged`` as /metrics' collector gives it."""
+    from kiosk_agent.admin.metrics import AgentCollector
+
+    [family] = [f for f in AgentCollector(agent, lambda name: None).collect()
+                if f.name == "kiosk_agent_late_vends_unacknowledged"]
+    [sample] = family.samples
+    return float(sample.value)
 
 
 _MACHINES = {
@@ -79,11 +94,11 @@ async def test_a_vend_success_after_the_vend_timeout_reaches_a_person(
         await told_to_a_person(agent, record.sale_id, "B1")
 
 
-def _reversed_sale(journal: Journal, sale_id: str) -> SaleRecord:
+def _reversed_sale(journal: Journal, sale_id: str, product: str | None = None) -> SaleRecord:
     record = journal.create(SaleRecord(
         sale_id=sale_id, order_id=f"KA{sale_id.upper()}", source="mdb:front",
         flow=Flow.AUTHORIZE_CAPTURE.value, terminal="SIM-0001", amount_cents=150,
-        state=SaleState.STARTED,
+        state=SaleState.STARTED, product=product,
     ))  # fmt: skip
     return walk_to(journal, record, SaleState.REVERSED)  # type: ignore[no-any-return]
 
@@ -97,10 +112,44 @@ async def test_a_late_vend_stops_being_a_problem_after_its_time(tmp_path: Path) 
     _reversed_sale(journal, "late0001")
     watch = LateVendWatch(journal, clock)
     watch.heard("late0001", "A1", "mdb:front")
-    assert "late0001" in (watch.problem() or "")
+    [heard] = [s.at for s in journal.steps("late0001") if s.step == Step.LATE_VEND]
+    assert f"A1 on mdb:front, {display_clock(heard)})" in (watch.problem() or "")  # today
     await clock.advance(LATE_VEND_SHOWN - 1)
-    assert "late0001" in (LateVendWatch(journal, clock).problem() or "")
+    # the next day, a time of day alone would read as today's: the date is said
+    assert f"A1 on mdb:front, {display_time(heard)})" in (
+        LateVendWatch(journal, clock).problem() or "")
     await clock.advance(2)
+    assert watch.problem() is None
+    journal.close()
+
+
+async def test_an_acknowledgement_from_another_process_or_the_24_hours_end_is_told(
+    tmp_path: Path,
+) -> None:
+    """Health reads the late vends at each snapshot, but the heartbeat (Home Assistant) hears
+    of a change only when told: the agent's look each second (its journal watch) tells health
+    when the late vends shown changed under it (`sales late-vends --ack` in another process,
+    the 24 hours passed), once; nothing when they did not."""
+    clock = FakeClock()
+    journal = Journal(tmp_path / "journal.db", clock=clock)
+    journal.open()
+    _reversed_sale(journal, "late0004")
+    told: list[int] = []
+    watch = LateVendWatch(journal, clock, on_change=lambda: told.append(1))
+    watch.heard("late0004", "D1", "mdb:front")
+    assert told == [1]  # at once, as before
+    watch.look()
+    assert told == [1]  # nothing changed since: not told twice
+    LateVendWatch(journal, clock).acknowledge("late0004", by="cli (tech)")  # another process
+    watch.look()
+    assert told == [1, 1]
+    watch.look()
+    assert told == [1, 1]
+    _reversed_sale(journal, "late0005")
+    watch.heard("late0005", "D2", "mdb:front")
+    await clock.advance(LATE_VEND_SHOWN + 1)
+    watch.look()  # its 24 hours are over: no longer shown
+    assert told == [1, 1, 1, 1]
     assert watch.problem() is None
     journal.close()
 
@@ -185,6 +234,52 @@ async def test_a_vend_success_after_a_restart_mid_dispense_reaches_a_person(
         controller.send(VEND_SUCCESS_LINE)
         await told_to_a_person(second, record.sale_id, "B1")
     visit.cancel()  # the machine would drop its product for an hour
+
+
+def test_a_late_vended_sale_says_so_in_the_sales_list_show_and_export(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The sale of a late vend reads "reversed": the sales table, `sales show` and the CSV/JSON
+    export must each show the product that went out anyway, as the journal's late.vend step
+    holds it (and who acknowledged it), not only `sales late-vends`."""
+    (tmp_path / "config.yaml").write_text(
+        "service: {simulator: {time_scale: 300}}\n"
+        "terminals: [{device_id: SIM-0001, name: front}]\njournal: {path: journal.db}\n"
+    )
+    journal = Journal(tmp_path / "journal.db")
+    journal.open()
+    _reversed_sale(journal, "late0003", "C4")  # chosen, so a sale (not a session)
+    _reversed_sale(journal, "plain003", "C5")
+    LateVendWatch(journal, journal.clock).heard("late0003", "C4", "mdb:front")
+    [late] = [s for s in journal.steps("late0003") if s.step == Step.LATE_VEND]
+    journal.close()
+    config = str(tmp_path / "config.yaml")
+
+    assert main(["sales", "-c", config]) == 0
+    rows = {line.split()[2]: line for line in capsys.readouterr().out.splitlines()[1:-1]}
+    assert "late vend: C4 dispensed" in rows["KALATE0003"], rows
+    assert "late vend" not in rows["KAPLAIN003"], rows
+
+    assert main(["sales", "show", "-c", config, "late0003"]) == 0
+    [line] = [s for s in capsys.readouterr().out.splitlines() if "late.vend " in s]
+    assert "product=C4 source=mdb:front" in line, line
+
+    assert main(["sales", "-c", config, "--format", "csv"]) == 0
+    exported = {r["sale_id"]: r for r in csv.DictReader(io.StringIO(capsys.readouterr().out))}
+    assert exported["late0003"]["late_vend"] == timestamp(late.at)
+    assert exported["plain003"]["late_vend"] == ""
+    assert main(["sales", "-c", config, "--format", "json"]) == 0
+    as_json = {r["sale_id"]: r for r in json.loads(capsys.readouterr().out)}
+    assert as_json["late0003"]["late_vend"] == timestamp(late.at)
+
+    # acknowledged, the sale still says its product went out (the note is history), and who saw
+    assert main(["sales", "late-vends", "-c", config, "--ack", "late0003"]) == 0
+    capsys.readouterr()
+    assert main(["sales", "show", "-c", config, "late0003"]) == 0
+    [seen] = [s for s in capsys.readouterr().out.splitlines() if "late.vend.seen" in s]
+    assert "by=cli (" in seen, seen
+    assert main(["sales", "-c", config]) == 0
+    assert "late vend: C4 dispensed" in capsys.readouterr().out
 
 
 @pytest.mark.parametrize("kind", _MACHINES)

@@ -246,9 +246,13 @@ function follow() {
     if (!state.page) return;
     // a new day (midnight, a clock stepped): the lines read with the lists go with it
     const newDay = view.health.sales.day_started_at !== state.page.health.sales.day_started_at;
+    // a problem come or gone may be a note on a sale (a late vend: no sale step, no list
+    // reload otherwise): the lists are read again so the sale's line says it
+    const problems = (health) => JSON.stringify(health.problems);
+    const newProblems = problems(view.health) !== problems(state.page.health);
     Object.assign(state.page, view);
     renderHealth();
-    if (newDay) reloadSoon();
+    if (newDay || newProblems) reloadSoon();
   });
   stream.addEventListener("note", (event) => {
     const note = JSON.parse(event.data);
@@ -390,8 +394,10 @@ function renderAudit() {
     el("dt", {}, "sold out"), el("dd", { class: audit.sold_out.length ? "bad" : "", "data-audit": "sold-out" }, list(audit.sold_out)),
     el("dt", {}, "low"), el("dd", { class: audit.low.length ? "warn" : "", "data-audit": "low" }, list(audit.low)),
     el("dt", {}, "journal"),
-    el("dd", { class: audit.mismatches.length ? "bad" : "good", "data-audit": "mismatch" },
-      audit.mismatches.length ? audit.mismatches.join("; ") : "no mismatch"),
+    // a comparison not made checked nothing: never "no mismatch" in green beside it
+    el("dd", { class: audit.mismatches.length ? "bad" : audit.not_compared ? "warn" : "good", "data-audit": "mismatch" },
+      audit.mismatches.length ? audit.mismatches.join("; ")
+        : audit.not_compared ? "not checked: the latest read was not compared (below)" : "no mismatch"),
     audit.not_compared ? [el("dt", {}, "compared"),
       el("dd", { class: "bad", "data-audit": "not-compared" }, audit.not_compared)] : null);
 }
@@ -610,7 +616,9 @@ function renderOpenAndRecent() {
     : [el("p", { class: "muted" }, "none")]));
   $("recent").replaceChildren(...(page.recent.length
     ? page.recent.map((s) => el("details", { class: "sale", "data-sale": s.sale_id, open: opened.has(s.sale_id) },
-      el("summary", { class: s.state === "attention" ? "bad" : "" }, saleLine(s)),
+      // a late vend's sale reads "reversed": the line says the product went out unpaid
+      el("summary", { class: s.state === "attention" || s.late_vend ? "bad" : "" }, saleLine(s),
+        s.late_vend ? el("span", { "data-late-vend": "" }, ` · ${s.late_vend}`) : null),
       el("p", { class: "muted" }, `sale ${s.sale_id}`, s.trans_id ? ` · transaction ${s.trans_id}` : "",
         s.card ? ` · ${s.card}` : "", s.message ? ` · ${s.message}` : ""),
       el("ol", { class: "steps" }, s.steps.map((step) =>
