@@ -9,6 +9,7 @@ worker's driver runs its tests, and the async fixtures they use, on the session'
     browser, sim, sim_factory = browser_session.browser, browser_session.sim, ...
 
 and declares its own async fixtures with ``@pytest_asyncio.fixture(loop_scope="session")``
+(the driver itself, ``playwright``, is tests/admin/conftest.py's: one definition, one driver)
 (each still made and ended for each test: only the loop is shared). ``browser`` is then a
 fresh CDP connection to the worker's chromium for each test, as tests/admin/conftest.py's is,
 through the shared driver.
@@ -22,7 +23,7 @@ from typing import Any
 
 import pytest
 import pytest_asyncio
-from playwright.async_api import Browser, Playwright, async_playwright
+from playwright.async_api import Browser, Playwright
 
 from kiosk_agent.app import load_agent
 from kiosk_agent.service.settings import ServiceSettings
@@ -30,13 +31,6 @@ from kiosk_agent.sim.server import SimServer
 from tests.admin.chromium import CHROMIUM, SharedChromium, connect
 from tests.admin.conftest import write_config
 from tests.conftest import SimFactory, simulators
-
-
-@pytest_asyncio.fixture(scope="session", loop_scope="session")
-async def playwright() -> AsyncIterator[Playwright]:
-    """The worker's Playwright driver, started at its first browser test."""
-    async with async_playwright() as driver:
-        yield driver
 
 
 @pytest_asyncio.fixture(loop_scope="session")

@@ -1,12 +1,15 @@
 """A real agent on the simulator, with the admin API and the webhook receiver on loopback."""
 
+import asyncio
+import contextlib
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
 import aiohttp
 import pytest
-from playwright.async_api import Browser, async_playwright
+import pytest_asyncio
+from playwright.async_api import Browser, Playwright, async_playwright
 
 from kiosk_agent.app import load_agent
 from tests.admin.chromium import CHROMIUM, SharedChromium, connect
@@ -43,6 +46,18 @@ def shared_chromium() -> Iterator[SharedChromium]:
     chromium = SharedChromium()
     yield chromium
     chromium.stop()
+
+
+@pytest_asyncio.fixture(scope="session", loop_scope="session")
+async def playwright() -> AsyncIterator[Playwright]:
+    """The worker's one Playwright driver (tests/admin/browser_session.py), started at its first
+    browser test. Defined here, once: a module that took it as its own attribute made a driver of
+    its own (three in one worker), and a whole run's worker once hung at its end in a driver's
+    stop. The stop is bounded: a driver that does not answer it ends with the worker."""
+    driver = await async_playwright().start()
+    yield driver
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(driver.stop(), 10)
 
 
 @pytest.fixture

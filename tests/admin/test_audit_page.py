@@ -15,7 +15,7 @@ from tests.audit.helpers import figures
 
 # On the worker's one loop, sharing its Playwright driver (tests/admin/browser_session.py).
 pytestmark = pytest.mark.asyncio(loop_scope="session")
-playwright, browser = browser_session.playwright, browser_session.browser
+browser = browser_session.browser
 sim_factory, sim = browser_session.sim_factory, browser_session.sim
 agent = browser_session.agent
 

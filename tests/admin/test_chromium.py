@@ -10,13 +10,11 @@ import pytest
 from playwright.async_api import Browser, Playwright
 from playwright.async_api import Error as PlaywrightError
 
-from tests.admin import browser_session
 from tests.admin.chromium import ChromiumStartError, SharedChromium, connect, running_in_group
 
 # The async tests attach through the worker's Playwright driver, on its loop
 # (tests/admin/browser_session.py), as the browser tests do: not a driver of their own each.
 on_the_drivers_loop = pytest.mark.asyncio(loop_scope="session")
-playwright = browser_session.playwright
 
 
 async def _read_heading(browser: Browser) -> str:

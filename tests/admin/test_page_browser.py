@@ -43,7 +43,7 @@ WAIT_MS = 10_000  # the longest any expectation waits (a busy 2-core machine)
 # The tests and their async fixtures on the worker's one loop, sharing its Playwright driver
 # (tests/admin/browser_session.py): a driver's start was 0.37 s of CPU of each test's 0.6-0.8.
 pytestmark = pytest.mark.asyncio(loop_scope="session")
-playwright, browser = browser_session.playwright, browser_session.browser
+browser = browser_session.browser
 sim_factory, sim = browser_session.sim_factory, browser_session.sim
 
 

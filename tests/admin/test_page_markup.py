@@ -28,7 +28,7 @@ from tests.audit.helpers import figures
 from tests.helpers import until
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
-playwright, browser = browser_session.playwright, browser_session.browser
+browser = browser_session.browser
 sim_factory, sim = browser_session.sim_factory, browser_session.sim
 agent = browser_session.agent
 __all__ = ["hostile_agent"]

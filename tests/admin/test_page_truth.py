@@ -36,7 +36,7 @@ from tests.helpers import until
 
 # On the worker's one loop, sharing its Playwright driver (tests/admin/browser_session.py).
 pytestmark = pytest.mark.asyncio(loop_scope="session")
-playwright, browser = browser_session.playwright, browser_session.browser
+browser = browser_session.browser
 sim_factory, sim = browser_session.sim_factory, browser_session.sim
 
 # As config/demo.yaml: a coffee machine taking the card first (the agent authorizes $5.00, the
