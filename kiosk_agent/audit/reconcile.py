@@ -244,10 +244,10 @@ _NOT_COMPARED_TODO = {
                      "vends of this interval are not checked, the next read compares from this one",
     "machine": "check which machine the audit cable is on (or the board swapped): the next read "
                "compares from this one",
-    "unsent": "set the machine's audit to a full one with its cashless (DA2) counters since "
+    "unsent": "set the machine's audit to a full one with the cashless device's counters since "
               "initialisation (not since-reset only)",
-    "no_counters": "set the machine's audit to a full one with its cashless (DA2) counters since "
-                   "initialisation (not since-reset only)",
+    "no_counters": "set the machine's audit to a full one with the cashless device's counters "
+                   "since initialisation (not since-reset only)",
 }
 
 

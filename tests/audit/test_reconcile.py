@@ -118,7 +118,7 @@ def test_a_read_whose_da2_since_initialisation_was_not_sent_is_not_compared() ->
         assert f"{which} DA2 (cashless) has no since-initialisation counts" in result.text()
         assert "not sent, not 0" in result.text()
         assert result.text().endswith(
-            "; set the machine's audit to a full one with its cashless (DA2) counters since "
+            "; set the machine's audit to a full one with the cashless device's counters since "
             "initialisation (not since-reset only)"), result.text()
     # and no change is claimed on a figure that was not sent
     assert changes(sent, unsent) == [] == changes(unsent, sent)
