@@ -340,4 +340,6 @@ async def test_card_first_session_timeout_voids_through_the_agent(
         assert final.amount_cents == 500
         assert "session timeout" in final.message
         assert "C,START,5.00" in controller.received
-        assert "C,STOP" in controller.received
+        # the session's end goes to the controller beside the sale's end, not before it: on a
+        # loaded machine the final event came while C,STOP was still in the pty
+        await until(lambda: "C,STOP" in controller.received)
