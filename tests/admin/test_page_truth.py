@@ -163,6 +163,9 @@ async def test_the_page_shows_what_was_charged_the_card_by_name_and_how_many_rea
 
     # live events name the step, and the money as the journal has it when the sale ended
     events = page.locator("#events li[data-sale]")
+    # the list is the reloaded page's own: a step after the reload comes (at once on a loaded
+    # machine, where comparing the rows took long; a moment later on a fast one)
+    await expect(events.first).to_be_visible(timeout=WAIT_MS)
     lines = await events.evaluate_all(
         "(lis) => lis.map((li) => [li.dataset.sale, li.dataset.step, li.textContent])"
     )
