@@ -282,6 +282,26 @@ def test_a_late_vended_sale_says_so_in_the_sales_list_show_and_export(
     assert "late vend: C4 dispensed" in capsys.readouterr().out
 
 
+async def _link_glitched_mid_vend(
+    agent: Any, controller: VirtualController, customer: Any
+) -> tuple[asyncio.Task[Any], SaleRecord, int]:
+    """``customer`` (a visit not yet started) asks for B1; once the sale is dispensing, the
+    adapter's link drops and comes back (:meth:`VirtualController.glitch`). The visit's task,
+    the sale, and how many lines the controller had heard before the glitch."""
+    await asyncio.wait_for(controller.wait_enabled(), 5)
+    visit = asyncio.create_task(customer)
+    async with asyncio.timeout(5):
+        while "C,VEND,3.25" not in controller.received:
+            await asyncio.sleep(0.005)
+    [record] = agent.journal.query()
+    await until(lambda: agent.journal.get(record.sale_id).state is SaleState.DISPENSING)
+    sent = len(controller.received)
+    controller.glitch()
+    [platform] = agent.platforms
+    await until(lambda: platform.device.link.stats.reconnects == 1)
+    return visit, record, sent
+
+
 @pytest.mark.parametrize("kind", _MACHINES)
 @pytest.mark.parametrize("fails", [False, True], ids=["success", "failure"])
 async def test_a_link_back_mid_vend_still_hears_the_vend_result(
@@ -295,18 +315,9 @@ async def test_a_link_back_mid_vend_still_hears_the_vend_result(
     session mid-vend (serial_line): the product went out unpaid."""
     trigger = {**_MACHINES[kind], "port": controller.port, "vend_timeout": 30}
     async with running_agent(tmp_path, sim_settings, [trigger]) as agent:
-        await asyncio.wait_for(controller.wait_enabled(), 5)
         controller.options.dispense_time = 1.0  # still dropping when the link is back
-        visit = asyncio.create_task(controller.customer("B1", fail=fails))
-        async with asyncio.timeout(5):
-            while "C,VEND,3.25" not in controller.received:
-                await asyncio.sleep(0.005)
-        [record] = agent.journal.query()
-        await until(lambda: agent.journal.get(record.sale_id).state is SaleState.DISPENSING)
-        sent = len(controller.received)
-        controller.glitch()
-        [platform] = agent.platforms
-        await until(lambda: platform.device.link.stats.reconnects == 1)
+        visit, record, sent = await _link_glitched_mid_vend(
+            agent, controller, controller.customer("B1", fail=fails))
         expected = VisitOutcome.FAILED if fails else VisitOutcome.VENDED
         assert (await asyncio.wait_for(visit, 10)).outcome is expected
         await until(lambda: agent.journal.get(record.sale_id).state.final)
@@ -333,18 +344,10 @@ async def test_a_link_back_mid_vend_with_nothing_heard_gives_back_at_the_vend_ti
     its vend timeout, then sets the adapter up; a success heard after that is a late vend."""
     trigger = {**_MACHINES[kind], "port": controller.port, "vend_timeout": 1.5}
     async with running_agent(tmp_path, sim_settings, [trigger]) as agent:
-        await asyncio.wait_for(controller.wait_enabled(), 5)
         controller.options.dispense_time = 0.05
-        visit = asyncio.create_task(controller.customer("B1", no_result=True))
-        async with asyncio.timeout(5):
-            while "C,VEND,3.25" not in controller.received:
-                await asyncio.sleep(0.005)
-        [record] = agent.journal.query()
-        await until(lambda: agent.journal.get(record.sale_id).state is SaleState.DISPENSING)
-        sent = len(controller.received)
-        controller.glitch()
+        visit, record, sent = await _link_glitched_mid_vend(
+            agent, controller, controller.customer("B1", no_result=True))
         [platform] = agent.platforms
-        await until(lambda: platform.device.link.stats.reconnects == 1)
         await until(lambda: platform.device.link.connected)
         assert agent.journal.get(record.sale_id).state is SaleState.DISPENSING
         assert "C,0" not in controller.received[sent:]  # held back while it waits
