@@ -258,7 +258,7 @@ class AttentionSweeper:
         if not lookup.known or not self._still_attention(steps):
             return None
         if lookup.reversed:
-            refunded = lookup.reverse_trans_id not in (None, trans_id)
+            refunded = lookup.refunded
             if refunded and lookup.amount_cents == 0 and "refunded for $0.00" in record.message:
                 return None  # said already: a person decides
             return steps.given_back(

@@ -43,6 +43,7 @@ from kiosk_agent.sales.clock import next_turn
 from kiosk_agent.sales.journal import CHARGE_LOOKBACK_S, SaleRecord
 from kiosk_agent.sales.journal_reads import OrderState
 from kiosk_agent.sales.model import Flow, SaleEvent
+from kiosk_agent.sales.reconcile import trans_key
 from kiosk_agent.sales.runner import new_ids
 from kiosk_agent.sales.settings import CHARGE_CHECK_MAX_GIVE_BACK
 from kiosk_agent.sales.states import NO_CHARGE_STEPS, SaleState, Step
@@ -543,15 +544,6 @@ def _plainly_accounted(
     if sale.sale_id in running:
         return True
     return sale.state not in _NO_MONEY and not _not_its_charge(sale.state, sale.trans_id, row)
-
-
-def trans_key(trans_id: str | None) -> str:
-    """A transaction reference number as compared: the interface types it a string and says
-    no more, so a charge answer and reporting may write one charge otherwise (whitespace
-    around it, letters' case, leading zeros). Compared exactly, a completed sale's own capture
-    read as another charge of its order id and was given back: a paid customer refunded."""
-    key = (trans_id or "").strip().casefold()
-    return key.lstrip("0") or key
 
 
 def _unproven_words(sale: SaleRecord) -> str:

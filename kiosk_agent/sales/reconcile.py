@@ -31,6 +31,17 @@ _HELD = frozenset({1, 2, 3})  # AUTHORIZED, CAPTURED, SETTLED
 _REVERSED = frozenset({4, 9})  # VOIDED, REFUNDED
 
 
+def trans_key(trans_id: str | None) -> str:
+    """A transaction reference number as compared, wherever the agent compares two: the
+    interface types it a string and says no more, so a charge answer and reporting may write
+    one charge otherwise (whitespace around it, letters' case, leading zeros). Compared
+    exactly, a completed sale's own capture read as another charge of its order id and was
+    given back (the charge check), and a refund whose row named its charge otherwise read as
+    a void (recovery, the attention sweeper): one comparison, here, for all of them."""
+    key = (trans_id or "").strip().casefold()
+    return key.lstrip("0") or key
+
+
 @data_class(frozen=True, slots=True)
 class ChargeLookup:
     """What reporting knows about the charges made under a sale's order ids."""
@@ -51,6 +62,9 @@ class TransactionLookup:
     authorized: bool = False  # authorized, not captured
     captured: bool = False  # captured or settled
     reversed: bool = False  # voided or refunded
+    # refunded, by its status (not by whether its refund's row was found: a refund's row
+    # reporting does not show, or names the charge otherwise, is still a refund, not a void)
+    refunded: bool = False
     reverse_trans_id: str | None = None
     amount_cents: int | None = None
 
@@ -68,13 +82,15 @@ class Reconciler:
             return None
 
     def _asked(
-        self, rows: list[Transaction], asked: str, *, key: Callable[[Transaction], object]
+        self, rows: list[Transaction], asked: str, *, key: Callable[[Transaction], str | None],
+        same: Callable[[str | None], str | None] = lambda value: value,
     ) -> list[Transaction]:
-        """The rows that are what was asked about (the ``key`` of each is ``asked``), of
-        this unit's merchant when a row names one; the others, whatever reporting answered, are
-        left out and said in the log."""
+        """The rows that are what was asked about (the ``key`` of each is ``asked``, both
+        compared as ``same`` writes them), of this unit's merchant when a row names one; the
+        others, whatever reporting answered, are left out and said in the log."""
+        wanted = same(asked)
         kept = [r for r in rows
-                if key(r) == asked and (not r.mid or not self.mid or r.mid == self.mid)]
+                if same(key(r)) == wanted and (not r.mid or not self.mid or r.mid == self.mid)]
         if len(kept) != len(rows):
             _LOGGER.warning("reporting answered %d row(s) that are not %s: left out",
                             len(rows) - len(kept), asked)
@@ -111,21 +127,23 @@ class Reconciler:
         from kiosk_agent.service.models.reporting import TransactionFilter, TransStatus
 
         rows = await self._rows(TransactionFilter(trans_id=trans_id))
-        row = next(iter(self._asked(rows or [], trans_id, key=lambda r: r.trans_id)),
-                   None)
+        row = next(iter(self._asked(rows or [], trans_id, key=lambda r: r.trans_id,
+                                    same=trans_key)), None)
         if row is None:
             return TransactionLookup()
         status = row.status
         reverse_id = None
         if status in _REVERSED or status is TransStatus.PARTIALLY_REFUNDED:
             related = await self._rows(TransactionFilter(related_trans_id=trans_id)) or []
-            back = self._asked(related, trans_id, key=lambda r: r.related_trans_id)
+            back = self._asked(related, trans_id, key=lambda r: r.related_trans_id,
+                               same=trans_key)
             reverse_id = back[0].trans_id if back else trans_id
         return TransactionLookup(
             known=True,
             authorized=status is TransStatus.AUTHORIZED,
             captured=status in (TransStatus.CAPTURED, TransStatus.SETTLED),
             reversed=status in _REVERSED,
+            refunded=status is TransStatus.REFUNDED,
             reverse_trans_id=reverse_id,
             amount_cents=row.amount_cents,
         )

@@ -357,9 +357,8 @@ class Recovery:
             raise RuntimeError(f"sale {record.sale_id}: no transaction id to look up")
         lookup = await steps.reconciler.transaction_state(record.trans_id)
         if lookup.reversed:
-            refunded = lookup.reverse_trans_id not in (None, record.trans_id)
             return steps.given_back(
                 Step.RECOVERY_DONE, Step.RECOVERY_UNDECIDED, f"{record.message}; given back",
-                lookup.reverse_trans_id, lookup.amount_cents, voided=not refunded,
+                lookup.reverse_trans_id, lookup.amount_cents, voided=not lookup.refunded,
             )
         return await steps.reverse(record.message or "interrupted while giving the money back")

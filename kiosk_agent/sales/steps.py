@@ -26,7 +26,7 @@ from kiosk_agent.sales.deadlines import AnswerDeadlines
 from kiosk_agent.sales.journal import HeldStep, Journal, JournalError, SaleRecord
 from kiosk_agent.sales.lost_reads import LostReads
 from kiosk_agent.sales.model import Flow, SaleEvent
-from kiosk_agent.sales.reconcile import ChargeLookup, Reconciler
+from kiosk_agent.sales.reconcile import ChargeLookup, Reconciler, trans_key
 from kiosk_agent.sales.settings import SaleSettings
 from kiosk_agent.sales.states import REQUEST_STEPS, ReportingSteps, SaleState, Step
 from kiosk_agent.sales.unit import OwnUnit
@@ -594,9 +594,9 @@ class SaleSteps:
             except _REVERSE_UNCLEAR as err:
                 lookup = await self.reconciler.transaction_state(trans_id)
                 if lookup.reversed:
-                    refunded = lookup.reverse_trans_id not in (None, trans_id)
                     return self._reversed(
-                        why, lookup.reverse_trans_id, lookup.amount_cents, voided=not refunded
+                        why, lookup.reverse_trans_id, lookup.amount_cents,
+                        voided=not lookup.refunded,
                     )
                 if attempt == 2 or (isinstance(err, BadRequestError) and not lookup.known):
                     return self.finish(
@@ -616,7 +616,7 @@ class SaleSteps:
         """Whether a 200 to the void says what was asked: approved, the whole hold given back,
         a void of this very transaction (a refund has a trans id of its own), of the sale's
         order and the unit's merchant."""
-        voided_this = result.voided and result.trans_id == trans_id
+        voided_this = result.voided and trans_key(result.trans_id) == trans_key(trans_id)
         held = self._held_cents  # 0: a journal that never knew the amount takes the answer's
         return (result.result == "A" and (voided_this or result.refunded)
                 and result.amount == (held or result.amount) and self._names_this_sale(result))
@@ -636,9 +636,8 @@ class SaleSteps:
         unproven, the sale is not called reversed while the money may still be held."""
         lookup = await self.reconciler.transaction_state(trans_id)
         if lookup.reversed:
-            refunded = lookup.reverse_trans_id not in (None, trans_id)
             return self._reversed(
-                why, lookup.reverse_trans_id, lookup.amount_cents, voided=not refunded
+                why, lookup.reverse_trans_id, lookup.amount_cents, voided=not lookup.refunded
             )
         answered = (f"{result.result} {result.resp_text}: {format_cents(result.amount)} "
                     f"of {result.trans_id}")

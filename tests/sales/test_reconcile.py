@@ -7,7 +7,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from kiosk_agent.sales.reconcile import _HELD, _REVERSED, Reconciler
+from kiosk_agent.sales.reconcile import _HELD, _REVERSED, Reconciler, trans_key
 from kiosk_agent.service.models.reporting import Transaction, TransStatus
 
 
@@ -78,3 +78,34 @@ async def test_a_transaction_asked_by_its_id_is_read_only_from_its_own_row() -> 
     assert given_back.known
     assert given_back.reversed
     assert given_back.reverse_trans_id == "700000000001"  # no row of its give-back: its own id
+
+
+@pytest.mark.parametrize("written", [" {}", "00{}", "{} ", "{}"], ids=["space", "zeros",
+                                                                     "trailing", "same"])
+async def test_a_transaction_written_otherwise_is_compared_as_the_charge_check_does(
+    written: str,
+) -> None:
+    """Asked by its trans id, reporting wrote the charge otherwise (a string: whitespace,
+    leading zeros): it is the one asked about (reconcile.trans_key, the charge check's
+    comparison too), and its refund, whose row names it otherwise, is a refund."""
+    charge = _row(written.format("700000000001"), ASKED, TransStatus.REFUNDED)
+    refund = _row("700000000002", ASKED, TransStatus.REFUND,
+                  related_trans_id=written.format("700000000001"))
+    state = await _reconciler(charge, refund).transaction_state("700000000001")
+    assert state.known
+    assert state.reversed
+    assert state.refunded
+    assert state.reverse_trans_id == "700000000002"
+    assert trans_key(written.format("700000000001")) == trans_key("700000000001")
+    assert trans_key("700000000001") != trans_key("700000000002")
+
+
+async def test_a_refund_is_a_refund_by_its_status_when_its_row_is_not_shown() -> None:
+    """Reporting shows the charge refunded but not (yet) the refund's own row: still a
+    refund, never read as a void (which releases the whole hold)."""
+    charge = _row("700000000001", ASKED, TransStatus.REFUNDED)
+    state = await _reconciler(charge).transaction_state("700000000001")
+    assert (state.reversed, state.refunded) == (True, True)
+    voided = await _reconciler(_row("700000000001", ASKED, TransStatus.VOIDED)).transaction_state(
+        "700000000001")
+    assert (voided.reversed, voided.refunded) == (True, False)
