@@ -239,7 +239,8 @@ class AttentionSweeper:
             return await steps.reverse("a charge found later in reporting, not vended")
         if lookup.reversed:
             return await steps.found_given_back(
-                Step.ATTENTION_DONE, lookup, "already given back", if_state=SaleState.ATTENTION
+                Step.ATTENTION_DONE, Step.ATTENTION_FOUND, lookup, "already given back",
+                if_state=SaleState.ATTENTION,
             )
         if asked_at < deadline:
             return None  # the service may still answer the money call

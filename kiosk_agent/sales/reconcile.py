@@ -52,6 +52,7 @@ class ChargeLookup:
     amount_cents: int | None = None
     # a charge existed and was already given back (``trans_id``/``amount_cents`` name it)
     reversed: bool = False
+    refunded: bool = False  # given back by a refund (its status), not a void
 
 
 @data_class(frozen=True, slots=True)
@@ -119,8 +120,11 @@ class Reconciler:
                     given_back = row
         if given_back is None:
             return ChargeLookup()
+        from kiosk_agent.service.models.reporting import TransStatus
+
         return ChargeLookup(
-            reversed=True, trans_id=given_back.trans_id, amount_cents=given_back.amount_cents
+            reversed=True, trans_id=given_back.trans_id, amount_cents=given_back.amount_cents,
+            refunded=given_back.status is TransStatus.REFUNDED,
         )
 
     async def transaction_state(self, trans_id: str) -> TransactionLookup:

@@ -370,25 +370,25 @@ class SaleSteps:
         return held
 
     async def found_given_back(
-        self, name: Step, lookup: ChargeLookup, why: str, **changes: Any
+        self, name: Step, undecided: Step, lookup: ChargeLookup, why: str, **changes: Any
     ) -> SaleEvent:
-        """End REVERSED on a charge reporting shows already voided or refunded (a give-back the
-        journal never heard of): the sale holds that charge and its give-back as the service
-        does, so what people see says money was taken and given back, not "nothing charged"."""
-        if lookup.trans_id is not None:
-            cents = lookup.amount_cents
+        """End on a charge reporting shows already voided or refunded (a give-back the journal
+        never heard of): the sale holds that charge and its give-back as the service does, so
+        what people see says money was taken and given back, not "nothing charged". Its end is
+        :meth:`given_back`'s: a void releases the whole hold (a voided row reading $0.00 too);
+        a refund of $0.00 gave nothing back, and a person decides (``undecided``)."""
+        if lookup.trans_id is None:
+            event = self.finish(SaleState.REVERSED, name, why, **changes)
+        else:
             back = await self.reconciler.transaction_state(lookup.trans_id)
-            voided = back.reverse_trans_id in (None, lookup.trans_id)
-            if cents is None or (cents == 0 and voided):
-                # reporting named no amount: the price; nor does a voided row reading $0.00
-                # (a void releases the whole hold); a refund's 0 stays 0
-                cents = self.record.amount_cents
-            changes.update(
-                self._charge_fields(lookup.trans_id, cents),
-                reverse_trans_id=back.reverse_trans_id or lookup.trans_id,
-                reversed_cents=cents,
+            cents = lookup.amount_cents
+            # the charge as it asked: reporting's figure, else (none, or a $0.00 row) the price
+            held = cents or self.record.amount_cents
+            changes.update(self._charge_fields(lookup.trans_id, held))
+            event = self.given_back(
+                name, undecided, why, back.reverse_trans_id or lookup.trans_id, cents,
+                voided=not lookup.refunded, held=held, **changes,
             )
-        event = self.finish(SaleState.REVERSED, name, why, **changes)
         await self._deny(why)
         return event
 
@@ -446,7 +446,7 @@ class SaleSteps:
                 return await self.reverse(f"{why}; the charge was found in reporting, not vended")
             if lookup.reversed:
                 return await self.found_given_back(
-                    steps.reversed, lookup, f"{why}; already given back"
+                    steps.reversed, steps.unknown, lookup, f"{why}; already given back"
                 )
             if lookup.unknown and clock.monotonic() >= deadline:
                 return self.finish(
@@ -677,18 +677,21 @@ class SaleSteps:
 
     def given_back(
         self, done: Step, undecided: Step, why: str, reverse_trans_id: str | None,
-        cents: int | None, voided: bool, **changes: Any,
+        cents: int | None, voided: bool, held: int | None = None, **changes: Any,
     ) -> SaleEvent:
         """The end of a sale whose give-back an answer or reporting shows made, for ``cents``
         (None: no figure named, the money held). A void releases the whole hold: a voided row
         reporting shows as $0.00 still gave back all the sale held, said so. A refund of $0.00
         gives nothing back: the agent cannot tell the money went back and refunds nothing
-        again on its own; a person decides (``undecided``), told what reporting shows."""
-        held = self._held_cents
+        again on its own; a person decides (``undecided``), told what reporting shows.
+        ``held``: the money the charge held, where the journal does not hold it yet (a charge
+        found given back)."""
+        held = self._held_cents if held is None else held
         if cents == 0 and not voided:
             return self.finish(
                 SaleState.ATTENTION, undecided,
-                refunded_nothing(why, self.record.trans_id, held), **changes,
+                refunded_nothing(why, changes.get("trans_id", self.record.trans_id), held),
+                **changes,
             )
         if cents is None or (cents == 0 and voided):
             amount = held

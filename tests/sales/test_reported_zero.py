@@ -233,3 +233,31 @@ async def test_a_charge_found_already_voided_as_nothing_is_held_and_given_back_w
     record = agent.journal.get("crashed1")
     assert record is not None
     assert (record.authorized_cents, record.reversed_cents) == (300, 300)
+
+
+async def test_a_charge_found_already_refunded_as_nothing_goes_to_a_person(
+    agent_factory: Any, tmp_path: Path, sim_factory: Any
+) -> None:
+    """A sale in attention that never heard its $3.00 charge's answer; reporting later shows
+    that charge settled and refunded, its row reading $0.00. A refund of nothing gave nothing
+    back: the sale holds the charge and goes to a person, told what reporting shows, once
+    (a second sweep writes nothing more and moves no money). Before, found_given_back ended
+    it reversed with $0.00 given back: the customer's money called settled."""
+    sim = await sim_factory(time_scale=300, transactions=0)
+    leave_open(tmp_path, state=SaleState.ATTENTION, answer_by=time.time() - 1)
+    agent = await agent_factory(sim=sim)
+    trans_id = await authorize(agent.service, "KACRASHED1", capture=True)
+    sim.ctx.ledger.update(trans_id, trans_status_id=TransStatus.SETTLED)
+    assert (await agent.service.payments.void_or_refund(trans_id)).refunded
+    sim.ctx.ledger.update(trans_id, amount_cents=0)
+    assert await agent.attention.sweep() == []  # nothing ended
+    record = agent.journal.get("crashed1")
+    assert record is not None
+    assert record.state is SaleState.ATTENTION, record.message
+    assert f"reporting shows {trans_id} refunded for $0.00" in record.message
+    assert "$3.00 may still be held" in record.message
+    assert (record.trans_id, record.authorized_cents, record.reversed_cents) == (trans_id, 300, 0)
+    steps = len(agent.journal.steps("crashed1"))
+    assert await agent.attention.sweep() == []
+    assert len(agent.journal.steps("crashed1")) == steps  # said once
+    assert len(await rows(agent.service, "KACRASHED1")) == 2  # the charge and its one refund
