@@ -214,7 +214,17 @@ class SaleMoney(Protocol):
     @property
     def reversed_cents(self) -> int: ...
     @property
+    def vended_cents(self) -> int: ...
+    @property
     def currency(self) -> str: ...
+    @property
+    def message(self) -> str: ...
+
+
+# The words of a dispensed sale whose capture reporting shows made for $0.00 (steps'
+# ``nothing_captured`` writes them; :func:`money_text` reads them): its ``captured_cents`` 0 is
+# then a figure, the service's, where elsewhere 0 is "no capture yet" (the column has no null).
+CAPTURED_NOTHING = "reporting shows $0.00 captured"
 
 
 def money_text(sale: SaleMoney) -> str:
@@ -226,6 +236,11 @@ def money_text(sale: SaleMoney) -> str:
         return format_cents(cents, sale.currency)
 
     if sale.state is SaleState.ATTENTION:
+        if not sale.captured_cents and CAPTURED_NOTHING in sale.message:
+            # captured, for nothing: no hold is left on the card (2026-11-29, i39-money: said
+            # "$3.00 held", the authorization's, where the service holds a $0.00 capture)
+            return (f"{dollars(0)} captured of {dollars(sale.vended_cents)} dispensed, "
+                    "undecided")
         held = sale.captured_cents or sale.authorized_cents
         if held:
             return f"{dollars(held)} held, undecided"

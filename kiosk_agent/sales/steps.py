@@ -25,7 +25,7 @@ from kiosk_agent.sales.clock import SYSTEM_CLOCK, Clock
 from kiosk_agent.sales.deadlines import AnswerDeadlines
 from kiosk_agent.sales.journal import HeldStep, Journal, JournalError, SaleRecord
 from kiosk_agent.sales.lost_reads import LostReads
-from kiosk_agent.sales.model import Flow, SaleEvent
+from kiosk_agent.sales.model import CAPTURED_NOTHING, Flow, SaleEvent
 from kiosk_agent.sales.reconcile import ChargeLookup, Reconciler, trans_key
 from kiosk_agent.sales.settings import SaleSettings
 from kiosk_agent.sales.states import REQUEST_STEPS, ReportingSteps, SaleState, Step
@@ -866,7 +866,7 @@ def refunded_nothing(why: str, trans_id: str | None, held: int) -> str:
 
 def nothing_captured(cents: int, when: str) -> str:
     """The words of a dispensed sale whose capture reporting shows made for $0.00."""
-    return (f"dispensed, but reporting shows {format_cents(0)} captured for the "
+    return (f"dispensed, but {CAPTURED_NOTHING} for the "
             f"{format_cents(cents)} asked: the product went out unpaid; the agent asks "
             f"reporting again {when}, then a person decides ({RESOLVE})")
 

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
+from kiosk_agent.money import format_cents
 from kiosk_agent.sales.clock import FakeClock
 from kiosk_agent.sales.journal import SaleRecord
-from kiosk_agent.sales.model import SaleEvent, money_text, vend_refusal
+from kiosk_agent.sales.model import CAPTURED_NOTHING, SaleEvent, money_text, vend_refusal
 from kiosk_agent.sales.states import SaleState, Step
-from kiosk_agent.sales.steps import event_of
+from kiosk_agent.sales.steps import event_of, nothing_captured
 
 
 def _sale(state: SaleState, **cents: int) -> SaleRecord:
@@ -80,3 +83,17 @@ def test_a_steps_event_is_its_record_field_for_field(updated_at: float | None) -
         resolved=record.resolved,
     )
     assert event.resolved  # read off the record (a property there), not the default
+
+
+def test_a_capture_of_nothing_is_said_as_captured_not_held() -> None:
+    """An attention sale whose capture reporting shows made for $0.00 (its words, written by
+    steps.nothing_captured) holds no authorization any more: "$0.00 captured of the $1.75
+    dispensed", not "$5.00 held" (its authorization). A capture that failed still holds it."""
+    words = nothing_captured(175, "at 10:00:00Z")
+    assert f"reporting shows {format_cents(0)} captured" == CAPTURED_NOTHING
+    assert CAPTURED_NOTHING in words
+    shown = _sale(SaleState.ATTENTION, authorized_cents=500, vended_cents=175)
+    assert money_text(replace(shown, message=words)) == (
+        "$0.00 captured of $1.75 dispensed, undecided")
+    failed = replace(shown, message="dispensed, but the capture failed twice")
+    assert money_text(failed) == "$5.00 held, undecided"

@@ -17,8 +17,10 @@ import pytest
 from aiohttp import web
 
 from kiosk_agent.assembly.agent import Agent
+from kiosk_agent.cli import main
+from kiosk_agent.cli.contract import EXIT_FAILED
 from kiosk_agent.cli.sim import settings_from_ready
-from kiosk_agent.sales.model import DispenseStatus, Flow, SaleRequest
+from kiosk_agent.sales.model import DispenseStatus, Flow, SaleRequest, money_text
 from kiosk_agent.sales.states import SaleState
 from kiosk_agent.service.client import ServiceClient
 from kiosk_agent.service.models import TransStatus
@@ -261,3 +263,34 @@ async def test_a_charge_found_already_refunded_as_nothing_goes_to_a_person(
     assert await agent.attention.sweep() == []
     assert len(agent.journal.steps("crashed1")) == steps  # said once
     assert len(await rows(agent.service, "KACRASHED1")) == 2  # the charge and its one refund
+
+
+async def test_every_face_says_a_capture_of_nothing_as_the_journal_and_the_service_hold_it(
+    agent_factory: Any, sim_factory: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Recovery left the $1.75 vend whose capture reporting shows made for $0.00 to a person.
+    `kiosk-agent sales attention` and the status page said "$3.00 held, undecided" (0 read as
+    no capture, the authorization as still held), where the service holds a capture of $0.00
+    and nothing on the card. They say what the journal and the service hold."""
+    sim = await sim_factory(time_scale=300, transactions=0)
+    async with ServiceClient(settings_from_ready(sim.ready_info())) as service:
+        trans_id = await authorize(service, "KACRASHED1", capture=False)
+        await service.payments.capture(trans_id, amount=175)
+    sim.ctx.ledger.update(trans_id, amount_cents=0)
+    leave_open(tmp_path, state=SaleState.CAPTURING, trans_id=trans_id, authorized_cents=300,
+               vended_cents=175)
+    agent = await agent_factory(sim=sim)
+    [event] = await asyncio.wait_for(agent.recovery.wait(), 60)
+    [row] = await rows(agent.service, "KACRASHED1")
+    record = agent.journal.get("crashed1")
+    assert record is not None
+    # the service and the journal: captured, for nothing, of the $1.75 dispensed
+    assert (row.status, row.amount_cents) == (TransStatus.CAPTURED, 0)
+    assert (record.state, record.captured_cents, record.vended_cents) == (
+        SaleState.ATTENTION, 0, 175)
+    said = "$0.00 captured of $1.75 dispensed, undecided"
+    assert money_text(record) == money_text(event) == said
+    assert main(["sales", "attention", "-c", str(tmp_path / "config.yaml")]) == EXIT_FAILED
+    listed = capsys.readouterr().out
+    assert f"crashed1  KACRASHED1  test  {said}  since" in listed
+    assert "held" not in listed.split("\n")[0]
