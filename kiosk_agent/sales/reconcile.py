@@ -29,6 +29,14 @@ _LOGGER = logging.getLogger(__name__)
 # Rows that mean money was taken and is still held (trans_status_id: reporting's TransStatus).
 _HELD = frozenset({1, 2, 3})  # AUTHORIZED, CAPTURED, SETTLED
 _REVERSED = frozenset({4, 9})  # VOIDED, REFUNDED
+# A charge partly refunded (PARTIALLY_REFUNDED) still holds the rest: found under a sale's order
+# id, it is a charge that holds money, given back as any other (2026-11-29, i39-money: "no
+# charge was made", and the rest stayed on the customer's card).
+_PARTLY_HELD = 8
+# Rows under a sale's order id that hold none of its money: a give-back's own row (REFUND),
+# a declined charge, a "retry" answer. A status the agent does not know is none of these, nor
+# proof of no charge: the lookup says unknown, and a person decides.
+_NONE_HELD = frozenset({5, 6, 7})  # REFUND, DECLINED, RETRY
 
 
 def trans_key(trans_id: str | None) -> str:
@@ -106,18 +114,26 @@ class Reconciler:
         from kiosk_agent.service.models.reporting import TransactionFilter
 
         given_back: Transaction | None = None
+        undecided = False
         for order_id in order_ids:
             rows = await self._rows(TransactionFilter(order_id=order_id))
             if rows is None:
                 return ChargeLookup(unknown=True)
             for row in self._asked(rows, order_id, key=lambda r: r.order_id):
                 status = row.status
-                if status in _HELD:
+                if status in _HELD or status == _PARTLY_HELD:
                     return ChargeLookup(
                         approved=True, trans_id=row.trans_id, amount_cents=row.amount_cents
                     )
                 if status in _REVERSED and given_back is None:
                     given_back = row
+                elif status is None or (status not in _REVERSED and status not in _NONE_HELD):
+                    _LOGGER.warning("reporting shows %s under %s in status %r, which the agent "
+                                    "does not know: it decides nothing on it",
+                                    row.trans_id, order_id, row.trans_status_id)
+                    undecided = True
+        if undecided:
+            return ChargeLookup(unknown=True)
         if given_back is None:
             return ChargeLookup()
         from kiosk_agent.service.models.reporting import TransStatus

@@ -1,0 +1,69 @@
+"""A charge found under a sale's order id in a status other than held or given back whole.
+
+"No charge in reporting" ends a sale FAILED ("no charge was made") once the service can no
+longer answer the money call. A row under the sale's own order id that still holds part of the
+money (partially refunded, by a person at the merchant's portal say), or whose status the agent
+does not know, is not "no charge": the first is the sale's charge, never vended (the machine was
+told not to vend), and its rest is given back as any charge found is; the second proves nothing
+either way, and a person decides.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+from kiosk_agent.sales.states import SaleState
+from kiosk_agent.service.models import TransStatus
+from tests.sales.test_recovery import authorize, leave_open, rows
+
+
+async def attention_sale(agent_factory: Any, sim: Any, tmp_path: Path) -> Any:
+    """An agent on ``sim`` whose journal holds one ATTENTION sale ``crashed1`` (order
+    KACRASHED1) whose charge's answer was never heard, its deadline past."""
+    leave_open(tmp_path, state=SaleState.ATTENTION, answer_by=time.time() - 1)
+    return await agent_factory(sim=sim)
+
+
+async def test_a_charge_found_partly_refunded_is_given_back_not_called_no_charge(
+    agent_factory: Any, sim_factory: Any, tmp_path: Path
+) -> None:
+    """A sale in attention that never heard its $3.00 charge's answer; reporting shows the
+    charge settled and $1.00 of it refunded (PARTIALLY_REFUNDED). Before, the sweep ended the
+    sale FAILED, "no charge was made", and the $2.00 stayed on the customer's card with every
+    face saying nothing was taken."""
+    sim = await sim_factory(time_scale=300, transactions=0)
+    agent = await attention_sale(agent_factory, sim, tmp_path)
+    trans_id = await authorize(agent.service, "KACRASHED1", capture=True)
+    sim.ctx.ledger.update(trans_id, trans_status_id=TransStatus.SETTLED)
+    assert (await agent.service.payments.void_or_refund(trans_id, amount=100)).refunded
+    [event] = await agent.attention.sweep()
+    assert event.state is SaleState.REVERSED, event.message
+    assert "no charge" not in event.message
+    record = agent.journal.get("crashed1")
+    assert record is not None
+    assert record.trans_id == trans_id
+    statuses = {row.trans_id: row.status for row in await rows(agent.service, "KACRASHED1")}
+    assert statuses[trans_id] is TransStatus.REFUNDED  # all of it back on the card now
+    refunds = [s for s in statuses.values() if s is TransStatus.REFUND]
+    assert len(refunds) == 2  # the person's $1.00 and the agent's rest
+
+
+async def test_a_charge_in_a_status_the_agent_does_not_know_goes_to_a_person(
+    agent_factory: Any, sim_factory: Any, tmp_path: Path
+) -> None:
+    """Reporting shows the sale's charge in a status the interface does not name (42): not
+    proof that no charge was made. Before, the sweep ended the sale FAILED "no charge was
+    made"; it stays for a person, and no money is moved."""
+    sim = await sim_factory(time_scale=300, transactions=0)
+    agent = await attention_sale(agent_factory, sim, tmp_path)
+    trans_id = await authorize(agent.service, "KACRASHED1", capture=True)
+    sim.ctx.ledger.update(trans_id, trans_status_id=42)
+    assert await agent.attention.sweep() == []
+    record = agent.journal.get("crashed1")
+    assert record is not None
+    assert record.state is SaleState.ATTENTION, record.message
+    [row] = await rows(agent.service, "KACRASHED1")
+    assert row.trans_status_id == 42  # nothing asked of the service
+
