@@ -6,6 +6,8 @@ from collections.abc import AsyncIterator
 from types import SimpleNamespace
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from kiosk_agent.sales.reconcile import _HELD, _REVERSED, Reconciler, trans_key
 from kiosk_agent.service.models.reporting import Transaction, TransStatus
@@ -109,3 +111,52 @@ async def test_a_refund_is_a_refund_by_its_status_when_its_row_is_not_shown() ->
     voided = await _reconciler(_row("700000000001", ASKED, TransStatus.VOIDED)).transaction_state(
         "700000000001")
     assert (voided.reversed, voided.refunded) == (True, False)
+
+
+# -- attacked with any reporting answer: what a lookup takes for the sale's is provably its own --
+
+_ORDER_IDS = st.sampled_from([ASKED, f"{ASKED}-2", "KA3F9C0E12AB-0000000000000001DEADBEEF",
+                              "someone-at-the-terminal", ""])
+_TRANS_IDS = st.sampled_from(["700000000001", " 0700000000001", "700000000002",
+                              "7000000000010", "T-1", ""])
+_ROWS = st.lists(st.builds(
+    lambda trans_id, order_id, status, mid, cents, related: Transaction.model_validate({
+        "trans_id": trans_id, "order_id": order_id, "mid": mid, "trans_status_id": status,
+        "amount": cents / 100, "related_trans_id": related}),
+    _TRANS_IDS, _ORDER_IDS, st.sampled_from([*map(int, TransStatus), 0, 42]),
+    st.sampled_from([MID, "887000009999", ""]), st.integers(0, 10_000),
+    st.one_of(st.none(), _TRANS_IDS),
+), max_size=6)
+
+
+@settings(max_examples=200, deadline=None)
+@given(rows=_ROWS)
+async def test_whatever_reporting_answers_a_lookup_takes_only_what_was_asked_about(
+    rows: list[Transaction],
+) -> None:
+    """Reporting answers any rows to any question (a dropped filter, another unit's, another
+    merchant's, a person's charge at the terminal, ids written otherwise, unknown statuses).
+    A charge found for the sale is one of its own order ids' rows of its merchant, holding money;
+    "no charge" is said only when no such row could hold money or be of unknown status; a
+    transaction's state is read only from its own row."""
+    asked = [ASKED, f"{ASKED}-2"]
+    ours = [r for r in rows if r.order_id in asked and r.mid in (MID, "")]
+    found = await _reconciler(*rows).find_charge(asked)
+    holding = {TransStatus.AUTHORIZED, TransStatus.CAPTURED, TransStatus.SETTLED,
+               TransStatus.PARTIALLY_REFUNDED}
+    if found.approved:
+        assert any(r.trans_id == found.trans_id and r.status in holding for r in ours)
+    elif not found.unknown:
+        assert not any(r.status in holding or r.status is None for r in ours)
+    if found.reversed:
+        assert any(r.trans_id == found.trans_id and r.status in _REVERSED for r in ours)
+    state = await _reconciler(*rows).transaction_state("700000000001")
+    own = [r for r in rows if trans_key(r.trans_id) == trans_key("700000000001")
+           and r.mid in (MID, "")]
+    assert state.known == bool(own)
+    if own:
+        first = own[0]
+        assert state.captured == (first.status in (TransStatus.CAPTURED, TransStatus.SETTLED))
+        assert state.refunded == (first.status is TransStatus.REFUNDED)
+        if state.reverse_trans_id is not None:
+            assert state.reverse_trans_id in {r.trans_id for r in rows}
