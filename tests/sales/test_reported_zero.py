@@ -294,3 +294,38 @@ async def test_every_face_says_a_capture_of_nothing_as_the_journal_and_the_servi
     listed = capsys.readouterr().out
     assert f"crashed1  KACRASHED1  test  {said}  since" in listed
     assert "held" not in listed.split("\n")[0]
+
+
+async def test_a_lost_authorization_found_refunded_for_nothing_goes_to_a_person(
+    behind_proxy: tuple[Any, Agent, RewritingProxy],
+) -> None:
+    """The live flow: the $3.00 authorization reached the service, its answer was a 503, and
+    by the time reporting is asked the charge is settled and refunded, its row reading $0.00.
+    The machine vends nothing; the sale goes to a person (the lookup's own "unknown" step),
+    holding the charge it found, not "reversed" with $0.00 given back."""
+    sim, agent, proxy = behind_proxy
+
+    async def refunded_as_nothing(request: web.Request) -> web.Response:
+        del proxy.answer_instead["/api/v1/charge"]
+        await proxy.forward(request)  # the service authorizes the $3.00 ...
+        order_id = (await request.json())["order_id"]
+        [row] = await ledger(agent, order_id)
+        sim.ctx.ledger.update(row.trans_id, trans_status_id=TransStatus.SETTLED)
+        sim.ctx.payments.void_or_refund(agent.service.settings.mid, row.trans_id, None, "someone")
+        sim.ctx.ledger.update(row.trans_id, amount_cents=0)  # ... and its row reads $0.00
+        return web.json_response({"error": "unavailable"}, status=503)
+
+    proxy.answer_instead["/api/v1/charge"] = refunded_as_nothing
+    machine = ScriptedDispenser(DispenseStatus.VENDED, vended_cents=300)
+    sale = await agent.sales.start(
+        SaleRequest(source="test", flow=Flow.AUTHORIZE_CAPTURE, amount_cents=300), machine
+    )
+    event = await asyncio.wait_for(sale.result(), 30)
+    assert machine.authorized == []  # nothing vended
+    assert event.state is SaleState.ATTENTION, event.message
+    assert "refunded for $0.00" in event.message
+    record = agent.journal.get(event.sale_id)
+    assert record is not None
+    assert record.trans_id is not None
+    assert (record.authorized_cents, record.reversed_cents) == (300, 0)
+    assert agent.journal.steps(event.sale_id)[-1].step == "authorize.unknown"
