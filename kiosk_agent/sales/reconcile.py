@@ -121,7 +121,9 @@ class Reconciler:
                 return ChargeLookup(unknown=True)
             for row in self._asked(rows, order_id, key=lambda r: r.order_id):
                 status = row.status
-                if status in _HELD or status == _PARTLY_HELD:
+                if status not in _NONE_HELD and not _readable(row):
+                    undecided = True
+                elif status in _HELD or status == _PARTLY_HELD:
                     return ChargeLookup(
                         approved=True, trans_id=row.trans_id, amount_cents=row.amount_cents
                     )
@@ -149,7 +151,7 @@ class Reconciler:
         rows = await self._rows(TransactionFilter(trans_id=trans_id))
         row = next(iter(self._asked(rows or [], trans_id, key=lambda r: r.trans_id,
                                     same=trans_key)), None)
-        if row is None:
+        if row is None or not _readable(row):
             return TransactionLookup()
         status = row.status
         reverse_id = None
@@ -167,3 +169,15 @@ class Reconciler:
             reverse_trans_id=reverse_id,
             amount_cents=row.amount_cents,
         )
+
+
+def _readable(row: Transaction) -> bool:
+    """Whether a charge's figure is one the agent can act on. A negative amount (a sign the
+    interface never speaks of) is not a payment, a hold or a give-back of any size: the lookup
+    decides nothing on it, and a person does (2026-11-29, i39-money: a capture reporting showed
+    for -$1.75 ended its sale "dispensed and captured", -175 in the day's takings)."""
+    if row.amount_cents >= 0:
+        return True
+    _LOGGER.warning("reporting shows %s for %s: not a figure the agent acts on",
+                    row.trans_id, row.amount)
+    return False

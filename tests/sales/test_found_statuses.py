@@ -10,11 +10,14 @@ either way, and a person decides.
 
 from __future__ import annotations
 
+import asyncio
 import time
 from pathlib import Path
 from typing import Any
 
+from kiosk_agent.cli.sim import settings_from_ready
 from kiosk_agent.sales.states import SaleState
+from kiosk_agent.service.client import ServiceClient
 from kiosk_agent.service.models import TransStatus
 from tests.sales.test_recovery import authorize, leave_open, rows
 
@@ -67,3 +70,49 @@ async def test_a_charge_in_a_status_the_agent_does_not_know_goes_to_a_person(
     [row] = await rows(agent.service, "KACRASHED1")
     assert row.trans_status_id == 42  # nothing asked of the service
 
+
+
+async def test_a_capture_reporting_shows_for_a_negative_amount_is_not_called_paid(
+    agent_factory: Any, sim_factory: Any, tmp_path: Path
+) -> None:
+    """Killed while capturing a $1.75 vend; reporting shows the capture made for -$1.75 (a
+    sign the interface never speaks of). Not a payment: before, recovery ended the sale
+    COMPLETED "dispensed and captured" with -175 captured, and the day's takings lost $1.75.
+    It goes to a person, nothing negative journaled, and the sweeper after it moves no money."""
+    sim = await sim_factory(time_scale=300, transactions=0)
+    async with ServiceClient(settings_from_ready(sim.ready_info())) as service:
+        trans_id = await authorize(service, "KACRASHED1", capture=False)
+        await service.payments.capture(trans_id, amount=175)
+    sim.ctx.ledger.update(trans_id, amount_cents=-175)
+    leave_open(tmp_path, state=SaleState.CAPTURING, trans_id=trans_id, authorized_cents=300,
+               vended_cents=175)
+    agent = await agent_factory(sim=sim)
+    [event] = await asyncio.wait_for(agent.recovery.wait(), 60)
+    assert event.state is SaleState.ATTENTION, event.message
+    assert event.captured_cents >= 0
+    assert await agent.attention.sweep() == []
+    record = agent.journal.get("crashed1")
+    assert record is not None
+    assert record.state is SaleState.ATTENTION
+    assert min(record.captured_cents, record.authorized_cents, record.reversed_cents) >= 0
+    [row] = await rows(agent.service, "KACRASHED1")
+    assert (row.status, row.amount_cents) == (TransStatus.CAPTURED, -175)  # nothing asked
+
+
+async def test_a_charge_found_for_a_negative_amount_decides_nothing(
+    agent_factory: Any, sim_factory: Any, tmp_path: Path
+) -> None:
+    """A sale in attention that never heard its charge's answer; reporting shows the charge
+    held for -$3.00. The agent cannot read that figure: it journals no negative money and
+    leaves the sale to a person (no void is sent on a figure it cannot read)."""
+    sim = await sim_factory(time_scale=300, transactions=0)
+    agent = await attention_sale(agent_factory, sim, tmp_path)
+    trans_id = await authorize(agent.service, "KACRASHED1", capture=True)
+    sim.ctx.ledger.update(trans_id, amount_cents=-300)
+    assert await agent.attention.sweep() == []
+    record = agent.journal.get("crashed1")
+    assert record is not None
+    assert record.state is SaleState.ATTENTION, record.message
+    assert min(record.captured_cents, record.authorized_cents, record.reversed_cents) >= 0
+    [row] = await rows(agent.service, "KACRASHED1")
+    assert row.status is TransStatus.CAPTURED

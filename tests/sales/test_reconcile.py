@@ -124,7 +124,7 @@ _ROWS = st.lists(st.builds(
         "trans_id": trans_id, "order_id": order_id, "mid": mid, "trans_status_id": status,
         "amount": cents / 100, "related_trans_id": related}),
     _TRANS_IDS, _ORDER_IDS, st.sampled_from([*map(int, TransStatus), 0, 42]),
-    st.sampled_from([MID, "887000009999", ""]), st.integers(0, 10_000),
+    st.sampled_from([MID, "887000009999", ""]), st.integers(-500, 10_000),
     st.one_of(st.none(), _TRANS_IDS),
 ), max_size=6)
 
@@ -136,7 +136,8 @@ async def test_whatever_reporting_answers_a_lookup_takes_only_what_was_asked_abo
 ) -> None:
     """Reporting answers any rows to any question (a dropped filter, another unit's, another
     merchant's, a person's charge at the terminal, ids written otherwise, unknown statuses).
-    A charge found for the sale is one of its own order ids' rows of its merchant, holding money;
+    A charge found for the sale is one of its own order ids' rows of its merchant, holding money
+    and no negative figure;
     "no charge" is said only when no such row could hold money or be of unknown status; a
     transaction's state is read only from its own row."""
     asked = [ASKED, f"{ASKED}-2"]
@@ -145,7 +146,10 @@ async def test_whatever_reporting_answers_a_lookup_takes_only_what_was_asked_abo
     holding = {TransStatus.AUTHORIZED, TransStatus.CAPTURED, TransStatus.SETTLED,
                TransStatus.PARTIALLY_REFUNDED}
     if found.approved:
-        assert any(r.trans_id == found.trans_id and r.status in holding for r in ours)
+        assert any(r.trans_id == found.trans_id and r.status in holding
+                   and r.amount_cents >= 0 for r in ours)
+        assert found.amount_cents is not None
+        assert found.amount_cents >= 0  # no negative figure is ever acted on
     elif not found.unknown:
         assert not any(r.status in holding or r.status is None for r in ours)
     if found.reversed:
@@ -153,10 +157,11 @@ async def test_whatever_reporting_answers_a_lookup_takes_only_what_was_asked_abo
     state = await _reconciler(*rows).transaction_state("700000000001")
     own = [r for r in rows if trans_key(r.trans_id) == trans_key("700000000001")
            and r.mid in (MID, "")]
-    assert state.known == bool(own)
-    if own:
+    assert state.known == (bool(own) and own[0].amount_cents >= 0)
+    if state.known:
         first = own[0]
         assert state.captured == (first.status in (TransStatus.CAPTURED, TransStatus.SETTLED))
         assert state.refunded == (first.status is TransStatus.REFUNDED)
         if state.reverse_trans_id is not None:
-            assert state.reverse_trans_id in {r.trans_id for r in rows}
+            # a refund's own row, else (a void, or its row not shown) the charge's own id
+            assert state.reverse_trans_id in {*(r.trans_id for r in rows), "700000000001"}
