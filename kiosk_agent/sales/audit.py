@@ -43,7 +43,6 @@ from kiosk_agent.sales.clock import next_turn
 from kiosk_agent.sales.journal import CHARGE_LOOKBACK_S, SaleRecord
 from kiosk_agent.sales.journal_reads import OrderState
 from kiosk_agent.sales.model import Flow, SaleEvent
-from kiosk_agent.sales.reconcile import trans_key
 from kiosk_agent.sales.runner import new_ids
 from kiosk_agent.sales.settings import CHARGE_CHECK_MAX_GIVE_BACK
 from kiosk_agent.sales.states import NO_CHARGE_STEPS, SaleState, Step
@@ -51,6 +50,7 @@ from kiosk_agent.sales.steps import SaleContext, SaleSteps
 from kiosk_agent.sales.unit import split_order_id
 from kiosk_agent.service.errors import ServiceError
 from kiosk_agent.service.models import Transaction, TransactionFilter, TransStatus
+from kiosk_agent.service.trans_ids import trans_key
 from kiosk_agent.tasks import read_ahead
 
 _LOGGER = logging.getLogger(__name__)

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 
 from kiosk_agent.data_class import data_class
 from kiosk_agent.service.errors import ServiceError
+from kiosk_agent.service.trans_ids import trans_key
 
 if TYPE_CHECKING:
     from kiosk_agent.service.client import ServiceClient
@@ -37,17 +38,6 @@ _PARTLY_HELD = 8
 # a declined charge, a "retry" answer. A status the agent does not know is none of these, nor
 # proof of no charge: the lookup says unknown, and a person decides.
 _NONE_HELD = frozenset({5, 6, 7})  # REFUND, DECLINED, RETRY
-
-
-def trans_key(trans_id: str | None) -> str:
-    """A transaction reference number as compared, wherever the agent compares two: the
-    interface types it a string and says no more, so a charge answer and reporting may write
-    one charge otherwise (whitespace around it, letters' case, leading zeros). Compared
-    exactly, a completed sale's own capture read as another charge of its order id and was
-    given back (the charge check), and a refund whose row named its charge otherwise read as
-    a void (recovery, the attention sweeper): one comparison, here, for all of them."""
-    key = (trans_id or "").strip().casefold()
-    return key.lstrip("0") or key
 
 
 @data_class(frozen=True, slots=True)

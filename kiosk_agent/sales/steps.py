@@ -26,7 +26,7 @@ from kiosk_agent.sales.deadlines import AnswerDeadlines
 from kiosk_agent.sales.journal import HeldStep, Journal, JournalError, SaleRecord
 from kiosk_agent.sales.lost_reads import LostReads
 from kiosk_agent.sales.model import CAPTURED_NOTHING, Flow, SaleEvent
-from kiosk_agent.sales.reconcile import ChargeLookup, Reconciler, trans_key
+from kiosk_agent.sales.reconcile import ChargeLookup, Reconciler
 from kiosk_agent.sales.settings import SaleSettings
 from kiosk_agent.sales.states import REQUEST_STEPS, ReportingSteps, SaleState, Step
 from kiosk_agent.sales.unit import OwnUnit
@@ -45,6 +45,7 @@ from kiosk_agent.service.models import (
     InteractionKind,
     VoidOrRefundResult,
 )
+from kiosk_agent.service.trans_ids import trans_key
 
 if TYPE_CHECKING:
     from kiosk_agent.service.client import ServiceClient

@@ -21,6 +21,7 @@ from kiosk_agent.service.models.terminal import (
     InteractionStatus,
     ReadCardResult,
 )
+from kiosk_agent.service.trans_ids import trans_key
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -81,6 +82,8 @@ def answer_to(
         asked = body.get(name)
         if name == "currency":  # a currency code in any case (usd is USD): _said's compare
             got, asked = _said(name, got), _said(name, asked)
+        elif name == "trans_id":  # the sale's transaction, written otherwise: still it
+            got, asked = trans_key(got), trans_key(asked)
         if got != asked:
             raise InvalidResponseError(
                 f"{what}: field {name!r}: the answer names another {name} than asked",

@@ -374,3 +374,25 @@ async def test_an_approval_naming_the_sales_currency_in_lower_case_is_the_sales(
     [row] = await ledger(agent, sale.order_id)
     assert row.status is TransStatus.CAPTURED
     assert row.amount_cents == 300
+
+
+@pytest.mark.parametrize("written", [" 0{}", "{} ", "00{}"], ids=["space-zero", "trailing",
+                                                                 "zeros"])
+async def test_a_capture_answer_writing_the_sales_trans_id_otherwise_is_the_sales(
+    rewriting: tuple[Agent, RewritingProxy], written: str
+) -> None:
+    """The capture's answer names the sale's transaction written otherwise (whitespace,
+    leading zeros: a string, nothing more said). It is the sale's own capture, compared as
+    every trans id is (one comparison, service.trans_ids.trans_key): completed on its answer,
+    not sent to reporting as an answer "naming another trans_id than asked" (where reporting
+    down would have left a paid sale to a person)."""
+    agent, proxy = rewriting
+    proxy.rules["/api/v1/capture"] = lambda a: {**a, "trans_id": written.format(a["trans_id"])}
+    machine = ScriptedDispenser(DispenseStatus.VENDED, vended_cents=300)
+    sale, event = await a_vending_sale(agent, machine)
+    assert len(proxy.rewritten) == 1
+    [row] = await ledger(agent, sale.order_id)
+    assert (row.status, row.amount_cents) == (TransStatus.CAPTURED, 300)
+    assert event.state is SaleState.COMPLETED, event.message
+    assert "found in reporting" not in event.message
+    assert event.captured_cents == 300

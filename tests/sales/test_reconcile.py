@@ -9,8 +9,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kiosk_agent.sales.reconcile import _HELD, _REVERSED, Reconciler, trans_key
+from kiosk_agent.sales.reconcile import _HELD, _REVERSED, Reconciler
 from kiosk_agent.service.models.reporting import Transaction, TransStatus
+from kiosk_agent.service.trans_ids import trans_key
 
 
 def test_held_and_reversed_are_reportings_statuses_by_name() -> None:
