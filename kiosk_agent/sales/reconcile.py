@@ -111,19 +111,22 @@ class Reconciler:
                 return ChargeLookup(unknown=True)
             for row in self._asked(rows, order_id, key=lambda r: r.order_id):
                 status = row.status
-                if status not in _NONE_HELD and not _readable(row):
-                    undecided = True
-                elif status in _HELD or status == _PARTLY_HELD:
-                    return ChargeLookup(
-                        approved=True, trans_id=row.trans_id, amount_cents=row.amount_cents
-                    )
-                if status in _REVERSED and given_back is None:
-                    given_back = row
-                elif status is None or (status not in _REVERSED and status not in _NONE_HELD):
+                if status in _NONE_HELD:
+                    continue
+                if status is None or not (status in _HELD or status in _REVERSED
+                                          or status == _PARTLY_HELD):
                     _LOGGER.warning("reporting shows %s under %s in status %r, which the agent "
                                     "does not know: it decides nothing on it",
                                     row.trans_id, order_id, row.trans_status_id)
                     undecided = True
+                elif not _readable(row):
+                    undecided = True
+                elif status in _REVERSED:
+                    given_back = given_back or row
+                else:  # held, or partly refunded: the rest still held
+                    return ChargeLookup(
+                        approved=True, trans_id=row.trans_id, amount_cents=row.amount_cents
+                    )
         if undecided:
             return ChargeLookup(unknown=True)
         if given_back is None:
