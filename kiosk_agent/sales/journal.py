@@ -274,6 +274,9 @@ class Journal(JournalReads, JournalPrune):
         self._reopen = False  # put back, not reopened yet (put_back tries again)
         self._identity: tuple[int, int] | None = None  # the file open(): put_back compares
         self._batching = False  # inside batch(): writes join its one transaction
+        # a sale created inside the batch, written at its end (or at the journal's next
+        # statement): one INSERT of the row in its last state and one of its steps
+        self._created: _Created | None = None
         self._fsync_shared = False  # inside fsync_shared(): commits without an fsync of their own
         self._fsync_owed = False  # a commit since this connection's last fsynced one made none
         self._fsync_waiters: list[asyncio.Future[None]] = []  # fsynced(): woken by the next
@@ -576,7 +579,26 @@ class Journal(JournalReads, JournalPrune):
     def db(self) -> sqlite3.Connection:
         if self._db is None:
             raise JournalError("the journal is not open")
+        if self._created is not None:  # a statement of the batch's: its new sale is in first
+            self._created_in(self._db)
         return self._db
+
+    def _created_in(self, db: sqlite3.Connection) -> None:
+        """The sale created in this batch written now: a failing disk fails the batch."""
+        try:
+            self._write_created(db)
+        except sqlite3.Error as err:
+            raise self._write_failed(err) from err
+
+    def _write_created(self, db: sqlite3.Connection) -> None:
+        """The sale created in this batch, with its steps so far, as the disk is to hold it."""
+        created, self._created = self._created, None
+        if created is None:
+            return
+        db.execute(_INSERT_SALE, created.row)
+        _write_beside(db, created.sale_id, created.row)
+        steps = created.steps
+        db.execute(_insert_steps_sql(len(steps)), [value for row in steps for value in row])
 
     # -- writes ----------------------------------------------------------------------------------
 
@@ -686,7 +708,27 @@ class Journal(JournalReads, JournalPrune):
     def create(self, sale: SaleRecord, detail: Mapping[str, Any] | None = None) -> SaleRecord:
         """Write a new sale and its first step in one transaction (always STARTED)."""
         check_transition(sale.sale_id, sale.flow, None, sale.state, Step.CREATED)
+        if self._batching:
+            return self._create_in_batch(sale, detail)
         return self._write_whole(sale, Step.CREATED, detail)
+
+    def _create_in_batch(
+        self, sale: SaleRecord, detail: Mapping[str, Any] | None
+    ) -> SaleRecord:
+        """A sale created inside a batch is held until the batch's end (or the journal's next
+        statement: :attr:`db`), so that its later steps in the batch (a flow's opening step)
+        change the row held instead of updating it on disk: the sale is written once, in its
+        last state, with its steps in one statement. Nobody else can write it meanwhile: it is
+        on disk from the commit on, as when it was inserted first."""
+        if self._created is not None:  # another sale created in the batch goes in first
+            self._created_in(self.db)
+        now = self.clock.time()
+        sale = replaced(sale, updated_at=now, created_at=now)
+        self._created = _Created(
+            sale.sale_id, sale.row(), [_step_row(sale.sale_id, now, Step.CREATED, sale.state,
+                                                 detail)]
+        )
+        return sale
 
     def record(
         self,
@@ -720,6 +762,18 @@ class Journal(JournalReads, JournalPrune):
         assignments["state"] = new_state._value_
         assignments["updated_at"] = now
         expected = sale.state if if_state is None else if_state
+        created = self._created
+        if (created is not None and created.sale_id == sale.sale_id
+                and created.row["state"] == expected._value_ and step not in REOPENED_AFTER):
+            # created in this batch: checked against the table in memory (nothing on disk to
+            # read), the row held takes the changes, the step joins its steps
+            named = check_transition(sale.sale_id, sale.flow, expected, new_state, step, None,
+                                     changed)
+            row = created.row
+            row.update(changes)
+            row["state"], row["updated_at"] = new_state._value_, now
+            created.steps.append(_step_row(sale.sale_id, now, named, new_state, detail))
+            return updated
         try:
             fsynced = not self._fsync_shared and step not in UNSYNCED_STEPS
             with self._transaction(fsynced=fsynced) as db:
@@ -794,13 +848,7 @@ class Journal(JournalReads, JournalPrune):
         state: SaleState,
         detail: Mapping[str, Any] | None,
     ) -> None:
-        text = "{}"  # most steps: no detail to encode
-        if detail:
-            text = _DETAIL_JSON({k: v for k, v in detail.items() if k not in _FORBIDDEN_DETAIL})
-        db.execute(
-            "INSERT INTO steps (sale_id, at, step, state, detail) VALUES (?, ?, ?, ?, ?)",
-            (sale_id, at, step._value_, state._value_, text),  # texts: no enum call, no adapter
-        )
+        db.execute(_INSERT_STEP, _step_row(sale_id, at, step, state, detail))
 
     def _write_failed(self, err: sqlite3.Error) -> JournalError:
         # a full or failing disk: the flow must stop before the call this step announces
@@ -901,18 +949,38 @@ class _Batch:
         journal, db = self._journal, self._db
         journal._batching = False
         if exc_type is not None:  # anything raised inside: every write of the batch rolled back
+            journal._created = None
             with contextlib.suppress(sqlite3.Error):
                 db.execute("ROLLBACK")
             return
         try:
+            if journal._created is not None:
+                journal._write_created(db)
             db.execute("COMMIT")
         except sqlite3.Error as err:
             with contextlib.suppress(sqlite3.Error):
                 db.execute("ROLLBACK")
             raise journal._write_failed(err) from err
+        except BaseException:  # an interrupt in the sale created in the batch: none left open
+            if db.in_transaction:
+                with contextlib.suppress(sqlite3.Error):
+                    db.execute("ROLLBACK")
+            raise
         journal._tell(None)  # taken: only now (a write inside a batch is not durable before this)
         if db.total_changes != self._changes:  # with no row written, SQLite fsyncs nothing
             journal._committed(fsynced=True)
+
+
+class _Created:
+    """A sale created inside a batch, not written yet: its row (the sale's columns and those
+    kept beside it) and its steps' rows (``_step_row``), in order."""
+
+    __slots__ = ("row", "sale_id", "steps")
+
+    def __init__(self, sale_id: str, row: dict[str, Any], steps: list[tuple[Any, ...]]) -> None:
+        self.sale_id = sale_id
+        self.row = row
+        self.steps = steps
 
 
 class _WriteTransaction:
@@ -1055,6 +1123,25 @@ _INSERT_SALE = (
     f"INSERT INTO sales ({', '.join(_SALES_COLUMNS)}) "  # noqa: S608 - names from this module
     f"VALUES ({', '.join(f':{c}' for c in _SALES_COLUMNS)})"
 )
+
+
+_INSERT_STEP = "INSERT INTO steps (sale_id, at, step, state, detail) VALUES (?, ?, ?, ?, ?)"
+
+
+def _step_row(
+    sale_id: str, at: float, step: Step, state: SaleState, detail: Mapping[str, Any] | None
+) -> tuple[Any, ...]:
+    """A step's row as ``_INSERT_STEP`` takes it: its detail as stored, never a forbidden key."""
+    text = "{}"  # most steps: no detail to encode
+    if detail:
+        text = _DETAIL_JSON({k: v for k, v in detail.items() if k not in _FORBIDDEN_DETAIL})
+    return (sale_id, at, step._value_, state._value_, text)  # texts: no enum call, no adapter
+
+
+@functools.lru_cache(maxsize=8)
+def _insert_steps_sql(rows: int) -> str:
+    """``rows`` steps in one INSERT (a sale created in a batch and its later steps there)."""
+    return _INSERT_STEP + ", (?, ?, ?, ?, ?)" * (rows - 1)
 
 
 @functools.lru_cache(maxsize=64)

@@ -12,7 +12,7 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
-from collections.abc import Awaitable, Callable, Iterator, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import field
 from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
@@ -194,7 +194,7 @@ class SaleSteps:
         # the steps that took it there, in order: Journal.restore replays them through the table
         self.held: list[HeldStep] = []
         # inside one_commit() (or durable_then_announced()): its steps so far
-        self._batch: list[HeldStep] | None = None
+        self._batch: list[_Taken] | None = None
         self._held: list[SaleEvent] | None = None  # inside one_commit(): published after it
         # published at the loop's next turn (one_commit(announce_next_turn=True)); any later
         # event of the sale joins them, so its events stay in order
@@ -220,7 +220,9 @@ class SaleSteps:
         """Journal one step (durably), then publish it."""
         if message is not None:
             changes["message"] = message
-        taken = HeldStep(name, state, detail, dict(changes))
+        # what memory keeps of it for Journal.restore, a HeldStep only once a write failed (a
+        # frozen record's __init__ a step was 2 us of the vend window's Python, six times)
+        taken: _Taken = (name, state, detail, changes)
         try:
             self.record = self.journal.record(self.record, name, state, detail, **changes)
         except JournalError:
@@ -229,7 +231,8 @@ class SaleSteps:
                     self.record, state=state or self.record.state,
                     updated_at=self.clock.time(), **changes,
                 )
-                self.held = [*(self._batch or ()), taken]  # a batch's writes roll back too
+                # a batch's writes roll back too
+                self.held = _held_steps([*(self._batch or ()), taken])
             raise
         if self._batch is not None:
             self._batch.append(taken)
@@ -244,8 +247,7 @@ class SaleSteps:
         else:
             self.publish_event(event)
 
-    @contextlib.contextmanager
-    def one_commit(self, *, announce_next_turn: bool = False) -> Iterator[None]:
+    def one_commit(self, *, announce_next_turn: bool = False) -> _OneCommit:
         """The steps inside are journaled in one commit (``Journal.batch``: synchronous code
         only), then published; for steps with nothing between them the journal must hold first.
 
@@ -253,24 +255,7 @@ class SaleSteps:
         the caller does next in this turn (the vend's line to the machine) goes first: the
         bus's listeners (health, metrics, Home Assistant, the streams) are nobody's wait.
         """
-        self._held, self._batch = [], []
-        before = self.record
-        try:
-            with self.journal.batch():
-                yield
-        except JournalError:
-            if self.unwritten is None:
-                self.unwritten = self.record  # the commit failed: memory holds every step
-                self.held = list(self._batch)
-            self.record = before  # what the journal holds: the batch rolled back whole
-            raise
-        finally:
-            held, self._held, self._batch = self._held, None, None
-        if announce_next_turn:
-            self._publish_next_turn(held)
-            return
-        for event in held:
-            self.publish_event(event)
+        return _OneCommit(self, announce_next_turn)
 
     async def step_fsync_shared(
         self,
@@ -315,7 +300,7 @@ class SaleSteps:
         except JournalError:
             if self.unwritten is None:
                 self.unwritten, self.record = self.record, before
-                self.held = list(taken or ())
+                self.held = _held_steps(taken or ())
             raise
         for event in held or ():
             self.publish_event(event)
@@ -882,6 +867,68 @@ def _taken(result: ChargeResult, cents: int) -> int:
     """The cents a capture's answer says it took: those asked when it names none; a 0 it names
     is 0 (nothing taken), not a missing figure."""
     return cents if result.amount is None else result.amount
+
+
+# a step as SaleSteps.step took it: its name, state, detail and changes (HeldStep's fields)
+_Taken = tuple[Step, SaleState | None, Mapping[str, Any] | None, dict[str, Any]]
+
+
+def _held_steps(taken: Iterable[_Taken]) -> list[HeldStep]:
+    """The steps memory holds for Journal.restore, once their write failed."""
+    return [HeldStep(*step) for step in taken]
+
+
+class _OneCommit:
+    """:meth:`SaleSteps.one_commit` while its ``with`` runs: a class, not a generator context
+    manager (contextlib's helper, its ``__enter__`` and ``__exit__`` and two generator
+    resumptions around each of the vend window's three commits)."""
+
+    __slots__ = ("_batch", "_before", "_next_turn", "_steps")
+
+    def __init__(self, steps: SaleSteps, announce_next_turn: bool) -> None:
+        self._steps = steps
+        self._next_turn = announce_next_turn
+
+    def __enter__(self) -> None:
+        steps = self._steps
+        steps._held, steps._batch = [], []
+        self._before = steps.record
+        self._batch = steps.journal.batch()
+        try:
+            self._batch.__enter__()
+        except BaseException as err:
+            self._ended(err)
+            raise
+
+    def __exit__(
+        self, kind: type[BaseException] | None, err: BaseException | None, tb: object
+    ) -> None:
+        try:
+            self._batch.__exit__(kind, err, tb)  # commits, or rolls back what raised
+        except BaseException as failed:  # the commit failed
+            self._ended(failed)
+            raise
+        if err is not None:  # raised inside: it goes on
+            self._ended(err)
+            return
+        steps = self._steps
+        held = steps._held or []
+        steps._held, steps._batch = None, None
+        if self._next_turn:
+            steps._publish_next_turn(held)
+            return
+        for event in held:
+            steps.publish_event(event)
+
+    def _ended(self, err: BaseException) -> None:
+        """Nothing of the batch is on disk: a failed write keeps the sale in memory."""
+        steps = self._steps
+        if isinstance(err, JournalError):
+            if steps.unwritten is None:
+                steps.unwritten = steps.record  # the commit failed: memory holds every step
+                steps.held = _held_steps(steps._batch or ())
+            steps.record = self._before  # what the journal holds: the batch rolled back whole
+        steps._held, steps._batch = None, None
 
 
 def event_of(record: SaleRecord, step: Step | Literal[""] = "", *, clock: Clock) -> SaleEvent:

@@ -1969,3 +1969,74 @@ async def test_a_raising_checkpoint_callback_is_counted_after_the_commits_fsync_
     await asyncio.wait_for(waiting, 1)
     assert journal.checkpoint_due_errors == len(told) >= 1
     assert journal.get(shared.sale_id) is not None
+
+
+def test_a_sale_created_in_a_batch_is_written_once_in_its_state_after_the_batchs_steps(
+    journal: Journal,
+) -> None:
+    """A flow's opening commit (the sale and its first step, SaleFlow.open) was an INSERT of the
+    sale, an UPDATE of it (its state index too) and an INSERT per step: now the row is written
+    once at the batch's end, in its last state, and its steps in one INSERT. What the disk holds
+    after the commit is the same; nothing of it before."""
+    statements: list[str] = []
+    journal.db.set_trace_callback(statements.append)
+    with journal.batch():
+        sale = journal.create(new_sale(1, flow="authorize_capture"), {"product": "A2"})
+        sale = journal.record(sale, Step.READ_CARD_REQUEST, SaleState.READING_CARD,
+                              message="present a card on SIM-0001")
+        other = sqlite3.connect(journal.path)  # as a crash would find it: nothing yet
+        assert other.execute("SELECT COUNT(*) FROM sales").fetchone() == (0,)
+        other.close()
+    journal.db.set_trace_callback(None)
+    assert [s.split(" (")[0] for s in statements] == [
+        "BEGIN IMMEDIATE", "INSERT INTO sales", "INSERT INTO steps", "COMMIT"]
+    assert committed_state(journal, "s1") == ("reading_card", 2)
+    assert journal.get("s1") == sale
+    assert [(s.step, s.state, s.detail) for s in journal.steps("s1")] == [
+        ("created", SaleState.STARTED, {"product": "A2"}),
+        ("read_card.request", SaleState.READING_CARD, {}),
+    ]
+
+
+def test_a_sale_created_in_a_batch_is_there_for_every_other_statement_of_it(
+    journal: Journal,
+) -> None:
+    """Held until the batch's end, the new sale goes in first whenever the batch reads the
+    journal or writes another sale (in order, so the steps' order is the writes'); a step the
+    table refuses or one written from another state than the held row's goes the usual way."""
+    with journal.batch():
+        first = journal.create(new_sale(1))
+        assert journal.get("s1") == first  # a read inside the batch sees it
+        first = journal.record(first, Step.CHARGE_CARD_REQUEST, SaleState.CHARGING)
+        second = journal.create(new_sale(2))
+        journal.record(first, Step.CHARGE_CARD_ACCEPTED, interaction_id="I1")
+        second = journal.record(second, Step.CHARGE_CARD_REQUEST, SaleState.CHARGING)
+        with pytest.raises(TransitionRefused):
+            journal.record(second, Step.COMPLETED, SaleState.COMPLETED)
+        with pytest.raises(SaleMoved, match="is charging now"):
+            journal.record(second, Step.CHARGE_CARD_ACCEPTED, if_state=SaleState.STARTED)
+    steps = journal.db.execute("SELECT sale_id, step FROM steps ORDER BY id").fetchall()
+    assert [tuple(row) for row in steps] == [
+        ("s1", "created"), ("s1", "charge_card.request"), ("s2", "created"),
+        ("s1", "charge_card.accepted"), ("s2", "charge_card.request")]
+    assert committed_state(journal, "s2") == ("charging", 2)
+
+
+def test_a_batch_whose_created_sale_cannot_be_written_fails_whole_and_leaves_none_open(
+    journal: Journal,
+) -> None:
+    """The held sale's INSERT fails at the batch's end (here another sale has its order id):
+    the batch's writes roll back, the caller hears a JournalError as from a failed commit, and
+    the journal takes the next write. An exception inside the batch leaves nothing either."""
+    journal.create(new_sale(1))
+    with pytest.raises(JournalError, match="UNIQUE"), journal.batch():
+        journal.record(journal.create(new_sale(2, order_id="KA000001")),
+                       Step.CHARGE_CARD_REQUEST, SaleState.CHARGING)
+    assert not journal.db.in_transaction
+    with contextlib.suppress(RuntimeError), journal.batch():
+        journal.create(new_sale(3))
+        raise RuntimeError("the caller failed")
+    assert journal.get("s2") is None
+    assert journal.get("s3") is None
+    journal.create(new_sale(4))
+    assert committed_state(journal, "s4") == ("started", 1)
