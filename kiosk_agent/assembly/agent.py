@@ -201,7 +201,8 @@ class Agent:
         )  # fmt: skip
         keys = self.service.transport.keys
         # out of service, gracefully: the agent's events in the journal, one decider for all
-        self.event_log = EventLog(lambda: self.journal.db, self.clock)
+        self.event_log = EventLog(lambda: self.journal.db, self.clock,
+                                  gives_way=lambda: self.journal.prune_gives_way())
         self.availability = Availability(
             self.health,
             list(self.settings.terminals),

@@ -16,6 +16,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
+from kiosk_agent.sales.events import EventLog
 from kiosk_agent.sales.journal import _LATE_VEND_INDEX, Journal, SaleRecord
 from kiosk_agent.sales.kinds import SaleKind
 from kiosk_agent.sales.model import Flow
@@ -72,6 +73,18 @@ def _plans(journal: Journal, read: Any) -> list[str]:
             for row in journal.db.execute(f"EXPLAIN QUERY PLAN {sql}")]
 
 
+def _write_lock_held(path: Path) -> bool:
+    """Another connection holds the journal's write lock (a write cannot begin now)."""
+    db = sqlite3.connect(path, timeout=0, isolation_level=None)
+    try:
+        db.execute("BEGIN IMMEDIATE")
+    except sqlite3.OperationalError:
+        return True
+    finally:
+        db.close()
+    return False
+
+
 def test_a_new_journal_has_both_at_open(tmp_path: Path) -> None:
     journal = Journal(tmp_path / "journal.db")
     journal.open()
@@ -109,8 +122,9 @@ def test_open_leaves_the_no_selection_index_and_the_counts_read_the_rows_meanwhi
 def test_a_build_gives_way_to_a_write_begun_during_it(tmp_path: Path) -> None:
     """A sale's write begun while an index is built: the build rolls back at its word, the
     write goes first (it commits while the index is still not there), the build runs again
-    after. The build is held inside its scan (SQLite's progress handler, on the build's
-    thread) until the write has asked, so the two meet every run, whatever the machine."""
+    after. The build is held inside its scan, the write lock taken (SQLite's progress handler,
+    on the build's thread), until the write has asked, so the two meet every run, whatever the
+    machine."""
     path = tmp_path / "journal.db"
     _made_before(path, 10, dropped=("steps_late_vend",))
     journal = Journal(path)
@@ -121,7 +135,7 @@ def test_a_build_gives_way_to_a_write_begun_during_it(tmp_path: Path) -> None:
     asked = threading.Event()
 
     def scanning() -> int:
-        if not building.is_set():
+        if not building.is_set() and _write_lock_held(path):  # inside its scan
             building.set()
             asked.wait(10)  # the write asked it to give way
         return 0
@@ -199,3 +213,55 @@ async def test_the_agent_builds_both_after_ready(tmp_path: Path, sim_settings: A
         assert _indexes(path) == set(BOTH)
         assert agent.journal.indexes_to_build == ()
         assert agent.journal.count(kind=SaleKind.NO_SELECTION) == 8
+
+
+def test_the_health_checks_journal_probe_gives_way_too(tmp_path: Path) -> None:
+    """The health checker's probe of the journal (one committed write, each round, on the event
+    loop) and the agent's events ask as a sale's writes do: a build under way rolls back and
+    the probe commits before the index is there. The build is held inside its scan until the
+    probe is about to write, and its second run waits until the probe's side has looked."""
+    path = tmp_path / "journal.db"
+    _made_before(path, 10, dropped=("steps_late_vend",))
+    journal = Journal(path)
+    journal.open()
+    events = EventLog(lambda: journal.db, journal.clock, gives_way=journal.prune_gives_way)
+    events.open()
+    aside = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+    aside.execute("PRAGMA busy_timeout=5000")
+    building, writing, looked = threading.Event(), threading.Event(), threading.Event()
+    idle_asked: list[str] = []
+
+    def scanning() -> int:
+        if not building.is_set() and _write_lock_held(path):  # inside its scan
+            building.set()
+            writing.wait(10)
+        return 0
+
+    def idle() -> bool:
+        idle_asked.append("idle?")
+        if len(idle_asked) > 1:  # before a second run: once the probe's side has looked
+            looked.wait(10)
+        return True
+
+    aside.set_progress_handler(scanning, 1)
+    seen_after_the_probe: list[set[str]] = []
+
+    def probe() -> None:
+        building.wait(10)
+        writing.set()  # the build goes on from here, unless the probe's ask ends it
+        events.probe()
+        seen_after_the_probe.append(_indexes(path))
+        looked.set()
+
+    writer = threading.Thread(target=probe)
+    writer.start()
+    try:
+        assert journal.giving_way(aside, _LATE_VEND_INDEX, idle=idle, idle_wait=10.0) is True
+    finally:
+        writer.join(10)
+        aside.close()
+    assert not writer.is_alive()
+    assert seen_after_the_probe == [{"sales_no_selection"}]  # the probe went first
+    assert len(idle_asked) == 2  # the build ran again after it
+    assert _indexes(path) == set(BOTH)
+    journal.close()
