@@ -14,7 +14,9 @@ Then, on a copy, a real ``kiosk-agent run`` (kiosk API and admin API) is measure
 
 - start -> ready (spawn to systemd READY=1), target <= 2 s; whether pruning (the journal
   spans more than ``keep_days``, 400) ran before ready (target: never on that path); start ->
-  in service (the journal's file read whole in its worker thread: no customer before);
+  in service (the journal's file read whole in its worker thread: no customer before). With
+  ``--indexes-missing``, on a copy without the two partial indexes that came after journals
+  were in use (as an older release left it: the agent builds them after READY=1);
 - spawn -> the first charge check done (the admin API's health);
 - each face (``/api/status``, ``/api/sales``, a sale with its steps, the page's first load,
   ``/metrics``, the doctor's ``POST``, answered at once) and each read command (``sales``,
@@ -98,6 +100,8 @@ IDS = ("sale_id", "order_id", "interaction_id", "trans_id", "reverse_trans_id")
 FRESH = ("interaction_id", "trans_id", "reverse_trans_id")  # ids made anew for each sale
 SHIFTED = ("answer_by", "sent_at", "finished_at")  # wall times a step sets: moved with the sale
 OLD_BOOT = "bench-old-boot"  # the replayed sends were on another boot (prune reads it)
+# the partial indexes a journal made before them gains after READY=1 (--indexes-missing)
+LATE_INDEXES = ("sales_no_selection", "steps_late_vend")
 
 
 # -- the journal, made with the project's own writes ------------------------------------------
@@ -751,6 +755,12 @@ async def measure(journal: Path, args: argparse.Namespace) -> dict[str, Any]:
         command_env = {k: v for k, v in env.items() if k != "NOTIFY_SOCKET"}
         await warm_up(directory, env, command_env, ports, listener)
         shutil.copyfile(journal, directory / "journal.db")
+        if args.indexes_missing:  # as a release before them left it: built after READY=1
+            db = sqlite3.connect(directory / "journal.db")
+            for name in LATE_INDEXES:
+                db.execute(f"DROP INDEX IF EXISTS {name}")
+            db.commit()
+            db.close()
         # a journal made by an older build gains this one's indexes on its first open: once,
         # timed apart from the starts
         began = time.perf_counter()
@@ -852,6 +862,9 @@ def main() -> None:
     parser.add_argument("--cache", type=Path, default=default_cache(),
                         help="where the made journal is kept, by schema version and size")
     parser.add_argument("--dir", type=Path, default=None, help="where the copy runs (a disk)")
+    parser.add_argument("--indexes-missing", action="store_true",
+                        help="the copy without " + " and ".join(LATE_INDEXES) + ", as a "
+                             "release before them left it (built after READY=1)")
     args = parser.parse_args()
     os.environ.update(unit_environment())  # the agent as its systemd unit runs it
     path, made = made_journal(args.cache, args.sales, args.days)
@@ -862,7 +875,8 @@ def main() -> None:
     print(f"journal: {path} ({made['size_mib']} MiB, {args.sales:,} sales, made in "
           f"{made['build_s']} s)")
     figures: dict[str, Any] = {"journal_sales": args.sales, "journal_mib": made["size_mib"],
-                               "journal_build_s": made["build_s"]}
+                               "journal_build_s": made["build_s"],
+                               "indexes_missing": int(args.indexes_missing)}
     try:
         figures |= asyncio.run(measure(path, args))
     finally:

@@ -201,7 +201,8 @@ class Agent:
         )  # fmt: skip
         keys = self.service.transport.keys
         # out of service, gracefully: the agent's events in the journal, one decider for all
-        self.event_log = EventLog(lambda: self.journal.db, self.clock)
+        self.event_log = EventLog(lambda: self.journal.db, self.clock,
+                                  gives_way=lambda: self.journal.prune_gives_way())
         self.availability = Availability(
             self.health,
             list(self.settings.terminals),
@@ -302,7 +303,7 @@ class Agent:
         # checkpoints' worker threads still running (the watch's look and a commit's due may
         # each have one): a stop waits for them before it closes the journal
         self._checkpoint_threads: set[asyncio.Future[int]] = set()
-        self._index_thread: asyncio.Future[bool] | None = None
+        self._index_thread: asyncio.Future[list[str]] | None = None
 
     # -- wiring (by app.py, before start) --------------------------------------------------------
 
@@ -623,26 +624,30 @@ class Agent:
         await asyncio.sleep(0)  # the freeze's turn ends here
         self.journal.reserve_wal()
         await asyncio.sleep(0)
-        await self._build_late_vend_index()
+        await self._build_indexes()
         await self._prune()
         self.settled.set()
 
-    async def _build_late_vend_index(self) -> None:
-        """A journal made before the late-vend index gains it here, after ready, in a worker
-        thread (Journal.build_late_vend_index: one scan of every step; the late-vend read
-        looks among this start's steps meanwhile). A failure is said; the next start tries
-        again."""
-        if self.journal.late_vend_after is None:
+    async def _build_indexes(self) -> None:
+        """A journal made before the late-vend or the no-selection index gains it here, after
+        ready, in a worker thread (Journal.build_indexes: one scan of a table each, begun when
+        no sale runs and giving way to the agent's own writes, as the prune's batches; the
+        late-vend read looks among this start's steps meanwhile). A failure is said; the next
+        start tries again."""
+        if not self.journal.indexes_to_build:
             return
         try:
-            self._index_thread = asyncio.ensure_future(
-                asyncio.to_thread(self.journal.build_late_vend_index))
-            await asyncio.shield(self._index_thread)
+            self._index_thread = asyncio.ensure_future(asyncio.to_thread(
+                self.journal.build_indexes, idle=self.sales.idle, idle_wait=PRUNE_IDLE_WAIT_S,
+                stopping=self._stopping.is_set,
+            ))
+            built = await asyncio.shield(self._index_thread)
         except (sqlite3.Error, JournalError) as err:
-            _LOGGER.warning("journal: the late-vend index not built (%s); the next start tries "
-                            "again", err)
+            _LOGGER.warning("journal: the journal's indexes not built (%s); the next start "
+                            "tries again", err)
         else:
-            _LOGGER.info("journal: the late-vend index built")
+            if built:
+                _LOGGER.info("journal: index(es) built: %s", ", ".join(built))
 
     async def _ready_after_recovery(self, ready_text: str) -> None:
         if self._systemd is None:

@@ -319,8 +319,8 @@ def open_journal(config: Config, *, to_write: bool = False) -> Journal:
     try:
         if to_write:
             journal.open()
-            # a command is on no path to ready: the late-vend index is built now if missing
-            journal.build_late_vend_index()
+            # a command is on no path to ready: the indexes open() left are built now
+            journal.build_indexes()
         else:
             journal.open_to_read()
     except (JournalError, sqlite3.Error) as err:

@@ -13,6 +13,7 @@ import dataclasses
 import json
 import logging
 import sqlite3
+import threading
 from collections.abc import Callable, Mapping
 from dataclasses import field
 from typing import Any, TypeVar
@@ -79,9 +80,19 @@ class EventLog:
     details are states, device ids and reasons, passed through ``redact``.
     """
 
-    def __init__(self, db: Callable[[], sqlite3.Connection], clock: Clock = SYSTEM_CLOCK) -> None:
+    def __init__(
+        self,
+        db: Callable[[], sqlite3.Connection],
+        clock: Clock = SYSTEM_CLOCK,
+        gives_way: Callable[[], threading.Event | None] | None = None,
+    ) -> None:
         self._db = db  # e.g. ``lambda: journal.db``: the journal's open connection
         self.clock = clock  # dates the events (wall time, for people)
+        # asked before each write, as the journal's own writes ask (Journal.prune_gives_way):
+        # a batch of the prune or an index's build under way in its worker thread rolls back,
+        # where the write (on the event loop) waited it out with every request; the event it
+        # returns is set once the write holds the lock
+        self._gives_way = gives_way
         self._unwritten: list[AgentEvent] = []
         self.bus: EventBus[AgentEvent] = EventBus()
         self.lost = 0  # events dropped because too many waited to be written
@@ -116,7 +127,10 @@ class EventLog:
         db = self._db()
         if not self._ready:
             self.open()
+        way_taken = self._gives_way() if self._gives_way is not None else None
         with transaction(db):
+            if way_taken is not None:
+                way_taken.set()
             db.execute("INSERT OR REPLACE INTO agent_probe (id, at) VALUES (1, ?)",
                        (self.clock.time(),))
         self._flush()
@@ -150,7 +164,10 @@ class EventLog:
             db = self._db()
             if not self._ready:
                 self.open()
+            way_taken = self._gives_way() if self._gives_way is not None else None
             with transaction(db):
+                if way_taken is not None:
+                    way_taken.set()
                 for event in self._unwritten:
                     cursor = db.execute(
                         "INSERT INTO agent_events (at, kind, subject, detail) VALUES (?, ?, ?, ?)",

@@ -98,11 +98,6 @@ __all__ = [
 # whose version is above its own.
 SCHEMA_VERSION = 2
 
-# steps_late_vend: the products dispensed after their sale gave up waiting, and a person's
-# acknowledgement of each (sales/late_vends.py), partial: health reads them at every snapshot,
-# and no other step's write pays for it
-# sales_no_selection: the card sessions that ended with no selection (sales.kinds), partial, so
-# every face counts them apart from an index (a scan of 200,000 sales took 0.17 s)
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS sales (
     sale_id          TEXT PRIMARY KEY,
@@ -136,8 +131,6 @@ CREATE TABLE IF NOT EXISTS sales (
 );
 CREATE INDEX IF NOT EXISTS sales_state_created ON sales(state, created_at);
 CREATE INDEX IF NOT EXISTS sales_created ON sales(created_at);
-CREATE INDEX IF NOT EXISTS sales_no_selection ON sales(created_at)
-    WHERE """ + NO_SELECTION_SQL + """;
 CREATE TABLE IF NOT EXISTS steps (
     id       INTEGER PRIMARY KEY AUTOINCREMENT,
     sale_id  TEXT NOT NULL REFERENCES sales(sale_id),
@@ -155,12 +148,25 @@ CREATE TABLE IF NOT EXISTS sale_sends (
 );
 """
 
-# Built at open on a journal with no steps yet; on one made before it, after ready in a worker
-# thread (Journal.build_late_vend_index): one scan of every step, on bench/journal.py's
-# 200,000 sales (1.18 million steps) 100-107 ms of a core (101-156 ms wall at load 5), holding
-# the journal's write lock meanwhile (docs/journal.md)
+# Partial indexes added after journals were in use: each built at open where its table has no
+# row yet; on a journal made before it, after ready in a worker thread (Journal.build_indexes,
+# giving way to the agent's own writes): each is one scan of its table, all of it inside the
+# journal's write lock, on bench/journal.py's 200,000 sales:
+# steps_late_vend: the products dispensed after their sale gave up waiting, and a person's
+# acknowledgement of each (sales/late_vends.py): health reads them at every snapshot, and no
+# other step's write pays for it. A scan of 1.18 million steps: 100-107 ms of a core (101-156 ms
+# wall at load 5); meanwhile the late-vend read looks among the steps written since the open
+# sales_no_selection: the card sessions that ended with no selection (sales.kinds), so every
+# face counts them apart from an index (a scan of 200,000 sales took 0.17 s). Its build: 23-24 ms
+# of a core at open (25-66 ms wall at load 8.5); meanwhile the counts read the rows themselves
 _LATE_VEND_INDEX = """CREATE INDEX IF NOT EXISTS steps_late_vend ON steps(at)
     WHERE step IN ('late.vend', 'late.vend.seen')"""
+_NO_SELECTION_INDEX = """CREATE INDEX IF NOT EXISTS sales_no_selection ON sales(created_at)
+    WHERE """ + NO_SELECTION_SQL
+_LATE_INDEXES = {  # name: (its table, its statement)
+    "sales_no_selection": ("sales", _NO_SELECTION_INDEX),
+    "steps_late_vend": ("steps", _LATE_VEND_INDEX),
+}
 
 # Indexes a later one replaced (sales_state_created leads with the state): dropped on open, so a
 # write keeps one index of the state up to date, not two.
@@ -277,6 +283,8 @@ class Journal(JournalReads, JournalPrune):
         # a sale created inside the batch, written at its end (or at the journal's next
         # statement): one INSERT of the row in its last state and one of its steps
         self._created: _Created | None = None
+        # the partial indexes open() left for after ready (build_indexes), by name
+        self.indexes_to_build: tuple[str, ...] = ()
         self._fsync_shared = False  # inside fsync_shared(): commits without an fsync of their own
         self._fsync_owed = False  # a commit since this connection's last fsynced one made none
         self._fsync_waiters: list[asyncio.Future[None]] = []  # fsynced(): woken by the next
@@ -319,7 +327,11 @@ class Journal(JournalReads, JournalPrune):
             if self._checkpoints_aside:
                 db.execute("PRAGMA wal_autocheckpoint=0")
             _migrate(db)
-            self.late_vend_after = _late_vend_index(db)
+            self.indexes_to_build = _late_indexes(db)
+            self.late_vend_after = (
+                int(db.execute("SELECT max(id) FROM steps").fetchone()[0])
+                if "steps_late_vend" in self.indexes_to_build else None
+            )
             # the sales are the operator's business: the database and its WAL are private
             for part in (self.path, *(self.path.with_name(self.path.name + s) for s in _SIDE)):
                 if part.exists():
@@ -374,6 +386,8 @@ class Journal(JournalReads, JournalPrune):
                 db.row_factory = sqlite3.Row
                 _refuse_newer(db, self.path)
                 _migrate(db)  # the copy's, never the journal's
+                for name in _late_indexes(db):  # a command's own: on no path to ready
+                    db.execute(_LATE_INDEXES[name][1])
                 db.execute("PRAGMA query_only=ON")
             except BaseException:
                 db.close()
@@ -445,21 +459,37 @@ class Journal(JournalReads, JournalPrune):
             aside.close()
         return int(row[2]) if row is not None else 0
 
-    def build_late_vend_index(self) -> bool:
-        """Build the late-vend index a journal made before it lacks (open() left it for after
-        ready: a scan of every step), on a connection of its own, in a worker thread; the
-        late-vend read uses it from then on. True when it was built now."""
-        if self.late_vend_after is None:
-            return False
+    def build_indexes(
+        self,
+        *,
+        idle: Callable[[], bool] = lambda: True,
+        idle_wait: float = 0.0,
+        stopping: Callable[[], bool] = lambda: False,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> list[str]:
+        """Build the partial indexes a journal made before them lacks (open() left them for
+        after ready: each a scan of its table), on a connection of its own, in a worker thread,
+        each begun once ``idle`` says so and giving way to the agent's own writes as the prune's
+        batches do (:meth:`giving_way`); the reads use each from then on. The names built now;
+        none after ``stopping()`` says so (the next start builds what is left)."""
+        built: list[str] = []
+        if not self.indexes_to_build:
+            return built
         aside = sqlite3.connect(f"file:{self.path}?mode=rw", uri=True, isolation_level=None)
         try:
             aside.execute("PRAGMA busy_timeout=5000")
             aside.execute(f"PRAGMA cache_size=-{ASIDE_CACHE_KIB}")
-            aside.execute(_LATE_VEND_INDEX)
+            for name in self.indexes_to_build:
+                if not self.giving_way(aside, _LATE_INDEXES[name][1], idle=idle,
+                                       idle_wait=idle_wait, stopping=stopping, sleep=sleep):
+                    break
+                built.append(name)
+                if name == "steps_late_vend":
+                    self.late_vend_after = None
         finally:
             aside.close()
-        self.late_vend_after = None
-        return True
+            self.indexes_to_build = tuple(n for n in self.indexes_to_build if n not in built)
+        return built
 
     def reserve_wal(self) -> bool:
         """Grow the WAL file to what it holds between two checkpoints, so that a commit
@@ -1077,18 +1107,20 @@ def _migrate(db: sqlite3.Connection) -> None:
             db.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
 
 
-def _late_vend_index(db: sqlite3.Connection) -> int | None:
-    """Make the late-vend index now on a journal with no steps (nothing to scan), and say None;
-    else, when it is missing, the last step's id (it is built after ready: Journal.
-    build_late_vend_index). None when it is there."""
-    if db.execute("SELECT 1 FROM sqlite_master WHERE type = 'index' AND name = "
-                  "'steps_late_vend'").fetchone() is not None:
-        return None
-    last = db.execute("SELECT max(id) FROM steps").fetchone()[0]
-    if last is None:
-        db.execute(_LATE_VEND_INDEX)
-        return None
-    return int(last)
+def _late_indexes(db: sqlite3.Connection) -> tuple[str, ...]:
+    """Make each of ``_LATE_INDEXES`` missing now where its table has no row (nothing to scan);
+    the names of those still missing (built after ready: Journal.build_indexes)."""
+    present = {str(r[0]) for r in db.execute("SELECT name FROM sqlite_master WHERE type = "
+                                             "'index'")}
+    left = []
+    for name, (table, statement) in _LATE_INDEXES.items():
+        if name in present:
+            continue
+        if db.execute(f"SELECT 1 FROM {table} LIMIT 1").fetchone() is None:  # noqa: S608
+            db.execute(statement)
+        else:
+            left.append(name)
+    return tuple(left)
 
 
 def _add_missing_columns(db: sqlite3.Connection) -> None:

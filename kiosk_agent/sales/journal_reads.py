@@ -49,7 +49,7 @@ class JournalReads:
     """The reads of an open journal (its ``db``, its ``clock`` dating today)."""
 
     clock: Clock
-    # While the late-vend index is built after ready (Journal.build_late_vend_index): the last
+    # While the late-vend index is built after ready (Journal.build_indexes): the last
     # step's id at open; the late vends are read among the steps written since (None: indexed)
     late_vend_after: int | None = None
 

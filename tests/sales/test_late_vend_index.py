@@ -2,7 +2,7 @@
 
 Its build is a scan of every step (200,000 sales: docs/journal.md); ``Journal.open`` makes it
 only on a journal with no steps yet, and otherwise leaves it to the agent after READY=1 (a
-worker thread, ``Journal.build_late_vend_index``). Meanwhile the late-vend read looks among the
+worker thread, ``Journal.build_indexes``). Meanwhile the late-vend read looks among the
 steps written since the journal opened: a journal without the index holds no late vend from
 before, but for a start that died within its build, whose late vends show once it is built.
 Real SQLite files throughout.
@@ -74,7 +74,7 @@ def test_a_new_journal_has_the_index_at_open(tmp_path: Path) -> None:
     journal.open()
     assert journal.late_vend_after is None
     assert _has_index(tmp_path / "journal.db")
-    assert journal.build_late_vend_index() is False  # nothing left to do
+    assert journal.build_indexes() == []  # nothing left to do
     journal.close()
 
 
@@ -94,7 +94,7 @@ def test_open_leaves_the_build_and_the_read_looks_at_this_starts_steps(tmp_path:
     journal.record(record, Step.LATE_VEND, detail={"product": "A1", "source": "mdb:front"})
     watch = LateVendWatch(journal, journal.clock)
     assert "sale0099" in (watch.problem() or "")
-    assert journal.build_late_vend_index() is True
+    assert journal.build_indexes() == ["steps_late_vend"]
     assert journal.late_vend_after is None
     assert _has_index(path)
     assert _plan(journal, 0.0) == ["SEARCH steps USING INDEX steps_late_vend (at>?)"]
