@@ -459,6 +459,8 @@ class MdbCashless:
             if session is not None:
                 _LOGGER.warning("%s: controller %s mid-session", self.name, status.value)
                 self._end_session(f"controller {status.value.lower()} mid-session")
+            elif status is wire.ControllerStatus.INACTIVE:  # a reset ends a vend left in flight
+                self.late.restart_result(DispenseStatus.CANCELLED, "controller inactive (reset)")
         elif status is wire.ControllerStatus.IDLE:
             self.facts.controller_session_open = True
         elif status is wire.ControllerStatus.ENABLED:
@@ -569,6 +571,8 @@ class MdbCashless:
     def _on_vend_result(self, status: DispenseStatus, detail: str) -> None:
         if self.session is not None and self.session.on_vend_result(status, detail):
             return
+        if self.session is None and self.late.restart_result(status, detail):
+            return  # the vend the last stop or crash left: recovery listened for it
         # MDB names no sale in a result: a success now is the last given-up vend's, if any (a
         # vend the last stop or crash left, before any of this start's)
         late = self.gave_up_on
@@ -601,6 +605,15 @@ class MdbCashless:
             return
         if session is not None:
             self._end_session("adapter reconnected")
+        elif (listened := self.late.restart_listened()) is not None:
+            # The agent restarted mid-vend: the controller may still say how the vend the
+            # last stop or crash left ended (recovery listens until its vend timeout), and the
+            # setup's C,0 would end its session. The setup comes once recovery is done.
+            _LOGGER.warning("%s: a vend was in flight at the last stop or crash: listening for "
+                            "its result before the setup", self.name)
+            self._setup_after_vend = True
+            listened.add_done_callback(lambda _: self.vend_over())
+            return
         self._setup()
 
     def _setup(self) -> None:
