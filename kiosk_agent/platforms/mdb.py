@@ -12,6 +12,9 @@ Anything that ends a session without a confirmed vend (cancel, controller reset 
 adapter back before the vend was approved, no vend result in time) returns an outcome that is
 not ``VENDED``, so the flow gives the money back. An adapter back mid-vend does not end the vend:
 the controller may still say how it ended, on the new link (its setup waits until it is over).
+Nor does a reader disabled mid-vend (the controller leaves MDB's vend state only by the vend's
+result; a reset, ``INACTIVE``, does end it), nor a restart of the agent on the same boot
+(recovery listens until the vend timeout, the setup held back meanwhile).
 
 Out of service (``health.availability``): while the terminal cannot take cards the cashless slave
 is off the bus (``C,0``), so the machine shows cashless unavailable and sells for cash; it joins
@@ -453,6 +456,15 @@ class MdbCashless:
         status = message.status
         previous, self.facts.controller = self.facts.controller, status
         session = self.session
+        if (status is wire.ControllerStatus.DISABLED and session is not None
+                and session.phase is Phase.VENDING):
+            # MDB's vend state is left only by the vend's result (the controller sends no other
+            # command in it), and a reader disable resets nothing: the controller may still
+            # report this vend. Heard until the vend timeout, as a link back mid-vend is
+            # (docs/platforms.md, the MDB notes); a reset (INACTIVE) still ends it.
+            _LOGGER.warning("%s: controller disabled the reader mid-vend: still waiting for "
+                            "the vend result", self.name)
+            return
         if status in (wire.ControllerStatus.INACTIVE, wire.ControllerStatus.DISABLED):
             self.facts.controller_session_open = False
             _LOGGER.info("%s: controller %s", self.name, status.value)

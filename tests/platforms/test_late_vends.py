@@ -415,3 +415,39 @@ async def test_a_link_back_mid_vend_with_nothing_heard_gives_back_at_the_vend_ti
         await until(lambda: "C,1" in controller.received[sent:])  # set up once it is over
         controller.send(VEND_SUCCESS_LINE)
         await told_to_a_person(agent, record.sale_id, "B1")
+
+
+@pytest.mark.parametrize("fails", [False, True], ids=["success", "failure"])
+async def test_a_controller_that_disables_the_reader_mid_vend_is_still_heard(
+    tmp_path: Path, sim_settings: Any, controller: VirtualController, fails: bool
+) -> None:
+    """Standing rule 13: the controller disables the reader (``c,STATUS,DISABLED``) while the
+    approved vend is dropping. MDB's vend state is one the controller leaves only by its vend
+    result (docs/platforms.md, the MDB notes), and a reader disable does not reset it (unlike
+    ``INACTIVE``): the sale keeps waiting until its vend timeout and settles on what it hears,
+    a success captured, a failure given back; nothing is a late vend. Before, the disable gave
+    the money back at once and the success became a product gone out unpaid."""
+    trigger = {**_MACHINES["mdb"], "port": controller.port, "vend_timeout": 30}
+    async with running_agent(tmp_path, sim_settings, [trigger]) as agent:
+        await asyncio.wait_for(controller.wait_enabled(), 5)
+        controller.options.dispense_time = 1.0  # still dropping when the disable comes
+        visit = asyncio.create_task(controller.customer("B1", fail=fails))
+        async with asyncio.timeout(5):
+            while "C,VEND,3.25" not in controller.received:
+                await asyncio.sleep(0.005)
+        [record] = agent.journal.query()
+        await until(lambda: agent.journal.get(record.sale_id).state is SaleState.DISPENSING)
+        controller.send("c,STATUS,DISABLED")
+        [platform] = agent.platforms
+        await until(lambda: platform.device.status()["controller"] == "DISABLED")
+        assert agent.journal.get(record.sale_id).state is SaleState.DISPENSING
+        expected = VisitOutcome.FAILED if fails else VisitOutcome.VENDED
+        assert (await asyncio.wait_for(visit, 10)).outcome is expected
+        await until(lambda: agent.journal.get(record.sale_id).state.final)
+        final = agent.journal.get(record.sale_id)
+        assert final is not None
+        if fails:
+            assert (final.state, final.captured_cents) == (SaleState.REVERSED, 0), final.message
+        else:
+            assert (final.state, final.captured_cents) == (SaleState.COMPLETED, 325), final.message
+        assert not [s for s in agent.journal.steps(record.sale_id) if s.step == Step.LATE_VEND]
