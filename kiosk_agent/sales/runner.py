@@ -312,7 +312,12 @@ class SaleRunner:
 
     async def _run(self, device: str, flow: SaleFlow) -> SaleEvent:
         try:
-            return await flow.run()
+            ended = await flow.run()
+            if flow.dispense_unsure and ended.state is not SaleState.COMPLETED:
+                # the dispenser raised: the product may have gone out, its money went back
+                self.late_vends.maybe_dispensed(ended.sale_id, flow.request.product,
+                                                flow.request.source, flow.dispense_unsure)
+            return ended
         except asyncio.CancelledError:
             raise
         except Exception as err:

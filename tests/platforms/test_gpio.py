@@ -20,7 +20,7 @@ from kiosk_agent.platforms import gpio_schema
 from kiosk_agent.platforms.doctor import check_triggers
 from kiosk_agent.platforms.gpio import PLATFORM_SCHEMA, Edge, GpioPlatform, setup_with_chip
 from kiosk_agent.sales.model import SaleEvent
-from kiosk_agent.sales.states import SaleState
+from kiosk_agent.sales.states import SaleState, Step
 from kiosk_agent.verdicts import Report, Verdict
 from tests.assembly.test_slow_service import held_by_the_service, ledger
 
@@ -64,6 +64,9 @@ class FakeOutputs:
         self.chip = chip
 
     def set(self, line: int, active: bool) -> None:
+        if not active and line in self.chip.fails_off:  # once: the line's driver errs
+            self.chip.fails_off.discard(line)
+            raise OSError(f"line {line}: Input/output error")
         self.chip.relays[line] = active
         self.chip.relay_log.append((line, active))
         if active and line in self.chip.falls_onto:
@@ -82,6 +85,7 @@ class FakeChip:
         self.relays: dict[int, bool] = {}
         self.relay_log: list[tuple[int, bool]] = []
         self.falls_onto: dict[int, int] = {}  # relay -> the sensor its product falls past
+        self.fails_off: set[int] = set()  # relays whose next switch-off raises (once)
         self.released = False
 
     def request_inputs(
@@ -444,6 +448,27 @@ async def test_a_product_falling_after_the_sensor_window_is_told_as_gone_unpaid(
     [said] = [r.getMessage() for r in caplog.records if stuck.sale_id in r.getMessage()]
     assert "latte went out unpaid" in said
     await told_to_a_person(agent, stuck.sale_id, "latte")
+
+
+async def test_a_dispenser_that_raises_after_its_relay_fired_gives_back_and_tells_a_person(
+    kiosk: Any,
+) -> None:
+    """The espresso's relay fires, then switching it off fails (the GPIO line errs): the
+    dispenser raises, the sale cannot know whether the product went out. The money goes back,
+    and a person is told why (a note on the sale, a problem in health until acknowledged:
+    test_late_vends.told_to_a_person), never silently. Before, the sale read "reversed" and
+    nobody heard that an espresso may have gone out unpaid."""
+    agent, chip, _ = kiosk
+    chip.fails_off.add(22)
+    final = await _pressed(agent, chip, 17)
+    assert final.state is SaleState.REVERSED
+    assert chip.relay_log == [(22, True)]  # it fired; its switch-off raised
+    await until(lambda: any(s.step == Step.LATE_VEND for s in agent.journal.steps(final.sale_id)))
+    [note] = [s for s in agent.journal.steps(final.sale_id) if s.step == Step.LATE_VEND]
+    assert note.detail["unsure"] == "dispenser error: line 22: Input/output error"
+    [problem] = [p for p in agent.health.snapshot().problems if final.sale_id[:8] in p]
+    assert "maybe: dispenser error: line 22" in problem, problem
+    await told_to_a_person(agent, final.sale_id, "espresso")
 
 
 async def test_a_fall_after_a_restart_mid_dispense_reaches_a_person(
