@@ -119,21 +119,29 @@ class LateVends:
         future: asyncio.Future[Any] | None = listening(self.restart_sale)
         return future
 
-    def restart_result(self, status: DispenseStatus, detail: str) -> bool:
+    def restart_result(
+        self, status: DispenseStatus, detail: str, sale_id: str | None = None
+    ) -> bool:
         """The machine's vend result, heard with no vend of this start pending: whether it was
         the one recovery listens for (then recovery settles that sale on it: a success is
-        captured, a failure given back). False: nobody listens (a success is then a late vend,
-        :meth:`heard`)."""
+        captured, a failure given back). ``sale_id``: the sale the result names (a kiosk app's);
+        else the last one the last stop or crash left (a machine whose results name none).
+        False: nobody listens (a success is then a late vend, :meth:`heard`)."""
         heard = getattr(self._sales, "restart_vend_heard", None)
-        if heard is None or self.restart_sale is None:
+        named = sale_id if sale_id is not None else self.restart_sale
+        if heard is None or named is None:
             return False
-        outcome = DispenseOutcome(status, 0, self.restart_product, detail)
-        if not heard(self.restart_sale, outcome):
+        product = self._gave_up.get(named)
+        outcome = DispenseOutcome(status, 0, product if isinstance(product, str) else None,
+                                  detail)
+        if not heard(named, outcome):
             return False
         _LOGGER.warning("%s: %s for sale %s, left dispensing by the last stop or crash: "
-                        "recovery settles it", self.source, detail, self.restart_sale)
+                        "recovery settles it", self.source, detail, named)
         if status is DispenseStatus.VENDED:  # one product per vend: a repeat is no late vend
-            self.restart_sale = self.restart_product = None
+            self._gave_up.pop(named, None)
+            if named == self.restart_sale:
+                self.restart_sale = self.restart_product = None
         return True
 
     def gave_up(self, dispenser: Dispenser) -> None:

@@ -471,6 +471,41 @@ async def test_a_dispenser_that_raises_after_its_relay_fired_gives_back_and_tell
     await told_to_a_person(agent, final.sale_id, "espresso")
 
 
+async def test_a_fall_while_recovery_listens_after_a_restart_is_paid(
+    tmp_path: Path, sim_settings: Any
+) -> None:
+    """Standing rule 13: the agent restarts (same boot) while the latte's sensor watches. The
+    next start's recovery listens until the vend timeout (the rig's sales.vend_timeout, 5 s),
+    and the latte falls past the sensor of the button that sells it meanwhile: the sale is
+    captured, nothing is a late vend. Before, recovery gave the money back at once and the
+    fall was a product gone out unpaid."""
+    config = PLATFORM_SCHEMA({"platform": "gpio", "name": "coffee", "buttons": BUTTONS,
+                              "flow": "authorize_capture", "sensor_timeout": 60})
+    chip = FakeChip()
+    async with running_agent(tmp_path, sim_settings, []) as first:
+        platform = await setup_with_chip(first, config, chip)
+        chip.press(18)  # the latte: no fall within the window (60 s)
+        await until(lambda: [r.state for r in first.journal.query()] == [SaleState.DISPENSING])
+        [record] = first.journal.query()
+        await first.sales.stop(grace=0.05)  # parked where it stands
+        await platform.stop()
+    chip = FakeChip()
+    async with running_agent(tmp_path, sim_settings, []) as second:
+        platform = await setup_with_chip(second, config, chip)
+        try:
+            assert second.recovery.state == "running"  # still listening
+            chip.edge(27)
+            await asyncio.wait_for(second.recovery.wait(), 30)
+            final = second.journal.get(record.sale_id)
+            assert final is not None
+            assert (final.state, final.captured_cents) == (SaleState.COMPLETED, 320)
+            assert platform.status()["late_vends"] == 0
+            assert not [s for s in second.journal.steps(record.sale_id)
+                        if s.step == Step.LATE_VEND]
+        finally:
+            await platform.stop()
+
+
 async def test_a_fall_after_a_restart_mid_dispense_reaches_a_person(
     tmp_path: Path, sim_settings: Any
 ) -> None:
@@ -478,7 +513,8 @@ async def test_a_fall_after_a_restart_mid_dispense_reaches_a_person(
     dispensing); the next start's recovery gives the money back; then the latte falls past
     its sensor. The new process knows the sale only from recovery (SaleRunner.left_dispensing,
     with its product): the sensor of the button that sells it maps the fall to that sale, a
-    person is told, no money moves. Before, a fall with no dispense of this start was no one's."""
+    person is told, no money moves (recovery listened until the vend timeout first, 5 s, and
+    heard nothing). Before, a fall with no dispense of this start was no one's."""
     config = PLATFORM_SCHEMA({"platform": "gpio", "name": "coffee", "buttons": BUTTONS,
                               "flow": "authorize_capture", "sensor_timeout": 60})
     chip = FakeChip()
