@@ -310,6 +310,9 @@ class Agent:
     def add_platform(self, setup: PlatformSetup, conf: dict[str, Any]) -> None:
         if conf.get("max_price") is not None:  # the runner holds every platform to it
             self.sales.limit_trigger(conf["platform"], conf.get("name"), conf["max_price"])
+        if conf.get("vend_timeout") is not None:  # recovery listens that long after a restart
+            self.sales.trigger_vend_timeout(conf["platform"], conf.get("name"),
+                                            conf["vend_timeout"])
         self._pending_platforms.append(_PendingPlatform(setup, conf))
 
     def add_component(self, factory: ComponentFactory, conf: Any) -> None:

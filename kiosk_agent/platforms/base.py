@@ -101,10 +101,48 @@ class LateVends:
         # (until its next dispense is approved: the platform clears it)
         self.restart_sale: str | None = None
         self.restart_product: str | None = None  # its product (gpio: the buttons that sell it)
+        # the agent's SaleRunner: recovery listens for how a vend left dispensing ended
+        self._sales = sales
         left = getattr(sales, "left_dispensing", None)
         for sale_id, product in left(source) if callable(left) else ():
             self.keep(sale_id, product)
             self.restart_sale, self.restart_product = sale_id, product
+
+    def restart_listened(self) -> asyncio.Future[Any] | None:
+        """While recovery listens for how the vend the last stop or crash left ended (this
+        boot, until its vend timeout: sales/recovery.py), what it waits on; else None. The
+        platform holds back a setup that would end the controller's session (``C,0``, init
+        lines) until it is done."""
+        listening = getattr(self._sales, "listening_after_restart", None)
+        if listening is None or self.restart_sale is None:
+            return None
+        future: asyncio.Future[Any] | None = listening(self.restart_sale)
+        return future
+
+    def restart_result(
+        self, status: DispenseStatus, detail: str, sale_id: str | None = None
+    ) -> bool:
+        """The machine's vend result, heard with no vend of this start pending: whether it was
+        the one recovery listens for (then recovery settles that sale on it: a success is
+        captured, a failure given back). ``sale_id``: the sale the result names (a kiosk app's);
+        else the last one the last stop or crash left (a machine whose results name none).
+        False: nobody listens (a success is then a late vend, :meth:`heard`)."""
+        heard = getattr(self._sales, "restart_vend_heard", None)
+        named = sale_id if sale_id is not None else self.restart_sale
+        if heard is None or named is None:
+            return False
+        product = self._gave_up.get(named)
+        outcome = DispenseOutcome(status, 0, product if isinstance(product, str) else None,
+                                  detail)
+        if not heard(named, outcome):
+            return False
+        _LOGGER.warning("%s: %s for sale %s, left dispensing by the last stop or crash: "
+                        "recovery settles it", self.source, detail, named)
+        if status is DispenseStatus.VENDED:  # one product per vend: a repeat is no late vend
+            self._gave_up.pop(named, None)
+            if named == self.restart_sale:
+                self.restart_sale = self.restart_product = None
+        return True
 
     def gave_up(self, dispenser: Dispenser) -> None:
         """Keep ``dispenser``'s sale if it ended by the sale giving up (TIMEOUT)."""

@@ -418,8 +418,13 @@ class GpioKiosk:
             if late.button.sensor == sensor:
                 self.late.heard(late.sale_id)  # the sensor's window had closed: money goes back
             return
-        if self.late.restart_sale is not None and sensor in self._restart_sensors:
-            self.late.heard(self.late.restart_sale)  # left dispensing by the last stop or crash
+        restart = self.late.restart_sale
+        # left dispensing by the last stop or crash: recovery settles it while it listens
+        # (until its vend timeout), else it is a late vend
+        if restart is not None and sensor in self._restart_sensors and not (
+                self.late.restart_result(DispenseStatus.VENDED,
+                                         "drop sensor saw it fall after the restart")):
+            self.late.heard(restart)
 
     def _on_press(self, button: Button, timestamp_ns: int) -> None:
         # The kernel debounces where the chip can; this catches the chips that cannot.

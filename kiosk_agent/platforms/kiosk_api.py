@@ -674,6 +674,10 @@ class KioskApi:
             raise BadRequest("detail", "expected a string")
         _plain("detail", detail, MAX_DETAIL_CHARS)
         dispenser = self._dispensers.get(sale_id)
+        if dispenser is None and self.late.restart_result(
+                DispenseStatus(status_text), detail, sale_id):
+            # left dispensing by the last stop or crash; recovery listened until its vend timeout
+            return web.json_response({"sale_id": sale_id, "status": status_text}, status=202)
         if dispenser is None or not dispenser.confirm_result(DispenseStatus(status_text), detail):
             if status_text == "vended" and self._late(sale_id, dispenser):
                 return _error(409, "not_dispensing", "sale_id", (

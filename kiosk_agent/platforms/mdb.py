@@ -12,6 +12,9 @@ Anything that ends a session without a confirmed vend (cancel, controller reset 
 adapter back before the vend was approved, no vend result in time) returns an outcome that is
 not ``VENDED``, so the flow gives the money back. An adapter back mid-vend does not end the vend:
 the controller may still say how it ended, on the new link (its setup waits until it is over).
+Nor does a reader disabled mid-vend (the controller leaves MDB's vend state only by the vend's
+result; a reset, ``INACTIVE``, does end it), nor a restart of the agent on the same boot
+(recovery listens until the vend timeout, the setup held back meanwhile).
 
 Out of service (``health.availability``): while the terminal cannot take cards the cashless slave
 is off the bus (``C,0``), so the machine shows cashless unavailable and sells for cash; it joins
@@ -453,12 +456,23 @@ class MdbCashless:
         status = message.status
         previous, self.facts.controller = self.facts.controller, status
         session = self.session
+        if (status is wire.ControllerStatus.DISABLED and session is not None
+                and session.phase is Phase.VENDING):
+            # MDB's vend state is left only by the vend's result (the controller sends no other
+            # command in it), and a reader disable resets nothing: the controller may still
+            # report this vend. Heard until the vend timeout, as a link back mid-vend is
+            # (docs/platforms.md, the MDB notes); a reset (INACTIVE) still ends it.
+            _LOGGER.warning("%s: controller disabled the reader mid-vend: still waiting for "
+                            "the vend result", self.name)
+            return
         if status in (wire.ControllerStatus.INACTIVE, wire.ControllerStatus.DISABLED):
             self.facts.controller_session_open = False
             _LOGGER.info("%s: controller %s", self.name, status.value)
             if session is not None:
                 _LOGGER.warning("%s: controller %s mid-session", self.name, status.value)
                 self._end_session(f"controller {status.value.lower()} mid-session")
+            elif status is wire.ControllerStatus.INACTIVE:  # a reset ends a vend left in flight
+                self.late.restart_result(DispenseStatus.CANCELLED, "controller inactive (reset)")
         elif status is wire.ControllerStatus.IDLE:
             self.facts.controller_session_open = True
         elif status is wire.ControllerStatus.ENABLED:
@@ -569,6 +583,8 @@ class MdbCashless:
     def _on_vend_result(self, status: DispenseStatus, detail: str) -> None:
         if self.session is not None and self.session.on_vend_result(status, detail):
             return
+        if self.session is None and self.late.restart_result(status, detail):
+            return  # the vend the last stop or crash left: recovery listened for it
         # MDB names no sale in a result: a success now is the last given-up vend's, if any (a
         # vend the last stop or crash left, before any of this start's)
         late = self.gave_up_on
@@ -601,6 +617,15 @@ class MdbCashless:
             return
         if session is not None:
             self._end_session("adapter reconnected")
+        elif (listened := self.late.restart_listened()) is not None:
+            # The agent restarted mid-vend: the controller may still say how the vend the
+            # last stop or crash left ended (recovery listens until its vend timeout), and the
+            # setup's C,0 would end its session. The setup comes once recovery is done.
+            _LOGGER.warning("%s: a vend was in flight at the last stop or crash: listening for "
+                            "its result before the setup", self.name)
+            self._setup_after_vend = True
+            listened.add_done_callback(lambda _: self.vend_over())
+            return
         self._setup()
 
     def _setup(self) -> None:

@@ -265,6 +265,15 @@ class SerialLineDevice:
             _LOGGER.warning("%s: link back mid-dispense: still waiting for its result", self.name)
             self._init_after_dispense = True
             return
+        if vend is None and (listened := self.late.restart_listened()) is not None:
+            # The agent restarted mid-dispense: the device may still say how the dispense the
+            # last stop or crash left ended (recovery listens until its vend timeout), and the
+            # init lines may reset it. They come once recovery is done.
+            _LOGGER.warning("%s: a dispense was in flight at the last stop or crash: listening "
+                            "for its result before the init lines", self.name)
+            self._init_after_dispense = True
+            listened.add_done_callback(lambda _: self.dispense_over())
+            return
         self._init()
 
     def _init(self) -> None:
@@ -293,6 +302,8 @@ class SerialLineDevice:
             self._queued = None
             if self.vend is not None:
                 self._cancel_vend("cancelled by the device")
+            else:  # a dispense the last stop or crash left is over too
+                self.late.restart_result(DispenseStatus.CANCELLED, "cancelled by the device")
         else:
             self.unmatched += 1
             _LOGGER.debug("%s: line matches no rule: %r", self.name, line[:80])
@@ -349,6 +360,8 @@ class SerialLineDevice:
     def _on_result(self, status: DispenseStatus, detail: str) -> None:
         vend = self.vend
         if vend is None or not vend.vending or vend.ended:
+            if vend is None and self.late.restart_result(status, detail):
+                return  # the dispense the last stop or crash left: recovery listened for it
             late = self.gave_up_on
             late_sale = late.sale_id if late is not None else self.late.restart_sale
             if late_sale is not None and status is DispenseStatus.VENDED and self.late.heard(

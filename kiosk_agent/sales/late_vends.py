@@ -48,10 +48,16 @@ class LateVend:
     product: str
     source: str
     at: float  # when it was heard (Unix time)
+    # not heard but possible: why the product may have gone out (a dispenser that raised after
+    # its relay may have fired: ``LateVendWatch.maybe_dispensed``); "" for a vend heard
+    unsure: str = ""
 
     def text(self) -> str:
         """Said on its sale (the sales table, `sales show`, the page's sale line), where the
         sale's state alone reads as "nothing went out"."""
+        if self.unsure:
+            return (f"may have dispensed {self.product or 'product unnamed'} "
+                    f"{display_time(self.at)} ({self.unsure}); the money went back")
         return (f"late vend: {self.product or 'product unnamed'} dispensed "
                 f"{display_time(self.at)}, after the sale gave up waiting (unpaid)")
 
@@ -61,9 +67,14 @@ def late_vend_of(steps: Iterable[StepRecord]) -> LateVend | None:
     found = None
     for step in steps:
         if step.step == Step.LATE_VEND:
-            found = LateVend(step.sale_id, str(step.detail.get("product") or ""),
-                             str(step.detail.get("source") or ""), step.at)
+            found = _late_vend(step)
     return found
+
+
+def _late_vend(step: StepRecord) -> LateVend:
+    facts = step.detail
+    return LateVend(step.sale_id, str(facts.get("product") or ""),
+                    str(facts.get("source") or ""), step.at, str(facts.get("unsure") or ""))
 
 
 def late_vended(journal: Journal) -> dict[str, LateVend]:
@@ -71,8 +82,7 @@ def late_vended(journal: Journal) -> dict[str, LateVend]:
     one): what the sales list, ``sales show`` and the export say of the sale. The steps come
     from their own partial index (a handful in a journal of years)."""
     return {
-        step.sale_id: LateVend(step.sale_id, str(step.detail.get("product") or ""),
-                               str(step.detail.get("source") or ""), step.at)
+        step.sale_id: _late_vend(step)
         for step in journal.late_vend_steps(0.0) if step.step == Step.LATE_VEND
     }
 
@@ -91,12 +101,24 @@ class LateVendWatch:
 
     def heard(self, sale_id: str, product: str | None, source: str) -> None:
         """A vend success for ``sale_id`` after its sale gave up waiting: a note on the sale."""
+        self._note(sale_id, {"product": product or "", "source": source})
+
+    def maybe_dispensed(self, sale_id: str, product: str | None, source: str, why: str) -> None:
+        """``sale_id``'s dispenser raised (``why``) after it may have moved the machine (a relay
+        fired first): its money went back, and the product may have gone out. Not heard, so
+        not said as dispensed, but told to a person as a late vend is (a note on the sale, a
+        problem in health until acknowledged), never silently."""
+        _LOGGER.warning("sale %s: %s; the money went back, and the product %s may have gone "
+                        "out: told to a person", sale_id, why, product or "(unnamed)")
+        self._note(sale_id, {"product": product or "", "source": source, "unsure": why[:200]})
+
+    def _note(self, sale_id: str, detail: dict[str, str]) -> None:
+        source = detail["source"]
         record = self.journal.get(sale_id)
         if record is None:
             _LOGGER.error("%s: late vend for sale %s, which the journal does not hold",
                           source, sale_id)
             return
-        detail = {"product": product or "", "source": source}
         try:
             self.journal.record(record, Step.LATE_VEND, detail=detail)
         except (JournalError, sqlite3.Error) as err:  # the journal's own health says why
@@ -133,9 +155,7 @@ class LateVendWatch:
             if step.step == Step.LATE_VEND_SEEN:
                 late.pop(step.sale_id, None)
             else:
-                facts = step.detail
-                late[step.sale_id] = LateVend(step.sale_id, str(facts.get("product") or ""),
-                                              str(facts.get("source") or ""), step.at)
+                late[step.sale_id] = _late_vend(step)
         return list(late.values())
 
     def problem(self) -> str | None:
@@ -154,7 +174,7 @@ class LateVendWatch:
 
         shown = "; ".join(
             f"sale {v.sale_id[:8]} ({v.product or 'product unnamed'} on {v.source}, "
-            f"{when(v.at)})" for v in late[-3:]
+            f"{when(v.at)}{', maybe: ' + v.unsure if v.unsure else ''})" for v in late[-3:]
         )
         more = f" and {len(late) - 3} more" if len(late) > 3 else ""
         return (f"{len(late)} product(s) dispensed after the sale gave up waiting, unpaid (the "

@@ -73,6 +73,9 @@ class SaleFlow(SaleSteps):
         self.on_release: Callable[[], None] | None = None
         self._printing: bool | None = None  # whether a receipt is printed on the terminal
         self._waited = False  # whether the wait for a terminal held by a lost read was said
+        # why the dispense may have happened though the dispenser gave no outcome (it raised:
+        # a relay may have fired first); the runner tells a person once the money is back
+        self.dispense_unsure = ""
 
     def open(self, detail: Mapping[str, Any]) -> None:
         """Journal the new sale together with its flow's first step, in one commit.
@@ -216,7 +219,8 @@ class SaleFlow(SaleSteps):
             return DispenseOutcome(DispenseStatus.TIMEOUT, detail=why)
         except Exception as err:
             _LOGGER.exception("sale %s: the dispenser raised", self.record.sale_id)
-            return DispenseOutcome(DispenseStatus.TIMEOUT, detail=f"dispenser error: {err}")
+            self.dispense_unsure = f"dispenser error: {err}"
+            return DispenseOutcome(DispenseStatus.TIMEOUT, detail=self.dispense_unsure)
 
     async def _answer_lost(self, why: str, *, terminal_done: bool) -> SaleEvent:
         """How the charge or authorization ended is unknown: find out by order_id first.

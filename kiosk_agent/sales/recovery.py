@@ -5,7 +5,10 @@ The journal's last step says what might have happened; the service says what did
 - nothing was sent yet, or only a card read: no money moved, the sale FAILED;
 - a charge whose answer was lost is looked up (the interaction's status, then reporting by
   ``order_id``) before anything is sent again;
-- money taken whose dispense was not confirmed is voided or refunded (REVERSED);
+- money taken whose dispense was not confirmed is voided or refunded (REVERSED); a sale left
+  dispensing is first listened for, on this boot until its vend timeout, through its trigger
+  (the controller may still say how the vend ended): a success is captured, a failure or
+  silence gives the money back (:meth:`Recovery._dispensing`);
 - a confirmed dispense whose capture was interrupted is captured (COMPLETED);
 - what cannot be decided is marked ATTENTION and reported, never guessed.
 
@@ -21,8 +24,9 @@ from collections import defaultdict
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
 
+from kiosk_agent.sales.clock import Anchor
 from kiosk_agent.sales.journal import Journal, JournalError, SaleMoved, SaleRecord
-from kiosk_agent.sales.model import Flow, SaleEvent
+from kiosk_agent.sales.model import DispenseOutcome, DispenseStatus, Flow, SaleEvent
 from kiosk_agent.sales.runner import SaleRunner
 from kiosk_agent.sales.states import RECOVERY_REPORTING, SaleState, Step, TransitionRefused
 from kiosk_agent.sales.steps import RESOLVE, SaleContext, SaleSteps
@@ -76,6 +80,8 @@ class Recovery:
         self.recovered = 0  # of those, driven to an end
         self._released: set[str] = set()  # of those, the ones that had let their terminal go
         self.not_ours: list[str] = []  # open sales of another unit id, left as they are
+        # sale id -> the monotonic time until which its vend is listened for (left dispensing)
+        self._listening: dict[str, float] = {}
         # waited for before any money moves: False when the journal's file is found damaged
         # (core/journal_guard.py reads it whole after it opened)
         self.before_money: Callable[[], Awaitable[bool]] | None = None
@@ -104,6 +110,10 @@ class Recovery:
             by_terminal[record.terminal].append(record)
             if record.state is SaleState.DISPENSING:  # the machine may still report its vend
                 self.runner.was_dispensing(record)
+                left = self._vend_left(record)
+                if left > 0:  # before the triggers start: their setup waits for it
+                    self.runner.listen_after_restart(record.sale_id)
+                    self._listening[record.sale_id] = self.clock.monotonic() + left
             if released_its_terminal(record, self.journal):
                 self._released.add(record.sale_id)
             else:
@@ -238,12 +248,73 @@ class Recovery:
         if state is SaleState.AUTHORIZING:
             return await self._held_or_none(steps, "interrupted during the authorization")
         if state is SaleState.DISPENSING:
-            return await self._held_or_none(steps, "interrupted before the dispense was confirmed")
+            return await self._dispensing(steps)
         if state is SaleState.CAPTURING:
             return await self._capturing(steps)
         if state is SaleState.REVERSING:
             return await self._reversing(steps)
         return steps.finish(SaleState.ATTENTION, Step.RECOVERY_UNDECIDED, f"unknown state {state}")
+
+    def _vend_left(self, record: SaleRecord) -> float:
+        """Seconds left of the vend timeout of ``record``'s dispense, as this boot counts them;
+        0 when there is nothing to listen for: another boot (a power cut: the controller
+        restarted too, its vend is over), a sale whose vend price is not journaled (card first:
+        the customer's choice comes with the vend), or no dispense request journaled.
+
+        The vend was approved in the commit that journaled the money's answer
+        (``approved_for_vend``): the ``dispense.request`` step's wall time, measured from the
+        money call's send (monotonic, this boot), within the call's answer window."""
+        anchor = Anchor(record.sent_at or 0.0, record.sent_mono, record.sent_boot)
+        if record.sent_at is None or not record.product or not anchor.same_boot(self.clock):
+            return 0.0
+        asked = [s.at for s in self.journal.steps(record.sale_id)
+                 if s.step == Step.DISPENSE_REQUEST]
+        if not asked or anchor.mono is None:
+            return 0.0
+        window = float("inf") if record.answer_by is None else record.answer_by - record.sent_at
+        approved = anchor.mono + min(max(0.0, asked[-1] - record.sent_at), max(0.0, window))
+        return approved + self.runner.vend_timeout_of(record.source) - self.clock.monotonic()
+
+    async def _dispensing(self, steps: SaleSteps) -> SaleEvent:
+        """Left dispensing: listened for until its vend timeout when the machine may still say
+        how the vend ended (standing rule 13); then settled on what it said. Silence, or
+        nothing to listen for, gives the money back as before."""
+        why = "interrupted before the dispense was confirmed"
+        record = steps.record
+        due = self._listening.pop(record.sale_id, None)
+        future = self.runner.listening_after_restart(record.sale_id)
+        if due is None or future is None:
+            self.runner.stop_listening(record.sale_id)
+            return await self._held_or_none(steps, why)
+        _LOGGER.warning("sale %s: left dispensing; listening for its vend result for %.1f s",
+                        record.sale_id, max(0.0, due - self.clock.monotonic()))
+        try:
+            outcome: DispenseOutcome | None = await self.clock.wait_for(
+                asyncio.shield(future), max(0.0, due - self.clock.monotonic()))
+        except TimeoutError:
+            outcome = None
+        finally:
+            self.runner.stop_listening(record.sale_id)
+        if outcome is None:
+            return await self._held_or_none(
+                steps, f"{why}: no vend result within its vend timeout after the restart")
+        heard = {"status": outcome.status.value, "detail": outcome.detail,
+                 "after_restart": True}
+        if outcome.status is not DispenseStatus.VENDED:
+            steps.step(Step.DISPENSE_RESULT, detail=heard)
+            return await self._held_or_none(
+                steps, f"dispense {outcome.status.value} {outcome.detail} (heard after the "
+                       "restart)".strip())
+        # the price the vend was approved for: the price asked, within what the money holds
+        held = record.captured_cents if record.flow == Flow.CHARGE_CARD else (
+            record.authorized_cents)
+        cents = min(record.amount_cents, held)
+        if record.flow == Flow.CHARGE_CARD:
+            return steps.finish(
+                SaleState.COMPLETED, Step.RECOVERY_DONE,
+                "dispensed (the machine said so after the restart); paid",
+                vended_cents=cents, detail=heard)
+        return await steps.capture(cents, heard)
 
     async def _cancel_read(self, steps: SaleSteps) -> None:
         if steps.record.interaction_id is None:

@@ -32,6 +32,7 @@ from kiosk_agent.sales.live import SaleFlow
 from kiosk_agent.sales.model import STOPPING as STOPPING  # re-exported: where callers look
 from kiosk_agent.sales.model import AgentStopping as AgentStopping
 from kiosk_agent.sales.model import (
+    DispenseOutcome,
     Dispenser,
     Flow,
     PriceAboveMaximum,
@@ -127,6 +128,11 @@ class SaleRunner:
         # trigger -> (sale id, product) of its sales the last stop or crash left dispensing,
         # oldest first (Recovery.start fills it before the triggers start)
         self._left_dispensing: dict[str, list[tuple[str, str | None]]] = {}
+        # sale id -> what the machine says of a vend the last stop or crash left, while recovery
+        # still listens for it (Recovery.start: this boot, its vend timeout not passed): the
+        # trigger's platform holds its setup meanwhile and settles it (restart_vend_heard)
+        self._restart_vends: dict[str, asyncio.Future[DispenseOutcome | None]] = {}
+        self._vend_timeouts: dict[str, float] = {}  # "platform:name" or "platform" -> seconds
 
     def left_dispensing(self, source: str) -> list[tuple[str, str | None]]:
         """The sales of trigger ``source`` left dispensing by the last stop or crash (recovery
@@ -138,6 +144,49 @@ class SaleRunner:
         """Recovery found ``record`` left dispensing (:meth:`left_dispensing`)."""
         self._left_dispensing.setdefault(record.source, []).append(
             (record.sale_id, record.product))
+
+    def trigger_vend_timeout(self, platform: str, name: str | None, seconds: float) -> None:
+        """A trigger's own ``vend_timeout`` from its configuration (found as ``limits`` finds
+        ``max_price``): how long recovery listens for a vend the last stop or crash left."""
+        self._vend_timeouts[f"{platform}:{name}" if name else platform] = seconds
+
+    def vend_timeout_of(self, source: str) -> float:
+        """The vend timeout of trigger ``source``'s sales: its own, else ``sales.vend_timeout``."""
+        own = self._vend_timeouts.get(source, self._vend_timeouts.get(source.partition(":")[0]))
+        return self.settings.vend_timeout if own is None else own
+
+    def listen_after_restart(self, sale_id: str) -> asyncio.Future[DispenseOutcome | None]:
+        """Recovery listens for how ``sale_id``'s vend ended (left dispensing by the last stop
+        or crash): the future gets what the machine says (:meth:`restart_vend_heard`), or None
+        once recovery stops listening (:meth:`stop_listening`)."""
+        future: asyncio.Future[DispenseOutcome | None] = (
+            asyncio.get_running_loop().create_future())
+        self._restart_vends[sale_id] = future
+        return future
+
+    def listening_after_restart(
+        self, sale_id: str | None
+    ) -> asyncio.Future[DispenseOutcome | None] | None:
+        """The future recovery listens on for ``sale_id``'s vend, while it does (a platform
+        holds back the setup that would end the controller's session until it is done)."""
+        future = self._restart_vends.get(sale_id) if sale_id is not None else None
+        return future if future is not None and not future.done() else None
+
+    def restart_vend_heard(self, sale_id: str, outcome: DispenseOutcome) -> bool:
+        """The machine said how a vend the last stop or crash left ended, while recovery still
+        listens: recovery settles the sale on it (captured, or given back). False when nobody
+        listens any more (then a success is a late vend: platforms/base.py ``LateVends``)."""
+        future = self.listening_after_restart(sale_id)
+        if future is None:
+            return False
+        future.set_result(outcome)
+        return True
+
+    def stop_listening(self, sale_id: str) -> None:
+        """Recovery is done listening for ``sale_id``'s vend (heard, or its deadline passed)."""
+        future = self._restart_vends.pop(sale_id, None)
+        if future is not None and not future.done():
+            future.set_result(None)
 
     def late_vend(self, sale_id: str, product: str | None, source: str) -> None:
         """The machine reported ``sale_id``'s vend after the sale gave up waiting for it
@@ -263,7 +312,12 @@ class SaleRunner:
 
     async def _run(self, device: str, flow: SaleFlow) -> SaleEvent:
         try:
-            return await flow.run()
+            ended = await flow.run()
+            if flow.dispense_unsure and ended.state is not SaleState.COMPLETED:
+                # the dispenser raised: the product may have gone out, its money went back
+                self.late_vends.maybe_dispensed(ended.sale_id, flow.request.product,
+                                                flow.request.source, flow.dispense_unsure)
+            return ended
         except asyncio.CancelledError:
             raise
         except Exception as err:

@@ -20,7 +20,7 @@ from kiosk_agent.platforms import gpio_schema
 from kiosk_agent.platforms.doctor import check_triggers
 from kiosk_agent.platforms.gpio import PLATFORM_SCHEMA, Edge, GpioPlatform, setup_with_chip
 from kiosk_agent.sales.model import SaleEvent
-from kiosk_agent.sales.states import SaleState
+from kiosk_agent.sales.states import SaleState, Step
 from kiosk_agent.verdicts import Report, Verdict
 from tests.assembly.test_slow_service import held_by_the_service, ledger
 
@@ -64,6 +64,9 @@ class FakeOutputs:
         self.chip = chip
 
     def set(self, line: int, active: bool) -> None:
+        if not active and line in self.chip.fails_off:  # once: the line's driver errs
+            self.chip.fails_off.discard(line)
+            raise OSError(f"line {line}: Input/output error")
         self.chip.relays[line] = active
         self.chip.relay_log.append((line, active))
         if active and line in self.chip.falls_onto:
@@ -82,6 +85,7 @@ class FakeChip:
         self.relays: dict[int, bool] = {}
         self.relay_log: list[tuple[int, bool]] = []
         self.falls_onto: dict[int, int] = {}  # relay -> the sensor its product falls past
+        self.fails_off: set[int] = set()  # relays whose next switch-off raises (once)
         self.released = False
 
     def request_inputs(
@@ -446,6 +450,62 @@ async def test_a_product_falling_after_the_sensor_window_is_told_as_gone_unpaid(
     await told_to_a_person(agent, stuck.sale_id, "latte")
 
 
+async def test_a_dispenser_that_raises_after_its_relay_fired_gives_back_and_tells_a_person(
+    kiosk: Any,
+) -> None:
+    """The espresso's relay fires, then switching it off fails (the GPIO line errs): the
+    dispenser raises, the sale cannot know whether the product went out. The money goes back,
+    and a person is told why (a note on the sale, a problem in health until acknowledged:
+    test_late_vends.told_to_a_person), never silently. Before, the sale read "reversed" and
+    nobody heard that an espresso may have gone out unpaid."""
+    agent, chip, _ = kiosk
+    chip.fails_off.add(22)
+    final = await _pressed(agent, chip, 17)
+    assert final.state is SaleState.REVERSED
+    assert chip.relay_log == [(22, True)]  # it fired; its switch-off raised
+    await until(lambda: any(s.step == Step.LATE_VEND for s in agent.journal.steps(final.sale_id)))
+    [note] = [s for s in agent.journal.steps(final.sale_id) if s.step == Step.LATE_VEND]
+    assert note.detail["unsure"] == "dispenser error: line 22: Input/output error"
+    [problem] = [p for p in agent.health.snapshot().problems if final.sale_id[:8] in p]
+    assert "maybe: dispenser error: line 22" in problem, problem
+    await told_to_a_person(agent, final.sale_id, "espresso")
+
+
+async def test_a_fall_while_recovery_listens_after_a_restart_is_paid(
+    tmp_path: Path, sim_settings: Any
+) -> None:
+    """Standing rule 13: the agent restarts (same boot) while the latte's sensor watches. The
+    next start's recovery listens until the vend timeout (the rig's sales.vend_timeout, 5 s),
+    and the latte falls past the sensor of the button that sells it meanwhile: the sale is
+    captured, nothing is a late vend. Before, recovery gave the money back at once and the
+    fall was a product gone out unpaid."""
+    config = PLATFORM_SCHEMA({"platform": "gpio", "name": "coffee", "buttons": BUTTONS,
+                              "flow": "authorize_capture", "sensor_timeout": 60})
+    chip = FakeChip()
+    async with running_agent(tmp_path, sim_settings, []) as first:
+        platform = await setup_with_chip(first, config, chip)
+        chip.press(18)  # the latte: no fall within the window (60 s)
+        await until(lambda: [r.state for r in first.journal.query()] == [SaleState.DISPENSING])
+        [record] = first.journal.query()
+        await first.sales.stop(grace=0.05)  # parked where it stands
+        await platform.stop()
+    chip = FakeChip()
+    async with running_agent(tmp_path, sim_settings, []) as second:
+        platform = await setup_with_chip(second, config, chip)
+        try:
+            assert second.recovery.state == "running"  # still listening
+            chip.edge(27)
+            await asyncio.wait_for(second.recovery.wait(), 30)
+            final = second.journal.get(record.sale_id)
+            assert final is not None
+            assert (final.state, final.captured_cents) == (SaleState.COMPLETED, 320)
+            assert platform.status()["late_vends"] == 0
+            assert not [s for s in second.journal.steps(record.sale_id)
+                        if s.step == Step.LATE_VEND]
+        finally:
+            await platform.stop()
+
+
 async def test_a_fall_after_a_restart_mid_dispense_reaches_a_person(
     tmp_path: Path, sim_settings: Any
 ) -> None:
@@ -453,7 +513,8 @@ async def test_a_fall_after_a_restart_mid_dispense_reaches_a_person(
     dispensing); the next start's recovery gives the money back; then the latte falls past
     its sensor. The new process knows the sale only from recovery (SaleRunner.left_dispensing,
     with its product): the sensor of the button that sells it maps the fall to that sale, a
-    person is told, no money moves. Before, a fall with no dispense of this start was no one's."""
+    person is told, no money moves (recovery listened until the vend timeout first, 5 s, and
+    heard nothing). Before, a fall with no dispense of this start was no one's."""
     config = PLATFORM_SCHEMA({"platform": "gpio", "name": "coffee", "buttons": BUTTONS,
                               "flow": "authorize_capture", "sensor_timeout": 60})
     chip = FakeChip()

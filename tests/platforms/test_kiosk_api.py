@@ -22,7 +22,7 @@ from kiosk_agent.cli.sim import settings_from_ready
 from kiosk_agent.money import cents_to_dollars
 from kiosk_agent.platforms.kiosk_api import PLATFORM_SCHEMA, KioskApi
 from kiosk_agent.sales.clock import Clock
-from kiosk_agent.sales.states import SaleState
+from kiosk_agent.sales.states import SaleState, Step
 from kiosk_agent.sim.context import SimOptions
 from kiosk_agent.sim.server import SimServer
 from tests.assembly.test_slow_service import held_by_the_service, ledger
@@ -1395,15 +1395,16 @@ async def test_a_vended_after_a_restart_mid_dispense_reaches_a_person(
     tmp_path: Path, sim_settings: Any
 ) -> None:
     """The agent stops while the app dispenses the tea (the drain runs out: the sale parked
-    dispensing); the next start's recovery gives the money back; then the app says "vended".
-    The new process knows the sale only from recovery (SaleRunner.left_dispensing): the app
-    hears why (409, gone out unpaid), and a person is told; no money moves."""
-    async for first in _app(tmp_path, sim_settings, confirm_dispense=True, vend_timeout=30):
+    dispensing); the next start's recovery listens for the app's result until the vend timeout
+    (2 s), hears nothing and gives the money back; then the app says "vended". The new process
+    knows the sale only from recovery (SaleRunner.left_dispensing): the app hears why (409,
+    gone out unpaid), and a person is told; no money moves."""
+    async for first in _app(tmp_path, sim_settings, confirm_dispense=True, vend_timeout=2):
         _, started = await first.post("/sales", {"product": "tea"})
         sale_id = started["sale_id"]
         await until(functools.partial(_in_state, first, sale_id, SaleState.DISPENSING))
         await first.api.agent.sales.stop(grace=0.05)  # parked where it stands
-    async for second in _app(tmp_path, sim_settings, confirm_dispense=True, vend_timeout=30):
+    async for second in _app(tmp_path, sim_settings, confirm_dispense=True, vend_timeout=2):
         agent = second.api.agent
         await asyncio.wait_for(agent.recovery.wait(), 30)
         assert agent.journal.get(sale_id).state is SaleState.REVERSED
@@ -1411,6 +1412,36 @@ async def test_a_vended_after_a_restart_mid_dispense_reaches_a_person(
         assert status == 409
         assert "went out unpaid" in answer["message"]
         await told_to_a_person(agent, sale_id, "tea")
+
+
+@pytest.mark.parametrize("said", ["vended", "failed"])
+async def test_a_restart_mid_dispense_still_hears_the_apps_result(
+    tmp_path: Path, sim_settings: Any, said: str
+) -> None:
+    """Standing rule 13: the agent restarts (same boot) while the app dispenses the tea. The
+    next start's recovery keeps the sale's dispense open to the app's report until the vend
+    timeout: a "vended" posted meanwhile is answered 202 and completes the sale (paid, no late
+    vend), a "failed" gives the money back. Before, recovery refunded at once and a "vended"
+    was a product gone out unpaid."""
+    async for first in _app(tmp_path, sim_settings, confirm_dispense=True, vend_timeout=30):
+        _, started = await first.post("/sales", {"product": "tea"})
+        sale_id = started["sale_id"]
+        await until(functools.partial(_in_state, first, sale_id, SaleState.DISPENSING))
+        await first.api.agent.sales.stop(grace=0.05)  # parked where it stands
+    async for second in _app(tmp_path, sim_settings, confirm_dispense=True, vend_timeout=30):
+        agent = second.api.agent
+        assert agent.recovery.state == "running"  # listening, the sale still dispensing
+        assert agent.journal.get(sale_id).state is SaleState.DISPENSING
+        status, _ = await second.post(f"/sales/{sale_id}/dispensed", {"status": said})
+        assert status == 202
+        await asyncio.wait_for(agent.recovery.wait(), 30)
+        final = agent.journal.get(sale_id)
+        assert final is not None
+        if said == "vended":
+            assert (final.state, final.captured_cents) == (SaleState.COMPLETED, 175)
+        else:
+            assert final.state is SaleState.REVERSED, final.message
+        assert not [s for s in agent.journal.steps(sale_id) if s.step == Step.LATE_VEND]
 
 
 def _in_state(app: App, sale_id: str, state: SaleState) -> bool:

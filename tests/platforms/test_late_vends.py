@@ -207,30 +207,88 @@ async def test_a_vend_success_after_the_controller_ended_the_vend_reaches_a_pers
         await told_to_a_person(agent, record.sale_id, "B1")
 
 
-@pytest.mark.parametrize("kind", _MACHINES)
-async def test_a_vend_success_after_a_restart_mid_dispense_reaches_a_person(
-    tmp_path: Path, sim_settings: Any, controller: VirtualController, kind: str
-) -> None:
-    """An attack on "a dispense it can no longer hear about is taken as not made": the agent
-    stops mid-dispense (SIGTERM's drain runs out: the sale is parked dispensing); the next
-    start's recovery gives the money back; then the machine says VEND,SUCCESS (the product was
-    dropping all along). Before, the new process knew no given-up vend: the success was a line
-    with no vend pending, ignored, and nobody heard of the product gone out unpaid."""
-    trigger = {**_MACHINES[kind], "port": controller.port, "vend_timeout": 30}
+async def _stopped_mid_vend(
+    tmp_path: Path, sim_settings: Any, controller: VirtualController, trigger: dict[str, Any],
+    customer: Any,
+) -> tuple[asyncio.Task[Any], SaleRecord]:
+    """``customer`` (a visit not yet started) asks for B1; once its sale is dispensing the agent
+    stops (SIGTERM's drain runs out: the sale is parked dispensing) while the controller goes on
+    vending. The visit's task and the sale, as the journal holds it."""
     async with running_agent(tmp_path, sim_settings, [trigger]) as first:
         await asyncio.wait_for(controller.wait_enabled(), 5)
-        controller.options.dispense_time = 3600.0  # the machine is still dropping it
-        visit = asyncio.create_task(controller.customer("B1"))
+        visit = asyncio.create_task(customer)
         async with asyncio.timeout(5):
             while "C,VEND,3.25" not in controller.received:
                 await asyncio.sleep(0.005)
         [record] = first.journal.query()
         await until(lambda: first.journal.get(record.sale_id).state is SaleState.DISPENSING)
         await first.sales.stop(grace=0.05)  # parked where it stands
+    return visit, record
+
+
+@pytest.mark.parametrize("kind", _MACHINES)
+@pytest.mark.parametrize("fails", [False, True], ids=["success", "failure"])
+async def test_a_restart_mid_dispense_still_hears_the_vend_result(
+    tmp_path: Path, sim_settings: Any, controller: VirtualController, kind: str, fails: bool
+) -> None:
+    """Standing rule 13 (never give up a dispense while it can still hear its result): the
+    agent restarts mid-vend on the same boot while the controller goes on vending over the same
+    adapter. The new start's recovery listens for the vend until its vend timeout, with the
+    adapter's setup held back (``C,0`` would end the controller's session): the controller's
+    VEND,SUCCESS is captured, its failure given back; nothing is a late vend. Before, recovery
+    gave the money back at once and the success became a product gone out unpaid."""
+    trigger = {**_MACHINES[kind], "port": controller.port, "vend_timeout": 30}
+    controller.options.dispense_time = 3600.0  # the machine is still dropping it
+    visit, record = await _stopped_mid_vend(tmp_path, sim_settings, controller, trigger,
+                                            controller.customer("B1", fail=fails))
+    sent = len(controller.received)
+    async with running_agent(tmp_path, sim_settings, [trigger]) as second:
+        [platform] = second.platforms
+        await until(lambda: platform.device.link.connected)
+        await asyncio.sleep(0.2)  # a setup sent on connect would be in by now
+        assert second.journal.get(record.sale_id).state is SaleState.DISPENSING
+        assert "C,0" not in controller.received[sent:]  # held back while recovery listens
+        controller.send("c,ERR,VEND 3" if fails else VEND_SUCCESS_LINE)
+        await asyncio.wait_for(second.recovery.wait(), 30)
+        final = second.journal.get(record.sale_id)
+        assert final is not None
+        if fails:
+            assert (final.state, final.captured_cents) == (SaleState.REVERSED, 0), final.message
+        else:
+            assert (final.state, final.captured_cents) == (SaleState.COMPLETED, 325), final.message
+        assert not [s for s in second.journal.steps(record.sale_id) if s.step == Step.LATE_VEND]
+        query = TransactionFilter(order_id=final.order_id)
+        rows = [t async for t in second.service.reporting.transactions(query)]
+        assert [r.status for r in rows] == (
+            [TransStatus.VOIDED] if fails else [TransStatus.CAPTURED]), rows
+        # the adapter is set up once recovery is done listening
+        await until(lambda: "C,1" in controller.received[sent:])
+    visit.cancel()  # the machine would drop its product for an hour
+
+
+@pytest.mark.parametrize("kind", _MACHINES)
+async def test_a_vend_success_after_a_restart_mid_dispense_reaches_a_person(
+    tmp_path: Path, sim_settings: Any, controller: VirtualController, kind: str
+) -> None:
+    """An attack on "a dispense it can no longer hear about is taken as not made": the agent
+    stops mid-dispense; the next start's recovery listens until the vend timeout, hears
+    nothing, gives the money back and sets the adapter up; then the machine says VEND,SUCCESS
+    (the product was dropping all along). Before, the new process knew no given-up vend: the
+    success was a line with no vend pending, ignored, and nobody heard of the product gone out
+    unpaid."""
+    trigger = {**_MACHINES[kind], "port": controller.port, "vend_timeout": 2.0}
+    controller.options.dispense_time = 3600.0  # the machine is still dropping it
+    visit, record = await _stopped_mid_vend(tmp_path, sim_settings, controller, trigger,
+                                            controller.customer("B1"))
+    sent = len(controller.received)
     async with running_agent(tmp_path, sim_settings, [trigger]) as second:
         await asyncio.wait_for(second.recovery.wait(), 30)
-        assert second.journal.get(record.sale_id).state is SaleState.REVERSED
+        final = second.journal.get(record.sale_id)
+        assert final is not None
+        assert final.state is SaleState.REVERSED
+        assert "vend timeout after the restart" in final.message, final.message
         await until(lambda: [lk.state for lk in second.health.snapshot().links] == ["connected"])
+        await until(lambda: "C,1" in controller.received[sent:])  # set up once it is over
         controller.send(VEND_SUCCESS_LINE)
         await told_to_a_person(second, record.sale_id, "B1")
     visit.cancel()  # the machine would drop its product for an hour
@@ -357,3 +415,39 @@ async def test_a_link_back_mid_vend_with_nothing_heard_gives_back_at_the_vend_ti
         await until(lambda: "C,1" in controller.received[sent:])  # set up once it is over
         controller.send(VEND_SUCCESS_LINE)
         await told_to_a_person(agent, record.sale_id, "B1")
+
+
+@pytest.mark.parametrize("fails", [False, True], ids=["success", "failure"])
+async def test_a_controller_that_disables_the_reader_mid_vend_is_still_heard(
+    tmp_path: Path, sim_settings: Any, controller: VirtualController, fails: bool
+) -> None:
+    """Standing rule 13: the controller disables the reader (``c,STATUS,DISABLED``) while the
+    approved vend is dropping. MDB's vend state is one the controller leaves only by its vend
+    result (docs/platforms.md, the MDB notes), and a reader disable does not reset it (unlike
+    ``INACTIVE``): the sale keeps waiting until its vend timeout and settles on what it hears,
+    a success captured, a failure given back; nothing is a late vend. Before, the disable gave
+    the money back at once and the success became a product gone out unpaid."""
+    trigger = {**_MACHINES["mdb"], "port": controller.port, "vend_timeout": 30}
+    async with running_agent(tmp_path, sim_settings, [trigger]) as agent:
+        await asyncio.wait_for(controller.wait_enabled(), 5)
+        controller.options.dispense_time = 1.0  # still dropping when the disable comes
+        visit = asyncio.create_task(controller.customer("B1", fail=fails))
+        async with asyncio.timeout(5):
+            while "C,VEND,3.25" not in controller.received:
+                await asyncio.sleep(0.005)
+        [record] = agent.journal.query()
+        await until(lambda: agent.journal.get(record.sale_id).state is SaleState.DISPENSING)
+        controller.send("c,STATUS,DISABLED")
+        [platform] = agent.platforms
+        await until(lambda: platform.device.status()["controller"] == "DISABLED")
+        assert agent.journal.get(record.sale_id).state is SaleState.DISPENSING
+        expected = VisitOutcome.FAILED if fails else VisitOutcome.VENDED
+        assert (await asyncio.wait_for(visit, 10)).outcome is expected
+        await until(lambda: agent.journal.get(record.sale_id).state.final)
+        final = agent.journal.get(record.sale_id)
+        assert final is not None
+        if fails:
+            assert (final.state, final.captured_cents) == (SaleState.REVERSED, 0), final.message
+        else:
+            assert (final.state, final.captured_cents) == (SaleState.COMPLETED, 325), final.message
+        assert not [s for s in agent.journal.steps(record.sale_id) if s.step == Step.LATE_VEND]

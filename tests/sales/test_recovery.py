@@ -472,3 +472,39 @@ async def test_a_capture_found_above_the_vend_at_recovery_is_put_to_a_person(
     record = agent.journal.get("crashed1")
     assert record is not None
     assert record.state is SaleState.ATTENTION
+
+
+@pytest.mark.parametrize("boot", ["fake-boot-1", "fake-boot-2"], ids=["same_boot", "rebooted"])
+async def test_a_sale_left_dispensing_is_listened_for_until_its_vend_deadline_on_this_boot(
+    agent_factory: Any, sim_factory: Any, tmp_path: Path, boot: str
+) -> None:
+    """Standing rule 13 across a restart: the vend's deadline is the journaled approval (the
+    dispense.request step, placed on the monotonic clock by the money call's send anchor) plus
+    the vend timeout. On the same boot recovery listens until then (the machine may still say
+    how the vend ended; none does here) and gives the money back at the deadline, saying so.
+    After a reboot (a power cut: the controller restarted too) there is nothing to hear: the
+    money goes back at once, as before."""
+    sim = await sim_factory(time_scale=300, transactions=0)
+    async with ServiceClient(settings_from_ready(sim.ready_info())) as service:
+        trans_id = await authorize(service, "KACRASHED1", capture=False)
+    clock = FakeClock(wall=time.time(), boot_id=boot)
+    leave_open(
+        tmp_path, state=SaleState.DISPENSING, trans_id=trans_id, authorized_cents=300,
+        product="B1", sent_at=clock.time() - 1, sent_mono=clock.monotonic() - 1,
+        sent_boot="fake-boot-1", answer_by=clock.time() + 29,
+    )
+    agent = await agent_factory(sim=sim, clock=clock)
+    listening = agent.sales.listening_after_restart("crashed1")
+    started = clock.monotonic()
+    [event] = await clock.run(agent.recovery.wait(), horizon=600)
+    assert event.state is SaleState.REVERSED
+    [row] = await rows(agent.service, "KACRASHED1")
+    assert row.status is TransStatus.VOIDED
+    if boot == "fake-boot-1":
+        assert listening is not None
+        assert "no vend result within its vend timeout after the restart" in event.message
+        # its deadline: approved a second before the start, then the vend timeout
+        assert clock.monotonic() - started >= agent.sales.vend_timeout_of("test") - 1
+    else:
+        assert listening is None
+        assert "after the restart" not in event.message
