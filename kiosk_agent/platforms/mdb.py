@@ -65,7 +65,7 @@ from kiosk_agent.sales.model import (
     SaleRequest,
     Selection,
 )
-from kiosk_agent.tasks import TaskSet
+from kiosk_agent.tasks import FirstStep, TaskSet
 
 _LOGGER = logging.getLogger(__name__)
 
@@ -642,17 +642,28 @@ class MdbCashless:
             session.move_to(Phase.AUTHORIZING)
             session.behind = None  # the sale before it let the terminal go
         self.session = session
-        self._tasks.spawn(self._run_sale(session), name=f"{self.name}:sale")
+        # The sale starts here, in the turn that heard the customer (the runner journals it and
+        # makes its task without a wait); a task of the line's own took a loop turn of the
+        # customer's wait first. A starter that does wait goes on in the task below.
+        starting = FirstStep(start_sale(self.sales, session.request, session))
+        if starting.done and starting.ended_well and (sale := starting.result()) is not None:
+            self._started(session, sale)
+        self._tasks.spawn(self._run_sale(session, starting), name=f"{self.name}:sale")
 
-    async def _run_sale(self, session: MdbSession) -> None:
+    def _started(self, session: MdbSession, sale: Any) -> None:
+        self.stats.sales_started += 1
+        session.sale_id = sale.sale_id
+        if session.phase is Phase.ABORTED:  # while the card was read: cancel it now
+            self.cancel_sale(session)
+
+    async def _run_sale(self, session: MdbSession, starting: FirstStep[Any]) -> None:
         try:
-            sale = await start_sale(self.sales, session.request, session)
+            was_done = starting.done
+            sale = await starting
             if sale is None:
                 return
-            self.stats.sales_started += 1
-            session.sale_id = sale.sale_id
-            if session.phase is Phase.ABORTED:  # while the card was read: cancel it now
-                self.cancel_sale(session)
+            if not was_done:
+                self._started(session, sale)
             # The terminal is free once the dispense outcome is known (the capture, or the money
             # given back, needs only the payments API): the next customer need not wait for it.
             await sale.terminal_released()
