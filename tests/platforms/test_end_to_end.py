@@ -349,8 +349,9 @@ async def test_a_vend_requests_sale_is_journaled_and_running_in_the_turn_its_lin
     tmp_path: Path, sim_settings: Any, controller: VirtualController
 ) -> None:
     # vend request -> approve: the customer's sale is journaled with its read-card request and
-    # its task made in the callback that read the request's line, the sale's task the first
-    # made; a task of the line's own before it took a loop turn of the customer's wait
+    # its task made in the callback that read the request's line, and no other task: a task of
+    # the line's own before it took a loop turn of the customer's wait, and the platform's task
+    # that follows the sale is made at its release, after the machine is answered
     trigger = {"platform": "mdb", "name": "front", "port": controller.port,
                "flow": "authorize_capture", "vend_timeout": 5}
     async with running_agent(tmp_path, sim_settings, [trigger]) as agent:
@@ -390,4 +391,7 @@ async def test_a_vend_requests_sale_is_journaled_and_running_in_the_turn_its_lin
             link._on_line = real_on_line
         assert visit.outcome is VisitOutcome.VENDED
         assert at_its_line == [[("reading_card", "A2")]]
-        assert made == ["SaleRunner._run", "MdbCashless._run_sale"]
+        assert made == ["SaleRunner._run"]
+        # the platform still follows the sale to its end: the session is over, the sale done
+        await until(lambda: platform.status()["session"] is None)
+        await until_final(agent, agent.journal.query()[0].sale_id)
