@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Sequence
-from typing import Any, TypeVar
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Generator, Sequence
+from typing import Any, Generic, TypeVar
 
 K = TypeVar("K")
 T = TypeVar("T")
@@ -122,6 +122,66 @@ async def read_ahead(
 
 async def _first(items: AsyncIterator[T]) -> T:
     return await anext(items)
+
+
+class FirstStep(Generic[T]):
+    """``work`` run at once, in the caller's own turn of the event loop, to its first wait;
+    awaited, what is left of it (nothing, when it ended there: ``done``, its result at once).
+
+    What a task would do a turn later, done now: a vend request's sale is journaled and its task
+    made in the turn that read the request (``platforms/mdb.py``), where a task of the line's own
+    took a turn of the customer's wait first. An error it ends with, at its first step or later,
+    is raised where it is awaited (and by :meth:`result`), as a task's would be. Sends, throws
+    and closes reach ``work`` as ``await`` passes them (PEP 380), so a cancel of the awaiting
+    task cancels it."""
+
+    __slots__ = ("_error", "_result", "_waiting_on", "_work", "done")
+
+    def __init__(self, work: Coroutine[Any, Any, T]) -> None:
+        self._work = work
+        self._result: T | None = None
+        self._error: Exception | None = None
+        self._waiting_on: Any = None
+        self.done = False
+        try:
+            self._waiting_on = work.send(None)
+        except StopIteration as ended:
+            self.done, self._result = True, ended.value
+        except Exception as err:  # noqa: BLE001 - raised where it is awaited, as a task's
+            self.done, self._error = True, err
+
+    @property
+    def ended_well(self) -> bool:
+        """It has ended, with a result (no error)."""
+        return self.done and self._error is None
+
+    def result(self) -> T:
+        """Its result once ``done``; the error it ended with is raised."""
+        if not self.done:
+            raise RuntimeError("the work has not ended")
+        if self._error is not None:
+            raise self._error
+        return self._result  # type: ignore[return-value]
+
+    def __await__(self) -> Generator[Any, Any, T]:
+        work, waiting_on = self._work, self._waiting_on
+        while not self.done:
+            try:
+                sent = yield waiting_on
+            except GeneratorExit:
+                work.close()
+                raise
+            except BaseException as thrown:  # noqa: BLE001 - a cancel: the work handles it
+                try:
+                    waiting_on = work.throw(thrown)
+                except StopIteration as ended:
+                    self.done, self._result = True, ended.value
+            else:
+                try:
+                    waiting_on = work.send(sent)
+                except StopIteration as ended:
+                    self.done, self._result = True, ended.value
+        return self.result()
 
 
 class BackgroundTask:

@@ -11,6 +11,7 @@ import pytest
 from kiosk_agent.sales.clock import FakeClock
 from kiosk_agent.tasks import (
     BackgroundTask,
+    FirstStep,
     TaskSet,
     cancel_and_wait,
     cancel_and_wait_within,
@@ -308,3 +309,79 @@ async def test_leaving_a_read_early_ends_the_sources_asked_ahead() -> None:
     assert all(s.asked for s in made)
     assert all(s.closed for s in made)
     assert not made[0].in_flight
+
+
+async def test_first_step_runs_work_that_makes_no_wait_to_its_end_in_the_callers_turn() -> None:
+    ran: list[str] = []
+
+    async def journal_and_start() -> str:
+        ran.append("started")
+        return "sale-1"
+
+    step = FirstStep(journal_and_start())
+    assert ran == ["started"]  # no loop turn has passed
+    assert step.done
+    assert step.ended_well
+    assert step.result() == "sale-1"
+    assert await step == "sale-1"
+
+
+async def test_first_step_leaves_the_rest_of_work_that_waits_to_whoever_awaits_it() -> None:
+    go = asyncio.Event()
+    ran: list[str] = []
+
+    async def waits_for_the_terminal() -> str:
+        ran.append("asked")
+        await go.wait()
+        ran.append("answered")
+        return "sale-2"
+
+    step = FirstStep(waits_for_the_terminal())
+    assert ran == ["asked"]
+    assert not step.done
+    with pytest.raises(RuntimeError, match="not ended"):
+        step.result()
+    task = asyncio.ensure_future(_awaited(step))
+    await asyncio.sleep(0)
+    go.set()
+    assert await task == "sale-2"
+    assert ran == ["asked", "answered"]
+    assert step.done
+    assert step.ended_well
+
+
+async def _awaited(step: FirstStep[str]) -> str:
+    return await step
+
+
+async def test_first_step_raises_an_error_where_it_is_awaited_as_a_task_would() -> None:
+    async def refused() -> str:
+        raise ValueError("no terminal")
+
+    step = FirstStep(refused())  # not raised here: the caller's turn goes on
+    assert step.done
+    assert not step.ended_well
+    with pytest.raises(ValueError, match="no terminal"):
+        await step
+
+
+async def test_a_cancel_of_whoever_awaits_a_first_step_reaches_the_work() -> None:
+    cleaned: list[str] = []
+
+    async def waits() -> None:
+        try:
+            await asyncio.sleep(60)
+        finally:
+            cleaned.append("cleaned")
+
+    step = FirstStep(waits())
+    task = asyncio.ensure_future(_awaited_none(step))
+    await asyncio.sleep(0)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert cleaned == ["cleaned"]
+
+
+async def _awaited_none(step: FirstStep[None]) -> None:
+    await step

@@ -71,6 +71,27 @@ class Sale:
     task: asyncio.Task[SaleEvent]
     # set once the sale no longer holds its terminal (released, or ended)
     released: asyncio.Event = dataclasses.field(default_factory=asyncio.Event)
+    # called once, as ``released`` is set (when_released)
+    _on_release: list[Callable[[], None]] = dataclasses.field(default_factory=list)
+
+    def when_released(self, callback: Callable[[], None]) -> None:
+        """Call ``callback`` once the terminal is released (at once if it is), in the call that
+        releases it: a platform that follows its sale past the release makes no task that waits
+        meanwhile (one made in the customer's vend -> approve window, and a step of it)."""
+        if self.released.is_set():
+            callback()
+        else:
+            self._on_release.append(callback)
+
+    def _released(self) -> None:
+        self.released.set()
+        callbacks, self._on_release = self._on_release, []
+        for callback in callbacks:
+            try:
+                callback()
+            except Exception:  # never a silent death, and never the release's own
+                _LOGGER.exception("sale %s: work that waited for its release failed",
+                                  self.sale_id)
 
     async def result(self) -> SaleEvent:
         """The final event of the sale."""
@@ -279,7 +300,7 @@ class SaleRunner:
             del self._holding[device]
             if not self._holding:
                 self._no_terminal_held()
-        sale.released.set()
+        sale._released()
 
     def when_no_terminal_held(self, callback: Callable[[], None]) -> None:
         """Call ``callback`` once no sale holds a terminal (at once if none does), in the call

@@ -343,3 +343,55 @@ async def test_card_first_session_timeout_voids_through_the_agent(
         # the session's end goes to the controller beside the sale's end, not before it: on a
         # loaded machine the final event came while C,STOP was still in the pty
         await until(lambda: "C,STOP" in controller.received)
+
+
+async def test_a_vend_requests_sale_is_journaled_and_running_in_the_turn_its_line_is_read(
+    tmp_path: Path, sim_settings: Any, controller: VirtualController
+) -> None:
+    # vend request -> approve: the customer's sale is journaled with its read-card request and
+    # its task made in the callback that read the request's line, and no other task: a task of
+    # the line's own before it took a loop turn of the customer's wait, and the platform's task
+    # that follows the sale is made at its release, after the machine is answered
+    trigger = {"platform": "mdb", "name": "front", "port": controller.port,
+               "flow": "authorize_capture", "vend_timeout": 5}
+    async with running_agent(tmp_path, sim_settings, [trigger]) as agent:
+        [platform] = agent.platforms
+        assert isinstance(platform, MdbPlatform)
+        link = platform.device.link
+        await asyncio.wait_for(controller.wait_enabled(), 5)
+        loop = asyncio.get_running_loop()
+        made: list[str] = []  # the coroutines made tasks of while a line is handled
+        handling = False
+
+        def factory(loop: asyncio.AbstractEventLoop, coro: Any, **kwargs: Any) -> Any:
+            if handling:
+                made.append(coro.__qualname__)
+            return asyncio.Task(coro, loop=loop, **kwargs)
+
+        at_its_line: list[list[tuple[str, str]]] = []  # the open sales once the line is handled
+        real_on_line = link._on_line
+
+        def on_line(line: str) -> None:
+            nonlocal handling
+            handling = True
+            try:
+                real_on_line(line)
+            finally:
+                handling = False
+            if line.startswith("c,STATUS,VEND,"):
+                at_its_line.append([(sale.state.value, sale.product or "")
+                                    for sale in agent.journal.open_sales()])
+
+        link._on_line = on_line
+        loop.set_task_factory(factory)
+        try:
+            visit = await controller.customer("A2")
+        finally:
+            loop.set_task_factory(None)
+            link._on_line = real_on_line
+        assert visit.outcome is VisitOutcome.VENDED
+        assert at_its_line == [[("reading_card", "A2")]]
+        assert made == ["SaleRunner._run"]
+        # the platform still follows the sale to its end: the session is over, the sale done
+        await until(lambda: platform.status()["session"] is None)
+        await until_final(agent, agent.journal.query()[0].sale_id)

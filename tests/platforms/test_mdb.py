@@ -631,3 +631,30 @@ async def test_card_first_opens_no_sale_while_out_of_service(
         await sim_call(sim, "POST", "/sim/terminals/SIM-0001/online")
         visit = await controller.card_first_customer("A1", wait=5)
         assert visit.outcome is VisitOutcome.VENDED
+
+
+async def test_a_customers_session_end_logs_no_info_line_the_controllers_first_enable_does(
+    controller: VirtualController, caplog: pytest.LogCaptureFixture
+) -> None:
+    # ENABLED after every customer is routine (the sale logs its own end): at INFO it was a
+    # line a sale, some 0.15 ms on the way to the next customer; the controller's first enable
+    # after the link came up is news, and stays at INFO
+    caplog.set_level(logging.INFO, logger="kiosk_agent.platforms.mdb")
+    machine = await make_machine(controller, vend_timeout=0.5)
+
+    def said() -> list[str]:
+        return [r.getMessage() for r in caplog.records
+                if r.name == "kiosk_agent.platforms.mdb" and r.levelno >= logging.INFO]
+
+    try:
+        # the setup's states, each said once: reset, configured, enabled
+        started = ["mdb:test: controller INACTIVE", "mdb:test: controller DISABLED",
+                   "mdb:test: controller enabled"]
+        await until(lambda: said() == started)
+        for product in ("A2", "A1", "B1"):
+            assert (await machine.controller.customer(product)).outcome is VisitOutcome.VENDED
+        finals = await asyncio.wait_for(machine.desk.settled(), 5)
+        assert [f.state for f in finals] == [SaleState.COMPLETED] * 3
+        assert said() == started  # nothing more for the three customers
+    finally:
+        await machine.device.stop()

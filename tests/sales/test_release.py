@@ -471,3 +471,25 @@ async def test_a_held_completion_waits_for_customers_at_both_terminals_and_fsync
     assert len(sent) == 1
     [row] = await ledger(agent, first.order_id)
     assert row.status is TransStatus.CAPTURED
+
+
+async def test_work_that_waits_for_a_sales_release_runs_in_the_call_that_releases_it(
+    agent: Agent, caplog: pytest.LogCaptureFixture
+) -> None:
+    # a platform follows its sale past the release without a task waiting meanwhile
+    sale = await agent.sales.start(vend(300), ScriptedDispenser())
+    heard: list[tuple[str, bool]] = []
+
+    def broken() -> None:
+        raise RuntimeError("a platform's bug")
+
+    sale.when_released(lambda: heard.append(("first", sale.released.is_set())))
+    sale.when_released(broken)
+    sale.when_released(lambda: heard.append(("second", sale.released.is_set())))
+    assert heard == []  # the card is still to be read
+    event = await asyncio.wait_for(sale.result(), 10)
+    assert event.state is SaleState.COMPLETED
+    assert heard == [("first", True), ("second", True)]  # once each, the broken one logged
+    assert "work that waited for its release failed" in caplog.text
+    sale.when_released(lambda: heard.append(("late", True)))  # released already: at once
+    assert heard[-1] == ("late", True)
