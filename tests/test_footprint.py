@@ -61,6 +61,7 @@ NOT_FOR_A_SALE = [
     # imported by the runner when a sale first runs them
     "kiosk_agent.sales.authorize_capture",
     "kiosk_agent.sales.enroll",
+    "kiosk_agent.sales.resolve",  # a person's decision on an ATTENTION sale: with admin: only
 ]
 
 
