@@ -61,10 +61,12 @@ def flow_class(flow: Flow) -> type[SaleFlow]:
         from kiosk_agent.sales.authorize_capture import AuthorizeCaptureFlow
 
         found = AuthorizeCaptureFlow
-    else:
+    elif flow is Flow.ENROLL:
         from kiosk_agent.sales.enroll import EnrollFlow
 
         found = EnrollFlow
+    else:  # a flow added to the table of states without its live sale here
+        raise ValueError(f"no live sale for flow {flow!r}")
     _FLOWS[flow] = found
     return found
 
