@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from kiosk_agent.app import NoSimulator, agent_for, build_agent, configured_service, load_agent
-from kiosk_agent.cli import contract
+from kiosk_agent.cli import contract, service_access
 from kiosk_agent.cli.sim import embedded_simulator
 from kiosk_agent.cli.virtual import simulated_machines
 from kiosk_agent.config.load import load_config
@@ -159,7 +159,7 @@ async def test_service_timeout_has_one_default_in_the_schema_the_cli_and_the_set
         (["-c", str(real_service(tmp_path))], default),
     ]:
         args = argparse.Namespace(**vars(parse_terminals(argv)))
-        async with contract.service_settings(args) as settings:
+        async with service_access.service_settings(args) as settings:
             assert settings.timeout == expected, argv
 
 

@@ -46,6 +46,9 @@ NOT_FOR_A_SALE = [
     "kiosk_agent.cli.virtual",  # the `virtual` command; a run takes its machines from cli.embedded
     "kiosk_agent.cli.sim",  # the `sim` command
     "kiosk_agent.cli.sales",  # the `sales` command: its views and exports
+    "kiosk_agent.cli.check_config",  # the `check-config` command: its warnings and summary
+    "kiosk_agent.cli.service_access",  # a service command's settings and client
+    "kiosk_agent.config.mistakes",  # a configuration's mistakes explained: a valid one has none
     "kiosk_agent.export",  # CSV/JSON exports and printed records: a run prints none
     "kiosk_agent.platforms.mdb_protocol",  # the MDB adapter's wire: only with an mdb trigger
     "kiosk_agent.admin",
@@ -55,6 +58,12 @@ NOT_FOR_A_SALE = [
     "pkgutil",  # the platform registry asks for its platform by name, lists no package
     "difflib",
     "kiosk_agent.sales.fake_clock",  # the tests' clock: sales.clock hands it to them on use
+    # flows no trigger of the configuration names (its kiosk API trigger's is charge_card):
+    # imported by the runner when a sale first runs them
+    "kiosk_agent.sales.authorize_capture",
+    "kiosk_agent.sales.enroll",
+    "kiosk_agent.sales.resolve",  # a person's decision on an ATTENTION sale: with admin: only
+    "kiosk_agent.sales.recover_sale",  # one open sale driven to an end: when a start finds one
 ]
 
 
@@ -94,12 +103,17 @@ def test_the_service_models_come_on_first_use() -> None:
     assert models.VaultAccountRequest.__module__ == "kiosk_agent.service.models.vault"
 
 
-# Declared by no module an agent is assembled from (kiosk_agent.app: the sale flows, enroll's
-# among them, and the service client): the vault's models, used by an enroll sale alone (some
-# 3 ms of a start's CPU to declare, more to build after READY=1 with a sale's models).
+# Declared by no module an agent is assembled from (kiosk_agent.app and the sale flows, enroll's
+# among them, which the runner imports when a trigger names them; and the service client): the
+# vault's models, used by an enroll sale alone (some 3 ms of a start's CPU to declare, more to
+# build after READY=1 with a sale's models).
 VAULT_MODELS = ["VaultAccountRequest", "VaultPaymentAccount"]
 MODELS_DECLARED = """\
 import json, sys, kiosk_agent.app
+from kiosk_agent.sales.runner import flow_class
+from kiosk_agent.sales.model import Flow
+for flow in Flow:
+    flow_class(flow)
 from pydantic import BaseModel
 declared, pending = [], [BaseModel]
 while pending:
@@ -178,3 +192,23 @@ def test_the_tests_clock_is_where_the_tests_take_it() -> None:
 
     assert clock.FakeClock is fake_clock.FakeClock
     assert clock.FakeClock().boot_id() == "fake-boot-1"
+
+
+def test_a_flow_a_trigger_names_is_loaded_with_the_agent_and_no_other(tmp_path: Path) -> None:
+    # the runner imports a flow's module when a sale first runs it; a flow the configuration
+    # names is imported as the agent is assembled, so its first customer does not wait for it
+    config = tmp_path / "kiosk.yaml"
+    config.write_text(
+        KIOSK_CONFIG.replace("port: 0\n", "port: 0\n    flow: authorize_capture\n")
+        % (tmp_path / "journal.db")
+    )
+    probe = (
+        "import json, sys\n"
+        "from kiosk_agent.app import load_agent\n"
+        f"agent = load_agent({str(config)!r}, systemd=False)\n"
+        "print(json.dumps(sorted(m for m in sys.modules if m.startswith('kiosk_agent.sales.'))))\n"
+    )
+    env = {**os.environ, "FOOTPRINT_SECRET": "footprint-secret-0123456789"}
+    loaded = set(json.loads(in_a_fresh_python(probe, env).stdout.splitlines()[-1]))
+    assert "kiosk_agent.sales.authorize_capture" in loaded
+    assert not {"kiosk_agent.sales.charge_card", "kiosk_agent.sales.enroll"} & loaded

@@ -53,16 +53,16 @@ from kiosk_agent.export import (
 )
 from kiosk_agent.logs import RefusalLog
 from kiosk_agent.moments import MOMENT_FORMS, MomentError, optional_timestamp, parse_moment
-from kiosk_agent.sales.attention import (
+from kiosk_agent.sales.journal import Journal, JournalError, SaleRecord
+from kiosk_agent.sales.kinds import KIND_CHOICES, SaleKind
+from kiosk_agent.sales.late_vends import late_vended
+from kiosk_agent.sales.resolve import (
     NotInAttention,
     ResolveError,
     UnknownSale,
     find_sale,
     resolve,
 )
-from kiosk_agent.sales.journal import Journal, JournalError, SaleRecord
-from kiosk_agent.sales.kinds import KIND_CHOICES, SaleKind
-from kiosk_agent.sales.late_vends import late_vended
 from kiosk_agent.sales.states import SaleState
 from kiosk_agent.sales.terminal_actions import ActionRefused, ping_terminal, print_test_receipt
 from kiosk_agent.service.errors import (

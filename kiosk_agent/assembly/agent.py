@@ -44,7 +44,7 @@ from kiosk_agent.sales.journal import (
 )
 from kiosk_agent.sales.journal_guard import DISK_WATCH_S, JournalGuard
 from kiosk_agent.sales.machine import Machine, this_machine
-from kiosk_agent.sales.model import SaleEvent
+from kiosk_agent.sales.model import Flow, SaleEvent
 from kiosk_agent.sales.owner import JournalLock
 from kiosk_agent.sales.receipts import ReceiptSettings
 from kiosk_agent.sales.recovery import Recovery
@@ -308,6 +308,8 @@ class Agent:
     # -- wiring (by app.py, before start) --------------------------------------------------------
 
     def add_platform(self, setup: PlatformSetup, conf: dict[str, Any]) -> None:
+        if conf.get("flow") is not None:  # its flow's module loaded now, not at its first sale
+            self.sales.prepare_flow(Flow(conf["flow"]))
         if conf.get("max_price") is not None:  # the runner holds every platform to it
             self.sales.limit_trigger(conf["platform"], conf.get("name"), conf["max_price"])
         if conf.get("vend_timeout") is not None:  # recovery listens that long after a restart

@@ -32,7 +32,7 @@ Handler = Callable[[argparse.Namespace], Coroutine[Any, Any, int]]
 COMMAND_MODULES: dict[str, str] = {
     "sim": "sim",
     "run": "agent",
-    "check-config": "agent",
+    "check-config": "check_config",
     "sales": "sales",
     "audit": "audit",
     "demo": "demo",

@@ -19,11 +19,11 @@ from kiosk_agent.cli.contract import (
     options,
     positive_int,
     safe_dump,
-    service_client,
     show,
     validated,
 )
 from kiosk_agent.cli.report import add_list_options, write_records
+from kiosk_agent.cli.service_access import service_client
 
 if TYPE_CHECKING:
     from pathlib import Path

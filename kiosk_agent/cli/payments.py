@@ -27,11 +27,11 @@ from kiosk_agent.cli.contract import (
     print_record,
     safe_dump,
     say,
-    service_client,
     show,
     validated,
     wants_json,
 )
+from kiosk_agent.cli.service_access import service_client
 from kiosk_agent.export import Amount as Money  # integer cents: $2.50 for people, "2.50" in JSON
 from kiosk_agent.moments import timestamp
 from kiosk_agent.money import dollars_to_cents, format_cents

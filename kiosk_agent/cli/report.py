@@ -25,9 +25,9 @@ from kiosk_agent.cli.contract import (
     options,
     parse_moment,
     positive_int,
-    service_client,
     wants_json,
 )
+from kiosk_agent.cli.service_access import service_client
 from kiosk_agent.export import (
     CsvExport,
     JsonExport,

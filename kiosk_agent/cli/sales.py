@@ -308,7 +308,7 @@ async def attention_command(args: argparse.Namespace) -> int:
 async def resolve_command(args: argparse.Namespace) -> int:
     import getpass
 
-    from kiosk_agent.sales.attention import ResolveError, resolve
+    from kiosk_agent.sales.resolve import ResolveError, resolve
 
     journal = open_journal(unit_config(args), to_write=True)
     try:

@@ -30,9 +30,9 @@ from kiosk_agent.cli.contract import (
     print_json,
     safe_dump,
     say,
-    service_client,
     wants_json,
 )
+from kiosk_agent.cli.service_access import service_client
 from kiosk_agent.service.timeouts import DEFAULT_TIMEOUT
 
 SERVICE = options(timeout=True)

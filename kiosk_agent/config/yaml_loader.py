@@ -199,131 +199,7 @@ def _read_bounded(path: Path, limit: int) -> tuple[str, os.stat_result]:
 # --------------------------------------------------------------------------- YAML syntax errors
 
 
-# PyYAML's problem -> what it means to a person, and whether indentation is the usual cause.
-_PROBLEMS: list[tuple[str, str, bool]] = [
-    (
-        "mapping values are not allowed here",
-        "a `key:` where a value was expected",
-        True,
-    ),
-    ("could not find expected ':'", "a line inside a mapping that is not `key: value`", True),
-    ("did not find expected key", "this line does not line up with its mapping", True),
-    ("did not find expected '-' indicator", "this line does not line up with its list", True),
-    ("expected <block end>", "this line does not line up with the block above it", True),
-    ("did not find expected node content", "a value is missing or misplaced", True),
-    ("found character '\\t'", "a tab character", False),
-    ("that cannot start any token", "a character that cannot start a value", False),
-    ("found undefined alias", "an alias (*name) with no anchor (&name) before it", False),
-    ("found duplicate anchor", "the same anchor (&name) is defined twice", False),
-    ("found unknown escape character", "an unknown escape in a double-quoted string", False),
-    ("expected ',' or '}'", "a { ... } mapping is not closed, or lacks a comma", False),
-    ("expected ',' or ']'", "a [ ... ] list is not closed, or lacks a comma", False),
-    ("found unexpected end of stream", "the file ends inside a quoted string", False),
-    ("expected a single document", "more than one document (---) in one file", False),
-    ("expected alphabetic or numeric character", "an anchor or alias name is missing", False),
-    ("found unhashable key", "a list or mapping used as a key", False),
-    ("could not determine a constructor", "an unknown tag (the `!name` before a value)", False),
-]
-
-# PyYAML's "while parsing a block collection" -> what a person calls it
-_CONTEXTS = {
-    "block collection": "block",
-    "block mapping": "mapping",
-    "block sequence": "list",
-    "flow mapping": "{ ... } mapping",
-    "flow sequence": "[ ... ] list",
-    "quoted scalar": "quoted string",
-    "simple key": "key",
-    "anchor": "anchor",
-    "alias": "alias",
-    "tag": "tag",
-}
-
-_FIXES = {
-    "found character '\\t'": "YAML indents with spaces only; replace the tab with spaces",
-    "that cannot start any token": "put the value in quotes",
-    "found unknown escape character": "use single quotes, or double the backslash",
-    "found unexpected end of stream": "close the quote",
-    "expected a single document": "keep one document per file",
-    "expected alphabetic or numeric character": "quote a value that starts with * or &",
-    "could not determine a constructor": "the tags are !secret, !env_var and !include",
-    "an 'alias bomb'": "write the values out, or use fewer aliases of aliases",
-    "nested more than": "flatten the structure",
-}
-
-
-def _indent(line: str) -> int:
-    return len(line) - len(line.lstrip(" "))
-
-
-def _indentation_hint(text: str, line: int, column: int) -> str | None:
-    """What probably went wrong at a structural error (0-based ``line``/``column``).
-
-    Compares the line with the nearest non-blank line above it; never quotes either line.
-    """
-    lines = text.splitlines()
-    if not 0 <= line < len(lines):
-        return None
-    here = lines[line]
-    if "\t" in here[: _indent(here) + 1]:
-        return f"line {line + 1} is indented with a tab; YAML indents with spaces only"
-    if ": " in here[:column]:  # `key: value: more`
-        return f"line {line + 1} holds a second ': '; put its value in quotes"
-    for above in range(line - 1, -1, -1):
-        stripped = lines[above].split(" #", 1)[0].strip()
-        if not stripped or stripped.startswith("#"):
-            continue
-        a, b = _indent(lines[above]), _indent(here)
-        if b > a and ":" not in stripped and not stripped.startswith("-"):
-            return (
-                f"line {above + 1} has no ':' after its key, so line {line + 1} cannot be "
-                f"indented under it"
-            )
-        if a == b:
-            return (
-                f"lines {above + 1} and {line + 1} are both indented {a} spaces; check that "
-                f"line {above + 1} ends its key with ':' and each value is on its key's line "
-                f"or indented below it"
-            )
-        return (
-            f"line {line + 1} is indented {b} spaces and line {above + 1} {a}; the keys of "
-            f"one mapping (and the items of one list) start in the same column"
-        )
-    return None
-
-
-def syntax_error(err: yaml.MarkedYAMLError, label: str, text: str) -> ConfigError:
-    """A located, plain-words :class:`ConfigError` for a YAML parse error (no quoted content)."""
-    mark = err.problem_mark or err.context_mark
-    problem = err.problem or ""
-    said = f"{err.context or ''} {problem}"
-    explained, indentation = next(
-        ((text_, indent) for key, text_, indent in _PROBLEMS if key in said),
-        (problem or "cannot be parsed", False),
-    )
-    fix = next((f for key, f in _FIXES.items() if key in said), None)
-    syntax = isinstance(err, (yaml.scanner.ScannerError, yaml.parser.ParserError))
-    kind = "YAML syntax" if syntax else "YAML"
-    if indentation and mark is not None:
-        fix = _indentation_hint(text, mark.line, mark.column)
-    context = err.context_mark
-    if (
-        context is not None
-        and mark is not None
-        and context.line != mark.line
-        and err.context
-        and err.context.startswith("while ")
-    ):
-        what = next((name for key, name in _CONTEXTS.items() if key in err.context), "block")
-        explained += f" (in the {what} that starts on line {context.line + 1})"
-    return ConfigError(
-        label,
-        mark.line + 1 if mark is not None else None,
-        "",
-        f"{kind}: {explained}",
-        fix,
-        mark.column + 1 if mark is not None else None,
-    )
+# A parse error is explained by config/mistakes.py's syntax_error (imported when one is met).
 
 
 def _unprintable(text: str, label: str) -> ConfigError | None:
@@ -457,12 +333,12 @@ def _on_libyaml(loader: type[B]) -> type[B]:
 
     A file libyaml will not read is read again by PyYAML alone, whose error (or, where the two
     disagree, whose reading) is the one used: libyaml words its mistakes otherwise, and
-    :func:`syntax_error` explains PyYAML's. So is a file with a value left out (`key:` and
-    nothing after it: libyaml places the empty value where the next line starts, PyYAML after
-    the key, and a mistake's line is the one PyYAML names), a file with a tab (libyaml takes
-    tabs where PyYAML refuses them) and one with any character beyond ASCII (a byte order mark
-    inside the text, Unicode's own line breaks: the two disagree on some). Nothing is
-    constructed before that: no error, no secret, no include is looked at twice
+    ``config.mistakes.syntax_error`` explains PyYAML's. So is a file with a value left out
+    (`key:` and nothing after it: libyaml places the empty value where the next line starts,
+    PyYAML after the key, and a mistake's line is the one PyYAML names), a file with a tab
+    (libyaml takes tabs where PyYAML refuses them) and one with any character beyond ASCII (a
+    byte order mark inside the text, Unicode's own line breaks: the two disagree on some).
+    Nothing is constructed before that: no error, no secret, no include is looked at twice
     (``tests/config/test_config_properties.py`` holds the two readings to be alike)."""
     if not yaml.__with_libyaml__:
         return loader
@@ -587,6 +463,8 @@ class _Context:
         try:
             loaded = _bounded_load(loader)
         except yaml.MarkedYAMLError as err:
+            from kiosk_agent.config.mistakes import syntax_error
+
             found = syntax_error(err, SECRETS_FILE, "")
             at = f"line {found.line}, column {found.column}" if found.line else "somewhere"
             self._secrets_error = f"{path} cannot be read at {at}: {found.message}"
@@ -637,6 +515,8 @@ class _Context:
         try:
             return _bounded_load(loader)
         except yaml.MarkedYAMLError as err:
+            from kiosk_agent.config.mistakes import syntax_error
+
             self.errors.append(syntax_error(err, label, text))
             return None
         except yaml.YAMLError:

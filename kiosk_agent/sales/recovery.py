@@ -28,16 +28,8 @@ from kiosk_agent.sales.clock import Anchor
 from kiosk_agent.sales.journal import Journal, JournalError, SaleMoved, SaleRecord
 from kiosk_agent.sales.model import DispenseOutcome, DispenseStatus, Flow, SaleEvent
 from kiosk_agent.sales.runner import SaleRunner
-from kiosk_agent.sales.states import RECOVERY_REPORTING, SaleState, Step, TransitionRefused
-from kiosk_agent.sales.steps import RESOLVE, SaleContext, SaleSteps
-from kiosk_agent.service.errors import InvalidResponseError, ServiceError
-from kiosk_agent.service.models import (
-    ChargeResultCode,
-    Interaction,
-    InteractionKind,
-    InteractionStatus,
-)
-from kiosk_agent.service.parsing import charge_card_result
+from kiosk_agent.sales.states import SaleState, Step, TransitionRefused
+from kiosk_agent.sales.steps import SaleContext, SaleSteps
 from kiosk_agent.tasks import cancel_and_wait
 
 if TYPE_CHECKING:
@@ -218,42 +210,11 @@ class Recovery:
         return events
 
     async def recover(self, steps: SaleSteps) -> SaleEvent:
-        """Drive one open sale to an end."""
-        record = steps.record
-        steps.step(Step.RECOVERY_START, detail={"state": record.state.value})
-        state = record.state
-        if state is SaleState.STARTED:
-            return steps.finish(
-                SaleState.FAILED, Step.RECOVERY_DONE, "interrupted before any payment"
-            )
-        if state is SaleState.READING_CARD:
-            await self._cancel_read(steps)
-            return steps.finish(
-                SaleState.FAILED,
-                Step.RECOVERY_DONE,
-                "interrupted while reading the card; no money moved",
-            )
-        if state is SaleState.ENROLLING:
-            return steps.finish(
-                SaleState.ATTENTION,
-                Step.RECOVERY_UNDECIDED,
-                "interrupted while saving the card; the vault or plan may exist",
-            )
-        if state is SaleState.CHARGING or (
-            state is SaleState.UNRESOLVED and record.flow == Flow.CHARGE_CARD
-        ):
-            return await self._charging(steps)
-        if state is SaleState.UNRESOLVED:
-            return await self._held_or_none(steps, "the authorization's answer was lost")
-        if state is SaleState.AUTHORIZING:
-            return await self._held_or_none(steps, "interrupted during the authorization")
-        if state is SaleState.DISPENSING:
-            return await self._dispensing(steps)
-        if state is SaleState.CAPTURING:
-            return await self._capturing(steps)
-        if state is SaleState.REVERSING:
-            return await self._reversing(steps)
-        return steps.finish(SaleState.ATTENTION, Step.RECOVERY_UNDECIDED, f"unknown state {state}")
+        """Drive one open sale to an end (sales/recover_sale.py: imported by the first sale
+        recovered, which most starts never find)."""
+        from kiosk_agent.sales.recover_sale import SaleRecoverer
+
+        return await SaleRecoverer(self.context, dispensing=self._dispensing).recover(steps)
 
     def _vend_left(self, record: SaleRecord) -> float:
         """Seconds left of the vend timeout of ``record``'s dispense, as this boot counts them;
@@ -275,7 +236,9 @@ class Recovery:
         approved = anchor.mono + min(max(0.0, asked[-1] - record.sent_at), max(0.0, window))
         return approved + self.runner.vend_timeout_of(record.source) - self.clock.monotonic()
 
-    async def _dispensing(self, steps: SaleSteps) -> SaleEvent:
+    async def _dispensing(
+        self, steps: SaleSteps, held_or_none: Callable[[SaleSteps, str], Awaitable[SaleEvent]]
+    ) -> SaleEvent:
         """Left dispensing: listened for until its vend timeout when the machine may still say
         how the vend ended (standing rule 13); then settled on what it said. Silence, or
         nothing to listen for, gives the money back as before."""
@@ -285,7 +248,7 @@ class Recovery:
         future = self.runner.listening_after_restart(record.sale_id)
         if due is None or future is None:
             self.runner.stop_listening(record.sale_id)
-            return await self._held_or_none(steps, why)
+            return await held_or_none(steps, why)
         _LOGGER.warning("sale %s: left dispensing; listening for its vend result for %.1f s",
                         record.sale_id, max(0.0, due - self.clock.monotonic()))
         try:
@@ -296,13 +259,13 @@ class Recovery:
         finally:
             self.runner.stop_listening(record.sale_id)
         if outcome is None:
-            return await self._held_or_none(
+            return await held_or_none(
                 steps, f"{why}: no vend result within its vend timeout after the restart")
         heard = {"status": outcome.status.value, "detail": outcome.detail,
                  "after_restart": True}
         if outcome.status is not DispenseStatus.VENDED:
             steps.step(Step.DISPENSE_RESULT, detail=heard)
-            return await self._held_or_none(
+            return await held_or_none(
                 steps, f"dispense {outcome.status.value} {outcome.detail} (heard after the "
                        "restart)".strip())
         # the price the vend was approved for: the price asked, within what the money holds
@@ -315,121 +278,3 @@ class Recovery:
                 "dispensed (the machine said so after the restart); paid",
                 vended_cents=cents, detail=heard)
         return await steps.capture(cents, heard)
-
-    async def _cancel_read(self, steps: SaleSteps) -> None:
-        if steps.record.interaction_id is None:
-            # sent, its answer never heard: the read may still wait for a card (lost_reads.py)
-            self.context.lost_reads.lost(steps.device, self.settings.interaction_lifetime)
-            return
-        try:
-            await self.service.terminal.cancel(steps.device, steps.record.interaction_id)
-        except ServiceError as err:
-            _LOGGER.info("sale %s: read-card not cancelled: %s", steps.record.sale_id, err)
-
-    async def _charging(self, steps: SaleSteps) -> SaleEvent:
-        """A charge-card was (maybe) sent: its interaction, then reporting, say what happened."""
-        record = steps.record
-        if record.trans_id is not None:
-            return await steps.reverse("interrupted after the charge, before the dispense")
-        if record.interaction_id is not None and record.flow == Flow.CHARGE_CARD:
-            interaction = await self._final_interaction(steps)
-            if interaction is not None:
-                return await self._charge_interaction_ended(steps, interaction)
-        # reporting is asked until the charge's journaled deadline: a charge-card still running
-        # on the terminal may yet charge
-        return await self._held_or_none(steps, "interrupted while the charge was sent")
-
-    async def _final_interaction(self, steps: SaleSteps) -> Interaction | None:
-        """The interaction's final record, polling while it is pending, until the charge's
-        journaled deadline (monotonic, re-anchored across a restart: sales/deadlines.py)."""
-        deadline = steps.answer_deadline()
-        pause = max(0.1, min(2.0, self.settings.interaction_lifetime / 100))
-        while True:
-            interaction = await steps.interaction_status(InteractionKind.CHARGE_CARD)
-            if interaction is None:
-                return None
-            if interaction.finished or self.clock.monotonic() > deadline:
-                return interaction if interaction.finished else None
-            await self.clock.sleep(min(pause, max(0.0, deadline - self.clock.monotonic())))
-
-    async def _charge_interaction_ended(
-        self, steps: SaleSteps, interaction: Interaction
-    ) -> SaleEvent:
-        if interaction.status == InteractionStatus.SUCCEEDED:
-            try:
-                result = charge_card_result(
-                    interaction, steps.record.attempt_order_id(),
-                    mid=self.service.settings.mid, currency=steps.record.currency,
-                )
-            except InvalidResponseError as err:
-                # charged, maybe, but not as asked: the sale's own order id in reporting says
-                return await self._held_or_none(steps, f"the charge's result: {err}")
-            if result is not None and result.result == ChargeResultCode.APPROVED:
-                steps.charge_found(Step.RECOVERY_CHARGED, result.trans_id, result.amount)
-                return await steps.reverse("charged while the agent was down; not dispensed")
-            if result is not None and result.result == ChargeResultCode.DECLINED:
-                return steps.finish(SaleState.DECLINED, Step.RECOVERY_DONE, "the card was declined")
-            return steps.finish(
-                SaleState.FAILED,
-                Step.RECOVERY_DONE,
-                "the card asked to retry; the customer is gone",
-            )
-        if interaction.status == InteractionStatus.CANCELLED:
-            return steps.finish(
-                SaleState.CANCELLED, Step.RECOVERY_DONE, "cancelled on the terminal"
-            )
-        return steps.finish(
-            SaleState.FAILED,
-            Step.RECOVERY_DONE,
-            f"the charge ended {interaction.status}; no money moved",
-        )
-
-    async def _held_or_none(self, steps: SaleSteps, why: str) -> SaleEvent:
-        """Money may be held: reverse it when reporting shows it, FAILED when it shows none
-        (once the money call's deadline has passed)."""
-        if steps.record.trans_id is not None:
-            return await steps.reverse(why)
-        return await steps.settle_by_reporting(why, RECOVERY_REPORTING)
-
-    async def _capturing(self, steps: SaleSteps) -> SaleEvent:
-        """The dispense was confirmed; the capture was (maybe) sent: make sure it happened."""
-        record = steps.record
-        if record.trans_id is None:
-            raise RuntimeError(f"sale {record.sale_id}: no transaction id to look up")
-        lookup = await steps.reconciler.transaction_state(record.trans_id)
-        asked = record.vended_cents or record.authorized_cents
-        # reporting naming no amount is the capture as asked; 0 is a figure: nothing taken
-        taken = asked if lookup.amount_cents is None else lookup.amount_cents
-        if lookup.captured and taken == 0:
-            return steps.captured_nothing(asked, Step.RECOVERY_UNDECIDED)
-        if lookup.captured and taken > asked:
-            return steps.captured_above("reporting shows captured", taken, asked)
-        if lookup.captured:
-            return steps.finish(
-                SaleState.COMPLETED,
-                Step.RECOVERY_DONE,
-                "dispensed and captured before the interruption",
-                captured_cents=taken,
-            )
-        if lookup.authorized:
-            return await steps.capture(record.vended_cents or record.authorized_cents)
-        return steps.finish(
-            SaleState.ATTENTION,
-            Step.RECOVERY_UNDECIDED,
-            "dispensed, but reporting shows the authorization neither open nor captured "
-            "(unreachable, or not there yet); the agent asks reporting again "
-            f"{steps.context.recheck.when()} and captures it if it is open, else a person "
-            f"decides ({RESOLVE})",
-        )
-
-    async def _reversing(self, steps: SaleSteps) -> SaleEvent:
-        record = steps.record
-        if record.trans_id is None:
-            raise RuntimeError(f"sale {record.sale_id}: no transaction id to look up")
-        lookup = await steps.reconciler.transaction_state(record.trans_id)
-        if lookup.reversed:
-            return steps.given_back(
-                Step.RECOVERY_DONE, Step.RECOVERY_UNDECIDED, f"{record.message}; given back",
-                lookup.reverse_trans_id, lookup.amount_cents, voided=not lookup.refunded,
-            )
-        return await steps.reverse(record.message or "interrupted while giving the money back")

@@ -18,14 +18,11 @@ import dataclasses
 import logging
 import sqlite3
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from typing import Any
 
 from kiosk_agent.data_class import data_class
 from kiosk_agent.money import format_cents
-from kiosk_agent.sales.authorize_capture import AuthorizeCaptureFlow
-from kiosk_agent.sales.charge_card import ChargeCardFlow
-from kiosk_agent.sales.enroll import EnrollFlow
 from kiosk_agent.sales.journal import JournalError, SaleMoved, SaleRecord
 from kiosk_agent.sales.late_vends import LateVendWatch
 from kiosk_agent.sales.live import SaleFlow
@@ -46,12 +43,33 @@ from kiosk_agent.sales.unit import OwnUnit
 
 _LOGGER = logging.getLogger(__name__)
 
-# each flow's live sale
-FLOWS: Mapping[Flow, type[SaleFlow]] = {
-    Flow.CHARGE_CARD: ChargeCardFlow,
-    Flow.AUTHORIZE_CAPTURE: AuthorizeCaptureFlow,
-    Flow.ENROLL: EnrollFlow,
-}
+# each flow's live sale, imported once a trigger names it (`SaleRunner.prepare_flow`, at the
+# agent's assembly) or a sale runs it: an agent whose triggers never name a flow does not load
+# it (docs/architecture.md, "Idle memory: tenth round")
+_FLOWS: dict[Flow, type[SaleFlow]] = {}
+
+
+def flow_class(flow: Flow) -> type[SaleFlow]:
+    """The live sale of ``flow``, its module imported on first use."""
+    found = _FLOWS.get(flow)
+    if found is not None:
+        return found
+    if flow is Flow.CHARGE_CARD:
+        from kiosk_agent.sales.charge_card import ChargeCardFlow
+
+        found = ChargeCardFlow
+    elif flow is Flow.AUTHORIZE_CAPTURE:
+        from kiosk_agent.sales.authorize_capture import AuthorizeCaptureFlow
+
+        found = AuthorizeCaptureFlow
+    elif flow is Flow.ENROLL:
+        from kiosk_agent.sales.enroll import EnrollFlow
+
+        found = EnrollFlow
+    else:  # a flow added to the table of states without its live sale here
+        raise ValueError(f"no live sale for flow {flow!r}")
+    _FLOWS[flow] = found
+    return found
 
 
 def new_ids(unit: OwnUnit) -> tuple[str, str]:
@@ -215,6 +233,11 @@ class SaleRunner:
         person acknowledges it (sales/late_vends.py). No money moves on it."""
         self.late_vends.heard(sale_id, product, source)
 
+    def prepare_flow(self, flow: Flow) -> None:
+        """A trigger's flow from its configuration: its module is imported now, at the start,
+        not in its first customer's window."""
+        flow_class(flow)
+
     def limit_trigger(self, platform: str, name: str | None, max_cents: int) -> None:
         """A trigger's ``max_price`` from its configuration: every request it sends is held to
         it here, whatever its platform passes (or forgets to)."""
@@ -279,7 +302,7 @@ class SaleRunner:
             product=request.product,
             currency=self.settings.currency,
         )
-        flow = FLOWS[request.flow](record, request, dispenser, self.context)
+        flow = flow_class(request.flow)(record, request, dispenser, self.context)
         flow.open({"source": request.source, "product": request.product})
         self._holding[device] = flow
         if not request.chosen_at_machine:  # a vend request: the customer waits from now on

@@ -212,7 +212,7 @@ RECOVERY_REPORTING = ReportingSteps(
 
 # The steps that send a money call (and write its answer_by with it).
 # what a person says happened to a sale in attention -> the state it ends the sale in
-# (`kiosk-agent sales resolve --as`, sales.attention.resolve)
+# (`kiosk-agent sales resolve --as`, sales.resolve.resolve)
 RESOLUTIONS: Mapping[str, SaleState] = {
     "captured": SaleState.COMPLETED, "reversed": SaleState.REVERSED,
 }

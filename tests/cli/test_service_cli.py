@@ -22,7 +22,7 @@ from typing import Any
 import aiohttp
 import pytest
 
-from kiosk_agent.cli import build_parser
+from kiosk_agent.cli import build_parser, service_access
 from kiosk_agent.cli import contract as cli
 from kiosk_agent.sim.server import SimServer
 
@@ -701,7 +701,7 @@ async def test_reports_need_only_the_oauth_client(
     monkeypatch.delenv("KIOSK_API_KEY")
     monkeypatch.delenv("KIOSK_MID")
     args = build_parser("report").parse_args(["report", "deposits"])
-    async with cli.service_settings(args, needs="oauth") as settings:
+    async with service_access.service_settings(args, needs="oauth") as settings:
         assert settings.api_key is None  # absent, not an empty string standing in for one
     ran = await kiosk(capsys, "report", "deposits", "--limit", "2", "--format", "csv")
     assert ran.code == 0, ran

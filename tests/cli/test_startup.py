@@ -458,7 +458,7 @@ def test_a_command_runs_with_no_parser_left(
     command's, the leaf the contract check read, the contract's shared option parsers)."""
     import gc
 
-    from kiosk_agent.cli import agent, main
+    from kiosk_agent.cli import check_config, main
 
     def parsers() -> int:
         gc.collect()
@@ -470,7 +470,7 @@ def test_a_command_runs_with_no_parser_left(
         alive.append(parsers())
         return 0
 
-    monkeypatch.setattr(agent, "check_config_command", counting)
+    monkeypatch.setattr(check_config, "check_config_command", counting)
     contract.forget_parsers()  # what earlier tests of this process built and the cache kept
     before = parsers()  # pytest's own
     assert main(["check-config", "--json", str(tmp_path / "config.yaml")]) == 0

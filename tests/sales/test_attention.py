@@ -11,9 +11,9 @@ from typing import Any
 import pytest
 
 from kiosk_agent.cli.sim import settings_from_ready
-from kiosk_agent.sales.attention import NotInAttention, ResolveError, UnknownSale, resolve
 from kiosk_agent.sales.journal import Journal
 from kiosk_agent.sales.model import Flow, money_text
+from kiosk_agent.sales.resolve import NotInAttention, ResolveError, UnknownSale, resolve
 from kiosk_agent.sales.states import SaleState, Step
 from kiosk_agent.service.client import ServiceClient
 from kiosk_agent.service.errors import ServiceUnreachableError
