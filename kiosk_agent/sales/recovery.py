@@ -292,7 +292,9 @@ class Recovery:
             outcome: DispenseOutcome | None = await self.clock.wait_for(
                 asyncio.shield(future), max(0.0, due - self.clock.monotonic()))
         except TimeoutError:
-            outcome = None
+            # a result the runner took as the deadline passed (the platform counts it settled
+            # and makes no late vend of it): settled on, not dropped as silence
+            outcome = future.result() if future.done() else None
         finally:
             self.runner.stop_listening(record.sale_id)
         if outcome is None:
