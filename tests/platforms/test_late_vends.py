@@ -266,6 +266,36 @@ async def test_a_restart_mid_dispense_still_hears_the_vend_result(
     visit.cancel()  # the machine would drop its product for an hour
 
 
+async def test_health_says_while_recovery_listens_and_the_terminal_takes_no_sale(
+    tmp_path: Path, sim_settings: Any, controller: VirtualController
+) -> None:
+    """While recovery listens for the vend a restart left (mdb, up to its vend timeout), the
+    terminal refuses every customer (TerminalBusy: recovery holds it). Before, health read
+    "ok" with the terminal available and no problem: the page, the CLI and Home Assistant
+    showed a unit ready to sell. Now a problem names the sale, its terminal and the time left,
+    until the hearing ends (here by the controller's VEND,SUCCESS: captured)."""
+    trigger = {**_MACHINES["mdb"], "port": controller.port, "vend_timeout": 30}
+    controller.options.dispense_time = 3600.0  # the machine is still dropping it
+    visit, record = await _stopped_mid_vend(tmp_path, sim_settings, controller, trigger,
+                                            controller.customer("B1"))
+    async with running_agent(tmp_path, sim_settings, [trigger]) as second:
+        [platform] = second.platforms
+        await until(lambda: platform.device.link.connected)
+        snapshot = second.health.snapshot()
+        [problem] = [p for p in snapshot.problems if "recovery listens" in p]
+        assert record.sale_id[:8] in problem, problem
+        assert "SIM-0001" in problem, problem
+        assert "no new sale" in problem, problem
+        assert snapshot.status != "ok"
+        controller.send(VEND_SUCCESS_LINE)
+        await asyncio.wait_for(second.recovery.wait(), 30)
+        final = second.journal.get(record.sale_id)
+        assert final is not None
+        assert (final.state, final.captured_cents) == (SaleState.COMPLETED, 325), final.message
+        assert not [p for p in second.health.snapshot().problems if "recovery listens" in p]
+    visit.cancel()  # the machine would drop its product for an hour
+
+
 async def test_a_new_selection_while_recovery_listens_ends_the_hearing_and_no_setup_cuts_it(
     tmp_path: Path, sim_settings: Any, controller: VirtualController
 ) -> None:
