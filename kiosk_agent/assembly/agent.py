@@ -245,6 +245,9 @@ class Agent:
         # a card wait's unsubscribe frame is sent once no customer waits for an answer
         self.service.terminal.cable.leave_when = self.sales.when_no_terminal_held
         self.recovery = Recovery(context, runner=self.sales)
+        # while it listens for a vend a restart left in flight, its terminal takes no sale
+        self.health.report_problem_of("restart hearing", self.recovery.listening_problem)
+        self.recovery.on_listening_change = self.health.problem_changed
         self.attention = AttentionSweeper(context, interval=sales_conf["attention_recheck"])
         # a step that cannot be written, a journal lost or damaged, a charge it does not hold
         self.unwritten = UnwrittenSales(self.journal, self.sales, self.recovery)

@@ -510,6 +510,12 @@ class MdbCashless:
         self.stats.vend_requests += 1
         self.facts.controller_session_open = True
         session = self.session
+        if session is None:
+            # A controller asks for the next vend only once the last one is over: a vend the
+            # last stop or crash left, which recovery still listens for, ended unheard (its
+            # money goes back now, not at its deadline; as a session's lost result does below)
+            self.late.restart_result(DispenseStatus.TIMEOUT,
+                                     "no vend result before the next selection")
         if session is None and not self.available:
             # The controller asked before it heard us leave the bus: no sale can start now.
             # (a refusal summary: a controller that keeps asking must not flood the log)
@@ -639,8 +645,13 @@ class MdbCashless:
         self.facts.reader_enabled = self.available
 
     def vend_over(self) -> None:
-        """A vend ended (its result, an abort, its vend timeout): a setup the link's return
-        held back is sent now."""
+        """A vend ended (its result, an abort, its vend timeout, or recovery done listening for
+        the one the last stop or crash left): a setup the link's return held back is sent now,
+        unless another customer's session is open (its C,0 would end that session: then it
+        comes when that session is over, :meth:`_session_over`)."""
+        session = self.session
+        if session is not None and session.phase is not Phase.ENDED:
+            return
         if self._setup_after_vend and self.link.connected and not self._stopping:
             self._setup()
 
@@ -765,6 +776,8 @@ class MdbCashless:
                 self.stats.denied += 1
                 self.stats.denied_out_of_service += 1
                 self.send(wire.deny_vend())
+        if self.session is None:
+            self.vend_over()  # a setup held back while this session was open
         self._apply_availability()  # the reader steps aside now if it was asked to
 
     def _end_session(self, reason: str) -> None:

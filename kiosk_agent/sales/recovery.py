@@ -72,8 +72,11 @@ class Recovery:
         self.recovered = 0  # of those, driven to an end
         self._released: set[str] = set()  # of those, the ones that had let their terminal go
         self.not_ours: list[str] = []  # open sales of another unit id, left as they are
-        # sale id -> the monotonic time until which its vend is listened for (left dispensing)
-        self._listening: dict[str, float] = {}
+        # sale id -> the monotonic time until which its vend is listened for (left dispensing),
+        # and its terminal (no new sale on it meanwhile: health says so, listening_problem)
+        self._listening: dict[str, tuple[float, str]] = {}
+        # told when a hearing ends (the agent: health.problem_changed, so the page hears it)
+        self.on_listening_change: Callable[[], None] | None = None
         # waited for before any money moves: False when the journal's file is found damaged
         # (core/journal_guard.py reads it whole after it opened)
         self.before_money: Callable[[], Awaitable[bool]] | None = None
@@ -105,7 +108,8 @@ class Recovery:
                 left = self._vend_left(record)
                 if left > 0:  # before the triggers start: their setup waits for it
                     self.runner.listen_after_restart(record.sale_id)
-                    self._listening[record.sale_id] = self.clock.monotonic() + left
+                    self._listening[record.sale_id] = (self.clock.monotonic() + left,
+                                                       record.terminal)
             if released_its_terminal(record, self.journal):
                 self._released.add(record.sale_id)
             else:
@@ -244,20 +248,23 @@ class Recovery:
         nothing to listen for, gives the money back as before."""
         why = "interrupted before the dispense was confirmed"
         record = steps.record
-        due = self._listening.pop(record.sale_id, None)
+        listening = self._listening.get(record.sale_id)
         future = self.runner.listening_after_restart(record.sale_id)
-        if due is None or future is None:
-            self.runner.stop_listening(record.sale_id)
+        if listening is None or future is None:
+            self._stop_listening(record.sale_id)
             return await held_or_none(steps, why)
+        due = listening[0]
         _LOGGER.warning("sale %s: left dispensing; listening for its vend result for %.1f s",
                         record.sale_id, max(0.0, due - self.clock.monotonic()))
         try:
             outcome: DispenseOutcome | None = await self.clock.wait_for(
                 asyncio.shield(future), max(0.0, due - self.clock.monotonic()))
         except TimeoutError:
-            outcome = None
+            # a result the runner took as the deadline passed (the platform counts it settled
+            # and makes no late vend of it): settled on, not dropped as silence
+            outcome = future.result() if future.done() else None
         finally:
-            self.runner.stop_listening(record.sale_id)
+            self._stop_listening(record.sale_id)
         if outcome is None:
             return await held_or_none(
                 steps, f"{why}: no vend result within its vend timeout after the restart")
@@ -278,3 +285,22 @@ class Recovery:
                 "dispensed (the machine said so after the restart); paid",
                 vended_cents=cents, detail=heard)
         return await steps.capture(cents, heard)
+
+    def _stop_listening(self, sale_id: str) -> None:
+        self.runner.stop_listening(sale_id)
+        if self._listening.pop(sale_id, None) is not None and self.on_listening_change:
+            self.on_listening_change()
+
+    def listening_problem(self) -> str | None:
+        """Health's line while recovery listens for a vend the last stop or crash left (the
+        page, the CLI and Home Assistant show it): its terminal takes no new sale until then
+        (a customer is refused: TerminalBusy). None when it listens for none."""
+        now = self.clock.monotonic()
+        shown = [f"sale {sale_id[:8]} on terminal {terminal} for {due - now:.0f} s more"
+                 for sale_id, (due, terminal) in self._listening.items()
+                 if due > now and self.runner.listening_after_restart(sale_id) is not None]
+        if not shown:
+            return None
+        return ("recovery listens for the vend result a restart left in flight (the machine may "
+                f"still say how it ended): {'; '.join(shown)}; no new sale on that terminal "
+                "until then")

@@ -266,6 +266,83 @@ async def test_a_restart_mid_dispense_still_hears_the_vend_result(
     visit.cancel()  # the machine would drop its product for an hour
 
 
+async def test_health_says_while_recovery_listens_and_the_terminal_takes_no_sale(
+    tmp_path: Path, sim_settings: Any, controller: VirtualController
+) -> None:
+    """While recovery listens for the vend a restart left (mdb, up to its vend timeout), the
+    terminal refuses every customer (TerminalBusy: recovery holds it). Before, health read
+    "ok" with the terminal available and no problem: the page, the CLI and Home Assistant
+    showed a unit ready to sell. Now a problem names the sale, its terminal and the time left,
+    until the hearing ends (here by the controller's VEND,SUCCESS: captured)."""
+    trigger = {**_MACHINES["mdb"], "port": controller.port, "vend_timeout": 30}
+    controller.options.dispense_time = 3600.0  # the machine is still dropping it
+    visit, record = await _stopped_mid_vend(tmp_path, sim_settings, controller, trigger,
+                                            controller.customer("B1"))
+    async with running_agent(tmp_path, sim_settings, [trigger]) as second:
+        [platform] = second.platforms
+        await until(lambda: platform.device.link.connected)
+        snapshot = second.health.snapshot()
+        [problem] = [p for p in snapshot.problems if "recovery listens" in p]
+        assert record.sale_id[:8] in problem, problem
+        assert "SIM-0001" in problem, problem
+        assert "no new sale" in problem, problem
+        assert snapshot.status != "ok"
+        controller.send(VEND_SUCCESS_LINE)
+        await asyncio.wait_for(second.recovery.wait(), 30)
+        final = second.journal.get(record.sale_id)
+        assert final is not None
+        assert (final.state, final.captured_cents) == (SaleState.COMPLETED, 325), final.message
+        assert not [p for p in second.health.snapshot().problems if "recovery listens" in p]
+    visit.cancel()  # the machine would drop its product for an hour
+
+
+async def test_a_new_selection_while_recovery_listens_ends_the_hearing_and_no_setup_cuts_it(
+    tmp_path: Path, sim_settings: Any, controller: VirtualController
+) -> None:
+    """An attack on the restart's hearing (mdb): while recovery listens for the vend the last
+    stop left, the controller opens a new customer's session (A2). A controller asks for the
+    next vend only once the last one is over, so the hearing ends there: the old sale's money
+    goes back now, saying why, not at the hearing's deadline. The new customer is refused
+    (recovery still holds the terminal while it gives that money back), and the setup held
+    back for the hearing waits until no session is open (its ``C,0`` would reset the
+    controller in the middle of one); the customer's next try sells. Before, the hearing ran on
+    to its deadline whatever the controller did."""
+    vend_timeout = 10.0  # the restart and the customer well within it, on a busy machine
+    trigger = {**_MACHINES["mdb"], "port": controller.port, "vend_timeout": vend_timeout}
+    controller.options.dispense_time = 3600.0  # the first vend never says how it ended
+    loop = asyncio.get_running_loop()
+    visit, old = await _stopped_mid_vend(tmp_path, sim_settings, controller, trigger,
+                                         controller.customer("B1", no_result=True))
+    left_at = loop.time()  # the old vend was approved before this: its hearing ends by then
+    visit.cancel()  # that customer is gone; the controller stays enabled
+    sent = len(controller.received)
+    async with running_agent(tmp_path, sim_settings, [trigger]) as second:
+        [platform] = second.platforms
+        await until(lambda: platform.device.link.connected)
+        assert second.journal.get(old.sale_id).state is SaleState.DISPENSING
+        assert "C,0" not in controller.received[sent:]  # held back while recovery listens
+        controller.options.dispense_time = 0.3
+        tried = await asyncio.wait_for(controller.customer("A2"), 30)
+        assert tried.outcome is VisitOutcome.DENIED  # not ABORTED: no C,0 inside it
+        await asyncio.wait_for(second.recovery.wait(), 30)
+        settled = second.journal.get(old.sale_id)
+        assert settled is not None
+        assert settled.state is SaleState.REVERSED, settled.message
+        assert "next selection" in settled.message, settled.message
+        assert loop.time() < left_at + vend_timeout  # ended by the selection, not its deadline
+        # the setup comes once no session is open; then the customer's next try sells
+        await until(lambda: "C,1" in controller.received[sent:])
+        await asyncio.sleep(2 * controller.options.enable_delay + 0.2)  # its enable sequence
+        await asyncio.wait_for(controller.wait_enabled(), 5)
+        again = await asyncio.wait_for(controller.customer("A2"), 30)
+        assert again.outcome is VisitOutcome.VENDED, controller.received[sent:]
+        [new] = [r for r in second.journal.query() if r.sale_id != old.sale_id]
+        await until(lambda: second.journal.get(new.sale_id).state.final)
+        final = second.journal.get(new.sale_id)
+        assert (final.product, final.state, final.captured_cents) == (
+            "A2", SaleState.COMPLETED, 250), final.message
+
+
 @pytest.mark.parametrize("kind", _MACHINES)
 async def test_a_vend_success_after_a_restart_mid_dispense_reaches_a_person(
     tmp_path: Path, sim_settings: Any, controller: VirtualController, kind: str

@@ -13,7 +13,7 @@ import pytest
 from kiosk_agent.cli.sim import settings_from_ready
 from kiosk_agent.sales.clock import FakeClock
 from kiosk_agent.sales.journal import Journal, SaleRecord
-from kiosk_agent.sales.model import DispenseStatus, Flow, SaleRequest, money_text
+from kiosk_agent.sales.model import DispenseOutcome, DispenseStatus, Flow, SaleRequest, money_text
 from kiosk_agent.sales.states import SaleState, Step
 from kiosk_agent.service.client import ServiceClient
 from kiosk_agent.service.models import (
@@ -508,3 +508,42 @@ async def test_a_sale_left_dispensing_is_listened_for_until_its_vend_deadline_on
     else:
         assert listening is None
         assert "after the restart" not in event.message
+
+
+async def test_a_vend_result_heard_as_the_listening_deadline_passes_is_not_dropped(
+    agent_factory: Any, sim_factory: Any, tmp_path: Path
+) -> None:
+    """An attack on the restart's hearing: the machine says VEND,SUCCESS in the very turns its
+    deadline passes. The runner took the result (``restart_vend_heard`` answered True, so the
+    platform counts it settled and makes no late vend of it), but the timeout had already
+    woken recovery. Before, recovery gave the money back as if nothing was heard ("no vend
+    result within its vend timeout"), and the product gone out unpaid reached nobody. Now a
+    result the runner took is the one recovery settles on: captured."""
+    sim = await sim_factory(time_scale=300, transactions=0)
+    async with ServiceClient(settings_from_ready(sim.ready_info())) as service:
+        trans_id = await authorize(service, "KACRASHED1", capture=False)
+    clock = FakeClock(wall=time.time(), boot_id="fake-boot-1")
+    leave_open(
+        tmp_path, state=SaleState.DISPENSING, trans_id=trans_id, authorized_cents=300,
+        product="B1", sent_at=clock.time() - 1, sent_mono=clock.monotonic() - 1,
+        sent_boot="fake-boot-1", answer_by=clock.time() + 29,
+    )
+    agent = await agent_factory(sim=sim, clock=clock)
+    started = clock.monotonic()
+    recovered = asyncio.ensure_future(agent.recovery.wait())
+    deadline = started - 1 + agent.sales.vend_timeout_of("test")
+    await until(lambda: any(abs(due - deadline) < 1.5 for due in clock.pending()))
+    [due] = [d for d in clock.pending() if abs(d - deadline) < 1.5]
+    accepted: list[bool] = []
+    success = DispenseOutcome(DispenseStatus.VENDED, 0, "B1", "vend success")
+    loop = asyncio.get_running_loop()
+    # the result comes two loop turns after the deadline's timer fired: the timer has woken
+    # the wait, recovery has not run yet
+    loop.call_soon(loop.call_soon, loop.call_soon,
+                   lambda: accepted.append(agent.sales.restart_vend_heard("crashed1", success)))
+    await clock.advance_to(due)
+    [event] = await clock.run(recovered, horizon=600)
+    assert accepted == [True]  # the runner took it: the platform makes no late vend of it
+    assert event.state is SaleState.COMPLETED, event.message
+    [row] = await rows(agent.service, "KACRASHED1")
+    assert row.status is TransStatus.CAPTURED
