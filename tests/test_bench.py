@@ -388,3 +388,27 @@ async def test_the_hardware_benchs_controller_answers_across_a_process_boundary(
         loop.remove_reader(adapter)
         os.close(adapter)
         await controller.stop()
+
+
+async def test_a_background_load_runs_its_busy_processes_at_their_level_and_ends_them() -> None:
+    """bench/agent.py --background-load N: N processes busy on the CPU at the nice level asked
+    while entered, none left once left; the load the sales saw is sampled and averaged."""
+    bench = _bench_module("agent")
+    with bench.BackgroundLoad(2, nice=19) as load:
+        pids = [process.pid for process in load.processes]
+        assert len(pids) == 2
+        stats: list[list[str]] = []
+        # after the ")": state is field 3, utime 14 and nice 19 (man 5 proc), from 3 on here
+        for _ in range(100):  # each sets its level as it starts: a busy one has used the CPU
+            stats = [Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split() for p in pids]
+            if all(int(fields[16]) == 19 and int(fields[11]) > 0 for fields in stats):
+                break
+            await asyncio.sleep(0.05)
+        assert [int(fields[16]) for fields in stats] == [19, 19]
+        assert all(int(fields[11]) > 0 for fields in stats)  # user time: they are busy
+        async with bench.load_sampled(every_s=0.01) as seen:
+            await asyncio.sleep(0.05)
+    assert load.processes == []
+    assert not any(Path(f"/proc/{pid}").exists() for pid in pids)
+    assert seen["runnable_during_sales"] >= 1  # the sampler itself at least
+    assert seen["load_average_during_sales"] >= 0

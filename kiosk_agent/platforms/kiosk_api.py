@@ -340,6 +340,8 @@ class KioskApi:
     def __init__(self, agent: Any, config: dict[str, Any]) -> None:
         self.agent = agent
         self.config = config
+        # the flow of a sale that names none (most): made once, not an enum lookup a sale
+        self._default_flow = Flow(config["flow"])
         self.name = instance_name(config, "kiosk")
         self._token_digest = hashlib.sha256(config["token"].encode()).digest()
         self._latest: OrderedDict[str, SaleEvent] = OrderedDict()
@@ -585,7 +587,8 @@ class KioskApi:
         if product is not None and not isinstance(product, str):
             raise BadRequest("product", "expected a string")
         _plain("product", product, MAX_PRODUCT_CHARS)  # shown to people: page, CLI, receipts
-        flow = self._flow(body.get("flow"))
+        asked = body.get("flow")
+        flow = self._default_flow if asked is None else self._flow(asked)
         customer, plan = _enrollment(body, flow)
         amount = self._amount(body, product, products, flow, plan)
         terminal = body.get("terminal", self.config.get("terminal"))
@@ -610,8 +613,6 @@ class KioskApi:
         )
 
     def _flow(self, value: Any) -> Flow:
-        if value is None:
-            return Flow(self.config["flow"])
         try:
             return Flow(value)
         except ValueError:

@@ -569,15 +569,22 @@ class InteractionHandle:
         """
         if self.last is not None and self.last.finished:
             return self.last
-        if timeout is None:  # bounded by the caller (a sale's card wait): no bound of its own
-            return await self._wait()
-        try:
-            async with asyncio.timeout(timeout):
-                return await self._wait()
-        except TimeoutError:
-            raise TimeoutError(
-                f"{self.kind.value} {self.interaction_id} still pending after {timeout} s"
-            ) from None
+        if timeout is not None:
+            try:
+                async with asyncio.timeout(timeout):
+                    return await self.wait()
+            except TimeoutError:
+                raise TimeoutError(
+                    f"{self.kind.value} {self.interaction_id} still pending after {timeout} s"
+                ) from None
+        # bounded by the caller (a sale's card wait): no bound of its own, and the socket's
+        # wait awaited here, not in a coroutine between: each wake-up of a card wait resumes
+        # every coroutine it waits in (one frame fewer, two Python calls a sale)
+        if self._terminal.settings.websocket:
+            record = await self._wait_on_socket()
+            if record is not None:
+                return record
+        return await self._poll()
 
     async def refresh(self) -> Interaction:
         """Ask the status endpoint now."""
@@ -589,13 +596,6 @@ class InteractionHandle:
         return record
 
     # -- the wait ------------------------------------------------------------------------------
-
-    async def _wait(self) -> Interaction:
-        if self._terminal.settings.websocket:
-            record = await self._wait_on_socket()
-            if record is not None:
-                return record
-        return await self._poll()
 
     async def _wait_on_socket(self) -> Interaction | None:
         """The finished record, or None to poll for the rest of the wait."""
@@ -654,8 +654,13 @@ class InteractionHandle:
         subscription = await cable.subscribe(self.identifier)
         self.socket_connects += 1
         try:
+            loop = asyncio.get_running_loop()
             while True:
-                frame = await self._next_frame(subscription)
+                # the lifetime is read afresh for every frame (the first record tells the real
+                # one); read here, not in a coroutine of its own resumed at each frame
+                if self._expiry <= loop.time():
+                    raise _LifetimeOver
+                frame = await subscription.next(self._expiry)
                 try:
                     record = parse_interaction(
                         frame["message"], what="interaction over WebSocket",
@@ -673,12 +678,6 @@ class InteractionHandle:
             raise
         finally:
             await cable.unsubscribe(subscription)
-
-    async def _next_frame(self, subscription: Subscription) -> Frame:
-        # The lifetime is read afresh for every frame: the first record tells the real one.
-        if self._expiry <= asyncio.get_running_loop().time():
-            raise _LifetimeOver
-        return await subscription.next(self._expiry)
 
     def _note(self, record: Interaction) -> None:
         """Keep the latest record and learn the real lifetime from it."""

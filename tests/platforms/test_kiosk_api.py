@@ -1447,3 +1447,26 @@ async def test_a_restart_mid_dispense_still_hears_the_apps_result(
 def _in_state(app: App, sale_id: str, state: SaleState) -> bool:
     record = app.api.agent.journal.get(sale_id)
     return record is not None and record.state is state
+
+
+def test_a_sale_that_names_no_flow_takes_the_configured_one_without_an_enum_lookup() -> None:
+    """Most sales name no flow: the configured one is made once with the API, not looked up
+    by value at each sale (the enum's __call__ and __new__, and _flow: three Python calls a
+    sale); a flow named in the body is still checked, and a wrong one refused."""
+    from kiosk_agent.platforms.kiosk_api import BadRequest
+    from kiosk_agent.sales.model import Flow
+    from tests.helpers import PythonCalls
+
+    config = PLATFORM_SCHEMA({
+        "platform": "kiosk_api", "token": TOKEN, "products": {"coffee": "2.50"},
+        "flow": "authorize_capture",
+    })  # fmt: skip
+    api = KioskApi(None, config)
+    with PythonCalls() as calls:
+        request = api._sale_request({"product": "coffee"})
+    assert request.flow is Flow.AUTHORIZE_CAPTURE
+    assert request.amount_cents == 250
+    assert not {"__call__", "__new__", "_flow"} & set(calls), calls
+    assert api._sale_request({"product": "coffee", "flow": "charge_card"}).flow is Flow.CHARGE_CARD
+    with pytest.raises(BadRequest, match="expected one of"):
+        api._sale_request({"product": "coffee", "flow": "barter"})

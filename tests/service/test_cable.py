@@ -294,3 +294,37 @@ async def test_a_second_reader_at_once_is_refused_not_left_stranded() -> None:
         await asyncio.wait_for(subscription.next(loop.time() + 60), 5)
     subscription.put({"message": "one"})
     assert await asyncio.wait_for(first, 5) == {"message": "one"}
+
+
+async def test_a_card_wait_resumes_three_coroutines_of_the_handle_at_each_wake_up(
+    service: ServiceClient,
+) -> None:
+    """A sale's card wait (no bound of its own: the sale bounds it) waits in the handle's
+    wait, its socket's wait and the socket session: each wake-up (a frame, a record) resumes
+    those three and no more. It went through two coroutines more (``_wait`` between the wait
+    and the socket's, ``_next_frame`` around each frame's read), two Python calls each a sale."""
+    import inspect
+    import sys
+    import types
+
+    handle = await service.terminal.charge_card(READER, 1000)
+    resumed: list[str] = []
+    mine = {
+        code for name, member in vars(type(handle)).items()
+        if inspect.iscoroutinefunction(member) and (code := getattr(member, "__code__", None))
+    }  # fmt: skip
+
+    def seen(frame: types.FrameType, event: str, _arg: object) -> None:
+        if event == "call" and frame.f_code in mine:
+            resumed.append(frame.f_code.co_name)
+
+    sys.setprofile(seen)
+    try:
+        interaction = await handle.wait()
+    finally:
+        sys.setprofile(None)
+    assert interaction.status is InteractionStatus.SUCCEEDED
+    assert handle.via == "websocket"
+    wake_ups = resumed.count("wait")
+    assert wake_ups >= 2  # the call, then at least the record's wake-up
+    assert resumed == ["wait", "_wait_on_socket", "_follow_socket"] * wake_ups, resumed

@@ -222,3 +222,32 @@ def test_a_429_now_and_then_among_many_answers_is_not_a_storm() -> None:
             limiter.succeeded()
         now[0] += 0.5
     assert (limiter.storms, limiter.rate) == (0, 20)
+
+
+async def test_a_request_with_a_token_there_and_nobody_in_line_takes_no_lock() -> None:
+    """Every terminal call of a kiosk's sale finds a token and nobody waiting: it takes the
+    token without entering the lock (its acquire, release and wake-up look were five Python
+    calls a request); one that finds a caller in line queues behind it, in order."""
+    from tests.helpers import PythonCalls
+
+    now = [0.0]
+    limiter = RateLimiter(rate=50, burst=1, clock=lambda: now[0])
+    with PythonCalls() as calls:
+        await limiter.acquire()
+    # (the test's clock is a lambda, called at each look: not counted)
+    calls = [name for name in calls if name != "<lambda>"]
+    assert calls == ["acquire", "_take", "_rate_at", "take", "wait", "spend"], calls
+    first = asyncio.ensure_future(limiter.acquire())  # no token: in line, holding the lock
+    await asyncio.sleep(0)
+    now[0] = 0.02  # a token now, but the first in line takes it
+    second = asyncio.ensure_future(limiter.acquire())
+    await asyncio.sleep(0)
+    assert not second.done()
+    await asyncio.wait_for(first, 5)
+    assert not second.done()  # in line behind the first: the token was the first's
+    now[0] = 0.04
+    await asyncio.wait_for(second, 5)
+    now[0] = 1.0  # the bucket full again (a second on: no float edge at one token)
+    with PythonCalls() as calls:
+        await limiter.acquire()
+    assert "__aenter__" not in calls  # the line is empty again
