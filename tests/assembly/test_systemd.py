@@ -122,6 +122,37 @@ def test_the_units_environment_keeps_a_worker_threads_allocations_on_the_main_ar
     assert under_the_unit.stdout.strip() == "main"
 
 
+@pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="glibc's thread cache")
+def test_the_units_environment_gives_freed_blocks_back_to_the_heap() -> None:
+    """glibc keeps up to seven freed blocks of each size to 1 KiB in a cache of the thread's
+    own, for that size only (still counted in use): what the start freed stayed there, some
+    180 KB of an idle agent. Under the unit's environment a freed block is the heap's again."""
+    probe = (
+        "import ctypes\n"
+        "class Info(ctypes.Structure):\n"
+        "    _fields_ = [(name, ctypes.c_size_t) for name in 'arena ordblks smblks hblks hblkhd"
+        " usmblks fsmblks uordblks fordblks keepcost'.split()]\n"
+        "libc = ctypes.CDLL(None)\n"
+        "libc.malloc.restype = ctypes.c_void_p\n"
+        "libc.free.argtypes = [ctypes.c_void_p]\n"
+        "libc.mallinfo2.restype = Info\n"
+        "blocks = [libc.malloc(1000) for _ in range(7)]\n"
+        "libc.malloc(1000)  # between the blocks and the heap's top: freed, they stay in it\n"
+        "in_use = libc.mallinfo2().uordblks\n"
+        "for block in blocks:\n"
+        "    libc.free(block)\n"
+        "print(in_use - libc.mallinfo2().uordblks)\n"
+    )
+    environment = {k: v for k, v in os.environ.items() if k != "GLIBC_TUNABLES"}
+    as_by_hand = subprocess.run([sys.executable, "-c", probe], env=environment,
+                                capture_output=True, text=True, check=True, timeout=60)
+    assert int(as_by_hand.stdout) < 1000  # what the unit's setting is for: all seven cached
+    under_the_unit = subprocess.run([sys.executable, "-c", probe],
+                                    env={**environment, **_unit_environment()},
+                                    capture_output=True, text=True, check=True, timeout=60)
+    assert int(under_the_unit.stdout) >= 7 * 1000
+
+
 @pytest.mark.slow(seconds=3)
 async def test_the_agent_sells_under_the_units_environment(
     sim_factory: Any, tmp_path: Path
