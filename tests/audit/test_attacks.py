@@ -397,3 +397,42 @@ def test_a_real_files_blocks_rewritten_read_the_same_and_its_faults_are_named(
         figures = figures_of(parse_audit(render_audit(blank, line_end=line_end)))
         assert figures.cashless is not None
         assert figures.cashless.since_init is None
+
+
+# any element of a real file's block made malformed (a sign, a decimal point where a count is,
+# 16 digits, a letter, a byte a machine's firmware garbled, nothing), the file rewritten with a
+# good G85 so the check vouches for it as the machine's own
+_MALFORMED = st.sampled_from([
+    "", "-1", "9" * 16, "1.5", "x", "\xff", " 1", "1e3", "0x10", "\x00", "1,5", "+1", "\t",
+    "99999999999", ".5", "EUR", "1 2",
+]) | st.text(st.characters(max_codepoint=255, exclude_characters="*\r\n"), max_size=8)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.sampled_from(_REAL), st.data(), _MALFORMED)
+def test_a_real_file_with_any_element_malformed_is_read_or_refused_naming_its_line_and_field(
+    path, data, malformed
+):
+    body = [(s.tag, *s.elements) for s in parse_audit(path.read_bytes()).body()]
+    at = data.draw(st.integers(0, len(body) - 1))
+    block = list(body[at])
+    position = data.draw(st.integers(1, len(block) + 1))
+    block += [""] * (position + 1 - len(block))
+    block[position] = malformed
+    body[at] = tuple(block)
+    line = at + 3  # after DXS and ST
+    refused: AuditError | None = None
+    try:
+        audit = parse_audit(render_audit(body))
+    except AuditError as err:
+        refused = err
+    if refused is None:  # read: the block is kept as sent, at its line
+        kept = audit.segments[at + 1]
+        assert (kept.line, kept.tag, kept.elements) == (line, block[0], tuple(block[1:]))
+        return
+    # the line changed and its block's field (VA102: the second element of VA1); or, where the
+    # change made it a second block of a kind stated once, both lines
+    assert str(refused) == f"line {refused.line}, {refused.field}: {refused.problem}"
+    assert refused.field.startswith(block[0]), refused
+    assert line == refused.line or f"(the first on line {line})" in refused.problem, refused
+    assert refused.problem.strip(), refused
