@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import IO, Any, Protocol
 
 from kiosk_agent.platforms import mdb_protocol as wire
+from kiosk_agent.sales.clock import SYSTEM_CLOCK, Clock
 from kiosk_agent.sim.machine_books import MachineBooks, dex_port
 from kiosk_agent.tasks import TaskSet
 
@@ -109,9 +110,13 @@ class VirtualController:
     wire and play the agent's side with ``feed``: no pty, no socket."""
 
     def __init__(
-        self, options: ControllerOptions | None = None, *, seed: int | None = None
+        self, options: ControllerOptions | None = None, *, seed: int | None = None,
+        clock: Clock = SYSTEM_CLOCK,
     ) -> None:
         self.options = options or ControllerOptions()
+        # what the product's drop takes (``dispense_time``) is waited on it: a test's FakeClock
+        # holds a product dropping for as long as the test needs (a link glitched mid-vend)
+        self.clock = clock
         self.status = Status.INACTIVE
         self.visits: list[Visit] = []
         self.received: list[str] = []  # every line the agent sent, for tests and the live view
@@ -571,7 +576,7 @@ class VirtualController:
             return
         visit.approved_cents = amount
         self._notify("approved", visit)
-        await asyncio.sleep(self.options.dispense_time)
+        await self.clock.sleep(self.options.dispense_time)
         if self._epoch != epoch:
             self._close_visit(visit, VisitOutcome.ABORTED)
         elif no_result:
