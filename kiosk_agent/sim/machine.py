@@ -647,10 +647,9 @@ class VirtualController:
             await asyncio.sleep(self._rng.uniform(*gap))
             if self.closing.is_set():
                 return
+            if self.stock and not any(self.stock.values()):
+                await self._refilled()  # every column sold out: the tech comes first
             products = self.in_stock()
-            if not products:  # every column sold out: the tech comes before the next customer
-                await self._refilled()
-                continue
             product: str | None = self._rng.choice(products)
             fail = self._rng.random() < fail_rate
             if card_first and self._rng.random() < walk_away_rate:
