@@ -84,6 +84,13 @@ async def _dropping(machine_clock: FakeClock) -> None:
     await machine_clock.next_due(pauses_only=False, real_timeout=30)
 
 
+async def _vend_timeout_waits(clock: FakeClock, seconds: float) -> None:
+    """Until the sale waits for its vend result on the agent's clock (its vend timeout due
+    ``seconds`` from now): moving the clock before that would move it past nothing."""
+    due = clock.monotonic() + seconds
+    await until(lambda: any(abs(at - due) < 1e-6 for at in clock.pending()))
+
+
 async def _dropped(machine_clock: FakeClock) -> None:
     """The product being dropped is out (the machine's drop time passed on its clock)."""
     await machine_clock.advance_to(await machine_clock.next_due(pauses_only=False,
@@ -105,6 +112,7 @@ async def test_a_vend_success_after_the_vend_timeout_reaches_a_person(
         await _dropping(controller.clock)
         [record] = agent.journal.query()
         await until(lambda: agent.journal.get(record.sale_id).state is SaleState.DISPENSING)
+        await _vend_timeout_waits(clock, 0.5)
         await clock.advance(0.5)  # the vend timeout: the money goes back
         await until(lambda: agent.journal.get(record.sale_id).state.final)
         assert agent.journal.get(record.sale_id).state is SaleState.REVERSED
@@ -379,6 +387,7 @@ async def test_a_link_back_mid_vend_with_nothing_heard_gives_back_at_the_vend_ti
         assert (await asyncio.wait_for(visit, 10)).outcome is VisitOutcome.NO_RESULT
         assert agent.journal.get(record.sale_id).state is SaleState.DISPENSING
         assert "C,0" not in controller.received[sent:]  # held back while it waits
+        await _vend_timeout_waits(clock, 1.5)
         await clock.advance(1.5)  # the vend timeout, nothing heard: the money goes back
         await until(lambda: agent.journal.get(record.sale_id).state.final)
         assert agent.journal.get(record.sale_id).state is SaleState.REVERSED
