@@ -381,17 +381,11 @@ def parse_audit(data: bytes | str) -> AuditFile:
     lines = _split_lines(audit)
     envelope = _Envelope.read(lines)
     fields = _Fields(_places(envelope.body))
-    draft = _Draft()
-    first_of: dict[str, int] = {}  # each block stated once: its line
-    for segment in envelope.body:
-        tag = segment.tag
-        reader = _READERS.get(tag)
-        if reader is None:
-            draft.other.append(segment)
-            continue
-        if tag in _ONCE and first_of.setdefault(tag, segment.line) != segment.line:
-            raise _repeated(segment, first_of[tag], "the file")
-        reader(draft, fields, segment)
+    draft = _read_body(envelope.body, fields, frozenset())
+    if draft.unusable:  # read again without every copy of a block stated twice that is not used
+        repeated = draft.unusable
+        draft = _read_body(envelope.body, fields, frozenset(repeated))
+        draft.unusable = repeated
     return AuditFile(
         sender=envelope.sender,
         version=envelope.version,
@@ -418,8 +412,28 @@ def parse_audit(data: bytes | str) -> AuditFile:
         event_counts=tuple(draft.event_counts),
         reads=draft.reads,
         other=tuple(draft.other),
-        notes=around + envelope.notes,
+        notes=around + envelope.notes + tuple(note for _, note in draft.unusable.values()),
     )
+
+
+def _read_body(body: Iterable[Segment], fields: _Fields, skip: frozenset[_Where]) -> _Draft:
+    """The blocks read into a draft. A block the comparison uses stated twice where EVA-DTS has
+    it once is malformed (``AuditError``); any other one is noted in ``unusable`` (read again
+    with it in ``skip``: every copy kept as sent, none read)."""
+    draft = _Draft(skip=skip)
+    skipped = {tag for tag, column in skip if not column}  # the file's, by tag alone
+    first_of: dict[str, int] = {}  # each block stated once: its line
+    for segment in body:
+        tag = segment.tag
+        reader = _READERS.get(tag)
+        if reader is None or tag in skipped:
+            draft.other.append(segment)
+            continue
+        if tag in _ONCE and first_of.setdefault(tag, segment.line) != segment.line:
+            draft.repeated(segment, first_of[tag], "")
+            continue
+        reader(draft, fields, segment)
+    return draft
 
 
 def _unwrapped(raw: bytes) -> tuple[bytes, tuple[str, ...]]:
@@ -775,6 +789,10 @@ def _repeated(segment: Segment, first: int, where: str) -> AuditError:
     )
 
 
+# A block stated once a file (its tag, "") or once a column (its tag, the column).
+_Where = tuple[str, str]
+
+
 def _field_error(segment: Segment, position: int, problem: str) -> AuditError:
     return AuditError(segment.line, f"{segment.tag}{position:02d}", problem)
 
@@ -806,6 +824,21 @@ class _Draft:
     event_counts: list[EventCount] = field(default_factory=list)
     reads: Reads | None = None
     other: list[Segment] = field(default_factory=list)
+    # blocks stated twice that the comparison does not use: none of their copies is read
+    skip: frozenset[_Where] = frozenset()
+    unusable: dict[_Where, tuple[int, str]] = field(default_factory=dict)  # first line, a note
+
+    def repeated(self, segment: Segment, first: int, column: str) -> None:
+        """A second ``segment`` where EVA-DTS has one (a file's, or ``column``'s): malformed
+        when the comparison uses it; otherwise noted, and no copy of it is read."""
+        tag = segment.tag
+        where = f"column {column}" if column else "the file"
+        if tag in _USED:
+            raise _repeated(segment, first, where)
+        self.unusable.setdefault((tag, column), (first, (
+            f"{_repeated(segment, first, where)}; no {tag} of {where} is read (the comparison "
+            "does not use it)"
+        )))
 
     def cashless_device(self, tag: str) -> Cashless:
         device = tag[:2]
@@ -820,9 +853,13 @@ class _Draft:
             self.other.append(segment)
             return
         product = self.products[-1]
+        if self.skip and (segment.tag, product["column"]) in self.skip:
+            self.other.append(segment)
+            return
         first = product.setdefault(segment.tag, segment.line)
         if first != segment.line:
-            raise _repeated(segment, first, f"column {product['column']}")
+            self.repeated(segment, first, product["column"])
+            return
         product[key] = value
 
 
@@ -1063,6 +1100,11 @@ for _device in ("DA", "DB"):
 # second one is malformed. PA2-PA5 are once a column (``_Draft.update_product``), PA1 once a
 # column id, PA7 once a column, payment device and price list; LA1, EA1, EA2 repeat.
 _ONCE = frozenset(_READERS) - {"PA1", "PA2", "PA3", "PA4", "PA5", "PA7", "LA1", "EA1", "EA2"}
+# Of those, and of PA2-PA5, the blocks the unit uses (books.figures_of: the machine, the amounts'
+# places, the totals, the cashless devices' sales, a column's paid vends): one stated twice makes
+# the file unreadable. Any other one stated twice is noted and none of its copies is read
+# (docs/audit.md, "A block stated twice").
+_USED = frozenset({"ID1", "ID4", "VA1", "CA2", "DA2", "DB2", "PA2"})
 
 # Tags that need no check of their form (the regex is for the others: a maker's own blocks).
 _KNOWN_TAGS = frozenset(_READERS) | _ENVELOPE | {"DXE"}

@@ -31,7 +31,7 @@ Verdict = Literal["match", "mismatch", "not_compared"]
 class Change:
     """One difference between a read and the read before it."""
 
-    kind: Literal["reset", "reinitialised", "price", "added", "removed", "machine"]
+    kind: Literal["reset", "reinitialised", "price", "added", "removed", "machine", "device"]
     text: str
     column: str = ""
 
@@ -44,6 +44,9 @@ def changes(before: Figures, after: Figures) -> list[Change]:
     found: list[Change] = []
     if before.machine and after.machine and before.machine != after.machine:
         found.append(Change("machine", f"machine serial {before.machine!r} -> {after.machine!r}"))
+    if before.cashless_device != after.cashless_device:
+        found.append(Change("device", f"cashless device {_cashless_block(before)} -> "
+                            f"{_cashless_block(after)}"))
     for block, old, new in _blocks(before, after):
         if old is None or new is None:
             continue
@@ -68,11 +71,10 @@ def changes(before: Figures, after: Figures) -> list[Change]:
 
 
 def _blocks(before: Figures, after: Figures) -> list[tuple[str, Counters | None, Counters | None]]:
-    return [
-        ("VA1 paid vends", before.paid, after.paid),
-        ("CA2 cash", before.cash, after.cash),
-        (f"{_cashless_block(after)} cashless", before.cashless, after.cashless),
-    ]
+    blocks = [("VA1 paid vends", before.paid, after.paid), ("CA2 cash", before.cash, after.cash)]
+    if before.cashless_device == after.cashless_device:  # two devices' counters say nothing
+        blocks.append((f"{_cashless_block(after)} cashless", before.cashless, after.cashless))
+    return blocks
 
 
 def _cashless_block(read: Figures) -> str:
@@ -163,7 +165,8 @@ class Comparison:
     columns: tuple[ColumnDifference, ...] = ()
     reason: str = ""  # why it was not compared
     currency: str = "USD"
-    # why it was not compared, for programs: "reinitialised", "machine", "no_counters", "unsent"
+    # why it was not compared, for programs: "reinitialised", "machine", "no_counters", "unsent",
+    # "device" (the cashless device compared is not the read before's)
     cause: str = ""
     # columns whose PA7 for the cashless device sent no counts: not compared per column
     unsent_columns: tuple[str, ...] = ()
@@ -246,6 +249,8 @@ _NOT_COMPARED_TODO = {
                "compares from this one",
     "unsent": "set the machine's audit to a full one with the cashless device's counters since "
               "initialisation (not since-reset only)",
+    "device": "set dex: cashless_device to the device the unit is on the machine's bus (DA: 1, "
+              "DB: 2): the next read compares from this one",
     "no_counters": "set the machine's audit to a full one with the cashless device's counters "
                    "since initialisation (not since-reset only)",
 }
@@ -284,8 +289,13 @@ def _cashless_difference(before: Figures, after: Figures) -> tuple[Tally | None,
         return None, "machine", (
             f"another machine answered ({before.machine!r} then {after.machine!r})"
         )
-    old, new = before.cashless, after.cashless
     block = f"{_cashless_block(after)} (cashless)"
+    if before.cashless_device != after.cashless_device:
+        return None, "device", (
+            f"the cashless device compared changed: {_cashless_block(before)} (cashless) then "
+            f"{block}: the counters of two devices cannot be subtracted"
+        )
+    old, new = before.cashless, after.cashless
     if old is None or new is None:
         return None, "no_counters", f"a read has no {block} counters"
     if old.since_init is None or new.since_init is None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, Protocol
 
 from kiosk_agent.config.load import schema_built_on_read
@@ -48,6 +48,11 @@ class SimulatedMachine(Protocol):
     def close(self) -> None: ...
 
     async def stop(self) -> None: ...
+
+    def stock_columns(
+        self, capacity: Mapping[str, int],
+        before_refill: Callable[[], Awaitable[None]] | None = None,
+    ) -> None: ...
 
     def tally(self) -> Mapping[str, int]: ...
 
@@ -118,6 +123,9 @@ async def async_setup_platform(agent: Any, config: dict[str, Any]) -> VirtualPla
         seed=config.get("seed"),
     )
     await controller.start()
+    planogram = _planogram_of(agent, source)
+    if planogram:  # its columns hold what the `dex:` section reading it says they hold
+        controller.stock_columns(planogram, _tech_refills(agent))
     options = MdbOptions(
         source=source,
         mode=mode,
@@ -145,6 +153,31 @@ async def async_setup_platform(agent: Any, config: dict[str, Any]) -> VirtualPla
             cash_rate=config["cash_rate"],
         )
     return platform
+
+
+def _planogram_of(agent: Any, source: str) -> Mapping[str, int]:
+    """The capacity per column of the `dex:` section that reads this machine (``port:
+    virtual:NAME``), or nothing."""
+    config = getattr(agent, "config", None)
+    dex = config.get("dex") if config is not None else None
+    if not dex or str(dex.get("port", "")) not in (source, source.removeprefix("virtual:")):
+        return {}
+    return dict(dex.get("planogram") or {})
+
+
+def _tech_refills(agent: Any) -> Callable[[], Awaitable[None]]:
+    """What the virtual machine's tech does before filling every column: read the machine's
+    books, then record the refill (``kiosk-agent audit fill --all``), as docs/audit.md asks."""
+
+    async def refill() -> None:
+        books = next((c for c in agent.components if type(c).__name__ == "AuditReads"), None)
+        if books is None:
+            return
+        await books.read_between_sales()
+        books.store.record_fill(books.settings.planogram, at=agent.clock.time(),
+                                by="the virtual machine's tech")
+
+    return refill
 
 
 __getattr__ = schema_built_on_read(__name__, lambda: virtual_schema.PLATFORM_SCHEMA)

@@ -266,6 +266,12 @@ class JournalGuard:
     async def stop(self) -> None:
         await self._loop.stop()
         await self.unwritten.stop()
+        if self._file_check is not None:
+            # its worker thread reads the file on a connection of its own, which no cancel
+            # ends: done before the journal closes and its claim is let go (as the prune's,
+            # the index's and the checkpoint's threads), else the next agent on this path
+            # opens the journal beside a reader of this one
+            await asyncio.gather(asyncio.shield(self._file_check), return_exceptions=True)
 
     def check_again(self) -> None:
         """Compare the charges now, the settled ones too (the unit's id changed: adopted)."""

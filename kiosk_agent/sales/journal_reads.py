@@ -24,6 +24,8 @@ _OPEN_STATES = tuple(s.value for s in SaleState if not s.final)
 _ORDER_STATES = (
     "SELECT order_id, sale_id, state, source, attempt, trans_id FROM sales WHERE order_id IN")
 _STATE_OF = {state.value: state for state in SaleState}  # a dict's look, not the enum's call
+# GLOB's wildcards, each made a class of itself: a sale id's prefix is matched as typed
+_GLOB_LITERAL = str.maketrans({"*": "[*]", "?": "[?]", "[": "[[]"})
 _IN_LIST_MAX = 500  # values bound in one statement (SQLite's limit: 999 in older builds)
 # An order id's suffixes ('-2', '-held') follow its base after this character; the next one
 # ('.') ends the range of the order id's index that holds the base and every suffixed form
@@ -98,19 +100,20 @@ class JournalReads:
     def with_id_prefix(self, prefix: str, limit: int = 2) -> list[SaleRecord]:
         """Sales whose id starts with ``prefix`` (as people copy ids from a list), at most
         ``limit``: two say the prefix is not unique."""
-        if not prefix or not prefix.isalnum():
+        if not prefix:
             return []
         # GLOB, case-sensitive like the ids, is looked up in the id's index (substr() read
-        # every sale); an alphanumeric prefix holds none of its wildcards
+        # every sale); its wildcards in the prefix (*, ?, [) are each read as itself ([*])
         rows = self.db.execute(
-            f"{_SELECT_SALES} WHERE sales.sale_id GLOB ? LIMIT ?", (f"{prefix}*", limit)
+            f"{_SELECT_SALES} WHERE sales.sale_id GLOB ? LIMIT ?",
+            (f"{prefix.translate(_GLOB_LITERAL)}*", limit),
         )
         return [_record(r) for r in rows]
 
     def find(self, wanted: str) -> SaleRecord:
-        """A sale named by a unique prefix of its id (as the CLI prints them), or by its
-        order_id; else :class:`SaleNotFound`, saying which."""
-        record = self.by_order_id(wanted)
+        """A sale named by its order_id, its whole id, or a unique prefix of its id (as the
+        CLI prints them); else :class:`SaleNotFound`, saying which."""
+        record = self.by_order_id(wanted) or self.get(wanted)
         if record is not None:
             return record
         matches = self.with_id_prefix(wanted)

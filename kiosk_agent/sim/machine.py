@@ -27,13 +27,14 @@ import os
 import random
 import time
 import tty
-from collections.abc import Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any, Protocol
 
 from kiosk_agent.platforms import mdb_protocol as wire
-from kiosk_agent.sim.machine_books import MachineBooks, dex_port
+from kiosk_agent.sales.clock import SYSTEM_CLOCK, Clock
+from kiosk_agent.sim.machine_books import MachineBooks, Payment, dex_port
 from kiosk_agent.tasks import TaskSet
 
 _LOGGER = logging.getLogger(__name__)
@@ -109,9 +110,13 @@ class VirtualController:
     wire and play the agent's side with ``feed``: no pty, no socket."""
 
     def __init__(
-        self, options: ControllerOptions | None = None, *, seed: int | None = None
+        self, options: ControllerOptions | None = None, *, seed: int | None = None,
+        clock: Clock = SYSTEM_CLOCK,
     ) -> None:
         self.options = options or ControllerOptions()
+        # what the product's drop takes (``dispense_time``) is waited on it: a test's FakeClock
+        # holds a product dropping for as long as the test needs (a link glitched mid-vend)
+        self.clock = clock
         self.status = Status.INACTIVE
         self.visits: list[Visit] = []
         self.received: list[str] = []  # every line the agent sent, for tests and the live view
@@ -138,6 +143,10 @@ class VirtualController:
         self._epoch = 0  # bumped by every reset/unplug: a vend in flight across one is lost
         # the machine's own EVA-DTS counters: every product that drops, card or cash
         self.books = MachineBooks(self.options.products)
+        # what each column holds (stock_columns): a column not named never runs out
+        self.capacity: dict[str, int] = {}
+        self.stock: dict[str, int] = {}
+        self._before_refill: Callable[[], Awaitable[None]] | None = None
         self.dex = dex_port(self.books) if self.options.dex else None
 
     # -- the port --------------------------------------------------------------------------------
@@ -529,7 +538,38 @@ class VirtualController:
     async def cash_customer(self, product: str) -> None:
         """A customer who pays in coins: the agent takes no part, the machine counts it (CA2)."""
         async with self._visit_lock:
-            self.books.vend(product, self.options.products[product], "cash")
+            self._dropped(product, self.options.products[product], "cash")
+
+    def stock_columns(
+        self, capacity: Mapping[str, int],
+        before_refill: Callable[[], Awaitable[None]] | None = None,
+    ) -> None:
+        """The columns hold ``capacity`` (a `dex:` planogram), full now. A column sold out is
+        chosen by no random customer; once every one is, the tech comes: ``before_refill``
+        (the agent reads the books and records the refill), then every column is full again.
+        A real machine vends no more from a column than it holds: without this the machine's
+        PA2 counted more sales of a column since its refill than the column holds."""
+        self.capacity = {column: count for column, count in capacity.items()
+                         if column in self.options.products}
+        self.stock = dict(self.capacity)
+        self._before_refill = before_refill
+
+    def in_stock(self) -> list[str]:
+        """The products a customer can choose now, sorted."""
+        return sorted(p for p in self.options.products if self.stock.get(p, 1) > 0)
+
+    async def refill(self) -> None:
+        """The tech fills every column (the agent told first, as a tech reads the books just
+        before filling)."""
+        if self._before_refill is not None:
+            await self._before_refill()
+        self.stock = dict(self.capacity)
+
+    def _dropped(self, product: str, price: int, payment: Payment) -> None:
+        """A product came out: the books count it, its column holds one fewer."""
+        self.books.vend(product, price, payment)
+        if product in self.stock:
+            self.stock[product] = max(0, self.stock[product] - 1)
 
     async def _sell(
         self,
@@ -571,20 +611,20 @@ class VirtualController:
             return
         visit.approved_cents = amount
         self._notify("approved", visit)
-        await asyncio.sleep(self.options.dispense_time)
+        await self.clock.sleep(self.options.dispense_time)
         if self._epoch != epoch:
             self._close_visit(visit, VisitOutcome.ABORTED)
         elif no_result:
             self._close_visit(visit, VisitOutcome.NO_RESULT)  # the controller says nothing at all
         elif fail or unheard:
             if unheard:  # it dropped all the same: the machine counts it, the agent hears a fault
-                self.books.vend(visit.product, visit.price_cents, "cashless")
+                self._dropped(visit.product, visit.price_cents, "cashless")
             self._close_visit(visit, VisitOutcome.FAILED)
             self.send(wire.VEND_FAILED_LINE)
             self._set_status(Status.ENABLED)
         else:
             if not phantom:  # a phantom: success said, nothing dropped, nothing counted
-                self.books.vend(visit.product, visit.price_cents, "cashless")
+                self._dropped(visit.product, visit.price_cents, "cashless")
             self._close_visit(visit, VisitOutcome.VENDED)
             self.send(wire.VEND_SUCCESS_LINE)
             self.send(wire.status_line(Status.IDLE))
@@ -603,11 +643,13 @@ class VirtualController:
         """Customers forever (or ``count`` of them): random products, some failures, some leave,
         some pay cash (the agent takes no part; the machine's books count them)."""
         served = 0
-        products = sorted(self.options.products)
         while (count is None or served < count) and not self.closing.is_set():
             await asyncio.sleep(self._rng.uniform(*gap))
             if self.closing.is_set():
                 return
+            if self.stock and not any(self.stock.values()):
+                await self._refilled()  # every column sold out: the tech comes first
+            products = self.in_stock()
             product: str | None = self._rng.choice(products)
             fail = self._rng.random() < fail_rate
             if card_first and self._rng.random() < walk_away_rate:
@@ -622,6 +664,13 @@ class VirtualController:
             except Exception:  # one odd visit must not empty the shop for the rest of the demo
                 _LOGGER.exception("virtual customer failed")
             served += 1
+
+    async def _refilled(self) -> None:
+        try:
+            await self.refill()
+        except Exception:  # the agent's side of a refill failing leaves the shop open
+            _LOGGER.exception("virtual machine: the refill's record failed")
+            self.stock = dict(self.capacity)
 
     def close(self) -> None:
         """No new customer. A session the agent opened that no customer has taken (card

@@ -346,3 +346,42 @@ async def test_the_look_begun_ahead_of_the_agents_import_is_the_one_its_start_ta
         assert await agent.journal_guard.file_intact()  # the new journal, read whole
     finally:
         await agent.stop()
+
+
+async def test_a_stop_waits_for_the_whole_read_before_it_closes_the_journal(
+    configured: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The whole-file read's worker thread reads the journal on a connection of its own: a stop
+    that closed the journal and let its claim go while that thread still read it left a
+    second agent (a restart in the same process, the tests' agents one after another on one
+    path) to open the file beside a reader of the first. The stop waits for it, as for the
+    prune's, the index's and the checkpoint's threads."""
+    import threading
+
+    from kiosk_agent.sales import journal_guard
+
+    config = load_config(configured)
+    let_go = threading.Event()
+    closed_while_reading: list[bool] = []
+    real = journal_guard.integrity
+
+    def held(path: Path, *, quick: bool = False, but: Any = ()) -> list[str]:
+        if but:
+            return real(path, quick=quick, but=but)
+        let_go.wait(timeout=30)
+        found = real(path, quick=quick, but=but)
+        closed_while_reading.append(agent.journal._db is None or not agent.owner.held)
+        return found
+
+    monkeypatch.setattr(journal_guard, "integrity", held)
+    agent = Agent(config, service_settings_from_config(config))
+    await asyncio.wait_for(agent.start(), 20)  # ready, the whole read held
+    stopping = asyncio.ensure_future(agent.stop())
+    try:
+        # a hang's guard, not the claim: without the wait the stop ends here, long before
+        await asyncio.wait({stopping}, timeout=2)
+    finally:
+        let_go.set()
+    await asyncio.wait_for(stopping, 30)
+    assert closed_while_reading == [False]
+    assert agent.journal._db is None  # and then it closed

@@ -360,6 +360,9 @@ _DATA = Path(__file__).parent.parent / "data" / "dex"
 # EVA-DTS: once a file, or once a column (PA7: once a column, device and price list)
 _ONCE = {"ID1", "ID4", "ID5", "CB1", "VA1", "VA2", "VA3", "CA2", "CA3", "CA4", "EA3", "PA1",
          "PA2", "PA3", "PA4", "PA5", "PA7", *(f"D{d}{n}" for d in "AB" for n in range(1, 6))}
+# of those, the ones the unit's figures are taken from: stated twice, the file is refused; any
+# other one stated twice is noted and not read (docs/audit.md)
+_USED = {"ID1", "ID4", "VA1", "CA2", "DA2", "DB2", "PA1", "PA2", "PA7"}
 _REAL = sorted(p for p in _DATA.glob("*") if p.suffix != ".md")
 
 
@@ -376,11 +379,16 @@ def test_a_real_files_blocks_rewritten_read_the_same_and_its_faults_are_named(
     at = pick % len(body)
     twice = [*body[: at + 1], body[at], *body[at + 1 :]]
     tag = body[at][0]
-    if tag in _ONCE:
+    if tag in _USED:
         with pytest.raises(AuditError) as refused:
             parse_audit(render_audit(twice, line_end=line_end))
         assert (refused.value.field, refused.value.line) == (tag, at + 4)
         assert "a second" in refused.value.problem
+    elif tag in _ONCE:  # only that block is unusable: the figures read as without it
+        read = parse_audit(render_audit(twice, line_end=line_end))
+        assert figures_of(read) == figures_of(real)
+        assert [n.split(":")[0] for n in read.notes] == [f"line {at + 4}, {tag}"], read.notes
+        assert "the comparison does not use it" in read.notes[0]
     else:  # LA1, EA1, EA2, a maker's own: they may repeat
         parse_audit(render_audit(twice, line_end=line_end))
     # its DA2 with the since-initialisation fields left empty: not sent, and not compared
@@ -389,3 +397,42 @@ def test_a_real_files_blocks_rewritten_read_the_same_and_its_faults_are_named(
         figures = figures_of(parse_audit(render_audit(blank, line_end=line_end)))
         assert figures.cashless is not None
         assert figures.cashless.since_init is None
+
+
+# any element of a real file's block made malformed (a sign, a decimal point where a count is,
+# 16 digits, a letter, a byte a machine's firmware garbled, nothing), the file rewritten with a
+# good G85 so the check vouches for it as the machine's own
+_MALFORMED = st.sampled_from([
+    "", "-1", "9" * 16, "1.5", "x", "\xff", " 1", "1e3", "0x10", "\x00", "1,5", "+1", "\t",
+    "99999999999", ".5", "EUR", "1 2",
+]) | st.text(st.characters(max_codepoint=255, exclude_characters="*\r\n"), max_size=8)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.sampled_from(_REAL), st.data(), _MALFORMED)
+def test_a_real_file_with_any_element_malformed_is_read_or_refused_naming_its_line_and_field(
+    path, data, malformed
+):
+    body = [(s.tag, *s.elements) for s in parse_audit(path.read_bytes()).body()]
+    at = data.draw(st.integers(0, len(body) - 1))
+    block = list(body[at])
+    position = data.draw(st.integers(1, len(block) + 1))
+    block += [""] * (position + 1 - len(block))
+    block[position] = malformed
+    body[at] = tuple(block)
+    line = at + 3  # after DXS and ST
+    refused: AuditError | None = None
+    try:
+        audit = parse_audit(render_audit(body))
+    except AuditError as err:
+        refused = err
+    if refused is None:  # read: the block is kept as sent, at its line
+        kept = audit.segments[at + 1]
+        assert (kept.line, kept.tag, kept.elements) == (line, block[0], tuple(block[1:]))
+        return
+    # the line changed and its block's field (VA102: the second element of VA1); or, where the
+    # change made it a second block of a kind stated once, both lines
+    assert str(refused) == f"line {refused.line}, {refused.field}: {refused.problem}"
+    assert refused.field.startswith(block[0]), refused
+    assert line == refused.line or f"(the first on line {line})" in refused.problem, refused
+    assert refused.problem.strip(), refused

@@ -15,7 +15,7 @@ import pytest
 
 from kiosk_agent.audit.books import Figures
 from kiosk_agent.audit.component import AuditReads, Port
-from kiosk_agent.audit.evadts import Tally
+from kiosk_agent.audit.evadts import Counters, Tally
 from kiosk_agent.audit.schema import DEX_SCHEMA
 from kiosk_agent.bus import EventBus
 from kiosk_agent.health.model import Health
@@ -374,3 +374,32 @@ async def test_a_file_stating_da2_twice_is_unreadable_naming_both_lines_and_read
         assert stored.figures.cashless.since_init == Tally(3, 450)
     finally:
         await reads.stop()
+
+
+async def test_the_cashless_device_changed_between_reads_shows_not_compared_on_every_face(
+    reads: AuditReads, port: ScriptedPort, clock: FakeClock, journal: Journal,
+    fake_agent: SimpleNamespace,
+) -> None:
+    import dataclasses
+
+    from kiosk_agent.fleet.report import audit_state
+
+    port.answers.append(figures((40, 6000)))  # DA2
+    await next_read(reads, clock, 5)
+    vended_sale(journal, 150)
+    on_db = dataclasses.replace(  # DB2 counts 1 vend; VA1 goes on from 40
+        figures((41, 6150)), cashless=Counters(Tally(1, 150)), cashless_device="DB"
+    )
+    port.answers.append(on_db)
+    await next_read(reads, clock, 600)
+    stored = reads.store.last_comparison()
+    assert stored is not None
+    assert (stored.verdict, stored.cause, stored.machine) == ("not_compared", "device", None)
+    snapshot = fake_agent.health.snapshot()
+    assert snapshot.audit.not_compared == stored.text()
+    assert f"audit of snacks {stored.text()}" in snapshot.problems
+    assert "DA2 (cashless) then DB2 (cashless)" in stored.text()
+    assert snapshot.audit.mismatches == []
+    assert audit_state(snapshot)["not_compared"] == stored.text()  # type: ignore[index]
+    assert reads.figures()["not_compared"] == 1
+    assert [c["kind"] for c in reads.report()["last_read"]["changes"]] == ["device"]

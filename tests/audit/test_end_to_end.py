@@ -178,3 +178,37 @@ async def test_a_sale_never_waits_for_a_read_that_hangs(agent_factory: Any) -> N
     recorded = await asyncio.wait_for(reading, 10)
     assert recorded is not None
     assert not recorded.read.clean  # a sale ran during it: stored, no comparison boundary
+
+
+async def test_the_machines_columns_hold_the_planogram_and_its_tech_reads_before_refilling(
+    agent_factory: Any,
+) -> None:
+    # The demo showed a column sold 10 since its refill with a capacity of 8: the virtual
+    # machine sold from columns long empty. Its columns hold the planogram of the dex: section
+    # reading it; sold out, its tech has the agent read the books and record the refill.
+    agent: Agent = await agent_factory(MACHINE + """
+dex:
+  port: virtual:snacks
+  trigger: snacks
+  first_read: 3600
+  planogram: {A1: 2, A2: 1}
+""")
+    [books] = [c for c in agent.components if isinstance(c, AuditReads)]
+    controller: VirtualController = agent.platforms[0].controller  # type: ignore[attr-defined]
+    assert controller.stock == {"A1": 2, "A2": 1}
+    await books.read_once()  # the base: the columns full
+    # cash customers (the agent takes no part): 3 empty both columns, the 4th finds the tech
+    # has come (a read, the refill recorded) and takes one of the full columns again
+    await asyncio.wait_for(controller.random_customers(4, gap=(0, 0), cash_rate=1.0), 20)
+    fills = books.store.last_fills()
+    assert {name: f.by for name, f in fills.items()} == {
+        "A1": "the virtual machine's tech", "A2": "the virtual machine's tech"}
+    at_refill = books.store.read(fills["A1"].read_id)
+    assert at_refill is not None
+    assert {n: c.paid.since_init.count for n, c in at_refill.figures.columns.items()} == {
+        "A1": 2, "A2": 1}  # read when both were sold out, just before the refill
+    await books.read_once()
+    stock = {s.column: (s.capacity, s.sold_since_fill) for s in books.stock()}
+    # since the refill: the 4th customer's column sold 1, the other none, none past capacity
+    assert sorted(sold for _, sold in stock.values()) == [0, 1]
+    assert all(sold is not None and sold <= capacity for capacity, sold in stock.values())

@@ -11,6 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kiosk_agent.audit import AuditError, AuditFile, Counters, crc16_arc, parse_audit, render_audit
+from kiosk_agent.audit.books import figures_of
 from kiosk_agent.audit.evadts import Tally
 
 A_MACHINE = [
@@ -193,6 +194,40 @@ def test_a_block_stated_twice_is_refused_naming_both_lines(body, line, tag, firs
     assert (refused.value.line, refused.value.field) == (line, tag)
     assert f"a second {tag}" in refused.value.problem
     assert f"the first on line {first}" in refused.value.problem
+
+
+@pytest.mark.parametrize(
+    ("body", "tag", "where", "first", "line"),
+    [
+        ([("VA1", "100", "1"), ("VA2", "50", "1"), ("DA2", "100", "1"), ("VA2", "70", "2")],
+         "VA2", "the file", 4, 6),
+        ([("ID1", "SN1"), ("ID5", "20260114", "0930"), ("ID5", "20260115", "1000"),
+          ("DA2", "100", "1")], "ID5", "the file", 4, 5),
+        ([("DA1", "CARD-1"), ("DA2", "100", "1"), ("DA1", "CARD-2")], "DA1", "the file", 3, 5),
+        ([("DA2", "100", "1"), ("EA3", "5"), ("EA3", "6")], "EA3", "the file", 4, 5),
+        ([("PA1", "11", "250"), ("PA2", "1", "250"), ("PA3", "1", "0"), ("PA3", "2", "0"),
+          ("DA2", "100", "1")], "PA3", "column 11", 5, 6),
+    ],
+)
+def test_a_block_the_comparison_does_not_use_stated_twice_is_noted_and_not_read(
+    body, tag, where, first, line
+):
+    # docs/audit.md: a block stated twice is unusable, but only that block; the file's DA2,
+    # VA1 and columns are read as they would be without it
+    audit = parse_audit(a_file(body))
+    assert audit.notes == (
+        f"line {line}, {tag}: a second {tag} for {where} (the first on line {first}): which one "
+        f"the machine means cannot be known; no {tag} of {where} is read (the comparison does "
+        "not use it)",
+    )
+    without = parse_audit(a_file([b for b in body if b[0] != tag]))
+    assert figures_of(audit) == figures_of(without)
+    assert audit.cashless == without.cashless == {"DA": Counters.of(100, 1)}
+    # every copy is kept as sent, none read: which one the machine meant cannot be known
+    assert [s.line for s in audit.other if s.tag == tag] == [first, line]
+    assert (audit.test_vends, audit.read_at, audit.reads) == (None, None, None)
+    assert audit.cashless_device("DA") == without.cashless_device("DA")
+    assert all(p.test is None for p in audit.products)
 
 
 def test_blocks_a_maker_invented_are_kept_as_sent():

@@ -212,3 +212,30 @@ def test_the_figures_of_a_file_name_the_device_they_were_taken_for() -> None:
         "DB", "DA"
     )
     assert figures_of(audit, "DB").cashless == Counters.of(500, 2)
+
+
+def test_the_cashless_device_changed_between_reads_is_not_compared_and_says_what_to_do() -> None:
+    # DA2's counters then DB2's (the unit's cashless_device set to DB between the reads, or the
+    # unit moved on the machine's bus): the difference of two devices' counters is no vend count
+    on_da = figures((40, 6000), columns={"A1": (150, 40, 40)})
+    on_db = dataclasses.replace(  # DB2 says 3 vends, VA1 and PA2 go on from 40
+        figures((43, 6450), columns={"A1": (150, 43, 3)}),
+        cashless=Counters(Tally(3, 450)), cashless_device="DB",
+    )
+    on_da_again = figures((45, 6750), columns={"A1": (150, 45, 45)})  # DA2 went on 40 -> 45
+    for before, after, was, now in ((on_da, on_db, "DA2", "DB2"),
+                                    (on_db, on_da_again, "DB2", "DA2")):
+        result = compare(Side(TEN, before), Side(TEN + 60, after), [sale(1, 150)])
+        assert (result.verdict, result.cause, result.machine) == ("not_compared", "device", None)
+        assert result.columns == () == result.unsent_columns
+        assert f"the cashless device compared changed: {was} (cashless) then {now} (cashless)" in (
+            result.reason
+        )
+        assert "the journal holds 1 card vend worth $1.50" in result.text()
+        assert result.text().endswith(
+            "; set dex: cashless_device to the device the unit is on the machine's bus (DA: 1, "
+            "DB: 2): the next read compares from this one"), result.text()
+        # the change says the device, not a re-initialisation read off two devices' counters
+        assert [(c.kind, c.text) for c in changes(before, after)] == [
+            ("device", f"cashless device {was} -> {now}")
+        ]

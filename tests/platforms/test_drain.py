@@ -161,7 +161,9 @@ async def test_a_gpio_product_seen_falling_during_the_drain_is_sold_and_presses_
 async def test_a_serial_line_vend_ending_during_the_drain_is_sold_and_the_device_hears_out(
     tmp_path: Path, sim_settings: Any, controller: VirtualController
 ) -> None:
-    controller.options.dispense_time = 1.0  # the vend outlasts the drain's start
+    # the vend outlasts the drain's start: the product drops on the machine's clock, moved by
+    # the test once the drain has begun (1 s of the wall clock was not always enough at load)
+    controller.clock = FakeClock()
     sales = {"vend_timeout": 60, "stop_timeout": 20}
     trigger = {**_following(controller), "vend_timeout": 30}
     async with running_agent(tmp_path, sim_settings, [trigger], sales=sales) as agent:
@@ -172,6 +174,7 @@ async def test_a_serial_line_vend_ending_during_the_drain_is_sold_and_the_device
         draining = asyncio.create_task(agent.drain())
         await until(lambda: agent.sales.stopping)
         heard = len(controller.received)
+        await controller.clock.advance_to(await controller.clock.next_due(pauses_only=False))
         assert (await asyncio.wait_for(customer, 10)).outcome is VisitOutcome.VENDED
         await asyncio.wait_for(draining, 10)
         await until(lambda: "C,0" in controller.received[heard:])  # out: after the vend

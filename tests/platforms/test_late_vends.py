@@ -78,19 +78,46 @@ _MACHINES = {
 }
 
 
+async def _dropping(machine_clock: FakeClock) -> None:
+    """Until the machine is dropping a product, on its own clock: the test says when it has
+    dropped (``advance``), however long the agent takes in real time meanwhile."""
+    await machine_clock.next_due(pauses_only=False, real_timeout=30)
+
+
+async def _vend_timeout_waits(clock: FakeClock, seconds: float) -> None:
+    """Until the sale waits for its vend result on the agent's clock (its vend timeout due
+    ``seconds`` from now): moving the clock before that would move it past nothing."""
+    due = clock.monotonic() + seconds
+    await until(lambda: any(abs(at - due) < 1e-6 for at in clock.pending()))
+
+
+async def _dropped(machine_clock: FakeClock) -> None:
+    """The product being dropped is out (the machine's drop time passed on its clock)."""
+    await machine_clock.advance_to(await machine_clock.next_due(pauses_only=False,
+                                                                real_timeout=30))
+
+
 @pytest.mark.parametrize("kind", _MACHINES)
 async def test_a_vend_success_after_the_vend_timeout_reaches_a_person(
     tmp_path: Path, sim_settings: Any, controller: VirtualController, kind: str
 ) -> None:
     """The machine takes longer to drop the B1 than the sale waits (its vend timeout): the
-    sale gives the money back, then the machine says VEND,SUCCESS."""
+    sale gives the money back, then the machine says VEND,SUCCESS. The vend timeout runs on the
+    agent's clock and the drop on the machine's, each moved by the test in that order."""
     trigger = {**_MACHINES[kind], "port": controller.port, "vend_timeout": 0.5}
-    async with running_agent(tmp_path, sim_settings, [trigger]) as agent:
+    clock, controller.clock = FakeClock(), FakeClock()
+    async with running_agent(tmp_path, sim_settings, [trigger], clock=clock) as agent:
         await asyncio.wait_for(controller.wait_enabled(), 5)
-        controller.options.dispense_time = 1.5
-        visit = await asyncio.wait_for(controller.customer("B1"), 10)
-        assert visit.outcome is VisitOutcome.VENDED
+        visit = asyncio.create_task(controller.customer("B1"))
+        await _dropping(controller.clock)
         [record] = agent.journal.query()
+        await until(lambda: agent.journal.get(record.sale_id).state is SaleState.DISPENSING)
+        await _vend_timeout_waits(clock, 0.5)
+        await clock.advance(0.5)  # the vend timeout: the money goes back
+        await until(lambda: agent.journal.get(record.sale_id).state.final)
+        assert agent.journal.get(record.sale_id).state is SaleState.REVERSED
+        await _dropped(controller.clock)  # then the B1 comes out after all
+        assert (await asyncio.wait_for(visit, 10)).outcome is VisitOutcome.VENDED
         await told_to_a_person(agent, record.sale_id, "B1")
 
 
@@ -449,10 +476,14 @@ async def test_a_link_back_mid_vend_still_hears_the_vend_result(
     reconnect gave the money back at once (mdb) or its init lines (C,0) ended the controller's
     session mid-vend (serial_line): the product went out unpaid."""
     trigger = {**_MACHINES[kind], "port": controller.port, "vend_timeout": 30}
+    controller.clock = FakeClock()  # the drop ends when the test says: once the link is back
     async with running_agent(tmp_path, sim_settings, [trigger]) as agent:
-        controller.options.dispense_time = 1.0  # still dropping when the link is back
         visit, record, sent = await _link_glitched_mid_vend(
             agent, controller, controller.customer("B1", fail=fails))
+        [platform] = agent.platforms
+        await until(lambda: platform.device.link.connected)
+        assert agent.journal.get(record.sale_id).state is SaleState.DISPENSING
+        await _dropped(controller.clock)  # the result, said on the new link
         expected = VisitOutcome.FAILED if fails else VisitOutcome.VENDED
         assert (await asyncio.wait_for(visit, 10)).outcome is expected
         await until(lambda: agent.journal.get(record.sale_id).state.final)
@@ -466,8 +497,9 @@ async def test_a_link_back_mid_vend_still_hears_the_vend_result(
         # the adapter is set up again once the vend is over, not in the middle of it
         await until(lambda: "C,1" in controller.received[sent:])
         await asyncio.wait_for(controller.wait_enabled(), 5)
-        assert (await asyncio.wait_for(controller.customer("A1"), 10)).outcome is (
-            VisitOutcome.VENDED)
+        next_visit = asyncio.create_task(controller.customer("A1"))
+        await _dropped(controller.clock)
+        assert (await asyncio.wait_for(next_visit, 10)).outcome is VisitOutcome.VENDED
 
 
 @pytest.mark.parametrize("kind", _MACHINES)
@@ -476,17 +508,22 @@ async def test_a_link_back_mid_vend_with_nothing_heard_gives_back_at_the_vend_ti
 ) -> None:
     """The link comes back mid-vend and the controller says nothing: the sale still waits on
     the new link (dispensing after the reconnect, the setup held back), gives the money back at
-    its vend timeout, then sets the adapter up; a success heard after that is a late vend."""
+    its vend timeout, then sets the adapter up; a success heard after that is a late vend. The
+    vend timeout runs on the agent's clock: however long the link takes to come back in real
+    time, the sale is still waiting on it."""
     trigger = {**_MACHINES[kind], "port": controller.port, "vend_timeout": 1.5}
-    async with running_agent(tmp_path, sim_settings, [trigger]) as agent:
+    clock = FakeClock()
+    async with running_agent(tmp_path, sim_settings, [trigger], clock=clock) as agent:
         controller.options.dispense_time = 0.05
         visit, record, sent = await _link_glitched_mid_vend(
             agent, controller, controller.customer("B1", no_result=True))
         [platform] = agent.platforms
         await until(lambda: platform.device.link.connected)
+        assert (await asyncio.wait_for(visit, 10)).outcome is VisitOutcome.NO_RESULT
         assert agent.journal.get(record.sale_id).state is SaleState.DISPENSING
         assert "C,0" not in controller.received[sent:]  # held back while it waits
-        assert (await asyncio.wait_for(visit, 10)).outcome is VisitOutcome.NO_RESULT
+        await _vend_timeout_waits(clock, 1.5)
+        await clock.advance(1.5)  # the vend timeout, nothing heard: the money goes back
         await until(lambda: agent.journal.get(record.sale_id).state.final)
         assert agent.journal.get(record.sale_id).state is SaleState.REVERSED
         await until(lambda: "C,1" in controller.received[sent:])  # set up once it is over

@@ -158,21 +158,36 @@ async def test_reconnects_when_the_far_end_goes_away(line_server: LineServer) ->
 
 
 async def test_watchdog_probes_then_reconnects_a_silent_link(line_server: LineServer) -> None:
+    # On the links' clocks (the test's): an answered probe keeps a link however late its
+    # answer comes in real time; a silent link without a probe is dropped at its first silence.
     url = await line_server.start()
+    answered_clock, silent_clock = FakeClock(), FakeClock()
     answered = SerialLink(
-        "answered", SerialSettings(port=url, silence_timeout=0.05, probe="PING"), lambda _: None
+        "answered", SerialSettings(port=url, silence_timeout=0.05, probe="PING"),
+        lambda _: None, clock=answered_clock,
     )
     silent = SerialLink(
         "silent", SerialSettings(port=url, silence_timeout=0.05, reconnect_min=0.01),
-        lambda _: None,
+        lambda _: None, clock=silent_clock,
     )
     await answered.start()
     await silent.start()
     try:
+        await asyncio.wait_for(answered.wait_connected(), 30)
+        for silences in range(1, 6):  # each silence probes; each answer keeps the link
+            due = await answered_clock.next_due(pauses_only=False, real_timeout=30)
+            await answered_clock.advance_to(due)
+            # the PONG heard, and the watchdog waiting again (the answer taken as one)
+            await until(lambda at=due: (answered.stats.last_rx_at == at
+                                        and not answered.activity.is_set()))
+            assert line_server.heard.count("PING") == silences
+            assert (answered.stats.reconnects, answered.connected) == (0, True)
+        await asyncio.wait_for(silent.wait_connected(), 30)
+        due = await silent_clock.next_due(pauses_only=False, real_timeout=30)
+        await silent_clock.advance_to(due)
         await until(lambda: silent.stats.reconnects >= 1)
-        assert "silent for" in silent.stats.last_error
+        assert silent.stats.last_error == "silent for 0.1s"
         assert answered.stats.reconnects == 0
-        assert "PING" in line_server.heard
     finally:
         await answered.stop()
         await silent.stop()

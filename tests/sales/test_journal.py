@@ -2040,3 +2040,33 @@ def test_a_batch_whose_created_sale_cannot_be_written_fails_whole_and_leaves_non
     assert journal.get("s3") is None
     journal.create(new_sale(4))
     assert committed_state(journal, "s4") == ("started", 1)
+def test_find_names_a_sale_by_any_prefix_of_its_id_wildcards_read_as_themselves(
+    journal: Journal,
+) -> None:
+    # The agent's sale ids are 32 lowercase hex digits (sales/runner.py new_ids: uuid4().hex,
+    # the only maker since the first release), but a journal's ids are whatever it holds (a
+    # test's, a tool's): a prefix with a dash, or GLOB's own *, ? and [, names its sale as typed
+    from kiosk_agent.sales.journal_reads import SaleNotFound
+    from kiosk_agent.sales.runner import new_ids
+    from kiosk_agent.sales.unit import OwnUnit
+
+    made, _ = new_ids(OwnUnit.fresh())
+    assert len(made) == 32, made
+    assert set(made) <= set("0123456789abcdef"), made
+    ids = ["sale-1", "sale-10", "sale_2", "a*b", "a?c", "k[1]x", "k]2", made]
+    for n, sale_id in enumerate(ids):
+        journal.create(new_sale(n, sale_id=sale_id))
+    for sale_id in ids:
+        assert journal.find(sale_id).sale_id == sale_id  # its whole id
+    assert journal.find("sale_").sale_id == "sale_2"
+    assert journal.find("k[").sale_id == "k[1]x"
+    assert journal.find("k]").sale_id == "k]2"
+    assert journal.find(made[:8]).sale_id == made
+    assert [s.sale_id for s in journal.with_id_prefix("a*", limit=5)] == ["a*b"]  # not "a?c"
+    assert [s.sale_id for s in journal.with_id_prefix("a?", limit=5)] == ["a?c"]
+    assert journal.find("sale-1").sale_id == "sale-1"  # a whole id, though sale-10's prefix
+    with pytest.raises(SaleNotFound, match="names 2 sales"):
+        journal.find("sale-")
+    with pytest.raises(SaleNotFound, match="no sale"):
+        journal.find("*")  # no sale's id begins with a star
+    assert journal.with_id_prefix("") == []

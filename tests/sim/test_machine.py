@@ -166,3 +166,44 @@ def test_the_clis_factory_makes_the_machine_the_trigger_asks_for() -> None:
     assert machine.options.dispense_time == 0.1
     assert machine.dex is None
     assert not machine.plugged  # made, not started: the platform starts it
+
+
+async def test_a_column_sells_no_more_than_it_holds_and_the_tech_refills_after_a_read() -> None:
+    # The demo showed a column sold 10 since its refill with a capacity of 8: the machine's
+    # customers chose any column, empty or not. Now a column sold out is chosen by nobody, and
+    # once every one is, the tech comes (the agent reads the books, then records the refill).
+    from kiosk_agent.audit.books import figures_of
+    from kiosk_agent.audit.evadts import parse_audit
+
+    machine, _ = await enabled_machine(products={"A1": 150, "A2": 250, "B1": 325})
+    capacity = {"A1": 2, "A2": 1, "B1": 3}
+    sold_at_refill: list[dict[str, int]] = []
+
+    async def tech_reads_the_books() -> None:
+        assert machine.stock == {"A1": 0, "A2": 0, "B1": 0}  # every column sold out
+        columns = figures_of(parse_audit(machine.books.audit_file())).columns
+        sold_at_refill.append({name: c.paid.since_init.count for name, c in columns.items()
+                               if c.paid is not None and c.paid.since_init is not None})
+
+    machine.stock_columns(capacity, before_refill=tech_reads_the_books)
+    await asyncio.wait_for(machine.random_customers(18, gap=(0, 0), cash_rate=1.0), 10)
+    # 18 customers served: the columns hold 6, emptied three times, refilled before the 7th
+    # and the 13th (never after the last: no customer came for it)
+    assert sold_at_refill == [capacity, {name: 2 * n for name, n in capacity.items()}]
+    assert machine.stock == {"A1": 0, "A2": 0, "B1": 0}
+    assert machine.books.vends("cash") == 18
+    # a column no capacity names never runs out; the named one is refilled once sold out
+    refills: list[int] = []
+
+    async def counted() -> None:
+        refills.append(machine.books.vends("cash"))
+
+    machine.stock_columns({"A1": 1}, before_refill=counted)
+    await asyncio.wait_for(machine.random_customers(30, gap=(0, 0), cash_rate=1.0), 10)
+    assert machine.books.vends("cash") == 18 + 30
+    a1 = figures_of(parse_audit(machine.books.audit_file())).columns["A1"].paid
+    assert a1 is not None
+    assert a1.since_init is not None
+    sold_a1 = a1.since_init.count - 6  # the first part's
+    assert len(refills) in (sold_a1 - 1, sold_a1)  # one refill after each A1, bar the last
+    assert machine.stock["A1"] in (0, 1)
