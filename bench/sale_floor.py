@@ -48,23 +48,22 @@ AMOUNT_CENTS = 250
 # completed. The first is sent as whichever step is latest, as the agent does.
 FRAME_BYTES = {"asked": 331, "accepted": 331, "approved": 333, "dispensing": 326, "completed": 329}
 
+# a sale is created in its flow's first commit (Journal.batch), written once in its state at the
+# commit's end, with its first two steps in one INSERT (2026-11-29, i39-window-journal)
 _INSERT_SALE = (
     "INSERT INTO sales (sale_id, order_id, source, flow, terminal, amount_cents, state, product, "
     "currency, attempt, interaction_id, interaction_kind, trans_id, authorized_cents, "
     "vended_cents, captured_cents, reversed_cents, reverse_trans_id, card_brand, last_four, "
     "vault_uuid, plan_id, message, created_at, updated_at, finished_at, answer_by, resolution) "
-    "VALUES (?, ?, 'kiosk_api:screen', 'charge_card', ?, ?, 'started', 'coffee', 'USD', 1, NULL, "
-    "NULL, NULL, 0, 0, 0, 0, NULL, NULL, NULL, NULL, NULL, '', ?, ?, NULL, NULL, NULL)"
+    "VALUES (?, ?, 'kiosk_api:screen', 'charge_card', ?, ?, 'charging', 'coffee', 'USD', 1, "
+    "NULL, NULL, NULL, 0, 0, 0, 0, NULL, NULL, NULL, NULL, NULL, ?, ?, ?, NULL, ?, NULL)"
 )
 _INSERT_STEP = "INSERT INTO steps (sale_id, at, step, state, detail) VALUES (?, ?, ?, ?, ?)"
+_INSERT_TWO_STEPS = _INSERT_STEP + ", (?, ?, ?, ?, ?)"
 _INSERT_SEND = (
     "INSERT INTO sale_sends (sale_id, sent_at, sent_mono, sent_boot) VALUES (?, ?, ?, ?) "
     "ON CONFLICT(sale_id) DO UPDATE SET sent_at = excluded.sent_at, "
     "sent_mono = excluded.sent_mono, sent_boot = excluded.sent_boot"
-)
-_ASKED = (
-    "UPDATE sales SET answer_by = ?, message = ?, state = 'charging', updated_at = ? "
-    "WHERE sale_id = ? AND state = 'started'"
 )
 _ACCEPTED = (
     "UPDATE sales SET interaction_id = ?, interaction_kind = 'charge_card', state = 'charging', "
@@ -142,13 +141,14 @@ class FloorJournal:
     def asked(self, sale_id: str, order_id: str) -> None:
         now = time.time()
         commit(self.db, [
-            (_INSERT_SALE, (sale_id, order_id, DEVICE, AMOUNT_CENTS, now, now)),
-            (_INSERT_STEP, (sale_id, now, "created", "started",
-                            json.dumps({"product": "coffee", "source": "kiosk_api:screen"}))),
-            (_ASKED, (now + 25, "asking for $2.50 on SIM-0001", now, sale_id)),
+            (_INSERT_SALE, (sale_id, order_id, DEVICE, AMOUNT_CENTS,
+                            "asking for $2.50 on SIM-0001", now, now, now + 25)),
             (_INSERT_SEND, (sale_id, now, time.monotonic(), BOOT_ID)),
-            (_INSERT_STEP, (sale_id, now, "charge_card.request", "charging",
-                            json.dumps({"amount_cents": AMOUNT_CENTS, "order_id": order_id}))),
+            (_INSERT_TWO_STEPS, (
+                sale_id, now, "created", "started",
+                json.dumps({"product": "coffee", "source": "kiosk_api:screen"}),
+                sale_id, now, "charge_card.request", "charging",
+                json.dumps({"amount_cents": AMOUNT_CENTS, "order_id": order_id}))),
         ])  # fmt: skip
 
     def accepted(self, sale_id: str, interaction_id: str) -> None:

@@ -160,7 +160,8 @@ def _planogram_of(agent: Any, source: str) -> Mapping[str, int]:
     virtual:NAME``), or nothing."""
     config = getattr(agent, "config", None)
     dex = config.get("dex") if config is not None else None
-    if not dex or str(dex.get("port", "")) not in (source, source.removeprefix("virtual:")):
+    port = dex.get("port") if dex else None  # the dex schema's own default stands, not one here
+    if port is None or str(port) not in (source, source.removeprefix("virtual:")):
         return {}
     return dict(dex.get("planogram") or {})
 
