@@ -19,7 +19,7 @@ here):
 - the service: ``POST /api/terminal/{device}/charge-card`` on a kept-alive connection, its 202
   read; ``subscribe`` to the interaction on the one open cable (ActionCable WebSocket), its frames
   read until the record is no longer pending, ``unsubscribe``;
-- the journal: four commits of 21 statements (7, 4, 6, 4) of the agent's shapes on the agent's
+- the journal: four commits of 19 statements (5, 4, 6, 4) of the agent's shapes on the agent's
   own schema, WAL, ``synchronous=FULL``, the WAL grown ahead (the file is made and grown by the
   agent's ``Journal`` once, at the start; each sale then writes through plain sqlite3).
 """
