@@ -244,7 +244,7 @@ async def test_an_mdb_vend_succeeding_after_the_signal_is_heard_and_the_sale_is_
 
 
 @pytest.mark.slow(seconds=15)
-@pytest.mark.parametrize("controller_says", [None, "c,VEND,SUCCESS", "c,VEND,FAIL"])
+@pytest.mark.parametrize("controller_says", [None, "c,VEND,SUCCESS", "c,ERR,VEND 3"])
 async def test_an_mdb_vend_unheard_by_the_deadline_is_parked_then_settled_by_the_next_start(
     controller_says: str | None, rig: DrainRig,
 ) -> None:
@@ -269,6 +269,11 @@ async def test_an_mdb_vend_unheard_by_the_deadline_is_parked_then_settled_by_the
         await rig.next_start_ends(sale, {"reversed"}, again)
     if controller_says is None:
         given_back_at_its_deadline(rig.journal, sale, vend_timeout=8)
+    else:  # settled on what the controller said after the restart, not on the deadline
+        said = "vend success" if "SUCCESS" in controller_says else "vend failed"
+        settled = f"for sale {sale}, left dispensing by the last stop or crash: recovery settles"
+        assert f"mdb:front: {said}" in again.text(), again.text()[-3000:]
+        assert settled in again.text(), again.text()[-3000:]
     await money_agrees(rig.sim, rig.journal)
 
 
