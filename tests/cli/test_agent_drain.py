@@ -22,6 +22,7 @@ import contextlib
 import random
 import re
 import signal
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -40,6 +41,7 @@ from .agent_process import (
     money_agrees,
     sale_reaches,
     states,
+    steps_of,
 )
 from .kiosk_app_rig import TOKEN, App, configured, kiosk_app
 
@@ -87,10 +89,10 @@ class DrainRig:
         agent = await self._agent(machine, stop_timeout, seed=3)
         return agent, self.adapter, await approved_vend(self.adapter, self.journal)
 
-    async def next_start(self) -> AgentProcess:
+    async def next_start(self, log: str = "again.log") -> AgentProcess:
         """The next start (its own log), ready: it may still be listening for a parked vend."""
         assert self.processes
-        again = AgentProcess(self.processes[0].config, self.sim, log="again.log")
+        again = AgentProcess(self.processes[0].config, self.sim, log=log)
         again.env["KIOSK_APP_TOKEN"] = TOKEN
         self.processes.append(again)
         await again.start()
@@ -330,3 +332,29 @@ async def _confirm_if_heard(app: App, sale: str) -> None:
     """The app says the coffee came out; the agent may have stopped listening already."""
     with contextlib.suppress(aiohttp.ClientError):
         await app.call("POST", f"/sales/{sale}/dispensed", {"status": "vended"})
+
+
+@pytest.mark.slow(seconds=15)
+async def test_a_stop_while_the_next_start_listens_ends_at_once_and_the_third_listens_on(
+    rig: DrainRig,
+) -> None:
+    """A stop during the restart's hearing is not held by it: the agent ends with 0 at once,
+    the sale still dispensing (nothing said to the controller), and the start after listens to
+    the same deadline, the vend's own, then gives the money back."""
+    agent, adapter, sale = await rig.mdb_vending(stop_timeout=0.5, vend_timeout=8)
+    agent.send(signal.SIGHUP)
+    assert await agent.exit_code() == STOP_SIGNALS[signal.SIGHUP], agent.text()[-3000:]
+    stopped = len(adapter.heard)
+    again = await rig.next_start()
+    await again.wait_for_log(f"sale {sale}: {LISTENING}")
+    again.send(signal.SIGTERM)
+    assert await again.exit_code() == 0, again.text()[-3000:]
+    approved = [at for at, step in steps_of(rig.journal, sale) if step == "dispense.request"][-1]
+    assert time.time() < approved + 8, "the stop waited for the hearing's deadline"
+    assert states(rig.journal) == {sale: "dispensing"}, again.text()[-3000:]
+    assert adapter.heard[stopped:] == [], adapter.heard[stopped:]  # no setup, no C,0
+    third = await rig.next_start(log="third.log")
+    await third.wait_for_log(f"sale {sale}: {LISTENING}")
+    await rig.next_start_ends(sale, {"reversed"}, third)
+    given_back_at_its_deadline(rig.journal, sale, vend_timeout=8)
+    await money_agrees(rig.sim, rig.journal)
