@@ -206,3 +206,39 @@ async def money_agrees(sim: Any, journal: Path) -> None:
                 assert [r.amount_cents for r in held] == [sale.captured_cents], why
             else:
                 assert held == [], why
+
+
+LISTENING = "left dispensing; listening for its vend result for"  # recovery's log line
+SILENCE = "no vend result within its vend timeout after the restart"  # its reason, given back
+LAG_S = 5.0  # how late a busy machine may write the step due at a deadline
+
+
+def steps_of(journal: Path, sale_id: str) -> list[tuple[float, str]]:
+    """(wall time, step) of each of ``sale_id``'s journaled steps, in order."""
+    db = sqlite3.connect(f"file:{journal}?mode=ro", uri=True, timeout=5)
+    try:
+        rows = db.execute("SELECT at, step FROM steps WHERE sale_id = ? ORDER BY id", (sale_id,))
+        return [(at, step) for at, step in rows]
+    finally:
+        db.close()
+
+
+def given_back_at_its_deadline(journal: Path, sale_id: str, vend_timeout: float) -> None:
+    """A start after a stop or crash listened for ``sale_id``'s vend until the vend's own
+    deadline (its approval, the ``dispense.request`` step, plus the trigger's ``vend_timeout``),
+    heard nothing, and gave the money back then: not before (rule 13), nor long after."""
+    steps = steps_of(journal, sale_id)
+    approved = [at for at, step in steps if step == "dispense.request"][-1]
+    restarted = [n for n, (_, step) in enumerate(steps) if step == "recovery.start"][-1]
+    acted, step = steps[restarted + 1]  # recovery's first step after it listened
+    deadline = approved + vend_timeout
+    # the deadline is timed on the monotonic clock, the steps on the wall clock: 0.2 s apart
+    assert deadline - 0.2 <= acted <= deadline + LAG_S, (step, acted - approved, steps)
+    db = sqlite3.connect(f"file:{journal}?mode=ro", uri=True, timeout=5)
+    try:
+        [(state, message)] = db.execute(
+            "SELECT state, message FROM sales WHERE sale_id = ?", (sale_id,)).fetchall()
+    finally:
+        db.close()
+    assert state == "reversed", (state, message)
+    assert SILENCE in message, message

@@ -26,17 +26,18 @@ def configured(directory: Path, sim: Any, journal: Path, trigger: str, stop_time
     return path
 
 
-def kiosk_app() -> str:
-    """A touchscreen kiosk whose app confirms each dispense (POST .../dispensed)."""
-    return """\
+def kiosk_app(vend_timeout: float = 60) -> str:
+    """A touchscreen kiosk whose app confirms each dispense (POST .../dispensed) within
+    ``vend_timeout`` seconds (also how long a restart listens for a confirmation)."""
+    return f"""\
 triggers:
   - platform: kiosk_api
     name: screen
     token: !env_var KIOSK_APP_TOKEN
     port: 0
     confirm_dispense: true
-    vend_timeout: 60
-    products: {coffee: "2.50"}
+    vend_timeout: {vend_timeout}
+    products: {{coffee: "2.50"}}
 """
 
 

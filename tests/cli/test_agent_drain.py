@@ -3,8 +3,10 @@
 The kiosk app (over real HTTP) and an MDB adapter (over a real pty) are played by the test; the
 simulator's ledger says what happened to the money. A result that comes after the signal and
 before ``sales.stop_timeout`` is heard: the sale is sold and captured, nothing given back. One
-that comes later finds the sale parked, and the next start finishes it (the money goes back).
-A second signal ends the wait as the deadline would have.
+that comes later finds the sale parked, and the next start finishes it: it listens for the
+vend's result until the vend's own deadline (its approval plus the trigger's ``vend_timeout``,
+short here), captures a success said meanwhile, and gives the money back at that deadline if
+nothing is said (rule 13). A second signal ends the wait as the deadline would have.
 
 Which stop signal starts the drain does not matter to it (``StopSignals`` sets one event for
 each); that each of them, in a real process, stops the agent mid-dispense with its own exit code
@@ -20,6 +22,7 @@ import contextlib
 import random
 import re
 import signal
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -31,7 +34,15 @@ from kiosk_agent.cli.contract import IGNORED_SIGNALS, STOP_SIGNALS
 
 from ..helpers import until
 from ..platforms.vending_rig import LineDevice
-from .agent_process import AgentProcess, money_agrees, sale_reaches, states
+from .agent_process import (
+    LISTENING,
+    AgentProcess,
+    given_back_at_its_deadline,
+    money_agrees,
+    sale_reaches,
+    states,
+    steps_of,
+)
 from .kiosk_app_rig import TOKEN, App, configured, kiosk_app
 
 
@@ -52,35 +63,48 @@ class DrainRig:
         self.adapter: LineDevice | None = None
 
     async def kiosk_dispensing(
-        self, stop_timeout: float, seed: int = 3
+        self, stop_timeout: float, seed: int = 3, vend_timeout: float = 60
     ) -> tuple[AgentProcess, App, str]:
         """The agent behind a kiosk app, its coffee sale at `dispensing` (the app has not
         confirmed it yet)."""
-        agent = await self._agent(kiosk_app(), stop_timeout, seed)
+        agent = await self._agent(kiosk_app(vend_timeout), stop_timeout, seed)
         await agent.wait_ready()
+        sale = await self.app_of(agent).buy_coffee()
+        await sale_reaches(self.journal, sale, "dispensing")
+        return agent, self.app_of(agent), sale
+
+    def app_of(self, agent: AgentProcess) -> App:
+        """The kiosk app of ``agent``, on the port it logged (each start has its own)."""
         found = re.search(r"kiosk API on 127\.0\.0\.1:(\d+)", agent.text())
         assert found, agent.text()[-3000:]
-        app = App(self.session, int(found.group(1)))
-        sale = await app.buy_coffee()
-        await sale_reaches(self.journal, sale, "dispensing")
-        return agent, app, sale
+        return App(self.session, int(found.group(1)))
 
-    async def mdb_vending(self, stop_timeout: float) -> tuple[AgentProcess, LineDevice, str]:
+    async def mdb_vending(
+        self, stop_timeout: float, vend_timeout: float = 60
+    ) -> tuple[AgentProcess, LineDevice, str]:
         """The agent on an MDB adapter (a pty the test plays), a $2.50 vend approved: the
         controller is dropping the product."""
         self.adapter = LineDevice()
-        agent = await self._agent(vending_machine(self.adapter.port), stop_timeout, seed=3)
+        machine = vending_machine(self.adapter.port, vend_timeout)
+        agent = await self._agent(machine, stop_timeout, seed=3)
         return agent, self.adapter, await approved_vend(self.adapter, self.journal)
 
-    async def next_start_ends(self, sale: str, ends: set[str]) -> AgentProcess:
-        """The next start (its own log) recovers ``sale`` to one of ``ends``, then stops
-        cleanly on SIGTERM."""
+    async def next_start(self, log: str = "again.log") -> AgentProcess:
+        """The next start (its own log), ready: it may still be listening for a parked vend."""
         assert self.processes
-        again = AgentProcess(self.processes[0].config, self.sim, log="again.log")
+        again = AgentProcess(self.processes[0].config, self.sim, log=log)
         again.env["KIOSK_APP_TOKEN"] = TOKEN
         self.processes.append(again)
         await again.start()
         await again.wait_ready()
+        return again
+
+    async def next_start_ends(
+        self, sale: str, ends: set[str], again: AgentProcess | None = None
+    ) -> AgentProcess:
+        """The next start (or ``again``, started already) recovers ``sale`` to one of ``ends``,
+        then stops cleanly on SIGTERM."""
+        again = again or await self.next_start()
         async with asyncio.timeout(30):  # recovery finishes what the drain left open
             while states(self.journal)[sale] not in ends:
                 await asyncio.sleep(0.05)
@@ -138,7 +162,7 @@ async def test_a_kiosk_app_confirming_after_the_signal_is_heard_and_the_sale_is_
 async def test_a_dispense_unheard_by_the_deadline_is_parked_and_finished_by_the_next_start(
     rig: DrainRig,
 ) -> None:
-    agent, _app, sale = await rig.kiosk_dispensing(stop_timeout=0.5)
+    agent, _app, sale = await rig.kiosk_dispensing(stop_timeout=0.5, vend_timeout=8)
     agent.send(signal.SIGTERM)
     assert await agent.exit_code() == 0, agent.text()[-3000:]
     assert "sales.stop_timeout (0.5 s) has passed; 1 sale(s) still running are parked" in (
@@ -146,13 +170,17 @@ async def test_a_dispense_unheard_by_the_deadline_is_parked_and_finished_by_the_
     )
     assert states(rig.journal) == {sale: "dispensing"}  # parked where it stood
     assert "parked" in _steps(rig.journal, sale)
-    await rig.next_start_ends(sale, {"reversed"})  # not confirmed: the money goes back
+    again = await rig.next_start()
+    await again.wait_for_log(f"sale {sale}: {LISTENING}")  # the app may still confirm it
+    await rig.next_start_ends(sale, {"reversed"}, again)
+    # never confirmed: the money goes back at the vend's own deadline, 8 s from its approval
+    given_back_at_its_deadline(rig.journal, sale, vend_timeout=8)
     await money_agrees(rig.sim, rig.journal)
 
 
 @pytest.mark.slow(seconds=15)
 async def test_a_second_signal_ends_the_drain_as_its_deadline_would_have(rig: DrainRig) -> None:
-    agent, _app, sale = await rig.kiosk_dispensing(stop_timeout=300)
+    agent, _app, sale = await rig.kiosk_dispensing(stop_timeout=300, vend_timeout=10)
     agent.send(signal.SIGTERM)
     await agent.wait_for_log("stopping: stopping (draining 1 sale")
     agent.send(signal.SIGINT)
@@ -162,8 +190,15 @@ async def test_a_second_signal_ends_the_drain_as_its_deadline_would_have(rig: Dr
         agent.text()
     )
     assert states(rig.journal) == {sale: "dispensing"}
-    await rig.next_start_ends(sale, {"reversed"})
-    await money_agrees(rig.sim, rig.journal)
+    # the coffee came out after all: the app tells the next start, which still listens for it
+    # (the vend's deadline, 10 s from its approval, has not passed): sold, not given back
+    again = await rig.next_start()
+    await again.wait_for_log(f"sale {sale}: {LISTENING}")
+    status, body, _ = await rig.app_of(again).call(
+        "POST", f"/sales/{sale}/dispensed", {"status": "vended"})
+    assert status == 202, body
+    await rig.next_start_ends(sale, {"completed"}, again)
+    await money_agrees(rig.sim, rig.journal)  # captured $2.50, nothing voided or refunded
 
 
 def _steps(journal: Path, sale_id: str) -> list[str]:
@@ -177,14 +212,14 @@ def _steps(journal: Path, sale_id: str) -> list[str]:
         db.close()
 
 
-def vending_machine(port: str) -> str:
+def vending_machine(port: str, vend_timeout: float = 60) -> str:
     """An MDB adapter on a pty the test plays; the agent approves and waits for the result."""
     return f"""\
 triggers:
   - platform: mdb
     name: front
     port: {port}
-    vend_timeout: 60
+    vend_timeout: {vend_timeout}
     max_price: "5.00"
 """
 
@@ -211,15 +246,36 @@ async def test_an_mdb_vend_succeeding_after_the_signal_is_heard_and_the_sale_is_
 
 
 @pytest.mark.slow(seconds=15)
-async def test_an_mdb_vend_unheard_by_the_deadline_is_parked_then_given_back_on_start(
-    rig: DrainRig,
+@pytest.mark.parametrize("controller_says", [None, "c,VEND,SUCCESS", "c,ERR,VEND 3"])
+async def test_an_mdb_vend_unheard_by_the_deadline_is_parked_then_settled_by_the_next_start(
+    controller_says: str | None, rig: DrainRig,
 ) -> None:
-    agent, adapter, sale = await rig.mdb_vending(stop_timeout=0.5)
+    """The drain parks the vend; the next start, on the same adapter, listens for it until the
+    vend's own deadline with the setup held back (its C,0 would end the controller's session).
+    The controller's success said meanwhile is captured, its failure given back; silence gives
+    the money back at that deadline. The setup follows the hearing."""
+    agent, adapter, sale = await rig.mdb_vending(stop_timeout=0.5, vend_timeout=8)
     agent.send(signal.SIGHUP)
     assert await agent.exit_code() == STOP_SIGNALS[signal.SIGHUP], agent.text()[-3000:]
     assert states(rig.journal) == {sale: "dispensing"}
-    adapter.write(b"c,VEND,SUCCESS\n")  # too late: nobody hears it
-    await rig.next_start_ends(sale, {"reversed"})
+    stopped = len(adapter.heard)
+    again = await rig.next_start()
+    await again.wait_for_log("listening for its result before the setup")
+    assert "C,0" not in adapter.heard[stopped:]  # the controller's session is left alone
+    if controller_says is not None:
+        adapter.write(controller_says.encode() + b"\n")
+    await until(lambda: "C,1" in adapter.heard[stopped:])  # set up once recovery is done
+    if controller_says == "c,VEND,SUCCESS":
+        await rig.next_start_ends(sale, {"completed"}, again)
+    else:
+        await rig.next_start_ends(sale, {"reversed"}, again)
+    if controller_says is None:
+        given_back_at_its_deadline(rig.journal, sale, vend_timeout=8)
+    else:  # settled on what the controller said after the restart, not on the deadline
+        said = "vend success" if "SUCCESS" in controller_says else "vend failed"
+        settled = f"for sale {sale}, left dispensing by the last stop or crash: recovery settles"
+        assert f"mdb:front: {said}" in again.text(), again.text()[-3000:]
+        assert settled in again.text(), again.text()[-3000:]
     await money_agrees(rig.sim, rig.journal)
 
 
@@ -249,7 +305,8 @@ async def test_a_storm_of_signals_mid_dispense_strands_no_money(seed: int, rig: 
     storm = rng.choices([*STOP_SIGNALS, *IGNORED_SIGNALS[:6]], k=8)
     first_stop = next(s for s in storm if s in STOP_SIGNALS)
     confirm_at = rng.randrange(len(storm) + 1)
-    agent, app, sale = await rig.kiosk_dispensing(stop_timeout=5, seed=seed)
+    # a vend timeout of 10 s: longer than the drain, and how long the next start listens
+    agent, app, sale = await rig.kiosk_dispensing(stop_timeout=5, seed=seed, vend_timeout=10)
     for n, signum in enumerate(storm):
         if n == confirm_at:
             await _confirm_if_heard(app, sale)
@@ -259,8 +316,15 @@ async def test_a_storm_of_signals_mid_dispense_strands_no_money(seed: int, rig: 
     if confirm_at == len(storm):
         await _confirm_if_heard(app, sale)
     assert await agent.exit_code() == STOP_SIGNALS[first_stop], agent.text()[-3000:]
-    assert states(rig.journal)[sale] in {"completed", "dispensing"}, agent.text()[-3000:]
-    await rig.next_start_ends(sale, {"completed", "reversed"})
+    parked = states(rig.journal)[sale]
+    assert parked in {"completed", "dispensing"}, agent.text()[-3000:]
+    again = await rig.next_start()
+    if parked == "completed":
+        await rig.next_start_ends(sale, {"completed"}, again)
+    else:  # unconfirmed when it stopped: listened for to its deadline, then given back
+        await again.wait_for_log(f"sale {sale}: {LISTENING}")
+        await rig.next_start_ends(sale, {"reversed"}, again)
+        given_back_at_its_deadline(rig.journal, sale, vend_timeout=10)
     await money_agrees(rig.sim, rig.journal)
 
 
@@ -268,3 +332,29 @@ async def _confirm_if_heard(app: App, sale: str) -> None:
     """The app says the coffee came out; the agent may have stopped listening already."""
     with contextlib.suppress(aiohttp.ClientError):
         await app.call("POST", f"/sales/{sale}/dispensed", {"status": "vended"})
+
+
+@pytest.mark.slow(seconds=15)
+async def test_a_stop_while_the_next_start_listens_ends_at_once_and_the_third_listens_on(
+    rig: DrainRig,
+) -> None:
+    """A stop during the restart's hearing is not held by it: the agent ends with 0 at once,
+    the sale still dispensing (nothing said to the controller), and the start after listens to
+    the same deadline, the vend's own, then gives the money back."""
+    agent, adapter, sale = await rig.mdb_vending(stop_timeout=0.5, vend_timeout=8)
+    agent.send(signal.SIGHUP)
+    assert await agent.exit_code() == STOP_SIGNALS[signal.SIGHUP], agent.text()[-3000:]
+    stopped = len(adapter.heard)
+    again = await rig.next_start()
+    await again.wait_for_log(f"sale {sale}: {LISTENING}")
+    again.send(signal.SIGTERM)
+    assert await again.exit_code() == 0, again.text()[-3000:]
+    approved = [at for at, step in steps_of(rig.journal, sale) if step == "dispense.request"][-1]
+    assert time.time() < approved + 8, "the stop waited for the hearing's deadline"
+    assert states(rig.journal) == {sale: "dispensing"}, again.text()[-3000:]
+    assert adapter.heard[stopped:] == [], adapter.heard[stopped:]  # no setup, no C,0
+    third = await rig.next_start(log="third.log")
+    await third.wait_for_log(f"sale {sale}: {LISTENING}")
+    await rig.next_start_ends(sale, {"reversed"}, third)
+    given_back_at_its_deadline(rig.journal, sale, vend_timeout=8)
+    await money_agrees(rig.sim, rig.journal)

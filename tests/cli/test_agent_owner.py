@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import asyncio
 import signal
+import socket
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +19,17 @@ import pytest
 
 from kiosk_agent.cli.contract import EXIT_JOURNAL_OWNED
 
-from .agent_process import MACHINE, AgentProcess, money_agrees, sale_in, states, write_config
+from .agent_process import (
+    LISTENING,
+    MACHINE,
+    AgentProcess,
+    given_back_at_its_deadline,
+    money_agrees,
+    sale_in,
+    states,
+    steps_of,
+    write_config,
+)
 
 ADMIN = """\
 admin:
@@ -87,10 +99,16 @@ async def test_whichever_agent_starts_second_on_one_journal_is_refused(
 async def test_an_agent_after_a_sigkilled_one_starts_and_recovers_its_sale(
     sim_factory: Any, tmp_path: Path
 ) -> None:
+    """The successor starts at once (ready, its journal claimed from the dead owner) and
+    recovers the sale the kill left dispensing: it listens for the vend until the vend's own
+    deadline (rule 13), and the virtual machine, born again with this process, says nothing of
+    the last one's vend: the money goes back at that deadline."""
     sim = await sim_factory(time_scale=50, seed=3, transactions=0)
     journal = tmp_path / "journal.db"
-    # a dispense of 3 s: the kill lands while the product drops, even on a loaded machine
-    config = write_config(tmp_path, sim, journal, MACHINE.replace("1.0", "3.0"))
+    # a dispense of 3 s: the kill lands while the product drops, even on a loaded machine; the
+    # vend timeout of 6 s is how long the successor listens from the vend's approval
+    config = write_config(tmp_path, sim, journal, MACHINE.replace("1.0", "3.0")
+                          + "    vend_timeout: 6\n")
     killed = AgentProcess(config, sim)
     successor = AgentProcess(config, sim)
     try:
@@ -100,9 +118,11 @@ async def test_an_agent_after_a_sigkilled_one_starts_and_recovers_its_sale(
         assert await killed.exit_code() == -signal.SIGKILL
         assert states(journal)[stranded] == "dispensing"
         await successor.start()
+        await successor.wait_ready()  # before the hearing ends: ready does not wait for it
+        await successor.wait_for_log(f"sale {stranded}: {LISTENING}")
         await successor.wait_for_log("recovery finished: 1 of 1 open sale(s) ended")
-        # the dispense was never confirmed: the money goes back
-        assert states(journal)[stranded] == "reversed"
+        # the dispense was never confirmed: the money goes back, at the vend's deadline
+        given_back_at_its_deadline(journal, stranded, vend_timeout=6)
         successor.send(signal.SIGTERM)
         assert await successor.exit_code() == 0, successor.text()[-3000:]
     finally:
@@ -145,3 +165,54 @@ def test_the_unit_file_does_not_restart_an_agent_refused_its_journal() -> None:
     )
     assert settings["Restart"] == "on-failure"
     assert settings["RestartPreventExitStatus"].split() == [str(EXIT_JOURNAL_OWNED)]
+
+
+async def test_under_systemd_ready_waits_for_the_hearing_of_a_vend_the_kill_left(
+    sim_factory: Any, tmp_path: Path
+) -> None:
+    """Under systemd (NOTIFY_SOCKET), the successor of a SIGKILLed agent says READY=1 only once
+    recovery has settled the sale the kill left dispensing, at the vend's own deadline; it asks
+    for more start time meanwhile (EXTEND_TIMEOUT_USEC) so the unit's start is not timed out."""
+    sim = await sim_factory(time_scale=50, seed=3, transactions=0)
+    journal = tmp_path / "journal.db"
+    config = write_config(tmp_path, sim, journal, MACHINE.replace("1.0", "3.0")
+                          + "    vend_timeout: 6\n")
+    killed = AgentProcess(config, sim)
+    successor = AgentProcess(config, sim, log="successor.log", cold=True)  # its own sd_notify
+    path = str(tmp_path / "notify")
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    server.bind(path)
+    server.setblocking(False)
+    successor.env = {**successor.env, "NOTIFY_SOCKET": path}
+    successor.env.pop("WATCHDOG_USEC", None)
+    successor.env.pop("WATCHDOG_PID", None)
+    loop = asyncio.get_running_loop()
+    # (what the agent told systemd, the sale's state then, when: wall clock)
+    said: list[tuple[str, str, float]] = []
+    try:
+        await killed.start()
+        stranded = await sale_in(journal, "dispensing")
+        killed.send(signal.SIGKILL)
+        assert await killed.exit_code() == -signal.SIGKILL
+        await successor.start()
+        async with asyncio.timeout(30):
+            while not any(m.startswith("READY=1") for m, _, _ in said):
+                message = (await loop.sock_recv(server, 4096)).decode()
+                said.append((message, states(journal)[stranded], time.time()))
+        extended = [n for n, (m, _, _) in enumerate(said) if "EXTEND_TIMEOUT_USEC=" in m]
+        [ready] = [n for n, (m, _, _) in enumerate(said) if m.startswith("READY=1")]
+        assert extended, said
+        assert extended[0] < ready, said  # more start time asked while it listened
+        assert said[extended[0]][1] == "dispensing", said
+        assert said[ready][1] == "reversed", said
+        approved = [at for at, step in steps_of(journal, stranded) if step == "dispense.request"]
+        assert said[ready][2] >= approved[-1] + 6 - 0.2, said  # not before the vend's deadline
+        assert f"sale {stranded}: {LISTENING}" in successor.text()
+        given_back_at_its_deadline(journal, stranded, vend_timeout=6)
+        successor.send(signal.SIGTERM)
+        assert await successor.exit_code() == 0, successor.text()[-3000:]
+    finally:
+        server.close()
+        await killed.close()
+        await successor.close()
+    await money_agrees(sim, journal)
