@@ -315,6 +315,8 @@ class Agent:
             self.sales.prepare_flow(Flow(conf["flow"]))
         if conf.get("max_price") is not None:  # the runner holds every platform to it
             self.sales.limit_trigger(conf["platform"], conf.get("name"), conf["max_price"])
+        if conf["platform"] == "virtual":  # its simulated machine is made anew with the agent
+            self.sales.machine_starts_anew("virtual")
         if conf.get("vend_timeout") is not None:  # recovery listens that long after a restart
             self.sales.trigger_vend_timeout(conf["platform"], conf.get("name"),
                                             conf["vend_timeout"])

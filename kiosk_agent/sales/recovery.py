@@ -223,14 +223,16 @@ class Recovery:
     def _vend_left(self, record: SaleRecord) -> float:
         """Seconds left of the vend timeout of ``record``'s dispense, as this boot counts them;
         0 when there is nothing to listen for: another boot (a power cut: the controller
-        restarted too, its vend is over), a sale whose vend price is not journaled (card first:
-        the customer's choice comes with the vend), or no dispense request journaled.
+        restarted too, its vend is over), a machine that started anew with this agent (the
+        demo's ``virtual`` one), a sale whose vend price is not journaled (card first: the
+        customer's choice comes with the vend), or no dispense request journaled.
 
         The vend was approved in the commit that journaled the money's answer
         (``approved_for_vend``): the ``dispense.request`` step's wall time, measured from the
         money call's send (monotonic, this boot), within the call's answer window."""
         anchor = Anchor(record.sent_at or 0.0, record.sent_mono, record.sent_boot)
-        if record.sent_at is None or not record.product or not anchor.same_boot(self.clock):
+        if (record.sent_at is None or not record.product or not anchor.same_boot(self.clock)
+                or not self.runner.hears_after_restart(record.source)):
             return 0.0
         asked = [s.at for s in self.journal.steps(record.sale_id)
                  if s.step == Step.DISPENSE_REQUEST]

@@ -172,6 +172,9 @@ class SaleRunner:
         # trigger's platform holds its setup meanwhile and settles it (restart_vend_heard)
         self._restart_vends: dict[str, asyncio.Future[DispenseOutcome | None]] = {}
         self._vend_timeouts: dict[str, float] = {}  # "platform:name" or "platform" -> seconds
+        # platforms whose machine starts anew with each agent (``virtual``): nothing of a vend
+        # the last run left can be heard after a restart
+        self._machine_starts_anew: set[str] = set()
 
     def left_dispensing(self, source: str) -> list[tuple[str, str | None]]:
         """The sales of trigger ``source`` left dispensing by the last stop or crash (recovery
@@ -193,6 +196,16 @@ class SaleRunner:
         """The vend timeout of trigger ``source``'s sales: its own, else ``sales.vend_timeout``."""
         own = self._vend_timeouts.get(source, self._vend_timeouts.get(source.partition(":")[0]))
         return self.settings.vend_timeout if own is None else own
+
+    def machine_starts_anew(self, platform: str) -> None:
+        """``platform``'s machine is made with the agent (the demo's simulated one): a vend the
+        last run left dispensing ended with that run, and recovery does not listen for it."""
+        self._machine_starts_anew.add(platform)
+
+    def hears_after_restart(self, source: str) -> bool:
+        """Whether trigger ``source``'s machine outlives the agent, so it may still say how a
+        vend the last run left ended (:meth:`machine_starts_anew`)."""
+        return source.partition(":")[0] not in self._machine_starts_anew
 
     def listen_after_restart(self, sale_id: str) -> asyncio.Future[DispenseOutcome | None]:
         """Recovery listens for how ``sale_id``'s vend ended (left dispensing by the last stop

@@ -510,6 +510,34 @@ async def test_a_sale_left_dispensing_is_listened_for_until_its_vend_deadline_on
         assert "after the restart" not in event.message
 
 
+async def test_a_sale_left_dispensing_by_the_demos_virtual_machine_is_given_back_at_once(
+    agent_factory: Any, sim_factory: Any, tmp_path: Path
+) -> None:
+    """The ``virtual`` platform's machine is made anew with each agent, so nothing of a vend the
+    last run left can be heard: on the same boot recovery gives the money back at once instead
+    of refusing the demo's customers for a vend timeout (found by i39-restart-tests)."""
+    sim = await sim_factory(time_scale=300, transactions=0)
+    async with ServiceClient(settings_from_ready(sim.ready_info())) as service:
+        trans_id = await authorize(service, "KACRASHED1", capture=False)
+    clock = FakeClock(wall=time.time(), boot_id="fake-boot-1")
+    leave_open(
+        tmp_path, state=SaleState.DISPENSING, trans_id=trans_id, authorized_cents=300,
+        product="B1", source="virtual:vending", sent_at=clock.time() - 1,
+        sent_mono=clock.monotonic() - 1, sent_boot="fake-boot-1", answer_by=clock.time() + 29,
+    )
+
+    agent = await agent_factory(
+        "triggers: [{platform: virtual, name: vending, terminal: SIM-0001, customers: false}]\n",
+        sim=sim, clock=clock,
+    )
+    assert agent.sales.listening_after_restart("crashed1") is None
+    [event] = await clock.run(agent.recovery.wait(), horizon=600)
+    assert event.state is SaleState.REVERSED
+    assert "after the restart" not in event.message  # not a vend timeout's wait
+    [row] = await rows(agent.service, "KACRASHED1")
+    assert row.status is TransStatus.VOIDED
+
+
 async def test_a_vend_result_heard_as_the_listening_deadline_passes_is_not_dropped(
     agent_factory: Any, sim_factory: Any, tmp_path: Path
 ) -> None:
