@@ -160,7 +160,9 @@ def _planogram_of(agent: Any, source: str) -> Mapping[str, int]:
     virtual:NAME``), or nothing."""
     config = getattr(agent, "config", None)
     dex = config.get("dex") if config is not None else None
-    port = dex.get("port") if dex else None  # the dex schema's own default stands, not one here
+    if not dex:
+        return {}
+    port = dex.get("port")  # the dex schema's own default stands, not one written here
     if port is None or str(port) not in (source, source.removeprefix("virtual:")):
         return {}
     return dict(dex.get("planogram") or {})
