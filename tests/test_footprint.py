@@ -65,6 +65,7 @@ NOT_FOR_A_SALE = [
     "kiosk_agent.sales.enroll",
     "kiosk_agent.sales.resolve",  # a person's decision on an ATTENTION sale: with admin: only
     "kiosk_agent.sales.recover_sale",  # one open sale driven to an end: when a start finds one
+    "kiosk_agent.sales.reconcile",  # reporting asked about a sale's charges: at a first lookup
 ]
 
 
