@@ -48,6 +48,7 @@ NOT_FOR_A_SALE = [
     "kiosk_agent.cli.sales",  # the `sales` command: its views and exports
     "kiosk_agent.cli.check_config",  # the `check-config` command: its warnings and summary
     "kiosk_agent.cli.service_access",  # a service command's settings and client
+    "kiosk_agent.cli.waiting",  # the waiting line and a pull's progress: a run draws neither
     "kiosk_agent.config.mistakes",  # a configuration's mistakes explained: a valid one has none
     "kiosk_agent.export",  # CSV/JSON exports and printed records: a run prints none
     "kiosk_agent.platforms.mdb_protocol",  # the MDB adapter's wire: only with an mdb trigger
@@ -64,6 +65,7 @@ NOT_FOR_A_SALE = [
     "kiosk_agent.sales.enroll",
     "kiosk_agent.sales.resolve",  # a person's decision on an ATTENTION sale: with admin: only
     "kiosk_agent.sales.recover_sale",  # one open sale driven to an end: when a start finds one
+    "kiosk_agent.sales.reconcile",  # reporting asked about a sale's charges: at a first lookup
 ]
 
 

@@ -10,9 +10,11 @@
   client derives its timeouts from), so a service that never answers ends the command with a
   clear error within S. Without it: the configuration's ``service.timeout``, else that
   setting's one default (``service.settings.DEFAULT_TIMEOUT``). On a terminal a line says
-  what it waits for (:class:`StatusLine`).
+  what it waits for (:class:`StatusLine`, drawn by ``cli.waiting``, which the commands that
+  wait import: a run draws none).
 - Exit codes from :data:`EXIT_CODES` (docs/cli.md has the same table; a test compares them).
-- ``NO_COLOR`` and TTY detection (:func:`use_colour`), progress with a clean final line.
+- ``NO_COLOR`` and TTY detection (:func:`use_colour`), progress with a clean final line
+  (``cli.waiting.Progress``).
 - Service commands work with a configuration that uses the embedded simulator: it is started
   for the command, as ``doctor`` and ``run`` do (``cli.service_access.service_settings``, through
   ``app.configured_service``, the one place that choice is made).
@@ -29,8 +31,7 @@ import math
 import os
 import signal
 import sys
-import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Iterable, Sequence
 from decimal import Decimal
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO, TypeVar
@@ -127,7 +128,6 @@ T = TypeVar("T")
 
 CONFIG_ENV = "KIOSK_CONFIG"
 DEFAULT_TIMEOUT_S = DEFAULT_TIMEOUT  # --timeout: the service's one default (service.timeout)
-WAIT_LINE_AFTER_S = 1.0  # a call quicker than this draws no waiting line
 
 # settings field -> environment variable
 ENVIRONMENT = {
@@ -626,116 +626,8 @@ class StatusLine:
         self.stream.write(text + "\n")
         self.stream.flush()
 
-    @contextlib.asynccontextmanager
-    async def waiting(self, what: str, limit_s: float) -> AsyncIterator[None]:
-        """While the block runs, after a second: ``waiting for <what>: 3 s (gives up after 10 s
-        per request, --timeout)``; wiped when the block ends."""
-        if not self.live:
-            yield
-            return
-        import asyncio
-
-        task = asyncio.create_task(self._tick(what, limit_s))
-        try:
-            yield
-        finally:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
-            self.clear()
-
-    def wait_in_thread(self, what: str, limit_s: float, call: Callable[[], T]) -> T:
-        """``call()`` in a thread of its own, for a command without an event loop: bounded by
-        ``limit_s`` (TimeoutError after it; the thread is left to end on its own), with the
-        waiting line :meth:`waiting` draws shown meanwhile."""
-        import threading
-
-        results: list[T] = []
-        errors: list[BaseException] = []
-
-        def run() -> None:
-            try:
-                results.append(call())
-            except BaseException as err:  # noqa: BLE001 - raised on the waiting thread
-                errors.append(err)
-
-        worker = threading.Thread(target=run, name="command-request", daemon=True)
-        worker.start()
-        started = time.monotonic()
-        pause = WAIT_LINE_AFTER_S
-        try:
-            while True:
-                worker.join(max(0.0, min(pause, started + limit_s - time.monotonic())))
-                if not worker.is_alive():
-                    break
-                waited = time.monotonic() - started
-                if waited >= limit_s:
-                    raise TimeoutError(f"no answer within {limit_s:g} s")
-                self.show(f"waiting for {what}: {waited:.0f} s (gives up after {limit_s:g} s "
-                          "per request, --timeout)")
-                pause = 1.0
-        finally:
-            self.clear()
-        if errors:
-            raise errors[0]
-        return results[0]
-
-    async def _tick(self, what: str, limit_s: float) -> None:
-        import asyncio
-
-        started = time.monotonic()
-        await asyncio.sleep(WAIT_LINE_AFTER_S)
-        while True:
-            waited = time.monotonic() - started
-            self.show(f"waiting for {what}: {waited:.0f} s (gives up after {limit_s:g} s per "
-                      "request, --timeout)")
-            await asyncio.sleep(1.0)
-
 
 STATUS = StatusLine()  # a command line runs one command: one status line on stderr
-
-
-class Progress:
-    """A long pull on stderr: ``scanned 12,000 transactions, matched 340 (8,100/s)`` redrawn on a
-    terminal, a line every few seconds in a log; then one clean final line."""
-
-    INTERVAL_S = 0.5  # redraw on a terminal
-    PLAIN_INTERVAL_S = 5.0  # one line per this many seconds when stderr is a file or pipe
-
-    def __init__(self, noun: str, *, quiet: bool = False, status: StatusLine | None = None) -> None:
-        self.noun = noun
-        self.quiet = quiet
-        self.status = status or STATUS
-        self.started = time.monotonic()
-        self._shown = self.started
-        self.scanned = 0
-        self.matched = 0
-
-    def tick(self, *, scanned: int, matched: int) -> None:
-        self.scanned, self.matched = scanned, matched
-        if self.quiet or scanned % 64:  # the clock is read every 64 records, not each one
-            return
-        now = time.monotonic()
-        live = self.status.live
-        if now - self._shown < (self.INTERVAL_S if live else self.PLAIN_INTERVAL_S):
-            return
-        self._shown = now
-        line = f"{self._counts()} ({scanned / max(now - self.started, 1e-9):,.0f}/s)"
-        if live:
-            self.status.show(line)
-        else:
-            self.status.done(line)
-
-    def done(self) -> None:
-        if self.quiet:
-            return
-        elapsed = time.monotonic() - self.started
-        self.status.done(f"{self._counts()} in {elapsed:.1f} s")
-
-    def _counts(self) -> str:
-        if self.scanned == self.matched:
-            return plural(self.matched, self.noun)
-        return f"scanned {plural(self.scanned, self.noun)}, matched {self.matched:,}"
 
 
 # -- dates ---------------------------------------------------------------------------------------

@@ -478,10 +478,12 @@ async def health_command(args: argparse.Namespace) -> int:
         from kiosk_agent.cli.events import watch_health
 
         return await awaited_anyhow(watch_health(args))
+    from kiosk_agent.cli.waiting import wait_in_thread
+
     url, token = admin_address(args)
     within = timeout_of(args)
     try:
-        status, location, body = await off_the_loop(lambda: STATUS.wait_in_thread(
+        status, location, body = await off_the_loop(lambda: wait_in_thread(
             f"the agent at {url}", within,
             lambda: get_once(f"{url.rstrip('/')}/api/health", token, within)))
     except (OSError, ValueError, TimeoutError) as err:

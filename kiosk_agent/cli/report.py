@@ -17,7 +17,6 @@ from kiosk_agent.cli.contract import (
     EXIT_USAGE,
     STATUS,
     CliError,
-    Progress,
     as_text,
     first_problem,
     given,
@@ -28,6 +27,7 @@ from kiosk_agent.cli.contract import (
     wants_json,
 )
 from kiosk_agent.cli.service_access import service_client
+from kiosk_agent.cli.waiting import Progress
 from kiosk_agent.export import (
     CsvExport,
     JsonExport,

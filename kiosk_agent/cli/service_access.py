@@ -24,6 +24,7 @@ from kiosk_agent.cli.contract import (
     load,
     optional_config_path,
 )
+from kiosk_agent.cli.waiting import waiting
 
 if TYPE_CHECKING:
     from kiosk_agent.service.client import ServiceClient
@@ -90,7 +91,7 @@ async def service_client(
     async with service_settings(args, needs=needs) as settings:
         where = settings.reporting_base if needs == "oauth" else settings.base_url
         async with (
-            STATUS.waiting(f"the service at {where}", settings.timeout),
+            waiting(f"the service at {where}", settings.timeout),
             ServiceClient(settings) as svc,
         ):
             yield svc

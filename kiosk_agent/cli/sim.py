@@ -293,11 +293,12 @@ def trigger_request(args: argparse.Namespace) -> tuple[str, str, dict[str, Any] 
 
 
 async def trigger_command(args: argparse.Namespace) -> int:
-    from kiosk_agent.cli.contract import EXIT_OK, STATUS, print_json, timeout_of, wants_json
+    from kiosk_agent.cli.contract import EXIT_OK, print_json, timeout_of, wants_json
+    from kiosk_agent.cli.waiting import waiting
 
     base = (args.url or os.environ.get(SIM_URL_ENV) or f"http://127.0.0.1:{DEFAULT_PORT}")
     within = timeout_of(args)
-    async with STATUS.waiting(f"the simulator at {base}", within), _Sim(base, within) as sim:
+    async with waiting(f"the simulator at {base}", within), _Sim(base, within) as sim:
         if args.event in ("sale", "declined"):
             answer = await _sale(sim, args)
         else:

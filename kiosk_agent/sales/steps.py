@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import functools
 import logging
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import field
@@ -26,7 +27,6 @@ from kiosk_agent.sales.deadlines import AnswerDeadlines
 from kiosk_agent.sales.journal import HeldStep, Journal, JournalError, SaleRecord
 from kiosk_agent.sales.lost_reads import LostReads
 from kiosk_agent.sales.model import CAPTURED_NOTHING, Flow, SaleEvent
-from kiosk_agent.sales.reconcile import ChargeLookup, Reconciler
 from kiosk_agent.sales.settings import SaleSettings
 from kiosk_agent.sales.states import REQUEST_STEPS, ReportingSteps, SaleState, Step
 from kiosk_agent.sales.unit import OwnUnit
@@ -48,6 +48,7 @@ from kiosk_agent.service.models import (
 from kiosk_agent.service.trans_ids import trans_key
 
 if TYPE_CHECKING:
+    from kiosk_agent.sales.reconcile import ChargeLookup, Reconciler
     from kiosk_agent.service.client import ServiceClient
 
 
@@ -187,7 +188,6 @@ class SaleSteps:
         self.events = context.events
         self.settings = context.settings
         self.clock = context.clock
-        self.reconciler = Reconciler(context.service, context.settings.mid)
         # The sale as the journal should hold it, once a step could not be written: that first
         # failed step applied (later steps made no call: each would have been written first).
         self.unwritten: SaleRecord | None = None
@@ -206,6 +206,15 @@ class SaleSteps:
     @property
     def device(self) -> str:
         return self.record.terminal
+
+    @functools.cached_property
+    def reconciler(self) -> Reconciler:
+        """Reporting asked about this sale's charges: made, and its module imported, at the first
+        lookup (a lost answer, an unclear give-back or capture, recovery, the attention sweep);
+        a sale that hears its answers never asks."""
+        from kiosk_agent.sales.reconcile import Reconciler
+
+        return Reconciler(self.service, self.settings.mid)
 
     # -- journal and events ----------------------------------------------------------------------
 

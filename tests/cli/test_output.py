@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from kiosk_agent.cli import build_parser
+from kiosk_agent.cli import build_parser, waiting
 from kiosk_agent.cli import contract as cli
 from kiosk_agent.cli.completion import script
 from kiosk_agent.sales.journal import Journal, SaleRecord
@@ -49,8 +49,8 @@ def test_colours_only_on_a_terminal_and_never_with_no_color(
 
 def test_progress_on_a_terminal_ends_in_one_clean_line(monkeypatch: pytest.MonkeyPatch) -> None:
     screen = Terminal()
-    monkeypatch.setattr(cli.Progress, "INTERVAL_S", 0.0)
-    progress = cli.Progress("transaction", status=cli.StatusLine(screen))
+    monkeypatch.setattr(waiting.Progress, "INTERVAL_S", 0.0)
+    progress = waiting.Progress("transaction", status=cli.StatusLine(screen))
     for n in range(1, 1281):
         progress.tick(scanned=n, matched=n // 10)
     progress.done()
@@ -62,23 +62,23 @@ def test_progress_on_a_terminal_ends_in_one_clean_line(monkeypatch: pytest.Monke
 
 def test_one_record_is_one_transaction_not_one_transactions() -> None:
     log = io.StringIO()
-    progress = cli.Progress("transaction", status=cli.StatusLine(log))
+    progress = waiting.Progress("transaction", status=cli.StatusLine(log))
     progress.tick(scanned=1, matched=1)
     progress.done()
     assert re.fullmatch(r"1 transaction in \d+\.\d s\n", log.getvalue())
 
 
 async def test_a_waiting_line_while_the_service_is_slow(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(cli, "WAIT_LINE_AFTER_S", 0.01)
+    monkeypatch.setattr(waiting, "WAIT_LINE_AFTER_S", 0.01)
     screen = Terminal()
     status = cli.StatusLine(screen)
-    async with status.waiting("the service at http://pay.example", 10.0):
+    async with waiting.waiting("the service at http://pay.example", 10.0, status):
         await asyncio.sleep(0.1)
     text = screen.getvalue()
     assert "waiting for the service at http://pay.example: 0 s (gives up after 10 s" in text
     assert text.endswith("\r\x1b[K")  # wiped when the answer came
     quiet = io.StringIO()  # not a terminal: nothing at all
-    async with cli.StatusLine(quiet).waiting("the service", 10.0):
+    async with waiting.waiting("the service", 10.0, cli.StatusLine(quiet)):
         await asyncio.sleep(0.05)
     assert quiet.getvalue() == ""
 
@@ -97,7 +97,7 @@ def reporting(sim: SimServer, monkeypatch: pytest.MonkeyPatch) -> SimServer:
 async def test_a_windowed_pull_says_scanned_and_matched(
     reporting: SimServer, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    monkeypatch.setattr(cli.Progress, "PLAIN_INTERVAL_S", 0.0)
+    monkeypatch.setattr(waiting.Progress, "PLAIN_INTERVAL_S", 0.0)
     args = build_parser("report").parse_args(
         ["report", "transactions", "--since", "7d", "--format", "csv"]
     )

@@ -24,6 +24,7 @@ import pytest
 
 from kiosk_agent.cli import build_parser, service_access
 from kiosk_agent.cli import contract as cli
+from kiosk_agent.cli.waiting import Progress
 from kiosk_agent.sim.server import SimServer
 
 SECRET_VALUES = ("sim_api_key", "sim_secret", "sim_refresh_token")
@@ -407,7 +408,7 @@ async def test_a_long_pull_shows_progress_and_stays_streamed(
     monkeypatch.setenv("KIOSK_BASE_URL", info["base_url"])
     monkeypatch.setenv("KIOSK_CLIENT_ID", info["client_id"])
     monkeypatch.setenv("KIOSK_CLIENT_SECRET", info["client_secret"])
-    monkeypatch.setattr(cli.Progress, "PLAIN_INTERVAL_S", 0.0)
+    monkeypatch.setattr(Progress, "PLAIN_INTERVAL_S", 0.0)
     ran = await kiosk(capsys, "report", "transactions", "--format", "csv", "--page-size", "1000")
     assert ran.code == 0
     assert len(ran.out.splitlines()) == 3001

@@ -351,17 +351,17 @@ def test_a_question_asked_without_an_event_loop_gives_up_at_its_bound() -> None:
     import threading
     import time
 
-    from kiosk_agent.cli.contract import StatusLine
+    from kiosk_agent.cli.waiting import wait_in_thread
 
     never = threading.Event()
     started = time.monotonic()
     with pytest.raises(TimeoutError, match=r"no answer within 0\.2 s"):
-        StatusLine().wait_in_thread("an agent that never answers", 0.2, never.wait)
+        wait_in_thread("an agent that never answers", 0.2, never.wait)
     assert time.monotonic() - started < 5
     never.set()
-    assert StatusLine().wait_in_thread("an answer", 5, lambda: 42) == 42
+    assert wait_in_thread("an answer", 5, lambda: 42) == 42
     with pytest.raises(ConnectionRefusedError):
-        StatusLine().wait_in_thread("a refusal", 5, lambda: (_ for _ in ()).throw(
+        wait_in_thread("a refusal", 5, lambda: (_ for _ in ()).throw(
             ConnectionRefusedError(111, "refused")))
 
 
