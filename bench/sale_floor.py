@@ -19,7 +19,7 @@ here):
 - the service: ``POST /api/terminal/{device}/charge-card`` on a kept-alive connection, its 202
   read; ``subscribe`` to the interaction on the one open cable (ActionCable WebSocket), its frames
   read until the record is no longer pending, ``unsubscribe``;
-- the journal: four commits of 19 statements (5, 4, 6, 4) of the agent's shapes on the agent's
+- the journal: four commits of 21 statements (7, 4, 6, 4) of the agent's shapes on the agent's
   own schema, WAL, ``synchronous=FULL``, the WAL grown ahead (the file is made and grown by the
   agent's ``Journal`` once, at the start; each sale then writes through plain sqlite3).
 """
@@ -53,17 +53,18 @@ _INSERT_SALE = (
     "currency, attempt, interaction_id, interaction_kind, trans_id, authorized_cents, "
     "vended_cents, captured_cents, reversed_cents, reverse_trans_id, card_brand, last_four, "
     "vault_uuid, plan_id, message, created_at, updated_at, finished_at, answer_by, resolution) "
-    "VALUES (?, ?, 'kiosk_api:screen', 'charge_card', ?, ?, 'charging', 'coffee', 'USD', 1, "
-    "NULL, NULL, NULL, 0, 0, 0, 0, NULL, NULL, NULL, NULL, NULL, ?, ?, ?, NULL, ?, NULL)"
-)  # in its state once the charge is asked: the agent writes a sale made in a batch once
-_INSERT_STEP = "INSERT INTO steps (sale_id, at, step, state, detail) VALUES (?, ?, ?, ?, ?)"
-_INSERT_TWO_STEPS = (
-    "INSERT INTO steps (sale_id, at, step, state, detail) VALUES (?, ?, ?, ?, ?), (?, ?, ?, ?, ?)"
+    "VALUES (?, ?, 'kiosk_api:screen', 'charge_card', ?, ?, 'started', 'coffee', 'USD', 1, NULL, "
+    "NULL, NULL, 0, 0, 0, 0, NULL, NULL, NULL, NULL, NULL, '', ?, ?, NULL, NULL, NULL)"
 )
+_INSERT_STEP = "INSERT INTO steps (sale_id, at, step, state, detail) VALUES (?, ?, ?, ?, ?)"
 _INSERT_SEND = (
     "INSERT INTO sale_sends (sale_id, sent_at, sent_mono, sent_boot) VALUES (?, ?, ?, ?) "
     "ON CONFLICT(sale_id) DO UPDATE SET sent_at = excluded.sent_at, "
     "sent_mono = excluded.sent_mono, sent_boot = excluded.sent_boot"
+)
+_ASKED = (
+    "UPDATE sales SET answer_by = ?, message = ?, state = 'charging', updated_at = ? "
+    "WHERE sale_id = ? AND state = 'started'"
 )
 _ACCEPTED = (
     "UPDATE sales SET interaction_id = ?, interaction_kind = 'charge_card', state = 'charging', "
@@ -141,15 +142,13 @@ class FloorJournal:
     def asked(self, sale_id: str, order_id: str) -> None:
         now = time.time()
         commit(self.db, [
-            (_INSERT_SALE, (sale_id, order_id, DEVICE, AMOUNT_CENTS,
-                            "asking for $2.50 on SIM-0001", now, now, now + 25)),
+            (_INSERT_SALE, (sale_id, order_id, DEVICE, AMOUNT_CENTS, now, now)),
+            (_INSERT_STEP, (sale_id, now, "created", "started",
+                            json.dumps({"product": "coffee", "source": "kiosk_api:screen"}))),
+            (_ASKED, (now + 25, "asking for $2.50 on SIM-0001", now, sale_id)),
             (_INSERT_SEND, (sale_id, now, time.monotonic(), BOOT_ID)),
-            (_INSERT_TWO_STEPS, (
-                sale_id, now, "created", "started",
-                json.dumps({"product": "coffee", "source": "kiosk_api:screen"}),
-                sale_id, now, "charge_card.request", "charging",
-                json.dumps({"amount_cents": AMOUNT_CENTS, "order_id": order_id}),
-            )),
+            (_INSERT_STEP, (sale_id, now, "charge_card.request", "charging",
+                            json.dumps({"amount_cents": AMOUNT_CENTS, "order_id": order_id}))),
         ])  # fmt: skip
 
     def accepted(self, sale_id: str, interaction_id: str) -> None:
