@@ -160,7 +160,7 @@ def _planogram_of(agent: Any, source: str) -> Mapping[str, int]:
     virtual:NAME``), or nothing."""
     config = getattr(agent, "config", None)
     dex = config.get("dex") if config is not None else None
-    if not dex or str(dex.get("port")) not in (source, source.removeprefix("virtual:")):
+    if not dex or str(dex.get("port", "")) not in (source, source.removeprefix("virtual:")):
         return {}
     return dict(dex.get("planogram") or {})
 
