@@ -5,7 +5,8 @@ machine's load moves a single `bench/agent.py` run by more than the change.
     python bench/agent_pair.py --other /work/base-NAME [--blocks 20] [--per-block 30]
                                [--log-level WARNING|INFO]
 
-Both agents run the bench's configuration (bench/agent.py's ``config_text``) as processes, the
+Both agents run the bench's configuration (bench/agent.py's ``config_text``) as processes under
+the systemd unit's environment (``unit_environment``, as bench/agent.py's agent), the
 other one from its own tree (bench/agent.py's ``--agent-path`` way: that tree first on its path
 and as its working directory), and are driven by the same driver (``kiosk_sales_cpu``: each sale
 followed on its own WebSocket, as the app does). Block n measures both, in the order this, other
@@ -30,8 +31,9 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # loaded from a test too, as agent.py
 import agent as bench  # bench/agent.py: its configuration, driver and spawner
-from _support import free_port
+from _support import free_port, unit_environment  # the agent as its systemd unit runs it
 
 
 async def spawn(tree: Path | None, directory: Path, info: dict[str, Any]) -> tuple[Any, int]:
@@ -45,6 +47,7 @@ async def spawn(tree: Path | None, directory: Path, info: dict[str, Any]) -> tup
     listener.setblocking(False)
     env = {
         **os.environ,
+        **unit_environment(),  # both agents as their systemd unit runs them, as bench/agent.py's
         "NOTIFY_SOCKET": str(directory / "notify.sock"),
         "BENCH_API_KEY": info["api_key"],
         "BENCH_CLIENT_SECRET": info["client_secret"],
@@ -120,6 +123,10 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="bench-pair-") as scratch:
         for name in ("this", "other"):
             Path(scratch, name).mkdir()
+        # the unit's -OO reads .opt-2.pyc files: compiled at each agent's first start into a
+        # cache of the run's own (as bench/agent.py does), not into either tree
+        os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
+        os.environ["PYTHONPYCACHEPREFIX"] = str(Path(scratch, "bytecode"))
         figures = asyncio.run(measure(other, Path(scratch), args.blocks, args.per_block))
     figures |= {"load_average_before": before, "load_average_after": bench.load_average()}
     for name, value in figures.items():

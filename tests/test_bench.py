@@ -412,3 +412,28 @@ async def test_a_background_load_runs_its_busy_processes_at_their_level_and_ends
     assert not any(Path(f"/proc/{pid}").exists() for pid in pids)
     assert seen["runnable_during_sales"] >= 1  # the sampler itself at least
     assert seen["load_average_during_sales"] >= 0
+
+
+async def test_a_pairs_agents_run_as_their_systemd_unit_runs_them(tmp_path: Path) -> None:
+    """bench/agent_pair.py's agents get the unit's Environment= lines (the C heap's arenas and
+    per-thread cache, -OO), as bench/agent.py's, bench/journal.py's and bench/pi.py's agents
+    do: a pair measured otherwise reads an agent no unit runs (i39-review2)."""
+    from bench._support import unit_environment
+    from kiosk_agent.sim.server import SimOptions, SimServer
+
+    pair = _bench_module("agent_pair")
+    sim = SimServer(SimOptions(port=0, time_scale=pair.bench.PROCESS_TIME_SCALE, transactions=0))
+    await sim.start()
+    try:
+        agent, _ = await pair.spawn(None, tmp_path, sim.ready_info())
+        try:
+            environ = Path(f"/proc/{agent.pid}/environ").read_bytes().split(b"\0")
+        finally:
+            agent.terminate()
+            await agent.wait()
+    finally:
+        await sim.stop()
+    variables = dict(v.decode().partition("=")[::2] for v in environ if v)
+    wanted = unit_environment()
+    assert {"MALLOC_ARENA_MAX", "GLIBC_TUNABLES", "PYTHONOPTIMIZE"} <= set(wanted)
+    assert {name: variables.get(name) for name in wanted} == wanted

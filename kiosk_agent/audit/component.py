@@ -84,7 +84,8 @@ class AuditReads:
         self.settings = BooksSettings.from_config(conf)
         self.machine = self.settings.trigger or "machine"
         self.sources = machine_sources(self.settings.trigger, agent.config.triggers)
-        self.store = AuditStore(lambda: agent.journal.db)
+        self.store = AuditStore(
+            lambda: agent.journal.db, gives_way=lambda: agent.journal.prune_gives_way())
         self.currency = agent.settings.currency
         self._agent = agent
         self._port = port or link_port(agent, conf, self.settings.cashless_device)

@@ -12,9 +12,11 @@ marks, an order no wall-clock step can change.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sqlite3
-from collections.abc import Callable, Iterable, Sequence
+import threading
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -86,8 +88,24 @@ class Fill:
 class AuditStore:
     """The audit tables beside the sales, on the journal's open connection."""
 
-    def __init__(self, db: Callable[[], sqlite3.Connection]) -> None:
+    def __init__(
+        self,
+        db: Callable[[], sqlite3.Connection],
+        gives_way: Callable[[], threading.Event | None] | None = None,
+    ) -> None:
         self._db = db  # e.g. ``lambda: journal.db``
+        # asked before each write, as the journal's own writes ask (Journal.prune_gives_way):
+        # an index's build or a prune's batch under way rolls back, and the write does not wait
+        # out its scan with the whole event loop; the write sets the event once it holds the lock
+        self._gives_way = gives_way
+
+    @contextlib.contextmanager
+    def _write(self) -> Iterator[sqlite3.Connection]:
+        way_taken = self._gives_way() if self._gives_way is not None else None
+        with transaction(self._db()) as db:
+            if way_taken is not None:
+                way_taken.set()
+            yield db
 
     def open(self) -> None:
         """Create the tables (idempotent); the journal must be open."""
@@ -117,7 +135,7 @@ class AuditStore:
         changes: Sequence[Change] = (),
         raw: bytes | None = None,
     ) -> StoredRead:
-        with transaction(self._db()) as db:
+        with self._write() as db:
             cursor = db.execute(
                 "INSERT INTO audit_reads (at, step_mark, clean, machine, figures, changes, raw)"
                 " VALUES (?, ?, ?, ?, ?, ?, ?)",
@@ -191,7 +209,7 @@ class AuditStore:
     # -- comparisons -----------------------------------------------------------------------------
 
     def add_comparison(self, read_id: int, from_read: int, comparison: Comparison) -> None:
-        with transaction(self._db()) as db:
+        with self._write() as db:
             db.execute(
                 "INSERT OR REPLACE INTO audit_comparisons (read_id, from_read, verdict, detail)"
                 " VALUES (?, ?, ?, ?)",
@@ -215,7 +233,7 @@ class AuditStore:
         last = self.last_read()
         read_id = last.id if last is not None else None
         fills = [Fill(column, at, read_id, by) for column in columns]
-        with transaction(self._db()) as db:
+        with self._write() as db:
             db.executemany(
                 "INSERT INTO audit_fills (at, column_id, read_id, by) VALUES (?, ?, ?, ?)",
                 [(f.at, f.column, f.read_id, f.by) for f in fills],
@@ -252,7 +270,7 @@ class AuditStore:
         check's look-back and a day: ``Journal.prune``); the newest read always stays, as the
         base of the next comparison, with the fills that count from it."""
         cutoff = now - max(keep_days * 86400.0, CHARGE_LOOKBACK_S + 86400.0)
-        with transaction(self._db()) as db:
+        with self._write() as db:
             newest = db.execute("SELECT COALESCE(MAX(id), 0) FROM audit_reads").fetchone()[0]
             gone = db.execute(
                 "DELETE FROM audit_reads WHERE at < ? AND id != ?", (cutoff, newest)

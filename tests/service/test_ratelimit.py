@@ -10,6 +10,9 @@ import time
 import weakref
 from typing import Any
 
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
 from kiosk_agent.service.client import ServiceClient, ServiceSettings
 from kiosk_agent.service.ratelimit import RateLimiter, credential_fingerprint
 from tests.helpers import until
@@ -251,3 +254,78 @@ async def test_a_request_with_a_token_there_and_nobody_in_line_takes_no_lock() -
     with PythonCalls() as calls:
         await limiter.acquire()
     assert "__aenter__" not in calls  # the line is empty again
+
+
+# -- the fast path under any schedule (i39-review2) ----------------------------------------------
+
+# a schedule: callers arrive, the limiter's clock moves, a waiting caller is cancelled, the
+# callers that can pass pass (else a caller may arrive as a token comes, before the head wakes)
+_SCHEDULE = st.lists(
+    st.one_of(
+        st.tuples(st.just("arrive"), st.integers(1, 4)),
+        st.tuples(st.just("tick"), st.sampled_from([0.0, 0.005, 0.01, 0.02, 0.05, 0.2])),
+        st.tuples(st.just("cancel"), st.integers(0, 30)),
+        st.tuples(st.just("settle"), st.none()),
+    ),
+    min_size=1,
+    max_size=25,
+)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(_SCHEDULE, st.integers(1, 3))
+def test_the_fast_path_keeps_the_order_and_the_rate_under_any_schedule(
+    schedule: list[tuple[str, Any]], burst: int
+) -> None:
+    """Whatever the arrivals, the clock's moves and the cancellations: callers pass in the order
+    they came (one that comes while others wait queues, though a token is there), no more pass
+    than the burst and the rate allow, the bucket never goes below empty, and nobody waits while
+    a token sits unused (the line goes on once its head is cancelled)."""
+    asyncio.run(_run_schedule(schedule, burst))
+
+
+async def _run_schedule(schedule: list[tuple[str, Any]], burst: int) -> None:
+    rate = 100.0  # a token every 10 ms of the test's clock
+    now = [0.0]
+    limiter = RateLimiter(rate=rate, burst=burst, clock=lambda: now[0])
+    arrived: list[asyncio.Future[None]] = []
+    passed: list[int] = []  # callers in the order they passed
+
+    def waiting() -> list[int]:
+        return [i for i, f in enumerate(arrived) if not f.done()]
+
+    async def settled() -> None:
+        # until nobody waits, or nobody can pass yet: the head's sleep is real time (<= 10 ms)
+        async with asyncio.timeout(10):
+            while waiting() and limiter._bucket.wait(rate) == 0.0:
+                await asyncio.sleep(0.001)
+        await asyncio.sleep(0)
+
+    for action, value in schedule:
+        if action == "arrive":
+            for _ in range(value):
+                index = len(arrived)
+                future = asyncio.ensure_future(limiter.acquire())
+                future.add_done_callback(
+                    lambda f, i=index: passed.append(i) if not f.cancelled() else None)
+                arrived.append(future)
+                await asyncio.sleep(0)  # its first step runs: a fast path passes here
+        elif action == "tick":
+            now[0] += value
+        elif action == "cancel":
+            left = waiting()
+            if left:
+                arrived[left[value % len(left)]].cancel()
+                await asyncio.sleep(0)
+        else:
+            await settled()
+            if waiting():  # a caller waits only while no token is there
+                assert limiter._bucket.wait(rate) > 0.0
+        assert passed == sorted(passed), passed  # in the order of arrival
+        assert limiter._bucket._tokens >= -1e-9, limiter._bucket._tokens
+        assert len(passed) <= burst + rate * now[0] + 1e-6, (len(passed), now[0])
+        assert limiter._in_line == len(waiting()), (limiter._in_line, waiting())
+    for future in arrived:
+        future.cancel()
+    await asyncio.gather(*arrived, return_exceptions=True)
+    assert limiter._in_line == 0
