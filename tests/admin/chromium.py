@@ -58,6 +58,9 @@ class ChromiumStartError(RuntimeError):
     pass
 
 
+PROFILE_QUIET_S = 0.2  # a removed profile that stays gone this long is gone for good
+
+
 class SharedChromium:
     """A chromium started on first use, started again when it has died, stopped by ``stop``."""
 
@@ -127,8 +130,26 @@ class SharedChromium:
             # stop() returned. Not our children (chromium's), so no wait(): looked for instead
             _wait_until_gone(process.pid, STOP_TIMEOUT_S)
         if self._profile:
-            shutil.rmtree(self._profile, ignore_errors=True)
+            _remove_profile(Path(self._profile))
             self._profile = ""
+
+
+def _remove_profile(profile: Path) -> None:
+    """``profile`` removed, and removed again if it comes back within a moment: a whole run
+    found it made anew after stop() (``Default/declarative_performance_observer.db-journal``
+    alone in it, at the time of the kill), written by a chromium process that was still
+    finishing when its group was seen gone. Bounded: STOP_TIMEOUT_S at most."""
+    deadline = time.monotonic() + STOP_TIMEOUT_S
+    gone_since: float | None = None
+    while time.monotonic() < deadline:
+        if profile.exists():
+            shutil.rmtree(profile, ignore_errors=True)
+            gone_since = None
+        elif gone_since is None:
+            gone_since = time.monotonic()
+        elif time.monotonic() - gone_since >= PROFILE_QUIET_S:
+            return
+        time.sleep(0.02)
 
 
 async def connect(
