@@ -223,21 +223,28 @@ def steps_of(journal: Path, sale_id: str) -> list[tuple[float, str]]:
         db.close()
 
 
-def given_back_at_once(journal: Path, sale_id: str, vend_timeout: float) -> None:
-    """A start after a crash gave ``sale_id``'s money back without listening for its vend: the
-    demo's ``virtual`` machine is made anew with each agent, so nothing of the last run's vend
-    can be heard (recovery.py ``_vend_left``); well before the vend's own deadline."""
+def _recovery_acted(journal: Path, sale_id: str) -> tuple[float, float, str, str, str]:
+    """``sale_id``'s vend approval (its last ``dispense.request`` step), the time and name of
+    recovery's first step after its last ``recovery.start``, and the sale's state and message."""
     steps = steps_of(journal, sale_id)
     approved = [at for at, step in steps if step == "dispense.request"][-1]
     restarted = [n for n, (_, step) in enumerate(steps) if step == "recovery.start"][-1]
     acted, step = steps[restarted + 1]
-    assert acted < approved + vend_timeout - 1, (step, acted - approved, steps)
     db = sqlite3.connect(f"file:{journal}?mode=ro", uri=True, timeout=5)
     try:
         [(state, message)] = db.execute(
             "SELECT state, message FROM sales WHERE sale_id = ?", (sale_id,)).fetchall()
     finally:
         db.close()
+    return approved, acted, step, state, message
+
+
+def given_back_at_once(journal: Path, sale_id: str, vend_timeout: float) -> None:
+    """A start after a crash gave ``sale_id``'s money back without listening for its vend: the
+    demo's ``virtual`` machine is made anew with each agent, so nothing of the last run's vend
+    can be heard (recovery.py ``_vend_left``); well before the vend's own deadline."""
+    approved, acted, step, state, message = _recovery_acted(journal, sale_id)
+    assert acted < approved + vend_timeout - 1, (step, acted - approved)
     assert state == "reversed", (state, message)
     assert SILENCE not in message, message
     assert "after the restart" not in message, message
@@ -247,18 +254,9 @@ def given_back_at_its_deadline(journal: Path, sale_id: str, vend_timeout: float)
     """A start after a stop or crash listened for ``sale_id``'s vend until the vend's own
     deadline (its approval, the ``dispense.request`` step, plus the trigger's ``vend_timeout``),
     heard nothing, and gave the money back then: not before (rule 13), nor long after."""
-    steps = steps_of(journal, sale_id)
-    approved = [at for at, step in steps if step == "dispense.request"][-1]
-    restarted = [n for n, (_, step) in enumerate(steps) if step == "recovery.start"][-1]
-    acted, step = steps[restarted + 1]  # recovery's first step after it listened
+    approved, acted, step, state, message = _recovery_acted(journal, sale_id)
     deadline = approved + vend_timeout
     # the deadline is timed on the monotonic clock, the steps on the wall clock: 0.2 s apart
-    assert deadline - 0.2 <= acted <= deadline + LAG_S, (step, acted - approved, steps)
-    db = sqlite3.connect(f"file:{journal}?mode=ro", uri=True, timeout=5)
-    try:
-        [(state, message)] = db.execute(
-            "SELECT state, message FROM sales WHERE sale_id = ?", (sale_id,)).fetchall()
-    finally:
-        db.close()
+    assert deadline - 0.2 <= acted <= deadline + LAG_S, (step, acted - approved)
     assert state == "reversed", (state, message)
     assert SILENCE in message, message
