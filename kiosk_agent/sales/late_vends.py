@@ -62,6 +62,19 @@ class LateVend:
                 f"{display_time(self.at)}, after the sale gave up waiting (unpaid)")
 
 
+def _counted(late: list[LateVend]) -> str:
+    """Health's count of unseen late vends: the heard ones said dispensed, those a dispenser's
+    error left possible only as maybe (a person checks either the same way)."""
+    heard = sum(1 for vend in late if not vend.unsure)
+    maybe = len(late) - heard
+    said = []
+    if heard:
+        said.append(f"{heard} product(s) dispensed after the sale gave up waiting")
+    if maybe:
+        said.append(f"{maybe} product(s) that may have been dispensed (a dispenser's error)")
+    return " and ".join(said)
+
+
 def late_vend_of(steps: Iterable[StepRecord]) -> LateVend | None:
     """The last late vend among one sale's steps (acknowledged or not), or None."""
     found = None
@@ -177,8 +190,8 @@ class LateVendWatch:
             f"{when(v.at)}{', maybe: ' + v.unsure if v.unsure else ''})" for v in late[-3:]
         )
         more = f" and {len(late) - 3} more" if len(late) > 3 else ""
-        return (f"{len(late)} product(s) dispensed after the sale gave up waiting, unpaid (the "
-                f"money went back): {shown}{more}; check the stock and the sale, then `{ACK}`")
+        return (f"{_counted(late)}, unpaid (the money went back): {shown}{more}; check the "
+                f"stock and the sale, then `{ACK}`")
 
     def acknowledge(self, sale_id: str, by: str) -> list[str]:
         """A person saw the late vends (of ``sale_id``, or all with ``"all"``): journaled on each

@@ -68,3 +68,31 @@ def test_the_command_refuses_a_start_of_several_ids(
     assert "2 sales" in capsys.readouterr().err
     assert main(["sales", "late-vends", "-c", config]) == 1  # both still shown
     assert "2 late vends not acknowledged" in capsys.readouterr().out
+
+
+def test_health_counts_a_maybe_dispensed_product_as_maybe_not_as_dispensed(
+    journal: Journal,
+) -> None:
+    """A dispenser that raised after its relay may have fired leaves a "maybe" late vend: health
+    said every unseen one "dispensed after the sale gave up waiting", the maybe too (found by
+    i39-hear-vend). The heard ones and the maybe ones are now counted apart."""
+    record = journal.create(SaleRecord(
+        sale_id="maybe001", order_id="KAMAYBE001", source="gpio:front",
+        flow=Flow.AUTHORIZE_CAPTURE.value, terminal="SIM-0001", amount_cents=150,
+        state=SaleState.STARTED,
+    ))  # fmt: skip
+    walk_to(journal, record, SaleState.REVERSED)
+    watch = LateVendWatch(journal, journal.clock)
+    watch.maybe_dispensed("maybe001", "C1", "gpio:front", "dispenser error: line 22")
+    problem = watch.problem()
+    assert problem is not None
+    assert problem.startswith(
+        "2 product(s) dispensed after the sale gave up waiting and 1 product(s) that may have "
+        "been dispensed (a dispenser's error), unpaid (the money went back): "), problem
+    assert "maybe: dispenser error: line 22" in problem
+    watch.acknowledge("late0001", by="test")
+    watch.acknowledge("late0002", by="test")
+    only_maybe = watch.problem()
+    assert only_maybe is not None
+    assert only_maybe.startswith("1 product(s) that may have been dispensed"), only_maybe
+    journal.close()
