@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import sqlite3
 import threading
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -83,6 +85,59 @@ def _write_lock_held(path: Path) -> bool:
     finally:
         db.close()
     return False
+
+
+@dataclass
+class _Held:
+    """What ``_held_mid_scan`` saw: giving_way's answer, the writer's thread still running after
+    its join, the indexes there once the write was done, and how many times idle() was asked."""
+
+    built: bool
+    writer_alive: bool
+    seen_after_the_write: list[set[str]]
+    idle_asked: int
+
+
+def _held_mid_scan(journal: Journal, path: Path, write: Callable[[], object]) -> _Held:
+    """``steps_late_vend`` built by ``journal.giving_way`` on an aside connection whose progress
+    handler holds the build inside its scan (the write lock taken) until ``write``, on a thread
+    of its own, is about to run; the build's second run waits (in idle()) until the write's
+    side has looked at the indexes."""
+    aside = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+    aside.execute("PRAGMA busy_timeout=5000")
+    building, writing, looked = threading.Event(), threading.Event(), threading.Event()
+    idle_asked: list[str] = []
+
+    def scanning() -> int:
+        if not building.is_set() and _write_lock_held(path):  # inside its scan
+            building.set()
+            writing.wait(10)
+        return 0
+
+    def idle() -> bool:
+        idle_asked.append("idle?")
+        if len(idle_asked) > 1:  # before a second run: once the write's side has looked
+            looked.wait(10)
+        return True
+
+    aside.set_progress_handler(scanning, 1)
+    seen_after_the_write: list[set[str]] = []
+
+    def writes() -> None:
+        building.wait(10)
+        writing.set()  # the build goes on from here, unless the write's ask ends it
+        write()
+        seen_after_the_write.append(_indexes(path))
+        looked.set()
+
+    writer = threading.Thread(target=writes)
+    writer.start()
+    try:
+        built = journal.giving_way(aside, _LATE_VEND_INDEX, idle=idle, idle_wait=10.0)
+    finally:
+        writer.join(10)
+        aside.close()
+    return _Held(built, writer.is_alive(), seen_after_the_write, len(idle_asked))
 
 
 def test_a_new_journal_has_both_at_open(tmp_path: Path) -> None:
@@ -226,42 +281,10 @@ def test_the_health_checks_journal_probe_gives_way_too(tmp_path: Path) -> None:
     journal.open()
     events = EventLog(lambda: journal.db, journal.clock, gives_way=journal.prune_gives_way)
     events.open()
-    aside = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
-    aside.execute("PRAGMA busy_timeout=5000")
-    building, writing, looked = threading.Event(), threading.Event(), threading.Event()
-    idle_asked: list[str] = []
-
-    def scanning() -> int:
-        if not building.is_set() and _write_lock_held(path):  # inside its scan
-            building.set()
-            writing.wait(10)
-        return 0
-
-    def idle() -> bool:
-        idle_asked.append("idle?")
-        if len(idle_asked) > 1:  # before a second run: once the probe's side has looked
-            looked.wait(10)
-        return True
-
-    aside.set_progress_handler(scanning, 1)
-    seen_after_the_probe: list[set[str]] = []
-
-    def probe() -> None:
-        building.wait(10)
-        writing.set()  # the build goes on from here, unless the probe's ask ends it
-        events.probe()
-        seen_after_the_probe.append(_indexes(path))
-        looked.set()
-
-    writer = threading.Thread(target=probe)
-    writer.start()
-    try:
-        assert journal.giving_way(aside, _LATE_VEND_INDEX, idle=idle, idle_wait=10.0) is True
-    finally:
-        writer.join(10)
-        aside.close()
-    assert not writer.is_alive()
-    assert seen_after_the_probe == [{"sales_no_selection"}]  # the probe went first
-    assert len(idle_asked) == 2  # the build ran again after it
+    held = _held_mid_scan(journal, path, events.probe)
+    assert held.built is True
+    assert not held.writer_alive
+    assert held.seen_after_the_write == [{"sales_no_selection"}]  # the probe went first
+    assert held.idle_asked == 2  # the build ran again after it
     assert _indexes(path) == set(BOTH)
     journal.close()
