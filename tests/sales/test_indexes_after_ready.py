@@ -26,6 +26,7 @@ from kiosk_agent.sales.states import SaleState
 
 from ..helpers import walk_to
 from ..platforms.agent_rig import running_agent
+from .test_journal import plans_of
 
 BOTH = ("sales_no_selection", "steps_late_vend")
 
@@ -62,17 +63,6 @@ def _indexes(path: Path) -> set[str]:
             "SELECT name FROM sqlite_master WHERE type = 'index' AND name IN (?, ?)", BOTH)}
     finally:
         db.close()
-
-
-def _plans(journal: Journal, read: Any) -> list[str]:
-    statements: list[str] = []
-    journal.db.set_trace_callback(statements.append)
-    try:
-        read()
-    finally:
-        journal.db.set_trace_callback(None)
-    return [str(row[3]) for sql in statements
-            for row in journal.db.execute(f"EXPLAIN QUERY PLAN {sql}")]
 
 
 def _write_lock_held(path: Path) -> bool:
@@ -164,11 +154,11 @@ def test_open_leaves_the_no_selection_index_and_the_counts_read_the_rows_meanwhi
     counts = (journal.count(kind=SaleKind.NO_SELECTION), journal.count(kind=SaleKind.SALE))
     assert counts == (20, 10)
     assert "sales_no_selection" not in " ".join(
-        _plans(journal, lambda: journal.count(kind=SaleKind.NO_SELECTION)))
+        plans_of(journal, lambda: journal.count(kind=SaleKind.NO_SELECTION)))
     assert journal.build_indexes() == ["sales_no_selection"]
     assert journal.indexes_to_build == ()
     assert _indexes(path) == set(BOTH)
-    assert "SEARCH sales USING INDEX sales_no_selection (created_at>?)" in _plans(
+    assert "SEARCH sales USING INDEX sales_no_selection (created_at>?)" in plans_of(
         journal, lambda: journal.count(since=0.0, kind=SaleKind.NO_SELECTION))
     assert (journal.count(kind=SaleKind.NO_SELECTION), journal.count(kind=SaleKind.SALE)) == counts
     journal.close()
