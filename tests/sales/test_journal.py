@@ -1527,17 +1527,22 @@ def a_busy_journal(journal: Journal, sales: int) -> None:
             journal.record(sale, Step.COMPLETED, SaleState.COMPLETED, captured_cents=250)
 
 
-def plans_of(journal: Journal, read: Callable[[], object]) -> list[str]:
-    """SQLite's plan of every statement ``read`` ran, one line a step of it."""
+def statements_of(journal: Journal, read: Callable[[], object]) -> list[str]:
+    """Every statement ``read`` ran on the journal's connection, as SQLite traced it."""
     statements: list[str] = []
     journal.db.set_trace_callback(statements.append)
     try:
         read()
     finally:
         journal.db.set_trace_callback(None)
+    return statements
+
+
+def plans_of(journal: Journal, read: Callable[[], object]) -> list[str]:
+    """SQLite's plan of every statement ``read`` ran, one line a step of it."""
     return [
         str(row[3])
-        for sql in statements
+        for sql in statements_of(journal, read)
         for row in journal.db.execute(f"EXPLAIN QUERY PLAN {sql}")
     ]
 

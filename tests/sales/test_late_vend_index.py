@@ -21,6 +21,7 @@ from kiosk_agent.sales.states import SaleState, Step
 
 from ..helpers import walk_to
 from ..platforms.agent_rig import running_agent
+from .test_journal import statements_of
 
 
 def _reversed(journal: Journal, n: int) -> SaleRecord:
@@ -59,12 +60,7 @@ def _has_index(path: Path) -> bool:
 
 
 def _plan(journal: Journal, since: float) -> list[str]:
-    statements: list[str] = []
-    journal.db.set_trace_callback(statements.append)
-    try:
-        journal.late_vend_steps(since)
-    finally:
-        journal.db.set_trace_callback(None)
+    statements = statements_of(journal, lambda: journal.late_vend_steps(since))
     [sql] = [s for s in statements if "late.vend" in s]
     return [str(row[3]) for row in journal.db.execute(f"EXPLAIN QUERY PLAN {sql}")]
 
