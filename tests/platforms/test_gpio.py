@@ -19,6 +19,7 @@ from kiosk_agent.config.load import load_config
 from kiosk_agent.platforms import gpio_schema
 from kiosk_agent.platforms.doctor import check_triggers
 from kiosk_agent.platforms.gpio import PLATFORM_SCHEMA, Edge, GpioPlatform, setup_with_chip
+from kiosk_agent.sales.journal import SaleRecord
 from kiosk_agent.sales.model import SaleEvent
 from kiosk_agent.sales.states import SaleState, Step
 from kiosk_agent.verdicts import Report, Verdict
@@ -471,14 +472,10 @@ async def test_a_dispenser_that_raises_after_its_relay_fired_gives_back_and_tell
     await told_to_a_person(agent, final.sale_id, "espresso")
 
 
-async def test_a_fall_while_recovery_listens_after_a_restart_is_paid(
-    tmp_path: Path, sim_settings: Any
-) -> None:
-    """Standing rule 13: the agent restarts (same boot) while the latte's sensor watches. The
-    next start's recovery listens until the vend timeout (the rig's sales.vend_timeout, 5 s),
-    and the latte falls past the sensor of the button that sells it meanwhile: the sale is
-    captured, nothing is a late vend. Before, recovery gave the money back at once and the
-    fall was a product gone out unpaid."""
+async def _latte_left_dispensing(tmp_path: Path, sim_settings: Any) -> tuple[Any, SaleRecord]:
+    """A first agent sells the latte (its sensor watching for 60 s) and stops while it
+    dispenses (the drain runs out: the sale parked dispensing). The platform's config, for the
+    next start, and the sale."""
     config = PLATFORM_SCHEMA({"platform": "gpio", "name": "coffee", "buttons": BUTTONS,
                               "flow": "authorize_capture", "sensor_timeout": 60})
     chip = FakeChip()
@@ -489,6 +486,18 @@ async def test_a_fall_while_recovery_listens_after_a_restart_is_paid(
         [record] = first.journal.query()
         await first.sales.stop(grace=0.05)  # parked where it stands
         await platform.stop()
+    return config, record
+
+
+async def test_a_fall_while_recovery_listens_after_a_restart_is_paid(
+    tmp_path: Path, sim_settings: Any
+) -> None:
+    """Standing rule 13: the agent restarts (same boot) while the latte's sensor watches. The
+    next start's recovery listens until the vend timeout (the rig's sales.vend_timeout, 5 s),
+    and the latte falls past the sensor of the button that sells it meanwhile: the sale is
+    captured, nothing is a late vend. Before, recovery gave the money back at once and the
+    fall was a product gone out unpaid."""
+    config, record = await _latte_left_dispensing(tmp_path, sim_settings)
     chip = FakeChip()
     async with running_agent(tmp_path, sim_settings, []) as second:
         platform = await setup_with_chip(second, config, chip)
@@ -515,16 +524,7 @@ async def test_a_fall_after_a_restart_mid_dispense_reaches_a_person(
     with its product): the sensor of the button that sells it maps the fall to that sale, a
     person is told, no money moves (recovery listened until the vend timeout first, 5 s, and
     heard nothing). Before, a fall with no dispense of this start was no one's."""
-    config = PLATFORM_SCHEMA({"platform": "gpio", "name": "coffee", "buttons": BUTTONS,
-                              "flow": "authorize_capture", "sensor_timeout": 60})
-    chip = FakeChip()
-    async with running_agent(tmp_path, sim_settings, []) as first:
-        platform = await setup_with_chip(first, config, chip)
-        chip.press(18)  # the latte: no fall within the window (60 s)
-        await until(lambda: [r.state for r in first.journal.query()] == [SaleState.DISPENSING])
-        [record] = first.journal.query()
-        await first.sales.stop(grace=0.05)  # parked where it stands
-        await platform.stop()
+    config, record = await _latte_left_dispensing(tmp_path, sim_settings)
     chip = FakeChip()
     async with running_agent(tmp_path, sim_settings, []) as second:
         await asyncio.wait_for(second.recovery.wait(), 30)

@@ -1391,6 +1391,18 @@ async def test_a_request_runs_no_middleware_chain(app: App) -> None:
     assert app.api.port not in chains
 
 
+async def _tea_left_dispensing(tmp_path: Path, sim_settings: Any, vend_timeout: float) -> str:
+    """A first agent (the app confirms its dispenses, ``vend_timeout``) sells the tea and stops
+    while the app dispenses it (the drain runs out: the sale parked dispensing). The sale's id."""
+    async for first in _app(tmp_path, sim_settings, confirm_dispense=True,
+                            vend_timeout=vend_timeout):
+        _, started = await first.post("/sales", {"product": "tea"})
+        sale_id = started["sale_id"]
+        await until(functools.partial(_in_state, first, sale_id, SaleState.DISPENSING))
+        await first.api.agent.sales.stop(grace=0.05)  # parked where it stands
+    return sale_id
+
+
 async def test_a_vended_after_a_restart_mid_dispense_reaches_a_person(
     tmp_path: Path, sim_settings: Any
 ) -> None:
@@ -1399,11 +1411,7 @@ async def test_a_vended_after_a_restart_mid_dispense_reaches_a_person(
     (2 s), hears nothing and gives the money back; then the app says "vended". The new process
     knows the sale only from recovery (SaleRunner.left_dispensing): the app hears why (409,
     gone out unpaid), and a person is told; no money moves."""
-    async for first in _app(tmp_path, sim_settings, confirm_dispense=True, vend_timeout=2):
-        _, started = await first.post("/sales", {"product": "tea"})
-        sale_id = started["sale_id"]
-        await until(functools.partial(_in_state, first, sale_id, SaleState.DISPENSING))
-        await first.api.agent.sales.stop(grace=0.05)  # parked where it stands
+    sale_id = await _tea_left_dispensing(tmp_path, sim_settings, vend_timeout=2)
     async for second in _app(tmp_path, sim_settings, confirm_dispense=True, vend_timeout=2):
         agent = second.api.agent
         await asyncio.wait_for(agent.recovery.wait(), 30)
@@ -1423,11 +1431,7 @@ async def test_a_restart_mid_dispense_still_hears_the_apps_result(
     timeout: a "vended" posted meanwhile is answered 202 and completes the sale (paid, no late
     vend), a "failed" gives the money back. Before, recovery refunded at once and a "vended"
     was a product gone out unpaid."""
-    async for first in _app(tmp_path, sim_settings, confirm_dispense=True, vend_timeout=30):
-        _, started = await first.post("/sales", {"product": "tea"})
-        sale_id = started["sale_id"]
-        await until(functools.partial(_in_state, first, sale_id, SaleState.DISPENSING))
-        await first.api.agent.sales.stop(grace=0.05)  # parked where it stands
+    sale_id = await _tea_left_dispensing(tmp_path, sim_settings, vend_timeout=30)
     async for second in _app(tmp_path, sim_settings, confirm_dispense=True, vend_timeout=30):
         agent = second.api.agent
         assert agent.recovery.state == "running"  # listening, the sale still dispensing

@@ -98,6 +98,30 @@ async def _dropped(machine_clock: FakeClock) -> None:
                                                                 real_timeout=30))
 
 
+def _ended_as_heard(agent: Any, sale_id: str, fails: bool) -> SaleRecord:
+    """The sale ended on the vend result the controller said (B1, 3.25): a failure given back,
+    a success captured; nothing is a late vend. The sale's record."""
+    final = agent.journal.get(sale_id)
+    assert final is not None
+    if fails:
+        assert (final.state, final.captured_cents) == (SaleState.REVERSED, 0), final.message
+    else:
+        assert (final.state, final.captured_cents) == (SaleState.COMPLETED, 325), final.message
+    assert not [s for s in agent.journal.steps(sale_id) if s.step == Step.LATE_VEND]
+    return final
+
+
+async def _visit_and_sale_end_as_heard(
+    agent: Any, visit: asyncio.Task[Any], sale_id: str, fails: bool
+) -> None:
+    """The customer's visit ends as the controller said (failed or vended), and the sale ends
+    on it (:func:`_ended_as_heard`)."""
+    expected = VisitOutcome.FAILED if fails else VisitOutcome.VENDED
+    assert (await asyncio.wait_for(visit, 10)).outcome is expected
+    await until(lambda: agent.journal.get(sale_id).state.final)
+    _ended_as_heard(agent, sale_id, fails)
+
+
 @pytest.mark.parametrize("kind", _MACHINES)
 async def test_a_vend_success_after_the_vend_timeout_reaches_a_person(
     tmp_path: Path, sim_settings: Any, controller: VirtualController, kind: str
@@ -278,13 +302,7 @@ async def test_a_restart_mid_dispense_still_hears_the_vend_result(
         assert "C,0" not in controller.received[sent:]  # held back while recovery listens
         controller.send("c,ERR,VEND 3" if fails else VEND_SUCCESS_LINE)
         await asyncio.wait_for(second.recovery.wait(), 30)
-        final = second.journal.get(record.sale_id)
-        assert final is not None
-        if fails:
-            assert (final.state, final.captured_cents) == (SaleState.REVERSED, 0), final.message
-        else:
-            assert (final.state, final.captured_cents) == (SaleState.COMPLETED, 325), final.message
-        assert not [s for s in second.journal.steps(record.sale_id) if s.step == Step.LATE_VEND]
+        final = _ended_as_heard(second, record.sale_id, fails)
         query = TransactionFilter(order_id=final.order_id)
         rows = [t async for t in second.service.reporting.transactions(query)]
         assert [r.status for r in rows] == (
@@ -485,16 +503,7 @@ async def test_a_link_back_mid_vend_still_hears_the_vend_result(
         await until(lambda: platform.device.link.connected)
         assert agent.journal.get(record.sale_id).state is SaleState.DISPENSING
         await _dropped(controller.clock)  # the result, said on the new link
-        expected = VisitOutcome.FAILED if fails else VisitOutcome.VENDED
-        assert (await asyncio.wait_for(visit, 10)).outcome is expected
-        await until(lambda: agent.journal.get(record.sale_id).state.final)
-        final = agent.journal.get(record.sale_id)
-        assert final is not None
-        if fails:
-            assert (final.state, final.captured_cents) == (SaleState.REVERSED, 0), final.message
-        else:
-            assert (final.state, final.captured_cents) == (SaleState.COMPLETED, 325), final.message
-        assert not [s for s in agent.journal.steps(record.sale_id) if s.step == Step.LATE_VEND]
+        await _visit_and_sale_end_as_heard(agent, visit, record.sale_id, fails)
         # the adapter is set up again once the vend is over, not in the middle of it
         await until(lambda: "C,1" in controller.received[sent:])
         await asyncio.wait_for(controller.wait_enabled(), 5)
@@ -556,13 +565,4 @@ async def test_a_controller_that_disables_the_reader_mid_vend_is_still_heard(
         [platform] = agent.platforms
         await until(lambda: platform.device.status()["controller"] == "DISABLED")
         assert agent.journal.get(record.sale_id).state is SaleState.DISPENSING
-        expected = VisitOutcome.FAILED if fails else VisitOutcome.VENDED
-        assert (await asyncio.wait_for(visit, 10)).outcome is expected
-        await until(lambda: agent.journal.get(record.sale_id).state.final)
-        final = agent.journal.get(record.sale_id)
-        assert final is not None
-        if fails:
-            assert (final.state, final.captured_cents) == (SaleState.REVERSED, 0), final.message
-        else:
-            assert (final.state, final.captured_cents) == (SaleState.COMPLETED, 325), final.message
-        assert not [s for s in agent.journal.steps(record.sale_id) if s.step == Step.LATE_VEND]
+        await _visit_and_sale_end_as_heard(agent, visit, record.sale_id, fails)

@@ -474,6 +474,24 @@ async def test_a_capture_found_above_the_vend_at_recovery_is_put_to_a_person(
     assert record.state is SaleState.ATTENTION
 
 
+async def _left_dispensing(
+    sim_factory: Any, tmp_path: Path, boot: str = "fake-boot-1", **fields: Any
+) -> tuple[Any, FakeClock]:
+    """A sale a crashed agent left dispensing B1 on boot ``fake-boot-1``: authorized on a new
+    simulator, approved a second before the next start, its answer due 29 s after (``fields``
+    added, as its source). The simulator, and the next start's clock, on ``boot``."""
+    sim = await sim_factory(time_scale=300, transactions=0)
+    async with ServiceClient(settings_from_ready(sim.ready_info())) as service:
+        trans_id = await authorize(service, "KACRASHED1", capture=False)
+    clock = FakeClock(wall=time.time(), boot_id=boot)
+    leave_open(
+        tmp_path, state=SaleState.DISPENSING, trans_id=trans_id, authorized_cents=300,
+        product="B1", sent_at=clock.time() - 1, sent_mono=clock.monotonic() - 1,
+        sent_boot="fake-boot-1", answer_by=clock.time() + 29, **fields,
+    )
+    return sim, clock
+
+
 @pytest.mark.parametrize("boot", ["fake-boot-1", "fake-boot-2"], ids=["same_boot", "rebooted"])
 async def test_a_sale_left_dispensing_is_listened_for_until_its_vend_deadline_on_this_boot(
     agent_factory: Any, sim_factory: Any, tmp_path: Path, boot: str
@@ -484,15 +502,7 @@ async def test_a_sale_left_dispensing_is_listened_for_until_its_vend_deadline_on
     how the vend ended; none does here) and gives the money back at the deadline, saying so.
     After a reboot (a power cut: the controller restarted too) there is nothing to hear: the
     money goes back at once, as before."""
-    sim = await sim_factory(time_scale=300, transactions=0)
-    async with ServiceClient(settings_from_ready(sim.ready_info())) as service:
-        trans_id = await authorize(service, "KACRASHED1", capture=False)
-    clock = FakeClock(wall=time.time(), boot_id=boot)
-    leave_open(
-        tmp_path, state=SaleState.DISPENSING, trans_id=trans_id, authorized_cents=300,
-        product="B1", sent_at=clock.time() - 1, sent_mono=clock.monotonic() - 1,
-        sent_boot="fake-boot-1", answer_by=clock.time() + 29,
-    )
+    sim, clock = await _left_dispensing(sim_factory, tmp_path, boot)
     agent = await agent_factory(sim=sim, clock=clock)
     listening = agent.sales.listening_after_restart("crashed1")
     started = clock.monotonic()
@@ -516,15 +526,7 @@ async def test_a_sale_left_dispensing_by_the_demos_virtual_machine_is_given_back
     """The ``virtual`` platform's machine is made anew with each agent, so nothing of a vend the
     last run left can be heard: on the same boot recovery gives the money back at once instead
     of refusing the demo's customers for a vend timeout (found by i39-restart-tests)."""
-    sim = await sim_factory(time_scale=300, transactions=0)
-    async with ServiceClient(settings_from_ready(sim.ready_info())) as service:
-        trans_id = await authorize(service, "KACRASHED1", capture=False)
-    clock = FakeClock(wall=time.time(), boot_id="fake-boot-1")
-    leave_open(
-        tmp_path, state=SaleState.DISPENSING, trans_id=trans_id, authorized_cents=300,
-        product="B1", source="virtual:vending", sent_at=clock.time() - 1,
-        sent_mono=clock.monotonic() - 1, sent_boot="fake-boot-1", answer_by=clock.time() + 29,
-    )
+    sim, clock = await _left_dispensing(sim_factory, tmp_path, source="virtual:vending")
 
     agent = await agent_factory(
         "triggers: [{platform: virtual, name: vending, terminal: SIM-0001, customers: false}]\n",
@@ -547,15 +549,7 @@ async def test_a_vend_result_heard_as_the_listening_deadline_passes_is_not_dropp
     woken recovery. Before, recovery gave the money back as if nothing was heard ("no vend
     result within its vend timeout"), and the product gone out unpaid reached nobody. Now a
     result the runner took is the one recovery settles on: captured."""
-    sim = await sim_factory(time_scale=300, transactions=0)
-    async with ServiceClient(settings_from_ready(sim.ready_info())) as service:
-        trans_id = await authorize(service, "KACRASHED1", capture=False)
-    clock = FakeClock(wall=time.time(), boot_id="fake-boot-1")
-    leave_open(
-        tmp_path, state=SaleState.DISPENSING, trans_id=trans_id, authorized_cents=300,
-        product="B1", sent_at=clock.time() - 1, sent_mono=clock.monotonic() - 1,
-        sent_boot="fake-boot-1", answer_by=clock.time() + 29,
-    )
+    sim, clock = await _left_dispensing(sim_factory, tmp_path)
     agent = await agent_factory(sim=sim, clock=clock)
     started = clock.monotonic()
     recovered = asyncio.ensure_future(agent.recovery.wait())
