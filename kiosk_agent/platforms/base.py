@@ -108,16 +108,19 @@ class LateVends:
             self.keep(sale_id, product)
             self.restart_sale, self.restart_product = sale_id, product
 
-    def restart_listened(self) -> asyncio.Future[Any] | None:
-        """While recovery listens for how the vend the last stop or crash left ended (this
-        boot, until its vend timeout: sales/recovery.py), what it waits on; else None. The
-        platform holds back a setup that would end the controller's session (``C,0``, init
-        lines) until it is done."""
+    def hold_until_restart_heard(self, then: Callable[[], None]) -> bool:
+        """Whether recovery listens for how the vend the last stop or crash left ended (this
+        boot, until its vend timeout: sales/recovery.py); if so, ``then`` is called once it is
+        done (scheduled: never from within this call). The platform holds back a setup that
+        would end the controller's session (``C,0``, init lines) until then."""
         listening = getattr(self._sales, "listening_after_restart", None)
         if listening is None or self.restart_sale is None:
-            return None
+            return False
         future: asyncio.Future[Any] | None = listening(self.restart_sale)
-        return future
+        if future is None:
+            return False
+        future.add_done_callback(lambda _: then())
+        return True
 
     def restart_result(
         self, status: DispenseStatus, detail: str, sale_id: str | None = None

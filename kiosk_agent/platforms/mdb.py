@@ -627,14 +627,13 @@ class MdbCashless:
             return
         if session is not None:
             self._end_session("adapter reconnected")
-        elif (listened := self.late.restart_listened()) is not None:
+        elif self.late.hold_until_restart_heard(self.vend_over):
             # The agent restarted mid-vend: the controller may still say how the vend the
             # last stop or crash left ended (recovery listens until its vend timeout), and the
             # setup's C,0 would end its session. The setup comes once recovery is done.
             _LOGGER.warning("%s: a vend was in flight at the last stop or crash: listening for "
                             "its result before the setup", self.name)
             self._setup_after_vend = True
-            listened.add_done_callback(lambda _: self.vend_over())
             return
         self._setup()
 

@@ -265,14 +265,13 @@ class SerialLineDevice:
             _LOGGER.warning("%s: link back mid-dispense: still waiting for its result", self.name)
             self._init_after_dispense = True
             return
-        if vend is None and (listened := self.late.restart_listened()) is not None:
+        if vend is None and self.late.hold_until_restart_heard(self.dispense_over):
             # The agent restarted mid-dispense: the device may still say how the dispense the
             # last stop or crash left ended (recovery listens until its vend timeout), and the
             # init lines may reset it. They come once recovery is done.
             _LOGGER.warning("%s: a dispense was in flight at the last stop or crash: listening "
                             "for its result before the init lines", self.name)
             self._init_after_dispense = True
-            listened.add_done_callback(lambda _: self.dispense_over())
             return
         self._init()
 

@@ -276,7 +276,7 @@ class Recovery:
             steps.step(Step.DISPENSE_RESULT, detail=heard)
             return await held_or_none(
                 steps, f"dispense {outcome.status.value} {outcome.detail} (heard after the "
-                       "restart)".strip())
+                       "restart)")
         # the price the vend was approved for: the price asked, within what the money holds
         held = record.captured_cents if record.flow == Flow.CHARGE_CARD else (
             record.authorized_cents)

@@ -419,6 +419,15 @@ class ChaosReport:
         }
 
 
+def signal_unless_ended(proc: ForkedProcess | PipedCommand, signum: int) -> None:
+    """``send_signal`` of :class:`ForkedProcess` and :class:`PipedCommand`: sends ``signum``
+    to ``proc.pid`` unless ``proc`` has ended (its exit code is known); a process gone
+    meanwhile is no error."""
+    if proc.returncode is None:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(proc.pid, signum)
+
+
 class ForkedProcess:
     """What :class:`Child` uses of ``asyncio.subprocess.Process``, for a driver that
     :class:`WarmDrivers` forked: its exit code is the server's ``ENDED`` line."""
@@ -429,9 +438,7 @@ class ForkedProcess:
         self.ended = asyncio.Event()
 
     def send_signal(self, signum: int) -> None:
-        if self.returncode is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(self.pid, signum)
+        signal_unless_ended(self, signum)
 
     def kill(self) -> None:
         self.send_signal(signal.SIGKILL)
@@ -1860,9 +1867,7 @@ class PipedCommand:
         return await self.stdout.read(), err
 
     def send_signal(self, signum: int) -> None:
-        if self.returncode is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(self.pid, signum)
+        signal_unless_ended(self, signum)
 
     def kill(self) -> None:
         self.send_signal(signal.SIGKILL)

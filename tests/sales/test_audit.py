@@ -1136,6 +1136,22 @@ async def test_a_charge_of_a_sales_own_order_id_that_is_not_its_charge_is_given_
     assert (await audit.check(settled=False)).unaccounted == []
 
 
+async def _a_charge_and_a_sale_of_its_order_id(
+    agent_factory: Any, sim_factory: Any, n: int, sale_id: str
+) -> tuple[Any, str, str, SaleRecord]:
+    """A started agent, its own order id ``n``, a captured $3.00 charge under it and a sale
+    ``sale_id`` of that order id, journaled as started: the agent, the order id, the charge's
+    trans id and the sale."""
+    sim = await sim_factory(time_scale=TIME_SCALE, transactions=0)
+    agent = await checked_start(agent_factory, sim=sim)
+    base = own(agent, n)
+    charge = await _charge(agent, base, 300, capture=True)
+    sale = agent.journal.create(SaleRecord(
+        sale_id=sale_id, order_id=base, source="test", flow="charge_card",
+        terminal="SIM-0001", amount_cents=300, state=SaleState.STARTED))
+    return agent, base, charge, sale
+
+
 @pytest.mark.parametrize("written", [" {}", "00{}", "{} "], ids=["space", "zeros", "trailing"])
 async def test_a_sales_own_charge_written_otherwise_in_reporting_is_kept(
     agent_factory: Any, sim_factory: Any, written: str
@@ -1145,14 +1161,9 @@ async def test_a_sales_own_charge_written_otherwise_in_reporting_is_kept(
     journal holds its charge as the answer wrote it keeps that charge: before, the check read
     reporting's row as a second charge of the sale's order id (177d5db compared the two
     exactly) and gave the paid customer's money back."""
-    sim = await sim_factory(time_scale=TIME_SCALE, transactions=0)
-    agent = await checked_start(agent_factory, sim=sim)
+    agent, base, first, sale = await _a_charge_and_a_sale_of_its_order_id(
+        agent_factory, sim_factory, 0x3A, "completed-otherwise")
     audit = agent.journal_guard.audit
-    base = own(agent, 0x3A)
-    first = await _charge(agent, base, 300, capture=True)
-    sale = agent.journal.create(SaleRecord(
-        sale_id="completed-otherwise", order_id=base, source="test", flow="charge_card",
-        terminal="SIM-0001", amount_cents=300, state=SaleState.STARTED))
     walk_to(agent.journal, sale, SaleState.COMPLETED, trans_id=written.format(first))
 
     result = await audit.check(settled=False)
@@ -1170,14 +1181,9 @@ async def test_a_charge_of_a_sales_order_id_none_of_which_is_provably_its_own_go
     writing of its trans id, and a charge held under that order id: the agent cannot prove
     which is the customer's payment, so it gives none back; a person decides (attention,
     worded), once."""
-    sim = await sim_factory(time_scale=TIME_SCALE, transactions=0)
-    agent = await checked_start(agent_factory, sim=sim)
+    agent, base, held, sale = await _a_charge_and_a_sale_of_its_order_id(
+        agent_factory, sim_factory, 0x3B, "completed-unproven")
     audit = agent.journal_guard.audit
-    base = own(agent, 0x3B)
-    held = await _charge(agent, base, 300, capture=True)
-    sale = agent.journal.create(SaleRecord(
-        sale_id="completed-unproven", order_id=base, source="test", flow="charge_card",
-        terminal="SIM-0001", amount_cents=300, state=SaleState.STARTED))
     walk_to(agent.journal, sale, SaleState.COMPLETED, trans_id="T-NOT-IN-REPORTING")
 
     result = await audit.check(settled=False)

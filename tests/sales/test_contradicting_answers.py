@@ -72,11 +72,13 @@ async def rewriting(
     await proxy.stop()
 
 
-async def a_vending_sale(agent: Agent, machine: ScriptedDispenser, cents: int = 300) -> Any:
+async def a_vending_sale(
+    agent: Agent, machine: ScriptedDispenser, cents: int = 300, timeout: float = 15
+) -> Any:
     sale = await agent.sales.start(
         SaleRequest(source="test", flow=Flow.AUTHORIZE_CAPTURE, amount_cents=cents), machine
     )
-    return sale, await asyncio.wait_for(sale.result(), 15)
+    return sale, await asyncio.wait_for(sale.result(), timeout)
 
 
 _AUTHORIZATION_CONTRADICTIONS: dict[str, Rewrite] = {

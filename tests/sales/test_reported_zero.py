@@ -20,13 +20,13 @@ from kiosk_agent.assembly.agent import Agent
 from kiosk_agent.cli import main
 from kiosk_agent.cli.contract import EXIT_FAILED
 from kiosk_agent.cli.sim import settings_from_ready
-from kiosk_agent.sales.model import DispenseStatus, Flow, SaleRequest, money_text
+from kiosk_agent.sales.model import DispenseStatus, money_text
 from kiosk_agent.sales.states import SaleState
 from kiosk_agent.service.client import ServiceClient
 from kiosk_agent.service.models import TransStatus
 from tests.assembly.agent_helpers import ScriptedDispenser
 from tests.sales.test_attention import found_in_reporting
-from tests.sales.test_contradicting_answers import RewritingProxy
+from tests.sales.test_contradicting_answers import RewritingProxy, a_vending_sale
 from tests.sales.test_lost_answers import ledger, started_agent_behind
 from tests.sales.test_recovery import authorize, leave_open, rows
 
@@ -63,10 +63,7 @@ async def test_a_capture_reporting_shows_of_nothing_is_put_to_a_person(
 
     proxy.answer_instead["/api/v1/capture"] = captured_nothing
     machine = ScriptedDispenser(DispenseStatus.VENDED, vended_cents=200)
-    sale = await agent.sales.start(
-        SaleRequest(source="test", flow=Flow.AUTHORIZE_CAPTURE, amount_cents=300), machine
-    )
-    event = await asyncio.wait_for(sale.result(), 15)
+    sale, event = await a_vending_sale(agent, machine)
     assert machine.authorized == [300]  # dispensed
     [row] = await ledger(agent, sale.order_id)
     assert (row.status, row.amount_cents) == (TransStatus.CAPTURED, 0)
@@ -148,11 +145,8 @@ async def _give_back_answered_503(
         return web.json_response({"error": "unavailable"}, status=503)
 
     proxy.answer_instead["/api/v1/void-or-refund"] = given_back_shown_as_nothing
-    sale = await agent.sales.start(
-        SaleRequest(source="test", flow=Flow.AUTHORIZE_CAPTURE, amount_cents=300),
-        ScriptedDispenser(DispenseStatus.FAILED),
-    )
-    return await asyncio.wait_for(sale.result(), 15)
+    _, event = await a_vending_sale(agent, ScriptedDispenser(DispenseStatus.FAILED))
+    return event
 
 
 async def test_a_void_whose_row_reporting_shows_as_nothing_gave_back_the_whole_hold(
@@ -317,10 +311,7 @@ async def test_a_lost_authorization_found_refunded_for_nothing_goes_to_a_person(
 
     proxy.answer_instead["/api/v1/charge"] = refunded_as_nothing
     machine = ScriptedDispenser(DispenseStatus.VENDED, vended_cents=300)
-    sale = await agent.sales.start(
-        SaleRequest(source="test", flow=Flow.AUTHORIZE_CAPTURE, amount_cents=300), machine
-    )
-    event = await asyncio.wait_for(sale.result(), 30)
+    _, event = await a_vending_sale(agent, machine, timeout=30)
     assert machine.authorized == []  # nothing vended
     assert event.state is SaleState.ATTENTION, event.message
     assert "refunded for $0.00" in event.message
