@@ -213,6 +213,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     from kiosk_agent.pydantic_setup import skip_plugin_loader
 
     skip_plugin_loader()
+    # aiohttp loads the system's trust store into a TLS context that checks no certificate
+    # (24-26 ms of CPU here at its import, ten times that on a Pi Zero): not where nothing reads it
+    from kiosk_agent.aiohttp_setup import skip_unverified_trust_store
+
+    skip_unverified_trust_store()
     # the process's own command line: its signals are the command's to keep, also as it exits
     # (`run` then ignores late ones); a caller in the same process gets its handlers back
     args.owns_process = argv is None

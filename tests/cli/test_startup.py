@@ -35,6 +35,7 @@ PARSER_MODULES = {
     "kiosk_agent.platforms.mdb_protocol", "kiosk_agent.platforms.mdb_units", "kiosk_agent.tasks",
     "kiosk_agent.moments", "kiosk_agent.data_class",
     "kiosk_agent.pydantic_setup",  # a finder for pydantic's plugin loader: imports nothing
+    "kiosk_agent.aiohttp_setup",  # a finder for aiohttp's connector: imports nothing
 }  # fmt: skip
 LIBRARIES = ("aiohttp", "pydantic", "yaml", "voluptuous", "serial", "aiomqtt", "sqlite3")
 

@@ -1,0 +1,85 @@
+"""aiohttp without the system's trust store in its TLS context that checks no certificate.
+
+Importing ``aiohttp.connector`` makes two TLS contexts: the one that verifies the server's
+certificate (``ssl=True``, aiohttp's default and what every request of the program uses) and one
+that verifies nothing (``ssl=False``, or a certificate's fingerprint, which aiohttp compares
+itself: no request of the program asks for either). aiohttp loads the system's trust store into
+both (``set_default_verify_paths``: every certificate of the CA bundle parsed, 144 here), 24-26 ms
+of CPU each on the shared 2-core machine of 2026-11-30, some ten times that on a Pi Zero, at
+every start. A context whose ``verify_mode`` is ``CERT_NONE`` never reads that store, so
+:func:`skip_unverified_trust_store` runs ``aiohttp.connector``'s body with
+``SSLContext.set_default_verify_paths`` doing nothing for such a context, and puts the
+standard library's own back as the body ends. The verifying context loads the store as before:
+the service is reached over https, its first requests go before READY=1.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+import types
+from collections.abc import Callable, Iterator, Sequence
+from importlib.machinery import ModuleSpec, PathFinder
+from typing import Any
+
+CONNECTOR = "aiohttp.connector"
+_PATHS = "set_default_verify_paths"
+
+
+def skip_unverified_trust_store() -> bool:
+    """Make aiohttp's context that verifies nothing without the trust store, when aiohttp's
+    connector is first imported; whether it will (not if it is imported already). Nothing is
+    imported here: a command that never makes a request loads neither aiohttp nor ssl."""
+    if CONNECTOR in sys.modules:
+        return False
+    if not any(isinstance(finder, _ConnectorFinder) for finder in sys.meta_path):
+        sys.meta_path.insert(0, _ConnectorFinder())
+    return True
+
+
+class _ConnectorFinder:
+    """Finds ``aiohttp.connector`` (and nothing else) as aiohttp has it, and runs its body with
+    the trust store left out of a context that verifies nothing; gone from ``sys.meta_path``
+    once it has."""
+
+    def find_spec(
+        self, name: str, path: Sequence[str] | None = None, target: object = None
+    ) -> ModuleSpec | None:
+        if name != CONNECTOR:
+            return None
+        spec = PathFinder.find_spec(name, path)
+        if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
+            return spec
+        run_body: Callable[[types.ModuleType], None] = spec.loader.exec_module
+
+        def exec_module(module: types.ModuleType) -> None:
+            with _no_trust_store_where_nothing_is_verified():
+                run_body(module)
+            if self in sys.meta_path:
+                sys.meta_path.remove(self)
+
+        spec.loader.exec_module = exec_module  # type: ignore[method-assign]
+        return spec
+
+
+@contextlib.contextmanager
+def _no_trust_store_where_nothing_is_verified() -> Iterator[None]:
+    """``ssl.SSLContext.set_default_verify_paths`` a no-op for a context of ``CERT_NONE`` inside
+    the block; the class's own method (the standard library's) again after it."""
+    import ssl
+
+    own = vars(ssl.SSLContext).get(_PATHS)  # None: inherited from _ssl._SSLContext
+    load: Callable[[Any], None] = ssl.SSLContext.set_default_verify_paths
+
+    def where_verified(context: Any) -> None:
+        if context.verify_mode != ssl.CERT_NONE:
+            load(context)
+
+    setattr(ssl.SSLContext, _PATHS, where_verified)
+    try:
+        yield
+    finally:
+        if own is None:
+            delattr(ssl.SSLContext, _PATHS)
+        else:
+            setattr(ssl.SSLContext, _PATHS, own)
