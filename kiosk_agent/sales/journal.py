@@ -319,13 +319,7 @@ class Journal(JournalReads, JournalPrune):
             db.row_factory = sqlite3.Row
             _refuse_newer(db, self.path)
             db.execute("PRAGMA journal_mode=WAL")
-            # FULL: a committed step survives a power cut, not only a process crash.
-            db.execute("PRAGMA synchronous=FULL")
-            db.execute("PRAGMA foreign_keys=ON")
-            db.execute("PRAGMA busy_timeout=5000")
-            db.execute(f"PRAGMA cache_size=-{CACHE_KIB}")
-            if self._checkpoints_aside:
-                db.execute("PRAGMA wal_autocheckpoint=0")
+            db.executescript(self._connection_settings())  # the setup's too: its commits
             _migrate(db)
             self.indexes_to_build = _late_indexes(db)
             self.late_vend_after = (
@@ -360,20 +354,25 @@ class Journal(JournalReads, JournalPrune):
         db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
         try:
             db.row_factory = sqlite3.Row
-            # FULL: a committed step survives a power cut, not only a process crash.
-            settings = [
-                "PRAGMA synchronous=FULL", "PRAGMA foreign_keys=ON", "PRAGMA busy_timeout=5000",
-                f"PRAGMA cache_size=-{CACHE_KIB}",
-            ]
-            if self._checkpoints_aside:
-                settings.append("PRAGMA wal_autocheckpoint=0")
-            # then one read: the file held open as a reader's
-            db.executescript("; ".join([*settings, "SELECT 1 FROM sales LIMIT 0;"]))
+            db.executescript(self._connection_settings())
+            db.executescript("SELECT 1 FROM sales LIMIT 0")  # the file held open as a reader's
         except sqlite3.Error:
             db.close()
             raise
         setup.close()
         return db
+
+    def _connection_settings(self) -> str:
+        """The settings of a connection that writes the journal (each connection's own), as one
+        script: the setup's and the run's alike."""
+        # FULL: a committed step survives a power cut, not only a process crash.
+        settings = [
+            "PRAGMA synchronous=FULL", "PRAGMA foreign_keys=ON", "PRAGMA busy_timeout=5000",
+            f"PRAGMA cache_size=-{CACHE_KIB}",
+        ]
+        if self._checkpoints_aside:
+            settings.append("PRAGMA wal_autocheckpoint=0")
+        return "; ".join(settings) + ";"
 
     def open_to_read(self) -> None:
         """Open for reading only (``sales``, ``sales attention``, ``sales show``, doctor): it
