@@ -319,13 +319,7 @@ class Journal(JournalReads, JournalPrune):
             db.row_factory = sqlite3.Row
             _refuse_newer(db, self.path)
             db.execute("PRAGMA journal_mode=WAL")
-            # FULL: a committed step survives a power cut, not only a process crash.
-            db.execute("PRAGMA synchronous=FULL")
-            db.execute("PRAGMA foreign_keys=ON")
-            db.execute("PRAGMA busy_timeout=5000")
-            db.execute(f"PRAGMA cache_size=-{CACHE_KIB}")
-            if self._checkpoints_aside:
-                db.execute("PRAGMA wal_autocheckpoint=0")
+            db.executescript(self._connection_settings())  # the setup's too: its commits
             _migrate(db)
             self.indexes_to_build = _late_indexes(db)
             self.late_vend_after = (
@@ -339,6 +333,7 @@ class Journal(JournalReads, JournalPrune):
             if not self.marker.exists():
                 self.marker.write_text("a kiosk-agent journal is in use beside this file\n")
             self._identity = _identity(self.path)
+            db = self._for_the_run(db)
         except JournalError:
             db.close()
             raise
@@ -347,6 +342,37 @@ class Journal(JournalReads, JournalPrune):
             raise JournalError(f"cannot open the journal at {self.path}: {err}") from err
         self._db = db
         self._changes_at_checkpoint = 0  # a connection's total_changes start at 0
+
+    def _for_the_run(self, setup: sqlite3.Connection) -> sqlite3.Connection:
+        """A connection of its own for the run, ``setup`` (which checked and migrated the
+        journal) closed: Python keeps every statement a connection ran prepared (up to 128),
+        and the setup's 17-22 (the schema's, the migration's, the PRAGMAs'), run once a start,
+        held some 35-60 KB of SQLite's memory for the whole run. This one's settings go in one
+        script, which Python does not keep. It reads the journal before the setup closes, so
+        the setup's close is not the file's last connection's: no checkpoint, the WAL stays as
+        it is."""
+        db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
+        try:
+            db.row_factory = sqlite3.Row
+            db.executescript(self._connection_settings())
+            db.executescript("SELECT 1 FROM sales LIMIT 0")  # the file held open as a reader's
+        except sqlite3.Error:
+            db.close()
+            raise
+        setup.close()
+        return db
+
+    def _connection_settings(self) -> str:
+        """The settings of a connection that writes the journal (each connection's own), as one
+        script: the setup's and the run's alike."""
+        # FULL: a committed step survives a power cut, not only a process crash.
+        settings = [
+            "PRAGMA synchronous=FULL", "PRAGMA foreign_keys=ON", "PRAGMA busy_timeout=5000",
+            f"PRAGMA cache_size=-{CACHE_KIB}",
+        ]
+        if self._checkpoints_aside:
+            settings.append("PRAGMA wal_autocheckpoint=0")
+        return "; ".join(settings) + ";"
 
     def open_to_read(self) -> None:
         """Open for reading only (``sales``, ``sales attention``, ``sales show``, doctor): it
