@@ -1474,3 +1474,27 @@ def test_a_sale_that_names_no_flow_takes_the_configured_one_without_an_enum_look
     assert api._sale_request({"product": "coffee", "flow": "charge_card"}).flow is Flow.CHARGE_CARD
     with pytest.raises(BadRequest, match="expected one of"):
         api._sale_request({"product": "coffee", "flow": "barter"})
+
+
+async def test_a_sales_charge_result_is_validated_once(app: App) -> None:
+    """Before: a charge-card's result was validated as a ``ChargeResult`` twice a sale, once
+    when its record came (``parse_interaction``: a succeeded charge's result is checked against
+    its kind's model) and again when the sale read it (``charge_card_result``), the same dict
+    each time. The sale now takes the model its record's check made."""
+    import collections
+
+    from kiosk_agent.service.models.payments import ChargeResult
+
+    validated: collections.Counter[str] = collections.Counter()
+
+    def count(frame: types.FrameType, event: str, _arg: object) -> None:
+        code = frame.f_code
+        if event == "call" and code.co_name == "model_validate" and frame.f_locals.get(
+            "cls"
+        ) is ChargeResult:
+            validated["ChargeResult"] += 1
+
+    steps = await _a_coffee_sale_profiled_by(count, app)
+    assert steps[-1]["state"] == "completed"
+    assert steps[-1]["captured_cents"] == 250
+    assert validated["ChargeResult"] == 1, validated
