@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import ast
 import asyncio
+import itertools
 import json
 import re
 import sqlite3
@@ -259,6 +260,39 @@ async def test_a_sale_through_the_sale_floor_completes_as_the_driver_reads_it(
         assert db.execute("SELECT count(*) FROM steps").fetchone() == (12,)
     finally:
         db.close()
+
+
+async def test_paced_sales_each_come_after_the_pause_the_floors_as_the_agents(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """bench/agent.py --pace-ms: the driver pauses after each sale (the same driver reads the
+    floor and the agent), so no sale comes sooner than the pause after the last one ended: none
+    is held by the agent's rate limiter (20 a second), and each starts after a quiet moment as a
+    kiosk's do. Before, the sales came back to back and the agent's waited for the limiter."""
+    from kiosk_agent.sim.server import SimOptions, SimServer
+
+    bench = _bench_module("agent")
+    monkeypatch.setitem(bench.PACE, "s", 0.15)
+    sim = SimServer(SimOptions(port=0, time_scale=bench.PROCESS_TIME_SCALE, transactions=0))
+    await sim.start()
+    try:
+        floor, port = await bench.spawn_sale_floor(sim.ready_info(), tmp_path)
+        try:
+            assert await bench.kiosk_sales_cpu(floor.pid, port, 3, warm_up=0) > 0
+        finally:
+            floor.terminate()
+            await floor.wait()
+    finally:
+        await sim.stop()
+    db = sqlite3.connect(tmp_path / "floor-journal.db")
+    try:
+        rows = db.execute("SELECT created_at, finished_at FROM sales ORDER BY created_at")
+        sales = rows.fetchall()
+    finally:
+        db.close()
+    assert len(sales) == 3
+    for (_, ended), (started, _) in itertools.pairwise(sales):
+        assert started - ended >= 0.15
 
 
 async def test_the_floor_profiled_writes_its_profile_when_terminated(tmp_path: Path) -> None:
