@@ -1498,3 +1498,32 @@ async def test_a_sales_charge_result_is_validated_once(app: App) -> None:
     assert steps[-1]["state"] == "completed"
     assert steps[-1]["captured_cents"] == 250
     assert validated["ChargeResult"] == 1, validated
+
+
+async def test_a_sales_own_messages_show_its_price_without_formatting_it_each_time(
+    app: App,
+) -> None:
+    """Before: a charge_card sale formatted its price for its messages three times
+    (``format_cents`` and ``cents_to_dollars``, two Python calls each): asking, vending, paid.
+    The flow's own two take a price's text made once; the messages read the same."""
+    import collections
+
+    calls: collections.Counter[str] = collections.Counter()
+
+    def count(frame: types.FrameType, event: str, _arg: object) -> None:
+        if event == "call" and frame.f_code.co_name == "format_cents":
+            calls["format_cents"] += 1
+
+    await _a_coffee_sale_profiled_by(count, app)  # the price's text made, as at a first sale
+    calls.clear()
+    published: list[str] = []
+    unlisten = app.api.agent.events.listen(lambda event: published.append(event.message))
+    try:
+        steps = await _a_coffee_sale_profiled_by(count, app)
+    finally:
+        unlisten()
+    assert steps[-1]["message"] == "paid $2.50 and dispensed"
+    assert any(m.startswith("asking for $2.50 on SIM-") for m in published), published
+    assert "vending up to $2.50" in published
+    assert published[-1] == "paid $2.50 and dispensed"
+    assert calls["format_cents"] == 1, calls  # the shared flow's "vending up to"
