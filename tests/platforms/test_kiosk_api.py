@@ -1527,3 +1527,32 @@ async def test_a_sales_own_messages_show_its_price_without_formatting_it_each_ti
     assert "vending up to $2.50" in published
     assert published[-1] == "paid $2.50 and dispensed"
     assert calls["format_cents"] == 1, calls  # the shared flow's "vending up to"
+
+
+async def test_a_plain_sales_body_is_checked_without_calls_for_what_it_does_not_hold(
+    app: App,
+) -> None:
+    """Before: a sale's body checks called ``_plain`` on its product, the terminal and its
+    e-mail (``text_fault`` on each text), the configured terminal's too (checked against the
+    terminals when the config was read, not the app's text), and ``_enrollment`` for a sale that
+    names no customer nor plan. The app's own texts are still checked each (the refusals'
+    tests), the configured terminal is taken as it is, and a plain sale calls no enrollment."""
+    import collections
+
+    calls: collections.Counter[str] = collections.Counter()
+    watched = {"_plain", "text_fault", "_enrollment"}
+
+    def count(frame: types.FrameType, event: str, _arg: object) -> None:
+        if event == "call" and frame.f_code.co_name in watched:
+            calls[frame.f_code.co_name] += 1
+
+    steps = await _a_coffee_sale_profiled_by(count, app)
+    assert steps[-1]["state"] == "completed"
+    assert steps[-1]["terminal"].startswith("SIM-")  # the configured (or only) one
+    assert calls == {"_plain": 1, "text_fault": 1}, calls  # the product's
+    status, refused = await app.post("/sales", {"product": "coffee", "terminal": "SIM\x01"})
+    assert (status, refused["field"]) == (400, "terminal")
+    status, refused = await app.post("/sales", {"product": "coffee", "customer": {}})
+    assert (status, refused["field"]) == (400, "customer")
+    status, refused = await app.post("/sales", {"product": "coffee", "email": "x" * 300 + "@a"})
+    assert (status, refused["field"]) == (400, "email")
