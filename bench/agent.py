@@ -2,7 +2,7 @@
 
     python bench/agent.py [--sales 200] [--idle-seconds 30] [--dir DIR] [--process-only]
                           [--kiosk-sales 100] [--floor-blocks 4] [--agent-path DIR]
-                          [--background-load N] [--background-nice 0]
+                          [--background-load N] [--background-nice 0] [--pace-ms 0] [--rested]
 
 - trigger -> first request: from ``agent.sales.start()`` to the charge-card request leaving
   the client (aiohttp trace), journal on disk with fsync; p50/p99 (target p99 < 20 ms);
@@ -64,6 +64,21 @@ counts too, so every run prints what the sales saw: ``load_average_during_sales`
 ``runnable_during_sales`` (the tasks running or ready to run at each sample, this sampler
 included). The floor's blocks run at the same load as the agent's, so the ratio stays read
 against it.
+
+The agent's rate limiter (the service's 20 terminal requests a second per credential, bursts of
+40: ``service/ratelimit.py``, not configurable) holds back-to-back sales (one charge-card each)
+once its burst is spent, where the sale floor has no limiter: on a machine fast enough for more
+than 20 sales a second, most of the agent's later sales wait up to 50 ms for a token, and a sale
+after a pause costs far more CPU than one run back to back (caches cold again: the floor's as
+much as the agent's, below), so the agent's blocks read higher than the floor's than their work
+says, and the quieter the machine the more (the per-block figures climb block by block; at load
+the sales are slower than the limit and none waits). ``--pace-ms MS`` pauses the driver after
+each sale, the floor's and the agent's alike (at 50 or more, no sale waits for the limiter): each
+sale then comes after a quiet moment, as a kiosk's customers do. ``--rested`` keeps the sales
+back to back but in runs of 30, each after a rest that fills the limiter again (its burst over
+its rate, 2 s, not measured) and one unmeasured sale: none waits, and the figures are warm sales
+as before, the floor's and the agent's alike (the app-wide stream's sales too). The default
+keeps the figures as issue 33 read them.
 
 Probes (issue 33): ``--profile FILE`` profiles the agent process over its kiosk API sales and
 prints its event loop's turns a sale; ``--tracemalloc FILE`` prints the idle agent's live
@@ -435,6 +450,15 @@ async def spawn_agent(
     return proc, time.perf_counter() - spawned, _cpu_ns(proc.pid) / 1e9
 
 
+# ``--pace-ms``: the driver's pause after each kiosk API sale, the floor's and the agent's alike;
+# ``--rested``: its sales in runs the agent's rate limiter takes whole (below)
+PACE: dict[str, Any] = {"s": 0.0, "rested": False}
+# the agent's rate limiter (ServiceSettings' defaults: no configuration changes them)
+LIMITER_RATE = float(ServiceSettings.model_fields["rate_limit"].default)
+LIMITER_BURST = int(ServiceSettings.model_fields["rate_burst"].default)
+RESTED_RUN = 30  # sales a run (and one to warm up after the rest): within the burst
+
+
 async def kiosk_sales_cpu(
     pid: int, port: int, sales: int, *, app_stream: bool = False, warm_up: int = 5
 ) -> float:
@@ -459,10 +483,19 @@ async def kiosk_sales_cpu(
 
         for _ in range(warm_up):  # first connections, first queries
             await one()
-        before = _cpu_ns(pid)
-        for _ in range(sales):
-            await one()
-        return (_cpu_ns(pid) - before) / 1e6 / sales
+        spent = 0
+        for start in range(0, sales, RESTED_RUN if PACE["rested"] else sales):
+            run = min(sales - start, RESTED_RUN if PACE["rested"] else sales)
+            if PACE["rested"]:  # the agent's limiter full again, and one sale to warm up
+                await asyncio.sleep(LIMITER_BURST / LIMITER_RATE)
+                await one()
+            before = _cpu_ns(pid)
+            for _ in range(run):
+                await one()
+                if PACE["s"]:
+                    await asyncio.sleep(PACE["s"])
+            spent += _cpu_ns(pid) - before
+        return spent / 1e6 / sales
 
 
 async def sales_cpu_beside_floor(
@@ -838,7 +871,16 @@ async def main() -> None:
                              "once the load average is N (issue 33's 'at load 4'; see above)")
     parser.add_argument("--background-nice", type=int, default=0, metavar="LEVEL",
                         help="the busy processes' nice level (0: the agent's own)")
+    parser.add_argument("--pace-ms", type=float, default=0.0, metavar="MS",
+                        help="a pause after each kiosk API sale, the floor's and the agent's "
+                             "alike: sales as a kiosk has them, each after a quiet moment, and "
+                             "none held by the agent's rate limiter (see above)")
+    parser.add_argument("--rested", action="store_true",
+                        help="the kiosk API sales back to back in runs of 30, each after a rest "
+                             "that fills the agent's rate limiter again (and one unmeasured sale), "
+                             "the floor's alike: none held by the limiter (see above)")
     args = parser.parse_args()
+    PACE["s"], PACE["rested"] = args.pace_ms / 1000, args.rested
     os.environ.update(unit_environment())  # the agent as its systemd unit runs it
     LOG_LEVELS["level"] = args.log_level
     args.bytecode = not args.from_source
@@ -1107,6 +1149,10 @@ def report(figures: dict[str, Any], args: argparse.Namespace) -> None:
     figures["bytecode"] = int(args.bytecode)  # 1: as installed; 0: compiled on each start
     figures["event_loop"] = args.event_loop
     figures["log_level"] = args.log_level
+    if args.pace_ms:
+        figures["pace_ms"] = args.pace_ms
+    if args.rested:
+        figures["rested"] = 1
     if args.agent_path:
         figures["agent_path"] = str(args.agent_path)
     if args.background_load:

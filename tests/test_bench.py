@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import ast
 import asyncio
+import itertools
 import json
 import re
 import sqlite3
@@ -259,6 +260,80 @@ async def test_a_sale_through_the_sale_floor_completes_as_the_driver_reads_it(
         assert db.execute("SELECT count(*) FROM steps").fetchone() == (12,)
     finally:
         db.close()
+
+
+async def test_paced_sales_each_come_after_the_pause_the_floors_as_the_agents(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """bench/agent.py --pace-ms: the driver pauses after each sale (the same driver reads the
+    floor and the agent), so no sale comes sooner than the pause after the last one ended: none
+    is held by the agent's rate limiter (20 a second), and each starts after a quiet moment as a
+    kiosk's do. Before, the sales came back to back and the agent's waited for the limiter."""
+    from kiosk_agent.sim.server import SimOptions, SimServer
+
+    bench = _bench_module("agent")
+    monkeypatch.setitem(bench.PACE, "s", 0.15)
+    sim = SimServer(SimOptions(port=0, time_scale=bench.PROCESS_TIME_SCALE, transactions=0))
+    await sim.start()
+    try:
+        floor, port = await bench.spawn_sale_floor(sim.ready_info(), tmp_path)
+        try:
+            assert await bench.kiosk_sales_cpu(floor.pid, port, 3, warm_up=0) > 0
+        finally:
+            floor.terminate()
+            await floor.wait()
+    finally:
+        await sim.stop()
+    db = sqlite3.connect(tmp_path / "floor-journal.db")
+    try:
+        rows = db.execute("SELECT created_at, finished_at FROM sales ORDER BY created_at")
+        sales = rows.fetchall()
+    finally:
+        db.close()
+    assert len(sales) == 3
+    for (_, ended), (started, _) in itertools.pairwise(sales):
+        assert started - ended >= 0.15
+
+
+async def test_rested_sales_run_back_to_back_in_runs_the_limiter_takes_whole(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """bench/agent.py --rested: the sales in runs (30, within the agent's rate limiter's burst
+    of 40), each after a rest that fills the limiter again (its burst over its rate) and one
+    unmeasured sale to warm up: back to back within a run, and none held by the limiter (before,
+    the sales after the burst waited up to 50 ms each for a token, the floor's never)."""
+    from kiosk_agent.service.settings import ServiceSettings
+    from kiosk_agent.sim.server import SimOptions, SimServer
+
+    bench = _bench_module("agent")
+    settings = ServiceSettings(base_url="http://x", api_key="k", mid="1")
+    assert (settings.rate_limit, settings.rate_burst) == (bench.LIMITER_RATE, bench.LIMITER_BURST)
+    assert bench.RESTED_RUN + 1 <= bench.LIMITER_BURST
+    monkeypatch.setitem(bench.PACE, "rested", True)
+    monkeypatch.setattr(bench, "RESTED_RUN", 2)
+    monkeypatch.setattr(bench, "LIMITER_BURST", 1)
+    monkeypatch.setattr(bench, "LIMITER_RATE", 5.0)  # a rest of 0.2 s
+    sim = SimServer(SimOptions(port=0, time_scale=bench.PROCESS_TIME_SCALE, transactions=0))
+    await sim.start()
+    try:
+        floor, port = await bench.spawn_sale_floor(sim.ready_info(), tmp_path)
+        try:
+            assert await bench.kiosk_sales_cpu(floor.pid, port, 4, warm_up=0) > 0
+        finally:
+            floor.terminate()
+            await floor.wait()
+    finally:
+        await sim.stop()
+    db = sqlite3.connect(tmp_path / "floor-journal.db")
+    try:
+        rows = db.execute("SELECT created_at, finished_at FROM sales ORDER BY created_at")
+        sales = rows.fetchall()
+    finally:
+        db.close()
+    assert len(sales) == 6  # two runs of two, each after its warm-up sale
+    gaps = [started - ended for (_, ended), (started, _) in itertools.pairwise(sales)]
+    assert gaps[2] >= 0.2  # the second run's rest
+    assert max(gaps[:2] + gaps[3:]) < 0.2  # back to back within a run
 
 
 async def test_the_floor_profiled_writes_its_profile_when_terminated(tmp_path: Path) -> None:

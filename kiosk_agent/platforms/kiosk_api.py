@@ -589,16 +589,23 @@ class KioskApi:
         _plain("product", product, MAX_PRODUCT_CHARS)  # shown to people: page, CLI, receipts
         asked = body.get("flow")
         flow = self._default_flow if asked is None else self._flow(asked)
-        customer, plan = _enrollment(body, flow)
+        if flow is Flow.ENROLL or "customer" in body or "plan" in body:
+            customer, plan = _enrollment(body, flow)
+        else:  # a plain sale (most): what _enrollment finds for it, without the call
+            customer, plan = {}, None
         amount = self._amount(body, product, products, flow, plan)
-        terminal = body.get("terminal", self.config.get("terminal"))
-        if terminal is not None and not isinstance(terminal, str):
-            raise BadRequest("terminal", "expected a device id or terminal name")
-        _plain("terminal", terminal, MAX_NAME_CHARS)
+        if "terminal" in body:  # the app's text: checked as every text from it
+            terminal = body["terminal"]
+            if terminal is not None and not isinstance(terminal, str):
+                raise BadRequest("terminal", "expected a device id or terminal name")
+            _plain("terminal", terminal, MAX_NAME_CHARS)
+        else:  # the configured one, checked against the terminals when the config was read
+            terminal = self.config.get("terminal")
         email = body.get("email")
-        if email is not None and (not isinstance(email, str) or "@" not in email):
-            raise BadRequest("email", "expected an e-mail address")
-        _plain("email", email, MAX_EMAIL_CHARS)
+        if email is not None:
+            if not isinstance(email, str) or "@" not in email:
+                raise BadRequest("email", "expected an e-mail address")
+            _plain("email", email, MAX_EMAIL_CHARS)
         return SaleRequest(
             source=self.name,
             flow=flow,

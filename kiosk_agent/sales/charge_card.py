@@ -7,6 +7,7 @@ a lost answer: reporting decides (UNRESOLVED until the charge's deadline).
 
 from __future__ import annotations
 
+import functools
 from typing import TYPE_CHECKING
 
 from kiosk_agent.money import format_cents
@@ -32,6 +33,10 @@ from kiosk_agent.service.parsing import charge_card_result
 if TYPE_CHECKING:
     from kiosk_agent.service.cable import InteractionHandle
 
+# a price as the steps' messages show it ("$2.50"), made once for a kiosk's few prices, not twice
+# a sale (two Python calls each); typed: True is refused as cents, never taken for a cached 1
+_shown = functools.lru_cache(maxsize=256, typed=True)(format_cents)
+
 
 class ChargeCardFlow(SaleFlow):
     """Charge first (captured at once), then dispense; money back if the vend fails."""
@@ -47,7 +52,7 @@ class ChargeCardFlow(SaleFlow):
         self.step(
             Step.CHARGE_CARD_REQUEST,
             SaleState.CHARGING,
-            f"asking for {format_cents(amount)} on {self.device}",
+            f"asking for {_shown(amount)} on {self.device}",
             detail={"order_id": self.record.attempt_order_id(), "amount_cents": amount},
             **self.sending(),
         )
@@ -173,7 +178,7 @@ class ChargeCardFlow(SaleFlow):
             ended = self.finish(
                 SaleState.COMPLETED,
                 Step.COMPLETED,
-                f"paid {format_cents(cents)} and dispensed",
+                f"paid {_shown(cents)} and dispensed",
                 vended_cents=outcome.vended_cents or cents,
                 detail=outcome_detail(outcome),
             )

@@ -1474,3 +1474,85 @@ def test_a_sale_that_names_no_flow_takes_the_configured_one_without_an_enum_look
     assert api._sale_request({"product": "coffee", "flow": "charge_card"}).flow is Flow.CHARGE_CARD
     with pytest.raises(BadRequest, match="expected one of"):
         api._sale_request({"product": "coffee", "flow": "barter"})
+
+
+async def test_a_sales_charge_result_is_validated_once(app: App) -> None:
+    """Before: a charge-card's result was validated as a ``ChargeResult`` twice a sale, once
+    when its record came (``parse_interaction``: a succeeded charge's result is checked against
+    its kind's model) and again when the sale read it (``charge_card_result``), the same dict
+    each time. The sale now takes the model its record's check made."""
+    import collections
+
+    from kiosk_agent.service.models.payments import ChargeResult
+
+    validated: collections.Counter[str] = collections.Counter()
+
+    def count(frame: types.FrameType, event: str, _arg: object) -> None:
+        code = frame.f_code
+        if event == "call" and code.co_name == "model_validate" and frame.f_locals.get(
+            "cls"
+        ) is ChargeResult:
+            validated["ChargeResult"] += 1
+
+    steps = await _a_coffee_sale_profiled_by(count, app)
+    assert steps[-1]["state"] == "completed"
+    assert steps[-1]["captured_cents"] == 250
+    assert validated["ChargeResult"] == 1, validated
+
+
+async def test_a_sales_own_messages_show_its_price_without_formatting_it_each_time(
+    app: App,
+) -> None:
+    """Before: a charge_card sale formatted its price for its messages three times
+    (``format_cents`` and ``cents_to_dollars``, two Python calls each): asking, vending, paid.
+    The flow's own two take a price's text made once; the messages read the same."""
+    import collections
+
+    calls: collections.Counter[str] = collections.Counter()
+
+    def count(frame: types.FrameType, event: str, _arg: object) -> None:
+        if event == "call" and frame.f_code.co_name == "format_cents":
+            calls["format_cents"] += 1
+
+    await _a_coffee_sale_profiled_by(count, app)  # the price's text made, as at a first sale
+    calls.clear()
+    published: list[str] = []
+    unlisten = app.api.agent.events.listen(lambda event: published.append(event.message))
+    try:
+        steps = await _a_coffee_sale_profiled_by(count, app)
+    finally:
+        unlisten()
+    assert steps[-1]["message"] == "paid $2.50 and dispensed"
+    assert any(m.startswith("asking for $2.50 on SIM-") for m in published), published
+    assert "vending up to $2.50" in published
+    assert published[-1] == "paid $2.50 and dispensed"
+    assert calls["format_cents"] == 1, calls  # the shared flow's "vending up to"
+
+
+async def test_a_plain_sales_body_is_checked_without_calls_for_what_it_does_not_hold(
+    app: App,
+) -> None:
+    """Before: a sale's body checks called ``_plain`` on its product, the terminal and its
+    e-mail (``text_fault`` on each text), the configured terminal's too (checked against the
+    terminals when the config was read, not the app's text), and ``_enrollment`` for a sale that
+    names no customer nor plan. The app's own texts are still checked each (the refusals'
+    tests), the configured terminal is taken as it is, and a plain sale calls no enrollment."""
+    import collections
+
+    calls: collections.Counter[str] = collections.Counter()
+    watched = {"_plain", "text_fault", "_enrollment"}
+
+    def count(frame: types.FrameType, event: str, _arg: object) -> None:
+        if event == "call" and frame.f_code.co_name in watched:
+            calls[frame.f_code.co_name] += 1
+
+    steps = await _a_coffee_sale_profiled_by(count, app)
+    assert steps[-1]["state"] == "completed"
+    assert steps[-1]["terminal"].startswith("SIM-")  # the configured (or only) one
+    assert calls == {"_plain": 1, "text_fault": 1}, calls  # the product's
+    status, refused = await app.post("/sales", {"product": "coffee", "terminal": "SIM\x01"})
+    assert (status, refused["field"]) == (400, "terminal")
+    status, refused = await app.post("/sales", {"product": "coffee", "customer": {}})
+    assert (status, refused["field"]) == (400, "customer")
+    status, refused = await app.post("/sales", {"product": "coffee", "email": "x" * 300 + "@a"})
+    assert (status, refused["field"]) == (400, "email")

@@ -583,3 +583,41 @@ async def test_a_port_in_use_is_named_with_what_to_change() -> None:
         "(or another agent) holds it: stop that one or change the port"
     )
     await site.stop()  # nothing was left half started
+
+
+async def test_a_json_body_already_arrived_is_read_without_parsing_its_type_or_the_limits() -> None:
+    """Before: each body read looked the server's limits up through aiohttp's
+    ``request.config_dict`` (a chain of the apps' dicts made at each read) and each JSON body's
+    type through ``request.content_type`` (the header parsed): some nine Python calls a kiosk
+    API sale. A body already here needs no limit (no wait to bound), and a header that is
+    exactly ``application/json`` no parse; a trickling body is bounded as before (408 above),
+    and every other type is parsed and judged as before (415 in this test)."""
+    import collections
+    import sys
+    import types
+
+    calls: collections.Counter[str] = collections.Counter()
+
+    def count(frame: types.FrameType, event: str, _arg: object) -> None:
+        if event == "call" and frame.f_code.co_name in ("config_dict", "content_type"):
+            calls[frame.f_code.co_name] += 1
+
+    site = await _site(_limits())
+    try:
+        async with aiohttp.ClientSession() as http:
+            sys.setprofile(count)
+            try:
+                async with http.post(f"{site.url}/echo", json={"a": [1, 2]}) as response:
+                    assert await response.json() == {"got": {"a": [1, 2]}}
+            finally:
+                sys.setprofile(None)
+            assert calls == {}, calls
+            for content_type, status in (("application/json; charset=utf-8", 200),
+                                         ("Application/JSON", 200),
+                                         ("application/problem+json", 200),
+                                         ("text/plain", 415)):
+                async with http.post(f"{site.url}/echo", data=b'{"a": 1}',
+                                     headers={"Content-Type": content_type}) as response:
+                    assert response.status == status, content_type
+    finally:
+        await site.stop()
