@@ -32,7 +32,9 @@ Then, on a copy, a real ``kiosk-agent run`` (kiosk API and admin API) is measure
 - RSS over ``--rss-sales`` kiosk API sales: after the first 1,000 and at the end (target:
   within 3 MB), and every 1,000 on the way;
 - a second start (``start_to_ready_again_s``), whose first charge check reads every charge the
-  simulator holds not yet settled (it never settles: each of the run's sales). ``--seed-charges
+  simulator holds not yet settled (it never settles: each of the run's sales); its triggers,
+  and READY=1, wait for the first ``START_WAIT_ROWS`` of them (500), the rest is read while it
+  sells (``first_charge_check_again_s``: that check done). ``--seed-charges
   N`` adds N completed sales and their captured charges before it (the last kiosk API sale's
   steps replayed under the unit's order ids, its ledger row copied): what N more RSS sales leave
   it, made in seconds instead of a quarter of an hour.

@@ -366,10 +366,13 @@ class Agent:
         self.availability.evaluate(at_start=True)
         if self.recovery.state == "done":
             # nothing to recover: the triggers start once reporting's charges were compared
-            # (the usual case, a few ms); past the bound they start out of service until then
+            # (the usual case, a few ms), or once that comparison has read more than a page of
+            # rows (a busy day's unsettled charges: read on while the unit sells); past the
+            # bound they start all the same (out of service until then on a lost or damaged
+            # journal: health/availability.py)
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(min(5.0, self.settings.request_timeout)):
-                    await self.journal_guard.first_check()
+                    await self.journal_guard.before_triggers()
         not_started = self.not_started = await self._start_platforms()
         self.availability.readers_started()  # from now on a new reason is an outage
         for factory, conf in self._pending_components:

@@ -223,12 +223,39 @@ def main(argv: Sequence[str] | None = None) -> int:
     args.owns_process = argv is None
     try:
         if handler in WITHOUT_LOOP:  # a command that reads a file or the journal: no asyncio
-            return run_without_loop(handler, args)
+            code = run_without_loop(handler, args)
+            if args.owns_process:
+                end_now(code)
+            return code
         import asyncio  # here: `--help` and a usage error never wait for it
 
         return asyncio.run(handler(args))
     except KeyboardInterrupt:
         return EXIT_INTERRUPTED
+
+
+def end_now(code: int) -> None:
+    """End a command's own process with ``code`` now, its output written: without the
+    interpreter's teardown (each module's objects freed one by one, what the kernel does at once
+    as the process ends: 11-13 ms of the 100 ms of CPU of `kiosk-agent sales` here, with the
+    handler done and its journal closed). Returns, for the usual exit, where the output cannot
+    be written (a reader gone: `... | head`) or a thread of the command still runs (the usual
+    exit waits for it)."""
+    threading = sys.modules.get("threading")
+    if threading is not None and any(
+        t.is_alive() and not t.daemon and t is not threading.main_thread()
+        for t in threading.enumerate()
+    ):
+        return
+    try:
+        sys.stdout.flush()
+        sys.stderr.flush()
+    except (OSError, ValueError):
+        return
+    logging = sys.modules.get("logging")
+    if logging is not None:
+        logging.shutdown()  # its handlers flushed and closed, as at the usual exit
+    os._exit(code)
 
 
 if __name__ == "__main__":

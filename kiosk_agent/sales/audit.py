@@ -78,6 +78,12 @@ CHECK_PAGE_SIZE = 100
 # the internet, against its 5 s bound). Its heap is the start's, grown once
 # (docs/architecture.md, "Start-up: sixth round")
 START_CHECK_PAGE_SIZE: int | None = None
+# ... and the triggers wait for it only while it has read at most this many of reporting's rows
+# (a page of the client's): a unit's day of unsettled charges, a few hundred, is compared before
+# the first customer as ever; a busy day's thousands (20,000: 40 pages, each a round trip, and
+# some 45 us of a core a row here, held a second start 4.8 s before READY=1) are read on while
+# the unit sells, as the settled are and every later check is (docs/journal.md)
+START_WAIT_ROWS = 500
 # The unsettled charges' queries (two a terminal, a few rows each) this many in flight together,
 # within the client's rate limit: one after the other, the start's first check waited for sixteen
 # round trips on eight terminals before the triggers started (a second or more over the
@@ -215,10 +221,12 @@ class ChargeAudit:
         # under another trans id (trans id -> that sale): given back only once reporting shows
         # the sale's own charge under that order id too (_own_charge_shown)
         self._unproven: dict[str, SaleRecord] = {}
+        self.rows_read = 0  # reporting's rows the check under way (or the last) has read
 
     async def check(
         self, running: Collection[str] = (), settled: bool = True, *,
         page_size: int | None = CHECK_PAGE_SIZE,
+        long: Callable[[], None] | None = None,
     ) -> AuditResult:
         """One comparison; ``running``: sale ids in flight now (their charges are accounted).
 
@@ -226,7 +234,8 @@ class ChargeAudit:
         few rows a terminal, where the settled are every charge it ever made (reporting cannot
         be asked for a date range), thousands a year on a busy machine. ``page_size``:
         reporting's rows a page (``START_CHECK_PAGE_SIZE`` for the start's first check; None:
-        the client's own)."""
+        the client's own). ``long``: called once the check has read more than
+        ``START_WAIT_ROWS`` rows (it goes on reading them all)."""
         result = AuditResult(at=self._now())
         if not self.unit.confirmed:  # a cloned journal: nothing here is provably its own
             result.error = self.unit.refusal()
@@ -234,7 +243,7 @@ class ChargeAudit:
             self.last = result
             return result
         try:
-            held, foreign, seen = await self._held_charges(settled, running, page_size)
+            held, foreign, seen = await self._held_charges(settled, running, page_size, long)
         except ServiceError as err:
             result.error = f"reporting could not be asked: {err}"
             _LOGGER.warning("charge check: %s", result.error)
@@ -274,7 +283,8 @@ class ChargeAudit:
         return result
 
     async def _held_charges(
-        self, settled: bool, running: Collection[str], page_size: int | None
+        self, settled: bool, running: Collection[str], page_size: int | None,
+        long: Callable[[], None] | None = None,
     ) -> tuple[list[Transaction], list[Transaction], int]:
         """This unit's charges that hold money and the journal may not account for, the
         charges of others, in the window; and how many of this unit's holding money the
@@ -288,7 +298,12 @@ class ChargeAudit:
         accounted = _Accounted(self._now() - self.lookback)
         asked: dict[str, str] = {}  # trans id -> the terminal it was asked under
         newest = 0.0  # the service's latest charge on these terminals: real time, at most now
+        self.rows_read = 0
         async for device, chunk in self._chunks(settled, page_size):
+            self.rows_read += len(chunk)
+            if long is not None and self.rows_read > START_WAIT_ROWS:
+                long()
+                long = None
             splits = [split_order_id(row.order_id) for row in chunk]
             sales = self.journal.order_states(parts[0] for parts in splits if parts is not None)
             for row, parts in zip(chunk, splits, strict=True):

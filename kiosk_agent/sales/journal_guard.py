@@ -32,6 +32,7 @@ from typing import Any, Protocol
 from kiosk_agent.sales.audit import (
     CHECK_PAGE_SIZE,
     START_CHECK_PAGE_SIZE,
+    START_WAIT_ROWS,
     AuditResult,
     ChargeAudit,
 )
@@ -149,6 +150,8 @@ class JournalGuard:
         self._audit_due = asyncio.Event()
         self._wakeup = asyncio.Event()  # something changed: look again now
         self._checked = asyncio.Event()  # set once charges_pending is first cleared
+        # set then, or once the start's first check has read more than START_WAIT_ROWS rows
+        self._triggers_may_start = asyncio.Event()
         self._file_check: asyncio.Task[bool] | None = None  # the file read whole, after open
         self._loop = BackgroundTask(self._run, "journal-guard")
         journal.on_write = self.written
@@ -284,6 +287,20 @@ class JournalGuard:
         await self._checked.wait()
         return self.audit.last
 
+    async def before_triggers(self) -> None:
+        """What the start waits for before its triggers (bounded by the caller): the first
+        charge comparison made, or under way past ``START_WAIT_ROWS`` of reporting's rows (a
+        busy day's unsettled charges: read on while the unit sells, as the settled are). A lost
+        or damaged journal keeps its terminals out of service until the comparison is made
+        (health/availability.py), whatever the triggers do."""
+        await self._triggers_may_start.wait()
+
+    def _read_on_while_selling(self) -> None:
+        if not self._triggers_may_start.is_set():
+            _LOGGER.info("charge check: more than %d of reporting's rows; the triggers start "
+                         "while it reads the rest", START_WAIT_ROWS)
+            self._triggers_may_start.set()
+
     @property
     def history_read(self) -> bool:
         """Whether a check read the settled charges too (on an intact journal, the check right
@@ -352,9 +369,13 @@ class JournalGuard:
         if history_next:
             settled = False
         # the start's first check, which the triggers wait for: the client's larger pages
-        page_size = CHECK_PAGE_SIZE if self._checked.is_set() else START_CHECK_PAGE_SIZE
+        first = not self._checked.is_set()
+        page_size = START_CHECK_PAGE_SIZE if first else CHECK_PAGE_SIZE
         try:
-            result = await self.audit.check(self._running(), settled=settled, page_size=page_size)
+            result = await self.audit.check(
+                self._running(), settled=settled, page_size=page_size,
+                long=self._read_on_while_selling if first else None,
+            )
         except JournalError as err:  # the journal broke while the check wrote: once it is back
             self._audit_due.set()
             self._wakeup.set()
@@ -390,6 +411,7 @@ class JournalGuard:
                                              charges_by_unit=result.by_unit)
         if not self.health.journal.charges_pending:
             self._checked.set()
+            self._triggers_may_start.set()
         if pending != self.health.journal.charges_pending:
             self._evaluate()
         if history_next and result.ok:  # the settled now, as every start reads them

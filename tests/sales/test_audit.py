@@ -16,11 +16,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from kiosk_agent.assembly.agent import Agent
 from kiosk_agent.sales.audit import (
     AUDIT_SOURCE,
     CHECK_PAGE_SIZE,
     HELD_SUFFIX,
     START_CHECK_PAGE_SIZE,
+    START_WAIT_ROWS,
     UNSETTLED_AHEAD,
     ChargeAudit,
 )
@@ -28,7 +30,7 @@ from kiosk_agent.sales.journal import JournalError, SaleRecord
 from kiosk_agent.sales.states import SaleState, Step
 from kiosk_agent.sales.unit import OwnUnit
 from kiosk_agent.service.models import ChargeRequest, Transaction, TransactionFilter, TransStatus
-from kiosk_agent.service.reporting import DEFAULT_PAGE_SIZE
+from kiosk_agent.service.reporting import DEFAULT_PAGE_SIZE, ReportingClient
 from kiosk_agent.service.settings import CallKind
 from kiosk_agent.sim.payments import Payments
 
@@ -1196,3 +1198,69 @@ async def test_a_charge_of_a_sales_order_id_none_of_which_is_provably_its_own_go
     assert "cannot tell" in event.message
     assert "completed-unproven" in event.message
     assert (await audit.check(settled=False)).unaccounted == []  # told once
+
+
+async def test_a_start_after_a_busy_day_starts_its_triggers_while_its_first_check_reads_on(
+    agent_factory: Any, sim_factory: Any, monkeypatch: Any
+) -> None:
+    """A unit restarted after a busy day holds thousands of captured charges not yet settled
+    (the service settles them at night): the start's first check read every one of them
+    before the triggers started, up to its 5 s bound (``bench/journal.py``'s second start,
+    20,000 of them: 4.8 s of the agent's own before READY=1, 7.2-8.5 s at load 15). The
+    triggers now wait for it only while it has read at most ``START_WAIT_ROWS`` rows (a page):
+    past that it reads on while the unit sells, and still reads every row and gives back the
+    charge the journal does not hold."""
+    sim = await sim_factory(time_scale=TIME_SCALE, transactions=0)
+    before = await checked_start(agent_factory, sim=sim)
+    journal = before.journal
+    first = journal.create(SaleRecord(
+        sale_id="busy00000", order_id=own(before, 0xB000), source="test", flow="charge_card",
+        terminal="SIM-0001", amount_cents=250, state=SaleState.STARTED))  # fmt: skip
+    charged = await _charge(before, first.order_id, 250, capture=True)
+    walk_to(journal, first, SaleState.COMPLETED, trans_id=charged)
+    template = sim.ctx.ledger.get(charged)
+    assert template is not None
+    del template["seq"]
+    busy = 2 * START_WAIT_ROWS + 200  # completed sales, their charges captured, not settled
+    rows = []
+    with journal.batch():
+        for n in range(1, busy + 1):
+            record = journal.create(SaleRecord(
+                sale_id=f"busy{n:05d}", order_id=own(before, 0xB000 + n), source="test",
+                flow="charge_card", terminal="SIM-0001", amount_cents=250,
+                state=SaleState.STARTED))  # fmt: skip
+            trans_id = f"6{n:011d}"
+            walk_to(journal, record, SaleState.COMPLETED, trans_id=trans_id)
+            rows.append({**template, "trans_id": trans_id, "order_id": record.order_id})
+    sim.ctx.ledger.add_many(rows)
+    lost_order = own(before, 0xBFFF)  # this unit's charge that no sale of the journal holds
+    lost = await _charge(before, lost_order, 300, capture=True)
+    await before.stop()
+    served = [0]  # reporting's rows read by the restarted agent's checks
+    at_triggers: list[tuple[int, bool]] = []  # (rows read by then, the first check pending)
+    start_platforms, transactions = Agent._start_platforms, ReportingClient.transactions
+
+    async def counted(client: ReportingClient, *args: Any, **kwargs: Any) -> Any:
+        async for row in transactions(client, *args, **kwargs):
+            served[0] += 1
+            yield row
+
+    async def recorded(agent: Agent) -> Any:
+        at_triggers.append((served[0], agent.health.journal.charges_pending))
+        return await start_platforms(agent)
+
+    monkeypatch.setattr(Agent, "_start_platforms", recorded)
+    monkeypatch.setattr(ReportingClient, "transactions", counted)
+    agent = await agent_factory(sim=sim)  # the same journal
+
+    [(read, pending)] = at_triggers
+    assert START_WAIT_ROWS < read < busy, read  # past a page, not every row
+    assert pending  # the check goes on while the triggers run
+    checked = await asyncio.wait_for(agent.journal_guard.first_check(), 20)
+    assert checked is not None
+    assert checked.ok, checked.error
+    assert checked.seen == busy + 2  # and it read every one
+    assert checked.unaccounted == [lost]
+    given_back = agent.journal.by_order_id(lost_order)
+    assert given_back is not None
+    assert given_back.state is SaleState.REVERSED
