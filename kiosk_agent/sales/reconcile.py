@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 
 from kiosk_agent.data_class import data_class
 from kiosk_agent.service.errors import ServiceError
+from kiosk_agent.service.models.statuses import TransStatus
 from kiosk_agent.service.trans_ids import trans_key
 
 if TYPE_CHECKING:
@@ -27,17 +28,17 @@ if TYPE_CHECKING:
 
 _LOGGER = logging.getLogger(__name__)
 
-# Rows that mean money was taken and is still held (trans_status_id: reporting's TransStatus).
-_HELD = frozenset({1, 2, 3})  # AUTHORIZED, CAPTURED, SETTLED
-_REVERSED = frozenset({4, 9})  # VOIDED, REFUNDED
+# Rows that mean money was taken and is still held (trans_status_id: one contract, TransStatus).
+_HELD = frozenset({TransStatus.AUTHORIZED, TransStatus.CAPTURED, TransStatus.SETTLED})
+_REVERSED = frozenset({TransStatus.VOIDED, TransStatus.REFUNDED})
 # A charge partly refunded (PARTIALLY_REFUNDED) still holds the rest: found under a sale's order
 # id, it is a charge that holds money, given back as any other (2026-11-29, i39-money: "no
 # charge was made", and the rest stayed on the customer's card).
-_PARTLY_HELD = 8
+_PARTLY_HELD = TransStatus.PARTIALLY_REFUNDED
 # Rows under a sale's order id that hold none of its money: a give-back's own row (REFUND),
 # a declined charge, a "retry" answer. A status the agent does not know is none of these, nor
 # proof of no charge: the lookup says unknown, and a person decides.
-_NONE_HELD = frozenset({5, 6, 7})  # REFUND, DECLINED, RETRY
+_NONE_HELD = frozenset({TransStatus.REFUND, TransStatus.DECLINED, TransStatus.RETRY})
 
 
 @data_class(frozen=True, slots=True)
@@ -114,7 +115,7 @@ class Reconciler:
                 if status in _NONE_HELD:
                     continue
                 if status is None or not (status in _HELD or status in _REVERSED
-                                          or status == _PARTLY_HELD):
+                                          or status is _PARTLY_HELD):
                     _LOGGER.warning("reporting shows %s under %s in status %r, which the agent "
                                     "does not know: it decides nothing on it",
                                     row.trans_id, order_id, row.trans_status_id)
@@ -131,15 +132,13 @@ class Reconciler:
             return ChargeLookup(unknown=True)
         if given_back is None:
             return ChargeLookup()
-        from kiosk_agent.service.models.reporting import TransStatus
-
         return ChargeLookup(
             reversed=True, trans_id=given_back.trans_id, amount_cents=given_back.amount_cents,
             refunded=given_back.status is TransStatus.REFUNDED,
         )
 
     async def transaction_state(self, trans_id: str) -> TransactionLookup:
-        from kiosk_agent.service.models.reporting import TransactionFilter, TransStatus
+        from kiosk_agent.service.models.reporting import TransactionFilter
 
         rows = await self._rows(TransactionFilter(trans_id=trans_id))
         row = next(iter(self._asked(rows or [], trans_id, key=lambda r: r.trans_id,
@@ -148,7 +147,7 @@ class Reconciler:
             return TransactionLookup()
         status = row.status
         reverse_id = None
-        if status in _REVERSED or status is TransStatus.PARTIALLY_REFUNDED:
+        if status in _REVERSED or status is _PARTLY_HELD:
             related = await self._rows(TransactionFilter(related_trans_id=trans_id)) or []
             back = self._asked(related, trans_id, key=lambda r: r.related_trans_id,
                                same=trans_key)

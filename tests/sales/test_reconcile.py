@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from collections.abc import AsyncIterator
 from types import SimpleNamespace
 
@@ -9,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kiosk_agent.sales.reconcile import _HELD, _REVERSED, Reconciler
+from kiosk_agent.sales.reconcile import _HELD, _NONE_HELD, _PARTLY_HELD, _REVERSED, Reconciler
 from kiosk_agent.service.models.reporting import Transaction, TransStatus
 from kiosk_agent.service.trans_ids import trans_key
 
@@ -17,6 +19,26 @@ from kiosk_agent.service.trans_ids import trans_key
 def test_held_and_reversed_are_reportings_statuses_by_name() -> None:
     assert frozenset({TransStatus.AUTHORIZED, TransStatus.CAPTURED, TransStatus.SETTLED}) == _HELD
     assert frozenset({TransStatus.VOIDED, TransStatus.REFUNDED}) == _REVERSED
+
+
+def test_the_reconciler_reads_every_status_by_the_one_contract_and_each_once() -> None:
+    """The service's statuses have one contract (TransStatus): the reconciler's sets hold its
+    members, not bare ints that equal them (a 4 meant VOIDED only by a comment), and every
+    status the interface names is read one way: held, partly held, given back or none held."""
+    groups = [_HELD, {_PARTLY_HELD}, _REVERSED, _NONE_HELD]
+    named = [status for group in groups for status in group]
+    assert all(type(status) is TransStatus for status in named), named
+    assert sorted(named) == sorted(TransStatus)  # each once, none left out
+
+
+def test_the_statuses_are_read_without_the_reporting_models() -> None:
+    """Naming the statuses at import costs no pydantic model: reporting's are built at the
+    first lookup, not with every agent."""
+    code = ("import sys; import kiosk_agent.sales.reconcile; "
+            "print('kiosk_agent.service.models.reporting' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True)
+    assert out.stdout.strip() == "False"
 
 
 # -- a reporting answer that disagrees with its question (rule 13: only money the unit can
