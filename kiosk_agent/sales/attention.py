@@ -171,6 +171,7 @@ class AttentionSweeper:
                     lookup.trans_id,
                     lookup.amount_cents,
                     state=SaleState.REVERSING,
+                    refunded_before=lookup.refunded_before_cents,
                 )
                 given_back.append(
                     await steps.reverse("a charge the service made after the sale had ended")
@@ -217,7 +218,8 @@ class AttentionSweeper:
                 return None
             found = {"found": "charge", "trans_id": lookup.trans_id}
             steps.step(Step.ATTENTION_RECHECK, detail=found, if_state=SaleState.ATTENTION)
-            steps.charge_found(Step.ATTENTION_FOUND, lookup.trans_id, lookup.amount_cents)
+            steps.charge_found(Step.ATTENTION_FOUND, lookup.trans_id, lookup.amount_cents,
+                               refunded_before=lookup.refunded_before_cents)
             return await steps.reverse("a charge found later in reporting, not vended")
         if lookup.reversed:
             return await steps.found_given_back(
@@ -244,10 +246,9 @@ class AttentionSweeper:
             refunded = lookup.refunded
             if refunded and lookup.amount_cents == 0 and "refunded for $0.00" in record.message:
                 return None  # said already: a person decides
-            return steps.given_back(
+            return steps.given_back_found(
                 Step.ATTENTION_DONE, Step.ATTENTION_FOUND, "given back (found in reporting)",
-                lookup.reverse_trans_id, lookup.amount_cents, voided=not refunded,
-                if_state=SaleState.ATTENTION,
+                lookup, if_state=SaleState.ATTENTION,
             )
         vended = record.vended_cents
         if lookup.captured and vended:

@@ -172,7 +172,9 @@ class SaleEvent:
     state: SaleState
     amount_cents: int
     captured_cents: int = 0
-    reversed_cents: int = 0  # given back (void or refund), on a REVERSED sale
+    # given back (void or refund), on a REVERSED sale; on an open one, what a charge found
+    # partly refunded had given back before the agent looked
+    reversed_cents: int = 0
     product: str | None = None
     terminal: str | None = None
     message: str = ""
@@ -242,6 +244,9 @@ def money_text(sale: SaleMoney) -> str:
             return (f"{dollars(0)} captured of {dollars(sale.vended_cents)} dispensed, "
                     "undecided")
         held = sale.captured_cents or sale.authorized_cents
+        if held and sale.reversed_cents:  # a charge found partly refunded: the rest is held
+            return (f"{dollars(max(0, held - sale.reversed_cents))} held, undecided "
+                    f"({dollars(sale.reversed_cents)} given back)")
         if held:
             return f"{dollars(held)} held, undecided"
         return f"{dollars(sale.amount_cents)}, outcome unknown"
@@ -259,6 +264,9 @@ def money_text(sale: SaleMoney) -> str:
         if kept:
             return f"{dollars(kept)} charged{given_back}"
         return f"nothing charged{given_back}"
+    if sale.captured_cents and sale.reversed_cents:  # a charge found partly refunded, open
+        return (f"{dollars(max(0, sale.captured_cents - sale.reversed_cents))} charged "
+                f"({dollars(sale.reversed_cents)} given back)")
     if sale.captured_cents:
         return f"{dollars(sale.captured_cents)} charged"
     if sale.authorized_cents:

@@ -52,6 +52,9 @@ class ChargeLookup:
     # a charge existed and was already given back (``trans_id``/``amount_cents`` name it)
     reversed: bool = False
     refunded: bool = False  # given back by a refund (its status), not a void
+    # of a charge found partly refunded: what its refunds' rows show given back before the
+    # agent looked (the rest, ``amount_cents`` less this, is what it still holds)
+    refunded_before_cents: int = 0
 
 
 @data_class(frozen=True, slots=True)
@@ -124,7 +127,15 @@ class Reconciler:
                     undecided = True
                 elif status in _REVERSED:
                     given_back = given_back or row
-                else:  # held, or partly refunded: the rest still held
+                elif status is _PARTLY_HELD:  # the rest still held: what was refunded?
+                    before = await self._refunded_before(row)
+                    if before is None:
+                        undecided = True
+                        continue
+                    return ChargeLookup(approved=True, trans_id=row.trans_id,
+                                        amount_cents=row.amount_cents,
+                                        refunded_before_cents=before)
+                else:  # held
                     return ChargeLookup(
                         approved=True, trans_id=row.trans_id, amount_cents=row.amount_cents
                     )
@@ -136,6 +147,30 @@ class Reconciler:
             reversed=True, trans_id=given_back.trans_id, amount_cents=given_back.amount_cents,
             refunded=given_back.status is TransStatus.REFUNDED,
         )
+
+    async def _refunded_before(self, charge: Transaction) -> int | None:
+        """What a partly refunded charge's refunds gave back, by their own rows (REFUND, naming
+        it in ``related_trans_id``): more than nothing and less than the charge, else (or when
+        reporting cannot say) None, and nothing is decided on it. The agent's message says
+        what it gave back and what it found given back before, each in exact amounts
+        (2026-11-30: it said "$3.00 refunded" where it gave back the $2.00 left)."""
+        from kiosk_agent.service.models.reporting import TransactionFilter
+
+        rows = await self._rows(TransactionFilter(related_trans_id=charge.trans_id))
+        if rows is None:
+            return None
+        refunds = [r for r in self._asked(rows, charge.trans_id, key=lambda r: r.related_trans_id,
+                                          same=trans_key)
+                   if r.status is TransStatus.REFUND]
+        if not all(_readable(r) for r in refunds):
+            return None
+        before = sum(r.amount_cents for r in refunds)
+        if 0 < before < charge.amount_cents:
+            return before
+        _LOGGER.warning("reporting shows %s (%s) partly refunded, and its refunds' rows give "
+                        "back %d cents of it: the agent decides nothing on it",
+                        charge.trans_id, charge.amount, before)
+        return None
 
     async def transaction_state(self, trans_id: str) -> TransactionLookup:
         from kiosk_agent.service.models.reporting import TransactionFilter

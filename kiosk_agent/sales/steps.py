@@ -48,7 +48,7 @@ from kiosk_agent.service.models import (
 from kiosk_agent.service.trans_ids import trans_key
 
 if TYPE_CHECKING:
-    from kiosk_agent.sales.reconcile import ChargeLookup, Reconciler
+    from kiosk_agent.sales.reconcile import ChargeLookup, Reconciler, TransactionLookup
     from kiosk_agent.service.client import ServiceClient
 
 
@@ -347,15 +347,21 @@ class SaleSteps:
         cents: int | None,
         detail: Mapping[str, Any] | None = None,
         state: SaleState | None = None,
+        refunded_before: int = 0,
     ) -> int:
         """Journal a charge that holds money: from its answer, or found after a lost one.
 
         A charge-card captures at once, an authorization only holds; an answer without an
-        amount holds the sale's price. Returns the cents held.
+        amount holds the sale's price. Returns the cents held. ``refunded_before``: of a charge
+        found partly refunded, what was given back before the agent looked (journaled as given
+        back: the sale holds the rest, and its give-back says both).
         """
         cents = self.record.amount_cents if cents is None else cents
-        self.step(name, state, detail=detail, **self._charge_fields(trans_id, cents))
-        return cents
+        fields = self._charge_fields(trans_id, cents)
+        if refunded_before:  # refunded: captured, whatever the flow asked
+            fields.update(captured_cents=cents, reversed_cents=refunded_before)
+        self.step(name, state, detail=detail, **fields)
+        return cents - refunded_before
 
     def _charge_fields(self, trans_id: str | None, cents: int) -> dict[str, Any]:
         """The journal fields of a charge made: a charge-card captures at once."""
@@ -437,7 +443,8 @@ class SaleSteps:
             asked = clock.monotonic()  # reporting may answer what it knew when asked, not later
             lookup = await self.reconciler.find_charge(self.record.all_order_ids())
             if lookup.approved:
-                self.charge_found(steps.found, lookup.trans_id, lookup.amount_cents)
+                self.charge_found(steps.found, lookup.trans_id, lookup.amount_cents,
+                                  refunded_before=lookup.refunded_before_cents)
                 return await self.reverse(f"{why}; the charge was found in reporting, not vended")
             if lookup.reversed:
                 return await self.found_given_back(
@@ -589,10 +596,8 @@ class SaleSteps:
             except _REVERSE_UNCLEAR as err:
                 lookup = await self.reconciler.transaction_state(trans_id)
                 if lookup.reversed:
-                    return self._reversed(
-                        why, lookup.reverse_trans_id, lookup.amount_cents,
-                        voided=not lookup.refunded,
-                    )
+                    return self.given_back_found(Step.REVERSE_DONE, Step.REVERSE_FAILED, why,
+                                                 lookup)
                 if attempt == 2 or (isinstance(err, BadRequestError) and not lookup.known):
                     return self.finish(
                         SaleState.ATTENTION, Step.REVERSE_FAILED, self._not_given_back(why, err)
@@ -631,9 +636,7 @@ class SaleSteps:
         unproven, the sale is not called reversed while the money may still be held."""
         lookup = await self.reconciler.transaction_state(trans_id)
         if lookup.reversed:
-            return self._reversed(
-                why, lookup.reverse_trans_id, lookup.amount_cents, voided=not lookup.refunded
-            )
+            return self.given_back_found(Step.REVERSE_DONE, Step.REVERSE_FAILED, why, lookup)
         answered = (f"{result.result} {result.resp_text}: {format_cents(result.amount)} "
                     f"of {result.trans_id}")
         return self.finish(
@@ -662,13 +665,29 @@ class SaleSteps:
 
     @property
     def _held_cents(self) -> int:
-        return self.record.captured_cents or self.record.authorized_cents
+        """What the sale's charge still holds: all of it, or the rest of one found partly
+        refunded (its refunds before the agent looked are journaled as given back)."""
+        held = self.record.captured_cents or self.record.authorized_cents
+        return max(0, held - self.record.reversed_cents)
 
     def _reversed(
         self, why: str, reverse_trans_id: str | None, cents: int | None, voided: bool = True
     ) -> SaleEvent:
         return self.given_back(Step.REVERSE_DONE, Step.REVERSE_FAILED, why, reverse_trans_id,
                                cents, voided)
+
+    def given_back_found(
+        self, done: Step, undecided: Step, why: str, lookup: TransactionLookup, **changes: Any
+    ) -> SaleEvent:
+        """The end of a sale whose charge reporting shows given back: the charge's row names
+        the charge's whole amount, of which the agent gave back what was not refunded before
+        (journaled with the charge: see :meth:`charge_found`)."""
+        cents = lookup.amount_cents
+        before = self.record.reversed_cents
+        if cents is not None and before and lookup.refunded:
+            cents = max(0, cents - before)
+        return self.given_back(done, undecided, why, lookup.reverse_trans_id, cents,
+                               voided=not lookup.refunded, **changes)
 
     def given_back(
         self, done: Step, undecided: Step, why: str, reverse_trans_id: str | None,
@@ -681,6 +700,7 @@ class SaleSteps:
         again on its own; a person decides (``undecided``), told what reporting shows.
         ``held``: the money the charge held, where the journal does not hold it yet (a charge
         found given back)."""
+        before = 0 if held is not None else self.record.reversed_cents
         held = self._held_cents if held is None else held
         if cents == 0 and not voided:
             return self.finish(
@@ -696,12 +716,15 @@ class SaleSteps:
         else:
             amount, shown = cents, ""
         how = "voided" if voided else "refunded"
+        if before:  # a charge found partly refunded: the agent gave back the rest
+            shown += (f", the rest of the {format_cents(before + held)} charge: "
+                      f"{format_cents(before)} of it had been refunded before")
         return self.finish(
             SaleState.REVERSED,
             done,
             f"{why}; {format_cents(amount)} {how}{shown}",
             reverse_trans_id=reverse_trans_id,
-            reversed_cents=amount,
+            reversed_cents=before + amount,
             **changes,
         )
 

@@ -38,6 +38,12 @@ def _sale(state: SaleState, **cents: int) -> SaleRecord:
         (SaleState.DECLINED, {}, "nothing charged"),
         (SaleState.ATTENTION, {"captured_cents": 666}, "$6.66 held, undecided"),
         (SaleState.ATTENTION, {}, "$5.00, outcome unknown"),
+        # a charge found partly refunded ($1.00 of $3.00 before the agent looked): the rest is
+        # what is held, not the whole charge
+        (SaleState.ATTENTION, {"captured_cents": 300, "reversed_cents": 100},
+         "$2.00 held, undecided ($1.00 given back)"),
+        (SaleState.REVERSING, {"captured_cents": 300, "reversed_cents": 100},
+         "$2.00 charged ($1.00 given back)"),
     ],
 )
 def test_money_says_what_was_taken_held_or_is_unknown(

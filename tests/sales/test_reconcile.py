@@ -188,3 +188,29 @@ async def test_whatever_reporting_answers_a_lookup_takes_only_what_was_asked_abo
         if state.reverse_trans_id is not None:
             # a refund's own row, else (a void, or its row not shown) the charge's own id
             assert state.reverse_trans_id in {*(r.trans_id for r in rows), "700000000001"}
+
+
+async def test_a_charge_found_partly_refunded_names_what_its_refunds_gave_back() -> None:
+    """A $3.00 charge under the sale's order id, partly refunded: its refund's row ($1.00,
+    naming it) is what was given back before the agent looked; the rest is held."""
+    charge = _row("700000000001", ASKED, TransStatus.PARTIALLY_REFUNDED, amount=3.00)
+    refund = _row("700000000002", ASKED, TransStatus.REFUND, amount=1.00,
+                  related_trans_id="700000000001")
+    found = await _reconciler(charge, refund).find_charge([ASKED])
+    assert (found.approved, found.trans_id) == (True, "700000000001")
+    assert (found.amount_cents, found.refunded_before_cents) == (300, 100)
+
+
+@pytest.mark.parametrize("refunded", [[], [3.00], [2.00, 1.50]])
+async def test_a_charge_partly_refunded_whose_refunds_do_not_say_so_decides_nothing(
+    refunded: list[float], caplog: pytest.LogCaptureFixture
+) -> None:
+    """Partly refunded, and its refunds' rows give back nothing, or all of it or more: what
+    it still holds cannot be told, so the lookup says unknown and a person decides."""
+    charge = _row("700000000001", ASKED, TransStatus.PARTIALLY_REFUNDED, amount=3.00)
+    refunds = [_row(f"70000000001{n}", ASKED, TransStatus.REFUND, amount=amount,
+                    related_trans_id="700000000001") for n, amount in enumerate(refunded)]
+    found = await _reconciler(charge, *refunds).find_charge([ASKED])
+    assert found.unknown
+    assert not found.approved
+    assert "partly refunded" in caplog.text
