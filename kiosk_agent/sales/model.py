@@ -87,7 +87,13 @@ def vend_refusal(price_cents: int, authorized_cents: int, product: str | None = 
     return ""
 
 
-class PriceAboveMaximum(ValueError):
+class BadAmount(ValueError):
+    """A sale's amount the agent refuses (not above zero, above ``max_price``): the trigger's
+    amount is what was wrong, and a platform says so in its own words (the kiosk API's
+    ``400 amount``). Any other ``ValueError`` out of a start is not the amount's."""
+
+
+class PriceAboveMaximum(BadAmount):
     """A trigger asked for more than its configured ``max_price``."""
 
 
