@@ -1,0 +1,103 @@
+"""Where a running demo's admin API is, for `health` and `events` on the demo's configuration.
+
+The demo serves the field tech's status page and the admin API on 127.0.0.1 (a port the system
+picks) with a token made for the run, and config/demo.yaml has no ``admin:`` section: a secret
+is never written in a configuration. So that `kiosk-agent health -c config/demo.yaml` can ask
+it, the demo writes its address and token beside its journal (``<journal>.admin``), readable by
+its owner only (0600, made new each run, never a file another user left), while it runs, and
+removes it when it ends. A reader trusts the file only when it is the user's own, no one else's
+to read, and its demo still runs; else it says which of these is wrong. The token is never
+logged, nor printed by the reader.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import sys
+from pathlib import Path
+from typing import Any
+
+from kiosk_agent.cli.contract import EXIT_UNREACHABLE, EXIT_USAGE, CliError
+
+SUFFIX = ".admin"
+
+
+def demo_admin_path(journal: Path) -> Path:
+    """The running demo's admin file: beside its journal, named after it."""
+    return journal.with_name(journal.name + SUFFIX)
+
+
+def write_demo_admin(path: Path, url: str, token: str) -> None:
+    """Write the demo's address and token, readable by the owner only: any file of that name
+    is removed first (a stale one, or one another made), and the new one is made 0600 by this
+    process (O_EXCL: never opened through a link someone left)."""
+    path.unlink(missing_ok=True)
+    body = json.dumps({"url": url, "token": token, "pid": os.getpid()}).encode()
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0),
+                 0o600)
+    try:
+        os.write(fd, body)
+    finally:
+        os.close(fd)
+
+
+def remove_demo_admin(path: Path) -> None:
+    """Remove the file this process wrote (not one a later demo wrote over it)."""
+    try:
+        if json.loads(path.read_text()).get("pid") == os.getpid():
+            path.unlink()
+    except (OSError, ValueError, AttributeError):
+        pass
+
+
+def read_demo_admin(path: Path, config_path: str) -> tuple[str, str]:
+    """The running demo's address and token; a CliError saying what is wrong otherwise."""
+    try:
+        info = path.lstat()
+    except FileNotFoundError:
+        raise CliError(
+            f"{config_path} has no admin: section, and no demo is running on it: a demo "
+            f"serves its admin API while it runs ({path} names it then)",
+            EXIT_UNREACHABLE,
+            [f"start it: `{_program()} demo -c {config_path}`, then ask again"],
+        ) from None
+    except OSError as err:
+        raise CliError(f"{path}: {err.strerror}", EXIT_USAGE) from None
+    if not stat.S_ISREG(info.st_mode) or info.st_uid != os.getuid() or info.st_mode & 0o077:
+        raise CliError(
+            f"{path} is not the demo's (not a file of yours readable by you alone): not "
+            "trusted, its token not used",
+            EXIT_USAGE,
+            [f"remove it (`rm {path}`); the next demo run writes its own"],
+        )
+    try:
+        found: Any = json.loads(path.read_text(encoding="utf-8"))
+        url, token, pid = str(found["url"]), str(found["token"]), int(found["pid"])
+    except (OSError, ValueError, KeyError, TypeError):
+        raise CliError(f"{path} is not a demo's admin file", EXIT_USAGE) from None
+    if not _running(pid):
+        raise CliError(
+            f"the demo that served {url} (process {pid}) is no longer running",
+            EXIT_UNREACHABLE,
+            [f"start it: `{_program()} demo -c {config_path}`, then ask again"],
+        )
+    return url, token
+
+
+def _program() -> str:
+    """kiosk-agent as this command was started (`.venv/bin/kiosk-agent` from a checkout)."""
+    from kiosk_agent.cli.demo import program_command
+
+    return program_command(sys.argv[0])
+
+
+def _running(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # another user's process: the file's owner check already refused
+    return True
