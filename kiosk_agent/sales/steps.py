@@ -716,6 +716,11 @@ class SaleSteps:
         else:
             amount, shown = cents, ""
         how = "voided" if voided else "refunded"
+        if not voided and not self.record.captured_cents and "captured_cents" not in changes:
+            # a refund gives back a capture: the charge was taken, whatever the flow asked
+            # (2026-11-30: a charge found refunded read "$3.00 hold released", captured 0,
+            # where the service held it settled and refunded)
+            changes["captured_cents"] = before + held
         if before:  # a charge found partly refunded: the agent gave back the rest
             shown += (f", the rest of the {format_cents(before + held)} charge: "
                       f"{format_cents(before)} of it had been refunded before")
