@@ -52,6 +52,16 @@ def remove_demo_admin(path: Path) -> None:
         pass
 
 
+def running_demo(config: Any, config_path: str) -> tuple[str, str] | None:
+    """The admin API of the demo running on ``config`` (one without an ``admin:`` section):
+    its address and token; None when no demo wrote its file; a CliError when the file is not
+    to be trusted or its demo no longer runs."""
+    path = demo_admin_path(Path(config.resolve(config["journal"]["path"])))
+    if not os.path.lexists(path):
+        return None
+    return read_demo_admin(path, config_path)
+
+
 def read_demo_admin(path: Path, config_path: str) -> tuple[str, str]:
     """The running demo's address and token; a CliError saying what is wrong otherwise."""
     try:

@@ -649,10 +649,13 @@ def admin_address(args: argparse.Namespace) -> tuple[str, str]:
         return address
     if "simulator" in config["service"]:
         # a demo's configuration: the demo serves an admin API of its own while it runs
-        from kiosk_agent.cli.demo_admin import demo_admin_path, read_demo_admin
+        from kiosk_agent.cli.demo_admin import demo_admin_path, read_demo_admin, running_demo
 
-        journal = Path(config.resolve(config["journal"]["path"]))
-        url, made = read_demo_admin(demo_admin_path(journal), str(path))
+        found = running_demo(config, str(path))
+        if found is None:  # said as the reader says it: no demo is running
+            found = read_demo_admin(
+                demo_admin_path(Path(config.resolve(config["journal"]["path"]))), str(path))
+        url, made = found
         return url, token or made
     raise CliError(f"{path} has no admin: section; the agent serves no admin API", EXIT_USAGE)
 

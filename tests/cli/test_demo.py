@@ -393,10 +393,11 @@ def _demo_admin_file(home: Path) -> Path:
     return home / ".local" / "state" / "kiosk-agent" / "demo-journal.db.admin"
 
 
-async def _health(home: Path) -> tuple[int, str, str]:
-    """`kiosk-agent health -c config/demo.yaml --json` as a field tech runs it: a process."""
+async def _health(home: Path, command: str = "health") -> tuple[int, str, str]:
+    """`kiosk-agent health -c config/demo.yaml --json` (or another command) as a field tech
+    runs it: a process."""
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "kiosk_agent", "health", "-c", str(DEMO_CONFIG), "--json",
+        sys.executable, "-m", "kiosk_agent", *command.split(), "-c", str(DEMO_CONFIG), "--json",
         cwd=REPO, env={**_env(), "HOME": str(home)},
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
     )
@@ -435,6 +436,11 @@ async def test_health_on_the_demos_configuration_asks_the_running_demo(demo_home
         sales = json.loads(said)["sales"]
         assert before[0] <= sales["today_count"] <= after[0]
         assert before[1] <= sales["today_amount_cents"] <= after[1]
+        # the readers, as the demo's agent has them from its simulator (before: exit 4, "no
+        # admin: section to ask its agent"; no second simulator is started for the command)
+        code, said, complaint = await _health(demo_home, "terminals list")
+        assert code == 0, complaint
+        assert {"SIM-0007", "SIM-0008"} <= {t["device_id"] for t in json.loads(said)}
         os.kill(proc.pid, signal.SIGINT)
         async with asyncio.timeout(30):
             assert await proc.wait() == 0, err.read_text()
