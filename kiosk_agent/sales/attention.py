@@ -25,7 +25,7 @@ from kiosk_agent.data_class import data_class
 from kiosk_agent.money import format_cents
 from kiosk_agent.sales.clock import Anchor, Clock, elapsed_at_least
 from kiosk_agent.sales.journal import Journal, JournalError, SaleMoved, SaleRecord
-from kiosk_agent.sales.model import Flow, SaleEvent
+from kiosk_agent.sales.model import REFUNDED_NOTHING, Flow, SaleEvent
 from kiosk_agent.sales.settings import ATTENTION_RECHECK
 from kiosk_agent.sales.states import NO_CHARGE_STEPS, SaleState, Step
 from kiosk_agent.sales.steps import (
@@ -244,7 +244,7 @@ class AttentionSweeper:
             return None
         if lookup.reversed:
             refunded = lookup.refunded
-            if refunded and lookup.amount_cents == 0 and "refunded for $0.00" in record.message:
+            if refunded and lookup.amount_cents == 0 and REFUNDED_NOTHING in record.message:
                 return None  # said already: a person decides
             return steps.given_back_found(
                 Step.ATTENTION_DONE, Step.ATTENTION_FOUND, "given back (found in reporting)",

@@ -233,6 +233,10 @@ class SaleMoney(Protocol):
 # ``nothing_captured`` writes them; :func:`money_text` reads them): its ``captured_cents`` 0 is
 # then a figure, the service's, where elsewhere 0 is "no capture yet" (the column has no null).
 CAPTURED_NOTHING = "reporting shows $0.00 captured"
+# The words of a sale whose charge reporting shows refunded for $0.00 (steps' ``refunded_nothing``
+# writes them after the trans id; :func:`money_text` reads them): the money may still be held,
+# or may be back, and the sale says "may be", not "held".
+REFUNDED_NOTHING = "refunded for $0.00"
 
 
 def money_text(sale: SaleMoney) -> str:
@@ -250,6 +254,10 @@ def money_text(sale: SaleMoney) -> str:
             return (f"{dollars(0)} captured of {dollars(sale.vended_cents)} dispensed, "
                     "undecided")
         held = sale.captured_cents or sale.authorized_cents
+        if held and REFUNDED_NOTHING in sale.message:
+            # reporting shows the charge refunded for nothing: it may be held, or back (said
+            # "$3.00 held" where the service shows a $3.00 refund's row and a $0.00 charge)
+            return f"{dollars(held)} may be held, undecided"
         if held and sale.reversed_cents:  # a charge found partly refunded: the rest is held
             return (f"{dollars(max(0, held - sale.reversed_cents))} held, undecided "
                     f"({dollars(sale.reversed_cents)} given back)")

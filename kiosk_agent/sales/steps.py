@@ -26,7 +26,7 @@ from kiosk_agent.sales.clock import SYSTEM_CLOCK, Clock
 from kiosk_agent.sales.deadlines import AnswerDeadlines
 from kiosk_agent.sales.journal import HeldStep, Journal, JournalError, SaleRecord
 from kiosk_agent.sales.lost_reads import LostReads
-from kiosk_agent.sales.model import CAPTURED_NOTHING, Flow, SaleEvent
+from kiosk_agent.sales.model import CAPTURED_NOTHING, REFUNDED_NOTHING, Flow, SaleEvent
 from kiosk_agent.sales.settings import SaleSettings
 from kiosk_agent.sales.states import REQUEST_STEPS, ReportingSteps, SaleState, Step
 from kiosk_agent.sales.unit import OwnUnit
@@ -882,7 +882,7 @@ class SaleSteps:
 
 def refunded_nothing(why: str, trans_id: str | None, held: int) -> str:
     """The words of a sale whose refund reporting shows made for $0.00."""
-    return (f"{why}; reporting shows {trans_id} refunded for {format_cents(0)}: a refund of "
+    return (f"{why}; reporting shows {trans_id} {REFUNDED_NOTHING}: a refund of "
             f"nothing gives nothing back, so the {format_cents(held)} may still be held; the "
             f"agent refunds nothing again on its own: a person decides ({RESOLVE})")
 
