@@ -173,6 +173,13 @@ async def test_whatever_reporting_answers_a_lookup_takes_only_what_was_asked_abo
                    and r.amount_cents >= 0 for r in ours)
         assert found.amount_cents is not None
         assert found.amount_cents >= 0  # no negative figure is ever acted on
+        # partly refunded: what its own refunds' rows (of the merchant) gave back before,
+        # more than nothing and less than the charge
+        before = found.refunded_before_cents
+        refunds = [r for r in rows if r.status is TransStatus.REFUND and r.mid in (MID, "")
+                   and trans_key(r.related_trans_id) == trans_key(found.trans_id)]
+        assert before == 0 or (0 < before < found.amount_cents
+                               and before == sum(r.amount_cents for r in refunds))
     elif not found.unknown:
         assert not any(r.status in holding or r.status is None for r in ours)
     if found.reversed:
