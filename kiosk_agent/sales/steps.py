@@ -681,10 +681,12 @@ class SaleSteps:
     ) -> SaleEvent:
         """The end of a sale whose charge reporting shows given back: the charge's row names
         the charge's whole amount, of which the agent gave back what was not refunded before
-        (journaled with the charge: see :meth:`charge_found`)."""
+        (journaled with the charge: see :meth:`charge_found`). A void of it (reporting shows
+        the charge voided, its row the whole amount) released the rest too, never more
+        (2026-11-30: read as the whole charge on top of the part refunded before)."""
         cents = lookup.amount_cents
         before = self.record.reversed_cents
-        if cents is not None and before and lookup.refunded:
+        if cents is not None and before:
             cents = max(0, cents - before)
         return self.given_back(done, undecided, why, lookup.reverse_trans_id, cents,
                                voided=not lookup.refunded, **changes)
