@@ -151,7 +151,8 @@ class Reconciler:
     async def _refunded_before(self, charge: Transaction) -> int | None:
         """What a partly refunded charge's refunds gave back, by their own rows (REFUND, naming
         it in ``related_trans_id``): more than nothing and less than the charge, else (or when
-        reporting cannot say) None, and nothing is decided on it. The agent's message says
+        reporting cannot say, or a row naming it is in a status the agent does not know) None,
+        and nothing is decided on it. The agent's message says
         what it gave back and what it found given back before, each in exact amounts
         (2026-11-30: it said "$3.00 refunded" where it gave back the $2.00 left)."""
         from kiosk_agent.service.models.reporting import TransactionFilter
@@ -159,9 +160,15 @@ class Reconciler:
         rows = await self._rows(TransactionFilter(related_trans_id=charge.trans_id))
         if rows is None:
             return None
-        refunds = [r for r in self._asked(rows, charge.trans_id, key=lambda r: r.related_trans_id,
-                                          same=trans_key)
-                   if r.status is TransStatus.REFUND]
+        related = self._asked(rows, charge.trans_id, key=lambda r: r.related_trans_id,
+                              same=trans_key)
+        odd = [r for r in related if r.status is None]
+        if odd:  # a give-back, or not: what the charge still holds cannot be told
+            _LOGGER.warning("reporting shows %s, naming %s, in status %r, which the agent does "
+                            "not know: it decides nothing on %s", odd[0].trans_id,
+                            charge.trans_id, odd[0].trans_status_id, charge.trans_id)
+            return None
+        refunds = [r for r in related if r.status is TransStatus.REFUND]
         if not all(_readable(r) for r in refunds):
             return None
         before = sum(r.amount_cents for r in refunds)

@@ -9,6 +9,7 @@ against the simulator's own rows in Decimal dollars.
 from __future__ import annotations
 
 import asyncio
+import time
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
@@ -104,3 +105,35 @@ async def test_a_charge_partly_refunded_then_shown_voided_is_never_given_back_ab
     assert record is not None
     assert record.reversed_cents == 300, record.message
     assert "$2.00 voided" in record.message, record.message
+
+
+async def attention_sale(agent_factory: Any, sim: Any, tmp_path: Path) -> Any:
+    """An agent on ``sim`` whose journal holds one ATTENTION sale ``crashed1`` (KACRASHED1)
+    whose charge's answer was never heard, its deadline past."""
+    leave_open(tmp_path, state=SaleState.ATTENTION, answer_by=time.time() - 1)
+    return await agent_factory(sim=sim)
+
+
+async def test_a_refund_row_in_a_status_the_agent_does_not_know_decides_nothing(
+    agent_factory: Any, sim_factory: Any, tmp_path: Path
+) -> None:
+    """$1.00 and $0.50 of the $3.00 charge were refunded; reporting shows the $0.50 refund's
+    row in a status the interface does not name. It may have given money back or not: what
+    the charge still holds cannot be told, so the agent refunds nothing and the sale stays
+    for a person. Before, the row was left out of the sum: the agent took $2.00 for the rest,
+    was given back the $1.50 the service had left, and said "$2.00 refunded"."""
+    sim = await sim_factory(time_scale=300, transactions=0)
+    agent = await attention_sale(agent_factory, sim, tmp_path)
+    trans_id = await authorize(agent.service, "KACRASHED1", capture=True)
+    sim.ctx.ledger.update(trans_id, trans_status_id=TransStatus.SETTLED)
+    assert (await agent.service.payments.void_or_refund(trans_id, amount=100)).refunded
+    odd = await agent.service.payments.void_or_refund(trans_id, amount=50)
+    sim.ctx.ledger.update(odd.trans_id, trans_status_id=42)
+    assert await agent.attention.sweep() == []
+    record = agent.journal.get("crashed1")
+    assert record is not None
+    assert record.state is SaleState.ATTENTION
+    assert record.reversed_cents == 0
+    found = await rows(agent.service, "KACRASHED1")
+    assert sorted(r.amount for r in found if r.related_trans_id == trans_id) == [
+        Decimal("0.50"), Decimal("1.00")]  # the agent gave back nothing
