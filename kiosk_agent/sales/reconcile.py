@@ -193,7 +193,7 @@ class Reconciler:
             related = await self._rows(TransactionFilter(related_trans_id=trans_id)) or []
             back = self._asked(related, trans_id, key=lambda r: r.related_trans_id,
                                same=trans_key)
-            reverse_id = back[0].trans_id if back else trans_id
+            reverse_id = _last_refund(back).trans_id if back else trans_id
         return TransactionLookup(
             known=True,
             authorized=status is TransStatus.AUTHORIZED,
@@ -203,6 +203,16 @@ class Reconciler:
             reverse_trans_id=reverse_id,
             amount_cents=row.amount_cents,
         )
+
+
+def _last_refund(rows: list[Transaction]) -> Transaction:
+    """The give-back that ended a charge's refunds: its latest refund's row (by ``trans_date``,
+    then as reporting lists them), the others being a person's before it. Once a refund gives
+    back all that was left no other can be made, so the agent's, when it ended the charge, is
+    this one (2026-11-30: the first row found named a person's $1.00 refund as the agent's)."""
+    refunds = [r for r in rows if r.status is TransStatus.REFUND] or rows
+    return max(enumerate(refunds),
+               key=lambda n_row: (n_row[1].trans_at or float("-inf"), n_row[0]))[1]
 
 
 def _readable(row: Transaction) -> bool:
