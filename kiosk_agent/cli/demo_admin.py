@@ -12,6 +12,7 @@ logged, nor printed by the reader.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import stat
@@ -34,7 +35,11 @@ def write_demo_admin(path: Path, url: str, token: str) -> None:
     is removed first (a stale one, or one another made), and the new one is made 0600 by this
     process (O_EXCL: never opened through a link someone left)."""
     path.unlink(missing_ok=True)
-    body = json.dumps({"url": url, "token": token, "pid": os.getpid()}).encode()
+    found: dict[str, Any] = {"url": url, "token": token, "pid": os.getpid()}
+    started = _started(os.getpid())
+    if started is not None:  # a process id reused after a kill -9 is not this demo
+        found["started"] = started
+    body = json.dumps(found).encode()
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0),
                  0o600)
     try:
@@ -63,9 +68,11 @@ def running_demo(config: Any, config_path: str) -> tuple[str, str] | None:
 
 
 def read_demo_admin(path: Path, config_path: str) -> tuple[str, str]:
-    """The running demo's address and token; a CliError saying what is wrong otherwise."""
+    """The running demo's address and token; a CliError saying what is wrong otherwise. The
+    file is opened once, never through a link (O_NOFOLLOW), and what is checked is what is
+    read (its descriptor's own status), not a name another could change in between."""
     try:
-        info = path.lstat()
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | os.O_NONBLOCK)
     except FileNotFoundError:
         raise CliError(
             f"{config_path} has no admin: section, and no demo is running on it: a demo "
@@ -74,20 +81,29 @@ def read_demo_admin(path: Path, config_path: str) -> tuple[str, str]:
             [f"start it: `{_program()} demo -c {config_path}`, then ask again"],
         ) from None
     except OSError as err:
-        raise CliError(f"{path}: {err.strerror}", EXIT_USAGE) from None
-    if not stat.S_ISREG(info.st_mode) or info.st_uid != os.getuid() or info.st_mode & 0o077:
-        raise CliError(
-            f"{path} is not the demo's (not a file of yours readable by you alone): not "
-            "trusted, its token not used",
-            EXIT_USAGE,
-            [f"remove it (`rm {path}`); the next demo run writes its own"],
-        )
+        if err.errno != errno.ELOOP:  # a link in its place is refused below, as not the demo's
+            raise CliError(f"{path}: {err.strerror}", EXIT_USAGE) from None
+        fd = None
     try:
-        found: Any = json.loads(path.read_text(encoding="utf-8"))
-        url, token, pid = str(found["url"]), str(found["token"]), int(found["pid"])
-    except (OSError, ValueError, KeyError, TypeError):
-        raise CliError(f"{path} is not a demo's admin file", EXIT_USAGE) from None
-    if not _running(pid):
+        info = None if fd is None else os.fstat(fd)
+        if (info is None or not stat.S_ISREG(info.st_mode) or info.st_uid != os.getuid()
+                or info.st_mode & 0o077):
+            raise CliError(
+                f"{path} is not the demo's (not a file of yours readable by you alone): not "
+                "trusted, its token not used",
+                EXIT_USAGE,
+                [f"remove it (`rm {path}`); the next demo run writes its own"],
+            )
+        try:
+            found: Any = json.loads(os.read(fd, 65536).decode("utf-8")) if fd is not None else {}
+            url, token, pid = str(found["url"]), str(found["token"]), int(found["pid"])
+            started = found.get("started")
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):
+            raise CliError(f"{path} is not a demo's admin file", EXIT_USAGE) from None
+    finally:
+        if fd is not None:
+            os.close(fd)
+    if not _running(pid) or (started is not None and _started(pid) not in (None, started)):
         raise CliError(
             f"the demo that served {url} (process {pid}) is no longer running",
             EXIT_UNREACHABLE,
@@ -101,6 +117,17 @@ def _program() -> str:
     from kiosk_agent.cli.demo import program_command
 
     return program_command(sys.argv[0])
+
+
+def _started(pid: int) -> str | None:
+    """When process ``pid`` started (clock ticks since boot, Linux's /proc), or None where it
+    cannot be read: with the process id, it names one process, not a later one given its id."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as proc:
+            fields = proc.read().rsplit(")", 1)[1].split()
+        return fields[19]  # starttime, the 22nd field (the 3rd follows the command's name)
+    except (OSError, IndexError):
+        return None
 
 
 def _running(pid: int) -> bool:

@@ -470,3 +470,42 @@ def test_health_trusts_a_demos_file_only_when_it_is_its_own_and_running(
     shown = capsys.readouterr()
     assert said in shown.out + shown.err
     assert "t0ken-s3cret" not in shown.out + shown.err
+
+
+def test_health_on_a_demos_file_whose_process_id_was_reused_says_the_demo_ended(
+    demo_home: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A demo killed with -9 left its file, and its process id now names another process (this
+    test's own, which serves no admin API). The file says when its demo's process started: a
+    process started otherwise is not the demo, and health says the demo no longer runs and how
+    to start it (exit 4), its token unused. Before, it asked the old address and gave the
+    systemd hint of an agent installed as a service, which a demo is not."""
+    admin_file = _demo_admin_file(demo_home)
+    admin_file.parent.mkdir(parents=True)
+    admin_file.write_text(json.dumps({"url": "http://127.0.0.1:9", "token": "t0ken-s3cret",
+                                      "pid": os.getpid(), "started": "1"}))
+    admin_file.chmod(0o600)
+    assert main(["health", "-c", str(DEMO_CONFIG)]) == 4
+    shown = capsys.readouterr()
+    said = shown.out + shown.err
+    assert "is no longer running" in said, said
+    assert "systemctl" not in said, said
+    assert "t0ken-s3cret" not in said
+
+
+def test_health_does_not_follow_a_link_in_place_of_the_demos_file(
+    demo_home: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A link where the demo's file belongs (to a file of the user's own, 0600, that reads as a
+    demo's) is not the demo's: not trusted, exit 2, its token unused."""
+    admin_file = _demo_admin_file(demo_home)
+    admin_file.parent.mkdir(parents=True)
+    target = demo_home / "elsewhere"
+    target.write_text(json.dumps({"url": "http://127.0.0.1:9", "token": "t0ken-s3cret",
+                                  "pid": os.getpid()}))
+    target.chmod(0o600)
+    admin_file.symlink_to(target)
+    assert main(["health", "-c", str(DEMO_CONFIG)]) == 2
+    shown = capsys.readouterr()
+    assert "not trusted" in shown.out + shown.err
+    assert "t0ken-s3cret" not in shown.out + shown.err
