@@ -29,6 +29,7 @@ from kiosk_agent.sales.model import REFUNDED_NOTHING, Flow, SaleEvent
 from kiosk_agent.sales.settings import ATTENTION_RECHECK
 from kiosk_agent.sales.states import NO_CHARGE_STEPS, SaleState, Step
 from kiosk_agent.sales.steps import (
+    RESOLVE,
     SWEEP_MONEY_RETRIES,
     SaleContext,
     SaleSteps,
@@ -211,6 +212,8 @@ class AttentionSweeper:
         deadline = steps.answer_deadline()
         asked_at = self.clock.monotonic()
         lookup = await steps.reconciler.find_charge(steps.record.all_order_ids())
+        if lookup.unknown and lookup.why and self._still_attention(steps):
+            return self._undecided(steps, lookup.why)
         if lookup.unknown or not self._still_attention(steps):
             return None
         if lookup.approved:
@@ -276,6 +279,20 @@ class AttentionSweeper:
             return await steps.capture(vended)
         return await steps.reverse("money held without a confirmed vend (found in reporting)")
 
+
+    def _undecided(self, steps: SaleSteps, why: str) -> SaleEvent | None:
+        """What reporting shows, the agent cannot act on (a charge in a status it does not
+        know): the sale says so, a person decides (written once; a later sweep finding the same
+        writes nothing). Before, only the log said it, and the sale kept whatever message it
+        had (none in a journal another tool wrote)."""
+        if why in steps.record.message:
+            return None
+        return steps.finish(
+            SaleState.ATTENTION, Step.ATTENTION_FOUND,
+            f"{why}: the agent moves no money on it and asks again "
+            f"{self.context.recheck.when()}; a person decides ({RESOLVE})",
+            if_state=SaleState.ATTENTION,
+        )
 
     def _captured_nothing(self, steps: SaleSteps, vended: int) -> SaleEvent | None:
         """Reporting shows the dispensed sale's capture made for $0.00: it stays for a person,

@@ -55,6 +55,9 @@ class ChargeLookup:
     # of a charge found partly refunded: what its refunds' rows show given back before the
     # agent looked (the rest, ``amount_cents`` less this, is what it still holds)
     refunded_before_cents: int = 0
+    # unknown because of what reporting shows, not because it could not be asked: what a
+    # person reads to act on (a row in a status the agent does not know), else empty
+    why: str = ""
 
 
 @data_class(frozen=True, slots=True)
@@ -109,6 +112,7 @@ class Reconciler:
 
         given_back: Transaction | None = None
         undecided = False
+        why = ""
         for order_id in order_ids:
             rows = await self._rows(TransactionFilter(order_id=order_id))
             if rows is None:
@@ -123,6 +127,9 @@ class Reconciler:
                                     "does not know: it decides nothing on it",
                                     row.trans_id, order_id, row.trans_status_id)
                     undecided = True
+                    why = why or (f"reporting shows {row.trans_id} under the sale's order id "
+                                  f"{order_id} in status {row.trans_status_id!r}, which the "
+                                  "agent does not know")
                 elif not _readable(row):
                     undecided = True
                 elif status in _REVERSED:
@@ -140,7 +147,7 @@ class Reconciler:
                         approved=True, trans_id=row.trans_id, amount_cents=row.amount_cents
                     )
         if undecided:
-            return ChargeLookup(unknown=True)
+            return ChargeLookup(unknown=True, why=why)
         if given_back is None:
             return ChargeLookup()
         return ChargeLookup(

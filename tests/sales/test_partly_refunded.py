@@ -280,3 +280,28 @@ async def test_a_lost_refund_answer_names_the_agents_refund_not_a_persons(
     assert record.reverse_trans_id == own.trans_id
     assert (record.reversed_cents, record.captured_cents) == (300, 300)
     assert "$2.00 refunded" in record.message, record.message
+
+
+async def test_a_charge_in_an_unknown_status_leaves_the_sale_words_a_person_can_act_on(
+    agent_factory: Any, sim_factory: Any, tmp_path: Path
+) -> None:
+    """A sale in attention with no words of its own (as a journal another tool wrote leaves
+    it); reporting shows its charge in status 42. The sweep moves no money and says on the sale
+    what it found and who decides, once: a second sweep writes nothing. Before, only the log
+    said it, and the sale's message stayed empty on every face."""
+    sim = await sim_factory(time_scale=300, transactions=0)
+    agent = await attention_sale(agent_factory, sim, tmp_path)
+    trans_id = await authorize(agent.service, "KACRASHED1", capture=True)
+    sim.ctx.ledger.update(trans_id, trans_status_id=42)
+    assert await agent.attention.sweep() == []
+    record = agent.journal.get("crashed1")
+    assert record is not None
+    assert record.state is SaleState.ATTENTION
+    assert f"reporting shows {trans_id}" in record.message, record.message
+    assert "status 42" in record.message
+    assert "kiosk-agent sales resolve" in record.message
+    assert record.reversed_cents == 0
+    assert await agent.attention.sweep() == []
+    assert agent.journal.get("crashed1") == record  # said once
+    [row] = await rows(agent.service, "KACRASHED1")
+    assert row.trans_status_id == 42  # nothing asked of the service
