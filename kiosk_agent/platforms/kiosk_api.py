@@ -282,6 +282,7 @@ def event_json(event: SaleEvent) -> dict[str, Any]:
         "amount": _dollars(event.amount_cents),
         "amount_cents": event.amount_cents,
         "captured_cents": event.captured_cents,
+        "reversed_cents": event.reversed_cents,  # given back: what the app tells its customer
         "product": event.product,
         "terminal": event.terminal,
         "message": event.message,
