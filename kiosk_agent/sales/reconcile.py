@@ -73,6 +73,9 @@ class TransactionLookup:
     refunded: bool = False
     reverse_trans_id: str | None = None
     amount_cents: int | None = None
+    # of a refunded charge: its refunds' own rows' amounts, the latest (``reverse_trans_id``'s)
+    # last; empty when reporting shows none, or one it cannot read
+    refunds_cents: tuple[int, ...] = ()
 
 
 class Reconciler:
@@ -196,11 +199,15 @@ class Reconciler:
             return TransactionLookup()
         status = row.status
         reverse_id = None
+        refunds: tuple[int, ...] = ()
         if status in _REVERSED or status is _PARTLY_HELD:
             related = await self._rows(TransactionFilter(related_trans_id=trans_id)) or []
             back = self._asked(related, trans_id, key=lambda r: r.related_trans_id,
                                same=trans_key)
             reverse_id = _last_refund(back).trans_id if back else trans_id
+            own = _refunds_in_order(back)
+            if all(r.status is not None and r.amount_cents >= 0 for r in back):
+                refunds = tuple(r.amount_cents for r in own)
         return TransactionLookup(
             known=True,
             authorized=status is TransStatus.AUTHORIZED,
@@ -209,6 +216,7 @@ class Reconciler:
             refunded=status is TransStatus.REFUNDED,
             reverse_trans_id=reverse_id,
             amount_cents=row.amount_cents,
+            refunds_cents=refunds,
         )
 
 
@@ -217,9 +225,16 @@ def _last_refund(rows: list[Transaction]) -> Transaction:
     then as reporting lists them), the others being a person's before it. Once a refund gives
     back all that was left no other can be made, so the agent's, when it ended the charge, is
     this one (2026-11-30: the first row found named a person's $1.00 refund as the agent's)."""
-    refunds = [r for r in rows if r.status is TransStatus.REFUND] or rows
+    refunds = _refunds_in_order(rows) or rows
     return max(enumerate(refunds),
                key=lambda n_row: (n_row[1].trans_at or float("-inf"), n_row[0]))[1]
+
+
+def _refunds_in_order(rows: list[Transaction]) -> list[Transaction]:
+    """A charge's refunds' own rows, the earliest first (by ``trans_date``, then as listed)."""
+    refunds = [r for r in rows if r.status is TransStatus.REFUND]
+    return [row for _, row in sorted(
+        enumerate(refunds), key=lambda n_row: (n_row[1].trans_at or float("-inf"), n_row[0]))]
 
 
 def _readable(row: Transaction) -> bool:

@@ -597,7 +597,7 @@ class SaleSteps:
                 lookup = await self.reconciler.transaction_state(trans_id)
                 if lookup.reversed:
                     return self.given_back_found(Step.REVERSE_DONE, Step.REVERSE_FAILED, why,
-                                                 lookup)
+                                                 lookup, sent=True)
                 if attempt == 2 or (isinstance(err, BadRequestError) and not lookup.known):
                     return self.finish(
                         SaleState.ATTENTION, Step.REVERSE_FAILED, self._not_given_back(why, err)
@@ -636,7 +636,8 @@ class SaleSteps:
         unproven, the sale is not called reversed while the money may still be held."""
         lookup = await self.reconciler.transaction_state(trans_id)
         if lookup.reversed:
-            return self.given_back_found(Step.REVERSE_DONE, Step.REVERSE_FAILED, why, lookup)
+            return self.given_back_found(Step.REVERSE_DONE, Step.REVERSE_FAILED, why, lookup,
+                                         sent=True)
         answered = (f"{result.result} {result.resp_text}: {format_cents(result.amount)} "
                     f"of {result.trans_id}")
         return self.finish(
@@ -677,15 +678,26 @@ class SaleSteps:
                                cents, voided)
 
     def given_back_found(
-        self, done: Step, undecided: Step, why: str, lookup: TransactionLookup, **changes: Any
+        self, done: Step, undecided: Step, why: str, lookup: TransactionLookup,
+        sent: bool = False, **changes: Any,
     ) -> SaleEvent:
         """The end of a sale whose charge reporting shows given back: the charge's row names
         the charge's whole amount, of which the agent gave back what was not refunded before
         (journaled with the charge: see :meth:`charge_found`). A void of it (reporting shows
         the charge voided, its row the whole amount) released the rest too, never more
-        (2026-11-30: read as the whole charge on top of the part refunded before)."""
+        (2026-11-30: read as the whole charge on top of the part refunded before). ``sent``:
+        the agent's give-back was sent in this call, and a refund by it ended the charge's."""
         cents = lookup.amount_cents
         before = self.record.reversed_cents
+        refunds = lookup.refunds_cents
+        if (lookup.refunded and (before or sent) and cents and len(refunds) > 1
+                and sum(refunds) == cents):
+            # the service's own rows, whole: the latest refund ended the charge's refunds (the
+            # agent's), the others were a person's before it, some maybe while the agent's was
+            # on its way (2026-11-30: said as the journal had them when it looked)
+            held = refunds[-1]
+            return self.given_back(done, undecided, why, lookup.reverse_trans_id, held,
+                                   voided=False, held=held, before=cents - held, **changes)
         if cents is not None and before:
             cents = max(0, cents - before)
         return self.given_back(done, undecided, why, lookup.reverse_trans_id, cents,
@@ -693,7 +705,8 @@ class SaleSteps:
 
     def given_back(
         self, done: Step, undecided: Step, why: str, reverse_trans_id: str | None,
-        cents: int | None, voided: bool, held: int | None = None, **changes: Any,
+        cents: int | None, voided: bool, held: int | None = None, before: int | None = None,
+        **changes: Any,
     ) -> SaleEvent:
         """The end of a sale whose give-back an answer or reporting shows made, for ``cents``
         (None: no figure named, the money held). A void releases the whole hold: a voided row
@@ -701,8 +714,10 @@ class SaleSteps:
         gives nothing back: the agent cannot tell the money went back and refunds nothing
         again on its own; a person decides (``undecided``), told what reporting shows.
         ``held``: the money the charge held, where the journal does not hold it yet (a charge
-        found given back)."""
-        before = 0 if held is not None else self.record.reversed_cents
+        found given back). ``before``: what had been refunded before the agent's give-back,
+        where reporting's rows say it otherwise than the journal (with ``held``, the rest)."""
+        if before is None:
+            before = 0 if held is not None else self.record.reversed_cents
         held = self._held_cents if held is None else held
         if cents == 0 and not voided:
             return self.finish(

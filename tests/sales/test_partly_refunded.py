@@ -17,6 +17,7 @@ from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
+import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
@@ -305,3 +306,41 @@ async def test_a_charge_in_an_unknown_status_leaves_the_sale_words_a_person_can_
     assert agent.journal.get("crashed1") == record  # said once
     [row] = await rows(agent.service, "KACRASHED1")
     assert row.trans_status_id == 42  # nothing asked of the service
+
+
+@pytest.mark.parametrize(("first", "agents", "persons"), [(100, "$1.50", "$1.50"),
+                                                           (0, "$2.50", "$0.50")])
+async def test_a_person_refunding_while_the_agent_gives_back_the_rest_is_told_in_amounts(
+    agent_factory: Any, sim_factory: Any, tmp_path: Path, first: int, agents: str, persons: str
+) -> None:
+    """$1.00 of the $3.00 charge refunded when the agent looked; while its give-back of the
+    $2.00 rest is on its way, a person refunds $0.50 more, and the service gives the agent's
+    the $1.50 it has left. The answer (less than asked) is checked in reporting: the charge is
+    refunded, and its rows say the agent gave back $1.50, a person $1.50 before it. The sale says
+    those amounts, reversed 300 in all. Before, it said "$2.00 refunded", "$1.00 of it had been
+    refunded before": the journal's figures at the look, not the service's. The same with
+    nothing refunded when it looked: "$3.00 refunded" where it gave back $2.50."""
+    sim = await sim_factory(time_scale=300, transactions=0)
+    agent = await attention_sale(agent_factory, sim, tmp_path)
+    trans_id = await authorize(agent.service, "KACRASHED1", capture=True)
+    sim.ctx.ledger.update(trans_id, trans_status_id=TransStatus.SETTLED)
+    if first:
+        assert (await agent.service.payments.void_or_refund(trans_id, amount=first)).refunded
+    await sim_call(sim, "POST", "/sim/faults", {
+        "path": "/api/v1/void-or-refund", "fault": "delay", "delay_s": 1.0, "count": 1})
+    sweep = asyncio.ensure_future(agent.attention.sweep())
+    async with asyncio.timeout(30):
+        while not (await sim_call(sim, "GET", "/sim/faults"))["faults"][0]["hits"]:
+            await asyncio.sleep(0.01)
+    persons_refund = await agent.service.payments.void_or_refund(trans_id, amount=50)
+    [event] = await asyncio.wait_for(sweep, 30)
+    assert event.state is SaleState.REVERSED, event.message
+    found = await rows(agent.service, "KACRASHED1")
+    [own] = [r for r in found if r.related_trans_id == trans_id
+             and r.amount == Decimal(agents[1:]) and r.trans_id != persons_refund.trans_id]
+    record = agent.journal.get("crashed1")
+    assert record is not None
+    assert (record.captured_cents, record.reversed_cents) == (300, 300), record.message
+    assert record.reverse_trans_id == own.trans_id
+    assert f"{agents} refunded" in record.message, record.message
+    assert f"{persons} of it had been refunded before" in record.message, record.message
