@@ -40,7 +40,7 @@ from kiosk_agent.service.errors import ServiceError
 from kiosk_agent.tasks import BackgroundTask
 
 if TYPE_CHECKING:
-    pass
+    from kiosk_agent.sales.reconcile import TransactionLookup
 
 _LOGGER = logging.getLogger(__name__)
 
@@ -254,6 +254,8 @@ class AttentionSweeper:
                 lookup, if_state=SaleState.ATTENTION,
             )
         vended = record.vended_cents
+        if lookup.partly_refunded:
+            return await self._partly_refunded(steps, lookup, may_move_money)
         if lookup.captured and vended:
             # what the capture asked: the vend (a charge-card's: its price, taken at once)
             asked = record.amount_cents if record.flow == Flow.CHARGE_CARD else vended
@@ -279,6 +281,27 @@ class AttentionSweeper:
             return await steps.capture(vended)
         return await steps.reverse("money held without a confirmed vend (found in reporting)")
 
+
+    async def _partly_refunded(
+        self, steps: SaleSteps, lookup: TransactionLookup, may_move_money: bool
+    ) -> SaleEvent | None:
+        """The sale's charge, reporting shows, partly refunded (by a person at the portal,
+        say) while the sale waited here. Not vended, the rest is the customer's, still held:
+        given back as the sale says it will be, what was refunded before journaled with it
+        as when such a charge is found (``charge_found``). Vended, it was earned, and the
+        refund is the merchant's own decision: nothing is moved. Refunds whose rows do not sum
+        to more than nothing and less than the charge prove nothing: a person decides.
+        (2026-11-30: neither held nor given back to the sweep, it stayed, the rest held, under
+        words saying the agent would give it back.)"""
+        charge = lookup.amount_cents
+        before = sum(lookup.refunds_cents)
+        if (steps.record.vended_cents or not may_move_money or not charge
+                or not lookup.refunds_cents or not 0 < before < charge):
+            return None
+        steps.step(Step.ATTENTION_RECHECK, detail={"found": "partly refunded",
+                                                  "action": "reverse"},
+                   if_state=SaleState.ATTENTION, captured_cents=charge, reversed_cents=before)
+        return await steps.reverse("money held without a confirmed vend (found in reporting)")
 
     def _undecided(self, steps: SaleSteps, why: str) -> SaleEvent | None:
         """What reporting shows, the agent cannot act on (a charge in a status it does not

@@ -71,10 +71,13 @@ class TransactionLookup:
     # refunded, by its status (not by whether its refund's row was found: a refund's row
     # reporting does not show, or names the charge otherwise, is still a refund, not a void)
     refunded: bool = False
+    # partly refunded (PARTIALLY_REFUNDED): the rest still held, what its refunds gave back
+    # in ``refunds_cents``
+    partly_refunded: bool = False
     reverse_trans_id: str | None = None
     amount_cents: int | None = None
-    # of a refunded charge: its refunds' own rows' amounts, the latest (``reverse_trans_id``'s)
-    # last; empty when reporting shows none, or one it cannot read
+    # of a refunded or partly refunded charge: its refunds' own rows' amounts, the latest
+    # (``reverse_trans_id``'s) last; empty when reporting shows none, or one it cannot read
     refunds_cents: tuple[int, ...] = ()
 
 
@@ -214,6 +217,7 @@ class Reconciler:
             captured=status in (TransStatus.CAPTURED, TransStatus.SETTLED),
             reversed=status in _REVERSED,
             refunded=status is TransStatus.REFUNDED,
+            partly_refunded=status is _PARTLY_HELD,
             reverse_trans_id=reverse_id,
             amount_cents=row.amount_cents,
             refunds_cents=refunds,

@@ -344,3 +344,55 @@ async def test_a_person_refunding_while_the_agent_gives_back_the_rest_is_told_in
     assert record.reverse_trans_id == own.trans_id
     assert f"{agents} refunded" in record.message, record.message
     assert f"{persons} of it had been refunded before" in record.message, record.message
+
+
+async def test_a_sale_left_holding_money_whose_charge_a_person_partly_refunded_gets_the_rest(
+    agent_factory: Any, sim_factory: Any, tmp_path: Path
+) -> None:
+    """A sale in attention after its give-back failed ("$3.00 is still held: the agent tries
+    again"), nothing vended; meanwhile a person refunded $1.00 of the charge at the portal. The
+    sweep gives back the $2.00 still held, as it said it would, and the sale says both amounts.
+    Before, reporting's partly refunded charge was neither held nor given back to the sweep:
+    it did nothing, sweep after sweep, and the $2.00 stayed on the card under words saying
+    the agent would give it back."""
+    sim = await sim_factory(time_scale=300, transactions=0)
+    async with ServiceClient(settings_from_ready(sim.ready_info())) as service:
+        trans_id = await authorize(service, "KACRASHED1", capture=True)
+        sim.ctx.ledger.update(trans_id, trans_status_id=TransStatus.SETTLED)
+        persons = await service.payments.void_or_refund(trans_id, amount=100)
+    leave_open(tmp_path, state=SaleState.ATTENTION, trans_id=trans_id, authorized_cents=300,
+               captured_cents=300, message="dispense failed; the give-back failed: $3.00 is "
+               "still held: the agent tries again")
+    agent = await agent_factory(sim=sim)
+    [event] = await agent.attention.sweep()
+    assert event.state is SaleState.REVERSED, event.message
+    found = await rows(agent.service, "KACRASHED1")
+    [own] = [r for r in found if r.related_trans_id == trans_id
+             and r.trans_id != persons.trans_id]
+    assert own.amount == Decimal("2.00")
+    record = agent.journal.get("crashed1")
+    assert record is not None
+    assert (record.captured_cents, record.reversed_cents) == (300, 300), record.message
+    assert "$2.00 refunded" in record.message, record.message
+    assert "$1.00 of it had been refunded before" in record.message, record.message
+
+
+async def test_a_dispensed_sale_whose_charge_a_person_partly_refunded_is_left_to_them(
+    agent_factory: Any, sim_factory: Any, tmp_path: Path
+) -> None:
+    """The same charge, but the sale dispensed ($3.00 vended): the money was earned, and a
+    person's partial refund is the merchant's own decision. The sweep gives nothing back."""
+    sim = await sim_factory(time_scale=300, transactions=0)
+    async with ServiceClient(settings_from_ready(sim.ready_info())) as service:
+        trans_id = await authorize(service, "KACRASHED1", capture=True)
+        sim.ctx.ledger.update(trans_id, trans_status_id=TransStatus.SETTLED)
+        await service.payments.void_or_refund(trans_id, amount=100)
+    leave_open(tmp_path, state=SaleState.ATTENTION, trans_id=trans_id, authorized_cents=300,
+               captured_cents=300, vended_cents=300, message="dispensed; undecided")
+    agent = await agent_factory(sim=sim)
+    await agent.attention.sweep()
+    found = await rows(agent.service, "KACRASHED1")
+    assert [r.amount for r in found if r.related_trans_id == trans_id] == [Decimal("1.00")]
+    record = agent.journal.get("crashed1")
+    assert record is not None
+    assert record.reversed_cents == 0
