@@ -163,6 +163,8 @@ _LEDGERS = st.fixed_dictionaries({
     "failing": st.sampled_from([0.0, 0.5]),  # reporting's share of 500 answers
     # the agent's give-back made, its answer lost (cut, or a 500 after the commit)
     "lost": st.sampled_from([None, "drop_answer", "server_error_after_commit"]),
+    # the journal knows the charge (a give-back that failed), or its answer was lost
+    "known": st.booleans(),
 })
 
 
@@ -184,35 +186,44 @@ async def _charge(service: ServiceClient, order_id: str, cents: int) -> str:
 async def test_whatever_was_refunded_before_the_agent_gives_back_exactly_the_rest_or_nothing(
     ledger: dict[str, Any], agent_factory: Any, sim_factory: Any, tmp_path: Path
 ) -> None:
-    """A sale in attention whose charge's answer was lost; a person refunded parts of the
+    """A sale in attention whose charge's answer was lost, or whose give-back failed; a person
+    refunded parts of the
     charge (each refused by the service once above what is left), maybe another charge under
     the same order id was made and refunded, maybe a refund's row shows an unknown status, and
     reporting may fail half the time, the agent's give-back may lose its answer. However the
     sweeps end: what the agent gave back of its charge is nothing, or exactly what was still
     held; a sale ended given back journals what the service holds (the charge, and all of it
     given back) and says the agent's part and the part refunded before in exact amounts; a sale
-    left to a person journals no more given back than was found given back before."""
+    left to a person journals no more given back than was found given back before. Where
+    reporting answers, every row is of a known status and no answer is lost, the sale ends
+    given back: none is left holding money the agent could give back."""
     sim = await sim_factory(time_scale=300, transactions=0)
-    directory = tmp_path / uuid.uuid4().hex
-    directory.mkdir()
-    leave_open(directory, state=SaleState.ATTENTION, answer_by=time.time() - 1)
-    agent = await agent_factory(sim=sim, directory=directory)
-    try:
-        cents = ledger["cents"]
-        trans_id = await _charge(agent.service, "KACRASHED1", cents)
+    cents = ledger["cents"]
+    person: list[str] = []
+    async with ServiceClient(settings_from_ready(sim.ready_info())) as service:
+        trans_id = await _charge(service, "KACRASHED1", cents)
         sim.ctx.ledger.update(trans_id, trans_status_id=TransStatus.SETTLED)
-        person: list[str] = []
         for amount in ledger["refunds"]:
             with contextlib.suppress(BadRequestError):  # above what is left: refused
-                person.append((await agent.service.payments.void_or_refund(
+                person.append((await service.payments.void_or_refund(
                     trans_id, amount=amount)).trans_id)
         if ledger["other"] is not None:  # (the service answers an order id's charge again
             # with the first: made under another, its rows then name the sale's order id)
-            other = await _charge(agent.service, "KAOTHER1", ledger["other"])
+            other = await _charge(service, "KAOTHER1", ledger["other"])
             sim.ctx.ledger.update(other, trans_status_id=TransStatus.SETTLED)
-            back = await agent.service.payments.void_or_refund(other)
+            back = await service.payments.void_or_refund(other)
             for moved in (other, back.trans_id):
                 sim.ctx.ledger.update(moved, order_id="KACRASHED1")
+    directory = tmp_path / uuid.uuid4().hex
+    directory.mkdir()
+    if ledger["known"]:
+        leave_open(directory, state=SaleState.ATTENTION, trans_id=trans_id,
+                   authorized_cents=cents, captured_cents=cents,
+                   message="the give-back failed: the agent tries again")
+    else:
+        leave_open(directory, state=SaleState.ATTENTION, answer_by=time.time() - 1)
+    agent = await agent_factory(sim=sim, directory=directory)
+    try:
         odd = ledger["odd"] and bool(person)
         if odd:
             sim.ctx.ledger.update(person[-1], trans_status_id=42)
@@ -235,7 +246,10 @@ async def test_whatever_was_refunded_before_the_agent_gives_back_exactly_the_res
         assert agents in (Decimal("0"), rest), (agents, rest)
         record = agent.journal.get("crashed1")
         assert record is not None
-        event(f"{record.state}, the agent gave back {'the rest' if agents else 'nothing'}")
+        event(f"{record.state}, the agent gave back {'the rest' if agents else 'nothing'}"
+              f"{', its charge known' if ledger['known'] else ''}")
+        if not (odd or ledger["failing"] or ledger["lost"]):  # all can be told: it ends
+            assert record.state is SaleState.REVERSED, record.message
         if odd:  # nothing given back; a person decides, unless the charge reads all refunded
             assert agents == 0
             assert record.state is SaleState.ATTENTION or before == cents, record.message
