@@ -410,3 +410,49 @@ async def test_a_dispensed_sale_whose_charge_a_person_partly_refunded_is_left_to
     record = agent.journal.get("crashed1")
     assert record is not None
     assert record.reversed_cents == 0
+
+
+@settings(max_examples=int(os.environ.get("PARTLY_REFUNDED_EXAMPLES", "25")),
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(cents=_APPROVED, refunds=st.lists(st.integers(1, 2_500), min_size=1, max_size=3),
+       made=st.booleans(), voided=st.booleans())
+async def test_a_crash_between_the_give_back_step_and_its_answer_gives_back_the_rest_once(
+    cents: int, refunds: list[int], made: bool, voided: bool, agent_factory: Any,
+    sim_factory: Any, tmp_path: Path,
+) -> None:
+    """Crashed with the charge journaled partly refunded (what a person's refunds gave back
+    before) and its give-back's step written: the agent's refund of the rest made or not, or
+    reporting showing the charge voided after the partial refunds. Recovery ends the sale given
+    back, the rest given back once (never a second refund, never above the charge), and the
+    journal holds the charge and all of it given back."""
+    sim = await sim_factory(time_scale=300, transactions=0)
+    person: list[int] = []
+    async with ServiceClient(settings_from_ready(sim.ready_info())) as service:
+        trans_id = await _charge(service, "KACRASHED1", cents)
+        sim.ctx.ledger.update(trans_id, trans_status_id=TransStatus.SETTLED)
+        for amount in refunds:
+            if sum(person) + amount < cents:  # the rest is the agent's to give back
+                await service.payments.void_or_refund(trans_id, amount=amount)
+                person.append(amount)
+        before = sum(person)
+        if made and before:
+            assert (await service.payments.void_or_refund(trans_id)).amount == cents - before
+        if voided and before and not made:
+            sim.ctx.ledger.update(trans_id, trans_status_id=TransStatus.VOIDED)
+    directory = tmp_path / uuid.uuid4().hex
+    directory.mkdir()
+    leave_open(directory, state=SaleState.REVERSING, trans_id=trans_id, authorized_cents=cents,
+               captured_cents=cents, reversed_cents=before, message="a charge found, not vended")
+    agent = await agent_factory(sim=sim, directory=directory)
+    try:
+        [ended] = await asyncio.wait_for(agent.recovery.wait(), WAIT_S)
+        assert ended.state is SaleState.REVERSED, ended.message
+        found = await rows(agent.service, "KACRASHED1")
+        given = [r.amount_cents for r in found if r.related_trans_id == trans_id]
+        if not (voided and before and not made):
+            assert sum(given) == cents  # the rest given back once: the charge, no more
+        record = agent.journal.get("crashed1")
+        assert record is not None
+        assert (record.captured_cents, record.reversed_cents) == (cents, cents), record.message
+    finally:
+        await agent.stop()
